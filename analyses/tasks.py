@@ -1,0 +1,110 @@
+"""Tasks: the prompts an analysis runs on, with their answers, spans and metric.
+
+A Task is data, not behaviour: token ids for clean prompts (and corrupted prompts of the
+same length), the correct and incorrect answer ids at the final position, and marked spans.
+Builders for the zoo's synthetic tasks live here too (`zoo`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """Prompts plus what the model should answer at their last position.
+
+    tokens:           [batch, pos] int64, clean prompts, ending where the answer is predicted.
+    corrupted_tokens: [batch, pos] int64 or None, same shape as tokens.
+    answers:          [batch] int64, the correct next token.
+    wrong_answers:    [batch] int64 or None, the answer of the corrupted prompt (or a distractor).
+    spans:            name -> [batch, 2] int64 half-open [start, end) token ranges
+                      (e.g. "subject", "gold", "names").
+    name:             short identifier used in reports ("kv", "induction", ...).
+    metric:           "logit_diff" (answers vs wrong_answers), "logprob" or "accuracy".
+    """
+
+    name: str
+    tokens: torch.Tensor
+    answers: torch.Tensor
+    corrupted_tokens: torch.Tensor | None = None
+    wrong_answers: torch.Tensor | None = None
+    spans: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    metric: str = "logit_diff"
+
+    def __post_init__(self) -> None:
+        if self.tokens.ndim != 2 or self.tokens.shape[0] == 0:
+            raise ValueError(
+                f"Task {self.name!r}: tokens must be a non-empty [batch, pos] tensor, "
+                f"got shape {tuple(self.tokens.shape)}."
+            )
+        if self.corrupted_tokens is not None and self.corrupted_tokens.shape != self.tokens.shape:
+            raise ValueError(
+                f"Task {self.name!r}: clean tokens {tuple(self.tokens.shape)} and corrupted tokens "
+                f"{tuple(self.corrupted_tokens.shape)} differ in shape; pad or trim them to the same length."
+            )
+        if self.answers.shape != (self.tokens.shape[0],):
+            raise ValueError(
+                f"Task {self.name!r}: answers must have shape [batch]={self.tokens.shape[0]}, "
+                f"got {tuple(self.answers.shape)}."
+            )
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+ZOO_TASKS = ("kv", "induction", "facts", "ioi")
+
+
+def zoo(model, task: str, n_examples: int = 64, seed: int = 0, **kw) -> Task:
+    """A Task over the zoo's synthetic data, tokenized with `model.tokenizer` (word level).
+
+    task: "kv" (kw: n_pairs=8), "induction" (kw: length=24, position=length // 2),
+    "facts" or "ioi" (kw: split="eval", the name pairs held out from training).
+    Every prompt of one Task has the same length; corrupted prompts flip the answer
+    (another queried key, another subject, the other name repeated), and wrong_answers are
+    the corrupted prompts' answers. Spans: kv "gold", "pairs", "query"; induction "source",
+    "first", "repeat"; facts "subject", "relation"; ioi "names", "io", "s1", "s2".
+    """
+    from headscope.models.zoo import data
+
+    if task not in ZOO_TASKS:
+        raise ValueError(f"unknown zoo task {task!r}; valid tasks: {', '.join(ZOO_TASKS)}")
+    if n_examples < 1:
+        raise ValueError(f"n_examples must be >= 1, got {n_examples}")
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError("zoo tasks need a model with a .tokenizer (a zoo model's word-level tokenizer)")
+    if task == "kv":
+        kw.setdefault("n_pairs", 8)
+    elif task == "induction":
+        kw.setdefault("length", 24)
+        kw.setdefault("position", kw["length"] // 2)
+    elif task == "ioi":
+        kw.setdefault("split", "eval")
+    exs = list(data.examples(task, n_examples, seed=seed, **kw))
+
+    def encode(words_batch: list[tuple[str, ...]]) -> torch.Tensor:
+        ids = [tokenizer.convert_tokens_to_ids(list(words)) for words in words_batch]
+        unk = tokenizer.unk_token_id
+        if any(unk in row for row in ids if unk is not None):
+            raise ValueError(
+                f"model's tokenizer does not cover the zoo vocabulary (got <unk> ids); "
+                "zoo tasks need a zoo model (e.g. 'zoo/synth-llama')"
+            )
+        return torch.tensor(ids, dtype=torch.int64)  # [batch, pos]
+
+    tokens = encode([e.prompt for e in exs])  # [batch, pos]
+    corrupted = encode([e.corrupted for e in exs])  # [batch, pos]
+    answers = encode([(e.answer,) for e in exs])[:, 0]  # [batch]
+    wrong = encode([(e.corrupted_answer,) for e in exs])[:, 0]  # [batch]
+    spans = {
+        key: torch.tensor([e.spans[key] for e in exs], dtype=torch.int64)  # [batch, 2]
+        for key in exs[0].spans
+    }
+    return Task(
+        name=task, tokens=tokens, corrupted_tokens=corrupted, answers=answers,
+        wrong_answers=wrong, spans=spans, metric="logit_diff",
+    )

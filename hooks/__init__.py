@@ -1,0 +1,29 @@
+"""Hooks: site names, capture, MLP memories, KV states and interventions (removed on exit)."""
+from headscope.hooks.attention import expand_kv_heads, scaled_dot_product
+from headscope.hooks.capture import Activations, capture, head_result
+from headscope.hooks.interventions import ablate, head_gates, patch
+from headscope.hooks.kv_states import GenerationTrace, KVStates, generate_with_kv, kv_states
+from headscope.hooks.memories import MLPMemories, mlp_memories
+from headscope.hooks.sites import SITES, available_sites, check_site, parse_site, site
+
+__all__ = [
+    "SITES",
+    "Activations",
+    "GenerationTrace",
+    "KVStates",
+    "MLPMemories",
+    "ablate",
+    "available_sites",
+    "capture",
+    "check_site",
+    "expand_kv_heads",
+    "generate_with_kv",
+    "head_gates",
+    "head_result",
+    "kv_states",
+    "mlp_memories",
+    "parse_site",
+    "patch",
+    "scaled_dot_product",
+    "site",
+]

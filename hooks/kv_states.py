@@ -1,0 +1,116 @@
+"""KV states: the keys and values a decoder caches, per layer and KV head.
+
+`kv_states` reads them from one forward pass; `generate_with_kv` runs cached greedy generation
+and records the K and V each step appends. Both read the Hugging Face cache object that the
+bridged model fills, so keys are exactly what the cache stores (after RoPE on rotary models)
+for every architecture. Layout: [batch, kv_head, pos, d_head].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from headscope.models.errors import ContextLengthError
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVStates:
+    keys: list[torch.Tensor]  # per layer: [batch, kv_head, pos, d_head]
+    values: list[torch.Tensor]  # per layer: [batch, kv_head, pos, d_head]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationTrace:
+    tokens: torch.Tensor  # [batch, prompt + new]
+    steps: list[KVStates]  # step 0: the prompt's K/V; step i > 0: the one position appended
+    cache: Any  # the Hugging Face cache object after the last step
+
+    def stacked(self) -> KVStates:
+        """All steps concatenated along pos: what the cache holds at the end."""
+        n_layers = len(self.steps[0].keys)
+        cat = lambda field, layer: torch.cat([getattr(s, field)[layer] for s in self.steps], dim=2)  # noqa: E731
+        return KVStates(
+            keys=[cat("keys", layer) for layer in range(n_layers)],
+            values=[cat("values", layer) for layer in range(n_layers)],
+        )
+
+
+def _require_decoder(model, what: str) -> None:
+    if model.facts.is_encoder:
+        raise ValueError(f"{what} needs a decoder with a KV cache; {model.facts.name} is an encoder.")
+
+
+def _new_cache(model) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.bridge.original_model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def _cache_slice(cache: Any, n_layers: int, start: int) -> KVStates:
+    """Positions start: of every layer's cached K and V."""
+    layers = [cache.layers[layer] for layer in range(n_layers)]
+    return KVStates(
+        keys=[lay.keys[:, :, start:].clone() for lay in layers],
+        values=[lay.values[:, :, start:].clone() for lay in layers],
+    )
+
+
+def _cached_step(model, step_input: torch.Tensor, cache: Any, start: int) -> tuple[torch.Tensor, Any]:
+    """One forward over step_input [batch, n] at positions start..start+n-1, extending `cache`."""
+    position_ids = torch.arange(start, start + step_input.shape[1], device=step_input.device)
+    logits, cache = model.bridge(
+        step_input, return_type="logits_and_cache", use_cache=True, past_key_values=cache,
+        position_ids=position_ids.expand(step_input.shape[0], -1),
+    )
+    if cache is None or cache.layers[0].keys is None:
+        raise RuntimeError(
+            f"{model.facts.name}: the bridged model filled no KV cache; this architecture's attention "
+            f"bridge does not support cached decoding in this transformers/TransformerLens combination."
+        )
+    return logits, cache
+
+
+@torch.no_grad()
+def kv_states(model, tokens: torch.Tensor) -> KVStates:
+    """K and V of every layer from one forward pass over `tokens` [batch, pos] (no padding)."""
+    _require_decoder(model, "kv_states")
+    tokens = model.check_tokens(tokens)
+    _, cache = _cached_step(model, tokens, _new_cache(model), 0)
+    return _cache_slice(cache, model.facts.n_layers, 0)
+
+
+@torch.no_grad()
+def generate_with_kv(model, tokens: torch.Tensor, max_new_tokens: int) -> GenerationTrace:
+    """Greedy decoding with a KV cache, recording the K/V each step appends.
+
+    tokens: [batch, pos] prompt without padding. Returns the full token sequence, the per-step
+    KV states and the final cache.
+    """
+    _require_decoder(model, "generate_with_kv")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    tokens = model.check_tokens(tokens)
+    total = tokens.shape[1] + max_new_tokens
+    if total > model.facts.n_ctx:
+        raise ContextLengthError(
+            f"prompt ({tokens.shape[1]}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
+            f"context of {model.facts.n_ctx}; generate fewer tokens or shorten the prompt."
+        )
+    cache = _new_cache(model)
+    steps: list[KVStates] = []
+    out, step_input = tokens, tokens  # step_input: the prompt, then [batch, 1]
+    for _ in range(max_new_tokens):
+        start = out.shape[1] - step_input.shape[1]
+        logits, cache = _cached_step(model, step_input, cache, start)
+        steps.append(_cache_slice(cache, model.facts.n_layers, start))
+        step_input = logits[:, -1].argmax(-1, keepdim=True)  # [batch, 1]
+        out = torch.cat([out, step_input], dim=1)
+    return GenerationTrace(tokens=out, steps=steps, cache=cache)

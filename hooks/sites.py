@@ -1,0 +1,153 @@
+"""Site names: TransformerLens hook names, built by a typed helper and documented in one table.
+
+A *site* is a named activation inside the model. Names are TransformerLens's exactly
+(`blocks.3.attn.hook_pattern`). `site("pattern", 3)` builds one; `check_site(model, name)`
+validates one against a loaded model (unknown names get the closest valid names suggested,
+layers out of range get the valid range). `hook_result` (per-head output) is computed by
+headscope from hook_z and W_O, so it exists for every architecture.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+from headscope.models.errors import IndexOutOfRangeError, SiteError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteKind:
+    template: str  # "{layer}" is replaced by the layer index
+    shape: str  # documented shape
+    doc: str
+    pos_dim: int = 1  # which axis is the (query) position
+    head_dim: int | None = None  # which axis is the head, if any
+
+
+SITES: dict[str, SiteKind] = {
+    "embed": SiteKind(template="hook_embed", shape="[batch, pos, d_model]", doc="token embeddings"),
+    "pos_embed": SiteKind(template="hook_pos_embed", shape="[batch, pos, d_model]", doc="learned position embeddings (GPT-2, BERT)"),
+    "resid_pre": SiteKind(template="blocks.{layer}.hook_resid_pre", shape="[batch, pos, d_model]", doc="residual stream into the block"),
+    "resid_mid": SiteKind(template="blocks.{layer}.hook_resid_mid", shape="[batch, pos, d_model]", doc="residual stream between attention and MLP"),
+    "resid_post": SiteKind(template="blocks.{layer}.hook_resid_post", shape="[batch, pos, d_model]", doc="residual stream out of the block"),
+    "attn_out": SiteKind(template="blocks.{layer}.hook_attn_out", shape="[batch, pos, d_model]", doc="attention output (sum of heads + bias)"),
+    "mlp_out": SiteKind(template="blocks.{layer}.hook_mlp_out", shape="[batch, pos, d_model]", doc="MLP output"),
+    "q": SiteKind(template="blocks.{layer}.attn.hook_q", shape="[batch, pos, head, d_head]", doc="queries", head_dim=2),
+    "k": SiteKind(template="blocks.{layer}.attn.hook_k", shape="[batch, pos, kv_head, d_head]", doc="keys (n_kv_heads under grouped-query attention)", head_dim=2),
+    "v": SiteKind(template="blocks.{layer}.attn.hook_v", shape="[batch, pos, kv_head, d_head]", doc="values (n_kv_heads under grouped-query attention)", head_dim=2),
+    "rot_q": SiteKind(template="blocks.{layer}.attn.hook_rot_q", shape="[batch, pos, head, d_head]", doc="queries after RoPE (rotary models)", head_dim=2),
+    "rot_k": SiteKind(template="blocks.{layer}.attn.hook_rot_k", shape="[batch, pos, kv_head, d_head]", doc="keys after RoPE (rotary models); what the KV cache stores", head_dim=2),
+    "scores": SiteKind(template="blocks.{layer}.attn.hook_attn_scores", shape="[batch, head, query_pos, key_pos]", doc="scaled, masked attention scores", pos_dim=2, head_dim=1),
+    "pattern": SiteKind(template="blocks.{layer}.attn.hook_pattern", shape="[batch, head, query_pos, key_pos]", doc="attention weights (softmax of scores)", pos_dim=2, head_dim=1),
+    "z": SiteKind(template="blocks.{layer}.attn.hook_z", shape="[batch, pos, head, d_head]", doc="per-head mix of values (pattern @ v)", head_dim=2),
+    "result": SiteKind(template="blocks.{layer}.attn.hook_result", shape="[batch, pos, head, d_model]", doc="per-head output z @ W_O (computed by headscope)", head_dim=2),
+    "mlp_pre": SiteKind(template="blocks.{layer}.mlp.hook_pre", shape="[batch, pos, d_mlp]", doc="MLP pre-activation (gate projection for gated MLPs)"),
+    "mlp_pre_linear": SiteKind(template="blocks.{layer}.mlp.hook_pre_linear", shape="[batch, pos, d_mlp]", doc="up projection of a gated MLP"),
+    "mlp_post": SiteKind(template="blocks.{layer}.mlp.hook_post", shape="[batch, pos, d_mlp]", doc="MLP memory coefficients (act(pre), gated: act(gate) * up)"),
+}
+
+COMPUTED = {"result"}  # sites headscope computes rather than reads from a hook point
+_NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+def site(kind: str, layer: int | None = None) -> str:
+    """The TransformerLens name of a site: site("pattern", 3) -> "blocks.3.attn.hook_pattern"."""
+    if kind not in SITES:
+        raise SiteError(
+            f"Unknown site kind {kind!r}. Did you mean {_suggest(kind, SITES)}? "
+            f"Valid kinds: {', '.join(SITES)}."
+        )
+    template = SITES[kind].template
+    if "{layer}" in template:
+        if layer is None:
+            raise SiteError(f"Site kind {kind!r} is per layer; pass layer=, e.g. site({kind!r}, 0).")
+        if not isinstance(layer, int) or layer < 0:
+            raise IndexOutOfRangeError(f"layer must be a non-negative int, got {layer!r}.")
+        return template.format(layer=layer)
+    return template
+
+
+def parse_site(name: str) -> tuple[str, int | None]:
+    """Inverse of `site`: "blocks.3.attn.hook_pattern" -> ("pattern", 3). SiteError if unknown."""
+    match = _NAME.match(name)
+    layer, rest = (int(match.group(1)), match.group(2)) if match else (None, name)
+    for kind, spec in SITES.items():
+        template = spec.template
+        if layer is None and template == rest:
+            return kind, None
+        if layer is not None and template == "blocks.{layer}." + rest:
+            return kind, layer
+    raise SiteError(f"Unknown site {name!r}. Did you mean {_suggest(name, _all_templates())}?")
+
+
+def check_site(model, name: str) -> str:
+    """Validate a site name against a loaded model and return it unchanged.
+
+    Raises SiteError for unknown names (with the closest valid names) and IndexOutOfRangeError
+    for a layer outside the model.
+    """
+    match = _NAME.match(name)
+    if match:
+        layer = int(match.group(1))
+        if layer >= model.facts.n_layers:
+            raise IndexOutOfRangeError(
+                f"Site {name!r} names layer {layer}, but {model.facts.name} has layers 0..{model.facts.n_layers - 1}."
+            )
+    valid = available_sites(model)
+    if name not in valid and name in model.bridge.hook_dict:
+        raise SiteError(
+            f"Site {name!r} is a TransformerLens hook point that {model.facts.name} ({model.facts.family}) "
+            f"never computes, so it cannot be captured or patched; use one of {_suggest(name, valid)}."
+        )
+    if name not in valid:
+        raise SiteError(
+            f"Unknown site {name!r} for {model.facts.name}. Did you mean {_suggest(name, valid)}? "
+            f"See headscope.hooks.SITES for the table of site kinds."
+        )
+    return name
+
+
+def available_sites(model) -> list[str]:
+    """Every site name of the SITES table that this model exposes (hook points plus computed)."""
+    hook_names = set(model.bridge.hook_dict)
+    if model.facts.positional != "standard":
+        hook_names.discard("hook_pos_embed")  # an alias that never fires without learned positions
+    kinds_global = [k for k, spec in SITES.items() if "{layer}" not in spec.template]
+    kinds_layer = [k for k, spec in SITES.items() if "{layer}" in spec.template]
+    candidates = [site(k) for k in kinds_global] + [
+        site(k, layer) for layer in range(model.facts.n_layers) for k in kinds_layer
+    ]
+    fired = _fired_hook_points(model, [n for n in candidates if n in hook_names or parse_site(n)[0] in COMPUTED])
+    return [n for n in candidates if (site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else n) in fired]
+
+
+def _fired_hook_points(model, names: list[str]) -> set[str]:
+    """Hook points that actually fire in a forward pass (some bridges expose points they never call).
+
+    Probed once per model with a two-token input and remembered on the model.
+    """
+    cached = getattr(model, "_headscope_fired_sites", None)
+    if cached is not None:
+        return cached
+    import torch
+
+    fired: set[str] = set()
+    points = {site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else n for n in names}
+
+    def recorder(name: str):
+        return lambda act, hook: fired.add(name)
+
+    probe = torch.zeros((1, 2), dtype=torch.long)
+    with torch.no_grad():
+        model.run_with_hooks(probe, fwd=[(name, recorder(name)) for name in sorted(points)])
+    model._headscope_fired_sites = fired
+    return fired
+
+
+def _all_templates() -> list[str]:
+    return [s.template.replace("{layer}", "0") for s in SITES.values()]
+
+
+def _suggest(name: str, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.5)
+    return " or ".join(repr(c) for c in close) if close else "one of the names in the site table"

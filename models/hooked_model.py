@@ -1,0 +1,213 @@
+"""HookedModel: a TransformerBridge plus its tokenizer and the config facts analyses need.
+
+The bridge (TransformerLens 4.x) wraps a Hugging Face model and exposes every internal site as
+a TransformerLens hook point. HookedModel adds what analyses need around it: the facts of the
+architecture in one frozen record, tokenisation, input checks (context length, token range),
+and one call convention: logits for decoders, final hidden states for encoders (MiniLM has no
+trained LM head, and TransformerLens gives BERT a random one).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from headscope.models.errors import ContextLengthError, IndexOutOfRangeError
+
+HookFn = Callable[..., Any]
+
+_FAMILIES = {
+    "GPT2LMHeadModel": "gpt2",
+    "LlamaForCausalLM": "llama",
+    "GPTNeoXForCausalLM": "neox",
+    "BertForMaskedLM": "bert",
+    "BertModel": "bert",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFacts:
+    """Architecture facts, read once from the bridge's config."""
+
+    name: str
+    family: str  # "gpt2", "llama", "neox", "bert", or the HF architecture name
+    architecture: str
+    is_encoder: bool
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int
+    gated_mlp: bool
+    positional: str  # "standard" (learned), "rotary", ...
+
+    @property
+    def n_total_heads(self) -> int:
+        return self.n_layers * self.n_heads
+
+
+def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
+    cfg = bridge.cfg
+    arch = str(cfg.architecture)
+    is_encoder = getattr(cfg, "attention_dir", "causal") == "bidirectional" or arch.startswith("Bert")
+    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    return ModelFacts(
+        name=name,
+        family=_FAMILIES.get(arch, arch),
+        architecture=arch,
+        is_encoder=bool(is_encoder),
+        n_layers=int(cfg.n_layers),
+        n_heads=int(cfg.n_heads),
+        n_kv_heads=int(n_kv),
+        d_model=int(cfg.d_model),
+        d_head=int(cfg.d_head),
+        d_mlp=int(cfg.d_mlp),
+        d_vocab=int(cfg.d_vocab),
+        n_ctx=int(cfg.n_ctx),
+        gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
+        positional=str(getattr(cfg, "positional_embedding_type", "standard")),
+    )
+
+
+class HookedModel:
+    """A hookable transformer: `model(tokens)` gives logits (decoders) or hidden states (encoders).
+
+    Attributes: `bridge` (the TransformerBridge), `tokenizer` (HF tokenizer), `facts`
+    (ModelFacts), `source` (where the weights came from), `device`.
+    """
+
+    def __init__(self, bridge: Any, tokenizer: Any, facts: ModelFacts, source: str) -> None:
+        self.bridge = bridge
+        self.tokenizer = tokenizer
+        self.facts = facts
+        self.source = source
+        self.bridge.eval()
+
+    # ---- basics -------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.bridge.parameters()).device
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    def __repr__(self) -> str:
+        f = self.facts
+        kind = "encoder" if f.is_encoder else "decoder"
+        return (
+            f"HookedModel({f.name!r}: {f.family} {kind}, {f.n_layers} layers x {f.n_heads} heads "
+            f"({f.n_kv_heads} KV), d_model={f.d_model}, d_mlp={f.d_mlp}, n_ctx={f.n_ctx}, "
+            f"device={self.device})"
+        )
+
+    # ---- tokens -------------------------------------------------------------------------
+    def to_tokens(self, text: str | Sequence[str], *, prepend_bos: bool | None = None) -> torch.Tensor:
+        """Tokenise one string or a list of equal-length strings into [batch, pos] int64.
+
+        Decoders get the BOS token prepended when the tokenizer has one and did not add it.
+        """
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise ValueError("to_tokens got an empty list of prompts; pass at least one string.")
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True)
+        ids = enc["input_ids"]  # [batch, pos]
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if prepend_bos is None:
+            prepend_bos = not self.facts.is_encoder
+        if prepend_bos and bos is not None and not bool((ids[:, 0] == bos).all()):
+            ids = torch.cat([torch.full((ids.shape[0], 1), bos, dtype=ids.dtype), ids], dim=1)
+        return ids.to(self.device)
+
+    def to_str_tokens(self, tokens: torch.Tensor) -> list[str]:
+        """The token strings of one [pos] sequence (for labels; escape before putting in HTML)."""
+        return self.tokenizer.convert_ids_to_tokens(tokens.reshape(-1).tolist())
+
+    def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Validate a [batch, pos] token tensor and move it to the model's device."""
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of ids, got {type(tokens).__name__}; use model.to_tokens(text).")
+        if tokens.ndim == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}.")
+        if tokens.shape[1] > self.facts.n_ctx:
+            raise ContextLengthError(
+                f"The prompt has {tokens.shape[1]} tokens but {self.facts.name} has a context of "
+                f"{self.facts.n_ctx}; truncate it (e.g. tokens[:, -{self.facts.n_ctx}:]) or use a "
+                f"model with a longer context."
+            )
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.facts.d_vocab):
+            raise IndexOutOfRangeError(
+                f"token ids must lie in [0, {self.facts.d_vocab}) for {self.facts.name}; got "
+                f"min {int(tokens.min())}, max {int(tokens.max())}. Tokenise with this model's tokenizer."
+            )
+        return tokens.to(self.device)
+
+    def check_layer(self, layer: int) -> int:
+        if not isinstance(layer, int) or not 0 <= layer < self.facts.n_layers:
+            raise IndexOutOfRangeError(
+                f"layer {layer!r} is out of range: {self.facts.name} has layers 0..{self.facts.n_layers - 1}."
+            )
+        return layer
+
+    def check_head(self, layer: int, head: int) -> tuple[int, int]:
+        self.check_layer(layer)
+        if not isinstance(head, int) or not 0 <= head < self.facts.n_heads:
+            raise IndexOutOfRangeError(
+                f"head {head!r} is out of range: {self.facts.name} has heads 0..{self.facts.n_heads - 1} per layer."
+            )
+        return layer, head
+
+    # ---- running ------------------------------------------------------------------------
+    @contextmanager
+    def hooks(self, fwd: Sequence[tuple[str, HookFn]] = (), bwd: Sequence[tuple[str, HookFn]] = ()) -> Iterator["HookedModel"]:
+        """Attach hooks for the duration of the block; they are removed on exit, exceptions included."""
+        with self.bridge.hooks(fwd_hooks=list(fwd), bwd_hooks=list(bwd)):
+            yield self
+
+    def forward(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, pos, d_vocab] for decoders; final hidden states [batch, pos, d_model] for encoders."""
+        tokens = self.check_tokens(tokens)
+        kwargs: dict[str, Any] = {}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask.to(self.device)
+        if not self.facts.is_encoder:
+            return self.bridge(tokens, return_type="logits", **kwargs)
+        final: dict[str, torch.Tensor] = {}
+
+        def keep(act: torch.Tensor, hook: Any) -> None:
+            final["h"] = act
+
+        with self.hooks(fwd=[(f"blocks.{self.facts.n_layers - 1}.hook_resid_post", keep)]):
+            self.bridge(tokens, return_type="logits", **kwargs)
+        return final["h"]
+
+    __call__ = forward
+
+    def run_with_hooks(
+        self,
+        tokens: torch.Tensor,
+        fwd: Sequence[tuple[str, HookFn]] = (),
+        bwd: Sequence[tuple[str, HookFn]] = (),
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """One forward pass with temporary hooks (removed afterwards, also on error)."""
+        with self.hooks(fwd, bwd):
+            return self.forward(tokens, **kwargs)
+
+    def n_active_hooks(self) -> int:
+        """How many temporary hook functions are attached right now (0 between analyses).
+
+        Permanent hooks the bridge installs for itself (e.g. on BERT) are not counted.
+        """
+        return sum(
+            not handle.is_permanent
+            for hp in self.bridge.hook_points()
+            for handle in (*hp.fwd_hooks, *hp.bwd_hooks)
+        )

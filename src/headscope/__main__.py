@@ -1,0 +1,4 @@
+"""`python -m headscope` runs the CLI."""
+from headscope.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""Shared test configuration: offline hub, tiny random models built locally, CUDA marker."""
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests_support import build_tiny_model  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Local HF directories of tiny random models: {"gpt2": path, "llama": path, "neox": path}."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {family: build_tiny_model(family, root / family) for family in ("gpt2", "llama", "neox")}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    """HookedModels loaded from the tiny directories (shared; tests must not modify them)."""
+    import headscope as hs
+
+    return {family: hs.load_model(path, device="cpu") for family, path in tiny_dirs.items()}

@@ -1,0 +1,50 @@
+"""MLP key-value memories: coefficients at mlp.hook_post rebuild the MLP output as sum m_i v_i + b."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headscope as hs
+from tests_support import hf_model, random_tokens
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "neox"])
+def test_sum_of_sub_updates_rebuilds_the_hf_mlp_output(family, tiny_dirs, tiny_models):
+    model = tiny_models[family]
+    tokens = random_tokens(2, 7)
+    hf = hf_model(tiny_dirs[family])
+    mlp_module = {"gpt2": lambda: hf.transformer.h[1].mlp, "llama": lambda: hf.model.layers[1].mlp,
+                  "neox": lambda: hf.gpt_neox.layers[1].mlp}[family]()
+    seen = {}
+    handle = mlp_module.register_forward_hook(lambda m, a, o: seen.setdefault("out", o))
+    with torch.no_grad():
+        hf(tokens)
+    handle.remove()
+    mem = hs.mlp_memories(model, 1)
+    m = hs.capture(model, tokens, [hs.site("mlp_post", 1)])[hs.site("mlp_post", 1)]  # [batch, pos, d_mlp]
+    assert mem.keys.shape == mem.values.shape == (model.facts.d_mlp, model.facts.d_model)
+    rebuilt = mem.sub_updates(m).sum(-2) + mem.out_bias
+    assert (rebuilt - seen["out"]).abs().max().item() <= 1e-4
+    assert (mem.output(m) - seen["out"]).abs().max().item() <= 1e-4
+
+
+def test_gated_keys_and_coefficients_follow_the_hf_weights(tiny_dirs, tiny_models):
+    """For SwiGLU, m = silu(x W_gate) * (x W_up); keys are W_up's rows and gate_keys W_gate's."""
+    model = tiny_models["llama"]
+    hf = hf_model(tiny_dirs["llama"])
+    mlp = hf.model.layers[0].mlp
+    mem = hs.mlp_memories(model, 0)
+    assert mem.gated
+    assert torch.allclose(mem.keys, mlp.up_proj.weight, atol=1e-6)
+    assert torch.allclose(mem.gate_keys, mlp.gate_proj.weight, atol=1e-6)
+    assert torch.allclose(mem.values, mlp.down_proj.weight.T, atol=1e-6)
+    tokens = random_tokens(1, 5)
+    acts = hs.capture(model, tokens, [hs.site("resid_mid", 0), hs.site("mlp_post", 0)])
+    x = hf.model.layers[0].post_attention_layernorm(acts[hs.site("resid_mid", 0)])
+    expected = torch.nn.functional.silu(x @ mem.gate_keys.T) * (x @ mem.keys.T)
+    assert (acts[hs.site("mlp_post", 0)] - expected).abs().max().item() <= 1e-5
+
+
+def test_layer_out_of_range(tiny_models):
+    with pytest.raises(hs.IndexOutOfRangeError, match=r"layers 0\.\.1"):
+        hs.mlp_memories(tiny_models["gpt2"], 2)
