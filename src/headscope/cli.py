@@ -1,8 +1,11 @@
 """The `headscope` command line.
 
+    headscope report [--model SPEC] [--task NAME|FILE] [--analyses a,b] [--out DIR] [--seed N]
+                     [--device cpu|cuda] [--resume] [--force] [--quick]
+    headscope heads|attribution|position|patching|mlp|kv|probes [same options]
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
-    headscope --version
+    headscope --version                  (python -m headscope works too)
 """
 from __future__ import annotations
 
@@ -21,6 +24,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
+    from headscope.analyses.registry import ANALYSES
+
+    r = sub.add_parser("report", help="run every analysis (or --analyses) and write an HTML report")
+    _run_options(r)
+    r.add_argument("--analyses", default=None, help=f"comma-separated subset of: {','.join(ANALYSES)} (default: all)")
+    for name in ANALYSES:
+        _run_options(sub.add_parser(name, help=f"run the {name} analysis alone (same outputs as in the report)"))
+
     s = sub.add_parser("sites", help="load a model and print its facts and every hookable site")
     s.add_argument("--model", default=None, help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -34,6 +45,36 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--steps", type=int, default=None, help="override the recipe's number of steps")
     return p
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
+    p.add_argument("--task", default=None, help="a zoo task (kv, induction, facts, ioi) or a .jsonl/.csv/.parquet task file")
+    p.add_argument("--out", default=None, help="output folder (default: ./headscope-out/<model>-<time>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--n-examples", type=int, default=None, help="examples per analysis (default: each analysis's own)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping finished analyses")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out (only a previous headscope output)")
+    p.add_argument("--quick", action="store_true", help="reduced sizes, for smoke tests")
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars, only warnings")
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from headscope.reports.report import build_report
+
+    analyses = getattr(args, "analyses", None) if args.command == "report" else args.command
+    out = build_report(
+        args.model, out=args.out, analyses=analyses, task=args.task, seed=args.seed, quick=args.quick,
+        n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
+        progress=not args.quiet, command=["headscope", *sys.argv[1:]],
+    )
+    from headscope.reports.io import read_json
+
+    status = read_json(out / "manifest.json")["status"]
+    failed = [name for name, state in status.items() if state.startswith("failed")]
+    print(f"wrote {out / 'report.html'}" + (f" ({len(failed)} failed: {', '.join(failed)})" if failed else ""))
+    return 1 if failed else 0
 
 
 def _cmd_sites(args: argparse.Namespace) -> int:
@@ -66,13 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from headscope.models.errors import HeadscopeError
 
-    handlers = {"sites": _cmd_sites, "zoo": _cmd_zoo}
+    from headscope.analyses.registry import ANALYSES
+    from headscope.analyses.task_files import TaskFileError
+    from headscope.reports.report import OutputExistsError
+
+    handlers = {"sites": _cmd_sites, "zoo": _cmd_zoo, "report": _cmd_report, **{name: _cmd_report for name in ANALYSES}}
     if args.command is None:
         _parser().print_help()
         return 2
     try:
         return handlers[args.command](args)
-    except HeadscopeError as err:
+    except (HeadscopeError, TaskFileError, OutputExistsError, ValueError) as err:
         print(f"headscope: error: {err}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,71 @@
+"""Atomic writes: every output file appears whole or not at all.
+
+Each writer writes to a temporary file in the destination folder, flushes and fsyncs it, then
+renames it over the destination (os.replace is atomic on POSIX and Windows).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    return _atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Deterministic JSON (sorted keys, fixed float repr) so that equal runs give equal files."""
+    return write_text(path, json.dumps(to_jsonable(data), indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def write_csv(path: Path, df: pd.DataFrame) -> Path:
+    return _atomic(path, lambda tmp: df.to_csv(tmp, index=False))
+
+
+def write_figure(path: Path, fig: Any) -> Path:
+    """Save a matplotlib figure as PNG (fixed metadata so the bytes do not depend on the time)."""
+    return _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None}))
+
+
+def to_jsonable(value: Any) -> Any:
+    """Convert numpy / torch scalars and arrays, tuples and paths into plain JSON types."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return to_jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and value != value:  # NaN: JSON has none; keep null
+        return None
+    return value
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))

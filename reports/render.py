@@ -1,0 +1,62 @@
+"""HTML and Markdown rendering of results: notebook cells and the report's sections.
+
+Every string that comes from a model, a tokenizer, a prompt or a user goes through `escape`;
+figures are inlined as base64 PNG so that nothing is fetched from anywhere.
+"""
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any, Mapping
+
+import pandas as pd
+
+from headscope.analyses.result import escape
+
+MAX_ROWS = 20
+
+
+def figure_png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def img_tag(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}" style="max-width:100%">'
+
+
+def table_html(df: pd.DataFrame, max_rows: int = MAX_ROWS) -> str:
+    """An escaped HTML table of the first rows (pandas escapes cell text with escape=True)."""
+    shown = df.head(max_rows)
+    more = f"<p><em>{len(df) - max_rows} more rows in the CSV.</em></p>" if len(df) > max_rows else ""
+    return shown.to_html(index=False, escape=True, border=0, classes="table", float_format=lambda x: f"{x:.4g}") + more
+
+
+def summary_html(summary: Mapping[str, Any]) -> str:
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(_short(v))}</td></tr>" for k, v in summary.items())
+    return f'<table class="summary">{rows}</table>'
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def result_html(result: Any, with_figures: bool = True) -> str:
+    """A notebook cell for a Result: its summary, its main table and its figures."""
+    parts = [f"<h3>{escape(result.name)}</h3>", summary_html(result.summary), table_html(result.df)]
+    if with_figures:
+        import matplotlib.pyplot as plt
+
+        for stem, fig in result.plot().items():
+            parts.append(img_tag(figure_png(fig), stem))
+            plt.close(fig)
+    return "<div class='headscope-result'>" + "".join(parts) + "</div>"
+
+
+def summary_markdown(summary: Mapping[str, Any]) -> str:
+    lines = ["| key | value |", "|---|---|"]
+    lines += [f"| {escape(k)} | {escape(_short(v)).replace('|', '&#124;')} |" for k, v in summary.items()]
+    return "\n".join(lines)
