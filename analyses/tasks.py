@@ -23,16 +23,19 @@ class Task:
     spans:            name -> [batch, 2] int64 half-open [start, end) token ranges
                       (e.g. "subject", "gold", "names").
     name:             short identifier used in reports ("kv", "induction", ...).
-    metric:           "logit_diff" (answers vs wrong_answers), "logprob" or "accuracy".
+    metric:           "logit_diff" (answers vs wrong_answers), "logprob", "accuracy", or "cosine"
+                      (encoders: cosine similarity of the pooled embedding to the unmodified model's).
+    attention_mask:   [batch, pos] or None; 1 for real tokens (padded encoder sentence sets).
     """
 
     name: str
     tokens: torch.Tensor
-    answers: torch.Tensor
+    answers: torch.Tensor | None = None
     corrupted_tokens: torch.Tensor | None = None
     wrong_answers: torch.Tensor | None = None
     spans: Mapping[str, torch.Tensor] = field(default_factory=dict)
     metric: str = "logit_diff"
+    attention_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 2 or self.tokens.shape[0] == 0:
@@ -45,7 +48,9 @@ class Task:
                 f"Task {self.name!r}: clean tokens {tuple(self.tokens.shape)} and corrupted tokens "
                 f"{tuple(self.corrupted_tokens.shape)} differ in shape; pad or trim them to the same length."
             )
-        if self.answers.shape != (self.tokens.shape[0],):
+        if self.answers is None and self.metric != "cosine":
+            raise ValueError(f"Task {self.name!r}: metric {self.metric!r} needs answers= (one token id per prompt).")
+        if self.answers is not None and self.answers.shape != (self.tokens.shape[0],):
             raise ValueError(
                 f"Task {self.name!r}: answers must have shape [batch]={self.tokens.shape[0]}, "
                 f"got {tuple(self.answers.shape)}."
@@ -91,7 +96,7 @@ def zoo(model, task: str, n_examples: int = 64, seed: int = 0, **kw) -> Task:
         unk = tokenizer.unk_token_id
         if any(unk in row for row in ids if unk is not None):
             raise ValueError(
-                f"model's tokenizer does not cover the zoo vocabulary (got <unk> ids); "
+                "model's tokenizer does not cover the zoo vocabulary (got <unk> ids); "
                 "zoo tasks need a zoo model (e.g. 'zoo/synth-llama')"
             )
         return torch.tensor(ids, dtype=torch.int64)  # [batch, pos]

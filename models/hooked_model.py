@@ -179,14 +179,15 @@ class HookedModel:
             kwargs["attention_mask"] = attention_mask.to(self.device)
         if not self.facts.is_encoder:
             return self.bridge(tokens, return_type="logits", **kwargs)
-        final: dict[str, torch.Tensor] = {}
+        # Stop after the last block: the bridge's (random) MLM head would cost as much as the
+        # encoder and [batch, pos, d_vocab] floats; the bridge returns the stopping activation.
+        from transformer_lens.model_bridge.exceptions import StopAtLayerException
 
-        def keep(act: torch.Tensor, hook: Any) -> None:
-            final["h"] = act
+        def stop(act: torch.Tensor, hook: Any) -> None:
+            raise StopAtLayerException(act)
 
-        with self.hooks(fwd=[(f"blocks.{self.facts.n_layers - 1}.hook_resid_post", keep)]):
-            self.bridge(tokens, return_type="logits", **kwargs)
-        return final["h"]
+        with self.hooks(fwd=[(f"blocks.{self.facts.n_layers - 1}.hook_resid_post", stop)]):
+            return self.bridge(tokens, return_type="logits", **kwargs)
 
     __call__ = forward
 

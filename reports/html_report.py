@@ -57,6 +57,11 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         sections.append(html_part)
         md_sections.append(md_part)
         rows.append(f'<tr><td><a href="#{escape(name)}">{escape(name)}</a></td><td>{escape(status.get(name, ""))}</td><td>{escape(headline)}</td></tr>')
+    task_csv = out / "task_examples.csv"
+    if task_csv.exists():
+        examples = pd.read_csv(task_csv, dtype=str, keep_default_na=False)
+        sections.insert(0, "<h2 id='task'>task</h2><p>The examples of the task file (first rows).</p>" + table_html(examples))
+        md_sections.insert(0, "## task\n\n- [task_examples.csv](task_examples.csv)\n")
     title = f"headscope report: {model.get('name', '')}"
     facts = f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads, d_model {model.get('d_model', '?')}"
     html = (

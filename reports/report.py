@@ -107,14 +107,19 @@ def build_report(
     from headscope.models import HookedModel, load_model
 
     names = parse_analyses(analyses)
+    task_rows = None
     if task is not None and Path(task).suffix:
         from headscope.analyses.task_files import read_task_rows
 
-        read_task_rows(task)  # bad task files fail before anything is written
+        task_rows = read_task_rows(task)  # bad task files fail before anything is written
     if not isinstance(model, HookedModel):
         model = load_model(model, device=device)
     out = Path(out) if out is not None else default_out(model.name)
     prepare_out(out, force=force, resume=resume)
+    if task_rows is not None:  # the user's prompts, shown (escaped) in the report
+        import pandas as pd
+
+        io.write_csv(out / "task_examples.csv", pd.DataFrame(task_rows))
     config = RunConfig(seed=seed, quick=quick, n_examples=n_examples, task=task, progress=progress)
     manifest_path = out / "manifest.json"
     previous = io.read_json(manifest_path) if resume and manifest_path.exists() else {}

@@ -13,6 +13,10 @@ import torch  # noqa: E402
 
 from tests_support import build_tiny_model  # noqa: E402
 
+# Tests run tiny models, whose matmuls are too small to gain from threads; one thread avoids
+# oversubscribing the 2-core CI machine.
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -33,7 +33,34 @@ from headscope.models.errors import (
 )
 from headscope.version import __version__
 
+# Analyses and reports load lazily (hs.head_importance, hs.build_report, ...): `import headscope`
+# stays fast, and the CLI's --help does not import every analysis.
+_LAZY = {
+    "head_importance": "headscope.analyses.heads",
+    "prune_heads": "headscope.analyses.heads",
+    "activation_patching": "headscope.analyses.patching",
+    "causal_tracing": "headscope.analyses.causal_tracing",
+    "attribution_patching": "headscope.analyses.attribution_patching",
+    "path_patching": "headscope.analyses.path_patching",
+    "attribution": "headscope.analyses.attribution",
+    "position_bias": "headscope.analyses.position",
+    "probe_sweep": "headscope.analyses.probes",
+    "build_report": "headscope.reports.report",
+    "Result": "headscope.analyses.result",
+    "RunConfig": "headscope.analyses.registry",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'headscope' has no attribute {name!r}")
+
+
 __all__ = [
+    *_LAZY,
     "DEFAULT_MODEL",
     "SITES",
     "Activations",

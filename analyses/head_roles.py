@@ -1,0 +1,123 @@
+"""Head roles from attention patterns: positional, sink, previous-token, induction, confidence.
+
+Scores per head, averaged over real query positions (padding excluded; decoders skip query 0,
+which can only attend to itself):
+- positional: the share of queries whose most-attended key sits at the head's most common
+  relative offset (Voita et al.: a positional head does so >= 90% of the time), and that offset;
+- sink: attention to the first token;
+- previous_token: attention from position q to q - 1;
+- induction: on repeated random tokens x x (length n each), mean attention from position i of
+  the second copy to i - n + 1, the token after the earlier occurrence (Olsson et al.);
+- confidence: mean maximum attention weight (Voita et al.).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from headscope.hooks import capture, site
+
+POSITIONAL_SHARE = 0.9
+ROLE_THRESHOLDS = {"induction": 0.3, "previous_token": 0.5, "sink": 0.5}  # score above which a label is given
+
+
+def attention_patterns(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """hook_pattern of every layer: [layer, batch, head, q, k] (on CPU)."""
+    names = [site("pattern", l) for l in range(model.facts.n_layers)]
+    acts = capture(model, tokens, names, to_cpu=True, attention_mask=attention_mask)
+    return torch.stack([acts[name] for name in names]).float()
+
+
+def _query_weights(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """[batch, q] 1.0 for queries that count: real tokens, and q >= 1 for decoders."""
+    w = torch.ones(tokens.shape, dtype=torch.float32) if attention_mask is None else attention_mask.float().cpu()
+    if not model.facts.is_encoder:
+        w[:, 0] = 0.0
+    return w
+
+
+def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
+    """Per head: positional, positional_offset, sink, previous_token, confidence."""
+    pat = attention_patterns(model, tokens, attention_mask)  # [L, b, H, q, k]
+    w = _query_weights(model, tokens, attention_mask)  # [b, q]
+    n_q = pat.shape[-2]
+    wq = w[None, :, None, :]  # [1, b, 1, q]
+    total = w.sum().clamp_min(1.0)
+
+    def mean_over_queries(x: torch.Tensor) -> torch.Tensor:  # [L, b, H, q] -> [L, H]
+        return (x * wq).sum((1, 3)) / total
+
+    q_idx = torch.arange(n_q)
+    sink = mean_over_queries(pat[..., 0])
+    prev = torch.zeros_like(pat[..., 0])  # [L, b, H, q]
+    prev[..., 1:] = pat[..., q_idx[1:], q_idx[1:] - 1]
+    previous = mean_over_queries(prev)  # [L, H]
+    confidence = mean_over_queries(pat.max(-1).values)
+    offset = pat.argmax(-1) - q_idx  # [L, b, H, q] relative offset of the most-attended key
+    n_off = 2 * n_q - 1
+    onehot = torch.nn.functional.one_hot(offset + n_q - 1, n_off).float()  # [L, b, H, q, offsets]
+    counts = (onehot * w[None, :, None, :, None]).sum((1, 3))  # [L, H, offsets]
+    share, best = counts.max(-1)
+    rows = []
+    for l in range(pat.shape[0]):
+        for h in range(pat.shape[2]):
+            rows.append({
+                "layer": l, "head": h, "positional": float(share[l, h] / total),
+                "positional_offset": int(best[l, h]) - (n_q - 1), "sink": float(sink[l, h]),
+                "previous_token": float(previous[l, h]), "confidence": float(confidence[l, h]),
+            })
+    return pd.DataFrame(rows)
+
+
+def repeated_random_tokens(model, length: int, n: int, seed: int = 0) -> torch.Tensor:
+    """[n, 2 * length (+1 with a BOS/CLS prefix)]: random non-special tokens, repeated once."""
+    tok = model.tokenizer
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    vocab = min(len(tok), model.facts.d_vocab) if tok is not None else model.facts.d_vocab
+    pool = torch.tensor([i for i in range(vocab) if i not in special])
+    if len(pool) < length:
+        raise ValueError(f"The vocabulary has {len(pool)} non-special tokens; induction needs length <= that, got {length}.")
+    gen = torch.Generator().manual_seed(seed)
+    seq = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:length]] for _ in range(n)])  # [n, length]
+    tokens = torch.cat([seq, seq], dim=1)  # [n, 2 * length]
+    prefix = getattr(tok, "bos_token_id", None) if not model.facts.is_encoder else getattr(tok, "cls_token_id", None)
+    if prefix is not None:
+        tokens = torch.cat([torch.full((n, 1), prefix), tokens], dim=1)
+    return tokens
+
+
+def induction_scores(model, *, length: int | None = None, n: int = 8, seed: int = 0) -> torch.Tensor:
+    """[L, H] mean attention from each second-copy position i to i - length + 1."""
+    length = length or max(2, min(24, (model.facts.n_ctx - 1) // 2))
+    tokens = repeated_random_tokens(model, length, n, seed)
+    start = tokens.shape[1] - 2 * length  # 1 with a prefix token
+    pat = attention_patterns(model, tokens)  # [L, b, H, q, k]
+    q = torch.arange(start + length, start + 2 * length)  # second copy
+    return pat[..., q, q - length + 1].mean((1, 3))  # [L, H]
+
+
+def label(row: pd.Series) -> str:
+    """One role name per head: induction, previous-token, positional, sink, or other (first that applies)."""
+    if row["induction"] >= ROLE_THRESHOLDS["induction"]:
+        return "induction"
+    if row["previous_token"] >= ROLE_THRESHOLDS["previous_token"]:
+        return "previous-token"
+    if row["positional"] >= POSITIONAL_SHARE:
+        return "positional"
+    if row["sink"] >= ROLE_THRESHOLDS["sink"]:
+        return "sink"
+    return "other"
+
+
+def head_roles(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+               induction_length: int | None = None, n_induction: int = 8, seed: int = 0) -> pd.DataFrame:
+    """Role scores of every head on `tokens` (plus induction on repeated random tokens) and a label.
+
+    Columns: layer, head, positional, positional_offset, sink, previous_token, confidence,
+    induction, role.
+    """
+    df = pattern_scores(model, tokens, attention_mask)
+    ind = induction_scores(model, length=induction_length, n=n_induction, seed=seed)
+    df["induction"] = [float(ind[l, h]) for l, h in zip(df["layer"], df["head"])]
+    df["role"] = df.apply(label, axis=1)
+    return df

@@ -1,0 +1,106 @@
+"""L0 head pruning (Voita et al. 2019): Hard Concrete gates trained on a frozen model.
+
+Each head gets a stochastic gate g = clip(sigmoid((log u - log(1 - u) + log alpha) / beta)
+(r - l) + l, 0, 1), u ~ U(0, 1), applied to its output (z_h -> g_h z_h). Only log alpha is
+trained, on loss = L_task + lambda L_C with L_C = sum_h sigmoid(log alpha_h - beta log(-l / r)),
+the expected number of open gates. At test time g = clip(sigmoid(log alpha) (r - l) + l, 0, 1);
+a head survives when its gate is > 0. A sweep over lambda traces heads kept against metric.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from headscope.analyses.heads_importance import Scorer, evaluate_masks, rows_per_pass, run_gated
+from headscope.analyses.heads_pruning import head_label
+
+BETA, LIMIT_L, LIMIT_R = 0.33, -0.1, 1.1  # Voita et al.'s temperature and stretch interval
+
+
+@dataclass(frozen=True, kw_only=True)
+class L0Config:
+    """lambdas: penalty weights swept; steps / lr / batch_size: Adam on log alpha; init: initial
+    log alpha (3.0 opens every gate fully at test time)."""
+
+    lambdas: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1)
+    steps: int = 200
+    lr: float = 0.1
+    batch_size: int = 32
+    init: float = 3.0
+    seed: int = 0
+
+
+def sample_gates(log_alpha: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Stochastic Hard Concrete gates for uniform noise u (same shape as, or broadcast with, log alpha)."""
+    s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / BETA)
+    return (s * (LIMIT_R - LIMIT_L) + LIMIT_L).clamp(0.0, 1.0)
+
+
+def deterministic_gates(log_alpha: torch.Tensor) -> torch.Tensor:
+    """Deterministic test-time gates clip(sigmoid(log alpha) (r - l) + l, 0, 1)."""
+    return (torch.sigmoid(log_alpha) * (LIMIT_R - LIMIT_L) + LIMIT_L).clamp(0.0, 1.0)
+
+
+def expected_open(log_alpha: torch.Tensor) -> torch.Tensor:
+    """L_C = sum_h P(gate_h != 0) = sum_h sigmoid(log alpha_h - beta log(-l / r))."""
+    return torch.sigmoid(log_alpha - BETA * math.log(-LIMIT_L / LIMIT_R)).sum()
+
+
+def train_gates(model, scorer: Scorer, lam: float, config: L0Config = L0Config(), *, progress: bool = False) -> torch.Tensor:
+    """Train log alpha [L, H] for one lambda on the frozen model; returns it (detached, on CPU).
+
+    Each step draws a minibatch of examples and one noise sample per example and head; only the
+    gates receive gradients (torch.autograd.grad), the model's weights are never touched.
+    """
+    f = model.facts
+    n, pos = scorer.tokens.shape
+    batch = min(n, config.batch_size, rows_per_pass(model, pos))
+    gen = torch.Generator().manual_seed(config.seed)
+    log_alpha = torch.full((f.n_layers, f.n_heads), float(config.init), device=model.device, requires_grad=True)
+    opt = torch.optim.Adam([log_alpha], lr=config.lr)
+    with torch.enable_grad():
+        for _ in tqdm(range(config.steps), desc=f"L0 gates (lambda={lam:g})", disable=not progress, leave=False):
+            rows = torch.randperm(n, generator=gen)[:batch].to(model.device)  # [b]
+            u = torch.rand((batch, f.n_layers, f.n_heads), generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
+            gates = sample_gates(log_alpha, u)  # [b, L, H]
+            out = run_gated(model, scorer.tokens[rows], gates,
+                            attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
+            loss = scorer.objective(out, rows).mean() + lam * expected_open(log_alpha)
+            (grad,) = torch.autograd.grad(loss, [log_alpha])
+            log_alpha.grad = grad
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return log_alpha.detach().cpu()
+
+
+def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train gates for every lambda; returns (sweep, gates).
+
+    sweep: lambda, heads_kept, fraction_kept, metric (test-time gates), metric_binary (kept heads
+    at 1, the others removed), surviving (names, "L0H3 L2H1"). gates: lambda, layer, head,
+    log_alpha, gate, kept.
+    """
+    f = model.facts
+    alphas = [train_gates(model, scorer, lam, config, progress=progress) for lam in config.lambdas]
+    soft = torch.stack([deterministic_gates(a) for a in alphas])  # [k, L, H]
+    hard = (soft > 0).float()  # [k, L, H]
+    values = evaluate_masks(model, scorer, torch.cat([soft, hard]), desc="L0 evaluation", progress=progress)
+    k = len(alphas)
+    sweep, gates = [], []
+    for i, lam in enumerate(config.lambdas):
+        kept = [(l, h) for l in range(f.n_layers) for h in range(f.n_heads) if hard[i, l, h] > 0]
+        sweep.append({
+            "lambda": lam, "heads_kept": len(kept), "fraction_kept": len(kept) / (f.n_layers * f.n_heads),
+            "metric": float(values[i]), "metric_binary": float(values[k + i]),
+            "surviving": " ".join(head_label(l, h) for l, h in kept),
+        })
+        gates += [
+            {"lambda": lam, "layer": l, "head": h, "log_alpha": float(alphas[i][l, h]),
+             "gate": float(soft[i, l, h]), "kept": bool(hard[i, l, h] > 0)}
+            for l in range(f.n_layers) for h in range(f.n_heads)
+        ]
+    return pd.DataFrame(sweep), pd.DataFrame(gates)

@@ -1,0 +1,156 @@
+"""The batching engine: many patched forward passes stacked along the batch dimension.
+
+A sweep of N patched runs over a base prompt batch [B, pos] is run as ceil(N / K) forward
+passes of K * B rows each: the base tokens are tiled K times (row k * B + b is run k on prompt
+b) and every hook sees activations of shape [K * B, ...], which it views as [K, B, ...] to apply
+run k's own edit. K is sized from a memory budget (an estimate of one row's peak activation
+memory), or set by the caller. Because every row computes exactly what a lone forward pass
+would, the results equal patching one index at a time (up to float rounding of batched matmuls).
+The source prompts can ride along as `lead` rows at the front of every forward pass: a hook at
+layer L then reads the source activation of layer L from those rows, so an exact sweep needs no
+separate source run and no stored cache.
+
+Also here: the mask-based replacement hook that exact patching and causal tracing share.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+HookFn = Callable[..., Any]
+Hooks = Sequence[tuple[str, HookFn]]
+HooksFor = Callable[[range], Hooks]  # runs of one chunk -> hooks acting on [len(runs) * batch, ...]
+Metric = Callable[[torch.Tensor], torch.Tensor]  # model output [batch, ...] -> [batch]
+
+CPU_BUDGET = 2 * 2**30  # bytes of activations per forward pass on CPU
+CUDA_FRACTION = 0.5  # share of free accelerator memory used by default
+
+
+def row_bytes(model, n_pos: int) -> int:
+    """Rough peak activation bytes of one prompt row in a no-grad forward pass.
+
+    Logits and their softmax, a dozen residual-sized temporaries, the MLP hidden layer and the
+    attention scores/pattern; an over-estimate on purpose, so that chunks fit.
+    """
+    f = model.facts
+    elem = next(model.bridge.parameters()).element_size()
+    per_pos = 2 * f.d_vocab + 12 * f.d_model + 4 * f.d_mlp + 4 * f.n_heads * n_pos
+    return elem * n_pos * per_pos
+
+
+def default_budget(model) -> int:
+    """Bytes available for one forward pass: half the free accelerator memory, else 2 GiB."""
+    device = model.device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_FRACTION)
+    return CPU_BUDGET
+
+
+def runs_per_forward(model, n_prompts: int, n_pos: int, memory_budget: int | None = None) -> int:
+    """How many patched runs (each n_prompts rows of n_pos tokens) fit one forward pass."""
+    budget = default_budget(model) if memory_budget is None else int(memory_budget)
+    if budget <= 0:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}.")
+    return max(1, budget // (row_bytes(model, n_pos) * n_prompts))
+
+
+def chunks(n_runs: int, per_forward: int) -> list[range]:
+    """Split range(n_runs) into equal-sized consecutive chunks of at most per_forward runs."""
+    n_chunks = max(1, math.ceil(n_runs / per_forward))
+    size = math.ceil(n_runs / n_chunks)
+    return [range(start, min(start + size, n_runs)) for start in range(0, n_runs, size)]
+
+
+def run_batched(
+    model,
+    tokens: torch.Tensor,
+    n_runs: int,
+    hooks_for: HooksFor,
+    metric: Metric,
+    *,
+    lead: torch.Tensor | None = None,
+    batch_size: int | None = None,
+    memory_budget: int | None = None,
+    progress: bool = True,
+    desc: str = "patching",
+    stacked_metric: bool = False,
+) -> torch.Tensor:
+    """Run n_runs patched forward passes over `tokens` [B, pos]; returns the metric [n_runs, B].
+
+    hooks_for(runs) gives the hooks of one chunk; each sees [len(runs) * B, ...] activations
+    ordered run-major. lead: prompts [B, pos] (e.g. the source run) put before the runs in every
+    forward pass, so hooks see [B + len(runs) * B, ...] and can read the lead rows' activation
+    of the same layer (never patch them); the lead's metric is then returned as one extra last
+    row. batch_size: patched runs per forward pass (None: sized from memory_budget bytes,
+    default half the free GPU memory or 2 GiB on CPU). stacked_metric: the metric accepts the
+    whole stacked output at once (one call per forward pass).
+    """
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size is the number of patched runs per forward pass; got {batch_size!r}, use an int >= 1.")
+    tokens = model.check_tokens(tokens)
+    n_prompts, n_pos = tokens.shape
+    head = model.check_tokens(lead) if lead is not None else tokens[:0]  # [B or 0, pos]
+    n_lead = head.shape[0]
+    per_forward = batch_size or runs_per_forward(model, n_prompts, n_pos, memory_budget)
+    out = torch.empty(n_runs + (lead is not None), n_prompts)  # [run (+ lead), batch]
+    bar = tqdm(total=n_runs, desc=desc, disable=not progress, unit="run")
+    with torch.no_grad():
+        for c, runs in enumerate(chunks(n_runs, per_forward) if n_runs else []):
+            stacked = torch.cat([head, tokens.repeat(len(runs), 1)])  # [B_lead + k * B, pos]
+            result = model.run_with_hooks(stacked, fwd=hooks_for(runs))  # [B_lead + k * B, pos, ...]
+            if stacked_metric:
+                values = metric(result).float().cpu()  # [B_lead + k * B]
+                out[runs.start:runs.stop] = values[n_lead:].view(len(runs), n_prompts)
+                lead_values = values[:n_lead]
+            else:
+                for i, run in enumerate(runs):
+                    out[run] = metric(result[n_lead + i * n_prompts:n_lead + (i + 1) * n_prompts]).float().cpu()
+                lead_values = metric(result[:n_lead]).float().cpu() if n_lead else None
+            if c == 0 and n_lead:
+                out[-1] = lead_values
+            bar.update(len(runs))
+    bar.close()
+    return out
+
+
+def replace_hook(source: torch.Tensor | None, mask: torch.Tensor, lead: int = 0) -> HookFn:
+    """A hook putting `source` where `mask` [k, ...] (broadcastable to one row) is True.
+
+    Run k of the chunk gets the source wherever mask[k] is True and keeps its own activation
+    elsewhere. source: [B, ...], or per run [k, B, ...], or None to read it from the `lead`
+    rows that run_batched put before the runs (same layer, same forward pass).
+    """
+    def hook(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        k = mask.shape[0]
+        head, body = act[:lead], act[lead:]
+        rows = body.view(k, -1, *act.shape[1:])  # [k, B, ...]
+        src = head if source is None else source.to(act.dtype)
+        patched = torch.where(mask.unsqueeze(1), src if src.ndim == rows.ndim else src.unsqueeze(0), rows)
+        return torch.cat([head, patched.reshape(body.shape)]) if lead else patched.reshape(act.shape)
+
+    return hook
+def index_mask(
+    n_runs: int,
+    shape: Sequence[int],
+    entries: Sequence[tuple[int, dict[int, int | None]]],
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """A bool mask [n_runs, *shape'] selecting, for run i, the cells given by its axis indices.
+
+    shape: the activation's shape without batch; entries: (run i, {axis: index or None=all});
+    axes named in no entry get size 1 (broadcast), so the mask stays small.
+    """
+    used = {axis for _, idx in entries for axis in idx}
+    dims = [shape[a] if a in used else 1 for a in range(len(shape))]
+    mask = torch.zeros(n_runs, *dims, dtype=torch.bool, device=device)
+    for run, idx in entries:
+        where: list[Any] = [run] + [slice(None)] * len(dims)
+        for axis, value in idx.items():
+            if value is not None:
+                where[axis + 1] = value
+        mask[tuple(where)] = True
+    return mask

@@ -1,0 +1,345 @@
+"""Prompt builders for the position sweep (Liu et al. 2023, "Lost in the Middle").
+
+A *sweep* is one example rendered once per gold position: the same items (key-value pairs,
+documents, sentences) in the same order, with only the gold item moved to slot p. Prompts are
+assembled from pieces tokenized separately (head, per-slot label, items, separators, tail) and
+concatenated as token ids, so that moving the gold item permutes whole token chunks: every other
+token stays fixed and all rows of a sweep have the same length, for any tokenizer.
+
+Builders:
+- `zoo_kv_sweeps`: the zoo's kv format (`<bos> k17 v03 ; k44 v17 ; ... ; k44`), pairs drawn by
+  the zoo generator (`models/zoo/data.py`), word-level zoo vocabulary.
+- `kv_sweeps`: Liu et al.'s key-value retrieval, a JSON object of k UUID pairs in their prompt
+  ("Extract the value corresponding to the specified key ..."). One deviation: a space after
+  "{" (`{ "k": "v",\\n "k": "v"}`) so that every record tokenizes identically in every slot.
+- `qa_sweeps`: multi-document QA over user JSONL (see `load_qa_records`), Liu et al.'s format
+  `Document [i](Title: t) text`; the slot labels stay in place, the documents move.
+- `retrieval_sweeps`: encoders; a passage of sentences with the relevant one at each slot, and
+  the query encoded on its own.
+
+Query-aware contextualisation (`query_aware=True`) puts the query before the data as well.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+
+KV_INSTRUCTION = "Extract the value corresponding to the specified key in the JSON object below."
+QA_INSTRUCTION = (
+    "Write a high-quality answer for the given question using only the provided search results "
+    "(some of which might be irrelevant)."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionSweep:
+    """One example at every gold position; row i has the gold item in slot positions[i] (1-based).
+
+    tokens:       [n_pos, pos] int64 prompts, ending where the answer starts.
+    gold_spans:   [n_pos, 2] int64 half-open token range of the gold item in each row.
+    answer_ids:   [n_answer] int64 token ids of the answer continuation (decoders; empty for encoders).
+    answers:      accepted answer strings (accuracy: one is a substring of the greedy output).
+    query_tokens: [1, q_pos] int64, encoders only: the query, encoded on its own.
+    """
+
+    tokens: torch.Tensor
+    gold_spans: torch.Tensor
+    positions: tuple[int, ...]
+    n_items: int
+    answer_ids: torch.Tensor
+    answers: tuple[str, ...]
+    query_tokens: torch.Tensor | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+def default_positions(n_items: int) -> tuple[int, ...]:
+    """The gold-position grid: every slot for up to 8 items, else 1 and the quarters (1,5,10,15,20 of 20)."""
+    if n_items < 1:
+        raise ValueError(f"n_items must be >= 1, got {n_items}.")
+    if n_items <= 8:
+        return tuple(range(1, n_items + 1))
+    return tuple(sorted({1, *(int(n_items * k / 4 + 0.5) for k in range(1, 5))}))
+
+
+def check_positions(positions: Sequence[int] | None, n_items: int) -> tuple[int, ...]:
+    """Validate a 1-based gold-position grid against n_items (None: `default_positions`)."""
+    if positions is None:
+        return default_positions(n_items)
+    grid = tuple(int(p) for p in positions)
+    bad = [p for p in grid if not 1 <= p <= n_items]
+    if not grid or bad:
+        raise ValueError(
+            f"gold positions must be a non-empty list of slots in 1..{n_items} (1-based), got {list(positions)}; "
+            f"e.g. positions=(1, {max(1, n_items // 2)}, {n_items})."
+        )
+    return grid
+
+
+# ------------------------------------------------------------------------- assembly
+def special_affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special ids the tokenizer adds before and after a text ([CLS] / [SEP] for BERT)."""
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    full = tokenizer("x", add_special_tokens=True)["input_ids"]
+    for i in range(len(full) - len(plain) + 1):
+        if full[i:i + len(plain)] == plain:
+            return list(full[:i]), list(full[i + len(plain):])
+    return [], []
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of one piece, no special tokens; raises if a word-level tokenizer maps it to <unk>."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+    unk, unk_text = getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "unk_token", None)
+    if unk is not None and unk in ids and not (unk_text and unk_text in text):
+        raise ValueError(
+            f"the tokenizer maps part of {text[:60]!r} to its unknown token; use a prompt builder that "
+            f"matches the model's vocabulary (zoo models: task 'zoo_kv')."
+        )
+    return ids
+
+
+def item_sweep(
+    tokenizer: Any,
+    *,
+    items: Sequence[str],
+    gold: str,
+    positions: Sequence[int] | None,
+    head: str = "",
+    tail: str = "",
+    sep: str = "",
+    slot_label: Callable[[int], str] | None = None,
+    answer: str = "",
+    answers: Sequence[str] = (),
+    encoder: bool = False,
+    query: str | None = None,
+) -> PositionSweep:
+    """Render `gold` at each slot among the distractor `items` (kept in their order).
+
+    Layout: specials, head, then for slot i = 1..n: slot_label(i), item, sep (not after the last),
+    then tail. Each piece is tokenized on its own; decoders get the tokenizer's BOS in front.
+    `answer` is the continuation scored by teacher forcing; `answers` the strings accepted by
+    accuracy (default: the answer stripped of spaces and quotes).
+    """
+    n_items = len(items) + 1
+    grid = check_positions(positions, n_items)
+    prefix, suffix = special_affixes(tokenizer)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if not encoder:
+        suffix = []
+        if bos is not None and prefix[:1] != [bos]:
+            prefix = [bos, *prefix]
+    head_ids, tail_ids, sep_ids = encode(tokenizer, head), encode(tokenizer, tail), encode(tokenizer, sep)
+    labels = [encode(tokenizer, slot_label(i + 1)) if slot_label else [] for i in range(n_items)]
+    chunks = [encode(tokenizer, it) for it in items]
+    gold_ids = encode(tokenizer, gold)
+    if not gold_ids:
+        raise ValueError("the gold item tokenizes to nothing; pass a non-empty gold item.")
+    rows, spans = [], []
+    for p in grid:
+        order = [*chunks[: p - 1], gold_ids, *chunks[p - 1:]]
+        ids = [*prefix, *head_ids]
+        for i, chunk in enumerate(order):
+            ids += labels[i]
+            if i == p - 1:
+                spans.append((len(ids), len(ids) + len(chunk)))
+            ids += chunk
+            if i < n_items - 1:
+                ids += sep_ids
+        rows.append([*ids, *tail_ids, *suffix])
+    answer_ids = torch.tensor(encode(tokenizer, answer) if answer else [], dtype=torch.int64)  # [n_answer]
+    accepted = tuple(answers) or ((answer.strip().strip('"').strip(),) if answer else ())
+    query_tokens = None
+    if query is not None:
+        start, end = special_affixes(tokenizer)
+        query_tokens = torch.tensor([[*start, *encode(tokenizer, query), *end]])  # [1, q_pos]
+    return PositionSweep(
+        tokens=torch.tensor(rows, dtype=torch.int64),  # [n_pos, pos]
+        gold_spans=torch.tensor(spans, dtype=torch.int64),  # [n_pos, 2]
+        positions=grid,
+        n_items=n_items,
+        answer_ids=answer_ids,
+        answers=accepted,
+        query_tokens=query_tokens,
+    )
+
+
+# --------------------------------------------------------------------------- zoo kv
+def zoo_kv_sweeps(
+    tokenizer: Any, *, n_pairs: int = 20, n_examples: int = 16, seed: int = 0,
+    positions: Sequence[int] | None = None, query_aware: bool = False,
+) -> list[PositionSweep]:
+    """The zoo's kv task at every gold position: `<bos> k v ; ... ; k v ; kq` -> vq.
+
+    Pairs come from the zoo generator (data.kv_example); the queried pair is taken out and
+    re-inserted at each slot, the other pairs keep their order. query_aware adds kq after <bos>.
+    """
+    from headscope.models.zoo import data
+
+    rng = np.random.default_rng([seed, data.TASKS.index("kv")])
+    sweeps = []
+    for _ in range(n_examples):
+        ex = data.kv_example(rng, n_pairs=n_pairs)
+        words = ex.prompt[1:-1]  # k v ; k v ; ...
+        pairs = [f"{words[3 * i]} {words[3 * i + 1]}" for i in range(n_pairs)]
+        q = (ex.spans["gold"][0] - 1) // 3
+        key = ex.prompt[-1]
+        sweeps.append(item_sweep(
+            tokenizer, items=[*pairs[:q], *pairs[q + 1:]], gold=pairs[q], positions=positions,
+            head=key if query_aware else "", sep=data.vocab.SEP, tail=f"{data.vocab.SEP} {key}",
+            answer=ex.answer, answers=(ex.answer,),
+        ))
+    return sweeps
+
+
+# ----------------------------------------------------------------------- Liu et al. kv
+def _uuid(rng: np.random.Generator) -> str:
+    """A UUID4-shaped string from a seeded generator (8-4-4-4-12 hex digits)."""
+    h = "".join(f"{b:02x}" for b in rng.integers(0, 256, size=16))
+    h = h[:12] + "4" + h[13:16] + "89ab"[int(rng.integers(4))] + h[17:]
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def kv_records(rng: np.random.Generator, n_pairs: int) -> list[tuple[str, str]]:
+    """n_pairs distinct (key, value) UUID pairs."""
+    records: dict[str, str] = {}
+    while len(records) < n_pairs:
+        records[_uuid(rng)] = _uuid(rng)
+    return list(records.items())
+
+
+def kv_prompt_parts(key: str, query_aware: bool) -> tuple[str, str]:
+    """(head, tail) of Liu et al.'s kv prompt around the JSON records."""
+    question = f'Key: "{key}"'
+    head = f"{KV_INSTRUCTION}\n\n" + (f"{question}\n\n" if query_aware else "") + "JSON data:\n{"
+    return head, f"}}\n\n{question}\nCorresponding value:"
+
+
+def kv_sweeps(
+    tokenizer: Any, *, n_pairs: int = 20, n_examples: int = 16, seed: int = 0,
+    positions: Sequence[int] | None = None, query_aware: bool = False,
+) -> list[PositionSweep]:
+    """Liu et al.'s synthetic key-value retrieval over k UUID pairs, for any tokenizer."""
+    if n_pairs < 2:
+        raise ValueError(f"n_pairs must be >= 2, got {n_pairs}.")
+    rng = np.random.default_rng([seed, 75])
+    sweeps = []
+    for _ in range(n_examples):
+        records = [f' "{k}": "{v}"' for k, v in kv_records(rng, n_pairs)]
+        g = int(rng.integers(n_pairs))
+        key, value = records[g].split('"')[1], records[g].split('"')[3]
+        head, tail = kv_prompt_parts(key, query_aware)
+        sweeps.append(item_sweep(
+            tokenizer, items=[*records[:g], *records[g + 1:]], gold=records[g], positions=positions,
+            head=head, tail=tail, sep=",\n", answer=f' "{value}"', answers=(value,),
+        ))
+    return sweeps
+
+
+# ---------------------------------------------------------------- multi-document QA
+QA_FIELDS = ("question", "answers", "gold_document", "documents")
+
+
+def load_qa_records(source: Any) -> list[dict]:
+    """Multi-document QA records from a JSONL path (read with `datasets`) or a datasets.Dataset.
+
+    Each record: question (str), answers (list of str), gold_document ({"title", "text"}),
+    documents (list of {"title", "text"} distractors, may be empty). See
+    headscope/analyses/data/multidoc_example.jsonl.
+    """
+    source = _dataset(source)
+    missing = [f for f in QA_FIELDS if f not in source.column_names]
+    if missing:
+        raise ValueError(
+            f"multi-document QA data lacks field(s) {missing}; each JSONL record needs {list(QA_FIELDS)} "
+            f"(see headscope/analyses/data/multidoc_example.jsonl)."
+        )
+    return [dict(r) for r in source]
+
+
+def _has_answer(doc: Mapping[str, str], answers: Sequence[str]) -> bool:
+    text = f"{doc['title']} {doc['text']}".lower()
+    return any(a.lower() in text for a in answers)
+
+
+def qa_sweeps(
+    tokenizer: Any, records: Sequence[Mapping[str, Any]], *, n_docs: int = 10, seed: int = 0,
+    positions: Sequence[int] | None = None, query_aware: bool = False,
+) -> list[PositionSweep]:
+    """Multi-document QA: the gold document among n_docs - 1 distractors, at each slot.
+
+    Distractors: the record's own documents first, then documents of the other records (seeded
+    order); any document containing an answer is dropped (Liu et al.: distractors hold no answer).
+    """
+    rng = np.random.default_rng([seed, 10])
+    pool = [d for r in records for d in (r["gold_document"], *r["documents"])]
+    sweeps = []
+    for r in records:
+        answers = tuple(r["answers"])
+        extra = [pool[i] for i in rng.permutation(len(pool))]
+        distractors = []
+        for d in (*r["documents"], *extra):
+            if len(distractors) == n_docs - 1:
+                break
+            if d != r["gold_document"] and not _has_answer(d, answers) and d not in distractors:
+                distractors.append(d)
+        if len(distractors) < n_docs - 1:
+            raise ValueError(
+                f"only {len(distractors)} answer-free distractors for question {r['question']!r}, need "
+                f"{n_docs - 1}; add documents to the data or lower n_docs."
+            )
+        question = f"Question: {r['question']}"
+        head = f"{QA_INSTRUCTION}\n\n" + (f"{question}\n\n" if query_aware else "")
+        sweeps.append(item_sweep(
+            tokenizer, items=[f"(Title: {d['title']}) {d['text']}" for d in distractors],
+            gold=f"(Title: {r['gold_document']['title']}) {r['gold_document']['text']}",
+            positions=positions, head=head, tail=f"\n\n{question}\nAnswer:", sep="\n",
+            slot_label=lambda i: f"Document [{i}]", answer=f" {answers[0]}", answers=answers,
+        ))
+    return sweeps
+
+
+# ------------------------------------------------------------------ encoder retrieval
+def load_retrieval_records(source: Any = None) -> list[dict]:
+    """Encoder retrieval items (query, relevant, distractors); default: the shipped retrieval.jsonl."""
+    import json
+
+    if source is None:
+        from importlib.resources import files
+
+        text = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8")
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [dict(r) for r in _dataset(source)]
+
+
+def _dataset(source: Any):
+    """A datasets.Dataset from a JSONL path (anything else is returned as is)."""
+    if isinstance(source, str) or hasattr(source, "__fspath__"):
+        import datasets
+
+        return datasets.load_dataset("json", data_files=str(source), split="train")
+    return source
+
+
+def retrieval_sweeps(
+    tokenizer: Any, records: Sequence[Mapping[str, Any]], *, n_distractors: int | None = None,
+    positions: Sequence[int] | None = None,
+) -> list[PositionSweep]:
+    """A passage of sentences with the relevant one at each slot; the query is encoded alone."""
+    sweeps = []
+    for r in records:
+        distractors = list(r["distractors"])[:n_distractors]
+        if not distractors:
+            raise ValueError(f"retrieval record {r['query']!r} has no distractor sentences.")
+        sweeps.append(item_sweep(
+            tokenizer, items=[f" {s}" for s in distractors], gold=f" {r['relevant']}",
+            positions=positions, encoder=True, query=r["query"],
+        ))
+    return sweeps
+

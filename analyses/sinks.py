@@ -1,0 +1,78 @@
+"""Attention sinks (Xiao et al. 2023, StreamingLLM): mass on the first tokens, and sink+window masks.
+
+Sink mass of a layer: the mean over batch, heads and query positions q of
+sum_{k < n_sink} A[q, k]. Under uniform causal attention it would be n_sink / (q + 1) (all keys
+visible to an encoder: n_sink / n_keys); the ratio of the two says how much attention parks on
+the first tokens. Query positions q < n_sink are left out by default (there every key is a sink
+and the mass is 1 by construction).
+
+The StreamingLLM mask keeps, for query q, the keys k < n_sink and q - window < k <= q
+(`keep_sinks=False`: the window alone). It is applied at `hook_attn_scores` by setting the
+scores of dropped keys to the dtype's minimum, so the softmax renormalises over the kept keys:
+exactly attention restricted to that key set (equivalent to zeroing the dropped weights of
+hook_pattern and dividing each row by its new sum).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from headscope.hooks.sites import site
+
+
+def query_rows(n_q: int, n_sink: int, *, causal: bool = True, q_start: int | None = None) -> torch.Tensor:
+    """The query positions averaged over: q_start.. (default n_sink for causal, 0 for encoders)."""
+    start = (n_sink if causal else 0) if q_start is None else q_start
+    if not 0 <= start < n_q:
+        raise ValueError(f"no query positions to average: q_start={start} for {n_q} positions; lower n_sink.")
+    return torch.arange(start, n_q)
+
+
+def sink_mass(
+    pattern: torch.Tensor, n_sink: int, *, causal: bool = True, q_start: int | None = None
+) -> torch.Tensor:
+    """[batch, head, q, k] attention weights -> [batch, head]: mean over q of the mass on keys < n_sink."""
+    if n_sink < 1:
+        raise ValueError(f"n_sink must be >= 1, got {n_sink}.")
+    rows = query_rows(pattern.shape[-2], n_sink, causal=causal, q_start=q_start).to(pattern.device)
+    mass = pattern[..., :n_sink].sum(-1)  # [batch, head, q]
+    return mass.index_select(-1, rows).mean(-1)  # [batch, head]
+
+
+def uniform_baseline(
+    n_q: int, n_sink: int, *, causal: bool = True, q_start: int | None = None, n_keys: int | None = None
+) -> float:
+    """The sink mass uniform attention would give over the same query rows: mean of n_sink / (q + 1)."""
+    rows = query_rows(n_q, n_sink, causal=causal, q_start=q_start).double()
+    visible = rows + 1 if causal else torch.full_like(rows, float(n_keys or n_q))
+    return float((n_sink / visible).clamp(max=1.0).mean())
+
+
+def streaming_keep(n_q: int, n_k: int, n_sink: int, window: int, *, keep_sinks: bool = True) -> torch.Tensor:
+    """[q, k] bool: the keys query q keeps under a sink + recent-window (or window-only) cache.
+
+    Queries are the last n_q of n_k positions (n_q == n_k for a full forward pass).
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1 (the query itself), got {window}.")
+    q = torch.arange(n_k - n_q, n_k)[:, None]  # [q, 1] absolute positions
+    k = torch.arange(n_k)[None, :]  # [1, k]
+    keep = (k <= q) & (k > q - window)  # [q, k]
+    if keep_sinks:
+        keep |= (k < n_sink) & (k <= q)
+    return keep
+
+
+@contextmanager
+def streaming_attention(model: Any, *, n_sink: int, window: int, keep_sinks: bool = True) -> Iterator[None]:
+    """Every layer attends only to its sinks + recent window (or the window alone) inside the block."""
+
+    def hook(scores: torch.Tensor, hook: Any) -> torch.Tensor:  # [batch, head, q, k]
+        keep = streaming_keep(scores.shape[-2], scores.shape[-1], n_sink, window, keep_sinks=keep_sinks)
+        return scores.masked_fill(~keep.to(scores.device), torch.finfo(scores.dtype).min)
+
+    fwd = [(site("scores", layer), hook) for layer in range(model.facts.n_layers)]
+    with model.hooks(fwd=fwd):
+        yield

@@ -1,0 +1,154 @@
+"""Linear probes over activations, as scikit-learn estimators, with control tasks.
+
+`LogisticProbe` (classification) and `RidgeProbe` (regression) standardise their inputs and
+report the probe direction in the input (activation) space: `coef_` and `intercept_` apply to
+raw activations, so `X @ coef_.T + intercept_` is the decision function. They follow the
+estimator contract (hyper-parameters only in __init__, fit returns self, fitted attributes end
+in `_`) and pass `sklearn.utils.estimator_checks`.
+
+Selectivity (Hewitt & Liang 2019): the control task gives every word type (e.g. the token id at
+the probed position) a random label drawn from the real labels' distribution; a probe that is
+expressive enough to memorise types scores well on it too. selectivity = score(real) -
+score(control), both cross-validated on the same folds.
+"""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import KFold, StratifiedKFold, cross_val_score
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted
+
+try:  # scikit-learn >= 1.6
+    from sklearn.utils.validation import validate_data
+except ImportError:  # pragma: no cover - older scikit-learn
+    def validate_data(estimator, X, y="no_validation", reset=True, **kw):
+        return estimator._validate_data(X, y, reset=reset, **kw)
+
+
+class _Standardised(BaseEstimator):
+    """Shared fit: standardise (optionally), fit the inner linear model, fold the scaling into coef_."""
+
+    def _inner(self):  # the scikit-learn linear model on standardised inputs
+        raise NotImplementedError
+
+    def _fit(self, X, y):
+        self.scaler_ = StandardScaler(with_mean=self.standardize, with_std=self.standardize).fit(X)
+        self.model_ = self._inner().fit(self.scaler_.transform(X), y)
+        scale = self.scaler_.scale_ if self.standardize else np.ones(X.shape[1])
+        mean = self.scaler_.mean_ if self.standardize else np.zeros(X.shape[1])
+        self.coef_ = self.model_.coef_ / scale  # [n_outputs, n_features] (or [n_features])
+        self.intercept_ = self.model_.intercept_ - self.coef_ @ mean
+        return self
+
+    def _scores(self, X):
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False)
+        return X @ self.coef_.T + self.intercept_
+
+
+class LogisticProbe(ClassifierMixin, _Standardised):
+    """Multinomial logistic-regression probe; C is the inverse L2 strength (scikit-learn's)."""
+
+    def __init__(self, C: float = 1.0, standardize: bool = True, max_iter: int = 1000, tol: float = 1e-4):
+        self.C = C
+        self.standardize = standardize
+        self.max_iter = max_iter
+        self.tol = tol
+
+    def _inner(self):
+        return LogisticRegression(C=self.C, max_iter=self.max_iter, tol=self.tol)
+
+    def fit(self, X, y):
+        X, y = validate_data(self, X, y)
+        check_classification_targets(y)
+        self.classes_ = np.unique(y)
+        if len(self.classes_) < 2:
+            raise ValueError(f"LogisticProbe needs at least 2 classes in y, got 1 class ({self.classes_[0]!r}).")
+        self._fit(X, y)
+        self.n_iter_ = self.model_.n_iter_
+        return self
+
+    def decision_function(self, X):
+        scores = self._scores(X)  # [n, n_classes] (binary: [n, 1])
+        return scores[:, 0] if scores.shape[1] == 1 else scores
+
+    def predict_proba(self, X):
+        scores = self._scores(X)
+        if scores.shape[1] == 1:
+            scores = np.hstack([np.zeros_like(scores), scores])
+        scores = scores - scores.max(1, keepdims=True)
+        p = np.exp(scores)
+        return p / p.sum(1, keepdims=True)
+
+    def predict_log_proba(self, X):
+        return np.log(self.predict_proba(X))
+
+    def predict(self, X):
+        proba = self.predict_proba(X)  # checks fitted first
+        return self.classes_[proba.argmax(1)]
+
+
+class RidgeProbe(RegressorMixin, _Standardised):
+    """Ridge-regression probe (R^2 score); alpha is the L2 strength on standardised inputs."""
+
+    def __init__(self, alpha: float = 1.0, standardize: bool = True):
+        self.alpha = alpha
+        self.standardize = standardize
+
+    def _inner(self):
+        return Ridge(alpha=self.alpha)
+
+    def __sklearn_tags__(self):  # scikit-learn >= 1.6
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    def _more_tags(self):  # older scikit-learn
+        return {"multioutput": True}
+
+    def fit(self, X, y):
+        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True)
+        return self._fit(X, y)
+
+    def predict(self, X):
+        return self._scores(X)
+
+
+def control_labels(types, labels, seed: int = 0) -> np.ndarray:
+    """Hewitt & Liang's control task: one random label per type, drawn from the labels' distribution."""
+    types, labels = np.asarray(types), np.asarray(labels)
+    if types.shape[0] != labels.shape[0]:
+        raise ValueError(f"types ({types.shape[0]}) and labels ({labels.shape[0]}) must have one entry per example.")
+    rng = np.random.default_rng(seed)
+    uniq, inverse = np.unique(types, return_inverse=True)
+    per_type = labels[rng.integers(0, labels.shape[0], size=uniq.shape[0])]
+    return per_type[inverse.reshape(-1)]
+
+
+def cv_splitter(y, estimator, cv: int = 5, seed: int = 0):
+    """Shuffled folds: stratified for classifiers when every class has >= cv members, else plain KFold."""
+    y = np.asarray(y)
+    if getattr(estimator, "_estimator_type", None) == "classifier" or isinstance(estimator, ClassifierMixin):
+        _, counts = np.unique(y, return_counts=True)
+        if counts.min() >= cv:
+            return StratifiedKFold(n_splits=cv, shuffle=True, random_state=seed)
+    return KFold(n_splits=cv, shuffle=True, random_state=seed)
+
+
+def selectivity(estimator, X, y, types, *, cv: int = 5, seed: int = 0) -> dict:
+    """Cross-validated scores on the real labels and on the control task, per fold, and selectivity.
+
+    Returns {"score": [cv], "control": [cv], "selectivity": mean(score) - mean(control)}; the score
+    is the estimator's own (accuracy for LogisticProbe, R^2 for RidgeProbe).
+    """
+    y = np.asarray(y)
+    if y.shape[0] < cv:
+        raise ValueError(f"{cv}-fold cross-validation needs at least {cv} examples, got {y.shape[0]}; lower cv or add examples.")
+    control = control_labels(types, y, seed=seed)
+    folds = list(cv_splitter(y, estimator, cv, seed).split(X, y))
+    real = cross_val_score(clone(estimator), X, y, cv=folds)
+    ctrl = cross_val_score(clone(estimator), X, control, cv=folds)
+    return {"score": real, "control": ctrl, "selectivity": float(real.mean() - ctrl.mean())}

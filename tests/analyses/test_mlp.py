@@ -1,0 +1,143 @@
+"""The mlp analysis: sub-updates, streamed trigger examples and value projections against plain
+Hugging Face computations, agreement by hand, GELU (GPT-2) and gated (Llama) MLPs."""
+from __future__ import annotations
+
+import functools
+
+import pandas as pd
+import pytest
+import torch
+
+from headscope.analyses import mlp
+from headscope.analyses.tasks import Task
+from headscope.analyses.topk_stream import StreamingTopK
+from tests_support import hf_model, random_tokens
+
+HF_MLP = {"gpt2": lambda hf, l: (hf.transformer.h[l].mlp, hf.transformer.h[l].mlp.c_proj),
+          "llama": lambda hf, l: (hf.model.layers[l].mlp, hf.model.layers[l].mlp.down_proj)}
+
+
+@functools.lru_cache(maxsize=None)
+def _hf(path):
+    return hf_model(path)
+
+
+def _hf_mlp_run(family, path, tokens, layer):
+    """HF's MLP output and its coefficients (the input of the output projection): [batch, pos, ...]."""
+    hf = _hf(path)
+    module, proj = HF_MLP[family](hf, layer)
+    seen = {}
+    h1 = module.register_forward_hook(lambda m, a, o: seen.setdefault("out", o))
+    h2 = proj.register_forward_pre_hook(lambda m, a: seen.setdefault("coef", a[0]))
+    with torch.no_grad():
+        hf(tokens)
+    h1.remove(), h2.remove()
+    return seen["out"], seen["coef"]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_sum_of_sub_updates_reproduces_the_hf_mlp_output(family, tiny_dirs, tiny_models):
+    model, tokens = tiny_models[family], random_tokens(3, 8, seed=2)
+    out, coef = _hf_mlp_run(family, tiny_dirs[family], tokens, layer=1)
+    m, updates = mlp.sub_updates_at(model, tokens, layer=1, position=-1)
+    assert updates.shape == (3, model.facts.d_mlp, model.facts.d_model)
+    assert (m - coef[:, -1]).abs().max().item() <= 1e-4
+    rebuilt = updates.sum(1) + mlp.hooks.mlp_memories(model, 1).out_bias  # [batch, d_model]
+    assert (rebuilt - out[:, -1]).abs().max().item() <= 1e-4
+
+
+def test_streaming_topk_equals_a_full_sort():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 103, generator=g)  # 6 rows, 103 items
+    running = StreamingTopK(5, 6)
+    for start in range(0, 103, 7):
+        running.update(scores[:, start:start + 7], torch.arange(start, min(start + 7, 103)))
+        assert running.values.shape[1] == running.ids.shape[1] == min(5, start + 7)  # never more than k kept
+    expected, order = scores.sort(dim=1, descending=True)
+    assert torch.equal(running.values, expected[:, :5]) and torch.equal(running.ids, order[:, :5])
+    assert running.n_seen == 103
+    with pytest.raises(ValueError, match="per column"):
+        running.update(scores[:, :3], torch.arange(2))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_streamed_trigger_examples_equal_a_full_sort_of_hf_coefficients(family, tiny_dirs, tiny_models):
+    model = tiny_models[family]
+    corpus = [random_tokens(7, 9, seed=3), random_tokens(5, 6, seed=4)]  # two lengths
+    trig = mlp.trigger_examples(model, corpus, k=4, chunk_size=3, min_position=1)
+    streamed = mlp.trigger_examples(model, (b for b in corpus), k=4, chunk_size=5)  # a generator, other chunks
+    for layer in range(2):
+        coef = torch.zeros(12, 9, model.facts.d_mlp)  # HF coefficients of every (row, position)
+        for offset, batch in ((0, corpus[0]), (7, corpus[1])):
+            c = _hf_mlp_run(family, tiny_dirs[family], batch, layer)[1]  # [rows, pos, d_mlp]
+            coef[offset:offset + batch.shape[0], :batch.shape[1]] = c
+        prefixes = [(r, p) for r in range(12) for p in range(1, (9 if r < 7 else 6) - 1)]
+        flat = torch.stack([coef[r, p] for r, p in prefixes], dim=1)  # [d_mlp, n_prefixes]
+        assert trig.n_prefixes == len(prefixes) == 7 * 7 + 5 * 4
+        # the streamed top-4 values are the full sort's first 4 ...
+        assert (trig.coefficients[layer] - flat.sort(dim=1, descending=True).values[:, :4]).abs().max().item() <= 1e-4
+        # ... and each returned prefix really has that coefficient (ties: identical prefixes may swap)
+        neuron = torch.arange(model.facts.d_mlp)[:, None]
+        for t in (trig, streamed):
+            assert (coef[t.row[layer], t.position[layer], neuron] - t.coefficients[layer]).abs().max().item() <= 1e-4
+        ids = trig.row[layer] * 9 + trig.position[layer]
+        assert all(len(set(row.tolist())) == 4 for row in ids)
+        assert set(trig.position[layer].flatten().tolist()) <= set(range(1, 8))
+    rows = torch.cat([corpus[0], torch.nn.functional.pad(corpus[1], (0, 3))])
+    assert torch.equal(trig.next_token, rows[trig.row, trig.position + 1])
+
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_value_projection_is_unembedding_times_value(family, tiny_dirs, tiny_models):
+    model = tiny_models[family]
+    hf = _hf(tiny_dirs[family])
+    _, proj = HF_MLP[family](hf, 0)
+    values = proj.weight.detach() if family == "gpt2" else proj.weight.detach().T  # [d_mlp, d_model]
+    w_u = hf.lm_head.weight.detach().T  # [d_model, d_vocab]
+    assert torch.allclose(mlp.value_logits(model, 0), values @ w_u, atol=1e-5)
+    norm = hf.transformer.ln_f if family == "gpt2" else hf.model.norm
+    centred = values - values.mean(-1, keepdim=True) if family == "gpt2" else values
+    assert torch.allclose(mlp.value_logits(model, 0, apply_final_norm=True), (centred * norm.weight.detach()) @ w_u, atol=1e-5)
+    top = mlp.value_top_tokens(model, 0, top_k=3, block=50)  # blocks smaller than d_mlp
+    assert torch.equal(top, (values @ w_u).topk(3, -1).indices)
+
+
+def test_agreement_by_hand():
+    next_token = torch.tensor([[[5, 1], [2, 7], [3, 3], [9, 4]]])  # [layer, d_mlp=4, k=2]
+    trig = mlp.TriggerExamples(layers=(0,), coefficients=torch.zeros(1, 4, 2), row=torch.zeros(1, 4, 2, dtype=torch.long),
+                               position=torch.zeros(1, 4, 2, dtype=torch.long), next_token=next_token, n_prefixes=8)
+    table = mlp.agreement(trig, torch.tensor([[5, 7, 0, 9]]))
+    assert table.agreement.item() == 0.5  # keys 0 and 3: value top token = top trigger's next token
+    assert table.agreement_any.item() == 0.75  # key 1 matches its second trigger
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_analysis_tables_and_figures(family, tiny_models):
+    model = tiny_models[family]
+    tokens = random_tokens(4, 7, seed=6)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 2], wrong_answers=tokens[:, 3])
+    result = mlp.mlp_memories_analysis(model, task, [random_tokens(10, 8, seed=7)],
+                                       mlp.MLPConfig(top_k_triggers=3, n_top_neurons=5, chunk_size=4))
+    f = model.facts
+    assert len(result.df) == f.n_layers * f.d_mlp
+    by_layer = result.df.groupby("layer").agrees.mean()
+    assert result.summary["agreement_per_layer"] == {str(i): pytest.approx(by_layer[i]) for i in range(f.n_layers)}
+    assert result.summary["gated_mlp"] == (family == "llama")
+    top = result.tables["top_neurons"]
+    assert len(top) == 5 and top.task_update_norm.is_monotonic_decreasing
+    assert all(t.count("[") == 3 for t in top.triggers)  # three trigger prefixes, trigger token bracketed
+    updates = result.tables["task_updates"]
+    assert len(updates) == 4 * f.n_layers * 5
+    # the largest update per example and layer is the max over neurons of |m_i| ||v_i||
+    m, _ = mlp.sub_updates_at(model, tokens, layer=1)
+    norms = m.abs() * mlp.hooks.mlp_memories(model, 1).values.norm(dim=-1)
+    first = updates[(updates.layer == 1) & (updates["rank"] == 0)].sort_values("example")
+    assert first.neuron.tolist() == norms.argmax(1).tolist()
+    assert first.update_norm.to_numpy() == pytest.approx(norms.max(1).values.numpy(), abs=1e-5)
+    from headscope.reports.plots_mlp import figures, top_neurons_html
+
+    assert set(figures(result)) == {"mlp_agreement", "mlp_top_neurons"}
+    html = top_neurons_html(pd.DataFrame([{"layer": 0, "neuron": 1, "task_update_norm": 1.0, "value_tokens": "<script>",
+                                           "triggers": "a & [<b>]", "trigger_next": "x", "agrees": True}]))
+    assert "<script>" not in html and "&lt;script&gt;" in html and "&amp;" in html

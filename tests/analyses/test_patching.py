@@ -1,0 +1,363 @@
+"""Patching: exact patching against transformer_lens.patching, attribution on a linear toy model,
+path patching against TransformerLens's direct-path patching, causal tracing's closed forms,
+batching invariance and clear errors."""
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import pytest
+import torch
+from transformer_lens import patching as tlp
+
+import headscope as hs
+from headscope.analyses.attribution_patching import attribution_patching
+from headscope.analyses.causal_tracing import causal_tracing, subject_noise
+from headscope.analyses.metrics import answer_logprob
+from headscope.analyses.patching import activation_patching, run
+from headscope.analyses.patching_engine import row_bytes, runs_per_forward
+from headscope.analyses.path_patching import path_patching
+from headscope.analyses.registry import RunConfig
+from headscope.analyses.tasks import Task
+from headscope.models.zoo.registry import available as zoo_available
+from tests_support import build_tiny_model, random_tokens
+
+TL_SWEEPS = {  # our site type -> the TransformerLens sweep it must equal (its output axes)
+    "resid_pre": tlp.get_act_patch_resid_pre,  # [layer, pos]
+    # resid_mid restores resid_post at that (layer, pos): the MLP acts per position.
+    "resid_mid": partial(tlp.generic_activation_patch, patch_setter=tlp.layer_pos_patch_setter,
+                         activation_name="resid_post", index_axis_names=("layer", "pos")),
+    "mlp_out": tlp.get_act_patch_mlp_out,  # [layer, pos]
+    "head_out": tlp.get_act_patch_attn_head_out_all_pos,  # [layer, head]
+    "head_out_by_pos": tlp.get_act_patch_attn_head_out_by_pos,  # [layer, pos, head]
+    "q": tlp.get_act_patch_attn_head_q_all_pos,
+    "k": tlp.get_act_patch_attn_head_k_all_pos,  # [layer, kv_head] under GQA
+    "v": tlp.get_act_patch_attn_head_v_all_pos,
+    "pattern": tlp.get_act_patch_attn_head_pattern_all_pos,
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on a loaded 2-core machine two spinning threads make tiny forwards
+    tens of times slower. Restored after this module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_task(batch: int = 2, pos: int = 3, seed: int = 1) -> Task:
+    g = torch.Generator().manual_seed(seed)
+    answers = torch.randint(4, 64, (batch,), generator=g)
+    return Task(
+        name="toy", tokens=random_tokens(batch, pos, seed=seed), corrupted_tokens=random_tokens(batch, pos, seed=seed + 1),
+        answers=answers, wrong_answers=(answers + 7 - 4) % 60 + 4,
+        spans={"subject": torch.tensor([[1, 3]] * batch)},
+    )
+
+
+def tl_logit_diff(task: Task):
+    """The scalar metric TransformerLens patching expects: mean logit difference at the last position."""
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        last = logits[:, -1]
+        return (last[torch.arange(len(task)), task.answers] - last[torch.arange(len(task)), task.wrong_answers]).mean()
+    return metric
+
+
+def ours_as_tensor(df, site_type: str, shape) -> torch.Tensor:
+    """Our tidy rows (layer, then pos, then head) in TransformerLens's axis order."""
+    return torch.tensor(df[df.site_type == site_type]["value"].to_numpy(), dtype=torch.float32).view(shape)
+
+
+def check_against_transformer_lens(model, task: Task, site_types, direction: str = "denoise") -> None:
+    clean, corrupt = task.tokens, task.corrupted_tokens
+    base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
+    got = activation_patching(model, task, site_types, direction=direction, progress=False).df
+    _, cache = model.bridge.run_with_cache(source)
+    for st in site_types:
+        with torch.no_grad():
+            ref = TL_SWEEPS[st](model.bridge, base, cache, tl_logit_diff(task))
+        diff = (ours_as_tensor(got, st, ref.shape) - ref.cpu()).abs().max().item()
+        assert diff <= 1e-4, (st, diff)
+        assert ref.std() > 1e-3  # the sweep is not flat, so equality means something
+
+
+# Each TransformerLens sweep is one forward pass per cell, so these stay small (3 positions).
+@pytest.mark.parametrize("family,sites", [
+    ("gpt2", ["resid_pre", "mlp_out", "head_out", "head_out_by_pos"]),
+    ("llama", ["resid_pre", "head_out"]),
+])
+def test_exact_patching_equals_transformer_lens(family, sites, tiny_models):
+    check_against_transformer_lens(tiny_models[family], make_task(), sites)
+
+
+def test_head_k_v_pattern_equal_transformer_lens_under_gqa(tiny_models):
+    model = tiny_models["llama"]  # 4 query heads, 2 KV heads
+    check_against_transformer_lens(model, make_task(seed=3), ["k", "v", "pattern"])
+    df = activation_patching(model, make_task(seed=3), ["k", "q"], progress=False).df
+    assert sorted(df[df.site_type == "k"]["head"].unique()) == [0, 1]
+    assert sorted(df[df.site_type == "q"]["head"].unique()) == [0, 1, 2, 3]
+
+
+def test_noising_equals_transformer_lens_with_the_runs_swapped(tiny_models):
+    check_against_transformer_lens(tiny_models["gpt2"], make_task(seed=5), ["resid_pre"], direction="noise")
+
+
+def test_resid_mid_patches_the_residual_stream(tiny_models):
+    """Restoring resid_mid at (layer, pos) restores resid_post there (the MLP acts per position),
+    so our resid_mid sweep equals TransformerLens's resid_post sweep. TransformerLens 4.3's own
+    resid_mid sweep on a bridge patches only the MLP input (see patching_sites)."""
+    check_against_transformer_lens(tiny_models["llama"], make_task(seed=21), ["resid_mid"])
+
+
+def test_batch_size_does_not_change_results(tiny_models):
+    model, task = tiny_models["llama"], make_task(batch=3, seed=7)
+    sites = ["resid_mid", "head_out_by_pos", "pattern"]
+    one = activation_patching(model, task, sites, batch_size=1, progress=False).df
+    seven = activation_patching(model, task, sites, batch_size=7, progress=False, metric="logit_diff").df  # uneven chunks
+
+    def plain_logit_diff(out):  # a callable metric: evaluated one run at a time
+        rows = torch.arange(len(task))
+        return out[rows, -1, task.answers] - out[rows, -1, task.wrong_answers]
+
+    auto = activation_patching(model, task, sites, metric=plain_logit_diff, progress=False).df
+    for other in (seven, auto):
+        assert (one["value"] - other["value"]).abs().max() <= 1e-5
+        assert one[["site_type", "layer", "head", "pos"]].equals(other[["site_type", "layer", "head", "pos"]])
+
+
+def test_memory_budget_sets_runs_per_forward(tiny_models):
+    model = tiny_models["gpt2"]
+    per_row = row_bytes(model, 5)
+    assert runs_per_forward(model, 2, 5, memory_budget=per_row * 2 * 3) == 3
+    assert runs_per_forward(model, 2, 5, memory_budget=per_row) == 1  # never less than one run
+    with pytest.raises(ValueError, match="memory_budget"):
+        runs_per_forward(model, 2, 5, memory_budget=0)
+
+
+def test_normalized_logit_diff_and_summary(tiny_models):
+    model, task = tiny_models["gpt2"], make_task(pos=5, seed=9)
+    res = activation_patching(model, task, ["resid_pre"], metric="normalized_logit_diff", progress=False)
+    _, cache = model.bridge.run_with_cache(task.tokens)
+    metric = tl_logit_diff(task)
+    with torch.no_grad():
+        ref = tlp.get_act_patch_resid_pre(model.bridge, task.corrupted_tokens, cache, metric)
+        ld_clean, ld_corrupt = metric(model(task.tokens)).item(), metric(model(task.corrupted_tokens)).item()
+    expected = (ref - ld_corrupt) / (ld_clean - ld_corrupt)
+    assert (ours_as_tensor(res.df, "resid_pre", ref.shape) - expected).abs().max().item() <= 1e-4
+    assert res.summary["clean_metric"] == pytest.approx(1.0) and res.summary["corrupted_metric"] == pytest.approx(0.0)
+    top = res.summary["top_sites"]["resid_pre"]
+    assert len(top) == 10 and [abs(t["effect"]) for t in top] == sorted((abs(t["effect"]) for t in top), reverse=True)
+    json.dumps(res.summary)
+
+
+@pytest.fixture(scope="module")
+def linear_tail_model(tmp_path_factory):
+    """A 2-layer GPT-2 whose path from layer 1's attention output to the logits is linear.
+
+    LayerNorm with epsilon 1e8 (and weights 1e4) is (x - mean(x)) up to a factor 1 + O(1e-8),
+    i.e. linear; layer 1's MLP has zero input weights, so it adds a constant. Then the logit
+    difference is linear in layer 1's head outputs, attn_out, resid_mid, mlp_out and resid_post,
+    where attribution patching is exact; layer 0 still has softmax and GELU.
+    """
+    from safetensors.torch import load_file, save_file
+    from transformers import GPT2Config
+
+    path = build_tiny_model("gpt2", tmp_path_factory.mktemp("linear-tail") / "gpt2", seed=2)
+    config = GPT2Config.from_pretrained(path)
+    config.layer_norm_epsilon = 1e8
+    config.save_pretrained(path)
+    weights = load_file(path / "model.safetensors")
+    for name in list(weights):
+        if ".ln_" in name and name.endswith("weight"):
+            weights[name] = torch.full_like(weights[name], 1e4)
+    weights["transformer.h.1.mlp.c_fc.weight"].zero_()
+    weights["transformer.h.1.mlp.c_fc.bias"].zero_()
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return hs.load_model(path, device="cpu")
+
+
+def test_attribution_equals_exact_where_the_model_is_linear(linear_tail_model):
+    model, task = linear_tail_model, make_task(batch=3, pos=6, seed=11)
+    sites = ["attn_out", "resid_mid", "mlp_out", "resid_post", "head_out", "head_out_by_pos", "resid_pre"]
+    exact = activation_patching(model, task, sites, progress=False).df
+    attr = attribution_patching(model, task, sites).df
+    assert exact[["site_type", "layer", "head", "pos"]].equals(attr[["site_type", "layer", "head", "pos"]])
+    linear = (exact["layer"] == 1) & (exact["site_type"] != "resid_pre")
+    scale = exact.loc[linear, "effect"].abs().max()
+    assert scale > 1e-2
+    assert (exact.loc[linear, "effect"] - attr.loc[linear, "attribution"]).abs().max() <= 1e-4 * max(1.0, scale)
+    early = exact["layer"] == 0  # softmax and GELU in between: first order is only approximate
+    assert (exact.loc[early, "effect"] - attr.loc[early, "attribution"]).abs().max() > 1e-3
+
+
+def test_attribution_correlation_is_reported(tiny_models):
+    res = activation_patching(tiny_models["gpt2"], make_task(), ["head_out", "mlp_out"], attribution=True, progress=False)
+    corr = res.summary["attribution_correlation"]
+    assert set(corr) == {"head_out", "mlp_out"}
+    for stats in corr.values():
+        assert -1.0 <= stats["pearson"] <= 1.0 and -1.0 <= stats["spearman"] <= 1.0
+    assert res.df["attribution"].notna().all()
+    json.dumps(res.summary)
+
+
+@pytest.mark.parametrize("family,components", [("gpt2", "kv"), ("llama", "q")])
+def test_path_patching_equals_transformer_lens_direct_path(family, components, tiny_models):
+    model, task = tiny_models[family], make_task(seed=13)
+    _, clean_cache = model.bridge.run_with_cache(task.tokens)
+    _, corrupt_cache = model.bridge.run_with_cache(task.corrupted_tokens)
+    for component in components:
+        res = path_patching(model, task, [(1, h) for h in range(4)], senders=[(0, 1)], component=component,
+                            per_receiver=True, direction="denoise", progress=False)
+        with torch.no_grad():
+            ref = tlp.get_act_patch_direct_path(model.bridge, task.corrupted_tokens, clean_cache, corrupt_cache,
+                                                tl_logit_diff(task), 0, 1, component=component, verbose=False)
+        assert (torch.tensor(res.df["value"].to_numpy(), dtype=torch.float32) - ref[1]).abs().max().item() <= 1e-4
+
+
+def test_path_to_logits_of_last_layer_heads_equals_exact_head_patching(linear_tail_model):
+    """With a constant last MLP, a last-layer head reaches the logits only directly, so its path
+    effect is its whole patching effect."""
+    model, task = linear_tail_model, make_task(seed=15)
+    paths = path_patching(model, task, "logits", senders=[(1, h) for h in range(4)], direction="noise", progress=False)
+    _, cache = model.bridge.run_with_cache(task.corrupted_tokens)
+    with torch.no_grad():
+        ref = tlp.get_act_patch_attn_head_out_all_pos(model.bridge, task.tokens, cache, tl_logit_diff(task))
+    assert (torch.tensor(paths.df["value"].to_numpy(), dtype=torch.float32) - ref[1]).abs().max().item() <= 1e-4
+
+
+def test_causal_tracing_restoring_a_whole_hidden_state_gives_the_clean_run(tiny_models):
+    model, task = tiny_models["llama"], make_task(batch=3, pos=6, seed=17)
+    res = causal_tracing(model, task, n_samples=2, seed=0, progress=False)
+    with torch.no_grad():
+        clean_prob = answer_logprob(model(task.tokens), task.answers).exp().mean().item()
+    assert res.summary["clean_metric"] == pytest.approx(clean_prob, abs=1e-6)
+    whole = res.df[(res.df.kind == "resid") & res.df.pos.isna()]
+    assert len(whole) == model.facts.n_layers
+    assert (whole["restored"] - clean_prob).abs().max() <= 1e-5
+    assert abs(res.summary["corrupted_metric"] - clean_prob) > 1e-4  # the noise did something
+    # Positions before the subject are untouched by the noise (causal attention): restoring them does nothing.
+    before = res.df[res.df.pos == 0]
+    assert before["ie"].abs().max() <= 1e-6
+
+
+def test_causal_tracing_one_cell_by_hand(tiny_models):
+    """One restored MLP cell recomputed with plain hooks, noise sample by noise sample."""
+    model, task = tiny_models["gpt2"], make_task(batch=2, pos=6, seed=19)
+    res = causal_tracing(model, task, kinds=["mlp"], n_samples=3, window=1, seed=4, progress=False)
+    noise, _ = subject_noise(model, task.tokens, task.spans["subject"], 3, 3.0, 4)
+    clean_mlp = hs.capture(model, task.tokens, [hs.site("mlp_out", 0)])[hs.site("mlp_out", 0)]
+    effects = []
+    for s in range(3):
+        add = [(hs.site("embed"), lambda act, hook, s=s: act + noise[s])]
+
+        def restore(act, hook):
+            act = act.clone()
+            act[:, 2] = clean_mlp[:, 2]
+            return act
+
+        with torch.no_grad():
+            corrupt = answer_logprob(model.run_with_hooks(task.tokens, fwd=add), task.answers).exp()
+            restored = answer_logprob(model.run_with_hooks(task.tokens, fwd=add + [(hs.site("mlp_out", 0), restore)]),
+                                      task.answers).exp()
+        effects.append(restored - corrupt)
+    cell = res.df[(res.df.layer == 0) & (res.df.pos == 2)]
+    assert cell["ie"].item() == pytest.approx(torch.stack(effects).mean().item(), abs=1e-6)
+
+
+def test_causal_tracing_without_noise_has_no_effect(tiny_models):
+    res = causal_tracing(tiny_models["gpt2"], make_task(), n_samples=1, noise_scale=0.0, progress=False)
+    assert res.df["ie"].abs().max() <= 1e-6
+    assert res.summary["corrupted_metric"] == pytest.approx(res.summary["clean_metric"], abs=1e-6)
+
+
+def test_bad_input_gets_clear_errors(tiny_models):
+    model, task = tiny_models["gpt2"], make_task()
+    with pytest.raises(hs.ShapeMismatchError, match="same length"):
+        activation_patching(model, task, corrupted_tokens=random_tokens(2, 7), progress=False)
+    no_answers = Task(name="sentences", tokens=task.tokens, corrupted_tokens=task.corrupted_tokens, metric="cosine")
+    with pytest.raises(ValueError, match="answers"):
+        activation_patching(model, no_answers, metric="logit_diff", progress=False)
+    with pytest.raises(hs.SiteError, match="resid_pre"):
+        activation_patching(model, task, ["resid_pree"], progress=False)
+    with pytest.raises(ValueError, match="denoise"):
+        activation_patching(model, task, direction="sideways", progress=False)
+    with pytest.raises(ValueError, match="corrupted_tokens"):
+        activation_patching(model, Task(name="c", tokens=task.tokens, answers=task.answers), progress=False)
+    with pytest.raises(ValueError, match="subject"):
+        causal_tracing(model, Task(name="c", tokens=task.tokens, answers=task.answers), progress=False)
+    with pytest.raises(hs.IndexOutOfRangeError):
+        path_patching(model, task, [(1, 9)], progress=False)
+    assert model.n_active_hooks() == 0
+
+
+def test_hooks_are_removed_when_the_metric_fails(tiny_models):
+    model = tiny_models["gpt2"]
+
+    def broken(out):
+        raise RuntimeError("metric boom")
+
+    with pytest.raises(RuntimeError, match="metric boom"):
+        activation_patching(model, make_task(), ["resid_pre"], metric=broken, progress=False)
+    assert model.n_active_hooks() == 0
+
+
+def test_run_on_a_task_file_and_figures(tiny_models, tmp_path):
+    model = tiny_models["gpt2"]
+    lines = [
+        {"prompt": "w1 w2 w3 w4", "answer": "w5", "corrupted_prompt": "w1 w9 w3 w4", "wrong_answer": "w6"},
+        {"prompt": "w7 w2 w8 w4", "answer": "w10", "corrupted_prompt": "w7 w11 w8 w4", "wrong_answer": "w12"},
+    ]
+    path = tmp_path / "task.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    res = run(model, RunConfig(quick=True, task=str(path), progress=False))
+    assert res.name == "patching" and {"exact", "attribution", "path_patching"} <= set(res.tables)
+    assert "causal_tracing" not in res.summary  # no subject span and no zoo tokenizer
+    json.dumps(res.summary)
+    from headscope.reports.plots_patching import figures
+
+    figs = figures(res)
+    assert {"exact_resid_pre", "exact_head_out", "attribution_vs_exact", "path_patching"} <= set(figs)
+    labels = [t.get_text() for t in figs["exact_resid_pre"].axes[0].get_xticklabels()]
+    assert labels[0] == "0: <bos>"
+
+
+# ------------------------------------------------------------------------------ zoo model
+ZOO = "zoo/synth-llama"
+needs_zoo = pytest.mark.skipif("synth-llama" not in zoo_available(), reason="zoo/synth-llama not shipped yet")
+
+
+@pytest.fixture(scope="module")
+def zoo_model():
+    return hs.load_model(ZOO, device="cpu")
+
+
+@pytest.mark.slow
+@needs_zoo
+def test_zoo_exact_patching_equals_transformer_lens(zoo_model):
+    from headscope.analyses.tasks import zoo
+
+    task = zoo(zoo_model, "ioi", n_examples=4, seed=0)
+    check_against_transformer_lens(zoo_model, task, ["resid_pre", "mlp_out", "head_out", "head_out_by_pos"])
+
+
+@pytest.mark.slow
+@needs_zoo
+def test_zoo_causal_tracing_on_facts(zoo_model):
+    from headscope.analyses.tasks import zoo
+
+    task = zoo(zoo_model, "facts", n_examples=16, seed=0)
+    res = causal_tracing(zoo_model, task, n_samples=5, progress=False)
+    whole = res.df[(res.df.kind == "resid") & res.df.pos.isna()]
+    assert (whole["restored"] - res.summary["clean_metric"]).abs().max() <= 1e-5
+    assert res.summary["clean_metric"] > res.summary["corrupted_metric"]
+    print("zoo facts causal tracing peaks:", json.dumps(res.summary["peaks"], indent=1))
+
+
+@pytest.mark.slow
+@needs_zoo
+def test_zoo_run_quick(zoo_model):
+    res = run(zoo_model, RunConfig(quick=True, progress=False))
+    assert {"exact", "attribution", "path_patching", "causal_tracing"} <= set(res.tables)
+    json.dumps(res.summary)

@@ -1,0 +1,70 @@
+"""Linear probes: scikit-learn's estimator checks, the input-space coefficients, the control task."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from headscope.probes import LogisticProbe, RidgeProbe, control_labels, selectivity
+
+
+@parametrize_with_checks([LogisticProbe(), RidgeProbe(), LogisticProbe(standardize=False)])
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+def test_logistic_coefficients_act_on_raw_activations():
+    """X @ coef_.T + intercept_ equals the decision function of scaler + logistic regression."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(3.0, [1.0, 5.0, 0.1, 2.0], size=(200, 4))
+    y = rng.integers(0, 3, size=200)
+    probe = LogisticProbe(C=0.5).fit(X, y)
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=0.5, max_iter=1000)).fit(X, y)
+    np.testing.assert_allclose(X @ probe.coef_.T + probe.intercept_, ref.decision_function(X), atol=1e-6)
+    np.testing.assert_array_equal(probe.predict(X), ref.predict(X))
+
+
+def test_ridge_recovers_a_known_linear_map():
+    """With a tiny penalty, y = X w + b is recovered in the raw activation space (closed form)."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(0.0, [1.0, 10.0, 0.5], size=(100, 3)) + 7.0
+    w, b = np.array([2.0, -0.3, 4.0]), 1.5
+    probe = RidgeProbe(alpha=1e-8).fit(X, X @ w + b)
+    np.testing.assert_allclose(probe.coef_, w, atol=1e-6)
+    np.testing.assert_allclose(probe.intercept_, b, atol=1e-5)
+    assert probe.score(X, X @ w + b) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_control_labels_are_one_random_label_per_type():
+    types = np.repeat(np.arange(50), 4)  # 50 types, 4 tokens each
+    labels = np.tile([0, 1, 2, 3], 50)
+    ctrl = control_labels(types, labels, seed=3)
+    for t in range(50):
+        assert len(set(ctrl[types == t])) == 1
+    assert set(ctrl) <= {0, 1, 2, 3} and len(set(ctrl)) > 1
+    np.testing.assert_array_equal(ctrl, control_labels(types, labels, seed=3))
+    assert not np.array_equal(ctrl, control_labels(types, labels, seed=4))
+
+
+def test_selectivity_separates_encoded_labels_from_memorised_types():
+    rng = np.random.default_rng(2)
+    n, n_types = 400, 100
+    types = rng.integers(0, n_types, size=n)
+    y = rng.integers(0, 2, size=n)
+    # A: the label is linearly encoded, the type is not -> control near chance, high selectivity.
+    X = np.c_[y + rng.normal(0, 0.2, n), rng.normal(size=(n, 5))]
+    res = selectivity(LogisticProbe(), X, y, types, cv=4, seed=0)
+    assert res["score"].mean() > 0.95 and res["control"].mean() < 0.65 and res["selectivity"] > 0.3
+    # B: features are the type (one-hot) and labels a function of the type -> real ~ control.
+    y_type = rng.integers(0, 2, size=n_types)[types]
+    X_type = np.eye(n_types)[types]
+    res = selectivity(LogisticProbe(C=10.0), X_type, y_type, types, cv=4, seed=0)
+    assert res["score"].mean() > 0.8 and abs(res["selectivity"]) < 0.15
+
+
+def test_selectivity_needs_enough_examples():
+    with pytest.raises(ValueError, match="at least 5 examples"):
+        selectivity(LogisticProbe(), np.zeros((3, 2)), np.array([0, 1, 0]), np.array([0, 1, 2]), cv=5)
