@@ -16,6 +16,7 @@ Labels come from the Task (`task_labels`):
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -110,7 +111,9 @@ def probe_sweep(
     for layer, name in tqdm(list(zip(layers, names)), desc="probes", disable=not progress):
         X = acts[name].float().reshape(-1, acts[name].shape[-1]).numpy()  # [n, d_model]
         X = X if real is None else X[real]
-        res = selectivity(estimator, X, labels_arr, types, cv=cv, seed=seed)
+        with warnings.catch_warnings():  # many classes over few examples is expected here (e.g. 64 values)
+            warnings.filterwarnings("ignore", message="The number of unique classes is greater than 50%")
+            res = selectivity(estimator, X, labels_arr, types, cv=cv, seed=seed)
         for which in ("score", "control"):
             rows += [{"layer": layer, "fold": i, "task": "real" if which == "score" else "control", "score": float(s)}
                      for i, s in enumerate(res[which])]

