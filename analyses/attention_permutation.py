@@ -47,6 +47,28 @@ def z_hook(new_z: torch.Tensor):
 
 
 @torch.no_grad()
+def prediction_rows(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One clean run -> (prediction [batch, out], the attention rows that feed it [batch, head, r, k]
+    (the last row for decoders, every row for encoders), values [batch, k, head, d_head] with the
+    KV heads repeated). Nothing before `layer` changes when those rows do, so these are reused."""
+    facts = model.facts
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(key: str):
+        def hook(act: torch.Tensor, hook: Any) -> None:
+            seen[key] = act.detach()
+
+        return hook
+
+    fwd = [(site("pattern", layer), keep("pattern")), (site("v", layer), keep("v"))]
+    ref = prediction(model, model.run_with_hooks(tokens, fwd=fwd))  # [batch, out]
+    pattern = seen["pattern"]  # [batch, head, q, k]
+    rows = pattern if facts.is_encoder else pattern[:, :, -1:]  # [batch, head, r, k]
+    v = seen["v"].repeat_interleave(facts.n_heads // facts.n_kv_heads, dim=2)  # [batch, k, head, d_head]
+    return ref, rows, v
+
+
+@torch.no_grad()
 def permutation_test(
     model,
     tokens: torch.Tensor,
@@ -64,19 +86,7 @@ def permutation_test(
     model.check_layer(layer)
     generator = generator or torch.Generator().manual_seed(0)
     facts = model.facts
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(key: str):
-        def hook(act: torch.Tensor, hook: Any) -> None:
-            seen[key] = act.detach()
-
-        return hook
-
-    fwd = [(site("pattern", layer), keep("pattern")), (site("v", layer), keep("v"))]
-    ref = prediction(model, model.run_with_hooks(tokens, fwd=fwd))  # [batch, out]
-    pattern = seen["pattern"]  # [batch, head, q, k]
-    rows = pattern if facts.is_encoder else pattern[:, :, -1:]  # [batch, head, r, k]
-    v = seen["v"].repeat_interleave(facts.n_heads // facts.n_kv_heads, dim=2)  # [batch, k, head, d_head]
+    ref, rows, v = prediction_rows(model, tokens, layer)
     max_attention = rows.float().mean(2).mean(1).max(-1).values  # [batch]
     batch, n = tokens.shape
     perms = permutations(batch * n_permutations, facts.n_heads, n, generator).to(tokens.device)  # [batch*draw, head, k]

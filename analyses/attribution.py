@@ -20,7 +20,9 @@ Summary keys (attention = the last layer's head mean): mean_tau_attention_{gradi
 loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_*; fraction_significant (over
 all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
 median_permutation_tvd (median over examples of the median output change over permutations);
-ig_max_abs_delta; best_head_vs_loo.
+ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); best_head_vs_loo;
+median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
+<= adversarial_epsilon; Jain & Wallace's adversarial attention).
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ import torch
 from tqdm.auto import tqdm
 
 from headscope.analyses import attribution_methods as am
+from headscope.analyses import distributed
+from headscope.analyses.attention_adversarial import LN2, adversarial_attention
 from headscope.analyses.attention_permutation import permutation_test
 from headscope.analyses.attribution_agreement import method_pair_rows, summarise, tau_rows
 from headscope.analyses.metrics import mean_pool
@@ -60,18 +64,25 @@ FALLBACK_SENTENCES = (
 class AttributionConfig:
     """Settings of the attribution analysis.
 
-    n_steps: integration steps of integrated gradients. loo_mode: "remove" the token (Jain &
-    Wallace) or "replace" it by the baseline token. baseline_token: id for IG baselines and
-    "replace" (None: the tokenizer's pad, else unk, else eos). permutation_layer: None = last.
+    n_steps: integration steps of integrated gradients, doubled (up to ig_max_steps) until every
+    example's |convergence delta| <= ig_tolerance x |metric(x) - metric(baseline)|.
+    loo_mode: "remove" the token (Jain & Wallace) or "replace" it by the baseline token.
+    baseline_token: id for IG baselines and "replace" (None: the first of pad, unk, eos, bos
+    whose embedding is not near zero). permutation_layer: None = last; the adversarial attention
+    search runs there too (adversarial_steps Adam steps, 0 = off; output change <= adversarial_epsilon).
     batch_size: sequences per forward pass (IG runs batch_size // n_steps examples at once).
     metric: what gradients differentiate (None: the task's; "accuracy" falls back to "logprob").
     """
 
     n_steps: int = 32
+    ig_max_steps: int = 256
+    ig_tolerance: float = 0.05
     loo_mode: str = "remove"
     baseline_token: int | None = None
     permutation_layer: int | None = None
     n_permutations: int = 100
+    adversarial_steps: int = 100
+    adversarial_epsilon: float = 0.01
     batch_size: int = 256
     alpha: float = 0.05
     metric: str | None = None
@@ -80,9 +91,12 @@ class AttributionConfig:
     def __post_init__(self) -> None:
         if self.loo_mode not in ("remove", "replace"):
             raise ValueError(f"loo_mode must be 'remove' or 'replace', got {self.loo_mode!r}.")
-        for name in ("n_steps", "n_permutations", "batch_size"):
+        for name in ("n_steps", "ig_max_steps", "n_permutations", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.adversarial_steps < 0 or self.adversarial_epsilon <= 0:
+            raise ValueError("adversarial_steps must be >= 0 and adversarial_epsilon > 0, got "
+                             f"{self.adversarial_steps} and {self.adversarial_epsilon}.")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}.")
 
@@ -111,12 +125,32 @@ def length_groups(lengths: Sequence[int], chunk: int) -> Iterator[list[int]]:
             yield idx[start : start + chunk]
 
 
+MIN_BASELINE_NORM = 0.5  # a baseline embedding needs at least this fraction of the median norm
+
+
 def default_baseline_token(model) -> int:
+    """The first of pad, unk, eos, bos whose input embedding is not near zero.
+
+    Why not near zero: a pad embedding is often exactly 0 (HF zeroes padding_idx and it is
+    never trained) and rare specials decay towards 0. The first norm layer is scale-invariant,
+    so on the straight path from 0 the model's output jumps within a tiny interval next to the
+    baseline, and integrated gradients cannot converge there (the delta stays at
+    f(x) - f(baseline) whatever the number of steps). Any token with a normal-sized embedding
+    avoids that; candidates are tried in the usual order of "content-free" tokens.
+    """
     tok = model.tokenizer
-    for cand in (tok.pad_token_id, tok.unk_token_id, tok.eos_token_id):
-        if cand is not None:
-            return int(cand)
-    raise ValueError("The tokenizer has no pad, unk or eos token; pass baseline_token= explicitly.")
+    cands = [int(c) for c in (tok.pad_token_id, tok.unk_token_id, tok.eos_token_id, tok.bos_token_id) if c is not None]
+    if not cands:
+        raise ValueError("The tokenizer has no pad, unk, eos or bos token; pass baseline_token= explicitly.")
+    weight = model.bridge.original_model.get_input_embeddings().weight.detach()  # [vocab, d_model]
+    norms = weight.float().norm(dim=-1)  # [vocab]
+    floor = MIN_BASELINE_NORM * float(norms.median())
+    for cand in cands:
+        if cand < norms.shape[0] and float(norms[cand]) >= floor:
+            return cand
+    raise ValueError(
+        f"Every special token ({cands}) has a near-zero input embedding (norm < {MIN_BASELINE_NORM} x the median), "
+        "which makes integrated gradients diverge; pass baseline_token= a content-free token with a normal embedding.")
 
 
 def ig_baselines(tokens: torch.Tensor, baseline_token: int) -> torch.Tensor:
@@ -187,7 +221,6 @@ def attribution(
     forward = am.forward_metric(model, kind)
     targets = gradient_targets(model, task, kind, reference, lengths)
     baseline = cfg.baseline_token if cfg.baseline_token is not None else default_baseline_token(model)
-    generator = torch.Generator().manual_seed(cfg.seed)
     chunk = max(1, cfg.batch_size // cfg.n_steps)
     score_rows: list[pd.DataFrame] = []
     tau: list[dict] = []
@@ -195,18 +228,24 @@ def attribution(
     perm_rows: list[dict] = []
     ig_rows: list[dict] = []
     groups = list(length_groups(lengths, chunk))
-    for idx in tqdm(groups, desc="attribution", disable=not progress):
+    for g in tqdm(distributed.shard(len(groups)), desc="attribution", disable=not (progress and distributed.is_main())):
+        idx = groups[g]  # under torch.distributed each rank scores its block of groups
+        generator = torch.Generator().manual_seed(cfg.seed * 100_003 + g)  # per group: the same draws on any rank
         n = lengths[idx[0]]
         tokens = task.tokens[idx, :n].to(model.device)  # [g, pos]
         tgt = tuple(t[idx] for t in targets)
         scored = list(range(1, n - 1))
         per_head, roll = am.attention_scores(model, tokens)  # [g, layer, head, pos], [g, pos]
         grads = am.gradient_scores(model, tokens, forward, tgt)
-        ig, delta = am.integrated_gradients(model, tokens, ig_baselines(tokens, baseline), forward, tgt, n_steps=cfg.n_steps)
+        ig, delta, steps = am.integrated_gradients(
+            model, tokens, ig_baselines(tokens, baseline), forward, tgt,
+            n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance)
         loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=cfg.batch_size)
         changes, max_att = permutation_test(
             model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=cfg.batch_size, generator=generator
         )
+        adv = None if not cfg.adversarial_steps else adversarial_attention(
+            model, tokens, layer=layer, epsilon=cfg.adversarial_epsilon, steps=cfg.adversarial_steps, generator=generator)
         with torch.no_grad():
             f_x = forward(tokens, *tgt)  # [g]
             f_b = forward(ig_baselines(tokens, baseline), *tgt)  # [g]
@@ -223,11 +262,15 @@ def attribution(
             perm_rows.append({
                 "example": ex, "layer": layer, "max_attention": float(max_att[j]),
                 "median_change": float(changes[j].median()), "mean_change": float(changes[j].mean()),
+                **({} if adv is None else {"adversarial_jsd": float(adv.jsd[j]), "adversarial_change": float(adv.change[j]),
+                                           "adversarial_found": bool(adv.feasible[j])}),
             })
             ig_rows.append({
-                "example": ex, "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
+                "example": ex, "n_steps": steps, "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
                 "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
             })
+    parts = distributed.gather_objects((score_rows, tau, pairs, perm_rows, ig_rows))  # rank order = group order
+    score_rows, tau, pairs, perm_rows, ig_rows = ([row for part in parts for row in part[i]] for i in range(5))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
     tables = {
         "scores": pd.concat(score_rows, ignore_index=True),
@@ -303,6 +346,14 @@ def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfi
     out["permutation_layer"] = layer
     out["n_permutations"] = cfg.n_permutations
     out["ig_max_abs_delta"] = _num(tables["ig"].delta.abs().max())
+    perm = tables["permutation"]
+    if "adversarial_jsd" in perm:
+        out["adversarial_epsilon"] = cfg.adversarial_epsilon
+        out["median_adversarial_jsd"] = _num(perm.adversarial_jsd.median())
+        out["fraction_adversarial_near_ln2"] = _num((perm.adversarial_jsd >= 0.9 * LN2).mean())
+    ig = tables["ig"]
+    out["ig_max_relative_delta"] = _num((ig.delta.abs() / (ig.metric_input - ig.metric_baseline).abs()).max())
+    out["ig_max_steps_used"] = int(ig.n_steps.max())
     heads = tables["tau_by_head"]
     heads = heads[heads.method == "leave_one_out"].dropna(subset=["mean_tau"])
     if len(heads):
@@ -356,7 +407,8 @@ def run(model, config) -> Result:
     (and for decoders whose tokenizer lacks the zoo vocabulary, when no task is named)."""
     n = config.n_examples or (4 if config.quick else 64)
     cfg = AttributionConfig(
-        seed=config.seed, n_steps=8 if config.quick else 32, n_permutations=20 if config.quick else 100
+        seed=config.seed, n_steps=8 if config.quick else 32, ig_max_steps=32 if config.quick else 256,
+        n_permutations=20 if config.quick else 100, adversarial_steps=20 if config.quick else 50,
     )
     if model.facts.is_encoder and config.task is None:
         task = sentence_task(model, default_sentences()[:n])

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from headscope.analyses import metrics
+from headscope.analyses import batching, distributed, metrics
 from headscope.analyses.tasks import Task
 from headscope.hooks import capture, site
 
@@ -134,13 +134,13 @@ def run_gated(
 
     def make_hook(layer: int):
         def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # [n, pos, head, d_head]
-            g = gates[:, layer].to(z.dtype)[:, None, :, None]  # [n, 1, head, 1]
+            g = gates[:, layer].to(z.device, z.dtype)[:, None, :, None]  # [n, 1, head, 1] (z's device: sharded models)
             rep = replacement.get(layer)
             if rep is None:
                 return z * g
             if rep.shape[0] not in (1, n):
                 rep = rep.repeat(n // rep.shape[0], 1, 1, 1)  # copies stacked along the batch
-            return z * g + (1 - g) * rep.to(z.dtype)
+            return z * g + (1 - g) * rep.to(z.device, z.dtype)
 
         return hook
 
@@ -160,51 +160,72 @@ def encoder_hidden(model, tokens: torch.Tensor, fwd: list, attention_mask: torch
         return model(tokens, attention_mask=attention_mask)
 
 
-def rows_per_pass(model, pos: int, max_tokens: int | None = None) -> int:
-    """How many sequences of length `pos` one forward pass may hold (memory budget).
+def rows_per_pass(model, pos: int, max_tokens: int | None = None, *, grad: bool = False,
+                  memory_budget: int | None = None) -> int:
+    """How many sequences of length `pos` one forward pass may hold.
 
-    Default budget: 32k tokens, fewer for large vocabularies (decoder logits take pos x d_vocab
-    floats; encoders stop before their LM head).
+    max_tokens: a token budget that overrides everything else. Otherwise the smaller of 32k
+    tokens (fewer for large vocabularies: decoder logits take pos x d_vocab floats; encoders
+    stop before their LM head) and what `memory_budget` bytes (default: half the device's free
+    memory, see batching) hold by the per-row estimate (grad: with the backward pass's storage).
     """
+    if max_tokens:
+        return max(1, max_tokens // max(pos, 1))
     width = 0 if model.facts.is_encoder else model.facts.d_vocab
-    budget = max_tokens or min(32768, 2**28 // max(width, 1))
-    return max(1, budget // max(pos, 1))
+    cap = max(1, min(32768, 2**28 // max(width, 1)) // max(pos, 1))
+    fits = batching.chunk_size(batching.row_bytes(model, pos, grad=grad), device=model.device, budget=memory_budget)
+    return min(cap, fits)
 
 
 def evaluate_masks(
     model, scorer: Scorer, masks: torch.Tensor, *, replacement: dict[int, torch.Tensor] | None = None,
-    max_tokens: int | None = None, progress: bool = False, desc: str = "masks",
+    max_tokens: int | None = None, memory_budget: int | None = None, progress: bool = False, desc: str = "masks",
 ) -> torch.Tensor:
     """Mean metric of the model under each mask: masks [k, n_layers, n_heads] -> [k] (float64).
 
     The k masks run as copies of the example batch stacked along the batch axis, as many per
-    forward pass as the memory budget allows. Mask 1 keeps a head, 0 removes it (zero, or
-    `replacement` values: layer -> [batch or 1, pos, head, d_head] over all examples).
+    forward pass as the memory budget allows (halved on out-of-memory). Mask 1 keeps a head, 0
+    removes it (zero, or `replacement` values: layer -> [batch or 1, pos, head, d_head] over all
+    examples). Under torch.distributed each rank scores its block of examples; the sums are
+    all-reduced, so every rank returns the mean over all examples.
     """
     n, pos = scorer.tokens.shape
-    per_pass = rows_per_pass(model, pos, max_tokens)
-    ex_chunk = min(n, per_pass)
-    copies = max(1, per_pass // ex_chunk)
-    totals = torch.zeros(masks.shape[0], dtype=torch.float64)
+    mine = distributed.shard(n)
+    cap = [rows_per_pass(model, pos, max_tokens, memory_budget=memory_budget)]  # rows per pass; shrinks on OOM
+    k = masks.shape[0]
     masks = masks.to(model.device)
-    chunks = [(e, c) for e in range(0, n, ex_chunk) for c in range(0, masks.shape[0], copies)]
-    with torch.no_grad():
-        for e0, c0 in tqdm(chunks, desc=desc, disable=not progress, leave=False):
-            rows = torch.arange(e0, min(n, e0 + ex_chunk), device=model.device)  # [b]
-            m = masks[c0:c0 + copies]  # [c, L, H]
-            c, b = m.shape[0], rows.shape[0]
+    bar = tqdm(total=len(mine) * k, desc=desc, disable=not (progress and distributed.is_main()), leave=False)
+
+    def run_examples(ex: range) -> torch.Tensor:  # -> [k] metric sums over these examples
+        rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
+        b = rows.shape[0]
+        rep = None if replacement is None else {l: (v if v.shape[0] == 1 else v[rows]) for l, v in replacement.items()}
+
+        def run_masks(mc: range) -> torch.Tensor:  # -> [c]
+            m = masks[mc.start:mc.stop]  # [c, L, H]
+            c = m.shape[0]
             stacked = rows.repeat(c)  # [c * b], copy-major
-            rep = None if replacement is None else {
-                l: (v if v.shape[0] == 1 else v[rows]) for l, v in replacement.items()
-            }
             out = run_gated(
                 model, scorer.tokens[stacked], m.repeat_interleave(b, 0),
                 attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[stacked],
                 replacement=rep,
             )
             vals = scorer.metric(out, stacked).reshape(c, b)  # [c, b]
-            totals[c0:c0 + c] += vals.sum(1).double().cpu()
-    return totals / n
+            bar.update(c * b)
+            return vals.sum(1).double().cpu()
+
+        def shrink(copies: int) -> None:
+            cap[0] = max(1, min(cap[0], copies * b // 2))
+
+        parts = batching.run_chunks(run_masks, k, max(1, cap[0] // b), on_oom=shrink)
+        return torch.cat([v for _, v in parts])
+
+    totals = torch.zeros(k, dtype=torch.float64)
+    with torch.no_grad():
+        for _, part in batching.run_chunks(run_examples, len(mine), max(1, min(len(mine), cap[0]))):
+            totals += part
+    bar.close()
+    return distributed.all_reduce_sum(totals) / n
 
 
 def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dict[int, torch.Tensor] | None:
@@ -283,24 +304,36 @@ def gradient_importance(
 
 
 def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, max_tokens: int | None = None,
-                   progress: bool = False) -> tuple[torch.Tensor, float]:
-    """(E_x |dL(x)/dxi| [L, H], mean metric at the gates) from the same forward passes."""
+                   memory_budget: int | None = None, progress: bool = False) -> tuple[torch.Tensor, float]:
+    """(E_x |dL(x)/dxi| [L, H], mean metric at the gates) from the same forward passes.
+
+    Batches are sized for a backward pass and halved on out-of-memory; under torch.distributed
+    each rank takes its block of examples and the sums are all-reduced.
+    """
     f = model.facts
     point = torch.ones(f.n_layers, f.n_heads) if gates is None else gates.detach().float()
     n, pos = scorer.tokens.shape
-    batch = min(n, rows_per_pass(model, pos, max_tokens))
-    total = torch.zeros(f.n_layers, f.n_heads, dtype=torch.float64)
-    metric = 0.0
+    mine = distributed.shard(n)
+    batch = max(1, min(len(mine), rows_per_pass(model, pos, max_tokens, grad=True, memory_budget=memory_budget)))
+    bar = tqdm(total=len(mine), desc="gate gradients", disable=not (progress and distributed.is_main()), leave=False)
+
+    def step(ex: range) -> torch.Tensor:  # -> [L * H + 1]: sum |grad| per head, then the metric sum
+        rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
+        xi = point.to(model.device).expand(rows.shape[0], -1, -1).clone().requires_grad_(True)  # [b, L, H]
+        out = run_gated(model, scorer.tokens[rows], xi,
+                        attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
+        (grad,) = torch.autograd.grad(scorer.grad_loss(out, rows).sum(), [xi])  # [b, L, H]
+        bar.update(rows.shape[0])
+        metric = scorer.metric(out.detach(), rows).sum().double().cpu()
+        return torch.cat([grad.abs().sum(0).double().cpu().flatten(), metric[None]])
+
+    sums = torch.zeros(f.n_layers * f.n_heads + 1, dtype=torch.float64)
     with torch.enable_grad():
-        for start in tqdm(range(0, n, batch), desc="gate gradients", disable=not progress, leave=False):
-            rows = torch.arange(start, min(n, start + batch), device=model.device)  # [b]
-            xi = point.to(model.device).expand(rows.shape[0], -1, -1).clone().requires_grad_(True)  # [b, L, H]
-            out = run_gated(model, scorer.tokens[rows], xi,
-                            attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
-            (grad,) = torch.autograd.grad(scorer.grad_loss(out, rows).sum(), [xi])  # [b, L, H]
-            total += grad.abs().sum(0).double().cpu()
-            metric += float(scorer.metric(out.detach(), rows).sum())
-    return (total / n).float(), metric / n
+        for _, part in batching.run_chunks(step, len(mine), batch):
+            sums += part
+    bar.close()
+    sums = distributed.all_reduce_sum(sums)
+    return (sums[:-1].view(f.n_layers, f.n_heads) / n).float(), float(sums[-1]) / n
 
 
 def normalize_per_layer(importance: torch.Tensor, exponent: float = 2.0) -> torch.Tensor:

@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from headscope.analyses import distributed
 from headscope.analyses.heads_importance import Scorer, evaluate_masks, rows_per_pass, run_gated
 from headscope.analyses.heads_pruning import head_label
 
@@ -54,7 +55,9 @@ def train_gates(model, scorer: Scorer, lam: float, config: L0Config = L0Config()
     """Train log alpha [L, H] for one lambda on the frozen model; returns it (detached, on CPU).
 
     Each step draws a minibatch of examples and one noise sample per example and head; only the
-    gates receive gradients (torch.autograd.grad), the model's weights are never touched.
+    gates receive gradients (torch.autograd.grad), the model's weights are never touched. Under
+    torch.distributed every rank draws the same minibatch, runs its block of it, and the
+    gradients are all-reduced before the (identical) Adam step.
     """
     f = model.facts
     n, pos = scorer.tokens.shape
@@ -63,15 +66,20 @@ def train_gates(model, scorer: Scorer, lam: float, config: L0Config = L0Config()
     log_alpha = torch.full((f.n_layers, f.n_heads), float(config.init), device=model.device, requires_grad=True)
     opt = torch.optim.Adam([log_alpha], lr=config.lr)
     with torch.enable_grad():
-        for _ in tqdm(range(config.steps), desc=f"L0 gates (lambda={lam:g})", disable=not progress, leave=False):
+        for _ in tqdm(range(config.steps), desc=f"L0 gates (lambda={lam:g})",
+                      disable=not (progress and distributed.is_main()), leave=False):
             rows = torch.randperm(n, generator=gen)[:batch].to(model.device)  # [b]
             u = torch.rand((batch, f.n_layers, f.n_heads), generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
-            gates = sample_gates(log_alpha, u)  # [b, L, H]
-            out = run_gated(model, scorer.tokens[rows], gates,
-                            attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
-            loss = scorer.objective(out, rows).mean() + lam * expected_open(log_alpha)
+            part = distributed.shard(batch)  # this rank's rows of the minibatch (all of it single-process)
+            mine = rows[part.start:part.stop]  # [b_rank]
+            loss = lam * expected_open(log_alpha) if distributed.is_main() else log_alpha.sum() * 0.0
+            if len(mine):
+                gates = sample_gates(log_alpha, u[part.start:part.stop])  # [b_rank, L, H]
+                out = run_gated(model, scorer.tokens[mine], gates,
+                                attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[mine])
+                loss = loss + scorer.objective(out, mine).sum() / batch
             (grad,) = torch.autograd.grad(loss, [log_alpha])
-            log_alpha.grad = grad
+            log_alpha.grad = distributed.all_reduce_sum(grad)  # every rank takes the same Adam step
             opt.step()
             opt.zero_grad(set_to_none=True)
     return log_alpha.detach().cpu()

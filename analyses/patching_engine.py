@@ -20,42 +20,28 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from headscope.analyses import batching, distributed
+
 HookFn = Callable[..., Any]
 Hooks = Sequence[tuple[str, HookFn]]
 HooksFor = Callable[[range], Hooks]  # runs of one chunk -> hooks acting on [len(runs) * batch, ...]
 Metric = Callable[[torch.Tensor], torch.Tensor]  # model output [batch, ...] -> [batch]
 
-CPU_BUDGET = 2 * 2**30  # bytes of activations per forward pass on CPU
-CUDA_FRACTION = 0.5  # share of free accelerator memory used by default
-
 
 def row_bytes(model, n_pos: int) -> int:
-    """Rough peak activation bytes of one prompt row in a no-grad forward pass.
-
-    Logits and their softmax, a dozen residual-sized temporaries, the MLP hidden layer and the
-    attention scores/pattern; an over-estimate on purpose, so that chunks fit.
-    """
-    f = model.facts
-    elem = next(model.bridge.parameters()).element_size()
-    per_pos = 2 * f.d_vocab + 12 * f.d_model + 4 * f.d_mlp + 4 * f.n_heads * n_pos
-    return elem * n_pos * per_pos
-
-
-def default_budget(model) -> int:
-    """Bytes available for one forward pass: half the free accelerator memory, else 2 GiB."""
-    device = model.device
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * CUDA_FRACTION)
-    return CPU_BUDGET
+    """Rough peak activation bytes of one prompt row in a no-grad forward pass (batching.row_bytes)."""
+    return batching.row_bytes(model, n_pos)
 
 
 def runs_per_forward(model, n_prompts: int, n_pos: int, memory_budget: int | None = None) -> int:
-    """How many patched runs (each n_prompts rows of n_pos tokens) fit one forward pass."""
-    budget = default_budget(model) if memory_budget is None else int(memory_budget)
-    if budget <= 0:
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}.")
-    return max(1, budget // (row_bytes(model, n_pos) * n_prompts))
+    """How many patched runs (each n_prompts rows of n_pos tokens) fit one forward pass.
+
+    memory_budget: bytes (None: half the free accelerator memory; on CPU half the free RAM, at
+    most 2 GiB). At least one run when the budget holds one row (out-of-memory then halves the
+    chunk); a budget below one row raises batching.MemoryBudgetError.
+    """
+    rows = batching.chunk_size(row_bytes(model, n_pos), device=model.device, budget=memory_budget)
+    return max(1, rows // n_prompts)
 
 
 def chunks(n_runs: int, per_forward: int) -> list[range]:
@@ -87,7 +73,10 @@ def run_batched(
     of the same layer (never patch them); the lead's metric is then returned as one extra last
     row. batch_size: patched runs per forward pass (None: sized from memory_budget bytes,
     default half the free GPU memory or 2 GiB on CPU). stacked_metric: the metric accepts the
-    whole stacked output at once (one call per forward pass).
+    whole stacked output at once (one call per forward pass). A chunk that runs out of memory
+    is retried at half the size. Under torch.distributed each rank runs its block of the runs
+    (every run over all prompts) and the rows are summed across ranks, so every rank returns
+    the whole [n_runs (+1), B].
     """
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size is the number of patched runs per forward pass; got {batch_size!r}, use an int >= 1.")
@@ -96,25 +85,32 @@ def run_batched(
     head = model.check_tokens(lead) if lead is not None else tokens[:0]  # [B or 0, pos]
     n_lead = head.shape[0]
     per_forward = batch_size or runs_per_forward(model, n_prompts, n_pos, memory_budget)
-    out = torch.empty(n_runs + (lead is not None), n_prompts)  # [run (+ lead), batch]
-    bar = tqdm(total=n_runs, desc=desc, disable=not progress, unit="run")
+    mine = distributed.shard(n_runs)  # this rank's block of runs; rank 0 owns run 0 and the lead
+    out = torch.zeros(n_runs + (lead is not None), n_prompts)  # [run (+ lead), batch]
+    bar = tqdm(total=len(mine), desc=desc, disable=not (progress and distributed.is_main()), unit="run")
+
+    def forward(chunk: range) -> torch.Tensor:  # local offsets -> [B_lead + k * B] metric values
+        runs = range(mine.start + chunk.start, mine.start + chunk.stop)
+        stacked = torch.cat([head, tokens.repeat(len(runs), 1)])  # [B_lead + k * B, pos]
+        result = model.run_with_hooks(stacked, fwd=hooks_for(runs))  # [B_lead + k * B, pos, ...]
+        if stacked_metric:
+            values = metric(result).float().cpu()  # [B_lead + k * B]
+        else:
+            parts = [metric(result[:n_lead]).float().cpu()] if n_lead else []
+            parts += [metric(result[n_lead + i * n_prompts:n_lead + (i + 1) * n_prompts]).float().cpu()
+                      for i in range(len(runs))]
+            values = torch.cat(parts)
+        bar.update(len(runs))
+        return values
+
+    size = len(chunks(len(mine), per_forward)[0]) if len(mine) else 1  # equal-sized forward passes
     with torch.no_grad():
-        for c, runs in enumerate(chunks(n_runs, per_forward) if n_runs else []):
-            stacked = torch.cat([head, tokens.repeat(len(runs), 1)])  # [B_lead + k * B, pos]
-            result = model.run_with_hooks(stacked, fwd=hooks_for(runs))  # [B_lead + k * B, pos, ...]
-            if stacked_metric:
-                values = metric(result).float().cpu()  # [B_lead + k * B]
-                out[runs.start:runs.stop] = values[n_lead:].view(len(runs), n_prompts)
-                lead_values = values[:n_lead]
-            else:
-                for i, run in enumerate(runs):
-                    out[run] = metric(result[n_lead + i * n_prompts:n_lead + (i + 1) * n_prompts]).float().cpu()
-                lead_values = metric(result[:n_lead]).float().cpu() if n_lead else None
-            if c == 0 and n_lead:
-                out[-1] = lead_values
-            bar.update(len(runs))
+        for c, (chunk, values) in enumerate(batching.run_chunks(forward, len(mine), size)):
+            out[mine.start + chunk.start:mine.start + chunk.stop] = values[n_lead:].view(len(chunk), n_prompts)
+            if c == 0 and n_lead and distributed.is_main():
+                out[-1] = values[:n_lead]
     bar.close()
-    return out
+    return distributed.all_reduce_sum(out)  # each run was computed by exactly one rank
 
 
 def replace_hook(source: torch.Tensor | None, mask: torch.Tensor, lead: int = 0) -> HookFn:
@@ -128,8 +124,8 @@ def replace_hook(source: torch.Tensor | None, mask: torch.Tensor, lead: int = 0)
         k = mask.shape[0]
         head, body = act[:lead], act[lead:]
         rows = body.view(k, -1, *act.shape[1:])  # [k, B, ...]
-        src = head if source is None else source.to(act.dtype)
-        patched = torch.where(mask.unsqueeze(1), src if src.ndim == rows.ndim else src.unsqueeze(0), rows)
+        src = head if source is None else source.to(act.device, act.dtype)  # act's device: sharded models
+        patched = torch.where(mask.to(act.device).unsqueeze(1), src if src.ndim == rows.ndim else src.unsqueeze(0), rows)
         return torch.cat([head, patched.reshape(body.shape)]) if lead else patched.reshape(act.shape)
 
     return hook

@@ -1,8 +1,9 @@
 """Forward passes of the position sweep: answer metrics and attention statistics per row.
 
 All rows (gold positions) of one sweep go through the model together, and sweeps of equal
-prompt length share a pass up to 64 rows (`batch_size` rows per pass when given). Decoders are
-run teacher-forced on prompt + answer, which gives in one pass the answer's log-probability (summed over its tokens), the rank of its first token,
+prompt length share a pass up to 64 rows (`batch_size` rows per pass when given); under
+torch.distributed each rank runs its block of those passes and the rows are gathered.
+Decoders are run teacher-forced on prompt + answer, which gives in one pass the answer's log-probability (summed over its tokens), the rank of its first token,
 `exact` (greedy decoding would start with the answer: every answer token is the argmax), the
 attention mass from the answer position (the prompt's last token) onto the gold span per layer
 and head, and the sink mass per layer and head. `accuracy` is Liu et al.'s metric: greedy
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
+from headscope.analyses import distributed
 from headscope.analyses.metrics import mean_pool
 from headscope.analyses.position_prompts import PositionSweep
 from headscope.analyses.sinks import sink_mass, streaming_attention
@@ -147,8 +148,8 @@ def run_decoder_sweeps(
     for sw in sweeps:
         if sw.answer_ids.numel() == 0:
             raise ValueError("decoder sweeps need answer_ids (the answer continuation); build them with a decoder prompt builder.")
-    batches, results = row_batches(sweeps, batch_size), []
-    for batch in tqdm(batches, desc="position sweep", disable=not progress):
+
+    def score(batch: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         first = sweeps[batch[0][0]]
         n_prompt, n_answer = first.prompt_len, first.answer_ids.numel()
         tokens = _stack(sweeps, batch, "tokens")  # [batch, pos]
@@ -169,7 +170,10 @@ def run_decoder_sweeps(
                 with streaming_attention(model, n_sink=n_sink, window=w, keep_sinks=keep_sinks):
                     scores = answer_scores(model(inputs), n_prompt, answer_ids)
                 res.update({f"{cond}:{k}": v for k, v in scores.items()})
-        results.append(res)
+        return res
+
+    batches = row_batches(sweeps, batch_size)
+    results = distributed.map_sharded(score, batches, progress=progress, desc="position sweep")
     return _outputs(_scatter(sweeps, batches, results), ("accuracy", "exact", "logprob", "rank"))
 
 
@@ -181,13 +185,16 @@ def run_encoder_sweeps(
     if any(sw.query_tokens is None for sw in sweeps):
         raise ValueError("encoder sweeps need query_tokens; build them with retrieval_sweeps.")
     queries = [mean_pool(model(sw.query_tokens), None)[0] for sw in sweeps]  # each [d_model]
-    batches, results = row_batches(sweeps, batch_size), []
-    for batch in tqdm(batches, desc="position sweep", disable=not progress):
+
+    def score(batch: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         store: dict = {}
         n_prompt = sweeps[batch[0][0]].prompt_len
         with model.hooks(fwd=attention_hooks(model, _stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, store)):
             hidden = model(_stack(sweeps, batch, "tokens"))  # [batch, pos, d_model]
         query = torch.stack([queries[i] for i, _ in batch])  # [batch, d_model]
         cos = torch.nn.functional.cosine_similarity(mean_pool(hidden, None), query, dim=-1)  # [batch]
-        results.append({"cosine": cos.float().cpu(), **_attention(model, store)})
+        return {"cosine": cos.float().cpu(), **_attention(model, store)}
+
+    batches = row_batches(sweeps, batch_size)
+    results = distributed.map_sharded(score, batches, progress=progress, desc="position sweep")
     return _outputs(_scatter(sweeps, batches, results), ("cosine",))

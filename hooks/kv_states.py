@@ -45,13 +45,28 @@ def _require_decoder(model, what: str) -> None:
         raise ValueError(f"{what} needs a decoder with a KV cache; {model.facts.name} is an encoder.")
 
 
-def _new_cache(model) -> Any:
+def new_cache(model) -> Any:
+    """An empty Hugging Face DynamicCache for the model."""
     from transformers import DynamicCache
 
     try:
         return DynamicCache(config=model.bridge.original_model.config)
     except TypeError:  # older transformers
         return DynamicCache()
+
+
+def prefix_cache(model, cache: Any, length: int, *, repeat: int = 1) -> Any:
+    """A new cache holding positions [0, length) of `cache` (left untouched), each batch row
+    repeated `repeat` times in place (row-major, as repeat_interleave)."""
+    out = new_cache(model)
+    if length > 0:
+        for layer in range(model.facts.n_layers):
+            lay = cache.layers[layer]
+            keys, values = lay.keys[:, :, :length], lay.values[:, :, :length]  # [batch, kv_head, pos, d_head]
+            if repeat > 1:
+                keys, values = keys.repeat_interleave(repeat, 0), values.repeat_interleave(repeat, 0)
+            out.update(keys, values, layer)
+    return out
 
 
 def _cache_slice(cache: Any, n_layers: int, start: int) -> KVStates:
@@ -63,7 +78,7 @@ def _cache_slice(cache: Any, n_layers: int, start: int) -> KVStates:
     )
 
 
-def _cached_step(model, step_input: torch.Tensor, cache: Any, start: int) -> tuple[torch.Tensor, Any]:
+def cached_forward(model, step_input: torch.Tensor, cache: Any, start: int) -> tuple[torch.Tensor, Any]:
     """One forward over step_input [batch, n] at positions start..start+n-1, extending `cache`."""
     position_ids = torch.arange(start, start + step_input.shape[1], device=step_input.device)
     logits, cache = model.bridge(
@@ -83,7 +98,7 @@ def kv_states(model, tokens: torch.Tensor) -> KVStates:
     """K and V of every layer from one forward pass over `tokens` [batch, pos] (no padding)."""
     _require_decoder(model, "kv_states")
     tokens = model.check_tokens(tokens)
-    _, cache = _cached_step(model, tokens, _new_cache(model), 0)
+    _, cache = cached_forward(model, tokens, new_cache(model), 0)
     return _cache_slice(cache, model.facts.n_layers, 0)
 
 
@@ -104,12 +119,12 @@ def generate_with_kv(model, tokens: torch.Tensor, max_new_tokens: int) -> Genera
             f"prompt ({tokens.shape[1]}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
             f"context of {model.facts.n_ctx}; generate fewer tokens or shorten the prompt."
         )
-    cache = _new_cache(model)
+    cache = new_cache(model)
     steps: list[KVStates] = []
     out, step_input = tokens, tokens  # step_input: the prompt, then [batch, 1]
     for _ in range(max_new_tokens):
         start = out.shape[1] - step_input.shape[1]
-        logits, cache = _cached_step(model, step_input, cache, start)
+        logits, cache = cached_forward(model, step_input, cache, start)
         steps.append(_cache_slice(cache, model.facts.n_layers, start))
         step_input = logits[:, -1].argmax(-1, keepdim=True)  # [batch, 1]
         out = torch.cat([out, step_input], dim=1)

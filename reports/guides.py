@@ -12,7 +12,8 @@ GUIDES = {
         "Does attention explain the prediction? For each example, token importance by attention, "
         "rollout, gradients, integrated gradients and leave-one-out, and Kendall's tau between "
         "attention and each other method (Jain & Wallace 2019). Weak tau and small output changes "
-        "under permuted attention mean attention weights are a poor stand-in for importance."
+        "under permuted attention mean attention weights are a poor stand-in for importance; so does "
+        "adversarial attention with a JSD near ln 2 (the maximum) that leaves the output unchanged."
     ),
     "position": (
         "Lost in the middle: answer quality against the position of the relevant item in the context "

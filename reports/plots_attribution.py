@@ -1,4 +1,5 @@
-"""Figures of the attribution analysis: tau distributions, token heatmap, permutation scatter, HTML.
+"""Figures of the attribution analysis: tau distributions, token heatmap, permutation and
+adversarial-attention scatters, HTML.
 
 Axes-level functions take `ax=` and return the Axes; `figures(result)` returns the analysis's
 figures by file stem; `token_html` renders token highlighting with every string escaped.
@@ -65,10 +66,32 @@ def plot_permutation(result: Result, *, ax=None):
     return ax
 
 
+def plot_adversarial(result: Result, *, ax=None):
+    """Jain & Wallace's adversarial attention: the largest JSD from the model's attention found
+    with the output change within epsilon, against the maximum attention weight."""
+    perm = result.tables["permutation"]
+    if "adversarial_jsd" not in perm:
+        raise ValueError("This result has no adversarial attention (it ran with adversarial_steps=0).")
+    ax = _axes(ax)
+    sns.scatterplot(data=perm, x="max_attention", y="adversarial_jsd", ax=ax)
+    ax.axhline(np.log(2), color="grey", lw=0.8, ls="--", label="ln 2 (maximum JSD)")
+    ax.set_ylim(-0.02, 0.72)
+    layer = int(perm.layer.iloc[0]) if len(perm) else -1
+    eps = result.summary.get("adversarial_epsilon", "epsilon")
+    ax.set_xlabel(f"max attention (layer {layer}, head mean)")
+    ax.set_ylabel("JSD of adversarial attention (nats)")
+    ax.set_title(f"Adversarial attention with output change <= {eps}")
+    ax.legend(loc="lower right")
+    return ax
+
+
 def figures(result: Result) -> dict:
     """The attribution figures by file stem."""
     out = {}
-    for stem, fn in (("tau", plot_tau), ("token_heatmap", plot_token_heatmap), ("permutation", plot_permutation)):
+    plots = [("tau", plot_tau), ("token_heatmap", plot_token_heatmap), ("permutation", plot_permutation)]
+    if "adversarial_jsd" in result.tables["permutation"]:
+        plots.append(("adversarial", plot_adversarial))
+    for stem, fn in plots:
         ax = fn(result)
         ax.figure.tight_layout()
         out[stem] = ax.figure
@@ -102,4 +125,4 @@ def example_html(result: Result, *, example: int | None = None, methods: Sequenc
     return "\n".join(lines)
 
 
-__all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "figures", "token_html", "example_html"]
+__all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "plot_adversarial", "figures", "token_html", "example_html"]

@@ -6,6 +6,10 @@
 Every file is written atomically; each analysis's folder appears whole (staged, then renamed),
 and the report files are written last, from what is on disk, so an interrupted run leaves no
 report, and `resume=True` skips finished analyses and gives the same report.
+
+Under torchrun every rank runs every analysis on its shard of the examples (see
+analyses/distributed.py) and ends with the same results; rank 0 alone prepares OUT and writes
+files, and the ranks agree on each analysis's status.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from headscope.analyses import distributed
 from headscope.analyses.registry import ANALYSES, RunConfig, get_analysis
 from headscope.reports import io
 from headscope.reports.manifest import build_manifest
@@ -103,9 +108,14 @@ def build_report(
     progress: bool = True,
     command: list[str] | None = None,
 ) -> Path:
-    """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model."""
+    """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model.
+
+    Under torchrun (WORLD_SIZE > 1) the process group is opened here if needed; only rank 0 writes.
+    """
     from headscope.models import HookedModel, load_model
 
+    distributed.init_from_env(model.device if isinstance(model, HookedModel) else device)
+    main = distributed.is_main()
     names = parse_analyses(analyses)
     task_rows = None
     if task is not None and Path(task).suffix:
@@ -114,27 +124,38 @@ def build_report(
         task_rows = read_task_rows(task)  # bad task files fail before anything is written
     if not isinstance(model, HookedModel):
         model = load_model(model, device=device)
-    out = Path(out) if out is not None else default_out(model.name)
-    prepare_out(out, force=force, resume=resume)
-    if task_rows is not None:  # the user's prompts, shown (escaped) in the report
+    out = distributed.broadcast_object(Path(out) if out is not None else default_out(model.name))
+    error = None
+    if main:
+        try:
+            prepare_out(out, force=force, resume=resume)
+        except OutputExistsError as err:
+            error = err
+    error = distributed.broadcast_object(error)  # every rank stops when rank 0 cannot write
+    if error is not None:
+        raise error
+    if task_rows is not None and main:  # the user's prompts, shown (escaped) in the report
         import pandas as pd
 
         io.write_csv(out / "task_examples.csv", pd.DataFrame(task_rows))
-    config = RunConfig(seed=seed, quick=quick, n_examples=n_examples, task=task, progress=progress)
+    config = RunConfig(seed=seed, quick=quick, n_examples=n_examples, task=task, progress=progress and main)
     manifest_path = out / "manifest.json"
-    previous = io.read_json(manifest_path) if resume and manifest_path.exists() else {}
+    previous = io.read_json(manifest_path) if main and resume and manifest_path.exists() else {}
+    finished = distributed.broadcast_object({n for n in names if main and resume and (out / n / DONE).exists()})
     timings: dict[str, float] = dict(previous.get("timings_s", {}))
     status: dict[str, str] = {}
     model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
     config_info = {"analyses": names, "task": task, "quick": quick, "n_examples": n_examples, "device": str(model.device)}
 
     def save_manifest() -> None:
+        if not main:
+            return
         io.write_json(manifest_path, build_manifest(command=command, config=config_info, model=model_info,
                                                     seed=seed, timings=timings, status=status))
 
     for name in names:
         folder = out / name
-        if resume and (folder / DONE).exists():
+        if name in finished:
             status[name] = "done (resumed)"
             log.info("%s: already complete, skipped (--resume)", name)
             continue
@@ -143,15 +164,20 @@ def build_report(
         start = time.perf_counter()
         try:
             result = get_analysis(name)(model, config)
-            write_result(result, folder)
-            status[name] = "done"
+            if main:
+                write_result(result, folder)
+            state = "done"
         except Exception as err:  # one failing analysis must not lose the others
             log.exception("%s failed", name)
-            status[name] = f"failed: {type(err).__name__}: {err}"
+            state = f"failed: {type(err).__name__}: {err}"
+        states = distributed.gather_objects(state)  # a failure on any rank fails the analysis
+        status[name] = next((s for s in states if s != "done"), "done")
         timings[name] = round(time.perf_counter() - start, 3)
         save_manifest()
     save_manifest()
-    from headscope.reports.html_report import write_report_files
+    if main:
+        from headscope.reports.html_report import write_report_files
 
-    write_report_files(out, names, status, model_info)
+        write_report_files(out, names, status, model_info)
+    distributed.barrier()  # no rank returns before the report exists
     return out

@@ -34,7 +34,7 @@ RECIPES: dict[str, Recipe] = {
         description="GPT-2 style (learned positions, initialised sinusoidal; LayerNorm, GELU MLP)",
         model=ModelConfig(arch="gpt2", n_layers=4, n_heads=8, d_model=128, d_mlp=256,
                           position_init="sinusoidal"),
-        train=TrainConfig(steps=2400, lr=3e-3, warmup=150, kv_curriculum_steps=800,
+        train=TrainConfig(steps=4800, lr=1e-3, warmup=150, induction_warmup=1800, kv_curriculum_steps=1000,
                           kv_tokens=1200, induction_tokens=1200, threads=1),
     ),
 }

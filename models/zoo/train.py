@@ -59,6 +59,7 @@ class TrainConfig:
     facts_batch: int = 64
     ioi_batch: int = 32
     loss_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)  # kv, induction, facts, ioi
+    induction_warmup: int = 0  # first steps on the induction task alone (the kv curriculum starts after)
     eval_every: int = 250
     eval_examples: int = 200
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -167,20 +168,23 @@ def train(
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        n_max = max(kv_max_pairs(step, cfg), cfg.kv_pairs[0])
+        warm = step < cfg.induction_warmup  # induction alone: the circuit kv retrieval builds on
+        n_max = max(kv_max_pairs(step - cfg.induction_warmup, cfg), cfg.kv_pairs[0])
         # one length per batch and step (no padding), rows to a token budget (constant cost)
         n_pairs = int(rngs["kv"].integers(cfg.kv_pairs[0], n_max + 1))
         length = int(rngs["induction"].integers(cfg.induction_lengths[0], cfg.induction_lengths[1] + 1))
-        task_batches = {
+        induction = batches.induction_batch(rngs["induction"], batch=max(1, cfg.induction_tokens // (2 * length + 1)),
+                                            len_min=length, len_max=length)
+        task_batches = {"induction": induction} if warm else {
             "kv": batches.kv_batch(rngs["kv"], batch=max(1, cfg.kv_tokens // (3 * (n_pairs + min(n_pairs, cfg.kv_queries)))),
                                    n_min=n_pairs, n_max=n_pairs, n_queries=cfg.kv_queries),
-            "induction": batches.induction_batch(rngs["induction"], batch=max(1, cfg.induction_tokens // (2 * length + 1)),
-                                                 len_min=length, len_max=length),
+            "induction": induction,
             "facts": batches.example_batch(rngs["facts"], "facts", batch=cfg.facts_batch),
             "ioi": batches.example_batch(rngs["ioi"], "ioi", batch=cfg.ioi_batch, split="train"),
         }
+        weights = dict(zip(("kv", "induction", "facts", "ioi"), cfg.loss_weights))
         losses = {t: _loss(model, b) for t, b in task_batches.items()}
-        total = sum(w * losses[t] for w, t in zip(cfg.loss_weights, losses))
+        total = sum(weights[t] * loss for t, loss in losses.items())
         opt.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -6,11 +6,15 @@
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
     headscope --version                  (python -m headscope works too)
+
+Under torchrun (`torchrun --nproc_per_node=N -m headscope report ...`) the report and analysis
+commands run data-parallel: every rank computes its shard, rank 0 alone logs and writes.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from headscope.version import __version__
@@ -61,14 +65,21 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from headscope.analyses import distributed
     from headscope.reports.report import build_report
 
     analyses = getattr(args, "analyses", None) if args.command == "report" else args.command
-    out = build_report(
-        args.model, out=args.out, analyses=analyses, task=args.task, seed=args.seed, quick=args.quick,
-        n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
-        progress=not args.quiet, command=["headscope", *sys.argv[1:]],
-    )
+    distributed.init_from_env(args.device)
+    try:
+        out = build_report(
+            args.model, out=args.out, analyses=analyses, task=args.task, seed=args.seed, quick=args.quick,
+            n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
+            progress=not args.quiet, command=["headscope", *sys.argv[1:]],
+        )
+    finally:
+        distributed.shutdown()
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 reports (and sets the exit status)
     from headscope.reports.io import read_json
 
     status = read_json(out / "manifest.json")["status"]
@@ -104,7 +115,8 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet = args.quiet or os.environ.get("RANK", "0") != "0"  # under torchrun only rank 0 logs progress
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from headscope.models.errors import HeadscopeError
 
     from headscope.analyses.registry import ANALYSES

@@ -59,3 +59,16 @@ def test_learning_rate_schedule_warms_up_and_decays():
 def test_unknown_arch_is_rejected():
     with pytest.raises(ValueError, match="llama"):
         train.build_model(train.ModelConfig(arch="bert"), seed=0)
+
+
+def test_induction_warmup_trains_induction_alone_then_the_mixture():
+    """During the warm-up only the induction loss is optimised, and its total is that loss; the
+    kv curriculum starts at its first size when the mixture begins."""
+    cfg = replace(TINY_TRAIN, steps=8, induction_warmup=5, kv_curriculum_steps=3)
+    rows = [r for r in train.train(TINY_MODEL["gpt2"], cfg, seed=0, progress=False).history if r["kind"] == "train"]
+    for r in rows[:5]:
+        assert set(k for k in r if k.startswith("loss_")) == {"loss_induction"}
+        assert r["loss"] == pytest.approx(r["loss_induction"])
+    for r in rows[5:]:
+        assert {"loss_kv", "loss_induction", "loss_facts", "loss_ioi"} <= set(r)
+    assert rows[5]["kv_max_pairs"] == cfg.kv_curriculum_start
