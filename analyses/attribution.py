@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -43,21 +42,10 @@ from headscope.analyses.attention_permutation import permutation_test
 from headscope.analyses.attribution_agreement import method_pair_rows, summarise, tau_rows
 from headscope.analyses.metrics import mean_pool
 from headscope.analyses.result import Result
-from headscope.analyses.tasks import Task
+from headscope.analyses.tasks import Task, shipped_sentences
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 SUMMARY_NAMES = {"grad_x_input": "gradient", "saliency": "saliency", "leave_one_out": "loo", "integrated_gradients": "ig"}
-SENTENCES_FILE = Path(__file__).parent / "data" / "sentences.txt"
-FALLBACK_SENTENCES = (
-    "The cat sat on the warm mat by the door.",
-    "A dog chased the ball across the park.",
-    "Stock markets fell sharply after the announcement.",
-    "She played the violin at the evening concert.",
-    "The committee approved the new budget on Monday.",
-    "Heavy rain flooded the streets of the old town.",
-    "He forgot his keys at the office again.",
-    "Scientists discovered a new species of frog in the forest.",
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -369,13 +357,8 @@ def _num(x: Any) -> float | None:
 
 # ---- default tasks and the registry entry point ------------------------------------------------------
 def default_sentences() -> list[str]:
-    """The shipped sentence set (analyses/data/sentences.txt) when present, else a few built-in sentences."""
-    if SENTENCES_FILE.is_file():
-        lines = [line.strip() for line in SENTENCES_FILE.read_text(encoding="utf-8").splitlines()]
-        lines = [line for line in lines if line and not line.startswith("#")]
-        if lines:
-            return lines
-    return list(FALLBACK_SENTENCES)
+    """The shipped sentence set (analyses/data/sentences.txt)."""
+    return shipped_sentences()
 
 
 def sentence_task(model, sentences: Sequence[str]) -> Task:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import pandas as pd
@@ -44,7 +43,7 @@ from headscope.analyses.heads_pruning import (
 )
 from headscope.analyses.registry import RunConfig
 from headscope.analyses.result import Result
-from headscope.analyses.tasks import Task
+from headscope.analyses.tasks import Task, shipped_sentences
 
 IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
 
@@ -74,9 +73,8 @@ class HeadsConfig:
 
 # ---- tasks ---------------------------------------------------------------------------------
 def load_sentences() -> list[str]:
-    """The shipped English sentence set (one per line) used to score encoders."""
-    text = (resources.files("headscope.analyses") / "data" / "sentences.txt").read_text(encoding="utf-8")
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    """The shipped English sentence set used to score encoders (see tasks.shipped_sentences)."""
+    return shipped_sentences()
 
 
 def sentence_task(model, n_examples: int | None = None, seed: int = 0) -> Task:

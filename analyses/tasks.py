@@ -113,3 +113,12 @@ def zoo(model, task: str, n_examples: int = 64, seed: int = 0, **kw) -> Task:
         name=task, tokens=tokens, corrupted_tokens=corrupted, answers=answers,
         wrong_answers=wrong, spans=spans, metric="logit_diff",
     )
+
+
+def shipped_sentences() -> list[str]:
+    """The shipped English sentence set (analyses/data/sentences.txt, one per line; lines starting
+    with # are comments), used where no task fits the model, e.g. to score encoders."""
+    from importlib import resources
+
+    text = (resources.files("headscope.analyses") / "data" / "sentences.txt").read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]

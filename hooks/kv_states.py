@@ -7,6 +7,7 @@ for every architecture. Layout: [batch, kv_head, pos, d_head].
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,10 +82,14 @@ def _cache_slice(cache: Any, n_layers: int, start: int) -> KVStates:
 def cached_forward(model, step_input: torch.Tensor, cache: Any, start: int) -> tuple[torch.Tensor, Any]:
     """One forward over step_input [batch, n] at positions start..start+n-1, extending `cache`."""
     position_ids = torch.arange(start, start + step_input.shape[1], device=step_input.device)
-    logits, cache = model.bridge(
-        step_input, return_type="logits_and_cache", use_cache=True, past_key_values=cache,
-        position_ids=position_ids.expand(step_input.shape[0], -1),
-    )
+    with warnings.catch_warnings():
+        # transformers >= 5.2x renames past_key_values to cache; TransformerLens 4.3 still passes the
+        # old name (load_model routes it), so the deprecation notice is noise for our users
+        warnings.filterwarnings("ignore", message=r".*past_key_values.* is deprecated", category=FutureWarning)
+        logits, cache = model.bridge(
+            step_input, return_type="logits_and_cache", use_cache=True, past_key_values=cache,
+            position_ids=position_ids.expand(step_input.shape[0], -1),
+        )
     if cache is None or cache.layers[0].keys is None:
         raise RuntimeError(
             f"{model.facts.name}: the bridged model filled no KV cache; this architecture's attention "
