@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import torch
 
 from headscope.analyses.attention_permutation import prediction_rows, z_hook

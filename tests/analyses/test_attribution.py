@@ -422,30 +422,30 @@ def _report(res) -> None:
     print(res.tables["tau_by_layer"].round(3).to_string())
 
 
-@pytest.mark.slow
-def test_zoo_model_tau_distribution():
+@pytest.fixture(scope="module")
+def zoo_model():
+    """zoo/synth-llama, loaded once for the slow zoo tests (skipped when not shipped)."""
     from headscope.models.zoo import registry
 
     if "synth-llama" not in registry.available():
         pytest.skip("zoo/synth-llama is not shipped yet")
-    model = hs.load_model("zoo/synth-llama", device="cpu")
-    res = run(model, RunConfig(n_examples=32, progress=False))
+    return hs.load_model("zoo/synth-llama", device="cpu")
+
+
+@pytest.mark.slow
+def test_zoo_model_tau_distribution(zoo_model):
+    res = run(zoo_model, RunConfig(n_examples=32, progress=False))
     _report(res)
     assert res.summary["n_examples"] == 32
     assert -1 <= res.summary["mean_tau_attention_loo"] <= 1
 
 
 @pytest.mark.slow
-def test_zoo_model_integrated_gradients_are_complete():
-    from headscope.models.zoo import registry
-
-    if "synth-llama" not in registry.available():
-        pytest.skip("zoo/synth-llama is not shipped yet")
-    model = hs.load_model("zoo/synth-llama", device="cpu")
-    res = run(model, RunConfig(n_examples=8, progress=False))
+def test_zoo_model_integrated_gradients_are_complete(zoo_model):
+    res = run(zoo_model, RunConfig(n_examples=8, progress=False))
     ig = res.tables["ig"]
     # the default baseline skips <pad>, whose embedding is exactly 0 (IG diverges from there)
-    assert res.config["baseline_token"] == model.tokenizer.bos_token_id
+    assert res.config["baseline_token"] == zoo_model.tokenizer.bos_token_id
     assert (ig.delta.abs() < 0.1 * (ig.metric_input - ig.metric_baseline).abs()).all(), ig[["delta", "metric_input", "metric_baseline"]]
 
 
