@@ -7,7 +7,10 @@ Every head h gets a gate xi_h that scales its output (z_h -> xi_h z_h at hook_z)
 - Ablation importance = baseline metric - metric with head h alone ablated (zero, mean or
   resample). Many heads per forward pass: the batch is stacked once per head along the batch
   axis, and one hook per layer gives each copy its own head mask.
-`run_gated` is the one primitive underneath (per-row gates and replacement values).
+`run_gated` is the one primitive underneath (per-row gates and replacement values). For decoder
+metrics read at the last position, `evaluate_masks` resumes each mask's pass at the first block
+where it differs from the first mask (hooks/resume): a head in block l costs blocks l..L-1, and
+block l itself only its output projection and MLP.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from tqdm.auto import tqdm
 
 from headscope.analyses import batching, distributed, metrics
 from headscope.analyses.tasks import Task
-from headscope.hooks import capture, site
+from headscope.hooks import capture, resume, site
 
 ABLATIONS = ("zero", "mean", "resample")
 CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss scale
@@ -41,6 +44,7 @@ class Scorer:
     metric: RowFn
     grad_loss: RowFn
     objective: RowFn
+    last_position: bool = False  # the metric reads only the last position's logits (decoder answers)
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -92,7 +96,7 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
         raise ValueError(f"Unknown metric {task.metric!r}; use one of {metrics.METRICS}.")
     grad_loss = logprob if task.metric == "accuracy" else metric
     return Scorer(name=task.name, kind=task.metric, tokens=tokens, attention_mask=mask, metric=metric,
-                  grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows))
+                  grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows), last_position=True)
 
 
 def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor | None) -> Scorer:
@@ -129,26 +133,39 @@ def run_gated(
     [n or 1 or a divisor of n, pos, head, d_head]) a head becomes g z + (1 - g) replacement, so
     gate 0 means "replaced". Layers whose gates are all 1 (and need no gradient) get no hook.
     """
-    replacement = replacement or {}
-    n = tokens.shape[0]
-
-    def make_hook(layer: int):
-        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # [n, pos, head, d_head]
-            g = gates[:, layer].to(z.device, z.dtype)[:, None, :, None]  # [n, 1, head, 1] (z's device: sharded models)
-            rep = replacement.get(layer)
-            if rep is None:
-                return z * g
-            if rep.shape[0] not in (1, n):
-                rep = rep.repeat(n // rep.shape[0], 1, 1, 1)  # copies stacked along the batch
-            return z * g + (1 - g) * rep.to(z.device, z.dtype)
-
-        return hook
-
-    layers = [l for l in range(gates.shape[1]) if gates.requires_grad or not bool((gates[:, l] == 1).all())]
-    fwd = [(site("z", l), make_hook(l)) for l in layers]
+    fwd = gate_hooks(gates, replacement)
     if model.facts.is_encoder:
         return encoder_hidden(model, tokens, fwd, attention_mask)
     return model.run_with_hooks(tokens, fwd=fwd, attention_mask=attention_mask)
+
+
+def gated_z(z: torch.Tensor, gates: torch.Tensor, replacement: torch.Tensor | None) -> torch.Tensor:
+    """z [n, pos, head, d_head] with head h of row r -> g z + (1 - g) replacement, g = gates[r, h]
+    ([n, head]); replacement [n or 1 or a divisor of n, pos, head, d_head] (None: zero)."""
+    g = gates.to(z.device, z.dtype)[:, None, :, None]  # [n, 1, head, 1] (z's device: sharded models)
+    if replacement is None:
+        return z * g
+    n = z.shape[0]
+    if replacement.shape[0] not in (1, n):
+        replacement = replacement.repeat(n // replacement.shape[0], 1, 1, 1)  # copies stacked along the batch
+    return z * g + (1 - g) * replacement.to(z.device, z.dtype)
+
+
+def gate_hooks(gates: torch.Tensor, replacement: dict[int, torch.Tensor] | None = None, *,
+               after: int = -1) -> list[tuple[str, Any]]:
+    """hook_z hooks applying `gated_z` per layer, gates [n, L, H]; only layers after `after` whose
+    gates are not all 1 (or that need a gradient) get one."""
+    replacement = replacement or {}
+
+    def make_hook(layer: int):
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # [n, pos, head, d_head]
+            return gated_z(z, gates[:, layer], replacement.get(layer))
+
+        return hook
+
+    layers = [l for l in range(after + 1, gates.shape[1])
+              if gates.requires_grad or not bool((gates[:, l] == 1).all())]
+    return [(site("z", l), make_hook(l)) for l in layers]
 
 
 def encoder_hidden(model, tokens: torch.Tensor, fwd: list, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -186,8 +203,10 @@ def evaluate_masks(
     The k masks run as copies of the example batch stacked along the batch axis, as many per
     forward pass as the memory budget allows (halved on out-of-memory). Mask 1 keeps a head, 0
     removes it (zero, or `replacement` values: layer -> [batch or 1, pos, head, d_head] over all
-    examples). Under torch.distributed each rank scores its block of examples; the sums are
-    all-reduced, so every rank returns the mean over all examples.
+    examples). For last-position decoder metrics each mask resumes at the first block where it
+    differs from masks[0] (hooks/resume), from one captured pass under masks[0]. Under
+    torch.distributed each rank scores its block of examples; the sums are all-reduced, so every
+    rank returns the mean over all examples.
     """
     n, pos = scorer.tokens.shape
     mine = distributed.shard(n)
@@ -195,27 +214,29 @@ def evaluate_masks(
     k = masks.shape[0]
     masks = masks.to(model.device)
     bar = tqdm(total=len(mine) * k, desc=desc, disable=not (progress and distributed.is_main()), leave=False)
+    fast, shortcut = resume.supports(model) if scorer.last_position else (False, False)
 
     def run_examples(ex: range) -> torch.Tensor:  # -> [k] metric sums over these examples
         rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
         b = rows.shape[0]
         rep = None if replacement is None else {l: (v if v.shape[0] == 1 else v[rows]) for l, v in replacement.items()}
 
+        def shrink(copies: int) -> None:
+            cap[0] = max(1, min(cap[0], copies * b // 2))
+
+        if fast:
+            return _resumed_masks(model, scorer, masks, rows, rep, shortcut, cap, shrink, bar)
+
         def run_masks(mc: range) -> torch.Tensor:  # -> [c]
             m = masks[mc.start:mc.stop]  # [c, L, H]
             c = m.shape[0]
             stacked = rows.repeat(c)  # [c * b], copy-major
-            out = run_gated(
-                model, scorer.tokens[stacked], m.repeat_interleave(b, 0),
-                attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[stacked],
-                replacement=rep,
-            )
+            out = run_gated(model, scorer.tokens[stacked], m.repeat_interleave(b, 0),
+                            attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[stacked],
+                            replacement=rep)
             vals = scorer.metric(out, stacked).reshape(c, b)  # [c, b]
             bar.update(c * b)
             return vals.sum(1).double().cpu()
-
-        def shrink(copies: int) -> None:
-            cap[0] = max(1, min(cap[0], copies * b // 2))
 
         parts = batching.run_chunks(run_masks, k, max(1, cap[0] // b), on_oom=shrink)
         return torch.cat([v for _, v in parts])
@@ -226,6 +247,46 @@ def evaluate_masks(
             totals += part
     bar.close()
     return distributed.all_reduce_sum(totals) / n
+
+
+def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tensor,
+                   rep: dict[int, torch.Tensor] | None, shortcut: bool, cap: list[int], shrink, bar) -> torch.Tensor:
+    """evaluate_masks for examples `rows` [b]: one captured pass under masks[0], then each group
+    of masks sharing their first differing block resumes there. -> [k] metric sums."""
+    n_layers = model.facts.n_layers
+    k, b = masks.shape[0], rows.shape[0]
+    attn = None if scorer.attention_mask is None else scorer.attention_mask[rows]
+    ckpt = resume.capture(model, scorer.tokens[rows], fwd=gate_hooks(masks[0].expand(b, -1, -1), rep),
+                          z_layers=range(n_layers) if shortcut else (), attention_mask=attn)
+    differs = (masks != masks[0]).flatten(2).any(2)  # [k, L]
+    first = torch.where(differs.any(1), differs.float().argmax(1), torch.full_like(differs[:, 0], n_layers, dtype=torch.long))
+    sums = torch.zeros(k, dtype=torch.float64)
+    same = (first == n_layers).nonzero().flatten().tolist()  # masks equal to masks[0]: the captured pass
+    if same:
+        sums[same] = scorer.metric(ckpt.logits[:, None], rows).sum().double().cpu()
+        bar.update(len(same) * b)
+    local = torch.arange(b, device=rows.device)  # captured-row indices
+    for start in sorted(set(first.tolist()) - {n_layers}):
+        group = (first == start).nonzero().flatten()  # masks resuming at `start`
+
+        def run_group(mc: range) -> torch.Tensor:  # -> [c]
+            idx = group[mc.start:mc.stop]
+            c = idx.shape[0]
+            at = local.repeat(c)  # [c * b], copy-major
+            gates = masks[idx].repeat_interleave(b, 0)  # [c * b, L, H]
+            z = None
+            if shortcut:
+                r = None if rep is None else rep.get(start)
+                z = gated_z(ckpt.z[start][at], gates[:, start], r)
+            hooks = gate_hooks(gates, rep, after=start if shortcut else start - 1)
+            out = resume.resume(model, ckpt, start, at, fwd=hooks, z=z)  # [c * b, 1, d_vocab]
+            vals = scorer.metric(out, rows[at]).reshape(c, b)
+            bar.update(c * b)
+            return vals.sum(1).double().cpu()
+
+        for chunk, part in batching.run_chunks(run_group, group.shape[0], max(1, cap[0] // b), on_oom=shrink):
+            sums[group[chunk.start:chunk.stop].cpu()] = part
+    return sums
 
 
 def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dict[int, torch.Tensor] | None:

@@ -6,9 +6,8 @@ cell of a site type (see patching_sites) is one patched run; the engine stacks m
 forward pass, and the source prompts ride along in the same forward passes as lead rows (so
 no separate source run or cache): a sweep over every requested site type costs a few forward
 passes instead of one per cell (transformer_lens.patching's approach). Values equal the
-one-at-a-time results. Not done: skipping the layers before the patched one (the bridge
-builds its attention mask and rotary tables for the input batch size, so the batch cannot be
-widened mid-forward).
+one-at-a-time results. For last-position decoder metrics each forward pass resumes at the
+patched block from one captured pass (hooks/resume), skipping the blocks before it.
 
 Result (name "patching"): df has one row per cell: site_type, layer, head, pos, token,
 value (the metric after the patch), effect (value minus the unpatched base run), and with
@@ -78,9 +77,12 @@ def exact_sweep(
                 hooks += _resid_mid_hooks(layer, mask, n_lead)
         return hooks
 
+    def layer_of(run: int) -> int:  # the first block a run patches (the unpatched run 0 joins run 1)
+        return runs[max(run, 1)][1][0] if len(runs) > 1 else 0
+
     values = run_batched(model, base, len(runs), hooks_for, metric.fn, lead=source, batch_size=batch_size,
                          memory_budget=memory_budget, progress=progress, stacked_metric=metric.stacked,
-                         desc="patching")
+                         desc="patching", layer_of=layer_of if metric.last_position else None)
     out, start = {}, 1
     for st in types:
         cells = st.cells(model, base.shape[1])

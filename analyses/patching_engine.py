@@ -15,12 +15,14 @@ Also here: the mask-based replacement hook that exact patching and causal tracin
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 from headscope.analyses import batching, distributed
+from headscope.hooks import resume
 
 HookFn = Callable[..., Any]
 Hooks = Sequence[tuple[str, HookFn]]
@@ -64,6 +66,7 @@ def run_batched(
     progress: bool = True,
     desc: str = "patching",
     stacked_metric: bool = False,
+    layer_of: Callable[[int], int] | None = None,
 ) -> torch.Tensor:
     """Run n_runs patched forward passes over `tokens` [B, pos]; returns the metric [n_runs, B].
 
@@ -73,10 +76,12 @@ def run_batched(
     of the same layer (never patch them); the lead's metric is then returned as one extra last
     row. batch_size: patched runs per forward pass (None: sized from memory_budget bytes,
     default half the free GPU memory or 2 GiB on CPU). stacked_metric: the metric accepts the
-    whole stacked output at once (one call per forward pass). A chunk that runs out of memory
-    is retried at half the size. Under torch.distributed each rank runs its block of the runs
-    (every run over all prompts) and the rows are summed across ranks, so every rank returns
-    the whole [n_runs (+1), B].
+    whole stacked output at once (one call per forward pass). layer_of(run): the first block
+    run `run` edits, for a decoder metric that reads only the last position; runs sorted by
+    it then resume at that block from one captured pass (hooks/resume), and chunks never mix
+    blocks. A chunk that runs out of memory is retried at half the size. Under
+    torch.distributed each rank runs its block of the runs (every run over all prompts) and the
+    rows are summed across ranks, so every rank returns the whole [n_runs (+1), B].
     """
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size is the number of patched runs per forward pass; got {batch_size!r}, use an int >= 1.")
@@ -88,11 +93,33 @@ def run_batched(
     mine = distributed.shard(n_runs)  # this rank's block of runs; rank 0 owns run 0 and the lead
     out = torch.zeros(n_runs + (lead is not None), n_prompts)  # [run (+ lead), batch]
     bar = tqdm(total=len(mine), desc=desc, disable=not (progress and distributed.is_main()), unit="run")
+    ckpt = None
+    ok, shortcut = resume.supports(model) if layer_of is not None else (False, False)
+    if ok:
+        with torch.no_grad():  # rows: lead, then base
+            ckpt = resume.capture(model, torch.cat([head, tokens]), z_layers=range(model.facts.n_layers) if shortcut else ())
+    last = model.facts.n_layers - 1
 
     def forward(chunk: range) -> torch.Tensor:  # local offsets -> [B_lead + k * B] metric values
         runs = range(mine.start + chunk.start, mine.start + chunk.stop)
-        stacked = torch.cat([head, tokens.repeat(len(runs), 1)])  # [B_lead + k * B, pos]
-        result = model.run_with_hooks(stacked, fwd=hooks_for(runs))  # [B_lead + k * B, pos, ...]
+        hooks = hooks_for(runs)
+        start = _first_block(hooks) if ckpt is not None else None
+        if start is None:
+            stacked = torch.cat([head, tokens.repeat(len(runs), 1)])  # [B_lead + k * B, pos]
+            result = model.run_with_hooks(stacked, fwd=hooks)  # [B_lead + k * B, pos, ...]
+        else:
+            rows = torch.cat([torch.arange(n_lead), n_lead + torch.arange(n_prompts).repeat(len(runs))]).to(model.device)
+            cut = not any(_mlp_side(name, last) for name, _ in hooks)  # hooks on the last MLP need every position
+            z_name = f"blocks.{start}.attn.hook_z"
+            z = None
+            if shortcut and all(name == z_name for name, _ in hooks if _BLOCK.match(name).group(1) == str(start)):
+                z = ckpt.z[start][rows]  # block start's z edits applied here; its attention is skipped
+                for name, fn in hooks:
+                    if name == z_name:
+                        edited = fn(z, None)
+                        z = z if edited is None else edited
+                hooks = [(name, fn) for name, fn in hooks if name != z_name]
+            result = resume.resume(model, ckpt, start, rows, fwd=hooks, z=z, last_only=cut)
         if stacked_metric:
             values = metric(result).float().cpu()  # [B_lead + k * B]
         else:
@@ -103,14 +130,46 @@ def run_batched(
         bar.update(len(runs))
         return values
 
-    size = len(chunks(len(mine), per_forward)[0]) if len(mine) else 1  # equal-sized forward passes
+    first = True
     with torch.no_grad():
-        for c, (chunk, values) in enumerate(batching.run_chunks(forward, len(mine), size)):
-            out[mine.start + chunk.start:mine.start + chunk.stop] = values[n_lead:].view(len(chunk), n_prompts)
-            if c == 0 and n_lead and distributed.is_main():
-                out[-1] = values[:n_lead]
+        for seg in _segments(len(mine), None if ckpt is None else (lambda i: layer_of(mine.start + i))):
+            size = len(chunks(len(seg), per_forward)[0]) if len(seg) else 1  # equal-sized forward passes
+            parts = batching.run_chunks(lambda c: forward(range(seg.start + c.start, seg.start + c.stop)), len(seg), size)
+            for chunk, values in parts:
+                lo = mine.start + seg.start + chunk.start
+                out[lo:lo + len(chunk)] = values[n_lead:].view(len(chunk), n_prompts)
+                if first and n_lead and distributed.is_main():
+                    out[-1] = values[:n_lead]
+                first = False
     bar.close()
     return distributed.all_reduce_sum(out)  # each run was computed by exactly one rank
+
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+def _first_block(hooks: Hooks) -> int | None:
+    """The first block the hooks act in; None if a hook sits outside the blocks (e.g. hook_embed)."""
+    layers = [_BLOCK.match(name) for name, _ in hooks]
+    if not layers or any(m is None for m in layers):
+        return None
+    return min(int(m.group(1)) for m in layers)
+
+
+def _mlp_side(name: str, last: int) -> bool:
+    """Does hook `name` act on block `last` after its attention (where resume cuts to the last position)?"""
+    m = _BLOCK.match(name)
+    return m is not None and int(m.group(1)) == last and not (
+        m.group(2).startswith("attn.") or m.group(2) in ("hook_resid_pre", "hook_attn_out", "hook_attn_in", "hook_in"))
+
+
+def _segments(n: int, layer_of: Callable[[int], int] | None) -> list[range]:
+    """range(n) split where layer_of changes (one segment when None)."""
+    if layer_of is None or n == 0:
+        return [range(n)]
+    cuts = [i for i in range(1, n) if layer_of(i) != layer_of(i - 1)]
+    bounds = [0, *cuts, n]
+    return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def replace_hook(source: torch.Tensor | None, mask: torch.Tensor, lead: int = 0) -> HookFn:

@@ -27,6 +27,7 @@ class PatchMetric:
     fn: Metric
     normalized: bool = False
     stacked: bool = False  # fn also takes k stacked copies of the batch ([k * batch, ...] -> [k * batch])
+    last_position: bool = False  # fn reads only the last position of decoder logits (runs may resume mid-model)
 
     def finish(self, mean_value, clean: float, corrupt: float):
         """The reported number: the mean metric, normalised if asked for."""
@@ -59,14 +60,14 @@ def resolve_metric(task: Task, metric: str | Metric | None) -> PatchMetric:
     if metric not in METRICS:
         raise ValueError(f"Unknown patching metric {metric!r}; use one of {METRICS} or a callable output -> [batch].")
     if metric == "task":
-        return PatchMetric(name=task.metric, fn=M.task_metric(task))
+        return PatchMetric(name=task.metric, fn=M.task_metric(task), last_position=task.metric != "cosine")
     answers = _need_answers(task, metric)
     if metric in ("logprob", "prob"):
         def logprob(out: torch.Tensor) -> torch.Tensor:
             lp = M.answer_logprob(out, _tiled(answers, out))  # [batch]
             return lp if metric == "logprob" else lp.exp()
 
-        return PatchMetric(name=metric, fn=logprob, stacked=True)
+        return PatchMetric(name=metric, fn=logprob, stacked=True, last_position=True)
     if task.wrong_answers is None:
         raise ValueError(
             f"Task {task.name!r} has no wrong_answers, which the {metric} metric needs; "
@@ -78,6 +79,7 @@ def resolve_metric(task: Task, metric: str | Metric | None) -> PatchMetric:
         fn=lambda out: M.logit_diff(out, _tiled(answers, out), _tiled(wrong, out)),
         normalized=metric == "normalized_logit_diff",
         stacked=True,
+        last_position=True,
     )
 
 

@@ -5,8 +5,10 @@ Prints, per number of examples:
    ablation loop of the paper code (one forward per head, TransformerLens run_with_hooks with a
    hook zeroing that head's z); target >= n_heads / 4 (8x on 32 heads);
 2. batched ablation importance (copies of the batch stacked along the batch axis, one head
-   each) vs the same unbatched loop; target >= 4x. Also headscope's own code path forced to
-   one head per pass, which isolates the gain from stacking.
+   each, every copy resuming at its head's block from one captured pass: hooks/resume) vs the
+   same unbatched loop; target >= 4x. Also headscope's own code path forced to one head per
+   pass (the gain from stacking) and with resuming turned off (full stacked passes: the gain
+   from resuming).
 Each timing is the median of --repeats runs after a warm-up. The model is zoo/synth-llama
 when shipped, else a randomly initialised model of the same recipe (said in the output).
 
@@ -22,6 +24,7 @@ import torch
 from _common import load, timed
 from headscope.analyses import heads_importance as hi
 from headscope.analyses import tasks
+from headscope.hooks import resume
 
 
 def loop_importance(model, task) -> torch.Tensor:
@@ -71,6 +74,12 @@ def main() -> None:
         t_grad, _ = timed(lambda: hi.gradient_importance(model, scorer), args.repeats)
         t_batch, got = timed(lambda: hi.ablation_importance(model, scorer), args.repeats)
         t_single, _ = timed(lambda: hi.ablation_importance(model, scorer, max_tokens=n * pos), args.repeats)
+        supports = resume.supports
+        resume.supports = lambda model: (False, False)  # full stacked passes, as before resuming
+        try:
+            t_full, _ = timed(lambda: hi.ablation_importance(model, scorer), args.repeats)
+        finally:
+            resume.supports = supports
         err = (got.importance.float() - ref).abs().max().item()
         print(f"\n{n} examples x {pos} tokens (kv task)")
         print(f"  per-head ablation loop (TL run_with_hooks, {n_heads + 1} forwards): {t_loop:8.3f} s")
@@ -80,6 +89,8 @@ def main() -> None:
               f"ratio {t_loop / t_batch:5.1f}x (target >= 4x)")
         print(f"  headscope ablation forced to one head per pass:         {t_single:8.3f} s  "
               f"stacking gain {t_single / t_batch:5.1f}x")
+        print(f"  headscope ablation without resuming (full passes):      {t_full:8.3f} s  "
+              f"resuming gain {t_full / t_batch:5.1f}x")
         print(f"  max |batched - loop| importance: {err:.2e}")
 
 

@@ -1,18 +1,20 @@
 """Benchmark of batched activation patching against transformer_lens.patching, in one process.
 
 On the same model, prompts and metric (mean logit difference on the zoo IOI task), prints
-times, ratios and the max abs difference of the results for:
+times, ratios and the max abs difference of the results, per number of prompts, for:
 1. resid_pre by (layer, position): headscope's activation_patching vs
    transformer_lens.patching.get_act_patch_resid_pre (one forward pass per cell); target >= 10x;
 2. head outputs by (layer, head): vs get_act_patch_attn_head_out_all_pos; target >= 10x;
 3. head outputs by (layer, head, position): attribution patching (two forwards, one backward)
    vs exact patching (headscope's batched sweep, and get_act_patch_attn_head_out_by_pos).
-Both sides include getting the clean activations (run_with_cache / capture). Each timing is
-the median of --repeats runs after a warm-up. The model is zoo/synth-llama when shipped, else
-a randomly initialised model of the same recipe (said in the output). --threads sets torch's
-intra-op threads for both sides (1 is much faster on a loaded shared CPU).
+headscope's passes resume at the patched block from one captured pass (hooks/resume), with
+many patched runs stacked per pass. Both sides include getting the clean activations
+(run_with_cache / capture). Each timing is the median of --repeats runs after a warm-up. The
+model is zoo/synth-llama when shipped, else a randomly initialised model of the same recipe
+(said in the output). --threads sets torch's intra-op threads for both sides (1 is much faster
+on a loaded shared CPU).
 
-    python benchmarks/patching.py [--n-examples 8] [--repeats 3] [--model SPEC] [--threads N]
+    python benchmarks/patching.py [--n-examples 1 8] [--repeats 3] [--model SPEC] [--threads N]
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def ours(model, task, site: str) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n-examples", type=int, default=8)
+    parser.add_argument("--n-examples", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None)
     parser.add_argument("--threads", type=int, default=None)
@@ -58,23 +60,26 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, label = load(args.model)
-    task = tasks.zoo(model, "ioi", n_examples=args.n_examples, seed=0)
     f = model.facts
     print(f"model: {label}; {f.n_layers} layers x {f.n_heads} heads ({f.n_kv_heads} KV), d_model {f.d_model}; "
           f"device {model.device}; torch threads {torch.get_num_threads()}")
-    print(f"task: zoo ioi, {len(task)} prompts x {task.tokens.shape[1]} tokens; metric: mean logit difference")
+    for n in args.n_examples:
+        sweep_all(model, tasks.zoo(model, "ioi", n_examples=n, seed=0), args.repeats)
 
+
+def sweep_all(model, task, repeats: int) -> None:
+    print(f"\ntask: zoo ioi, {len(task)} prompts x {task.tokens.shape[1]} tokens; metric: mean logit difference")
     for site, sweep in [("resid_pre", tlp.get_act_patch_resid_pre),
                         ("head_out", tlp.get_act_patch_attn_head_out_all_pos)]:
-        t_tl, ref = timed(lambda: tl_sweep(model, task, sweep), args.repeats)
-        t_hs, got = timed(lambda: ours(model, task, site), args.repeats)
+        t_tl, ref = timed(lambda: tl_sweep(model, task, sweep), repeats)
+        t_hs, got = timed(lambda: ours(model, task, site), repeats)
         diff = (got.view(ref.shape) - ref).abs().max().item()
         print(f"{site:<16} cells {ref.numel():>4}: transformer_lens {t_tl:8.3f} s   headscope {t_hs:7.3f} s   "
               f"ratio {t_tl / t_hs:6.1f}x   max abs diff {diff:.2e}")
 
     by_pos = "head_out_by_pos"
-    t_exact, exact = timed(lambda: ours(model, task, by_pos), args.repeats)
-    t_attr, _ = timed(lambda: attribution_patching(model, task, [by_pos], metric="logit_diff"), args.repeats)
+    t_exact, exact = timed(lambda: ours(model, task, by_pos), repeats)
+    t_attr, _ = timed(lambda: attribution_patching(model, task, [by_pos], metric="logit_diff"), repeats)
     t_tl, ref = timed(lambda: tl_sweep(model, task, tlp.get_act_patch_attn_head_out_by_pos), 1)
     diff = (exact.view(ref.shape) - ref).abs().max().item()
     print(f"{by_pos} cells {ref.numel()}: attribution {t_attr:.3f} s; exact headscope {t_exact:.3f} s "

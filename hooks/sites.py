@@ -108,7 +108,11 @@ def check_site(model, name: str) -> str:
 
 
 def available_sites(model) -> list[str]:
-    """Every site name of the SITES table that this model exposes (hook points plus computed)."""
+    """Every site name of the SITES table that this model exposes (hook points plus computed);
+    remembered on the model."""
+    cached = getattr(model, "_headscope_available_sites", None)
+    if cached is not None:
+        return list(cached)
     hook_names = set(model.bridge.hook_dict)
     if model.facts.positional != "standard":
         hook_names.discard("hook_pos_embed")  # an alias that never fires without learned positions
@@ -118,7 +122,9 @@ def available_sites(model) -> list[str]:
         site(k, layer) for layer in range(model.facts.n_layers) for k in kinds_layer
     ]
     fired = _fired_hook_points(model, [n for n in candidates if n in hook_names or parse_site(n)[0] in COMPUTED])
-    return [n for n in candidates if (site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else n) in fired]
+    found = [n for n in candidates if (site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else n) in fired]
+    model._headscope_available_sites = tuple(found)
+    return found
 
 
 def _fired_hook_points(model, names: list[str]) -> set[str]:

@@ -13,6 +13,7 @@ from headscope.analyses import batching
 from headscope.analyses import heads_importance as hi
 from headscope.analyses.patching_engine import run_batched, runs_per_forward
 from headscope.analyses.tasks import Task
+from headscope.hooks import resume
 from tests_support import N_WORDS, SPECIALS, random_tokens
 
 N_EX, POS = 6, 7
@@ -111,8 +112,9 @@ def _plain_mask_means(model, task: Task, masks: torch.Tensor) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float64)
 
 
-def test_evaluate_masks_backs_off_on_oom_with_unchanged_results(limited):
+def test_evaluate_masks_backs_off_on_oom_with_unchanged_results(limited, monkeypatch):
     model, limit, seen = limited
+    monkeypatch.setattr(resume, "supports", lambda model: (False, False))  # the stacked full passes
     task = _task()
     f = model.facts
     masks = torch.ones(5, f.n_layers, f.n_heads)
@@ -121,6 +123,28 @@ def test_evaluate_masks_backs_off_on_oom_with_unchanged_results(limited):
     limit[0] = 3  # the first pass asks for all 6 examples x 5 masks
     got = hi.evaluate_masks(model, hi.make_scorer(model, task), masks)
     assert seen[:3] == [30, 12, 6] and max(seen[3:]) == 3  # 6 examples x 5, 2, 1 masks; then 3 examples
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+
+
+def test_resumed_evaluate_masks_back_off_on_oom_with_unchanged_results(tiny_models, monkeypatch):
+    model = tiny_models["llama"]
+    assert resume.supports(model)[0]
+    task = _task()
+    f = model.facts
+    masks = torch.ones(5, f.n_layers, f.n_heads)
+    masks[1, 0, 0] = masks[2, 1, 1] = masks[3, 0] = masks[4, :, 0] = 0.0  # masks 1, 3, 4 resume at block 0
+    expected = _plain_mask_means(model, task, masks)
+    real, seen = resume.resume, []
+
+    def limited_resume(model, ckpt, start, rows, **kwargs):
+        seen.append(rows.shape[0])
+        if rows.shape[0] > N_EX:
+            raise oom(rows.shape[0])
+        return real(model, ckpt, start, rows, **kwargs)
+
+    monkeypatch.setattr(resume, "resume", limited_resume)
+    got = hi.evaluate_masks(model, hi.make_scorer(model, task), masks)
+    assert seen[:2] == [3 * N_EX, N_EX] and max(seen[2:]) == N_EX  # block 0's 3 masks, then one per pass
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
 
 

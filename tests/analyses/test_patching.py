@@ -28,6 +28,7 @@ TL_SWEEPS = {  # our site type -> the TransformerLens sweep it must equal (its o
     "resid_mid": partial(tlp.generic_activation_patch, patch_setter=tlp.layer_pos_patch_setter,
                          activation_name="resid_post", index_axis_names=("layer", "pos")),
     "mlp_out": tlp.get_act_patch_mlp_out,  # [layer, pos]
+    "attn_out": tlp.get_act_patch_attn_out,  # [layer, pos]
     "head_out": tlp.get_act_patch_attn_head_out_all_pos,  # [layer, head]
     "head_out_by_pos": tlp.get_act_patch_attn_head_out_by_pos,  # [layer, pos, head]
     "q": tlp.get_act_patch_attn_head_q_all_pos,
@@ -86,7 +87,8 @@ def check_against_transformer_lens(model, task: Task, site_types, direction: str
 # Each TransformerLens sweep is one forward pass per cell, so these stay small (3 positions).
 @pytest.mark.parametrize("family,sites", [
     ("gpt2", ["resid_pre", "mlp_out", "head_out", "head_out_by_pos"]),
-    ("llama", ["resid_pre", "head_out"]),
+    ("llama", ["resid_pre", "head_out", "attn_out"]),
+    ("neox", ["resid_pre", "mlp_out", "head_out"]),  # parallel blocks: resumed without the z shortcut
 ])
 def test_exact_patching_equals_transformer_lens(family, sites, tiny_models):
     check_against_transformer_lens(tiny_models[family], make_task(), sites)
