@@ -18,6 +18,7 @@ import torch
 log = logging.getLogger(__name__)
 CPU_BUDGET = 2 * 2**30  # at most this many bytes of activations per forward pass on CPU
 FRACTION = 0.5  # share of the device's free memory used by default
+CPU_PASS_TOKENS = 2048  # default tokens per no-grad pass on CPU: larger passes only spill the caches (benchmarks/heads.py)
 OOM_MARKERS = ("out of memory", "not enough memory", "defaultcpuallocator")
 
 
@@ -117,3 +118,8 @@ def run_chunks(fn: Callable[[range], object], n: int, size: int, *,
             continue
         start = chunk.stop
     return out
+
+
+def cpu_rows(device: torch.device | str, tokens_per_row: int) -> int | None:
+    """The default cap on rows per no-grad pass: CPU_PASS_TOKENS tokens on CPU, none elsewhere."""
+    return max(1, CPU_PASS_TOKENS // max(tokens_per_row, 1)) if torch.device(device).type == "cpu" else None

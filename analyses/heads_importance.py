@@ -9,8 +9,8 @@ Every head h gets a gate xi_h that scales its output (z_h -> xi_h z_h at hook_z)
   axis, and one hook per layer gives each copy its own head mask.
 `run_gated` is the one primitive underneath (per-row gates and replacement values). For decoder
 metrics read at the last position, `evaluate_masks` resumes each mask's pass at the first block
-where it differs from the first mask (hooks/resume): a head in block l costs blocks l..L-1, and
-block l itself only its output projection and MLP.
+where it differs from a reference mask (hooks/resume): a head in block l costs blocks l..L-1,
+and on sequential blocks block l itself only its output projection and MLP.
 """
 from __future__ import annotations
 
@@ -184,14 +184,16 @@ def rows_per_pass(model, pos: int, max_tokens: int | None = None, *, grad: bool 
     max_tokens: a token budget that overrides everything else. Otherwise the smaller of 32k
     tokens (fewer for large vocabularies: decoder logits take pos x d_vocab floats; encoders
     stop before their LM head) and what `memory_budget` bytes (default: half the device's free
-    memory, see batching) hold by the per-row estimate (grad: with the backward pass's storage).
+    memory, see batching) hold by the per-row estimate (grad: with the backward pass's storage);
+    by default no-grad passes on CPU hold at most batching.CPU_PASS_TOKENS tokens.
     """
     if max_tokens:
         return max(1, max_tokens // max(pos, 1))
     width = 0 if model.facts.is_encoder else model.facts.d_vocab
     cap = max(1, min(32768, 2**28 // max(width, 1)) // max(pos, 1))
     fits = batching.chunk_size(batching.row_bytes(model, pos, grad=grad), device=model.device, budget=memory_budget)
-    return min(cap, fits)
+    cpu = None if grad or memory_budget is not None else batching.cpu_rows(model.device, pos)
+    return min(cap, fits, cpu or fits)
 
 
 def evaluate_masks(
@@ -204,7 +206,7 @@ def evaluate_masks(
     forward pass as the memory budget allows (halved on out-of-memory). Mask 1 keeps a head, 0
     removes it (zero, or `replacement` values: layer -> [batch or 1, pos, head, d_head] over all
     examples). For last-position decoder metrics each mask resumes at the first block where it
-    differs from masks[0] (hooks/resume), from one captured pass under masks[0]. Under
+    differs from a reference mask, from one captured pass under it (hooks/resume). Under
     torch.distributed each rank scores its block of examples; the sums are all-reduced, so every
     rank returns the mean over all examples.
     """
@@ -214,7 +216,7 @@ def evaluate_masks(
     k = masks.shape[0]
     masks = masks.to(model.device)
     bar = tqdm(total=len(mine) * k, desc=desc, disable=not (progress and distributed.is_main()), leave=False)
-    fast, shortcut = resume.supports(model) if scorer.last_position else (False, False)
+    support = resume.supports(model) if scorer.last_position else resume.Support(False, False, False)
 
     def run_examples(ex: range) -> torch.Tensor:  # -> [k] metric sums over these examples
         rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
@@ -224,8 +226,8 @@ def evaluate_masks(
         def shrink(copies: int) -> None:
             cap[0] = max(1, min(cap[0], copies * b // 2))
 
-        if fast:
-            return _resumed_masks(model, scorer, masks, rows, rep, shortcut, cap, shrink, bar)
+        if support.ok:
+            return _resumed_masks(model, scorer, masks, rows, rep, support.shortcut, cap, shrink, bar)
 
         def run_masks(mc: range) -> torch.Tensor:  # -> [c]
             m = masks[mc.start:mc.stop]  # [c, L, H]
@@ -251,17 +253,20 @@ def evaluate_masks(
 
 def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tensor,
                    rep: dict[int, torch.Tensor] | None, shortcut: bool, cap: list[int], shrink, bar) -> torch.Tensor:
-    """evaluate_masks for examples `rows` [b]: one captured pass under masks[0], then each group
-    of masks sharing their first differing block resumes there. -> [k] metric sums."""
+    """evaluate_masks for examples `rows` [b]: one captured pass under a reference mask (the
+    all-ones mask if there is one, else masks[0]), then each group of masks sharing their first
+    block that differs from it resumes there. -> [k] metric sums."""
     n_layers = model.facts.n_layers
     k, b = masks.shape[0], rows.shape[0]
+    ones = (masks == 1).flatten(1).all(1).nonzero().flatten()
+    ref = masks[ones[0]] if len(ones) else masks[0]  # [L, H]
     attn = None if scorer.attention_mask is None else scorer.attention_mask[rows]
-    ckpt = resume.capture(model, scorer.tokens[rows], fwd=gate_hooks(masks[0].expand(b, -1, -1), rep),
+    ckpt = resume.capture(model, scorer.tokens[rows], fwd=gate_hooks(ref.expand(b, -1, -1), rep),
                           z_layers=range(n_layers) if shortcut else (), attention_mask=attn)
-    differs = (masks != masks[0]).flatten(2).any(2)  # [k, L]
+    differs = (masks != ref).flatten(2).any(2)  # [k, L]
     first = torch.where(differs.any(1), differs.float().argmax(1), torch.full_like(differs[:, 0], n_layers, dtype=torch.long))
     sums = torch.zeros(k, dtype=torch.float64)
-    same = (first == n_layers).nonzero().flatten().tolist()  # masks equal to masks[0]: the captured pass
+    same = (first == n_layers).nonzero().flatten().tolist()  # masks equal to the reference: the captured pass
     if same:
         sums[same] = scorer.metric(ckpt.logits[:, None], rows).sum().double().cpu()
         bar.update(len(same) * b)
@@ -277,7 +282,7 @@ def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tenso
             z = None
             if shortcut:
                 r = None if rep is None else rep.get(start)
-                z = gated_z(ckpt.z[start][at], gates[:, start], r)
+                z = gated_z(ckpt.z[start][at.to(ckpt.z[start].device)], gates[:, start], r)
             hooks = gate_hooks(gates, rep, after=start if shortcut else start - 1)
             out = resume.resume(model, ckpt, start, at, fwd=hooks, z=z)  # [c * b, 1, d_vocab]
             vals = scorer.metric(out, rows[at]).reshape(c, b)

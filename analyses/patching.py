@@ -80,9 +80,12 @@ def exact_sweep(
     def layer_of(run: int) -> int:  # the first block a run patches (the unpatched run 0 joins run 1)
         return runs[max(run, 1)][1][0] if len(runs) > 1 else 0
 
+    def pos_of(run: int) -> int | None:  # the position it patches (None: every position)
+        return runs[max(run, 1)][1][2] if len(runs) > 1 else None
+
     values = run_batched(model, base, len(runs), hooks_for, metric.fn, lead=source, batch_size=batch_size,
                          memory_budget=memory_budget, progress=progress, stacked_metric=metric.stacked,
-                         desc="patching", layer_of=layer_of if metric.last_position else None)
+                         desc="patching", layer_of=layer_of if metric.last_position else None, pos_of=pos_of)
     out, start = {}, 1
     for st in types:
         cells = st.cells(model, base.shape[1])

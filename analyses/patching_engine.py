@@ -39,11 +39,13 @@ def runs_per_forward(model, n_prompts: int, n_pos: int, memory_budget: int | Non
     """How many patched runs (each n_prompts rows of n_pos tokens) fit one forward pass.
 
     memory_budget: bytes (None: half the free accelerator memory; on CPU half the free RAM, at
-    most 2 GiB). At least one run when the budget holds one row (out-of-memory then halves the
-    chunk); a budget below one row raises batching.MemoryBudgetError.
+    most 2 GiB, and at most batching.CPU_PASS_TOKENS tokens). At least one run when the budget
+    holds one row (out-of-memory then halves the chunk); a budget below one row raises
+    batching.MemoryBudgetError.
     """
     rows = batching.chunk_size(row_bytes(model, n_pos), device=model.device, budget=memory_budget)
-    return max(1, rows // n_prompts)
+    cpu = batching.cpu_rows(model.device, n_pos) if memory_budget is None else None
+    return max(1, min(rows, cpu or rows) // n_prompts)
 
 
 def chunks(n_runs: int, per_forward: int) -> list[range]:
@@ -67,6 +69,7 @@ def run_batched(
     desc: str = "patching",
     stacked_metric: bool = False,
     layer_of: Callable[[int], int] | None = None,
+    pos_of: Callable[[int], int | None] | None = None,
 ) -> torch.Tensor:
     """Run n_runs patched forward passes over `tokens` [B, pos]; returns the metric [n_runs, B].
 
@@ -77,9 +80,12 @@ def run_batched(
     row. batch_size: patched runs per forward pass (None: sized from memory_budget bytes,
     default half the free GPU memory or 2 GiB on CPU). stacked_metric: the metric accepts the
     whole stacked output at once (one call per forward pass). layer_of(run): the first block
-    run `run` edits, for a decoder metric that reads only the last position; runs sorted by
-    it then resume at that block from one captured pass (hooks/resume), and chunks never mix
-    blocks. A chunk that runs out of memory is retried at half the size. Under
+    run `run` edits, for a decoder metric that reads only the last position; consecutive runs
+    with the same block form a segment that resumes there from one captured pass
+    (hooks/resume). pos_of(run): the position it patches (None: all), runs in increasing
+    position within a segment; a large segment is then split by position so that each pass
+    also skips the positions before its first patched one. A chunk that runs out of memory is
+    retried at half the size, and later chunks keep the smaller size. Under
     torch.distributed each rank runs its block of the runs (every run over all prompts) and the
     rows are summed across ranks, so every rank returns the whole [n_runs (+1), B].
     """
@@ -93,11 +99,12 @@ def run_batched(
     mine = distributed.shard(n_runs)  # this rank's block of runs; rank 0 owns run 0 and the lead
     out = torch.zeros(n_runs + (lead is not None), n_prompts)  # [run (+ lead), batch]
     bar = tqdm(total=len(mine), desc=desc, disable=not (progress and distributed.is_main()), unit="run")
+    support = resume.supports(model) if layer_of is not None else resume.Support(False, False, False)
     ckpt = None
-    ok, shortcut = resume.supports(model) if layer_of is not None else (False, False)
-    if ok:
+    if support.ok:
         with torch.no_grad():  # rows: lead, then base
-            ckpt = resume.capture(model, torch.cat([head, tokens]), z_layers=range(model.facts.n_layers) if shortcut else ())
+            ckpt = resume.capture(model, torch.cat([head, tokens]),
+                                  z_layers=range(model.facts.n_layers) if support.shortcut else ())
     last = model.facts.n_layers - 1
 
     def forward(chunk: range) -> torch.Tensor:  # local offsets -> [B_lead + k * B] metric values
@@ -109,17 +116,7 @@ def run_batched(
             result = model.run_with_hooks(stacked, fwd=hooks)  # [B_lead + k * B, pos, ...]
         else:
             rows = torch.cat([torch.arange(n_lead), n_lead + torch.arange(n_prompts).repeat(len(runs))]).to(model.device)
-            cut = not any(_mlp_side(name, last) for name, _ in hooks)  # hooks on the last MLP need every position
-            z_name = f"blocks.{start}.attn.hook_z"
-            z = None
-            if shortcut and all(name == z_name for name, _ in hooks if _BLOCK.match(name).group(1) == str(start)):
-                z = ckpt.z[start][rows]  # block start's z edits applied here; its attention is skipped
-                for name, fn in hooks:
-                    if name == z_name:
-                        edited = fn(z, None)
-                        z = z if edited is None else edited
-                hooks = [(name, fn) for name, fn in hooks if name != z_name]
-            result = resume.resume(model, ckpt, start, rows, fwd=hooks, z=z, last_only=cut)
+            result = _resumed(model, ckpt, support, start, rows, hooks, last)
         if stacked_metric:
             values = metric(result).float().cpu()  # [B_lead + k * B]
         else:
@@ -130,22 +127,71 @@ def run_batched(
         bar.update(len(runs))
         return values
 
+    size = [max(1, per_forward)]  # runs per pass; shrinks for good on out-of-memory
+
+    def shrink(failed: int) -> None:
+        size[0] = max(1, min(size[0], failed // 2))
+
+    key = None if ckpt is None else (lambda i: layer_of(mine.start + i))
     first = True
     with torch.no_grad():
-        for seg in _segments(len(mine), None if ckpt is None else (lambda i: layer_of(mine.start + i))):
-            size = len(chunks(len(seg), per_forward)[0]) if len(seg) else 1  # equal-sized forward passes
-            parts = batching.run_chunks(lambda c: forward(range(seg.start + c.start, seg.start + c.stop)), len(seg), size)
-            for chunk, values in parts:
-                lo = mine.start + seg.start + chunk.start
-                out[lo:lo + len(chunk)] = values[n_lead:].view(len(chunk), n_prompts)
-                if first and n_lead and distributed.is_main():
-                    out[-1] = values[:n_lead]
-                first = False
+        for seg in _segments(len(mine), key):
+            subs = [seg]
+            if ckpt is not None and support.prefix and pos_of is not None and pos_of(mine.start + seg.start) is not None:
+                n_sub = max(1, min(4, len(seg) * n_prompts * n_pos // 500))  # passes that skip earlier positions
+                subs = chunks(len(seg), math.ceil(len(seg) / n_sub))
+                subs = [range(seg.start + r.start, seg.start + r.stop) for r in subs]
+            for sub in subs:
+                n_chunk = len(chunks(len(sub), size[0])[0]) if len(sub) else 1  # equal-sized forward passes
+                parts = batching.run_chunks(lambda c: forward(range(sub.start + c.start, sub.start + c.stop)),
+                                            len(sub), n_chunk, on_oom=shrink)
+                for chunk, values in parts:
+                    lo = mine.start + sub.start + chunk.start
+                    out[lo:lo + len(chunk)] = values[n_lead:].view(len(chunk), n_prompts)
+                    if first and n_lead and distributed.is_main():
+                        out[-1] = values[:n_lead]
+                    first = False
     bar.close()
     return distributed.all_reduce_sum(out)  # each run was computed by exactly one rank
 
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, last: int) -> torch.Tensor:
+    """One stacked pass resumed at block `start` (hooks/resume) -> last-position logits.
+
+    Hooks at block `start` that all edit z (sequential blocks) or all edit resid_pre are applied
+    here to the captured activation: a z edit then skips the block's attention, and when no
+    other hook remains the pass starts at the first position the edits changed.
+    """
+    cut = not any(_mlp_side(name, last) for name, _ in hooks)  # hooks on the last MLP need every position
+    here = [(name, fn) for name, fn in hooks if _BLOCK.match(name).group(1) == str(start)]
+    rest = [(name, fn) for name, fn in hooks if _BLOCK.match(name).group(1) != str(start)]
+    names = {name for name, _ in here}
+    z_name, pre_name = f"blocks.{start}.attn.hook_z", f"blocks.{start}.hook_resid_pre"
+    z = hidden = None
+    if support.shortcut and names == {z_name}:
+        before = ckpt.z[start][rows.to(ckpt.z[start].device)]  # [n, pos, head, d_head]
+        z = edited = _apply(model, here, before)
+    elif support.prefix and names == {pre_name} and not rest:
+        before = ckpt.resid[start][rows.to(ckpt.resid[start].device)]  # [n, pos, d_model]
+        hidden = edited = _apply(model, here, before)
+    else:
+        return resume.resume(model, ckpt, start, rows, fwd=hooks, last_only=cut)
+    from_pos = 0
+    if support.prefix and not rest:
+        changed = (edited != before).flatten(2).any(2).any(0).nonzero()  # positions any row changed
+        from_pos = int(changed[0]) if len(changed) else before.shape[1] - 1
+    return resume.resume(model, ckpt, start, rows, hidden=hidden, fwd=rest, z=z, last_only=cut, from_pos=from_pos)
+
+
+def _apply(model, hooks: list, act: torch.Tensor) -> torch.Tensor:
+    """Hooks of one hook point applied in order, as the hook point would."""
+    for name, fn in hooks:
+        edited = fn(act, model.bridge.hook_dict.get(name))
+        act = act if edited is None else edited
+    return act
 
 
 def _first_block(hooks: Hooks) -> int | None:

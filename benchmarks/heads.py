@@ -75,7 +75,7 @@ def main() -> None:
         t_batch, got = timed(lambda: hi.ablation_importance(model, scorer), args.repeats)
         t_single, _ = timed(lambda: hi.ablation_importance(model, scorer, max_tokens=n * pos), args.repeats)
         supports = resume.supports
-        resume.supports = lambda model: (False, False)  # full stacked passes, as before resuming
+        resume.supports = lambda model: resume.Support(False, False, False)  # full stacked passes, as before resuming
         try:
             t_full, _ = timed(lambda: hi.ablation_importance(model, scorer), args.repeats)
         finally:

@@ -2,62 +2,77 @@
 
 An edit at block l or later (a patched activation, an ablated head) cannot change the residual
 stream into block l, so a sweep of such edits needs blocks l..L-1 only. `capture` records, in
-one forward pass, each block's input and the other arguments Hugging Face passed it (causal
-mask, rotary tables); `resume` re-enters at block l for any rows of that batch, in any number
-and order: the per-row arguments are gathered to the new rows, so stacked copies work too.
-Hooks attached with model.hooks fire in the resumed blocks exactly as in a full pass. Two more
-savings, both for decoder metrics that read only the last position:
+one forward pass, each block's input (before its hook_resid_pre) and the other arguments Hugging
+Face passed it (causal mask, rotary tables, the KV cache it filled); `resume` re-enters at block
+l for any rows of that batch, in any number and order: the per-row arguments are gathered to
+the new rows, so stacked copies work too. Hooks passed to `resume` fire in the resumed blocks as
+in a full pass, except where a saving below skips them. Savings, all for decoder metrics that
+read only the last position:
 - the last block's MLP runs at the last position only (its input is cut there), and so do the
   final norm and the unembedding; hooks on the last block's MLP side then see one position;
 - an edit of block l's per-head z can enter as the attention output o(z'): block l's attention
-  is not recomputed (sequential pre-norm blocks).
-`supports` checks once per model that resuming reproduces a plain forward pass (and whether the
-z shortcut does); models where it does not (encoders, unusual blocks) keep the full pass.
+  is not recomputed (sequential pre-norm blocks);
+- an edit that leaves positions before p unchanged runs positions p.. only, attending to the
+  captured keys and values before p (`from_pos`).
+`supports` checks once per model that resuming reproduces a plain forward pass, and which
+savings do; callers keep the full pass where it does not (encoders, unusual blocks) and while
+other hooks are attached to the model (an outer hs.ablate or hs.patch context).
 """
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
 from headscope.hooks.sites import site
 
+log = logging.getLogger(__name__)
 HookList = Sequence[tuple[str, Callable[..., Any]]]
-_SUPPORT: "weakref.WeakKeyDictionary[Any, tuple[bool, bool]]" = weakref.WeakKeyDictionary()
-_CHECK_TOL = 1e-4  # relative to the logits' scale; float32 reordering stays far below this
+_SUPPORT: "weakref.WeakKeyDictionary[Any, Support]" = weakref.WeakKeyDictionary()
+_CHECK_TOL = 1e-4  # relative to the logits' scale (float32; half precision gets 8 eps of its dtype)
 
 
 @dataclass
 class Checkpoint:
     """What `capture` recorded for a batch of `rows` prompts."""
 
-    resid: list[torch.Tensor]  # per block: its input [rows, pos, d_model]
+    resid: list[torch.Tensor]  # per block: its input [rows, pos, d_model], before its hook_resid_pre
     calls: list[tuple[tuple, dict]]  # per block: its other positional arguments and keyword arguments
     logits: torch.Tensor  # [rows, d_vocab] at the last position
     z: dict[int, torch.Tensor]  # block -> z [rows, pos, head, d_head] before the capture's own hooks
+    kv: Any = None  # the Hugging Face cache the pass filled (every block's K and V), if any
 
     @property
     def rows(self) -> int:
         return self.logits.shape[0]
 
 
-def _uncached(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The call's arguments with any KV cache removed: a resumed block must not append to it."""
+def _with_cache(args: tuple, kwargs: dict, cache: Any) -> tuple[tuple, dict]:
+    """The call's arguments with its KV cache swapped for `cache` (None: a resumed block must not
+    append to the captured one)."""
     from transformers.cache_utils import Cache
 
-    args = tuple(None if isinstance(v, Cache) else v for v in args)
-    kwargs = {k: (None if isinstance(v, Cache) else v) for k, v in kwargs.items()}
+    args = tuple(cache if isinstance(v, Cache) else v for v in args)
+    kwargs = {k: (cache if isinstance(v, Cache) else v) for k, v in kwargs.items()}
     if "use_cache" in kwargs:
-        kwargs["use_cache"] = False
+        kwargs["use_cache"] = cache is not None
     return args, kwargs
+
+
+def _cache_of(args: tuple, kwargs: dict) -> Any:
+    from transformers.cache_utils import Cache
+
+    return next((v for v in (*args, *kwargs.values()) if isinstance(v, Cache)), None)
 
 
 def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequence[int] = (),
             attention_mask: torch.Tensor | None = None) -> Checkpoint:
     """One forward pass of `tokens` [rows, pos] under hooks `fwd`, recording every block's input
-    and call arguments, the last-position logits, and z (taken before `fwd` edits it) at z_layers."""
+    (before its hook_resid_pre) and call arguments, the last-position logits, and z (taken
+    before `fwd` edits it) at z_layers."""
     if model.facts.is_encoder:
         raise ValueError("resume works on decoders only (encoder metrics read every position).")
     n_layers = model.facts.n_layers
@@ -66,7 +81,7 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
 
     def record(i: int):
         def pre(module, args, kwargs):
-            calls[i] = _uncached(args, kwargs)
+            calls[i] = (args, dict(kwargs))
         return pre
 
     def keep_z(layer: int):
@@ -83,6 +98,7 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
         for h in handles:
             h.remove()
     resid, rest = [], []
+    kv = _cache_of(*calls[0])
     for args, kwargs in calls:
         if args:
             resid.append(args[0])
@@ -91,7 +107,7 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
             kwargs = dict(kwargs)
             resid.append(kwargs.pop("hidden_states"))
             rest.append(((), kwargs))
-    return Checkpoint(resid=resid, calls=rest, logits=logits, z=z)
+    return Checkpoint(resid=resid, calls=rest, logits=logits, z=z, kv=kv)
 
 
 def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
@@ -105,6 +121,33 @@ def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
     return value
 
 
+def _suffix(value: Any, start: int, n_pos: int, key: str = "") -> Any:
+    """Per-position arguments cut to query positions start..: cache positions [pos], 4-d masks
+    [.., pos, pos] (keys kept whole), position ids [b, pos] and rotary tables [b, pos, d]."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim == 1 and value.shape[0] == n_pos:
+            return value[start:]
+        if value.ndim == 4 and value.shape[-2:] == (n_pos, n_pos):
+            return value[..., start:, :]
+        if key in ("position_ids", "position_embeddings") and value.ndim >= 2 and value.shape[1] == n_pos:
+            return value[:, start:]
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_suffix(v, start, n_pos, key) for v in value)
+    return value
+
+
+def prefix_kv(model, ckpt: Checkpoint, rows: torch.Tensor, length: int) -> Any:
+    """A new cache holding the captured K and V of positions [0, length) for rows `rows`."""
+    from headscope.hooks.kv_states import new_cache
+
+    cache = new_cache(model)
+    for layer, lay in enumerate(ckpt.kv.layers):
+        at = rows.to(lay.keys.device)
+        cache.update(lay.keys[at, :, :length], lay.values[at, :, :length], layer)  # [n, kv_head, length, d_head]
+    return cache
+
+
 def _o_proj(block) -> torch.nn.Module:
     """The attention's output projection (the raw module: calling the bridge would fire hook_z)."""
     o = block.attn.o
@@ -112,26 +155,39 @@ def _o_proj(block) -> torch.nn.Module:
 
 
 def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool) -> torch.Tensor:
-    """A sequential pre-norm block given its heads' z [n, pos, head, d_head] instead of computing attention."""
-    h = x + _o_proj(block)(z.flatten(-2))  # [n, pos, d_model] resid_mid
+    """A sequential pre-norm block given its heads' z [n, pos, head, d_head] instead of computing
+    attention. Its resid_mid and MLP hooks fire; resid_pre, attention and resid_post hooks do not."""
+    a = _o_proj(block)(z.flatten(-2))  # [n, pos, d_model] attention output
+    h = x.to(a.device) + a  # resid_mid (sharded models: the block's device)
     if last_only:
         h = h[:, -1:]
     return h + block.mlp(block.ln2(h))
 
 
 def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: torch.Tensor | None = None,
-           fwd: HookList = (), z: torch.Tensor | None = None, last_only: bool = True) -> torch.Tensor:
+           fwd: HookList = (), z: torch.Tensor | None = None, last_only: bool = True,
+           from_pos: int = 0) -> torch.Tensor:
     """Blocks start..L-1 for captured rows `rows` [n] (repeats allowed), then the unembedding.
 
     hidden: block `start`'s input [n, pos, d_model] (default the captured one). z: block
     `start`'s heads' z [n, pos, head, d_head] to use instead of its attention (needs
-    supports(model)[1]; hooks inside block `start` then do not fire). last_only: cut the last
-    block to the last position (hooks on its MLP side see [n, 1, ...]). Returns the logits,
-    [n, 1, d_vocab] (last_only) or [n, pos, d_vocab].
+    supports(model).shortcut; see _shortcut_block for the hooks it skips). last_only: cut the
+    last block to the last position (hooks on its MLP side see [n, 1, ...]). from_pos: the
+    first position the edit changes; earlier positions are the captured run's, so only
+    positions from_pos.. are computed, attending to the captured K and V before them (needs
+    supports(model).prefix; hooks then see [n, pos - from_pos, ...]). Returns the logits,
+    [n, 1, d_vocab] (last_only) or [n, pos - from_pos, d_vocab].
     """
     blocks = model.bridge.blocks
     n_layers = len(blocks)
-    x = ckpt.resid[start][rows] if hidden is None else hidden
+    n_pos = ckpt.resid[start].shape[1]
+    x = ckpt.resid[start][rows.to(ckpt.resid[start].device)] if hidden is None else hidden  # sharded models: per-block devices
+    cache = None
+    if from_pos:
+        if ckpt.kv is None:
+            raise ValueError("resume(from_pos=...) needs a captured KV cache; this model's pass filled none.")
+        x, z = x[:, from_pos:].contiguous(), (None if z is None else z[:, from_pos:].contiguous())
+        cache = prefix_kv(model, ckpt, rows, from_pos)
 
     def last_position(module, args):
         return (args[0][:, -1:],) + tuple(args[1:])
@@ -142,7 +198,10 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
             if i == start and z is not None:
                 x = _shortcut_block(blocks[i], x, z, last)
                 continue
-            args, kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)
+            args, kwargs = _with_cache(*_gather(ckpt.calls[i], rows, ckpt.rows), cache)
+            if from_pos:
+                args = _suffix(args, from_pos, n_pos)
+                kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
             # the last block's MLP branch sees the last position only; the residual add broadcasts
             cut = blocks[i].ln2.register_forward_pre_hook(last_position) if last else None
             try:
@@ -153,39 +212,63 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
             x = out[0] if isinstance(out, tuple) else out
         if last_only:
             x = x[:, -1:]
-        return model.bridge.unembed(model.bridge.ln_final(x))
+        return model.bridge.unembed(model.bridge.ln_final(x)).to(ckpt.logits.device)
 
 
-def supports(model) -> tuple[bool, bool]:
-    """(resume reproduces a full pass, the z shortcut reproduces each block), checked once per model
-    on a short prompt at every start block, to 1e-4 of the logits' scale."""
+class Support(NamedTuple):
+    """What resuming reproduces on a model (see `supports`)."""
+
+    ok: bool  # resume at any block equals a full pass
+    shortcut: bool  # a z edit entering as o(z') (sequential blocks)
+    prefix: bool  # from_pos: positions before the edit taken from the captured cache
+
+
+def supports(model) -> Support:
+    """What resuming reproduces on `model`, checked once per model on short prompts (start blocks
+    0, 1 and L-1; a few start positions) to 1e-4 of the logits' scale in float32. Nothing is
+    resumed, checked or remembered while hooks are attached to the model."""
+    if model.n_active_hooks():
+        return Support(False, False, False)
     if model in _SUPPORT:
         return _SUPPORT[model]
-    ok = shortcut = False
+    found = Support(False, False, False)
     if not model.facts.is_encoder and hasattr(model.bridge, "blocks"):
-        try:
-            ok, shortcut = _check(model)
-        except Exception:  # an unusual block layout: keep the full pass
-            ok = shortcut = False
-    _SUPPORT[model] = (ok, shortcut)
-    return ok, shortcut
+        found = _check(model)
+    _SUPPORT[model] = found
+    return found
 
 
-def _check(model) -> tuple[bool, bool]:
+def _check(model) -> Support:
     n_layers = model.facts.n_layers
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.facts.d_vocab, (2, 6), generator=gen).to(model.device)
-    ckpt = capture(model, tokens, z_layers=range(n_layers))
-    scale = 1.0 + ckpt.logits.abs().max().item()
+    try:
+        ckpt = capture(model, tokens, z_layers=range(n_layers))
+    except Exception as err:  # noqa: BLE001 - an unusual model: keep full passes
+        log.info("resume: capture failed on %s (%s); full passes", model.facts.name, err)
+        return Support(False, False, False)
+    eps = torch.finfo(ckpt.logits.dtype).eps
+    tol = max(_CHECK_TOL, 8 * eps) * (1.0 + ckpt.logits.abs().max().item())
     rows = torch.tensor([1, 0, 1], device=model.device)
     want = ckpt.logits[rows]
+    starts = sorted({0, min(1, n_layers - 1), n_layers - 1})
 
-    def close(got: torch.Tensor) -> bool:
-        return got.shape[-1] == want.shape[-1] and (got[:, -1] - want).abs().max().item() <= _CHECK_TOL * scale
+    def holds(what: str, make) -> bool:
+        try:
+            for got in make():
+                if got.shape[-1] != want.shape[-1] or (got[:, -1] - want).abs().max().item() > tol:
+                    log.info("resume: %s does not reproduce a full pass on %s; not used", what, model.facts.name)
+                    return False
+            return True
+        except Exception as err:  # noqa: BLE001 - an unusual block layout: that saving stays off
+            log.info("resume: %s failed on %s (%s); not used", what, model.facts.name, err)
+            return False
 
-    ok = all(close(resume(model, ckpt, s, rows, last_only=lo)) for s in range(n_layers) for lo in (True, False))
-    shortcut = ok and all(
-        close(resume(model, ckpt, s, rows, z=ckpt.z[s][rows], last_only=lo))
-        for s in range(n_layers) for lo in (True, False)
-    )
-    return ok, shortcut
+    ok = holds("resuming", lambda: (resume(model, ckpt, s, rows, last_only=lo) for s in starts for lo in (True, False)))
+    shortcut = ok and holds("the z shortcut", lambda: (
+        resume(model, ckpt, s, rows, z=ckpt.z[s][rows.to(ckpt.z[s].device)], last_only=lo)
+        for s in starts for lo in (True, False)))
+    prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
+        resume(model, ckpt, s, rows, from_pos=p, z=ckpt.z[s][rows.to(ckpt.z[s].device)] if shortcut and p == 3 else None)
+        for s in starts for p in (1, 3, 5)))
+    return Support(ok, shortcut, prefix)

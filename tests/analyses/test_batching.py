@@ -114,7 +114,7 @@ def _plain_mask_means(model, task: Task, masks: torch.Tensor) -> torch.Tensor:
 
 def test_evaluate_masks_backs_off_on_oom_with_unchanged_results(limited, monkeypatch):
     model, limit, seen = limited
-    monkeypatch.setattr(resume, "supports", lambda model: (False, False))  # the stacked full passes
+    monkeypatch.setattr(resume, "supports", lambda model: resume.Support(False, False, False))  # the stacked full passes
     task = _task()
     f = model.facts
     masks = torch.ones(5, f.n_layers, f.n_heads)
@@ -128,7 +128,7 @@ def test_evaluate_masks_backs_off_on_oom_with_unchanged_results(limited, monkeyp
 
 def test_resumed_evaluate_masks_back_off_on_oom_with_unchanged_results(tiny_models, monkeypatch):
     model = tiny_models["llama"]
-    assert resume.supports(model)[0]
+    assert resume.supports(model).ok
     task = _task()
     f = model.facts
     masks = torch.ones(5, f.n_layers, f.n_heads)
@@ -146,6 +146,21 @@ def test_resumed_evaluate_masks_back_off_on_oom_with_unchanged_results(tiny_mode
     got = hi.evaluate_masks(model, hi.make_scorer(model, task), masks)
     assert seen[:2] == [3 * N_EX, N_EX] and max(seen[2:]) == N_EX  # block 0's 3 masks, then one per pass
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+
+
+def test_evaluate_masks_inside_an_outer_intervention_equals_a_plain_loop(tiny_models):
+    """Hooks the caller attached (here hs.ablate on layer 1's attention output) act in every mask's
+    pass, so nothing may resume past them."""
+    model = tiny_models["llama"]
+    task = _task()
+    f = model.facts
+    masks = torch.ones(4, f.n_layers, f.n_heads)
+    masks[1, 0, 0] = masks[2, 1, 1] = masks[3, 1] = 0.0
+    with hs.ablate(model, sites=[hs.site("attn_out", 1)]):
+        expected = _plain_mask_means(model, task, masks)
+        got = hi.evaluate_masks(model, hi.make_scorer(model, task), masks)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+    assert (expected - _plain_mask_means(model, task, masks)).abs().max() > 1e-3  # the outer ablation matters
 
 
 def test_gate_gradients_back_off_on_oom(limited):

@@ -63,8 +63,7 @@ def test_resumed_hooks_match_a_full_pass_with_the_same_hooks(family, tiny_models
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_z_shortcut_equals_editing_hook_z(family, tiny_models):
     model = tiny_models[family]
-    ok, shortcut = resume.supports(model)
-    assert ok and shortcut
+    assert resume.supports(model).shortcut
     tokens = random_tokens(2, 6, seed=3)
     ckpt = resume.capture(model, tokens, z_layers=[0, 1])
     rows = torch.tensor([0, 1, 1])
@@ -81,7 +80,7 @@ def test_parallel_residual_blocks_keep_the_full_attention(tiny_models):
     and the check must see that."""
     model = tiny_models["neox"]
     assert model.bridge.original_model.config.use_parallel_residual
-    assert resume.supports(model) == (True, False)
+    assert resume.supports(model) == (True, False, True)
 
 
 def test_encoders_are_refused(tiny_models, monkeypatch):
@@ -106,3 +105,29 @@ def test_left_padded_prompts_resume_with_their_own_masks(family, tiny_models):
     for start in range(model.facts.n_layers):
         torch.testing.assert_close(resume.resume(model, ckpt, start, rows)[:, 0], want[rows], atol=1e-5, rtol=1e-5)
     assert (want[0] - model(tokens[:1])[:, -1]).abs().max() > 1e-3  # the mask matters
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resuming_from_a_position_reuses_the_captured_keys_and_values(family, tiny_models):
+    """An edit from position p on: positions before p come from the captured cache."""
+    model = tiny_models[family]
+    assert resume.supports(model).prefix
+    tokens = random_tokens(2, 7, seed=5)
+    ckpt = resume.capture(model, tokens)
+    rows = torch.tensor([1, 0, 1])
+    for start in range(model.facts.n_layers):
+        for p in (1, 4, 6):
+            hidden = ckpt.resid[start][rows].clone()
+            hidden[:, p:] += 0.5 * torch.randn(hidden[:, p:].shape, generator=torch.Generator().manual_seed(p))
+            with torch.no_grad():  # TransformerLens, every block and position, the same input into block start
+                want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("resid_pre", start), lambda x, hook: hidden)])
+            got = resume.resume(model, ckpt, start, rows, hidden=hidden, from_pos=p)
+            torch.testing.assert_close(got[:, 0], want[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_nothing_resumes_while_other_hooks_are_attached(tiny_models):
+    model = tiny_models["llama"]
+    assert resume.supports(model).ok
+    with hs.ablate(model, heads=[(1, 0)]):
+        assert resume.supports(model) == (False, False, False)
+    assert resume.supports(model).ok
