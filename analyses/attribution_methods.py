@@ -238,7 +238,7 @@ def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mod
         if suffix.shape[1] == 0:  # only the last token removed: the prediction moves back one position
             last = logits[:, p0 - 1 : p0]  # [batch, 1, vocab]
         else:
-            cache = prefix_cache(model, clean, p0, repeat=len(ks))
+            cache = prefix_cache(model, clean, p0, rows=torch.arange(batch).repeat_interleave(len(ks)))  # example-major
             last, _ = cached_forward(model, suffix, cache, p0)  # [batch * b, n', vocab]
         change = prediction_change(model, prediction(model, last), ref.repeat_interleave(last.shape[0] // batch, 0))
         out[:, ks] = change.float().cpu().reshape(batch, -1)

@@ -15,7 +15,6 @@ Also here: the mask-based replacement hook that exact patching and causal tracin
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable, Sequence
 
 import torch
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 
 from headscope.analyses import batching, distributed
 from headscope.hooks import resume
+from headscope.hooks.sites import split_block
 
 HookFn = Callable[..., Any]
 Hooks = Sequence[tuple[str, HookFn]]
@@ -155,9 +155,6 @@ def run_batched(
     return distributed.all_reduce_sum(out)  # each run was computed by exactly one rank
 
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
-
-
 def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, last: int) -> torch.Tensor:
     """One stacked pass resumed at block `start` (hooks/resume) -> last-position logits.
 
@@ -166,8 +163,8 @@ def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, 
     other hook remains the pass starts at the first position the edits changed.
     """
     cut = not any(_mlp_side(name, last) for name, _ in hooks)  # hooks on the last MLP need every position
-    here = [(name, fn) for name, fn in hooks if _BLOCK.match(name).group(1) == str(start)]
-    rest = [(name, fn) for name, fn in hooks if _BLOCK.match(name).group(1) != str(start)]
+    here = [(name, fn) for name, fn in hooks if split_block(name)[0] == start]
+    rest = [(name, fn) for name, fn in hooks if split_block(name)[0] != start]
     names = {name for name, _ in here}
     z_name, pre_name = f"blocks.{start}.attn.hook_z", f"blocks.{start}.hook_resid_pre"
     z = hidden = None
@@ -196,17 +193,17 @@ def _apply(model, hooks: list, act: torch.Tensor) -> torch.Tensor:
 
 def _first_block(hooks: Hooks) -> int | None:
     """The first block the hooks act in; None if a hook sits outside the blocks (e.g. hook_embed)."""
-    layers = [_BLOCK.match(name) for name, _ in hooks]
-    if not layers or any(m is None for m in layers):
+    blocks = [split_block(name) for name, _ in hooks]
+    if not blocks or any(b is None for b in blocks):
         return None
-    return min(int(m.group(1)) for m in layers)
+    return min(layer for layer, _ in blocks)
 
 
 def _mlp_side(name: str, last: int) -> bool:
     """Does hook `name` act on block `last` after its attention (where resume cuts to the last position)?"""
-    m = _BLOCK.match(name)
-    return m is not None and int(m.group(1)) == last and not (
-        m.group(2).startswith("attn.") or m.group(2) in ("hook_resid_pre", "hook_attn_out", "hook_attn_in", "hook_in"))
+    block = split_block(name)
+    return block is not None and block[0] == last and not (
+        block[1].startswith("attn.") or block[1] in ("hook_resid_pre", "hook_attn_out", "hook_attn_in", "hook_in"))
 
 
 def _segments(n: int, layer_of: Callable[[int], int] | None) -> list[range]:

@@ -56,16 +56,17 @@ def new_cache(model) -> Any:
         return DynamicCache()
 
 
-def prefix_cache(model, cache: Any, length: int, *, repeat: int = 1) -> Any:
-    """A new cache holding positions [0, length) of `cache` (left untouched), each batch row
-    repeated `repeat` times in place (row-major, as repeat_interleave)."""
+def prefix_cache(model, cache: Any, length: int, *, rows: torch.Tensor | None = None) -> Any:
+    """A new cache holding positions [0, length) of `cache` (left untouched), for batch rows
+    `rows` [n] of it (repeats allowed; None: every row once)."""
     out = new_cache(model)
     if length > 0:
         for layer in range(model.facts.n_layers):
             lay = cache.layers[layer]
             keys, values = lay.keys[:, :, :length], lay.values[:, :, :length]  # [batch, kv_head, pos, d_head]
-            if repeat > 1:
-                keys, values = keys.repeat_interleave(repeat, 0), values.repeat_interleave(repeat, 0)
+            if rows is not None:
+                at = rows.to(keys.device)  # sharded models: per-layer devices
+                keys, values = keys[at], values[at]  # [n, kv_head, pos, d_head]
             out.update(keys, values, layer)
     return out
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
+from headscope.hooks.kv_states import prefix_cache
 from headscope.hooks.sites import site
 
 log = logging.getLogger(__name__)
@@ -137,17 +138,6 @@ def _suffix(value: Any, start: int, n_pos: int, key: str = "") -> Any:
     return value
 
 
-def prefix_kv(model, ckpt: Checkpoint, rows: torch.Tensor, length: int) -> Any:
-    """A new cache holding the captured K and V of positions [0, length) for rows `rows`."""
-    from headscope.hooks.kv_states import new_cache
-
-    cache = new_cache(model)
-    for layer, lay in enumerate(ckpt.kv.layers):
-        at = rows.to(lay.keys.device)
-        cache.update(lay.keys[at, :, :length], lay.values[at, :, :length], layer)  # [n, kv_head, length, d_head]
-    return cache
-
-
 def _o_proj(block) -> torch.nn.Module:
     """The attention's output projection (the raw module: calling the bridge would fire hook_z)."""
     o = block.attn.o
@@ -187,7 +177,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
         if ckpt.kv is None:
             raise ValueError("resume(from_pos=...) needs a captured KV cache; this model's pass filled none.")
         x, z = x[:, from_pos:].contiguous(), (None if z is None else z[:, from_pos:].contiguous())
-        cache = prefix_kv(model, ckpt, rows, from_pos)
+        cache = prefix_cache(model, ckpt.kv, from_pos, rows=rows)
 
     def last_position(module, args):
         return (args[0][:, -1:],) + tuple(args[1:])

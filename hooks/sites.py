@@ -67,10 +67,16 @@ def site(kind: str, layer: int | None = None) -> str:
     return template
 
 
+def split_block(name: str) -> tuple[int, str] | None:
+    """A hook name inside a block split into (layer, name within it): "blocks.3.attn.hook_z" ->
+    (3, "attn.hook_z"); None outside the blocks (e.g. "hook_embed")."""
+    match = _NAME.match(name)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
 def parse_site(name: str) -> tuple[str, int | None]:
     """Inverse of `site`: "blocks.3.attn.hook_pattern" -> ("pattern", 3). SiteError if unknown."""
-    match = _NAME.match(name)
-    layer, rest = (int(match.group(1)), match.group(2)) if match else (None, name)
+    layer, rest = split_block(name) or (None, name)
     for kind, spec in SITES.items():
         template = spec.template
         if layer is None and template == rest:
@@ -86,9 +92,9 @@ def check_site(model, name: str) -> str:
     Raises SiteError for unknown names (with the closest valid names) and IndexOutOfRangeError
     for a layer outside the model.
     """
-    match = _NAME.match(name)
-    if match:
-        layer = int(match.group(1))
+    block = split_block(name)
+    if block:
+        layer = block[0]
         if layer >= model.facts.n_layers:
             raise IndexOutOfRangeError(
                 f"Site {name!r} names layer {layer}, but {model.facts.name} has layers 0..{model.facts.n_layers - 1}."
