@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -174,18 +175,22 @@ def activation_patching(
 
 def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect") -> dict[str, list[dict]]:
     """The n cells with the largest |column| per site type, as JSON-ready records."""
+    kinds, score = df["site_type"].to_numpy(), np.abs(df[column].to_numpy(dtype=float))
+    layer, head, pos = (df[c].to_numpy(dtype=float, na_value=np.nan) for c in ("layer", "head", "pos"))
+    token, value = df["token"].to_numpy(), df[column].to_numpy(dtype=float)
     out = {}
-    for name, group in df.groupby("site_type", sort=False):
-        top = group.reindex(group[column].abs().sort_values(ascending=False).index).head(n)
+    for name in pd.unique(kinds):
+        rows = np.flatnonzero(kinds == name)
+        top = rows[np.argsort(-score[rows], kind="stable")[:n]]  # largest first, ties in table order
         out[str(name)] = [
             {
-                "layer": int(r.layer),
-                "head": None if pd.isna(r.head) else int(r.head),
-                "pos": None if pd.isna(r.pos) else int(r.pos),
-                "token": str(r.token),
-                column: float(getattr(r, column)),
+                "layer": int(layer[i]),
+                "head": None if np.isnan(head[i]) else int(head[i]),
+                "pos": None if np.isnan(pos[i]) else int(pos[i]),
+                "token": str(token[i]),
+                column: float(value[i]),
             }
-            for r in top.itertuples()
+            for i in top
         ]
     return out
 

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from headscope.analyses import batching, distributed
 from headscope.hooks import resume
-from headscope.hooks.sites import split_block
+from headscope.hooks.sites import hook_point, split_block
 
 HookFn = Callable[..., Any]
 Hooks = Sequence[tuple[str, HookFn]]
@@ -159,8 +159,9 @@ def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, 
     """One stacked pass resumed at block `start` (hooks/resume) -> last-position logits.
 
     Hooks at block `start` that all edit z (sequential blocks) or all edit resid_pre are applied
-    here to the captured activation: a z edit then skips the block's attention, and when no
-    other hook remains the pass starts at the first position the edits changed.
+    here to the captured activation: a z edit then skips the block's attention. When no other
+    hook remains, only the rows the edits changed run (the others are the captured run, e.g.
+    the lead rows), from the first position they changed.
     """
     cut = not any(_mlp_side(name, last) for name, _ in hooks)  # hooks on the last MLP need every position
     here = [(name, fn) for name, fn in hooks if split_block(name)[0] == start]
@@ -176,17 +177,26 @@ def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, 
         hidden = edited = _apply(model, here, before)
     else:
         return resume.resume(model, ckpt, start, rows, fwd=hooks, last_only=cut)
-    from_pos = 0
-    if support.prefix and not rest:
-        changed = (edited != before).flatten(2).any(2).any(0).nonzero()  # positions any row changed
-        from_pos = int(changed[0]) if len(changed) else before.shape[1] - 1
-    return resume.resume(model, ckpt, start, rows, hidden=hidden, fwd=rest, z=z, last_only=cut, from_pos=from_pos)
+    if rest or not cut:
+        return resume.resume(model, ckpt, start, rows, hidden=hidden, fwd=rest, z=z, last_only=cut)
+    # Only the edits run: a row the edit leaves bitwise unchanged (a lead row, a cell whose source
+    # value equals the base's) is the captured run, and so are positions before the first change.
+    diff = (edited != before).flatten(2).any(2)  # [n, pos]: where each row changed
+    moved = diff.any(1).nonzero().squeeze(1)  # [m] rows that run
+    logits = ckpt.logits[rows.to(ckpt.logits.device)].unsqueeze(1)  # [n, 1, d_vocab]
+    if not len(moved):
+        return logits
+    from_pos = int(diff.any(0).nonzero()[0]) if support.prefix else 0
+    edited = edited[moved]
+    got = resume.resume(model, ckpt, start, rows[moved.to(rows.device)], last_only=True, from_pos=from_pos,
+                        hidden=None if hidden is None else edited, z=None if z is None else edited)
+    return logits.index_copy(0, moved.to(logits.device), got.to(logits.dtype))
 
 
 def _apply(model, hooks: list, act: torch.Tensor) -> torch.Tensor:
     """Hooks of one hook point applied in order, as the hook point would."""
     for name, fn in hooks:
-        edited = fn(act, model.bridge.hook_dict.get(name))
+        edited = fn(act, hook_point(model, name))
         act = act if edited is None else edited
     return act
 

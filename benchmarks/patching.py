@@ -8,8 +8,11 @@ times, ratios and the max abs difference of the results, per number of prompts, 
 3. head outputs by (layer, head, position): attribution patching (two forwards, one backward)
    vs exact patching (headscope's batched sweep, and get_act_patch_attn_head_out_by_pos).
 headscope's passes resume at the patched block from one captured pass (hooks/resume), with
-many patched runs stacked per pass. Both sides include getting the clean activations
-(run_with_cache / capture). Each timing is the median of --repeats runs after a warm-up. The
+many patched runs stacked per pass; blocks no hook looks at run hook-free (hooks/fast_blocks);
+a patch that leaves a row's activation bitwise unchanged (IOI's clean and corrupted prompts
+agree before the changed name, printed below) is not recomputed, and the others start at the
+first position they change. Both sides include getting the clean activations (run_with_cache /
+capture). Each timing is the median of --repeats runs after a warm-up. The
 model is zoo/synth-llama when shipped, else a randomly initialised model of the same recipe
 (said in the output). --threads sets torch's intra-op threads for both sides (1 is much faster
 on a loaded shared CPU).
@@ -68,7 +71,9 @@ def main() -> None:
 
 
 def sweep_all(model, task, repeats: int) -> None:
-    print(f"\ntask: zoo ioi, {len(task)} prompts x {task.tokens.shape[1]} tokens; metric: mean logit difference")
+    first = int((task.tokens != task.corrupted_tokens).any(0).float().argmax())
+    print(f"\ntask: zoo ioi, {len(task)} prompts x {task.tokens.shape[1]} tokens (clean and corrupted first differ "
+          f"at position {first}); metric: mean logit difference")
     for site, sweep in [("resid_pre", tlp.get_act_patch_resid_pre),
                         ("head_out", tlp.get_act_patch_attn_head_out_all_pos)]:
         t_tl, ref = timed(lambda: tl_sweep(model, task, sweep), repeats)

@@ -13,13 +13,16 @@ read only the last position:
 - an edit of block l's per-head z can enter as the attention output o(z'): block l's attention
   is not recomputed (sequential pre-norm blocks);
 - an edit that leaves positions before p unchanged runs positions p.. only, attending to the
-  captured keys and values before p (`from_pos`).
+  captured keys and values before p (`from_pos`);
+- blocks no hook looks at run hook-free (hooks/fast_blocks, Llama-style layers), the last one
+  attending from the last query only.
 `supports` checks once per model that resuming reproduces a plain forward pass, and which
 savings do; callers keep the full pass where it does not (encoders, unusual blocks) and while
 other hooks are attached to the model (an outer hs.ablate or hs.patch context).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from dataclasses import dataclass
@@ -27,12 +30,14 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
+from headscope.hooks import fast_blocks
 from headscope.hooks.kv_states import prefix_cache
-from headscope.hooks.sites import site
+from headscope.hooks.sites import site, split_block
 
 log = logging.getLogger(__name__)
 HookList = Sequence[tuple[str, Callable[..., Any]]]
 _SUPPORT: "weakref.WeakKeyDictionary[Any, Support]" = weakref.WeakKeyDictionary()
+_FAST: "weakref.WeakKeyDictionary[Any, list | None]" = weakref.WeakKeyDictionary()  # model -> fast_blocks.plan
 _CHECK_TOL = 1e-4  # relative to the logits' scale (float32; half precision gets 8 eps of its dtype)
 
 
@@ -144,19 +149,21 @@ def _o_proj(block) -> torch.nn.Module:
     return getattr(o, "original_component", None) or o
 
 
-def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool) -> torch.Tensor:
+def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool,
+                    mlp_half: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """A sequential pre-norm block given its heads' z [n, pos, head, d_head] instead of computing
-    attention. Its resid_mid and MLP hooks fire; resid_pre, attention and resid_post hooks do not."""
+    attention. Its resid_mid and MLP hooks fire (unless mlp_half, the hook-free x + MLP(ln2(x)),
+    replaces them); resid_pre, attention and resid_post hooks do not."""
+    if last_only:
+        x, z = x[:, -1:], z[:, -1:]
     a = _o_proj(block)(z.flatten(-2))  # [n, pos, d_model] attention output
     h = x.to(a.device) + a  # resid_mid (sharded models: the block's device)
-    if last_only:
-        h = h[:, -1:]
-    return h + block.mlp(block.ln2(h))
+    return mlp_half(h) if mlp_half is not None else h + block.mlp(block.ln2(h))
 
 
 def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: torch.Tensor | None = None,
            fwd: HookList = (), z: torch.Tensor | None = None, last_only: bool = True,
-           from_pos: int = 0) -> torch.Tensor:
+           from_pos: int = 0, fast: bool | None = None) -> torch.Tensor:
     """Blocks start..L-1 for captured rows `rows` [n] (repeats allowed), then the unembedding.
 
     hidden: block `start`'s input [n, pos, d_model] (default the captured one). z: block
@@ -165,33 +172,44 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     last block to the last position (hooks on its MLP side see [n, 1, ...]). from_pos: the
     first position the edit changes; earlier positions are the captured run's, so only
     positions from_pos.. are computed, attending to the captured K and V before them (needs
-    supports(model).prefix; hooks then see [n, pos - from_pos, ...]). Returns the logits,
-    [n, 1, d_vocab] (last_only) or [n, pos - from_pos, d_vocab].
+    supports(model).prefix; hooks then see [n, pos - from_pos, ...]). fast: run blocks no hook
+    in `fwd` names through hooks/fast_blocks (None: when supports(model).fast); with last_only
+    the last block then attends from the last query only. Returns the logits, [n, 1, d_vocab]
+    (last_only) or [n, pos - from_pos, d_vocab].
     """
     blocks = model.bridge.blocks
     n_layers = len(blocks)
     n_pos = ckpt.resid[start].shape[1]
     x = ckpt.resid[start][rows.to(ckpt.resid[start].device)] if hidden is None else hidden  # sharded models: per-block devices
-    cache = None
     if from_pos:
         if ckpt.kv is None:
             raise ValueError("resume(from_pos=...) needs a captured KV cache; this model's pass filled none.")
         x, z = x[:, from_pos:].contiguous(), (None if z is None else z[:, from_pos:].contiguous())
-        cache = prefix_cache(model, ckpt.kv, from_pos, rows=rows)
+    if fast is None:
+        fast = model in _SUPPORT and _SUPPORT[model].fast
+    plans = _fast_plan(model) if fast else None
+    hooked = {block[0] for block in (split_block(name) for name, _ in fwd) if block is not None}
+    cache: list[Any] = []  # the captured prefix as a Hugging Face cache, built for the first bridge block
 
     def last_position(module, args):
         return (args[0][:, -1:],) + tuple(args[1:])
 
-    with torch.no_grad(), model.hooks(fwd=fwd):
+    with torch.no_grad(), (model.hooks(fwd=fwd) if fwd else contextlib.nullcontext()):  # attaching costs ~1 ms
         for i in range(start, n_layers):
             last = last_only and i == n_layers - 1
             if i == start and z is not None:
-                x = _shortcut_block(blocks[i], x, z, last)
+                x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].mlp_half)
                 continue
-            args, kwargs = _with_cache(*_gather(ckpt.calls[i], rows, ckpt.rows), cache)
+            args, kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)
             if from_pos:
                 args = _suffix(args, from_pos, n_pos)
                 kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
+            if plans is not None and i not in hooked:
+                x = plans[i].full(x, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
+                continue
+            if from_pos and not cache:
+                cache.append(prefix_cache(model, ckpt.kv, from_pos, rows=rows))
+            args, kwargs = _with_cache(args, kwargs, cache[0] if cache else None)
             # the last block's MLP branch sees the last position only; the residual add broadcasts
             cut = blocks[i].ln2.register_forward_pre_hook(last_position) if last else None
             try:
@@ -205,12 +223,19 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
         return model.bridge.unembed(model.bridge.ln_final(x)).to(ckpt.logits.device)
 
 
+def _fast_plan(model) -> list | None:
+    if model not in _FAST:
+        _FAST[model] = fast_blocks.plan(model)
+    return _FAST[model]
+
+
 class Support(NamedTuple):
     """What resuming reproduces on a model (see `supports`)."""
 
     ok: bool  # resume at any block equals a full pass
     shortcut: bool  # a z edit entering as o(z') (sequential blocks)
     prefix: bool  # from_pos: positions before the edit taken from the captured cache
+    fast: bool = False  # hook-free blocks (hooks/fast_blocks) where no hook looks
 
 
 def supports(model) -> Support:
@@ -261,4 +286,8 @@ def _check(model) -> Support:
     prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
         resume(model, ckpt, s, rows, from_pos=p, z=ckpt.z[s][rows.to(ckpt.z[s].device)] if shortcut and p == 3 else None)
         for s in starts for p in (1, 3, 5)))
-    return Support(ok, shortcut, prefix)
+    fast = ok and _fast_plan(model) is not None and holds("hook-free blocks", lambda: (
+        resume(model, ckpt, s, rows, fast=True, last_only=lo, from_pos=p if prefix else 0,
+               z=ckpt.z[s][rows.to(ckpt.z[s].device)] if shortcut and p == 3 else None)
+        for s in starts for lo in (True, False) for p in (0, 3)))
+    return Support(ok, shortcut, prefix, fast)

@@ -133,6 +133,15 @@ def available_sites(model) -> list[str]:
     return found
 
 
+def hook_point(model, name: str):
+    """The bridge's HookPoint called `name` (None if there is none); the table is built once per
+    model (the bridge's hook_dict walks every module on each access)."""
+    table = getattr(model, "_headscope_hook_points", None)
+    if table is None:
+        table = model._headscope_hook_points = dict(model.bridge.hook_dict)
+    return table.get(name)
+
+
 def _fired_hook_points(model, names: list[str]) -> set[str]:
     """Hook points that actually fire in a forward pass (some bridges expose points they never call).
 

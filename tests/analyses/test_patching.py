@@ -3,6 +3,7 @@ path patching against TransformerLens's direct-path patching, causal tracing's c
 batching invariance and clear errors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import partial
 
@@ -92,6 +93,22 @@ def check_against_transformer_lens(model, task: Task, site_types, direction: str
 ])
 def test_exact_patching_equals_transformer_lens(family, sites, tiny_models):
     check_against_transformer_lens(tiny_models[family], make_task(), sites)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_cells_before_the_first_difference_equal_transformer_lens(family, tiny_models):
+    """Clean and corrupted prompts agree up to a position that differs by row (3 and 4), as in
+    IOI-style corruptions. Cells before it leave the run unchanged and are not recomputed; a row
+    whose cell is unchanged takes the captured run; the rest start at the first change. The
+    numbers are still TransformerLens's, one forward pass per cell."""
+    task = make_task(pos=6, seed=9)
+    corrupted = task.tokens.clone()
+    other = random_tokens(2, 6, seed=99)
+    corrupted[0, 3:], corrupted[1, 4:] = other[0, 3:], other[1, 4:]
+    assert bool(corrupted[0, 3] != task.tokens[0, 3]) and bool(corrupted[1, 4] != task.tokens[1, 4])
+    task = dataclasses.replace(task, corrupted_tokens=corrupted)
+    check_against_transformer_lens(tiny_models[family], task, ["resid_pre", "head_out", "head_out_by_pos"])
+    check_against_transformer_lens(tiny_models[family], task, ["resid_pre"], direction="noise")
 
 
 def test_head_k_v_pattern_equal_transformer_lens_under_gqa(tiny_models):

@@ -1,0 +1,116 @@
+"""Hook-free decoder blocks for resumed passes: the same arithmetic as a block, without the bridge.
+
+A resumed pass (hooks/resume) often runs blocks that no hook looks at: every block after an
+ablated head or a patched activation. Through the TransformerBridge each such block costs about
+a millisecond of Python (hook points, wrappers) besides its arithmetic, which dominates the
+small passes of a patching sweep. `plan` returns, for an architecture it knows, one function per
+block computing the same thing from the block's own weight modules (read live, so in-place
+weight edits are seen), plus one saving a bridge block cannot make: in the last block the
+attention of the last query only (`last_query`), since a last-position metric reads nothing
+else. resume.supports checks the result against a full pass before anything uses it.
+
+Known: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated MLP), i.e.
+Llama, Mistral and Qwen2 layers. Others get None and keep the bridge's blocks.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+# x [n, q, d_model], the block's call kwargs (gathered to the rows and cut to the query
+# positions), the captured keys and values before them ([n, kv_head, p, d_head] each, or None),
+# last_query -> [n, q or 1, d_model]
+FastBlock = Callable[[torch.Tensor, dict, "tuple[torch.Tensor, torch.Tensor] | None", bool], torch.Tensor]
+LLAMA_LIKE = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
+
+
+class Block(NamedTuple):
+    """One block, hook-free: `full` as FastBlock; `mlp_half(x)` = x + MLP(post-attention norm(x))."""
+
+    full: FastBlock
+    mlp_half: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _raw(module: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face module under a bridge component (the module itself when not wrapped)."""
+    return getattr(module, "original_component", None) or module
+
+
+def plan(model) -> list[Block] | None:
+    """One hook-free function per block, or None when the architecture is not a known one."""
+    layers = [_raw(b) for b in model.bridge.blocks]
+    if not layers or any(type(layer).__name__ not in LLAMA_LIKE for layer in layers):
+        return None
+    try:
+        return [_llama_block(layer) for layer in layers]
+    except (AttributeError, ValueError):  # a variant without the expected modules
+        return None
+
+
+def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """LlamaRMSNorm: normalised in float32, scaled in the input's dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon))
+    return norm.weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin for x [n, head, q, d_head], cos/sin [n or 1, q, d_head],
+    computed half by half (rotate_half(x) = [-x2, x1]) to spare the temporaries."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    first = x1 * cos[..., :half] - x2 * sin[..., :half]
+    second = x2 * cos[..., half:] + x1 * sin[..., half:]
+    return torch.cat((first, second), dim=-1)
+
+
+def _llama_block(layer: torch.nn.Module) -> FastBlock:
+    attn, mlp = _raw(layer.self_attn), _raw(layer.mlp)
+    ln1, ln2 = _raw(layer.input_layernorm), _raw(layer.post_attention_layernorm)
+    q_proj, k_proj, v_proj, o_proj = (_raw(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    gate, up, down, act = _raw(mlp.gate_proj), _raw(mlp.up_proj), _raw(mlp.down_proj), mlp.act_fn
+    d_head, scaling = int(attn.head_dim), float(attn.scaling)
+    n_heads, n_kv = q_proj.out_features // d_head, k_proj.out_features // d_head
+    if n_heads * d_head != q_proj.out_features or n_kv * d_head != k_proj.out_features:
+        raise ValueError("unexpected projection sizes")
+
+    def run(x: torch.Tensor, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
+            last_query: bool) -> torch.Tensor:
+        n, q_len, _ = x.shape
+        cos, sin = kwargs["position_embeddings"]  # [n or 1, q, d_head]
+        if cos.shape[-1] != d_head:
+            raise ValueError("partial rotary embeddings are not supported here")
+        h = _rms_norm(x, ln1)
+        k = _rotate(k_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2), cos, sin)  # [n, kv, q, d_head]
+        v = v_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [n, kv, keys, d_head]
+        mask = kwargs.get("attention_mask")  # [n or 1, 1, q, keys] additive or bool, or None
+        if last_query:
+            x, h, cos, sin = x[:, -1:], h[:, -1:], cos[:, -1:], sin[:, -1:]
+            mask = None if mask is None else mask[..., -1:, :]
+        q = _rotate(q_proj(h).view(n, h.shape[1], n_heads, d_head).transpose(1, 2), cos, sin)  # [n, head, q', d_head]
+        if mask is None:  # causal: the queries are the last positions of the keys
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - q.shape[2])
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if mask.is_floating_point() else mask,
+                                           scale=scaling, enable_gqa=n_heads != n_kv)  # [n, head, q', d_head]
+        x = o_proj(a.transpose(1, 2).reshape(n, -1, n_heads * d_head)).add_(x)  # in place: fresh buffers
+        return mlp_half(x)
+
+    def mlp_half(x: torch.Tensor) -> torch.Tensor:  # x + MLP(ln2(x)), [n, q, d_model]
+        h = _rms_norm(x, ln2)
+        return down(act(gate(h)).mul_(up(h))).add_(x)
+
+    return Block(run, mlp_half)
+
+
+def past_kv(cache: Any, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Captured keys and values of positions [0, length) of `layer` for batch rows `rows` [n]."""
+    if not length:
+        return None
+    lay = cache.layers[layer]
+    at = rows.to(lay.keys.device)
+    return lay.keys[at, :, :length], lay.values[at, :, :length]  # [n, kv_head, length, d_head]

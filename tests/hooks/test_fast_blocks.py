@@ -1,0 +1,154 @@
+"""Hook-free blocks (hooks/fast_blocks) inside resumed passes equal plain Hugging Face and TransformerLens passes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headscope as hs
+from headscope.hooks import fast_blocks, resume
+from tests_support import hf_model, random_tokens, N_CTX
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory, tiny_dirs):
+    """A tiny random Qwen2 (biases on q, k and v; grouped KV heads), with the tiny llama's tokenizer."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-qwen2")
+    torch.manual_seed(3)
+    config = Qwen2Config(vocab_size=hf_model(tiny_dirs["llama"]).config.vocab_size, hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=N_CTX, bos_token_id=2, eos_token_id=3, pad_token_id=1)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_dirs["llama"]).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models, qwen2_dir):
+    return {"llama": tiny_models["llama"], "qwen2": hs.load_model(qwen2_dir, device="cpu")}
+
+
+def _dirs(tiny_dirs, qwen2_dir):
+    return {"llama": tiny_dirs["llama"], "qwen2": qwen2_dir}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fast_resume_equals_plain_hf(family, models, tiny_dirs, qwen2_dir):
+    model = models[family]
+    assert resume.supports(model).fast
+    tokens = random_tokens(3, 7, seed=11)
+    with torch.no_grad():
+        want = hf_model(_dirs(tiny_dirs, qwen2_dir)[family])(tokens).logits  # [3, 7, vocab]
+    ckpt = resume.capture(model, tokens)
+    rows = torch.tensor([2, 0, 0, 1])
+    for start in range(model.facts.n_layers):
+        got = resume.resume(model, ckpt, start, rows, fast=True)  # last block: the last query only
+        torch.testing.assert_close(got[:, 0], want[rows, -1], atol=1e-5, rtol=1e-5)
+        full = resume.resume(model, ckpt, start, rows, fast=True, last_only=False)
+        torch.testing.assert_close(full, want[rows], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fast_resume_from_a_position_with_an_edit(family, models):
+    """Positions before p from the captured keys and values; checked against TransformerLens
+    running every block and position with the same input into block `start`."""
+    model = models[family]
+    tokens = random_tokens(2, 7, seed=12)
+    ckpt = resume.capture(model, tokens, z_layers=range(model.facts.n_layers))
+    rows = torch.tensor([1, 0, 1])
+    for start in range(model.facts.n_layers):
+        for p in (1, 5):
+            hidden = ckpt.resid[start][rows].clone()
+            hidden[:, p:] += 0.5 * torch.randn(hidden[:, p:].shape, generator=torch.Generator().manual_seed(p))
+            with torch.no_grad():
+                want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("resid_pre", start), lambda x, hook: hidden)])
+            got = resume.resume(model, ckpt, start, rows, hidden=hidden, from_pos=p, fast=True)
+            torch.testing.assert_close(got[:, 0], want[:, -1], atol=1e-5, rtol=1e-5)
+            assert (got[:, 0] - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
+
+
+def test_fast_resume_with_left_padding(models):
+    model = models["llama"]
+    tokens = random_tokens(3, 6, seed=13)
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[0, :2] = 0
+    mask[2, :1] = 0
+    with torch.no_grad():
+        want = model(tokens, attention_mask=mask)[:, -1]
+    ckpt = resume.capture(model, tokens, attention_mask=mask)
+    rows = torch.tensor([2, 0, 1, 0])
+    for start in range(model.facts.n_layers):
+        torch.testing.assert_close(resume.resume(model, ckpt, start, rows, fast=True)[:, 0], want[rows],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_hooked_blocks_keep_the_bridge(models):
+    """A block a hook looks at runs through the bridge (the hook fires); the others run hook-free."""
+    model = models["qwen2"]
+    tokens = random_tokens(2, 6, seed=14)
+    ckpt = resume.capture(model, tokens)
+    seen = []
+
+    def shift(x, hook):
+        seen.append(tuple(x.shape))
+        return x + 0.3
+
+    hooks = [(hs.site("resid_pre", 1), shift)]
+    with torch.no_grad():
+        want = model.run_with_hooks(tokens, fwd=hooks)[:, -1]
+    seen.clear()
+    got = resume.resume(model, ckpt, 0, torch.arange(2), fwd=hooks, fast=True)
+    torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
+    assert seen == [(2, 6, model.facts.d_model)]
+
+
+def test_fast_blocks_read_the_live_weights(models):
+    """An in-place weight edit after the plan was made is seen (nothing is copied)."""
+    model = models["qwen2"]
+    assert resume.supports(model).fast
+    tokens = random_tokens(2, 6, seed=15)
+    o_proj = fast_blocks._raw(fast_blocks._raw(model.bridge.blocks[1]).self_attn.o_proj)
+    try:
+        with torch.no_grad():
+            o_proj.weight.mul_(2.0)
+            want = model(tokens)[:, -1]
+        got = resume.resume(model, resume.capture(model, tokens), 0, torch.arange(2), fast=True)
+    finally:
+        with torch.no_grad():
+            o_proj.weight.div_(2.0)
+    torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert (model(tokens)[:, -1] - want).abs().max() > 1e-3  # the edit mattered
+
+
+@pytest.mark.parametrize("family", ["gpt2", "neox"])
+def test_unknown_blocks_have_no_plan(family, tiny_models):
+    assert fast_blocks.plan(tiny_models[family]) is None
+    assert not resume.supports(tiny_models[family]).fast
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fast_z_shortcut_equals_editing_hook_z(family, models):
+    """A head's z edit entering as o(z'), then the hook-free MLP and blocks (and the last block's
+    last query), against TransformerLens zeroing that head in a full pass."""
+    model = models[family]
+    tokens = random_tokens(2, 6, seed=16)
+    ckpt = resume.capture(model, tokens, z_layers=range(model.facts.n_layers))
+    rows = torch.tensor([1, 0, 1])
+
+    def zero_head(p: int):  # head 1 from position p on (from_pos=p: earlier positions unchanged)
+        def hook(z, hook):
+            z = z.clone()
+            z[:, p:, 1] = 0.0
+            return z
+        return hook
+
+    for start in range(model.facts.n_layers):
+        for p in (0, 2):
+            z = zero_head(p)(ckpt.z[start][rows], None)
+            with torch.no_grad():
+                want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", start), zero_head(p))])[:, -1]
+            got = resume.resume(model, ckpt, start, rows, z=z, from_pos=p, fast=True)
+            torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
+            assert (got[:, 0] - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
