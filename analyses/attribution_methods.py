@@ -186,7 +186,8 @@ def leave_one_out(
     - reuse_prefix (decoders; the default for them): a causal model's states before position p
       do not depend on token p, so the clean run's KV cache, cut at p, serves every variant that
       changes p; one forward per position runs only the suffix, all examples together. Saves
-      about half the compute and most of the per-pass overhead.
+      about half the compute and most of the per-pass overhead. (A sliding-window model whose
+      cache dropped early positions runs stacked instead.)
     - stacked (encoders, or reuse_prefix=False): all variants of all examples run as full
       sequences in chunks of `batch_size` (halved on out-of-memory).
     """
@@ -199,7 +200,9 @@ def leave_one_out(
     if reuse_prefix is None:
         reuse_prefix = not model.facts.is_encoder
     if reuse_prefix:
-        return _loo_cached_prefix(model, tokens, positions, mode=mode, baseline_token=baseline_token)
+        out = _loo_cached_prefix(model, tokens, positions, mode=mode, baseline_token=baseline_token)
+        if out is not None:
+            return out
     ref = prediction(model, model(tokens)).repeat_interleave(len(positions), dim=0)  # [batch*m, out]
     variants = loo_variants(tokens, positions, mode=mode, baseline_token=baseline_token)  # [batch*m, pos']
 
@@ -211,21 +214,24 @@ def leave_one_out(
 
 
 def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mode: str,
-                       baseline_token: int | None, rows: int = 64) -> torch.Tensor:
-    """Leave-one-out for decoders from the clean KV cache.
+                       baseline_token: int | None, rows: int = 64) -> torch.Tensor | None:
+    """Leave-one-out for decoders from the clean KV cache (None when the cache dropped early
+    positions: sliding-window layers on a prompt longer than the window).
 
     Positions go in blocks; a block starting at p0 shares the clean cache cut at p0 and runs,
     for each of its variants, the variant's tokens from p0 on (all the same length), stacked
     along the batch axis up to about `rows` sequences. Recomputing the few unchanged tokens
     between p0 and p costs less than one more forward pass.
     """
-    from headscope.hooks.kv_states import cached_forward, new_cache, prefix_cache
+    from headscope.hooks.kv_states import cached_forward, holds_prefix, new_cache, prefix_cache
 
     if model.facts.is_encoder:
         raise ValueError("reuse_prefix needs a causal decoder; use reuse_prefix=False for encoders.")
     tokens = model.check_tokens(tokens)
     batch = tokens.shape[0]
     logits, clean = cached_forward(model, tokens, new_cache(model), 0)  # [batch, pos, vocab]
+    if not holds_prefix(clean, tokens.shape[1]):
+        return None  # a sliding-window cache dropped early positions: the caller runs full sequences
     ref = prediction(model, logits)  # [batch, vocab]
     order = sorted(range(len(positions)), key=lambda k: positions[k])
     block = max(1, min(8, rows // batch))

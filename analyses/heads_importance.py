@@ -227,7 +227,7 @@ def evaluate_masks(
             cap[0] = max(1, min(cap[0], copies * b // 2))
 
         if support.ok:
-            return _resumed_masks(model, scorer, masks, rows, rep, support.shortcut, cap, shrink, bar)
+            return _resumed_masks(model, scorer, masks, rows, rep, support, cap, shrink, bar)
 
         def run_masks(mc: range) -> torch.Tensor:  # -> [c]
             m = masks[mc.start:mc.stop]  # [c, L, H]
@@ -252,11 +252,11 @@ def evaluate_masks(
 
 
 def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tensor,
-                   rep: dict[int, torch.Tensor] | None, shortcut: bool, cap: list[int], shrink, bar) -> torch.Tensor:
+                   rep: dict[int, torch.Tensor] | None, support: resume.Support, cap: list[int], shrink, bar) -> torch.Tensor:
     """evaluate_masks for examples `rows` [b]: one captured pass under a reference mask (the
     all-ones mask if there is one, else masks[0]), then each group of masks sharing their first
     block that differs from it resumes there. -> [k] metric sums."""
-    n_layers = model.facts.n_layers
+    n_layers, shortcut = model.facts.n_layers, support.shortcut
     k, b = masks.shape[0], rows.shape[0]
     ones = (masks == 1).flatten(1).all(1).nonzero().flatten()
     ref = masks[ones[0]] if len(ones) else masks[0]  # [L, H]
@@ -284,7 +284,7 @@ def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tenso
                 r = None if rep is None else rep.get(start)
                 z = gated_z(ckpt.z[start][at.to(ckpt.z[start].device)], gates[:, start], r)
             hooks = gate_hooks(gates, rep, after=start if shortcut else start - 1)
-            out = resume.resume(model, ckpt, start, at, fwd=hooks, z=z)  # [c * b, 1, d_vocab]
+            out = resume.resume(model, ckpt, start, at, fwd=hooks, z=z, fast=support.fast)  # [c * b, 1, d_vocab]
             vals = scorer.metric(out, rows[at]).reshape(c, b)
             bar.update(c * b)
             return vals.sum(1).double().cpu()

@@ -171,14 +171,14 @@ def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, 
     z = hidden = None
     if support.shortcut and names == {z_name}:
         before = ckpt.z[start][rows.to(ckpt.z[start].device)]  # [n, pos, head, d_head]
-        z = edited = _apply(model, here, before)
+        z = edited = _apply(model, here, before.clone())  # hooks may edit in place
     elif support.prefix and names == {pre_name} and not rest:
         before = ckpt.resid[start][rows.to(ckpt.resid[start].device)]  # [n, pos, d_model]
-        hidden = edited = _apply(model, here, before)
+        hidden = edited = _apply(model, here, before.clone())
     else:
-        return resume.resume(model, ckpt, start, rows, fwd=hooks, last_only=cut)
+        return resume.resume(model, ckpt, start, rows, fwd=hooks, last_only=cut, fast=support.fast)
     if rest or not cut:
-        return resume.resume(model, ckpt, start, rows, hidden=hidden, fwd=rest, z=z, last_only=cut)
+        return resume.resume(model, ckpt, start, rows, hidden=hidden, fwd=rest, z=z, last_only=cut, fast=support.fast)
     # Only the edits run: a row the edit leaves bitwise unchanged (a lead row, a cell whose source
     # value equals the base's) is the captured run, and so are positions before the first change.
     diff = (edited != before).flatten(2).any(2)  # [n, pos]: where each row changed
@@ -188,7 +188,7 @@ def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, 
         return logits
     from_pos = int(diff.any(0).nonzero()[0]) if support.prefix else 0
     edited = edited[moved]
-    got = resume.resume(model, ckpt, start, rows[moved.to(rows.device)], last_only=True, from_pos=from_pos,
+    got = resume.resume(model, ckpt, start, rows[moved.to(rows.device)], last_only=True, from_pos=from_pos, fast=support.fast,
                         hidden=None if hidden is None else edited, z=None if z is None else edited)
     return logits.index_copy(0, moved.to(logits.device), got.to(logits.dtype))
 

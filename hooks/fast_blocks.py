@@ -10,7 +10,8 @@ attention of the last query only (`last_query`), since a last-position metric re
 else. resume.supports checks the result against a full pass before anything uses it.
 
 Known: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated MLP), i.e.
-Llama, Mistral and Qwen2 layers. Others get None and keep the bridge's blocks.
+Llama, Mistral and Qwen2 layers, in float32. Others (and half precision, where Hugging Face's
+eager attention rounds differently) get None and keep the bridge's blocks.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import torch.nn.functional as F
 
 # x [n, q, d_model], the block's call kwargs (gathered to the rows and cut to the query
 # positions), the captured keys and values before them ([n, kv_head, p, d_head] each, or None),
-# last_query -> [n, q or 1, d_model]
-FastBlock = Callable[[torch.Tensor, dict, "tuple[torch.Tensor, torch.Tensor] | None", bool], torch.Tensor]
+# last_query -> [n, q or 1, d_model], or None for arguments it does not handle
+FastBlock = Callable[[torch.Tensor, dict, "tuple[torch.Tensor, torch.Tensor] | None", bool], "torch.Tensor | None"]
 LLAMA_LIKE = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
 
 
@@ -43,6 +44,8 @@ def plan(model) -> list[Block] | None:
     layers = [_raw(b) for b in model.bridge.blocks]
     if not layers or any(type(layer).__name__ not in LLAMA_LIKE for layer in layers):
         return None
+    if any(p.dtype != torch.float32 for p in model.bridge.parameters()):
+        return None  # half precision: HF's eager attention rounds differently (softmax in float32)
     try:
         return [_llama_block(layer) for layer in layers]
     except (AttributeError, ValueError):  # a variant without the expected modules
@@ -78,7 +81,7 @@ def _llama_block(layer: torch.nn.Module) -> FastBlock:
         raise ValueError("unexpected projection sizes")
 
     def run(x: torch.Tensor, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
-            last_query: bool) -> torch.Tensor:
+            last_query: bool) -> torch.Tensor | None:
         n, q_len, _ = x.shape
         cos, sin = kwargs["position_embeddings"]  # [n or 1, q, d_head]
         if cos.shape[-1] != d_head:
@@ -89,6 +92,8 @@ def _llama_block(layer: torch.nn.Module) -> FastBlock:
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [n, kv, keys, d_head]
         mask = kwargs.get("attention_mask")  # [n or 1, 1, q, keys] additive or bool, or None
+        if mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 4):
+            return None  # a 2-d padding mask or a block mask (other attention backends): the bridge's job
         if last_query:
             x, h, cos, sin = x[:, -1:], h[:, -1:], cos[:, -1:], sin[:, -1:]
             mask = None if mask is None else mask[..., -1:, :]

@@ -56,9 +56,20 @@ def new_cache(model) -> Any:
         return DynamicCache()
 
 
+def holds_prefix(cache: Any, length: int) -> bool:
+    """Does every layer of `cache` still hold positions [0, length)? A sliding-window layer keeps
+    only its last positions once a prompt outgrows the window."""
+    return all(lay.keys is not None and lay.keys.shape[2] == lay.get_seq_length() >= length for lay in cache.layers)
+
+
 def prefix_cache(model, cache: Any, length: int, *, rows: torch.Tensor | None = None) -> Any:
     """A new cache holding positions [0, length) of `cache` (left untouched), for batch rows
     `rows` [n] of it (repeats allowed; None: every row once)."""
+    if length > 0 and not holds_prefix(cache, length):
+        raise ValueError(
+            f"The cache no longer holds positions 0..{length - 1} (a sliding-window layer keeps only its last "
+            f"positions); run those positions again instead of reusing the cache."
+        )
     out = new_cache(model)
     if length > 0:
         for layer in range(model.facts.n_layers):

@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 
 from headscope.hooks import fast_blocks
-from headscope.hooks.kv_states import prefix_cache
+from headscope.hooks.kv_states import holds_prefix, prefix_cache
 from headscope.hooks.sites import site, split_block
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,8 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     last block to the last position (hooks on its MLP side see [n, 1, ...]). from_pos: the
     first position the edit changes; earlier positions are the captured run's, so only
     positions from_pos.. are computed, attending to the captured K and V before them (needs
-    supports(model).prefix; hooks then see [n, pos - from_pos, ...]). fast: run blocks no hook
+    supports(model).prefix; hooks then see [n, pos - from_pos, ...]; a sliding-window cache that
+    dropped early positions computes every position instead). fast: run blocks no hook
     in `fwd` names through hooks/fast_blocks (None: when supports(model).fast); with last_only
     the last block then attends from the last query only. Returns the logits, [n, 1, d_vocab]
     (last_only) or [n, pos - from_pos, d_vocab].
@@ -181,12 +182,16 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     n_layers = len(blocks)
     n_pos = ckpt.resid[start].shape[1]
     x = ckpt.resid[start][rows.to(ckpt.resid[start].device)] if hidden is None else hidden  # sharded models: per-block devices
+    drop = 0  # leading output positions to drop when a from_pos request runs from position 0
     if from_pos:
         if ckpt.kv is None:
             raise ValueError("resume(from_pos=...) needs a captured KV cache; this model's pass filled none.")
-        x, z = x[:, from_pos:].contiguous(), (None if z is None else z[:, from_pos:].contiguous())
-    if fast is None:
-        fast = model in _SUPPORT and _SUPPORT[model].fast
+        if not holds_prefix(ckpt.kv, from_pos):
+            from_pos, drop = 0, from_pos  # a sliding-window cache kept only recent positions: recompute all
+        else:
+            x, z = x[:, from_pos:].contiguous(), (None if z is None else z[:, from_pos:].contiguous())
+    if fast is None:  # as supports(model) would say (the model's check, and no hooks attached)
+        fast = model in _SUPPORT and _SUPPORT[model].fast and not model.n_active_hooks()
     plans = _fast_plan(model) if fast else None
     hooked = {block[0] for block in (split_block(name) for name, _ in fwd) if block is not None}
     cache: list[Any] = []  # the captured prefix as a Hugging Face cache, built for the first bridge block
@@ -205,8 +210,10 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
                 args = _suffix(args, from_pos, n_pos)
                 kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
             if plans is not None and i not in hooked:
-                x = plans[i].full(x, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
-                continue
+                out = plans[i].full(x, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
+                if out is not None:  # None: arguments it does not handle (the bridge block then runs)
+                    x = out
+                    continue
             if from_pos and not cache:
                 cache.append(prefix_cache(model, ckpt.kv, from_pos, rows=rows))
             args, kwargs = _with_cache(args, kwargs, cache[0] if cache else None)
@@ -218,8 +225,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
                 if cut is not None:
                     cut.remove()
             x = out[0] if isinstance(out, tuple) else out
-        if last_only:
-            x = x[:, -1:]
+        x = x[:, -1:] if last_only else x[:, drop:]
         return model.bridge.unembed(model.bridge.ln_final(x)).to(ckpt.logits.device)
 
 

@@ -239,3 +239,29 @@ def test_stacked_leave_one_out_backs_off_on_oom(tiny_models, monkeypatch):
     got = leave_one_out(model, tokens, positions, reuse_prefix=False, batch_size=64)
     assert seen[1:4] == [15, 7, 3] and max(seen[4:]) == 3  # seen[0]: the 3 clean rows; then 15 variants, halved
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["z", "resid_pre"])
+def test_resumed_patching_sees_hooks_that_edit_in_place(kind, tiny_models):
+    """TransformerLens-style hooks that edit the activation in place (and return it, or None):
+    the resumed pass applies them to a copy of the captured activation, so the edit still counts."""
+    model = tiny_models["llama"]
+    tokens = random_tokens(2, 6, seed=3)
+
+    def hooks_for(runs):
+        def edit(act, hook):
+            if kind == "z":
+                act[:, 3:, 1] = 0.0
+                return act
+            act[:, 3:] += 1.0  # returns None
+        return [(hs.site(kind, 1), edit)]
+
+    def metric(logits):
+        return logits[:, -1, 5] - logits[:, -1, 7]
+
+    resumed = run_batched(model, tokens, 1, hooks_for, metric, batch_size=1, layer_of=lambda run: 1, progress=False)
+    with torch.no_grad():
+        want = metric(model.run_with_hooks(tokens, fwd=hooks_for(range(1))))
+        base = metric(model(tokens))
+    torch.testing.assert_close(resumed[0], want, atol=1e-5, rtol=1e-5)
+    assert (want - base).abs().max() > 1e-4  # the edit mattered

@@ -152,3 +152,69 @@ def test_fast_z_shortcut_equals_editing_hook_z(family, models):
             got = resume.resume(model, ckpt, start, rows, z=z, from_pos=p, fast=True)
             torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
             assert (got[:, 0] - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
+
+
+def test_hooks_attached_outside_switch_the_fast_blocks_off(models):
+    """resume(fast=None) decides as supports() would: hooks attached around the call still fire."""
+    model = models["llama"]
+    assert resume.supports(model).fast
+    tokens = random_tokens(2, 6, seed=17)
+    ckpt = resume.capture(model, tokens)
+    hooks = [(hs.site("resid_pre", 1), lambda x, hook: x + 1.0)]
+    with torch.no_grad():
+        want = model.run_with_hooks(tokens, fwd=hooks)[:, -1]
+    with model.hooks(fwd=hooks):
+        got = resume.resume(model, ckpt, 0, torch.arange(2))
+    torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_half_precision_keeps_the_bridge(tiny_dirs):
+    """Hugging Face's eager attention does its softmax in float32 between half-precision steps; the
+    hook-free blocks would round differently from the captured pass, so they stay off."""
+    model = hs.load_model(tiny_dirs["llama"], device="cpu", dtype=torch.bfloat16)
+    assert fast_blocks.plan(model) is None
+
+
+@pytest.fixture(scope="module")
+def mistral_dir(tmp_path_factory, tiny_dirs):
+    """A tiny random Mistral whose sliding window (4) is shorter than the prompts below."""
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-mistral")
+    torch.manual_seed(4)
+    config = MistralConfig(vocab_size=hf_model(tiny_dirs["llama"]).config.vocab_size, hidden_size=64,
+                           intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=N_CTX, sliding_window=4, bos_token_id=2, eos_token_id=3,
+                           pad_token_id=1)
+    model = MistralForCausalLM(config)
+    with torch.no_grad():  # larger weights than the default init, so that positions matter
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_dirs["llama"]).save_pretrained(out)
+    return out
+
+
+def test_sliding_window_caches_are_not_reused_past_the_window(mistral_dir):
+    """Once a prompt outgrows the window the cache keeps only recent positions: resuming from a
+    position recomputes every position instead, and leave-one-out runs full sequences."""
+    from headscope.analyses.attribution_methods import leave_one_out
+    from headscope.hooks.kv_states import prefix_cache
+
+    model = hs.load_model(mistral_dir, device="cpu")
+    tokens = random_tokens(2, 10, seed=18)
+    ckpt = resume.capture(model, tokens)
+    with pytest.raises(ValueError, match="sliding-window"):
+        prefix_cache(model, ckpt.kv, 6)
+    rows = torch.tensor([1, 0])
+    for fast in (False, True):
+        hidden = ckpt.resid[0][rows].clone()
+        hidden[:, 6:] += 0.5
+        with torch.no_grad():
+            want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("resid_pre", 0), lambda x, hook: hidden)])
+        got = resume.resume(model, ckpt, 0, rows, hidden=hidden, from_pos=6, fast=fast, last_only=False)
+        torch.testing.assert_close(got, want[:, 6:], atol=1e-5, rtol=1e-5)
+    loo = leave_one_out(model, tokens, [1, 5, 8])
+    torch.testing.assert_close(loo, leave_one_out(model, tokens, [1, 5, 8], reuse_prefix=False), atol=1e-5, rtol=1e-5)
+    assert loo.abs().max() > 1e-4
