@@ -84,7 +84,10 @@ def run_batched(
     with the same block form a segment that resumes there from one captured pass
     (hooks/resume). pos_of(run): the position it patches (None: all), runs in increasing
     position within a segment; a large segment is then split by position so that each pass
-    also skips the positions before its first patched one. A chunk that runs out of memory is
+    also skips the positions before its first patched one. With lead rows, resumed passes are
+    sized for the positions from the first one where lead and base tokens differ (before it
+    both runs are equal, so an edit copying lead activations changes nothing there and is not
+    computed; an edit that does is still exact, its pass just larger). A chunk that runs out of memory is
     retried at half the size, and later chunks keep the smaller size. Under
     torch.distributed each rank runs its block of the runs (every run over all prompts) and the
     rows are summed across ranks, so every rank returns the whole [n_runs (+1), B].
@@ -95,11 +98,15 @@ def run_batched(
     n_prompts, n_pos = tokens.shape
     head = model.check_tokens(lead) if lead is not None else tokens[:0]  # [B or 0, pos]
     n_lead = head.shape[0]
-    per_forward = batch_size or runs_per_forward(model, n_prompts, n_pos, memory_budget)
     mine = distributed.shard(n_runs)  # this rank's block of runs; rank 0 owns run 0 and the lead
     out = torch.zeros(n_runs + (lead is not None), n_prompts)  # [run (+ lead), batch]
     bar = tqdm(total=len(mine), desc=desc, disable=not (progress and distributed.is_main()), unit="run")
     support = resume.supports(model) if layer_of is not None else resume.Support(False, False, False)
+    computed = n_pos  # positions a pass computes: resumed passes skip those where lead and base tokens agree
+    if support.ok and support.prefix and n_lead and n_lead == n_prompts:
+        differ = (head != tokens).any(0).nonzero()
+        computed = n_pos - int(differ[0]) if len(differ) else 1
+    per_forward = batch_size or runs_per_forward(model, n_prompts, computed, memory_budget)
     ckpt = None
     if support.ok:
         with torch.no_grad():  # rows: lead, then base
@@ -107,16 +114,24 @@ def run_batched(
                                   z_layers=range(model.facts.n_layers) if support.shortcut else ())
     last = model.facts.n_layers - 1
 
-    def forward(chunk: range) -> torch.Tensor:  # local offsets -> [B_lead + k * B] metric values
+    def stacked_rows(k: int) -> torch.Tensor:  # captured rows of a pass of k runs: lead, then base k times
+        return torch.cat([torch.arange(n_lead), n_lead + torch.arange(n_prompts).repeat(k)]).to(model.device)
+
+    def forward(chunk: range, merged: bool = False) -> torch.Tensor:  # local offsets -> [B_lead + k * B] metric values
         runs = range(mine.start + chunk.start, mine.start + chunk.stop)
-        hooks = hooks_for(runs)
-        start = _first_block(hooks) if ckpt is not None else None
-        if start is None:
-            stacked = torch.cat([head, tokens.repeat(len(runs), 1)])  # [B_lead + k * B, pos]
-            result = model.run_with_hooks(stacked, fwd=hooks)  # [B_lead + k * B, pos, ...]
-        else:
-            rows = torch.cat([torch.arange(n_lead), n_lead + torch.arange(n_prompts).repeat(len(runs))]).to(model.device)
-            result = _resumed(model, ckpt, support, start, rows, hooks, last)
+        result = None
+        if merged:  # runs of several blocks, each block's edits applied to its own runs' rows
+            parts = [(layer_of(sub.start), hooks_for(sub), stacked_rows(len(sub)),
+                      n_lead + (sub.start - runs.start) * n_prompts) for sub in _by_block(runs, layer_of)]
+            result = _resumed_mixed(model, ckpt, support, parts, stacked_rows(len(runs)), n_lead)
+        if result is None:
+            hooks = hooks_for(runs)
+            start = _first_block(hooks) if ckpt is not None else None
+            if start is None:
+                stacked = torch.cat([head, tokens.repeat(len(runs), 1)])  # [B_lead + k * B, pos]
+                result = model.run_with_hooks(stacked, fwd=hooks)  # [B_lead + k * B, pos, ...]
+            else:
+                result = _resumed(model, ckpt, support, start, stacked_rows(len(runs)), hooks, last)
         if stacked_metric:
             values = metric(result).float().cpu()  # [B_lead + k * B]
         else:
@@ -133,9 +148,15 @@ def run_batched(
         size[0] = max(1, min(size[0], failed // 2))
 
     key = None if ckpt is None else (lambda i: layer_of(mine.start + i))
+    segments = [(seg, False) for seg in _segments(len(mine), key)]
+    if ckpt is not None and support.shortcut and support.fast:  # all-position z edits of several blocks: one pass
+        segments = _merge_z_segments([seg for seg, _ in segments],
+                                     lambda i: hooks_for(range(mine.start + i, mine.start + i + 1)),
+                                     lambda i: layer_of(mine.start + i),
+                                     lambda i: None if pos_of is None else pos_of(mine.start + i))
     first = True
     with torch.no_grad():
-        for seg in _segments(len(mine), key):
+        for seg, merged in segments:
             subs = [seg]
             if ckpt is not None and support.prefix and pos_of is not None and pos_of(mine.start + seg.start) is not None:
                 n_sub = max(1, min(4, len(seg) * n_prompts * n_pos // 500))  # passes that skip earlier positions
@@ -143,7 +164,7 @@ def run_batched(
                 subs = [range(seg.start + r.start, seg.start + r.stop) for r in subs]
             for sub in subs:
                 n_chunk = len(chunks(len(sub), size[0])[0]) if len(sub) else 1  # equal-sized forward passes
-                parts = batching.run_chunks(lambda c: forward(range(sub.start + c.start, sub.start + c.stop)),
+                parts = batching.run_chunks(lambda c: forward(range(sub.start + c.start, sub.start + c.stop), merged),
                                             len(sub), n_chunk, on_oom=shrink)
                 for chunk, values in parts:
                     lo = mine.start + sub.start + chunk.start
@@ -191,6 +212,59 @@ def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, 
     got = resume.resume(model, ckpt, start, rows[moved.to(rows.device)], last_only=True, from_pos=from_pos, fast=support.fast,
                         hidden=None if hidden is None else edited, z=None if z is None else edited)
     return logits.index_copy(0, moved.to(logits.device), got.to(logits.dtype))
+
+
+def _merge_z_segments(segments: list[range], hooks_of: Callable[[int], Hooks], layer_of: Callable[[int], int],
+                      pos_of: Callable[[int], int | None]) -> list[tuple[range, bool]]:
+    """Consecutive segments whose runs edit their block's z at every position, merged (flag
+    True): their passes go through resume.resume_mixed (each block runs once for the rows that
+    reached it)."""
+    def z_only(seg: range) -> bool:
+        run = seg.stop - 1  # a patched run (the unpatched run 0 has no hooks)
+        names = {name for name, _ in hooks_of(run)}
+        return pos_of(run) is None and names == {f"blocks.{layer_of(run)}.attn.hook_z"}
+
+    merged: list[range] = []
+    for seg, simple in ((seg, z_only(seg)) for seg in segments):
+        if merged and simple and merged[-1][1]:
+            merged[-1] = (range(merged[-1][0].start, seg.stop), True)
+        else:
+            merged.append((seg, simple))
+    return [(seg, simple and seg.start != seg.stop) for seg, simple in merged]
+
+
+def _by_block(runs: range, layer_of: Callable[[int], int]) -> list[range]:
+    """`runs` split where the block they edit changes (run 0, unpatched, joins run 1)."""
+    cuts = [r for r in range(runs.start + 1, runs.stop) if layer_of(r) != layer_of(r - 1)]
+    bounds = [runs.start, *cuts, runs.stop]
+    return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _resumed_mixed(model, ckpt, support, parts: list, rows: torch.Tensor, n_lead: int) -> torch.Tensor | None:
+    """A pass over runs of several blocks (parts: (block, its runs' hooks, their stacked rows,
+    where their first base row sits in the pass)), each block's z edits applied to its own
+    runs' captured z; each changed row enters at its block (resume.resume_mixed), the others
+    are the captured run. -> last-position logits [len(rows), 1, d_vocab], or None when a hook
+    is not a z edit of its block or touches a lead row (the caller then runs the usual way)."""
+    logits = ckpt.logits[rows.to(ckpt.logits.device)].unsqueeze(1)  # [n, 1, d_vocab]
+    groups, where, first = [], [], ckpt.z[0].shape[1] - 1
+    for block, hooks, at, offset in parts:
+        if any(name != f"blocks.{block}.attn.hook_z" for name, _ in hooks):
+            return None
+        before = ckpt.z[block][at.to(ckpt.z[block].device)]  # [n_part, pos, head, d_head]
+        edited = _apply(model, hooks, before.clone())  # hooks may edit in place
+        diff = (edited != before).flatten(2).any(2).cpu()  # [n_part, pos]
+        moved = diff.any(1).nonzero().squeeze(1)  # [m] rows that run
+        if len(moved) and int(moved[0]) < n_lead:
+            return None
+        if len(moved):
+            first = min(first, int(diff.any(0).nonzero()[0]))
+            groups.append((block, at[moved.to(at.device)], edited[moved.to(edited.device)]))
+            where.append(moved - n_lead + offset)  # their rows in the pass
+    if not groups:
+        return logits
+    got = resume.resume_mixed(model, ckpt, groups, from_pos=first if support.prefix else 0)
+    return logits.index_copy(0, torch.cat(where).to(logits.device), got.to(logits.dtype))
 
 
 def _apply(model, hooks: list, act: torch.Tensor) -> torch.Tensor:

@@ -34,3 +34,18 @@ def timed(fn, repeats: int) -> tuple[float, object]:
         result = fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), result
+
+
+def timed_pair(baseline, ours, repeats: int) -> tuple[float, float, object, object]:
+    """Median wall times of `baseline` and `ours`, called alternately `repeats` times each after
+    one warm-up call of each (so a shared machine's drifting speed hits both sides alike), and
+    their last results."""
+    baseline(), ours()
+    times: tuple[list[float], list[float]] = ([], [])
+    results = [None, None]
+    for _ in range(repeats):
+        for i, fn in enumerate((baseline, ours)):
+            t0 = time.perf_counter()
+            results[i] = fn()
+            times[i].append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1]), results[0], results[1]

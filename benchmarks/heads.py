@@ -10,8 +10,9 @@ Prints, per number of examples:
    >= 4x. Also headscope's own code path forced to one head per
    pass (the gain from stacking) and with resuming turned off (full stacked passes: the gain
    from resuming).
-Each timing is the median of --repeats runs after a warm-up. The model is zoo/synth-llama
-when shipped, else a randomly initialised model of the same recipe (said in the output).
+Each timing is the median of --repeats runs after a warm-up; the loop and batched ablation
+run alternately. The model is zoo/synth-llama when shipped, else a randomly initialised model
+of the same recipe (said in the output).
 
     python benchmarks/heads.py [--n-examples 8 32] [--repeats 3] [--model SPEC] [--threads 1]
 """
@@ -22,7 +23,7 @@ import sys
 
 import torch
 
-from _common import load, timed
+from _common import load, timed, timed_pair
 from headscope.analyses import heads_importance as hi
 from headscope.analyses import tasks
 from headscope.hooks import resume
@@ -71,9 +72,9 @@ def main() -> None:
         task = tasks.zoo(model, "kv", n_examples=n, seed=0)
         scorer = hi.make_scorer(model, task)
         pos = task.tokens.shape[1]
-        t_loop, ref = timed(lambda: loop_importance(model, task), args.repeats)
+        t_loop, t_batch, ref, got = timed_pair(lambda: loop_importance(model, task),
+                                               lambda: hi.ablation_importance(model, scorer), args.repeats)
         t_grad, _ = timed(lambda: hi.gradient_importance(model, scorer), args.repeats)
-        t_batch, got = timed(lambda: hi.ablation_importance(model, scorer), args.repeats)
         t_single, _ = timed(lambda: hi.ablation_importance(model, scorer, max_tokens=n * pos), args.repeats)
         supports = resume.supports
         resume.supports = lambda model: resume.Support(False, False, False)  # full stacked passes, as before resuming

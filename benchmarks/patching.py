@@ -12,12 +12,12 @@ many patched runs stacked per pass; blocks no hook looks at run hook-free (hooks
 a patch that leaves a row's activation bitwise unchanged (IOI's clean and corrupted prompts
 agree before the changed name, printed below) is not recomputed, and the others start at the
 first position they change. Both sides include getting the clean activations (run_with_cache /
-capture). Each timing is the median of --repeats runs after a warm-up. The
-model is zoo/synth-llama when shipped, else a randomly initialised model of the same recipe
-(said in the output). --threads sets torch's intra-op threads for both sides (1 is much faster
-on a loaded shared CPU).
+capture). Each timing is the median of --repeats runs after a warm-up; the two sides of a
+ratio run alternately. The model is zoo/synth-llama when shipped, else a randomly initialised
+model of the same recipe (said in the output). --threads sets torch's intra-op threads for both
+sides (1 is much faster on a loaded shared CPU).
 
-    python benchmarks/patching.py [--n-examples 1 8] [--repeats 3] [--model SPEC] [--threads N]
+    python benchmarks/patching.py [--n-examples 1 8] [--repeats 5] [--model SPEC] [--threads N]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import io
 import torch
 from transformer_lens import patching as tlp
 
-from _common import load, timed
+from _common import load, timed, timed_pair
 from headscope.analyses import tasks
 from headscope.analyses.attribution_patching import attribution_patching
 from headscope.analyses.patching import activation_patching
@@ -56,7 +56,7 @@ def ours(model, task, site: str) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n-examples", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model", default=None)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
@@ -76,8 +76,7 @@ def sweep_all(model, task, repeats: int) -> None:
           f"at position {first}); metric: mean logit difference")
     for site, sweep in [("resid_pre", tlp.get_act_patch_resid_pre),
                         ("head_out", tlp.get_act_patch_attn_head_out_all_pos)]:
-        t_tl, ref = timed(lambda: tl_sweep(model, task, sweep), repeats)
-        t_hs, got = timed(lambda: ours(model, task, site), repeats)
+        t_tl, t_hs, ref, got = timed_pair(lambda: tl_sweep(model, task, sweep), lambda: ours(model, task, site), repeats)
         diff = (got.view(ref.shape) - ref).abs().max().item()
         print(f"{site:<16} cells {ref.numel():>4}: transformer_lens {t_tl:8.3f} s   headscope {t_hs:7.3f} s   "
               f"ratio {t_tl / t_hs:6.1f}x   max abs diff {diff:.2e}")

@@ -25,13 +25,16 @@ import torch.nn.functional as F
 # last_query -> [n, q or 1, d_model], or None for arguments it does not handle
 FastBlock = Callable[[torch.Tensor, dict, "tuple[torch.Tensor, torch.Tensor] | None", bool], "torch.Tensor | None"]
 LLAMA_LIKE = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
+EAGER_SCORES = 400  # queries x keys up to which plain matmul-softmax attention beats the fused kernel on CPU
 
 
 class Block(NamedTuple):
-    """One block, hook-free: `full` as FastBlock; `mlp_half(x)` = x + MLP(post-attention norm(x))."""
+    """One block, hook-free: `full` as FastBlock; `mlp_half(x)` = x + MLP(post-attention norm(x));
+    `record(x, kwargs)` = the block from position 0 with its z, keys and values (for capture)."""
 
     full: FastBlock
     mlp_half: Callable[[torch.Tensor], torch.Tensor]
+    record: Callable[[torch.Tensor, dict], Any]
 
 
 def _raw(module: torch.nn.Module) -> torch.nn.Module:
@@ -70,6 +73,23 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((first, second), dim=-1)
 
 
+def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T scale + mask) v with grouped KV heads, for short queries (a resumed pass's
+    last positions), where it beats the fused kernel's setup cost. q [n, head, q, d_head]; k, v
+    [n, kv, keys, d_head]; mask [n or 1, 1, q, keys] additive or bool. -> [n, head, q, d_head]."""
+    n, n_heads, q_len, d_head = q.shape
+    n_kv = k.shape[1]
+    group = n_heads // n_kv  # query heads h share KV head h // group
+    s = torch.matmul(q.reshape(n, n_kv, group * q_len, d_head), k.transpose(-1, -2)).mul_(scale)
+    s = s.view(n, n_kv, group, q_len, -1)  # [n, kv, group, q, keys]
+    if mask.dtype == torch.bool:
+        s = s.masked_fill_(~mask.unsqueeze(1), torch.finfo(s.dtype).min)
+    else:
+        s = s.add_(mask.unsqueeze(1))
+    p = torch.softmax(s, dim=-1).view(n, n_kv, group * q_len, -1)
+    return torch.matmul(p, v).view(n, n_heads, q_len, d_head)
+
+
 def _llama_block(layer: torch.nn.Module) -> FastBlock:
     attn, mlp = _raw(layer.self_attn), _raw(layer.mlp)
     ln1, ln2 = _raw(layer.input_layernorm), _raw(layer.post_attention_layernorm)
@@ -80,36 +100,56 @@ def _llama_block(layer: torch.nn.Module) -> FastBlock:
     if n_heads * d_head != q_proj.out_features or n_kv * d_head != k_proj.out_features:
         raise ValueError("unexpected projection sizes")
 
-    def run(x: torch.Tensor, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
-            last_query: bool) -> torch.Tensor | None:
+    def attend(x: torch.Tensor, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None, last_query: bool):
+        """-> (z [n, q', head * d_head], this call's k and v [n, kv, q, d_head]) or None (unhandled mask)."""
         n, q_len, _ = x.shape
         cos, sin = kwargs["position_embeddings"]  # [n or 1, q, d_head]
         if cos.shape[-1] != d_head:
             raise ValueError("partial rotary embeddings are not supported here")
-        h = _rms_norm(x, ln1)
-        k = _rotate(k_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2), cos, sin)  # [n, kv, q, d_head]
-        v = v_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2)
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [n, kv, keys, d_head]
         mask = kwargs.get("attention_mask")  # [n or 1, 1, q, keys] additive or bool, or None
         if mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 4):
             return None  # a 2-d padding mask or a block mask (other attention backends): the bridge's job
+        h = _rms_norm(x, ln1)
+        k_new = _rotate(k_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2), cos, sin)  # [n, kv, q, d_head]
+        v_new = v_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2)
+        k, v = k_new, v_new
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [n, kv, keys, d_head]
         if last_query:
-            x, h, cos, sin = x[:, -1:], h[:, -1:], cos[:, -1:], sin[:, -1:]
+            h, cos, sin = h[:, -1:], cos[:, -1:], sin[:, -1:]
             mask = None if mask is None else mask[..., -1:, :]
         q = _rotate(q_proj(h).view(n, h.shape[1], n_heads, d_head).transpose(1, 2), cos, sin)  # [n, head, q', d_head]
         if mask is None:  # causal: the queries are the last positions of the keys
             mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - q.shape[2])
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if mask.is_floating_point() else mask,
-                                           scale=scaling, enable_gqa=n_heads != n_kv)  # [n, head, q', d_head]
-        x = o_proj(a.transpose(1, 2).reshape(n, -1, n_heads * d_head)).add_(x)  # in place: fresh buffers
-        return mlp_half(x)
+        if q.shape[2] * k.shape[2] <= EAGER_SCORES:
+            a = _eager_attention(q, k, v, mask, scaling)  # [n, head, q', d_head]
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if mask.is_floating_point() else mask,
+                                               scale=scaling, enable_gqa=n_heads != n_kv)  # [n, head, q', d_head]
+        return a.transpose(1, 2).reshape(n, -1, n_heads * d_head), k_new, v_new
+
+    def run(x: torch.Tensor, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
+            last_query: bool) -> torch.Tensor | None:
+        got = attend(x, kwargs, past, last_query)
+        if got is None:
+            return None
+        x = x[:, -1:] if last_query else x
+        return mlp_half(o_proj(got[0]).add_(x))  # in place: a fresh buffer
+
+    def record(x: torch.Tensor, kwargs: dict):
+        """The block with its parts: (output [n, q, d_model], z [n, q, head, d_head], k, v
+        [n, kv, q, d_head]), or None (unhandled mask)."""
+        got = attend(x, kwargs, None, False)
+        if got is None:
+            return None
+        z, k, v = got
+        return mlp_half(o_proj(z).add_(x)), z.view(*z.shape[:2], n_heads, d_head), k, v
 
     def mlp_half(x: torch.Tensor) -> torch.Tensor:  # x + MLP(ln2(x)), [n, q, d_model]
         h = _rms_norm(x, ln2)
         return down(act(gate(h)).mul_(up(h))).add_(x)
 
-    return Block(run, mlp_half)
+    return Block(run, mlp_half, record)
 
 
 def past_kv(cache: Any, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:

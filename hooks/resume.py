@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 
 from headscope.hooks import fast_blocks
-from headscope.hooks.kv_states import holds_prefix, prefix_cache
+from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
 from headscope.hooks.sites import site, split_block
 
 log = logging.getLogger(__name__)
@@ -75,12 +75,19 @@ def _cache_of(args: tuple, kwargs: dict) -> Any:
 
 
 def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequence[int] = (),
-            attention_mask: torch.Tensor | None = None) -> Checkpoint:
+            attention_mask: torch.Tensor | None = None, fast: bool | None = None) -> Checkpoint:
     """One forward pass of `tokens` [rows, pos] under hooks `fwd`, recording every block's input
     (before its hook_resid_pre) and call arguments, the last-position logits, and z (taken
-    before `fwd` edits it) at z_layers."""
+    before `fwd` edits it) at z_layers. fast: without hooks, run the blocks hook-free
+    (hooks/fast_blocks; None: when supports(model).fast and no hooks are attached)."""
     if model.facts.is_encoder:
         raise ValueError("resume works on decoders only (encoder metrics read every position).")
+    if fast is None:
+        fast = model in _SUPPORT and _SUPPORT[model].fast and not model.n_active_hooks()
+    if fast and not fwd:
+        ckpt = _capture_fast(model, tokens, z_layers, attention_mask)
+        if ckpt is not None:
+            return ckpt
     n_layers = model.facts.n_layers
     calls: list[Any] = [None] * n_layers
     z: dict[int, torch.Tensor] = {}
@@ -114,6 +121,57 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
             resid.append(kwargs.pop("hidden_states"))
             rest.append(((), kwargs))
     return Checkpoint(resid=resid, calls=rest, logits=logits, z=z, kv=kv)
+
+
+class _Stop(Exception):
+    """Raised by a pre-hook to end a forward pass at block 0 (its arguments are all we need)."""
+
+
+def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
+                  attention_mask: torch.Tensor | None) -> Checkpoint | None:
+    """capture through the hook-free blocks: the bridge runs up to block 0 (embedding, mask,
+    rotary tables), then every block runs as plain tensor code, filling a fresh cache. None
+    when that does not apply (no plan; layers of different attention types, whose masks differ;
+    a mask the blocks do not handle)."""
+    plans = _fast_plan(model)
+    layers = [fast_blocks._raw(b) for b in model.bridge.blocks]
+    if plans is None or len({getattr(layer, "attention_type", None) for layer in layers}) > 1:
+        return None
+    got: list[tuple[tuple, dict]] = []
+
+    def stop(module, args, kwargs):
+        got.append((args, dict(kwargs)))
+        raise _Stop
+
+    handle = model.bridge.blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(tokens, attention_mask=attention_mask)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    if not got:
+        return None
+    args, kwargs = got[0]
+    x, rest = (args[0], tuple(args[1:])) if args else (kwargs.pop("hidden_states"), ())
+    cache = new_cache(model)
+    rest, kwargs = _with_cache(rest, kwargs, cache)
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = True
+    resid, z = [], {}
+    with torch.no_grad():
+        for i, block in enumerate(plans):
+            resid.append(x)
+            out = block.record(x, kwargs)
+            if out is None:
+                return None
+            x, z_i, k, v = out
+            if i in z_layers:
+                z[i] = z_i
+            cache.update(k, v, i)
+        logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:]))[:, 0]  # [rows, d_vocab]
+    return Checkpoint(resid=resid, calls=[(rest, kwargs)] * len(plans), logits=logits, z=z, kv=cache)
 
 
 def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
@@ -229,6 +287,47 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
         return model.bridge.unembed(model.bridge.ln_final(x)).to(ckpt.logits.device)
 
 
+def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tensor, torch.Tensor]], *,
+                 from_pos: int = 0) -> torch.Tensor:
+    """Several z-shortcut resumes in one pass: group (start, rows [n_g], z [n_g, pos, head, d_head])
+    enters at block `start` as o(z') (see resume), and the running batch grows as the groups
+    join, so each block runs once for every row that has reached it instead of once per group.
+    Hook-free blocks only (supports(model).fast and .shortcut; no hooks attached), last-position
+    metrics. from_pos: as in resume, for every group. Returns [sum n_g, 1, d_vocab] in group order.
+    """
+    plans = _fast_plan(model)
+    if plans is None:
+        raise ValueError("resume_mixed needs hook-free blocks (supports(model).fast).")
+    blocks, n_layers = model.bridge.blocks, model.facts.n_layers
+    n_pos = ckpt.resid[0].shape[1]
+    if from_pos and not holds_prefix(ckpt.kv, from_pos):
+        raise ValueError("resume_mixed(from_pos=...) needs a cache holding every earlier position.")
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    x, rows, joined = None, None, []  # the running batch [m, q, d_model], its captured rows [m], its groups
+    with torch.no_grad():
+        for i in range(groups[order[0]][0], n_layers):
+            last = i == n_layers - 1
+            if x is not None:
+                kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)[1]
+                if from_pos:
+                    kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
+                x = plans[i].full(x, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
+                if x is None:
+                    raise ValueError(f"block {i}'s arguments are not ones the hook-free blocks handle.")
+                x = x[:, -1:] if last else x
+            for g in (g for g in order if groups[g][0] == i):
+                _, at, z = groups[g]
+                enter = ckpt.resid[i][at.to(ckpt.resid[i].device)][:, from_pos:]  # [n_g, q, d_model]
+                out = _shortcut_block(blocks[i], enter, z[:, from_pos:], last, plans[i].mlp_half)
+                x = out if x is None else torch.cat([x, out])
+                rows = at if rows is None else torch.cat([rows, at])
+                joined.append(g)
+        logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:])).to(ckpt.logits.device)  # [m, 1, d_vocab]
+    sizes = [groups[g][1].shape[0] for g in joined]
+    parts = dict(zip(joined, logits.split(sizes)))
+    return torch.cat([parts[g] for g in range(len(groups))])
+
+
 def _fast_plan(model) -> list | None:
     if model not in _FAST:
         _FAST[model] = fast_blocks.plan(model)
@@ -296,4 +395,12 @@ def _check(model) -> Support:
         resume(model, ckpt, s, rows, fast=True, last_only=lo, from_pos=p if prefix else 0,
                z=ckpt.z[s][rows.to(ckpt.z[s].device)] if shortcut and p == 3 else None)
         for s in starts for lo in (True, False) for p in (0, 3)))
+    def from_quick_capture():
+        quick = capture(model, tokens, z_layers=range(n_layers), fast=True)
+        yield quick.logits[rows].unsqueeze(1)
+        for s in starts:
+            yield resume(model, quick, s, rows, fast=True, from_pos=3 if prefix else 0,
+                         z=quick.z[s][rows.to(quick.z[s].device)] if shortcut else None)
+
+    fast = fast and holds("the hook-free capture", from_quick_capture)  # when it applies
     return Support(ok, shortcut, prefix, fast)

@@ -132,7 +132,7 @@ def test_resid_mid_patches_the_residual_stream(tiny_models):
 
 def test_batch_size_does_not_change_results(tiny_models):
     model, task = tiny_models["llama"], make_task(batch=3, seed=7)
-    sites = ["resid_mid", "head_out_by_pos", "pattern"]
+    sites = ["resid_mid", "head_out_by_pos", "pattern", "head_out"]
     one = activation_patching(model, task, sites, batch_size=1, progress=False).df
     seven = activation_patching(model, task, sites, batch_size=7, progress=False, metric="logit_diff").df  # uneven chunks
 

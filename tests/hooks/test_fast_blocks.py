@@ -33,11 +33,12 @@ def _dirs(tiny_dirs, qwen2_dir):
     return {"llama": tiny_dirs["llama"], "qwen2": qwen2_dir}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_fast_resume_equals_plain_hf(family, models, tiny_dirs, qwen2_dir):
+@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("llama", 25)])  # 25: the fused attention kernel
+def test_fast_resume_equals_plain_hf(family, pos, models, tiny_dirs, qwen2_dir):
     model = models[family]
     assert resume.supports(model).fast
-    tokens = random_tokens(3, 7, seed=11)
+    tokens = random_tokens(3, pos, seed=11)
+    assert (pos * pos > fast_blocks.EAGER_SCORES) == (pos == 25)
     with torch.no_grad():
         want = hf_model(_dirs(tiny_dirs, qwen2_dir)[family])(tokens).logits  # [3, 7, vocab]
     ckpt = resume.capture(model, tokens)
@@ -218,3 +219,24 @@ def test_sliding_window_caches_are_not_reused_past_the_window(mistral_dir):
     loo = leave_one_out(model, tokens, [1, 5, 8])
     torch.testing.assert_close(loo, leave_one_out(model, tokens, [1, 5, 8], reuse_prefix=False), atol=1e-5, rtol=1e-5)
     assert loo.abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("qwen2", 25)])
+def test_fast_capture_equals_the_bridge_capture(family, pos, models):
+    """The hook-free capture records what the bridge's pass records: block inputs, z, keys and
+    values, last-position logits (left-padded rows included)."""
+    model = models[family]
+    tokens = random_tokens(3, pos, seed=19)
+    mask = torch.ones(3, pos, dtype=torch.long)
+    mask[1, :2] = 0
+    layers = range(model.facts.n_layers)
+    slow = resume.capture(model, tokens, z_layers=layers, attention_mask=mask, fast=False)
+    quick = resume.capture(model, tokens, z_layers=layers, attention_mask=mask, fast=True)
+    assert quick.calls[1] is quick.calls[0] and slow.calls[1] is not slow.calls[0]  # the hook-free path ran
+    close = dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(quick.logits, slow.logits, **close)
+    for i in layers:
+        torch.testing.assert_close(quick.resid[i], slow.resid[i], **close)
+        torch.testing.assert_close(quick.z[i], slow.z[i], **close)
+        torch.testing.assert_close(quick.kv.layers[i].keys, slow.kv.layers[i].keys, **close)
+        torch.testing.assert_close(quick.kv.layers[i].values, slow.kv.layers[i].values, **close)
