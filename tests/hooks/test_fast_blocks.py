@@ -9,19 +9,32 @@ from headscope.hooks import fast_blocks, resume
 from tests_support import hf_model, random_tokens, N_CTX
 
 
-@pytest.fixture(scope="module")
-def qwen2_dir(tmp_path_factory, tiny_dirs):
-    """A tiny random Qwen2 (biases on q, k and v; grouped KV heads), with the tiny llama's tokenizer."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+def _save_tiny(out, family: str, tiny_dirs, seed: int, scale: float | None = None, **config):
+    """A tiny random Hugging Face model of `family` ("qwen2", "mistral") saved to `out` with the
+    tiny llama's tokenizer; scale: weight matrices redrawn with this std (else the default init)."""
+    import transformers
+    from transformers import AutoTokenizer
 
-    out = tmp_path_factory.mktemp("tiny-qwen2")
-    torch.manual_seed(3)
-    config = Qwen2Config(vocab_size=hf_model(tiny_dirs["llama"]).config.vocab_size, hidden_size=64,
-                         intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=N_CTX, bos_token_id=2, eos_token_id=3, pad_token_id=1)
-    Qwen2ForCausalLM(config).save_pretrained(out)
+    name = {"qwen2": "Qwen2", "mistral": "Mistral"}[family]
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{name}ForCausalLM")(getattr(transformers, f"{name}Config")(
+        vocab_size=hf_model(tiny_dirs["llama"]).config.vocab_size, hidden_size=64, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=N_CTX, bos_token_id=2,
+        eos_token_id=3, pad_token_id=1, **config))
+    if scale is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.ndim == 2:
+                    p.normal_(0.0, scale)
+    model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_dirs["llama"]).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory, tiny_dirs):
+    """A tiny random Qwen2 (biases on q, k and v; grouped KV heads)."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", tiny_dirs, seed=3, num_hidden_layers=3)
 
 
 @pytest.fixture(scope="module")
@@ -67,21 +80,6 @@ def test_fast_resume_from_a_position_with_an_edit(family, models):
             got = resume.resume(model, ckpt, start, rows, hidden=hidden, from_pos=p, fast=True)
             torch.testing.assert_close(got[:, 0], want[:, -1], atol=1e-5, rtol=1e-5)
             assert (got[:, 0] - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
-
-
-def test_fast_resume_with_left_padding(models):
-    model = models["llama"]
-    tokens = random_tokens(3, 6, seed=13)
-    mask = torch.ones(3, 6, dtype=torch.long)
-    mask[0, :2] = 0
-    mask[2, :1] = 0
-    with torch.no_grad():
-        want = model(tokens, attention_mask=mask)[:, -1]
-    ckpt = resume.capture(model, tokens, attention_mask=mask)
-    rows = torch.tensor([2, 0, 1, 0])
-    for start in range(model.facts.n_layers):
-        torch.testing.assert_close(resume.resume(model, ckpt, start, rows, fast=True)[:, 0], want[rows],
-                                   atol=1e-5, rtol=1e-5)
 
 
 def test_hooked_blocks_keep_the_bridge(models):
@@ -178,23 +176,10 @@ def test_half_precision_keeps_the_bridge(tiny_dirs):
 
 @pytest.fixture(scope="module")
 def mistral_dir(tmp_path_factory, tiny_dirs):
-    """A tiny random Mistral whose sliding window (4) is shorter than the prompts below."""
-    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-mistral")
-    torch.manual_seed(4)
-    config = MistralConfig(vocab_size=hf_model(tiny_dirs["llama"]).config.vocab_size, hidden_size=64,
-                           intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           max_position_embeddings=N_CTX, sliding_window=4, bos_token_id=2, eos_token_id=3,
-                           pad_token_id=1)
-    model = MistralForCausalLM(config)
-    with torch.no_grad():  # larger weights than the default init, so that positions matter
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_dirs["llama"]).save_pretrained(out)
-    return out
+    """A tiny random Mistral whose sliding window (4) is shorter than the prompts below, with
+    larger weights than the default init so that positions matter."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-mistral"), "mistral", tiny_dirs, seed=4, scale=0.2,
+                      num_hidden_layers=2, sliding_window=4)
 
 
 def test_sliding_window_caches_are_not_reused_past_the_window(mistral_dir):

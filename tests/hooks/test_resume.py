@@ -91,7 +91,8 @@ def test_encoders_are_refused(tiny_models, monkeypatch):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_left_padded_prompts_resume_with_their_own_masks(family, tiny_models):
+@pytest.mark.parametrize("fast", [False, True])  # True: hook-free capture and blocks where the family has them
+def test_left_padded_prompts_resume_with_their_own_masks(family, fast, tiny_models):
     """Per-row arguments (the padding mask) follow the rows they are gathered to."""
     model = tiny_models[family]
     tokens = random_tokens(3, 6, seed=4)
@@ -100,10 +101,11 @@ def test_left_padded_prompts_resume_with_their_own_masks(family, tiny_models):
     mask[2, :1] = 0
     with torch.no_grad():
         want = model(tokens, attention_mask=mask)[:, -1]
-    ckpt = resume.capture(model, tokens, attention_mask=mask)
+    ckpt = resume.capture(model, tokens, attention_mask=mask, fast=fast)
     rows = torch.tensor([2, 0, 1, 0])
     for start in range(model.facts.n_layers):
-        torch.testing.assert_close(resume.resume(model, ckpt, start, rows)[:, 0], want[rows], atol=1e-5, rtol=1e-5)
+        got = resume.resume(model, ckpt, start, rows, fast=fast)
+        torch.testing.assert_close(got[:, 0], want[rows], atol=1e-5, rtol=1e-5)
     assert (want[0] - model(tokens[:1])[:, -1]).abs().max() > 1e-3  # the mask matters
 
 
