@@ -84,10 +84,10 @@ def run_batched(
     with the same block form a segment that resumes there from one captured pass
     (hooks/resume). pos_of(run): the position it patches (None: all), runs in increasing
     position within a segment; a large segment is then split by position so that each pass
-    also skips the positions before its first patched one. With lead rows, resumed passes are
-    sized for the positions from the first one where lead and base tokens differ (before it
-    both runs are equal, so an edit copying lead activations changes nothing there and is not
-    computed; an edit that does is still exact, its pass just larger). A chunk that runs out of memory is
+    also skips the positions before its first patched one. Consecutive segments of all-position
+    z edits (head sweeps) share passes (resume.resume_mixed), sized for the positions from the
+    first one where lead and base tokens differ (before it both runs are equal, so an edit
+    copying lead activations changes nothing there). A chunk that runs out of memory is
     retried at half the size, and later chunks keep the smaller size. Under
     torch.distributed each rank runs its block of the runs (every run over all prompts) and the
     rows are summed across ranks, so every rank returns the whole [n_runs (+1), B].
@@ -102,11 +102,12 @@ def run_batched(
     out = torch.zeros(n_runs + (lead is not None), n_prompts)  # [run (+ lead), batch]
     bar = tqdm(total=len(mine), desc=desc, disable=not (progress and distributed.is_main()), unit="run")
     support = resume.supports(model) if layer_of is not None else resume.Support(False, False, False)
-    computed = n_pos  # positions a pass computes: resumed passes skip those where lead and base tokens agree
+    computed = n_pos  # positions a merged head pass computes: those from where lead and base tokens differ
     if support.ok and support.prefix and n_lead and n_lead == n_prompts:
         differ = (head != tokens).any(0).nonzero()
         computed = n_pos - int(differ[0]) if len(differ) else 1
-    per_forward = batch_size or runs_per_forward(model, n_prompts, computed, memory_budget)
+    per_forward = {merged: batch_size or runs_per_forward(model, n_prompts, pos, memory_budget)
+                   for merged, pos in ((False, n_pos), (True, computed))}
     ckpt = None
     if support.ok:
         with torch.no_grad():  # rows: lead, then base
@@ -142,10 +143,12 @@ def run_batched(
         bar.update(len(runs))
         return values
 
-    size = [max(1, per_forward)]  # runs per pass; shrinks for good on out-of-memory
+    size = {merged: max(1, k) for merged, k in per_forward.items()}  # runs per pass; shrinks for good on out-of-memory
 
-    def shrink(failed: int) -> None:
-        size[0] = max(1, min(size[0], failed // 2))
+    def shrink(merged: bool):
+        def halve(failed: int) -> None:
+            size[merged] = max(1, min(size[merged], failed // 2))
+        return halve
 
     key = None if ckpt is None else (lambda i: layer_of(mine.start + i))
     segments = [(seg, False) for seg in _segments(len(mine), key)]
@@ -163,9 +166,9 @@ def run_batched(
                 subs = chunks(len(seg), math.ceil(len(seg) / n_sub))
                 subs = [range(seg.start + r.start, seg.start + r.stop) for r in subs]
             for sub in subs:
-                n_chunk = len(chunks(len(sub), size[0])[0]) if len(sub) else 1  # equal-sized forward passes
+                n_chunk = len(chunks(len(sub), size[merged])[0]) if len(sub) else 1  # equal-sized forward passes
                 parts = batching.run_chunks(lambda c: forward(range(sub.start + c.start, sub.start + c.stop), merged),
-                                            len(sub), n_chunk, on_oom=shrink)
+                                            len(sub), n_chunk, on_oom=shrink(merged))
                 for chunk, values in parts:
                     lo = mine.start + sub.start + chunk.start
                     out[lo:lo + len(chunk)] = values[n_lead:].view(len(chunk), n_prompts)

@@ -121,6 +121,7 @@ def _llama_block(layer: torch.nn.Module) -> FastBlock:
         q = _rotate(q_proj(h).view(n, h.shape[1], n_heads, d_head).transpose(1, 2), cos, sin)  # [n, head, q', d_head]
         if mask is None:  # causal: the queries are the last positions of the keys
             mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - q.shape[2])
+            mask = mask[None, None]  # [1, 1, q', keys]
         if q.shape[2] * k.shape[2] <= EAGER_SCORES:
             a = _eager_attention(q, k, v, mask, scaling)  # [n, head, q', d_head]
         else:

@@ -79,11 +79,11 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
     """One forward pass of `tokens` [rows, pos] under hooks `fwd`, recording every block's input
     (before its hook_resid_pre) and call arguments, the last-position logits, and z (taken
     before `fwd` edits it) at z_layers. fast: without hooks, run the blocks hook-free
-    (hooks/fast_blocks; None: when supports(model).fast and no hooks are attached)."""
+    (hooks/fast_blocks; None: when supports(model).fast_capture and no hooks are attached)."""
     if model.facts.is_encoder:
         raise ValueError("resume works on decoders only (encoder metrics read every position).")
     if fast is None:
-        fast = model in _SUPPORT and _SUPPORT[model].fast and not model.n_active_hooks()
+        fast = model in _SUPPORT and _SUPPORT[model].fast_capture and not model.n_active_hooks()
     if fast and not fwd:
         ckpt = _capture_fast(model, tokens, z_layers, attention_mask)
         if ckpt is not None:
@@ -134,9 +134,8 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
     when that does not apply (no plan; layers of different attention types, whose masks differ;
     a mask the blocks do not handle)."""
     plans = _fast_plan(model)
-    layers = [fast_blocks._raw(b) for b in model.bridge.blocks]
-    if plans is None or len({getattr(layer, "attention_type", None) for layer in layers}) > 1:
-        return None
+    if plans is None or len(set(getattr(model.bridge.original_model.config, "layer_types", None) or ())) > 1:
+        return None  # e.g. sliding and full attention layers: each kind gets its own mask
     got: list[tuple[tuple, dict]] = []
 
     def stop(module, args, kwargs):
@@ -157,8 +156,6 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
     x, rest = (args[0], tuple(args[1:])) if args else (kwargs.pop("hidden_states"), ())
     cache = new_cache(model)
     rest, kwargs = _with_cache(rest, kwargs, cache)
-    if "use_cache" in kwargs:
-        kwargs["use_cache"] = True
     resid, z = [], {}
     with torch.no_grad():
         for i, block in enumerate(plans):
@@ -293,7 +290,8 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
     enters at block `start` as o(z') (see resume), and the running batch grows as the groups
     join, so each block runs once for every row that has reached it instead of once per group.
     Hook-free blocks only (supports(model).fast and .shortcut; no hooks attached), last-position
-    metrics. from_pos: as in resume, for every group. Returns [sum n_g, 1, d_vocab] in group order.
+    metrics. from_pos: as in resume, for every group (a sliding-window cache that dropped early
+    positions computes every position instead). Returns [sum n_g, 1, d_vocab] in group order.
     """
     plans = _fast_plan(model)
     if plans is None:
@@ -301,7 +299,7 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
     blocks, n_layers = model.bridge.blocks, model.facts.n_layers
     n_pos = ckpt.resid[0].shape[1]
     if from_pos and not holds_prefix(ckpt.kv, from_pos):
-        raise ValueError("resume_mixed(from_pos=...) needs a cache holding every earlier position.")
+        from_pos = 0  # a sliding-window cache kept only recent positions: recompute all
     order = sorted(range(len(groups)), key=lambda g: groups[g][0])
     x, rows, joined = None, None, []  # the running batch [m, q, d_model], its captured rows [m], its groups
     with torch.no_grad():
@@ -341,6 +339,7 @@ class Support(NamedTuple):
     shortcut: bool  # a z edit entering as o(z') (sequential blocks)
     prefix: bool  # from_pos: positions before the edit taken from the captured cache
     fast: bool = False  # hook-free blocks (hooks/fast_blocks) where no hook looks
+    fast_capture: bool = False  # capture without hooks runs the blocks hook-free
 
 
 def supports(model) -> Support:
@@ -402,5 +401,5 @@ def _check(model) -> Support:
             yield resume(model, quick, s, rows, fast=True, from_pos=3 if prefix else 0,
                          z=quick.z[s][rows.to(quick.z[s].device)] if shortcut else None)
 
-    fast = fast and holds("the hook-free capture", from_quick_capture)  # when it applies
-    return Support(ok, shortcut, prefix, fast)
+    fast_capture = fast and holds("the hook-free capture", from_quick_capture)  # when it applies
+    return Support(ok, shortcut, prefix, fast, fast_capture)

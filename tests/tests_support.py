@@ -23,38 +23,29 @@ def word_tokenizer():
     )
 
 
-def build_tiny_model(family: str, out: Path, seed: int = 0) -> Path:
-    """Save a random 2-layer model of the family ("gpt2", "llama" with GQA, "neox") to `out`."""
-    from transformers import (
-        GPT2Config,
-        GPT2LMHeadModel,
-        GPTNeoXConfig,
-        GPTNeoXForCausalLM,
-        LlamaConfig,
-        LlamaForCausalLM,
-    )
+def build_tiny_model(family: str, out: Path, seed: int = 0, **config) -> Path:
+    """Save a random model of the family to `out`: "gpt2", "neox", or the Llama-style "llama"
+    (GQA), "qwen2" (biases on q, k and v) and "mistral"; 2 layers unless `config`, which
+    overrides fields of the Hugging Face config, says otherwise."""
+    import transformers
 
     torch.manual_seed(seed)
-    vocab = len(SPECIALS) + N_WORDS
-    special = dict(bos_token_id=2, eos_token_id=3, pad_token_id=1)
+    special = dict(vocab_size=len(SPECIALS) + N_WORDS, bos_token_id=2, eos_token_id=3, pad_token_id=1)
     if family == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=N_CTX, **special))
-    elif family == "llama":
-        model = LlamaForCausalLM(
-            LlamaConfig(
-                vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=N_CTX, **special,
-            )
-        )
+        fields = dict(n_embd=64, n_layer=2, n_head=4, n_positions=N_CTX)
+        make = transformers.GPT2LMHeadModel, transformers.GPT2Config
     elif family == "neox":
-        model = GPTNeoXForCausalLM(
-            GPTNeoXConfig(
-                vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, max_position_embeddings=N_CTX, **special,
-            )
-        )
+        fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      max_position_embeddings=N_CTX)
+        make = transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig
+    elif family in ("llama", "qwen2", "mistral"):
+        fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=N_CTX)
+        name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
+        make = getattr(transformers, f"{name}ForCausalLM"), getattr(transformers, f"{name}Config")
     else:
         raise ValueError(family)
+    model = make[0](make[1](**{**special, **fields, **config}))
     with torch.no_grad():  # random but not tiny weights, so that heads differ visibly
         for p in model.parameters():
             if p.ndim == 2:

@@ -111,6 +111,13 @@ def test_cells_before_the_first_difference_equal_transformer_lens(family, tiny_m
     check_against_transformer_lens(tiny_models[family], task, ["resid_pre"], direction="noise")
 
 
+def test_head_sweep_on_a_sliding_window_model_equals_transformer_lens(tmp_path):
+    """Mistral with a window (4) shorter than the prompts (10): the captured cache lost the early
+    positions, so merged head passes recompute every position instead of reusing it."""
+    model = hs.load_model(build_tiny_model("mistral", tmp_path / "mistral", seed=6, sliding_window=4), device="cpu")
+    check_against_transformer_lens(model, make_task(pos=10, seed=8), ["head_out", "resid_pre"])
+
+
 def test_head_k_v_pattern_equal_transformer_lens_under_gqa(tiny_models):
     model = tiny_models["llama"]  # 4 query heads, 2 KV heads
     check_against_transformer_lens(model, make_task(seed=3), ["k", "v", "pattern"])

@@ -6,35 +6,13 @@ import torch
 
 import headscope as hs
 from headscope.hooks import fast_blocks, resume
-from tests_support import hf_model, random_tokens, N_CTX
-
-
-def _save_tiny(out, family: str, tiny_dirs, seed: int, scale: float | None = None, **config):
-    """A tiny random Hugging Face model of `family` ("qwen2", "mistral") saved to `out` with the
-    tiny llama's tokenizer; scale: weight matrices redrawn with this std (else the default init)."""
-    import transformers
-    from transformers import AutoTokenizer
-
-    name = {"qwen2": "Qwen2", "mistral": "Mistral"}[family]
-    torch.manual_seed(seed)
-    model = getattr(transformers, f"{name}ForCausalLM")(getattr(transformers, f"{name}Config")(
-        vocab_size=hf_model(tiny_dirs["llama"]).config.vocab_size, hidden_size=64, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=N_CTX, bos_token_id=2,
-        eos_token_id=3, pad_token_id=1, **config))
-    if scale is not None:
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.ndim == 2:
-                    p.normal_(0.0, scale)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_dirs["llama"]).save_pretrained(out)
-    return out
+from tests_support import build_tiny_model, hf_model, random_tokens
 
 
 @pytest.fixture(scope="module")
-def qwen2_dir(tmp_path_factory, tiny_dirs):
-    """A tiny random Qwen2 (biases on q, k and v; grouped KV heads)."""
-    return _save_tiny(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", tiny_dirs, seed=3, num_hidden_layers=3)
+def qwen2_dir(tmp_path_factory):
+    """A tiny random Qwen2 (biases on q, k and v; grouped KV heads), 3 layers."""
+    return build_tiny_model("qwen2", tmp_path_factory.mktemp("tiny-qwen2"), seed=3, num_hidden_layers=3)
 
 
 @pytest.fixture(scope="module")
@@ -175,11 +153,9 @@ def test_half_precision_keeps_the_bridge(tiny_dirs):
 
 
 @pytest.fixture(scope="module")
-def mistral_dir(tmp_path_factory, tiny_dirs):
-    """A tiny random Mistral whose sliding window (4) is shorter than the prompts below, with
-    larger weights than the default init so that positions matter."""
-    return _save_tiny(tmp_path_factory.mktemp("tiny-mistral"), "mistral", tiny_dirs, seed=4, scale=0.2,
-                      num_hidden_layers=2, sliding_window=4)
+def mistral_dir(tmp_path_factory):
+    """A tiny random Mistral whose sliding window (4) is shorter than the prompts below."""
+    return build_tiny_model("mistral", tmp_path_factory.mktemp("tiny-mistral"), seed=4, sliding_window=4)
 
 
 def test_sliding_window_caches_are_not_reused_past_the_window(mistral_dir):
@@ -225,3 +201,67 @@ def test_fast_capture_equals_the_bridge_capture(family, pos, models):
         torch.testing.assert_close(quick.z[i], slow.z[i], **close)
         torch.testing.assert_close(quick.kv.layers[i].keys, slow.kv.layers[i].keys, **close)
         torch.testing.assert_close(quick.kv.layers[i].values, slow.kv.layers[i].values, **close)
+
+
+def test_mixed_attention_layers_keep_the_bridge_capture(tmp_path):
+    """Qwen2 with full attention in layer 0 and sliding windows above: each kind of layer gets its
+    own mask, so the hook-free capture (one mask for all) must not run, even though the
+    6-token check cannot tell; a 12-token capture equals plain Hugging Face."""
+    path = build_tiny_model("qwen2", tmp_path / "qwen2-mixed", seed=5, num_hidden_layers=3, sliding_window=8,
+                            max_window_layers=1, use_sliding_window=True)
+    model = hs.load_model(path, device="cpu")
+    assert len(set(model.bridge.original_model.config.layer_types)) == 2
+    resume.supports(model)
+    tokens = random_tokens(2, 12, seed=20)
+    with torch.no_grad():
+        want = hf_model(path)(tokens).logits[:, -1]
+    ckpt = resume.capture(model, tokens, fast=True)
+    torch.testing.assert_close(ckpt.logits, want, atol=1e-5, rtol=1e-5)
+    for start in range(3):
+        got = resume.resume(model, ckpt, start, torch.arange(2), fast=True)
+        torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_resume_mixed_equals_transformer_lens_per_group(models):
+    """Groups entering at different blocks (one at the last) share one pass; each group's logits
+    equal TransformerLens with that group's z edit, from position p on, in a full pass."""
+    model = models["qwen2"]  # 3 blocks
+    tokens = random_tokens(2, 7, seed=21)
+    ckpt = resume.capture(model, tokens, z_layers=range(3))
+    p = 3
+
+    def zero(head: int):
+        def hook(z, hook):
+            z = z.clone()
+            z[:, p:, head] = 0.0
+            return z
+        return hook
+
+    plan = [(2, torch.tensor([1]), 0), (0, torch.tensor([1, 0, 1]), 2), (1, torch.tensor([0]), 3)]
+    groups = [(block, rows, zero(head)(ckpt.z[block][rows], None)) for block, rows, head in plan]
+    got = resume.resume_mixed(model, ckpt, groups, from_pos=p)  # [5, 1, vocab], in group order
+    at = 0
+    for block, rows, head in plan:
+        with torch.no_grad():
+            want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", block), zero(head))])[:, -1]
+        torch.testing.assert_close(got[at:at + len(rows), 0], want, atol=1e-5, rtol=1e-5)
+        assert (want - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
+        at += len(rows)
+
+
+@pytest.mark.parametrize("q_len", [1, 4, 7])
+def test_blocks_without_a_mask_are_causal(q_len, models):
+    """With no attention mask in the call (other attention set-ups) a block attends causally,
+    the queries being the last q_len of the keys: as with the explicit 4-d causal mask."""
+    model = models["qwen2"]  # 4 query heads on 2 KV heads
+    tokens = random_tokens(2, 7, seed=22)
+    ckpt = resume.capture(model, tokens, fast=False)
+    block = fast_blocks.plan(model)[1]
+    kwargs = {k: resume._suffix(v, 7 - q_len, 7, k) for k, v in ckpt.calls[1][1].items()}
+    assert kwargs["attention_mask"].shape[-2:] == (q_len, 7)
+    past = fast_blocks.past_kv(ckpt.kv, 1, torch.arange(2), 7 - q_len)
+    x = ckpt.resid[1][:, 7 - q_len:]
+    with torch.no_grad():
+        want = block.full(x, kwargs, past, False)
+        got = block.full(x, {**kwargs, "attention_mask": None}, past, False)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)

@@ -80,7 +80,7 @@ def test_parallel_residual_blocks_keep_the_full_attention(tiny_models):
     and the check must see that."""
     model = tiny_models["neox"]
     assert model.bridge.original_model.config.use_parallel_residual
-    assert resume.supports(model) == (True, False, True, False)  # no hook-free blocks for NeoX either
+    assert resume.supports(model) == (True, False, True, False, False)  # no hook-free blocks for NeoX either
 
 
 def test_encoders_are_refused(tiny_models, monkeypatch):
@@ -131,5 +131,5 @@ def test_nothing_resumes_while_other_hooks_are_attached(tiny_models):
     model = tiny_models["llama"]
     assert resume.supports(model).ok
     with hs.ablate(model, heads=[(1, 0)]):
-        assert resume.supports(model) == (False, False, False, False)
+        assert resume.supports(model) == (False, False, False, False, False)
     assert resume.supports(model).ok
