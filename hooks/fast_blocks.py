@@ -3,11 +3,13 @@
 A resumed pass (hooks/resume) often runs blocks that no hook looks at: every block after an
 ablated head or a patched activation. Through the TransformerBridge each such block costs about
 a millisecond of Python (hook points, wrappers) besides its arithmetic, which dominates the
-small passes of a patching sweep. `plan` returns, for an architecture it knows, one function per
+small passes of a patching sweep. `plan` returns, for an architecture it knows, a `Block` per
 block computing the same thing from the block's own weight modules (read live, so in-place
-weight edits are seen), plus one saving a bridge block cannot make: in the last block the
-attention of the last query only (`last_query`), since a last-position metric reads nothing
-else. resume.supports checks the result against a full pass before anything uses it.
+weight edits are seen): the whole block, its MLP half (after a z edit enters as the attention
+output) and the block with its z, keys and values (for a hook-free capture). One saving a
+bridge block cannot make: in the last block the attention of the last query only
+(`last_query`), since a last-position metric reads nothing else. resume.supports checks each
+use against a full pass before anything relies on it.
 
 Known: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated MLP), i.e.
 Llama, Mistral and Qwen2 layers, in float32. Others (and half precision, where Hugging Face's
@@ -43,7 +45,7 @@ def _raw(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def plan(model) -> list[Block] | None:
-    """One hook-free function per block, or None when the architecture is not a known one."""
+    """The hook-free blocks, or None when the architecture (or dtype) is not a known one."""
     layers = [_raw(b) for b in model.bridge.blocks]
     if not layers or any(type(layer).__name__ not in LLAMA_LIKE for layer in layers):
         return None

@@ -394,6 +394,7 @@ def _check(model) -> Support:
         resume(model, ckpt, s, rows, fast=True, last_only=lo, from_pos=p if prefix else 0,
                z=ckpt.z[s][rows.to(ckpt.z[s].device)] if shortcut and p == 3 else None)
         for s in starts for lo in (True, False) for p in (0, 3)))
+
     def from_quick_capture():
         quick = capture(model, tokens, z_layers=range(n_layers), fast=True)
         yield quick.logits[rows].unsqueeze(1)
