@@ -11,9 +11,9 @@ bridge block cannot make: in the last block the attention of the last query only
 (`last_query`), since a last-position metric reads nothing else. resume.supports checks each
 use against a full pass before anything relies on it.
 
-Known: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated MLP), i.e.
-Llama, Mistral and Qwen2 layers, in float32. Others (and half precision, where Hugging Face's
-eager attention rounds differently) get None and keep the bridge's blocks.
+Known, in float32: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated
+MLP), i.e. Llama, Mistral and Qwen2 layers; and GPT-2 blocks. Others (and half precision,
+where Hugging Face's eager attention rounds differently) get None and keep the bridge's blocks.
 """
 from __future__ import annotations
 
@@ -22,21 +22,21 @@ from typing import Any, Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-# x [n, q, d_model], the block's call kwargs (gathered to the rows and cut to the query
-# positions), the captured keys and values before them ([n, kv_head, p, d_head] each, or None),
-# last_query -> [n, q or 1, d_model], or None for arguments it does not handle
-FastBlock = Callable[[torch.Tensor, dict, "tuple[torch.Tensor, torch.Tensor] | None", bool], "torch.Tensor | None"]
+# x [n, q, d_model], the block's call arguments and kwargs (gathered to the rows and cut to the
+# query positions), the captured keys and values before them ([n, kv_head, p, d_head] each, or
+# None), last_query -> [n, q or 1, d_model], or None for arguments it does not handle
+FastBlock = Callable[[torch.Tensor, tuple, dict, "tuple[torch.Tensor, torch.Tensor] | None", bool], "torch.Tensor | None"]
 LLAMA_LIKE = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
 EAGER_SCORES = 400  # queries x keys up to which plain matmul-softmax attention beats the fused kernel on CPU
 
 
 class Block(NamedTuple):
     """One block, hook-free: `full` as FastBlock; `mlp_half(x)` = x + MLP(post-attention norm(x));
-    `record(x, kwargs)` = the block from position 0 with its z, keys and values (for capture)."""
+    `record(x, args, kwargs)` = the block from position 0 with its z, keys and values (for capture)."""
 
     full: FastBlock
     mlp_half: Callable[[torch.Tensor], torch.Tensor]
-    record: Callable[[torch.Tensor, dict], Any]
+    record: Callable[[torch.Tensor, tuple, dict], Any]
 
 
 def _raw(module: torch.nn.Module) -> torch.nn.Module:
@@ -47,12 +47,14 @@ def _raw(module: torch.nn.Module) -> torch.nn.Module:
 def plan(model) -> list[Block] | None:
     """The hook-free blocks, or None when the architecture (or dtype) is not a known one."""
     layers = [_raw(b) for b in model.bridge.blocks]
-    if not layers or any(type(layer).__name__ not in LLAMA_LIKE for layer in layers):
+    kinds = {type(layer).__name__ for layer in layers}
+    build = _llama_block if kinds <= LLAMA_LIKE else _gpt2_block if kinds == {"GPT2Block"} else None
+    if not layers or build is None:
         return None
     if any(p.dtype != torch.float32 for p in model.bridge.parameters()):
         return None  # half precision: HF's eager attention rounds differently (softmax in float32)
     try:
-        return [_llama_block(layer) for layer in layers]
+        return [build(layer) for layer in layers]
     except (AttributeError, ValueError):  # a variant without the expected modules
         return None
 
@@ -92,35 +94,84 @@ def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return torch.matmul(p, v).view(n, n_heads, q_len, d_head)
 
 
-def _llama_block(layer: torch.nn.Module) -> FastBlock:
+def _llama_block(layer: torch.nn.Module) -> Block:
+    """Pre-norm RMSNorm, separate q/k/v projections with rotary tables, gated MLP."""
     attn, mlp = _raw(layer.self_attn), _raw(layer.mlp)
     ln1, ln2 = _raw(layer.input_layernorm), _raw(layer.post_attention_layernorm)
-    q_proj, k_proj, v_proj, o_proj = (_raw(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    q_proj, k_proj, v_proj = (_raw(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj"))
     gate, up, down, act = _raw(mlp.gate_proj), _raw(mlp.up_proj), _raw(mlp.down_proj), mlp.act_fn
-    d_head, scaling = int(attn.head_dim), float(attn.scaling)
+    d_head = int(attn.head_dim)
     n_heads, n_kv = q_proj.out_features // d_head, k_proj.out_features // d_head
     if n_heads * d_head != q_proj.out_features or n_kv * d_head != k_proj.out_features:
         raise ValueError("unexpected projection sizes")
 
-    def attend(x: torch.Tensor, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None, last_query: bool):
-        """-> (z [n, q', head * d_head], this call's k and v [n, kv, q, d_head]) or None (unhandled mask)."""
-        n, q_len, _ = x.shape
+    def project(h: torch.Tensor, args: tuple, kwargs: dict, last_query: bool):
+        n, q_len, _ = h.shape
         cos, sin = kwargs["position_embeddings"]  # [n or 1, q, d_head]
         if cos.shape[-1] != d_head:
             raise ValueError("partial rotary embeddings are not supported here")
-        mask = kwargs.get("attention_mask")  # [n or 1, 1, q, keys] additive or bool, or None
-        if mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 4):
-            return None  # a 2-d padding mask or a block mask (other attention backends): the bridge's job
-        h = _rms_norm(x, ln1)
-        k_new = _rotate(k_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2), cos, sin)  # [n, kv, q, d_head]
-        v_new = v_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2)
+        k = _rotate(k_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2), cos, sin)  # [n, kv, q, d_head]
+        v = v_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2)
+        if last_query:
+            h, cos, sin = h[:, -1:], cos[:, -1:], sin[:, -1:]
+        q = _rotate(q_proj(h).view(n, h.shape[1], n_heads, d_head).transpose(1, 2), cos, sin)  # [n, head, q', d_head]
+        return q, k, v
+
+    return _block(ln1=lambda x: _rms_norm(x, ln1), ln2=lambda x: _rms_norm(x, ln2), project=project,
+                  o_proj=_raw(attn.o_proj), mlp=lambda h: down(act(gate(h)).mul_(up(h))),
+                  mask_of=lambda args, kwargs: kwargs.get("attention_mask"),
+                  shape=(n_heads, n_kv, d_head), scaling=float(attn.scaling))
+
+
+def _gpt2_block(layer: torch.nn.Module) -> Block:
+    """Pre-norm LayerNorm, one fused q/k/v projection (Conv1D), learned positions (in the
+    embedding), plain MLP; attention mask passed positionally."""
+    attn, mlp = _raw(layer.attn), _raw(layer.mlp)
+    if getattr(attn, "is_cross_attention", False) or hasattr(layer, "crossattention"):
+        raise ValueError("cross-attention blocks are not supported here")
+    c_attn, c_fc, c_proj, act = _raw(attn.c_attn), _raw(mlp.c_fc), _raw(mlp.c_proj), mlp.act
+    n_heads, d_head = int(attn.num_heads), int(attn.head_dim)
+    d_model = n_heads * d_head
+
+    def project(h: torch.Tensor, args: tuple, kwargs: dict, last_query: bool):
+        n, q_len, _ = h.shape
+        q, k, v = c_attn(h).split(d_model, dim=2)  # [n, q, d_model] each
+        k = k.view(n, q_len, n_heads, d_head).transpose(1, 2)  # [n, head, q, d_head]
+        v = v.view(n, q_len, n_heads, d_head).transpose(1, 2)
+        q = q[:, -1:] if last_query else q
+        return q.reshape(n, q.shape[1], n_heads, d_head).transpose(1, 2), k, v
+
+    def mask_of(args: tuple, kwargs: dict):  # forward(hidden, cache, attention_mask, encoder_hidden_states, ...)
+        if (args[2] if len(args) > 2 else kwargs.get("encoder_hidden_states")) is not None:
+            return _UNHANDLED
+        return args[1] if len(args) > 1 else kwargs.get("attention_mask")
+
+    return _block(ln1=_raw(layer.ln_1), ln2=_raw(layer.ln_2), project=project, o_proj=_raw(attn.c_proj),
+                  mlp=lambda h: c_proj(act(c_fc(h))), mask_of=mask_of, shape=(n_heads, n_heads, d_head),
+                  scaling=float(attn.scaling))
+
+
+_UNHANDLED = object()  # mask_of's answer for call arguments the hook-free blocks do not handle
+
+
+def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable, mlp: Callable, mask_of: Callable,
+           shape: tuple[int, int, int], scaling: float) -> Block:
+    """A pre-norm sequential block from its parts: x + o(attention(ln1(x))), then + mlp(ln2(.)).
+    project(h, args, kwargs, last_query) -> q [n, head, q', d_head], k and v [n, kv, q, d_head]."""
+    n_heads, n_kv, d_head = shape
+
+    def attend(x: torch.Tensor, args: tuple, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
+               last_query: bool):
+        """-> (z [n, q', head * d_head], this call's k and v [n, kv, q, d_head]) or None (unhandled)."""
+        mask = mask_of(args, kwargs)  # [n or 1, 1, q, keys] additive or bool, or None
+        if mask is _UNHANDLED or (mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 4)):
+            return None  # e.g. a 2-d padding mask or a block mask (other attention backends): the bridge's job
+        q, k_new, v_new = project(ln1(x), args, kwargs, last_query)
         k, v = k_new, v_new
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [n, kv, keys, d_head]
-        if last_query:
-            h, cos, sin = h[:, -1:], cos[:, -1:], sin[:, -1:]
-            mask = None if mask is None else mask[..., -1:, :]
-        q = _rotate(q_proj(h).view(n, h.shape[1], n_heads, d_head).transpose(1, 2), cos, sin)  # [n, head, q', d_head]
+        if last_query and mask is not None:
+            mask = mask[..., -1:, :]
         if mask is None:  # causal: the queries are the last positions of the keys
             mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - q.shape[2])
             mask = mask[None, None]  # [1, 1, q', keys]
@@ -129,28 +180,27 @@ def _llama_block(layer: torch.nn.Module) -> FastBlock:
         else:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if mask.is_floating_point() else mask,
                                                scale=scaling, enable_gqa=n_heads != n_kv)  # [n, head, q', d_head]
-        return a.transpose(1, 2).reshape(n, -1, n_heads * d_head), k_new, v_new
+        return a.transpose(1, 2).reshape(x.shape[0], -1, n_heads * d_head), k_new, v_new
 
-    def run(x: torch.Tensor, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
+    def run(x: torch.Tensor, args: tuple, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
             last_query: bool) -> torch.Tensor | None:
-        got = attend(x, kwargs, past, last_query)
+        got = attend(x, args, kwargs, past, last_query)
         if got is None:
             return None
         x = x[:, -1:] if last_query else x
         return mlp_half(o_proj(got[0]).add_(x))  # in place: a fresh buffer
 
-    def record(x: torch.Tensor, kwargs: dict):
+    def record(x: torch.Tensor, args: tuple, kwargs: dict):
         """The block with its parts: (output [n, q, d_model], z [n, q, head, d_head], k, v
-        [n, kv, q, d_head]), or None (unhandled mask)."""
-        got = attend(x, kwargs, None, False)
+        [n, kv, q, d_head]), or None (unhandled arguments)."""
+        got = attend(x, args, kwargs, None, False)
         if got is None:
             return None
         z, k, v = got
         return mlp_half(o_proj(z).add_(x)), z.view(*z.shape[:2], n_heads, d_head), k, v
 
     def mlp_half(x: torch.Tensor) -> torch.Tensor:  # x + MLP(ln2(x)), [n, q, d_model]
-        h = _rms_norm(x, ln2)
-        return down(act(gate(h)).mul_(up(h))).add_(x)
+        return mlp(ln2(x)).add_(x)
 
     return Block(run, mlp_half, record)
 

@@ -14,7 +14,7 @@ read only the last position:
   is not recomputed (sequential pre-norm blocks);
 - an edit that leaves positions before p unchanged runs positions p.. only, attending to the
   captured keys and values before p (`from_pos`);
-- blocks no hook looks at run hook-free (hooks/fast_blocks, Llama-style layers), the last one
+- blocks no hook looks at run hook-free (hooks/fast_blocks: Llama-style and GPT-2), the last one
   attending from the last query only.
 `supports` checks once per model that resuming reproduces a plain forward pass, and which
 savings do; callers keep the full pass where it does not (encoders, unusual blocks) and while
@@ -160,7 +160,7 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
     with torch.no_grad():
         for i, block in enumerate(plans):
             resid.append(x)
-            out = block.record(x, kwargs)
+            out = block.record(x, rest, kwargs)
             if out is None:
                 return None
             x, z_i, k, v = out
@@ -211,7 +211,7 @@ def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool,
     replaces them); resid_pre, attention and resid_post hooks do not."""
     if last_only:
         x, z = x[:, -1:], z[:, -1:]
-    a = _o_proj(block)(z.flatten(-2))  # [n, pos, d_model] attention output
+    a = _o_proj(block)(z.flatten(-2).contiguous())  # [n, pos, d_model] attention output (GPT-2 Conv1D views it)
     h = x.to(a.device) + a  # resid_mid (sharded models: the block's device)
     return mlp_half(h) if mlp_half is not None else h + block.mlp(block.ln2(h))
 
@@ -265,7 +265,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
                 args = _suffix(args, from_pos, n_pos)
                 kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
             if plans is not None and i not in hooked:
-                out = plans[i].full(x, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
+                out = plans[i].full(x, args, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
                 if out is not None:  # None: arguments it does not handle (the bridge block then runs)
                     x = out
                     continue
@@ -306,10 +306,11 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
         for i in range(groups[order[0]][0], n_layers):
             last = i == n_layers - 1
             if x is not None:
-                kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)[1]
+                args, kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)
                 if from_pos:
+                    args = _suffix(args, from_pos, n_pos)
                     kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
-                x = plans[i].full(x, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
+                x = plans[i].full(x, args, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
                 if x is None:
                     raise ValueError(f"block {i}'s arguments are not ones the hook-free blocks handle.")
                 x = x[:, -1:] if last else x

@@ -17,14 +17,14 @@ def qwen2_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(tiny_models, qwen2_dir):
-    return {"llama": tiny_models["llama"], "qwen2": hs.load_model(qwen2_dir, device="cpu")}
+    return {"llama": tiny_models["llama"], "gpt2": tiny_models["gpt2"], "qwen2": hs.load_model(qwen2_dir, device="cpu")}
 
 
 def _dirs(tiny_dirs, qwen2_dir):
-    return {"llama": tiny_dirs["llama"], "qwen2": qwen2_dir}
+    return {"llama": tiny_dirs["llama"], "gpt2": tiny_dirs["gpt2"], "qwen2": qwen2_dir}
 
 
-@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("llama", 25)])  # 25: the fused attention kernel
+@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("gpt2", 7), ("llama", 25), ("gpt2", 25)])  # 25: SDPA
 def test_fast_resume_equals_plain_hf(family, pos, models, tiny_dirs, qwen2_dir):
     model = models[family]
     assert resume.supports(model).fast
@@ -41,7 +41,7 @@ def test_fast_resume_equals_plain_hf(family, pos, models, tiny_dirs, qwen2_dir):
         torch.testing.assert_close(full, want[rows], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_fast_resume_from_a_position_with_an_edit(family, models):
     """Positions before p from the captured keys and values; checked against TransformerLens
     running every block and position with the same input into block `start`."""
@@ -99,13 +99,13 @@ def test_fast_blocks_read_the_live_weights(models):
         assert (model(tokens)[:, -1] - want).abs().max() > 1e-3  # the edit mattered
 
 
-@pytest.mark.parametrize("family", ["gpt2", "neox"])
-def test_unknown_blocks_have_no_plan(family, tiny_models):
-    assert fast_blocks.plan(tiny_models[family]) is None
-    assert not resume.supports(tiny_models[family]).fast
+def test_unknown_blocks_have_no_plan(tiny_models):
+    """GPT-NeoX (parallel attention and MLP, partial rotary) keeps the bridge's blocks."""
+    assert fast_blocks.plan(tiny_models["neox"]) is None
+    assert not resume.supports(tiny_models["neox"]).fast
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_fast_z_shortcut_equals_editing_hook_z(family, models):
     """A head's z edit entering as o(z'), then the hook-free MLP and blocks (and the last block's
     last query), against TransformerLens zeroing that head in a full pass."""
@@ -182,7 +182,7 @@ def test_sliding_window_caches_are_not_reused_past_the_window(mistral_dir):
     assert loo.abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("qwen2", 25)])
+@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("qwen2", 25), ("gpt2", 7), ("gpt2", 25)])
 def test_fast_capture_equals_the_bridge_capture(family, pos, models):
     """The hook-free capture records what the bridge's pass records: block inputs, z, keys and
     values, last-position logits (left-padded rows included)."""
@@ -222,12 +222,14 @@ def test_mixed_attention_layers_keep_the_bridge_capture(tmp_path):
         torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
 
 
-def test_resume_mixed_equals_transformer_lens_per_group(models):
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_resume_mixed_equals_transformer_lens_per_group(family, models):
     """Groups entering at different blocks (one at the last) share one pass; each group's logits
     equal TransformerLens with that group's z edit, from position p on, in a full pass."""
-    model = models["qwen2"]  # 3 blocks
+    model = models[family]
+    last = model.facts.n_layers - 1
     tokens = random_tokens(2, 7, seed=21)
-    ckpt = resume.capture(model, tokens, z_layers=range(3))
+    ckpt = resume.capture(model, tokens, z_layers=range(last + 1))
     p = 3
 
     def zero(head: int):
@@ -237,7 +239,7 @@ def test_resume_mixed_equals_transformer_lens_per_group(models):
             return z
         return hook
 
-    plan = [(2, torch.tensor([1]), 0), (0, torch.tensor([1, 0, 1]), 2), (1, torch.tensor([0]), 3)]
+    plan = [(last, torch.tensor([1]), 0), (0, torch.tensor([1, 0, 1]), 2), (1, torch.tensor([0]), 3)]
     groups = [(block, rows, zero(head)(ckpt.z[block][rows], None)) for block, rows, head in plan]
     got = resume.resume_mixed(model, ckpt, groups, from_pos=p)  # [5, 1, vocab], in group order
     at = 0
@@ -262,6 +264,6 @@ def test_blocks_without_a_mask_are_causal(q_len, models):
     past = fast_blocks.past_kv(ckpt.kv, 1, torch.arange(2), 7 - q_len)
     x = ckpt.resid[1][:, 7 - q_len:]
     with torch.no_grad():
-        want = block.full(x, kwargs, past, False)
-        got = block.full(x, {**kwargs, "attention_mask": None}, past, False)
+        want = block.full(x, (), kwargs, past, False)
+        got = block.full(x, (), {**kwargs, "attention_mask": None}, past, False)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
