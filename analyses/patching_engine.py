@@ -151,7 +151,7 @@ def run_batched(
         return halve
 
     key = None if ckpt is None else (lambda i: layer_of(mine.start + i))
-    segments = [(seg, False) for seg in _segments(len(mine), key)]
+    segments = [(seg, False) for seg in _by_block(range(len(mine)), key)]
     if ckpt is not None and support.shortcut and support.fast:  # all-position z edits of several blocks: one pass
         segments = _merge_z_segments([seg for seg, _ in segments],
                                      lambda i: hooks_for(range(mine.start + i, mine.start + i + 1)),
@@ -205,13 +205,12 @@ def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, 
         return resume.resume(model, ckpt, start, rows, hidden=hidden, fwd=rest, z=z, last_only=cut, fast=support.fast)
     # Only the edits run: a row the edit leaves bitwise unchanged (a lead row, a cell whose source
     # value equals the base's) is the captured run, and so are positions before the first change.
-    diff = (edited != before).flatten(2).any(2)  # [n, pos]: where each row changed
-    moved = diff.any(1).nonzero().squeeze(1)  # [m] rows that run
+    moved, first = _changes(edited, before)
     logits = ckpt.logits[rows.to(ckpt.logits.device)].unsqueeze(1)  # [n, 1, d_vocab]
     if not len(moved):
         return logits
-    from_pos = int(diff.any(0).nonzero()[0]) if support.prefix else 0
-    edited = edited[moved]
+    from_pos = first if support.prefix else 0
+    edited = edited[moved.to(edited.device)]
     got = resume.resume(model, ckpt, start, rows[moved.to(rows.device)], last_only=True, from_pos=from_pos, fast=support.fast,
                         hidden=None if hidden is None else edited, z=None if z is None else edited)
     return logits.index_copy(0, moved.to(logits.device), got.to(logits.dtype))
@@ -236,13 +235,6 @@ def _merge_z_segments(segments: list[range], hooks_of: Callable[[int], Hooks], l
     return [(seg, simple and seg.start != seg.stop) for seg, simple in merged]
 
 
-def _by_block(runs: range, layer_of: Callable[[int], int]) -> list[range]:
-    """`runs` split where the block they edit changes (run 0, unpatched, joins run 1)."""
-    cuts = [r for r in range(runs.start + 1, runs.stop) if layer_of(r) != layer_of(r - 1)]
-    bounds = [runs.start, *cuts, runs.stop]
-    return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
 def _resumed_mixed(model, ckpt, support, parts: list, rows: torch.Tensor, n_lead: int) -> torch.Tensor | None:
     """A pass over runs of several blocks (parts: (block, its runs' hooks, their stacked rows,
     where their first base row sits in the pass)), each block's z edits applied to its own
@@ -256,18 +248,25 @@ def _resumed_mixed(model, ckpt, support, parts: list, rows: torch.Tensor, n_lead
             return None
         before = ckpt.z[block][at.to(ckpt.z[block].device)]  # [n_part, pos, head, d_head]
         edited = _apply(model, hooks, before.clone())  # hooks may edit in place
-        diff = (edited != before).flatten(2).any(2).cpu()  # [n_part, pos]
-        moved = diff.any(1).nonzero().squeeze(1)  # [m] rows that run
+        moved, changed_at = _changes(edited, before)
         if len(moved) and int(moved[0]) < n_lead:
             return None
         if len(moved):
-            first = min(first, int(diff.any(0).nonzero()[0]))
+            first = min(first, changed_at)
             groups.append((block, at[moved.to(at.device)], edited[moved.to(edited.device)]))
             where.append(moved - n_lead + offset)  # their rows in the pass
     if not groups:
         return logits
     got = resume.resume_mixed(model, ckpt, groups, from_pos=first if support.prefix else 0)
     return logits.index_copy(0, torch.cat(where).to(logits.device), got.to(logits.dtype))
+
+
+def _changes(edited: torch.Tensor, before: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Where an edit changed the activation [n, pos, ...] bitwise: the rows [m] (on CPU) and the
+    first position any of them changed (meaningless when m = 0)."""
+    diff = (edited != before).flatten(2).any(2).cpu()  # [n, pos]
+    changed = diff.any(0).nonzero()
+    return diff.any(1).nonzero().squeeze(1), int(changed[0]) if len(changed) else 0
 
 
 def _apply(model, hooks: list, act: torch.Tensor) -> torch.Tensor:
@@ -293,12 +292,13 @@ def _mlp_side(name: str, last: int) -> bool:
         block[1].startswith("attn.") or block[1] in ("hook_resid_pre", "hook_attn_out", "hook_attn_in", "hook_in"))
 
 
-def _segments(n: int, layer_of: Callable[[int], int] | None) -> list[range]:
-    """range(n) split where layer_of changes (one segment when None)."""
-    if layer_of is None or n == 0:
-        return [range(n)]
-    cuts = [i for i in range(1, n) if layer_of(i) != layer_of(i - 1)]
-    bounds = [0, *cuts, n]
+def _by_block(runs: range, layer_of: Callable[[int], int] | None) -> list[range]:
+    """`runs` split where the block they edit changes (one piece when layer_of is None; the
+    unpatched run 0 joins run 1)."""
+    if layer_of is None or not runs:
+        return [runs]
+    cuts = [r for r in range(runs.start + 1, runs.stop) if layer_of(r) != layer_of(r - 1)]
+    bounds = [runs.start, *cuts, runs.stop]
     return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 

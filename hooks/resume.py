@@ -182,6 +182,16 @@ def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
     return value
 
 
+def _block_call(ckpt: Checkpoint, i: int, rows: torch.Tensor, from_pos: int) -> tuple[tuple, dict]:
+    """Block i's captured call arguments for rows `rows`, cut to query positions from_pos.."""
+    args, kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)
+    if from_pos:
+        n_pos = ckpt.resid[i].shape[1]
+        args = _suffix(args, from_pos, n_pos)
+        kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
+    return args, kwargs
+
+
 def _suffix(value: Any, start: int, n_pos: int, key: str = "") -> Any:
     """Per-position arguments cut to query positions start..: cache positions [pos], 4-d masks
     [.., pos, pos] (keys kept whole), position ids [b, pos] and rotary tables [b, pos, d]."""
@@ -235,7 +245,6 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     """
     blocks = model.bridge.blocks
     n_layers = len(blocks)
-    n_pos = ckpt.resid[start].shape[1]
     x = ckpt.resid[start][rows.to(ckpt.resid[start].device)] if hidden is None else hidden  # sharded models: per-block devices
     drop = 0  # leading output positions to drop when a from_pos request runs from position 0
     if from_pos:
@@ -260,10 +269,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
             if i == start and z is not None:
                 x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].mlp_half)
                 continue
-            args, kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)
-            if from_pos:
-                args = _suffix(args, from_pos, n_pos)
-                kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
+            args, kwargs = _block_call(ckpt, i, rows, from_pos)
             if plans is not None and i not in hooked:
                 out = plans[i].full(x, args, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
                 if out is not None:  # None: arguments it does not handle (the bridge block then runs)
@@ -297,7 +303,6 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
     if plans is None:
         raise ValueError("resume_mixed needs hook-free blocks (supports(model).fast).")
     blocks, n_layers = model.bridge.blocks, model.facts.n_layers
-    n_pos = ckpt.resid[0].shape[1]
     if from_pos and not holds_prefix(ckpt.kv, from_pos):
         from_pos = 0  # a sliding-window cache kept only recent positions: recompute all
     order = sorted(range(len(groups)), key=lambda g: groups[g][0])
@@ -306,14 +311,10 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
         for i in range(groups[order[0]][0], n_layers):
             last = i == n_layers - 1
             if x is not None:
-                args, kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)
-                if from_pos:
-                    args = _suffix(args, from_pos, n_pos)
-                    kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
-                x = plans[i].full(x, args, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
+                x = plans[i].full(x, *_block_call(ckpt, i, rows, from_pos), fast_blocks.past_kv(ckpt.kv, i, rows, from_pos),
+                                  last)  # the last block: [m, 1, d_model]
                 if x is None:
                     raise ValueError(f"block {i}'s arguments are not ones the hook-free blocks handle.")
-                x = x[:, -1:] if last else x
             for g in (g for g in order if groups[g][0] == i):
                 _, at, z = groups[g]
                 enter = ckpt.resid[i][at.to(ckpt.resid[i].device)][:, from_pos:]  # [n_g, q, d_model]

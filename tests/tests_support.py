@@ -67,3 +67,12 @@ def random_tokens(batch: int, pos: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     words = torch.randint(len(SPECIALS), len(SPECIALS) + N_WORDS, (batch, pos - 1), generator=g)
     return torch.cat([torch.full((batch, 1), 2), words], dim=1)
+
+
+def zero_head(head: int, from_pos: int = 0):
+    """A TransformerLens hook_z hook zeroing `head` at positions from_pos.. (on a copy)."""
+    def hook(z: torch.Tensor, hook) -> torch.Tensor:
+        z = z.clone()
+        z[:, from_pos:, head] = 0.0
+        return z
+    return hook

@@ -19,7 +19,7 @@ from headscope.analyses import heads_pruning as hp
 from headscope.analyses.head_roles import head_roles, repeated_random_tokens
 from headscope.analyses.registry import RunConfig
 from headscope.analyses.tasks import Task
-from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer
+from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer, zero_head
 
 N_EX, POS = 6, 8
 
@@ -145,14 +145,6 @@ def test_per_layer_normalisation_hand_worked():
 
 
 # ---- ablation importance -------------------------------------------------------------------
-def zero_head(head: int):
-    def hook(z, hook):
-        z = z.clone()
-        z[:, :, head] = 0.0
-        return z
-    return hook
-
-
 @pytest.mark.parametrize("family", ["gpt2", "llama", "neox"])
 def test_batched_zero_ablation_equals_one_head_per_forward_loop(tiny_models, family):
     model, task = tiny_models[family], decoder_task(seed=1)

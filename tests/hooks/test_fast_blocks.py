@@ -6,7 +6,7 @@ import torch
 
 import headscope as hs
 from headscope.hooks import fast_blocks, resume
-from tests_support import build_tiny_model, hf_model, random_tokens
+from tests_support import build_tiny_model, hf_model, random_tokens, zero_head
 
 
 @pytest.fixture(scope="module")
@@ -114,18 +114,11 @@ def test_fast_z_shortcut_equals_editing_hook_z(family, models):
     ckpt = resume.capture(model, tokens, z_layers=range(model.facts.n_layers))
     rows = torch.tensor([1, 0, 1])
 
-    def zero_head(p: int):  # head 1 from position p on (from_pos=p: earlier positions unchanged)
-        def hook(z, hook):
-            z = z.clone()
-            z[:, p:, 1] = 0.0
-            return z
-        return hook
-
     for start in range(model.facts.n_layers):
-        for p in (0, 2):
-            z = zero_head(p)(ckpt.z[start][rows], None)
+        for p in (0, 2):  # head 1 from position p on (from_pos=p: earlier positions unchanged)
+            z = zero_head(1, p)(ckpt.z[start][rows], None)
             with torch.no_grad():
-                want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", start), zero_head(p))])[:, -1]
+                want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", start), zero_head(1, p))])[:, -1]
             got = resume.resume(model, ckpt, start, rows, z=z, from_pos=p, fast=True)
             torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
             assert (got[:, 0] - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
@@ -232,20 +225,13 @@ def test_resume_mixed_equals_transformer_lens_per_group(family, models):
     ckpt = resume.capture(model, tokens, z_layers=range(last + 1))
     p = 3
 
-    def zero(head: int):
-        def hook(z, hook):
-            z = z.clone()
-            z[:, p:, head] = 0.0
-            return z
-        return hook
-
     plan = [(last, torch.tensor([1]), 0), (0, torch.tensor([1, 0, 1]), 2), (1, torch.tensor([0]), 3)]
-    groups = [(block, rows, zero(head)(ckpt.z[block][rows], None)) for block, rows, head in plan]
+    groups = [(block, rows, zero_head(head, p)(ckpt.z[block][rows], None)) for block, rows, head in plan]
     got = resume.resume_mixed(model, ckpt, groups, from_pos=p)  # [5, 1, vocab], in group order
     at = 0
     for block, rows, head in plan:
         with torch.no_grad():
-            want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", block), zero(head))])[:, -1]
+            want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", block), zero_head(head, p))])[:, -1]
         torch.testing.assert_close(got[at:at + len(rows), 0], want, atol=1e-5, rtol=1e-5)
         assert (want - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
         at += len(rows)

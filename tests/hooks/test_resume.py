@@ -8,17 +8,9 @@ import torch
 
 import headscope as hs
 from headscope.hooks import resume
-from tests_support import hf_model, random_tokens
+from tests_support import hf_model, random_tokens, zero_head
 
 FAMILIES = ("gpt2", "llama", "neox")
-
-
-def _zero_head(head: int):
-    def hook(z, hook):
-        z = z.clone()
-        z[:, :, head] = 0.0
-        return z
-    return hook
 
 
 def _shift_resid(delta: float, pos: int):
@@ -51,7 +43,7 @@ def test_resumed_hooks_match_a_full_pass_with_the_same_hooks(family, tiny_models
     tokens = random_tokens(2, 6, seed=2)
     ckpt = resume.capture(model, tokens)
     rows = torch.tensor([1, 0, 1])
-    hooks = [(hs.site("resid_pre", 1), _shift_resid(0.7, 2)), (hs.site("z", 1), _zero_head(3))]
+    hooks = [(hs.site("resid_pre", 1), _shift_resid(0.7, 2)), (hs.site("z", 1), zero_head(3))]
     with torch.no_grad():
         want = model.run_with_hooks(tokens[rows], fwd=hooks)  # TransformerLens, every block
     got = resume.resume(model, ckpt, 1, rows, fwd=hooks)
@@ -71,7 +63,7 @@ def test_z_shortcut_equals_editing_hook_z(family, tiny_models):
         z = ckpt.z[start][rows].clone()
         z[:, :, 2] = 0.0
         with torch.no_grad():
-            want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", start), _zero_head(2))])[:, -1]
+            want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", start), zero_head(2))])[:, -1]
         torch.testing.assert_close(resume.resume(model, ckpt, start, rows, z=z)[:, 0], want, atol=1e-5, rtol=1e-5)
 
 
