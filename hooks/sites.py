@@ -100,7 +100,7 @@ def check_site(model, name: str) -> str:
                 f"Site {name!r} names layer {layer}, but {model.facts.name} has layers 0..{model.facts.n_layers - 1}."
             )
     valid = available_sites(model)
-    if name not in valid and name in model.bridge.hook_dict:
+    if name not in valid and name in _hook_table(model):
         raise SiteError(
             f"Site {name!r} is a TransformerLens hook point that {model.facts.name} ({model.facts.family}) "
             f"never computes, so it cannot be captured or patched; use one of {_suggest(name, valid)}."
@@ -119,7 +119,7 @@ def available_sites(model) -> list[str]:
     cached = getattr(model, "_headscope_available_sites", None)
     if cached is not None:
         return list(cached)
-    hook_names = set(model.bridge.hook_dict)
+    hook_names = set(_hook_table(model))
     if model.facts.positional != "standard":
         hook_names.discard("hook_pos_embed")  # an alias that never fires without learned positions
     kinds_global = [k for k, spec in SITES.items() if "{layer}" not in spec.template]
@@ -134,12 +134,17 @@ def available_sites(model) -> list[str]:
 
 
 def hook_point(model, name: str):
-    """The bridge's HookPoint called `name` (None if there is none); the table is built once per
-    model (the bridge's hook_dict walks every module on each access)."""
+    """The bridge's HookPoint called `name` (None if there is none)."""
+    return _hook_table(model).get(name)
+
+
+def _hook_table(model) -> dict:
+    """The bridge's hook points by name, built once per model (the bridge's hook_dict walks every
+    module on each access)."""
     table = getattr(model, "_headscope_hook_points", None)
     if table is None:
         table = model._headscope_hook_points = dict(model.bridge.hook_dict)
-    return table.get(name)
+    return table
 
 
 def _fired_hook_points(model, names: list[str]) -> set[str]:
