@@ -16,6 +16,7 @@ import torch
 
 from headscope.analyses import batching
 from headscope.analyses.metrics import answer_logprob, cosine_to_reference, logit_diff, mean_pool
+from headscope.hooks import resume
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
 
@@ -40,10 +41,26 @@ def forward_metric(model, kind: str) -> Forward:
             f"(accuracy is a step function: use logit_diff or logprob)."
         )
     if kind == "logit_diff":
-        return lambda tokens, answers, wrong: logit_diff(model(tokens), answers, wrong)
+        last = last_position(model)
+        return lambda tokens, answers, wrong: logit_diff(last(tokens), answers, wrong)
     if kind == "logprob":
-        return lambda tokens, answers: answer_logprob(model(tokens), answers)
+        last = last_position(model)
+        return lambda tokens, answers: answer_logprob(last(tokens), answers)
     return lambda tokens, reference: cosine_to_reference(model(tokens), reference, None)
+
+
+def last_position(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """tokens [batch, pos] -> last-position logits [batch, 1, d_vocab], differentiable: through
+    the hook-free blocks where the model supports them (resume.last_logits: about a quarter less
+    arithmetic, no per-block bridge cost), else a full pass. Decided once, here: hooks attached
+    now (an outer hs.ablate) keep the full pass."""
+    fast = resume.supports(model).fast_capture
+
+    def logits(tokens: torch.Tensor) -> torch.Tensor:
+        out = resume.last_logits(model, tokens) if fast else None
+        return model(tokens)[:, -1:] if out is None else out[:, None]
+
+    return logits
 
 
 def prediction(model, out: torch.Tensor) -> torch.Tensor:

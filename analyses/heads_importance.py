@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from headscope.analyses import batching, distributed, metrics
 from headscope.analyses.tasks import Task
 from headscope.hooks import capture, resume, site
+from headscope.hooks.rows import take
 
 ABLATIONS = ("zero", "mean", "resample")
 CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss scale
@@ -126,17 +127,40 @@ def run_gated(
     *,
     attention_mask: torch.Tensor | None = None,
     replacement: dict[int, torch.Tensor] | None = None,
+    last_only: bool = False,
 ) -> torch.Tensor:
     """One forward pass with head h of row n scaled by gates[n, layer, h].
 
     tokens [n, pos]; gates [n, n_layers, n_heads]. With `replacement` (layer -> values of z,
     [n or 1 or a divisor of n, pos, head, d_head]) a head becomes g z + (1 - g) replacement, so
     gate 0 means "replaced". Layers whose gates are all 1 (and need no gradient) get no hook.
+    last_only (decoders): only the last position's logits [n, 1, d_vocab], from the hook-free
+    blocks where the model supports them (resume.last_logits: the last block runs its last query
+    only), differentiable like the full pass.
     """
+    if last_only and not model.facts.is_encoder and resume.supports(model).fast_capture:
+        out = resume.last_logits(model, tokens, attention_mask=attention_mask, edit_z=_gate_edit(gates, replacement))
+        if out is not None:
+            return out[:, None]
     fwd = gate_hooks(gates, replacement)
     if model.facts.is_encoder:
         return encoder_hidden(model, tokens, fwd, attention_mask)
-    return model.run_with_hooks(tokens, fwd=fwd, attention_mask=attention_mask)
+    out = model.run_with_hooks(tokens, fwd=fwd, attention_mask=attention_mask)
+    return out[:, -1:] if last_only else out
+
+
+def _gate_edit(gates: torch.Tensor, replacement: dict[int, torch.Tensor] | None):
+    """gate_hooks as an edit_z for resume.last_logits (its last block sees the last position only)."""
+    replacement = replacement or {}
+    layers = set(_gated_layers(gates))
+
+    def edit(layer: int, z: torch.Tensor) -> torch.Tensor:  # [n, q, head, d_head]
+        if layer not in layers:
+            return z
+        r = replacement.get(layer)
+        return gated_z(z, gates[:, layer], None if r is None else r[:, r.shape[1] - z.shape[1]:])
+
+    return edit
 
 
 def gated_z(z: torch.Tensor, gates: torch.Tensor, replacement: torch.Tensor | None) -> torch.Tensor:
@@ -163,9 +187,12 @@ def gate_hooks(gates: torch.Tensor, replacement: dict[int, torch.Tensor] | None 
 
         return hook
 
-    layers = [l for l in range(after + 1, gates.shape[1])
-              if gates.requires_grad or not bool((gates[:, l] == 1).all())]
-    return [(site("z", l), make_hook(l)) for l in layers]
+    return [(site("z", l), make_hook(l)) for l in _gated_layers(gates, after)]
+
+
+def _gated_layers(gates: torch.Tensor, after: int = -1) -> list[int]:
+    """Layers after `after` whose gates [n, L, H] are not all 1 (or that need a gradient)."""
+    return [l for l in range(after + 1, gates.shape[1]) if gates.requires_grad or not bool((gates[:, l] == 1).all())]
 
 
 def encoder_hidden(model, tokens: torch.Tensor, fwd: list, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -282,7 +309,7 @@ def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tenso
             z = None
             if shortcut:
                 r = None if rep is None else rep.get(start)
-                z = gated_z(ckpt.z[start][at.to(ckpt.z[start].device)], gates[:, start], r)
+                z = gated_z(take(ckpt.z[start], at), gates[:, start], r)
             hooks = gate_hooks(gates, rep, after=start if shortcut else start - 1)
             out = resume.resume(model, ckpt, start, at, fwd=hooks, z=z, fast=support.fast)  # [c * b, 1, d_vocab]
             vals = scorer.metric(out, rows[at]).reshape(c, b)
@@ -386,7 +413,7 @@ def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, 
     def step(ex: range) -> torch.Tensor:  # -> [L * H + 1]: sum |grad| per head, then the metric sum
         rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
         xi = point.to(model.device).expand(rows.shape[0], -1, -1).clone().requires_grad_(True)  # [b, L, H]
-        out = run_gated(model, scorer.tokens[rows], xi,
+        out = run_gated(model, scorer.tokens[rows], xi, last_only=scorer.last_position,
                         attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
         (grad,) = torch.autograd.grad(scorer.grad_loss(out, rows).sum(), [xi])  # [b, L, H]
         bar.update(rows.shape[0])

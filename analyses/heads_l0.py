@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import pandas as pd
 import torch
@@ -52,32 +53,56 @@ def expected_open(log_alpha: torch.Tensor) -> torch.Tensor:
 
 
 def train_gates(model, scorer: Scorer, lam: float, config: L0Config = L0Config(), *, progress: bool = False) -> torch.Tensor:
-    """Train log alpha [L, H] for one lambda on the frozen model; returns it (detached, on CPU).
+    """Train log alpha [L, H] for one lambda on the frozen model; returns it (detached, on CPU)."""
+    return train_gate_sweep(model, scorer, (lam,), config, progress=progress)[0]
 
-    Each step draws a minibatch of examples and one noise sample per example and head; only the
-    gates receive gradients (torch.autograd.grad), the model's weights are never touched. Under
+
+def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config = L0Config(), *,
+                     progress: bool = False) -> torch.Tensor:
+    """Train log alpha for each lambda on the frozen model: [k, L, H] (detached, on CPU).
+
+    Each step draws a minibatch of examples and one noise sample per example and head from one
+    generator seeded with config.seed, so every lambda sees the same minibatches and noise, as
+    separate runs would. The lambdas' copies of the minibatch run stacked along the batch axis
+    in one pass (as many as the memory budget allows): each copy's loss depends on its own log
+    alpha only and Adam is elementwise, so this is the separate runs' arithmetic. Only the gates
+    receive gradients (torch.autograd.grad); the model's weights are never touched. Under
     torch.distributed every rank draws the same minibatch, runs its block of it, and the
     gradients are all-reduced before the (identical) Adam step.
     """
-    f = model.facts
+    if not len(lambdas):
+        raise ValueError("L0 training needs at least one lambda; pass e.g. lambdas=(0.01,).")
     n, pos = scorer.tokens.shape
     batch = min(n, config.batch_size, rows_per_pass(model, pos))
+    copies = max(1, rows_per_pass(model, pos, grad=True) // batch)  # lambdas per pass
+    return torch.cat([_train(model, scorer, lambdas[i:i + copies], config, batch, progress)
+                      for i in range(0, len(lambdas), copies)])
+
+
+def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, batch: int, progress: bool) -> torch.Tensor:
+    """train_gate_sweep for lambdas that share each pass. -> [c, L, H]"""
+    f, n, c = model.facts, scorer.tokens.shape[0], len(lambdas)
     gen = torch.Generator().manual_seed(config.seed)
-    log_alpha = torch.full((f.n_layers, f.n_heads), float(config.init), device=model.device, requires_grad=True)
+    log_alpha = torch.full((c, f.n_layers, f.n_heads), float(config.init), device=model.device, requires_grad=True)
     opt = torch.optim.Adam([log_alpha], lr=config.lr)
+    label = ", ".join(f"{lam:g}" for lam in lambdas)
     with torch.enable_grad():
-        for _ in tqdm(range(config.steps), desc=f"L0 gates (lambda={lam:g})",
+        for _ in tqdm(range(config.steps), desc=f"L0 gates (lambda={label})",
                       disable=not (progress and distributed.is_main()), leave=False):
             rows = torch.randperm(n, generator=gen)[:batch].to(model.device)  # [b]
             u = torch.rand((batch, f.n_layers, f.n_heads), generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
             part = distributed.shard(batch)  # this rank's rows of the minibatch (all of it single-process)
             mine = rows[part.start:part.stop]  # [b_rank]
-            loss = lam * expected_open(log_alpha) if distributed.is_main() else log_alpha.sum() * 0.0
+            if distributed.is_main():
+                loss = sum(lam * expected_open(log_alpha[i]) for i, lam in enumerate(lambdas))
+            else:
+                loss = log_alpha.sum() * 0.0
             if len(mine):
-                gates = sample_gates(log_alpha, u[part.start:part.stop])  # [b_rank, L, H]
-                out = run_gated(model, scorer.tokens[mine], gates,
-                                attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[mine])
-                loss = loss + scorer.objective(out, mine).sum() / batch
+                gates = sample_gates(log_alpha[:, None], u[None, part.start:part.stop])  # [c, b_rank, L, H]
+                stacked = mine.repeat(c)  # [c * b_rank], copy-major
+                out = run_gated(model, scorer.tokens[stacked], gates.flatten(0, 1), last_only=scorer.last_position,
+                                attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[stacked])
+                loss = loss + scorer.objective(out, stacked).sum() / batch
             (grad,) = torch.autograd.grad(loss, [log_alpha])
             log_alpha.grad = distributed.all_reduce_sum(grad)  # every rank takes the same Adam step
             opt.step()
@@ -93,8 +118,8 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, progress: 
     log_alpha, gate, kept.
     """
     f = model.facts
-    alphas = [train_gates(model, scorer, lam, config, progress=progress) for lam in config.lambdas]
-    soft = torch.stack([deterministic_gates(a) for a in alphas])  # [k, L, H]
+    alphas = train_gate_sweep(model, scorer, config.lambdas, config, progress=progress)  # [k, L, H]
+    soft = deterministic_gates(alphas)  # [k, L, H]
     hard = (soft > 0).float()  # [k, L, H]
     values = evaluate_masks(model, scorer, torch.cat([soft, hard]), desc="L0 evaluation", progress=progress)
     k = len(alphas)

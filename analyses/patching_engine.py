@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from headscope.analyses import batching, distributed
 from headscope.hooks import resume
+from headscope.hooks.rows import take
 from headscope.hooks.sites import hook_point, split_block
 
 HookFn = Callable[..., Any]
@@ -194,10 +195,10 @@ def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, 
     z_name, pre_name = f"blocks.{start}.attn.hook_z", f"blocks.{start}.hook_resid_pre"
     z = hidden = None
     if support.shortcut and names == {z_name}:
-        before = ckpt.z[start][rows.to(ckpt.z[start].device)]  # [n, pos, head, d_head]
+        before = take(ckpt.z[start], rows)  # [n, pos, head, d_head]
         z = edited = _apply(model, here, before.clone())  # hooks may edit in place
     elif support.prefix and names == {pre_name} and not rest:
-        before = ckpt.resid[start][rows.to(ckpt.resid[start].device)]  # [n, pos, d_model]
+        before = take(ckpt.resid[start], rows)  # [n, pos, d_model]
         hidden = edited = _apply(model, here, before.clone())
     else:
         return resume.resume(model, ckpt, start, rows, fwd=hooks, last_only=cut, fast=support.fast)
@@ -246,7 +247,7 @@ def _resumed_mixed(model, ckpt, support, parts: list, rows: torch.Tensor, n_lead
     for block, hooks, at, offset in parts:
         if any(name != f"blocks.{block}.attn.hook_z" for name, _ in hooks):
             return None
-        before = ckpt.z[block][at.to(ckpt.z[block].device)]  # [n_part, pos, head, d_head]
+        before = take(ckpt.z[block], at)  # [n_part, pos, head, d_head]
         edited = _apply(model, hooks, before.clone())  # hooks may edit in place
         moved, changed_at = _changes(edited, before)
         if len(moved) and int(moved[0]) < n_lead:

@@ -8,8 +8,10 @@ block computing the same thing from the block's own weight modules (read live, s
 weight edits are seen): the whole block, its MLP half (after a z edit enters as the attention
 output) and the block with its z, keys and values (for a hook-free capture). One saving a
 bridge block cannot make: in the last block the attention of the last query only
-(`last_query`), since a last-position metric reads nothing else. resume.supports checks each
-use against a full pass before anything relies on it.
+(`last_query`), since a last-position metric reads nothing else. `full` also takes an edit of
+the heads' z and is differentiable, which gives resume.last_logits (gate gradients, L0
+training, gradient attribution). resume.supports checks each use against a full pass before
+anything relies on it.
 
 Known, in float32: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated
 MLP), i.e. Llama, Mistral and Qwen2 layers; and GPT-2 blocks. Others (and half precision,
@@ -22,10 +24,14 @@ from typing import Any, Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from headscope.hooks.rows import take
+
 # x [n, q, d_model], the block's call arguments and kwargs (gathered to the rows and cut to the
 # query positions), the captured keys and values before them ([n, kv_head, p, d_head] each, or
-# None), last_query -> [n, q or 1, d_model], or None for arguments it does not handle
-FastBlock = Callable[[torch.Tensor, tuple, dict, "tuple[torch.Tensor, torch.Tensor] | None", bool], "torch.Tensor | None"]
+# None), last_query, and optionally an edit of the heads' z ([n, q or 1, head, d_head] -> same)
+# -> [n, q or 1, d_model], or None for arguments it does not handle
+ZEdit = Callable[[torch.Tensor], torch.Tensor]
+FastBlock = Callable[..., "torch.Tensor | None"]
 LLAMA_LIKE = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
 EAGER_SCORES = 400  # queries x keys up to which plain matmul-softmax attention beats the fused kernel on CPU
 
@@ -183,12 +189,15 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         return a.transpose(1, 2).reshape(x.shape[0], -1, n_heads * d_head), k_new, v_new
 
     def run(x: torch.Tensor, args: tuple, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
-            last_query: bool) -> torch.Tensor | None:
+            last_query: bool, edit_z: ZEdit | None = None) -> torch.Tensor | None:
         got = attend(x, args, kwargs, past, last_query)
         if got is None:
             return None
+        z = got[0]  # [n, q', head * d_head]
+        if edit_z is not None:
+            z = edit_z(z.view(*z.shape[:2], n_heads, d_head)).flatten(2)
         x = x[:, -1:] if last_query else x
-        return mlp_half(o_proj(got[0]).add_(x))  # in place: a fresh buffer
+        return mlp_half(o_proj(z).add_(x))  # in place: a fresh buffer
 
     def record(x: torch.Tensor, args: tuple, kwargs: dict):
         """The block with its parts: (output [n, q, d_model], z [n, q, head, d_head], k, v
@@ -210,5 +219,4 @@ def past_kv(cache: Any, layer: int, rows: torch.Tensor, length: int) -> tuple[to
     if not length:
         return None
     lay = cache.layers[layer]
-    at = rows.to(lay.keys.device)
-    return lay.keys[at, :, :length], lay.values[at, :, :length]  # [n, kv_head, length, d_head]
+    return take(lay.keys[:, :, :length], rows), take(lay.values[:, :, :length], rows)  # [n, kv_head, length, d_head]

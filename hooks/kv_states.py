@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from headscope.hooks.rows import take
 from headscope.models.errors import ContextLengthError
 
 
@@ -76,8 +77,7 @@ def prefix_cache(model, cache: Any, length: int, *, rows: torch.Tensor | None = 
             lay = cache.layers[layer]
             keys, values = lay.keys[:, :, :length], lay.values[:, :, :length]  # [batch, kv_head, pos, d_head]
             if rows is not None:
-                at = rows.to(keys.device)  # sharded models: per-layer devices
-                keys, values = keys[at], values[at]  # [n, kv_head, pos, d_head]
+                keys, values = take(keys, rows), take(values, rows)  # [n, kv_head, pos, d_head]
             out.update(keys, values, layer)
     return out
 

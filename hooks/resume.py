@@ -16,6 +16,8 @@ read only the last position:
   captured keys and values before p (`from_pos`);
 - blocks no hook looks at run hook-free (hooks/fast_blocks: Llama-style and GPT-2), the last one
   attending from the last query only.
+`last_logits` runs a whole pass through the hook-free blocks for a last-position metric,
+differentiably, with an optional edit of each block's z.
 `supports` checks once per model that resuming reproduces a plain forward pass, and which
 savings do; callers keep the full pass where it does not (encoders, unusual blocks) and while
 other hooks are attached to the model (an outer hs.ablate or hs.patch context).
@@ -32,6 +34,7 @@ import torch
 
 from headscope.hooks import fast_blocks
 from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
+from headscope.hooks.rows import take
 from headscope.hooks.sites import site, split_block
 
 log = logging.getLogger(__name__)
@@ -127,15 +130,9 @@ class _Stop(Exception):
     """Raised by a pre-hook to end a forward pass at block 0 (its arguments are all we need)."""
 
 
-def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
-                  attention_mask: torch.Tensor | None) -> Checkpoint | None:
-    """capture through the hook-free blocks: the bridge runs up to block 0 (embedding, mask,
-    rotary tables), then every block runs as plain tensor code, filling a fresh cache. None
-    when that does not apply (no plan; layers of different attention types, whose masks differ;
-    a mask the blocks do not handle)."""
-    plans = _fast_plan(model)
-    if plans is None or len(set(getattr(model.bridge.original_model.config, "layer_types", None) or ())) > 1:
-        return None  # e.g. sliding and full attention layers: each kind gets its own mask
+def _block0_call(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple | None:
+    """(block 0's input [n, pos, d_model], its other positional arguments, its keyword arguments)
+    from a bridge pass stopped there (embedding, mask, rotary tables), or None."""
     got: list[tuple[tuple, dict]] = []
 
     def stop(module, args, kwargs):
@@ -144,8 +141,7 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
 
     handle = model.bridge.blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        with torch.no_grad():
-            model(tokens, attention_mask=attention_mask)
+        model(tokens, attention_mask=attention_mask)
     except _Stop:
         pass
     finally:
@@ -153,7 +149,31 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
     if not got:
         return None
     args, kwargs = got[0]
-    x, rest = (args[0], tuple(args[1:])) if args else (kwargs.pop("hidden_states"), ())
+    return (args[0], tuple(args[1:]), kwargs) if args else (kwargs.pop("hidden_states"), (), kwargs)
+
+
+def _uniform_plan(model) -> list | None:
+    """The hook-free blocks, where every layer gets the same mask (not mixed attention types)."""
+    plans = _fast_plan(model)
+    if plans is None or len(set(getattr(model.bridge.original_model.config, "layer_types", None) or ())) > 1:
+        return None  # e.g. sliding and full attention layers: each kind gets its own mask
+    return plans
+
+
+def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
+                  attention_mask: torch.Tensor | None) -> Checkpoint | None:
+    """capture through the hook-free blocks: the bridge runs up to block 0 (embedding, mask,
+    rotary tables), then every block runs as plain tensor code, filling a fresh cache. None
+    when that does not apply (no plan; layers of different attention types, whose masks differ;
+    a mask the blocks do not handle)."""
+    plans = _uniform_plan(model)
+    if plans is None:
+        return None
+    with torch.no_grad():
+        call = _block0_call(model, tokens, attention_mask)
+    if call is None:
+        return None
+    x, rest, kwargs = call
     cache = new_cache(model)
     rest, kwargs = _with_cache(rest, kwargs, cache)
     resid, z = [], {}
@@ -171,10 +191,33 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
     return Checkpoint(resid=resid, calls=[(rest, kwargs)] * len(plans), logits=logits, z=z, kv=cache)
 
 
+def last_logits(model, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                edit_z: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | None:
+    """Last-position logits [n, d_vocab] of a forward pass whose blocks run hook-free, each
+    block's z [n, q, head, d_head] replaced by edit_z(layer, z) (the last block: the last query
+    only, q = 1). Differentiable (gate gradients, L0 training, integrated gradients): less
+    arithmetic than a full pass (the last block's last query) and none of the bridge's
+    per-block cost. Hooks attached to the model's blocks do not run: callers check
+    supports(model).fast_capture, which is False while hooks are attached. None where the
+    hook-free blocks do not apply (no plan, mixed attention types, unhandled arguments)."""
+    plans = _uniform_plan(model)
+    call = None if plans is None else _block0_call(model, tokens, attention_mask)
+    if call is None:
+        return None
+    x, rest, kwargs = call
+    rest, kwargs = _with_cache(rest, kwargs, None)
+    for i, block in enumerate(plans):
+        edit = None if edit_z is None else (lambda z, i=i: edit_z(i, z))
+        x = block.full(x, rest, kwargs, None, i == len(plans) - 1, edit)
+        if x is None:
+            return None
+    return model.bridge.unembed(model.bridge.ln_final(x))[:, -1]  # x: [n, 1, d_model]
+
+
 def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
     """Per-row tensors (2+ dims, first dim = the captured batch n) indexed by `rows`; rest as is."""
     if isinstance(value, torch.Tensor):
-        return value[rows.to(value.device)] if value.ndim >= 2 and value.shape[0] == n else value
+        return take(value, rows) if value.ndim >= 2 and value.shape[0] == n else value
     if isinstance(value, (tuple, list)):
         return type(value)(_gather(v, rows, n) for v in value)
     if isinstance(value, dict):
@@ -245,7 +288,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     """
     blocks = model.bridge.blocks
     n_layers = len(blocks)
-    x = ckpt.resid[start][rows.to(ckpt.resid[start].device)] if hidden is None else hidden  # sharded models: per-block devices
+    x = take(ckpt.resid[start], rows) if hidden is None else hidden  # sharded models: per-block devices
     drop = 0  # leading output positions to drop when a from_pos request runs from position 0
     if from_pos:
         if ckpt.kv is None:
@@ -317,7 +360,7 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
                     raise ValueError(f"block {i}'s arguments are not ones the hook-free blocks handle.")
             for g in (g for g in order if groups[g][0] == i):
                 _, at, z = groups[g]
-                enter = ckpt.resid[i][at.to(ckpt.resid[i].device)][:, from_pos:]  # [n_g, q, d_model]
+                enter = take(ckpt.resid[i][:, from_pos:], at)  # [n_g, q, d_model]
                 out = _shortcut_block(blocks[i], enter, z[:, from_pos:], last, plans[i].mlp_half)
                 x = out if x is None else torch.cat([x, out])
                 rows = at if rows is None else torch.cat([rows, at])
@@ -341,7 +384,7 @@ class Support(NamedTuple):
     shortcut: bool  # a z edit entering as o(z') (sequential blocks)
     prefix: bool  # from_pos: positions before the edit taken from the captured cache
     fast: bool = False  # hook-free blocks (hooks/fast_blocks) where no hook looks
-    fast_capture: bool = False  # capture without hooks runs the blocks hook-free
+    fast_capture: bool = False  # capture without hooks, and last_logits, run the blocks hook-free
 
 
 def supports(model) -> Support:
@@ -400,6 +443,7 @@ def _check(model) -> Support:
     def from_quick_capture():
         quick = capture(model, tokens, z_layers=range(n_layers), fast=True)
         yield quick.logits[rows].unsqueeze(1)
+        yield last_logits(model, tokens)[rows].unsqueeze(1)  # the differentiable pass (None: fails)
         for s in starts:
             yield resume(model, quick, s, rows, fast=True, from_pos=3 if prefix else 0,
                          z=quick.z[s][rows.to(quick.z[s].device)] if shortcut else None)

@@ -25,18 +25,21 @@ def oom(rows: int) -> torch.OutOfMemoryError:
 
 @pytest.fixture
 def limited(tiny_models, monkeypatch):
-    """The tiny llama whose run_with_hooks raises out-of-memory above `limit[0]` rows; `seen` records row counts."""
+    """The tiny llama whose run_with_hooks and hook-free last-position passes (resume.last_logits)
+    raise out-of-memory above `limit[0]` rows; `seen` records row counts."""
     model = tiny_models["llama"]
     limit, seen = [4], []
-    real = type(model).run_with_hooks
 
-    def run_with_hooks(self, tokens, *args, **kwargs):
-        seen.append(tokens.shape[0])
-        if tokens.shape[0] > limit[0]:
-            raise oom(tokens.shape[0])
-        return real(self, tokens, *args, **kwargs)
+    def limited_to(real):
+        def run(self, tokens, *args, **kwargs):
+            seen.append(tokens.shape[0])
+            if tokens.shape[0] > limit[0]:
+                raise oom(tokens.shape[0])
+            return real(self, tokens, *args, **kwargs)
+        return run
 
-    monkeypatch.setattr(type(model), "run_with_hooks", run_with_hooks)
+    monkeypatch.setattr(type(model), "run_with_hooks", limited_to(type(model).run_with_hooks))
+    monkeypatch.setattr(resume, "last_logits", limited_to(resume.last_logits))
     return model, limit, seen
 
 

@@ -322,6 +322,46 @@ def test_l0_sweep_large_lambda_prunes_every_head_and_keeps_the_model_frozen(tiny
     assert all(p.grad is None for p in model.bridge.parameters())
 
 
+def reference_l0(model, task: Task, lam: float, cfg: heads_l0.L0Config) -> torch.Tensor:
+    """Voita et al.'s gate training written out for one lambda: TransformerLens run_with_hooks
+    scaling hook_z by Hard Concrete gates, the answer's cross-entropy plus lambda times the
+    expected number of open gates, Adam on log alpha; minibatch then noise drawn per step from
+    a generator seeded with cfg.seed. -> log alpha [L, H]"""
+    n_layers, n_heads = model.facts.n_layers, model.facts.n_heads
+    gen = torch.Generator().manual_seed(cfg.seed)
+    log_alpha = torch.full((n_layers, n_heads), cfg.init, requires_grad=True)
+    opt = torch.optim.Adam([log_alpha], lr=cfg.lr)
+    batch = min(len(task), cfg.batch_size)
+    for _ in range(cfg.steps):
+        rows = torch.randperm(len(task), generator=gen)[:batch]
+        u = torch.rand((batch, n_layers, n_heads), generator=gen).clamp(1e-6, 1 - 1e-6)
+        gates = (torch.sigmoid((u.log() - (1 - u).log() + log_alpha) / 0.33) * 1.2 - 0.1).clamp(0, 1)  # [b, L, H]
+        hooks = [(z_name(l), lambda z, hook, l=l: z * gates[:, l, None, :, None]) for l in range(n_layers)]
+        last = model.bridge.run_with_hooks(task.tokens[rows], return_type="logits", fwd_hooks=hooks)[:, -1]
+        ce = -torch.log_softmax(last, -1)[torch.arange(batch), task.answers[rows]]
+        open_gates = torch.sigmoid(log_alpha - 0.33 * math.log(0.1 / 1.1)).sum()
+        loss = ce.sum() / batch + lam * open_gates
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return log_alpha.detach()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_l0_lambdas_trained_together_equal_separate_reference_runs(family, tiny_models):
+    """The sweep trains every lambda in one stacked pass per step; each must equal its own
+    separately written training run (same minibatches and noise)."""
+    model, task = tiny_models[family], decoder_task(seed=12)
+    cfg = heads_l0.L0Config(lambdas=(0.0, 0.5), steps=6, lr=0.5, batch_size=4, seed=3)
+    got = heads_l0.train_gate_sweep(model, hi.make_scorer(model, task), cfg.lambdas, cfg)  # [2, L, H]
+    for i, lam in enumerate(cfg.lambdas):
+        torch.testing.assert_close(got[i], reference_l0(model, task, lam, cfg), atol=1e-4, rtol=1e-4)
+    assert (got[0] - got[1]).abs().max() > 0.1  # the penalty mattered
+    assert (got[0] - cfg.init).abs().max() > 0.1  # and so did the task
+    with pytest.raises(ValueError, match="at least one lambda"):
+        heads_l0.train_gate_sweep(model, hi.make_scorer(model, task), (), cfg)
+
+
 # ---- roles ---------------------------------------------------------------------------------
 def test_head_roles_equal_scores_from_hf_attentions(tiny_dirs, tiny_models):
     model, tokens = tiny_models["gpt2"], random_tokens(4, 10, seed=9)

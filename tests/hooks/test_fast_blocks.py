@@ -196,6 +196,37 @@ def test_fast_capture_equals_the_bridge_capture(family, pos, models):
         torch.testing.assert_close(quick.kv.layers[i].values, slow.kv.layers[i].values, **close)
 
 
+@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("gpt2", 7), ("gpt2", 25)])
+def test_last_logits_with_gated_z_and_gradients_equal_transformer_lens(family, pos, models):
+    """The differentiable hook-free pass: z edits per block (gates, and a replacement in one
+    layer) against TransformerLens run_with_hooks editing hook_z, values and the gates'
+    gradients, with a left-padded row."""
+    model = models[family]
+    n_layers, n_heads = model.facts.n_layers, model.facts.n_heads
+    tokens = random_tokens(3, pos, seed=23)
+    mask = torch.ones(3, pos, dtype=torch.long)
+    mask[2, :2] = 0
+    g = torch.Generator().manual_seed(5)
+    gates = torch.rand(3, n_layers, n_heads, generator=g).requires_grad_(True)  # [n, L, H]
+    swap = torch.randn(1, pos, n_heads, model.facts.d_head, generator=g)  # layer 0's replacement
+
+    def edited(layer, z):  # gate every head; in layer 0, gate 0 means "swap"
+        g_l = gates[:, layer, None, :, None]
+        return z * g_l + (1 - g_l) * swap[:, pos - z.shape[1]:] if layer == 0 else z * g_l
+
+    hooks = [(hs.site("z", l), lambda z, hook, l=l: edited(l, z)) for l in range(n_layers)]
+    want = model.run_with_hooks(tokens, fwd=hooks, attention_mask=mask)[:, -1]  # [n, d_vocab]
+    (want_grad,) = torch.autograd.grad(want[:, 3].sum() - want[:, 5].sum(), [gates])
+    got = resume.last_logits(model, tokens, attention_mask=mask, edit_z=edited)
+    (grad,) = torch.autograd.grad(got[:, 3].sum() - got[:, 5].sum(), [gates])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=1e-4)
+    assert grad[:, -1].abs().min() > 0  # the last block's gates reach the output too
+    with torch.no_grad():
+        plain = model(tokens, attention_mask=mask)[:, -1]
+    assert (got - plain).abs().max() > 1e-2  # the edits mattered
+
+
 def test_mixed_attention_layers_keep_the_bridge_capture(tmp_path):
     """Qwen2 with full attention in layer 0 and sliding windows above: each kind of layer gets its
     own mask, so the hook-free capture (one mask for all) must not run, even though the
