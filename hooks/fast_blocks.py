@@ -14,8 +14,9 @@ training, gradient attribution). resume.supports checks each use against a full 
 anything relies on it.
 
 Known, in float32: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated
-MLP), i.e. Llama, Mistral and Qwen2 layers; and GPT-2 blocks. Others (and half precision,
-where Hugging Face's eager attention rounds differently) get None and keep the bridge's blocks.
+MLP), i.e. Llama, Mistral and Qwen2 layers; GPT-2 blocks; and GPT-NeoX (Pythia) blocks, parallel
+residual and partial rotary. Others (and half precision, where Hugging Face's eager attention
+rounds differently) get None and keep the bridge's blocks.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ EAGER_SCORES = 400  # queries x keys up to which plain matmul-softmax attention 
 
 
 class Block(NamedTuple):
-    """One block, hook-free: `full` as FastBlock; `mlp_half(x)` = x + MLP(post-attention norm(x));
-    `record(x, args, kwargs)` = the block from position 0 with its z, keys and values (for capture)."""
+    """One block, hook-free: `full` as FastBlock; `mlp_half(x)` = x + MLP(post-attention norm(x))
+    (None for parallel blocks, whose MLP reads the block's input); `record(x, args, kwargs)` = the
+    block from position 0 with its z, keys and values (for capture)."""
 
     full: FastBlock
-    mlp_half: Callable[[torch.Tensor], torch.Tensor]
+    mlp_half: Callable[[torch.Tensor], torch.Tensor] | None
     record: Callable[[torch.Tensor, tuple, dict], Any]
 
 
@@ -54,7 +56,8 @@ def plan(model) -> list[Block] | None:
     """The hook-free blocks, or None when the architecture (or dtype) is not a known one."""
     layers = [_raw(b) for b in model.bridge.blocks]
     kinds = {type(layer).__name__ for layer in layers}
-    build = _llama_block if kinds <= LLAMA_LIKE else _gpt2_block if kinds == {"GPT2Block"} else None
+    build = (_llama_block if kinds <= LLAMA_LIKE else _gpt2_block if kinds == {"GPT2Block"}
+             else _neox_block if kinds == {"GPTNeoXLayer"} else None)
     if not layers or build is None:
         return None
     if any(p.dtype != torch.float32 for p in model.bridge.parameters()):
@@ -70,6 +73,15 @@ def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon))
     return norm.weight * h.to(x.dtype)
+
+
+def _rotate_part(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of the first cos.shape[-1] dimensions of x [n, head, q, d_head] (partial
+    rotary, as GPT-NeoX), the rest passed through."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return _rotate(x, cos, sin)
+    return torch.cat((_rotate(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -157,13 +169,40 @@ def _gpt2_block(layer: torch.nn.Module) -> Block:
                   scaling=float(attn.scaling))
 
 
+def _neox_block(layer: torch.nn.Module) -> Block:
+    """GPT-NeoX (Pythia): pre-norm LayerNorms, one fused q/k/v projection laid out per head,
+    partial rotary, GELU MLP; parallel residual x + attention(ln1(x)) + MLP(ln2(x)) unless the
+    config says sequential."""
+    attn, mlp = _raw(layer.attention), _raw(layer.mlp)
+    qkv, fc, proj, act = _raw(attn.query_key_value), _raw(mlp.dense_h_to_4h), _raw(mlp.dense_4h_to_h), mlp.act
+    d_head, rot = int(attn.head_size), int(attn.rotary_ndims)
+    n_heads = qkv.out_features // (3 * d_head)
+
+    def project(h: torch.Tensor, args: tuple, kwargs: dict, last_query: bool):
+        n, q_len, _ = h.shape
+        cos, sin = kwargs["position_embeddings"]  # [n or 1, q, rot]
+        if cos.shape[-1] != rot:
+            raise ValueError("unexpected rotary table width")
+        q, k, v = qkv(h).view(n, q_len, n_heads, 3 * d_head).transpose(1, 2).chunk(3, dim=-1)  # [n, head, q, d_head]
+        k = _rotate_part(k, cos, sin)
+        if last_query:
+            q, cos, sin = q[:, :, -1:], cos[:, -1:], sin[:, -1:]
+        return _rotate_part(q, cos, sin), k, v
+
+    return _block(ln1=_raw(layer.input_layernorm), ln2=_raw(layer.post_attention_layernorm), project=project,
+                  o_proj=_raw(attn.dense), mlp=lambda h: proj(act(fc(h))),
+                  mask_of=lambda args, kwargs: kwargs.get("attention_mask"), shape=(n_heads, n_heads, d_head),
+                  scaling=float(attn.scaling), parallel=bool(getattr(layer, "use_parallel_residual", False)))
+
+
 _UNHANDLED = object()  # mask_of's answer for call arguments the hook-free blocks do not handle
 
 
 def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable, mlp: Callable, mask_of: Callable,
-           shape: tuple[int, int, int], scaling: float) -> Block:
-    """A pre-norm sequential block from its parts: x + o(attention(ln1(x))), then + mlp(ln2(.)).
-    project(h, args, kwargs, last_query) -> q [n, head, q', d_head], k and v [n, kv, q, d_head]."""
+           shape: tuple[int, int, int], scaling: float, parallel: bool = False) -> Block:
+    """A pre-norm block from its parts: x + o(attention(ln1(x))), then + mlp(ln2(.)); parallel:
+    x + o(attention(ln1(x))) + mlp(ln2(x)). project(h, args, kwargs, last_query) -> q [n, head,
+    q', d_head], k and v [n, kv, q, d_head]."""
     n_heads, n_kv, d_head = shape
 
     def attend(x: torch.Tensor, args: tuple, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
@@ -197,7 +236,7 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         if edit_z is not None:
             z = edit_z(z.view(*z.shape[:2], n_heads, d_head)).flatten(2)
         x = x[:, -1:] if last_query else x
-        return mlp_half(o_proj(z).add_(x))  # in place: a fresh buffer
+        return after(o_proj(z), x)
 
     def record(x: torch.Tensor, args: tuple, kwargs: dict):
         """The block with its parts: (output [n, q, d_model], z [n, q, head, d_head], k, v
@@ -206,12 +245,16 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         if got is None:
             return None
         z, k, v = got
-        return mlp_half(o_proj(z).add_(x)), z.view(*z.shape[:2], n_heads, d_head), k, v
+        return after(o_proj(z), x), z.view(*z.shape[:2], n_heads, d_head), k, v
 
     def mlp_half(x: torch.Tensor) -> torch.Tensor:  # x + MLP(ln2(x)), [n, q, d_model]
         return mlp(ln2(x)).add_(x)
 
-    return Block(run, mlp_half, record)
+    def after(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The block's output from its attention output a (a fresh buffer: added to in place)."""
+        return a.add_(x).add_(mlp(ln2(x))) if parallel else mlp_half(a.add_(x))
+
+    return Block(run, None if parallel else mlp_half, record)
 
 
 def past_kv(cache: Any, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:

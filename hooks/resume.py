@@ -14,8 +14,8 @@ read only the last position:
   is not recomputed (sequential pre-norm blocks);
 - an edit that leaves positions before p unchanged runs positions p.. only, attending to the
   captured keys and values before p (`from_pos`);
-- blocks no hook looks at run hook-free (hooks/fast_blocks: Llama-style and GPT-2), the last one
-  attending from the last query only.
+- blocks no hook looks at run hook-free (hooks/fast_blocks: Llama-style, GPT-2, GPT-NeoX), the
+  last one attending from the last query only.
 `last_logits` runs a whole pass through the hook-free blocks for a last-position metric,
 differentiably, with an optional edit of each block's z.
 `supports` checks once per model that resuming reproduces a plain forward pass, and which

@@ -25,7 +25,7 @@ def word_tokenizer():
 
 def build_tiny_model(family: str, out: Path, seed: int = 0, **config) -> Path:
     """Save a random model of the family to `out`: "gpt2", "neox", or the Llama-style "llama"
-    (GQA), "qwen2" (biases on q, k and v) and "mistral"; 2 layers unless `config`, which
+    (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms); 2 layers unless `config`, which
     overrides fields of the Hugging Face config, says otherwise."""
     import transformers
 
@@ -38,10 +38,10 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, **config) -> Path:
         fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       max_position_embeddings=N_CTX)
         make = transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig
-    elif family in ("llama", "qwen2", "mistral"):
+    elif family in ("llama", "qwen2", "mistral", "qwen3"):
         fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=N_CTX)
-        name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
+                      num_key_value_heads=2, max_position_embeddings=N_CTX, **({"head_dim": 16} if family == "qwen3" else {}))
+        name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3"}[family]
         make = getattr(transformers, f"{name}ForCausalLM"), getattr(transformers, f"{name}Config")
     else:
         raise ValueError(family)

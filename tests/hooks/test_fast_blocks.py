@@ -16,22 +16,32 @@ def qwen2_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def models(tiny_models, qwen2_dir):
-    return {"llama": tiny_models["llama"], "gpt2": tiny_models["gpt2"], "qwen2": hs.load_model(qwen2_dir, device="cpu")}
+def neox_seq_dir(tmp_path_factory):
+    """A tiny random GPT-NeoX with sequential (not parallel) residual blocks, full rotary."""
+    return build_tiny_model("neox", tmp_path_factory.mktemp("tiny-neox-seq"), seed=4, use_parallel_residual=False,
+                            rotary_pct=1.0)
 
 
-def _dirs(tiny_dirs, qwen2_dir):
-    return {"llama": tiny_dirs["llama"], "gpt2": tiny_dirs["gpt2"], "qwen2": qwen2_dir}
+@pytest.fixture(scope="module")
+def models(tiny_models, qwen2_dir, neox_seq_dir):
+    return {"llama": tiny_models["llama"], "gpt2": tiny_models["gpt2"], "qwen2": hs.load_model(qwen2_dir, device="cpu"),
+            "neox": tiny_models["neox"], "neox_seq": hs.load_model(neox_seq_dir, device="cpu")}
 
 
-@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("gpt2", 7), ("llama", 25), ("gpt2", 25)])  # 25: SDPA
-def test_fast_resume_equals_plain_hf(family, pos, models, tiny_dirs, qwen2_dir):
+def _dirs(tiny_dirs, qwen2_dir, neox_seq_dir):
+    return {"llama": tiny_dirs["llama"], "gpt2": tiny_dirs["gpt2"], "qwen2": qwen2_dir, "neox": tiny_dirs["neox"],
+            "neox_seq": neox_seq_dir}
+
+
+@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("gpt2", 7), ("neox", 7), ("neox_seq", 7),
+                                        ("llama", 25), ("gpt2", 25), ("neox", 25)])  # 25: SDPA
+def test_fast_resume_equals_plain_hf(family, pos, models, tiny_dirs, qwen2_dir, neox_seq_dir):
     model = models[family]
     assert resume.supports(model).fast
     tokens = random_tokens(3, pos, seed=11)
     assert (pos * pos > fast_blocks.EAGER_SCORES) == (pos == 25)
     with torch.no_grad():
-        want = hf_model(_dirs(tiny_dirs, qwen2_dir)[family])(tokens).logits  # [3, 7, vocab]
+        want = hf_model(_dirs(tiny_dirs, qwen2_dir, neox_seq_dir)[family])(tokens).logits  # [3, 7, vocab]
     ckpt = resume.capture(model, tokens)
     rows = torch.tensor([2, 0, 0, 1])
     for start in range(model.facts.n_layers):
@@ -41,7 +51,7 @@ def test_fast_resume_equals_plain_hf(family, pos, models, tiny_dirs, qwen2_dir):
         torch.testing.assert_close(full, want[rows], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "neox"])
 def test_fast_resume_from_a_position_with_an_edit(family, models):
     """Positions before p from the captured keys and values; checked against TransformerLens
     running every block and position with the same input into block `start`."""
@@ -99,13 +109,26 @@ def test_fast_blocks_read_the_live_weights(models):
         assert (model(tokens)[:, -1] - want).abs().max() > 1e-3  # the edit mattered
 
 
-def test_unknown_blocks_have_no_plan(tiny_models):
-    """GPT-NeoX (parallel attention and MLP, partial rotary) keeps the bridge's blocks."""
-    assert fast_blocks.plan(tiny_models["neox"]) is None
-    assert not resume.supports(tiny_models["neox"]).fast
+def test_unknown_blocks_have_no_plan(tmp_path):
+    """Qwen3 (Llama-like, plus norms on q and k that the Llama-style block lacks) keeps the
+    bridge's blocks; resuming still works through them."""
+    model = hs.load_model(build_tiny_model("qwen3", tmp_path / "qwen3", seed=6), device="cpu")
+    assert fast_blocks.plan(model) is None
+    support = resume.supports(model)
+    assert support.ok and not support.fast and not support.fast_capture
+    assert resume.last_logits(model, random_tokens(2, 5, seed=6)) is None
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_parallel_blocks_resume_hook_free_without_the_z_shortcut(models):
+    """GPT-NeoX's parallel blocks (the MLP reads the block's input, not x + attention): hook-free
+    resumes, capture and last_logits, but no z shortcut; the sequential variant has it."""
+    parallel, sequential = resume.supports(models["neox"]), resume.supports(models["neox_seq"])
+    assert parallel.fast and parallel.fast_capture and not parallel.shortcut
+    assert sequential.fast and sequential.shortcut
+    assert models["neox"].bridge.original_model.config.rope_parameters["partial_rotary_factor"] < 1  # partial rotary
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "neox_seq"])
 def test_fast_z_shortcut_equals_editing_hook_z(family, models):
     """A head's z edit entering as o(z'), then the hook-free MLP and blocks (and the last block's
     last query), against TransformerLens zeroing that head in a full pass."""
@@ -175,7 +198,8 @@ def test_sliding_window_caches_are_not_reused_past_the_window(mistral_dir):
     assert loo.abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("qwen2", 25), ("gpt2", 7), ("gpt2", 25)])
+@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("qwen2", 25), ("gpt2", 7), ("gpt2", 25),
+                                        ("neox", 7)])
 def test_fast_capture_equals_the_bridge_capture(family, pos, models):
     """The hook-free capture records what the bridge's pass records: block inputs, z, keys and
     values, last-position logits (left-padded rows included)."""
@@ -196,7 +220,7 @@ def test_fast_capture_equals_the_bridge_capture(family, pos, models):
         torch.testing.assert_close(quick.kv.layers[i].values, slow.kv.layers[i].values, **close)
 
 
-@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("gpt2", 7), ("gpt2", 25)])
+@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("gpt2", 7), ("gpt2", 25), ("neox", 7)])
 def test_last_logits_with_gated_z_and_gradients_equal_transformer_lens(family, pos, models):
     """The differentiable hook-free pass: z edits per block (gates, and a replacement in one
     layer) against TransformerLens run_with_hooks editing hook_z, values and the gates'
@@ -246,7 +270,7 @@ def test_mixed_attention_layers_keep_the_bridge_capture(tmp_path):
         torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("family", ["qwen2", "gpt2", "neox_seq"])
 def test_resume_mixed_equals_transformer_lens_per_group(family, models):
     """Groups entering at different blocks (one at the last) share one pass; each group's logits
     equal TransformerLens with that group's z edit, from position p on, in a full pass."""

@@ -72,7 +72,7 @@ def test_parallel_residual_blocks_keep_the_full_attention(tiny_models):
     and the check must see that."""
     model = tiny_models["neox"]
     assert model.bridge.original_model.config.use_parallel_residual
-    assert resume.supports(model) == (True, False, True, False, False)  # no hook-free blocks for NeoX either
+    assert resume.supports(model) == (True, False, True, True, True)  # hook-free blocks, without the z shortcut
 
 
 def test_encoders_are_refused(tiny_models, monkeypatch):
