@@ -51,13 +51,12 @@ def forward_metric(model, kind: str) -> Forward:
 
 def last_position(model) -> Callable[[torch.Tensor], torch.Tensor]:
     """tokens [batch, pos] -> last-position logits [batch, 1, d_vocab], differentiable: through
-    the hook-free blocks where the model supports them (resume.last_logits: about a quarter less
-    arithmetic, no per-block bridge cost), else a full pass. Decided once, here: hooks attached
-    now (an outer hs.ablate) keep the full pass."""
-    fast = resume.supports(model).fast_capture
+    the hook-free blocks where the model supports them (resume.last_logits: less arithmetic, no
+    per-block bridge cost), else a full pass. Checked at each call: hooks attached then (an
+    outer hs.ablate) keep the full pass, so they act."""
 
     def logits(tokens: torch.Tensor) -> torch.Tensor:
-        out = resume.last_logits(model, tokens) if fast else None
+        out = resume.last_logits(model, tokens) if resume.supports(model).fast_capture else None
         return model(tokens)[:, -1:] if out is None else out[:, None]
 
     return logits

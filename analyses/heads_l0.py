@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headscope.analyses import distributed
+from headscope.analyses import batching, distributed
 from headscope.analyses.heads_importance import Scorer, evaluate_masks, rows_per_pass, run_gated
 from headscope.analyses.heads_pruning import head_label
 
@@ -64,19 +64,27 @@ def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0
     Each step draws a minibatch of examples and one noise sample per example and head from one
     generator seeded with config.seed, so every lambda sees the same minibatches and noise, as
     separate runs would. The lambdas' copies of the minibatch run stacked along the batch axis
-    in one pass (as many as the memory budget allows): each copy's loss depends on its own log
-    alpha only and Adam is elementwise, so this is the separate runs' arithmetic. Only the gates
-    receive gradients (torch.autograd.grad); the model's weights are never touched. Under
-    torch.distributed every rank draws the same minibatch, runs its block of it, and the
-    gradients are all-reduced before the (identical) Adam step.
+    in one pass (as many as the memory budget allows, halved on out-of-memory): each copy's loss
+    depends on its own log alpha only and Adam is elementwise, so this is the separate runs'
+    arithmetic, up to the float rounding of larger batched passes. Only the gates receive
+    gradients (torch.autograd.grad); the model's weights are never touched. Under
+    torch.distributed every rank draws the same minibatch, runs its block of it (every rank with
+    the same batch and lambdas per pass, the smallest any rank can hold), and the gradients are
+    all-reduced before the (identical) Adam step.
     """
     if not len(lambdas):
         raise ValueError("L0 training needs at least one lambda; pass e.g. lambdas=(0.01,).")
     n, pos = scorer.tokens.shape
     batch = min(n, config.batch_size, rows_per_pass(model, pos))
-    copies = max(1, rows_per_pass(model, pos, grad=True) // batch)  # lambdas per pass
-    return torch.cat([_train(model, scorer, lambdas[i:i + copies], config, batch, progress)
-                      for i in range(0, len(lambdas), copies)])
+    try:
+        per_pass = rows_per_pass(model, pos, grad=True) if len(lambdas) > 1 else batch
+    except batching.MemoryBudgetError:  # the estimate for a backward pass is rough: one lambda at a time
+        per_pass = batch
+    copies = max(1, min(len(lambdas), per_pass // batch))  # lambdas per pass
+    batch, copies = (min(v) for v in zip(*distributed.gather_objects((batch, copies))))  # the same on every rank
+    parts = batching.run_chunks(lambda chunk: _train(model, scorer, lambdas[chunk.start:chunk.stop], config, batch,
+                                                     progress), len(lambdas), copies)
+    return torch.cat([part for _, part in parts])
 
 
 def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, batch: int, progress: bool) -> torch.Tensor:

@@ -448,5 +448,5 @@ def _check(model) -> Support:
             yield resume(model, quick, s, rows, fast=True, from_pos=3 if prefix else 0,
                          z=quick.z[s][rows.to(quick.z[s].device)] if shortcut else None)
 
-    fast_capture = fast and holds("the hook-free capture", from_quick_capture)  # when it applies
+    fast_capture = fast and holds("the hook-free capture", from_quick_capture)  # False where it does not apply
     return Support(ok, shortcut, prefix, fast, fast_capture)

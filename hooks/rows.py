@@ -10,5 +10,6 @@ import torch
 
 
 def take(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """t[rows] along dim 0 (a fresh, contiguous tensor), rows moved to t's device (sharded models)."""
+    """t[rows] along dim 0 (a fresh, contiguous tensor) for rows: 1-d int64 indices >= 0 (no
+    negative indices or masks, unlike t[rows]), moved to t's device (sharded models)."""
     return t.index_select(0, rows.to(t.device))

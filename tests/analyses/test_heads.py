@@ -13,12 +13,13 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.analyses import heads, heads_l0, metrics
+from headscope.analyses import batching, heads, heads_l0, metrics
 from headscope.analyses import heads_importance as hi
 from headscope.analyses import heads_pruning as hp
 from headscope.analyses.head_roles import head_roles, repeated_random_tokens
 from headscope.analyses.registry import RunConfig
 from headscope.analyses.tasks import Task
+from headscope.hooks import resume
 from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer, zero_head
 
 N_EX, POS = 6, 8
@@ -347,19 +348,70 @@ def reference_l0(model, task: Task, lam: float, cfg: heads_l0.L0Config) -> torch
     return log_alpha.detach()
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_l0_lambdas_trained_together_equal_separate_reference_runs(family, tiny_models):
-    """The sweep trains every lambda in one stacked pass per step; each must equal its own
-    separately written training run (same minibatches and noise)."""
+@pytest.mark.parametrize("family,memory", [("llama", "plenty"), ("gpt2", "plenty"), ("llama", "two lambdas per pass"),
+                                           ("llama", "too small to estimate"), ("llama", "out of memory above 8 rows")])
+def test_l0_lambdas_trained_together_equal_separate_reference_runs(family, memory, tiny_models, monkeypatch):
+    """The sweep trains its lambdas in stacked passes (all at once, or as many as memory holds,
+    halving on out-of-memory); each must equal its own separately written training run (same
+    minibatches and noise)."""
     model, task = tiny_models[family], decoder_task(seed=12)
-    cfg = heads_l0.L0Config(lambdas=(0.0, 0.5), steps=6, lr=0.5, batch_size=4, seed=3)
-    got = heads_l0.train_gate_sweep(model, hi.make_scorer(model, task), cfg.lambdas, cfg)  # [2, L, H]
+    cfg = heads_l0.L0Config(lambdas=(0.0, 0.5, 2.0), steps=6, lr=0.5, batch_size=4, seed=3)
+    real, sizes = heads_l0.rows_per_pass, []
+
+    def rows_per_pass(model, pos, *args, grad=False, **kwargs):
+        if grad and memory == "two lambdas per pass":
+            return 2 * cfg.batch_size
+        if grad and memory == "too small to estimate":
+            raise batching.MemoryBudgetError("budget too small")
+        return real(model, pos, *args, grad=grad, **kwargs)
+
+    def last_logits(model, tokens, **kwargs):
+        sizes.append(tokens.shape[0])
+        if memory == "out of memory above 8 rows" and tokens.shape[0] > 8:
+            raise torch.OutOfMemoryError("test")
+        return real_last(model, tokens, **kwargs)
+
+    real_last = resume.last_logits
+    monkeypatch.setattr(heads_l0, "rows_per_pass", rows_per_pass)
+    monkeypatch.setattr(resume, "last_logits", last_logits)
+    got = heads_l0.train_gate_sweep(model, hi.make_scorer(model, task), cfg.lambdas, cfg)  # [3, L, H]
     for i, lam in enumerate(cfg.lambdas):
         torch.testing.assert_close(got[i], reference_l0(model, task, lam, cfg), atol=1e-4, rtol=1e-4)
+    per_pass = {"plenty": 3, "two lambdas per pass": 2, "too small to estimate": 1, "out of memory above 8 rows": 3}
+    assert max(sizes) == per_pass[memory] * cfg.batch_size  # lambdas stacked per pass (tried first)
+    if memory == "out of memory above 8 rows":
+        assert sizes[-1] == 1 * cfg.batch_size  # halved to 1 lambda per pass
     assert (got[0] - got[1]).abs().max() > 0.1  # the penalty mattered
     assert (got[0] - cfg.init).abs().max() > 0.1  # and so did the task
     with pytest.raises(ValueError, match="at least one lambda"):
         heads_l0.train_gate_sweep(model, hi.make_scorer(model, task), (), cfg)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_last_position_gated_pass_with_replacements_equals_transformer_lens(family, tiny_models):
+    """run_gated(last_only=True) (the hook-free pass, the last block at its last query) with
+    gates and per-layer replacement values of each shape it takes, against TransformerLens
+    hooks computing g z + (1 - g) r in a full pass."""
+    model = tiny_models[family]
+    f = model.facts
+    tokens = random_tokens(4, 7, seed=31)
+    g = torch.Generator().manual_seed(31)
+    gates = torch.rand(4, f.n_layers, f.n_heads, generator=g)
+    gates[:, 0] = 1.0  # layer 0 unchanged: no edit there
+    rep = {1: torch.randn(2, 7, f.n_heads, f.d_head, generator=g)}  # a divisor of the batch: stacked copies
+
+    def gate(layer):
+        def hook(z, hook):
+            g_l = gates[:, layer, None, :, None]  # [n, 1, head, 1]
+            r = rep[layer].repeat(2, 1, 1, 1) if layer in rep else 0.0
+            return z * g_l + (1 - g_l) * r
+        return hook
+
+    want = model.run_with_hooks(tokens, fwd=[(z_name(l), gate(l)) for l in range(1, f.n_layers)])
+    assert resume.supports(model).fast_capture
+    got = hi.run_gated(model, tokens, gates, replacement=rep, last_only=True)  # [4, 1, d_vocab]
+    torch.testing.assert_close(got[:, 0], want[:, -1], atol=1e-5, rtol=1e-5)
+    assert (got[:, 0] - model(tokens)[:, -1]).abs().max() > 1e-2  # the edit mattered
 
 
 # ---- roles ---------------------------------------------------------------------------------
