@@ -183,7 +183,7 @@ def run_batched(
 def _resumed(model, ckpt, support, start: int, rows: torch.Tensor, hooks: list, last: int) -> torch.Tensor:
     """One stacked pass resumed at block `start` (hooks/resume) -> last-position logits.
 
-    Hooks at block `start` that all edit z (sequential blocks) or all edit resid_pre are applied
+    Hooks at block `start` that all edit z (supports(model).shortcut) or all edit resid_pre are applied
     here to the captured activation: a z edit then skips the block's attention. When no other
     hook remains, only the rows the edits changed run (the others are the captured run, e.g.
     the lead rows), from the first position they changed.

@@ -5,8 +5,9 @@ ablated head or a patched activation. Through the TransformerBridge each such bl
 a millisecond of Python (hook points, wrappers) besides its arithmetic, which dominates the
 small passes of a patching sweep. `plan` returns, for an architecture it knows, a `Block` per
 block computing the same thing from the block's own weight modules (read live, so in-place
-weight edits are seen): the whole block, its MLP half (after a z edit enters as the attention
-output) and the block with its z, keys and values (for a hook-free capture). One saving a
+weight edits are seen): the whole block, the rest of it after its attention output (when a z
+edit enters as the attention output) and the block with its z, keys and values (for a
+hook-free capture). One saving a
 bridge block cannot make: in the last block the attention of the last query only
 (`last_query`), since a last-position metric reads nothing else. `full` also takes an edit of
 the heads' z and is differentiable, which gives resume.last_logits (gate gradients, L0
@@ -38,12 +39,12 @@ EAGER_SCORES = 400  # queries x keys up to which plain matmul-softmax attention 
 
 
 class Block(NamedTuple):
-    """One block, hook-free: `full` as FastBlock; `mlp_half(x)` = x + MLP(post-attention norm(x))
-    (None for parallel blocks, whose MLP reads the block's input); `record(x, args, kwargs)` = the
-    block from position 0 with its z, keys and values (for capture)."""
+    """One block, hook-free: `full` as FastBlock; `after(a, x)` = the block's output from its
+    attention output a (a fresh buffer, added to in place) and its input x (the z shortcut);
+    `record(x, args, kwargs)` = the block from position 0 with its z, keys and values (for capture)."""
 
     full: FastBlock
-    mlp_half: Callable[[torch.Tensor], torch.Tensor] | None
+    after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     record: Callable[[torch.Tensor, tuple, dict], Any]
 
 
@@ -247,14 +248,15 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         z, k, v = got
         return after(o_proj(z), x), z.view(*z.shape[:2], n_heads, d_head), k, v
 
-    def mlp_half(x: torch.Tensor) -> torch.Tensor:  # x + MLP(ln2(x)), [n, q, d_model]
-        return mlp(ln2(x)).add_(x)
-
     def after(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The block's output from its attention output a (a fresh buffer: added to in place)."""
-        return a.add_(x).add_(mlp(ln2(x))) if parallel else mlp_half(a.add_(x))
+        """The block's output [n, q, d_model] from its attention output a (a fresh buffer: added
+        to in place) and its input x: x + a + mlp(ln2(x)) (parallel) or h + mlp(ln2(h)), h = x + a."""
+        if parallel:
+            return a.add_(x).add_(mlp(ln2(x)))
+        h = a.add_(x)
+        return mlp(ln2(h)).add_(h)
 
-    return Block(run, None if parallel else mlp_half, record)
+    return Block(run, after, record)
 
 
 def past_kv(cache: Any, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:

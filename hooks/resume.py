@@ -11,7 +11,8 @@ read only the last position:
 - the last block's MLP runs at the last position only (its input is cut there), and so do the
   final norm and the unembedding; hooks on the last block's MLP side then see one position;
 - an edit of block l's per-head z can enter as the attention output o(z'): block l's attention
-  is not recomputed (sequential pre-norm blocks);
+  is not recomputed (pre-norm blocks; parallel ones such as GPT-NeoX's add their MLP of the
+  block's input);
 - an edit that leaves positions before p unchanged runs positions p.. only, attending to the
   captured keys and values before p (`from_pos`);
 - blocks no hook looks at run hook-free (hooks/fast_blocks: Llama-style, GPT-2, GPT-NeoX), the
@@ -258,15 +259,28 @@ def _o_proj(block) -> torch.nn.Module:
 
 
 def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool,
-                    mlp_half: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """A sequential pre-norm block given its heads' z [n, pos, head, d_head] instead of computing
-    attention. Its resid_mid and MLP hooks fire (unless mlp_half, the hook-free x + MLP(ln2(x)),
-    replaces them); resid_pre, attention and resid_post hooks do not."""
+                    after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                    parallel: bool = False) -> torch.Tensor:
+    """A pre-norm block given its heads' z [n, pos, head, d_head] instead of computing attention:
+    h + MLP(ln2(h)) with h = x + o(z), or x + o(z) + MLP(ln2(x)) for parallel blocks (GPT-NeoX),
+    whose MLP reads the block's input. Its resid_mid and MLP hooks fire (unless `after`, the
+    hook-free rest of the block, fast_blocks.Block.after, replaces them); resid_pre, attention
+    and resid_post hooks do not."""
     if last_only:
         x, z = x[:, -1:], z[:, -1:]
     a = _o_proj(block)(z.flatten(-2).contiguous())  # [n, pos, d_model] attention output (GPT-2 Conv1D views it)
-    h = x.to(a.device) + a  # resid_mid (sharded models: the block's device)
-    return mlp_half(h) if mlp_half is not None else h + block.mlp(block.ln2(h))
+    x = x.to(a.device)  # sharded models: the block's device
+    if after is not None:
+        return after(a, x)
+    if parallel:
+        return a + x + block.mlp(block.ln2(x))
+    h = x + a  # resid_mid
+    return h + block.mlp(block.ln2(h))
+
+
+def _parallel(model) -> bool:
+    """Attention and MLP read the same block input (GPT-NeoX's use_parallel_residual)."""
+    return bool(getattr(model.bridge.original_model.config, "use_parallel_residual", False))
 
 
 def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: torch.Tensor | None = None,
@@ -310,7 +324,8 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
         for i in range(start, n_layers):
             last = last_only and i == n_layers - 1
             if i == start and z is not None:
-                x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].mlp_half)
+                x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].after,
+                                    _parallel(model))
                 continue
             args, kwargs = _block_call(ckpt, i, rows, from_pos)
             if plans is not None and i not in hooked:
@@ -361,7 +376,7 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
             for g in (g for g in order if groups[g][0] == i):
                 _, at, z = groups[g]
                 enter = take(ckpt.resid[i][:, from_pos:], at)  # [n_g, q, d_model]
-                out = _shortcut_block(blocks[i], enter, z[:, from_pos:], last, plans[i].mlp_half)
+                out = _shortcut_block(blocks[i], enter, z[:, from_pos:], last, plans[i].after)
                 x = out if x is None else torch.cat([x, out])
                 rows = at if rows is None else torch.cat([rows, at])
                 joined.append(g)
@@ -381,7 +396,7 @@ class Support(NamedTuple):
     """What resuming reproduces on a model (see `supports`)."""
 
     ok: bool  # resume at any block equals a full pass
-    shortcut: bool  # a z edit entering as o(z') (sequential blocks)
+    shortcut: bool  # a z edit entering as o(z') (pre-norm blocks, sequential or parallel)
     prefix: bool  # from_pos: positions before the edit taken from the captured cache
     fast: bool = False  # hook-free blocks (hooks/fast_blocks) where no hook looks
     fast_capture: bool = False  # capture without hooks, and last_logits, run the blocks hook-free

@@ -89,7 +89,7 @@ def check_against_transformer_lens(model, task: Task, site_types, direction: str
 @pytest.mark.parametrize("family,sites", [
     ("gpt2", ["resid_pre", "mlp_out", "head_out", "head_out_by_pos"]),
     ("llama", ["resid_pre", "head_out", "attn_out"]),
-    ("neox", ["resid_pre", "mlp_out", "head_out"]),  # parallel blocks: resumed without the z shortcut
+    ("neox", ["resid_pre", "mlp_out", "head_out"]),  # parallel blocks: their own z shortcut
 ])
 def test_exact_patching_equals_transformer_lens(family, sites, tiny_models):
     check_against_transformer_lens(tiny_models[family], make_task(), sites)

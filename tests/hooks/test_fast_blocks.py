@@ -119,16 +119,15 @@ def test_unknown_blocks_have_no_plan(tmp_path):
     assert resume.last_logits(model, random_tokens(2, 5, seed=6)) is None
 
 
-def test_parallel_blocks_resume_hook_free_without_the_z_shortcut(models):
-    """GPT-NeoX's parallel blocks (the MLP reads the block's input, not x + attention): hook-free
-    resumes, capture and last_logits, but no z shortcut; the sequential variant has it."""
-    parallel, sequential = resume.supports(models["neox"]), resume.supports(models["neox_seq"])
-    assert parallel.fast and parallel.fast_capture and not parallel.shortcut
-    assert sequential.fast and sequential.shortcut
+def test_parallel_and_sequential_neox_blocks_take_every_saving(models):
+    """GPT-NeoX's parallel blocks (the MLP reads the block's input, not x + attention) and the
+    sequential variant: hook-free resumes, capture, last_logits and the z shortcut."""
+    assert resume.supports(models["neox"]) == (True, True, True, True, True)
+    assert resume.supports(models["neox_seq"]) == (True, True, True, True, True)
     assert models["neox"].bridge.original_model.config.rope_parameters["partial_rotary_factor"] < 1  # partial rotary
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "neox_seq"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "neox", "neox_seq"])
 def test_fast_z_shortcut_equals_editing_hook_z(family, models):
     """A head's z edit entering as o(z'), then the hook-free MLP and blocks (and the last block's
     last query), against TransformerLens zeroing that head in a full pass."""
@@ -270,7 +269,7 @@ def test_mixed_attention_layers_keep_the_bridge_capture(tmp_path):
         torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "gpt2", "neox_seq"])
+@pytest.mark.parametrize("family", ["qwen2", "gpt2", "neox", "neox_seq"])
 def test_resume_mixed_equals_transformer_lens_per_group(family, models):
     """Groups entering at different blocks (one at the last) share one pass; each group's logits
     equal TransformerLens with that group's z edit, from position p on, in a full pass."""

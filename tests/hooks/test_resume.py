@@ -52,8 +52,9 @@ def test_resumed_hooks_match_a_full_pass_with_the_same_hooks(family, tiny_models
     assert model.n_active_hooks() == 0
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_z_shortcut_equals_editing_hook_z(family, tiny_models):
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("fast", [False, True])  # the bridge's MLP, or the hook-free rest of the block
+def test_z_shortcut_equals_editing_hook_z(family, fast, tiny_models):
     model = tiny_models[family]
     assert resume.supports(model).shortcut
     tokens = random_tokens(2, 6, seed=3)
@@ -64,15 +65,21 @@ def test_z_shortcut_equals_editing_hook_z(family, tiny_models):
         z[:, :, 2] = 0.0
         with torch.no_grad():
             want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("z", start), zero_head(2))])[:, -1]
-        torch.testing.assert_close(resume.resume(model, ckpt, start, rows, z=z)[:, 0], want, atol=1e-5, rtol=1e-5)
+        got = resume.resume(model, ckpt, start, rows, z=z, fast=fast)
+        torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
+        assert (want - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
 
 
-def test_parallel_residual_blocks_keep_the_full_attention(tiny_models):
-    """GPT-NeoX adds attention and MLP to the same input: o(z) + MLP(resid_mid) is not its block,
-    and the check must see that."""
+def test_parallel_residual_blocks_take_the_z_shortcut_their_own_way(tiny_models, monkeypatch):
+    """GPT-NeoX adds attention and MLP to the same input: its shortcut is x + o(z) + MLP(x), and
+    the sequential form o(z) + MLP(resid_mid) must fail the check."""
     model = tiny_models["neox"]
     assert model.bridge.original_model.config.use_parallel_residual
-    assert resume.supports(model) == (True, False, True, True, True)  # hook-free blocks, without the z shortcut
+    assert resume.supports(model) == (True, True, True, True, True)
+    monkeypatch.setattr(resume, "_parallel", lambda model: False)
+    monkeypatch.setattr(resume, "_fast_plan", lambda model: None)  # the bridge's blocks, the sequential form
+    monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
+    assert resume.supports(model) == (True, False, True, False, False)
 
 
 def test_encoders_are_refused(tiny_models, monkeypatch):
