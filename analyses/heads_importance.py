@@ -10,7 +10,7 @@ Every head h gets a gate xi_h that scales its output (z_h -> xi_h z_h at hook_z)
 `run_gated` is the one primitive underneath (per-row gates and replacement values). For decoder
 metrics read at the last position, `evaluate_masks` resumes each mask's pass at the first block
 where it differs from a reference mask (hooks/resume): a head in block l costs blocks l..L-1,
-and on sequential blocks block l itself only its output projection and MLP.
+and block l itself only its output projection and MLP (pre-norm blocks, sequential or parallel).
 """
 from __future__ import annotations
 

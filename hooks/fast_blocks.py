@@ -176,13 +176,13 @@ def _neox_block(layer: torch.nn.Module) -> Block:
     config says sequential."""
     attn, mlp = _raw(layer.attention), _raw(layer.mlp)
     qkv, fc, proj, act = _raw(attn.query_key_value), _raw(mlp.dense_h_to_4h), _raw(mlp.dense_4h_to_h), mlp.act
-    d_head, rot = int(attn.head_size), int(attn.rotary_ndims)
+    d_head = int(attn.head_size)
     n_heads = qkv.out_features // (3 * d_head)
 
     def project(h: torch.Tensor, args: tuple, kwargs: dict, last_query: bool):
         n, q_len, _ = h.shape
-        cos, sin = kwargs["position_embeddings"]  # [n or 1, q, rot]
-        if cos.shape[-1] != rot:
+        cos, sin = kwargs["position_embeddings"]  # [n or 1, q, rotary dims] (odd rotary_ndims: rounded up, as HF)
+        if cos.shape[-1] > d_head:
             raise ValueError("unexpected rotary table width")
         q, k, v = qkv(h).view(n, q_len, n_heads, 3 * d_head).transpose(1, 2).chunk(3, dim=-1)  # [n, head, q, d_head]
         k = _rotate_part(k, cos, sin)
@@ -251,8 +251,8 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
     def after(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The block's output [n, q, d_model] from its attention output a (a fresh buffer: added
         to in place) and its input x: x + a + mlp(ln2(x)) (parallel) or h + mlp(ln2(h)), h = x + a."""
-        if parallel:
-            return a.add_(x).add_(mlp(ln2(x)))
+        if parallel:  # mlp + a + x, Hugging Face's order
+            return mlp(ln2(x)).add_(a).add_(x)
         h = a.add_(x)
         return mlp(ln2(h)).add_(h)
 

@@ -263,17 +263,17 @@ def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool,
                     parallel: bool = False) -> torch.Tensor:
     """A pre-norm block given its heads' z [n, pos, head, d_head] instead of computing attention:
     h + MLP(ln2(h)) with h = x + o(z), or x + o(z) + MLP(ln2(x)) for parallel blocks (GPT-NeoX),
-    whose MLP reads the block's input. Its resid_mid and MLP hooks fire (unless `after`, the
-    hook-free rest of the block, fast_blocks.Block.after, replaces them); resid_pre, attention
-    and resid_post hooks do not."""
+    whose MLP reads the block's input. Its resid_mid (sequential blocks only) and MLP hooks fire
+    (unless `after`, the hook-free rest of the block, fast_blocks.Block.after, replaces them);
+    resid_pre, attention and resid_post hooks do not."""
     if last_only:
         x, z = x[:, -1:], z[:, -1:]
     a = _o_proj(block)(z.flatten(-2).contiguous())  # [n, pos, d_model] attention output (GPT-2 Conv1D views it)
     x = x.to(a.device)  # sharded models: the block's device
     if after is not None:
         return after(a, x)
-    if parallel:
-        return a + x + block.mlp(block.ln2(x))
+    if parallel:  # Hugging Face's order of the sums (half precision rounds each one)
+        return block.mlp(block.ln2(x)) + a + x
     h = x + a  # resid_mid
     return h + block.mlp(block.ln2(h))
 
