@@ -7,12 +7,11 @@ small passes of a patching sweep. `plan` returns, for an architecture it knows, 
 block computing the same thing from the block's own weight modules (read live, so in-place
 weight edits are seen): the whole block, the rest of it after its attention output (when a z
 edit enters as the attention output) and the block with its z, keys and values (for a
-hook-free capture). One saving a
-bridge block cannot make: in the last block the attention of the last query only
-(`last_query`), since a last-position metric reads nothing else. `full` also takes an edit of
-the heads' z and is differentiable, which gives resume.last_logits (gate gradients, L0
-training, gradient attribution). resume.supports checks each use against a full pass before
-anything relies on it.
+hook-free capture). One saving a bridge block cannot make: in the last block the attention of
+the last query only (`last_query`), since a last-position metric reads nothing else. `full`
+also takes an edit of the heads' z and is differentiable, which gives resume.last_logits (gate
+gradients, L0 training, gradient attribution). resume.supports checks each use against a full
+pass before anything relies on it.
 
 Known, in float32: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated
 MLP), i.e. Llama, Mistral and Qwen2 layers; GPT-2 blocks; and GPT-NeoX (Pythia) blocks, parallel

@@ -114,17 +114,17 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
     finally:
         for h in handles:
             h.remove()
-    resid, rest = [], []
-    kv = _cache_of(*calls[0])
-    for args, kwargs in calls:
-        if args:
-            resid.append(args[0])
-            rest.append((tuple(args[1:]), kwargs))
-        else:
-            kwargs = dict(kwargs)
-            resid.append(kwargs.pop("hidden_states"))
-            rest.append(((), kwargs))
-    return Checkpoint(resid=resid, calls=rest, logits=logits, z=z, kv=kv)
+    split = [_split_call(args, kwargs) for args, kwargs in calls]
+    return Checkpoint(resid=[x for x, _, _ in split], calls=[(args, kwargs) for _, args, kwargs in split],
+                      logits=logits, z=z, kv=_cache_of(*calls[0]))
+
+
+def _split_call(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
+    """A block call's (input hidden states, other positional arguments, keyword arguments)."""
+    if args:
+        return args[0], tuple(args[1:]), kwargs
+    kwargs = dict(kwargs)
+    return kwargs.pop("hidden_states"), (), kwargs
 
 
 class _Stop(Exception):
@@ -147,10 +147,7 @@ def _block0_call(model, tokens: torch.Tensor, attention_mask: torch.Tensor | Non
         pass
     finally:
         handle.remove()
-    if not got:
-        return None
-    args, kwargs = got[0]
-    return (args[0], tuple(args[1:]), kwargs) if args else (kwargs.pop("hidden_states"), (), kwargs)
+    return _split_call(*got[0]) if got else None
 
 
 def _uniform_plan(model) -> list | None:
@@ -172,13 +169,12 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
         return None
     with torch.no_grad():
         call = _block0_call(model, tokens, attention_mask)
-    if call is None:
-        return None
-    x, rest, kwargs = call
-    cache = new_cache(model)
-    rest, kwargs = _with_cache(rest, kwargs, cache)
-    resid, z = [], {}
-    with torch.no_grad():
+        if call is None:
+            return None
+        x, rest, kwargs = call
+        cache = new_cache(model)
+        rest, kwargs = _with_cache(rest, kwargs, cache)
+        resid, z = [], {}
         for i, block in enumerate(plans):
             resid.append(x)
             out = block.record(x, rest, kwargs)
@@ -445,14 +441,14 @@ def _check(model) -> Support:
 
     ok = holds("resuming", lambda: (resume(model, ckpt, s, rows, last_only=lo) for s in starts for lo in (True, False)))
     shortcut = ok and holds("the z shortcut", lambda: (
-        resume(model, ckpt, s, rows, z=ckpt.z[s][rows.to(ckpt.z[s].device)], last_only=lo)
+        resume(model, ckpt, s, rows, z=take(ckpt.z[s], rows), last_only=lo)
         for s in starts for lo in (True, False)))
     prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
-        resume(model, ckpt, s, rows, from_pos=p, z=ckpt.z[s][rows.to(ckpt.z[s].device)] if shortcut and p == 3 else None)
+        resume(model, ckpt, s, rows, from_pos=p, z=take(ckpt.z[s], rows) if shortcut and p == 3 else None)
         for s in starts for p in (1, 3, 5)))
     fast = ok and _fast_plan(model) is not None and holds("hook-free blocks", lambda: (
         resume(model, ckpt, s, rows, fast=True, last_only=lo, from_pos=p if prefix else 0,
-               z=ckpt.z[s][rows.to(ckpt.z[s].device)] if shortcut and p == 3 else None)
+               z=take(ckpt.z[s], rows) if shortcut and p == 3 else None)
         for s in starts for lo in (True, False) for p in (0, 3)))
 
     def from_quick_capture():
@@ -461,7 +457,7 @@ def _check(model) -> Support:
         yield last_logits(model, tokens)[rows].unsqueeze(1)  # the differentiable pass (None: fails)
         for s in starts:
             yield resume(model, quick, s, rows, fast=True, from_pos=3 if prefix else 0,
-                         z=quick.z[s][rows.to(quick.z[s].device)] if shortcut else None)
+                         z=take(quick.z[s], rows) if shortcut else None)
 
     fast_capture = fast and holds("the hook-free capture", from_quick_capture)  # False where it does not apply
     return Support(ok, shortcut, prefix, fast, fast_capture)
