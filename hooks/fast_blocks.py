@@ -34,7 +34,10 @@ from headscope.hooks.rows import take
 ZEdit = Callable[[torch.Tensor], torch.Tensor]
 FastBlock = Callable[..., "torch.Tensor | None"]
 LLAMA_LIKE = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
-EAGER_SCORES = 400  # queries x keys up to which plain matmul-softmax attention beats the fused kernel on CPU
+# queries x keys up to which plain matmul-softmax attention beats the fused kernel: on one CPU
+# thread; on several (the fused CPU kernel barely gains from a second thread, matmul-softmax
+# nearly halves; measured at 16 and 64 dims per head, 2 threads); elsewhere
+EAGER_SCORES, EAGER_SCORES_THREADED = 400, 2304
 
 
 class Block(NamedTuple):
@@ -93,6 +96,11 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     first = x1 * cos[..., :half] - x2 * sin[..., :half]
     second = x2 * cos[..., half:] + x1 * sin[..., half:]
     return torch.cat((first, second), dim=-1)
+
+
+def _eager_limit(device: torch.device) -> int:
+    threaded = device.type == "cpu" and torch.get_num_threads() > 1
+    return EAGER_SCORES_THREADED if threaded else EAGER_SCORES
 
 
 def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -220,7 +228,7 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         if mask is None:  # causal: the queries are the last positions of the keys
             mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - q.shape[2])
             mask = mask[None, None]  # [1, 1, q', keys]
-        if q.shape[2] * k.shape[2] <= EAGER_SCORES:
+        if q.shape[2] * k.shape[2] <= _eager_limit(q.device):
             a = _eager_attention(q, k, v, mask, scaling)  # [n, head, q', d_head]
         else:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if mask.is_floating_point() else mask,

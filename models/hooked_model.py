@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from headscope.models import heap
 from headscope.models.errors import ContextLengthError, IndexOutOfRangeError
 
 HookFn = Callable[..., Any]
@@ -87,6 +88,8 @@ class HookedModel:
         self.facts = facts
         self.source = source
         self.bridge.eval()
+        if self.device.type == "cpu":
+            heap.keep_freed_memory()  # sweeps reuse freed activations instead of page-faulting them back
 
     # ---- basics -------------------------------------------------------------------------
     @property

@@ -33,13 +33,18 @@ def _dirs(tiny_dirs, qwen2_dir, neox_seq_dir):
             "neox_seq": neox_seq_dir}
 
 
-@pytest.mark.parametrize("family,pos", [("llama", 7), ("qwen2", 7), ("gpt2", 7), ("neox", 7), ("neox_seq", 7),
-                                        ("llama", 25), ("gpt2", 25), ("neox", 25)])  # 25: SDPA
-def test_fast_resume_equals_plain_hf(family, pos, models, tiny_dirs, qwen2_dir, neox_seq_dir):
+@pytest.mark.parametrize("family,pos,attention", [
+    ("llama", 7, "eager"), ("qwen2", 7, "eager"), ("gpt2", 7, "eager"), ("neox", 7, "eager"), ("neox_seq", 7, "eager"),
+    ("llama", 25, "sdpa"), ("gpt2", 25, "sdpa"), ("neox", 25, "sdpa"), ("llama", 25, "eager")])
+def test_fast_resume_equals_plain_hf(family, pos, attention, models, tiny_dirs, qwen2_dir, neox_seq_dir, monkeypatch):
     model = models[family]
     assert resume.supports(model).fast
     tokens = random_tokens(3, pos, seed=11)
-    assert (pos * pos > fast_blocks.EAGER_SCORES) == (pos == 25)
+    limit = 10**9 if attention == "eager" else 0  # every query length through one attention path
+    monkeypatch.setattr(fast_blocks, "EAGER_SCORES", limit)
+    monkeypatch.setattr(fast_blocks, "EAGER_SCORES_THREADED", limit)
+    used = []
+    monkeypatch.setattr(fast_blocks, "_eager_attention", lambda *a, f=fast_blocks._eager_attention: used.append(1) or f(*a))
     with torch.no_grad():
         want = hf_model(_dirs(tiny_dirs, qwen2_dir, neox_seq_dir)[family])(tokens).logits  # [3, 7, vocab]
     ckpt = resume.capture(model, tokens)
@@ -49,6 +54,7 @@ def test_fast_resume_equals_plain_hf(family, pos, models, tiny_dirs, qwen2_dir, 
         torch.testing.assert_close(got[:, 0], want[rows, -1], atol=1e-5, rtol=1e-5)
         full = resume.resume(model, ckpt, start, rows, fast=True, last_only=False)
         torch.testing.assert_close(full, want[rows], atol=1e-5, rtol=1e-5)
+    assert bool(used) == (attention == "eager")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "neox"])
@@ -307,3 +313,14 @@ def test_blocks_without_a_mask_are_causal(q_len, models):
         want = block.full(x, (), kwargs, past, False)
         got = block.full(x, (), {**kwargs, "attention_mask": None}, past, False)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_eager_attention_limit_follows_cpu_threads(monkeypatch):
+    """One CPU thread: the fused kernel from 400 scores on; with more threads matmul-softmax up to
+    2304 (the fused CPU kernel hardly uses the second thread); other devices: the one-thread limit."""
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert fast_blocks._eager_limit(cpu) == fast_blocks.EAGER_SCORES == 400
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert fast_blocks._eager_limit(cpu) == fast_blocks.EAGER_SCORES_THREADED == 2304
+    assert fast_blocks._eager_limit(meta) == 400
