@@ -18,7 +18,10 @@ import torch
 log = logging.getLogger(__name__)
 CPU_BUDGET = 2 * 2**30  # at most this many bytes of activations per forward pass on CPU
 FRACTION = 0.5  # share of the device's free memory used by default
-CPU_PASS_TOKENS = 4096  # default tokens per no-grad pass on CPU: larger passes gain little more and hold more memory (benchmarks/heads.py)
+# Default cap of a no-grad pass on CPU: CPU_PASS_TOKENS tokens, and at most CPU_PASS_WIDE_BYTES
+# of its widest per-token activation (the MLP's hidden layer, float32), so that each such tensor
+# stays below malloc's 32 MiB mmap threshold (models/heap) and the next pass reuses its memory.
+CPU_PASS_TOKENS, CPU_PASS_WIDE_BYTES = 4096, 16 << 20
 OOM_MARKERS = ("out of memory", "not enough memory", "defaultcpuallocator")
 
 
@@ -120,6 +123,16 @@ def run_chunks(fn: Callable[[range], object], n: int, size: int, *,
     return out
 
 
-def cpu_rows(device: torch.device | str, tokens_per_row: int) -> int | None:
-    """The default cap on rows per no-grad pass: CPU_PASS_TOKENS tokens on CPU, none elsewhere."""
-    return max(1, CPU_PASS_TOKENS // max(tokens_per_row, 1)) if torch.device(device).type == "cpu" else None
+def cpu_rows(device: torch.device | str, tokens_per_row: int, width: int = 0) -> int | None:
+    """The default cap on rows per no-grad pass on CPU (none elsewhere): CPU_PASS_TOKENS tokens,
+    fewer when the widest per-token activation (`width` floats, e.g. d_mlp) would pass
+    CPU_PASS_WIDE_BYTES."""
+    if torch.device(device).type != "cpu":
+        return None
+    tokens = min(CPU_PASS_TOKENS, CPU_PASS_WIDE_BYTES // (4 * width)) if width > 0 else CPU_PASS_TOKENS
+    return max(1, tokens // max(tokens_per_row, 1))
+
+
+def widest(model) -> int:
+    """The widest per-token activation of a pass, in floats: the MLP's hidden layer or fused q/k/v."""
+    return max(model.facts.d_mlp, 3 * model.facts.d_model)

@@ -212,14 +212,15 @@ def rows_per_pass(model, pos: int, max_tokens: int | None = None, *, grad: bool 
     tokens (fewer for large vocabularies: decoder logits take pos x d_vocab floats; encoders
     stop before their LM head) and what `memory_budget` bytes (default: half the device's free
     memory, see batching) hold by the per-row estimate (grad: with the backward pass's storage);
-    by default no-grad passes on CPU hold at most batching.CPU_PASS_TOKENS tokens.
+    by default no-grad passes on CPU hold at most batching.CPU_PASS_TOKENS tokens (fewer for
+    wide MLPs, see batching.cpu_rows).
     """
     if max_tokens:
         return max(1, max_tokens // max(pos, 1))
     width = 0 if model.facts.is_encoder else model.facts.d_vocab
     cap = max(1, min(32768, 2**28 // max(width, 1)) // max(pos, 1))
     fits = batching.chunk_size(batching.row_bytes(model, pos, grad=grad), device=model.device, budget=memory_budget)
-    cpu = None if grad or memory_budget is not None else batching.cpu_rows(model.device, pos)
+    cpu = None if grad or memory_budget is not None else batching.cpu_rows(model.device, pos, batching.widest(model))
     return min(cap, fits, cpu or fits)
 
 

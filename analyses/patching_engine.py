@@ -40,12 +40,12 @@ def runs_per_forward(model, n_prompts: int, n_pos: int, memory_budget: int | Non
     """How many patched runs (each n_prompts rows of n_pos tokens) fit one forward pass.
 
     memory_budget: bytes (None: half the free accelerator memory; on CPU half the free RAM, at
-    most 2 GiB, and at most batching.CPU_PASS_TOKENS tokens). At least one run when the budget
+    most 2 GiB, and at most batching.cpu_rows's tokens). At least one run when the budget
     holds one row (out-of-memory then halves the chunk); a budget below one row raises
     batching.MemoryBudgetError.
     """
     rows = batching.chunk_size(row_bytes(model, n_pos), device=model.device, budget=memory_budget)
-    cpu = batching.cpu_rows(model.device, n_pos) if memory_budget is None else None
+    cpu = batching.cpu_rows(model.device, n_pos, batching.widest(model)) if memory_budget is None else None
     return max(1, min(rows, cpu or rows) // n_prompts)
 
 

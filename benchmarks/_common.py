@@ -37,15 +37,21 @@ def timed(fn, repeats: int) -> tuple[float, object]:
 
 
 def timed_pair(baseline, ours, repeats: int) -> tuple[float, float, object, object]:
-    """Median wall times of `baseline` and `ours`, called alternately `repeats` times each after
-    one warm-up call of each (so a shared machine's drifting speed hits both sides alike), and
-    their last results."""
-    baseline(), ours()
-    times: tuple[list[float], list[float]] = ([], [])
-    results = [None, None]
+    """Median wall times of `baseline` and `ours` (see timed_alternately), and their last results."""
+    (t_base, t_ours), (r_base, r_ours) = timed_alternately([baseline, ours], repeats)
+    return t_base, t_ours, r_base, r_ours
+
+
+def timed_alternately(fns, repeats: int) -> tuple[list[float], list[object]]:
+    """Median wall times of `fns`, called in turn `repeats` times each after one warm-up call of
+    each (so a shared machine's drifting speed hits them alike), and their last results."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    results: list[object] = [None] * len(fns)
     for _ in range(repeats):
-        for i, fn in enumerate((baseline, ours)):
+        for i, fn in enumerate(fns):
             t0 = time.perf_counter()
             results[i] = fn()
             times[i].append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1]), results[0], results[1]
+    return [statistics.median(t) for t in times], results

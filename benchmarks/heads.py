@@ -14,13 +14,13 @@ Prints, per number of examples:
    lambdas): headscope's (every lambda's copy of the minibatch in one stacked pass, blocks
    hook-free, the last block at the last query only) vs a plain loop (one lambda at a time,
    TransformerLens run_with_hooks scaling hook_z by the gates); same draws, same result.
-Each timing is the median of --repeats runs after a warm-up; the loop and batched ablation
-run alternately. Both sides share the process and its settings: torch's thread count (its
+Each timing is the median of --repeats runs after a warm-up; the loop, batched ablation and
+gradient importance run in turn. Both sides share the process and its settings: torch's thread count (its
 default, the machine's cores, unless --threads) and the CPU malloc settings of models/heap.
 The model is zoo/synth-llama when shipped, else a randomly initialised model of the same
 recipe (said in the output).
 
-    python benchmarks/heads.py [--n-examples 8 32] [--repeats 3] [--model SPEC] [--threads 1] [--l0-steps 20]
+    python benchmarks/heads.py [--n-examples 8 32] [--repeats 5] [--model SPEC] [--threads 1] [--l0-steps 20]
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-from _common import load, timed, timed_pair
+from _common import load, timed, timed_alternately, timed_pair
 from headscope.analyses import heads_importance as hi
 from headscope.analyses import heads_l0, tasks
 from headscope.hooks import resume
@@ -89,7 +89,7 @@ def l0_loop(model, task, config: heads_l0.L0Config) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-examples", type=int, nargs="+", default=[8, 32])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model", default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--l0-steps", type=int, default=20, help="gate-training steps per lambda (the analysis: 200)")
@@ -105,9 +105,9 @@ def main() -> None:
         task = tasks.zoo(model, "kv", n_examples=n, seed=0)
         scorer = hi.make_scorer(model, task)
         pos = task.tokens.shape[1]
-        t_loop, t_batch, ref, got = timed_pair(lambda: loop_importance(model, task),
-                                               lambda: hi.ablation_importance(model, scorer), args.repeats)
-        t_grad, _ = timed(lambda: hi.gradient_importance(model, scorer), args.repeats)
+        (t_loop, t_batch, t_grad), (ref, got, _) = timed_alternately(
+            [lambda: loop_importance(model, task), lambda: hi.ablation_importance(model, scorer),
+             lambda: hi.gradient_importance(model, scorer)], args.repeats)
         t_single, _ = timed(lambda: hi.ablation_importance(model, scorer, max_tokens=n * pos), args.repeats)
         supports = resume.supports
         resume.supports = lambda model: resume.Support(False, False, False)  # full stacked passes, as before resuming

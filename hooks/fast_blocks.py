@@ -104,8 +104,8 @@ def _eager_limit(device: torch.device) -> int:
 
 
 def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q k^T scale + mask) v with grouped KV heads, for short queries (a resumed pass's
-    last positions), where it beats the fused kernel's setup cost. q [n, head, q, d_head]; k, v
+    """softmax(q k^T scale + mask) v with grouped KV heads, for few scores per head (a resumed
+    pass's last positions, short prompts), where it beats the fused kernel (see _eager_limit). q [n, head, q, d_head]; k, v
     [n, kv, keys, d_head]; mask [n or 1, 1, q, keys] additive or bool. -> [n, head, q, d_head]."""
     n, n_heads, q_len, d_head = q.shape
     n_kv = k.shape[1]

@@ -7,10 +7,13 @@ then takes a page fault per 4 KiB it touches: about 25,000 minor faults per abla
 32 examples on the zoo model, a quarter of its time (benchmarks/heads.py). Raising both
 thresholds and keeping some slack at the heap top makes the freed memory serve the next pass.
 
-Applied once per process when a model is on the CPU (HookedModel), on glibc only. The process
-then keeps up to TRIM_THRESHOLD bytes of freed memory instead of returning it; set
-HEADSCOPE_KEEP_FREED_MEMORY=0 to leave malloc alone. Settings the user made through glibc's
-own MALLOC_*_ variables or GLIBC_TUNABLES are left as they are.
+Applied once per process when a model is on the CPU (HookedModel), on Linux with glibc only;
+a process-wide setting. Each malloc arena then keeps up to TRIM_THRESHOLD bytes free at its
+heap top instead of returning them (freed blocks below a live one were never returned
+anyway). Set HEADSCOPE_KEEP_FREED_MEMORY=0 to leave malloc alone; settings the user made
+through MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_ or
+glibc.malloc tunables (GLIBC_TUNABLES) are left as they are. A preloaded allocator (jemalloc,
+tcmalloc) ignores them.
 """
 from __future__ import annotations
 
@@ -19,15 +22,16 @@ import ctypes.util
 import logging
 import os
 import platform
+import sys
 
 log = logging.getLogger(__name__)
 
 # mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
-MMAP_THRESHOLD = 32 << 20  # blocks up to this size come from the heap (glibc's own dynamic cap)
+MMAP_THRESHOLD = 32 << 20  # blocks below this size come from the heap (glibc's own dynamic cap)
 TRIM_THRESHOLD = 128 << 20  # free bytes at the heap top kept before any go back to the OS
 TOP_PAD = 64 << 20  # slack requested with each heap growth and kept when trimming
-USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
+USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
 _state: dict[str, bool] = {}
 
@@ -43,15 +47,18 @@ def keep_freed_memory() -> bool:
 def _apply() -> bool:
     if os.environ.get("HEADSCOPE_KEEP_FREED_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    if any(os.environ.get(name) for name in USER_SETTINGS) or platform.libc_ver()[0] != "glibc":
+    if any(os.environ.get(name) for name in USER_SETTINGS) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return False
-    try:
+    try:  # a speed setting: whatever goes wrong here must not stop a model from loading
+        if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+            return False
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-    except (OSError, AttributeError):
+        mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+        ok = all(mallopt(param, value) == 1 for param, value in
+                 ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
+    except Exception as err:  # noqa: BLE001
+        log.debug("malloc settings not applied: %s", err)
         return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    ok = all(mallopt(param, value) == 1 for param, value in
-             ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
     log.debug("malloc keeps freed memory: %s", ok)
     return ok

@@ -79,7 +79,9 @@ class HookedModel:
     """A hookable transformer: `model(tokens)` gives logits (decoders) or hidden states (encoders).
 
     Attributes: `bridge` (the TransformerBridge), `tokenizer` (HF tokenizer), `facts`
-    (ModelFacts), `source` (where the weights came from), `device`.
+    (ModelFacts), `source` (where the weights came from), `device`. The first CPU model of a
+    process sets glibc malloc to keep freed memory (models/heap; HEADSCOPE_KEEP_FREED_MEMORY=0
+    turns that off).
     """
 
     def __init__(self, bridge: Any, tokenizer: Any, facts: ModelFacts, source: str) -> None:
@@ -88,7 +90,8 @@ class HookedModel:
         self.facts = facts
         self.source = source
         self.bridge.eval()
-        if self.device.type == "cpu":
+        first = next(self.bridge.parameters(), None)
+        if first is not None and first.device.type == "cpu":
             heap.keep_freed_memory()  # sweeps reuse freed activations instead of page-faulting them back
 
     # ---- basics -------------------------------------------------------------------------

@@ -67,6 +67,15 @@ def test_default_budget_is_half_the_free_ram_capped_on_cpu(monkeypatch):
     assert batching.default_budget("cpu") == batching.CPU_BUDGET
 
 
+def test_cpu_pass_cap_in_tokens_and_in_mlp_bytes():
+    """4096 tokens a pass on CPU, fewer where one MLP hidden layer (float32) would pass 16 MiB;
+    no cap on other devices."""
+    assert batching.cpu_rows("cpu", 26, width=256) == 157  # 4096 // 26: the zoo model's 256-wide MLP fits
+    assert batching.cpu_rows("cpu", 10, width=3072) == 136  # GPT-2: 16 MiB / (4 B x 3072) = 1365 tokens
+    assert batching.cpu_rows("cpu", 5000) == 1  # at least one row
+    assert batching.cpu_rows("meta", 26, width=256) is None
+
+
 def test_is_oom_recognises_cuda_and_cpu_allocator_errors():
     assert batching.is_oom(oom(3))
     assert batching.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory: you tried to allocate 10 bytes."))
