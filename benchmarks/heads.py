@@ -15,10 +15,10 @@ Prints, per number of examples:
    hook-free, the last block at the last query only) vs a plain loop (one lambda at a time,
    TransformerLens run_with_hooks scaling hook_z by the gates); same draws, same result.
 Each timing is the median of --repeats runs after a warm-up; the loop, batched ablation and
-gradient importance run in turn. Both sides share the process and its settings: torch's thread count (its
-default, the machine's cores, unless --threads) and the CPU malloc settings of models/heap.
-The model is zoo/synth-llama when shipped, else a randomly initialised model of the same
-recipe (said in the output).
+gradient importance run in turn. Both sides share the process and its settings: torch's
+thread count (its default, the machine's cores, unless --threads) and the CPU malloc settings
+of models/heap. The model is zoo/synth-llama when shipped, else a randomly initialised model
+of the same recipe (said in the output).
 
     python benchmarks/heads.py [--n-examples 8 32] [--repeats 5] [--model SPEC] [--threads 1] [--l0-steps 20]
 """

@@ -99,14 +99,16 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _eager_limit(device: torch.device) -> int:
+    """Scores per head up to which _eager_attention runs (see EAGER_SCORES)."""
     threaded = device.type == "cpu" and torch.get_num_threads() > 1
     return EAGER_SCORES_THREADED if threaded else EAGER_SCORES
 
 
 def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(q k^T scale + mask) v with grouped KV heads, for few scores per head (a resumed
-    pass's last positions, short prompts), where it beats the fused kernel (see _eager_limit). q [n, head, q, d_head]; k, v
-    [n, kv, keys, d_head]; mask [n or 1, 1, q, keys] additive or bool. -> [n, head, q, d_head]."""
+    pass's last positions, short prompts), where it beats the fused kernel (see _eager_limit).
+    q [n, head, q, d_head]; k, v [n, kv, keys, d_head]; mask [n or 1, 1, q, keys] additive or
+    bool. -> [n, head, q, d_head]."""
     n, n_heads, q_len, d_head = q.shape
     n_kv = k.shape[1]
     group = n_heads // n_kv  # query heads h share KV head h // group
