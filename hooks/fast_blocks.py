@@ -34,9 +34,10 @@ from headscope.hooks.rows import take
 ZEdit = Callable[[torch.Tensor], torch.Tensor]
 FastBlock = Callable[..., "torch.Tensor | None"]
 LLAMA_LIKE = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
-# queries x keys up to which plain matmul-softmax attention beats the fused kernel: on one CPU
-# thread; on several (the fused CPU kernel barely gains from a second thread, matmul-softmax
-# nearly halves; measured at 16 and 64 dims per head, 2 threads); elsewhere
+# queries x keys per head up to which plain matmul-softmax attention beats the fused kernel:
+# EAGER_SCORES on one CPU thread and on other devices; EAGER_SCORES_THREADED on several CPU
+# threads, where the fused CPU kernel barely gains from a second thread and matmul-softmax
+# nearly halves (measured at 16 and 64 dims per head, 2 threads)
 EAGER_SCORES, EAGER_SCORES_THREADED = 400, 2304
 
 
