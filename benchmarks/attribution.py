@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import headscope as hs
-from headscope.analyses import attribution_methods as am
+from headscope.analyses.attribution import methods as am
 
 
 def zoo_sized_model(tmp: Path) -> tuple[str, Path]:

@@ -30,9 +30,10 @@ import sys
 import torch
 
 from _common import load, timed, timed_alternately, timed_pair
-from headscope.analyses import heads_importance as hi
-from headscope.analyses import heads_l0, tasks
-from headscope.hooks import resume
+from headscope.analyses.heads import importance as hi
+from headscope.analyses.heads import l0 as heads_l0
+from headscope.analyses.core import tasks
+from headscope.execution import resume
 
 
 def loop_importance(model, task) -> torch.Tensor:

@@ -29,9 +29,9 @@ import torch
 from transformer_lens import patching as tlp
 
 from _common import load, timed, timed_pair
-from headscope.analyses import tasks
-from headscope.analyses.attribution_patching import attribution_patching
-from headscope.analyses.patching import activation_patching
+from headscope.analyses.core import tasks
+from headscope.analyses.patching.attribution_patching import attribution_patching
+from headscope.analyses.patching.analysis import activation_patching
 
 
 def tl_sweep(model, task, sweep):

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 import headscope as hs
-from headscope.analyses.position import PositionConfig, position_bias
+from headscope.analyses.position.analysis import PositionConfig, position_bias
 
 
 def zoo_sized_model(out: str):

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from headscope.hooks.sites import COMPUTED, SITES, check_site, parse_site, site
-from headscope.models.errors import IndexOutOfRangeError
+from headscope.errors import IndexOutOfRangeError
 
 Positions = int | Sequence[int] | slice | torch.Tensor | None
 

@@ -14,7 +14,7 @@ import torch
 
 from headscope.hooks.capture import Positions, capture, position_index
 from headscope.hooks.sites import SITES, check_site, parse_site, site
-from headscope.models.errors import IndexOutOfRangeError, ShapeMismatchError
+from headscope.errors import IndexOutOfRangeError, ShapeMismatchError
 
 METHODS = ("zero", "mean", "resample")
 

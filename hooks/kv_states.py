@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from headscope.hooks.rows import take
-from headscope.models.errors import ContextLengthError
+from headscope.errors import ContextLengthError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +76,8 @@ def prefix_cache(model, cache: Any, length: int, *, rows: torch.Tensor | None = 
             lay = cache.layers[layer]
             keys, values = lay.keys[:, :, :length], lay.values[:, :, :length]  # [batch, kv_head, pos, d_head]
             if rows is not None:
-                keys, values = take(keys, rows), take(values, rows)  # [n, kv_head, pos, d_head]
+                rows = rows.to(keys.device)
+                keys, values = keys.index_select(0, rows), values.index_select(0, rows)  # [n, kv_head, pos, d_head]
             out.update(keys, values, layer)
     return out
 

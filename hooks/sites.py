@@ -12,7 +12,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from headscope.models.errors import IndexOutOfRangeError, SiteError
+from headscope.errors import IndexOutOfRangeError, SiteError
 
 
 @dataclass(frozen=True, kw_only=True)

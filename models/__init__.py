@@ -1,5 +1,5 @@
 """Model loading: zoo models, the packaged MiniLM, local directories and hub names."""
-from headscope.models.errors import (
+from headscope.errors import (
     ContextLengthError,
     HeadscopeError,
     IndexOutOfRangeError,

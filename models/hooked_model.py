@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from headscope.models import heap
-from headscope.models.errors import ContextLengthError, IndexOutOfRangeError
+from headscope.errors import ContextLengthError, IndexOutOfRangeError
 
 HookFn = Callable[..., Any]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from headscope.models.errors import MissingExtraError, ModelNotFoundError, OfflineModelError
+from headscope.errors import MissingExtraError, ModelNotFoundError, OfflineModelError
 from headscope.models.hooked_model import HookedModel, facts_from_bridge
 
 log = logging.getLogger(__name__)

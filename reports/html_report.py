@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from headscope.analyses.result import escape
+from headscope.analyses.core.result import escape
 from headscope.reports import io
 from headscope.reports.guides import GUIDES
 from headscope.reports.render import summary_html, summary_markdown, table_html

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from headscope.analyses.result import Result, escape
+from headscope.analyses.core.result import Result, escape
 
 NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)

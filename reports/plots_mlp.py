@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from headscope.analyses.result import escape
+from headscope.analyses.core.result import escape
 
 
 def agreement_plot(agreement: pd.DataFrame, ax=None):

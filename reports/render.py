@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from headscope.analyses.result import escape
+from headscope.analyses.core.result import escape
 
 MAX_ROWS = 20
 

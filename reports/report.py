@@ -24,8 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from headscope.analyses import distributed
-from headscope.analyses.registry import ANALYSES, RunConfig, get_analysis
+from headscope.execution import distributed
+from headscope.analyses.core.registry import ANALYSES, RunConfig, get_analysis
 from headscope.reports import io
 from headscope.reports.manifest import build_manifest
 
@@ -119,7 +119,7 @@ def build_report(
     names = parse_analyses(analyses)
     task_rows = None
     if task is not None and Path(task).suffix:
-        from headscope.analyses.task_files import read_task_rows
+        from headscope.analyses.core.task_files import read_task_rows
 
         task_rows = read_task_rows(task)  # bad task files fail before anything is written
     if not isinstance(model, HookedModel):

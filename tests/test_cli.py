@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from headscope.analyses.registry import ANALYSES
+from headscope.analyses.core.registry import ANALYSES
 
 XSS = "<script>alert(1)</script>"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "Agg"}

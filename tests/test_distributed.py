@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.analyses import distributed
+from headscope.execution import distributed
 from tests_support import random_tokens
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP_LEVEL = ("models", "hooks", "analyses", "probes", "reports")
+TOP_LEVEL = ("models", "hooks", "execution", "analyses", "probes", "reports")
 
 
 def _pyproject():

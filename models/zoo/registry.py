@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from headscope.models.errors import ModelNotFoundError
+from headscope.errors import ModelNotFoundError
 
 ZOO_DIR = Path(__file__).parent / "checkpoints"
 

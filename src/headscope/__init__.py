@@ -5,8 +5,8 @@
     acts = hs.capture(model, tokens, [hs.site("pattern", 0)])
 """
 from headscope import analyses, hooks, models
-from headscope.analyses import tasks
-from headscope.analyses.tasks import Task
+from headscope.analyses.core import tasks
+from headscope.analyses.core.tasks import Task
 from headscope.hooks import (
     SITES,
     Activations,
@@ -21,7 +21,7 @@ from headscope.hooks import (
     site,
 )
 from headscope.models import DEFAULT_MODEL, HookedModel, ModelFacts, load_model
-from headscope.models.errors import (
+from headscope.errors import (
     ContextLengthError,
     HeadscopeError,
     IndexOutOfRangeError,
@@ -36,18 +36,18 @@ from headscope.version import __version__
 # Analyses and reports load lazily (hs.head_importance, hs.build_report, ...): `import headscope`
 # stays fast, and the CLI's --help does not import every analysis.
 _LAZY = {
-    "head_importance": "headscope.analyses.heads",
-    "prune_heads": "headscope.analyses.heads",
-    "activation_patching": "headscope.analyses.patching",
-    "causal_tracing": "headscope.analyses.causal_tracing",
-    "attribution_patching": "headscope.analyses.attribution_patching",
-    "path_patching": "headscope.analyses.path_patching",
-    "attribution": "headscope.analyses.attribution",
-    "position_bias": "headscope.analyses.position",
-    "probe_sweep": "headscope.analyses.probes",
+    "head_importance": "headscope.analyses.heads.analysis",
+    "prune_heads": "headscope.analyses.heads.analysis",
+    "activation_patching": "headscope.analyses.patching.analysis",
+    "causal_tracing": "headscope.analyses.patching.causal_tracing",
+    "attribution_patching": "headscope.analyses.patching.attribution_patching",
+    "path_patching": "headscope.analyses.patching.path_patching",
+    "attribution": "headscope.analyses.attribution.analysis",
+    "position_bias": "headscope.analyses.position.analysis",
+    "probe_sweep": "headscope.analyses.probes.analysis",
     "build_report": "headscope.reports.report",
-    "Result": "headscope.analyses.result",
-    "RunConfig": "headscope.analyses.registry",
+    "Result": "headscope.analyses.core.result",
+    "RunConfig": "headscope.analyses.core.registry",
 }
 
 

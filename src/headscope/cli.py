@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    from headscope.analyses.registry import ANALYSES
+    from headscope.analyses.core.registry import ANALYSES
 
     r = sub.add_parser("report", help="run every analysis (or --analyses) and write an HTML report")
     _run_options(r)
@@ -65,7 +65,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from headscope.analyses import distributed
+    from headscope.execution import distributed
     from headscope.reports.report import build_report
 
     analyses = getattr(args, "analyses", None) if args.command == "report" else args.command
@@ -117,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     quiet = args.quiet or os.environ.get("RANK", "0") != "0"  # under torchrun only rank 0 logs progress
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from headscope.models.errors import HeadscopeError
+    from headscope.errors import HeadscopeError
 
-    from headscope.analyses.registry import ANALYSES
-    from headscope.analyses.task_files import TaskFileError
+    from headscope.analyses.core.registry import ANALYSES
+    from headscope.analyses.core.task_files import TaskFileError
     from headscope.reports.report import OutputExistsError
 
     handlers = {"sites": _cmd_sites, "zoo": _cmd_zoo, "report": _cmd_report, **{name: _cmd_report for name in ANALYSES}}

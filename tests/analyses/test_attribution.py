@@ -17,12 +17,12 @@ from scipy.stats import kendalltau
 from tests_support import hf_model, random_tokens, word_tokenizer
 
 import headscope as hs
-from headscope.analyses import attribution_methods as am
-from headscope.analyses.attention_permutation import permutation_test, permutations
-from headscope.analyses.attribution import AttributionConfig, attribution, run, sentence_task
-from headscope.analyses.attribution_agreement import kendall_matrix
-from headscope.analyses.registry import RunConfig
-from headscope.analyses.tasks import Task
+from headscope.analyses.attribution import methods as am
+from headscope.analyses.attribution.permutation import permutation_test, permutations
+from headscope.analyses.attribution.analysis import AttributionConfig, attribution, run, sentence_task
+from headscope.analyses.attribution.agreement import kendall_matrix
+from headscope.analyses.core.registry import RunConfig
+from headscope.analyses.core.tasks import Task
 
 KEY = 4 + 7  # id of "w7" in the test word tokenizer: the deciding token of the hand-built model
 ANSWER, WRONG = 5, 6
@@ -462,7 +462,7 @@ def test_minilm_tau_distribution():
 
 def test_default_baseline_token_skips_zero_embeddings(tiny_dirs):
     """A zero pad embedding is skipped for the next special token; all zero is a clear error."""
-    from headscope.analyses.attribution import default_baseline_token
+    from headscope.analyses.attribution.analysis import default_baseline_token
 
     model = hs.load_model(tiny_dirs["llama"], device="cpu")  # a private copy: its weights are edited
     tok = model.tokenizer
@@ -484,7 +484,7 @@ def test_adversarial_attention_reaches_the_closed_form_optimum(one_token):
     output as it is keeps that weight at 1/n and puts the rest on a single other token (JSD is
     convex, so the optimum is a vertex of that face); its JSD from uniform is computed here in
     closed form, and the search must come close to it with the output unchanged."""
-    from headscope.analyses.attention_adversarial import adversarial_attention
+    from headscope.analyses.attribution.adversarial import adversarial_attention
 
     _, model = one_token
     task = one_token_task()

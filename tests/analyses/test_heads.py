@@ -13,13 +13,16 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.analyses import batching, heads, heads_l0, metrics
-from headscope.analyses import heads_importance as hi
-from headscope.analyses import heads_pruning as hp
-from headscope.analyses.head_roles import head_roles, repeated_random_tokens
-from headscope.analyses.registry import RunConfig
-from headscope.analyses.tasks import Task
-from headscope.hooks import resume
+from headscope.execution import batching
+from headscope.analyses.heads import analysis as heads
+from headscope.analyses.heads import l0 as heads_l0
+from headscope.analyses.core import metrics
+from headscope.analyses.heads import importance as hi
+from headscope.analyses.heads import pruning as hp
+from headscope.analyses.heads.roles import head_roles, repeated_random_tokens
+from headscope.analyses.core.registry import RunConfig
+from headscope.analyses.core.tasks import Task
+from headscope.execution import resume
 from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer, zero_head
 
 N_EX, POS = 6, 8

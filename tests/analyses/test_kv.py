@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.analyses import kv, kv_eviction
-from headscope.analyses.tasks import Task
+from headscope.analyses.kv import analysis as kv
+from headscope.analyses.kv import eviction as kv_eviction
+from headscope.analyses.core.tasks import Task
 from tests_support import hf_model, random_tokens
 
 

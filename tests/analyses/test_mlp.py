@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses import mlp
-from headscope.analyses.tasks import Task
-from headscope.analyses.topk_stream import StreamingTopK
+from headscope.analyses.mlp import analysis as mlp
+from headscope.analyses.core.tasks import Task
+from headscope.analyses.mlp.topk_stream import StreamingTopK
 from tests_support import hf_model, random_tokens
 
 HF_MLP = {"gpt2": lambda hf, l: (hf.transformer.h[l].mlp, hf.transformer.h[l].mlp.c_proj),

@@ -12,14 +12,14 @@ import torch
 from transformer_lens import patching as tlp
 
 import headscope as hs
-from headscope.analyses.attribution_patching import attribution_patching
-from headscope.analyses.causal_tracing import causal_tracing, subject_noise
-from headscope.analyses.metrics import answer_logprob
-from headscope.analyses.patching import activation_patching, run
-from headscope.analyses.patching_engine import row_bytes, runs_per_forward
-from headscope.analyses.path_patching import path_patching
-from headscope.analyses.registry import RunConfig
-from headscope.analyses.tasks import Task
+from headscope.analyses.patching.attribution_patching import attribution_patching
+from headscope.analyses.patching.causal_tracing import causal_tracing, subject_noise
+from headscope.analyses.core.metrics import answer_logprob
+from headscope.analyses.patching.analysis import activation_patching, run
+from headscope.analyses.patching.engine import row_bytes, runs_per_forward
+from headscope.analyses.patching.path_patching import path_patching
+from headscope.analyses.core.registry import RunConfig
+from headscope.analyses.core.tasks import Task
 from headscope.models.zoo.registry import available as zoo_available
 from tests_support import build_tiny_model, random_tokens
 
@@ -362,7 +362,7 @@ def zoo_model():
 @pytest.mark.slow
 @needs_zoo
 def test_zoo_exact_patching_equals_transformer_lens(zoo_model):
-    from headscope.analyses.tasks import zoo
+    from headscope.analyses.core.tasks import zoo
 
     task = zoo(zoo_model, "ioi", n_examples=4, seed=0)
     check_against_transformer_lens(zoo_model, task, ["resid_pre", "mlp_out", "head_out", "head_out_by_pos"])
@@ -371,7 +371,7 @@ def test_zoo_exact_patching_equals_transformer_lens(zoo_model):
 @pytest.mark.slow
 @needs_zoo
 def test_zoo_causal_tracing_on_facts(zoo_model):
-    from headscope.analyses.tasks import zoo
+    from headscope.analyses.core.tasks import zoo
 
     task = zoo(zoo_model, "facts", n_examples=16, seed=0)
     res = causal_tracing(zoo_model, task, n_samples=5, progress=False)

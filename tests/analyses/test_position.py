@@ -17,12 +17,12 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses import position_prompts as pp
-from headscope.analyses.position import PositionConfig, position_bias, run
-from headscope.analyses.position_runs import run_decoder_sweeps
-from headscope.analyses.position_stats import bootstrap_ci, head_tracking, middle_to_ends
-from headscope.analyses.registry import RunConfig
-from headscope.analyses.sinks import sink_mass, streaming_attention, streaming_keep, uniform_baseline
+from headscope.analyses.position import prompts as pp
+from headscope.analyses.position.analysis import PositionConfig, position_bias, run
+from headscope.analyses.position.runs import run_decoder_sweeps
+from headscope.analyses.position.stats import bootstrap_ci, head_tracking, middle_to_ends
+from headscope.analyses.core.registry import RunConfig
+from headscope.analyses.position.sinks import sink_mass, streaming_attention, streaming_keep, uniform_baseline
 from tests_support import hf_model
 
 DATA = files("headscope.analyses") / "data"
@@ -400,7 +400,7 @@ def test_minilm_retrieval_curve_matches_sentence_transformers():
 
 
 def test_row_batches_keep_each_example_together(zoo_tokenizer):
-    from headscope.analyses.position_runs import row_batches
+    from headscope.analyses.position.runs import row_batches
 
     sweeps = [*pp.zoo_kv_sweeps(zoo_tokenizer, n_pairs=8, n_examples=9), *pp.zoo_kv_sweeps(zoo_tokenizer, n_pairs=5, n_examples=2)]
     batches = row_batches(sweeps, None, max_rows=20)
@@ -430,7 +430,7 @@ def wordpiece_decoder(tmp_path_factory):
 
 @pytest.mark.parametrize("task", ["json_kv", "qa"])
 def test_liu_tasks_end_to_end_accuracy_matches_hf_generate(wordpiece_decoder, task):
-    from headscope.analyses.position import build_sweeps
+    from headscope.analyses.position.analysis import build_sweeps
 
     model, path = wordpiece_decoder
     hf = hf_model(path)

@@ -10,8 +10,8 @@ from sklearn.model_selection import KFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from headscope.analyses import probes
-from headscope.analyses.tasks import Task
+from headscope.analyses.probes import analysis as probes
+from headscope.analyses.core.tasks import Task
 from tests_support import hf_model, random_tokens
 
 
@@ -72,7 +72,7 @@ def test_zoo_model_retrieves_the_queried_keys_value_at_the_answer():
     """At the answer position the queried key is the input token: decodable in layer 0 but exactly as
     well as its per-type control (selectivity 0). The value it retrieves is absent from the embedding
     and decodable after layer 1, far above its control."""
-    from headscope.analyses import tasks
+    from headscope.analyses.core import tasks
 
     model = _zoo()
     task = tasks.zoo(model, "kv", n_examples=256, seed=1)

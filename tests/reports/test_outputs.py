@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from headscope.analyses.task_files import TaskFileError, load_task_file, read_task_rows
+from headscope.analyses.core.task_files import TaskFileError, load_task_file, read_task_rows
 from headscope.reports import io
 from headscope.reports.html_report import write_report_files
 from headscope.reports.report import OutputExistsError, parse_analyses, prepare_out

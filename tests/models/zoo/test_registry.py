@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from headscope.models.errors import ModelNotFoundError
+from headscope.errors import ModelNotFoundError
 from headscope.models.zoo import registry
 
 

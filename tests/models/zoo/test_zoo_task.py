@@ -1,4 +1,4 @@
-"""headscope.analyses.tasks.zoo: Tasks over the zoo data, tokenized by a model's tokenizer."""
+"""headscope.analyses.core.tasks.zoo: Tasks over the zoo data, tokenized by a model's tokenizer."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from headscope.analyses import tasks
+from headscope.analyses.core import tasks
 from headscope.models.zoo import data, vocab
 
 

@@ -1,0 +1,407 @@
+"""The `attribution` analysis: is attention an explanation? (Jain & Wallace 2019)
+
+For each example it scores every input token for the model's prediction by several methods:
+attention (per layer and head, the head mean per layer, the last layer), attention rollout,
+saliency, gradient x input and integrated gradients (Captum, on the token embeddings), and
+leave-one-out (the output change when the token is removed). It then ranks the tokens by each
+method and measures agreement with Kendall's tau, leaving out the first and last tokens (BOS /
+[CLS] and the query token / [SEP]); and it permutes the attention weights of one layer to see
+how much the output depends on them.
+
+Decoders: the prediction is the next token at the last position; gradients differentiate the
+task metric (logit difference, or log-probability), leave-one-out and permutations measure the
+TVD of the next-token distribution. Encoders (MiniLM): the prediction is the mean-pooled
+embedding; gradients differentiate its cosine similarity to a reference embedding (by default
+the next sentence's, so gradients say which tokens make the sentence close to its partner; at
+the sentence's own embedding the cosine is maximal and its gradient vanishes), leave-one-out and
+permutations measure 1 - cosine to the unmodified embedding.
+
+Summary keys (attention = the last layer's head mean): mean_tau_attention_{gradient, saliency,
+loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_*; fraction_significant (over
+all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
+median_permutation_tvd (median over examples of the median output change over permutations);
+ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); best_head_vs_loo;
+median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
+<= adversarial_epsilon; Jain & Wallace's adversarial attention).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from headscope.analyses.attribution import methods as am
+from headscope.execution import distributed
+from headscope.analyses.attribution.adversarial import LN2, adversarial_attention
+from headscope.analyses.attribution.permutation import permutation_test
+from headscope.analyses.attribution.agreement import method_pair_rows, summarise, tau_rows
+from headscope.analyses.core.metrics import mean_pool
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import Task, shipped_sentences
+
+METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
+SUMMARY_NAMES = {"grad_x_input": "gradient", "saliency": "saliency", "leave_one_out": "loo", "integrated_gradients": "ig"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttributionConfig:
+    """Settings of the attribution analysis.
+
+    n_steps: integration steps of integrated gradients, doubled (up to ig_max_steps) until every
+    example's |convergence delta| <= ig_tolerance x |metric(x) - metric(baseline)|.
+    loo_mode: "remove" the token (Jain & Wallace) or "replace" it by the baseline token.
+    baseline_token: id for IG baselines and "replace" (None: the first of pad, unk, eos, bos
+    whose embedding is not near zero). permutation_layer: None = last; the adversarial attention
+    search runs there too (adversarial_steps Adam steps, 0 = off; output change <= adversarial_epsilon).
+    batch_size: sequences per forward pass (IG runs batch_size // n_steps examples at once).
+    metric: what gradients differentiate (None: the task's; "accuracy" falls back to "logprob").
+    """
+
+    n_steps: int = 32
+    ig_max_steps: int = 256
+    ig_tolerance: float = 0.05
+    loo_mode: str = "remove"
+    baseline_token: int | None = None
+    permutation_layer: int | None = None
+    n_permutations: int = 100
+    adversarial_steps: int = 100
+    adversarial_epsilon: float = 0.01
+    batch_size: int = 256
+    alpha: float = 0.05
+    metric: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loo_mode not in ("remove", "replace"):
+            raise ValueError(f"loo_mode must be 'remove' or 'replace', got {self.loo_mode!r}.")
+        for name in ("n_steps", "ig_max_steps", "n_permutations", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.adversarial_steps < 0 or self.adversarial_epsilon <= 0:
+            raise ValueError("adversarial_steps must be >= 0 and adversarial_epsilon > 0, got "
+                             f"{self.adversarial_steps} and {self.adversarial_epsilon}.")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}.")
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+def example_lengths(task: Task) -> list[int]:
+    """Real length of each example (right padding marked by task.attention_mask)."""
+    n = task.tokens.shape[1]
+    if task.attention_mask is None:
+        return [n] * len(task)
+    mask = task.attention_mask.bool()  # [batch, pos]
+    lengths = mask.sum(1)  # [batch]
+    prefix = torch.arange(n)[None, :] < lengths[:, None]  # [batch, pos]
+    if not torch.equal(prefix, mask.cpu()):
+        raise ValueError("attribution needs right-padded examples (attention_mask 1...1 0...0); re-tokenize with padding_side='right'.")
+    return lengths.tolist()
+
+
+def length_groups(lengths: Sequence[int], chunk: int) -> Iterator[list[int]]:
+    """Example indices grouped by equal length, in chunks of at most `chunk`."""
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        by_length.setdefault(n, []).append(i)
+    for idx in by_length.values():
+        for start in range(0, len(idx), chunk):
+            yield idx[start : start + chunk]
+
+
+MIN_BASELINE_NORM = 0.5  # a baseline embedding needs at least this fraction of the median norm
+
+
+def default_baseline_token(model) -> int:
+    """The first of pad, unk, eos, bos whose input embedding is not near zero.
+
+    Why not near zero: a pad embedding is often exactly 0 (HF zeroes padding_idx and it is
+    never trained) and rare specials decay towards 0. The first norm layer is scale-invariant,
+    so on the straight path from 0 the model's output jumps within a tiny interval next to the
+    baseline, and integrated gradients cannot converge there (the delta stays at
+    f(x) - f(baseline) whatever the number of steps). Any token with a normal-sized embedding
+    avoids that; candidates are tried in the usual order of "content-free" tokens.
+    """
+    tok = model.tokenizer
+    cands = [int(c) for c in (tok.pad_token_id, tok.unk_token_id, tok.eos_token_id, tok.bos_token_id) if c is not None]
+    if not cands:
+        raise ValueError("The tokenizer has no pad, unk, eos or bos token; pass baseline_token= explicitly.")
+    weight = model.bridge.original_model.get_input_embeddings().weight.detach()  # [vocab, d_model]
+    norms = weight.float().norm(dim=-1)  # [vocab]
+    floor = MIN_BASELINE_NORM * float(norms.median())
+    for cand in cands:
+        if cand < norms.shape[0] and float(norms[cand]) >= floor:
+            return cand
+    raise ValueError(
+        f"Every special token ({cands}) has a near-zero input embedding (norm < {MIN_BASELINE_NORM} x the median), "
+        "which makes integrated gradients diverge; pass baseline_token= a content-free token with a normal embedding.")
+
+
+def ig_baselines(tokens: torch.Tensor, baseline_token: int) -> torch.Tensor:
+    """[batch, pos]: every token but the first and last replaced by the baseline token."""
+    out = tokens.clone()
+    out[:, 1:-1] = baseline_token
+    return out
+
+
+@torch.no_grad()
+def partner_references(model, task: Task, lengths: Sequence[int]) -> torch.Tensor:
+    """[batch, d_model]: for sentence i, the pooled embedding of sentence (i + 1) mod batch."""
+    if len(task) < 2:
+        raise ValueError("The encoder metric compares each sentence with another one; give at least 2 sentences or reference=.")
+    pooled = torch.stack([mean_pool(model(task.tokens[i : i + 1, :n]), None)[0] for i, n in enumerate(lengths)])  # [batch, d]
+    return pooled.roll(-1, dims=0)
+
+
+def gradient_targets(model, task: Task, kind: str, reference: torch.Tensor | None, lengths: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Per-example tensors the metric needs, in forward_metric's argument order."""
+    if kind == "cosine":
+        ref = reference if reference is not None else partner_references(model, task, lengths)
+        return (ref.to(model.device),)
+    answers = task.answers.to(model.device)
+    if kind == "logprob":
+        return (answers,)
+    if task.wrong_answers is None:
+        raise ValueError(f"Task {task.name!r} has no wrong_answers for logit_diff; pass metric='logprob'.")
+    return answers, task.wrong_answers.to(model.device)
+
+
+def metric_kind(model, task: Task, cfg: AttributionConfig) -> str:
+    """What gradients differentiate: "cosine" for encoders; the task's metric (or cfg.metric) for decoders."""
+    if model.facts.is_encoder:
+        if cfg.metric not in (None, "cosine"):
+            raise ValueError(f"Encoders have no next-token logits; metric must be 'cosine' (or None), got {cfg.metric!r}.")
+        return "cosine"
+    kind = cfg.metric or task.metric
+    if kind == "cosine":
+        raise ValueError("The cosine metric is for encoders; use 'logit_diff' or 'logprob' for a decoder.")
+    return "logprob" if kind == "accuracy" else kind
+
+
+# ---- the analysis ---------------------------------------------------------------------------------
+def attribution(
+    model,
+    task: Task,
+    config: AttributionConfig | None = None,
+    *,
+    reference: torch.Tensor | None = None,
+    progress: bool = True,
+    **overrides: Any,
+) -> Result:
+    """Token importance by attention, rollout, gradients, IG and leave-one-out, and their agreement.
+
+    config fields may also be given as keyword overrides. reference: [batch, d_model] embeddings
+    for the encoder metric (default: each sentence's partner). Returns a Result whose df has one
+    row per (example, attention vector, method) with Kendall tau; tables: scores, tau_methods,
+    tau_summary, tau_by_layer, tau_by_head, permutation, ig.
+    """
+    cfg = dataclasses.replace(config or AttributionConfig(), **overrides)
+    facts = model.facts
+    layer = facts.n_layers - 1 if cfg.permutation_layer is None else model.check_layer(cfg.permutation_layer)
+    lengths = example_lengths(task)
+    if min(lengths) < 4:
+        raise ValueError("attribution needs examples of at least 4 tokens (first and last are left out of the ranking).")
+    kind = metric_kind(model, task, cfg)
+    forward = am.forward_metric(model, kind)
+    targets = gradient_targets(model, task, kind, reference, lengths)
+    baseline = cfg.baseline_token if cfg.baseline_token is not None else default_baseline_token(model)
+    chunk = max(1, cfg.batch_size // cfg.n_steps)
+    score_rows: list[pd.DataFrame] = []
+    tau: list[dict] = []
+    pairs: list[dict] = []
+    perm_rows: list[dict] = []
+    ig_rows: list[dict] = []
+    groups = list(length_groups(lengths, chunk))
+    for g in tqdm(distributed.shard(len(groups)), desc="attribution", disable=not (progress and distributed.is_main())):
+        idx = groups[g]  # under torch.distributed each rank scores its block of groups
+        generator = torch.Generator().manual_seed(cfg.seed * 100_003 + g)  # per group: the same draws on any rank
+        n = lengths[idx[0]]
+        tokens = task.tokens[idx, :n].to(model.device)  # [g, pos]
+        tgt = tuple(t[idx] for t in targets)
+        scored = list(range(1, n - 1))
+        per_head, roll = am.attention_scores(model, tokens)  # [g, layer, head, pos], [g, pos]
+        grads = am.gradient_scores(model, tokens, forward, tgt)
+        ig, delta, steps = am.integrated_gradients(
+            model, tokens, ig_baselines(tokens, baseline), forward, tgt,
+            n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance)
+        loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=cfg.batch_size)
+        changes, max_att = permutation_test(
+            model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=cfg.batch_size, generator=generator
+        )
+        adv = None if not cfg.adversarial_steps else adversarial_attention(
+            model, tokens, layer=layer, epsilon=cfg.adversarial_epsilon, steps=cfg.adversarial_steps, generator=generator)
+        with torch.no_grad():
+            f_x = forward(tokens, *tgt)  # [g]
+            f_b = forward(ig_baselines(tokens, baseline), *tgt)  # [g]
+        for j, ex in enumerate(idx):
+            methods = {
+                "saliency": grads["saliency"][j, 1:-1], "grad_x_input": grads["grad_x_input"][j, 1:-1],
+                "integrated_gradients": ig[j, 1:-1].abs(), "leave_one_out": loo[j],
+            }
+            methods = {k: _distribution(v) for k, v in methods.items()}
+            attention = _attention_vectors(per_head[j, :, :, 1:-1], roll[j, 1:-1])
+            tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha))
+            pairs.extend(method_pair_rows(ex, methods, alpha=cfg.alpha))
+            score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods))
+            perm_rows.append({
+                "example": ex, "layer": layer, "max_attention": float(max_att[j]),
+                "median_change": float(changes[j].median()), "mean_change": float(changes[j].mean()),
+                **({} if adv is None else {"adversarial_jsd": float(adv.jsd[j]), "adversarial_change": float(adv.change[j]),
+                                           "adversarial_found": bool(adv.feasible[j])}),
+            })
+            ig_rows.append({
+                "example": ex, "n_steps": steps, "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
+                "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
+            })
+    parts = distributed.gather_objects((score_rows, tau, pairs, perm_rows, ig_rows))  # rank order = group order
+    score_rows, tau, pairs, perm_rows, ig_rows = ([row for part in parts for row in part[i]] for i in range(5))
+    df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
+    tables = {
+        "scores": pd.concat(score_rows, ignore_index=True),
+        "tau_methods": pd.DataFrame(pairs),
+        "tau_summary": summarise(df, ["attention", "method"]),
+        "tau_by_layer": summarise(df[df.attention == "layer_mean"], ["layer", "method"]),
+        "tau_by_head": summarise(df[df.attention == "head"], ["layer", "head", "method"]),
+        "permutation": pd.DataFrame(perm_rows),
+        "ig": pd.DataFrame(ig_rows),
+    }
+    summary = _summary(df, tables, kind=kind, cfg=cfg, layer=layer, encoder=facts.is_encoder)
+    config_out = {**dataclasses.asdict(cfg), "baseline_token": baseline, "permutation_layer": layer, "task": task.name}
+    return Result(name="attribution", df=df, summary=summary, tables=tables, config=config_out)
+
+
+def _distribution(scores: torch.Tensor) -> np.ndarray:
+    """Non-negative scores over the ranked tokens, normalised to sum 1 (all zero stays zero)."""
+    s = scores.detach().float().clamp_min(0).cpu().numpy()
+    total = s.sum()
+    return s / total if total > 0 else s
+
+
+def _attention_vectors(per_head: torch.Tensor, roll: torch.Tensor) -> dict[tuple, np.ndarray]:
+    """per_head [layer, head, m], roll [m] -> {(kind, layer, head): distribution over the m tokens}."""
+    n_layers, n_heads, _ = per_head.shape
+    out: dict[tuple, np.ndarray] = {}
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            out[("head", layer, head)] = _distribution(per_head[layer, head])
+        out[("layer_mean", layer, None)] = _distribution(per_head[layer].mean(0))
+    out[("last_layer", n_layers - 1, None)] = out[("layer_mean", n_layers - 1, None)]
+    out[("rollout", None, None)] = _distribution(roll)
+    return out
+
+
+def _score_frame(model, example: int, tokens: torch.Tensor, positions: list[int], attention: dict, methods: dict) -> pd.DataFrame:
+    """Long table of one example's scores: example, position, token, method, layer, head, score."""
+    strs = model.to_str_tokens(tokens)
+    frames = []
+    for (kind, layer, head), scores in attention.items():
+        name = "attention" if kind == "head" else kind
+        frames.append((name, layer, head, scores))
+    frames.extend((method, None, None, scores) for method, scores in methods.items())
+    rows = [
+        {"example": example, "position": p, "token": strs[p], "method": name, "layer": layer, "head": head, "score": float(s)}
+        for name, layer, head, scores in frames
+        for p, s in zip(positions, scores)
+    ]
+    return pd.DataFrame(rows).astype({"layer": "Int64", "head": "Int64"})
+
+
+def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfig, layer: int, encoder: bool) -> dict:
+    out: dict[str, Any] = {
+        "attention": "last_layer", "metric": kind, "output_change": "1-cosine" if encoder else "tvd",
+        "loo_mode": cfg.loo_mode, "n_examples": int(df.example.nunique()),
+    }
+    summ = tables["tau_summary"].set_index(["attention", "method"])
+    for att, prefix in (("last_layer", "attention"), ("rollout", "rollout")):
+        for method, short in SUMMARY_NAMES.items():
+            if (att, method) in summ.index:
+                row = summ.loc[(att, method)]
+                out[f"mean_tau_{prefix}_{short}"] = _num(row.mean_tau)
+                if prefix == "attention":
+                    out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
+                    out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
+    last = df[(df.attention == "last_layer")].dropna(subset=["tau"])
+    out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
+    pairs = tables["tau_methods"]
+    for a, b, key in (("grad_x_input", "leave_one_out", "gradient_loo"), ("integrated_gradients", "leave_one_out", "ig_loo")):
+        sel = pairs[(pairs.method_a == a) & (pairs.method_b == b)].tau
+        out[f"mean_tau_{key}"] = _num(sel.mean())
+    out["median_permutation_tvd"] = _num(tables["permutation"].median_change.median())
+    out["permutation_layer"] = layer
+    out["n_permutations"] = cfg.n_permutations
+    out["ig_max_abs_delta"] = _num(tables["ig"].delta.abs().max())
+    perm = tables["permutation"]
+    if "adversarial_jsd" in perm:
+        out["adversarial_epsilon"] = cfg.adversarial_epsilon
+        out["median_adversarial_jsd"] = _num(perm.adversarial_jsd.median())
+        out["fraction_adversarial_near_ln2"] = _num((perm.adversarial_jsd >= 0.9 * LN2).mean())
+    ig = tables["ig"]
+    out["ig_max_relative_delta"] = _num((ig.delta.abs() / (ig.metric_input - ig.metric_baseline).abs()).max())
+    out["ig_max_steps_used"] = int(ig.n_steps.max())
+    heads = tables["tau_by_head"]
+    heads = heads[heads.method == "leave_one_out"].dropna(subset=["mean_tau"])
+    if len(heads):
+        best = heads.loc[heads.mean_tau.idxmax()]
+        out["best_head_vs_loo"] = {"layer": int(best.layer), "head": int(best["head"]), "mean_tau": _num(best.mean_tau)}
+    return out
+
+
+def _num(x: Any) -> float | None:
+    x = float(x)
+    return None if np.isnan(x) else x
+
+
+# ---- default tasks and the registry entry point ------------------------------------------------------
+def default_sentences() -> list[str]:
+    """The shipped sentence set (analyses/data/sentences.txt)."""
+    return shipped_sentences()
+
+
+def sentence_task(model, sentences: Sequence[str]) -> Task:
+    """Sentences as a right-padded Task: for encoders the cosine metric over whole sentences; for
+    decoders (BOS added) each sentence without its last token is the prompt and that token the
+    answer (log-probability)."""
+    if not sentences:
+        raise ValueError("sentence_task needs at least one sentence.")
+    tok = model.tokenizer
+    rows = [list(tok(text, add_special_tokens=True)["input_ids"]) for text in sentences]
+    answers = None
+    if not model.facts.is_encoder:
+        bos = tok.bos_token_id
+        rows = [[bos] + r if bos is not None and (not r or r[0] != bos) else r for r in rows]
+        if min(len(r) for r in rows) < 2:
+            raise ValueError("Every sentence needs at least one token besides BOS to serve as the answer.")
+        answers = torch.tensor([r[-1] for r in rows])  # [batch]
+        rows = [r[:-1] for r in rows]
+    n = max(len(r) for r in rows)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.tensor([r + [pad] * (n - len(r)) for r in rows])  # [batch, pos]
+    mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows])  # [batch, pos]
+    metric = "cosine" if model.facts.is_encoder else "logprob"
+    return Task(name="sentences", tokens=ids, answers=answers, attention_mask=mask, metric=metric)
+
+
+def run(model, config) -> Result:
+    """Registry entry point: a zoo task (default "kv") for decoders, the sentence set for encoders
+    (and for decoders whose tokenizer lacks the zoo vocabulary, when no task is named)."""
+    n = config.n_examples or (4 if config.quick else 64)
+    cfg = AttributionConfig(
+        seed=config.seed, n_steps=8 if config.quick else 32, ig_max_steps=32 if config.quick else 256,
+        n_permutations=20 if config.quick else 100, adversarial_steps=20 if config.quick else 50,
+    )
+    if model.facts.is_encoder and config.task is None:
+        task = sentence_task(model, default_sentences()[:n])
+    else:
+        from headscope.analyses.core.task_files import resolve_task
+
+        try:
+            task = resolve_task(model, config.task, default="kv", n_examples=n, seed=config.seed)
+        except ValueError:
+            if config.task is not None:
+                raise
+            task = sentence_task(model, default_sentences()[:n])
+    return attribution(model, task, cfg, progress=config.progress)

@@ -1,0 +1,267 @@
+"""Token-importance methods for one prediction: attention, rollout, gradients (Captum), leave-one-out.
+
+Every method scores each input token of a batch of equal-length, unpadded sequences [batch, pos]
+for the prediction the model makes: the next token at the last position (decoders) or the
+mean-pooled sentence embedding (encoders). Gradient methods differentiate a scalar metric per
+example (`forward_metric`); leave-one-out and the permutation test measure how much the output
+itself moves (`prediction_change`: TVD of the next-token distribution, or 1 - cosine of the pooled
+embedding for encoders). Gradients reach the tokens through `hook_embed` (token embeddings,
+before positions are added), so Captum's layer methods attribute to each token's embedding.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from headscope.execution import batching
+from headscope.analyses.core.metrics import answer_logprob, cosine_to_reference, logit_diff, mean_pool
+from headscope.execution import resume
+from headscope.hooks.capture import capture
+from headscope.hooks.sites import site
+
+Forward = Callable[..., torch.Tensor]  # (tokens [batch, pos], *targets) -> [batch]
+GRADIENT_METRICS = ("logit_diff", "logprob", "cosine")
+
+
+def embedding_layer(model) -> torch.nn.Module:
+    """The hook point holding the token embeddings [batch, pos, d_model], a module Captum can hook."""
+    return model.bridge.hook_dict["hook_embed"]
+
+
+def forward_metric(model, kind: str) -> Forward:
+    """The differentiable per-example metric as Captum's forward function.
+
+    "logit_diff": f(tokens, answers, wrong); "logprob": f(tokens, answers);
+    "cosine" (encoders): f(tokens, reference [batch, d_model]).
+    """
+    if kind not in GRADIENT_METRICS:
+        raise ValueError(
+            f"Gradient attribution needs a differentiable metric, one of {GRADIENT_METRICS}; got {kind!r} "
+            f"(accuracy is a step function: use logit_diff or logprob)."
+        )
+    if kind == "logit_diff":
+        last = last_position(model)
+        return lambda tokens, answers, wrong: logit_diff(last(tokens), answers, wrong)
+    if kind == "logprob":
+        last = last_position(model)
+        return lambda tokens, answers: answer_logprob(last(tokens), answers)
+    return lambda tokens, reference: cosine_to_reference(model(tokens), reference, None)
+
+
+def last_position(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """tokens [batch, pos] -> last-position logits [batch, 1, d_vocab], differentiable: through
+    the hook-free blocks where the model supports them (resume.last_logits: less arithmetic, no
+    per-block bridge cost), else a full pass. Checked at each call: hooks attached then (an
+    outer hs.ablate) keep the full pass, so they act."""
+
+    def logits(tokens: torch.Tensor) -> torch.Tensor:
+        out = resume.last_logits(model, tokens) if resume.supports(model).fast_capture else None
+        return model(tokens)[:, -1:] if out is None else out[:, None]
+
+    return logits
+
+
+def prediction(model, out: torch.Tensor) -> torch.Tensor:
+    """What the model predicts, per row: the next-token distribution at the last position
+    [batch, vocab] (decoders) or the mean-pooled embedding [batch, d_model] (encoders)."""
+    if model.facts.is_encoder:
+        return mean_pool(out, None)
+    return out[:, -1].float().softmax(-1)
+
+
+def prediction_change(model, pred: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """How far predictions moved from reference predictions -> [batch]: TVD = 1/2 sum |p - q|
+    (decoders) or 1 - cosine similarity of the pooled embeddings (encoders)."""
+    if model.facts.is_encoder:
+        return 1.0 - torch.nn.functional.cosine_similarity(pred, ref, dim=-1)
+    return 0.5 * (pred - ref).abs().sum(-1)
+
+
+# ---- attention ------------------------------------------------------------------------------
+def attention_scores(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over input tokens from the prediction's query, and Abnar & Zuidema's rollout.
+
+    Returns (per_head [batch, layer, head, key], rollout [batch, key]). The query is the last
+    position for decoders and the mean over all query positions for encoders (the pooled output
+    averages every position). Rollout multiplies (0.5 A + 0.5 I) over layers, A the head mean;
+    grouped-query attention still gives one pattern per query head, so nothing changes for GQA.
+    """
+    n_layers = model.facts.n_layers
+    names = [site("pattern", layer) for layer in range(n_layers)]
+    acts = capture(model, tokens, names)
+    patterns = torch.stack([acts[name] for name in names], 1).float()  # [batch, layer, head, q, k]
+    joint = rollout(patterns.mean(2))  # [batch, q, k]
+    if model.facts.is_encoder:
+        return patterns.mean(3), joint.mean(1)  # [batch, layer, head, k], [batch, k]
+    return patterns[:, :, :, -1], joint[:, -1]
+
+
+def rollout(layer_means: torch.Tensor) -> torch.Tensor:
+    """[batch, layer, q, k] head-mean patterns -> [batch, q, k]: (0.5 A_L + 0.5 I) ... (0.5 A_1 + 0.5 I),
+    rows renormalised; row q is how much each input token reaches position q through the layers."""
+    n = layer_means.shape[-1]
+    eye = torch.eye(n, dtype=layer_means.dtype, device=layer_means.device)  # [q, k]
+    joint = eye.expand(layer_means.shape[0], n, n)  # [batch, q, k]
+    for layer in range(layer_means.shape[1]):
+        mixed = 0.5 * layer_means[:, layer] + 0.5 * eye  # [batch, q, k]
+        mixed = mixed / mixed.sum(-1, keepdim=True)
+        joint = mixed @ joint  # [batch, q, k]
+    return joint
+
+
+# ---- gradients (Captum) -------------------------------------------------------------------------
+def gradient_scores(model, tokens: torch.Tensor, forward: Forward, targets: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Saliency (L2 norm of d metric / d embedding) and |gradient x input| per token, via Captum.
+
+    Both come from LayerGradientXActivation on hook_embed (multiply_by_inputs off and on).
+    Returns {"saliency": [batch, pos], "grad_x_input": [batch, pos]}.
+    """
+    from captum.attr import LayerGradientXActivation
+
+    layer = embedding_layer(model)
+    grad = LayerGradientXActivation(forward, layer, multiply_by_inputs=False).attribute(
+        tokens, additional_forward_args=tuple(targets)
+    )  # [batch, pos, d_model]
+    gxi = LayerGradientXActivation(forward, layer, multiply_by_inputs=True).attribute(
+        tokens, additional_forward_args=tuple(targets)
+    )  # [batch, pos, d_model]
+    return {"saliency": grad.detach().norm(dim=-1), "grad_x_input": gxi.detach().sum(-1).abs()}
+
+
+def integrated_gradients(
+    model,
+    tokens: torch.Tensor,
+    baselines: torch.Tensor,
+    forward: Forward,
+    targets: Sequence[torch.Tensor],
+    *,
+    n_steps: int = 32,
+    max_steps: int | None = None,
+    tolerance: float = 0.05,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Integrated gradients on the token embeddings (Captum LayerIntegratedGradients).
+
+    baselines: [batch, pos] token ids whose embeddings start the path. With max_steps above
+    n_steps, the step count doubles until every example's |delta| <= tolerance x |metric(tokens)
+    - metric(baselines)| or max_steps is reached. Why: a fixed count is too coarse where the path
+    crosses sharp softmax transitions (the zoo model needs ~128 Gauss-Legendre steps for 1%), and
+    checking the delta is Captum's own advice. Returns (attributions [batch, pos], the sum over
+    d_model, signed; Captum's convergence delta [batch] = sum(attributions) - (metric(tokens) -
+    metric(baselines)); the steps used).
+    """
+    from captum.attr import LayerIntegratedGradients
+
+    lig = LayerIntegratedGradients(forward, embedding_layer(model))
+    steps = n_steps
+    while True:
+        attr, delta = lig.attribute(
+            tokens, baselines=baselines, additional_forward_args=tuple(targets), n_steps=steps,
+            return_convergence_delta=True,
+        )  # [batch, pos, d_model], [batch]
+        attr, delta = attr.detach().sum(-1), delta.detach()
+        change = (attr.sum(-1) - delta).abs()  # [batch]: |metric(x) - metric(baseline)|
+        if max_steps is None or steps * 2 > max_steps or bool((delta.abs() <= tolerance * change).all()):
+            return attr, delta, steps
+        steps *= 2
+
+
+# ---- leave-one-out --------------------------------------------------------------------------------
+def loo_variants(tokens: torch.Tensor, positions: Sequence[int], *, mode: str, baseline_token: int | None) -> torch.Tensor:
+    """[batch, pos] -> [batch * len(positions), pos'] inputs, example-major: one token removed
+    (mode "remove", pos' = pos - 1) or replaced by `baseline_token` (mode "replace")."""
+    batch, n = tokens.shape
+    idx = torch.as_tensor(list(positions), dtype=torch.long, device=tokens.device)  # [m]
+    if mode == "remove":
+        keep = torch.arange(n, device=tokens.device)[None, :] != idx[:, None]  # [m, pos]
+        kept = keep.nonzero()[:, 1].reshape(len(idx), n - 1)  # [m, pos - 1]
+        return tokens[:, kept].reshape(batch * len(idx), n - 1)
+    if mode == "replace":
+        if baseline_token is None:
+            raise ValueError("leave-one-out with mode='replace' needs baseline_token= (e.g. the pad or unk id).")
+        out = tokens[:, None, :].repeat(1, len(idx), 1)  # [batch, m, pos]
+        out[:, torch.arange(len(idx)), idx] = baseline_token
+        return out.reshape(batch * len(idx), n)
+    raise ValueError(f"leave-one-out mode must be 'remove' or 'replace', got {mode!r}.")
+
+
+@torch.no_grad()
+def leave_one_out(
+    model,
+    tokens: torch.Tensor,
+    positions: Sequence[int],
+    *,
+    mode: str = "remove",
+    baseline_token: int | None = None,
+    batch_size: int = 256,
+    reuse_prefix: bool | None = None,
+) -> torch.Tensor:
+    """Output change when each token in `positions` is left out -> [batch, len(positions)].
+
+    Two exact strategies (same results up to float rounding):
+    - reuse_prefix (decoders; the default for them): a causal model's states before position p
+      do not depend on token p, so the clean run's KV cache, cut at p, serves every variant that
+      changes p; one forward per position runs only the suffix, all examples together. Saves
+      about half the compute and most of the per-pass overhead. (A sliding-window model whose
+      cache dropped early positions runs stacked instead.)
+    - stacked (encoders, or reuse_prefix=False): all variants of all examples run as full
+      sequences in chunks of `batch_size` (halved on out-of-memory).
+    """
+    positions = list(positions)
+    if not positions:
+        return tokens.new_zeros((tokens.shape[0], 0), dtype=torch.float32)
+    if not all(0 <= p < tokens.shape[1] for p in positions):
+        raise ValueError(f"leave-one-out positions must lie in [0, {tokens.shape[1]}), got {positions}.")
+    loo_variants(tokens[:1], positions[:1], mode=mode, baseline_token=baseline_token)  # validates mode / token
+    if reuse_prefix is None:
+        reuse_prefix = not model.facts.is_encoder
+    if reuse_prefix:
+        out = _loo_cached_prefix(model, tokens, positions, mode=mode, baseline_token=baseline_token)
+        if out is not None:
+            return out
+    ref = prediction(model, model(tokens)).repeat_interleave(len(positions), dim=0)  # [batch*m, out]
+    variants = loo_variants(tokens, positions, mode=mode, baseline_token=baseline_token)  # [batch*m, pos']
+
+    def change(rows: range) -> torch.Tensor:  # [len(rows)]
+        return prediction_change(model, prediction(model, model(variants[rows.start:rows.stop])), ref[rows.start:rows.stop])
+
+    changes = [c for _, c in batching.run_chunks(change, variants.shape[0], batch_size)]  # halved on out-of-memory
+    return torch.cat(changes).reshape(tokens.shape[0], len(positions))
+
+
+def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mode: str,
+                       baseline_token: int | None, rows: int = 64) -> torch.Tensor | None:
+    """Leave-one-out for decoders from the clean KV cache (None when the cache dropped early
+    positions: sliding-window layers on a prompt longer than the window).
+
+    Positions go in blocks; a block starting at p0 shares the clean cache cut at p0 and runs,
+    for each of its variants, the variant's tokens from p0 on (all the same length), stacked
+    along the batch axis up to about `rows` sequences. Recomputing the few unchanged tokens
+    between p0 and p costs less than one more forward pass.
+    """
+    from headscope.hooks.kv_states import cached_forward, holds_prefix, new_cache, prefix_cache
+
+    if model.facts.is_encoder:
+        raise ValueError("reuse_prefix needs a causal decoder; use reuse_prefix=False for encoders.")
+    tokens = model.check_tokens(tokens)
+    batch = tokens.shape[0]
+    logits, clean = cached_forward(model, tokens, new_cache(model), 0)  # [batch, pos, vocab]
+    if not holds_prefix(clean, tokens.shape[1]):
+        return None  # a sliding-window cache dropped early positions: the caller runs full sequences
+    ref = prediction(model, logits)  # [batch, vocab]
+    order = sorted(range(len(positions)), key=lambda k: positions[k])
+    block = max(1, min(8, rows // batch))
+    out = torch.empty(batch, len(positions))
+    for i in range(0, len(order), block):
+        ks = order[i : i + block]
+        p0 = positions[ks[0]]
+        variants = loo_variants(tokens, [positions[k] for k in ks], mode=mode, baseline_token=baseline_token)
+        suffix = variants[:, p0:]  # [batch * b, n'], example-major
+        if suffix.shape[1] == 0:  # only the last token removed: the prediction moves back one position
+            last = logits[:, p0 - 1 : p0]  # [batch, 1, vocab]
+        else:
+            cache = prefix_cache(model, clean, p0, rows=torch.arange(batch).repeat_interleave(len(ks)))  # example-major
+            last, _ = cached_forward(model, suffix, cache, p0)  # [batch * b, n', vocab]
+        change = prediction_change(model, prediction(model, last), ref.repeat_interleave(last.shape[0] // batch, 0))
+        out[:, ks] = change.float().cpu().reshape(batch, -1)
+    return out

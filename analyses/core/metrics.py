@@ -1,0 +1,73 @@
+"""Metrics: map a forward pass to one number per example.
+
+Decoders: the logit difference between the correct and the wrong answer at the last position,
+its normalised form (LD_patched - LD_corrupt) / (LD_clean - LD_corrupt), the answer's
+log-probability, or accuracy. Encoders: the cosine similarity of the mean-pooled embedding to
+a reference embedding (e.g. the unmodified model's).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from headscope.analyses.core.tasks import Task
+
+Metric = Callable[[torch.Tensor], torch.Tensor]  # model output -> [batch]
+METRICS = ("logit_diff", "logprob", "accuracy", "cosine")
+
+
+def logit_diff(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
+    """[batch, pos, vocab] -> [batch]: logit(answer) - logit(wrong) at the last position."""
+    last = logits[:, -1]  # [batch, vocab]
+    return last.gather(1, answers[:, None]).squeeze(1) - last.gather(1, wrong[:, None]).squeeze(1)
+
+
+def answer_logprob(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """[batch, pos, vocab] -> [batch]: log p(answer) at the last position."""
+    return logits[:, -1].log_softmax(-1).gather(1, answers[:, None]).squeeze(1)
+
+
+def accuracy(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """[batch, pos, vocab] -> [batch] of 0.0/1.0: is the answer the argmax at the last position."""
+    return (logits[:, -1].argmax(-1) == answers).float()
+
+
+def normalized(value: torch.Tensor, clean: torch.Tensor | float, corrupt: torch.Tensor | float) -> torch.Tensor:
+    """(value - corrupt) / (clean - corrupt): 1 = clean behaviour restored, 0 = corrupt behaviour."""
+    return (value - corrupt) / (clean - corrupt)
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """[batch, pos, d] -> [batch, d]: the mean over real tokens (sentence-transformers pooling)."""
+    if attention_mask is None:
+        return hidden.mean(1)
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)  # [batch, pos, 1]
+    return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+
+
+def cosine_to_reference(hidden: torch.Tensor, reference: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """[batch, pos, d] hidden states vs [batch, d] reference pooled embeddings -> [batch] cosine."""
+    return torch.nn.functional.cosine_similarity(mean_pool(hidden, attention_mask), reference, dim=-1)
+
+
+def task_metric(task: Task, *, reference: torch.Tensor | None = None, kind: str | None = None) -> Metric:
+    """The per-example metric of a Task (or `kind` to override), as a function of the model output.
+
+    "cosine" needs `reference` [batch, d]: pooled embeddings of the unmodified model.
+    """
+    kind = kind or task.metric
+    if kind not in METRICS:
+        raise ValueError(f"Unknown metric {kind!r}; use one of {METRICS}.")
+    if kind == "logit_diff":
+        if task.wrong_answers is None:
+            raise ValueError(f"Task {task.name!r} has no wrong_answers; use metric 'logprob' or add them.")
+        return lambda out: logit_diff(out, task.answers.to(out.device), task.wrong_answers.to(out.device))
+    if kind == "logprob":
+        return lambda out: answer_logprob(out, task.answers.to(out.device))
+    if kind == "accuracy":
+        return lambda out: accuracy(out, task.answers.to(out.device))
+    if reference is None:
+        raise ValueError("The cosine metric needs reference= pooled embeddings of the unmodified model.")
+    mask = task.attention_mask
+    return lambda out: cosine_to_reference(out, reference.to(out.device), None if mask is None else mask.to(out.device))

@@ -1,0 +1,239 @@
+"""The `heads` analysis: which attention heads matter, and how many can be removed.
+
+Follows Michel et al. 2019 (gate-gradient importance, iterative pruning, best head per layer)
+and Voita et al. 2019 (L0 Hard Concrete gates, head roles). Public entry points:
+- head_importance(model, task) -> Result: gradient and ablation importance per head;
+- prune_heads(model, task) -> Result: pruning curves per ordering, heads prunable within 1%;
+- run(model, config) -> Result: everything above plus roles, best head per layer and L0 sweep.
+Encoders (MiniLM) are scored on a shipped sentence set with the cosine metric (sentence_task).
+
+Outputs of run: df (results.csv) has one row per (layer, head, method) with importance and the
+role scores; tables "curve", "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
+heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
+heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
+random (mean over seeds), top_heads_<method>, l0_min_heads_within_tolerance.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headscope.analyses.core import task_files
+from headscope.analyses.core import tasks
+from headscope.analyses.heads.roles import head_roles
+from headscope.analyses.heads.importance import (
+    ABLATIONS,
+    Scorer,
+    ablation_importance,
+    evaluate_masks,
+    gradient_importance,
+    make_scorer,
+    normalize_per_layer,
+)
+from headscope.analyses.heads.l0 import L0Config, l0_sweep
+from headscope.analyses.heads.pruning import (
+    PruningConfig,
+    best_head_per_layer,
+    head_label,
+    prunable_summary,
+    pruning_curves,
+)
+from headscope.analyses.core.registry import RunConfig
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import Task, shipped_sentences
+
+IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadsConfig:
+    """What `run` computes. methods: importance methods ("gradient", "zero", "mean",
+    "resample"); pruning: curves (and per-layer L2 normalisation of gradient importance);
+    l0 None skips the L0 sweep."""
+
+    methods: tuple[str, ...] = IMPORTANCE_METHODS
+    pruning: PruningConfig = PruningConfig()
+    l0: L0Config | None = L0Config()
+    n_induction: int = 8
+    seed: int = 0
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig) -> "HeadsConfig":
+        if not config.quick:
+            return cls(seed=config.seed, pruning=PruningConfig(seed=config.seed), l0=L0Config(seed=config.seed))
+        return cls(  # a smoke run: every part, at the smallest useful size
+            methods=("gradient", "zero"), seed=config.seed, n_induction=4,
+            pruning=PruningConfig(n_random=2, recompute=(False,), seed=config.seed),
+            l0=L0Config(lambdas=(0.03,), steps=10, batch_size=8, seed=config.seed),
+        )
+
+
+# ---- tasks ---------------------------------------------------------------------------------
+def load_sentences() -> list[str]:
+    """The shipped English sentence set used to score encoders (see tasks.shipped_sentences)."""
+    return shipped_sentences()
+
+
+def sentence_task(model, n_examples: int | None = None, seed: int = 0) -> Task:
+    """An encoder Task over the shipped sentences: padded tokens, attention_mask, metric "cosine"
+    (pooled embedding vs the unmodified model's). n_examples None takes all, in a seeded order."""
+    sentences = load_sentences()
+    order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed)).tolist()
+    if n_examples is not None:
+        if n_examples < 1:
+            raise ValueError(f"n_examples must be >= 1, got {n_examples}.")
+        order = order[:n_examples]
+    enc = model.tokenizer([sentences[i] for i in order], return_tensors="pt", padding=True)
+    return Task(name="sentences", tokens=enc["input_ids"], attention_mask=enc["attention_mask"], metric="cosine")
+
+
+def repeated_tokens_task(model, n_examples: int = 64, seed: int = 0, length: int = 12) -> Task:
+    """A decoder Task for any tokenizer (induction): prompts [bos] x x[:k] of random tokens x,
+    k = length // 2 for every prompt; answer x[k]; wrong answer x[k + 1], another token of the
+    context. Metric: logit difference."""
+    from headscope.analyses.heads.roles import repeated_random_tokens
+
+    full = repeated_random_tokens(model, length, n_examples, seed)  # [n, (1 +) 2 * length]
+    start = full.shape[1] - 2 * length
+    k = length // 2
+    cut = start + length + k  # prompt ends just before the second copy's token k
+    return Task(name="repeat", tokens=full[:, :cut], answers=full[:, cut], wrong_answers=full[:, cut + 1],
+                metric="logit_diff")
+
+
+def default_task(model, config: RunConfig) -> Task:
+    """config.task (a zoo task, "sentences" or "repeat"), else sentences for encoders, the zoo
+    "kv" task for zoo models, and repeated random tokens for other decoders."""
+    n = config.n_examples or (16 if config.quick else 64)
+    name = config.task
+    if name is None:
+        if model.facts.is_encoder:  # all shipped sentences unless told otherwise
+            return sentence_task(model, n if config.n_examples or config.quick else None, config.seed)
+        try:
+            return tasks.zoo(model, "kv", n, config.seed)
+        except ValueError:  # not a zoo vocabulary
+            return repeated_tokens_task(model, n, config.seed)
+    if name in tasks.ZOO_TASKS:
+        return tasks.zoo(model, name, n, config.seed)
+    if name == "sentences":
+        return sentence_task(model, n, config.seed)
+    if name == "repeat":
+        return repeated_tokens_task(model, n, config.seed)
+    if Path(name).suffix.lower() in task_files.FORMATS:
+        return task_files.load_task_file(model, name)
+    raise ValueError(
+        f"The heads analysis does not know task {name!r}; use a zoo task ({', '.join(tasks.ZOO_TASKS)}), "
+        f"'sentences' (encoders) or 'repeat' (any decoder), or pass a Task to head_importance / prune_heads."
+    )
+
+
+# ---- public analyses -----------------------------------------------------------------------
+def _scorer(model, task: Task | torch.Tensor | Scorer | None) -> Scorer:
+    return make_scorer(model, default_task(model, RunConfig()) if task is None else task)
+
+
+def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
+                     progress: bool = False) -> tuple[pd.DataFrame, dict[str, torch.Tensor], float]:
+    """Long table (layer, head, method, importance, importance_layer_norm, rank), the raw [L, H]
+    importance per method, and the baseline metric."""
+    unknown = set(methods) - set(IMPORTANCE_METHODS)
+    if unknown:
+        raise ValueError(f"Unknown importance methods {sorted(unknown)}; use some of {IMPORTANCE_METHODS}.")
+    raw: dict[str, torch.Tensor] = {}
+    baseline = None
+    for method in methods:
+        if method == "gradient":
+            raw[method] = gradient_importance(model, scorer, progress=progress)
+        else:
+            scores = ablation_importance(model, scorer, method=method, seed=seed, progress=progress)
+            raw[method], baseline = scores.importance, scores.baseline
+    if baseline is None:
+        baseline = float(evaluate_masks(model, scorer, torch.ones(1, model.facts.n_layers, model.facts.n_heads))[0])
+    rows = []
+    for method, imp in raw.items():
+        normed = normalize_per_layer(imp)
+        rank = torch.empty(imp.numel(), dtype=torch.long)
+        rank[torch.argsort(imp.flatten(), descending=True, stable=True)] = torch.arange(1, imp.numel() + 1)
+        rows += [
+            {"layer": l, "head": h, "head_name": head_label(l, h), "method": method,
+             "importance": float(imp[l, h]), "importance_layer_norm": float(normed[l, h]),
+             "rank": int(rank[l * imp.shape[1] + h])}
+            for l in range(imp.shape[0]) for h in range(imp.shape[1])
+        ]
+    return pd.DataFrame(rows), raw, baseline
+
+
+def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
+    f = model.facts
+    return {
+        "model": f.name, "task": scorer.name, "metric": scorer.kind, "n_examples": len(scorer),
+        "n_layers": f.n_layers, "heads_per_layer": f.n_heads, "n_heads": f.n_layers * f.n_heads,
+        "baseline_metric": baseline,
+    }
+
+
+def head_importance(model, task: Task | torch.Tensor | None = None, *, methods: tuple[str, ...] = ("gradient", "zero"),
+                    seed: int = 0, progress: bool = False) -> Result:
+    """Importance of every head by each method. task: a Task, a [batch, pos] token tensor (LM
+    loss on text), or None for the model's default task. Gradient importance is E_x |dL/dxi_h|;
+    ablation importance is the metric drop with the head ablated (zero, mean or resample)."""
+    scorer = _scorer(model, task)
+    df, raw, baseline = importance_table(model, scorer, tuple(methods), seed=seed, progress=progress)
+    summary = _base_summary(model, scorer, baseline)
+    summary.update(_top_heads(df))
+    return Result(name="heads", df=df, summary=summary, config={"methods": list(methods), "seed": seed})
+
+
+def prune_heads(model, task: Task | torch.Tensor | None = None, *, config: PruningConfig = PruningConfig(),
+                progress: bool = False) -> Result:
+    """Iterative pruning curves (df: ordering, recompute, seed, n_pruned, fraction_pruned, metric,
+    pruned) and, in the summary, the largest fraction of heads prunable within config.tolerance."""
+    scorer = _scorer(model, task)
+    curves = pruning_curves(model, scorer, config, progress=progress)
+    baseline = float(curves.loc[curves["n_pruned"] == 0, "metric"].iloc[0])
+    summary = _base_summary(model, scorer, baseline)
+    summary.update(prunable_summary(curves, baseline, summary["n_heads"], config.tolerance))
+    return Result(name="heads", df=curves, summary=summary, config=dataclasses.asdict(config))
+
+
+def run(model, config: RunConfig = RunConfig(), heads_config: HeadsConfig | None = None) -> Result:
+    """The full analysis on the model's default task (or config.task); see the module docstring."""
+    hc = heads_config or HeadsConfig.from_run_config(config)
+    task = default_task(model, config)
+    scorer = make_scorer(model, task)
+    df, raw, baseline = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
+    roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
+    df = df.merge(roles, on=["layer", "head"], how="left")
+    prune_imp = {}  # unpruned importance reused by the fixed-order curves
+    if "gradient" in raw:
+        prune_imp["gradient"] = normalize_per_layer(raw["gradient"]) if hc.pruning.normalize else raw["gradient"]
+    if hc.pruning.method in raw:
+        prune_imp["ablation"] = raw[hc.pruning.method]
+    curves = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, progress=config.progress)
+    primary = prune_imp.get("gradient", next(iter(raw.values())))
+    best = best_head_per_layer(model, scorer, primary, baseline=baseline, progress=config.progress)
+    summary = _base_summary(model, scorer, baseline)
+    summary.update(prunable_summary(curves, baseline, summary["n_heads"], hc.pruning.tolerance))
+    summary.update(_top_heads(df))
+    summary["roles"] = {
+        role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
+        for role in sorted(set(roles["role"]) - {"other"})
+    }
+    tables = {"curve": curves, "best_head": best, "roles": roles}
+    if hc.l0 is not None:
+        sweep, gates = l0_sweep(model, scorer, hc.l0, progress=config.progress)
+        tables["l0"], tables["l0_gates"] = sweep, gates
+        floor = baseline - hc.pruning.tolerance * abs(baseline)
+        ok = sweep.loc[sweep["metric_binary"] >= floor, "heads_kept"]
+        summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
+    run_cfg = {**dataclasses.asdict(config), **dataclasses.asdict(hc)}
+    return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)
+
+
+def _top_heads(df: pd.DataFrame, k: int = 5) -> dict[str, list[str]]:
+    return {f"top_heads_{method}": g.sort_values("rank")["head_name"].head(k).tolist()
+            for method, g in df.groupby("method", sort=False)}

@@ -1,0 +1,439 @@
+"""Head importance: Michel et al.'s gate gradients and batched single-head ablation.
+
+Every head h gets a gate xi_h that scales its output (z_h -> xi_h z_h at hook_z).
+- Gradient importance I_h = E_x |dL(x)/dxi_h| at the current gates: one forward and one backward
+  pass per batch of examples, for all heads together. Each example gets its own copy of the
+  gates, so the per-example absolute value is exact, not |mean gradient|.
+- Ablation importance = baseline metric - metric with head h alone ablated (zero, mean or
+  resample). Many heads per forward pass: the batch is stacked once per head along the batch
+  axis, and one hook per layer gives each copy its own head mask.
+`run_gated` is the one primitive underneath (per-row gates and replacement values). For decoder
+metrics read at the last position, `evaluate_masks` resumes each mask's pass at the first block
+where it differs from a reference mask (hooks/resume): a head in block l costs blocks l..L-1,
+and block l itself only its output projection and MLP (pre-norm blocks, sequential or parallel).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from headscope.execution import batching
+from headscope.execution import distributed
+from headscope.analyses.core import metrics
+from headscope.analyses.core.tasks import Task
+from headscope.hooks import capture, site
+from headscope.execution import resume
+from headscope.execution.rows import take
+
+ABLATIONS = ("zero", "mean", "resample")
+CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss scale
+RowFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output [n, ...], rows [n]) -> [n]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scorer:
+    """How a Task is scored, per row of a (possibly stacked) batch; `rows` index the examples.
+
+    metric: higher is better (the Task's metric). grad_loss: what gate gradients differentiate.
+    objective: what L0 training minimises.
+    """
+
+    name: str
+    kind: str
+    tokens: torch.Tensor  # [batch, pos]
+    attention_mask: torch.Tensor | None  # [batch, pos]
+    metric: RowFn
+    grad_loss: RowFn
+    objective: RowFn
+    last_position: bool = False  # the metric reads only the last position's logits (decoder answers)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
+    """A Scorer for a Task, or for a [batch, pos] token tensor (LM loss on text); a Scorer is
+    returned as is.
+
+    - logit_diff / logprob: L is the metric itself; accuracy (not differentiable): L = log p(answer).
+    - cosine (encoders): the metric is the cosine to the unmodified model's pooled embedding. Its
+      gradient vanishes at the unmodified model (cosine 1 is the maximum), so gradients use an
+      in-batch contrastive loss against the reference embeddings of all sentences instead.
+    - text tokens: metric = -mean next-token cross-entropy, L = the cross-entropy.
+    Decoder objectives for L0 training are the answer's cross-entropy; cosine's is 1 - cosine.
+    """
+    if isinstance(task, Scorer):
+        return task
+    if isinstance(task, torch.Tensor):
+        tokens = model.check_tokens(task)
+        if model.facts.is_encoder or tokens.shape[1] < 2:
+            raise ValueError("LM loss on text needs a decoder and prompts of at least 2 tokens; pass a Task instead.")
+
+        def lm_loss(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            tgt = tokens[rows, 1:]  # [n, pos - 1]
+            ce = torch.nn.functional.cross_entropy(out[:, :-1].transpose(1, 2), tgt, reduction="none")  # [n, pos - 1]
+            return ce.mean(1)
+
+        return Scorer(name="text", kind="lm", tokens=tokens, attention_mask=None,
+                      metric=lambda out, rows: -lm_loss(out, rows), grad_loss=lm_loss, objective=lm_loss)
+    if not isinstance(task, Task):
+        raise TypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
+    tokens = model.check_tokens(task.tokens)
+    mask = None if task.attention_mask is None else task.attention_mask.to(model.device)
+    if task.metric == "cosine":
+        return _cosine_scorer(model, task, tokens, mask)
+    answers = task.answers.to(model.device)
+    wrong = None if task.wrong_answers is None else task.wrong_answers.to(model.device)
+    logprob: RowFn = lambda out, rows: metrics.answer_logprob(out, answers[rows])
+    if task.metric == "logit_diff":
+        if wrong is None:
+            raise ValueError(f"Task {task.name!r} has metric logit_diff but no wrong_answers; add them or use 'logprob'.")
+        metric: RowFn = lambda out, rows: metrics.logit_diff(out, answers[rows], wrong[rows])
+    elif task.metric == "logprob":
+        metric = logprob
+    elif task.metric == "accuracy":
+        metric = lambda out, rows: metrics.accuracy(out, answers[rows])
+    else:
+        raise ValueError(f"Unknown metric {task.metric!r}; use one of {metrics.METRICS}.")
+    grad_loss = logprob if task.metric == "accuracy" else metric
+    return Scorer(name=task.name, kind=task.metric, tokens=tokens, attention_mask=mask, metric=metric,
+                  grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows), last_position=True)
+
+
+def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor | None) -> Scorer:
+    with torch.no_grad():
+        reference = metrics.mean_pool(encoder_hidden(model, tokens, [], mask), mask)  # [batch, d_model]
+    ref_unit = torch.nn.functional.normalize(reference, dim=-1)  # [batch, d_model]
+
+    def pooled(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return metrics.mean_pool(out, None if mask is None else mask[rows])  # [n, d_model]
+
+    def cosine(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cosine_similarity(pooled(out, rows), reference[rows], dim=-1)
+
+    def contrastive(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        emb = torch.nn.functional.normalize(pooled(out, rows), dim=-1)  # [n, d_model]
+        logits = CONTRASTIVE_SCALE * emb @ ref_unit.T  # [n, batch]
+        return torch.nn.functional.cross_entropy(logits, rows, reduction="none")
+
+    return Scorer(name=task.name, kind="cosine", tokens=tokens, attention_mask=mask, metric=cosine,
+                  grad_loss=contrastive, objective=lambda out, rows: 1 - cosine(out, rows))
+
+
+def run_gated(
+    model,
+    tokens: torch.Tensor,
+    gates: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    replacement: dict[int, torch.Tensor] | None = None,
+    last_only: bool = False,
+) -> torch.Tensor:
+    """One forward pass with head h of row n scaled by gates[n, layer, h].
+
+    tokens [n, pos]; gates [n, n_layers, n_heads]. With `replacement` (layer -> values of z,
+    [n or 1 or a divisor of n, pos, head, d_head]) a head becomes g z + (1 - g) replacement, so
+    gate 0 means "replaced". Layers whose gates are all 1 (and need no gradient) get no hook.
+    last_only (decoders): only the last position's logits [n, 1, d_vocab], from the hook-free
+    blocks where the model supports them (resume.last_logits: the last block runs its last query
+    only), differentiable like the full pass.
+    """
+    if last_only and not model.facts.is_encoder and resume.supports(model).fast_capture:
+        out = resume.last_logits(model, tokens, attention_mask=attention_mask, edit_z=_gate_edit(gates, replacement))
+        if out is not None:
+            return out[:, None]
+    fwd = gate_hooks(gates, replacement)
+    if model.facts.is_encoder:
+        return encoder_hidden(model, tokens, fwd, attention_mask)
+    out = model.run_with_hooks(tokens, fwd=fwd, attention_mask=attention_mask)
+    return out[:, -1:] if last_only else out
+
+
+def _gate_edit(gates: torch.Tensor, replacement: dict[int, torch.Tensor] | None):
+    """gate_hooks as an edit_z for resume.last_logits (its last block sees the last position only)."""
+    replacement = replacement or {}
+    layers = set(_gated_layers(gates))
+
+    def edit(layer: int, z: torch.Tensor) -> torch.Tensor:  # [n, q, head, d_head]
+        if layer not in layers:
+            return z
+        r = replacement.get(layer)
+        return gated_z(z, gates[:, layer], None if r is None else r[:, r.shape[1] - z.shape[1]:])
+
+    return edit
+
+
+def gated_z(z: torch.Tensor, gates: torch.Tensor, replacement: torch.Tensor | None) -> torch.Tensor:
+    """z [n, pos, head, d_head] with head h of row r -> g z + (1 - g) replacement, g = gates[r, h]
+    ([n, head]); replacement [n or 1 or a divisor of n, pos, head, d_head] (None: zero)."""
+    g = gates.to(z.device, z.dtype)[:, None, :, None]  # [n, 1, head, 1] (z's device: sharded models)
+    if replacement is None:
+        return z * g
+    n = z.shape[0]
+    if replacement.shape[0] not in (1, n):
+        replacement = replacement.repeat(n // replacement.shape[0], 1, 1, 1)  # copies stacked along the batch
+    return z * g + (1 - g) * replacement.to(z.device, z.dtype)
+
+
+def gate_hooks(gates: torch.Tensor, replacement: dict[int, torch.Tensor] | None = None, *,
+               after: int = -1) -> list[tuple[str, Any]]:
+    """hook_z hooks applying `gated_z` per layer, gates [n, L, H]; only layers after `after` whose
+    gates are not all 1 (or that need a gradient) get one."""
+    replacement = replacement or {}
+
+    def make_hook(layer: int):
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # [n, pos, head, d_head]
+            return gated_z(z, gates[:, layer], replacement.get(layer))
+
+        return hook
+
+    return [(site("z", l), make_hook(l)) for l in _gated_layers(gates, after)]
+
+
+def _gated_layers(gates: torch.Tensor, after: int = -1) -> list[int]:
+    """Layers after `after` whose gates [n, L, H] are not all 1 (or that need a gradient)."""
+    return [l for l in range(after + 1, gates.shape[1]) if gates.requires_grad or not bool((gates[:, l] == 1).all())]
+
+
+def encoder_hidden(model, tokens: torch.Tensor, fwd: list, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Final hidden states [n, pos, d_model] of an encoder under extra hooks `fwd`.
+
+    HookedModel.forward stops after the last block, skipping TransformerLens's random MLM head.
+    """
+    with model.hooks(fwd=fwd):
+        return model(tokens, attention_mask=attention_mask)
+
+
+def rows_per_pass(model, pos: int, max_tokens: int | None = None, *, grad: bool = False,
+                  memory_budget: int | None = None) -> int:
+    """How many sequences of length `pos` one forward pass may hold.
+
+    max_tokens: a token budget that overrides everything else. Otherwise the smaller of 32k
+    tokens (fewer for large vocabularies: decoder logits take pos x d_vocab floats; encoders
+    stop before their LM head) and what `memory_budget` bytes (default: half the device's free
+    memory, see batching) hold by the per-row estimate (grad: with the backward pass's storage);
+    by default no-grad passes on CPU hold at most batching.CPU_PASS_TOKENS tokens (fewer for
+    wide MLPs, see batching.cpu_rows).
+    """
+    if max_tokens:
+        return max(1, max_tokens // max(pos, 1))
+    width = 0 if model.facts.is_encoder else model.facts.d_vocab
+    cap = max(1, min(32768, 2**28 // max(width, 1)) // max(pos, 1))
+    fits = batching.chunk_size(batching.row_bytes(model, pos, grad=grad), device=model.device, budget=memory_budget)
+    cpu = None if grad or memory_budget is not None else batching.cpu_rows(model.device, pos, batching.widest(model))
+    return min(cap, fits, cpu or fits)
+
+
+def evaluate_masks(
+    model, scorer: Scorer, masks: torch.Tensor, *, replacement: dict[int, torch.Tensor] | None = None,
+    max_tokens: int | None = None, memory_budget: int | None = None, progress: bool = False, desc: str = "masks",
+) -> torch.Tensor:
+    """Mean metric of the model under each mask: masks [k, n_layers, n_heads] -> [k] (float64).
+
+    The k masks run as copies of the example batch stacked along the batch axis, as many per
+    forward pass as the memory budget allows (halved on out-of-memory). Mask 1 keeps a head, 0
+    removes it (zero, or `replacement` values: layer -> [batch or 1, pos, head, d_head] over all
+    examples). For last-position decoder metrics each mask resumes at the first block where it
+    differs from a reference mask, from one captured pass under it (hooks/resume). Under
+    torch.distributed each rank scores its block of examples; the sums are all-reduced, so every
+    rank returns the mean over all examples.
+    """
+    n, pos = scorer.tokens.shape
+    mine = distributed.shard(n)
+    cap = [rows_per_pass(model, pos, max_tokens, memory_budget=memory_budget)]  # rows per pass; shrinks on OOM
+    k = masks.shape[0]
+    masks = masks.to(model.device)
+    bar = tqdm(total=len(mine) * k, desc=desc, disable=not (progress and distributed.is_main()), leave=False)
+    support = resume.supports(model) if scorer.last_position else resume.Support(False, False, False)
+
+    def run_examples(ex: range) -> torch.Tensor:  # -> [k] metric sums over these examples
+        rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
+        b = rows.shape[0]
+        rep = None if replacement is None else {l: (v if v.shape[0] == 1 else v[rows]) for l, v in replacement.items()}
+
+        def shrink(copies: int) -> None:
+            cap[0] = max(1, min(cap[0], copies * b // 2))
+
+        if support.ok:
+            return _resumed_masks(model, scorer, masks, rows, rep, support, cap, shrink, bar)
+
+        def run_masks(mc: range) -> torch.Tensor:  # -> [c]
+            m = masks[mc.start:mc.stop]  # [c, L, H]
+            c = m.shape[0]
+            stacked = rows.repeat(c)  # [c * b], copy-major
+            out = run_gated(model, scorer.tokens[stacked], m.repeat_interleave(b, 0),
+                            attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[stacked],
+                            replacement=rep)
+            vals = scorer.metric(out, stacked).reshape(c, b)  # [c, b]
+            bar.update(c * b)
+            return vals.sum(1).double().cpu()
+
+        parts = batching.run_chunks(run_masks, k, max(1, cap[0] // b), on_oom=shrink)
+        return torch.cat([v for _, v in parts])
+
+    totals = torch.zeros(k, dtype=torch.float64)
+    with torch.no_grad():
+        for _, part in batching.run_chunks(run_examples, len(mine), max(1, min(len(mine), cap[0]))):
+            totals += part
+    bar.close()
+    return distributed.all_reduce_sum(totals) / n
+
+
+def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tensor,
+                   rep: dict[int, torch.Tensor] | None, support: resume.Support, cap: list[int], shrink, bar) -> torch.Tensor:
+    """evaluate_masks for examples `rows` [b]: one captured pass under a reference mask (the
+    all-ones mask if there is one, else masks[0]), then each group of masks sharing their first
+    block that differs from it resumes there. -> [k] metric sums."""
+    n_layers, shortcut = model.facts.n_layers, support.shortcut
+    k, b = masks.shape[0], rows.shape[0]
+    ones = (masks == 1).flatten(1).all(1).nonzero().flatten()
+    ref = masks[ones[0]] if len(ones) else masks[0]  # [L, H]
+    attn = None if scorer.attention_mask is None else scorer.attention_mask[rows]
+    ckpt = resume.capture(model, scorer.tokens[rows], fwd=gate_hooks(ref.expand(b, -1, -1), rep),
+                          z_layers=range(n_layers) if shortcut else (), attention_mask=attn)
+    differs = (masks != ref).flatten(2).any(2)  # [k, L]
+    first = torch.where(differs.any(1), differs.float().argmax(1), torch.full_like(differs[:, 0], n_layers, dtype=torch.long))
+    sums = torch.zeros(k, dtype=torch.float64)
+    same = (first == n_layers).nonzero().flatten().tolist()  # masks equal to the reference: the captured pass
+    if same:
+        sums[same] = scorer.metric(ckpt.logits[:, None], rows).sum().double().cpu()
+        bar.update(len(same) * b)
+    local = torch.arange(b, device=rows.device)  # captured-row indices
+    for start in sorted(set(first.tolist()) - {n_layers}):
+        group = (first == start).nonzero().flatten()  # masks resuming at `start`
+
+        def run_group(mc: range) -> torch.Tensor:  # -> [c]
+            idx = group[mc.start:mc.stop]
+            c = idx.shape[0]
+            at = local.repeat(c)  # [c * b], copy-major
+            gates = masks[idx].repeat_interleave(b, 0)  # [c * b, L, H]
+            z = None
+            if shortcut:
+                r = None if rep is None else rep.get(start)
+                z = gated_z(take(ckpt.z[start], at), gates[:, start], r)
+            hooks = gate_hooks(gates, rep, after=start if shortcut else start - 1)
+            out = resume.resume(model, ckpt, start, at, fwd=hooks, z=z, fast=support.fast)  # [c * b, 1, d_vocab]
+            vals = scorer.metric(out, rows[at]).reshape(c, b)
+            bar.update(c * b)
+            return vals.sum(1).double().cpu()
+
+        for chunk, part in batching.run_chunks(run_group, group.shape[0], max(1, cap[0] // b), on_oom=shrink):
+            sums[group[chunk.start:chunk.stop].cpu()] = part
+    return sums
+
+
+def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dict[int, torch.Tensor] | None:
+    """What an ablated head's z becomes, per layer: None (zero); the per-position mean over the
+    task's examples [1, pos, head, d_head] (mean); or another example's z [batch, pos, head,
+    d_head] (resample: example i takes example partner[i] != i, seeded)."""
+    if method not in ABLATIONS:
+        raise ValueError(f"Unknown ablation method {method!r}; use one of {ABLATIONS}.")
+    if method == "zero":
+        return None
+    names = [site("z", l) for l in range(model.facts.n_layers)]
+    acts = capture(model, scorer.tokens, names, attention_mask=scorer.attention_mask)
+    if method == "mean":
+        return {l: acts[name].mean(0, keepdim=True) for l, name in enumerate(names)}
+    n = len(scorer)
+    if n < 2:
+        raise ValueError("resample ablation needs a task of at least 2 examples to take activations from.")
+    gen = torch.Generator().manual_seed(seed)
+    partner = (torch.arange(n) + torch.randint(1, n, (n,), generator=gen)) % n  # [batch], never itself
+    return {l: acts[name][partner.to(model.device)] for l, name in enumerate(names)}
+
+
+@dataclass(frozen=True)
+class AblationScores:
+    importance: torch.Tensor  # [L, H] baseline - ablated metric (NaN where not measured)
+    metric: torch.Tensor  # [L, H] mean metric with the head ablated
+    baseline: float  # mean metric with no extra head ablated (under base_mask)
+
+
+def ablation_importance(
+    model, task: Task | torch.Tensor | Scorer, *, method: str = "zero", heads: list[tuple[int, int]] | None = None,
+    base_mask: torch.Tensor | None = None, seed: int = 0, max_tokens: int | None = None, progress: bool = False,
+) -> AblationScores:
+    """Metric drop when each head alone is ablated, many heads per forward pass.
+
+    heads: which (layer, head) to score (default all not removed by base_mask). base_mask
+    [L, H]: heads already pruned (0, zeroed) in every copy, e.g. during iterative pruning.
+    """
+    scorer = make_scorer(model, task)
+    f = model.facts
+    base = torch.ones(f.n_layers, f.n_heads) if base_mask is None else base_mask.detach().float().cpu()
+    if heads is None:
+        heads = [(l, h) for l in range(f.n_layers) for h in range(f.n_heads) if base[l, h] > 0]
+    for layer, head in heads:
+        model.check_head(layer, head)
+    masks = base.expand(len(heads) + 1, -1, -1).clone()  # [1 + k, L, H]; copy 0 is the baseline
+    for i, (layer, head) in enumerate(heads):
+        masks[i + 1, layer, head] = 0.0
+    rep = ablation_values(model, scorer, method, seed=seed)
+    if rep is not None and base_mask is not None:  # already-pruned heads are zeroed, not replaced
+        keep = base.to(model.device)  # [L, H]
+        rep = {l: v * keep[l].view(1, 1, -1, 1) for l, v in rep.items()}
+    means = evaluate_masks(model, scorer, masks, replacement=rep, max_tokens=max_tokens, progress=progress,
+                           desc=f"{method} ablation")
+    metric = torch.full((f.n_layers, f.n_heads), float("nan"), dtype=torch.float64)
+    for i, (layer, head) in enumerate(heads):
+        metric[layer, head] = means[i + 1]
+    baseline = float(means[0])
+    return AblationScores(importance=baseline - metric, metric=metric, baseline=baseline)
+
+
+def gradient_importance(
+    model, task: Task | torch.Tensor | Scorer, *, normalize: bool = False, gates: torch.Tensor | None = None,
+    max_tokens: int | None = None, progress: bool = False,
+) -> torch.Tensor:
+    """Michel et al.'s importance E_x |dL(x)/dxi_h| for every head: [n_layers, n_heads].
+
+    One forward and one backward pass per batch of examples, all heads together. `gates`
+    [L, H] is the point where the gradient is taken (default all 1; 0 for pruned heads).
+    normalize: divide by the L2 norm within each layer (Michel et al.). Only the gates get
+    gradients (torch.autograd.grad), so the model's parameters and .grad stay untouched.
+    """
+    scorer = make_scorer(model, task)
+    importance, _ = gate_gradients(model, scorer, gates, max_tokens=max_tokens, progress=progress)
+    return normalize_per_layer(importance) if normalize else importance
+
+
+def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, max_tokens: int | None = None,
+                   memory_budget: int | None = None, progress: bool = False) -> tuple[torch.Tensor, float]:
+    """(E_x |dL(x)/dxi| [L, H], mean metric at the gates) from the same forward passes.
+
+    Batches are sized for a backward pass and halved on out-of-memory; under torch.distributed
+    each rank takes its block of examples and the sums are all-reduced.
+    """
+    f = model.facts
+    point = torch.ones(f.n_layers, f.n_heads) if gates is None else gates.detach().float()
+    n, pos = scorer.tokens.shape
+    mine = distributed.shard(n)
+    batch = max(1, min(len(mine), rows_per_pass(model, pos, max_tokens, grad=True, memory_budget=memory_budget)))
+    bar = tqdm(total=len(mine), desc="gate gradients", disable=not (progress and distributed.is_main()), leave=False)
+
+    def step(ex: range) -> torch.Tensor:  # -> [L * H + 1]: sum |grad| per head, then the metric sum
+        rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
+        xi = point.to(model.device).expand(rows.shape[0], -1, -1).clone().requires_grad_(True)  # [b, L, H]
+        out = run_gated(model, scorer.tokens[rows], xi, last_only=scorer.last_position,
+                        attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
+        (grad,) = torch.autograd.grad(scorer.grad_loss(out, rows).sum(), [xi])  # [b, L, H]
+        bar.update(rows.shape[0])
+        metric = scorer.metric(out.detach(), rows).sum().double().cpu()
+        return torch.cat([grad.abs().sum(0).double().cpu().flatten(), metric[None]])
+
+    sums = torch.zeros(f.n_layers * f.n_heads + 1, dtype=torch.float64)
+    with torch.enable_grad():
+        for _, part in batching.run_chunks(step, len(mine), batch):
+            sums += part
+    bar.close()
+    sums = distributed.all_reduce_sum(sums)
+    return (sums[:-1].view(f.n_layers, f.n_heads) / n).float(), float(sums[-1]) / n
+
+
+def normalize_per_layer(importance: torch.Tensor, exponent: float = 2.0) -> torch.Tensor:
+    """importance [L, H] divided by its L-`exponent` norm within each layer (Michel et al.)."""
+    norm = importance.abs().pow(exponent).sum(-1, keepdim=True).pow(1.0 / exponent)  # [L, 1]
+    return importance / (norm + 1e-20)

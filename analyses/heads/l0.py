@@ -1,0 +1,148 @@
+"""L0 head pruning (Voita et al. 2019): Hard Concrete gates trained on a frozen model.
+
+Each head gets a stochastic gate g = clip(sigmoid((log u - log(1 - u) + log alpha) / beta)
+(r - l) + l, 0, 1), u ~ U(0, 1), applied to its output (z_h -> g_h z_h). Only log alpha is
+trained, on loss = L_task + lambda L_C with L_C = sum_h sigmoid(log alpha_h - beta log(-l / r)),
+the expected number of open gates. At test time g = clip(sigmoid(log alpha) (r - l) + l, 0, 1);
+a head survives when its gate is > 0. A sweep over lambda traces heads kept against metric.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from headscope.execution import batching
+from headscope.execution import distributed
+from headscope.analyses.heads.importance import Scorer, evaluate_masks, rows_per_pass, run_gated
+from headscope.analyses.heads.pruning import head_label
+
+BETA, LIMIT_L, LIMIT_R = 0.33, -0.1, 1.1  # Voita et al.'s temperature and stretch interval
+
+
+@dataclass(frozen=True, kw_only=True)
+class L0Config:
+    """lambdas: penalty weights swept; steps / lr / batch_size: Adam on log alpha; init: initial
+    log alpha (3.0 opens every gate fully at test time)."""
+
+    lambdas: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1)
+    steps: int = 200
+    lr: float = 0.1
+    batch_size: int = 32
+    init: float = 3.0
+    seed: int = 0
+
+
+def sample_gates(log_alpha: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Stochastic Hard Concrete gates for uniform noise u (same shape as, or broadcast with, log alpha)."""
+    s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / BETA)
+    return (s * (LIMIT_R - LIMIT_L) + LIMIT_L).clamp(0.0, 1.0)
+
+
+def deterministic_gates(log_alpha: torch.Tensor) -> torch.Tensor:
+    """Deterministic test-time gates clip(sigmoid(log alpha) (r - l) + l, 0, 1)."""
+    return (torch.sigmoid(log_alpha) * (LIMIT_R - LIMIT_L) + LIMIT_L).clamp(0.0, 1.0)
+
+
+def expected_open(log_alpha: torch.Tensor) -> torch.Tensor:
+    """L_C = sum_h P(gate_h != 0) = sum_h sigmoid(log alpha_h - beta log(-l / r))."""
+    return torch.sigmoid(log_alpha - BETA * math.log(-LIMIT_L / LIMIT_R)).sum()
+
+
+def train_gates(model, scorer: Scorer, lam: float, config: L0Config = L0Config(), *, progress: bool = False) -> torch.Tensor:
+    """Train log alpha [L, H] for one lambda on the frozen model; returns it (detached, on CPU)."""
+    return train_gate_sweep(model, scorer, (lam,), config, progress=progress)[0]
+
+
+def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config = L0Config(), *,
+                     progress: bool = False) -> torch.Tensor:
+    """Train log alpha for each lambda on the frozen model: [k, L, H] (detached, on CPU).
+
+    Each step draws a minibatch of examples and one noise sample per example and head from one
+    generator seeded with config.seed, so every lambda sees the same minibatches and noise, as
+    separate runs would. The lambdas' copies of the minibatch run stacked along the batch axis
+    in one pass (as many as the memory budget allows, halved on out-of-memory): each copy's loss
+    depends on its own log alpha only and Adam is elementwise, so this is the separate runs'
+    arithmetic, up to the float rounding of larger batched passes. Only the gates receive
+    gradients (torch.autograd.grad); the model's weights are never touched. Under
+    torch.distributed every rank draws the same minibatch, runs its block of it (every rank with
+    the same batch and lambdas per pass, the smallest any rank can hold), and the gradients are
+    all-reduced before the (identical) Adam step.
+    """
+    if not len(lambdas):
+        raise ValueError("L0 training needs at least one lambda; pass e.g. lambdas=(0.01,).")
+    n, pos = scorer.tokens.shape
+    batch = min(n, config.batch_size, rows_per_pass(model, pos))
+    try:
+        per_pass = rows_per_pass(model, pos, grad=True) if len(lambdas) > 1 else batch
+    except batching.MemoryBudgetError:  # the estimate for a backward pass is rough: one lambda at a time
+        per_pass = batch
+    copies = max(1, min(len(lambdas), per_pass // batch))  # lambdas per pass
+    batch, copies = (min(v) for v in zip(*distributed.gather_objects((batch, copies))))  # the same on every rank
+    parts = batching.run_chunks(lambda chunk: _train(model, scorer, lambdas[chunk.start:chunk.stop], config, batch,
+                                                     progress), len(lambdas), copies)
+    return torch.cat([part for _, part in parts])
+
+
+def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, batch: int, progress: bool) -> torch.Tensor:
+    """train_gate_sweep for lambdas that share each pass. -> [c, L, H]"""
+    f, n, c = model.facts, scorer.tokens.shape[0], len(lambdas)
+    gen = torch.Generator().manual_seed(config.seed)
+    log_alpha = torch.full((c, f.n_layers, f.n_heads), float(config.init), device=model.device, requires_grad=True)
+    opt = torch.optim.Adam([log_alpha], lr=config.lr)
+    label = ", ".join(f"{lam:g}" for lam in lambdas)
+    with torch.enable_grad():
+        for _ in tqdm(range(config.steps), desc=f"L0 gates (lambda={label})",
+                      disable=not (progress and distributed.is_main()), leave=False):
+            rows = torch.randperm(n, generator=gen)[:batch].to(model.device)  # [b]
+            u = torch.rand((batch, f.n_layers, f.n_heads), generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
+            part = distributed.shard(batch)  # this rank's rows of the minibatch (all of it single-process)
+            mine = rows[part.start:part.stop]  # [b_rank]
+            if distributed.is_main():
+                loss = sum(lam * expected_open(log_alpha[i]) for i, lam in enumerate(lambdas))
+            else:
+                loss = log_alpha.sum() * 0.0
+            if len(mine):
+                gates = sample_gates(log_alpha[:, None], u[None, part.start:part.stop])  # [c, b_rank, L, H]
+                stacked = mine.repeat(c)  # [c * b_rank], copy-major
+                out = run_gated(model, scorer.tokens[stacked], gates.flatten(0, 1), last_only=scorer.last_position,
+                                attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[stacked])
+                loss = loss + scorer.objective(out, stacked).sum() / batch
+            (grad,) = torch.autograd.grad(loss, [log_alpha])
+            log_alpha.grad = distributed.all_reduce_sum(grad)  # every rank takes the same Adam step
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return log_alpha.detach().cpu()
+
+
+def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train gates for every lambda; returns (sweep, gates).
+
+    sweep: lambda, heads_kept, fraction_kept, metric (test-time gates), metric_binary (kept heads
+    at 1, the others removed), surviving (names, "L0H3 L2H1"). gates: lambda, layer, head,
+    log_alpha, gate, kept.
+    """
+    f = model.facts
+    alphas = train_gate_sweep(model, scorer, config.lambdas, config, progress=progress)  # [k, L, H]
+    soft = deterministic_gates(alphas)  # [k, L, H]
+    hard = (soft > 0).float()  # [k, L, H]
+    values = evaluate_masks(model, scorer, torch.cat([soft, hard]), desc="L0 evaluation", progress=progress)
+    k = len(alphas)
+    sweep, gates = [], []
+    for i, lam in enumerate(config.lambdas):
+        kept = [(l, h) for l in range(f.n_layers) for h in range(f.n_heads) if hard[i, l, h] > 0]
+        sweep.append({
+            "lambda": lam, "heads_kept": len(kept), "fraction_kept": len(kept) / (f.n_layers * f.n_heads),
+            "metric": float(values[i]), "metric_binary": float(values[k + i]),
+            "surviving": " ".join(head_label(l, h) for l, h in kept),
+        })
+        gates += [
+            {"lambda": lam, "layer": l, "head": h, "log_alpha": float(alphas[i][l, h]),
+             "gate": float(soft[i, l, h]), "kept": bool(hard[i, l, h] > 0)}
+            for l in range(f.n_layers) for h in range(f.n_heads)
+        ]
+    return pd.DataFrame(sweep), pd.DataFrame(gates)

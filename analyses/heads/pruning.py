@@ -1,0 +1,208 @@
+"""Iterative head pruning (Michel et al. 2019): the metric as heads are removed, least important first.
+
+A step removes `step` x (all heads) heads, 10% by default. Orderings: "gradient" (gate-gradient
+importance, normalised per layer), "ablation" (single-head ablation drop) and "random" (one
+random order per seed, giving a band). Without recomputation the order is fixed from the
+unpruned model (the paper); with it, importance is recomputed on the pruned model after each
+step (the HF "bertology" port). Removed heads are zeroed at hook_z (xi_h = 0). Curves whose
+masks are all known in advance run as stacked copies, several masks per forward pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from headscope.analyses.heads.importance import (
+    Scorer,
+    ablation_importance,
+    evaluate_masks,
+    gate_gradients,
+    normalize_per_layer,
+)
+
+ORDERINGS = ("gradient", "ablation", "random")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruningConfig:
+    """step: fraction of all heads removed per step; n_random: seeds of the random band;
+    method: the ablation of the "ablation" ordering; normalize: per-layer L2 for "gradient";
+    tolerance: relative drop allowed when counting prunable heads."""
+
+    step: float = 0.1
+    orderings: tuple[str, ...] = ORDERINGS
+    recompute: tuple[bool, ...] = (False, True)
+    n_random: int = 5
+    method: str = "zero"
+    normalize: bool = True
+    tolerance: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.step <= 1:
+            raise ValueError(f"step is the fraction of heads removed per step, in (0, 1]; got {self.step}.")
+        unknown = set(self.orderings) - set(ORDERINGS)
+        if unknown:
+            raise ValueError(f"Unknown pruning orderings {sorted(unknown)}; use some of {ORDERINGS}.")
+
+
+def prune_counts(n_heads: int, step: float) -> list[int]:
+    """Heads removed at each point of the curve: 0, k, 2k, ..., n_heads with k = round(step n)."""
+    k = max(1, round(step * n_heads))
+    return sorted(set(range(0, n_heads, k)) | {n_heads})
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def importance_for(model, scorer: Scorer, ordering: str, config: PruningConfig,
+                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """([L, H] importance under the current mask (None = unpruned), higher = keep longer;
+    the mean metric under that mask, from the same forward passes)."""
+    if ordering == "gradient":
+        importance, metric = gate_gradients(model, scorer, mask)
+        return (normalize_per_layer(importance) if config.normalize else importance), metric
+    if ordering == "ablation":
+        scores = ablation_importance(model, scorer, method=config.method, base_mask=mask, seed=config.seed)
+        return scores.importance, scores.baseline
+    raise ValueError(f"ordering {ordering!r} has no importance; use 'gradient' or 'ablation'.")
+
+
+def pruning_curve(
+    model, scorer: Scorer, *, ordering: str, recompute: bool = False, config: PruningConfig = PruningConfig(),
+    importance: torch.Tensor | None = None, seed: int | None = None, progress: bool = False,
+) -> pd.DataFrame:
+    """One curve: columns ordering, recompute, seed, n_pruned, fraction_pruned, metric, pruned
+    (heads removed at that step, "L0H3 L1H2"). `importance` [L, H] skips the first computation
+    of a curve without recomputation."""
+    f = model.facts
+    n = f.n_layers * f.n_heads
+    counts = prune_counts(n, config.step)
+    seed = config.seed if seed is None else seed
+    if ordering == "random":
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+        return _fixed_curve(model, scorer, order, counts, "random", seed, progress)
+    if not recompute:
+        if importance is None:
+            importance, _ = importance_for(model, scorer, ordering, config)
+        order = torch.argsort(importance.flatten(), stable=True).tolist()  # least important first
+        return _fixed_curve(model, scorer, order, counts, ordering, seed, progress)
+    mask = torch.ones(f.n_layers, f.n_heads)
+    rows, chosen = [], []
+    for prev, count in tqdm(list(zip(counts, counts[1:])), desc=f"pruning ({ordering}, recompute)",
+                            disable=not progress, leave=False):
+        importance, metric = importance_for(model, scorer, ordering, config, mask)  # metric at `mask`
+        rows.append(_row(ordering, True, seed, prev, n, metric, [divmod(i, f.n_heads) for i in chosen]))
+        scores = importance.flatten().clone()
+        scores[mask.flatten() == 0] = float("inf")  # already pruned
+        chosen = torch.argsort(scores, stable=True)[: count - prev].tolist()
+        mask.view(-1)[chosen] = 0.0
+    metric = float(evaluate_masks(model, scorer, mask[None])[0])
+    rows.append(_row(ordering, True, seed, counts[-1], n, metric, [divmod(i, f.n_heads) for i in chosen]))
+    return pd.DataFrame(rows)
+
+
+def _fixed_curve(model, scorer, order, counts, ordering, seed, progress) -> pd.DataFrame:
+    f = model.facts
+    n = len(order)
+    masks = torch.ones(len(counts), n)  # [points, L * H]
+    for i, count in enumerate(counts):
+        masks[i, order[:count]] = 0.0
+    values = evaluate_masks(model, scorer, masks.view(-1, f.n_layers, f.n_heads), progress=progress,
+                            desc=f"pruning ({ordering})")
+    return pd.DataFrame([
+        _row(ordering, False, seed, count, n, float(values[i]),
+             [divmod(j, f.n_heads) for j in order[(counts[i - 1] if i else 0):count]])
+        for i, count in enumerate(counts)
+    ])
+
+
+def _row(ordering, recompute, seed, count, n, metric, heads) -> dict:
+    return {
+        "ordering": ordering, "recompute": recompute, "seed": seed, "n_pruned": count,
+        "fraction_pruned": count / n, "metric": metric, "pruned": " ".join(head_label(l, h) for l, h in heads),
+    }
+
+
+def pruning_curves(
+    model, scorer: Scorer, config: PruningConfig = PruningConfig(), *,
+    importance: dict[str, torch.Tensor] | None = None, progress: bool = False,
+) -> pd.DataFrame:
+    """Every requested ordering x recompute (random: n_random seeds), concatenated.
+    `importance` maps "gradient"/"ablation" to precomputed unpruned importance [L, H]."""
+    importance = importance or {}
+    frames = []
+    for ordering in config.orderings:
+        if ordering == "random":
+            frames += [pruning_curve(model, scorer, ordering="random", config=config, seed=config.seed + s, progress=progress)
+                       for s in range(config.n_random)]
+            continue
+        for recompute in config.recompute:
+            frames.append(pruning_curve(model, scorer, ordering=ordering, recompute=recompute, config=config,
+                                        importance=importance.get(ordering), progress=progress))
+    return pd.concat(frames, ignore_index=True)
+
+
+def curve_key(ordering: str, recompute: bool) -> str:
+    return f"{ordering}_recompute" if recompute else ordering
+
+
+def max_prunable_fraction(curve: pd.DataFrame, baseline: float, tolerance: float = 0.01) -> float:
+    """Largest fraction f such that every point of the curve up to f keeps
+    metric >= baseline - tolerance x |baseline| (within 1% relative by default)."""
+    floor = baseline - tolerance * abs(baseline)
+    best = 0.0
+    for frac, metric in curve.sort_values("fraction_pruned")[["fraction_pruned", "metric"]].itertuples(index=False):
+        if metric < floor:
+            break
+        best = float(frac)
+    return best
+
+
+def prunable_summary(curves: pd.DataFrame, baseline: float, n_heads: int, tolerance: float = 0.01) -> dict[str, float]:
+    """Per ordering (random: mean over seeds): max_fraction_prunable_<key> and heads_prunable_<key>."""
+    out: dict[str, float] = {}
+    for (ordering, recompute), group in curves.groupby(["ordering", "recompute"], sort=False):
+        fracs = [max_prunable_fraction(g, baseline, tolerance) for _, g in group.groupby("seed")]
+        frac = sum(fracs) / len(fracs)
+        key = curve_key(ordering, bool(recompute))
+        out[f"max_fraction_prunable_{key}"] = round(frac, 6)
+        out[f"heads_prunable_{key}"] = round(frac * n_heads, 3)
+    return out
+
+
+def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, baseline: float | None = None,
+                        progress: bool = False) -> pd.DataFrame:
+    """Michel et al. Tables 2-3: in one layer at a time keep only one head (others zeroed).
+
+    Per layer: the most important head by `importance` and its metric; the oracle best single
+    head (every head tried, all in stacked passes) and its metric; and the metric with the whole
+    layer's attention removed. Changes are relative to the unpruned baseline.
+    """
+    f = model.facts
+    n_layers, n_heads = f.n_layers, f.n_heads
+    masks = torch.ones(n_layers * n_heads + n_layers + 1, n_layers, n_heads)  # last: unpruned
+    for l in range(n_layers):
+        for h in range(n_heads):
+            masks[l * n_heads + h, l] = 0.0
+            masks[l * n_heads + h, l, h] = 1.0
+        masks[n_layers * n_heads + l, l] = 0.0
+    values = evaluate_masks(model, scorer, masks, progress=progress, desc="best head per layer")
+    base = float(values[-1]) if baseline is None else baseline
+    single = values[: n_layers * n_heads].view(n_layers, n_heads)  # [L, H] metric keeping only that head
+    rows = []
+    for l in range(n_layers):
+        top = int(importance[l].argmax())
+        oracle = int(single[l].argmax())
+        rows.append({
+            "layer": l, "head": top, "metric": float(single[l, top]), "change": float(single[l, top]) - base,
+            "oracle_head": oracle, "oracle_metric": float(single[l, oracle]),
+            "oracle_change": float(single[l, oracle]) - base,
+            "layer_removed_metric": float(values[n_layers * n_heads + l]),
+            "layer_removed_change": float(values[n_layers * n_heads + l]) - base,
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,173 @@
+"""The KV cache: its size, its contents and what evicting from it costs (the `kv` analysis).
+
+- Anatomy: bytes = batch x positions x layers x (K and V) x kv_heads x d_head x bytes per number
+  (REFERENCES.md: 5,000 positions x 50 layers x 20 maps (K and V of 10 heads) x 1,000 dims x
+  2 bytes = 10 GB), and the saving of grouped-query attention against full multi-head attention
+  (the ratio of query heads to KV heads).
+- States: K and V norms per layer, KV head and position (what the cache stores, read with
+  `hooks.kv_states`), and attention sinks: the attention mass on the first positions against
+  the uniform baseline, and how the first keys' norms compare with the rest.
+- Eviction what-if (kv_eviction.py): the Task's metric when the answer query sees only part of
+  the cache, per policy and budget.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+import headscope.hooks as hooks
+from headscope.analyses.kv import eviction as kv_eviction
+from headscope.analyses.position import sinks
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import Task
+
+
+def cache_bytes(*, positions: int, n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int,
+                batch: int = 1) -> int:
+    """Bytes of a KV cache: batch x positions x layers x 2 (K and V) x kv_heads x d_head x bytes."""
+    for name, v in dict(positions=positions, n_layers=n_layers, n_kv_heads=n_kv_heads, d_head=d_head,
+                        bytes_per_number=bytes_per_number, batch=batch).items():
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {v!r}.")
+    return batch * positions * n_layers * 2 * n_kv_heads * d_head * bytes_per_number
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheAnatomy:
+    """The KV cache layout of a model; `total(positions, batch)` gives its size in bytes."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    dtype: str
+    bytes_per_number: int
+
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        return cache_bytes(positions=1, n_layers=1, n_kv_heads=self.n_kv_heads, d_head=self.d_head,
+                           bytes_per_number=self.bytes_per_number)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.n_layers * self.bytes_per_token_per_layer
+
+    @property
+    def mha_bytes_per_token(self) -> int:
+        """The same model with one KV head per query head (full multi-head attention)."""
+        return self.bytes_per_token * self.n_heads // self.n_kv_heads
+
+    @property
+    def gqa_saving(self) -> float:
+        """Fraction of the MHA cache saved by sharing KV heads: 1 - n_kv_heads / n_heads."""
+        return 1.0 - self.n_kv_heads / self.n_heads
+
+    def total(self, positions: int, batch: int = 1) -> int:
+        return cache_bytes(positions=positions, n_layers=self.n_layers, n_kv_heads=self.n_kv_heads,
+                           d_head=self.d_head, bytes_per_number=self.bytes_per_number, batch=batch)
+
+
+def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
+    """The model's cache layout; dtype defaults to the model's parameter dtype (what the cache holds)."""
+    f = model.facts
+    dtype = dtype or next(model.bridge.parameters()).dtype
+    return CacheAnatomy(n_layers=f.n_layers, n_heads=f.n_heads, n_kv_heads=f.n_kv_heads, d_head=f.d_head,
+                        dtype=str(dtype).removeprefix("torch."),
+                        bytes_per_number=torch.empty((), dtype=dtype).element_size())
+
+
+def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[int] = (1, 8)) -> pd.DataFrame:
+    """Cache size at several context lengths and batch sizes, with the MHA equivalent."""
+    rows = [{"positions": n, "batch": b, "bytes": anatomy.total(n, b),
+             "mha_bytes": anatomy.total(n, b) * anatomy.n_heads // anatomy.n_kv_heads}
+            for n in contexts for b in batches]
+    return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def kv_norms(model, tokens: torch.Tensor) -> pd.DataFrame:
+    """Mean L2 norm (over the batch) of each cached key and value: layer, kv_head, position, kind, norm."""
+    states = hooks.kv_states(model, tokens)
+    frames = []
+    for kind, per_layer in (("key", states.keys), ("value", states.values)):
+        for layer, t in enumerate(per_layer):
+            norm = t.float().norm(dim=-1).mean(0)  # [kv_head, pos]
+            h, p = torch.meshgrid(torch.arange(norm.shape[0]), torch.arange(norm.shape[1]), indexing="ij")
+            frames.append(pd.DataFrame({"layer": layer, "kv_head": h.reshape(-1).numpy(), "position": p.reshape(-1).numpy(),
+                                        "kind": kind, "norm": norm.reshape(-1).cpu().numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+@torch.no_grad()
+def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1) -> pd.DataFrame:
+    """Per layer: attention mass on the first n_sink keys against its uniform baseline (analyses.sinks,
+    Xiao et al.), and the first keys' mean norm over the other keys' (from `norms`)."""
+    names = [hooks.site("pattern", layer) for layer in range(model.facts.n_layers)]
+    acts = hooks.capture(model, tokens, names)
+    baseline = sinks.uniform_baseline(tokens.shape[1], n_sink)
+    keys = norms[norms.kind == "key"]
+    rows = []
+    for layer, name in enumerate(names):
+        k = keys[keys.layer == layer]
+        first, rest = k[k.position < n_sink].norm.mean(), k[k.position >= n_sink].norm.mean()
+        rows.append({"layer": layer, "sink_mass": sinks.sink_mass(acts[name], n_sink).mean().item(),
+                     "uniform_mass": baseline, "sink_key_norm_ratio": first / rest})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVConfig:
+    n_sink: int = 4  # StreamingLLM keeps 4 sink tokens
+    budgets: tuple[int, ...] | None = None  # None: powers of two below the context, and the full context
+    policies: tuple[str, ...] = kv_eviction.POLICIES
+    contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table
+    progress: bool = False
+
+
+def kv_analysis(model, task: Task, config: KVConfig = KVConfig()) -> Result:
+    """Anatomy, states and the eviction what-if on one Task (see the module doc).
+
+    df (results.csv): the metric per policy, budget and example. tables: "anatomy", "norms",
+    "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget.
+    """
+    if model.facts.is_encoder:
+        raise ValueError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
+    anatomy = cache_anatomy(model)
+    norms = kv_norms(model, task.tokens)
+    sink_table = sink_stats(model, task.tokens, norms, n_sink=1)
+    sweep = kv_eviction.eviction_sweep(model, task, budgets=config.budgets, policies=config.policies,
+                                       n_sink=config.n_sink, progress=config.progress)
+    means = sweep.groupby(["policy", "budget"]).metric.mean()
+    accs = sweep.groupby(["policy", "budget"]).correct.mean()
+    summary = {
+        "bytes_per_token": anatomy.bytes_per_token,
+        "bytes_per_token_per_layer": anatomy.bytes_per_token_per_layer,
+        "mha_bytes_per_token": anatomy.mha_bytes_per_token,
+        "gqa_saving": anatomy.gqa_saving,
+        "dtype": anatomy.dtype,
+        "bytes_at_n_ctx": anatomy.total(model.facts.n_ctx),
+        "metric_unevicted": float(sweep[sweep.policy == "full"].metric.mean()),
+        "metric_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in means.items() if pp == p}
+                                     for p in config.policies},
+        "accuracy_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in accs.items() if pp == p}
+                                       for p in config.policies},
+        "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
+        "task": task.name,
+    }
+    return Result(name="kv", df=sweep, summary=summary,
+                  tables={"anatomy": anatomy_table(anatomy, config.contexts), "norms": norms, "sinks": sink_table},
+                  config={**asdict(config), "anatomy": asdict(anatomy)})
+
+
+def run(model, config) -> Result:
+    """`headscope kv`: config.task (a zoo task or a task file), the zoo "kv" retrieval Task by default."""
+    from headscope.analyses.core.task_files import resolve_task
+
+    n = config.n_examples or (16 if config.quick else 128)
+    task = resolve_task(model, config.task, default="kv", n_examples=n, seed=config.seed)
+    result = kv_analysis(model, task, KVConfig(progress=config.progress))
+    return Result(name=result.name, df=result.df, summary=result.summary, tables=result.tables,
+                  config={**result.config, "seed": config.seed, "n_examples": n, "task": task.name})

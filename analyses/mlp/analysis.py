@@ -1,0 +1,279 @@
+"""MLP layers as key-value memories: the `mlp` analysis (Geva et al. 2021, 2022).
+
+An MLP computes FF(x) = sum_i m_i v_i + b with memory coefficients m_i = f(x . k_i) (gated MLPs:
+act(x . g_i) * (x . k_i)) read at mlp.hook_post. Three readings:
+
+- trigger examples of key i: the corpus prefixes with the top-k m_i at their last position,
+  streamed chunk by chunk with a bounded-memory top-k (memory does not grow with the corpus);
+- values in vocabulary space: the top tokens of E v_i, E the unembedding W_U [d_model, d_vocab].
+  By default the final norm is NOT applied (as Geva et al. 2021 project E v_i directly);
+  `apply_final_norm=True` multiplies v_i by the final norm's gain (and centres it under
+  LayerNorm) first. The residual-dependent scale of the norm is positive and dropped either way,
+  so it never changes a neuron's ranking of tokens;
+- sub-updates m_i v_i at a Task's answer position (Geva et al. 2022), the largest by norm, and
+  the tokens each promotes (the top tokens of m_i E v_i).
+
+Key-value agreement of a layer: the fraction of its keys whose value's top token equals the
+next token of the key's top trigger example (Geva et al. 2021, sec. 4), with `agreement_any`
+(next token of any of the top-k triggers) and a shuffled baseline (values paired with the
+triggers of random other keys of the layer).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable, Iterator, Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+import headscope.hooks as hooks
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import Task
+from headscope.analyses.mlp.topk_stream import StreamingTopK
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLPConfig:
+    top_k_triggers: int = 25  # trigger examples kept per key (Geva et al.: 25)
+    top_k_tokens: int = 5  # tokens shown per value / sub-update
+    n_top_updates: int = 5  # largest sub-updates kept per example and layer
+    n_top_neurons: int = 20  # rows of the top-neuron table
+    chunk_size: int = 32  # corpus rows per forward pass
+    min_position: int = 1  # first prefix end considered (1 skips the lone <bos> prefix)
+    apply_final_norm: bool = False
+    progress: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class TriggerExamples:
+    """Per layer and key, the top-k prefixes; a prefix is (corpus row, last position)."""
+
+    layers: tuple[int, ...]
+    coefficients: torch.Tensor  # [layer, d_mlp, k] m_i at the prefix's last position, decreasing
+    row: torch.Tensor  # [layer, d_mlp, k] corpus row (rows of the corpus batches, concatenated)
+    position: torch.Tensor  # [layer, d_mlp, k] last position of the prefix
+    next_token: torch.Tensor  # [layer, d_mlp, k] the token after the prefix
+    n_prefixes: int
+
+
+def _corpus_batches(corpus: torch.Tensor | Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    for batch in [corpus] if isinstance(corpus, torch.Tensor) else corpus:
+        if batch.ndim != 2 or batch.shape[1] < 2:
+            raise ValueError(f"corpus batches must be [rows, pos] token tensors with pos >= 2, got shape "
+                             f"{tuple(batch.shape)}; each row is a prompt followed by its next tokens.")
+        yield batch
+
+
+@torch.no_grad()
+def trigger_examples(
+    model, corpus: torch.Tensor | Iterable[torch.Tensor], *, k: int = 25, layers: Sequence[int] | None = None,
+    chunk_size: int = 32, min_position: int = 1, progress: bool = False,
+) -> TriggerExamples:
+    """Top-k prefixes by m_i for every key of `layers` over a corpus, in bounded memory.
+
+    corpus: [rows, pos] tokens or an iterable of such batches (lengths may differ between batches;
+    a generator is consumed once and never held). Rows are numbered across batches in order.
+    Prefixes end at positions min_position .. pos-2, so every prefix has a next token.
+    """
+    layers = tuple(range(model.facts.n_layers) if layers is None else (model.check_layer(layer) for layer in layers))
+    sites = [hooks.site("mlp_post", layer) for layer in layers]
+    topk = [StreamingTopK(k, model.facts.d_mlp) for _ in layers]
+    row_offset = 0
+    chunks = ((b, start) for b in _corpus_batches(corpus) for start in range(0, b.shape[0], chunk_size))
+    for batch, start in tqdm(chunks, desc="mlp triggers", disable=not progress):
+        tokens = batch[start:start + chunk_size].cpu()  # [chunk, pos]
+        positions = torch.arange(min_position, tokens.shape[1] - 1)  # prefixes with a next token
+        acts = hooks.capture(model, tokens[:, :-1], sites, positions=positions)
+        rows = row_offset + torch.arange(tokens.shape[0])  # [chunk]
+        ids = torch.stack(torch.broadcast_tensors(rows[:, None], positions[None, :], tokens[:, positions + 1]),
+                          dim=-1).reshape(-1, 3)  # [chunk * n_pos, (row, position, next token)]
+        for name, running in zip(sites, topk):
+            m = acts[name]  # [chunk, n_pos, d_mlp]
+            running.update(m.reshape(-1, m.shape[-1]).T, ids)  # scores [d_mlp, chunk * n_pos]
+        row_offset += tokens.shape[0]
+    if topk[0].ids is None:
+        raise ValueError("the corpus was empty; pass at least one [rows, pos] batch of tokens.")
+    ids = torch.stack([t.ids for t in topk])  # [layer, d_mlp, k, 3]
+    return TriggerExamples(
+        layers=layers, coefficients=torch.stack([t.values for t in topk]), row=ids[..., 0],
+        position=ids[..., 1], next_token=ids[..., 2], n_prefixes=topk[0].n_seen,
+    )
+
+
+def value_logits(model, layer: int, *, apply_final_norm: bool = False, neurons: torch.Tensor | None = None) -> torch.Tensor:
+    """E v_i for the given neurons (all by default): [n_neurons, d_vocab] (see module doc on the norm)."""
+    values = hooks.mlp_memories(model, layer).values  # [d_mlp, d_model]
+    if neurons is not None:
+        values = values[neurons]
+    if apply_final_norm:
+        ln = model.bridge.ln_final
+        if getattr(model.bridge.cfg, "normalization_type", "LN") in ("LN", "LNPre"):
+            values = values - values.mean(-1, keepdim=True)
+        values = values * ln.weight.detach()
+    return values @ model.bridge.W_U.detach()  # [n_neurons, d_vocab]
+
+
+def value_top_tokens(model, layer: int, *, top_k: int = 5, apply_final_norm: bool = False, block: int = 1024) -> torch.Tensor:
+    """Top tokens of E v_i for every neuron of a layer: [d_mlp, top_k], computed in neuron blocks."""
+    out = []
+    for start in range(0, model.facts.d_mlp, block):
+        neurons = torch.arange(start, min(start + block, model.facts.d_mlp))
+        out.append(value_logits(model, layer, apply_final_norm=apply_final_norm, neurons=neurons).topk(top_k, -1).indices.cpu())
+    return torch.cat(out)  # [d_mlp, top_k]
+
+
+@torch.no_grad()
+def sub_updates_at(model, tokens: torch.Tensor, layer: int, position: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coefficients m [batch, d_mlp] and sub-updates m_i v_i [batch, d_mlp, d_model] at one position.
+
+    Their sum over neurons plus the output bias is the MLP output there.
+    """
+    name = hooks.site("mlp_post", model.check_layer(layer))
+    m = hooks.capture(model, tokens, [name], positions=[position])[name][:, 0]  # [batch, d_mlp]
+    return m, hooks.mlp_memories(model, layer).sub_updates(m)
+
+
+def agreement(triggers: TriggerExamples, value_top: torch.Tensor, seed: int = 0) -> pd.DataFrame:
+    """Per layer: agreement (top trigger), agreement_any (any of the k) and a shuffled baseline.
+
+    value_top: [layer, d_mlp] the top token of each value, layers as in `triggers`.
+    """
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i, layer in enumerate(triggers.layers):
+        nxt = triggers.next_token[i]  # [d_mlp, k]
+        top = value_top[i]  # [d_mlp]
+        shuffled = nxt[torch.randperm(nxt.shape[0], generator=g), 0]  # [d_mlp]
+        rows.append({
+            "layer": layer,
+            "agreement": (top == nxt[:, 0]).float().mean().item(),
+            "agreement_any": (top[:, None] == nxt).any(1).float().mean().item(),
+            "agreement_shuffled": (top == shuffled).float().mean().item(),
+        })
+    return pd.DataFrame(rows)
+
+
+def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5, top_k_tokens: int = 5,
+                     apply_final_norm: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The largest sub-updates at each Task prompt's answer position and the tokens they promote.
+
+    Returns (top, per_neuron): `top` has one row per (example, layer, rank) with the neuron, m_i,
+    ||m_i v_i||, its direct logit on the answer m_i (E v_i)[answer] and the promoted tokens;
+    `per_neuron` has every (layer, neuron) with the mean ||m_i v_i|| and mean m_i over examples.
+    """
+    answers = None if task.answers is None else task.answers.cpu()
+    top_rows, neuron_rows = [], []
+    names = [hooks.site("mlp_post", layer) for layer in layers]
+    with torch.no_grad():
+        acts = hooks.capture(model, task.tokens, names, positions=[-1])
+    for layer, name in zip(layers, names):
+        m = acts[name][:, 0].float().cpu()  # [batch, d_mlp]
+        v_norm = hooks.mlp_memories(model, layer).values.norm(dim=-1).float().cpu()  # [d_mlp]
+        norms = m.abs() * v_norm  # [batch, d_mlp] = ||m_i v_i||
+        order = norms.topk(min(n_top, norms.shape[1]), -1).indices  # [batch, n_top]
+        logits = value_logits(model, layer, apply_final_norm=apply_final_norm, neurons=order.reshape(-1)).float().cpu()
+        logits = logits.reshape(*order.shape, -1) * m.gather(1, order)[..., None]  # [batch, n_top, d_vocab]
+        promoted = logits.topk(top_k_tokens, -1).indices  # [batch, n_top, top_k]
+        for b in range(m.shape[0]):
+            for rank in range(order.shape[1]):
+                neuron = int(order[b, rank])
+                toks = promoted[b, rank]
+                top_rows.append({
+                    "example": b, "layer": layer, "rank": rank, "neuron": neuron,
+                    "coefficient": m[b, neuron].item(), "update_norm": norms[b, neuron].item(),
+                    "answer_logit": logits[b, rank, int(answers[b])].item() if answers is not None else float("nan"),
+                    "promotes_answer": bool(answers is not None and (toks == answers[b]).any()),
+                    "promoted": " ".join(model.to_str_tokens(toks)),
+                })
+        neuron_rows.append(pd.DataFrame({
+            "layer": layer, "neuron": range(m.shape[1]),
+            "task_update_norm": norms.mean(0).numpy(), "task_coefficient": m.mean(0).numpy(),
+        }))
+    return pd.DataFrame(top_rows), pd.concat(neuron_rows, ignore_index=True)
+
+
+def _prefix_text(model, tokens: torch.Tensor, position: int, width: int = 8) -> str:
+    """The last `width` tokens of a prefix, the trigger token in brackets (raw; escape when rendering)."""
+    start = max(0, position - width + 1)
+    words = model.to_str_tokens(tokens[start:position + 1])
+    words[-1] = f"[{words[-1]}]"
+    return ("… " if start > 0 else "") + " ".join(words)
+
+
+def zoo_corpus(model, n_examples: int, seed: int = 0) -> list[torch.Tensor]:
+    """A corpus from the four zoo tasks: each prompt followed by its answer, [n, pos + 1] per task."""
+    from headscope.analyses.core import tasks
+
+    batches = []
+    for i, name in enumerate(tasks.ZOO_TASKS):
+        t = tasks.zoo(model, name, n_examples=n_examples, seed=seed + 1000 * (i + 1))
+        batches.append(torch.cat([t.tokens, t.answers[:, None]], dim=1))  # [n, pos + 1]
+    return batches
+
+
+def mlp_memories_analysis(model, task: Task, corpus: torch.Tensor | Sequence[torch.Tensor],
+                          config: MLPConfig = MLPConfig()) -> Result:
+    """Trigger examples, value tokens, agreement per layer and the Task's largest sub-updates.
+
+    df (results.csv): one row per (layer, neuron). tables: "agreement" (per layer), "top_neurons"
+    (by mean ||m_i v_i|| on the Task, with trigger prompts and promoted tokens; raw strings,
+    escape when rendering), "task_updates" (largest sub-updates per example and layer).
+    """
+    if model.facts.is_encoder:
+        raise ValueError(f"the mlp analysis reads values through the unembedding and next tokens; "
+                         f"{model.facts.name} is an encoder without a trained LM head. Use a decoder.")
+    corpus = [corpus] if isinstance(corpus, torch.Tensor) else list(corpus)
+    layers = tuple(range(model.facts.n_layers))
+    trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
+                            min_position=config.min_position, progress=config.progress)
+    value_top = torch.stack([value_top_tokens(model, layer, top_k=config.top_k_tokens,
+                                              apply_final_norm=config.apply_final_norm) for layer in layers])  # [layer, d_mlp, top_k]
+    agree = agreement(trig, value_top[..., 0])
+    top_updates, per_neuron = task_sub_updates(model, task, layers=layers, n_top=config.n_top_updates,
+                                               top_k_tokens=config.top_k_tokens, apply_final_norm=config.apply_final_norm)
+    strs = lambda ids: model.to_str_tokens(ids)  # noqa: E731
+    df = per_neuron.assign(
+        top_coefficient=trig.coefficients[..., 0].reshape(-1).numpy(),
+        trigger_next=strs(trig.next_token[..., 0].reshape(-1)),
+        value_top=strs(value_top[..., 0].reshape(-1)),
+        agrees=(value_top[..., 0] == trig.next_token[..., 0]).reshape(-1).numpy(),
+        agrees_any=(value_top[..., :1] == trig.next_token).any(-1).reshape(-1).numpy(),
+    )
+    rows = [r for b in corpus for r in b]
+    best = df.nlargest(config.n_top_neurons, "task_update_norm")
+    table = best.assign(
+        value_tokens=[" ".join(strs(value_top[layer, n])) for layer, n in zip(best.layer, best.neuron)],
+        triggers=[" | ".join(_prefix_text(model, rows[int(trig.row[layer, n, j])], int(trig.position[layer, n, j]))
+                             for j in range(min(3, trig.row.shape[-1]))) for layer, n in zip(best.layer, best.neuron)],
+    )
+    summary = {
+        "agreement_per_layer": {str(r.layer): r.agreement for r in agree.itertuples()},
+        "agreement_any_per_layer": {str(r.layer): r.agreement_any for r in agree.itertuples()},
+        "agreement_shuffled_per_layer": {str(r.layer): r.agreement_shuffled for r in agree.itertuples()},
+        "n_prefixes": trig.n_prefixes,
+        "task": task.name,
+        "answer_promoted_fraction": float(top_updates.promotes_answer.mean()) if len(top_updates) else float("nan"),
+        "apply_final_norm": config.apply_final_norm,
+        "gated_mlp": model.facts.gated_mlp,
+    }
+    return Result(name="mlp", df=df, summary=summary,
+                  tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},
+                  config=asdict(config))
+
+
+def run(model, config) -> Result:
+    """`headscope mlp`: triggers over the zoo corpus (all four tasks; other models: the Task's prompts and
+    answers) and sub-updates on config.task (a zoo task or a task file; default "facts": recall from the weights)."""
+    from headscope.analyses.core.task_files import resolve_task
+
+    n = config.n_examples or (16 if config.quick else 128)
+    task = resolve_task(model, config.task, default="facts", n_examples=n, seed=config.seed)
+    try:
+        corpus = zoo_corpus(model, n_examples=n, seed=config.seed)
+    except ValueError:  # not a zoo vocabulary
+        corpus = [torch.cat([task.tokens, task.answers[:, None]], dim=1)]
+    cfg = MLPConfig(progress=config.progress, top_k_triggers=10 if config.quick else 25)
+    result = mlp_memories_analysis(model, task, corpus, cfg)
+    return Result(name=result.name, df=result.df, summary=result.summary, tables=result.tables,
+                  config={**result.config, "seed": config.seed, "n_examples": n, "task": task.name})

@@ -1,0 +1,245 @@
+"""Exact activation patching, batched; and `run`, the `patching` analysis of `headscope report`.
+
+Denoising runs the corrupted prompts and restores one clean activation (is it sufficient?);
+noising runs the clean prompts and inserts one corrupted activation (is it necessary?). Each
+cell of a site type (see patching_sites) is one patched run; the engine stacks many runs per
+forward pass, and the source prompts ride along in the same forward passes as lead rows (so
+no separate source run or cache): a sweep over every requested site type costs a few forward
+passes instead of one per cell (transformer_lens.patching's approach). Values equal the
+one-at-a-time results. For last-position decoder metrics each forward pass resumes at the
+patched block from one captured pass (hooks/resume), skipping the blocks before it.
+
+Result (name "patching"): df has one row per cell: site_type, layer, head, pos, token,
+value (the metric after the patch), effect (value minus the unpatched base run), and with
+attribution=True the attribution-patching estimate `attribution`. summary: metric,
+direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|),
+attribution_correlation (Pearson and Spearman per site type).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
+from headscope.analyses.patching.engine import index_mask, replace_hook, run_batched
+from headscope.analyses.patching.inputs import (
+    Metric,
+    PatchMetric,
+    check_direction,
+    clean_and_corrupted,
+    resolve_metric,
+    token_labels,
+)
+from headscope.analyses.patching.sites import SITE_TYPES, SiteType, cell_frame, site_types
+from headscope.analyses.core.result import Result
+from headscope.hooks.sites import site
+
+DEFAULT_SITES = ("resid_pre", "attn_out", "mlp_out", "head_out")
+TOP_N = 10
+
+
+def exact_sweep(
+    model,
+    base: torch.Tensor,
+    source: torch.Tensor,
+    types: Sequence[SiteType],
+    metric: PatchMetric,
+    *,
+    batch_size: int | None = None,
+    memory_budget: int | None = None,
+    progress: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[list, torch.Tensor]]]:
+    """Patch every cell of every site type from the `source` run into runs on `base` (both [B, pos]).
+
+    One batched sweep for all types: the source prompts ride along as lead rows (their
+    activations are the patch values), plus one unpatched base run for the baseline.
+    Returns (base metric [B], source metric [B], {site type: (cells, metric values [n_cells, B])}).
+    """
+    n_lead = source.shape[0]
+    runs = [None] + [(st, cell) for st in types for cell in st.cells(model, base.shape[1])]
+
+    def hooks_for(chunk: range):
+        groups = defaultdict(list)  # (site type, layer) -> [(run in chunk, index)]
+        for i, run in enumerate(chunk):
+            if runs[run] is not None:
+                st, (layer, head, pos) = runs[run]
+                groups[st.name, layer].append((i, st.index(head, pos)))
+        hooks = []
+        for (name, layer), entries in groups.items():
+            st = SITE_TYPES[name]
+            mask = index_mask(len(chunk), st.row_shape(model, base.shape[1]), entries, model.device)  # [k, ...]
+            if st.writer is None:
+                hooks.append((st.hook(layer), replace_hook(None, mask, lead=n_lead)))
+            else:
+                hooks += _resid_mid_hooks(layer, mask, n_lead)
+        return hooks
+
+    def layer_of(run: int) -> int:  # the first block a run patches (the unpatched run 0 joins run 1)
+        return runs[max(run, 1)][1][0] if len(runs) > 1 else 0
+
+    def pos_of(run: int) -> int | None:  # the position it patches (None: every position)
+        return runs[max(run, 1)][1][2] if len(runs) > 1 else None
+
+    values = run_batched(model, base, len(runs), hooks_for, metric.fn, lead=source, batch_size=batch_size,
+                         memory_budget=memory_budget, progress=progress, stacked_metric=metric.stacked,
+                         desc="patching", layer_of=layer_of if metric.last_position else None, pos_of=pos_of)
+    out, start = {}, 1
+    for st in types:
+        cells = st.cells(model, base.shape[1])
+        out[st.name] = (cells, values[start:start + len(cells)])
+        start += len(cells)
+    return values[0], values[-1], out
+
+
+def _resid_mid_hooks(layer: int, mask: torch.Tensor, n_lead: int):
+    """Set resid_mid (= resid_pre + attn_out) to the lead rows' value at the masked cells by
+    rewriting attn_out to (lead resid_pre + lead attn_out) - this run's resid_pre."""
+    pre: dict[str, torch.Tensor] = {}
+
+    def keep(act: torch.Tensor, hook) -> None:
+        pre["x"] = act  # [B_lead + k * B, pos, d_model]
+
+    def write(act: torch.Tensor, hook) -> torch.Tensor:
+        x = pre["x"]
+        mid = x[:n_lead] + act[:n_lead]  # [B, pos, d_model]: the source run's resid_mid
+        target = mid.unsqueeze(0) - x[n_lead:].view(mask.shape[0], n_lead, *act.shape[1:])  # [k, B, pos, d_model]
+        body = replace_hook(target, mask)(act[n_lead:], hook)
+        return torch.cat([act[:n_lead], body])
+
+    return [(site("resid_pre", layer), keep), (site("attn_out", layer), write)]
+
+
+def activation_patching(
+    model,
+    task,
+    sites: str | Sequence[str] = DEFAULT_SITES,
+    *,
+    direction: str = "denoise",
+    metric: str | Metric | None = None,
+    corrupted_tokens: torch.Tensor | None = None,
+    attribution: bool = False,
+    batch_size: int | None = None,
+    memory_budget: int | None = None,
+    progress: bool = True,
+) -> Result:
+    """Exact activation patching over `sites` (names in patching_sites.SITE_TYPES).
+
+    direction: "denoise" (corrupted run, clean activation restored) or "noise" (clean run,
+    corrupted activation inserted). metric: "logit_diff", "normalized_logit_diff", "logprob",
+    "prob", "task" (the Task's own metric) or a callable output -> [batch]; None picks logit
+    difference when the task has wrong answers. batch_size: patched runs per forward pass
+    (None: sized from memory_budget bytes). attribution=True adds attribution-patching
+    estimates and their correlation with the exact effects.
+    """
+    check_direction(direction)
+    clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
+    pm = resolve_metric(task, metric)
+    types = [st.check(model) for st in site_types(sites)]
+    base, source_tokens = (corrupted, clean) if direction == "denoise" else (clean, corrupted)
+    base_values, source_values, sweeps = exact_sweep(model, base, source_tokens, types, pm, batch_size=batch_size,
+                                                     memory_budget=memory_budget, progress=progress)
+    base_value, source_value = float(base_values.mean()), float(source_values.mean())
+    clean_value, corrupt_value = (source_value, base_value) if direction == "denoise" else (base_value, source_value)
+    baseline = float(pm.finish(base_value, clean_value, corrupt_value))
+    labels = token_labels(model, clean)
+    frames = []
+    for st in types:
+        cells, values = sweeps[st.name]
+        value = pm.finish(values.mean(1).double(), clean_value, corrupt_value).numpy()
+        frames.append(cell_frame(st, cells, labels, value=value, effect=value - baseline))
+    df = pd.concat(frames, ignore_index=True)
+    summary = {
+        "metric": pm.name,
+        "normalized": pm.normalized,
+        "direction": direction,
+        "n_examples": int(clean.shape[0]),
+        "n_positions": int(clean.shape[1]),
+        "clean_metric": float(pm.finish(clean_value, clean_value, corrupt_value)),
+        "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),
+        "baseline": baseline,
+        "top_sites": top_sites(df),
+    }
+    tables = {"exact": df}
+    if attribution:
+        scale = (clean_value - corrupt_value) if pm.normalized else 1.0
+        attr = attribution_table(model, base, source_tokens, types, pm, labels, scale)
+        df, summary["attribution_correlation"] = correlation_with_exact(df, attr)
+        tables = {"exact": df, "attribution": attr}
+    config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}
+    return Result(name="patching", df=df, summary=summary, tables=tables, config=config)
+
+
+def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect") -> dict[str, list[dict]]:
+    """The n cells with the largest |column| per site type, as JSON-ready records."""
+    kinds, score = df["site_type"].to_numpy(), np.abs(df[column].to_numpy(dtype=float))
+    layer, head, pos = (df[c].to_numpy(dtype=float, na_value=np.nan) for c in ("layer", "head", "pos"))
+    token, value = df["token"].to_numpy(), df[column].to_numpy(dtype=float)
+    out = {}
+    for name in pd.unique(kinds):
+        rows = np.flatnonzero(kinds == name)
+        top = rows[np.argsort(-score[rows], kind="stable")[:n]]  # largest first, ties in table order
+        out[str(name)] = [
+            {
+                "layer": int(layer[i]),
+                "head": None if np.isnan(head[i]) else int(head[i]),
+                "pos": None if np.isnan(pos[i]) else int(pos[i]),
+                "token": str(token[i]),
+                column: float(value[i]),
+            }
+            for i in top
+        ]
+    return out
+
+
+FULL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head_out", "head_out_by_pos",
+              "q", "k", "v", "pattern")
+QUICK_SITES = ("resid_pre", "attn_out", "mlp_out", "head_out")
+
+
+def _trace_task(model, task, n_examples: int, seed: int):
+    """The task causal tracing runs on: this one if it marks a subject, else the zoo facts task."""
+    if "subject" in task.spans:
+        return task
+    from headscope.analyses.core.tasks import zoo
+
+    try:
+        return zoo(model, "facts", n_examples=n_examples, seed=seed)
+    except ValueError:  # not a zoo tokenizer: no subject-marked prompts to trace
+        return None
+
+
+def run(model, config) -> Result:
+    """`headscope patching`: exact patching of every site type with attribution estimates
+    (default task: zoo "ioi"), direct-path patching of every head into the logits, and causal
+    tracing on the zoo facts task (or the given task, if it marks a "subject" span).
+    Encoders are skipped with a note (the metrics read next-token answers)."""
+    from headscope.analyses.patching.causal_tracing import causal_tracing
+    from headscope.analyses.patching.path_patching import path_patching
+    from headscope.analyses.core.task_files import resolve_task
+    from headscope.hooks.sites import available_sites
+
+    if model.facts.is_encoder:
+        note = f"{model.facts.name} is an encoder; patching measures next-token answers and needs a decoder."
+        return Result(name="patching", df=pd.DataFrame(), summary={"skipped": note}, config={"seed": config.seed})
+    n = config.n_examples or (8 if config.quick else 32)
+    task = resolve_task(model, config.task, default="ioi", n_examples=n, seed=config.seed)
+    available = set(available_sites(model))
+    names = [name for name in (QUICK_SITES if config.quick else FULL_SITES)
+             if site_types(name)[0].hook(0) in available]
+    result = activation_patching(model, task, names, attribution=True, progress=config.progress)
+    summary, tables = dict(result.summary), dict(result.tables)
+    paths = path_patching(model, task, "logits", direction="denoise", progress=config.progress)
+    summary["path_patching"] = paths.summary
+    tables.update(paths.tables)
+    trace_task = _trace_task(model, task, n, config.seed)
+    if trace_task is not None:
+        trace = causal_tracing(model, trace_task, n_samples=3 if config.quick else 10, seed=config.seed,
+                               progress=config.progress)
+        summary["causal_tracing"] = {**trace.summary, "task": trace_task.name}
+        tables.update(trace.tables)
+    config_out = {**result.config, "seed": config.seed, "n_examples": n, "task": task.name, "quick": config.quick}
+    return Result(name="patching", df=result.df, summary=summary, tables=tables, config=config_out)

@@ -1,0 +1,173 @@
+"""Path patching (Wang et al. 2022, IOI): a sender head's effect along its direct paths only.
+
+A sender head h (layer l) writes r_h = z_h @ W_O[h] into the residual stream. Path patching
+changes that write from its base-run value to its source-run value (delta = r_h,src - r_h,base)
+but lets only chosen receivers see the change:
+
+- receivers = [(layer, head), ...] with component "q", "k" or "v": the receiver's q (or k, v)
+  is recomputed from its own copy of the residual, ln1(resid_pre + delta) @ W + b, while every
+  other head, MLP and the receiver's other inputs read the unchanged residual. Because q is
+  affine in ln1's output, this is q + (ln1(resid + delta) - ln1(resid)) @ W[head], added at
+  hook_q (hook_k / hook_v). Under grouped-query attention a k/v receiver is a KV head.
+- receivers = "logits": delta is added to the final residual (last hook_resid_post) only, the
+  sender's direct effect on the logits.
+
+Design choice: this is the delta-on-receiver-input method in one forward pass per run, not
+Wang et al.'s two-pass freeze; everything between the sender and the receiver (other heads
+and MLPs) is held at its base value, i.e. only the direct edge sender -> receiver is patched,
+and everything downstream of the receivers is recomputed. It equals
+transformer_lens.patching.get_act_patch_direct_path (which adds delta to a per-head fork of the
+residual). Runs are batched by the engine: one run per sender (all receivers jointly) or, with
+per_receiver=True, one per (sender, receiver) pair.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+
+from headscope.analyses.patching.engine import run_batched
+from headscope.analyses.patching.inputs import check_direction, clean_and_corrupted, resolve_metric
+from headscope.analyses.core.result import Result
+from headscope.hooks.capture import capture
+from headscope.hooks.sites import site
+from headscope.errors import IndexOutOfRangeError
+
+COMPONENTS = ("q", "k", "v")
+Head = tuple[int, int]
+
+
+def _weights(attn, component: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    w = {"q": attn.W_Q, "k": attn.W_K, "v": attn.W_V}[component]  # [head or kv_head, d_model, d_head]
+    b = {"q": attn.b_Q, "k": attn.b_K, "v": attn.b_V}[component]
+    return w.detach(), b
+
+
+def _check_receivers(model, receivers, component: str) -> list[Head]:
+    if component not in COMPONENTS:
+        raise ValueError(f"Unknown component {component!r}; path patching reaches a receiver's {COMPONENTS} input.")
+    n = model.facts.n_kv_heads if component in ("k", "v") else model.facts.n_heads
+    out = []
+    for layer, head in receivers:
+        model.check_layer(layer)
+        if not 0 <= head < n:
+            raise IndexOutOfRangeError(f"receiver head {head} is out of range for component {component!r}: "
+                                       f"layer {layer} has {n} {'KV ' if n != model.facts.n_heads else ''}heads.")
+        out.append((layer, head))
+    if not out:
+        raise ValueError("receivers is empty; pass (layer, head) pairs or 'logits'.")
+    return out
+
+
+def path_patching(
+    model,
+    task,
+    receivers: str | Sequence[Head] = "logits",
+    *,
+    senders: Sequence[Head] | None = None,
+    component: str = "q",
+    per_receiver: bool = False,
+    direction: str = "noise",
+    metric: Any = None,
+    corrupted_tokens: torch.Tensor | None = None,
+    batch_size: int | None = None,
+    memory_budget: int | None = None,
+    progress: bool = True,
+) -> Result:
+    """Patch each sender head's output along its direct paths into `receivers`.
+
+    direction "noise" (Wang et al.): clean run, the sender's corrupted output on the paths;
+    "denoise": corrupted run, the clean output. senders: default every head in a layer before
+    the last receiver layer (every head for "logits"). A sender only reaches receivers in
+    later layers. Result df: sender_layer, sender_head, receiver ("logits", "L.H" or "all"),
+    value, effect (value minus the unpatched base run).
+    """
+    check_direction(direction)
+    clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
+    pm = resolve_metric(task, metric)
+    n_layers, n_heads = model.facts.n_layers, model.facts.n_heads
+    to_logits = isinstance(receivers, str)
+    if to_logits and receivers != "logits":
+        raise ValueError(f"receivers must be 'logits' or a list of (layer, head), got {receivers!r}.")
+    recv = [] if to_logits else _check_receivers(model, receivers, component)
+    last = n_layers if to_logits else max(layer for layer, _ in recv)
+    if senders is None:
+        senders = [(layer, h) for layer in range(last) for h in range(n_heads)]
+    for layer, head in senders:
+        model.check_head(layer, head)
+    groups: list[list[Head]] = [[]] if to_logits else ([[r] for r in recv] if per_receiver else [recv])
+    runs = [(s, g) for s in senders for g in groups if to_logits or any(r[0] > s[0] for r in g)]
+    if not runs:
+        raise ValueError("No sender comes before a receiver; senders must sit in earlier layers than receivers.")
+
+    base, source_tokens = (clean, corrupted) if direction == "noise" else (corrupted, clean)
+    z_names = [site("z", layer) for layer in sorted({s[0] for s in senders})]
+    src = capture(model, source_tokens, z_names)
+    ref = capture(model, base, z_names)
+    w_o = {layer: model.bridge.blocks[layer].attn.W_O.detach() for layer, _ in senders}  # [head, d_head, d_model]
+
+    def delta(layer: int, head: int) -> torch.Tensor:  # [B, pos, d_model]
+        dz = src[site("z", layer)][:, :, head] - ref[site("z", layer)][:, :, head]
+        return dz @ w_o[layer][head].to(dz.dtype)
+
+    recv_layers = sorted({r[0] for r in recv})
+    weights = {layer: _weights(model.bridge.blocks[layer].attn, component) for layer in recv_layers}
+
+    def hooks_for(chunk: range):
+        k = len(chunk)
+        deltas = torch.stack([delta(*runs[r][0]) for r in chunk])  # [k, B, pos, d_model]
+        if to_logits:
+            def add(act: torch.Tensor, hook: Any) -> torch.Tensor:
+                return (act.view(k, -1, *act.shape[1:]) + deltas.to(act.dtype)).reshape(act.shape)
+            return [(site("resid_post", n_layers - 1), add)]
+        hooks, resid = [], {}
+        for layer in recv_layers:
+            gate = torch.zeros(k, weights[layer][0].shape[0], device=deltas.device)  # [k, head]: 1 where run k patches it
+            for i, r in enumerate(chunk):
+                sender, group = runs[r]
+                for rl, rh in group:
+                    if rl == layer and sender[0] < layer:
+                        gate[i, rh] = 1.0
+            if not gate.any():
+                continue
+
+            def keep(act: torch.Tensor, hook: Any, layer: int = layer) -> None:
+                resid[layer] = act
+
+            def shift(act: torch.Tensor, hook: Any, layer: int = layer, gate: torch.Tensor = gate) -> torch.Tensor:
+                x = resid[layer]  # [k * B, pos, d_model]
+                ln1 = model.bridge.blocks[layer].ln1
+                moved = ln1(x + deltas.reshape(x.shape).to(x.dtype)) - ln1(x)  # [k * B, pos, d_model]
+                w = weights[layer][0]  # [head, d_model, d_head]
+                change = torch.einsum("bpm,hmd->bphd", moved, w.to(moved.dtype))  # [k * B, pos, head, d_head]
+                change = change.view(k, -1, *change.shape[1:]) * gate.to(change.dtype)[:, None, None, :, None]
+                return act + change.reshape(act.shape)
+
+            hooks += [(site("resid_pre", layer), keep), (site(component, layer), shift)]
+        return hooks
+
+    values = run_batched(model, base, len(runs), hooks_for, pm.fn, batch_size=batch_size,
+                         memory_budget=memory_budget, progress=progress, stacked_metric=pm.stacked, desc="path patching")
+    with torch.no_grad():
+        clean_value, corrupt_value = float(pm.fn(model(clean)).mean()), float(pm.fn(model(corrupted)).mean())
+    base_value = clean_value if direction == "noise" else corrupt_value
+    baseline = float(pm.finish(base_value, clean_value, corrupt_value))
+    value = pm.finish(values.mean(1).double(), clean_value, corrupt_value).numpy()
+    df = pd.DataFrame({
+        "sender_layer": [s[0] for s, _ in runs],
+        "sender_head": [s[1] for s, _ in runs],
+        "receiver": ["logits" if to_logits else (f"{g[0][0]}.{g[0][1]}" if len(g) == 1 else "all") for _, g in runs],
+        "component": "resid" if to_logits else component,
+        "value": value,
+        "effect": value - baseline,
+    })
+    top = df.reindex(df["effect"].abs().sort_values(ascending=False).index).head(10)
+    summary = {
+        "metric": pm.name, "direction": direction, "baseline": baseline,
+        "receivers": "logits" if to_logits else [list(r) for r in recv], "component": component,
+        "top_paths": [{"sender": [int(r.sender_layer), int(r.sender_head)], "receiver": str(r.receiver),
+                       "effect": float(r.effect)} for r in top.itertuples()],
+    }
+    return Result(name="patching", df=df, summary=summary, tables={"path_patching": df},
+                  config={"component": component, "direction": direction, "per_receiver": per_receiver})

@@ -1,0 +1,137 @@
+"""Patching site types: which hook point each one patches and which cells it sweeps.
+
+    resid_pre, resid_mid, resid_post,   (layer, pos)        blocks.L.hook_<kind>
+    attn_out, mlp_out
+    head_out                            (layer, head)       blocks.L.attn.hook_z, all positions
+    head_out_by_pos                     (layer, head, pos)  blocks.L.attn.hook_z
+    q                                   (layer, head)       blocks.L.attn.hook_q, all positions
+    k, v                                (layer, kv_head)    hook_k / hook_v (n_kv_heads under GQA)
+    pattern                             (layer, head)       blocks.L.attn.hook_pattern, all queries
+
+A head's output is z_h @ W_O[h], so patching z_h patches exactly that head's output.
+
+resid_mid: TransformerLens 4.3's bridge aliases hook_resid_mid to ln2.hook_in, so a patch there
+changes only the MLP's input, not the residual stream that skips the MLP (and
+transformer_lens.patching.get_act_patch_resid_mid inherits this). headscope patches the
+residual stream itself: resid_mid = resid_pre + attn_out, so the attention output is rewritten
+to (source resid_mid - this run's resid_pre) at the patched cells (`writer`).
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from headscope.hooks.sites import SITES, check_site, site
+from headscope.errors import SiteError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteType:
+    name: str
+    kind: str  # the hooks.SITES kind of the activation patched (what the source run provides)
+    by_head: bool
+    by_pos: bool
+    writer: str | None = None  # patched by rewriting this site kind instead (resid_mid: attn_out)
+
+    @property
+    def head_axis(self) -> int | None:
+        """The head axis of one row of the activation (batch dropped)."""
+        dim = SITES[self.kind].head_dim
+        return None if dim is None else dim - 1
+
+    @property
+    def pos_axis(self) -> int:
+        return SITES[self.kind].pos_dim - 1
+
+    def hook(self, layer: int) -> str:
+        return site(self.kind, layer)
+
+    def write_hook(self, layer: int) -> str:
+        """The hook point whose output is rewritten (and whose gradient is the site's gradient)."""
+        return site(self.writer or self.kind, layer)
+
+    def n_heads(self, model) -> int:
+        return model.facts.n_kv_heads if self.kind in ("k", "v") else model.facts.n_heads
+
+    def row_shape(self, model, n_pos: int) -> tuple[int, ...]:
+        """Shape of one row of the activation (batch dropped)."""
+        f = model.facts
+        if self.kind == "pattern":
+            return (f.n_heads, n_pos, n_pos)
+        if self.by_head:
+            return (n_pos, self.n_heads(model), f.d_head)
+        return (n_pos, f.d_model)
+
+    def check(self, model) -> "SiteType":
+        """Raise SiteError if this model never computes the hook points this site type needs."""
+        for layer in range(model.facts.n_layers):
+            check_site(model, self.hook(layer))
+            check_site(model, self.write_hook(layer))
+        return self
+
+    def cells(self, model, n_pos: int) -> list[tuple[int, int | None, int | None]]:
+        """Every (layer, head or None, pos or None) this site type sweeps: layer, then pos, then head."""
+        heads = range(self.n_heads(model)) if self.by_head else [None]
+        positions = range(n_pos) if self.by_pos else [None]
+        return [(layer, h, p) for layer in range(model.facts.n_layers) for p in positions for h in heads]
+
+    def index(self, head: int | None, pos: int | None) -> dict[int, int | None]:
+        """{axis of one activation row: index} selecting one cell (engine.index_mask's format)."""
+        idx: dict[int, int | None] = {}
+        if self.by_pos:
+            idx[self.pos_axis] = pos
+        if self.by_head:
+            idx[self.head_axis] = head
+        return idx
+
+
+def _resid(name: str) -> SiteType:
+    return SiteType(name=name, kind=name, by_head=False, by_pos=True)
+
+
+SITE_TYPES: dict[str, SiteType] = {
+    **{n: _resid(n) for n in ("resid_pre", "resid_post", "attn_out", "mlp_out")},
+    "resid_mid": SiteType(name="resid_mid", kind="resid_mid", by_head=False, by_pos=True, writer="attn_out"),
+    "head_out": SiteType(name="head_out", kind="z", by_head=True, by_pos=False),
+    "head_out_by_pos": SiteType(name="head_out_by_pos", kind="z", by_head=True, by_pos=True),
+    **{n: SiteType(name=n, kind=n, by_head=True, by_pos=False) for n in ("q", "k", "v", "pattern")},
+}
+
+
+def site_types(sites) -> list[SiteType]:
+    """Look up site type names; unknown names get a SiteError with the closest valid names."""
+    names = [sites] if isinstance(sites, str) else list(sites)
+    if not names:
+        raise ValueError(f"sites is empty; pass some of {', '.join(SITE_TYPES)}.")
+    for name in names:
+        if name not in SITE_TYPES:
+            close = difflib.get_close_matches(str(name), list(SITE_TYPES), n=3, cutoff=0.5)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise SiteError(f"Unknown patching site {name!r}.{hint} Valid sites: {', '.join(SITE_TYPES)}.")
+    return [SITE_TYPES[n] for n in dict.fromkeys(names)]
+
+
+def cell_frame(
+    st: SiteType,
+    cells: list[tuple[int, int | None, int | None]],
+    labels: list[str],
+    **values: np.ndarray,
+) -> pd.DataFrame:
+    """Tidy rows for a site type's cells: site_type, layer, head, pos, token, then `values` columns.
+
+    head and pos are nullable ints (missing where the site sweeps all heads or all positions).
+    """
+    layer, head, pos = zip(*cells) if cells else ((), (), ())
+    frame = pd.DataFrame({
+        "site_type": st.name,
+        "layer": np.asarray(layer, dtype=int),
+        "head": pd.array(head, dtype="Int64"),
+        "pos": pd.array(pos, dtype="Int64"),
+        "token": [labels[p] if p is not None else "all" for p in pos],
+    })
+    for column, array in values.items():
+        frame[column] = np.asarray(array, dtype=float)
+    return frame

@@ -1,0 +1,224 @@
+"""The `position` analysis: lost in the middle, attention sinks, and where attention goes.
+
+Liu et al. 2023: move the gold item (key-value pair, document, sentence) over a grid of slots
+while everything else stays fixed, and measure the answer at each slot: accuracy (greedy output
+contains the gold value), answer log-probability and rank, each with a bootstrap 95% interval;
+a U-shaped curve is the "lost in the middle" effect. Mechanism: per layer and head, the
+attention mass from the answer position onto the gold span at each slot; heads whose mass
+tracks the answer across rows are flagged as retrieval heads. Xiao et al. 2023: per layer, the
+mass on the first n_sink tokens against the uniform baseline, and the metric when every layer
+keeps only the sinks + a recent window versus the window alone. Encoders (MiniLM): the cosine
+similarity of query and passage with the relevant sentence at each slot.
+
+Result tables: df (one row per example x position: the metrics), "curve" (metric, position,
+mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass),
+"sinks" (layer, sink_mass, baseline), "heads" (layer, head, mean_mass, corr_*, retrieval).
+summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
+slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline, retrieval_heads,
+streaming (metric means under full / sinks+window / window attention).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+
+from headscope.analyses.position import prompts
+from headscope.analyses.position.prompts import PositionSweep
+from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, run_encoder_sweeps
+from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
+from headscope.analyses.core.result import Result
+from headscope.analyses.position.sinks import uniform_baseline
+
+TASKS = ("zoo_kv", "json_kv", "qa", "retrieval")
+DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionConfig:
+    """Settings of the position sweep.
+
+    task: "zoo_kv" (zoo models), "json_kv" (Liu et al.'s UUID key-value retrieval), "qa"
+      (multi-document QA over `data`, a JSONL file), "retrieval" (encoders; `data` or the shipped
+      set); "auto" picks zoo_kv / json_kv / retrieval from the model.
+    n_items: pairs, documents or sentences including the gold one (None: 20; 10 for qa; every
+      shipped distractor + 1 for retrieval). positions: 1-based gold slots (None: 1 and the quarters).
+    n_sink: first tokens counted as sinks (None: 1, the <bos>, for zoo_kv; 4 otherwise, as StreamingLLM).
+    window: recent window of the StreamingLLM masks (None: half the prompt; 0: no masked runs).
+    batch_size: rows per forward pass (None: all positions of an example together, examples of equal
+      length packed up to 64 rows a pass).
+    generate: greedy decoding for accuracy (None: only for multi-token answers).
+    """
+
+    task: str = "auto"
+    n_items: int | None = None
+    positions: tuple[int, ...] | None = None
+    n_examples: int = 32
+    seed: int = 0
+    query_aware: bool = False
+    data: str | None = None
+    n_sink: int | None = None
+    window: int | None = None
+    batch_size: int | None = None
+    generate: bool | None = None
+    n_boot: int = 1000
+    progress: bool = True
+
+
+def has_zoo_vocab(tokenizer: Any) -> bool:
+    return all(w in tokenizer.get_vocab() for w in ("<bos>", "k00", "v00", ";"))
+
+
+def resolve_task(model: Any, task: str) -> str:
+    if task == "auto":
+        if model.facts.is_encoder:
+            return "retrieval"
+        return "zoo_kv" if has_zoo_vocab(model.tokenizer) else "json_kv"
+    if task not in TASKS:
+        raise ValueError(f"unknown position task {task!r}; use one of {('auto', *TASKS)}.")
+    if (task == "retrieval") != model.facts.is_encoder:
+        kind = "an encoder" if model.facts.is_encoder else "a decoder"
+        raise ValueError(f"task {task!r} does not fit {model.facts.name}, {kind}; use 'retrieval' for encoders and a kv or qa task for decoders.")
+    return task
+
+
+def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
+    """The default sweeps of `config.task` for this model's tokenizer."""
+    task, tok, cfg = resolve_task(model, config.task), model.tokenizer, config
+    common = dict(positions=cfg.positions, seed=cfg.seed, query_aware=cfg.query_aware)
+    if task == "zoo_kv":
+        return prompts.zoo_kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=cfg.n_examples, **common)
+    if task == "json_kv":
+        return prompts.kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=cfg.n_examples, **common)
+    if task == "qa":
+        if cfg.data is None:
+            raise ValueError("task 'qa' needs data= a JSONL file of multi-document QA records (see load_qa_records).")
+        records = prompts.load_qa_records(cfg.data)[: cfg.n_examples]
+        return prompts.qa_sweeps(tok, records, n_docs=cfg.n_items or 10, **common)
+    records = prompts.load_retrieval_records(cfg.data)[: cfg.n_examples]
+    n_distractors = None if cfg.n_items is None else cfg.n_items - 1
+    return prompts.retrieval_sweeps(tok, records, n_distractors=n_distractors, positions=cfg.positions)
+
+
+def _frames(sweeps: Sequence[PositionSweep], outs: Sequence[SweepOutput]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Tidy observations (example, position, metrics), masked observations and gold-mass rows."""
+    obs, masked, gold = [], [], []
+    for ex, (sw, out) in enumerate(zip(sweeps, outs)):
+        for i, pos in enumerate(sw.positions):
+            obs.append({"example": ex, "position": pos, **{k: float(v[i]) for k, v in out.metrics.items()}})
+            for cond, metrics in out.masked.items():
+                masked.append({"condition": cond, "example": ex, "position": pos, **{k: float(v[i]) for k, v in metrics.items()}})
+            n_layers, n_heads = out.gold_mass.shape[1:]
+            gold += [{"example": ex, "position": pos, "layer": layer, "head": head, "mass": float(out.gold_mass[i, layer, head])}
+                     for layer in range(n_layers) for head in range(n_heads)]
+    obs_df, masked_df = pd.DataFrame(obs), pd.DataFrame(masked)
+    for df in (obs_df, masked_df):
+        if "logprob" in df:
+            df.insert(df.columns.get_loc("logprob"), "probability", df["logprob"].map(math.exp))
+    return obs_df, masked_df, pd.DataFrame(gold)
+
+
+def _window(cfg: PositionConfig, prompt_len: int) -> int | None:
+    """The StreamingLLM window for a prompt length: cfg.window, half the prompt when None, no masks when 0."""
+    return prompt_len // 2 if cfg.window is None else (cfg.window or None)
+
+
+def _clean(x: Any) -> Any:
+    """NaN -> None so that summary.json stays valid JSON."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def position_bias(model: Any, sweeps: Sequence[PositionSweep] | None = None, *, config: PositionConfig | None = None) -> Result:
+    """Run the sweep (default: built from `config`) and return the position Result (module docstring)."""
+    cfg = config or PositionConfig()
+    encoder = model.facts.is_encoder
+    task = resolve_task(model, cfg.task) if sweeps is None else ("retrieval" if encoder else "custom")
+    sweeps = build_sweeps(model, cfg) if sweeps is None else list(sweeps)
+    if not sweeps:
+        raise ValueError("position_bias got no sweeps; pass n_examples >= 1 or a non-empty list of PositionSweep.")
+    n_sink = cfg.n_sink or (1 if task == "zoo_kv" else 4)
+    if encoder:
+        outs = run_encoder_sweeps(model, sweeps, n_sink=n_sink, batch_size=cfg.batch_size, progress=cfg.progress)
+    else:
+        outs = run_decoder_sweeps(model, sweeps, n_sink=n_sink, window=lambda n: _window(cfg, n), batch_size=cfg.batch_size,
+                                  generate=cfg.generate, progress=cfg.progress)
+    obs, masked, gold = _frames(sweeps, outs)
+    metrics = ("cosine",) if encoder else DECODER_METRICS
+    curve = [curve_table(obs, metrics, n_boot=cfg.n_boot, seed=cfg.seed)]
+    for cond, group in (masked.groupby("condition", sort=False) if len(masked) else ()):
+        curve.append(curve_table(group, [m for m in metrics if m in group], n_boot=cfg.n_boot, seed=cfg.seed, condition=cond))
+    curve_df = pd.concat(curve, ignore_index=True)
+
+    gold_attention = gold.groupby(["layer", "head", "position"], as_index=False)["mass"].mean()
+    sink_by_layer = [float(x) for x in _layer_means([o.sink_mass for o in outs])]
+    baseline = sum(uniform_baseline(sw.prompt_len, n_sink, causal=not encoder) for sw in sweeps) / len(sweeps)
+    sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer, "baseline": baseline})
+    span_share = float(sum(float((sw.gold_spans[:, 1] - sw.gold_spans[:, 0]).float().mean()) / sw.prompt_len for sw in sweeps) / len(sweeps))
+    track = ("cosine",) if encoder else ("accuracy", "logprob")
+    heads, tracked = head_tracking(gold, obs, metrics=track, span_share=span_share)
+
+    full = curve_df[curve_df["condition"] == "full"]
+    per_pos = {m: {str(p): _clean(v) for p, v in zip(g["position"], g["mean"])} for m, g in full.groupby("metric", sort=False)}
+    ci = {m: {str(p): [_clean(lo), _clean(hi)] for p, lo, hi in zip(g["position"], g["ci_low"], g["ci_high"])}
+          for m, g in full.groupby("metric", sort=False)}
+    ratio_metrics = ("cosine",) if encoder else ("accuracy", "probability")
+    ratios = {m: middle_to_ends({int(p): v for p, v in per_pos[m].items()}) for m in ratio_metrics}
+    retrieval = heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False)
+    summary = {
+        "task": task,
+        "n_examples": len(sweeps),
+        "n_items": sweeps[0].n_items,
+        "positions": list(sweeps[0].positions),
+        "primary_metric": ratio_metrics[0],
+        "metric_per_position": per_pos,
+        "ci_per_position": ci,
+        "ratio_middle_to_ends": {k: _clean(v) for k, v in ratios.items()},
+        "sink_mass_per_layer": sink_by_layer,
+        "sink_uniform_baseline": baseline,
+        "n_sink": n_sink,
+        "retrieval_heads": [[int(r.layer), int(r.head)] for r in retrieval.itertuples()],
+        "retrieval_tracked_metric": tracked,
+        "query_aware": cfg.query_aware,
+    }
+    if len(masked):
+        windows = sorted({_window(cfg, sw.prompt_len) for sw in sweeps})
+        summary["streaming"] = {
+            "window": windows[0] if len(windows) == 1 else windows,
+            **{m: {"full": _clean(float(obs[m].mean())), **{c: _clean(float(g[m].mean())) for c, g in masked.groupby("condition")}}
+               for m in ("logprob", "exact")},
+        }
+    return Result(
+        name="position", df=obs, summary=summary,
+        tables={"curve": curve_df, "gold_attention": gold_attention, "sinks": sinks, "heads": heads, "masked": masked},
+        config={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}, "task": task, "n_sink": n_sink},
+    )
+
+
+def _layer_means(parts: Sequence[Any]) -> list[float]:
+    """Mean over rows and heads of [n_pos, layer, head] tensors from every sweep -> per layer."""
+    return torch.cat(list(parts)).mean((0, 2)).tolist()
+
+
+def run(model: Any, config: Any) -> Result:
+    """Registry entry point: the default sweep for the model (zoo kv, Liu kv or encoder retrieval)."""
+    task = "auto"
+    if config.task is not None:
+        if config.task == "kv":
+            task = "zoo_kv" if has_zoo_vocab(model.tokenizer) else "json_kv"
+        elif config.task in TASKS:
+            task = config.task
+        elif Path(config.task).suffix in (".jsonl", ".json"):
+            task = "retrieval" if model.facts.is_encoder else "qa"
+        else:
+            raise ValueError(f"the position analysis runs on 'kv', one of {TASKS} or a JSONL file, not {config.task!r}.")
+    n_examples = config.n_examples or (8 if config.quick else 32)
+    cfg = PositionConfig(task=task, n_examples=n_examples, seed=config.seed, progress=config.progress,
+                         data=config.task if task in ("qa", "retrieval") and config.task not in TASKS else None,
+                         n_boot=200 if config.quick else 1000)
+    if config.quick and task == "json_kv":
+        cfg = replace(cfg, n_items=10)
+    return position_bias(model, config=cfg)

@@ -1,0 +1,153 @@
+"""Linear probes per layer: what is linearly decodable where (the `probes` analysis).
+
+`probe_sweep` captures one site at every layer in one forward pass, fits a cross-validated
+probe per layer (LogisticProbe for class labels -> accuracy, RidgeProbe for numbers -> R^2) on
+the real labels and on Hewitt & Liang's control task (a random label per word type, the type
+being the token at the probed position), and reports both and their difference, selectivity.
+
+Labels come from the Task (`task_labels`):
+- "query_pair": which of the context's pairs is queried (the start of span "gold"; zoo kv);
+- "span:<name>": the identity of the tokens in span <name> ("span:query" is the queried key,
+  "span:subject" the facts subject);
+- "span_start:<name>": where span <name> starts;
+- "answer": the answer token (e.g. the subject's attribute in facts);
+- "position": each token's position, probed at every position (regression);
+- or an array of one label per example.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+import headscope.hooks as hooks
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import Task
+from headscope.probes import LogisticProbe, RidgeProbe, selectivity
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeData:
+    """Per-example labels and control types, and which positions to read."""
+
+    labels: np.ndarray  # [n] (examples x positions when all_positions)
+    types: np.ndarray  # [n] word type per example (token id at the probed position)
+    kind: str  # "classification" or "regression"
+    all_positions: bool  # True: every position of every prompt is one example
+
+
+def _class_ids(rows: torch.Tensor) -> np.ndarray:
+    """Equal rows -> equal class id: [n, ...] -> [n]."""
+    return torch.unique(rows.reshape(rows.shape[0], -1), dim=0, return_inverse=True)[1].numpy()
+
+
+def task_labels(task: Task, labels: str | Sequence, position: int = -1) -> ProbeData:
+    """Labels, control types and the probe kind for a Task (see the module doc for label names)."""
+    tokens = task.tokens.cpu()  # [batch, pos]
+    if not isinstance(labels, str):
+        arr = np.asarray(labels)
+        if arr.shape[0] != len(task):
+            raise ValueError(f"got {arr.shape[0]} labels for a Task of {len(task)} prompts; pass one label per prompt.")
+        kind = "regression" if np.issubdtype(arr.dtype, np.floating) else "classification"
+        return ProbeData(labels=arr, types=tokens[:, position].numpy(), kind=kind, all_positions=False)
+    if labels == "position":
+        pos = torch.arange(tokens.shape[1]).expand_as(tokens)  # [batch, pos]
+        return ProbeData(labels=pos.reshape(-1).numpy().astype(float), types=tokens.reshape(-1).numpy(),
+                         kind="regression", all_positions=True)
+    if labels == "answer":
+        if task.answers is None:
+            raise ValueError(f"Task {task.name!r} has no answers; choose another label.")
+        y = task.answers.cpu().numpy()
+    else:
+        kind, _, name = labels.partition(":")
+        if labels == "query_pair":
+            kind, name = "span_start", "gold"
+        if kind not in ("span", "span_start") or name not in task.spans:
+            raise ValueError(
+                f"unknown probe labels {labels!r} for Task {task.name!r}; use 'query_pair', 'answer', 'position', "
+                f"or 'span:<name>' / 'span_start:<name>' with a span of {sorted(task.spans)}.")
+        span = task.spans[name].cpu()  # [batch, 2]
+        if kind == "span_start":
+            y = _class_ids(span[:, :1])
+        else:
+            width = int((span[:, 1] - span[:, 0]).max())
+            idx = (span[:, :1] + torch.arange(width)).clamp(max=tokens.shape[1] - 1)  # [batch, width]
+            y = _class_ids(tokens.gather(1, idx))
+    return ProbeData(labels=y, types=tokens[:, position].numpy(), kind="classification", all_positions=False)
+
+
+@torch.no_grad()
+def probe_sweep(
+    model, data: Task | torch.Tensor, site: str = "resid_post", labels: str | Sequence = "query_pair", *,
+    position: int = -1, layers: Sequence[int] | None = None, cv: int = 5, seed: int = 0,
+    C: float = 1.0, alpha: float = 1.0, progress: bool = False,
+) -> Result:
+    """Probe accuracy (or R^2) and selectivity per layer at `site` (a site kind, e.g. "resid_post").
+
+    data: a Task, or a [batch, pos] token tensor with labels an array (or "position").
+    df: one row per (layer, fold, task in {"real", "control"}) with the score. tables["per_layer"]:
+    score, control and selectivity per layer. summary: best layer and its numbers.
+    """
+    task = data if isinstance(data, Task) else Task(name="tokens", tokens=data, metric="cosine")
+    probe_data = task_labels(task, labels, position)
+    layers = list(range(model.facts.n_layers) if layers is None else (model.check_layer(layer) for layer in layers))
+    names = [hooks.site(site, layer) for layer in layers]
+    kw = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
+    acts = hooks.capture(model, task.tokens, names, positions=None if probe_data.all_positions else [position],
+                         to_cpu=True, **kw)
+    labels_arr, types = probe_data.labels, probe_data.types
+    real = None  # all-position probes skip padding
+    if probe_data.all_positions and task.attention_mask is not None:
+        real = task.attention_mask.cpu().reshape(-1).bool().numpy()  # [batch * pos]
+        labels_arr, types = labels_arr[real], types[real]
+    estimator = LogisticProbe(C=C) if probe_data.kind == "classification" else RidgeProbe(alpha=alpha)
+    score_name = "accuracy" if probe_data.kind == "classification" else "r2"
+    rows, per_layer = [], []
+    for layer, name in tqdm(list(zip(layers, names)), desc="probes", disable=not progress):
+        X = acts[name].float().reshape(-1, acts[name].shape[-1]).numpy()  # [n, d_model]
+        X = X if real is None else X[real]
+        with warnings.catch_warnings():  # many classes over few examples is expected here (e.g. 64 values)
+            warnings.filterwarnings("ignore", message="The number of unique classes is greater than 50%")
+            res = selectivity(estimator, X, labels_arr, types, cv=cv, seed=seed)
+        for which in ("score", "control"):
+            rows += [{"layer": layer, "fold": i, "task": "real" if which == "score" else "control", "score": float(s)}
+                     for i, s in enumerate(res[which])]
+        per_layer.append({"layer": layer, score_name: float(res["score"].mean()), "control": float(res["control"].mean()),
+                          "selectivity": res["selectivity"], "std": float(res["score"].std())})
+    table = pd.DataFrame(per_layer)
+    best = table.loc[table[score_name].idxmax()]
+    _, counts = np.unique(labels_arr, return_counts=True)
+    summary = {
+        "labels": labels if isinstance(labels, str) else "custom", "site": site, "metric": score_name,
+        "best_layer": int(best.layer), f"best_{score_name}": float(best[score_name]),
+        "best_control": float(best.control), "best_selectivity": float(best.selectivity),
+        "majority_baseline": float(counts.max() / counts.sum()) if probe_data.kind == "classification" else None,
+        f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},
+        "selectivity_per_layer": {str(int(r.layer)): float(r.selectivity) for _, r in table.iterrows()},
+        "n_examples": int(labels_arr.shape[0]), "n_classes": int(len(counts)) if probe_data.kind == "classification" else None,
+    }
+    return Result(name="probes", df=pd.DataFrame(rows), summary=summary, tables={"per_layer": table},
+                  config={"site": site, "labels": summary["labels"], "position": position, "cv": cv, "seed": seed,
+                          "C": C, "alpha": alpha, "task": task.name})
+
+
+def run(model, config) -> Result:
+    """`headscope probes`: the answer a zoo Task's prompt retrieves (kv: the queried key's value), read at
+    the answer position, per layer (also for task files); encoders: token position over the shipped
+    sentences. (The queried key itself is the input token there, so its control task is as easy as
+    the real one: selectivity 0 by construction; "span:query" shows it.)"""
+    from headscope.analyses.heads.analysis import sentence_task
+    from headscope.analyses.core.task_files import resolve_task
+
+    n = config.n_examples or (64 if config.quick else 256)
+    cv = 3 if config.quick else 5
+    if model.facts.is_encoder and config.task is None:
+        return probe_sweep(model, sentence_task(model, n, config.seed), "resid_post", "position",
+                           cv=cv, seed=config.seed, progress=config.progress)
+    task = resolve_task(model, config.task, default="kv", n_examples=n, seed=config.seed)
+    return probe_sweep(model, task, "resid_post", "answer", cv=cv, seed=config.seed, progress=config.progress)

@@ -1,0 +1,463 @@
+"""Resume a decoder's forward pass at block l from a captured run, skipping blocks 0..l-1.
+
+An edit at block l or later (a patched activation, an ablated head) cannot change the residual
+stream into block l, so a sweep of such edits needs blocks l..L-1 only. `capture` records, in
+one forward pass, each block's input (before its hook_resid_pre) and the other arguments Hugging
+Face passed it (causal mask, rotary tables, the KV cache it filled); `resume` re-enters at block
+l for any rows of that batch, in any number and order: the per-row arguments are gathered to
+the new rows, so stacked copies work too. Hooks passed to `resume` fire in the resumed blocks as
+in a full pass, except where a saving below skips them. Savings, all for decoder metrics that
+read only the last position:
+- the last block's MLP runs at the last position only (its input is cut there), and so do the
+  final norm and the unembedding; hooks on the last block's MLP side then see one position;
+- an edit of block l's per-head z can enter as the attention output o(z'): block l's attention
+  is not recomputed (pre-norm blocks; parallel ones such as GPT-NeoX's add their MLP of the
+  block's input);
+- an edit that leaves positions before p unchanged runs positions p.. only, attending to the
+  captured keys and values before p (`from_pos`);
+- blocks no hook looks at run hook-free (hooks/fast_blocks: Llama-style, GPT-2, GPT-NeoX), the
+  last one attending from the last query only.
+`last_logits` runs a whole pass through the hook-free blocks for a last-position metric,
+differentiably, with an optional edit of each block's z.
+`supports` checks once per model that resuming reproduces a plain forward pass, and which
+savings do; callers keep the full pass where it does not (encoders, unusual blocks) and while
+other hooks are attached to the model (an outer hs.ablate or hs.patch context).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+
+from headscope.execution import fast_blocks
+from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
+from headscope.execution.rows import take
+from headscope.hooks.sites import site, split_block
+
+log = logging.getLogger(__name__)
+HookList = Sequence[tuple[str, Callable[..., Any]]]
+_SUPPORT: "weakref.WeakKeyDictionary[Any, Support]" = weakref.WeakKeyDictionary()
+_FAST: "weakref.WeakKeyDictionary[Any, list | None]" = weakref.WeakKeyDictionary()  # model -> fast_blocks.plan
+_CHECK_TOL = 1e-4  # relative to the logits' scale (float32; half precision gets 8 eps of its dtype)
+
+
+@dataclass
+class Checkpoint:
+    """What `capture` recorded for a batch of `rows` prompts."""
+
+    resid: list[torch.Tensor]  # per block: its input [rows, pos, d_model], before its hook_resid_pre
+    calls: list[tuple[tuple, dict]]  # per block: its other positional arguments and keyword arguments
+    logits: torch.Tensor  # [rows, d_vocab] at the last position
+    z: dict[int, torch.Tensor]  # block -> z [rows, pos, head, d_head] before the capture's own hooks
+    kv: Any = None  # the Hugging Face cache the pass filled (every block's K and V), if any
+
+    @property
+    def rows(self) -> int:
+        return self.logits.shape[0]
+
+
+def _with_cache(args: tuple, kwargs: dict, cache: Any) -> tuple[tuple, dict]:
+    """The call's arguments with its KV cache swapped for `cache` (None: a resumed block must not
+    append to the captured one)."""
+    from transformers.cache_utils import Cache
+
+    args = tuple(cache if isinstance(v, Cache) else v for v in args)
+    kwargs = {k: (cache if isinstance(v, Cache) else v) for k, v in kwargs.items()}
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = cache is not None
+    return args, kwargs
+
+
+def _cache_of(args: tuple, kwargs: dict) -> Any:
+    from transformers.cache_utils import Cache
+
+    return next((v for v in (*args, *kwargs.values()) if isinstance(v, Cache)), None)
+
+
+def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequence[int] = (),
+            attention_mask: torch.Tensor | None = None, fast: bool | None = None) -> Checkpoint:
+    """One forward pass of `tokens` [rows, pos] under hooks `fwd`, recording every block's input
+    (before its hook_resid_pre) and call arguments, the last-position logits, and z (taken
+    before `fwd` edits it) at z_layers. fast: without hooks, run the blocks hook-free
+    (hooks/fast_blocks; None: when supports(model).fast_capture and no hooks are attached)."""
+    if model.facts.is_encoder:
+        raise ValueError("resume works on decoders only (encoder metrics read every position).")
+    if fast is None:
+        fast = model in _SUPPORT and _SUPPORT[model].fast_capture and not model.n_active_hooks()
+    if fast and not fwd:
+        ckpt = _capture_fast(model, tokens, z_layers, attention_mask)
+        if ckpt is not None:
+            return ckpt
+    n_layers = model.facts.n_layers
+    calls: list[Any] = [None] * n_layers
+    z: dict[int, torch.Tensor] = {}
+
+    def record(i: int):
+        def pre(module, args, kwargs):
+            calls[i] = (args, dict(kwargs))
+        return pre
+
+    def keep_z(layer: int):
+        def hook(act: torch.Tensor, hook: Any) -> None:
+            z[layer] = act.detach()
+        return hook
+
+    handles = [b.register_forward_pre_hook(record(i), with_kwargs=True) for i, b in enumerate(model.bridge.blocks)]
+    try:
+        first = [(site("z", l), keep_z(l)) for l in z_layers]
+        with torch.no_grad():
+            logits = model.run_with_hooks(tokens, fwd=first + list(fwd), attention_mask=attention_mask)[:, -1]
+    finally:
+        for h in handles:
+            h.remove()
+    split = [_split_call(args, kwargs) for args, kwargs in calls]
+    return Checkpoint(resid=[x for x, _, _ in split], calls=[(args, kwargs) for _, args, kwargs in split],
+                      logits=logits, z=z, kv=_cache_of(*calls[0]))
+
+
+def _split_call(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
+    """A block call's (input hidden states, other positional arguments, keyword arguments)."""
+    if args:
+        return args[0], tuple(args[1:]), kwargs
+    kwargs = dict(kwargs)
+    return kwargs.pop("hidden_states"), (), kwargs
+
+
+class _Stop(Exception):
+    """Raised by a pre-hook to end a forward pass at block 0 (its arguments are all we need)."""
+
+
+def _block0_call(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple | None:
+    """(block 0's input [n, pos, d_model], its other positional arguments, its keyword arguments)
+    from a bridge pass stopped there (embedding, mask, rotary tables), or None."""
+    got: list[tuple[tuple, dict]] = []
+
+    def stop(module, args, kwargs):
+        got.append((args, dict(kwargs)))
+        raise _Stop
+
+    handle = model.bridge.blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        model(tokens, attention_mask=attention_mask)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return _split_call(*got[0]) if got else None
+
+
+def _uniform_plan(model) -> list | None:
+    """The hook-free blocks, where every layer gets the same mask (not mixed attention types)."""
+    plans = _fast_plan(model)
+    if plans is None or len(set(getattr(model.bridge.original_model.config, "layer_types", None) or ())) > 1:
+        return None  # e.g. sliding and full attention layers: each kind gets its own mask
+    return plans
+
+
+def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
+                  attention_mask: torch.Tensor | None) -> Checkpoint | None:
+    """capture through the hook-free blocks: the bridge runs up to block 0 (embedding, mask,
+    rotary tables), then every block runs as plain tensor code, filling a fresh cache. None
+    when that does not apply (no plan; layers of different attention types, whose masks differ;
+    a mask the blocks do not handle)."""
+    plans = _uniform_plan(model)
+    if plans is None:
+        return None
+    with torch.no_grad():
+        call = _block0_call(model, tokens, attention_mask)
+        if call is None:
+            return None
+        x, rest, kwargs = call
+        cache = new_cache(model)
+        rest, kwargs = _with_cache(rest, kwargs, cache)
+        resid, z = [], {}
+        for i, block in enumerate(plans):
+            resid.append(x)
+            out = block.record(x, rest, kwargs)
+            if out is None:
+                return None
+            x, z_i, k, v = out
+            if i in z_layers:
+                z[i] = z_i
+            cache.update(k, v, i)
+        logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:]))[:, 0]  # [rows, d_vocab]
+    return Checkpoint(resid=resid, calls=[(rest, kwargs)] * len(plans), logits=logits, z=z, kv=cache)
+
+
+def last_logits(model, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                edit_z: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | None:
+    """Last-position logits [n, d_vocab] of a forward pass whose blocks run hook-free, each
+    block's z [n, q, head, d_head] replaced by edit_z(layer, z) (the last block: the last query
+    only, q = 1). Differentiable (gate gradients, L0 training, integrated gradients): less
+    arithmetic than a full pass (the last block's last query) and none of the bridge's
+    per-block cost. Hooks attached to the model's blocks do not run: callers check
+    supports(model).fast_capture, which is False while hooks are attached. None where the
+    hook-free blocks do not apply (no plan, mixed attention types, unhandled arguments)."""
+    plans = _uniform_plan(model)
+    call = None if plans is None else _block0_call(model, tokens, attention_mask)
+    if call is None:
+        return None
+    x, rest, kwargs = call
+    rest, kwargs = _with_cache(rest, kwargs, None)
+    for i, block in enumerate(plans):
+        edit = None if edit_z is None else (lambda z, i=i: edit_z(i, z))
+        x = block.full(x, rest, kwargs, None, i == len(plans) - 1, edit)
+        if x is None:
+            return None
+    return model.bridge.unembed(model.bridge.ln_final(x))[:, -1]  # x: [n, 1, d_model]
+
+
+def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
+    """Per-row tensors (2+ dims, first dim = the captured batch n) indexed by `rows`; rest as is."""
+    if isinstance(value, torch.Tensor):
+        return take(value, rows) if value.ndim >= 2 and value.shape[0] == n else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_gather(v, rows, n) for v in value)
+    if isinstance(value, dict):
+        return {k: _gather(v, rows, n) for k, v in value.items()}
+    return value
+
+
+def _block_call(ckpt: Checkpoint, i: int, rows: torch.Tensor, from_pos: int) -> tuple[tuple, dict]:
+    """Block i's captured call arguments for rows `rows`, cut to query positions from_pos.."""
+    args, kwargs = _gather(ckpt.calls[i], rows, ckpt.rows)
+    if from_pos:
+        n_pos = ckpt.resid[i].shape[1]
+        args = _suffix(args, from_pos, n_pos)
+        kwargs = {k: _suffix(v, from_pos, n_pos, k) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _suffix(value: Any, start: int, n_pos: int, key: str = "") -> Any:
+    """Per-position arguments cut to query positions start..: cache positions [pos], 4-d masks
+    [.., pos, pos] (keys kept whole), position ids [b, pos] and rotary tables [b, pos, d]."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim == 1 and value.shape[0] == n_pos:
+            return value[start:]
+        if value.ndim == 4 and value.shape[-2:] == (n_pos, n_pos):
+            return value[..., start:, :]
+        if key in ("position_ids", "position_embeddings") and value.ndim >= 2 and value.shape[1] == n_pos:
+            return value[:, start:]
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_suffix(v, start, n_pos, key) for v in value)
+    return value
+
+
+def _o_proj(block) -> torch.nn.Module:
+    """The attention's output projection (the raw module: calling the bridge would fire hook_z)."""
+    o = block.attn.o
+    return getattr(o, "original_component", None) or o
+
+
+def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool,
+                    after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                    parallel: bool = False) -> torch.Tensor:
+    """A pre-norm block given its heads' z [n, pos, head, d_head] instead of computing attention:
+    h + MLP(ln2(h)) with h = x + o(z), or x + o(z) + MLP(ln2(x)) for parallel blocks (GPT-NeoX),
+    whose MLP reads the block's input. Its resid_mid (sequential blocks only) and MLP hooks fire
+    (unless `after`, the hook-free rest of the block, fast_blocks.Block.after, replaces them);
+    resid_pre, attention and resid_post hooks do not."""
+    if last_only:
+        x, z = x[:, -1:], z[:, -1:]
+    a = _o_proj(block)(z.flatten(-2).contiguous())  # [n, pos, d_model] attention output (GPT-2 Conv1D views it)
+    x = x.to(a.device)  # sharded models: the block's device
+    if after is not None:
+        return after(a, x)
+    if parallel:  # Hugging Face's order of the sums (half precision rounds each one)
+        return block.mlp(block.ln2(x)) + a + x
+    h = x + a  # resid_mid
+    return h + block.mlp(block.ln2(h))
+
+
+def _parallel(model) -> bool:
+    """Attention and MLP read the same block input (GPT-NeoX's use_parallel_residual)."""
+    return bool(getattr(model.bridge.original_model.config, "use_parallel_residual", False))
+
+
+def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: torch.Tensor | None = None,
+           fwd: HookList = (), z: torch.Tensor | None = None, last_only: bool = True,
+           from_pos: int = 0, fast: bool | None = None) -> torch.Tensor:
+    """Blocks start..L-1 for captured rows `rows` [n] (repeats allowed), then the unembedding.
+
+    hidden: block `start`'s input [n, pos, d_model] (default the captured one). z: block
+    `start`'s heads' z [n, pos, head, d_head] to use instead of its attention (needs
+    supports(model).shortcut; see _shortcut_block for the hooks it skips). last_only: cut the
+    last block to the last position (hooks on its MLP side see [n, 1, ...]). from_pos: the
+    first position the edit changes; earlier positions are the captured run's, so only
+    positions from_pos.. are computed, attending to the captured K and V before them (needs
+    supports(model).prefix; hooks then see [n, pos - from_pos, ...]; a sliding-window cache that
+    dropped early positions computes every position instead). fast: run blocks no hook
+    in `fwd` names through hooks/fast_blocks (None: when supports(model).fast); with last_only
+    the last block then attends from the last query only. Returns the logits, [n, 1, d_vocab]
+    (last_only) or [n, pos - from_pos, d_vocab].
+    """
+    blocks = model.bridge.blocks
+    n_layers = len(blocks)
+    x = take(ckpt.resid[start], rows) if hidden is None else hidden  # sharded models: per-block devices
+    drop = 0  # leading output positions to drop when a from_pos request runs from position 0
+    if from_pos:
+        if ckpt.kv is None:
+            raise ValueError("resume(from_pos=...) needs a captured KV cache; this model's pass filled none.")
+        if not holds_prefix(ckpt.kv, from_pos):
+            from_pos, drop = 0, from_pos  # a sliding-window cache kept only recent positions: recompute all
+        else:
+            x, z = x[:, from_pos:].contiguous(), (None if z is None else z[:, from_pos:].contiguous())
+    if fast is None:  # as supports(model) would say (the model's check, and no hooks attached)
+        fast = model in _SUPPORT and _SUPPORT[model].fast and not model.n_active_hooks()
+    plans = _fast_plan(model) if fast else None
+    hooked = {block[0] for block in (split_block(name) for name, _ in fwd) if block is not None}
+    cache: list[Any] = []  # the captured prefix as a Hugging Face cache, built for the first bridge block
+
+    def last_position(module, args):
+        return (args[0][:, -1:],) + tuple(args[1:])
+
+    with torch.no_grad(), (model.hooks(fwd=fwd) if fwd else contextlib.nullcontext()):  # attaching costs ~1 ms
+        for i in range(start, n_layers):
+            last = last_only and i == n_layers - 1
+            if i == start and z is not None:
+                x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].after,
+                                    _parallel(model))
+                continue
+            args, kwargs = _block_call(ckpt, i, rows, from_pos)
+            if plans is not None and i not in hooked:
+                out = plans[i].full(x, args, kwargs, fast_blocks.past_kv(ckpt.kv, i, rows, from_pos), last)
+                if out is not None:  # None: arguments it does not handle (the bridge block then runs)
+                    x = out
+                    continue
+            if from_pos and not cache:
+                cache.append(prefix_cache(model, ckpt.kv, from_pos, rows=rows))
+            args, kwargs = _with_cache(args, kwargs, cache[0] if cache else None)
+            # the last block's MLP branch sees the last position only; the residual add broadcasts
+            cut = blocks[i].ln2.register_forward_pre_hook(last_position) if last else None
+            try:
+                out = blocks[i](x, *args, **kwargs)
+            finally:
+                if cut is not None:
+                    cut.remove()
+            x = out[0] if isinstance(out, tuple) else out
+        x = x[:, -1:] if last_only else x[:, drop:]
+        return model.bridge.unembed(model.bridge.ln_final(x)).to(ckpt.logits.device)
+
+
+def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tensor, torch.Tensor]], *,
+                 from_pos: int = 0) -> torch.Tensor:
+    """Several z-shortcut resumes in one pass: group (start, rows [n_g], z [n_g, pos, head, d_head])
+    enters at block `start` as o(z') (see resume), and the running batch grows as the groups
+    join, so each block runs once for every row that has reached it instead of once per group.
+    Hook-free blocks only (supports(model).fast and .shortcut; no hooks attached), last-position
+    metrics. from_pos: as in resume, for every group (a sliding-window cache that dropped early
+    positions computes every position instead). Returns [sum n_g, 1, d_vocab] in group order.
+    """
+    plans = _fast_plan(model)
+    if plans is None:
+        raise ValueError("resume_mixed needs hook-free blocks (supports(model).fast).")
+    blocks, n_layers = model.bridge.blocks, model.facts.n_layers
+    if from_pos and not holds_prefix(ckpt.kv, from_pos):
+        from_pos = 0  # a sliding-window cache kept only recent positions: recompute all
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    x, rows, joined = None, None, []  # the running batch [m, q, d_model], its captured rows [m], its groups
+    with torch.no_grad():
+        for i in range(groups[order[0]][0], n_layers):
+            last = i == n_layers - 1
+            if x is not None:
+                x = plans[i].full(x, *_block_call(ckpt, i, rows, from_pos), fast_blocks.past_kv(ckpt.kv, i, rows, from_pos),
+                                  last)  # the last block: [m, 1, d_model]
+                if x is None:
+                    raise ValueError(f"block {i}'s arguments are not ones the hook-free blocks handle.")
+            for g in (g for g in order if groups[g][0] == i):
+                _, at, z = groups[g]
+                enter = take(ckpt.resid[i][:, from_pos:], at)  # [n_g, q, d_model]
+                out = _shortcut_block(blocks[i], enter, z[:, from_pos:], last, plans[i].after)
+                x = out if x is None else torch.cat([x, out])
+                rows = at if rows is None else torch.cat([rows, at])
+                joined.append(g)
+        logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:])).to(ckpt.logits.device)  # [m, 1, d_vocab]
+    sizes = [groups[g][1].shape[0] for g in joined]
+    parts = dict(zip(joined, logits.split(sizes)))
+    return torch.cat([parts[g] for g in range(len(groups))])
+
+
+def _fast_plan(model) -> list | None:
+    if model not in _FAST:
+        _FAST[model] = fast_blocks.plan(model)
+    return _FAST[model]
+
+
+class Support(NamedTuple):
+    """What resuming reproduces on a model (see `supports`)."""
+
+    ok: bool  # resume at any block equals a full pass
+    shortcut: bool  # a z edit entering as o(z') (pre-norm blocks, sequential or parallel)
+    prefix: bool  # from_pos: positions before the edit taken from the captured cache
+    fast: bool = False  # hook-free blocks (hooks/fast_blocks) where no hook looks
+    fast_capture: bool = False  # capture without hooks, and last_logits, run the blocks hook-free
+
+
+def supports(model) -> Support:
+    """What resuming reproduces on `model`, checked once per model on short prompts (start blocks
+    0, 1 and L-1; a few start positions) to 1e-4 of the logits' scale in float32. Nothing is
+    resumed, checked or remembered while hooks are attached to the model."""
+    if model.n_active_hooks():
+        return Support(False, False, False)
+    if model in _SUPPORT:
+        return _SUPPORT[model]
+    found = Support(False, False, False)
+    if not model.facts.is_encoder and hasattr(model.bridge, "blocks"):
+        found = _check(model)
+    _SUPPORT[model] = found
+    return found
+
+
+def _check(model) -> Support:
+    n_layers = model.facts.n_layers
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.facts.d_vocab, (2, 6), generator=gen).to(model.device)
+    try:
+        ckpt = capture(model, tokens, z_layers=range(n_layers))
+    except Exception as err:  # noqa: BLE001 - an unusual model: keep full passes
+        log.info("resume: capture failed on %s (%s); full passes", model.facts.name, err)
+        return Support(False, False, False)
+    eps = torch.finfo(ckpt.logits.dtype).eps
+    tol = max(_CHECK_TOL, 8 * eps) * (1.0 + ckpt.logits.abs().max().item())
+    rows = torch.tensor([1, 0, 1], device=model.device)
+    want = ckpt.logits[rows]
+    starts = sorted({0, min(1, n_layers - 1), n_layers - 1})
+
+    def holds(what: str, make) -> bool:
+        try:
+            for got in make():
+                if got.shape[-1] != want.shape[-1] or (got[:, -1] - want).abs().max().item() > tol:
+                    log.info("resume: %s does not reproduce a full pass on %s; not used", what, model.facts.name)
+                    return False
+            return True
+        except Exception as err:  # noqa: BLE001 - an unusual block layout: that saving stays off
+            log.info("resume: %s failed on %s (%s); not used", what, model.facts.name, err)
+            return False
+
+    ok = holds("resuming", lambda: (resume(model, ckpt, s, rows, last_only=lo) for s in starts for lo in (True, False)))
+    shortcut = ok and holds("the z shortcut", lambda: (
+        resume(model, ckpt, s, rows, z=take(ckpt.z[s], rows), last_only=lo)
+        for s in starts for lo in (True, False)))
+    prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
+        resume(model, ckpt, s, rows, from_pos=p, z=take(ckpt.z[s], rows) if shortcut and p == 3 else None)
+        for s in starts for p in (1, 3, 5)))
+    fast = ok and _fast_plan(model) is not None and holds("hook-free blocks", lambda: (
+        resume(model, ckpt, s, rows, fast=True, last_only=lo, from_pos=p if prefix else 0,
+               z=take(ckpt.z[s], rows) if shortcut and p == 3 else None)
+        for s in starts for lo in (True, False) for p in (0, 3)))
+
+    def from_quick_capture():
+        quick = capture(model, tokens, z_layers=range(n_layers), fast=True)
+        yield quick.logits[rows].unsqueeze(1)
+        yield last_logits(model, tokens)[rows].unsqueeze(1)  # the differentiable pass (None: fails)
+        for s in starts:
+            yield resume(model, quick, s, rows, fast=True, from_pos=3 if prefix else 0,
+                         z=take(quick.z[s], rows) if shortcut else None)
+
+    fast_capture = fast and holds("the hook-free capture", from_quick_capture)  # False where it does not apply
+    return Support(ok, shortcut, prefix, fast, fast_capture)
