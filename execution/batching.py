@@ -10,6 +10,8 @@ do not depend on the size (up to float rounding of batched matmuls).
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError, MemoryBudgetError
+
 import logging
 from typing import Callable
 
@@ -24,9 +26,6 @@ FRACTION = 0.5  # share of the device's free memory used by default
 CPU_PASS_TOKENS, CPU_PASS_WIDE_BYTES = 4096, 16 << 20
 OOM_MARKERS = ("out of memory", "not enough memory", "defaultcpuallocator")
 
-
-class MemoryBudgetError(ValueError):
-    """The memory budget cannot hold even one row of a forward pass."""
 
 
 def row_bytes(model, n_pos: int, *, grad: bool = False) -> int:
@@ -70,10 +69,10 @@ def chunk_size(bytes_per_row: int, *, device: torch.device | str = "cpu", budget
     """
     if override is not None:
         if not isinstance(override, int) or override < 1:
-            raise ValueError(f"A batch size override must be an int >= 1, got {override!r}.")
+            raise ConfigError(f"A batch size override must be an int >= 1, got {override!r}.")
         return override
     if budget is not None and (not isinstance(budget, (int, float)) or budget <= 0):
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {budget!r}.")
+        raise ConfigError(f"memory_budget must be a positive number of bytes, got {budget!r}.")
     total = default_budget(device) if budget is None else int(budget)
     if total < bytes_per_row:
         raise MemoryBudgetError(
@@ -100,7 +99,7 @@ def run_chunks(fn: Callable[[range], object], n: int, size: int, *,
     loops remember the smaller size.
     """
     if size < 1:
-        raise ValueError(f"chunk size must be >= 1, got {size}.")
+        raise ConfigError(f"chunk size must be >= 1, got {size}.")
     out: list[tuple[range, object]] = []
     start = 0
     while start < n:

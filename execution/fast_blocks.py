@@ -20,6 +20,8 @@ rounds differently) get None and keep the bridge's blocks.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -132,13 +134,13 @@ def _llama_block(layer: torch.nn.Module) -> Block:
     d_head = int(attn.head_dim)
     n_heads, n_kv = q_proj.out_features // d_head, k_proj.out_features // d_head
     if n_heads * d_head != q_proj.out_features or n_kv * d_head != k_proj.out_features:
-        raise ValueError("unexpected projection sizes")
+        raise ConfigError("unexpected projection sizes")
 
     def project(h: torch.Tensor, args: tuple, kwargs: dict, last_query: bool):
         n, q_len, _ = h.shape
         cos, sin = kwargs["position_embeddings"]  # [n or 1, q, d_head]
         if cos.shape[-1] != d_head:
-            raise ValueError("partial rotary embeddings are not supported here")
+            raise ConfigError("partial rotary embeddings are not supported here")
         k = _rotate(k_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2), cos, sin)  # [n, kv, q, d_head]
         v = v_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2)
         if last_query:
@@ -157,7 +159,7 @@ def _gpt2_block(layer: torch.nn.Module) -> Block:
     embedding), plain MLP; attention mask passed positionally."""
     attn, mlp = _raw(layer.attn), _raw(layer.mlp)
     if getattr(attn, "is_cross_attention", False) or hasattr(layer, "crossattention"):
-        raise ValueError("cross-attention blocks are not supported here")
+        raise ConfigError("cross-attention blocks are not supported here")
     c_attn, c_fc, c_proj, act = _raw(attn.c_attn), _raw(mlp.c_fc), _raw(mlp.c_proj), mlp.act
     n_heads, d_head = int(attn.num_heads), int(attn.head_dim)
     d_model = n_heads * d_head
@@ -193,7 +195,7 @@ def _neox_block(layer: torch.nn.Module) -> Block:
         n, q_len, _ = h.shape
         cos, sin = kwargs["position_embeddings"]  # [n or 1, q, rotary dims] (odd rotary_ndims: rounded up, as HF)
         if cos.shape[-1] > d_head:
-            raise ValueError("unexpected rotary table width")
+            raise ConfigError("unexpected rotary table width")
         q, k, v = qkv(h).view(n, q_len, n_heads, 3 * d_head).transpose(1, 2).chunk(3, dim=-1)  # [n, head, q, d_head]
         k = _rotate_part(k, cos, sin)
         if last_query:

@@ -25,6 +25,8 @@ other hooks are attached to the model (an outer hs.ablate or hs.patch context).
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import contextlib
 import logging
 import weakref
@@ -85,7 +87,7 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
     before `fwd` edits it) at z_layers. fast: without hooks, run the blocks hook-free
     (hooks/fast_blocks; None: when supports(model).fast_capture and no hooks are attached)."""
     if model.facts.is_encoder:
-        raise ValueError("resume works on decoders only (encoder metrics read every position).")
+        raise ConfigError("resume works on decoders only (encoder metrics read every position).")
     if fast is None:
         fast = model in _SUPPORT and _SUPPORT[model].fast_capture and not model.n_active_hooks()
     if fast and not fwd:
@@ -302,7 +304,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     drop = 0  # leading output positions to drop when a from_pos request runs from position 0
     if from_pos:
         if ckpt.kv is None:
-            raise ValueError("resume(from_pos=...) needs a captured KV cache; this model's pass filled none.")
+            raise ConfigError("resume(from_pos=...) needs a captured KV cache; this model's pass filled none.")
         if not holds_prefix(ckpt.kv, from_pos):
             from_pos, drop = 0, from_pos  # a sliding-window cache kept only recent positions: recompute all
         else:
@@ -355,7 +357,7 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
     """
     plans = _fast_plan(model)
     if plans is None:
-        raise ValueError("resume_mixed needs hook-free blocks (supports(model).fast).")
+        raise ConfigError("resume_mixed needs hook-free blocks (supports(model).fast).")
     blocks, n_layers = model.bridge.blocks, model.facts.n_layers
     if from_pos and not holds_prefix(ckpt.kv, from_pos):
         from_pos = 0  # a sliding-window cache kept only recent positions: recompute all
@@ -368,7 +370,7 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
                 x = plans[i].full(x, *_block_call(ckpt, i, rows, from_pos), fast_blocks.past_kv(ckpt.kv, i, rows, from_pos),
                                   last)  # the last block: [m, 1, d_model]
                 if x is None:
-                    raise ValueError(f"block {i}'s arguments are not ones the hook-free blocks handle.")
+                    raise ConfigError(f"block {i}'s arguments are not ones the hook-free blocks handle.")
             for g in (g for g in order if groups[g][0] == i):
                 _, at, z = groups[g]
                 enter = take(ckpt.resid[i][:, from_pos:], at)  # [n_g, q, d_model]

@@ -5,6 +5,8 @@ over its group of query heads (the layout Hugging Face and TransformerLens use).
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import math
 
 import torch
@@ -14,7 +16,7 @@ def expand_kv_heads(kv: torch.Tensor, n_heads: int, head_dim: int = 2) -> torch.
     """Repeat KV heads so each query head sees its group's KV head: n_kv_heads -> n_heads."""
     n_kv = kv.shape[head_dim]
     if n_heads % n_kv:
-        raise ValueError(f"n_heads ({n_heads}) is not a multiple of n_kv_heads ({n_kv}).")
+        raise ConfigError(f"n_heads ({n_heads}) is not a multiple of n_kv_heads ({n_kv}).")
     return kv.repeat_interleave(n_heads // n_kv, dim=head_dim)
 
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from headscope.hooks.sites import COMPUTED, SITES, check_site, parse_site, site
-from headscope.errors import IndexOutOfRangeError
+from headscope.errors import ConfigError, IndexOutOfRangeError
 
 Positions = int | Sequence[int] | slice | torch.Tensor | None
 
@@ -70,7 +70,7 @@ def capture(
     """
     names = [sites] if isinstance(sites, str) else list(sites)
     if not names:
-        raise ValueError("capture needs at least one site name, e.g. site('resid_post', 0).")
+        raise ConfigError("capture needs at least one site name, e.g. site('resid_post', 0).")
     for name in names:
         check_site(model, name)
     store = Activations()

@@ -14,7 +14,7 @@ import torch
 
 from headscope.hooks.capture import Positions, capture, position_index
 from headscope.hooks.sites import SITES, check_site, parse_site, site
-from headscope.errors import IndexOutOfRangeError, ShapeMismatchError
+from headscope.errors import ConfigError, IndexOutOfRangeError, ShapeMismatchError, SiteError
 
 METHODS = ("zero", "mean", "resample")
 
@@ -56,11 +56,11 @@ def ablate(
     activation of a random reference row, seeded).
     """
     if method not in METHODS:
-        raise ValueError(f"Unknown ablation method {method!r}; use one of {METHODS}.")
+        raise ConfigError(f"Unknown ablation method {method!r}; use one of {METHODS}.")
     if method != "zero" and reference is None:
-        raise ValueError(f"{method} ablation needs reference= token ids to take activations from.")
+        raise ConfigError(f"{method} ablation needs reference= token ids to take activations from.")
     if not heads and not neurons and not sites:
-        raise ValueError("ablate needs at least one of heads=, neurons= or sites=.")
+        raise ConfigError("ablate needs at least one of heads=, neurons= or sites=.")
     targets: dict[str, list] = defaultdict(list)  # site -> [(axis, index)] or [None] for the whole site
     for layer, head in heads:
         model.check_head(layer, head)
@@ -141,9 +141,9 @@ def patch(
     for name in names:
         check_site(model, name)
         if name not in source:
-            raise KeyError(f"source has no activation for {name!r}; capture it first (capture(model, tokens, [{name!r}])).")
+            raise SiteError(f"source has no activation for {name!r}; capture it first (capture(model, tokens, [{name!r}])).")
         if parse_site(name)[0] == "result":
-            raise ValueError("Patch per-head outputs at hook_z (site('z', layer)) with heads=[...]; hook_result is computed.")
+            raise ConfigError("Patch per-head outputs at hook_z (site('z', layer)) with heads=[...]; hook_result is computed.")
 
     def make_hook(name: str):
         kind, _ = parse_site(name)

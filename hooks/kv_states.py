@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from headscope.errors import ContextLengthError
+from headscope.errors import ConfigError, ContextLengthError, UnsupportedModelError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +43,7 @@ class GenerationTrace:
 
 def _require_decoder(model, what: str) -> None:
     if model.facts.is_encoder:
-        raise ValueError(f"{what} needs a decoder with a KV cache; {model.facts.name} is an encoder.")
+        raise ConfigError(f"{what} needs a decoder with a KV cache; {model.facts.name} is an encoder.")
 
 
 def new_cache(model) -> Any:
@@ -66,7 +66,7 @@ def prefix_cache(model, cache: Any, length: int, *, rows: torch.Tensor | None = 
     """A new cache holding positions [0, length) of `cache` (left untouched), for batch rows
     `rows` [n] of it (repeats allowed; None: every row once)."""
     if length > 0 and not holds_prefix(cache, length):
-        raise ValueError(
+        raise ConfigError(
             f"The cache no longer holds positions 0..{length - 1} (a sliding-window layer keeps only its last "
             f"positions); run those positions again instead of reusing the cache."
         )
@@ -103,7 +103,7 @@ def cached_forward(model, step_input: torch.Tensor, cache: Any, start: int) -> t
             position_ids=position_ids.expand(step_input.shape[0], -1),
         )
     if cache is None or cache.layers[0].keys is None:
-        raise RuntimeError(
+        raise UnsupportedModelError(
             f"{model.facts.name}: the bridged model filled no KV cache; this architecture's attention "
             f"bridge does not support cached decoding in this transformers/TransformerLens combination."
         )
@@ -128,7 +128,7 @@ def generate_with_kv(model, tokens: torch.Tensor, max_new_tokens: int) -> Genera
     """
     _require_decoder(model, "generate_with_kv")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
     tokens = model.check_tokens(tokens)
     total = tokens.shape[1] + max_new_tokens
     if total > model.facts.n_ctx:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from headscope.models import heap
-from headscope.errors import ContextLengthError, IndexOutOfRangeError
+from headscope.errors import ConfigError, ContextLengthError, IndexOutOfRangeError, InputTypeError
 
 HookFn = Callable[..., Any]
 
@@ -120,7 +120,7 @@ class HookedModel:
         """
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
-            raise ValueError("to_tokens got an empty list of prompts; pass at least one string.")
+            raise ConfigError("to_tokens got an empty list of prompts; pass at least one string.")
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True)
         ids = enc["input_ids"]  # [batch, pos]
         bos = getattr(self.tokenizer, "bos_token_id", None)
@@ -137,11 +137,11 @@ class HookedModel:
     def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Validate a [batch, pos] token tensor and move it to the model's device."""
         if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor of ids, got {type(tokens).__name__}; use model.to_tokens(text).")
+            raise InputTypeError(f"tokens must be a torch.Tensor of ids, got {type(tokens).__name__}; use model.to_tokens(text).")
         if tokens.ndim == 1:
             tokens = tokens.unsqueeze(0)
         if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}.")
+            raise ConfigError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}.")
         if tokens.shape[1] > self.facts.n_ctx:
             raise ContextLengthError(
                 f"The prompt has {tokens.shape[1]} tokens but {self.facts.name} has a context of "

@@ -13,6 +13,8 @@ score(control), both cross-validated on the same folds.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.linear_model import LogisticRegression, Ridge
@@ -66,7 +68,7 @@ class LogisticProbe(ClassifierMixin, _Standardised):
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         if len(self.classes_) < 2:
-            raise ValueError(f"LogisticProbe needs at least 2 classes in y, got 1 class ({self.classes_[0]!r}).")
+            raise ConfigError(f"LogisticProbe needs at least 2 classes in y, got 1 class ({self.classes_[0]!r}).")
         self._fit(X, y)
         self.n_iter_ = self.model_.n_iter_
         return self
@@ -121,7 +123,7 @@ def control_labels(types, labels, seed: int = 0) -> np.ndarray:
     """Hewitt & Liang's control task: one random label per type, drawn from the labels' distribution."""
     types, labels = np.asarray(types), np.asarray(labels)
     if types.shape[0] != labels.shape[0]:
-        raise ValueError(f"types ({types.shape[0]}) and labels ({labels.shape[0]}) must have one entry per example.")
+        raise ConfigError(f"types ({types.shape[0]}) and labels ({labels.shape[0]}) must have one entry per example.")
     rng = np.random.default_rng(seed)
     uniq, inverse = np.unique(types, return_inverse=True)
     per_type = labels[rng.integers(0, labels.shape[0], size=uniq.shape[0])]
@@ -146,7 +148,7 @@ def selectivity(estimator, X, y, types, *, cv: int = 5, seed: int = 0) -> dict:
     """
     y = np.asarray(y)
     if y.shape[0] < cv:
-        raise ValueError(f"{cv}-fold cross-validation needs at least {cv} examples, got {y.shape[0]}; lower cv or add examples.")
+        raise ConfigError(f"{cv}-fold cross-validation needs at least {cv} examples, got {y.shape[0]}; lower cv or add examples.")
     control = control_labels(types, y, seed=seed)
     folds = list(cv_splitter(y, estimator, cv, seed).split(X, y))
     real = cross_val_score(clone(estimator), X, y, cv=folds)

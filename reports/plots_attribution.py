@@ -6,6 +6,8 @@ figures by file stem; `token_html` renders token highlighting with every string 
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -43,7 +45,7 @@ def plot_token_heatmap(result: Result, *, example: int | None = None, ax=None):
     example = int(scores.example.iloc[0]) if example is None else example
     one = scores[(scores.example == example) & scores.method.isin(HEATMAP_ROWS)]
     if one.empty:
-        raise ValueError(f"No scores for example {example}; choose one of {sorted(scores.example.unique())[:10]}...")
+        raise ConfigError(f"No scores for example {example}; choose one of {sorted(scores.example.unique())[:10]}...")
     grid = one.pivot_table(index="method", columns="position", values="score").reindex([m for m in HEATMAP_ROWS if m in set(one.method)])
     labels = one.drop_duplicates("position").set_index("position").token.reindex(grid.columns)
     ax = _axes(ax, (max(6, 0.3 * grid.shape[1]), 3))
@@ -71,7 +73,7 @@ def plot_adversarial(result: Result, *, ax=None):
     with the output change within epsilon, against the maximum attention weight."""
     perm = result.tables["permutation"]
     if "adversarial_jsd" not in perm:
-        raise ValueError("This result has no adversarial attention (it ran with adversarial_steps=0).")
+        raise ConfigError("This result has no adversarial attention (it ran with adversarial_steps=0).")
     ax = _axes(ax)
     sns.scatterplot(data=perm, x="max_attention", y="adversarial_jsd", ax=ax)
     ax.axhline(np.log(2), color="grey", lw=0.8, ls="--", label="ln 2 (maximum JSD)")

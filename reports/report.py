@@ -13,6 +13,8 @@ files, and the ranks agree on each analysis's status.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError, OutputExistsError
+
 import logging
 import random
 import re
@@ -33,9 +35,6 @@ log = logging.getLogger(__name__)
 DONE = "summary.json"  # written last in an analysis folder: its presence marks the analysis complete
 
 
-class OutputExistsError(FileExistsError):
-    """The output folder exists and neither --force nor --resume was given."""
-
 
 def default_out(model_name: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-") or "model"
@@ -48,7 +47,7 @@ def parse_analyses(names: str | Sequence[str] | None) -> list[str]:
     items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
     unknown = [n for n in items if n not in ANALYSES]
     if unknown or not items:
-        raise ValueError(f"Unknown analysis {', '.join(map(repr, unknown)) or '(none given)'}; choose from: {', '.join(ANALYSES)}.")
+        raise ConfigError(f"Unknown analysis {', '.join(map(repr, unknown)) or '(none given)'}; choose from: {', '.join(ANALYSES)}.")
     return items
 
 

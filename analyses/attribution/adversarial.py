@@ -16,6 +16,8 @@ can be moved that far without changing the prediction.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import math
 from dataclasses import dataclass
 
@@ -64,7 +66,7 @@ def adversarial_attention(
     """
     model.check_layer(layer)
     if steps < 1 or epsilon <= 0:
-        raise ValueError(f"adversarial attention needs steps >= 1 and epsilon > 0, got steps={steps}, epsilon={epsilon}.")
+        raise ConfigError(f"adversarial attention needs steps >= 1 and epsilon > 0, got steps={steps}, epsilon={epsilon}.")
     generator = generator or torch.Generator().manual_seed(0)
     ref, rows, v = prediction_rows(model, tokens, layer)  # [batch, out], [batch, head, r, k], [batch, k, head, d_head]
     rows, v = rows.float(), v.float()

@@ -26,6 +26,8 @@ median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with t
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -78,15 +80,15 @@ class AttributionConfig:
 
     def __post_init__(self) -> None:
         if self.loo_mode not in ("remove", "replace"):
-            raise ValueError(f"loo_mode must be 'remove' or 'replace', got {self.loo_mode!r}.")
+            raise ConfigError(f"loo_mode must be 'remove' or 'replace', got {self.loo_mode!r}.")
         for name in ("n_steps", "ig_max_steps", "n_permutations", "batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.adversarial_steps < 0 or self.adversarial_epsilon <= 0:
-            raise ValueError("adversarial_steps must be >= 0 and adversarial_epsilon > 0, got "
+            raise ConfigError("adversarial_steps must be >= 0 and adversarial_epsilon > 0, got "
                              f"{self.adversarial_steps} and {self.adversarial_epsilon}.")
         if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}.")
+            raise ConfigError(f"alpha must lie in (0, 1), got {self.alpha}.")
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -99,7 +101,7 @@ def example_lengths(task: Task) -> list[int]:
     lengths = mask.sum(1)  # [batch]
     prefix = torch.arange(n)[None, :] < lengths[:, None]  # [batch, pos]
     if not torch.equal(prefix, mask.cpu()):
-        raise ValueError("attribution needs right-padded examples (attention_mask 1...1 0...0); re-tokenize with padding_side='right'.")
+        raise ConfigError("attribution needs right-padded examples (attention_mask 1...1 0...0); re-tokenize with padding_side='right'.")
     return lengths.tolist()
 
 
@@ -129,14 +131,14 @@ def default_baseline_token(model) -> int:
     tok = model.tokenizer
     cands = [int(c) for c in (tok.pad_token_id, tok.unk_token_id, tok.eos_token_id, tok.bos_token_id) if c is not None]
     if not cands:
-        raise ValueError("The tokenizer has no pad, unk, eos or bos token; pass baseline_token= explicitly.")
+        raise ConfigError("The tokenizer has no pad, unk, eos or bos token; pass baseline_token= explicitly.")
     weight = model.bridge.original_model.get_input_embeddings().weight.detach()  # [vocab, d_model]
     norms = weight.float().norm(dim=-1)  # [vocab]
     floor = MIN_BASELINE_NORM * float(norms.median())
     for cand in cands:
         if cand < norms.shape[0] and float(norms[cand]) >= floor:
             return cand
-    raise ValueError(
+    raise ConfigError(
         f"Every special token ({cands}) has a near-zero input embedding (norm < {MIN_BASELINE_NORM} x the median), "
         "which makes integrated gradients diverge; pass baseline_token= a content-free token with a normal embedding.")
 
@@ -152,7 +154,7 @@ def ig_baselines(tokens: torch.Tensor, baseline_token: int) -> torch.Tensor:
 def partner_references(model, task: Task, lengths: Sequence[int]) -> torch.Tensor:
     """[batch, d_model]: for sentence i, the pooled embedding of sentence (i + 1) mod batch."""
     if len(task) < 2:
-        raise ValueError("The encoder metric compares each sentence with another one; give at least 2 sentences or reference=.")
+        raise ConfigError("The encoder metric compares each sentence with another one; give at least 2 sentences or reference=.")
     pooled = torch.stack([mean_pool(model(task.tokens[i : i + 1, :n]), None)[0] for i, n in enumerate(lengths)])  # [batch, d]
     return pooled.roll(-1, dims=0)
 
@@ -166,7 +168,7 @@ def gradient_targets(model, task: Task, kind: str, reference: torch.Tensor | Non
     if kind == "logprob":
         return (answers,)
     if task.wrong_answers is None:
-        raise ValueError(f"Task {task.name!r} has no wrong_answers for logit_diff; pass metric='logprob'.")
+        raise ConfigError(f"Task {task.name!r} has no wrong_answers for logit_diff; pass metric='logprob'.")
     return answers, task.wrong_answers.to(model.device)
 
 
@@ -174,11 +176,11 @@ def metric_kind(model, task: Task, cfg: AttributionConfig) -> str:
     """What gradients differentiate: "cosine" for encoders; the task's metric (or cfg.metric) for decoders."""
     if model.facts.is_encoder:
         if cfg.metric not in (None, "cosine"):
-            raise ValueError(f"Encoders have no next-token logits; metric must be 'cosine' (or None), got {cfg.metric!r}.")
+            raise ConfigError(f"Encoders have no next-token logits; metric must be 'cosine' (or None), got {cfg.metric!r}.")
         return "cosine"
     kind = cfg.metric or task.metric
     if kind == "cosine":
-        raise ValueError("The cosine metric is for encoders; use 'logit_diff' or 'logprob' for a decoder.")
+        raise ConfigError("The cosine metric is for encoders; use 'logit_diff' or 'logprob' for a decoder.")
     return "logprob" if kind == "accuracy" else kind
 
 
@@ -204,7 +206,7 @@ def attribution(
     layer = facts.n_layers - 1 if cfg.permutation_layer is None else model.check_layer(cfg.permutation_layer)
     lengths = example_lengths(task)
     if min(lengths) < 4:
-        raise ValueError("attribution needs examples of at least 4 tokens (first and last are left out of the ranking).")
+        raise ConfigError("attribution needs examples of at least 4 tokens (first and last are left out of the ranking).")
     kind = metric_kind(model, task, cfg)
     forward = am.forward_metric(model, kind)
     targets = gradient_targets(model, task, kind, reference, lengths)
@@ -366,7 +368,7 @@ def sentence_task(model, sentences: Sequence[str]) -> Task:
     decoders (BOS added) each sentence without its last token is the prompt and that token the
     answer (log-probability)."""
     if not sentences:
-        raise ValueError("sentence_task needs at least one sentence.")
+        raise ConfigError("sentence_task needs at least one sentence.")
     tok = model.tokenizer
     rows = [list(tok(text, add_special_tokens=True)["input_ids"]) for text in sentences]
     answers = None
@@ -374,7 +376,7 @@ def sentence_task(model, sentences: Sequence[str]) -> Task:
         bos = tok.bos_token_id
         rows = [[bos] + r if bos is not None and (not r or r[0] != bos) else r for r in rows]
         if min(len(r) for r in rows) < 2:
-            raise ValueError("Every sentence needs at least one token besides BOS to serve as the answer.")
+            raise ConfigError("Every sentence needs at least one token besides BOS to serve as the answer.")
         answers = torch.tensor([r[-1] for r in rows])  # [batch]
         rows = [r[:-1] for r in rows]
     n = max(len(r) for r in rows)

@@ -10,6 +10,8 @@ before positions are added), so Captum's layer methods attribute to each token's
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from typing import Callable, Sequence
 
 import torch
@@ -36,7 +38,7 @@ def forward_metric(model, kind: str) -> Forward:
     "cosine" (encoders): f(tokens, reference [batch, d_model]).
     """
     if kind not in GRADIENT_METRICS:
-        raise ValueError(
+        raise ConfigError(
             f"Gradient attribution needs a differentiable metric, one of {GRADIENT_METRICS}; got {kind!r} "
             f"(accuracy is a step function: use logit_diff or logprob)."
         )
@@ -178,11 +180,11 @@ def loo_variants(tokens: torch.Tensor, positions: Sequence[int], *, mode: str, b
         return tokens[:, kept].reshape(batch * len(idx), n - 1)
     if mode == "replace":
         if baseline_token is None:
-            raise ValueError("leave-one-out with mode='replace' needs baseline_token= (e.g. the pad or unk id).")
+            raise ConfigError("leave-one-out with mode='replace' needs baseline_token= (e.g. the pad or unk id).")
         out = tokens[:, None, :].repeat(1, len(idx), 1)  # [batch, m, pos]
         out[:, torch.arange(len(idx)), idx] = baseline_token
         return out.reshape(batch * len(idx), n)
-    raise ValueError(f"leave-one-out mode must be 'remove' or 'replace', got {mode!r}.")
+    raise ConfigError(f"leave-one-out mode must be 'remove' or 'replace', got {mode!r}.")
 
 
 @torch.no_grad()
@@ -211,7 +213,7 @@ def leave_one_out(
     if not positions:
         return tokens.new_zeros((tokens.shape[0], 0), dtype=torch.float32)
     if not all(0 <= p < tokens.shape[1] for p in positions):
-        raise ValueError(f"leave-one-out positions must lie in [0, {tokens.shape[1]}), got {positions}.")
+        raise ConfigError(f"leave-one-out positions must lie in [0, {tokens.shape[1]}), got {positions}.")
     loo_variants(tokens[:1], positions[:1], mode=mode, baseline_token=baseline_token)  # validates mode / token
     if reuse_prefix is None:
         reuse_prefix = not model.facts.is_encoder
@@ -242,7 +244,7 @@ def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mod
     from headscope.hooks.kv_states import cached_forward, holds_prefix, new_cache, prefix_cache
 
     if model.facts.is_encoder:
-        raise ValueError("reuse_prefix needs a causal decoder; use reuse_prefix=False for encoders.")
+        raise ConfigError("reuse_prefix needs a causal decoder; use reuse_prefix=False for encoders.")
     tokens = model.check_tokens(tokens)
     batch = tokens.shape[0]
     logits, clean = cached_forward(model, tokens, new_cache(model), 0)  # [batch, pos, vocab]

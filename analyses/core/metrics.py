@@ -7,6 +7,8 @@ a reference embedding (e.g. the unmodified model's).
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from typing import Callable
 
 import torch
@@ -58,16 +60,16 @@ def task_metric(task: Task, *, reference: torch.Tensor | None = None, kind: str 
     """
     kind = kind or task.metric
     if kind not in METRICS:
-        raise ValueError(f"Unknown metric {kind!r}; use one of {METRICS}.")
+        raise ConfigError(f"Unknown metric {kind!r}; use one of {METRICS}.")
     if kind == "logit_diff":
         if task.wrong_answers is None:
-            raise ValueError(f"Task {task.name!r} has no wrong_answers; use metric 'logprob' or add them.")
+            raise ConfigError(f"Task {task.name!r} has no wrong_answers; use metric 'logprob' or add them.")
         return lambda out: logit_diff(out, task.answers.to(out.device), task.wrong_answers.to(out.device))
     if kind == "logprob":
         return lambda out: answer_logprob(out, task.answers.to(out.device))
     if kind == "accuracy":
         return lambda out: accuracy(out, task.answers.to(out.device))
     if reference is None:
-        raise ValueError("The cosine metric needs reference= pooled embeddings of the unmodified model.")
+        raise ConfigError("The cosine metric needs reference= pooled embeddings of the unmodified model.")
     mask = task.attention_mask
     return lambda out: cosine_to_reference(out, reference.to(out.device), None if mask is None else mask.to(out.device))

@@ -6,6 +6,8 @@ and one broken analysis cannot stop the others from loading.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -37,6 +39,6 @@ class RunConfig:
 def get_analysis(name: str) -> Callable[..., Any]:
     """The run function of an analysis by name; a clear error lists the known names."""
     if name not in ANALYSES:
-        raise ValueError(f"Unknown analysis {name!r}; choose from: {', '.join(ANALYSES)}.")
+        raise ConfigError(f"Unknown analysis {name!r}; choose from: {', '.join(ANALYSES)}.")
     module, func = ANALYSES[name].split(":")
     return getattr(importlib.import_module(module), func)

@@ -8,6 +8,8 @@ A task file has one example per row with the fields
 """
 from __future__ import annotations
 
+from headscope.errors import TaskFileError
+
 from pathlib import Path
 
 import torch
@@ -17,9 +19,6 @@ from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
 REQUIRED = ("prompt", "answer")
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
-
-class TaskFileError(ValueError):
-    """A task file that cannot be read or lacks what a Task needs."""
 
 
 def read_task_rows(path: str | Path) -> list[dict]:

@@ -6,6 +6,8 @@ Builders for the zoo's synthetic tasks live here too (`zoo`).
 """
 from __future__ import annotations
 
+from headscope.errors import TaskError
+
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -39,19 +41,19 @@ class Task:
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 2 or self.tokens.shape[0] == 0:
-            raise ValueError(
+            raise TaskError(
                 f"Task {self.name!r}: tokens must be a non-empty [batch, pos] tensor, "
                 f"got shape {tuple(self.tokens.shape)}."
             )
         if self.corrupted_tokens is not None and self.corrupted_tokens.shape != self.tokens.shape:
-            raise ValueError(
+            raise TaskError(
                 f"Task {self.name!r}: clean tokens {tuple(self.tokens.shape)} and corrupted tokens "
                 f"{tuple(self.corrupted_tokens.shape)} differ in shape; pad or trim them to the same length."
             )
         if self.answers is None and self.metric != "cosine":
-            raise ValueError(f"Task {self.name!r}: metric {self.metric!r} needs answers= (one token id per prompt).")
+            raise TaskError(f"Task {self.name!r}: metric {self.metric!r} needs answers= (one token id per prompt).")
         if self.answers is not None and self.answers.shape != (self.tokens.shape[0],):
-            raise ValueError(
+            raise TaskError(
                 f"Task {self.name!r}: answers must have shape [batch]={self.tokens.shape[0]}, "
                 f"got {tuple(self.answers.shape)}."
             )
@@ -76,12 +78,12 @@ def zoo(model, task: str, n_examples: int = 64, seed: int = 0, **kw) -> Task:
     from headscope.models.zoo import data
 
     if task not in ZOO_TASKS:
-        raise ValueError(f"unknown zoo task {task!r}; valid tasks: {', '.join(ZOO_TASKS)}")
+        raise TaskError(f"unknown zoo task {task!r}; valid tasks: {', '.join(ZOO_TASKS)}")
     if n_examples < 1:
-        raise ValueError(f"n_examples must be >= 1, got {n_examples}")
+        raise TaskError(f"n_examples must be >= 1, got {n_examples}")
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
-        raise ValueError("zoo tasks need a model with a .tokenizer (a zoo model's word-level tokenizer)")
+        raise TaskError("zoo tasks need a model with a .tokenizer (a zoo model's word-level tokenizer)")
     if task == "kv":
         kw.setdefault("n_pairs", 8)
     elif task == "induction":
@@ -95,7 +97,7 @@ def zoo(model, task: str, n_examples: int = 64, seed: int = 0, **kw) -> Task:
         ids = [tokenizer.convert_tokens_to_ids(list(words)) for words in words_batch]
         unk = tokenizer.unk_token_id
         if any(unk in row for row in ids if unk is not None):
-            raise ValueError(
+            raise TaskError(
                 "model's tokenizer does not cover the zoo vocabulary (got <unk> ids); "
                 "zoo tasks need a zoo model (e.g. 'zoo/synth-llama')"
             )

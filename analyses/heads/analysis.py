@@ -15,6 +15,8 @@ random (mean over seeds), top_heads_<method>, l0_min_heads_within_tolerance.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +87,7 @@ def sentence_task(model, n_examples: int | None = None, seed: int = 0) -> Task:
     order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed)).tolist()
     if n_examples is not None:
         if n_examples < 1:
-            raise ValueError(f"n_examples must be >= 1, got {n_examples}.")
+            raise ConfigError(f"n_examples must be >= 1, got {n_examples}.")
         order = order[:n_examples]
     enc = model.tokenizer([sentences[i] for i in order], return_tensors="pt", padding=True)
     return Task(name="sentences", tokens=enc["input_ids"], attention_mask=enc["attention_mask"], metric="cosine")
@@ -125,7 +127,7 @@ def default_task(model, config: RunConfig) -> Task:
         return repeated_tokens_task(model, n, config.seed)
     if Path(name).suffix.lower() in task_files.FORMATS:
         return task_files.load_task_file(model, name)
-    raise ValueError(
+    raise ConfigError(
         f"The heads analysis does not know task {name!r}; use a zoo task ({', '.join(tasks.ZOO_TASKS)}), "
         f"'sentences' (encoders) or 'repeat' (any decoder), or pass a Task to head_importance / prune_heads."
     )
@@ -142,7 +144,7 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
     importance per method, and the baseline metric."""
     unknown = set(methods) - set(IMPORTANCE_METHODS)
     if unknown:
-        raise ValueError(f"Unknown importance methods {sorted(unknown)}; use some of {IMPORTANCE_METHODS}.")
+        raise ConfigError(f"Unknown importance methods {sorted(unknown)}; use some of {IMPORTANCE_METHODS}.")
     raw: dict[str, torch.Tensor] = {}
     baseline = None
     for method in methods:

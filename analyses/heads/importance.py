@@ -14,6 +14,8 @@ and block l itself only its output projection and MLP (pre-norm blocks, sequenti
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError, InputTypeError
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -70,7 +72,7 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     if isinstance(task, torch.Tensor):
         tokens = model.check_tokens(task)
         if model.facts.is_encoder or tokens.shape[1] < 2:
-            raise ValueError("LM loss on text needs a decoder and prompts of at least 2 tokens; pass a Task instead.")
+            raise ConfigError("LM loss on text needs a decoder and prompts of at least 2 tokens; pass a Task instead.")
 
         def lm_loss(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             tgt = tokens[rows, 1:]  # [n, pos - 1]
@@ -80,7 +82,7 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
         return Scorer(name="text", kind="lm", tokens=tokens, attention_mask=None,
                       metric=lambda out, rows: -lm_loss(out, rows), grad_loss=lm_loss, objective=lm_loss)
     if not isinstance(task, Task):
-        raise TypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
+        raise InputTypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
     tokens = model.check_tokens(task.tokens)
     mask = None if task.attention_mask is None else task.attention_mask.to(model.device)
     if task.metric == "cosine":
@@ -90,14 +92,14 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     logprob: RowFn = lambda out, rows: metrics.answer_logprob(out, answers[rows])
     if task.metric == "logit_diff":
         if wrong is None:
-            raise ValueError(f"Task {task.name!r} has metric logit_diff but no wrong_answers; add them or use 'logprob'.")
+            raise ConfigError(f"Task {task.name!r} has metric logit_diff but no wrong_answers; add them or use 'logprob'.")
         metric: RowFn = lambda out, rows: metrics.logit_diff(out, answers[rows], wrong[rows])
     elif task.metric == "logprob":
         metric = logprob
     elif task.metric == "accuracy":
         metric = lambda out, rows: metrics.accuracy(out, answers[rows])
     else:
-        raise ValueError(f"Unknown metric {task.metric!r}; use one of {metrics.METRICS}.")
+        raise ConfigError(f"Unknown metric {task.metric!r}; use one of {metrics.METRICS}.")
     grad_loss = logprob if task.metric == "accuracy" else metric
     return Scorer(name=task.name, kind=task.metric, tokens=tokens, attention_mask=mask, metric=metric,
                   grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows), last_position=True)
@@ -330,7 +332,7 @@ def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dic
     task's examples [1, pos, head, d_head] (mean); or another example's z [batch, pos, head,
     d_head] (resample: example i takes example partner[i] != i, seeded)."""
     if method not in ABLATIONS:
-        raise ValueError(f"Unknown ablation method {method!r}; use one of {ABLATIONS}.")
+        raise ConfigError(f"Unknown ablation method {method!r}; use one of {ABLATIONS}.")
     if method == "zero":
         return None
     names = [site("z", l) for l in range(model.facts.n_layers)]
@@ -339,7 +341,7 @@ def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dic
         return {l: acts[name].mean(0, keepdim=True) for l, name in enumerate(names)}
     n = len(scorer)
     if n < 2:
-        raise ValueError("resample ablation needs a task of at least 2 examples to take activations from.")
+        raise ConfigError("resample ablation needs a task of at least 2 examples to take activations from.")
     gen = torch.Generator().manual_seed(seed)
     partner = (torch.arange(n) + torch.randint(1, n, (n,), generator=gen)) % n  # [batch], never itself
     return {l: acts[name][partner.to(model.device)] for l, name in enumerate(names)}

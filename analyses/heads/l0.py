@@ -8,6 +8,8 @@ a head survives when its gate is > 0. A sweep over lambda traces heads kept agai
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -74,7 +76,7 @@ def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0
     all-reduced before the (identical) Adam step.
     """
     if not len(lambdas):
-        raise ValueError("L0 training needs at least one lambda; pass e.g. lambdas=(0.01,).")
+        raise ConfigError("L0 training needs at least one lambda; pass e.g. lambdas=(0.01,).")
     n, pos = scorer.tokens.shape
     batch = min(n, config.batch_size, rows_per_pass(model, pos))
     try:

@@ -9,6 +9,8 @@ masks are all known in advance run as stacked copies, several masks per forward 
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from dataclasses import dataclass
 
 import pandas as pd
@@ -43,10 +45,10 @@ class PruningConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.step <= 1:
-            raise ValueError(f"step is the fraction of heads removed per step, in (0, 1]; got {self.step}.")
+            raise ConfigError(f"step is the fraction of heads removed per step, in (0, 1]; got {self.step}.")
         unknown = set(self.orderings) - set(ORDERINGS)
         if unknown:
-            raise ValueError(f"Unknown pruning orderings {sorted(unknown)}; use some of {ORDERINGS}.")
+            raise ConfigError(f"Unknown pruning orderings {sorted(unknown)}; use some of {ORDERINGS}.")
 
 
 def prune_counts(n_heads: int, step: float) -> list[int]:
@@ -69,7 +71,7 @@ def importance_for(model, scorer: Scorer, ordering: str, config: PruningConfig,
     if ordering == "ablation":
         scores = ablation_importance(model, scorer, method=config.method, base_mask=mask, seed=config.seed)
         return scores.importance, scores.baseline
-    raise ValueError(f"ordering {ordering!r} has no importance; use 'gradient' or 'ablation'.")
+    raise ConfigError(f"ordering {ordering!r} has no importance; use 'gradient' or 'ablation'.")
 
 
 def pruning_curve(

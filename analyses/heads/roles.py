@@ -12,6 +12,8 @@ which can only attend to itself):
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import pandas as pd
 import torch
 
@@ -76,7 +78,7 @@ def repeated_random_tokens(model, length: int, n: int, seed: int = 0) -> torch.T
     vocab = min(len(tok), model.facts.d_vocab) if tok is not None else model.facts.d_vocab
     pool = torch.tensor([i for i in range(vocab) if i not in special])
     if len(pool) < length:
-        raise ValueError(f"The vocabulary has {len(pool)} non-special tokens; induction needs length <= that, got {length}.")
+        raise ConfigError(f"The vocabulary has {len(pool)} non-special tokens; induction needs length <= that, got {length}.")
     gen = torch.Generator().manual_seed(seed)
     seq = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:length]] for _ in range(n)])  # [n, length]
     tokens = torch.cat([seq, seq], dim=1)  # [n, 2 * length]

@@ -12,6 +12,8 @@
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -31,7 +33,7 @@ def cache_bytes(*, positions: int, n_layers: int, n_kv_heads: int, d_head: int, 
     for name, v in dict(positions=positions, n_layers=n_layers, n_kv_heads=n_kv_heads, d_head=d_head,
                         bytes_per_number=bytes_per_number, batch=batch).items():
         if not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {v!r}.")
+            raise ConfigError(f"{name} must be a non-negative int, got {v!r}.")
     return batch * positions * n_layers * 2 * n_kv_heads * d_head * bytes_per_number
 
 
@@ -134,7 +136,7 @@ def kv_analysis(model, task: Task, config: KVConfig = KVConfig()) -> Result:
     "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget.
     """
     if model.facts.is_encoder:
-        raise ValueError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
+        raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
     anatomy = cache_anatomy(model)
     norms = kv_norms(model, task.tokens)
     sink_table = sink_stats(model, task.tokens, norms, n_sink=1)

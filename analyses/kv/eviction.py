@@ -17,6 +17,8 @@ checks it against a cropped Hugging Face cache. Policies:
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from typing import Sequence
 
 import pandas as pd
@@ -51,7 +53,7 @@ def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: i
               n_sink: int = 4, received: torch.Tensor | None = None) -> torch.Tensor:
     """Which context positions stay in the cache: bool [layer, batch, kv_head, ctx]."""
     if not isinstance(budget, int) or budget < 0:
-        raise ValueError(f"budget must be a non-negative int (cache positions kept), got {budget!r}.")
+        raise ConfigError(f"budget must be a non-negative int (cache positions kept), got {budget!r}.")
     shape = (n_layers, batch, n_kv_heads, ctx)
     pos = torch.arange(ctx)
     if policy == "full" or budget >= ctx:
@@ -63,12 +65,12 @@ def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: i
         keep = (pos < sinks) | (pos >= ctx - (budget - sinks))
     elif policy == "heavy_hitters":
         if received is None or tuple(received.shape) != shape:
-            raise ValueError(f"heavy_hitters needs received= attention of shape {shape}; use attention_received(model, tokens).")
+            raise ConfigError(f"heavy_hitters needs received= attention of shape {shape}; use attention_received(model, tokens).")
         keep = torch.zeros(shape, dtype=torch.bool)
         keep.scatter_(-1, received.cpu().topk(budget, -1).indices, True)
         return keep
     else:
-        raise ValueError(f"unknown eviction policy {policy!r}; use one of {('full', *POLICIES)}.")
+        raise ConfigError(f"unknown eviction policy {policy!r}; use one of {('full', *POLICIES)}.")
     return keep.expand(shape).clone()
 
 

@@ -20,6 +20,8 @@ triggers of random other keys of the layer).
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from dataclasses import asdict, dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -60,7 +62,7 @@ class TriggerExamples:
 def _corpus_batches(corpus: torch.Tensor | Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
     for batch in [corpus] if isinstance(corpus, torch.Tensor) else corpus:
         if batch.ndim != 2 or batch.shape[1] < 2:
-            raise ValueError(f"corpus batches must be [rows, pos] token tensors with pos >= 2, got shape "
+            raise ConfigError(f"corpus batches must be [rows, pos] token tensors with pos >= 2, got shape "
                              f"{tuple(batch.shape)}; each row is a prompt followed by its next tokens.")
         yield batch
 
@@ -93,7 +95,7 @@ def trigger_examples(
             running.update(m.reshape(-1, m.shape[-1]).T, ids)  # scores [d_mlp, chunk * n_pos]
         row_offset += tokens.shape[0]
     if topk[0].ids is None:
-        raise ValueError("the corpus was empty; pass at least one [rows, pos] batch of tokens.")
+        raise ConfigError("the corpus was empty; pass at least one [rows, pos] batch of tokens.")
     ids = torch.stack([t.ids for t in topk])  # [layer, d_mlp, k, 3]
     return TriggerExamples(
         layers=layers, coefficients=torch.stack([t.values for t in topk]), row=ids[..., 0],
@@ -221,7 +223,7 @@ def mlp_memories_analysis(model, task: Task, corpus: torch.Tensor | Sequence[tor
     escape when rendering), "task_updates" (largest sub-updates per example and layer).
     """
     if model.facts.is_encoder:
-        raise ValueError(f"the mlp analysis reads values through the unembedding and next tokens; "
+        raise ConfigError(f"the mlp analysis reads values through the unembedding and next tokens; "
                          f"{model.facts.name} is an encoder without a trained LM head. Use a decoder.")
     corpus = [corpus] if isinstance(corpus, torch.Tensor) else list(corpus)
     layers = tuple(range(model.facts.n_layers))

@@ -6,6 +6,8 @@ is O(rows x (k + chunk)) whatever the corpus size.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import torch
 
 
@@ -19,9 +21,9 @@ class StreamingTopK:
 
     def __init__(self, k: int, n_rows: int) -> None:
         if not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}.")
+            raise ConfigError(f"k must be a positive int, got {k!r}.")
         if not isinstance(n_rows, int) or n_rows < 1:
-            raise ValueError(f"n_rows must be a positive int, got {n_rows!r}.")
+            raise ConfigError(f"n_rows must be a positive int, got {n_rows!r}.")
         self.k = k
         self.n_rows = n_rows
         self.values = torch.empty(n_rows, 0)  # [rows, <=k]
@@ -31,10 +33,10 @@ class StreamingTopK:
     def update(self, scores: torch.Tensor, ids: torch.Tensor) -> None:
         """Merge scores [rows, n] with ids [n] or [n, m] into the running top-k."""
         if scores.ndim != 2 or scores.shape[0] != self.n_rows:
-            raise ValueError(f"scores must have shape [{self.n_rows}, n], got {tuple(scores.shape)}.")
+            raise ConfigError(f"scores must have shape [{self.n_rows}, n], got {tuple(scores.shape)}.")
         ids = torch.as_tensor(ids, dtype=torch.int64).cpu()  # [n(, m)]
         if ids.ndim not in (1, 2) or ids.shape[0] != scores.shape[1]:
-            raise ValueError(f"got ids of shape {tuple(ids.shape)} for {scores.shape[1]} scores per row; "
+            raise ConfigError(f"got ids of shape {tuple(ids.shape)} for {scores.shape[1]} scores per row; "
                              f"pass one id (or one row of ids) per column.")
         scores = scores.detach().float().cpu()  # [rows, n]
         new_ids = ids.expand(self.n_rows, *ids.shape)  # [rows, n(, m)]

@@ -15,6 +15,8 @@ peak at the last token.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -102,12 +104,12 @@ def causal_tracing(
     """
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
-        raise ValueError(f"Unknown causal-tracing kinds {unknown}; choose from {tuple(KINDS)}.")
+        raise ConfigError(f"Unknown causal-tracing kinds {unknown}; choose from {tuple(KINDS)}.")
     if span not in task.spans:
-        raise ValueError(f"Task {task.name!r} marks no {span!r} span (it has {sorted(task.spans)}); "
+        raise ConfigError(f"Task {task.name!r} marks no {span!r} span (it has {sorted(task.spans)}); "
                          "causal tracing noises the subject tokens, so pass span= or add the span.")
     if n_samples < 1:
-        raise ValueError(f"n_samples must be >= 1, got {n_samples}.")
+        raise ConfigError(f"n_samples must be >= 1, got {n_samples}.")
     tokens = model.check_tokens(task.tokens)
     pm = resolve_metric(task, metric)
     n_layers, n_pos = model.facts.n_layers, tokens.shape[1]

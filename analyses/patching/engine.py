@@ -14,6 +14,8 @@ Also here: the mask-based replacement hook that exact patching and causal tracin
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import math
 from typing import Any, Callable, Sequence
 
@@ -95,7 +97,7 @@ def run_batched(
     rows are summed across ranks, so every rank returns the whole [n_runs (+1), B].
     """
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size is the number of patched runs per forward pass; got {batch_size!r}, use an int >= 1.")
+        raise ConfigError(f"batch_size is the number of patched runs per forward pass; got {batch_size!r}, use an int >= 1.")
     tokens = model.check_tokens(tokens)
     n_prompts, n_pos = tokens.shape
     head = model.check_tokens(lead) if lead is not None else tokens[:0]  # [B or 0, pos]

@@ -12,7 +12,7 @@ import torch
 
 from headscope.analyses.core import metrics as M
 from headscope.analyses.core.tasks import Task
-from headscope.errors import ShapeMismatchError
+from headscope.errors import ShapeMismatchError, TaskError
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # model output [batch, ...] -> [batch]
 METRICS = ("logit_diff", "normalized_logit_diff", "logprob", "prob", "task")
@@ -41,7 +41,7 @@ def _tiled(ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 def _need_answers(task: Task, what: str) -> torch.Tensor:
     if task.answers is None:
-        raise ValueError(
+        raise TaskError(
             f"Task {task.name!r} has no answers, but the {what} metric reads the answer's logit; "
             "build the Task with answers= (one token id per prompt) or pass a callable metric."
         )
@@ -58,7 +58,7 @@ def resolve_metric(task: Task, metric: str | Metric | None) -> PatchMetric:
     if callable(metric):
         return PatchMetric(name=getattr(metric, "__name__", "custom"), fn=metric)
     if metric not in METRICS:
-        raise ValueError(f"Unknown patching metric {metric!r}; use one of {METRICS} or a callable output -> [batch].")
+        raise TaskError(f"Unknown patching metric {metric!r}; use one of {METRICS} or a callable output -> [batch].")
     if metric == "task":
         return PatchMetric(name=task.metric, fn=M.task_metric(task), last_position=task.metric != "cosine")
     answers = _need_answers(task, metric)
@@ -69,7 +69,7 @@ def resolve_metric(task: Task, metric: str | Metric | None) -> PatchMetric:
 
         return PatchMetric(name=metric, fn=logprob, stacked=True, last_position=True)
     if task.wrong_answers is None:
-        raise ValueError(
+        raise TaskError(
             f"Task {task.name!r} has no wrong_answers, which the {metric} metric needs; "
             "add wrong_answers= or use metric='logprob'."
         )
@@ -85,7 +85,7 @@ def resolve_metric(task: Task, metric: str | Metric | None) -> PatchMetric:
 
 def check_direction(direction: str) -> str:
     if direction not in DIRECTIONS:
-        raise ValueError(
+        raise TaskError(
             f"Unknown direction {direction!r}: use 'denoise' (corrupted run, restore clean activations) "
             "or 'noise' (clean run, insert corrupted activations)."
         )
@@ -95,13 +95,13 @@ def check_direction(direction: str) -> str:
 def clean_and_corrupted(model, task: Task, corrupted_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked (clean, corrupted) token pair, each [batch, pos], on the model's device."""
     if model.facts.is_encoder:
-        raise ValueError(
+        raise TaskError(
             f"{model.facts.name} is an encoder; activation patching here measures next-token answers "
             "and needs a decoder (e.g. zoo/synth-llama)."
         )
     corrupted = task.corrupted_tokens if corrupted_tokens is None else corrupted_tokens
     if corrupted is None:
-        raise ValueError(
+        raise TaskError(
             f"Task {task.name!r} has no corrupted_tokens; patching moves activations between a clean and "
             "a corrupted run, so build the Task with corrupted_tokens= of the same shape."
         )

@@ -32,7 +32,7 @@ from headscope.analyses.patching.inputs import check_direction, clean_and_corrup
 from headscope.analyses.core.result import Result
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
-from headscope.errors import IndexOutOfRangeError
+from headscope.errors import ConfigError, IndexOutOfRangeError
 
 COMPONENTS = ("q", "k", "v")
 Head = tuple[int, int]
@@ -46,7 +46,7 @@ def _weights(attn, component: str) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def _check_receivers(model, receivers, component: str) -> list[Head]:
     if component not in COMPONENTS:
-        raise ValueError(f"Unknown component {component!r}; path patching reaches a receiver's {COMPONENTS} input.")
+        raise ConfigError(f"Unknown component {component!r}; path patching reaches a receiver's {COMPONENTS} input.")
     n = model.facts.n_kv_heads if component in ("k", "v") else model.facts.n_heads
     out = []
     for layer, head in receivers:
@@ -56,7 +56,7 @@ def _check_receivers(model, receivers, component: str) -> list[Head]:
                                        f"layer {layer} has {n} {'KV ' if n != model.facts.n_heads else ''}heads.")
         out.append((layer, head))
     if not out:
-        raise ValueError("receivers is empty; pass (layer, head) pairs or 'logits'.")
+        raise ConfigError("receivers is empty; pass (layer, head) pairs or 'logits'.")
     return out
 
 
@@ -89,7 +89,7 @@ def path_patching(
     n_layers, n_heads = model.facts.n_layers, model.facts.n_heads
     to_logits = isinstance(receivers, str)
     if to_logits and receivers != "logits":
-        raise ValueError(f"receivers must be 'logits' or a list of (layer, head), got {receivers!r}.")
+        raise ConfigError(f"receivers must be 'logits' or a list of (layer, head), got {receivers!r}.")
     recv = [] if to_logits else _check_receivers(model, receivers, component)
     last = n_layers if to_logits else max(layer for layer, _ in recv)
     if senders is None:
@@ -99,7 +99,7 @@ def path_patching(
     groups: list[list[Head]] = [[]] if to_logits else ([[r] for r in recv] if per_receiver else [recv])
     runs = [(s, g) for s in senders for g in groups if to_logits or any(r[0] > s[0] for r in g)]
     if not runs:
-        raise ValueError("No sender comes before a receiver; senders must sit in earlier layers than receivers.")
+        raise ConfigError("No sender comes before a receiver; senders must sit in earlier layers than receivers.")
 
     base, source_tokens = (clean, corrupted) if direction == "noise" else (corrupted, clean)
     z_names = [site("z", layer) for layer in sorted({s[0] for s in senders})]

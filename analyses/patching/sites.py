@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from headscope.hooks.sites import SITES, check_site, site
-from headscope.errors import SiteError
+from headscope.errors import ConfigError, SiteError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +105,7 @@ def site_types(sites) -> list[SiteType]:
     """Look up site type names; unknown names get a SiteError with the closest valid names."""
     names = [sites] if isinstance(sites, str) else list(sites)
     if not names:
-        raise ValueError(f"sites is empty; pass some of {', '.join(SITE_TYPES)}.")
+        raise ConfigError(f"sites is empty; pass some of {', '.join(SITE_TYPES)}.")
     for name in names:
         if name not in SITE_TYPES:
             close = difflib.get_close_matches(str(name), list(SITE_TYPES), n=3, cutoff=0.5)

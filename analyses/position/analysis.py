@@ -19,6 +19,8 @@ streaming (metric means under full / sinks+window / window attention).
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -79,10 +81,10 @@ def resolve_task(model: Any, task: str) -> str:
             return "retrieval"
         return "zoo_kv" if has_zoo_vocab(model.tokenizer) else "json_kv"
     if task not in TASKS:
-        raise ValueError(f"unknown position task {task!r}; use one of {('auto', *TASKS)}.")
+        raise ConfigError(f"unknown position task {task!r}; use one of {('auto', *TASKS)}.")
     if (task == "retrieval") != model.facts.is_encoder:
         kind = "an encoder" if model.facts.is_encoder else "a decoder"
-        raise ValueError(f"task {task!r} does not fit {model.facts.name}, {kind}; use 'retrieval' for encoders and a kv or qa task for decoders.")
+        raise ConfigError(f"task {task!r} does not fit {model.facts.name}, {kind}; use 'retrieval' for encoders and a kv or qa task for decoders.")
     return task
 
 
@@ -96,7 +98,7 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
         return prompts.kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=cfg.n_examples, **common)
     if task == "qa":
         if cfg.data is None:
-            raise ValueError("task 'qa' needs data= a JSONL file of multi-document QA records (see load_qa_records).")
+            raise ConfigError("task 'qa' needs data= a JSONL file of multi-document QA records (see load_qa_records).")
         records = prompts.load_qa_records(cfg.data)[: cfg.n_examples]
         return prompts.qa_sweeps(tok, records, n_docs=cfg.n_items or 10, **common)
     records = prompts.load_retrieval_records(cfg.data)[: cfg.n_examples]
@@ -139,7 +141,7 @@ def position_bias(model: Any, sweeps: Sequence[PositionSweep] | None = None, *, 
     task = resolve_task(model, cfg.task) if sweeps is None else ("retrieval" if encoder else "custom")
     sweeps = build_sweeps(model, cfg) if sweeps is None else list(sweeps)
     if not sweeps:
-        raise ValueError("position_bias got no sweeps; pass n_examples >= 1 or a non-empty list of PositionSweep.")
+        raise ConfigError("position_bias got no sweeps; pass n_examples >= 1 or a non-empty list of PositionSweep.")
     n_sink = cfg.n_sink or (1 if task == "zoo_kv" else 4)
     if encoder:
         outs = run_encoder_sweeps(model, sweeps, n_sink=n_sink, batch_size=cfg.batch_size, progress=cfg.progress)
@@ -214,7 +216,7 @@ def run(model: Any, config: Any) -> Result:
         elif Path(config.task).suffix in (".jsonl", ".json"):
             task = "retrieval" if model.facts.is_encoder else "qa"
         else:
-            raise ValueError(f"the position analysis runs on 'kv', one of {TASKS} or a JSONL file, not {config.task!r}.")
+            raise ConfigError(f"the position analysis runs on 'kv', one of {TASKS} or a JSONL file, not {config.task!r}.")
     n_examples = config.n_examples or (8 if config.quick else 32)
     cfg = PositionConfig(task=task, n_examples=n_examples, seed=config.seed, progress=config.progress,
                          data=config.task if task in ("qa", "retrieval") and config.task not in TASKS else None,

@@ -21,6 +21,8 @@ Query-aware contextualisation (`query_aware=True`) puts the query before the dat
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -62,7 +64,7 @@ class PositionSweep:
 def default_positions(n_items: int) -> tuple[int, ...]:
     """The gold-position grid: every slot for up to 8 items, else 1 and the quarters (1,5,10,15,20 of 20)."""
     if n_items < 1:
-        raise ValueError(f"n_items must be >= 1, got {n_items}.")
+        raise ConfigError(f"n_items must be >= 1, got {n_items}.")
     if n_items <= 8:
         return tuple(range(1, n_items + 1))
     return tuple(sorted({1, *(int(n_items * k / 4 + 0.5) for k in range(1, 5))}))
@@ -75,7 +77,7 @@ def check_positions(positions: Sequence[int] | None, n_items: int) -> tuple[int,
     grid = tuple(int(p) for p in positions)
     bad = [p for p in grid if not 1 <= p <= n_items]
     if not grid or bad:
-        raise ValueError(
+        raise ConfigError(
             f"gold positions must be a non-empty list of slots in 1..{n_items} (1-based), got {list(positions)}; "
             f"e.g. positions=(1, {max(1, n_items // 2)}, {n_items})."
         )
@@ -98,7 +100,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
     unk, unk_text = getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "unk_token", None)
     if unk is not None and unk in ids and not (unk_text and unk_text in text):
-        raise ValueError(
+        raise ConfigError(
             f"the tokenizer maps part of {text[:60]!r} to its unknown token; use a prompt builder that "
             f"matches the model's vocabulary (zoo models: task 'zoo_kv')."
         )
@@ -140,7 +142,7 @@ def item_sweep(
     chunks = [encode(tokenizer, it) for it in items]
     gold_ids = encode(tokenizer, gold)
     if not gold_ids:
-        raise ValueError("the gold item tokenizes to nothing; pass a non-empty gold item.")
+        raise ConfigError("the gold item tokenizes to nothing; pass a non-empty gold item.")
     rows, spans = [], []
     for p in grid:
         order = [*chunks[: p - 1], gold_ids, *chunks[p - 1:]]
@@ -227,7 +229,7 @@ def kv_sweeps(
 ) -> list[PositionSweep]:
     """Liu et al.'s synthetic key-value retrieval over k UUID pairs, for any tokenizer."""
     if n_pairs < 2:
-        raise ValueError(f"n_pairs must be >= 2, got {n_pairs}.")
+        raise ConfigError(f"n_pairs must be >= 2, got {n_pairs}.")
     rng = np.random.default_rng([seed, 75])
     sweeps = []
     for _ in range(n_examples):
@@ -256,7 +258,7 @@ def load_qa_records(source: Any) -> list[dict]:
     source = _dataset(source)
     missing = [f for f in QA_FIELDS if f not in source.column_names]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"multi-document QA data lacks field(s) {missing}; each JSONL record needs {list(QA_FIELDS)} "
             f"(see headscope/analyses/data/multidoc_example.jsonl)."
         )
@@ -290,7 +292,7 @@ def qa_sweeps(
             if d != r["gold_document"] and not _has_answer(d, answers) and d not in distractors:
                 distractors.append(d)
         if len(distractors) < n_docs - 1:
-            raise ValueError(
+            raise ConfigError(
                 f"only {len(distractors)} answer-free distractors for question {r['question']!r}, need "
                 f"{n_docs - 1}; add documents to the data or lower n_docs."
             )
@@ -336,7 +338,7 @@ def retrieval_sweeps(
     for r in records:
         distractors = list(r["distractors"])[:n_distractors]
         if not distractors:
-            raise ValueError(f"retrieval record {r['query']!r} has no distractor sentences.")
+            raise ConfigError(f"retrieval record {r['query']!r} has no distractor sentences.")
         sweeps.append(item_sweep(
             tokenizer, items=[f" {s}" for s in distractors], gold=f" {r['relevant']}",
             positions=positions, encoder=True, query=r["query"],

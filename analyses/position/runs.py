@@ -13,6 +13,8 @@ gold mass is averaged over every query row (mean pooling reads every position).
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -147,7 +149,7 @@ def run_decoder_sweeps(
     """
     for sw in sweeps:
         if sw.answer_ids.numel() == 0:
-            raise ValueError("decoder sweeps need answer_ids (the answer continuation); build them with a decoder prompt builder.")
+            raise ConfigError("decoder sweeps need answer_ids (the answer continuation); build them with a decoder prompt builder.")
 
     def score(batch: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         first = sweeps[batch[0][0]]
@@ -183,7 +185,7 @@ def run_encoder_sweeps(
 ) -> list[SweepOutput]:
     """Cosine(query, passage) of mean-pooled final hidden states for every row, plus attention stats."""
     if any(sw.query_tokens is None for sw in sweeps):
-        raise ValueError("encoder sweeps need query_tokens; build them with retrieval_sweeps.")
+        raise ConfigError("encoder sweeps need query_tokens; build them with retrieval_sweeps.")
     queries = [mean_pool(model(sw.query_tokens), None)[0] for sw in sweeps]  # each [d_model]
 
     def score(batch: list[tuple[int, int]]) -> dict[str, torch.Tensor]:

@@ -14,6 +14,8 @@ hook_pattern and dividing each row by its new sum).
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -26,7 +28,7 @@ def query_rows(n_q: int, n_sink: int, *, causal: bool = True, q_start: int | Non
     """The query positions averaged over: q_start.. (default n_sink for causal, 0 for encoders)."""
     start = (n_sink if causal else 0) if q_start is None else q_start
     if not 0 <= start < n_q:
-        raise ValueError(f"no query positions to average: q_start={start} for {n_q} positions; lower n_sink.")
+        raise ConfigError(f"no query positions to average: q_start={start} for {n_q} positions; lower n_sink.")
     return torch.arange(start, n_q)
 
 
@@ -35,7 +37,7 @@ def sink_mass(
 ) -> torch.Tensor:
     """[batch, head, q, k] attention weights -> [batch, head]: mean over q of the mass on keys < n_sink."""
     if n_sink < 1:
-        raise ValueError(f"n_sink must be >= 1, got {n_sink}.")
+        raise ConfigError(f"n_sink must be >= 1, got {n_sink}.")
     rows = query_rows(pattern.shape[-2], n_sink, causal=causal, q_start=q_start).to(pattern.device)
     mass = pattern[..., :n_sink].sum(-1)  # [batch, head, q]
     return mass.index_select(-1, rows).mean(-1)  # [batch, head]
@@ -56,7 +58,7 @@ def streaming_keep(n_q: int, n_k: int, n_sink: int, window: int, *, keep_sinks: 
     Queries are the last n_q of n_k positions (n_q == n_k for a full forward pass).
     """
     if window < 1:
-        raise ValueError(f"window must be >= 1 (the query itself), got {window}.")
+        raise ConfigError(f"window must be >= 1 (the query itself), got {window}.")
     q = torch.arange(n_k - n_q, n_k)[:, None]  # [q, 1] absolute positions
     k = torch.arange(n_k)[None, :]  # [1, k]
     keep = (k <= q) & (k > q - window)  # [q, k]

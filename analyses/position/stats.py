@@ -1,6 +1,8 @@
 """Statistics of the position sweep: bootstrap intervals, the middle-to-ends ratio, retrieval heads."""
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import math
 from typing import Mapping, Sequence
 
@@ -12,7 +14,7 @@ def bootstrap_ci(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0, 
     """(mean, low, high): the mean and its percentile bootstrap interval (resampling examples)."""
     x = np.asarray(values, dtype=float)
     if x.size == 0:
-        raise ValueError("bootstrap_ci needs at least one value.")
+        raise ConfigError("bootstrap_ci needs at least one value.")
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(1)  # [n_boot]
     tail = (1.0 - level) / 2

@@ -16,6 +16,8 @@ Labels come from the Task (`task_labels`):
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -52,7 +54,7 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1) -> Probe
     if not isinstance(labels, str):
         arr = np.asarray(labels)
         if arr.shape[0] != len(task):
-            raise ValueError(f"got {arr.shape[0]} labels for a Task of {len(task)} prompts; pass one label per prompt.")
+            raise ConfigError(f"got {arr.shape[0]} labels for a Task of {len(task)} prompts; pass one label per prompt.")
         kind = "regression" if np.issubdtype(arr.dtype, np.floating) else "classification"
         return ProbeData(labels=arr, types=tokens[:, position].numpy(), kind=kind, all_positions=False)
     if labels == "position":
@@ -61,14 +63,14 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1) -> Probe
                          kind="regression", all_positions=True)
     if labels == "answer":
         if task.answers is None:
-            raise ValueError(f"Task {task.name!r} has no answers; choose another label.")
+            raise ConfigError(f"Task {task.name!r} has no answers; choose another label.")
         y = task.answers.cpu().numpy()
     else:
         kind, _, name = labels.partition(":")
         if labels == "query_pair":
             kind, name = "span_start", "gold"
         if kind not in ("span", "span_start") or name not in task.spans:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown probe labels {labels!r} for Task {task.name!r}; use 'query_pair', 'answer', 'position', "
                 f"or 'span:<name>' / 'span_start:<name>' with a span of {sorted(task.spans)}.")
         span = task.spans[name].cpu()  # [batch, 2]

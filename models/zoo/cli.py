@@ -4,6 +4,8 @@ The root CLI (headscope.cli) parses arguments and calls these two functions.
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +36,7 @@ def train_main(
     cfg = recipe.train
     if steps is not None:
         if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
+            raise ConfigError(f"steps must be >= 1, got {steps}")
         cfg = replace(cfg, steps=steps)
     if threads is not None:
         cfg = replace(cfg, threads=threads)

@@ -15,6 +15,8 @@ Training batches (dense supervision, several answers per sequence) are built in 
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import combinations
@@ -58,7 +60,7 @@ class Example:
 def kv_example(rng: np.random.Generator, *, n_pairs: int = 8, query: int | None = None) -> Example:
     """n_pairs distinct keys with distinct values, then one queried key (position uniform)."""
     if not 2 <= n_pairs <= min(vocab.N_KEYS, vocab.N_VALUES):
-        raise ValueError(f"n_pairs must be in [2, {vocab.N_KEYS}], got {n_pairs}")
+        raise ConfigError(f"n_pairs must be in [2, {vocab.N_KEYS}], got {n_pairs}")
     keys = rng.choice(vocab.N_KEYS, size=n_pairs, replace=False)
     values = rng.choice(vocab.N_VALUES, size=n_pairs, replace=False)
     q = int(rng.integers(n_pairs)) if query is None else query
@@ -94,10 +96,10 @@ def induction_example(
     """
     pool = vocab.INDUCTION_POOL
     if not 2 <= length <= len(pool) - 1:
-        raise ValueError(f"length must be in [2, {len(pool) - 1}], got {length}")
+        raise ConfigError(f"length must be in [2, {len(pool) - 1}], got {length}")
     j = int(rng.integers(1, length)) if position is None else position
     if not 1 <= j < length:
-        raise ValueError(f"position must be in [1, {length - 1}], got {j}")
+        raise ConfigError(f"position must be in [1, {length - 1}], got {j}")
     idx = rng.choice(len(pool), size=length + 1, replace=False)  # last one: the corruption
     seq = [pool[i] for i in idx[:length]]
     replacement = pool[idx[length]]
@@ -217,7 +219,7 @@ def examples(task: str, n: int, *, seed: int, **kw) -> Iterator[Example]:
     """n examples of `task` from a fresh Generator seeded by (seed, task)."""
     makers = {"kv": kv_example, "induction": induction_example, "facts": facts_example, "ioi": ioi_example}
     if task not in makers:
-        raise ValueError(f"unknown zoo task {task!r}; valid tasks: {', '.join(TASKS)}")
+        raise ConfigError(f"unknown zoo task {task!r}; valid tasks: {', '.join(TASKS)}")
     rng = np.random.default_rng([seed, TASKS.index(task)])
     for _ in range(n):
         yield makers[task](rng, **kw)

@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from headscope.errors import ModelNotFoundError
+from headscope.errors import ModelNotFoundError, UnknownZooModelError
 
 ZOO_DIR = Path(__file__).parent / "checkpoints"
 
-
-class UnknownZooModelError(ModelNotFoundError):
-    """A zoo name that is not shipped; the message lists the names that are."""
 
 
 def available() -> list[str]:

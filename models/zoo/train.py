@@ -10,6 +10,8 @@ the initialisation, one numpy Generator per task for the data, torch's determini
 """
 from __future__ import annotations
 
+from headscope.errors import ConfigError
+
 import logging
 import math
 import time
@@ -104,9 +106,9 @@ def build_model(cfg: ModelConfig, *, seed: int) -> torch.nn.Module:
             with torch.no_grad():
                 model.transformer.wpe.weight.copy_(sinusoidal_positions(cfg.max_positions, cfg.d_model))
         elif cfg.position_init != "normal":
-            raise ValueError(f"unknown position_init {cfg.position_init!r}; valid: 'normal', 'sinusoidal'")
+            raise ConfigError(f"unknown position_init {cfg.position_init!r}; valid: 'normal', 'sinusoidal'")
         return model
-    raise ValueError(f"unknown arch {cfg.arch!r}; valid: 'llama', 'gpt2'")
+    raise ConfigError(f"unknown arch {cfg.arch!r}; valid: 'llama', 'gpt2'")
 
 
 def sinusoidal_positions(n_positions: int, d_model: int, *, std: float = 0.02) -> torch.Tensor:

@@ -9,6 +9,8 @@ every checkpoint, so that Hugging Face and TransformerLens load it from the dire
 """
 from __future__ import annotations
 
+from headscope.errors import VocabularyError
+
 from typing import Sequence
 
 UNK, PAD, BOS, EOS = "<unk>", "<pad>", "<bos>", "<eos>"
@@ -77,7 +79,7 @@ def ids(words: Sequence[str]) -> list[int]:
     try:
         return [WORD_TO_ID[w] for w in words]
     except KeyError as err:
-        raise KeyError(f"{err.args[0]!r} is not in the zoo vocabulary") from None
+        raise VocabularyError(f"{err.args[0]!r} is not in the zoo vocabulary") from None
 
 
 def build_tokenizer():

@@ -117,11 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     quiet = args.quiet or os.environ.get("RANK", "0") != "0"  # under torchrun only rank 0 logs progress
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from headscope.errors import HeadscopeError
-
     from headscope.analyses.core.registry import ANALYSES
-    from headscope.analyses.core.task_files import TaskFileError
-    from headscope.reports.report import OutputExistsError
+    from headscope.errors import HeadscopeError
 
     handlers = {"sites": _cmd_sites, "zoo": _cmd_zoo, "report": _cmd_report, **{name: _cmd_report for name in ANALYSES}}
     if args.command is None:
@@ -129,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return handlers[args.command](args)
-    except (HeadscopeError, TaskFileError, OutputExistsError, ValueError) as err:
+    except HeadscopeError as err:  # a user mistake: one line, exit 2 (anything else keeps its traceback)
         print(f"headscope: error: {err}", file=sys.stderr)
         return 2
 

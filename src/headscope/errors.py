@@ -39,3 +39,42 @@ class ShapeMismatchError(HeadscopeError, ValueError):
 
 class ContextLengthError(HeadscopeError, ValueError):
     """A prompt is longer than the model's context window."""
+
+
+class ConfigError(HeadscopeError, ValueError):
+    """A setting or argument out of its allowed values (a method name, a count, a fraction...)."""
+
+
+class TaskError(HeadscopeError, ValueError):
+    """A task's data cannot serve the analysis: missing answers, mismatched shapes, unknown names."""
+
+
+class TaskFileError(TaskError):
+    """A user task file (JSONL/CSV/Parquet) cannot be read or lacks required fields."""
+
+
+class InputTypeError(HeadscopeError, TypeError):
+    """An argument of the wrong type (e.g. text where a token tensor is expected)."""
+
+
+class VocabularyError(HeadscopeError, KeyError):
+    """A word or token outside a tokenizer's vocabulary."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnsupportedModelError(HeadscopeError, RuntimeError):
+    """The model's architecture cannot run this operation (e.g. cached decoding on an encoder)."""
+
+
+class MemoryBudgetError(HeadscopeError, ValueError):
+    """The memory budget cannot hold even one row of a batched pass."""
+
+
+class OutputExistsError(HeadscopeError, FileExistsError):
+    """The output folder exists and neither --force nor --resume was given."""
+
+
+class UnknownZooModelError(ModelNotFoundError):
+    """A zoo name that is not shipped; the message lists the names that are."""

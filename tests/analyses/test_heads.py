@@ -98,7 +98,8 @@ def bert_pooled(model, task: Task, fwd_hooks=()) -> torch.Tensor:
 
 # ---- gradient importance -------------------------------------------------------------------
 # HF's Llama RMSNorm computes in float32 even in a float64 model, so its differences need a larger step
-@pytest.mark.parametrize("family,eps,rel", [("gpt2", 1e-5, 1e-5), ("llama", 1e-3, 2e-4)])
+# (central differences: truncation error O(eps^2), float32 rounding O(1e-7 / eps))
+@pytest.mark.parametrize("family,eps,rel", [("gpt2", 1e-5, 1e-5), ("llama", 1e-2, 2e-4)])
 def test_gate_gradients_equal_finite_differences(f64_models, family, eps, rel):
     model, task = f64_models[family], decoder_task()
     got = hi.gradient_importance(model, task)

@@ -7,10 +7,11 @@ import re
 import pandas as pd
 import pytest
 
-from headscope.analyses.core.task_files import TaskFileError, load_task_file, read_task_rows
+from headscope.analyses.core.task_files import load_task_file, read_task_rows
+from headscope.errors import OutputExistsError, TaskFileError
 from headscope.reports import io
 from headscope.reports.html_report import write_report_files
-from headscope.reports.report import OutputExistsError, parse_analyses, prepare_out
+from headscope.reports.report import parse_analyses, prepare_out
 
 XSS = "<script>alert(1)</script>"
 
