@@ -30,10 +30,11 @@ def worker(args: argparse.Namespace) -> None:
     """One rank: load, sweep, gather timings, rank 0 writes the JSON."""
     sys.path.insert(0, str(Path(__file__).parent))
     from _common import load
-    from headscope.execution import distributed
+
     from headscope.analyses.core import tasks
     from headscope.analyses.heads.importance import ablation_importance
     from headscope.analyses.patching.analysis import activation_patching
+    from headscope.execution import distributed
 
     distributed.init_from_env("cpu")
     model, label = load(args.model, device="cpu")

@@ -28,11 +28,11 @@ import argparse
 import sys
 
 import torch
-
 from _common import load, timed, timed_alternately, timed_pair
+
+from headscope.analyses.core import tasks
 from headscope.analyses.heads import importance as hi
 from headscope.analyses.heads import l0 as heads_l0
-from headscope.analyses.core import tasks
 from headscope.execution import resume
 
 
@@ -75,7 +75,7 @@ def l0_loop(model, task, config: heads_l0.L0Config) -> torch.Tensor:
             rows = torch.randperm(len(task), generator=gen)[:batch]
             u = torch.rand((batch, f.n_layers, f.n_heads), generator=gen).clamp(1e-6, 1 - 1e-6)
             gates = heads_l0.sample_gates(log_alpha, u)  # [b, L, H]
-            hooks = [(f"blocks.{l}.attn.hook_z", lambda z, hook, l=l: z * gates[:, l, None, :, None])
+            hooks = [(f"blocks.{l}.attn.hook_z", lambda z, hook, l=l, gates=gates: z * gates[:, l, None, :, None])
                      for l in range(f.n_layers)]
             last = model.bridge.run_with_hooks(task.tokens[rows], return_type="logits", fwd_hooks=hooks)[:, -1]
             ce = -torch.log_softmax(last, -1)[torch.arange(batch), task.answers[rows]]
@@ -107,13 +107,14 @@ def main() -> None:
         scorer = hi.make_scorer(model, task)
         pos = task.tokens.shape[1]
         (t_loop, t_batch, t_grad), (ref, got, _) = timed_alternately(
-            [lambda: loop_importance(model, task), lambda: hi.ablation_importance(model, scorer),
-             lambda: hi.gradient_importance(model, scorer)], args.repeats)
-        t_single, _ = timed(lambda: hi.ablation_importance(model, scorer, max_tokens=n * pos), args.repeats)
+            [lambda task=task: loop_importance(model, task), lambda scorer=scorer: hi.ablation_importance(model, scorer),
+             lambda scorer=scorer: hi.gradient_importance(model, scorer)], args.repeats)
+        t_single, _ = timed(lambda scorer=scorer, n=n, pos=pos: hi.ablation_importance(model, scorer, max_tokens=n * pos),
+                            args.repeats)
         supports = resume.supports
         resume.supports = lambda model: resume.Support(False, False, False)  # full stacked passes, as before resuming
         try:
-            t_full, _ = timed(lambda: hi.ablation_importance(model, scorer), args.repeats)
+            t_full, _ = timed(lambda scorer=scorer: hi.ablation_importance(model, scorer), args.repeats)
         finally:
             resume.supports = supports
         err = (got.importance.float() - ref).abs().max().item()

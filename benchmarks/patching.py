@@ -26,12 +26,12 @@ import contextlib
 import io
 
 import torch
+from _common import load, timed, timed_pair
 from transformer_lens import patching as tlp
 
-from _common import load, timed, timed_pair
 from headscope.analyses.core import tasks
-from headscope.analyses.patching.attribution_patching import attribution_patching
 from headscope.analyses.patching.analysis import activation_patching
+from headscope.analyses.patching.attribution_patching import attribution_patching
 
 
 def tl_sweep(model, task, sweep):
@@ -76,7 +76,8 @@ def sweep_all(model, task, repeats: int) -> None:
           f"at position {first}); metric: mean logit difference")
     for site, sweep in [("resid_pre", tlp.get_act_patch_resid_pre),
                         ("head_out", tlp.get_act_patch_attn_head_out_all_pos)]:
-        t_tl, t_hs, ref, got = timed_pair(lambda: tl_sweep(model, task, sweep), lambda: ours(model, task, site), repeats)
+        t_tl, t_hs, ref, got = timed_pair(lambda sweep=sweep: tl_sweep(model, task, sweep),
+                                          lambda site=site: ours(model, task, site), repeats)
         diff = (got.view(ref.shape) - ref).abs().max().item()
         print(f"{site:<16} cells {ref.numel():>4}: transformer_lens {t_tl:8.3f} s   headscope {t_hs:7.3f} s   "
               f"ratio {t_tl / t_hs:6.1f}x   max abs diff {diff:.2e}")

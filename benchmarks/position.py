@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timings on a shared CPU)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--model", default=None, help="a zoo-vocabulary model spec or directory (default: zoo/synth-llama if shipped)")
+    parser.add_argument("--model", default=None,
+                        help="a zoo-vocabulary model spec or directory (default: zoo/synth-llama if shipped)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from headscope.models.zoo import registry
@@ -63,7 +64,7 @@ def main() -> None:
             model, label = hs.load_model("zoo/synth-llama", device="cpu"), "zoo/synth-llama"
         else:
             model, label = zoo_sized_model(tmp), "random model of synth-llama's shape (zoo checkpoint not shipped yet)"
-        cfg = PositionConfig(task="zoo_kv", n_items=args.pairs, n_examples=args.examples, n_boot=200, progress=False)
+        cfg = PositionConfig(sweep="zoo_kv", n_items=args.pairs, n_examples=args.examples, n_boot=200, progress=False)
         position_bias(model, config=replace(cfg, n_examples=1))  # warm-up
         w_batched, c_batched, batched = best_time(lambda: position_bias(model, config=cfg), args.repeats)
         n_pos = len(batched.summary["positions"])
@@ -74,9 +75,12 @@ def main() -> None:
     print(f"model: {label}; {args.examples} examples x {len(batched.summary['positions'])} gold positions "
           f"({args.pairs} pairs, prompt {args.pairs * 3 + 2} tokens), 3 forward passes a row (full, sinks+window, window); "
           f"torch threads {args.threads}; best of {args.repeats}")
-    print(f"batched (whole examples, up to 64 rows a pass): wall {w_batched:.3f} s, CPU {c_batched:.3f} s ({rows / w_batched:.1f} rows/s)")
-    print(f"one example (its {n_pos} positions) per pass:     wall {w_example:.3f} s, CPU {c_example:.3f} s ({rows / w_example:.1f} rows/s)")
-    print(f"one prompt per forward pass:                   wall {w_single:.3f} s, CPU {c_single:.3f} s ({rows / w_single:.1f} rows/s)")
+    print(f"batched (whole examples, up to 64 rows a pass): wall {w_batched:.3f} s, CPU {c_batched:.3f} s "
+          f"({rows / w_batched:.1f} rows/s)")
+    print(f"one example (its {n_pos} positions) per pass:     wall {w_example:.3f} s, CPU {c_example:.3f} s "
+          f"({rows / w_example:.1f} rows/s)")
+    print(f"one prompt per forward pass:                   wall {w_single:.3f} s, CPU {c_single:.3f} s "
+          f"({rows / w_single:.1f} rows/s)")
     print(f"speed-up vs one prompt per pass: packed wall {w_single / w_batched:.2f}x, CPU {c_single / c_batched:.2f}x; "
           f"one example per pass wall {w_single / w_example:.2f}x, CPU {c_single / c_example:.2f}x; identical results: {same}")
 

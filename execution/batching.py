@@ -1,21 +1,22 @@
 """Automatic batch sizing: rows per forward pass from free memory, halving on out-of-memory.
 
-`chunk_size` turns a per-row memory estimate (`row_bytes`) and a budget into rows per pass:
-the budget is an explicit number of bytes, else a fraction of the free memory of the model's
-device (torch.cuda.mem_get_info on CUDA; available RAM, at most CPU_BUDGET, on CPU); a user
-override wins over both. Estimates can be wrong, so `run_chunks` runs a loop in chunks and, when
+`rows_per_pass` is the one rule every engine sizes its passes by. Under it, `chunk_size` turns
+a per-row memory estimate (`row_bytes`) and a budget into rows per pass: the budget is an
+explicit number of bytes, else a fraction of the free memory of the model's device
+(torch.cuda.mem_get_info on CUDA; available RAM, at most CPU_BUDGET, on CPU); a user override
+wins over both. Estimates can be wrong, so `run_chunks` runs a loop in chunks and, when
 a chunk runs out of memory (torch.OutOfMemoryError, or the CPU allocator's RuntimeError),
 halves the chunk size and retries that chunk. Chunks only group independent rows, so results
 do not depend on the size (up to float rounding of batched matmuls).
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError, MemoryBudgetError
-
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+
+from headscope.errors import ConfigError, MemoryBudgetError
 
 log = logging.getLogger(__name__)
 CPU_BUDGET = 2 * 2**30  # at most this many bytes of activations per forward pass on CPU
@@ -25,7 +26,8 @@ FRACTION = 0.5  # share of the device's free memory used by default
 # stays below malloc's 32 MiB mmap threshold (models/heap) and the next pass reuses its memory.
 CPU_PASS_TOKENS, CPU_PASS_WIDE_BYTES = 4096, 16 << 20
 OOM_MARKERS = ("out of memory", "not enough memory", "defaultcpuallocator")
-
+# rows_per_pass(logits_cap=True): at most this many tokens, and decoder logits, in one pass
+MAX_PASS_TOKENS, MAX_PASS_LOGITS = 32768, 2**28
 
 
 def row_bytes(model, n_pos: int, *, grad: bool = False) -> int:
@@ -41,6 +43,29 @@ def row_bytes(model, n_pos: int, *, grad: bool = False) -> int:
     if grad:
         per_pos += f.n_layers * (8 * f.d_model + 2 * f.d_mlp + 2 * f.n_heads * n_pos)
     return elem * n_pos * per_pos
+
+
+def rows_per_pass(model, n_pos: int, *, grad: bool = False, memory_budget: int | None = None,
+                  max_tokens: int | None = None, logits_cap: bool = False) -> int:
+    """How many rows (sequences of n_pos tokens) one forward pass may hold: the one sizing rule
+    of the engines (head masks and gate gradients, L0 training, patched runs).
+
+    max_tokens: a token budget that overrides everything else. Otherwise what `memory_budget`
+    bytes (None: default_budget of the model's device) hold by the per-row estimate
+    (`row_bytes`, grad: with the backward pass's storage; MemoryBudgetError when not one row),
+    and by default (no budget given) no-grad passes on CPU hold at most `cpu_rows` (fewer for
+    wide MLPs). logits_cap: also at most MAX_PASS_TOKENS tokens and MAX_PASS_LOGITS decoder
+    logits (pos x d_vocab floats; encoders stop before their LM head).
+    """
+    if max_tokens:
+        return max(1, max_tokens // max(n_pos, 1))
+    fits = chunk_size(row_bytes(model, n_pos, grad=grad), device=model.device, budget=memory_budget)
+    cpu = None if grad or memory_budget is not None else cpu_rows(model.device, n_pos, widest(model))
+    rows = min(fits, cpu or fits)
+    if logits_cap:
+        width = 0 if model.facts.is_encoder else model.facts.d_vocab
+        rows = min(rows, max(1, min(MAX_PASS_TOKENS, MAX_PASS_LOGITS // max(width, 1)) // max(n_pos, 1)))
+    return rows
 
 
 def free_memory(device: torch.device | str) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist

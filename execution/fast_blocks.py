@@ -11,7 +11,9 @@ hook-free capture). One saving a bridge block cannot make: in the last block the
 the last query only (`last_query`), since a last-position metric reads nothing else. `full`
 also takes an edit of the heads' z and is differentiable, which gives resume.last_logits (gate
 gradients, L0 training, gradient attribution). resume.supports checks each use against a full
-pass before anything relies on it.
+pass before anything relies on it. The residual sums after attention (`residual`) and the
+output projection (`out_proj`, `attention_out`) are also what resume's z shortcut runs through
+the bridge's own norm and MLP, so both paths share one copy of that arithmetic.
 
 Known, in float32: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated
 MLP), i.e. Llama, Mistral and Qwen2 layers; GPT-2 blocks; and GPT-NeoX (Pythia) blocks, parallel
@@ -20,13 +22,13 @@ rounds differently) get None and keep the bridge's blocks.
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from headscope.errors import ConfigError
 from headscope.execution.rows import take
 
 # x [n, q, d_model], the block's call arguments and kwargs (gathered to the rows and cut to the
@@ -69,7 +71,7 @@ def plan(model) -> list[Block] | None:
     if any(p.dtype != torch.float32 for p in model.bridge.parameters()):
         return None  # half precision: HF's eager attention rounds differently (softmax in float32)
     try:
-        return [build(layer) for layer in layers]
+        return [build(layer, out_proj(block)) for layer, block in zip(layers, model.bridge.blocks)]
     except (AttributeError, ValueError):  # a variant without the expected modules
         return None
 
@@ -125,7 +127,7 @@ def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return torch.matmul(p, v).view(n, n_heads, q_len, d_head)
 
 
-def _llama_block(layer: torch.nn.Module) -> Block:
+def _llama_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
     """Pre-norm RMSNorm, separate q/k/v projections with rotary tables, gated MLP."""
     attn, mlp = _raw(layer.self_attn), _raw(layer.mlp)
     ln1, ln2 = _raw(layer.input_layernorm), _raw(layer.post_attention_layernorm)
@@ -149,12 +151,12 @@ def _llama_block(layer: torch.nn.Module) -> Block:
         return q, k, v
 
     return _block(ln1=lambda x: _rms_norm(x, ln1), ln2=lambda x: _rms_norm(x, ln2), project=project,
-                  o_proj=_raw(attn.o_proj), mlp=lambda h: down(act(gate(h)).mul_(up(h))),
+                  o_proj=o_proj, mlp=lambda h: down(act(gate(h)).mul_(up(h))),
                   mask_of=lambda args, kwargs: kwargs.get("attention_mask"),
                   shape=(n_heads, n_kv, d_head), scaling=float(attn.scaling))
 
 
-def _gpt2_block(layer: torch.nn.Module) -> Block:
+def _gpt2_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
     """Pre-norm LayerNorm, one fused q/k/v projection (Conv1D), learned positions (in the
     embedding), plain MLP; attention mask passed positionally."""
     attn, mlp = _raw(layer.attn), _raw(layer.mlp)
@@ -177,12 +179,12 @@ def _gpt2_block(layer: torch.nn.Module) -> Block:
             return _UNHANDLED
         return args[1] if len(args) > 1 else kwargs.get("attention_mask")
 
-    return _block(ln1=_raw(layer.ln_1), ln2=_raw(layer.ln_2), project=project, o_proj=_raw(attn.c_proj),
+    return _block(ln1=_raw(layer.ln_1), ln2=_raw(layer.ln_2), project=project, o_proj=o_proj,
                   mlp=lambda h: c_proj(act(c_fc(h))), mask_of=mask_of, shape=(n_heads, n_heads, d_head),
                   scaling=float(attn.scaling))
 
 
-def _neox_block(layer: torch.nn.Module) -> Block:
+def _neox_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
     """GPT-NeoX (Pythia): pre-norm LayerNorms, one fused q/k/v projection laid out per head,
     partial rotary, GELU MLP; parallel residual x + attention(ln1(x)) + MLP(ln2(x)) unless the
     config says sequential."""
@@ -203,7 +205,7 @@ def _neox_block(layer: torch.nn.Module) -> Block:
         return _rotate_part(q, cos, sin), k, v
 
     return _block(ln1=_raw(layer.input_layernorm), ln2=_raw(layer.post_attention_layernorm), project=project,
-                  o_proj=_raw(attn.dense), mlp=lambda h: proj(act(fc(h))),
+                  o_proj=o_proj, mlp=lambda h: proj(act(fc(h))),
                   mask_of=lambda args, kwargs: kwargs.get("attention_mask"), shape=(n_heads, n_heads, d_head),
                   scaling=float(attn.scaling), parallel=bool(getattr(layer, "use_parallel_residual", False)))
 
@@ -213,9 +215,9 @@ _UNHANDLED = object()  # mask_of's answer for call arguments the hook-free block
 
 def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable, mlp: Callable, mask_of: Callable,
            shape: tuple[int, int, int], scaling: float, parallel: bool = False) -> Block:
-    """A pre-norm block from its parts: x + o(attention(ln1(x))), then + mlp(ln2(.)); parallel:
-    x + o(attention(ln1(x))) + mlp(ln2(x)). project(h, args, kwargs, last_query) -> q [n, head,
-    q', d_head], k and v [n, kv, q, d_head]."""
+    """A pre-norm block from its parts: attention o(attention(ln1(x))), then the residual sums
+    and the MLP (`residual`: sequential or parallel). project(h, args, kwargs, last_query) -> q
+    [n, head, q', d_head], k and v [n, kv, q, d_head]."""
     n_heads, n_kv, d_head = shape
 
     def attend(x: torch.Tensor, args: tuple, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
@@ -249,7 +251,7 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         if edit_z is not None:
             z = edit_z(z.view(*z.shape[:2], n_heads, d_head)).flatten(2)
         x = x[:, -1:] if last_query else x
-        return after(o_proj(z), x)
+        return after(attention_out(o_proj, z), x)
 
     def record(x: torch.Tensor, args: tuple, kwargs: dict):
         """The block with its parts: (output [n, q, d_model], z [n, q, head, d_head], k, v
@@ -258,17 +260,44 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         if got is None:
             return None
         z, k, v = got
-        return after(o_proj(z), x), z.view(*z.shape[:2], n_heads, d_head), k, v
+        return after(attention_out(o_proj, z), x), z.view(*z.shape[:2], n_heads, d_head), k, v
 
     def after(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The block's output [n, q, d_model] from its attention output a (a fresh buffer: added
-        to in place) and its input x: x + a + mlp(ln2(x)) (parallel) or h + mlp(ln2(h)), h = x + a."""
-        if parallel:  # mlp + a + x, Hugging Face's order
-            return mlp(ln2(x)).add_(a).add_(x)
-        h = a.add_(x)
-        return mlp(ln2(h)).add_(h)
+        to in place) and its input x (see residual)."""
+        return residual(a, x, ln2, mlp, parallel, in_place=True)
 
     return Block(run, after, record)
+
+
+def residual(a: torch.Tensor, x: torch.Tensor, ln2: Callable, mlp: Callable, parallel: bool, *,
+             in_place: bool) -> torch.Tensor:
+    """A pre-norm block's output [n, q, d_model] from its attention output a and its input x
+    [n, q, d_model]: h + mlp(ln2(h)) with h = x + a (resid_mid), or for parallel blocks
+    (GPT-NeoX) mlp(ln2(x)) + a + x, summed in that order (Hugging Face's: half precision rounds
+    each sum). The one copy of this arithmetic, shared by the hook-free blocks and resume's z
+    shortcut through the bridge's own ln2 and MLP. in_place: a and the MLP's output are fresh
+    buffers nobody else holds (hook-free blocks), so the sums reuse them; through the bridge a
+    hook may keep the MLP's output, so nothing is added in place. Float addition commutes
+    exactly, so both give the same bits."""
+    if parallel:
+        m = mlp(ln2(x))
+        return m.add_(a).add_(x) if in_place else m + a + x
+    h = a.add_(x) if in_place else x + a
+    m = mlp(ln2(h))
+    return m.add_(h) if in_place else h + m
+
+
+def out_proj(block: torch.nn.Module) -> torch.nn.Module:
+    """A bridge block's attention output projection, the raw Hugging Face module (calling the
+    bridge's would fire hook_z)."""
+    return _raw(block.attn.o)
+
+
+def attention_out(o_proj: Callable, z: torch.Tensor) -> torch.Tensor:
+    """The attention output o(z) [n, q, d_model] from the heads' z [n, q, head, d_head] (or
+    already flattened to [n, q, head * d_head]); contiguous, as GPT-2's Conv1D views its input."""
+    return o_proj(z.flatten(2).contiguous())
 
 
 def past_kv(cache: Any, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:

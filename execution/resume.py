@@ -21,29 +21,31 @@ read only the last position:
 differentiably, with an optional edit of each block's z.
 `supports` checks once per model that resuming reproduces a plain forward pass, and which
 savings do; callers keep the full pass where it does not (encoders, unusual blocks) and while
-other hooks are attached to the model (an outer hs.ablate or hs.patch context).
+other hooks are attached to the model (an outer hs.ablate or hs.patch context). A failed check
+warns once per model (HeadscopeWarning) with what falls back.
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import contextlib
 import logging
+import warnings
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
+from headscope.errors import ConfigError, HeadscopeWarning
 from headscope.execution import fast_blocks
-from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
 from headscope.execution.rows import take
+from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
 from headscope.hooks.sites import site, split_block
 
 log = logging.getLogger(__name__)
 HookList = Sequence[tuple[str, Callable[..., Any]]]
-_SUPPORT: "weakref.WeakKeyDictionary[Any, Support]" = weakref.WeakKeyDictionary()
-_FAST: "weakref.WeakKeyDictionary[Any, list | None]" = weakref.WeakKeyDictionary()  # model -> fast_blocks.plan
+_SUPPORT: weakref.WeakKeyDictionary[Any, Support] = weakref.WeakKeyDictionary()
+_FAST: weakref.WeakKeyDictionary[Any, list | None] = weakref.WeakKeyDictionary()  # model -> fast_blocks.plan
 _CHECK_TOL = 1e-4  # relative to the logits' scale (float32; half precision gets 8 eps of its dtype)
 
 
@@ -250,30 +252,22 @@ def _suffix(value: Any, start: int, n_pos: int, key: str = "") -> Any:
     return value
 
 
-def _o_proj(block) -> torch.nn.Module:
-    """The attention's output projection (the raw module: calling the bridge would fire hook_z)."""
-    o = block.attn.o
-    return getattr(o, "original_component", None) or o
-
-
 def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool,
                     after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                     parallel: bool = False) -> torch.Tensor:
     """A pre-norm block given its heads' z [n, pos, head, d_head] instead of computing attention:
-    h + MLP(ln2(h)) with h = x + o(z), or x + o(z) + MLP(ln2(x)) for parallel blocks (GPT-NeoX),
-    whose MLP reads the block's input. Its resid_mid (sequential blocks only) and MLP hooks fire
-    (unless `after`, the hook-free rest of the block, fast_blocks.Block.after, replaces them);
-    resid_pre, attention and resid_post hooks do not."""
+    h + MLP(ln2(h)) with h = x + o(z), or MLP(ln2(x)) + o(z) + x for parallel blocks (GPT-NeoX),
+    whose MLP reads the block's input (fast_blocks.residual, the arithmetic the hook-free blocks
+    share). Its resid_mid (sequential blocks only) and MLP hooks fire (unless `after`, the
+    hook-free rest of the block, fast_blocks.Block.after, replaces them); resid_pre, attention
+    and resid_post hooks do not."""
     if last_only:
         x, z = x[:, -1:], z[:, -1:]
-    a = _o_proj(block)(z.flatten(-2).contiguous())  # [n, pos, d_model] attention output (GPT-2 Conv1D views it)
+    a = fast_blocks.attention_out(fast_blocks.out_proj(block), z)  # [n, pos, d_model] attention output
     x = x.to(a.device)  # sharded models: the block's device
     if after is not None:
         return after(a, x)
-    if parallel:  # Hugging Face's order of the sums (half precision rounds each one)
-        return block.mlp(block.ln2(x)) + a + x
-    h = x + a  # resid_mid
-    return h + block.mlp(block.ln2(h))
+    return fast_blocks.residual(a, x, block.ln2, block.mlp, parallel, in_place=False)
 
 
 def _parallel(model) -> bool:
@@ -403,7 +397,9 @@ class Support(NamedTuple):
 def supports(model) -> Support:
     """What resuming reproduces on `model`, checked once per model on short prompts (start blocks
     0, 1 and L-1; a few start positions) to 1e-4 of the logits' scale in float32. Nothing is
-    resumed, checked or remembered while hooks are attached to the model."""
+    resumed, checked or remembered while hooks are attached to the model. A check that fails
+    (rather than one that does not apply, e.g. hook-free blocks on an unknown architecture) is
+    said once per model, as a HeadscopeWarning naming the model and what runs instead."""
     if model.n_active_hooks():
         return Support(False, False, False)
     if model in _SUPPORT:
@@ -422,7 +418,7 @@ def _check(model) -> Support:
     try:
         ckpt = capture(model, tokens, z_layers=range(n_layers))
     except Exception as err:  # noqa: BLE001 - an unusual model: keep full passes
-        log.info("resume: capture failed on %s (%s); full passes", model.facts.name, err)
+        _warn_fallback(model, [("capturing a pass", f"failed: {err}")])
         return Support(False, False, False)
     eps = torch.finfo(ckpt.logits.dtype).eps
     tol = max(_CHECK_TOL, 8 * eps) * (1.0 + ckpt.logits.abs().max().item())
@@ -430,15 +426,23 @@ def _check(model) -> Support:
     want = ckpt.logits[rows]
     starts = sorted({0, min(1, n_layers - 1), n_layers - 1})
 
+    failed: list[tuple[str, str]] = []  # (saving, why), warned about once at the end
+
     def holds(what: str, make) -> bool:
         try:
             for got in make():
-                if got.shape[-1] != want.shape[-1] or (got[:, -1] - want).abs().max().item() > tol:
-                    log.info("resume: %s does not reproduce a full pass on %s; not used", what, model.facts.name)
+                if got.shape[-1] != want.shape[-1]:
+                    failed.append((what, f"logits of width {got.shape[-1]}, not {want.shape[-1]}"))
+                    return False
+                diff = (got[:, -1] - want).abs().max().item()
+                if diff > tol:  # (a NaN difference passes, as it always has)
+                    failed.append((what, f"max |logit difference| {diff:.3g} > {tol:.3g}"))
                     return False
             return True
+        except _NotApplicable:  # not a failure: the saving does not apply to this model
+            return False
         except Exception as err:  # noqa: BLE001 - an unusual block layout: that saving stays off
-            log.info("resume: %s failed on %s (%s); not used", what, model.facts.name, err)
+            failed.append((what, f"failed: {type(err).__name__}: {err}"))
             return False
 
     ok = holds("resuming", lambda: (resume(model, ckpt, s, rows, last_only=lo) for s in starts for lo in (True, False)))
@@ -456,10 +460,40 @@ def _check(model) -> Support:
     def from_quick_capture():
         quick = capture(model, tokens, z_layers=range(n_layers), fast=True)
         yield quick.logits[rows].unsqueeze(1)
-        yield last_logits(model, tokens)[rows].unsqueeze(1)  # the differentiable pass (None: fails)
+        quick_logits = last_logits(model, tokens)  # the differentiable pass
+        if quick_logits is None:  # hook-free blocks do not apply to the whole pass (e.g. mixed attention types)
+            raise _NotApplicable
+        yield quick_logits[rows].unsqueeze(1)
         for s in starts:
             yield resume(model, quick, s, rows, fast=True, from_pos=3 if prefix else 0,
                          z=take(quick.z[s], rows) if shortcut else None)
 
     fast_capture = fast and holds("the hook-free capture", from_quick_capture)  # False where it does not apply
+    if failed:
+        _warn_fallback(model, failed)
     return Support(ok, shortcut, prefix, fast, fast_capture)
+
+
+class _NotApplicable(Exception):
+    """A saving that does not apply to the model (not a failed check: nothing to warn about)."""
+
+
+# what runs instead when a check fails (Support's fields false from there on)
+_FALLBACK = {
+    "capturing a pass": "every sweep (head ablation and pruning, L0 evaluation, exact patching) runs full forward passes",
+    "resuming": "every sweep (head ablation and pruning, L0 evaluation, exact patching) runs full forward passes",
+    "the z shortcut": "head edits resume with their block's attention recomputed",
+    "resuming from a position": "patched passes compute every position",
+    "hook-free blocks": "resumed passes run the bridge's blocks",
+    "the hook-free capture": "captures, gate gradients and L0 training run the bridge's full pass",
+}
+
+
+def _warn_fallback(model, failed: list[tuple[str, str]]) -> None:
+    """One HeadscopeWarning per model naming each failed check and what runs instead (results
+    are the same, only slower). supports() checks a model once, so this is said once."""
+    parts = "; ".join(f"{what} ({why}), so {_FALLBACK[what]}" for what, why in failed)
+    msg = (f"headscope: on model {model.facts.name!r} a resumed-pass check did not reproduce a full forward pass: {parts}. "
+           f"Results are unchanged; those passes are slower.")
+    log.info(msg)
+    warnings.warn(msg, HeadscopeWarning, stacklevel=4)

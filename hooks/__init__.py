@@ -1,6 +1,7 @@
 """Hooks: site names, capture, MLP memories, KV states and interventions (removed on exit)."""
 from headscope.hooks.attention import expand_kv_heads, scaled_dot_product
-from headscope.hooks.capture import Activations, capture, head_result
+from headscope.hooks.cache import Activations, head_result
+from headscope.hooks.capture import capture, run_with_cache
 from headscope.hooks.interventions import ablate, head_gates, patch
 from headscope.hooks.kv_states import GenerationTrace, KVStates, generate_with_kv, kv_states
 from headscope.hooks.memories import MLPMemories, mlp_memories
@@ -24,6 +25,7 @@ __all__ = [
     "mlp_memories",
     "parse_site",
     "patch",
+    "run_with_cache",
     "scaled_dot_product",
     "site",
 ]

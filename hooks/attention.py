@@ -5,11 +5,11 @@ over its group of query heads (the layout Hugging Face and TransformerLens use).
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import math
 
 import torch
+
+from headscope.errors import ConfigError
 
 
 def expand_kv_heads(kv: torch.Tensor, n_heads: int, head_dim: int = 2) -> torch.Tensor:

@@ -1,25 +1,24 @@
-"""capture: run a forward pass and keep only the requested sites.
+"""capture and run_with_cache: run a forward pass and keep only the requested sites.
 
 Memory is proportional to what was asked for: one hook per requested site, an optional
 position selection applied inside the hook, and an optional move to CPU. Per-head outputs
 (`blocks.L.attn.hook_result`) are computed from hook_z and W_O inside the hook.
+`run_with_cache` is TransformerLens's habit: every site by default, an Activations cache back.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
-from headscope.hooks.sites import COMPUTED, SITES, check_site, parse_site, site
-from headscope.errors import ConfigError, IndexOutOfRangeError
+from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
+from headscope.hooks.cache import Activations, head_result
+from headscope.hooks.sites import COMPUTED, SITES, available_sites, check_site, hook_point, parse_site, site
 
 Positions = int | Sequence[int] | slice | torch.Tensor | None
-
-
-class Activations(dict):
-    """name -> tensor, plus `output` (logits for decoders, hidden states for encoders)."""
-
-    output: torch.Tensor | None = None
+_NORM_SCALE = re.compile(r"^(?:blocks\.\d+\.ln[12]|ln_final)\.hook_scale$")  # [batch, pos, 1]
 
 
 def position_index(positions: Positions, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -39,12 +38,6 @@ def select_positions(act: torch.Tensor, positions: Positions, dim: int) -> torch
     if positions is None:
         return act
     return act.index_select(dim, position_index(positions, act.shape[dim], act.device))
-
-
-def head_result(model, layer: int, z: torch.Tensor) -> torch.Tensor:
-    """Per-head output from z: [batch, pos, head, d_head] @ W_O[head] -> [batch, pos, head, d_model]."""
-    w_o = model.bridge.blocks[layer].attn.W_O  # [head, d_head, d_model]
-    return torch.einsum("bphd,hdm->bphm", z, w_o.to(z.dtype))
 
 
 def hook_point_for(name: str) -> str:
@@ -73,15 +66,71 @@ def capture(
         raise ConfigError("capture needs at least one site name, e.g. site('resid_post', 0).")
     for name in names:
         check_site(model, name)
-    store = Activations()
+    return _run(model, tokens, names, positions, to_cpu, attention_mask, grad)
+
+
+def run_with_cache(
+    model,
+    tokens: torch.Tensor,
+    names: str | Iterable[str] | Callable[[str], bool] | None = None,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    positions: Positions = None,
+    to_cpu: bool = False,
+    names_filter: str | Iterable[str] | Callable[[str], bool] | None = None,
+) -> tuple[torch.Tensor, Activations]:
+    """(output, Activations) of one forward pass, like TransformerLens's run_with_cache.
+
+    names: None = every site the model computes (`available_sites`) plus the norm scales
+    (`ln_final.hook_scale`, `blocks.L.ln1/ln2.hook_scale`, [batch, pos, 1], which apply_ln
+    needs), but not the computed per-head `hook_result` sites: they cost n_heads x d_model per
+    position, and `stack_head_results` computes them from hook_z (TransformerLens also leaves
+    them out unless use_attn_result is set). A name, a list of names, or a filter callable
+    (TransformerLens's names_filter, also accepted under that name) over the same names plus
+    the hook_result sites selects. Activations are detached; positions and to_cpu are as in
+    `capture` (the output stays on the model's device).
+    """
+    if names is not None and names_filter is not None:
+        raise ConfigError("run_with_cache got both names and names_filter; they are the same argument, pass one.")
+    names = names if names is not None else names_filter
+    scales = norm_scale_names(model)
+    every = available_sites(model) + scales
+    if names is None:
+        wanted = [n for n in every if n in scales or parse_site(n)[0] not in COMPUTED]
+    elif callable(names):
+        wanted = [n for n in every if names(n)]
+    else:
+        wanted = [names] if isinstance(names, str) else list(names)
+        for name in wanted:
+            if name not in scales:
+                check_site(model, name)
+    if not wanted:
+        raise ConfigError("run_with_cache: names selected no site; see headscope.available_sites(model).")
+    acts = _run(model, tokens, wanted, positions, to_cpu, attention_mask, False)
+    missing = [n for n in wanted if n in scales and not dict.__contains__(acts, n)]
+    if missing and names is not None and not callable(names):  # asked for by name
+        raise SiteError(f"{model.facts.name} never computes {missing}; leave them out.")
+    return acts.output, acts
+
+
+def norm_scale_names(model) -> list[str]:
+    """The bridge's norm-scale hook points (ln1/ln2 per block, then ln_final), in forward order."""
+    names = [f"blocks.{l}.ln{i}.hook_scale" for l in range(model.facts.n_layers) for i in (1, 2)]
+    return [n for n in names + ["ln_final.hook_scale"] if hook_point(model, n) is not None]
+
+
+def _run(model, tokens, names, positions, to_cpu, attention_mask, grad) -> Activations:
+    """The pass behind capture and run_with_cache: one hook per name (hook_result on hook_z)."""
+    store = Activations(model=model)
 
     def make_hook(name: str):
-        kind, layer = parse_site(name)
-        dim = SITES[kind].pos_dim
+        scale = bool(_NORM_SCALE.match(name))
+        kind, layer = (None, None) if scale else parse_site(name)
+        dim = 1 if scale else SITES[kind].pos_dim
 
         def hook(act: torch.Tensor, hook: Any) -> None:
             if kind in COMPUTED:
-                act = head_result(model, layer, act)
+                act = head_result(model, layer, act)  # [batch, pos, head, d_model]
             act = select_positions(act, positions, dim)
             if not grad:
                 act = act.detach()
@@ -89,7 +138,7 @@ def capture(
 
         return hook
 
-    fwd = [(hook_point_for(name), make_hook(name)) for name in names]
+    fwd = [(name if _NORM_SCALE.match(name) else hook_point_for(name), make_hook(name)) for name in names]
     with torch.set_grad_enabled(grad):
         store.output = model.run_with_hooks(tokens, fwd=fwd, attention_mask=attention_mask)
     if not grad:

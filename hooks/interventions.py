@@ -7,20 +7,37 @@ so changing z_h changes exactly that head's contribution); neurons at mlp.hook_p
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
+from headscope.errors import ConfigError, IndexOutOfRangeError, ShapeMismatchError, SiteError
 from headscope.hooks.capture import Positions, capture, position_index
 from headscope.hooks.sites import SITES, check_site, parse_site, site
-from headscope.errors import ConfigError, IndexOutOfRangeError, ShapeMismatchError, SiteError
 
+# The ablation methods, here and in the heads analysis (analyses.heads.importance.ABLATIONS):
+# "zero"; "mean" (the reference prompts' mean, per position); "resample" (each row takes another
+# example's activation, never its own: `resample_partners`).
 METHODS = ("zero", "mean", "resample")
 
 
-def _replacement(method: str, ref: torch.Tensor | None, act: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
-    """What replaces `act` [batch, pos, ...] under the ablation method."""
+def resample_partners(n_rows: int, n_ref: int, generator: torch.Generator) -> torch.Tensor:
+    """Resample ablation's pairing: row i takes reference row partner[i] [n_rows] = (i + r_i) %
+    n_ref, r_i uniform in 1..n_ref - 1 and seeded by `generator` (on CPU). So partner[i] is
+    never i mod n_ref: when the reference prompts are the input's own batch, no row ever gets
+    its own activation back (resample ablation replaces an activation with another example's).
+    Needs n_ref >= 2."""
+    if n_ref < 2:
+        raise ConfigError(f"resample ablation needs at least 2 reference examples to take activations from; got {n_ref}.")
+    return (torch.arange(n_rows) + torch.randint(1, n_ref, (n_rows,), generator=generator)) % n_ref
+
+
+def _replacement(method: str, ref: torch.Tensor | None, act: torch.Tensor,
+                 partners: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """What replaces `act` [batch, pos, ...] under the ablation method; partners(batch) is the
+    resample pairing of this batch size (see resample_partners)."""
     if method == "zero":
         return torch.zeros_like(act)
     assert ref is not None
@@ -33,8 +50,7 @@ def _replacement(method: str, ref: torch.Tensor | None, act: torch.Tensor, gen: 
             f"resample ablation needs reference prompts of the same length as the input "
             f"({ref.shape[1]} vs {act.shape[1]} tokens); pass reference tokens of length {act.shape[1]}."
         )
-    rows = torch.randint(0, ref.shape[0], (act.shape[0],), generator=gen).to(ref.device)
-    return ref[rows]
+    return ref[partners(act.shape[0]).to(ref.device)]
 
 
 @contextmanager
@@ -52,8 +68,10 @@ def ablate(
     """Ablate heads (layer, head), MLP neurons (layer, index) and whole sites, optionally only at `positions`.
 
     method: "zero"; "mean" (mean over the `reference` prompts, per position when their length
-    matches the input, else over all positions); "resample" (each input row takes the
-    activation of a random reference row, seeded).
+    matches the input, else over all positions); "resample" (input row i takes, at every
+    ablated site, the activation of reference row partner[i], drawn once per batch size from
+    `seed` and never row i itself (resample_partners): with the input batch as its own
+    reference, a row never gets its own activation back; needs 2+ reference prompts).
     """
     if method not in METHODS:
         raise ConfigError(f"Unknown ablation method {method!r}; use one of {METHODS}.")
@@ -76,14 +94,24 @@ def ablate(
     refs = {}
     if reference is not None:
         refs = capture(model, reference, list(targets))
+    n_ref = next(iter(refs.values())).shape[0] if refs else 0
+    if method == "resample" and n_ref < 2:
+        raise ConfigError(f"resample ablation needs at least 2 reference prompts (a row never takes its own "
+                          f"activation); got {n_ref}.")
     gen = torch.Generator().manual_seed(seed)
+    pairings: dict[int, torch.Tensor] = {}  # batch size -> partner rows, shared by every site
+
+    def partners(n_rows: int) -> torch.Tensor:
+        if n_rows not in pairings:
+            pairings[n_rows] = resample_partners(n_rows, n_ref, gen)
+        return pairings[n_rows]
 
     def make_hook(name: str, units: list):
         kind, _ = parse_site(name)
         unit_dim = 2  # heads at axis 2 of z, neurons at axis 2 of mlp_post
 
         def hook(act: torch.Tensor, hook: Any) -> torch.Tensor:
-            new = _replacement(method, refs.get(name), act, gen)
+            new = _replacement(method, refs.get(name), act, partners)
             pos = position_index(positions, act.shape[1], act.device)
             mask = torch.zeros(act.shape[1], dtype=torch.bool, device=act.device)
             mask[pos] = True

@@ -8,14 +8,17 @@ trained LM head, and TransformerLens gives BERT a random one).
 """
 from __future__ import annotations
 
+import re
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
+from headscope.errors import ConfigError, ContextLengthError, IndexOutOfRangeError, InputTypeError, TokenizationWarning
 from headscope.models import heap
-from headscope.errors import ConfigError, ContextLengthError, IndexOutOfRangeError, InputTypeError
 
 HookFn = Callable[..., Any]
 
@@ -75,6 +78,73 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
     )
 
 
+# ---- tokenization checks ------------------------------------------------------------------------
+def unknown_words(tokenizer: Any, text: str) -> list[str]:
+    """The whitespace-delimited words of `text` that contain the tokenizer's unknown token, in
+    order, each once (empty when the tokenizer has no unknown token)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not text:
+        return []
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        spans = [tuple(span) for i, span in zip(enc["input_ids"], enc["offset_mapping"]) if i == unk]
+    except (NotImplementedError, ValueError, TypeError, KeyError):  # slow tokenizers have no offsets
+        spans = [(a, b) for a, b in words if unk in tokenizer(text[a:b], add_special_tokens=False)["input_ids"]]
+    found = []
+    for start, end in spans:
+        hit = [text[a:b] for a, b in words if a < max(end, start + 1) and b > start]
+        found.extend(hit or [text[start:end]])
+    return list(dict.fromkeys(w for w in found if w))
+
+
+def probe_words(tokenizer: Any, n: int = 6, scan: int = 400) -> list[str]:
+    """Up to n words from the tokenizer's own vocabulary (ASCII letters and digits, at least two
+    characters, as the tokenizer decodes the single token), spread over the vocabulary."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return []
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    ids = sorted(i for i in set(vocab.values()) if i not in special)
+    if not ids:
+        return []
+    step = max(1, len(ids) // scan)
+    words: list[str] = []
+    for i in ids[::step]:  # about `scan` ids spread evenly over the vocabulary
+        try:
+            word = tokenizer.decode([i]).strip()
+        except Exception:  # noqa: BLE001 - a broken id must not stop loading
+            continue
+        if len(word) >= 2 and word.isascii() and word.isalnum() and word not in words:
+            words.append(word)
+    if len(words) <= n:
+        return words
+    return [words[round(k * (len(words) - 1) / (n - 1))] for k in range(n)]
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def round_trip_problem(tokenizer: Any) -> str | None:
+    """None when decode(encode(text)) reproduces text built from the tokenizer's own vocabulary
+    (after stripping, collapsing whitespace and case-folding, so lower-casing WordPiece and
+    sentencepiece's leading space pass); else what went wrong, in words."""
+    words = probe_words(tokenizer)
+    if len(words) < 2:
+        return None  # nothing to probe with (e.g. a character-level vocabulary)
+    text = " ".join(words)
+    try:
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        back = tokenizer.decode(ids, skip_special_tokens=True)
+    except Exception as err:  # noqa: BLE001 - any failure here is the problem to report
+        return f"tokenizing {text!r} failed ({type(err).__name__}: {err})"
+    if _normal(back) == _normal(text):
+        return None
+    return f"{text!r} (words of its own vocabulary) -> {len(ids)} ids -> {back!r}"
+
+
 class HookedModel:
     """A hookable transformer: `model(tokens)` gives logits (decoders) or hidden states (encoders).
 
@@ -113,16 +183,30 @@ class HookedModel:
         )
 
     # ---- tokens -------------------------------------------------------------------------
-    def to_tokens(self, text: str | Sequence[str], *, prepend_bos: bool | None = None) -> torch.Tensor:
+    def to_tokens(self, text: str | Sequence[str], *, prepend_bos: bool | None = None,
+                  warn_unknown: bool = True) -> torch.Tensor:
         """Tokenise one string or a list of equal-length strings into [batch, pos] int64.
 
         Decoders get the BOS token prepended when the tokenizer has one and did not add it.
+        Words that become the tokenizer's unknown token raise a TokenizationWarning naming them
+        (warn_unknown=False: no check).
         """
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
             raise ConfigError("to_tokens got an empty list of prompts; pass at least one string.")
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True)
         ids = enc["input_ids"]  # [batch, pos]
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if warn_unknown and unk is not None:
+            real = enc["attention_mask"].bool() if "attention_mask" in enc else torch.ones_like(ids, dtype=torch.bool)
+            if bool(((ids == unk) & real).any()):
+                words = list(dict.fromkeys(w for t in texts for w in unknown_words(self.tokenizer, t)))
+                warnings.warn(
+                    f"{len(words)} word(s) are not in {self.facts.name}'s vocabulary and become "
+                    f"{self.tokenizer.unk_token!r}: {', '.join(map(repr, words[:10]))}"
+                    f"{f' and {len(words) - 10} more' if len(words) > 10 else ''}.",
+                    TokenizationWarning, stacklevel=2,
+                )
         bos = getattr(self.tokenizer, "bos_token_id", None)
         if prepend_bos is None:
             prepend_bos = not self.facts.is_encoder
@@ -172,7 +256,7 @@ class HookedModel:
 
     # ---- running ------------------------------------------------------------------------
     @contextmanager
-    def hooks(self, fwd: Sequence[tuple[str, HookFn]] = (), bwd: Sequence[tuple[str, HookFn]] = ()) -> Iterator["HookedModel"]:
+    def hooks(self, fwd: Sequence[tuple[str, HookFn]] = (), bwd: Sequence[tuple[str, HookFn]] = ()) -> Iterator[HookedModel]:
         """Attach hooks for the duration of the block; they are removed on exit, exceptions included."""
         with self.bridge.hooks(fwd_hooks=list(fwd), bwd_hooks=list(bwd)):
             yield self
@@ -200,12 +284,21 @@ class HookedModel:
     def run_with_hooks(
         self,
         tokens: torch.Tensor,
-        fwd: Sequence[tuple[str, HookFn]] = (),
-        bwd: Sequence[tuple[str, HookFn]] = (),
+        fwd: Sequence[tuple[str, HookFn]] | None = None,
+        bwd: Sequence[tuple[str, HookFn]] | None = None,
+        *,
+        fwd_hooks: Sequence[tuple[str, HookFn]] | None = None,
+        bwd_hooks: Sequence[tuple[str, HookFn]] | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        """One forward pass with temporary hooks (removed afterwards, also on error)."""
-        with self.hooks(fwd, bwd):
+        """One forward pass with temporary hooks (removed afterwards, also on error).
+
+        fwd_hooks= / bwd_hooks= are TransformerLens's spellings of fwd= / bwd=; give one of each pair.
+        """
+        for short, long, value, tl_value in (("fwd", "fwd_hooks", fwd, fwd_hooks), ("bwd", "bwd_hooks", bwd, bwd_hooks)):
+            if value is not None and tl_value is not None:
+                raise ConfigError(f"run_with_hooks got both {short}= and {long}=; they are the same argument, pass one.")
+        with self.hooks(fwd if fwd is not None else fwd_hooks or (), bwd if bwd is not None else bwd_hooks or ()):
             return self.forward(tokens, **kwargs)
 
     def n_active_hooks(self) -> int:

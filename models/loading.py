@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from headscope.errors import MissingExtraError, ModelNotFoundError, OfflineModelError
-from headscope.models.hooked_model import HookedModel, facts_from_bridge
+from headscope.errors import MissingExtraError, ModelNotFoundError, OfflineModelError, TokenizationWarning
+from headscope.models.hooked_model import HookedModel, facts_from_bridge, round_trip_problem
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,17 @@ def load_model(
     *,
     trust_remote_code: bool = False,
     device_map: str | dict | None = None,
+    tokenizer: Any = None,
+    check_tokenizer: bool = True,
 ) -> HookedModel:
     """Load a model by spec (see module docstring) and wrap it as a HookedModel.
 
     `trust_remote_code` stays off unless you ask for it; weights load through Hugging Face's
-    safetensors path.
+    safetensors path. `tokenizer`: a tokenizer object, or a directory or hub name for
+    AutoTokenizer, used instead of the one transformers picks for the model's files.
+    `check_tokenizer`: encode and decode a few words of the tokenizer's own vocabulary and warn
+    (TokenizationWarning) when they do not come back, i.e. when the tokenizer class does not fit
+    its files.
     """
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
@@ -111,8 +118,10 @@ def load_model(
     if kind == "hub":
         _check_hub_available(location)
     device = device if device is not None else (None if device_map else default_device())
-    tokenizer = None
-    if kind == "local":
+    chosen = tokenizer is not None
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=trust_remote_code)
+    elif tokenizer is None and kind == "local":
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
     kwargs: dict[str, Any] = {"device": device, "trust_remote_code": trust_remote_code}
     if dtype is not None:
@@ -134,9 +143,29 @@ def load_model(
     _route_renamed_cache_kwarg(bridge)
     if tokenizer is None:
         tokenizer = bridge.tokenizer
+    if check_tokenizer:
+        check_round_trip(tokenizer, name, chosen=chosen)
     facts = facts_from_bridge(bridge, name=name)
     log.info("loaded %s from %s", name, location)
     return HookedModel(bridge, tokenizer, facts, source=location)
+
+
+def check_round_trip(tokenizer: Any, name: str, *, chosen: bool = False) -> bool:
+    """Warn (TokenizationWarning) when the tokenizer does not give back words of its own vocabulary
+    (models.hooked_model.round_trip_problem); True when it does."""
+    problem = round_trip_problem(tokenizer)
+    if problem is None:
+        return True
+    cls = type(tokenizer).__name__
+    how = ("" if chosen else
+           f"; transformers picked {cls} for these files, so pass the right one, e.g. load_model(..., "
+           f"tokenizer=transformers.PreTrainedTokenizerFast.from_pretrained(DIR)) for a tokenizer.json")
+    warnings.warn(
+        f"The tokenizer of {name} ({cls}) does not round-trip its own vocabulary: {problem}; analyses on text "
+        f"would see the wrong tokens{how}.",
+        TokenizationWarning, stacklevel=3,
+    )
+    return False
 
 
 def _route_renamed_cache_kwarg(bridge: Any) -> None:

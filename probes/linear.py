@@ -13,8 +13,6 @@ score(control), both cross-validated on the same folds.
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.linear_model import LogisticRegression, Ridge
@@ -22,6 +20,8 @@ from sklearn.model_selection import KFold, StratifiedKFold, cross_val_score
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
+
+from headscope.errors import ConfigError
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data

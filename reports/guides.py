@@ -44,4 +44,11 @@ GUIDES = {
         "and selectivity (accuracy minus a control task with random labels per type, Hewitt & Liang "
         "2019). High accuracy with low selectivity means the probe memorises rather than reads."
     ),
+    "circuits": (
+        "Where the answer is written. The logit lens reads each block's input through the model's own "
+        "final norm and unembedding: the answer's log-probability by layer and position, and the first "
+        "layer where the answer is top-1. Direct logit attribution splits the final logit difference into "
+        "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale, so the "
+        "parts add up exactly."
+    ),
 }

@@ -6,15 +6,15 @@ figures by file stem; `token_html` renders token highlighting with every string 
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from headscope.analyses.core.result import Result, escape
+from headscope.analyses.core.result import Result
+from headscope.errors import ConfigError
+from headscope.reports.render import escape
 
 NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
@@ -46,7 +46,8 @@ def plot_token_heatmap(result: Result, *, example: int | None = None, ax=None):
     one = scores[(scores.example == example) & scores.method.isin(HEATMAP_ROWS)]
     if one.empty:
         raise ConfigError(f"No scores for example {example}; choose one of {sorted(scores.example.unique())[:10]}...")
-    grid = one.pivot_table(index="method", columns="position", values="score").reindex([m for m in HEATMAP_ROWS if m in set(one.method)])
+    grid = one.pivot_table(index="method", columns="position", values="score").reindex(
+        [m for m in HEATMAP_ROWS if m in set(one.method)])
     labels = one.drop_duplicates("position").set_index("position").token.reindex(grid.columns)
     ax = _axes(ax, (max(6, 0.3 * grid.shape[1]), 3))
     sns.heatmap(grid, cmap="viridis", ax=ax, xticklabels=list(labels), cbar_kws={"label": "share of importance"})

@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from headscope.analyses.core.result import escape
+from headscope.reports.render import escape
 
 
 def agreement_plot(agreement: pd.DataFrame, ax=None):

@@ -52,7 +52,8 @@ def layer_head_heatmap(df: pd.DataFrame, site_type: str = "head_out", *, column:
     return ax
 
 
-def head_pos_heatmap(df: pd.DataFrame, site_type: str = "head_out_by_pos", *, column: str = "effect", ax: Axes | None = None) -> Axes:
+def head_pos_heatmap(df: pd.DataFrame, site_type: str = "head_out_by_pos", *, column: str = "effect",
+                     ax: Axes | None = None) -> Axes:
     """(layer, head) x position heatmap of per-position head patching, columns labelled with tokens."""
     ax = _axes(ax)
     rows = df[df["site_type"] == site_type]

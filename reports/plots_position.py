@@ -5,13 +5,13 @@ file stem. Plotting reads the Result's tables only; nothing is computed from the
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+
+from headscope.errors import ConfigError
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability",
           "probability": "answer probability", "rank": "answer rank", "exact": "exact greedy answer",
@@ -33,7 +33,8 @@ def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str,
     curve = result.tables["curve"]
     data = curve[(curve["metric"] == metric) & curve["condition"].isin(conditions)]
     if data.empty:
-        raise ConfigError(f"no curve for metric {metric!r} and conditions {conditions}; metrics: {sorted(curve['metric'].unique())}.")
+        raise ConfigError(f"no curve for metric {metric!r} and conditions {conditions}; "
+                          f"metrics: {sorted(curve['metric'].unique())}.")
     palette = sns.color_palette(n_colors=len(conditions))
     for color, (cond, g) in zip(palette, data.groupby("condition", sort=False)):
         g = g.sort_values("position")

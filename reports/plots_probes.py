@@ -33,6 +33,7 @@ def figures(result, **kwargs) -> dict:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     probe_plot(result.df, ax1, metric=result.summary.get("metric", "score"), chance=result.summary.get("majority_baseline"))
     selectivity_plot(result.tables["per_layer"], ax2)
-    fig.suptitle(f"labels: {str(result.summary.get('labels', '')).replace('$', chr(92) + '$')}, site: {result.summary.get('site', '')}")
+    fig.suptitle(f"labels: {str(result.summary.get('labels', '')).replace('$', chr(92) + '$')}, "
+                 f"site: {result.summary.get('site', '')}")
     fig.tight_layout()
     return {"probes": fig}

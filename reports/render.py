@@ -6,12 +6,12 @@ figures are inlined as base64 PNG so that nothing is fetched from anywhere.
 from __future__ import annotations
 
 import base64
+import html
 import io
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
-
-from headscope.analyses.core.result import escape
 
 MAX_ROWS = 20
 
@@ -60,3 +60,8 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
     lines = ["| key | value |", "|---|---|"]
     lines += [f"| {escape(k)} | {escape(_short(v)).replace('|', '&#124;')} |" for k, v in summary.items()]
     return "\n".join(lines)
+
+
+def escape(text: Any) -> str:
+    """HTML-escape anything shown in a report or notebook (token strings may hold <script>)."""
+    return html.escape(str(text), quote=True)

@@ -1,4 +1,5 @@
-"""Shared test configuration: offline hub, tiny random models built locally, CUDA marker."""
+"""Shared test configuration: offline hub, tiny random models built locally, the shipped zoo model,
+CUDA marker."""
 from __future__ import annotations
 
 import os
@@ -40,3 +41,13 @@ def tiny_models(tiny_dirs):
     import headscope as hs
 
     return {family: hs.load_model(path, device="cpu") for family, path in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def zoo_model():
+    """The shipped zoo/synth-llama on CPU, loaded once for the slow zoo tests (shared; tests must not
+    modify it). Never skipped: the zoo checkpoints ship with the package, so a failure to load is a
+    packaging bug."""
+    import headscope as hs
+
+    return hs.load_model("zoo/synth-llama", device="cpu")

@@ -131,3 +131,87 @@ def test_full_report_on_the_default_model(tmp_path):
     headscope("-q", "report", "--out", str(out), timeout=1800)
     status = json.loads((out / "manifest.json").read_text())["status"]
     assert all(state == "done" for state in status.values()), status
+
+
+# ---- exit codes and output-folder safety (issue #20) ---------------------------------------------
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """A user mistake: exit 2, one line on stderr, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headscope: error: "), proc.stderr
+    return lines[0]
+
+
+def test_every_subcommand_exits_0(tmp_path):
+    from headscope import __version__
+
+    assert headscope("--version").stdout.strip() == f"headscope {__version__}"
+    assert "report" in headscope("--help").stdout
+    listing = headscope("zoo", "list")
+    assert "zoo/synth-llama" in listing.stdout and listing.stderr == ""  # (it used to exit 1, its lines on stderr)
+    assert "sites:" in headscope("-q", "sites", "--model", "zoo/synth-llama").stdout
+    headscope("-q", "kv", "--quick", "--out", str(tmp_path / "kv"))
+    assert (tmp_path / "kv" / "kv" / "summary.json").exists()
+
+
+def test_user_mistakes_exit_2_with_one_line_and_write_nothing(tmp_path):
+    out = tmp_path / "out"
+    line = one_line_error(headscope("-q", "kv", "--quick", "--task", "nope", "--out", str(out), check=False))
+    assert "Unknown task 'nope'" in line and not out.exists()
+    out.mkdir()
+    (out / "mine.txt").write_text("mine")
+    line = one_line_error(headscope("-q", "kv", "--quick", "--out", str(out), check=False))
+    assert "already exists" in line and "--force" in line
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock or staging folder left
+
+
+def test_force_refuses_a_folder_that_is_not_a_headscope_output(tmp_path):
+    webapp = tmp_path / "webapp"
+    (webapp / "src").mkdir(parents=True)
+    (webapp / "manifest.json").write_text('{"name":"x"}')
+    (webapp / "src" / "app.js").write_text("code")
+    line = one_line_error(headscope("-q", "kv", "--quick", "--out", str(webapp), "--force", check=False))
+    assert "refusing" in line
+    assert (webapp / "src" / "app.js").read_text() == "code" and (webapp / "manifest.json").read_text() == '{"name":"x"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["webapp"]
+
+
+def test_force_keeps_the_users_files_and_a_failed_force_run_changes_nothing(tmp_path):
+    out = tmp_path / "run"
+    headscope("-q", "kv", "--quick", "--out", str(out))
+    (out / "notes.txt").write_text("my notes")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".run.lock").write_text(f"{dead.pid}\n")  # a stale lock from a killed run: taken over
+    headscope("-q", "kv", "--quick", "--out", str(out), "--force")
+    assert (out / "notes.txt").read_text() == "my notes"
+    assert json.loads((out / "manifest.json").read_text())["status"] == {"kv": "done"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    task = tmp_path / "multi.jsonl"
+    task.write_text(json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02 v03"}) + "\n")
+    proc = headscope("-q", "kv", "--quick", "--task", str(task), "--out", str(out), "--force", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["multi.jsonl", "run"]
+
+
+def test_a_second_run_on_the_same_out_fails_at_once(tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"), str(tmp_path / ".run.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        line = one_line_error(headscope("-q", "kv", "--quick", "--out", str(out), check=False))
+        assert f"in use by another headscope run (pid {holder.pid})" in line
+        assert not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()

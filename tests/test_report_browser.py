@@ -5,9 +5,9 @@ import io
 import json
 
 import pytest
+from test_cli import XSS, headscope
 
 from browser import chromium_path, visit
-from test_cli import XSS, headscope
 
 pytestmark = pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (.ci/run installs it)")
 
@@ -17,8 +17,10 @@ def xss_report(tmp_path_factory):
     """A quick report on a task file whose prompts contain a script tag."""
     root = tmp_path_factory.mktemp("browser")
     rows = [
-        {"prompt": f"k01 v05 ; k02 v06 ; {XSS} ; k01", "answer": "v05", "corrupted_prompt": f"k01 v05 ; k02 v06 ; {XSS} ; k02", "wrong_answer": "v06"},
-        {"prompt": f"k03 v07 ; k04 v08 ; {XSS} ; k04", "answer": "v08", "corrupted_prompt": f"k03 v07 ; k04 v08 ; {XSS} ; k03", "wrong_answer": "v07"},
+        {"prompt": f"k01 v05 ; k02 v06 ; {XSS} ; k01", "answer": "v05",
+         "corrupted_prompt": f"k01 v05 ; k02 v06 ; {XSS} ; k02", "wrong_answer": "v06"},
+        {"prompt": f"k03 v07 ; k04 v08 ; {XSS} ; k04", "answer": "v08",
+         "corrupted_prompt": f"k03 v07 ; k04 v08 ; {XSS} ; k03", "wrong_answer": "v07"},
     ]
     task = root / "xss.jsonl"
     task.write_text("\n".join(json.dumps(r) for r in rows) + "\n")

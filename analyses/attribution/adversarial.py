@@ -16,15 +16,14 @@ can be moved that far without changing the prediction.
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import math
 from dataclasses import dataclass
 
 import torch
 
-from headscope.analyses.attribution.permutation import prediction_rows, z_hook
 from headscope.analyses.attribution.methods import prediction, prediction_change
+from headscope.analyses.attribution.permutation import prediction_rows, z_hook
+from headscope.errors import ConfigError
 from headscope.hooks.sites import site
 
 LN2 = math.log(2.0)

@@ -10,7 +10,7 @@ Summaries give the mean and standard deviation of tau and the fraction significa
 """
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd

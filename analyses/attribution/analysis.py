@@ -26,11 +26,10 @@ median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with t
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import dataclasses
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,20 +37,22 @@ import torch
 from tqdm.auto import tqdm
 
 from headscope.analyses.attribution import methods as am
-from headscope.execution import distributed
 from headscope.analyses.attribution.adversarial import LN2, adversarial_attention
-from headscope.analyses.attribution.permutation import permutation_test
 from headscope.analyses.attribution.agreement import method_pair_rows, summarise, tau_rows
+from headscope.analyses.attribution.permutation import permutation_test
+from headscope.analyses.core.config import AnalysisConfig, with_overrides
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.result import Result
-from headscope.analyses.core.tasks import Task, shipped_sentences
+from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
+from headscope.errors import ConfigError
+from headscope.execution import distributed
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 SUMMARY_NAMES = {"grad_x_input": "gradient", "saliency": "saliency", "leave_one_out": "loo", "integrated_gradients": "ig"}
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttributionConfig:
+class AttributionConfig(AnalysisConfig):
     """Settings of the attribution analysis.
 
     n_steps: integration steps of integrated gradients, doubled (up to ig_max_steps) until every
@@ -76,7 +77,12 @@ class AttributionConfig:
     batch_size: int = 256
     alpha: float = 0.05
     metric: str | None = None
-    seed: int = 0
+
+    @classmethod
+    def preset(cls, *, quick: bool = False, **common) -> AttributionConfig:
+        if not quick:  # the report's full run searches adversarial attention for 50 steps
+            return cls(adversarial_steps=50, **common)
+        return cls(quick=True, n_steps=8, ig_max_steps=32, n_permutations=20, adversarial_steps=20, **common)
 
     def __post_init__(self) -> None:
         if self.loo_mode not in ("remove", "replace"):
@@ -101,7 +107,8 @@ def example_lengths(task: Task) -> list[int]:
     lengths = mask.sum(1)  # [batch]
     prefix = torch.arange(n)[None, :] < lengths[:, None]  # [batch, pos]
     if not torch.equal(prefix, mask.cpu()):
-        raise ConfigError("attribution needs right-padded examples (attention_mask 1...1 0...0); re-tokenize with padding_side='right'.")
+        raise ConfigError("attribution needs right-padded examples (attention_mask 1...1 0...0); "
+                          "re-tokenize with padding_side='right'.")
     return lengths.tolist()
 
 
@@ -159,7 +166,8 @@ def partner_references(model, task: Task, lengths: Sequence[int]) -> torch.Tenso
     return pooled.roll(-1, dims=0)
 
 
-def gradient_targets(model, task: Task, kind: str, reference: torch.Tensor | None, lengths: Sequence[int]) -> tuple[torch.Tensor, ...]:
+def gradient_targets(model, task: Task, kind: str, reference: torch.Tensor | None,
+                     lengths: Sequence[int]) -> tuple[torch.Tensor, ...]:
     """Per-example tensors the metric needs, in forward_metric's argument order."""
     if kind == "cosine":
         ref = reference if reference is not None else partner_references(model, task, lengths)
@@ -187,21 +195,25 @@ def metric_kind(model, task: Task, cfg: AttributionConfig) -> str:
 # ---- the analysis ---------------------------------------------------------------------------------
 def attribution(
     model,
-    task: Task,
+    task: Task | str | None = None,
     config: AttributionConfig | None = None,
     *,
     reference: torch.Tensor | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     **overrides: Any,
 ) -> Result:
     """Token importance by attention, rollout, gradients, IG and leave-one-out, and their agreement.
 
-    config fields may also be given as keyword overrides. reference: [batch, d_model] embeddings
+    task: a Task, a zoo task name or task file, or None (default_task). config fields may also be
+    given as keyword overrides (progress too). reference: [batch, d_model] embeddings
     for the encoder metric (default: each sentence's partner). Returns a Result whose df has one
     row per (example, attention vector, method) with Kendall tau; tables: scores, tau_methods,
     tau_summary, tau_by_layer, tau_by_head, permutation, ig.
     """
-    cfg = dataclasses.replace(config or AttributionConfig(), **overrides)
+    cfg = with_overrides(config or AttributionConfig(), progress=progress, **overrides)
+    progress = cfg.progress
+    if not isinstance(task, Task):
+        task = default_task(model, task, cfg)
     facts = model.facts
     layer = facts.n_layers - 1 if cfg.permutation_layer is None else model.check_layer(cfg.permutation_layer)
     lengths = example_lengths(task)
@@ -358,52 +370,23 @@ def _num(x: Any) -> float | None:
 
 
 # ---- default tasks and the registry entry point ------------------------------------------------------
-def default_sentences() -> list[str]:
-    """The shipped sentence set (analyses/data/sentences.txt)."""
-    return shipped_sentences()
+def default_task(model, task: str | None = None, config: AttributionConfig | None = None) -> Task:
+    """`task` (a zoo task name or task file); None: the zoo "kv" task for zoo models, the shipped
+    sentences for encoders and for decoders whose tokenizer lacks the zoo vocabulary."""
+    from headscope.analyses.core.task_files import resolve_task
+
+    config = config or AttributionConfig()
+    n = config.examples(64, 4)
+    if model.facts.is_encoder and task is None:
+        return sentence_task(model, shipped_sentences()[:n])
+    try:
+        return resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
+    except ValueError:
+        if task is not None:
+            raise
+        return sentence_task(model, shipped_sentences()[:n])
 
 
-def sentence_task(model, sentences: Sequence[str]) -> Task:
-    """Sentences as a right-padded Task: for encoders the cosine metric over whole sentences; for
-    decoders (BOS added) each sentence without its last token is the prompt and that token the
-    answer (log-probability)."""
-    if not sentences:
-        raise ConfigError("sentence_task needs at least one sentence.")
-    tok = model.tokenizer
-    rows = [list(tok(text, add_special_tokens=True)["input_ids"]) for text in sentences]
-    answers = None
-    if not model.facts.is_encoder:
-        bos = tok.bos_token_id
-        rows = [[bos] + r if bos is not None and (not r or r[0] != bos) else r for r in rows]
-        if min(len(r) for r in rows) < 2:
-            raise ConfigError("Every sentence needs at least one token besides BOS to serve as the answer.")
-        answers = torch.tensor([r[-1] for r in rows])  # [batch]
-        rows = [r[:-1] for r in rows]
-    n = max(len(r) for r in rows)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    ids = torch.tensor([r + [pad] * (n - len(r)) for r in rows])  # [batch, pos]
-    mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows])  # [batch, pos]
-    metric = "cosine" if model.facts.is_encoder else "logprob"
-    return Task(name="sentences", tokens=ids, answers=answers, attention_mask=mask, metric=metric)
-
-
-def run(model, config) -> Result:
-    """Registry entry point: a zoo task (default "kv") for decoders, the sentence set for encoders
-    (and for decoders whose tokenizer lacks the zoo vocabulary, when no task is named)."""
-    n = config.n_examples or (4 if config.quick else 64)
-    cfg = AttributionConfig(
-        seed=config.seed, n_steps=8 if config.quick else 32, ig_max_steps=32 if config.quick else 256,
-        n_permutations=20 if config.quick else 100, adversarial_steps=20 if config.quick else 50,
-    )
-    if model.facts.is_encoder and config.task is None:
-        task = sentence_task(model, default_sentences()[:n])
-    else:
-        from headscope.analyses.core.task_files import resolve_task
-
-        try:
-            task = resolve_task(model, config.task, default="kv", n_examples=n, seed=config.seed)
-        except ValueError:
-            if config.task is not None:
-                raise
-            task = sentence_task(model, default_sentences()[:n])
-    return attribution(model, task, cfg, progress=config.progress)
+def run(model, task: Task | str | None = None, config: AttributionConfig | None = None) -> Result:
+    """The whole analysis on `task` (see default_task for None); same as attribution()."""
+    return attribution(model, task, config or AttributionConfig.preset())

@@ -10,15 +10,13 @@ before positions are added), so Captum's layer methods attribute to each token's
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from headscope.execution import batching
 from headscope.analyses.core.metrics import answer_logprob, cosine_to_reference, logit_diff, mean_pool
-from headscope.execution import resume
+from headscope.errors import ConfigError
+from headscope.execution import batching, resume
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
 

@@ -7,13 +7,12 @@ a reference embedding (e.g. the unmodified model's).
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from headscope.analyses.core.tasks import Task
+from headscope.errors import ConfigError
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # model output -> [batch]
 METRICS = ("logit_diff", "logprob", "accuracy", "cosine")

@@ -2,16 +2,32 @@
 
 `df` is the main tidy table (one observation a row, one variable a column, seaborn's long
 form); `tables` holds further tidy tables by name; `summary` the headline numbers (JSON-
-serialisable, named in the analysis's docs). Plotting lives in headscope.reports.plots and is
-reached through `plot()`; notebooks render `_repr_html_` (escaped table + the main figure).
+serialisable, named in the analysis's docs). Plotting and HTML live in headscope.reports, which
+registers its views here when headscope is imported (`register_view`), so analyses never import
+reports: `plot()` draws the figures, notebooks render `_repr_html_` (escaped table + main figure).
 """
 from __future__ import annotations
 
-import html
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import pandas as pd
+
+from headscope.errors import ConfigError
+
+_VIEWS: dict[str, Callable[..., Any]] = {}  # "plot": result -> {name: Figure}; "html": result -> str
+
+
+def register_view(kind: str, fn: Callable[..., Any]) -> None:
+    """Install a view of Results ("plot" or "html"); headscope.reports registers both."""
+    _VIEWS[kind] = fn
+
+
+def _view(kind: str) -> Callable[..., Any]:
+    if kind not in _VIEWS:
+        raise ConfigError(f"No {kind} view of results is registered; `import headscope.reports` installs them.")
+    return _VIEWS[kind]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,20 +40,11 @@ class Result:
 
     def plot(self, **kwargs: Any) -> dict:
         """Draw this result's figures: {figure name: matplotlib Figure} (headscope.reports.plots)."""
-        from headscope.reports.plots import plot_result
-
-        return plot_result(self, **kwargs)
+        return _view("plot")(self, **kwargs)
 
     def _repr_html_(self) -> str:
-        from headscope.reports.render import result_html
-
-        return result_html(self)
+        return _view("html")(self)
 
     def __repr__(self) -> str:
         heads = ", ".join(f"{k}={v!r}" for k, v in list(self.summary.items())[:6])
         return f"Result({self.name!r}, {len(self.df)} rows; {heads})"
-
-
-def escape(text: Any) -> str:
-    """HTML-escape anything shown in a report or notebook (token strings may hold <script>)."""
-    return html.escape(str(text), quote=True)

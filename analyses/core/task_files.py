@@ -1,92 +1,408 @@
-"""Tasks from user files (JSONL, CSV or Parquet, read with `datasets`) and task resolution.
+"""Tasks from the user's data (a JSONL/CSV/Parquet file, a pandas DataFrame, a `datasets.Dataset`
+or a list of dicts) and task resolution.
 
-A task file has one example per row with the fields
+Each example (row) has the fields
     prompt            text ending where the answer is predicted
-    answer            the correct next token (one token under the model's tokenizer)
+    answer            the correct next token (one token under the model's tokenizer; byte-level BPE
+                      tokenizers such as GPT-2's need the leading space: " Paris", not "Paris")
     corrupted_prompt  optional: a same-length prompt whose answer differs
     wrong_answer      optional: the corrupted prompt's answer (needed for logit difference)
+`fields` maps these names to the user's own column names ({"prompt": "text", "answer": "label"};
+on the command line `--task-fields prompt=text,answer=label`). Every field is read as text: a CSV
+"0" stays "0", a JSON number becomes str(number). Rows are numbered from 0 in messages (JSONL
+messages also give the 1-based line). Prompts must tokenize to the same length (mixed lengths
+are not yet supported: the analyses compare positions across examples and read the answer at
+the last position, which needs padding with position ids to be threaded through every pass).
 """
 from __future__ import annotations
 
-from headscope.errors import TaskFileError
-
+import csv
+import io
+import json
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
+from headscope.errors import ConfigError, TaskFileError, TokenizationWarning
 
+FIELDS = ("prompt", "answer", "corrupted_prompt", "wrong_answer")
 REQUIRED = ("prompt", "answer")
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
+# ---- field mappings ---------------------------------------------------------------------------
+def parse_fields(fields: Mapping[str, str] | str | None) -> dict[str, str]:
+    """headscope field -> the user's column, from a mapping or "prompt=text,answer=label"
+    (empty when None)."""
+    if fields is None:
+        return {}
+    if isinstance(fields, str):
+        pairs: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in fields.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip() or not value.strip():
+                raise ConfigError(
+                    f"task fields {fields!r}: {item!r} is not FIELD=COLUMN; write e.g. 'prompt=text,answer=label'."
+                )
+            pairs[key.strip()] = value.strip()
+        fields = pairs
+    if not isinstance(fields, Mapping):
+        raise ConfigError(
+            f"task fields must be a mapping like {{'prompt': 'text'}} or 'prompt=text', got {type(fields).__name__}."
+        )
+    unknown = [k for k in fields if k not in FIELDS]
+    if unknown:
+        raise ConfigError(f"task fields {unknown} are not headscope fields; map some of {list(FIELDS)} to your column names.")
+    bad = [k for k, v in fields.items() if not isinstance(v, str) or not v]
+    if bad:
+        raise ConfigError(f"task fields {bad}: each must map to a column name (a non-empty string).")
+    return dict(fields)
 
-def read_task_rows(path: str | Path) -> list[dict]:
-    """The rows of a task file, checked for the required fields."""
-    path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise TaskFileError(f"Task file {str(path)!r}: unknown format {path.suffix!r}; use .jsonl, .csv or .parquet.")
-    if not path.is_file():
-        raise TaskFileError(f"Task file {str(path)!r} does not exist or is not a file.")
-    import datasets
 
+class TaskFile(str):
+    """A task file path that carries its field mapping: a str, so it goes wherever a path does
+    (analyses, build_report, the manifest), and `resolve_task` / `load_task_file` apply `fields`."""
+
+    fields: dict[str, str]
+
+    def __new__(cls, path: str | os.PathLike, fields: Mapping[str, str] | str | None = None) -> TaskFile:
+        obj = super().__new__(cls, os.fspath(path))
+        obj.fields = parse_fields(fields if fields is not None else getattr(path, "fields", None))
+        return obj
+
+    def __reduce__(self):  # pickles (torch.distributed broadcasts) keep the mapping
+        return (TaskFile, (str(self), self.fields))
+
+
+# ---- reading rows ------------------------------------------------------------------------------
+def _text(value: Any) -> str | None:
+    """A field value as text; None for a missing value (None, NaN, empty)."""
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8")
+    if isinstance(value, (list, tuple, dict)):
+        raise TypeError(type(value).__name__)
+    text = str(value)
+    return text if text.strip() else None
+
+
+def _decode(path: Path, data: bytes) -> str:
     try:
-        rows = list(datasets.load_dataset(FORMATS[path.suffix.lower()], data_files=str(path), split="train"))
-    except Exception as err:  # datasets raises many types for unreadable files
-        raise TaskFileError(f"Task file {str(path)!r} could not be read as {path.suffix}: {err}") from err
-    if not rows:
-        raise TaskFileError(f"Task file {str(path)!r} has no examples; add at least one row.")
-    for i, row in enumerate(rows):
-        missing = [f for f in REQUIRED if not row.get(f)]
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise TaskFileError(
+            f"Task file {str(path)!r}, line {line}: byte 0x{data[err.start]:02x} is not valid UTF-8; save the file as UTF-8."
+        ) from None
+
+
+def _file_records(path: Path) -> tuple[list[dict], list[str]]:
+    """(records, place of each record in the file, e.g. "line 3, row 2")."""
+    kind = FORMATS[path.suffix.lower()]
+    if kind == "parquet":
+        import pandas as pd
+
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as err:  # pyarrow raises many types for unreadable files
+            raise TaskFileError(f"Task file {str(path)!r} could not be read as Parquet: {err}") from err
+        records = frame.to_dict("records")
+        return records, [f"row {i}" for i in range(len(records))]
+    text = _decode(path, path.read_bytes())
+    if not text.strip():
+        raise TaskFileError(f"Task file {str(path)!r} is empty; add one example per {'line' if kind == 'json' else 'row'}.")
+    if kind == "csv":
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        records, places = [], []
+        try:
+            for i, record in enumerate(reader):
+                if None in record:  # more cells than header columns
+                    raise TaskFileError(
+                        f"Task file {str(path)!r}, line {reader.line_num}, row {i}: {len(record) - 1 + len(record[None])} "
+                        f"cells but the header has {len(reader.fieldnames or [])} columns; quote cells that contain commas."
+                    )
+                records.append(record)
+                places.append(f"line {reader.line_num}, row {i}")
+        except csv.Error as err:
+            raise TaskFileError(f"Task file {str(path)!r}, line {reader.line_num} could not be read as CSV: {err}") from None
+        if not records:
+            raise TaskFileError(f"Task file {str(path)!r} is empty: it has a header but no rows; add at least one example.")
+        return records, places
+    stripped = text.lstrip()
+    if path.suffix.lower() == ".json" and stripped.startswith("["):  # a JSON array of objects
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise TaskFileError(
+                f"Task file {str(path)!r}, line {err.lineno} could not be read as JSON: {err.msg} (column {err.colno})."
+            ) from None
+        places = [f"row {i}" for i in range(len(records))]
+    else:
+        records, places = [], []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise TaskFileError(
+                    f"Task file {str(path)!r}, line {lineno} could not be read as JSON: {err.msg} (column {err.colno}); "
+                    f"write one JSON object per line."
+                ) from None
+            places.append(f"line {lineno}, row {len(places)}")
+    for record, place in zip(records, places):
+        if not isinstance(record, dict):
+            raise TaskFileError(f"Task file {str(path)!r}, {place}: expected a JSON object, got {type(record).__name__}.")
+    if not records:
+        raise TaskFileError(f"Task file {str(path)!r} is empty; add one JSON object per line.")
+    return records, places
+
+
+def _source_records(source: Any) -> tuple[str, list, list[str]]:
+    """(label for messages, records, places) of any supported data source."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        label = f"Task file {str(path)!r}"
+        if path.suffix.lower() not in FORMATS:
+            raise TaskFileError(f"{label}: unknown format {path.suffix!r}; use .jsonl, .csv or .parquet.")
+        if not path.is_file():
+            raise TaskFileError(f"{label} does not exist or is not a file.")
+        records, places = _file_records(path)
+        return label, records, places
+    module = type(source).__module__.split(".")[0]
+    if module == "pandas" and hasattr(source, "to_dict"):
+        label, records = "Task data (DataFrame)", source.to_dict("records")
+    elif module == "datasets" and hasattr(source, "column_names"):
+        label, records = "Task data (Dataset)", list(source)
+    elif isinstance(source, (list, tuple)):
+        label, records = "Task data (list of dicts)", list(source)
+        for i, record in enumerate(records):
+            if not isinstance(record, Mapping):
+                raise TaskFileError(f"{label}, row {i}: expected a dict of fields, got {type(record).__name__}.")
+    else:
+        raise TaskFileError(
+            f"Unsupported task data {type(source).__name__}: pass a .jsonl/.csv/.parquet path, a pandas DataFrame, "
+            f"a datasets.Dataset, a list of dicts or a Task."
+        )
+    if not records:
+        raise TaskFileError(f"{label} is empty; add at least one example.")
+    return label, records, [f"row {i}" for i in range(len(records))]
+
+
+def _rows(source: Any, fields: Mapping[str, str] | str | None) -> tuple[str, list[dict[str, str]], list[str]]:
+    fields = parse_fields(fields if fields is not None else getattr(source, "fields", None))
+    label, records, places = _source_records(source)
+    columns = {hs: fields.get(hs, hs) for hs in FIELDS}
+    seen = set().union(*(r.keys() for r in records))
+    absent = [f"{col!r} (for {hs})" for hs, col in fields.items() if col not in seen]
+    if absent:
+        raise TaskFileError(f"{label}: no column {', '.join(absent)}; its columns are {sorted(map(str, seen))}.")
+    rows = []
+    for record, place in zip(records, places):
+        row = {}
+        for hs, col in columns.items():
+            try:
+                value = _text(record.get(col))
+            except TypeError as err:
+                raise TaskFileError(f"{label}, {place}: field {col!r} is a {err}, not text.") from None
+            except UnicodeDecodeError:
+                raise TaskFileError(f"{label}, {place}: field {col!r} holds bytes that are not valid UTF-8.") from None
+            if value is not None:
+                row[hs] = value
+        missing = [columns[f] for f in REQUIRED if f not in row]
         if missing:
-            raise TaskFileError(f"Task file {str(path)!r}, row {i}: missing field(s) {missing}; every row needs {list(REQUIRED)}.")
-    return rows
+            named = [c if c == f else f"{c} ({f})" for f, c in columns.items() if c in missing]
+            need = [columns[f] for f in REQUIRED]
+            raise TaskFileError(f"{label}, {place}: missing field(s) {named}; every row needs {need}.")
+        rows.append(row)
+    for optional in ("corrupted_prompt", "wrong_answer"):
+        have = [i for i, r in enumerate(rows) if optional in r]
+        if have and len(have) != len(rows):
+            lacking = [places[i] for i, r in enumerate(rows) if optional not in r]
+            raise TaskFileError(
+                f"{label}: field {columns[optional]!r} is given in {len(have)} of {len(rows)} rows but missing in "
+                f"{_few(lacking)}; give it in every row or in none."
+            )
+    return label, rows, places
 
 
-def _single_token(model, text: str, row: int) -> int:
+def read_task_rows(source: Any, fields: Mapping[str, str] | str | None = None) -> list[dict[str, str]]:
+    """The examples of a task source as dicts of text under headscope's field names (prompt,
+    answer and, where given, corrupted_prompt and wrong_answer), checked for the required fields.
+    source: a .jsonl/.json/.csv/.parquet path (or TaskFile), a DataFrame, a Dataset or a list of
+    dicts; fields: headscope name -> the user's column name."""
+    return _rows(source, fields)[1]
+
+
+# ---- tokenizing ------------------------------------------------------------------------------
+def _few(items: Sequence[Any], n: int = 5) -> str:
+    shown = ", ".join(map(str, items[:n]))
+    return shown + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _single_token(model, text: str, row: int | str, label: str = "Task data", field: str = "answer") -> int:
     ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        raise TaskFileError(f"row {row}: answer {text!r} is {len(ids)} tokens under this tokenizer; answers must be one token.")
+        where = row if isinstance(row, str) else f"row {row}"
+        pieces = model.tokenizer.convert_ids_to_tokens(ids)
+        raise TaskFileError(
+            f"{label}, {where}: {field} {text!r} is {len(ids)} tokens under this tokenizer ({pieces}); "
+            f"answers must be one token (the metrics read one next-token logit)."
+        )
     return int(ids[0])
 
 
-def _tokens(model, prompts: list[str], what: str) -> torch.Tensor:
-    seqs = [model.to_tokens(p)[0] for p in prompts]
-    lengths = {len(s) for s in seqs}
-    if len(lengths) > 1:
+def _tokens(model, prompts: list[str], what: str, label: str = "Task data", places: Sequence[str] | None = None) -> torch.Tensor:
+    seqs = [model.to_tokens(p, warn_unknown=False)[0].cpu() for p in prompts]
+    places = list(places) if places is not None else [f"row {i}" for i in range(len(seqs))]
+    lengths = [len(s) for s in seqs]
+    if len(set(lengths)) > 1:
+        by_length: dict[int, list[str]] = {}
+        for n, place in zip(lengths, places):
+            by_length.setdefault(n, []).append(place)
+        common = max(by_length, key=lambda n: len(by_length[n]))
+        odd = [f"{place} has {n}" for n, place in zip(lengths, places) if n != common]
         raise TaskFileError(
-            f"{what} tokenize to different lengths {sorted(lengths)}; analyses compare positions across "
-            f"examples, so make every prompt the same number of tokens."
+            f"{label}: {what} tokenize to different lengths ({len(by_length[common])} rows have {common} tokens; "
+            f"{_few(odd)}); mixed lengths are not yet supported, so make every prompt the same number of tokens."
         )
-    return torch.stack(seqs).cpu()  # [batch, pos]
+    return torch.stack(seqs)  # [batch, pos]
 
 
-def load_task_file(model, path: str | Path) -> Task:
-    """A Task from a task file, tokenized with the model's tokenizer."""
-    rows = read_task_rows(path)
-    tokens = _tokens(model, [r["prompt"] for r in rows], "prompts")
-    answers = torch.tensor([_single_token(model, r["answer"], i) for i, r in enumerate(rows)])
+def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequence[str]) -> None:
+    from headscope.models.hooked_model import unknown_words
+
+    found: dict[str, list[str]] = {}
+    for row, place in zip(rows, places):
+        for field in FIELDS:
+            if field in row:
+                for word in unknown_words(model.tokenizer, row[field]):
+                    found.setdefault(word, []).append(f"{place} {field}")
+    if found:
+        words = ", ".join(f"{w!r} ({_few(where, 2)})" for w, where in list(found.items())[:8])
+        more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+        warnings.warn(
+            f"{label}: {len(found)} word(s) are not in {model.name}'s vocabulary and become "
+            f"{model.tokenizer.unk_token!r}: {words}{more}; results on those examples mean little.",
+            TokenizationWarning, stacklevel=3,
+        )
+
+
+def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Task data",
+               places: Sequence[str] | None = None) -> Task:
+    """A Task from rows under headscope's field names, tokenized with the model's tokenizer."""
+    places = list(places) if places is not None else [f"row {i}" for i in range(len(rows))]
+    _warn_unknown(model, label, rows, places)
+    tokens = _tokens(model, [r["prompt"] for r in rows], "prompts", label, places)
+    answers = torch.tensor([_single_token(model, r["answer"], p, label) for r, p in zip(rows, places)])
     corrupted = wrong = None
-    if all(r.get("corrupted_prompt") for r in rows):
-        corrupted = _tokens(model, [r["corrupted_prompt"] for r in rows], "corrupted prompts")
-        if corrupted.shape != tokens.shape:
-            raise TaskFileError(
-                f"clean prompts have {tokens.shape[1]} tokens but corrupted prompts {corrupted.shape[1]}; "
-                f"patching needs clean and corrupted prompts of the same length."
-            )
-    if all(r.get("wrong_answer") for r in rows):
-        wrong = torch.tensor([_single_token(model, r["wrong_answer"], i) for i, r in enumerate(rows)])
+    if all("corrupted_prompt" in r for r in rows):
+        seqs = [model.to_tokens(r["corrupted_prompt"], warn_unknown=False)[0].cpu() for r in rows]
+        for seq, place in zip(seqs, places):
+            if len(seq) != tokens.shape[1]:
+                raise TaskFileError(
+                    f"{label}, {place}: the prompt has {tokens.shape[1]} tokens but the corrupted prompt {len(seq)}; "
+                    f"patching needs clean and corrupted prompts of the same length."
+                )
+        corrupted = torch.stack(seqs)  # [batch, pos]
+    if all("wrong_answer" in r for r in rows):
+        wrong = torch.tensor([_single_token(model, r["wrong_answer"], p, label, "wrong_answer") for r, p in zip(rows, places)])
     return Task(
-        name=Path(path).stem, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
+        name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
         metric="logit_diff" if wrong is not None else "logprob",
     )
 
 
-def resolve_task(model, task: str | None, *, default: str = "kv", n_examples: int = 64, seed: int = 0, **kw) -> Task:
-    """The Task an analysis runs on: a zoo task name, a task file path, or `default` when None."""
-    name = task or default
-    if name in ZOO_TASKS:
-        return zoo(model, name, n_examples=n_examples, seed=seed, **kw)
-    if Path(name).suffix.lower() in FORMATS:
-        return load_task_file(model, name)
-    raise TaskFileError(f"Unknown task {name!r}: use a zoo task ({', '.join(ZOO_TASKS)}) or a .jsonl/.csv/.parquet file.")
+def _default_name(source: Any) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source).stem
+    module = type(source).__module__.split(".")[0]
+    return {"pandas": "dataframe", "datasets": "dataset"}.get(module, "records")
+
+
+def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None, *, n_examples: int | None = None,
+              seed: int = 0, name: str | None = None) -> Task:
+    """A Task from the user's data, tokenized with `model`'s tokenizer.
+
+    source: a .jsonl/.json/.csv/.parquet path (.json: JSON lines or one array of objects), a pandas
+    DataFrame, a `datasets.Dataset`, a list of dicts, a Task (returned as is, or subsampled) or a
+    zoo task name (`zoo`, 64 examples unless n_examples). fields: headscope field -> your column, e.g.
+    {"prompt": "text", "answer": "label"} or "prompt=text,answer=label". n_examples: a seeded random
+    subset of that many rows (all rows when None or larger). Every field is read as text. Words the
+    tokenizer maps to its unknown token raise a TokenizationWarning naming them; answers must be one
+    token; prompts (and corrupted prompts) must tokenize to one common length.
+    """
+    if n_examples is not None and n_examples < 1:
+        raise ConfigError(f"n_examples must be >= 1, got {n_examples}.")
+    if isinstance(source, str) and not isinstance(source, TaskFile) and source in ZOO_TASKS and fields is None:
+        return zoo(model, source, n_examples=n_examples or 64, seed=seed)
+    if isinstance(source, Task):
+        if n_examples is None or n_examples >= len(source):
+            return source
+        keep = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))[:n_examples].sort().values
+        return _subset(source, keep)
+    label, rows, places = _rows(source, fields)
+    if n_examples is not None and n_examples < len(rows):
+        keep = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:n_examples].sort().values.tolist()
+        rows, places = [rows[i] for i in keep], [places[i] for i in keep]
+    return build_task(model, rows, name=name or _default_name(source), label=label, places=places)
+
+
+def _subset(task: Task, rows: torch.Tensor) -> Task:
+    pick = lambda t: None if t is None else t[rows]  # noqa: E731
+    return Task(
+        name=task.name, tokens=task.tokens[rows], answers=pick(task.answers), corrupted_tokens=pick(task.corrupted_tokens),
+        wrong_answers=pick(task.wrong_answers), spans={k: v[rows] for k, v in task.spans.items()}, metric=task.metric,
+        attention_mask=pick(task.attention_mask),
+    )
+
+
+def load_task_file(model, path: str | Path, fields: Mapping[str, str] | str | None = None) -> Task:
+    """A Task from a task file (a TaskFile brings its own fields), tokenized with the model's tokenizer."""
+    return load_task(model, path, fields)
+
+
+def is_task_data(task: Any) -> bool:
+    """Whether `task` is user data load_task reads (a task file path, DataFrame, Dataset or list of dicts)."""
+    if isinstance(task, (str, os.PathLike)):
+        return Path(task).suffix.lower() in FORMATS
+    module = type(task).__module__.split(".")[0]
+    return (module in ("pandas", "datasets") and hasattr(task, "to_dict" if module == "pandas" else "column_names")) or (
+        isinstance(task, (list, tuple)) and bool(task) and all(isinstance(r, Mapping) for r in task)
+    )
+
+
+def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: int = 64, seed: int = 0,
+                 fields: Mapping[str, str] | str | None = None, **kw) -> Task:
+    """The Task an analysis runs on: a Task as given; a zoo task name (n_examples, seed and kw go
+    to `zoo`); the user's data (a task file path or TaskFile, DataFrame, Dataset or list of dicts,
+    read whole with `fields` by load_task); or `default` when None."""
+    if isinstance(task, Task):
+        return task
+    if task is None:
+        task = default
+    if isinstance(task, str) and not isinstance(task, TaskFile) and task in ZOO_TASKS:
+        if fields:
+            raise ConfigError(f"task fields apply to task files and data sets, not to the zoo task {task!r}.")
+        return zoo(model, task, n_examples=n_examples, seed=seed, **kw)
+    if is_task_data(task):
+        return load_task(model, task, fields)
+    raise TaskFileError(
+        f"Unknown task {task if isinstance(task, str) else type(task).__name__!r}: use a zoo task ({', '.join(ZOO_TASKS)}), "
+        f"a .jsonl/.csv/.parquet file, a DataFrame, a datasets.Dataset, a list of dicts or a Task."
+    )
+
+
+__all__ = [
+    "FIELDS", "FORMATS", "REQUIRED", "TaskFile", "build_task", "is_task_data", "load_task", "load_task_file",
+    "parse_fields", "read_task_rows", "resolve_task",
+]

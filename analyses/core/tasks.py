@@ -6,12 +6,12 @@ Builders for the zoo's synthetic tasks live here too (`zoo`).
 """
 from __future__ import annotations
 
-from headscope.errors import TaskError
-
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
+
+from headscope.errors import TaskError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,9 +96,10 @@ def zoo(model, task: str, n_examples: int = 64, seed: int = 0, **kw) -> Task:
     def encode(words_batch: list[tuple[str, ...]]) -> torch.Tensor:
         ids = [tokenizer.convert_tokens_to_ids(list(words)) for words in words_batch]
         unk = tokenizer.unk_token_id
-        if any(unk in row for row in ids if unk is not None):
+        # A tokenizer without an unknown token (byte-level BPE: GPT-2, Llama 3, Qwen) returns None.
+        if any(i is None or (unk is not None and i == unk) for row in ids for i in row):
             raise TaskError(
-                "model's tokenizer does not cover the zoo vocabulary (got <unk> ids); "
+                "model's tokenizer does not cover the zoo vocabulary (got unknown or missing ids); "
                 "zoo tasks need a zoo model (e.g. 'zoo/synth-llama')"
             )
         return torch.tensor(ids, dtype=torch.int64)  # [batch, pos]
@@ -124,3 +125,37 @@ def shipped_sentences() -> list[str]:
 
     text = (resources.files("headscope.analyses") / "data" / "sentences.txt").read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def sentence_task(model, sentences: Sequence[str] | None = None, *, n_examples: int | None = None,
+                  seed: int | None = None) -> Task:
+    """Sentences as a right-padded Task (the shipped set when None; seed: a seeded order; n_examples:
+    the first n). Encoders: the cosine metric over whole sentences (pooled embedding vs the unmodified
+    model's). Decoders (BOS added): each sentence without its last token is the prompt and that
+    token the answer (log-probability)."""
+    sentences = list(shipped_sentences() if sentences is None else sentences)
+    if seed is not None:
+        order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed)).tolist()
+        sentences = [sentences[i] for i in order]
+    if n_examples is not None:
+        if n_examples < 1:
+            raise TaskError(f"n_examples must be >= 1, got {n_examples}.")
+        sentences = sentences[:n_examples]
+    if not sentences:
+        raise TaskError("sentence_task needs at least one sentence.")
+    tok = model.tokenizer
+    rows = [list(tok(text, add_special_tokens=True)["input_ids"]) for text in sentences]
+    answers = None
+    if not model.facts.is_encoder:
+        bos = tok.bos_token_id
+        rows = [[bos] + r if bos is not None and (not r or r[0] != bos) else r for r in rows]
+        if min(len(r) for r in rows) < 2:
+            raise TaskError("Every sentence needs at least one token besides BOS to serve as the answer.")
+        answers = torch.tensor([r[-1] for r in rows])  # [batch]
+        rows = [r[:-1] for r in rows]
+    n = max(len(r) for r in rows)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.tensor([r + [pad] * (n - len(r)) for r in rows])  # [batch, pos]
+    mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows])  # [batch, pos]
+    metric = "cosine" if model.facts.is_encoder else "logprob"
+    return Task(name="sentences", tokens=ids, answers=answers, attention_mask=mask, metric=metric)

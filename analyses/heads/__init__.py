@@ -1,0 +1,10 @@
+"""Head importance and pruning (Michel et al. 2019; Voita et al. 2019).
+
+run(model, task=None, config=None) is the whole analysis; head_importance and prune_heads are
+its parts; the submodules hold the engines (importance, pruning, l0, roles).
+"""
+from headscope.analyses.heads.analysis import HeadsConfig, head_importance, prune_heads, run
+from headscope.analyses.heads.l0 import L0Config
+from headscope.analyses.heads.pruning import PruningConfig
+
+__all__ = ["HeadsConfig", "L0Config", "PruningConfig", "head_importance", "prune_heads", "run"]

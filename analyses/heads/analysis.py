@@ -4,7 +4,7 @@ Follows Michel et al. 2019 (gate-gradient importance, iterative pruning, best he
 and Voita et al. 2019 (L0 Hard Concrete gates, head roles). Public entry points:
 - head_importance(model, task) -> Result: gradient and ablation importance per head;
 - prune_heads(model, task) -> Result: pruning curves per ordering, heads prunable within 1%;
-- run(model, config) -> Result: everything above plus roles, best head per layer and L0 sweep.
+- run(model, task=None, config=None) -> Result: everything above plus roles, best head per layer and L0 sweep.
 Encoders (MiniLM) are scored on a shipped sentence set with the cosine metric (sentence_task).
 
 Outputs of run: df (results.csv) has one row per (layer, head, method) with importance and the
@@ -15,18 +15,18 @@ random (mean over seeds), top_heads_<method>, l0_min_heads_within_tolerance.
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 
-from headscope.analyses.core import task_files
-from headscope.analyses.core import tasks
-from headscope.analyses.heads.roles import head_roles
+from headscope.analyses.core import task_files, tasks
+from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import Task, sentence_task
 from headscope.analyses.heads.importance import (
     ABLATIONS,
     Scorer,
@@ -44,55 +44,36 @@ from headscope.analyses.heads.pruning import (
     prunable_summary,
     pruning_curves,
 )
-from headscope.analyses.core.registry import RunConfig
-from headscope.analyses.core.result import Result
-from headscope.analyses.core.tasks import Task, shipped_sentences
+from headscope.analyses.heads.roles import head_roles
+from headscope.errors import ConfigError
 
 IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
+TaskLike = Task | torch.Tensor | str | None  # a Task, token ids, a zoo task name or a task file
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeadsConfig:
+class HeadsConfig(AnalysisConfig):
     """What `run` computes. methods: importance methods ("gradient", "zero", "mean",
     "resample"); pruning: curves (and per-layer L2 normalisation of gradient importance);
-    l0 None skips the L0 sweep."""
+    l0 None skips the L0 sweep; n_induction: repeated-token prompts that score head roles."""
 
     methods: tuple[str, ...] = IMPORTANCE_METHODS
     pruning: PruningConfig = PruningConfig()
     l0: L0Config | None = L0Config()
     n_induction: int = 8
-    seed: int = 0
 
     @classmethod
-    def from_run_config(cls, config: RunConfig) -> "HeadsConfig":
-        if not config.quick:
-            return cls(seed=config.seed, pruning=PruningConfig(seed=config.seed), l0=L0Config(seed=config.seed))
+    def preset(cls, *, seed: int = 0, quick: bool = False, **common) -> HeadsConfig:
+        if not quick:
+            return cls(seed=seed, pruning=PruningConfig(seed=seed), l0=L0Config(seed=seed), **common)
         return cls(  # a smoke run: every part, at the smallest useful size
-            methods=("gradient", "zero"), seed=config.seed, n_induction=4,
-            pruning=PruningConfig(n_random=2, recompute=(False,), seed=config.seed),
-            l0=L0Config(lambdas=(0.03,), steps=10, batch_size=8, seed=config.seed),
+            methods=("gradient", "zero"), seed=seed, quick=True, n_induction=4,
+            pruning=PruningConfig(n_random=2, recompute=(False,), seed=seed),
+            l0=L0Config(lambdas=(0.03,), steps=10, batch_size=8, seed=seed), **common,
         )
 
 
 # ---- tasks ---------------------------------------------------------------------------------
-def load_sentences() -> list[str]:
-    """The shipped English sentence set used to score encoders (see tasks.shipped_sentences)."""
-    return shipped_sentences()
-
-
-def sentence_task(model, n_examples: int | None = None, seed: int = 0) -> Task:
-    """An encoder Task over the shipped sentences: padded tokens, attention_mask, metric "cosine"
-    (pooled embedding vs the unmodified model's). n_examples None takes all, in a seeded order."""
-    sentences = load_sentences()
-    order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed)).tolist()
-    if n_examples is not None:
-        if n_examples < 1:
-            raise ConfigError(f"n_examples must be >= 1, got {n_examples}.")
-        order = order[:n_examples]
-    enc = model.tokenizer([sentences[i] for i in order], return_tensors="pt", padding=True)
-    return Task(name="sentences", tokens=enc["input_ids"], attention_mask=enc["attention_mask"], metric="cosine")
-
-
 def repeated_tokens_task(model, n_examples: int = 64, seed: int = 0, length: int = 12) -> Task:
     """A decoder Task for any tokenizer (induction): prompts [bos] x x[:k] of random tokens x,
     k = length // 2 for every prompt; answer x[k]; wrong answer x[k + 1], another token of the
@@ -107,14 +88,18 @@ def repeated_tokens_task(model, n_examples: int = 64, seed: int = 0, length: int
                 metric="logit_diff")
 
 
-def default_task(model, config: RunConfig) -> Task:
-    """config.task (a zoo task, "sentences" or "repeat"), else sentences for encoders, the zoo
-    "kv" task for zoo models, and repeated random tokens for other decoders."""
-    n = config.n_examples or (16 if config.quick else 64)
-    name = config.task
+def default_task(model, task: Any = None, config: HeadsConfig | None = None) -> Task:
+    """task (a zoo task, "sentences", "repeat", a task file or user data: a DataFrame, Dataset or
+    list of dicts), else sentences for encoders, the zoo "kv" task for zoo models, and repeated
+    random tokens for other decoders."""
+    config = config or HeadsConfig()
+    n = config.examples(64, 16)
+    if task is not None and not isinstance(task, str):  # user data (analyses.core.task_files)
+        return task_files.resolve_task(model, task, n_examples=n, seed=config.seed)
+    name = task
     if name is None:
         if model.facts.is_encoder:  # all shipped sentences unless told otherwise
-            return sentence_task(model, n if config.n_examples or config.quick else None, config.seed)
+            return sentence_task(model, n_examples=n if config.n_examples or config.quick else None, seed=config.seed)
         try:
             return tasks.zoo(model, "kv", n, config.seed)
         except ValueError:  # not a zoo vocabulary
@@ -122,7 +107,7 @@ def default_task(model, config: RunConfig) -> Task:
     if name in tasks.ZOO_TASKS:
         return tasks.zoo(model, name, n, config.seed)
     if name == "sentences":
-        return sentence_task(model, n, config.seed)
+        return sentence_task(model, n_examples=n, seed=config.seed)
     if name == "repeat":
         return repeated_tokens_task(model, n, config.seed)
     if Path(name).suffix.lower() in task_files.FORMATS:
@@ -134,8 +119,10 @@ def default_task(model, config: RunConfig) -> Task:
 
 
 # ---- public analyses -----------------------------------------------------------------------
-def _scorer(model, task: Task | torch.Tensor | Scorer | None) -> Scorer:
-    return make_scorer(model, default_task(model, RunConfig()) if task is None else task)
+def _scorer(model, task: Task | torch.Tensor | Scorer | str | None, config: HeadsConfig | None = None) -> Scorer:
+    if isinstance(task, (Task, torch.Tensor, Scorer)):
+        return make_scorer(model, task)
+    return make_scorer(model, default_task(model, task, config))
 
 
 def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
@@ -178,23 +165,32 @@ def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
     }
 
 
-def head_importance(model, task: Task | torch.Tensor | None = None, *, methods: tuple[str, ...] = ("gradient", "zero"),
-                    seed: int = 0, progress: bool = False) -> Result:
+def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = None, *,
+                    methods: tuple[str, ...] = ("gradient", "zero"), seed: int = 0, progress: bool = False) -> Result:
     """Importance of every head by each method. task: a Task, a [batch, pos] token tensor (LM
-    loss on text), or None for the model's default task. Gradient importance is E_x |dL/dxi_h|;
-    ablation importance is the metric drop with the head ablated (zero, mean or resample)."""
-    scorer = _scorer(model, task)
+    loss on text), a zoo task name or task file, or None for the model's default task. Gradient
+    importance is E_x |dL/dxi_h|; ablation importance is the metric drop with the head ablated
+    (zero, mean or resample). config (a HeadsConfig) replaces methods, seed and progress."""
+    if config is not None:
+        methods, seed, progress = config.methods, config.seed, config.progress
+    scorer = _scorer(model, task, config)
     df, raw, baseline = importance_table(model, scorer, tuple(methods), seed=seed, progress=progress)
     summary = _base_summary(model, scorer, baseline)
     summary.update(_top_heads(df))
     return Result(name="heads", df=df, summary=summary, config={"methods": list(methods), "seed": seed})
 
 
-def prune_heads(model, task: Task | torch.Tensor | None = None, *, config: PruningConfig = PruningConfig(),
-                progress: bool = False) -> Result:
+def prune_heads(model, task: TaskLike = None, config: PruningConfig | HeadsConfig | None = None, *,
+                seed: int | None = None, progress: bool = False) -> Result:
     """Iterative pruning curves (df: ordering, recompute, seed, n_pruned, fraction_pruned, metric,
-    pruned) and, in the summary, the largest fraction of heads prunable within config.tolerance."""
-    scorer = _scorer(model, task)
+    pruned) and, in the summary, the largest fraction of heads prunable within config.tolerance.
+    config: a PruningConfig, or a HeadsConfig (its .pruning and .progress); seed overrides the
+    pruning seed (random orderings)."""
+    heads_config = config if isinstance(config, HeadsConfig) else None
+    if heads_config is not None:
+        config, progress = heads_config.pruning, heads_config.progress
+    config = with_overrides(config or PruningConfig(), seed=seed)
+    scorer = _scorer(model, task, heads_config)
     curves = pruning_curves(model, scorer, config, progress=progress)
     baseline = float(curves.loc[curves["n_pruned"] == 0, "metric"].iloc[0])
     summary = _base_summary(model, scorer, baseline)
@@ -202,11 +198,11 @@ def prune_heads(model, task: Task | torch.Tensor | None = None, *, config: Pruni
     return Result(name="heads", df=curves, summary=summary, config=dataclasses.asdict(config))
 
 
-def run(model, config: RunConfig = RunConfig(), heads_config: HeadsConfig | None = None) -> Result:
-    """The full analysis on the model's default task (or config.task); see the module docstring."""
-    hc = heads_config or HeadsConfig.from_run_config(config)
-    task = default_task(model, config)
-    scorer = make_scorer(model, task)
+def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Result:
+    """The full analysis on the model's default task (or `task`); see the module docstring."""
+    hc = config or HeadsConfig.preset()
+    config = hc
+    scorer = _scorer(model, task, hc)
     df, raw, baseline = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
     roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
     df = df.merge(roles, on=["layer", "head"], how="left")
@@ -232,7 +228,7 @@ def run(model, config: RunConfig = RunConfig(), heads_config: HeadsConfig | None
         floor = baseline - hc.pruning.tolerance * abs(baseline)
         ok = sweep.loc[sweep["metric_binary"] >= floor, "heads_kept"]
         summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
-    run_cfg = {**dataclasses.asdict(config), **dataclasses.asdict(hc)}
+    run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)
 
 

@@ -14,23 +14,22 @@ and block l itself only its output projection and MLP (pre-norm blocks, sequenti
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError, InputTypeError
-
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from headscope.execution import batching
-from headscope.execution import distributed
 from headscope.analyses.core import metrics
 from headscope.analyses.core.tasks import Task
-from headscope.hooks import capture, site
-from headscope.execution import resume
+from headscope.errors import ConfigError, InputTypeError
+from headscope.execution import batching, distributed, resume
 from headscope.execution.rows import take
+from headscope.hooks import capture, site
+from headscope.hooks.interventions import METHODS, resample_partners
 
-ABLATIONS = ("zero", "mean", "resample")
+ABLATIONS = METHODS  # the ablation methods, one list with hooks.interventions (one meaning of "resample")
 CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss scale
 RowFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output [n, ...], rows [n]) -> [n]
 
@@ -89,15 +88,26 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
         return _cosine_scorer(model, task, tokens, mask)
     answers = task.answers.to(model.device)
     wrong = None if task.wrong_answers is None else task.wrong_answers.to(model.device)
-    logprob: RowFn = lambda out, rows: metrics.answer_logprob(out, answers[rows])
+
+    def logprob(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return metrics.answer_logprob(out, answers[rows])
+
     if task.metric == "logit_diff":
         if wrong is None:
             raise ConfigError(f"Task {task.name!r} has metric logit_diff but no wrong_answers; add them or use 'logprob'.")
-        metric: RowFn = lambda out, rows: metrics.logit_diff(out, answers[rows], wrong[rows])
+
+        def logit_diff(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            return metrics.logit_diff(out, answers[rows], wrong[rows])
+
+        metric: RowFn = logit_diff
     elif task.metric == "logprob":
         metric = logprob
     elif task.metric == "accuracy":
-        metric = lambda out, rows: metrics.accuracy(out, answers[rows])
+
+        def accuracy(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            return metrics.accuracy(out, answers[rows])
+
+        metric = accuracy
     else:
         raise ConfigError(f"Unknown metric {task.metric!r}; use one of {metrics.METRICS}.")
     grad_loss = logprob if task.metric == "accuracy" else metric
@@ -209,26 +219,6 @@ def encoder_hidden(model, tokens: torch.Tensor, fwd: list, attention_mask: torch
         return model(tokens, attention_mask=attention_mask)
 
 
-def rows_per_pass(model, pos: int, max_tokens: int | None = None, *, grad: bool = False,
-                  memory_budget: int | None = None) -> int:
-    """How many sequences of length `pos` one forward pass may hold.
-
-    max_tokens: a token budget that overrides everything else. Otherwise the smaller of 32k
-    tokens (fewer for large vocabularies: decoder logits take pos x d_vocab floats; encoders
-    stop before their LM head) and what `memory_budget` bytes (default: half the device's free
-    memory, see batching) hold by the per-row estimate (grad: with the backward pass's storage);
-    by default no-grad passes on CPU hold at most batching.CPU_PASS_TOKENS tokens (fewer for
-    wide MLPs, see batching.cpu_rows).
-    """
-    if max_tokens:
-        return max(1, max_tokens // max(pos, 1))
-    width = 0 if model.facts.is_encoder else model.facts.d_vocab
-    cap = max(1, min(32768, 2**28 // max(width, 1)) // max(pos, 1))
-    fits = batching.chunk_size(batching.row_bytes(model, pos, grad=grad), device=model.device, budget=memory_budget)
-    cpu = None if grad or memory_budget is not None else batching.cpu_rows(model.device, pos, batching.widest(model))
-    return min(cap, fits, cpu or fits)
-
-
 def evaluate_masks(
     model, scorer: Scorer, masks: torch.Tensor, *, replacement: dict[int, torch.Tensor] | None = None,
     max_tokens: int | None = None, memory_budget: int | None = None, progress: bool = False, desc: str = "masks",
@@ -245,7 +235,8 @@ def evaluate_masks(
     """
     n, pos = scorer.tokens.shape
     mine = distributed.shard(n)
-    cap = [rows_per_pass(model, pos, max_tokens, memory_budget=memory_budget)]  # rows per pass; shrinks on OOM
+    cap = [batching.rows_per_pass(model, pos, max_tokens=max_tokens, memory_budget=memory_budget,
+                                  logits_cap=True)]  # rows per pass; shrinks on OOM
     k = masks.shape[0]
     masks = masks.to(model.device)
     bar = tqdm(total=len(mine) * k, desc=desc, disable=not (progress and distributed.is_main()), leave=False)
@@ -307,7 +298,7 @@ def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tenso
     for start in sorted(set(first.tolist()) - {n_layers}):
         group = (first == start).nonzero().flatten()  # masks resuming at `start`
 
-        def run_group(mc: range) -> torch.Tensor:  # -> [c]
+        def run_group(mc: range, group: torch.Tensor = group, start: int = start) -> torch.Tensor:  # -> [c]
             idx = group[mc.start:mc.stop]
             c = idx.shape[0]
             at = local.repeat(c)  # [c * b], copy-major
@@ -330,7 +321,8 @@ def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tenso
 def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dict[int, torch.Tensor] | None:
     """What an ablated head's z becomes, per layer: None (zero); the per-position mean over the
     task's examples [1, pos, head, d_head] (mean); or another example's z [batch, pos, head,
-    d_head] (resample: example i takes example partner[i] != i, seeded)."""
+    d_head] (resample: example i takes example partner[i] != i at every layer, seeded; the
+    pairing of hooks.interventions.resample_partners, as hs.ablate's)."""
     if method not in ABLATIONS:
         raise ConfigError(f"Unknown ablation method {method!r}; use one of {ABLATIONS}.")
     if method == "zero":
@@ -342,8 +334,7 @@ def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dic
     n = len(scorer)
     if n < 2:
         raise ConfigError("resample ablation needs a task of at least 2 examples to take activations from.")
-    gen = torch.Generator().manual_seed(seed)
-    partner = (torch.arange(n) + torch.randint(1, n, (n,), generator=gen)) % n  # [batch], never itself
+    partner = resample_partners(n, n, torch.Generator().manual_seed(seed))  # [batch], never itself
     return {l: acts[name][partner.to(model.device)] for l, name in enumerate(names)}
 
 
@@ -413,7 +404,8 @@ def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, 
     point = torch.ones(f.n_layers, f.n_heads) if gates is None else gates.detach().float()
     n, pos = scorer.tokens.shape
     mine = distributed.shard(n)
-    batch = max(1, min(len(mine), rows_per_pass(model, pos, max_tokens, grad=True, memory_budget=memory_budget)))
+    batch = max(1, min(len(mine), batching.rows_per_pass(model, pos, max_tokens=max_tokens, grad=True,
+                                                         memory_budget=memory_budget, logits_cap=True)))
     bar = tqdm(total=len(mine), desc="gate gradients", disable=not (progress and distributed.is_main()), leave=False)
 
     def step(ex: range) -> torch.Tensor:  # -> [L * H + 1]: sum |grad| per head, then the metric sum

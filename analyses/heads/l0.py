@@ -8,20 +8,19 @@ a head survives when its gate is > 0. A sweep over lambda traces heads kept agai
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headscope.execution import batching
-from headscope.execution import distributed
-from headscope.analyses.heads.importance import Scorer, evaluate_masks, rows_per_pass, run_gated
+from headscope.analyses.heads.importance import Scorer, evaluate_masks, run_gated
 from headscope.analyses.heads.pruning import head_label
+from headscope.errors import ConfigError
+from headscope.execution import batching, distributed
+from headscope.execution.batching import rows_per_pass
 
 BETA, LIMIT_L, LIMIT_R = 0.33, -0.1, 1.1  # Voita et al.'s temperature and stretch interval
 
@@ -78,9 +77,9 @@ def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0
     if not len(lambdas):
         raise ConfigError("L0 training needs at least one lambda; pass e.g. lambdas=(0.01,).")
     n, pos = scorer.tokens.shape
-    batch = min(n, config.batch_size, rows_per_pass(model, pos))
+    batch = min(n, config.batch_size, rows_per_pass(model, pos, logits_cap=True))
     try:
-        per_pass = rows_per_pass(model, pos, grad=True) if len(lambdas) > 1 else batch
+        per_pass = rows_per_pass(model, pos, grad=True, logits_cap=True) if len(lambdas) > 1 else batch
     except batching.MemoryBudgetError:  # the estimate for a backward pass is rough: one lambda at a time
         per_pass = batch
     copies = max(1, min(len(lambdas), per_pass // batch))  # lambdas per pass
@@ -121,7 +120,8 @@ def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, ba
     return log_alpha.detach().cpu()
 
 
-def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *,
+             progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train gates for every lambda; returns (sweep, gates).
 
     sweep: lambda, heads_kept, fraction_kept, metric (test-time gates), metric_binary (kept heads

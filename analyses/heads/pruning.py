@@ -9,8 +9,6 @@ masks are all known in advance run as stacked copies, several masks per forward 
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 from dataclasses import dataclass
 
 import pandas as pd
@@ -24,6 +22,7 @@ from headscope.analyses.heads.importance import (
     gate_gradients,
     normalize_per_layer,
 )
+from headscope.errors import ConfigError
 
 ORDERINGS = ("gradient", "ablation", "random")
 

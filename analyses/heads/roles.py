@@ -12,11 +12,10 @@ which can only attend to itself):
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import pandas as pd
 import torch
 
+from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 
 POSITIONAL_SHARE = 0.9

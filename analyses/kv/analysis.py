@@ -12,19 +12,19 @@
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import pandas as pd
 import torch
 
 import headscope.hooks as hooks
-from headscope.analyses.kv import eviction as kv_eviction
-from headscope.analyses.position import sinks
+from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
+from headscope.analyses.kv import eviction as kv_eviction
+from headscope.analyses.position import sinks
+from headscope.errors import ConfigError
 
 
 def cache_bytes(*, positions: int, n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int,
@@ -81,7 +81,8 @@ def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
                         bytes_per_number=torch.empty((), dtype=dtype).element_size())
 
 
-def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[int] = (1, 8)) -> pd.DataFrame:
+def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 32768),
+                  batches: Sequence[int] = (1, 8)) -> pd.DataFrame:
     """Cache size at several context lengths and batch sizes, with the MHA equivalent."""
     rows = [{"positions": n, "batch": b, "bytes": anatomy.total(n, b),
              "mha_bytes": anatomy.total(n, b) * anatomy.n_heads // anatomy.n_kv_heads}
@@ -121,22 +122,26 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
-class KVConfig:
+class KVConfig(AnalysisConfig):
     n_sink: int = 4  # StreamingLLM keeps 4 sink tokens
     budgets: tuple[int, ...] | None = None  # None: powers of two below the context, and the full context
     policies: tuple[str, ...] = kv_eviction.POLICIES
     contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table
-    progress: bool = False
 
 
-def kv_analysis(model, task: Task, config: KVConfig = KVConfig()) -> Result:
-    """Anatomy, states and the eviction what-if on one Task (see the module doc).
+def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None = None) -> Result:
+    """Anatomy, states and the eviction what-if on one Task (see the module doc). task: a Task, a
+    zoo task name or task file (None: the zoo "kv" retrieval task).
 
     df (results.csv): the metric per policy, budget and example. tables: "anatomy", "norms",
     "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget.
     """
     if model.facts.is_encoder:
         raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
+    from headscope.analyses.core.task_files import resolve_task
+
+    config = config or KVConfig()
+    task = resolve_task(model, task, default="kv", n_examples=config.examples(128, 16), seed=config.seed)
     anatomy = cache_anatomy(model)
     norms = kv_norms(model, task.tokens)
     sink_table = sink_stats(model, task.tokens, norms, n_sink=1)
@@ -164,12 +169,6 @@ def kv_analysis(model, task: Task, config: KVConfig = KVConfig()) -> Result:
                   config={**asdict(config), "anatomy": asdict(anatomy)})
 
 
-def run(model, config) -> Result:
-    """`headscope kv`: config.task (a zoo task or a task file), the zoo "kv" retrieval Task by default."""
-    from headscope.analyses.core.task_files import resolve_task
-
-    n = config.n_examples or (16 if config.quick else 128)
-    task = resolve_task(model, config.task, default="kv", n_examples=n, seed=config.seed)
-    result = kv_analysis(model, task, KVConfig(progress=config.progress))
-    return Result(name=result.name, df=result.df, summary=result.summary, tables=result.tables,
-                  config={**result.config, "seed": config.seed, "n_examples": n, "task": task.name})
+def run(model, task: Task | str | None = None, config: KVConfig | None = None) -> Result:
+    """`headscope kv`: kv_analysis on `task` (a Task, zoo task or task file; the zoo "kv" task by default)."""
+    return kv_analysis(model, task, config or KVConfig.preset())

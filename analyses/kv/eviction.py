@@ -17,9 +17,7 @@ checks it against a cropped Hugging Face cache. Policies:
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -28,6 +26,7 @@ from tqdm.auto import tqdm
 import headscope.hooks as hooks
 from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
+from headscope.errors import ConfigError
 
 POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
 

@@ -20,23 +20,23 @@ triggers of random other keys of the layer).
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Iterator, Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
+from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
+from headscope.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
-class MLPConfig:
+class MLPConfig(AnalysisConfig):
     top_k_triggers: int = 25  # trigger examples kept per key (Geva et al.: 25)
     top_k_tokens: int = 5  # tokens shown per value / sub-update
     n_top_updates: int = 5  # largest sub-updates kept per example and layer
@@ -44,7 +44,10 @@ class MLPConfig:
     chunk_size: int = 32  # corpus rows per forward pass
     min_position: int = 1  # first prefix end considered (1 skips the lone <bos> prefix)
     apply_final_norm: bool = False
-    progress: bool = False
+
+    @classmethod
+    def preset(cls, *, quick: bool = False, **common) -> MLPConfig:
+        return cls(quick=quick, top_k_triggers=10 if quick else 25, **common)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,9 +217,12 @@ def zoo_corpus(model, n_examples: int, seed: int = 0) -> list[torch.Tensor]:
     return batches
 
 
-def mlp_memories_analysis(model, task: Task, corpus: torch.Tensor | Sequence[torch.Tensor],
-                          config: MLPConfig = MLPConfig()) -> Result:
+def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConfig | None = None, *,
+                          corpus: torch.Tensor | Sequence[torch.Tensor] | None = None) -> Result:
     """Trigger examples, value tokens, agreement per layer and the Task's largest sub-updates.
+
+    task: a Task, zoo task name or task file (None: zoo "facts"); corpus: the prompts scanned for
+    trigger examples (None: the zoo corpus, or the Task's prompts and answers for other models).
 
     df (results.csv): one row per (layer, neuron). tables: "agreement" (per layer), "top_neurons"
     (by mean ||m_i v_i|| on the Task, with trigger prompts and promoted tokens; raw strings,
@@ -225,12 +231,17 @@ def mlp_memories_analysis(model, task: Task, corpus: torch.Tensor | Sequence[tor
     if model.facts.is_encoder:
         raise ConfigError(f"the mlp analysis reads values through the unembedding and next tokens; "
                          f"{model.facts.name} is an encoder without a trained LM head. Use a decoder.")
+    config = config or MLPConfig()
+    if not isinstance(task, Task) or corpus is None:
+        default_task, default_corpus = default_inputs(model, task, config)
+        task, corpus = default_task, default_corpus if corpus is None else corpus
     corpus = [corpus] if isinstance(corpus, torch.Tensor) else list(corpus)
     layers = tuple(range(model.facts.n_layers))
     trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
                             min_position=config.min_position, progress=config.progress)
     value_top = torch.stack([value_top_tokens(model, layer, top_k=config.top_k_tokens,
-                                              apply_final_norm=config.apply_final_norm) for layer in layers])  # [layer, d_mlp, top_k]
+                                              apply_final_norm=config.apply_final_norm)
+                             for layer in layers])  # [layer, d_mlp, top_k]
     agree = agreement(trig, value_top[..., 0])
     top_updates, per_neuron = task_sub_updates(model, task, layers=layers, n_top=config.n_top_updates,
                                                top_k_tokens=config.top_k_tokens, apply_final_norm=config.apply_final_norm)
@@ -261,21 +272,24 @@ def mlp_memories_analysis(model, task: Task, corpus: torch.Tensor | Sequence[tor
     }
     return Result(name="mlp", df=df, summary=summary,
                   tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},
-                  config=asdict(config))
+                  config={**asdict(config), "task": task.name})
 
 
-def run(model, config) -> Result:
-    """`headscope mlp`: triggers over the zoo corpus (all four tasks; other models: the Task's prompts and
-    answers) and sub-updates on config.task (a zoo task or a task file; default "facts": recall from the weights)."""
+def default_inputs(model, task: Task | str | None, config: MLPConfig) -> tuple[Task, list[torch.Tensor]]:
+    """The Task (default zoo "facts": recall from the weights) and the trigger corpus (the zoo's four
+    tasks; other models: the Task's prompts and answers)."""
     from headscope.analyses.core.task_files import resolve_task
 
-    n = config.n_examples or (16 if config.quick else 128)
-    task = resolve_task(model, config.task, default="facts", n_examples=n, seed=config.seed)
+    n = config.examples(128, 16)
+    task = resolve_task(model, task, default="facts", n_examples=n, seed=config.seed)
     try:
         corpus = zoo_corpus(model, n_examples=n, seed=config.seed)
     except ValueError:  # not a zoo vocabulary
         corpus = [torch.cat([task.tokens, task.answers[:, None]], dim=1)]
-    cfg = MLPConfig(progress=config.progress, top_k_triggers=10 if config.quick else 25)
-    result = mlp_memories_analysis(model, task, corpus, cfg)
-    return Result(name=result.name, df=result.df, summary=result.summary, tables=result.tables,
-                  config={**result.config, "seed": config.seed, "n_examples": n, "task": task.name})
+    return task, corpus
+
+
+def run(model, task: Task | str | None = None, config: MLPConfig | None = None) -> Result:
+    """`headscope mlp`: mlp_memories_analysis on the default inputs (default_inputs)."""
+    config = config or MLPConfig.preset()
+    return mlp_memories_analysis(model, task, config)

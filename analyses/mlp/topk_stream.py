@@ -6,9 +6,9 @@ is O(rows x (k + chunk)) whatever the corpus size.
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import torch
+
+from headscope.errors import ConfigError
 
 
 class StreamingTopK:

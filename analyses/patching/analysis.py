@@ -18,12 +18,16 @@ attribution_correlation (Pearson and Spearman per site type).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
+from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
 from headscope.analyses.patching.engine import index_mask, replace_hook, run_batched
 from headscope.analyses.patching.inputs import (
@@ -35,7 +39,6 @@ from headscope.analyses.patching.inputs import (
     token_labels,
 )
 from headscope.analyses.patching.sites import SITE_TYPES, SiteType, cell_frame, site_types
-from headscope.analyses.core.result import Result
 from headscope.hooks.sites import site
 
 DEFAULT_SITES = ("resid_pre", "attn_out", "mlp_out", "head_out")
@@ -212,33 +215,46 @@ def _trace_task(model, task, n_examples: int, seed: int):
         return None
 
 
-def run(model, config) -> Result:
+@dataclass(frozen=True, kw_only=True)
+class PatchingConfig(AnalysisConfig):
+    """What `run` patches. sites: site types (None: every type the model exposes, the four main
+    ones when quick); path_patching: every head into the logits; trace_samples: noise samples of
+    causal tracing (None: 10, 3 when quick; 0 skips tracing)."""
+
+    sites: tuple[str, ...] | None = None
+    path_patching: bool = True
+    trace_samples: int | None = None
+
+
+def run(model, task: Task | str | None = None, config: PatchingConfig | None = None) -> Result:
     """`headscope patching`: exact patching of every site type with attribution estimates
     (default task: zoo "ioi"), direct-path patching of every head into the logits, and causal
     tracing on the zoo facts task (or the given task, if it marks a "subject" span).
     Encoders are skipped with a note (the metrics read next-token answers)."""
+    from headscope.analyses.core.task_files import resolve_task
     from headscope.analyses.patching.causal_tracing import causal_tracing
     from headscope.analyses.patching.path_patching import path_patching
-    from headscope.analyses.core.task_files import resolve_task
     from headscope.hooks.sites import available_sites
 
+    config = config or PatchingConfig.preset()
     if model.facts.is_encoder:
         note = f"{model.facts.name} is an encoder; patching measures next-token answers and needs a decoder."
         return Result(name="patching", df=pd.DataFrame(), summary={"skipped": note}, config={"seed": config.seed})
-    n = config.n_examples or (8 if config.quick else 32)
-    task = resolve_task(model, config.task, default="ioi", n_examples=n, seed=config.seed)
+    n = config.examples(32, 8)
+    task = resolve_task(model, task, default="ioi", n_examples=n, seed=config.seed)
     available = set(available_sites(model))
-    names = [name for name in (QUICK_SITES if config.quick else FULL_SITES)
-             if site_types(name)[0].hook(0) in available]
+    wanted = config.sites or (QUICK_SITES if config.quick else FULL_SITES)
+    names = [name for name in wanted if site_types(name)[0].hook(0) in available]
     result = activation_patching(model, task, names, attribution=True, progress=config.progress)
     summary, tables = dict(result.summary), dict(result.tables)
-    paths = path_patching(model, task, "logits", direction="denoise", progress=config.progress)
-    summary["path_patching"] = paths.summary
-    tables.update(paths.tables)
-    trace_task = _trace_task(model, task, n, config.seed)
+    if config.path_patching:
+        paths = path_patching(model, task, "logits", direction="denoise", progress=config.progress)
+        summary["path_patching"] = paths.summary
+        tables.update(paths.tables)
+    samples = config.trace_samples if config.trace_samples is not None else (3 if config.quick else 10)
+    trace_task = _trace_task(model, task, n, config.seed) if samples else None
     if trace_task is not None:
-        trace = causal_tracing(model, trace_task, n_samples=3 if config.quick else 10, seed=config.seed,
-                               progress=config.progress)
+        trace = causal_tracing(model, trace_task, n_samples=samples, seed=config.seed, progress=config.progress)
         summary["causal_tracing"] = {**trace.summary, "task": trace_task.name}
         tables.update(trace.tables)
     config_out = {**result.config, "seed": config.seed, "n_examples": n, "task": task.name, "quick": config.quick}

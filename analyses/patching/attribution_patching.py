@@ -12,11 +12,13 @@ correlation with exact patching is reported per site type.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
 
+from headscope.analyses.core.result import Result
 from headscope.analyses.patching.inputs import (
     PatchMetric,
     check_direction,
@@ -25,7 +27,6 @@ from headscope.analyses.patching.inputs import (
     token_labels,
 )
 from headscope.analyses.patching.sites import SiteType, cell_frame, site_types
-from headscope.analyses.core.result import Result
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
 
@@ -52,7 +53,8 @@ def attribution_scores(
     scale divides the estimates (the normalised metric's clean - corrupt denominator).
     """
     layers = range(model.facts.n_layers)
-    names = sorted({st.hook(layer) for st in types for layer in layers} | {st.write_hook(layer) for st in types for layer in layers})
+    names = sorted({st.hook(layer) for st in types for layer in layers}
+                   | {st.write_hook(layer) for st in types for layer in layers})
     src = capture(model, source, names)  # no grad
     kept: dict[str, torch.Tensor] = {}
 

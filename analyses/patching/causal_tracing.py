@@ -15,18 +15,18 @@ peak at the last token.
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from headscope.analyses.core.result import Result
 from headscope.analyses.patching.engine import index_mask, replace_hook, run_batched
 from headscope.analyses.patching.inputs import resolve_metric, token_labels
-from headscope.analyses.core.result import Result
+from headscope.errors import ConfigError
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
 
@@ -67,7 +67,8 @@ def roles(span: torch.Tensor, n_pos: int) -> np.ndarray:
     return out
 
 
-def subject_noise(model, tokens: torch.Tensor, span: torch.Tensor, n_samples: int, scale: float, seed: int) -> tuple[torch.Tensor, float]:
+def subject_noise(model, tokens: torch.Tensor, span: torch.Tensor, n_samples: int, scale: float,
+                  seed: int) -> tuple[torch.Tensor, float]:
     """Seeded noise [sample, batch, pos, d_model], zero outside the span; and its std."""
     n_prompts, n_pos = tokens.shape
     positions = torch.arange(n_pos)

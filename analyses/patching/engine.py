@@ -14,42 +14,31 @@ Also here: the mask-based replacement hook that exact patching and causal tracin
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from headscope.execution import batching
-from headscope.execution import distributed
-from headscope.execution import resume
+from headscope.analyses.core.metrics import Metric
+from headscope.errors import ConfigError
+from headscope.execution import batching, distributed, resume
 from headscope.execution.rows import take
 from headscope.hooks.sites import hook_point, split_block
 
 HookFn = Callable[..., Any]
 Hooks = Sequence[tuple[str, HookFn]]
 HooksFor = Callable[[range], Hooks]  # runs of one chunk -> hooks acting on [len(runs) * batch, ...]
-Metric = Callable[[torch.Tensor], torch.Tensor]  # model output [batch, ...] -> [batch]
-
-
-def row_bytes(model, n_pos: int) -> int:
-    """Rough peak activation bytes of one prompt row in a no-grad forward pass (batching.row_bytes)."""
-    return batching.row_bytes(model, n_pos)
 
 
 def runs_per_forward(model, n_prompts: int, n_pos: int, memory_budget: int | None = None) -> int:
-    """How many patched runs (each n_prompts rows of n_pos tokens) fit one forward pass.
-
-    memory_budget: bytes (None: half the free accelerator memory; on CPU half the free RAM, at
-    most 2 GiB, and at most batching.cpu_rows's tokens). At least one run when the budget
-    holds one row (out-of-memory then halves the chunk); a budget below one row raises
-    batching.MemoryBudgetError.
+    """How many patched runs (each n_prompts rows of n_pos tokens) fit one forward pass:
+    batching.rows_per_pass (memory_budget bytes, None: the device's default budget and the CPU
+    pass cap) in whole runs, at least one when the budget holds one row (out-of-memory then
+    halves the chunk); a budget below one row raises MemoryBudgetError.
     """
-    rows = batching.chunk_size(row_bytes(model, n_pos), device=model.device, budget=memory_budget)
-    cpu = batching.cpu_rows(model.device, n_pos, batching.widest(model)) if memory_budget is None else None
-    return max(1, min(rows, cpu or rows) // n_prompts)
+    return max(1, batching.rows_per_pass(model, n_pos, memory_budget=memory_budget) // n_prompts)
 
 
 def chunks(n_runs: int, per_forward: int) -> list[range]:
@@ -171,8 +160,9 @@ def run_batched(
                 subs = [range(seg.start + r.start, seg.start + r.stop) for r in subs]
             for sub in subs:
                 n_chunk = len(chunks(len(sub), size[merged])[0]) if len(sub) else 1  # equal-sized forward passes
-                parts = batching.run_chunks(lambda c: forward(range(sub.start + c.start, sub.start + c.stop), merged),
-                                            len(sub), n_chunk, on_oom=shrink(merged))
+                parts = batching.run_chunks(
+                    lambda c, sub=sub, merged=merged: forward(range(sub.start + c.start, sub.start + c.stop), merged),
+                    len(sub), n_chunk, on_oom=shrink(merged))
                 for chunk, values in parts:
                     lo = mine.start + sub.start + chunk.start
                     out[lo:lo + len(chunk)] = values[n_lead:].view(len(chunk), n_prompts)

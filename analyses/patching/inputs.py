@@ -5,8 +5,8 @@ missing or of another length, answers missing, an unknown metric or direction.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

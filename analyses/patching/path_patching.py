@@ -22,17 +22,18 @@ per_receiver=True, one per (sender, receiver) pair.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
 
+from headscope.analyses.core.result import Result
 from headscope.analyses.patching.engine import run_batched
 from headscope.analyses.patching.inputs import check_direction, clean_and_corrupted, resolve_metric
-from headscope.analyses.core.result import Result
+from headscope.errors import ConfigError, IndexOutOfRangeError
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
-from headscope.errors import ConfigError, IndexOutOfRangeError
 
 COMPONENTS = ("q", "k", "v")
 Head = tuple[int, int]

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from headscope.hooks.sites import SITES, check_site, site
 from headscope.errors import ConfigError, SiteError
+from headscope.hooks.sites import SITES, check_site, site
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +65,7 @@ class SiteType:
             return (n_pos, self.n_heads(model), f.d_head)
         return (n_pos, f.d_model)
 
-    def check(self, model) -> "SiteType":
+    def check(self, model) -> SiteType:
         """Raise SiteError if this model never computes the hook points this site type needs."""
         for layer in range(model.facts.n_layers):
             check_site(model, self.hook(layer))

@@ -19,32 +19,33 @@ streaming (metric means under full / sinks+window / window attention).
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
 
+from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.result import Result
 from headscope.analyses.position import prompts
 from headscope.analyses.position.prompts import PositionSweep
 from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, run_encoder_sweeps
-from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
-from headscope.analyses.core.result import Result
 from headscope.analyses.position.sinks import uniform_baseline
+from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
+from headscope.errors import ConfigError
 
 TASKS = ("zoo_kv", "json_kv", "qa", "retrieval")
 DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 
 
 @dataclass(frozen=True, kw_only=True)
-class PositionConfig:
+class PositionConfig(AnalysisConfig):
     """Settings of the position sweep.
 
-    task: "zoo_kv" (zoo models), "json_kv" (Liu et al.'s UUID key-value retrieval), "qa"
+    sweep: "zoo_kv" (zoo models), "json_kv" (Liu et al.'s UUID key-value retrieval), "qa"
       (multi-document QA over `data`, a JSONL file), "retrieval" (encoders; `data` or the shipped
       set); "auto" picks zoo_kv / json_kv / retrieval from the model.
     n_items: pairs, documents or sentences including the gold one (None: 20; 10 for qa; every
@@ -56,11 +57,9 @@ class PositionConfig:
     generate: greedy decoding for accuracy (None: only for multi-token answers).
     """
 
-    task: str = "auto"
+    sweep: str = "auto"
     n_items: int | None = None
     positions: tuple[int, ...] | None = None
-    n_examples: int = 32
-    seed: int = 0
     query_aware: bool = False
     data: str | None = None
     n_sink: int | None = None
@@ -68,14 +67,18 @@ class PositionConfig:
     batch_size: int | None = None
     generate: bool | None = None
     n_boot: int = 1000
-    progress: bool = True
+
+    @classmethod
+    def preset(cls, *, quick: bool = False, **common) -> PositionConfig:
+        return cls(quick=quick, n_boot=200 if quick else 1000, **common)
 
 
 def has_zoo_vocab(tokenizer: Any) -> bool:
     return all(w in tokenizer.get_vocab() for w in ("<bos>", "k00", "v00", ";"))
 
 
-def resolve_task(model: Any, task: str) -> str:
+def sweep_kind(model: Any, task: str) -> str:
+    """The sweep a PositionConfig.sweep name stands for on this model ("auto" picks one)."""
     if task == "auto":
         if model.facts.is_encoder:
             return "retrieval"
@@ -84,24 +87,26 @@ def resolve_task(model: Any, task: str) -> str:
         raise ConfigError(f"unknown position task {task!r}; use one of {('auto', *TASKS)}.")
     if (task == "retrieval") != model.facts.is_encoder:
         kind = "an encoder" if model.facts.is_encoder else "a decoder"
-        raise ConfigError(f"task {task!r} does not fit {model.facts.name}, {kind}; use 'retrieval' for encoders and a kv or qa task for decoders.")
+        raise ConfigError(f"task {task!r} does not fit {model.facts.name}, {kind}; "
+                          "use 'retrieval' for encoders and a kv or qa task for decoders.")
     return task
 
 
 def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
-    """The default sweeps of `config.task` for this model's tokenizer."""
-    task, tok, cfg = resolve_task(model, config.task), model.tokenizer, config
+    """The default sweeps of `config.sweep` for this model's tokenizer."""
+    task, tok, cfg = sweep_kind(model, config.sweep), model.tokenizer, config
+    n_examples = cfg.examples(32, 8)
     common = dict(positions=cfg.positions, seed=cfg.seed, query_aware=cfg.query_aware)
     if task == "zoo_kv":
-        return prompts.zoo_kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=cfg.n_examples, **common)
+        return prompts.zoo_kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=n_examples, **common)
     if task == "json_kv":
-        return prompts.kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=cfg.n_examples, **common)
+        return prompts.kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=n_examples, **common)
     if task == "qa":
         if cfg.data is None:
             raise ConfigError("task 'qa' needs data= a JSONL file of multi-document QA records (see load_qa_records).")
-        records = prompts.load_qa_records(cfg.data)[: cfg.n_examples]
+        records = prompts.load_qa_records(cfg.data)[:n_examples]
         return prompts.qa_sweeps(tok, records, n_docs=cfg.n_items or 10, **common)
-    records = prompts.load_retrieval_records(cfg.data)[: cfg.n_examples]
+    records = prompts.load_retrieval_records(cfg.data)[:n_examples]
     n_distractors = None if cfg.n_items is None else cfg.n_items - 1
     return prompts.retrieval_sweeps(tok, records, n_distractors=n_distractors, positions=cfg.positions)
 
@@ -134,11 +139,32 @@ def _clean(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def position_bias(model: Any, sweeps: Sequence[PositionSweep] | None = None, *, config: PositionConfig | None = None) -> Result:
-    """Run the sweep (default: built from `config`) and return the position Result (module docstring)."""
-    cfg = config or PositionConfig()
+def _config_for_task(model: Any, task: str, cfg: PositionConfig) -> PositionConfig:
+    """cfg with the sweep a task name stands for: "kv", a sweep name, or a JSONL file (qa/retrieval)."""
+    if task == "kv":
+        return replace(cfg, sweep="zoo_kv" if has_zoo_vocab(model.tokenizer) else "json_kv")
+    if task in TASKS:
+        return replace(cfg, sweep=task)
+    if Path(task).suffix in (".jsonl", ".json"):
+        return replace(cfg, sweep="retrieval" if model.facts.is_encoder else "qa", data=task)
+    raise ConfigError(f"the position analysis runs on 'kv', one of {TASKS} or a JSONL file, not {task!r}.")
+
+
+def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None, config: PositionConfig | None = None,
+                  *, seed: int | None = None, progress: bool | None = None) -> Result:
+    """Run the sweep and return the position Result (module docstring). task: None (the sweep of
+    config.sweep), "kv", a sweep name, a JSONL file (multi-document QA; retrieval for encoders),
+    or a list of PositionSweep."""
+    cfg = with_overrides(config or PositionConfig(), seed=seed, progress=progress)
+    sweeps = None
+    if isinstance(task, str):
+        cfg = _config_for_task(model, task, cfg)
+    elif task is not None:
+        sweeps = list(task)
+    if cfg.quick and cfg.n_items is None and sweeps is None and sweep_kind(model, cfg.sweep) == "json_kv":
+        cfg = replace(cfg, n_items=10)
     encoder = model.facts.is_encoder
-    task = resolve_task(model, cfg.task) if sweeps is None else ("retrieval" if encoder else "custom")
+    task = sweep_kind(model, cfg.sweep) if sweeps is None else ("retrieval" if encoder else "custom")
     sweeps = build_sweeps(model, cfg) if sweeps is None else list(sweeps)
     if not sweeps:
         raise ConfigError("position_bias got no sweeps; pass n_examples >= 1 or a non-empty list of PositionSweep.")
@@ -159,7 +185,8 @@ def position_bias(model: Any, sweeps: Sequence[PositionSweep] | None = None, *, 
     sink_by_layer = [float(x) for x in _layer_means([o.sink_mass for o in outs])]
     baseline = sum(uniform_baseline(sw.prompt_len, n_sink, causal=not encoder) for sw in sweeps) / len(sweeps)
     sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer, "baseline": baseline})
-    span_share = float(sum(float((sw.gold_spans[:, 1] - sw.gold_spans[:, 0]).float().mean()) / sw.prompt_len for sw in sweeps) / len(sweeps))
+    span_share = float(sum(float((sw.gold_spans[:, 1] - sw.gold_spans[:, 0]).float().mean()) / sw.prompt_len
+                           for sw in sweeps) / len(sweeps))
     track = ("cosine",) if encoder else ("accuracy", "logprob")
     heads, tracked = head_tracking(gold, obs, metrics=track, span_share=span_share)
 
@@ -190,7 +217,8 @@ def position_bias(model: Any, sweeps: Sequence[PositionSweep] | None = None, *, 
         windows = sorted({_window(cfg, sw.prompt_len) for sw in sweeps})
         summary["streaming"] = {
             "window": windows[0] if len(windows) == 1 else windows,
-            **{m: {"full": _clean(float(obs[m].mean())), **{c: _clean(float(g[m].mean())) for c, g in masked.groupby("condition")}}
+            **{m: {"full": _clean(float(obs[m].mean())),
+                   **{c: _clean(float(g[m].mean())) for c, g in masked.groupby("condition")}}
                for m in ("logprob", "exact")},
         }
     return Result(
@@ -205,22 +233,6 @@ def _layer_means(parts: Sequence[Any]) -> list[float]:
     return torch.cat(list(parts)).mean((0, 2)).tolist()
 
 
-def run(model: Any, config: Any) -> Result:
-    """Registry entry point: the default sweep for the model (zoo kv, Liu kv or encoder retrieval)."""
-    task = "auto"
-    if config.task is not None:
-        if config.task == "kv":
-            task = "zoo_kv" if has_zoo_vocab(model.tokenizer) else "json_kv"
-        elif config.task in TASKS:
-            task = config.task
-        elif Path(config.task).suffix in (".jsonl", ".json"):
-            task = "retrieval" if model.facts.is_encoder else "qa"
-        else:
-            raise ConfigError(f"the position analysis runs on 'kv', one of {TASKS} or a JSONL file, not {config.task!r}.")
-    n_examples = config.n_examples or (8 if config.quick else 32)
-    cfg = PositionConfig(task=task, n_examples=n_examples, seed=config.seed, progress=config.progress,
-                         data=config.task if task in ("qa", "retrieval") and config.task not in TASKS else None,
-                         n_boot=200 if config.quick else 1000)
-    if config.quick and task == "json_kv":
-        cfg = replace(cfg, n_items=10)
-    return position_bias(model, config=cfg)
+def run(model: Any, task: str | Sequence[PositionSweep] | None = None, config: PositionConfig | None = None) -> Result:
+    """The whole analysis: the model's default sweep (zoo kv, Liu kv or encoder retrieval) or `task`."""
+    return position_bias(model, task, config or PositionConfig.preset())

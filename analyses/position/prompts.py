@@ -21,14 +21,14 @@ Query-aware contextualisation (`query_aware=True`) puts the query before the dat
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from headscope.errors import ConfigError
 
 KV_INSTRUCTION = "Extract the value corresponding to the specified key in the JSON object below."
 QA_INSTRUCTION = (

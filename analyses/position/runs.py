@@ -3,7 +3,8 @@
 All rows (gold positions) of one sweep go through the model together, and sweeps of equal
 prompt length share a pass up to 64 rows (`batch_size` rows per pass when given); under
 torch.distributed each rank runs its block of those passes and the rows are gathered.
-Decoders are run teacher-forced on prompt + answer, which gives in one pass the answer's log-probability (summed over its tokens), the rank of its first token,
+Decoders are run teacher-forced on prompt + answer, which gives in one pass the answer's
+log-probability (summed over its tokens), the rank of its first token,
 `exact` (greedy decoding would start with the answer: every answer token is the argmax), the
 attention mass from the answer position (the prompt's last token) onto the gold span per layer
 and head, and the sink mass per layer and head. `accuracy` is Liu et al.'s metric: greedy
@@ -13,17 +14,17 @@ gold mass is averaged over every query row (mean pooling reads every position).
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from headscope.execution import distributed
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.position.prompts import PositionSweep
 from headscope.analyses.position.sinks import sink_mass, streaming_attention
+from headscope.errors import ConfigError
+from headscope.execution import distributed
 from headscope.hooks.kv_states import generate_with_kv
 from headscope.hooks.sites import site
 
@@ -109,7 +110,8 @@ def row_batches(sweeps: Sequence[PositionSweep], batch_size: int | None, max_row
     return batches
 
 
-def _scatter(sweeps: Sequence[PositionSweep], batches: list, results: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+def _scatter(sweeps: Sequence[PositionSweep], batches: list,
+             results: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
     """Per-batch results {name: [batch, ...]} back to per-sweep {name: [n_pos, ...]}."""
     per: list[dict[str, list]] = [{} for _ in sweeps]
     for batch, res in zip(batches, results):
@@ -149,7 +151,8 @@ def run_decoder_sweeps(
     """
     for sw in sweeps:
         if sw.answer_ids.numel() == 0:
-            raise ConfigError("decoder sweeps need answer_ids (the answer continuation); build them with a decoder prompt builder.")
+            raise ConfigError("decoder sweeps need answer_ids (the answer continuation); "
+                              "build them with a decoder prompt builder.")
 
     def score(batch: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         first = sweeps[batch[0][0]]

@@ -14,13 +14,13 @@ hook_pattern and dividing each row by its new sum).
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from headscope.errors import ConfigError
 from headscope.hooks.sites import site
 
 

@@ -1,16 +1,17 @@
 """Statistics of the position sweep: bootstrap intervals, the middle-to-ends ratio, retrieval heads."""
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from headscope.errors import ConfigError
 
-def bootstrap_ci(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+
+def bootstrap_ci(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float, float]:
     """(mean, low, high): the mean and its percentile bootstrap interval (resampling examples)."""
     x = np.asarray(values, dtype=float)
     if x.size == 0:

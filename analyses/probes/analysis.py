@@ -16,11 +16,9 @@ Labels come from the Task (`task_labels`):
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,8 +26,10 @@ import torch
 from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
+from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
+from headscope.errors import ConfigError
 from headscope.probes import LogisticProbe, RidgeProbe, selectivity
 
 
@@ -85,17 +85,17 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1) -> Probe
 
 @torch.no_grad()
 def probe_sweep(
-    model, data: Task | torch.Tensor, site: str = "resid_post", labels: str | Sequence = "query_pair", *,
+    model, task: Task | torch.Tensor, site: str = "resid_post", labels: str | Sequence = "query_pair", *,
     position: int = -1, layers: Sequence[int] | None = None, cv: int = 5, seed: int = 0,
     C: float = 1.0, alpha: float = 1.0, progress: bool = False,
 ) -> Result:
     """Probe accuracy (or R^2) and selectivity per layer at `site` (a site kind, e.g. "resid_post").
 
-    data: a Task, or a [batch, pos] token tensor with labels an array (or "position").
+    task: a Task, or a [batch, pos] token tensor with labels an array (or "position").
     df: one row per (layer, fold, task in {"real", "control"}) with the score. tables["per_layer"]:
     score, control and selectivity per layer. summary: best layer and its numbers.
     """
-    task = data if isinstance(data, Task) else Task(name="tokens", tokens=data, metric="cosine")
+    task = task if isinstance(task, Task) else Task(name="tokens", tokens=task, metric="cosine")
     probe_data = task_labels(task, labels, position)
     layers = list(range(model.facts.n_layers) if layers is None else (model.check_layer(layer) for layer in layers))
     names = [hooks.site(site, layer) for layer in layers]
@@ -138,18 +138,32 @@ def probe_sweep(
                           "C": C, "alpha": alpha, "task": task.name})
 
 
-def run(model, config) -> Result:
+@dataclass(frozen=True, kw_only=True)
+class ProbesConfig(AnalysisConfig):
+    """site: the site kind probed at every layer; labels: what is decoded (see task_labels; the
+    default "answer" is the answer a zoo Task's prompt retrieves); cv: folds (None: 5, 3 when quick);
+    C / alpha: the logistic / ridge probes' regularisation."""
+
+    site: str = "resid_post"
+    labels: str = "answer"
+    cv: int | None = None
+    C: float = 1.0
+    alpha: float = 1.0
+
+
+def run(model, task: Task | str | None = None, config: ProbesConfig | None = None) -> Result:
     """`headscope probes`: the answer a zoo Task's prompt retrieves (kv: the queried key's value), read at
     the answer position, per layer (also for task files); encoders: token position over the shipped
     sentences. (The queried key itself is the input token there, so its control task is as easy as
     the real one: selectivity 0 by construction; "span:query" shows it.)"""
-    from headscope.analyses.heads.analysis import sentence_task
     from headscope.analyses.core.task_files import resolve_task
+    from headscope.analyses.core.tasks import sentence_task
 
-    n = config.n_examples or (64 if config.quick else 256)
-    cv = 3 if config.quick else 5
-    if model.facts.is_encoder and config.task is None:
-        return probe_sweep(model, sentence_task(model, n, config.seed), "resid_post", "position",
-                           cv=cv, seed=config.seed, progress=config.progress)
-    task = resolve_task(model, config.task, default="kv", n_examples=n, seed=config.seed)
-    return probe_sweep(model, task, "resid_post", "answer", cv=cv, seed=config.seed, progress=config.progress)
+    config = config or ProbesConfig.preset()
+    n = config.examples(256, 64)
+    cv = config.cv or (3 if config.quick else 5)
+    kw = dict(cv=cv, seed=config.seed, C=config.C, alpha=config.alpha, progress=config.progress)
+    if model.facts.is_encoder and task is None:
+        return probe_sweep(model, sentence_task(model, n_examples=n, seed=config.seed), config.site, "position", **kw)
+    task = resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
+    return probe_sweep(model, task, config.site, config.labels, **kw)

@@ -76,7 +76,7 @@ every analysis can run offline on a model whose mechanisms are known. Load it as
 `headscope.load_model("zoo/{card['name']}")` or with `transformers.AutoModelForCausalLM.from_pretrained(<this dir>)`.
 
 - Architecture: `{card['hf_class']}`, {m['n_layers']} layers x {m['n_heads']} heads
-  ({'%d KV heads, ' % m['n_kv_heads'] if m['arch'] == 'llama' else ''}d_model {m['d_model']}, MLP {m['d_mlp']}),
+  ({'{:d} KV heads, '.format(m['n_kv_heads']) if m['arch'] == 'llama' else ''}d_model {m['d_model']}, MLP {m['d_mlp']}),
   {card['params']:,} parameters, weights in {card['dtype']} safetensors.
 - Tokenizer: word level, {card['vocab_size']} tokens (`<unk> <pad> <bos> <eos>` + task words); prompts start with `<bos>`.
 - Training command: `{card['command']}` (seed {card['seed']}, {card['steps']} steps,

@@ -1,15 +1,16 @@
 """Entry points behind `headscope zoo train NAME` and `headscope zoo list`.
 
-The root CLI (headscope.cli) parses arguments and calls these two functions.
+The root CLI (headscope.cli) parses arguments and calls these two functions; their return values
+(the checkpoint folder, the printed lines) are for Python callers, never exit statuses: the CLI
+exits 0 after either returns.
 """
 from __future__ import annotations
-
-from headscope.errors import ConfigError
 
 import logging
 from dataclasses import replace
 from pathlib import Path
 
+from headscope.errors import ConfigError
 from headscope.models.zoo import registry
 from headscope.models.zoo.recipes import RECIPES
 

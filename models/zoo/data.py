@@ -15,15 +15,14 @@ Training batches (dense supervision, several answers per sequence) are built in 
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import combinations
-from typing import Iterator, Mapping
 
 import numpy as np
 
+from headscope.errors import ConfigError
 from headscope.models.zoo import vocab
 
 TASKS: tuple[str, ...] = ("kv", "induction", "facts", "ioi")

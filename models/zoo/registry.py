@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from headscope.errors import ModelNotFoundError, UnknownZooModelError
+from headscope.errors import UnknownZooModelError
 
 ZOO_DIR = Path(__file__).parent / "checkpoints"
 

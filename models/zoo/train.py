@@ -10,8 +10,6 @@ the initialisation, one numpy Generator per task for the data, torch's determini
 """
 from __future__ import annotations
 
-from headscope.errors import ConfigError
-
 import logging
 import math
 import time
@@ -21,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from headscope.errors import ConfigError
 from headscope.models.zoo import batches, evaluate, vocab
 
 log = logging.getLogger(__name__)

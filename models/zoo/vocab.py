@@ -9,9 +9,9 @@ every checkpoint, so that Hugging Face and TransformerLens load it from the dire
 """
 from __future__ import annotations
 
-from headscope.errors import VocabularyError
+from collections.abc import Sequence
 
-from typing import Sequence
+from headscope.errors import VocabularyError
 
 UNK, PAD, BOS, EOS = "<unk>", "<pad>", "<bos>", "<eos>"
 SPECIALS: tuple[str, ...] = (UNK, PAD, BOS, EOS)

@@ -4,9 +4,28 @@
     model = hs.load_model()                      # the embedded zoo model; or "minilm", a dir, a hub name
     acts = hs.capture(model, tokens, [hs.site("pattern", 0)])
 """
-from headscope import analyses, hooks, models
+from headscope import analyses, errors, hooks, models, reports  # reports registers Result's plot/HTML views
 from headscope.analyses.core import tasks
+from headscope.analyses.core.task_files import TaskFile, load_task
 from headscope.analyses.core.tasks import Task
+from headscope.errors import (
+    ConfigError,
+    ContextLengthError,
+    HeadscopeError,
+    HeadscopeWarning,
+    IndexOutOfRangeError,
+    InputTypeError,
+    MemoryBudgetError,
+    MissingExtraError,
+    ModelNotFoundError,
+    OfflineModelError,
+    OutputExistsError,
+    ShapeMismatchError,
+    SiteError,
+    TaskError,
+    TaskFileError,
+    TokenizationWarning,
+)
 from headscope.hooks import (
     SITES,
     Activations,
@@ -18,37 +37,51 @@ from headscope.hooks import (
     kv_states,
     mlp_memories,
     patch,
+    run_with_cache,
     site,
 )
 from headscope.models import DEFAULT_MODEL, HookedModel, ModelFacts, load_model
-from headscope.errors import (
-    ContextLengthError,
-    HeadscopeError,
-    IndexOutOfRangeError,
-    MissingExtraError,
-    ModelNotFoundError,
-    OfflineModelError,
-    ShapeMismatchError,
-    SiteError,
-)
 from headscope.version import __version__
 
 # Analyses and reports load lazily (hs.head_importance, hs.build_report, ...): `import headscope`
 # stays fast, and the CLI's --help does not import every analysis.
 _LAZY = {
-    "head_importance": "headscope.analyses.heads.analysis",
-    "prune_heads": "headscope.analyses.heads.analysis",
-    "activation_patching": "headscope.analyses.patching.analysis",
-    "causal_tracing": "headscope.analyses.patching.causal_tracing",
-    "attribution_patching": "headscope.analyses.patching.attribution_patching",
-    "path_patching": "headscope.analyses.patching.path_patching",
-    "attribution": "headscope.analyses.attribution.analysis",
-    "position_bias": "headscope.analyses.position.analysis",
-    "probe_sweep": "headscope.analyses.probes.analysis",
+    "head_importance": "headscope.analyses.heads",
+    "prune_heads": "headscope.analyses.heads",
+    "attribution": "headscope.analyses.attribution",
+    "position_bias": "headscope.analyses.position",
+    "activation_patching": "headscope.analyses.patching",
+    "causal_tracing": "headscope.analyses.patching",
+    "attribution_patching": "headscope.analyses.patching",
+    "path_patching": "headscope.analyses.patching",
+    "mlp_memories_analysis": "headscope.analyses.mlp",
+    "kv_analysis": "headscope.analyses.kv",
+    "probe_sweep": "headscope.analyses.probes",
+    "logit_lens": "headscope.analyses.circuits",
+    "direct_logit_attribution": "headscope.analyses.circuits",
+    "CircuitsConfig": "headscope.analyses.circuits",
+    "HeadsConfig": "headscope.analyses.heads",
+    "PruningConfig": "headscope.analyses.heads",
+    "L0Config": "headscope.analyses.heads",
+    "AttributionConfig": "headscope.analyses.attribution",
+    "PositionConfig": "headscope.analyses.position",
+    "PatchingConfig": "headscope.analyses.patching",
+    "MLPConfig": "headscope.analyses.mlp",
+    "KVConfig": "headscope.analyses.kv",
+    "ProbesConfig": "headscope.analyses.probes",
+    "AnalysisConfig": "headscope.analyses.core.config",
     "build_report": "headscope.reports.report",
+    "show_attention": "headscope.reports.explorer",
     "Result": "headscope.analyses.core.result",
-    "RunConfig": "headscope.analyses.core.registry",
 }
+
+
+def run_analysis(name: str, model, task=None, config=None):
+    """Run an analysis by its report name ("heads", "attribution", "position", "patching", "mlp",
+    "kv", "probes", "circuits"): run(model, task=None, config=None) -> Result of that family."""
+    from headscope.analyses.core.registry import get_analysis
+
+    return get_analysis(name)(model, task, config)
 
 
 def __getattr__(name: str):
@@ -64,30 +97,44 @@ __all__ = [
     "DEFAULT_MODEL",
     "SITES",
     "Activations",
+    "ConfigError",
     "ContextLengthError",
+    "HeadscopeWarning",
     "HeadscopeError",
     "HookedModel",
     "IndexOutOfRangeError",
+    "InputTypeError",
+    "MemoryBudgetError",
     "MissingExtraError",
     "ModelFacts",
     "ModelNotFoundError",
     "OfflineModelError",
+    "OutputExistsError",
     "ShapeMismatchError",
     "SiteError",
     "Task",
+    "TaskError",
+    "TaskFile",
+    "TaskFileError",
+    "TokenizationWarning",
     "__version__",
     "ablate",
     "analyses",
     "available_sites",
     "capture",
+    "errors",
     "generate_with_kv",
     "head_gates",
     "hooks",
     "kv_states",
     "load_model",
+    "load_task",
     "mlp_memories",
     "models",
     "patch",
+    "reports",
+    "run_analysis",
+    "run_with_cache",
     "site",
     "tasks",
 ]

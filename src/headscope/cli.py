@@ -1,6 +1,6 @@
 """The `headscope` command line.
 
-    headscope report [--model SPEC] [--task NAME|FILE] [--analyses a,b] [--out DIR] [--seed N]
+    headscope report [--model SPEC] [--task NAME|FILE] [--task-fields prompt=COL,...] [--analyses a,b] [--out DIR] [--seed N]
                      [--device cpu|cuda] [--resume] [--force] [--quick]
     headscope heads|attribution|position|patching|mlp|kv|probes [same options]
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
         _run_options(sub.add_parser(name, help=f"run the {name} analysis alone (same outputs as in the report)"))
 
     s = sub.add_parser("sites", help="load a model and print its facts and every hookable site")
-    s.add_argument("--model", default=None, help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
+    s.add_argument("--model", default=None,
+                   help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
     z = sub.add_parser("zoo", help="the shipped model organisms")
@@ -52,8 +53,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
+    p.add_argument("--model", default=None,
+                   help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
     p.add_argument("--task", default=None, help="a zoo task (kv, induction, facts, ioi) or a .jsonl/.csv/.parquet task file")
+    p.add_argument("--task-fields", default=None, metavar="FIELD=COLUMN,...",
+                   help="your task file's column names, e.g. prompt=text,answer=label "
+                        "(fields: prompt, answer, corrupted_prompt, wrong_answer)")
     p.add_argument("--out", default=None, help="output folder (default: ./headscope-out/<model>-<time>)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
@@ -65,6 +70,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from headscope.errors import RunFailedError
     from headscope.execution import distributed
     from headscope.reports.report import build_report
 
@@ -72,20 +78,27 @@ def _cmd_report(args: argparse.Namespace) -> int:
     distributed.init_from_env(args.device)
     try:
         out = build_report(
-            args.model, out=args.out, analyses=analyses, task=args.task, seed=args.seed, quick=args.quick,
-            n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
+            args.model, out=args.out, analyses=analyses, task=args.task, task_fields=args.task_fields, seed=args.seed,
+            quick=args.quick, n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
             progress=not args.quiet, command=["headscope", *sys.argv[1:]],
         )
+    except RunFailedError as err:  # --force and an analysis failed: the old output is unchanged
+        if os.environ.get("RANK", "0") == "0":
+            print(f"headscope: error: {err}", file=sys.stderr)
+        return 2 if err.user_mistake else 1
     finally:
         distributed.shutdown()
     if os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 reports (and sets the exit status)
     from headscope.reports.io import read_json
+    from headscope.reports.report import _failure_is_mistake
 
     status = read_json(out / "manifest.json")["status"]
     failed = [name for name, state in status.items() if state.startswith("failed")]
     print(f"wrote {out / 'report.html'}" + (f" ({len(failed)} failed: {', '.join(failed)})" if failed else ""))
-    return 1 if failed else 0
+    if not failed:
+        return 0
+    return 2 if all(_failure_is_mistake(status[name]) for name in failed) else 1  # 2: user mistakes only
 
 
 def _cmd_sites(args: argparse.Namespace) -> int:
@@ -106,9 +119,11 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
     from headscope.models.zoo import cli as zoo_cli
 
     if args.zoo_command == "list":
-        return zoo_cli.list_main() or 0
+        zoo_cli.list_main()  # returns its lines (for Python callers), not an exit status
+        return 0
     if args.zoo_command == "train":
-        return zoo_cli.train_main(args.name, out=args.out, seed=args.seed, steps=args.steps, quiet=args.quiet) or 0
+        zoo_cli.train_main(args.name, out=args.out, seed=args.seed, steps=args.steps, quiet=args.quiet)  # returns the folder
+        return 0
     print("usage: headscope zoo {list,train NAME}", file=sys.stderr)
     return 2
 

@@ -78,3 +78,31 @@ class OutputExistsError(HeadscopeError, FileExistsError):
 
 class UnknownZooModelError(ModelNotFoundError):
     """A zoo name that is not shipped; the message lists the names that are."""
+
+
+class HeadscopeWarning(UserWarning):
+    """Something headscope falls back from, with the result unchanged but slower (e.g. a resumed
+    pass that does not reproduce a full one on this model, so full passes run instead)."""
+
+
+class TokenizationWarning(HeadscopeWarning):
+    """Text the tokenizer handles badly: words that become the unknown token, or a tokenizer class
+    that does not reproduce its own vocabulary (decode(encode(text)) != text)."""
+
+
+class OutputError(HeadscopeError, OSError):
+    """The output folder cannot be used as asked: not writable, a symbolic link with --force, a
+    full disk; nothing of the user's was deleted."""
+
+
+class OutputLockedError(OutputError):
+    """Another headscope run holds the output folder's lock."""
+
+
+class RunFailedError(HeadscopeError, RuntimeError):
+    """A --force run in which an analysis failed: its results were discarded and the previous
+    output is unchanged. `user_mistake` is True when every failure was a HeadscopeError."""
+
+    def __init__(self, message: str, *, user_mistake: bool = False):
+        super().__init__(message)
+        self.user_mistake = user_mistake

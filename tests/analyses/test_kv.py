@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import headscope as hs
+from headscope.analyses.core.tasks import Task
 from headscope.analyses.kv import analysis as kv
 from headscope.analyses.kv import eviction as kv_eviction
-from headscope.analyses.core.tasks import Task
 from tests_support import hf_model, random_tokens
 
 
@@ -80,7 +80,8 @@ def test_eviction_mask_equals_a_real_hf_cache_crop(family, tiny_dirs, tiny_model
         with torch.no_grad():
             cache = hf(task.tokens[:, :-1], use_cache=True).past_key_values
             for layer, lay in enumerate(cache.layers):
-                idx = torch.stack([torch.stack([row.nonzero().flatten() for row in b]) for b in keep[layer]])  # [batch, kv_head, 5]
+                idx = torch.stack([torch.stack([row.nonzero().flatten() for row in b])
+                                   for b in keep[layer]])  # [batch, kv_head, 5]
                 idx = idx[..., None].expand(-1, -1, -1, lay.keys.shape[-1])
                 lay.keys, lay.values = lay.keys.gather(2, idx), lay.values.gather(2, idx)
             ref = hf(task.tokens[:, -1:], past_key_values=cache, position_ids=torch.full((3, 1), ctx)).logits[:, -1]

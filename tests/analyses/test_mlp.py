@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.mlp import analysis as mlp
 from headscope.analyses.core.tasks import Task
+from headscope.analyses.mlp import analysis as mlp
 from headscope.analyses.mlp.topk_stream import StreamingTopK
 from tests_support import hf_model, random_tokens
 
@@ -17,7 +17,7 @@ HF_MLP = {"gpt2": lambda hf, l: (hf.transformer.h[l].mlp, hf.transformer.h[l].ml
           "llama": lambda hf, l: (hf.model.layers[l].mlp, hf.model.layers[l].mlp.down_proj)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf(path):
     return hf_model(path)
 
@@ -117,8 +117,8 @@ def test_analysis_tables_and_figures(family, tiny_models):
     model = tiny_models[family]
     tokens = random_tokens(4, 7, seed=6)
     task = Task(name="rand", tokens=tokens, answers=tokens[:, 2], wrong_answers=tokens[:, 3])
-    result = mlp.mlp_memories_analysis(model, task, [random_tokens(10, 8, seed=7)],
-                                       mlp.MLPConfig(top_k_triggers=3, n_top_neurons=5, chunk_size=4))
+    result = mlp.mlp_memories_analysis(model, task, mlp.MLPConfig(top_k_triggers=3, n_top_neurons=5, chunk_size=4),
+                                       corpus=[random_tokens(10, 8, seed=7)])
     f = model.facts
     assert len(result.df) == f.n_layers * f.d_mlp
     by_layer = result.df.groupby("layer").agrees.mean()

@@ -12,15 +12,14 @@ import torch
 from transformer_lens import patching as tlp
 
 import headscope as hs
+from headscope.analyses.core.metrics import answer_logprob
+from headscope.analyses.core.tasks import Task
+from headscope.analyses.patching.analysis import PatchingConfig, activation_patching, run
 from headscope.analyses.patching.attribution_patching import attribution_patching
 from headscope.analyses.patching.causal_tracing import causal_tracing, subject_noise
-from headscope.analyses.core.metrics import answer_logprob
-from headscope.analyses.patching.analysis import activation_patching, run
-from headscope.analyses.patching.engine import row_bytes, runs_per_forward
+from headscope.analyses.patching.engine import runs_per_forward
 from headscope.analyses.patching.path_patching import path_patching
-from headscope.analyses.core.registry import RunConfig
-from headscope.analyses.core.tasks import Task
-from headscope.models.zoo.registry import available as zoo_available
+from headscope.execution import batching
 from tests_support import build_tiny_model, random_tokens
 
 TL_SWEEPS = {  # our site type -> the TransformerLens sweep it must equal (its output axes)
@@ -155,7 +154,7 @@ def test_batch_size_does_not_change_results(tiny_models):
 
 def test_memory_budget_sets_runs_per_forward(tiny_models):
     model = tiny_models["gpt2"]
-    per_row = row_bytes(model, 5)
+    per_row = batching.row_bytes(model, 5)
     assert runs_per_forward(model, 2, 5, memory_budget=per_row * 2 * 3) == 3
     assert runs_per_forward(model, 2, 5, memory_budget=per_row) == 1  # never less than one run
     with pytest.raises(ValueError, match="memory_budget"):
@@ -337,7 +336,7 @@ def test_run_on_a_task_file_and_figures(tiny_models, tmp_path):
     ]
     path = tmp_path / "task.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines))
-    res = run(model, RunConfig(quick=True, task=str(path), progress=False))
+    res = run(model, str(path), PatchingConfig.preset(quick=True))
     assert res.name == "patching" and {"exact", "attribution", "path_patching"} <= set(res.tables)
     assert "causal_tracing" not in res.summary  # no subject span and no zoo tokenizer
     json.dumps(res.summary)
@@ -350,17 +349,7 @@ def test_run_on_a_task_file_and_figures(tiny_models, tmp_path):
 
 
 # ------------------------------------------------------------------------------ zoo model
-ZOO = "zoo/synth-llama"
-needs_zoo = pytest.mark.skipif("synth-llama" not in zoo_available(), reason="zoo/synth-llama not shipped yet")
-
-
-@pytest.fixture(scope="module")
-def zoo_model():
-    return hs.load_model(ZOO, device="cpu")
-
-
 @pytest.mark.slow
-@needs_zoo
 def test_zoo_exact_patching_equals_transformer_lens(zoo_model):
     from headscope.analyses.core.tasks import zoo
 
@@ -369,7 +358,6 @@ def test_zoo_exact_patching_equals_transformer_lens(zoo_model):
 
 
 @pytest.mark.slow
-@needs_zoo
 def test_zoo_causal_tracing_on_facts(zoo_model):
     from headscope.analyses.core.tasks import zoo
 
@@ -382,8 +370,7 @@ def test_zoo_causal_tracing_on_facts(zoo_model):
 
 
 @pytest.mark.slow
-@needs_zoo
 def test_zoo_run_quick(zoo_model):
-    res = run(zoo_model, RunConfig(quick=True, progress=False))
+    res = run(zoo_model, config=PatchingConfig.preset(quick=True))
     assert {"exact", "attribution", "path_patching", "causal_tracing"} <= set(res.tables)
     json.dumps(res.summary)

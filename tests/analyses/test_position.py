@@ -20,9 +20,8 @@ import torch
 from headscope.analyses.position import prompts as pp
 from headscope.analyses.position.analysis import PositionConfig, position_bias, run
 from headscope.analyses.position.runs import run_decoder_sweeps
-from headscope.analyses.position.stats import bootstrap_ci, head_tracking, middle_to_ends
-from headscope.analyses.core.registry import RunConfig
 from headscope.analyses.position.sinks import sink_mass, streaming_attention, streaming_keep, uniform_baseline
+from headscope.analyses.position.stats import bootstrap_ci, head_tracking, middle_to_ends
 from tests_support import hf_model
 
 DATA = files("headscope.analyses") / "data"
@@ -295,7 +294,7 @@ def test_batching_does_not_change_results(tiny_zoo):
 
 
 def test_run_quick_on_a_zoo_vocabulary_model(tiny_zoo):
-    result = run(tiny_zoo, RunConfig(quick=True, progress=False, n_examples=3))
+    result = run(tiny_zoo, config=PositionConfig.preset(quick=True, n_examples=3))
     s = result.summary
     json.dumps(s)  # summary.json must serialise
     assert s["task"] == "zoo_kv" and s["positions"] == [1, 5, 10, 15, 20]
@@ -318,7 +317,7 @@ def test_run_quick_on_a_zoo_vocabulary_model(tiny_zoo):
 
 def test_wrong_task_for_the_model_is_refused(tiny_zoo):
     with pytest.raises(ValueError, match="retrieval"):
-        position_bias(tiny_zoo, config=PositionConfig(task="retrieval", n_examples=1))
+        position_bias(tiny_zoo, config=PositionConfig(sweep="retrieval", n_examples=1))
 
 
 # -------------------------------------------------------------------------------- stats
@@ -350,14 +349,8 @@ def test_head_tracking_flags_the_head_that_follows_accuracy():
 
 # ------------------------------------------------------------------------- slow tier
 @pytest.mark.slow
-def test_zoo_model_curve():
-    from headscope.models.zoo import registry
-
-    if "synth-llama" not in registry.available():
-        pytest.skip("the zoo checkpoint synth-llama is not shipped yet")
-    import headscope as hs
-
-    model = hs.load_model("zoo/synth-llama", device="cpu")
+def test_zoo_model_curve(zoo_model):
+    model = zoo_model
     result = position_bias(model, config=PositionConfig(n_examples=32, progress=False))
     s = result.summary
     print(json.dumps({k: s[k] for k in ("metric_per_position", "ratio_middle_to_ends", "sink_mass_per_layer",
@@ -402,7 +395,8 @@ def test_minilm_retrieval_curve_matches_sentence_transformers():
 def test_row_batches_keep_each_example_together(zoo_tokenizer):
     from headscope.analyses.position.runs import row_batches
 
-    sweeps = [*pp.zoo_kv_sweeps(zoo_tokenizer, n_pairs=8, n_examples=9), *pp.zoo_kv_sweeps(zoo_tokenizer, n_pairs=5, n_examples=2)]
+    sweeps = [*pp.zoo_kv_sweeps(zoo_tokenizer, n_pairs=8, n_examples=9),
+              *pp.zoo_kv_sweeps(zoo_tokenizer, n_pairs=5, n_examples=2)]
     batches = row_batches(sweeps, None, max_rows=20)
     for i, sw in enumerate(sweeps):
         holding = [b for b in batches if any(j == i for j, _ in b)]
@@ -434,7 +428,7 @@ def test_liu_tasks_end_to_end_accuracy_matches_hf_generate(wordpiece_decoder, ta
 
     model, path = wordpiece_decoder
     hf = hf_model(path)
-    cfg = PositionConfig(task=task, n_items=3, n_examples=1, n_boot=50, window=0, progress=False,
+    cfg = PositionConfig(sweep=task, n_items=3, n_examples=1, n_boot=50, window=0, progress=False,
                          data=str(DATA / "multidoc_example.jsonl") if task == "qa" else None)
     sweep = build_sweeps(model, cfg)[0]
     instruction = pp.KV_INSTRUCTION if task == "json_kv" else pp.QA_INSTRUCTION

@@ -10,8 +10,8 @@ from sklearn.model_selection import KFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from headscope.analyses.probes import analysis as probes
 from headscope.analyses.core.tasks import Task
+from headscope.analyses.probes import analysis as probes
 from tests_support import hf_model, random_tokens
 
 
@@ -57,24 +57,14 @@ def test_position_probe_matches_sklearn_on_hf_hidden_states_and_beats_its_contro
     assert set(figures(result)) == {"probes"}
 
 
-def _zoo():
-    from headscope.models.zoo import registry
-
-    if "synth-llama" not in registry.available():
-        pytest.skip("zoo/synth-llama is not shipped yet")
-    import headscope as hs
-
-    return hs.load_model("zoo/synth-llama", device="cpu")
-
-
 @pytest.mark.slow
-def test_zoo_model_retrieves_the_queried_keys_value_at_the_answer():
+def test_zoo_model_retrieves_the_queried_keys_value_at_the_answer(zoo_model):
     """At the answer position the queried key is the input token: decodable in layer 0 but exactly as
     well as its per-type control (selectivity 0). The value it retrieves is absent from the embedding
     and decodable after layer 1, far above its control."""
     from headscope.analyses.core import tasks
 
-    model = _zoo()
+    model = zoo_model
     task = tasks.zoo(model, "kv", n_examples=256, seed=1)
     key = probes.probe_sweep(model, task, "resid_post", "span:query", cv=4, seed=0).tables["per_layer"]
     assert key.accuracy.iloc[0] > 0.8 and abs(key.selectivity.iloc[0]) < 0.05

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.execution import batching
+from headscope.analyses.core.tasks import Task
 from headscope.analyses.heads import importance as hi
 from headscope.analyses.patching.engine import run_batched, runs_per_forward
-from headscope.analyses.core.tasks import Task
-from headscope.execution import resume
+from headscope.execution import batching, resume
 from tests_support import N_WORDS, SPECIALS, random_tokens
 
 N_EX, POS = 6, 7
@@ -78,7 +77,8 @@ def test_cpu_pass_cap_in_tokens_and_in_mlp_bytes():
 
 def test_is_oom_recognises_cuda_and_cpu_allocator_errors():
     assert batching.is_oom(oom(3))
-    assert batching.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory: you tried to allocate 10 bytes."))
+    assert batching.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory: "
+                                        "you tried to allocate 10 bytes."))
     assert not batching.is_oom(RuntimeError("shape mismatch"))
     assert not batching.is_oom(ValueError("out of memory"))
 
@@ -192,7 +192,7 @@ def test_gate_gradients_back_off_on_oom(limited):
 def test_rows_per_pass_follows_a_small_budget(tiny_models):
     model = tiny_models["llama"]
     per_row = batching.row_bytes(model, POS, grad=True)
-    assert hi.rows_per_pass(model, POS, grad=True, memory_budget=3 * per_row + 1) == 3
+    assert batching.rows_per_pass(model, POS, grad=True, memory_budget=3 * per_row + 1, logits_cap=True) == 3
     with pytest.raises(batching.MemoryBudgetError, match="cannot hold one row"):
         hi.evaluate_masks(model, hi.make_scorer(model, _task()), torch.ones(1, model.facts.n_layers, model.facts.n_heads),
                           memory_budget=10)

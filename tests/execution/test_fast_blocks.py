@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import headscope as hs
-from headscope.execution import fast_blocks
-from headscope.execution import resume
+from headscope.execution import fast_blocks, resume
 from tests_support import build_tiny_model, hf_model, random_tokens, zero_head
 
 
@@ -71,7 +70,8 @@ def test_fast_resume_from_a_position_with_an_edit(family, models):
             hidden = ckpt.resid[start][rows].clone()
             hidden[:, p:] += 0.5 * torch.randn(hidden[:, p:].shape, generator=torch.Generator().manual_seed(p))
             with torch.no_grad():
-                want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("resid_pre", start), lambda x, hook: hidden)])
+                want = model.run_with_hooks(tokens[rows],
+                                            fwd=[(hs.site("resid_pre", start), lambda x, hook, hidden=hidden: hidden)])
             got = resume.resume(model, ckpt, start, rows, hidden=hidden, from_pos=p, fast=True)
             torch.testing.assert_close(got[:, 0], want[:, -1], atol=1e-5, rtol=1e-5)
             assert (got[:, 0] - ckpt.logits[rows]).abs().max() > 1e-4  # the edit mattered
@@ -196,7 +196,7 @@ def test_sliding_window_caches_are_not_reused_past_the_window(mistral_dir):
         hidden = ckpt.resid[0][rows].clone()
         hidden[:, 6:] += 0.5
         with torch.no_grad():
-            want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("resid_pre", 0), lambda x, hook: hidden)])
+            want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("resid_pre", 0), lambda x, hook, hidden=hidden: hidden)])
         got = resume.resume(model, ckpt, 0, rows, hidden=hidden, from_pos=6, fast=fast, last_only=False)
         torch.testing.assert_close(got, want[:, 6:], atol=1e-5, rtol=1e-5)
     loo = leave_one_out(model, tokens, [1, 5, 8])

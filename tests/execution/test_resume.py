@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
 
 import headscope as hs
+from headscope.errors import HeadscopeWarning
 from headscope.execution import resume
 from tests_support import hf_model, random_tokens, zero_head
 
@@ -96,7 +98,42 @@ def test_parallel_residual_blocks_take_the_z_shortcut_their_own_way(tiny_models,
     monkeypatch.setattr(resume, "_parallel", lambda model: False)
     monkeypatch.setattr(resume, "_fast_plan", lambda model: None)  # the bridge's blocks, the sequential form
     monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
-    assert resume.supports(model) == (True, False, True, False, False)
+    with pytest.warns(HeadscopeWarning, match="the z shortcut"):
+        assert resume.supports(model) == (True, False, True, False, False)
+
+
+def test_a_failed_check_warns_once_per_model_with_what_falls_back(tiny_models, monkeypatch):
+    """A check that fails is a HeadscopeWarning naming the model and what runs instead, said once
+    per model (supports remembers its answer); a model whose checks pass, or where a saving does
+    not apply, says nothing."""
+    model = tiny_models["llama"]
+    monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        assert resume.supports(model).fast_capture
+    real = resume.resume
+
+    def broken(model, ckpt, start, rows, **kwargs):  # resuming from a position is off by a lot
+        out = real(model, ckpt, start, rows, **kwargs)
+        return out + 1.0 if kwargs.get("from_pos") else out
+
+    monkeypatch.setattr(resume, "resume", broken)
+    monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        support = resume.supports(model)
+        resume.supports(model)
+        resume.supports(model)
+    said = [w for w in caught if issubclass(w.category, HeadscopeWarning)]
+    assert len(said) == 1
+    text = str(said[0].message)
+    assert model.facts.name in text and "resuming from a position" in text and "compute every position" in text
+    assert said[0].filename == __file__  # pointed at the caller of supports
+    assert support.ok and support.shortcut and not support.prefix
+    monkeypatch.setattr(resume, "capture", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no capture")))
+    monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
+    with pytest.warns(HeadscopeWarning, match="capturing a pass.*no capture.*full forward passes"):
+        assert resume.supports(model) == (False, False, False, False, False)
 
 
 def test_encoders_are_refused(tiny_models, monkeypatch):
@@ -138,7 +175,8 @@ def test_resuming_from_a_position_reuses_the_captured_keys_and_values(family, ti
             hidden = ckpt.resid[start][rows].clone()
             hidden[:, p:] += 0.5 * torch.randn(hidden[:, p:].shape, generator=torch.Generator().manual_seed(p))
             with torch.no_grad():  # TransformerLens, every block and position, the same input into block start
-                want = model.run_with_hooks(tokens[rows], fwd=[(hs.site("resid_pre", start), lambda x, hook: hidden)])
+                want = model.run_with_hooks(tokens[rows],
+                                            fwd=[(hs.site("resid_pre", start), lambda x, hook, hidden=hidden: hidden)])
             got = resume.resume(model, ckpt, start, rows, hidden=hidden, from_pos=p)
             torch.testing.assert_close(got[:, 0], want[:, -1], atol=1e-5, rtol=1e-5)
 

@@ -1,7 +1,8 @@
 """models/heap: freed CPU memory stays in the process, so a repeated pass does not page-fault.
 
 Measured in fresh processes (malloc settings are per process) on a pass-like churn: five 4 MiB
-activations allocated, then all freed, 20 times. Each process first fixes glibc's mmap
+activations allocated, then all freed, 20 times; the median pass's faults are compared (a single
+pass can fault once more, e.g. 2048 pages when a new malloc arena is set up). Each process first fixes glibc's mmap
 threshold at its 128 KiB default (turning off the dynamic threshold, which otherwise settles
 by itself after a few passes at a point that varies from run to run), so without the settings
 every pass maps its activations afresh and faults them in; keep_freed_memory must override it.
@@ -27,14 +28,17 @@ def one_pass():
     return sum(float(a[0]) for a in acts)
 
 one_pass(); one_pass()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
 for _ in range(20):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     one_pass()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(sorted(faults)[len(faults) // 2])  # the median pass: a one-off burst (a thread's arena, 8 MiB) does not count
 """
 
 
 def _faults(apply: bool) -> int:
+    """Minor page faults of the median pass of the churn, in a fresh process."""
     drop = ("LD_PRELOAD", "GLIBC_TUNABLES", "HEADSCOPE_KEEP_FREED_MEMORY")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in drop}
     env.update(APPLY="1" if apply else "0", OMP_NUM_THREADS="1")
@@ -47,8 +51,8 @@ def _faults(apply: bool) -> int:
                     reason="the settings are glibc's")
 def test_repeated_passes_stop_page_faulting():
     default, kept = _faults(False), _faults(True)
-    assert default > 20 * 4096  # every pass faults its 20 MiB (5120 pages) in again
-    assert kept < 20 * 64  # the heap keeps the freed activations: (next to) no faults
+    assert default > 4096  # every pass faults its 20 MiB (5120 pages) in again
+    assert kept < 64  # the heap keeps the freed activations: (next to) no faults
 
 
 def test_opt_out_and_user_settings_leave_malloc_alone(monkeypatch):
@@ -60,6 +64,6 @@ def test_opt_out_and_user_settings_leave_malloc_alone(monkeypatch):
             m.setattr(heap, "_state", {})
             m.setenv(name, value)
             called = []
-            m.setattr(heap.ctypes, "CDLL", lambda *a, **k: called.append(a))
+            m.setattr(heap.ctypes, "CDLL", lambda *a, called=called, **k: called.append(a))
             assert heap.keep_freed_memory() is False
             assert not called

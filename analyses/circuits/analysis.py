@@ -1,0 +1,275 @@
+"""The `circuits` analysis, part 1 (issue #23): logit lens and direct logit attribution.
+
+- logit_lens(model, task=None, config=None) -> Result: each block input read through the
+  model's final norm (statistics recomputed per state, as TransformerLens 4.3's logit_lens) and
+  unembedding, at every position up to the answer or at the answer position only (lens.py).
+- direct_logit_attribution(model, task=None, config=None) -> Result: each embedding, head,
+  attention bias, MLP, the final-norm bias and b_U along the answer's (or answer minus wrong
+  answer's) unembedding direction at the answer position, with the final norm linearised at
+  its actual, frozen scale; the rows sum to the final logit (difference) exactly (dla.py).
+- run(model, task=None, config=None) -> Result: both from one pass per chunk of examples.
+
+Default task: the zoo "ioi" task on zoo models, repeated random tokens (induction) on other
+decoders; encoders are skipped by `run` (summary {"skipped": reason}) and refused by the two
+named functions. Tables: "lens" (example, layer, stage, position, target, is_answer, logprob,
+rank, logit_diff), "dla" (example, component, kind, layer, head, contribution) and "dla_mean"
+(component, kind, layer, head, contribution = mean over examples, std). Summary: per-layer mean
+answer rank, log-probability, top-1 fraction and logit difference at the answer position; the
+first layer whose median answer rank is 0 (top-1 in at least half the examples); top components
+and heads; the sum of the writers' contributions, the norm/bias terms and the final logit
+(difference) they reconstruct, with the largest reconstruction error.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+import torch
+
+from headscope.analyses.circuits import dla as dla_mod
+from headscope.analyses.circuits import lens as lens_mod
+from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import Task
+from headscope.errors import ConfigError, TaskError
+from headscope.hooks import available_sites, run_with_cache
+
+LENS_POSITIONS = ("all", "answer")
+NORM_CONVENTION = (
+    "logit lens: ln_final applied to each accumulated residual with statistics recomputed from it "
+    "(TransformerLens logit_lens); DLA: final norm linearised at the full stream's actual scale "
+    "(ln_final.hook_scale, frozen), each write centred for LayerNorm, the norm weight folded into "
+    "the direction, its bias and b_U as separate rows, value biases in attn_bias (TransformerLens "
+    "direct_logit_attribution after enable_compatibility_mode)"
+)
+_CHUNK_BYTES = 256 * 2**20  # lens logits held at once
+
+
+@dataclass(frozen=True, kw_only=True)
+class CircuitsConfig(AnalysisConfig):
+    """lens_positions: "all" (every position up to the answer) or "answer". lens_target: "next"
+    (the token after each position; the answer at the answer position) or "answer" (the task's
+    answer everywhere). use_wrong_answer: DLA and the lens logit difference against the task's
+    wrong answer when it has one (DLA along the answer alone otherwise). top_k: components listed
+    in the summary. repeat_length: the repeated-random-tokens task of non-zoo decoders."""
+
+    lens_positions: str = "all"
+    lens_target: str = "next"
+    use_wrong_answer: bool = True
+    top_k: int = 10
+    repeat_length: int = 12
+
+    def __post_init__(self) -> None:
+        if self.lens_positions not in LENS_POSITIONS:
+            raise ConfigError(f"lens_positions must be one of {LENS_POSITIONS}, got {self.lens_positions!r}.")
+        if self.lens_target not in lens_mod.TARGETS:
+            raise ConfigError(f"lens_target must be one of {lens_mod.TARGETS}, got {self.lens_target!r}.")
+        if self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {self.top_k}.")
+
+
+# ---- tasks ---------------------------------------------------------------------------------
+def default_task(model, task=None, config: CircuitsConfig | None = None) -> Task:
+    """task as given (a Task, zoo task name, "repeat" or task data); None: the zoo "ioi" task on
+    zoo models, else repeated random tokens (the heads family's induction task)."""
+    from headscope.analyses.core.task_files import resolve_task
+    from headscope.analyses.heads.analysis import repeated_tokens_task
+
+    config = config or CircuitsConfig()
+    n = config.examples(64, 8)
+    if isinstance(task, str) and task == "repeat":
+        return repeated_tokens_task(model, n, config.seed, length=config.repeat_length)
+    if task is None:
+        try:
+            return resolve_task(model, None, default="ioi", n_examples=n, seed=config.seed)
+        except TaskError:  # not a zoo vocabulary
+            return repeated_tokens_task(model, n, config.seed, length=config.repeat_length)
+    return resolve_task(model, task, default="ioi", n_examples=n, seed=config.seed)
+
+
+def _refuse_encoder(model) -> None:
+    if model.facts.is_encoder:
+        raise ConfigError(f"the logit lens and DLA read next-token logits; {model.facts.name} is an encoder.")
+
+
+def _check(model, task: Task) -> None:
+    _refuse_encoder(model)
+    if task.answers is None:
+        raise TaskError(f"Task {task.name!r} has no answers; the logit lens and DLA need one answer token per prompt.")
+
+
+def answer_positions(task: Task) -> torch.Tensor:
+    """[batch]: the last real position of each prompt (where the answer is predicted)."""
+    if task.attention_mask is None:
+        return torch.full((len(task),), task.tokens.shape[1] - 1, dtype=torch.int64)
+    return task.attention_mask.sum(1).to(torch.int64) - 1
+
+
+# ---- the passes ----------------------------------------------------------------------------
+def _chunks(model, task: Task, every_position: bool):
+    vocab, layers = model.facts.d_vocab, model.facts.n_layers + 1
+    per_row = layers * (task.tokens.shape[1] if every_position else 1) * vocab * 4 * 3
+    rows = max(1, min(len(task), _CHUNK_BYTES // per_row))
+    for start in range(0, len(task), rows):
+        yield slice(start, min(start + rows, len(task)))
+
+
+def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool):
+    """(lens rows, DLA per-example rows, lens output error, direction name), one pass per chunk."""
+    _check(model, task)
+    available = set(available_sites(model)) | {"ln_final.hook_scale"}
+    names = []
+    if lens:
+        names += lens_mod.lens_sites(model.facts.n_layers)
+    if dla:
+        names += dla_mod.dla_sites(model, available)
+    names = list(dict.fromkeys(names))
+    every = config.lens_positions == "all"
+    wrong_all = task.wrong_answers if config.use_wrong_answer else None
+    answer_pos = answer_positions(task)
+    labels = lens_mod.lens_labels(model.facts.n_layers)
+    lens_frames, dla_frames, lens_err = [], [], 0.0
+    for part in _chunks(model, task, every and lens):
+        tokens = task.tokens[part].to(model.device)
+        mask = None if task.attention_mask is None else task.attention_mask[part].to(model.device)
+        with torch.no_grad():
+            output, acts = run_with_cache(model, tokens, names, attention_mask=mask)
+        answers, pos = task.answers[part], answer_pos[part]
+        wrong = None if wrong_all is None else wrong_all[part]
+        examples = torch.arange(part.start, part.stop)
+        if lens:
+            positions, targets = lens_mod.lens_targets(task.tokens[part], answers, pos, config.lens_target, every)
+            is_answer = positions == pos[:, None]  # [batch, k]
+            if wrong is None:
+                w = None
+            elif config.lens_target == "answer":
+                w = wrong[:, None].expand_as(positions)
+            else:
+                w = torch.where(is_answer, wrong[:, None], torch.full_like(positions, -1))
+            read = lens_mod.lens_readout(model, acts, positions, targets, w, output)
+            lens_err = max(lens_err, read.output_error)
+            keep = torch.arange(positions.shape[1])[None, :] <= pos[:, None]  # [batch, k]: drop repeats
+            n_layer = read.logprob.shape[0]
+            layer_idx = torch.arange(n_layer)[:, None, None].expand_as(read.logprob)
+            sel = keep[None].expand_as(read.logprob)
+            lens_frames.append(pd.DataFrame({
+                "example": examples[None, :, None].expand_as(read.logprob)[sel].numpy(),
+                "layer": layer_idx[sel].numpy(),
+                "stage": [labels[i] for i in layer_idx[sel].tolist()],
+                "position": positions[None].expand_as(read.logprob)[sel].numpy(),
+                "target": targets[None].expand_as(read.logprob)[sel].numpy(),
+                "is_answer": is_answer[None].expand_as(read.logprob)[sel].numpy(),
+                "logprob": read.logprob[sel].numpy(),
+                "rank": read.rank[sel].numpy(),
+                "logit_diff": read.logit_diff[sel].numpy(),
+            }))
+        if dla:
+            directions = dla_mod.unembed_directions(model, answers, wrong)
+            stack = dla_mod.dla_stack(model, acts, pos, directions, answers, wrong, output)
+            n_comp = len(stack.labels)
+            frame = pd.DataFrame({
+                "example": examples.repeat(n_comp).numpy(),
+                "component": [c for c in stack.labels for _ in examples],
+                "kind": [k for k in stack.kinds for _ in examples],
+                "layer": [x for x in stack.layers for _ in examples],
+                "head": [x for x in stack.heads for _ in examples],
+                "contribution": stack.contributions.reshape(-1).numpy(),
+            })
+            logit = pd.DataFrame({"example": examples.numpy(), "final_logit": stack.logit.numpy()})
+            dla_frames.append((frame, logit))
+    lens_df = pd.concat(lens_frames, ignore_index=True) if lens_frames else None
+    dla_df = logits = None
+    if dla_frames:
+        dla_df = pd.concat([f for f, _ in dla_frames], ignore_index=True)
+        for col in ("layer", "head"):
+            dla_df[col] = dla_df[col].astype("Int64").mask(dla_df[col] < 0)
+        logits = pd.concat([g for _, g in dla_frames], ignore_index=True)
+    direction = "answer - wrong_answer" if wrong_all is not None else "answer"
+    return lens_df, dla_df, logits, lens_err, direction
+
+
+# ---- summaries -----------------------------------------------------------------------------
+def lens_summary(lens: pd.DataFrame, output_error: float) -> dict:
+    at = lens[lens.is_answer]
+    g = at.groupby("layer")
+    per_layer = pd.DataFrame({
+        "mean_rank": g["rank"].mean(), "median_rank": g["rank"].median(), "mean_logprob": g.logprob.mean(),
+        "top1_fraction": g["rank"].apply(lambda r: float((r == 0).mean())), "mean_logit_diff": g.logit_diff.mean(),
+    })
+    top1 = per_layer.index[per_layer.median_rank == 0]
+    return {
+        "lens_mean_rank_per_layer": {str(l): float(v) for l, v in per_layer.mean_rank.items()},
+        "lens_mean_logprob_per_layer": {str(l): float(v) for l, v in per_layer.mean_logprob.items()},
+        "lens_top1_fraction_per_layer": {str(l): float(v) for l, v in per_layer.top1_fraction.items()},
+        "lens_mean_logit_diff_per_layer": {str(l): (None if pd.isna(v) else float(v))
+                                           for l, v in per_layer.mean_logit_diff.items()},
+        "first_top1_layer": int(top1[0]) if len(top1) else None,
+        "lens_final_output_error": output_error,
+    }
+
+
+def dla_mean(dla: pd.DataFrame) -> pd.DataFrame:
+    """One row per component: mean and standard deviation of its contribution over examples."""
+    g = dla.groupby("component", sort=False)
+    first = g[["kind", "layer", "head"]].first()
+    stats = g.contribution.agg(contribution="mean", std="std")
+    return first.join(stats).reset_index()
+
+
+def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: int) -> dict:
+    mean = dla_mean(dla)
+    writers = dla[~dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
+    biases = dla[dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
+    biases = biases.reindex(writers.index, fill_value=0.0)
+    final = logits.set_index("example").final_logit.reindex(writers.index)
+    error = (writers + biases - final).abs().max()
+    ranked = mean.reindex(mean.contribution.abs().sort_values(ascending=False).index)
+    heads = ranked[ranked.kind == "head"]
+    return {
+        "dla_direction": direction,
+        "dla_top_components": {r.component: float(r.contribution) for r in ranked.head(top_k).itertuples()},
+        "dla_top_heads": {r.component: float(r.contribution) for r in heads.head(top_k).itertuples()},
+        "dla_sum_components": float(writers.mean()),
+        "dla_bias_terms": float(biases.mean()),
+        "dla_final_logit": float(final.mean()),
+        "dla_max_reconstruction_error": None if pd.isna(error) else float(error),
+        "norm_convention": NORM_CONVENTION,
+    }
+
+
+# ---- entry points --------------------------------------------------------------------------
+def logit_lens(model, task=None, config: CircuitsConfig | None = None) -> Result:
+    """The logit lens on `task` (see the module doc). df = table "lens"."""
+    config = config or CircuitsConfig()
+    _refuse_encoder(model)
+    task = default_task(model, task, config)
+    lens, _, _, err, _ = _collect(model, task, config, lens=True, dla=False)
+    summary = {**lens_summary(lens, err), "task": task.name, "n_examples": len(task)}
+    return Result(name="circuits", df=lens, summary=summary, tables={"lens": lens}, config=asdict(config))
+
+
+def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = None) -> Result:
+    """Direct logit attribution on `task` (see the module doc). df = table "dla_mean"."""
+    config = config or CircuitsConfig()
+    _refuse_encoder(model)
+    task = default_task(model, task, config)
+    _, dla, logits, _, direction = _collect(model, task, config, lens=False, dla=True)
+    mean = dla_mean(dla)
+    summary = {**dla_summary(dla, logits, direction, config.top_k), "task": task.name, "n_examples": len(task)}
+    return Result(name="circuits", df=mean, summary=summary, tables={"dla": dla, "dla_mean": mean}, config=asdict(config))
+
+
+def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
+    """`headscope circuits`: the logit lens and DLA on one task from shared passes. df = "dla_mean";
+    tables "lens", "dla", "dla_mean"; encoders give summary {"skipped": reason}."""
+    config = config or CircuitsConfig.preset()
+    if model.facts.is_encoder:
+        reason = f"{model.facts.name} is an encoder: the logit lens and DLA read next-token logits."
+        return Result(name="circuits", df=pd.DataFrame(), summary={"skipped": reason}, config=asdict(config))
+    task = default_task(model, task, config)
+    lens, dla, logits, err, direction = _collect(model, task, config, lens=True, dla=True)
+    mean = dla_mean(dla)
+    summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k),
+               "task": task.name, "n_examples": len(task)}
+    return Result(name="circuits", df=mean, summary=summary,
+                  tables={"lens": lens, "dla": dla, "dla_mean": mean}, config=asdict(config))

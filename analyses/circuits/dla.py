@@ -1,0 +1,184 @@
+"""Direct logit attribution: each residual writer's share of the final logit (difference).
+
+The residual stream after the last block is a sum of writes: the embeddings, each head, each
+attention layer's bias, each MLP. The final norm is linearised at the scale it actually used on
+the whole stream (`ln_final.hook_scale`, frozen), so with direction d (W_U[:, answer], or
+W_U[:, answer] - W_U[:, wrong]) and the norm's weight w and bias b:
+
+    logit(d) = sum_c  centre(x_c) / scale . (w * d)   +   b . d   +   b_U . (answer - wrong)
+
+exactly (LayerNorm's mean subtraction is linear: each write is centred, as TransformerLens's
+fold_ln / center_writing_weights do; RMSNorm, and a final RMS norm, do not centre). This is what
+TransformerLens 4.3's `direct_logit_attribution` computes on a bridge after
+`enable_compatibility_mode()` (folded final norm, identity ln_final, centred writing weights,
+value biases folded into b_O, centred unembedding), on the unprocessed model:
+
+- heads: z less its position-independent part (the value bias b_V and the attention norm's bias
+  through W_V), @ W_O: TransformerLens's fold_ln moves ln1's bias into b_V and
+  fold_value_biases moves b_V into b_O, so its per-head results carry neither. Each layer's
+  "attn_bias" row is the rest of hook_attn_out (b_O plus those constants through W_O), so
+  heads + attn_bias = TransformerLens's "{l}_attn_out".
+- the final-norm bias (b . d) and the unembedding bias are their own rows ("ln_final_bias",
+  "b_U"); TransformerLens folds b into b_U and leaves b_U out of DLA.
+- with a wrong answer the numbers equal TransformerLens's; for a single answer TransformerLens's
+  center_unembed reads W_U[:, answer] - mean_v W_U[:, v] (pass that as the direction to compare).
+- "remainder" is whatever of the stream the listed writers do not sum to (0 up to rounding
+  for GPT-2, Llama and NeoX blocks), so the rows always sum to the final logit (difference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from headscope.hooks import head_result, site
+
+KINDS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "remainder", "ln_final_bias", "unembed_bias")
+
+
+def dla_sites(model, available: set[str]) -> list[str]:
+    """The hook names DLA reads (those this model computes): embeddings, hook_z, attn_out,
+    mlp_out per block, the last resid_post and the final norm's scale."""
+    n = model.facts.n_layers
+    names = [site("embed"), site("pos_embed")]
+    for l in range(n):
+        names += [site("z", l), site("attn_out", l), site("mlp_out", l)]
+    names.append(site("resid_post", n - 1))
+    names = [x for x in names if x in available]
+    return names + (["ln_final.hook_scale"] if "ln_final.hook_scale" in available else [])
+
+
+def final_norm(model) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None]:
+    """(kind, weight, bias) of the final norm: kind "LN" (centres), "RMS" or None (no norm);
+    the weight as it multiplies the normalised stream (1 + w where the norm uses an offset)."""
+    cfg = model.bridge.cfg
+    norm = getattr(cfg, "normalization_type", None)
+    if norm not in ("LN", "LNPre", "RMS", "RMSPre"):
+        return None, None, None
+    kind = "LN" if norm in ("LN", "LNPre") and not getattr(cfg, "final_rms", False) else "RMS"
+    ln = getattr(model.bridge, "ln_final", None)
+    weight = getattr(ln, "weight", None) if ln is not None else None
+    bias = getattr(ln, "bias", None) if ln is not None else None
+    if isinstance(weight, torch.Tensor) and getattr(cfg, "rmsnorm_uses_offset", False):
+        weight = 1.0 + weight
+    return (kind, weight.detach() if isinstance(weight, torch.Tensor) else None,
+            bias.detach() if isinstance(bias, torch.Tensor) else None)
+
+
+def unembed_directions(model, answers: torch.Tensor, wrong: torch.Tensor | None = None) -> torch.Tensor:
+    """[batch, d_model]: W_U[:, answer] (- W_U[:, wrong])."""
+    w_u = model.bridge.W_U.detach()  # [d_model, vocab]
+    d = w_u[:, answers.to(w_u.device)].T
+    return d if wrong is None else d - w_u[:, wrong.to(w_u.device)].T
+
+
+def _value_bias(model, layer: int) -> torch.Tensor | None:
+    """[n_heads, d_head]: the part of each head's values that is the same at every position, the
+    value bias b_V plus the bias of the norm feeding the attention through W_V (ln1's b @ W_V).
+    Attention weights sum to 1, so it reaches the output as a constant; TransformerLens folds it
+    into b_O (fold_ln then fold_value_biases). GQA's KV-head vectors are repeated per query head;
+    None when the layer has neither bias."""
+    block = model.bridge.blocks[layer]
+    attn = block.attn
+    const = None
+    b_v = getattr(attn, "b_V", None)
+    if isinstance(b_v, torch.Tensor):
+        const = b_v.detach()
+    ln1 = getattr(block, "ln1", None)
+    b_ln = getattr(ln1, "bias", None) if ln1 is not None else None
+    if isinstance(b_ln, torch.Tensor):
+        w_v = attn.W_V.detach()  # [kv_head, d_model, d_head]
+        through = torch.einsum("m,hmd->hd", b_ln.detach().to(w_v.dtype), w_v)
+        const = through if const is None else const + through
+    if const is None:
+        return None
+    n_heads = model.facts.n_heads
+    if const.shape[0] != n_heads:
+        const = const.repeat_interleave(n_heads // const.shape[0], dim=0)
+    return const
+
+
+@dataclass(frozen=True)
+class DLAStack:
+    """contributions [component, batch] with aligned labels, kinds, layers, heads (-1: none, e.g.
+    the embeddings, the remainder and the final-norm and unembedding bias terms);
+    logit [batch]: the model's final logit (difference) along the same tokens."""
+
+    contributions: torch.Tensor
+    labels: list[str]
+    kinds: list[str]
+    layers: list[int]
+    heads: list[int]
+    logit: torch.Tensor
+
+
+@torch.no_grad()
+def dla_stack(model, acts, positions: torch.Tensor, directions: torch.Tensor,
+              answers: torch.Tensor | None = None, wrong: torch.Tensor | None = None,
+              output: torch.Tensor | None = None) -> DLAStack:
+    """Per-writer contributions at one position per example (`positions` [batch]) along
+    `directions` [batch, d_model] (unembedding directions before the final norm's weight).
+    acts: Activations of `dla_sites`. answers/wrong give the unembedding-bias row and, with
+    `output` (logits [batch, pos, vocab]), the model's logit (difference) to compare with."""
+    n_layers = model.facts.n_layers
+    rows = torch.arange(positions.shape[0])
+
+    def at(t: torch.Tensor) -> torch.Tensor:  # [batch, pos, ...] -> [batch, ...] at the positions
+        return t[rows.to(t.device), positions.to(t.device)]
+
+    comps, labels, kinds, layers, heads = [], [], [], [], []
+
+    def add(x, label, kind, layer=-1, head=-1):
+        comps.append(x.float())
+        labels.append(label)
+        kinds.append(kind)
+        layers.append(layer)
+        heads.append(head)
+
+    for kind in ("embed", "pos_embed"):
+        if site(kind) in acts:
+            add(at(acts[site(kind)]), kind, kind)
+    for l in range(n_layers):
+        z = at(acts[site("z", l)])  # [batch, head, d_head]
+        b_v = _value_bias(model, l)
+        if b_v is not None:
+            z = z - b_v.to(device=z.device, dtype=z.dtype)
+        res = head_result(model, l, z[:, None])[:, 0]  # [batch, head, d_model]
+        for h in range(res.shape[1]):
+            add(res[:, h], f"L{l}H{h}", "head", l, h)
+        add(at(acts[site("attn_out", l)]) - res.sum(1), f"attn_bias{l}", "attn_bias", l)
+        if site("mlp_out", l) in acts:
+            add(at(acts[site("mlp_out", l)]), f"mlp{l}", "mlp", l)
+    stack = torch.stack(comps)  # [component, batch, d_model]
+    resid = at(acts[site("resid_post", n_layers - 1)]).float()
+    stack = torch.cat([stack, (resid - stack.sum(0))[None]])
+    labels, kinds, layers, heads = labels + ["remainder"], kinds + ["remainder"], layers + [-1], heads + [-1]
+
+    kind, weight, bias = final_norm(model)
+    d = directions.float().to(stack.device)  # [batch, d_model]
+    if kind is not None:
+        if kind == "LN":
+            stack = stack - stack.mean(-1, keepdim=True)
+        scale = at(acts["ln_final.hook_scale"]).float().to(stack.device)  # [batch, 1]
+        stack = stack / scale
+    d_eff = d if weight is None else d * weight.float().to(d.device)
+    contrib = (stack * d_eff).sum(-1)  # [component, batch]
+    extra = []
+    if bias is not None:
+        extra.append(((d * bias.float().to(d.device)).sum(-1), "ln_final_bias", "ln_final_bias"))
+    b_u = getattr(model.bridge, "b_U", None)
+    if isinstance(b_u, torch.Tensor) and answers is not None:
+        b = b_u.detach().float()
+        ub = b[answers.to(b.device)] - (b[wrong.to(b.device)] if wrong is not None else 0.0)
+        extra.append((ub.to(contrib.device), "unembed_bias", "b_U"))
+    for value, k, label in extra:
+        contrib = torch.cat([contrib, value[None]])
+        labels, kinds, layers, heads = labels + [label], kinds + [k], layers + [-1], heads + [-1]
+    logit = torch.full((positions.shape[0],), float("nan"))
+    if output is not None and answers is not None:
+        last = at(output).float()  # [batch, vocab]
+        logit = last.gather(1, answers.to(last.device)[:, None])[:, 0]
+        if wrong is not None:
+            logit = logit - last.gather(1, wrong.to(last.device)[:, None])[:, 0]
+    return DLAStack(contributions=contrib.cpu(), labels=labels, kinds=kinds, layers=layers, heads=heads,
+                    logit=logit.cpu())

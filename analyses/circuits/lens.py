@@ -1,0 +1,101 @@
+"""Logit lens: every block's input read through the model's own final norm and unembedding.
+
+Convention (TransformerLens 4.3's `tools.analysis.logit_lens`): the accumulated residual stream
+at each block input (`blocks.l.hook_resid_pre`, l = 0..n_layers-1) and after the last block
+(`blocks.{n-1}.hook_resid_post`) goes through the model's `ln_final` module with its statistics
+recomputed from that state (its own scale, mean and weights), then `@ W_U + b_U`. The last entry
+is the model's own logits. No post-unembedding transform is applied (none of the GPT-2, Llama,
+NeoX families has one); `output_error` in the readout measures the last entry against the
+model's output so a bridge with such a transform is visible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from headscope.errors import ConfigError
+from headscope.hooks import site
+
+TARGETS = ("next", "answer")  # lens target at position p: the token after p (the answer at the end), or the answer
+
+
+def lens_sites(n_layers: int) -> list[str]:
+    """The hook names the lens reads: resid_pre of every block and resid_post of the last."""
+    return [site("resid_pre", l) for l in range(n_layers)] + [site("resid_post", n_layers - 1)]
+
+
+def lens_labels(n_layers: int) -> list[str]:
+    """TransformerLens's accumulated_resid labels: "0_pre", ..., "{n-1}_pre", "final_post"."""
+    return [f"{l}_pre" for l in range(n_layers)] + ["final_post"]
+
+
+def unembed(model, states: torch.Tensor) -> torch.Tensor:
+    """[..., d_model] (already through the final norm) -> [..., d_vocab] logits: x @ W_U + b_U."""
+    bridge = model.bridge
+    w_u = bridge.W_U
+    out = states.to(device=w_u.device, dtype=w_u.dtype) @ w_u  # [..., d_vocab]
+    b_u = getattr(bridge, "b_U", None)
+    return out if b_u is None else out + b_u
+
+
+@dataclass(frozen=True)
+class LensReadout:
+    """Lens values at the selected positions, all [layer (n_layers + 1), batch, pos]:
+    log-probability and zero-based rank (strictly larger logits, as TransformerLens) of each
+    position's target, the logit difference target - wrong (NaN where no wrong token applies), and
+    the target ids [batch, pos]. output_error: max |last entry - the model's logits| (0 up to rounding)."""
+
+    logprob: torch.Tensor
+    rank: torch.Tensor
+    logit_diff: torch.Tensor
+    targets: torch.Tensor
+    output_error: float
+
+
+@torch.no_grad()
+def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
+                 wrong: torch.Tensor | None = None, output: torch.Tensor | None = None) -> LensReadout:
+    """Read the lens at `positions` ([batch, k] indices) of a captured pass (`acts`, Activations
+    holding `lens_sites` with the model attached). targets: [batch, k] token ids; wrong: [batch, k]
+    (negative entries: no wrong token there) or None. output: the pass's logits [batch, pos, vocab]
+    to check the last entry against."""
+    stack = acts.accumulated_resid(apply_ln=False)  # [L + 1, batch, pos, d_model]
+    index = positions.to(stack.device)[None, :, :, None].expand(stack.shape[0], -1, -1, stack.shape[-1])
+    stack = stack.gather(2, index)  # [L + 1, batch, k, d_model]
+    normed = acts.apply_ln_to_stack(stack, None, recompute_ln=True)  # ln_final, recomputed statistics
+    logits = unembed(model, normed).float()  # [L + 1, batch, k, vocab]
+    tgt = targets.to(logits.device)[None, :, :, None].expand(logits.shape[0], -1, -1, 1)
+    tgt_logit = logits.gather(-1, tgt)  # [L + 1, batch, k, 1]
+    logprob = (tgt_logit - logits.logsumexp(-1, keepdim=True))[..., 0]
+    rank = (logits > tgt_logit).sum(-1)  # [L + 1, batch, k]
+    diff = torch.full_like(logprob, float("nan"))
+    if wrong is not None:
+        w = wrong.to(logits.device)
+        has = w >= 0  # [batch, k]
+        wl = logits.gather(-1, w.clamp_min(0)[None, :, :, None].expand_as(tgt))[..., 0]
+        diff = torch.where(has[None], tgt_logit[..., 0] - wl, diff)
+    err = 0.0
+    if output is not None:
+        out = output.float().gather(1, positions.to(output.device)[:, :, None].expand(-1, -1, output.shape[-1]))
+        err = float((out.to(logits.device) - logits[-1]).abs().max())
+    return LensReadout(logprob=logprob.cpu(), rank=rank.cpu(), logit_diff=diff.cpu(), targets=targets.cpu(), output_error=err)
+
+
+def lens_targets(tokens: torch.Tensor, answers: torch.Tensor, answer_pos: torch.Tensor, target: str,
+                 every_position: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, targets), both [batch, k]: every position up to each example's answer position
+    (k = the longest; shorter rows repeat their answer position) or the answer position only.
+    target "next": the prompt's next token (the answer at the answer position); "answer": the answer."""
+    if target not in TARGETS:
+        raise ConfigError(f"lens_target must be one of {TARGETS}, got {target!r}.")
+    batch = tokens.shape[0]
+    if not every_position:
+        pos = answer_pos[:, None]  # [batch, 1]
+    else:
+        k = int(answer_pos.max()) + 1
+        pos = torch.arange(k)[None, :].expand(batch, -1).minimum(answer_pos[:, None])  # [batch, k]
+    if target == "answer":
+        return pos, answers[:, None].expand_as(pos).clone()
+    nxt = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1).gather(1, pos)  # token after each position
+    return pos, torch.where(pos == answer_pos[:, None], answers[:, None], nxt)

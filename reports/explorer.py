@@ -1,0 +1,292 @@
+"""The interactive attention explorer: the data it shows, captured from a model.
+
+`attention_explorer_data(model, prompts)` captures every layer's attention pattern
+(`blocks.L.attn.hook_pattern`) for a few examples, one forward pass per example (padding
+removed), and returns a JSON-ready dict; `explorer_html(data)` (reports/explorer_view.py) draws
+it as a self-contained HTML fragment; `show_attention(model, prompt_or_task)` wraps both for
+notebooks; `write_explorer_data(model, out, task)` writes OUT/explorer.json during a report run,
+which `html_report` embeds in report.html (the report itself never computes).
+
+The data dict (format 1):
+
+    model, family, n_layers, n_heads, n_kv_heads, is_encoder
+    scale:     patterns are stored as integers, round(p * scale) (scale 10000: 4 decimals)
+    examples:  [{tokens: [str], n_tokens_total, truncated,
+                 patterns: [layer][head][query] -> [int] (row of keys, trailing zeros dropped)}]
+    scores:    {name: [layer][head] -> float or None}, the grid's colour; always "max attention
+               (examples shown)" (mean over queries of the largest weight) and "sink (examples
+               shown)" (mean over queries of the weight on the first token; a decoder's first
+               query, which can only attend to itself, left out); plus the caller's
+    labels:    {name: [layer][head] -> str} (e.g. each head's role), shown in the grid
+    default_score: the score the grid starts coloured by
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headscope.errors import ConfigError
+from headscope.hooks import capture, site
+from headscope.reports.explorer_view import explorer_html
+from headscope.reports.html_report import EXPLORER_FILE
+
+FORMAT = 1
+SCALE = 10_000
+MAX_ATTENTION = "max attention (examples shown)"  # mean over queries of the largest weight
+SINK = "sink (examples shown)"  # mean over queries of the weight on the first token
+
+
+# ---- examples ------------------------------------------------------------------------------
+def _is_task_name(value: str) -> bool:
+    from headscope.analyses.core.task_files import FORMATS
+    from headscope.analyses.core.tasks import ZOO_TASKS
+
+    return value in ZOO_TASKS or value in ("sentences", "repeat") or Path(value).suffix.lower() in FORMATS
+
+
+def _task_rows(model, task: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
+    """(token rows with padding removed, task name) of a Task, a task name, the user's task data
+    (a task file, DataFrame, Dataset, list of dicts), or None (the heads analysis's default task)."""
+    from headscope.analyses.core.task_files import is_task_data, resolve_task
+    from headscope.analyses.core.tasks import Task
+
+    if is_task_data(task):
+        task = resolve_task(model, task)
+    if not isinstance(task, Task):
+        from headscope.analyses.heads.analysis import HeadsConfig, default_task
+
+        task = default_task(model, task, HeadsConfig.preset(quick=True, seed=seed))
+    tokens = task.tokens[:max_examples]
+    if task.attention_mask is not None:
+        mask = task.attention_mask[:max_examples].bool()
+        return [row[m] for row, m in zip(tokens, mask)], task.name
+    return list(tokens), task.name
+
+
+def _example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
+    """Token rows ([pos] each) and a label for: a prompt, a list of prompts, a [batch, pos] or
+    [pos] token tensor, a Task, a zoo task name or a task file (None: the model's default task)."""
+    if isinstance(source, torch.Tensor):
+        rows = source.unsqueeze(0) if source.ndim == 1 else source
+        if rows.ndim != 2:
+            raise ConfigError(f"tokens must have shape [batch, pos] or [pos], got {tuple(source.shape)}.")
+        return list(rows[:max_examples]), "tokens"
+    if isinstance(source, (list, tuple)) and not source:
+        raise ConfigError("attention_explorer_data got an empty list; pass a prompt, prompts, tokens or a task.")
+    if isinstance(source, str) and not _is_task_name(source):
+        return [model.to_tokens(source)[0]], "prompt"
+    if isinstance(source, (list, tuple)) and source and all(isinstance(s, str) for s in source):
+        return [model.to_tokens(s)[0] for s in source[:max_examples]], "prompts"
+    return _task_rows(model, source, max_examples, seed)
+
+
+# ---- scores --------------------------------------------------------------------------------
+def _grid(values: Any, n_layers: int, n_heads: int, name: str) -> list[list[Any]]:
+    """A [n_layers][n_heads] list of floats (None for NaN) or strings from an array-like."""
+    if hasattr(values, "detach"):
+        values = values.detach().float().cpu().numpy()
+    rows = [list(r) for r in (values.tolist() if hasattr(values, "tolist") else values)]
+    if len(rows) != n_layers or any(len(r) != n_heads for r in rows):
+        raise ConfigError(f"head score {name!r} must have shape [n_layers={n_layers}, n_heads={n_heads}].")
+    if all(isinstance(v, str) for r in rows for v in r):
+        return rows
+    out = []
+    for r in rows:
+        out.append([None if v is None or float(v) != float(v) else round(float(v), 6) for v in r])
+    return out
+
+
+def _frame_scores(df: Any) -> dict[str, Any]:
+    """Per-head columns of a DataFrame with layer and head columns (e.g. the heads analysis's
+    results: one importance column per method, role scores, the role)."""
+    from pandas.api import types
+
+    out: dict[str, Any] = {}
+    if "method" in df.columns and "importance" in df.columns:
+        for method, part in df.groupby("method", sort=True):
+            out[f"importance ({method})"] = part[["layer", "head", "importance"]]
+        df = df[df["method"] == df["method"].iloc[0]]
+    for col in df.columns:
+        if col in ("layer", "head", "head_name", "method", "rank", "importance", "importance_layer_norm", "positional_offset"):
+            continue
+        if types.is_numeric_dtype(df[col]) and not types.is_bool_dtype(df[col]) or types.is_string_dtype(df[col]):
+            out[col] = df[["layer", "head", col]]
+    return out
+
+
+def _score_grids(head_scores: Any, n_layers: int, n_heads: int) -> tuple[dict, dict]:
+    """({name: numeric grid}, {name: label grid}) from a mapping of array-likes or a DataFrame."""
+    if head_scores is None:
+        return {}, {}
+    if hasattr(head_scores, "columns"):
+        head_scores = _frame_scores(head_scores)
+    elif not isinstance(head_scores, Mapping):
+        head_scores = {"score": head_scores}
+    scores, labels = {}, {}
+    for name, values in head_scores.items():
+        if hasattr(values, "columns"):  # a long table: layer, head, value
+            col = [c for c in values.columns if c not in ("layer", "head")][0]
+            grid: list[list[Any]] = [[None] * n_heads for _ in range(n_layers)]
+            for l, h, v in zip(values["layer"], values["head"], values[col]):
+                if 0 <= int(l) < n_layers and 0 <= int(h) < n_heads:
+                    grid[int(l)][int(h)] = v if isinstance(v, str) else (None if v != v else float(v))
+            values = grid
+            if all(v is None or isinstance(v, str) for r in grid for v in r) and any(isinstance(v, str) for r in grid for v in r):
+                labels[str(name)] = [["" if v is None else v for v in r] for r in grid]
+                continue
+        grid = _grid(values, n_layers, n_heads, str(name))
+        if any(isinstance(v, str) for r in grid for v in r):
+            labels[str(name)] = [[str(v) for v in r] for r in grid]
+        else:
+            scores[str(name)] = grid
+    return scores, labels
+
+
+# ---- capture -------------------------------------------------------------------------------
+def attention_explorer_data(model, tokens_or_prompts: Any = None, *, max_examples: int = 3, max_tokens: int = 64,
+                            head_scores: Any = None, default_score: str | None = None, seed: int = 0) -> dict[str, Any]:
+    """The explorer's data: every layer's attention pattern on up to `max_examples` examples.
+
+    tokens_or_prompts: a prompt or list of prompts, a [batch, pos] token tensor, a Task, a zoo
+    task name or task file (None: the model's default task, as the heads analysis picks it).
+    Each example keeps its first `max_tokens` tokens (a decoder's patterns over them are those of
+    the whole prompt). head_scores colours the grid: an array-like [n_layers, n_heads], a mapping
+    of such (strings become labels, e.g. roles), or a DataFrame with layer and head columns (the
+    heads analysis's results). Patterns are rounded to 4 decimals (see the module docstring).
+    seed: the seed of a generated task (a zoo task name or None), as the analyses use it.
+    """
+    if max_examples < 1 or max_tokens < 1:
+        raise ConfigError(f"max_examples and max_tokens must be >= 1, got {max_examples} and {max_tokens}.")
+    f = model.facts
+    rows, source = _example_rows(model, tokens_or_prompts, max_examples, seed)
+    sites = [site("pattern", l) for l in range(f.n_layers)]
+    examples = []
+    sink = torch.zeros(f.n_layers, f.n_heads)
+    peak = torch.zeros(f.n_layers, f.n_heads)
+    for row in rows:
+        n_total = int(row.shape[0])
+        row = row[:max_tokens].reshape(1, -1)
+        with torch.no_grad():
+            acts = capture(model, model.check_tokens(row), sites, to_cpu=True)
+        pat = torch.stack([acts[s][0] for s in sites]).float()  # [L, H, q, k]
+        q0 = 1 if (not f.is_encoder and pat.shape[-2] > 1) else 0  # a decoder's first query sees only itself
+        sink += pat[..., q0:, 0].mean(-1)
+        peak += pat[..., q0:, :].max(-1).values.mean(-1)
+        ints = torch.round(pat * SCALE).to(torch.int32).tolist()
+        for layer in ints:
+            for head in layer:
+                for q, keys in enumerate(head):
+                    end = len(keys)
+                    while end > 1 and keys[end - 1] == 0:
+                        end -= 1
+                    head[q] = keys[:end]
+        examples.append({
+            "tokens": [str(t) for t in model.to_str_tokens(row[0])],
+            "n_tokens_total": n_total, "truncated": n_total > row.shape[1], "patterns": ints,
+        })
+    n = max(len(rows), 1)
+    scores: dict[str, Any] = {}
+    user_scores, labels = _score_grids(head_scores, f.n_layers, f.n_heads)
+    scores.update(user_scores)
+    scores[MAX_ATTENTION] = _grid(peak / n, f.n_layers, f.n_heads, MAX_ATTENTION)
+    scores[SINK] = _grid(sink / n, f.n_layers, f.n_heads, SINK)
+    if default_score is None:
+        default_score = next(iter(user_scores), MAX_ATTENTION)
+    elif default_score not in scores:
+        raise ConfigError(f"default_score {default_score!r} is not one of the scores {sorted(scores)}.")
+    return {
+        "format": FORMAT, "model": f.name, "family": f.family, "source": source,
+        "n_layers": f.n_layers, "n_heads": f.n_heads, "n_kv_heads": f.n_kv_heads, "is_encoder": f.is_encoder,
+        "scale": SCALE, "examples": examples, "scores": scores, "labels": labels, "default_score": default_score,
+    }
+
+
+def pattern_from_data(data: Mapping[str, Any], example: int, layer: int, head: int) -> list[list[float]]:
+    """The stored pattern [query][key] of one head on one example, as floats (zeros restored)."""
+    ex = data["examples"][example]
+    n = len(ex["tokens"])
+    rows = ex["patterns"][layer][head]
+    return [[v / data["scale"] for v in r] + [0.0] * (n - len(r)) for r in rows]
+
+
+# ---- notebooks and reports -----------------------------------------------------------------
+class AttentionExplorer:
+    """The explorer for notebooks: displays itself (`_repr_html_`); `.data` is the dict, `.html()` the fragment."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def html(self) -> str:
+        return explorer_html(self.data)
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def save(self, path: str | Path) -> Path:
+        """A standalone HTML page holding the explorer."""
+        from headscope.reports import io
+
+        page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>attention explorer</title>"
+                f"</head><body>{self.html()}</body></html>")
+        return io.write_text(Path(path), page)
+
+    def __repr__(self) -> str:
+        d = self.data
+        return (f"AttentionExplorer({d['model']}: {d['n_layers']} layers x {d['n_heads']} heads, "
+                f"{len(d['examples'])} example(s))")
+
+
+def show_attention(model, prompt_or_task: Any = None, *, max_examples: int = 3, max_tokens: int = 64,
+                   head_scores: Any = None, default_score: str | None = None, seed: int = 0) -> AttentionExplorer:
+    """An interactive view of every head's attention pattern (notebooks display it).
+
+    prompt_or_task: a prompt, a list of prompts, a token tensor, a Task, a zoo task name or task
+    file; head_scores: per-head values that colour the grid (see attention_explorer_data)."""
+    return AttentionExplorer(attention_explorer_data(
+        model, prompt_or_task, max_examples=max_examples, max_tokens=max_tokens,
+        head_scores=head_scores, default_score=default_score, seed=seed))
+
+
+def _heads_results(out: Path) -> Any:
+    """OUT/heads/results.csv (importance per method, role scores, roles) when the heads analysis ran."""
+    csv = Path(out) / "heads" / "results.csv"
+    if not csv.exists():
+        return None
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(csv)
+    except (OSError, ValueError):
+        return None
+    return df if {"layer", "head"} <= set(df.columns) else None
+
+
+def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int = 0, max_examples: int = 3,
+                        max_tokens: int = 64) -> Path:
+    """Capture the explorer's data for a report and write it as OUT/explorer.json (atomically);
+    returns the path. task: what build_report ran on (None, a zoo task name, a task file or a
+    Task; seed: the run's seed, which picks a generated task's examples as the analyses do). The
+    grid is coloured by the heads analysis's importance (and offers its role scores and roles)
+    when OUT/heads/results.csv exists, else by each head's largest attention weight."""
+    from headscope.reports import io
+
+    scores = _heads_results(Path(out))
+    default = None
+    if scores is not None:
+        names = _frame_scores(scores)
+        default = next((n for n in ("importance (gradient)", "importance (zero)") if n in names), None)
+    data = attention_explorer_data(model, task, max_examples=max_examples, max_tokens=max_tokens,
+                                   head_scores=scores, default_score=default, seed=seed)
+    path = Path(out) / EXPLORER_FILE
+    io.write_text(path, json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n")
+    return path
+
+
+__all__ = [
+    "AttentionExplorer", "EXPLORER_FILE", "attention_explorer_data", "explorer_html", "pattern_from_data",
+    "show_attention", "write_explorer_data",
+]

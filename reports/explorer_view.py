@@ -1,0 +1,429 @@
+"""The attention explorer's HTML: one self-contained fragment (inline CSS and vanilla JS).
+
+`explorer_html(data)` returns a <div> holding the data as a <script type="application/json">
+block (every "<", ">" and "&" written as a JSON \\u escape, so no token can close the block),
+a stylesheet scoped to `.hsx`, and a script that builds the view with DOM calls: every token
+and label goes in through textContent, never innerHTML. Nothing is fetched. Each fragment has its
+own id, so several explorers on one page (notebook cells, report sections) keep apart.
+
+The view: a grid of layers x heads coloured by a per-head score (heads sharing a KV head are
+grouped under "kv0", "kv1", ... for GQA/MQA models) with a bar per head for the attention on
+the first token (the sink); the selected head's pattern on the chosen example as a query x key
+heatmap with token labels, or as lines between query and key tokens; hovering a token
+highlights its row (where it attends) and its column (what attends to it); the arrow keys move
+the selected head.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+CSS = """
+.hsx{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;font-size:13px;color:#222;margin:.5em 0}
+.hsx .hsx-help{color:#555;margin:.2em 0 .6em}
+.hsx .hsx-controls{display:flex;flex-wrap:wrap;gap:1em;align-items:center;margin-bottom:.6em}
+.hsx .hsx-controls label{display:flex;gap:.4em;align-items:center}
+.hsx .hsx-controls select{max-width:28em}
+.hsx .hsx-main{display:flex;flex-wrap:wrap;gap:1.2em;align-items:flex-start}
+.hsx .hsx-left{flex:0 0 auto}
+.hsx .hsx-right{flex:1 1 420px;min-width:300px;overflow:auto}
+.hsx table{border-collapse:collapse;margin:0}
+.hsx .hsx-grid th{font-weight:normal;color:#555;padding:1px 4px;text-align:center;border:none;background:none}
+.hsx .hsx-grid th.hsx-kv{font-size:11px;border-bottom:2px solid #bbb}
+.hsx .hsx-grid td{width:38px;height:30px;padding:0;border:1px solid #fff;cursor:pointer;position:relative;
+  text-align:center;vertical-align:middle}
+.hsx .hsx-grid td.hsx-kvstart{border-left:3px solid #fff}
+.hsx .hsx-grid td .hsx-v{font-size:10px;line-height:1;display:block;pointer-events:none}
+.hsx .hsx-grid td .hsx-sink{position:absolute;left:2px;right:2px;bottom:2px;height:3px;background:rgba(0,0,0,.12);
+  pointer-events:none}
+.hsx .hsx-grid td .hsx-sink>span{display:block;height:100%;background:#d95f02}
+.hsx .hsx-grid td.hsx-sel{outline:3px solid #e7298a;outline-offset:-3px}
+.hsx .hsx-grid td:focus{box-shadow:0 0 0 2px #000 inset}
+.hsx .hsx-legend{display:flex;flex-wrap:wrap;gap:.5em;align-items:center;font-size:11px;color:#555;margin-top:.4em;max-width:30em}
+.hsx .hsx-ramp{display:inline-block;width:90px;height:10px}
+.hsx .hsx-chip{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:middle}
+.hsx .hsx-title{font-weight:600;margin:0 0 .3em}
+.hsx .hsx-sinkline{display:flex;gap:.5em;align-items:center;margin-bottom:.4em}
+.hsx .hsx-sinkline .hsx-bar{width:120px;height:8px;background:#eee}
+.hsx .hsx-sinkline .hsx-bar>span{display:block;height:100%;background:#d95f02}
+.hsx .hsx-tokens{display:flex;flex-wrap:wrap;gap:2px;margin:.4em 0;font-family:ui-monospace,Menlo,Consolas,monospace;
+  font-size:12px}
+.hsx .hsx-tok{padding:1px 3px;border-bottom:3px solid transparent;white-space:pre;cursor:default;background:#f4f4f4}
+.hsx .hsx-tok.hsx-on{outline:2px solid #e7298a}
+.hsx .hsx-info{min-height:1.3em;color:#333;margin:.2em 0 .4em}
+.hsx .hsx-heat th{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px;font-weight:normal;padding:0 3px;
+  white-space:pre;border:none;background:none;max-width:9em;overflow:hidden;text-overflow:ellipsis}
+.hsx .hsx-heat thead th{writing-mode:vertical-rl;transform:rotate(180deg);text-align:left;height:6em;padding:2px 0;max-height:9em}
+.hsx .hsx-heat tbody th{text-align:right}
+.hsx .hsx-heat td{width:13px;height:13px;min-width:13px;padding:0;border:1px solid #fff}
+.hsx .hsx-heat td.hsx-hl,.hsx .hsx-heat th.hsx-hl{box-shadow:0 0 0 1px #e7298a inset}
+.hsx .hsx-heat th.hsx-hl{color:#e7298a;font-weight:600}
+.hsx .hsx-lines text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px;cursor:default}
+.hsx .hsx-lines text.hsx-hl{fill:#e7298a;font-weight:600}
+.hsx .hsx-note{color:#777;font-size:11px}
+"""
+
+JS = r"""
+(function (root) {
+  "use strict";
+  if (!root || root.getAttribute("data-hsx-ready")) return;
+  root.setAttribute("data-hsx-ready", "1");
+  var data = JSON.parse(root.querySelector("script.hsx-data").textContent);
+  var L = data.n_layers, H = data.n_heads, KV = data.n_kv_heads || H, S = data.scale;
+  var G = KV > 0 && H % KV === 0 ? H / KV : 1;
+  var app = root.querySelector(".hsx-app");
+  var scoreNames = Object.keys(data.scores || {}), labelNames = Object.keys(data.labels || {});
+  var st = {ex: 0, l: 0, h: 0, colour: "score:" + (data.default_score || scoreNames[0]), view: "heatmap"};
+  var cache = {};
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function svg(tag, attrs) {
+    var e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    return e;
+  }
+  function tokens() { return data.examples[st.ex].tokens; }
+  function pattern(ex, l, h) {  // [query][key] floats, zeros restored
+    var key = ex + "/" + l + "/" + h;
+    if (cache[key]) return cache[key];
+    var rows = data.examples[ex].patterns[l][h], n = data.examples[ex].tokens.length, out = [];
+    for (var q = 0; q < n; q++) {
+      var r = rows[q] || [], row = new Array(n);
+      for (var k = 0; k < n; k++) row[k] = k < r.length ? r[k] / S : 0;
+      out.push(row);
+    }
+    return (cache[key] = out);
+  }
+  function sink(ex, l, h) {  // mean over queries of the weight on the first token
+    var p = pattern(ex, l, h), q0 = (!data.is_encoder && p.length > 1) ? 1 : 0, s = 0;
+    for (var q = q0; q < p.length; q++) s += p[q][0];
+    return p.length > q0 ? s / (p.length - q0) : 0;
+  }
+  function fmt(v) { return v.toFixed(4); }
+  function q_(toks, i) { return "\u201c" + toks[i] + "\u201d (" + i + ")"; }  // a token, quoted, and its position
+  function short(v) {
+    if (v === null || v === undefined) return "";
+    var a = Math.abs(v);
+    return a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : a >= 0.01 || a === 0 ? v.toFixed(2) : v.toExponential(0);
+  }
+  function kvOf(h) { return Math.floor(h / G); }
+  function headName(l, h) { return "L" + l + " H" + h + (G > 1 ? " (kv" + kvOf(h) + ")" : ""); }
+  var PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4", "#b2df8a", "#fb9a99"];
+  function mix(t) {  // white -> dark blue
+    t = Math.max(0, Math.min(1, t));
+    var a = [247, 251, 255], b = [8, 48, 107];
+    return "rgb(" + a.map(function (x, i) { return Math.round(x + (b[i] - x) * t); }).join(",") + ")";
+  }
+  function colouring() {  // {colour(l, h) -> [background, text colour], value(l, h) -> text, legend element}
+    var kind = st.colour.split(":")[0], name = st.colour.slice(kind.length + 1), legend = el("div", "hsx-legend");
+    if (kind === "label") {
+      var grid = data.labels[name], cats = [];
+      grid.forEach(function (r) { r.forEach(function (v) { if (cats.indexOf(v) < 0) cats.push(v); }); });
+      cats.sort();
+      var colourOf = function (v) { return v === "" || v === "other" ? "#eeeeee" : PALETTE[cats.indexOf(v) % PALETTE.length]; };
+      cats.forEach(function (c) {
+        var item = el("span"), chip = el("span", "hsx-chip");
+        chip.style.background = colourOf(c);
+        item.appendChild(chip); item.appendChild(document.createTextNode(c === "" ? "(none)" : c)); legend.appendChild(item);
+      });
+      return {colour: function (l, h) { return [colourOf(grid[l][h]), "#000"]; },
+              value: function (l, h) { return grid[l][h]; }, text: function () { return ""; }, legend: legend};
+    }
+    var g = data.scores[name], lo = Infinity, hi = -Infinity;
+    g.forEach(function (r) { r.forEach(function (v) { if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
+    var signed = lo < 0 && hi > 0, m = Math.max(Math.abs(lo), Math.abs(hi)) || 1;
+    var colour = function (l, h) {
+      var v = g[l][h];
+      if (v === null) return ["#f0f0f0", "#999"];
+      if (signed) {
+        var t = Math.abs(v) / m, c = v < 0 ? [178, 24, 43] : [33, 102, 172];
+        var rgb = c.map(function (x) { return Math.round(255 + (x - 255) * t); });
+        return ["rgb(" + rgb.join(",") + ")", t > 0.6 ? "#fff" : "#000"];
+      }
+      var u = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+      return [mix(u), u > 0.55 ? "#fff" : "#000"];
+    };
+    var ramp = el("span", "hsx-ramp");
+    ramp.style.background = signed ? "linear-gradient(90deg,rgb(178,24,43),#fff,rgb(33,102,172))"
+                                    : "linear-gradient(90deg," + mix(0) + "," + mix(1) + ")";
+    legend.appendChild(el("span", null, name + ":"));
+    legend.appendChild(el("span", null, short(signed ? -m : lo)));
+    legend.appendChild(ramp);
+    legend.appendChild(el("span", null, short(signed ? m : hi)));
+    return {colour: colour, value: function (l, h) { return g[l][h]; },
+            text: function (l, h) { return short(g[l][h]); }, legend: legend};
+  }
+
+  // ---- layout ----
+  app.appendChild(el("p", "hsx-help", "Click a head (or focus the grid and use the arrow keys) to see its attention pattern. " +
+    "Hover a token: its row shows where it attends, its column what attends to it. " +
+    "Orange bars: attention on the first token (the sink)."));
+  var controls = el("div", "hsx-controls");
+  function select(labelText, options, value, onchange) {
+    var label = el("label", null, labelText), s = el("select");
+    options.forEach(function (o) { var opt = el("option", null, o[1]); opt.value = o[0]; s.appendChild(opt); });
+    s.value = value;
+    s.addEventListener("change", function () { onchange(s.value); });
+    label.appendChild(s); controls.appendChild(label);
+    return s;
+  }
+  select("example", data.examples.map(function (e, i) {
+    var text = e.tokens.join(" ");
+    return [String(i), (i + 1) + ": " + (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
+  }), "0", function (v) { st.ex = +v; drawGrid(); drawHead(); });
+  select("colour heads by", scoreNames.map(function (n) { return ["score:" + n, n]; })
+    .concat(labelNames.map(function (n) { return ["label:" + n, n]; })), st.colour, function (v) { st.colour = v; drawGrid(); });
+  select("view", [["heatmap", "heatmap (query x key)"], ["lines", "lines (query \u2192 key)"]], st.view,
+    function (v) { st.view = v; drawHead(); });
+  app.appendChild(controls);
+  var main = el("div", "hsx-main"), left = el("div", "hsx-left"), right = el("div", "hsx-right");
+  main.appendChild(left); main.appendChild(right); app.appendChild(main);
+
+  // ---- grid ----
+  var grid = el("table", "hsx-grid"), cells = [];
+  grid.setAttribute("role", "grid");
+  grid.setAttribute("aria-label", "attention heads: layers by heads");
+  var thead = el("thead"), tbody = el("tbody");
+  if (G > 1) {
+    var kvRow = el("tr");
+    kvRow.appendChild(el("th"));
+    for (var g = 0; g < KV; g++) {
+      var th = el("th", "hsx-kv", "kv" + g);
+      th.colSpan = G;
+      th.title = "heads " + (g * G) + "\u2013" + (g * G + G - 1) + " share KV head " + g;
+      kvRow.appendChild(th);
+    }
+    thead.appendChild(kvRow);
+  }
+  var headRow = el("tr");
+  headRow.appendChild(el("th", null, "layer"));
+  for (var h = 0; h < H; h++) headRow.appendChild(el("th", null, "h" + h));
+  thead.appendChild(headRow);
+  for (var l = 0; l < L; l++) {
+    var tr = el("tr"), row = [];
+    tr.appendChild(el("th", null, "L" + l));
+    for (var h2 = 0; h2 < H; h2++) {
+      var td = el("td", G > 1 && h2 > 0 && h2 % G === 0 ? "hsx-kvstart" : "");
+      td.setAttribute("role", "gridcell");
+      td.setAttribute("data-layer", l); td.setAttribute("data-head", h2);
+      td.tabIndex = -1;
+      td.appendChild(el("span", "hsx-v"));
+      var bar = el("span", "hsx-sink"); bar.appendChild(el("span")); td.appendChild(bar);
+      tr.appendChild(td); row.push(td);
+    }
+    tbody.appendChild(tr); cells.push(row);
+  }
+  grid.appendChild(thead); grid.appendChild(tbody); left.appendChild(grid);
+  var legendBox = el("div"); left.appendChild(legendBox);
+  if (G > 1) left.appendChild(el("div", "hsx-note", "Grouped by KV head: " + G + " query heads share each of " + KV +
+    " KV heads."));
+
+  function drawGrid() {
+    var c = colouring();
+    for (var l = 0; l < L; l++) for (var h = 0; h < H; h++) {
+      var td = cells[l][h], col = c.colour(l, h), s = sink(st.ex, l, h), v = c.value(l, h);
+      td.style.background = col[0]; td.style.color = col[1];
+      td.firstChild.textContent = c.text(l, h);
+      td.lastChild.firstChild.style.width = (100 * s).toFixed(1) + "%";
+      td.title = headName(l, h) + "\n" + st.colour.replace(/^[a-z]+:/, "") + ": " +
+        (v === null ? "n/a" : typeof v === "number" ? v.toPrecision(4) : v) +
+        "\nsink (attention on the first token): " + s.toFixed(3);
+      td.setAttribute("aria-label", td.title.replace(/\n/g, ", "));
+      td.classList.toggle("hsx-sel", l === st.l && h === st.h);
+      td.setAttribute("aria-selected", l === st.l && h === st.h ? "true" : "false");
+      td.tabIndex = l === st.l && h === st.h ? 0 : -1;
+    }
+    legendBox.textContent = "";
+    legendBox.appendChild(c.legend);
+  }
+  function selectHead(l, h, focus) {
+    st.l = Math.max(0, Math.min(L - 1, l)); st.h = Math.max(0, Math.min(H - 1, h));
+    root.setAttribute("data-layer", st.l); root.setAttribute("data-head", st.h);
+    drawGrid(); drawHead();
+    if (focus) cells[st.l][st.h].focus();
+  }
+  grid.addEventListener("click", function (e) {
+    var td = e.target.closest("td[data-layer]");
+    if (td) selectHead(+td.getAttribute("data-layer"), +td.getAttribute("data-head"), true);
+  });
+  grid.addEventListener("keydown", function (e) {
+    var moves = {ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0]};
+    var td = e.target.closest("td[data-layer]");
+    var l = td ? +td.getAttribute("data-layer") : st.l, h = td ? +td.getAttribute("data-head") : st.h;
+    if (moves[e.key]) { selectHead(l + moves[e.key][0], h + moves[e.key][1], true); e.preventDefault(); }
+    else if (e.key === "Home") { selectHead(l, 0, true); e.preventDefault(); }
+    else if (e.key === "End") { selectHead(l, H - 1, true); e.preventDefault(); }
+    else if (e.key === "Enter" || e.key === " ") { selectHead(l, h, true); e.preventDefault(); }
+  });
+
+  // ---- the selected head ----
+  var title = el("div", "hsx-title"), sinkLine = el("div", "hsx-sinkline"), strip = el("div", "hsx-tokens"),
+      info = el("div", "hsx-info"), view = el("div", "hsx-view");
+  [title, sinkLine, strip, info, view].forEach(function (e) { right.appendChild(e); });
+  var hl = {rows: [], cols: [], toks: [], texts: []}, marks = [];
+
+  function clearMarks() {
+    marks.forEach(function (e) { e.classList.remove("hsx-hl"); e.classList.remove("hsx-on"); });
+    marks = [];
+    hl.toks.forEach(function (t) { t.style.background = ""; t.style.borderBottomColor = "transparent"; });
+    if (hl.lines) hl.lines.forEach(function (ln) { ln.el.style.display = ""; });
+    info.textContent = "";
+  }
+  function mark(e, cls) { if (e) { e.classList.add(cls || "hsx-hl"); marks.push(e); } }
+  function focusToken(i, j) {  // row i (where token i attends), column j (what attends to token j)
+    clearMarks();
+    var p = pattern(st.ex, st.l, st.h), toks = tokens(), n = toks.length;
+    if (j === undefined) j = i;
+    (hl.rows[i] || []).forEach(function (c) { mark(c); });
+    for (var q = 0; q < n; q++) mark(hl.rows[q] && hl.rows[q][j]);
+    mark(hl.qHead[i]); mark(hl.kHead[j]);
+    mark(hl.toks[i], "hsx-on");
+    for (var k = 0; k < n; k++) {
+      hl.toks[k].style.background = "rgba(8,48,107," + (0.85 * p[i][k]).toFixed(3) + ")";
+      hl.toks[k].style.color = p[i][k] > 0.5 ? "#fff" : "";
+      hl.toks[k].style.borderBottomColor = "rgba(217,95,2," + p[k][j].toFixed(3) + ")";
+    }
+    if (hl.lines) hl.lines.forEach(function (ln) { ln.el.style.display = (ln.q === i || ln.k === j) ? "" : "none"; });
+    if (hl.texts.length) { mark(hl.texts[0][i]); mark(hl.texts[1][j]); }
+    var best = 0, by = j < n - 1 ? j + 1 : j;
+    for (k = 0; k < n; k++) if (p[i][k] > p[i][best]) best = k;
+    for (q = 0; q < n; q++) if (p[q][j] > p[by][j] && q !== j) by = q;
+    info.textContent = q_(toks, i) + " attends most to " + q_(toks, best) + " (" + fmt(p[i][best]) + ")" +
+      (by !== j ? "; " + q_(toks, j) + " is attended most by " + q_(toks, by) + " (" + fmt(p[by][j]) + ")" : "");
+  }
+  function drawHead() {
+    var p = pattern(st.ex, st.l, st.h), toks = tokens(), n = toks.length, ex = data.examples[st.ex];
+    title.textContent = "Layer " + st.l + ", head " + st.h + (G > 1 ? " \u00b7 KV head " + kvOf(st.h) + " (shared by heads " +
+      (kvOf(st.h) * G) + "\u2013" + (kvOf(st.h) * G + G - 1) + ")" : "") + " \u00b7 example " + (st.ex + 1) +
+      (ex.truncated ? " (first " + n + " of " + ex.n_tokens_total + " tokens)" : "");
+    var s = sink(st.ex, st.l, st.h);
+    sinkLine.textContent = "";
+    sinkLine.appendChild(el("span", null, "sink: attention on the first token, mean over queries"));
+    var bar = el("span", "hsx-bar"), fill = el("span"); fill.style.width = (100 * s).toFixed(1) + "%"; bar.appendChild(fill);
+    sinkLine.appendChild(bar); sinkLine.appendChild(el("span", "hsx-sinkvalue", s.toFixed(3)));
+    strip.textContent = ""; hl.toks = [];
+    toks.forEach(function (t, i) {
+      var span = el("span", "hsx-tok", t); span.title = "position " + i;
+      span.addEventListener("mouseenter", function () { focusToken(i); });
+      strip.appendChild(span); hl.toks.push(span);
+    });
+    strip.onmouseleave = clearMarks;
+    view.textContent = ""; hl.rows = []; hl.qHead = []; hl.kHead = []; hl.texts = []; hl.lines = null; marks = [];
+    if (st.view === "lines") drawLines(p, toks, n); else drawHeat(p, toks, n);
+    info.textContent = "";
+  }
+  function drawHeat(p, toks, n) {
+    var t = el("table", "hsx-heat"), head = el("thead"), hr = el("tr"), body = el("tbody");
+    t.setAttribute("data-layer", st.l); t.setAttribute("data-head", st.h); t.setAttribute("data-example", st.ex);
+    var corner = el("th", null, "query \\ key"); hr.appendChild(corner);
+    toks.forEach(function (tok, k) {
+      var th = el("th", null, tok); th.setAttribute("data-k", k); th.title = "key " + k + ": " + tok;
+      th.addEventListener("mouseenter", function () { focusToken(k); });
+      hr.appendChild(th); hl.kHead.push(th);
+    });
+    head.appendChild(hr);
+    for (var q = 0; q < n; q++) {
+      var tr = el("tr"), qh = el("th", null, toks[q]), row = [];
+      qh.setAttribute("data-q", q); qh.title = "query " + q + ": " + toks[q];
+      (function (q) { qh.addEventListener("mouseenter", function () { focusToken(q); }); })(q);
+      tr.appendChild(qh); hl.qHead.push(qh);
+      for (var k = 0; k < n; k++) {
+        var v = p[q][k], td = el("td");
+        td.style.background = "rgba(8,48,107," + v.toFixed(4) + ")";
+        td.setAttribute("data-q", q); td.setAttribute("data-k", k); td.setAttribute("data-v", fmt(v));
+        td.title = toks[q] + " \u2192 " + toks[k] + ": " + fmt(v);
+        tr.appendChild(td); row.push(td);
+      }
+      body.appendChild(tr); hl.rows.push(row);
+    }
+    body.addEventListener("mouseover", function (e) {
+      var td = e.target.closest("td[data-q]");
+      if (td) focusToken(+td.getAttribute("data-q"), +td.getAttribute("data-k"));
+    });
+    t.addEventListener("mouseleave", clearMarks);
+    t.appendChild(head); t.appendChild(body); view.appendChild(t);
+  }
+  function drawLines(p, toks, n) {
+    var rowH = 16, width = 420, colW = 130, top = 20, height = top + n * rowH + 4;
+    var s = svg("svg", {"class": "hsx-lines", width: width, height: height, viewBox: "0 0 " + width + " " + height});
+    s.setAttribute("data-layer", st.l); s.setAttribute("data-head", st.h); s.setAttribute("data-example", st.ex);
+    var t1 = svg("text", {x: colW - 6, y: 12, "text-anchor": "end"}); t1.textContent = "query"; s.appendChild(t1);
+    var t2 = svg("text", {x: width - colW + 6, y: 12}); t2.textContent = "key"; s.appendChild(t2);
+    hl.lines = [];
+    for (var q = 0; q < n; q++) for (var k = 0; k < n; k++) {
+      var v = p[q][k];
+      if (v < 0.01) continue;
+      var y1 = top + q * rowH + rowH / 2 - 4, y2 = top + k * rowH + rowH / 2 - 4;
+      var ln = svg("line", {x1: colW, y1: y1, x2: width - colW, y2: y2, stroke: "#08306b",
+        "stroke-opacity": Math.min(1, v).toFixed(3), "stroke-width": (0.5 + 2.5 * v).toFixed(2)});
+      ln.setAttribute("data-q", q); ln.setAttribute("data-k", k); ln.setAttribute("data-v", fmt(v));
+      var tt = svg("title", {}); tt.textContent = toks[q] + " \u2192 " + toks[k] + ": " + fmt(v); ln.appendChild(tt);
+      s.appendChild(ln); hl.lines.push({el: ln, q: q, k: k});
+    }
+    var lefts = [], rights = [];
+    toks.forEach(function (tok, i) {
+      var a = svg("text", {x: colW - 6, y: top + i * rowH + rowH / 2, "text-anchor": "end"}); a.textContent = tok;
+      var b = svg("text", {x: width - colW + 6, y: top + i * rowH + rowH / 2}); b.textContent = tok;
+      a.addEventListener("mouseenter", function () { focusToken(i, -1); });
+      b.addEventListener("mouseenter", function () { focusToken(-1, i); });
+      s.appendChild(a); s.appendChild(b); lefts.push(a); rights.push(b);
+    });
+    hl.texts = [lefts, rights];
+    s.addEventListener("mouseleave", clearMarks);
+    view.appendChild(s);
+  }
+  // in the lines view a hover on one side shows that side's lines only
+  var focusBoth = focusToken;
+  focusToken = function (i, j) {
+    if (hl.lines && (i === -1 || j === -1)) {
+      clearMarks();
+      var p = pattern(st.ex, st.l, st.h), toks = tokens();
+      hl.lines.forEach(function (ln) { ln.el.style.display = (i >= 0 ? ln.q === i : ln.k === j) ? "" : "none"; });
+      if (i >= 0) { mark(hl.texts[0][i]); info.textContent = q_(toks, i) + " attends to the keys drawn"; }
+      else { mark(hl.texts[1][j]); info.textContent = q_(toks, j) + " is attended to by the queries drawn"; }
+      return;
+    }
+    focusBoth(i, j);
+  };
+  selectHead(0, 0, false);
+})((function (id) {  // the enclosing explorer: this script's parent, else by id
+  var s = document.currentScript, p = s && s.parentNode;
+  return p && p.id === id ? p : document.getElementById(id);
+})(__ID__));
+"""
+
+_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def json_for_script(data: Any) -> str:
+    """JSON safe inside a <script> element: "<", ">" and "&" as \\u escapes (no "</script>", no "<!--")."""
+    text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
+    """The explorer as a self-contained HTML fragment (inline CSS, data and script; nothing fetched).
+
+    uid: the fragment's element id (letters, digits, "-", "_"); a fresh random one when None, so
+    that several explorers on one page keep apart."""
+    uid = uid or f"hsx-{uuid.uuid4().hex[:12]}"
+    if not _ID.match(uid):
+        raise ValueError(f"explorer id {uid!r} must be letters, digits, '-' or '_', starting with a letter.")
+    script = JS.replace("__ID__", json.dumps(uid))
+    return (
+        f'<div class="hsx" id="{uid}"><style>{CSS}</style>'
+        f'<script type="application/json" class="hsx-data">{json_for_script(data)}</script>'
+        '<noscript><p>The attention explorer needs JavaScript.</p></noscript>'
+        f'<div class="hsx-app"></div><script>{script}</script></div>'
+    )
+
+
+__all__ = ["CSS", "JS", "explorer_html", "json_for_script"]

@@ -1,0 +1,276 @@
+"""The circuits analysis, part 1: the logit lens and direct logit attribution against
+TransformerLens 4.3's own tools (transformer_lens.tools.analysis) on the same weights.
+
+Besides the shared tiny models (unit LayerNorm weights, zero biases), each test family also
+runs on a copy with random norm weights and biases, so the final-norm scale, its weight and
+bias, the value biases and the output biases all enter the numbers being compared.
+
+TransformerLens 4.3's compatibility mode centres W_U over d_model (LayerNorm models: fold_ln)
+and over the vocabulary (center_unembed). For an RMSNorm model with a square W_U (the shared
+tiny Llama: d_model = d_vocab = 64) it centres over d_model instead of over the vocabulary, so
+there its DLA reads the direction d - mean(d) (mean over d_model). Centring over d_model changes
+nothing for LayerNorm models (every write is centred); centring over the vocabulary cancels in a
+logit difference. The random-bias copies have d_model = 48 (W_U not square).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses.circuits import analysis as circuits
+from headscope.analyses.circuits import dla as dla_mod
+from headscope.analyses.core.tasks import Task
+from headscope.errors import ConfigError
+from tests_support import build_tiny_model, random_tokens
+
+FAMILIES = ("gpt2", "llama", "neox")
+
+
+def _task(n: int = 3, pos: int = 8, seed: int = 5, wrong: bool = True) -> Task:
+    tokens = random_tokens(n, pos + 1, seed=seed)
+    answers, prompt = tokens[:, -1], tokens[:, :-1]
+    return Task(name="rand", tokens=prompt, answers=answers,
+                wrong_answers=prompt[:, 2].clone() if wrong else None, metric="logit_diff" if wrong else "logprob")
+
+
+@pytest.fixture(scope="module")
+def biased_dirs(tmp_path_factory):
+    """Tiny models whose 1-D parameters (norm weights and biases, linear biases) are random."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("circuits-biased")
+    out = {}
+    for family in FAMILIES:
+        width = {"gpt2": {"n_embd": 48}}.get(family, {"hidden_size": 48})  # W_U not square
+        path = build_tiny_model(family, root / family, seed=3, **width)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.ndim == 1:
+                    base = 1.0 if ("norm" in name or "ln" in name) and name.endswith("weight") else 0.0
+                    p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
+        model.save_pretrained(path, safe_serialization=True)
+        out[family] = Path(path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def biased_models(biased_dirs):
+    return {family: hs.load_model(path, device="cpu") for family, path in biased_dirs.items()}
+
+
+def _models(kind: str, family: str, tiny_dirs, tiny_models, biased_dirs):
+    """(our model, a separately loaded copy for TransformerLens's compatibility mode)."""
+    if kind == "tiny":
+        return tiny_models[family], hs.load_model(tiny_dirs[family], device="cpu")
+    path = biased_dirs[family]
+    return hs.load_model(path, device="cpu"), hs.load_model(path, device="cpu")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("target,kind", [("next", "tiny"), ("answer", "tiny"), ("next", "biased")])
+def test_logit_lens_equals_transformer_lens(family, target, kind, tiny_models, biased_models):
+    from transformer_lens.tools.analysis import logit_lens as tl_lens
+
+    model, task = (tiny_models if kind == "tiny" else biased_models)[family], _task()
+    config = circuits.CircuitsConfig(lens_target=target)
+    res = circuits.logit_lens(model, task, config)
+    lens = res.tables["lens"]
+    n_stack, (batch, pos) = model.facts.n_layers + 1, task.tokens.shape
+    assert len(lens) == n_stack * batch * pos
+    if target == "next":
+        targets = torch.cat([task.tokens[:, 1:], task.answers[:, None]], dim=1)  # [batch, pos]
+    else:
+        targets = task.answers[:, None].expand(-1, pos)
+    ref = tl_lens(model.bridge, task.tokens, positions=None, targets=targets, return_type="log_probs")
+    assert ref.labels == [f"{l}_pre" for l in range(n_stack - 1)] + ["final_post"]
+    ours = lens.sort_values(["layer", "example", "position"])
+    assert torch.allclose(torch.tensor(ours.logprob.to_numpy()).reshape(n_stack, batch, pos),
+                          ref.values[..., 0].float(), atol=1e-4)
+    assert torch.equal(torch.tensor(ours["rank"].to_numpy()).reshape(n_stack, batch, pos), ref.readout.target_ranks[..., 0])
+    # the last stack entry is the model's own output
+    assert res.summary["lens_final_output_error"] < 1e-4
+    at = lens[lens.is_answer & (lens.layer == n_stack - 1)].sort_values("example")
+    with torch.no_grad():
+        logits = model(task.tokens)[:, -1].float()
+    lp = logits.log_softmax(-1).gather(1, task.answers[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(at.logprob.to_numpy()), lp, atol=1e-4)
+    diff = lp - logits.log_softmax(-1).gather(1, task.wrong_answers[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(at.logit_diff.to_numpy()), diff, atol=1e-4)
+
+
+def _ours(model, task, directions=None):
+    """Our per-example DLA [component, batch] with labels, from the kernel (optionally another direction)."""
+    from headscope.analyses.circuits.analysis import answer_positions
+
+    names = dla_mod.dla_sites(model, set(hs.available_sites(model)) | {"ln_final.hook_scale"})
+    out, acts = hs.run_with_cache(model, task.tokens, names)
+    if directions is None:
+        directions = dla_mod.unembed_directions(model, task.answers, task.wrong_answers)
+    return dla_mod.dla_stack(model, acts, answer_positions(task), directions, task.answers, task.wrong_answers, out)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["tiny", "biased"])
+def test_dla_equals_transformer_lens_in_compatibility_mode(family, kind, tiny_dirs, tiny_models, biased_dirs):
+    from transformer_lens.tools.analysis import direct_logit_attribution as tl_dla
+
+    model, compat = _models(kind, family, tiny_dirs, tiny_models, biased_dirs)
+    compat.bridge.enable_compatibility_mode()
+    task = _task()
+    w_u = model.bridge.W_U.detach()  # [d_model, vocab]
+    square = w_u.shape[0] == w_u.shape[1] and model.bridge.cfg.normalization_type == "RMS"  # see the module doc
+    assert w_u.shape[0] != w_u.shape[1] or kind == "tiny"
+    diff = dla_mod.unembed_directions(model, task.answers, task.wrong_answers)  # [batch, d_model]
+    ours = _ours(model, task, directions=diff - diff.mean(-1, keepdim=True) if square else diff)
+    row = {label: ours.contributions[i] for i, label in enumerate(ours.labels)}
+    # unit="head": each head (value biases folded into b_O there, removed from z here)
+    ref = tl_dla(compat.bridge, task.tokens, answer_tokens=task.answers, incorrect_tokens=task.wrong_answers, unit="head")
+    heads = [label for label in ref.labels if label != "remainder"]
+    assert len(heads) == model.facts.n_layers * model.facts.n_heads
+    for i, label in enumerate(heads):
+        assert torch.allclose(row[label], ref.attribution[i].float(), atol=1e-4), label
+    # unit="component": embeddings, "{l}_attn_out" = heads + attn_bias, "{l}_mlp_out"
+    ref = tl_dla(compat.bridge, task.tokens, answer_tokens=task.answers, incorrect_tokens=task.wrong_answers,
+                 unit="component")
+    for i, label in enumerate(ref.labels):
+        if label in ("embed", "pos_embed"):
+            mine = row[label]
+        elif label.endswith("_attn_out"):
+            l = int(label.split("_")[0])
+            mine = sum(row[f"L{l}H{h}"] for h in range(model.facts.n_heads)) + row[f"attn_bias{l}"]
+        else:
+            mine = row[f"mlp{int(label.split('_')[0])}"]
+        assert torch.allclose(mine, ref.attribution[i].float(), atol=1e-4), label
+    # with a wrong answer the unprocessed model's own direction gives the same numbers
+    if not square:
+        plain = _ours(model, task)
+        assert torch.allclose(plain.contributions[:-2], ours.contributions[:-2], atol=1e-4)
+        # and so does the public function's per-example table
+        dla = circuits.direct_logit_attribution(model, task).tables["dla"]
+        table = dla[dla.kind == "head"].pivot(index="component", columns="example", values="contribution")
+        ref_heads = dict(zip(heads, tl_dla(compat.bridge, task.tokens, answer_tokens=task.answers,
+                                            incorrect_tokens=task.wrong_answers, unit="head").attribution))
+        for label, values in ref_heads.items():
+            assert torch.allclose(torch.tensor(table.loc[label].to_numpy()).float(), values.float(), atol=1e-4), label
+    # a single answer: center_unembed reads W_U[:, a] - mean_v W_U[:, v] (square RMS W_U: - mean over d_model)
+    one = w_u[:, task.answers].T
+    single = _ours(model, task, directions=one - (one.mean(-1, keepdim=True) if square else w_u.mean(1)))
+    ref = tl_dla(compat.bridge, task.tokens, answer_tokens=task.answers, unit="head")
+    for i, label in enumerate(ref.labels[:-1]):
+        assert torch.allclose(single.contributions[single.labels.index(label)], ref.attribution[i].float(), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("wrong", [True, False])
+def test_dla_rows_sum_to_the_final_logit_difference(family, wrong, biased_models):
+    model = biased_models[family]
+    task = _task(wrong=wrong)
+    res = circuits.direct_logit_attribution(model, task, circuits.CircuitsConfig(top_k=3))
+    dla = res.tables["dla"]
+    with torch.no_grad():
+        last = model(task.tokens)[:, -1].float()
+    final = last.gather(1, task.answers[:, None])[:, 0]
+    if wrong:
+        final = final - last.gather(1, task.wrong_answers[:, None])[:, 0]
+    total = torch.tensor(dla.groupby("example").contribution.sum().sort_index().to_numpy())
+    assert torch.allclose(total, final, atol=1e-4)
+    # the documented terms: writers (embeddings, heads, attention biases, MLPs) + the final-norm bias and b_U
+    writers = dla[~dla.kind.isin(["ln_final_bias", "unembed_bias"])]
+    assert dla[dla.kind == "remainder"].contribution.abs().max() < 1e-4
+    s = res.summary
+    assert abs(s["dla_sum_components"] + s["dla_bias_terms"] - s["dla_final_logit"]) < 1e-4
+    assert s["dla_max_reconstruction_error"] < 1e-4
+    assert abs(s["dla_sum_components"] - writers.groupby("example").contribution.sum().mean()) < 1e-5
+    if family != "llama":  # a LayerNorm bias, random here, is a term of its own
+        assert (dla.kind == "ln_final_bias").any() and dla[dla.kind == "ln_final_bias"].contribution.abs().max() > 1e-3
+    assert s["dla_direction"] == ("answer - wrong_answer" if wrong else "answer")
+    assert len(s["dla_top_components"]) == 3
+    mean = res.tables["dla_mean"]
+    assert set(mean.columns) >= {"component", "kind", "layer", "head", "contribution"}
+    heads = mean[mean.kind == "head"]
+    assert len(heads) == model.facts.n_layers * model.facts.n_heads and heads.layer.notna().all()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_right_padded_prompts_are_read_at_their_own_last_token(family, biased_models):
+    """A Task with attention_mask: each row's answer position is its last real token, and the
+    numbers equal those of the same prompt run alone."""
+    model = biased_models[family]
+    full = _task(n=2, pos=8)
+    tokens = full.tokens.clone()
+    mask = torch.ones_like(tokens)
+    tokens[1, 5:], mask[1, 5:] = 1, 0  # row 1: 5 real tokens, then padding
+    padded = Task(name="pad", tokens=tokens, answers=full.answers, wrong_answers=full.wrong_answers, attention_mask=mask)
+    config = circuits.CircuitsConfig()
+    res = circuits.run(model, padded, config)
+    alone = Task(name="one", tokens=full.tokens[1:, :5], answers=full.answers[1:], wrong_answers=full.wrong_answers[1:])
+    ref = circuits.run(model, alone, config)
+    lens, ref_lens = res.tables["lens"], ref.tables["lens"]
+    row = lens[lens.example == 1].sort_values(["layer", "position"])
+    assert row.position.max() == 4 and len(row) == len(ref_lens)
+    for col in ("logprob", "rank", "logit_diff"):
+        a, b = row[col].to_numpy(), ref_lens.sort_values(["layer", "position"])[col].to_numpy()
+        assert torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64),
+                              atol=1e-4, equal_nan=True), col
+    dla, ref_dla = res.tables["dla"], ref.tables["dla"]
+    mine = dla[dla.example == 1].set_index("component").contribution
+    assert torch.allclose(torch.tensor(mine.to_numpy()), torch.tensor(ref_dla.set_index("component").contribution
+                                                                      .reindex(mine.index).to_numpy()), atol=1e-4)
+
+
+def test_run_on_a_tiny_decoder_and_the_zoo_default(tiny_models):
+    model = tiny_models["gpt2"]  # not a zoo vocabulary: the repeated-random-tokens task
+    res = circuits.run(model, None, circuits.CircuitsConfig(n_examples=2, repeat_length=4))
+    assert res.name == "circuits" and res.summary["task"] == "repeat"
+    assert set(res.tables) == {"lens", "dla", "dla_mean"}
+    lens = res.tables["lens"]
+    assert set(lens.columns) >= {"example", "layer", "position", "logprob", "rank", "logit_diff"}
+    assert lens.layer.max() == model.facts.n_layers and lens.example.nunique() == 2
+    assert res.summary["first_top1_layer"] in (None, *range(model.facts.n_layers + 1))
+    # answer-only lens: one row per example and layer
+    only = circuits.logit_lens(model, "repeat", circuits.CircuitsConfig(n_examples=2, repeat_length=4,
+                                                                         lens_positions="answer"))
+    assert len(only.df) == 2 * (model.facts.n_layers + 1) and only.df.is_answer.all()
+    with pytest.raises(ValueError, match="lens_positions"):
+        circuits.CircuitsConfig(lens_positions="some")
+
+
+def test_encoders_are_skipped_by_run_and_refused_by_the_named_functions():
+    from types import SimpleNamespace
+
+    encoder = SimpleNamespace(facts=SimpleNamespace(is_encoder=True, name="an-encoder"))
+    res = circuits.run(encoder)
+    assert res.name == "circuits" and "encoder" in res.summary["skipped"] and res.df.empty
+    for fn in (circuits.logit_lens, circuits.direct_logit_attribution):
+        with pytest.raises(ConfigError, match="encoder"):
+            fn(encoder)
+
+
+def test_figures_draw(tiny_models):
+    import matplotlib.pyplot as plt
+
+    from headscope.reports import plots_circuits
+
+    res = circuits.run(tiny_models["llama"], _task(n=2), circuits.CircuitsConfig())
+    figs = plots_circuits.figures(res)
+    assert set(figs) == {"circuits_lens", "circuits_dla_heads", "circuits_dla_components"}
+    cbar = figs["circuits_dla_heads"].axes[-1].get_ylabel()
+    assert cbar == "direct logit attribution (logits)"
+    assert "nats" in figs["circuits_lens"].axes[-1].get_ylabel()
+    for fig in figs.values():
+        plt.close(fig)
+
+
+@pytest.mark.slow
+def test_zoo_ioi_default(zoo_model):
+    res = circuits.run(zoo_model, None, circuits.CircuitsConfig.preset(n_examples=16))
+    s = res.summary
+    assert s["task"] == "ioi" and s["dla_direction"] == "answer - wrong_answer"
+    assert s["lens_final_output_error"] < 1e-3 and s["dla_max_reconstruction_error"] < 1e-3
+    assert s["first_top1_layer"] is not None  # the trained model solves IOI
+    assert s["dla_final_logit"] > 0

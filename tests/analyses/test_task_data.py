@@ -1,0 +1,191 @@
+"""The public data API: hs.load_task over files (JSONL, CSV, Parquet), DataFrames, Datasets and
+lists of dicts with the user's own column names; errors that name the file, row and field; the
+analyses and the CLI taking such data.
+
+Expected token ids come from the plain Hugging Face tokenizer of the tiny models (word level:
+<unk>=0, <pad>=1, <bos>=2, <eos>=3, w<i>=4+i) and by hand."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pandas as pd
+import pytest
+
+import headscope as hs
+from headscope.analyses.core.task_files import read_task_rows, resolve_task
+from headscope.errors import ConfigError, TaskFileError, TokenizationWarning
+
+ROWS = [  # the user's own column names: text, label, other_text, other_label
+    {"text": "w1 w2 w3 w4 w5 w1", "label": "w2", "other_text": "w1 w2 w3 w4 w5 w3", "other_label": "w4"},
+    {"text": "w6 w7 w8 w9 w10 w8", "label": "w9", "other_text": "w6 w7 w8 w9 w10 w6", "other_label": "w7"},
+    {"text": "w11 w12 w13 w14 w15 w15", "label": "w11", "other_text": "w11 w12 w13 w14 w15 w13", "other_label": "w14"},
+    {"text": "w20 w21 w22 w23 w24 w22", "label": "w23", "other_text": "w20 w21 w22 w23 w24 w20", "other_label": "w21"},
+]
+FIELDS = {"prompt": "text", "answer": "label", "corrupted_prompt": "other_text", "wrong_answer": "other_label"}
+
+
+def _hf_ids(tiny_dirs, text: str) -> list[int]:
+    """<bos> + the plain Hugging Face tokenizer's ids (no special tokens of its own)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["llama"])
+    return [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+def _expect(task, tiny_dirs, rows=ROWS):
+    assert task.tokens.tolist() == [_hf_ids(tiny_dirs, r["text"]) for r in rows]
+    assert task.corrupted_tokens.tolist() == [_hf_ids(tiny_dirs, r["other_text"]) for r in rows]
+    assert task.answers.tolist() == [_hf_ids(tiny_dirs, r["label"])[1] for r in rows]
+    assert task.wrong_answers.tolist() == [_hf_ids(tiny_dirs, r["other_label"])[1] for r in rows]
+    assert task.metric == "logit_diff"
+
+
+def test_every_source_gives_the_same_task(tmp_path, tiny_models, tiny_dirs):
+    import datasets
+
+    model = tiny_models["llama"]
+    assert _hf_ids(tiny_dirs, "w1 w2") == [2, 5, 6]  # the id scheme the hand-written ids below use
+    frame = pd.DataFrame(ROWS)
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    frame.to_parquet(tmp_path / "t.parquet")
+    sources = [
+        _write_jsonl(tmp_path / "t.jsonl", ROWS), tmp_path / "t.csv", str(tmp_path / "t.parquet"), frame,
+        datasets.Dataset.from_pandas(frame), ROWS,
+    ]
+    for source in sources:
+        task = hs.load_task(model, source, FIELDS)
+        _expect(task, tiny_dirs)
+    assert hs.load_task(model, tmp_path / "t.jsonl", FIELDS).name == "t"
+    as_text = hs.load_task(model, ROWS, "prompt=text, answer=label")  # the CLI's spelling; no wrong answers
+    assert as_text.metric == "logprob" and as_text.corrupted_tokens is None
+    assert as_text.tokens[0].tolist() == [2, 5, 6, 7, 8, 9, 5]
+    few = hs.load_task(model, frame, FIELDS, n_examples=2, seed=3)
+    assert len(few) == 2 and {tuple(t) for t in few.tokens.tolist()} < {tuple(t) for t in as_text.tokens.tolist()}
+    assert few.tokens.tolist() == hs.load_task(model, frame, FIELDS, n_examples=2, seed=3).tokens.tolist()
+
+
+def test_fields_are_read_as_text(tmp_path):
+    (tmp_path / "n.csv").write_text("prompt,answer\nw1 w2,0\nw3 w4,007\n", encoding="utf-8")
+    assert read_task_rows(tmp_path / "n.csv") == [{"prompt": "w1 w2", "answer": "0"}, {"prompt": "w3 w4", "answer": "007"}]
+    numbers = [{"prompt": "w1", "answer": 5}, {"prompt": "w2", "answer": 1.5}, {"prompt": 7, "answer": 0}]
+    _write_jsonl(tmp_path / "n.jsonl", numbers)
+    assert read_task_rows(tmp_path / "n.jsonl") == [
+        {"prompt": "w1", "answer": "5"}, {"prompt": "w2", "answer": "1.5"}, {"prompt": "7", "answer": "0"}]
+    assert read_task_rows([{"p": "w1", "a": 0}], {"prompt": "p", "answer": "a"}) == [{"prompt": "w1", "answer": "0"}]
+    (tmp_path / "array.json").write_text(json.dumps(numbers), encoding="utf-8")  # .json: one array also works
+    assert read_task_rows(tmp_path / "array.json") == read_task_rows(tmp_path / "n.jsonl")
+
+
+def test_errors_name_the_file_row_and_field(tmp_path, tiny_models):
+    model = tiny_models["llama"]
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"prompt": "w1", "answer": "w2"}\n\n{"prompt": "w1", answer: "w2"}\n', encoding="utf-8")
+    with pytest.raises(TaskFileError, match=r"bad\.jsonl', line 3 could not be read as JSON"):
+        read_task_rows(bad_json)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("prompt,answer\nw1,w2\ncaf\xe9,w3\n".encode("latin-1"))
+    with pytest.raises(TaskFileError, match=r"latin\.csv', line 3: byte 0xe9 is not valid UTF-8"):
+        read_task_rows(latin)
+    for name, content in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n"), ("empty.csv", ""), ("header.csv", "prompt,answer\n")):
+        (tmp_path / name).write_text(content, encoding="utf-8")
+        with pytest.raises(TaskFileError, match=rf"{name}' is empty"):
+            read_task_rows(tmp_path / name)
+    with pytest.raises(TaskFileError, match=r"DataFrame\) is empty"):
+        read_task_rows(pd.DataFrame({"prompt": []}))
+    missing = _write_jsonl(tmp_path / "missing.jsonl", [{"text": "w1", "label": "w2"}, {"text": "w3"}])
+    with pytest.raises(TaskFileError, match=r"missing\.jsonl', line 2, row 1: missing field\(s\) \['label \(answer\)'\]"):
+        read_task_rows(missing, {"prompt": "text", "answer": "label"})
+    with pytest.raises(TaskFileError, match=r"no column 'txt' \(for prompt\); its columns are \['label', 'text'\]"):
+        read_task_rows(missing, {"prompt": "txt", "answer": "label"})
+    with pytest.raises(TaskFileError, match=r"row 1: field 'prompt' is a list, not text"):
+        read_task_rows([{"prompt": "w1", "answer": "w2"}, {"prompt": ["w1"], "answer": "w2"}])
+    with pytest.raises(TaskFileError, match=r"'wrong_answer' is given in 1 of 2 rows but missing in row 1"):
+        read_task_rows([{"prompt": "w1", "answer": "w2", "wrong_answer": "w3"}, {"prompt": "w1", "answer": "w2"}])
+    with pytest.raises(ConfigError, match="not FIELD=COLUMN"):
+        read_task_rows(missing, "prompt:text")
+    with pytest.raises(ConfigError, match=r"\['question'\] are not headscope fields"):
+        read_task_rows(missing, {"question": "text"})
+    with pytest.raises(TaskFileError, match="Unsupported task data int"):
+        hs.load_task(model, 3)
+    # one line each
+    for bad in (bad_json, latin):
+        with pytest.raises(TaskFileError) as info:
+            read_task_rows(bad)
+        assert "\n" not in str(info.value)
+
+
+def test_tokenization_problems_name_the_row(tiny_models):
+    model = tiny_models["llama"]
+    with pytest.raises(TaskFileError, match=r"row 1: answer 'w3 w4' is 2 tokens under this tokenizer \(\['w3', 'w4'\]\)"):
+        hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3"}, {"prompt": "w1 w2", "answer": "w3 w4"}])
+    mixed = [{"prompt": "w1 w2", "answer": "w3"}, {"prompt": "w1 w2", "answer": "w3"}, {"prompt": "w1 w2 w5 w6", "answer": "w3"}]
+    lengths = r"different lengths \(2 rows have 3 tokens; row 2 has 5\); mixed lengths are not yet supported"
+    with pytest.raises(TaskFileError, match=lengths):
+        hs.load_task(model, mixed)
+    with pytest.raises(TaskFileError, match=r"row 0: the prompt has 3 tokens but the corrupted prompt 4"):
+        hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w1 w2 w3"}])
+    with pytest.warns(TokenizationWarning, match=r"'hello' \(row 0 prompt, row 1 prompt\), 'bye' \(row 1 answer\)"):
+        task = hs.load_task(model, [{"prompt": "w1 hello", "answer": "w3"}, {"prompt": "hello w1", "answer": "bye"}])
+    assert task.tokens.tolist() == [[2, 5, 0], [2, 0, 5]] and task.answers.tolist() == [7, 0]
+
+
+def test_resolve_task_takes_every_source_and_keeps_zoo_names(tmp_path, tiny_models, tiny_dirs):
+    model = tiny_models["llama"]
+    path = _write_jsonl(tmp_path / "mine.jsonl", ROWS)
+    _expect(resolve_task(model, str(path), fields=FIELDS), tiny_dirs)
+    _expect(resolve_task(model, hs.TaskFile(path, FIELDS)), tiny_dirs)
+    _expect(resolve_task(model, pd.DataFrame(ROWS), fields=FIELDS), tiny_dirs)
+    _expect(resolve_task(model, ROWS, fields=FIELDS), tiny_dirs)
+    task = hs.load_task(model, ROWS, FIELDS)
+    assert resolve_task(model, task) is task
+    assert hs.load_task(model, task, n_examples=2, seed=0).tokens.shape == (2, task.tokens.shape[1])
+    with pytest.raises(ConfigError, match="not to the zoo task 'kv'"):
+        resolve_task(model, "kv", fields=FIELDS)
+    with pytest.raises(TaskFileError, match="Unknown task 'nope'"):
+        resolve_task(model, "nope")
+
+
+def test_analyses_run_on_user_files_with_own_column_names(tmp_path, tiny_models, tiny_dirs):
+    model = tiny_models["llama"]
+    plain = _write_jsonl(tmp_path / "plain.jsonl", [
+        {"prompt": r["text"], "answer": r["label"], "corrupted_prompt": r["other_text"], "wrong_answer": r["other_label"]}
+        for r in ROWS])
+    own = _write_jsonl(tmp_path / "own.jsonl", ROWS)
+    by_path = hs.head_importance(model, str(plain), methods=("zero",))
+    by_fields = hs.head_importance(model, hs.TaskFile(own, FIELDS), methods=("zero",))
+    by_task = hs.head_importance(model, hs.load_task(model, own, FIELDS), methods=("zero",))
+    assert len(by_path.df) == model.facts.n_layers * model.facts.n_heads
+    pd.testing.assert_frame_equal(by_path.df, by_fields.df)
+    pd.testing.assert_frame_equal(by_path.df, by_task.df)
+    config = hs.KVConfig.preset(quick=True)
+    frame = pd.DataFrame(ROWS).rename(columns={v: k for k, v in FIELDS.items()})
+    kv_frame = hs.kv_analysis(model, frame, config)
+    kv_own = hs.kv_analysis(model, hs.TaskFile(own, FIELDS), config)
+    assert len(kv_frame.df) > 0
+    pd.testing.assert_frame_equal(kv_frame.df, kv_own.df)
+
+
+def test_cli_task_fields_reach_the_analysis(tmp_path, tiny_dirs):
+    from headscope import cli
+    from headscope.reports.io import read_json
+
+    own = _write_jsonl(tmp_path / "own.jsonl", ROWS)
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = cli.main(["-q", "kv", "--model", str(tiny_dirs["llama"]), "--task", str(own), "--quick", "--out", str(out),
+                       "--task-fields", "prompt=text,answer=label,corrupted_prompt=other_text,wrong_answer=other_label"])
+    assert rc == 0
+    assert read_json(out / "manifest.json")["status"] == {"kv": "done"}
+    shown = pd.read_csv(out / "task_examples.csv")
+    assert shown["prompt"].tolist() == [r["text"] for r in ROWS]
+    bad = cli.main(["-q", "kv", "--model", str(tiny_dirs["llama"]), "--task", str(own), "--out", str(tmp_path / "o2"),
+                    "--task-fields", "prompt=txt"])
+    assert bad == 2  # one line on stderr, nothing run
+    assert not (tmp_path / "o2").exists()

@@ -1,0 +1,161 @@
+"""Tokenization guards: words that become <unk>, a tokenizer class that does not fit its files
+(the load-time round trip), and the zoo vocabulary probe on a tokenizer without an unknown token.
+
+Real-style tokenizers are trained here with `tokenizers` on the shipped English sentences
+(byte-level BPE like GPT-2's, without an unknown token; WordPiece like BERT's, lower-casing) and
+saved next to a random-weight GPT-2 config."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses.core import tasks
+from headscope.errors import TaskError, TokenizationWarning
+from headscope.models.hooked_model import round_trip_problem, unknown_words
+from tests_support import build_tiny_model
+
+
+def _sentences() -> list[str]:
+    return tasks.shipped_sentences()
+
+
+def byte_level_bpe(vocab_size: int = 300):
+    """GPT-2-style byte-level BPE with no unknown token (as Llama 3's and Qwen's have none)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(_sentences(), trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def wordpiece(vocab_size: int = 300):
+    """BERT-style WordPiece: lower-casing normalizer, [UNK] for what it cannot split."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(_sentences(), trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["[UNK]", "[PAD]", "[CLS]", "[SEP]"]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]")
+
+
+def gpt2_dir(tokenizer, out: Path) -> Path:
+    """A random-weight 2-layer GPT-2 sized to the tokenizer, saved with it."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    return gpt2_dir(byte_level_bpe(), tmp_path_factory.mktemp("bpe"))
+
+
+@pytest.fixture(scope="module")
+def wordpiece_dir(tmp_path_factory):
+    return gpt2_dir(wordpiece(), tmp_path_factory.mktemp("wordpiece"))
+
+
+def _load_quietly(path, **kw):
+    """load_model, with every TokenizationWarning it raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = hs.load_model(path, device="cpu", **kw)
+    return model, [w for w in caught if issubclass(w.category, TokenizationWarning)]
+
+
+# ---- the round trip at load ---------------------------------------------------------------------------
+def test_normal_tokenizers_load_without_a_warning(bpe_dir, wordpiece_dir, tiny_dirs):
+    for path in (bpe_dir, wordpiece_dir, tiny_dirs["llama"], "zoo/synth-llama"):
+        model, caught = _load_quietly(path)
+        assert caught == [], (path, [str(w.message) for w in caught])
+    # the zoo model still covers its own vocabulary: the zoo tasks build (kv: "k05 v11 ; ..." words)
+    task = tasks.zoo(model, "kv", n_examples=2)
+    assert model.tokenizer.unk_token_id not in task.tokens.tolist()[0]
+
+
+def test_sentencepiece_style_leading_space_passes():
+    """A Llama-style (Metaspace, byte-fallback BPE) tokenizer decodes with or without the leading
+    space; the comparison strips it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.train_from_iterator(_sentences(), trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    ids = fast("the storm", add_special_tokens=False)["input_ids"]
+    assert fast.decode(ids) != "the storm" and fast.decode(ids).strip() == "the storm"  # the leading space
+    assert round_trip_problem(fast) is None
+
+
+def test_a_tokenizer_class_that_does_not_fit_its_files_warns(tmp_path):
+    """A Qwen2 config with a word-level tokenizer.json: transformers picks Qwen2Tokenizer, which
+    loses every word; load_model says which class and how to override it."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = build_tiny_model("qwen2", tmp_path / "qwen2")
+    picked = AutoTokenizer.from_pretrained(path)
+    assert picked("w5 w11 w5", add_special_tokens=False)["input_ids"] != [9, 15, 9]  # the bug being caught
+    _, caught = _load_quietly(path)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert type(picked).__name__ in message and "tokenizer=" in message and "\n" not in message
+    assert _load_quietly(path, check_tokenizer=False)[1] == []
+    # the override the message names fixes it, with no warning
+    model, caught = _load_quietly(path, tokenizer=PreTrainedTokenizerFast.from_pretrained(path))
+    assert caught == []
+    assert model.to_tokens("w5 w11 w5").tolist() == [[2, 9, 15, 9]]  # <bos>=2, w<i> = 4 + i
+
+
+# ---- <unk> words ------------------------------------------------------------------------------------
+def test_to_tokens_warns_naming_the_words_that_became_unk(tiny_models):
+    model = tiny_models["gpt2"]
+    with pytest.warns(TokenizationWarning, match=r"2 word\(s\).*'hello', 'world'"):
+        tokens = model.to_tokens("w1 hello w2 world")
+    assert tokens.tolist() == [[2, 5, 0, 6, 0]]  # <unk> = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert model.to_tokens(["w1 w2", "w3 w4"]).tolist() == [[2, 5, 6], [2, 7, 8]]  # no warning
+        model.to_tokens("w1 hello", warn_unknown=False)
+
+
+def test_unknown_words_on_wordpiece_and_bpe():
+    wp = wordpiece()
+    assert wp.unk_token_id in wp("the 猫 sat", add_special_tokens=False)["input_ids"]
+    assert unknown_words(wp, "the 猫 sat") == ["猫"]
+    assert unknown_words(wp, "The storm") == []  # lower-cased, known
+    assert unknown_words(byte_level_bpe(), "anything 猫 at all") == []  # bytes: nothing is unknown
+
+
+# ---- the zoo vocabulary probe ----------------------------------------------------------------------------
+def test_zoo_task_on_a_tokenizer_without_unk_raises_the_clear_error(bpe_dir):
+    model, _ = _load_quietly(bpe_dir)
+    assert model.tokenizer.unk_token_id is None
+    assert None in model.tokenizer.convert_tokens_to_ids(["k05", "v11"])  # what used to crash
+    for name in tasks.ZOO_TASKS:
+        with pytest.raises(TaskError, match="does not cover the zoo vocabulary"):
+            tasks.zoo(model, name, n_examples=2)
+    # callers' fallbacks work: the heads default becomes repeated random tokens
+    from headscope.analyses.heads.analysis import default_task
+
+    assert default_task(model, None).name != "kv"

@@ -1,0 +1,236 @@
+"""The attention explorer: captured data, escaping, report embedding, and the page in headless Chromium."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from browser import chromium_path
+from headscope.errors import ConfigError
+from headscope.hooks import capture, site
+from headscope.reports import io
+from headscope.reports.explorer import (
+    MAX_ATTENTION,
+    SINK,
+    AttentionExplorer,
+    attention_explorer_data,
+    pattern_from_data,
+    show_attention,
+    write_explorer_data,
+)
+from headscope.reports.explorer_view import explorer_html
+from headscope.reports.html_report import write_report_files
+
+XSS = "<script>alert(1)</script>"
+PROMPTS = ["w1 w2 w3 w4 w5 w6 w1 w2 w3", "w7 w8 w9 w10 w7"]
+needs_chromium = pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (.ci/run installs it)")
+
+
+def reference(model, prompt: str) -> torch.Tensor:
+    """Every layer's pattern [L, H, q, k] of one prompt, captured directly."""
+    tokens = model.to_tokens(prompt)
+    sites = [site("pattern", l) for l in range(model.facts.n_layers)]
+    acts = capture(model, tokens, sites, to_cpu=True)
+    return torch.stack([acts[s][0] for s in sites]).float()
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_models):
+    return tiny_models["llama"]
+
+
+@pytest.fixture(scope="module")
+def data(llama):
+    return attention_explorer_data(llama, PROMPTS)
+
+
+def test_data_holds_every_heads_pattern_to_the_rounding(llama, data):
+    f = llama.facts
+    assert (data["n_layers"], data["n_heads"], data["n_kv_heads"]) == (f.n_layers, f.n_heads, f.n_kv_heads) == (2, 4, 2)
+    assert len(data["examples"]) == 2
+    for i, prompt in enumerate(PROMPTS):
+        ref = reference(llama, prompt)
+        ex = data["examples"][i]
+        assert ex["tokens"] == llama.to_str_tokens(llama.to_tokens(prompt)[0]) and ex["tokens"][0] == "<bos>"
+        stored = torch.tensor([[pattern_from_data(data, i, l, h) for h in range(f.n_heads)] for l in range(f.n_layers)])
+        assert stored.shape == ref.shape
+        assert torch.allclose(stored, ref, atol=0.5 / data["scale"] + 1e-7)
+        rows = [(q, r) for layer in ex["patterns"] for head in layer for q, r in enumerate(head)]
+        assert all(len(r) <= q + 1 for q, r in rows)  # causal rows: the zeros after the diagonal are left out
+    sink = np.mean([reference(llama, p)[:, :, 1:, 0].mean(-1).numpy() for p in PROMPTS], axis=0)
+    assert np.allclose(data["scores"][SINK], sink, atol=1e-5)
+    assert data["default_score"] == MAX_ATTENTION
+
+
+def test_inputs_truncation_and_scores(llama):
+    tokens = llama.to_tokens(["w1 w2 w3 w4 w5 w6 w7 w8", "w9 w8 w7 w6 w5 w4 w3 w2"])
+    data = attention_explorer_data(llama, tokens, max_examples=1, max_tokens=4)
+    ex = data["examples"][0]
+    assert len(data["examples"]) == 1 and len(ex["tokens"]) == 4 and ex["truncated"] and ex["n_tokens_total"] == 9
+    full = reference(llama, "w1 w2 w3 w4 w5 w6 w7 w8")  # a decoder's first 4 positions see only themselves
+    assert np.allclose(pattern_from_data(data, 0, 1, 3), full[1, 3, :4, :4], atol=1e-4)
+
+    from headscope.analyses.core.tasks import Task
+
+    padded = torch.tensor([[2, 5, 6, 7, 1, 1], [2, 8, 9, 10, 11, 12]])  # right-padded (pad id 1)
+    task = Task(name="padded", tokens=padded, answers=torch.tensor([5, 6]), metric="logprob",
+                attention_mask=(padded != 1).long())
+    from_task = attention_explorer_data(llama, task)
+    assert [len(e["tokens"]) for e in from_task["examples"]] == [4, 6] and from_task["source"] == "padded"
+    assert np.allclose(pattern_from_data(from_task, 0, 0, 1), reference(llama, "w1 w2 w3")[0, 1], atol=1e-4)
+
+    table = pd.DataFrame([{"layer": l, "head": h, "head_name": f"L{l}H{h}", "method": m, "importance": l + h / 10 + (m == "zero"),
+                           "sink": 0.5, "role": "induction" if h == 1 else "other"}
+                          for m in ("gradient", "zero") for l in range(2) for h in range(4)])
+    scored = attention_explorer_data(llama, "w1 w2 w3", head_scores=table, default_score="importance (zero)")
+    assert scored["scores"]["importance (gradient)"][1][2] == pytest.approx(1.2)
+    assert scored["scores"]["importance (zero)"][1][2] == pytest.approx(2.2)
+    assert scored["labels"] == {"role": [["other", "induction", "other", "other"]] * 2}
+    assert "head_name" not in scored["scores"] and "head_name" not in scored["labels"]
+    mine = {"mine": np.arange(8.0).reshape(2, 4), "gaps": [[float("nan")] * 4] * 2}
+    arrays = attention_explorer_data(llama, "w1 w2", head_scores=mine)
+    assert arrays["default_score"] == "mine" and arrays["scores"]["gaps"][0][0] is None
+    json.dumps(arrays, allow_nan=False)
+    with pytest.raises(ConfigError, match="shape"):
+        attention_explorer_data(llama, "w1 w2", head_scores=np.zeros((3, 4)))
+    with pytest.raises(ConfigError, match="default_score"):
+        attention_explorer_data(llama, "w1 w2", default_score="nope")
+
+
+def test_fragment_escapes_every_string_and_keeps_explorers_apart(data):
+    hostile = json.loads(json.dumps(data))
+    hostile["examples"][0]["tokens"][1] = XSS
+    hostile["model"] = "</script><img src=x onerror=alert(2)>"
+    hostile["labels"] = {"<b>role</b>": [["<i>x</i>"] * 4] * 2}
+    page = explorer_html(hostile)
+    assert XSS not in page and "<img" not in page and "<b>" not in page and "<i>" not in page
+    assert page.count("</script>") == 2  # the data block's end and the code's end, nothing inside
+    block = re.search(r'<script type="application/json" class="hsx-data">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(block) == hostile
+    ids = re.findall(r'<div class="hsx" id="([^"]+)"', explorer_html(data) + explorer_html(data))
+    assert len(set(ids)) == 2
+    with pytest.raises(ValueError):
+        explorer_html(data, uid='x" onclick="alert(1)')
+
+
+def test_show_attention_displays_itself_in_notebooks(llama, tmp_path):
+    view = show_attention(llama, "w1 w2 w3 w4")
+    assert isinstance(view, AttentionExplorer) and "2 layers x 4 heads" in repr(view)
+    html = view._repr_html_()
+    assert html.startswith('<div class="hsx"') and "hsx-data" in html
+    assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
+    assert view.save(tmp_path / "x.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_embeds_the_explorer_from_its_file(llama, tmp_path):
+    model_info = {"name": "tiny", "family": "llama", "n_layers": 2, "n_heads": 4, "d_model": 64}
+    write_report_files(tmp_path, [], {}, model_info)
+    assert "hsx" not in (tmp_path / "report.html").read_text()  # no explorer.json: no section, no script
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    io.write_csv(heads / "results.csv", pd.DataFrame([{"layer": l, "head": h, "method": "gradient", "importance": float(h),
+                                                       "role": "other"} for l in range(2) for h in range(4)]))
+    tokens = llama.to_tokens(["w1 w2 w3 w4 w5 w1 w2 w3", "w6 w7 w8 w9 w6 w7 w8 w9"])
+    path = write_explorer_data(llama, tmp_path, tokens)
+    stored = io.read_json(path)
+    assert stored["default_score"] == "importance (gradient)" and stored["labels"]["role"][0][0] == "other"
+    write_report_files(tmp_path, [], {}, model_info)
+    page = (tmp_path / "report.html").read_text()
+    assert page.count('id="hsx-report"') == 1 and "<h2 id='explorer'>" in page
+    assert "explorer.json" in (tmp_path / "report.md").read_text()
+
+
+# ---- headless Chromium ---------------------------------------------------------------------
+def _heatmap(page, uid: str) -> tuple[list[int], np.ndarray]:
+    """([example, layer, head] shown, the displayed values [q, k]) of one explorer's heatmap."""
+    shown = page.evaluate(f"(function(){{var t=document.querySelector('#{uid} .hsx-heat');"
+                          "return [+t.dataset.example, +t.dataset.layer, +t.dataset.head];})()")
+    rows = page.evaluate(f"Array.from(document.querySelectorAll('#{uid} .hsx-heat tbody tr')).map("
+                         "function(r){return Array.from(r.querySelectorAll('td')).map(function(c){return +c.dataset.v;});})")
+    return shown, np.array(rows)
+
+
+def choose(page, uid: str, index: int, value: str) -> None:
+    """Pick `value` in the explorer's index-th <select> (0 example, 1 colour, 2 view), as a change event."""
+    page.evaluate(f"(function(){{var s=document.querySelectorAll('#{uid} select')[{index}]; s.value={json.dumps(value)};"
+                  "s.dispatchEvent(new Event('change'));})()")
+
+
+@needs_chromium
+def test_explorer_in_chromium_shows_the_captured_patterns(llama, data, tmp_path):
+    from browser import open_page
+
+    hostile = json.loads(json.dumps(data))
+    hostile["examples"][1]["tokens"][2] = XSS
+    page_file = tmp_path / "explorer.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(hostile, uid="one") + explorer_html(data, uid="two") + "</body></html>")
+    refs = [reference(llama, p).numpy() for p in PROMPTS]
+    tol = 0.5 / data["scale"] + 1e-6
+    with open_page(page_file) as page:
+        assert page.console_errors == [] and page.requests == []
+        shown, values = _heatmap(page, "two")
+        assert shown == [0, 0, 0] and np.allclose(values, refs[0][0, 0], atol=tol)
+
+        page.click("#two td[data-layer='1'][data-head='3']")  # click a head: the view changes to it
+        shown, values = _heatmap(page, "two")
+        assert shown == [0, 1, 3] and np.allclose(values, refs[0][1, 3], atol=tol)
+        assert _heatmap(page, "one")[0] == [0, 0, 0]  # the other explorer is untouched
+        assert page.evaluate("document.querySelector('#two .hsx-title').textContent").startswith("Layer 1, head 3 · KV head 1")
+
+        page.press("ArrowLeft")  # keyboard: the focused grid moves the selection
+        page.press("ArrowUp")
+        shown, values = _heatmap(page, "two")
+        assert shown == [0, 0, 2] and np.allclose(values, refs[0][0, 2], atol=tol)
+        assert page.evaluate("document.activeElement.dataset.layer + ',' + document.activeElement.dataset.head") == "0,2"
+        assert page.evaluate("document.querySelectorAll('#two .hsx-grid td.hsx-sel').length") == 1
+
+        choose(page, "two", 0, "1")  # the second example
+        shown, values = _heatmap(page, "two")
+        assert shown == [1, 0, 2] and np.allclose(values, refs[1][0, 2], atol=tol)
+
+        page.hover("#two .hsx-heat td[data-q='4'][data-k='1']")  # row 4 and column 1 light up
+        lit = page.evaluate("Array.from(document.querySelectorAll('#two .hsx-heat td.hsx-hl'))"
+                            ".map(function(c){return c.dataset.q+','+c.dataset.k;})")
+        n = values.shape[0]
+        assert set(lit) == {f"4,{k}" for k in range(n)} | {f"{q},1" for q in range(n)}
+        assert page.evaluate("document.querySelector('#two .hsx-info').textContent").startswith("“w10” (4) attends most to")
+
+        choose(page, "two", 2, "lines")
+        lines = page.evaluate("Array.from(document.querySelectorAll('#two .hsx-lines line'))"
+                              ".map(function(l){return [+l.dataset.q,+l.dataset.k,+l.dataset.v];})")
+        assert lines and all(abs(v - refs[1][0, 2][q, k]) <= tol for q, k, v in lines)
+
+        choose(page, "one", 0, "1")
+        assert XSS in page.evaluate("document.querySelector('#one .hsx-tokens').textContent")  # shown as text
+        assert page.evaluate("document.querySelectorAll('#one .hsx-tokens script, #one .hsx-heat script').length") == 0
+        page.settle()
+        assert page.console_errors == [] and page.requests == []
+
+
+@needs_chromium
+def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
+    from browser import open_page
+
+    roles = [{"layer": l, "head": h, "method": "zero", "importance": h - 1.5, "role": XSS if h == 2 else "other"}
+             for l in range(2) for h in range(4)]
+    io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(roles))
+    write_explorer_data(llama, tmp_path, llama.to_tokens(["w1 w2 w3 w4 w1 w2 w3", "w5 w6 w7 w8 w5 w6 w7"]))
+    write_report_files(tmp_path, [], {}, {"name": XSS, "family": "llama"})
+    with open_page(tmp_path / "report.html") as page:
+        assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-grid td').length") == 8
+        background = "document.querySelector('#hsx-report td[data-layer=\\'0\\'][data-head=\\'2\\']').style.background"
+        signed = page.evaluate(background)  # importance (zero), signed: a diverging scale
+        choose(page, "hsx-report", 1, "label:role")
+        assert page.evaluate(background) != signed
+        assert XSS in page.evaluate("document.querySelector('#hsx-report .hsx-legend').textContent")
+        assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-legend script').length") == 0
+        page.click("#hsx-report td[data-layer='1'][data-head='1']")
+        assert page.evaluate("document.querySelector('#hsx-report .hsx-heat').dataset.head") == "1"
+        assert XSS in page.evaluate("document.body.innerText")
+        page.settle()
+        assert page.console_errors == [] and page.requests == []

@@ -1,0 +1,442 @@
+"""Output folders: headscope deletes only files it wrote, --force swaps a staging folder in only
+when the run succeeded, the lock keeps two runs apart, and folder errors are one-line OutputErrors.
+
+The build_report tests run cheap fake analyses (monkeypatched get_analysis) on the zoo model; the
+CLI cases are in tests/test_cli.py.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from headscope.errors import HeadscopeError, OutputError, OutputExistsError, OutputLockedError, RunFailedError, TaskError
+from headscope.reports import io, outputs
+from headscope.reports import report as report_mod
+from headscope.reports.manifest import OUTPUT_FORMAT, read_output_manifest
+from headscope.reports.outputs import OutputLock, OutputSession, finish_replace, lock_path, recover, replace_folder
+from headscope.reports.report import build_report, prepare_out
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def snapshot(folder: Path) -> dict[str, bytes | str]:
+    """Every item under folder (symlinks by target, not followed) with its bytes."""
+    items: dict[str, bytes | str] = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = Path(root) / name
+            rel = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                items[rel] = "-> " + os.readlink(path)
+            elif path.is_file():
+                items[rel] = path.read_bytes()
+            else:
+                items[rel + "/"] = "dir"
+    return items
+
+
+def siblings(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.parent.iterdir() if p.name != folder.name)
+
+
+def headscope_output(out: Path, files: dict[str, str]) -> Path:
+    """A folder as a previous run left it: the files and a manifest that lists them."""
+    for rel, text in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    manifest = {"output_format": OUTPUT_FORMAT, "files": {rel: digest(out / rel) for rel in files}, "status": {}}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+# ---- refusing what is not a headscope output ------------------------------------------------------
+def test_force_refuses_a_folder_with_a_foreign_manifest_and_touches_nothing(tmp_path):
+    webapp = tmp_path / "webapp"
+    (webapp / "src").mkdir(parents=True)
+    (webapp / "manifest.json").write_text('{"name":"x"}')
+    (webapp / "src" / "app.js").write_text("code")
+    before = snapshot(webapp)
+    for force, resume in ((True, False), (False, True)):
+        with pytest.raises(OutputExistsError, match="refusing to touch it") as err:
+            OutputSession.open(webapp, force=force, resume=resume)
+        assert "\n" not in str(err.value)
+    assert snapshot(webapp) == before
+    assert siblings(webapp) == []  # no lock, no staging folder left
+
+
+@pytest.mark.parametrize("files", [
+    {"../outside.txt": "0" * 64},
+    {"/etc/passwd": "0" * 64},
+    {"a/./b": "0" * 64},
+    {"report.html": "not-a-hash"},
+    [],
+])
+def test_a_manifest_with_unsafe_or_malformed_entries_is_not_a_headscope_manifest(tmp_path, files):
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"output_format": OUTPUT_FORMAT, "files": files}))
+    assert read_output_manifest(path) is None
+    path.write_text(json.dumps({"output_format": OUTPUT_FORMAT, "files": {"kv/summary.json": "a" * 64}}))
+    assert read_output_manifest(path) is not None
+
+
+def test_symlinked_out_with_force_is_refused(tmp_path):
+    real = headscope_output(tmp_path / "real", {"kv/summary.json": "{}"})
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    before = snapshot(real)
+    with pytest.raises(OutputError, match="symbolic link"):
+        OutputSession.open(link, force=True, resume=False)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(OutputError, match="broken symbolic link"):
+        OutputSession.open(dangling, force=False, resume=False)
+    assert snapshot(real) == before and link.is_symlink()
+
+
+def test_force_never_replaces_the_working_folder(tmp_path, monkeypatch):
+    out = headscope_output(tmp_path / "run", {"kv/summary.json": "{}"})
+    monkeypatch.chdir(out / "kv")
+    for spec in (out, Path(".."), Path(".")):
+        with pytest.raises(OutputError, match="folder you are working in"):
+            OutputSession.open(spec, force=True, resume=False)
+    assert (out / "kv" / "summary.json").exists() and siblings(out) == []
+
+
+def test_prepare_out_checks_and_creates_but_deletes_nothing(tmp_path):
+    out = tmp_path / "a" / "b" / "run"
+    prepare_out(out, force=False, resume=False)
+    assert out.is_dir()
+    with pytest.raises(OutputExistsError, match="--force"):
+        prepare_out(out, force=False, resume=False)
+    headscope_output(out, {"kv/summary.json": "{}"})
+    prepare_out(out, force=True, resume=False)
+    assert (out / "kv" / "summary.json").exists()
+
+
+# ---- the swap: what goes, what stays --------------------------------------------------------------
+def test_replace_keeps_the_users_items_and_deletes_only_unchanged_listed_files(tmp_path):
+    old = headscope_output(tmp_path / "out", {
+        "kv/summary.json": "old kv", "kv/results.csv": "old rows", "heads/summary.json": "old heads",
+        "report.md": "old report", "report.html": "<html>old",
+    })
+    (old / "notes.txt").write_text("my notes")  # not listed: the user's
+    (old / "report.md").write_text("old report, with my edits")  # listed but edited: the user's
+    (old / "heads" / "mine.png").write_text("my figure")  # the user's, inside a headscope folder
+    (old / "src").mkdir()
+    (old / "src" / "app.js").write_text("code")  # a folder headscope did not make
+    outside = tmp_path / "outside.txt"
+    outside.write_text("elsewhere")
+    (old / "kv" / "link").symlink_to(outside)  # a link: moved, never followed
+    (old / ".kv.partial").mkdir()  # a killed run's staging: headscope's
+    new = tmp_path / "new"
+    (new / "kv").mkdir(parents=True)
+    (new / "kv" / "summary.json").write_text("new kv")
+    (new / "report.md").write_text("new report")
+
+    moved = replace_folder(new, old, read_output_manifest(old / "manifest.json")["files"], transient=[".kv.partial"])
+
+    assert sorted(moved) == ["heads/mine.png", "kv/link", "notes.txt", "report.user.md", "src"]
+    assert (old / "kv" / "summary.json").read_text() == "new kv"
+    assert (old / "report.md").read_text() == "new report"
+    assert (old / "report.user.md").read_text() == "old report, with my edits"
+    assert (old / "notes.txt").read_text() == "my notes" and (old / "src" / "app.js").read_text() == "code"
+    assert (old / "heads" / "mine.png").read_text() == "my figure"
+    assert not (old / "heads" / "summary.json").exists() and not (old / "kv" / "results.csv").exists()
+    assert (old / "kv" / "link").is_symlink() and outside.read_text() == "elsewhere"
+    assert not (old / "report.html").exists() and not (old / "manifest.json").exists()
+    assert siblings(old) == ["outside.txt"]  # no .out.old-<pid> left
+
+
+def test_an_empty_folder_headscope_made_goes_and_one_the_user_made_stays(tmp_path):
+    aside = headscope_output(tmp_path / ".out.old-1", {"heads/summary.json": "x"})
+    (aside / "empty-of-mine").mkdir()
+    target = tmp_path / "out"
+    target.mkdir()
+    finish_replace(aside, target, read_output_manifest(aside / "manifest.json")["files"])
+    assert (target / "empty-of-mine").is_dir() and not (target / "heads").exists()
+    assert not aside.exists()
+
+
+# ---- recovery of what a killed run left -------------------------------------------------------------
+def test_recovery_removes_a_stale_staging_folder_and_restores_an_old_folder(tmp_path):
+    out = tmp_path / "out"
+    stage = tmp_path / ".out.staging-999999"
+    stage.mkdir()
+    (stage / outputs.STAGING_MARK).write_text("")
+    (stage / "kv").mkdir()
+    unmarked = tmp_path / ".out.staging-999998"  # not marked: not provably headscope's, kept
+    unmarked.mkdir()
+    aside = headscope_output(tmp_path / ".out.old-999999", {"kv/summary.json": "old"})
+    (aside / "notes.txt").write_text("mine")
+    recover(out)  # killed between the two renames: OUT is missing, the old folder comes back
+    assert not stage.exists() and unmarked.exists()
+    assert (out / "kv" / "summary.json").read_text() == "old" and (out / "notes.txt").read_text() == "mine"
+
+    aside = headscope_output(tmp_path / ".out.old-999997", {"heads/summary.json": "older"})
+    (aside / "more-notes.txt").write_text("mine too")
+    recover(out)  # killed after the swap: the old folder's user files move in, its own files go
+    assert not aside.exists() and (out / "more-notes.txt").read_text() == "mine too"
+    assert not (out / "heads").exists()
+
+
+# ---- the lock ---------------------------------------------------------------------------------------
+HOLDER = textwrap.dedent("""
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, f"{os.getpid()}\\n".encode())
+    print("locked", flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.fixture
+def lock_holder():
+    """Start a process that holds a folder's lock (fcntl.flock) until the test ends."""
+    procs = []
+
+    def start(out: Path) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock_path(out))], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "locked"
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_run_on_a_locked_folder_fails_at_once(tmp_path, lock_holder):
+    pytest.importorskip("fcntl")
+    out = tmp_path / "run"
+    proc = lock_holder(out)
+    start = time.perf_counter()
+    with pytest.raises(OutputLockedError, match=f"in use by another headscope run \\(pid {proc.pid}\\)") as err:
+        OutputSession.open(out, force=False, resume=False)
+    assert time.perf_counter() - start < 5 and "\n" not in str(err.value)
+    assert isinstance(err.value, HeadscopeError)
+    assert not out.exists()  # nothing created
+    proc.kill()
+    proc.wait()  # the kernel drops a dead process's lock: the file stays, the next run takes it over
+    assert lock_path(out).exists()
+    session = OutputSession.open(out, force=False, resume=False)
+    assert lock_path(out).read_text().strip() == str(os.getpid())
+    session.close()
+    assert not lock_path(out).exists()
+
+
+def test_a_stale_lock_file_from_a_killed_run_is_taken_over(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "run"
+    lock_path(out).write_text(f"{dead.pid}\n")
+    with OutputLock(out) as lock:
+        assert lock.path.read_text().strip() == str(os.getpid())
+    assert not lock_path(out).exists()
+
+
+def test_two_locks_in_one_process_exclude_each_other(tmp_path):
+    out = tmp_path / "run"
+    with OutputLock(out):
+        with pytest.raises(OutputLockedError):
+            OutputLock(out).acquire()
+    with OutputLock(out):  # released: free again
+        pass
+
+
+# ---- OS errors: one line, nothing partial -------------------------------------------------------------
+def test_an_uncreatable_out_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self.name == "run":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(OutputError, match="Permission denied; choose a writable --out") as err:
+        OutputSession.open(tmp_path / "parent" / "run", force=False, resume=False)
+    assert "\n" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []  # the parent it made is gone, and so is the lock
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes anywhere")
+def test_a_read_only_location_is_one_line(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    old = headscope_output(ro / "old", {"kv/summary.json": "x"})
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(OutputError, match="choose a writable --out"):
+            OutputSession.open(ro / "new", force=False, resume=False)
+        with pytest.raises(OutputError):
+            OutputSession.open(old, force=True, resume=False)
+        assert sorted(p.name for p in ro.iterdir()) == ["old"]
+    finally:
+        ro.chmod(0o755)
+
+
+# ---- build_report with cheap fake analyses --------------------------------------------------------------
+class Plan:
+    """What each fake analysis does: return a small result, raise, or fail while writing."""
+
+    def __init__(self):
+        self.behaviour: dict[str, object] = {}
+        self.runs: list[str] = []
+
+    def runner(self, name: str):
+        def run(model, task, config):
+            self.runs.append(name)
+            what = self.behaviour.get(name, "ok")
+            if isinstance(what, BaseException):
+                raise what
+            return SimpleNamespace(
+                name=name, df=pd.DataFrame({"x": [1, 2], "run": [str(what)] * 2}), summary={"analysis": name, "value": 1.5},
+                tables={"extra": pd.DataFrame({"y": [3]})}, plot=lambda: {},
+            )
+        return run
+
+
+@pytest.fixture
+def plan(monkeypatch):
+    plan = Plan()
+    monkeypatch.setattr(report_mod, "get_analysis", plan.runner)
+    return plan
+
+
+def run(model, out, analyses="kv,mlp", **kw):
+    return build_report(model, out=out, analyses=analyses, progress=False, command=["test"], **kw)
+
+
+def listed(out: Path) -> dict[str, str]:
+    return json.loads((out / "manifest.json").read_text())["files"]
+
+
+def test_the_manifest_lists_every_file_the_run_wrote(zoo_model, tmp_path, plan):
+    out = run(zoo_model, tmp_path / "run")
+    files = listed(out)
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(files) == on_disk
+    assert all(digest(out / rel) == sha for rel, sha in files.items())
+    assert {"kv/summary.json", "mlp/extra.csv", "report.html", "report.md"} <= set(files)
+    assert siblings(out) == []  # the lock is gone
+
+
+def test_force_replaces_only_headscope_files_and_keeps_the_users(zoo_model, tmp_path, plan):
+    out = run(zoo_model, tmp_path / "run", analyses="kv,heads")
+    (out / "notes.txt").write_text("my notes")
+    (out / "heads" / "my-plot.png").write_bytes(b"png")
+    plan.behaviour["mlp"] = "second"
+    run(zoo_model, out, analyses="kv,mlp", force=True)
+    assert (out / "notes.txt").read_text() == "my notes"
+    assert (out / "heads" / "my-plot.png").read_bytes() == b"png"
+    assert not (out / "heads" / "summary.json").exists()  # the old run's file, unchanged: deleted
+    assert "second" in (out / "mlp" / "results.csv").read_text()
+    assert set(json.loads((out / "manifest.json").read_text())["status"]) == {"kv", "mlp"}
+    assert "notes.txt" not in listed(out) and "heads/my-plot.png" not in listed(out)
+    assert siblings(out) == []  # no staging, old or lock left beside
+
+
+def test_a_failed_force_run_leaves_the_previous_output_exactly_as_it_was(zoo_model, tmp_path, plan):
+    out = run(zoo_model, tmp_path / "run")
+    (out / "notes.txt").write_text("my notes")
+    before = snapshot(out)
+    plan.behaviour["mlp"] = TaskError("answer 'v02 v03' is 2 tokens; answers must be one token")
+    with pytest.raises(RunFailedError, match="mlp failed .*unchanged") as err:
+        run(zoo_model, out, force=True)
+    assert err.value.user_mistake and "\n" not in str(err.value)
+    plan.behaviour["mlp"] = RuntimeError("internal")
+    with pytest.raises(RunFailedError) as err:
+        run(zoo_model, out, force=True)
+    assert not err.value.user_mistake
+    plan.behaviour["mlp"] = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        run(zoo_model, out, force=True)
+    assert snapshot(out) == before
+    assert siblings(out) == []
+
+
+def test_a_full_disk_during_force_is_one_line_and_changes_nothing(zoo_model, tmp_path, plan, monkeypatch):
+    out = run(zoo_model, tmp_path / "run")
+    before = snapshot(out)
+    real = io.write_csv
+
+    def full(path, df):
+        if Path(path).name == "extra.csv":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, df)
+
+    monkeypatch.setattr(io, "write_csv", full)
+    with pytest.raises(OutputError, match="No space left on device") as err:
+        run(zoo_model, out, force=True)
+    assert "\n" not in str(err.value)
+    assert snapshot(out) == before and siblings(out) == []
+
+
+def test_a_fresh_run_that_fails_before_any_analysis_is_written_leaves_nothing(zoo_model, tmp_path, plan, monkeypatch):
+    def full(path, df):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(io, "write_csv", full)
+    with pytest.raises(OutputError, match="No space left"):
+        run(zoo_model, tmp_path / "a" / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_fresh_run_stays_for_resume_and_resume_lists_every_file(zoo_model, tmp_path, plan):
+    out = tmp_path / "run"
+    plan.behaviour["mlp"] = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        run(zoo_model, out)
+    assert (out / "kv" / "summary.json").exists() and not (out / "report.html").exists()
+    with pytest.raises(OutputExistsError, match="--resume"):
+        run(zoo_model, out)
+    del plan.behaviour["mlp"]
+    plan.runs.clear()
+    (out / "kv" / "notes.txt").write_text("mine")
+    run(zoo_model, out, resume=True)
+    assert plan.runs == ["mlp"]
+    assert json.loads((out / "manifest.json").read_text())["status"] == {"kv": "done (resumed)", "mlp": "done"}
+    files = listed(out)
+    assert "kv/summary.json" in files and "mlp/summary.json" in files and "kv/notes.txt" not in files
+
+
+def test_a_locked_out_stops_build_report_before_the_model_loads(tmp_path, lock_holder, plan, monkeypatch):
+    pytest.importorskip("fcntl")
+    out = tmp_path / "run"
+    lock_holder(out)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("headscope.models.load_model", no_load)
+    with pytest.raises(OutputLockedError):
+        run("zoo/synth-llama", out)
+    assert not out.exists() and plan.runs == []
+
+
+def test_write_result_over_an_existing_analysis_folder_keeps_the_users_files(tmp_path):
+    folder = tmp_path / "kv"
+    folder.mkdir()
+    (folder / "results.csv").write_text("old rows")
+    (folder / "notes.txt").write_text("mine")
+    result = SimpleNamespace(df=pd.DataFrame({"x": [1]}), tables={}, summary={"a": 1}, plot=lambda: {})
+    hashes = report_mod.write_result(result, folder, {"results.csv": digest(folder / "results.csv")})
+    assert sorted(hashes) == ["results.csv", "summary.json"]
+    assert (folder / "notes.txt").read_text() == "mine" and "old rows" not in (folder / "results.csv").read_text()
+    assert all(digest(folder / name) == sha for name, sha in hashes.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kv"]
