@@ -194,12 +194,17 @@ class HookedModel:
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
             raise ConfigError("to_tokens got an empty list of prompts; pass at least one string.")
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True)
-        ids = enc["input_ids"]  # [batch, pos]
+        rows = [self.tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]  # no padding: many
+        lengths = sorted({len(r) for r in rows})  # decoders' tokenizers have no pad token
+        if len(lengths) > 1:
+            raise ConfigError(
+                f"to_tokens got prompts of different token lengths ({', '.join(map(str, lengths))}); pass prompts "
+                f"of equal length, or one at a time (hs.load_task batches a data set)."
+            )
+        ids = torch.tensor(rows, dtype=torch.long)  # [batch, pos]
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if warn_unknown and unk is not None:
-            real = enc["attention_mask"].bool() if "attention_mask" in enc else torch.ones_like(ids, dtype=torch.bool)
-            if bool(((ids == unk) & real).any()):
+            if bool((ids == unk).any()):
                 words = list(dict.fromkeys(w for t in texts for w in unknown_words(self.tokenizer, t)))
                 warnings.warn(
                     f"{len(words)} word(s) are not in {self.facts.name}'s vocabulary and become "
@@ -219,13 +224,20 @@ class HookedModel:
         return self.tokenizer.convert_ids_to_tokens(tokens.reshape(-1).tolist())
 
     def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Validate a [batch, pos] token tensor and move it to the model's device."""
+        """Validate a [batch, pos] integer token tensor (a [pos] one becomes [1, pos]) and move it to
+        the model's device. Float, bool, complex, empty and 3-d inputs are refused: they are almost
+        always activations, masks or a batch built wrongly, never token ids."""
+        expected = "token ids of shape [batch, pos] (or [pos]) with an integer dtype (torch.long); use model.to_tokens(text)"
         if not isinstance(tokens, torch.Tensor):
-            raise InputTypeError(f"tokens must be a torch.Tensor of ids, got {type(tokens).__name__}; use model.to_tokens(text).")
+            raise InputTypeError(f"tokens must be a torch.Tensor of {expected}; got {type(tokens).__name__}.")
+        if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+            raise InputTypeError(f"tokens must be {expected}; got dtype {tokens.dtype} with shape {list(tokens.shape)}.")
         if tokens.ndim == 1:
             tokens = tokens.unsqueeze(0)
         if tokens.ndim != 2:
-            raise ConfigError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}.")
+            raise ConfigError(f"tokens must be {expected}; got {tokens.ndim}-d shape {list(tokens.shape)}.")
+        if tokens.numel() == 0:
+            raise ConfigError(f"tokens must be {expected}; got an empty tensor of shape {list(tokens.shape)}.")
         if tokens.shape[1] > self.facts.n_ctx:
             raise ContextLengthError(
                 f"The prompt has {tokens.shape[1]} tokens but {self.facts.name} has a context of "

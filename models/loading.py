@@ -13,12 +13,15 @@ import logging
 import os
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from headscope.errors import MissingExtraError, ModelNotFoundError, OfflineModelError, TokenizationWarning
+from headscope.errors import MissingExtraError, ModelFileError, ModelNotFoundError, OfflineModelError, TokenizationWarning
+from headscope.models import threads
 from headscope.models.hooked_model import HookedModel, facts_from_bridge, round_trip_problem
 
 log = logging.getLogger(__name__)
@@ -108,21 +111,30 @@ def load_model(
     AutoTokenizer, used instead of the one transformers picks for the model's files.
     `check_tokenizer`: encode and decode a few words of the tokenizer's own vocabulary and warn
     (TokenizationWarning) when they do not come back, i.e. when the tokenizer class does not fit
-    its files.
+    its files. Files that cannot load (a truncated or corrupt safetensors file, pickle-only
+    weights, no tokenizer) raise ModelFileError naming the file before anything loads
+    (check_model_files); `trust_remote_code=True` warns that the model's own code may run.
     """
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
 
     kind, location = resolve_spec(spec)
     name = os.fspath(spec) if spec is not None else DEFAULT_MODEL
+    threads.configure_threads()  # as many torch CPU threads as cores are free now (models/threads.py)
     if kind == "hub":
         _check_hub_available(location)
+    if trust_remote_code:
+        warnings.warn(f"trust_remote_code=True: {name} may run its own Python code from its files; use it only "
+                      f"for models whose source you trust.", UserWarning, stacklevel=2)
+    check_model_files(location if kind == "local" else _cached_snapshot(location), tokenizer_given=tokenizer is not None,
+                      complete=kind == "local")
     device = device if device is not None else (None if device_map else default_device())
     chosen = tokenizer is not None
-    if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=trust_remote_code)
-    elif tokenizer is None and kind == "local":
-        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+    with _remote_code_refused(name, trust_remote_code):
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=trust_remote_code)
+        elif tokenizer is None and kind == "local":
+            tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
     kwargs: dict[str, Any] = {"device": device, "trust_remote_code": trust_remote_code}
     if dtype is not None:
         kwargs["dtype"] = dtype
@@ -130,8 +142,16 @@ def load_model(
         kwargs["tokenizer"] = tokenizer
     if device_map is not None:
         kwargs["device_map"] = device_map
+    if tokenizer is not None and not chosen:
+        _check_vocabulary(tokenizer, location)
     try:
-        bridge = TransformerBridge.boot_transformers(location, **kwargs)
+        with _remote_code_refused(name, trust_remote_code):
+            bridge = TransformerBridge.boot_transformers(location, **kwargs)
+    except _unreadable_weights() as err:  # files the pre-check could not see (a hub download, a race)
+        raise ModelFileError(
+            f"The weights of {name!r} ({location}) could not be read: {type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}; download or save the model again as safetensors."
+        ) from None
     except OSError as err:
         if kind == "hub":
             raise OfflineModelError(
@@ -148,6 +168,95 @@ def load_model(
     facts = facts_from_bridge(bridge, name=name)
     log.info("loaded %s from %s", name, location)
     return HookedModel(bridge, tokenizer, facts, source=location)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model", "merges.txt", "tokenizer.tiktoken")
+_PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+@contextmanager
+def _remote_code_refused(name: str, trust_remote_code: bool) -> Iterator[None]:
+    """transformers refuses a model whose config maps to its own code (config.json "auto_map") with a
+    multi-line ValueError; without trust_remote_code that is a one-line ModelFileError (the code never ran)."""
+    try:
+        yield
+    except ValueError as err:
+        if trust_remote_code or "trust_remote_code" not in str(err):
+            raise
+        raise ModelFileError(
+            f"{name!r} needs its own Python code to load (config.json \"auto_map\"), which headscope runs only with "
+            f"--trust-remote-code (load_model(..., trust_remote_code=True)); pass it only for models whose source you trust."
+        ) from None
+
+
+def _cached_snapshot(repo_id: str) -> str | None:
+    """The local snapshot folder of a cached hub model (None when it is not cached)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    return str(Path(cached).parent) if isinstance(cached, str) else None
+
+
+def _unreadable_weights() -> tuple[type[BaseException], ...]:
+    import pickle
+
+    from safetensors import SafetensorError
+
+    return SafetensorError, pickle.UnpicklingError
+
+
+def check_model_files(folder: str | os.PathLike | None, *, tokenizer_given: bool = False, complete: bool = True) -> None:
+    """Refuse a model folder whose files cannot load, before anything loads, naming the file.
+
+    Every *.safetensors file must open (its header parses and covers the file: a truncated or
+    corrupt file fails here); a folder with only pickle weights (pytorch_model.bin, *.pt) is refused
+    rather than unpickled (unpickling can run code); a folder without tokenizer files is refused
+    unless a tokenizer is given. `complete=False` (a hub cache snapshot, which may hold only some
+    files) checks only the safetensors files present."""
+    if folder is None:
+        return
+    folder = Path(folder)
+    weights = sorted(folder.glob("*.safetensors"))
+    for path in weights:
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as err:  # SafetensorError, OSError: the header does not parse or cover the file
+            why = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ModelFileError(
+                f"Model file {str(path)!r} is truncated or corrupt ({why}); "
+                f"download or save the model again (model.save_pretrained(DIR) writes safetensors)."
+            ) from None
+    if not complete:
+        return
+    if not weights:
+        pickles = sorted({p.name for pattern in _PICKLE_WEIGHTS for p in folder.glob(pattern)})
+        if pickles:
+            raise ModelFileError(
+                f"Model folder {str(folder)!r} holds only pickle weights ({', '.join(pickles)}), which headscope does not "
+                f"load (unpickling can run code); convert them once to safetensors where you trust the file: "
+                f"transformers.AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR) writes model.safetensors."
+            )
+        raise ModelFileError(f"Model folder {str(folder)!r} holds no weights (*.safetensors); save the model there with "
+                             f"model.save_pretrained(DIR).")
+    if not tokenizer_given and not any((folder / f).is_file() for f in _TOKENIZER_FILES):
+        raise ModelFileError(
+            f"Model folder {str(folder)!r} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:4])}, ...); save the "
+            f"model's tokenizer there (tokenizer.save_pretrained(DIR)) or pass load_model(..., tokenizer=...)."
+        )
+
+
+def _check_vocabulary(tokenizer: Any, location: str) -> None:
+    """A tokenizer that transformers built from a config alone has an empty vocabulary."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if size == 0:
+        raise ModelFileError(
+            f"The tokenizer in {location!r} has an empty vocabulary (its vocabulary files are missing); save the model's "
+            f"tokenizer there (tokenizer.save_pretrained(DIR)) or pass load_model(..., tokenizer=...)."
+        )
 
 
 def check_round_trip(tokenizer: Any, name: str, *, chosen: bool = False) -> bool:

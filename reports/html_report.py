@@ -15,41 +15,150 @@ import pandas as pd
 
 from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html
+from headscope.reports.findings import caption, finding
 from headscope.reports.guides import GUIDES
-from headscope.reports.render import escape, summary_html, summary_markdown, table_html
+from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .5em;text-align:left}
 .summary th{background:#f6f6f6}.failed{color:#a00}.guide{color:#444;font-style:italic}
 img{display:block;margin:1em 0}
+.skipped{color:#666}.task-used{color:#444}
+.finding{background:#f4f8fc;border-left:4px solid #4a7fb5;padding:.5em .8em;margin:.6em 0}
+nav.toc ol{columns:3;font-size:.9em}nav.toc a{text-decoration:none}
+.figs{display:grid;grid-template-columns:repeat(auto-fill,minmax(460px,1fr));gap:1em}
+.figs figure{margin:0;border:1px solid #eee;padding:.4em}.figs figure.wide{grid-column:1/-1}
+.figs img{max-width:100%;margin:0 auto}
+figcaption{font-size:.85em;color:#444}details{margin:.3em 0}summary{cursor:pointer;color:#235}
+.provenance{font-size:.85em;color:#444;border-top:1px solid #ddd;margin-top:3em}
 """
-
 
 def _headline(summary: Mapping[str, Any], n: int = 4) -> str:
     scalars = [(k, v) for k, v in summary.items() if isinstance(v, (int, float, str, bool)) and not isinstance(v, bool)]
     return "; ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}" for k, v in scalars[:n])
 
 
-def _section(out: Path, name: str, status: str) -> tuple[str, str, str]:
-    """(html section, markdown section, headline) for one analysis."""
-    folder = out / name
-    head = f'<h2 id="{escape(name)}">{escape(name)}</h2><p class="guide">{escape(GUIDES.get(name, ""))}</p>'
-    if not (folder / "summary.json").exists():
-        msg = escape(status or "not run")
-        return head + f'<p class="failed">{msg}</p>', f"## {name}\n\n{status or 'not run'}\n", status
-    summary = io.read_json(folder / "summary.json")
-    parts = [head, summary_html(summary)]
-    md = [f"## {name}", "", GUIDES.get(name, ""), "", summary_markdown(summary), ""]
+def _finding_html(text: str) -> str:
+    return f'<p class="finding">{escape(text)}</p>' if text else ""
+
+
+def _png_width(path: Path) -> int:
+    """Pixel width from the PNG header (0 when it is not a PNG)."""
+    head = path.read_bytes()[:24]
+    return int.from_bytes(head[16:20], "big") if head[:8] == b"\x89PNG\r\n\x1a\n" else 0
+
+
+def _figures_html(folder: Path) -> str:
+    """The analysis's figures in a grid, each with its caption (what to read, units)."""
+    cells = []
     for png in sorted(folder.glob("*.png")):
         data = base64.b64encode(png.read_bytes()).decode("ascii")
-        parts.append(f'<img alt="{escape(png.stem)}" src="data:image/png;base64,{data}" style="max-width:100%">')
-        md.append(f"![{png.stem}]({name}/{png.name})")
+        text = caption(png.stem)
+        wide = ' class="wide"' if _png_width(png) > 1000 else ""  # a multi-panel figure takes the whole row
+        cells.append(f'<figure{wide}><img alt="{escape(png.stem)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption><b>{escape(png.stem)}</b>{': ' + escape(text) if text else ''}</figcaption></figure>")
+    return f'<div class="figs">{"".join(cells)}</div>' if cells else ""
+
+
+def _tables_html(folder: Path, summary: Mapping[str, Any]) -> str:
+    """The summary and every CSV's first rows, each collapsed in a <details> (an empty CSV says so)."""
+    parts = [f"<details><summary>summary.json ({len(summary)} keys)</summary>{summary_html(summary)}</details>"]
     for csv in sorted(folder.glob("*.csv")):
-        parts.append(f"<h3>{escape(csv.stem)}</h3>" + table_html(pd.read_csv(csv)))
-        md.append(f"- [{csv.name}]({name}/{csv.name})")
-    return "".join(parts), "\n".join(md) + "\n", _headline(summary)
+        try:
+            df = pd.read_csv(csv)
+            body, size = table_html(df), f"{len(df)} rows"
+        except pd.errors.EmptyDataError:
+            body, size = "<p><em>empty</em></p>", "empty"
+        parts.append(f"<details><summary>{escape(csv.name)} ({size})</summary>{body}</details>")
+    return "".join(parts)
+
+
+def _figures_markdown(folder: Path, name: str) -> list[str]:
+    lines = []
+    for png in sorted(folder.glob("*.png")):
+        lines += [f"![{md_escape(png.stem)}]({name}/{png.name})", "", md_escape(caption(png.stem)), ""]
+    return lines
+
+
+def _toc_html(entries: Sequence[tuple[str, str]]) -> str:
+    """A table of contents: (anchor id, label) pairs."""
+    items = "".join(f'<li><a href="#{escape(anchor)}">{escape(label)}</a></li>' for anchor, label in entries)
+    return f'<nav class="toc"><h2>Contents</h2><ol>{items}</ol></nav>'
+
+
+def _findings_html(names: Sequence[str], status: Mapping[str, str], texts: Mapping[str, str]) -> str:
+    rows = []
+    for name in names:
+        state = status.get(name, "")
+        text = texts.get(name, "") or (state if state and state != "done" else "")
+        rows.append(f'<p class="finding"><b><a href="#{escape(name)}">{escape(name)}</a></b>'
+                    + (f" <span class='failed'>({escape(state)})</span>" if state.startswith("failed") else "")
+                    + f": {escape(text) or 'no headline.'}</p>")
+    return "<h2 id='findings'>Findings</h2>" + "".join(rows)
+
+
+def _findings_markdown(names: Sequence[str], status: Mapping[str, str], texts: Mapping[str, str]) -> str:
+    lines = ["## Findings", ""]
+    for name in names:
+        text = texts.get(name, "") or status.get(name, "")
+        lines.append(f"- **{md_escape(name)}**: {md_escape(text)}")
+    return "\n".join(lines) + "\n"
+
+
+def _provenance(out: Path) -> dict[str, Any]:
+    """Model, task, seed, versions, commit and command from OUT/manifest.json ({} when unreadable)."""
+    try:
+        manifest = io.read_json(out / "manifest.json")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(manifest, dict):
+        return {}
+    config = manifest.get("config") or {}
+    model = manifest.get("model") or {}
+    versions = manifest.get("versions") or {}
+    command = manifest.get("command")
+    return {
+        "model": model.get("name", ""), "source": model.get("source", ""), "task": config.get("task") or "default",
+        "seed": manifest.get("seed", ""), "quick": config.get("quick", ""), "device": config.get("device", ""),
+        "commit": manifest.get("git_sha") or "unknown",
+        "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) if isinstance(versions, dict) else str(versions),
+        "command": " ".join(map(str, command)) if isinstance(command, list) else str(command or ""),
+    }
+
+
+def _provenance_html(info: Mapping[str, Any]) -> str:
+    if not info:
+        return "<div class='provenance' id='provenance'><h2>Provenance</h2><p>manifest.json not found.</p></div>"
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in info.items())
+    return f"<div class='provenance' id='provenance'><h2>Provenance</h2><table class='summary'>{rows}</table></div>"
+
+
+def _provenance_markdown(info: Mapping[str, Any]) -> str:
+    lines = ["## Provenance", ""] + [f"- {k}: {md_escape(v)}" for k, v in info.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _section(out: Path, name: str, status: str, used: str = "") -> tuple[str, str, str]:
+    """(html section, markdown section, headline) for one analysis; `used`: the data it ran on
+    (the manifest's task_used). A skipped analysis shows its reason, not as a failure."""
+    folder = out / name
+    head = f'<h2 id="{escape(name)}">{escape(name)}</h2><p class="guide">{escape(GUIDES.get(name, ""))}</p>'
+    if used:
+        head += f'<p class="task-used">data: {escape(used)}</p>'
+    if not (folder / "summary.json").exists():
+        kind = "skipped" if status.startswith("skipped") else "failed"
+        msg = escape(status or "not run")
+        return head + f'<p class="{kind}">{msg}</p>', f"## {name}\n\n{md_escape(status or 'not run')}\n", status
+    summary = io.read_json(folder / "summary.json")
+    text = finding(name, summary)
+    parts = [head, _finding_html(text), _figures_html(folder), _tables_html(folder, summary)]
+    md = [f"## {name}", "", GUIDES.get(name, ""), "", *([md_escape(f"data: {used}"), ""] if used else []),
+          md_escape(text), "", summary_markdown(summary), ""]
+    md += _figures_markdown(folder, name)
+    md += [f"- [{csv.name}]({name}/{csv.name})" for csv in sorted(folder.glob("*.csv"))]
+    return "".join(parts), "\n".join(md) + "\n", text
 
 
 EXPLORER_FILE = "explorer.json"  # written by reports.explorer.write_explorer_data during the run
@@ -71,23 +180,48 @@ def _explorer_section(out: Path) -> tuple[str, str]:
     return html, f"## attention explorer\n\n- [{EXPLORER_FILE}]({EXPLORER_FILE}) (interactive in report.html)\n"
 
 
-def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str], model: Mapping[str, Any]) -> None:
-    sections, md_sections, rows = [], [], []
+def _top_heads_html(out: Path) -> str:
+    """The top heads' attention patterns on the first explorer example, as an inline figure ("" without data)."""
+    try:
+        import matplotlib.pyplot as plt
+
+        from headscope.reports.plots_attention import top_heads_figure
+
+        fig = top_heads_figure(io.read_json(out / EXPLORER_FILE))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return ""
+    if fig is None:
+        return ""
+    png = figure_png(fig)
+    plt.close(fig)
+    data = base64.b64encode(png).decode("ascii")
+    return (f'<figure><img alt="top_attention" src="data:image/png;base64,{data}" style="max-width:100%">'
+            f"<figcaption><b>top_attention</b>: {escape(caption('top_attention'))}</figcaption></figure>")
+
+
+def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str], model: Mapping[str, Any],
+                       task_used: Mapping[str, str] | None = None) -> None:
+    """report.html and report.md; task_used: per analysis, the data it ran on (shown in its section)."""
+    sections, md_sections, texts = [], [], {}
+    toc = [("findings", "Findings")]
     for name in names:
-        html_part, md_part, headline = _section(out, name, status.get(name, ""))
+        html_part, md_part, texts[name] = _section(out, name, status.get(name, ""), (task_used or {}).get(name, ""))
         sections.append(html_part)
         md_sections.append(md_part)
-        rows.append(f'<tr><td><a href="#{escape(name)}">{escape(name)}</a></td>'
-                    f'<td>{escape(status.get(name, ""))}</td><td>{escape(headline)}</td></tr>')
     explorer, explorer_md = _explorer_section(out)
     if explorer:
-        sections.insert(0, explorer)
+        sections.insert(0, explorer + _top_heads_html(out))
         md_sections.insert(0, explorer_md)
+        toc.append(("explorer", "attention explorer"))
     task_csv = out / "task_examples.csv"
     if task_csv.exists():
         examples = pd.read_csv(task_csv, dtype=str, keep_default_na=False)
-        sections.insert(0, "<h2 id='task'>task</h2><p>The examples of the task file (first rows).</p>" + table_html(examples))
+        sections.insert(0, "<h2 id='task'>task</h2><details open><summary>The examples of the task file "
+                        "(a seeded sample of up to 200 rows, in file order)</summary>" + table_html(examples) + "</details>")
         md_sections.insert(0, "## task\n\n- [task_examples.csv](task_examples.csv)\n")
+        toc.insert(1, ("task", "task"))
+    toc += [(name, name) for name in names] + [("provenance", "provenance")]
+    info = _provenance(out)
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads, "
              f"d_model {model.get('d_model', '?')}")
@@ -95,10 +229,11 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
         f"<h1>{escape(title)}</h1><p>{escape(facts)}. Data: the CSV and JSON files beside this report; "
-        "provenance: manifest.json.</p>"
-        "<h2>Summary</h2><table><tr><th>analysis</th><th>status</th><th>headline</th></tr>"
-        + "".join(rows) + "</table>" + "".join(sections) + "</body></html>"
+        "provenance at the bottom and in manifest.json.</p>"
+        + _toc_html(toc) + _findings_html(names, status, texts) + "".join(sections) + _provenance_html(info)
+        + "</body></html>"
     )
-    md = f"# {title}\n\n{facts}\n\n" + "\n".join(md_sections)
+    md = (f"# {md_escape(title)}\n\n{md_escape(facts)}\n\n" + _findings_markdown(names, status, texts) + "\n"
+          + "\n".join(md_sections) + "\n" + _provenance_markdown(info))
     io.write_text(out / "report.md", md)
     io.write_text(out / "report.html", html)

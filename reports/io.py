@@ -1,7 +1,8 @@
 """Atomic writes: every output file appears whole or not at all.
 
 Each writer writes to a temporary file in the destination folder, flushes and fsyncs it, then
-renames it over the destination (os.replace is atomic on POSIX and Windows).
+renames it over the destination (os.replace is atomic on POSIX and Windows). mkstemp creates the
+temporary file 0600; it is given the mode a plain open() would (0666 less the umask) before the rename.
 """
 from __future__ import annotations
 
@@ -15,6 +16,19 @@ from typing import Any
 import pandas as pd
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (/proc), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic(path: Path, write: Callable[[Path], None]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -24,6 +38,7 @@ def _atomic(path: Path, write: Callable[[Path], None]) -> Path:
         write(Path(tmp))
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -33,7 +33,8 @@ was unlinked meanwhile retries on the new one. Without fcntl (Windows) the file 
 O_EXCL and a lock whose pid is no longer running is taken over.
 
 Recovery. Under the lock a run first finishes what a killed run left beside OUT: a staging
-folder with its marker is removed; an old folder is put back when OUT is missing (killed between
+folder with its marker is removed, and so are the temporary files of atomic writes of the top-level
+report files in a headscope OUT (`.manifest.json.XXXXXXXX.tmp`...); an old folder is put back when OUT is missing (killed between
 the two renames), and otherwise its user items are moved into OUT and its headscope files
 deleted, as in steps (3)-(4).
 
@@ -380,8 +381,12 @@ class OutputSession:
                     out.mkdir()
                 except OSError as err:
                     raise _error("create folder", out, err) from None
-                session = cls(out, "fresh", out, lock, {}, [*made, out])
-                session.write_manifest({})
+                made = [*made, out]
+                session = cls(out, "fresh", out, lock, {}, made)
+                try:
+                    session.write_manifest({})
+                except OSError as err:  # a full disk at the first write: OUT goes again (below)
+                    raise _error("write the manifest in", out, err) from None
                 return session
             manifest = read_output_manifest(out / MANIFEST)
             if resume or (force and manifest is None):  # (force: check_out let only an empty folder through)
@@ -501,7 +506,7 @@ def check_out(out: Path, *, force: bool, resume: bool) -> None:
             "or choose another --out."
         )
     try:
-        empty = not any(out.iterdir())
+        empty = _only_stray(out)  # (a run killed while writing its first manifest leaves only its temporary file)
     except OSError as err:
         raise _error("read folder", out, err) from None
     if empty:
@@ -517,7 +522,15 @@ def check_out(out: Path, *, force: bool, resume: bool) -> None:
 
 
 _STAGING = re.compile(r"^\.(?P<name>.+)\.staging-(?P<pid>\d+)$")
+# the temporary file of an atomic write (reports/io.py, tempfile.mkstemp) of a top-level report file,
+# left when a run is killed mid-write: headscope's by its name
+_STRAY_TMP = re.compile(r"^\.(?:manifest\.json|report\.html|report\.md|explorer\.json|task_examples\.csv)\.[a-z0-9_]{8}\.tmp$")
 _OLD = re.compile(r"^\.(?P<name>.+)\.old-(?P<pid>\d+)$")
+
+
+def _only_stray(folder: Path) -> bool:
+    """Whether `folder` holds nothing but temporary files of headscope's atomic writes (or nothing)."""
+    return all(_STRAY_TMP.match(p.name) and p.is_file() and not p.is_symlink() for p in folder.iterdir())
 
 
 def recover(out: Path, *, transient: Iterable[str] = ()) -> None:
@@ -534,6 +547,11 @@ def recover(out: Path, *, transient: Iterable[str] = ()) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
     if (out / STAGING_MARK).is_file() and not (out / STAGING_MARK).is_symlink():  # killed just after its swap
         (out / STAGING_MARK).unlink(missing_ok=True)
+    if out.is_dir() and not out.is_symlink() and (read_output_manifest(out / MANIFEST) is not None or _only_stray(out)):
+        for entry in os.scandir(out):
+            if _STRAY_TMP.match(entry.name) and entry.is_file(follow_symlinks=False):
+                log.info("removing %s, a temporary file left by an interrupted run", entry.path)
+                Path(entry.path).unlink(missing_ok=True)
     for entry in entries:
         m = _OLD.match(entry.name)
         if not (m and m["name"] == out.name and entry.is_dir(follow_symlinks=False)):

@@ -28,9 +28,14 @@ def _axes(ax, figsize=(6, 4)):
 
 def plot_tau(result: Result, *, attention: Sequence[str] = ("last_layer", "rollout"), ax=None):
     """Box plot of per-example Kendall tau for each (attention kind, method) pair."""
-    ax = _axes(ax, (7, 4))
+    ax = _axes(ax, (8, 4))
     df = result.df[result.df.attention.isin(attention)].dropna(subset=["tau"])
+    words = {"saliency": "saliency", "grad_x_input": "gradient x input", "integrated_gradients": "integrated\ngradients",
+             "leave_one_out": "leave-one-out"}
+    df = df.assign(method=df["method"].map(lambda m: words.get(m, m)),
+                   attention=df["attention"].map(lambda a: {"last_layer": "last layer", "rollout": "rollout"}.get(a, a)))
     sns.boxplot(data=df, x="method", y="tau", hue="attention", ax=ax)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="attention")
     ax.axhline(0, color="grey", lw=0.8, ls="--")
     ax.set_ylim(-1.05, 1.05)
     ax.set_xlabel("method compared with attention")
@@ -84,7 +89,7 @@ def plot_adversarial(result: Result, *, ax=None):
     ax.set_xlabel(f"max attention (layer {layer}, head mean)")
     ax.set_ylabel("JSD of adversarial attention (nats)")
     ax.set_title(f"Adversarial attention with output change <= {eps}")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # off the data
     return ax
 
 

@@ -1,5 +1,6 @@
 """Figures of the circuits analysis: the logit lens (layer x position), DLA per head (heads x
-layers) and DLA of the embeddings, MLPs and bias terms."""
+layers), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size and the
+circuit graph of the strongest edges."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -43,12 +44,84 @@ def dla_component_bars(dla: pd.DataFrame, ax=None):
     ax = ax or plt.gca()
     rows = dla[dla.kind != "head"]
     order = list(dict.fromkeys(rows.component))
-    sns.barplot(data=rows, x="component", y="contribution", hue="kind", order=order, dodge=False, ax=ax)
+    sns.barplot(data=rows, x="component", y="contribution", hue="kind", order=order, dodge=False, ax=ax, seed=0)
     ax.axhline(0.0, color="grey", lw=1)
     if ax.get_legend() is not None:
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1.0), title="kind")
     ax.tick_params(axis="x", labelrotation=60)
     ax.set(xlabel="", ylabel="direct logit attribution (logits)", title="Embeddings, MLPs and bias terms")
+    return ax
+
+
+def faithfulness_curve(sweep: pd.DataFrame, ax=None, target: float = 0.8):
+    """Faithfulness of the top-k circuit against k (log scale), with the range of the random
+    circuits of the same size as a band and their mean as a dashed line."""
+    ax = ax or plt.gca()
+    top = sweep[sweep.circuit == "top"].sort_values("k")
+    rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.agg(["min", "max", "mean"]).sort_index()
+    x_top, x_rand = np.maximum(top.k.to_numpy(), 0.5), np.maximum(rand.index.to_numpy(), 0.5)
+    if len(rand):
+        ax.fill_between(x_rand, rand["min"], rand["max"], color="grey", alpha=0.3, label="random circuits (range)")
+        ax.plot(x_rand, rand["mean"], color="grey", ls="--", lw=1)
+    ax.plot(x_top, top.faithfulness, marker="o", color="C0", label="top-k edges")
+    ax.axhline(target, color="C3", lw=1, ls=":", label=f"{target:.0%} of the gap")
+    ax.axhline(0.0, color="black", lw=0.5)
+    ax.set_xscale("log")
+    ax.set(xlabel="edges in the circuit (k)", ylabel="faithfulness (fraction of clean - corrupted gap)",
+           title="Circuit faithfulness")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # off the data
+    return ax
+
+
+def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
+    """Layout: x = layer (input at -1, logits after the last layer), heads stacked at y = head,
+    the MLP just right of its layer's heads at y = -1."""
+    base = name.split(".")[0]
+    if base == "input":
+        return -1.0, (n_heads - 1) / 2
+    if base == "logits":
+        return float("nan"), (n_heads - 1) / 2
+    layer = int(base[1:])
+    if base.startswith("m"):
+        return layer + 0.5, -1.0
+    head = name.split(".")[1]
+    if head.startswith("kv"):  # a GQA key-value head: left of the layer's query heads
+        return layer - 0.3, float(head[2:])
+    return float(layer), float(head.lstrip("h"))
+
+
+def circuit_graph(edges: pd.DataFrame, ax=None, n_edges: int = 30):
+    """The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
+    negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
+    A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
+    value input of key-value head g at (layer - 0.3, g))."""
+    ax = ax or plt.gca()
+    top = edges.reindex(edges.score.abs().sort_values(ascending=False).index).head(n_edges)
+    names = list(top.sender) + list(top.receiver)
+    heads = [int(n.split(".")[1].lstrip("hkv")) for n in names if n.startswith("a")]
+    layers = [int(n.split(".")[0][1:]) for n in names if n[0] in "am" and n != "logits" and n.split(".")[0][1:].isdigit()]
+    n_heads = max(heads, default=0) + 1
+    x_logits = max(layers, default=0) + 1.5
+
+    def xy(name: str) -> tuple[float, float]:
+        x, y = _node_xy(name, n_heads)
+        return (x_logits if np.isnan(x) else x), y
+
+    peak = float(top.score.abs().max()) if len(top) else 1.0
+    for s, r, v in zip(top.sender, top.receiver, top.score):
+        (x0, y0), (x1, y1) = xy(s), xy(r)
+        kind = r.split(".")[-1] if r.count(".") == 2 else ""
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=dict(
+            arrowstyle="-|>", lw=0.5 + 4.5 * abs(v) / (peak or 1.0), color="C3" if v > 0 else "C0", alpha=0.7,
+            connectionstyle="arc3,rad=0.15", linestyle={"k": "--", "q": ":"}.get(kind, "-")))
+    drawn = {n.rsplit(".", 1)[0] if n.count(".") == 2 else n for n in names}
+    for node in sorted(drawn):
+        x, y = xy(node)
+        marker = "s" if node.startswith("m") else ("D" if node in ("input", "logits") else "o")
+        ax.scatter([x], [y], marker=marker, s=60, color="black", zorder=3)
+        ax.annotate(node, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set(xlabel="layer (input left, logits right; MLPs at y = -1)", ylabel="head",
+           title=f"Circuit: {len(top)} strongest edges (solid: into v / MLP / logits, dashed: k, dotted: q)")
     return ax
 
 
@@ -63,6 +136,10 @@ def figures(result, **kwargs) -> dict:
         draws.append(("circuits_dla_heads", lambda ax: dla_head_heatmap(tables["dla_mean"], ax), (6, 4)))
     if "dla" in tables:
         draws.append(("circuits_dla_components", lambda ax: dla_component_bars(tables["dla"], ax), (8, 4)))
+    if "faithfulness" in tables:
+        draws.append(("circuits_faithfulness", lambda ax: faithfulness_curve(tables["faithfulness"], ax), (8, 4)))
+    if "edges" in tables:
+        draws.append(("circuits_graph", lambda ax: circuit_graph(tables["edges"], ax), (8, 5)))
     for stem, draw, size in draws:
         fig, ax = plt.subplots(figsize=size)
         draw(ax)

@@ -25,6 +25,17 @@ def _curve(result: Any) -> pd.DataFrame | None:
     return result.df if "fraction_pruned" in result.df.columns else None
 
 
+METHOD_WORDS = {"gradient": "gradient |dL/d gate|", "zero": "zero ablation", "mean": "mean ablation",
+                "resample": "resample ablation"}
+METRIC_WORDS = {"logit_diff": "logit difference (answer - wrong)", "logprob": "answer log-probability (nats)",
+                "accuracy": "accuracy (0-1)", "cosine": "cosine similarity"}
+
+
+def _metric_label(result: Any) -> str:
+    metric = result.summary.get("metric", "metric")
+    return METRIC_WORDS.get(metric, str(metric).replace("_", " "))
+
+
 def plot_importance(result: Any, *, method: str | None = None, normalized: bool = True, ax: Any = None) -> Any:
     """Heat map layer x head of one method's importance (per-layer L2-normalised by default)."""
     ax = _axes(ax)
@@ -32,20 +43,35 @@ def plot_importance(result: Any, *, method: str | None = None, normalized: bool 
     method = method or ("gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0])
     column = "importance_layer_norm" if normalized else "importance"
     grid = df[df["method"] == method].pivot(index="layer", columns="head", values=column)  # [layer, head]
-    sns.heatmap(grid, ax=ax, cmap="viridis", annot=grid.size <= 96, fmt=".2f", cbar_kws={"label": column})
-    ax.set_title(f"head importance ({method})")
+    label = "importance / layer's L2 norm" if normalized else "importance (metric units)"
+    sns.heatmap(grid, ax=ax, cmap="viridis", annot=grid.size <= 96, fmt=".2f", cbar_kws={"label": label},
+                xticklabels=True, yticklabels=True)
+    ax.set_title(f"head importance: {METHOD_WORDS.get(method, method)}")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
     return ax
+
+
+def importance_figure(result: Any) -> Any:
+    """Both methods side by side: the gradient and the first ablation method (zero when present)."""
+    methods = list(dict.fromkeys(result.df["method"]))
+    shown = (["gradient"] if "gradient" in methods else []) + [m for m in ("zero", "mean", "resample") if m in methods][:1]
+    shown = shown or methods[:2]
+    fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4), squeeze=False)
+    for method, ax in zip(shown, axes[0]):
+        plot_importance(result, method=method, ax=ax)
+    return fig
 
 
 def plot_pruning_curve(result: Any, *, ax: Any = None) -> Any:
     """Metric against the fraction of heads pruned, one line per ordering (random: band over seeds),
     with the unpruned baseline and the 1% tolerance floor."""
-    ax = _axes(ax)
+    ax = _axes(ax, (8, 4))
     curve = _curve(result).copy()
     curve["ordering "] = curve["ordering"] + curve["recompute"].map({True: " (recomputed)", False: ""})
     sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", marker="o",
                  errorbar=("pi", 100), ax=ax)
-    return _finish(ax, result, "fraction of heads pruned", "iterative head pruning")
+    return _finish(ax, result, "fraction of heads pruned", "iterative head pruning (random: range over seeds)")
 
 
 def _finish(ax: Any, result: Any, xlabel: str, title: str) -> Any:
@@ -55,29 +81,31 @@ def _finish(ax: Any, result: Any, xlabel: str, title: str) -> Any:
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unpruned")
         ax.axhline(baseline - 0.01 * abs(baseline), color="grey", linestyle=":", linewidth=1, label="-1%")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(result.summary.get("metric", "metric"))
-    ax.legend(fontsize="small")
+    ax.set_ylabel(_metric_label(result))
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title(title)
     return ax
 
 
 def plot_best_head(result: Any, *, ax: Any = None) -> Any:
     """Per layer: metric change keeping only the most important head, the oracle best head, or none."""
-    ax = _axes(ax)
+    ax = _axes(ax, (8, 4))
     table = result.tables["best_head"]
     long = table.melt(id_vars="layer", value_vars=["change", "oracle_change", "layer_removed_change"],
-                      var_name="kept", value_name="metric change")
+                      var_name="kept", value_name="metric_change")
     long["kept"] = long["kept"].map({"change": "most important head", "oracle_change": "best single head",
                                      "layer_removed_change": "no head"})
-    sns.barplot(data=long, x="layer", y="metric change", hue="kept", ax=ax)
+    sns.barplot(data=long, x="layer", y="metric_change", hue="kept", ax=ax)
     ax.axhline(0, color="grey", linewidth=1)
+    ax.set_ylabel(f"change in {_metric_label(result)}")
     ax.set_title("keep one head in one layer")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), title="kept")
     return ax
 
 
 def plot_l0(result: Any, *, ax: Any = None) -> Any:
     """Heads kept against the metric over the lambda sweep (Voita et al.'s L0 gates)."""
-    ax = _axes(ax)
+    ax = _axes(ax, (8, 4))
     sweep = result.tables["l0"].sort_values("heads_kept")
     ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", label="kept heads only")
     ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", linestyle="--", label="test-time gates")
@@ -87,12 +115,16 @@ def plot_l0(result: Any, *, ax: Any = None) -> Any:
 
 
 def plot_roles(result: Any, *, ax: Any = None) -> Any:
-    """Heat map head x role score (positional share, sink, previous-token, induction, confidence)."""
+    """Heat map head x role score (positional share, sink, previous-token, induction, confidence = mean
+    maximum attention weight), every head labelled."""
     roles = result.tables["roles"]
     ax = _axes(ax, (5, max(3, 0.25 * len(roles))))
     grid = roles.assign(name=[f"L{l}H{h}" for l, h in zip(roles["layer"], roles["head"])]).set_index("name")
-    sns.heatmap(grid[list(ROLE_SCORES)], ax=ax, vmin=0, vmax=1, cmap="magma", cbar_kws={"label": "score"})
-    ax.set_ylabel("head")
+    scores = [c for c in ROLE_SCORES if c in grid.columns]
+    shown = grid[scores].rename(columns=lambda c: {"confidence": "confidence\n(max weight)"}.get(c, c.replace("_", "-")))
+    sns.heatmap(shown, ax=ax, vmin=0, vmax=1, cmap="magma", cbar_kws={"label": "role score (0-1)"}, yticklabels=True)
+    ax.set_ylabel("head (L layer H head)")
+    ax.set_xlabel("role")
     ax.set_title("head roles")
     return ax
 
@@ -100,8 +132,10 @@ def plot_roles(result: Any, *, ax: Any = None) -> Any:
 def figures(result: Any) -> dict[str, Any]:
     """Every figure the Result has data for: importance, pruning_curve, best_head, l0, roles."""
     out = {}
+    if "method" in result.df.columns:
+        out["importance"] = importance_figure(result)
+        out["importance"].tight_layout()
     draw = {
-        "importance": ("method" in result.df.columns, plot_importance),
         "pruning_curve": (_curve(result) is not None, plot_pruning_curve),
         "best_head": ("best_head" in result.tables, plot_best_head),
         "l0": ("l0" in result.tables, plot_l0),

@@ -12,11 +12,14 @@ from headscope.reports.render import escape
 def agreement_plot(agreement: pd.DataFrame, ax=None):
     """Per layer: agreement with the top trigger, with any of the top-k, and the shuffled baseline."""
     ax = ax or plt.gca()
-    long = agreement.melt(id_vars="layer", value_vars=["agreement", "agreement_any", "agreement_shuffled"],
-                          var_name="measure", value_name="fraction of keys")
-    sns.lineplot(data=long, x="layer", y="fraction of keys", hue="measure", style="measure", markers=True, ax=ax)
-    ax.set(title="Key-value agreement (value's top token = trigger's next token)", ylim=(0, None))
+    names = {"agreement": "top trigger", "agreement_any": "any of top k triggers", "agreement_shuffled": "shuffled (control)"}
+    long = agreement.melt(id_vars="layer", value_vars=list(names), var_name="measure", value_name="fraction")
+    long["measure"] = long["measure"].map(names)
+    sns.lineplot(data=long, x="layer", y="fraction", hue="measure", style="measure", markers=True, ax=ax)
+    ax.set(title="Key-value agreement (value's top token = trigger's next token)", ylim=(0, None),
+           ylabel="fraction of neurons that agree (0-1)")
     ax.set_xticks(sorted(agreement.layer.unique()))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="next token of")
     return ax
 
 
@@ -25,7 +28,10 @@ def top_neurons_plot(top_neurons: pd.DataFrame, ax=None):
     ax = ax or plt.gca()
     data = top_neurons.assign(neuron_id=[f"L{layer}.N{n}" for layer, n in zip(top_neurons.layer, top_neurons.neuron)])
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax, palette="viridis")
-    ax.set(xlabel="mean ||m_i v_i|| at the answer", ylabel="", title="Largest sub-updates on the Task")
+    ax.set(xlabel="mean L2 norm of the update m_i v_i at the answer", ylabel="neuron (L layer . N index)",
+           title="Largest sub-updates on the Task")
+    if ax.get_legend() is not None:  # off the data
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
     return ax
 
 
@@ -42,10 +48,10 @@ def top_neurons_html(top_neurons: pd.DataFrame, columns=("layer", "neuron", "tas
 
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for an mlp Result."""
-    fig1, ax1 = plt.subplots(figsize=(6, 4))
+    fig1, ax1 = plt.subplots(figsize=(8, 4))
     agreement_plot(result.tables["agreement"], ax1)
     fig1.tight_layout()
-    fig2, ax2 = plt.subplots(figsize=(6, max(3, 0.25 * len(result.tables["top_neurons"]))))
+    fig2, ax2 = plt.subplots(figsize=(7, max(3, 0.25 * len(result.tables["top_neurons"]))))
     top_neurons_plot(result.tables["top_neurons"], ax2)
     fig2.tight_layout()
     return {"mlp_agreement": fig1, "mlp_top_neurons": fig2}

@@ -2,11 +2,14 @@
 
 Axes-level functions take `ax=` and return the Axes; `figures(result)` draws every figure the
 result's tables allow. Position axes are labelled "i: token" from the first prompt; token
-strings are shown as text (mathtext `$` escaped), never interpreted.
+strings are shown as text (mathtext `$` escaped), never interpreted. Colour scales show the share
+of the clean-corrupted gap (1 = clean behaviour fully restored when denoising), the unit the guide
+text uses; a raw metric is shown only where the summary has no gap to divide by.
 """
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
@@ -25,61 +28,105 @@ def _axes(ax: Axes | None) -> Axes:
     return ax if ax is not None else plt.subplots(figsize=(7, 4))[1]
 
 
+KV_SITES = ("k", "v")  # their head index is the KV head (grouped-query attention shares one among query heads)
+NORMALISED = "share of the clean-corrupted gap"
+
+
 def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str) -> Axes:
-    sns.heatmap(grid, ax=ax, cmap="RdBu_r", center=0, cbar_kws={"label": label})
+    sns.heatmap(grid, ax=ax, cmap="RdBu_r", center=0, cbar_kws={"label": label}, xticklabels=True, yticklabels=True)
     ax.set_title(title)
     return ax
 
 
-def layer_pos_heatmap(df: pd.DataFrame, site_type: str = "resid_pre", *, column: str = "effect", ax: Axes | None = None) -> Axes:
+def scale(summary: dict) -> tuple[float, str]:
+    """(divisor, colour-bar label) that turn a raw effect into the share of the clean-corrupted gap."""
+    clean, corrupt = summary.get("clean_metric"), summary.get("corrupted_metric")
+    denoise = summary.get("direction", "denoise") == "denoise"
+    end = "1 = fully restored" if denoise else "-1 = fully destroyed"
+    if summary.get("normalized"):
+        return 1.0, f"normalised {summary.get('metric', 'metric')} ({end})"
+    if isinstance(clean, (int, float)) and isinstance(corrupt, (int, float)) and clean != corrupt:
+        return float(clean - corrupt), f"{NORMALISED} ({end})"
+    return 1.0, f"effect ({summary.get('metric', 'metric')})"
+
+
+def _normalised(df: pd.DataFrame, divisor: float, columns: tuple[str, ...] = ("effect",)) -> pd.DataFrame:
+    return df.assign(**{c: df[c] / divisor for c in columns if c in df}) if divisor != 1.0 else df
+
+
+def layer_pos_heatmap(df: pd.DataFrame, site_type: str = "resid_pre", *, column: str = "effect", ax: Axes | None = None,
+                      label: str | None = None) -> Axes:
     """Layer x position heatmap of one (layer, pos) site type, columns labelled with tokens."""
     ax = _axes(ax)
     rows = df[df["site_type"] == site_type]
     grid = rows.pivot_table(index="layer", columns="pos", values=column, aggfunc="mean")
     labels = rows.drop_duplicates("pos").set_index("pos")["token"]
     grid.columns = [_text(labels[p]) for p in grid.columns]
-    _heatmap(grid, ax, f"{site_type}: patching {column}", column)
-    ax.set_xlabel("position")
+    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column)
+    ax.set_xlabel("position: token (first prompt)")
+    ax.set_ylabel("layer")
     return ax
 
 
-def layer_head_heatmap(df: pd.DataFrame, site_type: str = "head_out", *, column: str = "effect", ax: Axes | None = None) -> Axes:
-    """Layer x head heatmap of one (layer, head) site type."""
+def layer_head_heatmap(df: pd.DataFrame, site_type: str = "head_out", *, column: str = "effect", ax: Axes | None = None,
+                       label: str | None = None) -> Axes:
+    """Layer x head heatmap of one (layer, head) site type; k and v are per KV head."""
     ax = _axes(ax)
     rows = df[(df["site_type"] == site_type) & df["pos"].isna()]
     grid = rows.pivot_table(index="layer", columns="head", values=column, aggfunc="mean")
-    _heatmap(grid, ax, f"{site_type}: patching {column}", column)
+    grid.columns = [int(h) for h in grid.columns]  # a head index, even after a float round trip through CSV
+    unit = "KV head" if site_type in KV_SITES else "head"
+    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("layer")
     return ax
 
 
 def head_pos_heatmap(df: pd.DataFrame, site_type: str = "head_out_by_pos", *, column: str = "effect",
-                     ax: Axes | None = None) -> Axes:
+                     ax: Axes | None = None, label: str | None = None) -> Axes:
     """(layer, head) x position heatmap of per-position head patching, columns labelled with tokens."""
     ax = _axes(ax)
     rows = df[df["site_type"] == site_type]
     grid = rows.pivot_table(index=["layer", "head"], columns="pos", values=column, aggfunc="mean")
     labels = rows.drop_duplicates("pos").set_index("pos")["token"]
     grid.columns = [_text(labels[p]) for p in grid.columns]
-    grid.index = [f"L{layer}H{head}" for layer, head in grid.index]
-    _heatmap(grid, ax, f"{site_type}: patching {column}", column)
-    ax.set_xlabel("position")
+    grid.index = [f"L{int(layer)}H{int(head)}" for layer, head in grid.index]
+    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column)
+    ax.tick_params(axis="y", labelsize=max(4, min(9, 300 / max(1, len(grid)))))
+    ax.set_xlabel("position: token (first prompt)")
+    ax.set_ylabel("head (L layer H head)")
     return ax
 
 
-def attribution_scatter(df: pd.DataFrame, *, ax: Axes | None = None) -> Axes:
-    """Attribution-patching estimate against the exact effect, one point per cell, by site type."""
+def site_slopes(df: pd.DataFrame) -> dict[str, float]:
+    """Least-squares slope of the attribution estimate on the exact effect, per site type (1 = same scale)."""
+    out = {}
+    for name, group in df.groupby("site_type", sort=False):
+        x, y = group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float)
+        keep = np.isfinite(x) & np.isfinite(y)
+        if keep.sum() >= 2 and np.ptp(x[keep]) > 0:
+            out[str(name)] = float(np.polyfit(x[keep], y[keep], 1)[0])
+    return out
+
+
+def attribution_scatter(df: pd.DataFrame, *, ax: Axes | None = None, label: str = "exact patching effect") -> Axes:
+    """Attribution-patching estimate against the exact effect, one point per cell, by site type; the
+    identity line, and each site type's fitted slope in the legend (a high correlation can hide a 2x error)."""
     ax = _axes(ax)
-    sns.scatterplot(data=df, x="effect", y="attribution", hue="site_type", ax=ax, s=20, alpha=0.7)
+    slopes = site_slopes(df)
+    named = df.assign(site=[f"{t} (slope {slopes[t]:.2f})" if t in slopes else str(t) for t in df["site_type"]])
+    sns.scatterplot(data=named, x="effect", y="attribution", hue="site", ax=ax, s=20, alpha=0.7)
     lo = float(min(df["effect"].min(), df["attribution"].min()))
     hi = float(max(df["effect"].max(), df["attribution"].max()))
-    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xlabel("exact patching effect")
-    ax.set_ylabel("attribution patching estimate")
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, linestyle="--", label="y = x (exact)")
+    ax.set_xlabel(f"exact: {label}")
+    ax.set_ylabel("attribution-patching estimate (same units)")
     ax.set_title("attribution vs exact patching")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="x-small", title="site type")
     return ax
 
 
-def causal_trace_heatmap(df: pd.DataFrame, kind: str = "mlp", *, ax: Axes | None = None) -> Axes:
+def causal_trace_heatmap(df: pd.DataFrame, kind: str = "mlp", *, ax: Axes | None = None, metric: str = "task metric") -> Axes:
     """Meng et al.'s figure: average indirect effect per (position, layer) for one restored kind."""
     ax = _axes(ax)
     rows = df[(df["kind"] == kind) & df["pos"].notna()]
@@ -87,28 +134,36 @@ def causal_trace_heatmap(df: pd.DataFrame, kind: str = "mlp", *, ax: Axes | None
     labels = rows.drop_duplicates("pos").set_index("pos")["token"]
     grid.index = [_text(labels[p]) for p in grid.index]
     sns.heatmap(grid, ax=ax, cmap="Purples" if kind == "mlp" else "Greens" if kind == "attn" else "Blues",
-                cbar_kws={"label": "average indirect effect"})
+                cbar_kws={"label": f"average indirect effect ({metric})"}, yticklabels=True)
     ax.set_title(f"causal tracing: restoring {kind}")
-    ax.set_ylabel("position")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("position: token (first prompt)")
     return ax
 
 
-def path_heatmap(df: pd.DataFrame, *, ax: Axes | None = None) -> Axes:
+def path_heatmap(df: pd.DataFrame, *, ax: Axes | None = None, label: str = "effect") -> Axes:
     """Sender layer x sender head effect of path patching (receivers jointly, or averaged)."""
     ax = _axes(ax)
     grid = df.pivot_table(index="sender_layer", columns="sender_head", values="effect", aggfunc="mean")
+    grid.columns = [int(h) for h in grid.columns]
     receiver = ", ".join(sorted(set(df["receiver"])))[:40]
-    return _heatmap(grid, ax, f"path patching -> {receiver}", "effect")
+    _heatmap(grid, ax, f"path patching: sender head -> {receiver}", label)
+    ax.set_xlabel("sender head")
+    ax.set_ylabel("sender layer")
+    return ax
 
 
 def figures(result, **kwargs) -> dict[str, Figure]:
     """Every figure the result's tables allow, by file stem."""
     out: dict[str, Figure] = {}
     tables = dict(result.tables)
+    divisor, label = scale(dict(result.summary))
     exact = tables.get("exact")
+    if exact is not None:
+        exact = _normalised(exact, divisor, ("effect", "attribution"))
 
-    def new(stem: str, draw) -> None:
-        fig, ax = plt.subplots(figsize=(7, 4))
+    def new(stem: str, draw, size: tuple[float, float] = (7, 4)) -> None:
+        fig, ax = plt.subplots(figsize=size)
         draw(ax)
         fig.tight_layout()
         out[stem] = fig
@@ -117,19 +172,22 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         present = set(exact["site_type"])
         for st in BY_POS:
             if st in present:
-                new(f"exact_{st}", lambda ax, st=st: layer_pos_heatmap(exact, st, ax=ax))
+                new(f"exact_{st}", lambda ax, st=st: layer_pos_heatmap(exact, st, ax=ax, label=label))
         for st in BY_HEAD:
             if st in present:
-                new(f"exact_{st}", lambda ax, st=st: layer_head_heatmap(exact, st, ax=ax))
+                new(f"exact_{st}", lambda ax, st=st: layer_head_heatmap(exact, st, ax=ax, label=label))
         if "head_out_by_pos" in present:
-            new("exact_head_out_by_pos", lambda ax: head_pos_heatmap(exact, ax=ax))
+            n_rows = exact.loc[exact["site_type"] == "head_out_by_pos", ["layer", "head"]].drop_duplicates().shape[0]
+            new("exact_head_out_by_pos", lambda ax: head_pos_heatmap(exact, ax=ax, label=label),
+                (7, max(4.0, 0.16 * n_rows + 1.5)))
         if "attribution" in exact:
-            new("attribution_vs_exact", lambda ax: attribution_scatter(exact, ax=ax))
+            new("attribution_vs_exact", lambda ax: attribution_scatter(exact, ax=ax, label=label), (8, 4.5))
     trace = tables.get("causal_tracing")
     if trace is not None:
+        metric = dict(result.summary).get("causal_tracing", {}).get("metric", "task metric")
         for kind in dict.fromkeys(trace["kind"]):
-            new(f"causal_tracing_{kind}", lambda ax, kind=kind: causal_trace_heatmap(trace, kind, ax=ax))
+            new(f"causal_tracing_{kind}", lambda ax, kind=kind: causal_trace_heatmap(trace, kind, ax=ax, metric=metric))
     paths = tables.get("path_patching")
     if paths is not None:
-        new("path_patching", lambda ax: path_heatmap(paths, ax=ax))
+        new("path_patching", lambda ax: path_heatmap(_normalised(paths, divisor), ax=ax, label=label))
     return out

@@ -13,7 +13,7 @@ import seaborn as sns
 
 from headscope.errors import ConfigError
 
-LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability",
+LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
           "probability": "answer probability", "rank": "answer rank", "exact": "exact greedy answer",
           "cosine": "cosine(query, passage)"}
 
@@ -26,8 +26,10 @@ def _primary(result: Any) -> str:
     return result.summary.get("primary_metric", "accuracy")
 
 
-def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str, ...] = ("full",), ax: Any = None) -> Any:
-    """Metric against gold position (1-based slot) with bootstrap 95% intervals: the U-curve."""
+def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str, ...] = ("full",), ax: Any = None,
+               title: str | None = None) -> Any:
+    """Metric against gold position (1-based slot) with bootstrap 95% intervals: the U-curve. The
+    default title gives min(middle) / max(ends), or says the curve is flat."""
     ax = _axes(ax)
     metric = metric or _primary(result)
     curve = result.tables["curve"]
@@ -44,9 +46,14 @@ def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str,
     ax.set_xlabel(f"gold position (of {result.summary.get('n_items', '?')})")
     ax.set_ylabel(LABELS.get(metric, metric))
     ratio = result.summary.get("ratio_middle_to_ends", {}).get(metric)
-    ax.set_title("min(middle) / max(ends) = " + (f"{ratio:.2f}" if ratio is not None else "n/a"))
+    lo, hi = float(data["mean"].min()), float(data["mean"].max())
+    if title is None and hi - lo < 0.02:
+        title = f"flat: {metric} {lo:.2f}-{hi:.2f} at every gold position (position makes no difference)"
+    elif title is None:
+        title = "min(middle) / max(ends) = " + (f"{ratio:.2f}" if ratio is not None else "n/a (too few positions)")
+    ax.set_title(title, fontsize="medium")
     if len(conditions) > 1:
-        ax.legend(title="attention")
+        ax.legend(title="attention", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
 
 
@@ -67,10 +74,12 @@ def plot_sink_mass(result: Any, *, ax: Any = None) -> Any:
     ax = _axes(ax)
     sinks = result.tables["sinks"]
     sns.barplot(data=sinks, x="layer", y="sink_mass", ax=ax, color=sns.color_palette()[0])
-    ax.axhline(float(sinks["baseline"].iloc[0]), color="black", linestyle="--", label="uniform baseline")
-    ax.set_ylabel(f"mass on the first {result.summary.get('n_sink', '?')} tokens")
-    ax.set_ylim(0, 1)
-    ax.legend()
+    baseline = float(sinks["baseline"].iloc[0])
+    ax.axhline(baseline, color="black", linestyle="--", label="uniform attention")
+    ax.set_ylabel(f"attention mass on the first {result.summary.get('n_sink', '?')} token(s) (0-1)")
+    ax.set_ylim(0, min(1.0, 1.25 * max(float(sinks["sink_mass"].max()), baseline)) or 1.0)  # bars fill the axis
+    ax.set_title("attention sink per layer")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
 
 
@@ -79,14 +88,15 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     figs = {}
     for stem, draw in (("position_curve", plot_curve), ("position_gold_attention", plot_gold_attention),
                        ("position_sinks", plot_sink_mass)):
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(7, 4))
         draw(result, ax=ax)
         fig.tight_layout()
         figs[stem] = fig
     masked = result.tables.get("masked", pd.DataFrame())
     if len(masked):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        plot_curve(result, metric="logprob", conditions=("full", *masked["condition"].unique()), ax=ax)
+        fig, ax = plt.subplots(figsize=(8, 4))
+        plot_curve(result, metric="logprob", conditions=("full", *masked["condition"].unique()), ax=ax,
+                   title="full context vs streaming windows (sinks + recent tokens)")
         fig.tight_layout()
         figs["position_streaming"] = fig
     return figs

@@ -46,7 +46,11 @@ def _short(value: Any, limit: int = 160) -> str:
 
 def result_html(result: Any, with_figures: bool = True) -> str:
     """A notebook cell for a Result: its summary, its main table and its figures."""
-    parts = [f"<h3>{escape(result.name)}</h3>", summary_html(result.summary), table_html(result.df)]
+    from headscope.reports.findings import finding
+
+    text = finding(result.name, result.summary)
+    parts = [f"<h3>{escape(result.name)}</h3>", f"<p class='finding'>{escape(text)}</p>" if text else "",
+             summary_html(result.summary), table_html(result.df)]
     if with_figures:
         import matplotlib.pyplot as plt
 
@@ -58,8 +62,18 @@ def result_html(result: Any, with_figures: bool = True) -> str:
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     lines = ["| key | value |", "|---|---|"]
-    lines += [f"| {escape(k)} | {escape(_short(v)).replace('|', '&#124;')} |" for k, v in summary.items()]
+    lines += [f"| {md_escape(k)} | {md_escape(_short(v))} |" for k, v in summary.items()]
     return "\n".join(lines)
+
+
+_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_{}[]()#+!|~"})
+
+
+def md_escape(text: Any) -> str:
+    """Text safe in Markdown: HTML-escaped (no raw tags survive a Markdown renderer) and Markdown's
+    punctuation backslash-escaped (no links, images, emphasis or table cells from user strings);
+    newlines become spaces."""
+    return escape(" ".join(str(text).split()).translate(_MD_SPECIAL))
 
 
 def escape(text: Any) -> str:

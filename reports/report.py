@@ -26,6 +26,7 @@ import re
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,53 @@ def _check_task_name(task: Any) -> None:
         raise TaskFileError(f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}) or a .jsonl/.csv/.parquet file.")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What one analysis of a report runs on, decided before any analysis runs (the task contract).
+
+    task: what it is given (the user's task, or None: its own default); used: the line the report
+    and the manifest's "task_used" show; skip: why it cannot run on this model at all (None: it runs)."""
+
+    task: Any
+    used: str
+    skip: str | None = None
+
+
+def _task_label(task: Any) -> str:
+    return Path(task).name if isinstance(task, str) and Path(task).suffix else str(getattr(task, "name", task))
+
+
+def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0) -> dict[str, Plan]:
+    """Check every analysis against the model and the user's task before any runs.
+
+    An analysis that cannot run on the model (a decoder-only one on an encoder) is skipped with its
+    reason; one that cannot use the user's task runs on its own default task, and its line says why.
+    The user's task is read once here, so a mistake in it stops the run before any work."""
+    from headscope.analyses.core import contract
+    from headscope.analyses.core.registry import needs
+
+    plans: dict[str, Plan] = {}
+    resolved: list[Any] = []  # the user's Task, read on first need
+    for name in names:
+        need = needs(name)
+        reasons = contract.model_reasons(need, model)
+        if reasons:
+            plans[name] = Plan(task=None, used="none", skip="; ".join(reasons))
+            continue
+        if task is None:
+            plans[name] = Plan(task=None, used="default task")
+            continue
+        named = isinstance(task, str) and task in need.names
+        if not resolved and need.task_data and not named:
+            resolved.append(contract.resolve(task, model, seed=seed))
+        reasons = contract.task_reasons(need, task if named or not need.task_data else resolved[0], model)
+        if reasons:
+            plans[name] = Plan(task=None, used=f"default task ({'; '.join(reasons)})")
+        else:
+            plans[name] = Plan(task=task, used=f"your task ({_task_label(task)})")
+    return plans
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -116,15 +164,79 @@ def write_result(result: Any, folder: Path, files: dict[str, str] | None = None)
     return hashes
 
 
-def _open_output(out: Path, *, force: bool, resume: bool, main: bool) -> tuple[Path, OutputSession | None, str]:
-    """(OUT, the session on rank 0 else None, its mode on every rank); every rank raises rank 0's error."""
+def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quick: bool, n_examples: int | None) -> dict:
+    """What a --resume must match (the manifest's config "settings"): the model's source, the task
+    (a task file by its bytes and field mapping, not its path), seed, quick, n_examples, the
+    headscope version and each analysis's config. `model` is a HookedModel or a load_model spec."""
+    import json
+
+    from headscope.models.loading import resolve_spec
+    from headscope.version import __version__
+
+    source = getattr(model, "source", None) if hasattr(model, "facts") else resolve_spec(model)[1]
+    is_file = isinstance(task, str) and bool(Path(task).suffix)
+    configs = {}
+    for name in names:
+        config = config_class(name).preset(seed=seed, quick=quick, n_examples=n_examples).as_dict()
+        config.pop("progress", None)
+        configs[name] = json.loads(json.dumps(config, default=str))  # as the manifest stores it
+    return {
+        "model_source": str(source), "task": None if task is None else (Path(task).name if is_file else str(task)),
+        "task_fields": dict(getattr(task, "fields", None) or {}), "task_sha256": sha256(Path(task)) if is_file else None,
+        "seed": seed, "quick": quick, "n_examples": n_examples, "headscope": __version__, "analysis_configs": configs,
+    }
+
+
+def check_resume(out: Path, settings: dict) -> None:
+    """Refuse (one line, ConfigError) to --resume OUT with settings other than those its finished
+    analyses ran with, so that one report never mixes two configurations."""
+    previous = io.read_json(out / "manifest.json") if (out / "manifest.json").is_file() else {}
+    recorded = (previous.get("config") or {}).get("settings")
+    if not isinstance(recorded, dict):
+        finished = [n for n in ANALYSES if (out / n / DONE).is_file()]
+        if finished:
+            raise ConfigError(
+                f"--resume: {str(out)!r} holds finished analyses ({', '.join(finished)}) but its manifest does not record "
+                f"the settings they ran with; rerun with --force or choose another --out."
+            )
+        return
+    differ = []
+    for key, label in (("model_source", "model"), ("task", "task"), ("task_sha256", "task file contents"),
+                       ("task_fields", "task fields"), ("seed", "seed"), ("quick", "--quick"), ("n_examples", "--n-examples"),
+                       ("headscope", "headscope version")):
+        if key == "task" and recorded.get("task_sha256") and settings.get("task_sha256"):
+            continue  # a task file is its bytes (compared next), wherever it lies now
+        if recorded.get(key) != settings.get(key):
+            differ.append(label if key == "task_sha256" else f"{label} {recorded.get(key)!r} (now {settings.get(key)!r})")
+    old_configs = recorded.get("analysis_configs") or {}
+    for name, config in settings["analysis_configs"].items():
+        if name in old_configs and old_configs[name] != config and "headscope version" not in " ".join(differ):
+            changed = sorted(k for k in set(config) | set(old_configs[name]) if config.get(k) != old_configs[name].get(k))
+            differ.append(f"{name} config ({', '.join(changed)})")
+    if differ:
+        shown = "; ".join(differ[:4]) + (f"; and {len(differ) - 4} more" if len(differ) > 4 else "")
+        raise ConfigError(
+            f"--resume: {str(out)!r} was run with other settings: {shown}; resume with the settings in its manifest.json, "
+            f"or use --force or another --out for a new run."
+        )
+
+
+def _open_output(out: Path, *, force: bool, resume: bool, main: bool,
+                 settings: dict | None = None) -> tuple[Path, OutputSession | None, str]:
+    """(OUT, the session on rank 0 else None, its mode on every rank); every rank raises rank 0's
+    error. A resumed OUT must have been run with `settings` (check_resume)."""
     out = distributed.broadcast_object(Path(out))
     session, mode, error = None, None, None
     if main:
         try:
             session = OutputSession.open(out, force=force, resume=resume, transient=_transient())
             mode = session.mode
+            if mode == "resume" and settings is not None:
+                check_resume(session.root, settings)
         except HeadscopeError as err:
+            if session is not None:
+                session.close()
+                session = None
             error = err
     error, mode = distributed.broadcast_object((error, mode))  # every rank stops when rank 0 cannot write
     if error is not None:
@@ -165,10 +277,12 @@ def build_report(
     device: str | None = None,
     force: bool = False,
     resume: bool = False,
-    progress: bool = True,
+    progress: bool = False,
     command: list[str] | None = None,
+    trust_remote_code: bool = False,
 ) -> Path:
-    """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model.
+    """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model
+    (`trust_remote_code` goes to it: the model's own code from its files may run).
 
     Under torchrun (WORLD_SIZE > 1) the process group is opened here if needed; only rank 0 writes.
     """
@@ -182,16 +296,17 @@ def build_report(
         from headscope.analyses.core.task_files import TaskFile, read_task_rows
 
         task = TaskFile(task, task_fields)  # a path that carries the column names to every analysis
-        task_rows = read_task_rows(task)  # bad task files fail before anything is written
+        task_rows = read_task_rows(task, n_examples=200, seed=seed)  # every row checked: bad files fail before any write
     elif task_fields:
         raise ConfigError(f"task fields {task_fields!r} need a task file (--task FILE), not task {task!r}.")
     _check_task_name(task)
+    settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples)
     session: OutputSession | None = None
     if out is not None:  # locked and checked before the model loads: a refusal costs nothing
-        out, session, mode = _open_output(Path(out), force=force, resume=resume, main=main)
+        out, session, mode = _open_output(Path(out), force=force, resume=resume, main=main, settings=settings)
     try:
         if not isinstance(model, HookedModel):
-            model = load_model(model, device=device)
+            model = load_model(model, device=device, trust_remote_code=trust_remote_code)
         if out is None:
             out, session, mode = _open_output(default_out(model.name), force=force, resume=resume, main=main)
         out = _run(model, out, session, mode, names=names, task=task, task_rows=task_rows, seed=seed, quick=quick,
@@ -217,6 +332,8 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
     """The analyses, written into the session's folder (OUT, or its staging folder under --force)."""
     root = session.root if session is not None else out
     transient = _transient()
+    plans = plan_analyses(model, names, task, seed=seed)  # the task contract, checked before any work
+    task_used: dict[str, str] = {}
 
     def writing(what: str):
         return _writing(what, out)
@@ -232,30 +349,49 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
     previous = io.read_json(manifest_path) if main and mode == "resume" and manifest_path.exists() else {}
     finished = distributed.broadcast_object({n for n in names if main and mode == "resume" and (root / n / DONE).exists()})
     timings: dict[str, float] = dict(previous.get("timings_s", {}))
-    status: dict[str, str] = {}
+    # --resume keeps the analyses an earlier run of these settings finished (check_resume), named now or not
+    kept = [n for n in ANALYSES if n not in names and main and mode == "resume" and (root / n / DONE).is_file()]
+    status: dict[str, str] = {n: previous.get("status", {}).get(n, "done") for n in kept}
+    task_used.update({n: previous["task_used"][n] for n in kept if n in previous.get("task_used", {})})
+    report_names = [n for n in ANALYSES if n in names or n in kept]
+    for name in kept:
+        session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
     model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
-    config_info = {"analyses": names, "task": task, "quick": quick, "n_examples": n_examples, "device": str(model.device)}
+    settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples)
+    old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
+    settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
+    config_info = {"analyses": report_names, "task": task, "quick": quick, "n_examples": n_examples,
+                   "device": str(model.device), "settings": settings}
 
     def save_manifest() -> None:
         if not main:
             return
         with writing("manifest.json"):
-            session.write_manifest(build_manifest(command=command, config=config_info, model=model_info,
-                                                  seed=seed, timings=timings, status=status))
+            session.write_manifest({**build_manifest(command=command, config=config_info, model=model_info,
+                                                     seed=seed, timings=timings, status=status), "task_used": task_used})
 
+    save_manifest()  # the settings are on record before any analysis folder appears (what --resume checks)
     for name in names:
         folder = root / name
+        plan = plans[name]
+        task_used[name] = plan.used
         if name in finished:
+            task_used[name] = previous.get("task_used", {}).get(name, plan.used)
             status[name] = "done (resumed)"
             if main:
                 session.adopt_folder(name)
             log.info("%s: already complete, skipped (--resume)", name)
             continue
-        log.info("%s: running", name)
+        if plan.skip is not None:  # cannot run on this model: no folder, not a failure
+            status[name] = f"skipped: {plan.skip}"
+            log.info("%s: skipped (%s)", name, plan.skip)
+            save_manifest()
+            continue
+        log.info("%s: running on %s", name, plan.used)
         seed_everything(seed)
         start = time.perf_counter()
         try:
-            result = get_analysis(name)(model, task, config_class(name).preset(**common))
+            result = get_analysis(name)(model, plan.task, config_class(name).preset(**common))
             state = "done"
         except Exception as err:  # one failing analysis must not lose the others
             if isinstance(err, HeadscopeError):  # a user mistake: one line, no traceback
@@ -298,7 +434,7 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
         except Exception as err:  # optional: a model without hook_pattern still gets its report
             log.warning("attention explorer skipped: %s: %s", type(err).__name__, err)
         with writing("report.html and report.md"):
-            write_report_files(root, names, status, model_info)
+            write_report_files(root, report_names, status, model_info, task_used=task_used)
             session.record("report.md")
             session.record("report.html")
         save_manifest()  # last: it lists the report files

@@ -8,6 +8,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("HEADSCOPE_THREADS", "1")  # tiny models: one thread (models/threads.py), CLI runs too
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -51,3 +52,24 @@ def zoo_model():
     import headscope as hs
 
     return hs.load_model("zoo/synth-llama", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def arch_dirs(tmp_path_factory):
+    """The architecture matrix (#19), built once: {arch: directory} for every key of
+    tests_support.ARCHITECTURES (random weights, a real-style tokenizer trained on English)."""
+    from tests_support import ARCHITECTURES, build_architecture
+
+    root = tmp_path_factory.mktemp("arch-matrix")
+    return {arch: build_architecture(arch, root / arch) for arch in ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def arch_models(arch_dirs):
+    """arch -> HookedModel, each loaded on first use and shared (tests must not modify them); load
+    warnings surface in the test that loads first, so tests that check them load their own."""
+    import functools
+
+    import headscope as hs
+
+    return functools.cache(lambda arch: hs.load_model(arch_dirs[arch], device="cpu"))

@@ -215,3 +215,317 @@ def test_a_second_run_on_the_same_out_fails_at_once(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+# ---- --trust-remote-code and internal errors (issue #20 items 2, 6) -------------------------------------
+def test_trust_remote_code_is_an_option_of_every_model_command_and_warns(caplog):
+    from headscope.cli import _parser, main
+
+    for command in ("report", *ANALYSES, "sites"):
+        assert _parser().parse_args([command, "--trust-remote-code"]).trust_remote_code is True
+        assert _parser().parse_args([command]).trust_remote_code is False
+    with caplog.at_level("WARNING", logger="headscope"):
+        assert main(["-q", "sites", "--model", "zoo/synth-llama", "--device", "cpu", "--trust-remote-code"]) == 0
+    assert any("--trust-remote-code" in r.getMessage() and "trusted" in r.getMessage() for r in caplog.records)
+
+
+def fake_analyses(monkeypatch, failing: str | None = None):
+    """Cheap stand-ins for the analyses (a one-row result; `failing` raises an unexpected error)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from headscope.reports import report as report_mod
+
+    def runner(name):
+        def run(model, task, config):
+            if name == failing:
+                raise RuntimeError("boom inside " + name)
+            return SimpleNamespace(df=pd.DataFrame({"x": [1]}), summary={"ok": 1}, tables={}, plot=lambda: {})
+        return run
+
+    monkeypatch.setattr(report_mod, "get_analysis", runner)
+
+
+def test_an_internal_error_in_an_analysis_is_logged_in_out_and_exits_1(tmp_path, monkeypatch, capsys):
+    from headscope.cli import ERROR_LOG, main
+
+    fake_analyses(monkeypatch, failing="mlp")
+    out = tmp_path / "run"
+    assert main(["-q", "report", "--analyses", "kv,mlp", "--quick", "--device", "cpu", "--out", str(out)]) == 1
+    log = (out / ERROR_LOG).read_text()
+    assert "Traceback" in log and "RuntimeError: boom inside mlp" in log
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"tracebacks in {out / ERROR_LOG}" in err
+    assert json.loads((out / "manifest.json").read_text())["status"]["kv"] == "done"
+
+
+def test_a_failed_force_run_writes_its_error_log_outside_the_previous_output(tmp_path, monkeypatch, capsys):
+    from headscope.cli import ERROR_LOG, main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--out", str(out)]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    fake_analyses(monkeypatch, failing="kv")
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--out", str(out), "--force"]) == 1
+    after = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert after == before and not (out / ERROR_LOG).exists()  # the old output stays exactly as it was
+    err = capsys.readouterr().err
+    where = err.split("tracebacks in ")[-1].split(".log")[0] + ".log"
+    assert "RuntimeError: boom inside kv" in Path(where).read_text()
+    Path(where).unlink()
+
+
+def test_an_internal_error_outside_the_analyses_is_one_line_pointing_at_the_log(tmp_path, monkeypatch, capsys):
+    from headscope.cli import ERROR_LOG, main
+    from headscope.reports import html_report
+
+    fake_analyses(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the report writer broke")
+
+    monkeypatch.setattr(html_report, "write_report_files", broken)
+    out = tmp_path / "run"
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--out", str(out)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"headscope: internal error: RuntimeError: the report writer broke; traceback in {out / ERROR_LOG} "
+                     f"(please report it)."]
+    assert "Traceback" in (out / ERROR_LOG).read_text()
+    assert (out / "kv" / "summary.json").exists()  # kept for --resume
+
+
+def test_resume_with_another_seed_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--out", str(out)]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["-q", "kv", "--quick", "--seed", "5", "--device", "cpu", "--out", str(out), "--resume"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--resume" in lines[0] and "seed 0 (now 5)" in lines[0], lines
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+# ---- issue #20 review: two real runs at once, refused inputs, sampling, --resume, every subcommand ----------
+GATED_CLI = """
+import sys, time
+from pathlib import Path
+from headscope.reports import report
+from headscope.cli import main
+
+real, go = report.get_analysis, Path(sys.argv[1])
+
+def gated(name):
+    run = real(name)
+    def wait_then_run(*args, **kwargs):  # the real analysis, once the test opens the gate
+        while not go.exists():
+            time.sleep(0.05)
+        return run(*args, **kwargs)
+    return wait_then_run
+
+report.get_analysis = gated
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def listed_files_match_the_disk(out: Path) -> None:
+    """manifest.json lists exactly the files in OUT (itself aside), each with its sha256; nothing temporary."""
+    import hashlib
+
+    files = json.loads((out / "manifest.json").read_text())["files"]
+    on_disk = {p.relative_to(out).as_posix(): p for p in out.rglob("*") if p.is_file()}
+    assert set(files) == set(on_disk) - {"manifest.json"}
+    assert all(hashlib.sha256(on_disk[rel].read_bytes()).hexdigest() == digest for rel, digest in files.items())
+    assert not [p for p in out.rglob("*") if p.name.endswith((".tmp", ".partial")) or ".staging-" in p.name]
+
+
+def test_two_concurrent_force_runs_one_waits_for_nothing_and_the_output_stays_whole(tmp_path, monkeypatch):
+    """Two real `headscope report --analyses kv --quick --force` processes started together on one OUT:
+    the one that takes the lock stages and holds it (its real kv analysis waits at a gate the test opens
+    only after the other run ended), so the other must fail at once in one line."""
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--out", str(out)]) == 0  # an existing headscope output
+    go = tmp_path / "go"
+    args = ["-q", "report", "--analyses", "kv", "--quick", "--force", "--device", "cpu", "--out", str(out)]
+    procs = [subprocess.Popen([sys.executable, "-c", GATED_CLI, str(go), *args], env=ENV, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    try:
+        deadline = time.time() + 120
+        while all(p.poll() is None for p in procs):
+            assert time.time() < deadline, "neither run ended while one held the gate"
+            time.sleep(0.1)
+        loser = next(p for p in procs if p.poll() is not None)
+        winner = next(p for p in procs if p is not loser)
+        assert winner.poll() is None  # still holding the lock, at the gate
+        assert [p.name for p in tmp_path.glob(".run.staging-*")] == [f".run.staging-{winner.pid}"]
+        _, err = loser.communicate()
+        proc = subprocess.CompletedProcess(loser.args, loser.returncode, "", err)
+        assert f"is in use by another headscope run (pid {winner.pid})" in one_line_error(proc)
+        go.touch()
+        _, err = winner.communicate(timeout=300)
+        assert winner.returncode == 0, err[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["go", "run"]  # no lock, staging or old folder left
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == {"kv": "done"}
+    assert "bytes_per_token" in json.loads((out / "kv" / "summary.json").read_text())  # the real kv result replaced the old
+    listed_files_match_the_disk(out)
+
+
+def in_process_error(capsys) -> str:
+    """The one stderr line of a refused in-process run."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headscope: error: ") and "Traceback" not in lines[0], lines
+    return lines[0]
+
+
+def test_refused_model_files_out_links_and_task_rows_are_one_line_and_leave_nothing(tmp_path, monkeypatch, capsys, tiny_dirs):
+    import shutil
+
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    run = ["-q", "kv", "--quick", "--device", "cpu"]
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dirs["gpt2"], model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    out = tmp_path / "out"
+    assert main([*run, "--model", str(model), "--out", str(out)]) == 2
+    assert f"Model file {str(weights)!r} is truncated or corrupt" in in_process_error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+    real = tmp_path / "real"
+    assert main([*run, "--out", str(real)]) == 0
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    before = {p.relative_to(real): p.read_bytes() for p in real.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*run, "--out", str(link), "--force"]) == 2
+    assert "is a symbolic link" in in_process_error(capsys)
+    assert {p.relative_to(real): p.read_bytes() for p in real.rglob("*") if p.is_file()} == before
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link", "model", "real"]
+
+    good = json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02"})
+    rows = {"long": json.dumps({"prompt": " ".join(["k01"] * 300), "answer": "v02"}),  # the zoo's context is 128
+            "multi": json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02 v03"})}
+    for name, bad in rows.items():
+        task = tmp_path / f"{name}.jsonl"
+        task.write_text(f"{good}\n{good}\n{bad}\n")
+        out = tmp_path / f"out-{name}"
+        assert main([*run, "--task", str(task), "--out", str(out)]) == 2
+        line = in_process_error(capsys)
+        assert f"{name}.jsonl" in line and "line 3, row 2" in line, line
+        assert ("context of 128 tokens" if name == "long" else "answers must be one token") in line
+        assert not out.exists() and not list(tmp_path.glob(".out-*"))
+
+
+def test_force_where_the_staging_folder_is_not_permitted_is_one_line_even_as_root(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--out", str(out)]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    real_mkdir = os.mkdir
+
+    def denied(path, *args, **kwargs):  # what a read-only parent folder answers a non-root user
+        if ".run.staging-" in os.fspath(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", denied)
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--out", str(out), "--force"]) == 2
+    line = in_process_error(capsys)
+    assert "Cannot create the staging folder" in line and os.strerror(errno.EACCES) in line
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_quick_and_n_examples_sample_a_large_task_file(tmp_path):
+    """A 2,000-row task file: the real kv analysis runs on --n-examples 12 of its rows (not its quick
+    default of 16); the report's task_examples.csv shows at most 200 of them."""
+    import csv
+    import random
+
+    from headscope.cli import main
+
+    rng = random.Random(0)
+    keys, values = [f"k{i:02d}" for i in range(1, 10)], [f"v{i:02d}" for i in range(1, 10)]
+    rows = []
+    for _ in range(2000):
+        k, v, j = rng.sample(keys, 3), rng.sample(values, 3), rng.randrange(3)
+        rows.append({"prompt": " ".join(f"{a} {b}" for a, b in zip(k, v, strict=True)) + f" ; {k[j]}", "answer": v[j]})
+    task = tmp_path / "big.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    assert main(["-q", "kv", "--quick", "--task", str(task), "--n-examples", "12", "--device", "cpu", "--out", str(out)]) == 0
+    config = json.loads((out / "manifest.json").read_text())["config"]
+    assert config["n_examples"] == 12 and config["settings"]["analysis_configs"]["kv"]["n_examples"] == 12
+    with open(out / "kv" / "results.csv", newline="") as fh:
+        results = list(csv.DictReader(fh))
+    per_cell: dict[tuple[str, str], set[str]] = {}
+    for r in results:
+        per_cell.setdefault((r["policy"], r["budget"]), set()).add(r["example"])
+    assert per_cell and all(examples == {str(i) for i in range(12)} for examples in per_cell.values())
+    with open(out / "task_examples.csv", newline="") as fh:
+        shown = list(csv.DictReader(fh))
+    assert 12 <= len(shown) <= 200
+    assert all({"prompt": r["prompt"], "answer": r["answer"]} in rows for r in shown)
+
+
+def test_resume_is_refused_when_an_analysis_config_changed(tmp_path, monkeypatch, capsys):
+    from headscope.analyses.core.registry import config_class
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["-q", "report", "--analyses", "kv,mlp", "--quick", "--device", "cpu", "--out", str(out)]) == 0
+    (out / "report.html").unlink()  # as if killed before the report
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    kv = config_class("kv")
+    assert kv.preset(quick=True).n_sink != 2
+    monkeypatch.setattr(kv, "preset", classmethod(lambda cls, **common: cls(n_sink=2, **common)))
+    assert main(["-q", "report", "--analyses", "kv,mlp", "--quick", "--device", "cpu", "--out", str(out), "--resume"]) == 2
+    line = in_process_error(capsys)
+    assert "--resume" in line and "kv config (n_sink)" in line and "mlp config" not in line
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("name", list(ANALYSES))
+def test_every_single_analysis_subcommand_exits_0(name, tmp_path, monkeypatch):
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / name
+    assert main(["-q", name, "--quick", "--device", "cpu", "--out", str(out)]) == 0
+    assert json.loads((out / "manifest.json").read_text())["status"] == {name: "done"}
+    assert json.loads((out / name / "summary.json").read_text()) == {"ok": 1}
+
+
+def test_zoo_train_one_step_exits_0(tmp_path):
+    import csv
+
+    from headscope.cli import main
+
+    out = tmp_path / "zoo"
+    assert main(["-q", "zoo", "train", "synth-llama", "--steps", "1", "--out", str(out)]) == 0
+    with open(out / "history.csv", newline="") as fh:
+        steps = [r for r in csv.DictReader(fh) if r["kind"] == "train"]
+    assert len(steps) == 1 and json.loads((out / "card.json").read_text())["train"]["steps"] == 1
+    assert (out / "model.safetensors").stat().st_size > 0 and (out / "tokenizer.json").exists()

@@ -1,6 +1,12 @@
-"""Builders for the tests: tiny random Hugging Face models with a word-level tokenizer."""
+"""Builders for the tests: tiny random Hugging Face models with a word-level tokenizer, and the
+architecture matrix (#19): random-weight checkpoints from scaled-down real configs of GPT-2,
+GPT-NeoX, Llama 3, Qwen2, Mistral, Gemma 2, Phi-3 and BERT, each saved with a real-style
+tokenizer trained here on English (byte-level BPE, byte-fallback BPE or WordPiece)."""
 from __future__ import annotations
 
+import json
+import random
+import string
 from pathlib import Path
 
 import torch
@@ -23,14 +29,28 @@ def word_tokenizer():
     )
 
 
-def build_tiny_model(family: str, out: Path, seed: int = 0, **config) -> Path:
+def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | None = None, **config) -> Path:
     """Save a random model of the family to `out`: "gpt2", "neox", or the Llama-style "llama"
     (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms); 2 layers unless `config`, which
-    overrides fields of the Hugging Face config, says otherwise."""
+    overrides fields of the Hugging Face config, says otherwise.
+
+    `tokenizer`: "word" (w0..w59, ids 4..63) or "qwen" (Qwen2's byte-level BPE, trained here).
+    Default "word", except for qwen2: transformers always loads a Qwen2 checkpoint's tokenizer as
+    Qwen2Tokenizer (Qwen's byte-level pipeline over tokenizer.json's vocabulary and merges), which
+    garbles a word-level vocabulary whatever tokenizer_class says, so qwen2 gets the BPE it expects."""
     import transformers
 
+    kind = tokenizer or ("qwen" if family == "qwen2" else "word")
+    if kind == "word":
+        tok = word_tokenizer()
+        special = dict(vocab_size=len(SPECIALS) + N_WORDS, bos_token_id=2, eos_token_id=3, pad_token_id=1)
+    elif kind == "qwen":
+        tok = byte_level_bpe(qwen=True)
+        eot = tok.convert_tokens_to_ids("<|endoftext|>")
+        special = dict(vocab_size=len(tok), bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+    else:
+        raise ValueError(kind)
     torch.manual_seed(seed)
-    special = dict(vocab_size=len(SPECIALS) + N_WORDS, bos_token_id=2, eos_token_id=3, pad_token_id=1)
     if family == "gpt2":
         fields = dict(n_embd=64, n_layer=2, n_head=4, n_positions=N_CTX)
         make = transformers.GPT2LMHeadModel, transformers.GPT2Config
@@ -45,13 +65,28 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, **config) -> Path:
         make = getattr(transformers, f"{name}ForCausalLM"), getattr(transformers, f"{name}Config")
     else:
         raise ValueError(family)
-    model = make[0](make[1](**{**special, **fields, **config}))
+    base = len(SPECIALS) + N_WORDS
+    if special["vocab_size"] > base:
+        # Construction draws from the RNG as many numbers as the model has; building the word-level
+        # model first and the real one on a forked RNG, then drawing rows of ids >= 64 last, gives
+        # weights on ids < 64 that do not depend on the tokenizer (tests keep their numbers).
+        make[0](make[1](**{**special, "vocab_size": base, **fields, **config}))
+        with torch.random.fork_rng():
+            model = make[0](make[1](**{**special, **fields, **config}))
+    else:
+        model = make[0](make[1](**{**special, **fields, **config}))
     with torch.no_grad():  # random but not tiny weights, so that heads differ visibly
+        later = []
         for p in model.parameters():
-            if p.ndim == 2:
+            if p.ndim == 2 and p.shape[0] == special["vocab_size"] > base:
+                p[:base].normal_(0.0, 0.2)
+                later.append(p)
+            elif p.ndim == 2:
                 p.normal_(0.0, 0.2)
+        for p in later:
+            p[base:].normal_(0.0, 0.2)
     model.save_pretrained(out, safe_serialization=True)
-    word_tokenizer().save_pretrained(out)
+    save_tokenizer(tok, out)
     return Path(out)
 
 
@@ -76,3 +111,153 @@ def zero_head(head: int, from_pos: int = 0):
         z[:, from_pos:, head] = 0.0
         return z
     return hook
+
+
+# ---- the architecture matrix (#19) -----------------------------------------------------------------
+ARCH_VOCAB = 500
+ARCH_CTX = 256
+# Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer rebuilds exactly this pipeline).
+QWEN_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+def english_corpus(n_words: int = 400, seed: int = 0) -> list[str]:
+    """What the matrix's tokenizers learn from: the shipped English sentences plus lines of seeded
+    pseudo-words built from English syllables (so merges go beyond the sentences' own words)."""
+    from headscope.analyses.core.tasks import shipped_sentences
+
+    rng = random.Random(seed)
+    onsets, vowels, codas = "b c d f g h l m n p r s t v w".split(), "a e i o u ea ou".split(), ["n", "r", "s", "t", "nd", ""]
+    words = ["".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
+             for _ in range(n_words)]
+    return shipped_sentences() + [" ".join(words[i:i + 10]) for i in range(0, n_words, 10)]
+
+
+def byte_level_bpe(vocab_size: int = ARCH_VOCAB, *, qwen: bool = False):
+    """GPT-2-style byte-level BPE with no unknown token, <|endoftext|> its one special token (BOS and
+    EOS); qwen=True: Qwen2's variant (NFC, Qwen's split regex, then byte-level; no BOS, <|endoftext|>
+    as EOS and pad)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    if qwen:
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(english_corpus(), trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    eot = "<|endoftext|>"
+    if qwen:  # as Qwen2's tokenizer_config.json: no BOS token, <|endoftext|> ends and pads
+        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eot, pad_token=eot)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot)
+
+
+def byte_fallback_bpe(vocab_size: int = ARCH_VOCAB):
+    """Llama-style sentencepiece BPE: Metaspace ("▁"), <0x00>..<0xFF> byte fallback for unseen
+    characters, <unk> <s> </s>, and <s> prepended by the post-processor."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(english_corpus(), trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def wordpiece(vocab_size: int = ARCH_VOCAB):
+    """BERT-style WordPiece: lower-casing normalizer, [CLS] text [SEP], [UNK] for what it cannot split."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    # Like BERT's vocabulary, every ASCII letter and digit, alone and as a "##" continuation, and punctuation.
+    ascii_lines = [" ".join(c + c for c in string.ascii_lowercase + string.digits), " ".join(string.punctuation)]
+    tok.train_from_iterator(english_corpus() + ascii_lines, trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+
+
+def save_tokenizer(tokenizer, out: Path) -> None:
+    """save_pretrained, with tokenizer_class PreTrainedTokenizerFast in tokenizer_config.json so
+    transformers loads tokenizer.json as it is rather than a model-specific class that rebuilds it
+    (Qwen2 and Phi-3 checkpoints get their registered class whatever this says)."""
+    tokenizer.save_pretrained(out)
+    path = Path(out) / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
+
+
+_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=ARCH_CTX)
+# arch -> (tokenizer builder, HF model class, config class, config fields): each architecture's own
+# switches as in its released checkpoints (GQA, q/k/v biases, sliding windows 8 tokens wide so the
+# test prompts cross them, soft-capping, alternating local/global layers, fused projections, a
+# quarter-rotary parallel block), at 2 layers, d_model 64, 4 heads, n_ctx 256, ~500 tokens.
+ARCHITECTURES = {
+    "gpt2": (byte_level_bpe, "GPT2LMHeadModel", "GPT2Config",
+             dict(n_embd=64, n_layer=2, n_head=4, n_positions=ARCH_CTX, activation_function="gelu_new")),
+    "neox": (byte_level_bpe, "GPTNeoXForCausalLM", "GPTNeoXConfig",  # Pythia
+             dict(_SMALL, intermediate_size=256, rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False)),
+    "llama3": (byte_fallback_bpe, "LlamaForCausalLM", "LlamaConfig",
+               dict(_SMALL, num_key_value_heads=2, rope_theta=500000.0, tie_word_embeddings=False)),
+    "qwen2": (lambda: byte_level_bpe(qwen=True), "Qwen2ForCausalLM", "Qwen2Config",
+              dict(_SMALL, num_key_value_heads=2, rope_theta=1000000.0, tie_word_embeddings=True)),
+    "mistral": (byte_fallback_bpe, "MistralForCausalLM", "MistralConfig",
+                dict(_SMALL, num_key_value_heads=2, sliding_window=8, tie_word_embeddings=False)),
+    "gemma2": (byte_fallback_bpe, "Gemma2ForCausalLM", "Gemma2Config",
+               dict(_SMALL, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh",
+                    layer_types=["sliding_attention", "full_attention"])),
+    "phi3": (byte_fallback_bpe, "Phi3ForCausalLM", "Phi3Config",  # fused qkv_proj and gate_up_proj, no GQA
+             dict(_SMALL, num_key_value_heads=4, sliding_window=None, tie_word_embeddings=False)),
+    "bert": (wordpiece, "BertForMaskedLM", "BertConfig",
+             dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=ARCH_CTX)),
+}
+
+
+def build_architecture(arch: str, out: Path, seed: int = 0) -> Path:
+    """Save a random-weight `arch` (a key of ARCHITECTURES) with its trained tokenizer to `out`.
+    Matrices and biases are drawn N(0, 0.2^2) and N(0, 0.1^2) so heads differ and biases count;
+    norms keep their initial weights."""
+    import transformers
+
+    make_tokenizer, model_class, config_class, fields = ARCHITECTURES[arch]
+    tok = make_tokenizer()
+    ids = {name: tok.convert_tokens_to_ids(getattr(tok, name.replace("_id", ""))) for name in
+           ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tok, name.replace("_id", ""), None) is not None}
+    ids.setdefault("pad_token_id", ids.get("eos_token_id"))  # configs like Phi-3's name a pad id of their own
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=len(tok), **ids, **fields))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(out, safe_serialization=True)
+    save_tokenizer(tok, out)
+    return Path(out)
+
+
+def hf_reference(path: Path):
+    """Plain Hugging Face (eager attention) on the same files: the causal LM for decoders, the bare
+    encoder (AutoModel: last hidden state) for BERT, whose MLM head headscope does not run."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    encoder = AutoConfig.from_pretrained(path).model_type == "bert"
+    return (AutoModel if encoder else AutoModelForCausalLM).from_pretrained(path, attn_implementation="eager").eval()

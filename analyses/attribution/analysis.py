@@ -41,14 +41,19 @@ from headscope.analyses.attribution.adversarial import LN2, adversarial_attentio
 from headscope.analyses.attribution.agreement import method_pair_rows, summarise, tau_rows
 from headscope.analyses.attribution.permutation import permutation_test
 from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, TaskError
 from headscope.execution import distributed
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 SUMMARY_NAMES = {"grad_x_input": "gradient", "saliency": "saliency", "leave_one_out": "loo", "integrated_gradients": "ig"}
+
+
+# What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
+NEEDS = Needs(answers=True, what="attributes the answer's score to the input tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -371,19 +376,27 @@ def _num(x: Any) -> float | None:
 
 # ---- default tasks and the registry entry point ------------------------------------------------------
 def default_task(model, task: str | None = None, config: AttributionConfig | None = None) -> Task:
-    """`task` (a zoo task name or task file); None: the zoo "kv" task for zoo models, the shipped
-    sentences for encoders and for decoders whose tokenizer lacks the zoo vocabulary."""
+    """`task` (a zoo task name or task file); None: the shipped sentences for encoders, the zoo "kv"
+    task for zoo models, and for other decoders the IOI task over the tokenizer's single-token names
+    (default_tasks.ioi_task; the shipped sentences where there are too few)."""
+    from headscope.analyses.core import default_tasks
     from headscope.analyses.core.task_files import resolve_task
 
     config = config or AttributionConfig()
     n = config.examples(64, 4)
     if model.facts.is_encoder and task is None:
         return sentence_task(model, shipped_sentences()[:n])
+    if task is None:
+        return default_tasks.zoo_or(model, "kv", lambda: _ioi_or_sentences(model, n, config.seed), n, config.seed)
+    return resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
+
+
+def _ioi_or_sentences(model, n: int, seed: int) -> Task:
+    from headscope.analyses.core import default_tasks
+
     try:
-        return resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
-    except ValueError:
-        if task is not None:
-            raise
+        return default_tasks.ioi_task(model, n, seed)
+    except TaskError:  # too few single-token names
         return sentence_task(model, shipped_sentences()[:n])
 
 

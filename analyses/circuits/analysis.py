@@ -7,13 +7,18 @@
   attention bias, MLP, the final-norm bias and b_U along the answer's (or answer minus wrong
   answer's) unembedding direction at the answer position, with the final norm linearised at
   its actual, frozen scale; the rows sum to the final logit (difference) exactly (dla.py).
-- run(model, task=None, config=None) -> Result: both from one pass per chunk of examples.
+- run(model, task=None, config=None) -> Result: both from one pass per chunk of examples; with
+  config.edges and a task with corrupted prompts, also edge attribution (EAP / EAP-IG, edges.py)
+  and the exact faithfulness of top-k circuits against random ones (faithfulness.py): tables
+  "edges" (the 200 strongest edges) and "faithfulness" (k, circuit, draw, metric, faithfulness),
+  summary smallest_k_80, faithfulness_at_k, random_faithfulness_at_k, top_edges.
 
-Default task: the zoo "ioi" task on zoo models, repeated random tokens (induction) on other
-decoders; encoders are skipped by `run` (summary {"skipped": reason}) and refused by the two
-named functions. Tables: "lens" (example, layer, stage, position, target, is_answer, logprob,
-rank, logit_diff), "dla" (example, component, kind, layer, head, contribution) and "dla_mean"
-(component, kind, layer, head, contribution = mean over examples, std). Summary: per-layer mean
+Default task: the zoo "ioi" task on zoo models, IOI over the tokenizer's single-token names
+on other decoders (repeated random tokens where there are too few); encoders are skipped by
+`run` (summary {"skipped": reason}) and refused by the two named functions. Tables: "lens"
+(example, layer, stage, position, target, is_answer, logprob, rank, logit_diff), "dla" (example,
+component, kind, layer, head, contribution) and "dla_mean" (component, kind, layer, head,
+contribution = mean over examples, std). Summary: per-layer mean
 answer rank, log-probability, top-1 fraction and logit difference at the answer position; the
 first layer whose median answer rank is 0 (top-1 in at least half the examples); top components
 and heads; the sum of the writers' contributions, the norm/bias terms and the final logit
@@ -29,6 +34,7 @@ import torch
 from headscope.analyses.circuits import dla as dla_mod
 from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError
@@ -45,19 +51,29 @@ NORM_CONVENTION = (
 _CHUNK_BYTES = 256 * 2**20  # lens logits held at once
 
 
+# What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
+NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class CircuitsConfig(AnalysisConfig):
     """lens_positions: "all" (every position up to the answer) or "answer". lens_target: "next"
     (the token after each position; the answer at the answer position) or "answer" (the task's
     answer everywhere). use_wrong_answer: DLA and the lens logit difference against the task's
     wrong answer when it has one (DLA along the answer alone otherwise). top_k: components listed
-    in the summary. repeat_length: the repeated-random-tokens task of non-zoo decoders."""
+    in the summary. repeat_length: the repeated-random-tokens task of non-zoo decoders. edges: edge
+    attribution and the faithfulness sweep in `run` (tasks with corrupted prompts). ig_steps: 1 =
+    EAP, more = EAP-IG (preset: 1 when quick). k_values: circuit sizes swept (None: about 10 from 1
+    to every edge, log-spaced)."""
 
     lens_positions: str = "all"
     lens_target: str = "next"
     use_wrong_answer: bool = True
     top_k: int = 10
     repeat_length: int = 12
+    edges: bool = True
+    ig_steps: int = 5
+    k_values: tuple | None = None
 
     def __post_init__(self) -> None:
         if self.lens_positions not in LENS_POSITIONS:
@@ -66,24 +82,33 @@ class CircuitsConfig(AnalysisConfig):
             raise ConfigError(f"lens_target must be one of {lens_mod.TARGETS}, got {self.lens_target!r}.")
         if self.top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {self.top_k}.")
+        if self.ig_steps < 1:
+            raise ConfigError(f"ig_steps must be >= 1, got {self.ig_steps}.")
+        if self.k_values is not None and (not self.k_values or any(int(k) < 0 for k in self.k_values)):
+            raise ConfigError(f"k_values must be a non-empty tuple of edge counts >= 0, got {self.k_values!r}.")
+
+    @classmethod
+    def preset(cls, **common) -> CircuitsConfig:
+        """Quick runs score edges with plain EAP (ig_steps=1)."""
+        return cls(**({"ig_steps": 1} if common.get("quick") else {}), **common)
 
 
 # ---- tasks ---------------------------------------------------------------------------------
 def default_task(model, task=None, config: CircuitsConfig | None = None) -> Task:
     """task as given (a Task, zoo task name, "repeat" or task data); None: the zoo "ioi" task on
-    zoo models, else repeated random tokens (the heads family's induction task)."""
+    zoo models, else the IOI task over the tokenizer's single-token names, or repeated random
+    tokens where there are too few (default_tasks.logit_diff_task)."""
+    from headscope.analyses.core import default_tasks
     from headscope.analyses.core.task_files import resolve_task
-    from headscope.analyses.heads.analysis import repeated_tokens_task
 
     config = config or CircuitsConfig()
     n = config.examples(64, 8)
     if isinstance(task, str) and task == "repeat":
-        return repeated_tokens_task(model, n, config.seed, length=config.repeat_length)
+        return default_tasks.repeated_tokens_task(model, n, config.seed, length=config.repeat_length)
     if task is None:
-        try:
-            return resolve_task(model, None, default="ioi", n_examples=n, seed=config.seed)
-        except TaskError:  # not a zoo vocabulary
-            return repeated_tokens_task(model, n, config.seed, length=config.repeat_length)
+        return default_tasks.zoo_or(
+            model, "ioi", lambda: default_tasks.logit_diff_task(model, n, config.seed, repeat_length=config.repeat_length),
+            n, config.seed)
     return resolve_task(model, task, default="ioi", n_examples=n, seed=config.seed)
 
 
@@ -271,5 +296,12 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     mean = dla_mean(dla)
     summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k),
                "task": task.name, "n_examples": len(task)}
-    return Result(name="circuits", df=mean, summary=summary,
-                  tables={"lens": lens, "dla": dla, "dla_mean": mean}, config=asdict(config))
+    tables = {"lens": lens, "dla": dla, "dla_mean": mean}
+    if config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness
+        from headscope.analyses.circuits.faithfulness import circuit_discovery
+
+        found, edge_summary = circuit_discovery(model, task, ig_steps=config.ig_steps, k_values=config.k_values,
+                                                seed=config.seed)
+        tables.update(found)
+        summary.update(edge_summary)
+    return Result(name="circuits", df=mean, summary=summary, tables=tables, config=asdict(config))

@@ -17,12 +17,12 @@ the last position, which needs padding with position ids to be threaded through 
 from __future__ import annotations
 
 import csv
-import io
 import json
+import logging
 import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
 from headscope.errors import ConfigError, TaskFileError, TokenizationWarning
+
+log = logging.getLogger(__name__)
 
 FIELDS = ("prompt", "answer", "corrupted_prompt", "wrong_answer")
 REQUIRED = ("prompt", "answer")
@@ -81,6 +83,9 @@ class TaskFile(str):
 
 
 # ---- reading rows ------------------------------------------------------------------------------
+# Task files are read as a stream of records: memory holds the rows kept (all of them, or a
+# seeded sample of n_examples), never the whole file. A sample takes two passes: the first
+# checks every row and counts them, the second keeps the rows drawn with the seed.
 def _text(value: Any) -> str | None:
     """A field value as text; None for a missing value (None, NaN, empty)."""
     if value is None:
@@ -91,100 +96,150 @@ def _text(value: Any) -> str | None:
         value = value.decode("utf-8")
     if isinstance(value, (list, tuple, dict)):
         raise TypeError(type(value).__name__)
-    text = str(value)
+    try:
+        text = str(value)
+    except ValueError:  # an integer too long to print (sys.set_int_max_str_digits)
+        raise TypeError("number too long") from None
     return text if text.strip() else None
 
 
-def _decode(path: Path, data: bytes) -> str:
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise TaskFileError(
-            f"Task file {str(path)!r}, line {line}: byte 0x{data[err.start]:02x} is not valid UTF-8; save the file as UTF-8."
-        ) from None
+_AS_WRITTEN = {"parse_int": str, "parse_float": str, "parse_constant": str}  # JSON numbers keep their text: 1.50, 1e3
 
 
-def _file_records(path: Path) -> tuple[list[dict], list[str]]:
-    """(records, place of each record in the file, e.g. "line 3, row 2")."""
+def _label(path: Path) -> str:
+    return f"Task file {str(path)!r}"
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of each line of a UTF-8 file (a leading BOM dropped), read lazily."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise TaskFileError(
+                    f"{_label(path)}, line {lineno}: byte 0x{raw[err.start]:02x} is not valid UTF-8; save the file as UTF-8."
+                ) from None
+            yield lineno, line
+
+
+def _is_blank(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return all(not raw.strip() for raw in fh)
+
+
+def _first_char(path: Path) -> str:
+    with open(path, "rb") as fh:
+        for raw in fh:
+            text = raw.lstrip(b"\xef\xbb\xbf").strip()
+            if text:
+                return chr(text[0])
+    return ""
+
+
+def _file_records(path: Path, only: set[int] | None = None) -> Iterator[tuple[Any, str]]:
+    """(record, its place in the file, e.g. "line 3, row 2") of each example, read lazily (a .json
+    array is parsed whole); with `only`, JSON lines skips the other rows unparsed (a file checked
+    already)."""
     kind = FORMATS[path.suffix.lower()]
     if kind == "parquet":
-        import pandas as pd
-
-        try:
-            frame = pd.read_parquet(path)
-        except Exception as err:  # pyarrow raises many types for unreadable files
-            raise TaskFileError(f"Task file {str(path)!r} could not be read as Parquet: {err}") from err
-        records = frame.to_dict("records")
-        return records, [f"row {i}" for i in range(len(records))]
-    text = _decode(path, path.read_bytes())
-    if not text.strip():
-        raise TaskFileError(f"Task file {str(path)!r} is empty; add one example per {'line' if kind == 'json' else 'row'}.")
+        yield from _parquet_records(path)
+        return
+    if _is_blank(path):
+        raise TaskFileError(f"{_label(path)} is empty; add one example per {'line' if kind == 'json' else 'row'}.")
     if kind == "csv":
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        records, places = [], []
+        reader = csv.DictReader((line for _, line in _lines(path)))
+        n = 0
         try:
-            for i, record in enumerate(reader):
+            for record in reader:
                 if None in record:  # more cells than header columns
                     raise TaskFileError(
-                        f"Task file {str(path)!r}, line {reader.line_num}, row {i}: {len(record) - 1 + len(record[None])} "
+                        f"{_label(path)}, line {reader.line_num}, row {n}: {len(reader.fieldnames or []) + len(record[None])} "
                         f"cells but the header has {len(reader.fieldnames or [])} columns; quote cells that contain commas."
                     )
-                records.append(record)
-                places.append(f"line {reader.line_num}, row {i}")
+                yield record, f"line {reader.line_num}, row {n}"
+                n += 1
         except csv.Error as err:
-            raise TaskFileError(f"Task file {str(path)!r}, line {reader.line_num} could not be read as CSV: {err}") from None
-        if not records:
-            raise TaskFileError(f"Task file {str(path)!r} is empty: it has a header but no rows; add at least one example.")
-        return records, places
-    stripped = text.lstrip()
-    if path.suffix.lower() == ".json" and stripped.startswith("["):  # a JSON array of objects
+            raise TaskFileError(f"{_label(path)}, line {reader.line_num} could not be read as CSV: {err}") from None
+        if n == 0:
+            raise TaskFileError(f"{_label(path)} is empty: it has a header but no rows; add at least one example.")
+        return
+    if path.suffix.lower() == ".json" and _first_char(path) == "[":  # a JSON array of objects
+        text = "".join(line for _, line in _lines(path))
         try:
-            records = json.loads(text)
+            records = json.loads(text, **_AS_WRITTEN)
         except json.JSONDecodeError as err:
             raise TaskFileError(
-                f"Task file {str(path)!r}, line {err.lineno} could not be read as JSON: {err.msg} (column {err.colno})."
+                f"{_label(path)}, line {err.lineno} could not be read as JSON: {err.msg} (column {err.colno})."
             ) from None
-        places = [f"row {i}" for i in range(len(records))]
-    else:
-        records, places = [], []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise TaskFileError(
-                    f"Task file {str(path)!r}, line {lineno} could not be read as JSON: {err.msg} (column {err.colno}); "
-                    f"write one JSON object per line."
-                ) from None
-            places.append(f"line {lineno}, row {len(places)}")
-    for record, place in zip(records, places):
-        if not isinstance(record, dict):
-            raise TaskFileError(f"Task file {str(path)!r}, {place}: expected a JSON object, got {type(record).__name__}.")
-    if not records:
-        raise TaskFileError(f"Task file {str(path)!r} is empty; add one JSON object per line.")
-    return records, places
+        except (ValueError, RecursionError) as err:  # a number too long, nesting too deep
+            raise TaskFileError(f"{_label(path)} could not be read as JSON: {err}.") from None
+        if not isinstance(records, list):
+            raise TaskFileError(f"{_label(path)}: expected a JSON array of objects, got {type(records).__name__}.")
+        for i, record in enumerate(records):
+            yield record, f"row {i}"
+        return
+    n = 0
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        if only is not None and n not in only:
+            n += 1
+            continue
+        try:
+            record = json.loads(line, **_AS_WRITTEN)
+        except json.JSONDecodeError as err:
+            raise TaskFileError(
+                f"{_label(path)}, line {lineno} could not be read as JSON: {err.msg} (column {err.colno}); "
+                f"write one JSON object per line."
+            ) from None
+        except (ValueError, RecursionError) as err:  # a number too long, nesting too deep
+            raise TaskFileError(f"{_label(path)}, line {lineno} could not be read as JSON: {err}.") from None
+        yield record, f"line {lineno}, row {n}"
+        n += 1
 
 
-def _source_records(source: Any) -> tuple[str, list, list[str]]:
-    """(label for messages, records, places) of any supported data source."""
+def _parquet_records(path: Path) -> Iterator[tuple[dict, str]]:
+    """Parquet rows in batches (pyarrow), so memory holds one batch at a time."""
+    try:
+        import pyarrow.parquet as pq
+
+        batches = pq.ParquetFile(path).iter_batches(batch_size=4096)
+        n = 0
+        for batch in batches:
+            for record in batch.to_pylist():
+                yield record, f"row {n}"
+                n += 1
+    except TaskFileError:
+        raise
+    except Exception as err:  # pyarrow raises many types for unreadable files
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise TaskFileError(f"{_label(path)} could not be read as Parquet: {first}") from None
+
+
+def _source_records(source: Any) -> tuple[str, Callable[..., Iterable[tuple[Any, str]]]]:
+    """(label for messages, a function giving a fresh iterator of (record, place), optionally of
+    the rows in `only`) of any supported data source: a file is read again on each call,
+    in-memory data is not copied."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        label = f"Task file {str(path)!r}"
+        label = _label(path)
         if path.suffix.lower() not in FORMATS:
             raise TaskFileError(f"{label}: unknown format {path.suffix!r}; use .jsonl, .csv or .parquet.")
         if not path.is_file():
             raise TaskFileError(f"{label} does not exist or is not a file.")
-        records, places = _file_records(path)
-        return label, records, places
+        try:
+            open(path, "rb").close()
+        except OSError as err:
+            raise TaskFileError(f"{label} cannot be read: {err.strerror or type(err).__name__}.") from None
+        return label, lambda only=None: _file_records(path, only)
     module = type(source).__module__.split(".")[0]
     if module == "pandas" and hasattr(source, "to_dict"):
         label, records = "Task data (DataFrame)", source.to_dict("records")
     elif module == "datasets" and hasattr(source, "column_names"):
-        label, records = "Task data (Dataset)", list(source)
+        label, records = "Task data (Dataset)", source
     elif isinstance(source, (list, tuple)):
-        label, records = "Task data (list of dicts)", list(source)
+        label, records = "Task data (list of dicts)", source
         for i, record in enumerate(records):
             if not isinstance(record, Mapping):
                 raise TaskFileError(f"{label}, row {i}: expected a dict of fields, got {type(record).__name__}.")
@@ -193,21 +248,29 @@ def _source_records(source: Any) -> tuple[str, list, list[str]]:
             f"Unsupported task data {type(source).__name__}: pass a .jsonl/.csv/.parquet path, a pandas DataFrame, "
             f"a datasets.Dataset, a list of dicts or a Task."
         )
-    if not records:
+    if not len(records):
         raise TaskFileError(f"{label} is empty; add at least one example.")
-    return label, records, [f"row {i}" for i in range(len(records))]
+    return label, lambda only=None: ((record, f"row {i}") for i, record in enumerate(records) if only is None or i in only)
 
 
-def _rows(source: Any, fields: Mapping[str, str] | str | None) -> tuple[str, list[dict[str, str]], list[str]]:
-    fields = parse_fields(fields if fields is not None else getattr(source, "fields", None))
-    label, records, places = _source_records(source)
+def _scan(label: str, records: Iterable[tuple[Any, str]], fields: Mapping[str, str],
+          keep: Callable[[int], bool]) -> tuple[list[dict[str, str]], list[str], int]:
+    """Check every record and return (the rows `keep` accepts by index, their places, the row
+    count). Errors come in the order of the eager reader: a parse error at once, then a column
+    no row has, then the first row lacking a required field, then an optional field given in some
+    rows only."""
     columns = {hs: fields.get(hs, hs) for hs in FIELDS}
-    seen = set().union(*(r.keys() for r in records))
-    absent = [f"{col!r} (for {hs})" for hs, col in fields.items() if col not in seen]
-    if absent:
-        raise TaskFileError(f"{label}: no column {', '.join(absent)}; its columns are {sorted(map(str, seen))}.")
-    rows = []
-    for record, place in zip(records, places):
+    seen: set = set()
+    rows: list[dict[str, str]] = []
+    places: list[str] = []
+    first_missing: str | None = None
+    have = {"corrupted_prompt": 0, "wrong_answer": 0}
+    lacking: dict[str, list[str]] = {"corrupted_prompt": [], "wrong_answer": []}
+    count = 0
+    for index, (record, place) in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise TaskFileError(f"{label}, {place}: expected a JSON object, got {type(record).__name__}.")
+        seen.update(record.keys())
         row = {}
         for hs, col in columns.items():
             try:
@@ -219,28 +282,66 @@ def _rows(source: Any, fields: Mapping[str, str] | str | None) -> tuple[str, lis
             if value is not None:
                 row[hs] = value
         missing = [columns[f] for f in REQUIRED if f not in row]
-        if missing:
+        if missing and first_missing is None:
             named = [c if c == f else f"{c} ({f})" for f, c in columns.items() if c in missing]
             need = [columns[f] for f in REQUIRED]
-            raise TaskFileError(f"{label}, {place}: missing field(s) {named}; every row needs {need}.")
-        rows.append(row)
-    for optional in ("corrupted_prompt", "wrong_answer"):
-        have = [i for i, r in enumerate(rows) if optional in r]
-        if have and len(have) != len(rows):
-            lacking = [places[i] for i, r in enumerate(rows) if optional not in r]
+            first_missing = f"{label}, {place}: missing field(s) {named}; every row needs {need}."
+        for optional in have:
+            if optional in row:
+                have[optional] += 1
+            elif len(lacking[optional]) < 6:
+                lacking[optional].append(place)
+        if keep(index):
+            rows.append(row)
+            places.append(place)
+        count += 1
+    if count == 0:
+        raise TaskFileError(f"{label} is empty; add one JSON object per line.")
+    absent = [f"{col!r} (for {hs})" for hs, col in fields.items() if col not in seen]
+    if absent:
+        raise TaskFileError(f"{label}: no column {', '.join(absent)}; its columns are {sorted(map(str, seen))}.")
+    if first_missing is not None:
+        raise TaskFileError(first_missing)
+    for optional, n in have.items():
+        if n and n != count:
+            few = ", ".join(lacking[optional][:5]) + (f" and {count - n - 5} more" if count - n > 5 else "")
             raise TaskFileError(
-                f"{label}: field {columns[optional]!r} is given in {len(have)} of {len(rows)} rows but missing in "
-                f"{_few(lacking)}; give it in every row or in none."
+                f"{label}: field {columns[optional]!r} is given in {n} of {count} rows but missing in "
+                f"{few}; give it in every row or in none."
             )
-    return label, rows, places
+    return rows, places, count
 
 
-def read_task_rows(source: Any, fields: Mapping[str, str] | str | None = None) -> list[dict[str, str]]:
+def sample_indices(n_rows: int, n_examples: int, seed: int) -> list[int]:
+    """The rows a seeded sample of n_examples keeps, in file order (torch.randperm with the seed)."""
+    return torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed))[:n_examples].sort().values.tolist()
+
+
+def _rows(source: Any, fields: Mapping[str, str] | str | None, *, n_examples: int | None = None,
+          seed: int = 0) -> tuple[str, list[dict[str, str]], list[str], int]:
+    """(label, rows under headscope's names, their places, the source's row count): all rows, or a
+    seeded sample of n_examples of them (every row is checked either way)."""
+    fields = parse_fields(fields if fields is not None else getattr(source, "fields", None))
+    label, records = _source_records(source)
+    if n_examples is None:
+        rows, places, count = _scan(label, records(), fields, lambda i: True)
+        return label, rows, places, count
+    rows, places, count = _scan(label, records(), fields, lambda i: i < n_examples)
+    if count <= n_examples:
+        return label, rows, places, count
+    chosen = set(sample_indices(count, n_examples, seed))
+    rows, places, _ = _scan(label, records(chosen), fields, lambda i: True)  # (every row passed _scan above)
+    return label, rows, places, count
+
+
+def read_task_rows(source: Any, fields: Mapping[str, str] | str | None = None, *, n_examples: int | None = None,
+                   seed: int = 0) -> list[dict[str, str]]:
     """The examples of a task source as dicts of text under headscope's field names (prompt,
-    answer and, where given, corrupted_prompt and wrong_answer), checked for the required fields.
-    source: a .jsonl/.json/.csv/.parquet path (or TaskFile), a DataFrame, a Dataset or a list of
-    dicts; fields: headscope name -> the user's column name."""
-    return _rows(source, fields)[1]
+    answer and, where given, corrupted_prompt and wrong_answer), every row checked for the
+    required fields. source: a .jsonl/.json/.csv/.parquet path (or TaskFile), a DataFrame, a
+    Dataset or a list of dicts; fields: headscope name -> the user's column name; n_examples: a
+    seeded sample of that many rows (file order kept), read without holding the whole file."""
+    return _rows(source, fields, n_examples=n_examples, seed=seed)[1]
 
 
 # ---- tokenizing ------------------------------------------------------------------------------
@@ -265,6 +366,11 @@ def _tokens(model, prompts: list[str], what: str, label: str = "Task data", plac
     seqs = [model.to_tokens(p, warn_unknown=False)[0].cpu() for p in prompts]
     places = list(places) if places is not None else [f"row {i}" for i in range(len(seqs))]
     lengths = [len(s) for s in seqs]
+    n_ctx = getattr(getattr(model, "facts", None), "n_ctx", None)
+    long = [f"{place} has {n}" for n, place in zip(lengths, places) if n_ctx is not None and n > n_ctx]
+    if long:
+        raise TaskFileError(f"{label}: {what} longer than {model.name}'s context of {n_ctx} tokens ({_few(long)}); "
+                            f"shorten them.")
     if len(set(lengths)) > 1:
         by_length: dict[int, list[str]] = {}
         for n, place in zip(lengths, places):
@@ -337,7 +443,8 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
     DataFrame, a `datasets.Dataset`, a list of dicts, a Task (returned as is, or subsampled) or a
     zoo task name (`zoo`, 64 examples unless n_examples). fields: headscope field -> your column, e.g.
     {"prompt": "text", "answer": "label"} or "prompt=text,answer=label". n_examples: a seeded random
-    subset of that many rows (all rows when None or larger). Every field is read as text. Words the
+    subset of that many rows (all rows when None or larger; a file is streamed, so only those rows
+    are held and tokenized). Every field is read as text. Words the
     tokenizer maps to its unknown token raise a TokenizationWarning naming them; answers must be one
     token; prompts (and corrupted prompts) must tokenize to one common length.
     """
@@ -350,10 +457,9 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
             return source
         keep = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))[:n_examples].sort().values
         return _subset(source, keep)
-    label, rows, places = _rows(source, fields)
-    if n_examples is not None and n_examples < len(rows):
-        keep = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:n_examples].sort().values.tolist()
-        rows, places = [rows[i] for i in keep], [places[i] for i in keep]
+    label, rows, places, count = _rows(source, fields, n_examples=n_examples, seed=seed)
+    if len(rows) < count:
+        log.info("%s: a seeded sample of %d of its %d rows (seed %d; n_examples sets how many)", label, len(rows), count, seed)
     return build_task(model, rows, name=name or _default_name(source), label=label, places=places)
 
 
@@ -385,7 +491,8 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
                  fields: Mapping[str, str] | str | None = None, **kw) -> Task:
     """The Task an analysis runs on: a Task as given; a zoo task name (n_examples, seed and kw go
     to `zoo`); the user's data (a task file path or TaskFile, DataFrame, Dataset or list of dicts,
-    read whole with `fields` by load_task); or `default` when None."""
+    read with `fields` by load_task: a seeded sample of n_examples rows when it has more, so an
+    analysis's --n-examples and --quick sizes apply to task files too); or `default` when None."""
     if isinstance(task, Task):
         return task
     if task is None:
@@ -395,7 +502,7 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
             raise ConfigError(f"task fields apply to task files and data sets, not to the zoo task {task!r}.")
         return zoo(model, task, n_examples=n_examples, seed=seed, **kw)
     if is_task_data(task):
-        return load_task(model, task, fields)
+        return load_task(model, task, fields, n_examples=n_examples, seed=seed)
     raise TaskFileError(
         f"Unknown task {task if isinstance(task, str) else type(task).__name__!r}: use a zoo task ({', '.join(ZOO_TASKS)}), "
         f"a .jsonl/.csv/.parquet file, a DataFrame, a datasets.Dataset, a list of dicts or a Task."

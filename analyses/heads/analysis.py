@@ -23,8 +23,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from headscope.analyses.core import task_files, tasks
+from headscope.analyses.core import default_tasks, task_files, tasks
 from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task, sentence_task
 from headscope.analyses.heads.importance import (
@@ -51,6 +52,11 @@ IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
 TaskLike = Task | torch.Tensor | str | None  # a Task, token ids, a zoo task name or a task file
 
 
+# What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
+NEEDS = Needs(answers=False, min_examples=2, next_token=True,
+              what="scores each head by its effect on the answers; resample ablation needs a second example")
+
+
 @dataclass(frozen=True, kw_only=True)
 class HeadsConfig(AnalysisConfig):
     """What `run` computes. methods: importance methods ("gradient", "zero", "mean",
@@ -74,24 +80,14 @@ class HeadsConfig(AnalysisConfig):
 
 
 # ---- tasks ---------------------------------------------------------------------------------
-def repeated_tokens_task(model, n_examples: int = 64, seed: int = 0, length: int = 12) -> Task:
-    """A decoder Task for any tokenizer (induction): prompts [bos] x x[:k] of random tokens x,
-    k = length // 2 for every prompt; answer x[k]; wrong answer x[k + 1], another token of the
-    context. Metric: logit difference."""
-    from headscope.analyses.heads.roles import repeated_random_tokens
-
-    full = repeated_random_tokens(model, length, n_examples, seed)  # [n, (1 +) 2 * length]
-    start = full.shape[1] - 2 * length
-    k = length // 2
-    cut = start + length + k  # prompt ends just before the second copy's token k
-    return Task(name="repeat", tokens=full[:, :cut], answers=full[:, cut], wrong_answers=full[:, cut + 1],
-                metric="logit_diff")
+repeated_tokens_task = default_tasks.repeated_tokens_task  # induction on repeated random tokens (any decoder)
 
 
 def default_task(model, task: Any = None, config: HeadsConfig | None = None) -> Task:
     """task (a zoo task, "sentences", "repeat", a task file or user data: a DataFrame, Dataset or
-    list of dicts), else sentences for encoders, the zoo "kv" task for zoo models, and repeated
-    random tokens for other decoders."""
+    list of dicts), else sentences for encoders, the zoo "kv" task for zoo models, and for other
+    decoders the IOI task over the tokenizer's single-token names (repeated random tokens where
+    the vocabulary has too few; default_tasks.logit_diff_task)."""
     config = config or HeadsConfig()
     n = config.examples(64, 16)
     if task is not None and not isinstance(task, str):  # user data (analyses.core.task_files)
@@ -100,10 +96,7 @@ def default_task(model, task: Any = None, config: HeadsConfig | None = None) -> 
     if name is None:
         if model.facts.is_encoder:  # all shipped sentences unless told otherwise
             return sentence_task(model, n_examples=n if config.n_examples or config.quick else None, seed=config.seed)
-        try:
-            return tasks.zoo(model, "kv", n, config.seed)
-        except ValueError:  # not a zoo vocabulary
-            return repeated_tokens_task(model, n, config.seed)
+        return default_tasks.zoo_or(model, "kv", lambda: default_tasks.logit_diff_task(model, n, config.seed), n, config.seed)
     if name in tasks.ZOO_TASKS:
         return tasks.zoo(model, name, n, config.seed)
     if name == "sentences":

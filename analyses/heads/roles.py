@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from headscope.errors import ConfigError
+from headscope.analyses.core.default_tasks import repeated_random_tokens
 from headscope.hooks import capture, site
 
 POSITIONAL_SHARE = 0.9
@@ -68,23 +68,6 @@ def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
                 "previous_token": float(previous[l, h]), "confidence": float(confidence[l, h]),
             })
     return pd.DataFrame(rows)
-
-
-def repeated_random_tokens(model, length: int, n: int, seed: int = 0) -> torch.Tensor:
-    """[n, 2 * length (+1 with a BOS/CLS prefix)]: random non-special tokens, repeated once."""
-    tok = model.tokenizer
-    special = set(getattr(tok, "all_special_ids", []) or [])
-    vocab = min(len(tok), model.facts.d_vocab) if tok is not None else model.facts.d_vocab
-    pool = torch.tensor([i for i in range(vocab) if i not in special])
-    if len(pool) < length:
-        raise ConfigError(f"The vocabulary has {len(pool)} non-special tokens; induction needs length <= that, got {length}.")
-    gen = torch.Generator().manual_seed(seed)
-    seq = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:length]] for _ in range(n)])  # [n, length]
-    tokens = torch.cat([seq, seq], dim=1)  # [n, 2 * length]
-    prefix = getattr(tok, "bos_token_id", None) if not model.facts.is_encoder else getattr(tok, "cls_token_id", None)
-    if prefix is not None:
-        tokens = torch.cat([torch.full((n, 1), prefix), tokens], dim=1)
-    return tokens
 
 
 def induction_scores(model, *, length: int | None = None, n: int = 8, seed: int = 0) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.kv import eviction as kv_eviction
@@ -121,6 +122,10 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     return pd.DataFrame(rows)
 
 
+# What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
+NEEDS = Needs(answers=True, decoder=True, what="evicts entries of a decoder's KV cache")
+
+
 @dataclass(frozen=True, kw_only=True)
 class KVConfig(AnalysisConfig):
     n_sink: int = 4  # StreamingLLM keeps 4 sink tokens
@@ -131,17 +136,23 @@ class KVConfig(AnalysisConfig):
 
 def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None = None) -> Result:
     """Anatomy, states and the eviction what-if on one Task (see the module doc). task: a Task, a
-    zoo task name or task file (None: the zoo "kv" retrieval task).
+    zoo task name or task file (None: the zoo "kv" retrieval task; other models: the shipped
+    sentences cut to one length, default_tasks.text_task).
 
     df (results.csv): the metric per policy, budget and example. tables: "anatomy", "norms",
     "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget.
     """
     if model.facts.is_encoder:
         raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
+    from headscope.analyses.core import default_tasks
     from headscope.analyses.core.task_files import resolve_task
 
     config = config or KVConfig()
-    task = resolve_task(model, task, default="kv", n_examples=config.examples(128, 16), seed=config.seed)
+    n = config.examples(128, 16)
+    if task is None:  # zoo "kv"; other models: the shipped sentences cut to one length
+        task = default_tasks.zoo_or(model, "kv", lambda: default_tasks.text_task(model, n, config.seed),
+                                    n, config.seed)
+    task = resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
     anatomy = cache_anatomy(model)
     norms = kv_norms(model, task.tokens)
     sink_table = sink_stats(model, task.tokens, norms, n_sink=1)

@@ -29,10 +29,14 @@ from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
 from headscope.errors import ConfigError
+
+# What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
+NEEDS = Needs(answers=True, decoder=True, what="reads MLP values through the unembedding as next tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,7 +225,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
                           corpus: torch.Tensor | Sequence[torch.Tensor] | None = None) -> Result:
     """Trigger examples, value tokens, agreement per layer and the Task's largest sub-updates.
 
-    task: a Task, zoo task name or task file (None: zoo "facts"); corpus: the prompts scanned for
+    task: a Task, zoo task name or task file (None: zoo "facts", or sentences; default_inputs); corpus: the prompts scanned for
     trigger examples (None: the zoo corpus, or the Task's prompts and answers for other models).
 
     df (results.csv): one row per (layer, neuron). tables: "agreement" (per layer), "top_neurons"
@@ -276,11 +280,16 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
 
 
 def default_inputs(model, task: Task | str | None, config: MLPConfig) -> tuple[Task, list[torch.Tensor]]:
-    """The Task (default zoo "facts": recall from the weights) and the trigger corpus (the zoo's four
-    tasks; other models: the Task's prompts and answers)."""
+    """The Task (default zoo "facts": recall from the weights; other models: the shipped sentences cut
+    to one length, default_tasks.text_task) and the trigger corpus (the zoo's four tasks;
+    other models: the Task's prompts and answers)."""
+    from headscope.analyses.core import default_tasks
     from headscope.analyses.core.task_files import resolve_task
 
     n = config.examples(128, 16)
+    if task is None:
+        task = default_tasks.zoo_or(model, "facts", lambda: default_tasks.text_task(model, n, config.seed),
+                                    n, config.seed)
     task = resolve_task(model, task, default="facts", n_examples=n, seed=config.seed)
     try:
         corpus = zoo_corpus(model, n_examples=n, seed=config.seed)

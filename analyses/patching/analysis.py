@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.contract import Needs, require
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
@@ -54,7 +55,7 @@ def exact_sweep(
     *,
     batch_size: int | None = None,
     memory_budget: int | None = None,
-    progress: bool = True,
+    progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[list, torch.Tensor]]]:
     """Patch every cell of every site type from the `source` run into runs on `base` (both [B, pos]).
 
@@ -119,15 +120,16 @@ def _resid_mid_hooks(layer: int, mask: torch.Tensor, n_lead: int):
 def activation_patching(
     model,
     task,
-    sites: str | Sequence[str] = DEFAULT_SITES,
+    sites: str | Sequence[str] | None = None,
     *,
+    config: PatchingConfig | None = None,
     direction: str = "denoise",
     metric: str | Metric | None = None,
     corrupted_tokens: torch.Tensor | None = None,
     attribution: bool = False,
     batch_size: int | None = None,
     memory_budget: int | None = None,
-    progress: bool = True,
+    progress: bool = False,
 ) -> Result:
     """Exact activation patching over `sites` (names in patching_sites.SITE_TYPES).
 
@@ -136,8 +138,15 @@ def activation_patching(
     "prob", "task" (the Task's own metric) or a callable output -> [batch]; None picks logit
     difference when the task has wrong answers. batch_size: patched runs per forward pass
     (None: sized from memory_budget bytes). attribution=True adds attribution-patching
-    estimates and their correlation with the exact effects.
+    estimates and their correlation with the exact effects. task: a Task, a zoo task name, a
+    task file or None (default_task); config (a PatchingConfig) supplies sites and progress.
     """
+    if config is not None:
+        sites = config.sites if sites is None else sites
+        progress = progress or config.progress
+    sites = DEFAULT_SITES if sites is None else sites
+    if not isinstance(task, Task):
+        task = default_task(model, task, config)
     check_direction(direction)
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
     pm = resolve_metric(task, metric)
@@ -215,6 +224,11 @@ def _trace_task(model, task, n_examples: int, seed: int):
         return None
 
 
+# What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
+NEEDS = Needs(answers=True, corrupted=True, decoder=True,
+              what="patches between clean and corrupted runs and measures next-token answers")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PatchingConfig(AnalysisConfig):
     """What `run` patches. sites: site types (None: every type the model exposes, the four main
@@ -226,22 +240,33 @@ class PatchingConfig(AnalysisConfig):
     trace_samples: int | None = None
 
 
+def default_task(model, task=None, config: PatchingConfig | None = None) -> Task:
+    """`task` as a Task (a Task, zoo task name, task file or data set); None: the zoo "ioi" task, and
+    on other decoders IOI over single-token names (or corrupted induction on tiny vocabularies)."""
+    from headscope.analyses.core import default_tasks
+    from headscope.analyses.core.task_files import resolve_task
+
+    config = config or PatchingConfig()
+    n = config.examples(32, 8)
+    if task is None:
+        task = default_tasks.zoo_or(model, "ioi", lambda: default_tasks.logit_diff_task(model, n, config.seed, corrupt=True),
+                                    n, config.seed)
+    return resolve_task(model, task, default="ioi", n_examples=n, seed=config.seed)
+
+
 def run(model, task: Task | str | None = None, config: PatchingConfig | None = None) -> Result:
     """`headscope patching`: exact patching of every site type with attribution estimates
-    (default task: zoo "ioi"), direct-path patching of every head into the logits, and causal
-    tracing on the zoo facts task (or the given task, if it marks a "subject" span).
-    Encoders are skipped with a note (the metrics read next-token answers)."""
-    from headscope.analyses.core.task_files import resolve_task
+    (default task: zoo "ioi"; other decoders: default_tasks.logit_diff_task), direct-path patching
+    of every head into the logits, and causal tracing on the zoo facts task (or the given task,
+    if it marks a "subject" span). Encoders raise UnsupportedModelError (NEEDS: the metrics read next-token answers)."""
     from headscope.analyses.patching.causal_tracing import causal_tracing
     from headscope.analyses.patching.path_patching import path_patching
     from headscope.hooks.sites import available_sites
 
     config = config or PatchingConfig.preset()
-    if model.facts.is_encoder:
-        note = f"{model.facts.name} is an encoder; patching measures next-token answers and needs a decoder."
-        return Result(name="patching", df=pd.DataFrame(), summary={"skipped": note}, config={"seed": config.seed})
+    require(NEEDS, model, "patching")  # encoders: UnsupportedModelError (the report skips them beforehand)
     n = config.examples(32, 8)
-    task = resolve_task(model, task, default="ioi", n_examples=n, seed=config.seed)
+    task = default_task(model, task, config)
     available = set(available_sites(model))
     wanted = config.sites or (QUICK_SITES if config.quick else FULL_SITES)
     names = [name for name in wanted if site_types(name)[0].hook(0) in available]

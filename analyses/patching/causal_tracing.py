@@ -94,7 +94,7 @@ def causal_tracing(
     seed: int = 0,
     batch_size: int | None = None,
     memory_budget: int | None = None,
-    progress: bool = True,
+    progress: bool = False,
 ) -> Result:
     """Causal tracing of `task` (needs task.spans[span]) with per-(kind, layer, position) AIEs.
 

@@ -58,7 +58,7 @@ def run_batched(
     lead: torch.Tensor | None = None,
     batch_size: int | None = None,
     memory_budget: int | None = None,
-    progress: bool = True,
+    progress: bool = False,
     desc: str = "patching",
     stacked_metric: bool = False,
     layer_of: Callable[[int], int] | None = None,

@@ -5,16 +5,15 @@ missing or of another length, answers missing, an unknown metric or direction.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from headscope.analyses.core import metrics as M
+from headscope.analyses.core.metrics import Metric
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ShapeMismatchError, TaskError
 
-Metric = Callable[[torch.Tensor], torch.Tensor]  # model output [batch, ...] -> [batch]
 METRICS = ("logit_diff", "normalized_logit_diff", "logprob", "prob", "task")
 DIRECTIONS = ("denoise", "noise")
 

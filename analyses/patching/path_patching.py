@@ -74,7 +74,7 @@ def path_patching(
     corrupted_tokens: torch.Tensor | None = None,
     batch_size: int | None = None,
     memory_budget: int | None = None,
-    progress: bool = True,
+    progress: bool = False,
 ) -> Result:
     """Patch each sender head's output along its direct paths into `receivers`.
 

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.position import prompts
 from headscope.analyses.position.prompts import PositionSweep
@@ -41,6 +42,11 @@ TASKS = ("zoo_kv", "json_kv", "qa", "retrieval")
 DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 
 
+# What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
+NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True,
+              what="retrieval sweeps that move the gold item through the context")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PositionConfig(AnalysisConfig):
     """Settings of the position sweep.
@@ -48,8 +54,9 @@ class PositionConfig(AnalysisConfig):
     sweep: "zoo_kv" (zoo models), "json_kv" (Liu et al.'s UUID key-value retrieval), "qa"
       (multi-document QA over `data`, a JSONL file), "retrieval" (encoders; `data` or the shipped
       set); "auto" picks zoo_kv / json_kv / retrieval from the model.
-    n_items: pairs, documents or sentences including the gold one (None: 20; 10 for qa; every
-      shipped distractor + 1 for retrieval). positions: 1-based gold slots (None: 1 and the quarters).
+    n_items: pairs, documents or sentences including the gold one (None: 20 for zoo_kv; for json_kv
+      as many as fit the context, up to 20 (10 when quick), stated in the summary's n_items_note; 10
+      for qa; every shipped distractor + 1 for retrieval). positions: 1-based gold slots (None: 1 and the quarters).
     n_sink: first tokens counted as sinks (None: 1, the <bos>, for zoo_kv; 4 otherwise, as StreamingLLM).
     window: recent window of the StreamingLLM masks (None: half the prompt; 0: no masked runs).
     batch_size: rows per forward pass (None: all positions of an example together, examples of equal
@@ -100,7 +107,10 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
     if task == "zoo_kv":
         return prompts.zoo_kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=n_examples, **common)
     if task == "json_kv":
-        return prompts.kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=n_examples, **common)
+        if cfg.n_items is not None:
+            return prompts.kv_sweeps(tok, n_pairs=cfg.n_items, n_examples=n_examples, **common)
+        return prompts.fit_kv_sweeps(tok, model.facts.n_ctx, max_pairs=10 if cfg.quick else 20, n_examples=n_examples,
+                                     **common)
     if task == "qa":
         if cfg.data is None:
             raise ConfigError("task 'qa' needs data= a JSONL file of multi-document QA records (see load_qa_records).")
@@ -161,10 +171,9 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         cfg = _config_for_task(model, task, cfg)
     elif task is not None:
         sweeps = list(task)
-    if cfg.quick and cfg.n_items is None and sweeps is None and sweep_kind(model, cfg.sweep) == "json_kv":
-        cfg = replace(cfg, n_items=10)
     encoder = model.facts.is_encoder
     task = sweep_kind(model, cfg.sweep) if sweeps is None else ("retrieval" if encoder else "custom")
+    fitted = sweeps is None and task == "json_kv" and cfg.n_items is None  # pairs chosen to fit the context
     sweeps = build_sweeps(model, cfg) if sweeps is None else list(sweeps)
     if not sweeps:
         raise ConfigError("position_bias got no sweeps; pass n_examples >= 1 or a non-empty list of PositionSweep.")
@@ -213,6 +222,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "retrieval_tracked_metric": tracked,
         "query_aware": cfg.query_aware,
     }
+    if fitted:
+        summary["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, model.facts.n_ctx)
     if len(masked):
         windows = sorted({_window(cfg, sw.prompt_len) for sw in sweeps})
         summary["streaming"] = {

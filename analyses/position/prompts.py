@@ -12,6 +12,7 @@ Builders:
 - `kv_sweeps`: Liu et al.'s key-value retrieval, a JSON object of k UUID pairs in their prompt
   ("Extract the value corresponding to the specified key ..."). One deviation: a space after
   "{" (`{ "k": "v",\\n "k": "v"}`) so that every record tokenizes identically in every slot.
+  `fit_kv_sweeps` picks k (and, for small contexts, shorter hex keys) to fit the context.
 - `qa_sweeps`: multi-document QA over user JSONL (see `load_qa_records`), Liu et al.'s format
   `Document [i](Title: t) text`; the slot labels stay in place, the documents move.
 - `retrieval_sweeps`: encoders; a passage of sentences with the relevant one at each slot, and
@@ -208,40 +209,100 @@ def _uuid(rng: np.random.Generator) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def kv_records(rng: np.random.Generator, n_pairs: int) -> list[tuple[str, str]]:
-    """n_pairs distinct (key, value) UUID pairs."""
+def _hex(rng: np.random.Generator, n: int) -> str:
+    """n random hex digits from a seeded generator."""
+    return "".join(f"{b:02x}" for b in rng.integers(0, 256, size=(n + 1) // 2))[:n]
+
+
+def kv_records(rng: np.random.Generator, n_pairs: int, key_chars: int | None = None) -> list[tuple[str, str]]:
+    """n_pairs distinct (key, value) pairs: UUIDs, or key_chars random hex digits each."""
+    make = _uuid if key_chars is None else (lambda r: _hex(r, key_chars))
     records: dict[str, str] = {}
     while len(records) < n_pairs:
-        records[_uuid(rng)] = _uuid(rng)
+        records[make(rng)] = make(rng)
     return list(records.items())
 
 
-def kv_prompt_parts(key: str, query_aware: bool) -> tuple[str, str]:
-    """(head, tail) of Liu et al.'s kv prompt around the JSON records."""
+def kv_prompt_parts(key: str, query_aware: bool, instruction: bool = True) -> tuple[str, str]:
+    """(head, tail) of Liu et al.'s kv prompt around the JSON records (instruction: their first line)."""
     question = f'Key: "{key}"'
-    head = f"{KV_INSTRUCTION}\n\n" + (f"{question}\n\n" if query_aware else "") + "JSON data:\n{"
+    head = (f"{KV_INSTRUCTION}\n\n" if instruction else "") + (f"{question}\n\n" if query_aware else "") + "JSON data:\n{"
     return head, f"}}\n\n{question}\nCorresponding value:"
 
 
 def kv_sweeps(
     tokenizer: Any, *, n_pairs: int = 20, n_examples: int = 16, seed: int = 0,
-    positions: Sequence[int] | None = None, query_aware: bool = False,
+    positions: Sequence[int] | None = None, query_aware: bool = False, key_chars: int | None = None,
+    instruction: bool = True,
 ) -> list[PositionSweep]:
-    """Liu et al.'s synthetic key-value retrieval over k UUID pairs, for any tokenizer."""
+    """Liu et al.'s synthetic key-value retrieval over k UUID pairs, for any tokenizer (key_chars: hex
+    keys and values of that many digits instead; instruction=False: without the instruction line)."""
     if n_pairs < 2:
         raise ConfigError(f"n_pairs must be >= 2, got {n_pairs}.")
     rng = np.random.default_rng([seed, 75])
     sweeps = []
     for _ in range(n_examples):
-        records = [f' "{k}": "{v}"' for k, v in kv_records(rng, n_pairs)]
+        records = [f' "{k}": "{v}"' for k, v in kv_records(rng, n_pairs, key_chars)]
         g = int(rng.integers(n_pairs))
         key, value = records[g].split('"')[1], records[g].split('"')[3]
-        head, tail = kv_prompt_parts(key, query_aware)
+        head, tail = kv_prompt_parts(key, query_aware, instruction)
         sweeps.append(item_sweep(
             tokenizer, items=[*records[:g], *records[g + 1:]], gold=records[g], positions=positions,
             head=head, tail=tail, sep=",\n", answer=f' "{value}"', answers=(value,),
         ))
     return sweeps
+
+
+# The kv formats fit_kv_sweeps tries, longest first: (hex digits of keys and values, None for UUIDs;
+# whether the prompt opens with Liu et al.'s instruction).
+KV_FORMATS = ((None, True), (8, True), (8, False), (4, False))
+MIN_FIT_PAIRS = 3  # a format is used when this many pairs (a middle slot) fit; the last one from 2
+
+
+def sweep_tokens(sweeps: Sequence[PositionSweep], extra_new_tokens: int = 8) -> int:
+    """The most positions a decoder sweep uses: prompt, answer and greedy decoding's extra tokens."""
+    return max(sw.prompt_len + sw.answer_ids.numel() + extra_new_tokens for sw in sweeps)
+
+
+def fit_kv_sweeps(
+    tokenizer: Any, n_ctx: int, *, max_pairs: int = 20, n_examples: int = 16, seed: int = 0,
+    positions: Sequence[int] | None = None, query_aware: bool = False, extra_new_tokens: int = 8,
+) -> list[PositionSweep]:
+    """kv_sweeps with the most pairs (up to max_pairs) whose prompts, answers and greedy decoding fit
+    n_ctx, in the first of KV_FORMATS where MIN_FIT_PAIRS pairs fit (UUIDs with the instruction for
+    any usual context; shorter hex keys, then no instruction line, for small ones)."""
+    def build(n: int, key_chars: int | None, instruction: bool) -> list[PositionSweep]:
+        return kv_sweeps(tokenizer, n_pairs=n, n_examples=n_examples, seed=seed, positions=positions,
+                         query_aware=query_aware, key_chars=key_chars, instruction=instruction)
+
+    for i, (key_chars, instruction) in enumerate(KV_FORMATS):
+        floor = min(max_pairs, 2 if i == len(KV_FORMATS) - 1 else MIN_FIT_PAIRS)
+        smallest = build(floor, key_chars, instruction)
+        need_floor = sweep_tokens(smallest, extra_new_tokens)
+        if need_floor > n_ctx:
+            continue
+        n = max_pairs
+        while n > floor:
+            sweeps = build(n, key_chars, instruction)
+            need = sweep_tokens(sweeps, extra_new_tokens)
+            if need <= n_ctx:
+                return sweeps
+            per_pair = max(1.0, (need - need_floor) / (n - floor))  # tokens per extra pair
+            n = min(n - 1, floor + int((n_ctx - need_floor) / per_pair))
+        return smallest
+    raise ConfigError(
+        f"not even two key-value pairs of {KV_FORMATS[-1][0]} hex digits fit the context of {n_ctx} tokens; "
+        "pass a custom list of PositionSweep."
+    )
+
+
+def kv_fit_note(tokenizer: Any, sweeps: Sequence[PositionSweep], n_ctx: int) -> str:
+    """The summary's account of a fit_kv_sweeps choice."""
+    value = sweeps[0].answers[0]
+    keys = "UUID keys and values" if len(value) == 36 else f"keys and values of {len(value)} hex digits"
+    text = tokenizer.decode(sweeps[0].tokens[0], skip_special_tokens=True).lower()
+    instruction = "with" if KV_INSTRUCTION.split()[0].lower() in text else "without"
+    return f"n_pairs chosen to fit context {n_ctx}: {sweeps[0].n_items} pairs, {keys}, {instruction} Liu et al.'s instruction"
 
 
 # ---------------------------------------------------------------- multi-document QA

@@ -12,7 +12,13 @@ Labels come from the Task (`task_labels`):
 - "span_start:<name>": where span <name> starts;
 - "answer": the answer token (e.g. the subject's attribute in facts);
 - "position": each token's position, probed at every position (regression);
+- labels that exist for any tokenizer, each probed at every position (classification):
+  "prev_token" (the previous token's id; -1 at position 0), "position_bucket" (0, 1, 2-3, 4-7,
+  8-15, ...: the bit length of the position) and "word_start" (1 where the token begins a word:
+  its string starts with a space marker, it is the row's first non-special token, or, for
+  WordPiece, it is no "##" continuation; special tokens 0);
 - or an array of one label per example.
+The default task of a non-zoo decoder is the shipped sentences probed for "position_bucket".
 """
 from __future__ import annotations
 
@@ -27,9 +33,10 @@ from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, TaskError
 from headscope.probes import LogisticProbe, RidgeProbe, selectivity
 
 
@@ -48,8 +55,46 @@ def _class_ids(rows: torch.Tensor) -> np.ndarray:
     return torch.unique(rows.reshape(rows.shape[0], -1), dim=0, return_inverse=True)[1].numpy()
 
 
-def task_labels(task: Task, labels: str | Sequence, position: int = -1) -> ProbeData:
-    """Labels, control types and the probe kind for a Task (see the module doc for label names)."""
+GENERIC_LABELS = ("prev_token", "position_bucket", "word_start")
+_SPACE_MARKERS = ("\u0120", "\u2581", " ")  # byte-level BPE's "Ġ", SentencePiece's "▁", a plain space
+
+
+def word_starts(tokenizer, tokens: torch.Tensor) -> torch.Tensor:
+    """[batch, pos] int64: 1 where a token begins a word (see the module doc), from the token strings."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    ids = sorted(set(tokens.reshape(-1).tolist()))
+    strings = dict(zip(ids, tokenizer.convert_ids_to_tokens(ids)))
+    backend = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    wordpiece = (getattr(backend, "continuing_subword_prefix", None) or "") == "##"
+    out = torch.zeros_like(tokens)
+    for b, row in enumerate(tokens.tolist()):
+        first = True
+        for p, i in enumerate(row):
+            if i in special:
+                continue
+            text = strings[i] or ""
+            out[b, p] = int(first or (not text.startswith("##") if wordpiece else text.startswith(_SPACE_MARKERS)))
+            first = False
+    return out
+
+
+def _generic_labels(tokens: torch.Tensor, labels: str, tokenizer) -> np.ndarray:
+    """[batch * pos] labels of GENERIC_LABELS for every position of every row."""
+    pos = torch.arange(tokens.shape[1]).expand_as(tokens)  # [batch, pos]
+    if labels == "prev_token":
+        y = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], dim=1)  # [batch, pos]
+    elif labels == "position_bucket":
+        y = torch.where(pos > 0, torch.floor(torch.log2(pos.clamp(min=1).double())).long() + 1, 0)  # bit length
+    else:
+        if tokenizer is None:
+            raise ConfigError("'word_start' labels need the model's tokenizer; pass tokenizer= to task_labels.")
+        y = word_starts(tokenizer, tokens)
+    return y.reshape(-1).numpy()
+
+
+def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, tokenizer=None) -> ProbeData:
+    """Labels, control types and the probe kind for a Task (see the module doc for label names;
+    tokenizer: the model's, for "word_start")."""
     tokens = task.tokens.cpu()  # [batch, pos]
     if not isinstance(labels, str):
         arr = np.asarray(labels)
@@ -61,6 +106,9 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1) -> Probe
         pos = torch.arange(tokens.shape[1]).expand_as(tokens)  # [batch, pos]
         return ProbeData(labels=pos.reshape(-1).numpy().astype(float), types=tokens.reshape(-1).numpy(),
                          kind="regression", all_positions=True)
+    if labels in GENERIC_LABELS:
+        return ProbeData(labels=_generic_labels(tokens, labels, tokenizer), types=tokens.reshape(-1).numpy(),
+                         kind="classification", all_positions=True)
     if labels == "answer":
         if task.answers is None:
             raise ConfigError(f"Task {task.name!r} has no answers; choose another label.")
@@ -72,7 +120,8 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1) -> Probe
         if kind not in ("span", "span_start") or name not in task.spans:
             raise ConfigError(
                 f"unknown probe labels {labels!r} for Task {task.name!r}; use 'query_pair', 'answer', 'position', "
-                f"or 'span:<name>' / 'span_start:<name>' with a span of {sorted(task.spans)}.")
+                f"{', '.join(repr(g) for g in GENERIC_LABELS)}, or 'span:<name>' / 'span_start:<name>' with a span of "
+                f"{sorted(task.spans)}.")
         span = task.spans[name].cpu()  # [batch, 2]
         if kind == "span_start":
             y = _class_ids(span[:, :1])
@@ -85,18 +134,25 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1) -> Probe
 
 @torch.no_grad()
 def probe_sweep(
-    model, task: Task | torch.Tensor, site: str = "resid_post", labels: str | Sequence = "query_pair", *,
-    position: int = -1, layers: Sequence[int] | None = None, cv: int = 5, seed: int = 0,
-    C: float = 1.0, alpha: float = 1.0, progress: bool = False,
+    model, task: Task | torch.Tensor | str | None = None, site: str = "resid_post", labels: str | Sequence = "query_pair",
+    *, config: ProbesConfig | None = None, position: int = -1, layers: Sequence[int] | None = None, cv: int = 5,
+    seed: int = 0, C: float = 1.0, alpha: float = 1.0, progress: bool = False,
 ) -> Result:
     """Probe accuracy (or R^2) and selectivity per layer at `site` (a site kind, e.g. "resid_post").
 
-    task: a Task, or a [batch, pos] token tensor with labels an array (or "position").
+    task: a Task, or a [batch, pos] token tensor with labels an array (or "position"); anything
+    else (None, a zoo task name, a task file) runs `run` with config. config (a ProbesConfig)
+    supplies site, labels, cv, seed, C, alpha and progress.
     df: one row per (layer, fold, task in {"real", "control"}) with the score. tables["per_layer"]:
     score, control and selectivity per layer. summary: best layer and its numbers.
     """
+    if not isinstance(task, (Task, torch.Tensor)):
+        return run(model, task, config)
+    if config is not None:
+        site, labels, seed, C, alpha = config.site, config.labels, config.seed, config.C, config.alpha
+        cv, progress = config.cv or cv, config.progress
     task = task if isinstance(task, Task) else Task(name="tokens", tokens=task, metric="cosine")
-    probe_data = task_labels(task, labels, position)
+    probe_data = task_labels(task, labels, position, tokenizer=model.tokenizer)
     layers = list(range(model.facts.n_layers) if layers is None else (model.check_layer(layer) for layer in layers))
     names = [hooks.site(site, layer) for layer in layers]
     kw = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
@@ -138,6 +194,11 @@ def probe_sweep(
                           "C": C, "alpha": alpha, "task": task.name})
 
 
+# What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
+NEEDS = Needs(answers=True, labels=True, min_classes=2, min_examples=5,
+              what="decodes the answer at every layer with cross-validated probes")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProbesConfig(AnalysisConfig):
     """site: the site kind probed at every layer; labels: what is decoded (see task_labels; the
@@ -154,10 +215,13 @@ class ProbesConfig(AnalysisConfig):
 def run(model, task: Task | str | None = None, config: ProbesConfig | None = None) -> Result:
     """`headscope probes`: the answer a zoo Task's prompt retrieves (kv: the queried key's value), read at
     the answer position, per layer (also for task files); encoders: token position over the shipped
-    sentences. (The queried key itself is the input token there, so its control task is as easy as
-    the real one: selectivity 0 by construction; "span:query" shows it.)"""
+    sentences; other decoders: the shipped sentences (default_tasks.text_task) with "position_bucket"
+    labels (or config.labels when set to another label). (The queried key itself is the input token
+    there, so its control task is as easy as the real one: selectivity 0 by construction; "span:query"
+    shows it.)"""
+    from headscope.analyses.core import default_tasks
     from headscope.analyses.core.task_files import resolve_task
-    from headscope.analyses.core.tasks import sentence_task
+    from headscope.analyses.core.tasks import sentence_task, zoo
 
     config = config or ProbesConfig.preset()
     n = config.examples(256, 64)
@@ -165,5 +229,12 @@ def run(model, task: Task | str | None = None, config: ProbesConfig | None = Non
     kw = dict(cv=cv, seed=config.seed, C=config.C, alpha=config.alpha, progress=config.progress)
     if model.facts.is_encoder and task is None:
         return probe_sweep(model, sentence_task(model, n_examples=n, seed=config.seed), config.site, "position", **kw)
+    if task is None:
+        try:
+            task = zoo(model, "kv", n_examples=n, seed=config.seed)
+        except TaskError:  # not a zoo vocabulary: the shipped sentences, labels any tokenizer has
+            labels = "position_bucket" if config.labels == "answer" else config.labels
+            text = default_tasks.text_task(model, n, config.seed, padded=True)
+            return probe_sweep(model, text, config.site, labels, **kw)
     task = resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
     return probe_sweep(model, task, config.site, config.labels, **kw)

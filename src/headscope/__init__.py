@@ -4,6 +4,12 @@
     model = hs.load_model()                      # the embedded zoo model; or "minilm", a dir, a hub name
     acts = hs.capture(model, tokens, [hs.site("pattern", 0)])
 """
+import warnings as _warnings
+
+with _warnings.catch_warnings():  # tqdm.auto in a notebook without ipywidgets: the plain bar, no warning
+    _warnings.filterwarnings("ignore", message="IProgress not found")
+    import tqdm.auto  # noqa: F401
+
 from headscope import analyses, errors, hooks, models, reports  # reports registers Result's plot/HTML views
 from headscope.analyses.core import tasks
 from headscope.analyses.core.task_files import TaskFile, load_task

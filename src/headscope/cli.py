@@ -5,6 +5,7 @@
     headscope heads|attribution|position|patching|mlp|kv|probes [same options]
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
+    headscope compare OUT_A OUT_B [--out FILE]  two report folders side by side in one HTML page
     headscope --version                  (python -m headscope works too)
 
 Under torchrun (`torchrun --nproc_per_node=N -m headscope report ...`) the report and analysis
@@ -40,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=None,
                    help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    _trust_option(s)
 
     z = sub.add_parser("zoo", help="the shipped model organisms")
     zsub = z.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND")
@@ -49,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default=None, help="output directory (default: a new folder under ./zoo-train)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--steps", type=int, default=None, help="override the recipe's number of steps")
+
+    c = sub.add_parser("compare", help="one HTML page setting two report folders side by side")
+    c.add_argument("out_a", metavar="OUT_A", help="a headscope output folder")
+    c.add_argument("out_b", metavar="OUT_B", help="another one (a second checkpoint, or another model on the same task)")
+    c.add_argument("--out", default=None, help="the page to write (default: ./compare.html)")
+    c.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     return p
 
 
@@ -67,6 +75,82 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing --out (only a previous headscope output)")
     p.add_argument("--quick", action="store_true", help="reduced sizes, for smoke tests")
     p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars, only warnings")
+    _trust_option(p)
+
+
+def _trust_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let the model run its own Python code from its files (only for sources you trust)")
+
+
+def _warn_remote_code(args: argparse.Namespace) -> None:
+    """One warning line for --trust-remote-code (load_model's own warning is then not repeated)."""
+    import warnings
+
+    if getattr(args, "trust_remote_code", False):
+        log.warning("--trust-remote-code: the model's own Python code from its files will run; use it only for trusted sources.")
+        warnings.filterwarnings("ignore", message="trust_remote_code=True")
+
+
+def _quiet_loading(args: argparse.Namespace) -> None:
+    """-q: no "Loading weights" bar from transformers either (stderr keeps warnings and errors only)."""
+    if args.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+ERROR_LOG = "headscope-error.log"
+
+
+class _OneLine(logging.Formatter):
+    """Log lines without tracebacks: an exception adds its type and message, its traceback goes to the log file."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        exc_info, exc_text, msg, args = record.exc_info, record.exc_text, record.msg, record.args
+        if exc_info and exc_info[1] is not None:
+            record.msg, record.args = f"{record.getMessage()}: {type(exc_info[1]).__name__}: {exc_info[1]}", None
+        record.exc_info = record.exc_text = None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.msg, record.args = exc_info, exc_text, msg, args
+
+
+class _Tracebacks(logging.Handler):
+    """Collects the tracebacks of logged exceptions (an analysis that failed unexpectedly) for the error log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.texts: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.texts.append(self.format(record))
+
+
+def _write_error_log(texts: list[str], out: str | os.PathLike | None, *, keep_out: bool = False) -> str | None:
+    """The tracebacks into OUT/headscope-error.log when OUT is a folder (None when it is not, or on
+    a rank other than 0: then they go to stderr). keep_out: OUT holds a previous output that a failed
+    --force run must leave exactly as it was, so the log goes to the temp folder instead."""
+    import tempfile
+    from pathlib import Path
+
+    if not texts:
+        return None
+    target = Path(out) / ERROR_LOG if out is not None and Path(out).is_dir() and not Path(out).is_symlink() else None
+    if target is not None and keep_out:
+        target = Path(tempfile.gettempdir()) / f"headscope-error-{os.getpid()}.log"
+    if target is not None and os.environ.get("RANK", "0") == "0":
+        try:
+            with open(target, "a", encoding="utf-8") as fh:
+                fh.write("\n\n".join(texts) + "\n")
+            return str(target)
+        except OSError:
+            pass
+    print("\n\n".join(texts), file=sys.stderr)
+    return None
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -75,12 +159,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from headscope.reports.report import build_report
 
     analyses = getattr(args, "analyses", None) if args.command == "report" else args.command
+    _warn_remote_code(args)
+    _quiet_loading(args)
     distributed.init_from_env(args.device)
     try:
         out = build_report(
             args.model, out=args.out, analyses=analyses, task=args.task, task_fields=args.task_fields, seed=args.seed,
             quick=args.quick, n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
-            progress=not args.quiet, command=["headscope", *sys.argv[1:]],
+            progress=not args.quiet, command=["headscope", *sys.argv[1:]], trust_remote_code=args.trust_remote_code,
         )
     except RunFailedError as err:  # --force and an analysis failed: the old output is unchanged
         if os.environ.get("RANK", "0") == "0":
@@ -93,6 +179,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from headscope.reports.io import read_json
     from headscope.reports.report import _failure_is_mistake
 
+    args.out = out  # where the error log goes (the run chose OUT when --out was not given)
     status = read_json(out / "manifest.json")["status"]
     failed = [name for name, state in status.items() if state.startswith("failed")]
     print(f"wrote {out / 'report.html'}" + (f" ({len(failed)} failed: {', '.join(failed)})" if failed else ""))
@@ -101,11 +188,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 2 if all(_failure_is_mistake(status[name]) for name in failed) else 1  # 2: user mistakes only
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from headscope.reports.compare import compare_reports
+
+    print(f"wrote {compare_reports(args.out_a, args.out_b, args.out, force=args.force)}")
+    return 0
+
+
 def _cmd_sites(args: argparse.Namespace) -> int:
     from headscope.hooks.sites import SITES, available_sites, parse_site
     from headscope.models import load_model
 
-    model = load_model(args.model, device=args.device)
+    _warn_remote_code(args)
+    _quiet_loading(args)
+    model = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
     print(model)
     names = available_sites(model)
     print(f"{len(names)} sites:")
@@ -132,18 +228,44 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     quiet = args.quiet or os.environ.get("RANK", "0") != "0"  # under torchrun only rank 0 logs progress
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # tracebacks go to the error log, not the terminal
+        if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.__stderr__):
+            handler.setFormatter(_OneLine("%(levelname)s %(name)s: %(message)s"))
+    for noisy in ("matplotlib", "datasets", "PIL", "urllib3", "filelock", "fsspec"):  # their INFO lines are not ours
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from headscope.analyses.core.registry import ANALYSES
     from headscope.errors import HeadscopeError
+    from headscope.models.threads import configure_threads
 
-    handlers = {"sites": _cmd_sites, "zoo": _cmd_zoo, "report": _cmd_report, **{name: _cmd_report for name in ANALYSES}}
+    threads = configure_threads()  # before any work: torch's default collapses on a busy machine
+    logging.getLogger("headscope").debug("torch threads: %s", threads or "torch's own setting")
+    handlers = {"sites": _cmd_sites, "zoo": _cmd_zoo, "compare": _cmd_compare,
+                "report": _cmd_report, **{name: _cmd_report for name in ANALYSES}}
     if args.command is None:
         _parser().print_help()
         return 2
+    tracebacks = _Tracebacks()
+    logging.getLogger().addHandler(tracebacks)
     try:
-        return handlers[args.command](args)
-    except HeadscopeError as err:  # a user mistake: one line, exit 2 (anything else keeps its traceback)
+        code = handlers[args.command](args)
+    except HeadscopeError as err:  # a user mistake: one line, exit 2
         print(f"headscope: error: {err}", file=sys.stderr)
-        return 2
+        code = 2
+    except Exception as err:  # an internal error: its traceback into the error log, one line, exit 1
+        import traceback
+
+        tracebacks.texts.append(traceback.format_exc().rstrip())
+        where = _write_error_log(tracebacks.texts, getattr(args, "out", None), keep_out=getattr(args, "force", False))
+        print(f"headscope: internal error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+              f"{f'; traceback in {where}' if where else ''} (please report it).", file=sys.stderr)
+        return 1
+    finally:
+        logging.getLogger().removeHandler(tracebacks)
+    where = _write_error_log(tracebacks.texts, getattr(args, "out", None),
+                             keep_out=getattr(args, "force", False) and code != 0)  # a failed --force run changes nothing
+    if where:
+        print(f"headscope: {len(tracebacks.texts)} internal error(s) logged; tracebacks in {where}.", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

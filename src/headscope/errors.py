@@ -106,3 +106,8 @@ class RunFailedError(HeadscopeError, RuntimeError):
     def __init__(self, message: str, *, user_mistake: bool = False):
         super().__init__(message)
         self.user_mistake = user_mistake
+
+
+class ModelFileError(HeadscopeError, OSError):
+    """A model's files cannot be used: a truncated or corrupt safetensors file, pickle-only weights
+    (never unpickled), no tokenizer; the message names the file and what to do."""

@@ -82,6 +82,19 @@ def test_fields_are_read_as_text(tmp_path):
     assert read_task_rows(tmp_path / "array.json") == read_task_rows(tmp_path / "n.jsonl")
 
 
+def test_json_numbers_keep_the_text_the_user_wrote(tmp_path):
+    (tmp_path / "n.jsonl").write_text('{"prompt": "w1", "answer": 1.50}\n{"prompt": "w2", "answer": 1e3}\n', encoding="utf-8")
+    assert [r["answer"] for r in read_task_rows(tmp_path / "n.jsonl")] == ["1.50", "1e3"]
+
+
+def test_prompts_longer_than_the_context_are_named_before_any_work(tmp_path, tiny_models):
+    model = tiny_models["llama"]
+    long = " ".join(["w1"] * (model.facts.n_ctx + 5))
+    _write_jsonl(tmp_path / "long.jsonl", [{"prompt": "w1 w2", "answer": "w3"}, {"prompt": long, "answer": "w3"}])
+    with pytest.raises(TaskFileError, match=rf"long\.jsonl.*longer than .*context of {model.facts.n_ctx} tokens.*row 1"):
+        hs.load_task(model, tmp_path / "long.jsonl")
+
+
 def test_errors_name_the_file_row_and_field(tmp_path, tiny_models):
     model = tiny_models["llama"]
     bad_json = tmp_path / "bad.jsonl"

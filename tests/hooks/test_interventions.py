@@ -148,3 +148,33 @@ def test_clean_and_source_of_different_shapes_is_a_clear_error(tiny_models):
     with pytest.raises(hs.ShapeMismatchError, match="same batch size and length"):
         with hs.patch(model, source, hs.site("resid_pre", 0)):
             model(random_tokens(2, 7))
+
+
+def test_hooks_are_removed_after_a_keyboard_interrupt_inside_a_hook(tiny_models, monkeypatch):
+    """Ctrl-C arrives mid-forward, inside a hook of hs.capture or hs.ablate: no hook stays attached."""
+    import importlib
+
+    capture_mod = importlib.import_module("headscope.hooks.capture")  # (the package re-exports a function of that name)
+    interventions_mod = importlib.import_module("headscope.hooks.interventions")
+    model = tiny_models["gpt2"]
+    tokens = random_tokens(2, 5)
+    calls = []
+
+    def interrupt(*args, **kwargs):
+        calls.append(model.n_active_hooks())
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(capture_mod, "select_positions", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            hs.capture(model, tokens, [hs.site("resid_pre", 0), hs.site("resid_post", 1)])
+    assert len(calls) == 1 and calls[0] > 0 and model.n_active_hooks() == 0  # it ran hooked, and is unhooked now
+    with monkeypatch.context() as m:
+        m.setattr(interventions_mod, "position_index", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            with hs.ablate(model, heads=[(0, 1), (1, 0)]):
+                model(tokens)
+    assert len(calls) == 2 and calls[1] > 0 and model.n_active_hooks() == 0
+    with torch.no_grad():  # and the model still runs unhooked, as plain as before
+        assert torch.equal(model(tokens), model(tokens))
+    assert hs.capture(model, tokens, hs.site("resid_pre", 0))[hs.site("resid_pre", 0)].shape == (2, 5, model.facts.d_model)

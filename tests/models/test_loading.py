@@ -81,3 +81,96 @@ def test_prompt_longer_than_context_is_refused(tiny_models):
 def test_token_ids_outside_the_vocabulary_are_refused(tiny_models):
     with pytest.raises(hs.IndexOutOfRangeError, match="token ids must lie"):
         tiny_models["gpt2"](torch.tensor([[2, 10_000]]))
+
+
+# ---- model files that cannot load: one line naming the file (issue #20 item 6) ---------------------------
+def model_copy(src, dst, drop=()):
+    import shutil
+
+    shutil.copytree(src, dst)
+    for name in drop:
+        (dst / name).unlink()
+    return dst
+
+
+def one_line(err) -> str:
+    text = str(err.value)
+    assert "\n" not in text and "weights_only=False" not in text
+    return text
+
+
+def test_a_truncated_or_corrupt_safetensors_file_is_named(tiny_dirs, tmp_path):
+    for name, cut in (("truncated", lambda b: b[: len(b) // 2]), ("corrupt", lambda b: b[:8] + b"{not json" + b[17:])):
+        folder = model_copy(tiny_dirs["gpt2"], tmp_path / name)
+        weights = folder / "model.safetensors"
+        weights.write_bytes(cut(weights.read_bytes()))
+        with pytest.raises(hs.errors.ModelFileError) as err:
+            hs.load_model(folder, device="cpu")
+        text = one_line(err)
+        assert f"Model file {str(weights)!r} is truncated or corrupt" in text and "save the model again" in text
+
+
+def test_a_pickle_only_checkpoint_is_refused_without_unpickling(tiny_dirs, tmp_path):
+    import os
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return os.mkdir, (str(tmp_path / "pwned"),)
+
+    folder = model_copy(tiny_dirs["gpt2"], tmp_path / "pickled", drop=["model.safetensors"])
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(hs.errors.ModelFileError) as err:
+        hs.load_model(folder, device="cpu")
+    text = one_line(err)
+    assert "pytorch_model.bin" in text and str(folder) in text and "save_pretrained" in text
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_missing_tokenizer_is_named(tiny_dirs, tmp_path):
+    folder = model_copy(tiny_dirs["gpt2"], tmp_path / "no-tokenizer")
+    for path in folder.iterdir():
+        if "token" in path.name:
+            path.unlink()
+    with pytest.raises(hs.errors.ModelFileError) as err:
+        hs.load_model(folder, device="cpu")
+    text = one_line(err)
+    assert f"Model folder {str(folder)!r} has no tokenizer files" in text and "tokenizer.save_pretrained" in text
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
+    (folder / "vocab.json").write_text("{}")  # tokenizer files whose vocabulary is empty
+    (folder / "merges.txt").write_text("")
+    with pytest.raises(hs.errors.ModelFileError, match="empty vocabulary"):
+        hs.load_model(folder, device="cpu")
+
+
+def test_trust_remote_code_warns_that_the_models_code_runs(tiny_dirs):
+    with pytest.warns(UserWarning, match="may run its own Python code"):
+        model = hs.load_model(tiny_dirs["gpt2"], device="cpu", trust_remote_code=True)
+    assert model.facts.n_layers == 2
+
+
+def test_a_models_own_code_never_runs_without_trust_remote_code(tiny_dirs, tmp_path):
+    """config.json "auto_map" naming a modeling file that leaves a marker when imported: with a model
+    type transformers knows it loads natively; with its own type it is refused in one line; never run."""
+    import json
+
+    marker = tmp_path / "ran.txt"
+    folder = model_copy(tiny_dirs["llama"], tmp_path / "custom")
+    (folder / "modeling_x.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "class XConfig(LlamaConfig):\n    model_type = 'x'\n"
+        "class XForCausalLM(LlamaForCausalLM):\n    config_class = XConfig\n"
+    )
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "modeling_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(config))
+    model = hs.load_model(folder, device="cpu")  # a llama config: transformers' own Llama class, auto_map unused
+    assert type(model.bridge.original_model).__name__ == "LlamaForCausalLM" and not marker.exists()
+    config.update(model_type="x", architectures=["XForCausalLM"])
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(hs.errors.ModelFileError) as err:
+        hs.load_model(folder, device="cpu")
+    text = one_line(err)
+    assert str(folder) in text and "--trust-remote-code" in text and "auto_map" in text
+    assert not marker.exists()

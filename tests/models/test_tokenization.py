@@ -113,7 +113,7 @@ def test_a_tokenizer_class_that_does_not_fit_its_files_warns(tmp_path):
     loses every word; load_model says which class and how to override it."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    path = build_tiny_model("qwen2", tmp_path / "qwen2")
+    path = build_tiny_model("qwen2", tmp_path / "qwen2", tokenizer="word")
     picked = AutoTokenizer.from_pretrained(path)
     assert picked("w5 w11 w5", add_special_tokens=False)["input_ids"] != [9, 15, 9]  # the bug being caught
     _, caught = _load_quietly(path)

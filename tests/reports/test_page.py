@@ -1,0 +1,143 @@
+"""The report page: findings on top, a table of contents, figures with captions in a grid, CSVs in
+<details>, provenance at the bottom; escaping in report.html and report.md; file modes; byte-identical figures."""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from browser import chromium_path
+from headscope.analyses.core.result import Result
+from headscope.reports import io
+from headscope.reports.html_report import write_report_files
+from headscope.reports.plots import plot_result
+from headscope.reports.render import figure_png, md_escape, result_html
+
+XSS = "<img src=x onerror=alert(1)>"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _output(root):
+    """A hand-made output folder: a heads analysis (summary, a figure, two CSVs, one empty), a failed
+    patching analysis whose error holds user text, and a manifest."""
+    heads = root / "heads"
+    heads.mkdir(parents=True)
+    io.write_json(heads / "summary.json", {"metric": "logit_diff", "baseline_metric": 3.5, "n_heads": 8, "n_examples": 4,
+                                           "max_fraction_prunable_ablation": 0.25, "heads_prunable_ablation": 2.0})
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [0, 1])
+    io.write_figure(heads / "pruning_curve.png", fig)
+    plt.close(fig)
+    io.write_csv(heads / "curve.csv", pd.DataFrame({"fraction_pruned": [0.0, 0.5], "metric": [3.5, 1.0]}))
+    (heads / "empty.csv").write_text("")
+    io.write_json(root / "manifest.json", {
+        "command": ["headscope", "report", "--seed", "7"], "config": {"task": XSS, "quick": True, "device": "cpu"},
+        "model": {"name": "zoo/synth-llama"}, "seed": 7, "git_sha": SHA,
+        "versions": {"python": "3.12.0", "torch": "2.9.0"}})
+    write_report_files(root, ["heads", "patching"], {"heads": "done", "patching": f"failed: TaskError: bad answer {XSS}"},
+                       {"name": "zoo/synth-llama", "family": "llama", "n_layers": 2, "n_heads": 4, "d_model": 16})
+
+
+def test_page_has_findings_toc_grid_details_and_provenance(tmp_path):
+    _output(tmp_path)
+    html = (tmp_path / "report.html").read_text()
+    toc = re.search(r'<nav class="toc">(.*?)</nav>', html).group(1)
+    for anchor in ("findings", "heads", "patching", "provenance"):
+        assert f'href="#{anchor}"' in toc and (f'id="{anchor}"' in html or f"id='{anchor}'" in html)
+    findings = html[html.index("id='findings'"):html.index('id="heads"')]
+    assert "2 of 8 heads (25%)" in findings  # 0.25 x 8
+    assert '<div class="figs"><figure><img alt="pruning_curve"' in html and "<figcaption><b>pruning_curve</b>: Metric" in html
+    assert "<details><summary>curve.csv (2 rows)</summary>" in html and "<details><summary>empty.csv (empty)</summary>" in html
+    assert "<details><summary>summary.json (6 keys)</summary>" in html
+    provenance = html[html.index("id='provenance'"):]
+    assert SHA in provenance and "<td>7</td>" in provenance and "torch 2.9.0" in provenance
+    assert "headscope report --seed 7" in provenance
+    assert html.index("id='findings'") < html.index('id="heads"') < html.index("id='provenance'")
+
+
+def test_user_strings_are_escaped_in_html_and_markdown(tmp_path):
+    _output(tmp_path)
+    html = (tmp_path / "report.html").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert XSS not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert XSS not in md and "<img" not in md
+    assert r"&lt;img src=x onerror=alert\(1\)&gt;" in md  # the task (provenance) and the error (findings, section)
+    assert md.count(r"onerror=alert\(1\)") >= 3
+    assert md_escape("[a](javascript:x) *b* | c_d") == r"\[a\]\(javascript:x\) \*b\* \| c\_d"
+    assert md_escape("it's") == "it&#x27;s"  # the HTML entity keeps its '#'
+
+
+def test_files_honour_the_umask(tmp_path):
+    """Atomic writes give 0666 & ~umask (mkstemp alone gives 0600), checked in a child with its own umask."""
+    code = ("import os, sys; from pathlib import Path\n"
+            "from headscope.reports import io\n"
+            "for mask in sys.argv[2:]:\n"
+            "    os.umask(int(mask, 8)); folder = Path(sys.argv[1]) / mask\n"
+            "    io.write_text(folder / 'a.txt', 'x'); io.write_json(folder / 'b.json', {})\n")
+    modes = {"022": 0o644, "077": 0o600, "002": 0o664}
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), *modes], check=True)
+    for mask, mode in modes.items():
+        assert {stat.S_IMODE(os.stat(tmp_path / mask / n).st_mode) for n in ("a.txt", "b.json")} == {mode}, mask
+    _output(tmp_path / "report")  # this process's umask applies to the report files too
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(os.stat(tmp_path / "report" / "report.html").st_mode) == 0o666 & ~mask
+
+
+def _kv_result(seed: int = 0) -> Result:
+    """A kv Result with per-example metrics, so that the eviction plot draws a bootstrap band."""
+    rng = np.random.default_rng(seed)
+    rows = [{"policy": p, "budget": b, "example": e, "metric": float(rng.normal(b / 8, 1))}
+            for p in ("window", "sink_window") for b in (4, 8, 16) for e in range(12)]
+    rows += [{"policy": "full", "budget": 64, "example": e, "metric": 2.0} for e in range(12)]
+    norms = pd.DataFrame({"layer": [0, 0, 1, 1], "kv_head": 0, "position": [0, 1, 0, 1], "kind": "key",
+                          "norm": [3.0, 1.0, 2.5, 1.2]})
+    sinks = pd.DataFrame({"layer": [0, 1], "sink_mass": [0.4, 0.7], "uniform_mass": [0.1, 0.1], "sink_key_norm_ratio": 2.0})
+    return Result(name="kv", df=pd.DataFrame(rows), summary={"metric_unevicted": 2.0},
+                  tables={"norms": norms, "sinks": sinks}, config={"seed": seed})
+
+
+def test_same_result_gives_byte_identical_figures():
+    result = _kv_result()
+    first = {stem: figure_png(fig) for stem, fig in plot_result(result).items()}
+    np.random.seed(12345)  # global state must not matter
+    second = {stem: figure_png(fig) for stem, fig in plot_result(result).items()}
+    plt.close("all")
+    assert set(first) == {"kv_eviction", "kv_norms", "kv_sinks"}
+    assert first == second
+
+
+def test_notebook_view_leads_with_the_finding():
+    result = Result(name="heads", df=pd.DataFrame({"a": [1]}),
+                    summary={"metric": "logit_diff", "baseline_metric": 0.01, "n_heads": 4, "n_examples": 2}, tables={},
+                    config={})
+    html = result_html(result, with_figures=False)
+    assert "<p class='finding'>Unpruned logit difference is 0.01 over 2 examples. The model is at chance" in html
+
+
+@pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_page_in_chromium_folds_tables_and_links_the_contents(tmp_path):
+    from browser import open_page
+
+    _output(tmp_path)
+    with open_page(tmp_path / "report.html") as page:
+        assert page.evaluate("document.querySelectorAll('details[open]').length") == 0  # every preview folded
+        assert page.evaluate("document.querySelector('details table').checkVisibility()") is False
+        page.click("details summary")
+        assert page.evaluate("document.querySelectorAll('details[open]').length") == 1
+        assert page.evaluate("document.querySelector('details table').checkVisibility()") is True
+        page.click("nav.toc a[href='#provenance']")
+        page.settle()
+        assert page.evaluate("location.hash") == "#provenance"
+        assert page.evaluate("document.querySelector('figure img').naturalWidth") > 0  # the inline PNG decodes
+        assert SHA in page.evaluate("document.getElementById('provenance').innerText")
+        assert page.evaluate("document.querySelectorAll('img[onerror]').length") == 0
+        page.settle()
+        assert page.console_errors == [] and page.requests == []

@@ -1,0 +1,55 @@
+"""`headscope report --quick` on the architecture matrix (#19 item 6): on every architecture of
+tests_support.ARCHITECTURES (random weights, a real-style tokenizer trained on English, no zoo
+vocabulary) the report is written, every analysis has a status in manifest.json, a skipped one says
+why, and none failed. build_report is called in-process (what the CLI calls) to save start-up time;
+each architecture's report is built once per module and shared by the tests below. GPT-2 and Llama
+run in the fast tier, the rest in the slow tier."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from headscope.analyses.core.registry import ANALYSES
+from headscope.reports.report import build_report
+from tests_support import ARCHITECTURES
+
+FAST = ("gpt2", "llama3")
+ARCHS = [pytest.param(arch, id=arch, marks=() if arch in FAST else pytest.mark.slow) for arch in ARCHITECTURES]
+_REPORTS: dict[str, tuple[dict, float]] = {}
+
+
+@pytest.fixture
+def report(arch, arch_models, tmp_path_factory):
+    """(manifest, seconds) of `arch`'s quick report, built on first use."""
+    if arch not in _REPORTS:
+        out = tmp_path_factory.mktemp(f"report-{arch}") / "out"
+        start = time.perf_counter()
+        build_report(arch_models(arch), out=out, quick=True, progress=False)
+        seconds = time.perf_counter() - start
+        assert (out / "report.html").is_file() and (out / "report.md").is_file()
+        _REPORTS[arch] = json.loads((out / "manifest.json").read_text(encoding="utf-8")), seconds
+    return _REPORTS[arch]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_quick_report_is_written_with_a_status_per_analysis(arch, report, record_property):
+    """Every analysis has a status: done, failed with its error, or skipped with a reason in words."""
+    manifest, seconds = report
+    status = manifest["status"]
+    record_property("report_seconds", round(seconds, 1))
+    record_property("status", json.dumps(status))
+    assert sorted(status) == sorted(ANALYSES)
+    for name, state in status.items():
+        assert state == "done" or state.startswith(("failed: ", "skipped: ")), (name, state)
+        if state.startswith("skipped: "):
+            assert len(state.removeprefix("skipped: ").split()) >= 3, (name, state)  # a reason, not a bare word
+    assert manifest["model"]["architecture"] == ARCHITECTURES[arch][1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_no_analysis_fails(arch, report):
+    """The issue's target: every analysis done or skipped with a stated reason, none failed."""
+    failed = {name: state for name, state in report[0]["status"].items() if state.startswith("failed")}
+    assert failed == {}
