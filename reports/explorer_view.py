@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from headscope.errors import ConfigError
+
 CSS = """
 .hsx{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;font-size:13px;color:#222;margin:.5em 0}
 .hsx .hsx-help{color:#555;margin:.2em 0 .6em}
@@ -416,7 +418,7 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     that several explorers on one page keep apart."""
     uid = uid or f"hsx-{uuid.uuid4().hex[:12]}"
     if not _ID.match(uid):
-        raise ValueError(f"explorer id {uid!r} must be letters, digits, '-' or '_', starting with a letter.")
+        raise ConfigError(f"explorer id {uid!r} must be letters, digits, '-' or '_', starting with a letter.")
     script = JS.replace("__ID__", json.dumps(uid))
     return (
         f'<div class="hsx" id="{uid}"><style>{CSS}</style>'

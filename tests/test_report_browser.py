@@ -38,3 +38,40 @@ def test_report_renders_with_no_errors_no_requests_and_escaped_prompts(xss_repor
 
     pixels = mpimg.imread(io.BytesIO(page.screenshot), format="png")
     assert pixels.std() > 0.05  # not a blank page
+
+
+def test_report_has_the_explorer_within_8_mb_and_clicking_a_head_changes_the_view(xss_report):
+    """The CLI's report on the default model (quick, heads and patching) embeds the attention explorer,
+    stays within #21's 8 MB budget, and a real click on a head shows that head's stored pattern."""
+    import numpy as np
+
+    from browser import open_page
+    from headscope.reports import io as report_io
+    from headscope.reports.explorer import pattern_from_data
+
+    html = xss_report / "report.html"
+    assert html.stat().st_size <= 8 * 10**6
+    assert html.read_text().count('id="hsx-report"') == 1
+    data = report_io.read_json(xss_report / "explorer.json")
+    n_layers, n_heads = data["n_layers"], data["n_heads"]
+    shown = ("(function(){var t=document.querySelector('#hsx-report .hsx-heat');"
+             "return [+t.dataset.example, +t.dataset.layer, +t.dataset.head];})()")
+    values = ("Array.from(document.querySelectorAll('#hsx-report .hsx-heat tbody tr')).map("
+              "function(r){return Array.from(r.querySelectorAll('td')).map(function(c){return +c.dataset.v;});})")
+    tol = 0.5 / data["scale"] + 1e-6
+    with open_page(html) as page:
+        assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-grid td').length") == n_layers * n_heads
+        example, layer, head = page.evaluate(shown)
+        before = np.array(page.evaluate(values))
+        target = (n_layers - 1, n_heads - 1) if (layer, head) != (n_layers - 1, n_heads - 1) else (0, 0)
+        page.click(f"#hsx-report td[data-layer='{target[0]}'][data-head='{target[1]}']")
+        page.settle()
+        assert page.evaluate(shown) == [example, *target]
+        after = np.array(page.evaluate(values))
+        expected = np.array(pattern_from_data(data, example, *target))  # [query, key]
+        assert after.shape == expected.shape and np.allclose(after, expected, atol=tol)
+        assert not np.allclose(after, before)  # the view really changed
+        title = page.evaluate("document.querySelector('#hsx-report .hsx-title').textContent")
+        assert title.startswith(f"Layer {target[0]}, head {target[1]}")
+        assert page.console_errors == []
+        assert page.requests == []

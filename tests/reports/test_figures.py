@@ -1,0 +1,343 @@
+"""The report's figures as matplotlib objects (#21 item 3): units and names on every axis, the plotted
+values against the Results' tables, legends off the data, captions, byte-identical PNGs for a seed,
+and progress bars (off in the Python API, on in the CLI, no ipywidgets warning)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+from matplotlib.lines import Line2D
+
+import headscope as hs
+from headscope.analyses.core.registry import ANALYSES
+from headscope.hooks import capture, site
+from headscope.reports.explorer import attention_explorer_data
+from headscope.reports.findings import caption
+from headscope.reports.plots import plot_result
+from headscope.reports.plots_attention import top_heads_figure
+
+REPO = Path(__file__).resolve().parents[2]
+PATCH_SITES = ("resid_pre", "head_out", "head_out_by_pos", "k", "v")
+PROMPTS = ["k01 v05 ; k02 v06 ; k03 v07 ; k01", "k04 v08 ; k05 v09 ; k05"]
+
+# Builds the random 2-layer GQA Llama over the zoo vocabulary (every default task, position's zoo_kv
+# included, fits it) and computes each analysis's quick Result; shared by the fixture and the
+# byte-identity subprocesses.
+BUILD = textwrap.dedent("""
+    import importlib, torch
+    import headscope as hs
+    from headscope.analyses.core.registry import ANALYSES
+
+    def build(path):
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from headscope.models.zoo import vocab
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=vocab.VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+            bos_token_id=2, eos_token_id=3, pad_token_id=1))
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.ndim == 2:
+                    p.normal_(0.0, 0.2)
+        model.save_pretrained(path)
+        vocab.build_tokenizer().save_pretrained(path)
+
+    def results(model, sites):
+        out = {}
+        for name, entry in ANALYSES.items():
+            module, _, config = entry.split(":")
+            cls = getattr(importlib.import_module(module), config)
+            extra = {"sites": sites} if name == "patching" else {}
+            try:
+                cfg = cls.preset(quick=True, n_examples=4, seed=0, **extra)
+            except TypeError:  # a preset without `quick`
+                cfg = cls.preset(n_examples=4, seed=0, **extra)
+            out[name] = hs.run_analysis(name, model, config=cfg)
+        return out
+""")
+
+
+def _namespace() -> dict:
+    ns: dict = {}
+    exec(BUILD, ns)  # noqa: S102 - the module's own helper text, shared with the subprocesses
+    return ns
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("figures") / "zoo-vocab-llama"
+    _namespace()["build"](path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return hs.load_model(model_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def results(model):
+    return _namespace()["results"](model, PATCH_SITES)
+
+
+@pytest.fixture(scope="module")
+def figures(results):
+    """{analysis: {stem: Figure}} as plot_result draws them (closed after the module)."""
+    with plt.rc_context({"figure.max_open_warning": 0}):  # every figure of every analysis, open at once
+        figs = {name: plot_result(r) for name, r in results.items()}
+    yield figs
+    plt.close("all")
+
+
+def heat(ax) -> np.ndarray:
+    """The values a seaborn heat map drew, [rows, columns] as on screen."""
+    mesh = ax.collections[0]
+    rows, cols = len(ax.get_yticklabels()), len(ax.get_xticklabels())
+    return np.asarray(mesh.get_array(), dtype=float).reshape(rows, cols)
+
+
+def colorbar_label(ax) -> str:
+    return ax.collections[0].colorbar.ax.get_ylabel()
+
+
+def test_every_analysis_draws_figures_and_every_stem_has_a_caption(figures):
+    assert set(figures) == set(ANALYSES)
+    for name, figs in figures.items():
+        assert figs, f"{name} drew no figure"
+        missing = [stem for stem in figs if not caption(stem)]
+        assert missing == [], f"{name}: figures without a caption: {missing}"
+
+
+def test_patching_heatmaps_show_the_share_of_the_gap(results, figures):
+    r, figs = results["patching"], figures["patching"]
+    s, exact = r.summary, r.tables["exact"]
+    clean, corrupt = s["clean_metric"], s["corrupted_metric"]
+    assert not s["normalized"] and clean != corrupt
+    share = exact.assign(n=(exact["value"] - corrupt) / (clean - corrupt))  # from the patched metric itself
+    for st in ("resid_pre", "head_out", "k", "v", "head_out_by_pos"):
+        ax = figs[f"exact_{st}"].axes[0]
+        assert "1 = fully restored" in colorbar_label(ax)
+        rows = share[share["site_type"] == st]
+        if st == "resid_pre":
+            expected = rows.pivot_table(index="layer", columns="pos", values="n")
+        elif st == "head_out_by_pos":
+            expected = rows.pivot_table(index=["layer", "head"], columns="pos", values="n")
+        else:
+            expected = rows[rows["pos"].isna()].pivot_table(index="layer", columns="head", values="n")
+        np.testing.assert_allclose(heat(ax), expected.to_numpy(dtype=float), rtol=1e-5, atol=1e-6)
+    paths = r.tables["path_patching"]
+    gap = s.get("path_patching", {})
+    p_clean, p_corrupt = gap.get("clean_metric", clean), gap.get("corrupted_metric", corrupt)
+    ax = figs["path_patching"].axes[0]
+    assert "1 = fully restored" in colorbar_label(ax)
+    expected = paths.assign(n=(paths["value"] - p_corrupt) / (p_clean - p_corrupt)).pivot_table(
+        index="sender_layer", columns="sender_head", values="n")
+    np.testing.assert_allclose(heat(ax), expected.to_numpy(dtype=float), rtol=1e-5, atol=1e-6)
+
+
+def test_kv_heads_are_named_and_every_head_is_ticked(model, figures):
+    f = model.facts
+    for st in ("k", "v"):
+        ax = figures["patching"][f"exact_{st}"].axes[0]
+        assert "KV head" in ax.get_xlabel() and "KV head" in ax.get_title()
+        assert [t.get_text() for t in ax.get_xticklabels()] == [str(h) for h in range(f.n_kv_heads)]
+    ax = figures["patching"]["exact_head_out"].axes[0]
+    assert ax.get_xlabel() == "head" and len(ax.get_xticklabels()) == f.n_heads
+    ax = figures["patching"]["exact_head_out_by_pos"].axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        f"L{layer}H{head}" for layer in range(f.n_layers) for head in range(f.n_heads)]
+
+
+def test_importance_figure_draws_both_methods(results, figures):
+    df = results["heads"].df
+    methods = list(dict.fromkeys(df["method"]))
+    assert methods == ["gradient", "zero"]
+    panels = [ax for ax in figures["heads"]["importance"].axes if ax.get_label() != "<colorbar>"]
+    assert [ax.get_title() for ax in panels] == ["head importance: gradient |dL/d gate|", "head importance: zero ablation"]
+    for ax, method in zip(panels, methods):
+        grid = df[df["method"] == method].pivot(index="layer", columns="head", values="importance_layer_norm")
+        np.testing.assert_allclose(heat(ax), grid.to_numpy(dtype=float), rtol=1e-6)
+        # per-layer L2 normalisation, recomputed from the raw importance
+        raw = df[df["method"] == method].pivot(index="layer", columns="head", values="importance").to_numpy(dtype=float)
+        np.testing.assert_allclose(heat(ax), raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_attribution_vs_exact_has_the_identity_line_and_each_site_types_slope(results, figures):
+    r = results["patching"]
+    exact = r.tables["exact"]
+    ax = figures["patching"]["attribution_vs_exact"].axes[0]
+    identity = [line for line in ax.lines if isinstance(line, Line2D) and len(line.get_xdata()) == 2
+                and np.allclose(line.get_xdata(), line.get_ydata())]
+    assert len(identity) == 1 and np.ptp(identity[0].get_xdata()) > 0
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    for st, group in exact.groupby("site_type"):
+        x, y = group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float)
+        if np.ptp(x) > 0:  # the slope is unchanged by the common division into the share of the gap
+            assert f"{st} (slope {np.polyfit(x, y, 1)[0]:.2f})" in legend, legend
+    assert "y = x (exact)" in legend
+
+
+def _raw_columns(result) -> set[str]:
+    frames = [result.df, *result.tables.values()]
+    return {c for f in frames for c in getattr(f, "columns", []) if "_" in str(c)}
+
+
+def test_no_axis_is_labelled_with_a_raw_column_name_and_colour_bars_name_their_unit(results, figures):
+    for name, figs in figures.items():
+        raw = _raw_columns(results[name])
+        for stem, fig in figs.items():
+            for ax in fig.axes:
+                for label in (ax.get_xlabel(), ax.get_ylabel()):
+                    assert label not in raw, f"{name}/{stem}: axis labelled {label!r}"
+                for mesh in ax.collections:
+                    bar = getattr(mesh, "colorbar", None)
+                    if bar is not None:
+                        assert bar.ax.get_ylabel() or bar.ax.get_xlabel(), f"{name}/{stem}: unlabelled colour bar"
+
+
+def test_legends_are_outside_the_data_area(figures):
+    for name, figs in figures.items():
+        for stem, fig in figs.items():
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            for ax in fig.axes:
+                legend = ax.get_legend()
+                if legend is None:
+                    continue
+                box, frame = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+                outside = box.x0 >= frame.x1 - 1 or box.x1 <= frame.x0 + 1 or box.y0 >= frame.y1 - 1 or box.y1 <= frame.y0 + 1
+                assert outside, f"{name}/{stem}: legend over the data ({ax.get_title()!r})"
+
+
+def test_streaming_figure_has_its_own_title(figures):
+    figs = figures["position"]
+    assert figs["position_streaming"].axes[0].get_title() != figs["position_curve"].axes[0].get_title()
+
+
+def test_top_heads_figure_draws_the_models_patterns(model, model_dir):
+    """Each panel equals the head's attention weights from Hugging Face's eager attention (and hs.capture)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    data = attention_explorer_data(model, PROMPTS)
+    fig = top_heads_figure(data, k=3)
+    try:
+        panels = [ax for ax in fig.axes if ax.get_title().startswith("L")]
+        assert len(panels) == 3
+        tokens = model.to_tokens(PROMPTS[0])
+        sites = [site("pattern", layer) for layer in range(model.facts.n_layers)]
+        acts = capture(model, tokens, sites, to_cpu=True)
+        drawn = set()
+        for ax in panels:
+            layer, head = map(int, re.match(r"L(\d+)H(\d+)", ax.get_title()).groups())
+            drawn.add((layer, head))
+            ref = acts[sites[layer]][0, head].float().numpy()  # [query, key]
+            with torch.no_grad():
+                eager = hf(tokens, output_attentions=True).attentions[layer][0, head].numpy()  # [query, key]
+            assert heat(ax).shape == ref.shape == eager.shape
+            np.testing.assert_allclose(heat(ax), ref, atol=0.5 / data["scale"] + 1e-7)
+            np.testing.assert_allclose(heat(ax), eager, atol=0.5 / data["scale"] + 1e-5)
+        assert len(drawn) == 3
+    finally:
+        plt.close(fig)
+
+
+PNG_SCRIPT = BUILD + textwrap.dedent("""
+    import hashlib, json, sys
+    import torch
+    from headscope.reports.explorer import attention_explorer_data
+    from headscope.reports.plots import plot_result
+    from headscope.reports.plots_attention import top_heads_figure
+    from headscope.reports.render import figure_png
+    torch.manual_seed(int(sys.argv[3]))  # a different global RNG state: the figures must not depend on it
+    model = hs.load_model(sys.argv[1], device="cpu")
+    digests = {}
+    for name, result in results(model, tuple(sys.argv[2].split(","))).items():
+        for stem, fig in plot_result(result).items():
+            digests[f"{name}/{stem}"] = hashlib.sha256(figure_png(fig)).hexdigest()
+    fig = top_heads_figure(attention_explorer_data(model, ["k01 v05 ; k02 v06 ; k01"]))
+    digests["top_attention"] = hashlib.sha256(figure_png(fig)).hexdigest()
+    print(json.dumps(digests))
+""")
+
+
+def test_same_seed_gives_byte_identical_pngs_across_processes(model_dir, figures):
+    env = {**os.environ, "HEADSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
+           "PYTHONHASHSEED": "random"}
+    procs = [subprocess.Popen([sys.executable, "-c", PNG_SCRIPT, str(model_dir), ",".join(PATCH_SITES), seed],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+             for seed in ("1", "2")]
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    first, second = outs
+    expected = {f"{name}/{stem}" for name, figs in figures.items() for stem in figs} | {"top_attention"}
+    assert set(first) == expected
+    assert {k for k in first if first[k] != second.get(k)} == set()
+    assert len(set(first.values())) == len(first)  # distinct figures, not one blank image
+
+
+def _bar(text: str) -> bool:
+    """A tqdm bar line: "desc: 100%|####| n/n [...]"."""
+    return re.search(r"\d+%\|", text) is not None
+
+
+def test_python_api_has_no_progress_bars_by_default(model, tmp_path, capsys):
+    capsys.readouterr()
+    hs.build_report(model, out=tmp_path / "quiet", analyses="probes", quick=True, n_examples=4)
+    quiet = capsys.readouterr()
+    assert not _bar(quiet.err) and not _bar(quiet.out), quiet.err[-500:]
+    hs.build_report(model, out=tmp_path / "loud", analyses="probes", quick=True, n_examples=4, progress=True)
+    assert re.search(r"probes: +\d+%\|", capsys.readouterr().err)  # the capture does see bars when asked for
+
+
+def test_cli_shows_progress_bars_unless_quiet(model_dir, tmp_path):
+    env = {**os.environ, "HEADSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "headscope", "report", "--quick", "--analyses", "probes", "--n-examples", "4",
+                           "--model", str(model_dir), "--out", str(tmp_path / "cli")],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"probes: +\d+%\|", proc.stderr), proc.stderr[-2000:]
+
+
+NOTEBOOK = textwrap.dedent("""
+    import sys, types, warnings
+    shell = type("ZMQInteractiveShell", (), {"config": {"IPKernelApp": {}}})()
+    ipython = types.ModuleType("IPython")
+    ipython.get_ipython = lambda: shell
+    sys.modules["IPython"] = ipython                                            # a Jupyter kernel, as tqdm.autonotebook
+    sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")  # detects one
+    sys.modules["ipywidgets"] = None                                            # ipywidgets absent
+    warnings.simplefilter("always")
+    if sys.argv[1] == "headscope":
+        import headscope  # noqa: F401
+    import tqdm.auto
+    import tqdm.std
+    assert issubclass(tqdm.auto.tqdm, tqdm.std.tqdm) and "notebook" not in tqdm.auto.tqdm.__module__  # the plain bar
+    list(tqdm.auto.tqdm(range(3), desc="bar"))
+""")
+
+
+def test_import_in_a_notebook_without_ipywidgets_warns_nothing():
+    """In a simulated Jupyter kernel with ipywidgets absent, tqdm.auto alone warns "IProgress not found"
+    (the control: the simulation is one tqdm recognises); after `import headscope` it is silent and
+    the bar is the plain one."""
+    def run(which: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", NOTEBOOK, which], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+    control, real = run("control"), run("headscope")
+    assert control.returncode == 0 and "IProgress not found" in control.stderr
+    assert real.returncode == 0, real.stderr[-2000:]
+    assert "IProgress not found" not in real.stderr and "Warning" not in real.stderr, real.stderr[-2000:]
