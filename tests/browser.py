@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,75 +33,6 @@ class PageVisit:
     requests: list[str] = field(default_factory=list)
     text: str = ""
     screenshot: bytes = b""
-
-
-def visit(path: Path, timeout: float = 60.0) -> PageVisit:
-    """Open file://path in headless Chromium and record console errors, requests, text and a screenshot."""
-    from websockets.sync.client import connect
-
-    profile = tempfile.mkdtemp(prefix="headscope-chromium-")
-    proc = subprocess.Popen(
-        [chromium_path(), *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        port_file = Path(profile) / "DevToolsActivePort"
-        deadline = time.time() + timeout
-        while not port_file.exists() or not port_file.read_text().strip():
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError("Chromium did not start its DevTools endpoint")
-            time.sleep(0.1)
-        port = port_file.read_text().split()[0]
-        import urllib.request
-
-        targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10).read())
-        ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
-        result = PageVisit()
-        with connect(ws_url, max_size=64 * 2**20, open_timeout=timeout) as ws:
-            ids = iter(range(1, 10_000))
-            pending: dict[int, dict] = {}
-
-            def call(method: str, **params) -> dict:
-                msg_id = next(ids)
-                ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
-                while msg_id not in pending:
-                    handle(json.loads(ws.recv(timeout=timeout)))
-                return pending.pop(msg_id)
-
-            def handle(msg: dict) -> None:
-                if "id" in msg:
-                    pending[msg["id"]] = msg.get("result", {})
-                    return
-                method, params = msg.get("method"), msg.get("params", {})
-                if method == "Network.requestWillBeSent":
-                    result.requests.append(params["request"]["url"])
-                elif method == "Runtime.exceptionThrown":
-                    result.console_errors.append(json.dumps(params["exceptionDetails"])[:500])
-                elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-                    result.console_errors.append(str(params.get("args"))[:500])
-                elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
-                    result.console_errors.append(params["entry"].get("text", "")[:500])
-                elif method == "Page.loadEventFired":
-                    pending[-1] = {}
-
-            for domain in ("Network", "Runtime", "Log", "Page"):
-                call(f"{domain}.enable")
-            url = Path(path).resolve().as_uri()
-            call("Page.navigate", url=url)
-            while -1 not in pending:
-                handle(json.loads(ws.recv(timeout=timeout)))
-            time.sleep(0.5)  # let late requests or errors surface
-            call("Runtime.evaluate", expression="0")
-            text = call("Runtime.evaluate", expression="document.body.innerText", returnByValue=True)
-            result.text = text.get("result", {}).get("value", "")
-            shot = call("Page.captureScreenshot", format="png")
-            result.screenshot = base64.b64decode(shot["data"])
-        result.requests = [u for u in result.requests if u != url and not u.startswith("data:")]  # inline, no network
-        return result
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 class Page:
@@ -161,7 +93,6 @@ class Page:
         self.evaluate("0")
 
 
-from contextlib import contextmanager  # noqa: E402
 
 
 @contextmanager
@@ -227,3 +158,13 @@ def open_page(path: Path, timeout: float = 60.0):
         proc.kill()
         proc.wait(timeout=10)
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def visit(path: Path, timeout: float = 60.0) -> PageVisit:
+    """Open file://path in headless Chromium and record console errors, requests, text and a screenshot."""
+    with open_page(path, timeout) as page:
+        page.settle(0.5)  # let late requests or errors surface
+        text = page.evaluate("document.body.innerText") or ""
+        shot = page._call("Page.captureScreenshot", format="png")
+        return PageVisit(console_errors=page.console_errors, requests=page.requests, text=text,
+                         screenshot=base64.b64decode(shot["data"]))

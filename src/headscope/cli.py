@@ -2,7 +2,7 @@
 
     headscope report [--model SPEC] [--task NAME|FILE] [--task-fields prompt=COL,...] [--analyses a,b] [--out DIR] [--seed N]
                      [--device cpu|cuda] [--resume] [--force] [--quick]
-    headscope heads|attribution|position|patching|mlp|kv|probes [same options]
+    headscope heads|attribution|position|patching|mlp|kv|probes|circuits [same options]
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
     headscope compare OUT_A OUT_B [--out FILE]  two report folders side by side in one HTML page
