@@ -30,7 +30,6 @@ import torch
 from _common import timed
 from transformer_lens.tools.analysis.attribution_patching import (
     EdgeAttributionConfig,
-    Node,
     attribution_patch,
     faithfulness,
 )
@@ -69,32 +68,6 @@ def mha_copy(spec: str):
     return model, hs.load_model(str(out), device="cpu")
 
 
-def our_name(node: Node) -> str:
-    if node.kind == "embed":
-        return "input"
-    if node.kind in ("mlp_out", "mlp_in"):
-        return f"m{node.layer}"
-    if node.kind == "logits":
-        return "logits"
-    if node.kind == "attn_head_out":
-        return f"a{node.layer}.h{node.head}"
-    return f"a{node.layer}.h{node.head}.{node.kind[0]}"
-
-
-def tl_node(name: str, pos: int, n_layers: int, receiver: bool) -> Node:
-    if name == "input":
-        return Node("embed", pos)
-    if name == "logits":
-        return Node("logits", pos, layer=n_layers - 1)
-    parts = name.split(".")
-    if len(parts) == 1:
-        return Node("mlp_in" if receiver else "mlp_out", pos, layer=int(name[1:]))
-    layer, head = int(parts[0][1:]), int(parts[1][1:])
-    if len(parts) == 2:
-        return Node("attn_head_out", pos, layer=layer, head=head)
-    return Node(f"{parts[2]}_input", pos, layer=layer, head=head)
-
-
 def metric_fn(task, i):
     return lambda logits: logits[0, -1, task.answers[i]] - logits[0, -1, task.wrong_answers[i]]
 
@@ -105,7 +78,7 @@ def tl_edge_scores(model, task, graph) -> torch.Tensor:
         res = attribution_patch(model.bridge, task.tokens[i:i + 1], task.corrupted_tokens[i:i + 1], metric_fn(task, i),
                                 config=EdgeAttributionConfig(granularity="edge"))
         for (u, v), s in res.edge_scores.items():
-            scores[graph.receivers.index(our_name(v)), graph.senders.index(our_name(u))] += s / len(task)
+            scores[graph.receivers.index(E.from_tl_node(v)), graph.senders.index(E.from_tl_node(u))] += s / len(task)
     return scores
 
 
@@ -115,7 +88,8 @@ def tl_faithfulness(model, task, graph, keep, n_examples) -> torch.Tensor:
     out = torch.empty(keep.shape[0], n_examples)
     for c in range(keep.shape[0]):
         r_idx, s_idx = keep[c].nonzero(as_tuple=True)
-        circuit = [(tl_node(graph.senders[s], p, graph.n_layers, False), tl_node(graph.receivers[r], p, graph.n_layers, True))
+        circuit = [(E.to_tl_node(graph.senders[s], p, graph.n_layers, False),
+                    E.to_tl_node(graph.receivers[r], p, graph.n_layers, True))
                    for r, s in zip(r_idx.tolist(), s_idx.tolist()) for p in range(n_pos)]
         for i in range(n_examples):
             res = faithfulness(model.bridge, task.tokens[i:i + 1], task.corrupted_tokens[i:i + 1], metric_fn(task, i), circuit)

@@ -278,3 +278,34 @@ def top_edges(graph: EdgeGraph, scores: torch.Tensor, k: int) -> pd.DataFrame:
     out = frame.loc[order].head(k).reset_index(drop=True)
     out.insert(0, "rank", range(1, len(out) + 1))
     return out
+
+
+# ---- TransformerLens's node names (for comparing with tools.analysis.attribution_patching) ------
+def from_tl_node(node) -> str:
+    """A TransformerLens edge-graph Node -> this graph's sender/receiver name (positions summed)."""
+    if node.kind == "embed":
+        return "input"
+    if node.kind in ("mlp_out", "mlp_in"):
+        return f"m{node.layer}"
+    if node.kind == "logits":
+        return "logits"
+    if node.kind == "attn_head_out":
+        return f"a{node.layer}.h{node.head}"
+    return f"a{node.layer}.h{node.head}.{node.kind[0]}"
+
+
+def to_tl_node(name: str, pos: int, n_layers: int, receiver: bool):
+    """This graph's node name at position pos -> a TransformerLens Node (receiver: an MLP's input)."""
+    from transformer_lens.tools.analysis.attribution_patching import Node
+
+    if name == "input":
+        return Node("embed", pos)
+    if name == "logits":
+        return Node("logits", pos, layer=n_layers - 1)
+    parts = name.split(".")
+    if len(parts) == 1:
+        return Node("mlp_in" if receiver else "mlp_out", pos, layer=int(name[1:]))
+    layer, head = int(parts[0][1:]), int(parts[1][1:])
+    if len(parts) == 2:
+        return Node("attn_head_out", pos, layer=layer, head=head)
+    return Node(f"{parts[2]}_input", pos, layer=layer, head=head)

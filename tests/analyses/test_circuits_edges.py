@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformer_lens.tools.analysis.attribution_patching import (
     EdgeAttributionConfig,
-    Node,
     attribution_patch,
     faithfulness,
 )
@@ -32,33 +31,6 @@ def metric_fn(task: Task, i: int):
     return lambda logits: logits[0, -1, task.answers[i]] - logits[0, -1, task.wrong_answers[i]]
 
 
-def our_name(node: Node) -> str:
-    """TransformerLens node -> headscope sender/receiver name (positions are summed over)."""
-    if node.kind == "embed":
-        return "input"
-    if node.kind in ("mlp_out", "mlp_in"):
-        return f"m{node.layer}"
-    if node.kind == "logits":
-        return "logits"
-    if node.kind == "attn_head_out":
-        return f"a{node.layer}.h{node.head}"
-    return f"a{node.layer}.h{node.head}.{node.kind[0]}"
-
-
-def tl_node(name: str, pos: int, graph: E.EdgeGraph, receiver: bool) -> Node:
-    if name == "input":
-        return Node("embed", pos)
-    if name == "logits":
-        return Node("logits", pos, layer=graph.n_layers - 1)
-    parts = name.split(".")
-    if len(parts) == 1:
-        return Node("mlp_in" if receiver else "mlp_out", pos, layer=int(name[1:]))
-    layer, head = int(parts[0][1:]), int(parts[1][1:])
-    if len(parts) == 2:
-        return Node("attn_head_out", pos, layer=layer, head=head)
-    return Node(f"{parts[2]}_input", pos, layer=layer, head=head)
-
-
 @pytest.fixture(scope="module")
 def mha_models(tiny_models, tmp_path_factory):
     """GPT-2, NeoX (parallel attention and MLP) and a Llama without GQA (TransformerLens's edge
@@ -76,7 +48,7 @@ def test_eap_equals_transformer_lens_edge_attribution(mha_models, family):
         res = attribution_patch(model.bridge, task.tokens[i:i + 1], task.corrupted_tokens[i:i + 1], metric_fn(task, i),
                                 config=EdgeAttributionConfig(granularity="edge"))
         for (u, v), s in res.edge_scores.items():
-            ref[graph.receivers.index(our_name(v)), graph.senders.index(our_name(u))] += s / len(task)
+            ref[graph.receivers.index(E.from_tl_node(v)), graph.senders.index(E.from_tl_node(u))] += s / len(task)
     assert ref.abs().max() > 1e-2
     torch.testing.assert_close(scores, ref, atol=1e-4, rtol=0)
     assert bool(((ref != 0) <= graph.reach).all())  # same graph: no TL edge outside ours
@@ -174,7 +146,8 @@ def test_faithfulness_equals_transformer_lens(mha_models):
     assert abs(float(metric[0].mean()) - info["metric_corrupt"]) < 1e-4
     assert abs(float(metric[-4].mean()) - info["metric_clean"]) < 1e-4
     c, i = labels.index((6, "top", 0)), 1
-    circuit = [(tl_node(graph.senders[s], p, graph, False), tl_node(graph.receivers[r], p, graph, True))
+    circuit = [(E.to_tl_node(graph.senders[s], p, graph.n_layers, False),
+                 E.to_tl_node(graph.receivers[r], p, graph.n_layers, True))
                for r, s in zip(*[x.tolist() for x in keep[c].nonzero(as_tuple=True)]) for p in range(task.tokens.shape[1])]
     ref = faithfulness(model.bridge, task.tokens[i:i + 1], task.corrupted_tokens[i:i + 1], metric_fn(task, i), circuit)
     ours = (float(metric[c, i]) - ref.corrupt_metric) / (ref.full_metric - ref.corrupt_metric)
