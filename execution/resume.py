@@ -86,10 +86,14 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
             attention_mask: torch.Tensor | None = None, fast: bool | None = None) -> Checkpoint:
     """One forward pass of `tokens` [rows, pos] under hooks `fwd`, recording every block's input
     (before its hook_resid_pre) and call arguments, the last-position logits, and z (taken
-    before `fwd` edits it) at z_layers. fast: without hooks, run the blocks hook-free
-    (hooks/fast_blocks; None: when supports(model).fast_capture and no hooks are attached)."""
+    before `fwd` edits it) at z_layers. attention_mask [rows, pos] (1 = real token): padded rows
+    must be left-padded (ConfigError otherwise), so the last position is each row's own; the
+    captured per-row arguments (4-d mask, position ids, rotary tables) then follow each row into
+    resumed passes. fast: without hooks, run the blocks hook-free (hooks/fast_blocks; None: when
+    supports(model).fast_capture and no hooks are attached)."""
     if model.facts.is_encoder:
         raise ConfigError("resume works on decoders only (encoder metrics read every position).")
+    _check_left_padded(attention_mask)
     if fast is None:
         fast = model in _SUPPORT and _SUPPORT[model].fast_capture and not model.n_active_hooks()
     if fast and not fwd:
@@ -121,6 +125,13 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
     split = [_split_call(args, kwargs) for args, kwargs in calls]
     return Checkpoint(resid=[x for x, _, _ in split], calls=[(args, kwargs) for _, args, kwargs in split],
                       logits=logits, z=z, kv=_cache_of(*calls[0]))
+
+
+def _check_left_padded(attention_mask: torch.Tensor | None) -> None:
+    """The last position is every row's answer position: padded decoder rows must be left-padded."""
+    if attention_mask is not None and not bool(attention_mask[:, -1].all()):
+        raise ConfigError("a decoder's padded rows must be left-padded (attention_mask[:, -1] all 1): "
+                          "last-position passes read each row's answer at the last position.")
 
 
 def _split_call(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
@@ -200,7 +211,10 @@ def last_logits(model, tokens: torch.Tensor, *, attention_mask: torch.Tensor | N
     arithmetic than a full pass (the last block's last query) and none of the bridge's
     per-block cost. Hooks attached to the model's blocks do not run: callers check
     supports(model).fast_capture, which is False while hooks are attached. None where the
-    hook-free blocks do not apply (no plan, mixed attention types, unhandled arguments)."""
+    hook-free blocks do not apply (no plan, mixed attention types, unhandled arguments). Padded
+    rows (attention_mask [n, pos]) must be left-padded: each row's last token is at the last
+    position, and Hugging Face derives its position ids from the mask."""
+    _check_left_padded(attention_mask)
     plans = _uniform_plan(model)
     call = None if plans is None else _block0_call(model, tokens, attention_mask)
     if call is None:

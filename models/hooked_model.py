@@ -17,7 +17,14 @@ from typing import Any
 
 import torch
 
-from headscope.errors import ConfigError, ContextLengthError, IndexOutOfRangeError, InputTypeError, TokenizationWarning
+from headscope.errors import (
+    ConfigError,
+    ContextLengthError,
+    IndexOutOfRangeError,
+    InputTypeError,
+    TokenizationError,
+    TokenizationWarning,
+)
 from headscope.models import heap
 
 HookFn = Callable[..., Any]
@@ -76,6 +83,30 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
         positional=str(getattr(cfg, "positional_embedding_type", "standard")),
     )
+
+
+def pad_token_rows(rows: Sequence[Sequence[int]], pad: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows of mixed lengths -> ([batch, pos] ids, [batch, pos] attention mask, 1 on real tokens),
+    left-padded (decoders: every row ends at the last position, where the answer is read) or
+    right-padded (encoders)."""
+    n = max(len(r) for r in rows)
+    ids = torch.full((len(rows), n), pad, dtype=torch.long)  # [batch, pos]
+    mask = torch.zeros((len(rows), n), dtype=torch.long)  # [batch, pos]
+    for i, r in enumerate(rows):
+        sl = slice(n - len(r), n) if left else slice(0, len(r))
+        ids[i, sl] = torch.as_tensor(list(r), dtype=torch.long)
+        mask[i, sl] = 1
+    return ids, mask
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The id that fills padding: the tokenizer's pad token, else its EOS, else 0 (the mask keeps it
+    from ever being attended to, so any id in the vocabulary serves)."""
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    return 0
 
 
 # ---- tokenization checks ------------------------------------------------------------------------
@@ -183,41 +214,52 @@ class HookedModel:
         )
 
     # ---- tokens -------------------------------------------------------------------------
-    def to_tokens(self, text: str | Sequence[str], *, prepend_bos: bool | None = None,
-                  warn_unknown: bool = True) -> torch.Tensor:
-        """Tokenise one string or a list of equal-length strings into [batch, pos] int64.
+    def to_tokens(self, text: str | Sequence[str], *, prepend_bos: bool | None = None, warn_unknown: bool = True,
+                  padding: bool = False, strict: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Tokenise one string or a list of strings into [batch, pos] int64.
 
         Decoders get the BOS token prepended when the tokenizer has one and did not add it.
-        Words that become the tokenizer's unknown token raise a TokenizationWarning naming them
-        (warn_unknown=False: no check).
+        Prompts of different token lengths need `padding=True`, which returns (tokens, attention_mask),
+        both [batch, pos], the mask 1 on real tokens: decoders are padded on the left (every row ends at
+        the last position; pass the mask to the model, which derives position ids from it), encoders
+        on the right. Without it mixed lengths raise a ConfigError (hs.load_task pads a data set with
+        answers itself). Words that become the tokenizer's unknown token raise a TokenizationWarning
+        naming them (warn_unknown=False: no check; strict=True: a TokenizationError instead).
         """
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
             raise ConfigError("to_tokens got an empty list of prompts; pass at least one string.")
-        rows = [self.tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]  # no padding: many
-        lengths = sorted({len(r) for r in rows})  # decoders' tokenizers have no pad token
-        if len(lengths) > 1:
-            raise ConfigError(
-                f"to_tokens got prompts of different token lengths ({', '.join(map(str, lengths))}); pass prompts "
-                f"of equal length, or one at a time (hs.load_task batches a data set)."
-            )
-        ids = torch.tensor(rows, dtype=torch.long)  # [batch, pos]
-        unk = getattr(self.tokenizer, "unk_token_id", None)
-        if warn_unknown and unk is not None:
-            if bool((ids == unk).any()):
-                words = list(dict.fromkeys(w for t in texts for w in unknown_words(self.tokenizer, t)))
-                warnings.warn(
-                    f"{len(words)} word(s) are not in {self.facts.name}'s vocabulary and become "
-                    f"{self.tokenizer.unk_token!r}: {', '.join(map(repr, words[:10]))}"
-                    f"{f' and {len(words) - 10} more' if len(words) > 10 else ''}.",
-                    TokenizationWarning, stacklevel=2,
-                )
+        rows = [list(self.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in texts]  # unpadded
         bos = getattr(self.tokenizer, "bos_token_id", None)
         if prepend_bos is None:
             prepend_bos = not self.facts.is_encoder
-        if prepend_bos and bos is not None and not bool((ids[:, 0] == bos).all()):
-            ids = torch.cat([torch.full((ids.shape[0], 1), bos, dtype=ids.dtype), ids], dim=1)
-        return ids.to(self.device)
+        if prepend_bos and bos is not None and not all(r and r[0] == bos for r in rows):
+            rows = [[bos, *r] for r in rows] if not padding else [r if r and r[0] == bos else [bos, *r] for r in rows]
+        lengths = sorted({len(r) for r in rows})
+        if len(lengths) > 1 and not padding:
+            raise ConfigError(
+                f"to_tokens got prompts of different token lengths ({', '.join(map(str, lengths))}); pass padding=True "
+                f"for (tokens, attention_mask) and give the mask to the model, or use hs.load_task for a data set."
+            )
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if (warn_unknown or strict) and unk is not None and any(unk in r for r in rows):
+            words = list(dict.fromkeys(w for t in texts for w in unknown_words(self.tokenizer, t)))
+            shown = f"{', '.join(map(repr, words[:10]))}{f' and {len(words) - 10} more' if len(words) > 10 else ''}"
+            message = (f"{len(words)} word(s) are not in {self.facts.name}'s vocabulary and become "
+                       f"{self.tokenizer.unk_token!r}: {shown}")
+            if strict:
+                raise TokenizationError(f"{message}; strict mode refuses them: rephrase, or use a model whose vocabulary "
+                                        f"has them.")
+            warnings.warn(f"{message}.", TokenizationWarning, stacklevel=2)
+        if not padding:
+            return torch.tensor(rows, dtype=torch.long).to(self.device)  # [batch, pos]
+        ids, mask = pad_token_rows(rows, self.pad_id, left=not self.facts.is_encoder)
+        return ids.to(self.device), mask.to(self.device)
+
+    @property
+    def pad_id(self) -> int:
+        """The id that fills padding (`pad_id_of` the tokenizer)."""
+        return pad_id_of(self.tokenizer)
 
     def to_str_tokens(self, tokens: torch.Tensor) -> list[str]:
         """The token strings of one [pos] sequence (for labels; escape before putting in HTML)."""

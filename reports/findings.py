@@ -3,6 +3,12 @@
 Each `<analysis>_finding(summary) -> str` states the headline numbers of that analysis and says so
 when the result carries no information (a model at chance, a flat curve at its ceiling, a layer
 whose attention changes nothing). The text is plain (no markup): callers escape it.
+
+A summary's "chance" entry (analyses/core/chance.py, added by the registry) decides whether the
+model is at chance on the task: then `finding` opens with that and the findings stated relative to
+the clean metric (heads prunable or L0-kept "within 1%", kv budgets "within 1%" of the full cache,
+patching effects as shares of the clean-corrupted gap) are left out. Summaries without the entry
+(older results) keep the logit-difference heuristic `_at_chance`.
 """
 from __future__ import annotations
 
@@ -33,8 +39,32 @@ def _words(metric: Any) -> str:
     return METRIC_WORDS.get(str(metric), str(metric).replace("_", " "))
 
 
-def _at_chance(metric: Any, value: float | None) -> bool:
-    return metric == "logit_diff" and value is not None and abs(value) < CHANCE_LOGIT_DIFF
+def _at_chance(s: Mapping[str, Any], metric: Any, value: float | None) -> bool:
+    """The old heuristic, for summaries without a "chance" entry: a logit difference near 0."""
+    return ("chance" not in s and metric == "logit_diff" and value is not None
+            and abs(value) < CHANCE_LOGIT_DIFF)
+
+
+def _chance(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The summary's chance entry when it says the model is at chance, else None."""
+    entry = s.get("chance")
+    return entry if isinstance(entry, Mapping) and entry.get("at_chance") is True else None
+
+
+def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
+    """'The model is at chance on this task (<metric> <mean> against chance <c>, 95% CI [..]); relative
+    findings are not reported.' (probes: the probe, against its majority baseline)."""
+    details = []
+    mean, level = _num(entry.get("mean")), _num(entry.get("chance_value"))
+    if mean is not None:
+        details.append(f"{_words(entry.get('metric', 'metric'))} {mean:.3g}"
+                       + (f" against chance {level:.3g}" if level is not None else ""))
+    ci = entry.get("ci")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci):
+        details.append(f"{_pct(_num(entry.get('ci_level')) or 0.95)} CI [{ci[0]:.3g}, {ci[1]:.3g}]")
+    who = "The probe scores at chance" if name == "probes" else "The model is at chance on this task"
+    said = " (" + ", ".join(details) + ")" if details else ""
+    return f"{who}{said}; relative findings are not reported."
 
 
 def heads_finding(s: Mapping[str, Any]) -> str:
@@ -45,11 +75,12 @@ def heads_finding(s: Mapping[str, Any]) -> str:
     metric = _words(kind)
     if base is not None:
         parts.append(f"Unpruned {metric} is {base:.3g} over {s.get('n_examples', '?')} examples.")
-    if _at_chance(kind, base):
+    if _at_chance(s, kind, base):
         parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
                      "and pruning curves measure noise here, not a mechanism.")
+    relative = _chance(s) is None  # "within 1%" of a clean metric at chance says nothing
     prunable = {k.removeprefix("max_fraction_prunable_"): _num(v) for k, v in s.items()
-                if k.startswith("max_fraction_prunable_") and _num(v) is not None}
+                if relative and k.startswith("max_fraction_prunable_") and _num(v) is not None}
     if prunable and n_heads:
         best = max(prunable, key=lambda k: prunable[k])
         heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
@@ -64,7 +95,7 @@ def heads_finding(s: Mapping[str, Any]) -> str:
                  for k, v in roles.items() if v]
         parts.append("Head roles: " + "; ".join(found) + "." if found else "No head passes a role threshold.")
     l0 = s.get("l0_min_heads_within_tolerance")
-    if isinstance(l0, int):
+    if isinstance(l0, int) and relative:
         parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
     return " ".join(parts)
 
@@ -156,11 +187,13 @@ def patching_finding(s: Mapping[str, Any]) -> str:
     metric = _words(s.get("metric", ""))
     if gap is not None:
         parts.append(f"Clean prompts give a {metric} of {clean:.3g}, corrupted ones {corrupt:.3g}.")
-        if _at_chance(s.get("metric"), clean):
+        if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
                          "restore, so the patching maps show noise.")
     top = s.get("top_sites") or {}
     cells = [(kind, c) for kind, rows in top.items() for c in rows[:1] if _num(c.get("effect")) is not None]
+    if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise
+        cells = []
     if cells:
         cells.sort(key=lambda kc: -abs(kc[1]["effect"]))
         kind, best = cells[0]
@@ -230,7 +263,9 @@ def kv_finding(s: Mapping[str, Any]) -> str:
         parts.append(f"Grouped-query attention stores {saving:.3g}x less than full multi-head attention would.")
     full = _num(s.get("metric_unevicted"))
     budgets = s.get("metric_per_policy_budget") or {}
-    if full is not None and budgets:
+    if full is not None and _chance(s) is not None:
+        parts.append(f"Full-cache metric {full:.3g}.")
+    elif full is not None and budgets:
         ok = []
         for policy, by_budget in budgets.items():
             kept = sorted(int(b) for b, v in by_budget.items() if _num(v) is not None and v >= full - 0.01 * abs(full))
@@ -248,12 +283,20 @@ def probes_finding(s: Mapping[str, Any]) -> str:
     parts = [f"The {s.get('labels', '')} probe is best at layer {s.get('best_layer', '?')} with {metric} {best:.2f}"]
     majority = _num(s.get("majority_baseline"))
     parts[-1] += f" against a majority baseline of {majority:.2f}." if majority is not None else "."
-    if majority is not None and best <= majority + 0.02:
+    if majority is not None and best <= majority + 0.02 and "chance" not in s:
         parts.append("That is chance level: the property is not linearly readable from these activations.")
     sel = _num(s.get("best_selectivity"))
     if sel is not None:
         parts.append(f"Selectivity (score minus the control task) is {sel:.2f}"
                      + ("; low selectivity means the probe memorises rather than reads." if sel < 0.1 else "."))
+    capacity = s.get("capacity")
+    if isinstance(capacity, Mapping) and capacity.get("grid"):
+        first = s.get("first_selective_layer")
+        grid = ", ".join(f"{v:g}" for v in capacity["grid"])
+        where = (f"the first layer whose most selective probe reaches selectivity 0.5 is layer {first}" if first is not None
+                 else "no layer's most selective probe reaches selectivity 0.5")
+        parts.append(f"Each layer reports its most selective probe over {capacity.get('param', 'C')} in {{{grid}}} "
+                     f"(Hewitt & Liang's capacity sweep): {where}.")
     return " ".join(parts)
 
 
@@ -271,7 +314,7 @@ def circuits_finding(s: Mapping[str, Any]) -> str:
         items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]
         parts.append("Direct logit attribution: the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items)
                      + (f" of a final logit difference {final:.3g}." if final is not None else "."))
-    if final is not None and abs(final) < CHANCE_LOGIT_DIFF:
+    if _at_chance(s, "logit_diff", final):
         parts.append(f"The model is at chance here (final logit difference {final:.3g}, near 0): nothing to attribute.")
     return " ".join(parts)
 
@@ -288,7 +331,9 @@ def finding(name: str, summary: Mapping[str, Any]) -> str:
     if "skipped" in summary and name not in ("patching", "circuits"):
         return f"Skipped: {summary['skipped']}"
     try:
-        return FINDINGS[name](summary) if name in FINDINGS else ""
+        text = FINDINGS[name](summary) if name in FINDINGS else ""
+        entry = _chance(summary)
+        return text if entry is None else f"{chance_sentence(entry, name)} {text}".strip()
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError):
         return ""
 
@@ -336,7 +381,8 @@ CAPTIONS = {
     "mlp_top_neurons": "The neurons whose updates m_i v_i are largest at the task's answer position (L2 norm, residual "
                        "stream units), coloured by layer.",
     "probes": "Left: cross-validated probe score per layer on the real labels and on the control task (95% CI over "
-              "folds; dashed: the majority class). Right: selectivity = real minus control.",
+              "folds; dashed: the majority class). Right: selectivity = real minus control. With the capacity sweep, each "
+              "layer shows its most selective regularisation strength.",
     # circuits
     "circuits_lens": "Logit lens: the answer's rank or log-probability read from each block's input through the final "
                      "norm and unembedding, layer x position.",

@@ -166,7 +166,7 @@ def write_result(result: Any, folder: Path, files: dict[str, str] | None = None)
 
 def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quick: bool, n_examples: int | None) -> dict:
     """What a --resume must match (the manifest's config "settings"): the model's source, the task
-    (a task file by its bytes and field mapping, not its path), seed, quick, n_examples, the
+    (a task file by its bytes, field mapping and strictness, not its path), seed, quick, n_examples, the
     headscope version and each analysis's config. `model` is a HookedModel or a load_model spec."""
     import json
 
@@ -183,7 +183,8 @@ def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quic
     return {
         "model_source": str(source), "task": None if task is None else (Path(task).name if is_file else str(task)),
         "task_fields": dict(getattr(task, "fields", None) or {}), "task_sha256": sha256(Path(task)) if is_file else None,
-        "seed": seed, "quick": quick, "n_examples": n_examples, "headscope": __version__, "analysis_configs": configs,
+        "strict": bool(getattr(task, "strict", False)), "seed": seed, "quick": quick, "n_examples": n_examples,
+        "headscope": __version__, "analysis_configs": configs,
     }
 
 
@@ -280,9 +281,12 @@ def build_report(
     progress: bool = False,
     command: list[str] | None = None,
     trust_remote_code: bool = False,
+    strict: bool = False,
 ) -> Path:
     """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model
-    (`trust_remote_code` goes to it: the model's own code from its files may run).
+    (`trust_remote_code` goes to it: the model's own code from its files may run). `strict`: a word
+    of the task file (any row, any field) that the tokenizer maps to its unknown token stops the run
+    before any analysis with a TokenizationError, instead of a TokenizationWarning.
 
     Under torchrun (WORLD_SIZE > 1) the process group is opened here if needed; only rank 0 writes.
     """
@@ -295,7 +299,7 @@ def build_report(
     if task is not None and Path(task).suffix:
         from headscope.analyses.core.task_files import TaskFile, read_task_rows
 
-        task = TaskFile(task, task_fields)  # a path that carries the column names to every analysis
+        task = TaskFile(task, task_fields, strict=strict or None)  # carries the column names to every analysis
         task_rows = read_task_rows(task, n_examples=200, seed=seed)  # every row checked: bad files fail before any write
     elif task_fields:
         raise ConfigError(f"task fields {task_fields!r} need a task file (--task FILE), not task {task!r}.")
@@ -332,6 +336,10 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
     """The analyses, written into the session's folder (OUT, or its staging folder under --force)."""
     root = session.root if session is not None else out
     transient = _transient()
+    if getattr(task, "strict", False):  # every row of the file, not the analyses' samples
+        from headscope.analyses.core.task_files import check_vocabulary
+
+        check_vocabulary(model, task)
     plans = plan_analyses(model, names, task, seed=seed)  # the task contract, checked before any work
     task_used: dict[str, str] = {}
 
@@ -361,7 +369,7 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
     old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
     settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
     config_info = {"analyses": report_names, "task": task, "quick": quick, "n_examples": n_examples,
-                   "device": str(model.device), "settings": settings}
+                   "strict": bool(getattr(task, "strict", False)), "device": str(model.device), "settings": settings}
 
     def save_manifest() -> None:
         if not main:

@@ -73,3 +73,32 @@ def arch_models(arch_dirs):
     import headscope as hs
 
     return functools.cache(lambda arch: hs.load_model(arch_dirs[arch], device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def mixed_tasks(arch_models):
+    """arch -> a left-padded (decoders) or right-padded (BERT) Task of 6 user-style prompts of mixed
+    token lengths (tests_support.mixed_length_rows, loaded with hs.load_task and the user's own column
+    names). Compare with `task.example(i)`: row i alone, unpadded."""
+    import functools
+
+    import headscope as hs
+    from tests_support import MIXED_FIELDS, mixed_length_rows
+
+    def build(arch):
+        model = arch_models(arch)
+        encoder = model.facts.is_encoder
+        fields = {k: v for k, v in MIXED_FIELDS.items() if not (encoder and k == "corrupted_prompt")}
+        return hs.load_task(model, mixed_length_rows(model, 6, corrupt=not encoder), fields)
+
+    return functools.cache(build)
+
+
+@pytest.fixture(scope="session")
+def hf_of(arch_dirs):
+    """arch -> plain Hugging Face (eager attention) on the matrix's files (tests_support.hf_reference), cached."""
+    import functools
+
+    from tests_support import hf_reference
+
+    return functools.cache(lambda arch: hf_reference(arch_dirs[arch]))

@@ -529,3 +529,37 @@ def test_zoo_train_one_step_exits_0(tmp_path):
         steps = [r for r in csv.DictReader(fh) if r["kind"] == "train"]
     assert len(steps) == 1 and json.loads((out / "card.json").read_text())["train"]["steps"] == 1
     assert (out / "model.safetensors").stat().st_size > 0 and (out / "tokenizer.json").exists()
+
+
+# ---- --strict: words that become the unknown token stop the run (issue #19) ----------------------------
+def test_strict_is_an_option_of_report_and_every_analysis_subcommand():
+    from headscope.cli import _parser
+
+    for command in ("report", *ANALYSES):
+        assert _parser().parse_args([command, "--strict"]).strict is True
+        assert _parser().parse_args([command]).strict is False
+
+
+def test_strict_refuses_unknown_words_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, tiny_dirs):
+    """A 40-row task file whose only unknown word ('zebra', not in the tiny word-level vocabulary) is in
+    its last row, run on a 2-example sample: --strict checks every row, so `report` and `kv` exit 2
+    with one line naming the word and its row, and leave nothing; without --strict the run goes on."""
+    from headscope.cli import main
+    from headscope.errors import TokenizationWarning
+
+    fake_analyses(monkeypatch)
+    rows = [{"prompt": f"w{i % 9 + 1} w{i % 7 + 2} w3", "answer": "w4"} for i in range(39)]
+    rows.append({"prompt": "w1 zebra w2", "answer": "w5"})
+    task = tmp_path / "mine.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = ["-q", "--quick", "--device", "cpu", "--model", str(tiny_dirs["llama"]), "--task", str(task), "--n-examples", "2"]
+    for command in (["report", "--analyses", "kv,heads"], ["kv"]):
+        out = tmp_path / "out"
+        assert main([command[0], *run, *command[1:], "--strict", "--out", str(out)]) == 2
+        line = in_process_error(capsys)
+        assert "mine.jsonl" in line and "'zebra' (line 40, row 39 prompt)" in line and "strict" in line, line
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"]  # no OUT, lock or staging folder
+    out = tmp_path / "lenient"
+    with pytest.warns(TokenizationWarning, match=r"'zebra' \(line 40, row 39 prompt\)"):
+        assert main(["kv", *run, "--out", str(out)]) == 0
+    assert json.loads((out / "manifest.json").read_text())["status"] == {"kv": "done"}

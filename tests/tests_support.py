@@ -261,3 +261,81 @@ def hf_reference(path: Path):
 
     encoder = AutoConfig.from_pretrained(path).model_type == "bert"
     return (AutoModel if encoder else AutoModelForCausalLM).from_pretrained(path, attn_implementation="eager").eval()
+
+
+MIXED_FIELDS = {"prompt": "text", "answer": "label", "corrupted_prompt": "bad", "wrong_answer": "other"}
+
+
+def mixed_length_rows(model, n: int = 6, *, corrupt: bool = True) -> list[dict]:
+    """User-style data of mixed token lengths, in the user's own column names (MIXED_FIELDS): prefixes
+    of the shipped English sentences (one token length each), an answer and a wrong answer among
+    words that are one token under `model`'s tokenizer (with a leading space), and (corrupt) a
+    corrupted prompt with its second word replaced so that the pair has one length."""
+    from headscope.analyses.core.tasks import shipped_sentences
+
+    tok = model.tokenizer
+    one = lambda w: len(tok(w, add_special_tokens=False)["input_ids"]) == 1  # noqa: E731
+    length = lambda text: len(model.to_tokens(text, warn_unknown=False)[0])  # noqa: E731
+    sentences = shipped_sentences()
+    words = (" " + w.strip(".,").lower() for s in sentences for w in s.split())
+    pool = list(dict.fromkeys(w for w in words if one(w)))
+    if len(pool) < 2:  # e.g. a small sentencepiece-style vocabulary: tokens whose text round-trips alone
+        special = set(tok.all_special_ids)
+        texts = (tok.decode([i]) for i in range(min(len(tok), model.facts.d_vocab)) if i not in special)
+        pool = [t for t in texts if t.strip() and tok(t, add_special_tokens=False)["input_ids"].__len__() == 1][:50]
+    if len(pool) < 2:
+        raise AssertionError(f"{model.name}: fewer than 2 single-token words for answers")
+    rows, seen = [], set()
+    for k, sentence in enumerate(sentences):
+        words = sentence.rstrip(".").split()
+        cut = 3 + (k * 5) % max(1, len(words) - 3)  # prefixes of varied word counts
+        prompt = " ".join(words[:cut])
+        if length(prompt) in seen or length(prompt) > model.facts.n_ctx:
+            continue
+        n_labels = min(3, len(pool))  # a few answers, each repeated (as class labels are): probes can use them
+        row = {"text": prompt, "label": pool[k % n_labels], "other": pool[(k + 1) % n_labels]}
+        if corrupt:
+            swaps = (" ".join([words[0], rep, *words[2:cut]]) for rep in ("the", "a", "one", "this", "and", "of", "to"))
+            row["bad"] = next((c for c in swaps if c != prompt and length(c) == length(prompt)), None)
+            if row["bad"] is None:
+                continue
+        seen.add(length(prompt))
+        rows.append(row)
+        if len(rows) == n:
+            break
+    return rows
+
+
+def hf_out_proj(hf, layer: int):
+    """Plain Hugging Face's attention output projection of `layer` (its input: the heads' z, merged)."""
+    kind = hf.config.model_type
+    if kind == "gpt2":
+        return hf.transformer.h[layer].attn.c_proj
+    if kind == "gpt_neox":
+        return hf.gpt_neox.layers[layer].attention.dense
+    return hf.model.layers[layer].self_attn.o_proj
+
+
+def hf_z_edit(hf, edit):
+    """A context manager: edit(layer, z [batch, pos, head, d_head]) -> z, applied to plain HF's z before
+    every attention output projection (the reference for head ablations and gates)."""
+    import contextlib
+
+    n_heads = hf.config.num_attention_heads
+
+    def pre(layer):
+        def hook(module, args):
+            z = args[0].view(*args[0].shape[:2], n_heads, -1)
+            return (edit(layer, z).flatten(2),) + tuple(args[1:])
+        return hook
+
+    @contextlib.contextmanager
+    def edited():
+        handles = [hf_out_proj(hf, layer).register_forward_pre_hook(pre(layer)) for layer in range(hf.config.num_hidden_layers)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    return edited()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from headscope.analyses.attribution.methods import prediction, prediction_change
-from headscope.analyses.attribution.permutation import prediction_rows, z_hook
+from headscope.analyses.attribution.permutation import Generators, per_example, prediction_rows, z_hook
 from headscope.errors import ConfigError
 from headscope.hooks.sites import site
 
@@ -55,21 +55,22 @@ def adversarial_attention(
     steps: int = 100,
     lr: float = 1.0,
     noise: float = 0.1,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
 ) -> AdversarialAttention:
     """Search adversarial attention at `layer` for each example of `tokens` [batch, pos] (unpadded).
 
     All examples are optimised together (one forward and two backward passes per step); each has
     its own theta, so the result per example does not depend on the others. lr is the length of
-    an ascent step in logit space, decayed linearly to 0.
+    an ascent step in logit space, decayed linearly to 0. generator: one for the batch, or one per
+    example (its noise then does not depend on the batch).
     """
     model.check_layer(layer)
     if steps < 1 or epsilon <= 0:
         raise ConfigError(f"adversarial attention needs steps >= 1 and epsilon > 0, got steps={steps}, epsilon={epsilon}.")
-    generator = generator or torch.Generator().manual_seed(0)
     ref, rows, v = prediction_rows(model, tokens, layer)  # [batch, out], [batch, head, r, k], [batch, k, head, d_head]
     rows, v = rows.float(), v.float()
-    theta = rows.clamp_min(1e-9).log() + noise * torch.randn(rows.shape, generator=generator).to(rows.device)
+    draws = per_example(generator, rows.shape[0], lambda n, g: torch.randn((n, *rows.shape[1:]), generator=g))
+    theta = rows.clamp_min(1e-9).log() + noise * draws.to(rows.device)  # [batch, head, r, k]
     best = torch.zeros(rows.shape[0], device=rows.device)  # [batch]
     best_change = torch.zeros_like(best)
     best_rows = rows.clone()

@@ -16,6 +16,12 @@ the next sentence's, so gradients say which tokens make the sentence close to it
 the sentence's own embedding the cosine is maximal and its gradient vanishes), leave-one-out and
 permutations measure 1 - cosine to the unmodified embedding.
 
+Padded Tasks (decoders left-padded, encoders right-padded): each example is scored on its real
+tokens only, in batches of equal real length, and draws its random permutations and adversarial
+noise from a generator seeded by its own tokens, so its scores, taus and permutation results are
+those of the example run alone; padding gets no score and takes no part in any ranking. The
+scores table's positions are in the Task's padded coordinates (as its spans).
+
 Summary keys (attention = the last layer's head mean): mean_tau_attention_{gradient, saliency,
 loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_*; fraction_significant (over
 all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
@@ -27,6 +33,7 @@ median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with t
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,18 +110,35 @@ class AttributionConfig(AnalysisConfig):
 
 
 # ---- inputs -----------------------------------------------------------------------------------
-def example_lengths(task: Task) -> list[int]:
-    """Real length of each example (right padding marked by task.attention_mask)."""
+def real_spans(task: Task) -> list[tuple[int, int]]:
+    """(start, length) of each example's real tokens in task.tokens: left padding (decoders), right
+    padding (encoders) or none. Padded examples are scored on their real tokens only, grouped by
+    length, so every example's scores are those of the example run alone."""
     n = task.tokens.shape[1]
     if task.attention_mask is None:
-        return [n] * len(task)
-    mask = task.attention_mask.bool()  # [batch, pos]
+        return [(0, n)] * len(task)
+    mask = task.attention_mask.bool().cpu()  # [batch, pos]
     lengths = mask.sum(1)  # [batch]
-    prefix = torch.arange(n)[None, :] < lengths[:, None]  # [batch, pos]
-    if not torch.equal(prefix, mask.cpu()):
-        raise ConfigError("attribution needs right-padded examples (attention_mask 1...1 0...0); "
-                          "re-tokenize with padding_side='right'.")
-    return lengths.tolist()
+    starts = mask.int().argmax(1)  # [batch] first real token
+    pos = torch.arange(n)[None, :]  # [1, pos]
+    if not torch.equal((pos >= starts[:, None]) & (pos < (starts + lengths)[:, None]), mask):
+        raise TaskError("attribution needs each example's real tokens in one run (attention_mask 0...0 1...1 "
+                        "or 1...1 0...0).")
+    return list(zip(starts.tolist(), lengths.tolist()))
+
+
+def real_tokens(task: Task, idx: Sequence[int], spans: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """[len(idx), n]: the real tokens of examples `idx`, all of one length n, padding dropped."""
+    n = spans[idx[0]][1]
+    return torch.stack([task.tokens[i, spans[i][0] : spans[i][0] + n] for i in idx])
+
+
+def example_generator(seed: int, tokens: torch.Tensor) -> torch.Generator:
+    """A generator seeded by `seed` and the example's own tokens [pos]: its random draws
+    (permutations, adversarial noise) do not depend on which examples share its batch, its index or
+    the padding, so an example scored in a data set draws what it draws alone."""
+    digest = zlib.crc32(tokens.detach().cpu().to(torch.int64).numpy().astype("<i8").tobytes())
+    return torch.Generator().manual_seed(seed * 100_003 + digest)
 
 
 def length_groups(lengths: Sequence[int], chunk: int) -> Iterator[list[int]]:
@@ -163,19 +187,19 @@ def ig_baselines(tokens: torch.Tensor, baseline_token: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def partner_references(model, task: Task, lengths: Sequence[int]) -> torch.Tensor:
-    """[batch, d_model]: for sentence i, the pooled embedding of sentence (i + 1) mod batch."""
+def partner_references(model, task: Task, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """[batch, d_model]: for sentence i, the pooled embedding of sentence (i + 1) mod batch (real tokens only)."""
     if len(task) < 2:
         raise ConfigError("The encoder metric compares each sentence with another one; give at least 2 sentences or reference=.")
-    pooled = torch.stack([mean_pool(model(task.tokens[i : i + 1, :n]), None)[0] for i, n in enumerate(lengths)])  # [batch, d]
+    pooled = torch.stack([mean_pool(model(real_tokens(task, [i], spans)), None)[0] for i in range(len(task))])  # [batch, d]
     return pooled.roll(-1, dims=0)
 
 
 def gradient_targets(model, task: Task, kind: str, reference: torch.Tensor | None,
-                     lengths: Sequence[int]) -> tuple[torch.Tensor, ...]:
+                     spans: Sequence[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
     """Per-example tensors the metric needs, in forward_metric's argument order."""
     if kind == "cosine":
-        ref = reference if reference is not None else partner_references(model, task, lengths)
+        ref = reference if reference is not None else partner_references(model, task, spans)
         return (ref.to(model.device),)
     answers = task.answers.to(model.device)
     if kind == "logprob":
@@ -221,12 +245,13 @@ def attribution(
         task = default_task(model, task, cfg)
     facts = model.facts
     layer = facts.n_layers - 1 if cfg.permutation_layer is None else model.check_layer(cfg.permutation_layer)
-    lengths = example_lengths(task)
+    spans = real_spans(task)
+    lengths = [n for _, n in spans]
     if min(lengths) < 4:
         raise ConfigError("attribution needs examples of at least 4 tokens (first and last are left out of the ranking).")
     kind = metric_kind(model, task, cfg)
     forward = am.forward_metric(model, kind)
-    targets = gradient_targets(model, task, kind, reference, lengths)
+    targets = gradient_targets(model, task, kind, reference, spans)
     baseline = cfg.baseline_token if cfg.baseline_token is not None else default_baseline_token(model)
     chunk = max(1, cfg.batch_size // cfg.n_steps)
     score_rows: list[pd.DataFrame] = []
@@ -237,9 +262,9 @@ def attribution(
     groups = list(length_groups(lengths, chunk))
     for g in tqdm(distributed.shard(len(groups)), desc="attribution", disable=not (progress and distributed.is_main())):
         idx = groups[g]  # under torch.distributed each rank scores its block of groups
-        generator = torch.Generator().manual_seed(cfg.seed * 100_003 + g)  # per group: the same draws on any rank
         n = lengths[idx[0]]
-        tokens = task.tokens[idx, :n].to(model.device)  # [g, pos]
+        tokens = real_tokens(task, idx, spans).to(model.device)  # [g, pos], padding dropped
+        generator = [example_generator(cfg.seed, row) for row in tokens]  # the same draws on any rank, in any batch
         tgt = tuple(t[idx] for t in targets)
         scored = list(range(1, n - 1))
         per_head, roll = am.attention_scores(model, tokens)  # [g, layer, head, pos], [g, pos]
@@ -265,7 +290,7 @@ def attribution(
             attention = _attention_vectors(per_head[j, :, :, 1:-1], roll[j, 1:-1])
             tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha))
             pairs.extend(method_pair_rows(ex, methods, alpha=cfg.alpha))
-            score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods))
+            score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods, offset=spans[ex][0]))
             perm_rows.append({
                 "example": ex, "layer": layer, "max_attention": float(max_att[j]),
                 "median_change": float(changes[j].median()), "mean_change": float(changes[j].mean()),
@@ -273,7 +298,7 @@ def attribution(
                                            "adversarial_found": bool(adv.feasible[j])}),
             })
             ig_rows.append({
-                "example": ex, "n_steps": steps, "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
+                "example": ex, "n_steps": int(steps[j]), "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
                 "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
             })
     parts = distributed.gather_objects((score_rows, tau, pairs, perm_rows, ig_rows))  # rank order = group order
@@ -313,8 +338,10 @@ def _attention_vectors(per_head: torch.Tensor, roll: torch.Tensor) -> dict[tuple
     return out
 
 
-def _score_frame(model, example: int, tokens: torch.Tensor, positions: list[int], attention: dict, methods: dict) -> pd.DataFrame:
-    """Long table of one example's scores: example, position, token, method, layer, head, score."""
+def _score_frame(model, example: int, tokens: torch.Tensor, positions: list[int], attention: dict, methods: dict,
+                 offset: int = 0) -> pd.DataFrame:
+    """Long table of one example's scores: example, position (in the Task's padded coordinates, as
+    its spans: offset + the position among the real tokens), token, method, layer, head, score."""
     strs = model.to_str_tokens(tokens)
     frames = []
     for (kind, layer, head), scores in attention.items():
@@ -322,7 +349,8 @@ def _score_frame(model, example: int, tokens: torch.Tensor, positions: list[int]
         frames.append((name, layer, head, scores))
     frames.extend((method, None, None, scores) for method, scores in methods.items())
     rows = [
-        {"example": example, "position": p, "token": strs[p], "method": name, "layer": layer, "head": head, "score": float(s)}
+        {"example": example, "position": offset + p, "token": strs[p], "method": name, "layer": layer, "head": head,
+         "score": float(s)}
         for name, layer, head, scores in frames
         for p, s in zip(positions, scores)
     ]

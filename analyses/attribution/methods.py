@@ -139,31 +139,38 @@ def integrated_gradients(
     n_steps: int = 32,
     max_steps: int | None = None,
     tolerance: float = 0.05,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Integrated gradients on the token embeddings (Captum LayerIntegratedGradients).
 
     baselines: [batch, pos] token ids whose embeddings start the path. With max_steps above
-    n_steps, the step count doubles until every example's |delta| <= tolerance x |metric(tokens)
-    - metric(baselines)| or max_steps is reached. Why: a fixed count is too coarse where the path
-    crosses sharp softmax transitions (the zoo model needs ~128 Gauss-Legendre steps for 1%), and
-    checking the delta is Captum's own advice. Returns (attributions [batch, pos], the sum over
-    d_model, signed; Captum's convergence delta [batch] = sum(attributions) - (metric(tokens) -
-    metric(baselines)); the steps used).
+    n_steps, each example's step count doubles until its |delta| <= tolerance x |metric(tokens)
+    - metric(baselines)| or max_steps is reached; only the examples not yet converged run again,
+    so an example's result does not depend on the others in the batch. Why: a fixed count is too
+    coarse where the path crosses sharp softmax transitions (the zoo model needs ~128 Gauss-Legendre
+    steps for 1%), and checking the delta is Captum's own advice. Returns (attributions [batch, pos],
+    the sum over d_model, signed; Captum's convergence delta [batch] = sum(attributions) -
+    (metric(tokens) - metric(baselines)); the steps used [batch]).
     """
     from captum.attr import LayerIntegratedGradients
 
     lig = LayerIntegratedGradients(forward, embedding_layer(model))
+    attr_out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)  # [batch, pos]
+    delta_out = torch.zeros(tokens.shape[0], dtype=torch.float32, device=tokens.device)  # [batch]
+    used = torch.full((tokens.shape[0],), n_steps, dtype=torch.long)  # [batch]
+    todo = torch.arange(tokens.shape[0], device=tokens.device)  # [rows] examples not yet converged
     steps = n_steps
     while True:
         attr, delta = lig.attribute(
-            tokens, baselines=baselines, additional_forward_args=tuple(targets), n_steps=steps,
-            return_convergence_delta=True,
-        )  # [batch, pos, d_model], [batch]
-        attr, delta = attr.detach().sum(-1), delta.detach()
-        change = (attr.sum(-1) - delta).abs()  # [batch]: |metric(x) - metric(baseline)|
-        if max_steps is None or steps * 2 > max_steps or bool((delta.abs() <= tolerance * change).all()):
-            return attr, delta, steps
-        steps *= 2
+            tokens[todo], baselines=baselines[todo], additional_forward_args=tuple(t[todo] for t in targets),
+            n_steps=steps, return_convergence_delta=True,
+        )  # [rows, pos, d_model], [rows]
+        attr, delta = attr.detach().sum(-1).float(), delta.detach().float()
+        attr_out[todo], delta_out[todo], used[todo.cpu()] = attr, delta, steps
+        change = (attr.sum(-1) - delta).abs()  # [rows]: |metric(x) - metric(baseline)|
+        converged = delta.abs() <= tolerance * change  # [rows]
+        if max_steps is None or steps * 2 > max_steps or bool(converged.all()):
+            return attr_out, delta_out, used
+        todo, steps = todo[~converged], steps * 2
 
 
 # ---- leave-one-out --------------------------------------------------------------------------------

@@ -15,17 +15,33 @@ the Hugging Face module (BERT), while hook_z edits always take effect.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from headscope.analyses.attribution.methods import prediction, prediction_change
+from headscope.errors import ConfigError
 from headscope.hooks.sites import site
 
 
 def permutations(n_draws: int, n_heads: int, n_keys: int, generator: torch.Generator) -> torch.Tensor:
     """[draw, head, key] random permutations of range(n_keys)."""
     return torch.rand(n_draws, n_heads, n_keys, generator=generator).argsort(-1)
+
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def per_example(generator: Generators, batch: int, draw: Callable[[int, torch.Generator], torch.Tensor]) -> torch.Tensor:
+    """draw(rows, generator) -> [rows, ...] for a batch: one call with a shared generator (None: seed 0),
+    or one row per example from its own generator (a sequence of `batch`), which makes an example's
+    draws independent of the batch it is in."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return draw(batch, generator or torch.Generator().manual_seed(0))
+    if len(generator) != batch:
+        raise ConfigError(f"got {len(generator)} generators for {batch} examples; pass one per example or one in all.")
+    return torch.cat([draw(1, g) for g in generator])
 
 
 def permuted_z(rows: torch.Tensor, v: torch.Tensor, perms: torch.Tensor) -> torch.Tensor:
@@ -76,20 +92,21 @@ def permutation_test(
     layer: int,
     n_permutations: int = 100,
     batch_size: int = 256,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Output change under permuted attention at `layer` -> ([batch, n_permutations], max attention [batch]).
 
     tokens: [batch, pos], unpadded. Max attention is the largest head-mean weight of the permuted
-    rows (the last row for decoders, the mean row for encoders) in the unpermuted run.
+    rows (the last row for decoders, the mean row for encoders) in the unpermuted run. generator:
+    one for the batch, or one per example (its draws then do not depend on the batch; per_example).
     """
     model.check_layer(layer)
-    generator = generator or torch.Generator().manual_seed(0)
     facts = model.facts
     ref, rows, v = prediction_rows(model, tokens, layer)
     max_attention = rows.float().mean(2).mean(1).max(-1).values  # [batch]
     batch, n = tokens.shape
-    perms = permutations(batch * n_permutations, facts.n_heads, n, generator).to(tokens.device)  # [batch*draw, head, k]
+    perms = per_example(generator, batch, lambda rows, g: permutations(rows * n_permutations, facts.n_heads, n, g))
+    perms = perms.to(tokens.device)  # [batch*draw, head, k], example-major
     example = torch.arange(batch, device=tokens.device).repeat_interleave(n_permutations)  # [batch*draw]
     out = []
     for i in range(0, len(example), batch_size):

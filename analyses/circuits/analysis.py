@@ -15,8 +15,10 @@
 
 Default task: the zoo "ioi" task on zoo models, IOI over the tokenizer's single-token names
 on other decoders (repeated random tokens where there are too few); encoders are skipped by
-`run` (summary {"skipped": reason}) and refused by the two named functions. Tables: "lens"
-(example, layer, stage, position, target, is_answer, logprob, rank, logit_diff), "dla" (example,
+`run` (summary {"skipped": reason}) and refused by the two named functions. Padded tasks (mixed
+lengths, attention_mask) read each row at its own answer position and real tokens only, so every
+example's rows equal those of the example run alone. Tables: "lens" (example, layer, stage,
+position (0 = the prompt's first real token), target, is_answer, logprob, rank, logit_diff), "dla" (example,
 component, kind, layer, head, contribution) and "dla_mean" (component, kind, layer, head,
 contribution = mean over examples, std). Summary: per-layer mean
 answer rank, log-probability, top-1 fraction and logit difference at the answer position; the
@@ -32,12 +34,13 @@ import pandas as pd
 import torch
 
 from headscope.analyses.circuits import dla as dla_mod
+from headscope.analyses.circuits import edges as edges_mod
 from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
-from headscope.errors import ConfigError, TaskError
+from headscope.errors import ConfigError, TaskError, UnsupportedModelError
 from headscope.hooks import available_sites, run_with_cache
 
 LENS_POSITIONS = ("all", "answer")
@@ -124,10 +127,9 @@ def _check(model, task: Task) -> None:
 
 
 def answer_positions(task: Task) -> torch.Tensor:
-    """[batch]: the last real position of each prompt (where the answer is predicted)."""
-    if task.attention_mask is None:
-        return torch.full((len(task),), task.tokens.shape[1] - 1, dtype=torch.int64)
-    return task.attention_mask.sum(1).to(torch.int64) - 1
+    """[batch]: the last real position of each prompt (where the answer is predicted): the last
+    position under left padding, the last real token under right padding."""
+    return edges_mod.answer_positions(task)
 
 
 # ---- the passes ----------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
     names = list(dict.fromkeys(names))
     every = config.lens_positions == "all"
     wrong_all = task.wrong_answers if config.use_wrong_answer else None
-    answer_pos = answer_positions(task)
+    answer_pos, first_pos = answer_positions(task), edges_mod.first_positions(task)
     labels = lens_mod.lens_labels(model.facts.n_layers)
     lens_frames, dla_frames, lens_err = [], [], 0.0
     for part in _chunks(model, task, every and lens):
@@ -163,7 +165,9 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
         wrong = None if wrong_all is None else wrong_all[part]
         examples = torch.arange(part.start, part.stop)
         if lens:
-            positions, targets = lens_mod.lens_targets(task.tokens[part], answers, pos, config.lens_target, every)
+            start = first_pos[part]
+            positions, targets = lens_mod.lens_targets(task.tokens[part], answers, pos, config.lens_target, every,
+                                                       start=start)
             is_answer = positions == pos[:, None]  # [batch, k]
             if wrong is None:
                 w = None
@@ -173,7 +177,8 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
                 w = torch.where(is_answer, wrong[:, None], torch.full_like(positions, -1))
             read = lens_mod.lens_readout(model, acts, positions, targets, w, output)
             lens_err = max(lens_err, read.output_error)
-            keep = torch.arange(positions.shape[1])[None, :] <= pos[:, None]  # [batch, k]: drop repeats
+            real_pos = positions - start[:, None]  # [batch, k]: 0 = the row's first real token
+            keep = torch.arange(positions.shape[1])[None, :] <= (pos - start)[:, None]  # [batch, k]: drop repeats
             n_layer = read.logprob.shape[0]
             layer_idx = torch.arange(n_layer)[:, None, None].expand_as(read.logprob)
             sel = keep[None].expand_as(read.logprob)
@@ -181,7 +186,7 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
                 "example": examples[None, :, None].expand_as(read.logprob)[sel].numpy(),
                 "layer": layer_idx[sel].numpy(),
                 "stage": [labels[i] for i in layer_idx[sel].tolist()],
-                "position": positions[None].expand_as(read.logprob)[sel].numpy(),
+                "position": real_pos[None].expand_as(read.logprob)[sel].numpy(),
                 "target": targets[None].expand_as(read.logprob)[sel].numpy(),
                 "is_answer": is_answer[None].expand_as(read.logprob)[sel].numpy(),
                 "logprob": read.logprob[sel].numpy(),
@@ -300,8 +305,12 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     if config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness
         from headscope.analyses.circuits.faithfulness import circuit_discovery
 
-        found, edge_summary = circuit_discovery(model, task, ig_steps=config.ig_steps, k_values=config.k_values,
-                                                seed=config.seed)
-        tables.update(found)
-        summary.update(edge_summary)
+        try:
+            found, edge_summary = circuit_discovery(model, task, ig_steps=config.ig_steps, k_values=config.k_values,
+                                                    seed=config.seed)
+        except UnsupportedModelError as err:  # e.g. Gemma 2's post-norms: the residual is not the sum of writes
+            summary["edges_skipped"] = str(err)
+        else:
+            tables.update(found)
+            summary.update(edge_summary)
     return Result(name="circuits", df=mean, summary=summary, tables=tables, config=asdict(config))

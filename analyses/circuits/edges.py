@@ -9,7 +9,7 @@ residual stream *before* its norm (TransformerLens's split hook_q/k/v_input, hoo
 last hook_resid_post): the norm belongs to the receiver, so the input is exactly the sum of the
 senders' writes plus constants (positional embedding, biases) and an edge is one term of it.
 
-Score of u -> v = sum over positions of (a_clean[u] - a_corrupt[u]) . mean_k dM/dx_v(step k),
+Score of u -> v = sum over (real, unpadded) positions of (a_clean[u] - a_corrupt[u]) . mean_k dM/dx_v(step k),
 averaged over examples, with M the task's metric (logit difference answer - wrong answer at the
 answer position, or the answer's logit). Steps k = 0..m-1 run the model on the input embedding
 corrupt + k/m (clean - corrupt) (Hanna, Pezzelle & Belinkov 2024's EAP-IG: the straight path of
@@ -141,10 +141,22 @@ def check_model(model, task: Task) -> None:
 
 # ---- metric and captures -------------------------------------------------------------------
 def answer_positions(task: Task) -> torch.Tensor:
-    """[batch]: each prompt's last real position."""
-    if task.attention_mask is None:
-        return torch.full((len(task),), task.tokens.shape[1] - 1, dtype=torch.int64)
-    return task.attention_mask.sum(1).to(torch.int64) - 1
+    """[batch]: each prompt's last real position (Task.answer_positions)."""
+    return task.answer_positions()
+
+
+def first_positions(task: Task) -> torch.Tensor:
+    """[batch]: each prompt's first real position (Task.first_positions)."""
+    return task.first_positions()
+
+
+def real_tokens(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """mask [batch, pos] -> bool [batch, pos, 1, ...] broadcastable to `like` [batch, pos, ...] on its
+    device (None without a mask): where padding must be zeroed (torch.where, so NaNs do not leak)."""
+    if mask is None:
+        return None
+    m = mask.to(like.device).bool()
+    return m.reshape(*m.shape, *([1] * (like.ndim - 2)))
 
 
 def row_metric(logits: torch.Tensor, pos: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor | None) -> torch.Tensor:
@@ -183,8 +195,16 @@ def capture_writers(model, tokens: torch.Tensor, mask: torch.Tensor | None = Non
     parts = [got["hook_embed"][:, :, None]]
     for layer in range(n_layers):
         parts += [got[f"blocks.{layer}.attn.hook_result"], got[f"blocks.{layer}.hook_mlp_out"][:, :, None]]
-    out = (torch.cat(parts, dim=2).float(), logits.float())
-    return out + (got[f"blocks.{n_layers - 1}.hook_resid_post"].float(),) if final else out
+    writes = torch.cat(parts, dim=2).float()  # [batch, pos, S, d]
+    real = real_tokens(mask, writes)
+    if real is not None:  # padding writes nothing: zero it (whatever padded queries computed)
+        writes = torch.where(real, writes, 0.0)
+    out = (writes, logits.float())
+    if not final:
+        return out
+    resid = got[f"blocks.{n_layers - 1}.hook_resid_post"].float()
+    real = real_tokens(mask, resid)
+    return out + ((resid if real is None else torch.where(real, resid, 0.0)),)
 
 
 def check_additive(model, w_clean, w_corr, r_clean, r_corr) -> None:
@@ -264,7 +284,10 @@ def edge_scores(model, task: Task, ig_steps: int = 1) -> tuple[EdgeGraph, torch.
                 g = g.float().reshape(ig_steps, b, *g.shape[1:]).mean(0)  # [b, pos, (heads,) d]
                 grad_parts.append(g if g.ndim == 4 else g[:, :, None])
             g_all = torch.cat(grad_parts, dim=2).cpu()  # [b, pos, R, d]
-            delta = (w_clean - w_corr).cpu()  # [b, pos, S, d]
+            real = real_tokens(mk, g_all)
+            if real is not None:  # sums over positions cover real tokens only
+                g_all = torch.where(real, g_all, 0.0)
+            delta = (w_clean - w_corr).cpu()  # [b, pos, S, d], 0 on padding (capture_writers)
             scores += torch.einsum("bpsd,bprd->rs", delta.double(), g_all.double())
     scores = (scores / n) * graph.reach
     info = {"metric_clean": m_clean / n, "metric_corrupt": m_corrupt / n, "n_examples": n, "ig_steps": ig_steps}

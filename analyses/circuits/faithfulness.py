@@ -55,11 +55,13 @@ def _ablated_pass(model, graph: E.EdgeGraph, tokens: torch.Tensor, mask: torch.T
     """Logits [b, pos, vocab] of the clean `tokens` with the edges marked in abl [b, R, S] fed their
     corrupted writes corr [b, pos, S, d]; the caller has edge_hooks_enabled and no_grad."""
     diffs: list[torch.Tensor] = []  # live - corrupted writes so far, in sender order
+    real = E.real_tokens(mask, corr)  # [b, pos, 1, 1] or None: padding is never ablated
 
     def on_write(first: int):
         def hook(act, hook):
             live = act if act.ndim == 4 else act[:, :, None]  # [b, pos, width, d]
-            diffs.append(live.float() - corr[:, :, first:first + live.shape[2]])
+            d = live.float() - corr[:, :, first:first + live.shape[2]]
+            diffs.append(d if real is None else torch.where(real, d, 0.0))
         return hook
 
     def on_read(sl: slice):

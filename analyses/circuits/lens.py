@@ -83,18 +83,21 @@ def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
 
 
 def lens_targets(tokens: torch.Tensor, answers: torch.Tensor, answer_pos: torch.Tensor, target: str,
-                 every_position: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions, targets), both [batch, k]: every position up to each example's answer position
-    (k = the longest; shorter rows repeat their answer position) or the answer position only.
-    target "next": the prompt's next token (the answer at the answer position); "answer": the answer."""
+                 every_position: bool, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, targets), both [batch, k], positions in the padded tokens' coordinates: every
+    position from each example's first real token (`start` [batch], 0 when None; left padding's
+    length) to its answer position (k = the longest prompt; shorter rows repeat their answer
+    position) or the answer position only. target "next": the prompt's next token (the answer at
+    the answer position); "answer": the answer."""
     if target not in TARGETS:
         raise ConfigError(f"lens_target must be one of {TARGETS}, got {target!r}.")
     batch = tokens.shape[0]
+    start = torch.zeros(batch, dtype=torch.int64) if start is None else start.to(torch.int64).cpu()
     if not every_position:
         pos = answer_pos[:, None]  # [batch, 1]
     else:
-        k = int(answer_pos.max()) + 1
-        pos = torch.arange(k)[None, :].expand(batch, -1).minimum(answer_pos[:, None])  # [batch, k]
+        k = int((answer_pos - start).max()) + 1
+        pos = (start[:, None] + torch.arange(k)[None, :]).minimum(answer_pos[:, None])  # [batch, k]
     if target == "answer":
         return pos, answers[:, None].expand_as(pos).clone()
     nxt = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1).gather(1, pos)  # token after each position

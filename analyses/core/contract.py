@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
 from headscope.errors import InputTypeError, TaskError, UnsupportedModelError
 
@@ -100,9 +102,13 @@ def task_reasons(needs: Needs, task: Task | str, model: Any) -> list[str]:
     if needs.labels and task.answers is None and not needs.answers:
         reasons.append("the task has no answers to use as labels")
     if needs.labels and task.answers is not None:
-        n = len(set(task.answers.tolist()))
+        values, counts = torch.unique(task.answers, return_counts=True)
+        n, repeated = len(values), int((counts >= 2).sum())
         if n < needs.min_classes:
             reasons.append(f"the task's answers take {n} distinct value(s); it needs at least {needs.min_classes} classes")
+        elif repeated < needs.min_classes:
+            reasons.append(f"only {repeated} of the task's answers occur more than once; cross-validated probes need "
+                           f"at least {needs.min_classes} answers seen twice or more")
     if needs.next_token and model.facts.is_encoder and task.metric != "cosine":
         reasons.append(f"{model.facts.name} is an encoder without next-token predictions to score the answers")
     if needs.next_token and not model.facts.is_encoder and task.answers is None and not needs.answers:

@@ -176,8 +176,8 @@ def sentence_prefix_task(model, n_examples: int | None = None, seed: int | None 
     if model.facts.is_encoder:
         raise TaskError("sentence_prefix_task scores next tokens; use sentence_task for encoders.")
     padded = sentence_task(model, n_examples=n_examples, seed=seed)
-    lengths = padded.attention_mask.sum(1).tolist()  # real prompt length per row
-    rows = [padded.tokens[i, :n].tolist() + [int(padded.answers[i])] for i, n in enumerate(lengths)]
+    real = padded.attention_mask.bool()  # [batch, pos]
+    rows = [padded.tokens[i][real[i]].tolist() + [int(padded.answers[i])] for i in range(len(padded))]
     cut = min(min(len(r) for r in rows) - 1, model.facts.n_ctx)
     tokens = torch.tensor([r[:cut] for r in rows])  # [batch, cut]
     answers = torch.tensor([r[cut] for r in rows])  # [batch]
@@ -194,7 +194,7 @@ def unknown_share(model, task: Task) -> float:
 
 
 def text_task(model, n_examples: int | None = None, seed: int = 0, *, padded: bool = False) -> Task:
-    """The shipped sentences (padded: sentence_task, right-padded whole sentences; else
+    """The shipped sentences (padded: sentence_task, whole sentences left-padded; else
     sentence_prefix_task), or repeated random tokens where more than half the sentences' tokens are
     unknown to the tokenizer (a vocabulary that does not write English)."""
     task = sentence_task(model, n_examples=n_examples, seed=seed) if padded else sentence_prefix_task(model, n_examples, seed)

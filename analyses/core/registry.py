@@ -4,17 +4,26 @@ Each family exposes `run(model, task=None, config=None) -> Result`, a config cla
 AnalysisConfig) and NEEDS, what it needs from a task and a model (`needs`, analyses/core/contract.py).
 Entries are "module:run:ConfigClass" strings imported lazily, so that `headscope --help` is fast and
 one broken analysis cannot stop the others from loading.
+
+`get_analysis` wraps each run with the chance-level guard (analyses/core/chance.py): the Result's
+summary gains "chance" (whether the model's clean metric on the task is within noise of chance),
+so `headscope report`, the CLI subcommands and `hs.run_analysis` all carry it.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, HeadscopeError
 
 if TYPE_CHECKING:
     from headscope.analyses.core.contract import Needs
+
+log = logging.getLogger(__name__)
 
 ANALYSES: dict[str, str] = {
     "heads": "headscope.analyses.heads:run:HeadsConfig",
@@ -36,9 +45,91 @@ def _entry(name: str) -> tuple[Any, str, str]:
 
 
 def get_analysis(name: str) -> Callable[..., Any]:
-    """The run function of an analysis by name: run(model, task=None, config=None) -> Result."""
+    """The run function of an analysis by name: run(model, task=None, config=None) -> Result, its
+    summary with "chance" added (with_chance)."""
     module, func, _ = _entry(name)
-    return getattr(module, func)
+    run = getattr(module, func)
+
+    @functools.wraps(run)
+    def guarded(model, task=None, config=None):
+        return with_chance(name, run(model, task, config), model, task, config)
+
+    return guarded
+
+
+def _family_attr(name: str, attr: str) -> Any:
+    """`attr` of the family's package, else of its analysis module (None where neither has it)."""
+    module, _, _ = _entry(name)
+    found = getattr(module, attr, None)
+    if found is None:
+        try:
+            found = getattr(importlib.import_module(f"{module.__name__}.analysis"), attr, None)
+        except ImportError:
+            return None
+    return found
+
+
+def task_used(name: str, model, task: Any = None, config: Any = None) -> Any:
+    """The Task the analysis `name` ran on: `task` itself when it is a Task, else the family's own
+    resolution (its `default_task(model, task, config)`; mlp: `default_inputs`), with the config
+    its run uses when none is given (the family's preset). None where the family has no such
+    function (position: its own sweeps; probes: a probe, not the model, is judged)."""
+    from headscope.analyses.core.tasks import Task
+
+    if isinstance(task, Task):
+        return task
+    if name in ("position", "probes"):
+        return None
+    config = config if config is not None else config_class(name).preset()
+    if name == "mlp":
+        inputs = _family_attr(name, "default_inputs")
+        return None if inputs is None else inputs(model, task, config)[0]
+    default = _family_attr(name, "default_task")
+    return None if default is None else default(model, task, config)
+
+
+_CLEAN_KEYS = ("baseline_metric", "clean_metric", "metric_unevicted")  # the clean mean a summary reports
+
+
+def chance_summary(name: str, summary: dict, model, task: Any = None, config: Any = None) -> dict | None:
+    """summary["chance"] for one analysis (analyses/core/chance.py): the model's clean metric per example
+    on the Task the analysis used (one forward) against chance, checked against the clean mean the
+    summary reports; probes: the best probe against its majority baseline; else from the summary."""
+    from headscope.analyses.core import chance
+
+    if model.facts.is_encoder:
+        return None
+    if name == "probes":
+        return chance.from_summary(summary)
+    try:
+        used = task_used(name, model, task, config)
+    except HeadscopeError:  # input the family takes but the Task resolution does not (a Scorer, raw tokens)
+        used = None
+    if used is None:
+        return chance.from_summary(summary, vocab_size=model.facts.d_vocab)
+    kind = summary.get("metric") if summary.get("metric") in chance.FLOORS else used.metric
+    expected = next((summary[k] for k in _CLEAN_KEYS if isinstance(summary.get(k), (int, float))
+                     and not (k == "clean_metric" and summary.get("normalized"))), None)
+    if isinstance(summary.get("task"), str) and summary["task"] != used.name:  # not the task the analysis ran on
+        return chance.from_summary(summary, vocab_size=model.facts.d_vocab)
+    return chance.model_on_task(model, used, kind, expected_mean=expected)
+
+
+def with_chance(name: str, result: Any, model, task: Any = None, config: Any = None) -> Any:
+    """`result` with summary["chance"] added (chance_summary); unchanged for skipped results, results
+    that already carry it, and where no chance value applies (encoders, cosine, normalised metrics).
+    The guard never loses a result: an error in it is logged with its traceback and the result kept."""
+    summary = getattr(result, "summary", None)
+    if not isinstance(summary, dict) or "skipped" in summary or "chance" in summary:
+        return result
+    try:
+        found = chance_summary(name, summary, model, task, config)
+    except Exception:  # noqa: BLE001 - the analysis's own result matters more than its guard
+        log.warning("%s: the chance-level guard failed; the summary has no 'chance' entry", name, exc_info=True)
+        return result
+    if found is None:
+        return result
+    return dataclasses.replace(result, summary={**summary, "chance": found})
 
 
 def config_class(name: str) -> type:

@@ -5,14 +5,17 @@ Each example (row) has the fields
     prompt            text ending where the answer is predicted
     answer            the correct next token (one token under the model's tokenizer; byte-level BPE
                       tokenizers such as GPT-2's need the leading space: " Paris", not "Paris")
-    corrupted_prompt  optional: a same-length prompt whose answer differs
+    corrupted_prompt  optional: a prompt of the same token length as this row's prompt whose answer
+                      differs (for patching; only each clean/corrupted pair must match in length)
     wrong_answer      optional: the corrupted prompt's answer (needed for logit difference)
 `fields` maps these names to the user's own column names ({"prompt": "text", "answer": "label"};
 on the command line `--task-fields prompt=text,answer=label`). Every field is read as text: a CSV
 "0" stays "0", a JSON number becomes str(number). Rows are numbered from 0 in messages (JSONL
-messages also give the 1-based line). Prompts must tokenize to the same length (mixed lengths
-are not yet supported: the analyses compare positions across examples and read the answer at
-the last position, which needs padding with position ids to be threaded through every pass).
+messages also give the 1-based line). Prompts may tokenize to different lengths: a Task pads them
+with an attention mask, decoders on the left (every row's answer is read at the last position; the
+model derives each row's position ids from the mask) and encoders on the right. Words that become
+the tokenizer's unknown token warn (TokenizationWarning), or with strict mode (`--strict`,
+`strict=True`) raise a TokenizationError.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from typing import Any
 import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
-from headscope.errors import ConfigError, TaskFileError, TokenizationWarning
+from headscope.errors import ConfigError, TaskFileError, TokenizationError, TokenizationWarning
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +71,22 @@ def parse_fields(fields: Mapping[str, str] | str | None) -> dict[str, str]:
 
 
 class TaskFile(str):
-    """A task file path that carries its field mapping: a str, so it goes wherever a path does
-    (analyses, build_report, the manifest), and `resolve_task` / `load_task_file` apply `fields`."""
+    """A task file path that carries its field mapping and strictness: a str, so it goes wherever a
+    path does (analyses, build_report, the manifest), and `resolve_task` / `load_task` apply `fields`
+    and `strict` (words that become the unknown token raise a TokenizationError, not a warning)."""
 
     fields: dict[str, str]
+    strict: bool
 
-    def __new__(cls, path: str | os.PathLike, fields: Mapping[str, str] | str | None = None) -> TaskFile:
+    def __new__(cls, path: str | os.PathLike, fields: Mapping[str, str] | str | None = None,
+                strict: bool | None = None) -> TaskFile:
         obj = super().__new__(cls, os.fspath(path))
         obj.fields = parse_fields(fields if fields is not None else getattr(path, "fields", None))
+        obj.strict = bool(strict if strict is not None else getattr(path, "strict", False))
         return obj
 
-    def __reduce__(self):  # pickles (torch.distributed broadcasts) keep the mapping
-        return (TaskFile, (str(self), self.fields))
+    def __reduce__(self):  # pickles (torch.distributed broadcasts) keep the mapping and strictness
+        return (TaskFile, (str(self), self.fields, self.strict))
 
 
 # ---- reading rows ------------------------------------------------------------------------------
@@ -362,7 +369,24 @@ def _single_token(model, text: str, row: int | str, label: str = "Task data", fi
     return int(ids[0])
 
 
-def _tokens(model, prompts: list[str], what: str, label: str = "Task data", places: Sequence[str] | None = None) -> torch.Tensor:
+def pad_rows(rows: Sequence[Sequence[int]], pad: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """([batch, pos] ids, [batch, pos] mask) of token rows of mixed lengths (models.hooked_model.pad_token_rows)."""
+    from headscope.models.hooked_model import pad_token_rows
+
+    return pad_token_rows(rows, pad, left=left)
+
+
+def pad_id(model) -> int:
+    """The id that fills padding: the tokenizer's pad token, else its EOS, else 0 (never attended to)."""
+    from headscope.models.hooked_model import pad_id_of
+
+    return pad_id_of(model.tokenizer)
+
+
+def _tokens(model, prompts: list[str], what: str, label: str = "Task data",
+            places: Sequence[str] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[batch, pos] ids of the prompts and, for mixed lengths, the [batch, pos] attention mask (decoders
+    left-padded, encoders right-padded; None when every prompt has the same length)."""
     seqs = [model.to_tokens(p, warn_unknown=False)[0].cpu() for p in prompts]
     places = list(places) if places is not None else [f"row {i}" for i in range(len(seqs))]
     lengths = [len(s) for s in seqs]
@@ -371,20 +395,14 @@ def _tokens(model, prompts: list[str], what: str, label: str = "Task data", plac
     if long:
         raise TaskFileError(f"{label}: {what} longer than {model.name}'s context of {n_ctx} tokens ({_few(long)}); "
                             f"shorten them.")
-    if len(set(lengths)) > 1:
-        by_length: dict[int, list[str]] = {}
-        for n, place in zip(lengths, places):
-            by_length.setdefault(n, []).append(place)
-        common = max(by_length, key=lambda n: len(by_length[n]))
-        odd = [f"{place} has {n}" for n, place in zip(lengths, places) if n != common]
-        raise TaskFileError(
-            f"{label}: {what} tokenize to different lengths ({len(by_length[common])} rows have {common} tokens; "
-            f"{_few(odd)}); mixed lengths are not yet supported, so make every prompt the same number of tokens."
-        )
-    return torch.stack(seqs)  # [batch, pos]
+    if len(set(lengths)) == 1:
+        return torch.stack(seqs), None  # [batch, pos]
+    return pad_rows([s.tolist() for s in seqs], pad_id(model), left=not model.facts.is_encoder)
 
 
-def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequence[str]) -> None:
+def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequence[str], *, strict: bool = False) -> None:
+    """A TokenizationWarning naming the words of any field that become the unknown token (where),
+    or with strict a TokenizationError (one line) instead."""
     from headscope.models.hooked_model import unknown_words
 
     found: dict[str, list[str]] = {}
@@ -396,35 +414,40 @@ def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequenc
     if found:
         words = ", ".join(f"{w!r} ({_few(where, 2)})" for w, where in list(found.items())[:8])
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""
-        warnings.warn(
-            f"{label}: {len(found)} word(s) are not in {model.name}'s vocabulary and become "
-            f"{model.tokenizer.unk_token!r}: {words}{more}; results on those examples mean little.",
-            TokenizationWarning, stacklevel=3,
-        )
+        message = (f"{label}: {len(found)} word(s) are not in {model.name}'s vocabulary and become "
+                   f"{model.tokenizer.unk_token!r}: {words}{more}")
+        if strict:
+            raise TokenizationError(f"{message}; strict mode refuses them: rephrase those rows, or run without strict mode.")
+        warnings.warn(f"{message}; results on those examples mean little.", TokenizationWarning, stacklevel=3)
 
 
 def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Task data",
-               places: Sequence[str] | None = None) -> Task:
-    """A Task from rows under headscope's field names, tokenized with the model's tokenizer."""
+               places: Sequence[str] | None = None, strict: bool = False) -> Task:
+    """A Task from rows under headscope's field names, tokenized with the model's tokenizer: prompts of
+    mixed lengths padded (decoders left, encoders right) with an attention mask, each corrupted
+    prompt padded as its clean prompt (a pair must have one length)."""
     places = list(places) if places is not None else [f"row {i}" for i in range(len(rows))]
-    _warn_unknown(model, label, rows, places)
-    tokens = _tokens(model, [r["prompt"] for r in rows], "prompts", label, places)
+    _warn_unknown(model, label, rows, places, strict=strict)
+    tokens, mask = _tokens(model, [r["prompt"] for r in rows], "prompts", label, places)
     answers = torch.tensor([_single_token(model, r["answer"], p, label) for r, p in zip(rows, places)])
     corrupted = wrong = None
     if all("corrupted_prompt" in r for r in rows):
         seqs = [model.to_tokens(r["corrupted_prompt"], warn_unknown=False)[0].cpu() for r in rows]
-        for seq, place in zip(seqs, places):
-            if len(seq) != tokens.shape[1]:
+        lengths = tokens.shape[1] if mask is None else mask.sum(1).tolist()
+        for i, (seq, place) in enumerate(zip(seqs, places)):
+            n = tokens.shape[1] if mask is None else lengths[i]
+            if len(seq) != n:
                 raise TaskFileError(
-                    f"{label}, {place}: the prompt has {tokens.shape[1]} tokens but the corrupted prompt {len(seq)}; "
-                    f"patching needs clean and corrupted prompts of the same length."
+                    f"{label}, {place}: the prompt has {n} tokens but the corrupted prompt {len(seq)}; "
+                    f"patching needs each clean and corrupted prompt pair to have the same length."
                 )
-        corrupted = torch.stack(seqs)  # [batch, pos]
+        corrupted = torch.stack(seqs) if mask is None else pad_rows(
+            [s.tolist() for s in seqs], pad_id(model), left=not model.facts.is_encoder)[0]  # [batch, pos]
     if all("wrong_answer" in r for r in rows):
         wrong = torch.tensor([_single_token(model, r["wrong_answer"], p, label, "wrong_answer") for r, p in zip(rows, places)])
     return Task(
         name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
-        metric="logit_diff" if wrong is not None else "logprob",
+        metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask,
     )
 
 
@@ -436,7 +459,7 @@ def _default_name(source: Any) -> str:
 
 
 def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None, *, n_examples: int | None = None,
-              seed: int = 0, name: str | None = None) -> Task:
+              seed: int = 0, name: str | None = None, strict: bool | None = None) -> Task:
     """A Task from the user's data, tokenized with `model`'s tokenizer.
 
     source: a .jsonl/.json/.csv/.parquet path (.json: JSON lines or one array of objects), a pandas
@@ -444,9 +467,13 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
     zoo task name (`zoo`, 64 examples unless n_examples). fields: headscope field -> your column, e.g.
     {"prompt": "text", "answer": "label"} or "prompt=text,answer=label". n_examples: a seeded random
     subset of that many rows (all rows when None or larger; a file is streamed, so only those rows
-    are held and tokenized). Every field is read as text. Words the
-    tokenizer maps to its unknown token raise a TokenizationWarning naming them; answers must be one
-    token; prompts (and corrupted prompts) must tokenize to one common length.
+    are held and tokenized). Every field is read as text. Words the tokenizer maps to its unknown
+    token raise a TokenizationWarning naming them (strict=True, or a TaskFile made with strict: a
+    TokenizationError instead); answers must be one token. Prompts of different token lengths are
+    padded, with `task.attention_mask` [batch, pos] (1 on real tokens): decoders on the left, so every
+    row's answer is read at the last position (the model derives position ids from the mask),
+    encoders on the right. A corrupted prompt must have its own clean prompt's length (pairs only)
+    and shares its padding.
     """
     if n_examples is not None and n_examples < 1:
         raise ConfigError(f"n_examples must be >= 1, got {n_examples}.")
@@ -460,7 +487,15 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
     label, rows, places, count = _rows(source, fields, n_examples=n_examples, seed=seed)
     if len(rows) < count:
         log.info("%s: a seeded sample of %d of its %d rows (seed %d; n_examples sets how many)", label, len(rows), count, seed)
-    return build_task(model, rows, name=name or _default_name(source), label=label, places=places)
+    strict = bool(strict if strict is not None else getattr(source, "strict", False))
+    return build_task(model, rows, name=name or _default_name(source), label=label, places=places, strict=strict)
+
+
+def check_vocabulary(model, source: Any, fields: Mapping[str, str] | str | None = None) -> None:
+    """Strict mode over a whole data source (every row, not a sample): a TokenizationError naming the
+    words of any field that become `model`'s unknown token."""
+    label, rows, places, _ = _rows(source, fields)
+    _warn_unknown(model, label, rows, places, strict=True)
 
 
 def _subset(task: Task, rows: torch.Tensor) -> Task:
@@ -488,11 +523,11 @@ def is_task_data(task: Any) -> bool:
 
 
 def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: int = 64, seed: int = 0,
-                 fields: Mapping[str, str] | str | None = None, **kw) -> Task:
+                 fields: Mapping[str, str] | str | None = None, strict: bool | None = None, **kw) -> Task:
     """The Task an analysis runs on: a Task as given; a zoo task name (n_examples, seed and kw go
     to `zoo`); the user's data (a task file path or TaskFile, DataFrame, Dataset or list of dicts,
-    read with `fields` by load_task: a seeded sample of n_examples rows when it has more, so an
-    analysis's --n-examples and --quick sizes apply to task files too); or `default` when None."""
+    read with `fields` and `strict` by load_task: a seeded sample of n_examples rows when it has more,
+    so an analysis's --n-examples and --quick sizes apply to task files too); or `default` when None."""
     if isinstance(task, Task):
         return task
     if task is None:
@@ -502,7 +537,7 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
             raise ConfigError(f"task fields apply to task files and data sets, not to the zoo task {task!r}.")
         return zoo(model, task, n_examples=n_examples, seed=seed, **kw)
     if is_task_data(task):
-        return load_task(model, task, fields, n_examples=n_examples, seed=seed)
+        return load_task(model, task, fields, n_examples=n_examples, seed=seed, strict=strict)
     raise TaskFileError(
         f"Unknown task {task if isinstance(task, str) else type(task).__name__!r}: use a zoo task ({', '.join(ZOO_TASKS)}), "
         f"a .jsonl/.csv/.parquet file, a DataFrame, a datasets.Dataset, a list of dicts or a Task."
@@ -510,6 +545,6 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
 
 
 __all__ = [
-    "FIELDS", "FORMATS", "REQUIRED", "TaskFile", "build_task", "is_task_data", "load_task", "load_task_file",
-    "parse_fields", "read_task_rows", "resolve_task",
+    "FIELDS", "FORMATS", "REQUIRED", "TaskFile", "build_task", "check_vocabulary", "is_task_data", "load_task",
+    "load_task_file", "pad_id", "pad_rows", "parse_fields", "read_task_rows", "resolve_task",
 ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from headscope.errors import TaskError
+from headscope.models.hooked_model import pad_id_of, pad_token_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +28,11 @@ class Task:
     name:             short identifier used in reports ("kv", "induction", ...).
     metric:           "logit_diff" (answers vs wrong_answers), "logprob", "accuracy", or "cosine"
                       (encoders: cosine similarity of the pooled embedding to the unmodified model's).
-    attention_mask:   [batch, pos] or None; 1 for real tokens (padded encoder sentence sets).
+    attention_mask:   [batch, pos] or None; 1 for real tokens. Prompts of mixed lengths are padded:
+                      decoders on the left (every row ends at the last position, where its answer is
+                      read; the model derives position ids from the mask), encoders on the right.
+                      Corrupted prompts share their clean prompt's padding; spans are in padded
+                      coordinates.
     """
 
     name: str
@@ -61,6 +66,37 @@ class Task:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    @property
+    def padded(self) -> bool:
+        """Whether any row has padding (attention_mask with a 0)."""
+        return self.attention_mask is not None and not bool(self.attention_mask.bool().all())
+
+    def answer_positions(self) -> torch.Tensor:
+        """[batch] int64: each row's last real position, where its answer is read (the last column
+        without a mask or under left padding; the end of the real tokens under right padding)."""
+        n_pos = self.tokens.shape[1]
+        if self.attention_mask is None:
+            return torch.full((len(self),), n_pos - 1, dtype=torch.int64)
+        return (n_pos - 1 - self.attention_mask.cpu().bool().flip(1).int().argmax(1)).to(torch.int64)
+
+    def first_positions(self) -> torch.Tensor:
+        """[batch] int64: each row's first real position (its padding length under left padding)."""
+        if self.attention_mask is None:
+            return torch.zeros(len(self), dtype=torch.int64)
+        return self.attention_mask.cpu().bool().int().argmax(1).to(torch.int64)
+
+    def example(self, i: int) -> Task:
+        """Row i alone, its padding removed (spans shifted to match): what running one example means."""
+        keep = slice(None) if self.attention_mask is None else self.attention_mask[i].bool()  # [pos]
+        start = int(self.first_positions()[i])
+        pick = lambda t: None if t is None else t[i:i + 1]  # noqa: E731
+        return Task(
+            name=self.name, tokens=self.tokens[i, keep][None], answers=pick(self.answers),
+            corrupted_tokens=None if self.corrupted_tokens is None else self.corrupted_tokens[i, keep][None],
+            wrong_answers=pick(self.wrong_answers), spans={k: v[i:i + 1] - start for k, v in self.spans.items()},
+            metric=self.metric, attention_mask=None,
+        )
+
 
 ZOO_TASKS = ("kv", "induction", "facts", "ioi")
 
@@ -68,7 +104,8 @@ ZOO_TASKS = ("kv", "induction", "facts", "ioi")
 def zoo(model, task: str, n_examples: int = 64, seed: int = 0, **kw) -> Task:
     """A Task over the zoo's synthetic data, tokenized with `model.tokenizer` (word level).
 
-    task: "kv" (kw: n_pairs=8), "induction" (kw: length=24, position=length // 2),
+    task: "kv" (kw: n_pairs=8), "induction" (kw: length=24, position=length // 2, corrupt="copied" or
+    "trigger": which first-half token the corrupted prompt changes, see zoo.data.induction_example),
     "facts" or "ioi" (kw: split="eval", the name pairs held out from training).
     Every prompt of one Task has the same length; corrupted prompts flip the answer
     (another queried key, another subject, the other name repeated), and wrong_answers are
@@ -129,10 +166,10 @@ def shipped_sentences() -> list[str]:
 
 def sentence_task(model, sentences: Sequence[str] | None = None, *, n_examples: int | None = None,
                   seed: int | None = None) -> Task:
-    """Sentences as a right-padded Task (the shipped set when None; seed: a seeded order; n_examples:
-    the first n). Encoders: the cosine metric over whole sentences (pooled embedding vs the unmodified
-    model's). Decoders (BOS added): each sentence without its last token is the prompt and that
-    token the answer (log-probability)."""
+    """Sentences as a padded Task (the shipped set when None; seed: a seeded order; n_examples: the
+    first n). Encoders (right-padded): the cosine metric over whole sentences (pooled embedding vs the
+    unmodified model's). Decoders (left-padded, BOS added): each sentence without its last token is
+    the prompt and that token the answer (log-probability)."""
     sentences = list(shipped_sentences() if sentences is None else sentences)
     if seed is not None:
         order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -153,9 +190,6 @@ def sentence_task(model, sentences: Sequence[str] | None = None, *, n_examples: 
             raise TaskError("Every sentence needs at least one token besides BOS to serve as the answer.")
         answers = torch.tensor([r[-1] for r in rows])  # [batch]
         rows = [r[:-1] for r in rows]
-    n = max(len(r) for r in rows)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    ids = torch.tensor([r + [pad] * (n - len(r)) for r in rows])  # [batch, pos]
-    mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows])  # [batch, pos]
+    ids, mask = pad_token_rows(rows, pad_id_of(tok), left=not model.facts.is_encoder)  # [batch, pos] each
     metric = "cosine" if model.facts.is_encoder else "logprob"
     return Task(name="sentences", tokens=ids, answers=answers, attention_mask=mask, metric=metric)

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from headscope.analyses.core import metrics
 from headscope.analyses.core.tasks import Task
-from headscope.errors import ConfigError, InputTypeError
+from headscope.errors import ConfigError, InputTypeError, TaskError
 from headscope.execution import batching, distributed, resume
 from headscope.execution.rows import take
 from headscope.hooks import capture, site
@@ -83,7 +83,10 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     if not isinstance(task, Task):
         raise InputTypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
     tokens = model.check_tokens(task.tokens)
-    mask = None if task.attention_mask is None else task.attention_mask.to(model.device)
+    mask = None if task.attention_mask is None else task.attention_mask.to(model.device)  # [batch, pos]
+    if mask is not None and not model.facts.is_encoder and not bool(mask[:, -1].all()):
+        raise TaskError(f"Task {task.name!r}: a decoder's padded prompts must be left-padded (attention_mask[:, -1] "
+                        f"all 1), since each answer is read at the last position; build it with hs.load_task.")
     if task.metric == "cosine":
         return _cosine_scorer(model, task, tokens, mask)
     answers = task.answers.to(model.device)
@@ -322,20 +325,39 @@ def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dic
     """What an ablated head's z becomes, per layer: None (zero); the per-position mean over the
     task's examples [1, pos, head, d_head] (mean); or another example's z [batch, pos, head,
     d_head] (resample: example i takes example partner[i] != i at every layer, seeded; the
-    pairing of hooks.interventions.resample_partners, as hs.ablate's)."""
+    pairing of hooks.interventions.resample_partners, as hs.ablate's). With padding, positions
+    are the padded batch's (left padding: counted back from each row's last token) and only real
+    tokens count: the mean at a position is over the rows that have a token there, and a
+    resampled row takes that mean where its partner is shorter than itself (the partner has only
+    padding there, whose z depends on the attention backend's handling of fully masked rows)."""
     if method not in ABLATIONS:
         raise ConfigError(f"Unknown ablation method {method!r}; use one of {ABLATIONS}.")
     if method == "zero":
         return None
     names = [site("z", l) for l in range(model.facts.n_layers)]
     acts = capture(model, scorer.tokens, names, attention_mask=scorer.attention_mask)
+    real = None if scorer.attention_mask is None else scorer.attention_mask.to(model.device).bool()  # [batch, pos]
+    means = {l: _real_mean(acts[name], real) for l, name in enumerate(names)}  # [1, pos, head, d_head]
     if method == "mean":
-        return {l: acts[name].mean(0, keepdim=True) for l, name in enumerate(names)}
+        return means
     n = len(scorer)
     if n < 2:
         raise ConfigError("resample ablation needs a task of at least 2 examples to take activations from.")
-    partner = resample_partners(n, n, torch.Generator().manual_seed(seed))  # [batch], never itself
-    return {l: acts[name][partner.to(model.device)] for l, name in enumerate(names)}
+    partner = resample_partners(n, n, torch.Generator().manual_seed(seed)).to(model.device)  # [batch], never itself
+    if real is None:
+        return {l: acts[name][partner] for l, name in enumerate(names)}
+    has = real[partner][:, :, None, None]  # [batch, pos, 1, 1] the partner has a real token there
+    return {l: torch.where(has, acts[name][partner], means[l]) for l, name in enumerate(names)}
+
+
+def _real_mean(z: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+    """z [batch, pos, head, d_head] -> [1, pos, head, d_head]: the mean over rows, real tokens
+    only (real [batch, pos] or None); 0 at a position no row has a token at."""
+    if real is None:
+        return z.mean(0, keepdim=True)
+    w = real[:, :, None, None]  # [batch, pos, 1, 1]
+    total = torch.where(w, z, 0.0).sum(0, keepdim=True)  # where, not *: padded z must not leak (NaN * 0)
+    return total / w.sum(0, keepdim=True).clamp_min(1).to(z.dtype)
 
 
 @dataclass(frozen=True)

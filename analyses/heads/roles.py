@@ -1,7 +1,9 @@
 """Head roles from attention patterns: positional, sink, previous-token, induction, confidence.
 
-Scores per head, averaged over real query positions (padding excluded; decoders skip query 0,
-which can only attend to itself):
+Scores per head, averaged over every row's real query positions (padding excluded; decoders skip
+each row's first real token, which can only attend to itself). Positions are each row's own: in a
+left-padded batch the "first token" and query 0 are the row's first real token, so a padded row
+scores as it would alone.
 - positional: the share of queries whose most-attended key sits at the head's most common
   relative offset (Voita et al.: a positional head does so >= 90% of the time), and that offset;
 - sink: attention to the first token;
@@ -29,11 +31,18 @@ def attention_patterns(model, tokens: torch.Tensor, attention_mask: torch.Tensor
     return torch.stack([acts[name] for name in names]).float()
 
 
+def _first_real(tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """[batch] each row's first real position (0 without a mask; left padding shifts it)."""
+    if attention_mask is None:
+        return torch.zeros(tokens.shape[0], dtype=torch.long)
+    return attention_mask.cpu().bool().int().argmax(1)
+
+
 def _query_weights(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """[batch, q] 1.0 for queries that count: real tokens, and q >= 1 for decoders."""
+    """[batch, q] 1.0 for queries that count: real tokens, except each row's first for decoders."""
     w = torch.ones(tokens.shape, dtype=torch.float32) if attention_mask is None else attention_mask.float().cpu()
     if not model.facts.is_encoder:
-        w[:, 0] = 0.0
+        w[torch.arange(w.shape[0]), _first_real(tokens, attention_mask)] = 0.0
     return w
 
 
@@ -44,12 +53,15 @@ def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     n_q = pat.shape[-2]
     wq = w[None, :, None, :]  # [1, b, 1, q]
     total = w.sum().clamp_min(1.0)
+    pat.masked_fill_(wq[..., None] == 0, 0.0)  # uncounted queries' rows dropped (a NaN there must not leak: NaN * 0)
 
     def mean_over_queries(x: torch.Tensor) -> torch.Tensor:  # [L, b, H, q] -> [L, H]
         return (x * wq).sum((1, 3)) / total
 
     q_idx = torch.arange(n_q)
-    sink = mean_over_queries(pat[..., 0])
+    first = _first_real(tokens, attention_mask)  # [b] the key each row's "first token" is
+    at_first = first.view(1, -1, 1, 1, 1).expand(*pat.shape[:-1], 1)  # [L, b, H, q, 1]
+    sink = mean_over_queries(pat.gather(-1, at_first)[..., 0])
     prev = torch.zeros_like(pat[..., 0])  # [L, b, H, q]
     prev[..., 1:] = pat[..., q_idx[1:], q_idx[1:] - 1]
     previous = mean_over_queries(prev)  # [L, H]

@@ -9,6 +9,11 @@
   the uniform baseline, and how the first keys' norms compare with the rest.
 - Eviction what-if (kv_eviction.py): the Task's metric when the answer query sees only part of
   the cache, per policy and budget.
+
+Padded tasks (mixed lengths): positions count from each prompt's first real token and padding is
+never a cached entry. Norms and sink statistics run the prompts unpadded, one batch per length
+(`hooks.kv_states` reads a cache filled without a mask), and average over the prompts that have
+each position; the eviction sweep runs the padded batch with its mask (kv_eviction.py).
 """
 from __future__ import annotations
 
@@ -91,34 +96,73 @@ def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 
     return pd.DataFrame(rows)
 
 
+def length_groups(tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The prompts without their padding, one [rows, length] batch per real length (longest first;
+    the whole batch when unpadded)."""
+    if attention_mask is None:
+        return [tokens]
+    real = attention_mask.cpu().bool()  # [batch, pos]
+    lengths = real.sum(1)
+    return [torch.stack([tokens[i][real[i]] for i in (lengths == n).nonzero()[:, 0].tolist()])
+            for n in sorted(set(lengths.tolist()), reverse=True)]
+
+
 @torch.no_grad()
-def kv_norms(model, tokens: torch.Tensor) -> pd.DataFrame:
-    """Mean L2 norm (over the batch) of each cached key and value: layer, kv_head, position, kind, norm."""
-    states = hooks.kv_states(model, tokens)
+def kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
+    """Mean L2 norm (over the prompts that have the position cached) of each cached key and value:
+    layer, kv_head, position (0 = the first real token), kind, norm. Padding is never a cached entry;
+    a sliding-window layer caches only its last window of positions, so earlier positions have no row."""
+    sums: dict[tuple[str, int], torch.Tensor] = {}
+    counts: dict[tuple[str, int], torch.Tensor] = {}
+    for group in length_groups(tokens, attention_mask):
+        states = hooks.kv_states(model, group)
+        n_pos = group.shape[1]
+        for kind, per_layer in (("key", states.keys), ("value", states.values)):
+            for layer, t in enumerate(per_layer):
+                norm = t.float().norm(dim=-1).sum(0).cpu()  # [kv_head, cached]: the last `cached` positions
+                first = n_pos - norm.shape[1]
+                acc, cnt = sums.get((kind, layer)), counts.get((kind, layer))
+                if acc is None or acc.shape[1] < n_pos:
+                    grown, grown_cnt = torch.zeros(norm.shape[0], n_pos), torch.zeros(n_pos)
+                    if acc is not None:
+                        grown[:, :acc.shape[1]], grown_cnt[:cnt.shape[0]] = acc, cnt
+                    acc, cnt = grown, grown_cnt
+                acc[:, first:n_pos] += norm
+                cnt[first:n_pos] += group.shape[0]
+                sums[(kind, layer)], counts[(kind, layer)] = acc, cnt
     frames = []
-    for kind, per_layer in (("key", states.keys), ("value", states.values)):
-        for layer, t in enumerate(per_layer):
-            norm = t.float().norm(dim=-1).mean(0)  # [kv_head, pos]
-            h, p = torch.meshgrid(torch.arange(norm.shape[0]), torch.arange(norm.shape[1]), indexing="ij")
-            frames.append(pd.DataFrame({"layer": layer, "kv_head": h.reshape(-1).numpy(), "position": p.reshape(-1).numpy(),
-                                        "kind": kind, "norm": norm.reshape(-1).cpu().numpy()}))
+    for (kind, layer), acc in sums.items():
+        cached = counts[(kind, layer)] > 0  # [pos]
+        norm = acc[:, cached] / counts[(kind, layer)][cached]  # [kv_head, cached positions]
+        positions = cached.nonzero().reshape(-1)
+        h, p = torch.meshgrid(torch.arange(norm.shape[0]), positions, indexing="ij")
+        frames.append(pd.DataFrame({"layer": layer, "kv_head": h.reshape(-1).numpy(), "position": p.reshape(-1).numpy(),
+                                    "kind": kind, "norm": norm.reshape(-1).numpy()}))
     return pd.concat(frames, ignore_index=True)
 
 
 @torch.no_grad()
-def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1) -> pd.DataFrame:
+def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1,
+               attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
     """Per layer: attention mass on the first n_sink keys against its uniform baseline (analyses.sinks,
-    Xiao et al.), and the first keys' mean norm over the other keys' (from `norms`)."""
+    Xiao et al.), both means over the prompts (each over its own real tokens), and the first keys'
+    mean norm over the other keys' (from `norms`)."""
     names = [hooks.site("pattern", layer) for layer in range(model.facts.n_layers)]
-    acts = hooks.capture(model, tokens, names)
-    baseline = sinks.uniform_baseline(tokens.shape[1], n_sink)
+    mass = torch.zeros(len(names), dtype=torch.float64)
+    baseline, n = 0.0, 0
+    for group in length_groups(tokens, attention_mask):
+        acts = hooks.capture(model, group, names)
+        for layer, name in enumerate(names):
+            mass[layer] += float(sinks.sink_mass(acts[name], n_sink).mean(1).double().sum())  # sum over prompts
+        baseline += sinks.uniform_baseline(group.shape[1], n_sink) * group.shape[0]
+        n += group.shape[0]
     keys = norms[norms.kind == "key"]
     rows = []
-    for layer, name in enumerate(names):
+    for layer in range(len(names)):
         k = keys[keys.layer == layer]
         first, rest = k[k.position < n_sink].norm.mean(), k[k.position >= n_sink].norm.mean()
-        rows.append({"layer": layer, "sink_mass": sinks.sink_mass(acts[name], n_sink).mean().item(),
-                     "uniform_mass": baseline, "sink_key_norm_ratio": first / rest})
+        rows.append({"layer": layer, "sink_mass": float(mass[layer]) / n, "uniform_mass": baseline / n,
+                     "sink_key_norm_ratio": first / rest})
     return pd.DataFrame(rows)
 
 
@@ -134,6 +178,19 @@ class KVConfig(AnalysisConfig):
     contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table
 
 
+def default_task(model, task=None, config: KVConfig | None = None) -> Task:
+    """The Task kv_analysis runs on: `task` resolved (a Task, zoo task name or the user's data), else
+    the zoo "kv" task, else (other models) the shipped sentences cut to one length."""
+    from headscope.analyses.core import default_tasks
+    from headscope.analyses.core.task_files import resolve_task
+
+    config = config or KVConfig()
+    n = config.examples(128, 16)
+    if task is None:
+        task = default_tasks.zoo_or(model, "kv", lambda: default_tasks.text_task(model, n, config.seed), n, config.seed)
+    return resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
+
+
 def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None = None) -> Result:
     """Anatomy, states and the eviction what-if on one Task (see the module doc). task: a Task, a
     zoo task name or task file (None: the zoo "kv" retrieval task; other models: the shipped
@@ -144,18 +201,11 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
     """
     if model.facts.is_encoder:
         raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
-    from headscope.analyses.core import default_tasks
-    from headscope.analyses.core.task_files import resolve_task
-
     config = config or KVConfig()
-    n = config.examples(128, 16)
-    if task is None:  # zoo "kv"; other models: the shipped sentences cut to one length
-        task = default_tasks.zoo_or(model, "kv", lambda: default_tasks.text_task(model, n, config.seed),
-                                    n, config.seed)
-    task = resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
+    task = default_task(model, task, config)
     anatomy = cache_anatomy(model)
-    norms = kv_norms(model, task.tokens)
-    sink_table = sink_stats(model, task.tokens, norms, n_sink=1)
+    norms = kv_norms(model, task.tokens, task.attention_mask)
+    sink_table = sink_stats(model, task.tokens, norms, n_sink=1, attention_mask=task.attention_mask)
     sweep = kv_eviction.eviction_sweep(model, task, budgets=config.budgets, policies=config.policies,
                                        n_sink=config.n_sink, progress=config.progress)
     means = sweep.groupby(["policy", "budget"]).metric.mean()

@@ -14,6 +14,11 @@ checks it against a cropped Hugging Face cache. Policies:
   attention from the context's queries (H2O's accumulated attention, summed over the query heads
   that share the KV head).
 "full" (no eviction) is the reference; budget >= the context length evicts nothing.
+
+Padded tasks (mixed lengths, left-padded: every answer query is the last position) run as one
+batch with the task's attention mask: each row's context is its real tokens only (positions and
+budgets count from its first real token), padding is never a cached entry (never kept, never
+counted as received attention), so every row's metric equals that of its prompt run alone.
 """
 from __future__ import annotations
 
@@ -26,51 +31,77 @@ from tqdm.auto import tqdm
 import headscope.hooks as hooks
 from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, TaskError
 
 POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
 
 
+def padding_starts(attention_mask: torch.Tensor | None, batch: int, n_pos: int) -> torch.Tensor:
+    """[batch] int64: each row's first real position (its left padding); refuses right padding,
+    whose answer query would not be the last position."""
+    if attention_mask is None:
+        return torch.zeros(batch, dtype=torch.int64)
+    real = attention_mask.cpu().bool()  # [batch, pos]
+    start = real.int().argmax(1)
+    if not bool(real[:, -1].all()) or not bool((real.sum(1) == n_pos - start).all()):
+        raise TaskError("the kv eviction what-if reads each answer at the last position; pad prompts on the "
+                        "left (decoder tasks from hs.load_task are).")
+    return start.to(torch.int64)
+
+
 @torch.no_grad()
-def attention_received(model, tokens: torch.Tensor) -> torch.Tensor:
+def attention_received(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention each context key receives from the context's queries, per layer and KV head.
 
-    Returns [layer, batch, kv_head, ctx] with ctx = pos - 1 (the answer query is excluded).
+    Returns [layer, batch, kv_head, ctx] with ctx = pos - 1 (the answer query is excluded); with a
+    (left-padding) attention_mask, padded queries and keys receive and give nothing (0).
     """
     f = model.facts
     names = [hooks.site("pattern", layer) for layer in range(f.n_layers)]
     ctx = tokens.shape[1] - 1
-    acts = hooks.capture(model, tokens, names, positions=slice(0, ctx))
+    kw = {} if attention_mask is None else {"attention_mask": attention_mask}
+    acts = hooks.capture(model, tokens, names, positions=slice(0, ctx), **kw)
+    real = None if attention_mask is None else attention_mask[:, :ctx].bool()  # [batch, ctx]
     out = []
     for name in names:
-        per_head = acts[name][..., :ctx].sum(2)  # [batch, head, ctx]
+        pattern = acts[name][..., :ctx]  # [batch, head, q, k]
+        if real is not None:  # real queries to real keys only (torch.where: no NaN from padded rows)
+            both = real.to(pattern.device)[:, None, :, None] & real.to(pattern.device)[:, None, None, :]
+            pattern = torch.where(both, pattern, 0.0)
+        per_head = pattern.sum(2)  # [batch, head, ctx]
         out.append(per_head.reshape(per_head.shape[0], f.n_kv_heads, -1, ctx).sum(2))  # [batch, kv_head, ctx]
     return torch.stack(out)  # [layer, batch, kv_head, ctx]
 
 
 def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: int, budget: int,
-              n_sink: int = 4, received: torch.Tensor | None = None) -> torch.Tensor:
-    """Which context positions stay in the cache: bool [layer, batch, kv_head, ctx]."""
+              n_sink: int = 4, received: torch.Tensor | None = None, start: torch.Tensor | None = None) -> torch.Tensor:
+    """Which context positions stay in the cache: bool [layer, batch, kv_head, ctx]. start: [batch]
+    each row's first real position (left padding; None: 0): a row's context is positions start..ctx-1,
+    counted from 0 there, and padding is never kept."""
     if not isinstance(budget, int) or budget < 0:
         raise ConfigError(f"budget must be a non-negative int (cache positions kept), got {budget!r}.")
+    if policy not in ("full", *POLICIES):
+        raise ConfigError(f"unknown eviction policy {policy!r}; use one of {('full', *POLICIES)}.")
     shape = (n_layers, batch, n_kv_heads, ctx)
-    pos = torch.arange(ctx)
-    if policy == "full" or budget >= ctx:
-        return torch.ones(shape, dtype=torch.bool)
-    if policy == "window":
-        keep = pos >= ctx - budget
+    start = torch.zeros(batch, dtype=torch.int64) if start is None else start.cpu().to(torch.int64)
+    pos = torch.arange(ctx)[None, :] - start[:, None]  # [batch, ctx]: position within the row, < 0 on padding
+    length = (ctx - start)[:, None]  # [batch, 1]: each row's context length
+    real = pos >= 0
+    if policy == "full":
+        keep = real
+    elif policy == "window":
+        keep = real & (pos >= length - budget)
     elif policy == "sink_window":
         sinks = min(n_sink, budget)
-        keep = (pos < sinks) | (pos >= ctx - (budget - sinks))
-    elif policy == "heavy_hitters":
+        keep = real & ((pos < sinks) | (pos >= length - (budget - sinks)))
+    else:  # heavy_hitters
         if received is None or tuple(received.shape) != shape:
             raise ConfigError(f"heavy_hitters needs received= attention of shape {shape}; use attention_received(model, tokens).")
+        ranked = received.cpu().masked_fill(~real[None, :, None, :], float("-inf"))  # padding ranks last
         keep = torch.zeros(shape, dtype=torch.bool)
-        keep.scatter_(-1, received.cpu().topk(budget, -1).indices, True)
-        return keep
-    else:
-        raise ConfigError(f"unknown eviction policy {policy!r}; use one of {('full', *POLICIES)}.")
-    return keep.expand(shape).clone()
+        keep.scatter_(-1, ranked.topk(min(budget, ctx), -1).indices, True)
+        return keep & real[None, :, None, :]  # budget >= a row's context: all of it
+    return keep[None, :, None, :].expand(shape).clone()
 
 
 def evict_hooks(model, keep: torch.Tensor) -> list:
@@ -90,9 +121,11 @@ def evict_hooks(model, keep: torch.Tensor) -> list:
 
 
 @torch.no_grad()
-def evicted_logits(model, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def evicted_logits(model, tokens: torch.Tensor, keep: torch.Tensor,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Model output [batch, pos, vocab] with the answer query restricted to the kept cache positions."""
-    return model.run_with_hooks(tokens, fwd=evict_hooks(model, keep))
+    kw = {} if attention_mask is None else {"attention_mask": attention_mask}
+    return model.run_with_hooks(tokens, fwd=evict_hooks(model, keep), **kw)
 
 
 def default_budgets(ctx: int) -> list[int]:
@@ -105,19 +138,22 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     """The Task metric per policy, budget and example (plus policy "full" at the whole context).
 
     Columns: policy, budget, example, metric (the Task's metric), correct (argmax == answer).
+    Padded tasks: budgets count real cache entries; a row whose context is within the budget keeps
+    all of it ("full" lists the longest context as its budget).
     """
     f = model.facts
-    tokens = task.tokens
+    tokens, mask = task.tokens, task.attention_mask
     batch, ctx = tokens.shape[0], tokens.shape[1] - 1
+    start = padding_starts(mask, batch, tokens.shape[1])  # [batch]
     budgets = default_budgets(ctx) if budgets is None else sorted(set(int(b) for b in budgets))
     metric = task_metric(task)
-    received = attention_received(model, tokens) if "heavy_hitters" in policies else None
+    received = attention_received(model, tokens, mask) if "heavy_hitters" in policies else None
     runs = [("full", ctx)] + [(p, b) for p in policies for b in budgets]
     frames = []
     for policy, budget in tqdm(runs, desc="kv eviction", disable=not progress):
         keep = keep_mask(policy, n_layers=f.n_layers, batch=batch, n_kv_heads=f.n_kv_heads, ctx=ctx,
-                         budget=budget, n_sink=n_sink, received=received)
-        logits = evicted_logits(model, tokens, keep)  # [batch, pos, vocab]
+                         budget=budget, n_sink=n_sink, received=received, start=start)
+        logits = evicted_logits(model, tokens, keep, mask)  # [batch, pos, vocab]
         frames.append(pd.DataFrame({
             "policy": policy, "budget": budget, "example": range(batch),
             "metric": metric(logits).cpu().numpy(),

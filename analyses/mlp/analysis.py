@@ -17,6 +17,10 @@ Key-value agreement of a layer: the fraction of its keys whose value's top token
 next token of the key's top trigger example (Geva et al. 2021, sec. 4), with `agreement_any`
 (next token of any of the top-k triggers) and a shuffled baseline (values paired with the
 triggers of random other keys of the layer).
+
+Padded Tasks and corpora (decoders left-padded) run with their attention_mask: prefixes end at real
+tokens only and count positions among the row's real tokens, and sub-updates are read at each
+row's own answer position, so every example gives what it gives alone.
 """
 from __future__ import annotations
 
@@ -61,48 +65,81 @@ class TriggerExamples:
     layers: tuple[int, ...]
     coefficients: torch.Tensor  # [layer, d_mlp, k] m_i at the prefix's last position, decreasing
     row: torch.Tensor  # [layer, d_mlp, k] corpus row (rows of the corpus batches, concatenated)
-    position: torch.Tensor  # [layer, d_mlp, k] last position of the prefix
+    position: torch.Tensor  # [layer, d_mlp, k] last position of the prefix, among the row's real tokens
     next_token: torch.Tensor  # [layer, d_mlp, k] the token after the prefix
     n_prefixes: int
 
 
-def _corpus_batches(corpus: torch.Tensor | Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
-    for batch in [corpus] if isinstance(corpus, torch.Tensor) else corpus:
-        if batch.ndim != 2 or batch.shape[1] < 2:
+Corpus = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # tokens [rows, pos], or (tokens, attention_mask)
+
+
+def _corpus_batches(corpus: Corpus | Iterable[Corpus]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Each batch as (tokens [rows, pos], attention_mask [rows, pos]; all ones when none was given)."""
+    for batch in [corpus] if isinstance(corpus, (torch.Tensor, tuple)) else corpus:
+        tokens, mask = batch if isinstance(batch, tuple) else (batch, None)
+        if tokens.ndim != 2 or tokens.shape[1] < 2:
             raise ConfigError(f"corpus batches must be [rows, pos] token tensors with pos >= 2, got shape "
-                             f"{tuple(batch.shape)}; each row is a prompt followed by its next tokens.")
-        yield batch
+                             f"{tuple(tokens.shape)}; each row is a prompt followed by its next tokens.")
+        if mask is not None and mask.shape != tokens.shape:
+            raise ConfigError(f"a corpus batch's attention_mask has shape {tuple(mask.shape)}, its tokens "
+                             f"{tuple(tokens.shape)}; give one mask entry per token.")
+        yield tokens, torch.ones_like(tokens) if mask is None else mask
+
+
+def real_rows(corpus: Sequence[Corpus]) -> list[torch.Tensor]:
+    """Every corpus row's real tokens [n], padding dropped, rows numbered across batches in order."""
+    return [row[keep.bool()] for tokens, mask in _corpus_batches(corpus) for row, keep in zip(tokens, mask)]
+
+
+def _prefixes(mask: torch.Tensor, min_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which (row, p) of a [rows, pos] batch end a scored prefix, and its position among the row's real
+    tokens: p and p + 1 real (the prefix has a next token) and at least min_position real tokens
+    before p. Returns (valid [rows, pos - 1] bool, own position [rows, pos - 1])."""
+    real = mask.bool()  # [rows, pos]
+    own = real.long().cumsum(1) - 1  # [rows, pos] index among the row's real tokens
+    valid = real[:, :-1] & real[:, 1:] & (own[:, :-1] >= min_position)  # [rows, pos - 1]
+    return valid, own[:, :-1]
 
 
 @torch.no_grad()
 def trigger_examples(
-    model, corpus: torch.Tensor | Iterable[torch.Tensor], *, k: int = 25, layers: Sequence[int] | None = None,
+    model, corpus: Corpus | Iterable[Corpus], *, k: int = 25, layers: Sequence[int] | None = None,
     chunk_size: int = 32, min_position: int = 1, progress: bool = False,
 ) -> TriggerExamples:
     """Top-k prefixes by m_i for every key of `layers` over a corpus, in bounded memory.
 
-    corpus: [rows, pos] tokens or an iterable of such batches (lengths may differ between batches;
-    a generator is consumed once and never held). Rows are numbered across batches in order.
-    Prefixes end at positions min_position .. pos-2, so every prefix has a next token.
+    corpus: [rows, pos] tokens, a (tokens, attention_mask) pair for padded rows (left or right
+    padding), or an iterable of such batches (lengths may differ between batches; a generator is
+    consumed once and never held). Rows are numbered across batches in order. Prefixes end at
+    positions min_position .. n-2 of each row's n real tokens, so every prefix has a next token;
+    padded rows run with their attention_mask, padding ends no prefix, and positions count real
+    tokens only, so a padded row gives the prefixes and coefficients of the row run alone.
     """
     layers = tuple(range(model.facts.n_layers) if layers is None else (model.check_layer(layer) for layer in layers))
     sites = [hooks.site("mlp_post", layer) for layer in layers]
     topk = [StreamingTopK(k, model.facts.d_mlp) for _ in layers]
     row_offset = 0
-    chunks = ((b, start) for b in _corpus_batches(corpus) for start in range(0, b.shape[0], chunk_size))
-    for batch, start in tqdm(chunks, desc="mlp triggers", disable=not progress):
+    chunks = ((t, m, start) for t, m in _corpus_batches(corpus) for start in range(0, t.shape[0], chunk_size))
+    for batch, batch_mask, start in tqdm(chunks, desc="mlp triggers", disable=not progress):
         tokens = batch[start:start + chunk_size].cpu()  # [chunk, pos]
-        positions = torch.arange(min_position, tokens.shape[1] - 1)  # prefixes with a next token
-        acts = hooks.capture(model, tokens[:, :-1], sites, positions=positions)
+        mask = batch_mask[start:start + chunk_size].cpu()  # [chunk, pos]
+        valid, own = _prefixes(mask, min_position)  # [chunk, pos - 1] each
+        positions = torch.arange(min(min_position, tokens.shape[1] - 1), tokens.shape[1] - 1)  # padded coordinates
+        valid, own = valid[:, positions], own[:, positions]  # [chunk, n_pos]: a prefix ends at or after min_position
         rows = row_offset + torch.arange(tokens.shape[0])  # [chunk]
-        ids = torch.stack(torch.broadcast_tensors(rows[:, None], positions[None, :], tokens[:, positions + 1]),
-                          dim=-1).reshape(-1, 3)  # [chunk * n_pos, (row, position, next token)]
-        for name, running in zip(sites, topk):
-            m = acts[name]  # [chunk, n_pos, d_mlp]
-            running.update(m.reshape(-1, m.shape[-1]).T, ids)  # scores [d_mlp, chunk * n_pos]
         row_offset += tokens.shape[0]
+        if not valid.any():
+            continue
+        padded = not bool(mask.bool().all())
+        acts = hooks.capture(model, tokens[:, :-1], sites, positions=positions,
+                             attention_mask=mask[:, :-1] if padded else None)
+        ids = torch.stack(torch.broadcast_tensors(rows[:, None], own, tokens[:, positions + 1]), dim=-1)[valid]
+        for name, running in zip(sites, topk):
+            m = acts[name][valid.to(acts[name].device)]  # [n_valid, d_mlp], (row, position) major
+            running.update(m.T, ids)  # scores [d_mlp, n_valid], ids [n_valid, (row, position, next token)]
     if topk[0].ids is None:
-        raise ConfigError("the corpus was empty; pass at least one [rows, pos] batch of tokens.")
+        raise ConfigError("the corpus has no prefix (rows need more than min_position + 1 real tokens); "
+                          "pass at least one [rows, pos] batch of tokens.")
     ids = torch.stack([t.ids for t in topk])  # [layer, d_mlp, k, 3]
     return TriggerExamples(
         layers=layers, coefficients=torch.stack([t.values for t in topk]), row=ids[..., 0],
@@ -133,13 +170,15 @@ def value_top_tokens(model, layer: int, *, top_k: int = 5, apply_final_norm: boo
 
 
 @torch.no_grad()
-def sub_updates_at(model, tokens: torch.Tensor, layer: int, position: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def sub_updates_at(model, tokens: torch.Tensor, layer: int, position: int = -1, *,
+                   attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Coefficients m [batch, d_mlp] and sub-updates m_i v_i [batch, d_mlp, d_model] at one position.
 
-    Their sum over neurons plus the output bias is the MLP output there.
+    Their sum over neurons plus the output bias is the MLP output there. attention_mask [batch, pos]
+    for padded tokens (left padding: position -1 is every row's last real token).
     """
     name = hooks.site("mlp_post", model.check_layer(layer))
-    m = hooks.capture(model, tokens, [name], positions=[position])[name][:, 0]  # [batch, d_mlp]
+    m = hooks.capture(model, tokens, [name], positions=[position], attention_mask=attention_mask)[name][:, 0]  # [batch, d_mlp]
     return m, hooks.mlp_memories(model, layer).sub_updates(m)
 
 
@@ -163,9 +202,16 @@ def agreement(triggers: TriggerExamples, value_top: torch.Tensor, seed: int = 0)
     return pd.DataFrame(rows)
 
 
+def _mask_if_padded(task: Task) -> torch.Tensor | None:
+    return task.attention_mask if task.padded else None
+
+
 def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5, top_k_tokens: int = 5,
                      apply_final_norm: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The largest sub-updates at each Task prompt's answer position and the tokens they promote.
+
+    Padded Tasks run with their attention_mask and each row is read at its own last real position
+    (Task.answer_positions), so every example's sub-updates are those of the example run alone.
 
     Returns (top, per_neuron): `top` has one row per (example, layer, rank) with the neuron, m_i,
     ||m_i v_i||, its direct logit on the answer m_i (E v_i)[answer] and the promoted tokens;
@@ -174,10 +220,12 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
     answers = None if task.answers is None else task.answers.cpu()
     top_rows, neuron_rows = [], []
     names = [hooks.site("mlp_post", layer) for layer in layers]
+    last = task.answer_positions()  # [batch]
+    read, slot = last.unique(return_inverse=True)  # [n_read] positions to capture, [batch] each row's among them
     with torch.no_grad():
-        acts = hooks.capture(model, task.tokens, names, positions=[-1])
+        acts = hooks.capture(model, task.tokens, names, positions=read.tolist(), attention_mask=_mask_if_padded(task))
     for layer, name in zip(layers, names):
-        m = acts[name][:, 0].float().cpu()  # [batch, d_mlp]
+        m = acts[name].float().cpu()[torch.arange(len(task)), slot]  # [batch, d_mlp] at each row's answer position
         v_norm = hooks.mlp_memories(model, layer).values.norm(dim=-1).float().cpu()  # [d_mlp]
         norms = m.abs() * v_norm  # [batch, d_mlp] = ||m_i v_i||
         order = norms.topk(min(n_top, norms.shape[1]), -1).indices  # [batch, n_top]
@@ -222,11 +270,13 @@ def zoo_corpus(model, n_examples: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConfig | None = None, *,
-                          corpus: torch.Tensor | Sequence[torch.Tensor] | None = None) -> Result:
+                          corpus: Corpus | Sequence[Corpus] | None = None) -> Result:
     """Trigger examples, value tokens, agreement per layer and the Task's largest sub-updates.
 
     task: a Task, zoo task name or task file (None: zoo "facts", or sentences; default_inputs); corpus: the prompts scanned for
-    trigger examples (None: the zoo corpus, or the Task's prompts and answers for other models).
+    trigger examples, [rows, pos] tokens or (tokens, attention_mask) pairs (None: the zoo corpus, or
+    the Task's prompts and answers for other models, task_corpus). Padded Tasks and corpora run with
+    their masks; padding is never a prefix nor an answer position.
 
     df (results.csv): one row per (layer, neuron). tables: "agreement" (per layer), "top_neurons"
     (by mean ||m_i v_i|| on the Task, with trigger prompts and promoted tokens; raw strings,
@@ -239,7 +289,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     if not isinstance(task, Task) or corpus is None:
         default_task, default_corpus = default_inputs(model, task, config)
         task, corpus = default_task, default_corpus if corpus is None else corpus
-    corpus = [corpus] if isinstance(corpus, torch.Tensor) else list(corpus)
+    corpus = [corpus] if isinstance(corpus, (torch.Tensor, tuple)) else list(corpus)
     layers = tuple(range(model.facts.n_layers))
     trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
                             min_position=config.min_position, progress=config.progress)
@@ -257,7 +307,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         agrees=(value_top[..., 0] == trig.next_token[..., 0]).reshape(-1).numpy(),
         agrees_any=(value_top[..., :1] == trig.next_token).any(-1).reshape(-1).numpy(),
     )
-    rows = [r for b in corpus for r in b]
+    rows = real_rows(corpus)  # trigger positions count real tokens only
     best = df.nlargest(config.n_top_neurons, "task_update_norm")
     table = best.assign(
         value_tokens=[" ".join(strs(value_top[layer, n])) for layer, n in zip(best.layer, best.neuron)],
@@ -294,8 +344,22 @@ def default_inputs(model, task: Task | str | None, config: MLPConfig) -> tuple[T
     try:
         corpus = zoo_corpus(model, n_examples=n, seed=config.seed)
     except ValueError:  # not a zoo vocabulary
-        corpus = [torch.cat([task.tokens, task.answers[:, None]], dim=1)]
+        corpus = [task_corpus(task)]
     return task, corpus
+
+
+def task_corpus(task: Task) -> Corpus:
+    """The Task's prompts each followed by its answer: [batch, pos + 1] tokens, with the attention
+    mask (the answer is real) when the Task is padded. Right-padded prompts get the answer right
+    after their last real token."""
+    last = task.answer_positions()  # [batch]
+    tokens = torch.cat([task.tokens, task.tokens.new_zeros(len(task), 1)], dim=1)  # [batch, pos + 1]
+    tokens[torch.arange(len(task)), last + 1] = task.answers.to(tokens.dtype)
+    if not task.padded:
+        return tokens
+    mask = torch.cat([task.attention_mask.cpu(), task.attention_mask.new_zeros(len(task), 1).cpu()], dim=1)
+    mask[torch.arange(len(task)), last + 1] = 1
+    return tokens, mask  # the new column is padding (id 0, masked) where the answer went inside the row
 
 
 def run(model, task: Task | str | None = None, config: MLPConfig | None = None) -> Result:

@@ -9,6 +9,12 @@ passes instead of one per cell (transformer_lens.patching's approach). Values eq
 one-at-a-time results. For last-position decoder metrics each forward pass resumes at the
 patched block from one captured pass (hooks/resume), skipping the blocks before it.
 
+Padded tasks (mixed-length prompts, left-padded): every run goes under the task's attention
+mask (resumed or full passes, see engine.RESUME_PADDED) and each row's metric reads its own last
+position. A (layer, pos) cell that is padding in a row is NaN there and left out of that cell's
+mean (inputs.cell_means), so each cell's value and effect equal the analysis of the rows where
+it is real, run alone; positions are the padded ones (the last one is every row's last token).
+
 Result (name "patching"): df has one row per cell: site_type, layer, head, pos, token,
 value (the metric after the patch), effect (value minus the unpatched base run), and with
 attribution=True the attribution-patching estimate `attribution`. summary: metric,
@@ -30,13 +36,16 @@ from headscope.analyses.core.contract import Needs, require
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
-from headscope.analyses.patching.engine import index_mask, replace_hook, run_batched
+from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
 from headscope.analyses.patching.inputs import (
     Metric,
     PatchMetric,
+    cell_means,
     check_direction,
     clean_and_corrupted,
+    mask_padding,
     resolve_metric,
+    task_padding,
     token_labels,
 )
 from headscope.analyses.patching.sites import SITE_TYPES, SiteType, cell_frame, site_types
@@ -56,11 +65,14 @@ def exact_sweep(
     batch_size: int | None = None,
     memory_budget: int | None = None,
     progress: bool = False,
+    attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[list, torch.Tensor]]]:
     """Patch every cell of every site type from the `source` run into runs on `base` (both [B, pos]).
 
     One batched sweep for all types: the source prompts ride along as lead rows (their
     activations are the patch values), plus one unpatched base run for the baseline.
+    attention_mask: [B, pos] left padding shared by base and source (or None); a cell whose
+    position is padding in a row is NaN there.
     Returns (base metric [B], source metric [B], {site type: (cells, metric values [n_cells, B])}).
     """
     n_lead = source.shape[0]
@@ -90,11 +102,13 @@ def exact_sweep(
 
     values = run_batched(model, base, len(runs), hooks_for, metric.fn, lead=source, batch_size=batch_size,
                          memory_budget=memory_budget, progress=progress, stacked_metric=metric.stacked,
-                         desc="patching", layer_of=layer_of if metric.last_position else None, pos_of=pos_of)
+                         desc="patching", layer_of=layer_of if metric.last_position else None, pos_of=pos_of,
+                         attention_mask=attention_mask)
+    mask = padding_mask(attention_mask, base)  # [B, pos] or None
     out, start = {}, 1
     for st in types:
         cells = st.cells(model, base.shape[1])
-        out[st.name] = (cells, values[start:start + len(cells)])
+        out[st.name] = (cells, mask_padding(values[start:start + len(cells)], [c[2] for c in cells], mask))
         start += len(cells)
     return values[0], values[-1], out
 
@@ -149,20 +163,22 @@ def activation_patching(
         task = default_task(model, task, config)
     check_direction(direction)
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
+    mask = task_padding(task, clean)  # [B, pos] or None
     pm = resolve_metric(task, metric)
     types = [st.check(model) for st in site_types(sites)]
     base, source_tokens = (corrupted, clean) if direction == "denoise" else (clean, corrupted)
     base_values, source_values, sweeps = exact_sweep(model, base, source_tokens, types, pm, batch_size=batch_size,
-                                                     memory_budget=memory_budget, progress=progress)
-    base_value, source_value = float(base_values.mean()), float(source_values.mean())
-    clean_value, corrupt_value = (source_value, base_value) if direction == "denoise" else (base_value, source_value)
-    baseline = float(pm.finish(base_value, clean_value, corrupt_value))
-    labels = token_labels(model, clean)
+                                                     memory_budget=memory_budget, progress=progress,
+                                                     attention_mask=mask)
+    clean_rows, corrupt_rows = (source_values, base_values) if direction == "denoise" else (base_values, source_values)
+    clean_value, corrupt_value = float(clean_rows.double().mean()), float(corrupt_rows.double().mean())
+    baseline = float(pm.finish(float(base_values.double().mean()), clean_value, corrupt_value))
+    labels = token_labels(model, clean, mask)
     frames = []
     for st in types:
         cells, values = sweeps[st.name]
-        value = pm.finish(values.mean(1).double(), clean_value, corrupt_value).numpy()
-        frames.append(cell_frame(st, cells, labels, value=value, effect=value - baseline))
+        value, effect = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
+        frames.append(cell_frame(st, cells, labels, value=value.numpy(), effect=effect.numpy()))
     df = pd.concat(frames, ignore_index=True)
     summary = {
         "metric": pm.name,
@@ -177,8 +193,8 @@ def activation_patching(
     }
     tables = {"exact": df}
     if attribution:
-        scale = (clean_value - corrupt_value) if pm.normalized else 1.0
-        attr = attribution_table(model, base, source_tokens, types, pm, labels, scale)
+        scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
+        attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask)
         df, summary["attribution_correlation"] = correlation_with_exact(df, attr)
         tables = {"exact": df, "attribution": attr}
     config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}

@@ -9,6 +9,10 @@ this equals the product at hook_result, because d(z W_O) . g = dz . (g W_O^T).
 Exact when the metric is linear in the patched activation (e.g. the last layer's head outputs
 when the final norm is linear); poor for large early changes (MLP0), which is why the
 correlation with exact patching is reported per site type.
+
+Padded tasks: both runs go under the task's attention_mask, products at padded positions are
+dropped (never multiplied: a padded activation must not reach the sum), and a position cell's
+estimate is the mean over the rows where that position is real (as exact patching's cells).
 """
 from __future__ import annotations
 
@@ -19,11 +23,14 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.result import Result
+from headscope.analyses.patching.engine import padding_mask
 from headscope.analyses.patching.inputs import (
     PatchMetric,
     check_direction,
     clean_and_corrupted,
+    mask_padding,
     resolve_metric,
+    task_padding,
     token_labels,
 )
 from headscope.analyses.patching.sites import SiteType, cell_frame, site_types
@@ -34,10 +41,19 @@ DEFAULT_SITES = ("resid_pre", "attn_out", "mlp_out", "head_out", "head_out_by_po
 
 
 def _reduce(st: SiteType, prod: torch.Tensor) -> torch.Tensor:
-    """Sum a [batch, ...] product over the batch and every axis that is not swept -> [pos?, head?]."""
+    """Sum a [batch, ...] product over every axis that is not swept -> [batch, pos?, head?]."""
     keep = [a for a, swept in ((st.pos_axis, st.by_pos), (st.head_axis, st.by_head)) if swept]
-    drop = [0] + [a + 1 for a in range(prod.ndim - 1) if a not in keep]
-    return prod.sum(dim=drop)  # axes kept in their original (pos before head) order
+    drop = [a + 1 for a in range(prod.ndim - 1) if a not in keep]
+    return prod.sum(dim=drop) if drop else prod  # axes kept in their original (pos before head) order
+
+
+def _real(st: SiteType, prod: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The product [batch, ...] with padded positions set to 0 (selected, not multiplied)."""
+    if mask is None:
+        return prod
+    shape = [1] * prod.ndim
+    shape[0], shape[st.pos_axis + 1] = mask.shape
+    return torch.where(mask.bool().view(shape).to(prod.device), prod, torch.zeros((), dtype=prod.dtype, device=prod.device))
 
 
 def attribution_scores(
@@ -46,16 +62,46 @@ def attribution_scores(
     source: torch.Tensor,
     types: Sequence[SiteType],
     metric: PatchMetric,
-    scale: float = 1.0,
+    scale: float | torch.Tensor = 1.0,
+    *,
+    attention_mask: torch.Tensor | None = None,
 ) -> dict[str, tuple[list, torch.Tensor]]:
     """{site type: (cells, estimated effect [n_cells])} for patching source into base.
 
-    scale divides the estimates (the normalised metric's clean - corrupt denominator).
+    scale divides the estimates (the normalised metric's clean - corrupt denominator): a float,
+    or per-row differences [batch], whose mean over a cell's rows is then its denominator.
+    attention_mask: the left padding [batch, pos] shared by base and source, or None.
     """
+    rows = attribution_rows(model, base, source, types, metric, attention_mask=attention_mask)
+    out = {}
+    for name, (cells, est) in rows.items():
+        real = ~torch.isnan(est)  # [cell, batch]
+        total = torch.nan_to_num(est.double()).sum(1)  # [cell]
+        if isinstance(scale, torch.Tensor):
+            denom = (scale.double().cpu().expand_as(real) * real).sum(1)
+        else:
+            denom = real.sum(1).double() * scale
+        out[name] = (cells, (total / denom).float())
+    return out
+
+
+def attribution_rows(
+    model,
+    base: torch.Tensor,
+    source: torch.Tensor,
+    types: Sequence[SiteType],
+    metric: PatchMetric,
+    *,
+    attention_mask: torch.Tensor | None = None,
+) -> dict[str, tuple[list, torch.Tensor]]:
+    """{site type: (cells, per-row estimated effect [n_cells, batch])}, NaN where a position cell is
+    padding in a row. Each row's estimate is its own: rows' metrics are independent, so the
+    gradient of their sum gives every row's gradient of its own metric."""
+    mask = padding_mask(attention_mask, base)  # [batch, pos] or None
     layers = range(model.facts.n_layers)
     names = sorted({st.hook(layer) for st in types for layer in layers}
                    | {st.write_hook(layer) for st in types for layer in layers})
-    src = capture(model, source, names)  # no grad
+    src = capture(model, source, names, attention_mask=mask)  # no grad
     kept: dict[str, torch.Tensor] = {}
 
     def leaf(act: torch.Tensor, hook: Any) -> torch.Tensor:  # makes everything downstream differentiable
@@ -68,8 +114,9 @@ def attribution_scores(
         return hook
 
     with torch.enable_grad():
-        out = model.run_with_hooks(base, fwd=[(site("embed"), leaf)] + [(n, keep(n)) for n in names])
-        value = metric.fn(out).mean()
+        out = model.run_with_hooks(base, fwd=[(site("embed"), leaf)] + [(n, keep(n)) for n in names],
+                                   attention_mask=mask)
+        value = metric.fn(out).sum()  # [batch] summed: each row's gradient is its own metric's
         grads = dict(zip(names, torch.autograd.grad(value, [kept[n] for n in names], allow_unused=True)))
     scores = {}
     n_pos = base.shape[1]
@@ -80,14 +127,17 @@ def attribution_scores(
             name, writer = st.hook(layer), st.write_hook(layer)  # resid_mid's gradient is attn_out's
             grad = grads[writer] if grads[writer] is not None else torch.zeros_like(kept[writer])
             delta = src[name] - kept[name].detach()  # [batch, ...]
-            per_layer.append(_reduce(st, (delta * grad).float()).reshape(-1).cpu() / scale)
-        scores[st.name] = (cells, torch.cat(per_layer))  # cells are layer-major, pos before head
+            prod = _real(st, (delta * grad.to(delta.device)).float(), mask)
+            per_layer.append(_reduce(st, prod).reshape(prod.shape[0], -1).cpu())  # [batch, cells of the layer]
+        est = torch.cat(per_layer, 1).T  # [cell, batch]: layer-major, pos before head
+        scores[st.name] = (cells, mask_padding(est, [c[2] for c in cells], mask))
     return scores
 
 
-def attribution_table(model, base, source, types, metric: PatchMetric, labels: list[str], scale: float = 1.0) -> pd.DataFrame:
+def attribution_table(model, base, source, types, metric: PatchMetric, labels: list[str],
+                      scale: float | torch.Tensor = 1.0, *, attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
     """attribution_scores as one tidy table (site_type, layer, head, pos, token, attribution)."""
-    scores = attribution_scores(model, base, source, types, metric, scale)
+    scores = attribution_scores(model, base, source, types, metric, scale, attention_mask=attention_mask)
     frames = [cell_frame(st, cells, labels, attribution=values.numpy()) for st, (cells, values) in zip(types, scores.values())]
     return pd.concat(frames, ignore_index=True)
 
@@ -108,14 +158,16 @@ def attribution_patching(
     """
     check_direction(direction)
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
+    mask = task_padding(task, clean)  # [batch, pos] or None
     pm = resolve_metric(task, metric)
     types = site_types(sites)
     base, source = (corrupted, clean) if direction == "denoise" else (clean, corrupted)
-    scale = 1.0
+    scale: float | torch.Tensor = 1.0
     if pm.normalized:
         with torch.no_grad():
-            scale = float(pm.fn(model(clean)).mean() - pm.fn(model(corrupted)).mean())
-    df = attribution_table(model, base, source, types, pm, token_labels(model, clean), scale)
+            scale = (pm.fn(model(clean, attention_mask=mask)) - pm.fn(model(corrupted, attention_mask=mask))).cpu()
+    df = attribution_table(model, base, source, types, pm, token_labels(model, clean, mask), scale,
+                           attention_mask=mask)
     summary = {"metric": pm.name, "direction": direction, "n_examples": int(clean.shape[0])}
     return Result(name="patching", df=df, summary=summary, tables={"attribution": df},
                   config={"sites": [st.name for st in types], "direction": direction})

@@ -10,6 +10,11 @@ averaged over noise samples and prompts (AIE). Rows with pos = NA restore all po
 once (restoring every position of a hidden state gives back the clean run exactly). Every run
 goes through the batching engine.
 
+Padded tasks (left-padded, spans in padded positions): runs go under the task's attention
+mask, a cell whose position is padding in a row is NaN there and left out of its AIE and of the
+role table (role "padding" is never averaged), and each prompt's noise may be given (`noise=`),
+so a padded run can be compared with each prompt run alone under the same noise.
+
 Expected shape on factual recall: MLP peaks at the last subject token in middle layers; a late
 peak at the last token.
 """
@@ -24,9 +29,9 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.result import Result
-from headscope.analyses.patching.engine import index_mask, replace_hook, run_batched
-from headscope.analyses.patching.inputs import resolve_metric, token_labels
-from headscope.errors import ConfigError
+from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
+from headscope.analyses.patching.inputs import mask_padding, resolve_metric, token_labels
+from headscope.errors import ConfigError, ShapeMismatchError, TaskError
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
 
@@ -47,12 +52,16 @@ def window_layers(kind: str, layer: int, window: int, n_layers: int) -> range:
     return range(start, min(n_layers, layer - window // 2 + window))
 
 
-def roles(span: torch.Tensor, n_pos: int) -> np.ndarray:
-    """[batch, 2] half-open subject spans -> [batch, pos] role names (Meng et al.'s token groups)."""
+def roles(span: torch.Tensor, n_pos: int, mask: torch.Tensor | None = None) -> np.ndarray:
+    """[batch, 2] half-open subject spans -> [batch, pos] role names (Meng et al.'s token groups);
+    "padding" where mask [batch, pos] is 0."""
     out = np.empty((span.shape[0], n_pos), dtype=object)
+    real = None if mask is None else mask.bool().cpu().numpy()
     for b, (start, end) in enumerate(span.tolist()):
         for p in range(n_pos):
-            if p == n_pos - 1:
+            if real is not None and not real[b, p]:
+                out[b, p] = "padding"
+            elif p == n_pos - 1:
                 out[b, p] = "last token"
             elif p < start:
                 out[b, p] = "prefix"
@@ -68,17 +77,23 @@ def roles(span: torch.Tensor, n_pos: int) -> np.ndarray:
 
 
 def subject_noise(model, tokens: torch.Tensor, span: torch.Tensor, n_samples: int, scale: float,
-                  seed: int) -> tuple[torch.Tensor, float]:
-    """Seeded noise [sample, batch, pos, d_model], zero outside the span; and its std."""
+                  seed: int, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """Seeded noise [sample, batch, pos, d_model], zero outside the span; and the subject
+    embeddings' std (spans hold real tokens only, so padding never enters it)."""
     n_prompts, n_pos = tokens.shape
-    positions = torch.arange(n_pos)
-    in_span = (positions >= span[:, :1]) & (positions < span[:, 1:])  # [batch, pos]
-    embed = capture(model, tokens, [site("embed")])[site("embed")].cpu()  # [batch, pos, d_model]
+    in_span = _in_span(span, n_pos)  # [batch, pos]
+    embed = capture(model, tokens, [site("embed")], attention_mask=attention_mask)[site("embed")].cpu()  # [batch, pos, d_model]
     std = float(embed[in_span].std())
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(n_samples, n_prompts, n_pos, embed.shape[-1], generator=gen)  # [sample, batch, pos, d_model]
     noise = noise * (scale * std) * in_span[None, :, :, None]
     return noise.to(model.device, embed.dtype), std
+
+
+def _in_span(span: torch.Tensor, n_pos: int) -> torch.Tensor:
+    """[batch, 2] half-open spans -> [batch, pos] bool."""
+    positions = torch.arange(n_pos)
+    return (positions >= span[:, :1]) & (positions < span[:, 1:])
 
 
 def causal_tracing(
@@ -95,11 +110,14 @@ def causal_tracing(
     batch_size: int | None = None,
     memory_budget: int | None = None,
     progress: bool = False,
+    noise: torch.Tensor | None = None,
 ) -> Result:
     """Causal tracing of `task` (needs task.spans[span]) with per-(kind, layer, position) AIEs.
 
+    noise: [n_samples, batch, pos, d_model] added to the embeddings instead of the seeded draw
+    (subject_noise), e.g. one prompt's share of a batch's noise (noise_scale and seed then unused).
     Returns a Result: df (and tables["causal_tracing"]) with kind, layer, pos, token, role
-    (of the first prompt), ie (AIE) and restored (the mean metric after restoring);
+    (of the first prompt without padding), ie (AIE) and restored (the mean metric after restoring);
     tables["causal_tracing_roles"] averages IEs per (kind, layer, role) over prompts; summary
     has clean/corrupted metric, the noise std and the peak cell of each kind.
     """
@@ -112,12 +130,25 @@ def causal_tracing(
     if n_samples < 1:
         raise ConfigError(f"n_samples must be >= 1, got {n_samples}.")
     tokens = model.check_tokens(task.tokens)
+    mask = padding_mask(task.attention_mask, tokens)  # [batch, pos] or None
     pm = resolve_metric(task, metric)
     n_layers, n_pos = model.facts.n_layers, tokens.shape[1]
     window = default_window(n_layers) if window is None else int(window)
     spans = task.spans[span].cpu()
-    noise, std = subject_noise(model, tokens, spans, n_samples, noise_scale, seed)
-    clean = capture(model, tokens, [site(KINDS[k], layer) for k in kinds for layer in range(n_layers)])
+    if mask is not None and bool((_in_span(spans, n_pos) & ~mask.bool().cpu()).any()):
+        raise TaskError(f"Task {task.name!r}: a {span!r} span covers padding; spans of a padded task are in "
+                        "padded positions (hs.load_task shifts them), so shift it past the row's padding.")
+    if noise is None:
+        noise, std = subject_noise(model, tokens, spans, n_samples, noise_scale, seed, attention_mask=mask)
+        noise_std = noise_scale * std
+    else:
+        if tuple(noise.shape[:3]) != (n_samples, *tokens.shape):
+            raise ShapeMismatchError(f"noise {tuple(noise.shape)} does not match (n_samples, batch, pos) = "
+                                     f"{(n_samples, *tokens.shape)}.")
+        noise = noise.to(model.device)
+        noise_std = float(noise[:, _in_span(spans, n_pos)].std())
+    clean = capture(model, tokens, [site(KINDS[k], layer) for k in kinds for layer in range(n_layers)],
+                    attention_mask=mask)
     cells = [(k, layer, p) for k in kinds for layer in range(n_layers) for p in [*range(n_pos), None]]
     runs = [(s, cell) for s in range(n_samples) for cell in [None, *cells]]  # None: corrupted baseline
 
@@ -140,21 +171,23 @@ def causal_tracing(
         return hooks
 
     values = run_batched(model, tokens, len(runs), hooks_for, pm.fn, batch_size=batch_size,
-                         memory_budget=memory_budget, progress=progress, stacked_metric=pm.stacked, desc="causal tracing")
+                         memory_budget=memory_budget, progress=progress, stacked_metric=pm.stacked, desc="causal tracing",
+                         attention_mask=mask)
     values = values.view(n_samples, len(cells) + 1, -1)  # [sample, 1 + cell, batch]
     corrupt = values[:, 0]  # [sample, batch]
-    ie = (values[:, 1:] - corrupt[:, None]).mean(0)  # [cell, batch]
-    restored = values[:, 1:].mean((0, 2))  # [cell]
+    ie = mask_padding((values[:, 1:] - corrupt[:, None]).mean(0), [c[2] for c in cells], mask)  # [cell, batch], NaN: padding
+    restored = mask_padding(values[:, 1:].mean(0), [c[2] for c in cells], mask).nanmean(1)  # [cell]
     clean_value = float(pm.fn(clean.output).mean())
-    labels = token_labels(model, tokens)
-    role_of = roles(spans, n_pos)  # [batch, pos]
+    labels = token_labels(model, tokens, mask)
+    label_row = 0 if mask is None else int(mask.bool().all(1).int().argmax())  # the first prompt without padding
+    role_of = roles(spans, n_pos, mask)  # [batch, pos]
     df = pd.DataFrame({
         "kind": [c[0] for c in cells],
         "layer": [c[1] for c in cells],
         "pos": pd.array([c[2] for c in cells], dtype="Int64"),
         "token": [labels[c[2]] if c[2] is not None else "all" for c in cells],
-        "role": [role_of[0, c[2]] if c[2] is not None else "all" for c in cells],
-        "ie": ie.mean(1).double().numpy(),
+        "role": [role_of[label_row, c[2]] if c[2] is not None else "all" for c in cells],
+        "ie": ie.double().nanmean(1).numpy(),
         "restored": restored.double().numpy(),
     })
     by_role = role_table(cells, ie, role_of)
@@ -163,7 +196,7 @@ def causal_tracing(
         "span": span,
         "clean_metric": clean_value,
         "corrupted_metric": float(corrupt.mean()),
-        "noise_std": noise_scale * std,
+        "noise_std": noise_std,
         "n_samples": n_samples,
         "window": window,
         "n_examples": int(tokens.shape[0]),
@@ -176,11 +209,12 @@ def causal_tracing(
 
 
 def role_table(cells: list, ie: torch.Tensor, role_of: np.ndarray) -> pd.DataFrame:
-    """Mean IE per (kind, layer, role) over every prompt's positions of that role."""
+    """Mean IE per (kind, layer, role) over every prompt's positions of that role (padding left out)."""
     rows = []
     for (kind, layer, pos), per_prompt in zip(cells, ie.numpy()):
         if pos is not None:
-            rows += [{"kind": kind, "layer": layer, "role": r, "ie": float(v)} for r, v in zip(role_of[:, pos], per_prompt)]
+            rows += [{"kind": kind, "layer": layer, "role": r, "ie": float(v)}
+                     for r, v in zip(role_of[:, pos], per_prompt) if r != "padding"]
     table = pd.DataFrame(rows).groupby(["kind", "layer", "role"], as_index=False)["ie"].mean()
     order = {r: i for i, r in enumerate(ROLES)}
     return table.sort_values(["kind", "layer", "role"], key=lambda c: c.map(order) if c.name == "role" else c,

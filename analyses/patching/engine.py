@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headscope.analyses.core.metrics import Metric
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, ShapeMismatchError, TaskError
 from headscope.execution import batching, distributed, resume
 from headscope.execution.rows import take
 from headscope.hooks.sites import hook_point, split_block
@@ -30,6 +30,27 @@ from headscope.hooks.sites import hook_point, split_block
 HookFn = Callable[..., Any]
 Hooks = Sequence[tuple[str, HookFn]]
 HooksFor = Callable[[range], Hooks]  # runs of one chunk -> hooks acting on [len(runs) * batch, ...]
+# Resume padded batches mid-model? The captured block calls hold each row's 4-d mask and rotary
+# tables, gathered to the resumed rows; tests/analyses/test_padding_patching.py checks both this
+# and the full bridge passes (False) against per-example runs. False is the fallback should a
+# resumed pass ever mishandle padding.
+RESUME_PADDED = True
+
+
+def padding_mask(attention_mask: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tensor | None:
+    """attention_mask [B, pos] as a long mask on tokens' device; None when absent or without padding.
+    Raises TaskError unless every row ends with a real token (decoders are left-padded: each row's
+    metric reads its last position)."""
+    if attention_mask is None or bool(attention_mask.bool().all()):
+        return None
+    if tuple(attention_mask.shape) != tuple(tokens.shape):
+        raise ShapeMismatchError(f"attention_mask {tuple(attention_mask.shape)} and tokens {tuple(tokens.shape)} "
+                                 "differ in shape.")
+    mask = attention_mask.bool()
+    if not bool(mask[:, -1].all()) or bool((mask[:, 1:].int() < mask[:, :-1].int()).any()):
+        raise TaskError("patching reads each row's answer at the last position, so padded decoder prompts must be "
+                        "left-padded (hs.load_task does this); this attention_mask is not.")
+    return mask.long().to(tokens.device)
 
 
 def runs_per_forward(model, n_prompts: int, n_pos: int, memory_budget: int | None = None) -> int:
@@ -63,6 +84,8 @@ def run_batched(
     stacked_metric: bool = False,
     layer_of: Callable[[int], int] | None = None,
     pos_of: Callable[[int], int | None] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    resume_padded: bool | None = None,
 ) -> torch.Tensor:
     """Run n_runs patched forward passes over `tokens` [B, pos]; returns the metric [n_runs, B].
 
@@ -84,6 +107,11 @@ def run_batched(
     retried at half the size, and later chunks keep the smaller size. Under
     torch.distributed each rank runs its block of the runs (every run over all prompts) and the
     rows are summed across ranks, so every rank returns the whole [n_runs (+1), B].
+    attention_mask: [B, pos] (1 = real token) of left-padded prompts, shared by the lead rows
+    (each clean/corrupted pair has one padding); every pass, full or resumed, runs under it.
+    Padded batches resume mid-model only when resume_padded (None: RESUME_PADDED); otherwise they run
+    full passes through the bridge, which honours the mask (position ids and padded keys). Metric
+    values at cells that are padding in a row are whatever the run gives: callers mask them.
     """
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ConfigError(f"batch_size is the number of patched runs per forward pass; got {batch_size!r}, use an int >= 1.")
@@ -91,6 +119,12 @@ def run_batched(
     n_prompts, n_pos = tokens.shape
     head = model.check_tokens(lead) if lead is not None else tokens[:0]  # [B or 0, pos]
     n_lead = head.shape[0]
+    mask = padding_mask(attention_mask, tokens)  # [B, pos] or None (no padding)
+    if mask is not None and n_lead not in (0, n_prompts):
+        raise ShapeMismatchError(f"a padded batch of {n_prompts} prompts needs as many lead rows (sharing its padding); "
+                                 f"got {n_lead}.")
+    if mask is not None and not (RESUME_PADDED if resume_padded is None else resume_padded):
+        layer_of = None  # full passes under the mask
     mine = distributed.shard(n_runs)  # this rank's block of runs; rank 0 owns run 0 and the lead
     out = torch.zeros(n_runs + (lead is not None), n_prompts)  # [run (+ lead), batch]
     bar = tqdm(total=len(mine), desc=desc, disable=not (progress and distributed.is_main()), unit="run")
@@ -101,10 +135,14 @@ def run_batched(
         computed = n_pos - int(differ[0]) if len(differ) else 1
     per_forward = {merged: batch_size or runs_per_forward(model, n_prompts, pos, memory_budget)
                    for merged, pos in ((False, n_pos), (True, computed))}
+
+    def stacked_mask(k: int) -> torch.Tensor | None:  # [B_lead + k * B, pos]: lead, then base k times
+        return None if mask is None else torch.cat([mask[:n_lead], mask.repeat(k, 1)])
+
     ckpt = None
     if support.ok:
         with torch.no_grad():  # rows: lead, then base
-            ckpt = resume.capture(model, torch.cat([head, tokens]),
+            ckpt = resume.capture(model, torch.cat([head, tokens]), attention_mask=stacked_mask(1),
                                   z_layers=range(model.facts.n_layers) if support.shortcut else ())
     last = model.facts.n_layers - 1
 
@@ -123,7 +161,7 @@ def run_batched(
             start = _first_block(hooks) if ckpt is not None else None
             if start is None:
                 stacked = torch.cat([head, tokens.repeat(len(runs), 1)])  # [B_lead + k * B, pos]
-                result = model.run_with_hooks(stacked, fwd=hooks)  # [B_lead + k * B, pos, ...]
+                result = model.run_with_hooks(stacked, fwd=hooks, attention_mask=stacked_mask(len(runs)))
             else:
                 result = _resumed(model, ckpt, support, start, stacked_rows(len(runs)), hooks, last)
         if stacked_metric:

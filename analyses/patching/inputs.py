@@ -1,7 +1,14 @@
-"""Inputs shared by the patching analyses: the clean/corrupted pair, the metric, token labels.
+"""Inputs shared by the patching analyses: the clean/corrupted pair, its padding, the metric,
+token labels, and per-cell means over the rows where a cell is real.
 
 Every check here fails with a message that names the problem and the fix: corrupted prompts
 missing or of another length, answers missing, an unknown metric or direction.
+
+Padded tasks (prompts of mixed lengths, left-padded; each clean/corrupted pair shares one
+padding): every run goes under the task's attention_mask and every metric reads each row's own
+last position. A position-swept cell that is padding in a row has no meaning there: its per-row
+value is NaN and the cell's mean covers the rows where it is real (`cell_means`), normalised
+with those rows' clean and corrupted means, so it equals the same analysis of those rows alone.
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import torch
 from headscope.analyses.core import metrics as M
 from headscope.analyses.core.metrics import Metric
 from headscope.analyses.core.tasks import Task
+from headscope.analyses.patching.engine import padding_mask
 from headscope.errors import ShapeMismatchError, TaskError
 
 METRICS = ("logit_diff", "normalized_logit_diff", "logprob", "prob", "task")
@@ -112,6 +120,41 @@ def clean_and_corrupted(model, task: Task, corrupted_tokens: torch.Tensor | None
     return model.check_tokens(task.tokens), model.check_tokens(corrupted)
 
 
-def token_labels(model, tokens: torch.Tensor) -> list[str]:
-    """Position labels "i: token" from the first prompt (raw strings; escape them for HTML)."""
-    return [f"{i}: {tok}" for i, tok in enumerate(model.to_str_tokens(tokens[0]))]
+def task_padding(task: Task, tokens: torch.Tensor) -> torch.Tensor | None:
+    """The task's attention_mask [batch, pos] on tokens' device, or None without padding (TaskError
+    unless left-padded: each row's metric reads its last position)."""
+    return padding_mask(task.attention_mask, tokens)
+
+
+def mask_padding(values: torch.Tensor, positions, mask: torch.Tensor | None) -> torch.Tensor:
+    """values [cell, batch] with NaN where cell i's position (positions[i]; None: every position)
+    is padding in that row: the cell has no meaning there (see the module docstring)."""
+    if mask is None:
+        return values
+    pos = torch.tensor([-1 if p is None else p for p in positions], dtype=torch.long)  # [cell]
+    real = mask.bool().cpu().T[pos] | (pos < 0)[:, None]  # [cell, batch]
+    return values.masked_fill(~real, float("nan"))
+
+
+def cell_means(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, clean: torch.Tensor,
+               corrupt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per cell (values [cell, batch], NaN where the cell is padding in a row): the reported value
+    pm.finish(mean values, mean clean, mean corrupt) and effect = value - pm.finish(mean base, ...),
+    each mean over the rows where the cell is real (every row without padding). base, clean,
+    corrupt: per-row metrics [batch]. -> (value [cell], effect [cell]) in float64."""
+    real = ~torch.isnan(values)  # [cell, batch]
+    weight = real.double() / real.sum(1, keepdim=True).clamp_min(1)  # [cell, batch]
+
+    def mean(x: torch.Tensor) -> torch.Tensor:  # [cell]: (masked) mean over rows
+        return (torch.nan_to_num(x.double()).expand_as(weight) * weight).sum(1)
+
+    clean_mean, corrupt_mean = mean(clean), mean(corrupt)
+    value = pm.finish(mean(values), clean_mean, corrupt_mean)
+    return value, value - pm.finish(mean(base), clean_mean, corrupt_mean)
+
+
+def token_labels(model, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> list[str]:
+    """Position labels "i: token" from the first prompt without padding (raw strings; escape them
+    for HTML). Left-padded tasks have one: the longest prompt."""
+    row = 0 if mask is None else int(mask.bool().all(1).int().argmax())
+    return [f"{i}: {tok}" for i, tok in enumerate(model.to_str_tokens(tokens[row]))]

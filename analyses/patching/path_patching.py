@@ -19,6 +19,10 @@ and everything downstream of the receivers is recomputed. It equals
 transformer_lens.patching.get_act_patch_direct_path (which adds delta to a per-head fork of the
 residual). Runs are batched by the engine: one run per sender (all receivers jointly) or, with
 per_receiver=True, one per (sender, receiver) pair.
+
+Padded tasks (left-padded, each clean/corrupted pair sharing its padding): every run goes under
+the task's attention_mask, each row's metric reads its own last position, and a sender's delta
+is zero at padded positions (padding is never patched); values are means over the prompts.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import torch
 
 from headscope.analyses.core.result import Result
 from headscope.analyses.patching.engine import run_batched
-from headscope.analyses.patching.inputs import check_direction, clean_and_corrupted, resolve_metric
+from headscope.analyses.patching.inputs import check_direction, clean_and_corrupted, resolve_metric, task_padding
 from headscope.errors import ConfigError, IndexOutOfRangeError
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
@@ -86,6 +90,7 @@ def path_patching(
     """
     check_direction(direction)
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
+    mask = task_padding(task, clean)  # [B, pos] or None
     pm = resolve_metric(task, metric)
     n_layers, n_heads = model.facts.n_layers, model.facts.n_heads
     to_logits = isinstance(receivers, str)
@@ -104,13 +109,15 @@ def path_patching(
 
     base, source_tokens = (clean, corrupted) if direction == "noise" else (corrupted, clean)
     z_names = [site("z", layer) for layer in sorted({s[0] for s in senders})]
-    src = capture(model, source_tokens, z_names)
-    ref = capture(model, base, z_names)
+    src = capture(model, source_tokens, z_names, attention_mask=mask)
+    ref = capture(model, base, z_names, attention_mask=mask)
+    real = None if mask is None else mask.bool()[:, :, None]  # [B, pos, 1]
     w_o = {layer: model.bridge.blocks[layer].attn.W_O.detach() for layer, _ in senders}  # [head, d_head, d_model]
 
     def delta(layer: int, head: int) -> torch.Tensor:  # [B, pos, d_model]
         dz = src[site("z", layer)][:, :, head] - ref[site("z", layer)][:, :, head]
-        return dz @ w_o[layer][head].to(dz.dtype)
+        out = dz @ w_o[layer][head].to(dz.dtype)
+        return out if real is None else torch.where(real.to(out.device), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
     recv_layers = sorted({r[0] for r in recv})
     weights = {layer: _weights(model.bridge.blocks[layer].attn, component) for layer in recv_layers}
@@ -149,9 +156,11 @@ def path_patching(
         return hooks
 
     values = run_batched(model, base, len(runs), hooks_for, pm.fn, batch_size=batch_size,
-                         memory_budget=memory_budget, progress=progress, stacked_metric=pm.stacked, desc="path patching")
+                         memory_budget=memory_budget, progress=progress, stacked_metric=pm.stacked, desc="path patching",
+                         attention_mask=mask)
     with torch.no_grad():
-        clean_value, corrupt_value = float(pm.fn(model(clean)).mean()), float(pm.fn(model(corrupted)).mean())
+        clean_value = float(pm.fn(model(clean, attention_mask=mask)).mean())
+        corrupt_value = float(pm.fn(model(corrupted, attention_mask=mask)).mean())
     base_value = clean_value if direction == "noise" else corrupt_value
     baseline = float(pm.finish(base_value, clean_value, corrupt_value))
     value = pm.finish(values.mean(1).double(), clean_value, corrupt_value).numpy()

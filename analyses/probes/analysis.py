@@ -18,6 +18,9 @@ Labels come from the Task (`task_labels`):
   its string starts with a space marker, it is the row's first non-special token, or, for
   WordPiece, it is no "##" continuation; special tokens 0);
 - or an array of one label per example.
+Padded tasks (mixed lengths): positions count from each prompt's first real token, all-position
+probes use real tokens only, and per-prompt labels are read at each row's own position (-1: its
+answer position), so the features and labels are those of the prompts run one by one.
 The default task of a non-zoo decoder is the shipped sentences probed for "position_bucket".
 """
 from __future__ import annotations
@@ -37,17 +40,45 @@ from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError
-from headscope.probes import LogisticProbe, RidgeProbe, selectivity
+from headscope.probes import ALPHA_GRID, C_GRID, LogisticProbe, RidgeProbe, capacity_sweep, selectivity
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeData:
-    """Per-example labels and control types, and which positions to read."""
+    """Per-example labels and control types, and which positions to read.
 
-    labels: np.ndarray  # [n] (examples x positions when all_positions)
+    all_positions: every real token of every prompt is one example, read from the flattened
+    [batch * pos] activations at `real` (None: every position; padding is never an example).
+    Otherwise one example per prompt, read at `positions` [batch] (padded coordinates: each row's
+    own `position`, e.g. its answer position for -1)."""
+
+    labels: np.ndarray  # [n] (real tokens when all_positions)
     types: np.ndarray  # [n] word type per example (token id at the probed position)
     kind: str  # "classification" or "regression"
-    all_positions: bool  # True: every position of every prompt is one example
+    all_positions: bool
+    real: np.ndarray | None = None  # [batch * pos] bool, all_positions only
+    positions: torch.Tensor | None = None  # [batch] int64, per-prompt labels only
+
+
+def real_positions(task: Task) -> torch.Tensor:
+    """[batch, pos] int64: each token's position within its prompt (0 = its first real token, on
+    either side of the padding), -1 on padding."""
+    if task.attention_mask is None:
+        return torch.arange(task.tokens.shape[1]).expand_as(task.tokens).clone()
+    real = task.attention_mask.cpu().bool()
+    return torch.where(real, real.long().cumsum(1) - 1, -1)
+
+
+def row_positions(task: Task, position: int) -> torch.Tensor:
+    """[batch] padded indices of each prompt's `position` (negative: from its last real token, so -1
+    is the answer position under either padding; else from its first real token)."""
+    pos = real_positions(task)  # [batch, pos]
+    length = pos.max(1).values + 1  # [batch]
+    want = position + length if position < 0 else torch.full_like(length, position)
+    if bool(((want < 0) | (want >= length)).any()):
+        raise ConfigError(f"position {position} is out of range for prompts of {int(length.min())} to "
+                          f"{int(length.max())} tokens; pick a position every prompt has.")
+    return (pos == want[:, None]).int().argmax(1)  # [batch]
 
 
 def _class_ids(rows: torch.Tensor) -> np.ndarray:
@@ -59,9 +90,11 @@ GENERIC_LABELS = ("prev_token", "position_bucket", "word_start")
 _SPACE_MARKERS = ("\u0120", "\u2581", " ")  # byte-level BPE's "Ġ", SentencePiece's "▁", a plain space
 
 
-def word_starts(tokenizer, tokens: torch.Tensor) -> torch.Tensor:
-    """[batch, pos] int64: 1 where a token begins a word (see the module doc), from the token strings."""
+def word_starts(tokenizer, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[batch, pos] int64: 1 where a token begins a word (see the module doc), from the token strings;
+    0 on padding (mask [batch, pos], 0 = padding), which never counts as a row's first token."""
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    pad = None if mask is None else ~mask.cpu().bool()
     ids = sorted(set(tokens.reshape(-1).tolist()))
     strings = dict(zip(ids, tokenizer.convert_ids_to_tokens(ids)))
     backend = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
@@ -70,7 +103,7 @@ def word_starts(tokenizer, tokens: torch.Tensor) -> torch.Tensor:
     for b, row in enumerate(tokens.tolist()):
         first = True
         for p, i in enumerate(row):
-            if i in special:
+            if i in special or (pad is not None and bool(pad[b, p])):
                 continue
             text = strings[i] or ""
             out[b, p] = int(first or (not text.startswith("##") if wordpiece else text.startswith(_SPACE_MARKERS)))
@@ -78,37 +111,46 @@ def word_starts(tokenizer, tokens: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _generic_labels(tokens: torch.Tensor, labels: str, tokenizer) -> np.ndarray:
-    """[batch * pos] labels of GENERIC_LABELS for every position of every row."""
-    pos = torch.arange(tokens.shape[1]).expand_as(tokens)  # [batch, pos]
+def _generic_labels(task: Task, labels: str, tokenizer) -> np.ndarray:
+    """[batch * pos] labels of GENERIC_LABELS for every position of every row, from each row's real
+    positions (values on padding are meaningless; the caller drops them)."""
+    tokens = task.tokens.cpu()
+    pos = real_positions(task)  # [batch, pos], -1 on padding
     if labels == "prev_token":
-        y = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], dim=1)  # [batch, pos]
+        prev = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], dim=1)  # [batch, pos]
+        y = torch.where(pos > 0, prev, -1)  # -1 at each row's first real token
     elif labels == "position_bucket":
         y = torch.where(pos > 0, torch.floor(torch.log2(pos.clamp(min=1).double())).long() + 1, 0)  # bit length
     else:
         if tokenizer is None:
             raise ConfigError("'word_start' labels need the model's tokenizer; pass tokenizer= to task_labels.")
-        y = word_starts(tokenizer, tokens)
+        y = word_starts(tokenizer, tokens, task.attention_mask)
     return y.reshape(-1).numpy()
 
 
 def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, tokenizer=None) -> ProbeData:
     """Labels, control types and the probe kind for a Task (see the module doc for label names;
-    tokenizer: the model's, for "word_start")."""
+    tokenizer: the model's, for "word_start"). Padded tasks: positions count from each row's first
+    real token, all-position labels cover real tokens only, and per-prompt labels are read at each
+    row's own `position` (row_positions)."""
     tokens = task.tokens.cpu()  # [batch, pos]
+    if isinstance(labels, str) and (labels == "position" or labels in GENERIC_LABELS):
+        real = None if task.attention_mask is None else task.attention_mask.cpu().reshape(-1).bool().numpy()
+        keep = (lambda a: a) if real is None else (lambda a: a[real])  # noqa: E731  # [batch * pos] -> [n real]
+        types = keep(tokens.reshape(-1).numpy())
+        if labels == "position":
+            y = real_positions(task).reshape(-1).numpy().astype(float)
+            return ProbeData(labels=keep(y), types=types, kind="regression", all_positions=True, real=real)
+        return ProbeData(labels=keep(_generic_labels(task, labels, tokenizer)), types=types, kind="classification",
+                         all_positions=True, real=real)
+    at = row_positions(task, position)  # [batch]
+    types = tokens.gather(1, at[:, None])[:, 0].numpy()
     if not isinstance(labels, str):
         arr = np.asarray(labels)
         if arr.shape[0] != len(task):
             raise ConfigError(f"got {arr.shape[0]} labels for a Task of {len(task)} prompts; pass one label per prompt.")
         kind = "regression" if np.issubdtype(arr.dtype, np.floating) else "classification"
-        return ProbeData(labels=arr, types=tokens[:, position].numpy(), kind=kind, all_positions=False)
-    if labels == "position":
-        pos = torch.arange(tokens.shape[1]).expand_as(tokens)  # [batch, pos]
-        return ProbeData(labels=pos.reshape(-1).numpy().astype(float), types=tokens.reshape(-1).numpy(),
-                         kind="regression", all_positions=True)
-    if labels in GENERIC_LABELS:
-        return ProbeData(labels=_generic_labels(tokens, labels, tokenizer), types=tokens.reshape(-1).numpy(),
-                         kind="classification", all_positions=True)
+        return ProbeData(labels=arr, types=types, kind=kind, all_positions=False, positions=at)
     if labels == "answer":
         if task.answers is None:
             raise ConfigError(f"Task {task.name!r} has no answers; choose another label.")
@@ -122,61 +164,97 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, token
                 f"unknown probe labels {labels!r} for Task {task.name!r}; use 'query_pair', 'answer', 'position', "
                 f"{', '.join(repr(g) for g in GENERIC_LABELS)}, or 'span:<name>' / 'span_start:<name>' with a span of "
                 f"{sorted(task.spans)}.")
-        span = task.spans[name].cpu()  # [batch, 2]
-        if kind == "span_start":
-            y = _class_ids(span[:, :1])
+        span = task.spans[name].cpu()  # [batch, 2], padded coordinates
+        if kind == "span_start":  # where the span starts within its prompt
+            y = _class_ids(span[:, :1] - real_positions(task).eq(0).int().argmax(1)[:, None])
         else:
             width = int((span[:, 1] - span[:, 0]).max())
             idx = (span[:, :1] + torch.arange(width)).clamp(max=tokens.shape[1] - 1)  # [batch, width]
             y = _class_ids(tokens.gather(1, idx))
-    return ProbeData(labels=y, types=tokens[:, position].numpy(), kind="classification", all_positions=False)
+    return ProbeData(labels=y, types=types, kind="classification", all_positions=False, positions=at)
+
+
+def probe_features(model, task: Task, site: str, probe_data: ProbeData, layers: Sequence[int]) -> list[np.ndarray]:
+    """Per layer, the [n, d] activations at `site` the probes fit: every real token (all-position
+    labels) or each prompt's own position, from one pass with the task's attention mask."""
+    names = [hooks.site(site, layer) for layer in layers]
+    kw = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
+    at = probe_data.positions
+    shared = at is not None and bool((at == at[0]).all())  # one index for every row: capture only it
+    positions = None if at is None else ([int(at[0])] if shared else None)
+    acts = hooks.capture(model, task.tokens, names, positions=positions, to_cpu=True, **kw)
+    out = []
+    for name in names:
+        a = acts[name].float()  # [batch, pos (or 1), d]
+        if at is not None and not shared:
+            a = a.gather(1, at[:, None, None].expand(-1, 1, a.shape[-1]))  # [batch, 1, d]
+        X = a.reshape(-1, a.shape[-1]).numpy()  # [n, d]
+        out.append(X if probe_data.real is None else X[probe_data.real])
+    return out
 
 
 @torch.no_grad()
 def probe_sweep(
     model, task: Task | torch.Tensor | str | None = None, site: str = "resid_post", labels: str | Sequence = "query_pair",
     *, config: ProbesConfig | None = None, position: int = -1, layers: Sequence[int] | None = None, cv: int = 5,
-    seed: int = 0, C: float = 1.0, alpha: float = 1.0, progress: bool = False,
+    seed: int = 0, C: float = 1.0, alpha: float = 1.0, capacity: Sequence[float] | bool | str | None = None,
+    progress: bool = False,
 ) -> Result:
     """Probe accuracy (or R^2) and selectivity per layer at `site` (a site kind, e.g. "resid_post").
 
     task: a Task, or a [batch, pos] token tensor with labels an array (or "position"); anything
     else (None, a zoo task name, a task file) runs `run` with config. config (a ProbesConfig)
-    supplies site, labels, cv, seed, C, alpha and progress.
+    supplies site, labels, cv, seed, C, alpha, progress and (unless given) capacity.
+    capacity: None/False, one probe per layer (C or alpha); True, Hewitt & Liang's sweep over the
+    regularisation strength (probes.C_GRID for classification, probes.ALPHA_GRID for regression),
+    "coarse" (every other strength of that grid) or a grid of strengths: each layer reports its most
+    selective probe (`strength` column; tables["capacity"]: every strength of every layer).
     df: one row per (layer, fold, task in {"real", "control"}) with the score. tables["per_layer"]:
-    score, control and selectivity per layer. summary: best layer and its numbers.
+    score, control and selectivity per layer. summary: best layer and its numbers, and
+    `first_selective_layer`: the first layer whose selectivity reaches 0.5.
     """
     if not isinstance(task, (Task, torch.Tensor)):
         return run(model, task, config)
     if config is not None:
         site, labels, seed, C, alpha = config.site, config.labels, config.seed, config.C, config.alpha
         cv, progress = config.cv or cv, config.progress
+        capacity = config.grid() if capacity is None else capacity
     task = task if isinstance(task, Task) else Task(name="tokens", tokens=task, metric="cosine")
     probe_data = task_labels(task, labels, position, tokenizer=model.tokenizer)
     layers = list(range(model.facts.n_layers) if layers is None else (model.check_layer(layer) for layer in layers))
-    names = [hooks.site(site, layer) for layer in layers]
-    kw = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
-    acts = hooks.capture(model, task.tokens, names, positions=None if probe_data.all_positions else [position],
-                         to_cpu=True, **kw)
+    features = probe_features(model, task, site, probe_data, layers)  # real tokens only
     labels_arr, types = probe_data.labels, probe_data.types
-    real = None  # all-position probes skip padding
-    if probe_data.all_positions and task.attention_mask is not None:
-        real = task.attention_mask.cpu().reshape(-1).bool().numpy()  # [batch * pos]
-        labels_arr, types = labels_arr[real], types[real]
+    n_dropped = 0
+    if probe_data.kind == "classification":  # a class seen once is never both fitted and tested: drop it,
+        _, inverse, counts = np.unique(labels_arr, return_inverse=True, return_counts=True)  # unless too few remain
+        keep = counts[inverse.reshape(-1)] >= 2  # [n]
+        if (~keep).any() and len(np.unique(labels_arr[keep])) >= 2:
+            n_dropped = int((~keep).sum())
+            labels_arr, types, features = labels_arr[keep], types[keep], [X[keep] for X in features]
     estimator = LogisticProbe(C=C) if probe_data.kind == "classification" else RidgeProbe(alpha=alpha)
     score_name = "accuracy" if probe_data.kind == "classification" else "r2"
-    rows, per_layer = [], []
-    for layer, name in tqdm(list(zip(layers, names)), desc="probes", disable=not progress):
-        X = acts[name].float().reshape(-1, acts[name].shape[-1]).numpy()  # [n, d_model]
-        X = X if real is None else X[real]
+    full = C_GRID if probe_data.kind == "classification" else ALPHA_GRID
+    grid = None if capacity is None or capacity is False else (
+        full if capacity is True else full[::2] if capacity == "coarse" else tuple(capacity))
+    param = "C" if probe_data.kind == "classification" else "alpha"
+    rows, per_layer, sweeps = [], [], []
+    for layer, X in tqdm(list(zip(layers, features)), desc="probes", disable=not progress):
         with warnings.catch_warnings():  # many classes over few examples is expected here (e.g. 64 values)
             warnings.filterwarnings("ignore", message="The number of unique classes is greater than 50%")
-            res = selectivity(estimator, X, labels_arr, types, cv=cv, seed=seed)
+            if grid is None:
+                strength = C if param == "C" else alpha
+                res = selectivity(estimator, X, labels_arr, types, cv=cv, seed=seed)
+            else:
+                sweep, folds = capacity_sweep(estimator, X, labels_arr, types, grid=grid, cv=cv, seed=seed,
+                                              return_folds=True)
+                sweeps.append(sweep.assign(layer=layer))
+                best = int(sweep["most_selective"].to_numpy().argmax())
+                strength, res = float(sweep.loc[best, "strength"]), folds[best]
         for which in ("score", "control"):
             rows += [{"layer": layer, "fold": i, "task": "real" if which == "score" else "control", "score": float(s)}
                      for i, s in enumerate(res[which])]
         per_layer.append({"layer": layer, score_name: float(res["score"].mean()), "control": float(res["control"].mean()),
-                          "selectivity": res["selectivity"], "std": float(res["score"].std())})
+                          "selectivity": res["selectivity"], "std": float(res["score"].std()), "strength": strength})
     table = pd.DataFrame(per_layer)
     best = table.loc[table[score_name].idxmax()]
     _, counts = np.unique(labels_arr, return_counts=True)
@@ -187,11 +265,19 @@ def probe_sweep(
         "majority_baseline": float(counts.max() / counts.sum()) if probe_data.kind == "classification" else None,
         f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},
         "selectivity_per_layer": {str(int(r.layer)): float(r.selectivity) for _, r in table.iterrows()},
-        "n_examples": int(labels_arr.shape[0]), "n_classes": int(len(counts)) if probe_data.kind == "classification" else None,
+        "n_examples": int(labels_arr.shape[0]), "n_dropped_single_examples": n_dropped,
+        "n_classes": int(len(counts)) if probe_data.kind == "classification" else None,
+        "capacity": {"param": param, "grid": list(grid)} if grid is not None else None,
+        "strength_per_layer": {str(int(r.layer)): float(r.strength) for _, r in table.iterrows()},
+        "first_selective_layer": next((int(r.layer) for _, r in table.iterrows() if r.selectivity >= 0.5), None),
     }
-    return Result(name="probes", df=pd.DataFrame(rows), summary=summary, tables={"per_layer": table},
+    tables = {"per_layer": table}
+    if sweeps:
+        tables["capacity"] = pd.concat(sweeps, ignore_index=True)[
+            ["layer", "param", "strength", "score", "control", "selectivity", "most_selective"]]
+    return Result(name="probes", df=pd.DataFrame(rows), summary=summary, tables=tables,
                   config={"site": site, "labels": summary["labels"], "position": position, "cv": cv, "seed": seed,
-                          "C": C, "alpha": alpha, "task": task.name})
+                          "C": C, "alpha": alpha, "capacity": None if grid is None else list(grid), "task": task.name})
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -203,13 +289,22 @@ NEEDS = Needs(answers=True, labels=True, min_classes=2, min_examples=5,
 class ProbesConfig(AnalysisConfig):
     """site: the site kind probed at every layer; labels: what is decoded (see task_labels; the
     default "answer" is the answer a zoo Task's prompt retrieves); cv: folds (None: 5, 3 when quick);
-    C / alpha: the logistic / ridge probes' regularisation."""
+    C / alpha: the logistic / ridge probes' regularisation when capacity is False; capacity: sweep the
+    regularisation (Hewitt & Liang) and report each layer's most selective probe (quick: every other
+    strength of the grid)."""
 
     site: str = "resid_post"
     labels: str = "answer"
     cv: int | None = None
     C: float = 1.0
     alpha: float = 1.0
+    capacity: bool = True
+
+    def grid(self) -> bool | str:
+        """What probe_sweep's capacity gets: False, True (the full grid) or, quick, "coarse"."""
+        if not self.capacity:
+            return False
+        return "coarse" if self.quick else True
 
 
 def run(model, task: Task | str | None = None, config: ProbesConfig | None = None) -> Result:
@@ -226,7 +321,7 @@ def run(model, task: Task | str | None = None, config: ProbesConfig | None = Non
     config = config or ProbesConfig.preset()
     n = config.examples(256, 64)
     cv = config.cv or (3 if config.quick else 5)
-    kw = dict(cv=cv, seed=config.seed, C=config.C, alpha=config.alpha, progress=config.progress)
+    kw = dict(cv=cv, seed=config.seed, C=config.C, alpha=config.alpha, capacity=config.grid(), progress=config.progress)
     if model.facts.is_encoder and task is None:
         return probe_sweep(model, sentence_task(model, n_examples=n, seed=config.seed), config.site, "position", **kw)
     if task is None:

@@ -86,16 +86,22 @@ def kv_example(rng: np.random.Generator, *, n_pairs: int = 8, query: int | None 
 
 # --------------------------------------------------------------------------- induction
 def induction_example(
-    rng: np.random.Generator, *, length: int = 24, position: int | None = None
+    rng: np.random.Generator, *, length: int = 24, position: int | None = None, corrupt: str = "copied"
 ) -> Example:
     """A random sequence of `length` distinct tokens, then its first `position` tokens again.
 
-    The answer is token `position` of the sequence; the corrupted prompt changes that token in
-    the first half, so copying gives a different answer.
+    The answer is token `position` of the sequence. corrupt="copied" (the default) changes that
+    token in the first half, so copying gives a different answer (the corrupted answer): the
+    induction head's value path carries the difference. corrupt="trigger" changes the token before
+    it in the first half (the one the prompt ends with), so nothing in the context matches the
+    query: the previous-token head -> induction head key path carries the difference; the wrong
+    answer is then the token after the answer in the first half (copying one step too far).
     """
     pool = vocab.INDUCTION_POOL
     if not 2 <= length <= len(pool) - 1:
         raise ConfigError(f"length must be in [2, {len(pool) - 1}], got {length}")
+    if corrupt not in ("copied", "trigger"):
+        raise ConfigError(f"corrupt must be 'copied' or 'trigger', got {corrupt!r}")
     j = int(rng.integers(1, length)) if position is None else position
     if not 1 <= j < length:
         raise ConfigError(f"position must be in [1, {length - 1}], got {j}")
@@ -104,14 +110,14 @@ def induction_example(
     replacement = pool[idx[length]]
     prompt = (vocab.BOS, *seq, *seq[:j])
     first = [*seq]
-    first[j] = replacement
+    first[j if corrupt == "copied" else j - 1] = replacement
     corrupted = (vocab.BOS, *first, *seq[:j])
     return Example(
         task="induction",
         prompt=prompt,
         answer=seq[j],
         corrupted=corrupted,
-        corrupted_answer=replacement,
+        corrupted_answer=replacement if corrupt == "copied" else seq[(j + 1) % length],
         spans={
             "source": (1 + j, 2 + j),  # the token to be copied
             "first": (1, 1 + length),

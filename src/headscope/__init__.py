@@ -30,6 +30,7 @@ from headscope.errors import (
     SiteError,
     TaskError,
     TaskFileError,
+    TokenizationError,
     TokenizationWarning,
 )
 from headscope.hooks import (
@@ -122,6 +123,7 @@ __all__ = [
     "TaskError",
     "TaskFile",
     "TaskFileError",
+    "TokenizationError",
     "TokenizationWarning",
     "__version__",
     "ablate",

@@ -1,7 +1,7 @@
 """The `headscope` command line.
 
-    headscope report [--model SPEC] [--task NAME|FILE] [--task-fields prompt=COL,...] [--analyses a,b] [--out DIR] [--seed N]
-                     [--device cpu|cuda] [--resume] [--force] [--quick]
+    headscope report [--model SPEC] [--task NAME|FILE] [--task-fields prompt=COL,...] [--strict] [--analyses a,b]
+                     [--out DIR] [--seed N] [--device cpu|cuda] [--resume] [--force] [--quick]
     headscope heads|attribution|position|patching|mlp|kv|probes|circuits [same options]
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
@@ -63,10 +63,15 @@ def _parser() -> argparse.ArgumentParser:
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
-    p.add_argument("--task", default=None, help="a zoo task (kv, induction, facts, ioi) or a .jsonl/.csv/.parquet task file")
+    p.add_argument("--task", default=None,
+                   help="a zoo task (kv, induction, facts, ioi) or a .jsonl/.csv/.parquet task file; its prompts may "
+                        "have different lengths (padded; a corrupted prompt needs its own prompt's length)")
     p.add_argument("--task-fields", default=None, metavar="FIELD=COLUMN,...",
                    help="your task file's column names, e.g. prompt=text,answer=label "
                         "(fields: prompt, answer, corrupted_prompt, wrong_answer)")
+    p.add_argument("--strict", action="store_true",
+                   help="stop (exit 2, nothing written) when a word of the task file becomes the tokenizer's unknown "
+                        "token, instead of warning")
     p.add_argument("--out", default=None, help="output folder (default: ./headscope-out/<model>-<time>)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
@@ -167,6 +172,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             args.model, out=args.out, analyses=analyses, task=args.task, task_fields=args.task_fields, seed=args.seed,
             quick=args.quick, n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
             progress=not args.quiet, command=["headscope", *sys.argv[1:]], trust_remote_code=args.trust_remote_code,
+            strict=args.strict,
         )
     except RunFailedError as err:  # --force and an analysis failed: the old output is unchanged
         if os.environ.get("RANK", "0") == "0":

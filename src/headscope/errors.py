@@ -53,6 +53,11 @@ class TaskFileError(TaskError):
     """A user task file (JSONL/CSV/Parquet) cannot be read or lacks required fields."""
 
 
+class TokenizationError(TaskError):
+    """Strict mode (`--strict`, `strict=True`): words of the user's text that the tokenizer maps to its
+    unknown token, refused instead of the TokenizationWarning; the message names the words and rows."""
+
+
 class InputTypeError(HeadscopeError, TypeError):
     """An argument of the wrong type (e.g. text where a token tensor is expected)."""
 

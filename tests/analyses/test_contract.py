@@ -103,7 +103,10 @@ def test_spans_examples_and_classes():
     assert task_reasons(needs("heads"), task(2), DECODER) == []
     # probes: cross-validated classifiers of the answer need examples and two classes at least
     probes = needs("probes")
-    assert task_reasons(probes, task(4), DECODER) == ["the task has 4 example(s); it needs at least 5"]
+    assert task_reasons(probes, task(4, answers=[7, 8] * 2), DECODER) == ["the task has 4 example(s); it needs at least 5"]
+    assert task_reasons(probes, task(6, answers=[7, 8, 9, 10, 11, 11]), DECODER) == [
+        "only 1 of the task's answers occur more than once; cross-validated probes need at least 2 answers seen twice "
+        "or more"]
     assert task_reasons(probes, task(6, answers=[7] * 6), DECODER) == [
         "the task's answers take 1 distinct value(s); it needs at least 2 classes"]
     assert task_reasons(probes, task(6, answers=[7, 8] * 3), DECODER) == []

@@ -137,15 +137,60 @@ def test_tokenization_problems_name_the_row(tiny_models):
     model = tiny_models["llama"]
     with pytest.raises(TaskFileError, match=r"row 1: answer 'w3 w4' is 2 tokens under this tokenizer \(\['w3', 'w4'\]\)"):
         hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3"}, {"prompt": "w1 w2", "answer": "w3 w4"}])
-    mixed = [{"prompt": "w1 w2", "answer": "w3"}, {"prompt": "w1 w2", "answer": "w3"}, {"prompt": "w1 w2 w5 w6", "answer": "w3"}]
-    lengths = r"different lengths \(2 rows have 3 tokens; row 2 has 5\); mixed lengths are not yet supported"
-    with pytest.raises(TaskFileError, match=lengths):
-        hs.load_task(model, mixed)
     with pytest.raises(TaskFileError, match=r"row 0: the prompt has 3 tokens but the corrupted prompt 4"):
         hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w1 w2 w3"}])
+    mixed = [{"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w4 w2"},
+             {"prompt": "w1 w2 w5 w6", "answer": "w3", "corrupted_prompt": "w1 w2 w5 w6 w7"}]  # row 1's pair differs
+    with pytest.raises(TaskFileError, match=r"row 1: the prompt has 5 tokens but the corrupted prompt 6.*each clean and"):
+        hs.load_task(model, mixed)
     with pytest.warns(TokenizationWarning, match=r"'hello' \(row 0 prompt, row 1 prompt\), 'bye' \(row 1 answer\)"):
         task = hs.load_task(model, [{"prompt": "w1 hello", "answer": "w3"}, {"prompt": "hello w1", "answer": "bye"}])
     assert task.tokens.tolist() == [[2, 5, 0], [2, 0, 5]] and task.answers.tolist() == [7, 0]
+
+
+def test_mixed_length_prompts_are_left_padded_with_a_mask_and_pairs_share_their_padding(tiny_dirs, tiny_models):
+    """Prompts of 3, 5 and 4 tokens (with <bos>): each row is the plain tokenizer's ids, left-padded with
+    <pad>=1 to 5, the mask 1 exactly on them; each corrupted prompt (its own pair's length) padded alike."""
+    model = tiny_models["llama"]
+    rows = [{"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w4 w2", "wrong_answer": "w5"},
+            {"prompt": "w1 w2 w5 w6", "answer": "w3", "corrupted_prompt": "w1 w9 w5 w6", "wrong_answer": "w7"},
+            {"prompt": "w7 w8 w9", "answer": "w1", "corrupted_prompt": "w7 w8 w2", "wrong_answer": "w2"}]
+    task = hs.load_task(model, rows)
+    pad = lambda ids: [1] * (5 - len(ids)) + ids  # noqa: E731
+    assert task.tokens.tolist() == [pad(_hf_ids(tiny_dirs, r["prompt"])) for r in rows]
+    assert task.corrupted_tokens.tolist() == [pad(_hf_ids(tiny_dirs, r["corrupted_prompt"])) for r in rows]
+    assert task.attention_mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]
+    assert task.answers.tolist() == [7, 7, 5] and task.metric == "logit_diff"
+    assert task.tokens[:, -1].tolist() == [6, 10, 13]  # every row ends at the last position (w2, w6, w9)
+    same = hs.load_task(model, [{k: v for k, v in r.items() if k == "prompt" or k == "answer"} for r in rows[:1] * 2])
+    assert same.attention_mask is None  # equal lengths: no padding, no mask
+
+
+def test_strict_mode_refuses_unknown_words_in_one_line(tmp_path, tiny_models):
+    """strict=True (or a strict TaskFile, or to_tokens(strict=True)): a TokenizationError naming the
+    words and rows instead of the warning; without it the same data loads with a warning."""
+    model = tiny_models["llama"]
+    rows = [{"prompt": "w1 hello", "answer": "w3"}, {"prompt": "w1 w2 w3", "answer": "bye"}]
+    with pytest.raises(hs.TokenizationError) as info:
+        hs.load_task(model, rows, strict=True)
+    message = str(info.value)
+    assert "\n" not in message and "'hello' (row 0 prompt)" in message and "'bye' (row 1 answer)" in message
+    assert isinstance(info.value, hs.HeadscopeError) and isinstance(info.value, ValueError)
+    path = _write_jsonl(tmp_path / "unk.jsonl", rows)
+    with pytest.raises(hs.TokenizationError, match=r"unk\.jsonl'.*'hello' \(line 1, row 0 prompt\)"):
+        hs.load_task(model, hs.TaskFile(path, strict=True))
+    import pickle
+
+    strict_file = pickle.loads(pickle.dumps(hs.TaskFile(path, strict=True)))  # torch.distributed broadcasts it
+    with pytest.raises(hs.TokenizationError, match="'hello'"):
+        resolve_task(model, strict_file, n_examples=2)
+    with pytest.raises(hs.TokenizationError, match="'hello'"):
+        model.to_tokens("w1 hello", strict=True)
+    with pytest.warns(TokenizationWarning, match="'hello'"):
+        assert hs.load_task(model, rows).tokens.tolist() == [[1, 2, 5, 0], [2, 5, 6, 7]]  # <unk>=0, left-padded
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hs.load_task(model, [{"prompt": "w1 w2 w3", "answer": "w4"}], strict=True).answers.tolist() == [8]
 
 
 def test_resolve_task_takes_every_source_and_keeps_zoo_names(tmp_path, tiny_models, tiny_dirs):

@@ -36,3 +36,23 @@ def test_overrides(monkeypatch):
             assert threads.configure_threads() == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_blas_pools_get_the_same_count(monkeypatch):
+    """numpy's BLAS (what scikit-learn's probes run on) is capped with torch, read back through threadpoolctl."""
+    import numpy  # noqa: F401 - loads the BLAS library threadpoolctl reports
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    before = torch.get_num_threads()
+    with threadpool_limits(limits=2, user_api="blas"):  # 2 to start with; every pool's count restored on exit
+        assert {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"} == {2}
+        try:
+            with monkeypatch.context() as m:
+                m.setattr(threads, "_state", {})
+                m.delenv("OMP_NUM_THREADS", raising=False)
+                m.setenv("HEADSCOPE_THREADS", "1")
+                assert threads.configure_threads() == 1
+            blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+            assert blas and set(blas) == {1}
+        finally:
+            torch.set_num_threads(before)

@@ -42,6 +42,38 @@ def test_patching_reports_the_share_of_the_clean_corrupted_gap():
     assert "resid_pre 0.988" in text
 
 
+AT_CHANCE = {"at_chance": True, "metric": "logit_diff", "mean": -0.008, "chance_value": 0.0, "ci": [-0.05, 0.034],
+             "ci_level": 0.95, "reason": "the 95% CI [-0.05, 0.034] of the mean logit difference contains chance (0)"}
+
+
+def test_the_chance_guard_heads_the_finding_and_drops_relative_thresholds():
+    heads = {**HEADS, "baseline_metric": -0.008, "l0_min_heads_within_tolerance": 3, "chance": AT_CHANCE}
+    text = finding("heads", heads)
+    assert text.startswith("The model is at chance on this task (logit difference -0.008 against chance 0, "
+                           "95% CI [-0.05, 0.034]); relative findings are not reported.")
+    assert "within 1%" not in text and "can be removed" not in text and "within tolerance" not in text
+    assert "Unpruned logit difference is -0.008" in text and "2 induction (L1H0, L1H3)" in text  # absolute facts stay
+    assert text.count("at chance") == 1  # the old heuristic does not repeat it
+    kv = {"metric_unevicted": 0.01, "metric_per_policy_budget": {"window": {"8": 0.01}}, "chance": AT_CHANCE}
+    assert "within 1%" not in finding("kv", kv) and "Full-cache metric 0.01." in finding("kv", kv)
+    patching = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+                "clean_metric": -0.008, "corrupted_metric": 0.02, "chance": AT_CHANCE,
+                "top_sites": {"resid_pre": [{"layer": 1, "head": None, "pos": 3, "token": "x", "effect": 0.02}]}}
+    text = finding("patching", patching)
+    assert "at chance on this task" in text and "clean-corrupted gap" not in text and "Clean prompts give" in text
+    probes = {"metric": "accuracy", "labels": "answer", "best_layer": 1, "best_accuracy": 0.36, "majority_baseline": 0.34,
+              "chance": {**AT_CHANCE, "metric": "probe accuracy", "mean": 0.36, "chance_value": 0.34, "ci": None}}
+    assert finding("probes", probes).startswith("The probe scores at chance (probe accuracy 0.36 against chance 0.34);")
+
+
+def test_the_guard_overrules_the_old_heuristic_when_the_model_is_above_chance():
+    above = {"at_chance": False, "metric": "logit_diff", "mean": 0.05, "chance_value": 0.0, "ci": [0.04, 0.06]}
+    text = finding("heads", {**HEADS, "baseline_metric": 0.05, "chance": above})  # consistent, if small: not chance
+    assert "chance" not in text and "18 of 32 heads (56%) can be removed within 1%" in text
+    assert "at chance" not in finding("circuits", {"dla_final_logit": 0.05, "dla_top_components": {"mlp0": 0.04},
+                                                   "chance": above})
+
+
 def test_flat_position_curve_at_ceiling_and_a_layer_that_does_nothing():
     position = {"primary_metric": "accuracy", "metric_per_position": {"accuracy": {"1": 1.0, "3": 1.0, "5": 0.995}},
                 "ratio_middle_to_ends": {"accuracy": 1.0}, "sink_mass_per_layer": [0.1, 0.6], "sink_uniform_baseline": 0.05,
@@ -79,3 +111,14 @@ def test_captions_name_units():
     assert "normalised logit difference" in caption("exact_resid_pre") and "resid pre" in caption("exact_resid_pre")
     assert "log2" in caption("kv_eviction") and caption("no_such_figure") == ""
     assert all(text.endswith(".") for text in CAPTIONS.values())
+
+
+def test_probes_finding_names_the_capacity_sweep_and_the_first_selective_layer():
+    from headscope.reports.findings import probes_finding
+
+    s = {"metric": "accuracy", "best_accuracy": 0.99, "best_layer": 3, "labels": "answer", "majority_baseline": 0.03,
+         "best_selectivity": 0.76, "capacity": {"param": "C", "grid": [0.001, 0.01, 1.0]}, "first_selective_layer": 1}
+    text = probes_finding(s)
+    assert "most selective probe over C in {0.001, 0.01, 1}" in text and "reaches selectivity 0.5 is layer 1" in text
+    assert "no layer's most selective probe" in probes_finding({**s, "first_selective_layer": None})
+    assert "capacity sweep" not in probes_finding({**s, "capacity": None})

@@ -1,0 +1,222 @@
+"""The chance-level guard: is the model's clean behaviour on a task distinguishable from chance?
+
+A summary computed on a model at chance is misleading where it states thresholds relative to the
+clean metric ("prunable within 1%" of a logit difference of -0.008). `assess` decides `at_chance`
+from the per-example clean metric values and returns the dict that analyses put in
+`summary["chance"]`; reports.findings then says so and leaves out relative findings.
+
+Chance values (what a model that has learnt nothing about the task scores):
+- "logit_diff": 0 (no preference between the answer and the wrong answer);
+- "accuracy": 1/n_classes, by default 1/vocabulary size (top-1 over the vocabulary);
+- "logprob": log(1/vocabulary size), the answer's log-probability under a uniform prediction;
+- "cosine" and normalised metrics have no chance value: `assess` returns None.
+
+The rule: the guard asks whether the model is credibly *above* chance; it is at chance unless
+1. the mean clean metric exceeds the chance value by at least an effect floor in the metric's own
+   units (FLOORS: 0.1 logits, i.e. odds of at most 1.1 between answer and wrong answer; log 2 nats,
+   the answer at most twice as likely as under a uniform guess; 5 accuracy points),
+2. the lower end of the two-sided (1 - alpha) confidence interval of the mean lies above chance
+   (a one-sided test at alpha/2: a one-sample t interval; for 0/1 accuracies the exact
+   Clopper-Pearson interval, p_value from the exact binomial test), and
+3. the standardised effect (mean - chance) / sd across examples is at least MIN_EFFECT_SIZE = 0.2
+   (Cohen's "small"): below it the per-example noise drowns the behaviour, and a large enough set
+   of examples would make any bias of a random model significant (not applied to 0/1 accuracies).
+Below chance counts as at chance (no better than chance): an untrained model's peaked, random
+predictions score under a uniform guess, and a negative logit difference means the model does not
+do the task; the reason then says "below chance". With one example there is no CI: the floor
+alone decides. `assess_mean` applies the floor to a mean alone (no per-example values at hand).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from headscope.analyses.core.tasks import Task
+
+ALPHA = 0.05
+FLOORS = {"logit_diff": 0.1, "logprob": math.log(2), "accuracy": 0.05}
+MIN_EFFECT_SIZE = 0.2  # (mean - chance) / sd below this: at chance
+_WORDS = {"logit_diff": "logit difference", "logprob": "answer log-probability", "accuracy": "accuracy"}
+
+
+def chance_value(metric: str, *, vocab_size: int | None = None, n_classes: int | None = None) -> float | None:
+    """The chance value of `metric` (see the module doc); None where there is none or it needs a
+    vocabulary size that is not given."""
+    if metric == "logit_diff":
+        return 0.0
+    if metric == "accuracy":
+        n = n_classes or vocab_size
+        return 1.0 / n if n else None
+    if metric == "logprob":
+        return -math.log(vocab_size) if vocab_size else None
+    return None
+
+
+def _interval(values: np.ndarray, metric: str, chance: float, alpha: float) -> tuple[list[float] | None, float | None]:
+    """The (1 - alpha) CI of the mean and the two-sided p-value against `chance` (None for n < 2)."""
+    from scipy import stats
+
+    n = len(values)
+    if metric == "accuracy" and np.isin(values, (0.0, 1.0)).all():
+        k = int(values.sum())
+        test = stats.binomtest(k, n, p=min(max(chance, 0.0), 1.0))
+        ci = test.proportion_ci(1 - alpha, method="exact")
+        return [float(ci.low), float(ci.high)], float(test.pvalue)
+    if n < 2:
+        return None, None
+    mean, sd = float(values.mean()), float(values.std(ddof=1))
+    if sd == 0.0:  # every example the same: the mean is exact
+        return [mean, mean], (1.0 if mean == chance else 0.0)
+    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
+    return [mean - half, mean + half], float(stats.ttest_1samp(values, chance).pvalue)
+
+
+def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, chance: float | None = None,
+           vocab_size: int | None = None, n_classes: int | None = None, alpha: float = ALPHA,
+           floor: float | None = None) -> dict[str, Any] | None:
+    """Whether per-example clean metric values are within noise of chance (see the module doc).
+
+    Returns {"at_chance", "metric", "mean", "chance_value", "ci" ([low, high] or None), "ci_level",
+    "p_value", "effect_size" ((mean - chance) / sd, None for 0/1 accuracies), "floor", "n_examples",
+    "reason"}, or None when the metric has no chance value."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().double().cpu().numpy()
+    values = np.asarray(values, dtype=np.float64).ravel()
+    values = values[np.isfinite(values)]
+    if chance is None:
+        chance = chance_value(metric, vocab_size=vocab_size, n_classes=n_classes)
+    if chance is None or len(values) == 0:
+        return None
+    floor = FLOORS.get(metric, 0.0) if floor is None else floor
+    mean = float(values.mean())
+    ci, p = _interval(values, metric, chance, alpha)
+    words = _WORDS.get(metric, metric)
+    level = f"{100 * (1 - alpha):.0f}%"
+    binary = metric == "accuracy" and bool(np.isin(values, (0.0, 1.0)).all())
+    sd = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    effect = None if binary or sd == 0.0 else (mean - chance) / sd
+    span = "" if ci is None else f"the {level} CI [{ci[0]:.3g}, {ci[1]:.3g}] of "
+    if ci is not None and ci[1] < chance:
+        at, reason = True, (f"below chance: {span}the mean {words} lies under chance ({chance:.3g}); the model "
+                            + ("prefers the wrong answers" if metric == "logit_diff" else "does worse than a uniform guess"))
+    elif ci is not None and ci[0] <= chance:
+        at, reason = True, f"{span}the mean {words} contains chance ({chance:.3g})"
+    elif mean - chance < floor:
+        at, reason = True, (f"the mean {words} {mean:.3g} is {'below' if mean < chance else 'less than'} "
+                            + ("chance" if mean < chance else f"{floor:.3g} above chance") + f" ({chance:.3g})"
+                            + ("" if ci is not None else f"; {len(values)} example, no CI"))
+    elif effect is not None and effect < MIN_EFFECT_SIZE:
+        at, reason = True, (f"the mean {words} {mean:.3g} is {effect:.2f} per-example standard deviations above chance "
+                            f"({chance:.3g}), under {MIN_EFFECT_SIZE}: drowned in per-example noise")
+    elif ci is None:
+        at, reason = False, f"one example: the {words} {mean:.3g} is {floor:.3g} or more above chance ({chance:.3g}), no CI"
+    else:
+        at, reason = False, f"{span}the mean {words} lies above chance ({chance:.3g}) by more than the noise"
+    return {"at_chance": at, "metric": metric, "mean": mean, "chance_value": float(chance), "ci": ci,
+            "ci_level": 1 - alpha, "p_value": p, "effect_size": effect, "floor": float(floor),
+            "n_examples": int(len(values)), "reason": reason}
+
+
+def assess_mean(mean: float, metric: str, *, n_examples: int | None = None, chance: float | None = None,
+                vocab_size: int | None = None, n_classes: int | None = None, alpha: float = ALPHA,
+                floor: float | None = None) -> dict[str, Any] | None:
+    """The guard from a mean alone (no per-example values): accuracies as k = round(mean x n) successes
+    of n (exact binomial, when n_examples is given); other metrics by the effect floor only."""
+    if not isinstance(mean, (int, float)) or isinstance(mean, bool) or not math.isfinite(mean):
+        return None
+    if metric == "accuracy" and n_examples:
+        k = int(round(mean * n_examples))
+        return assess([1.0] * k + [0.0] * (n_examples - k), metric, chance=chance, vocab_size=vocab_size,
+                      n_classes=n_classes, alpha=alpha, floor=floor)
+    if chance is None:
+        chance = chance_value(metric, vocab_size=vocab_size, n_classes=n_classes)
+    if chance is None:
+        return None
+    floor = FLOORS.get(metric, 0.0) if floor is None else floor
+    words, mean = _WORDS.get(metric, metric), float(mean)
+    at = mean - chance < floor
+    near = "below" if mean < chance else f"less than {floor:.3g} above" if at else f"at least {floor:.3g} above"
+    reason = (f"the mean {words} {mean:.3g} is {near} chance ({chance:.3g}) "
+              "(from the summary's mean; no per-example values, no CI)")
+    return {"at_chance": at, "metric": metric, "mean": mean, "chance_value": float(chance), "ci": None,
+            "ci_level": None, "p_value": None, "effect_size": None, "floor": float(floor), "n_examples": n_examples,
+            "reason": reason}
+
+
+def clean_values(model, task: Task, metric: str | None = None, *, max_bytes: int = 1 << 28) -> tuple[torch.Tensor, int]:
+    """Per-example clean metric values of `task` on the unmodified model ([batch] float64 on the CPU)
+    and the vocabulary size of its logits: plain forwards, in chunks of rows whose logits fit in
+    `max_bytes`, each row read at its answer position (Task.answer_positions). Decoder metrics only."""
+    from headscope.analyses.core.metrics import task_metric
+
+    kind = metric or task.metric
+    n, n_pos = task.tokens.shape
+    vocab = int(model.facts.d_vocab)
+    rows = max(1, int(max_bytes // max(1, n_pos * vocab * 4)))
+    where = task.answer_positions()
+    out = []
+    with torch.inference_mode():
+        for start in range(0, n, rows):
+            sl = slice(start, start + rows)
+            mask = None if task.attention_mask is None else task.attention_mask[sl]
+            logits = model(task.tokens[sl], attention_mask=mask)  # [rows, pos, vocab]
+            idx = where[sl].to(logits.device)
+            last = logits[torch.arange(logits.shape[0], device=logits.device), idx][:, None].float()  # [rows, 1, vocab]
+            vocab = int(logits.shape[-1])
+            part = Task(name=task.name, tokens=task.tokens[sl], answers=None if task.answers is None else task.answers[sl],
+                        wrong_answers=None if task.wrong_answers is None else task.wrong_answers[sl], metric=kind)
+            out.append(task_metric(part, kind=kind)(last).double().cpu())
+    return torch.cat(out), vocab
+
+
+def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean: float | None = None,
+                  tolerance: float = 1e-3) -> dict[str, Any] | None:
+    """`assess` of the model's clean metric on `task` (one forward, clean_values), or None for encoders
+    and metrics without a chance value. Accuracy's chance is 1 / the number of distinct answers (a model
+    that knows the answer format but guesses among them). expected_mean: the clean mean the analysis
+    reported; when the recomputed mean differs by more than tolerance x max(1, |expected|) (at least
+    16 machine epsilons of the model's dtype) the task is not the one the analysis ran on, and the
+    guard falls back to that mean (assess_mean)."""
+    kind = metric or task.metric
+    if model.facts.is_encoder or task.answers is None or chance_value(kind, vocab_size=2) is None:
+        return None
+    if kind == "logit_diff" and task.wrong_answers is None:
+        return None
+    values, vocab = clean_values(model, task, kind)
+    mean = float(values.mean())
+    dtype = next(model.bridge.parameters()).dtype
+    tolerance = max(tolerance, 16 * torch.finfo(dtype).eps)  # half precision: the analyses' fused passes round more
+    if expected_mean is not None and abs(mean - expected_mean) > tolerance * max(1.0, abs(expected_mean)):
+        return assess_mean(expected_mean, kind, n_examples=len(task), vocab_size=vocab)
+    classes = int(task.answers.unique().numel()) if kind == "accuracy" else None  # guessing among the answers
+    out = assess(values, kind, vocab_size=vocab, n_classes=classes if classes and classes > 1 else None)
+    if out is not None:
+        out["task"] = task.name
+    return out
+
+
+def from_summary(summary: Mapping[str, Any], *, vocab_size: int | None = None) -> dict[str, Any] | None:
+    """The guard from summary numbers alone, for results whose per-example values are not at hand:
+    a probe's best accuracy against its majority baseline (exact binomial over n_examples), else the
+    clean mean of the task metric (baseline_metric, clean_metric unless normalised, metric_unevicted,
+    dla_final_logit) against the effect floor."""
+    metric = summary.get("metric")
+    majority = summary.get("majority_baseline")
+    if isinstance(majority, (int, float)) and metric == "accuracy" and f"best_{metric}" in summary:
+        out = assess_mean(summary[f"best_{metric}"], "accuracy", n_examples=summary.get("n_examples"),
+                          chance=float(majority), floor=0.02)
+        if out is not None:
+            out["metric"] = "probe accuracy"
+        return out
+    for key in ("baseline_metric", "clean_metric", "metric_unevicted", "dla_final_logit"):
+        value = summary.get(key)
+        if value is None or (key == "clean_metric" and summary.get("normalized")):
+            continue
+        kind = "logit_diff" if key == "dla_final_logit" else metric
+        if kind in FLOORS:
+            return assess_mean(value, kind, n_examples=summary.get("n_examples"), vocab_size=vocab_size)
+    return None

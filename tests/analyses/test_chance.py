@@ -1,0 +1,190 @@
+"""The chance-level guard (analyses/core/chance.py) and its wiring through the registry: the decision
+rule against scipy's own tests on hand-made values, the per-example clean metric against each row run
+alone, a random model flagged at chance, and the trained zoo model not."""
+from __future__ import annotations
+
+import logging
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+
+import headscope as hs
+from headscope.analyses.core import chance
+from headscope.analyses.core.registry import config_class, task_used, with_chance
+from headscope.analyses.core.result import Result
+from headscope.analyses.core.tasks import sentence_task
+from headscope.reports.findings import finding
+
+
+def _scipy_ci(values, level=0.95):
+    ci = stats.ttest_1samp(values, 0.0).confidence_interval(level)
+    return [ci.low, ci.high]
+
+
+# ---- the decision rule ---------------------------------------------------------------------------
+def test_a_clear_logit_difference_is_not_at_chance_and_its_ci_is_the_t_interval():
+    values = [3.1, 2.9, 3.4, 2.7, 3.0, 3.3]
+    out = chance.assess(values, "logit_diff")
+    assert out["at_chance"] is False and out["chance_value"] == 0.0 and out["n_examples"] == 6
+    assert out["mean"] == pytest.approx(18.4 / 6)
+    assert out["ci"] == pytest.approx(_scipy_ci(values))
+    assert out["p_value"] == pytest.approx(stats.ttest_1samp(values, 0.0).pvalue)
+    assert out["effect_size"] == pytest.approx((18.4 / 6) / np.std(values, ddof=1))
+    assert "above chance" in out["reason"]
+
+
+def test_a_ci_that_contains_zero_is_at_chance():
+    values = [2.0, -1.5, 3.0, -1.0, 0.5]  # mean 0.6, above the 0.1 floor, but the CI spans 0
+    lo, hi = _scipy_ci(values)
+    assert lo < 0 < hi
+    out = chance.assess(values, "logit_diff")
+    assert out["at_chance"] is True and out["ci"] == pytest.approx([lo, hi]) and "contains chance" in out["reason"]
+
+
+def test_the_floor_catches_a_tiny_but_consistent_bias():
+    values = [0.05, 0.06, 0.04, 0.05, 0.05, 0.06]  # significant (p < 1e-4) but 0.05 logits: odds 1.05
+    assert stats.ttest_1samp(values, 0.0).pvalue < 1e-4
+    out = chance.assess(values, "logit_diff")
+    assert out["at_chance"] is True and "less than 0.1 above chance" in out["reason"]
+    assert chance.assess([0.05], "logit_diff")["ci"] is None  # one example: no CI, the floor decides
+    assert chance.assess([0.5], "logit_diff")["at_chance"] is False
+
+
+def test_a_small_standardised_effect_over_many_examples_is_at_chance():
+    z = np.random.default_rng(0).standard_normal(10_000)
+    z = (z - z.mean()) / z.std(ddof=1)  # exactly mean 0, sd 1
+    noisy = chance.assess(0.3 + 3.0 * z, "logit_diff")  # d = 0.1: significant, above the floor, drowned in noise
+    assert _scipy_ci(0.3 + 3.0 * z)[0] > 0.1
+    assert noisy["at_chance"] is True and noisy["effect_size"] == pytest.approx(0.1) and "noise" in noisy["reason"]
+    assert chance.assess(0.3 + 0.6 * z, "logit_diff")["at_chance"] is False  # d = 0.5
+
+
+def test_below_chance_counts_as_at_chance():
+    out = chance.assess([-3.0, -2.5, -3.2, -2.8], "logit_diff")
+    assert out["at_chance"] is True and out["reason"].startswith("below chance") and "wrong answers" in out["reason"]
+    assert out["ci"][1] < 0
+
+
+def test_accuracy_uses_the_exact_binomial_test():
+    hits = [1.0] * 40 + [0.0] * 24
+    out = chance.assess(hits, "accuracy", vocab_size=1000)
+    ref = stats.binomtest(40, 64, p=0.001)
+    ci = ref.proportion_ci(0.95, method="exact")
+    assert out["at_chance"] is False and out["chance_value"] == 0.001 and out["mean"] == 40 / 64
+    assert out["ci"] == pytest.approx([ci.low, ci.high]) and out["p_value"] == pytest.approx(ref.pvalue)
+    few = chance.assess([1.0] * 3 + [0.0] * 61, "accuracy", vocab_size=1000)  # significant, but 4.7% < 5 points
+    assert stats.binomtest(3, 64, p=0.001).pvalue < 0.01 and few["at_chance"] is True
+    assert chance.assess([1.0] * 30 + [0.0] * 34, "accuracy", n_classes=2)["at_chance"] is True  # 47% of 2 classes
+
+
+def test_chance_values_and_metrics_without_one():
+    assert chance.chance_value("logprob", vocab_size=100) == pytest.approx(-math.log(100))
+    assert chance.chance_value("accuracy", vocab_size=100, n_classes=4) == 0.25
+    assert chance.chance_value("cosine") is None and chance.chance_value("logprob") is None
+    assert chance.assess([0.9, 0.8], "cosine") is None
+    uniform = chance.assess([-4.7, -4.5, -4.6, -4.62], "logprob", vocab_size=100)  # log(1/100) = -4.61
+    assert uniform["at_chance"] is True
+    assert chance.assess([-1.0, -1.2, -0.9, -1.1], "logprob", vocab_size=100)["at_chance"] is False
+
+
+def test_from_a_mean_alone():
+    assert chance.assess_mean(-0.008, "logit_diff")["at_chance"] is True  # the issue's random checkpoint
+    high = chance.assess_mean(2.0, "logit_diff", n_examples=64)
+    assert high["at_chance"] is False and high["ci"] is None and high["n_examples"] == 64
+    probe = {"metric": "accuracy", "best_accuracy": 0.36, "majority_baseline": 0.34, "n_examples": 100}
+    assert chance.from_summary(probe)["at_chance"] is True
+    good = chance.from_summary({**probe, "best_accuracy": 0.69, "n_examples": 1550})
+    ref = stats.binomtest(round(0.69 * 1550), 1550, p=0.34).proportion_ci(0.95, method="exact")
+    assert good["at_chance"] is False and good["ci"] == pytest.approx([ref.low, ref.high])
+    assert chance.from_summary({"metric": "logit_diff", "baseline_metric": 0.03})["at_chance"] is True
+    assert chance.from_summary({"metric": "logit_diff", "clean_metric": 1.0, "normalized": True}) is None
+
+
+# ---- per-example clean values ------------------------------------------------------------------
+def _alone(model, task, i):
+    """Row i run alone, unpadded: its logit difference or answer log-probability at its last token."""
+    row = task.example(i)
+    with torch.inference_mode():
+        last = model(row.tokens)[0, -1].double()
+    if task.metric == "logit_diff":
+        return float(last[row.answers[0]] - last[row.wrong_answers[0]])
+    return float(last.log_softmax(-1)[row.answers[0]])
+
+
+def test_clean_values_of_a_left_padded_task_match_each_row_alone(arch_models, mixed_tasks):
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    assert task.padded and task.metric == "logit_diff"
+    values, vocab = chance.clean_values(model, task)
+    assert vocab == model.facts.d_vocab
+    assert values.tolist() == pytest.approx([_alone(model, task, i) for i in range(len(task))], abs=1e-4)
+
+
+def test_clean_values_of_a_right_padded_task_read_each_rows_last_token(arch_models):
+    from headscope.analyses.core.tasks import Task
+    from headscope.models.hooked_model import pad_token_rows
+
+    model = arch_models("gpt2")
+    left = sentence_task(model, n_examples=5)  # decoders: left-padded
+    ids, mask = pad_token_rows([left.example(i).tokens[0].tolist() for i in range(len(left))], 0, left=False)
+    task = Task(name="right", tokens=ids, answers=left.answers, attention_mask=mask, metric="logprob")
+    assert task.padded and task.metric == "logprob"
+    assert task.answer_positions().tolist() == (task.attention_mask.sum(1) - 1).tolist()
+    values, _ = chance.clean_values(model, task, max_bytes=1)  # one row a pass
+    assert values.tolist() == pytest.approx([_alone(model, task, i) for i in range(len(task))], abs=1e-4)
+
+
+def test_a_task_other_than_the_analysis_ran_on_falls_back_to_the_reported_mean(arch_models, mixed_tasks):
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    own = chance.model_on_task(model, task)
+    assert own["ci"] is not None and own["task"] == task.name
+    assert chance.model_on_task(model, task, expected_mean=own["mean"] + 1e-6)["ci"] == own["ci"]
+    other = chance.model_on_task(model, task, expected_mean=5.0)  # the analysis reported another mean
+    assert other["ci"] is None and other["mean"] == 5.0 and other["at_chance"] is False
+    assert "no per-example values" in other["reason"]
+
+
+# ---- through the registry: a random model at chance ---------------------------------------------
+def test_a_random_model_is_at_chance_and_its_findings_drop_relative_thresholds(arch_models):
+    model = arch_models("gpt2")
+    config = config_class("heads").preset(quick=True)
+    result = hs.run_analysis("heads", model, None, config)
+    entry = result.summary["chance"]
+    assert entry["at_chance"] is True and entry["metric"] == "logit_diff" and entry["ci"] is not None
+    task = task_used("heads", model, None, config)
+    values = [_alone(model, task, i) for i in range(len(task))]  # independent of clean_values
+    assert entry["mean"] == pytest.approx(np.mean(values), abs=1e-4)
+    assert entry["mean"] == pytest.approx(result.summary["baseline_metric"], abs=1e-4)  # the heads engine's baseline
+    assert entry["ci"] == pytest.approx(_scipy_ci(values), abs=1e-4)
+    text = finding("heads", result.summary)
+    assert text.startswith("The model is at chance on this task") and "relative findings are not reported" in text
+    assert "within 1%" not in text and "within tolerance" not in text
+    kv = hs.run_analysis("kv", model, None, config_class("kv").preset(quick=True))
+    assert kv.summary["chance"]["at_chance"] is True and kv.summary["chance"]["metric"] == "logprob"
+    assert kv.summary["chance"]["chance_value"] == pytest.approx(-math.log(model.facts.d_vocab))
+    assert "within 1%" not in finding("kv", kv.summary)
+
+
+def test_the_guard_keeps_skipped_results_and_never_loses_one(caplog):
+    skipped = Result(name="patching", df=pd.DataFrame(), summary={"skipped": "encoder"})
+    assert with_chance("patching", skipped, SimpleNamespace()) is skipped
+    result = Result(name="heads", df=pd.DataFrame(), summary={"baseline_metric": 1.0})
+    with caplog.at_level(logging.WARNING):
+        kept = with_chance("heads", result, SimpleNamespace(), task=None)  # no .facts: the guard fails
+    assert kept is result and "chance" not in kept.summary and "chance-level guard failed" in caplog.text
+
+
+# ---- the trained zoo model ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_zoo_model_on_kv_is_not_at_chance(zoo_model):
+    result = hs.run_analysis("kv", zoo_model, "kv", config_class("kv").preset(quick=True))
+    entry = result.summary["chance"]
+    assert entry["at_chance"] is False and entry["metric"] == "logit_diff" and entry["task"] == "kv"
+    assert entry["mean"] == pytest.approx(result.summary["metric_unevicted"], rel=1e-4)
+    assert entry["ci"][0] > 1.0 and entry["effect_size"] > 1.0
+    text = finding("kv", result.summary)
+    assert "at chance" not in text and "within 1% of it" in text

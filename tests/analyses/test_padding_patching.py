@@ -1,0 +1,233 @@
+"""The patching family on left-padded Tasks of mixed-length prompts (issue #19 item 3): every
+per-example result equals the example run alone (`task.example(i)`), positions compared end
+aligned (a row's last real token is the last position in both); a position that is padding in
+a row is NaN there and left out of the cell's mean, which is then the mean of the per-example
+values of the examples that have that position."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses.patching import engine
+from headscope.analyses.patching.analysis import FULL_SITES, PatchingConfig, activation_patching, exact_sweep, run
+from headscope.analyses.patching.attribution_patching import attribution_patching
+from headscope.analyses.patching.causal_tracing import causal_tracing
+from headscope.analyses.patching.inputs import resolve_metric
+from headscope.analyses.patching.path_patching import path_patching
+from headscope.analyses.patching.sites import site_types
+from headscope.errors import TaskError
+from headscope.hooks.sites import available_sites
+
+ARCHS = ("gpt2", "llama3", "neox")
+KEYS = ["site_type", "layer", "head", "pos"]
+TOL = 1e-4
+
+
+def _offsets(task) -> list[int]:
+    """Per row: how many padding positions precede its first real token."""
+    return (task.tokens.shape[1] - task.attention_mask.sum(1)).tolist()
+
+
+def _per_example(task, frame_of, pos_col: str | None = "pos") -> pd.DataFrame:
+    """frame_of(example task) for every row, positions moved to padded coordinates, column `ex`."""
+    frames = []
+    for i, offset in enumerate(_offsets(task)):
+        df = frame_of(task.example(i)).copy()
+        if pos_col is not None:
+            df[pos_col] = df[pos_col] + offset
+        frames.append(df.assign(ex=i))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _sites(model) -> list[str]:
+    have = set(available_sites(model))
+    return [n for n in FULL_SITES if site_types(n)[0].hook(0) in have]
+
+
+def _max_diff(a, b) -> float:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    assert not np.isnan(a).any() and not np.isnan(b).any()
+    return float(np.abs(a - b).max())
+
+
+@pytest.mark.parametrize("resumed", [True, False], ids=["resumed", "full"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_exact_sweep_rows_equal_each_example_alone(arch, resumed, arch_models, mixed_tasks, monkeypatch):
+    """Every cell of every site type, per row: the padded sweep (resumed mid-model, or full passes)
+    gives the example's own sweep at the end-aligned cell, and NaN where the cell is padding."""
+    monkeypatch.setattr(engine, "RESUME_PADDED", resumed)
+    model, task = arch_models(arch), mixed_tasks(arch)
+    assert task.padded
+    types = [st.check(model) for st in site_types(_sites(model))]
+    pm = resolve_metric(task, "logit_diff")
+    base, source, sweeps = exact_sweep(model, task.corrupted_tokens, task.tokens, types, pm,
+                                       attention_mask=task.attention_mask)
+    worst = 0.0
+    for i, offset in enumerate(_offsets(task)):
+        ex = task.example(i)
+        ex_pm = resolve_metric(ex, "logit_diff")
+        ex_base, ex_source, ex_sweeps = exact_sweep(model, ex.corrupted_tokens, ex.tokens, types, ex_pm)
+        worst = max(worst, _max_diff(base[i], ex_base[0]), _max_diff(source[i], ex_source[0]))
+        for st in types:
+            cells, values = sweeps[st.name]
+            ex_cells, ex_values = ex_sweeps[st.name]
+            ex_at = {(layer, head, None if pos is None else pos + offset): v
+                     for (layer, head, pos), v in zip(ex_cells, ex_values[:, 0].tolist())}
+            got = values[:, i].tolist()
+            for cell, value in zip(cells, got):
+                if cell[2] is not None and cell[2] < offset:  # padding in this row
+                    assert np.isnan(value), (st.name, cell)
+                else:
+                    worst = max(worst, abs(value - ex_at[cell]))
+    assert worst < TOL, worst
+
+
+def _expected_cells(task, per_ex: pd.DataFrame, normalized: bool = False) -> pd.DataFrame:
+    """Per cell: the mean of the per-example values over the examples that have it (value, effect,
+    attribution), normalised with those examples' clean and corrupted means when asked."""
+    def agg(g: pd.DataFrame) -> pd.Series:
+        value, clean, corrupt, base = g["value"].mean(), g["clean"].mean(), g["corrupt"].mean(), g["base"].mean()
+        attr = g["attribution"].mean()
+        if normalized:
+            scale = clean - corrupt
+            return pd.Series({"value": (value - corrupt) / scale, "effect": (value - base) / scale,
+                              "attribution": attr / scale, "scale": scale})
+        return pd.Series({"value": value, "effect": value - base, "attribution": attr, "scale": 1.0})
+
+    return per_ex.groupby(KEYS, dropna=False)[["value", "clean", "corrupt", "base", "attribution"]].apply(agg).reset_index()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_activation_patching_cells_are_means_of_examples(arch, arch_models, mixed_tasks):
+    """The Result of hs.activation_patching (noising, normalised logit difference, attribution
+    estimates) on the padded task: each cell is the per-example analysis aggregated over the
+    examples where the cell exists, normalised by their own clean and corrupted metrics."""
+    model, task = arch_models(arch), mixed_tasks(arch)
+    sites = ["resid_pre", "attn_out", "head_out", "head_out_by_pos"]
+    got = hs.activation_patching(model, task, sites, direction="noise", metric="normalized_logit_diff",
+                                 attribution=True).df
+
+    def raw(ex):  # the example alone, raw logit differences: its clean, corrupted and base metrics
+        res = activation_patching(model, ex, sites, direction="noise", metric="logit_diff", attribution=True)
+        s = res.summary
+        return res.df.assign(clean=s["clean_metric"], corrupt=s["corrupted_metric"], base=s["baseline"])
+
+    raw_ex = _per_example(task, raw)
+    want = _expected_cells(task, raw_ex, normalized=True)
+    joined = got.merge(want, on=KEYS, suffixes=("", "_ex"), validate="one_to_one")
+    assert len(joined) == len(got) == len(want)
+    for column in ("value", "effect", "attribution"):  # times the cell's denominator (see below)
+        assert _max_diff(joined[column] * joined["scale"], joined[column + "_ex"] * joined["scale"]) < TOL, column
+    # standalone attribution patching (denoising, normalised): mean estimate / mean (clean - corrupt)
+    attr = attribution_patching(model, task, sites, direction="denoise", metric="normalized_logit_diff").df
+    per_ex = _per_example(task, lambda ex: attribution_patching(model, ex, sites, direction="denoise",
+                                                                metric="logit_diff").df)
+    per_ex["scale"] = per_ex["ex"].map((raw_ex["clean"] - raw_ex["corrupt"]).groupby(raw_ex["ex"]).first())
+    sums = per_ex.groupby(KEYS, dropna=False)[["attribution", "scale"]].mean().reset_index()
+    both = attr.merge(sums, on=KEYS, suffixes=("", "_ex"), validate="one_to_one")
+    assert len(both) == len(attr) == len(sums)
+    # normalised numbers are compared times their denominator: a cell whose examples have a tiny
+    # clean - corrupt gap magnifies float rounding
+    assert _max_diff(both["attribution"] * both["scale"], both["attribution_ex"]) < TOL
+    longest = int(task.attention_mask.sum(1).argmax())  # labels: the prompt without padding
+    tokens = model.to_str_tokens(task.tokens[longest])
+    labelled = got.dropna(subset=["pos"])
+    assert all(t == f"{p}: {tokens[p]}" for p, t in zip(labelled["pos"], labelled["token"]))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_run_quick_equals_examples_alone(arch, arch_models, mixed_tasks):
+    """`patching` run with PatchingConfig.preset(quick=True): exact cells, attribution estimates,
+    direct-path patching and the clean/corrupted summary metrics, against the examples alone."""
+    model, task = arch_models(arch), mixed_tasks(arch)
+    config = PatchingConfig.preset(quick=True)
+    got = run(model, task, config)
+
+    alone = [run(model, task.example(i), config) for i in range(len(task))]
+    per_ex = pd.concat([r.df.assign(pos=r.df["pos"] + offset, ex=i, clean=r.summary["clean_metric"],
+                                    corrupt=r.summary["corrupted_metric"], base=r.summary["baseline"])
+                        for i, (r, offset) in enumerate(zip(alone, _offsets(task)))], ignore_index=True)
+    want = _expected_cells(task, per_ex)
+    joined = got.df.merge(want, on=KEYS, suffixes=("", "_ex"), validate="one_to_one")
+    assert len(joined) == len(got.df) == len(want)
+    for column in ("value", "effect", "attribution"):
+        assert _max_diff(joined[column], joined[column + "_ex"]) < TOL, column
+    for key, column in (("clean_metric", "clean"), ("corrupted_metric", "corrupt"), ("baseline", "base")):
+        assert abs(got.summary[key] - per_ex.groupby("ex")[column].first().mean()) < TOL, key
+    paths = got.tables["path_patching"]
+    ex_paths = pd.concat([r.tables["path_patching"] for r in alone], ignore_index=True)
+    mean = ex_paths.groupby(["sender_layer", "sender_head"])[["value", "effect"]].mean().reset_index()
+    both = paths.merge(mean, on=["sender_layer", "sender_head"], suffixes=("", "_ex"), validate="one_to_one")
+    assert len(both) == len(paths)
+    assert _max_diff(both["value"], both["value_ex"]) < TOL
+    assert _max_diff(both["effect"], both["effect_ex"]) < TOL
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_path_patching_into_heads_equals_examples_alone(arch, arch_models, mixed_tasks):
+    """Senders of layer 0 into layer 1's k inputs (padded keys in the receiver's attention),
+    per receiver, noising: values are means of the per-example values."""
+    model, task = arch_models(arch), mixed_tasks(arch)
+    receivers = [(1, h) for h in range(model.facts.n_kv_heads)]
+    kwargs = dict(component="k", per_receiver=True, direction="noise", metric="logit_diff")
+    got = path_patching(model, task, receivers, **kwargs).df
+    per_ex = _per_example(task, lambda ex: path_patching(model, ex, receivers, **kwargs).df, pos_col=None)
+    keys = ["sender_layer", "sender_head", "receiver"]
+    mean = per_ex.groupby(keys)[["value", "effect"]].mean().reset_index()
+    both = got.merge(mean, on=keys, suffixes=("", "_ex"), validate="one_to_one")
+    assert len(both) == len(got) > 0
+    assert _max_diff(both["value"], both["value_ex"]) < TOL
+    assert _max_diff(both["effect"], both["effect_ex"]) < TOL
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_causal_tracing_equals_examples_alone(arch, arch_models, mixed_tasks):
+    """Causal tracing with a subject span (padded coordinates) and one noise tensor, each example
+    traced alone under its share of the noise: AIEs per end-aligned cell are means over the
+    examples that have the position, restored likewise, and the role table pools the examples'
+    cells (no padding role)."""
+    model, task = arch_models(arch), mixed_tasks(arch)
+    n_pos, n_samples = task.tokens.shape[1], 2
+    subject = torch.tensor([[n_pos - 4, n_pos - 2]] * len(task))  # two tokens, end aligned
+    task = dataclasses.replace(task, spans={"subject": subject})
+    gen = torch.Generator().manual_seed(0)
+    in_span = (torch.arange(n_pos) >= subject[:, :1]) & (torch.arange(n_pos) < subject[:, 1:])  # [batch, pos]
+    noise = torch.randn(n_samples, len(task), n_pos, model.facts.d_model, generator=gen) * in_span[None, :, :, None]
+    kwargs = dict(n_samples=n_samples, metric="logit_diff", window=1)
+    got = causal_tracing(model, task, noise=noise, **kwargs)
+    offsets = _offsets(task)
+    frames, summaries = [], []
+    for i, offset in enumerate(offsets):
+        res = causal_tracing(model, task.example(i), noise=noise[:, i:i + 1, offset:], **kwargs)
+        frames.append(res.df.assign(pos=res.df["pos"] + offset, ex=i))
+        summaries.append(res.summary)
+    per_ex = pd.concat(frames, ignore_index=True)
+    want = per_ex.groupby(["kind", "layer", "pos"], dropna=False)[["ie", "restored"]].mean().reset_index()
+    both = got.df.merge(want, on=["kind", "layer", "pos"], suffixes=("", "_ex"), validate="one_to_one")
+    assert len(both) == len(got.df) == len(want)
+    assert _max_diff(both["ie"], both["ie_ex"]) < TOL
+    assert _max_diff(both["restored"], both["restored_ex"]) < TOL
+    roles = per_ex.dropna(subset=["pos"]).groupby(["kind", "layer", "role"])["ie"].mean().reset_index()
+    table = got.tables["causal_tracing_roles"].merge(roles, on=["kind", "layer", "role"], suffixes=("", "_ex"))
+    assert len(table) == len(roles) == len(got.tables["causal_tracing_roles"])
+    assert "padding" not in set(got.tables["causal_tracing_roles"]["role"])
+    assert _max_diff(table["ie"], table["ie_ex"]) < TOL
+    for key in ("clean_metric", "corrupted_metric"):  # each row's own last position
+        assert abs(got.summary[key] - np.mean([s[key] for s in summaries])) < TOL, key
+
+
+def test_padding_misuse_is_refused(arch_models, mixed_tasks):
+    """Patching reads each row's answer at its last position: a right-padded decoder task raises
+    TaskError; so does a causal-tracing subject span over a row's padding."""
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    flipped = dataclasses.replace(task, attention_mask=task.attention_mask.flip(1))
+    with pytest.raises(TaskError, match="left-padded"):
+        activation_patching(model, flipped, ["head_out"], metric="logit_diff")
+    on_padding = dataclasses.replace(task, spans={"subject": torch.tensor([[0, 2]] * len(task))})
+    with pytest.raises(TaskError, match="covers padding"):
+        causal_tracing(model, on_padding, n_samples=1)

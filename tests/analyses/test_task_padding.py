@@ -1,0 +1,32 @@
+"""Task.example / answer_positions / first_positions by hand: the reference every padding test builds on."""
+import torch
+
+from headscope.analyses.core.tasks import Task
+
+
+def _task(mask):
+    tokens = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12], [0, 0, 0, 13, 14]])
+    return Task(name="t", tokens=tokens, answers=torch.tensor([1, 2, 3]), wrong_answers=torch.tensor([4, 5, 6]),
+                corrupted_tokens=tokens + 100, spans={"s": torch.tensor([[2, 3], [1, 4], [3, 5]])},
+                attention_mask=mask)
+
+
+def test_left_padded_rows_alone_with_spans_shifted():
+    task = _task(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]))
+    assert task.padded
+    assert task.answer_positions().tolist() == [4, 4, 4] and task.first_positions().tolist() == [2, 0, 3]
+    one = task.example(0)
+    assert one.tokens.tolist() == [[5, 6, 7]] and one.corrupted_tokens.tolist() == [[105, 106, 107]]
+    assert one.spans["s"].tolist() == [[0, 1]] and one.answers.tolist() == [1] and one.wrong_answers.tolist() == [4]
+    assert one.attention_mask is None and not one.padded
+    assert task.example(2).tokens.tolist() == [[13, 14]] and task.example(2).spans["s"].tolist() == [[0, 2]]
+    assert task.example(1).tokens.tolist() == [[8, 9, 10, 11, 12]] and task.example(1).spans["s"].tolist() == [[1, 4]]
+
+
+def test_right_padded_and_unpadded_rows():
+    right = _task(torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]))
+    assert right.answer_positions().tolist() == [2, 4, 1] and right.first_positions().tolist() == [0, 0, 0]
+    assert right.example(2).tokens.tolist() == [[0, 0]] and right.example(2).spans["s"].tolist() == [[3, 5]]
+    plain = _task(None)
+    assert not plain.padded and plain.answer_positions().tolist() == [4, 4, 4]
+    assert plain.example(1).tokens.tolist() == [[8, 9, 10, 11, 12]]
