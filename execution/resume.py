@@ -41,6 +41,7 @@ from headscope.execution import fast_blocks
 from headscope.execution.rows import take
 from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
 from headscope.hooks.sites import site, split_block
+from headscope.models.hooked_model import left_padding_starts
 
 log = logging.getLogger(__name__)
 HookList = Sequence[tuple[str, Callable[..., Any]]]
@@ -129,9 +130,9 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
 
 def _check_left_padded(attention_mask: torch.Tensor | None) -> None:
     """The last position is every row's answer position: padded decoder rows must be left-padded."""
-    if attention_mask is not None and not bool(attention_mask[:, -1].all()):
-        raise ConfigError("a decoder's padded rows must be left-padded (attention_mask[:, -1] all 1): "
-                          "last-position passes read each row's answer at the last position.")
+    if attention_mask is not None:
+        left_padding_starts(attention_mask, attention_mask.shape[0], what="last-position passes read each row's "
+                            "answer at the last position")
 
 
 def _split_call(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:

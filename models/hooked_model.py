@@ -22,6 +22,7 @@ from headscope.errors import (
     ContextLengthError,
     IndexOutOfRangeError,
     InputTypeError,
+    PaddingError,
     TokenizationError,
     TokenizationWarning,
 )
@@ -97,6 +98,20 @@ def pad_token_rows(rows: Sequence[Sequence[int]], pad: int, *, left: bool) -> tu
         ids[i, sl] = torch.as_tensor(list(r), dtype=torch.long)
         mask[i, sl] = 1
     return ids, mask
+
+
+def left_padding_starts(attention_mask: torch.Tensor | None, batch: int, *, what: str) -> torch.Tensor:
+    """[batch] int64: each row's first real position (0 without a mask). Raises PaddingError (`what`
+    says which pass needs it) unless every row is a run of padding, then real tokens up to the last
+    position: last-position passes read each row's answer there."""
+    if attention_mask is None:
+        return torch.zeros(batch, dtype=torch.int64)
+    real = attention_mask.cpu().bool()  # [batch, pos]
+    start = real.int().argmax(1)  # [batch]
+    if not bool(real[:, -1].all()) or not bool((real.sum(1) == real.shape[1] - start).all()):
+        raise PaddingError(f"{what}; a decoder's padded prompts must be left-padded (padding, then the prompt, "
+                           f"ending at the last position), as hs.load_task pads them.")
+    return start.to(torch.int64)
 
 
 def pad_id_of(tokenizer: Any) -> int:

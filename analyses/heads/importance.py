@@ -23,11 +23,12 @@ from tqdm.auto import tqdm
 
 from headscope.analyses.core import metrics
 from headscope.analyses.core.tasks import Task
-from headscope.errors import ConfigError, InputTypeError, TaskError
+from headscope.errors import ConfigError, InputTypeError
 from headscope.execution import batching, distributed, resume
 from headscope.execution.rows import take
 from headscope.hooks import capture, site
 from headscope.hooks.interventions import METHODS, resample_partners
+from headscope.models.hooked_model import left_padding_starts
 
 ABLATIONS = METHODS  # the ablation methods, one list with hooks.interventions (one meaning of "resample")
 CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss scale
@@ -84,9 +85,8 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
         raise InputTypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
     tokens = model.check_tokens(task.tokens)
     mask = None if task.attention_mask is None else task.attention_mask.to(model.device)  # [batch, pos]
-    if mask is not None and not model.facts.is_encoder and not bool(mask[:, -1].all()):
-        raise TaskError(f"Task {task.name!r}: a decoder's padded prompts must be left-padded (attention_mask[:, -1] "
-                        f"all 1), since each answer is read at the last position; build it with hs.load_task.")
+    if mask is not None and not model.facts.is_encoder:
+        left_padding_starts(mask, len(task), what=f"Task {task.name!r}: each answer is read at the last position")
     if task.metric == "cosine":
         return _cosine_scorer(model, task, tokens, mask)
     answers = task.answers.to(model.device)

@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 import headscope.hooks as hooks
 from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
-from headscope.errors import ConfigError, TaskError
+from headscope.errors import ConfigError
+from headscope.models.hooked_model import left_padding_starts
 
 POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
 
@@ -39,14 +40,8 @@ POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
 def padding_starts(attention_mask: torch.Tensor | None, batch: int, n_pos: int) -> torch.Tensor:
     """[batch] int64: each row's first real position (its left padding); refuses right padding,
     whose answer query would not be the last position."""
-    if attention_mask is None:
-        return torch.zeros(batch, dtype=torch.int64)
-    real = attention_mask.cpu().bool()  # [batch, pos]
-    start = real.int().argmax(1)
-    if not bool(real[:, -1].all()) or not bool((real.sum(1) == n_pos - start).all()):
-        raise TaskError("the kv eviction what-if reads each answer at the last position; pad prompts on the "
-                        "left (decoder tasks from hs.load_task are).")
-    return start.to(torch.int64)
+    return left_padding_starts(attention_mask, batch, what="the kv eviction what-if reads each answer at the last "
+                               "position")
 
 
 @torch.no_grad()

@@ -22,10 +22,11 @@ import torch
 from tqdm.auto import tqdm
 
 from headscope.analyses.core.metrics import Metric
-from headscope.errors import ConfigError, ShapeMismatchError, TaskError
+from headscope.errors import ConfigError, ShapeMismatchError
 from headscope.execution import batching, distributed, resume
 from headscope.execution.rows import take
 from headscope.hooks.sites import hook_point, split_block
+from headscope.models.hooked_model import left_padding_starts
 
 HookFn = Callable[..., Any]
 Hooks = Sequence[tuple[str, HookFn]]
@@ -39,18 +40,15 @@ RESUME_PADDED = True
 
 def padding_mask(attention_mask: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tensor | None:
     """attention_mask [B, pos] as a long mask on tokens' device; None when absent or without padding.
-    Raises TaskError unless every row ends with a real token (decoders are left-padded: each row's
+    Raises PaddingError (a TaskError) unless every row is left-padded (decoders are left-padded: each row's
     metric reads its last position)."""
     if attention_mask is None or bool(attention_mask.bool().all()):
         return None
     if tuple(attention_mask.shape) != tuple(tokens.shape):
         raise ShapeMismatchError(f"attention_mask {tuple(attention_mask.shape)} and tokens {tuple(tokens.shape)} "
                                  "differ in shape.")
-    mask = attention_mask.bool()
-    if not bool(mask[:, -1].all()) or bool((mask[:, 1:].int() < mask[:, :-1].int()).any()):
-        raise TaskError("patching reads each row's answer at the last position, so padded decoder prompts must be "
-                        "left-padded (hs.load_task does this); this attention_mask is not.")
-    return mask.long().to(tokens.device)
+    left_padding_starts(attention_mask, tokens.shape[0], what="patching reads each row's answer at the last position")
+    return attention_mask.long().to(tokens.device)
 
 
 def runs_per_forward(model, n_prompts: int, n_pos: int, memory_budget: int | None = None) -> int:

@@ -49,6 +49,11 @@ class TaskError(HeadscopeError, ValueError):
     """A task's data cannot serve the analysis: missing answers, mismatched shapes, unknown names."""
 
 
+class PaddingError(TaskError, ConfigError):
+    """A padded batch a pass cannot read: decoders' rows must be left-padded (a run of padding, then the
+    prompt, ending at the last position, where the answer is read)."""
+
+
 class TaskFileError(TaskError):
     """A user task file (JSONL/CSV/Parquet) cannot be read or lacks required fields."""
 
