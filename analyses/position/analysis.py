@@ -222,6 +222,11 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "retrieval_tracked_metric": tracked,
         "query_aware": cfg.query_aware,
     }
+    if not encoder and "accuracy" in obs:  # chance: guessing among the context's n_items items
+        from headscope.analyses.core import chance
+
+        per_example = obs.groupby("example")["accuracy"].mean().to_numpy()  # [examples], over positions
+        summary["chance"] = chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items)
     if fitted:
         summary["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, model.facts.n_ctx)
     if len(masked):

@@ -188,3 +188,21 @@ def test_the_zoo_model_on_kv_is_not_at_chance(zoo_model):
     assert entry["ci"][0] > 1.0 and entry["effect_size"] > 1.0
     text = finding("kv", result.summary)
     assert "at chance" not in text and "within 1% of it" in text
+
+
+def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_models):
+    """Position runs on its own sweeps, so it adds the guard itself: per-example accuracy (mean over the
+    gold positions) against 1/n_items, the exact binomial when every example is all right or all wrong."""
+    from scipy.stats import binomtest
+
+    from headscope.analyses.position.analysis import PositionConfig
+
+    result = hs.run_analysis("position", arch_models("gpt2"), None, PositionConfig.preset(quick=True))
+    entry, s = result.summary["chance"], result.summary
+    assert entry["chance_value"] == pytest.approx(1 / s["n_items"])
+    per_example = result.df.groupby("example")["accuracy"].mean()
+    assert entry["mean"] == pytest.approx(per_example.mean()) and entry["n_examples"] == len(per_example)
+    if per_example.isin([0.0, 1.0]).all():
+        k = int(per_example.sum())
+        assert entry["p_value"] == pytest.approx(binomtest(k, len(per_example), 1 / s["n_items"]).pvalue)
+    assert entry["at_chance"]  # a random GPT-2 does not retrieve
