@@ -257,8 +257,11 @@ class HookedModel:
                 f"for (tokens, attention_mask) and give the mask to the model, or use hs.load_task for a data set."
             )
         unk = getattr(self.tokenizer, "unk_token_id", None)
+        words: list[str] = []
         if (warn_unknown or strict) and unk is not None and any(unk in r for r in rows):
+            # the words that fell out (none where the unknown id is only the BOS, as in Qwen's tokenizer)
             words = list(dict.fromkeys(w for t in texts for w in unknown_words(self.tokenizer, t)))
+        if words:
             shown = f"{', '.join(map(repr, words[:10]))}{f' and {len(words) - 10} more' if len(words) > 10 else ''}"
             message = (f"{len(words)} word(s) are not in {self.facts.name}'s vocabulary and become "
                        f"{self.tokenizer.unk_token!r}: {shown}")

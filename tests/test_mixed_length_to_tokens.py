@@ -45,3 +45,17 @@ def test_padded_to_tokens_gives_each_row_its_own_outputs(arch, arch_models, arch
             mine = out[i, :len(r)] if encoder else out[i, n - len(r):]
             worst = max(worst, float((mine - ref).abs().max() / ref.abs().max()))
     assert worst <= 1e-4, worst
+
+
+def test_a_bos_that_is_also_the_unknown_token_is_no_unknown_word(arch_models):
+    """Qwen-style tokenizers name one id as BOS and unknown: prepending it must not warn of "0 word(s)"."""
+    import warnings
+
+    from headscope.errors import TokenizationWarning
+
+    model = arch_models("qwen2")
+    assert model.tokenizer.unk_token_id == model.tokenizer.bos_token_id
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TokenizationWarning)
+        tokens, _ = model.to_tokens(["the cat sat", "a dog ran on the grass"], padding=True, strict=True)
+    assert int(tokens[1, 0]) == model.tokenizer.bos_token_id
