@@ -100,18 +100,26 @@ def pad_token_rows(rows: Sequence[Sequence[int]], pad: int, *, left: bool) -> tu
     return ids, mask
 
 
-def left_padding_starts(attention_mask: torch.Tensor | None, batch: int, *, what: str) -> torch.Tensor:
-    """[batch] int64: each row's first real position (0 without a mask). Raises PaddingError (`what`
-    says which pass needs it) unless every row is a run of padding, then real tokens up to the last
-    position: last-position passes read each row's answer there."""
+def first_real_positions(attention_mask: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """[batch] int64 on the CPU: each row's first real position (1 in attention_mask [batch, pos]);
+    0 without a mask. Under left padding, the row's padding length."""
     if attention_mask is None:
         return torch.zeros(batch, dtype=torch.int64)
+    return attention_mask.cpu().bool().int().argmax(1).to(torch.int64)
+
+
+def left_padding_starts(attention_mask: torch.Tensor | None, batch: int, *, what: str) -> torch.Tensor:
+    """first_real_positions, checked: raises PaddingError (`what` says which pass needs it) unless
+    every row is a run of padding, then real tokens up to the last position: last-position passes
+    read each row's answer there."""
+    start = first_real_positions(attention_mask, batch)  # [batch]
+    if attention_mask is None:
+        return start
     real = attention_mask.cpu().bool()  # [batch, pos]
-    start = real.int().argmax(1)  # [batch]
     if not bool(real[:, -1].all()) or not bool((real.sum(1) == real.shape[1] - start).all()):
         raise PaddingError(f"{what}; a decoder's padded prompts must be left-padded (padding, then the prompt, "
                            f"ending at the last position), as hs.load_task pads them.")
-    return start.to(torch.int64)
+    return start
 
 
 def pad_id_of(tokenizer: Any) -> int:

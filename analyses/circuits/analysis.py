@@ -34,7 +34,6 @@ import pandas as pd
 import torch
 
 from headscope.analyses.circuits import dla as dla_mod
-from headscope.analyses.circuits import edges as edges_mod
 from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs
@@ -126,12 +125,6 @@ def _check(model, task: Task) -> None:
         raise TaskError(f"Task {task.name!r} has no answers; the logit lens and DLA need one answer token per prompt.")
 
 
-def answer_positions(task: Task) -> torch.Tensor:
-    """[batch]: the last real position of each prompt (where the answer is predicted): the last
-    position under left padding, the last real token under right padding."""
-    return edges_mod.answer_positions(task)
-
-
 # ---- the passes ----------------------------------------------------------------------------
 def _chunks(model, task: Task, every_position: bool):
     vocab, layers = model.facts.d_vocab, model.facts.n_layers + 1
@@ -153,7 +146,7 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
     names = list(dict.fromkeys(names))
     every = config.lens_positions == "all"
     wrong_all = task.wrong_answers if config.use_wrong_answer else None
-    answer_pos, first_pos = answer_positions(task), edges_mod.first_positions(task)
+    answer_pos, first_pos = task.answer_positions(), task.first_positions()
     labels = lens_mod.lens_labels(model.facts.n_layers)
     lens_frames, dla_frames, lens_err = [], [], 0.0
     for part in _chunks(model, task, every and lens):

@@ -140,16 +140,6 @@ def check_model(model, task: Task) -> None:
 
 
 # ---- metric and captures -------------------------------------------------------------------
-def answer_positions(task: Task) -> torch.Tensor:
-    """[batch]: each prompt's last real position (Task.answer_positions)."""
-    return task.answer_positions()
-
-
-def first_positions(task: Task) -> torch.Tensor:
-    """[batch]: each prompt's first real position (Task.first_positions)."""
-    return task.first_positions()
-
-
 def real_tokens(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
     """mask [batch, pos] -> bool [batch, pos, 1, ...] broadcastable to `like` [batch, pos, ...] on its
     device (None without a mask): where padding must be zeroed (torch.where, so NaNs do not leak)."""
@@ -237,7 +227,7 @@ def edge_scores(model, task: Task, ig_steps: int = 1) -> tuple[EdgeGraph, torch.
         raise ConfigError(f"ig_steps must be >= 1, got {ig_steps}.")
     graph = build_graph(model)
     n, n_pos = len(task), task.tokens.shape[1]
-    pos, answers, wrong = answer_positions(task), task.answers, task.wrong_answers
+    pos, answers, wrong = task.answer_positions(), task.answers, task.wrong_answers
     mask = task.attention_mask
     bridge, n_layers = model.bridge, model.facts.n_layers
     scores = torch.zeros(len(graph.receivers), len(graph.senders), dtype=torch.float64)

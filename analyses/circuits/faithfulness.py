@@ -31,7 +31,7 @@ def circuit_metrics(model, task: Task, graph: E.EdgeGraph, keep: torch.Tensor) -
     n, n_pos = len(task), task.tokens.shape[1]
     n_c = keep.shape[0]
     ablate = (graph.reach[None] & ~keep.bool()).to(torch.float32)  # [C, R, S]
-    pos, answers, wrong, mask = E.answer_positions(task), task.answers, task.wrong_answers, task.attention_mask
+    pos, answers, wrong, mask = task.answer_positions(), task.answers, task.wrong_answers, task.attention_mask
     out = torch.empty(n_c, n)
     rows = E._chunk_rows(model, n_pos, graph, grad=False)
     bridge = model.bridge

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from headscope.errors import TaskError
-from headscope.models.hooked_model import pad_id_of, pad_token_rows
+from headscope.models.hooked_model import first_real_positions, pad_id_of, pad_token_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,9 +81,7 @@ class Task:
 
     def first_positions(self) -> torch.Tensor:
         """[batch] int64: each row's first real position (its padding length under left padding)."""
-        if self.attention_mask is None:
-            return torch.zeros(len(self), dtype=torch.int64)
-        return self.attention_mask.cpu().bool().int().argmax(1).to(torch.int64)
+        return first_real_positions(self.attention_mask, len(self))
 
     def example(self, i: int) -> Task:
         """Row i alone, its padding removed (spans shifted to match): what running one example means."""

@@ -19,6 +19,7 @@ import torch
 
 from headscope.analyses.core.default_tasks import repeated_random_tokens
 from headscope.hooks import capture, site
+from headscope.models.hooked_model import first_real_positions
 
 POSITIONAL_SHARE = 0.9
 ROLE_THRESHOLDS = {"induction": 0.3, "previous_token": 0.5, "sink": 0.5}  # score above which a label is given
@@ -31,18 +32,11 @@ def attention_patterns(model, tokens: torch.Tensor, attention_mask: torch.Tensor
     return torch.stack([acts[name] for name in names]).float()
 
 
-def _first_real(tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """[batch] each row's first real position (0 without a mask; left padding shifts it)."""
-    if attention_mask is None:
-        return torch.zeros(tokens.shape[0], dtype=torch.long)
-    return attention_mask.cpu().bool().int().argmax(1)
-
-
 def _query_weights(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """[batch, q] 1.0 for queries that count: real tokens, except each row's first for decoders."""
     w = torch.ones(tokens.shape, dtype=torch.float32) if attention_mask is None else attention_mask.float().cpu()
     if not model.facts.is_encoder:
-        w[torch.arange(w.shape[0]), _first_real(tokens, attention_mask)] = 0.0
+        w[torch.arange(w.shape[0]), first_real_positions(attention_mask, tokens.shape[0])] = 0.0
     return w
 
 
@@ -59,7 +53,7 @@ def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
         return (x * wq).sum((1, 3)) / total
 
     q_idx = torch.arange(n_q)
-    first = _first_real(tokens, attention_mask)  # [b] the key each row's "first token" is
+    first = first_real_positions(attention_mask, tokens.shape[0])  # [b] the key each row's "first token" is
     at_first = first.view(1, -1, 1, 1, 1).expand(*pat.shape[:-1], 1)  # [L, b, H, q, 1]
     sink = mean_over_queries(pat.gather(-1, at_first)[..., 0])
     prev = torch.zeros_like(pat[..., 0])  # [L, b, H, q]

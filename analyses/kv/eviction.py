@@ -37,13 +37,6 @@ from headscope.models.hooked_model import left_padding_starts
 POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
 
 
-def padding_starts(attention_mask: torch.Tensor | None, batch: int, n_pos: int) -> torch.Tensor:
-    """[batch] int64: each row's first real position (its left padding); refuses right padding,
-    whose answer query would not be the last position."""
-    return left_padding_starts(attention_mask, batch, what="the kv eviction what-if reads each answer at the last "
-                               "position")
-
-
 @torch.no_grad()
 def attention_received(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention each context key receives from the context's queries, per layer and KV head.
@@ -139,7 +132,7 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     f = model.facts
     tokens, mask = task.tokens, task.attention_mask
     batch, ctx = tokens.shape[0], tokens.shape[1] - 1
-    start = padding_starts(mask, batch, tokens.shape[1])  # [batch]
+    start = left_padding_starts(mask, batch, what="the kv eviction what-if reads each answer at the last position")
     budgets = default_budgets(ctx) if budgets is None else sorted(set(int(b) for b in budgets))
     metric = task_metric(task)
     received = attention_received(model, tokens, mask) if "heavy_hitters" in policies else None

@@ -105,13 +105,12 @@ def test_logit_lens_equals_transformer_lens(family, target, kind, tiny_models, b
 
 def _ours(model, task, directions=None):
     """Our per-example DLA [component, batch] with labels, from the kernel (optionally another direction)."""
-    from headscope.analyses.circuits.analysis import answer_positions
 
     names = dla_mod.dla_sites(model, set(hs.available_sites(model)) | {"ln_final.hook_scale"})
     out, acts = hs.run_with_cache(model, task.tokens, names)
     if directions is None:
         directions = dla_mod.unembed_directions(model, task.answers, task.wrong_answers)
-    return dla_mod.dla_stack(model, acts, answer_positions(task), directions, task.answers, task.wrong_answers, out)
+    return dla_mod.dla_stack(model, acts, task.answer_positions(), directions, task.answers, task.wrong_answers, out)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -88,7 +88,7 @@ def exact_edge_effect(model, task: Task, graph: E.EdgeGraph, receiver: str, send
 
         with torch.no_grad():
             patched = E._forward(model, task.corrupted_tokens, None, [(site, add)])
-    pos, wr = E.answer_positions(task), task.wrong_answers
+    pos, wr = task.answer_positions(), task.wrong_answers
     return float((E.row_metric(patched, pos, task.answers, wr) - E.row_metric(base, pos, task.answers, wr)).mean())
 
 

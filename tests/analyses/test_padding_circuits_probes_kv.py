@@ -178,7 +178,7 @@ def test_kv_eviction_norms_and_sinks_equal_each_example_alone(arch, arch_models,
     assert abs(result.summary["metric_unevicted"] - full) <= TOL
     # heavy hitters rank attention received from real queries by real keys only; padding gets none
     received = kv_eviction.attention_received(model, task.tokens, task.attention_mask)
-    start = kv_eviction.padding_starts(task.attention_mask, len(task), task.tokens.shape[1])
+    start = task.first_positions()
     for i, ex in enumerate(alone):
         own = kv_eviction.attention_received(model, ex.tokens)[:, 0]
         assert float((received[:, i, :, start[i]:] - own).abs().max()) <= TOL
