@@ -33,6 +33,7 @@ import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
 from headscope.errors import ConfigError, TaskFileError, TokenizationError, TokenizationWarning
+from headscope.models.hooked_model import pad_id_of, pad_token_rows
 
 log = logging.getLogger(__name__)
 
@@ -369,20 +370,6 @@ def _single_token(model, text: str, row: int | str, label: str = "Task data", fi
     return int(ids[0])
 
 
-def pad_rows(rows: Sequence[Sequence[int]], pad: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """([batch, pos] ids, [batch, pos] mask) of token rows of mixed lengths (models.hooked_model.pad_token_rows)."""
-    from headscope.models.hooked_model import pad_token_rows
-
-    return pad_token_rows(rows, pad, left=left)
-
-
-def pad_id(model) -> int:
-    """The id that fills padding: the tokenizer's pad token, else its EOS, else 0 (never attended to)."""
-    from headscope.models.hooked_model import pad_id_of
-
-    return pad_id_of(model.tokenizer)
-
-
 def _tokens(model, prompts: list[str], what: str, label: str = "Task data",
             places: Sequence[str] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[batch, pos] ids of the prompts and, for mixed lengths, the [batch, pos] attention mask (decoders
@@ -397,7 +384,7 @@ def _tokens(model, prompts: list[str], what: str, label: str = "Task data",
                             f"shorten them.")
     if len(set(lengths)) == 1:
         return torch.stack(seqs), None  # [batch, pos]
-    return pad_rows([s.tolist() for s in seqs], pad_id(model), left=not model.facts.is_encoder)
+    return pad_token_rows([s.tolist() for s in seqs], pad_id_of(model.tokenizer), left=not model.facts.is_encoder)
 
 
 def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequence[str], *, strict: bool = False) -> None:
@@ -441,8 +428,8 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
                     f"{label}, {place}: the prompt has {n} tokens but the corrupted prompt {len(seq)}; "
                     f"patching needs each clean and corrupted prompt pair to have the same length."
                 )
-        corrupted = torch.stack(seqs) if mask is None else pad_rows(
-            [s.tolist() for s in seqs], pad_id(model), left=not model.facts.is_encoder)[0]  # [batch, pos]
+        corrupted = torch.stack(seqs) if mask is None else pad_token_rows(
+            [s.tolist() for s in seqs], pad_id_of(model.tokenizer), left=not model.facts.is_encoder)[0]  # [batch, pos]
     if all("wrong_answer" in r for r in rows):
         wrong = torch.tensor([_single_token(model, r["wrong_answer"], p, label, "wrong_answer") for r, p in zip(rows, places)])
     return Task(
@@ -546,5 +533,5 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
 
 __all__ = [
     "FIELDS", "FORMATS", "REQUIRED", "TaskFile", "build_task", "check_vocabulary", "is_task_data", "load_task",
-    "load_task_file", "pad_id", "pad_rows", "parse_fields", "read_task_rows", "resolve_task",
+    "load_task_file", "parse_fields", "read_task_rows", "resolve_task",
 ]
