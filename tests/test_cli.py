@@ -417,9 +417,9 @@ def test_refused_model_files_out_links_and_task_rows_are_one_line_and_leave_noth
     assert {p.relative_to(real): p.read_bytes() for p in real.rglob("*") if p.is_file()} == before
     assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link", "model", "real"]
 
-    good = json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02"})
-    rows = {"long": json.dumps({"prompt": " ".join(["k01"] * 300), "answer": "v02"}),  # the zoo's context is 128
-            "multi": json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02 v03"})}
+    good = json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02", "wrong_answer": "v03"})
+    rows = {"long": json.dumps({"prompt": " ".join(["k01"] * 300), "answer": "v02", "wrong_answer": "v03"}),  # context 128
+            "multi": json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02", "wrong_answer": "v02 v03"})}
     for name, bad in rows.items():
         task = tmp_path / f"{name}.jsonl"
         task.write_text(f"{good}\n{good}\n{bad}\n")
@@ -427,7 +427,7 @@ def test_refused_model_files_out_links_and_task_rows_are_one_line_and_leave_noth
         assert main([*run, "--task", str(task), "--out", str(out)]) == 2
         line = in_process_error(capsys)
         assert f"{name}.jsonl" in line and "line 3, row 2" in line, line
-        assert ("context of 128 tokens" if name == "long" else "answers must be one token") in line
+        assert ("context of 128 tokens" if name == "long" else "it must be one token here") in line
         assert not out.exists() and not list(tmp_path.glob(".out-*"))
 
 

@@ -48,7 +48,7 @@ from headscope.analyses.attribution.adversarial import LN2, adversarial_attentio
 from headscope.analyses.attribution.agreement import method_pair_rows, summarise, tau_rows
 from headscope.analyses.attribution.permutation import permutation_test
 from headscope.analyses.core.config import AnalysisConfig, with_overrides
-from headscope.analyses.core.contract import Needs
+from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
@@ -201,6 +201,7 @@ def gradient_targets(model, task: Task, kind: str, reference: torch.Tensor | Non
     if kind == "cosine":
         ref = reference if reference is not None else partner_references(model, task, spans)
         return (ref.to(model.device),)
+    one_token_answers(task, "attribution")
     answers = task.answers.to(model.device)
     if kind == "logprob":
         return (answers,)

@@ -36,7 +36,7 @@ import torch
 from headscope.analyses.circuits import dla as dla_mod
 from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.core.config import AnalysisConfig
-from headscope.analyses.core.contract import Needs
+from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError, UnsupportedModelError
@@ -123,6 +123,7 @@ def _check(model, task: Task) -> None:
     _refuse_encoder(model)
     if task.answers is None:
         raise TaskError(f"Task {task.name!r} has no answers; the logit lens and DLA need one answer token per prompt.")
+    one_token_answers(task, "circuits")
 
 
 # ---- the passes ----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from headscope.analyses.core.contract import one_token_answers
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError, UnsupportedModelError
 from headscope.execution.batching import rows_per_pass
@@ -137,6 +138,7 @@ def check_model(model, task: Task) -> None:
         raise ConfigError(f"edge attribution reads next-token logits; {model.facts.name} is an encoder.")
     if task.corrupted_tokens is None or task.answers is None:
         raise TaskError(f"Task {task.name!r} needs corrupted prompts and answers for edge attribution.")
+    one_token_answers(task, "edge attribution")
 
 
 # ---- metric and captures -------------------------------------------------------------------

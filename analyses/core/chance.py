@@ -9,6 +9,8 @@ Chance values (what a model that has learnt nothing about the task scores):
 - "logit_diff": 0 (no preference between the answer and the wrong answer);
 - "accuracy": 1/n_classes, by default 1/vocabulary size (top-1 over the vocabulary);
 - "logprob": log(1/vocabulary size), the answer's log-probability under a uniform prediction;
+- answers of several tokens (Task.continuation): k log(1/vocabulary size) for a k-token
+  continuation's log-probability, (1/vocabulary size)^k for its accuracy;
 - "cosine" and normalised metrics have no chance value: `assess` returns None.
 
 The rule: the guard asks whether the model is credibly *above* chance; it is at chance unless
@@ -157,18 +159,21 @@ def clean_values(model, task: Task, metric: str | None = None, *, max_bytes: int
     n, n_pos = task.tokens.shape
     vocab = int(model.facts.d_vocab)
     rows = max(1, int(max_bytes // max(1, n_pos * vocab * 4)))
-    where = task.answer_positions()
+    where, k = task.answer_positions(), task.n_answer_tokens
+    pick = lambda t, sl: None if t is None else t[sl]  # noqa: E731
     out = []
     with torch.inference_mode():
         for start in range(0, n, rows):
             sl = slice(start, start + rows)
-            mask = None if task.attention_mask is None else task.attention_mask[sl]
-            logits = model(task.tokens[sl], attention_mask=mask)  # [rows, pos, vocab]
-            idx = where[sl].to(logits.device)
-            last = logits[torch.arange(logits.shape[0], device=logits.device), idx][:, None].float()  # [rows, 1, vocab]
+            logits = model(task.tokens[sl], attention_mask=pick(task.attention_mask, sl))  # [rows, pos, vocab]
+            if k == 1:
+                idx = where[sl].to(logits.device)
+                last = logits[torch.arange(logits.shape[0], device=logits.device), idx][:, None].float()  # [rows, 1, vocab]
+            else:  # answers of several tokens: decoders are left-padded, every continuation ends at -1
+                last = logits[:, -k:].float()  # [rows, k, vocab]
             vocab = int(logits.shape[-1])
-            part = Task(name=task.name, tokens=task.tokens[sl], answers=None if task.answers is None else task.answers[sl],
-                        wrong_answers=None if task.wrong_answers is None else task.wrong_answers[sl], metric=kind)
+            part = Task(name=task.name, tokens=task.tokens[sl], answers=pick(task.answers, sl),
+                        wrong_answers=pick(task.wrong_answers, sl), metric=kind, continuation=pick(task.continuation, sl))
             out.append(task_metric(part, kind=kind)(last).double().cpu())
     return torch.cat(out), vocab
 
@@ -192,10 +197,27 @@ def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean
     tolerance = max(tolerance, 16 * torch.finfo(dtype).eps)  # half precision: the analyses' fused passes round more
     if expected_mean is not None and abs(mean - expected_mean) > tolerance * max(1.0, abs(expected_mean)):
         return assess_mean(expected_mean, kind, n_examples=len(task), vocab_size=vocab)
+    if task.continuation is not None:  # a whole continuation: chance is each token's chance, multiplied
+        return _continuation_on_task(values, task, kind, vocab)
     classes = int(task.answers.unique().numel()) if kind == "accuracy" else None  # guessing among the answers
     out = assess(values, kind, vocab_size=vocab, n_classes=classes if classes and classes > 1 else None)
     if out is not None:
         out["task"] = task.name
+    return out
+
+
+def _continuation_on_task(values: torch.Tensor, task: Task, kind: str, vocab: int) -> dict[str, Any] | None:
+    """`assess` for answers of several tokens: a k-token continuation's chance is k log(1/vocab) for
+    "logprob" and (1/vocab)^k for "accuracy". Rows of different k have different chance values, so
+    each row is measured from its own chance and the mean chance added back (the mean is unchanged,
+    the spread is the rows' spread about their own chance)."""
+    lengths = (task.continuation >= 0).sum(1).double()  # [batch]
+    per_row = -lengths * math.log(vocab) if kind == "logprob" else vocab ** -lengths  # [batch]
+    chance = float(per_row.mean())
+    out = assess(values - per_row + chance, kind, chance=chance) if kind == "logprob" else \
+        assess(values, kind, chance=chance)
+    if out is not None:
+        out["mean"], out["task"] = float(values.mean()), task.name
     return out
 
 

@@ -33,6 +33,8 @@ class Needs:
       retrieval sweeps); names: task names it reads itself (e.g. position's "kv");
     english: its own data is English text, so the tokenizer must encode English without its unknown
       token (a tokenizer with the zoo vocabulary has zoo data instead);
+    continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
+      the metric reads the last k positions); False: it reads one next-token answer at the last position;
     what: what it does, for messages ("measures next-token answers").
     """
 
@@ -48,6 +50,7 @@ class Needs:
     task_data: bool = True
     names: tuple[str, ...] = ()
     english: bool = False
+    continuation: bool = False
     what: str = ""
 
 
@@ -94,6 +97,8 @@ def task_reasons(needs: Needs, task: Task | str, model: Any) -> list[str]:
         reasons.append("the task has no wrong answers (needed for logit difference)")
     if needs.corrupted and task.corrupted_tokens is None:
         reasons.append("the task has no corrupted prompts")
+    if task.continuation is not None and not needs.continuation:
+        reasons.append(several_tokens_reason(task))
     missing = [s for s in needs.spans if s not in task.spans]
     if missing:
         reasons.append(f"the task marks no {', '.join(map(repr, missing))} span")
@@ -114,6 +119,18 @@ def task_reasons(needs: Needs, task: Task | str, model: Any) -> list[str]:
     if needs.next_token and not model.facts.is_encoder and task.answers is None and not needs.answers:
         reasons.append("the task has no answers to score with next-token logits")
     return reasons
+
+
+def several_tokens_reason(task: Task) -> str:
+    """Why an analysis that reads one next-token answer cannot use `task`'s answers of several tokens."""
+    return (f"the task's answers are up to {task.n_answer_tokens} tokens long and this analysis reads one "
+            f"next-token answer at the last position (heads and patching score the whole continuation)")
+
+
+def one_token_answers(task: Task, name: str) -> None:
+    """Raise TaskError when `task` has answers of several tokens, which analysis `name` cannot score."""
+    if task.continuation is not None:
+        raise TaskError(f"{name}: {several_tokens_reason(task)}; give one-token answers, or run heads or patching.")
 
 
 def resolve(task: Any, model: Any, *, n_examples: int = 64, seed: int = 0) -> Task | None:
@@ -146,4 +163,5 @@ def require(needs: Needs, model: Any, name: str) -> None:
         raise UnsupportedModelError(f"{name}: {'; '.join(reasons)}.")
 
 
-__all__ = ["Needs", "check", "model_reasons", "require", "resolve", "task_reasons"]
+__all__ = ["Needs", "check", "model_reasons", "one_token_answers", "require", "resolve", "several_tokens_reason",
+           "task_reasons"]

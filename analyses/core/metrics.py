@@ -2,7 +2,10 @@
 
 Decoders: the logit difference between the correct and the wrong answer at the last position,
 its normalised form (LD_patched - LD_corrupt) / (LD_clean - LD_corrupt), the answer's
-log-probability, or accuracy. Encoders: the cosine similarity of the mean-pooled embedding to
+log-probability, or accuracy. Answers of several tokens (Task.continuation, [batch, k]) are
+scored over the last k positions: the log-probability of the whole continuation (the sum of each
+token's log-probability given the prompt and the answer tokens before it), or accuracy when every
+token is the argmax. Encoders: the cosine similarity of the mean-pooled embedding to
 a reference embedding (e.g. the unmodified model's).
 """
 from __future__ import annotations
@@ -19,19 +22,38 @@ METRICS = ("logit_diff", "logprob", "accuracy", "cosine")
 
 
 def logit_diff(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
-    """[batch, pos, vocab] -> [batch]: logit(answer) - logit(wrong) at the last position."""
+    """[batch, pos, vocab] -> [batch]: logit(answer) - logit(wrong) at the last position (one-token answers)."""
+    if answers.ndim != 1:
+        raise ConfigError("logit difference compares two next-token logits; answers of several tokens are "
+                          "scored with 'logprob' or 'accuracy'.")
     last = logits[:, -1]  # [batch, vocab]
     return last.gather(1, answers[:, None]).squeeze(1) - last.gather(1, wrong[:, None]).squeeze(1)
 
 
+def _read(logits: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits [batch, k, vocab] of the last k positions, ids [batch, k] (-1 -> 0), real [batch, k] bool)
+    for answers [batch] (k = 1) or continuations [batch, k] (-1 before a shorter answer)."""
+    ids = answers[:, None] if answers.ndim == 1 else answers  # [batch, k]
+    k = ids.shape[1]
+    if logits.shape[1] < k:
+        raise ConfigError(f"the answers have {k} tokens but the output has {logits.shape[1]} position(s); "
+                          "answers of several tokens need the logits of the last k positions.")
+    return logits[:, -k:], ids.clamp_min(0), ids >= 0
+
+
 def answer_logprob(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
-    """[batch, pos, vocab] -> [batch]: log p(answer) at the last position."""
-    return logits[:, -1].log_softmax(-1).gather(1, answers[:, None]).squeeze(1)
+    """[batch, pos, vocab] -> [batch]: log p(answer) at the last position; for a continuation
+    [batch, k], the sum over its tokens of log p(token | prompt, the tokens before it)."""
+    last, ids, real = _read(logits, answers)
+    lp = last.log_softmax(-1).gather(2, ids[..., None]).squeeze(2)  # [batch, k]
+    return lp.masked_fill(~real, 0.0).sum(1)
 
 
 def accuracy(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
-    """[batch, pos, vocab] -> [batch] of 0.0/1.0: is the answer the argmax at the last position."""
-    return (logits[:, -1].argmax(-1) == answers).float()
+    """[batch, pos, vocab] -> [batch] of 0.0/1.0: is the answer the argmax at the last position (for a
+    continuation [batch, k]: is every token of it the argmax, i.e. would greedy decoding produce it)."""
+    last, ids, real = _read(logits, answers)
+    return ((last.argmax(-1) == ids) | ~real).all(1).float()
 
 
 def normalized(value: torch.Tensor, clean: torch.Tensor | float, corrupt: torch.Tensor | float) -> torch.Tensor:
@@ -63,11 +85,11 @@ def task_metric(task: Task, *, reference: torch.Tensor | None = None, kind: str 
     if kind == "logit_diff":
         if task.wrong_answers is None:
             raise ConfigError(f"Task {task.name!r} has no wrong_answers; use metric 'logprob' or add them.")
-        return lambda out: logit_diff(out, task.answers.to(out.device), task.wrong_answers.to(out.device))
+        return lambda out: logit_diff(out, task.answer_tokens.to(out.device), task.wrong_answers.to(out.device))
     if kind == "logprob":
-        return lambda out: answer_logprob(out, task.answers.to(out.device))
+        return lambda out: answer_logprob(out, task.answer_tokens.to(out.device))
     if kind == "accuracy":
-        return lambda out: accuracy(out, task.answers.to(out.device))
+        return lambda out: accuracy(out, task.answer_tokens.to(out.device))
     if reference is None:
         raise ConfigError("The cosine metric needs reference= pooled embeddings of the unmodified model.")
     mask = task.attention_mask

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
-from headscope.errors import ConfigError, TaskFileError, TokenizationError, TokenizationWarning
+from headscope.errors import ConfigError, HeadscopeWarning, TaskFileError, TokenizationError, TokenizationWarning
 from headscope.models.hooked_model import pad_id_of, pad_token_rows
 
 log = logging.getLogger(__name__)
@@ -358,23 +358,25 @@ def _few(items: Sequence[Any], n: int = 5) -> str:
     return shown + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
-def _single_token(model, text: str, row: int | str, label: str = "Task data", field: str = "answer") -> int:
-    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        where = row if isinstance(row, str) else f"row {row}"
-        pieces = model.tokenizer.convert_ids_to_tokens(ids)
-        raise TaskFileError(
-            f"{label}, {where}: {field} {text!r} is {len(ids)} tokens under this tokenizer ({pieces}); "
-            f"answers must be one token (the metrics read one next-token logit)."
-        )
-    return int(ids[0])
+def _answer_ids(model, text: str, row: int | str, label: str = "Task data", field: str = "answer", *,
+                several: bool = False) -> list[int]:
+    """The answer's token ids (no special tokens); more than one only where `several` allows (decoders'
+    answers, scored by their whole continuation), else a TaskFileError naming the pieces."""
+    ids = list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+    if len(ids) == 1 or (several and ids):
+        return ids
+    where = row if isinstance(row, str) else f"row {row}"
+    pieces = model.tokenizer.convert_ids_to_tokens(ids)
+    why = ("the wrong answer is compared with the answer as one next-token logit" if field == "wrong_answer"
+           else "an encoder has no next-token predictions to score a continuation with")
+    raise TaskFileError(f"{label}, {where}: {field} {text!r} is {len(ids)} tokens under this tokenizer ({pieces}); "
+                        f"it must be one token here ({why}).")
 
 
-def _tokens(model, prompts: list[str], what: str, label: str = "Task data",
+def _tokens(model, seqs: list[list[int]], what: str, label: str = "Task data",
             places: Sequence[str] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[batch, pos] ids of the prompts and, for mixed lengths, the [batch, pos] attention mask (decoders
-    left-padded, encoders right-padded; None when every prompt has the same length)."""
-    seqs = [model.to_tokens(p, warn_unknown=False)[0].cpu() for p in prompts]
+    """[batch, pos] ids of token sequences and, for mixed lengths, the [batch, pos] attention mask
+    (decoders left-padded, encoders right-padded; None when every sequence has the same length)."""
     places = list(places) if places is not None else [f"row {i}" for i in range(len(seqs))]
     lengths = [len(s) for s in seqs]
     n_ctx = getattr(getattr(model, "facts", None), "n_ctx", None)
@@ -383,8 +385,12 @@ def _tokens(model, prompts: list[str], what: str, label: str = "Task data",
         raise TaskFileError(f"{label}: {what} longer than {model.name}'s context of {n_ctx} tokens ({_few(long)}); "
                             f"shorten them.")
     if len(set(lengths)) == 1:
-        return torch.stack(seqs), None  # [batch, pos]
-    return pad_token_rows([s.tolist() for s in seqs], pad_id_of(model.tokenizer), left=not model.facts.is_encoder)
+        return torch.tensor(seqs, dtype=torch.int64), None  # [batch, pos]
+    return pad_token_rows(seqs, pad_id_of(model.tokenizer), left=not model.facts.is_encoder)
+
+
+def _prompt_ids(model, text: str) -> list[int]:
+    return model.to_tokens(text, warn_unknown=False)[0].cpu().tolist()
 
 
 def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequence[str], *, strict: bool = False) -> None:
@@ -415,26 +421,40 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
     prompt padded as its clean prompt (a pair must have one length)."""
     places = list(places) if places is not None else [f"row {i}" for i in range(len(rows))]
     _warn_unknown(model, label, rows, places, strict=strict)
-    tokens, mask = _tokens(model, [r["prompt"] for r in rows], "prompts", label, places)
-    answers = torch.tensor([_single_token(model, r["answer"], p, label) for r, p in zip(rows, places)])
+    decoder = not model.facts.is_encoder
+    answer_ids = [_answer_ids(model, r["answer"], p, label, several=decoder) for r, p in zip(rows, places)]
+    several = max(map(len, answer_ids)) > 1
+    # answers of several tokens: each prompt goes on with all but the last answer token (teacher forcing)
+    extra = [a[:-1] for a in answer_ids]
+    prompts = [_prompt_ids(model, r["prompt"]) for r in rows]
+    tokens, mask = _tokens(model, [p + e for p, e in zip(prompts, extra)],
+                           "prompts and answers" if several else "prompts", label, places)
+    answers = torch.tensor([a[-1] for a in answer_ids])  # [batch]
+    continuation = None
+    if several:
+        width = max(map(len, answer_ids))
+        continuation = torch.tensor([[-1] * (width - len(a)) + a for a in answer_ids])  # [batch, k], right-aligned
     corrupted = wrong = None
     if all("corrupted_prompt" in r for r in rows):
-        seqs = [model.to_tokens(r["corrupted_prompt"], warn_unknown=False)[0].cpu() for r in rows]
-        lengths = tokens.shape[1] if mask is None else mask.sum(1).tolist()
-        for i, (seq, place) in enumerate(zip(seqs, places)):
-            n = tokens.shape[1] if mask is None else lengths[i]
-            if len(seq) != n:
+        seqs = [_prompt_ids(model, r["corrupted_prompt"]) for r in rows]
+        for seq, prompt, place in zip(seqs, prompts, places):
+            if len(seq) != len(prompt):
                 raise TaskFileError(
-                    f"{label}, {place}: the prompt has {n} tokens but the corrupted prompt {len(seq)}; "
+                    f"{label}, {place}: the prompt has {len(prompt)} tokens but the corrupted prompt {len(seq)}; "
                     f"patching needs each clean and corrupted prompt pair to have the same length."
                 )
-        corrupted = torch.stack(seqs) if mask is None else pad_token_rows(
-            [s.tolist() for s in seqs], pad_id_of(model.tokenizer), left=not model.facts.is_encoder)[0]  # [batch, pos]
+        corrupted = _tokens(model, [c + e for c, e in zip(seqs, extra)], "corrupted prompts", label, places)[0]
     if all("wrong_answer" in r for r in rows):
-        wrong = torch.tensor([_single_token(model, r["wrong_answer"], p, label, "wrong_answer") for r, p in zip(rows, places)])
+        if several:
+            warnings.warn(f"{label}: answers of several tokens are scored by the log-probability of their whole "
+                          f"continuation; the wrong answers are not used (logit difference compares one next token).",
+                          HeadscopeWarning, stacklevel=2)
+        else:
+            wrong = torch.tensor([_answer_ids(model, r["wrong_answer"], p, label, "wrong_answer")[0]
+                                  for r, p in zip(rows, places)])
     return Task(
         name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
-        metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask,
+        metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask, continuation=continuation,
     )
 
 
@@ -456,8 +476,11 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
     subset of that many rows (all rows when None or larger; a file is streamed, so only those rows
     are held and tokenized). Every field is read as text. Words the tokenizer maps to its unknown
     token raise a TokenizationWarning naming them (strict=True, or a TaskFile made with strict: a
-    TokenizationError instead); answers must be one token. Prompts of different token lengths are
-    padded, with `task.attention_mask` [batch, pos] (1 on real tokens): decoders on the left, so every
+    TokenizationError instead). An answer of several tokens (decoders) is scored by the log-probability
+    of its whole continuation: each prompt goes on with all but the last answer token, and
+    `task.continuation` [batch, k] holds the answer tokens (metric "logprob"; wrong answers, which
+    logit difference compares as one next token, are then not used, with a warning). Prompts of
+    different token lengths are padded, with `task.attention_mask` [batch, pos] (1 on real tokens): decoders on the left, so every
     row's answer is read at the last position (the model derives position ids from the mask),
     encoders on the right. A corrupted prompt must have its own clean prompt's length (pairs only)
     and shares its padding.
@@ -490,7 +513,7 @@ def _subset(task: Task, rows: torch.Tensor) -> Task:
     return Task(
         name=task.name, tokens=task.tokens[rows], answers=pick(task.answers), corrupted_tokens=pick(task.corrupted_tokens),
         wrong_answers=pick(task.wrong_answers), spans={k: v[rows] for k, v in task.spans.items()}, metric=task.metric,
-        attention_mask=pick(task.attention_mask),
+        attention_mask=pick(task.attention_mask), continuation=pick(task.continuation),
     )
 
 

@@ -14,6 +14,8 @@ import torch
 from headscope.errors import TaskError
 from headscope.models.hooked_model import first_real_positions, pad_id_of, pad_token_rows
 
+CONTINUATION_METRICS = ("logprob", "accuracy")  # the metrics that can score an answer of several tokens
+
 
 @dataclass(frozen=True, kw_only=True)
 class Task:
@@ -21,7 +23,7 @@ class Task:
 
     tokens:           [batch, pos] int64, clean prompts, ending where the answer is predicted.
     corrupted_tokens: [batch, pos] int64 or None, same shape as tokens.
-    answers:          [batch] int64, the correct next token.
+    answers:          [batch] int64, the correct next token (with `continuation`: its last token).
     wrong_answers:    [batch] int64 or None, the answer of the corrupted prompt (or a distractor).
     spans:            name -> [batch, 2] int64 half-open [start, end) token ranges
                       (e.g. "subject", "gold", "names").
@@ -33,6 +35,12 @@ class Task:
                       read; the model derives position ids from the mask), encoders on the right.
                       Corrupted prompts share their clean prompt's padding; spans are in padded
                       coordinates.
+    continuation:     [batch, k] int64 or None: answers of several tokens, scored by the log-probability
+                      of the whole continuation (teacher forcing). The prompt already ends with all
+                      but the last answer token, so the last k positions predict the answer's tokens;
+                      each row's answer is right-aligned, a shorter one preceded by -1. `answers` is
+                      the last column (what position -1 predicts). Decoders only; metric "logprob" or
+                      "accuracy" (every token the argmax).
     """
 
     name: str
@@ -43,6 +51,7 @@ class Task:
     spans: Mapping[str, torch.Tensor] = field(default_factory=dict)
     metric: str = "logit_diff"
     attention_mask: torch.Tensor | None = None
+    continuation: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 2 or self.tokens.shape[0] == 0:
@@ -63,8 +72,34 @@ class Task:
                 f"got {tuple(self.answers.shape)}."
             )
 
+        if self.continuation is not None:
+            self._check_continuation()
+
+    def _check_continuation(self) -> None:
+        cont, n = self.continuation, self.tokens.shape[0]
+        if cont.ndim != 2 or cont.shape[0] != n or cont.shape[1] > self.tokens.shape[1]:
+            raise TaskError(f"Task {self.name!r}: continuation must be [batch={n}, k <= pos], got {tuple(cont.shape)}.")
+        if self.metric not in CONTINUATION_METRICS:
+            raise TaskError(
+                f"Task {self.name!r}: metric {self.metric!r} compares one next token; answers of several tokens "
+                f"are scored with {' or '.join(map(repr, CONTINUATION_METRICS))} (the whole continuation)."
+            )
+        if bool((cont[:, -1] < 0).any()) or (self.answers is not None and not torch.equal(cont[:, -1], self.answers)):
+            raise TaskError(f"Task {self.name!r}: continuation's last column must be the answers (no -1 there).")
+
     def __len__(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def answer_tokens(self) -> torch.Tensor | None:
+        """What the metrics score: [batch, k] continuation ids (-1 = none) for answers of several tokens,
+        else [batch] answer ids (None without answers)."""
+        return self.continuation if self.continuation is not None else self.answers
+
+    @property
+    def n_answer_tokens(self) -> int:
+        """How many last positions the metrics read (1 for one-token answers)."""
+        return 1 if self.continuation is None else int(self.continuation.shape[1])
 
     @property
     def padded(self) -> bool:
@@ -88,11 +123,12 @@ class Task:
         keep = slice(None) if self.attention_mask is None else self.attention_mask[i].bool()  # [pos]
         start = int(self.first_positions()[i])
         pick = lambda t: None if t is None else t[i:i + 1]  # noqa: E731
+        cont = None if self.continuation is None else self.continuation[i][self.continuation[i] >= 0][None]
         return Task(
             name=self.name, tokens=self.tokens[i, keep][None], answers=pick(self.answers),
             corrupted_tokens=None if self.corrupted_tokens is None else self.corrupted_tokens[i, keep][None],
             wrong_answers=pick(self.wrong_answers), spans={k: v[i:i + 1] - start for k, v in self.spans.items()},
-            metric=self.metric, attention_mask=None,
+            metric=self.metric, attention_mask=None, continuation=cont,
         )
 
 

@@ -53,7 +53,7 @@ TaskLike = Task | torch.Tensor | str | None  # a Task, token ids, a zoo task nam
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=False, min_examples=2, next_token=True,
+NEEDS = Needs(answers=False, min_examples=2, next_token=True, continuation=True,
               what="scores each head by its effect on the answers; resample ablation needs a second example")
 
 

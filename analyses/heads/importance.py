@@ -61,6 +61,8 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     returned as is.
 
     - logit_diff / logprob: L is the metric itself; accuracy (not differentiable): L = log p(answer).
+      Answers of several tokens (Task.continuation): the metrics read the last k positions, so
+      passes return every position's logits (no last-position shortcut).
     - cosine (encoders): the metric is the cosine to the unmodified model's pooled embedding. Its
       gradient vanishes at the unmodified model (cosine 1 is the maximum), so gradients use an
       in-batch contrastive loss against the reference embeddings of all sentences instead.
@@ -89,7 +91,7 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
         left_padding_starts(mask, len(task), what=f"Task {task.name!r}: each answer is read at the last position")
     if task.metric == "cosine":
         return _cosine_scorer(model, task, tokens, mask)
-    answers = task.answers.to(model.device)
+    answers = task.answer_tokens.to(model.device)  # [batch], or [batch, k] for answers of several tokens
     wrong = None if task.wrong_answers is None else task.wrong_answers.to(model.device)
 
     def logprob(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -115,7 +117,8 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
         raise ConfigError(f"Unknown metric {task.metric!r}; use one of {metrics.METRICS}.")
     grad_loss = logprob if task.metric == "accuracy" else metric
     return Scorer(name=task.name, kind=task.metric, tokens=tokens, attention_mask=mask, metric=metric,
-                  grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows), last_position=True)
+                  grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows),
+                  last_position=task.continuation is None)
 
 
 def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor | None) -> Scorer:

@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
+from headscope.analyses.core.contract import one_token_answers
 from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
@@ -129,6 +130,7 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     Padded tasks: budgets count real cache entries; a row whose context is within the budget keeps
     all of it ("full" lists the longest context as its budget).
     """
+    one_token_answers(task, "kv eviction")
     f = model.facts
     tokens, mask = task.tokens, task.attention_mask
     batch, ctx = tokens.shape[0], tokens.shape[1] - 1

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig
-from headscope.analyses.core.contract import Needs
+from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
@@ -217,6 +217,7 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
     ||m_i v_i||, its direct logit on the answer m_i (E v_i)[answer] and the promoted tokens;
     `per_neuron` has every (layer, neuron) with the mean ||m_i v_i|| and mean m_i over examples.
     """
+    one_token_answers(task, "mlp")
     answers = None if task.answers is None else task.answers.cpu()
     top_rows, neuron_rows = [], []
     names = [hooks.site("mlp_post", layer) for layer in layers]

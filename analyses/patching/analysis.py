@@ -241,7 +241,7 @@ def _trace_task(model, task, n_examples: int, seed: int):
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
-NEEDS = Needs(answers=True, corrupted=True, decoder=True,
+NEEDS = Needs(answers=True, corrupted=True, decoder=True, continuation=True,
               what="patches between clean and corrupted runs and measures next-token answers")
 
 

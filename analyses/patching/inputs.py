@@ -42,8 +42,8 @@ class PatchMetric:
 
 
 def _tiled(ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Answer ids [batch] repeated to match an output of k stacked copies of the batch."""
-    return ids.to(out.device).repeat(out.shape[0] // ids.shape[0])
+    """Answer ids [batch] (or continuations [batch, k]) repeated to match an output of stacked copies of the batch."""
+    return ids.to(out.device).repeat(out.shape[0] // ids.shape[0], *([1] * (ids.ndim - 1)))
 
 
 def _need_answers(task: Task, what: str) -> torch.Tensor:
@@ -52,7 +52,7 @@ def _need_answers(task: Task, what: str) -> torch.Tensor:
             f"Task {task.name!r} has no answers, but the {what} metric reads the answer's logit; "
             "build the Task with answers= (one token id per prompt) or pass a callable metric."
         )
-    return task.answers
+    return task.answer_tokens  # [batch], or [batch, k] for answers of several tokens
 
 
 def resolve_metric(task: Task, metric: str | Metric | None) -> PatchMetric:
@@ -67,14 +67,20 @@ def resolve_metric(task: Task, metric: str | Metric | None) -> PatchMetric:
     if metric not in METRICS:
         raise TaskError(f"Unknown patching metric {metric!r}; use one of {METRICS} or a callable output -> [batch].")
     if metric == "task":
-        return PatchMetric(name=task.metric, fn=M.task_metric(task), last_position=task.metric != "cosine")
+        return PatchMetric(name=task.metric, fn=M.task_metric(task),
+                           last_position=task.metric != "cosine" and task.continuation is None)
     answers = _need_answers(task, metric)
     if metric in ("logprob", "prob"):
         def logprob(out: torch.Tensor) -> torch.Tensor:
             lp = M.answer_logprob(out, _tiled(answers, out))  # [batch]
             return lp if metric == "logprob" else lp.exp()
 
-        return PatchMetric(name=metric, fn=logprob, stacked=True, last_position=True)
+        return PatchMetric(name=metric, fn=logprob, stacked=True, last_position=task.continuation is None)
+    if task.continuation is not None:
+        raise TaskError(
+            f"Task {task.name!r} has answers of several tokens, which the {metric} metric cannot compare "
+            "(it reads one next-token logit); use metric='logprob' (the whole continuation's log-probability)."
+        )
     if task.wrong_answers is None:
         raise TaskError(
             f"Task {task.name!r} has no wrong_answers, which the {metric} metric needs; "

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig
-from headscope.analyses.core.contract import Needs
+from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError
@@ -154,6 +154,7 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, token
     if labels == "answer":
         if task.answers is None:
             raise ConfigError(f"Task {task.name!r} has no answers; choose another label.")
+        one_token_answers(task, "probes")
         y = task.answers.cpu().numpy()
     else:
         kind, _, name = labels.partition(":")

@@ -135,8 +135,9 @@ def test_errors_name_the_file_row_and_field(tmp_path, tiny_models):
 
 def test_tokenization_problems_name_the_row(tiny_models):
     model = tiny_models["llama"]
-    with pytest.raises(TaskFileError, match=r"row 1: answer 'w3 w4' is 2 tokens under this tokenizer \(\['w3', 'w4'\]\)"):
-        hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3"}, {"prompt": "w1 w2", "answer": "w3 w4"}])
+    with pytest.raises(TaskFileError, match=r"row 1: wrong_answer 'w3 w4' is 2 tokens under this tokenizer \(\['w3', 'w4'\]\)"):
+        hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3", "wrong_answer": "w4"},
+                             {"prompt": "w1 w2", "answer": "w3", "wrong_answer": "w3 w4"}])
     with pytest.raises(TaskFileError, match=r"row 0: the prompt has 3 tokens but the corrupted prompt 4"):
         hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w1 w2 w3"}])
     mixed = [{"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w4 w2"},

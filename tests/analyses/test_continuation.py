@@ -1,0 +1,233 @@
+"""Answers of several tokens (#19 item 5): scored by the log-probability of their whole continuation.
+
+User data whose answers tokenize to several tokens (mixed prompt lengths, mixed answer lengths, the
+user's own column names) becomes a Task whose prompts go on with all but the last answer token. The
+references are plain Hugging Face on each row alone, unpadded, fed the prompt followed by the whole
+answer: log p(answer) = sum_j log softmax(logits at the token before answer token j)[answer token j].
+Analyses that read one next-token answer refuse such a task in one line and the report runs them on
+their defaults; heads and patching score the continuation.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses.core import chance
+from headscope.analyses.core.contract import check
+from headscope.analyses.core.metrics import task_metric
+from headscope.analyses.core.registry import ANALYSES, needs
+from headscope.analyses.core.tasks import Task
+from headscope.errors import HeadscopeWarning, TaskError, TaskFileError
+from tests_support import MIXED_FIELDS, hf_out_proj, hf_z_edit, mixed_length_rows
+
+ARCHS = ("gpt2", "llama3")
+TOL = 1e-4
+CONTINUATION_ANALYSES = {"heads", "patching"}
+
+
+def _rows(model, n: int = 6) -> list[dict]:
+    """mixed_length_rows with answers of 1, 2 and 3 words (one token each under the tokenizer)."""
+    rows = mixed_length_rows(model, n)
+    for i, row in enumerate(rows):
+        row["label"] = row["label"] + row["other"] * (i % 3)
+    return rows
+
+
+def _answer_ids(model, row) -> list[int]:
+    return model.tokenizer(row["label"], add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def continuation_task(arch_models):
+    """arch -> (rows, the Task load_task makes of them)."""
+    import functools
+
+    def build(arch):
+        model = arch_models(arch)
+        rows = _rows(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HeadscopeWarning)
+            return rows, hs.load_task(model, rows, MIXED_FIELDS)
+
+    return functools.cache(build)
+
+
+def _hf_logprob(hf, prompt_ids: list[int], answer: list[int], edit=None) -> torch.Tensor:
+    """Plain HF on prompt + whole answer, unpadded: the sum of each answer token's log-probability."""
+    ids = torch.tensor([prompt_ids + answer])
+    with torch.no_grad(), hf_z_edit(hf, edit) if edit else contextlib.nullcontext():
+        logp = hf(ids).logits[0].double().log_softmax(-1)  # [pos, vocab]
+    start = len(prompt_ids) - 1
+    return sum(logp[start + j, a] for j, a in enumerate(answer))
+
+
+def _prompt_ids(model, text: str) -> list[int]:
+    return model.to_tokens(text, warn_unknown=False)[0].tolist()
+
+
+def test_the_task_carries_each_answer_as_a_continuation(arch_models):
+    model = arch_models("gpt2")
+    rows = _rows(model)
+    with pytest.warns(HeadscopeWarning, match="wrong answers are not used"):
+        task = hs.load_task(model, rows, MIXED_FIELDS)
+    lengths = [len(_answer_ids(model, r)) for r in rows]
+    assert sorted(set(lengths)) == [1, 2, 3] and task.n_answer_tokens == 3
+    assert task.metric == "logprob" and task.wrong_answers is None
+    for i, row in enumerate(rows):
+        answer, real = _answer_ids(model, row), task.attention_mask[i].bool()
+        assert task.tokens[i, real].tolist() == _prompt_ids(model, row["text"]) + answer[:-1]
+        assert task.corrupted_tokens[i, real].tolist() == _prompt_ids(model, row["bad"]) + answer[:-1]
+        assert task.continuation[i].tolist() == [-1] * (3 - len(answer)) + answer
+        assert int(task.answers[i]) == answer[-1]
+        assert task.example(i).continuation.tolist() == [answer]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_metric_is_the_whole_continuations_log_probability(arch, arch_models, hf_of, continuation_task):
+    model, hf = arch_models(arch), hf_of(arch)
+    rows, task = continuation_task(arch)
+    with torch.no_grad():
+        out = model(task.tokens, attention_mask=task.attention_mask)
+    got = task_metric(task)(out)
+    want = torch.stack([_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r)) for r in rows])
+    assert (got.double() - want).abs().max() <= TOL * (1 + want.abs().max())
+    # accuracy: every answer token the argmax (greedy decoding would write the answer)
+    acc = task_metric(task, kind="accuracy")(out)
+    for i, r in enumerate(rows):
+        ids = torch.tensor([_prompt_ids(model, r["text"]) + _answer_ids(model, r)])
+        k = len(_answer_ids(model, r))
+        with torch.no_grad():
+            greedy = hf(ids).logits[0, -k - 1:-1].argmax(-1)
+        assert float(acc[i]) == float(torch.equal(greedy, ids[0, -k:]))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_zero_ablation_importance_against_hf_per_example(arch, arch_models, hf_of, continuation_task):
+    """Each head's zero-ablation importance = the mean over examples of plain HF's continuation
+    log-probability minus the same with that head's z zeroed."""
+    model, hf = arch_models(arch), hf_of(arch)
+    rows, task = continuation_task(arch)
+    got = hs.head_importance(model, task, methods=("zero",))
+    prompts = [_prompt_ids(model, r["text"]) for r in rows]
+    answers = [_answer_ids(model, r) for r in rows]
+    clean = torch.stack([_hf_logprob(hf, p, a) for p, a in zip(prompts, answers)])
+    assert got.summary["baseline_metric"] == pytest.approx(float(clean.mean()), abs=TOL * (1 + float(clean.abs().max())))
+    for rec in got.df.itertuples():
+        def zero(layer, z, rec=rec):
+            if layer != rec.layer:
+                return z
+            z = z.clone()
+            z[:, :, rec.head] = 0
+            return z
+        ablated = torch.stack([_hf_logprob(hf, p, a, zero) for p, a in zip(prompts, answers)])
+        want = float((clean - ablated).mean())
+        assert rec.importance == pytest.approx(want, abs=TOL * (1 + abs(want) + float(clean.abs().max())))
+    assert got.df["importance"].abs().max() > 1e-3
+
+
+def test_patching_a_head_restores_the_continuation_as_in_hf(arch_models, hf_of, continuation_task):
+    """Denoising head_out: the corrupted run with one head's z taken from the clean run, scored by the
+    clean answer's continuation log-probability, per example in plain HF and averaged."""
+    model, hf = arch_models("gpt2"), hf_of("gpt2")
+    rows, task = continuation_task("gpt2")
+    got = hs.activation_patching(model, task, "head_out")
+    assert got.summary["metric"] == "logprob"
+    answers = [_answer_ids(model, r) for r in rows]
+    clean_ids = [_prompt_ids(model, r["text"]) for r in rows]
+    corrupt_ids = [_prompt_ids(model, r["bad"]) for r in rows]
+    n_heads = hf.config.num_attention_heads
+    captured = []  # per example: layer -> clean z [1, pos, head, d_head]
+    for p, a in zip(clean_ids, answers):
+        z_of: dict[int, torch.Tensor] = {}
+        def keep(layer, z_of=z_of):
+            return lambda mod, args: z_of.__setitem__(layer, args[0].view(*args[0].shape[:2], n_heads, -1).clone())
+
+        handles = [hf_out_proj(hf, layer).register_forward_pre_hook(keep(layer))
+                   for layer in range(hf.config.num_hidden_layers)]
+        try:
+            with torch.no_grad():
+                hf(torch.tensor([p + a]))  # as _hf_logprob feeds it
+        finally:
+            for h in handles:
+                h.remove()
+        captured.append(z_of)
+    corrupt = torch.stack([_hf_logprob(hf, c, a) for c, a in zip(corrupt_ids, answers)])
+    assert got.summary["corrupted_metric"] == pytest.approx(float(corrupt.mean()), abs=TOL * (1 + float(corrupt.abs().max())))
+    for rec in got.df.itertuples():
+        values = []
+        for c, a, z_of in zip(corrupt_ids, answers, captured):
+            def restore(layer, z, rec=rec, z_of=z_of):
+                if layer != rec.layer:
+                    return z
+                z = z.clone()
+                z[:, :, rec.head] = z_of[layer][:, :, rec.head]
+                return z
+            values.append(_hf_logprob(hf, c, a, restore))
+        want = float(torch.stack(values).mean())
+        assert rec.value == pytest.approx(want, abs=TOL * (1 + abs(want)))
+
+
+def test_analyses_that_read_one_next_token_refuse_in_one_line(arch_models, continuation_task):
+    model = arch_models("gpt2")
+    _, task = continuation_task("gpt2")
+    for name in ANALYSES:
+        reasons = check(needs(name), task, model)
+        several = [r for r in reasons if "tokens long" in r]
+        if name in CONTINUATION_ANALYSES or name == "position":
+            assert several == [], (name, reasons)
+        else:
+            assert len(several) == 1 and "one next-token answer" in several[0], (name, reasons)
+    for call in (lambda: hs.direct_logit_attribution(model, task), lambda: hs.attribution(model, task),
+                 lambda: hs.kv_analysis(model, task), lambda: hs.probe_sweep(model, task, labels="answer"),
+                 lambda: hs.activation_patching(model, task, "head_out", metric="logit_diff")):
+        with pytest.raises(TaskError) as err:
+            call()
+        assert "\n" not in str(err.value) and ("several tokens" in str(err.value) or "tokens long" in str(err.value))
+    with pytest.raises(TaskError, match="one next token"):
+        Task(name="t", tokens=task.tokens, answers=task.answers, wrong_answers=task.answers, metric="logit_diff",
+             continuation=task.continuation)
+
+
+def test_an_encoder_refuses_an_answer_of_several_tokens(arch_models):
+    model = arch_models("bert")
+    rows = [{"prompt": "the cat sat on the", "answer": " mat and the cat"}, {"prompt": "a dog", "answer": " ran"}]
+    with pytest.raises(TaskFileError, match="must be one token here") as err:
+        hs.load_task(model, rows)
+    assert "\n" not in str(err.value)
+
+
+def test_the_chance_guard_counts_each_token_of_a_continuation(arch_models, hf_of, continuation_task):
+    """Chance for a k-token continuation is k log(1/V); the reported mean is HF's mean."""
+    model, hf = arch_models("gpt2"), hf_of("gpt2")
+    rows, task = continuation_task("gpt2")
+    found = chance.model_on_task(model, task)
+    lengths = [len(_answer_ids(model, r)) for r in rows]
+    vocab = hf.config.vocab_size
+    assert found["chance_value"] == pytest.approx(-sum(lengths) / len(lengths) * math.log(vocab))
+    want = torch.stack([_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r)) for r in rows])
+    assert found["mean"] == pytest.approx(float(want.mean()), abs=1e-3)
+
+
+def test_the_report_runs_heads_and_patching_on_a_file_with_answers_of_several_tokens(arch_dirs, arch_models, tmp_path):
+    from headscope.cli import main
+
+    model = arch_models("gpt2")
+    task = tmp_path / "answers.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in _rows(model, 8)), encoding="utf-8")
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(["-q", "report", "--quick", "--device", "cpu", "--model", str(arch_dirs["gpt2"]), "--task", str(task),
+                     "--task-fields", ",".join(f"{k}={v}" for k, v in MIXED_FIELDS.items()), "--out", str(out)])
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert code == 0 and all(s == "done" for s in manifest["status"].values()), manifest["status"]
+    ours = {name for name, line in manifest["task_used"].items() if line == "your task (answers.jsonl)"}
+    assert ours == CONTINUATION_ANALYSES, manifest["task_used"]
+    for name in set(ANALYSES) - ours - {"position"}:
+        assert "tokens long" in manifest["task_used"][name], (name, manifest["task_used"][name])
