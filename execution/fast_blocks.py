@@ -48,11 +48,13 @@ EAGER_SCORES, EAGER_SCORES_THREADED = 400, 2304
 class Block(NamedTuple):
     """One block, hook-free: `full` as FastBlock; `after(a, x)` = the block's output from its
     attention output a (a fresh buffer, added to in place) and its input x (the z shortcut);
-    `record(x, args, kwargs)` = the block from position 0 with its z, keys and values (for capture)."""
+    `record(x, args, kwargs)` = the block from position 0 with its z, keys and values (for capture);
+    `qk(x, args, kwargs)` = its attention's inputs (patterns recomputed on demand, hooks/patterns)."""
 
     full: FastBlock
     after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     record: Callable[[torch.Tensor, tuple, dict], Any]
+    qk: Callable[[torch.Tensor, tuple, dict], Any] | None = None
 
 
 def _raw(module: torch.nn.Module) -> torch.nn.Module:
@@ -232,6 +234,11 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [n, kv, keys, d_head]
         if last_query and mask is not None:
             mask = mask[..., -1:, :]
+        if mask is None and q.shape[2] == k.shape[2] and q.shape[2] * k.shape[2] > _eager_limit(q.device):
+            # causal from position 0 (execution.hook_free drops a mask that says only that): the fused
+            # kernel's causal mode skips the blocks above the diagonal, as Hugging Face's SDPA pass
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=n_heads != n_kv)
+            return a.transpose(1, 2).reshape(x.shape[0], -1, n_heads * d_head), k_new, v_new  # [n, q, head * d_head]
         if mask is None:  # causal: the queries are the last positions of the keys
             mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - q.shape[2])
             mask = mask[None, None]  # [1, 1, q', keys]
@@ -267,7 +274,17 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         to in place) and its input x (see residual)."""
         return residual(a, x, ln2, mlp, parallel, in_place=True)
 
-    return Block(run, after, record)
+    def qk(x: torch.Tensor, args: tuple, kwargs: dict):
+        """The attention's inputs from position 0: (q [n, head, q, d_head], k [n, kv, q, d_head],
+        both after rotary, the block's mask [n or 1, 1, q, q] additive or bool, or None for causal,
+        and the scale), or None (unhandled arguments). softmax(q k^T scale + mask) is the pattern."""
+        mask = mask_of(args, kwargs)
+        if mask is _UNHANDLED or (mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 4)):
+            return None
+        q, k, _ = project(ln1(x), args, kwargs, False)
+        return q, k, mask, scaling
+
+    return Block(run, after, record, qk)
 
 
 def residual(a: torch.Tensor, x: torch.Tensor, ln2: Callable, mlp: Callable, parallel: bool, *,

@@ -147,9 +147,11 @@ class _Stop(Exception):
     """Raised by a pre-hook to end a forward pass at block 0 (its arguments are all we need)."""
 
 
-def _block0_call(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple | None:
+def _block0_call(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None,
+                 forward: Callable[..., Any] | None = None) -> tuple | None:
     """(block 0's input [n, pos, d_model], its other positional arguments, its keyword arguments)
-    from a bridge pass stopped there (embedding, mask, rotary tables), or None."""
+    from a bridge pass stopped there (embedding, mask, rotary tables), or None. forward(tokens,
+    attention_mask): the pass to stop (default model(...); the hook-free pass gives the bridge's)."""
     got: list[tuple[tuple, dict]] = []
 
     def stop(module, args, kwargs):
@@ -158,7 +160,10 @@ def _block0_call(model, tokens: torch.Tensor, attention_mask: torch.Tensor | Non
 
     handle = model.bridge.blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        model(tokens, attention_mask=attention_mask)
+        if forward is None:
+            model(tokens, attention_mask=attention_mask)
+        else:
+            forward(tokens, attention_mask)
     except _Stop:
         pass
     finally:

@@ -2,7 +2,8 @@
 
 Memory is proportional to what was asked for: one hook per requested site, an optional
 position selection applied inside the hook, and an optional move to CPU. Per-head outputs
-(`blocks.L.attn.hook_result`) are computed from hook_z and W_O inside the hook.
+(`blocks.L.attn.hook_result`) are computed from hook_z and W_O inside the hook. Attention scores
+and patterns requested alone are recomputed on demand where the model allows (hooks/patterns).
 `run_with_cache` is TransformerLens's habit: every site by default, an Activations cache back.
 """
 from __future__ import annotations
@@ -120,7 +121,16 @@ def norm_scale_names(model) -> list[str]:
 
 
 def _run(model, tokens, names, positions, to_cpu, attention_mask, grad) -> Activations:
-    """The pass behind capture and run_with_cache: one hook per name (hook_result on hook_z)."""
+    """The pass behind capture and run_with_cache: one hook per name (hook_result on hook_z).
+    Attention scores and patterns alone (no gradient) are recomputed from q and k in a hook-free
+    pass where the model has one (hooks/patterns.capture_patterns): only the requested layers'
+    patterns are materialised, not every layer's."""
+    if not grad:
+        from headscope.hooks.patterns import capture_patterns  # patterns builds on this module's positions
+
+        store = capture_patterns(model, tokens, names, positions, to_cpu, attention_mask)
+        if store is not None:
+            return store
     store = Activations(model=model)
 
     def make_hook(name: str):

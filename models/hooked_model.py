@@ -86,6 +86,27 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
     )
 
 
+# The hook-free pass behind a plain `model(tokens)` and on-demand attention patterns. It lives in
+# headscope.execution.hook_free, which registers it when headscope is imported (models sits below
+# execution and cannot import it): fn(model, tokens, attention_mask, *, attention=..., stop_after=...)
+# -> logits [batch, pos, d_vocab], or None where it does not apply (the bridge's pass then runs).
+_HOOK_FREE_PASS: list[Callable[..., Any]] = []
+
+
+def register_hook_free_pass(fn: Callable[..., Any]) -> None:
+    """Install the hook-free pass (headscope.execution.hook_free does, on import)."""
+    _HOOK_FREE_PASS[:] = [fn]
+
+
+def hook_free_pass(model: HookedModel, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                   **kwargs: Any) -> torch.Tensor | None:
+    """The registered hook-free pass (see execution.hook_free), or None: none registered, an encoder,
+    or hooks attached anywhere in the bridge (then only the bridge's pass fires them)."""
+    if not _HOOK_FREE_PASS or model.facts.is_encoder or not model.hook_free():
+        return None
+    return _HOOK_FREE_PASS[0](model, tokens, attention_mask, **kwargs)
+
+
 def pad_token_rows(rows: Sequence[Sequence[int]], pad: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Token rows of mixed lengths -> ([batch, pos] ids, [batch, pos] attention mask, 1 on real tokens),
     left-padded (decoders: every row ends at the last position, where the answer is read) or
@@ -199,6 +220,20 @@ def round_trip_problem(tokenizer: Any) -> str | None:
     return f"{text!r} (words of its own vocabulary) -> {len(ids)} ids -> {back!r}"
 
 
+def _bridge_machinery(fn: Any) -> bool:
+    """A torch hook the bridge runs for itself: TransformerLens's own (its hook points' wrappers
+    too, whose user hooks n_active_hooks counts), transformers' output capturing (installed on the
+    first pass), or loading's permanent cache-argument route."""
+    module = getattr(fn, "__module__", None) or ""
+    return module.startswith(("transformer_lens.", "transformers.")) or module == "headscope.models.loading"
+
+
+def _hook_tables(module: torch.nn.Module) -> list[dict]:
+    """A module's torch hook tables: forward, forward-pre, backward and backward-pre hooks."""
+    names = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return [table for table in (getattr(module, name, None) for name in names) if table is not None]
+
+
 class HookedModel:
     """A hookable transformer: `model(tokens)` gives logits (decoders) or hidden states (encoders).
 
@@ -217,6 +252,8 @@ class HookedModel:
         first = next(self.bridge.parameters(), None)
         if first is not None and first.device.type == "cpu":
             heap.keep_freed_memory()  # sweeps reuse freed activations instead of page-faulting them back
+        # every torch hook table of the bridge's modules, scanned by hook_free
+        self._hook_tables = [table for module in self.bridge.modules() for table in _hook_tables(module)]
 
     # ---- basics -------------------------------------------------------------------------
     @property
@@ -288,8 +325,11 @@ class HookedModel:
         return pad_id_of(self.tokenizer)
 
     def to_str_tokens(self, tokens: torch.Tensor) -> list[str]:
-        """The token strings of one [pos] sequence (for labels; escape before putting in HTML)."""
-        return self.tokenizer.convert_ids_to_tokens(tokens.reshape(-1).tolist())
+        """The token strings of one [pos] sequence (for labels; escape before putting in HTML). Ids the
+        tokenizer does not know (an embedding padded past its vocabulary, as Pythia's 50,304 rows for
+        50,277 tokens) read "<id N>"."""
+        ids = tokens.reshape(-1).tolist()
+        return [t if t is not None else f"<id {i}>" for i, t in zip(ids, self.tokenizer.convert_ids_to_tokens(ids))]
 
     def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Validate a [batch, pos] integer token tensor (a [pos] one becomes [1, pos]) and move it to
@@ -341,8 +381,38 @@ class HookedModel:
         with self.bridge.hooks(fwd_hooks=list(fwd), bwd_hooks=list(bwd)):
             yield self
 
+    def hook_free(self) -> bool:
+        """No hook is attached beyond the bridge's own machinery: no hook point's hook (hs.ablate,
+        run_with_hooks, ...; `n_active_hooks`) and no other torch forward or backward hook on any
+        of the bridge's modules (resume's pre-hooks on blocks, a user's hook on a Hugging Face
+        submodule). The bridge's own torch hooks (TransformerLens and transformers install some on
+        the first pass) and loading's cache-argument route do not count. A plain forward may then
+        skip the bridge."""
+        tables = getattr(self, "_hook_tables", None)  # None: built without __init__ (a test double)
+        if tables is None:
+            return False
+        if any(not _bridge_machinery(fn) for table in tables if table for fn in table.values()):
+            return False
+        return not self.n_active_hooks()
+
     def forward(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, pos, d_vocab] for decoders; final hidden states [batch, pos, d_model] for encoders."""
+        """Logits [batch, pos, d_vocab] for decoders; final hidden states [batch, pos, d_model] for encoders.
+
+        With no hook attached (`hook_free`), a decoder whose hook-free blocks reproduce its pass
+        (execution.hook_free: float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX blocks, checked once
+        per model by resume.supports) runs them, with the fused attention kernel: no per-layer
+        [batch, head, q, k] pattern is materialised, and no per-module hook machinery runs. Any
+        attached hook sends the pass through the bridge, where every hook fires.
+        """
+        tokens = self.check_tokens(tokens)
+        if not self.facts.is_encoder:
+            logits = hook_free_pass(self, tokens, attention_mask)
+            if logits is not None:
+                return logits
+        return self.bridge_forward(tokens, attention_mask=attention_mask)
+
+    def bridge_forward(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """forward through the TransformerBridge, hooks attached or not (every hook point fires)."""
         tokens = self.check_tokens(tokens)
         kwargs: dict[str, Any] = {}
         if attention_mask is not None:

@@ -19,6 +19,7 @@ files, and the ranks agree on each analysis's status.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -164,7 +165,8 @@ def write_result(result: Any, folder: Path, files: dict[str, str] | None = None)
     return hashes
 
 
-def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quick: bool, n_examples: int | None) -> dict:
+def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quick: bool, n_examples: int | None,
+                 budget: float | None = None) -> dict:
     """What a --resume must match (the manifest's config "settings"): the model's source, the task
     (a task file by its bytes, field mapping and strictness, not its path), seed, quick, n_examples, the
     headscope version and each analysis's config. `model` is a HookedModel or a load_model spec."""
@@ -184,8 +186,46 @@ def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quic
         "model_source": str(source), "task": None if task is None else (Path(task).name if is_file else str(task)),
         "task_fields": dict(getattr(task, "fields", None) or {}), "task_sha256": sha256(Path(task)) if is_file else None,
         "strict": bool(getattr(task, "strict", False)), "seed": seed, "quick": quick, "n_examples": n_examples,
-        "headscope": __version__, "analysis_configs": configs,
+        "budget_minutes": budget_minutes(budget, quick), "headscope": __version__, "analysis_configs": configs,
     }
+
+
+def budget_minutes(budget: float | None, quick: bool) -> float | None:
+    """The run's budget in minutes: `budget`, else the default (budget.REPORT_MINUTES, QUICK_MINUTES
+    with quick); None for no budget (inf)."""
+    import math
+
+    from headscope.analyses.core import budget as B
+
+    if budget is None:
+        return B.QUICK_MINUTES if quick else B.REPORT_MINUTES
+    if not budget > 0:
+        raise ConfigError(f"--budget is in minutes and must be positive (inf: no budget), got {budget:g}.")
+    return None if math.isinf(budget) else float(budget)
+
+
+def fit_to_budget(model: Any, names: Sequence[str], plans: dict[str, Plan], common: dict, minutes: float | None) -> dict:
+    """name -> budget.Fitted for the analyses about to run: each one's cost estimated on the task it
+    will use, the budget shared among them (budget.plan). An estimate that fails leaves that
+    analysis at its preset (logged), never the run."""
+    from headscope.analyses.core import budget as B
+    from headscope.analyses.core.registry import cost_model, task_used
+
+    entries = {}
+    for name in names:
+        config = config_class(name).preset(**common)
+        try:
+            entries[name] = (cost_model(name), task_used(name, model, plans[name].task, config), config)
+        except Exception as err:  # noqa: BLE001 - an estimate must not stop the run; its analysis reports its own errors
+            log.warning("%s: no cost estimate (%s: %s); it runs at its preset", name, type(err).__name__, err)
+    try:
+        fitted = B.plan(model, entries, minutes)
+    except Exception as err:  # noqa: BLE001
+        log.warning("no cost estimates (%s: %s); every analysis runs at its preset", type(err).__name__, err)
+        return {}
+    for name, f in fitted.items():
+        log.info("%s", B.describe(name, f))
+    return fitted
 
 
 def check_resume(out: Path, settings: dict) -> None:
@@ -204,7 +244,7 @@ def check_resume(out: Path, settings: dict) -> None:
     differ = []
     for key, label in (("model_source", "model"), ("task", "task"), ("task_sha256", "task file contents"),
                        ("task_fields", "task fields"), ("seed", "seed"), ("quick", "--quick"), ("n_examples", "--n-examples"),
-                       ("headscope", "headscope version")):
+                       ("budget_minutes", "--budget"), ("headscope", "headscope version")):
         if key == "task" and recorded.get("task_sha256") and settings.get("task_sha256"):
             continue  # a task file is its bytes (compared next), wherever it lies now
         if recorded.get(key) != settings.get(key):
@@ -282,11 +322,14 @@ def build_report(
     command: list[str] | None = None,
     trust_remote_code: bool = False,
     strict: bool = False,
+    budget: float | None = None,
 ) -> Path:
     """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model
     (`trust_remote_code` goes to it: the model's own code from its files may run). `strict`: a word
     of the task file (any row, any field) that the tokenizer maps to its unknown token stops the run
-    before any analysis with a TokenizationError, instead of a TokenizationWarning.
+    before any analysis with a TokenizationError, instead of a TokenizationWarning. `budget`: minutes
+    for the analyses (None: 10, 3 with quick; inf: none): each analysis's cost is estimated before it
+    runs and its sweeps shrink to fit (analyses/core/budget.py); its summary["budget"] says what changed.
 
     Under torchrun (WORLD_SIZE > 1) the process group is opened here if needed; only rank 0 writes.
     """
@@ -304,7 +347,8 @@ def build_report(
     elif task_fields:
         raise ConfigError(f"task fields {task_fields!r} need a task file (--task FILE), not task {task!r}.")
     _check_task_name(task)
-    settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples)
+    minutes = budget_minutes(budget, quick)
+    settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples, budget=budget)
     session: OutputSession | None = None
     if out is not None:  # locked and checked before the model loads: a refusal costs nothing
         out, session, mode = _open_output(Path(out), force=force, resume=resume, main=main, settings=settings)
@@ -314,7 +358,7 @@ def build_report(
         if out is None:
             out, session, mode = _open_output(default_out(model.name), force=force, resume=resume, main=main)
         out = _run(model, out, session, mode, names=names, task=task, task_rows=task_rows, seed=seed, quick=quick,
-                   n_examples=n_examples, progress=progress, command=command, main=main)
+                   n_examples=n_examples, progress=progress, command=command, main=main, budget=budget, minutes=minutes)
     except BaseException:
         if session is not None:
             try:
@@ -332,7 +376,7 @@ def build_report(
 
 def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, names: list[str], task: Any,
          task_rows: Any, seed: int, quick: bool, n_examples: int | None, progress: bool,
-         command: list[str] | None, main: bool) -> Path:
+         command: list[str] | None, main: bool, budget: float | None = None, minutes: float | None = None) -> Path:
     """The analyses, written into the session's folder (OUT, or its staging folder under --force)."""
     root = session.root if session is not None else out
     transient = _transient()
@@ -342,6 +386,7 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
         check_vocabulary(model, task)
     plans = plan_analyses(model, names, task, seed=seed)  # the task contract, checked before any work
     task_used: dict[str, str] = {}
+    budget_info: dict[str, dict] = {}  # per analysis: its share of the budget and its estimate, in seconds
 
     def writing(what: str):
         return _writing(what, out)
@@ -365,10 +410,10 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
     for name in kept:
         session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
     model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
-    settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples)
+    settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples, budget=budget)
     old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
     settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
-    config_info = {"analyses": report_names, "task": task, "quick": quick, "n_examples": n_examples,
+    config_info = {"analyses": report_names, "task": task, "quick": quick, "n_examples": n_examples, "budget_minutes": minutes,
                    "strict": bool(getattr(task, "strict", False)), "device": str(model.device), "settings": settings}
 
     def save_manifest() -> None:
@@ -376,9 +421,15 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
             return
         with writing("manifest.json"):
             session.write_manifest({**build_manifest(command=command, config=config_info, model=model_info,
-                                                     seed=seed, timings=timings, status=status), "task_used": task_used})
+                                                     seed=seed, timings=timings, status=status), "task_used": task_used,
+                                   "budget": budget_info})
 
     save_manifest()  # the settings are on record before any analysis folder appears (what --resume checks)
+    to_run = [n for n in names if n not in finished and plans[n].skip is None]
+    # before any runs: the budget is shared; rank 0's timing decides, so every rank runs the same settings
+    fitted = distributed.broadcast_object(fit_to_budget(model, to_run, plans, common, minutes) if main else None)
+    budget_info.update({n: v for n, v in (previous.get("budget") or {}).items() if n in report_names})  # --resume
+    budget_info.update({name: f.timing() for name, f in fitted.items()})
     for name in names:
         folder = root / name
         plan = plans[name]
@@ -399,7 +450,10 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
         seed_everything(seed)
         start = time.perf_counter()
         try:
-            result = get_analysis(name)(model, plan.task, config_class(name).preset(**common))
+            fit = fitted.get(name)
+            result = get_analysis(name)(model, plan.task, config_class(name).preset(**common) if fit is None else fit.config)
+            if fit is not None and dataclasses.is_dataclass(result) and isinstance(getattr(result, "summary", None), dict):
+                result = dataclasses.replace(result, summary={**result.summary, "budget": fit.summary()})
             state = "done"
         except Exception as err:  # one failing analysis must not lose the others
             if isinstance(err, HeadscopeError):  # a user mistake: one line, no traceback

@@ -191,7 +191,7 @@ def test_force_keeps_the_users_files_and_a_failed_force_run_changes_nothing(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     task = tmp_path / "multi.jsonl"
-    task.write_text(json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02 v03"}) + "\n")
+    task.write_text(json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02", "wrong_answer": "v02 v03"}) + "\n")
     proc = headscope("-q", "kv", "--quick", "--task", str(task), "--out", str(out), "--force", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -138,6 +138,12 @@ def config_class(name: str) -> type:
     return getattr(module, config)
 
 
+def cost_model(name: str) -> Any:
+    """The family's cost model (its `cost` module's COST; analyses/core/budget.py)."""
+    module, _, _ = _entry(name)
+    return importlib.import_module(f"{module.__name__}.cost").COST
+
+
 def needs(name: str) -> Needs:
     """What an analysis needs from a task and a model (its family's NEEDS; analyses/core/contract.py)."""
     from headscope.analyses.core.contract import Needs

@@ -61,12 +61,14 @@ NEEDS = Needs(answers=False, min_examples=2, next_token=True, continuation=True,
 class HeadsConfig(AnalysisConfig):
     """What `run` computes. methods: importance methods ("gradient", "zero", "mean",
     "resample"); pruning: curves (and per-layer L2 normalisation of gradient importance);
-    l0 None skips the L0 sweep; n_induction: repeated-token prompts that score head roles."""
+    l0 None skips the L0 sweep; n_induction: repeated-token prompts that score head roles;
+    best_head: Michel et al.'s best head per layer (every head kept alone: heads + layers passes)."""
 
     methods: tuple[str, ...] = IMPORTANCE_METHODS
     pruning: PruningConfig = PruningConfig()
     l0: L0Config | None = L0Config()
     n_induction: int = 8
+    best_head: bool = True
 
     @classmethod
     def preset(cls, *, seed: int = 0, quick: bool = False, **common) -> HeadsConfig:
@@ -205,8 +207,6 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     if hc.pruning.method in raw:
         prune_imp["ablation"] = raw[hc.pruning.method]
     curves = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, progress=config.progress)
-    primary = prune_imp.get("gradient", next(iter(raw.values())))
-    best = best_head_per_layer(model, scorer, primary, baseline=baseline, progress=config.progress)
     summary = _base_summary(model, scorer, baseline)
     summary.update(prunable_summary(curves, baseline, summary["n_heads"], hc.pruning.tolerance))
     summary.update(_top_heads(df))
@@ -214,7 +214,10 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
         for role in sorted(set(roles["role"]) - {"other"})
     }
-    tables = {"curve": curves, "best_head": best, "roles": roles}
+    tables = {"curve": curves, "roles": roles}
+    if hc.best_head and raw:
+        primary = prune_imp.get("gradient", next(iter(raw.values())))
+        tables["best_head"] = best_head_per_layer(model, scorer, primary, baseline=baseline, progress=config.progress)
     if hc.l0 is not None:
         sweep, gates = l0_sweep(model, scorer, hc.l0, progress=config.progress)
         tables["l0"], tables["l0_gates"] = sweep, gates

@@ -6,6 +6,14 @@ random order per seed, giving a band). Without recomputation the order is fixed 
 unpruned model (the paper); with it, importance is recomputed on the pruned model after each
 step (the HF "bertology" port). Removed heads are zeroed at hook_z (xi_h = 0). Curves whose
 masks are all known in advance run as stacked copies, several masks per forward pass.
+
+Recomputed zero-ablation orderings cost one pass per remaining head at every step (about
+n_heads^2 x step / 2 passes in all). Above `exact_limit` heads (EXACT_LIMIT = 64: every zoo
+model and GPT-2-style models up to 8 x 8 heads stay exact) each step ranks the remaining heads
+by gate gradient on the pruned model (one backward pass) and verifies exactly, by zero
+ablation, only the VERIFY x k lowest-ranked candidates (k: the heads the step removes; at least
+k + 8), removing the k whose exact ablation costs least: 3 + 2k passes a step instead of all the
+remaining heads (GPT-2 small, 144 heads: about 6x fewer passes; Llama 2 7B's 1,024: about 12x).
 """
 from __future__ import annotations
 
@@ -25,13 +33,16 @@ from headscope.analyses.heads.importance import (
 from headscope.errors import ConfigError
 
 ORDERINGS = ("gradient", "ablation", "random")
+EXACT_LIMIT = 64  # heads above which recomputed ablation orderings rank by gradient and verify the top candidates
+VERIFY = 2  # candidates verified exactly per head removed (cheap ranking)
 
 
 @dataclass(frozen=True, kw_only=True)
 class PruningConfig:
     """step: fraction of all heads removed per step; n_random: seeds of the random band;
     method: the ablation of the "ablation" ordering; normalize: per-layer L2 for "gradient";
-    tolerance: relative drop allowed when counting prunable heads."""
+    tolerance: relative drop allowed when counting prunable heads; exact_limit: head count above
+    which recomputed zero-ablation orderings use the cheap ranking with exact verification."""
 
     step: float = 0.1
     orderings: tuple[str, ...] = ORDERINGS
@@ -41,6 +52,7 @@ class PruningConfig:
     normalize: bool = True
     tolerance: float = 0.01
     seed: int = 0
+    exact_limit: int = EXACT_LIMIT
 
     def __post_init__(self) -> None:
         if not 0 < self.step <= 1:
@@ -94,17 +106,46 @@ def pruning_curve(
         return _fixed_curve(model, scorer, order, counts, ordering, seed, progress)
     mask = torch.ones(f.n_layers, f.n_heads)
     rows, chosen = [], []
+    cheap = cheap_ranking(ordering, n, config)
     for prev, count in tqdm(list(zip(counts, counts[1:])), desc=f"pruning ({ordering}, recompute)",
                             disable=not progress, leave=False):
-        importance, metric = importance_for(model, scorer, ordering, config, mask)  # metric at `mask`
-        rows.append(_row(ordering, True, seed, prev, n, metric, [divmod(i, f.n_heads) for i in chosen]))
-        scores = importance.flatten().clone()
-        scores[mask.flatten() == 0] = float("inf")  # already pruned
-        chosen = torch.argsort(scores, stable=True)[: count - prev].tolist()
+        removed = [divmod(i, f.n_heads) for i in chosen]  # the heads the previous step removed
+        if cheap:
+            chosen, metric = verified_step(model, scorer, mask, count - prev, normalize=config.normalize)
+        else:
+            importance, metric = importance_for(model, scorer, ordering, config, mask)  # metric at `mask`
+            scores = importance.flatten().clone()
+            scores[mask.flatten() == 0] = float("inf")  # already pruned
+            chosen = torch.argsort(scores, stable=True)[: count - prev].tolist()
+        rows.append(_row(ordering, True, seed, prev, n, metric, removed))
         mask.view(-1)[chosen] = 0.0
     metric = float(evaluate_masks(model, scorer, mask[None])[0])
     rows.append(_row(ordering, True, seed, counts[-1], n, metric, [divmod(i, f.n_heads) for i in chosen]))
     return pd.DataFrame(rows)
+
+
+def cheap_ranking(ordering: str, n_heads: int, config: PruningConfig) -> bool:
+    """Whether a recomputed `ordering` ranks by gradient and verifies exactly (zero ablation above exact_limit heads)."""
+    return ordering == "ablation" and config.method == "zero" and n_heads > config.exact_limit
+
+
+def verified_step(model, scorer: Scorer, mask: torch.Tensor, k: int, *, normalize: bool = True) -> tuple[list[int], float]:
+    """One cheap-ranking step under `mask` [L, H]: the remaining heads ranked by gate gradient, the
+    max(VERIFY k, k + 8) lowest zero-ablated exactly (stacked passes), and the k whose removal
+    costs least. -> (flat indices of the k heads, the mean metric at `mask`)."""
+    f = model.facts
+    grads, _ = gate_gradients(model, scorer, mask)
+    scores = (normalize_per_layer(grads) if normalize else grads).flatten().clone()
+    alive = mask.flatten() > 0
+    scores[~alive] = float("inf")
+    n_cand = min(int(alive.sum()), max(VERIFY * k, k + 8))
+    candidates = torch.argsort(scores, stable=True)[:n_cand]
+    masks = mask.flatten().repeat(n_cand + 1, 1)  # [candidates + 1 (the mask itself), L * H]
+    masks[torch.arange(n_cand), candidates] = 0.0
+    values = evaluate_masks(model, scorer, masks.view(-1, f.n_layers, f.n_heads))
+    drop = values[-1] - values[:-1]  # [candidates] exact importance under the mask
+    keep = torch.argsort(drop, stable=True)[:k]
+    return candidates[keep].tolist(), float(values[-1])
 
 
 def _fixed_curve(model, scorer, order, counts, ordering, seed, progress) -> pd.DataFrame:

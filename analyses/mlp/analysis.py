@@ -52,6 +52,7 @@ class MLPConfig(AnalysisConfig):
     chunk_size: int = 32  # corpus rows per forward pass
     min_position: int = 1  # first prefix end considered (1 skips the lone <bos> prefix)
     apply_final_norm: bool = False
+    layers: tuple[int, ...] | None = None  # the layers analysed (None: every layer)
 
     @classmethod
     def preset(cls, *, quick: bool = False, **common) -> MLPConfig:
@@ -291,7 +292,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         default_task, default_corpus = default_inputs(model, task, config)
         task, corpus = default_task, default_corpus if corpus is None else corpus
     corpus = [corpus] if isinstance(corpus, (torch.Tensor, tuple)) else list(corpus)
-    layers = tuple(range(model.facts.n_layers))
+    layers = tuple(range(model.facts.n_layers)) if config.layers is None else tuple(map(model.check_layer, config.layers))
+    at = {layer: i for i, layer in enumerate(layers)}  # layer -> its index in the per-layer tensors
     trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
                             min_position=config.min_position, progress=config.progress)
     value_top = torch.stack([value_top_tokens(model, layer, top_k=config.top_k_tokens,
@@ -311,8 +313,8 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     rows = real_rows(corpus)  # trigger positions count real tokens only
     best = df.nlargest(config.n_top_neurons, "task_update_norm")
     table = best.assign(
-        value_tokens=[" ".join(strs(value_top[layer, n])) for layer, n in zip(best.layer, best.neuron)],
-        triggers=[" | ".join(_prefix_text(model, rows[int(trig.row[layer, n, j])], int(trig.position[layer, n, j]))
+        value_tokens=[" ".join(strs(value_top[at[layer], n])) for layer, n in zip(best.layer, best.neuron)],
+        triggers=[" | ".join(_prefix_text(model, rows[int(trig.row[at[layer], n, j])], int(trig.position[at[layer], n, j]))
                              for j in range(min(3, trig.row.shape[-1]))) for layer, n in zip(best.layer, best.neuron)],
     )
     summary = {

@@ -34,10 +34,12 @@ from headscope.errors import (
     TokenizationError,
     TokenizationWarning,
 )
+from headscope.execution import hook_free as _hook_free  # noqa: F401 - registers the hook-free forward pass
 from headscope.hooks import (
     SITES,
     Activations,
     ablate,
+    attention_pattern,
     available_sites,
     capture,
     generate_with_kv,
@@ -130,6 +132,7 @@ __all__ = [
     "__version__",
     "ablate",
     "analyses",
+    "attention_pattern",
     "available_sites",
     "capture",
     "errors",

@@ -1,7 +1,7 @@
 """The `headscope` command line.
 
     headscope report [--model SPEC] [--task NAME|FILE] [--task-fields prompt=COL,...] [--strict] [--analyses a,b]
-                     [--out DIR] [--seed N] [--device cpu|cuda] [--resume] [--force] [--quick]
+                     [--out DIR] [--seed N] [--device cpu|cuda] [--resume] [--force] [--quick] [--budget MINUTES]
     headscope heads|attribution|position|patching|mlp|kv|probes|circuits [same options]
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
@@ -79,6 +79,9 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping finished analyses")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out (only a previous headscope output)")
     p.add_argument("--quick", action="store_true", help="reduced sizes, for smoke tests")
+    p.add_argument("--budget", type=float, default=None, metavar="MINUTES",
+                   help="time for the analyses: each one's cost is estimated before it runs and its sweeps shrink to fit "
+                        "(default: 10 minutes, 3 with --quick; inf: no budget); each summary records what changed")
     p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars, only warnings")
     _trust_option(p)
 
@@ -172,7 +175,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             args.model, out=args.out, analyses=analyses, task=args.task, task_fields=args.task_fields, seed=args.seed,
             quick=args.quick, n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
             progress=not args.quiet, command=["headscope", *sys.argv[1:]], trust_remote_code=args.trust_remote_code,
-            strict=args.strict,
+            strict=args.strict, budget=args.budget,
         )
     except RunFailedError as err:  # --force and an analysis failed: the old output is unchanged
         if os.environ.get("RANK", "0") == "0":

@@ -1,0 +1,33 @@
+"""What the circuits analysis costs (analyses/core/budget.py), and its sweeps in the order they give way.
+
+Row passes, for n examples: logit lens and DLA one captured pass each (2n), and every block's input
+read through the unembedding at every position (counted as the row passes of as many flops); with edges (a task
+with corrupted prompts): EAP-IG 3 ig_steps n + 2n, faithfulness n per circuit size (k_values;
+about 10 by default).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from headscope.analyses.core.budget import Cost, CostModel, examples_knob, flops_per_row, n_rows, task_length
+
+FULL, QUICK = 64, 8
+
+
+def estimate(model, task, config) -> Cost:
+    f = model.facts
+    n, n_pos = n_rows(task, config, FULL, QUICK), task_length(task, model)
+    read = n_pos if config.lens_positions == "all" else 1  # positions the lens reads
+    unembed = (f.n_layers + 1) * n * read * 2.0 * f.d_model * f.d_vocab  # every block's input unembedded
+    parts = {"lens_dla": 2 * n + unembed / flops_per_row(model, n_pos)}
+    if config.edges and (task is None or getattr(task, "corrupted_tokens", None) is not None):
+        parts["edges"] = 3 * config.ig_steps * n + 2 * n
+        parts["faithfulness"] = n * (len(config.k_values) if config.k_values else 10)
+    return Cost(parts=parts, n_pos=n_pos)
+
+
+def plain_eap(config, model):
+    return dataclasses.replace(config, ig_steps=1) if config.ig_steps > 1 else None
+
+
+COST = CostModel(estimate=estimate, knobs=(plain_eap, examples_knob(FULL, QUICK)))

@@ -1,0 +1,247 @@
+"""Cost models and time budgets: what an analysis will cost before it runs, and settings that fit.
+
+The unit is a *row pass*: one forward pass of one example (at the task's length) through the
+whole model, without gradients; a backward pass counts two more. Each family declares
+`COST = CostModel(estimate, knobs)` beside its NEEDS: `estimate(model, task, config) -> Cost`
+counts the row passes of each part of the analysis from the model's shape, the task's size and
+the settings (an upper bound: resumed passes that skip early blocks count as whole passes), and
+`knobs` are the family's sweeps in the order they give way: fewer random orderings, L0 steps,
+integration steps, causal-tracing samples, examples... Each knob maps a config to a smaller one,
+or None when it has nothing left to give.
+
+`seconds_per_pass(model, n_pos)` is one row pass's flops times the seconds per flop of one timed
+forward on this machine, so an estimate becomes seconds; `fit` applies knobs in order until the estimate fits
+a budget and records every setting it changed; `allocate` shares a report's budget between its
+analyses (each gets what it needs when the sum fits; otherwise the costly ones are cut to an equal
+share of what is left, heads and patching, the report's first two sections, a double share).
+The report's budget is `--budget` minutes, by default REPORT_MINUTES
+(QUICK_MINUTES with --quick); the summary of each analysis records its budget, its estimate and
+the settings the budget changed (`summary["budget"]`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headscope.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+REPORT_MINUTES, QUICK_MINUTES = 10.0, 3.0  # the report's default budgets (full, --quick)
+OVERHEAD = 0.15  # of a report's budget kept for what no estimate counts: loading, figures, the HTML
+MIN_EXAMPLES = 8  # the examples knob stops here
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Row passes per part of an analysis (see the module doc), at sequences of n_pos tokens."""
+
+    parts: Mapping[str, float]
+    n_pos: int
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.parts.values()))
+
+
+Knob = Callable[[Any, Any], Any]  # (config, model) -> a cheaper config, or None when it has nothing left to give
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """A family's cost: estimate(model, task or None, config) -> Cost, and its knobs in the order they give way."""
+
+    estimate: Callable[[Any, Any, Any], Cost]
+    knobs: Sequence[Knob] = ()
+    weight: float = 1.0  # its claim on a shared budget against the other costly analyses
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A config fitted to a budget: the estimate (row passes and seconds) and what changed ({setting: [old, new]})."""
+
+    config: Any
+    cost: Cost
+    seconds: float
+    budget_s: float | None
+    changed: dict[str, list[Any]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """What summary["budget"] records: the estimate in row passes (the machine's speed left out, so
+        that a rerun with the same settings writes the same summary) and every setting that changed."""
+        return {"estimated_row_passes": round(self.cost.total), "parts": {k: round(v) for k, v in self.cost.parts.items()},
+                "changed": self.changed}
+
+    def timing(self) -> dict[str, Any]:
+        """What manifest.json's "budget" records per analysis: its share and its estimate in seconds."""
+        return {"budget_s": None if self.budget_s is None else round(self.budget_s, 1), "estimated_s": round(self.seconds, 1)}
+
+
+# ---- measuring ------------------------------------------------------------------------------
+_MEASURED: dict[int, float] = {}  # id(model) -> seconds per flop
+
+
+def flops_per_row(model, n_pos: int) -> float:
+    """Multiply-adds x 2 of one row pass of n_pos tokens: 2 per parameter per token (the unembedding
+    included) and the attention scores and mixing, 4 d_model n_pos per token and layer."""
+    f = model.facts
+    params = sum(p.numel() for p in {id(p): p for p in model.bridge.parameters()}.values())
+    return float(n_pos) * (2.0 * params + 4.0 * f.n_layers * n_pos * f.d_model)
+
+
+def seconds_per_pass(model, n_pos: int) -> float:
+    """Seconds of one row pass at n_pos tokens on this machine: flops_per_row times the seconds per
+    flop of one timed forward (the faster of two after a warm-up) of 8 random rows of min(64, n_ctx)
+    tokens with a no-op hook attached (the analyses' passes carry hooks, so they run through the
+    bridge). Short passes use the machine less well than long ones, so long contexts come out dear
+    rather than cheap. The rate is measured once per model (the machine's load at that moment counts)."""
+    from headscope.hooks.sites import site
+
+    key = id(model)
+    if key not in _MEASURED:
+        rows, length = 8, max(1, min(64, int(model.facts.n_ctx)))
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, int(model.facts.d_vocab), (rows, length), generator=g)
+        hook = site("resid_post", model.facts.n_layers - 1)
+        best = float("inf")
+        with torch.inference_mode():
+            for i in range(3):
+                start = time.perf_counter()
+                model.run_with_hooks(tokens, fwd=[(hook, lambda act, hook: None)])
+                if i:
+                    best = min(best, time.perf_counter() - start)
+        _MEASURED[key] = best / (rows * flops_per_row(model, length))
+    return _MEASURED[key] * flops_per_row(model, max(1, min(int(n_pos), int(model.facts.n_ctx))))
+
+
+# ---- fitting --------------------------------------------------------------------------------
+def _json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return list(value) if isinstance(value, tuple) else value
+
+
+def changes(before: Any, after: Any, prefix: str = "") -> dict[str, list[Any]]:
+    """{setting: [old, new]} for every setting that differs between two configs of one family (nested
+    configs by dotted name; one that became None, e.g. a sweep turned off, as a whole)."""
+    out: dict[str, list[Any]] = {}
+    for f in dataclasses.fields(before):
+        a, b = getattr(before, f.name), getattr(after, f.name)
+        if a == b:
+            continue
+        if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b) and type(a) is type(b):
+            out.update(changes(a, b, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = [_json(a), _json(b)]
+    return out
+
+
+def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | None) -> Fitted:
+    """`config` with the family's knobs applied in order until its estimate fits budget_s seconds
+    (None: no budget, the estimate only). When every knob is spent the last config stays, with a
+    log line saying the budget cannot be met."""
+    cost = cost_model.estimate(model, task, config)
+    per = seconds_per_pass(model, cost.n_pos)
+    fitted = config
+    if budget_s is not None:
+        for knob in cost_model.knobs:
+            while cost.total * per > budget_s:
+                smaller = knob(fitted, model)
+                if smaller is None or smaller == fitted:
+                    break
+                fitted, cost = smaller, cost_model.estimate(model, task, smaller)
+        if cost.total * per > budget_s:
+            log.info("the estimate %.0f s still exceeds the budget of %.0f s with every sweep at its smallest",
+                     cost.total * per, budget_s)
+    return Fitted(config=fitted, cost=cost, seconds=cost.total * per, budget_s=budget_s, changed=changes(config, fitted))
+
+
+def allocate(estimates: Mapping[str, float], budget_s: float, weights: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Each analysis's share of budget_s: its estimate when the sum fits; otherwise the largest cap s
+    with sum(min(estimate, weight x s)) = budget_s (cheap analyses keep what they need, the costly
+    ones share the rest in proportion to their weights, 1 unless given)."""
+    if budget_s <= 0:
+        raise ConfigError(f"the budget must be positive, got {budget_s:g} s.")
+    if sum(estimates.values()) <= budget_s:
+        return dict(estimates)
+    w = {name: float((weights or {}).get(name, 1.0)) for name in estimates}
+    left, rest = budget_s, sorted(estimates, key=lambda name: estimates[name] / w[name])
+    shares: dict[str, float] = {}
+    while rest:
+        cap = left / sum(w[name] for name in rest)  # seconds per unit of weight
+        if estimates[rest[0]] > w[rest[0]] * cap:
+            shares.update({name: w[name] * cap for name in rest})
+            break
+        shares[rest[0]] = estimates[rest[0]]
+        left -= estimates[rest[0]]
+        rest = rest[1:]
+    return shares
+
+
+def plan(model, entries: Mapping[str, tuple[CostModel, Any, Any]], minutes: float | None) -> dict[str, Fitted]:
+    """Every analysis of a run fitted to one budget of `minutes` (None or inf: estimates only).
+    entries: name -> (its cost model, the Task it will run on or None, its config). OVERHEAD of the
+    budget is kept back; the rest is shared by `allocate`, and each analysis fitted to its share."""
+    import math
+
+    free = {name: fit(model, cm, task, config, None) for name, (cm, task, config) in entries.items()}
+    if minutes is None or math.isinf(minutes) or not entries:
+        return free
+    if minutes <= 0:
+        raise ConfigError(f"--budget is in minutes and must be positive, got {minutes:g}.")
+    shares = allocate({name: f.seconds for name, f in free.items()}, minutes * 60 * (1 - OVERHEAD),
+                      {name: cm.weight for name, (cm, _, _) in entries.items()})
+    return {name: fit(model, cm, task, config, shares[name]) for name, (cm, task, config) in entries.items()}
+
+
+def describe(name: str, fitted: Fitted) -> str:
+    """One log line: the estimate, the budget and what it changed."""
+    budget = "" if fitted.budget_s is None else f" (budget {fitted.budget_s:.0f} s)"
+    changed = "; ".join(f"{k} {old} -> {new}" for k, (old, new) in fitted.changed.items())
+    return (f"{name}: estimated {fitted.cost.total:,.0f} row passes of {fitted.cost.n_pos} tokens, about "
+            f"{fitted.seconds:.0f} s{budget}" + (f"; the budget changed {changed}" if changed else ""))
+
+
+# ---- knobs shared by the families -----------------------------------------------------------
+def fewer_examples(config: Any, model: Any, *, full: int, quick: int, floor: int = MIN_EXAMPLES) -> Any:
+    """Halve the examples (config.n_examples, from the family's default full/quick count), down to floor."""
+    n = config.examples(full, quick)
+    if n <= floor:
+        return None
+    return dataclasses.replace(config, n_examples=max(floor, n // 2))
+
+
+def examples_knob(full: int, quick: int, floor: int = MIN_EXAMPLES) -> Knob:
+    return lambda config, model: fewer_examples(config, model, full=full, quick=quick, floor=floor)
+
+
+def n_rows(task: Any, config: Any, full: int, quick: int) -> int:
+    """The examples an analysis runs: the task's rows, at most the config's count."""
+    n = config.examples(full, quick)
+    return min(n, len(task)) if task is not None and hasattr(task, "__len__") else n
+
+
+def resumed_share(model: Any) -> float:
+    """The share of a whole pass that a run editing one layer costs where passes resume at the edited
+    block (execution/resume.py; (L + 1) / 2L averaged over the layers), else 1."""
+    from headscope.execution import resume
+
+    layers = int(model.facts.n_layers)
+    return (layers + 1) / (2 * layers) if resume.supports(model).ok else 1.0
+
+
+def task_length(task: Any, model: Any, default: int = 64) -> int:
+    """The task's padded length (default, at most the context, without a task)."""
+    tokens = getattr(task, "tokens", None)
+    return int(tokens.shape[1]) if tokens is not None else min(default, int(model.facts.n_ctx))
+
+
+__all__ = ["Cost", "CostModel", "Fitted", "OVERHEAD", "QUICK_MINUTES", "REPORT_MINUTES", "allocate", "changes",
+           "describe", "examples_knob", "fewer_examples", "fit", "flops_per_row", "n_rows", "plan", "resumed_share",
+           "seconds_per_pass", "task_length"]

@@ -1,0 +1,63 @@
+"""What the position analysis costs (analyses/core/budget.py), and its sweeps in the order they give way.
+
+Its own prompts: Liu et al.'s key-value task fitted to the context window (as many pairs as fit,
+at most 20, 10 when quick), so a prompt is about min(n_ctx, 2048) tokens, scaled down by n_items
+when set below that maximum (zoo and retrieval prompts are shorter: an upper bound). One row per
+example and gold position (5 by default), each run plainly and, with a window, under two
+StreamingLLM masks (3 row passes), plus a prefill where a several-token answer is decoded greedily
+on decoders. Knobs, in order: the masked runs (window 0), half the pairs (shorter prompts), the
+examples down to 4, the gold at the first, middle and last slots only, the greedy decoding.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from headscope.analyses.core.budget import Cost, CostModel, n_rows
+
+FULL, QUICK = 32, 8
+MIN_EXAMPLES = 4
+
+
+def _max_items(config) -> int:
+    return 10 if config.quick else 20
+
+
+def estimate(model, task, config) -> Cost:
+    n = n_rows(None, config, FULL, QUICK)
+    positions = len(config.positions) if config.positions else 5
+    runs = 1 + (2 if config.window != 0 else 0)
+    parts = {"sweeps": n * positions * runs}
+    if not model.facts.is_encoder and config.generate is not False:
+        parts["generation"] = n * positions
+    full = min(int(model.facts.n_ctx), 2048)
+    items = config.n_items or _max_items(config)
+    return Cost(parts=parts, n_pos=max(16, round(full * min(1.0, items / _max_items(config)))))
+
+
+def no_masked_runs(config, model):
+    return dataclasses.replace(config, window=0) if config.window != 0 else None
+
+
+def fewer_items(config, model):
+    items = config.n_items or _max_items(config)
+    return dataclasses.replace(config, n_items=items // 2) if items // 2 >= 4 else None
+
+
+def fewer_examples(config, model):
+    n = config.examples(FULL, QUICK)
+    return dataclasses.replace(config, n_examples=max(MIN_EXAMPLES, n // 2)) if n > MIN_EXAMPLES else None
+
+
+def fewer_positions(config, model):
+    """Gold at the first, middle and last slot only (once the pairs are set)."""
+    if config.n_items is None or (config.positions is not None and len(config.positions) <= 3):
+        return None
+    n = config.n_items
+    return dataclasses.replace(config, positions=tuple(sorted({1, (n + 1) // 2, n})))
+
+
+def no_generation(config, model):
+    return dataclasses.replace(config, generate=False) if config.generate is not False else None
+
+
+COST = CostModel(estimate=estimate, knobs=(no_masked_runs, fewer_items, fewer_examples, fewer_positions, no_generation))

@@ -1,0 +1,92 @@
+"""The hook-free forward pass: a plain `model(tokens)` and on-demand attention patterns.
+
+The TransformerBridge reimplements attention and materialises every layer's [batch, head, q, k]
+pattern, so a plain pass through it costs several times Hugging Face's SDPA pass in memory. Where
+the hook-free blocks (fast_blocks) reproduce a model's pass (resume.supports(model).fast_capture:
+float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX blocks, every layer with the same mask), a pass
+with no hook attached runs them instead, with the fused attention kernel: the bridge embeds the
+tokens and builds the mask and rotary tables (resume._block0_call), every block runs as plain
+tensor code, and the bridge's final norm and unembedding give the logits (as resume.last_logits,
+at every position). A layer's attention inputs (post-rotary q and k, mask, scale) can be handed
+to a callback on the way (hooks/patterns recomputes the requested patterns from them), and the
+pass can stop after a layer when only its attention is wanted.
+
+Registered with models.hooked_model on import (models cannot import execution); HookedModel.forward
+calls it only while no hook is attached (HookedModel.hook_free), so hooks always see the bridge's pass.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from headscope.execution import resume
+from headscope.models.hooked_model import register_hook_free_pass
+
+# (q [n, head, pos, d_head], k [n, kv_head, pos, d_head] after rotary, mask [n or 1, 1, pos, pos]
+# additive or bool, or None for causal, scale) -> None
+OnAttention = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float], None]
+
+
+def applies(model) -> bool:
+    """The hook-free blocks reproduce this model's whole pass (checked once per model, while no
+    hook is attached; see resume.supports), and every layer gets the same mask."""
+    if model.facts.is_encoder or not model.hook_free() or resume._uniform_plan(model) is None:
+        return False
+    return resume.supports(model).fast_capture
+
+
+def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   attention: Mapping[int, OnAttention] | None = None,
+                   stop_after: int | None = None) -> torch.Tensor | None:
+    """Logits [batch, pos, d_vocab] of a pass of `tokens` [batch, pos] through the hook-free blocks,
+    or None where they do not apply (the caller then runs the bridge). attention: layer -> callback
+    given that layer's attention inputs (see OnAttention) before the block runs. stop_after: return
+    right after layer stop_after's callback, without running that block or any later one (the
+    return value is then the block's input [batch, pos, d_model], not logits). Differentiable."""
+    if not applies(model):
+        return None
+    plans = resume._uniform_plan(model)
+    # the bridge up to block 0 (embedding, mask, rotary tables), called as the bridge itself: not
+    # a second model(...) call
+    call = resume._block0_call(model, tokens, attention_mask,
+                               lambda t, m: model.bridge_forward(t, attention_mask=m))
+    if call is None:
+        return None
+    x, rest, kwargs = call  # x [batch, pos, d_model]
+    rest, kwargs = resume._with_cache(rest, kwargs, None)  # a plain pass fills no KV cache
+    rest, kwargs = _without_causal_mask(rest, kwargs)
+    attention = attention or {}
+    for i, block in enumerate(plans):
+        if i in attention:
+            got = None if block.qk is None else block.qk(x, rest, kwargs)
+            if got is None:
+                return None
+            attention[i](*got)
+        if i == stop_after:
+            return x
+        x = block.full(x, rest, kwargs, None, False)  # [batch, pos, d_model]
+        if x is None:  # arguments the blocks do not handle
+            return None
+    return model.bridge.unembed(model.bridge.ln_final(x))  # [batch, pos, d_vocab]
+
+
+def _without_causal_mask(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The blocks' call arguments with their 4-d mask [n or 1, 1, pos, pos] replaced by None where
+    it is exactly the causal mask (no padding, no sliding window that bites): the blocks then run
+    the fused kernel's causal mode, which skips the scores above the diagonal (fast_blocks), and
+    the pattern callbacks get mask None (causal)."""
+    masks = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.ndim == 4]
+    if len(masks) != 1 or masks[0].shape[-1] != masks[0].shape[-2]:
+        return args, kwargs
+    mask = masks[0]
+    causal = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).tril()  # [pos, pos]
+    if mask.dtype != torch.bool:
+        causal = torch.zeros(causal.shape, dtype=mask.dtype, device=mask.device).masked_fill_(
+            ~causal, torch.finfo(mask.dtype).min)  # Hugging Face's additive form
+    if not torch.equal(mask, causal.expand_as(mask)):
+        return args, kwargs
+    return tuple(None if v is mask else v for v in args), {k: (None if v is mask else v) for k, v in kwargs.items()}
+
+
+register_hook_free_pass(hook_free_pass)

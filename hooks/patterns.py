@@ -1,0 +1,159 @@
+"""Attention patterns on demand: recomputed from a layer's q and k, for the heads and queries asked for.
+
+A pass through the TransformerBridge materialises every layer's [batch, head, q, k] pattern, the
+largest activation of a long prompt, even when one head of one layer is wanted. Where the hook-free
+blocks run a model's pass (execution.hook_free: float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX
+blocks), the pass runs the fused attention kernel and the requested patterns are recomputed from
+the layer's post-rotary q and k, its mask (causal, padding, sliding window) and scale, with grouped
+KV heads mapped to their query heads, a chunk of queries at a time: memory is the requested pattern
+plus one chunk's scores. `attention_pattern` stops the pass at the layer; `capture` and
+`run_with_cache` take this route when only patterns and scores are requested (no hook attached),
+running the rest of the pass for its output. Elsewhere (other architectures such as Gemma 2, half
+precision, hooks attached) the bridge's own pattern is read, which is exact but not memory-light.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from headscope.hooks.cache import Activations
+from headscope.hooks.capture import Positions, position_index
+from headscope.hooks.sites import site
+from headscope.models.hooked_model import hook_free_pass
+
+DEFAULT_CHUNK = 256  # queries per chunk: [batch, heads, 256, keys] scores at a time
+_ATTENTION_SITE = re.compile(r"^blocks\.(\d+)\.attn\.hook_(attn_scores|pattern)$")
+_KIND = {"attn_scores": "scores", "pattern": "pattern"}
+
+
+def attention_pattern(model, tokens: torch.Tensor, layer: int, heads: int | Sequence[int] | None = None,
+                      query_positions: Positions = None, *, attention_mask: torch.Tensor | None = None,
+                      chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """Attention weights of `layer` [batch, n_heads asked, n_queries, n_keys] for tokens [batch, pos].
+
+    heads: None (all), an int (the axis kept, length 1) or a list; query_positions: as capture's
+    positions (None = all; negatives count from the end). attention_mask [batch, pos] (1 = real
+    token), as for the model. Equal to the bridge's hook_pattern restricted to those heads and
+    queries (Hugging Face's eager attention weights), detached. Where the hook-free blocks apply
+    (see the module docstring) no block after `layer` runs and the pattern is recomputed from q
+    and k, `chunk` queries at a time; elsewhere the bridge's pass runs up to `layer` and its
+    pattern is cut, so every earlier layer's pattern is materialised on the way.
+    """
+    tokens = model.check_tokens(tokens)
+    model.check_layer(layer)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(model.device)
+    head_idx = _head_index(model, layer, heads, tokens.device)  # [h']
+    query_idx = position_index(query_positions, tokens.shape[1], tokens.device)  # [q']
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> None:
+        got.update(attention_weights(q, k, mask, scale, head_idx, query_idx, chunk=chunk))
+
+    with torch.no_grad():
+        if hook_free_pass(model, tokens, attention_mask, attention={layer: keep}, stop_after=layer) is not None:
+            return got["pattern"]
+        return _bridge_pattern(model, tokens, attention_mask, layer, head_idx, query_idx)
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, heads: torch.Tensor,
+                      queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK,
+                      kinds: Iterable[str] = ("pattern",)) -> dict[str, torch.Tensor]:
+    """Eager attention of some heads and queries: {"scores": q k^T scale + mask, "pattern": its
+    softmax}, each [n, h', q', keys], for the kinds asked. q [n, head, pos, d_head] and k
+    [n, kv_head, keys, d_head] after rotary (query head h reads KV head h // (head / kv_head));
+    mask [n or 1, 1, pos, keys] additive or bool (False = masked, filled with the dtype's minimum,
+    as Hugging Face's masks), or None for causal with queries at the last positions of the keys;
+    heads [h'] and queries [q'] index tensors. Computed chunk queries at a time: the only scores
+    held beyond the results are one chunk's [n, h', chunk, keys]."""
+    n, n_heads, n_pos, _ = q.shape
+    n_keys = k.shape[2]
+    group = n_heads // k.shape[1]
+    q = q.index_select(1, heads)  # [n, h', pos, d_head]
+    kt = k.index_select(1, torch.div(heads, group, rounding_mode="floor")).transpose(-1, -2)  # [n, h', d_head, keys]
+    out = {kind: q.new_empty(n, heads.numel(), queries.numel(), n_keys) for kind in ("scores", "pattern") if kind in kinds}
+    for start in range(0, queries.numel(), max(1, chunk)):
+        idx = queries[start:start + chunk]  # [c]
+        s = torch.matmul(q.index_select(2, idx), kt).mul_(scale)  # [n, h', c, keys]
+        if mask is None:  # causal: query position p (of n_pos, ending at the last key) sees keys up to p
+            allowed = torch.arange(n_keys, device=s.device) <= (idx + n_keys - n_pos)[:, None]  # [c, keys]
+            s = s.masked_fill_(~allowed, torch.finfo(s.dtype).min)
+        elif mask.dtype == torch.bool:
+            s = s.masked_fill_(~mask.index_select(2, idx), torch.finfo(s.dtype).min)
+        else:
+            s = s.add_(mask.index_select(2, idx))  # [n or 1, 1, c, keys] additive
+        rows = slice(start, start + idx.numel())
+        if "scores" in out:
+            out["scores"][:, :, rows] = s
+        if "pattern" in out:
+            out["pattern"][:, :, rows] = torch.softmax(s, dim=-1, dtype=torch.float32)
+    return out
+
+
+def capture_patterns(model, tokens: torch.Tensor, names: Sequence[str], positions: Positions, to_cpu: bool,
+                     attention_mask: torch.Tensor | None) -> Activations | None:
+    """capture's route when only attention scores and patterns are requested (no gradient): one
+    hook-free pass whose output is the model's, the requested layers' scores and patterns (every
+    head; `positions` selects queries) recomputed from q and k on the way, as the bridge's hooks
+    would store them. None where the hook-free pass does not apply (capture then runs the bridge)."""
+    wanted: dict[int, set[str]] = {}
+    for name in names:
+        match = _ATTENTION_SITE.match(name)
+        if match is None:
+            return None
+        wanted.setdefault(int(match.group(1)), set()).add(_KIND[match.group(2)])
+    tokens = model.check_tokens(tokens)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(model.device)
+    heads = torch.arange(model.facts.n_heads, device=tokens.device)
+    query_idx = position_index(positions, tokens.shape[1], tokens.device)
+    store = Activations(model=model)
+
+    def at(layer: int):
+        def keep(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> None:
+            got = attention_weights(q, k, mask, scale, heads, query_idx, kinds=wanted[layer])
+            for kind in ("scores", "pattern"):  # the bridge's order: hook_attn_scores fires first
+                if kind in got:
+                    store[site(kind, layer)] = got[kind].to("cpu") if to_cpu else got[kind]
+        return keep
+
+    with torch.no_grad():
+        output = hook_free_pass(model, tokens, attention_mask, attention={layer: at(layer) for layer in sorted(wanted)})
+    if output is None:
+        return None
+    store.output = output
+    return store
+
+
+class _Got(Exception):
+    """Raised by the pattern hook to end the bridge's pass once the layer's pattern is taken."""
+
+
+def _bridge_pattern(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None, layer: int,
+                    heads: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """The bridge's own hook_pattern of `layer` [batch, h', q', keys], cut inside the hook; the pass
+    stops there."""
+    got: list[torch.Tensor] = []
+
+    def take(pattern: torch.Tensor, hook) -> None:  # pattern [batch, head, q, keys]
+        got.append(pattern.index_select(1, heads.to(pattern.device)).index_select(2, queries.to(pattern.device)))
+        raise _Got
+
+    with model.hooks(fwd=[(site("pattern", layer), take)]):
+        try:
+            model(tokens, attention_mask=attention_mask)
+        except _Got:
+            pass
+    return got[0]
+
+
+def _head_index(model, layer: int, heads: int | Sequence[int] | None, device: torch.device) -> torch.Tensor:
+    """heads (None = all) as an index tensor [h'], each checked against the model."""
+    if heads is None:
+        return torch.arange(model.facts.n_heads, device=device)
+    chosen = [heads] if isinstance(heads, int) else list(heads)
+    for head in chosen:
+        model.check_head(layer, head)
+    return torch.tensor(chosen, dtype=torch.long, device=device)

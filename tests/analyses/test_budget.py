@@ -1,0 +1,158 @@
+"""Cost models and budgets (#22 item 2): estimates counted against the passes that run, the cheap
+ranking against the exact recomputed ordering, fitting and sharing a budget, and `--budget` in the
+report. Row passes are counted independently of headscope's engines: a forward pre-hook on the last
+layer's Hugging Face MLP module adds up the rows every pass (full, stacked or resumed) sends through it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+
+import pytest
+
+from headscope.analyses.core import budget as B
+from headscope.analyses.heads import cost as heads_cost
+from headscope.analyses.heads.analysis import HeadsConfig
+from headscope.analyses.heads.importance import make_scorer
+from headscope.analyses.heads.pruning import PruningConfig, pruning_curve, pruning_curves
+from headscope.errors import ConfigError
+
+
+@contextlib.contextmanager
+def counted_rows(model):
+    """Rows through the last layer's HF MLP module while the block runs (a list holding the count)."""
+    mlp = model.bridge.blocks[-1].mlp
+    raw = getattr(mlp, "original_component", None) or mlp
+    count = [0]
+    handle = raw.register_forward_pre_hook(lambda mod, args: count.__setitem__(0, count[0] + args[0].shape[0]))
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+def _heads_config(**pruning) -> HeadsConfig:
+    return HeadsConfig(methods=(), l0=None, n_induction=0, pruning=PruningConfig(**pruning))
+
+
+@pytest.mark.parametrize("pruning", [
+    dict(orderings=("random",), n_random=2, recompute=(False,), step=0.25),
+    dict(orderings=("ablation",), recompute=(True,), step=0.25),
+    dict(orderings=("ablation",), recompute=(True,), step=0.25, exact_limit=4),  # the cheap ranking
+], ids=["random", "ablation_recompute", "cheap_ranking"])
+@pytest.mark.parametrize("resumed", [False, True], ids=["full_passes", "resumed"])
+def test_the_pruning_estimate_counts_the_rows_that_run(pruning, resumed, arch_models, mixed_tasks, monkeypatch):
+    """gpt2 of the matrix: 2 layers x 4 heads. With full passes the count is the estimate; resumed
+    passes (which reuse the clean run where no gate is closed) stay under it, as an upper bound
+    should. Forward rows only: the cheap ranking's gate gradients count 3 per row in the estimate
+    (a backward pass is two more) and 1 here."""
+    from headscope.execution import resume
+
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    if not resumed:
+        monkeypatch.setattr(resume, "supports", lambda model: resume.Support(False, False, False))
+    config = _heads_config(**pruning)
+    scorer = make_scorer(model, task)
+    pruning_curves(model, scorer, config.pruning)  # first use: one-time checks of the resumed engine
+    with counted_rows(model) as count:
+        pruning_curves(model, scorer, config.pruning)
+    n, steps = len(task), 4  # prune_counts(8, 0.25) = [0, 2, 4, 6, 8]
+    estimate = heads_cost.estimate(model, task, config).parts["pruning"]
+    if pruning.get("exact_limit"):  # each step: gradients (3n estimated, n forward rows), then the candidates
+        estimate -= 2 * n * steps
+    # by hand: random: 2 seeds x 5 points; exact: n (1 + remaining) per step + the last point;
+    # cheap: n (1 + candidates + 1) per step, candidates = min(remaining, max(2k, k + 8)) = remaining here
+    by_hand = {"random": 2 * 5 * n, "ablation": n * (9 + 7 + 5 + 3) + n, "cheap": n * (1 + 9 + 1 + 7 + 1 + 5 + 1 + 3) + n}
+    assert estimate == by_hand["cheap" if pruning.get("exact_limit") else pruning["orderings"][0]]
+    if resumed:
+        assert 0 < count[0] <= estimate
+    else:
+        assert count[0] == estimate
+
+
+def test_the_cheap_ranking_verifying_every_head_is_the_exact_ordering(arch_models, mixed_tasks):
+    """With as many candidates as heads remain, the cheap ranking's exact verification is the exact
+    recomputed zero-ablation ordering: the same heads removed at every step, the same curve."""
+    model, task = arch_models("llama3"), mixed_tasks("llama3")
+    scorer = make_scorer(model, task)
+    exact = pruning_curve(model, scorer, ordering="ablation", recompute=True, config=PruningConfig(step=0.25))
+    cheap = pruning_curve(model, scorer, ordering="ablation", recompute=True,
+                          config=PruningConfig(step=0.25, exact_limit=4))
+    assert cheap["pruned"].tolist() == exact["pruned"].tolist()
+    assert cheap["metric"].to_numpy() == pytest.approx(exact["metric"].to_numpy(), abs=1e-4)
+
+
+def test_fitting_applies_the_knobs_in_order_and_records_what_changed(arch_models, mixed_tasks, monkeypatch):
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    per_flop = 1.0 / B.flops_per_row(model, task.tokens.shape[1])
+    monkeypatch.setitem(B._MEASURED, id(model), per_flop)  # about one second a row pass
+    config = HeadsConfig.preset()
+    free = B.fit(model, heads_cost.COST, task, config, None)
+    assert free.config == config and free.changed == {} and free.seconds == pytest.approx(free.cost.total)
+    budget = free.seconds / 3
+    fitted = B.fit(model, heads_cost.COST, task, config, budget)
+    assert fitted.seconds <= budget < free.seconds
+    assert set(fitted.changed) == {"pruning.n_random", "l0.steps"}, fitted.changed  # the first two knobs, in order:
+    assert fitted.changed["pruning.n_random"] == [5, 1]  # the first gives all it has first
+    assert heads_cost.fewer_random(fitted.config, model) is None
+    steps = fitted.config.l0.steps
+    assert fitted.changed["l0.steps"] == [200, steps] and steps < 200
+    undone = dataclasses.replace(fitted.config, l0=dataclasses.replace(fitted.config.l0, steps=steps * 2))
+    assert heads_cost.estimate(model, task, undone).total > budget  # no more than the budget needs
+    # the estimate itself, by hand for the L0 part: lambdas x (steps x 3 x min(batch, n) + n)
+    n = len(task)
+    assert fitted.cost.parts["l0"] == 5 * (steps * 3 * min(32, n) + n)
+
+
+def test_allocate_gives_cheap_analyses_what_they_need_and_shares_the_rest():
+    assert B.allocate({"a": 10, "b": 20}, 100) == {"a": 10, "b": 20}
+    assert B.allocate({"a": 10, "b": 200, "c": 300}, 100) == {"a": 10, "b": 45, "c": 45}
+    assert B.allocate({"a": 60, "b": 60}, 100) == {"a": 50, "b": 50}
+    # weights: a costly analysis of weight 2 gets twice the share of one of weight 1
+    assert B.allocate({"a": 10, "b": 200, "c": 300}, 100, {"c": 2}) == pytest.approx({"a": 10, "b": 30, "c": 60})
+    assert B.allocate({"a": 10, "b": 20, "c": 300}, 100, {"c": 2}) == {"a": 10, "b": 20, "c": 70}
+    with pytest.raises(ConfigError):
+        B.allocate({"a": 1}, 0)
+
+
+def test_a_report_budget_shrinks_the_sweeps_and_says_so(tmp_path, capsys):
+    from headscope.cli import main
+
+    out = tmp_path / "out"
+    code = main(["-q", "heads", "--quick", "--device", "cpu", "--budget", "0.02", "--out", str(out)])
+    assert code == 0
+    summary = json.loads((out / "heads" / "summary.json").read_text(encoding="utf-8"))
+    budget = summary["budget"]
+    assert budget["changed"], budget
+    changed = budget["changed"]
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["config"]["budget_minutes"] == 0.02
+    assert manifest["budget"]["heads"]["budget_s"] == pytest.approx(0.02 * 60 * (1 - B.OVERHEAD), abs=0.1)
+    if "pruning.n_random" in changed:  # the random band has as many seeds as the budget left
+        import pandas as pd
+
+        curve = pd.read_csv(out / "heads" / "curve.csv")
+        assert curve.loc[curve["ordering"] == "random", "seed"].nunique() == changed["pruning.n_random"][1]
+    with pytest.raises(SystemExit):
+        main(["heads", "--budget", "soon"])
+    assert main(["-q", "heads", "--quick", "--budget", "-1", "--out", str(tmp_path / "neg")]) == 2
+    assert "must be positive" in capsys.readouterr().err
+
+
+def test_mlp_on_a_subset_of_layers_gives_those_layers_rows_of_the_full_run(arch_models):
+    """The mlp knob analyses fewer layers: what it keeps equals the full run's rows for those layers."""
+    import headscope as hs
+
+    model = arch_models("llama3")
+    config = hs.MLPConfig.preset(quick=True, n_examples=4)
+    full = hs.run_analysis("mlp", model, None, config)
+    last = model.facts.n_layers - 1
+    part = hs.run_analysis("mlp", model, None, dataclasses.replace(config, layers=(last,)))
+    keep = full.df[full.df["layer"] == last].reset_index(drop=True)
+    assert part.df.reset_index(drop=True).equals(keep)
+    assert part.tables["agreement"]["layer"].tolist() == [last]
+    assert set(part.tables["top_neurons"]["layer"]) == {last}
+    mine = part.tables["top_neurons"][["neuron", "value_tokens", "triggers"]].reset_index(drop=True)
+    theirs = full.tables["top_neurons"].query("layer == @last")[["neuron", "value_tokens", "triggers"]]
+    assert mine.head(len(theirs)).equals(theirs.reset_index(drop=True).head(len(mine)))
