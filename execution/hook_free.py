@@ -17,6 +17,7 @@ calls it only while no hook is attached (HookedModel.hook_free), so hooks always
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -38,12 +39,19 @@ def applies(model) -> bool:
 
 def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    attention: Mapping[int, OnAttention] | None = None,
-                   stop_after: int | None = None) -> torch.Tensor | None:
-    """Logits [batch, pos, d_vocab] of a pass of `tokens` [batch, pos] through the hook-free blocks,
-    or None where they do not apply (the caller then runs the bridge). attention: layer -> callback
-    given that layer's attention inputs (see OnAttention) before the block runs. stop_after: return
-    right after layer stop_after's callback, without running that block or any later one (the
-    return value is then the block's input [batch, pos, d_model], not logits). Differentiable."""
+                   stop_after: int | None = None, keep: torch.Tensor | None = None,
+                   cache: Any = None, logits_from: int = 0) -> torch.Tensor | None:
+    """Logits [batch, pos - logits_from, d_vocab] of a pass of `tokens` [batch, pos] through the
+    hook-free blocks, or None where they do not apply (the caller then runs the bridge).
+    attention: layer -> callback given that layer's attention inputs (see OnAttention) before the
+    block runs. stop_after: return right after layer stop_after's callback, without running that
+    block or any later one (the return value is then the block's input [batch, pos, d_model], not
+    logits). keep: bool [pos, pos] (query, key) or [n or 1, 1, pos, pos]: every layer's queries see
+    only the keys it allows besides what the model's own mask allows (the callbacks get the
+    combined mask). cache: a Hugging Face cache to fill with every layer's keys and values (a
+    prefill; keys after rotary, as the model's own pass stores them). logits_from: the first
+    position whose logits are wanted (the unembedding of a long prompt is its largest tensor).
+    Differentiable."""
     if not applies(model):
         return None
     plans = resume._uniform_plan(model)
@@ -54,7 +62,12 @@ def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     if call is None:
         return None
     x, rest, kwargs = call  # x [batch, pos, d_model]
-    rest, kwargs = resume._with_cache(rest, kwargs, None)  # a plain pass fills no KV cache
+    rest, kwargs = resume._with_cache(rest, kwargs, None)  # the blocks fill `cache` themselves
+    if keep is not None:
+        got = _with_keep(rest, kwargs, keep)
+        if got is None:
+            return None
+        rest, kwargs = got
     rest, kwargs = _without_causal_mask(rest, kwargs)
     attention = attention or {}
     for i, block in enumerate(plans):
@@ -65,10 +78,33 @@ def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
             attention[i](*got)
         if i == stop_after:
             return x
-        x = block.full(x, rest, kwargs, None, False)  # [batch, pos, d_model]
+        if cache is None:
+            x = block.full(x, rest, kwargs, None, False)  # [batch, pos, d_model]
+        else:
+            out = block.record(x, rest, kwargs)
+            if out is not None:
+                x, _, k, v = out  # k, v [batch, kv_head, pos, d_head]
+                cache.update(k, v, i)
+            else:
+                x = None
         if x is None:  # arguments the blocks do not handle
             return None
-    return model.bridge.unembed(model.bridge.ln_final(x))  # [batch, pos, d_vocab]
+    return model.bridge.unembed(model.bridge.ln_final(x[:, logits_from:]))  # [batch, pos', d_vocab]
+
+
+def _with_keep(args: tuple, kwargs: dict, keep: torch.Tensor) -> tuple[tuple, dict] | None:
+    """The blocks' call arguments with their 4-d mask [n or 1, 1, pos, pos] also hiding the keys
+    `keep` (bool [pos, pos] or 4-d) does not allow; None when the call has no such mask."""
+    masks = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.ndim == 4]
+    if len(masks) != 1 or masks[0].shape[-1] != masks[0].shape[-2]:
+        return None
+    mask = masks[0]
+    allowed = keep.to(mask.device).bool()
+    allowed = allowed[None, None] if allowed.ndim == 2 else allowed
+    combined = (mask & allowed if mask.dtype == torch.bool
+                else mask.masked_fill(~allowed, torch.finfo(mask.dtype).min))
+    return (tuple(combined if v is mask else v for v in args),
+            {k: (combined if v is mask else v) for k, v in kwargs.items()})
 
 
 def _without_causal_mask(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

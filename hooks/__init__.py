@@ -5,7 +5,7 @@ from headscope.hooks.capture import capture, run_with_cache
 from headscope.hooks.interventions import ablate, head_gates, patch
 from headscope.hooks.kv_states import GenerationTrace, KVStates, generate_with_kv, kv_states
 from headscope.hooks.memories import MLPMemories, mlp_memories
-from headscope.hooks.patterns import attention_pattern
+from headscope.hooks.patterns import attention_pattern, reduce_patterns
 from headscope.hooks.sites import SITES, available_sites, check_site, parse_site, site
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "MLPMemories",
     "ablate",
     "attention_pattern",
+    "reduce_patterns",
     "available_sites",
     "capture",
     "check_site",

@@ -3,17 +3,21 @@
 `kv_states` reads them from one forward pass; `generate_with_kv` runs cached greedy generation
 and records the K and V each step appends. Both read the Hugging Face cache object that the
 bridged model fills, so keys are exactly what the cache stores (after RoPE on rotary models)
-for every architecture. Layout: [batch, kv_head, pos, d_head].
+for every architecture. The prompt's pass (`prefill`) runs the hook-free blocks where they apply
+(the fused attention kernel: memory linear in the prompt's length) and fills the same cache.
+Layout: [batch, kv_head, pos, d_head].
 """
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from headscope.errors import ConfigError, ContextLengthError, UnsupportedModelError
+from headscope.models.hooked_model import hook_free_pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,16 +95,26 @@ def _cache_slice(cache: Any, n_layers: int, start: int) -> KVStates:
     )
 
 
-def cached_forward(model, step_input: torch.Tensor, cache: Any, start: int) -> tuple[torch.Tensor, Any]:
-    """One forward over step_input [batch, n] at positions start..start+n-1, extending `cache`."""
-    position_ids = torch.arange(start, start + step_input.shape[1], device=step_input.device)
-    with warnings.catch_warnings():
+def cached_forward(model, step_input: torch.Tensor, cache: Any, start: int, *,
+                   attention_mask: torch.Tensor | None = None, fwd: Sequence = ()) -> tuple[torch.Tensor, Any]:
+    """One forward over step_input [batch, n] at positions start..start+n-1, extending `cache`.
+    attention_mask [batch, start + n] (left padding, 1 = real token): the cached and new positions'
+    mask; each row's positions then count from its first real token. fwd: hooks for this pass."""
+    kw: dict[str, Any] = {}
+    if attention_mask is None:
+        position_ids = torch.arange(start, start + step_input.shape[1], device=step_input.device)
+        position_ids = position_ids.expand(step_input.shape[0], -1)
+    else:
+        attention_mask = attention_mask.to(step_input.device)
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # [batch, n]
+        kw["attention_mask"] = attention_mask
+    with warnings.catch_warnings(), model.hooks(fwd=list(fwd)):
         # transformers >= 5.2x renames past_key_values to cache; TransformerLens 4.3 still passes the
         # old name (load_model routes it), so the deprecation notice is noise for our users
         warnings.filterwarnings("ignore", message=r".*past_key_values.* is deprecated", category=FutureWarning)
         logits, cache = model.bridge(
             step_input, return_type="logits_and_cache", use_cache=True, past_key_values=cache,
-            position_ids=position_ids.expand(step_input.shape[0], -1),
+            position_ids=position_ids, **kw,
         )
     if cache is None or cache.layers[0].keys is None:
         raise UnsupportedModelError(
@@ -115,8 +129,23 @@ def kv_states(model, tokens: torch.Tensor) -> KVStates:
     """K and V of every layer from one forward pass over `tokens` [batch, pos] (no padding)."""
     _require_decoder(model, "kv_states")
     tokens = model.check_tokens(tokens)
-    _, cache = cached_forward(model, tokens, new_cache(model), 0)
+    _, cache = prefill(model, tokens)
     return _cache_slice(cache, model.facts.n_layers, 0)
+
+
+def prefill(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+    """(logits [batch, 1, d_vocab] at the last position, a new cache holding every position of
+    tokens [batch, pos]): the hook-free pass where it applies (no pattern materialised: memory
+    linear in the length; models.hooked_model.hook_free_pass), else the bridge's cached forward.
+    attention_mask [batch, pos]: left padding, as cached_forward."""
+    cache = new_cache(model)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(model.device)
+    logits = hook_free_pass(model, tokens, attention_mask, cache=cache, logits_from=tokens.shape[1] - 1)
+    if logits is not None:
+        return logits, cache
+    logits, cache = cached_forward(model, tokens, new_cache(model), 0, attention_mask=attention_mask)
+    return logits[:, -1:], cache
 
 
 @torch.no_grad()
@@ -136,12 +165,15 @@ def generate_with_kv(model, tokens: torch.Tensor, max_new_tokens: int) -> Genera
             f"prompt ({tokens.shape[1]}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
             f"context of {model.facts.n_ctx}; generate fewer tokens or shorten the prompt."
         )
-    cache = new_cache(model)
+    cache = None
     steps: list[KVStates] = []
     out, step_input = tokens, tokens  # step_input: the prompt, then [batch, 1]
     for _ in range(max_new_tokens):
         start = out.shape[1] - step_input.shape[1]
-        logits, cache = cached_forward(model, step_input, cache, start)
+        if cache is None:
+            logits, cache = prefill(model, step_input)
+        else:
+            logits, cache = cached_forward(model, step_input, cache, start)
         steps.append(_cache_slice(cache, model.facts.n_layers, start))
         step_input = logits[:, -1].argmax(-1, keepdim=True)  # [batch, 1]
         out = torch.cat([out, step_input], dim=1)

@@ -14,7 +14,7 @@ precision, hooks attached) the bridge's own pattern is read, which is exact but 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -62,18 +62,31 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
                       queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK,
                       kinds: Iterable[str] = ("pattern",)) -> dict[str, torch.Tensor]:
     """Eager attention of some heads and queries: {"scores": q k^T scale + mask, "pattern": its
-    softmax}, each [n, h', q', keys], for the kinds asked. q [n, head, pos, d_head] and k
+    softmax}, each [n, h', q', keys], for the kinds asked (arguments as `score_chunks`). The only
+    scores held beyond the results are one chunk's [n, h', chunk, keys]."""
+    n_keys = k.shape[2]
+    out = {kind: q.new_empty(q.shape[0], heads.numel(), queries.numel(), n_keys)
+           for kind in ("scores", "pattern") if kind in kinds}
+    for rows, s in score_chunks(q, k, mask, scale, heads, queries, chunk=chunk):
+        if "scores" in out:
+            out["scores"][:, :, rows] = s
+        if "pattern" in out:
+            out["pattern"][:, :, rows] = torch.softmax(s, dim=-1, dtype=torch.float32)
+    return out
+
+
+def score_chunks(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, heads: torch.Tensor,
+                 queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Eager attention scores q k^T scale + mask of some heads and queries, `chunk` queries at a
+    time: (slice of `queries`, scores [n, h', c, keys]). q [n, head, pos, d_head] and k
     [n, kv_head, keys, d_head] after rotary (query head h reads KV head h // (head / kv_head));
     mask [n or 1, 1, pos, keys] additive or bool (False = masked, filled with the dtype's minimum,
     as Hugging Face's masks), or None for causal with queries at the last positions of the keys;
-    heads [h'] and queries [q'] index tensors. Computed chunk queries at a time: the only scores
-    held beyond the results are one chunk's [n, h', chunk, keys]."""
-    n, n_heads, n_pos, _ = q.shape
-    n_keys = k.shape[2]
-    group = n_heads // k.shape[1]
+    heads [h'] and queries [q'] index tensors."""
+    n_pos, n_keys = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
     q = q.index_select(1, heads)  # [n, h', pos, d_head]
     kt = k.index_select(1, torch.div(heads, group, rounding_mode="floor")).transpose(-1, -2)  # [n, h', d_head, keys]
-    out = {kind: q.new_empty(n, heads.numel(), queries.numel(), n_keys) for kind in ("scores", "pattern") if kind in kinds}
     for start in range(0, queries.numel(), max(1, chunk)):
         idx = queries[start:start + chunk]  # [c]
         s = torch.matmul(q.index_select(2, idx), kt).mul_(scale)  # [n, h', c, keys]
@@ -84,12 +97,66 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
             s = s.masked_fill_(~mask.index_select(2, idx), torch.finfo(s.dtype).min)
         else:
             s = s.add_(mask.index_select(2, idx))  # [n or 1, 1, c, keys] additive
-        rows = slice(start, start + idx.numel())
-        if "scores" in out:
-            out["scores"][:, :, rows] = s
-        if "pattern" in out:
-            out["pattern"][:, :, rows] = torch.softmax(s, dim=-1, dtype=torch.float32)
-    return out
+        yield slice(start, start + idx.numel()), s
+
+
+# (layer, query positions [c], attention weights [batch, head, c, keys] of those queries) -> None
+PatternReducer = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+def reduce_patterns(model, tokens: torch.Tensor, reduce: PatternReducer, *, layers: Sequence[int] | None = None,
+                    query_positions: Positions = None, attention_mask: torch.Tensor | None = None,
+                    keep: torch.Tensor | None = None, logits_from: int = 0,
+                    chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """One forward pass of tokens [batch, pos] that hands every requested layer's attention weights
+    (every head; the queries `query_positions`, as capture's positions) to `reduce`, which keeps
+    what it needs (a sum, one row) and nothing else: where the hook-free blocks apply, a chunk of
+    queries at a time recomputed from q and k (memory linear in the length: one chunk's scores),
+    else once per layer from the bridge's hook_pattern. keep: bool [pos, pos] restricting every
+    layer's attention besides the model's mask (as hook_free_pass; through the bridge, scores the
+    mask hides are set to the dtype's minimum at hook_attn_scores). Returns the logits
+    [batch, pos - logits_from, d_vocab]."""
+    tokens = model.check_tokens(tokens)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(model.device)
+    layers = range(model.facts.n_layers) if layers is None else list(layers)
+    for layer in layers:
+        model.check_layer(layer)
+    heads = torch.arange(model.facts.n_heads, device=tokens.device)
+    query_idx = position_index(query_positions, tokens.shape[1], tokens.device)  # [q']
+
+    def at(layer: int):
+        def run(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> None:
+            for rows, s in score_chunks(q, k, mask, scale, heads, query_idx, chunk=chunk):
+                reduce(layer, query_idx[rows], torch.softmax(s, dim=-1, dtype=torch.float32))
+        return run
+
+    with torch.no_grad():
+        out = hook_free_pass(model, tokens, attention_mask, attention={layer: at(layer) for layer in layers},
+                             keep=keep, logits_from=logits_from)
+        if out is not None:
+            return out
+
+        def take(layer: int):
+            def hook(pattern: torch.Tensor, hook) -> None:  # [batch, head, q, keys]
+                reduce(layer, query_idx, pattern.index_select(2, query_idx.to(pattern.device)))
+            return hook
+
+        fwd = [(site("pattern", layer), take(layer)) for layer in layers]
+        if keep is not None:
+            fwd += [(site("scores", layer), _keep_hook(keep)) for layer in range(model.facts.n_layers)]
+        kw = {} if attention_mask is None else {"attention_mask": attention_mask}
+        with model.hooks(fwd=fwd):
+            return model(tokens, **kw)[:, logits_from:]
+
+
+def _keep_hook(keep: torch.Tensor):
+    """A hook_attn_scores hook hiding the keys `keep` ([q, k] or [n or 1, 1, q, k] bool) does not allow."""
+    def hook(scores: torch.Tensor, hook) -> torch.Tensor:  # [batch, head, q, k]
+        allowed = keep.to(scores.device).bool()
+        allowed = allowed[None, None] if allowed.ndim == 2 else allowed
+        return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return hook
 
 
 def capture_patterns(model, tokens: torch.Tensor, names: Sequence[str], positions: Positions, to_cpu: bool,

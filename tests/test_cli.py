@@ -1,10 +1,15 @@
 """`headscope` end to end: the report on the default model, bad input, interrupt and resume.
 
-Runs the real CLI in subprocesses (as a user would). The quick report is the fast tier; the
-full-size report is the slow tier.
+Runs the real CLI in subprocesses (as a user would) where the process is what is tested: the
+module entry point, the reports whose results other runs must reproduce, kill -9 and concurrent
+runs. Elsewhere `cli(...)` calls main(argv) in this process (the same code without the ~10 s of
+imports a fresh process pays) and returns its exit code and what it printed. The quick report is
+the fast tier; the full-size report is the slow tier.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -12,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +25,22 @@ from headscope.analyses.core.registry import ANALYSES
 
 XSS = "<script>alert(1)</script>"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "Agg"}
+
+
+def cli(*args: str, check: bool = True) -> SimpleNamespace:
+    """`headscope ARGS` in this process: returncode, stdout and stderr as a subprocess would give."""
+    from headscope.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse: --help, --version, usage errors
+            code = exit_.code if isinstance(exit_.code, int) else 2
+    proc = SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"headscope {' '.join(args)} exited {code}\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    return proc
 
 
 def headscope(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -84,9 +106,9 @@ def test_interrupted_run_resumes_to_the_same_results(quick_report, tmp_path):
     proc.wait()
     assert not (out / "report.html").exists()  # no half-written report
     assert not (out / names[-1] / "summary.json").exists()
-    refused = headscope("report", "--quick", "--analyses", ",".join(names), "--out", str(out), check=False)
+    refused = cli("report", "--quick", "--analyses", ",".join(names), "--out", str(out), check=False)
     assert refused.returncode == 2 and "--resume" in refused.stderr
-    headscope("-q", "report", "--quick", "--analyses", ",".join(names), "--out", str(out), "--resume")
+    cli("-q", "report", "--quick", "--analyses", ",".join(names), "--out", str(out), "--resume")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"][names[0]] == "done (resumed)"
     assert summaries(out, names) == summaries(quick_report, names)
@@ -105,7 +127,7 @@ def test_interrupted_run_resumes_to_the_same_results(quick_report, tmp_path):
 def test_bad_input_is_refused_before_anything_is_written(args, message, tmp_path):
     (tmp_path / "no_answer.jsonl").write_text(json.dumps({"prompt": "k01 v02 ; k01"}) + "\n")
     out = tmp_path / "out"
-    proc = headscope("report", "--quick", "--out", str(out), *[a.format(tmp=tmp_path) for a in args], check=False)
+    proc = cli("report", "--quick", "--out", str(out), *[a.format(tmp=tmp_path) for a in args], check=False)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert not out.exists()
@@ -113,14 +135,14 @@ def test_bad_input_is_refused_before_anything_is_written(args, message, tmp_path
 
 def test_existing_out_is_refused_without_force(quick_report):
     before = {p: p.stat().st_mtime_ns for p in quick_report.rglob("*") if p.is_file()}
-    proc = headscope("report", "--quick", "--out", str(quick_report), check=False)
+    proc = cli("report", "--quick", "--out", str(quick_report), check=False)
     assert proc.returncode == 2 and "already exists" in proc.stderr and "--force" in proc.stderr
     assert {p: p.stat().st_mtime_ns for p in quick_report.rglob("*") if p.is_file()} == before
 
 
 def test_single_analysis_subcommand(tmp_path):
     out = tmp_path / "kv-only"
-    headscope("-q", "kv", "--quick", "--out", str(out))
+    cli("-q", "kv", "--quick", "--out", str(out))
     assert json.loads((out / "manifest.json").read_text())["status"] == {"kv": "done"}
     assert (out / "kv" / "summary.json").exists()
 
@@ -137,7 +159,7 @@ def test_full_report_on_the_default_model(tmp_path):
 
 
 # ---- exit codes and output-folder safety (issue #20) ---------------------------------------------
-def one_line_error(proc: subprocess.CompletedProcess) -> str:
+def one_line_error(proc: SimpleNamespace) -> str:
     """A user mistake: exit 2, one line on stderr, no traceback."""
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
@@ -149,22 +171,22 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 def test_every_subcommand_exits_0(tmp_path):
     from headscope import __version__
 
-    assert headscope("--version").stdout.strip() == f"headscope {__version__}"
-    assert "report" in headscope("--help").stdout
-    listing = headscope("zoo", "list")
+    assert cli("--version").stdout.strip() == f"headscope {__version__}"
+    assert "report" in cli("--help").stdout
+    listing = cli("zoo", "list")
     assert "zoo/synth-llama" in listing.stdout and listing.stderr == ""  # (it used to exit 1, its lines on stderr)
-    assert "sites:" in headscope("-q", "sites", "--model", "zoo/synth-llama").stdout
-    headscope("-q", "kv", "--quick", "--out", str(tmp_path / "kv"))
+    assert "sites:" in cli("-q", "sites", "--model", "zoo/synth-llama").stdout
+    cli("-q", "kv", "--quick", "--out", str(tmp_path / "kv"))
     assert (tmp_path / "kv" / "kv" / "summary.json").exists()
 
 
 def test_user_mistakes_exit_2_with_one_line_and_write_nothing(tmp_path):
     out = tmp_path / "out"
-    line = one_line_error(headscope("-q", "kv", "--quick", "--task", "nope", "--out", str(out), check=False))
+    line = one_line_error(cli("-q", "kv", "--quick", "--task", "nope", "--out", str(out), check=False))
     assert "Unknown task 'nope'" in line and not out.exists()
     out.mkdir()
     (out / "mine.txt").write_text("mine")
-    line = one_line_error(headscope("-q", "kv", "--quick", "--out", str(out), check=False))
+    line = one_line_error(cli("-q", "kv", "--quick", "--out", str(out), check=False))
     assert "already exists" in line and "--force" in line
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock or staging folder left
@@ -175,7 +197,7 @@ def test_force_refuses_a_folder_that_is_not_a_headscope_output(tmp_path):
     (webapp / "src").mkdir(parents=True)
     (webapp / "manifest.json").write_text('{"name":"x"}')
     (webapp / "src" / "app.js").write_text("code")
-    line = one_line_error(headscope("-q", "kv", "--quick", "--out", str(webapp), "--force", check=False))
+    line = one_line_error(cli("-q", "kv", "--quick", "--out", str(webapp), "--force", check=False))
     assert "refusing" in line
     assert (webapp / "src" / "app.js").read_text() == "code" and (webapp / "manifest.json").read_text() == '{"name":"x"}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["webapp"]
@@ -183,19 +205,19 @@ def test_force_refuses_a_folder_that_is_not_a_headscope_output(tmp_path):
 
 def test_force_keeps_the_users_files_and_a_failed_force_run_changes_nothing(tmp_path):
     out = tmp_path / "run"
-    headscope("-q", "kv", "--quick", "--out", str(out))
+    cli("-q", "kv", "--quick", "--out", str(out))
     (out / "notes.txt").write_text("my notes")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (tmp_path / ".run.lock").write_text(f"{dead.pid}\n")  # a stale lock from a killed run: taken over
-    headscope("-q", "kv", "--quick", "--out", str(out), "--force")
+    cli("-q", "kv", "--quick", "--out", str(out), "--force")
     assert (out / "notes.txt").read_text() == "my notes"
     assert json.loads((out / "manifest.json").read_text())["status"] == {"kv": "done"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     task = tmp_path / "multi.jsonl"
     task.write_text(json.dumps({"prompt": "k01 v02 ; k01", "answer": "v02", "wrong_answer": "v02 v03"}) + "\n")
-    proc = headscope("-q", "kv", "--quick", "--task", str(task), "--out", str(out), "--force", check=False)
+    proc = cli("-q", "kv", "--quick", "--task", str(task), "--out", str(out), "--force", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["multi.jsonl", "run"]
@@ -212,7 +234,7 @@ def test_a_second_run_on_the_same_out_fails_at_once(tmp_path):
         "time.sleep(120)\n"), str(tmp_path / ".run.lock")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        line = one_line_error(headscope("-q", "kv", "--quick", "--out", str(out), check=False))
+        line = one_line_error(cli("-q", "kv", "--quick", "--out", str(out), check=False))
         assert f"in use by another headscope run (pid {holder.pid})" in line
         assert not out.exists()
     finally:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,7 @@ class Fitted:
 
 
 # ---- measuring ------------------------------------------------------------------------------
-_MEASURED: dict[int, float] = {}  # id(model) -> seconds per flop
+_MEASURED: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()  # model -> seconds per flop
 
 
 def flops_per_row(model, n_pos: int) -> float:
@@ -103,7 +104,7 @@ def seconds_per_pass(model, n_pos: int) -> float:
     rather than cheap. The rate is measured once per model (the machine's load at that moment counts)."""
     from headscope.hooks.sites import site
 
-    key = id(model)
+    key = model
     if key not in _MEASURED:
         rows, length = 8, max(1, min(64, int(model.facts.n_ctx)))
         g = torch.Generator().manual_seed(0)
@@ -144,18 +145,33 @@ def changes(before: Any, after: Any, prefix: str = "") -> dict[str, list[Any]]:
 
 def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | None) -> Fitted:
     """`config` with the family's knobs applied in order until its estimate fits budget_s seconds
-    (None: no budget, the estimate only). When every knob is spent the last config stays, with a
+    (None: no budget, the estimate only); then knobs that can give back (the examples) do, last
+    first, while the estimate still fits. When every knob is spent the last config stays, with a
     log line saying the budget cannot be met."""
     cost = cost_model.estimate(model, task, config)
     per = seconds_per_pass(model, cost.n_pos)
     fitted = config
     if budget_s is not None:
         for knob in cost_model.knobs:
-            while cost.total * per > budget_s:
-                smaller = knob(fitted, model)
-                if smaller is None or smaller == fitted:
+            trial = fitted  # a knob's step is kept once it lowers the estimate (halving the examples of
+            while cost.total * per > budget_s:  # a task with fewer rows changes nothing at first)
+                smaller = knob(trial, model)
+                if smaller is None or smaller == trial:
                     break
-                fitted, cost = smaller, cost_model.estimate(model, task, smaller)
+                trial = smaller
+                trial_cost = cost_model.estimate(model, task, trial)
+                if trial_cost.total < cost.total:
+                    fitted, cost = trial, trial_cost
+        for knob in reversed(cost_model.knobs):  # give back what a later knob's cut left room for
+            regrow = getattr(knob, "regrow", None)
+            while regrow is not None:
+                bigger = regrow(fitted, config)
+                if bigger is None:
+                    break
+                bigger_cost = cost_model.estimate(model, task, bigger)
+                if bigger_cost.total * per > budget_s:
+                    break
+                fitted, cost = bigger, bigger_cost
         if cost.total * per > budget_s:
             log.info("the estimate %.0f s still exceeds the budget of %.0f s with every sweep at its smallest",
                      cost.total * per, budget_s)
@@ -217,8 +233,23 @@ def fewer_examples(config: Any, model: Any, *, full: int, quick: int, floor: int
     return dataclasses.replace(config, n_examples=max(floor, n // 2))
 
 
+def more_examples(fitted: Any, original: Any, *, full: int, quick: int) -> Any:
+    """Double the examples a knob took away, up to the original count (None when nothing was taken)."""
+    n, target = fitted.examples(full, quick), original.examples(full, quick)
+    if n >= target:
+        return None
+    return dataclasses.replace(fitted, n_examples=original.n_examples if 2 * n >= target else 2 * n)
+
+
 def examples_knob(full: int, quick: int, floor: int = MIN_EXAMPLES) -> Knob:
-    return lambda config, model: fewer_examples(config, model, full=full, quick=quick, floor=floor)
+    """Halve the examples; `knob.regrow(fitted, original)` doubles them back (fit tries it once
+    every knob is applied: a later knob's cut, such as heads' gradient-only last resort, may leave
+    room for more examples again)."""
+    def knob(config: Any, model: Any) -> Any:
+        return fewer_examples(config, model, full=full, quick=quick, floor=floor)
+
+    knob.regrow = lambda fitted, original: more_examples(fitted, original, full=full, quick=quick)  # type: ignore[attr-defined]
+    return knob
 
 
 def n_rows(task: Any, config: Any, full: int, quick: int) -> int:

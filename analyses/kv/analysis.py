@@ -146,19 +146,25 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
                attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
     """Per layer: attention mass on the first n_sink keys against its uniform baseline (analyses.sinks,
     Xiao et al.), both means over the prompts (each over its own real tokens), and the first keys'
-    mean norm over the other keys' (from `norms`)."""
-    names = [hooks.site("pattern", layer) for layer in range(model.facts.n_layers)]
-    mass = torch.zeros(len(names), dtype=torch.float64)
+    mean norm over the other keys' (from `norms`). The patterns are reduced a chunk of queries at
+    a time (hooks.reduce_patterns): no layer's whole pattern is held where the hook-free blocks run."""
+    n_layers = model.facts.n_layers
+    mass = torch.zeros(n_layers, dtype=torch.float64)
     baseline, n = 0.0, 0
     for group in length_groups(tokens, attention_mask):
-        acts = hooks.capture(model, group, names)
-        for layer, name in enumerate(names):
-            mass[layer] += float(sinks.sink_mass(acts[name], n_sink).mean(1).double().sum())  # sum over prompts
+        rows = sinks.query_rows(group.shape[1], n_sink)  # the query rows sinks.sink_mass averages
+
+        def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, n_rows: int = rows.numel()) -> None:
+            # pattern [prompts, head, c, keys] -> the mean over rows and heads of the mass on the
+            # sinks (sinks.sink_mass), summed over the prompts
+            mass[layer] += float(pattern[..., :n_sink].sum(-1).double().sum()) / (n_rows * pattern.shape[1])
+
+        hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)
         baseline += sinks.uniform_baseline(group.shape[1], n_sink) * group.shape[0]
         n += group.shape[0]
     keys = norms[norms.kind == "key"]
     rows = []
-    for layer in range(len(names)):
+    for layer in range(n_layers):
         k = keys[keys.layer == layer]
         first, rest = k[k.position < n_sink].norm.mean(), k[k.position >= n_sink].norm.mean()
         rows.append({"layer": layer, "sink_mass": float(mass[layer]) / n, "uniform_mass": baseline / n,

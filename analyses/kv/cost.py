@@ -1,10 +1,23 @@
-"""What the kv analysis costs (analyses/core/budget.py): the states, norms and sinks about 4n row passes, the eviction
-what-if n per policy and budget (plus the full cache); its one sweep that gives way is the examples."""
+"""What the kv analysis costs (analyses/core/budget.py), and its one sweep that gives way (the examples).
+
+States, norms, sinks and the context's prefill: about 4n row passes (each a pass of every prompt,
+hook-free where it applies). The eviction what-if decodes the answer query alone on the cached
+context for the full cache and each policy and budget (kv/eviction.answer_step): a one-token pass,
+counted as STEP_POSITIONS positions' worth of a row pass for its fixed cost. Where a sliding window
+shorter than the prompt drops early positions from the cache, each run is a whole pass instead.
+"""
 from __future__ import annotations
 
 from headscope.analyses.core.budget import Cost, CostModel, examples_knob, n_rows, task_length
 
 FULL, QUICK = 128, 16
+STEP_POSITIONS = 16  # a one-token decode step's cost, in positions of a row pass (per-pass overhead)
+
+
+def decodes_alone(model, n_pos: int) -> bool:
+    """Does the eviction sweep decode the answer alone (no sliding window shorter than the prompt)?"""
+    window = getattr(model.bridge.original_model.config, "sliding_window", None)
+    return not (isinstance(window, int) and window < n_pos)
 
 
 def estimate(model, task, config) -> Cost:
@@ -12,8 +25,9 @@ def estimate(model, task, config) -> Cost:
 
     n, n_pos = n_rows(task, config, FULL, QUICK), task_length(task, model)
     budgets = config.budgets or default_budgets(max(1, n_pos - 1))
-    # states: the KV capture, norms and sink statistics (each length group its own pass), about 4n
-    return Cost(parts={"states": 4 * n, "eviction": n * (1 + len(config.policies) * len(budgets))}, n_pos=n_pos)
+    runs = 1 + len(config.policies) * len(budgets)
+    per_run = min(1.0, STEP_POSITIONS / max(1, n_pos)) if decodes_alone(model, n_pos) else 1.0
+    return Cost(parts={"states": 4 * n, "eviction": n * runs * per_run}, n_pos=n_pos)
 
 
 COST = CostModel(estimate=estimate, knobs=(examples_knob(FULL, QUICK),))

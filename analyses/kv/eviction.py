@@ -15,6 +15,12 @@ checks it against a cropped Hugging Face cache. Policies:
   that share the KV head).
 "full" (no eviction) is the reference; budget >= the context length evicts nothing.
 
+The context is prefilled once (hooks.kv_states.prefill: the hook-free pass where it applies, so
+memory grows linearly with the prompt) and each policy and budget decodes the answer query alone
+on that cache (answer_step); where a sliding-window cache drops early positions, each run is a
+whole pass instead (evicted_logits). Heavy hitters' received attention is summed a chunk of
+queries at a time (hooks.reduce_patterns).
+
 Padded tasks (mixed lengths, left-padded: every answer query is the last position) run as one
 batch with the task's attention mask: each row's context is its real tokens only (positions and
 budgets count from its first real token), padding is never a cached entry (never kept, never
@@ -33,6 +39,7 @@ from headscope.analyses.core.contract import one_token_answers
 from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
+from headscope.hooks.kv_states import cached_forward, holds_prefix, prefill, prefix_cache
 from headscope.models.hooked_model import left_padding_starts
 
 POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
@@ -43,23 +50,27 @@ def attention_received(model, tokens: torch.Tensor, attention_mask: torch.Tensor
     """Attention each context key receives from the context's queries, per layer and KV head.
 
     Returns [layer, batch, kv_head, ctx] with ctx = pos - 1 (the answer query is excluded); with a
-    (left-padding) attention_mask, padded queries and keys receive and give nothing (0).
+    (left-padding) attention_mask, padded queries and keys receive and give nothing (0). The
+    patterns are summed a chunk of queries at a time (hooks.reduce_patterns).
     """
     f = model.facts
-    names = [hooks.site("pattern", layer) for layer in range(f.n_layers)]
     ctx = tokens.shape[1] - 1
-    kw = {} if attention_mask is None else {"attention_mask": attention_mask}
-    acts = hooks.capture(model, tokens, names, positions=slice(0, ctx), **kw)
     real = None if attention_mask is None else attention_mask[:, :ctx].bool()  # [batch, ctx]
-    out = []
-    for name in names:
-        pattern = acts[name][..., :ctx]  # [batch, head, q, k]
+    sums: dict[int, torch.Tensor] = {}
+
+    def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor) -> None:  # pattern [batch, head, c, keys]
+        pattern = pattern[..., :ctx]
         if real is not None:  # real queries to real keys only (torch.where: no NaN from padded rows)
-            both = real.to(pattern.device)[:, None, :, None] & real.to(pattern.device)[:, None, None, :]
+            r = real.to(pattern.device)
+            both = r[:, None, queries.to(r.device), None] & r[:, None, None, :]
             pattern = torch.where(both, pattern, 0.0)
-        per_head = pattern.sum(2)  # [batch, head, ctx]
-        out.append(per_head.reshape(per_head.shape[0], f.n_kv_heads, -1, ctx).sum(2))  # [batch, kv_head, ctx]
-    return torch.stack(out)  # [layer, batch, kv_head, ctx]
+        got = pattern.sum(2)  # [batch, head, ctx]
+        sums[layer] = got if layer not in sums else sums[layer] + got
+
+    hooks.reduce_patterns(model, tokens, reduce, query_positions=slice(0, ctx), attention_mask=attention_mask,
+                          logits_from=tokens.shape[1] - 1)
+    out = [sums[layer] for layer in range(f.n_layers)]  # each [batch, head, ctx]
+    return torch.stack([h.reshape(h.shape[0], f.n_kv_heads, -1, ctx).sum(2) for h in out])  # [layer, batch, kv_head, ctx]
 
 
 def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: int, budget: int,
@@ -117,6 +128,29 @@ def evicted_logits(model, tokens: torch.Tensor, keep: torch.Tensor,
     return model.run_with_hooks(tokens, fwd=evict_hooks(model, keep), **kw)
 
 
+def context_cache(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    """The cache of the context (every position but the last) from one prefill, or None where it
+    cannot serve every eviction run (a sliding-window layer keeps only its last positions)."""
+    ctx = tokens.shape[1] - 1
+    if ctx < 1:
+        return None
+    _, cache = prefill(model, tokens[:, :ctx], None if attention_mask is None else attention_mask[:, :ctx])
+    return cache if holds_prefix(cache, ctx) else None
+
+
+@torch.no_grad()
+def answer_step(model, context, tokens: torch.Tensor, keep: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits [batch, 1, vocab] of the last token (the answer query) decoded on the cached context
+    with the evicted keys hidden (evict_hooks): the same numbers as evicted_logits' last position,
+    for one token's pass instead of the whole prompt's. `context` (context_cache) is left as it is."""
+    ctx = tokens.shape[1] - 1
+    cache = prefix_cache(model, context, ctx)  # views: the step appends to its own copy
+    logits, _ = cached_forward(model, tokens[:, ctx:], cache, ctx, attention_mask=attention_mask,
+                                         fwd=evict_hooks(model, keep))
+    return logits
+
+
 def default_budgets(ctx: int) -> list[int]:
     """Powers of two below the context length, then the context length itself."""
     return [b for b in (2 ** i for i in range(ctx.bit_length())) if b < ctx] + [ctx]
@@ -138,12 +172,16 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     budgets = default_budgets(ctx) if budgets is None else sorted(set(int(b) for b in budgets))
     metric = task_metric(task)
     received = attention_received(model, tokens, mask) if "heavy_hitters" in policies else None
+    context = context_cache(model, tokens, mask)
     runs = [("full", ctx)] + [(p, b) for p in policies for b in budgets]
     frames = []
     for policy, budget in tqdm(runs, desc="kv eviction", disable=not progress):
         keep = keep_mask(policy, n_layers=f.n_layers, batch=batch, n_kv_heads=f.n_kv_heads, ctx=ctx,
                          budget=budget, n_sink=n_sink, received=received, start=start)
-        logits = evicted_logits(model, tokens, keep, mask)  # [batch, pos, vocab]
+        if context is None:
+            logits = evicted_logits(model, tokens, keep, mask)  # [batch, pos, vocab]
+        else:
+            logits = answer_step(model, context, tokens, keep, mask)  # [batch, 1, vocab]
         frames.append(pd.DataFrame({
             "policy": policy, "budget": budget, "example": range(batch),
             "metric": metric(logits).cpu().numpy(),

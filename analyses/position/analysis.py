@@ -57,6 +57,9 @@ class PositionConfig(AnalysisConfig):
     n_items: pairs, documents or sentences including the gold one (None: 20 for zoo_kv; for json_kv
       as many as fit the context, up to 20 (10 when quick), stated in the summary's n_items_note; 10
       for qa; every shipped distractor + 1 for retrieval). positions: 1-based gold slots (None: 1 and the quarters).
+    context: json_kv without n_items: fill each prompt with as many pairs as fit this many tokens (at
+      most the model's context, answer and greedy decoding included; long prompts, Liu et al.'s
+      setting), instead of at most 20 pairs.
     n_sink: first tokens counted as sinks (None: 1, the <bos>, for zoo_kv; 4 otherwise, as StreamingLLM).
     window: recent window of the StreamingLLM masks (None: half the prompt; 0: no masked runs).
     batch_size: rows per forward pass (None: all positions of an example together, examples of equal
@@ -66,6 +69,7 @@ class PositionConfig(AnalysisConfig):
 
     sweep: str = "auto"
     n_items: int | None = None
+    context: int | None = None
     positions: tuple[int, ...] | None = None
     query_aware: bool = False
     data: str | None = None
@@ -109,6 +113,11 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
     if task == "json_kv":
         if cfg.n_items is not None:
             return prompts.kv_sweeps(tok, n_pairs=cfg.n_items, n_examples=n_examples, **common)
+        if cfg.context is not None:
+            if cfg.context < 16:
+                raise ConfigError(f"context must be at least 16 tokens, got {cfg.context}.")
+            n_ctx = min(cfg.context, model.facts.n_ctx)
+            return prompts.fit_kv_sweeps(tok, n_ctx, max_pairs=max(20, n_ctx // 12), n_examples=n_examples, **common)
         return prompts.fit_kv_sweeps(tok, model.facts.n_ctx, max_pairs=10 if cfg.quick else 20, n_examples=n_examples,
                                      **common)
     if task == "qa":
@@ -228,7 +237,9 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         per_example = obs.groupby("example")["accuracy"].mean().to_numpy()  # [examples], over positions
         summary["chance"] = chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items)
     if fitted:
-        summary["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, model.facts.n_ctx)
+        fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
+        summary["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
+        summary["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
     if len(masked):
         windows = sorted({_window(cfg, sw.prompt_len) for sw in sweeps})
         summary["streaming"] = {

@@ -2,7 +2,8 @@
 
 Its own prompts: Liu et al.'s key-value task fitted to the context window (as many pairs as fit,
 at most 20, 10 when quick), so a prompt is about min(n_ctx, 2048) tokens, scaled down by n_items
-when set below that maximum (zoo and retrieval prompts are shorter: an upper bound). One row per
+when set below that maximum (with `context`, prompts of that many tokens, halved by the pairs
+knob; zoo and retrieval prompts are shorter: an upper bound). One row per
 example and gold position (5 by default), each run plainly and, with a window, under two
 StreamingLLM masks (3 row passes), plus a prefill where a several-token answer is decoded greedily
 on decoders. Knobs, in order: the masked runs (window 0), half the pairs (shorter prompts), the
@@ -29,6 +30,8 @@ def estimate(model, task, config) -> Cost:
     parts = {"sweeps": n * positions * runs}
     if not model.facts.is_encoder and config.generate is not False:
         parts["generation"] = n * positions
+    if config.context is not None and config.n_items is None:  # prompts filled to `context` tokens
+        return Cost(parts=parts, n_pos=max(16, min(int(model.facts.n_ctx), config.context)))
     full = min(int(model.facts.n_ctx), 2048)
     items = config.n_items or _max_items(config)
     return Cost(parts=parts, n_pos=max(16, round(full * min(1.0, items / _max_items(config)))))
@@ -39,6 +42,8 @@ def no_masked_runs(config, model):
 
 
 def fewer_items(config, model):
+    if config.context is not None and config.n_items is None:  # half the prompt length
+        return dataclasses.replace(config, context=config.context // 2) if config.context // 2 >= 256 else None
     items = config.n_items or _max_items(config)
     return dataclasses.replace(config, n_items=items // 2) if items // 2 >= 4 else None
 

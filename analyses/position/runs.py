@@ -1,7 +1,8 @@
 """Forward passes of the position sweep: answer metrics and attention statistics per row.
 
 All rows (gold positions) of one sweep go through the model together, and sweeps of equal
-prompt length share a pass up to 64 rows (`batch_size` rows per pass when given); under
+prompt length share a pass up to 64 rows and 16,384 tokens (`batch_size` rows per pass when
+given); under
 torch.distributed each rank runs its block of those passes and the rows are gathered.
 Decoders are run teacher-forced on prompt + answer, which gives in one pass the answer's
 log-probability (summed over its tokens), the rank of its first token,
@@ -11,6 +12,12 @@ and head, and the sink mass per layer and head. `accuracy` is Liu et al.'s metri
 decoding (KV cache) contains one accepted answer string; for a one-token answer it equals `exact`.
 Encoders give the cosine similarity of the mean-pooled passage and query embeddings; their
 gold mass is averaged over every query row (mean pooling reads every position).
+
+Memory grows linearly with the prompt where the hook-free blocks run the model (execution.hook_free:
+float32 GPT-2, Llama/Mistral/Qwen2, GPT-NeoX): the attention statistics are reduced from chunks of
+query rows recomputed from q and k (hooks.reduce_patterns), the StreamingLLM masks go to the fused
+kernel, only the answer positions are unembedded, and greedy decoding prefills its cache hook-free.
+Elsewhere the bridge's patterns are read, one layer at a time.
 """
 from __future__ import annotations
 
@@ -22,11 +29,12 @@ import torch
 
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.position.prompts import PositionSweep
-from headscope.analyses.position.sinks import sink_mass, streaming_attention
+from headscope.analyses.position.sinks import query_rows, streaming_attention, streaming_keep
 from headscope.errors import ConfigError
 from headscope.execution import distributed
 from headscope.hooks.kv_states import generate_with_kv
-from headscope.hooks.sites import site
+from headscope.hooks.patterns import reduce_patterns
+from headscope.models.hooked_model import hook_free_pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,23 +53,51 @@ class SweepOutput:
     masked: Mapping[str, Mapping[str, torch.Tensor]]
 
 
-def attention_hooks(model: Any, spans: torch.Tensor, n_prompt: int, n_sink: int, store: dict) -> list:
-    """hook_pattern hooks that reduce each layer to gold mass and sink mass [batch, head] in place."""
-    causal = not model.facts.is_encoder
+class AttentionStats:
+    """A pattern reducer (hooks.reduce_patterns) keeping per layer and row the gold mass and the
+    sink mass [batch, head], from chunks of query rows: memory never holds a layer's pattern.
 
-    def make(layer: int):
-        def hook(pattern: torch.Tensor, hook: Any) -> None:  # [batch, head, q, k]
-            keys = torch.arange(pattern.shape[-1], device=pattern.device)
-            sp = spans.to(pattern.device)
-            in_gold = (keys >= sp[:, :1]) & (keys < sp[:, 1:])  # [batch, k]
-            rows = pattern[:, :, n_prompt - 1] if causal else pattern.mean(-2)  # [batch, head, k]
-            store.setdefault("gold", {})[layer] = (rows * in_gold[:, None]).sum(-1).float().cpu()
-            prompt_rows = pattern[:, :, :n_prompt]  # [batch, head, q, k]
-            store.setdefault("sink", {})[layer] = sink_mass(prompt_rows, n_sink, causal=causal).float().cpu()
+    Decoders: gold = mass from the answer position (the prompt's last token, n_prompt - 1) onto
+    the gold span; sink = the mean over prompt query rows q >= n_sink of the mass on keys < n_sink
+    (sinks.sink_mass). Encoders: both averaged over every query row."""
 
-        return hook
+    def __init__(self, spans: torch.Tensor, n_prompt: int, n_sink: int, *, causal: bool) -> None:
+        self.spans, self.n_prompt, self.n_sink, self.causal = spans, n_prompt, n_sink, causal
+        self.first = sinks_query_start(n_prompt, n_sink, causal)
+        self.gold: dict[int, torch.Tensor] = {}
+        self.sink: dict[int, torch.Tensor] = {}
 
-    return [(site("pattern", layer), make(layer)) for layer in range(model.facts.n_layers)]
+    def __call__(self, layer: int, queries: torch.Tensor, pattern: torch.Tensor) -> None:
+        # queries [c], pattern [batch, head, c, keys]
+        keys = torch.arange(pattern.shape[-1], device=pattern.device)
+        sp = self.spans.to(pattern.device)
+        in_gold = ((keys >= sp[:, :1]) & (keys < sp[:, 1:])).to(pattern.dtype)  # [batch, keys]
+        queries = queries.to(pattern.device)
+        if self.causal:
+            at = (queries == self.n_prompt - 1).nonzero()
+            if at.numel():
+                self._add(self.gold, layer, pattern[:, :, int(at[0, 0])] @ in_gold[:, :, None], 1.0)
+        else:
+            self._add(self.gold, layer, pattern.sum(2) @ in_gold[:, :, None], 1.0 / self.n_prompt)
+        rows = (queries >= self.first) & (queries < self.n_prompt)  # [c]
+        if rows.any():
+            mass = pattern[..., :self.n_sink].sum(-1)[:, :, rows].sum(-1)  # [batch, head]
+            self._add(self.sink, layer, mass, 1.0 / (self.n_prompt - self.first))
+
+    @staticmethod
+    def _add(store: dict, layer: int, value: torch.Tensor, weight: float) -> None:
+        value = value.reshape(value.shape[0], value.shape[1]).double().cpu() * weight
+        store[layer] = value if layer not in store else store[layer] + value
+
+    def tables(self, n_layers: int) -> dict[str, torch.Tensor]:
+        """{"gold": [batch, layer, head], "sink": [batch, layer, head]} (float32)."""
+        return {"gold": torch.stack([self.gold[i] for i in range(n_layers)], 1).float(),
+                "sink": torch.stack([self.sink[i] for i in range(n_layers)], 1).float()}
+
+
+def sinks_query_start(n_prompt: int, n_sink: int, causal: bool) -> int:
+    """The first query row of the sink average (sinks.query_rows)."""
+    return int(query_rows(n_prompt, n_sink, causal=causal)[0])
 
 
 def answer_scores(logits: torch.Tensor, n_prompt: int, answer_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -84,29 +120,48 @@ def greedy_contains(model: Any, tokens: torch.Tensor, answers: Sequence[tuple[st
     return torch.tensor([float(any(a in t for a in acc)) for t, acc in zip(texts, answers)])
 
 
+def streaming_logits(model: Any, inputs: torch.Tensor, *, n_sink: int, window: int, keep_sinks: bool,
+                     logits_from: int) -> torch.Tensor:
+    """Logits [batch, pos - logits_from, vocab] with every layer restricted to its sinks + recent
+    window (or the window alone): the hook-free pass with that mask where it applies (the fused
+    kernel; no pattern held), else the bridge with sinks.streaming_attention."""
+    keep = streaming_keep(inputs.shape[1], inputs.shape[1], n_sink, window, keep_sinks=keep_sinks)  # [pos, pos]
+    logits = hook_free_pass(model, inputs, keep=keep, logits_from=logits_from)
+    if logits is not None:
+        return logits
+    with streaming_attention(model, n_sink=n_sink, window=window, keep_sinks=keep_sinks):
+        return model(inputs)[:, logits_from:]
+
+
+def max_rows_for(n_pos: int, max_rows: int = 64, tokens_per_pass: int = 16384) -> int:
+    """Rows per pass: up to max_rows, fewer for long prompts (at most tokens_per_pass tokens a
+    pass, so a 4k-token prompt runs 4 rows at a time and memory stays linear in its length)."""
+    return max(1, min(max_rows, tokens_per_pass // max(1, n_pos)))
+
+
 def row_batches(sweeps: Sequence[PositionSweep], batch_size: int | None, max_rows: int = 64) -> list[list[tuple[int, int]]]:
     """Forward-pass batches of (sweep, row) pairs; rows in one batch share prompt and answer length.
 
     batch_size None: whole sweeps (every position of an example together), several sweeps per
-    pass up to max_rows rows; otherwise batch_size rows per pass.
+    pass up to max_rows rows, fewer for long prompts (max_rows_for); otherwise batch_size rows per pass.
     """
     groups: dict[tuple[int, int], list[int]] = {}
     for i, sw in enumerate(sweeps):
         groups.setdefault((sw.prompt_len, sw.answer_ids.numel()), []).append(i)
     batches: list[list[tuple[int, int]]] = []
-    for idxs in groups.values():
+    for (n_pos, _), idxs in groups.items():
+        cap = max_rows_for(n_pos, max_rows)
         if batch_size is not None:
             rows = [(i, r) for i in idxs for r in range(len(sweeps[i].positions))]
             batches += [rows[k:k + max(1, batch_size)] for k in range(0, len(rows), max(1, batch_size))]
             continue
-        current: list[tuple[int, int]] = []
+        packed: list[list[tuple[int, int]]] = [[]]
         for i in idxs:
             rows = [(i, r) for r in range(len(sweeps[i].positions))]
-            if current and len(current) + len(rows) > max_rows:
-                batches.append(current)
-                current = []
-            current += rows
-        batches.append(current)
+            if packed[-1] and len(packed[-1]) + len(rows) > cap:
+                packed.append([])
+            packed[-1] += rows
+        batches += [b[k:k + cap] for b in packed for k in range(0, len(b), cap)]  # a sweep longer than cap: split
     return batches
 
 
@@ -123,12 +178,6 @@ def _scatter(sweeps: Sequence[PositionSweep], batches: list,
 
 def _stack(sweeps: Sequence[PositionSweep], batch: list[tuple[int, int]], field: str) -> torch.Tensor:
     return torch.stack([getattr(sweeps[i], field)[r] for i, r in batch])
-
-
-def _attention(model: Any, store: dict) -> dict[str, torch.Tensor]:
-    n = model.facts.n_layers
-    return {"gold": torch.stack([store["gold"][i] for i in range(n)], 1),  # [batch, layer, head]
-            "sink": torch.stack([store["sink"][i] for i in range(n)], 1)}  # [batch, layer, head]
 
 
 def _outputs(per: list[dict[str, torch.Tensor]], metrics: Sequence[str]) -> list[SweepOutput]:
@@ -160,10 +209,10 @@ def run_decoder_sweeps(
         tokens = _stack(sweeps, batch, "tokens")  # [batch, pos]
         answer_ids = torch.stack([sweeps[i].answer_ids for i, _ in batch])  # [batch, n_answer]
         inputs = torch.cat([tokens, answer_ids[:, :-1]], 1)  # [batch, pos + n_answer - 1]
-        store: dict = {}
-        with model.hooks(fwd=attention_hooks(model, _stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, store)):
-            logits = model(inputs)  # [batch, pos, vocab]
-        res = {**answer_scores(logits, n_prompt, answer_ids), **_attention(model, store)}
+        stats = AttentionStats(_stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, causal=True)
+        # logits from the prompt's last position on: [batch, n_answer, vocab]
+        logits = reduce_patterns(model, inputs, stats, query_positions=slice(0, n_prompt), logits_from=n_prompt - 1)
+        res = {**answer_scores(logits, 1, answer_ids), **stats.tables(model.facts.n_layers)}
         if n_answer > 1 if generate is None else generate:
             answers = [sweeps[i].answers for i, _ in batch]
             res["accuracy"] = greedy_contains(model, tokens, answers, n_answer + extra_new_tokens)
@@ -172,9 +221,9 @@ def run_decoder_sweeps(
         w = window(n_prompt)
         if w is not None:
             for cond, keep_sinks in (("sinks+window", True), ("window", False)):
-                with streaming_attention(model, n_sink=n_sink, window=w, keep_sinks=keep_sinks):
-                    scores = answer_scores(model(inputs), n_prompt, answer_ids)
-                res.update({f"{cond}:{k}": v for k, v in scores.items()})
+                masked = streaming_logits(model, inputs, n_sink=n_sink, window=w, keep_sinks=keep_sinks,
+                                          logits_from=n_prompt - 1)  # [batch, n_answer, vocab]
+                res.update({f"{cond}:{k}": v for k, v in answer_scores(masked, 1, answer_ids).items()})
         return res
 
     batches = row_batches(sweeps, batch_size)
@@ -192,13 +241,12 @@ def run_encoder_sweeps(
     queries = [mean_pool(model(sw.query_tokens), None)[0] for sw in sweeps]  # each [d_model]
 
     def score(batch: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
-        store: dict = {}
         n_prompt = sweeps[batch[0][0]].prompt_len
-        with model.hooks(fwd=attention_hooks(model, _stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, store)):
-            hidden = model(_stack(sweeps, batch, "tokens"))  # [batch, pos, d_model]
+        stats = AttentionStats(_stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, causal=False)
+        hidden = reduce_patterns(model, _stack(sweeps, batch, "tokens"), stats)  # [batch, pos, d_model]
         query = torch.stack([queries[i] for i, _ in batch])  # [batch, d_model]
         cos = torch.nn.functional.cosine_similarity(mean_pool(hidden, None), query, dim=-1)  # [batch]
-        return {"cosine": cos.float().cpu(), **_attention(model, store)}
+        return {"cosine": cos.float().cpu(), **stats.tables(model.facts.n_layers)}
 
     batches = row_batches(sweeps, batch_size)
     results = distributed.map_sharded(score, batches, progress=progress, desc="position sweep")

@@ -10,8 +10,10 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from headscope.analyses.core import budget as B
+from headscope.analyses.core.tasks import Task
 from headscope.analyses.heads import cost as heads_cost
 from headscope.analyses.heads.analysis import HeadsConfig
 from headscope.analyses.heads.importance import make_scorer
@@ -86,7 +88,7 @@ def test_the_cheap_ranking_verifying_every_head_is_the_exact_ordering(arch_model
 def test_fitting_applies_the_knobs_in_order_and_records_what_changed(arch_models, mixed_tasks, monkeypatch):
     model, task = arch_models("gpt2"), mixed_tasks("gpt2")
     per_flop = 1.0 / B.flops_per_row(model, task.tokens.shape[1])
-    monkeypatch.setitem(B._MEASURED, id(model), per_flop)  # about one second a row pass
+    monkeypatch.setitem(B._MEASURED, model, per_flop)  # about one second a row pass
     config = HeadsConfig.preset()
     free = B.fit(model, heads_cost.COST, task, config, None)
     assert free.config == config and free.changed == {} and free.seconds == pytest.approx(free.cost.total)
@@ -103,6 +105,60 @@ def test_fitting_applies_the_knobs_in_order_and_records_what_changed(arch_models
     # the estimate itself, by hand for the L0 part: lambdas x (steps x 3 x min(batch, n) + n)
     n = len(task)
     assert fitted.cost.parts["l0"] == 5 * (steps * 3 * min(32, n) + n)
+
+
+def test_the_examples_knob_records_nothing_when_the_task_has_fewer_rows(arch_models, mixed_tasks, monkeypatch):
+    """A user's task of 6 rows: halving kv's 128 examples changes nothing until the count falls below
+    6, and the floor (8) stops it first, so no n_examples change is recorded; a task of 40 rows
+    records the count that first cut it, and its estimate counts that many rows."""
+    from headscope.analyses.kv import cost as kv_cost
+    from headscope.analyses.kv.analysis import KVConfig
+
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    monkeypatch.setitem(B._MEASURED, model, 1.0 / B.flops_per_row(model, task.tokens.shape[1]))
+    assert len(task) < B.MIN_EXAMPLES
+    fitted = B.fit(model, kv_cost.COST, task, KVConfig(), 1e-3)
+    assert fitted.changed == {} and fitted.config == KVConfig()
+    tokens = torch.randint(0, int(model.facts.d_vocab), (40, 12), generator=torch.Generator().manual_seed(0))
+    big = Task(name="big", tokens=tokens, answers=tokens[:, 3], wrong_answers=tokens[:, 4])
+    fitted = B.fit(model, kv_cost.COST, big, KVConfig(), 1e-3)
+    assert fitted.changed == {"n_examples": [None, B.MIN_EXAMPLES]}
+    assert fitted.cost.parts["states"] == 4 * B.MIN_EXAMPLES
+
+
+class _GPT2SmallShape:
+    """GPT-2 small's facts (12 x 12 heads, 124M parameters on the meta device), for estimates only."""
+
+    def __init__(self) -> None:
+        import types
+
+        self.facts = types.SimpleNamespace(n_layers=12, n_heads=12, d_model=768, n_ctx=1024, is_encoder=False)
+        params = [torch.empty(124_000_000, device="meta")]
+        self.bridge = types.SimpleNamespace(parameters=lambda: params)
+
+    def n_active_hooks(self) -> int:
+        return 0
+
+
+def test_after_the_gradient_only_resort_the_examples_come_back_while_they_fit(monkeypatch):
+    """The heads knobs cut the examples to 8 before the last resort (gradient importance only),
+    which frees most of the estimate; fit then doubles the examples back while the estimate fits."""
+    from headscope.analyses.heads.cost import gradient_only
+
+    model, task = _GPT2SmallShape(), None
+    monkeypatch.setitem(B._MEASURED, model, 1.0 / B.flops_per_row(model, 64))  # one second a row pass
+    config = HeadsConfig.preset()
+    lean = gradient_only(dataclasses.replace(config, n_examples=B.MIN_EXAMPLES), model)
+    lean = dataclasses.replace(lean, pruning=dataclasses.replace(lean.pruning, n_random=1, recompute=(False,)),
+                               l0=None, best_head=False)
+    at = {n: heads_cost.estimate(model, task, dataclasses.replace(lean, n_examples=n)).total for n in (8, 16, 32, 64)}
+    budget = (at[16] + at[32]) / 2  # room for 16 examples, not 32
+    with_zero = dataclasses.replace(lean, methods=("gradient", "zero"))
+    assert heads_cost.estimate(model, task, with_zero).total > budget  # so the last resort is needed
+    fitted = B.fit(model, heads_cost.COST, task, config, budget)
+    assert fitted.config.methods == ("gradient",) and fitted.config.n_examples == 16
+    assert fitted.changed["n_examples"] == [None, 16]
+    assert fitted.seconds <= budget
 
 
 def test_allocate_gives_cheap_analyses_what_they_need_and_shares_the_rest():

@@ -1,6 +1,7 @@
 """The kv analysis: cache arithmetic, allocated cache tensors, eviction against a real cache crop."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,7 +90,9 @@ def test_eviction_mask_equals_a_real_hf_cache_crop(family, tiny_dirs, tiny_model
         assert (ours - model(task.tokens)[:, -1]).abs().max().item() > 1e-2  # eviction changed something
 
 
-def test_full_budget_reproduces_the_unevicted_metric_exactly(tiny_models):
+def test_full_budget_reproduces_the_unevicted_metric(tiny_models):
+    # the sweep decodes the answer query on the prefilled context: equal to the plain pass's last
+    # position to float rounding
     model, task = tiny_models["llama"], _task(n=4, pos=12)
     sweep = kv_eviction.eviction_sweep(model, task, budgets=[2, 11, 50], n_sink=2)
     with torch.no_grad():
@@ -98,8 +101,8 @@ def test_full_budget_reproduces_the_unevicted_metric_exactly(tiny_models):
     full = sweep[sweep.budget >= 11]
     assert set(full.policy) == {"full", *kv_eviction.POLICIES}
     for _, group in full.groupby(["policy", "budget"]):
-        assert (group.sort_values("example").metric.to_numpy() == expected).all()
-    assert not (sweep[(sweep.budget == 2) & (sweep.policy == "window")].metric.to_numpy() == expected).all()
+        assert np.abs(group.sort_values("example").metric.to_numpy() - expected).max() <= 1e-5
+    assert np.abs(sweep[(sweep.budget == 2) & (sweep.policy == "window")].metric.to_numpy() - expected).max() > 1e-2
 
 
 def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):

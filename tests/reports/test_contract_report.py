@@ -63,21 +63,12 @@ def test_report_files_tolerate_an_empty_csv_and_show_skipped_analyses(tmp_path):
 
 
 @pytest.mark.slow
-def test_minilm_quick_report_skips_the_decoder_only_analyses(tmp_path):
+def test_minilm_plan_with_a_prompt_answer_file_keeps_the_decoder_only_analyses_off(tmp_path):
+    """The report's plan on MiniLM with a prompt/answer file (the report itself, skips and all, is
+    tests/reports/test_minilm_report.py)."""
     import headscope as hs
     from headscope.reports.report import plan_analyses
 
-    out = tmp_path / "out"
-    assert report("--quick", "--model", "minilm", "--out", str(out)) == 0
-    status, used = manifest(out)["status"], manifest(out)["task_used"]
-    for name in ("kv", "mlp", "patching", "circuits"):
-        assert status[name].startswith("skipped: minilm is an encoder and this analysis needs a decoder: it "), name
-        assert not (out / name).exists()  # no folder, no 1-byte results.csv
-    for name in ("heads", "attribution", "position", "probes"):
-        assert status[name] == "done" and used[name] == "default task", name
-        assert (out / name / "summary.json").exists()
-    html = (out / "report.html").read_text()
-    assert html.count('<p class="skipped">skipped: minilm is an encoder') == 4
     # the plan with a prompt/answer file: position and the decoder-only analyses keep to their own data
     model = hs.load_model("minilm", device="cpu")
     path = tmp_path / "mine.jsonl"

@@ -21,7 +21,9 @@ def test_full_minilm_report_is_complete(tmp_path):
     status = manifest["status"]
     assert {name: status[name] for name in DONE} == dict.fromkeys(DONE, "done")
     for name in DECODER_ONLY:
-        assert status[name].startswith("skipped: minilm is an encoder"), status[name]
+        assert status[name].startswith("skipped: minilm is an encoder and this analysis needs a decoder: it "), name
+        assert not (out / name).exists()  # no folder, no 1-byte results.csv
+    assert {name: manifest["task_used"][name] for name in DONE} == dict.fromkeys(DONE, "default task")
     full = manifest["config"]["settings"]["analysis_configs"]
     assert full["heads"]["methods"] == ["gradient", "zero", "mean", "resample"] and full["heads"]["l0"] is not None
     html = (out / "report.html").read_text()
