@@ -133,6 +133,7 @@ def kv_states(model, tokens: torch.Tensor) -> KVStates:
     return _cache_slice(cache, model.facts.n_layers, 0)
 
 
+@torch.no_grad()
 def prefill(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
     """(logits [batch, 1, d_vocab] at the last position, a new cache holding every position of
     tokens [batch, pos]): the hook-free pass where it applies (no pattern materialised: memory

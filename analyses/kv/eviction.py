@@ -128,6 +128,7 @@ def evicted_logits(model, tokens: torch.Tensor, keep: torch.Tensor,
     return model.run_with_hooks(tokens, fwd=evict_hooks(model, keep), **kw)
 
 
+@torch.no_grad()
 def context_cache(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None):
     """The cache of the context (every position but the last) from one prefill, or None where it
     cannot serve every eviction run (a sliding-window layer keeps only its last positions)."""
@@ -156,6 +157,7 @@ def default_budgets(ctx: int) -> list[int]:
     return [b for b in (2 ** i for i in range(ctx.bit_length())) if b < ctx] + [ctx]
 
 
+@torch.no_grad()
 def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, policies: Sequence[str] = POLICIES,
                    n_sink: int = 4, progress: bool = False) -> pd.DataFrame:
     """The Task metric per policy, budget and example (plus policy "full" at the whole context).

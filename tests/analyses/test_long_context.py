@@ -115,6 +115,8 @@ def test_kv_analysis_on_a_long_prompt_holds_no_pattern_and_equals_hf(family, lon
     with watch:
         result = kv.kv_analysis(model, task, kv.KVConfig(budgets=(8, 64, 599), n_sink=2))
     assert watch.seen == []
+    # the prefilled context holds no autograd graph (it kept every layer's activations alive)
+    assert not kv_eviction.context_cache(model, tokens).layers[0].keys.requires_grad
     with torch.no_grad():
         attns = hf(tokens, output_attentions=True).attentions  # per layer [2, head, q, k]
     for layer, att in enumerate(attns):
