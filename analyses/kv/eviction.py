@@ -148,7 +148,7 @@ def answer_step(model, context, tokens: torch.Tensor, keep: torch.Tensor,
     ctx = tokens.shape[1] - 1
     cache = prefix_cache(model, context, ctx)  # views: the step appends to its own copy
     logits, _ = cached_forward(model, tokens[:, ctx:], cache, ctx, attention_mask=attention_mask,
-                                         fwd=evict_hooks(model, keep))
+                               fwd=evict_hooks(model, keep))
     return logits
 
 

@@ -99,10 +99,15 @@ def test_position_sweep_on_a_long_prompt_holds_no_pattern_and_equals_hf(family, 
             ref = hf(ids, attention_mask=mask).logits[0].log_softmax(-1)
         expected = sum(ref[n - 1 + j, a].item() for j, a in enumerate(ans))
         assert out.masked[cond]["logprob"][row].item() == pytest.approx(expected, abs=1e-4), cond
-    # the watch is not blind: through the bridge every layer's pattern is there
+    # the watch is not blind: through the bridge every layer's pattern is there; and the reducer's
+    # bridge route (any hook attached) gives the same numbers
     with model.hooks(fwd=no_hook()), watch:
-        run_decoder_sweeps(model, [sweep], n_sink=n_sink, window=lambda _: None, generate=False)
+        bridged = run_decoder_sweeps(model, [sweep], n_sink=n_sink, window=lambda _: window, generate=False)[0]
     assert len(watch.seen) >= model.facts.n_layers
+    torch.testing.assert_close(bridged.gold_mass, out.gold_mass, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(bridged.sink_mass, out.sink_mass, atol=1e-5, rtol=1e-5)
+    for cond in ("sinks+window", "window"):
+        torch.testing.assert_close(bridged.masked[cond]["logprob"], out.masked[cond]["logprob"], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
