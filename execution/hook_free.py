@@ -92,19 +92,28 @@ def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     return model.bridge.unembed(model.bridge.ln_final(x[:, logits_from:]))  # [batch, pos', d_vocab]
 
 
-def _with_keep(args: tuple, kwargs: dict, keep: torch.Tensor) -> tuple[tuple, dict] | None:
-    """The blocks' call arguments with their 4-d mask [n or 1, 1, pos, pos] also hiding the keys
-    `keep` (bool [pos, pos] or 4-d) does not allow; None when the call has no such mask."""
+def _square_mask(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The blocks' one 4-d mask [n or 1, 1, pos, pos] among their call arguments, or None."""
     masks = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.ndim == 4]
-    if len(masks) != 1 or masks[0].shape[-1] != masks[0].shape[-2]:
+    return masks[0] if len(masks) == 1 and masks[0].shape[-1] == masks[0].shape[-2] else None
+
+
+def _swap(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor | None) -> tuple[tuple, dict]:
+    """The call arguments with the tensor `old` replaced by `new`."""
+    return tuple(new if v is old else v for v in args), {k: (new if v is old else v) for k, v in kwargs.items()}
+
+
+def _with_keep(args: tuple, kwargs: dict, keep: torch.Tensor) -> tuple[tuple, dict] | None:
+    """The blocks' call arguments with their 4-d mask also hiding the keys `keep` (bool [pos, pos]
+    or 4-d) does not allow; None when the call has no such mask."""
+    mask = _square_mask(args, kwargs)
+    if mask is None:
         return None
-    mask = masks[0]
     allowed = keep.to(mask.device).bool()
     allowed = allowed[None, None] if allowed.ndim == 2 else allowed
     combined = (mask & allowed if mask.dtype == torch.bool
                 else mask.masked_fill(~allowed, torch.finfo(mask.dtype).min))
-    return (tuple(combined if v is mask else v for v in args),
-            {k: (combined if v is mask else v) for k, v in kwargs.items()})
+    return _swap(args, kwargs, mask, combined)
 
 
 def _without_causal_mask(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -112,17 +121,16 @@ def _without_causal_mask(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     it is exactly the causal mask (no padding, no sliding window that bites): the blocks then run
     the fused kernel's causal mode, which skips the scores above the diagonal (fast_blocks), and
     the pattern callbacks get mask None (causal)."""
-    masks = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.ndim == 4]
-    if len(masks) != 1 or masks[0].shape[-1] != masks[0].shape[-2]:
+    mask = _square_mask(args, kwargs)
+    if mask is None:
         return args, kwargs
-    mask = masks[0]
     causal = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).tril()  # [pos, pos]
     if mask.dtype != torch.bool:
         causal = torch.zeros(causal.shape, dtype=mask.dtype, device=mask.device).masked_fill_(
             ~causal, torch.finfo(mask.dtype).min)  # Hugging Face's additive form
     if not torch.equal(mask, causal.expand_as(mask)):
         return args, kwargs
-    return tuple(None if v is mask else v for v in args), {k: (None if v is mask else v) for k, v in kwargs.items()}
+    return _swap(args, kwargs, mask, None)
 
 
 register_hook_free_pass(hook_free_pass)

@@ -154,10 +154,11 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     for group in length_groups(tokens, attention_mask):
         rows = sinks.query_rows(group.shape[1], n_sink)  # the query rows sinks.sink_mass averages
 
-        def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, n_rows: int = rows.numel()) -> None:
+        def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, rows: torch.Tensor = rows) -> None:
             # pattern [prompts, head, c, keys] -> the mean over rows and heads of the mass on the
             # sinks (sinks.sink_mass), summed over the prompts
-            mass[layer] += float(pattern[..., :n_sink].sum(-1).double().sum()) / (n_rows * pattern.shape[1])
+            got = sinks.sink_mass_sum(pattern, queries, n_sink, int(rows[0]))  # [prompts, head]
+            mass[layer] += float(got.double().sum()) / (rows.numel() * pattern.shape[1])
 
         hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)
         baseline += sinks.uniform_baseline(group.shape[1], n_sink) * group.shape[0]

@@ -29,7 +29,7 @@ import torch
 
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.position.prompts import PositionSweep
-from headscope.analyses.position.sinks import query_rows, streaming_attention, streaming_keep
+from headscope.analyses.position.sinks import query_rows, sink_mass_sum, streaming_attention, streaming_keep
 from headscope.errors import ConfigError
 from headscope.execution import distributed
 from headscope.hooks.kv_states import generate_with_kv
@@ -63,7 +63,7 @@ class AttentionStats:
 
     def __init__(self, spans: torch.Tensor, n_prompt: int, n_sink: int, *, causal: bool) -> None:
         self.spans, self.n_prompt, self.n_sink, self.causal = spans, n_prompt, n_sink, causal
-        self.first = sinks_query_start(n_prompt, n_sink, causal)
+        self.first = int(query_rows(n_prompt, n_sink, causal=causal)[0])  # the sink average's first query row
         self.gold: dict[int, torch.Tensor] = {}
         self.sink: dict[int, torch.Tensor] = {}
 
@@ -79,10 +79,9 @@ class AttentionStats:
                 self._add(self.gold, layer, pattern[:, :, int(at[0, 0])] @ in_gold[:, :, None], 1.0)
         else:
             self._add(self.gold, layer, pattern.sum(2) @ in_gold[:, :, None], 1.0 / self.n_prompt)
-        rows = (queries >= self.first) & (queries < self.n_prompt)  # [c]
-        if rows.any():
-            mass = pattern[..., :self.n_sink].sum(-1)[:, :, rows].sum(-1)  # [batch, head]
-            self._add(self.sink, layer, mass, 1.0 / (self.n_prompt - self.first))
+        # the queries are the prompt's (reduce_patterns' query_positions), so rows >= first count
+        mass = sink_mass_sum(pattern, queries, self.n_sink, self.first)  # [batch, head]
+        self._add(self.sink, layer, mass, 1.0 / (self.n_prompt - self.first))
 
     @staticmethod
     def _add(store: dict, layer: int, value: torch.Tensor, weight: float) -> None:
@@ -93,11 +92,6 @@ class AttentionStats:
         """{"gold": [batch, layer, head], "sink": [batch, layer, head]} (float32)."""
         return {"gold": torch.stack([self.gold[i] for i in range(n_layers)], 1).float(),
                 "sink": torch.stack([self.sink[i] for i in range(n_layers)], 1).float()}
-
-
-def sinks_query_start(n_prompt: int, n_sink: int, causal: bool) -> int:
-    """The first query row of the sink average (sinks.query_rows)."""
-    return int(query_rows(n_prompt, n_sink, causal=causal)[0])
 
 
 def answer_scores(logits: torch.Tensor, n_prompt: int, answer_ids: torch.Tensor) -> dict[str, torch.Tensor]:

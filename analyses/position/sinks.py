@@ -43,6 +43,14 @@ def sink_mass(
     return mass.index_select(-1, rows).mean(-1)  # [batch, head]
 
 
+def sink_mass_sum(pattern: torch.Tensor, queries: torch.Tensor, n_sink: int, first: int) -> torch.Tensor:
+    """sink_mass's numerator on a chunk of query rows: [batch, head, c, k] weights of the query
+    positions `queries` [c] -> [batch, head], the sum over those at or after `first` of the mass
+    on keys < n_sink (divide the sum over every chunk by the number of such rows)."""
+    rows = (queries >= first).to(pattern.device)
+    return pattern[..., :n_sink].sum(-1)[:, :, rows].sum(-1)
+
+
 def uniform_baseline(
     n_q: int, n_sink: int, *, causal: bool = True, q_start: int | None = None, n_keys: int | None = None
 ) -> float:
