@@ -20,7 +20,27 @@ from tests_support import build_tiny_model  # noqa: E402
 torch.set_num_threads(1)
 
 
+# The files that take longest (a minute or more on 2 cores), longest first: pytest-xdist hands whole
+# files to its workers in collection order (pyproject.toml's addopts), so these start first and the
+# short files fill the gaps, instead of one long file running alone at the end.
+LONG_FILES = (
+    "tests/test_cli.py", "tests/test_matrix_report.py", "tests/test_mixed_length_report.py",
+    "tests/reports/test_minilm_report.py", "tests/test_distributed.py", "tests/reports/test_figures.py",
+    "tests/test_faults.py", "tests/analyses/test_attribution.py", "tests/analyses/test_circuits_zoo.py",
+    "tests/analyses/test_probes_zoo.py", "tests/reports/test_contract_report.py", "tests/test_examples.py",
+    "tests/test_report_browser.py", "tests/analyses/test_continuation.py",
+)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use, at most 4 (each holds its own copies of
+    the session's test models)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -193,3 +193,10 @@ def test_imports_only_go_one_way():
     """Every upward import, lazy ones included, is listed at once."""
     violations = _import_violations()
     assert not violations, "imports against the layering:\n" + "\n".join(violations)
+
+
+def test_the_long_files_that_run_first_exist():
+    """conftest.LONG_FILES orders pytest-xdist's work; a renamed file would silently drop out of it."""
+    from conftest import LONG_FILES
+
+    assert [p for p in LONG_FILES if not (ROOT / p).is_file()] == []
