@@ -150,13 +150,17 @@ def reduce_patterns(model, tokens: torch.Tensor, reduce: PatternReducer, *, laye
             return model(tokens, **kw)[:, logits_from:]
 
 
+def keep_scores(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Attention scores [batch, head, q, k] with the keys `keep` ([q, k] or [n or 1, 1, q, k] bool)
+    does not allow set to the dtype's minimum (what a hook_attn_scores hook returns to hide them)."""
+    allowed = keep.to(scores.device).bool()
+    allowed = allowed[None, None] if allowed.ndim == 2 else allowed
+    return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+
+
 def _keep_hook(keep: torch.Tensor):
-    """A hook_attn_scores hook hiding the keys `keep` ([q, k] or [n or 1, 1, q, k] bool) does not allow."""
-    def hook(scores: torch.Tensor, hook) -> torch.Tensor:  # [batch, head, q, k]
-        allowed = keep.to(scores.device).bool()
-        allowed = allowed[None, None] if allowed.ndim == 2 else allowed
-        return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    return hook
+    """A hook_attn_scores hook applying keep_scores with a fixed `keep`."""
+    return lambda scores, hook: keep_scores(scores, keep)
 
 
 def capture_patterns(model, tokens: torch.Tensor, names: Sequence[str], positions: Positions, to_cpu: bool,

@@ -1,7 +1,8 @@
 """What the circuits analysis costs (analyses/core/budget.py), and its sweeps in the order they give way.
 
 Row passes, for n examples: logit lens and DLA one captured pass each (2n), and every block's input
-read through the unembedding at every position (counted as the row passes of as many flops); with edges (a task
+read through the unembedding at every position (counted as the row passes of three times as many
+flops: the log-softmax and rank read those logits again); with edges (a task
 with corrupted prompts): EAP-IG 3 ig_steps n + 2n, faithfulness n per circuit size (k_values;
 about 10 by default).
 """
@@ -18,7 +19,9 @@ def estimate(model, task, config) -> Cost:
     f = model.facts
     n, n_pos = n_rows(task, config, FULL, QUICK), task_length(task, model)
     read = n_pos if config.lens_positions == "all" else 1  # positions the lens reads
-    unembed = (f.n_layers + 1) * n * read * 2.0 * f.d_model * f.d_vocab  # every block's input unembedded
+    # every block's input unembedded, counted three times: the log-softmax, the rank and the gathers
+    # read the [L + 1, rows, positions, vocabulary] logits again (memory-bound at a large vocabulary)
+    unembed = 3 * (f.n_layers + 1) * n * read * 2.0 * f.d_model * f.d_vocab
     parts = {"lens_dla": 2 * n + unembed / flops_per_row(model, n_pos)}
     if config.edges and (task is None or getattr(task, "corrupted_tokens", None) is not None):
         parts["edges"] = 3 * config.ig_steps * n + 2 * n

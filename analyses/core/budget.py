@@ -45,6 +45,7 @@ class Cost:
 
     parts: Mapping[str, float]
     n_pos: int
+    extra_s: float = 0.0  # seconds no row pass counts (probes' scikit-learn fits), timed on this machine
 
     @property
     def total(self) -> float:
@@ -85,7 +86,9 @@ class Fitted:
 
 
 # ---- measuring ------------------------------------------------------------------------------
-_MEASURED: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()  # model -> seconds per flop
+_MEASURED: weakref.WeakKeyDictionary[Any, dict[int, float]] = weakref.WeakKeyDictionary()  # model -> {length: s per flop}
+MEASURE_LENGTH = 64  # the longest timed pass; longer passes scale by their flops
+MEASURE_TOKENS = 512  # tokens of a timed pass: 8 rows of 64 tokens, 32 of 16
 
 
 def flops_per_row(model, n_pos: int) -> float:
@@ -96,17 +99,16 @@ def flops_per_row(model, n_pos: int) -> float:
     return float(n_pos) * (2.0 * params + 4.0 * f.n_layers * n_pos * f.d_model)
 
 
-def seconds_per_pass(model, n_pos: int) -> float:
-    """Seconds of one row pass at n_pos tokens on this machine: flops_per_row times the seconds per
-    flop of one timed forward (the faster of two after a warm-up) of 8 random rows of min(64, n_ctx)
-    tokens with a no-op hook attached (the analyses' passes carry hooks, so they run through the
-    bridge). Short passes use the machine less well than long ones, so long contexts come out dear
-    rather than cheap. The rate is measured once per model (the machine's load at that moment counts)."""
-    from headscope.hooks.sites import site
+def _rate(model, length: int) -> float:
+    """Seconds per flop of one timed forward (the faster of two after a warm-up) of MEASURE_TOKENS
+    random tokens in rows of `length` (at least 8 rows) with a no-op hook attached (the analyses'
+    passes carry hooks, so they run through the bridge); measured once per model and length (the
+    machine's load at that moment counts)."""
+    rates = _MEASURED.setdefault(model, {})
+    if length not in rates:
+        from headscope.hooks.sites import site
 
-    key = model
-    if key not in _MEASURED:
-        rows, length = 8, max(1, min(64, int(model.facts.n_ctx)))
+        rows = max(8, MEASURE_TOKENS // length)  # short passes batched as the engines batch them
         g = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, int(model.facts.d_vocab), (rows, length), generator=g)
         hook = site("resid_post", model.facts.n_layers - 1)
@@ -117,8 +119,19 @@ def seconds_per_pass(model, n_pos: int) -> float:
                 model.run_with_hooks(tokens, fwd=[(hook, lambda act, hook: None)])
                 if i:
                     best = min(best, time.perf_counter() - start)
-        _MEASURED[key] = best / (rows * flops_per_row(model, length))
-    return _MEASURED[key] * flops_per_row(model, max(1, min(int(n_pos), int(model.facts.n_ctx))))
+        rates[length] = best / (rows * flops_per_row(model, length))
+    return rates[length]
+
+
+def seconds_per_pass(model, n_pos: int) -> float:
+    """Seconds of one row pass at n_pos tokens on this machine: flops_per_row times the seconds per
+    flop of a timed pass at the largest power of two up to min(n_pos, MEASURE_LENGTH) tokens. A short
+    pass uses the machine less well than a long one (its fixed costs weigh more), so it is timed at
+    about its own length, never longer; passes past MEASURE_LENGTH use that length's rate, so long
+    contexts come out dear rather than cheap."""
+    n_pos = max(1, min(int(n_pos), int(model.facts.n_ctx)))
+    length = min(MEASURE_LENGTH, n_pos)
+    return _rate(model, 1 << (length.bit_length() - 1)) * flops_per_row(model, n_pos)
 
 
 # ---- fitting --------------------------------------------------------------------------------
@@ -148,19 +161,21 @@ def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | 
     (None: no budget, the estimate only); then knobs that can give back (the examples) do, last
     first, while the estimate still fits. When every knob is spent the last config stays, with a
     log line saying the budget cannot be met."""
+    def seconds(c: Cost) -> float:  # a knob may shorten the passes (position's pairs) as well as cut them
+        return c.total * seconds_per_pass(model, c.n_pos) + c.extra_s
+
     cost = cost_model.estimate(model, task, config)
-    per = seconds_per_pass(model, cost.n_pos)
     fitted = config
     if budget_s is not None:
         for knob in cost_model.knobs:
             trial = fitted  # a knob's step is kept once it lowers the estimate (halving the examples of
-            while cost.total * per > budget_s:  # a task with fewer rows changes nothing at first)
+            while seconds(cost) > budget_s:  # a task with fewer rows changes nothing at first)
                 smaller = knob(trial, model)
                 if smaller is None or smaller == trial:
                     break
                 trial = smaller
                 trial_cost = cost_model.estimate(model, task, trial)
-                if trial_cost.total < cost.total:
+                if seconds(trial_cost) < seconds(cost):
                     fitted, cost = trial, trial_cost
         for knob in reversed(cost_model.knobs):  # give back what a later knob's cut left room for
             regrow = getattr(knob, "regrow", None)
@@ -169,13 +184,13 @@ def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | 
                 if bigger is None:
                     break
                 bigger_cost = cost_model.estimate(model, task, bigger)
-                if bigger_cost.total * per > budget_s:
+                if seconds(bigger_cost) > budget_s:
                     break
                 fitted, cost = bigger, bigger_cost
-        if cost.total * per > budget_s:
+        if seconds(cost) > budget_s:
             log.info("the estimate %.0f s still exceeds the budget of %.0f s with every sweep at its smallest",
-                     cost.total * per, budget_s)
-    return Fitted(config=fitted, cost=cost, seconds=cost.total * per, budget_s=budget_s, changed=changes(config, fitted))
+                     seconds(cost), budget_s)
+    return Fitted(config=fitted, cost=cost, seconds=seconds(cost), budget_s=budget_s, changed=changes(config, fitted))
 
 
 def allocate(estimates: Mapping[str, float], budget_s: float, weights: Mapping[str, float] | None = None) -> dict[str, float]:

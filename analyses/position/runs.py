@@ -29,12 +29,11 @@ import torch
 
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.position.prompts import PositionSweep
-from headscope.analyses.position.sinks import query_rows, sink_mass_sum, streaming_attention, streaming_keep
+from headscope.analyses.position.sinks import query_rows, sink_mass_sum, streaming_keep
 from headscope.errors import ConfigError
 from headscope.execution import distributed
 from headscope.hooks.kv_states import generate_with_kv
 from headscope.hooks.patterns import reduce_patterns
-from headscope.models.hooked_model import hook_free_pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,14 +116,10 @@ def greedy_contains(model: Any, tokens: torch.Tensor, answers: Sequence[tuple[st
 def streaming_logits(model: Any, inputs: torch.Tensor, *, n_sink: int, window: int, keep_sinks: bool,
                      logits_from: int) -> torch.Tensor:
     """Logits [batch, pos - logits_from, vocab] with every layer restricted to its sinks + recent
-    window (or the window alone): the hook-free pass with that mask where it applies (the fused
-    kernel; no pattern held), else the bridge with sinks.streaming_attention."""
+    window (or the window alone): reduce_patterns with no layer to reduce, so the hook-free pass with
+    that mask where it applies (the fused kernel; no pattern held), else the bridge masking the scores."""
     keep = streaming_keep(inputs.shape[1], inputs.shape[1], n_sink, window, keep_sinks=keep_sinks)  # [pos, pos]
-    logits = hook_free_pass(model, inputs, keep=keep, logits_from=logits_from)
-    if logits is not None:
-        return logits
-    with streaming_attention(model, n_sink=n_sink, window=window, keep_sinks=keep_sinks):
-        return model(inputs)[:, logits_from:]
+    return reduce_patterns(model, inputs, lambda *_: None, layers=(), keep=keep, logits_from=logits_from)
 
 
 def max_rows_for(n_pos: int, max_rows: int = 64, tokens_per_pass: int = 16384) -> int:

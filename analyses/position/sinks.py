@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from headscope.errors import ConfigError
+from headscope.hooks.patterns import keep_scores
 from headscope.hooks.sites import site
 
 
@@ -79,9 +80,8 @@ def streaming_keep(n_q: int, n_k: int, n_sink: int, window: int, *, keep_sinks: 
 def streaming_attention(model: Any, *, n_sink: int, window: int, keep_sinks: bool = True) -> Iterator[None]:
     """Every layer attends only to its sinks + recent window (or the window alone) inside the block."""
 
-    def hook(scores: torch.Tensor, hook: Any) -> torch.Tensor:  # [batch, head, q, k]
-        keep = streaming_keep(scores.shape[-2], scores.shape[-1], n_sink, window, keep_sinks=keep_sinks)
-        return scores.masked_fill(~keep.to(scores.device), torch.finfo(scores.dtype).min)
+    def hook(scores: torch.Tensor, hook: Any) -> torch.Tensor:  # [batch, head, q, k]: its own q and k (cached decoding too)
+        return keep_scores(scores, streaming_keep(scores.shape[-2], scores.shape[-1], n_sink, window, keep_sinks=keep_sinks))
 
     fwd = [(site("scores", layer), hook) for layer in range(model.facts.n_layers)]
     with model.hooks(fwd=fwd):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -308,6 +309,26 @@ class ProbesConfig(AnalysisConfig):
         return "coarse" if self.quick else True
 
 
+def probe_data(model, task: Task | str | None = None, config: ProbesConfig | None = None) -> tuple[Task, Any]:
+    """(the Task, the labels) `run` probes: the given task with config.labels, else the family's
+    default (see `run`)."""
+    from headscope.analyses.core import default_tasks
+    from headscope.analyses.core.task_files import resolve_task
+    from headscope.analyses.core.tasks import sentence_task, zoo
+
+    config = config or ProbesConfig.preset()
+    n = config.examples(256, 64)
+    if model.facts.is_encoder and task is None:
+        return sentence_task(model, n_examples=n, seed=config.seed), "position"
+    if task is None:
+        try:
+            task = zoo(model, "kv", n_examples=n, seed=config.seed)
+        except TaskError:  # not a zoo vocabulary: the shipped sentences, labels any tokenizer has
+            labels = "position_bucket" if config.labels == "answer" else config.labels
+            return default_tasks.text_task(model, n, config.seed, padded=True), labels
+    return resolve_task(model, task, default="kv", n_examples=n, seed=config.seed), config.labels
+
+
 def run(model, task: Task | str | None = None, config: ProbesConfig | None = None) -> Result:
     """`headscope probes`: the answer a zoo Task's prompt retrieves (kv: the queried key's value), read at
     the answer position, per layer (also for task files); encoders: token position over the shipped
@@ -315,22 +336,8 @@ def run(model, task: Task | str | None = None, config: ProbesConfig | None = Non
     labels (or config.labels when set to another label). (The queried key itself is the input token
     there, so its control task is as easy as the real one: selectivity 0 by construction; "span:query"
     shows it.)"""
-    from headscope.analyses.core import default_tasks
-    from headscope.analyses.core.task_files import resolve_task
-    from headscope.analyses.core.tasks import sentence_task, zoo
-
     config = config or ProbesConfig.preset()
-    n = config.examples(256, 64)
     cv = config.cv or (3 if config.quick else 5)
     kw = dict(cv=cv, seed=config.seed, C=config.C, alpha=config.alpha, capacity=config.grid(), progress=config.progress)
-    if model.facts.is_encoder and task is None:
-        return probe_sweep(model, sentence_task(model, n_examples=n, seed=config.seed), config.site, "position", **kw)
-    if task is None:
-        try:
-            task = zoo(model, "kv", n_examples=n, seed=config.seed)
-        except TaskError:  # not a zoo vocabulary: the shipped sentences, labels any tokenizer has
-            labels = "position_bucket" if config.labels == "answer" else config.labels
-            text = default_tasks.text_task(model, n, config.seed, padded=True)
-            return probe_sweep(model, text, config.site, labels, **kw)
-    task = resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
-    return probe_sweep(model, task, config.site, config.labels, **kw)
+    task, labels = probe_data(model, task, config)
+    return probe_sweep(model, task, config.site, labels, **kw)

@@ -88,7 +88,7 @@ def test_the_cheap_ranking_verifying_every_head_is_the_exact_ordering(arch_model
 def test_fitting_applies_the_knobs_in_order_and_records_what_changed(arch_models, mixed_tasks, monkeypatch):
     model, task = arch_models("gpt2"), mixed_tasks("gpt2")
     per_flop = 1.0 / B.flops_per_row(model, task.tokens.shape[1])
-    monkeypatch.setitem(B._MEASURED, model, per_flop)  # about one second a row pass
+    monkeypatch.setattr(B, "_rate", lambda model, length: per_flop)  # about one second a row pass
     config = HeadsConfig.preset()
     free = B.fit(model, heads_cost.COST, task, config, None)
     assert free.config == config and free.changed == {} and free.seconds == pytest.approx(free.cost.total)
@@ -115,7 +115,7 @@ def test_the_examples_knob_records_nothing_when_the_task_has_fewer_rows(arch_mod
     from headscope.analyses.kv.analysis import KVConfig
 
     model, task = arch_models("gpt2"), mixed_tasks("gpt2")
-    monkeypatch.setitem(B._MEASURED, model, 1.0 / B.flops_per_row(model, task.tokens.shape[1]))
+    monkeypatch.setattr(B, "_rate", lambda model, length: 1.0 / B.flops_per_row(model, task.tokens.shape[1]))
     assert len(task) < B.MIN_EXAMPLES
     fitted = B.fit(model, kv_cost.COST, task, KVConfig(), 1e-3)
     assert fitted.changed == {} and fitted.config == KVConfig()
@@ -146,7 +146,7 @@ def test_after_the_gradient_only_resort_the_examples_come_back_while_they_fit(mo
     from headscope.analyses.heads.cost import gradient_only
 
     model, task = _GPT2SmallShape(), None
-    monkeypatch.setitem(B._MEASURED, model, 1.0 / B.flops_per_row(model, 64))  # one second a row pass
+    monkeypatch.setattr(B, "_rate", lambda model, length: 1.0 / B.flops_per_row(model, 64))  # one second a row pass
     config = HeadsConfig.preset()
     lean = gradient_only(dataclasses.replace(config, n_examples=B.MIN_EXAMPLES), model)
     lean = dataclasses.replace(lean, pruning=dataclasses.replace(lean.pruning, n_random=1, recompute=(False,)),
@@ -212,3 +212,57 @@ def test_mlp_on_a_subset_of_layers_gives_those_layers_rows_of_the_full_run(arch_
     mine = part.tables["top_neurons"][["neuron", "value_tokens", "triggers"]].reset_index(drop=True)
     theirs = full.tables["top_neurons"].query("layer == @last")[["neuron", "value_tokens", "triggers"]]
     assert mine.head(len(theirs)).equals(theirs.reset_index(drop=True).head(len(mine)))
+
+
+def test_a_knob_that_only_shortens_the_prompts_is_kept(monkeypatch):
+    """Position's pairs knob halves the prompt length, not the row passes: fit weighs seconds (row
+    passes x the seconds of a pass at that length), so the shorter prompts are kept and the examples
+    stay. Counted by hand on GPT-2 small's shape: 8 examples x 5 gold slots, each a plain run, two
+    StreamingLLM runs and a greedy decoding (160 passes of 1,024 tokens); without the masked runs 80;
+    with 5 pairs instead of 10 the prompts are 512 tokens."""
+    from headscope.analyses.position import cost as position_cost
+    from headscope.analyses.position.analysis import PositionConfig
+
+    model = _GPT2SmallShape()
+    monkeypatch.setattr(B, "_rate", lambda model, length: 1.0 / B.flops_per_row(model, 1024))  # 1 s a 1,024-token pass
+    params, d, layers = 124_000_000, 768, 12
+    flops = lambda n_pos: n_pos * (2.0 * params + 4.0 * layers * n_pos * d)  # noqa: E731
+    config = PositionConfig.preset(quick=True)
+    assert B.fit(model, position_cost.COST, None, config, None).seconds == pytest.approx(160)
+    fitted = B.fit(model, position_cost.COST, None, config, 60)
+    assert fitted.changed == {"window": [None, 0], "n_items": [None, 5]}, fitted.changed
+    assert (fitted.cost.total, fitted.cost.n_pos) == (80, 512)
+    assert fitted.seconds == pytest.approx(80 * flops(512) / flops(1024))
+
+
+def test_the_probes_estimate_counts_the_fits_and_samples_that_run(arch_models, mixed_tasks, monkeypatch):
+    """The fits, their training samples and classes the probes estimate counts equal those
+    scikit-learn receives in the run (a recorder on LogisticRegression.fit): every layer x fold x
+    strength, for the labels and the control task, each on (folds - 1) / folds of the real tokens
+    (position buckets on a left-padded mixed-length task: the attention mask's sum)."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from headscope.analyses.probes import cost as probes_cost
+    from headscope.analyses.probes.analysis import ProbesConfig, run
+
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    real = int(task.attention_mask.sum())
+    seen, fit = [], LogisticRegression.fit
+
+    def recorded(self, x, y, *args, **kwargs):
+        seen.append((len(x), len(np.unique(y))))
+        return fit(self, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(LogisticRegression, "fit", recorded)
+    config = ProbesConfig(labels="position_bucket", cv=3, capacity=False)
+    run(model, task, config)
+    assert len(seen) == model.facts.n_layers * 3 * 2
+    assert sum(n for n, _ in seen) == pytest.approx(len(seen) * real * 2 / 3, abs=len(seen))  # 3-fold training splits
+    assert probes_cost._samples(model, task, config) == (real, max(c for _, c in seen))
+    monkeypatch.setattr(probes_cost, "iteration_seconds", lambda: (1.0, 0.0))  # the fixed part only
+    assert probes_cost.estimate(model, task, config).extra_s == pytest.approx(len(seen) * probes_cost.MIN_ITERATIONS)
+    monkeypatch.setattr(probes_cost, "iteration_seconds", lambda: (0.0, 1.0))  # the data part only
+    classes = max(c for _, c in seen)
+    want = probes_cost.ITERATIONS * model.facts.d_model * classes * sum(n for n, _ in seen)
+    assert probes_cost.estimate(model, task, config).extra_s == pytest.approx(want, rel=0.02)
