@@ -9,9 +9,10 @@ the settings (an upper bound: resumed passes that skip early blocks count as who
 integration steps, causal-tracing samples, examples... Each knob maps a config to a smaller one,
 or None when it has nothing left to give.
 
-`seconds_per_pass(model, n_pos)` is one row pass's flops times the seconds per flop of one timed
-forward on this machine, so an estimate becomes seconds; `fit` applies knobs in order until the estimate fits
-a budget and records every setting it changed; `allocate` shares a report's budget between its
+`seconds_per_pass(model, n_pos)` is one row pass's flops times the seconds per flop of a pass
+timed on this machine at about that length, so an estimate becomes seconds (plus `Cost.extra_s`,
+time no pass counts, such as probes' scikit-learn fits); `fit` applies knobs in order until the
+estimate fits a budget and records every setting it changed; `allocate` shares a report's budget between its
 analyses (each gets what it needs when the sum fits; otherwise the costly ones are cut to an equal
 share of what is left, heads and patching, the report's first two sections, a double share).
 The report's budget is `--budget` minutes, by default REPORT_MINUTES
@@ -36,7 +37,10 @@ log = logging.getLogger(__name__)
 
 REPORT_MINUTES, QUICK_MINUTES = 10.0, 3.0  # the report's default budgets (full, --quick)
 OVERHEAD = 0.15  # of a report's budget kept for what no estimate counts: loading, figures, the HTML
+OVERHEAD_PER_ANALYSIS_S = 5.0  # or this much per analysis when more (figures and files take seconds whatever
+# the budget: GPT-2 small's quick report spent 33 s of its 3 minutes outside its 8 analyses' runs)
 MIN_EXAMPLES = 8  # the examples knob stops here
+STEP_POSITIONS = 16  # a one-token decode step's cost, in positions of a row pass (per-pass overhead)
 
 
 @dataclass(frozen=True)
@@ -215,10 +219,16 @@ def allocate(estimates: Mapping[str, float], budget_s: float, weights: Mapping[s
     return shares
 
 
+def kept_back(budget_s: float, n_analyses: int) -> float:
+    """Seconds of a report's budget kept for what no estimate counts (loading, figures, the HTML):
+    OVERHEAD of it, or OVERHEAD_PER_ANALYSIS_S per analysis when that is more, at most half of it."""
+    return max(OVERHEAD * budget_s, min(OVERHEAD_PER_ANALYSIS_S * n_analyses, budget_s / 2))
+
+
 def plan(model, entries: Mapping[str, tuple[CostModel, Any, Any]], minutes: float | None) -> dict[str, Fitted]:
     """Every analysis of a run fitted to one budget of `minutes` (None or inf: estimates only).
-    entries: name -> (its cost model, the Task it will run on or None, its config). OVERHEAD of the
-    budget is kept back; the rest is shared by `allocate`, and each analysis fitted to its share."""
+    entries: name -> (its cost model, the Task it will run on or None, its config). `kept_back` of
+    the budget is kept back; the rest is shared by `allocate`, and each analysis fitted to its share."""
     import math
 
     free = {name: fit(model, cm, task, config, None) for name, (cm, task, config) in entries.items()}
@@ -226,7 +236,8 @@ def plan(model, entries: Mapping[str, tuple[CostModel, Any, Any]], minutes: floa
         return free
     if minutes <= 0:
         raise ConfigError(f"--budget is in minutes and must be positive, got {minutes:g}.")
-    shares = allocate({name: f.seconds for name, f in free.items()}, minutes * 60 * (1 - OVERHEAD),
+    budget_s = minutes * 60
+    shares = allocate({name: f.seconds for name, f in free.items()}, budget_s - kept_back(budget_s, len(entries)),
                       {name: cm.weight for name, (cm, _, _) in entries.items()})
     return {name: fit(model, cm, task, config, shares[name]) for name, (cm, task, config) in entries.items()}
 
@@ -288,6 +299,6 @@ def task_length(task: Any, model: Any, default: int = 64) -> int:
     return int(tokens.shape[1]) if tokens is not None else min(default, int(model.facts.n_ctx))
 
 
-__all__ = ["Cost", "CostModel", "Fitted", "OVERHEAD", "QUICK_MINUTES", "REPORT_MINUTES", "allocate", "changes",
-           "describe", "examples_knob", "fewer_examples", "fit", "flops_per_row", "n_rows", "plan", "resumed_share",
-           "seconds_per_pass", "task_length"]
+__all__ = ["Cost", "CostModel", "Fitted", "OVERHEAD", "OVERHEAD_PER_ANALYSIS_S", "QUICK_MINUTES", "REPORT_MINUTES",
+           "STEP_POSITIONS", "allocate", "changes", "describe", "examples_knob", "fewer_examples", "fit", "flops_per_row",
+           "kept_back", "n_rows", "plan", "resumed_share", "seconds_per_pass", "task_length"]

@@ -8,10 +8,9 @@ shorter than the prompt drops early positions from the cache, each run is a whol
 """
 from __future__ import annotations
 
-from headscope.analyses.core.budget import Cost, CostModel, examples_knob, n_rows, task_length
+from headscope.analyses.core.budget import STEP_POSITIONS, Cost, CostModel, examples_knob, n_rows, task_length
 
 FULL, QUICK = 128, 16
-STEP_POSITIONS = 16  # a one-token decode step's cost, in positions of a row pass (per-pass overhead)
 
 
 def decodes_alone(model, n_pos: int) -> bool:

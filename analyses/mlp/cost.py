@@ -4,9 +4,10 @@
 Row passes, for n examples: the trigger corpus (about 4n rows: the zoo's four tasks, or the
 sentences) and the sub-updates of the task (n), each one captured pass; and, whatever the
 examples, every value vector read through the unembedding (layers x d_mlp x d_model x d_vocab
-multiply-adds, counted as the row passes of as many flops: on GPT-2 small about as much as 12
-passes of 1,000 tokens). Sub-updates project the top neurons of each example the same way (n x
-layers x n_top_updates x d_model x d_vocab).
+multiply-adds, counted as the row passes of twice as many flops, since the top-k then reads the
+[d_mlp, vocabulary] logits again: on GPT-2 small about as much as 24 passes of 1,000 tokens).
+Sub-updates project the top neurons of each example the same way (n x layers x n_top_updates x
+d_model x d_vocab).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def estimate(model, task, config) -> Cost:
     n, n_pos = n_rows(task, config, FULL, QUICK), task_length(task, model)
     per_row = flops_per_row(model, n_pos)
     layers = f.n_layers if config.layers is None else len(config.layers)
-    values = 2.0 * layers * f.d_mlp * f.d_model * f.d_vocab / per_row
+    values = 2 * 2.0 * layers * f.d_mlp * f.d_model * f.d_vocab / per_row  # twice: top-k reads the logits again
     sub_updates = 2.0 * n * layers * config.n_top_updates * f.d_model * f.d_vocab / per_row
     return Cost(parts={"triggers": 4 * n, "values": values, "sub_updates": n + sub_updates}, n_pos=n_pos)
 

@@ -3,17 +3,20 @@
 Its own prompts: Liu et al.'s key-value task fitted to the context window (as many pairs as fit,
 at most 20, 10 when quick), so a prompt is about min(n_ctx, 2048) tokens, scaled down by n_items
 when set below that maximum (with `context`, prompts of that many tokens, halved by the pairs
-knob; zoo and retrieval prompts are shorter: an upper bound). One row per
-example and gold position (5 by default), each run plainly and, with a window, under two
-StreamingLLM masks (3 row passes), plus a prefill where a several-token answer is decoded greedily
-on decoders. Knobs, in order: the masked runs (window 0), half the pairs (shorter prompts), the
-examples down to 4, the gold at the first, middle and last slots only, the greedy decoding.
+knob; zoo and retrieval prompts are shorter: an upper bound). One row per example and gold
+position (5 by default), each run plainly and, with a window, under two StreamingLLM masks (3 row
+passes), plus, where a several-token answer is decoded greedily on decoders, a prefill and
+one-token steps (each STEP_POSITIONS positions of a pass). Knobs, in order: the masked runs
+(window 0), half the pairs (shorter prompts), the examples down to 4, the gold at the first,
+middle and last slots only, the greedy decoding.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from headscope.analyses.core.budget import Cost, CostModel, n_rows
+import numpy as np
+
+from headscope.analyses.core.budget import STEP_POSITIONS, Cost, CostModel, n_rows
 
 FULL, QUICK = 32, 8
 MIN_EXAMPLES = 4
@@ -28,13 +31,35 @@ def estimate(model, task, config) -> Cost:
     positions = len(config.positions) if config.positions else 5
     runs = 1 + (2 if config.window != 0 else 0)
     parts = {"sweeps": n * positions * runs}
-    if not model.facts.is_encoder and config.generate is not False:
-        parts["generation"] = n * positions
+    steps = decode_steps(model, config)
+    if steps:  # a prefill, then one-token steps
+        parts["generation"] = n * positions * (1 + steps * STEP_POSITIONS / _n_pos(model, config))
+    return Cost(parts=parts, n_pos=_n_pos(model, config))
+
+
+def decode_steps(model, config) -> int:
+    """Greedy decoding's steps per row (runs.greedy_contains: the answer and 8 more tokens), 0 when it
+    does not run: an answer of one token (zoo prompts) unless `generate` asks; json_kv's answers are
+    Liu et al.'s UUID values, counted on this tokenizer; other sweeps' answers counted as 8 tokens."""
+    if model.facts.is_encoder or config.generate is False:
+        return 0
+    from headscope.analyses.position import prompts
+    from headscope.analyses.position.analysis import sweep_kind
+
+    kind = sweep_kind(model, config.sweep)
+    answer = {"zoo_kv": 1, "json_kv": None}.get(kind, 8)
+    if answer is None:
+        answer = len(prompts.encode(model.tokenizer, prompts._uuid(np.random.default_rng(0))))
+    return answer + 8 if (answer > 1 or config.generate) else 0
+
+
+def _n_pos(model, config) -> int:
+    """A prompt's tokens (an upper bound; see the module doc)."""
     if config.context is not None and config.n_items is None:  # prompts filled to `context` tokens
-        return Cost(parts=parts, n_pos=max(16, min(int(model.facts.n_ctx), config.context)))
+        return max(16, min(int(model.facts.n_ctx), config.context))
     full = min(int(model.facts.n_ctx), 2048)
     items = config.n_items or _max_items(config)
-    return Cost(parts=parts, n_pos=max(16, round(full * min(1.0, items / _max_items(config)))))
+    return max(16, round(full * min(1.0, items / _max_items(config))))
 
 
 def no_masked_runs(config, model):
