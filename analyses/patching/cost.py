@@ -61,9 +61,15 @@ def fewer_sites(config, model):
     return None
 
 
+def residual_only(config, model):
+    """The last resort, once the examples are at their floor: resid_pre alone (no head sweep)."""
+    sites = tuple(_sites(config))
+    return dataclasses.replace(config, sites=("resid_pre",)) if "resid_pre" in sites and len(sites) > 1 else None
+
+
 def no_path_patching(config, model):
     return dataclasses.replace(config, path_patching=False) if config.path_patching else None
 
 
 COST = CostModel(estimate=estimate, knobs=(fewer_trace_samples, no_path_patching, fewer_sites,
-                                           examples_knob(FULL, QUICK, floor=4)), weight=2.0)
+                                           examples_knob(FULL, QUICK, floor=4), residual_only), weight=2.0)

@@ -267,3 +267,21 @@ def test_the_probes_estimate_counts_the_fits_and_samples_that_run(arch_models, m
     classes = max(c for _, c in seen)
     want = probes_cost.ITERATIONS * model.facts.d_model * classes * sum(n for n, _ in seen)
     assert probes_cost.estimate(model, task, config).extra_s == pytest.approx(want, rel=0.02)
+
+
+def test_patching_drops_its_head_sweep_only_after_the_examples(arch_models, mixed_tasks, monkeypatch):
+    """Patching's knobs end with resid_pre alone: a budget its smallest two-site run (4 examples,
+    resid_pre and head_out) fits keeps head_out; a smaller one drops it, at 4 examples."""
+    from headscope.analyses.patching import cost as patching_cost
+    from headscope.analyses.patching.analysis import PatchingConfig
+
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    monkeypatch.setattr(B, "_rate", lambda model, length: 1.0 / B.flops_per_row(model, task.tokens.shape[1]))
+    config = PatchingConfig.preset(quick=True)
+    floor = dataclasses.replace(config, n_examples=4, sites=("resid_pre", "head_out"), trace_samples=0, path_patching=False)
+    floor_s = patching_cost.estimate(model, task, floor).total  # 1 s a row pass
+    kept = B.fit(model, patching_cost.COST, task, config, floor_s * 1.01)
+    assert kept.config.sites == ("resid_pre", "head_out") and kept.config.n_examples == 4
+    cut = B.fit(model, patching_cost.COST, task, config, floor_s * 0.5)
+    assert cut.config.sites == ("resid_pre",) and cut.config.n_examples == 4
+    assert cut.changed["sites"] == [None, ["resid_pre"]]
