@@ -92,7 +92,7 @@ class Fitted:
 # ---- measuring ------------------------------------------------------------------------------
 _MEASURED: weakref.WeakKeyDictionary[Any, dict[int, float]] = weakref.WeakKeyDictionary()  # model -> {length: s per flop}
 MEASURE_LENGTH = 64  # the longest timed pass; longer passes scale by their flops
-MEASURE_TOKENS = 512  # tokens of a timed pass: 8 rows of 64 tokens, 32 of 16
+MEASURE_TOKENS = 256  # tokens of a timed pass: 4 rows of 64 tokens, 16 of 16
 
 
 def flops_per_row(model, n_pos: int) -> float:
@@ -104,26 +104,25 @@ def flops_per_row(model, n_pos: int) -> float:
 
 
 def _rate(model, length: int) -> float:
-    """Seconds per flop of one timed forward (the faster of two after a warm-up) of MEASURE_TOKENS
-    random tokens in rows of `length` (at least 8 rows) with a no-op hook attached (the analyses'
-    passes carry hooks, so they run through the bridge); measured once per model and length (the
-    machine's load at that moment counts)."""
+    """Seconds per flop of one timed forward of MEASURE_TOKENS random tokens in rows of `length`
+    with a no-op hook attached (the analyses' passes carry hooks, so they run through the bridge),
+    after one warm-up pass at the model's first timing; measured once per model and length (the
+    machine's load at that moment counts). One pass per length: on GPT-2 small each costs about a
+    second, most of it the unembedding."""
     rates = _MEASURED.setdefault(model, {})
     if length not in rates:
         from headscope.hooks.sites import site
 
-        rows = max(8, MEASURE_TOKENS // length)  # short passes batched as the engines batch them
+        rows = max(1, MEASURE_TOKENS // length)  # short passes batched as the engines batch them
         g = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, int(model.facts.d_vocab), (rows, length), generator=g)
         hook = site("resid_post", model.facts.n_layers - 1)
-        best = float("inf")
         with torch.inference_mode():
-            for i in range(3):
+            for _ in range(1 if rates else 2):  # the last pass is timed
                 start = time.perf_counter()
                 model.run_with_hooks(tokens, fwd=[(hook, lambda act, hook: None)])
-                if i:
-                    best = min(best, time.perf_counter() - start)
-        rates[length] = best / (rows * flops_per_row(model, length))
+                seconds = time.perf_counter() - start
+        rates[length] = seconds / (rows * flops_per_row(model, length))
     return rates[length]
 
 
