@@ -27,8 +27,8 @@ FULL, QUICK = 256, 64
 # MIN_ITERATIONS iterations' fixed part (a): on GPT-2 small's default data (6 classes) a fit took
 # about 200 x b x samples x features x classes, from 80 to 630 training samples (smaller data
 # converges in fewer iterations, each one costing more than a timed random-data iteration of its
-# size), within 1.2x of benchmarks/report_budget.py's runs. CLASSES: counted when the labels
-# cannot be read beforehand.
+# size); in benchmarks/report_budget.py's runs the estimate came out 1-3x the time taken (the two
+# timed fits vary with the machine's load). CLASSES: counted when the labels cannot be read beforehand.
 ITERATIONS, MIN_ITERATIONS, CLASSES = 200, 10, 10
 _ITERATION: list[tuple[float, float]] = []  # (a, b), timed once per process
 

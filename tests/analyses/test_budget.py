@@ -285,3 +285,15 @@ def test_patching_drops_its_head_sweep_only_after_the_examples(arch_models, mixe
     cut = B.fit(model, patching_cost.COST, task, config, floor_s * 0.5)
     assert cut.config.sites == ("resid_pre",) and cut.config.n_examples == 4
     assert cut.changed["sites"] == [None, ["resid_pre"]]
+
+
+def test_a_pass_is_priced_at_the_rate_of_a_pass_about_its_length(monkeypatch):
+    """seconds_per_pass uses the rate timed at the largest power of two up to min(n_pos, 64) tokens
+    (short passes' fixed costs weigh more), times the pass's own flops; past the context, the context."""
+    model = _GPT2SmallShape()
+    asked = []
+    monkeypatch.setattr(B, "_rate", lambda model, length: asked.append(length) or 1e-12 * length)
+    for n_pos, length in ((1, 1), (9, 8), (19, 16), (64, 64), (1000, 64), (5000, 64)):
+        got = B.seconds_per_pass(model, n_pos)
+        assert asked[-1] == length
+        assert got == pytest.approx(1e-12 * length * B.flops_per_row(model, min(n_pos, 1024)))
