@@ -50,7 +50,7 @@ NORM_CONVENTION = (
     "the direction, its bias and b_U as separate rows, value biases in attn_bias (TransformerLens "
     "direct_logit_attribution after enable_compatibility_mode)"
 )
-_CHUNK_BYTES = 256 * 2**20  # lens logits held at once
+_CHUNK_BYTES = 256 * 2**20  # a pass's output logits and captured states held at once
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -127,9 +127,11 @@ def _check(model, task: Task) -> None:
 
 
 # ---- the passes ----------------------------------------------------------------------------
-def _chunks(model, task: Task, every_position: bool):
-    vocab, layers = model.facts.d_vocab, model.facts.n_layers + 1
-    per_row = layers * (task.tokens.shape[1] if every_position else 1) * vocab * 4 * 3
+def _chunks(model, task: Task):
+    """Slices of examples whose pass holds about _CHUNK_BYTES: the output logits and the captured
+    states (about four [pos, d_model] sites a layer); the lens reads its logits in bounded blocks."""
+    f = model.facts
+    per_row = 4 * task.tokens.shape[1] * (f.d_vocab + 4 * (f.n_layers + 1) * f.d_model)
     rows = max(1, min(len(task), _CHUNK_BYTES // per_row))
     for start in range(0, len(task), rows):
         yield slice(start, min(start + rows, len(task)))
@@ -150,7 +152,7 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
     answer_pos, first_pos = task.answer_positions(), task.first_positions()
     labels = lens_mod.lens_labels(model.facts.n_layers)
     lens_frames, dla_frames, lens_err = [], [], 0.0
-    for part in _chunks(model, task, every and lens):
+    for part in _chunks(model, task):
         tokens = task.tokens[part].to(model.device)
         mask = None if task.attention_mask is None else task.attention_mask[part].to(model.device)
         with torch.no_grad():

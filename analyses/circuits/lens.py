@@ -53,33 +53,55 @@ class LensReadout:
     output_error: float
 
 
+BLOCK_BYTES = 64 * 2**20  # float32 lens logits held at once: [rows, positions, vocabulary] of one entry
+
+
+def _blocks(n_rows: int, k: int, vocab: int, block_bytes: int) -> list[slice]:
+    """Slices of the k lens positions, each holding at most block_bytes of float32 logits (one at least)."""
+    step = max(1, min(k, block_bytes // max(1, 4 * n_rows * vocab)))
+    return [slice(s, min(s + step, k)) for s in range(0, k, step)]
+
+
 @torch.no_grad()
 def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
-                 wrong: torch.Tensor | None = None, output: torch.Tensor | None = None) -> LensReadout:
+                 wrong: torch.Tensor | None = None, output: torch.Tensor | None = None,
+                 block_bytes: int | None = None) -> LensReadout:
     """Read the lens at `positions` ([batch, k] indices) of a captured pass (`acts`, Activations
     holding `lens_sites` with the model attached). targets: [batch, k] token ids; wrong: [batch, k]
     (negative entries: no wrong token there) or None. output: the pass's logits [batch, pos, vocab]
-    to check the last entry against."""
-    stack = acts.accumulated_resid(apply_ln=False)  # [L + 1, batch, pos, d_model]
-    index = positions.to(stack.device)[None, :, :, None].expand(stack.shape[0], -1, -1, stack.shape[-1])
-    stack = stack.gather(2, index)  # [L + 1, batch, k, d_model]
-    normed = acts.apply_ln_to_stack(stack, None, recompute_ln=True)  # ln_final, recomputed statistics
-    logits = unembed(model, normed).float()  # [L + 1, batch, k, vocab]
-    tgt = targets.to(logits.device)[None, :, :, None].expand(logits.shape[0], -1, -1, 1)
-    tgt_logit = logits.gather(-1, tgt)  # [L + 1, batch, k, 1]
-    logprob = (tgt_logit - logits.logsumexp(-1, keepdim=True))[..., 0]
-    rank = (logits > tgt_logit).sum(-1)  # [L + 1, batch, k]
-    diff = torch.full_like(logprob, float("nan"))
-    if wrong is not None:
-        w = wrong.to(logits.device)
-        has = w >= 0  # [batch, k]
-        wl = logits.gather(-1, w.clamp_min(0)[None, :, :, None].expand_as(tgt))[..., 0]
-        diff = torch.where(has[None], tgt_logit[..., 0] - wl, diff)
+    to check the last entry against.
+
+    One stack entry and a block of positions at a time (block_bytes of float32 logits, BLOCK_BYTES
+    by default), so memory stays bounded at a large vocabulary and many positions (a 128k
+    vocabulary at 4k positions is 2 GB of logits per entry and row)."""
+    n_layers = model.facts.n_layers
+    sites = lens_sites(n_layers)
+    batch, k = positions.shape
+    shape = (n_layers + 1, batch, k)
+    logprob, diff = torch.empty(shape), torch.full(shape, float("nan"))
+    rank = torch.empty(shape, dtype=torch.int64)
     err = 0.0
-    if output is not None:
-        out = output.float().gather(1, positions.to(output.device)[:, :, None].expand(-1, -1, output.shape[-1]))
-        err = float((out.to(logits.device) - logits[-1]).abs().max())
-    return LensReadout(logprob=logprob.cpu(), rank=rank.cpu(), logit_diff=diff.cpu(), targets=targets.cpu(), output_error=err)
+    w_all = None if wrong is None else wrong.clamp_min(0)
+    for cols in _blocks(batch, k, model.facts.d_vocab, block_bytes or BLOCK_BYTES):
+        pos = positions[:, cols]  # [batch, kc]
+        tgt_ids = targets[:, cols]
+        for i, name in enumerate(sites):
+            state = acts[name]  # [batch, pos, d_model]
+            index = pos.to(state.device)[:, :, None].expand(-1, -1, state.shape[-1])
+            picked = state.gather(1, index)[None]  # [1, batch, kc, d_model]
+            normed = acts.apply_ln_to_stack(picked, None, recompute_ln=True)  # ln_final, recomputed statistics
+            logits = unembed(model, normed[0]).float()  # [batch, kc, vocab]
+            tgt_logit = logits.gather(-1, tgt_ids.to(logits.device)[..., None])  # [batch, kc, 1]
+            logprob[i, :, cols] = (tgt_logit - logits.logsumexp(-1, keepdim=True))[..., 0].cpu()
+            rank[i, :, cols] = (logits > tgt_logit).sum(-1).cpu()  # strictly larger logits
+            if wrong is not None:
+                w = wrong[:, cols]
+                wl = logits.gather(-1, w_all[:, cols].to(logits.device)[..., None])[..., 0]
+                diff[i, :, cols] = torch.where(w >= 0, (tgt_logit[..., 0] - wl).cpu(), diff[i, :, cols])
+            if output is not None and i == n_layers:
+                out = output.gather(1, pos.to(output.device)[:, :, None].expand(-1, -1, output.shape[-1]))
+                err = max(err, float((out.float().to(logits.device) - logits).abs().max()))
+    return LensReadout(logprob=logprob, rank=rank, logit_diff=diff, targets=targets.cpu(), output_error=err)
 
 
 def lens_targets(tokens: torch.Tensor, answers: torch.Tensor, answer_pos: torch.Tensor, target: str,

@@ -103,6 +103,44 @@ def test_logit_lens_equals_transformer_lens(family, target, kind, tiny_models, b
     assert torch.allclose(torch.tensor(at.logit_diff.to_numpy()), diff, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_logit_lens_in_blocks_equals_transformer_lens(family, tiny_models, monkeypatch):
+    """Blocks of 3 positions (the last one short) and one stack entry at a time: no unembedding
+    holds more than its block's [batch, 3, vocab] logits, and the values are TransformerLens's."""
+    from transformer_lens.tools.analysis import logit_lens as tl_lens
+
+    from headscope.analyses.circuits import lens as lens_mod
+
+    model, task = tiny_models[family], _task(pos=8)
+    batch, pos = task.tokens.shape
+    vocab = model.facts.d_vocab
+    monkeypatch.setattr(lens_mod, "BLOCK_BYTES", 4 * batch * vocab * 3)
+    shapes, unembed = [], lens_mod.unembed
+
+    def recording(m, states):
+        out = unembed(m, states)
+        shapes.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(lens_mod, "unembed", recording)
+    lens = circuits.logit_lens(model, task, circuits.CircuitsConfig()).tables["lens"]
+    n_stack = model.facts.n_layers + 1
+    assert sorted(set(shapes)) == [(batch, 2, vocab), (batch, 3, vocab)]  # 3 + 3 + 2 positions
+    assert len(shapes) == 3 * n_stack
+    targets = torch.cat([task.tokens[:, 1:], task.answers[:, None]], dim=1)
+    ref = tl_lens(model.bridge, task.tokens, positions=None, targets=targets, return_type="log_probs")
+    ours = lens.sort_values(["layer", "example", "position"])
+    assert torch.allclose(torch.tensor(ours.logprob.to_numpy()).reshape(n_stack, batch, pos),
+                          ref.values[..., 0].float(), atol=1e-4)
+    assert torch.equal(torch.tensor(ours["rank"].to_numpy()).reshape(n_stack, batch, pos), ref.readout.target_ranks[..., 0])
+    at = ours[ours.is_answer & (ours.layer == n_stack - 1)]
+    with torch.no_grad():
+        logits = model(task.tokens)[:, -1].float().log_softmax(-1)
+    diff = logits.gather(1, task.answers[:, None])[:, 0] - logits.gather(1, task.wrong_answers[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(at.logit_diff.to_numpy()), diff, atol=1e-4)
+    assert ours[~ours.is_answer].logit_diff.isna().all()
+
+
 def _ours(model, task, directions=None):
     """Our per-example DLA [component, batch] with labels, from the kernel (optionally another direction)."""
 
