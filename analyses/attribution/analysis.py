@@ -53,7 +53,7 @@ from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
 from headscope.errors import ConfigError, TaskError
-from headscope.execution import distributed
+from headscope.execution import batching, distributed
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 SUMMARY_NAMES = {"grad_x_input": "gradient", "saliency": "saliency", "leave_one_out": "loo", "integrated_gradients": "ig"}
@@ -73,7 +73,9 @@ class AttributionConfig(AnalysisConfig):
     baseline_token: id for IG baselines and "replace" (None: the first of pad, unk, eos, bos
     whose embedding is not near zero). permutation_layer: None = last; the adversarial attention
     search runs there too (adversarial_steps Adam steps, 0 = off; output change <= adversarial_epsilon).
-    batch_size: sequences per forward pass (IG runs batch_size // n_steps examples at once).
+    batch_size: at most this many sequences per forward pass (IG runs batch_size // n_steps examples
+    at once); fewer where memory holds fewer (execution.batching.rows_per_pass: IG's backward passes
+    and long prompts).
     metric: what gradients differentiate (None: the task's; "accuracy" falls back to "logprob").
     """
 
@@ -254,7 +256,11 @@ def attribution(
     forward = am.forward_metric(model, kind)
     targets = gradient_targets(model, task, kind, reference, spans)
     baseline = cfg.baseline_token if cfg.baseline_token is not None else default_baseline_token(model)
-    chunk = max(1, cfg.batch_size // cfg.n_steps)
+    # rows a pass may hold at the longest length (the engines' sizing rule): IG's (example, step) rows
+    # with a backward pass, leave-one-out's and the permutations' variants without
+    grad_rows = batching.rows_per_pass(model, max(lengths), grad=True)
+    rows = min(cfg.batch_size, batching.rows_per_pass(model, max(lengths)))
+    chunk = max(1, min(cfg.batch_size // cfg.n_steps, grad_rows // 2))
     score_rows: list[pd.DataFrame] = []
     tau: list[dict] = []
     pairs: list[dict] = []
@@ -272,10 +278,11 @@ def attribution(
         grads = am.gradient_scores(model, tokens, forward, tgt)
         ig, delta, steps = am.integrated_gradients(
             model, tokens, ig_baselines(tokens, baseline), forward, tgt,
-            n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance)
-        loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=cfg.batch_size)
+            n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
+            internal_batch_size=min(cfg.batch_size, grad_rows))
+        loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=rows)
         changes, max_att = permutation_test(
-            model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=cfg.batch_size, generator=generator
+            model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=rows, generator=generator
         )
         adv = None if not cfg.adversarial_steps else adversarial_attention(
             model, tokens, layer=layer, epsilon=cfg.adversarial_epsilon, steps=cfg.adversarial_steps, generator=generator)

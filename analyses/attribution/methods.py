@@ -139,6 +139,7 @@ def integrated_gradients(
     n_steps: int = 32,
     max_steps: int | None = None,
     tolerance: float = 0.05,
+    internal_batch_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Integrated gradients on the token embeddings (Captum LayerIntegratedGradients).
 
@@ -149,7 +150,9 @@ def integrated_gradients(
     coarse where the path crosses sharp softmax transitions (the zoo model needs ~128 Gauss-Legendre
     steps for 1%), and checking the delta is Captum's own advice. Returns (attributions [batch, pos],
     the sum over d_model, signed; Captum's convergence delta [batch] = sum(attributions) -
-    (metric(tokens) - metric(baselines)); the steps used [batch]).
+    (metric(tokens) - metric(baselines)); the steps used [batch]). internal_batch_size: (example,
+    step) rows per forward and backward pass (Captum's; None: every example's steps at once; at
+    least twice the examples), so 256 steps of long prompts stay within memory.
     """
     from captum.attr import LayerIntegratedGradients
 
@@ -163,6 +166,7 @@ def integrated_gradients(
         attr, delta = lig.attribute(
             tokens[todo], baselines=baselines[todo], additional_forward_args=tuple(t[todo] for t in targets),
             n_steps=steps, return_convergence_delta=True,
+            internal_batch_size=None if internal_batch_size is None else max(internal_batch_size, 2 * len(todo)),
         )  # [rows, pos, d_model], [rows]
         attr, delta = attr.detach().sum(-1).float(), delta.detach().float()
         attr_out[todo], delta_out[todo], used[todo.cpu()] = attr, delta, steps
@@ -213,6 +217,7 @@ def leave_one_out(
       cache dropped early positions runs stacked instead.)
     - stacked (encoders, or reuse_prefix=False): all variants of all examples run as full
       sequences in chunks of `batch_size` (halved on out-of-memory).
+    A pass holds at most batch_size sequences either way (at most 64 from the cached prefix).
     """
     positions = list(positions)
     if not positions:
@@ -223,7 +228,8 @@ def leave_one_out(
     if reuse_prefix is None:
         reuse_prefix = not model.facts.is_encoder
     if reuse_prefix:
-        out = _loo_cached_prefix(model, tokens, positions, mode=mode, baseline_token=baseline_token)
+        out = _loo_cached_prefix(model, tokens, positions, mode=mode, baseline_token=baseline_token,
+                                 rows=min(64, batch_size))
         if out is not None:
             return out
     ref = prediction(model, model(tokens)).repeat_interleave(len(positions), dim=0)  # [batch*m, out]

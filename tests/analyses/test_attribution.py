@@ -234,6 +234,42 @@ def test_ig_completeness_against_hf_metric(tiny_models, tiny_dirs, family):
     assert np.all(np.abs(gap) <= 0.05 * np.abs(fx - fb) + 1e-3)  # and it is small with 64 steps
 
 
+def test_passes_hold_what_memory_allows_and_scores_stay(tiny_models, tiny_dirs, monkeypatch):
+    """Where memory holds 6 rows with a backward pass and 5 without (execution.batching's sizing rule,
+    stubbed), no pass embeds more than 6 rows: 3 examples a group, Captum's internal batches of
+    (example, step) rows, leave-one-out's and the permutations' variants in fives. The scores equal
+    an unconstrained run's, and IG stays complete against HF's own metric."""
+    from headscope.analyses.attribution import analysis
+
+    model, hf = tiny_models["gpt2"], hf_model(tiny_dirs["gpt2"])
+    task = random_task(4, 10, seed=3)
+    kw = dict(progress=False, n_steps=8, n_permutations=6, adversarial_steps=0, baseline_token=1)
+    free = attribution(model, task, **kw)
+    monkeypatch.setattr(analysis.batching, "rows_per_pass", lambda model, n_pos, grad=False, **k: 6 if grad else 5)
+    seen = []
+    handle = am.embedding_layer(model).register_forward_hook(lambda mod, args, out: seen.append(out.shape[0]))
+    try:
+        tight = attribution(model, task, **kw)
+    finally:
+        handle.remove()
+    assert max(seen) <= 6 and 6 in seen and 5 in seen
+    for name in ("scores", "ig"):
+        a, b = free.tables[name], tight.tables[name]
+        for col in a.columns:
+            if a[col].dtype.kind == "f":
+                assert np.allclose(a[col].to_numpy(), b[col].to_numpy(), atol=1e-5, equal_nan=True), (name, col)
+    ig = tight.tables["ig"].sort_values("example")
+    baseline = task.tokens.clone()
+    baseline[:, 1:-1] = 1
+    with torch.no_grad():
+        lx, lb = hf(task.tokens).logits[:, -1], hf(baseline).logits[:, -1]
+    idx = torch.arange(4)
+    fx = lx[idx, task.answers] - lx[idx, task.wrong_answers]
+    fb = lb[idx, task.answers] - lb[idx, task.wrong_answers]
+    gap = ig.attribution_sum.to_numpy() - (fx - fb).numpy()
+    assert np.all(np.abs(gap - ig.delta.to_numpy()) < 1e-4)
+
+
 def test_gradient_x_input_matches_autograd(tiny_models, tiny_dirs):
     """grad x input on token embeddings by plain autograd on HF's inputs_embeds (positions added inside)."""
     model, hf = tiny_models["gpt2"], hf_model(tiny_dirs["gpt2"])
