@@ -40,6 +40,8 @@ OVERHEAD = 0.15  # of a report's budget kept for what no estimate counts: loadin
 OVERHEAD_PER_ANALYSIS_S = 5.0  # or this much per analysis when more (figures and files take seconds whatever
 # the budget: GPT-2 small's quick report spent 33 s of its 3 minutes outside its 8 analyses' runs)
 MIN_EXAMPLES = 8  # the examples knob stops here
+SPARE_ROUNDS, SPARE_MIN = 3, 0.02  # rounds handing a report's unused seconds to the analyses it cut, while
+# at least this share of the budget is unused
 STEP_POSITIONS = 16  # a one-token decode step's cost, in positions of a row pass (per-pass overhead)
 
 
@@ -227,7 +229,10 @@ def kept_back(budget_s: float, n_analyses: int) -> float:
 def plan(model, entries: Mapping[str, tuple[CostModel, Any, Any]], minutes: float | None) -> dict[str, Fitted]:
     """Every analysis of a run fitted to one budget of `minutes` (None or inf: estimates only).
     entries: name -> (its cost model, the Task it will run on or None, its config). `kept_back` of
-    the budget is kept back; the rest is shared by `allocate`, and each analysis fitted to its share."""
+    the budget is kept back; the rest is shared by `allocate`, and each analysis fitted to its share.
+    Then, while SPARE_MIN of it is left unused (a knob's steps are coarse: halving the examples can
+    leave half a share), up to SPARE_ROUNDS rounds add the unused seconds, by weight, to what the
+    analyses the budget cut are estimated to take, and fit them again."""
     import math
 
     free = {name: fit(model, cm, task, config, None) for name, (cm, task, config) in entries.items()}
@@ -236,9 +241,21 @@ def plan(model, entries: Mapping[str, tuple[CostModel, Any, Any]], minutes: floa
     if minutes <= 0:
         raise ConfigError(f"--budget is in minutes and must be positive, got {minutes:g}.")
     budget_s = minutes * 60
-    shares = allocate({name: f.seconds for name, f in free.items()}, budget_s - kept_back(budget_s, len(entries)),
-                      {name: cm.weight for name, (cm, _, _) in entries.items()})
-    return {name: fit(model, cm, task, config, shares[name]) for name, (cm, task, config) in entries.items()}
+    avail = budget_s - kept_back(budget_s, len(entries))
+    weights = {name: cm.weight for name, (cm, _, _) in entries.items()}
+    shares = allocate({name: f.seconds for name, f in free.items()}, avail, weights)
+    fitted = {name: fit(model, cm, task, config, shares[name]) for name, (cm, task, config) in entries.items()}
+    for _ in range(SPARE_ROUNDS):  # the knobs' steps are coarse (halved examples): hand the unused seconds on
+        spare = avail - sum(f.seconds for f in fitted.values())
+        cut = [name for name, f in fitted.items() if f.changed and f.seconds < free[name].seconds]
+        if spare < SPARE_MIN * avail or not cut:
+            break
+        total_w = sum(weights[name] for name in cut)
+        grown = {name: fit(model, *entries[name], fitted[name].seconds + spare * weights[name] / total_w) for name in cut}
+        if all(grown[name].config == fitted[name].config for name in cut):
+            break
+        fitted.update({name: g for name, g in grown.items() if g.config != fitted[name].config})
+    return fitted
 
 
 def describe(name: str, fitted: Fitted) -> str:

@@ -6,10 +6,19 @@ pass, budget.resumed_share): L P cells for residual, attention and MLP outputs, 
 (head_out, q, k, v, pattern), L H P for head_out_by_pos; attribution estimates: 3n per direction
 (two); path patching: n (s L H + 1); causal tracing (trace_samples noise draws): samples n
 (1 + 3 s L P) (every layer, position and kind restored in every draw, resumed at its layer).
+
+Where resumed passes also skip the positions before an edit (resume.supports(model).prefix), the
+edits the engine applies to the captured run (engine._resumed: resid_pre, and the heads' z where
+the z shortcut holds: head_out, head_out_by_pos) count only the positions their passes compute:
+nothing before the first position d where clean and corrupted prompts differ (the edit changes
+nothing there), head_out P - d positions, and each pass of a layer's per-position cells the
+positions from its first patched one (at least d) on. The other sites' runs resume with hooks
+at every position.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from headscope.analyses.core.budget import Cost, CostModel, examples_knob, n_rows, resumed_share, task_length
 
@@ -28,15 +37,61 @@ def _samples(config) -> int:
     return config.trace_samples if config.trace_samples is not None else (3 if config.quick else 10)
 
 
+def first_difference(task, n: int) -> int:
+    """The first position where the first n clean and corrupted prompts differ (0 without them)."""
+    corrupted = getattr(task, "corrupted_tokens", None)
+    if corrupted is None or corrupted.shape != task.tokens.shape:
+        return 0
+    differ = (task.tokens[:n] != corrupted[:n]).any(0).nonzero()
+    return int(differ[0]) if len(differ) else 0
+
+
+def position_cells(positions: list[int], n_pos: int, first: int, n_prompts: int, per_forward: int) -> float:
+    """One layer's per-position runs (`positions`: the position each run patches, in engine order;
+    -1 for the unpatched run, which joins layer 0), in whole-prompt runs, as engine.run_batched
+    computes them when passes skip the positions before their first edit: up to 4 sub-segments
+    (more prompts x positions, more of them), each split into passes of at most per_forward runs;
+    a pass computes its runs at or after `first` from max(its first such position, first) on, and
+    nothing for the others (they are the captured run)."""
+    from headscope.analyses.patching.engine import chunks
+
+    n_runs = len(positions)
+    n_sub = max(1, min(4, n_runs * n_prompts * n_pos // 500))
+    total = 0.0
+    for sub in chunks(n_runs, math.ceil(n_runs / n_sub)):
+        for part in chunks(len(sub), per_forward):
+            moved = [p for p in positions[sub.start + part.start:sub.start + part.stop] if p >= first and p >= 0]
+            if moved:
+                total += len(moved) * (n_pos - moved[0]) / n_pos
+    return total
+
+
 def estimate(model, task, config) -> Cost:
+    from headscope.analyses.patching.engine import runs_per_forward
+    from headscope.execution import resume
+
     f = model.facts
     n, n_pos = n_rows(task, config, FULL, QUICK), task_length(task, model)
     L, H = f.n_layers, f.n_heads
     share = resumed_share(model)  # a cell's run resumes at its layer
+    support = resume.supports(model)
+    weights = [(L - layer) / L if support.ok else 1.0 for layer in range(L)]  # the blocks a run at each layer runs
+    prefix = support.ok and support.prefix
+    skips = {"resid_pre"} | ({"head_out", "head_out_by_pos"} if support.shortcut else set())  # see the module doc
+    first = min(first_difference(task, n), n_pos - 1) if prefix else 0
+    per_forward = runs_per_forward(model, n, n_pos)
     parts = {"clean_corrupted": 2 * n, "attribution": 6 * n}
-    for site in _sites(config):
-        cells = L * n_pos if site in PER_POSITION else L * H * n_pos if site == "head_out_by_pos" else L * H
-        parts[f"exact_{site}"] = n * cells * share
+    for i, site in enumerate(_sites(config)):
+        k = H if site == "head_out_by_pos" else 1
+        if not (prefix and site in skips):
+            cells = L * share * (k * n_pos if site in PER_POSITION or site == "head_out_by_pos" else H)
+        elif site == "head_out":
+            cells = L * H * share * (n_pos - first) / n_pos
+        else:
+            runs = [p for p in range(n_pos) for _ in range(k)]
+            cells = sum(w * position_cells([-1] * (i == 0 and layer == 0) + runs, n_pos, first, n, per_forward)
+                        for layer, w in enumerate(weights))
+        parts[f"exact_{site}"] = n * cells
     if config.path_patching:
         parts["path_patching"] = n * (L * H * share + 1)
     samples = _samples(config)

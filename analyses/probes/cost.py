@@ -58,32 +58,44 @@ def iteration_seconds() -> tuple[float, float]:
     return _ITERATION[0]
 
 
-def _samples(model, task, config) -> tuple[int, int]:
-    """(samples, classes) of the data `run` will probe; the upper bound n x P samples and CLASSES
-    classes where the labels cannot be read beforehand."""
+_DATA: dict[tuple, tuple[int, int, int | None]] = {}  # the last few tasks' (samples, classes, length)
+
+
+def _data(model, task, config) -> tuple[int, int, int | None]:
+    """(samples, classes, prompt length) of the data `run` will probe, read once per model, task,
+    example count and labels (`fit` asks at every knob step); the upper bound n x P samples and
+    CLASSES classes (length None) where the labels cannot be read beforehand."""
     from headscope.analyses.probes.analysis import probe_data, task_labels
 
+    ident = task if task is None or isinstance(task, str) else (id(task), task.name, tuple(task.tokens.shape))
+    key = (id(model), ident,
+           config.examples(FULL, QUICK), config.seed, config.labels)
+    if key in _DATA:
+        return _DATA[key]
     try:
         data, labels = probe_data(model, task, config)
         found = task_labels(data, labels, tokenizer=model.tokenizer)
     except Exception as err:  # noqa: BLE001 - the analysis reports its own errors; the estimate stays an upper bound
         log.debug("probes estimate without the labels (%s: %s)", type(err).__name__, err)
-        return n_rows(task, config, FULL, QUICK) * task_length(task, model), CLASSES
+        return n_rows(task, config, FULL, QUICK) * task_length(task, model), CLASSES, None
     classes = len(np.unique(found.labels)) if found.kind == "classification" else 1
-    return len(found.labels), max(2, classes)
+    if len(_DATA) >= 8:
+        _DATA.pop(next(iter(_DATA)))
+    _DATA[key] = (len(found.labels), max(2, classes), int(data.tokens.shape[1]))
+    return _DATA[key]
 
 
 def estimate(model, task, config) -> Cost:
     f = model.facts
-    n, n_pos = n_rows(task, config, FULL, QUICK), task_length(task, model)
+    n = n_rows(task, config, FULL, QUICK)
     folds = config.cv or (3 if config.quick else 5)
     grid = {False: 1, "coarse": 4, True: 7}[config.grid()]
     fits = f.n_layers * folds * grid * 2  # labels and control task
-    samples, classes = _samples(model, task, config)
+    samples, classes, length = _data(model, task, config)
     a, b = iteration_seconds()
     train = samples * (folds - 1) / folds  # each fit's training split
     per_fit = ITERATIONS * b * train * f.d_model * classes + MIN_ITERATIONS * a
-    return Cost(parts={"features": n}, n_pos=n_pos, extra_s=fits * per_fit)
+    return Cost(parts={"features": n}, n_pos=length or task_length(task, model), extra_s=fits * per_fit)
 
 
 def fewer_folds(config, model):

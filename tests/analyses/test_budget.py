@@ -172,6 +172,30 @@ def test_allocate_gives_cheap_analyses_what_they_need_and_shares_the_rest():
         B.allocate({"a": 1}, 0)
 
 
+def test_the_seconds_a_coarse_knob_leaves_go_to_the_other_cut_analyses(monkeypatch):
+    """Counted by hand, one second a row pass: two analyses of 100 passes, a 2.4-minute budget
+    keeps back 21.6 s (15%), so each gets 61.2 s. "halves" can only halve (50 passes: 11.2 s
+    unused), "fives" steps by 5 (60). The unused 12.4 s go half to each: "halves" still cannot
+    use 56.2 s, "fives" takes 65 of its 66.2; the next round's 7.4 s buys nothing more."""
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        n: int = 100
+
+    def costing(step):
+        return B.CostModel(estimate=lambda model, task, c: B.Cost(parts={"passes": c.n}, n_pos=16),
+                           knobs=(lambda c, model: dataclasses.replace(c, n=step(c.n)) if c.n > 1 else None,))
+
+    monkeypatch.setattr(B, "seconds_per_pass", lambda model, n_pos: 1.0)
+    entries = {"halves": (costing(lambda n: n // 2), None, Config()), "fives": (costing(lambda n: n - 5), None, Config())}
+    assert B.kept_back(144, 2) == pytest.approx(21.6)
+    fitted = B.plan(object(), entries, 2.4)
+    assert {name: f.config.n for name, f in fitted.items()} == {"halves": 50, "fives": 65}
+    assert fitted["fives"].changed == {"n": [100, 65]}
+    assert sum(f.seconds for f in fitted.values()) <= 144 - 21.6
+    monkeypatch.setattr(B, "SPARE_ROUNDS", 0)
+    assert B.plan(object(), entries, 2.4)["fives"].config.n == 60  # the equal shares alone
+
+
 def test_a_report_budget_shrinks_the_sweeps_and_says_so(tmp_path, capsys):
     from headscope.cli import main
 
@@ -258,15 +282,77 @@ def test_the_probes_estimate_counts_the_fits_and_samples_that_run(arch_models, m
     monkeypatch.setattr(LogisticRegression, "fit", recorded)
     config = ProbesConfig(labels="position_bucket", cv=3, capacity=False)
     run(model, task, config)
+    monkeypatch.setattr(LogisticRegression, "fit", fit)  # the estimate's own timed fits are not the run's
     assert len(seen) == model.facts.n_layers * 3 * 2
     assert sum(n for n, _ in seen) == pytest.approx(len(seen) * real * 2 / 3, abs=len(seen))  # 3-fold training splits
-    assert probes_cost._samples(model, task, config) == (real, max(c for _, c in seen))
+    from headscope.analyses.probes import analysis as probes_analysis
+
+    reads, probe_data = [], probes_analysis.probe_data
+    monkeypatch.setattr(probes_analysis, "probe_data", lambda *a: reads.append(1) or probe_data(*a))
+    probes_cost._DATA.clear()
+    assert probes_cost._data(model, task, config) == (real, max(c for _, c in seen), task.tokens.shape[1])
+    assert probes_cost.estimate(model, task, config).n_pos == task.tokens.shape[1]
+    assert len(reads) == 1  # read once; `fit` asks at every knob step
     monkeypatch.setattr(probes_cost, "iteration_seconds", lambda: (1.0, 0.0))  # the fixed part only
     assert probes_cost.estimate(model, task, config).extra_s == pytest.approx(len(seen) * probes_cost.MIN_ITERATIONS)
     monkeypatch.setattr(probes_cost, "iteration_seconds", lambda: (0.0, 1.0))  # the data part only
     classes = max(c for _, c in seen)
     want = probes_cost.ITERATIONS * model.facts.d_model * classes * sum(n for n, _ in seen)
     assert probes_cost.estimate(model, task, config).extra_s == pytest.approx(want, rel=0.02)
+
+
+@pytest.mark.parametrize("n,n_pos,first,sites,per_forward", [
+    (4, 24, 7, ("resid_pre",), None),  # one pass per sub-segment
+    (3, 40, 0, ("resid_pre",), 3),  # passes of 3 runs: each starts at its own first position
+    (2, 12, 5, ("resid_pre", "head_out", "head_out_by_pos"), 5),
+])
+def test_the_patching_estimate_counts_the_positions_that_run(n, n_pos, first, sites, per_forward, tiny_dirs,
+                                                             monkeypatch):
+    """On a 3-layer GPT-2 whose clean and corrupted prompts differ from `first` on, the positions
+    the exact sweep computes (a pre-hook on each block's Hugging Face q/k/v projection adds up rows x
+    positions, less the captured pass) equal the estimate: resid_pre cells exactly (L blocks a
+    pass for a run at layer 0, fewer later); head cells skip their block's attention (the z
+    shortcut), so they add up to the estimate's whole blocks x (L - 1) / (L + 1)."""
+    import headscope as hs
+    from headscope.analyses.patching import cost as patching_cost
+    from headscope.analyses.patching import engine
+    from headscope.analyses.patching.analysis import PatchingConfig, activation_patching
+    from tests_support import build_tiny_model, random_tokens
+
+    if per_forward:
+        monkeypatch.setattr(engine, "runs_per_forward", lambda *a, **k: per_forward)
+    model = hs.load_model(build_tiny_model("gpt2", tiny_dirs["gpt2"].parent / "gpt2-3l", seed=2, n_layer=3))
+    L, vocab = model.facts.n_layers, model.facts.d_vocab
+    clean = random_tokens(n, n_pos, seed=3)
+    corrupted = clean.clone()
+    corrupted[:, first:] = 4 + (clean[:, first:] - 4 + 1 + torch.arange(n_pos - first) % 50) % (vocab - 4)
+    assert (corrupted[:, first:] != clean[:, first:]).all()
+    answers = torch.arange(n) + 5
+    task = Task(name="t", tokens=clean, corrupted_tokens=corrupted, answers=answers, wrong_answers=answers + 3)
+    raw = lambda m: getattr(m, "original_component", None) or m  # noqa: E731
+    qkv = [raw(raw(raw(block).attn).c_attn) for block in model.bridge.blocks]
+    counted = [0]
+
+    def count(module, args):  # rows x positions
+        counted[0] += args[0].shape[0] * args[0].shape[1]
+
+    for site in sites:
+        activation_patching(model, task, [site])  # first use: resume's one-time checks
+        counted[0] = 0
+        handles = [m.register_forward_pre_hook(count) for m in qkv]
+        try:
+            activation_patching(model, task, [site])
+        finally:
+            for h in handles:
+                h.remove()
+        positions = counted[0] - L * 2 * n * n_pos  # less the captured clean + corrupted pass
+        config = PatchingConfig(sites=(site,), trace_samples=0, path_patching=False)
+        blocks = patching_cost.estimate(model, task, config).parts[f"exact_{site}"] * n_pos * L
+        if site == "resid_pre":
+            assert positions == pytest.approx(blocks, rel=1e-9)
+        else:
+            assert positions == pytest.approx(blocks * (L - 1) / (L + 1), rel=1e-9)
+    assert patching_cost.first_difference(task, n) == first
 
 
 def test_patching_drops_its_head_sweep_only_after_the_examples(arch_models, mixed_tasks, monkeypatch):
