@@ -49,7 +49,8 @@ def decode_steps(model, config) -> int:
     kind = sweep_kind(model, config.sweep)
     answer = {"zoo_kv": 1, "json_kv": None}.get(kind, 8)
     if answer is None:
-        answer = len(prompts.encode(model.tokenizer, prompts._uuid(np.random.default_rng(0))))
+        _, value = prompts.kv_records(np.random.default_rng(0), 1)[0]  # a UUID value, as the prompts' answers
+        answer = len(prompts.encode(model.tokenizer, value))
     return answer + 8 if (answer > 1 or config.generate) else 0
 
 

@@ -67,9 +67,9 @@ def _data(model, task, config) -> tuple[int, int, int | None]:
     CLASSES classes (length None) where the labels cannot be read beforehand."""
     from headscope.analyses.probes.analysis import probe_data, task_labels
 
-    ident = task if task is None or isinstance(task, str) else (id(task), task.name, tuple(task.tokens.shape))
-    key = (id(model), ident,
-           config.examples(FULL, QUICK), config.seed, config.labels)
+    tokens = getattr(task, "tokens", None)  # a Task; else None, a zoo task's name or a file
+    ident = (id(task), tuple(tokens.shape)) if tokens is not None else None if task is None else str(task)
+    key = (id(model), ident, config.examples(FULL, QUICK), config.seed, config.labels)
     if key in _DATA:
         return _DATA[key]
     try:
