@@ -81,12 +81,8 @@ def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
         if cache is None:
             x = block.full(x, rest, kwargs, None, False)  # [batch, pos, d_model]
         else:
-            out = block.record(x, rest, kwargs)
-            if out is not None:
-                x, _, k, v = out  # k, v [batch, kv_head, pos, d_head]
-                cache.update(k, v, i)
-            else:
-                x = None
+            out = resume.record_block(block, x, rest, kwargs, cache, i)
+            x = None if out is None else out[0]
         if x is None:  # arguments the blocks do not handle
             return None
     return model.bridge.unembed(model.bridge.ln_final(x[:, logits_from:]))  # [batch, pos', d_vocab]

@@ -179,6 +179,18 @@ def _uniform_plan(model) -> list | None:
     return plans
 
 
+def record_block(block, x: torch.Tensor, args: tuple, kwargs: dict, cache, layer: int):
+    """One hook-free block on x [n, pos, d_model] that also stores its keys and values in `cache`
+    (a Hugging Face cache, at `layer`) -> (its output, its z [n, pos, head, d_head]), or None where
+    the block does not handle its arguments."""
+    out = block.record(x, args, kwargs)
+    if out is None:
+        return None
+    x, z, k, v = out  # k, v [n, kv_head, pos, d_head]
+    cache.update(k, v, layer)
+    return x, z
+
+
 def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
                   attention_mask: torch.Tensor | None) -> Checkpoint | None:
     """capture through the hook-free blocks: the bridge runs up to block 0 (embedding, mask,
@@ -198,13 +210,12 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
         resid, z = [], {}
         for i, block in enumerate(plans):
             resid.append(x)
-            out = block.record(x, rest, kwargs)
+            out = record_block(block, x, rest, kwargs, cache, i)
             if out is None:
                 return None
-            x, z_i, k, v = out
+            x, z_i = out
             if i in z_layers:
                 z[i] = z_i
-            cache.update(k, v, i)
         logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:]))[:, 0]  # [rows, d_vocab]
     return Checkpoint(resid=resid, calls=[(rest, kwargs)] * len(plans), logits=logits, z=z, kv=cache)
 
