@@ -222,12 +222,20 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
     [n, head, q', d_head], k and v [n, kv, q, d_head]."""
     n_heads, n_kv, d_head = shape
 
+    def handled_mask(args: tuple, kwargs: dict):
+        """The block's 4-d mask, None (causal), or _UNHANDLED: e.g. a 2-d padding mask or a block
+        mask (other attention backends), the bridge's job."""
+        mask = mask_of(args, kwargs)
+        if mask is not None and mask is not _UNHANDLED and not (isinstance(mask, torch.Tensor) and mask.ndim == 4):
+            return _UNHANDLED
+        return mask
+
     def attend(x: torch.Tensor, args: tuple, kwargs: dict, past: tuple[torch.Tensor, torch.Tensor] | None,
                last_query: bool):
         """-> (z [n, q', head * d_head], this call's k and v [n, kv, q, d_head]) or None (unhandled)."""
-        mask = mask_of(args, kwargs)  # [n or 1, 1, q, keys] additive or bool, or None
-        if mask is _UNHANDLED or (mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 4)):
-            return None  # e.g. a 2-d padding mask or a block mask (other attention backends): the bridge's job
+        mask = handled_mask(args, kwargs)  # [n or 1, 1, q, keys] additive or bool, or None
+        if mask is _UNHANDLED:
+            return None
         q, k_new, v_new = project(ln1(x), args, kwargs, last_query)
         k, v = k_new, v_new
         if past is not None:
@@ -278,8 +286,8 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         """The attention's inputs from position 0: (q [n, head, q, d_head], k [n, kv, q, d_head],
         both after rotary, the block's mask [n or 1, 1, q, q] additive or bool, or None for causal,
         and the scale), or None (unhandled arguments). softmax(q k^T scale + mask) is the pattern."""
-        mask = mask_of(args, kwargs)
-        if mask is _UNHANDLED or (mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 4)):
+        mask = handled_mask(args, kwargs)
+        if mask is _UNHANDLED:
             return None
         q, k, _ = project(ln1(x), args, kwargs, False)
         return q, k, mask, scaling
