@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -160,20 +161,17 @@ def clean_values(model, task: Task, metric: str | None = None, *, max_bytes: int
     vocab = int(model.facts.d_vocab)
     rows = max(1, int(max_bytes // max(1, n_pos * vocab * 4)))
     where, k = task.answer_positions(), task.n_answer_tokens
-    pick = lambda t, sl: None if t is None else t[sl]  # noqa: E731
     out = []
     with torch.inference_mode():
         for start in range(0, n, rows):
-            sl = slice(start, start + rows)
-            logits = model(task.tokens[sl], attention_mask=pick(task.attention_mask, sl))  # [rows, pos, vocab]
+            part = replace(task.rows(slice(start, start + rows)), metric=kind)
+            logits = model(part.tokens, attention_mask=part.attention_mask)  # [rows, pos, vocab]
             if k == 1:
-                idx = where[sl].to(logits.device)
+                idx = where[start:start + rows].to(logits.device)
                 last = logits[torch.arange(logits.shape[0], device=logits.device), idx][:, None].float()  # [rows, 1, vocab]
             else:  # answers of several tokens: decoders are left-padded, every continuation ends at -1
                 last = logits[:, -k:].float()  # [rows, k, vocab]
             vocab = int(logits.shape[-1])
-            part = Task(name=task.name, tokens=task.tokens[sl], answers=pick(task.answers, sl),
-                        wrong_answers=pick(task.wrong_answers, sl), metric=kind, continuation=pick(task.continuation, sl))
             out.append(task_metric(part, kind=kind)(last).double().cpu())
     return torch.cat(out), vocab
 

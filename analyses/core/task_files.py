@@ -493,7 +493,7 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
         if n_examples is None or n_examples >= len(source):
             return source
         keep = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))[:n_examples].sort().values
-        return _subset(source, keep)
+        return source.rows(keep)
     label, rows, places, count = _rows(source, fields, n_examples=n_examples, seed=seed)
     if len(rows) < count:
         log.info("%s: a seeded sample of %d of its %d rows (seed %d; n_examples sets how many)", label, len(rows), count, seed)
@@ -506,15 +506,6 @@ def check_vocabulary(model, source: Any, fields: Mapping[str, str] | str | None 
     words of any field that become `model`'s unknown token."""
     label, rows, places, _ = _rows(source, fields)
     _warn_unknown(model, label, rows, places, strict=True)
-
-
-def _subset(task: Task, rows: torch.Tensor) -> Task:
-    pick = lambda t: None if t is None else t[rows]  # noqa: E731
-    return Task(
-        name=task.name, tokens=task.tokens[rows], answers=pick(task.answers), corrupted_tokens=pick(task.corrupted_tokens),
-        wrong_answers=pick(task.wrong_answers), spans={k: v[rows] for k, v in task.spans.items()}, metric=task.metric,
-        attention_mask=pick(task.attention_mask), continuation=pick(task.continuation),
-    )
 
 
 def load_task_file(model, path: str | Path, fields: Mapping[str, str] | str | None = None) -> Task:

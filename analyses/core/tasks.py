@@ -7,7 +7,7 @@ Builders for the zoo's synthetic tasks live here too (`zoo`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -117,6 +117,14 @@ class Task:
     def first_positions(self) -> torch.Tensor:
         """[batch] int64: each row's first real position (its padding length under left padding)."""
         return first_real_positions(self.attention_mask, len(self))
+
+    def rows(self, index: slice | torch.Tensor | Sequence[int]) -> Task:
+        """The Task of the rows `index` selects (a slice, indices or a bool mask), every field with them."""
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        return replace(
+            self, tokens=self.tokens[index], answers=pick(self.answers), corrupted_tokens=pick(self.corrupted_tokens),
+            wrong_answers=pick(self.wrong_answers), spans={k: v[index] for k, v in self.spans.items()},
+            attention_mask=pick(self.attention_mask), continuation=pick(self.continuation))
 
     def example(self, i: int) -> Task:
         """Row i alone, its padding removed (spans shifted to match): what running one example means."""

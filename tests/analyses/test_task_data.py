@@ -248,3 +248,26 @@ def test_cli_task_fields_reach_the_analysis(tmp_path, tiny_dirs):
                     "--task-fields", "prompt=txt"])
     assert bad == 2  # one line on stderr, nothing run
     assert not (tmp_path / "o2").exists()
+
+
+def test_task_rows_keeps_every_field_of_the_rows_it_selects():
+    """Task.rows by slice, index list and bool mask: every per-row field holds those rows, in order."""
+    import torch
+
+    from headscope.analyses.core.tasks import Task
+
+    n = 5
+    tokens = torch.arange(n * 4).reshape(n, 4) + 10
+    mask = torch.ones(n, 4, dtype=torch.int64)
+    mask[1, 0] = 0  # left padding
+    task = Task(name="t", tokens=tokens, corrupted_tokens=tokens + 100, answers=torch.arange(n) + 1,
+                wrong_answers=torch.arange(n) + 50, spans={"s": torch.tensor([[1, 2]] * n) + torch.arange(n)[:, None] % 2},
+                attention_mask=mask, metric="logit_diff")
+    for index, rows in ((slice(1, 4), [1, 2, 3]), ([4, 0], [4, 0]), (torch.tensor([True, False, True, False, True]), [0, 2, 4])):
+        part = task.rows(index)
+        assert part.tokens.tolist() == [tokens[r].tolist() for r in rows]
+        assert part.corrupted_tokens.tolist() == [(tokens[r] + 100).tolist() for r in rows]
+        assert part.answers.tolist() == [r + 1 for r in rows] and part.wrong_answers.tolist() == [r + 50 for r in rows]
+        assert part.spans["s"].tolist() == [[1 + r % 2, 2 + r % 2] for r in rows]
+        assert part.attention_mask.tolist() == [mask[r].tolist() for r in rows]
+        assert (part.name, part.metric, part.continuation) == ("t", "logit_diff", None)
