@@ -116,6 +116,15 @@ def child(cell: dict) -> dict:
         task = sm.copy_task(model, length, n)
         config = None if name == "forward" else config_class(name).preset(quick=True)
         out["input"] = f"copy task {n} x {length}"
+        if name == "attribution":  # a random Llama's one special token (pad = bos = eos) has HF's zero pad embedding
+            from headscope.analyses.attribution.analysis import default_baseline_token
+            from headscope.errors import ConfigError
+            try:
+                default_baseline_token(model)
+            except ConfigError:
+                token = model.tokenizer.encode(" the", add_special_tokens=False)[0]
+                config = replace(config, baseline_token=token)
+                out["input"] += f", IG baseline token {token} (' the')"
     with torch.no_grad():  # page in the weights (safetensors are memory-mapped) and warm the kernels up
         for p in model.bridge.original_model.parameters():
             p.sum()
