@@ -41,6 +41,7 @@ from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError
+from headscope.execution import batching
 from headscope.probes import ALPHA_GRID, C_GRID, LogisticProbe, RidgeProbe, capacity_sweep, selectivity
 
 
@@ -178,18 +179,26 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, token
 
 def probe_features(model, task: Task, site: str, probe_data: ProbeData, layers: Sequence[int]) -> list[np.ndarray]:
     """Per layer, the [n, d] activations at `site` the probes fit: every real token (all-position
-    labels) or each prompt's own position, from one pass with the task's attention mask."""
+    labels) or each prompt's own position, from passes of as many rows as memory holds
+    (execution.batching.rows_per_pass) with the task's attention mask."""
     names = [hooks.site(site, layer) for layer in layers]
-    kw = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
     at = probe_data.positions
     shared = at is not None and bool((at == at[0]).all())  # one index for every row: capture only it
     positions = None if at is None else ([int(at[0])] if shared else None)
-    acts = hooks.capture(model, task.tokens, names, positions=positions, to_cpu=True, **kw)
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    step = batching.rows_per_pass(model, task.tokens.shape[1])  # rows a pass holds (the engines' memory rule)
+    for start in range(0, len(task), step):
+        sl = slice(start, start + step)
+        kw = {} if task.attention_mask is None else {"attention_mask": task.attention_mask[sl]}
+        acts = hooks.capture(model, task.tokens[sl], names, positions=positions, to_cpu=True, **kw)
+        for name in names:
+            a = acts[name].float()  # [rows, pos (or 1), d]
+            if at is not None and not shared:
+                a = a.gather(1, at[sl, None, None].expand(-1, 1, a.shape[-1]))  # [rows, 1, d]
+            parts[name].append(a)
     out = []
     for name in names:
-        a = acts[name].float()  # [batch, pos (or 1), d]
-        if at is not None and not shared:
-            a = a.gather(1, at[:, None, None].expand(-1, 1, a.shape[-1]))  # [batch, 1, d]
+        a = torch.cat(parts[name])  # [batch, pos (or 1), d]
         X = a.reshape(-1, a.shape[-1]).numpy()  # [n, d]
         out.append(X if probe_data.real is None else X[probe_data.real])
     return out

@@ -115,6 +115,30 @@ def test_edges_and_faithfulness_equal_the_mean_of_each_example_alone(arch, arch_
 
 
 # ---- probes --------------------------------------------------------------------------------
+def test_probe_features_in_passes_of_two_rows_are_hf_hidden_states(arch_models, mixed_tasks, hf_of, monkeypatch):
+    """Where memory holds two rows a pass (the sizing rule, stubbed), the features are captured two
+    rows at a time and still equal plain HF's hidden states of each example alone."""
+    from headscope.execution import batching
+
+    arch = ARCHS[0]
+    model = arch_models(arch)
+    task, alone = _padded(mixed_tasks, arch)
+    assert len(task) > 2
+    calls = []
+    monkeypatch.setattr(batching, "rows_per_pass", lambda model, n_pos, **kw: calls.append(n_pos) or 2)
+    hf = hf_of(arch)
+    with torch.no_grad():
+        hidden = [hf(ex.tokens, output_hidden_states=True).hidden_states for ex in alone]
+    layers = list(range(model.facts.n_layers))
+    for labels, every in (("position", True), ("answer", False)):
+        data = probes.task_labels(task, labels, -1, tokenizer=model.tokenizer)
+        feats = probes.probe_features(model, task, "resid_pre", data, layers)
+        for layer in layers:
+            want = np.concatenate([(h[layer][0] if every else h[layer][0, -1:]).numpy() for h in hidden])
+            assert np.abs(feats[layer] - want).max() <= TOL
+    assert calls == [task.tokens.shape[1]] * 2
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_probe_features_and_labels_are_those_of_each_example_alone(arch, arch_models, mixed_tasks, hf_of):
     model = arch_models(arch)
