@@ -38,6 +38,7 @@ from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
 from headscope.errors import ConfigError
+from headscope.execution import batching
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, decoder=True, what="reads MLP values through the unembedding as next tokens")
@@ -207,6 +208,24 @@ def _mask_if_padded(task: Task) -> torch.Tensor | None:
     return task.attention_mask if task.padded else None
 
 
+def _answer_activations(model, task: Task, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """{site: [batch, d] float32 on the CPU}: each row's activation at its answer position, from
+    passes of as many rows as memory holds (execution.batching.rows_per_pass)."""
+    last = task.answer_positions()  # [batch]
+    mask = _mask_if_padded(task)
+    step = batching.rows_per_pass(model, task.tokens.shape[1])
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    for start in range(0, len(task), step):
+        sl = slice(start, start + step)
+        read, slot = last[sl].unique(return_inverse=True)  # [n_read] positions to capture, [rows] each row's among them
+        with torch.no_grad():
+            acts = hooks.capture(model, task.tokens[sl], names, positions=read.tolist(),
+                                 attention_mask=None if mask is None else mask[sl])
+        for name in names:
+            parts[name].append(acts[name].float().cpu()[torch.arange(len(slot)), slot])  # [rows, d]
+    return {name: torch.cat(parts[name]) for name in names}
+
+
 def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5, top_k_tokens: int = 5,
                      apply_final_norm: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The largest sub-updates at each Task prompt's answer position and the tokens they promote.
@@ -222,12 +241,9 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
     answers = None if task.answers is None else task.answers.cpu()
     top_rows, neuron_rows = [], []
     names = [hooks.site("mlp_post", layer) for layer in layers]
-    last = task.answer_positions()  # [batch]
-    read, slot = last.unique(return_inverse=True)  # [n_read] positions to capture, [batch] each row's among them
-    with torch.no_grad():
-        acts = hooks.capture(model, task.tokens, names, positions=read.tolist(), attention_mask=_mask_if_padded(task))
+    acts = _answer_activations(model, task, names)
     for layer, name in zip(layers, names):
-        m = acts[name].float().cpu()[torch.arange(len(task)), slot]  # [batch, d_mlp] at each row's answer position
+        m = acts[name]  # [batch, d_mlp] at each row's answer position
         v_norm = hooks.mlp_memories(model, layer).values.norm(dim=-1).float().cpu()  # [d_mlp]
         norms = m.abs() * v_norm  # [batch, d_mlp] = ||m_i v_i||
         order = norms.topk(min(n_top, norms.shape[1]), -1).indices  # [batch, n_top]

@@ -181,6 +181,27 @@ def test_trigger_prefixes_of_a_padded_corpus_equal_hf_on_each_row_alone(arch, ar
     assert worst <= TOL
 
 
+def test_mlp_task_updates_in_passes_of_two_rows_equal_each_example_alone(arch_models, mixed_tasks, monkeypatch):
+    """Where memory holds two rows a pass (the sizing rule, stubbed), the sub-updates at each row's
+    answer position are captured two rows at a time and equal each example run alone."""
+    from headscope.execution import batching
+
+    arch = DECODERS[0]
+    model, task = arch_models(arch), mixed_tasks(arch)
+    layers = list(range(model.facts.n_layers))
+    alone = [mlp.task_sub_updates(model, task.example(i), layers=layers)[0] for i in range(len(task))]
+    calls = []
+    monkeypatch.setattr(batching, "rows_per_pass", lambda model, n_pos, **kw: calls.append(n_pos) or 2)
+    top, _ = mlp.task_sub_updates(model, task, layers=layers)
+    assert calls == [task.tokens.shape[1]] and len(task) > 2
+    worst = 0.0
+    for i, want in enumerate(alone):
+        got = _example(top, i)
+        assert list(got.promoted) == list(want.promoted)
+        worst = max(worst, _max_diff(got, want, ["layer", "rank", "neuron"], ["coefficient", "update_norm", "answer_logit"]))
+    assert worst <= TOL, worst
+
+
 @pytest.mark.parametrize("arch", DECODERS)
 def test_mlp_on_a_padded_task_equals_each_example_alone(arch, arch_models, mixed_tasks):
     model, task = arch_models(arch), mixed_tasks(arch)
