@@ -7,7 +7,7 @@ knob; zoo and retrieval prompts are shorter: an upper bound). One row per exampl
 position (5 by default), each run plainly and, with a window, under two StreamingLLM masks (3 row
 passes), plus, where a several-token answer is decoded greedily on decoders, a prefill and
 one-token steps (each STEP_POSITIONS positions of a pass). Knobs, in order: the masked runs
-(window 0), half the pairs (shorter prompts), the examples down to 4, the gold at the first,
+(window 0), half the pairs down to 3 (shorter prompts), the examples down to 4, the gold at the first,
 middle and last slots only, the greedy decoding.
 """
 from __future__ import annotations
@@ -20,6 +20,9 @@ from headscope.analyses.core.budget import STEP_POSITIONS, Cost, CostModel, n_ro
 
 FULL, QUICK = 32, 8
 MIN_EXAMPLES = 4
+
+
+MIN_ITEMS = 3  # the pairs knob stops here: gold at the first, middle and last slot still differ
 
 
 def _max_items(config) -> int:
@@ -70,8 +73,8 @@ def no_masked_runs(config, model):
 def fewer_items(config, model):
     if config.context is not None and config.n_items is None:  # half the prompt length
         return dataclasses.replace(config, context=config.context // 2) if config.context // 2 >= 256 else None
-    items = config.n_items or _max_items(config)
-    return dataclasses.replace(config, n_items=items // 2) if items // 2 >= 4 else None
+    items = config.n_items or _max_items(config)  # halved, down to MIN_ITEMS: a first, middle and last slot
+    return dataclasses.replace(config, n_items=max(MIN_ITEMS, items // 2)) if items > MIN_ITEMS else None
 
 
 def fewer_examples(config, model):
