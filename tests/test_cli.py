@@ -149,14 +149,14 @@ def test_single_analysis_subcommand(tmp_path):
 
 @pytest.mark.slow
 def test_full_report_on_the_default_model(tmp_path):
-    """Every analysis in its full (not --quick) mode, in a budget of 1 minute (the sweeps that do
-    not fit shrink; a fast machine runs more of them whole): done, and the manifest records the budget."""
+    """Every analysis in its full (not --quick) mode, in a budget of half a minute (the sweeps that
+    do not fit shrink; a fast machine runs more of them whole): done, and the manifest records the budget."""
     out = tmp_path / "full"
-    headscope("-q", "report", "--budget", "1", "--out", str(out), timeout=1800)
+    headscope("-q", "report", "--budget", "0.5", "--out", str(out), timeout=1800)
     manifest = json.loads((out / "manifest.json").read_text())
     assert all(state == "done" for state in manifest["status"].values()), manifest["status"]
     assert manifest["config"]["quick"] is False
-    assert manifest["config"]["budget_minutes"] == 1 and set(manifest["budget"]) == set(manifest["status"])
+    assert manifest["config"]["budget_minutes"] == 0.5 and set(manifest["budget"]) == set(manifest["status"])
 
 
 # ---- exit codes and output-folder safety (issue #20) ---------------------------------------------
