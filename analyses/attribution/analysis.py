@@ -73,9 +73,10 @@ class AttributionConfig(AnalysisConfig):
     baseline_token: id for IG baselines and "replace" (None: the first of pad, unk, eos, bos
     whose embedding is not near zero). permutation_layer: None = last; the adversarial attention
     search runs there too (adversarial_steps Adam steps, 0 = off; output change <= adversarial_epsilon).
-    batch_size: at most this many sequences per forward pass (IG runs batch_size // n_steps examples
-    at once); fewer where memory holds fewer (execution.batching.rows_per_pass: IG's backward passes
-    and long prompts).
+    batch_size: at most this many sequences per forward pass without gradients (leave-one-out and
+    permutation variants) and batch_size // n_steps examples per integrated-gradients group; fewer
+    where memory holds fewer (execution.batching.rows_per_pass), which also sizes IG's (example,
+    step) rows per forward and backward pass.
     metric: what gradients differentiate (None: the task's; "accuracy" falls back to "logprob").
     """
 
@@ -279,7 +280,7 @@ def attribution(
         ig, delta, steps = am.integrated_gradients(
             model, tokens, ig_baselines(tokens, baseline), forward, tgt,
             n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
-            internal_batch_size=min(cfg.batch_size, grad_rows))
+            internal_batch_size=grad_rows)
         loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=rows)
         changes, max_att = permutation_test(
             model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=rows, generator=generator
