@@ -8,6 +8,7 @@ trained LM head, and TransformerLens gives BERT a random one).
 """
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -226,6 +227,18 @@ def _bridge_machinery(fn: Any) -> bool:
     first pass), or loading's permanent cache-argument route."""
     module = getattr(fn, "__module__", None) or ""
     return module.startswith(("transformer_lens.", "transformers.")) or module == "headscope.models.loading"
+
+
+def _attached(handle: Any) -> bool:
+    """A hook point's hook that counts as attached: every temporary one, and every permanent one
+    but those the bridge wires for itself (TransformerLens's own functions, e.g. the placeholder
+    mirrors on some MLPs). A user's `bridge.add_hook(..., is_permanent=True)` counts."""
+    if not handle.is_permanent:
+        return True
+    fn = getattr(handle, "user_hook", None)
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn is None or not (getattr(fn, "__module__", None) or "").startswith("transformer_lens.")
 
 
 def _hook_tables(module: torch.nn.Module) -> list[dict]:
@@ -452,12 +465,10 @@ class HookedModel:
             return self.forward(tokens, **kwargs)
 
     def n_active_hooks(self) -> int:
-        """How many temporary hook functions are attached right now (0 between analyses).
-
-        Permanent hooks the bridge installs for itself (e.g. on BERT) are not counted.
+        """How many hook functions are attached to hook points right now (0 between analyses),
+        permanent ones a user added (`bridge.add_hook(..., is_permanent=True)`) included: every
+        fast path checks this (through `hook_free`), so no attached hook is ever skipped. Permanent
+        hooks the bridge installs for itself (TransformerLens's own functions) are not counted.
         """
-        return sum(
-            not handle.is_permanent
-            for hp in self.bridge.hook_points()
-            for handle in (*hp.fwd_hooks, *hp.bwd_hooks)
-        )
+        points = {id(hp): hp for hp in self.bridge.hook_points()}  # an aliased point is listed under each name
+        return sum(_attached(handle) for hp in points.values() for handle in (*hp.fwd_hooks, *hp.bwd_hooks))
