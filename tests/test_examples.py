@@ -13,8 +13,16 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel gets Jupyter's inline backend, as a reader's does
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    # a reader's own figures after headscope's (#32 item 2): Result.plot() draws inline, returns Figures
+    # and leaves the kernel's backend alone, so the user's plt figure after it renders too
+    nb.cells += [nbformat.v4.new_code_cell(c) for c in (
+        "import matplotlib, matplotlib.pyplot as plt\nfrom matplotlib.figure import Figure\n"
+        "figures = imp.plot()\nassert figures and all(isinstance(f, Figure) for f in figures.values())",
+        "plt.plot([0, 1], [1, 0])\nplt.show()",
+        "print(matplotlib.get_backend())",
+    )]
     client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
@@ -22,3 +30,7 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     assert any("<img" in h for h in html), "the importance Result should render with its figure"
     assert any("report.html" in str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    plotted, own, backend = (cell.get("outputs", []) for cell in nb.cells[-3:])
+    assert plotted and all("image/png" in o.get("data", {}) for o in plotted)  # one image per figure
+    assert len(own) == 1 and "image/png" in own[0].get("data", {})
+    assert "".join(o.get("text", "") for o in backend).strip() == "module://matplotlib_inline.backend_inline"

@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
             handler.setFormatter(_OneLine("%(levelname)s %(name)s: %(message)s"))
     for noisy in ("matplotlib", "datasets", "PIL", "urllib3", "filelock", "fsspec"):  # their INFO lines are not ours
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")  # the CLI only writes image files: no GUI toolkit (headscope's library code never sets one)
     from headscope.analyses.core.registry import ANALYSES
     from headscope.errors import HeadscopeError
     from headscope.models.threads import configure_threads
