@@ -4,8 +4,11 @@ A plain dict of TransformerLens hook name -> tensor (so code that indexes by ful
 working), plus `output` (logits for decoders, hidden states for encoders) and what
 TransformerLens users reach for: short keys (`acts["pattern", 1]`, `acts["resid_pre", -1]`,
 `acts["embed"]`), `stack_head_results`, `accumulated_resid`, `decompose_resid`, `.to(device)`,
-and safetensors `save` / `load`. The residual-stream helpers follow
-transformer_lens/ActivationCache.py (4.3); differences are stated in each docstring.
+and safetensors `save` / `load`; hooks/residual.py adds `logit_attrs`,
+`get_full_resid_decomposition`, `stack_activation` and `remove_batch_dim`. The residual-stream
+helpers follow transformer_lens/ActivationCache.py (4.3), with TransformerLens's pos_slice; one
+difference throughout: `apply_ln` applies the norm's weight (the model is unprocessed; see
+hooks/residual.py for why), others are stated in each docstring.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Any, Literal
 import torch
 
 from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
+from headscope.hooks.residual import CacheHabits, _check_scale_shape, norm_weight, slice_axis
 from headscope.hooks.sites import SITES, _suggest, site
 
 FORMAT = "headscope.Activations/1"  # safetensors metadata marker
@@ -42,7 +46,7 @@ def head_result(model, layer: int, z: torch.Tensor) -> torch.Tensor:
     """
     attn = model.bridge.blocks[layer].attn
     w_o = attn.W_O.to(device=z.device, dtype=z.dtype)  # [head, d_head, d_model]
-    out = torch.einsum("bphd,hdm->bphm", z, w_o)  # [batch, pos, head, d_model]
+    out = torch.einsum("...hd,hdm->...hm", z, w_o)  # [batch, pos, head, d_model] (or [pos, head, d_model])
     scale = getattr(attn, "_result_contribution_scale", 1.0)
     return out if scale == 1.0 else out * scale
 
@@ -61,7 +65,7 @@ def model_meta(model) -> dict[str, Any]:
     }
 
 
-class Activations(dict):
+class Activations(CacheHabits, dict):
     """name -> tensor, plus `output` (logits for decoders, hidden states for encoders).
 
     `model` (the HookedModel, None after `load` unless given) computes per-head results from z
@@ -251,31 +255,34 @@ class Activations(dict):
         return head_result(self._needs_model("Per-head results from hook_z"), layer, z)
 
     def stack_head_results(
-        self, layer: int | None = -1, *, return_labels: bool = False, incl_remainder: bool = False, apply_ln: bool = False
+        self, layer: int | None = -1, *, return_labels: bool = False, incl_remainder: bool = False,
+        pos_slice=None, apply_ln: bool = False,
     ):
         """Each head's write to the residual stream, for the heads of layers before `layer`.
 
         Returns [layer * n_heads (+1), batch, pos, d_model] (labels "L0H0", ..., "remainder" with
         return_labels). incl_remainder adds the rest of the stream into `layer` (biases,
         embeddings, MLPs). apply_ln divides by the cached scale of the norm reading the stream
-        there (centring first for LayerNorm), as TransformerLens does. Differs from
-        TransformerLens only at layer=0 with incl_remainder: the remainder is resid_pre of block 0
-        (TransformerLens reads resid_post of the last block there).
+        there (centring first for LayerNorm) and multiplies by its weight (see apply_ln_to_stack).
+        pos_slice (TransformerLens's: an int, tuple, slice or indices) keeps those positions.
+        Differs from TransformerLens at layer=0 with incl_remainder: the remainder is resid_pre of
+        block 0 (TransformerLens reads resid_post of the last block there).
         """
         stop = self._stop(layer)
-        parts = [self._head_results(l).movedim(-2, 0) for l in range(stop)]  # each [head, batch, pos, d_model]
+        # each [head, batch, pos, d_model]
+        parts = [slice_axis(self._head_results(l), pos_slice, -3).movedim(-2, 0) for l in range(stop)]
         labels = [f"L{l}H{h}" for l in range(stop) for h in range(parts[l].shape[0])]
         if parts:
             stack = torch.cat(parts, dim=0)  # [layer * head, batch, pos, d_model]
         else:
-            ref = self["embed"] if "embed" in self else self["resid_pre", 0]  # [batch, pos, d_model]
+            ref = slice_axis(self["embed"] if "embed" in self else self["resid_pre", 0], pos_slice, -2)  # [batch, pos, d_model]
             stack = ref.new_zeros((0, *ref.shape))
         if incl_remainder:
-            resid = self._resid_into(stop)  # [batch, pos, d_model]
+            resid = slice_axis(self._resid_into(stop), pos_slice, -2)  # [batch, pos, d_model]
             stack = torch.cat([stack, (resid - stack.sum(dim=0))[None]], dim=0)
             labels.append("remainder")
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, stop)
+            stack = self.apply_ln_to_stack(stack, stop, pos_slice=pos_slice)
         return (stack, labels) if return_labels else stack
 
     stack_heads = stack_head_results
@@ -285,7 +292,7 @@ class Activations(dict):
 
     def accumulated_resid(
         self, layer: int | None = None, *, incl_mid: bool = False, apply_ln: bool = False,
-        mlp_input: bool = False, return_labels: bool = False,
+        pos_slice=None, mlp_input: bool = False, return_labels: bool = False,
     ):
         """The residual stream at each block input up to `layer`: [components, batch, pos, d_model].
 
@@ -293,7 +300,8 @@ class Activations(dict):
         mlp_input adds resid_mid of `layer`. apply_ln: at the final layer each entry goes through
         the model's final norm (statistics recomputed per entry, weights applied: the logit lens);
         before it, entries are divided by the cached ln1/ln2 scale of `layer` (TransformerLens's
-        rule). Parallel-block models (GPT-NeoX) have no resid_mid, so incl_mid raises SiteError.
+        rule) and multiplied by that norm's weight. pos_slice keeps those positions.
+        Parallel-block models (GPT-NeoX) have no resid_mid, so incl_mid raises SiteError.
         """
         stop, n = self._stop(layer), self.n_layers
         comps, labels = [], []
@@ -307,9 +315,9 @@ class Activations(dict):
             if (incl_mid and l < stop) or (mlp_input and l == stop):
                 comps.append(self._mid(l))
                 labels.append(f"{l}_mid")
-        stack = torch.stack(comps, dim=0)  # [components, batch, pos, d_model]
+        stack = torch.stack([slice_axis(c, pos_slice, -2) for c in comps], dim=0)  # [components, batch, pos, d_model]
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, stop, mlp_input=mlp_input, recompute_ln=stop == n)
+            stack = self.apply_ln_to_stack(stack, stop, mlp_input=mlp_input, pos_slice=pos_slice, recompute_ln=stop == n)
         return (stack, labels) if return_labels else stack
 
     def _mid(self, layer: int) -> torch.Tensor:
@@ -319,14 +327,16 @@ class Activations(dict):
 
     def decompose_resid(
         self, layer: int | None = None, *, mlp_input: bool = False, mode: Literal["all", "mlp", "attn"] = "all",
-        apply_ln: bool = False, incl_embeds: bool = True, return_labels: bool = False,
+        apply_ln: bool = False, pos_slice=None, incl_embeds: bool = True, return_labels: bool = False,
     ):
         """The residual stream into `layer` split by writer: [components, batch, pos, d_model].
 
         Labels "embed", "pos_embed" (learned positions), "0_attn_out", "0_mlp_out", ...; their sum
         is resid_pre of `layer` (resid_post of the last block for layer = n_layers, the default).
         mode "attn"/"mlp" keeps one kind; mlp_input adds attn_out of `layer`. apply_ln divides by
-        the cached norm scale there (centring for LayerNorm), as TransformerLens does.
+        the cached norm scale there (centring for LayerNorm), as TransformerLens does, and
+        multiplies by the norm's weight (apply_ln_to_stack). pos_slice keeps those positions
+        (decompose_resid(apply_ln=True, pos_slice=-1) is [components, batch, d_model]).
         """
         if mode not in ("all", "mlp", "attn"):
             raise ConfigError(f"mode must be 'all', 'mlp' or 'attn', got {mode!r}.")
@@ -350,23 +360,35 @@ class Activations(dict):
             labels.append(f"{stop}_attn_out")
         if not comps:
             raise ConfigError("Nothing to decompose: layer=0 with incl_embeds=False has no components.")
-        stack = torch.stack(comps, dim=0)  # [components, batch, pos, d_model]
+        stack = torch.stack([slice_axis(c, pos_slice, -2) for c in comps], dim=0)  # [components, batch, pos, d_model]
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, stop, mlp_input=mlp_input)
+            stack = self.apply_ln_to_stack(stack, stop, mlp_input=mlp_input, pos_slice=pos_slice)
         return (stack, labels) if return_labels else stack
 
     def apply_ln_to_stack(
-        self, stack: torch.Tensor, layer: int | None = None, *, mlp_input: bool = False, recompute_ln: bool = False
+        self, stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False, pos_slice=None,
+        batch_slice=None, has_batch_dim: bool = True, recompute_ln: bool = False,
     ) -> torch.Tensor:
-        """Scale a stack of residual components [components, batch, pos, d_model] as the norm
-        reading the stream at `layer` (n_layers = the final norm) scales the whole stream.
+        """A stack of residual components [components, batch, pos, d_model] as the norm reading the
+        stream at `layer` (None / -1 / n_layers: the final norm; ln2 of `layer` with mlp_input)
+        passes the whole stream on: centred (LayerNorm), divided by the cached scale
+        (blocks.L.ln1/ln2.hook_scale, ln_final.hook_scale) and multiplied by the norm's weight.
 
-        Cached scale (blocks.L.ln1/ln2.hook_scale, ln_final.hook_scale): centre (LayerNorm) and
-        divide, no weights. recompute_ln at the final layer runs the model's final norm on each
-        component (tracking gradients only when the stack does; TransformerLens always tracks the
-        norm's weights). Models without LayerNorm/RMSNorm get the stack back unchanged.
+        The weight is where TransformerLens differs: its folded model moves it into W_U, W_Q,
+        W_K, W_V and W_in, and headscope's model is unprocessed, so it is applied here; then
+        `apply_ln_to_stack(stack) @ W_U[:, a]` (or any weight that reads the norm) equals
+        TransformerLens's folded numbers (hooks/residual.py says why here and not in the
+        directions). The norm's bias is left out (a constant, not a component's; `logit_attrs`
+        can add it as a row). pos_slice: the stack holds those positions only (e.g. -1 for
+        stack[:, :, -1]); batch_slice selects examples of the stack (has_batch_dim=True) and of
+        the scale. A stack whose axes do not match the scale's after the slices is a ConfigError,
+        never a silent broadcast. recompute_ln at the final layer runs the model's final norm on
+        each component, bias included (the logit lens; tracking gradients only when the stack
+        does). Models without LayerNorm/RMSNorm get the stack back unchanged.
         """
         stop, n = self._stop(layer), self.n_layers
+        if has_batch_dim:
+            stack = slice_axis(stack, batch_slice, 1)
         norm = self.meta.get("normalization")
         if norm not in NORMS:
             return stack
@@ -375,11 +397,17 @@ class Activations(dict):
             ln_final, device = model.bridge.ln_final, model.device
             with torch.set_grad_enabled(torch.is_grad_enabled() and stack.requires_grad):  # detached in, detached out
                 return torch.stack([ln_final(c.to(device)).to(stack.device) for c in stack], dim=0)
-        if norm in ("LN", "LNPre") and not (stop == n and self.meta.get("final_rms", False)):
-            stack = stack - stack.mean(dim=-1, keepdim=True)
         key = ("scale", None, None) if stop == n else ("scale", stop, "ln2" if mlp_input else "ln1")
         try:
             scale = self[key]  # [batch, pos, 1]
         except SiteError as err:
             raise SiteError(f"apply_ln needs the norm scale {err}; run_with_cache captures the scales by default.") from None
-        return stack / scale
+        scale = slice_axis(scale, pos_slice, -2)
+        if self.has_batch_dim:
+            scale = slice_axis(scale, batch_slice, 0)
+        _check_scale_shape(stack, scale, pos_slice)
+        weight = norm_weight(self._needs_model("apply_ln (the norm's weight)"), None if stop == n else stop, mlp_input)
+        if norm in ("LN", "LNPre") and not (stop == n and self.meta.get("final_rms", False)):
+            stack = stack - stack.mean(dim=-1, keepdim=True)
+        stack = stack / scale
+        return stack if weight is None else stack * weight.to(device=stack.device, dtype=stack.dtype)

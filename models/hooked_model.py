@@ -344,6 +344,27 @@ class HookedModel:
         ids = tokens.reshape(-1).tolist()
         return [t if t is not None else f"<id {i}>" for i, t in zip(ids, self.tokenizer.convert_ids_to_tokens(ids))]
 
+    def tokens_to_residual_directions(self, tokens: str | int | torch.Tensor) -> torch.Tensor:
+        """The unembedding directions W_U[:, tokens], as TransformerLens's: [d_model] for one token
+        (an int, a 0-d tensor, or a string that is one token), [*tokens.shape, d_model] for a tensor.
+
+        This model's own W_U: headscope's bridge is unprocessed, so the final norm's weight is not
+        folded in here; `Activations.apply_ln_to_stack` (and `logit_attrs`) apply it to the stack
+        instead, so `apply_ln_to_stack(stack) @ directions` gives TransformerLens's folded numbers.
+        """
+        w_u = self.bridge.W_U  # [d_model, d_vocab]
+        if isinstance(tokens, str):
+            ids = list(self.tokenizer(tokens, add_special_tokens=False)["input_ids"])
+            if len(ids) != 1:
+                raise ConfigError(f"{tokens!r} is {len(ids)} tokens for {self.facts.name} ({ids}); pass one token "
+                                  f"(a string that tokenizes to one id, or the id).")
+            tokens = ids[0]
+        index = torch.as_tensor(tokens, dtype=torch.long)
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= w_u.shape[1]):
+            raise IndexOutOfRangeError(f"token ids must lie in [0, {w_u.shape[1]}) for {self.facts.name}; got "
+                                       f"min {int(index.min())}, max {int(index.max())}.")
+        return w_u[:, index.to(w_u.device)].movedim(0, -1)  # [*tokens.shape, d_model]
+
     def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Validate a [batch, pos] integer token tensor (a [pos] one becomes [1, pos]) and move it to
         the model's device. Float, bool, complex, empty and 3-d inputs are refused: they are almost

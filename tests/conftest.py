@@ -122,3 +122,42 @@ def hf_of(arch_dirs):
     from tests_support import hf_reference
 
     return functools.cache(lambda arch: hf_reference(arch_dirs[arch]))
+
+
+@pytest.fixture(scope="session")
+def biased_dirs(tmp_path_factory):
+    """Tiny GPT-2, Llama and NeoX directories whose 1-D parameters (norm weights and biases, linear
+    biases) are random, d_model 48 (W_U not square): the shared tiny models have unit norm weights
+    and zero biases, so numbers that must use a norm's weight or a bias are tested on these."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("biased")
+    out = {}
+    for family in ("gpt2", "llama", "neox"):
+        width = {"gpt2": {"n_embd": 48}}.get(family, {"hidden_size": 48})  # W_U not square
+        path = build_tiny_model(family, root / family, seed=3, **width)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.ndim == 1:
+                    base = 1.0 if ("norm" in name or "ln" in name) and name.endswith("weight") else 0.0
+                    p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
+        model.save_pretrained(path, safe_serialization=True)
+        out[family] = Path(path)
+    return out
+
+
+@pytest.fixture(scope="session")
+def biased_models(biased_dirs):
+    """HookedModels of `biased_dirs`, each loaded on first use (shared; tests must not modify them)."""
+    import headscope as hs
+
+    class Loaded(dict):
+        def __missing__(self, family):
+            self[family] = model = hs.load_model(biased_dirs[family], device="cpu")
+            return model
+
+    return Loaded()

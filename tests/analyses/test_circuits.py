@@ -2,7 +2,7 @@
 TransformerLens 4.3's own tools (transformer_lens.tools.analysis) on the same weights.
 
 Besides the shared tiny models (unit LayerNorm weights, zero biases), each test family also
-runs on a copy with random norm weights and biases, so the final-norm scale, its weight and
+runs on a copy with random norm weights and biases (conftest's `biased_dirs`), so the final-norm scale, its weight and
 bias, the value biases and the output biases all enter the numbers being compared.
 
 TransformerLens 4.3's compatibility mode centres W_U over d_model (LayerNorm models: fold_ln)
@@ -14,8 +14,6 @@ logit difference. The random-bias copies have d_model = 48 (W_U not square).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -24,7 +22,7 @@ from headscope.analyses.circuits import analysis as circuits
 from headscope.analyses.circuits import dla as dla_mod
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
-from tests_support import build_tiny_model, random_tokens
+from tests_support import random_tokens
 
 FAMILIES = ("gpt2", "llama", "neox")
 
@@ -34,33 +32,6 @@ def _task(n: int = 3, pos: int = 8, seed: int = 5, wrong: bool = True) -> Task:
     answers, prompt = tokens[:, -1], tokens[:, :-1]
     return Task(name="rand", tokens=prompt, answers=answers,
                 wrong_answers=prompt[:, 2].clone() if wrong else None, metric="logit_diff" if wrong else "logprob")
-
-
-@pytest.fixture(scope="module")
-def biased_dirs(tmp_path_factory):
-    """Tiny models whose 1-D parameters (norm weights and biases, linear biases) are random."""
-    from transformers import AutoModelForCausalLM
-
-    root = tmp_path_factory.mktemp("circuits-biased")
-    out = {}
-    for family in FAMILIES:
-        width = {"gpt2": {"n_embd": 48}}.get(family, {"hidden_size": 48})  # W_U not square
-        path = build_tiny_model(family, root / family, seed=3, **width)
-        model = AutoModelForCausalLM.from_pretrained(path)
-        g = torch.Generator().manual_seed(7)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.ndim == 1:
-                    base = 1.0 if ("norm" in name or "ln" in name) and name.endswith("weight") else 0.0
-                    p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
-        model.save_pretrained(path, safe_serialization=True)
-        out[family] = Path(path)
-    return out
-
-
-@pytest.fixture(scope="module")
-def biased_models(biased_dirs):
-    return {family: hs.load_model(path, device="cpu") for family, path in biased_dirs.items()}
 
 
 def _models(kind: str, family: str, tiny_dirs, tiny_models, biased_dirs):

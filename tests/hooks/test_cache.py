@@ -157,11 +157,14 @@ def test_save_load_round_trip_is_bitwise(family, tmp_path, tiny_models, runs):
     for name, value in acts.items():
         assert back[name].dtype == value.dtype and torch.equal(back[name], value), name
     assert torch.equal(back.output, acts.output)
-    assert torch.equal(back.decompose_resid(apply_ln=True), acts.decompose_resid(apply_ln=True))
+    assert torch.equal(back.decompose_resid(), acts.decompose_resid())
     with pytest.raises(ConfigError, match="model"):
         back.stack_head_results()  # z @ W_O needs the weights
+    with pytest.raises(ConfigError, match="model"):
+        back.decompose_resid(apply_ln=True)  # and so does the norm's weight
     with_model = Activations.load(path, model=model)
     assert torch.equal(with_model.stack_head_results(), acts.stack_head_results())
+    assert torch.equal(with_model.decompose_resid(apply_ln=True), acts.decompose_resid(apply_ln=True))
 
 
 def test_failed_save_leaves_the_old_file(tmp_path, runs, monkeypatch):
