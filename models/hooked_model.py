@@ -199,6 +199,26 @@ def probe_words(tokenizer: Any, n: int = 6, scan: int = 400) -> list[str]:
     return [words[round(k * (len(words) - 1) / (n - 1))] for k in range(n)]
 
 
+def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Each id's text as the tokenizer decodes it alone (no clean-up of spaces, special tokens kept):
+    " Mary" for byte-level BPE's "ĠMary", the token itself for word-level and WordPiece vocabularies.
+    SentencePiece's word-start "▁" reads as a space too ("▁Mary" -> " Mary"): its decoder strips
+    the space from a text's first token, so decoding the token alone would drop it. Ids the
+    tokenizer does not know read "<id N>"."""
+    ids = [int(i) for i in ids]
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    known = [i for i, piece in zip(ids, pieces) if piece is not None]
+    texts = iter(tokenizer.batch_decode([[i] for i in known], clean_up_tokenization_spaces=False) if known else [])
+    out = []
+    for i, piece in zip(ids, pieces):
+        if piece is None:
+            out.append(f"<id {i}>")
+            continue
+        text = next(texts)
+        out.append(" " + text if piece.startswith("\u2581") and not text.startswith(" ") else text)
+    return out
+
+
 def _normal(text: str) -> str:
     return " ".join(text.split()).casefold()
 
@@ -338,11 +358,11 @@ class HookedModel:
         return pad_id_of(self.tokenizer)
 
     def to_str_tokens(self, tokens: torch.Tensor) -> list[str]:
-        """The token strings of one [pos] sequence (for labels; escape before putting in HTML). Ids the
-        tokenizer does not know (an embedding padded past its vocabulary, as Pythia's 50,304 rows for
-        50,277 tokens) read "<id N>"."""
-        ids = tokens.reshape(-1).tolist()
-        return [t if t is not None else f"<id {i}>" for i, t in zip(ids, self.tokenizer.convert_ids_to_tokens(ids))]
+        """The token strings of one [pos] sequence as people read them (for labels; escape before putting
+        in HTML): each token decoded alone (`token_strings`), so byte-level BPE's "ĠMary" reads " Mary",
+        as TransformerLens's to_str_tokens. Ids the tokenizer does not know (an embedding padded past
+        its vocabulary, as Pythia's 50,304 rows for 50,277 tokens) read "<id N>"."""
+        return token_strings(self.tokenizer, tokens.reshape(-1).tolist())
 
     def tokens_to_residual_directions(self, tokens: str | int | torch.Tensor) -> torch.Tensor:
         """The unembedding directions W_U[:, tokens], as TransformerLens's: [d_model] for one token

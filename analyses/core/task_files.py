@@ -33,7 +33,7 @@ import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
 from headscope.errors import ConfigError, HeadscopeWarning, TaskFileError, TokenizationError, TokenizationWarning
-from headscope.models.hooked_model import pad_id_of, pad_token_rows
+from headscope.models.hooked_model import pad_id_of, pad_token_rows, token_strings
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ def _answer_ids(model, text: str, row: int | str, label: str = "Task data", fiel
     if len(ids) == 1 or (several and ids):
         return ids
     where = row if isinstance(row, str) else f"row {row}"
-    pieces = model.tokenizer.convert_ids_to_tokens(ids)
+    pieces = token_strings(model.tokenizer, ids)
     why = ("the wrong answer is compared with the answer as one next-token logit" if field == "wrong_answer"
            else "an encoder has no next-token predictions to score a continuation with")
     raise TaskFileError(f"{label}, {where}: {field} {text!r} is {len(ids)} tokens under this tokenizer ({pieces}); "

@@ -159,3 +159,50 @@ def test_zoo_task_on_a_tokenizer_without_unk_raises_the_clear_error(bpe_dir):
     from headscope.analyses.heads.analysis import default_task
 
     assert default_task(model, None).name != "kv"
+
+
+PROMPT = "When Mary and John went to the store, John gave a drink to"
+
+
+def test_str_tokens_read_as_people_read_them(arch_models, tiny_models):
+    """Each token decoded alone (#32 item 4): byte-level BPE's "ĠMary" reads " Mary" (as
+    TransformerLens's to_str_tokens), SentencePiece's "▁Mary" too; WordPiece and word-level
+    vocabularies are unchanged."""
+    gpt2 = arch_models("gpt2")  # byte-level BPE trained in this session
+    ids = gpt2.to_tokens(PROMPT)[0]
+    got = gpt2.to_str_tokens(ids)
+    assert got == [gpt2.tokenizer.decode([i]) for i in ids.tolist()]
+    assert "".join(got[1:]) == PROMPT and got[0] == "<|endoftext|>"  # the pieces are the text
+    assert not any("\u0120" in t for t in got) and any(t.startswith(" ") for t in got)
+    llama = arch_models("llama3")  # SentencePiece-style BPE with byte fallback
+    ids = llama.to_tokens(PROMPT)[0]
+    pieces = llama.tokenizer.convert_ids_to_tokens(ids.tolist())
+    got = llama.to_str_tokens(ids)
+    for piece, text in zip(pieces, got):
+        assert text == (chr(int(piece[3:5], 16)) if piece.startswith("<0x") else piece.replace("\u2581", " "))
+    for model in (arch_models("bert"), tiny_models["gpt2"]):  # WordPiece, word-level: the tokens themselves
+        ids = model.to_tokens(PROMPT if model.facts.is_encoder else "w1 w2 w3")[0]
+        assert model.to_str_tokens(ids) == model.tokenizer.convert_ids_to_tokens(ids.tolist())
+
+
+def test_results_and_the_explorer_label_tokens_as_text(arch_models):
+    """The explorer's labels, patching's token column and attribution's table carry the decoded
+    tokens, never byte-level BPE's raw "Ġ" strings."""
+    from headscope.analyses.core.tasks import Task
+    from headscope.reports.explorer import attention_explorer_data
+
+    model = arch_models("gpt2")
+    ids = model.to_tokens(PROMPT)  # [1, pos]
+    want = [model.tokenizer.decode([i]) for i in ids[0].tolist()]
+    assert attention_explorer_data(model, ids)["examples"][0]["tokens"] == want
+    the, to = (model.tokenizer(w, add_special_tokens=False)["input_ids"] for w in (" the", " to"))
+    assert len(the) == len(to) == 1  # whole words of the trained vocabulary
+    corrupted = ids.clone()
+    corrupted[0, 2] = the[0]
+    task = Task(name="t", tokens=ids, corrupted_tokens=corrupted, answers=torch.tensor(the),
+                wrong_answers=torch.tensor(to))
+    patched = hs.activation_patching(model, task, sites=["resid_pre"]).df
+    assert set(patched.token) == {f"{i}: {t}" for i, t in enumerate(want)}
+    config = hs.AttributionConfig(n_steps=2, ig_max_steps=2, n_permutations=2, adversarial_steps=0)
+    scores = hs.attribution(model, task, config).tables["scores"]
+    assert set(scores.token) <= set(want) and {" and", " the", " to"} <= set(scores.token)
