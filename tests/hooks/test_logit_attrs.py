@@ -143,6 +143,11 @@ def test_full_decomposition_stack_activation_and_remove_batch_dim_match_transfor
     hf = hf_model(biased_dirs[family])
     weight = (hf.transformer.ln_f if family == "gpt2" else hf.model.norm).weight.detach()
     assert close(acts.get_full_resid_decomposition(apply_ln=True), tl.get_full_resid_decomposition(apply_ln=True) * weight)
+    block = hf.transformer.h[1] if family == "gpt2" else hf.model.layers[1]  # and a block's ln1 / ln2 weight
+    ln1, ln2 = (block.ln_1, block.ln_2) if family == "gpt2" else (block.input_layernorm, block.post_attention_layernorm)
+    assert close(acts.decompose_resid(layer=1, apply_ln=True), tl.decompose_resid(layer=1, apply_ln=True) * ln1.weight.detach())
+    assert close(acts.accumulated_resid(layer=1, mlp_input=True, apply_ln=True),
+                 tl.accumulated_resid(layer=1, mlp_input=True, apply_ln=True) * ln2.weight.detach())
     assert close(acts.stack_activation("pattern"), tl.stack_activation("pattern"))
     assert close(acts.stack_activation("scale", 1, "ln1"), tl.stack_activation("scale", 1, "ln1"))
     # one example without its batch axis: every entry as TransformerLens's, and the helpers still work
