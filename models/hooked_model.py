@@ -437,7 +437,8 @@ class HookedModel:
 
     def hook_free(self) -> bool:
         """No hook is attached beyond the bridge's own machinery: no hook point's hook (hs.ablate,
-        run_with_hooks, ...; `n_active_hooks`) and no other torch forward or backward hook on any
+        run_with_hooks, a user's permanent `bridge.add_hook`, ...; `n_active_hooks`) and no other
+        torch forward or backward hook on any
         of the bridge's modules (resume's pre-hooks on blocks, a user's hook on a Hugging Face
         submodule). The bridge's own torch hooks (TransformerLens and transformers install some on
         the first pass) and loading's cache-argument route do not count. A plain forward may then
