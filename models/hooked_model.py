@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +26,7 @@ from headscope.errors import (
     TokenizationWarning,
 )
 from headscope.models import heap
-
-HookFn = Callable[..., Any]
+from headscope.models.tl_habits import TLHabits
 
 _FAMILIES = {
     "GPT2LMHeadModel": "gpt2",
@@ -234,8 +232,11 @@ def _hook_tables(module: torch.nn.Module) -> list[dict]:
     return [table for table in (getattr(module, name, None) for name in names) if table is not None]
 
 
-class HookedModel:
+class HookedModel(TLHabits):
     """A hookable transformer: `model(tokens)` gives logits (decoders) or hidden states (encoders).
+
+    TransformerLens's habits (`model("text")`, return_type="loss", run_with_cache, generate, hooks(
+    fwd_hooks=...), add_hook, cfg, W_U, ...) come from TLHabits (models/tl_habits.py).
 
     Attributes: `bridge` (the TransformerBridge), `tokenizer` (HF tokenizer), `facts`
     (ModelFacts), `source` (where the weights came from), `device`. The first CPU model of a
@@ -324,11 +325,16 @@ class HookedModel:
         """The id that fills padding (`pad_id_of` the tokenizer)."""
         return pad_id_of(self.tokenizer)
 
-    def to_str_tokens(self, tokens: torch.Tensor) -> list[str]:
+    def to_str_tokens(self, tokens: torch.Tensor | str | Sequence[str], *, prepend_bos: bool | None = None) -> list:
         """The token strings of one [pos] sequence (for labels; escape before putting in HTML). Ids the
         tokenizer does not know (an embedding padded past its vocabulary, as Pythia's 50,304 rows for
-        50,277 tokens) read "<id N>"."""
-        ids = tokens.reshape(-1).tolist()
+        50,277 tokens) read "<id N>". Text, as in TransformerLens, is tokenized as to_tokens does
+        (BOS prepended on decoders unless prepend_bos=False); a list of strings gives one list each."""
+        if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens):
+            return [self.to_str_tokens(t, prepend_bos=prepend_bos) for t in tokens]
+        if isinstance(tokens, str):
+            tokens = self.to_tokens(tokens, prepend_bos=prepend_bos)
+        ids = torch.as_tensor(tokens).reshape(-1).tolist()
         return [t if t is not None else f"<id {i}>" for i, t in zip(ids, self.tokenizer.convert_ids_to_tokens(ids))]
 
     def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -375,12 +381,6 @@ class HookedModel:
         return layer, head
 
     # ---- running ------------------------------------------------------------------------
-    @contextmanager
-    def hooks(self, fwd: Sequence[tuple[str, HookFn]] = (), bwd: Sequence[tuple[str, HookFn]] = ()) -> Iterator[HookedModel]:
-        """Attach hooks for the duration of the block; they are removed on exit, exceptions included."""
-        with self.bridge.hooks(fwd_hooks=list(fwd), bwd_hooks=list(bwd)):
-            yield self
-
     def hook_free(self) -> bool:
         """No hook is attached beyond the bridge's own machinery: no hook point's hook (hs.ablate,
         run_with_hooks, ...; `n_active_hooks`) and no other torch forward or backward hook on any
@@ -395,8 +395,9 @@ class HookedModel:
             return False
         return not self.n_active_hooks()
 
-    def forward(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, pos, d_vocab] for decoders; final hidden states [batch, pos, d_model] for encoders.
+    def _logits(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, pos, d_vocab] for decoders; final hidden states [batch, pos, d_model] for encoders:
+        the pass behind `model(tokens)` (TLHabits.forward adds strings and return types).
 
         With no hook attached (`hook_free`), a decoder whose hook-free blocks reproduce its pass
         (execution.hook_free: float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX blocks, checked once
@@ -428,28 +429,6 @@ class HookedModel:
 
         with self.hooks(fwd=[(f"blocks.{self.facts.n_layers - 1}.hook_resid_post", stop)]):
             return self.bridge(tokens, return_type="logits", **kwargs)
-
-    __call__ = forward
-
-    def run_with_hooks(
-        self,
-        tokens: torch.Tensor,
-        fwd: Sequence[tuple[str, HookFn]] | None = None,
-        bwd: Sequence[tuple[str, HookFn]] | None = None,
-        *,
-        fwd_hooks: Sequence[tuple[str, HookFn]] | None = None,
-        bwd_hooks: Sequence[tuple[str, HookFn]] | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """One forward pass with temporary hooks (removed afterwards, also on error).
-
-        fwd_hooks= / bwd_hooks= are TransformerLens's spellings of fwd= / bwd=; give one of each pair.
-        """
-        for short, long, value, tl_value in (("fwd", "fwd_hooks", fwd, fwd_hooks), ("bwd", "bwd_hooks", bwd, bwd_hooks)):
-            if value is not None and tl_value is not None:
-                raise ConfigError(f"run_with_hooks got both {short}= and {long}=; they are the same argument, pass one.")
-        with self.hooks(fwd if fwd is not None else fwd_hooks or (), bwd if bwd is not None else bwd_hooks or ()):
-            return self.forward(tokens, **kwargs)
 
     def n_active_hooks(self) -> int:
         """How many temporary hook functions are attached right now (0 between analyses).
