@@ -251,14 +251,15 @@ class TLHabits:
                  eos_token_id: int | None = None, do_sample: bool = True, top_k: int | None = None,
                  top_p: float | None = None, temperature: float = 1.0, freq_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, use_past_kv_cache: bool = True, prepend_bos: bool | None = None,
-                 return_type: str = "input", seed: int | None = None) -> Any:
+                 return_type: str = "input", seed: int | None = None, verbose: bool = False) -> Any:
         """Sample (do_sample=True, TransformerLens's default) or greedily decode max_new_tokens tokens
         after `input` (a string, a list of strings, or tokens [batch, pos]), through the bridge, so
         attached hooks fire at every step. Strings are tokenized as to_tokens does (a list of
         different token lengths is left-padded, with its mask). return_type: "input" (a string for
         string input, tokens for tokens), "str" (prompt and continuation, decoded without special
-        tokens) or "tokens" ([batch, pos + new]). seed: sample reproducibly without touching the
-        global torch generator. Arguments as TransformerLens's TransformerBridge.generate."""
+        tokens) or "tokens" ([batch, pos + new]); one row decodes to a string, several to a list.
+        seed: sample reproducibly without touching the global torch generator. Arguments as
+        TransformerLens's TransformerBridge.generate (verbose, accepted for its callers, shows nothing)."""
         if self.facts.is_encoder:
             raise UnsupportedModelError(f"{self.facts.name} is an encoder; generate needs a decoder.")
         if return_type not in ("input", "str", "tokens"):
@@ -300,7 +301,7 @@ class TLHabits:
         if return_type == "tokens" or (return_type == "input" and kind == "tokens"):
             return out
         texts = [self.tokenizer.decode(row, skip_special_tokens=True) for row in out.tolist()]
-        return texts[0] if isinstance(input, str) or (kind == "tokens" and len(texts) == 1) else texts
+        return texts[0] if len(texts) == 1 else texts
 
     # ---- tokens -------------------------------------------------------------------------
     def to_string(self, tokens: Any) -> str | list[str]:
