@@ -76,6 +76,8 @@ class NamedHookPoint:
         self._point = point
 
     def __getattr__(self, attr: str) -> Any:
+        if attr == "_point":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(attr)
         return getattr(self._point, attr)
 
     def layer(self) -> int:
@@ -98,6 +100,8 @@ class ConfigView:
         object.__setattr__(self, "_cfg", cfg)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_cfg":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self._cfg, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -106,6 +110,9 @@ class ConfigView:
 
     def __dir__(self) -> list[str]:
         return sorted(set(dir(self._cfg)))
+
+    def __reduce__(self) -> tuple:  # copy and pickle rebuild the view over (a copy of) the config
+        return (ConfigView, (self._cfg,))
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={getattr(self._cfg, k, None)!r}" for k in self.SHOWN)
