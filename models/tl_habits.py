@@ -258,11 +258,13 @@ class TLHabits:
                  eos_token_id: int | None = None, do_sample: bool = True, top_k: int | None = None,
                  top_p: float | None = None, temperature: float = 1.0, freq_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, use_past_kv_cache: bool = True, prepend_bos: bool | None = None,
-                 return_type: str = "input", seed: int | None = None, verbose: bool = False) -> Any:
+                 return_type: str = "input", seed: int | None = None, attention_mask: torch.Tensor | None = None,
+                 verbose: bool = False) -> Any:
         """Sample (do_sample=True, TransformerLens's default) or greedily decode max_new_tokens tokens
         after `input` (a string, a list of strings, or tokens [batch, pos]), through the bridge, so
         attached hooks fire at every step. Strings are tokenized as to_tokens does (a list of
-        different token lengths is left-padded, with its mask). return_type: "input" (a string for
+        different token lengths is left-padded, with its mask; left-padded tokens need their
+        attention_mask [batch, pos], 1 on real tokens). return_type: "input" (a string for
         string input, tokens for tokens), "str" (prompt and continuation, decoded without special
         tokens) or "tokens" ([batch, pos + new]); one row decodes to a string, several to a list.
         seed: sample reproducibly without touching the global torch generator. Arguments as
@@ -285,6 +287,11 @@ class TLHabits:
             mask = None if bool(mask.all()) else mask
         else:
             tokens, kind = self.check_tokens(input), "tokens"
+            if attention_mask is not None:
+                if tuple(attention_mask.shape) != tuple(tokens.shape):
+                    raise ConfigError(f"attention_mask has shape {list(attention_mask.shape)}, the tokens "
+                                      f"{list(tokens.shape)}; pass the mask to_tokens(..., padding=True) gave with them.")
+                mask = None if bool(attention_mask.all()) else attention_mask.to(tokens.device)
         total = tokens.shape[1] + max_new_tokens
         if total > self.facts.n_ctx:
             raise ContextLengthError(f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {total} "

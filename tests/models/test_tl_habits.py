@@ -111,6 +111,9 @@ def test_generate_greedy_equals_hf_and_sampling_equals_transformerlens(tiny_mode
     rows = ["w1 w2", "w3 w4 w5 w6 w7"]
     batch = model.generate(rows, max_new_tokens=4, do_sample=False, stop_at_eos=False)
     assert batch == [model.generate(r, max_new_tokens=4, do_sample=False, stop_at_eos=False) for r in rows]
+    padded, mask = model.to_tokens(rows, padding=True)
+    assert model.generate(padded, attention_mask=mask, max_new_tokens=4, do_sample=False, stop_at_eos=False,
+                          return_type="str") == batch
     # through the bridge, so hooks fire: once per step with the KV cache
     calls = []
     with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook: calls.append(x.shape[1]))]):
