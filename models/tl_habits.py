@@ -126,6 +126,14 @@ def _one_of(what: str, short: HookList | None, long: HookList | None) -> list:
     return list(short if short is not None else long or ())
 
 
+def _pair(item: Any) -> tuple[Any, HookFn]:
+    """One (name, fn) entry of a hook list, or one line on what a hook list holds."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise InputTypeError(f"a hook list holds (name, function) pairs, e.g. fwd_hooks=[('blocks.0.hook_resid_post', fn)]; "
+                             f"got {type(item).__name__} {item!r:.80}.")
+    return item[0], item[1]
+
+
 class TLHabits:
     """TransformerLens's HookedTransformer / TransformerBridge surface on HookedModel (module docstring).
 
@@ -184,8 +192,8 @@ class TLHabits:
         """Attach hooks for the duration of the block (TransformerLens's fwd_hooks= / bwd_hooks=, or
         fwd= / bwd=); removed on exit, exceptions included. A name the model does not have is a
         SiteError naming the closest ones; a names filter (a callable) goes to the bridge as is."""
-        fwd_list = [self._checked_hook(name, fn) for name, fn in _one_of("fwd", fwd, fwd_hooks)]
-        bwd_list = [self._checked_hook(name, fn) for name, fn in _one_of("bwd", bwd, bwd_hooks)]
+        fwd_list = [self._checked_hook(*_pair(item)) for item in _one_of("fwd", fwd, fwd_hooks)]
+        bwd_list = [self._checked_hook(*_pair(item)) for item in _one_of("bwd", bwd, bwd_hooks)]
         with self.bridge.hooks(fwd_hooks=fwd_list, bwd_hooks=bwd_list):
             yield self
 

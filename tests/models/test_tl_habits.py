@@ -16,6 +16,7 @@ import headscope as hs
 from headscope.errors import (
     ConfigError,
     ContextLengthError,
+    InputTypeError,
     SiteError,
     UnsupportedAttributeError,
     VocabularyError,
@@ -194,6 +195,8 @@ def test_hooks_take_transformerlens_names_and_report_the_name_given(tiny_models,
     with pytest.raises(SiteError, match=r"no hook 'blocks.0.hook_resid_psot'. Did you mean 'blocks.0.hook_resid_post'") as err:
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_psot", shift)])
     assert isinstance(err.value, KeyError) and "\n" not in str(err.value)
+    with pytest.raises(InputTypeError, match=r"a hook list holds \(name, function\) pairs"):  # one pair, not a list
+        model.run_with_hooks(tokens, fwd_hooks=(name, shift))
     with pytest.raises(ConfigError, match="both fwd= and fwd_hooks="):
         model.run_with_hooks(tokens, fwd=[(name, shift)], fwd_hooks=[(name, shift)])
     assert model.n_active_hooks() == 0
