@@ -17,6 +17,7 @@ import torch
 from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
 from headscope.hooks.cache import Activations, head_result
 from headscope.hooks.sites import COMPUTED, SITES, available_sites, check_site, hook_point, parse_site, site
+from headscope.models.tl_habits import provide
 
 Positions = int | Sequence[int] | slice | torch.Tensor | None
 _NORM_SCALE = re.compile(r"^(?:blocks\.\d+\.ln[12]|ln_final)\.hook_scale$")  # [batch, pos, 1]
@@ -154,3 +155,6 @@ def _run(model, tokens, names, positions, to_cpu, attention_mask, grad) -> Activ
     if not grad:
         store.output = store.output.detach()
     return store
+
+
+provide("run_with_cache", run_with_cache)  # model.run_with_cache (models/tl_habits.py) delegates here

@@ -8,11 +8,10 @@ headscope from hook_z and W_O, so it exists for every architecture.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
-from headscope.errors import IndexOutOfRangeError, SiteError
+from headscope.errors import IndexOutOfRangeError, SiteError, did_you_mean
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,20 +65,45 @@ COMPUTED = {"result"}  # sites headscope computes rather than reads from a hook 
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
-def site(kind: str, layer: int | None = None) -> str:
-    """The TransformerLens name of a site: site("pattern", 3) -> "blocks.3.attn.hook_pattern"."""
+# TransformerLens's short names (transformer_lens.utilities.get_act_name's alias table, 4.3, and its
+# own spellings of the kinds headscope names differently) -> headscope site kinds
+ALIASES = {
+    "attn": "pattern", "attn_scores": "scores", "attn_logits": "scores", "key": "k", "query": "q",
+    "value": "v", "pre": "mlp_pre", "post": "mlp_post", "pre_linear": "mlp_pre_linear",
+}
+
+
+def site(kind: str, layer: int | None = None, *, model=None) -> str:
+    """The TransformerLens name of a site: site("pattern", 3) -> "blocks.3.attn.hook_pattern".
+
+    kind: a SITES kind or a TransformerLens short name (ALIASES: site("attn", 1) is the pattern, as
+    get_act_name gives). A negative layer counts from the last one and needs the model, which knows
+    how many there are: site("resid_pre", -1, model=model); without a model it is refused in one
+    line (names stay plain strings, resolved when built). With a model, a layer past the last is
+    refused too.
+    """
+    kind = ALIASES.get(kind, kind)
     if kind not in SITES:
         raise SiteError(
-            f"Unknown site kind {kind!r}. Did you mean {_suggest(kind, SITES)}? "
+            f"Unknown site kind {kind!r}. Did you mean {_suggest(kind, [*SITES, *ALIASES])}? "
             f"Valid kinds: {', '.join(SITES)}."
         )
     template = SITES[kind].template
     if "{layer}" in template:
         if layer is None:
             raise SiteError(f"Site kind {kind!r} is per layer; pass layer=, e.g. site({kind!r}, 0).")
-        if not isinstance(layer, int) or layer < 0:
-            raise IndexOutOfRangeError(f"layer must be a non-negative int, got {layer!r}.")
-        return template.format(layer=layer)
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise IndexOutOfRangeError(f"layer must be an int, got {layer!r}.")
+        n = model.facts.n_layers if model is not None else None
+        if layer < 0 and n is None:
+            raise IndexOutOfRangeError(
+                f"site({kind!r}, {layer}): a negative layer counts from the last layer, which needs the model; pass "
+                f"it: site({kind!r}, {layer}, model=model) (or index a cache: acts[{kind!r}, {layer}])."
+            )
+        if n is not None and not -n <= layer < n:
+            raise IndexOutOfRangeError(f"layer {layer} is out of range: {model.facts.name} has layers 0..{n - 1} "
+                                       f"(or -{n}..-1 from the end).")
+        return template.format(layer=layer % n if n is not None else layer)
     return template
 
 
@@ -190,6 +214,4 @@ def _all_templates() -> list[str]:
     return [s.template.replace("{layer}", "0") for s in SITES.values()]
 
 
-def _suggest(name: str, candidates) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.5)
-    return " or ".join(repr(c) for c in close) if close else "one of the names in the site table"
+_suggest = did_you_mean  # the close-name suggestions every site, key and hook-name error shares

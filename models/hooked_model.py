@@ -11,8 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +27,7 @@ from headscope.errors import (
     TokenizationWarning,
 )
 from headscope.models import heap
-
-HookFn = Callable[..., Any]
+from headscope.models.tl_habits import TLHabits
 
 _FAMILIES = {
     "GPT2LMHeadModel": "gpt2",
@@ -267,8 +265,11 @@ def _hook_tables(module: torch.nn.Module) -> list[dict]:
     return [table for table in (getattr(module, name, None) for name in names) if table is not None]
 
 
-class HookedModel:
+class HookedModel(TLHabits):
     """A hookable transformer: `model(tokens)` gives logits (decoders) or hidden states (encoders).
+
+    TransformerLens's habits (`model("text")`, return_type="loss", run_with_cache, generate, hooks(
+    fwd_hooks=...), add_hook, cfg, W_U, ...) come from TLHabits (models/tl_habits.py).
 
     Attributes: `bridge` (the TransformerBridge), `tokenizer` (HF tokenizer), `facts`
     (ModelFacts), `source` (where the weights came from), `device`. The first CPU model of a
@@ -357,12 +358,18 @@ class HookedModel:
         """The id that fills padding (`pad_id_of` the tokenizer)."""
         return pad_id_of(self.tokenizer)
 
-    def to_str_tokens(self, tokens: torch.Tensor) -> list[str]:
+    def to_str_tokens(self, tokens: torch.Tensor | str | Sequence[str], *, prepend_bos: bool | None = None) -> list:
         """The token strings of one [pos] sequence as people read them (for labels; escape before putting
         in HTML): each token decoded alone (`token_strings`), so byte-level BPE's "ĠMary" reads " Mary",
         as TransformerLens's to_str_tokens. Ids the tokenizer does not know (an embedding padded past
-        its vocabulary, as Pythia's 50,304 rows for 50,277 tokens) read "<id N>"."""
-        return token_strings(self.tokenizer, tokens.reshape(-1).tolist())
+        its vocabulary, as Pythia's 50,304 rows for 50,277 tokens) read "<id N>". Text, as in
+        TransformerLens, is tokenized as to_tokens does (BOS prepended on decoders unless
+        prepend_bos=False); a list of strings gives one list each."""
+        if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens):
+            return [self.to_str_tokens(t, prepend_bos=prepend_bos) for t in tokens]
+        if isinstance(tokens, str):
+            tokens = self.to_tokens(tokens, prepend_bos=prepend_bos)
+        return token_strings(self.tokenizer, torch.as_tensor(tokens).reshape(-1).tolist())
 
     def tokens_to_residual_directions(self, tokens: str | int | torch.Tensor) -> torch.Tensor:
         """The unembedding directions W_U[:, tokens], as TransformerLens's: [d_model] for one token
@@ -374,11 +381,7 @@ class HookedModel:
         """
         w_u = self.bridge.W_U  # [d_model, d_vocab]
         if isinstance(tokens, str):
-            ids = list(self.tokenizer(tokens, add_special_tokens=False)["input_ids"])
-            if len(ids) != 1:
-                raise ConfigError(f"{tokens!r} is {len(ids)} tokens for {self.facts.name} ({ids}); pass one token "
-                                  f"(a string that tokenizes to one id, or the id).")
-            tokens = ids[0]
+            tokens = self.to_single_token(tokens)  # one line naming the pieces when it is several
         index = torch.as_tensor(tokens, dtype=torch.long)
         if index.numel() and (int(index.min()) < 0 or int(index.max()) >= w_u.shape[1]):
             raise IndexOutOfRangeError(f"token ids must lie in [0, {w_u.shape[1]}) for {self.facts.name}; got "
@@ -429,12 +432,6 @@ class HookedModel:
         return layer, head
 
     # ---- running ------------------------------------------------------------------------
-    @contextmanager
-    def hooks(self, fwd: Sequence[tuple[str, HookFn]] = (), bwd: Sequence[tuple[str, HookFn]] = ()) -> Iterator[HookedModel]:
-        """Attach hooks for the duration of the block; they are removed on exit, exceptions included."""
-        with self.bridge.hooks(fwd_hooks=list(fwd), bwd_hooks=list(bwd)):
-            yield self
-
     def hook_free(self) -> bool:
         """No hook is attached beyond the bridge's own machinery: no hook point's hook (hs.ablate,
         run_with_hooks, a user's permanent `bridge.add_hook`, ...; `n_active_hooks`) and no other
@@ -450,8 +447,9 @@ class HookedModel:
             return False
         return not self.n_active_hooks()
 
-    def forward(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, pos, d_vocab] for decoders; final hidden states [batch, pos, d_model] for encoders.
+    def _logits(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, pos, d_vocab] for decoders; final hidden states [batch, pos, d_model] for encoders:
+        the pass behind `model(tokens)` (TLHabits.forward adds strings and return types).
 
         With no hook attached (`hook_free`), a decoder whose hook-free blocks reproduce its pass
         (execution.hook_free: float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX blocks, checked once
@@ -483,28 +481,6 @@ class HookedModel:
 
         with self.hooks(fwd=[(f"blocks.{self.facts.n_layers - 1}.hook_resid_post", stop)]):
             return self.bridge(tokens, return_type="logits", **kwargs)
-
-    __call__ = forward
-
-    def run_with_hooks(
-        self,
-        tokens: torch.Tensor,
-        fwd: Sequence[tuple[str, HookFn]] | None = None,
-        bwd: Sequence[tuple[str, HookFn]] | None = None,
-        *,
-        fwd_hooks: Sequence[tuple[str, HookFn]] | None = None,
-        bwd_hooks: Sequence[tuple[str, HookFn]] | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """One forward pass with temporary hooks (removed afterwards, also on error).
-
-        fwd_hooks= / bwd_hooks= are TransformerLens's spellings of fwd= / bwd=; give one of each pair.
-        """
-        for short, long, value, tl_value in (("fwd", "fwd_hooks", fwd, fwd_hooks), ("bwd", "bwd_hooks", bwd, bwd_hooks)):
-            if value is not None and tl_value is not None:
-                raise ConfigError(f"run_with_hooks got both {short}= and {long}=; they are the same argument, pass one.")
-        with self.hooks(fwd if fwd is not None else fwd_hooks or (), bwd if bwd is not None else bwd_hooks or ()):
-            return self.forward(tokens, **kwargs)
 
     def n_active_hooks(self) -> int:
         """How many hook functions are attached to hook points right now (0 between analyses),

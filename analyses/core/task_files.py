@@ -32,7 +32,14 @@ from typing import Any
 import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
-from headscope.errors import ConfigError, HeadscopeWarning, TaskFileError, TokenizationError, TokenizationWarning
+from headscope.errors import (
+    ConfigError,
+    HeadscopeWarning,
+    InputTypeError,
+    TaskFileError,
+    TokenizationError,
+    TokenizationWarning,
+)
 from headscope.models.hooked_model import pad_id_of, pad_token_rows, token_strings
 
 log = logging.getLogger(__name__)
@@ -81,6 +88,12 @@ class TaskFile(str):
 
     def __new__(cls, path: str | os.PathLike, fields: Mapping[str, str] | str | None = None,
                 strict: bool | None = None) -> TaskFile:
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputTypeError(
+                f"TaskFile takes the path of a .jsonl/.csv/.parquet file (and fields=, strict=), not a "
+                f"{type(path).__name__}; for a DataFrame, Dataset or list of dicts use hs.load_task(model, data, fields), "
+                f"or hs.run_analysis(name, model, data, fields=fields)."
+            )
         obj = super().__new__(cls, os.fspath(path))
         obj.fields = parse_fields(fields if fields is not None else getattr(path, "fields", None))
         obj.strict = bool(strict if strict is not None else getattr(path, "strict", False))
@@ -88,6 +101,65 @@ class TaskFile(str):
 
     def __reduce__(self):  # pickles (torch.distributed broadcasts) keep the mapping and strictness
         return (TaskFile, (str(self), self.fields, self.strict))
+
+
+class FieldMapped:
+    """In-memory task data (a DataFrame, Dataset or list of dicts) with its field mapping and strictness,
+    as TaskFile is for a path: hs.run_analysis(name, model, data, fields=...) passes one, and
+    resolve_task / load_task read it as the data under those fields (sampled to the analysis's size)."""
+
+    __slots__ = ("data", "fields", "strict")
+
+    def __init__(self, data: Any, fields: Mapping[str, str] | str | None = None, strict: bool | None = None) -> None:
+        self.data = data
+        self.fields = parse_fields(fields)
+        self.strict = bool(strict)
+
+    def __repr__(self) -> str:
+        return f"FieldMapped({type(self.data).__name__}, fields={self.fields})"
+
+
+def with_fields(task: Any, fields: Mapping[str, str] | str | None, strict: bool | None = None) -> Any:
+    """`task` carrying a field mapping (None: unchanged): a path becomes a TaskFile, in-memory data a
+    FieldMapped; a Task or zoo task name takes no fields (ConfigError)."""
+    if fields is None and strict is None:
+        return task
+    if isinstance(task, (str, os.PathLike)) and not (isinstance(task, str) and task in ZOO_TASKS):
+        return TaskFile(task, fields, strict)
+    if is_task_data(task):
+        return FieldMapped(task, fields, strict)
+    what = (f"the zoo task {task!r}" if isinstance(task, str) else "the default task (pass your data too)"
+            if task is None else describe(task))
+    raise ConfigError(f"fields= apply to task files and data sets (DataFrame, Dataset, list of dicts), not to {what}.")
+
+
+def _carried(source: Any, attr: str) -> Any:
+    """The fields or strictness a TaskFile or FieldMapped carries (None for anything else: a DataFrame's
+    column of that name is data, not a setting)."""
+    return getattr(source, attr, None) if isinstance(source, (TaskFile, FieldMapped)) else None
+
+
+def describe(value: Any) -> str:
+    """A value as one short phrase for an error: "a Tensor of shape [1, 9] (int64)", "a dict", ..."""
+    if isinstance(value, torch.Tensor):
+        return f"a Tensor of shape {list(value.shape)} ({str(value.dtype).removeprefix('torch.')})"
+    if isinstance(value, (list, tuple)) and value:
+        return f"a {type(value).__name__} of {type(value[0]).__name__}"
+    return f"a {type(value).__name__}"
+
+
+def not_a_task(task: Any) -> Exception:
+    """The one error for what an analysis cannot take as its task (resolve_task raises it)."""
+    if isinstance(task, str):
+        return TaskFileError(
+            f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}), a .jsonl/.csv/.parquet file, a DataFrame, "
+            f"a datasets.Dataset, a list of dicts or a Task."
+        )
+    return InputTypeError(
+        f"An analysis takes a Task (hs.load_task(model, data, fields)), user data with prompt and answer fields (a "
+        f".jsonl/.csv/.parquet path, a DataFrame, a datasets.Dataset or a list of dicts) or a zoo task name "
+        f"({', '.join(ZOO_TASKS)}); got {describe(task)}."
+    )
 
 
 # ---- reading rows ------------------------------------------------------------------------------
@@ -241,6 +313,8 @@ def _source_records(source: Any) -> tuple[str, Callable[..., Iterable[tuple[Any,
         except OSError as err:
             raise TaskFileError(f"{label} cannot be read: {err.strerror or type(err).__name__}.") from None
         return label, lambda only=None: _file_records(path, only)
+    if isinstance(source, FieldMapped):
+        source = source.data
     module = type(source).__module__.split(".")[0]
     if module == "pandas" and hasattr(source, "to_dict"):
         label, records = "Task data (DataFrame)", source.to_dict("records")
@@ -329,7 +403,7 @@ def _rows(source: Any, fields: Mapping[str, str] | str | None, *, n_examples: in
           seed: int = 0) -> tuple[str, list[dict[str, str]], list[str], int]:
     """(label, rows under headscope's names, their places, the source's row count): all rows, or a
     seeded sample of n_examples of them (every row is checked either way)."""
-    fields = parse_fields(fields if fields is not None else getattr(source, "fields", None))
+    fields = parse_fields(fields if fields is not None else _carried(source, "fields"))
     label, records = _source_records(source)
     if n_examples is None:
         rows, places, count = _scan(label, records(), fields, lambda i: True)
@@ -459,6 +533,8 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
 
 
 def _default_name(source: Any) -> str:
+    if isinstance(source, FieldMapped):
+        source = source.data
     if isinstance(source, (str, os.PathLike)):
         return Path(source).stem
     module = type(source).__module__.split(".")[0]
@@ -497,7 +573,7 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
     label, rows, places, count = _rows(source, fields, n_examples=n_examples, seed=seed)
     if len(rows) < count:
         log.info("%s: a seeded sample of %d of its %d rows (seed %d; n_examples sets how many)", label, len(rows), count, seed)
-    strict = bool(strict if strict is not None else getattr(source, "strict", False))
+    strict = bool(strict if strict is not None else _carried(source, "strict"))
     return build_task(model, rows, name=name or _default_name(source), label=label, places=places, strict=strict)
 
 
@@ -517,6 +593,8 @@ def is_task_data(task: Any) -> bool:
     """Whether `task` is user data load_task reads (a task file path, DataFrame, Dataset or list of dicts)."""
     if isinstance(task, (str, os.PathLike)):
         return Path(task).suffix.lower() in FORMATS
+    if isinstance(task, FieldMapped):
+        return True
     module = type(task).__module__.split(".")[0]
     return (module in ("pandas", "datasets") and hasattr(task, "to_dict" if module == "pandas" else "column_names")) or (
         isinstance(task, (list, tuple)) and bool(task) and all(isinstance(r, Mapping) for r in task)
@@ -539,13 +617,10 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
         return zoo(model, task, n_examples=n_examples, seed=seed, **kw)
     if is_task_data(task):
         return load_task(model, task, fields, n_examples=n_examples, seed=seed, strict=strict)
-    raise TaskFileError(
-        f"Unknown task {task if isinstance(task, str) else type(task).__name__!r}: use a zoo task ({', '.join(ZOO_TASKS)}), "
-        f"a .jsonl/.csv/.parquet file, a DataFrame, a datasets.Dataset, a list of dicts or a Task."
-    )
+    raise not_a_task(task)
 
 
 __all__ = [
-    "FIELDS", "FORMATS", "REQUIRED", "TaskFile", "build_task", "check_vocabulary", "is_task_data", "load_task",
-    "load_task_file", "parse_fields", "read_task_rows", "resolve_task",
+    "FIELDS", "FORMATS", "REQUIRED", "FieldMapped", "TaskFile", "build_task", "check_vocabulary", "is_task_data", "load_task",
+    "load_task_file", "not_a_task", "parse_fields", "read_task_rows", "resolve_task", "with_fields",
 ]

@@ -20,6 +20,7 @@ streaming (metric means under full / sinks+window / window attention).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -31,12 +32,13 @@ import torch
 from headscope.analyses.core.config import AnalysisConfig, with_overrides
 from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import describe
 from headscope.analyses.position import prompts
 from headscope.analyses.position.prompts import PositionSweep
 from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, run_encoder_sweeps
 from headscope.analyses.position.sinks import uniform_baseline
 from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, InputTypeError
 
 TASKS = ("zoo_kv", "json_kv", "qa", "retrieval")
 DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
@@ -176,9 +178,14 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     or a list of PositionSweep."""
     cfg = with_overrides(config or PositionConfig(), seed=seed, progress=progress)
     sweeps = None
+    if isinstance(task, os.PathLike):
+        task = os.fspath(task)
     if isinstance(task, str):
         cfg = _config_for_task(model, task, cfg)
     elif task is not None:
+        if not isinstance(task, (list, tuple)) or not all(isinstance(s, PositionSweep) for s in task):
+            raise InputTypeError(f"position takes 'kv', a sweep name ({', '.join(TASKS)}), a JSONL file or a list of "
+                                 f"PositionSweep (analyses.position.prompts); got {describe(task)}.")
         sweeps = list(task)
     encoder = model.facts.is_encoder
     task = sweep_kind(model, cfg.sweep) if sweeps is None else ("retrieval" if encoder else "custom")

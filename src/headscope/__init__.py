@@ -86,12 +86,15 @@ _LAZY = {
 }
 
 
-def run_analysis(name: str, model, task=None, config=None):
+def run_analysis(name: str, model, task=None, config=None, *, fields=None, strict=None):
     """Run an analysis by its report name ("heads", "attribution", "position", "patching", "mlp",
-    "kv", "probes", "circuits"): run(model, task=None, config=None) -> Result of that family."""
+    "kv", "probes", "circuits"): run(model, task=None, config=None) -> Result of that family.
+    fields (and strict) apply to a task file or in-memory data as in hs.load_task: headscope field ->
+    your column, e.g. run_analysis("heads", model, df, fields={"prompt": "text", "answer": "label"})."""
     from headscope.analyses.core.registry import get_analysis
+    from headscope.analyses.core.task_files import with_fields
 
-    return get_analysis(name)(model, task, config)
+    return get_analysis(name)(model, with_fields(task, fields, strict), config)
 
 
 def __getattr__(name: str):

@@ -5,6 +5,16 @@ would naturally catch (ValueError, KeyError, ImportError, ...).
 """
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:
+    """The closest candidates to a mistyped name, for "Did you mean ...?" in one-line errors:
+    "'a' or 'b'", or a pointer to the table when none is close (hook names, site kinds, keys)."""
+    close = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.5)
+    return " or ".join(repr(c) for c in close) if close else "one of the names in the site table"
+
 
 class HeadscopeError(Exception):
     """Base class of every error headscope raises on purpose."""
@@ -76,6 +86,11 @@ class VocabularyError(HeadscopeError, KeyError):
 
 class UnsupportedModelError(HeadscopeError, RuntimeError):
     """The model's architecture cannot run this operation (e.g. cached decoding on an encoder)."""
+
+
+class UnsupportedAttributeError(UnsupportedModelError, AttributeError):
+    """A TransformerLens attribute this model does not have (W_pos on a rotary model): `hasattr`
+    is False, and the message says why."""
 
 
 class MemoryBudgetError(HeadscopeError, ValueError):

@@ -271,3 +271,38 @@ def test_task_rows_keeps_every_field_of_the_rows_it_selects():
         assert part.spans["s"].tolist() == [[1 + r % 2, 2 + r % 2] for r in rows]
         assert part.attention_mask.tolist() == [mask[r].tolist() for r in rows]
         assert (part.name, part.metric, part.continuation) == ("t", "logit_diff", None)
+
+
+def test_what_an_analysis_cannot_take_is_one_line(tiny_models):
+    """A TaskFile of a DataFrame, bare token tensors, anything else: one line saying what is taken instead."""
+    import torch
+
+    from headscope.errors import InputTypeError
+
+    model = tiny_models["llama"]
+    with pytest.raises(InputTypeError, match=r"TaskFile takes the path .* not a DataFrame; .*hs.load_task\(model, data"):
+        hs.TaskFile(pd.DataFrame(ROWS), FIELDS)
+    tokens = model.to_tokens("w1 w2 w3")
+    for bad, what in ((tokens, r"a Tensor of shape \[1, 4\] \(int64\)"), ((tokens, tokens), "a tuple of Tensor"), (3, "an? int")):
+        with pytest.raises(InputTypeError, match=rf"An analysis takes a Task .*; got {what}\.$") as err:
+            resolve_task(model, bad)
+        assert "\n" not in str(err.value)
+    with pytest.raises(InputTypeError, match="An analysis takes a Task"):  # before any pass runs
+        hs.run_analysis("patching", model, tokens)
+    with pytest.raises(InputTypeError, match="position takes 'kv', a sweep name"):
+        hs.run_analysis("position", model, tokens)
+    # a column called "fields" or "strict" is the user's data, not a setting
+    frame = pd.DataFrame(ROWS).rename(columns={v: k for k, v in FIELDS.items()}).assign(fields="x", strict="y")
+    assert torch.equal(hs.load_task(model, frame).tokens, hs.load_task(model, ROWS, FIELDS).tokens)
+
+
+def test_run_analysis_takes_fields_for_the_users_columns(tiny_models):
+    model = tiny_models["llama"]
+    config = hs.HeadsConfig(quick=True, methods=("zero",), pruning=hs.PruningConfig(orderings=("ablation",)), l0=None,
+                            best_head=False)  # a small run: the data is what is compared
+    renamed = pd.DataFrame(ROWS).rename(columns={v: k for k, v in FIELDS.items()})
+    own = hs.run_analysis("heads", model, pd.DataFrame(ROWS), config, fields=FIELDS)
+    pd.testing.assert_frame_equal(own.df, hs.run_analysis("heads", model, renamed, config).df)
+    assert own.summary["task"] == "dataframe" and own.summary["n_examples"] == len(ROWS)
+    with pytest.raises(ConfigError, match="not to the zoo task 'kv'"):
+        hs.run_analysis("heads", model, "kv", config, fields=FIELDS)

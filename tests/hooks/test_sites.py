@@ -48,3 +48,40 @@ def test_layer_out_of_range_names_the_valid_range(tiny_models):
     with pytest.raises(hs.IndexOutOfRangeError, match=r"heads 0\.\.3"):
         with hs.ablate(tiny_models["gpt2"], heads=[(0, 9)]):
             pass
+
+
+def test_transformerlens_short_names_give_get_act_names_hook(tiny_models):
+    """Every short name TransformerLens 4.3's get_act_name knows (its alias table and its own spellings) that
+    names a hook point of the model gives the same name through hs.site; ("attn", 1) is the pattern."""
+    from transformer_lens.utilities import get_act_name
+
+    model = tiny_models["llama"]  # gated MLP and RoPE: pre_linear and rot_q/rot_k exist
+    points = set(model.bridge.hook_dict)
+    short = ["attn", "attn_scores", "attn_logits", "key", "query", "value", "pre", "post", "pre_linear", "mlp_pre",
+             "mlp_post", "q", "k", "v", "z", "rot_q", "rot_k", "pattern", "result", "resid_pre", "resid_mid",
+             "resid_post", "attn_out", "mlp_out"]
+    checked = [name for name in short if get_act_name(name, 1) in points]
+    assert len(checked) == len(short)  # each is a real hook point here, so each is compared
+    assert {name: hs.site(name, 1) for name in checked} == {name: get_act_name(name, 1) for name in checked}
+    assert hs.site("attn", 1) == "blocks.1.attn.hook_pattern"
+    assert hs.site("embed") == get_act_name("embed")
+    with pytest.raises(hs.SiteError, match="Did you mean 'attn'"):
+        hs.site("atn", 1)
+
+
+def test_negative_layers_count_from_the_end_given_the_model(tiny_models):
+    """A negative layer needs the model (how many layers there are): with model= it resolves, as a cache's
+    acts["resid_pre", -1] does; without one, one line says how."""
+    model = tiny_models["gpt2"]  # 2 layers
+    assert hs.site("resid_pre", -1, model=model) == "blocks.1.hook_resid_pre"
+    assert hs.site("pattern", -2, model=model) == hs.site("pattern", 0)
+    acts = hs.capture(model, random_tokens(1, 5), [hs.site("resid_pre", -1, model=model)])
+    assert list(acts) == ["blocks.1.hook_resid_pre"]
+    with pytest.raises(hs.IndexOutOfRangeError, match=r"needs the model; pass it: site\('resid_pre', -1, model=model\)") as err:
+        hs.site("resid_pre", -1)
+    assert "\n" not in str(err.value)
+    for layer in (-3, 2):
+        with pytest.raises(hs.IndexOutOfRangeError, match=r"layers 0\.\.1 \(or -2\.\.-1"):
+            hs.site("resid_pre", layer, model=model)
+    with pytest.raises(hs.SiteError, match="hs.site"):  # TransformerLens's get_act_name("resid_pre", -1) as a hook name
+        model.run_with_hooks(random_tokens(1, 5), fwd_hooks=[("blocks.-1.hook_resid_pre", lambda x, hook: x)])

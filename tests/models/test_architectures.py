@@ -147,3 +147,22 @@ def test_to_tokens_equals_the_tokenizer_on_english_text(arch, arch_models, arch_
     assert model.to_tokens(texts).tolist() == rows
     with pytest.raises(hs.ConfigError, match="different token lengths"):
         model.to_tokens(["Hi.", "The cat sat on the mat and the dog ran in the park."])
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "bert"])
+def test_loss_and_greedy_generate_equal_plain_hugging_face(arch, arch_dirs, arch_models, hf_of):
+    """The TransformerLens habits on every decoder of the matrix (models/tl_habits.py): model(text,
+    return_type="loss") is Hugging Face's labels= loss, and greedy generate is Hugging Face's greedy
+    generate token for token (through the bridge's KV cache: GQA, windows, soft-capping included)."""
+    import copy
+
+    model, hf = arch_models(arch), hf_of(arch)
+    tokens = model.to_tokens(PROMPTS[1])  # [1, pos]
+    config = copy.deepcopy(hf.generation_config)
+    config.eos_token_id = None  # the full length, as stop_at_eos=False
+    with torch.no_grad():
+        assert abs(model(PROMPTS[1], return_type="loss").item() - hf(tokens, labels=tokens).loss.item()) <= TOL
+        want = hf.generate(tokens, attention_mask=torch.ones_like(tokens), generation_config=config, max_new_tokens=5,
+                           do_sample=False)
+    got = model.generate(PROMPTS[1], max_new_tokens=5, do_sample=False, stop_at_eos=False, return_type="tokens")
+    assert torch.equal(got, want)
