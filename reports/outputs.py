@@ -52,7 +52,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
-from headscope.errors import OutputError, OutputExistsError, OutputLockedError
+from headscope.errors import ConfigError, OutputError, OutputExistsError, OutputLockedError
 from headscope.reports import io
 from headscope.reports.manifest import OUTPUT_FORMAT, read_output_manifest
 
@@ -147,11 +147,36 @@ class OutputLock:
             stale = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
             if stale:
                 log.info("taking over the lock of a run that ended without releasing it (pid %s)", stale)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as err:  # a full disk (ENOSPC, EDQUOT): no lock file is left behind
+                self.path.unlink(missing_ok=True)  # (still held: see the inode check above)
+                os.close(fd)
+                raise OutputError(f"Cannot write the lock file {str(self.path)!r}: {_why(err)}; "
+                                  f"free some space or choose another --out.") from None
             self._fd = fd
             return self
         raise self._busy("")  # pragma: no cover - 100 unlink races in a row
+
+    def held_elsewhere(self) -> bool:
+        """Whether another run holds this lock now (probed without creating the file)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            holder = self._read_holder()
+            return holder.isdigit() and _pid_alive(int(holder))
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as err:
+            return err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        finally:
+            os.close(fd)  # (closing drops the probe's shared lock)
+        return False
 
     def _acquire_exclusive_create(self) -> OutputLock:  # pragma: no cover - without fcntl
         for _ in range(3):
@@ -364,7 +389,13 @@ class OutputSession:
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
     def open(cls, out: str | Path, *, force: bool, resume: bool, transient: Iterable[str] = ()) -> OutputSession:
-        check_out(Path(out), force=force, resume=resume)
+        try:
+            check_out(Path(out), force=force, resume=resume)
+        except OutputExistsError:  # OUT exists: does a run that started a moment ago hold it (a start-up race)?
+            lock = OutputLock(Path(os.path.abspath(out)))
+            if lock.held_elsewhere():
+                raise lock._busy(lock._read_holder()) from None
+            raise
         out = Path(os.path.abspath(out))  # ("." has no name to put a staging folder beside)
         made = _make_parents(out.parent)
         lock = OutputLock(out)
@@ -480,8 +511,16 @@ def _check_writable(out: Path, files: Mapping[str, str]) -> None:
             raise OutputError(f"{str(folder)!r} is not writable, so --force cannot replace {str(out)!r}; choose another --out.")
 
 
+def check_modes(*, force: bool, resume: bool) -> None:
+    """--resume finishes OUT, --force replaces it: both at once is refused (ConfigError)."""
+    if force and resume:
+        raise ConfigError("--resume and --force exclude each other: --resume finishes the run in --out, "
+                          "--force replaces it with a new run; pass one of them.")
+
+
 def check_out(out: Path, *, force: bool, resume: bool) -> None:
     """Refuse what no run may write into; touches nothing."""
+    check_modes(force=force, resume=resume)
     if out.is_symlink():
         if not out.exists():
             raise OutputError(f"--out {str(out)!r} is a broken symbolic link; remove it or choose another --out.")
