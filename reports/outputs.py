@@ -8,12 +8,13 @@ headscope did not make) is the user's and is never deleted. A folder without a v
 manifest is never touched: --force refuses it (one line, exit 2), and so does --resume unless the
 folder is empty. (Outputs of headscope versions before these file lists count as not headscope's.)
 
-Three modes, chosen under the lock (`OutputSession.open`):
+Three modes, chosen under the lock (`OutputSession.open`; --resume and --force together are refused):
 - fresh (OUT does not exist): OUT is created and written in place, manifest.json first (an empty
   file list), then each analysis folder (staged as .NAME.partial and renamed into place, so it
   appears whole), the manifest after each analysis, and the report files and the manifest last.
   A run that fails before its first analysis is written removes what it made; after that (and
-  after kill -9) the folder stays for --resume.
+  after kill -9) the folder stays for --resume. A failed write (a full disk, Ctrl-C) never leaves
+  a .NAME.partial folder (write_result removes it).
 - resume (OUT exists, --resume): written in place; finished analyses are skipped.
 - force (OUT exists, --force): the run writes into a staging folder beside OUT,
   `.OUT.staging-<pid>`, marked by a `.headscope-staging` file. Only when every analysis
@@ -30,7 +31,10 @@ with fcntl.flock for the whole run, the writer's pid inside for the message a se
 The kernel drops a flock when its process dies, so a lock file left by a killed run is free and
 the next run takes it over; the file is unlinked on release, and a run that locked a file that
 was unlinked meanwhile retries on the new one. Without fcntl (Windows) the file is created with
-O_EXCL and a lock whose pid is no longer running is taken over.
+O_EXCL and a lock whose pid is no longer running is taken over. A run that finds OUT existing
+(before it locks) probes the lock first: when another run holds it, the message is "in use by
+another headscope run", not "already exists" (the loser of two runs started together). A lock
+file that cannot be written (a full disk) is unlinked before the one-line OutputError.
 
 Recovery. Under the lock a run first finishes what a killed run left beside OUT: a staging
 folder with its marker is removed, and so are the temporary files of atomic writes of the top-level
