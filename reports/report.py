@@ -356,6 +356,8 @@ def build_report(
     runs and its sweeps shrink to fit (analyses/core/budget.py); its summary["budget"] says what changed.
 
     Under torchrun (WORLD_SIZE > 1) the process group is opened here if needed; only rank 0 writes.
+    `force` and `resume` together, and a `device` torch does not offer, are ConfigErrors before
+    anything is written; Ctrl-C raises RunInterrupted (a KeyboardInterrupt) saying what OUT holds.
     """
     from headscope.models import HookedModel, load_model
     from headscope.models.loading import check_device
