@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from headscope.errors import MissingExtraError, ModelFileError, ModelNotFoundError, OfflineModelError, TokenizationWarning
+from headscope.errors import (
+    ConfigError,
+    MissingExtraError,
+    ModelFileError,
+    ModelNotFoundError,
+    OfflineModelError,
+    TokenizationWarning,
+)
 from headscope.models import threads
 from headscope.models.hooked_model import HookedModel, facts_from_bridge, round_trip_problem
 
@@ -32,6 +39,38 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def available_devices() -> list[str]:
+    """The devices torch can use here: cpu, then cuda, cuda:0 ... and mps, xpu ... where present."""
+    names = ["cpu"]
+    for kind in ("cuda", "mps", "xpu"):
+        module = getattr(torch, kind, None) if kind != "mps" else torch.backends.mps
+        try:
+            if module is None or not module.is_available():
+                continue
+            count = module.device_count() if hasattr(module, "device_count") else 1
+        except Exception:  # noqa: BLE001 - a broken driver: not available
+            continue
+        names += [kind, *(f"{kind}:{i}" for i in range(count))]
+    return names
+
+
+def check_device(device: str | torch.device | None) -> None:
+    """Refuse (ConfigError, one line) a device torch does not offer here (`cuda` without CUDA,
+    `cuda:3` on two GPUs, a typo), before a run writes anything; None (the default) passes."""
+    if device is None:
+        return
+    offered = available_devices()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"Unknown device {str(device)!r}; this machine offers: {', '.join(offered)}.") from None
+    name = dev.type if dev.index is None else f"{dev.type}:{dev.index}"
+    if name not in offered and not (dev.type == "cpu" and dev.index in (None, 0)):
+        why = ("torch finds no CUDA GPU here" if dev.type == "cuda" and not torch.cuda.is_available()
+               else f"torch offers no {name!r} here")
+        raise ConfigError(f"Device {str(device)!r} is not available: {why}; this machine offers: {', '.join(offered)}.")
 
 
 def resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str]:
@@ -118,6 +157,7 @@ def load_model(
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
 
+    check_device(device)
     kind, location = resolve_spec(spec)
     name = os.fspath(spec) if spec is not None else DEFAULT_MODEL
     threads.configure_threads()  # as many torch CPU threads as cores are free now (models/threads.py)

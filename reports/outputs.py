@@ -8,12 +8,13 @@ headscope did not make) is the user's and is never deleted. A folder without a v
 manifest is never touched: --force refuses it (one line, exit 2), and so does --resume unless the
 folder is empty. (Outputs of headscope versions before these file lists count as not headscope's.)
 
-Three modes, chosen under the lock (`OutputSession.open`):
+Three modes, chosen under the lock (`OutputSession.open`; --resume and --force together are refused):
 - fresh (OUT does not exist): OUT is created and written in place, manifest.json first (an empty
   file list), then each analysis folder (staged as .NAME.partial and renamed into place, so it
   appears whole), the manifest after each analysis, and the report files and the manifest last.
   A run that fails before its first analysis is written removes what it made; after that (and
-  after kill -9) the folder stays for --resume.
+  after kill -9) the folder stays for --resume. A failed write (a full disk, Ctrl-C) never leaves
+  a .NAME.partial folder (write_result removes it).
 - resume (OUT exists, --resume): written in place; finished analyses are skipped.
 - force (OUT exists, --force): the run writes into a staging folder beside OUT,
   `.OUT.staging-<pid>`, marked by a `.headscope-staging` file. Only when every analysis
@@ -30,7 +31,10 @@ with fcntl.flock for the whole run, the writer's pid inside for the message a se
 The kernel drops a flock when its process dies, so a lock file left by a killed run is free and
 the next run takes it over; the file is unlinked on release, and a run that locked a file that
 was unlinked meanwhile retries on the new one. Without fcntl (Windows) the file is created with
-O_EXCL and a lock whose pid is no longer running is taken over.
+O_EXCL and a lock whose pid is no longer running is taken over. A run that finds OUT existing
+(before it locks) probes the lock first: when another run holds it, the message is "in use by
+another headscope run", not "already exists" (the loser of two runs started together). A lock
+file that cannot be written (a full disk) is unlinked before the one-line OutputError.
 
 Recovery. Under the lock a run first finishes what a killed run left beside OUT: a staging
 folder with its marker is removed, and so are the temporary files of atomic writes of the top-level
@@ -52,7 +56,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
-from headscope.errors import OutputError, OutputExistsError, OutputLockedError
+from headscope.errors import ConfigError, OutputError, OutputExistsError, OutputLockedError
 from headscope.reports import io
 from headscope.reports.manifest import OUTPUT_FORMAT, read_output_manifest
 
@@ -147,11 +151,36 @@ class OutputLock:
             stale = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
             if stale:
                 log.info("taking over the lock of a run that ended without releasing it (pid %s)", stale)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as err:  # a full disk (ENOSPC, EDQUOT): no lock file is left behind
+                self.path.unlink(missing_ok=True)  # (still held: see the inode check above)
+                os.close(fd)
+                raise OutputError(f"Cannot write the lock file {str(self.path)!r}: {_why(err)}; "
+                                  f"free some space or choose another --out.") from None
             self._fd = fd
             return self
         raise self._busy("")  # pragma: no cover - 100 unlink races in a row
+
+    def held_elsewhere(self) -> bool:
+        """Whether another run holds this lock now (probed without creating the file)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            holder = self._read_holder()
+            return holder.isdigit() and _pid_alive(int(holder))
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as err:
+            return err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        finally:
+            os.close(fd)  # (closing drops the probe's shared lock)
+        return False
 
     def _acquire_exclusive_create(self) -> OutputLock:  # pragma: no cover - without fcntl
         for _ in range(3):
@@ -364,7 +393,13 @@ class OutputSession:
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
     def open(cls, out: str | Path, *, force: bool, resume: bool, transient: Iterable[str] = ()) -> OutputSession:
-        check_out(Path(out), force=force, resume=resume)
+        try:
+            check_out(Path(out), force=force, resume=resume)
+        except OutputExistsError:  # OUT exists: does a run that started a moment ago hold it (a start-up race)?
+            lock = OutputLock(Path(os.path.abspath(out)))
+            if lock.held_elsewhere():
+                raise lock._busy(lock._read_holder()) from None
+            raise
         out = Path(os.path.abspath(out))  # ("." has no name to put a staging folder beside)
         made = _make_parents(out.parent)
         lock = OutputLock(out)
@@ -480,8 +515,16 @@ def _check_writable(out: Path, files: Mapping[str, str]) -> None:
             raise OutputError(f"{str(folder)!r} is not writable, so --force cannot replace {str(out)!r}; choose another --out.")
 
 
+def check_modes(*, force: bool, resume: bool) -> None:
+    """--resume finishes OUT, --force replaces it: both at once is refused (ConfigError)."""
+    if force and resume:
+        raise ConfigError("--resume and --force exclude each other: --resume finishes the run in --out, "
+                          "--force replaces it with a new run; pass one of them.")
+
+
 def check_out(out: Path, *, force: bool, resume: bool) -> None:
     """Refuse what no run may write into; touches nothing."""
+    check_modes(force=force, resume=resume)
     if out.is_symlink():
         if not out.exists():
             raise OutputError(f"--out {str(out)!r} is a broken symbolic link; remove it or choose another --out.")

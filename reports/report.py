@@ -35,11 +35,11 @@ import numpy as np
 import torch
 
 from headscope.analyses.core.registry import ANALYSES, config_class, get_analysis
-from headscope.errors import ConfigError, HeadscopeError, OutputError, RunFailedError, TaskFileError
+from headscope.errors import ConfigError, HeadscopeError, OutputError, RunFailedError, RunInterrupted, TaskFileError
 from headscope.execution import distributed
 from headscope.reports import io
 from headscope.reports.manifest import build_manifest
-from headscope.reports.outputs import OutputSession, _make_parents, check_out, replace_folder, sha256
+from headscope.reports.outputs import OutputSession, _make_parents, check_modes, check_out, replace_folder, sha256
 
 log = logging.getLogger(__name__)
 DONE = "summary.json"  # written last in an analysis folder: its presence marks the analysis complete
@@ -150,18 +150,22 @@ def write_result(result: Any, folder: Path, files: dict[str, str] | None = None)
     stage = folder.parent / f".{folder.name}.partial"
     shutil.rmtree(stage, ignore_errors=True)  # a killed run's leftover (the name is headscope's)
     stage.mkdir(parents=True)
-    io.write_csv(stage / "results.csv", result.df)
-    for name, table in result.tables.items():
-        io.write_csv(stage / f"{name}.csv", table)
-    for stem, fig in result.plot().items():
-        io.write_figure(stage / f"{stem}.png", fig)
-        plt.close(fig)
-    io.write_json(stage / DONE, result.summary)
-    hashes = {entry.name: sha256(Path(entry.path)) for entry in sorted(os.scandir(stage), key=lambda e: e.name)}
-    if os.path.lexists(folder):
-        replace_folder(stage, folder, files or {})
-    else:
-        stage.rename(folder)
+    try:  # a write that fails (a full disk, Ctrl-C) leaves no staging folder behind
+        io.write_csv(stage / "results.csv", result.df)
+        for name, table in result.tables.items():
+            io.write_csv(stage / f"{name}.csv", table)
+        for stem, fig in result.plot().items():
+            io.write_figure(stage / f"{stem}.png", fig)
+            plt.close(fig)
+        io.write_json(stage / DONE, result.summary)
+        hashes = {entry.name: sha256(Path(entry.path)) for entry in sorted(os.scandir(stage), key=lambda e: e.name)}
+        if os.path.lexists(folder):
+            replace_folder(stage, folder, files or {})
+        else:
+            stage.rename(folder)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     return hashes
 
 
@@ -305,6 +309,26 @@ def _failure_is_mistake(state: str) -> bool:
     return isinstance(getattr(errors, kind, None), type) and issubclass(getattr(errors, kind), HeadscopeError)
 
 
+def _after_failure(err: BaseException, out: Path | None, mode: str | None, kept: bool) -> BaseException | None:
+    """Ctrl-C, and a write that failed in an OUT kept for --resume: the one line then says what OUT
+    holds and how to go on (RunInterrupted, OutputError); None for any other error (raised as is)."""
+    import shlex
+
+    if mode is None or out is None:
+        now = "nothing was written"
+    elif mode == "force":
+        now = f"{str(out)!r} is unchanged (--force replaces it only when every analysis finished)"
+    elif kept:
+        now = f"rerun with --resume --out {shlex.quote(str(out))} to finish the run (its finished analyses are kept)"
+    else:
+        now = f"no analysis had finished, so {str(out)!r} was removed"
+    if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
+        return RunInterrupted(f"interrupted; {now}.")
+    if isinstance(err, OutputError) and kept and "--resume" not in str(err):
+        return OutputError(f"{str(err).rstrip('.')}; once that is fixed, {now}.")
+    return None
+
+
 def build_report(
     model: Any = None,
     *,
@@ -332,9 +356,14 @@ def build_report(
     runs and its sweeps shrink to fit (analyses/core/budget.py); its summary["budget"] says what changed.
 
     Under torchrun (WORLD_SIZE > 1) the process group is opened here if needed; only rank 0 writes.
+    `force` and `resume` together, and a `device` torch does not offer, are ConfigErrors before
+    anything is written; Ctrl-C raises RunInterrupted (a KeyboardInterrupt) saying what OUT holds.
     """
     from headscope.models import HookedModel, load_model
+    from headscope.models.loading import check_device
 
+    check_modes(force=force, resume=resume)
+    check_device(device)  # before the process group opens and anything is written
     distributed.init_from_env(model.device if isinstance(model, HookedModel) else device)
     main = distributed.is_main()
     names = parse_analyses(analyses)
@@ -359,13 +388,18 @@ def build_report(
             out, session, mode = _open_output(default_out(model.name), force=force, resume=resume, main=main)
         out = _run(model, out, session, mode, names=names, task=task, task_rows=task_rows, seed=seed, quick=quick,
                    n_examples=n_examples, progress=progress, command=command, main=main, budget=budget, minutes=minutes)
-    except BaseException:
+    except BaseException as err:
+        kept = False
         if session is not None:
+            kept = session.mode == "resume" or (session.mode == "fresh" and any(
+                (session.root / name / DONE).exists() for name in names))
             try:
-                session.abort(keep_partial=session.mode == "fresh" and any(
-                    (session.root / name / DONE).exists() for name in names))
+                session.abort(keep_partial=session.mode == "fresh" and kept)
             except Exception:  # the original error matters more
                 log.warning("could not clean up %s", session.root, exc_info=True)
+        clearer = _after_failure(err, out, session.mode if session is not None else None, kept)
+        if clearer is not None:
+            raise clearer from None
         raise
     finally:
         if session is not None:

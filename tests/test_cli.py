@@ -122,6 +122,10 @@ def test_interrupted_run_resumes_to_the_same_results(quick_report, tmp_path):
         (["--task", "{tmp}/missing.jsonl"], "does not exist"),
         (["--task", "{tmp}/no_answer.jsonl"], "missing field(s) ['answer']"),
         (["--model", "{tmp}/not-a-model"], "Unknown model"),
+        (["--resume", "--force"], "--resume and --force exclude each other"),
+        (["--device", "cuda:99"], "Device 'cuda:99' is not available"),  # (no machine has 100 GPUs)
+        (["--device", "gpu"], "Unknown device 'gpu'; this machine offers: cpu"),
+        (["--task", "{tmp}/no_answer.jsonl", "--task-fields", "prompt=text,prompt=bad"], "'prompt' is mapped twice"),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_written(args, message, tmp_path):
@@ -301,6 +305,7 @@ def test_a_failed_force_run_writes_its_error_log_outside_the_previous_output(tmp
     where = err.split("tracebacks in ")[-1].split(".log")[0] + ".log"
     assert "RuntimeError: boom inside kv" in Path(where).read_text()
     Path(where).unlink()
+    Path(where).parent.rmdir()  # (its own private folder)
 
 
 def test_an_internal_error_outside_the_analyses_is_one_line_pointing_at_the_log(tmp_path, monkeypatch, capsys):
@@ -320,6 +325,53 @@ def test_an_internal_error_outside_the_analyses_is_one_line_pointing_at_the_log(
                      f"(please report it)."]
     assert "Traceback" in (out / ERROR_LOG).read_text()
     assert (out / "kv" / "summary.json").exists()  # kept for --resume
+
+
+def test_the_fallback_error_log_is_a_new_private_file_and_follows_no_planted_link(tmp_path, monkeypatch):
+    """A failed --force run logs outside OUT: never at the old predictable /tmp/headscope-error-<pid>.log
+    (a symbolic link planted there is not followed), but in a new 0700 folder as a new 0600 file."""
+    import stat
+    import tempfile
+
+    from headscope.cli import ERROR_LOG, _write_error_log
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "tmp" / f"headscope-error-{os.getpid()}.log").symlink_to(victim)
+    out = tmp_path / "out"
+    out.mkdir()
+    where = Path(_write_error_log(["Traceback: boom"], out, keep_out=True))
+    assert victim.read_text() == "precious\n" and list(out.iterdir()) == []
+    assert where.read_text() == "Traceback: boom\n" and where.parent.parent == tmp_path / "tmp"
+    assert stat.S_IMODE(where.stat().st_mode) == 0o600 and stat.S_IMODE(where.parent.stat().st_mode) == 0o700
+    (out / ERROR_LOG).symlink_to(victim)  # OUT's own log is never written through a link either
+    assert _write_error_log(["Traceback: again"], out) is None and victim.read_text() == "precious\n"
+
+
+def test_ctrl_c_is_one_line_exit_130_naming_how_to_finish(tmp_path, monkeypatch, capsys):
+    from headscope.cli import main
+    from headscope.reports import report as report_mod
+
+    fake_analyses(monkeypatch)
+    runner = report_mod.get_analysis
+
+    def interrupted(name):
+        if name == "mlp":
+            def run(model, task, config):
+                raise KeyboardInterrupt
+            return run
+        return runner(name)
+
+    monkeypatch.setattr(report_mod, "get_analysis", interrupted)
+    out = tmp_path / "run"
+    args = ["-q", "report", "--analyses", "kv,mlp", "--quick", "--device", "cpu", "--out", str(out)]
+    assert main(args) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"headscope: interrupted; rerun with --resume --out {out} to finish the run (its finished analyses are kept)."]
+    assert sorted(p.name for p in out.iterdir()) == ["kv", "manifest.json"] and [p.name for p in tmp_path.iterdir()] == ["run"]
+    # (that --resume then finishes: tests/reports/test_output_safety.py, test_an_interrupted_fresh_run_stays_for_resume...)
 
 
 def test_resume_with_another_seed_is_refused_in_one_line(tmp_path, monkeypatch, capsys):

@@ -8,7 +8,9 @@ hs.load_task and HookedModel.check_tokens on a tiny random model.
 """
 from __future__ import annotations
 
+import csv
 import errno
+import io
 import json
 import math
 import os
@@ -118,6 +120,79 @@ def test_a_full_disk_while_writing_is_one_line_and_leaves_no_partial_folder(tmp_
     assert list(tmp_path.iterdir()) == []  # no OUT, no .kv.partial, no lock, not even the new parent folder
 
 
+def cheap_analyses(monkeypatch):
+    """Stand-ins for the analyses (a one-row result each), so a CLI run costs only its writes."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from headscope.reports import report as report_mod
+
+    monkeypatch.setattr(report_mod, "get_analysis", lambda name: lambda model, task, config: SimpleNamespace(
+        df=pd.DataFrame({"x": [1]}), summary={"ok": 1}, tables={}, plot=lambda: {}))
+
+
+def one_error_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headscope: error: ") and "Traceback" not in lines[0], lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])  # a full disk, a full quota
+def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock(tmp_path, monkeypatch, capsys, code):
+    """The lock file is the run's first write (its pid): as on a full tmpfs, where os.pwrite fails."""
+    from headscope.cli import main
+
+    def full(*args):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--out", str(tmp_path / "a" / "run")]) == 2
+    line = one_error_line(capsys)
+    assert "Cannot write the lock file" in line and os.strerror(code) in line, line
+    assert list(tmp_path.iterdir()) == []  # no lock, no OUT, not even the new parent folder
+
+
+def test_a_full_disk_mid_run_keeps_what_finished_for_resume_and_leaves_no_partial_folder(tmp_path, monkeypatch, capsys):
+    """kv written, then mlp's results meet a full disk: one line saying how to finish, no .mlp.partial
+    and no lock left, and --resume (space freed) finishes the run."""
+    from headscope.cli import main
+    from headscope.reports import io
+
+    cheap_analyses(monkeypatch)
+    real = io.write_csv
+
+    def full_for_mlp(path, df):
+        if ".mlp.partial" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, df)
+
+    monkeypatch.setattr(io, "write_csv", full_for_mlp)
+    out = tmp_path / "run"
+    args = ["-q", "report", "--analyses", "kv,mlp", "--quick", "--device", "cpu", "--out", str(out)]
+    assert main(args) == 2
+    line = one_error_line(capsys)
+    assert "Could not write the mlp results" in line and "No space left on device" in line, line
+    assert line.endswith(f"rerun with --resume --out {out} to finish the run (its finished analyses are kept).")
+    assert sorted(p.name for p in out.iterdir()) == ["kv", "manifest.json"] and [p.name for p in tmp_path.iterdir()] == ["run"]
+    monkeypatch.setattr(io, "write_csv", real)
+    assert main([*args, "--resume"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["status"] == {"kv": "done (resumed)", "mlp": "done"}
+
+
+def test_a_full_disk_anywhere_else_is_one_line_and_exit_2(monkeypatch, capsys):
+    """A disk-full OSError that no writer turned into an OutputError is still the user's situation, not a bug."""
+    from headscope.cli import main
+    from headscope.reports import report as report_mod
+
+    def full(*args, **kwargs):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", "/somewhere/file")
+
+    monkeypatch.setattr(report_mod, "build_report", full)
+    assert main(["-q", "kv", "--quick", "--device", "cpu"]) == 2
+    assert one_error_line(capsys) == "headscope: error: Disk quota exceeded (/somewhere/file); free some space and run again."
+
+
 # ---- property-based: malformed task files and token tensors ---------------------------------------------
 ROWS = st.lists(st.dictionaries(
     st.sampled_from(["prompt", "answer", "text", "wrong_answer", "corrupted_prompt", ""]),
@@ -170,6 +245,89 @@ def test_malformed_task_files_give_a_headscope_error_and_change_nothing(tiny_mod
             else:  # a well-formed file: a real task with one answer per row
                 assert task.tokens.ndim == 2 and len(task.answers) == task.tokens.shape[0] >= 1
         assert snapshot(Path(tmp)) == before
+
+
+# numbers, encodings and column layouts: files written with an independent writer (json/csv from the
+# standard library, or JSON text assembled here), so what a reader must return is known in advance
+TEXTS = ["w1 w2", "w3", " w5", "0", "NaN", "caf\u00e9 \u00fc", "a,b", 'say "hi"', "x\ty", ""]
+LITERALS = ["0", "-0", "1.50", "1e400", "-2.5E-3", "12345678901234567890123", "NaN", "Infinity", "-Infinity"]
+CONSTANTS = {"NaN", "Infinity", "-Infinity"}  # bare JSON constants: neither text nor a usable number
+
+
+@st.composite
+def layouts(draw) -> tuple[str, bytes, str | None, list[dict] | None, str | None]:
+    """(suffix, bytes, --task-fields, the rows a reader must return or None, the error it must raise
+    instead or None): JSON lines or CSV; prompt/answer under their own or the user's column names, in
+    any order, with extra and repeated columns; JSON numbers as literals (NaN, 1e400, 23 digits);
+    UTF-8, UTF-8 with BOM, UTF-16 or Latin-1; LF or CRLF."""
+    suffix = draw(st.sampled_from([".jsonl", ".csv"]))
+    cols = {"prompt": draw(st.sampled_from(["prompt", "text"])), "answer": draw(st.sampled_from(["answer", "label"]))}
+    columns = [*cols.values(), *draw(st.lists(st.sampled_from(["id", "note", ""]), max_size=2, unique=True))]
+    if draw(st.integers(0, 4)) == 0:  # a column named twice (an unnamed CSV column may repeat)
+        columns.append(draw(st.sampled_from(columns)))
+    columns = draw(st.permutations(columns))
+    mapping = [f"{k}={v}" for k, v in cols.items() if k != v]
+    twice = bool(mapping) and draw(st.integers(0, 7)) == 0
+    if twice:  # a field mapped twice
+        mapping.append(f"{draw(st.sampled_from([m.split('=')[0] for m in mapping]))}=other")
+    cells = draw(st.lists(st.lists(st.one_of(st.tuples(st.just("text"), st.sampled_from(TEXTS)),
+                                             st.tuples(st.just("number"), st.sampled_from(LITERALS))),
+                                   min_size=len(columns), max_size=len(columns)), min_size=1, max_size=3))
+    encoding = draw(st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "latin-1"]))
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    if suffix == ".csv":  # CSV cells are text, whatever they look like
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator=newline)
+        writer.writerow(columns)
+        writer.writerows([[value for _, value in row] for row in cells])
+        lines = buf.getvalue().splitlines(keepends=True)[1:]  # (no cell holds a line break)
+        header = buf.getvalue().splitlines(keepends=True)[0]
+    else:
+        ascii_only = draw(st.booleans())
+        header, lines = "", ["{" + ", ".join(f"{json.dumps(c)}: {json.dumps(v, ensure_ascii=ascii_only) if kind == 'text' else v}"
+                                             for c, (kind, v) in zip(columns, row)) + "}" + newline for row in cells]
+    fields = ",".join(mapping) or None
+    data = (header + "".join(lines)).encode(encoding)
+    # what the reader must answer, in its order of checks: the mapping, then line by line (decoding, a
+    # column named twice, a bare constant in a field), then a blank field (checked after every row)
+    values = [{field: row[columns.index(col)] for field, col in cols.items()} for row in cells]
+    named = [c for c in columns if c.strip() or suffix == ".jsonl"]  # CSV columns without a name may repeat
+    undecodable = [encoding == "utf-16" or (encoding == "latin-1" and not line.isascii()) for line in lines]
+    if twice:
+        return suffix, data, fields, None, "mapped twice"
+    if encoding == "utf-16" or (suffix == ".csv" and len(set(named)) == len(named) and any(undecodable)):
+        return suffix, data, fields, None, "not valid UTF-8"
+    if suffix == ".csv" and len(set(named)) < len(named):
+        return suffix, data, fields, None, "appears twice"
+    for bad, row in zip(undecodable, values):
+        if bad:
+            return suffix, data, fields, None, "not valid UTF-8"
+        if len(set(named)) < len(named):
+            return suffix, data, fields, None, "appears twice"
+        if suffix == ".jsonl" and any(kind == "number" and v in CONSTANTS for kind, v in row.values()):
+            return suffix, data, fields, None, "bare JSON constant"
+    if any(not v.strip() for row in values for _, v in row.values()):
+        return suffix, data, fields, None, "missing field"
+    return suffix, data, fields, [{f: v for f, (_, v) in row.items()} for row in values], None
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(layouts())
+def test_numbers_encodings_and_column_layouts_read_back_exactly_or_fail_in_one_line(layout):
+    """Every well-formed file reads back as written (a JSON number as its literal text, a CSV cell as
+    is); every ambiguous or undecodable one is the one-line error that says why."""
+    from headscope.analyses.core.task_files import read_task_rows
+
+    suffix, data, fields, expected, why = layout
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"task{suffix}"
+        path.write_bytes(data)
+        if why is None:
+            assert read_task_rows(path, fields) == expected
+            return
+        with pytest.raises(HeadscopeError, match=why) as err:
+            read_task_rows(path, fields)
+        assert "\n" not in str(err.value)
 
 
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.uint8, torch.float32, torch.float16, torch.bfloat16, torch.bool,

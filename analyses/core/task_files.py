@@ -63,6 +63,9 @@ def parse_fields(fields: Mapping[str, str] | str | None) -> dict[str, str]:
                 raise ConfigError(
                     f"task fields {fields!r}: {item!r} is not FIELD=COLUMN; write e.g. 'prompt=text,answer=label'."
                 )
+            if key.strip() in pairs:  # prompt=text,prompt=other: which one was meant?
+                raise ConfigError(f"task fields {fields!r}: {key.strip()!r} is mapped twice ({pairs[key.strip()]!r} and "
+                                  f"{value.strip()!r}); map each field to one column.")
             pairs[key.strip()] = value.strip()
         fields = pairs
     if not isinstance(fields, Mapping):
@@ -166,10 +169,32 @@ def not_a_task(task: Any) -> Exception:
 # Task files are read as a stream of records: memory holds the rows kept (all of them, or a
 # seeded sample of n_examples), never the whole file. A sample takes two passes: the first
 # checks every row and counts them, the second keeps the rows drawn with the seed.
+class _Constant(str):
+    """A bare JSON NaN, Infinity or -Infinity (not JSON proper, Python's json reads them): neither
+    text nor a value a task can use, so a field holding one is refused."""
+
+
+class _AmbiguousValue(ValueError):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object; a key given twice (the last would win silently) is refused."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"key {twice!r} appears twice in one object; keep one")
+    return record
+
+
 def _text(value: Any) -> str | None:
     """A field value as text; None for a missing value (None, NaN, empty)."""
     if value is None:
         return None
+    if isinstance(value, _Constant):
+        raise _AmbiguousValue(f"the bare JSON constant {value}, neither text nor a usable number; "
+                              f"write \"{value}\" in quotes if it is meant as text")
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, bytes):
@@ -183,7 +208,8 @@ def _text(value: Any) -> str | None:
     return text if text.strip() else None
 
 
-_AS_WRITTEN = {"parse_int": str, "parse_float": str, "parse_constant": str}  # JSON numbers keep their text: 1.50, 1e3
+_AS_WRITTEN = {"parse_int": str, "parse_float": str, "parse_constant": _Constant,  # JSON numbers keep their text: 1.50, 1e3
+               "object_pairs_hook": _object}
 
 
 def _label(path: Path) -> str:
@@ -231,6 +257,7 @@ def _file_records(path: Path, only: set[int] | None = None) -> Iterator[tuple[An
         reader = csv.DictReader((line for _, line in _lines(path)))
         n = 0
         try:
+            _check_header(path, reader.fieldnames or [])
             for record in reader:
                 if None in record:  # more cells than header columns
                     raise TaskFileError(
@@ -279,12 +306,26 @@ def _file_records(path: Path, only: set[int] | None = None) -> Iterator[tuple[An
         n += 1
 
 
+def _check_header(path: Path | str, names: Sequence[Any], where: str = ", line 1") -> None:
+    """A column named twice (text,label,label: the last would win silently) is refused; unnamed
+    columns, which no field can map to, may repeat."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names, start=1):
+        if str(name).strip() and str(name) in seen:
+            label = _label(Path(path)) if isinstance(path, Path) else path
+            raise TaskFileError(f"{label}{where}: column {str(name)!r} appears twice in the header (columns {seen[str(name)]} "
+                                f"and {i}); rename one so that each field comes from one column.")
+        seen.setdefault(str(name), i)
+
+
 def _parquet_records(path: Path) -> Iterator[tuple[dict, str]]:
     """Parquet rows in batches (pyarrow), so memory holds one batch at a time."""
     try:
         import pyarrow.parquet as pq
 
-        batches = pq.ParquetFile(path).iter_batches(batch_size=4096)
+        file = pq.ParquetFile(path)
+        _check_header(path, file.schema_arrow.names, "")
+        batches = file.iter_batches(batch_size=4096)
         n = 0
         for batch in batches:
             for record in batch.to_pylist():
@@ -317,6 +358,7 @@ def _source_records(source: Any) -> tuple[str, Callable[..., Iterable[tuple[Any,
         source = source.data
     module = type(source).__module__.split(".")[0]
     if module == "pandas" and hasattr(source, "to_dict"):
+        _check_header("Task data (DataFrame)", list(source.columns), "")
         label, records = "Task data (DataFrame)", source.to_dict("records")
     elif module == "datasets" and hasattr(source, "column_names"):
         label, records = "Task data (Dataset)", source
@@ -361,6 +403,8 @@ def _scan(label: str, records: Iterable[tuple[Any, str]], fields: Mapping[str, s
                 raise TaskFileError(f"{label}, {place}: field {col!r} is a {err}, not text.") from None
             except UnicodeDecodeError:
                 raise TaskFileError(f"{label}, {place}: field {col!r} holds bytes that are not valid UTF-8.") from None
+            except _AmbiguousValue as err:
+                raise TaskFileError(f"{label}, {place}: field {col!r} is {err}.") from None
             if value is not None:
                 row[hs] = value
         missing = [columns[f] for f in REQUIRED if f not in row]

@@ -1,7 +1,7 @@
 """The `headscope` command line.
 
     headscope report [--model SPEC] [--task NAME|FILE] [--task-fields prompt=COL,...] [--strict] [--analyses a,b]
-                     [--out DIR] [--seed N] [--device cpu|cuda] [--resume] [--force] [--quick] [--budget MINUTES]
+                     [--out DIR] [--seed N] [--device cpu|cuda[:N]|mps] [--resume|--force] [--quick] [--budget MINUTES]
     headscope heads|attribution|position|patching|mlp|kv|probes|circuits [same options]
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
@@ -14,6 +14,7 @@ commands run data-parallel: every rank computes its shard, rank 0 alone logs and
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sites", help="load a model and print its facts and every hookable site")
     s.add_argument("--model", default=None,
                    help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
-    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: cuda when available)")
     _trust_option(s)
 
     z = sub.add_parser("zoo", help="the shipped model organisms")
@@ -74,7 +75,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                         "token, instead of warning")
     p.add_argument("--out", default=None, help="output folder (default: ./headscope-out/<model>-<time>)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps, checked against what torch offers "
+                   "(default: cuda when available)")
     p.add_argument("--n-examples", type=int, default=None, help="examples per analysis (default: each analysis's own)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping finished analyses")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out (only a previous headscope output)")
@@ -109,6 +111,7 @@ def _quiet_loading(args: argparse.Namespace) -> None:
 
 
 ERROR_LOG = "headscope-error.log"
+DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # no space left, disk quota exceeded
 
 
 class _OneLine(logging.Formatter):
@@ -141,20 +144,25 @@ class _Tracebacks(logging.Handler):
 def _write_error_log(texts: list[str], out: str | os.PathLike | None, *, keep_out: bool = False) -> str | None:
     """The tracebacks into OUT/headscope-error.log when OUT is a folder (None when it is not, or on
     a rank other than 0: then they go to stderr). keep_out: OUT holds a previous output that a failed
-    --force run must leave exactly as it was, so the log goes to the temp folder instead."""
+    --force run must leave exactly as it was, so the log goes to a new private folder in the temp
+    folder instead (tempfile.mkdtemp, 0700; the file 0600)."""
     import tempfile
     from pathlib import Path
 
     if not texts:
         return None
     target = Path(out) / ERROR_LOG if out is not None and Path(out).is_dir() and not Path(out).is_symlink() else None
-    if target is not None and keep_out:
-        target = Path(tempfile.gettempdir()) / f"headscope-error-{os.getpid()}.log"
     if target is not None and os.environ.get("RANK", "0") == "0":
         try:
-            with open(target, "a", encoding="utf-8") as fh:
+            if keep_out:  # a new file (O_EXCL, 0600) in a new private folder (0700): no name anyone can plant
+                fd, where = tempfile.mkstemp(prefix="headscope-error-", suffix=".log",
+                                             dir=tempfile.mkdtemp(prefix="headscope-error-"))
+            else:  # appended to, never through a symbolic link
+                fd, where = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                                    0o666), str(target)
+            with os.fdopen(fd, "a", encoding="utf-8") as fh:
                 fh.write("\n\n".join(texts) + "\n")
-            return str(target)
+            return where
         except OSError:
             pass
     print("\n\n".join(texts), file=sys.stderr)
@@ -164,9 +172,13 @@ def _write_error_log(texts: list[str], out: str | os.PathLike | None, *, keep_ou
 def _cmd_report(args: argparse.Namespace) -> int:
     from headscope.errors import RunFailedError
     from headscope.execution import distributed
+    from headscope.models.loading import check_device
+    from headscope.reports.outputs import check_modes
     from headscope.reports.report import build_report
 
     analyses = getattr(args, "analyses", None) if args.command == "report" else args.command
+    check_modes(force=args.force, resume=args.resume)
+    check_device(args.device)  # before the process group opens (init_from_env) and anything is written
     _warn_remote_code(args)
     _quiet_loading(args)
     distributed.init_from_env(args.device)
@@ -210,7 +222,7 @@ def _cmd_sites(args: argparse.Namespace) -> int:
 
     _warn_remote_code(args)
     _quiet_loading(args)
-    model = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
+    model = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)  # (checks --device)
     print(model)
     names = available_sites(model)
     print(f"{len(names)} sites:")
@@ -234,6 +246,14 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a run began (imports, parsing): one line, exit 130
+        print("headscope: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     quiet = args.quiet or os.environ.get("RANK", "0") != "0"  # under torchrun only rank 0 logs progress
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -246,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
     matplotlib.use("Agg")  # the CLI only writes image files: no GUI toolkit (headscope's library code never sets one)
     from headscope.analyses.core.registry import ANALYSES
-    from headscope.errors import HeadscopeError
+    from headscope.errors import HeadscopeError, RunInterrupted
     from headscope.models.threads import configure_threads
 
     threads = configure_threads()  # before any work: torch's default collapses on a busy machine
@@ -263,9 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     except HeadscopeError as err:  # a user mistake: one line, exit 2
         print(f"headscope: error: {err}", file=sys.stderr)
         code = 2
+    except KeyboardInterrupt as err:  # Ctrl-C: one line (what OUT holds now: RunInterrupted), exit 130 as a shell's
+        print(f"headscope: {err if isinstance(err, RunInterrupted) else 'interrupted'}", file=sys.stderr)
+        return 130
     except Exception as err:  # an internal error: its traceback into the error log, one line, exit 1
         import traceback
 
+        if isinstance(err, OSError) and err.errno in DISK_FULL:  # not a bug: one line, exit 2 (no log: no space)
+            print(f"headscope: error: {err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
+                  + "; free some space and run again.", file=sys.stderr)
+            return 2
         tracebacks.texts.append(traceback.format_exc().rstrip())
         where = _write_error_log(tracebacks.texts, getattr(args, "out", None), keep_out=getattr(args, "force", False))
         print(f"headscope: internal error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"

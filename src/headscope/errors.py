@@ -136,3 +136,8 @@ class RunFailedError(HeadscopeError, RuntimeError):
 class ModelFileError(HeadscopeError, OSError):
     """A model's files cannot be used: a truncated or corrupt safetensors file, pickle-only weights
     (never unpickled), no tokenizer; the message names the file and what to do."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during a run; the message says what the output folder holds now and how to
+    finish the run (`--resume`). A KeyboardInterrupt, so code that catches that still does."""

@@ -87,6 +87,35 @@ def test_json_numbers_keep_the_text_the_user_wrote(tmp_path):
     assert [r["answer"] for r in read_task_rows(tmp_path / "n.jsonl")] == ["1.50", "1e3"]
 
 
+@pytest.mark.parametrize("name, content, fields, message", [
+    ("nan.jsonl", '{"prompt": "w1", "answer": "w2"}\n{"prompt": NaN, "answer": "w2"}\n', None,
+     r"nan\.jsonl', line 2, row 1: field 'prompt' is the bare JSON constant NaN.*write \"NaN\" in quotes"),
+    ("inf.json", '[{"prompt": "w1", "answer": -Infinity}]', None, r"row 0: field 'answer' is the bare JSON constant -Infinity"),
+    ("key.jsonl", '{"prompt": "w1", "answer": "w2", "answer": "w3"}\n', None, r"line 1 .*key 'answer' appears twice"),
+    ("header.csv", "text,label,label\nw1,w2,w3\n", "prompt=text,answer=label",
+     r"header\.csv', line 1: column 'label' appears twice in the header \(columns 2 and 3\)"),
+    ("fields.csv", "text,label\nw1,w2\n", "prompt=text,prompt=label,answer=label",
+     r"'prompt' is mapped twice \('text' and 'label'\)"),
+])
+def test_ambiguous_input_is_refused_in_one_line_naming_the_row_or_column(tmp_path, name, content, fields, message):
+    """What would be read one way silently (a JSON NaN as the text "NaN", the last of two columns or
+    keys of one name, the last of two mappings) is refused instead."""
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises((TaskFileError, ConfigError), match=message) as err:
+        read_task_rows(tmp_path / name, fields)
+    assert "\n" not in str(err.value)
+
+
+def test_a_bare_json_constant_outside_the_fields_and_unnamed_csv_columns_are_fine(tmp_path):
+    (tmp_path / "extra.jsonl").write_text('{"prompt": "w1", "answer": "NaN", "score": NaN}\n', encoding="utf-8")
+    assert read_task_rows(tmp_path / "extra.jsonl") == [{"prompt": "w1", "answer": "NaN"}]  # quoted: the text
+    (tmp_path / "trailing.csv").write_text("prompt,answer,,\nw1,NaN,,\n", encoding="utf-8")
+    assert read_task_rows(tmp_path / "trailing.csv") == [{"prompt": "w1", "answer": "NaN"}]  # CSV cells are text
+    frame = pd.DataFrame([["w1", "w2", "w3"]], columns=["prompt", "answer", "answer"])
+    with pytest.raises(TaskFileError, match=r"DataFrame\): column 'answer' appears twice"):
+        read_task_rows(frame)
+
+
 def test_prompts_longer_than_the_context_are_named_before_any_work(tmp_path, tiny_models):
     model = tiny_models["llama"]
     long = " ".join(["w1"] * (model.facts.n_ctx + 5))

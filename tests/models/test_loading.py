@@ -42,6 +42,22 @@ def test_unknown_spec_is_a_clear_error(tmp_path):
         hs.load_model(tmp_path)  # a directory without a model in it
 
 
+def test_a_device_torch_does_not_offer_is_one_line_before_anything_loads(tiny_dirs):
+    from headscope.errors import ConfigError
+    from headscope.models.loading import available_devices, check_device
+
+    offered = available_devices()
+    assert offered[0] == "cpu" and ("cuda" in offered) == torch.cuda.is_available()
+    assert [f"cuda:{i}" for i in range(torch.cuda.device_count())] == [d for d in offered if d.startswith("cuda:")]
+    for device in ("cpu", torch.device("cpu"), None, *offered):
+        check_device(device)
+    bad = [f"cuda:{torch.cuda.device_count()}", "gpu", "cpu:1", "meta"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for device in bad:
+        with pytest.raises(ConfigError, match=r"(not available|Unknown device).*this machine offers: cpu") as err:
+            hs.load_model(tiny_dirs["gpt2"], device=device)
+        assert "\n" not in str(err.value)
+
+
 def test_hub_model_offline_fails_fast_with_instructions(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(hs.OfflineModelError, match="huggingface-cli download"):

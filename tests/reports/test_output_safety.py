@@ -257,6 +257,33 @@ def test_a_stale_lock_file_from_a_killed_run_is_taken_over(tmp_path):
     assert not lock_path(out).exists()
 
 
+def test_the_loser_of_a_start_up_race_is_told_in_use_not_already_exists(tmp_path):
+    """The winner has just created OUT and holds the lock: a run that checks OUT now finds it
+    existing, and must say that another run is using it (not "pass --force")."""
+    pytest.importorskip("fcntl")
+    out = tmp_path / "run"
+    winner = OutputSession.open(out, force=False, resume=False)  # OUT made, its first manifest written, lock held
+    try:
+        for force, resume in ((False, False), (True, False), (False, True)):
+            with pytest.raises(OutputLockedError, match=f"in use by another headscope run \\(pid {os.getpid()}\\)"):
+                OutputSession.open(out, force=force, resume=resume)
+    finally:
+        winner.close()
+    with pytest.raises(OutputExistsError, match="already exists; pass --force"):  # no run holds it now: the true reason
+        OutputSession.open(out, force=False, resume=False)
+
+
+def test_resume_and_force_together_are_refused_before_anything_is_written(tmp_path, plan):
+    out = headscope_output(tmp_path / "run", {"kv/summary.json": "{}"})
+    before = snapshot(out)
+    for call in (lambda: OutputSession.open(out, force=True, resume=True),
+                 lambda: run("no-model-is-loaded", out, force=True, resume=True)):
+        with pytest.raises(ConfigError, match="--resume and --force exclude each other") as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert snapshot(out) == before and siblings(out) == [] and plan.runs == []
+
+
 def test_two_locks_in_one_process_exclude_each_other(tmp_path):
     out = tmp_path / "run"
     with OutputLock(out):
@@ -372,7 +399,7 @@ def test_a_failed_force_run_leaves_the_previous_output_exactly_as_it_was(zoo_mod
         run(zoo_model, out, force=True)
     assert not err.value.user_mistake
     plan.behaviour["mlp"] = KeyboardInterrupt()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match=r"^interrupted; '.*run' is unchanged \(--force replaces it only when"):
         run(zoo_model, out, force=True)
     assert snapshot(out) == before
     assert siblings(out) == []
@@ -403,14 +430,19 @@ def test_a_fresh_run_that_fails_before_any_analysis_is_written_leaves_nothing(zo
     with pytest.raises(OutputError, match="No space left"):
         run(zoo_model, tmp_path / "a" / "run")
     assert list(tmp_path.iterdir()) == []
+    plan.behaviour["kv"] = KeyboardInterrupt()  # Ctrl-C in the first analysis: the same
+    with pytest.raises(KeyboardInterrupt, match=r"^interrupted; no analysis had finished, so '.*run' was removed\.$"):
+        run(zoo_model, tmp_path / "a" / "run")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_interrupted_fresh_run_stays_for_resume_and_resume_lists_every_file(zoo_model, tmp_path, plan):
     out = tmp_path / "run"
     plan.behaviour["mlp"] = KeyboardInterrupt()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match=f"^interrupted; rerun with --resume --out {out} to finish the run"):
         run(zoo_model, out)
     assert (out / "kv" / "summary.json").exists() and not (out / "report.html").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["kv", "manifest.json"] and siblings(out) == []  # no .mlp.partial, lock
     with pytest.raises(OutputExistsError, match="--resume"):
         run(zoo_model, out)
     del plan.behaviour["mlp"]
