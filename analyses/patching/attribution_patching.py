@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -173,11 +174,23 @@ def attribution_patching(
                   config={"sites": [st.name for st in types], "direction": direction})
 
 
+NONZERO = 1e-3  # an exact effect below this fraction of the site type's largest counts as zero
+
+
+def nonzero_count(effects: np.ndarray) -> int:
+    """Cells whose |effect| exceeds NONZERO x the largest |effect| (0 when every effect is 0)."""
+    mag = np.abs(np.asarray(effects, dtype=float))
+    mag = mag[np.isfinite(mag)]
+    peak = float(mag.max()) if mag.size else 0.0
+    return int((mag > NONZERO * peak).sum()) if peak > 0 else 0
+
+
 def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """Join exact effects with attribution estimates; Pearson and Spearman r per site type.
 
-    Returns (joined table, {site type: {"pearson", "spearman", "n"}}); r is None where either
-    column is constant.
+    Returns (joined table, {site type: {"pearson", "spearman", "n", "n_nonzero"}}); r is None where
+    either column is constant. n_nonzero counts the cells whose |exact effect| exceeds NONZERO of the
+    largest: an r over one such cell among zeros is fixed by that cell and says nothing.
     """
     keys = ["site_type", "layer", "head", "pos"]
     joined = exact.merge(attribution[keys + ["attribution"]], on=keys, how="inner")
@@ -189,5 +202,6 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tu
             "pearson": None if constant else float(pair["effect"].corr(pair["attribution"])),
             "spearman": None if constant else float(pair["effect"].corr(pair["attribution"], method="spearman")),
             "n": int(len(group)),
+            "n_nonzero": int(nonzero_count(pair["effect"].to_numpy())),
         }
     return joined, stats

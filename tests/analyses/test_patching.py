@@ -374,3 +374,19 @@ def test_zoo_run_quick(zoo_model):
     res = run(zoo_model, config=PatchingConfig.preset(quick=True))
     assert {"exact", "attribution", "path_patching", "causal_tracing"} <= set(res.tables)
     json.dumps(res.summary)
+
+
+def test_correlation_with_exact_counts_the_non_zero_cells_it_rests_on():
+    """attn_out on the zoo: one non-zero exact effect among 60 cells gives r = 1 whatever the rest."""
+    import pandas as pd
+
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact
+
+    effect = [0.0] * 59 + [0.8]
+    exact = pd.DataFrame({"site_type": "attn_out", "layer": 0, "head": None, "pos": range(60), "effect": effect})
+    attr = exact.assign(attribution=[1e-4 * (i % 3) for i in range(59)] + [0.7]).drop(columns="effect")
+    _, stats = correlation_with_exact(exact, attr)
+    assert stats["attn_out"]["n"] == 60 and stats["attn_out"]["n_nonzero"] == 1
+    assert stats["attn_out"]["pearson"] > 0.999  # the single point fixes r
+    exact.loc[:2, "effect"] = [0.5, 7e-4, 9e-4]  # 7e-4 < 1e-3 x 0.8 counts as zero, 9e-4 does not
+    assert correlation_with_exact(exact, attr)[1]["attn_out"]["n_nonzero"] == 3
