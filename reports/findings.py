@@ -502,14 +502,16 @@ def finding(name: str, summary: Mapping[str, Any]) -> str:
 
 CAPTIONS = {
     # heads
-    "importance": "Head importance, layer x head, both methods: |dL/d gate| (gradient) and the metric drop when the head "
-                  "alone is zero-ablated, each divided by its layer's L2 norm (unitless; below 0: removing the head "
-                  "helps). Bright cells are heads to keep.",
-    "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads). "
-                     "Read where each ordering falls below the dotted 1% floor; the random band spans the seeds.",
+    "importance": "Head importance, layer x head, both methods in their own units: |dL/d gate| (gradient) and the drop in "
+                  "the task metric when the head alone is zero-ablated (below 0, blue: removing the head helps); red is "
+                  "positive, white 0. A panel marked rounding only has no head above the numerical floor.",
+    "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
+                     "each ordering with its own marker and dash. Read where each falls below the dotted 1% floor; the "
+                     "random band spans the seeds.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job.",
-    "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda.",
+    "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
+          "(lambdas that land on one point share a label).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
              "(the mean maximum attention weight).",
     # attribution
@@ -520,20 +522,24 @@ CAPTIONS = {
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
                    "while the output stays within epsilon.",
     # position
-    "position_curve": "Answer metric (y) by the gold item's slot in the context (x), bootstrap 95% band. A U-shape means "
-                      "the middle is neglected; a flat line means position does not matter here.",
+    "position_curve": "Answer metric (y) by the gold item's slot in the context (x), bootstrap 95% band over examples. "
+                      "The middle is neglected only where its band lies below both ends' bands; overlapping bands show "
+                      "no difference at this sample size.",
     "position_gold_attention": "Attention mass (0-1) on the gold span, layer x gold position, max over heads.",
     "position_sinks": "Per layer, attention mass on the first tokens (0-1) against the uniform-attention baseline (dashed).",
     "position_streaming": "Answer log-probability (nats) by gold position with the full context and with streaming "
-                          "windows (sinks + recent tokens).",
+                          "windows (sinks + recent tokens); each condition has its own marker and dash, so equal curves "
+                          "stay visible.",
     # patching
     "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both in normalised "
                             "logit difference; the dashed line is y = x and each site type's fitted slope is in the legend "
                             "(slope 0.5 = a 2x underestimate).",
-    "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers.",
+    "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers, layer x "
+                     "head; red positive, blue negative, centred on 0.",
     # kv
-    "kv_eviction": "Task metric at the answer (y) against the number of cached positions kept (x, log2), per eviction "
-                   "policy, with a 95% bootstrap band over examples; dashed: the full cache.",
+    "kv_eviction": "Task metric at the answer (y, in the task metric's units) against the number of cached positions kept "
+                   "(x, log2), per eviction policy, with a 95% bootstrap band over examples; dashed: the full cache. A "
+                   "budget equal to the whole prompt saves nothing.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads).",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass.",
     # mlp / probes
@@ -547,25 +553,29 @@ CAPTIONS = {
               "layer shows its most selective regularisation strength.",
     # circuits
     "circuits_lens": "Logit lens: the answer's rank or log-probability read from each block's input through the final "
-                     "norm and unembedding, layer x position.",
-    "circuits_dla_heads": "Direct logit attribution per head (logits): each head's write into the answer-minus-wrong "
-                          "logit direction, with the final norm frozen.",
+                     "norm and unembedding, layer x position; row l_pre is the input of block l (after l blocks), "
+                     "final_post the output.",
+    "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
+                          "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, heads, MLPs and bias terms "
-                               "add up to the final logit difference.",
+                               "add up to the final logit difference; kinds that are exactly 0 for every example (bias "
+                               "terms of a model without biases) are left out and named in the title.",
     "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
                              "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
                              "the same size, dotted: the 80% target.",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
-                      "y = head (MLPs at -1); width = |edge score| (estimated change of the task metric), "
-                      "red positive, blue negative.",
+                      "y = head (MLPs at -1, key-value heads just left of and below their layer's query heads, labelled "
+                      "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative.",
     "top_attention": "The top heads' attention patterns on one example: row = query token, column = key token, "
                      "colour = attention weight (0-1).",
 }
 _PREFIX_CAPTIONS = {
     "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
-              "restored, 0 = corrupted). ",
+              "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
+              "own maximum is much smaller prints it in its title). ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
-                       "the subject, position x layer. ",
+                       "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
+                       "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",
     "logit_lens": "Logit lens: the answer read from each block's input through the final norm and unembedding. ",
     "dla": "Direct logit attribution: each component's contribution (logits) to the final logit difference. ",
 }

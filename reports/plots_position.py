@@ -18,6 +18,10 @@ LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": 
           "cosine": "cosine(query, passage)"}
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P")
+DASHES = ("-", "--", ":", "-.")
+
+
 def _axes(ax: Any) -> Any:
     return ax if ax is not None else plt.subplots(figsize=(6, 4))[1]
 
@@ -38,9 +42,10 @@ def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str,
         raise ConfigError(f"no curve for metric {metric!r} and conditions {conditions}; "
                           f"metrics: {sorted(curve['metric'].unique())}.")
     palette = sns.color_palette(n_colors=len(conditions))
-    for color, (cond, g) in zip(palette, data.groupby("condition", sort=False)):
-        g = g.sort_values("position")
-        ax.plot(g["position"], g["mean"], marker="o", color=color, label=cond)
+    for i, (color, (cond, g)) in enumerate(zip(palette, data.groupby("condition", sort=False))):
+        g = g.sort_values("position")  # each condition its own marker and dash: equal curves stay visible
+        ax.plot(g["position"], g["mean"], color=color, label=cond, marker=MARKERS[i % len(MARKERS)],
+                linestyle=DASHES[i % len(DASHES)], markersize=7 - i % 3, linewidth=2.2 - 0.5 * (i % 3))
         ax.fill_between(g["position"], g["ci_low"], g["ci_high"], color=color, alpha=0.2)
     ax.set_xticks(sorted(data["position"].unique()))
     ax.set_xlabel(f"gold position (of {result.summary.get('n_items', '?')})")
