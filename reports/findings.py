@@ -474,7 +474,9 @@ def circuits_finding(s: Mapping[str, Any]) -> str:
     final = _num(s.get("dla_final_logit"))
     if top:
         items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]
-        parts.append("Direct logit attribution: the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items)
+        n = s.get("n_examples")
+        parts.append("Direct logit attribution" + (f" (mean over {n} examples)" if n is not None else "")
+                     + ": the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items)
                      + (f" of a final logit difference {final:.3g}." if final is not None else "."))
     if _at_chance(s, "logit_diff", final):
         parts.append(f"The model is at chance here (final logit difference {final:.3g}, near 0): nothing to attribute.")

@@ -507,3 +507,15 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert unit == "logit difference (logits) at the answer"
     finally:
         plt.close("all")
+
+
+def test_top_heads_are_not_a_ranking_of_ties_or_zeros():
+    from headscope.reports.plots_attention import top_heads
+
+    def data(grid):
+        return {"scores": {"importance (gradient)": grid}, "default_score": "importance (gradient)"}
+
+    # MiniLM's gradient importance rounds to 0 in the explorer: no head is top, not L0H0-L0H3
+    assert top_heads(data([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])) == []
+    assert top_heads(data([[0.5, -0.9, 0.0], [0.2, 0.2, 0.2]]), k=3) == [(0, 1, -0.9), (0, 0, 0.5)]  # 0.2 ties at the cut
+    assert top_heads(data([[0.5, -0.9, 0.0], [0.2, 0.1, 0.3]]), k=3) == [(0, 1, -0.9), (0, 0, 0.5), (1, 2, 0.3)]
