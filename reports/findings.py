@@ -163,9 +163,12 @@ def attribution_finding(s: Mapping[str, Any]) -> str:
     rollout = {name: _num(s.get(f"mean_tau_rollout_{key}")) for key, name in keys}
     rollout = {k: v for k, v in rollout.items() if v is not None}
     if taus:
+        def ci(m: float, sd: float | None) -> str:  # a tau lies in [-1, 1], so its interval too
+            interval = t_interval(m, sd, n)
+            return _ci(interval and (max(-1.0, interval[0]), min(1.0, interval[1])))
+
         parts.append(f"Over {n or '?'} examples, last-layer attention agrees with "
-                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{_ci(t_interval(m, sd, n))}" for k, (m, sd) in taus.items())
-                     + ".")
+                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd)}" for k, (m, sd) in taus.items()) + ".")
         if max(abs(m) for m, _ in taus.values()) < 0.2:
             best = max(rollout.values(), default=None)
             if best is not None and best >= 0.2:
@@ -348,8 +351,9 @@ def patching_finding(s: Mapping[str, Any]) -> str:
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
         if clean is not None and corrupt is not None:
+            n = trace.get("n_examples")
             parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
-                         f"to {corrupt:.3g}.")
+                         f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
 
 

@@ -48,7 +48,9 @@ def plot_importance(result: Any, *, method: str | None = None, normalized: bool 
     method = method or ("gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0])
     column = "importance_layer_norm" if normalized else "importance"
     grid = df[df["method"] == method].pivot(index="layer", columns="head", values=column)  # [layer, head]
-    unit = "|dL/d gate| (metric units per unit gate)" if method == "gradient" else f"drop in {_metric_label(result)}"
+    loss = {"cosine": "in-batch contrastive loss", "accuracy": "answer log-probability"}.get(
+        result.summary.get("metric"), _metric_label(result))  # what the gate gradient differentiates
+    unit = f"|dL/d gate|, L = {loss}" if method == "gradient" else f"drop in {_metric_label(result)}"
     label = "importance / its layer's L2 norm (normalised view)" if normalized else unit
     bound = symmetric_bound(grid.to_numpy(dtype=float))
     annotate = grid.size <= 96 and grid.shape[1] <= 8  # wider grids: numbers would collide

@@ -56,10 +56,23 @@ def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str,
         title = f"flat: {metric} {lo:.2f}-{hi:.2f} at every gold position (position makes no difference)"
     elif title is None:
         title = "min(middle) / max(ends) = " + (f"{ratio:.2f}" if ratio is not None else "n/a (too few positions)")
+        title += _verdict(data[data["condition"] == conditions[0]])
     ax.set_title(title, fontsize="medium")
     if len(conditions) > 1:
         ax.legend(title="attention", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
+
+
+def _verdict(curve: pd.DataFrame) -> str:
+    """What the bands allow: a U-shape only when the worst middle position's band lies below both ends'."""
+    g = curve.sort_values("position")
+    if len(g) < 3:
+        return ""
+    first, last, middle = g.iloc[0], g.iloc[-1], g.iloc[1:-1]
+    worst = middle.loc[middle["mean"].idxmin()]
+    if worst["ci_high"] < first["ci_low"] and worst["ci_high"] < last["ci_low"]:
+        return "\nU-shape: the middle's 95% band lies below both ends'"
+    return "\n95% bands of the middle and an end overlap: no U-shape shown"
 
 
 def plot_gold_attention(result: Any, *, reduce: str = "max", ax: Any = None) -> Any:

@@ -253,7 +253,10 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     }
     tables = {"curve": curves, "roles": roles}
     if hc.best_head and raw:
-        primary = prune_imp.get("gradient", next(iter(raw.values())))
+        usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}
+        name = next(iter(usable), None)  # gradient first, the ablation ordering when the gradient is rounding
+        primary = usable[name] if name else next(iter(raw.values()))
+        summary["best_head_ranked_by"] = name or next(iter(raw))
         tables["best_head"] = best_head_per_layer(model, scorer, primary, baseline=baseline, progress=config.progress)
     if hc.l0 is not None:
         sweep, gates = l0_sweep(model, scorer, hc.l0, progress=config.progress)

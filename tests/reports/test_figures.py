@@ -519,3 +519,22 @@ def test_top_heads_are_not_a_ranking_of_ties_or_zeros():
     assert top_heads(data([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])) == []
     assert top_heads(data([[0.5, -0.9, 0.0], [0.2, 0.2, 0.2]]), k=3) == [(0, 1, -0.9), (0, 0, 0.5)]  # 0.2 ties at the cut
     assert top_heads(data([[0.5, -0.9, 0.0], [0.2, 0.1, 0.3]]), k=3) == [(0, 1, -0.9), (0, 0, 0.5), (1, 2, 0.3)]
+
+
+def test_position_curve_title_claims_a_u_shape_only_when_the_bands_separate():
+    from headscope.reports.plots_position import plot_curve
+
+    def curve(bands):
+        return pd.DataFrame([{"condition": "full", "metric": "accuracy", "position": p, "mean": m, "ci_low": lo,
+                              "ci_high": hi} for p, (m, lo, hi) in enumerate(bands, 1)])
+
+    summary = {"n_items": 3, "ratio_middle_to_ends": {"accuracy": 0.52 / 0.67}}
+    overlap = curve([(0.67, 0.4, 0.9), (0.52, 0.25, 0.8), (0.55, 0.3, 0.8)])  # MiniLM's 8 examples
+    separate = curve([(0.9, 0.85, 0.95), (0.4, 0.3, 0.5), (0.8, 0.7, 0.9)])
+    try:
+        title = plot_curve(_result("position", summary=summary, curve=overlap), ax=plt.subplots()[1]).get_title()
+        assert title == "min(middle) / max(ends) = 0.78\n95% bands of the middle and an end overlap: no U-shape shown"
+        title = plot_curve(_result("position", summary=summary, curve=separate), ax=plt.subplots()[1]).get_title()
+        assert title.endswith("U-shape: the middle's 95% band lies below both ends'")
+    finally:
+        plt.close("all")

@@ -172,6 +172,8 @@ def test_attribution_names_rollout_when_raw_attention_disagrees_and_sizes_its_si
     text = finding("attribution", s)
     # t interval: 0.05 -+ t(0.975, 3) 3.182 x 0.1 / 2 = [-0.11, 0.21]
     assert "gradient x input at mean Kendall tau 0.05, 95% CI [-0.11, 0.21]" in text
+    assert "leave-one-out at mean Kendall tau 0.78, 95% CI [0.55, 1.00]" in finding(  # 1.01 clipped to tau's range
+        "attribution", {**s, "mean_tau_attention_loo": 0.78, "std_tau_attention_loo": 0.1445})
     assert "attention rollout reaches tau 0.37-0.52" in text and "poor stand-in" not in text
     # Wilson interval of 8 / 16: 0.5 -+ 0.220
     assert "8 of 16 per-example taus (50%) are significant at p < 0.05, uncorrected (Wilson 95% CI 28%-72%" in text
