@@ -306,6 +306,10 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     if nonzero is not None and nonzero < 3:
         return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
                 "so it says nothing about agreement")
+    rest = _num(stats.get("pearson_without_top"))
+    if rest is not None and r - rest > 0.1:
+        return (f"{kind} r = {r:.3f} is driven by its largest cell: without it r = {rest:.3f} (n = {n - 1} cells), "
+                "so the agreement rests on one point")
     return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
 
 

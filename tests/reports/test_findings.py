@@ -197,6 +197,12 @@ def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_
     assert "Next, at other sites: attn_out at layer 1, position 5 ('5: x') (0.20); mlp_out at layer 0, position 5" in text
     assert "resid_post" not in text and "layer 2" not in text
     assert "attn_out r = 1.000 rests on 1 non-zero exact effect(s) of 60 cells, so it says nothing about agreement" in text
+    s["attribution_correlation"]["attn_out"].update(n_nonzero=7, pearson_without_top=0.42)  # the zoo: 47.8 beside < 0.6
+    assert ("attn_out r = 1.000 is driven by its largest cell: without it r = 0.420 (n = 59 cells), so the agreement "
+            "rests on one point") in finding("patching", s)
+    s["attribution_correlation"]["attn_out"].update(pearson=0.95, pearson_without_top=0.9)
+    # Fisher z: tanh(atanh(0.95) -+ 1.96 / sqrt(57))
+    assert "attn_out r = 0.950 (n = 60 cells, 95% CI [0.917, 0.970])" in finding("patching", s)
 
 
 def test_circuits_lens_names_the_block_input_row():
