@@ -18,8 +18,8 @@ def _folder(root, name: str, sign: float, top_layer: int, prunable: float):
     io.write_json(root / "manifest.json", {"model": {"name": name}, "config": {"analyses": ["heads", "position", "patching"],
                                                                                "task": XSS}, "seed": 0})
     grid = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]]
-    rows = [{"layer": l, "head": h, "method": "gradient", "importance_layer_norm": sign * grid[l][h]}
-            for l in range(2) for h in range(3)]
+    rows = [{"layer": l, "head": h, "method": "gradient", "importance": sign * grid[l][h], "importance_layer_norm": 0.0}
+            for l in range(2) for h in range(3)]  # the raw column is what the reports' findings rank by
     io.write_csv(root / "heads" / "results.csv", pd.DataFrame(rows))
     io.write_csv(root / "heads" / "curve.csv", pd.DataFrame({
         "ordering": "gradient", "recompute": False, "seed": 0, "fraction_pruned": [0.0, 0.5, 1.0], "metric": [3.0, 2.0, 0.0]}))
@@ -41,7 +41,8 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     page = page_path.read_text()
     assert XSS not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
     assert "model-a" in page and "model-b" in page
-    assert "Pearson r = -1.00 between A and B" in page  # B's importance is -A's
+    assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
+    assert "4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1)" in page  # A leaves out L0H0, B L1H2
     assert "Prunable within 1% by gradient: A 50%, B 0%." in page
     assert "Middle/ends ratio of accuracy: A 0.67, B 0.44." in page  # 0.6 / 0.9 and 0.4 / 0.9
     assert "Top resid_pre site differs: A resid_pre L0 pos 2: &lt;img" in page
