@@ -213,6 +213,26 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     return table, notes
 
 
+def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
+    """Every setting that differs between the runs: model, task, seed, --quick, --n-examples, budget,
+    the commit and package versions (manifest.json), and each analysis's example count (its summary)."""
+    ma, mb = a.manifest, b.manifest
+    ca, cb = ma.get("config") or {}, mb.get("config") or {}
+    rows = [("model", (ma.get("model") or {}).get("name"), (mb.get("model") or {}).get("name")),
+            ("task", ca.get("task") or "default", cb.get("task") or "default"), ("seed", ma.get("seed"), mb.get("seed")),
+            ("--quick", bool(ca.get("quick")), bool(cb.get("quick"))),
+            ("--n-examples", ca.get("n_examples"), cb.get("n_examples")),
+            ("budget (minutes)", ca.get("budget_minutes"), cb.get("budget_minutes")),
+            ("commit", ma.get("git_sha"), mb.get("git_sha"))]
+    va, vb = ma.get("versions") or {}, mb.get("versions") or {}
+    if isinstance(va, dict) and isinstance(vb, dict):
+        rows += [(f"{pkg} version", va.get(pkg), vb.get(pkg)) for pkg in sorted(set(va) | set(vb))]
+    for name in names:
+        rows.append((f"{name} examples", (a.summary(name) or {}).get("n_examples"), (b.summary(name) or {}).get("n_examples")))
+    return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}."
+            for what, x, y in rows if x != y]
+
+
 def compare_html(a: Run, b: Run) -> str:
     names = list(dict.fromkeys([*((a.manifest.get("config") or {}).get("analyses") or []),
                                 *((b.manifest.get("config") or {}).get("analyses") or [])]))
@@ -241,10 +261,14 @@ def compare_html(a: Run, b: Run) -> str:
     head = (f"<tr><th></th><th>A: {escape(a.label)}<br><small>{escape(str(a.path))}</small></th>"
             f"<th>B: {escape(b.label)}<br><small>{escape(str(b.path))}</small></th></tr>")
     differences = "".join(f"<li>{escape(n)}</li>" for n in notes) or "<li>No difference above the thresholds.</li>"
+    settings = settings_notes(a, b, names)
+    setting_html = ("<h2 id='settings'>Settings that differ</h2><p>Differences in the results below may come from "
+                    "these as much as from the models.</p><ul>" + "".join(f"<li>{escape(n)}</li>" for n in settings)
+                    + "</ul>") if settings else "<h2 id='settings'>Settings</h2><p>The runs share every recorded setting.</p>"
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>headscope compare</title>"
             f"<style>{CSS}.side td{{vertical-align:top;width:45%}}</style></head><body>"
             f"<h1>headscope compare</h1><p>A: {escape(a.label)} &nbsp; B: {escape(b.label)}</p>"
-            f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
+            + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
             f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"
             + "".join(blocks) + "</body></html>")
 
