@@ -362,17 +362,23 @@ def patching_finding(s: Mapping[str, Any]) -> str:
 
 
 def mlp_finding(s: Mapping[str, Any]) -> str:
-    """Key-value agreement per layer against its shuffled control."""
+    """Key-value agreement per layer against its shuffled control; with the neuron count, both as
+    k of n neurons with Wilson intervals, and "no better than the control" when the best layer's
+    interval reaches down to the control's best."""
     agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
     shuffled = [v for v in (_num(x) for x in (s.get("agreement_shuffled_per_layer") or {}).values()) if v is not None]
+    n = int(_num(s.get("n_neurons_per_layer")) or 0)
     parts = []
     if agree:
         best = max(agree, key=lambda k: agree[k])
+        interval = wilson(round(agree[best] * n), n) if n else None
+        size = (f" ({round(agree[best] * n)} of {n} neurons, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
+                if interval else "")
         parts.append(f"Agreement between a neuron's promoted token and what follows its triggers peaks at "
-                     f"{_pct(agree[best])} in layer {best} (over {s.get('n_prefixes', '?')} prefixes)")
+                     f"{_pct(agree[best])}{size} in layer {best} (over {s.get('n_prefixes', '?')} prefixes)")
         control = max(shuffled) if shuffled else None
         parts[-1] += f"; the shuffled control reaches {_pct(control)}." if control is not None else "."
-        if control is not None and agree[best] <= control + 0.02:
+        if control is not None and (interval[0] <= control if interval else agree[best] <= control + 0.02):
             parts.append("That is no better than the control: these MLPs show no key-value memory on this corpus.")
     frac = _num(s.get("answer_promoted_fraction"))
     if frac is not None:

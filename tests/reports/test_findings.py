@@ -221,3 +221,15 @@ def test_probes_selectivity_against_a_negative_control_r2():
     assert "layer 2 with r2 0.90 (sd 0.03 over 5 folds) (16 examples)." in text
     assert "R^2 is -0.26, below 0 (worse than predicting the mean), so score minus control (1.16) overstates " \
            "selectivity; against the control's floor of 0 it is 0.90." in text
+
+
+def test_mlp_agreement_is_counted_in_neurons_against_the_control():
+    s = {"agreement_per_layer": {"0": 0.03, "3": 18 / 256}, "agreement_shuffled_per_layer": {"0": 0.01, "3": 3 / 256},
+         "n_prefixes": 1248, "n_neurons_per_layer": 256}
+    text = finding("mlp", s)
+    # Wilson interval of 18 / 256: 4%-11%, above the control's 1%
+    assert "peaks at 7% (18 of 256 neurons, Wilson 95% CI 4%-11%) in layer 3 (over 1248 prefixes)" in text
+    assert "no better" not in text
+    close = {**s, "agreement_per_layer": {"3": 6 / 256}, "agreement_shuffled_per_layer": {"3": 3 / 256}}
+    assert "(6 of 256 neurons, Wilson 95% CI 1%-5%)" in finding("mlp", close)
+    assert "no better than the control" in finding("mlp", close)  # 6 of 256 reaches down to 3 of 256
