@@ -574,8 +574,9 @@ CAPTIONS = {
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
                           "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, heads, MLPs and bias terms "
-                               "add up to the final logit difference; kinds that are exactly 0 for every example (bias "
-                               "terms of a model without biases) are left out and named in the title.",
+                               "add up to the final logit difference; kinds that are 0 within rounding for every example "
+                               "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
+                               "out and named in the title.",
     "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
                              "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
                              "the same size, dotted: the 80% target.",

@@ -41,12 +41,16 @@ def dla_head_heatmap(dla_mean: pd.DataFrame, ax=None):
     return ax
 
 
+ZERO = 1e-5  # a kind whose |contribution| stays below this fraction of the largest is 0 up to rounding
+
+
 def dla_component_bars(dla: pd.DataFrame, ax=None):
     """DLA of the embeddings, each MLP, the attention biases and the final norm/unembedding bias
     terms (mean and 95% CI over examples)."""
     ax = ax or plt.gca()
     rows = dla[dla.kind != "head"]
-    silent = rows.groupby("kind", sort=False).contribution.apply(lambda c: bool((c.abs() == 0).all()))
+    floor = ZERO * float(rows.contribution.abs().max() or 0.0)  # float32 rounding of the largest writer
+    silent = rows.groupby("kind", sort=False).contribution.apply(lambda c: bool((c.abs() <= floor).all()))
     zero = [str(k) for k, v in silent.items() if v]  # e.g. bias terms of a model without biases
     rows = rows[~rows.kind.isin(zero)]
     order = list(dict.fromkeys(rows.component))
@@ -56,7 +60,7 @@ def dla_component_bars(dla: pd.DataFrame, ax=None):
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1.0), title="kind")
     ax.tick_params(axis="x", labelrotation=60)
     ax.set(xlabel="", ylabel="direct logit attribution (logits)", title="Embeddings, MLPs and bias terms"
-           + (f"\n(exactly 0 for every example, left out: {', '.join(zero)})" if zero else ""))
+           + (f"\n(0 within rounding for every example, left out: {', '.join(zero)})" if zero else ""))
     return ax
 
 

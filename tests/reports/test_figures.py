@@ -494,14 +494,15 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
                           "metric": [2.0, 2.0, 1.1]})
     ax = plot_l0(_result("heads", summary={"metric": "logit_diff", "baseline_metric": 2.0}, l0=sweep), ax=plt.subplots()[1])
     dla = pd.DataFrame([{"kind": k, "component": f"{k}{i}", "contribution": v, "example": e}
-                        for k, i, v in (("embed", 0, 1.0), ("mlp", 0, 0.5), ("attn_bias", 0, 0.0), ("unembed_bias", 0, 0.0))
+                        for k, i, v in (("embed", 0, 1.0), ("mlp", 0, 0.5), ("attn_bias", 0, 8e-7), ("unembed_bias", 0, 0.0),
+                                        ("remainder", 0, 2e-5))  # 8e-7 of 1.0 is rounding; 2e-5 is kept
                         for e in range(3)])
     bars = dla_component_bars(dla, plt.subplots()[1])
     kv = pd.DataFrame([{"policy": p, "budget": b, "example": e, "metric": 1.0} for p, b in (("full", 8), ("window", 4))
                        for e in range(3)])
     try:
         assert sorted(t.get_text() for t in ax.texts) == ["λ=0.01, 0.03", "λ=0.1"]
-        assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp"]
+        assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
         unit = eviction_plot(kv, plt.subplots()[1], "logit_diff").get_ylabel()
         assert unit == "logit difference (logits) at the answer"
