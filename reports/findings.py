@@ -554,8 +554,8 @@ CAPTIONS = {
                      "head; red positive, blue negative, centred on 0.",
     # kv
     "kv_eviction": "Task metric at the answer (y, in the task metric's units) against the number of cached positions kept "
-                   "(x, log2), per eviction policy, with a 95% bootstrap band over examples; dashed: the full cache. A "
-                   "budget equal to the whole prompt saves nothing.",
+                   "(x, log2), per eviction policy, with a 95% bootstrap band over examples; dashed: the full cache; "
+                   "dotted: the whole context, a budget that saves nothing.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads).",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass.",
     # mlp / probes

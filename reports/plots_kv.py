@@ -19,6 +19,9 @@ def eviction_plot(df: pd.DataFrame, ax=None, metric: str | None = None):
                  errorbar=("ci", 95), n_boot=1000, seed=0)
     full = df[df.policy == "full"].metric.mean()
     ax.axhline(full, color="grey", ls="--", lw=1, label="full cache")
+    whole = df[df.policy == "full"].budget.max()  # a budget this large keeps everything: it saves nothing
+    if pd.notna(whole):
+        ax.axvline(whole, color="grey", ls=":", lw=1, label=f"whole context ({int(whole)})")
     ax.set_xscale("log", base=2)
     ax.set(xlabel="cache budget (context positions kept, log scale)",
            ylabel=f"{UNITS.get(str(metric), 'task metric')} at the answer",

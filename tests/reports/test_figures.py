@@ -504,8 +504,10 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert sorted(t.get_text() for t in ax.texts) == ["λ=0.01, 0.03", "λ=0.1"]
         assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
-        unit = eviction_plot(kv, plt.subplots()[1], "logit_diff").get_ylabel()
-        assert unit == "logit difference (logits) at the answer"
+        evicted = eviction_plot(kv, plt.subplots()[1], "logit_diff")
+        assert evicted.get_ylabel() == "logit difference (logits) at the answer"
+        whole = [line for line in evicted.get_lines() if line.get_label() == "whole context (8)"]
+        assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
     finally:
         plt.close("all")
 
