@@ -158,6 +158,18 @@ def test_numerical_floor_flags_rounding_and_ties_hand_worked():
     assert "tied_top_heads_zero" not in numerical_checks({"zero": torch.tensor([[0.5, 0.4], [0.1, 0.2]])}, floor)
 
 
+def test_a_saturated_encoder_loss_is_reported_as_rounding_not_ranked(tiny_bert, monkeypatch):
+    """At a huge contrastive scale the softmax is one-hot at the unmodified model (what scale 20 did to
+    MiniLM): every gate gradient is below the float32 floor, so the summary says so and ranks no head."""
+    monkeypatch.setattr(hi, "CONTRASTIVE_SCALE", 1e4)
+    task = bert_task(tiny_bert)
+    result = heads.head_importance(tiny_bert, task, methods=("gradient", "zero"))
+    s = result.summary
+    assert result.df.loc[result.df["method"] == "gradient", "importance"].abs().max() < s["noise_floor"]
+    assert "under the numerical floor" in s["degenerate_gradient"] and s["top_heads_gradient"] == []
+    assert "degenerate_zero" not in s and len(s["top_heads_zero"]) == 5  # ablation effects are finite differences
+
+
 def test_per_layer_normalisation_hand_worked():
     got = hi.normalize_per_layer(torch.tensor([[3.0, 4.0], [0.0, 5.0]]))
     assert torch.allclose(got, torch.tensor([[0.6, 0.8], [0.0, 1.0]]))
