@@ -1,7 +1,8 @@
 """`headscope compare OUT_A OUT_B`: one self-contained HTML page setting two reports side by side.
 
 Reads only the files of two output folders (manifest.json, <analysis>/summary.json and CSVs):
-each analysis's finding for A and B, head importance (A, B and B - A when the shapes agree), the
+each analysis's finding for A and B, head importance in raw units on one diverging scale (A, B and
+B - A when the shapes agree), the
 pruning curves and position curves of both on shared axes, and the top patching sites, with the
 differences called out in words. Every string from the folders is escaped; figures are inline PNG.
 """
@@ -22,6 +23,7 @@ from headscope.errors import OutputError, OutputExistsError
 from headscope.reports import io
 from headscope.reports.findings import finding
 from headscope.reports.html_report import CSS
+from headscope.reports.plots import DIVERGING, symmetric_bound
 from headscope.reports.render import escape, figure_png
 
 SIDES = ("A", "B")
@@ -67,28 +69,39 @@ def _img(fig: Any, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" style="max-width:100%">'
 
 
-def _importance_grid(run: Run) -> pd.DataFrame | None:
+def _importance_grid(run: Run) -> tuple[pd.DataFrame, str] | None:
+    """([layer, head] importance of the gradient (else the first) method, what it is): raw units like each
+    report's own figure and top heads; older reports without the raw column give the layer-normalised one."""
     df = run.table("heads", "results")
-    if df is None or not {"method", "layer", "head", "importance_layer_norm"} <= set(df.columns):
+    if df is None or not {"method", "layer", "head"} <= set(df.columns):
+        return None
+    column = next((c for c in ("importance", "importance_layer_norm") if c in df.columns), None)
+    if column is None:
         return None
     method = "gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0]
-    return df[df["method"] == method].pivot(index="layer", columns="head", values="importance_layer_norm")  # [layer, head]
+    what = f"{method} importance" + (" (layer-normalised)" if column == "importance_layer_norm" else "")
+    return df[df["method"] == method].pivot(index="layer", columns="head", values=column), what  # [layer, head]
 
 
 def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
-    """Importance heat maps of A and B (and B - A when the model shapes agree); notes on the top heads."""
-    grids = [_importance_grid(a), _importance_grid(b)]
-    if all(g is None for g in grids):
+    """Importance heat maps of A and B on one diverging scale (and B - A when the model shapes and
+    quantities agree); notes on the top heads, ranked by the values each report's findings use."""
+    found = [_importance_grid(a), _importance_grid(b)]
+    if all(g is None for g in found):
         return "", []
-    same = all(g is not None for g in grids) and grids[0].shape == grids[1].shape
-    panels = [(f"{side}: importance (layer-normalised)", g) for side, g in zip(SIDES, grids) if g is not None]
+    grids = [None if g is None else g[0] for g in found]
+    whats = [None if g is None else g[1] for g in found]
+    same = all(g is not None for g in grids) and grids[0].shape == grids[1].shape and whats[0] == whats[1]
+    panels = [(f"{side}: {what}", g) for side, g, what in zip(SIDES, grids, whats) if g is not None]
+    bound = symmetric_bound(*[g.to_numpy(dtype=float) for g in grids if g is not None])  # A and B: one scale
     if same:
         panels.append(("B - A", grids[1] - grids[0]))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
     for ax, (title, grid) in zip(axes[0], panels):
-        diverging = title == "B - A"
-        sns.heatmap(grid, ax=ax, cmap="RdBu_r" if diverging else "viridis", center=0 if diverging else None,
-                    cbar_kws={"label": "change in importance / layer norm" if diverging else "importance / layer norm"},
+        diff = title == "B - A"
+        limit = symmetric_bound(grid.to_numpy(dtype=float)) if diff else bound
+        sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0, vmin=-limit, vmax=limit,
+                    cbar_kws={"label": "change in importance (B - A)" if diff else "importance (its own units)"},
                     xticklabels=True, yticklabels=True)
         ax.set(title=title, xlabel="head", ylabel="layer")
     fig.tight_layout()
@@ -97,13 +110,15 @@ def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
         top = [set(map(tuple, g.stack().sort_values(ascending=False).index[:5])) for g in grids]
         shared = sorted(top[0] & top[1])
         r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
-        text = (f"Head importance: Pearson r = {r:.2f} between A and B; {len(shared)} of the top 5 heads are shared"
-                + (f" ({', '.join(f'L{l}H{h}' for l, h in shared)})." if shared else "."))
+        text = (f"Head importance ({whats[0]}): Pearson r = {r:.2f} between A and B; {len(shared)} of the top 5 heads "
+                "are shared" + (f" ({', '.join(f'L{l}H{h}' for l, h in shared)})." if shared else "."))
         notes.append(text if r < 0.95 or len(shared) < 5 else SAME + text)
+    elif all(g is not None for g in grids) and whats[0] != whats[1]:
+        notes.append(f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no cell-by-cell difference.")
     elif all(g is not None for g in grids):
         notes.append(f"Head importance: the models differ in shape ({grids[0].shape[0]}x{grids[0].shape[1]} vs "
                      f"{grids[1].shape[0]}x{grids[1].shape[1]} layers x heads); no cell-by-cell difference.")
-    return _img(fig, "head importance"), notes
+    return _img(fig, "head importance of A and B on one diverging scale" + (" and B - A" if same else "")), notes
 
 
 def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str) -> Any:
@@ -198,6 +213,26 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     return table, notes
 
 
+def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
+    """Every setting that differs between the runs: model, task, seed, --quick, --n-examples, budget,
+    the commit and package versions (manifest.json), and each analysis's example count (its summary)."""
+    ma, mb = a.manifest, b.manifest
+    ca, cb = ma.get("config") or {}, mb.get("config") or {}
+    rows = [("model", (ma.get("model") or {}).get("name"), (mb.get("model") or {}).get("name")),
+            ("task", ca.get("task") or "default", cb.get("task") or "default"), ("seed", ma.get("seed"), mb.get("seed")),
+            ("--quick", bool(ca.get("quick")), bool(cb.get("quick"))),
+            ("--n-examples", ca.get("n_examples"), cb.get("n_examples")),
+            ("budget (minutes)", ca.get("budget_minutes"), cb.get("budget_minutes")),
+            ("commit", ma.get("git_sha"), mb.get("git_sha"))]
+    va, vb = ma.get("versions") or {}, mb.get("versions") or {}
+    if isinstance(va, dict) and isinstance(vb, dict):
+        rows += [(f"{pkg} version", va.get(pkg), vb.get(pkg)) for pkg in sorted(set(va) | set(vb))]
+    for name in names:
+        rows.append((f"{name} examples", (a.summary(name) or {}).get("n_examples"), (b.summary(name) or {}).get("n_examples")))
+    return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}."
+            for what, x, y in rows if x != y]
+
+
 def compare_html(a: Run, b: Run) -> str:
     names = list(dict.fromkeys([*((a.manifest.get("config") or {}).get("analyses") or []),
                                 *((b.manifest.get("config") or {}).get("analyses") or [])]))
@@ -226,10 +261,14 @@ def compare_html(a: Run, b: Run) -> str:
     head = (f"<tr><th></th><th>A: {escape(a.label)}<br><small>{escape(str(a.path))}</small></th>"
             f"<th>B: {escape(b.label)}<br><small>{escape(str(b.path))}</small></th></tr>")
     differences = "".join(f"<li>{escape(n)}</li>" for n in notes) or "<li>No difference above the thresholds.</li>"
+    settings = settings_notes(a, b, names)
+    setting_html = ("<h2 id='settings'>Settings that differ</h2><p>Differences in the results below may come from "
+                    "these as much as from the models.</p><ul>" + "".join(f"<li>{escape(n)}</li>" for n in settings)
+                    + "</ul>") if settings else "<h2 id='settings'>Settings</h2><p>The runs share every recorded setting.</p>"
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>headscope compare</title>"
             f"<style>{CSS}.side td{{vertical-align:top;width:45%}}</style></head><body>"
             f"<h1>headscope compare</h1><p>A: {escape(a.label)} &nbsp; B: {escape(b.label)}</p>"
-            f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
+            + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
             f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"
             + "".join(blocks) + "</body></html>")
 

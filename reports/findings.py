@@ -9,6 +9,13 @@ model is at chance on the task: then `finding` opens with that and the findings 
 the clean metric (heads prunable or L0-kept "within 1%", kv budgets "within 1%" of the full cache,
 patching effects as shares of the clean-corrupted gap) are left out. Summaries without the entry
 (older results) keep the logit-difference heuristic `_at_chance`.
+
+A finding claims only what its numbers carry (REFERENCES.md, "Claims a reviewer accepts"): each
+states its n; a mean tau carries its t interval, a fraction its Wilson interval, a correlation its
+Fisher interval and how many points it rests on; a shape (U-shape, neglected middle) is claimed only
+when the bootstrap intervals of the positions it contrasts separate; importance that is rounding
+(the heads summary's degenerate_<method>) or top heads that tie are said so and not ranked; a
+budget or lens layer is named in the figure's own terms (the whole prompt, "after block l").
 """
 from __future__ import annotations
 
@@ -29,6 +36,38 @@ def _num(value: Any) -> float | None:
 
 def _pct(fraction: float) -> str:
     return f"{100 * fraction:.0f}%"
+
+
+FEW = 10  # fewer examples than this: a rate or a mean is stated with the warning that it is too few to generalise
+
+
+def t_interval(mean: float, sd: float | None, n: int, level: float = 0.95) -> tuple[float, float] | None:
+    """Student-t interval of a mean from its sample sd and n (None when n < 2 or sd is unknown)."""
+    if sd is None or n < 2 or not math.isfinite(sd):
+        return None
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score 95% interval of a proportion k / n."""
+    p, denom = k / n, 1 + z * z / n
+    centre, half = (p + z * z / (2 * n)) / denom, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def fisher_interval(r: float, n: int, z: float = 1.959964) -> tuple[float, float] | None:
+    """Fisher-z 95% interval of a Pearson r over n points (None when n < 4 or |r| = 1)."""
+    if n < 4 or abs(r) >= 1:
+        return None
+    centre, half = math.atanh(r), z / math.sqrt(n - 3)
+    return math.tanh(centre - half), math.tanh(centre + half)
+
+
+def _ci(interval: tuple[float, float] | None, fmt: str = ".2f") -> str:
+    return f", 95% CI [{interval[0]:{fmt}}, {interval[1]:{fmt}}]" if interval else ""
 
 
 METRIC_WORDS = {"logit_diff": "logit difference", "logprob": "answer log-probability", "accuracy": "accuracy",
@@ -67,6 +106,9 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     return f"{who}{said}; relative findings are not reported."
 
 
+METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
+
+
 def heads_finding(s: Mapping[str, Any]) -> str:
     """Baseline, prunable heads per ordering, and the head roles found."""
     parts = []
@@ -79,8 +121,13 @@ def heads_finding(s: Mapping[str, Any]) -> str:
         parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
                      "and pruning curves measure noise here, not a mechanism.")
     relative = _chance(s) is None  # "within 1%" of a clean metric at chance says nothing
+    degenerate = {k.removeprefix("degenerate_"): v for k, v in s.items() if k.startswith("degenerate_")}
+    for method, why in degenerate.items():
+        parts.append(f"{METHOD_WORDS.get(method, method).capitalize()} importance is rounding, not a measurement: {why}.")
+    noisy = {"gradient"} & set(degenerate) | ({"ablation"} if set(degenerate) & {"zero", "mean", "resample"} else set())
     prunable = {k.removeprefix("max_fraction_prunable_"): _num(v) for k, v in s.items()
-                if relative and k.startswith("max_fraction_prunable_") and _num(v) is not None}
+                if relative and k.startswith("max_fraction_prunable_") and _num(v) is not None
+                and k.removeprefix("max_fraction_prunable_").removesuffix("_recompute") not in noisy}
     if prunable and n_heads:
         best = max(prunable, key=lambda k: prunable[k])
         heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
@@ -89,6 +136,11 @@ def heads_finding(s: Mapping[str, Any]) -> str:
         others = [f"{k.replace('_', ' ')} {_pct(v)}" for k, v in prunable.items() if k != best]
         if others:
             parts.append("Other orderings: " + ", ".join(others) + ".")
+    for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
+        tied = [str(h) for h in s[f"tied_top_heads_{method}"]]
+        if tied:
+            parts.append(f"By {METHOD_WORDS.get(method, method)}, {', '.join(tied)} tie within rounding among the top "
+                         "heads: their order is arbitrary.")
     roles = s.get("roles")
     if isinstance(roles, Mapping):
         found = [f"{len(v)} {k.replace('_', '-')} ({', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''})"
@@ -101,19 +153,42 @@ def heads_finding(s: Mapping[str, Any]) -> str:
 
 
 def attribution_finding(s: Mapping[str, Any]) -> str:
-    """Kendall tau of attention against gradients and leave-one-out; permutation and adversarial tests."""
+    """Kendall tau of attention against gradients and leave-one-out (t intervals), rollout's when raw
+    attention disagrees, the fraction of significant taus (Wilson interval); permutation and adversarial tests."""
     parts = []
-    taus = {name: _num(s.get(f"mean_tau_attention_{key}")) for key, name in
-            (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))}
-    taus = {k: v for k, v in taus.items() if v is not None}
+    n = int(_num(s.get("n_examples")) or 0)
+    keys = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
+    taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
+    taus = {k: v for k, v in taus.items() if v[0] is not None}
+    rollout = {name: _num(s.get(f"mean_tau_rollout_{key}")) for key, name in keys}
+    rollout = {k: v for k, v in rollout.items() if v is not None}
     if taus:
-        parts.append(f"Over {s.get('n_examples', '?')} examples, last-layer attention agrees with "
-                     + ", ".join(f"{k} at mean Kendall tau {v:.2f}" for k, v in taus.items()) + ".")
-        if max(abs(v) for v in taus.values()) < 0.2:
-            parts.append("Agreement is weak: attention weights are a poor stand-in for token importance here.")
+        def ci(m: float, sd: float | None) -> str:  # a tau lies in [-1, 1], so its interval too
+            interval = t_interval(m, sd, n)
+            return _ci(interval and (max(-1.0, interval[0]), min(1.0, interval[1])))
+
+        parts.append(f"Over {n or '?'} examples, last-layer attention agrees with "
+                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd)}" for k, (m, sd) in taus.items()) + ".")
+        if max(abs(m) for m, _ in taus.values()) < 0.2:
+            best = max(rollout.values(), default=None)
+            if best is not None and best >= 0.2:
+                lo = min(rollout.values())
+                parts.append(f"Raw last-layer attention agrees weakly, but attention rollout reaches tau "
+                             f"{lo:.2f}-{best:.2f} against the same methods: attention flow through the layers tracks "
+                             "token importance where the last layer's raw weights do not.")
+            else:
+                parts.append("Agreement is weak" + (" for rollout too" if rollout else "")
+                             + ": attention weights are a poor stand-in for token importance here.")
     frac = _num(s.get("fraction_significant"))
-    if frac is not None:
-        parts.append(f"{_pct(frac)} of the per-example taus are significant.")
+    tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
+    if frac is not None and tests > 0:
+        k = round(frac * tests)
+        lo, hi = wilson(k, tests)
+        parts.append(f"{k} of {tests} per-example taus ({_pct(frac)}) are significant at p < 0.05, uncorrected "
+                     f"(Wilson 95% CI {_pct(lo)}-{_pct(hi)}; 5% would be by chance)"
+                     + (f"; {n} examples are too few to say how often attention agrees." if 0 < n < FEW else "."))
+    elif frac is not None:
+        parts.append(f"{_pct(frac)} of the per-example taus are significant (p < 0.05, uncorrected).")
     tvd = _num(s.get("median_permutation_tvd"))
     if tvd is not None:
         layer = s.get("permutation_layer", "?")
@@ -149,11 +224,11 @@ def position_finding(s: Mapping[str, Any]) -> str:
                          "cannot show lost-in-the-middle.")
         else:
             parts.append(f"{metric.capitalize()} ranges from {lo:.2f} (gold at position {worst}) to {hi:.2f} "
-                         f"over {len(values)} gold positions.")
+                         f"over {len(values)} gold positions ({s.get('n_examples', '?')} examples).")
     ratio = _num(s.get("ratio_middle_to_ends", {}).get(metric))
     if ratio is not None and values and max(values.values()) - min(values.values()) >= FLAT:
-        parts.append(f"The worst middle position reaches {ratio:.2f} of the best end"
-                     + (" (a U-shape: the middle is neglected)." if ratio < 0.9 else "."))
+        parts.append(f"The worst middle position reaches {ratio:.2f} of the best end. "
+                     + _shape(values, (s.get("ci_per_position") or {}).get(metric) or {}, s.get("n_examples")))
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
     base = _num(s.get("sink_uniform_baseline"))
     if sinks and base is not None:
@@ -168,6 +243,30 @@ def position_finding(s: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _shape(values: Mapping[str, float], ci: Mapping[str, Any], n: Any) -> str:
+    """What the bootstrap intervals allow about the middle against the ends: a U-shape only when the
+    worst middle position's interval lies below both ends' intervals."""
+    order = sorted(values, key=lambda k: float(k))
+    middle = [k for k in order[1:-1]]
+    if not middle:
+        return ""
+    worst = min(middle, key=lambda k: values[k])
+    bounds = {k: ci.get(k) for k in (order[0], worst, order[-1])}
+    if not all(isinstance(b, (list, tuple)) and len(b) == 2 and all(_num(x) is not None for x in b) for b in bounds.values()):
+        return "No intervals to test the shape: no U-shape is claimed."
+    size = f"n = {n} examples per position" if n is not None else "n unknown"
+    below = [end for end, name in ((order[0], "first"), (order[-1], "last")) if bounds[worst][1] < bounds[end][0]]
+    if len(below) == 2:
+        return (f"Its 95% interval [{bounds[worst][0]:.2f}, {bounds[worst][1]:.2f}] lies below both ends' ({size}): "
+                "a U-shape, the middle is neglected.")
+    if below:
+        which = "first" if below[0] == order[0] else "last"
+        return (f"Its 95% interval lies below the {which} end's only ({size}): a decline toward the other end, "
+                "not a U-shape.")
+    return (f"Its 95% interval overlaps both ends' ({size}): no evidence that the middle is neglected at this "
+            "sample size.")
+
+
 def _site(cell: Mapping[str, Any], kind: str) -> str:
     where = [f"layer {cell.get('layer')}"]
     if cell.get("head") is not None:
@@ -175,6 +274,43 @@ def _site(cell: Mapping[str, Any], kind: str) -> str:
     if cell.get("pos") is not None:
         where.append(f"position {cell['pos']} ('{cell.get('token', '')}')")
     return f"{kind} at {', '.join(where)}"
+
+
+RESIDUAL = {"resid_pre": 0, "resid_post": 1}  # resid_post of layer l is resid_pre of layer l + 1: one state
+
+
+def _state(kind: str, cell: Mapping[str, Any]) -> tuple:
+    """A key equal for cells that patch the same activation (resid_post l and resid_pre l + 1)."""
+    if kind in RESIDUAL:
+        return ("resid", int(cell.get("layer") or 0) + RESIDUAL[kind], cell.get("pos"))
+    return (kind, cell.get("layer"), cell.get("head"), cell.get("pos"))
+
+
+def _distinct_sites(cells: list) -> list:
+    """The strongest cell, then the strongest of each other site type, each a different activation
+    (the residual stream at one position is one site however many residual kinds name it)."""
+    seen_states, seen_kinds, out = set(), set(), []
+    for kind, cell in cells:
+        state, family = _state(kind, cell), "resid" if kind in RESIDUAL else kind
+        if state in seen_states or family in seen_kinds:
+            continue
+        seen_states.add(state)
+        seen_kinds.add(family)
+        out.append((kind, cell))
+    return out
+
+
+def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
+    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything."""
+    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
+    if nonzero is not None and nonzero < 3:
+        return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
+                "so it says nothing about agreement")
+    rest = _num(stats.get("pearson_without_top"))
+    if rest is not None and r - rest > 0.1:
+        return (f"{kind} r = {r:.3f} is driven by its largest cell: without it r = {rest:.3f} (n = {n - 1} cells), "
+                "so the agreement rests on one point")
+    return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
 
 
 def patching_finding(s: Mapping[str, Any]) -> str:
@@ -191,11 +327,12 @@ def patching_finding(s: Mapping[str, Any]) -> str:
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
                          "restore, so the patching maps show noise.")
     top = s.get("top_sites") or {}
-    cells = [(kind, c) for kind, rows in top.items() for c in rows[:1] if _num(c.get("effect")) is not None]
+    cells = [(kind, c) for kind, rows in top.items() for c in rows if _num(c.get("effect")) is not None]
     if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise
         cells = []
     if cells:
         cells.sort(key=lambda kc: -abs(kc[1]["effect"]))
+        cells = _distinct_sites(cells)
         kind, best = cells[0]
 
         def share(effect: float) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
@@ -207,35 +344,41 @@ def patching_finding(s: Mapping[str, Any]) -> str:
             parts.append("No single site moves more than 5% of the gap: the effect is spread out or the task is not solved.")
         runners = [f"{_site(c, k)} ({c['effect'] / gap if gap else c['effect']:.2f})" for k, c in cells[1:3]]
         if runners:
-            parts.append("Next: " + "; ".join(runners) + ".")
+            parts.append("Next, at other sites: " + "; ".join(runners) + ".")
     corr = s.get("attribution_correlation")
     if isinstance(corr, Mapping):
-        rs = [(k, _num(v.get("pearson"))) for k, v in corr.items() if isinstance(v, Mapping)]
-        rs = [(k, r) for k, r in rs if r is not None]
-        if rs:
-            parts.append("Attribution patching vs exact (Pearson r): " + ", ".join(f"{k} {r:.3f}" for k, r in rs)
-                         + "; a high r can hide a scale error, see the per-site slopes in the figure.")
+        said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
+        if said:
+            parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said)
+                         + ". A high r can hide a scale error: see the per-site slopes in the figure.")
     trace = s.get("causal_tracing")
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
         if clean is not None and corrupt is not None:
+            n = trace.get("n_examples")
             parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
-                         f"to {corrupt:.3g}.")
+                         f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
 
 
 def mlp_finding(s: Mapping[str, Any]) -> str:
-    """Key-value agreement per layer against its shuffled control."""
+    """Key-value agreement per layer against its shuffled control; with the neuron count, both as
+    k of n neurons with Wilson intervals, and "no better than the control" when the best layer's
+    interval reaches down to the control's best."""
     agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
     shuffled = [v for v in (_num(x) for x in (s.get("agreement_shuffled_per_layer") or {}).values()) if v is not None]
+    n = int(_num(s.get("n_neurons_per_layer")) or 0)
     parts = []
     if agree:
         best = max(agree, key=lambda k: agree[k])
+        interval = wilson(round(agree[best] * n), n) if n else None
+        size = (f" ({round(agree[best] * n)} of {n} neurons, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
+                if interval else "")
         parts.append(f"Agreement between a neuron's promoted token and what follows its triggers peaks at "
-                     f"{_pct(agree[best])} in layer {best} (over {s.get('n_prefixes', '?')} prefixes)")
+                     f"{_pct(agree[best])}{size} in layer {best} (over {s.get('n_prefixes', '?')} prefixes)")
         control = max(shuffled) if shuffled else None
         parts[-1] += f"; the shuffled control reaches {_pct(control)}." if control is not None else "."
-        if control is not None and agree[best] <= control + 0.02:
+        if control is not None and (interval[0] <= control if interval else agree[best] <= control + 0.02):
             parts.append("That is no better than the control: these MLPs show no key-value memory on this corpus.")
     frac = _num(s.get("answer_promoted_fraction"))
     if frac is not None:
@@ -266,11 +409,24 @@ def kv_finding(s: Mapping[str, Any]) -> str:
     if full is not None and _chance(s) is not None:
         parts.append(f"Full-cache metric {full:.3g}.")
     elif full is not None and budgets:
-        ok = []
+        context = _num(s.get("context_positions")) or max((int(b) for v in budgets.values() for b in v), default=None)
+        ok, saving = [], False
         for policy, by_budget in budgets.items():
             kept = sorted(int(b) for b, v in by_budget.items() if _num(v) is not None and v >= full - 0.01 * abs(full))
-            ok.append(f"{policy.replace('_', ' ')} from {kept[0]} positions" if kept else f"{policy.replace('_', ' ')} never")
-        parts.append(f"Full-cache metric {full:.3g}; within 1% of it: " + ", ".join(ok) + ".")
+            name = policy.replace("_", " ")
+            if not kept:
+                ok.append(f"{name} never")
+            elif context is not None and kept[0] >= context:
+                ok.append(f"{name} only with the whole context")
+            else:
+                saving = True
+                ok.append(f"{name} from {kept[0]} positions" + (f" of {context:.0f}" if context else ""))
+        n = s.get("n_examples")
+        parts.append(f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}"
+                     + (f" (mean over {n} examples)" if n is not None else "") + "; within 1% of it: " + ", ".join(ok) + ".")
+        if not saving:
+            parts.append("No eviction policy saves anything here: every policy needs the whole context"
+                         + (f" ({context:.0f} positions)" if context else "") + " to stay within 1% (or never gets there).")
     return " ".join(parts)
 
 
@@ -280,13 +436,20 @@ def probes_finding(s: Mapping[str, Any]) -> str:
     best = _num(s.get(f"best_{metric}"))
     if best is None:
         return ""
-    parts = [f"The {s.get('labels', '')} probe is best at layer {s.get('best_layer', '?')} with {metric} {best:.2f}"]
+    sd, folds, n = _num(s.get("best_std")), s.get("cv"), s.get("n_examples")
+    spread = f" (sd {sd:.2f} over {folds} folds)" if sd is not None and folds else ""
+    parts = [f"The {s.get('labels', '')} probe is best at layer {s.get('best_layer', '?')} with {metric} {best:.2f}{spread}"]
     majority = _num(s.get("majority_baseline"))
-    parts[-1] += f" against a majority baseline of {majority:.2f}." if majority is not None else "."
+    parts[-1] += f" against a majority baseline of {majority:.2f}" if majority is not None else ""
+    parts[-1] += f" ({n} examples)." if n is not None else "."
     if majority is not None and best <= majority + 0.02 and "chance" not in s:
         parts.append("That is chance level: the property is not linearly readable from these activations.")
-    sel = _num(s.get("best_selectivity"))
-    if sel is not None:
+    sel, control = _num(s.get("best_selectivity")), _num(s.get("best_control"))
+    if sel is not None and metric == "r2" and control is not None and control < 0 and best is not None:
+        floor = best - max(control, 0.0)
+        parts.append(f"The control task's R^2 is {control:.2f}, below 0 (worse than predicting the mean), so score minus "
+                     f"control ({sel:.2f}) overstates selectivity; against the control's floor of 0 it is {floor:.2f}.")
+    elif sel is not None:
         parts.append(f"Selectivity (score minus the control task) is {sel:.2f}"
                      + ("; low selectivity means the probe memorises rather than reads." if sel < 0.1 else "."))
     capacity = s.get("capacity")
@@ -306,13 +469,28 @@ def circuits_finding(s: Mapping[str, Any]) -> str:
         return f"Skipped: {s['skipped']}"
     parts = []
     first = s.get("lens_first_top1_layer", s.get("first_top1_layer"))
-    if first is not None:
-        parts.append(f"The logit lens first ranks the answer top-1 at layer {first}.")
+    per_layer = s.get("lens_top1_fraction_per_layer") or {}
+    if isinstance(first, int):
+        n_layers = len(per_layer) - 1 if per_layer else None
+        frac = _num(per_layer.get(str(first)))
+        share = f" (top-1 in {_pct(frac)} of {s.get('n_examples', '?')} examples)" if frac is not None else ""
+        if n_layers is not None and first >= n_layers:
+            parts.append(f"The logit lens ranks the answer top-1 (median over examples) only at the model's output, "
+                         f"after all {n_layers} blocks{share}.")
+        elif first == 0:
+            parts.append(f"The logit lens ranks the answer top-1 (median over examples) already at the embeddings, "
+                         f"before block 0{share}.")
+        else:
+            of = f" of {n_layers}" if n_layers is not None else ""
+            parts.append(f"The logit lens first ranks the answer top-1 (median over examples) at the input of block "
+                         f"{first} (row {first}_pre), after {first}{of} blocks{share}.")
     top = {k: _num(v) for k, v in (s.get("dla_top_components") or {}).items() if _num(v) is not None}
     final = _num(s.get("dla_final_logit"))
     if top:
         items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]
-        parts.append("Direct logit attribution: the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items)
+        n = s.get("n_examples")
+        parts.append("Direct logit attribution" + (f" (mean over {n} examples)" if n is not None else "")
+                     + ": the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items)
                      + (f" of a final logit difference {final:.3g}." if final is not None else "."))
     if _at_chance(s, "logit_diff", final):
         parts.append(f"The model is at chance here (final logit difference {final:.3g}, near 0): nothing to attribute.")
@@ -340,14 +518,16 @@ def finding(name: str, summary: Mapping[str, Any]) -> str:
 
 CAPTIONS = {
     # heads
-    "importance": "Head importance, layer x head, both methods: |dL/d gate| (gradient) and the metric drop when the head "
-                  "alone is zero-ablated, each divided by its layer's L2 norm (unitless; below 0: removing the head "
-                  "helps). Bright cells are heads to keep.",
-    "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads). "
-                     "Read where each ordering falls below the dotted 1% floor; the random band spans the seeds.",
+    "importance": "Head importance, layer x head, both methods in their own units: |dL/d gate| (gradient) and the drop in "
+                  "the task metric when the head alone is zero-ablated (below 0, blue: removing the head helps); red is "
+                  "positive, white 0. A panel marked rounding only has no head above the numerical floor.",
+    "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
+                     "each ordering with its own marker and dash. Read where each falls below the dotted 1% floor; the "
+                     "random band spans the seeds.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job.",
-    "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda.",
+    "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
+          "(lambdas that land on one point share a label).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
              "(the mean maximum attention weight).",
     # attribution
@@ -358,20 +538,24 @@ CAPTIONS = {
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
                    "while the output stays within epsilon.",
     # position
-    "position_curve": "Answer metric (y) by the gold item's slot in the context (x), bootstrap 95% band. A U-shape means "
-                      "the middle is neglected; a flat line means position does not matter here.",
+    "position_curve": "Answer metric (y) by the gold item's slot in the context (x), bootstrap 95% band over examples. "
+                      "The middle is neglected only where its band lies below both ends' bands; overlapping bands show "
+                      "no difference at this sample size.",
     "position_gold_attention": "Attention mass (0-1) on the gold span, layer x gold position, max over heads.",
     "position_sinks": "Per layer, attention mass on the first tokens (0-1) against the uniform-attention baseline (dashed).",
     "position_streaming": "Answer log-probability (nats) by gold position with the full context and with streaming "
-                          "windows (sinks + recent tokens).",
+                          "windows (sinks + recent tokens); each condition has its own marker and dash, so equal curves "
+                          "stay visible.",
     # patching
     "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both in normalised "
                             "logit difference; the dashed line is y = x and each site type's fitted slope is in the legend "
                             "(slope 0.5 = a 2x underestimate).",
-    "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers.",
+    "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers, layer x "
+                     "head; red positive, blue negative, centred on 0.",
     # kv
-    "kv_eviction": "Task metric at the answer (y) against the number of cached positions kept (x, log2), per eviction "
-                   "policy, with a 95% bootstrap band over examples; dashed: the full cache.",
+    "kv_eviction": "Task metric at the answer (y, in the task metric's units) against the number of cached positions kept "
+                   "(x, log2), per eviction policy, with a 95% bootstrap band over examples; dashed: the full cache; "
+                   "dotted: the whole context, a budget that saves nothing.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads).",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass.",
     # mlp / probes
@@ -385,25 +569,30 @@ CAPTIONS = {
               "layer shows its most selective regularisation strength.",
     # circuits
     "circuits_lens": "Logit lens: the answer's rank or log-probability read from each block's input through the final "
-                     "norm and unembedding, layer x position.",
-    "circuits_dla_heads": "Direct logit attribution per head (logits): each head's write into the answer-minus-wrong "
-                          "logit direction, with the final norm frozen.",
+                     "norm and unembedding, layer x position; row l_pre is the input of block l (after l blocks), "
+                     "final_post the output.",
+    "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
+                          "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, heads, MLPs and bias terms "
-                               "add up to the final logit difference.",
+                               "add up to the final logit difference; kinds that are 0 within rounding for every example "
+                               "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
+                               "out and named in the title.",
     "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
                              "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
                              "the same size, dotted: the 80% target.",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
-                      "y = head (MLPs at -1); width = |edge score| (estimated change of the task metric), "
-                      "red positive, blue negative.",
+                      "y = head (MLPs at -1, key-value heads just left of and below their layer's query heads, labelled "
+                      "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative.",
     "top_attention": "The top heads' attention patterns on one example: row = query token, column = key token, "
                      "colour = attention weight (0-1).",
 }
 _PREFIX_CAPTIONS = {
     "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
-              "restored, 0 = corrupted). ",
+              "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
+              "own maximum is much smaller prints it in its title). ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
-                       "the subject, position x layer. ",
+                       "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
+                       "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",
     "logit_lens": "Logit lens: the answer read from each block's input through the final norm and unembedding. ",
     "dla": "Direct logit attribution: each component's contribution (logits) to the final logit difference. ",
 }

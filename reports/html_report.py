@@ -33,7 +33,9 @@ nav.toc ol{columns:3;font-size:.9em}nav.toc a{text-decoration:none}
 .figs img{max-width:100%;margin:0 auto}
 figcaption{font-size:.85em;color:#444}details{margin:.3em 0}summary{cursor:pointer;color:#235}
 .provenance{font-size:.85em;color:#444;border-top:1px solid #ddd;margin-top:3em}
+.scroll{max-height:28em;overflow:auto;border:1px solid #eee}.scroll thead th{position:sticky;top:0;background:#f6f6f6}
 """
+HTML_ROWS = 100  # rows of each CSV inline (scrollable past about 20); the whole table is the linked CSV
 
 def _headline(summary: Mapping[str, Any], n: int = 4) -> str:
     scalars = [(k, v) for k, v in summary.items() if isinstance(v, (int, float, str, bool)) and not isinstance(v, bool)]
@@ -57,21 +59,25 @@ def _figures_html(folder: Path) -> str:
         data = base64.b64encode(png.read_bytes()).decode("ascii")
         text = caption(png.stem)
         wide = ' class="wide"' if _png_width(png) > 1000 else ""  # a multi-panel figure takes the whole row
-        cells.append(f'<figure{wide}><img alt="{escape(png.stem)}" src="data:image/png;base64,{data}">'
+        alt = f"{png.stem}: {text}" if text else png.stem  # what the figure shows, not only its file name
+        cells.append(f'<figure{wide}><img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
                      f"<figcaption><b>{escape(png.stem)}</b>{': ' + escape(text) if text else ''}</figcaption></figure>")
     return f'<div class="figs">{"".join(cells)}</div>' if cells else ""
 
 
 def _tables_html(folder: Path, summary: Mapping[str, Any]) -> str:
-    """The summary and every CSV's first rows, each collapsed in a <details> (an empty CSV says so)."""
+    """The summary and every CSV's first HTML_ROWS rows in a scrollable box, each collapsed in a
+    <details> with a link to the CSV file (an empty CSV says so)."""
     parts = [f"<details><summary>summary.json ({len(summary)} keys)</summary>{summary_html(summary)}</details>"]
     for csv in sorted(folder.glob("*.csv")):
+        href = escape(f"{folder.name}/{csv.name}")
         try:
             df = pd.read_csv(csv)
-            body, size = table_html(df), f"{len(df)} rows"
+            body, size = f'<div class="scroll">{table_html(df, max_rows=HTML_ROWS)}</div>', f"{len(df)} rows"
         except pd.errors.EmptyDataError:
             body, size = "<p><em>empty</em></p>", "empty"
-        parts.append(f"<details><summary>{escape(csv.name)} ({size})</summary>{body}</details>")
+        parts.append(f'<details><summary>{escape(csv.name)} ({size}) <a href="{href}">{escape(csv.name)}</a></summary>'
+                     f"{body}</details>")
     return "".join(parts)
 
 
@@ -195,7 +201,8 @@ def _top_heads_html(out: Path) -> str:
     png = figure_png(fig)
     plt.close(fig)
     data = base64.b64encode(png).decode("ascii")
-    return (f'<figure><img alt="top_attention" src="data:image/png;base64,{data}" style="max-width:100%">'
+    alt = escape("top_attention: " + caption("top_attention"))
+    return (f'<figure><img alt="{alt}" src="data:image/png;base64,{data}" style="max-width:100%">'
             f"<figcaption><b>top_attention</b>: {escape(caption('top_attention'))}</figcaption></figure>")
 
 
@@ -228,7 +235,8 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     html = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{escape(title)}</h1><p>{escape(facts)}. Data: the CSV and JSON files beside this report; "
+        f"<h1>{escape(title)}</h1><p>{escape(facts)}. Data: the CSV and JSON files beside this report (each "
+        "section links its CSVs); "
         "provenance at the bottom and in manifest.json.</p>"
         + _toc_html(toc) + _findings_html(names, status, texts) + "".join(sections) + _provenance_html(info)
         + "</body></html>"

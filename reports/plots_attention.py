@@ -22,14 +22,21 @@ def _text(token: Any) -> str:
 
 
 def top_heads(data: Mapping[str, Any], score: str | None = None, k: int = 4) -> list[tuple[int, int, float]]:
-    """(layer, head, score) of the k heads with the largest |score| (the explorer's default score)."""
+    """(layer, head, score) of the k heads with the largest |score| (the explorer's default score).
+    Heads scoring 0 are left out, and a boundary tie is not broken by head index: when the k-th and
+    the next head tie, the tied heads are all dropped (none when everything ties, e.g. a score that is
+    rounding everywhere), so the panels never present an arbitrary order as a ranking."""
     name = score or data.get("default_score") or next(iter(data.get("scores") or {}), None)
     grid = (data.get("scores") or {}).get(name)
     if grid is None:
         return []
     cells = [(layer, head, float(v)) for layer, row in enumerate(grid) for head, v in enumerate(row)
              if isinstance(v, (int, float)) and np.isfinite(v)]
-    return sorted(cells, key=lambda c: (-abs(c[2]), c[0], c[1]))[:k]
+    ranked = sorted((c for c in cells if c[2] != 0), key=lambda c: (-abs(c[2]), c[0], c[1]))
+    if len(ranked) > k and abs(ranked[k - 1][2]) == abs(ranked[k][2]):
+        tie = abs(ranked[k][2])
+        return [c for c in ranked[:k] if abs(c[2]) != tie]
+    return ranked[:k]
 
 
 def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: int = 4, example: int = 0) -> Figure | None:

@@ -1,5 +1,5 @@
-"""Figures of the circuits analysis: the logit lens (layer x position), DLA per head (heads x
-layers), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size and the
+"""Figures of the circuits analysis: the logit lens (layer x position), DLA per head (layers x
+heads), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size and the
 circuit graph of the strongest edges."""
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+
+from headscope.reports.plots import DIVERGING, symmetric_bound
 
 
 def lens_heatmap(lens: pd.DataFrame, ax=None, value: str = "logprob"):
@@ -27,15 +29,19 @@ def lens_heatmap(lens: pd.DataFrame, ax=None, value: str = "logprob"):
 
 
 def dla_head_heatmap(dla_mean: pd.DataFrame, ax=None):
-    """Mean DLA of each head, heads x layers, on a diverging scale centred at 0."""
+    """Mean DLA of each head, layers (rows) x heads (columns) like every head grid, on a diverging
+    scale centred at 0 (red: writes toward the answer)."""
     ax = ax or plt.gca()
     heads = dla_mean[dla_mean.kind == "head"].astype({"layer": int, "head": int})
-    grid = heads.pivot_table(index="head", columns="layer", values="contribution", aggfunc="mean")
-    bound = float(np.nanmax(np.abs(grid.to_numpy()))) if grid.size else 1.0
-    sns.heatmap(grid, ax=ax, cmap="RdBu_r", center=0.0, vmin=-bound or -1.0, vmax=bound or 1.0,
-                cbar_kws={"label": "direct logit attribution (logits)"})
-    ax.set(xlabel="layer", ylabel="head", title="Direct logit attribution per head")
+    grid = heads.pivot_table(index="layer", columns="head", values="contribution", aggfunc="mean")  # [layer, head]
+    bound = symmetric_bound(grid.to_numpy(dtype=float))
+    sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0.0, vmin=-bound, vmax=bound,
+                cbar_kws={"label": "direct logit attribution (logits)"}, xticklabels=True, yticklabels=True)
+    ax.set(xlabel="head", ylabel="layer", title="Direct logit attribution per head")
     return ax
+
+
+ZERO = 1e-5  # a kind whose |contribution| stays below this fraction of the largest is 0 up to rounding
 
 
 def dla_component_bars(dla: pd.DataFrame, ax=None):
@@ -43,13 +49,18 @@ def dla_component_bars(dla: pd.DataFrame, ax=None):
     terms (mean and 95% CI over examples)."""
     ax = ax or plt.gca()
     rows = dla[dla.kind != "head"]
+    floor = ZERO * float(rows.contribution.abs().max() or 0.0)  # float32 rounding of the largest writer
+    silent = rows.groupby("kind", sort=False).contribution.apply(lambda c: bool((c.abs() <= floor).all()))
+    zero = [str(k) for k, v in silent.items() if v]  # e.g. bias terms of a model without biases
+    rows = rows[~rows.kind.isin(zero)]
     order = list(dict.fromkeys(rows.component))
     sns.barplot(data=rows, x="component", y="contribution", hue="kind", order=order, dodge=False, ax=ax, seed=0)
     ax.axhline(0.0, color="grey", lw=1)
     if ax.get_legend() is not None:
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1.0), title="kind")
     ax.tick_params(axis="x", labelrotation=60)
-    ax.set(xlabel="", ylabel="direct logit attribution (logits)", title="Embeddings, MLPs and bias terms")
+    ax.set(xlabel="", ylabel="direct logit attribution (logits)", title="Embeddings, MLPs and bias terms"
+           + (f"\n(0 within rounding for every example, left out: {', '.join(zero)})" if zero else ""))
     return ax
 
 
@@ -85,8 +96,8 @@ def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
     if base.startswith("m"):
         return layer + 0.5, -1.0
     head = name.split(".")[1]
-    if head.startswith("kv"):  # a GQA key-value head: left of the layer's query heads
-        return layer - 0.3, float(head[2:])
+    if head.startswith("kv"):  # a GQA key-value head: left of the layer's query heads, half a row lower
+        return layer - 0.35, float(head[2:]) - 0.3
     return float(layer), float(head.lstrip("h"))
 
 
@@ -94,7 +105,7 @@ def circuit_graph(edges: pd.DataFrame, ax=None, n_edges: int = 30):
     """The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
     negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
     A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
-    value input of key-value head g at (layer - 0.3, g))."""
+    value input of key-value head g at (layer - 0.35, g - 0.3), labelled on its left)."""
     ax = ax or plt.gca()
     top = edges.reindex(edges.score.abs().sort_values(ascending=False).index).head(n_edges)
     names = list(top.sender) + list(top.receiver)
@@ -119,7 +130,9 @@ def circuit_graph(edges: pd.DataFrame, ax=None, n_edges: int = 30):
         x, y = xy(node)
         marker = "s" if node.startswith("m") else ("D" if node in ("input", "logits") else "o")
         ax.scatter([x], [y], marker=marker, s=60, color="black", zorder=3)
-        ax.annotate(node, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        left = ".kv" in node  # a KV head's label to its left, a query head's to its right: they never meet
+        ax.annotate(node, (x, y), textcoords="offset points", xytext=(-5 if left else 5, -3 if left else 3),
+                    ha="right" if left else "left", va="top" if left else "bottom", fontsize=7)
     ax.set(xlabel="layer (input left, logits right; MLPs at y = -1)", ylabel="head",
            title=f"Circuit: {len(top)} strongest edges (solid: into v / MLP / logits, dashed: k, dotted: q)")
     return ax

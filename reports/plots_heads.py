@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from headscope.reports.plots import DIVERGING, symmetric_bound
+
 ROLE_SCORES = ("positional", "sink", "previous_token", "induction", "confidence")
 
 
@@ -36,30 +38,44 @@ def _metric_label(result: Any) -> str:
     return METRIC_WORDS.get(metric, str(metric).replace("_", " "))
 
 
-def plot_importance(result: Any, *, method: str | None = None, normalized: bool = True, ax: Any = None) -> Any:
-    """Heat map layer x head of one method's importance (per-layer L2-normalised by default)."""
+def plot_importance(result: Any, *, method: str | None = None, normalized: bool = False, ax: Any = None) -> Any:
+    """Heat map layer x head of one method's importance in its own units, on a diverging map centred
+    on 0 (ablation effects are signed: below 0, removing the head helps). normalized=True shows each
+    layer divided by its L2 norm instead, labelled so: it makes every layer's largest head bright,
+    however small (a 0.2% effect looks like a large one), so it is an option, not the default."""
     ax = _axes(ax)
     df = result.df
     method = method or ("gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0])
     column = "importance_layer_norm" if normalized else "importance"
     grid = df[df["method"] == method].pivot(index="layer", columns="head", values=column)  # [layer, head]
-    label = "importance / layer's L2 norm" if normalized else "importance (metric units)"
-    sns.heatmap(grid, ax=ax, cmap="viridis", annot=grid.size <= 96, fmt=".2f", cbar_kws={"label": label},
-                xticklabels=True, yticklabels=True)
-    ax.set_title(f"head importance: {METHOD_WORDS.get(method, method)}")
+    loss = {"cosine": "in-batch contrastive loss", "accuracy": "answer log-probability"}.get(
+        result.summary.get("metric"), _metric_label(result))  # what the gate gradient differentiates
+    unit = f"|dL/d gate|, L = {loss}" if method == "gradient" else f"drop in {_metric_label(result)}"
+    label = "importance / its layer's L2 norm (normalised view)" if normalized else unit
+    bound = symmetric_bound(grid.to_numpy(dtype=float))
+    annotate = grid.size <= 96 and grid.shape[1] <= 8  # wider grids: numbers would collide
+    sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0, vmin=-bound, vmax=bound, annot=annotate, fmt=".2g",
+                annot_kws={"fontsize": "x-small"}, cbar_kws={"label": label}, xticklabels=True, yticklabels=True)
+    why = result.summary.get(f"degenerate_{method}")
+    title = f"head importance: {METHOD_WORDS.get(method, method)}" + (" (normalised per layer)" if normalized else "")
+    if why:  # importance under the numerical floor: say so on the figure, not only in the finding
+        ax.set_title(title + "\nROUNDING ONLY: no head measurably matters by this method", fontsize="medium", color="C3")
+    else:
+        ax.set_title(title)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     return ax
 
 
-def importance_figure(result: Any) -> Any:
-    """Both methods side by side: the gradient and the first ablation method (zero when present)."""
+def importance_figure(result: Any, *, normalized: bool = False) -> Any:
+    """Both methods side by side: the gradient and the first ablation method (zero when present),
+    each in its own units (different quantities: no shared scale)."""
     methods = list(dict.fromkeys(result.df["method"]))
     shown = (["gradient"] if "gradient" in methods else []) + [m for m in ("zero", "mean", "resample") if m in methods][:1]
     shown = shown or methods[:2]
     fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4), squeeze=False)
     for method, ax in zip(shown, axes[0]):
-        plot_importance(result, method=method, ax=ax)
+        plot_importance(result, method=method, normalized=normalized, ax=ax)
     return fig
 
 
@@ -69,8 +85,8 @@ def plot_pruning_curve(result: Any, *, ax: Any = None) -> Any:
     ax = _axes(ax, (8, 4))
     curve = _curve(result).copy()
     curve["ordering "] = curve["ordering"] + curve["recompute"].map({True: " (recomputed)", False: ""})
-    sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", marker="o",
-                 errorbar=("pi", 100), ax=ax)
+    sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", style="ordering ", markers=True,
+                 dashes=True, errorbar=("pi", 100), ax=ax)  # a marker and dash per ordering: equal curves stay visible
     return _finish(ax, result, "fraction of heads pruned", "iterative head pruning (random: range over seeds)")
 
 
@@ -109,8 +125,12 @@ def plot_l0(result: Any, *, ax: Any = None) -> Any:
     sweep = result.tables["l0"].sort_values("heads_kept")
     ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", label="kept heads only")
     ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", linestyle="--", label="test-time gates")
+    points: dict[tuple[float, float], list[float]] = {}  # lambdas that land on one point share one label
     for lam, kept, metric in zip(sweep["lambda"], sweep["heads_kept"], sweep["metric_binary"]):
-        ax.annotate(f"λ={lam:g}", (kept, metric), fontsize="x-small")
+        points.setdefault((float(kept), round(float(metric), 4)), []).append(float(lam))
+    for i, ((kept, metric), lams) in enumerate(sorted(points.items())):
+        ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, metric), textcoords="offset points",
+                    xytext=(4, 8 if i % 2 else -12), fontsize="x-small")  # alternate above and below
     return _finish(ax, result, "heads kept", "L0 head pruning")
 
 

@@ -7,8 +7,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
+         "accuracy": "accuracy (0-1)"}
 
-def eviction_plot(df: pd.DataFrame, ax=None):
+
+def eviction_plot(df: pd.DataFrame, ax=None, metric: str | None = None):
     """The Task metric (mean, seeded bootstrap 95% CI over examples) against the cache budget, one line per policy."""
     ax = ax or plt.gca()
     evicted = df[df.policy != "full"]
@@ -16,8 +19,12 @@ def eviction_plot(df: pd.DataFrame, ax=None):
                  errorbar=("ci", 95), n_boot=1000, seed=0)
     full = df[df.policy == "full"].metric.mean()
     ax.axhline(full, color="grey", ls="--", lw=1, label="full cache")
+    whole = df[df.policy == "full"].budget.max()  # a budget this large keeps everything: it saves nothing
+    if pd.notna(whole):
+        ax.axvline(whole, color="grey", ls=":", lw=1, label=f"whole context ({int(whole)})")
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="cache budget (context positions kept, log scale)", ylabel="task metric at the answer",
+    ax.set(xlabel="cache budget (context positions kept, log scale)",
+           ylabel=f"{UNITS.get(str(metric), 'task metric')} at the answer",
            title="Eviction what-if (band: bootstrap 95% CI over examples)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
     return ax
@@ -48,7 +55,7 @@ def sinks_plot(sinks: pd.DataFrame, ax=None):
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a kv Result."""
     out = {}
-    for stem, draw in (("kv_eviction", lambda ax: eviction_plot(result.df, ax)),
+    for stem, draw in (("kv_eviction", lambda ax: eviction_plot(result.df, ax, result.summary.get("metric"))),
                        ("kv_norms", lambda ax: norms_plot(result.tables["norms"], ax)),
                        ("kv_sinks", lambda ax: sinks_plot(result.tables["sinks"], ax))):
         fig, ax = plt.subplots(figsize=(7.5, 4))

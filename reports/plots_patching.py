@@ -4,7 +4,10 @@ Axes-level functions take `ax=` and return the Axes; `figures(result)` draws eve
 result's tables allow. Position axes are labelled "i: token" from the first prompt; token
 strings are shown as text (mathtext `$` escaped), never interpreted. Colour scales show the share
 of the clean-corrupted gap (1 = clean behaviour fully restored when denoising), the unit the guide
-text uses; a raw metric is shown only where the summary has no gap to divide by.
+text uses; a raw metric is shown only where the summary has no gap to divide by. Every exact
+map shares one diverging scale centred on 0 (a q or pattern site at 0.003 of the gap looks pale
+next to head_out at 0.3, with its own max in the title); causal traces of several prompts are
+drawn by token role, shared across the restored kinds.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+from headscope.reports.plots import DIVERGING, symmetric_bound
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 BY_HEAD = ("head_out", "q", "k", "v", "pattern")
@@ -32,9 +37,16 @@ KV_SITES = ("k", "v")  # their head index is the KV head (grouped-query attentio
 NORMALISED = "share of the clean-corrupted gap"
 
 
-def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str) -> Axes:
-    sns.heatmap(grid, ax=ax, cmap="RdBu_r", center=0, cbar_kws={"label": label}, xticklabels=True, yticklabels=True)
-    ax.set_title(title)
+def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float | None = None) -> Axes:
+    """Diverging heat map centred on 0 with limits -bound..bound (the panel's own max |value| when None);
+    a panel whose own max is under half the shared bound prints it in the title."""
+    own = symmetric_bound(grid.to_numpy(dtype=float))
+    bound = bound or own
+    sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0, vmin=-bound, vmax=bound, cbar_kws={"label": label},
+                xticklabels=True, yticklabels=True)
+    if own < 0.5 * bound:
+        title += f"\n(this panel's max |value| {own:.2g}; scale shared with every site: ±{bound:.2g})"
+    ax.set_title(title, fontsize="medium")
     return ax
 
 
@@ -55,35 +67,35 @@ def _normalised(df: pd.DataFrame, divisor: float, columns: tuple[str, ...] = ("e
 
 
 def layer_pos_heatmap(df: pd.DataFrame, site_type: str = "resid_pre", *, column: str = "effect", ax: Axes | None = None,
-                      label: str | None = None) -> Axes:
+                      label: str | None = None, bound: float | None = None) -> Axes:
     """Layer x position heatmap of one (layer, pos) site type, columns labelled with tokens."""
     ax = _axes(ax)
     rows = df[df["site_type"] == site_type]
     grid = rows.pivot_table(index="layer", columns="pos", values=column, aggfunc="mean")
     labels = rows.drop_duplicates("pos").set_index("pos")["token"]
     grid.columns = [_text(labels[p]) for p in grid.columns]
-    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column)
+    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound)
     ax.set_xlabel("position: token (first prompt)")
     ax.set_ylabel("layer")
     return ax
 
 
 def layer_head_heatmap(df: pd.DataFrame, site_type: str = "head_out", *, column: str = "effect", ax: Axes | None = None,
-                       label: str | None = None) -> Axes:
+                       label: str | None = None, bound: float | None = None) -> Axes:
     """Layer x head heatmap of one (layer, head) site type; k and v are per KV head."""
     ax = _axes(ax)
     rows = df[(df["site_type"] == site_type) & df["pos"].isna()]
     grid = rows.pivot_table(index="layer", columns="head", values=column, aggfunc="mean")
     grid.columns = [int(h) for h in grid.columns]  # a head index, even after a float round trip through CSV
     unit = "KV head" if site_type in KV_SITES else "head"
-    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column)
+    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column, bound)
     ax.set_xlabel(unit)
     ax.set_ylabel("layer")
     return ax
 
 
 def head_pos_heatmap(df: pd.DataFrame, site_type: str = "head_out_by_pos", *, column: str = "effect",
-                     ax: Axes | None = None, label: str | None = None) -> Axes:
+                     ax: Axes | None = None, label: str | None = None, bound: float | None = None) -> Axes:
     """(layer, head) x position heatmap of per-position head patching, columns labelled with tokens."""
     ax = _axes(ax)
     rows = df[df["site_type"] == site_type]
@@ -91,7 +103,7 @@ def head_pos_heatmap(df: pd.DataFrame, site_type: str = "head_out_by_pos", *, co
     labels = rows.drop_duplicates("pos").set_index("pos")["token"]
     grid.columns = [_text(labels[p]) for p in grid.columns]
     grid.index = [f"L{int(layer)}H{int(head)}" for layer, head in grid.index]
-    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column)
+    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound)
     ax.tick_params(axis="y", labelsize=max(4, min(9, 300 / max(1, len(grid)))))
     ax.set_xlabel("position: token (first prompt)")
     ax.set_ylabel("head (L layer H head)")
@@ -126,18 +138,30 @@ def attribution_scatter(df: pd.DataFrame, *, ax: Axes | None = None, label: str 
     return ax
 
 
-def causal_trace_heatmap(df: pd.DataFrame, kind: str = "mlp", *, ax: Axes | None = None, metric: str = "task metric") -> Axes:
-    """Meng et al.'s figure: average indirect effect per (position, layer) for one restored kind."""
+def causal_trace_heatmap(df: pd.DataFrame, kind: str = "mlp", *, ax: Axes | None = None, metric: str = "task metric",
+                         roles: pd.DataFrame | None = None, bound: float | None = None) -> Axes:
+    """Meng et al.'s figure: average indirect effect per (token, layer) for one restored kind, on a
+    diverging scale centred on 0 (an effect can be negative) shared across kinds via `bound`. With
+    `roles` (the per-role table, averaged over every prompt's positions of that role) the rows are the
+    token roles, which mean the same in every prompt; otherwise positions labelled with the first
+    prompt's tokens (right only for one prompt, or prompts that share their tokens)."""
     ax = _axes(ax)
-    rows = df[(df["kind"] == kind) & df["pos"].notna()]
-    grid = rows.pivot_table(index="pos", columns="layer", values="ie", aggfunc="mean")
-    labels = rows.drop_duplicates("pos").set_index("pos")["token"]
-    grid.index = [_text(labels[p]) for p in grid.index]
-    sns.heatmap(grid, ax=ax, cmap="Purples" if kind == "mlp" else "Greens" if kind == "attn" else "Blues",
+    if roles is not None and len(roles):
+        rows = roles[roles["kind"] == kind]
+        grid = rows.pivot_table(index="role", columns="layer", values="ie", aggfunc="mean", sort=False)
+        ylabel = "token role (mean over every prompt)"
+    else:
+        rows = df[(df["kind"] == kind) & df["pos"].notna()]
+        grid = rows.pivot_table(index="pos", columns="layer", values="ie", aggfunc="mean")
+        labels = rows.drop_duplicates("pos").set_index("pos")["token"]
+        grid.index = [_text(labels[p]) for p in grid.index]
+        ylabel = "position: token (first prompt)"
+    bound = bound or symmetric_bound(grid.to_numpy(dtype=float))
+    sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0, vmin=-bound, vmax=bound,
                 cbar_kws={"label": f"average indirect effect ({metric})"}, yticklabels=True)
     ax.set_title(f"causal tracing: restoring {kind}")
     ax.set_xlabel("layer")
-    ax.set_ylabel("position: token (first prompt)")
+    ax.set_ylabel(ylabel)
     return ax
 
 
@@ -170,23 +194,29 @@ def figures(result, **kwargs) -> dict[str, Figure]:
 
     if exact is not None:
         present = set(exact["site_type"])
+        shared = symmetric_bound(exact["effect"].to_numpy(dtype=float))  # one scale for every site's map
         for st in BY_POS:
             if st in present:
-                new(f"exact_{st}", lambda ax, st=st: layer_pos_heatmap(exact, st, ax=ax, label=label))
+                new(f"exact_{st}", lambda ax, st=st: layer_pos_heatmap(exact, st, ax=ax, label=label, bound=shared))
         for st in BY_HEAD:
             if st in present:
-                new(f"exact_{st}", lambda ax, st=st: layer_head_heatmap(exact, st, ax=ax, label=label))
+                new(f"exact_{st}", lambda ax, st=st: layer_head_heatmap(exact, st, ax=ax, label=label, bound=shared))
         if "head_out_by_pos" in present:
             n_rows = exact.loc[exact["site_type"] == "head_out_by_pos", ["layer", "head"]].drop_duplicates().shape[0]
-            new("exact_head_out_by_pos", lambda ax: head_pos_heatmap(exact, ax=ax, label=label),
+            new("exact_head_out_by_pos", lambda ax: head_pos_heatmap(exact, ax=ax, label=label, bound=shared),
                 (7, max(4.0, 0.16 * n_rows + 1.5)))
         if "attribution" in exact:
             new("attribution_vs_exact", lambda ax: attribution_scatter(exact, ax=ax, label=label), (8, 4.5))
     trace = tables.get("causal_tracing")
     if trace is not None:
-        metric = dict(result.summary).get("causal_tracing", {}).get("metric", "task metric")
+        info = dict(result.summary).get("causal_tracing", {})
+        metric = info.get("metric", "task metric")
+        roles = tables.get("causal_tracing_roles") if info.get("n_examples", 1) > 1 else None
+        shown = trace if roles is None else roles
+        ct_bound = symmetric_bound(shown.loc[shown["kind"].isin(set(trace["kind"])), "ie"].to_numpy(dtype=float))
         for kind in dict.fromkeys(trace["kind"]):
-            new(f"causal_tracing_{kind}", lambda ax, kind=kind: causal_trace_heatmap(trace, kind, ax=ax, metric=metric))
+            new(f"causal_tracing_{kind}", lambda ax, kind=kind: causal_trace_heatmap(
+                trace, kind, ax=ax, metric=metric, roles=roles, bound=ct_bound))
     paths = tables.get("path_patching")
     if paths is not None:
         new("path_patching", lambda ax: path_heatmap(_normalised(paths, divisor), ax=ax, label=label))

@@ -18,6 +18,10 @@ LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": 
           "cosine": "cosine(query, passage)"}
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P")
+DASHES = ("-", "--", ":", "-.")
+
+
 def _axes(ax: Any) -> Any:
     return ax if ax is not None else plt.subplots(figsize=(6, 4))[1]
 
@@ -38,9 +42,10 @@ def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str,
         raise ConfigError(f"no curve for metric {metric!r} and conditions {conditions}; "
                           f"metrics: {sorted(curve['metric'].unique())}.")
     palette = sns.color_palette(n_colors=len(conditions))
-    for color, (cond, g) in zip(palette, data.groupby("condition", sort=False)):
-        g = g.sort_values("position")
-        ax.plot(g["position"], g["mean"], marker="o", color=color, label=cond)
+    for i, (color, (cond, g)) in enumerate(zip(palette, data.groupby("condition", sort=False))):
+        g = g.sort_values("position")  # each condition its own marker and dash: equal curves stay visible
+        ax.plot(g["position"], g["mean"], color=color, label=cond, marker=MARKERS[i % len(MARKERS)],
+                linestyle=DASHES[i % len(DASHES)], markersize=7 - i % 3, linewidth=2.2 - 0.5 * (i % 3))
         ax.fill_between(g["position"], g["ci_low"], g["ci_high"], color=color, alpha=0.2)
     ax.set_xticks(sorted(data["position"].unique()))
     ax.set_xlabel(f"gold position (of {result.summary.get('n_items', '?')})")
@@ -51,10 +56,23 @@ def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str,
         title = f"flat: {metric} {lo:.2f}-{hi:.2f} at every gold position (position makes no difference)"
     elif title is None:
         title = "min(middle) / max(ends) = " + (f"{ratio:.2f}" if ratio is not None else "n/a (too few positions)")
+        title += _verdict(data[data["condition"] == conditions[0]])
     ax.set_title(title, fontsize="medium")
     if len(conditions) > 1:
         ax.legend(title="attention", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
+
+
+def _verdict(curve: pd.DataFrame) -> str:
+    """What the bands allow: a U-shape only when the worst middle position's band lies below both ends'."""
+    g = curve.sort_values("position")
+    if len(g) < 3:
+        return ""
+    first, last, middle = g.iloc[0], g.iloc[-1], g.iloc[1:-1]
+    worst = middle.loc[middle["mean"].idxmin()]
+    if worst["ci_high"] < first["ci_low"] and worst["ci_high"] < last["ci_low"]:
+        return "\nU-shape: the middle's 95% band lies below both ends'"
+    return "\n95% bands of the middle and an end overlap: no U-shape shown"
 
 
 def plot_gold_attention(result: Any, *, reduce: str = "max", ax: Any = None) -> Any:

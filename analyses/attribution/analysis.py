@@ -382,6 +382,7 @@ def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfi
                     out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
     last = df[(df.attention == "last_layer")].dropna(subset=["tau"])
     out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
+    out["n_tau_tests"] = int(len(last))  # examples x methods: the count the fraction is over
     pairs = tables["tau_methods"]
     for a, b, key in (("grad_x_input", "leave_one_out", "gradient_loo"), ("integrated_gradients", "leave_one_out", "ig_loo")):
         sel = pairs[(pairs.method_a == a) & (pairs.method_b == b)].tau

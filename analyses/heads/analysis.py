@@ -11,7 +11,9 @@ Outputs of run: df (results.csv) has one row per (layer, head, method) with impo
 role scores; tables "curve", "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
 heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
-random (mean over seeds), top_heads_<method>, l0_min_heads_within_tolerance.
+random (mean over seeds), top_heads_<method>, l0_min_heads_within_tolerance, and
+noise_floor / degenerate_<method> / tied_top_heads_<method> (`numerical_checks`: importance that is
+rounding, or top heads that tie, is said so and not ranked).
 """
 from __future__ import annotations
 
@@ -120,6 +122,39 @@ def _scorer(model, task: Task | torch.Tensor | Scorer | str | None, config: Head
     return make_scorer(model, default_task(model, task, config))
 
 
+NOISE_ULPS = 16  # importance within this many units of the dtype's epsilon (times the metric's size) is rounding
+
+
+def noise_floor(dtype: torch.dtype, baseline: float) -> float:
+    """The smallest importance distinguishable from rounding: NOISE_ULPS x eps(dtype) x max(1, |baseline|).
+    The metric is computed to about eps relative precision, so a gradient or ablation effect below a few
+    eps of its size is what the arithmetic leaves, not what the head does (float32: 1.9e-6 for a metric of 1)."""
+    return NOISE_ULPS * float(torch.finfo(dtype).eps) * max(1.0, abs(float(baseline)))
+
+
+def numerical_checks(raw: dict[str, torch.Tensor], floor: float, k: int = 5) -> dict[str, Any]:
+    """Per method: degenerate_<method> (a sentence) when every head's |importance| is below `floor`
+    (the ranking, the pruning order and the top heads are then noise), and tied_top_heads_<method>
+    (the heads among the top k whose importance lies within `floor` of a neighbour's: their order is arbitrary)."""
+    out: dict[str, Any] = {"noise_floor": floor}
+    for method, imp in raw.items():
+        flat = imp.detach().double().flatten().cpu()  # [layer * head]
+        peak = float(flat.abs().max()) if flat.numel() else 0.0
+        if peak < floor:
+            out[f"degenerate_{method}"] = (f"every head's |{method} importance| is below {peak:.2g}, under the numerical "
+                                           f"floor {floor:.2g} (rounding at this dtype): no head measurably matters by "
+                                           "this method, so its ranking and pruning order are noise")
+            continue
+        order = torch.argsort(flat, descending=True, stable=True)[: k + 1]
+        values, n_heads = flat[order], imp.shape[1]
+        tied = {int(order[j]) for i in range(len(order) - 1) if float(values[i] - values[i + 1]) <= floor
+                for j in (i, i + 1)}
+        tied = [i for i in order[:k].tolist() if i in tied]
+        if tied:
+            out[f"tied_top_heads_{method}"] = [head_label(i // n_heads, i % n_heads) for i in tied]
+    return out
+
+
 def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
                      progress: bool = False) -> tuple[pd.DataFrame, dict[str, torch.Tensor], float]:
     """Long table (layer, head, method, importance, importance_layer_norm, rank), the raw [L, H]
@@ -171,7 +206,8 @@ def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = N
     scorer = _scorer(model, task, config)
     df, raw, baseline = importance_table(model, scorer, tuple(methods), seed=seed, progress=progress)
     summary = _base_summary(model, scorer, baseline)
-    summary.update(_top_heads(df))
+    summary.update(numerical_checks(raw, noise_floor(_dtype(model), baseline)))
+    summary.update(_top_heads(df, summary))
     return Result(name="heads", df=df, summary=summary, config={"methods": list(methods), "seed": seed})
 
 
@@ -209,14 +245,18 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     curves = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, progress=config.progress)
     summary = _base_summary(model, scorer, baseline)
     summary.update(prunable_summary(curves, baseline, summary["n_heads"], hc.pruning.tolerance))
-    summary.update(_top_heads(df))
+    summary.update(numerical_checks(raw, noise_floor(_dtype(model), baseline)))
+    summary.update(_top_heads(df, summary))
     summary["roles"] = {
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
         for role in sorted(set(roles["role"]) - {"other"})
     }
     tables = {"curve": curves, "roles": roles}
     if hc.best_head and raw:
-        primary = prune_imp.get("gradient", next(iter(raw.values())))
+        usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}
+        name = next(iter(usable), None)  # gradient first, the ablation ordering when the gradient is rounding
+        primary = usable[name] if name else next(iter(raw.values()))
+        summary["best_head_ranked_by"] = name or next(iter(raw))
         tables["best_head"] = best_head_per_layer(model, scorer, primary, baseline=baseline, progress=config.progress)
     if hc.l0 is not None:
         sweep, gates = l0_sweep(model, scorer, hc.l0, progress=config.progress)
@@ -228,6 +268,11 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)
 
 
-def _top_heads(df: pd.DataFrame, k: int = 5) -> dict[str, list[str]]:
-    return {f"top_heads_{method}": g.sort_values("rank")["head_name"].head(k).tolist()
+def _dtype(model) -> torch.dtype:
+    return next(model.bridge.parameters()).dtype
+
+
+def _top_heads(df: pd.DataFrame, checks: dict, k: int = 5) -> dict[str, list[str]]:
+    """The k highest-ranked heads per method; none for a degenerate method (its ranking is rounding)."""
+    return {f"top_heads_{method}": [] if f"degenerate_{method}" in checks else g.sort_values("rank")["head_name"].head(k).tolist()
             for method, g in df.groupby("method", sort=False)}

@@ -31,7 +31,11 @@ from headscope.hooks.interventions import METHODS, resample_partners
 from headscope.models.hooked_model import left_padding_starts
 
 ABLATIONS = METHODS  # the ablation methods, one list with hooks.interventions (one meaning of "resample")
-CONTRASTIVE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss scale
+# The in-batch contrastive loss's logit scale for encoder gradients. Temperature 1, not the training scale 20
+# of sentence-transformers' MultipleNegativesRankingLoss: at 20 the softmax over the batch saturates at the
+# unmodified model (p(own sentence) = 1 - 1e-7), so |dL/d gate| is rounding (all-MiniLM-L6-v2, 16 shipped
+# sentences: 9e-9 to 2.2e-7 at 20; 5e-4 to 5e-3 at 1).
+CONTRASTIVE_SCALE = 1.0
 RowFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output [n, ...], rows [n]) -> [n]
 
 
@@ -65,7 +69,8 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
       passes return every position's logits (no last-position shortcut).
     - cosine (encoders): the metric is the cosine to the unmodified model's pooled embedding. Its
       gradient vanishes at the unmodified model (cosine 1 is the maximum), so gradients use an
-      in-batch contrastive loss against the reference embeddings of all sentences instead.
+      in-batch contrastive loss against the reference embeddings of all sentences instead, at
+      temperature 1 (CONTRASTIVE_SCALE: the training scale 20 saturates and its gradient vanishes too).
     - text tokens: metric = -mean next-token cross-entropy, L = the cross-entropy.
     Decoder objectives for L0 training are the answer's cross-entropy; cosine's is 1 - cosine.
     """

@@ -225,6 +225,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "dtype": anatomy.dtype,
         "bytes_at_n_ctx": anatomy.total(model.facts.n_ctx),
         "metric_unevicted": float(sweep[sweep.policy == "full"].metric.mean()),
+        "metric": task.metric, "n_examples": len(task),
+        "context_positions": int(sweep[sweep.policy == "full"].budget.max()),  # the whole prompt: no saving there
         "metric_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in means.items() if pp == p}
                                      for p in config.policies},
         "accuracy_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in accs.items() if pp == p}

@@ -338,6 +338,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "agreement_any_per_layer": {str(r.layer): r.agreement_any for r in agree.itertuples()},
         "agreement_shuffled_per_layer": {str(r.layer): r.agreement_shuffled for r in agree.itertuples()},
         "n_prefixes": trig.n_prefixes,
+        "n_neurons_per_layer": model.facts.d_mlp,  # what each agreement fraction is over
         "task": task.name,
         "answer_promoted_fraction": float(top_updates.promotes_answer.mean()) if len(top_updates) else float("nan"),
         "apply_final_norm": config.apply_final_norm,

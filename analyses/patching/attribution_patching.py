@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -173,11 +174,33 @@ def attribution_patching(
                   config={"sites": [st.name for st in types], "direction": direction})
 
 
+NONZERO = 1e-3  # an exact effect below this fraction of the site type's largest counts as zero
+
+
+def nonzero_count(effects: np.ndarray) -> int:
+    """Cells whose |effect| exceeds NONZERO x the largest |effect| (0 when every effect is 0)."""
+    mag = np.abs(np.asarray(effects, dtype=float))
+    mag = mag[np.isfinite(mag)]
+    peak = float(mag.max()) if mag.size else 0.0
+    return int((mag > NONZERO * peak).sum()) if peak > 0 else 0
+
+
+def _r_without_top(pair: pd.DataFrame) -> float | None:
+    """Pearson r of the cells without the one of largest |effect| (None when fewer than 3 remain or one is constant)."""
+    rest = pair.drop(index=pair["effect"].abs().idxmax())
+    if len(rest) < 3 or rest.nunique().min() < 2:
+        return None
+    return float(rest["effect"].corr(rest["attribution"]))
+
+
 def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """Join exact effects with attribution estimates; Pearson and Spearman r per site type.
 
-    Returns (joined table, {site type: {"pearson", "spearman", "n"}}); r is None where either
-    column is constant.
+    Returns (joined table, {site type: {"pearson", "spearman", "n", "n_nonzero", "pearson_without_top"}});
+    r is None where either column is constant. n_nonzero counts the cells whose |exact effect| exceeds
+    NONZERO of the largest: an r over one such cell among zeros is fixed by that cell and says nothing;
+    pearson_without_top is r with the largest-|effect| cell left out (a 47.8 beside effects under 0.6
+    makes r = 1.000 whatever the rest do).
     """
     keys = ["site_type", "layer", "head", "pos"]
     joined = exact.merge(attribution[keys + ["attribution"]], on=keys, how="inner")
@@ -189,5 +212,7 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tu
             "pearson": None if constant else float(pair["effect"].corr(pair["attribution"])),
             "spearman": None if constant else float(pair["effect"].corr(pair["attribution"], method="spearman")),
             "n": int(len(group)),
+            "n_nonzero": int(nonzero_count(pair["effect"].to_numpy())),
+            "pearson_without_top": None if constant else _r_without_top(pair),
         }
     return joined, stats

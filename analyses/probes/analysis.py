@@ -272,7 +272,8 @@ def probe_sweep(
     summary = {
         "labels": labels if isinstance(labels, str) else "custom", "site": site, "metric": score_name,
         "best_layer": int(best.layer), f"best_{score_name}": float(best[score_name]),
-        "best_control": float(best.control), "best_selectivity": float(best.selectivity),
+        "best_control": float(best.control), "best_selectivity": float(best.selectivity), "best_std": float(best["std"]),
+        "cv": cv,
         "majority_baseline": float(counts.max() / counts.sum()) if probe_data.kind == "classification" else None,
         f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},
         "selectivity_per_layer": {str(int(r.layer)): float(r.selectivity) for _, r in table.iterrows()},

@@ -132,15 +132,42 @@ def test_contrastive_gradients_on_an_encoder_equal_finite_differences(tiny_bert)
     ref = bert_pooled(model, task)
     ref_unit = ref / ref.norm(dim=-1, keepdim=True)
 
-    def loss(hooks):  # in-batch contrastive loss against the unmodified embeddings, scale 20
+    def loss(hooks):  # in-batch contrastive loss against the unmodified embeddings, temperature 1
         e = bert_pooled(model, task, hooks)
-        logits = 20 * (e / e.norm(dim=-1, keepdim=True)) @ ref_unit.T
+        logits = (e / e.norm(dim=-1, keepdim=True)) @ ref_unit.T
         return logits.logsumexp(-1) - logits.diagonal()
 
     got = hi.gradient_importance(model, task)
     for layer, head in [(0, 1), (1, 3)]:
         fd = (loss([(z_name(layer), scale_head(head, 1 + eps))]) - loss([(z_name(layer), scale_head(head, 1 - eps))])) / (2 * eps)
         assert got[layer, head].item() == pytest.approx(fd.abs().mean().item(), rel=1e-5)
+
+
+def test_numerical_floor_flags_rounding_and_ties_hand_worked():
+    from headscope.analyses.heads.analysis import noise_floor, numerical_checks
+
+    floor = noise_floor(torch.float32, 0.5)  # a cosine of 0.5 counts as size 1
+    assert floor == pytest.approx(16 * 2.0 ** -23)  # 1.9e-6
+    assert noise_floor(torch.bfloat16, -24.0) == pytest.approx(16 * 2.0 ** -7 * 24.0)
+    grad = torch.tensor([[3e-8, 2.2e-7], [1e-8, 4e-8]])  # MiniLM's magnitudes at the saturated scale 20
+    zero = torch.tensor([[0.5, 0.5 + floor / 2], [0.1, 0.2]])  # L0H0 and L0H1 tie within the floor
+    out = numerical_checks({"gradient": grad, "zero": zero}, floor, k=3)
+    assert "below 2.2e-07, under the numerical floor 1.9e-06" in out["degenerate_gradient"]
+    assert "degenerate_zero" not in out and "tied_top_heads_gradient" not in out
+    assert out["tied_top_heads_zero"] == ["L0H1", "L0H0"]  # ranked by value; L1H1 (0.2) is 0.3 away
+    assert "tied_top_heads_zero" not in numerical_checks({"zero": torch.tensor([[0.5, 0.4], [0.1, 0.2]])}, floor)
+
+
+def test_a_saturated_encoder_loss_is_reported_as_rounding_not_ranked(tiny_bert, monkeypatch):
+    """At a huge contrastive scale the softmax is one-hot at the unmodified model (what scale 20 did to
+    MiniLM): every gate gradient is below the float32 floor, so the summary says so and ranks no head."""
+    monkeypatch.setattr(hi, "CONTRASTIVE_SCALE", 1e4)
+    task = bert_task(tiny_bert)
+    result = heads.head_importance(tiny_bert, task, methods=("gradient", "zero"))
+    s = result.summary
+    assert result.df.loc[result.df["method"] == "gradient", "importance"].abs().max() < s["noise_floor"]
+    assert "under the numerical floor" in s["degenerate_gradient"] and s["top_heads_gradient"] == []
+    assert "degenerate_zero" not in s and len(s["top_heads_zero"]) == 5  # ablation effects are finite differences
 
 
 def test_per_layer_normalisation_hand_worked():
@@ -474,6 +501,8 @@ def test_run_quick_gives_every_output(tiny_models, quick_result):
     assert {"layer", "head", "method", "importance", "sink", "induction", "positional", "role"} <= set(res.df.columns)
     assert set(res.df["method"]) == {"gradient", "zero"} and len(res.df) == 16
     assert {"curve", "best_head", "l0", "l0_gates", "roles"} <= set(res.tables)
+    assert s["noise_floor"] == pytest.approx(16 * 2.0 ** -23 * max(1.0, abs(s["baseline_metric"])))  # float32
+    assert not [k for k in s if k.startswith("degenerate_")]  # a random model's heads measurably matter
     assert model.n_active_hooks() == 0
 
 

@@ -112,6 +112,8 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     assert s["bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # layers x (K, V) x kv_heads x d_head x float32
     assert set(s["metric_per_policy_budget"]) == set(kv_eviction.POLICIES)
     assert set(s["metric_per_policy_budget"]["window"]) == {"1", "4", "7"}
+    # the whole context: every cached position before the last, whose query reads the answer
+    assert (s["context_positions"], s["n_examples"], s["metric"]) == (task.tokens.shape[1] - 1, 3, task.metric)
     # norms: against the HF cache of the same prompts
     with torch.no_grad():
         cache = hf_model(tiny_dirs["llama"])(task.tokens, use_cache=True).past_key_values

@@ -374,3 +374,26 @@ def test_zoo_run_quick(zoo_model):
     res = run(zoo_model, config=PatchingConfig.preset(quick=True))
     assert {"exact", "attribution", "path_patching", "causal_tracing"} <= set(res.tables)
     json.dumps(res.summary)
+
+
+def test_correlation_with_exact_counts_the_non_zero_cells_it_rests_on():
+    """attn_out on the zoo: one non-zero exact effect among 60 cells gives r = 1 whatever the rest."""
+    import numpy as np
+    import pandas as pd
+
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact
+
+    effect = [0.0] * 59 + [0.8]
+    exact = pd.DataFrame({"site_type": "attn_out", "layer": 0, "head": None, "pos": range(60), "effect": effect})
+    attr = exact.assign(attribution=[1e-4 * (i % 3) for i in range(59)] + [0.7]).drop(columns="effect")
+    _, stats = correlation_with_exact(exact, attr)
+    assert stats["attn_out"]["n"] == 60 and stats["attn_out"]["n_nonzero"] == 1
+    assert stats["attn_out"]["pearson"] > 0.999  # the single point fixes r
+    rest = attr["attribution"].to_numpy()[:59]  # without it: effects all 0, r undefined
+    assert stats["attn_out"]["pearson_without_top"] is None and np.ptp(rest) > 0
+    exact.loc[:2, "effect"] = [0.5, 7e-4, 9e-4]  # 7e-4 < 1e-3 x 0.8 counts as zero, 9e-4 does not
+    stats = correlation_with_exact(exact, attr)[1]["attn_out"]
+    assert stats["n_nonzero"] == 3
+    keep = np.arange(59)  # every cell but the largest (0.8 at position 59)
+    expected = np.corrcoef(exact["effect"].to_numpy()[keep], attr["attribution"].to_numpy()[keep])[0, 1]
+    assert stats["pearson_without_top"] == pytest.approx(expected)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from matplotlib.lines import Line2D
@@ -164,12 +165,9 @@ def test_importance_figure_draws_both_methods(results, figures):
     assert methods == ["gradient", "zero"]
     panels = [ax for ax in figures["heads"]["importance"].axes if ax.get_label() != "<colorbar>"]
     assert [ax.get_title() for ax in panels] == ["head importance: gradient |dL/d gate|", "head importance: zero ablation"]
-    for ax, method in zip(panels, methods):
-        grid = df[df["method"] == method].pivot(index="layer", columns="head", values="importance_layer_norm")
+    for ax, method in zip(panels, methods):  # raw units by default (the per-layer normalised view is an option)
+        grid = df[df["method"] == method].pivot(index="layer", columns="head", values="importance")
         np.testing.assert_allclose(heat(ax), grid.to_numpy(dtype=float), rtol=1e-6)
-        # per-layer L2 normalisation, recomputed from the raw importance
-        raw = df[df["method"] == method].pivot(index="layer", columns="head", values="importance").to_numpy(dtype=float)
-        np.testing.assert_allclose(heat(ax), raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-5)
 
 
 def test_attribution_vs_exact_has_the_identity_line_and_each_site_types_slope(results, figures):
@@ -342,3 +340,204 @@ def test_import_in_a_notebook_without_ipywidgets_warns_nothing():
     assert control.returncode == 0 and "IProgress not found" in control.stderr
     assert real.returncode == 0, real.stderr[-2000:]
     assert "IProgress not found" not in real.stderr and "Warning" not in real.stderr, real.stderr[-2000:]
+
+
+# ---- honest scales and legible figures, on hand-made tables (#34 items 3 and 7) --------------------
+def _norm(ax):
+    """("diverging", vmin, vmax) when the map is the convention's (white at 0, red above, blue below,
+    limits symmetric about 0), else (the colour map's name, vmin, vmax)."""
+    mesh = ax.collections[0]
+    vmin, vmax = float(mesh.norm.vmin), float(mesh.norm.vmax)
+    zero, top, bottom = (np.asarray(mesh.cmap(mesh.norm(v)))[:3] for v in (0.0, vmax, vmin))
+    red_up = top[0] > top[2] + 0.2 and bottom[2] > bottom[0] + 0.2
+    centred = np.isclose(vmin, -vmax) and bool((zero > 0.9).all())
+    return ("diverging" if red_up and centred else mesh.cmap.name), vmin, vmax
+
+
+def _result(name, df=None, summary=None, **tables):
+    from headscope.analyses.core.result import Result
+
+    return Result(name=name, df=pd.DataFrame() if df is None else df, summary=summary or {}, tables=tables)
+
+
+def test_head_importance_is_raw_and_diverging_about_zero_normalised_only_when_asked():
+    from headscope.reports.plots_heads import plot_importance
+
+    raw = np.array([[0.02, -0.05, 0.01], [0.3, 0.0, -0.1]])  # [layer, head]: a signed ablation effect
+    rows = [{"layer": l, "head": h, "method": "zero", "importance": raw[l, h],
+             "importance_layer_norm": raw[l, h] / np.linalg.norm(raw[l])} for l in range(2) for h in range(3)]
+    result = _result("heads", pd.DataFrame(rows), {"metric": "logit_diff"})
+    ax = plot_importance(result)
+    try:
+        np.testing.assert_allclose(heat(ax), raw)  # rows are layers, columns heads, values in metric units
+        assert ax.get_ylabel() == "layer" and ax.get_xlabel() == "head"
+        assert _norm(ax) == ("diverging", -0.3, 0.3)  # diverging, centred on 0
+        assert colorbar_label(ax) == "drop in logit difference (answer - wrong)"
+        normalised = plot_importance(result, normalized=True, ax=plt.subplots()[1])
+        np.testing.assert_allclose(heat(normalised), raw / np.linalg.norm(raw, axis=1, keepdims=True))
+        assert "normalised" in colorbar_label(normalised) and "normalised" in normalised.get_title()
+        rounding = _result("heads", pd.DataFrame(rows), {"metric": "logit_diff", "degenerate_zero": "below the floor"})
+        assert "ROUNDING ONLY" in plot_importance(rounding, ax=plt.subplots()[1]).get_title()
+    finally:
+        plt.close("all")
+
+
+def test_patching_sites_share_one_scale_and_say_their_own_max():
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    def cells(site, effects):
+        return [{"site_type": site, "layer": l, "head": h, "pos": None, "token": "", "effect": e}
+                for (l, h), e in effects.items()]
+
+    exact = pd.DataFrame(cells("head_out", {(0, 0): 0.32, (0, 1): -0.1, (1, 0): 0.05, (1, 1): 0.0})
+                         + cells("q", {(0, 0): 0.003, (0, 1): -0.002, (1, 0): 0.0, (1, 1): 0.001}))
+    exact["effect"] *= 4.0  # raw logit differences; the figures show the share of a gap of 4
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "clean_metric": 3.0,
+               "corrupted_metric": -1.0}
+    figs = patching_figures(_result("patching", exact, summary, exact=exact))
+    try:
+        head_out, q = figs["exact_head_out"].axes[0], figs["exact_q"].axes[0]
+        assert _norm(head_out)[0] == _norm(q)[0] == "diverging"
+        np.testing.assert_allclose(_norm(head_out)[1:], (-0.32, 0.32))
+        np.testing.assert_allclose(_norm(q)[1:], (-0.32, 0.32))  # q's 0.003 is pale next to head_out, as it should be
+        np.testing.assert_allclose(heat(q), [[0.003, -0.002], [0.0, 0.001]], atol=1e-12)
+        assert "this panel's max |value| 0.003; scale shared with every site: ±0.32" in q.get_title()
+        assert "this panel" not in head_out.get_title()
+    finally:
+        plt.close("all")
+
+
+def test_causal_traces_of_many_prompts_are_drawn_by_role_on_one_diverging_scale():
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    trace = pd.DataFrame([{"kind": k, "layer": l, "pos": p, "token": f"{p}: tok", "role": "x", "ie": 0.0}
+                          for k in ("mlp", "attn") for l in range(2) for p in range(3)])
+    roles = pd.DataFrame([{"kind": k, "layer": l, "role": r, "ie": v}
+                          for k, scale in (("mlp", 1.0), ("attn", 0.1)) for l in range(2)
+                          for r, v in (("first subject", -0.2 * scale), ("last subject", 0.8 * scale),
+                                       ("last token", 0.1 * scale))])
+    summary = {"causal_tracing": {"metric": "answer probability", "n_examples": 32}}
+    figs = patching_figures(_result("patching", trace, summary, causal_tracing=trace, causal_tracing_roles=roles))
+    try:
+        mlp, attn = figs["causal_tracing_mlp"].axes[0], figs["causal_tracing_attn"].axes[0]
+        assert [t.get_text() for t in mlp.get_yticklabels()] == ["first subject", "last subject", "last token"]
+        assert "token role" in mlp.get_ylabel() and "first prompt" not in mlp.get_ylabel()
+        np.testing.assert_allclose(heat(mlp), [[-0.2, -0.2], [0.8, 0.8], [0.1, 0.1]])
+        assert _norm(mlp) == _norm(attn) == ("diverging", -0.8, 0.8)  # negative effects visible, one scale for both kinds
+    finally:
+        plt.close("all")
+
+
+def test_dla_per_head_is_layers_by_heads_like_every_head_grid():
+    from headscope.reports.plots_circuits import dla_head_heatmap
+
+    dla = pd.DataFrame([{"kind": "head", "layer": l, "head": h, "component": f"L{l}H{h}", "contribution": 10 * l + h - 5}
+                        for l in range(2) for h in range(3)])
+    ax = dla_head_heatmap(dla, plt.subplots()[1])
+    try:
+        np.testing.assert_allclose(heat(ax), [[-5, -4, -3], [5, 6, 7]])  # [layer, head]
+        assert (ax.get_ylabel(), ax.get_xlabel()) == ("layer", "head") and _norm(ax) == ("diverging", -7, 7)
+    finally:
+        plt.close("all")
+
+
+def _styles(ax):
+    return [(line.get_marker(), line.get_linestyle()) for line in ax.get_lines() if len(line.get_xdata()) > 2]
+
+
+def test_equal_curves_stay_visible_by_marker_and_dash():
+    from headscope.reports.plots_heads import plot_pruning_curve
+    from headscope.reports.plots_position import plot_curve
+
+    curve = pd.DataFrame([{"condition": c, "metric": "logprob", "position": p, "mean": -1.0, "ci_low": -1.1, "ci_high": -0.9}
+                          for c in ("full", "window", "sinks+window") for p in (1, 2, 3)])
+    ax = plot_curve(_result("position", summary={"n_items": 3}, curve=curve), metric="logprob",
+                    conditions=("full", "window", "sinks+window"), ax=plt.subplots()[1])
+    prune = pd.DataFrame([{"ordering": o, "recompute": r, "fraction_pruned": f, "metric": 1.0 - f, "seed": 0}
+                          for o, r in (("gradient", False), ("gradient", True)) for f in (0.0, 0.25, 0.5)])
+    ax2 = plot_pruning_curve(_result("heads", prune, {"metric": "logit_diff"}), ax=plt.subplots()[1])
+    try:
+        for styles in (_styles(ax), _styles(ax2)):  # the lines lie on one another: each needs its own look
+            assert len(styles) >= 2 and len(set(styles)) == len(styles), styles
+    finally:
+        plt.close("all")
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_circuit_graph_labels_of_a_kv_head_and_a_query_head_do_not_collide():
+    from headscope.reports.plots_circuits import circuit_graph
+
+    edges = pd.DataFrame({"sender": ["input", "input", "a0.h1", "a0.kv1"],
+                          "receiver": ["a0.kv1.v", "a0.h1.q", "logits", "logits"], "score": [0.5, -0.4, 0.3, 0.2]})
+    fig, ax = plt.subplots(figsize=(8, 5))
+    try:
+        circuit_graph(edges, ax)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}
+        assert {"a0.h1", "a0.kv1"} <= set(boxes)
+        names = sorted(boxes)
+        assert not [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if _overlap(boxes[a], boxes[b])]
+    finally:
+        plt.close(fig)
+
+
+def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_legend():
+    from headscope.reports.plots_circuits import dla_component_bars
+    from headscope.reports.plots_heads import plot_l0
+    from headscope.reports.plots_kv import eviction_plot
+
+    sweep = pd.DataFrame({"lambda": [0.01, 0.03, 0.1], "heads_kept": [8, 8, 3], "metric_binary": [2.0, 2.0, 1.0],
+                          "metric": [2.0, 2.0, 1.1]})
+    ax = plot_l0(_result("heads", summary={"metric": "logit_diff", "baseline_metric": 2.0}, l0=sweep), ax=plt.subplots()[1])
+    dla = pd.DataFrame([{"kind": k, "component": f"{k}{i}", "contribution": v, "example": e}
+                        for k, i, v in (("embed", 0, 1.0), ("mlp", 0, 0.5), ("attn_bias", 0, 8e-7), ("unembed_bias", 0, 0.0),
+                                        ("remainder", 0, 2e-5))  # 8e-7 of 1.0 is rounding; 2e-5 is kept
+                        for e in range(3)])
+    bars = dla_component_bars(dla, plt.subplots()[1])
+    kv = pd.DataFrame([{"policy": p, "budget": b, "example": e, "metric": 1.0} for p, b in (("full", 8), ("window", 4))
+                       for e in range(3)])
+    try:
+        assert sorted(t.get_text() for t in ax.texts) == ["λ=0.01, 0.03", "λ=0.1"]
+        assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
+        assert "left out: attn_bias, unembed_bias" in bars.get_title()
+        evicted = eviction_plot(kv, plt.subplots()[1], "logit_diff")
+        assert evicted.get_ylabel() == "logit difference (logits) at the answer"
+        whole = [line for line in evicted.get_lines() if line.get_label() == "whole context (8)"]
+        assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
+    finally:
+        plt.close("all")
+
+
+def test_top_heads_are_not_a_ranking_of_ties_or_zeros():
+    from headscope.reports.plots_attention import top_heads
+
+    def data(grid):
+        return {"scores": {"importance (gradient)": grid}, "default_score": "importance (gradient)"}
+
+    # MiniLM's gradient importance rounds to 0 in the explorer: no head is top, not L0H0-L0H3
+    assert top_heads(data([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])) == []
+    assert top_heads(data([[0.5, -0.9, 0.0], [0.2, 0.2, 0.2]]), k=3) == [(0, 1, -0.9), (0, 0, 0.5)]  # 0.2 ties at the cut
+    assert top_heads(data([[0.5, -0.9, 0.0], [0.2, 0.1, 0.3]]), k=3) == [(0, 1, -0.9), (0, 0, 0.5), (1, 2, 0.3)]
+
+
+def test_position_curve_title_claims_a_u_shape_only_when_the_bands_separate():
+    from headscope.reports.plots_position import plot_curve
+
+    def curve(bands):
+        return pd.DataFrame([{"condition": "full", "metric": "accuracy", "position": p, "mean": m, "ci_low": lo,
+                              "ci_high": hi} for p, (m, lo, hi) in enumerate(bands, 1)])
+
+    summary = {"n_items": 3, "ratio_middle_to_ends": {"accuracy": 0.52 / 0.67}}
+    overlap = curve([(0.67, 0.4, 0.9), (0.52, 0.25, 0.8), (0.55, 0.3, 0.8)])  # MiniLM's 8 examples
+    separate = curve([(0.9, 0.85, 0.95), (0.4, 0.3, 0.5), (0.8, 0.7, 0.9)])
+    try:
+        title = plot_curve(_result("position", summary=summary, curve=overlap), ax=plt.subplots()[1]).get_title()
+        assert title == "min(middle) / max(ends) = 0.78\n95% bands of the middle and an end overlap: no U-shape shown"
+        title = plot_curve(_result("position", summary=summary, curve=separate), ax=plt.subplots()[1]).get_title()
+        assert title.endswith("U-shape: the middle's 95% band lies below both ends'")
+    finally:
+        plt.close("all")

@@ -39,7 +39,8 @@ def test_patching_reports_the_share_of_the_clean_corrupted_gap():
     text = finding("patching", summary)
     assert "resid_pre at layer 1, position 3 ('3: Mary'): 0.75 of the clean-corrupted gap (+3 logit difference)" in text
     assert "head_out at layer 2, head 5 (-0.25)" in text  # -1 / (2 - -2)
-    assert "resid_pre 0.988" in text
+    # Fisher z: tanh(atanh(0.9876) -+ 1.96 / sqrt(10 - 3)) = 0.947, 0.997
+    assert "resid_pre r = 0.988 (n = 10 cells, 95% CI [0.947, 0.997])" in text
 
 
 AT_CHANCE = {"at_chance": True, "metric": "logit_diff", "mean": -0.008, "chance_value": 0.0, "ci": [-0.05, 0.034],
@@ -82,9 +83,11 @@ def test_flat_position_curve_at_ceiling_and_a_layer_that_does_nothing():
     assert "flat at its ceiling" in text and "cannot show lost-in-the-middle" in text
     assert "0.60 in layer 1 against 0.05" in text and "attention sink" in text
     u_shape = {**position, "metric_per_position": {"accuracy": {"1": 0.9, "3": 0.45, "5": 0.8}},
-               "ratio_middle_to_ends": {"accuracy": 0.5}}
+               "ratio_middle_to_ends": {"accuracy": 0.5}, "n_examples": 32,
+               "ci_per_position": {"accuracy": {"1": [0.8, 0.97], "3": [0.3, 0.6], "5": [0.66, 0.9]}}}
     text = finding("position", u_shape)
-    assert "from 0.45 (gold at position 3) to 0.90" in text and "U-shape" in text
+    assert "from 0.45 (gold at position 3) to 0.90" in text and "(32 examples)" in text
+    assert "[0.30, 0.60] lies below both ends' (n = 32 examples per position): a U-shape, the middle is neglected" in text
     attribution = {"median_permutation_tvd": 3e-7, "permutation_layer": 3, "output_change": "tvd",
                    "mean_tau_attention_loo": 0.04, "n_examples": 10}
     text = finding("attribution", attribution)
@@ -122,3 +125,111 @@ def test_probes_finding_names_the_capacity_sweep_and_the_first_selective_layer()
     assert "most selective probe over C in {0.001, 0.01, 1}" in text and "reaches selectivity 0.5 is layer 1" in text
     assert "no layer's most selective probe" in probes_finding({**s, "first_selective_layer": None})
     assert "capacity sweep" not in probes_finding({**s, "capacity": None})
+
+
+def test_a_u_shape_is_claimed_only_when_the_intervals_separate():
+    """MiniLM's 8-example curve 0.67 -> 0.52 -> 0.55: the 95% intervals overlap, so no neglected middle."""
+    s = {"primary_metric": "accuracy", "n_examples": 8, "ratio_middle_to_ends": {"accuracy": 0.52 / 0.67},
+         "metric_per_position": {"accuracy": {"1": 0.67, "5": 0.52, "10": 0.55}},
+         "ci_per_position": {"accuracy": {"1": [0.4, 0.9], "5": [0.25, 0.8], "10": [0.3, 0.8]}}}
+    text = finding("position", s)
+    assert "overlaps both ends' (n = 8 examples per position): no evidence that the middle is neglected" in text
+    assert "a U-shape" not in text and "is neglected" not in text.replace("no evidence that the middle is neglected", "")
+    declining = {**s, "ci_per_position": {"accuracy": {"1": [0.6, 0.75], "5": [0.45, 0.58], "10": [0.4, 0.7]}}}
+    assert "below the first end's only" in finding("position", declining) and "not a U-shape" in finding("position", declining)
+    assert "no U-shape is claimed" in finding("position", {**s, "ci_per_position": {}})
+
+
+def test_degenerate_importance_and_ties_are_said_and_not_ranked():
+    """MiniLM: gradient importance 1e-8..2e-7 under a float32 floor; its pruning order is random."""
+    why = "every head's |gradient importance| is below 2.2e-07, under the numerical floor 1.9e-06"
+    s = {**HEADS, "max_fraction_prunable_gradient": 0.25, "heads_prunable_gradient": 8.0,
+         "max_fraction_prunable_gradient_recompute": 0.5, "degenerate_gradient": why,
+         "tied_top_heads_zero": ["L0H1", "L0H2"]}
+    text = finding("heads", s)
+    assert f"Gradient importance is rounding, not a measurement: {why}." in text
+    assert "gradient 25%" not in text and "gradient recompute" not in text and "by gradient" not in text
+    assert "By zero-ablation, L0H1, L0H2 tie within rounding among the top heads: their order is arbitrary." in text
+    assert "18 of 32 heads (56%)" in text  # the ablation ordering is a measurement and stays
+
+
+def test_a_kv_ceiling_at_the_whole_prompt_says_nothing_is_saved():
+    kv = {"metric": "logit_diff", "n_examples": 16, "metric_unevicted": 10.0, "context_positions": 25,
+          "metric_per_policy_budget": {"window": {"8": 5.0, "16": 9.0, "25": 10.0}, "sinks_window": {"8": 4.0, "25": 9.99}}}
+    text = finding("kv", kv)
+    assert "Full-cache logit difference 10 (mean over 16 examples); within 1% of it: window only with the whole context, " \
+           "sinks window only with the whole context." in text
+    assert "No eviction policy saves anything here: every policy needs the whole context (25 positions)" in text
+    kv["metric_per_policy_budget"]["window"]["16"] = 9.95
+    text = finding("kv", kv)
+    assert "window from 16 positions of 25" in text and "saves anything" not in text
+
+
+def test_attribution_names_rollout_when_raw_attention_disagrees_and_sizes_its_significance():
+    s = {"n_examples": 4, "mean_tau_attention_gradient": 0.05, "std_tau_attention_gradient": 0.1,
+         "mean_tau_attention_loo": -0.02, "mean_tau_rollout_gradient": 0.37, "mean_tau_rollout_loo": 0.52,
+         "fraction_significant": 0.5, "n_tau_tests": 16}
+    text = finding("attribution", s)
+    # t interval: 0.05 -+ t(0.975, 3) 3.182 x 0.1 / 2 = [-0.11, 0.21]
+    assert "gradient x input at mean Kendall tau 0.05, 95% CI [-0.11, 0.21]" in text
+    assert "leave-one-out at mean Kendall tau 0.78, 95% CI [0.55, 1.00]" in finding(  # 1.01 clipped to tau's range
+        "attribution", {**s, "mean_tau_attention_loo": 0.78, "std_tau_attention_loo": 0.1445})
+    assert "attention rollout reaches tau 0.37-0.52" in text and "poor stand-in" not in text
+    # Wilson interval of 8 / 16: 0.5 -+ 0.220
+    assert "8 of 16 per-example taus (50%) are significant at p < 0.05, uncorrected (Wilson 95% CI 28%-72%" in text
+    assert "4 examples are too few" in text
+    weak = {**s, "mean_tau_rollout_gradient": 0.1, "mean_tau_rollout_loo": 0.05}
+    assert "weak for rollout too: attention weights are a poor stand-in" in finding("attribution", weak)
+
+
+def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_state():
+    cell = {"head": None, "token": "5: x"}
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+         "clean_metric": 2.0, "corrupted_metric": 0.0,
+         "top_sites": {"resid_pre": [{**cell, "layer": 1, "pos": 5, "effect": 2.0},
+                                     {**cell, "layer": 2, "pos": 5, "effect": 1.9}],
+                       "resid_post": [{**cell, "layer": 0, "pos": 5, "effect": 2.0}],  # the same state as resid_pre 1
+                       "attn_out": [{**cell, "layer": 1, "pos": 5, "effect": 0.4}],
+                       "mlp_out": [{**cell, "layer": 0, "pos": 5, "effect": 0.2}]},
+         "attribution_correlation": {"attn_out": {"pearson": 1.0, "spearman": 0.1, "n": 60, "n_nonzero": 1}}}
+    text = finding("patching", s)
+    assert "most at the resid_pre at layer 1, position 5 ('5: x'): 1.00 of the clean-corrupted gap" in text
+    assert "Next, at other sites: attn_out at layer 1, position 5 ('5: x') (0.20); mlp_out at layer 0, position 5" in text
+    assert "resid_post" not in text and "layer 2" not in text
+    assert "attn_out r = 1.000 rests on 1 non-zero exact effect(s) of 60 cells, so it says nothing about agreement" in text
+    s["attribution_correlation"]["attn_out"].update(n_nonzero=7, pearson_without_top=0.42)  # the zoo: 47.8 beside < 0.6
+    assert ("attn_out r = 1.000 is driven by its largest cell: without it r = 0.420 (n = 59 cells), so the agreement "
+            "rests on one point") in finding("patching", s)
+    s["attribution_correlation"]["attn_out"].update(pearson=0.95, pearson_without_top=0.9)
+    # Fisher z: tanh(atanh(0.95) -+ 1.96 / sqrt(57))
+    assert "attn_out r = 0.950 (n = 60 cells, 95% CI [0.917, 0.970])" in finding("patching", s)
+
+
+def test_circuits_lens_names_the_block_input_row():
+    per_layer = {str(i): v for i, v in enumerate([0.0, 0.1, 0.75, 0.9, 1.0])}  # 4 blocks: 0_pre..3_pre, final_post
+    s = {"first_top1_layer": 2, "lens_top1_fraction_per_layer": per_layer, "n_examples": 16}
+    assert ("first ranks the answer top-1 (median over examples) at the input of block 2 (row 2_pre), after 2 of 4 blocks "
+            "(top-1 in 75% of 16 examples).") in finding("circuits", s)
+    assert "only at the model's output, after all 4 blocks (top-1 in 100% of 16 examples)" in finding(
+        "circuits", {**s, "first_top1_layer": 4})
+
+
+def test_probes_selectivity_against_a_negative_control_r2():
+    s = {"metric": "r2", "labels": "position", "best_layer": 2, "best_r2": 0.9, "best_control": -0.26,
+         "best_selectivity": 1.16, "best_std": 0.03, "cv": 5, "n_examples": 16, "majority_baseline": None}
+    text = finding("probes", s)
+    assert "layer 2 with r2 0.90 (sd 0.03 over 5 folds) (16 examples)." in text
+    assert "R^2 is -0.26, below 0 (worse than predicting the mean), so score minus control (1.16) overstates " \
+           "selectivity; against the control's floor of 0 it is 0.90." in text
+
+
+def test_mlp_agreement_is_counted_in_neurons_against_the_control():
+    s = {"agreement_per_layer": {"0": 0.03, "3": 18 / 256}, "agreement_shuffled_per_layer": {"0": 0.01, "3": 3 / 256},
+         "n_prefixes": 1248, "n_neurons_per_layer": 256}
+    text = finding("mlp", s)
+    # Wilson interval of 18 / 256: 4%-11%, above the control's 1%
+    assert "peaks at 7% (18 of 256 neurons, Wilson 95% CI 4%-11%) in layer 3 (over 1248 prefixes)" in text
+    assert "no better" not in text
+    close = {**s, "agreement_per_layer": {"3": 6 / 256}, "agreement_shuffled_per_layer": {"3": 3 / 256}}
+    assert "(6 of 256 neurons, Wilson 95% CI 1%-5%)" in finding("mlp", close)
+    assert "no better than the control" in finding("mlp", close)  # 6 of 256 reaches down to 3 of 256

@@ -37,6 +37,7 @@ def _output(root):
     plt.close(fig)
     io.write_csv(heads / "curve.csv", pd.DataFrame({"fraction_pruned": [0.0, 0.5], "metric": [3.5, 1.0]}))
     (heads / "empty.csv").write_text("")
+    io.write_csv(heads / "long.csv", pd.DataFrame({"row": range(130)}))
     io.write_json(root / "manifest.json", {
         "command": ["headscope", "report", "--seed", "7"], "config": {"task": XSS, "quick": True, "device": "cpu"},
         "model": {"name": "zoo/synth-llama"}, "seed": 7, "git_sha": SHA,
@@ -53,8 +54,16 @@ def test_page_has_findings_toc_grid_details_and_provenance(tmp_path):
         assert f'href="#{anchor}"' in toc and (f'id="{anchor}"' in html or f"id='{anchor}'" in html)
     findings = html[html.index("id='findings'"):html.index('id="heads"')]
     assert "2 of 8 heads (25%)" in findings  # 0.25 x 8
-    assert '<div class="figs"><figure><img alt="pruning_curve"' in html and "<figcaption><b>pruning_curve</b>: Metric" in html
-    assert "<details><summary>curve.csv (2 rows)</summary>" in html and "<details><summary>empty.csv (empty)</summary>" in html
+    # alt text says what the figure shows (its caption), not only the file name
+    assert '<div class="figs"><figure><img alt="pruning_curve: Metric (y, the task' in html
+    assert "<figcaption><b>pruning_curve</b>: Metric" in html
+    assert '<details><summary>curve.csv (2 rows) <a href="heads/curve.csv">curve.csv</a></summary>' in html
+    assert "<details><summary>empty.csv (empty) <a href=\"heads/empty.csv\">" in html
+    long = html[html.index("long.csv (130 rows)"):]
+    long = long[:long.index("</details>")]  # the first 100 rows in a scrollable box, then a pointer to the CSV
+    assert '<a href="heads/long.csv">' in long and '<div class="scroll">' in long
+    assert "<td>99</td>" in long and "<td>100</td>" not in long and "30 more rows in the CSV" in long
+    assert ".scroll{max-height:28em;overflow:auto" in html
     assert "<details><summary>summary.json (6 keys)</summary>" in html
     provenance = html[html.index("id='provenance'"):]
     assert SHA in provenance and "<td>7</td>" in provenance and "torch 2.9.0" in provenance
