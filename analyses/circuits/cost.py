@@ -24,13 +24,17 @@ def estimate(model, task, config) -> Cost:
     unembed = 3 * (f.n_layers + 1) * n * read * 2.0 * f.d_model * f.d_vocab
     parts = {"lens_dla": 2 * n + unembed / flops_per_row(model, n_pos)}
     if config.edges and (task is None or getattr(task, "corrupted_tokens", None) is not None):
-        parts["edges"] = 3 * config.ig_steps * n + 2 * n
+        steps = config.ig_steps if config.edge_method == "eap-ig" else 1
+        parts["edges"] = 3 * steps * n + 2 * n
         parts["faithfulness"] = n * (len(config.k_values) if config.k_values else 10)
     return Cost(parts=parts, n_pos=n_pos)
 
 
 def plain_eap(config, model):
-    return dataclasses.replace(config, ig_steps=1) if config.ig_steps > 1 else None
+    """EAP-IG gives way to one-step EAP, the clean-run (papers') convention."""
+    if config.edge_method == "eap-ig" and config.ig_steps > 1:
+        return dataclasses.replace(config, edge_method="eap-clean", ig_steps=1)
+    return None
 
 
 COST = CostModel(estimate=estimate, knobs=(plain_eap, examples_knob(FULL, QUICK)))

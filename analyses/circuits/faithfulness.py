@@ -134,10 +134,10 @@ def smallest_k(frame: pd.DataFrame, target: float = 0.8) -> int | None:
 
 
 def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int = 0, n_listed: int = 200,
-                      target: float = 0.8) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Edge scores (EAP, or EAP-IG with ig_steps > 1) and the faithfulness sweep on `task`:
-    ({"edges": top n_listed edges, "faithfulness": the sweep}, summary keys)."""
-    graph, scores, info = E.edge_scores(model, task, ig_steps=ig_steps)
+                      target: float = 0.8, method: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Edge scores (edges.edge_scores: `method`, or by ig_steps when None) and the faithfulness
+    sweep on `task`: ({"edges": top n_listed edges, "faithfulness": the sweep}, summary keys)."""
+    graph, scores, info = E.edge_scores(model, task, ig_steps=ig_steps, method=method)
     ks = tuple(k_values) if k_values else default_k_values(graph.n_edges)
     sweep = faithfulness_sweep(model, task, graph, scores, ks, seed=seed, metric_clean=info["metric_clean"],
                                metric_corrupt=info["metric_corrupt"])
@@ -145,7 +145,8 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
     at_k = sweep[sweep.circuit == "top"].set_index("k").faithfulness
     rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.mean()
     summary = {
-        "edge_method": "EAP" if ig_steps == 1 else f"EAP-IG ({ig_steps} steps, input embeddings interpolated)",
+        "edge_method": info["method"], "ig_steps": info["ig_steps"],
+        "edge_method_detail": E.method_label(info["method"], info["ig_steps"]),
         "n_edges": graph.n_edges,
         "edge_metric_clean": info["metric_clean"], "edge_metric_corrupt": info["metric_corrupt"],
         "smallest_k_80": smallest_k(sweep, target),
