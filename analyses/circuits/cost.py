@@ -4,7 +4,7 @@ Row passes, for n examples: logit lens and DLA one captured pass each (2n), and 
 read through the unembedding at every position (counted as the row passes of three times as many
 flops: the log-softmax and rank read those logits again); with edges (a task
 with corrupted prompts): EAP-IG 3 ig_steps n + 2n, faithfulness n per circuit size (k_values;
-about 10 by default).
+about 10 by default) plus about 3n for MIB's curve (12 top-k circuits).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def estimate(model, task, config) -> Cost:
     if config.edges and (task is None or getattr(task, "corrupted_tokens", None) is not None):
         steps = config.ig_steps if config.edge_method == "eap-ig" else 1
         parts["edges"] = 3 * steps * n + 2 * n
-        parts["faithfulness"] = n * (len(config.k_values) if config.k_values else 10)
+        # the sweep's sizes, plus MIB's 10 top-k circuits and the empty and full one (about 3 sizes' worth)
+        parts["faithfulness"] = n * ((len(config.k_values) if config.k_values else 10) + 3)
     return Cost(parts=parts, n_pos=n_pos)
 
 

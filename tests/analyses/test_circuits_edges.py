@@ -2,6 +2,7 @@
 attribution_patch / faithfulness, exact edge patching and a hand-built one-path model."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformer_lens.tools.analysis.attribution_patching import (
@@ -249,4 +250,29 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     assert len(top) == n_edges and top.score.abs().is_monotonic_decreasing
     assert result.summary["smallest_k_80"] in (3, n_edges) and len(result.summary["top_edges"]) == 10
     figs = plots_circuits.figures(result)
-    assert {"circuits_faithfulness", "circuits_graph"} <= set(figs)
+    assert {"circuits_faithfulness", "circuits_graph", "circuits_mib"} <= set(figs)
+    # MIB's curve: top int(p * 110) edges, f exactly 0 for the empty circuit and 1 for the whole graph
+    mib, s = result.tables["mib"], result.summary
+    assert list(mib.k) == [0, 0, 0, 1, 2, 5, 11, 22, 55, 110]
+    assert mib.faithfulness.iloc[-1] == 1.0 and (mib.faithfulness[mib.k == 0] == 0.0).all()
+    x, f = mib.fraction.to_numpy(), mib.faithfulness.to_numpy()
+    assert abs(s["mib_cpr"] - np.trapezoid(f, x)) < 1e-12 and abs(s["mib_cmd"] - np.trapezoid(np.abs(1 - f), x)) < 1e-12
+    assert set(s["mib_faithfulness"]) == {"0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1"}
+
+
+def test_mib_areas_closed_form():
+    """CPR and CMD over MIB's linear fractions 0.001..1 for curves with closed-form areas (the
+    trapezoid rule is exact on piecewise-linear curves)."""
+    x = np.array(F.MIB_FRACTIONS)
+    cpr, cmd = F.mib_areas(x, x)  # f(p) = p
+    assert abs(cpr - (1 - 0.001**2) / 2) < 1e-15 and abs(cmd - (0.999 - (1 - 0.001**2) / 2)) < 1e-15
+    assert F.mib_areas(x, np.ones(10)) == (pytest.approx(0.999, abs=1e-15), 0.0)
+    cpr, cmd = F.mib_areas(x, np.full(10, 2.0))  # above 1 counts against CMD, as |1 - f|
+    assert abs(cpr - 1.998) < 1e-15 and abs(cmd - 0.999) < 1e-15
+    # a step: 0 up to 10%, 1 from 20%: the one sloped trapezoid is half of 0.1 wide
+    step = (x >= 0.2).astype(float)
+    cpr, cmd = F.mib_areas(x, step)
+    assert abs(cpr - (0.05 + 0.8)) < 1e-15 and abs(cmd - (0.099 + 0.05)) < 1e-15
+    assert F.mib_k_values(110) == (0, 0, 0, 1, 2, 5, 11, 22, 55, 110)
+    with pytest.raises(hs.errors.ConfigError):
+        F.mib_areas(x, x[:3])

@@ -122,3 +122,9 @@ def test_probes_finding_names_the_capacity_sweep_and_the_first_selective_layer()
     assert "most selective probe over C in {0.001, 0.01, 1}" in text and "reaches selectivity 0.5 is layer 1" in text
     assert "no layer's most selective probe" in probes_finding({**s, "first_selective_layer": None})
     assert "capacity sweep" not in probes_finding({**s, "capacity": None})
+
+
+def test_circuits_finding_states_mib_metrics():
+    text = finding("circuits", {"dla_final_logit": 2.0, "dla_top_components": {"a1.h0": 1.5},
+                                "mib_cpr": 0.8123, "mib_cmd": 0.2051, "edge_method": "eap-clean"})
+    assert "MIB's circuit metrics (eap-clean scores): CPR 0.812 (higher is better), CMD 0.205 (lower is better)." in text
