@@ -99,3 +99,35 @@ def test_ground_truth_matches_the_weights(name):
 def test_unknown_tracr_name_is_one_line():
     with pytest.raises(hs.errors.ModelNotFoundError, match="Unknown Tracr model 'nope'; shipped: "):
         hs.load_model("tracr/nope")
+
+
+def test_engines_run_on_a_tracr_model(tracr_models):
+    """capture and head_gates on reverse: the reading head (layer 3) attends from the last position
+    to x[0] (position 1, after BOS); gating it off removes the answer, gates at 1 change nothing."""
+    model = tracr_models["reverse"]
+    rows = [list(x) for x in itertools.product((1, 2, 3), repeat=4)]
+    tokens = model.to_tokens([" ".join(map(str, r)) for r in rows])
+    acts = hs.capture(model, tokens, [hs.site("pattern", 3)])
+    last = acts[hs.site("pattern", 3)][:, 0, -1]  # [rows, key]
+    assert (last.argmax(-1) == 1).all() and float(last[:, 1].min()) > 0.99
+    answers = torch.tensor(model.tokenizer.convert_tokens_to_ids([str(r[0]) for r in rows]))
+    with torch.no_grad():
+        plain = model(tokens)[:, -1]
+        with hs.head_gates(model) as gates:
+            same = model(tokens)[:, -1]
+            gates.data[3, 0] = 0.0
+            off = model(tokens)[:, -1]
+    torch.testing.assert_close(same, plain)
+    assert float(plain.gather(1, answers[:, None]).min()) > 0.99 and float(off.abs().max()) < 1e-4
+
+
+def test_a_compiled_model_must_be_causal():
+    """load_model takes a compiled Tracr model (duck-typed: no Tracr here) and refuses a
+    bidirectional one in one line, before anything is written."""
+    from types import SimpleNamespace
+
+    fake = SimpleNamespace(params={}, residual_labels=[], input_encoder=None,
+                           model_config=SimpleNamespace(causal=False, layer_norm=False))
+    assert T.is_assembled(fake)
+    with pytest.raises(hs.errors.UnsupportedModelError, match="compile the Tracr program with causal=True"):
+        hs.load_model(fake)
