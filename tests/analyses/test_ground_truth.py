@@ -52,3 +52,14 @@ def test_reverse_task_and_exact_patching_find_the_reading_head(gt):
     assert set(n for n in hs.models.tracr.metadata(model.source)["truth"]["nodes"] if n.startswith("a")) == truth
     # a3 beats a1 and a2, a0 ties them: 3 of 4 pairs; the top 2: a3, then one of the three tied at 0
     assert gt.score_set(nodes, truth) == (0.75, (1 + 1 / 3) / 2)
+
+
+def test_a_tracr_model_defaults_to_its_program_task():
+    from headscope.analyses.circuits import CircuitsConfig, run
+
+    model = hs.load_model("tracr/induction", device="cpu")
+    result = run(model, None, CircuitsConfig.preset(quick=True))
+    s = result.summary
+    assert s["task"] == "tracr-induction" and s["edge_method"] == "eap-clean"
+    assert s["edge_metric_clean"] > 0.99 and s["edge_metric_corrupt"] < -0.99  # one-hot outputs: +1 and -1
+    assert s["mib_faithfulness"]["1"] == 1.0 and 0.0 <= s["mib_cpr"] <= 0.999 + 1e-9
