@@ -83,8 +83,10 @@ def mib_curve(mib: pd.DataFrame, ax=None, cpr: float | None = None, cmd: float |
     ax.axhline(1.0, color="C3", lw=1, ls=":", label="f = 1" + (f" (CMD: area between = {cmd:.3f})" if cmd is not None else ""))
     ax.axhline(0.0, color="black", lw=0.5)
     ax.set_xscale("log")
-    ax.set(xlabel="edges in the circuit (% of all, MIB's fractions)",
-           ylabel="faithfulness f = (m(C) - m(empty)) / (m(full) - m(empty))", title="MIB faithfulness curve")
+    ax.set_xticks(x, [f"{v:g}%" for v in x], fontsize="small", rotation=45)
+    ax.minorticks_off()
+    ax.set(xlabel="edges in the circuit (% of all; MIB's fractions)", ylabel="faithfulness f (1 = full model)",
+           title="MIB faithfulness: f = (m(C) - m(empty)) / (m(full) - m(empty))")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
 
