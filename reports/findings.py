@@ -492,6 +492,10 @@ def circuits_finding(s: Mapping[str, Any]) -> str:
         parts.append("Direct logit attribution" + (f" (mean over {n} examples)" if n is not None else "")
                      + ": the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items)
                      + (f" of a final logit difference {final:.3g}." if final is not None else "."))
+    cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
+    if cpr is not None and cmd is not None:
+        parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores): CPR {cpr:.3f} (higher is better), "
+                     f"CMD {cmd:.3f} (lower is better).")
     if _at_chance(s, "logit_diff", final):
         parts.append(f"The model is at chance here (final logit difference {final:.3g}, near 0): nothing to attribute.")
     return " ".join(parts)
@@ -580,6 +584,9 @@ CAPTIONS = {
     "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
                              "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
                              "the same size, dotted: the 80% target.",
+    "circuits_mib": "MIB's faithfulness curve (Mueller et al. 2025): f = (m(C) - m(empty)) / (m(full) - m(empty)) of the "
+                    "top p% of the edges (x, log scale) for p = 0.1 ... 100; shaded: CPR, the area under f over linear p "
+                    "(higher is better); CMD is the area between f and 1 (lower is better).",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
                       "y = head (MLPs at -1, key-value heads just left of and below their layer's query heads, labelled "
                       "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative.",

@@ -1,6 +1,6 @@
 """Figures of the circuits analysis: the logit lens (layer x position), DLA per head (layers x
-heads), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size and the
-circuit graph of the strongest edges."""
+heads), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size, MIB's
+faithfulness curve (CPR, CMD) and the circuit graph of the strongest edges."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -84,6 +84,24 @@ def faithfulness_curve(sweep: pd.DataFrame, ax=None, target: float = 0.8):
     return ax
 
 
+def mib_curve(mib: pd.DataFrame, ax=None, cpr: float | None = None, cmd: float | None = None):
+    """MIB's faithfulness curve: f of the top p of the edges against p (0.1% ... 100%, log-scaled
+    x for legibility; MIB's areas are over linear p), the area under it (CPR) shaded."""
+    ax = ax or plt.gca()
+    x, f = mib.fraction.to_numpy() * 100, mib.faithfulness.to_numpy()
+    ax.fill_between(x, 0.0, f, color="C0", alpha=0.2, label="CPR: area under f" + (f" = {cpr:.3f}" if cpr is not None else ""))
+    ax.plot(x, f, marker="o", color="C0", label="top-p% edges")
+    ax.axhline(1.0, color="C3", lw=1, ls=":", label="f = 1" + (f" (CMD: area between = {cmd:.3f})" if cmd is not None else ""))
+    ax.axhline(0.0, color="black", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_xticks(x, [f"{v:g}%" for v in x], fontsize="small", rotation=45)
+    ax.minorticks_off()
+    ax.set(xlabel="edges in the circuit (% of all; MIB's fractions)", ylabel="faithfulness f (1 = full model)",
+           title="MIB faithfulness: f = (m(C) - m(empty)) / (m(full) - m(empty))")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    return ax
+
+
 def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
     """Layout: x = layer (input at -1, logits after the last layer), heads stacked at y = head,
     the MLP just right of its layer's heads at y = -1."""
@@ -151,6 +169,9 @@ def figures(result, **kwargs) -> dict:
         draws.append(("circuits_dla_components", lambda ax: dla_component_bars(tables["dla"], ax), (8, 4)))
     if "faithfulness" in tables:
         draws.append(("circuits_faithfulness", lambda ax: faithfulness_curve(tables["faithfulness"], ax), (8, 4)))
+    if "mib" in tables:
+        s = result.summary
+        draws.append(("circuits_mib", lambda ax: mib_curve(tables["mib"], ax, s.get("mib_cpr"), s.get("mib_cmd")), (8, 4)))
     if "edges" in tables:
         draws.append(("circuits_graph", lambda ax: circuit_graph(tables["edges"], ax), (8, 5)))
     for stem, draw, size in draws:

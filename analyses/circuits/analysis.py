@@ -35,6 +35,7 @@ import torch
 
 from headscope.analyses.circuits import dla as dla_mod
 from headscope.analyses.circuits import lens as lens_mod
+from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
@@ -64,9 +65,13 @@ class CircuitsConfig(AnalysisConfig):
     answer everywhere). use_wrong_answer: DLA and the lens logit difference against the task's
     wrong answer when it has one (DLA along the answer alone otherwise). top_k: components listed
     in the summary. repeat_length: the repeated-random-tokens task of non-zoo decoders. edges: edge
-    attribution and the faithfulness sweep in `run` (tasks with corrupted prompts). ig_steps: 1 =
-    EAP, more = EAP-IG (preset: 1 when quick). k_values: circuit sizes swept (None: about 10 from 1
-    to every edge, log-spaced)."""
+    attribution and the faithfulness sweep in `run` (tasks with corrupted prompts). edge_method:
+    "eap-ig" (default: Hanna et al. 2024 find its circuits more faithful than one-step EAP's),
+    "eap-clean" (the papers' EAP baseline, gradient on the clean run; the quick preset's: one
+    gradient pass, and the number published baselines report) or "eap-denoising"
+    (TransformerLens's attribution_patch, gradient on the corrupted run); see edges.py. ig_steps:
+    EAP-IG's steps (1 = eap-denoising). k_values: circuit sizes swept (None: about 10 from 1 to
+    every edge, log-spaced)."""
 
     lens_positions: str = "all"
     lens_target: str = "next"
@@ -74,6 +79,7 @@ class CircuitsConfig(AnalysisConfig):
     top_k: int = 10
     repeat_length: int = 12
     edges: bool = True
+    edge_method: str = "eap-ig"
     ig_steps: int = 5
     k_values: tuple | None = None
 
@@ -86,13 +92,15 @@ class CircuitsConfig(AnalysisConfig):
             raise ConfigError(f"top_k must be >= 1, got {self.top_k}.")
         if self.ig_steps < 1:
             raise ConfigError(f"ig_steps must be >= 1, got {self.ig_steps}.")
+        if self.edge_method not in EDGE_METHODS:
+            raise ConfigError(f"edge_method must be one of {EDGE_METHODS}, got {self.edge_method!r}.")
         if self.k_values is not None and (not self.k_values or any(int(k) < 0 for k in self.k_values)):
             raise ConfigError(f"k_values must be a non-empty tuple of edge counts >= 0, got {self.k_values!r}.")
 
     @classmethod
     def preset(cls, **common) -> CircuitsConfig:
-        """Quick runs score edges with plain EAP (ig_steps=1)."""
-        return cls(**({"ig_steps": 1} if common.get("quick") else {}), **common)
+        """Quick runs score edges with one-step, clean-run EAP (the papers' baseline)."""
+        return cls(**({"edge_method": "eap-clean", "ig_steps": 1} if common.get("quick") else {}), **common)
 
 
 # ---- tasks ---------------------------------------------------------------------------------
@@ -302,7 +310,8 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
         from headscope.analyses.circuits.faithfulness import circuit_discovery
 
         try:
-            found, edge_summary = circuit_discovery(model, task, ig_steps=config.ig_steps, k_values=config.k_values,
+            found, edge_summary = circuit_discovery(model, task, ig_steps=config.ig_steps, method=config.edge_method,
+                                                    k_values=config.k_values,
                                                     seed=config.seed)
         except UnsupportedModelError as err:  # e.g. Gemma 2's post-norms: the residual is not the sum of writes
             summary["edges_skipped"] = str(err)

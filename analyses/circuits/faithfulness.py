@@ -10,6 +10,18 @@ rows = circuits x examples stacked along the batch axis.
 
 faithfulness(circuit) = (M(circuit) - M(corrupt)) / (M(clean) - M(corrupt)), M the task metric's
 mean over examples.
+
+MIB's circuit-localisation metrics (Mueller et al. 2025, "MIB: a Mechanistic Interpretability
+Benchmark"; computed as the benchmark's own evaluation code does, MIB-circuit-track
+`MIB_circuit_track/evaluation.py::evaluate_area_under_curve` with its defaults): the top-k circuit
+at k = int(p * n_edges) for p in MIB_FRACTIONS (0.1% ... 100%), faithfulness
+f(C) = (m(C) - m(empty)) / (m(full) - m(empty)), and by the trapezoid rule over the *linear*
+fraction p (log_scale=False, the default its run_evaluation script uses), from p = 0.001 to 1:
+CPR = area under f (higher is better, at most 0.999 for a faithful curve at 1) and
+CMD = area under |1 - f| (lower is better). Two differences, both stated in the summary: MIB
+prunes edges that no longer connect the input to the logits before evaluating (headscope does
+not), and its m(full) is a plain clean run; headscope measures m(empty) and m(full) as circuits of
+the same batched ablation pass, so f is exactly 0 and 1 there (the two differ by rounding only).
 """
 from __future__ import annotations
 
@@ -22,6 +34,7 @@ from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
 
 RANDOM_DRAWS = 3
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def circuit_metrics(model, task: Task, graph: E.EdgeGraph, keep: torch.Tensor) -> torch.Tensor:
@@ -127,6 +140,41 @@ def faithfulness_sweep(model, task: Task, graph: E.EdgeGraph, scores: torch.Tens
     return frame
 
 
+def mib_k_values(n_edges: int, fractions=MIB_FRACTIONS) -> tuple[int, ...]:
+    """Edges in each of MIB's circuits: int(p * n_edges), as MIB's evaluation rounds (down)."""
+    return tuple(int(p * n_edges) for p in fractions)
+
+
+def mib_areas(fractions, faith) -> tuple[float, float]:
+    """(CPR, CMD): trapezoid areas under f and under |1 - f| over the linear fractions, as MIB."""
+    x, f = np.asarray(fractions, dtype=float), np.asarray(faith, dtype=float)
+    if len(x) != len(f) or len(x) < 2:
+        raise ConfigError(f"need one faithfulness per fraction (at least two), got {len(f)} for {len(x)}.")
+    width = np.diff(x)
+    cpr = float(np.sum(width * (f[1:] + f[:-1]) / 2))
+    cmd = float(np.sum(width * (np.abs(1 - f[1:]) + np.abs(1 - f[:-1])) / 2))
+    return cpr, cmd
+
+
+def mib_curve(model, task: Task, graph: E.EdgeGraph, scores: torch.Tensor,
+              fractions=MIB_FRACTIONS) -> tuple[pd.DataFrame, float, float]:
+    """(table (fraction, k, metric, faithfulness), CPR, CMD) of the top-k circuits at MIB's fractions,
+    normalised by the empty and the full circuit measured in the same pass."""
+    ks = mib_k_values(graph.n_edges, fractions)
+    sizes = sorted({0, graph.n_edges, *ks})  # each circuit once, so f is exactly 0 and 1 at the ends
+    keep, _ = keep_masks(graph, scores, sizes, seed=0, draws=0)
+    by_k = dict(zip(sizes, circuit_metrics(model, task, graph, keep).mean(1).double().tolist()))
+    empty, full = by_k[0], by_k[graph.n_edges]
+    if full == empty:
+        raise ConfigError("the empty and the full circuit give the same metric; MIB's faithfulness is undefined.")
+    metric = torch.tensor([by_k[k] for k in ks], dtype=torch.float64)
+    faith = (metric - empty) / (full - empty)
+    frame = pd.DataFrame({"fraction": list(fractions), "k": list(ks), "metric": metric.numpy(),
+                          "faithfulness": faith.numpy()})
+    cpr, cmd = mib_areas(fractions, frame.faithfulness)
+    return frame, cpr, cmd
+
+
 def smallest_k(frame: pd.DataFrame, target: float = 0.8) -> int | None:
     """The smallest swept k whose top-k circuit reaches `target` faithfulness (None if none)."""
     top = frame[(frame.circuit == "top") & (frame.faithfulness >= target)]
@@ -134,23 +182,30 @@ def smallest_k(frame: pd.DataFrame, target: float = 0.8) -> int | None:
 
 
 def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int = 0, n_listed: int = 200,
-                      target: float = 0.8) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Edge scores (EAP, or EAP-IG with ig_steps > 1) and the faithfulness sweep on `task`:
-    ({"edges": top n_listed edges, "faithfulness": the sweep}, summary keys)."""
-    graph, scores, info = E.edge_scores(model, task, ig_steps=ig_steps)
+                      target: float = 0.8, method: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Edge scores (edges.edge_scores: `method`, or by ig_steps when None) and the faithfulness
+    sweep on `task`: ({"edges": top n_listed edges, "faithfulness": the sweep}, summary keys)."""
+    graph, scores, info = E.edge_scores(model, task, ig_steps=ig_steps, method=method)
     ks = tuple(k_values) if k_values else default_k_values(graph.n_edges)
     sweep = faithfulness_sweep(model, task, graph, scores, ks, seed=seed, metric_clean=info["metric_clean"],
                                metric_corrupt=info["metric_corrupt"])
+    mib, cpr, cmd = mib_curve(model, task, graph, scores)
     top = E.top_edges(graph, scores, n_listed)
     at_k = sweep[sweep.circuit == "top"].set_index("k").faithfulness
     rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.mean()
     summary = {
-        "edge_method": "EAP" if ig_steps == 1 else f"EAP-IG ({ig_steps} steps, input embeddings interpolated)",
+        "edge_method": info["method"], "ig_steps": info["ig_steps"],
+        "edge_method_detail": E.method_label(info["method"], info["ig_steps"]),
         "n_edges": graph.n_edges,
         "edge_metric_clean": info["metric_clean"], "edge_metric_corrupt": info["metric_corrupt"],
         "smallest_k_80": smallest_k(sweep, target),
         "faithfulness_at_k": {str(k): float(v) for k, v in at_k.items()},
         "random_faithfulness_at_k": {str(k): float(v) for k, v in rand.items()},
         "top_edges": [f"{s} -> {r}: {v:+.4g}" for s, r, v in zip(top.sender[:10], top.receiver[:10], top.score[:10])],
+        "mib_cpr": cpr, "mib_cmd": cmd,
+        "mib_faithfulness": {f"{p:g}": float(v) for p, v in zip(mib.fraction, mib.faithfulness)},
+        "mib_convention": "MIB (Mueller et al. 2025) evaluate_area_under_curve: top int(p * edges) by |score|, "
+                          "trapezoid over linear p in 0.001..1; no pruning of disconnected edges; m(full), m(empty) "
+                          "from the same ablation pass",
     }
-    return {"edges": top, "faithfulness": sweep}, summary
+    return {"edges": top, "faithfulness": sweep, "mib": mib}, summary

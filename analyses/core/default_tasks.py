@@ -31,7 +31,15 @@ MIN_NAMES = 4
 
 
 def zoo_or(model, zoo_name: str, build: Callable[[], Task], n_examples: int, seed: int) -> Task:
-    """The zoo task `zoo_name` when the tokenizer covers the zoo vocabulary, else build()."""
+    """The zoo task `zoo_name` when the tokenizer covers the zoo vocabulary, the program's own task
+    on a Tracr model (tracr_tasks.tracr_task), else build()."""
+    from pathlib import Path
+
+    source = getattr(model, "source", None)
+    if isinstance(source, str) and (Path(source) / "tracr.json").is_file():
+        from headscope.analyses.core.tracr_tasks import tracr_task
+
+        return tracr_task(model, n_examples, seed)
     try:
         return zoo(model, zoo_name, n_examples=n_examples, seed=seed)
     except TaskError:  # not a zoo vocabulary

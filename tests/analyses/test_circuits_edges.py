@@ -2,6 +2,7 @@
 attribution_patch / faithfulness, exact edge patching and a hand-built one-path model."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformer_lens.tools.analysis.attribution_patching import (
@@ -52,6 +53,75 @@ def test_eap_equals_transformer_lens_edge_attribution(mha_models, family):
     assert ref.abs().max() > 1e-2
     torch.testing.assert_close(scores, ref, atol=1e-4, rtol=0)
     assert bool(((ref != 0) <= graph.reach).all())  # same graph: no TL edge outside ours
+
+
+def hf_clean_eap(path, task: Task) -> dict[tuple[str, str], float]:
+    """Clean-run EAP of every edge into an MLP or the logits, from plain Hugging Face GPT-2 and
+    PyTorch hooks: the senders' writes (wte, each head's rows of c_proj, each MLP) on both prompts,
+    the metric's gradient at ln_2's and ln_f's inputs on the clean run."""
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(str(path), attn_implementation="eager").eval()
+    cfg = hf.config
+    n_l, n_h, hd = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head
+    writes, leaves, handles = {}, {}, []
+
+    def keep(name):
+        return lambda mod, args, out: writes.__setitem__(name, out.detach())
+
+    def heads(layer):
+        def pre(mod, args):
+            z = args[0].detach()  # [b, pos, heads * hd]
+            for h in range(n_h):
+                writes[f"a{layer}.h{h}"] = z[..., h * hd:(h + 1) * hd] @ mod.weight[h * hd:(h + 1) * hd].detach()
+        return pre
+
+    def leaf(name):
+        def pre(mod, args):
+            leaves[name] = x = torch.zeros_like(args[0], requires_grad=True)
+            return (args[0] + x,)
+        return pre
+
+    handles.append(hf.transformer.wte.register_forward_hook(keep("input")))
+    for layer, block in enumerate(hf.transformer.h):
+        handles.append(block.attn.c_proj.register_forward_pre_hook(heads(layer)))
+        handles.append(block.mlp.register_forward_hook(keep(f"m{layer}")))
+        handles.append(block.ln_2.register_forward_pre_hook(leaf(f"m{layer}")))
+    handles.append(hf.transformer.ln_f.register_forward_pre_hook(leaf("logits")))
+    try:
+        with torch.no_grad():
+            hf(task.corrupted_tokens)
+        corrupt = dict(writes)
+        logits = hf(task.tokens).logits  # the clean run, with gradients
+        rows = torch.arange(len(task))
+        metric = (logits[rows, -1, task.answers] - logits[rows, -1, task.wrong_answers]).sum()
+        names = [f"m{l}" for l in range(n_l)] + ["logits"]
+        grads = dict(zip(names, torch.autograd.grad(metric, [leaves[r] for r in names])))
+    finally:
+        for h in handles:
+            h.remove()
+    order = ["input"] + [x for l in range(n_l) for x in [f"a{l}.h{h}" for h in range(n_h)] + [f"m{l}"]]
+    out = {}
+    for r in names:
+        last = len(order) if r == "logits" else order.index(r)  # senders written before the receiver
+        for u in order[:last]:
+            out[(u, r)] = float(((writes[u] - corrupt[u]) * grads[r]).sum() / len(task))
+    return out
+
+
+def test_clean_eap_equals_hugging_face_autograd(tiny_dirs, mha_models):
+    model, task = mha_models["gpt2"], pair_task()
+    graph, clean, info = E.edge_scores(model, task, method="eap-clean")
+    ref = hf_clean_eap(tiny_dirs["gpt2"], task)
+    ours = torch.tensor([float(clean[graph.receivers.index(r), graph.senders.index(u)]) for u, r in ref])
+    want = torch.tensor(list(ref.values()), dtype=torch.float32)
+    assert info["method"] == "eap-clean" and want.abs().max() > 1e-2
+    torch.testing.assert_close(ours, want, atol=1e-4 * float(want.abs().max()), rtol=1e-4)
+    # the conventions are different estimators (so the comparison above can tell them apart)
+    _, noisy, _ = E.edge_scores(model, task, method="eap-denoising")
+    assert float((noisy - clean).abs().max()) > 0.05 * float(clean.abs().max())
+    _, ig1, _ = E.edge_scores(model, task, ig_steps=1, method="eap-ig")  # one IG step is the corrupted run
+    torch.testing.assert_close(ig1, noisy, atol=1e-6, rtol=0)
 
 
 def test_gqa_graph_reads_keys_and_values_per_kv_head(tiny_models):
@@ -107,10 +177,9 @@ def test_eap_ig_approaches_exact_edge_patching(mha_models):
     assert corr[20] > 0.9
 
 
-def test_one_path_toy_ranks_that_path_first(tiny_dirs):
+def one_path_model(tiny_dirs):
     """GPT-2 with every MLP and every head's output zeroed except head 0.2, whose attention is
-    uniform (W_Q = W_K = 0): the only edges whose write changes and is read are input -> a0.h2.v
-    and a0.h2 -> logits (the corrupted token is not at the answer position); all others score 0."""
+    uniform (W_Q = W_K = 0)."""
     model = hs.load_model(str(tiny_dirs["gpt2"]), device="cpu")
     hf = model.bridge.original_model
     d, hd = 64, 16
@@ -125,6 +194,14 @@ def test_one_path_toy_ranks_that_path_first(tiny_dirs):
                 block.attn.c_attn.weight[:, d + 2 * hd:d + 3 * hd] = 0  # W_K of head 2
                 block.attn.c_attn.bias[: 2 * d] = 0
             block.attn.c_proj.weight.mul_(keep)
+    return model
+
+
+def test_one_path_toy_ranks_that_path_first(tiny_dirs):
+    """GPT-2 with every MLP and every head's output zeroed except head 0.2, whose attention is
+    uniform (W_Q = W_K = 0): the only edges whose write changes and is read are input -> a0.h2.v
+    and a0.h2 -> logits (the corrupted token is not at the answer position); all others score 0."""
+    model = one_path_model(tiny_dirs)
     task = pair_task(n=4, n_pos=6, changed=1, seed=5)
     graph, scores, info = E.edge_scores(model, task, ig_steps=1)
     top = E.top_edges(graph, scores, graph.n_edges)
@@ -160,9 +237,11 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     from headscope.reports import plots_circuits
 
     task = pair_task(n=4)
-    assert CircuitsConfig.preset(quick=True).ig_steps == 1 and CircuitsConfig.preset().ig_steps == 5
+    quick, full = CircuitsConfig.preset(quick=True), CircuitsConfig.preset()
+    assert (quick.edge_method, full.edge_method, full.ig_steps) == ("eap-clean", "eap-ig", 5)
     n_edges = 110  # GPT-2, 2 layers x 4 heads: 12 + 5 edges into layer 0, 72 + 10 into layer 1, 11 into the logits
     result = run(tiny_models["gpt2"], task, CircuitsConfig(quick=True, ig_steps=2, k_values=(0, 3, n_edges)))
+    assert (result.summary["edge_method"], result.summary["ig_steps"]) == ("eap-ig", 2)
     assert result.summary["n_edges"] == n_edges
     sweep, top = result.tables["faithfulness"], result.tables["edges"]
     assert set(sweep.k) == {0, 3, n_edges} and (sweep.circuit == "random").sum() == 9
@@ -171,4 +250,29 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     assert len(top) == n_edges and top.score.abs().is_monotonic_decreasing
     assert result.summary["smallest_k_80"] in (3, n_edges) and len(result.summary["top_edges"]) == 10
     figs = plots_circuits.figures(result)
-    assert {"circuits_faithfulness", "circuits_graph"} <= set(figs)
+    assert {"circuits_faithfulness", "circuits_graph", "circuits_mib"} <= set(figs)
+    # MIB's curve: top int(p * 110) edges, f exactly 0 for the empty circuit and 1 for the whole graph
+    mib, s = result.tables["mib"], result.summary
+    assert list(mib.k) == [0, 0, 0, 1, 2, 5, 11, 22, 55, 110]
+    assert mib.faithfulness.iloc[-1] == 1.0 and (mib.faithfulness[mib.k == 0] == 0.0).all()
+    x, f = mib.fraction.to_numpy(), mib.faithfulness.to_numpy()
+    assert abs(s["mib_cpr"] - np.trapezoid(f, x)) < 1e-12 and abs(s["mib_cmd"] - np.trapezoid(np.abs(1 - f), x)) < 1e-12
+    assert set(s["mib_faithfulness"]) == {"0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1"}
+
+
+def test_mib_areas_closed_form():
+    """CPR and CMD over MIB's linear fractions 0.001..1 for curves with closed-form areas (the
+    trapezoid rule is exact on piecewise-linear curves)."""
+    x = np.array(F.MIB_FRACTIONS)
+    cpr, cmd = F.mib_areas(x, x)  # f(p) = p
+    assert abs(cpr - (1 - 0.001**2) / 2) < 1e-15 and abs(cmd - (0.999 - (1 - 0.001**2) / 2)) < 1e-15
+    assert F.mib_areas(x, np.ones(10)) == (pytest.approx(0.999, abs=1e-15), 0.0)
+    cpr, cmd = F.mib_areas(x, np.full(10, 2.0))  # above 1 counts against CMD, as |1 - f|
+    assert abs(cpr - 1.998) < 1e-15 and abs(cmd - 0.999) < 1e-15
+    # a step: 0 up to 10%, 1 from 20%: the one sloped trapezoid is half of 0.1 wide
+    step = (x >= 0.2).astype(float)
+    cpr, cmd = F.mib_areas(x, step)
+    assert abs(cpr - (0.05 + 0.8)) < 1e-15 and abs(cmd - (0.099 + 0.05)) < 1e-15
+    assert F.mib_k_values(110) == (0, 0, 0, 1, 2, 5, 11, 22, 55, 110)
+    with pytest.raises(hs.errors.ConfigError):
+        F.mib_areas(x, x[:3])

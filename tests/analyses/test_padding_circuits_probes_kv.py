@@ -80,9 +80,9 @@ def test_lens_and_dla_equal_each_example_alone(arch, arch_models, mixed_tasks, h
 def test_edges_and_faithfulness_equal_the_mean_of_each_example_alone(arch, arch_models, mixed_tasks, hf_of):
     model = arch_models(arch)
     task, alone = _padded(mixed_tasks, arch)
-    result = circuits.run(model, task, circuits.CircuitsConfig.preset(quick=True))  # EAP, the faithfulness sweep
-    graph, scores, info = E.edge_scores(model, task, ig_steps=1)
-    per = [E.edge_scores(model, ex, ig_steps=1)[1] for ex in alone]
+    result = circuits.run(model, task, circuits.CircuitsConfig.preset(quick=True))  # clean-run EAP, the sweep
+    graph, scores, info = E.edge_scores(model, task, method="eap-clean")
+    per = [E.edge_scores(model, ex, method="eap-clean")[1] for ex in alone]
     mean = torch.stack(per).mean(0)
     assert float((scores - mean).abs().max()) <= TOL and float(mean.abs().max()) > 1e-2
     edges = result.tables["edges"]
@@ -102,7 +102,7 @@ def test_edges_and_faithfulness_equal_the_mean_of_each_example_alone(arch, arch_
     other = task.tokens.masked_fill(~task.attention_mask.bool(), 5)
     swapped = dataclasses.replace(task, tokens=other,
                                   corrupted_tokens=task.corrupted_tokens.masked_fill(~task.attention_mask.bool(), 5))
-    assert float((E.edge_scores(model, swapped, ig_steps=1)[1] - scores).abs().max()) <= TOL
+    assert float((E.edge_scores(model, swapped, method="eap-clean")[1] - scores).abs().max()) <= TOL
     # faithfulness: each circuit's metric is the mean of its metric on each example alone
     sweep = result.tables["faithfulness"]
     ks = tuple(sorted(set(sweep.k.tolist())))

@@ -233,3 +233,9 @@ def test_mlp_agreement_is_counted_in_neurons_against_the_control():
     close = {**s, "agreement_per_layer": {"3": 6 / 256}, "agreement_shuffled_per_layer": {"3": 3 / 256}}
     assert "(6 of 256 neurons, Wilson 95% CI 1%-5%)" in finding("mlp", close)
     assert "no better than the control" in finding("mlp", close)  # 6 of 256 reaches down to 3 of 256
+
+
+def test_circuits_finding_states_mib_metrics():
+    text = finding("circuits", {"dla_final_logit": 2.0, "dla_top_components": {"a1.h0": 1.5},
+                                "mib_cpr": 0.8123, "mib_cmd": 0.2051, "edge_method": "eap-clean"})
+    assert "MIB's circuit metrics (eap-clean scores): CPR 0.812 (higher is better), CMD 0.205 (lower is better)." in text
