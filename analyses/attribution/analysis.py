@@ -51,6 +51,7 @@ from headscope.analyses.core.config import AnalysisConfig, with_overrides
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
 from headscope.errors import ConfigError, TaskError
 from headscope.execution import batching, distributed
@@ -226,6 +227,7 @@ def metric_kind(model, task: Task, cfg: AttributionConfig) -> str:
 
 
 # ---- the analysis ---------------------------------------------------------------------------------
+@takes_prompt
 def attribution(
     model,
     task: Task | str | None = None,

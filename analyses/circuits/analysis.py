@@ -38,6 +38,7 @@ from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError, UnsupportedModelError
 from headscope.hooks import available_sites, run_with_cache
@@ -264,6 +265,7 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
 
 
 # ---- entry points --------------------------------------------------------------------------
+@takes_prompt
 def logit_lens(model, task=None, config: CircuitsConfig | None = None) -> Result:
     """The logit lens on `task` (see the module doc). df = table "lens"."""
     config = config or CircuitsConfig()
@@ -274,6 +276,7 @@ def logit_lens(model, task=None, config: CircuitsConfig | None = None) -> Result
     return Result(name="circuits", df=lens, summary=summary, tables={"lens": lens}, config=asdict(config))
 
 
+@takes_prompt
 def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = None) -> Result:
     """Direct logit attribution on `task` (see the module doc). df = table "dla_mean"."""
     config = config or CircuitsConfig()

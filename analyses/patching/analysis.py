@@ -34,6 +34,7 @@ import torch
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs, require
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
 from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
@@ -131,6 +132,7 @@ def _resid_mid_hooks(layer: int, mask: torch.Tensor, n_lead: int):
     return [(site("resid_pre", layer), keep), (site("attn_out", layer), write)]
 
 
+@takes_prompt
 def activation_patching(
     model,
     task,

@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.patching.engine import padding_mask
 from headscope.analyses.patching.inputs import (
     PatchMetric,
@@ -142,6 +143,7 @@ def attribution_table(model, base, source, types, metric: PatchMetric, labels: l
     return pd.concat(frames, ignore_index=True)
 
 
+@takes_prompt
 def attribution_patching(
     model,
     task,

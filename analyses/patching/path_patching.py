@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.patching.engine import run_batched
 from headscope.analyses.patching.inputs import check_direction, clean_and_corrupted, resolve_metric, task_padding
 from headscope.errors import ConfigError, IndexOutOfRangeError
@@ -65,6 +66,7 @@ def _check_receivers(model, receivers, component: str) -> list[Head]:
     return out
 
 
+@takes_prompt
 def path_patching(
     model,
     task,

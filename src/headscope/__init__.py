@@ -12,7 +12,7 @@ with _warnings.catch_warnings():  # tqdm.auto in a notebook without ipywidgets: 
 
 from headscope import analyses, errors, hooks, models, reports  # reports registers Result's plot/HTML views
 from headscope.analyses.core import tasks
-from headscope.analyses.core.task_files import TaskFile, load_task
+from headscope.analyses.core.task_files import TaskFile, load_task, prompt_task, tensor_task
 from headscope.analyses.core.tasks import Task
 from headscope.errors import (
     ConfigError,
@@ -145,9 +145,11 @@ __all__ = [
     "mlp_memories",
     "models",
     "patch",
+    "prompt_task",
     "reports",
     "run_analysis",
     "run_with_cache",
     "site",
     "tasks",
+    "tensor_task",
 ]
