@@ -305,9 +305,12 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
         from headscope.analyses.circuits.faithfulness import circuit_discovery
 
         try:
-            found, edge_summary = circuit_discovery(model, task, ig_steps=config.ig_steps, k_values=config.k_values,
+            pairs, left_out = task.pairs("edge attribution")  # a user's pair of two token lengths is left out
+            if left_out:
+                summary.update(pairs_left_out=left_out, pairs_left_out_rows=task.unpaired)
+            found, edge_summary = circuit_discovery(model, pairs, ig_steps=config.ig_steps, k_values=config.k_values,
                                                     seed=config.seed)
-        except UnsupportedModelError as err:  # e.g. Gemma 2's post-norms: the residual is not the sum of writes
+        except (UnsupportedModelError, TaskError) as err:  # e.g. Gemma 2's post-norms; no pair of one length
             summary["edges_skipped"] = str(err)
         else:
             tables.update(found)

@@ -434,15 +434,10 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
     if several:
         width = max(map(len, answer_ids))
         continuation = torch.tensor([[-1] * (width - len(a)) + a for a in answer_ids])  # [batch, k], right-aligned
-    corrupted = wrong = None
+    corrupted = wrong = paired = None
     if all("corrupted_prompt" in r for r in rows):
         seqs = [_prompt_ids(model, r["corrupted_prompt"]) for r in rows]
-        for seq, prompt, place in zip(seqs, prompts, places):
-            if len(seq) != len(prompt):
-                raise TaskFileError(
-                    f"{label}, {place}: the prompt has {len(prompt)} tokens but the corrupted prompt {len(seq)}; "
-                    f"patching needs each clean and corrupted prompt pair to have the same length."
-                )
+        seqs, paired = _pairs(seqs, prompts, places, label, strict=strict)
         corrupted = _tokens(model, [c + e for c, e in zip(seqs, extra)], "corrupted prompts", label, places)[0]
     if all("wrong_answer" in r for r in rows):
         if several:
@@ -455,7 +450,29 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
     return Task(
         name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
         metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask, continuation=continuation,
+        paired=paired,
     )
+
+
+def _pairs(seqs: list[list[int]], prompts: list[list[int]], places: Sequence[str], label: str, *,
+           strict: bool) -> tuple[list[list[int]], torch.Tensor | None]:
+    """(corrupted prompts' ids, Task.paired): a corrupted prompt of another token length than its prompt
+    is no pair; its row keeps its prompt as a stand-in and paired False, with one HeadscopeWarning
+    naming those rows (strict: a TaskFileError instead). paired is None when every row is a pair."""
+    bad = [(i, len(p), len(c)) for i, (c, p) in enumerate(zip(seqs, prompts)) if len(c) != len(p)]
+    if not bad:
+        return seqs, None
+    named = _few([f"{places[i]}: {n} vs {m} tokens" for i, n, m in bad], 8)
+    message = (f"{label}: {len(bad)} of {len(seqs)} corrupted prompts have another token length than their prompt "
+               f"({named})")
+    if strict:
+        raise TaskFileError(f"{message}; patching needs each clean and corrupted prompt pair to have one length "
+                            f"(strict mode refuses them; without it those rows are left out of patching only).")
+    warnings.warn(f"{message}; the analyses that patch pairs leave those rows out, the others use every row.",
+                  HeadscopeWarning, stacklevel=3)
+    paired = torch.ones(len(seqs), dtype=torch.bool)
+    paired[[i for i, _, _ in bad]] = False
+    return [c if ok else p for c, p, ok in zip(seqs, prompts, paired.tolist())], paired
 
 
 def _default_name(source: Any) -> str:

@@ -45,6 +45,7 @@ from headscope.analyses.patching.inputs import (
     check_direction,
     clean_and_corrupted,
     mask_padding,
+    paired_rows,
     resolve_metric,
     task_padding,
     token_labels,
@@ -164,6 +165,7 @@ def activation_patching(
     if not isinstance(task, Task):
         task = default_task(model, task, config)
     check_direction(direction)
+    task, left_out = paired_rows(task, corrupted_tokens, "activation patching")
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
     mask = task_padding(task, clean)  # [B, pos] or None
     pm = resolve_metric(task, metric)
@@ -192,6 +194,7 @@ def activation_patching(
         "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),
         "baseline": baseline,
         "top_sites": top_sites(df),
+        **left_out,
     }
     tables = {"exact": df}
     if attribution:
