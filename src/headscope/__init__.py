@@ -82,6 +82,7 @@ _LAZY = {
     "AnalysisConfig": "headscope.analyses.core.config",
     "build_report": "headscope.reports.report",
     "show_attention": "headscope.reports.explorer",
+    "show_tokens": "headscope.reports.tokens_view",
     "Result": "headscope.analyses.core.result",
 }
 

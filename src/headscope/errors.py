@@ -121,3 +121,7 @@ class RunFailedError(HeadscopeError, RuntimeError):
 class ModelFileError(HeadscopeError, OSError):
     """A model's files cannot be used: a truncated or corrupt safetensors file, pickle-only weights
     (never unpickled), no tokenizer; the message names the file and what to do."""
+
+
+class ResultFileError(HeadscopeError, OSError):
+    """A folder `Result.load` cannot read as a saved Result (missing or damaged result.json or tables)."""
