@@ -87,11 +87,17 @@ _LAZY = {
 }
 
 
-def run_analysis(name: str, model, task=None, config=None):
+def run_analysis(name: str, model, task=None, config=None, *, prompt=None, answer=None, corrupted_prompt=None,
+                 wrong_answer=None):
     """Run an analysis by its report name ("heads", "attribution", "position", "patching", "mlp",
-    "kv", "probes", "circuits"): run(model, task=None, config=None) -> Result of that family."""
+    "kv", "probes", "circuits"): run(model, task=None, config=None) -> Result of that family. One
+    prompt works as in every analysis: prompt= (or the prompt as task) with answer= and, for
+    patching, corrupted_prompt= and wrong_answer= (hs.prompt_task)."""
     from headscope.analyses.core.registry import get_analysis
+    from headscope.analyses.core.task_files import one_prompt
 
+    task = one_prompt(model, task, prompt=prompt, answer=answer, corrupted_prompt=corrupted_prompt,
+                      wrong_answer=wrong_answer, tokens=False)
     return get_analysis(name)(model, task, config)
 
 
