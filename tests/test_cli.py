@@ -610,6 +610,7 @@ def test_a_pair_of_two_lengths_warns_once_and_an_unusable_task_is_exit_2(tmp_pat
                      f"those rows out, the others use every row."], proc.stderr
     summary = json.loads((tmp_path / "out" / "patching" / "summary.json").read_text())
     assert summary["pairs_left_out"] == 1 and summary["pairs_left_out_rows"] == [2] and summary["n_examples"] == 5
+    assert summary["chance"]["n_examples"] == 5  # the chance guard judges the rows patched
     line = one_line_error(cli("patching", *run, "--strict", "--out", str(tmp_path / "strict"), check=False))
     assert "(line 3, row 2: 4 vs 3 tokens)" in line and "strict mode refuses" in line
     two = tmp_path / "two.jsonl"
