@@ -65,6 +65,8 @@ class Result:
             raise ConfigError(f"{self.name} result has no table {table!r}; its tables: {sorted(self.tables)}.")
         if column not in df.columns:
             raise ConfigError(f"no column {column!r}; this table's columns: {list(df.columns)}.")
+        if not pd.api.types.is_numeric_dtype(df[column]):
+            raise ConfigError(f"column {column!r} holds {df[column].dtype} values, not numbers; pick a numeric column.")
         for key, value in where.items():
             if key not in df.columns:
                 raise ConfigError(f"cannot filter by {key!r}: no such column; columns: {list(df.columns)}.")

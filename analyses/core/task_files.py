@@ -630,13 +630,14 @@ def one_prompt(model, task: Any = None, *, prompt: Any = None, answer: Any = Non
                wrong_answer: Any = None, tokens: bool = True) -> Any:
     """Task resolution's one-prompt entry: `task` as a Task where it is one-prompt input, else as given.
 
-    - prompt= (or a prompt string as `task` with answer=): prompt_task(model, prompt, answer,
-      corrupted_prompt, wrong_answer);
+    - prompt= (or a prompt string, or a list of them, as `task` with answer=): prompt_task(model,
+      prompt, answer, corrupted_prompt, wrong_answer);
     - a tuple (tokens, answers[, corrupted_tokens[, wrong_answers]]) of ids: tensor_task;
     - a bare token tensor [batch, pos] (tokens=True): tensor_task, the last token the answer.
     Anything else (a Task, a task name or file, a DataFrame, None) comes back unchanged."""
     extra = {"answer": answer, "corrupted_prompt": corrupted_prompt, "wrong_answer": wrong_answer}
-    if prompt is None and isinstance(task, str) and answer is not None:
+    prompts = isinstance(task, (list, tuple)) and bool(task) and all(isinstance(t, str) for t in task)
+    if prompt is None and (isinstance(task, str) or prompts) and answer is not None:
         prompt, task = task, None
     if prompt is not None:
         if task is not None:

@@ -56,6 +56,14 @@ def test_bare_tokens_predict_their_last_token(tiny_models):
     assert lens.summary["n_examples"] == 1
 
 
+def test_a_list_of_prompts_is_padded_as_task_rows(tiny_models):
+    model = tiny_models["gpt2"]  # word level: <pad>=1, <bos>=2, w<i>=4+i
+    task = hs.prompt_task(model, ["w1 w2 w3", "w4 w5"], [" w6", " w7"])
+    assert task.tokens.tolist() == [[2, 5, 6, 7], [1, 2, 8, 9]] and task.answers.tolist() == [10, 11]
+    assert task.attention_mask.tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
+    assert hs.head_importance(model, ["w1 w2 w3", "w4 w5"], answer=[" w6", " w7"]).summary["n_examples"] == 2
+
+
 def test_one_prompt_mistakes_are_one_line(tiny_models):
     model = tiny_models["gpt2"]
     with pytest.raises(hs.ConfigError, match="go with a prompt"):
@@ -64,3 +72,5 @@ def test_one_prompt_mistakes_are_one_line(tiny_models):
         hs.kv_analysis(model, "kv", prompt="w1 w2", answer=" w5")
     with pytest.raises(hs.TaskError, match="answers are up to 2 tokens long"):
         hs.attribution(model, "w1 w2", answer=" w5 w6")
+    with pytest.raises(hs.ConfigError, match="wrong_answer must be a list of 2 strings"):
+        hs.prompt_task(model, ["w1", "w2"], [" w3", " w4"], wrong_answer=" w5")
