@@ -605,7 +605,7 @@ def test_a_pair_of_two_lengths_warns_once_and_an_unusable_task_is_exit_2(tmp_pat
     run = ["-q", "--quick", "--device", "cpu", "--model", str(tiny_dirs["gpt2"]), "--task", str(task)]
     proc = headscope("patching", *run, "--out", str(tmp_path / "out"))  # a process: the warnings as a user sees them
     lines = proc.stderr.strip().splitlines()
-    assert lines == [f"WARNING HeadscopeWarning: Task file {str(task)!r}: 1 of 6 corrupted prompts have another token "
+    assert lines == [f"WARNING HeadscopeWarning: Task file {str(task)!r}: 1 corrupted prompt(s) have another token "
                      f"length than their prompt (line 3, row 2: 4 vs 3 tokens); the analyses that patch pairs leave "
                      f"those rows out, the others use every row."], proc.stderr
     summary = json.loads((tmp_path / "out" / "patching" / "summary.json").read_text())

@@ -463,7 +463,7 @@ def _pairs(seqs: list[list[int]], prompts: list[list[int]], places: Sequence[str
     if not bad:
         return seqs, None
     named = _few([f"{places[i]}: {n} vs {m} tokens" for i, n, m in bad], 8)
-    message = (f"{label}: {len(bad)} of {len(seqs)} corrupted prompts have another token length than their prompt "
+    message = (f"{label}: {len(bad)} corrupted prompt(s) have another token length than their prompt "
                f"({named})")
     if strict:
         raise TaskFileError(f"{message}; patching needs each clean and corrupted prompt pair to have one length "

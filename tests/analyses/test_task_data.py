@@ -138,7 +138,7 @@ def test_tokenization_problems_name_the_row(tiny_models):
     with pytest.raises(TaskFileError, match=r"row 1: wrong_answer 'w3 w4' is 2 tokens under this tokenizer \(\['w3', 'w4'\]\)"):
         hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3", "wrong_answer": "w4"},
                              {"prompt": "w1 w2", "answer": "w3", "wrong_answer": "w3 w4"}])
-    with pytest.raises(TaskFileError, match=r"1 of 1 corrupted prompts have another token length than their prompt "
+    with pytest.raises(TaskFileError, match=r"1 corrupted prompt\(s\) have another token length than their prompt "
                                             r"\(row 0: 3 vs 4 tokens\).*strict mode refuses"):
         hs.load_task(model, [{"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w1 w2 w3"}], strict=True)
     mixed = [{"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w4 w2"},
@@ -286,7 +286,7 @@ def test_a_pair_of_two_token_lengths_is_left_out_of_patching_only(tiny_models):
         warnings.simplefilter("always")
         task = hs.load_task(model, rows)
     assert [str(w.message).split(" (row")[0] for w in caught] == [
-        "Task data (list of dicts): 1 of 6 corrupted prompts have another token length than their prompt"]
+        "Task data (list of dicts): 1 corrupted prompt(s) have another token length than their prompt"]
     assert "row 2: 4 vs 3 tokens" in str(caught[0].message)
     assert len(task) == 6 and task.unpaired == [2] and task.attention_mask is None
     five = hs.load_task(model, rows[:2] + rows[3:])

@@ -92,7 +92,7 @@ def test_a_task_without_one_pair_of_one_length_skips_patching_and_a_single_analy
     model = tiny_models["gpt2"]
     rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i + 10}", "corrupted_prompt": f"w{i} w{i + 1}"}
             for i in range(1, 5)]
-    with pytest.warns(hs.HeadscopeWarning, match="4 of 4 corrupted prompts have another token length"):
+    with pytest.warns(hs.HeadscopeWarning, match=r"4 corrupted prompt\(s\) have another token length"):
         task = hs.load_task(model, rows)
     plans = plan_analyses(model, ["patching", "kv"], task)
     assert plans["patching"].skip == ("every corrupted prompt of task 'records' has another token length than its "
