@@ -23,7 +23,7 @@ The data dict (format 1):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.reports.explorer_view import explorer_html
 from headscope.reports.html_report import EXPLORER_FILE
+from headscope.reports.tokens_view import HTMLView, pattern_view
 
 FORMAT = 1
 SCALE = 10_000
@@ -240,15 +241,44 @@ class AttentionExplorer:
                 f"{len(d['examples'])} example(s))")
 
 
-def show_attention(model, prompt_or_task: Any = None, *, max_examples: int = 3, max_tokens: int = 64,
-                   head_scores: Any = None, default_score: str | None = None, seed: int = 0) -> AttentionExplorer:
-    """An interactive view of every head's attention pattern (notebooks display it).
+def show_attention(model, prompt_or_task: Any = None, *, layer: int | None = None, heads: int | Sequence[int] | None = None,
+                   max_examples: int = 3, max_tokens: int = 64, head_scores: Any = None, default_score: str | None = None,
+                   seed: int = 0) -> AttentionExplorer | HTMLView:
+    """Attention patterns for notebooks (each displays itself).
 
-    prompt_or_task: a prompt, a list of prompts, a token tensor, a Task, a zoo task name or task
-    file; head_scores: per-head values that colour the grid (see attention_explorer_data)."""
-    return AttentionExplorer(attention_explorer_data(
-        model, prompt_or_task, max_examples=max_examples, max_tokens=max_tokens,
-        head_scores=head_scores, default_score=default_score, seed=seed))
+    show_attention(model, prompt_or_task): the interactive explorer of every head (prompt_or_task: a
+      prompt, a list of prompts, a token tensor, a Task, a zoo task name or task file; head_scores:
+      per-head values that colour the grid, see attention_explorer_data);
+    show_attention(model, prompt, layer=L, heads=[h, ...]): layer L's patterns on the prompt (its first
+      example), one grid per head (heads: default every head of the layer; negative indices count back);
+    show_attention(pattern, tokens): patterns [head, query, key] (or [query, key]) over string tokens,
+      CircuitsVis's shape, e.g. `acts[hs.site("pattern", 1)][0]` and `model.to_str_tokens(tokens)`."""
+    if hasattr(model, "shape") and not hasattr(model, "facts"):  # a pattern tensor or array
+        if prompt_or_task is None:
+            raise ConfigError("show_attention(pattern, tokens): give the pattern's tokens as strings.")
+        if layer is not None or heads is not None:
+            raise ConfigError("layer= and heads= choose what to capture from a model; slice a pattern tensor yourself.")
+        return pattern_view(model, [str(t) for t in prompt_or_task])
+    if layer is None and heads is None:
+        return AttentionExplorer(attention_explorer_data(
+            model, prompt_or_task, max_examples=max_examples, max_tokens=max_tokens,
+            head_scores=head_scores, default_score=default_score, seed=seed))
+    f = model.facts
+    layer = 0 if layer is None else int(layer)
+    if not -f.n_layers <= layer < f.n_layers:
+        raise ConfigError(f"layer {layer} is out of range for {f.name}'s {f.n_layers} layers.")
+    layer %= f.n_layers
+    chosen = list(range(f.n_heads)) if heads is None else [int(h) for h in ([heads] if isinstance(heads, int) else heads)]
+    bad = [h for h in chosen if not -f.n_heads <= h < f.n_heads]
+    if bad or not chosen:
+        raise ConfigError(f"heads {bad or chosen} are out of range for {f.n_heads} heads per layer.")
+    row = _example_rows(model, prompt_or_task, 1, seed)[0][0][:max_tokens].reshape(1, -1)  # [1, pos]
+    with torch.no_grad():
+        acts = capture(model, model.check_tokens(row), [site("pattern", layer)], to_cpu=True)
+    pattern = acts[site("pattern", layer)][0].float()[[h % f.n_heads for h in chosen]]  # [heads, q, k]
+    tokens = [str(t) for t in model.to_str_tokens(row[0])]
+    return pattern_view(pattern, tokens, labels=[f"L{layer}H{h % f.n_heads}" for h in chosen],
+                        title=f"{f.name}, layer {layer}")
 
 
 def _heads_results(out: Path) -> Any:

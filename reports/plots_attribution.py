@@ -14,7 +14,6 @@ import seaborn as sns
 
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
-from headscope.reports.render import escape
 
 NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
@@ -107,22 +106,17 @@ def figures(result: Result) -> dict:
 
 
 def token_html(tokens: Sequence[str], scores: Sequence[float], *, label: str = "") -> str:
-    """One line of tokens with a background whose opacity is the score (scaled to the maximum).
+    """One line of tokens on a diverging colour map centred on 0 (red positive, blue negative, opacity
+    |score| / max |score|; tokens_view.token_line). Every token string (and the label) is HTML-escaped,
+    so tokens like `<script>` show as text."""
+    from headscope.reports.tokens_view import token_line
 
-    Every token string (and the label) is HTML-escaped, so tokens like `<script>` show as text.
-    """
-    s = np.clip(np.asarray(scores, dtype=float), 0, None)
-    s = s / s.max() if len(s) and s.max() > 0 else s
-    spans = "".join(
-        f'<span style="background: rgba(220, 60, 30, {v:.3f}); padding: 0 2px" title="{w:.4f}">{escape(t)}</span> '
-        for t, v, w in zip(tokens, s, scores)
-    )
-    head = f'<b>{escape(label)}</b> ' if label else ""
-    return f"<div>{head}{spans}</div>"
+    return token_line(list(tokens), list(scores), label=label)
 
 
 def example_html(result: Result, *, example: int | None = None, methods: Sequence[str] = HEATMAP_ROWS) -> str:
-    """Token highlighting of one example, one line per method."""
+    """Token highlighting of one example's ranked tokens (the scores table: the first and last tokens
+    are not ranked), one line per method; `hs.show_tokens(result)` shows every token's raw scores."""
     scores = result.tables["scores"]
     example = int(scores.example.iloc[0]) if example is None else example
     lines = []

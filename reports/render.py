@@ -27,10 +27,11 @@ def img_tag(png: bytes, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}" style="max-width:100%">'
 
 
-def table_html(df: pd.DataFrame, max_rows: int = MAX_ROWS) -> str:
-    """An escaped HTML table of the first rows (pandas escapes cell text with escape=True)."""
+def table_html(df: pd.DataFrame, max_rows: int = MAX_ROWS, where: str = "the CSV") -> str:
+    """An escaped HTML table of the first rows (pandas escapes cell text with escape=True); `where`
+    the rest are (the report's CSV file; a notebook's result.df)."""
     shown = df.head(max_rows)
-    more = f"<p><em>{len(df) - max_rows} more rows in the CSV.</em></p>" if len(df) > max_rows else ""
+    more = f"<p><em>{len(df) - max_rows} more rows in {escape(where)}.</em></p>" if len(df) > max_rows else ""
     return shown.to_html(index=False, escape=True, border=0, classes="table", float_format=lambda x: f"{x:.4g}") + more
 
 
@@ -44,14 +45,35 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def n_examples(result: Any) -> int | None:
+    """How many examples a Result covers (its summary's n_examples, else its table's examples)."""
+    n = result.summary.get("n_examples") if isinstance(result.summary, Mapping) else None
+    if isinstance(n, int):
+        return n
+    return int(result.df["example"].nunique()) if "example" in getattr(result.df, "columns", ()) else None
+
+
 def result_html(result: Any, with_figures: bool = True) -> str:
-    """A notebook cell for a Result: its summary, its main table and its figures."""
+    """A notebook cell for a Result: its summary, its main table and its figures. A Result of one
+    example gets a short view: the summary's plain numbers, ten rows, and its tokens (attribution,
+    show_tokens) or its [layer, head] / [layer, pos] grids (heads, patching), no figures."""
     from headscope.reports.findings import finding
 
+    one = n_examples(result) == 1
     text = finding(result.name, result.summary)
+    summary = result.summary
+    if one:
+        summary = {k: v for k, v in result.summary.items() if not isinstance(v, (Mapping, list, tuple))}
+    left = len(result.summary) - len(summary)
     parts = [f"<h3>{escape(result.name)}</h3>", f"<p class='finding'>{escape(text)}</p>" if text else "",
-             summary_html(result.summary), table_html(result.df)]
-    if with_figures:
+             summary_html(summary), f"<p><em>{left} more entries in result.summary.</em></p>" if left else "",
+             table_html(result.df, 10 if one else MAX_ROWS, where="result.df")]
+    if one:  # tokens or grids in HTML, no figures over examples
+        from headscope.reports.tokens_view import one_example_grids, show_tokens
+
+        parts.append(show_tokens(result).html if "token_scores" in result.tables else one_example_grids(result))
+        parts.append("<p><em>result.plot() draws the figures.</em></p>")
+    elif with_figures:
         import matplotlib.pyplot as plt
 
         for stem, fig in result.plot().items():

@@ -35,7 +35,15 @@ import numpy as np
 import torch
 
 from headscope.analyses.core.registry import ANALYSES, config_class, get_analysis
-from headscope.errors import ConfigError, HeadscopeError, OutputError, RunFailedError, RunInterrupted, TaskFileError
+from headscope.errors import (
+    ConfigError,
+    HeadscopeError,
+    OutputError,
+    RunFailedError,
+    RunInterrupted,
+    TaskError,
+    TaskFileError,
+)
 from headscope.execution import distributed
 from headscope.reports import io
 from headscope.reports.manifest import build_manifest
@@ -101,14 +109,19 @@ def _task_label(task: Any) -> str:
     return Path(task).name if isinstance(task, str) and Path(task).suffix else str(getattr(task, "name", task))
 
 
-def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0) -> dict[str, Plan]:
+def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
+                  substitute: bool = True) -> dict[str, Plan]:
     """Check every analysis against the model and the user's task before any runs.
 
     An analysis that cannot run on the model (a decoder-only one on an encoder) is skipped with its
-    reason; one that cannot use the user's task runs on its own default task, and its line says why.
-    The user's task is read once here, so a mistake in it stops the run before any work."""
+    reason; one that cannot use the user's task runs on its own default task, and its line says why
+    (substitute=False: a TaskError with the reason instead, for a command that runs one analysis
+    the user gave a task), except one that patches pairs when no pair of the task has one token
+    length: it is skipped with that reason. The user's task is read once here, so a mistake in it
+    stops the run before any work."""
     from headscope.analyses.core import contract
     from headscope.analyses.core.registry import needs
+    from headscope.analyses.core.tasks import Task
 
     plans: dict[str, Plan] = {}
     resolved: list[Any] = []  # the user's Task, read on first need
@@ -124,8 +137,14 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0)
         named = isinstance(task, str) and task in need.names
         if not resolved and need.task_data and not named:
             resolved.append(contract.resolve(task, model, seed=seed))
-        reasons = contract.task_reasons(need, task if named or not need.task_data else resolved[0], model)
-        if reasons:
+        checked = task if named or not need.task_data else resolved[0]
+        reasons = contract.task_reasons(need, checked, model)
+        if reasons and not substitute:
+            raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {'; '.join(reasons)}. Give it a task "
+                            f"it can use, or run `headscope report --analyses {name}`, which runs it on its own default task.")
+        if isinstance(checked, Task) and contract.no_pairs_reason(checked) in reasons:
+            plans[name] = Plan(task=None, used="none", skip=contract.no_pairs_reason(checked))
+        elif reasons:
             plans[name] = Plan(task=None, used=f"default task ({'; '.join(reasons)})")
         else:
             plans[name] = Plan(task=task, used=f"your task ({_task_label(task)})")
@@ -347,6 +366,7 @@ def build_report(
     trust_remote_code: bool = False,
     strict: bool = False,
     budget: float | None = None,
+    substitute: bool = True,
 ) -> Path:
     """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model
     (`trust_remote_code` goes to it: the model's own code from its files may run). `strict`: a word
@@ -354,6 +374,8 @@ def build_report(
     before any analysis with a TokenizationError, instead of a TokenizationWarning. `budget`: minutes
     for the analyses (None: 10, 3 with quick; inf: none): each analysis's cost is estimated before it
     runs and its sweeps shrink to fit (analyses/core/budget.py); its summary["budget"] says what changed.
+    `substitute`: an analysis that cannot use the given task runs on its own default task, saying so
+    (False: a TaskError with the reason, before any analysis runs; the single-analysis commands).
 
     Under torchrun (WORLD_SIZE > 1) the process group is opened here if needed; only rank 0 writes.
     `force` and `resume` together, and a `device` torch does not offer, are ConfigErrors before
@@ -387,7 +409,8 @@ def build_report(
         if out is None:
             out, session, mode = _open_output(default_out(model.name), force=force, resume=resume, main=main)
         out = _run(model, out, session, mode, names=names, task=task, task_rows=task_rows, seed=seed, quick=quick,
-                   n_examples=n_examples, progress=progress, command=command, main=main, budget=budget, minutes=minutes)
+                   n_examples=n_examples, progress=progress, command=command, main=main, budget=budget, minutes=minutes,
+                   substitute=substitute)
     except BaseException as err:
         kept = False
         if session is not None:
@@ -410,7 +433,8 @@ def build_report(
 
 def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, names: list[str], task: Any,
          task_rows: Any, seed: int, quick: bool, n_examples: int | None, progress: bool,
-         command: list[str] | None, main: bool, budget: float | None = None, minutes: float | None = None) -> Path:
+         command: list[str] | None, main: bool, budget: float | None = None, minutes: float | None = None,
+         substitute: bool = True) -> Path:
     """The analyses, written into the session's folder (OUT, or its staging folder under --force)."""
     root = session.root if session is not None else out
     transient = _transient()
@@ -418,7 +442,7 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
         from headscope.analyses.core.task_files import check_vocabulary
 
         check_vocabulary(model, task)
-    plans = plan_analyses(model, names, task, seed=seed)  # the task contract, checked before any work
+    plans = plan_analyses(model, names, task, seed=seed, substitute=substitute)  # the task contract, before any work
     task_used: dict[str, str] = {}
     budget_info: dict[str, dict] = {}  # per analysis: its share of the budget and its estimate, in seconds
 

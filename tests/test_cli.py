@@ -641,3 +641,34 @@ def test_strict_refuses_unknown_words_in_one_line_and_writes_nothing(tmp_path, m
     with pytest.warns(TokenizationWarning, match=r"'zebra' \(line 40, row 39 prompt\)"):
         assert main(["kv", *run, "--out", str(out)]) == 0
     assert json.loads((out / "manifest.json").read_text())["status"] == {"kv": "done"}
+
+
+# ---- user data as it comes (#32 item 8) ---------------------------------------------------------------
+def test_a_pair_of_two_lengths_warns_once_and_an_unusable_task_is_exit_2(tmp_path, tiny_dirs):
+    """patching on six rows, row 2's corrupted prompt one token short: one warning line naming the row
+    (no Python source line under it), the other five patched and the count in the summary; --strict
+    refuses the file; `kv` given answers of two tokens (which it cannot score) is exit 2 with the reason
+    and writes nothing, where it used to run on its own default task."""
+    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i + 10}", "corrupted_prompt": f"w{i} w{i + 20} w{i + 2}",
+             "wrong_answer": f" w{i + 11}"} for i in range(1, 7)]
+    rows[2]["corrupted_prompt"] = "w3 w9"
+    task = tmp_path / "six.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = ["-q", "--quick", "--device", "cpu", "--model", str(tiny_dirs["gpt2"]), "--task", str(task)]
+    proc = headscope("patching", *run, "--out", str(tmp_path / "out"))  # a process: the warnings as a user sees them
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"WARNING HeadscopeWarning: Task file {str(task)!r}: 1 corrupted prompt(s) have another token "
+                     f"length than their prompt (line 3, row 2: 4 vs 3 tokens); the analyses that patch pairs leave "
+                     f"those rows out, the others use every row."], proc.stderr
+    summary = json.loads((tmp_path / "out" / "patching" / "summary.json").read_text())
+    assert summary["pairs_left_out"] == 1 and summary["pairs_left_out_rows"] == [2] and summary["n_examples"] == 5
+    assert summary["chance"]["n_examples"] == 5  # the chance guard judges the rows patched
+    line = one_line_error(cli("patching", *run, "--strict", "--out", str(tmp_path / "strict"), check=False))
+    assert "(line 3, row 2: 4 vs 3 tokens)" in line and "strict mode refuses" in line
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}", "answer": f" w{i + 10} w{i + 11}"}) + "\n"
+                           for i in range(1, 7)))
+    out = tmp_path / "kv"
+    line = one_line_error(cli("kv", *run[:-1], str(two), "--out", str(out), check=False))
+    assert "kv cannot run on your task (two.jsonl): the task's answers are up to 2 tokens long" in line, line
+    assert not out.exists() and not (tmp_path / "strict").exists()

@@ -29,6 +29,13 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     assert not [o for o in outputs if o.get("output_type") == "error"]
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     assert any("<img" in h for h in html), "the importance Result should render with its figure"
+    # the one-prompt calls (#32 item 7): a short patching view with its grids, every token of the
+    # prompt on show_tokens' lines, and the chosen heads' patterns
+    one = next(h for h in html if "effect (resid_pre)" in h)
+    assert "<img" not in one and len(one) < 20_000
+    tokens = next(h for h in html if "headscope-tokens" in h)
+    assert tokens.count(">k44</span>") == 2 * 3 and ">;</span>" in tokens  # k44 twice on each method's line
+    assert sum("<b>L1H0</b>" in h and "<b>L1H1</b>" in h for h in html) == 1
     assert any("report.html" in str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     plotted, own, backend = (cell.get("outputs", []) for cell in nb.cells[-3:])
     assert plotted and all("image/png" in o.get("data", {}) for o in plotted)  # one image per figure

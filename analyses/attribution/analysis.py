@@ -20,7 +20,9 @@ Padded Tasks (decoders left-padded, encoders right-padded): each example is scor
 tokens only, in batches of equal real length, and draws its random permutations and adversarial
 noise from a generator seeded by its own tokens, so its scores, taus and permutation results are
 those of the example run alone; padding gets no score and takes no part in any ranking. The
-scores table's positions are in the Task's padded coordinates (as its spans).
+scores table's positions are in the Task's padded coordinates (as its spans). The scores table
+ranks the tokens between the first and the last (normalised, non-negative); the token_scores table
+holds every token's raw gradient scores (integrated gradients signed), what `hs.show_tokens` draws.
 
 Summary keys (attention = the last layer's head mean): mean_tau_attention_{gradient, saliency,
 loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_*; fraction_significant (over
@@ -51,6 +53,7 @@ from headscope.analyses.core.config import AnalysisConfig, with_overrides
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
 from headscope.errors import ConfigError, TaskError
 from headscope.execution import batching, distributed
@@ -226,6 +229,7 @@ def metric_kind(model, task: Task, cfg: AttributionConfig) -> str:
 
 
 # ---- the analysis ---------------------------------------------------------------------------------
+@takes_prompt
 def attribution(
     model,
     task: Task | str | None = None,
@@ -267,6 +271,7 @@ def attribution(
     pairs: list[dict] = []
     perm_rows: list[dict] = []
     ig_rows: list[dict] = []
+    token_rows: list[pd.DataFrame] = []  # every token's signed scores (show_tokens)
     groups = list(length_groups(lengths, chunk))
     for g in tqdm(distributed.shard(len(groups)), desc="attribution", disable=not (progress and distributed.is_main())):
         idx = groups[g]  # under torch.distributed each rank scores its block of groups
@@ -300,6 +305,9 @@ def attribution(
             tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha))
             pairs.extend(method_pair_rows(ex, methods, alpha=cfg.alpha))
             score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods, offset=spans[ex][0]))
+            token_rows.append(_token_frame(model, ex, tokens[j], {
+                "saliency": grads["saliency"][j], "grad_x_input": grads["grad_x_input"][j],
+                "integrated_gradients": ig[j]}, offset=spans[ex][0]))
             perm_rows.append({
                 "example": ex, "layer": layer, "max_attention": float(max_att[j]),
                 "median_change": float(changes[j].median()), "mean_change": float(changes[j].mean()),
@@ -310,8 +318,8 @@ def attribution(
                 "example": ex, "n_steps": int(steps[j]), "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
                 "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
             })
-    parts = distributed.gather_objects((score_rows, tau, pairs, perm_rows, ig_rows))  # rank order = group order
-    score_rows, tau, pairs, perm_rows, ig_rows = ([row for part in parts for row in part[i]] for i in range(5))
+    parts = distributed.gather_objects((score_rows, tau, pairs, perm_rows, ig_rows, token_rows))  # rank order = group order
+    score_rows, tau, pairs, perm_rows, ig_rows, token_rows = ([row for part in parts for row in part[i]] for i in range(6))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
     tables = {
         "scores": pd.concat(score_rows, ignore_index=True),
@@ -321,6 +329,7 @@ def attribution(
         "tau_by_head": summarise(df[df.attention == "head"], ["layer", "head", "method"]),
         "permutation": pd.DataFrame(perm_rows),
         "ig": pd.DataFrame(ig_rows),
+        "token_scores": pd.concat(token_rows, ignore_index=True),
     }
     summary = _summary(df, tables, kind=kind, cfg=cfg, layer=layer, encoder=facts.is_encoder)
     config_out = {**dataclasses.asdict(cfg), "baseline_token": baseline, "permutation_layer": layer, "task": task.name}
@@ -364,6 +373,16 @@ def _score_frame(model, example: int, tokens: torch.Tensor, positions: list[int]
         for p, s in zip(positions, scores)
     ]
     return pd.DataFrame(rows).astype({"layer": "Int64", "head": "Int64"})
+
+
+def _token_frame(model, example: int, tokens: torch.Tensor, scores: dict[str, torch.Tensor], offset: int = 0) -> pd.DataFrame:
+    """Every token of one example (the first and last too) with each gradient method's raw score:
+    example, position, token, method, score; integrated gradients keeps its sign (the scores sum to
+    the metric's change from the baseline), saliency and |gradient x input| are magnitudes."""
+    strs = model.to_str_tokens(tokens)
+    rows = [{"example": example, "position": offset + p, "token": strs[p], "method": name, "score": float(v)}
+            for name, values in scores.items() for p, v in enumerate(values.detach().float().cpu().tolist())]
+    return pd.DataFrame(rows)
 
 
 def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfig, layer: int, encoder: bool) -> dict:

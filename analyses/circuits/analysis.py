@@ -39,6 +39,7 @@ from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError, UnsupportedModelError
 from headscope.hooks import available_sites, run_with_cache
@@ -272,6 +273,7 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
 
 
 # ---- entry points --------------------------------------------------------------------------
+@takes_prompt
 def logit_lens(model, task=None, config: CircuitsConfig | None = None) -> Result:
     """The logit lens on `task` (see the module doc). df = table "lens"."""
     config = config or CircuitsConfig()
@@ -282,6 +284,7 @@ def logit_lens(model, task=None, config: CircuitsConfig | None = None) -> Result
     return Result(name="circuits", df=lens, summary=summary, tables={"lens": lens}, config=asdict(config))
 
 
+@takes_prompt
 def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = None) -> Result:
     """Direct logit attribution on `task` (see the module doc). df = table "dla_mean"."""
     config = config or CircuitsConfig()
@@ -310,10 +313,13 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
         from headscope.analyses.circuits.faithfulness import circuit_discovery
 
         try:
-            found, edge_summary = circuit_discovery(model, task, ig_steps=config.ig_steps, method=config.edge_method,
+            pairs, left_out = task.pairs("edge attribution")  # a user's pair of two token lengths is left out
+            if left_out:
+                summary.update(pairs_left_out=left_out, pairs_left_out_rows=task.unpaired)
+            found, edge_summary = circuit_discovery(model, pairs, ig_steps=config.ig_steps, method=config.edge_method,
                                                     k_values=config.k_values,
                                                     seed=config.seed)
-        except UnsupportedModelError as err:  # e.g. Gemma 2's post-norms: the residual is not the sum of writes
+        except (UnsupportedModelError, TaskError) as err:  # e.g. Gemma 2's post-norms; no pair of one length
             summary["edges_skipped"] = str(err)
         else:
             tables.update(found)

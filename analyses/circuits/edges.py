@@ -149,6 +149,8 @@ def check_model(model, task: Task) -> None:
         raise ConfigError(f"edge attribution reads next-token logits; {model.facts.name} is an encoder.")
     if task.corrupted_tokens is None or task.answers is None:
         raise TaskError(f"Task {task.name!r} needs corrupted prompts and answers for edge attribution.")
+    if task.unpaired:
+        raise TaskError(f"Task {task.name!r}: rows {task.unpaired} have no corrupted pair; pass `task.pairs()[0]`.")
     one_token_answers(task, "edge attribution")
 
 

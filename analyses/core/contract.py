@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
+from headscope.analyses.core.tasks import ZOO_TASKS, Task, no_pairs_reason, zoo
 from headscope.errors import InputTypeError, TaskError, UnsupportedModelError
 
 
@@ -97,6 +97,8 @@ def task_reasons(needs: Needs, task: Task | str, model: Any) -> list[str]:
         reasons.append("the task has no wrong answers (needed for logit difference)")
     if needs.corrupted and task.corrupted_tokens is None:
         reasons.append("the task has no corrupted prompts")
+    elif needs.corrupted and len(task.unpaired) == len(task):
+        reasons.append(no_pairs_reason(task))
     if task.continuation is not None and not needs.continuation:
         reasons.append(several_tokens_reason(task))
     missing = [s for s in needs.spans if s not in task.spans]

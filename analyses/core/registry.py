@@ -73,11 +73,12 @@ def task_used(name: str, model, task: Any = None, config: Any = None) -> Any:
     """The Task the analysis `name` ran on: `task` itself when it is a Task, else the family's own
     resolution (its `default_task(model, task, config)`; mlp: `default_inputs`), with the config
     its run uses when none is given (the family's preset). None where the family has no such
-    function (position: its own sweeps; probes: a probe, not the model, is judged)."""
+    function (position: its own sweeps; probes: a probe, not the model, is judged). An analysis that
+    patches pairs used only the rows with a pair (Task.pairs)."""
     from headscope.analyses.core.tasks import Task
 
     if isinstance(task, Task):
-        return task
+        return _paired_rows(name, task)
     if name in ("position", "probes"):
         return None
     config = config if config is not None else config_class(name).preset()
@@ -85,7 +86,15 @@ def task_used(name: str, model, task: Any = None, config: Any = None) -> Any:
         inputs = _family_attr(name, "default_inputs")
         return None if inputs is None else inputs(model, task, config)[0]
     default = _family_attr(name, "default_task")
-    return None if default is None else default(model, task, config)
+    return None if default is None else _paired_rows(name, default(model, task, config))
+
+
+def _paired_rows(name: str, task: Any) -> Any:
+    """The rows of `task` analysis `name` runs on: those with a clean/corrupted pair of one length when
+    it patches pairs (Task.pairs; all of them when none has one, which the analysis itself refuses)."""
+    if task.unpaired and needs(name).corrupted and len(task.unpaired) < len(task):
+        return task.pairs(name)[0]
+    return task
 
 
 _CLEAN_KEYS = ("baseline_metric", "clean_metric", "metric_unevicted")  # the clean mean a summary reports

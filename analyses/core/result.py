@@ -8,13 +8,21 @@ reports: `plot()` draws the figures, notebooks render `_repr_html_` (escaped tab
 """
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import torch
 
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, ResultFileError
+
+AXES = ("layer", "head", "pos")  # the axes `Result.tensor` lays a column out on, in this order
+FORMAT = 1  # result.json's "format"
 
 _VIEWS: dict[str, Callable[..., Any]] = {}  # "plot": result -> {name: Figure}; "html": result -> str
 
@@ -45,6 +53,98 @@ class Result:
     def _repr_html_(self) -> str:
         return _view("html")(self)
 
+    def tensor(self, column: str, *, table: str | None = None, **where: Any) -> torch.Tensor:
+        """`column` of the main table (or `table`) as a dense tensor over its layer, head and pos axes,
+        those of the rows `where` keeps (column=value) that have values there, in that order; a cell no
+        row fills is NaN. E.g. heads: tensor("importance", method="zero") -> [layer, head]; patching:
+        tensor("effect", site_type="resid_pre") -> [layer, pos], site_type="head_out" -> [layer, head],
+        "head_out_by_pos" -> [layer, head, pos]. A ConfigError names the columns to filter by when
+        rows repeat a cell (several methods, examples, site types)."""
+        df = self.df if table is None else self.tables.get(table)
+        if df is None:
+            raise ConfigError(f"{self.name} result has no table {table!r}; its tables: {sorted(self.tables)}.")
+        if column not in df.columns:
+            raise ConfigError(f"no column {column!r}; this table's columns: {list(df.columns)}.")
+        if not pd.api.types.is_numeric_dtype(df[column]):
+            raise ConfigError(f"column {column!r} holds {df[column].dtype} values, not numbers; pick a numeric column.")
+        for key, value in where.items():
+            if key not in df.columns:
+                raise ConfigError(f"cannot filter by {key!r}: no such column; columns: {list(df.columns)}.")
+            df = df[df[key] == value]
+        if df.empty:
+            raise ConfigError(f"no rows with {where}; pick values that occur in the table.")
+        axes = [a for a in AXES if a in df.columns and df[a].notna().all()]
+        if not axes:
+            raise ConfigError(f"the rows kept have no complete {'/'.join(AXES)} axis to lay {column!r} out on.")
+        index = df[axes].astype("int64")
+        if index.duplicated().any():
+            groups = df.groupby(axes, dropna=False)
+            varying = [c for c in df.columns if c not in (*axes, column) and groups[c].nunique(dropna=False).max() > 1]
+            varying = [c for c in varying if c == "example" or not pd.api.types.is_numeric_dtype(df[c])]  # labels
+            choices = ", ".join(f"{c}=one of {pd.unique(df[c]).tolist()[:6]}" for c in varying if c not in AXES)
+            raise ConfigError(f"rows repeat {axes} cells; filter them, e.g. {choices or 'by another column'}.")
+        shape = tuple(int(index[a].max()) + 1 for a in axes)
+        out = torch.full(shape, float("nan"), dtype=torch.float64)
+        out[tuple(torch.tensor(index[a].to_numpy()) for a in axes)] = torch.tensor(
+            df[column].to_numpy(dtype=float, na_value=np.nan))
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this Result to the folder `path` (made if needed; an earlier saved Result there is
+        replaced) in safe formats, no pickle: result.json (name, summary, config, the tables' names)
+        and one Parquet file per table (df.parquet, table_<i>.parquet). `Result.load(path)` reads it back."""
+        folder = Path(path)
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"{str(folder)!r} is a file; Result.save writes a folder.")
+        if folder.is_dir() and any(folder.iterdir()) and not (folder / "result.json").is_file():
+            raise ConfigError(f"{str(folder)!r} holds other files; save the Result to a new or empty folder.")
+        folder.mkdir(parents=True, exist_ok=True)
+        names = list(self.tables)
+        meta = {"format": FORMAT, "name": self.name, "summary": self.summary, "config": self.config, "tables": names}
+        text = json.dumps(meta, default=_json_default, indent=1)  # before any file: an unsaveable summary writes nothing
+        for file, frame in [("df.parquet", self.df), *((f"table_{i}.parquet", self.tables[n]) for i, n in enumerate(names))]:
+            _atomic(folder / file, lambda tmp, frame=frame: frame.to_parquet(tmp))
+        for old in folder.glob("table_*.parquet"):  # a previous save's extra tables
+            if old.name not in {f"table_{i}.parquet" for i in range(len(names))}:
+                old.unlink()
+        _atomic(folder / "result.json", lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Result:
+        """The Result `save` wrote to the folder `path` (tables exactly as saved; the summary and
+        config as JSON gives them back: tuples become lists)."""
+        folder = Path(path)
+        try:
+            meta = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+            tables = {n: pd.read_parquet(folder / f"table_{i}.parquet") for i, n in enumerate(meta["tables"])}
+            return cls(name=meta["name"], df=pd.read_parquet(folder / "df.parquet"), summary=meta["summary"],
+                       tables=tables, config=meta["config"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ResultFileError(f"{str(folder)!r} is not a saved Result ({type(err).__name__}: {err}); "
+                                  f"write one with result.save(path).") from None
+
     def __repr__(self) -> str:
         heads = ", ".join(f"{k}={v!r}" for k, v in list(self.summary.items())[:6])
         return f"Result({self.name!r}, {len(self.df)} rows; {heads})"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise ConfigError(f"Result.save: a {type(value).__name__} in the summary or config has no JSON form.")
+
+
+def _atomic(path: Path, write: Callable[[str], Any]) -> None:
+    """write(tmp) then rename over `path`: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -156,12 +156,14 @@ def not_a_task(task: Any) -> Exception:
     if isinstance(task, str):
         return TaskFileError(
             f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}), a .jsonl/.csv/.parquet file, a DataFrame, "
-            f"a datasets.Dataset, a list of dicts or a Task."
+            f"a datasets.Dataset, a list of dicts, a Task, token ids (tokens, answers[, corrupted, wrong]) or one "
+            f"prompt with answer=."
         )
     return InputTypeError(
         f"An analysis takes a Task (hs.load_task(model, data, fields)), user data with prompt and answer fields (a "
-        f".jsonl/.csv/.parquet path, a DataFrame, a datasets.Dataset or a list of dicts) or a zoo task name "
-        f"({', '.join(ZOO_TASKS)}); got {describe(task)}."
+        f".jsonl/.csv/.parquet path, a DataFrame, a datasets.Dataset or a list of dicts), a zoo task name "
+        f"({', '.join(ZOO_TASKS)}), token ids (tokens, answers[, corrupted, wrong]) or one prompt with answer=; got "
+        f"{describe(task)}."
     )
 
 
@@ -370,7 +372,8 @@ def _source_records(source: Any) -> tuple[str, Callable[..., Iterable[tuple[Any,
     else:
         raise TaskFileError(
             f"Unsupported task data {type(source).__name__}: pass a .jsonl/.csv/.parquet path, a pandas DataFrame, "
-            f"a datasets.Dataset, a list of dicts or a Task."
+            f"a datasets.Dataset, a list of dicts, a Task, token ids (tokens, answers[, corrupted, wrong]) or one "
+            f"prompt with answer=."
         )
     if not len(records):
         raise TaskFileError(f"{label} is empty; add at least one example.")
@@ -552,15 +555,10 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
     if several:
         width = max(map(len, answer_ids))
         continuation = torch.tensor([[-1] * (width - len(a)) + a for a in answer_ids])  # [batch, k], right-aligned
-    corrupted = wrong = None
+    corrupted = wrong = paired = None
     if all("corrupted_prompt" in r for r in rows):
         seqs = [_prompt_ids(model, r["corrupted_prompt"]) for r in rows]
-        for seq, prompt, place in zip(seqs, prompts, places):
-            if len(seq) != len(prompt):
-                raise TaskFileError(
-                    f"{label}, {place}: the prompt has {len(prompt)} tokens but the corrupted prompt {len(seq)}; "
-                    f"patching needs each clean and corrupted prompt pair to have the same length."
-                )
+        seqs, paired = _pairs(seqs, prompts, places, label, strict=strict)
         corrupted = _tokens(model, [c + e for c, e in zip(seqs, extra)], "corrupted prompts", label, places)[0]
     if all("wrong_answer" in r for r in rows):
         if several:
@@ -573,7 +571,29 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
     return Task(
         name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
         metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask, continuation=continuation,
+        paired=paired,
     )
+
+
+def _pairs(seqs: list[list[int]], prompts: list[list[int]], places: Sequence[str], label: str, *,
+           strict: bool) -> tuple[list[list[int]], torch.Tensor | None]:
+    """(corrupted prompts' ids, Task.paired): a corrupted prompt of another token length than its prompt
+    is no pair; its row keeps its prompt as a stand-in and paired False, with one HeadscopeWarning
+    naming those rows (strict: a TaskFileError instead). paired is None when every row is a pair."""
+    bad = [(i, len(p), len(c)) for i, (c, p) in enumerate(zip(seqs, prompts)) if len(c) != len(p)]
+    if not bad:
+        return seqs, None
+    named = _few([f"{places[i]}: {n} vs {m} tokens" for i, n, m in bad], 8)
+    message = (f"{label}: {len(bad)} corrupted prompt(s) have another token length than their prompt "
+               f"({named})")
+    if strict:
+        raise TaskFileError(f"{message}; patching needs each clean and corrupted prompt pair to have one length "
+                            f"(strict mode refuses them; without it those rows are left out of patching only).")
+    warnings.warn(f"{message}; the analyses that patch pairs leave those rows out, the others use every row.",
+                  HeadscopeWarning, stacklevel=3)
+    paired = torch.ones(len(seqs), dtype=torch.bool)
+    paired[[i for i, _, _ in bad]] = False
+    return [c if ok else p for c, p, ok in zip(seqs, prompts, paired.tolist())], paired
 
 
 def _default_name(source: Any) -> str:
@@ -645,12 +665,157 @@ def is_task_data(task: Any) -> bool:
     )
 
 
+# ---- one prompt, or tensors -------------------------------------------------------------------
+PROMPT_FIELDS = ("prompt", "answer", "corrupted_prompt", "wrong_answer")  # what `takes_prompt` adds to an analysis
+
+
+def prompt_task(model, prompt: str | Sequence[str], answer: str | Sequence[str] | None = None,
+                corrupted_prompt: str | Sequence[str] | None = None, wrong_answer: str | Sequence[str] | None = None,
+                *, name: str = "prompt", strict: bool = False) -> Task:
+    """A Task of one prompt (or a list of prompts, each other field then a list as long), tokenized
+    as a task file's rows are (build_task): `answer` the next token (" Paris", leading space for
+    byte-level BPE; several tokens: scored by their whole continuation), `corrupted_prompt` of the
+    prompt's token length (patching), `wrong_answer` its answer (logit difference; else log-prob).
+    Without `answer`, the prompt's last token is the answer and the rest the prompt."""
+    many = not isinstance(prompt, str)
+    prompts = list(prompt) if many else [prompt]
+    columns = {"answer": answer, "corrupted_prompt": corrupted_prompt, "wrong_answer": wrong_answer}
+    rows: list[dict[str, str]] = [{"prompt": p} for p in prompts]
+    for field_name, value in columns.items():
+        if value is None:
+            continue
+        values = [value] if isinstance(value, str) else list(value)
+        if isinstance(value, str) == many or len(values) != len(prompts):
+            shape = f"a list of {len(prompts)} strings" if many else "a string"
+            raise ConfigError(f"prompt_task: {field_name} must be {shape} like the prompt, got {value!r}.")
+        for row, text in zip(rows, values):
+            row[field_name] = text
+    if not prompts or any(not isinstance(p, str) or not p.strip() for p in prompts):
+        raise ConfigError(f"prompt_task: the prompt must be non-empty text, got {prompt!r}.")
+    if answer is None:
+        if corrupted_prompt is not None or wrong_answer is not None:
+            raise ConfigError("prompt_task: corrupted_prompt and wrong_answer need answer= (the clean prompt's next token).")
+        return tensor_task(model, [model.to_tokens(p)[0] for p in prompts], name=name)
+    places = ["the prompt"] if not many else [f"prompt {i}" for i in range(len(prompts))]
+    return build_task(model, rows, name=name, label="Prompt", places=places, strict=strict)
+
+
+def _ids(value: Any, what: str) -> torch.Tensor:
+    try:
+        ids = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(f"{what} must be token ids (a tensor or list of ints), got {type(value).__name__}.") from None
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ConfigError(f"{what} must be integer token ids, got dtype {ids.dtype}.")
+    return ids.to(torch.int64).cpu()
+
+
+def tensor_task(model, tokens: Any, answers: Any = None, corrupted_tokens: Any = None, wrong_answers: Any = None,
+                *, name: str = "tokens") -> Task:
+    """A Task from token ids: tokens [batch, pos] or [pos] (or a list of [pos] rows, left-padded for
+    decoders), answers [batch] (or one int), corrupted_tokens like tokens, wrong_answers like answers.
+    Without answers: a decoder predicts each row's last token from the rest (metric "logprob");
+    an encoder scores the cosine of its pooled embedding (no answers)."""
+    if isinstance(tokens, (list, tuple)) and tokens and not isinstance(tokens[0], int):
+        rows = [_ids(t, "tokens").reshape(-1).tolist() for t in tokens]
+        mask = None
+        if len({len(r) for r in rows}) > 1:
+            if answers is None and not model.facts.is_encoder:
+                rows, last = [r[:-1] for r in rows], [r[-1] for r in rows]
+                ids, mask = pad_token_rows(rows, pad_id_of(model.tokenizer), left=True)
+                return Task(name=name, tokens=ids, answers=torch.tensor(last), metric="logprob", attention_mask=mask)
+            ids, mask = pad_token_rows(rows, pad_id_of(model.tokenizer), left=not model.facts.is_encoder)
+        else:
+            ids = torch.tensor(rows, dtype=torch.int64)
+        tokens = ids
+    else:
+        tokens, mask = _ids(tokens, "tokens"), None
+    tokens = tokens[None] if tokens.ndim == 1 else tokens  # [batch, pos]
+    if tokens.ndim != 2 or tokens.shape[1] == 0:
+        raise ConfigError(f"tokens must have shape [batch, pos] or [pos], got {tuple(tokens.shape)}.")
+    corrupted = None if corrupted_tokens is None else _ids(corrupted_tokens, "corrupted_tokens")
+    corrupted = corrupted[None] if corrupted is not None and corrupted.ndim == 1 else corrupted
+    if answers is None:
+        if wrong_answers is not None:
+            raise ConfigError("wrong_answers need answers (the clean prompts' next tokens).")
+        if model.facts.is_encoder:
+            return Task(name=name, tokens=tokens, metric="cosine", attention_mask=mask)
+        if tokens.shape[1] < 2:
+            raise ConfigError("tokens without answers need at least 2 positions: the last token is the answer.")
+        return Task(name=name, tokens=tokens[:, :-1], answers=tokens[:, -1], metric="logprob",
+                    corrupted_tokens=None if corrupted is None else corrupted[:, :-1],
+                    attention_mask=None if mask is None else mask[:, :-1])
+    answers = _ids(answers, "answers").reshape(-1)
+    wrong = None if wrong_answers is None else _ids(wrong_answers, "wrong_answers").reshape(-1)
+    return Task(name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
+                metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask)
+
+
+def one_prompt(model, task: Any = None, *, prompt: Any = None, answer: Any = None, corrupted_prompt: Any = None,
+               wrong_answer: Any = None, tokens: bool = True) -> Any:
+    """Task resolution's one-prompt entry: `task` as a Task where it is one-prompt input, else as given.
+
+    - prompt= (or a prompt string, or a list of them, as `task` with answer=): prompt_task(model,
+      prompt, answer, corrupted_prompt, wrong_answer);
+    - a tuple (tokens, answers[, corrupted_tokens[, wrong_answers]]) of ids: tensor_task;
+    - a bare token tensor [batch, pos] (tokens=True): tensor_task, the last token the answer.
+    Anything else (a Task, a task name or file, a DataFrame, None) comes back unchanged."""
+    extra = {"answer": answer, "corrupted_prompt": corrupted_prompt, "wrong_answer": wrong_answer}
+    prompts = isinstance(task, (list, tuple)) and bool(task) and all(isinstance(t, str) for t in task)
+    if prompt is None and (isinstance(task, str) or prompts) and answer is not None:
+        prompt, task = task, None
+    if prompt is not None:
+        if task is not None:
+            raise ConfigError("give the prompt either as the task or as prompt=, not both.")
+        return prompt_task(model, prompt, **extra)
+    given = [k for k, v in extra.items() if v is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} go with a prompt: pass prompt= (or the prompt string as the task).")
+    if isinstance(task, tuple) and task and all(isinstance(t, (torch.Tensor, list, int)) or t is None for t in task):
+        if len(task) > 4:
+            raise ConfigError(f"a task tuple is (tokens, answers[, corrupted_tokens[, wrong_answers]]), got {len(task)} items.")
+        return tensor_task(model, *task)
+    if tokens and isinstance(task, torch.Tensor):
+        return tensor_task(model, task)
+    return task
+
+
+def takes_prompt(fn: Callable[..., Any] | None = None, *, tokens: bool = True) -> Any:
+    """Decorate an analysis `fn(model, task, ...)` so that it also takes one prompt: the keywords
+    prompt, answer, corrupted_prompt, wrong_answer, a prompt string as `task` with answer=, or a tuple
+    of token tensors, each made a Task by `one_prompt` before `fn` runs. tokens=False leaves a bare
+    token tensor to `fn` (the heads analysis scores it by its LM loss)."""
+    import functools
+    import inspect
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(model, *args, prompt=None, answer=None, corrupted_prompt=None, wrong_answer=None, **kwargs):
+            task = args[0] if args else kwargs.pop("task", None)
+            task = one_prompt(model, task, prompt=prompt, answer=answer, corrupted_prompt=corrupted_prompt,
+                              wrong_answer=wrong_answer, tokens=tokens)
+            return fn(model, task, *args[1:], **kwargs)
+
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        if len(params) > 1 and params[1].default is inspect.Parameter.empty:  # task becomes optional
+            params[1] = params[1].replace(default=None)
+        new = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in PROMPT_FIELDS]
+        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+        wrapper.__signature__ = sig.replace(parameters=params[:at] + new + params[at:])
+        return wrapper
+
+    return wrap if fn is None else wrap(fn)
+
+
 def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: int = 64, seed: int = 0,
                  fields: Mapping[str, str] | str | None = None, strict: bool | None = None, **kw) -> Task:
     """The Task an analysis runs on: a Task as given; a zoo task name (n_examples, seed and kw go
     to `zoo`); the user's data (a task file path or TaskFile, DataFrame, Dataset or list of dicts,
     read with `fields` and `strict` by load_task: a seeded sample of n_examples rows when it has more,
-    so an analysis's --n-examples and --quick sizes apply to task files too); or `default` when None."""
+    so an analysis's --n-examples and --quick sizes apply to task files too); token ids (a [batch,
+    pos] tensor or a tuple (tokens, answers[, corrupted[, wrong]]), `one_prompt`); or `default` when None."""
+    task = one_prompt(model, task)
     if isinstance(task, Task):
         return task
     if task is None:
@@ -665,6 +830,7 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
 
 
 __all__ = [
-    "FIELDS", "FORMATS", "REQUIRED", "FieldMapped", "TaskFile", "build_task", "check_vocabulary", "is_task_data", "load_task",
-    "load_task_file", "not_a_task", "parse_fields", "read_task_rows", "resolve_task", "with_fields",
+    "FIELDS", "FORMATS", "PROMPT_FIELDS", "REQUIRED", "FieldMapped", "TaskFile", "build_task", "check_vocabulary",
+    "is_task_data", "load_task", "load_task_file", "not_a_task", "one_prompt", "parse_fields", "prompt_task",
+    "read_task_rows", "resolve_task", "takes_prompt", "tensor_task", "with_fields",
 ]

@@ -41,6 +41,10 @@ class Task:
                       each row's answer is right-aligned, a shorter one preceded by -1. `answers` is
                       the last column (what position -1 predicts). Decoders only; metric "logprob" or
                       "accuracy" (every token the argmax).
+    paired:           [batch] bool or None (every row paired): False where the user's corrupted prompt has
+                      another token length than its prompt, so the row has no corrupted pair (its
+                      corrupted_tokens row repeats the clean one); the analyses that patch pairs take
+                      `pairs()`, the others use every row.
     """
 
     name: str
@@ -52,6 +56,7 @@ class Task:
     metric: str = "logit_diff"
     attention_mask: torch.Tensor | None = None
     continuation: torch.Tensor | None = None
+    paired: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 2 or self.tokens.shape[0] == 0:
@@ -74,6 +79,8 @@ class Task:
 
         if self.continuation is not None:
             self._check_continuation()
+        if self.paired is not None and (self.corrupted_tokens is None or self.paired.shape != (self.tokens.shape[0],)):
+            raise TaskError(f"Task {self.name!r}: paired must be a [batch] bool tensor beside corrupted_tokens.")
 
     def _check_continuation(self) -> None:
         cont, n = self.continuation, self.tokens.shape[0]
@@ -118,13 +125,29 @@ class Task:
         """[batch] int64: each row's first real position (its padding length under left padding)."""
         return first_real_positions(self.attention_mask, len(self))
 
+    @property
+    def unpaired(self) -> list[int]:
+        """The rows whose corrupted prompt is no pair for their prompt (another token length)."""
+        return [] if self.paired is None else torch.nonzero(~self.paired.bool()).flatten().tolist()
+
+    def pairs(self, what: str = "this analysis") -> tuple[Task, int]:
+        """(the Task of the rows with a corrupted pair, how many rows were left out): what the analyses
+        that patch pairs run on. A TaskError when no row has a pair."""
+        left_out = self.unpaired
+        if not left_out:
+            return (self if self.paired is None else replace(self, paired=None)), 0
+        if len(left_out) == len(self):
+            raise TaskError(no_pairs_reason(self) + f"; {what} patches clean/corrupted pairs of one token length.")
+        keep = torch.nonzero(self.paired.bool()).flatten()
+        return replace(self.rows(keep), paired=None), len(left_out)
+
     def rows(self, index: slice | torch.Tensor | Sequence[int]) -> Task:
         """The Task of the rows `index` selects (a slice, indices or a bool mask), every field with them."""
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         return replace(
             self, tokens=self.tokens[index], answers=pick(self.answers), corrupted_tokens=pick(self.corrupted_tokens),
             wrong_answers=pick(self.wrong_answers), spans={k: v[index] for k, v in self.spans.items()},
-            attention_mask=pick(self.attention_mask), continuation=pick(self.continuation))
+            attention_mask=pick(self.attention_mask), continuation=pick(self.continuation), paired=pick(self.paired))
 
     def example(self, i: int) -> Task:
         """Row i alone, its padding removed (spans shifted to match): what running one example means."""
@@ -136,8 +159,14 @@ class Task:
             name=self.name, tokens=self.tokens[i, keep][None], answers=pick(self.answers),
             corrupted_tokens=None if self.corrupted_tokens is None else self.corrupted_tokens[i, keep][None],
             wrong_answers=pick(self.wrong_answers), spans={k: v[i:i + 1] - start for k, v in self.spans.items()},
-            metric=self.metric, attention_mask=None, continuation=cont,
+            metric=self.metric, attention_mask=None, continuation=cont, paired=pick(self.paired),
         )
+
+
+def no_pairs_reason(task: Task) -> str:
+    """Why a Task whose every corrupted prompt has another token length cannot be patched."""
+    return (f"every corrupted prompt of task {task.name!r} has another token length than its prompt "
+            f"({len(task)} of {len(task)} rows), so no clean/corrupted pair is left")
 
 
 ZOO_TASKS = ("kv", "induction", "facts", "ioi")

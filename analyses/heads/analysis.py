@@ -29,6 +29,7 @@ from headscope.analyses.core import default_tasks, task_files, tasks
 from headscope.analyses.core.config import AnalysisConfig, with_overrides
 from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task
 from headscope.analyses.heads.importance import (
     ABLATIONS,
@@ -195,6 +196,7 @@ def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
     }
 
 
+@takes_prompt(tokens=False)
 def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = None, *,
                     methods: tuple[str, ...] = ("gradient", "zero"), seed: int = 0, progress: bool = False) -> Result:
     """Importance of every head by each method. task: a Task, a [batch, pos] token tensor (LM
@@ -211,6 +213,7 @@ def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = N
     return Result(name="heads", df=df, summary=summary, config={"methods": list(methods), "seed": seed})
 
 
+@takes_prompt(tokens=False)
 def prune_heads(model, task: TaskLike = None, config: PruningConfig | HeadsConfig | None = None, *,
                 seed: int | None = None, progress: bool = False) -> Result:
     """Iterative pruning curves (df: ordering, recompute, seed, n_pruned, fraction_pruned, metric,

@@ -27,6 +27,7 @@ import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.kv import eviction as kv_eviction
 from headscope.analyses.position import sinks
@@ -198,6 +199,7 @@ def default_task(model, task=None, config: KVConfig | None = None) -> Task:
     return resolve_task(model, task, default="kv", n_examples=n, seed=config.seed)
 
 
+@takes_prompt
 def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None = None) -> Result:
     """Anatomy, states and the eviction what-if on one Task (see the module doc). task: a Task, a
     zoo task name or task file (None: the zoo "kv" retrieval task; other models: the shipped

@@ -34,6 +34,7 @@ import torch
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs, require
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
 from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
@@ -44,6 +45,7 @@ from headscope.analyses.patching.inputs import (
     check_direction,
     clean_and_corrupted,
     mask_padding,
+    paired_rows,
     resolve_metric,
     task_padding,
     token_labels,
@@ -131,6 +133,7 @@ def _resid_mid_hooks(layer: int, mask: torch.Tensor, n_lead: int):
     return [(site("resid_pre", layer), keep), (site("attn_out", layer), write)]
 
 
+@takes_prompt
 def activation_patching(
     model,
     task,
@@ -162,6 +165,7 @@ def activation_patching(
     if not isinstance(task, Task):
         task = default_task(model, task, config)
     check_direction(direction)
+    task, left_out = paired_rows(task, corrupted_tokens, "activation patching")
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
     mask = task_padding(task, clean)  # [B, pos] or None
     pm = resolve_metric(task, metric)
@@ -190,6 +194,7 @@ def activation_patching(
         "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),
         "baseline": baseline,
         "top_sites": top_sites(df),
+        **left_out,
     }
     tables = {"exact": df}
     if attribution:

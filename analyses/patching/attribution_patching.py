@@ -24,12 +24,14 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.patching.engine import padding_mask
 from headscope.analyses.patching.inputs import (
     PatchMetric,
     check_direction,
     clean_and_corrupted,
     mask_padding,
+    paired_rows,
     resolve_metric,
     task_padding,
     token_labels,
@@ -143,6 +145,7 @@ def attribution_table(model, base, source, types, metric: PatchMetric, labels: l
     return pd.concat(frames, ignore_index=True)
 
 
+@takes_prompt
 def attribution_patching(
     model,
     task,
@@ -158,6 +161,7 @@ def attribution_patching(
     estimated change of the metric, same units as exact patching's `effect`).
     """
     check_direction(direction)
+    task, left_out = paired_rows(task, corrupted_tokens, "attribution patching")
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
     mask = task_padding(task, clean)  # [batch, pos] or None
     pm = resolve_metric(task, metric)
@@ -169,7 +173,7 @@ def attribution_patching(
             scale = (pm.fn(model(clean, attention_mask=mask)) - pm.fn(model(corrupted, attention_mask=mask))).cpu()
     df = attribution_table(model, base, source, types, pm, token_labels(model, clean, mask), scale,
                            attention_mask=mask)
-    summary = {"metric": pm.name, "direction": direction, "n_examples": int(clean.shape[0])}
+    summary = {"metric": pm.name, "direction": direction, "n_examples": int(clean.shape[0]), **left_out}
     return Result(name="patching", df=df, summary=summary, tables={"attribution": df},
                   config={"sites": [st.name for st in types], "direction": direction})
 

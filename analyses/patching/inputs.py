@@ -105,8 +105,20 @@ def check_direction(direction: str) -> str:
     return direction
 
 
+def paired_rows(task: Task, corrupted_tokens: torch.Tensor | None, what: str) -> tuple[Task, dict]:
+    """(the rows of `task` with a clean/corrupted pair, the summary's record of the rows left out):
+    a user's corrupted prompt of another token length than its prompt is no pair (Task.paired), so
+    the patching analyses leave its row out (a TaskError when no row is left)."""
+    if corrupted_tokens is not None or task.paired is None:
+        return task, {}
+    kept, left_out = task.pairs(what)
+    return kept, {"pairs_left_out": left_out, "pairs_left_out_rows": task.unpaired}
+
+
 def clean_and_corrupted(model, task: Task, corrupted_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked (clean, corrupted) token pair, each [batch, pos], on the model's device."""
+    if corrupted_tokens is None and task.unpaired:
+        raise TaskError(f"Task {task.name!r}: rows {task.unpaired} have no corrupted pair; patch `task.pairs()[0]`.")
     if model.facts.is_encoder:
         raise TaskError(
             f"{model.facts.name} is an encoder; activation patching here measures next-token answers "

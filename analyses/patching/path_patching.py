@@ -33,8 +33,15 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.patching.engine import run_batched
-from headscope.analyses.patching.inputs import check_direction, clean_and_corrupted, resolve_metric, task_padding
+from headscope.analyses.patching.inputs import (
+    check_direction,
+    clean_and_corrupted,
+    paired_rows,
+    resolve_metric,
+    task_padding,
+)
 from headscope.errors import ConfigError, IndexOutOfRangeError
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
@@ -65,6 +72,7 @@ def _check_receivers(model, receivers, component: str) -> list[Head]:
     return out
 
 
+@takes_prompt
 def path_patching(
     model,
     task,
@@ -89,6 +97,7 @@ def path_patching(
     value, effect (value minus the unpatched base run).
     """
     check_direction(direction)
+    task, left_out = paired_rows(task, corrupted_tokens, "path patching")
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
     mask = task_padding(task, clean)  # [B, pos] or None
     pm = resolve_metric(task, metric)
@@ -178,6 +187,7 @@ def path_patching(
         "receivers": "logits" if to_logits else [list(r) for r in recv], "component": component,
         "top_paths": [{"sender": [int(r.sender_layer), int(r.sender_head)], "receiver": str(r.receiver),
                        "effect": float(r.effect)} for r in top.itertuples()],
+        **left_out,
     }
     return Result(name="patching", df=df, summary=summary, tables={"path_patching": df},
                   config={"component": component, "direction": direction, "per_receiver": per_receiver})

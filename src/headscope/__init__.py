@@ -12,7 +12,7 @@ with _warnings.catch_warnings():  # tqdm.auto in a notebook without ipywidgets: 
 
 from headscope import analyses, errors, hooks, models, reports  # reports registers Result's plot/HTML views
 from headscope.analyses.core import tasks
-from headscope.analyses.core.task_files import TaskFile, load_task
+from headscope.analyses.core.task_files import TaskFile, load_task, prompt_task, tensor_task
 from headscope.analyses.core.tasks import Task
 from headscope.errors import (
     ConfigError,
@@ -82,18 +82,24 @@ _LAZY = {
     "AnalysisConfig": "headscope.analyses.core.config",
     "build_report": "headscope.reports.report",
     "show_attention": "headscope.reports.explorer",
+    "show_tokens": "headscope.reports.tokens_view",
     "Result": "headscope.analyses.core.result",
 }
 
 
-def run_analysis(name: str, model, task=None, config=None, *, fields=None, strict=None):
+def run_analysis(name: str, model, task=None, config=None, *, fields=None, strict=None, prompt=None, answer=None,
+                 corrupted_prompt=None, wrong_answer=None):
     """Run an analysis by its report name ("heads", "attribution", "position", "patching", "mlp",
     "kv", "probes", "circuits"): run(model, task=None, config=None) -> Result of that family.
     fields (and strict) apply to a task file or in-memory data as in hs.load_task: headscope field ->
-    your column, e.g. run_analysis("heads", model, df, fields={"prompt": "text", "answer": "label"})."""
+    your column, e.g. run_analysis("heads", model, df, fields={"prompt": "text", "answer": "label"}).
+    One prompt works as in every analysis: prompt= (or the prompt as task) with answer= and, for
+    patching, corrupted_prompt= and wrong_answer= (hs.prompt_task)."""
     from headscope.analyses.core.registry import get_analysis
-    from headscope.analyses.core.task_files import with_fields
+    from headscope.analyses.core.task_files import one_prompt, with_fields
 
+    task = one_prompt(model, task, prompt=prompt, answer=answer, corrupted_prompt=corrupted_prompt,
+                      wrong_answer=wrong_answer, tokens=False)
     return get_analysis(name)(model, with_fields(task, fields, strict), config)
 
 
@@ -148,9 +154,11 @@ __all__ = [
     "mlp_memories",
     "models",
     "patch",
+    "prompt_task",
     "reports",
     "run_analysis",
     "run_with_cache",
     "site",
     "tasks",
+    "tensor_task",
 ]

@@ -72,7 +72,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                         "(fields: prompt, answer, corrupted_prompt, wrong_answer)")
     p.add_argument("--strict", action="store_true",
                    help="stop (exit 2, nothing written) when a word of the task file becomes the tokenizer's unknown "
-                        "token, instead of warning")
+                        "token, or a corrupted prompt has another token length than its prompt, instead of warning "
+                        "(without it such pairs are left out of patching only)")
     p.add_argument("--out", default=None, help="output folder (default: ./headscope-out/<model>-<time>)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps, checked against what torch offers "
@@ -187,7 +188,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             args.model, out=args.out, analyses=analyses, task=args.task, task_fields=args.task_fields, seed=args.seed,
             quick=args.quick, n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
             progress=not args.quiet, command=["headscope", *sys.argv[1:]], trust_remote_code=args.trust_remote_code,
-            strict=args.strict, budget=args.budget,
+            strict=args.strict, budget=args.budget, substitute=args.command == "report",
         )
     except RunFailedError as err:  # --force and an analysis failed: the old output is unchanged
         if os.environ.get("RANK", "0") == "0":
@@ -245,12 +246,36 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
     return 2
 
 
+def _one_line_warnings() -> object:
+    """Format Python warnings as the CLI's other lines: one line each ("WARNING Category: message"),
+    each message once, without the source line under it. Returns the previous `warnings.formatwarning`
+    (main restores it: the formatter is the command line's, not installed by importing headscope)."""
+    import warnings
+
+    previous, seen = warnings.formatwarning, set()
+
+    def one_line(message, category, filename, lineno, line=None) -> str:
+        text = f"WARNING {category.__name__}: {' '.join(str(message).split())}"
+        if text in seen:  # Python shows a warning again after any change of the filters
+            return ""
+        seen.add(text)
+        return text + "\n"
+
+    warnings.formatwarning = one_line
+    return previous
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    previous = _one_line_warnings()
     try:
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl-C before a run began (imports, parsing): one line, exit 130
         print("headscope: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = previous
 
 
 def _main(argv: list[str] | None) -> int:

@@ -141,3 +141,7 @@ class ModelFileError(HeadscopeError, OSError):
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) during a run; the message says what the output folder holds now and how to
     finish the run (`--resume`). A KeyboardInterrupt, so code that catches that still does."""
+
+
+class ResultFileError(HeadscopeError, OSError):
+    """A folder `Result.load` cannot read as a saved Result (missing or damaged result.json or tables)."""

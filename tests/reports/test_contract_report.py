@@ -80,3 +80,27 @@ def test_minilm_plan_with_a_prompt_answer_file_keeps_the_decoder_only_analyses_o
                                    "the answers)")
     assert plans["attribution"].task == str(path) and plans["probes"].task == str(path)
     assert all(plans[name].skip for name in ("kv", "mlp", "patching", "circuits"))
+
+
+def test_a_task_without_one_pair_of_one_length_skips_patching_and_a_single_analysis_refuses(tiny_models):
+    """#32 item 8: every corrupted prompt one token short of its prompt: patching is skipped with the
+    reason and kv runs on the user's rows; asked for one analysis (substitute=False), an analysis that
+    cannot use the task is a TaskError with the reason, not a silent default."""
+    import headscope as hs
+    from headscope.reports.report import plan_analyses
+
+    model = tiny_models["gpt2"]
+    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i + 10}", "corrupted_prompt": f"w{i} w{i + 1}"}
+            for i in range(1, 5)]
+    with pytest.warns(hs.HeadscopeWarning, match=r"4 corrupted prompt\(s\) have another token length"):
+        task = hs.load_task(model, rows)
+    plans = plan_analyses(model, ["patching", "kv"], task)
+    assert plans["patching"].skip == ("every corrupted prompt of task 'records' has another token length than its "
+                                      "prompt (4 of 4 rows), so no clean/corrupted pair is left")
+    assert plans["kv"].task is task and plans["kv"].skip is None
+    with pytest.raises(hs.TaskError, match=r"^patching cannot run on your task \(records\): every corrupted prompt"):
+        plan_analyses(model, ["patching"], task, substitute=False)
+    several = hs.prompt_task(model, "w1 w2", " w3 w4")
+    with pytest.raises(hs.TaskError, match=r"^kv cannot run on your task \(prompt\): the task's answers are up to 2"):
+        plan_analyses(model, ["kv"], several, substitute=False)
+    assert plan_analyses(model, ["kv"], several)["kv"].used.startswith("default task (the task's answers are up to 2")

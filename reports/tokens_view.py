@@ -1,0 +1,191 @@
+"""Notebook views of one prompt: scores on its tokens (`show_tokens`) and attention patterns of
+chosen heads (`pattern_view`, used by `show_attention(model, prompt, layer=, heads=)` and
+`show_attention(pattern, tokens)`).
+
+Both are self-contained HTML (inline styles, no script, nothing fetched); every token string and
+label is escaped. Scores use a diverging colour map centred on 0 (red positive, blue negative,
+opacity |score| / max |score|), so a negative attribution is never clipped away; every token is shown.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from headscope.errors import ConfigError
+from headscope.reports.render import escape
+
+POSITIVE = (200, 40, 30)  # red
+NEGATIVE = (30, 90, 210)  # blue
+TOKEN_METHODS = ("integrated_gradients", "grad_x_input", "saliency")  # attribution's token_scores, signed first
+
+
+def _numbers(values: Any, what: str) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().float().cpu().numpy()
+    try:
+        out = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be numbers (a tensor, array or list), got {type(values).__name__}.") from None
+    return out
+
+
+def colour(value: float, scale: float) -> str:
+    """The CSS background of `value` on a diverging map centred on 0 (scale: the largest |value|)."""
+    if not np.isfinite(value) or scale <= 0:
+        return "transparent"
+    r, g, b = POSITIVE if value >= 0 else NEGATIVE
+    return f"rgba({r}, {g}, {b}, {min(abs(value) / scale, 1.0):.3f})"
+
+
+def token_line(tokens: Sequence[str], scores: Sequence[float], *, label: str = "", scale: float | None = None) -> str:
+    """One line of tokens, each on its score's colour with the score as its tooltip (NaN: no colour)."""
+    values = _numbers(scores, "scores").reshape(-1)
+    if len(values) != len(tokens):
+        raise ConfigError(f"{len(tokens)} tokens but {len(values)} scores; give one score per token.")
+    finite = np.abs(values[np.isfinite(values)])
+    scale = float(finite.max()) if scale is None and len(finite) else float(scale or 0.0)
+    spans = "".join(
+        f'<span style="background: {colour(v, scale)}; padding: 1px 2px; margin: 0 1px; border-radius: 2px; '
+        f'white-space: pre" title="{escape(f"{i}: {v:.4g}")}">{escape(t)}</span>'
+        for i, (t, v) in enumerate(zip(tokens, values)))
+    head = f'<b style="display: inline-block; min-width: 11em">{escape(label)}</b>' if label else ""
+    return f"<div style='line-height: 1.9; font-family: monospace'>{head}{spans}</div>"
+
+
+class HTMLView:
+    """A fragment of HTML that notebooks display (`_repr_html_`); `.html` is the text."""
+
+    def __init__(self, html: str, text: str) -> None:
+        self.html, self._text = html, text
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+def _token_strings(tokens: Any, model: Any) -> list[str]:
+    if isinstance(tokens, str):
+        raise ConfigError("tokens must be a list of token strings (model.to_str_tokens(...)) or token ids with model=.")
+    if hasattr(tokens, "detach") or (isinstance(tokens, Sequence) and tokens and isinstance(tokens[0], (int, np.integer))):
+        if model is None:
+            raise ConfigError("token ids need model= to be shown as text; or pass model.to_str_tokens(ids).")
+        return [str(t) for t in model.to_str_tokens(tokens)]
+    return [str(t) for t in tokens]
+
+
+def show_tokens(scores: Any, tokens: Any = None, *, model: Any = None, example: int | None = None,
+                methods: Sequence[str] | None = None, label: str = "") -> HTMLView:
+    """Scores drawn on their tokens, diverging colours centred on 0, every token shown.
+
+    scores: one score per token (a tensor, array or list; tokens: their strings, or ids with model=),
+    or an attribution Result: one line per method for one example (`example`, default the first)
+    from its token_scores table, integrated gradients signed (methods: which lines)."""
+    if hasattr(scores, "tables") and hasattr(scores, "name"):
+        return _result_tokens(scores, example=example, methods=methods)
+    if tokens is None:
+        raise ConfigError("show_tokens(scores, tokens): give the tokens the scores are for (strings, or ids with model=).")
+    strs = _token_strings(tokens, model)
+    values = _numbers(scores, "scores").reshape(-1)
+    html = token_line(strs, values, label=label)
+    return HTMLView(f"<div class='headscope-tokens'>{html}</div>", f"TokenView({len(strs)} tokens)")
+
+
+def _result_tokens(result: Any, *, example: int | None, methods: Sequence[str] | None) -> HTMLView:
+    table = result.tables.get("token_scores")
+    if table is None:
+        raise ConfigError(f"show_tokens takes an attribution Result (its token_scores table), not a {result.name!r} one; "
+                          f"for other scores pass them with their tokens: hs.show_tokens(scores, tokens).")
+    examples = sorted(int(e) for e in table["example"].unique())
+    example = examples[0] if example is None else example
+    if example not in examples:
+        raise ConfigError(f"example {example} is not in this result; choose one of {examples[:10]}.")
+    one = table[table["example"] == example]
+    present = list(dict.fromkeys(one["method"]))
+    methods = [m for m in TOKEN_METHODS if m in present] + [m for m in present if m not in TOKEN_METHODS] \
+        if methods is None else list(methods)
+    lines = []
+    for method in methods:
+        rows = one[one["method"] == method].sort_values("position")
+        if rows.empty:
+            raise ConfigError(f"no scores by {method!r}; this result has {present}.")
+        lines.append(token_line(list(rows["token"]), list(rows["score"]), label=method))
+    text = f"TokenView(example {example}: {', '.join(methods)})"
+    return HTMLView("<div class='headscope-tokens'>" + "".join(lines) + "</div>", text)
+
+
+def grid_html(values: Any, rows: Sequence[str], columns: Sequence[str], *, title: str = "") -> str:
+    """A small table of values [row, column] on the diverging colours (centred on 0, scaled to the
+    largest |value|), each cell showing its value; labels escaped."""
+    grid = _numbers(values, "values")
+    finite = np.abs(grid[np.isfinite(grid)])
+    scale = float(finite.max()) if len(finite) else 0.0
+    head = "".join(f"<th style='font-weight: normal'>{escape(c)}</th>" for c in columns)
+    body = "".join(
+        f"<tr><th style='font-weight: normal; text-align: right'>{escape(r)}</th>" + "".join(
+            f"<td style='background: {colour(float(v), scale)}; padding: 1px 4px; text-align: right'>"
+            f"{'' if not np.isfinite(v) else f'{v:.3g}'}</td>" for v in line) + "</tr>"
+        for r, line in zip(rows, grid))
+    caption = f"<caption style='text-align: left'><b>{escape(title)}</b></caption>" if title else ""
+    return (f"<table style='border-collapse: collapse; font: 11px monospace; margin: 0 1em 1em 0; display: inline-table'>"
+            f"{caption}<tr><th></th>{head}</tr>{body}</table>")
+
+
+def one_example_grids(result: Any, limit: int = 4) -> str:
+    """The [layer, head] or [layer, pos] grids of a one-example Result's main table (heads: importance
+    per method; patching: effect per site type), as HTML; "" for other Results."""
+    df, out = result.df, []
+    if result.name == "heads" and {"method", "importance"} <= set(df.columns):
+        for method in list(dict.fromkeys(df["method"]))[:limit]:
+            grid = result.tensor("importance", method=method).numpy()  # [layer, head]
+            out.append(grid_html(grid, [f"L{l}" for l in range(grid.shape[0])], [f"H{h}" for h in range(grid.shape[1])],
+                                 title=f"importance ({method})"))
+    elif result.name == "patching" and {"site_type", "effect"} <= set(df.columns):
+        for kind in list(dict.fromkeys(df["site_type"]))[:limit]:
+            part = df[df["site_type"] == kind]
+            grid = result.tensor("effect", site_type=kind).numpy()
+            if grid.ndim != 2:
+                continue
+            columns = ([str(t) for t in part.drop_duplicates("pos").sort_values("pos")["token"]]
+                       if part["head"].isna().all() else [f"H{h}" for h in range(grid.shape[1])])
+            out.append(grid_html(grid, [f"L{l}" for l in range(grid.shape[0])], columns, title=f"effect ({kind})"))
+    return "".join(out)
+
+
+# ---- attention patterns of chosen heads --------------------------------------------------------------
+def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] | None = None, title: str = "") -> HTMLView:
+    """Attention patterns [head, query, key] (CircuitsVis's shape; [query, key] is one head) over string
+    tokens: one grid per head, rows the queries, columns the keys, each cell's colour its weight and
+    its tooltip the value (query token -> key token)."""
+    values = _numbers(pattern, "pattern")
+    values = values[None] if values.ndim == 2 else values
+    tokens = [str(t) for t in tokens]
+    n = len(tokens)
+    if values.ndim != 3 or values.shape[1:] != (n, n):
+        raise ConfigError(f"pattern must be [head, query, key] (or [query, key]) over the {n} tokens, "
+                          f"got shape {tuple(values.shape)}.")
+    labels = [f"head {h}" for h in range(values.shape[0])] if labels is None else [str(x) for x in labels]
+    if len(labels) != values.shape[0]:
+        raise ConfigError(f"{len(labels)} labels for {values.shape[0]} heads.")
+    cell = "width: 1.4em; height: 1.4em; padding: 0; border: 1px solid #eee"
+    keys = "".join(f"<th style='writing-mode: vertical-rl; font-weight: normal'>{escape(t)}</th>" for t in tokens)
+    grids = []
+    for label, grid in zip(labels, values):
+        rows = []
+        for q in range(n):
+            cells = "".join(
+                f"<td style='{cell}; background: {colour(float(grid[q, k]), 1.0)}' "
+                f"title='{escape(f'{tokens[q]} -> {tokens[k]}: {grid[q, k]:.4f}')}'></td>" for k in range(n))
+            rows.append(f"<tr><th style='text-align: right; font-weight: normal'>{escape(tokens[q])}</th>{cells}</tr>")
+        grids.append(f"<div style='display: inline-block; margin: 0 1em 1em 0; vertical-align: top'><b>{escape(label)}"
+                     f"</b><table style='border-collapse: collapse; font: 11px monospace'><tr><th></th>{keys}</tr>"
+                     f"{''.join(rows)}</table></div>")
+    head = f"<p><b>{escape(title)}</b> (rows: queries, columns: keys)</p>" if title else ""
+    return HTMLView(f"<div class='headscope-patterns'>{head}{''.join(grids)}</div>",
+                    f"PatternView({values.shape[0]} head(s), {n} tokens)")
+
+
+__all__ = ["HTMLView", "colour", "grid_html", "one_example_grids", "pattern_view", "show_tokens", "token_line"]

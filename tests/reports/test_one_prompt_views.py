@@ -1,0 +1,134 @@
+"""One prompt in a notebook (#32 item 7): hs.show_tokens, hs.show_attention(model, prompt, layer=, heads=)
+and show_attention(pattern, tokens), the short HTML view of a one-example Result, Result.tensor and
+Result.save / Result.load. Values are checked against plain Hugging Face on the same checkpoint and
+against numbers worked by hand."""
+import html
+import json
+import re
+
+import pandas as pd
+import pytest
+import torch
+
+import headscope as hs
+from tests_support import hf_model
+
+PROMPT, ANSWER, CORRUPTED, WRONG = "w1 w2 w3 w4", " w5", "w1 w2 w6 w4", " w7"
+
+
+@pytest.fixture(scope="module")
+def one_prompt(tiny_models):
+    model = tiny_models["gpt2"]
+    return model, {
+        "heads": hs.head_importance(model, PROMPT, answer=ANSWER),
+        "patching": hs.activation_patching(model, prompt=PROMPT, answer=ANSWER, corrupted_prompt=CORRUPTED,
+                                           wrong_answer=WRONG, sites=["resid_pre", "head_out"]),
+        "attribution": hs.attribution(model, PROMPT, answer=ANSWER),
+    }
+
+
+def test_show_tokens_shows_every_token_escaped_on_diverging_colours():
+    view = hs.show_tokens([2.0, -1.0, 0.0, 0.5], ["<bos>", " Mary", "<script>", "&"])
+    spans = re.findall(r'<span style="background: ([^;]+);[^>]*>([^<]*)</span>', view._repr_html_())
+    assert [html.unescape(text) for _, text in spans] == ["<bos>", " Mary", "<script>", "&"]
+    assert [c for c, _ in spans] == ["rgba(200, 40, 30, 1.000)", "rgba(30, 90, 210, 0.500)",  # |s| / max |s|
+                                     "rgba(200, 40, 30, 0.000)", "rgba(200, 40, 30, 0.250)"]
+    assert "<script>" not in view._repr_html_()
+    with pytest.raises(hs.ConfigError, match="4 tokens but 3 scores"):
+        hs.show_tokens([1.0, 2.0, 3.0], ["a", "b", "c", "d"])
+
+
+def test_show_tokens_of_an_attribution_result_is_every_token_with_signed_integrated_gradients(one_prompt):
+    model, results = one_prompt
+    result = results["attribution"]
+    tokens = model.to_str_tokens(model.to_tokens(PROMPT)[0])
+    page = hs.show_tokens(result)._repr_html_()
+    lines = re.findall(r"<b [^>]*>([a-z_]+)</b>(.*?)</div>", page)
+    assert [name for name, _ in lines] == ["integrated_gradients", "grad_x_input", "saliency"]
+    for _, line in lines:  # the first (BOS) and last token too, which the ranked scores table leaves out
+        assert [html.unescape(t) for t in re.findall(r">([^<]*)</span>", line)] == tokens
+    ig = result.tables["token_scores"].query("method == 'integrated_gradients'").score
+    row = result.tables["ig"].iloc[0]  # completeness: IG sums to the metric's change from the baseline
+    assert abs(ig.sum() - (row.metric_input - row.metric_baseline)) <= abs(row.delta) + 1e-4
+    assert (ig < 0).any() == ("rgba(30, 90, 210" in lines[0][1])
+
+
+def test_show_attention_of_a_layer_and_of_a_pattern_equals_hugging_face(one_prompt, tiny_dirs):
+    model, _ = one_prompt
+    tokens = model.to_tokens(PROMPT)  # [1, pos]
+    with torch.no_grad():
+        ref = hf_model(tiny_dirs["gpt2"])(tokens, output_attentions=True).attentions[1][0]  # [head, q, k]
+    strs = model.to_str_tokens(tokens[0])
+    for view, heads in ((hs.show_attention(model, PROMPT, layer=1, heads=[2, -1]), [2, 3]),
+                        (hs.show_attention(ref[[2, 3]], strs), [2, 3])):
+        cells = re.findall(r"title='([^']*) -&gt; ([^']*): ([0-9.]+)'", view._repr_html_())
+        n = len(strs)
+        assert len(cells) == 2 * n * n
+        got = torch.tensor([float(v) for _, _, v in cells]).reshape(2, n, n)
+        assert torch.allclose(got, ref[heads].float(), atol=1e-4)
+        assert [html.unescape(q) for q, _, _ in cells[:n * n:n]] == strs
+    with pytest.raises(hs.ConfigError, match=r"pattern must be \[head, query, key\]"):
+        hs.show_attention(ref, strs[:-1])
+
+
+def test_one_example_view_is_short_and_points_at_result_df(one_prompt):
+    _, results = one_prompt
+    for name, result in results.items():
+        page = result._repr_html_()
+        assert len(page) < 20_000 and "<img" not in page, (name, len(page))
+        if len(result.df) > 10:
+            assert f"{len(result.df) - 10} more rows in result.df." in page and "CSV" not in page
+    grid = re.search(r"<b>importance \(zero\)</b>", results["heads"]._repr_html_())
+    assert grid is not None
+
+
+def test_result_tensor_lays_columns_out_on_layer_head_pos(one_prompt, tiny_dirs):
+    """resid_pre patching as a [layer, pos] tensor equals patching each block's input in plain Hugging
+    Face by hand (the corrupted run with position p of block l's input taken from the clean run)."""
+    model, results = one_prompt
+    result = results["patching"]
+    value = result.tensor("value", site_type="resid_pre")  # [layer, pos]
+    clean, corrupted = model.to_tokens(PROMPT), model.to_tokens(CORRUPTED)
+    answer, wrong = (model.tokenizer(a, add_special_tokens=False)["input_ids"][0] for a in (ANSWER, WRONG))
+    hf = hf_model(tiny_dirs["gpt2"])
+    with torch.no_grad():
+        clean_states = hf(clean, output_hidden_states=True).hidden_states  # [layer][1, pos, d]
+    n_layers, n_pos = model.facts.n_layers, clean.shape[1]
+    assert value.shape == (n_layers, n_pos)
+    for layer in range(n_layers):
+        for pos in range(n_pos):
+            def restore(module, args, kwargs, layer=layer, pos=pos):
+                hidden = args[0].clone()
+                hidden[:, pos] = clean_states[layer][:, pos]
+                return (hidden, *args[1:]), kwargs
+            handle = hf.transformer.h[layer].register_forward_pre_hook(restore, with_kwargs=True)
+            try:
+                with torch.no_grad():
+                    logits = hf(corrupted).logits[0, -1]
+            finally:
+                handle.remove()
+            assert abs(float(logits[answer] - logits[wrong]) - float(value[layer, pos])) < 1e-4
+    heads = results["heads"].tensor("importance", method="zero")
+    assert heads.shape == (n_layers, model.facts.n_heads)
+    with pytest.raises(hs.ConfigError, match=r"filter them, e\.g\. method=one of \['gradient', 'zero'\]"):
+        results["heads"].tensor("importance")
+
+
+def test_result_save_and_load_round_trip_exactly(one_prompt, tmp_path):
+    _, results = one_prompt
+    for name, result in results.items():
+        folder = result.save(tmp_path / name)
+        assert sorted(p.suffix for p in folder.iterdir()) == [".json"] + [".parquet"] * (1 + len(result.tables))
+        back = hs.Result.load(folder)
+        assert back.name == result.name and list(back.tables) == list(result.tables)
+        pd.testing.assert_frame_equal(back.df, result.df, check_exact=True)
+        for table in result.tables:
+            pd.testing.assert_frame_equal(back.tables[table], result.tables[table], check_exact=True)
+        assert back.summary == json.loads(json.dumps(dict(result.summary)))
+        assert back.config == json.loads(json.dumps(dict(result.config)))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(hs.ConfigError, match="holds other files"):
+        results["heads"].save(tmp_path / "mine")
+    with pytest.raises(hs.errors.ResultFileError, match="is not a saved Result"):
+        hs.Result.load(tmp_path / "mine")
