@@ -333,8 +333,11 @@ def build_report(
 
     Under torchrun (WORLD_SIZE > 1) the process group is opened here if needed; only rank 0 writes.
     """
+    from headscope.analyses.core.config import check_shared
     from headscope.models import HookedModel, load_model
 
+    check_shared(seed=seed, n_examples=n_examples)  # bad numbers: one line, before any file or work
+    budget_minutes(budget, quick)
     distributed.init_from_env(model.device if isinstance(model, HookedModel) else device)
     main = distributed.is_main()
     names = parse_analyses(analyses)
