@@ -166,16 +166,16 @@ def write_result(result: Any, folder: Path, files: dict[str, str] | None = None)
 
 
 def damaged_analyses(root: Path, files: Mapping[str, str]) -> dict[str, str]:
-    """name -> why, for each finished analysis folder in `root` (its summary.json there) that --resume
-    cannot keep: a file the manifest lists under it (`files`: relative path -> sha256) is missing, not
+    """name -> why, for each finished analysis folder in `root` (its summary.json there or listed) that
+    --resume cannot keep: a file the manifest lists under it (`files`: relative path -> sha256) is missing, not
     a regular file, or unreadable or changed (its sha256), or the manifest lists its files but not its summary.json.
     A folder the manifest lists nothing for (a run killed between the folder's rename and the manifest
     write) is kept: it appeared whole."""
     damaged = {}
     for name in ANALYSES:
         listed = {rel: h for rel, h in files.items() if rel.startswith(f"{name}/")}
-        if not listed or not (root / name / DONE).is_file():
-            continue
+        if not listed or not ((root / name / DONE).is_file() or f"{name}/{DONE}" in listed):
+            continue  # never finished (or not listed yet): it runs when named, as before
         if f"{name}/{DONE}" not in listed:
             damaged[name] = f"manifest.json does not list {name}/{DONE}"
             continue
