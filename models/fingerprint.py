@@ -4,7 +4,8 @@ A model is its files, not its path: new weights saved over the same folder must 
 results of the old ones. Reading gigabytes of weights in full at every run would cost more than
 some analyses, so large files are fingerprinted by a sample of their bytes:
 
-- every regular file at the top of the folder (weights, config, tokenizer) by name and size;
+- every regular file at the top of the folder that loading reads (weights, config, tokenizer:
+  MODEL_SUFFIXES; not a model card, plot or training log) by name and size;
 - a file of at most 4 MiB (configs, tokenizers, tiny models) by the sha256 of all its bytes;
 - a larger file by its head (a safetensors file's whole header: every tensor's name, dtype,
   shape and offsets; else the first 64 KiB) and 16 blocks of 64 KiB spread evenly over the rest,
@@ -21,6 +22,7 @@ import os
 import struct
 from pathlib import Path
 
+MODEL_SUFFIXES = (".safetensors", ".json", ".txt", ".model", ".tiktoken")  # weights, config, tokenizer files
 WHOLE = 4 * 1024 * 1024  # files up to this size are hashed whole
 BLOCK = 64 * 1024
 SAMPLES = 16
@@ -57,13 +59,13 @@ def file_digest(path: str | os.PathLike) -> str:
 
 
 def folder_fingerprint(folder: str | os.PathLike | None) -> str | None:
-    """sha256 (hex) over the name and file_digest of every regular file at the top of `folder`
-    (symlinks followed, as a hub snapshot's are); None when `folder` is not a directory."""
+    """sha256 (hex) over the name and file_digest of every regular model file (MODEL_SUFFIXES) at the
+    top of `folder` (symlinks followed, as a hub snapshot's are); None when `folder` is not a directory."""
     if folder is None or not Path(folder).is_dir():
         return None
     h = hashlib.sha256()
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.is_file():  # (follows symlinks: a hub snapshot links to its blobs)
+        if entry.name.endswith(MODEL_SUFFIXES) and entry.is_file():  # (follows symlinks: a hub snapshot's blobs)
             h.update(entry.name.encode("utf-8", "surrogateescape") + b"\0" + file_digest(entry.path).encode() + b"\n")
     return h.hexdigest()
 

@@ -199,6 +199,7 @@ def test_the_model_fingerprint_follows_the_files_contents_not_their_path(tmp_pat
     assert (large.numel() * 4 > WHOLE) and (small.numel() * 4 < WHOLE)
     a = folder("a", small, large)
     shutil.copytree(a, tmp_path / "copy")
+    (tmp_path / "copy" / "README.md").write_text("my notes")  # not a model file
     fingerprints = {folder_fingerprint(a), folder_fingerprint(tmp_path / "copy")}
     assert len(fingerprints) == 1 and None not in fingerprints
     others = [folder("b", small + 0.01, large), folder("c", small, large + 0.01), folder("d", small, large, vocab="a c")]
