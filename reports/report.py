@@ -26,7 +26,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,13 +188,48 @@ def write_result(result: Any, folder: Path, files: dict[str, str] | None = None)
     return hashes
 
 
+def damaged_analyses(root: Path, files: Mapping[str, str]) -> dict[str, str]:
+    """name -> why, for each finished analysis folder in `root` (its summary.json there or listed) that
+    --resume cannot keep: a file the manifest lists under it (`files`: relative path -> sha256) is missing, not
+    a regular file, or unreadable or changed (its sha256), or the manifest lists its files but not its summary.json.
+    A folder the manifest lists nothing for (a run killed between the folder's rename and the manifest
+    write) is kept: it appeared whole."""
+    damaged = {}
+    for name in ANALYSES:
+        listed = {rel: h for rel, h in files.items() if rel.startswith(f"{name}/")}
+        if not listed or not ((root / name / DONE).is_file() or f"{name}/{DONE}" in listed):
+            continue  # never finished (or not listed yet): it runs when named, as before
+        if f"{name}/{DONE}" not in listed:
+            damaged[name] = f"manifest.json does not list {name}/{DONE}"
+            continue
+        for rel, digest in sorted(listed.items()):
+            path = root / rel
+            if path.is_symlink() or not path.is_file():
+                damaged[name] = f"{rel} is missing"
+            elif _hash_or_none(path) != digest:
+                damaged[name] = f"{rel} does not match its sha256 in manifest.json (changed since it was written)"
+            else:
+                continue
+            break
+    return damaged
+
+
+def _hash_or_none(path: Path) -> str | None:
+    try:
+        return sha256(path)
+    except OSError:
+        return None
+
+
 def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quick: bool, n_examples: int | None,
                  budget: float | None = None) -> dict:
-    """What a --resume must match (the manifest's config "settings"): the model's source, the task
+    """What a --resume must match (the manifest's config "settings"): the model's source and files
+    (models/fingerprint.py: new weights saved over the same folder are another model), the task
     (a task file by its bytes, field mapping and strictness, not its path), seed, quick, n_examples, the
     headscope version and each analysis's config. `model` is a HookedModel or a load_model spec."""
     import json
 
+    from headscope.models.fingerprint import model_fingerprint
     from headscope.models.loading import resolve_spec
     from headscope.version import __version__
 
@@ -206,7 +241,8 @@ def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quic
         config.pop("progress", None)
         configs[name] = json.loads(json.dumps(config, default=str))  # as the manifest stores it
     return {
-        "model_source": str(source), "task": None if task is None else (Path(task).name if is_file else str(task)),
+        "model_source": str(source), "model_files": model_fingerprint(source),
+        "task": None if task is None else (Path(task).name if is_file else str(task)),
         "task_fields": dict(getattr(task, "fields", None) or {}), "task_sha256": sha256(Path(task)) if is_file else None,
         "strict": bool(getattr(task, "strict", False)), "seed": seed, "quick": quick, "n_examples": n_examples,
         "budget_minutes": budget_minutes(budget, quick), "headscope": __version__, "analysis_configs": configs,
@@ -265,13 +301,17 @@ def check_resume(out: Path, settings: dict) -> None:
             )
         return
     differ = []
-    for key, label in (("model_source", "model"), ("task", "task"), ("task_sha256", "task file contents"),
-                       ("task_fields", "task fields"), ("seed", "seed"), ("quick", "--quick"), ("n_examples", "--n-examples"),
+    for key, label in (("model_source", "model"), ("model_files", "model files (weights, config or tokenizer changed)"),
+                       ("task", "task"), ("task_sha256", "task file contents"), ("task_fields", "task fields"),
+                       ("seed", "seed"), ("quick", "--quick"), ("n_examples", "--n-examples"),
                        ("budget_minutes", "--budget"), ("headscope", "headscope version")):
         if key == "task" and recorded.get("task_sha256") and settings.get("task_sha256"):
             continue  # a task file is its bytes (compared next), wherever it lies now
+        if key == "model_files" and differ:
+            continue  # another model altogether (said already)
         if recorded.get(key) != settings.get(key):
-            differ.append(label if key == "task_sha256" else f"{label} {recorded.get(key)!r} (now {settings.get(key)!r})")
+            differ.append(label if key in ("task_sha256", "model_files") else
+                          f"{label} {recorded.get(key)!r} (now {settings.get(key)!r})")
     old_configs = recorded.get("analysis_configs") or {}
     for name, config in settings["analysis_configs"].items():
         if name in old_configs and old_configs[name] != config and "headscope version" not in " ".join(differ):
@@ -381,11 +421,14 @@ def build_report(
     `force` and `resume` together, and a `device` torch does not offer, are ConfigErrors before
     anything is written; Ctrl-C raises RunInterrupted (a KeyboardInterrupt) saying what OUT holds.
     """
+    from headscope.analyses.core.config import check_shared
     from headscope.models import HookedModel, load_model
     from headscope.models.loading import check_device
 
     check_modes(force=force, resume=resume)
     check_device(device)  # before the process group opens and anything is written
+    check_shared(seed=seed, n_examples=n_examples)  # bad numbers: one line, before any file or work
+    budget_minutes(budget, quick)
     distributed.init_from_env(model.device if isinstance(model, HookedModel) else device)
     main = distributed.is_main()
     names = parse_analyses(analyses)
@@ -438,6 +481,11 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
     """The analyses, written into the session's folder (OUT, or its staging folder under --force)."""
     root = session.root if session is not None else out
     transient = _transient()
+    # --resume keeps a finished analysis only when every file the manifest lists for it is there with its sha256
+    redo = distributed.broadcast_object(damaged_analyses(root, session.files) if main and mode == "resume" else {})
+    for name, why in redo.items():
+        log.warning("%s: %s; it runs again (--resume keeps only files that match manifest.json)", name, why)
+    names = [*names, *(n for n in redo if n not in names)]
     if getattr(task, "strict", False):  # every row of the file, not the analyses' samples
         from headscope.analyses.core.task_files import check_vocabulary
 
@@ -458,7 +506,8 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
     common = dict(seed=seed, quick=quick, n_examples=n_examples, progress=progress and main)
     manifest_path = root / "manifest.json"
     previous = io.read_json(manifest_path) if main and mode == "resume" and manifest_path.exists() else {}
-    finished = distributed.broadcast_object({n for n in names if main and mode == "resume" and (root / n / DONE).exists()})
+    finished = distributed.broadcast_object({n for n in names if main and mode == "resume" and (root / n / DONE).exists()
+                                             and n not in redo})
     timings: dict[str, float] = dict(previous.get("timings_s", {}))
     # --resume keeps the analyses an earlier run of these settings finished (check_resume), named now or not
     kept = [n for n in ANALYSES if n not in names and main and mode == "resume" and (root / n / DONE).is_file()]

@@ -388,6 +388,30 @@ def test_resume_with_another_seed_is_refused_in_one_line(tmp_path, monkeypatch, 
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_resume_refuses_a_model_whose_weights_changed_in_one_line(tmp_path, monkeypatch, capsys):
+    """New weights saved over the model folder (same path, same shapes, other values) are another
+    model: --resume refuses them, exit 2, one line, OUT unchanged (#36)."""
+    from safetensors.torch import load_file, save_file
+
+    from headscope.cli import main
+    from tests_support import build_tiny_model
+
+    fake_analyses(monkeypatch)
+    monkeypatch.setattr("headscope.reports.explorer.write_explorer_data", lambda *a, **k: 1 / 0)  # (optional, slow)
+    model = build_tiny_model("gpt2", tmp_path / "m")
+    out = tmp_path / "run"
+    assert main(["-q", "report", "--analyses", "kv", "--quick", "--device", "cpu", "--model", str(model), "--out", str(out)]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    weights = load_file(model / "model.safetensors")
+    save_file({k: v + 0.01 for k, v in weights.items()}, model / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()
+    assert main(["-q", "report", "--analyses", "kv,mlp", "--quick", "--device", "cpu", "--model", str(model),
+                 "--out", str(out), "--resume"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--resume" in lines[0] and "model files (weights" in lines[0], lines
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 # ---- issue #20 review: two real runs at once, refused inputs, sampling, --resume, every subcommand ----------
 GATED_CLI = """
 import sys, time

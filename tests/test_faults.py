@@ -363,6 +363,60 @@ def test_float_bool_empty_and_3d_tokens_name_the_expected_shape_and_dtype(tiny_m
     assert what in str(err.value)
 
 
+# ---- numbers: every numeric option checked before anything is written (issue #36 item 4) ----------------
+def _numpy_takes(seed: int) -> bool:
+    """Whether numpy's legacy seeding, the narrowest of the generators headscope seeds, accepts `seed`."""
+    import numpy as np
+
+    try:
+        np.random.RandomState(seed)
+    except (ValueError, OverflowError):
+        return False
+    return True
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(st.one_of(st.integers(-3, 3), st.integers(2**32 - 3, 2**32 + 3), st.integers(-2**70, 2**70)),
+       st.one_of(st.none(), st.integers(-3, 3), st.integers(99_998, 100_002), st.integers(-2**40, 2**40)))
+def test_seed_and_n_examples_are_refused_in_one_line_outside_their_range(seed, n_examples):
+    """A seed is valid exactly when numpy takes it; n_examples is None or 1..100,000 (a memory cap:
+    a zoo task of 10^8 examples exhausted memory before any output). Every family's config refuses
+    the rest with one ConfigError line, as the report does before it writes anything."""
+    from headscope.analyses.core.registry import ANALYSES, config_class
+    from headscope.errors import ConfigError
+
+    valid = _numpy_takes(seed) and (n_examples is None or 1 <= n_examples <= 100_000)
+    for name in ANALYSES:
+        if valid:
+            assert config_class(name).preset(seed=seed, n_examples=n_examples).n_examples == n_examples
+        else:
+            with pytest.raises(ConfigError, match=r"^(seed \(--seed\)|n_examples \(--n-examples\)) must be") as err:
+                config_class(name).preset(seed=seed, n_examples=n_examples)
+            assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("option", [("--n-examples", "0"), ("--n-examples", "-5"), ("--n-examples", "100000000"),
+                                    ("--budget", "nan"), ("--budget", "-1"), ("--seed", "4294967296")])
+def test_bad_numbers_stop_the_cli_before_the_output_folder_or_the_model(tmp_path, option):
+    """Checked before the model loads (its path does not even exist) and before OUT or its lock."""
+    from test_cli import cli as in_process
+
+    proc = in_process("report", "--model", str(tmp_path / "no-model"), *option, "--out", str(tmp_path / "new" / "out"),
+                      check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and option[0] in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_negative_seed_is_exit_2_and_writes_nothing(tmp_path):
+    """The process as a user runs it: exit 2 (not an internal error), one line, no OUT and no lock."""
+    proc = subprocess.run(cli("heads", "--seed", "-1", "--out", str(tmp_path / "out")), capture_output=True, text=True,
+                          env=ENV, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("headscope: error: seed (--seed) must be an integer from 0 to 4294967295, got -1.")
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- large task files: a seeded sample, read without holding the file (issue #20 item 5) ---------------
 def word_rows(path: Path, rows: int) -> list[str]:
     prompts = [f"w{i % 50} w{(i * 7) % 50} w{(i * 13) % 50}" for i in range(rows)]

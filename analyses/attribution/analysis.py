@@ -103,6 +103,7 @@ class AttributionConfig(AnalysisConfig):
         return cls(quick=True, n_steps=8, ig_max_steps=32, n_permutations=20, adversarial_steps=20, **common)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.loo_mode not in ("remove", "replace"):
             raise ConfigError(f"loo_mode must be 'remove' or 'replace', got {self.loo_mode!r}.")
         for name in ("n_steps", "ig_max_steps", "n_permutations", "batch_size"):

@@ -85,6 +85,7 @@ class CircuitsConfig(AnalysisConfig):
     k_values: tuple | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.lens_positions not in LENS_POSITIONS:
             raise ConfigError(f"lens_positions must be one of {LENS_POSITIONS}, got {self.lens_positions!r}.")
         if self.lens_target not in lens_mod.TARGETS:

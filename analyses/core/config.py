@@ -9,10 +9,30 @@ values it is given; its `quick` only shrinks the default number of examples.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from headscope.errors import ConfigError
+
 C = TypeVar("C", bound="AnalysisConfig")
+
+MAX_SEED = 2**32 - 1  # numpy's generators take 0..2**32 - 1 (torch and random take more)
+# Examples per analysis: every family holds each example's tokens and per-example results, and
+# building a zoo task of 100,000 examples alone takes ~20 s and ~230 MB; a billion would exhaust
+# memory before any output. A task file's sample is also at most its row count.
+MAX_EXAMPLES = 100_000
+
+
+def check_shared(*, seed: Any = 0, n_examples: Any = None) -> None:
+    """A ConfigError (one line) for a seed outside 0..MAX_SEED or an n_examples that is not None
+    and not 1..MAX_EXAMPLES, so that a bad number fails before any work or file."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"seed (--seed) must be an integer from 0 to {MAX_SEED}, got {seed!r}.")
+    if n_examples is not None and (isinstance(n_examples, bool) or not isinstance(n_examples, numbers.Integral)
+                                   or not 1 <= n_examples <= MAX_EXAMPLES):
+        raise ConfigError(f"n_examples (--n-examples) must be an integer from 1 to {MAX_EXAMPLES:,} (examples per "
+                          f"analysis; omit it for each analysis's default), got {n_examples!r}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +45,9 @@ class AnalysisConfig:
     quick: bool = False
     n_examples: int | None = None
     progress: bool = False
+
+    def __post_init__(self) -> None:
+        check_shared(seed=self.seed, n_examples=self.n_examples)
 
     @classmethod
     def preset(cls: type[C], **common: Any) -> C:

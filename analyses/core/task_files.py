@@ -381,11 +381,12 @@ def _source_records(source: Any) -> tuple[str, Callable[..., Iterable[tuple[Any,
 
 
 def _scan(label: str, records: Iterable[tuple[Any, str]], fields: Mapping[str, str],
-          keep: Callable[[int], bool]) -> tuple[list[dict[str, str]], list[str], int]:
+          keep: Callable[[int], bool], visit: Callable[[dict[str, str], str], None] | None = None,
+          ) -> tuple[list[dict[str, str]], list[str], int]:
     """Check every record and return (the rows `keep` accepts by index, their places, the row
-    count). Errors come in the order of the eager reader: a parse error at once, then a column
-    no row has, then the first row lacking a required field, then an optional field given in some
-    rows only."""
+    count); `visit(row, place)` sees every row as it streams by. Errors come in the order of the
+    eager reader: a parse error at once, then a column no row has, then the first row lacking a
+    required field, then an optional field given in some rows only."""
     columns = {hs: fields.get(hs, hs) for hs in FIELDS}
     seen: set = set()
     rows: list[dict[str, str]] = []
@@ -420,6 +421,8 @@ def _scan(label: str, records: Iterable[tuple[Any, str]], fields: Mapping[str, s
                 have[optional] += 1
             elif len(lacking[optional]) < 6:
                 lacking[optional].append(place)
+        if visit is not None:
+            visit(row, place)
         if keep(index):
             rows.append(row)
             places.append(place)
@@ -517,14 +520,23 @@ def _prompt_ids(model, text: str) -> list[int]:
 def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequence[str], *, strict: bool = False) -> None:
     """A TokenizationWarning naming the words of any field that become the unknown token (where),
     or with strict a TokenizationError (one line) instead."""
-    from headscope.models.hooked_model import unknown_words
-
     found: dict[str, list[str]] = {}
     for row, place in zip(rows, places):
-        for field in FIELDS:
-            if field in row:
-                for word in unknown_words(model.tokenizer, row[field]):
-                    found.setdefault(word, []).append(f"{place} {field}")
+        _collect_unknown(model, row, place, found)
+    _report_unknown(model, label, found, strict=strict)
+
+
+def _collect_unknown(model, row: Mapping[str, str], place: str, found: dict[str, list[str]]) -> None:
+    """Add to `found` (word -> where) the words of the row's fields that become the unknown token."""
+    from headscope.models.hooked_model import unknown_words
+
+    for field in FIELDS:
+        if field in row:
+            for word in unknown_words(model.tokenizer, row[field]):
+                found.setdefault(word, []).append(f"{place} {field}")
+
+
+def _report_unknown(model, label: str, found: Mapping[str, list[str]], *, strict: bool) -> None:
     if found:
         words = ", ".join(f"{w!r} ({_few(where, 2)})" for w, where in list(found.items())[:8])
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""
@@ -532,7 +544,7 @@ def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequenc
                    f"{model.tokenizer.unk_token!r}: {words}{more}")
         if strict:
             raise TokenizationError(f"{message}; strict mode refuses them: rephrase those rows, or run without strict mode.")
-        warnings.warn(f"{message}; results on those examples mean little.", TokenizationWarning, stacklevel=3)
+        warnings.warn(f"{message}; results on those examples mean little.", TokenizationWarning, stacklevel=4)
 
 
 def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Task data",
@@ -644,8 +656,11 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
 def check_vocabulary(model, source: Any, fields: Mapping[str, str] | str | None = None) -> None:
     """Strict mode over a whole data source (every row, not a sample): a TokenizationError naming the
     words of any field that become `model`'s unknown token."""
-    label, rows, places, _ = _rows(source, fields)
-    _warn_unknown(model, label, rows, places, strict=True)
+    fields = parse_fields(fields if fields is not None else getattr(source, "fields", None))
+    label, records = _source_records(source)
+    found: dict[str, list[str]] = {}  # streamed: memory holds the words found, not the rows
+    _scan(label, records(), fields, lambda i: False, visit=lambda row, place: _collect_unknown(model, row, place, found))
+    _report_unknown(model, label, found, strict=True)
 
 
 def load_task_file(model, path: str | Path, fields: Mapping[str, str] | str | None = None) -> Task:

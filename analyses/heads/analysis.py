@@ -108,8 +108,8 @@ def default_task(model, task: Any = None, config: HeadsConfig | None = None) -> 
         return sentence_task(model, n_examples=n, seed=config.seed)
     if name == "repeat":
         return repeated_tokens_task(model, n, config.seed)
-    if Path(name).suffix.lower() in task_files.FORMATS:
-        return task_files.load_task_file(model, name)
+    if Path(name).suffix.lower() in task_files.FORMATS:  # a seeded sample of n rows, as every family takes
+        return task_files.resolve_task(model, name, n_examples=n, seed=config.seed)
     raise ConfigError(
         f"The heads analysis does not know task {name!r}; use a zoo task ({', '.join(tasks.ZOO_TASKS)}), "
         f"'sentences' (encoders) or 'repeat' (any decoder), or pass a Task to head_importance / prune_heads."

@@ -125,9 +125,9 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
     if task == "qa":
         if cfg.data is None:
             raise ConfigError("task 'qa' needs data= a JSONL file of multi-document QA records (see load_qa_records).")
-        records = prompts.load_qa_records(cfg.data)[:n_examples]
+        records = prompts.load_qa_records(cfg.data, n_examples)
         return prompts.qa_sweeps(tok, records, n_docs=cfg.n_items or 10, **common)
-    records = prompts.load_retrieval_records(cfg.data)[:n_examples]
+    records = prompts.load_retrieval_records(cfg.data, n_examples)
     n_distractors = None if cfg.n_items is None else cfg.n_items - 1
     return prompts.retrieval_sweeps(tok, records, n_distractors=n_distractors, positions=cfg.positions)
 

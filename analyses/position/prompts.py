@@ -309,8 +309,9 @@ def kv_fit_note(tokenizer: Any, sweeps: Sequence[PositionSweep], n_ctx: int) -> 
 QA_FIELDS = ("question", "answers", "gold_document", "documents")
 
 
-def load_qa_records(source: Any) -> list[dict]:
-    """Multi-document QA records from a JSONL path (read with `datasets`) or a datasets.Dataset.
+def load_qa_records(source: Any, limit: int | None = None) -> list[dict]:
+    """Multi-document QA records from a JSONL path (read with `datasets`) or a datasets.Dataset: the
+    first `limit` (all when None), so memory holds the records used, not the file.
 
     Each record: question (str), answers (list of str), gold_document ({"title", "text"}),
     documents (list of {"title", "text"} distractors, may be empty). See
@@ -323,7 +324,13 @@ def load_qa_records(source: Any) -> list[dict]:
             f"multi-document QA data lacks field(s) {missing}; each JSONL record needs {list(QA_FIELDS)} "
             f"(see headscope/analyses/data/multidoc_example.jsonl)."
         )
-    return [dict(r) for r in source]
+    return _first(source, limit)
+
+
+def _first(source: Any, limit: int | None) -> list[dict]:
+    """The first `limit` records of a Dataset (all when None) as dicts."""
+    n = len(source) if limit is None else min(limit, len(source))
+    return [dict(source[i]) for i in range(n)]
 
 
 def _has_answer(doc: Mapping[str, str], answers: Sequence[str]) -> bool:
@@ -369,16 +376,17 @@ def qa_sweeps(
 
 
 # ------------------------------------------------------------------ encoder retrieval
-def load_retrieval_records(source: Any = None) -> list[dict]:
-    """Encoder retrieval items (query, relevant, distractors); default: the shipped retrieval.jsonl."""
+def load_retrieval_records(source: Any = None, limit: int | None = None) -> list[dict]:
+    """Encoder retrieval items (query, relevant, distractors); default: the shipped retrieval.jsonl;
+    the first `limit` (all when None)."""
     import json
 
     if source is None:
         from importlib.resources import files
 
         text = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8")
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [dict(r) for r in _dataset(source)]
+        return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
+    return _first(_dataset(source), limit)
 
 
 def _dataset(source: Any):

@@ -35,6 +35,8 @@ def train_main(
         )
     recipe = RECIPES[short]
     cfg = recipe.train
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:  # numpy's seed range
+        raise ConfigError(f"seed must be an integer from 0 to {2**32 - 1}, got {seed!r}")
     if steps is not None:
         if steps < 1:
             raise ConfigError(f"steps must be >= 1, got {steps}")

@@ -363,3 +363,43 @@ def test_a_pair_of_two_token_lengths_is_left_out_of_patching_only(tiny_models):
         none = hs.load_task(model, [dict(r, corrupted_prompt="w1") for r in rows])
     with pytest.raises(hs.TaskError, match="every corrupted prompt of task 'records' has another token length"):
         hs.activation_patching(model, none, "resid_pre")
+
+
+def _big_file(path, n_rows: int):
+    """n_rows task rows (plain writes, no pandas): row i is w(i%50) w(i%47) w(i%43) -> w(i%5)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n_rows):
+            fh.write(f'{{"prompt": "w{i % 50} w{i % 47} w{i % 43}", "answer": "w{i % 5}", '
+                     f'"corrupted_prompt": "w{i % 41} w{i % 37} w{i % 31}", "wrong_answer": "w{(i + 1) % 5}"}}\n')
+    return path
+
+
+def test_every_family_runs_a_seeded_sample_of_a_large_task_file(tmp_path, tiny_models, tiny_dirs):
+    """--n-examples and --quick sizes hold for task files in every family (#36): the Task each one
+    runs on has the sample's rows (the seeded draw of torch.randperm, computed here), not the file's,
+    and heads, which read the whole file before, runs that many examples. (A report with
+    --n-examples 4 on 100,000 rows was checked by hand: every family ran 4.)"""
+    import torch
+
+    from headscope.analyses.core.registry import ANALYSES, config_class, get_analysis, task_used
+    from headscope.analyses.position import prompts
+    from headscope.analyses.probes.analysis import probe_data
+
+    model = tiny_models["llama"]
+    path = _big_file(tmp_path / "big.jsonl", 10_000)
+    seed, n = 3, 4
+    chosen = torch.randperm(10_000, generator=torch.Generator().manual_seed(seed))[:n].sort().values.tolist()
+    expected = [_hf_ids(tiny_dirs, f"w{i % 50} w{i % 47} w{i % 43}") for i in chosen]
+    for name in ANALYSES:
+        if name == "position":  # runs on its own sweeps (its QA records are read up to n below)
+            continue
+        config = config_class(name).preset(quick=True, n_examples=n, seed=seed)
+        task = probe_data(model, hs.TaskFile(path), config)[0] if name == "probes" else \
+            task_used(name, model, hs.TaskFile(path), config)
+        assert task.tokens.tolist() == expected, name
+    result = get_analysis("heads")(model, hs.TaskFile(path), config_class("heads").preset(quick=True, n_examples=n))
+    assert result.summary["n_examples"] == n
+    assert len(task_used("heads", model, hs.TaskFile(path), config_class("heads").preset(quick=True))) == 16  # --quick alone
+    qa = {"question": "q", "answers": ["a"], "gold_document": {"title": "t", "text": "a"}, "documents": []}
+    _write_jsonl(tmp_path / "qa.jsonl", [qa] * 2_000)
+    assert len(prompts.load_qa_records(str(tmp_path / "qa.jsonl"), n)) == n

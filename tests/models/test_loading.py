@@ -190,3 +190,34 @@ def test_a_models_own_code_never_runs_without_trust_remote_code(tiny_dirs, tmp_p
     text = one_line(err)
     assert str(folder) in text and "--trust-remote-code" in text and "auto_map" in text
     assert not marker.exists()
+
+
+def test_the_model_fingerprint_follows_the_files_contents_not_their_path(tmp_path):
+    """What --resume compares (models/fingerprint.py): the same bytes anywhere give the same
+    fingerprint; other values of the same shapes, in a small file (hashed whole) or a large one
+    (header and sampled blocks), or another tokenizer give another."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from headscope.models.fingerprint import WHOLE, folder_fingerprint
+
+    def folder(name, small, large, vocab="a b"):
+        path = tmp_path / name
+        path.mkdir()
+        save_file({"w": small}, path / "small.safetensors")
+        save_file({"w": large}, path / "large.safetensors")
+        (path / "tokenizer.json").write_text(vocab)
+        return path
+
+    g = torch.Generator().manual_seed(0)
+    small, large = torch.randn(64, 64, generator=g), torch.randn(1_300_000, generator=g)  # 16 KiB, 5.2 MB
+    assert (large.numel() * 4 > WHOLE) and (small.numel() * 4 < WHOLE)
+    a = folder("a", small, large)
+    shutil.copytree(a, tmp_path / "copy")
+    (tmp_path / "copy" / "README.md").write_text("my notes")  # not a model file
+    fingerprints = {folder_fingerprint(a), folder_fingerprint(tmp_path / "copy")}
+    assert len(fingerprints) == 1 and None not in fingerprints
+    others = [folder("b", small + 0.01, large), folder("c", small, large + 0.01), folder("d", small, large, vocab="a c")]
+    assert len({folder_fingerprint(p) for p in others} | fingerprints) == 4
+    assert folder_fingerprint(tmp_path / "missing") is None

@@ -542,6 +542,37 @@ def test_resume_with_other_analyses_keeps_every_finished_one_in_the_report(zoo_m
     assert {"kv/summary.json", "mlp/summary.json", "heads/summary.json"} <= set(manifest["files"])
 
 
+def no_explorer(*args, **kwargs):
+    raise RuntimeError("no explorer in this test")  # (optional in a report: its figure alone takes seconds)
+
+
+def test_resume_recomputes_an_analysis_whose_listed_files_are_missing_or_changed(zoo_model, tmp_path, plan, caplog,
+                                                                                  monkeypatch):
+    """--resume checks every file manifest.json lists by its sha256 (#36): a deleted results.csv or
+    an edited summary.json value means that analysis runs again (named or not), the edit is kept as
+    the user's file, and report.md shows the recomputed value, not the edited one."""
+    monkeypatch.setattr("headscope.reports.explorer.write_explorer_data", no_explorer)
+    out = run(zoo_model, tmp_path / "run", analyses="kv,mlp,probes,circuits")
+    (out / "kv" / "results.csv").unlink()
+    (out / "circuits" / "summary.json").unlink()
+    edited = (out / "mlp" / "summary.json").read_text().replace("1.5", "98765.4321")
+    assert edited != (out / "mlp" / "summary.json").read_text()
+    (out / "mlp" / "summary.json").write_text(edited)
+    plan.runs.clear()
+    run(zoo_model, out, analyses="kv", resume=True)
+    assert plan.runs == ["kv", "mlp", "circuits"]  # probes, untouched, is kept; mlp and circuits (not named) run again
+    assert "kv/results.csv is missing" in caplog.text and "mlp/summary.json does not match its sha256" in caplog.text
+    assert "circuits/summary.json is missing" in caplog.text
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == {"probes": "done", "kv": "done", "mlp": "done", "circuits": "done"}
+    assert all(digest(out / rel) == sha for rel, sha in manifest["files"].items())
+    assert (out / "mlp" / "summary.user.json").read_text() == edited  # nothing of the user's lost
+    assert "98765" not in (out / "report.md").read_text() and "1.5" in (out / "report.md").read_text()
+    plan.runs.clear()
+    run(zoo_model, out, analyses="kv", resume=True)  # every listed file matches now: nothing runs
+    assert plan.runs == []
+
+
 def test_a_folder_with_finished_analyses_but_no_recorded_settings_is_not_resumed(zoo_model, tmp_path, plan):
     out = headscope_output(tmp_path / "run", {"kv/summary.json": "{}"})
     before = snapshot(out)
