@@ -15,8 +15,8 @@ read only the last position:
   block's input);
 - an edit that leaves positions before p unchanged runs positions p.. only, attending to the
   captured keys and values before p (`from_pos`);
-- blocks no hook looks at run hook-free (hooks/fast_blocks: Llama-style, GPT-2, GPT-NeoX), the
-  last one attending from the last query only.
+- blocks no hook looks at run hook-free (fast_blocks: Llama-style, GPT-2, GPT-NeoX, the last
+  one attending from the last query only; hf_blocks: the model's own layers elsewhere).
 `last_logits` runs a whole pass through the hook-free blocks for a last-position metric,
 differentiably, with an optional edit of each block's z.
 `supports` checks once per model that resuming reproduces a plain forward pass, and which
@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import torch
 
 from headscope.errors import ConfigError, HeadscopeWarning
-from headscope.execution import fast_blocks
+from headscope.execution import block_shape, fast_blocks, hf_blocks
 from headscope.execution.rows import take
 from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
 from headscope.hooks.sites import site, split_block
@@ -216,7 +216,7 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
             x, z_i = out
             if i in z_layers:
                 z[i] = z_i
-        logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:]))[:, 0]  # [rows, d_vocab]
+        logits = logits_of(model, x[:, -1:])[:, 0]  # [rows, d_vocab]
     return Checkpoint(resid=resid, calls=[(rest, kwargs)] * len(plans), logits=logits, z=z, kv=cache)
 
 
@@ -243,7 +243,16 @@ def last_logits(model, tokens: torch.Tensor, *, attention_mask: torch.Tensor | N
         x = block.full(x, rest, kwargs, None, i == len(plans) - 1, edit)
         if x is None:
             return None
-    return model.bridge.unembed(model.bridge.ln_final(x))[:, -1]  # x: [n, 1, d_model]
+    return logits_of(model, x)[:, -1]  # x: [n, 1, d_model]
+
+
+def logits_of(model, x: torch.Tensor) -> torch.Tensor:
+    """Logits [n, q, d_vocab] from the last block's output x [n, q, d_model]: the bridge's final
+    norm and unembedding, then the model's final soft-capping where it has one (Gemma 2:
+    cap * tanh(logits / cap), as Hugging Face's causal-LM head)."""
+    logits = model.bridge.unembed(model.bridge.ln_final(x))
+    cap = getattr(model.bridge.original_model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
@@ -284,26 +293,23 @@ def _suffix(value: Any, start: int, n_pos: int, key: str = "") -> Any:
 
 
 def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool,
-                    after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                    parallel: bool = False) -> torch.Tensor:
-    """A pre-norm block given its heads' z [n, pos, head, d_head] instead of computing attention:
-    h + MLP(ln2(h)) with h = x + o(z), or MLP(ln2(x)) + o(z) + x for parallel blocks (GPT-NeoX),
-    whose MLP reads the block's input (fast_blocks.residual, the arithmetic the hook-free blocks
-    share). Its resid_mid (sequential blocks only) and MLP hooks fire (unless `after`, the
-    hook-free rest of the block, fast_blocks.Block.after, replaces them); resid_pre, attention
-    and resid_post hooks do not."""
+                    after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """A block given its heads' z [n, pos, head, d_head] instead of computing attention: the rest
+    of the block from its attention output o(z) on, in the block's own shape (block_shape:
+    sequential or parallel, pre- or post-norm; the arithmetic the hook-free blocks share). Its
+    post-attention norm, resid_mid and MLP hooks fire (unless `after`, the hook-free rest of the
+    block, fast_blocks.Block.after, replaces them); resid_pre, attention and resid_post hooks do
+    not."""
     if last_only:
         x, z = x[:, -1:], z[:, -1:]
     a = fast_blocks.attention_out(fast_blocks.out_proj(block), z)  # [n, pos, d_model] attention output
     x = x.to(a.device)  # sharded models: the block's device
     if after is not None:
         return after(a, x)
-    return fast_blocks.residual(a, x, block.ln2, block.mlp, parallel, in_place=False)
-
-
-def _parallel(model) -> bool:
-    """Attention and MLP read the same block input (GPT-NeoX's use_parallel_residual)."""
-    return bool(getattr(model.bridge.original_model.config, "use_parallel_residual", False))
+    parts = block_shape.parts(block)
+    if parts is None:
+        raise ConfigError("this model's blocks have no z shortcut (supports(model).shortcut is False).")
+    return block_shape.residual(a, x, parts, in_place=False)
 
 
 def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: torch.Tensor | None = None,
@@ -347,8 +353,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
         for i in range(start, n_layers):
             last = last_only and i == n_layers - 1
             if i == start and z is not None:
-                x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].after,
-                                    _parallel(model))
+                x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].after)
                 continue
             args, kwargs = _block_call(ckpt, i, rows, from_pos)
             if plans is not None and i not in hooked:
@@ -360,7 +365,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
                 cache.append(prefix_cache(model, ckpt.kv, from_pos, rows=rows))
             args, kwargs = _with_cache(args, kwargs, cache[0] if cache else None)
             # the last block's MLP branch sees the last position only; the residual add broadcasts
-            cut = blocks[i].ln2.register_forward_pre_hook(last_position) if last else None
+            cut = block_shape.mlp_entry(blocks[i]).register_forward_pre_hook(last_position) if last else None
             try:
                 out = blocks[i](x, *args, **kwargs)
             finally:
@@ -368,7 +373,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
                     cut.remove()
             x = out[0] if isinstance(out, tuple) else out
         x = x[:, -1:] if last_only else x[:, drop:]
-        return model.bridge.unembed(model.bridge.ln_final(x)).to(ckpt.logits.device)
+        return logits_of(model, x).to(ckpt.logits.device)
 
 
 def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tensor, torch.Tensor]], *,
@@ -403,15 +408,17 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
                 x = out if x is None else torch.cat([x, out])
                 rows = at if rows is None else torch.cat([rows, at])
                 joined.append(g)
-        logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:])).to(ckpt.logits.device)  # [m, 1, d_vocab]
+        logits = logits_of(model, x[:, -1:]).to(ckpt.logits.device)  # [m, 1, d_vocab]
     sizes = [groups[g][1].shape[0] for g in joined]
     parts = dict(zip(joined, logits.split(sizes)))
     return torch.cat([parts[g] for g in range(len(groups))])
 
 
 def _fast_plan(model) -> list | None:
+    """The hook-free blocks: hand-written (fast_blocks) where the architecture has them, else the
+    model's own Hugging Face layers (hf_blocks); None where neither applies."""
     if model not in _FAST:
-        _FAST[model] = fast_blocks.plan(model)
+        _FAST[model] = fast_blocks.plan(model) or hf_blocks.plan(model)
     return _FAST[model]
 
 

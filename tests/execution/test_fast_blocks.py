@@ -116,16 +116,6 @@ def test_fast_blocks_read_the_live_weights(models):
         assert (model(tokens)[:, -1] - want).abs().max() > 1e-3  # the edit mattered
 
 
-def test_unknown_blocks_have_no_plan(tmp_path):
-    """Qwen3 (Llama-like, plus norms on q and k that the Llama-style block lacks) keeps the
-    bridge's blocks; resuming still works through them."""
-    model = hs.load_model(build_tiny_model("qwen3", tmp_path / "qwen3", seed=6), device="cpu")
-    assert fast_blocks.plan(model) is None
-    support = resume.supports(model)
-    assert support.ok and not support.fast and not support.fast_capture
-    assert resume.last_logits(model, random_tokens(2, 5, seed=6)) is None
-
-
 def test_parallel_and_sequential_neox_blocks_take_every_saving(models):
     """GPT-NeoX's parallel blocks (the MLP reads the block's input, not x + attention) and the
     sequential variant: hook-free resumes, capture, last_logits and the z shortcut."""

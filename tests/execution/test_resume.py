@@ -9,7 +9,7 @@ import torch
 
 import headscope as hs
 from headscope.errors import HeadscopeWarning
-from headscope.execution import resume
+from headscope.execution import block_shape, resume
 from tests_support import hf_model, random_tokens, zero_head
 
 FAMILIES = ("gpt2", "llama", "neox")
@@ -95,7 +95,7 @@ def test_parallel_residual_blocks_take_the_z_shortcut_their_own_way(tiny_models,
     model = tiny_models["neox"]
     assert model.bridge.original_model.config.use_parallel_residual
     assert resume.supports(model) == (True, True, True, True, True)
-    monkeypatch.setattr(resume, "_parallel", lambda model: False)
+    monkeypatch.setattr(block_shape, "is_parallel", lambda block: False)
     monkeypatch.setattr(resume, "_fast_plan", lambda model: None)  # the bridge's blocks, the sequential form
     monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
     with pytest.warns(HeadscopeWarning, match="the z shortcut"):
