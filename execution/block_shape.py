@@ -91,3 +91,15 @@ def residual(a: torch.Tensor, x: torch.Tensor, p: Parts, *, in_place: bool) -> t
     if p.ln2_post is not None:
         m = p.ln2_post(m)
     return m.add_(h) if in_place else h + m
+
+
+def kind(model, layer: int) -> tuple:
+    """What tells block `layer` apart from others of the same model: its Hugging Face class, its
+    attention type (config.layer_types: sliding or full, ...), its MLP's class (dense or experts)
+    and its shape (parallel or not). Blocks of one kind run the same code on the same kind of
+    arguments, so a check on one stands for all (resume.supports)."""
+    block = model.bridge.blocks[layer]
+    types = getattr(model.bridge.original_model.config, "layer_types", None) or ()
+    mlp = _child(block, "mlp")
+    return (type(raw(block)).__name__, types[layer] if layer < len(types) else None,
+            None if mlp is None else type(raw(mlp)).__name__, is_parallel(block))
