@@ -18,7 +18,7 @@ the bridge's own norm and MLP, so both paths share one copy of that arithmetic.
 Known, in float32: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated
 MLP), i.e. Llama, Mistral and Qwen2 layers; GPT-2 blocks; and GPT-NeoX (Pythia) blocks, parallel
 residual and partial rotary. Others (and half precision, where Hugging Face's eager attention
-rounds differently) get None and keep the bridge's blocks.
+rounds differently) get None: their own Hugging Face layers run hook-free instead (hf_blocks).
 """
 from __future__ import annotations
 

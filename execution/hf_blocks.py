@@ -17,6 +17,11 @@ cache (prepending the captured keys and values before a resumed position), and t
 MLP branch is cut to the last position (the residual add broadcasts). The last block's attention
 still runs every query (that saving stays with the hand-written blocks). resume.supports checks
 every use against a full pass before anything relies on it.
+
+Any dtype: in bfloat16 and float16 these blocks are the model's own arithmetic except attention,
+where SDPA rounds differently from the eager attention the bridge runs; tests hold them to twice
+Hugging Face's own bfloat16-vs-float32 gap on the same inputs (resume.supports checks them to
+8 eps of the logits' scale).
 """
 from __future__ import annotations
 
@@ -29,15 +34,14 @@ import torch
 from headscope.execution import block_shape
 from headscope.execution.fast_blocks import Block, ZEdit
 
-CACHE_KEYS = ("cache", "past_key_values", "past_key_value")  # what the layer calls its KV cache
+CACHE_KEYS = ("cache", "past_key_values", "past_key_value", "layer_past")  # what the layer calls its KV cache
 
 
 def plan(model) -> list[Block] | None:
     """A Block per layer running its Hugging Face module, or None where a layer is not a plain
-    decoder layer (no attention output projection or MLP, an unknown block shape) or a parameter
-    is not float32."""
+    decoder layer (no attention output projection or MLP, an unknown block shape)."""
     blocks = list(model.bridge.blocks)
-    if not blocks or any(p.dtype != torch.float32 for p in model.bridge.parameters()):
+    if not blocks:
         return None
     try:
         out = [_layer_block(block) for block in blocks]
@@ -81,7 +85,7 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
     parts = block_shape.parts(block, lambda m: made[id(m)])
     if parts is None:
         return None
-    d_head = int(attn.head_dim)
+    d_head = int(getattr(attn, "head_dim", None) or attn.head_size)  # GPT-NeoX: head_size
     config = copy.copy(attn.config)  # the copy's own attention implementation
     eager = getattr(config, "attn_logit_softcapping", None) is not None  # SDPA cannot soft-cap scores
     config._attn_implementation = "eager" if eager else "sdpa"
