@@ -16,7 +16,9 @@ edited for gates), the keys and values of this call go through a one-call stand-
 cache (prepending the captured keys and values before a resumed position), and the last block's
 MLP branch is cut to the last position (the residual add broadcasts). The last block's attention
 still runs every query (that saving stays with the hand-written blocks). resume.supports checks
-every use against a full pass before anything relies on it.
+every use against a full pass before anything relies on it. The copies do not fire torch hooks
+registered on the Hugging Face modules, so resumed passes use them only while
+HookedModel.hook_free() (no hook point's hook, no user torch hook on any module of the bridge).
 
 Any dtype: in bfloat16 and float16 these blocks are the model's own arithmetic except attention,
 where SDPA rounds differently from the eager attention the bridge runs; tests hold them to twice

@@ -96,7 +96,7 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
         raise ConfigError("resume works on decoders only (encoder metrics read every position).")
     _check_left_padded(attention_mask)
     if fast is None:
-        fast = model in _SUPPORT and _SUPPORT[model].fast_capture and not model.n_active_hooks()
+        fast = model in _SUPPORT and _SUPPORT[model].fast_capture and model.hook_free()
     if fast and not fwd:
         ckpt = _capture_fast(model, tokens, z_layers, attention_mask)
         if ckpt is not None:
@@ -340,8 +340,8 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
             from_pos, drop = 0, from_pos  # a sliding-window cache kept only recent positions: recompute all
         else:
             x, z = x[:, from_pos:].contiguous(), (None if z is None else z[:, from_pos:].contiguous())
-    if fast is None:  # as supports(model) would say (the model's check, and no hooks attached)
-        fast = model in _SUPPORT and _SUPPORT[model].fast and not model.n_active_hooks()
+    if fast is None:  # as supports(model) would say (the model's check), while no hook is attached anywhere
+        fast = model in _SUPPORT and _SUPPORT[model].fast and model.hook_free()
     plans = _fast_plan(model) if fast else None
     hooked = {block[0] for block in (split_block(name) for name, _ in fwd) if block is not None}
     cache: list[Any] = []  # the captured prefix as a Hugging Face cache, built for the first bridge block

@@ -168,3 +168,22 @@ def test_bfloat16_passes_stay_within_hugging_faces_own_rounding(arch, more_arch_
         tail = resume.resume(model, ckpt, layer, rows, hidden=hidden, from_pos=P, last_only=False).float()
         assert (tail - want[torch.bfloat16][:, P:]).abs().max() <= 2 * gap
         assert (want[torch.bfloat16][:, -1] - plain[torch.bfloat16][:, -1]).abs().max() > 4 * gap  # the patch mattered
+
+
+def test_a_torch_hook_on_a_hugging_face_module_keeps_the_bridge(more_arch_models):
+    """The hook-free copies share the Hugging Face modules' weights but not their torch hooks: a
+    user's hook on one (here OLMo 2's MLP) sends resumed passes through the bridge, where it fires."""
+    model = more_arch_models("olmo2")
+    assert resume.supports(model).fast
+    tokens, mask = _padded(seed=6)
+    ckpt = resume.capture(model, tokens, attention_mask=mask)
+    mlp = model.bridge.blocks[1].mlp.original_component
+    seen = []
+    handle = mlp.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    try:
+        hooked = resume.resume(model, ckpt, 1, torch.arange(3))
+    finally:
+        handle.remove()
+    assert len(seen) == 1
+    torch.testing.assert_close(resume.resume(model, ckpt, 1, torch.arange(3)), hooked, atol=1e-5, rtol=1e-5)
+    assert len(seen) == 1  # hook-free again once it is removed
