@@ -314,6 +314,10 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         task, corpus = default_task, default_corpus if corpus is None else corpus
     corpus = [corpus] if isinstance(corpus, (torch.Tensor, tuple)) else list(corpus)
     layers = tuple(range(model.facts.n_layers)) if config.layers is None else tuple(map(model.check_layer, config.layers))
+    sizes = {layer: hooks.n_memories(model, layer) for layer in layers}
+    if len(set(sizes.values())) > 1:  # e.g. dense layers among mixtures of experts (Qwen2-MoE's mlp_only_layers)
+        raise ConfigError(f"the mlp analysis needs layers with the same number of memories; these have "
+                          f"{sizes}: analyse each kind with MLPConfig(layers=...).")
     at = {layer: i for i, layer in enumerate(layers)}  # layer -> its index in the per-layer tensors
     trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
                             min_position=config.min_position, progress=config.progress)
