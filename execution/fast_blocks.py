@@ -18,7 +18,7 @@ the bridge's own norm and MLP, so both paths share one copy of that arithmetic.
 Known, in float32: Llama-style blocks (pre-norm RMSNorm, rotary q/k, grouped KV heads, gated
 MLP), i.e. Llama, Mistral and Qwen2 layers; GPT-2 blocks; and GPT-NeoX (Pythia) blocks, parallel
 residual and partial rotary. Others (and half precision, where Hugging Face's eager attention
-rounds differently) get None and keep the bridge's blocks.
+rounds differently) get None: their own Hugging Face layers run hook-free instead (hf_blocks).
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from headscope.errors import ConfigError
+from headscope.execution import block_shape
 from headscope.execution.rows import take
 
 # x [n, q, d_model], the block's call arguments and kwargs (gathered to the rows and cut to the
@@ -57,9 +58,7 @@ class Block(NamedTuple):
     qk: Callable[[torch.Tensor, tuple, dict], Any] | None = None
 
 
-def _raw(module: torch.nn.Module) -> torch.nn.Module:
-    """The Hugging Face module under a bridge component (the module itself when not wrapped)."""
-    return getattr(module, "original_component", None) or module
+_raw = block_shape.raw
 
 
 def plan(model) -> list[Block] | None:
@@ -73,7 +72,8 @@ def plan(model) -> list[Block] | None:
     if any(p.dtype != torch.float32 for p in model.bridge.parameters()):
         return None  # half precision: HF's eager attention rounds differently (softmax in float32)
     try:
-        return [build(layer, out_proj(block)) for layer, block in zip(layers, model.bridge.blocks)]
+        return [build(layer, out_proj(block), block_shape.is_parallel(block))
+                for layer, block in zip(layers, model.bridge.blocks)]
     except (AttributeError, ValueError):  # a variant without the expected modules
         return None
 
@@ -129,7 +129,7 @@ def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return torch.matmul(p, v).view(n, n_heads, q_len, d_head)
 
 
-def _llama_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
+def _llama_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool) -> Block:
     """Pre-norm RMSNorm, separate q/k/v projections with rotary tables, gated MLP."""
     attn, mlp = _raw(layer.self_attn), _raw(layer.mlp)
     ln1, ln2 = _raw(layer.input_layernorm), _raw(layer.post_attention_layernorm)
@@ -155,10 +155,10 @@ def _llama_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
     return _block(ln1=lambda x: _rms_norm(x, ln1), ln2=lambda x: _rms_norm(x, ln2), project=project,
                   o_proj=o_proj, mlp=lambda h: down(act(gate(h)).mul_(up(h))),
                   mask_of=lambda args, kwargs: kwargs.get("attention_mask"),
-                  shape=(n_heads, n_kv, d_head), scaling=float(attn.scaling))
+                  shape=(n_heads, n_kv, d_head), scaling=float(attn.scaling), parallel=parallel)
 
 
-def _gpt2_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
+def _gpt2_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool) -> Block:
     """Pre-norm LayerNorm, one fused q/k/v projection (Conv1D), learned positions (in the
     embedding), plain MLP; attention mask passed positionally."""
     attn, mlp = _raw(layer.attn), _raw(layer.mlp)
@@ -183,13 +183,13 @@ def _gpt2_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
 
     return _block(ln1=_raw(layer.ln_1), ln2=_raw(layer.ln_2), project=project, o_proj=o_proj,
                   mlp=lambda h: c_proj(act(c_fc(h))), mask_of=mask_of, shape=(n_heads, n_heads, d_head),
-                  scaling=float(attn.scaling))
+                  scaling=float(attn.scaling), parallel=parallel)
 
 
-def _neox_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
+def _neox_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool) -> Block:
     """GPT-NeoX (Pythia): pre-norm LayerNorms, one fused q/k/v projection laid out per head,
-    partial rotary, GELU MLP; parallel residual x + attention(ln1(x)) + MLP(ln2(x)) unless the
-    config says sequential."""
+    partial rotary, GELU MLP; parallel residual x + attention(ln1(x)) + MLP(ln2(x)) where the
+    bridge's block is parallel (block_shape)."""
     attn, mlp = _raw(layer.attention), _raw(layer.mlp)
     qkv, fc, proj, act = _raw(attn.query_key_value), _raw(mlp.dense_h_to_4h), _raw(mlp.dense_4h_to_h), mlp.act
     d_head = int(attn.head_size)
@@ -209,7 +209,7 @@ def _neox_block(layer: torch.nn.Module, o_proj: torch.nn.Module) -> Block:
     return _block(ln1=_raw(layer.input_layernorm), ln2=_raw(layer.post_attention_layernorm), project=project,
                   o_proj=o_proj, mlp=lambda h: proj(act(fc(h))),
                   mask_of=lambda args, kwargs: kwargs.get("attention_mask"), shape=(n_heads, n_heads, d_head),
-                  scaling=float(attn.scaling), parallel=bool(getattr(layer, "use_parallel_residual", False)))
+                  scaling=float(attn.scaling), parallel=parallel)
 
 
 _UNHANDLED = object()  # mask_of's answer for call arguments the hook-free blocks do not handle
@@ -221,6 +221,7 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
     and the MLP (`residual`: sequential or parallel). project(h, args, kwargs, last_query) -> q
     [n, head, q', d_head], k and v [n, kv, q, d_head]."""
     n_heads, n_kv, d_head = shape
+    parts = block_shape.Parts(mlp=mlp, ln2=ln2, parallel=parallel)
 
     def handled_mask(args: tuple, kwargs: dict):
         """The block's 4-d mask, None (causal), or _UNHANDLED: e.g. a 2-d padding mask or a block
@@ -280,7 +281,7 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
     def after(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The block's output [n, q, d_model] from its attention output a (a fresh buffer: added
         to in place) and its input x (see residual)."""
-        return residual(a, x, ln2, mlp, parallel, in_place=True)
+        return block_shape.residual(a, x, parts, in_place=True)
 
     def qk(x: torch.Tensor, args: tuple, kwargs: dict):
         """The attention's inputs from position 0: (q [n, head, q, d_head], k [n, kv, q, d_head],
@@ -293,24 +294,6 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         return q, k, mask, scaling
 
     return Block(run, after, record, qk)
-
-
-def residual(a: torch.Tensor, x: torch.Tensor, ln2: Callable, mlp: Callable, parallel: bool, *,
-             in_place: bool) -> torch.Tensor:
-    """A pre-norm block's output [n, q, d_model] from its attention output a and its input x
-    [n, q, d_model]: h + mlp(ln2(h)) with h = x + a (resid_mid), or for parallel blocks
-    (GPT-NeoX) mlp(ln2(x)) + a + x, summed in that order (Hugging Face's: half precision rounds
-    each sum). The one copy of this arithmetic, shared by the hook-free blocks and resume's z
-    shortcut through the bridge's own ln2 and MLP. in_place: a and the MLP's output are fresh
-    buffers nobody else holds (hook-free blocks), so the sums reuse them; through the bridge a
-    hook may keep the MLP's output, so nothing is added in place. Float addition commutes
-    exactly, so both give the same bits."""
-    if parallel:
-        m = mlp(ln2(x))
-        return m.add_(a).add_(x) if in_place else m + a + x
-    h = a.add_(x) if in_place else x + a
-    m = mlp(ln2(h))
-    return m.add_(h) if in_place else h + m
 
 
 def out_proj(block: torch.nn.Module) -> torch.nn.Module:

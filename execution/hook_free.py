@@ -2,8 +2,8 @@
 
 The TransformerBridge reimplements attention and materialises every layer's [batch, head, q, k]
 pattern, so a plain pass through it costs several times Hugging Face's SDPA pass in memory. Where
-the hook-free blocks (fast_blocks) reproduce a model's pass (resume.supports(model).fast_capture:
-float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX blocks, every layer with the same mask), a pass
+the hook-free blocks (fast_blocks, else the model's own layers, hf_blocks) reproduce a model's
+pass (resume.supports(model).fast_capture: float32, every layer with the same mask), a pass
 with no hook attached runs them instead, with the fused attention kernel: the bridge embeds the
 tokens and builds the mask and rotary tables (resume._block0_call), every block runs as plain
 tensor code, and the bridge's final norm and unembedding give the logits (as resume.last_logits,
@@ -85,7 +85,7 @@ def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
             x = None if out is None else out[0]
         if x is None:  # arguments the blocks do not handle
             return None
-    return model.bridge.unembed(model.bridge.ln_final(x[:, logits_from:]))  # [batch, pos', d_vocab]
+    return resume.logits_of(model, x[:, logits_from:])  # [batch, pos', d_vocab]
 
 
 def _square_mask(args: tuple, kwargs: dict) -> torch.Tensor | None:

@@ -15,8 +15,8 @@ read only the last position:
   block's input);
 - an edit that leaves positions before p unchanged runs positions p.. only, attending to the
   captured keys and values before p (`from_pos`);
-- blocks no hook looks at run hook-free (hooks/fast_blocks: Llama-style, GPT-2, GPT-NeoX), the
-  last one attending from the last query only.
+- blocks no hook looks at run hook-free (fast_blocks: Llama-style, GPT-2, GPT-NeoX, the last
+  one attending from the last query only; hf_blocks: the model's own layers elsewhere).
 `last_logits` runs a whole pass through the hook-free blocks for a last-position metric,
 differentiably, with an optional edit of each block's z.
 `supports` checks once per model that resuming reproduces a plain forward pass, and which
@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import torch
 
 from headscope.errors import ConfigError, HeadscopeWarning
-from headscope.execution import fast_blocks
+from headscope.execution import block_shape, fast_blocks, hf_blocks
 from headscope.execution.rows import take
 from headscope.hooks.kv_states import holds_prefix, new_cache, prefix_cache
 from headscope.hooks.sites import site, split_block
@@ -96,7 +96,7 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
         raise ConfigError("resume works on decoders only (encoder metrics read every position).")
     _check_left_padded(attention_mask)
     if fast is None:
-        fast = model in _SUPPORT and _SUPPORT[model].fast_capture and not model.n_active_hooks()
+        fast = model in _SUPPORT and _SUPPORT[model].fast_capture and model.hook_free()
     if fast and not fwd:
         ckpt = _capture_fast(model, tokens, z_layers, attention_mask)
         if ckpt is not None:
@@ -216,7 +216,7 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
             x, z_i = out
             if i in z_layers:
                 z[i] = z_i
-        logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:]))[:, 0]  # [rows, d_vocab]
+        logits = logits_of(model, x[:, -1:])[:, 0]  # [rows, d_vocab]
     return Checkpoint(resid=resid, calls=[(rest, kwargs)] * len(plans), logits=logits, z=z, kv=cache)
 
 
@@ -243,7 +243,16 @@ def last_logits(model, tokens: torch.Tensor, *, attention_mask: torch.Tensor | N
         x = block.full(x, rest, kwargs, None, i == len(plans) - 1, edit)
         if x is None:
             return None
-    return model.bridge.unembed(model.bridge.ln_final(x))[:, -1]  # x: [n, 1, d_model]
+    return logits_of(model, x)[:, -1]  # x: [n, 1, d_model]
+
+
+def logits_of(model, x: torch.Tensor) -> torch.Tensor:
+    """Logits [n, q, d_vocab] from the last block's output x [n, q, d_model]: the bridge's final
+    norm and unembedding, then the model's final soft-capping where it has one (Gemma 2:
+    cap * tanh(logits / cap), as Hugging Face's causal-LM head)."""
+    logits = model.bridge.unembed(model.bridge.ln_final(x))
+    cap = getattr(model.bridge.original_model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def _gather(value: Any, rows: torch.Tensor, n: int) -> Any:
@@ -284,26 +293,23 @@ def _suffix(value: Any, start: int, n_pos: int, key: str = "") -> Any:
 
 
 def _shortcut_block(block, x: torch.Tensor, z: torch.Tensor, last_only: bool,
-                    after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                    parallel: bool = False) -> torch.Tensor:
-    """A pre-norm block given its heads' z [n, pos, head, d_head] instead of computing attention:
-    h + MLP(ln2(h)) with h = x + o(z), or MLP(ln2(x)) + o(z) + x for parallel blocks (GPT-NeoX),
-    whose MLP reads the block's input (fast_blocks.residual, the arithmetic the hook-free blocks
-    share). Its resid_mid (sequential blocks only) and MLP hooks fire (unless `after`, the
-    hook-free rest of the block, fast_blocks.Block.after, replaces them); resid_pre, attention
-    and resid_post hooks do not."""
+                    after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """A block given its heads' z [n, pos, head, d_head] instead of computing attention: the rest
+    of the block from its attention output o(z) on, in the block's own shape (block_shape:
+    sequential or parallel, pre- or post-norm; the arithmetic the hook-free blocks share). Its
+    post-attention norm, resid_mid and MLP hooks fire (unless `after`, the hook-free rest of the
+    block, fast_blocks.Block.after, replaces them); resid_pre, attention and resid_post hooks do
+    not."""
     if last_only:
         x, z = x[:, -1:], z[:, -1:]
     a = fast_blocks.attention_out(fast_blocks.out_proj(block), z)  # [n, pos, d_model] attention output
     x = x.to(a.device)  # sharded models: the block's device
     if after is not None:
         return after(a, x)
-    return fast_blocks.residual(a, x, block.ln2, block.mlp, parallel, in_place=False)
-
-
-def _parallel(model) -> bool:
-    """Attention and MLP read the same block input (GPT-NeoX's use_parallel_residual)."""
-    return bool(getattr(model.bridge.original_model.config, "use_parallel_residual", False))
+    parts = block_shape.parts(block)
+    if parts is None:
+        raise ConfigError("this model's blocks have no z shortcut (supports(model).shortcut is False).")
+    return block_shape.residual(a, x, parts, in_place=False)
 
 
 def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: torch.Tensor | None = None,
@@ -334,8 +340,8 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
             from_pos, drop = 0, from_pos  # a sliding-window cache kept only recent positions: recompute all
         else:
             x, z = x[:, from_pos:].contiguous(), (None if z is None else z[:, from_pos:].contiguous())
-    if fast is None:  # as supports(model) would say (the model's check, and no hooks attached)
-        fast = model in _SUPPORT and _SUPPORT[model].fast and not model.n_active_hooks()
+    if fast is None:  # as supports(model) would say (the model's check), while no hook is attached anywhere
+        fast = model in _SUPPORT and _SUPPORT[model].fast and model.hook_free()
     plans = _fast_plan(model) if fast else None
     hooked = {block[0] for block in (split_block(name) for name, _ in fwd) if block is not None}
     cache: list[Any] = []  # the captured prefix as a Hugging Face cache, built for the first bridge block
@@ -347,8 +353,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
         for i in range(start, n_layers):
             last = last_only and i == n_layers - 1
             if i == start and z is not None:
-                x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].after,
-                                    _parallel(model))
+                x = _shortcut_block(blocks[i], x, z, last, None if plans is None or i in hooked else plans[i].after)
                 continue
             args, kwargs = _block_call(ckpt, i, rows, from_pos)
             if plans is not None and i not in hooked:
@@ -360,7 +365,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
                 cache.append(prefix_cache(model, ckpt.kv, from_pos, rows=rows))
             args, kwargs = _with_cache(args, kwargs, cache[0] if cache else None)
             # the last block's MLP branch sees the last position only; the residual add broadcasts
-            cut = blocks[i].ln2.register_forward_pre_hook(last_position) if last else None
+            cut = block_shape.mlp_entry(blocks[i]).register_forward_pre_hook(last_position) if last else None
             try:
                 out = blocks[i](x, *args, **kwargs)
             finally:
@@ -368,7 +373,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
                     cut.remove()
             x = out[0] if isinstance(out, tuple) else out
         x = x[:, -1:] if last_only else x[:, drop:]
-        return model.bridge.unembed(model.bridge.ln_final(x)).to(ckpt.logits.device)
+        return logits_of(model, x).to(ckpt.logits.device)
 
 
 def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tensor, torch.Tensor]], *,
@@ -403,15 +408,17 @@ def resume_mixed(model, ckpt: Checkpoint, groups: Sequence[tuple[int, torch.Tens
                 x = out if x is None else torch.cat([x, out])
                 rows = at if rows is None else torch.cat([rows, at])
                 joined.append(g)
-        logits = model.bridge.unembed(model.bridge.ln_final(x[:, -1:])).to(ckpt.logits.device)  # [m, 1, d_vocab]
+        logits = logits_of(model, x[:, -1:]).to(ckpt.logits.device)  # [m, 1, d_vocab]
     sizes = [groups[g][1].shape[0] for g in joined]
     parts = dict(zip(joined, logits.split(sizes)))
     return torch.cat([parts[g] for g in range(len(groups))])
 
 
 def _fast_plan(model) -> list | None:
+    """The hook-free blocks: hand-written (fast_blocks) where the architecture has them, else the
+    model's own Hugging Face layers (hf_blocks); None where neither applies."""
     if model not in _FAST:
-        _FAST[model] = fast_blocks.plan(model)
+        _FAST[model] = fast_blocks.plan(model) or hf_blocks.plan(model)
     return _FAST[model]
 
 
@@ -426,8 +433,8 @@ class Support(NamedTuple):
 
 
 def supports(model) -> Support:
-    """What resuming reproduces on `model`, checked once per model on short prompts (start blocks
-    0, 1 and L-1; a few start positions) to 1e-4 of the logits' scale in float32. Nothing is
+    """What resuming reproduces on `model`, checked once per model on short prompts (resumes from
+    one block, _check_start; a few start positions) to 1e-4 of the logits' scale in float32. Nothing is
     resumed, checked or remembered while hooks are attached to the model. A check that fails
     (rather than one that does not apply, e.g. hook-free blocks on an unknown architecture) is
     said once per model, as a HeadscopeWarning naming the model and what runs instead."""
@@ -443,11 +450,15 @@ def supports(model) -> Support:
 
 
 def _check(model) -> Support:
-    n_layers = model.facts.n_layers
+    """The checks behind `supports`, for about the cost of two plain passes of two 6-token prompts:
+    one bridge pass to compare with (the capture), every resume from the one block `_check_start`
+    (the last block, or the earliest that still leaves every kind of block after it), and one
+    hook-free capture compared block by block with the bridge's."""
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.facts.d_vocab, (2, 6), generator=gen).to(model.device)
+    start = _check_start(model)
     try:
-        ckpt = capture(model, tokens, z_layers=range(n_layers))
+        ckpt = capture(model, tokens, z_layers=[start])
     except Exception as err:  # noqa: BLE001 - an unusual model: keep full passes
         _warn_fallback(model, [("capturing a pass", f"failed: {err}")])
         return Support(False, False, False)
@@ -455,7 +466,7 @@ def _check(model) -> Support:
     tol = max(_CHECK_TOL, 8 * eps) * (1.0 + ckpt.logits.abs().max().item())
     rows = torch.tensor([1, 0, 1], device=model.device)
     want = ckpt.logits[rows]
-    starts = sorted({0, min(1, n_layers - 1), n_layers - 1})
+    z = take(ckpt.z[start], rows)
 
     failed: list[tuple[str, str]] = []  # (saving, why), warned about once at the end
 
@@ -476,33 +487,44 @@ def _check(model) -> Support:
             failed.append((what, f"failed: {type(err).__name__}: {err}"))
             return False
 
-    ok = holds("resuming", lambda: (resume(model, ckpt, s, rows, last_only=lo) for s in starts for lo in (True, False)))
-    shortcut = ok and holds("the z shortcut", lambda: (
-        resume(model, ckpt, s, rows, z=take(ckpt.z[s], rows), last_only=lo)
-        for s in starts for lo in (True, False)))
+    def run(**kwargs):
+        return resume(model, ckpt, start, rows, **kwargs)
+
+    ok = holds("resuming", lambda: (run(last_only=lo, fast=False) for lo in (True, False)))
+    shortcut = ok and holds("the z shortcut", lambda: (run(z=z, last_only=lo, fast=False) for lo in (True, False)))
     prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
-        resume(model, ckpt, s, rows, from_pos=p, z=take(ckpt.z[s], rows) if shortcut and p == 3 else None)
-        for s in starts for p in (1, 3, 5)))
+        run(from_pos=p, z=z if shortcut and p == 3 else None, fast=False) for p in (3, 5)))
     fast = ok and _fast_plan(model) is not None and holds("hook-free blocks", lambda: (
-        resume(model, ckpt, s, rows, fast=True, last_only=lo, from_pos=p if prefix else 0,
-               z=take(ckpt.z[s], rows) if shortcut and p == 3 else None)
-        for s in starts for lo in (True, False) for p in (0, 3)))
+        run(fast=True, last_only=lo, from_pos=3 if prefix and not lo else 0, z=z if shortcut and not lo else None)
+        for lo in (True, False)))
 
     def from_quick_capture():
-        quick = capture(model, tokens, z_layers=range(n_layers), fast=True)
+        quick = capture(model, tokens, z_layers=[start], fast=True)
+        for i, (a, b) in enumerate(zip(quick.resid, ckpt.resid)):  # every block's input, not only the logits
+            diff = (a - b).abs().max().item()
+            if diff > tol:
+                raise AssertionError(f"block {i}'s input differs by {diff:.3g}")
         yield quick.logits[rows].unsqueeze(1)
         quick_logits = last_logits(model, tokens)  # the differentiable pass
         if quick_logits is None:  # hook-free blocks do not apply to the whole pass (e.g. mixed attention types)
             raise _NotApplicable
         yield quick_logits[rows].unsqueeze(1)
-        for s in starts:
-            yield resume(model, quick, s, rows, fast=True, from_pos=3 if prefix else 0,
-                         z=take(quick.z[s], rows) if shortcut else None)
+        yield resume(model, quick, start, rows, fast=True, from_pos=3 if prefix else 0,
+                     z=take(quick.z[start], rows) if shortcut else None)
 
     fast_capture = fast and holds("the hook-free capture", from_quick_capture)  # False where it does not apply
     if failed:
         _warn_fallback(model, failed)
     return Support(ok, shortcut, prefix, fast, fast_capture)
+
+
+def _check_start(model) -> int:
+    """The block the checks resume from: the latest from which every kind of block still runs
+    (block_shape.kind: the layer's class, attention type, MLP), so one resume per saving covers
+    each kind for 1/L of a pass where all blocks are alike."""
+    kinds = [block_shape.kind(model, i) for i in range(model.facts.n_layers)]
+    last = {k: i for i, k in enumerate(kinds)}  # each kind's last block
+    return min(last.values())
 
 
 class _NotApplicable(Exception):

@@ -4,7 +4,7 @@ from headscope.hooks.cache import Activations, head_result
 from headscope.hooks.capture import capture, run_with_cache
 from headscope.hooks.interventions import ablate, head_gates, patch
 from headscope.hooks.kv_states import GenerationTrace, KVStates, generate_with_kv, kv_states
-from headscope.hooks.memories import MLPMemories, mlp_memories
+from headscope.hooks.memories import MLPMemories, is_moe, mlp_memories, moe_coefficients, n_memories
 from headscope.hooks.patterns import attention_pattern, reduce_patterns
 from headscope.hooks.sites import SITES, available_sites, check_site, parse_site, site
 
@@ -24,8 +24,11 @@ __all__ = [
     "generate_with_kv",
     "head_gates",
     "head_result",
+    "is_moe",
     "kv_states",
     "mlp_memories",
+    "moe_coefficients",
+    "n_memories",
     "parse_site",
     "patch",
     "run_with_cache",

@@ -2,7 +2,9 @@
 
 Memory is proportional to what was asked for: one hook per requested site, an optional
 position selection applied inside the hook, and an optional move to CPU. Per-head outputs
-(`blocks.L.attn.hook_result`) are computed from hook_z and W_O inside the hook. Attention scores
+(`blocks.L.attn.hook_result`) are computed from hook_z and W_O inside the hook, a mixture of
+experts' memory coefficients (`mlp_post`) from the MLP's input (hooks.memories), and router
+sites read as [batch * pos, ...] are given as [batch, pos, ...]. Attention scores
 and patterns requested alone are recomputed on demand where the model allows (hooks/patterns).
 `run_with_cache` is TransformerLens's habit: every site by default, an Activations cache back.
 """
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
+from headscope.hooks import memories
 from headscope.hooks.cache import Activations, head_result
 from headscope.hooks.sites import COMPUTED, SITES, available_sites, check_site, hook_point, parse_site, site
 from headscope.models.tl_habits import provide
@@ -133,15 +136,22 @@ def _run(model, tokens, names, positions, to_cpu, attention_mask, grad) -> Activ
         if store is not None:
             return store
     store = Activations(model=model)
+    moe = {name for name in names if not _NORM_SCALE.match(name) and parse_site(name)[0] == "mlp_post"
+           and memories.is_moe(model, parse_site(name)[1])}  # coefficients computed from the MLP's input
 
     def make_hook(name: str):
         scale = bool(_NORM_SCALE.match(name))
         kind, layer = (None, None) if scale else parse_site(name)
         dim = 1 if scale else SITES[kind].pos_dim
+        flat = not scale and SITES[kind].flat
 
         def hook(act: torch.Tensor, hook: Any) -> None:
             if kind in COMPUTED:
                 act = head_result(model, layer, act)  # [batch, pos, head, d_model]
+            elif name in moe:
+                act = memories.moe_coefficients(model, layer, act)  # [batch, pos, d_mlp]
+            elif flat:
+                act = act.reshape(*tokens.shape[:2], -1)  # [batch * pos, ...] -> [batch, pos, ...]
             act = select_positions(act, positions, dim)
             if not grad:
                 act = act.detach()
@@ -149,7 +159,8 @@ def _run(model, tokens, names, positions, to_cpu, attention_mask, grad) -> Activ
 
         return hook
 
-    fwd = [(name if _NORM_SCALE.match(name) else hook_point_for(name), make_hook(name)) for name in names]
+    fwd = [(name if _NORM_SCALE.match(name) else f"blocks.{parse_site(name)[1]}.mlp.hook_in" if name in moe
+             else hook_point_for(name), make_hook(name)) for name in names]
     with torch.set_grad_enabled(grad):
         store.output = model.run_with_hooks(tokens, fwd=fwd, attention_mask=attention_mask)
     if not grad:

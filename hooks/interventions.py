@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from headscope.errors import ConfigError, IndexOutOfRangeError, ShapeMismatchError, SiteError
+from headscope.errors import ConfigError, IndexOutOfRangeError, ShapeMismatchError, SiteError, UnsupportedModelError
 from headscope.hooks.capture import Positions, capture, position_index
+from headscope.hooks.memories import is_moe
 from headscope.hooks.sites import SITES, check_site, parse_site, site
 
 # The ablation methods, here and in the heads analysis (analyses.heads.importance.ABLATIONS):
@@ -85,6 +86,9 @@ def ablate(
         targets[site("z", layer)].append(head)
     for layer, neuron in neurons:
         model.check_layer(layer)
+        if is_moe(model, layer):
+            raise UnsupportedModelError(f"ablate(neurons=...) acts at mlp.hook_post, which on layer {layer}'s mixture "
+                                        f"of experts is the block's output, not its experts' neurons; ablate sites or heads.")
         if not 0 <= neuron < model.facts.d_mlp:
             raise IndexOutOfRangeError(f"neuron {neuron} out of range: layer {layer} has neurons 0..{model.facts.d_mlp - 1}.")
         targets[site("mlp_post", layer)].append(neuron)

@@ -5,6 +5,15 @@ the columns of the output weight, laid out as rows (d_mlp x d_model), and the me
 coefficients m = f(x K^T) are the activations at mlp.hook_post. For gated MLPs
 (SwiGLU), m = act(x W_gate) * (x W_in); `keys` are the up-projection rows and `gate_keys` the
 gate rows. Either way MLP(x) = sum_i m_i v_i + b_out.
+
+Mixture-of-experts MLPs (Mixtral, Qwen2-MoE: a router, experts stored as stacked gate_up_proj
+[expert, 2 d_expert, d_model] and down_proj [expert, d_model, d_expert], Qwen2-MoE's gated
+shared expert): the memories are every expert's neurons, expert by expert (then the shared
+expert's), indexed by (`expert`, `neuron`); a routed neuron's coefficient is the router's
+weight on its expert times act(x . g_i) (x . k_i) on the tokens routed to that expert and 0 on
+the others, a shared neuron's is sigmoid(shared gate) times its activation, so the sum of the
+sub-updates m_i v_i is the MoE block's output as Hugging Face computes it (`moe_coefficients`;
+`hooks.capture` reads site "mlp_post" this way on such models).
 """
 from __future__ import annotations
 
@@ -21,6 +30,8 @@ class MLPMemories:
     gate_keys: torch.Tensor | None  # [d_mlp, d_model] rows of the gate weight (gated MLPs)
     key_bias: torch.Tensor | None  # [d_mlp]
     out_bias: torch.Tensor  # [d_model] (zeros where the model has none)
+    expert: torch.Tensor | None = None  # [d_mlp] each memory's expert (MoE; n_experts: the shared expert)
+    neuron: torch.Tensor | None = None  # [d_mlp] each memory's neuron within its expert (MoE)
 
     @property
     def gated(self) -> bool:
@@ -36,9 +47,13 @@ class MLPMemories:
 
 
 def mlp_memories(model, layer: int) -> MLPMemories:
-    """Keys, values and biases of one MLP layer, for plain and gated MLPs alike."""
+    """Keys, values and biases of one MLP layer, for plain and gated MLPs and mixtures of experts
+    (see the module doc)."""
     model.check_layer(layer)
     mlp = model.bridge.blocks[layer].mlp
+    moe = _moe(mlp)
+    if moe is not None:
+        return _moe_memories(layer, *moe)
     w_in = mlp.W_in.detach()  # [d_model, d_mlp]
     w_out = mlp.W_out.detach()  # [d_mlp, d_model]
     w_gate = getattr(mlp, "W_gate", None)
@@ -52,3 +67,89 @@ def mlp_memories(model, layer: int) -> MLPMemories:
         key_bias=None if b_in is None else b_in.detach(),
         out_bias=torch.zeros(w_out.shape[1], dtype=w_out.dtype, device=w_out.device) if b_out is None else b_out.detach(),
     )
+
+
+def _raw(module: torch.nn.Module) -> torch.nn.Module:
+    while isinstance(getattr(module, "original_component", None), torch.nn.Module):
+        module = module.original_component
+    return module
+
+
+def _moe(mlp: torch.nn.Module):
+    """(router, experts, shared expert or None, shared expert's gate or None), raw Hugging Face
+    modules, for a mixture-of-experts MLP of the stacked layout; None for a dense MLP. A layout
+    this module does not know is an UnsupportedModelError, never numbers from the wrong weights."""
+    if mlp is None:
+        return None
+    block = _raw(mlp)
+    experts = getattr(block, "experts", None)
+    if experts is None or getattr(block, "gate", None) is None:
+        return None
+    experts = _raw(experts)
+    up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    if (not isinstance(up, torch.Tensor) or not isinstance(down, torch.Tensor) or up.ndim != 3
+            or getattr(experts, "is_transposed", False) or up.shape[1] != 2 * down.shape[2]):
+        from headscope.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{type(block).__name__}: MLP memories know mixtures of experts with stacked "
+                                    f"gate_up_proj [expert, 2 d_expert, d_model] and down_proj weights only.")
+    shared = getattr(block, "shared_expert", None)
+    shared_gate = getattr(block, "shared_expert_gate", None)
+    return (_raw(block.gate), experts, None if shared is None else _raw(shared),
+            None if shared_gate is None else _raw(shared_gate))
+
+
+def _moe_memories(layer: int, router, experts, shared, shared_gate) -> MLPMemories:
+    up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()  # [E, 2 d_e, d_model], [E, d_model, d_e]
+    n_experts, d_e = up.shape[0], down.shape[2]
+    gate_keys, keys, values = [up[:, :d_e].flatten(0, 1)], [up[:, d_e:].flatten(0, 1)], [down.transpose(1, 2).flatten(0, 1)]
+    expert = [torch.arange(n_experts).repeat_interleave(d_e)]
+    neuron = [torch.arange(d_e).repeat(n_experts)]
+    if shared is not None:
+        raw = {n: _raw(getattr(shared, n)).weight.detach() for n in ("gate_proj", "up_proj", "down_proj")}
+        gate_keys.append(raw["gate_proj"])
+        keys.append(raw["up_proj"])
+        values.append(raw["down_proj"].T)
+        expert.append(torch.full((raw["up_proj"].shape[0],), n_experts))
+        neuron.append(torch.arange(raw["up_proj"].shape[0]))
+    values = torch.cat(values).contiguous()
+    return MLPMemories(layer=layer, keys=torch.cat(keys).contiguous(), values=values,
+                       gate_keys=torch.cat(gate_keys).contiguous(), key_bias=None,
+                       out_bias=torch.zeros(values.shape[1], dtype=values.dtype, device=values.device),
+                       expert=torch.cat(expert), neuron=torch.cat(neuron))
+
+
+def is_moe(model, layer: int) -> bool:
+    """Whether block `layer`'s MLP is a mixture of experts (memories per expert)."""
+    return _moe(getattr(model.bridge.blocks[layer], "mlp", None)) is not None
+
+
+def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """The memory coefficients [..., d_mlp] of a mixture-of-experts MLP from its input x
+    [..., d_model] (see the module doc): per expert, only on the tokens routed to it, weighted by
+    the router as Hugging Face's MoE block; the shared expert's scaled by its sigmoid gate."""
+    router, experts, shared, shared_gate = _moe(model.bridge.blocks[layer].mlp)
+    flat = x.reshape(-1, x.shape[-1])  # [N, d_model]
+    _, weights, chosen = router(flat)  # [N, top_k] each
+    up = experts.gate_up_proj  # [E, 2 d_e, d_model]
+    n_experts = up.shape[0]
+    mix = torch.zeros(flat.shape[0], n_experts, dtype=flat.dtype, device=flat.device)  # [N, E] 0 where not chosen
+    mix.scatter_(1, chosen, weights.to(flat.dtype))
+    parts = []
+    for e in range(n_experts):
+        gate, lin = torch.nn.functional.linear(flat, up[e]).chunk(2, dim=-1)  # [N, d_e] each
+        parts.append(experts.act_fn(gate) * lin * mix[:, e:e + 1])
+    if shared is not None:
+        h = shared.act_fn(shared.gate_proj(flat)) * shared.up_proj(flat)  # [N, d_shared]
+        parts.append(h * torch.sigmoid(shared_gate(flat)))
+    return torch.cat(parts, dim=-1).reshape(*x.shape[:-1], -1)
+
+
+def n_memories(model, layer: int) -> int:
+    """How many memories block `layer`'s MLP has: d_mlp, or every expert's neurons (MoE)."""
+    moe = _moe(model.bridge.blocks[layer].mlp)
+    if moe is None:
+        return model.facts.d_mlp
+    _, experts, shared, _ = moe
+    return experts.gate_up_proj.shape[0] * experts.down_proj.shape[2] + (
+        0 if shared is None else _raw(shared.up_proj).weight.shape[0])

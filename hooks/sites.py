@@ -21,6 +21,7 @@ class SiteKind:
     doc: str
     pos_dim: int = 1  # which axis is the (query) position
     head_dim: int | None = None  # which axis is the head, if any
+    flat: bool = False  # the hook point sees [batch * pos, ...]; capture gives [batch, pos, ...]
 
 
 SITES: dict[str, SiteKind] = {
@@ -58,7 +59,16 @@ SITES: dict[str, SiteKind] = {
     "mlp_pre_linear": SiteKind(template="blocks.{layer}.mlp.hook_pre_linear", shape="[batch, pos, d_mlp]",
                                doc="up projection of a gated MLP"),
     "mlp_post": SiteKind(template="blocks.{layer}.mlp.hook_post", shape="[batch, pos, d_mlp]",
-                         doc="MLP memory coefficients (act(pre), gated: act(gate) * up)"),
+                         doc="MLP memory coefficients (act(pre), gated: act(gate) * up; mixtures of experts: "
+                             "every expert's neurons, each weighted by the router and 0 on tokens not routed "
+                             "to its expert, computed by headscope from the MLP's input, hooks.memories)"),
+    "router_logits": SiteKind(template="blocks.{layer}.mlp.gate.hook_out", shape="[batch, pos, expert]",
+                              doc="a mixture-of-experts router's logits", flat=True),
+    "expert_weights": SiteKind(template="blocks.{layer}.mlp.hook_expert_weights", shape="[batch, pos, expert]",
+                               doc="each token's weight on each expert, as the MoE block mixes them (0 on "
+                                   "experts it did not choose)", flat=True),
+    "expert_indices": SiteKind(template="blocks.{layer}.mlp.hook_expert_indices", shape="[batch, pos, top_k]",
+                               doc="the experts each token chose (router's top k)", flat=True),
 }
 
 COMPUTED = {"result"}  # sites headscope computes rather than reads from a hook point
@@ -164,8 +174,11 @@ def available_sites(model) -> list[str]:
         hook_names.discard("hook_pos_embed")  # an alias that never fires without learned positions
     kinds_global = [k for k, spec in SITES.items() if "{layer}" not in spec.template]
     kinds_layer = [k for k, spec in SITES.items() if "{layer}" in spec.template]
-    candidates = [site(k) for k in kinds_global] + [
-        site(k, layer) for layer in range(model.facts.n_layers) for k in kinds_layer
+    from headscope.hooks.memories import is_moe
+
+    moe = [is_moe(model, layer) for layer in range(model.facts.n_layers)]
+    candidates = [site(k) for k in kinds_global] + [  # router sites on MoE layers only (a gated MLP's gate is no router)
+        site(k, layer) for layer in range(model.facts.n_layers) for k in kinds_layer if moe[layer] or not SITES[k].flat
     ]
     fired = _fired_hook_points(model, [n for n in candidates if n in hook_names or parse_site(n)[0] in COMPUTED])
     found = [n for n in candidates if (site("z", parse_site(n)[1]) if parse_site(n)[0] in COMPUTED else n) in fired]

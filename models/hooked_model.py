@@ -452,8 +452,9 @@ class HookedModel(TLHabits):
         the pass behind `model(tokens)` (TLHabits.forward adds strings and return types).
 
         With no hook attached (`hook_free`), a decoder whose hook-free blocks reproduce its pass
-        (execution.hook_free: float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX blocks, checked once
-        per model by resume.supports) runs them, with the fused attention kernel: no per-layer
+        (execution.hook_free: hand-written float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX blocks,
+        else the model's own Hugging Face layers in any dtype, checked once per model by
+        resume.supports) runs them, with the fused attention kernel: no per-layer
         [batch, head, q, k] pattern is materialised, and no per-module hook machinery runs. Any
         attached hook sends the pass through the bridge, where every hook fires.
         """

@@ -85,6 +85,28 @@ def arch_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def more_arch_dirs(tmp_path_factory):
+    """arch -> directory for tests_support.MORE_ARCHITECTURES (OLMo 2, Qwen3, Gemma 3, Mixtral,
+    Qwen2-MoE), each built on first use and shared."""
+    import functools
+
+    from tests_support import build_architecture
+
+    root = tmp_path_factory.mktemp("more-archs")
+    return functools.cache(lambda arch: build_architecture(arch, root / arch))
+
+
+@pytest.fixture(scope="session")
+def more_arch_models(more_arch_dirs):
+    """arch -> HookedModel of more_arch_dirs(arch), loaded on first use and shared (tests must not modify them)."""
+    import functools
+
+    import headscope as hs
+
+    return functools.cache(lambda arch: hs.load_model(more_arch_dirs(arch), device="cpu"))
+
+
+@pytest.fixture(scope="session")
 def arch_models(arch_dirs):
     """arch -> HookedModel, each loaded on first use and shared (tests must not modify them); load
     warnings surface in the test that loads first, so tests that check them load their own."""

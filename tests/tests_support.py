@@ -230,13 +230,32 @@ ARCHITECTURES = {
 }
 
 
+# Architectures whose blocks differ in shape from the matrix's (#31), kept out of ARCHITECTURES so
+# the matrix-wide tests do not grow: post-norm (OLMo 2), q/k norms (Qwen3, OLMo 2), pre- and
+# post-norms with local and global layers (Gemma 3), mixtures of experts (Mixtral, Qwen2-MoE; 4
+# experts, 2 per token; Qwen2-MoE's shared expert). The word-level tokenizer (ids 4..63), as the
+# tiny models: these test execution, not tokenization.
+MORE_ARCHITECTURES = {
+    "olmo2": (word_tokenizer, "Olmo2ForCausalLM", "Olmo2Config", dict(_SMALL, num_key_value_heads=2)),
+    "qwen3": (word_tokenizer, "Qwen3ForCausalLM", "Qwen3Config", dict(_SMALL, num_key_value_heads=2, head_dim=16)),
+    "gemma3": (word_tokenizer, "Gemma3ForCausalLM", "Gemma3TextConfig",
+               dict(_SMALL, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"])),
+    "mixtral": (word_tokenizer, "MixtralForCausalLM", "MixtralConfig",
+                dict(_SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2moe": (word_tokenizer, "Qwen2MoeForCausalLM", "Qwen2MoeConfig",
+                 dict(_SMALL, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64)),
+}
+
+
 def build_architecture(arch: str, out: Path, seed: int = 0) -> Path:
-    """Save a random-weight `arch` (a key of ARCHITECTURES) with its trained tokenizer to `out`.
-    Matrices and biases are drawn N(0, 0.2^2) and N(0, 0.1^2) so heads differ and biases count;
-    norms keep their initial weights."""
+    """Save a random-weight `arch` (a key of ARCHITECTURES or MORE_ARCHITECTURES) with its
+    tokenizer to `out`. Matrices (and stacked experts' matrices) and biases are drawn
+    N(0, 0.2^2) and N(0, 0.1^2) so heads differ and biases count; norms keep their initial weights."""
     import transformers
 
-    make_tokenizer, model_class, config_class, fields = ARCHITECTURES[arch]
+    make_tokenizer, model_class, config_class, fields = {**ARCHITECTURES, **MORE_ARCHITECTURES}[arch]
     tok = make_tokenizer()
     ids = {name: tok.convert_tokens_to_ids(getattr(tok, name.replace("_id", ""))) for name in
            ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tok, name.replace("_id", ""), None) is not None}
@@ -245,7 +264,7 @@ def build_architecture(arch: str, out: Path, seed: int = 0) -> Path:
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=len(tok), **ids, **fields))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 2:
+            if p.ndim >= 2:
                 p.normal_(0.0, 0.2)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)

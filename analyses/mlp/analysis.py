@@ -120,7 +120,7 @@ def trigger_examples(
     """
     layers = tuple(range(model.facts.n_layers) if layers is None else (model.check_layer(layer) for layer in layers))
     sites = [hooks.site("mlp_post", layer) for layer in layers]
-    topk = [StreamingTopK(k, model.facts.d_mlp) for _ in layers]
+    topk = [StreamingTopK(k, hooks.n_memories(model, layer)) for layer in layers]
     row_offset = 0
     chunks = ((t, m, start) for t, m in _corpus_batches(corpus) for start in range(0, t.shape[0], chunk_size))
     for batch, batch_mask, start in tqdm(chunks, desc="mlp triggers", disable=not progress):
@@ -165,9 +165,9 @@ def value_logits(model, layer: int, *, apply_final_norm: bool = False, neurons: 
 
 def value_top_tokens(model, layer: int, *, top_k: int = 5, apply_final_norm: bool = False, block: int = 1024) -> torch.Tensor:
     """Top tokens of E v_i for every neuron of a layer: [d_mlp, top_k], computed in neuron blocks."""
-    out = []
-    for start in range(0, model.facts.d_mlp, block):
-        neurons = torch.arange(start, min(start + block, model.facts.d_mlp))
+    out, n = [], hooks.n_memories(model, layer)
+    for start in range(0, n, block):
+        neurons = torch.arange(start, min(start + block, n))
         out.append(value_logits(model, layer, apply_final_norm=apply_final_norm, neurons=neurons).topk(top_k, -1).indices.cpu())
     return torch.cat(out)  # [d_mlp, top_k]
 
@@ -245,7 +245,8 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
     acts = _answer_activations(model, task, names)
     for layer, name in zip(layers, names):
         m = acts[name]  # [batch, d_mlp] at each row's answer position
-        v_norm = hooks.mlp_memories(model, layer).values.norm(dim=-1).float().cpu()  # [d_mlp]
+        memories = hooks.mlp_memories(model, layer)
+        v_norm = memories.values.norm(dim=-1).float().cpu()  # [d_mlp]
         norms = m.abs() * v_norm  # [batch, d_mlp] = ||m_i v_i||
         order = norms.topk(min(n_top, norms.shape[1]), -1).indices  # [batch, n_top]
         logits = value_logits(model, layer, apply_final_norm=apply_final_norm, neurons=order.reshape(-1)).float().cpu()
@@ -262,10 +263,14 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
                     "promotes_answer": bool(answers is not None and (toks == answers[b]).any()),
                     "promoted": " ".join(model.to_str_tokens(toks)),
                 })
-        neuron_rows.append(pd.DataFrame({
+        per = pd.DataFrame({
             "layer": layer, "neuron": range(m.shape[1]),
             "task_update_norm": norms.mean(0).numpy(), "task_coefficient": m.mean(0).numpy(),
-        }))
+        })
+        if memories.expert is not None:  # mixture of experts: neuron i is (expert, expert_neuron)
+            per.insert(2, "expert", memories.expert.numpy())
+            per.insert(3, "expert_neuron", memories.neuron.numpy())
+        neuron_rows.append(per)
     return pd.DataFrame(top_rows), pd.concat(neuron_rows, ignore_index=True)
 
 
@@ -311,6 +316,10 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         task, corpus = default_task, default_corpus if corpus is None else corpus
     corpus = [corpus] if isinstance(corpus, (torch.Tensor, tuple)) else list(corpus)
     layers = tuple(range(model.facts.n_layers)) if config.layers is None else tuple(map(model.check_layer, config.layers))
+    sizes = {layer: hooks.n_memories(model, layer) for layer in layers}
+    if len(set(sizes.values())) > 1:  # e.g. dense layers among mixtures of experts (Qwen2-MoE's mlp_only_layers)
+        raise ConfigError(f"the mlp analysis needs layers with the same number of memories; these have "
+                          f"{sizes}: analyse each kind with MLPConfig(layers=...).")
     at = {layer: i for i, layer in enumerate(layers)}  # layer -> its index in the per-layer tensors
     trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
                             min_position=config.min_position, progress=config.progress)
@@ -345,6 +354,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "answer_promoted_fraction": float(top_updates.promotes_answer.mean()) if len(top_updates) else float("nan"),
         "apply_final_norm": config.apply_final_norm,
         "gated_mlp": model.facts.gated_mlp,
+        "mixture_of_experts": any(hooks.is_moe(model, layer) for layer in layers),
     }
     return Result(name="mlp", df=df, summary=summary,
                   tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},

@@ -141,3 +141,28 @@ def test_analysis_tables_and_figures(family, tiny_models):
     html = top_neurons_html(pd.DataFrame([{"layer": 0, "neuron": 1, "task_update_norm": 1.0, "value_tokens": "<script>",
                                            "triggers": "a & [<b>]", "trigger_next": "x", "agrees": True}]))
     assert "<script>" not in html and "&lt;script&gt;" in html and "&amp;" in html
+
+
+def test_dense_and_expert_layers_together_are_one_clear_error(more_arch_dirs, tmp_path):
+    """Qwen2-MoE with a dense first layer (mlp_only_layers): its layers have different numbers of
+    memories, which the per-layer tables cannot stack, so the analysis refuses before any pass and
+    runs on one kind of layer."""
+    import shutil
+
+    import transformers
+
+    import headscope as hs
+
+    source = more_arch_dirs("qwen2moe")
+    config = transformers.AutoConfig.from_pretrained(source)
+    config.mlp_only_layers = [0]
+    transformers.Qwen2MoeForCausalLM(config).save_pretrained(tmp_path / "mixed")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp_path / "mixed" / name)
+    model = hs.load_model(tmp_path / "mixed", device="cpu")
+    assert not hs.hooks.is_moe(model, 0) and hs.hooks.is_moe(model, 1)
+    config = mlp.MLPConfig(quick=True, top_k_triggers=2, n_examples=4)
+    with pytest.raises(hs.ConfigError, match="same number of memories"):
+        mlp.mlp_memories_analysis(model, config=config)
+    result = mlp.mlp_memories_analysis(model, config=mlp.MLPConfig(quick=True, top_k_triggers=2, n_examples=4, layers=(1,)))
+    assert set(result.df.expert) == {0, 1, 2, 3, 4}  # four routed experts and the shared one

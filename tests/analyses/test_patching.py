@@ -19,7 +19,7 @@ from headscope.analyses.patching.attribution_patching import attribution_patchin
 from headscope.analyses.patching.causal_tracing import causal_tracing, subject_noise
 from headscope.analyses.patching.engine import runs_per_forward
 from headscope.analyses.patching.path_patching import path_patching
-from headscope.execution import batching
+from headscope.execution import batching, resume
 from tests_support import build_tiny_model, random_tokens
 
 TL_SWEEPS = {  # our site type -> the TransformerLens sweep it must equal (its output axes)
@@ -92,6 +92,17 @@ def check_against_transformer_lens(model, task: Task, site_types, direction: str
 ])
 def test_exact_patching_equals_transformer_lens(family, sites, tiny_models):
     check_against_transformer_lens(tiny_models[family], make_task(), sites)
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "gemma3"])
+def test_exact_patching_on_post_norm_blocks_equals_transformer_lens(arch, more_arch_models):
+    """OLMo 2 (norms after attention and MLP only, q/k norms) and Gemma 3 (norms before and
+    after): the sweeps resume at the patched block, through the z shortcut in the block's own
+    shape and the model's own hook-free layers (execution/hf_blocks), and equal TransformerLens's
+    one forward pass per cell."""
+    model = more_arch_models(arch)
+    assert resume.supports(model).fast
+    check_against_transformer_lens(model, make_task(pos=4), ["resid_pre", "head_out", "attn_out"])
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import headscope as hs
+from headscope.errors import UnsupportedModelError
 from tests_support import hf_model, random_tokens
 
 
@@ -61,3 +62,28 @@ def test_per_head_outputs_sum_to_the_hf_attention_output(family, tiny_dirs, tiny
     acts = hs.capture(tiny_models[family], tokens, [hs.site("result", 1)])
     total = acts[hs.site("result", 1)].sum(2) + (0 if bias is None else bias)
     assert (total - seen["out"]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_router_sites_equal_hugging_faces_router(arch, more_arch_models, more_arch_dirs):
+    """router_logits, expert_indices and expert_weights as [batch, pos, ...]: Hugging Face's router
+    logits, their top-k experts, and the softmax weights of those experts (renormalised over the
+    top k where the config says so, Mixtral always), 0 on the experts a token did not choose."""
+    model = more_arch_models(arch)
+    hf = hf_model(more_arch_dirs(arch))
+    tokens = random_tokens(2, 6, seed=8)
+    with torch.no_grad():
+        logits = hf(tokens, output_router_logits=True).router_logits[0].view(2, 6, -1)  # [batch, pos, expert]
+    names = [hs.site(kind, 0) for kind in ("router_logits", "expert_indices", "expert_weights")]
+    acts = hs.capture(model, tokens, names)
+    torch.testing.assert_close(acts[names[0]], logits, atol=1e-6, rtol=1e-6)
+    probs = logits.softmax(-1)
+    top = probs.topk(hf.config.num_experts_per_tok, -1)
+    assert torch.equal(acts[names[1]].sort(-1).values, top.indices.sort(-1).values)
+    weights = top.values / top.values.sum(-1, keepdim=True) if getattr(hf.config, "norm_topk_prob", True) else top.values
+    want = torch.zeros_like(probs).scatter_(-1, top.indices, weights)
+    torch.testing.assert_close(acts[names[2]], want, atol=1e-6, rtol=1e-6)
+    assert hs.hooks.SITES["expert_weights"].shape == "[batch, pos, expert]"
+    with pytest.raises(UnsupportedModelError, match="mixture of experts"):  # mlp.hook_post is not the experts' neurons
+        with hs.ablate(model, neurons=[(0, 3)]):
+            pass

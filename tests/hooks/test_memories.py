@@ -48,3 +48,34 @@ def test_gated_keys_and_coefficients_follow_the_hf_weights(tiny_dirs, tiny_model
 def test_layer_out_of_range(tiny_models):
     with pytest.raises(hs.IndexOutOfRangeError, match=r"layers 0\.\.1"):
         hs.mlp_memories(tiny_models["gpt2"], 2)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_expert_memories_rebuild_the_hf_moe_output(arch, more_arch_models, more_arch_dirs):
+    """Mixture-of-experts MLPs: memories indexed by (expert, neuron), experts then Qwen2-MoE's shared
+    one; each expert's coefficients are 0 exactly on the tokens Hugging Face's router did not send
+    to it, and the sum of every sub-update m_i v_i is the MoE block's output in Hugging Face."""
+    model = more_arch_models(arch)
+    hf = hf_model(more_arch_dirs(arch))
+    config = hf.config
+    n_experts = getattr(config, "num_local_experts", None) or config.num_experts
+    d_expert = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    shared = getattr(config, "shared_expert_intermediate_size", 0)
+    tokens = random_tokens(2, 7, seed=5)
+    seen = {}
+    handle = hf.model.layers[1].mlp.register_forward_hook(lambda m, a, o: seen.setdefault("out", o))
+    with torch.no_grad():
+        router_logits = hf(tokens, output_router_logits=True).router_logits[1]  # [batch * pos, expert]
+    handle.remove()
+    mem = hs.mlp_memories(model, 1)
+    m = hs.capture(model, tokens, [hs.site("mlp_post", 1)])[hs.site("mlp_post", 1)]  # [batch, pos, memories]
+    assert m.shape == (2, 7, n_experts * d_expert + shared) == (2, 7, mem.values.shape[0])
+    assert mem.expert.tolist() == [e for e in range(n_experts) for _ in range(d_expert)] + [n_experts] * shared
+    torch.testing.assert_close(mem.sub_updates(m).sum(-2), seen["out"], atol=1e-5, rtol=1e-5)
+    chosen = router_logits.topk(config.num_experts_per_tok, -1).indices  # [batch * pos, top_k]
+    flat = m.reshape(14, -1)
+    for e in range(n_experts):
+        routed = (chosen == e).any(-1)  # [batch * pos]
+        block = flat[:, mem.expert == e]  # [batch * pos, d_expert]
+        assert (block[~routed] == 0).all() and (block[routed].abs().sum(-1) > 0).all()
+    assert routed.any() and not routed.all()  # the router split the tokens

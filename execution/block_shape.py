@@ -1,0 +1,105 @@
+"""What a decoder block is, decided in one place: sequential or parallel, pre- or post-norm.
+
+Every resumed or hook-free pass that runs part of a block by hand (resume's z shortcut: the block
+from its attention output on; the hook-free blocks' residual sums) asks this module, so the
+shapes stay consistent:
+- pre-norm, sequential (GPT-2, Llama, Qwen, Mistral, Mixtral): h = x + a, out = h + MLP(ln2(h));
+- post-norm (OLMo 2: norms after attention and after the MLP, none before):
+  h = x + ln1_post(a), out = h + ln2_post(MLP(h));
+- both (Gemma 2/3): h = x + ln1_post(a), out = h + ln2_post(MLP(ln2(h)));
+- parallel (GPT-NeoX/Pythia, GPT-J, Phi, Falcon): out = MLP(ln2(x)) + a + x, where a block with
+  one norm (GPT-J, Phi) feeds ln1(x) to both branches.
+a is the attention output o(z) (before any post-norm). TransformerLens's bridge says which: a
+ParallelBlockBridge is parallel, the ln1_post / ln2 / ln2_post submodules say where the norms sit,
+and a ScaledResidualBlockBridge (Granite: scaled residual writes) is none of these (None).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+
+class Parts(NamedTuple):
+    """A block's modules after its attention output, as callables (bridge modules, whose hooks
+    fire, or the raw Hugging Face modules under them)."""
+
+    mlp: Callable[[torch.Tensor], torch.Tensor]
+    ln2: Callable | None = None  # the norm before the MLP (None: the MLP reads the residual itself)
+    ln1_post: Callable | None = None  # the norm of the attention output (post-norm blocks)
+    ln2_post: Callable | None = None  # the norm of the MLP output (post-norm blocks)
+    parallel: bool = False  # attention and MLP both read the block's input
+
+
+def raw(module: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face module under a bridge component (the module itself when not wrapped)."""
+    return getattr(module, "original_component", None) or module
+
+
+def is_parallel(block: torch.nn.Module) -> bool:
+    """Attention and MLP read the same block input (TransformerLens's ParallelBlockBridge)."""
+    from transformer_lens.model_bridge.generalized_components.block import ParallelBlockBridge
+
+    return isinstance(block, ParallelBlockBridge)
+
+
+def parts(block: torch.nn.Module, convert: Callable[[torch.nn.Module], Callable] | None = None) -> Parts | None:
+    """The bridge block's parts after its attention (the bridge's modules, or convert(module) of
+    each: e.g. a hook-free copy), or None for a block none of the shapes describes (scaled
+    residual writes, no MLP)."""
+    from transformer_lens.model_bridge.generalized_components.block import ScaledResidualBlockBridge
+
+    if isinstance(block, ScaledResidualBlockBridge) or _child(block, "mlp") is None:
+        return None
+
+    def get(name: str):
+        module = _child(block, name)
+        return module if module is None or convert is None else convert(module)
+
+    parallel = is_parallel(block)
+    ln2 = get("ln2")
+    if parallel and ln2 is None:
+        ln2 = get("ln1")  # GPT-J, Phi: one norm feeds both branches
+    return Parts(mlp=get("mlp"), ln2=ln2, ln1_post=get("ln1_post"), ln2_post=get("ln2_post"), parallel=parallel)
+
+
+def _child(block: torch.nn.Module, name: str) -> torch.nn.Module | None:
+    return block._modules.get(name)
+
+
+def mlp_entry(block: torch.nn.Module) -> torch.nn.Module:
+    """The bridge module whose input is the MLP branch's alone (ln2, else the MLP): cutting its
+    input to the last position runs the MLP there only (the residual add broadcasts)."""
+    ln2 = _child(block, "ln2")
+    return ln2 if ln2 is not None else block.mlp
+
+
+def residual(a: torch.Tensor, x: torch.Tensor, p: Parts, *, in_place: bool) -> torch.Tensor:
+    """The block's output [n, q, d_model] from its attention output a and its input x [n, q,
+    d_model], in Hugging Face's order of sums (half precision rounds each one; x + a and a + x
+    are the same bits). in_place: a and the MLP's output are fresh buffers nobody else holds
+    (hook-free blocks), so the sums reuse them; through the bridge a hook may keep a tensor, so
+    nothing is added in place."""
+    if p.parallel:
+        m = p.mlp(x if p.ln2 is None else p.ln2(x))
+        return m.add_(a).add_(x) if in_place else m + a + x
+    if p.ln1_post is not None:
+        a = p.ln1_post(a)
+    h = a.add_(x) if in_place else x + a  # resid_mid
+    m = p.mlp(h if p.ln2 is None else p.ln2(h))
+    if p.ln2_post is not None:
+        m = p.ln2_post(m)
+    return m.add_(h) if in_place else h + m
+
+
+def kind(model, layer: int) -> tuple:
+    """What tells block `layer` apart from others of the same model: its Hugging Face class, its
+    attention type (config.layer_types: sliding or full, ...), its MLP's class (dense or experts)
+    and its shape (parallel or not). Blocks of one kind run the same code on the same kind of
+    arguments, so a check on one stands for all (resume.supports)."""
+    block = model.bridge.blocks[layer]
+    types = getattr(model.bridge.original_model.config, "layer_types", None) or ()
+    mlp = _child(block, "mlp")
+    return (type(raw(block)).__name__, types[layer] if layer < len(types) else None,
+            None if mlp is None else type(raw(mlp)).__name__, is_parallel(block))

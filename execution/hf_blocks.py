@@ -1,0 +1,144 @@
+"""Hook-free blocks for every architecture: the model's own Hugging Face decoder layers.
+
+Where fast_blocks has no hand-written block (Qwen3's and OLMo 2's q/k norms, OLMo 2's and Gemma's
+post-norms, mixture-of-experts MLPs, ...), a resumed or hook-free pass can still skip the bridge's
+per-block cost: `plan` gives each block a copy of its Hugging Face layer whose submodules are the
+raw Hugging Face modules under the bridge's components (parameters and buffers shared, so
+in-place weight edits are seen; no hook point fires), called with the arguments the bridge
+passed the layer (mask, position ids, rotary tables). The copy's attention runs PyTorch's fused
+kernel (SDPA) unless the architecture needs eager attention (soft-capped scores, as Gemma 2),
+whatever implementation the bridge forced on the model, so memory follows Hugging Face's SDPA
+pass rather than the bridge's materialised patterns.
+
+What the engines need inside such a block enters through light torch hooks on the copy's own
+modules: the heads' z is the input of the attention's output projection (read for a capture,
+edited for gates), the keys and values of this call go through a one-call stand-in for the KV
+cache (prepending the captured keys and values before a resumed position), and the last block's
+MLP branch is cut to the last position (the residual add broadcasts). The last block's attention
+still runs every query (that saving stays with the hand-written blocks). resume.supports checks
+every use against a full pass before anything relies on it. The copies do not fire torch hooks
+registered on the Hugging Face modules, so resumed passes use them only while
+HookedModel.hook_free() (no hook point's hook, no user torch hook on any module of the bridge).
+
+Any dtype: in bfloat16 and float16 these blocks are the model's own arithmetic except attention,
+where SDPA rounds differently from the eager attention the bridge runs; tests hold them to twice
+Hugging Face's own bfloat16-vs-float32 gap on the same inputs (resume.supports checks them to
+8 eps of the logits' scale).
+"""
+from __future__ import annotations
+
+import collections
+import copy
+from typing import Any
+
+import torch
+
+from headscope.execution import block_shape
+from headscope.execution.fast_blocks import Block, ZEdit
+
+CACHE_KEYS = ("cache", "past_key_values", "past_key_value", "layer_past")  # what the layer calls its KV cache
+
+
+def plan(model) -> list[Block] | None:
+    """A Block per layer running its Hugging Face module, or None where a layer is not a plain
+    decoder layer (no attention output projection or MLP, an unknown block shape)."""
+    blocks = list(model.bridge.blocks)
+    if not blocks:
+        return None
+    try:
+        out = [_layer_block(block) for block in blocks]
+    except (AttributeError, KeyError, TypeError):  # a layout without the expected modules
+        return None
+    return None if any(b is None for b in out) else out
+
+
+def _unbridged(module: torch.nn.Module, made: dict[int, torch.nn.Module]) -> torch.nn.Module:
+    """A copy of `module`'s Hugging Face tree with the raw module under every bridge component,
+    its parameters and buffers shared and no hooks; made: id(bridge or raw module) -> copy."""
+    raw = block_shape.raw(module)
+    clone = copy.copy(raw)
+    for name, value in list(vars(clone).items()):  # no hooks of the original's (ours go on the copy)
+        if name.startswith(("_forward_", "_backward_")) and isinstance(value, dict):
+            setattr(clone, name, collections.OrderedDict())
+    clone._modules = {name: None if child is None else _unbridged(child, made) for name, child in raw._modules.items()}
+    made[id(module)] = made[id(raw)] = clone
+    return clone
+
+
+class _OneCall:
+    """The KV cache a layer sees in one hook-free call: prepends `past` (keys and values
+    [n, kv_head, p, d_head] each, or None) and keeps this call's own keys and values."""
+
+    def __init__(self, past: tuple[torch.Tensor, torch.Tensor] | None):
+        self.past, self.new = past, None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new = (k, v)
+        if self.past is None:
+            return k, v
+        return torch.cat([self.past[0], k], dim=2), torch.cat([self.past[1], v], dim=2)
+
+
+def _layer_block(block: torch.nn.Module) -> Block | None:
+    made: dict[int, torch.nn.Module] = {}
+    layer = _unbridged(block, made)
+    attn = made[id(block.attn)]
+    o_proj = made[id(block.attn.o)]
+    parts = block_shape.parts(block, lambda m: made[id(m)])
+    if parts is None:
+        return None
+    d_head = int(getattr(attn, "head_dim", None) or attn.head_size)  # GPT-NeoX: head_size
+    config = copy.copy(attn.config)  # the copy's own attention implementation
+    eager = getattr(config, "attn_logit_softcapping", None) is not None  # SDPA cannot soft-cap scores
+    config._attn_implementation = "eager" if eager else "sdpa"
+    attn.config = config
+    state: dict[str, Any] = {"edit": None, "z": None, "last": False}
+
+    def on_z(module, args):  # the output projection's input: the heads' z [n, q, head * d_head]
+        z = args[0]
+        if state["edit"] is not None:
+            z = state["edit"](z.view(*z.shape[:2], -1, d_head)).flatten(2)
+        state["z"] = z
+        return (z,) + tuple(args[1:])
+
+    def cut(module, args):  # the MLP branch at the last position only
+        return ((args[0][:, -1:],) + tuple(args[1:])) if state["last"] else None
+
+    o_proj.register_forward_pre_hook(on_z)
+    made[id(block_shape.mlp_entry(block))].register_forward_pre_hook(cut)
+
+    def call(x: torch.Tensor, args: tuple, kwargs: dict, past, last_query: bool, edit_z: ZEdit | None):
+        """-> (output [n, q, d_model], z [n, q, head * d_head], this call's k and v) or None."""
+        key = next((k for k in CACHE_KEYS if k in kwargs), None)
+        if key is None or (eager and kwargs.get("attention_mask") is None):
+            return None  # no cache argument to hand keys through; eager attention needs its mask
+        cache = _OneCall(past)
+        kwargs = {**kwargs, key: cache}
+        state.update(edit=edit_z, last=last_query)
+        try:
+            out = layer(x, *args, **kwargs)
+        finally:
+            z, state["z"] = state["z"], None
+            state.update(edit=None, last=False)
+        out = out[0] if isinstance(out, tuple) else out
+        if cache.new is None or z is None:
+            return None
+        return out, z, *cache.new
+
+    def full(x, args, kwargs, past, last_query, edit_z=None):
+        got = call(x, args, kwargs, past, last_query, edit_z)
+        if got is None:
+            return None
+        return got[0][:, -1:] if last_query else got[0]  # [n, q or 1, d_model]
+
+    def record(x, args, kwargs):
+        got = call(x, args, kwargs, None, False, None)
+        if got is None:
+            return None
+        out, z, k, v = got
+        return out, z.view(*z.shape[:2], -1, d_head), k, v
+
+    def after(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return block_shape.residual(a, x, parts, in_place=True)
+
+    return Block(full, after, record, None)
