@@ -435,10 +435,12 @@ class Support(NamedTuple):
 def supports(model) -> Support:
     """What resuming reproduces on `model`, checked once per model on short prompts (resumes from
     one block, _check_start; a few start positions) to 1e-4 of the logits' scale in float32. Nothing is
-    resumed, checked or remembered while hooks are attached to the model. A check that fails
+    resumed, checked or remembered while any hook is attached to the model (`model.hook_free()`: a
+    hook point's hook, a user's permanent one, or a torch hook on any module of the bridge, which the
+    hook-free blocks would not fire): callers then run full passes, where every hook fires. A check that fails
     (rather than one that does not apply, e.g. hook-free blocks on an unknown architecture) is
     said once per model, as a HeadscopeWarning naming the model and what runs instead."""
-    if model.n_active_hooks():
+    if not model.hook_free():
         return Support(False, False, False)
     if model in _SUPPORT:
         return _SUPPORT[model]

@@ -247,8 +247,16 @@ def _first_char(path: Path) -> str:
 
 def _file_records(path: Path, only: set[int] | None = None) -> Iterator[tuple[Any, str]]:
     """(record, its place in the file, e.g. "line 3, row 2") of each example, read lazily (a .json
-    array is parsed whole); with `only`, JSON lines skips the other rows unparsed (a file checked
-    already)."""
+    array is parsed whole); with `only`, just the rows of those indices (JSON lines skips the others
+    unparsed; a file checked already)."""
+    if only is None or FORMATS[path.suffix.lower()] == "json" and _first_char(path) != "[":
+        yield from _all_file_records(path, only)
+    else:  # CSV, Parquet, a JSON array: read row by row, keep the chosen ones
+        yield from (entry for i, entry in enumerate(_all_file_records(path)) if i in only)
+
+
+def _all_file_records(path: Path, only: set[int] | None = None) -> Iterator[tuple[Any, str]]:
+    """_file_records without the row filter, except in JSON lines (`only` skips rows unparsed)."""
     kind = FORMATS[path.suffix.lower()]
     if kind == "parquet":
         yield from _parquet_records(path)

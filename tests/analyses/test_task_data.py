@@ -403,3 +403,24 @@ def test_every_family_runs_a_seeded_sample_of_a_large_task_file(tmp_path, tiny_m
     qa = {"question": "q", "answers": ["a"], "gold_document": {"title": "t", "text": "a"}, "documents": []}
     _write_jsonl(tmp_path / "qa.jsonl", [qa] * 2_000)
     assert len(prompts.load_qa_records(str(tmp_path / "qa.jsonl"), n)) == n
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet", ".json"])
+def test_a_sample_of_any_file_format_holds_only_the_chosen_rows(tmp_path, suffix):
+    """--n-examples on a CSV, Parquet or JSON-array file keeps the seeded sample (torch.randperm, drawn
+    here), as on JSON lines: the second pass reads row by row and keeps only the chosen rows."""
+    import torch
+
+    rows = [{"text": f"w{i} w{i + 1}", "label": f"w{i % 7}"} for i in range(40)]
+    path = tmp_path / f"rows{suffix}"
+    if suffix == ".csv":
+        pd.DataFrame(rows).to_csv(path, index=False)
+    elif suffix == ".parquet":
+        pd.DataFrame(rows).to_parquet(path)
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows), encoding="utf-8")
+    else:
+        _write_jsonl(path, rows)
+    chosen = torch.randperm(40, generator=torch.Generator().manual_seed(5))[:6].sort().values.tolist()
+    got = read_task_rows(path, {"prompt": "text", "answer": "label"}, n_examples=6, seed=5)
+    assert got == [{"prompt": rows[i]["text"], "answer": rows[i]["label"]} for i in chosen]

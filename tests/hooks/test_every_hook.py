@@ -91,3 +91,23 @@ def test_analysis_fast_paths_run_a_permanent_hook(hooked):
     sums = {}
     out = reduce_patterns(model, tokens, lambda layer, q, p: sums.__setitem__(layer, p.sum()))
     assert (out - want).abs().max() <= TOL and sorted(sums) == [0, 1]
+
+
+def test_a_torch_hook_on_a_hugging_face_module_turns_every_fast_path_off(tiny_models):
+    """A user's torch hook on a Hugging Face submodule (which the hand-written blocks and the
+    differentiable last-position pass would not fire): supports() says nothing is resumed or hook-free
+    while it is attached, so heads, patching and attribution run full passes where it fires; the
+    last-position logits then equal the bridge's with the hook."""
+    model = tiny_models["llama"]
+    tokens = torch.tensor([[1, 5, 9, 13, 17, 21]])
+    assert resume.supports(model).fast_capture  # the model's own check, hook-free
+    mlp = model.bridge.blocks[0].mlp.original_component
+    handle = mlp.register_forward_hook(lambda module, args, out: out * 0)
+    try:
+        assert resume.supports(model) == resume.Support(False, False, False)
+        assert not model.hook_free()
+        want = model.bridge(tokens)[:, -1]
+        torch.testing.assert_close(model(tokens)[:, -1], want, atol=TOL, rtol=TOL)
+    finally:
+        handle.remove()
+    assert resume.supports(model).fast_capture and (want - model(tokens)[:, -1]).abs().max() > 1e-3  # the hook mattered

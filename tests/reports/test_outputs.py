@@ -7,8 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from headscope.analyses.core.task_files import load_task_file, read_task_rows
-from headscope.errors import OutputExistsError, TaskFileError
+from headscope.analyses.core.task_files import load_task, load_task_file, read_task_rows
+from headscope.errors import HeadscopeWarning, OutputExistsError, TaskFileError
 from headscope.reports import io
 from headscope.reports.html_report import write_report_files
 from headscope.reports.report import parse_analyses, prepare_out
@@ -97,8 +97,10 @@ def test_task_file_builds_a_task(tmp_path, tiny_models):
     assert task.answers.tolist() == [8, 13] and task.wrong_answers.tolist() == [9, 6]
     uneven = tmp_path / "uneven.jsonl"
     uneven.write_text(json.dumps({"prompt": "w1 w2", "answer": "w3", "corrupted_prompt": "w1 w2 w3"}))
-    with pytest.raises(TaskFileError, match="same length"):
-        load_task_file(tiny_models["gpt2"], uneven)
+    with pytest.warns(HeadscopeWarning, match="1 corrupted prompt\\(s\\) have another token length"):  # left out of patching
+        assert load_task_file(tiny_models["gpt2"], uneven).unpaired == [0]
+    with pytest.raises(TaskFileError, match="another token length.*strict mode refuses"):
+        load_task(tiny_models["gpt2"], uneven, strict=True)
 
 
 def test_report_html_escapes_every_string_and_fetches_nothing(tmp_path):
