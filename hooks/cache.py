@@ -24,16 +24,12 @@ import torch
 
 from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
 from headscope.hooks.residual import CacheHabits, _check_scale_shape, norm_weight, slice_axis
-from headscope.hooks.sites import SITES, _suggest, site
+from headscope.hooks.sites import ALIASES, SITES, _suggest, site
 
 FORMAT = "headscope.Activations/1"  # safetensors metadata marker
 OUTPUT_KEY = "output"  # the forward's output in a saved file (no hook name is a bare "output")
 NORMS = {"LN", "LNPre", "RMS", "RMSPre"}  # normalisations apply_ln knows (as TransformerLens)
 # TransformerLens short names (transformer_lens.utilities.get_act_name) -> headscope site kinds
-ALIASES = {
-    "attn": "pattern", "attn_scores": "scores", "attn_logits": "scores", "key": "k", "query": "q",
-    "value": "v", "pre": "mlp_pre", "post": "mlp_post", "pre_linear": "mlp_pre_linear",
-}
 NORM_KINDS = {"scale", "normalized"}  # norm hook points: ln_final.hook_scale, blocks.L.ln1.hook_scale
 _COMPACT = re.compile(r"^([a-z_]+?)(\d+)([a-z]\w*)?$")  # TransformerLens's "k6", "scale4ln1"
 _LAYER = re.compile(r"^blocks\.(\d+)\.")

@@ -364,12 +364,15 @@ class HookedModel(TLHabits):
         as TransformerLens's to_str_tokens. Ids the tokenizer does not know (an embedding padded past
         its vocabulary, as Pythia's 50,304 rows for 50,277 tokens) read "<id N>". Text, as in
         TransformerLens, is tokenized as to_tokens does (BOS prepended on decoders unless
-        prepend_bos=False); a list of strings gives one list each."""
+        prepend_bos=False); a list of strings, or a [batch, pos] tensor of several rows, gives one list each."""
         if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens):
             return [self.to_str_tokens(t, prepend_bos=prepend_bos) for t in tokens]
         if isinstance(tokens, str):
             tokens = self.to_tokens(tokens, prepend_bos=prepend_bos)
-        return token_strings(self.tokenizer, torch.as_tensor(tokens).reshape(-1).tolist())
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() == 2 and tokens.shape[0] > 1:  # [batch, pos]: one list a row, as TransformerLens
+            return [token_strings(self.tokenizer, row.tolist()) for row in tokens]
+        return token_strings(self.tokenizer, tokens.reshape(-1).tolist())
 
     def tokens_to_residual_directions(self, tokens: str | int | torch.Tensor) -> torch.Tensor:
         """The unembedding directions W_U[:, tokens], as TransformerLens's: [d_model] for one token

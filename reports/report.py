@@ -139,10 +139,14 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
             resolved.append(contract.resolve(task, model, seed=seed))
         checked = task if named or not need.task_data else resolved[0]
         reasons = contract.task_reasons(need, checked, model)
+        no_pairs = isinstance(checked, Task) and contract.no_pairs_reason(checked) in reasons
+        if reasons and not substitute and no_pairs:
+            raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {contract.no_pairs_reason(checked)}. "
+                            f"Give each corrupted prompt the token length of its prompt.")
         if reasons and not substitute:
             raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {'; '.join(reasons)}. Give it a task "
                             f"it can use, or run `headscope report --analyses {name}`, which runs it on its own default task.")
-        if isinstance(checked, Task) and contract.no_pairs_reason(checked) in reasons:
+        if no_pairs:
             plans[name] = Plan(task=None, used="none", skip=contract.no_pairs_reason(checked))
         elif reasons:
             plans[name] = Plan(task=None, used=f"default task ({'; '.join(reasons)})")

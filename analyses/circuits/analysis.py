@@ -320,7 +320,8 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
             found, edge_summary = circuit_discovery(model, pairs, ig_steps=config.ig_steps, method=config.edge_method,
                                                     k_values=config.k_values,
                                                     seed=config.seed)
-        except (UnsupportedModelError, TaskError) as err:  # e.g. Gemma 2's post-norms; no pair of one length
+        except (UnsupportedModelError, TaskError, ConfigError) as err:  # Gemma 2's post-norms; no pair of one
+            # length; no clean-corrupted gap to normalise by (corrupted prompts that change nothing)
             summary["edges_skipped"] = str(err)
         else:
             tables.update(found)

@@ -252,8 +252,10 @@ def method_label(method: str, steps: int) -> str:
     """Human-readable name of an estimator, saying where its gradient is taken."""
     if method == "eap-clean":
         return "EAP, clean-run gradient (Syed et al.; EAP-IG authors' method='EAP')"
-    if method == "eap-denoising" or steps == 1:
+    if method == "eap-denoising":
         return "EAP, corrupted-run gradient (denoising; TransformerLens attribution_patch)"
+    if steps == 1:  # the one interpolation point is the corrupted input
+        return "EAP-IG with 1 step: the corrupted-run gradient (the same estimate as eap-denoising)"
     return f"EAP-IG ({steps} steps, input embeddings interpolated)"
 
 
