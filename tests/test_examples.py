@@ -1,6 +1,7 @@
 """The example notebook runs top to bottom on the zoo model (nbclient), as a reader would run it."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,39 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     assert plotted and all("image/png" in o.get("data", {}) for o in plotted)  # one image per figure
     assert len(own) == 1 and "image/png" in own[0].get("data", {})
     assert "".join(o.get("text", "") for o in backend).strip() == "module://matplotlib_inline.backend_inline"
+
+
+def _daily_tasks(monkeypatch):
+    """examples/tl_daily_tasks.py as a module (examples/ is not a package)."""
+    import importlib.util
+
+    path = NOTEBOOK.parent / "tl_daily_tasks.py"
+    spec = importlib.util.spec_from_file_location("tl_daily_tasks", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tl_daily_tasks_take_no_more_lines_than_transformer_lens(monkeypatch):
+    """Issue #32's yardstick: each of a TransformerLens user's ten daily tasks, run both ways on the zoo's
+    synth-gpt2 (the script asserts that both sides compute the same numbers), takes no more lines in
+    headscope than in TransformerLens 4.3's TransformerBridge; the README shows the same table."""
+    daily = _daily_tasks(monkeypatch)
+
+    def sample(model):
+        """A docstring, not counted."""
+        x = model(1)  # a comment after code: counted
+        # a comment line: not counted
+
+        y = (x,
+             x)
+        return x, y
+
+    assert daily.count_lines(sample) == 3  # x = ..., and the two lines of y; `return x, y` hands values on
+    rows = daily.run()
+    assert [r.task for r in rows] == list(daily.TASKS.values())
+    for r in rows:
+        assert 0 < r.headscope <= r.transformer_lens, r
+    readme = (NOTEBOOK.parents[1] / "README.md").read_text()
+    assert daily.table(rows) in readme, "README's table of daily tasks is out of date: paste the script's output"
