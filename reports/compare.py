@@ -1,10 +1,13 @@
 """`headscope compare OUT_A OUT_B`: one self-contained HTML page setting two reports side by side.
 
-Reads only the files of two output folders (manifest.json, <analysis>/summary.json and CSVs):
+Reads only the files of two output folders (manifest.json, <analysis>/summary.json, task.json and CSVs):
 each analysis's finding for A and B, head importance in raw units on one diverging scale (A, B and
 B - A when the shapes agree), the
 pruning curves and position curves of both on shared axes, and the top patching sites, with the
-differences called out in words. Every string from the folders is escaped; figures are inline PNG.
+differences called out in words: first every setting that differs (per analysis its task, source, n
+and budget changes too), each headline difference marked within or beyond the runs' own 95% intervals,
+each blank cell with its reason, and both runs' provenance at the end. Every string from the folders
+is escaped; figures are inline PNG.
 """
 from __future__ import annotations
 
@@ -21,13 +24,16 @@ import seaborn as sns
 
 from headscope.errors import OutputError, OutputExistsError
 from headscope.reports import io
-from headscope.reports.findings import finding
-from headscope.reports.html_report import CSS
+from headscope.reports.findings import finding, t_interval, wilson
+from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.plots import DIVERGING, symmetric_bound
+from headscope.reports.provenance import provenance_lines, section_provenance
 from headscope.reports.render import escape, figure_png
 
 SIDES = ("A", "B")
 SAME = "(same) "  # prefix of a note that reports agreement: shown in its section, not listed as a difference
+NO_INTERVAL = " (neither summary records an interval for it: whether this is beyond noise is not known)."
+HEADLINES = {"heads": "baseline_metric", "kv": "metric_unevicted", "probes": "best_{metric}"}  # what each finding reads
 
 
 class Run:
@@ -55,6 +61,29 @@ class Run:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+    def status(self, name: str) -> str:
+        """The manifest's status of analysis `name` ("" when it records none)."""
+        status = self.manifest.get("status") or {}
+        return str(status.get(name, "")) if isinstance(status, dict) else ""
+
+    def provenance(self, name: str) -> dict[str, Any] | None:
+        """The section provenance of analysis `name` (task, source, n, sample; reports/provenance.py), None
+        when it has no summary."""
+        if self.summary(name) is None:
+            return None
+        used = self.manifest.get("task_used") or {}
+        return section_provenance(self.path / name, str(used.get(name, "")) if isinstance(used, dict) else "")
+
+    def why_blank(self, name: str) -> str:
+        """Why this run has no result for analysis `name`: its manifest status, or that it did not run it."""
+        analyses = (self.manifest.get("config") or {}).get("analyses") or []
+        state = self.status(name)
+        if state and state not in ("done", "done (resumed)"):
+            return state
+        if name not in analyses:
+            return "not part of this run (not among its analyses)"
+        return f"no readable {name}/summary.json in this folder"
 
     def table(self, name: str, stem: str) -> pd.DataFrame | None:
         try:
@@ -115,6 +144,10 @@ def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
         notes.append(text if r < 0.95 or len(shared) < 5 else SAME + text)
     elif all(g is not None for g in grids) and whats[0] != whats[1]:
         notes.append(f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no cell-by-cell difference.")
+    elif any(g is None for g in grids):
+        side = SIDES[grids.index(None)]
+        notes.append(f"Head importance: {side} has none (no heads/results.csv with an importance column); only the other "
+                     "run is drawn.")
     elif all(g is not None for g in grids):
         notes.append(f"Head importance: the models differ in shape ({grids[0].shape[0]}x{grids[0].shape[1]} vs "
                      f"{grids[1].shape[0]}x{grids[1].shape[1]} layers x heads); no cell-by-cell difference.")
@@ -155,7 +188,7 @@ def pruning_section(a: Run, b: Run) -> tuple[str, list[str]]:
         fa, fb = sums[0][key], sums[1][key]
         if isinstance(fa, (int, float)) and isinstance(fb, (int, float)) and abs(fa - fb) >= 0.05:
             notes.append(f"Prunable within 1% by {key.removeprefix('max_fraction_prunable_').replace('_', ' ')}: "
-                         f"A {100 * fa:.0f}%, B {100 * fb:.0f}%.")
+                         f"A {100 * fa:.0f}%, B {100 * fb:.0f}%" + NO_INTERVAL)
     return _img(fig, "pruning curves"), notes
 
 
@@ -175,7 +208,7 @@ def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
     for metric in sorted(set(ratios[0]) & set(ratios[1])):
         ra, rb = ratios[0][metric], ratios[1][metric]
         if isinstance(ra, (int, float)) and isinstance(rb, (int, float)) and abs(ra - rb) >= 0.05:
-            notes.append(f"Middle/ends ratio of {metric}: A {ra:.2f}, B {rb:.2f}.")
+            notes.append(f"Middle/ends ratio of {metric}: A {ra:.2f}, B {rb:.2f}" + NO_INTERVAL)
     return _img(fig, "position curves"), notes
 
 
@@ -203,7 +236,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             for side in cells:
                 cell = side[i] if i < len(side) else None
                 effect = float(cell.get("effect", float("nan"))) if cell is not None else 0.0
-                row.append("" if cell is None else f"{escape(_site_name(kind, cell))}: {effect:.3g}")
+                row.append(f"<em>(its summary lists {len(side)} {escape(kind)} site(s))</em>" if cell is None
+                           else f"{escape(_site_name(kind, cell))}: {effect:.3g}")
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         if all(firsts) and firsts[0] != firsts[1]:
@@ -215,7 +249,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
 
 def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     """Every setting that differs between the runs: model, task, seed, --quick, --n-examples, budget,
-    the commit and package versions (manifest.json), and each analysis's example count (its summary)."""
+    the commit and package versions (manifest.json), and per analysis the task it ran on with its source,
+    its example count and what the budget changed (its section provenance, reports/provenance.py)."""
     ma, mb = a.manifest, b.manifest
     ca, cb = ma.get("config") or {}, mb.get("config") or {}
     rows = [("model", (ma.get("model") or {}).get("name"), (mb.get("model") or {}).get("name")),
@@ -228,9 +263,102 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     if isinstance(va, dict) and isinstance(vb, dict):
         rows += [(f"{pkg} version", va.get(pkg), vb.get(pkg)) for pkg in sorted(set(va) | set(vb))]
     for name in names:
-        rows.append((f"{name} examples", (a.summary(name) or {}).get("n_examples"), (b.summary(name) or {}).get("n_examples")))
+        pa, pb = a.provenance(name), b.provenance(name)
+        if pa is None or pb is None:  # one side has no result: the findings table says why
+            continue
+        rows.append((f"{name} task", _task_text(pa), _task_text(pb)))
+        rows.append((f"{name} examples", pa.get("n_examples"), pb.get("n_examples")))
+        rows.append((f"{name} budget changes", _budget_text(pa), _budget_text(pb)))
     return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}."
             for what, x, y in rows if x != y]
+
+
+def _task_text(record: Mapping[str, Any]) -> str:
+    return f"{record.get('task') or 'not recorded'} ({record.get('source') or 'source not recorded'})"
+
+
+def _budget_text(record: Mapping[str, Any]) -> str:
+    changed = record.get("budget_changed") or {}
+    return ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, (list, tuple)) and len(v) == 2 else f"{k} {v}"
+                     for k, v in changed.items()) or "none"
+
+
+def interval(summary: Mapping[str, Any], key: str) -> tuple[float, float] | None:
+    """The 95% interval the run recorded for summary[key], the number a finding reads: the chance guard's
+    interval of the clean mean when it is that same mean (baseline_metric, metric_unevicted); for a probe's
+    best accuracy the Wilson interval over its n examples, for its best R^2 the t interval over its folds."""
+    value = summary.get(key)
+    if not isinstance(value, (int, float)):
+        return None
+    chance = summary.get("chance")
+    if isinstance(chance, Mapping) and isinstance(chance.get("mean"), (int, float)):
+        ci = chance.get("ci")
+        same = abs(chance["mean"] - value) <= 1e-6 + 1e-3 * abs(value)  # the guard's mean is this number
+        if same and isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
+            return float(ci[0]), float(ci[1])
+    n = summary.get("n_examples")
+    if key == "best_accuracy" and isinstance(n, int) and n > 0 and 0 <= value <= 1:
+        return wilson(round(value * n), n)
+    sd, folds = summary.get("best_std"), summary.get("cv")
+    if key.startswith("best_") and isinstance(sd, (int, float)) and isinstance(folds, int):
+        return t_interval(float(value), float(sd), folds)
+    return None
+
+
+def noise_verdict(va: float, vb: float, ia: tuple[float, float] | None, ib: tuple[float, float] | None) -> str:
+    """Whether |B - A| lies within the runs' own uncertainty: smaller than the sum of the two 95% intervals'
+    half-widths is "within noise" (a conservative test: such intervals may still differ at p < 0.05)."""
+    if ia is None or ib is None:
+        return NO_INTERVAL
+    half = (ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2
+    spans = f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]"
+    if abs(vb - va) <= half:
+        return f" (within noise: |B - A| = {abs(vb - va):.3g} is inside the combined half-widths {half:.3g}; {spans})."
+    return f" (beyond noise: |B - A| = {abs(vb - va):.3g} exceeds the combined half-widths {half:.3g}; {spans})."
+
+
+def headline_notes(a: Run, b: Run) -> list[str]:
+    """The headline numbers the findings read (HEADLINES), where A and B differ by more than 5%, each with
+    whether the difference lies within the runs' own 95% intervals."""
+    notes = []
+    for name, pattern in HEADLINES.items():
+        sa, sb = a.summary(name) or {}, b.summary(name) or {}
+        key = pattern.format(metric=sa.get("metric", "accuracy"))
+        va, vb = sa.get(key), sb.get(key)
+        numbers = isinstance(va, (int, float)) and isinstance(vb, (int, float))
+        if numbers and key == pattern.format(metric=sb.get("metric", "accuracy")) and \
+                abs(va - vb) > 0.05 * max(abs(va), abs(vb), 1e-9):
+            n = f"n {sa.get('n_examples', '?')} vs {sb.get('n_examples', '?')}"
+            notes.append(f"{name} {key.replace('_', ' ')}: A {va:.3g}, B {vb:.3g} ({n})"
+                         + noise_verdict(va, vb, interval(sa, key), interval(sb, key)))
+    return notes
+
+
+def _finding_cell(run: Run, name: str) -> str:
+    """One cell of the findings table (escaped): the finding, else why it is blank."""
+    summary = run.summary(name)
+    if summary is None:
+        return f"<em>blank: {escape(run.why_blank(name))}</em>"
+    text = finding(name, summary)
+    return escape(text) if text else "<em>blank: its summary has none of the numbers this finding reads</em>"
+
+
+def provenance_html(a: Run, b: Run, names: list[str]) -> str:
+    """Both runs' provenance: per analysis its section provenance (task, source, n, sample, budget), then
+    each run's model, seed, versions, commit and command (html_report._provenance)."""
+    rows = []
+    for name in names:
+        cells = []
+        for run in (a, b):
+            record = run.provenance(name)
+            lines = provenance_lines(record) if record is not None else [f"blank: {run.why_blank(name)}"]
+            cells.append("<br>".join(escape(line) for line in lines))
+        rows.append(f"<tr><th>{escape(name)}</th><td>{cells[0]}</td><td>{cells[1]}</td></tr>")
+    infos = [_provenance(r.path) for r in (a, b)]
+    for key in dict.fromkeys([*infos[0], *infos[1]]):
+        rows.append(f"<tr><th>{escape(key)}</th>" + "".join(f"<td>{escape(i.get(key, ''))}</td>" for i in infos) + "</tr>")
+    return ("<h2 id='provenance'>Provenance</h2><table class='side'><tr><th></th><th>A</th><th>B</th></tr>"
+            + "".join(rows) + "</table>")
 
 
 def compare_html(a: Run, b: Run) -> str:
@@ -247,17 +375,9 @@ def compare_html(a: Run, b: Run) -> str:
         if body:
             blocks.append(f"<h2 id='{anchor}'>{escape(title)}</h2>" + body
                           + "".join(f"<p class='finding'>{escape(n.removeprefix(SAME))}</p>" for n in found))
-    for name in ("heads", "kv", "probes"):
-        sa, sb = a.summary(name) or {}, b.summary(name) or {}
-        for key in ("baseline_metric", "metric_unevicted", "best_accuracy"):
-            va, vb = sa.get(key), sb.get(key)
-            numbers = isinstance(va, (int, float)) and isinstance(vb, (int, float))
-            if numbers and abs(va - vb) > 0.05 * max(abs(va), abs(vb), 1e-9):
-                notes.append(f"{name} {key.replace('_', ' ')}: A {va:.3g}, B {vb:.3g}.")
-    rows = "".join(
-        f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{escape(finding(name, r.summary(name) or {}) or 'not run')}</td>"
-                                                   for r in (a, b)) + "</tr>"
-        for name in names)
+    notes += headline_notes(a, b)
+    rows = "".join(f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{_finding_cell(r, name)}</td>" for r in (a, b)) + "</tr>"
+                   for name in names)
     head = (f"<tr><th></th><th>A: {escape(a.label)}<br><small>{escape(str(a.path))}</small></th>"
             f"<th>B: {escape(b.label)}<br><small>{escape(str(b.path))}</small></th></tr>")
     differences = "".join(f"<li>{escape(n)}</li>" for n in notes) or "<li>No difference above the thresholds.</li>"
@@ -270,7 +390,7 @@ def compare_html(a: Run, b: Run) -> str:
             f"<h1>headscope compare</h1><p>A: {escape(a.label)} &nbsp; B: {escape(b.label)}</p>"
             + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
             f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"
-            + "".join(blocks) + "</body></html>")
+            + "".join(blocks) + provenance_html(a, b, names) + "</body></html>")
 
 
 def compare_reports(out_a: str | Path, out_b: str | Path, out: str | Path | None = None, *, force: bool = False) -> Path:

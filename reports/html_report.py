@@ -17,6 +17,7 @@ from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html
 from headscope.reports.findings import caption, finding
 from headscope.reports.guides import GUIDES
+from headscope.reports.provenance import provenance_html, provenance_markdown, section_provenance
 from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
 
 CSS = """
@@ -151,16 +152,17 @@ def _section(out: Path, name: str, status: str, used: str = "") -> tuple[str, st
     (the manifest's task_used). A skipped analysis shows its reason, not as a failure."""
     folder = out / name
     head = f'<h2 id="{escape(name)}">{escape(name)}</h2><p class="guide">{escape(GUIDES.get(name, ""))}</p>'
-    if used:
-        head += f'<p class="task-used">data: {escape(used)}</p>'
     if not (folder / "summary.json").exists():
+        if used:
+            head += f'<p class="task-used">data: {escape(used)}</p>'
         kind = "skipped" if status.startswith("skipped") else "failed"
         msg = escape(status or "not run")
         return head + f'<p class="{kind}">{msg}</p>', f"## {name}\n\n{md_escape(status or 'not run')}\n", status
     summary = io.read_json(folder / "summary.json")
     text = finding(name, summary)
-    parts = [head, _finding_html(text), _figures_html(folder), _tables_html(folder, summary)]
-    md = [f"## {name}", "", GUIDES.get(name, ""), "", *([md_escape(f"data: {used}"), ""] if used else []),
+    record = section_provenance(folder, used)  # task, source, n, one sample prompt, what the budget changed
+    parts = [head, provenance_html(record), _finding_html(text), _figures_html(folder), _tables_html(folder, summary)]
+    md = [f"## {name}", "", GUIDES.get(name, ""), "", provenance_markdown(record),
           md_escape(text), "", summary_markdown(summary), ""]
     md += _figures_markdown(folder, name)
     md += [f"- [{csv.name}]({name}/{csv.name})" for csv in sorted(folder.glob("*.csv"))]

@@ -1,6 +1,6 @@
 """build_report: run analyses on a model and write the output contract of DESIGN.md.
 
-    OUT/manifest.json, OUT/<analysis>/{results.csv, summary.json, *.png, <table>.csv},
+    OUT/manifest.json, OUT/<analysis>/{results.csv, summary.json, task.json, *.png, <table>.csv},
     OUT/report.html (self-contained, every string escaped), OUT/report.md
 
 Every file is written atomically; each analysis's folder appears whole (staged, then renamed),
@@ -161,9 +161,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def write_result(result: Any, folder: Path, files: dict[str, str] | None = None) -> dict[str, str]:
+def write_result(result: Any, folder: Path, files: dict[str, str] | None = None,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Stage the analysis's files in a hidden folder, then rename it into place; returns
-    {file name: sha256} of the files written.
+    {file name: sha256} of the files written. `extra`: further JSON files by name (task.json).
 
     An existing `folder` is replaced: its files listed in `files` ({file name: sha256}, what
     headscope wrote there before) go when unchanged, anything else in it is moved into the new
@@ -180,6 +181,8 @@ def write_result(result: Any, folder: Path, files: dict[str, str] | None = None)
         for stem, fig in result.plot().items():
             io.write_figure(stage / f"{stem}.png", fig)
             plt.close(fig)
+        for file_name, data in (extra or {}).items():
+            io.write_json(stage / file_name, data)
         io.write_json(stage / DONE, result.summary)
         hashes = {entry.name: sha256(Path(entry.path)) for entry in sorted(os.scandir(stage), key=lambda e: e.name)}
         if os.path.lexists(folder):
@@ -562,7 +565,8 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
         start = time.perf_counter()
         try:
             fit = fitted.get(name)
-            result = get_analysis(name)(model, plan.task, config_class(name).preset(**common) if fit is None else fit.config)
+            config = config_class(name).preset(**common) if fit is None else fit.config
+            result = get_analysis(name)(model, plan.task, config)
             if fit is not None and dataclasses.is_dataclass(result) and isinstance(getattr(result, "summary", None), dict):
                 result = dataclasses.replace(result, summary={**result.summary, "budget": fit.summary()})
             state = "done"
@@ -573,11 +577,15 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
                 log.exception("%s failed", name)
             state = f"failed: {type(err).__name__}: {err}"
         if state == "done" and main:
+            from headscope.reports.provenance import TASK_FILE, task_record
+
+            summary = result.summary if isinstance(getattr(result, "summary", None), Mapping) else {}
+            record = task_record(model, name, plan.task, config, summary, plan.used)  # the section's provenance
             try:
                 with writing(f"the {name} results"):
                     prefix = f"{name}/"
                     ours = {r[len(prefix):]: h for r, h in session.files.items() if r.startswith(prefix)}
-                    session.record_folder(name, write_result(result, folder, ours))
+                    session.record_folder(name, write_result(result, folder, ours, extra={TASK_FILE: record}))
             except OutputError as err:
                 state = f"fatal: {err}"
         states = distributed.gather_objects(state)  # a failure on any rank fails the analysis

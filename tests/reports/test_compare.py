@@ -49,8 +49,8 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     assert "numpy" not in settings and "task:" not in settings and "position examples" not in settings  # equal ones
     assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
     assert "4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1)" in page  # A leaves out L0H0, B L1H2
-    assert "Prunable within 1% by gradient: A 50%, B 0%." in page
-    assert "Middle/ends ratio of accuracy: A 0.67, B 0.44." in page  # 0.6 / 0.9 and 0.4 / 0.9
+    assert "Prunable within 1% by gradient: A 50%, B 0% (neither summary records an interval" in page
+    assert "Middle/ends ratio of accuracy: A 0.67, B 0.44 (neither" in page  # 0.6 / 0.9 and 0.4 / 0.9
     assert "Top resid_pre site differs: A resid_pre L0 pos 2: &lt;img" in page
     assert page.count("<img alt=") == 3  # importance, pruning curves, position curves
     assert "src=\"http" not in page and "<script" not in page
@@ -77,3 +77,52 @@ def test_compare_refuses_what_it_cannot_read_or_would_overwrite(tmp_path, capsys
     assert "The runs share every recorded setting." in page.read_text()
     assert "line from headscope.reports" in proc.stderr
     assert "matplotlib" not in proc.stderr and "datasets" not in proc.stderr
+
+
+def _run(root, *, task: str, n: int, baseline: float, ci: list[float], unevicted: float, kv_ci: list[float],
+         status: dict | None = None):
+    """A folder with heads and kv summaries carrying the chance guard's interval of their clean means, and the
+    section provenance (task.json) each run writes; `status` marks analyses that did not finish."""
+    status = status or {"heads": "done", "kv": "done"}
+    io.write_json(root / "manifest.json", {"model": {"name": "m"}, "seed": 0, "status": status,
+                                           "config": {"analyses": ["heads", "kv"], "task": None},
+                                           "task_used": {"heads": "default task", "kv": "default task"}})
+    summaries = {"heads": {"metric": "logit_diff", "baseline_metric": baseline, "n_examples": n, "task": task,
+                           "chance": {"mean": baseline, "ci": ci}},
+                 "kv": {"metric": "logit_diff", "metric_unevicted": unevicted, "n_examples": n, "task": task,
+                        "chance": {"mean": unevicted, "ci": kv_ci}, "budget": {"changed": {"n_examples": [64, n]}}}}
+    for name, summary in summaries.items():
+        if status.get(name) != "done":
+            continue
+        io.write_json(root / name / "summary.json", summary)
+        io.write_json(root / name / "task.json", {"task": task, "source": "its default task (no --task given)",
+                                                  "n_examples": n, "sample": {"prompt": f"{XSS} k1 v2 ; k1", "answer": "v2"}})
+
+
+def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp_path):
+    # heads: 2.0 vs 2.3, half-widths 0.25 + 0.25 = 0.5 > 0.3: within noise; kv: 2.0 vs 3.0, 0.1 + 0.1 < 1.0: beyond
+    _run(tmp_path / "a", task="kv", n=64, baseline=2.0, ci=[1.75, 2.25], unevicted=2.0, kv_ci=[1.9, 2.1])
+    _run(tmp_path / "b", task="ioi", n=16, baseline=2.3, ci=[2.05, 2.55], unevicted=3.0, kv_ci=[2.9, 3.1])
+    _run(tmp_path / "c", task="kv", n=64, baseline=2.0, ci=[1.75, 2.25], unevicted=2.0, kv_ci=[1.9, 2.1],
+         status={"heads": "done", "kv": "skipped: m is an encoder"})
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab.html")]) == 0
+    page = (tmp_path / "ab.html").read_text()
+    differences = page[page.index("id='differences'"):page.index("id='findings'")]
+    assert ("heads baseline metric: A 2, B 2.3 (n 64 vs 16) (within noise: |B - A| = 0.3 is inside the combined "
+            "half-widths 0.5; 95% CIs A [1.75, 2.25], B [2.05, 2.55]).") in differences
+    assert ("kv metric unevicted: A 2, B 3 (n 64 vs 16) (beyond noise: |B - A| = 1 exceeds the combined half-widths "
+            "0.2;") in differences
+    settings = page[page.index("id='settings'"):page.index("id='differences'")]
+    for line in ("heads task: A kv (its default task (no --task given)), B ioi (its default task (no --task given)).",
+                 "heads examples: A 64, B 16.", "kv budget changes: A n_examples 64 -&gt; 64, B n_examples 64 -&gt; 16."):
+        assert line in settings, line
+    provenance = page[page.index("id='provenance'"):]
+    assert provenance.count("task: kv, from its default task (no --task given)<br>examples: 64;") == 2  # A's heads, kv
+    assert provenance.count("task: ioi, from its default task (no --task given)<br>examples: 16;") == 2  # B's
+    assert provenance.count("sample: &#x27;&lt;img src=x onerror=alert(1)&gt; k1 v2 ; k1&#x27; -&gt; &#x27;v2&#x27;") == 4
+    assert XSS not in page
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "ac.html")]) == 0
+    page = (tmp_path / "ac.html").read_text()
+    findings = page[page.index("id='findings'"):page.index("id='provenance'")]
+    assert "<em>blank: skipped: m is an encoder</em>" in findings  # C's kv cell says why it is empty
+    assert "kv task" not in page[page.index("id='settings'"):page.index("id='differences'")]  # nothing to set against

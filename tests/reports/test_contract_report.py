@@ -41,8 +41,8 @@ def test_a_prompt_answer_task_file_on_a_tiny_llama(tmp_path, tiny_dirs):
         assert status[name] == "done" and used[name] == "your task (mine.jsonl)", name
     assert json.loads((out / "heads" / "summary.json").read_text())["task"] == "mine"
     html = (out / "report.html").read_text()
-    assert html.count("data: your task (mine.jsonl)") == 6
-    assert "data: default task (the task has no corrupted prompts)" in html
+    assert html.count("task: mine, from your task (mine.jsonl)") == 6  # each section's provenance line
+    assert "from its default task, because your task could not be used: the task has no corrupted prompts" in html
     assert '<p class="skipped">skipped: ' in html and 'class="failed"' not in html
 
 
@@ -59,7 +59,7 @@ def test_report_files_tolerate_an_empty_csv_and_show_skipped_analyses(tmp_path):
                        task_used={"kv": "default task", "patching": "none"})
     html = (tmp_path / "report.html").read_text()
     assert '<p class="skipped">skipped: m is an encoder and this analysis needs a decoder</p>' in html
-    assert "data: default task" in html and "results.csv" in html
+    assert "task: kv, from its default task (no --task given)" in html and "results.csv" in html
 
 
 @pytest.mark.slow

@@ -1,0 +1,161 @@
+"""Where each analysis's data came from: the per-section provenance of report.html, report.md and compare.
+
+At run time `task_record` writes OUT/<analysis>/task.json: the task's name, where it came from (the
+user's task, or a default and why: the manifest's task_used line), how many examples the analysis
+used, and ONE sample row (prompt, answer, corrupted prompt and its answer) decoded by the model's
+tokenizer, so a reader can see what a section ran on. At report time `section_provenance` reads it
+(falling back to the summary's "task" and "n_examples" for folders written before task.json
+existed) and `provenance_html` / `provenance_markdown` render it, every string escaped.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from headscope.reports import io
+from headscope.reports.render import escape, md_escape
+
+log = logging.getLogger(__name__)
+TASK_FILE = "task.json"  # OUT/<analysis>/task.json
+SAMPLE_CHARS = 400  # a sample string longer than this is cut (its full text is in the task's own files)
+
+
+def task_source(used: str) -> str:
+    """Where the task came from, in words, from the manifest's task_used line ("your task (x.jsonl)",
+    "default task", "default task (why your task could not be used)", "none")."""
+    used = (used or "").strip()
+    if used.startswith("your task"):
+        return f"your task {used.removeprefix('your task').strip()}".strip()
+    if used.startswith("default task ("):
+        return f"its default task, because your task could not be used: {used.removeprefix('default task (')[:-1]}"
+    if used == "default task":
+        return "its default task (no --task given)"
+    return used or "not recorded"
+
+
+def _decode(tokenizer: Any, ids: Any) -> str:
+    text = tokenizer.decode([int(i) for i in ids])
+    return text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
+
+
+def _sample_of_task(tokenizer: Any, task: Any) -> dict[str, str]:
+    """The first row of a Task (padding removed) as strings."""
+    row = task.example(0)
+    sample = {"prompt": _decode(tokenizer, row.tokens[0])}
+    if row.continuation is not None:
+        sample["answer"] = _decode(tokenizer, row.continuation[0])
+    elif row.answers is not None:
+        sample["answer"] = _decode(tokenizer, row.answers)
+    if row.corrupted_tokens is not None and not bool((row.corrupted_tokens == row.tokens).all()):
+        sample["corrupted_prompt"] = _decode(tokenizer, row.corrupted_tokens[0])
+        if row.wrong_answers is not None:
+            sample["corrupted_answer"] = _decode(tokenizer, row.wrong_answers)
+    return sample
+
+
+def _sample(model: Any, name: str, task: Any, config: Any) -> tuple[str | None, int | None, dict[str, str]]:
+    """(task name, its rows, its first row) of the data analysis `name` ran on; position's first sweep
+    row when it used its own sweeps, probes' probed task."""
+    from headscope.analyses.core.registry import task_used
+
+    if name == "position" and task is None:
+        from headscope.analyses.position.analysis import build_sweeps, sweep_kind
+
+        sweep = build_sweeps(model, config)[0]
+        return sweep_kind(model, config.sweep), None, {"prompt": _decode(model.tokenizer, sweep.tokens[0]),
+                                                       "answer": " or ".join(sweep.answers[:3])}
+    if name == "probes":
+        from headscope.analyses.probes.analysis import probe_data
+
+        used = probe_data(model, task, config)[0]
+    else:
+        used = task_used(name, model, task, config)
+    if used is None:
+        return None, None, {}
+    return used.name, len(used), _sample_of_task(model.tokenizer, used)
+
+
+def task_record(model: Any, name: str, task: Any, config: Any, summary: Mapping[str, Any], used: str) -> dict[str, Any]:
+    """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
+    corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why). The
+    analysis's own summary decides the name and count where it records them (what it actually used)."""
+    record: dict[str, Any] = {"task": summary.get("task"), "source": task_source(used),
+                              "n_examples": summary.get("n_examples"), "sample": {}}
+    try:
+        found, n, sample = _sample(model, name, task, config)
+    except Exception as err:  # noqa: BLE001 - the sample is a courtesy: it never costs the analysis its result
+        log.warning("%s: no sample prompt for the report (%s: %s)", name, type(err).__name__, err)
+        found, n, sample = None, None, {}
+        record["sample_note"] = f"no sample: {type(err).__name__}: {err}"
+    if not isinstance(record["task"], str):
+        record["task"] = found
+    if not isinstance(record["n_examples"], int):
+        record["n_examples"] = n
+    record["sample"] = sample
+    if not sample and "sample_note" not in record:
+        record["sample_note"] = "no sample: this analysis records no prompt of its own"
+    return record
+
+
+def section_provenance(folder: Path, used: str = "") -> dict[str, Any]:
+    """The provenance of one analysis folder: its task.json, else what its summary says (older runs)."""
+    try:
+        record = io.read_json(folder / TASK_FILE)
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        try:
+            summary = io.read_json(folder / "summary.json")
+        except (OSError, ValueError):
+            summary = {}
+        summary = summary if isinstance(summary, dict) else {}
+        record = {"task": summary.get("task"), "source": task_source(used), "n_examples": summary.get("n_examples"),
+                  "sample": {}, "sample_note": f"no sample: this run wrote no {TASK_FILE}"}
+    try:
+        budget = io.read_json(folder / "summary.json").get("budget") or {}
+    except (OSError, ValueError, AttributeError):
+        budget = {}
+    changed = budget.get("changed") if isinstance(budget, dict) else None
+    record["budget_changed"] = changed if isinstance(changed, dict) else {}
+    return record
+
+
+def _changed_text(changed: Mapping[str, Any]) -> str:
+    if not changed:
+        return "the budget changed no setting"
+    parts = []
+    for key, value in changed.items():
+        old, new = value if isinstance(value, (list, tuple)) and len(value) == 2 else ("?", value)
+        parts.append(f"{key} {old} -> {new}")
+    return "the budget changed " + ", ".join(parts)
+
+
+def provenance_lines(record: Mapping[str, Any]) -> list[str]:
+    """Plain-text lines (unescaped): task and source, n and budget, the sample (prompt -> answer)."""
+    task = record.get("task") or "not recorded"
+    n = record.get("n_examples")
+    lines = [f"task: {task}, from {record.get('source') or 'not recorded'}",
+             f"examples: {n if isinstance(n, int) else 'not recorded'}; {_changed_text(record.get('budget_changed') or {})}"]
+    sample = record.get("sample") or {}
+    if sample.get("prompt") is not None:
+        text = f"sample: {sample['prompt']!r}"
+        if sample.get("answer") is not None:
+            text += f" -> {sample['answer']!r}"
+        if sample.get("corrupted_prompt") is not None:
+            text += f"; corrupted: {sample['corrupted_prompt']!r}"
+            if sample.get("corrupted_answer") is not None:
+                text += f" -> {sample['corrupted_answer']!r}"
+        lines.append(text)
+    else:
+        lines.append(str(record.get("sample_note") or "no sample recorded"))
+    return lines
+
+
+def provenance_html(record: Mapping[str, Any]) -> str:
+    return '<div class="task-used">' + "<br>".join(escape(line) for line in provenance_lines(record)) + "</div>"
+
+
+def provenance_markdown(record: Mapping[str, Any]) -> str:
+    return "\n".join(f"- {md_escape(line)}" for line in provenance_lines(record)) + "\n"

@@ -1,0 +1,46 @@
+"""Per-section provenance (#34 item 1): each section of report.html and report.md names its task, where it
+came from (the user's file, or a default and why), its example count, one sample prompt with its answer
+and what the budget changed, every string escaped; written at run time as OUT/<analysis>/task.json."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pandas as pd
+
+from headscope.reports import report as report_mod
+from headscope.reports.report import build_report
+
+PROMPT = "w1 <script>alert(1)</script> w2"
+
+
+def _fake(name, model, task, config):
+    """A cheap stand-in for an analysis: the report machinery around it is what is tested."""
+    summary = {"value": 1.5} if name == "kv" else {"task": "its-own", "n_examples": 3}
+    return SimpleNamespace(name=name, df=pd.DataFrame({"x": [1]}), summary=summary, tables={}, plot=lambda: {})
+
+
+def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_models, tmp_path, monkeypatch):
+    monkeypatch.setattr(report_mod, "get_analysis", lambda name: lambda m, t, c: _fake(name, m, t, c))
+    path = tmp_path / "mine.jsonl"  # prompts and answers only: patching needs corrupted prompts, so it takes its default
+    rows = [{"prompt": PROMPT if i == 0 else f"the cat {i} sat", "answer": " the"} for i in range(6)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    out = build_report(arch_models("qwen2"),  # byte-level BPE: "<script>" decodes as written
+                        out=tmp_path / "out", analyses="kv,patching", task=str(path), budget=float("inf"))
+    record = json.loads((out / "kv" / "task.json").read_text())
+    # kv's summary records neither task nor count: both come from the Task it used, the user's 6 rows
+    assert record["task"] == "mine" and record["n_examples"] == 6 and record["source"] == "your task (mine.jsonl)"
+    assert record["sample"]["prompt"].endswith(PROMPT) and record["sample"]["answer"] == " the"
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    kv = html[html.index('<h2 id="kv">'):html.index("id='provenance'")]  # sections in the registry's order
+    assert "task: mine, from your task (mine.jsonl)<br>examples: 6; the budget changed no setting<br>" in kv
+    assert "w1 &lt;script&gt;alert(1)&lt;/script&gt; w2&#x27; -&gt; &#x27; the&#x27;" in kv
+    patching = html[html.index('<h2 id="patching">'):html.index('<h2 id="kv">')]
+    # patching's summary names its own task and count; the source says why the user's file was not used
+    assert ("task: its-own, from its default task, because your task could not be used: the task has no corrupted "
+            "prompts<br>examples: 3; ") in patching
+    assert "corrupted: " in patching  # its default task has corrupted prompts: the sample shows one
+    assert "<script>alert" not in html and "alert(1)</script>" not in html and "<script>" not in md
+    assert "- task: mine, from your task \\(mine.jsonl\\)" in md
+    assert "- examples: 6; the budget changed no setting" in md
+    assert "w1 &lt;script&gt;alert\\(1\\)&lt;/script&gt; w2" in md
