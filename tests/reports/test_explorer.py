@@ -234,3 +234,77 @@ def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
         assert XSS in page.evaluate("document.body.innerText")
         page.settle()
         assert page.console_errors == [] and page.requests == []
+
+
+def _rgb(css: str) -> np.ndarray:
+    return np.array([float(x) for x in re.findall(r"[\d.]+", css)[:3]])
+
+
+@needs_chromium
+def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(llama, data, tmp_path):
+    """A thumbnail per head drawn from its pattern (click opens it, hover previews it), the colour scale
+    (attention weight 0..1, white to rgb(8,48,107), the cells on it), heads overlaid (mean, then max), a
+    pinned query shading the tokens by its weights, and #L1H3 opening layer 1 head 3; no requests."""
+    from browser import open_page
+
+    page_file = tmp_path / "explorer.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="x") + "</body></html>")
+    ref = reference(llama, PROMPTS[0]).numpy()  # [L, H, q, k]
+    n_layers, n_heads, n = ref.shape[0], ref.shape[1], ref.shape[-1]
+    tol = 0.5 / data["scale"] + 1e-6
+    with open_page(page_file) as page:
+        thumbs = page.evaluate("Array.from(document.querySelectorAll('#x canvas.hsx-thumb'))"
+                               ".map(function(c){return [+c.dataset.layer,+c.dataset.head,c.width,c.height];})")
+        assert sorted((l, h) for l, h, _, _ in thumbs) == [(l, h) for l in range(n_layers) for h in range(n_heads)]
+        assert all(w == n and hgt == n for _, _, w, hgt in thumbs)  # one pixel per query x key
+        red = page.evaluate("(function(){var c=document.querySelector('#x canvas[data-layer=\"1\"][data-head=\"2\"]');"
+                            "var d=c.getContext('2d').getImageData(0,0,c.width,c.height).data,o=[];"
+                            "for(var i=0;i<d.length;i+=4)o.push(d[i]);return o;})()")
+        assert np.allclose((255 - np.array(red).reshape(n, n)) / 247, ref[1, 2], atol=0.5 / 247 + tol)
+
+        page.hover("#x canvas[data-layer='1'][data-head='2']")  # hover: a preview in the main view
+        shown, values = _heatmap(page, "x")
+        assert shown == [0, 1, 2] and np.allclose(values, ref[1, 2], atol=tol)
+        assert page.evaluate("document.querySelector('#x .hsx-title').textContent").startswith("Preview: Layer 1, head 2")
+        page.hover("#x .hsx-help")  # leaving the thumbnails restores the selected head
+        assert _heatmap(page, "x")[0] == [0, 0, 0]
+        page.click("#x canvas[data-layer='1'][data-head='3']")  # click: opens that head
+        shown, values = _heatmap(page, "x")
+        assert shown == [0, 1, 3] and np.allclose(values, ref[1, 3], atol=tol)
+        assert page.evaluate("document.querySelector('#x .hsx-grid td.hsx-sel').dataset.head") == "3"
+
+        scale = page.evaluate("(function(){var s=document.querySelector('#x .hsx-scale');return [s.textContent,"
+                              "s.dataset.min,s.dataset.max,getComputedStyle(s.querySelector('.hsx-ramp')).backgroundImage];})()")
+        assert "attention weight" in scale[0] and scale[1:3] == ["0", "1"]
+        assert "rgb(255, 255, 255)" in scale[3] and "rgb(8, 48, 107)" in scale[3]
+        cell = page.evaluate("(function(){var c=document.querySelector('#x .hsx-heat td[data-q=\"3\"][data-k=\"1\"]');"
+                             "return getComputedStyle(c).backgroundColor;})()")
+        assert np.allclose((255 - _rgb(cell)) / (255 - np.array([8, 48, 107])), ref[1, 3, 3, 1], atol=0.01)
+
+        page.click("#x td[data-layer='0'][data-head='1']", shift=True)  # shift+click: overlay a second head
+        shown, values = _heatmap(page, "x")
+        assert page.evaluate("document.getElementById('x').dataset.shown") == "L1H3,L0H1"
+        assert np.allclose(values, (ref[1, 3] + ref[0, 1]) / 2, atol=2 * tol)
+        assert page.evaluate("document.querySelector('#x .hsx-title').textContent").startswith("Mean of 2 heads")
+        choose(page, "x", 3, "max")
+        assert np.allclose(_heatmap(page, "x")[1], np.maximum(ref[1, 3], ref[0, 1]), atol=2 * tol)
+        page.click("#x button.hsx-clear")  # back to one head, the last clicked
+        shown, values = _heatmap(page, "x")
+        assert shown == [0, 0, 1] and np.allclose(values, ref[0, 1], atol=tol)
+
+        page.click("#x .hsx-tokens .hsx-tok:nth-child(5)")  # pin query 4
+        page.hover("#x .hsx-help")  # the shading stays after the pointer leaves
+        weights = page.evaluate("Array.from(document.querySelectorAll('#x .hsx-tokens .hsx-tok'))"
+                                ".map(function(t){return [+t.dataset.w, getComputedStyle(t).backgroundColor];})")
+        assert np.allclose([w for w, _ in weights], ref[0, 1, 4], atol=tol)
+        shade = np.array([(255 - _rgb(c)) / (255 - np.array([8, 48, 107])) for _, c in weights])  # [key, rgb]
+        assert np.allclose(shade, ref[0, 1, 4][:, None], atol=0.01)
+
+        assert page.evaluate("document.querySelector('#x .hsx-title a').getAttribute('href')") == "#L0H1"
+        page.evaluate("location.hash = '#L1H3'")  # a link to a head opens it
+        page.settle(0.1)
+        shown, values = _heatmap(page, "x")
+        assert shown == [0, 1, 3] and np.allclose(values, ref[1, 3], atol=tol)
+        page.settle()
+        assert page.console_errors == [] and page.requests == []
