@@ -8,10 +8,15 @@ own id, so several explorers on one page (notebook cells, report sections) keep 
 
 The view: a grid of layers x heads coloured by a per-head score (heads sharing a KV head are
 grouped under "kv0", "kv1", ... for GQA/MQA models) with a bar per head for the attention on
-the first token (the sink); the selected head's pattern on the chosen example as a query x key
+the first token (the sink); below it a thumbnail of every head's pattern on the chosen example
+(click opens that head, hover previews it, shift+click overlays several: their mean or elementwise
+max); the selected head's pattern on the chosen example as a query x key
 heatmap with token labels, or as lines between query and key tokens; hovering a token
-highlights its row (where it attends) and its column (what attends to it); the arrow keys move
-the selected head.
+highlights its row (where it attends) and its column (what attends to it); clicking a query token
+pins it, shading every token by that query's attention weight; the arrow keys move the selected
+head; a URL fragment #L1H3 opens layer 1, head 3 (`link_heads` makes such links in the findings).
+Attention weights are drawn on one sequential scale, white (0) to dark blue (1), shown with its
+legend; signed per-head scores colour the grid red for positive, blue for negative, as the figures do.
 """
 from __future__ import annotations
 
@@ -72,6 +77,7 @@ CSS = """
 .hsx .hsx-scale{display:flex;gap:.4em;align-items:center;font-size:11px;color:#555;margin:.2em 0 .4em}
 .hsx .hsx-scale .hsx-ramp{width:140px;border:1px solid #ccc}
 .hsx .hsx-thumbs{margin-top:.8em}
+.hsx .hsx-grid,.hsx .hsx-thumbs{user-select:none;-webkit-user-select:none}
 .hsx .hsx-thumbs table td{padding:1px;border:none}
 .hsx .hsx-thumbs th{font-weight:normal;color:#555;font-size:10px;padding:0 3px;border:none;background:none}
 .hsx canvas.hsx-thumb{width:36px;height:36px;image-rendering:pixelated;border:1px solid #ccc;cursor:pointer;display:block}
@@ -577,6 +583,21 @@ JS = r"""
 """
 
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_HEAD = re.compile(r"\bL(\d+)H(\d+)\b")
+_TAG = re.compile(r"(<[^>]*>)")
+
+
+def link_heads(html: str, n_layers: int, n_heads: int) -> str:
+    """Escaped HTML with each head name in its text ("L1H3", outside tags and links, within n_layers x
+    n_heads) made a link to #L1H3, which opens that head in the page's explorer."""
+    parts, depth = _TAG.split(html), 0  # text at even indices, tags at odd ones
+    for i, part in enumerate(parts):
+        if i % 2:
+            depth += 1 if re.match(r"<a[\s>]", part, re.I) else -1 if part.lower().startswith("</a") else 0
+        elif depth == 0:
+            parts[i] = _HEAD.sub(lambda m: f'<a class="head-link" href="#{m[0]}">{m[0]}</a>'
+                                 if int(m[1]) < n_layers and int(m[2]) < n_heads else m[0], part)
+    return "".join(parts)
 
 
 def json_for_script(data: Any) -> str:
@@ -602,4 +623,4 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     )
 
 
-__all__ = ["CSS", "JS", "explorer_html", "json_for_script"]
+__all__ = ["CSS", "JS", "explorer_html", "json_for_script", "link_heads"]

@@ -22,7 +22,7 @@ from headscope.reports.explorer import (
     show_attention,
     write_explorer_data,
 )
-from headscope.reports.explorer_view import explorer_html
+from headscope.reports.explorer_view import explorer_html, link_heads
 from headscope.reports.html_report import write_report_files
 
 XSS = "<script>alert(1)</script>"
@@ -160,6 +160,14 @@ def choose(page, uid: str, index: int, value: str) -> None:
                   "s.dispatchEvent(new Event('change'));})()")
 
 
+def test_link_heads_links_head_names_in_text_only():
+    html = ('<p class="finding"><b><a href="#heads">L0H1</a></b>: L1H3 and L2H0, L1H30, L10H1; '
+            '<img alt="L0H2">xL1H1</p>')
+    assert link_heads(html, 2, 4) == (
+        '<p class="finding"><b><a href="#heads">L0H1</a></b>: <a class="head-link" href="#L1H3">L1H3</a> and L2H0, '
+        'L1H30, L10H1; <img alt="L0H2">xL1H1</p>')
+
+
 @needs_chromium
 def test_explorer_in_chromium_shows_the_captured_patterns(llama, data, tmp_path):
     from browser import open_page
@@ -220,8 +228,16 @@ def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
              for l in range(2) for h in range(4)]
     io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(roles))
     write_explorer_data(llama, tmp_path, llama.to_tokens(["w1 w2 w3 w4 w1 w2 w3", "w5 w6 w7 w8 w5 w6 w7"]))
-    write_report_files(tmp_path, [], {}, {"name": XSS, "family": "llama"})
+    io.write_json(tmp_path / "position" / "summary.json", {"retrieval_heads": [[1, 2], [7, 0]]})  # L7H0: no such head
+    write_report_files(tmp_path, ["position"], {"position": "done"}, {"name": XSS, "family": "llama"})
     with open_page(tmp_path / "report.html") as page:
+        links = "Array.from(document.querySelectorAll('#findings + p a.head-link')).map(function(a){return a.hash;})"
+        assert page.evaluate(links) == ["#L1H2"]  # the findings link to a head the explorer has
+        assert page.evaluate("document.querySelectorAll('#position ~ p.finding a.head-link').length") == 1
+        page.click("#findings + p a.head-link")
+        page.settle(0.1)
+        assert page.evaluate("[document.querySelector('#hsx-report .hsx-heat').dataset.layer,"
+                             "document.querySelector('#hsx-report .hsx-heat').dataset.head]") == ["1", "2"]
         assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-grid td').length") == 8
         background = "document.querySelector('#hsx-report td[data-layer=\\'0\\'][data-head=\\'2\\']').style.background"
         signed = page.evaluate(background)  # importance (zero), signed: a diverging scale
