@@ -229,7 +229,8 @@ JS = r"""
   }
   select("example", data.examples.map(function (e, i) {
     var text = e.tokens.join(" ");
-    return [String(i), (i + 1) + ": " + (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
+    return [String(i), (e.task ? "[" + e.task + "] " : "") + (i + 1) + ": " +
+                       (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
   }), "0", function (v) { st.ex = +v; st.q = null; drawGrid(); drawThumbs(); drawHead(); });
   select("colour heads by", scoreNames.map(function (n) { return ["score:" + n, n]; })
     .concat(labelNames.map(function (n) { return ["label:" + n, n]; })), st.colour, function (v) { st.colour = v; drawGrid(); });
@@ -456,7 +457,8 @@ JS = r"""
     cur = shown();
     var p = cur.p, toks = tokens(), n = toks.length, ex = data.examples[st.ex];
     var one = cur.heads.length === 1, l0 = cur.heads[0][0], h0 = cur.heads[0][1];
-    var tail = " \u00b7 example " + (st.ex + 1) + (ex.truncated ? " (first " + n + " of " + ex.n_tokens_total + " tokens)" : "");
+    var tail = " \u00b7 example " + (st.ex + 1) + (ex.task ? " of " + ex.task : "") +
+      (ex.truncated ? " (first " + n + " of " + ex.n_tokens_total + " tokens)" : "");
     title.textContent = one ? (cur.preview ? "Preview: " : "") + "Layer " + l0 + ", head " + h0 +
       (G > 1 ? " \u00b7 KV head " + kvOf(h0) + " (shared by heads " + (kvOf(h0) * G) + "\u2013" +
                (kvOf(h0) * G + G - 1) + ")" : "") + tail
