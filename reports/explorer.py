@@ -13,6 +13,8 @@ The data dict (format 1):
     scale:     patterns are stored as integers, round(p * scale) (scale 10000: 4 decimals)
     examples:  [{tokens: [str], n_tokens_total, truncated, task (the task's label),
                  patterns: [layer][head][query] -> [int] (row of keys, trailing zeros dropped)}]
+               attribution (in a report whose attribution analysis ran on this example's tokens):
+               {method: [score per token]} from OUT/attribution/token_scores.csv
                the examples of tokens_or_prompts first, then those of `more_tasks` (a report's other
                tasks: a few examples each while the stored values stay under MAX_VALUES)
     scores:    {name: [layer][head] -> float or None}, the grid's colour; always "max attention
@@ -325,6 +327,33 @@ def _heads_results(out: Path) -> Any:
     return df if {"layer", "head"} <= set(df.columns) else None
 
 
+def _attach_attribution(data: dict[str, Any], out: Path) -> None:
+    """Give each example the attribution analysis's token scores of the example with the same tokens
+    (OUT/attribution/token_scores.csv: example, position, token, method, score), when there is one."""
+    csv = out / "attribution" / "token_scores.csv"
+    if not csv.exists():
+        return
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(csv, keep_default_na=False, dtype={"token": str})
+    except (OSError, ValueError):
+        return
+    if not {"example", "position", "token", "method", "score"} <= set(df.columns):
+        return
+    by_tokens = {}
+    for _, part in df.groupby("example", sort=True):
+        first = part[part["method"] == part["method"].iloc[0]].sort_values("position")
+        tokens = tuple(str(t) for t in first["token"])
+        scores = {str(m): [round(float(v), 6) for v in g.sort_values("position")["score"]]
+                  for m, g in part.groupby("method", sort=True)}
+        by_tokens.setdefault(tokens, scores)
+    for ex in data["examples"]:
+        scores = by_tokens.get(tuple(ex["tokens"]))
+        if scores and all(len(v) == len(ex["tokens"]) for v in scores.values()):
+            ex["attribution"] = scores
+
+
 def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int = 0, max_examples: int = 3,
                         max_tokens: int = 64, more_tasks: Mapping[str, Any] | None = None) -> Path:
     """Capture the explorer's data for a report and write it as OUT/explorer.json (atomically);
@@ -332,7 +361,8 @@ def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int =
     Task; seed: the run's seed, which picks a generated task's examples as the analyses do). The
     grid is coloured by the heads analysis's importance (and offers its role scores and roles)
     when OUT/heads/results.csv exists, else by each head's largest attention weight. more_tasks:
-    {label: Task} of the other tasks the report's analyses ran on, a few examples each."""
+    {label: Task} of the other tasks the report's analyses ran on, a few examples each. An example
+    the attribution analysis scored (OUT/attribution/token_scores.csv, same tokens) carries its scores."""
     from headscope.reports import io
 
     scores = _heads_results(Path(out))
@@ -342,6 +372,7 @@ def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int =
         default = next((n for n in ("importance (gradient)", "importance (zero)") if n in names), None)
     data = attention_explorer_data(model, task, max_examples=max_examples, max_tokens=max_tokens,
                                    head_scores=scores, default_score=default, seed=seed, more_tasks=more_tasks)
+    _attach_attribution(data, Path(out))
     path = Path(out) / EXPLORER_FILE
     io.write_text(path, json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n")
     return path

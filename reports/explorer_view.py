@@ -13,8 +13,9 @@ the first token (the sink); below it a thumbnail of every head's pattern on the 
 max); the selected head's pattern on the chosen example as a query x key
 heatmap with token labels, or as lines between query and key tokens; hovering a token
 highlights its row (where it attends) and its column (what attends to it); clicking a query token
-pins it, shading every token by that query's attention weight; the arrow keys move the selected
-head; a URL fragment #L1H3 opens layer 1, head 3 (`link_heads` makes such links in the findings).
+pins it, shading every token by that query's attention weight (or, where the report's attribution
+analysis scored the example, by an attribution method's signed scores: red positive, blue negative);
+the arrow keys move the selected head; a URL fragment #L1H3 opens layer 1, head 3 (`link_heads` makes such links in the findings).
 Attention weights are drawn on one sequential scale, white (0) to dark blue (1), shown with its
 legend; signed per-head scores colour the grid red for positive, blue for negative, as the figures do.
 """
@@ -99,7 +100,11 @@ JS = r"""
   var app = root.querySelector(".hsx-app");
   var scoreNames = Object.keys(data.scores || {}), labelNames = Object.keys(data.labels || {});
   var st = {ex: 0, l: 0, h: 0, colour: "score:" + (data.default_score || scoreNames[0]), view: "heatmap",
-            heads: [[0, 0]], combine: "mean", q: null, preview: null};
+            heads: [[0, 0]], combine: "mean", q: null, preview: null, shade: "attention"};
+  var methods = [];
+  data.examples.forEach(function (e) {
+    Object.keys(e.attribution || {}).forEach(function (m) { if (methods.indexOf(m) < 0) methods.push(m); });
+  });
   var cache = {};
 
   function el(tag, cls, text) {
@@ -238,6 +243,8 @@ JS = r"""
     function (v) { st.view = v; drawHead(); });
   select("overlaid heads", [["mean", "mean of their patterns"], ["max", "max of their patterns"]], st.combine,
     function (v) { st.combine = v; drawHead(); });
+  if (methods.length) select("shade tokens by", [["attention", "attention from the pinned query"]].concat(
+    methods.map(function (m) { return [m, "attribution: " + m]; })), st.shade, function (v) { st.shade = v; clearMarks(); });
   var clearBtn = el("button", "hsx-clear", "one head only");
   clearBtn.type = "button";
   clearBtn.addEventListener("click", function () { selectHead(st.l, st.h, false); });
@@ -408,10 +415,27 @@ JS = r"""
     marks = [];
     hl.toks.forEach(function (t) {
       t.style.background = ""; t.style.color = ""; t.style.borderBottomColor = "transparent"; t.removeAttribute("data-w");
+      t.removeAttribute("data-a");
     });
     if (hl.lines) hl.lines.forEach(function (ln) { ln.el.style.display = ""; });
     info.textContent = "";
-    if (st.q !== null) paintQuery();
+    paintStrip();
+  }
+  function paintStrip() {  // the tokens' shading: an attribution method's scores, else the pinned query's weights
+    var scores = st.shade !== "attention" && (data.examples[st.ex].attribution || {})[st.shade];
+    if (scores) paintAttribution(scores); else if (st.q !== null) paintQuery();
+  }
+  function paintAttribution(scores) {  // signed: red positive, blue negative, white 0; scaled by the largest |score|
+    var m = 0, toks = tokens();
+    scores.forEach(function (v) { m = Math.max(m, Math.abs(v)); });
+    for (var k = 0; k < toks.length; k++) {
+      var t = m > 0 ? Math.abs(scores[k]) / m : 0, c = scores[k] > 0 ? [178, 24, 43] : [33, 102, 172];
+      hl.toks[k].style.background = "rgb(" + c.map(function (x) { return Math.round(255 + (x - 255) * t); }).join(",") + ")";
+      hl.toks[k].style.color = t > 0.6 ? "#fff" : "";
+      hl.toks[k].setAttribute("data-a", String(scores[k]));
+    }
+    info.textContent = "Tokens shaded by " + st.shade + " attribution (the attribution analysis's scores for this " +
+      "example): red positive, blue negative, white 0; full colour at \u00b1" + short(m) + ".";
   }
   function paintQuery() {  // the pinned query's attention weights as the key tokens' background
     var p = cur.p, toks = tokens(), i = st.q;
@@ -487,7 +511,7 @@ JS = r"""
     view.textContent = ""; hl.rows = []; hl.qHead = []; hl.kHead = []; hl.texts = []; hl.lines = null; marks = [];
     if (st.view === "lines") drawLines(p, toks, n); else drawHeat(p, toks, n);
     info.textContent = "";
-    if (st.q !== null) paintQuery();
+    paintStrip();
   }
   function drawHeat(p, toks, n) {
     var t = el("table", "hsx-heat"), head = el("thead"), hr = el("tr"), body = el("tbody");

@@ -241,7 +241,17 @@ def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
     roles = [{"layer": l, "head": h, "method": "zero", "importance": h - 1.5, "role": XSS if h == 2 else "other"}
              for l in range(2) for h in range(4)]
     io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(roles))
-    write_explorer_data(llama, tmp_path, llama.to_tokens(["w1 w2 w3 w4 w1 w2 w3", "w5 w6 w7 w8 w5 w6 w7"]))
+    tokens = llama.to_tokens(["w1 w2 w3 w4 w1 w2 w3", "w5 w6 w7 w8 w5 w6 w7"])
+    strs = [str(t) for t in llama.to_str_tokens(tokens[0])]
+    ig = [0.0, 2.0, -1.0] + [0.5] * (len(strs) - 3)  # the attribution analysis's scores of example 0's tokens
+    io.write_csv(tmp_path / "attribution" / "token_scores.csv", pd.DataFrame(
+        [{"example": 0, "position": i, "token": t, "method": "integrated_gradients", "score": v}
+         for i, (t, v) in enumerate(zip(strs, ig))]
+        + [{"example": 1, "position": i, "token": t + "x", "method": "integrated_gradients", "score": 1.0}
+           for i, t in enumerate(strs)]))  # tokens no example has: attached to none
+    write_explorer_data(llama, tmp_path, tokens)
+    stored = io.read_json(tmp_path / "explorer.json")["examples"]
+    assert stored[0]["attribution"] == {"integrated_gradients": ig} and "attribution" not in stored[1]
     io.write_json(tmp_path / "position" / "summary.json", {"retrieval_heads": [[1, 2], [7, 0]]})  # L7H0: no such head
     write_report_files(tmp_path, ["position"], {"position": "done"}, {"name": XSS, "family": "llama"})
     with open_page(tmp_path / "report.html") as page:
@@ -261,6 +271,12 @@ def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
         assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-legend script').length") == 0
         page.click("#hsx-report td[data-layer='1'][data-head='1']")
         assert page.evaluate("document.querySelector('#hsx-report .hsx-heat').dataset.head") == "1"
+        choose(page, "hsx-report", 4, "integrated_gradients")  # tokens shaded by attribution: red +, blue -
+        shaded = page.evaluate("Array.from(document.querySelectorAll('#hsx-report .hsx-tok')).map("
+                               "function(t){return [+t.dataset.a, getComputedStyle(t).backgroundColor];})")
+        assert [a for a, _ in shaded] == ig
+        assert shaded[1][1] == "rgb(178, 24, 43)" and shaded[0][1] == "rgb(255, 255, 255)"
+        assert np.allclose(_rgb(shaded[2][1]), 255 + (np.array([33, 102, 172]) - 255) * 0.5, atol=0.6)
         assert XSS in page.evaluate("document.body.innerText")
         page.settle()
         assert page.console_errors == [] and page.requests == []
