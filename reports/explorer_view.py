@@ -101,8 +101,9 @@ JS = r"""
   var scoreNames = Object.keys(data.scores || {}), labelNames = Object.keys(data.labels || {});
   var st = {ex: 0, l: 0, h: 0, colour: "score:" + (data.default_score || scoreNames[0]), view: "heatmap",
             heads: [[0, 0]], combine: "mean", q: null, preview: null, shade: "attention"};
-  var methods = [];
+  var methods = [], taskNames = [];
   data.examples.forEach(function (e) {
+    if (e.task && taskNames.indexOf(e.task) < 0) taskNames.push(e.task);
     Object.keys(e.attribution || {}).forEach(function (m) { if (methods.indexOf(m) < 0) methods.push(m); });
   });
   var cache = {};
@@ -234,7 +235,7 @@ JS = r"""
   }
   select("example", data.examples.map(function (e, i) {
     var text = e.tokens.join(" ");
-    return [String(i), (e.task ? "[" + e.task + "] " : "") + (i + 1) + ": " +
+    return [String(i), (taskNames.length > 1 ? "[" + e.task + "] " : "") + (i + 1) + ": " +
                        (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
   }), "0", function (v) { st.ex = +v; st.q = null; drawGrid(); drawThumbs(); drawHead(); });
   select("colour heads by", scoreNames.map(function (n) { return ["score:" + n, n]; })
@@ -481,7 +482,7 @@ JS = r"""
     cur = shown();
     var p = cur.p, toks = tokens(), n = toks.length, ex = data.examples[st.ex];
     var one = cur.heads.length === 1, l0 = cur.heads[0][0], h0 = cur.heads[0][1];
-    var tail = " \u00b7 example " + (st.ex + 1) + (ex.task ? " of " + ex.task : "") +
+    var tail = " \u00b7 example " + (st.ex + 1) + (taskNames.length > 1 ? " of " + ex.task : "") +
       (ex.truncated ? " (first " + n + " of " + ex.n_tokens_total + " tokens)" : "");
     title.textContent = one ? (cur.preview ? "Preview: " : "") + "Layer " + l0 + ", head " + h0 +
       (G > 1 ? " \u00b7 KV head " + kvOf(h0) + " (shared by heads " + (kvOf(h0) * G) + "\u2013" +
