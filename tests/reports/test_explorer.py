@@ -323,6 +323,9 @@ def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(ll
         scale = page.evaluate("(function(){var s=document.querySelector('#x .hsx-scale');return [s.textContent,"
                               "s.dataset.min,s.dataset.max,getComputedStyle(s.querySelector('.hsx-ramp')).backgroundImage];})()")
         assert "attention weight" in scale[0] and scale[1:3] == ["0", "1"]
+        corner = page.evaluate("(function(){var c=document.querySelector('#x .hsx-corner');"
+                               "return [c.textContent,c.scrollWidth<=c.clientWidth&&c.scrollHeight<=c.clientHeight];})()")
+        assert corner == ["keys \u2192queries \u2193", True]  # the corner label whole, not cut
         assert "rgb(255, 255, 255)" in scale[3] and "rgb(8, 48, 107)" in scale[3]
         cell = page.evaluate("(function(){var c=document.querySelector('#x .hsx-heat td[data-q=\"3\"][data-k=\"1\"]');"
                              "return getComputedStyle(c).backgroundColor;})()")
