@@ -11,8 +11,12 @@ The data dict (format 1):
 
     model, family, n_layers, n_heads, n_kv_heads, is_encoder
     scale:     patterns are stored as integers, round(p * scale) (scale 10000: 4 decimals)
-    examples:  [{tokens: [str], n_tokens_total, truncated,
+    examples:  [{tokens: [str], n_tokens_total, truncated, task (the task's label),
                  patterns: [layer][head][query] -> [int] (row of keys, trailing zeros dropped)}]
+               attribution (in a report whose attribution analysis ran on this example's tokens):
+               {method: [score per token]} from OUT/attribution/token_scores.csv
+               the examples of tokens_or_prompts first, then those of `more_tasks` (a report's other
+               tasks: a few examples each while the stored values stay under MAX_VALUES)
     scores:    {name: [layer][head] -> float or None}, the grid's colour; always "max attention
                (examples shown)" (mean over queries of the largest weight) and "sink (examples
                shown)" (mean over queries of the weight on the first token; a decoder's first
@@ -39,6 +43,7 @@ FORMAT = 1
 SCALE = 10_000
 MAX_ATTENTION = "max attention (examples shown)"  # mean over queries of the largest weight
 SINK = "sink (examples shown)"  # mean over queries of the weight on the first token
+MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)
 
 
 # ---- examples ------------------------------------------------------------------------------
@@ -148,8 +153,36 @@ def _score_grids(head_scores: Any, n_layers: int, n_heads: int) -> tuple[dict, d
 
 
 # ---- capture -------------------------------------------------------------------------------
+def _capture(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]."""
+    f = model.facts
+    sites = [site("pattern", l) for l in range(f.n_layers)]
+    n_total = int(row.shape[0])
+    row = row[:max_tokens].reshape(1, -1)
+    with torch.no_grad():
+        acts = capture(model, model.check_tokens(row), sites, to_cpu=True)
+    pat = torch.stack([acts[s][0] for s in sites]).float()  # [L, H, q, k]
+    q0 = 1 if (not f.is_encoder and pat.shape[-2] > 1) else 0  # a decoder's first query sees only itself
+    ints = torch.round(pat * SCALE).to(torch.int32).tolist()
+    for layer in ints:
+        for head in layer:
+            for q, keys in enumerate(head):
+                end = len(keys)
+                while end > 1 and keys[end - 1] == 0:
+                    end -= 1
+                head[q] = keys[:end]
+    example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
+               "truncated": n_total > row.shape[1], "patterns": ints}
+    return example, pat[..., q0:, 0].mean(-1), pat[..., q0:, :].max(-1).values.mean(-1)
+
+
+def _n_values(example: Mapping[str, Any]) -> int:
+    return sum(len(r) for layer in example["patterns"] for head in layer for r in head)
+
+
 def attention_explorer_data(model, tokens_or_prompts: Any = None, *, max_examples: int = 3, max_tokens: int = 64,
-                            head_scores: Any = None, default_score: str | None = None, seed: int = 0) -> dict[str, Any]:
+                            head_scores: Any = None, default_score: str | None = None, seed: int = 0,
+                            more_tasks: Mapping[str, Any] | None = None, more_examples: int = 2) -> dict[str, Any]:
     """The explorer's data: every layer's attention pattern on up to `max_examples` examples.
 
     tokens_or_prompts: a prompt or list of prompts, a [batch, pos] token tensor, a Task, a zoo
@@ -159,37 +192,36 @@ def attention_explorer_data(model, tokens_or_prompts: Any = None, *, max_example
     of such (strings become labels, e.g. roles), or a DataFrame with layer and head columns (the
     heads analysis's results). Patterns are rounded to 4 decimals (see the module docstring).
     seed: the seed of a generated task (a zoo task name or None), as the analyses use it.
+    more_tasks: {label: task} of other tasks to show (a report's: each analysis's own), up to
+    `more_examples` examples each, added while the stored values stay under MAX_VALUES.
     """
     if max_examples < 1 or max_tokens < 1:
         raise ConfigError(f"max_examples and max_tokens must be >= 1, got {max_examples} and {max_tokens}.")
     f = model.facts
     rows, source = _example_rows(model, tokens_or_prompts, max_examples, seed)
-    sites = [site("pattern", l) for l in range(f.n_layers)]
     examples = []
     sink = torch.zeros(f.n_layers, f.n_heads)
     peak = torch.zeros(f.n_layers, f.n_heads)
-    for row in rows:
-        n_total = int(row.shape[0])
-        row = row[:max_tokens].reshape(1, -1)
-        with torch.no_grad():
-            acts = capture(model, model.check_tokens(row), sites, to_cpu=True)
-        pat = torch.stack([acts[s][0] for s in sites]).float()  # [L, H, q, k]
-        q0 = 1 if (not f.is_encoder and pat.shape[-2] > 1) else 0  # a decoder's first query sees only itself
-        sink += pat[..., q0:, 0].mean(-1)
-        peak += pat[..., q0:, :].max(-1).values.mean(-1)
-        ints = torch.round(pat * SCALE).to(torch.int32).tolist()
-        for layer in ints:
-            for head in layer:
-                for q, keys in enumerate(head):
-                    end = len(keys)
-                    while end > 1 and keys[end - 1] == 0:
-                        end -= 1
-                    head[q] = keys[:end]
-        examples.append({
-            "tokens": [str(t) for t in model.to_str_tokens(row[0])],
-            "n_tokens_total": n_total, "truncated": n_total > row.shape[1], "patterns": ints,
-        })
-    n = max(len(rows), 1)
+    stored = 0
+    more = [(str(label), task) for label, task in (more_tasks or {}).items()]
+    same = [label for label, task in more if getattr(task, "name", None) == source]  # the first task again
+    groups = [(same[0] if same else source, rows, None)] + [(label, None, task) for label, task in more
+                                                            if label not in same]
+    for label, group, task in groups:
+        if group is None:
+            if stored >= MAX_VALUES:
+                break
+            group = _example_rows(model, task, more_examples, seed)[0]
+        for row in group:
+            if task is not None and stored >= MAX_VALUES:
+                break
+            example, s, m = _capture(model, row, max_tokens)
+            example["task"] = label
+            examples.append(example)
+            stored += _n_values(example)
+            sink += s
+            peak += m
+    n = max(len(examples), 1)
     scores: dict[str, Any] = {}
     user_scores, labels = _score_grids(head_scores, f.n_layers, f.n_heads)
     scores.update(user_scores)
@@ -295,13 +327,42 @@ def _heads_results(out: Path) -> Any:
     return df if {"layer", "head"} <= set(df.columns) else None
 
 
+def _attach_attribution(data: dict[str, Any], out: Path) -> None:
+    """Give each example the attribution analysis's token scores of the example with the same tokens
+    (OUT/attribution/token_scores.csv: example, position, token, method, score), when there is one."""
+    csv = out / "attribution" / "token_scores.csv"
+    if not csv.exists():
+        return
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(csv, keep_default_na=False, dtype={"token": str})
+    except (OSError, ValueError):
+        return
+    if not {"example", "position", "token", "method", "score"} <= set(df.columns):
+        return
+    by_tokens = {}
+    for _, part in df.groupby("example", sort=True):
+        first = part[part["method"] == part["method"].iloc[0]].sort_values("position")
+        tokens = tuple(str(t) for t in first["token"])
+        scores = {str(m): [round(float(v), 6) for v in g.sort_values("position")["score"]]
+                  for m, g in part.groupby("method", sort=True)}
+        by_tokens.setdefault(tokens, scores)
+    for ex in data["examples"]:
+        scores = by_tokens.get(tuple(ex["tokens"]))
+        if scores and all(len(v) == len(ex["tokens"]) for v in scores.values()):
+            ex["attribution"] = scores
+
+
 def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int = 0, max_examples: int = 3,
-                        max_tokens: int = 64) -> Path:
+                        max_tokens: int = 64, more_tasks: Mapping[str, Any] | None = None) -> Path:
     """Capture the explorer's data for a report and write it as OUT/explorer.json (atomically);
     returns the path. task: what build_report ran on (None, a zoo task name, a task file or a
     Task; seed: the run's seed, which picks a generated task's examples as the analyses do). The
     grid is coloured by the heads analysis's importance (and offers its role scores and roles)
-    when OUT/heads/results.csv exists, else by each head's largest attention weight."""
+    when OUT/heads/results.csv exists, else by each head's largest attention weight. more_tasks:
+    {label: Task} of the other tasks the report's analyses ran on, a few examples each. An example
+    the attribution analysis scored (OUT/attribution/token_scores.csv, same tokens) carries its scores."""
     from headscope.reports import io
 
     scores = _heads_results(Path(out))
@@ -310,7 +371,8 @@ def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int =
         names = _frame_scores(scores)
         default = next((n for n in ("importance (gradient)", "importance (zero)") if n in names), None)
     data = attention_explorer_data(model, task, max_examples=max_examples, max_tokens=max_tokens,
-                                   head_scores=scores, default_score=default, seed=seed)
+                                   head_scores=scores, default_score=default, seed=seed, more_tasks=more_tasks)
+    _attach_attribution(data, Path(out))
     path = Path(out) / EXPLORER_FILE
     io.write_text(path, json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n")
     return path

@@ -8,10 +8,16 @@ own id, so several explorers on one page (notebook cells, report sections) keep 
 
 The view: a grid of layers x heads coloured by a per-head score (heads sharing a KV head are
 grouped under "kv0", "kv1", ... for GQA/MQA models) with a bar per head for the attention on
-the first token (the sink); the selected head's pattern on the chosen example as a query x key
+the first token (the sink); below it a thumbnail of every head's pattern on the chosen example
+(click opens that head, hover previews it, shift+click overlays several: their mean or elementwise
+max); the selected head's pattern on the chosen example as a query x key
 heatmap with token labels, or as lines between query and key tokens; hovering a token
-highlights its row (where it attends) and its column (what attends to it); the arrow keys move
-the selected head.
+highlights its row (where it attends) and its column (what attends to it); clicking a query token
+pins it, shading every token by that query's attention weight (or, where the report's attribution
+analysis scored the example, by an attribution method's signed scores: red positive, blue negative);
+the arrow keys move the selected head; a URL fragment #L1H3 opens layer 1, head 3 (`link_heads` makes such links in the findings).
+Attention weights are drawn on one sequential scale, white (0) to dark blue (1), shown with its
+legend; signed per-head scores colour the grid red for positive, blue for negative, as the figures do.
 """
 from __future__ import annotations
 
@@ -66,6 +72,21 @@ CSS = """
 .hsx .hsx-lines text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px;cursor:default}
 .hsx .hsx-lines text.hsx-hl{fill:#e7298a;font-weight:600}
 .hsx .hsx-note{color:#777;font-size:11px}
+.hsx .hsx-heat thead th.hsx-corner{writing-mode:horizontal-tb;transform:none;height:auto;max-width:none;vertical-align:bottom;
+  text-align:right;color:#777;font-family:system-ui,sans-serif;font-size:10px;line-height:1.2}
+.hsx .hsx-corner span{display:block}
+.hsx .hsx-scale{display:flex;gap:.4em;align-items:center;font-size:11px;color:#555;margin:.2em 0 .4em}
+.hsx .hsx-scale .hsx-ramp{width:140px;border:1px solid #ccc}
+.hsx .hsx-thumbs{margin-top:.8em}
+.hsx .hsx-grid,.hsx .hsx-thumbs{user-select:none;-webkit-user-select:none}
+.hsx .hsx-thumbs table td{padding:1px;border:none}
+.hsx .hsx-thumbs th{font-weight:normal;color:#555;font-size:10px;padding:0 3px;border:none;background:none}
+.hsx canvas.hsx-thumb{width:36px;height:36px;image-rendering:pixelated;border:1px solid #ccc;cursor:pointer;display:block}
+.hsx canvas.hsx-thumb.hsx-sel{border-color:#e7298a;box-shadow:0 0 0 2px #e7298a}
+.hsx canvas.hsx-thumb.hsx-in{border-color:#e7298a;border-style:dashed}
+.hsx .hsx-tok.hsx-pin{outline:2px solid #000}
+.hsx .hsx-heat tbody th{cursor:pointer}
+.hsx a.hsx-link{font-weight:normal;font-size:11px;margin-left:.5em}
 """
 
 JS = r"""
@@ -78,7 +99,13 @@ JS = r"""
   var G = KV > 0 && H % KV === 0 ? H / KV : 1;
   var app = root.querySelector(".hsx-app");
   var scoreNames = Object.keys(data.scores || {}), labelNames = Object.keys(data.labels || {});
-  var st = {ex: 0, l: 0, h: 0, colour: "score:" + (data.default_score || scoreNames[0]), view: "heatmap"};
+  var st = {ex: 0, l: 0, h: 0, colour: "score:" + (data.default_score || scoreNames[0]), view: "heatmap",
+            heads: [[0, 0]], combine: "mean", q: null, preview: null, shade: "attention"};
+  var methods = [], taskNames = [];
+  data.examples.forEach(function (e) {
+    if (e.task && taskNames.indexOf(e.task) < 0) taskNames.push(e.task);
+    Object.keys(e.attribution || {}).forEach(function (m) { if (methods.indexOf(m) < 0) methods.push(m); });
+  });
   var cache = {};
 
   function el(tag, cls, text) {
@@ -119,6 +146,33 @@ JS = r"""
   function kvOf(h) { return Math.floor(h / G); }
   function headName(l, h) { return "L" + l + " H" + h + (G > 1 ? " (kv" + kvOf(h) + ")" : ""); }
   var PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4", "#b2df8a", "#fb9a99"];
+  function seq(v) {  // attention weight 0..1 -> white .. dark blue (sequential, linear in RGB)
+    v = Math.max(0, Math.min(1, v));
+    return "rgb(" + [8, 48, 107].map(function (x) { return Math.round(255 + (x - 255) * v); }).join(",") + ")";
+  }
+  function combined(ex, heads, how) {  // several heads' patterns, averaged or their elementwise max
+    var ps = heads.map(function (lh) { return pattern(ex, lh[0], lh[1]); }), n = ps[0].length, out = [];
+    for (var q = 0; q < n; q++) {
+      var row = new Array(n);
+      for (var k = 0; k < n; k++) {
+        var acc = 0;
+        for (var i = 0; i < ps.length; i++) acc = how === "max" ? Math.max(acc, ps[i][q][k]) : acc + ps[i][q][k];
+        row[k] = how === "max" ? acc : acc / ps.length;
+      }
+      out.push(row);
+    }
+    return out;
+  }
+  function shown() {  // {p: [query][key], heads: [[l, h]], preview: bool} of what the main view shows
+    if (st.preview) return {p: pattern(st.ex, st.preview[0], st.preview[1]), heads: [st.preview], preview: true};
+    if (st.heads.length > 1) return {p: combined(st.ex, st.heads, st.combine), heads: st.heads, preview: false};
+    return {p: pattern(st.ex, st.l, st.h), heads: [[st.l, st.h]], preview: false};
+  }
+  function sinkOf(p) {
+    var q0 = (!data.is_encoder && p.length > 1) ? 1 : 0, s = 0;
+    for (var q = q0; q < p.length; q++) s += p[q][0];
+    return p.length > q0 ? s / (p.length - q0) : 0;
+  }
   function mix(t) {  // white -> dark blue
     t = Math.max(0, Math.min(1, t));
     var a = [247, 251, 255], b = [8, 48, 107];
@@ -146,7 +200,7 @@ JS = r"""
       var v = g[l][h];
       if (v === null) return ["#f0f0f0", "#999"];
       if (signed) {
-        var t = Math.abs(v) / m, c = v < 0 ? [178, 24, 43] : [33, 102, 172];
+        var t = Math.abs(v) / m, c = v > 0 ? [178, 24, 43] : [33, 102, 172];  // red positive, blue negative
         var rgb = c.map(function (x) { return Math.round(255 + (x - 255) * t); });
         return ["rgb(" + rgb.join(",") + ")", t > 0.6 ? "#fff" : "#000"];
       }
@@ -154,7 +208,7 @@ JS = r"""
       return [mix(u), u > 0.55 ? "#fff" : "#000"];
     };
     var ramp = el("span", "hsx-ramp");
-    ramp.style.background = signed ? "linear-gradient(90deg,rgb(178,24,43),#fff,rgb(33,102,172))"
+    ramp.style.background = signed ? "linear-gradient(90deg,rgb(33,102,172),#fff,rgb(178,24,43))"
                                     : "linear-gradient(90deg," + mix(0) + "," + mix(1) + ")";
     legend.appendChild(el("span", null, name + ":"));
     legend.appendChild(el("span", null, short(signed ? -m : lo)));
@@ -165,9 +219,11 @@ JS = r"""
   }
 
   // ---- layout ----
-  app.appendChild(el("p", "hsx-help", "Click a head (or focus the grid and use the arrow keys) to see its attention pattern. " +
-    "Hover a token: its row shows where it attends, its column what attends to it. " +
-    "Orange bars: attention on the first token (the sink)."));
+  app.appendChild(el("p", "hsx-help", "Click a head or its thumbnail (or focus the grid and use the arrow keys) to see its " +
+    "attention pattern; hover a thumbnail to preview it; shift+click heads to overlay several. " +
+    "Hover a token: its row shows where it attends, its column what attends to it. Click a query token to pin it: " +
+    "the tokens above are then shaded by its attention weights. Orange bars: attention on the first token (the sink). " +
+    "A link ending in #L1H3 opens layer 1, head 3."));
   var controls = el("div", "hsx-controls");
   function select(labelText, options, value, onchange) {
     var label = el("label", null, labelText), s = el("select");
@@ -179,12 +235,21 @@ JS = r"""
   }
   select("example", data.examples.map(function (e, i) {
     var text = e.tokens.join(" ");
-    return [String(i), (i + 1) + ": " + (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
-  }), "0", function (v) { st.ex = +v; drawGrid(); drawHead(); });
+    return [String(i), (taskNames.length > 1 ? "[" + e.task + "] " : "") + (i + 1) + ": " +
+                       (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
+  }), "0", function (v) { st.ex = +v; st.q = null; drawGrid(); drawThumbs(); drawHead(); });
   select("colour heads by", scoreNames.map(function (n) { return ["score:" + n, n]; })
     .concat(labelNames.map(function (n) { return ["label:" + n, n]; })), st.colour, function (v) { st.colour = v; drawGrid(); });
   select("view", [["heatmap", "heatmap (query x key)"], ["lines", "lines (query \u2192 key)"]], st.view,
     function (v) { st.view = v; drawHead(); });
+  select("overlaid heads", [["mean", "mean of their patterns"], ["max", "max of their patterns"]], st.combine,
+    function (v) { st.combine = v; drawHead(); });
+  if (methods.length) select("shade tokens by", [["attention", "attention from the pinned query"]].concat(
+    methods.map(function (m) { return [m, "attribution: " + m]; })), st.shade, function (v) { st.shade = v; clearMarks(); });
+  var clearBtn = el("button", "hsx-clear", "one head only");
+  clearBtn.type = "button";
+  clearBtn.addEventListener("click", function () { selectHead(st.l, st.h, false); });
+  controls.appendChild(clearBtn);
   app.appendChild(controls);
   var main = el("div", "hsx-main"), left = el("div", "hsx-left"), right = el("div", "hsx-right");
   main.appendChild(left); main.appendChild(right); app.appendChild(main);
@@ -228,6 +293,61 @@ JS = r"""
   if (G > 1) left.appendChild(el("div", "hsx-note", "Grouped by KV head: " + G + " query heads share each of " + KV +
     " KV heads."));
 
+  // ---- thumbnails: every head's pattern on the chosen example ----
+  var thumbBox = el("div", "hsx-thumbs"), thumbs = [];
+  thumbBox.appendChild(el("div", "hsx-note", "Every head's pattern (rows: queries, columns: keys; same colour scale " +
+    "as the main view). Click to open, hover to preview, shift+click to overlay."));
+  var tt = el("table"), ttHead = el("tr");
+  ttHead.appendChild(el("th"));
+  for (var th_ = 0; th_ < H; th_++) ttHead.appendChild(el("th", null, "h" + th_));
+  tt.appendChild(ttHead);
+  for (var tl = 0; tl < L; tl++) {
+    var ttr = el("tr"), trow = [];
+    ttr.appendChild(el("th", null, "L" + tl));
+    for (var thh = 0; thh < H; thh++) {
+      var tcell = el("td"), cv = el("canvas", "hsx-thumb");
+      cv.setAttribute("data-layer", tl); cv.setAttribute("data-head", thh);
+      cv.title = headName(tl, thh);
+      tcell.appendChild(cv); ttr.appendChild(tcell); trow.push(cv);
+    }
+    tt.appendChild(ttr); thumbs.push(trow);
+  }
+  thumbBox.appendChild(tt); left.appendChild(thumbBox);
+  function drawThumbs() {
+    var n = tokens().length;
+    for (var l = 0; l < L; l++) for (var h = 0; h < H; h++) {
+      var cv = thumbs[l][h], p = pattern(st.ex, l, h);
+      cv.width = n; cv.height = n;
+      var ctx = cv.getContext("2d"), img = ctx.createImageData(n, n);
+      for (var q = 0; q < n; q++) for (var k = 0; k < n; k++) {
+        var v = Math.max(0, Math.min(1, p[q][k])), o = 4 * (q * n + k);
+        img.data[o] = Math.round(255 + (8 - 255) * v); img.data[o + 1] = Math.round(255 + (48 - 255) * v);
+        img.data[o + 2] = Math.round(255 + (107 - 255) * v); img.data[o + 3] = 255;
+      }
+      ctx.putImageData(img, 0, 0);
+    }
+  }
+  function markThumbs() {
+    for (var l = 0; l < L; l++) for (var h = 0; h < H; h++) {
+      thumbs[l][h].classList.toggle("hsx-sel", l === st.l && h === st.h);
+      thumbs[l][h].classList.toggle("hsx-in", st.heads.length > 1 && inHeads(l, h) >= 0);
+    }
+  }
+  tt.addEventListener("click", function (e) {
+    var cv = e.target.closest("canvas[data-layer]");
+    if (!cv) return;
+    selectHead(+cv.getAttribute("data-layer"), +cv.getAttribute("data-head"), false, e.shiftKey || e.ctrlKey || e.metaKey);
+  });
+  tt.addEventListener("mouseover", function (e) {
+    var cv = e.target.closest("canvas[data-layer]");
+    if (!cv) return;
+    var lh = [+cv.getAttribute("data-layer"), +cv.getAttribute("data-head")];
+    if (st.preview ? st.preview[0] === lh[0] && st.preview[1] === lh[1]
+                   : st.heads.length === 1 && lh[0] === st.l && lh[1] === st.h) return;
+    st.preview = lh; drawHead();
+  });
+  tt.addEventListener("mouseleave", function () { if (st.preview) { st.preview = null; drawHead(); } });
+
   function drawGrid() {
     var c = colouring();
     for (var l = 0; l < L; l++) for (var h = 0; h < H; h++) {
@@ -239,22 +359,34 @@ JS = r"""
         (v === null ? "n/a" : typeof v === "number" ? v.toPrecision(4) : v) +
         "\nsink (attention on the first token): " + s.toFixed(3);
       td.setAttribute("aria-label", td.title.replace(/\n/g, ", "));
-      td.classList.toggle("hsx-sel", l === st.l && h === st.h);
+      td.classList.toggle("hsx-sel", inHeads(l, h) >= 0);
       td.setAttribute("aria-selected", l === st.l && h === st.h ? "true" : "false");
       td.tabIndex = l === st.l && h === st.h ? 0 : -1;
     }
     legendBox.textContent = "";
     legendBox.appendChild(c.legend);
   }
-  function selectHead(l, h, focus) {
-    st.l = Math.max(0, Math.min(L - 1, l)); st.h = Math.max(0, Math.min(H - 1, h));
+  function inHeads(l, h) {
+    for (var i = 0; i < st.heads.length; i++) if (st.heads[i][0] === l && st.heads[i][1] === h) return i;
+    return -1;
+  }
+  function selectHead(l, h, focus, add) {  // add: toggle the head in the overlaid set (shift+click)
+    l = Math.max(0, Math.min(L - 1, l)); h = Math.max(0, Math.min(H - 1, h));
+    if (add) {
+      var i = inHeads(l, h);
+      if (i >= 0 && st.heads.length > 1) {
+        st.heads.splice(i, 1);
+        if (l === st.l && h === st.h) { l = st.heads[st.heads.length - 1][0]; h = st.heads[st.heads.length - 1][1]; }
+      } else if (i < 0) st.heads.push([l, h]);
+    } else st.heads = [[l, h]];
+    st.l = l; st.h = h; st.preview = null;
     root.setAttribute("data-layer", st.l); root.setAttribute("data-head", st.h);
-    drawGrid(); drawHead();
+    drawGrid(); markThumbs(); drawHead();
     if (focus) cells[st.l][st.h].focus();
   }
   grid.addEventListener("click", function (e) {
     var td = e.target.closest("td[data-layer]");
-    if (td) selectHead(+td.getAttribute("data-layer"), +td.getAttribute("data-head"), true);
+    if (td) selectHead(+td.getAttribute("data-layer"), +td.getAttribute("data-head"), true, e.shiftKey || e.ctrlKey || e.metaKey);
   });
   grid.addEventListener("keydown", function (e) {
     var moves = {ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0]};
@@ -268,28 +400,73 @@ JS = r"""
 
   // ---- the selected head ----
   var title = el("div", "hsx-title"), sinkLine = el("div", "hsx-sinkline"), strip = el("div", "hsx-tokens"),
-      info = el("div", "hsx-info"), view = el("div", "hsx-view");
-  [title, sinkLine, strip, info, view].forEach(function (e) { right.appendChild(e); });
-  var hl = {rows: [], cols: [], toks: [], texts: []}, marks = [];
+      info = el("div", "hsx-info"), view = el("div", "hsx-view"), scale = el("div", "hsx-scale");
+  scale.setAttribute("data-min", "0"); scale.setAttribute("data-max", "1");
+  scale.appendChild(el("span", null, "attention weight:"));
+  scale.appendChild(el("span", null, "0"));
+  var sramp = el("span", "hsx-ramp"); sramp.style.background = "linear-gradient(90deg," + seq(0) + "," + seq(1) + ")";
+  scale.appendChild(sramp);
+  scale.appendChild(el("span", null, "1"));
+  scale.appendChild(el("span", "hsx-note", "(each query's weights over the keys sum to 1)"));
+  [title, sinkLine, scale, strip, info, view].forEach(function (e) { right.appendChild(e); });
+  var hl = {rows: [], cols: [], toks: [], texts: []}, marks = [], cur = null;
 
   function clearMarks() {
     marks.forEach(function (e) { e.classList.remove("hsx-hl"); e.classList.remove("hsx-on"); });
     marks = [];
-    hl.toks.forEach(function (t) { t.style.background = ""; t.style.borderBottomColor = "transparent"; });
+    hl.toks.forEach(function (t) {
+      t.style.background = ""; t.style.color = ""; t.style.borderBottomColor = "transparent"; t.removeAttribute("data-w");
+      t.removeAttribute("data-a");
+    });
     if (hl.lines) hl.lines.forEach(function (ln) { ln.el.style.display = ""; });
     info.textContent = "";
+    paintStrip();
+  }
+  function paintStrip() {  // the tokens' shading: an attribution method's scores, else the pinned query's weights
+    var scores = st.shade !== "attention" && (data.examples[st.ex].attribution || {})[st.shade];
+    if (scores) paintAttribution(scores); else if (st.q !== null) paintQuery();
+  }
+  function paintAttribution(scores) {  // signed: red positive, blue negative, white 0; scaled by the largest |score|
+    var m = 0, toks = tokens();
+    scores.forEach(function (v) { m = Math.max(m, Math.abs(v)); });
+    for (var k = 0; k < toks.length; k++) {
+      var t = m > 0 ? Math.abs(scores[k]) / m : 0, c = scores[k] > 0 ? [178, 24, 43] : [33, 102, 172];
+      hl.toks[k].style.background = "rgb(" + c.map(function (x) { return Math.round(255 + (x - 255) * t); }).join(",") + ")";
+      hl.toks[k].style.color = t > 0.6 ? "#fff" : "";
+      hl.toks[k].setAttribute("data-a", String(scores[k]));
+    }
+    info.textContent = "Tokens shaded by " + st.shade + " attribution (the attribution analysis's scores for this " +
+      "example): red positive, blue negative, white 0; full colour at \u00b1" + short(m) + ".";
+  }
+  function paintQuery() {  // the pinned query's attention weights as the key tokens' background
+    var p = cur.p, toks = tokens(), i = st.q;
+    if (i === null || i >= toks.length) return;
+    for (var k = 0; k < toks.length; k++) {
+      hl.toks[k].style.background = seq(p[i][k]);
+      hl.toks[k].style.color = p[i][k] > 0.5 ? "#fff" : "";
+      hl.toks[k].setAttribute("data-w", fmt(p[i][k]));
+      hl.toks[k].classList.toggle("hsx-pin", k === i);
+    }
+    info.textContent = "Pinned query " + q_(toks, i) + ": each token shaded by the attention weight it gets from it " +
+      "(click the query again to unpin).";
+  }
+  function pinQuery(i) {
+    st.q = st.q === i ? null : i;
+    hl.toks.forEach(function (t) { t.classList.remove("hsx-pin"); });
+    clearMarks();
   }
   function mark(e, cls) { if (e) { e.classList.add(cls || "hsx-hl"); marks.push(e); } }
   function focusToken(i, j) {  // row i (where token i attends), column j (what attends to token j)
     clearMarks();
-    var p = pattern(st.ex, st.l, st.h), toks = tokens(), n = toks.length;
+    var p = cur.p, toks = tokens(), n = toks.length;
     if (j === undefined) j = i;
     (hl.rows[i] || []).forEach(function (c) { mark(c); });
     for (var q = 0; q < n; q++) mark(hl.rows[q] && hl.rows[q][j]);
     mark(hl.qHead[i]); mark(hl.kHead[j]);
     mark(hl.toks[i], "hsx-on");
     for (var k = 0; k < n; k++) {
-      hl.toks[k].style.background = "rgba(8,48,107," + (0.85 * p[i][k]).toFixed(3) + ")";
+      hl.toks[k].style.background = seq(p[i][k]);
+      hl.toks[k].setAttribute("data-w", fmt(p[i][k]));
       hl.toks[k].style.color = p[i][k] > 0.5 ? "#fff" : "";
       hl.toks[k].style.borderBottomColor = "rgba(217,95,2," + p[k][j].toFixed(3) + ")";
     }
@@ -302,11 +479,23 @@ JS = r"""
       (by !== j ? "; " + q_(toks, j) + " is attended most by " + q_(toks, by) + " (" + fmt(p[by][j]) + ")" : "");
   }
   function drawHead() {
-    var p = pattern(st.ex, st.l, st.h), toks = tokens(), n = toks.length, ex = data.examples[st.ex];
-    title.textContent = "Layer " + st.l + ", head " + st.h + (G > 1 ? " \u00b7 KV head " + kvOf(st.h) + " (shared by heads " +
-      (kvOf(st.h) * G) + "\u2013" + (kvOf(st.h) * G + G - 1) + ")" : "") + " \u00b7 example " + (st.ex + 1) +
+    cur = shown();
+    var p = cur.p, toks = tokens(), n = toks.length, ex = data.examples[st.ex];
+    var one = cur.heads.length === 1, l0 = cur.heads[0][0], h0 = cur.heads[0][1];
+    var tail = " \u00b7 example " + (st.ex + 1) + (taskNames.length > 1 ? " of " + ex.task : "") +
       (ex.truncated ? " (first " + n + " of " + ex.n_tokens_total + " tokens)" : "");
-    var s = sink(st.ex, st.l, st.h);
+    title.textContent = one ? (cur.preview ? "Preview: " : "") + "Layer " + l0 + ", head " + h0 +
+      (G > 1 ? " \u00b7 KV head " + kvOf(h0) + " (shared by heads " + (kvOf(h0) * G) + "\u2013" +
+               (kvOf(h0) * G + G - 1) + ")" : "") + tail
+      : (st.combine === "max" ? "Max" : "Mean") + " of " + cur.heads.length + " heads' patterns: " +
+        cur.heads.map(function (lh) { return "L" + lh[0] + "H" + lh[1]; }).join(", ") + tail;
+    if (one && !cur.preview) {
+      var a = el("a", "hsx-link", "link to this head"); a.href = "#L" + l0 + "H" + h0;
+      a.title = "a link to report.html ending in #L" + l0 + "H" + h0 + " opens this head";
+      title.appendChild(a);
+    }
+    root.setAttribute("data-shown", cur.heads.map(function (lh) { return "L" + lh[0] + "H" + lh[1]; }).join(","));
+    var s = sinkOf(p);
     sinkLine.textContent = "";
     sinkLine.appendChild(el("span", null, "sink: attention on the first token, mean over queries"));
     var bar = el("span", "hsx-bar"), fill = el("span"); fill.style.width = (100 * s).toFixed(1) + "%"; bar.appendChild(fill);
@@ -315,17 +504,22 @@ JS = r"""
     toks.forEach(function (t, i) {
       var span = el("span", "hsx-tok", t); span.title = "position " + i;
       span.addEventListener("mouseenter", function () { focusToken(i); });
+      span.addEventListener("click", function () { pinQuery(i); });
+      span.style.cursor = "pointer";
       strip.appendChild(span); hl.toks.push(span);
     });
     strip.onmouseleave = clearMarks;
     view.textContent = ""; hl.rows = []; hl.qHead = []; hl.kHead = []; hl.texts = []; hl.lines = null; marks = [];
     if (st.view === "lines") drawLines(p, toks, n); else drawHeat(p, toks, n);
     info.textContent = "";
+    paintStrip();
   }
   function drawHeat(p, toks, n) {
     var t = el("table", "hsx-heat"), head = el("thead"), hr = el("tr"), body = el("tbody");
-    t.setAttribute("data-layer", st.l); t.setAttribute("data-head", st.h); t.setAttribute("data-example", st.ex);
-    var corner = el("th", null, "query \\ key"); hr.appendChild(corner);
+    t.setAttribute("data-layer", cur.heads[0][0]); t.setAttribute("data-head", cur.heads[0][1]);
+    t.setAttribute("data-example", st.ex);
+    var corner = el("th", "hsx-corner"); hr.appendChild(corner);
+    corner.appendChild(el("span", null, "keys \u2192")); corner.appendChild(el("span", null, "queries \u2193"));
     toks.forEach(function (tok, k) {
       var th = el("th", null, tok); th.setAttribute("data-k", k); th.title = "key " + k + ": " + tok;
       th.addEventListener("mouseenter", function () { focusToken(k); });
@@ -335,11 +529,14 @@ JS = r"""
     for (var q = 0; q < n; q++) {
       var tr = el("tr"), qh = el("th", null, toks[q]), row = [];
       qh.setAttribute("data-q", q); qh.title = "query " + q + ": " + toks[q];
-      (function (q) { qh.addEventListener("mouseenter", function () { focusToken(q); }); })(q);
+      (function (q) {
+        qh.addEventListener("mouseenter", function () { focusToken(q); });
+        qh.addEventListener("click", function () { pinQuery(q); });
+      })(q);
       tr.appendChild(qh); hl.qHead.push(qh);
       for (var k = 0; k < n; k++) {
         var v = p[q][k], td = el("td");
-        td.style.background = "rgba(8,48,107," + v.toFixed(4) + ")";
+        td.style.background = seq(v);
         td.setAttribute("data-q", q); td.setAttribute("data-k", k); td.setAttribute("data-v", fmt(v));
         td.title = toks[q] + " \u2192 " + toks[k] + ": " + fmt(v);
         tr.appendChild(td); row.push(td);
@@ -356,7 +553,8 @@ JS = r"""
   function drawLines(p, toks, n) {
     var rowH = 16, width = 420, colW = 130, top = 20, height = top + n * rowH + 4;
     var s = svg("svg", {"class": "hsx-lines", width: width, height: height, viewBox: "0 0 " + width + " " + height});
-    s.setAttribute("data-layer", st.l); s.setAttribute("data-head", st.h); s.setAttribute("data-example", st.ex);
+    s.setAttribute("data-layer", cur.heads[0][0]); s.setAttribute("data-head", cur.heads[0][1]);
+    s.setAttribute("data-example", st.ex);
     var t1 = svg("text", {x: colW - 6, y: 12, "text-anchor": "end"}); t1.textContent = "query"; s.appendChild(t1);
     var t2 = svg("text", {x: width - colW + 6, y: 12}); t2.textContent = "key"; s.appendChild(t2);
     hl.lines = [];
@@ -387,7 +585,7 @@ JS = r"""
   focusToken = function (i, j) {
     if (hl.lines && (i === -1 || j === -1)) {
       clearMarks();
-      var p = pattern(st.ex, st.l, st.h), toks = tokens();
+      var toks = tokens();
       hl.lines.forEach(function (ln) { ln.el.style.display = (i >= 0 ? ln.q === i : ln.k === j) ? "" : "none"; });
       if (i >= 0) { mark(hl.texts[0][i]); info.textContent = q_(toks, i) + " attends to the keys drawn"; }
       else { mark(hl.texts[1][j]); info.textContent = q_(toks, j) + " is attended to by the queries drawn"; }
@@ -395,7 +593,16 @@ JS = r"""
     }
     focusBoth(i, j);
   };
+  function fromHash(scroll) {  // #L1H3 opens layer 1, head 3
+    var m = /^#L(\d+)H(\d+)$/i.exec(window.location.hash || "");
+    if (!m || +m[1] >= L || +m[2] >= H) return;
+    selectHead(+m[1], +m[2], false);
+    if (scroll && root.scrollIntoView) root.scrollIntoView({block: "start"});
+  }
+  drawThumbs();
   selectHead(0, 0, false);
+  fromHash(true);
+  window.addEventListener("hashchange", function () { fromHash(true); });
 })((function (id) {  // the enclosing explorer: this script's parent, else by id
   var s = document.currentScript, p = s && s.parentNode;
   return p && p.id === id ? p : document.getElementById(id);
@@ -403,6 +610,21 @@ JS = r"""
 """
 
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_HEAD = re.compile(r"\bL(\d+)H(\d+)\b")
+_TAG = re.compile(r"(<[^>]*>)")
+
+
+def link_heads(html: str, n_layers: int, n_heads: int) -> str:
+    """Escaped HTML with each head name in its text ("L1H3", outside tags and links, within n_layers x
+    n_heads) made a link to #L1H3, which opens that head in the page's explorer."""
+    parts, depth = _TAG.split(html), 0  # text at even indices, tags at odd ones
+    for i, part in enumerate(parts):
+        if i % 2:
+            depth += 1 if re.match(r"<a[\s>]", part, re.I) else -1 if part.lower().startswith("</a") else 0
+        elif depth == 0:
+            parts[i] = _HEAD.sub(lambda m: f'<a class="head-link" href="#{m[0]}">{m[0]}</a>'
+                                 if int(m[1]) < n_layers and int(m[2]) < n_heads else m[0], part)
+    return "".join(parts)
 
 
 def json_for_script(data: Any) -> str:
@@ -428,4 +650,4 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     )
 
 
-__all__ = ["CSS", "JS", "explorer_html", "json_for_script"]
+__all__ = ["CSS", "JS", "explorer_html", "json_for_script", "link_heads"]

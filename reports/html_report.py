@@ -7,6 +7,7 @@ Every string read from the results (token strings, prompts, model names) is esca
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from headscope.reports import io
-from headscope.reports.explorer_view import explorer_html
+from headscope.reports.explorer_view import explorer_html, link_heads
 from headscope.reports.findings import caption, finding
 from headscope.reports.guides import GUIDES
 from headscope.reports.provenance import provenance_html, provenance_markdown, section_provenance
@@ -183,9 +184,20 @@ def _explorer_section(out: Path) -> tuple[str, str]:
     except (OSError, ValueError, KeyError, TypeError):
         return "", ""
     n = len(data.get("examples", []))
+    n_tasks = len({e.get("task") for e in data.get("examples", [])})
     html = ("<h2 id='explorer'>attention explorer</h2><p class='guide'>Every head's attention pattern on "
-            f"{n} example(s) of the task; the grid is coloured by the chosen per-head score.</p>" + fragment)
+            f"{n} example(s) of {'the task' if n_tasks < 2 else f'the {n_tasks} tasks the analyses used'}; "
+            "the grid is coloured by the chosen per-head score.</p>" + fragment)
     return html, f"## attention explorer\n\n- [{EXPLORER_FILE}]({EXPLORER_FILE}) (interactive in report.html)\n"
+
+
+def _explorer_dims(out: Path) -> tuple[int, int] | None:
+    """(n_layers, n_heads) of OUT/explorer.json, None when unreadable."""
+    try:
+        data = io.read_json(out / EXPLORER_FILE)
+        return int(data["n_layers"]), int(data["n_heads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _top_heads_html(out: Path) -> str:
@@ -218,6 +230,10 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         sections.append(html_part)
         md_sections.append(md_part)
     explorer, explorer_md = _explorer_section(out)
+    dims = _explorer_dims(out) if explorer else None
+    if dims:  # head names in the findings link to that head in the explorer (#L1H3)
+        sections = [re.sub(r'<p class="finding">.*?</p>', lambda m: link_heads(m[0], *dims), part, flags=re.S)
+                    for part in sections]
     if explorer:
         sections.insert(0, explorer + _top_heads_html(out))
         md_sections.insert(0, explorer_md)
@@ -231,6 +247,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         toc.insert(1, ("task", "task"))
     toc += [(name, name) for name in names] + [("provenance", "provenance")]
     info = _provenance(out)
+    findings = _findings_html(names, status, texts)
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads, "
              f"d_model {model.get('d_model', '?')}")
@@ -240,7 +257,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         f"<h1>{escape(title)}</h1><p>{escape(facts)}. Data: the CSV and JSON files beside this report (each "
         "section links its CSVs); "
         "provenance at the bottom and in manifest.json.</p>"
-        + _toc_html(toc) + _findings_html(names, status, texts) + "".join(sections) + _provenance_html(info)
+        + _toc_html(toc) + (link_heads(findings, *dims) if dims else findings) + "".join(sections) + _provenance_html(info)
         + "</body></html>"
     )
     md = (f"# {md_escape(title)}\n\n{md_escape(facts)}\n\n" + _findings_markdown(names, status, texts) + "\n"

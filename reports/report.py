@@ -294,6 +294,26 @@ def fit_to_budget(model: Any, names: Sequence[str], plans: dict[str, Plan], comm
     return fitted
 
 
+def _explorer_tasks(model: Any, names: Sequence[str], plans: dict[str, Plan], common: dict,
+                    status: dict[str, str]) -> dict[str, Any]:
+    """{label: Task} of each task the analyses that ran used (label: the task's name and those
+    analyses), for the explorer's examples; an analysis whose task cannot be resolved is left out."""
+    from headscope.analyses.core.registry import task_used as resolve
+
+    by_name: dict[str, tuple[Any, list[str]]] = {}
+    for name in names:
+        if name not in plans or plans[name].skip is not None or not status.get(name, "").startswith("done"):
+            continue
+        try:
+            used = resolve(name, model, plans[name].task, config_class(name).preset(**common))
+        except Exception as err:  # noqa: BLE001 - the explorer is optional; its first task still shows
+            log.info("explorer: no examples of %s's task (%s: %s)", name, type(err).__name__, err)
+            continue
+        if used is not None and hasattr(used, "tokens"):
+            by_name.setdefault(str(used.name), (used, []))[1].append(name)
+    return {f"{task_name} ({', '.join(who)})": used for task_name, (used, who) in by_name.items()}
+
+
 def check_resume(out: Path, settings: dict) -> None:
     """Refuse (one line, ConfigError) to --resume OUT with settings other than those its finished
     analyses ran with, so that one report never mixes two configurations."""
@@ -608,7 +628,8 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, nam
 
         try:  # the attention explorer's data: a few examples of the task, every layer's pattern
             with writing("explorer.json"):
-                write_explorer_data(model, root, task, seed=seed)
+                write_explorer_data(model, root, task, seed=seed,
+                                    more_tasks=_explorer_tasks(model, names, plans, common, status))
             session.record("explorer.json")
         except OutputError:
             raise

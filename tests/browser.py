@@ -74,11 +74,16 @@ class Page:
         x, y = self._centre(selector)
         self._call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
 
-    def click(self, selector: str) -> None:
+    def click(self, selector: str, shift: bool = False) -> None:
         x, y = self._centre(selector)
         self._call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
         for kind in ("mousePressed", "mouseReleased"):
-            self._call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+            self._call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1,
+                       modifiers=8 if shift else 0)
+
+    def screenshot(self) -> bytes:
+        """The visible page as PNG bytes."""
+        return base64.b64decode(self._call("Page.captureScreenshot", format="png")["data"])
 
     def press(self, key: str) -> None:
         """A key press on the focused element (named keys as in KeyboardEvent.key)."""

@@ -53,6 +53,7 @@ def test_report_has_the_explorer_within_8_mb_and_clicking_a_head_changes_the_vie
     assert html.stat().st_size <= 8 * 10**6
     assert html.read_text().count('id="hsx-report"') == 1
     data = report_io.read_json(xss_report / "explorer.json")
+    assert [e["task"] for e in data["examples"]] == ["xss (heads, patching)"] * 2  # the task, and who used it
     n_layers, n_heads = data["n_layers"], data["n_heads"]
     shown = ("(function(){var t=document.querySelector('#hsx-report .hsx-heat');"
              "return [+t.dataset.example, +t.dataset.layer, +t.dataset.head];})()")

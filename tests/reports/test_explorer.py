@@ -22,7 +22,7 @@ from headscope.reports.explorer import (
     show_attention,
     write_explorer_data,
 )
-from headscope.reports.explorer_view import explorer_html
+from headscope.reports.explorer_view import explorer_html, link_heads
 from headscope.reports.html_report import write_report_files
 
 XSS = "<script>alert(1)</script>"
@@ -160,6 +160,28 @@ def choose(page, uid: str, index: int, value: str) -> None:
                   "s.dispatchEvent(new Event('change'));})()")
 
 
+def test_more_tasks_add_their_examples_within_the_budget(llama, monkeypatch):
+    """A report's other tasks: their examples follow the first task's, each labelled, patterns as captured
+    directly; none is added once the stored values reach MAX_VALUES."""
+    from headscope.reports import explorer
+
+    both = attention_explorer_data(llama, PROMPTS[:1], more_tasks={"b (patching)": [PROMPTS[1], PROMPTS[0]]},
+                                   more_examples=1)
+    assert [e["task"] for e in both["examples"]] == ["prompts", "b (patching)"]
+    got = np.array(pattern_from_data(both, 1, 1, 3))
+    assert np.allclose(got, reference(llama, PROMPTS[1]).numpy()[1, 3], atol=0.5 / both["scale"] + 1e-6)
+    monkeypatch.setattr(explorer, "MAX_VALUES", 1)
+    assert len(attention_explorer_data(llama, PROMPTS[:1], more_tasks={"b": [PROMPTS[1]]})["examples"]) == 1
+
+
+def test_link_heads_links_head_names_in_text_only():
+    html = ('<p class="finding"><b><a href="#heads">L0H1</a></b>: L1H3 and L2H0, L1H30, L10H1; '
+            '<img alt="L0H2">xL1H1</p>')
+    assert link_heads(html, 2, 4) == (
+        '<p class="finding"><b><a href="#heads">L0H1</a></b>: <a class="head-link" href="#L1H3">L1H3</a> and L2H0, '
+        'L1H30, L10H1; <img alt="L0H2">xL1H1</p>')
+
+
 @needs_chromium
 def test_explorer_in_chromium_shows_the_captured_patterns(llama, data, tmp_path):
     from browser import open_page
@@ -219,9 +241,27 @@ def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
     roles = [{"layer": l, "head": h, "method": "zero", "importance": h - 1.5, "role": XSS if h == 2 else "other"}
              for l in range(2) for h in range(4)]
     io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(roles))
-    write_explorer_data(llama, tmp_path, llama.to_tokens(["w1 w2 w3 w4 w1 w2 w3", "w5 w6 w7 w8 w5 w6 w7"]))
-    write_report_files(tmp_path, [], {}, {"name": XSS, "family": "llama"})
+    tokens = llama.to_tokens(["w1 w2 w3 w4 w1 w2 w3", "w5 w6 w7 w8 w5 w6 w7"])
+    strs = [str(t) for t in llama.to_str_tokens(tokens[0])]
+    ig = [0.0, 2.0, -1.0] + [0.5] * (len(strs) - 3)  # the attribution analysis's scores of example 0's tokens
+    io.write_csv(tmp_path / "attribution" / "token_scores.csv", pd.DataFrame(
+        [{"example": 0, "position": i, "token": t, "method": "integrated_gradients", "score": v}
+         for i, (t, v) in enumerate(zip(strs, ig))]
+        + [{"example": 1, "position": i, "token": t + "x", "method": "integrated_gradients", "score": 1.0}
+           for i, t in enumerate(strs)]))  # tokens no example has: attached to none
+    write_explorer_data(llama, tmp_path, tokens)
+    stored = io.read_json(tmp_path / "explorer.json")["examples"]
+    assert stored[0]["attribution"] == {"integrated_gradients": ig} and "attribution" not in stored[1]
+    io.write_json(tmp_path / "position" / "summary.json", {"retrieval_heads": [[1, 2], [7, 0]]})  # L7H0: no such head
+    write_report_files(tmp_path, ["position"], {"position": "done"}, {"name": XSS, "family": "llama"})
     with open_page(tmp_path / "report.html") as page:
+        links = "Array.from(document.querySelectorAll('#findings + p a.head-link')).map(function(a){return a.hash;})"
+        assert page.evaluate(links) == ["#L1H2"]  # the findings link to a head the explorer has
+        assert page.evaluate("document.querySelectorAll('#position ~ p.finding a.head-link').length") == 1
+        page.click("#findings + p a.head-link")
+        page.settle(0.1)
+        assert page.evaluate("[document.querySelector('#hsx-report .hsx-heat').dataset.layer,"
+                             "document.querySelector('#hsx-report .hsx-heat').dataset.head]") == ["1", "2"]
         assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-grid td').length") == 8
         background = "document.querySelector('#hsx-report td[data-layer=\\'0\\'][data-head=\\'2\\']').style.background"
         signed = page.evaluate(background)  # importance (zero), signed: a diverging scale
@@ -231,6 +271,89 @@ def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
         assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-legend script').length") == 0
         page.click("#hsx-report td[data-layer='1'][data-head='1']")
         assert page.evaluate("document.querySelector('#hsx-report .hsx-heat').dataset.head") == "1"
+        choose(page, "hsx-report", 4, "integrated_gradients")  # tokens shaded by attribution: red +, blue -
+        shaded = page.evaluate("Array.from(document.querySelectorAll('#hsx-report .hsx-tok')).map("
+                               "function(t){return [+t.dataset.a, getComputedStyle(t).backgroundColor];})")
+        assert [a for a, _ in shaded] == ig
+        assert shaded[1][1] == "rgb(178, 24, 43)" and shaded[0][1] == "rgb(255, 255, 255)"
+        assert np.allclose(_rgb(shaded[2][1]), 255 + (np.array([33, 102, 172]) - 255) * 0.5, atol=0.6)
         assert XSS in page.evaluate("document.body.innerText")
+        page.settle()
+        assert page.console_errors == [] and page.requests == []
+
+
+def _rgb(css: str) -> np.ndarray:
+    return np.array([float(x) for x in re.findall(r"[\d.]+", css)[:3]])
+
+
+@needs_chromium
+def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(llama, data, tmp_path):
+    """A thumbnail per head drawn from its pattern (click opens it, hover previews it), the colour scale
+    (attention weight 0..1, white to rgb(8,48,107), the cells on it), heads overlaid (mean, then max), a
+    pinned query shading the tokens by its weights, and #L1H3 opening layer 1 head 3; no requests."""
+    from browser import open_page
+
+    page_file = tmp_path / "explorer.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="x") + "</body></html>")
+    ref = reference(llama, PROMPTS[0]).numpy()  # [L, H, q, k]
+    n_layers, n_heads, n = ref.shape[0], ref.shape[1], ref.shape[-1]
+    tol = 0.5 / data["scale"] + 1e-6
+    with open_page(page_file) as page:
+        thumbs = page.evaluate("Array.from(document.querySelectorAll('#x canvas.hsx-thumb'))"
+                               ".map(function(c){return [+c.dataset.layer,+c.dataset.head,c.width,c.height];})")
+        assert sorted((l, h) for l, h, _, _ in thumbs) == [(l, h) for l in range(n_layers) for h in range(n_heads)]
+        assert all(w == n and hgt == n for _, _, w, hgt in thumbs)  # one pixel per query x key
+        red = page.evaluate("(function(){var c=document.querySelector('#x canvas[data-layer=\"1\"][data-head=\"2\"]');"
+                            "var d=c.getContext('2d').getImageData(0,0,c.width,c.height).data,o=[];"
+                            "for(var i=0;i<d.length;i+=4)o.push(d[i]);return o;})()")
+        assert np.allclose((255 - np.array(red).reshape(n, n)) / 247, ref[1, 2], atol=0.5 / 247 + tol)
+
+        page.hover("#x canvas[data-layer='1'][data-head='2']")  # hover: a preview in the main view
+        shown, values = _heatmap(page, "x")
+        assert shown == [0, 1, 2] and np.allclose(values, ref[1, 2], atol=tol)
+        assert page.evaluate("document.querySelector('#x .hsx-title').textContent").startswith("Preview: Layer 1, head 2")
+        page.hover("#x .hsx-help")  # leaving the thumbnails restores the selected head
+        assert _heatmap(page, "x")[0] == [0, 0, 0]
+        page.click("#x canvas[data-layer='1'][data-head='3']")  # click: opens that head
+        shown, values = _heatmap(page, "x")
+        assert shown == [0, 1, 3] and np.allclose(values, ref[1, 3], atol=tol)
+        assert page.evaluate("document.querySelector('#x .hsx-grid td.hsx-sel').dataset.head") == "3"
+
+        scale = page.evaluate("(function(){var s=document.querySelector('#x .hsx-scale');return [s.textContent,"
+                              "s.dataset.min,s.dataset.max,getComputedStyle(s.querySelector('.hsx-ramp')).backgroundImage];})()")
+        assert "attention weight" in scale[0] and scale[1:3] == ["0", "1"]
+        corner = page.evaluate("(function(){var c=document.querySelector('#x .hsx-corner');"
+                               "return [c.textContent,c.scrollWidth<=c.clientWidth&&c.scrollHeight<=c.clientHeight];})()")
+        assert corner == ["keys \u2192queries \u2193", True]  # the corner label whole, not cut
+        assert "rgb(255, 255, 255)" in scale[3] and "rgb(8, 48, 107)" in scale[3]
+        cell = page.evaluate("(function(){var c=document.querySelector('#x .hsx-heat td[data-q=\"3\"][data-k=\"1\"]');"
+                             "return getComputedStyle(c).backgroundColor;})()")
+        assert np.allclose((255 - _rgb(cell)) / (255 - np.array([8, 48, 107])), ref[1, 3, 3, 1], atol=0.01)
+
+        page.click("#x td[data-layer='0'][data-head='1']", shift=True)  # shift+click: overlay a second head
+        shown, values = _heatmap(page, "x")
+        assert page.evaluate("document.getElementById('x').dataset.shown") == "L1H3,L0H1"
+        assert np.allclose(values, (ref[1, 3] + ref[0, 1]) / 2, atol=2 * tol)
+        assert page.evaluate("document.querySelector('#x .hsx-title').textContent").startswith("Mean of 2 heads")
+        choose(page, "x", 3, "max")
+        assert np.allclose(_heatmap(page, "x")[1], np.maximum(ref[1, 3], ref[0, 1]), atol=2 * tol)
+        page.click("#x button.hsx-clear")  # back to one head, the last clicked
+        shown, values = _heatmap(page, "x")
+        assert shown == [0, 0, 1] and np.allclose(values, ref[0, 1], atol=tol)
+
+        page.click("#x .hsx-tokens .hsx-tok:nth-child(5)")  # pin query 4
+        page.hover("#x .hsx-help")  # the shading stays after the pointer leaves
+        weights = page.evaluate("Array.from(document.querySelectorAll('#x .hsx-tokens .hsx-tok'))"
+                                ".map(function(t){return [+t.dataset.w, getComputedStyle(t).backgroundColor];})")
+        assert np.allclose([w for w, _ in weights], ref[0, 1, 4], atol=tol)
+        shade = np.array([(255 - _rgb(c)) / (255 - np.array([8, 48, 107])) for _, c in weights])  # [key, rgb]
+        assert np.allclose(shade, ref[0, 1, 4][:, None], atol=0.01)
+
+        assert page.evaluate("document.querySelector('#x .hsx-title a').getAttribute('href')") == "#L0H1"
+        page.evaluate("location.hash = '#L1H3'")  # a link to a head opens it
+        page.settle(0.1)
+        shown, values = _heatmap(page, "x")
+        assert shown == [0, 1, 3] and np.allclose(values, ref[1, 3], atol=tol)
         page.settle()
         assert page.console_errors == [] and page.requests == []
