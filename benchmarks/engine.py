@@ -23,8 +23,8 @@ of the process's resident set during the call (polled every millisecond, after m
 freed memory kept by an earlier call does not hide it). The two sides run in turn after a warm-up
 call of headscope's (and of Hugging Face's, short inputs, for the forward cells), --repeats
 alternating calls; the best time and the largest memory growth
-are kept. One torch thread unless --threads. A cell whose first measured call takes more than
---slow seconds is measured once and marked "(1 run)"; a cell that fails prints its error.
+are kept; each cell says how many runs it got (a round slower than --slow seconds ends its
+repeats). One torch thread unless --threads. A cell that fails prints its error in the table.
 
     python benchmarks/engine.py [--device cpu|cuda] [--dtypes float32 bfloat16] [--archs gpt2 llama3 ...]
                                 [--tokens 2048] [--repeats 3] [--quick] [--parts forward pattern patching gradient]
