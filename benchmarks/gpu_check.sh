@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The prepared GPU check (issue #22 item 7), for a session that is lent a CUDA machine through
 # the device tool. It runs the gpu-marked tests, then times a plain forward, capture and the
-# heads/patching engines in float32 and bfloat16, then `headscope report --quick` on CUDA.
+# heads/patching engines in float32 and bfloat16, then `headscope report --quick` on CUDA, then
+# the per-architecture engine table of benchmarks/engine.py (issue #31 item 7) in bfloat16 and
+# float32 at full sizes (6 layers x 768, 2,048 tokens; ENGINE_TOKENS=8192 for long context).
 #
 # Prepare here (no GPU needed), once, in the repo root:
 #   echo /.whl/ >> .git/info/exclude
@@ -61,3 +63,10 @@ for dtype in float32; do
   python3 -m headscope report --quick --device cuda --out "$OUT/report-$dtype" -q > "$OUT/report_$dtype.txt" 2>&1
   echo "headscope report --quick on cuda ($dtype): exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu_timings.txt"
 done
+# The engine table (issue #31 item 7): every architecture, bfloat16 first (what GPU users run), full sizes.
+start=$(date +%s)
+(cd benchmarks && timeout "${ENGINE_TIMEOUT:-400}" python3 engine.py --device cuda --dtypes bfloat16 float32 \
+  --tokens "${ENGINE_TOKENS:-2048}" --repeats "${ENGINE_REPEATS:-3}" --threads 1) \
+  > "$OUT/engine.txt" 2> "$OUT/engine_err.txt"
+echo "benchmarks/engine.py on cuda: exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu_timings.txt"
+cat "$OUT/engine.txt"
