@@ -53,6 +53,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
@@ -130,10 +131,17 @@ class OutputLock:
         except ImportError:  # pragma: no cover - Windows
             return self._acquire_exclusive_create()
         for _ in range(100):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # never through a link: a planted .OUT.lock -> a file of yours is refused, not truncated
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
             except OSError as err:
+                if err.errno == errno.ELOOP or self.path.is_symlink():
+                    raise OutputError(f"The lock file {str(self.path)!r} is a symbolic link; headscope writes no file "
+                                      f"through a link: remove it, or choose another --out.") from None
                 raise self._uncreatable(err) from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted at the lock's name
+                os.close(fd)
+                raise OutputError(f"The lock file {str(self.path)!r} is not a regular file; remove it, or choose "
+                                  f"another --out.")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:

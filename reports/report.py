@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from headscope.analyses.core.registry import ANALYSES, config_class, get_analysis
+from headscope.analyses.core.registry import needs as contract_needs
 from headscope.errors import (
     ConfigError,
     HeadscopeError,
@@ -153,6 +154,20 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
         else:
             plans[name] = Plan(task=task, used=f"your task ({_task_label(task)})")
     return plans
+
+
+def _check_examples(names: Sequence[str], n_examples: int | None) -> None:
+    """--n-examples below what an analysis can run on is one line before anything is written, not a
+    failed analysis: probes' cross-validation needs at least 3 (its fewest folds; answer labels give one
+    sample an example) and heads two (a resample partner; its Needs.min_examples)."""
+    if n_examples is None:
+        return
+    floors = {"probes": 3, "heads": contract_needs("heads").min_examples}
+    short = {name: floors[name] for name in names if n_examples < floors.get(name, 1)}
+    if short:
+        needed = ", ".join(f"{name} at least {n}" for name, n in short.items())
+        raise ConfigError(f"--n-examples {n_examples} is too few: {needed} (pass more, or --analyses without "
+                          f"{' and '.join(short)}).")
 
 
 def seed_everything(seed: int) -> None:
@@ -468,6 +483,9 @@ def build_report(
     elif task_fields:
         raise ConfigError(f"task fields {task_fields!r} need a task file (--task FILE), not task {task!r}.")
     _check_task_name(task)
+    _check_examples(names, n_examples)
+    if out is not None and not str(out).strip():
+        raise ConfigError("--out is empty; give the output folder's path (or leave --out out for the default).")
     minutes = budget_minutes(budget, quick)
     settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples, budget=budget)
     session: OutputSession | None = None

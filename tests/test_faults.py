@@ -396,15 +396,18 @@ def test_seed_and_n_examples_are_refused_in_one_line_outside_their_range(seed, n
 
 
 @pytest.mark.parametrize("option", [("--n-examples", "0"), ("--n-examples", "-5"), ("--n-examples", "100000000"),
-                                    ("--budget", "nan"), ("--budget", "-1"), ("--seed", "4294967296")])
+                                    ("--budget", "nan"), ("--budget", "-1"), ("--seed", "4294967296"),
+                                    ("--n-examples", "2"), ("--out", "")])  # 2: probes' fewest folds are 3
 def test_bad_numbers_stop_the_cli_before_the_output_folder_or_the_model(tmp_path, option):
     """Checked before the model loads (its path does not even exist) and before OUT or its lock."""
     from test_cli import cli as in_process
 
-    proc = in_process("report", "--model", str(tmp_path / "no-model"), *option, "--out", str(tmp_path / "new" / "out"),
-                      check=False)
+    out = () if option[0] == "--out" else ("--out", str(tmp_path / "new" / "out"))
+    proc = in_process("report", "--model", str(tmp_path / "no-model"), *option, *out, check=False)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and option[0] in proc.stderr
+    if option == ("--n-examples", "2"):
+        assert "probes at least 3" in proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -78,6 +78,12 @@ def parse_fields(fields: Mapping[str, str] | str | None) -> dict[str, str]:
     bad = [k for k, v in fields.items() if not isinstance(v, str) or not v]
     if bad:
         raise ConfigError(f"task fields {bad}: each must map to a column name (a non-empty string).")
+    shared = {}
+    for key, column in fields.items():  # prompt=text,answer=text: every answer would be its prompt
+        if column in shared:
+            raise ConfigError(f"task fields: column {column!r} is mapped to both {shared[column]!r} and {key!r}; "
+                              f"map each field to its own column.")
+        shared[column] = key
     return dict(fields)
 
 

@@ -96,6 +96,7 @@ def test_json_numbers_keep_the_text_the_user_wrote(tmp_path):
      r"header\.csv', line 1: column 'label' appears twice in the header \(columns 2 and 3\)"),
     ("fields.csv", "text,label\nw1,w2\n", "prompt=text,prompt=label,answer=label",
      r"'prompt' is mapped twice \('text' and 'label'\)"),
+    ("column.csv", "text,label\nw1,w2\n", "prompt=text,answer=text", r"column 'text' is mapped to both 'prompt' and 'answer'"),
 ])
 def test_ambiguous_input_is_refused_in_one_line_naming_the_row_or_column(tmp_path, name, content, fields, message):
     """What would be read one way silently (a JSON NaN as the text "NaN", the last of two columns or

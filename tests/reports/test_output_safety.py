@@ -257,6 +257,22 @@ def test_a_stale_lock_file_from_a_killed_run_is_taken_over(tmp_path):
     assert not lock_path(out).exists()
 
 
+def test_a_lock_file_planted_as_a_link_or_a_fifo_is_refused_and_nothing_is_written_through_it(tmp_path):
+    """The lock is opened without following links (O_NOFOLLOW) and must be a regular file: a link
+    planted at `.OUT.lock` pointing to a file of yours leaves that file byte for byte as it was."""
+    out = tmp_path / "run"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("IMPORTANT DATA\n")
+    lock_path(out).symlink_to(victim)
+    with pytest.raises(OutputError, match="is a symbolic link; headscope writes no file through a link"):
+        OutputLock(out).acquire()
+    assert victim.read_text() == "IMPORTANT DATA\n" and lock_path(out).is_symlink()
+    lock_path(out).unlink()
+    os.mkfifo(lock_path(out))
+    with pytest.raises(OutputError, match="is not a regular file"):
+        OutputLock(out).acquire()
+
+
 def test_the_loser_of_a_start_up_race_is_told_in_use_not_already_exists(tmp_path):
     """The winner has just created OUT and holds the lock: a run that checks OUT now finds it
     existing, and must say that another run is using it (not "pass --force")."""
