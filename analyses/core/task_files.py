@@ -569,6 +569,8 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
     places = list(places) if places is not None else [f"row {i}" for i in range(len(rows))]
     _warn_unknown(model, label, rows, places, strict=strict)
     decoder = not model.facts.is_encoder
+    if decoder:
+        _warn_glued(model, label, rows, places)
     answer_ids = [_answer_ids(model, r["answer"], p, label, several=decoder) for r, p in zip(rows, places)]
     several = max(map(len, answer_ids)) > 1
     # answers of several tokens: each prompt goes on with all but the last answer token (teacher forcing)
@@ -599,6 +601,24 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
         metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask, continuation=continuation,
         paired=paired,
     )
+
+
+def _warn_glued(model, label: str, rows: list[dict[str, str]], places: Sequence[str]) -> None:
+    """One HeadscopeWarning when answers would be glued to their prompt's last word: neither the prompt
+    ends in whitespace nor the answer starts with it, and the tokenizer writes a word's leading space
+    into its token (byte-level BPE, SentencePiece), so "on the" + "mat" is scored as "on themat"."""
+    glued = [i for i, r in enumerate(rows) if r["prompt"][-1:].strip() and r["answer"][:1].strip()]
+    if not glued:
+        return
+    encode = lambda text: list(model.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    answer = rows[glued[0]]["answer"]
+    if encode(" " + answer) == encode(answer):  # word-level or WordPiece: words are tokens either way
+        return
+    prompt = rows[glued[0]]["prompt"]
+    warnings.warn(f"{label}: {len(glued)} of {len(rows)} answer(s) start without a space and their prompt ends without "
+                  f"one ({_few([places[i] for i in glued], 3)}), so {prompt[-12:]!r} + {answer!r} is scored as one "
+                  f"word ({(prompt + answer)[-16:]!r}); this tokenizer needs the space in the answer: "
+                  f"{' ' + answer!r}.", HeadscopeWarning, stacklevel=3)
 
 
 def _pairs(seqs: list[list[int]], prompts: list[list[int]], places: Sequence[str], label: str, *,

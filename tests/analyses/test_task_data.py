@@ -425,3 +425,20 @@ def test_a_sample_of_any_file_format_holds_only_the_chosen_rows(tmp_path, suffix
     chosen = torch.randperm(40, generator=torch.Generator().manual_seed(5))[:6].sort().values.tolist()
     got = read_task_rows(path, {"prompt": "text", "answer": "label"}, n_examples=6, seed=5)
     assert got == [{"prompt": rows[i]["text"], "answer": rows[i]["label"]} for i in chosen]
+
+
+def test_an_answer_glued_to_its_prompts_last_word_warns_once(arch_models, tiny_models):
+    """Byte-level BPE writes a word's space into its token: "on the" + "mat" would be scored as
+    "on themat" (the same ids as the text written together), so one warning says so and names the fix;
+    " mat" (or a prompt ending in a space) does not warn, nor does a word-level tokenizer."""
+    model = arch_models("gpt2")
+    enc = lambda text: model.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert enc(" mat") != enc("mat")  # the premise: this tokenizer writes the space into the token
+    rows = [{"prompt": "The cat sat on the", "answer": "mat"}, {"prompt": "A dog ran to the", "answer": " park"}]
+    with pytest.warns(hs.HeadscopeWarning, match=r"1 of 2 answer\(s\) start without a space .*row 0.*' mat'"):
+        hs.load_task(model, rows)
+    for fine, m in (([dict(rows[0], answer=" mat"), rows[1]], model), ([dict(rows[0], prompt="The cat sat on the ")], model),
+                    ([{"prompt": "w1 w2", "answer": "w3"}], tiny_models["gpt2"])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", hs.HeadscopeWarning)
+            hs.load_task(m, fine)
