@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from headscope.models.hooked_model import raw_module
+
 
 class Parts(NamedTuple):
     """A block's modules after its attention output, as callables (bridge modules, whose hooks
@@ -32,9 +34,7 @@ class Parts(NamedTuple):
     parallel: bool = False  # attention and MLP both read the block's input
 
 
-def raw(module: torch.nn.Module) -> torch.nn.Module:
-    """The Hugging Face module under a bridge component (the module itself when not wrapped)."""
-    return getattr(module, "original_component", None) or module
+raw = raw_module  # the Hugging Face module under a bridge component (models.hooked_model)
 
 
 def is_parallel(block: torch.nn.Module) -> bool:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from headscope.models.hooked_model import raw_module
+
 
 @dataclass(frozen=True, kw_only=True)
 class MLPMemories:
@@ -69,23 +71,17 @@ def mlp_memories(model, layer: int) -> MLPMemories:
     )
 
 
-def _raw(module: torch.nn.Module) -> torch.nn.Module:
-    while isinstance(getattr(module, "original_component", None), torch.nn.Module):
-        module = module.original_component
-    return module
-
-
 def _moe(mlp: torch.nn.Module):
     """(router, experts, shared expert or None, shared expert's gate or None), raw Hugging Face
     modules, for a mixture-of-experts MLP of the stacked layout; None for a dense MLP. A layout
     this module does not know is an UnsupportedModelError, never numbers from the wrong weights."""
     if mlp is None:
         return None
-    block = _raw(mlp)
+    block = raw_module(mlp)
     experts = getattr(block, "experts", None)
     if experts is None or getattr(block, "gate", None) is None:
         return None
-    experts = _raw(experts)
+    experts = raw_module(experts)
     up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     if (not isinstance(up, torch.Tensor) or not isinstance(down, torch.Tensor) or up.ndim != 3
             or getattr(experts, "is_transposed", False) or up.shape[1] != 2 * down.shape[2]):
@@ -95,8 +91,8 @@ def _moe(mlp: torch.nn.Module):
                                     f"gate_up_proj [expert, 2 d_expert, d_model] and down_proj weights only.")
     shared = getattr(block, "shared_expert", None)
     shared_gate = getattr(block, "shared_expert_gate", None)
-    return (_raw(block.gate), experts, None if shared is None else _raw(shared),
-            None if shared_gate is None else _raw(shared_gate))
+    return (raw_module(block.gate), experts, None if shared is None else raw_module(shared),
+            None if shared_gate is None else raw_module(shared_gate))
 
 
 def _moe_memories(layer: int, router, experts, shared, shared_gate) -> MLPMemories:
@@ -106,7 +102,7 @@ def _moe_memories(layer: int, router, experts, shared, shared_gate) -> MLPMemori
     expert = [torch.arange(n_experts).repeat_interleave(d_e)]
     neuron = [torch.arange(d_e).repeat(n_experts)]
     if shared is not None:
-        raw = {n: _raw(getattr(shared, n)).weight.detach() for n in ("gate_proj", "up_proj", "down_proj")}
+        raw = {n: raw_module(getattr(shared, n)).weight.detach() for n in ("gate_proj", "up_proj", "down_proj")}
         gate_keys.append(raw["gate_proj"])
         keys.append(raw["up_proj"])
         values.append(raw["down_proj"].T)
@@ -152,4 +148,4 @@ def n_memories(model, layer: int) -> int:
         return model.facts.d_mlp
     _, experts, shared, _ = moe
     return experts.gate_up_proj.shape[0] * experts.down_proj.shape[2] + (
-        0 if shared is None else _raw(shared.up_proj).weight.shape[0])
+        0 if shared is None else raw_module(shared.up_proj).weight.shape[0])

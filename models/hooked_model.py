@@ -197,6 +197,14 @@ def probe_words(tokenizer: Any, n: int = 6, scan: int = 400) -> list[str]:
     return [words[round(k * (len(words) - 1) / (n - 1))] for k in range(n)]
 
 
+def raw_module(module: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face module under a bridge component (its `original_component`, unwrapped as often
+    as it is wrapped; the module itself when not wrapped)."""
+    while isinstance(getattr(module, "original_component", None), torch.nn.Module):
+        module = module.original_component
+    return module
+
+
 def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Each id's text as the tokenizer decodes it alone (no clean-up of spaces, special tokens kept):
     " Mary" for byte-level BPE's "ĠMary", the token itself for word-level and WordPiece vocabularies.
