@@ -255,10 +255,35 @@ JS = r"""
   main.appendChild(left); main.appendChild(right); app.appendChild(main);
 
   // ---- grid ----
-  var grid = el("table", "hsx-grid"), cells = [];
+  function layerHeadTable(cls, corner, makeCell) {  // layers x heads: a header row h0.., a row L0.. per layer
+    var t = el("table", cls), head = el("thead"), body = el("tbody"), hr = el("tr"), kept = [];
+    hr.appendChild(el("th", null, corner));
+    for (var h = 0; h < H; h++) hr.appendChild(el("th", null, "h" + h));
+    head.appendChild(hr);
+    for (var l = 0; l < L; l++) {
+      var tr = el("tr"), row = [];
+      tr.appendChild(el("th", null, "L" + l));
+      for (h = 0; h < H; h++) {
+        var made = makeCell(l, h);  // [the cell, the element kept for it]
+        tr.appendChild(made[0]); row.push(made[1]);
+      }
+      body.appendChild(tr); kept.push(row);
+    }
+    t.appendChild(head); t.appendChild(body);
+    return {table: t, head: head, cells: kept};
+  }
+  var gridT = layerHeadTable("hsx-grid", "layer", function (l, h) {
+    var td = el("td", G > 1 && h > 0 && h % G === 0 ? "hsx-kvstart" : "");
+    td.setAttribute("role", "gridcell");
+    td.setAttribute("data-layer", l); td.setAttribute("data-head", h);
+    td.tabIndex = -1;
+    td.appendChild(el("span", "hsx-v"));
+    var bar = el("span", "hsx-sink"); bar.appendChild(el("span")); td.appendChild(bar);
+    return [td, td];
+  });
+  var grid = gridT.table, cells = gridT.cells;
   grid.setAttribute("role", "grid");
   grid.setAttribute("aria-label", "attention heads: layers by heads");
-  var thead = el("thead"), tbody = el("tbody");
   if (G > 1) {
     var kvRow = el("tr");
     kvRow.appendChild(el("th"));
@@ -268,50 +293,25 @@ JS = r"""
       th.title = "heads " + (g * G) + "\u2013" + (g * G + G - 1) + " share KV head " + g;
       kvRow.appendChild(th);
     }
-    thead.appendChild(kvRow);
+    gridT.head.insertBefore(kvRow, gridT.head.firstChild);
   }
-  var headRow = el("tr");
-  headRow.appendChild(el("th", null, "layer"));
-  for (var h = 0; h < H; h++) headRow.appendChild(el("th", null, "h" + h));
-  thead.appendChild(headRow);
-  for (var l = 0; l < L; l++) {
-    var tr = el("tr"), row = [];
-    tr.appendChild(el("th", null, "L" + l));
-    for (var h2 = 0; h2 < H; h2++) {
-      var td = el("td", G > 1 && h2 > 0 && h2 % G === 0 ? "hsx-kvstart" : "");
-      td.setAttribute("role", "gridcell");
-      td.setAttribute("data-layer", l); td.setAttribute("data-head", h2);
-      td.tabIndex = -1;
-      td.appendChild(el("span", "hsx-v"));
-      var bar = el("span", "hsx-sink"); bar.appendChild(el("span")); td.appendChild(bar);
-      tr.appendChild(td); row.push(td);
-    }
-    tbody.appendChild(tr); cells.push(row);
-  }
-  grid.appendChild(thead); grid.appendChild(tbody); left.appendChild(grid);
+  left.appendChild(grid);
   var legendBox = el("div"); left.appendChild(legendBox);
   if (G > 1) left.appendChild(el("div", "hsx-note", "Grouped by KV head: " + G + " query heads share each of " + KV +
     " KV heads."));
 
   // ---- thumbnails: every head's pattern on the chosen example ----
-  var thumbBox = el("div", "hsx-thumbs"), thumbs = [];
+  var thumbBox = el("div", "hsx-thumbs");
   thumbBox.appendChild(el("div", "hsx-note", "Every head's pattern (rows: queries, columns: keys; same colour scale " +
     "as the main view). Click to open, hover to preview, shift+click to overlay."));
-  var tt = el("table"), ttHead = el("tr");
-  ttHead.appendChild(el("th"));
-  for (var th_ = 0; th_ < H; th_++) ttHead.appendChild(el("th", null, "h" + th_));
-  tt.appendChild(ttHead);
-  for (var tl = 0; tl < L; tl++) {
-    var ttr = el("tr"), trow = [];
-    ttr.appendChild(el("th", null, "L" + tl));
-    for (var thh = 0; thh < H; thh++) {
-      var tcell = el("td"), cv = el("canvas", "hsx-thumb");
-      cv.setAttribute("data-layer", tl); cv.setAttribute("data-head", thh);
-      cv.title = headName(tl, thh);
-      tcell.appendChild(cv); ttr.appendChild(tcell); trow.push(cv);
-    }
-    tt.appendChild(ttr); thumbs.push(trow);
-  }
+  var thumbsT = layerHeadTable(null, null, function (l, h) {
+    var tcell = el("td"), cv = el("canvas", "hsx-thumb");
+    cv.setAttribute("data-layer", l); cv.setAttribute("data-head", h);
+    cv.title = headName(l, h);
+    tcell.appendChild(cv);
+    return [tcell, cv];
+  });
+  var tt = thumbsT.table, thumbs = thumbsT.cells;
   thumbBox.appendChild(tt); left.appendChild(thumbBox);
   function drawThumbs() {
     var n = tokens().length;
