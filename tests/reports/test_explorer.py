@@ -22,7 +22,7 @@ from headscope.reports.explorer import (
     show_attention,
     write_explorer_data,
 )
-from headscope.reports.explorer_view import explorer_html, link_heads
+from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores
 from headscope.reports.html_report import write_report_files
 
 XSS = "<script>alert(1)</script>"
@@ -355,5 +355,55 @@ def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(ll
         page.settle(0.1)
         shown, values = _heatmap(page, "x")
         assert shown == [0, 1, 3] and np.allclose(values, ref[1, 3], atol=tol)
+        page.settle()
+        assert page.console_errors == [] and page.requests == []
+
+
+def test_muted_scores_are_importance_at_chance_or_under_the_noise_floor():
+    names = ["importance (gradient)", "importance (zero)", "induction", MAX_ATTENTION, SINK]
+    chance = {"at_chance": True, "reason": "the 95% CI [-0.2, 0.3] of the mean logit difference contains chance (0)"}
+    muted = muted_scores(names, {"task": "zoo_kv", "chance": chance})
+    assert sorted(muted) == ["importance (gradient)", "importance (zero)"]  # patterns' own statistics stay
+    assert muted["importance (zero)"].startswith("the model is at chance on the heads task zoo_kv (the 95% CI")
+    floor = {"chance": {"at_chance": False}, "degenerate_gradient": "every head's |gradient importance| is below 1e-08"}
+    assert list(muted_scores(names, floor)) == ["importance (gradient)"]
+    assert muted_scores(names, {"chance": {"at_chance": False}}) == muted_scores(names, None) == {}
+
+
+@needs_chromium
+def test_report_explorer_mutes_importance_at_chance_in_chromium(llama, tmp_path):
+    """A heads summary at chance: the importance grid is drawn faint and grey under a note giving the
+    reason, the thumbnails keep the patterns' colours; a pattern score (max attention) is in full colour."""
+    from browser import open_page
+
+    io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(
+        [{"layer": l, "head": h, "method": m, "importance": (h - 1.5) * (l + 1)} for l in range(2) for h in range(4)
+         for m in ("gradient", "zero")]))
+    reason = "the 95% CI [-0.2, 0.3] of the mean logit difference contains chance (0)"
+    io.write_json(tmp_path / "heads" / "summary.json", {"task": "kv", "chance": {"at_chance": True, "reason": reason}})
+    write_explorer_data(llama, tmp_path, PROMPTS[0])
+    write_report_files(tmp_path, [], {}, {"name": "tiny", "family": "llama"})
+    ref = reference(llama, PROMPTS[0]).numpy()  # [L, H, q, k]
+    n = ref.shape[-1]
+    cells = ("Array.from(document.querySelectorAll('#hsx-report .hsx-grid td')).map("
+             "function(c){return getComputedStyle(c).backgroundColor;})")
+    note = "(function(){var d=document.querySelector('#hsx-report .hsx-mutednote');return [d.hidden,d.textContent];})()"
+    muted = "document.querySelector('#hsx-report .hsx-grid').classList.contains('hsx-muted')"
+    with open_page(tmp_path / "report.html") as page:
+        hidden, text = page.evaluate(note)
+        assert page.evaluate(muted) and not hidden and reason in text and "heads task kv" in text
+        colours = np.array([_rgb(c) for c in page.evaluate(cells)])  # [head, rgb]
+        assert len(colours) == 8 and (colours.max(1) - colours.min(1)).max() < 40 and colours.min() > 140  # grey, faint
+        red = page.evaluate("(function(){var c=document.querySelector('#hsx-report canvas[data-layer=\"1\"][data-head=\"2\"]');"
+                            "var d=c.getContext('2d').getImageData(0,0,c.width,c.height).data,o=[];"
+                            "for(var i=0;i<d.length;i+=4)o.push(d[i]);return o;})()")
+        assert np.allclose((255 - np.array(red).reshape(n, n)) / 247, ref[1, 2], atol=0.5 / 247 + 1e-4)  # patterns stay
+
+        choose(page, "hsx-report", 1, "score:" + MAX_ATTENTION)  # the patterns' own score: full colour, no note
+        hidden, text = page.evaluate(note)
+        assert not page.evaluate(muted) and hidden and text == ""
+        colours = np.array([_rgb(c) for c in page.evaluate(cells)])
+        peak = ref[:, :, 1:].max(-1).mean(-1).reshape(-1)  # mean over queries (the first left out) of the largest weight
+        assert np.allclose(colours[peak.argmax()], [8, 48, 107], atol=1)  # the highest head at the ramp's dark end
         page.settle()
         assert page.console_errors == [] and page.requests == []
