@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ import torch
 from browser import chromium_path
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
-from headscope.reports import io
+from headscope.reports import io, prompt_box
 from headscope.reports.explorer import (
     MAX_ATTENTION,
     SINK,
@@ -24,6 +25,7 @@ from headscope.reports.explorer import (
 )
 from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores
 from headscope.reports.html_report import write_report_files
+from tests_support import hf_model
 
 XSS = "<script>alert(1)</script>"
 PROMPTS = ["w1 w2 w3 w4 w5 w6 w1 w2 w3", "w7 w8 w9 w10 w7"]
@@ -124,6 +126,44 @@ def test_show_attention_displays_itself_in_notebooks(llama, tmp_path):
     assert html.startswith('<div class="hsx"') and "hsx-data" in html
     assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
     assert view.save(tmp_path / "x.html").read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.skipif(prompt_box.ipywidgets() is None, reason="needs ipywidgets (the test extra installs it)")
+@pytest.mark.filterwarnings("ignore:1 word:UserWarning")
+def test_show_attention_in_a_kernel_has_a_prompt_box_that_rerenders_on_a_typed_prompt(llama, tiny_dirs, monkeypatch):
+    """Outside a kernel the explorer is plain HTML; in one it is a prompt box (a widget, its HTML the
+    fallback): typing a prompt (the Text's value, which Enter sends) puts in the Output an explorer on
+    that prompt's tokens whose patterns are plain Hugging Face's attentions. Without ipywidgets: the
+    HTML under one sentence; prompt_box=False: plain HTML."""
+    view = show_attention(llama, "w1 w2 w3 w4")
+    assert set(view._repr_mimebundle_()) == {"text/html", "text/plain"}  # no kernel: as before
+    monkeypatch.setattr(prompt_box, "live_kernel", lambda: True)
+    bundle = view._repr_mimebundle_()
+    assert bundle[prompt_box.WIDGET_MIME]["model_id"] and bundle["text/html"].startswith('<div class="hsx"')
+    assert set(show_attention(llama, "w1 w2", prompt_box=False)._repr_mimebundle_()) == {"text/html", "text/plain"}
+
+    box = view.prompt_box()
+    prompt = "w5 w6 w7 w5 w6 w9 w5"
+    box.text.value = prompt  # what pressing Enter does (continuous_update=False)
+    (shown,) = box.output.outputs
+    block = re.search(r'class="hsx-data">(.*?)</script>', shown["data"]["text/html"], re.S).group(1)
+    data = json.loads(block)
+    tokens = llama.to_tokens(prompt)  # [1, pos]
+    assert [e["tokens"] for e in data["examples"]] == [llama.to_str_tokens(tokens[0])] and box.status.value == ""
+    with torch.no_grad():
+        ref = hf_model(tiny_dirs["llama"])(tokens, output_attentions=True).attentions  # per layer [1, head, q, k]
+    got = torch.tensor([[pattern_from_data(data, 0, l, h) for h in range(4)] for l in range(2)])  # [L, H, q, k]
+    assert torch.allclose(got, torch.stack([a[0] for a in ref]).float(), atol=1e-4)
+    box.text.value = "ioi"  # typed text is a prompt (here <bos> <unk>), never the zoo task of that name
+    assert box.explorer.data["source"] == "prompts" and len(box.explorer.data["examples"]) == 1
+    assert box.explorer.data["examples"][0]["tokens"] == llama.to_str_tokens(llama.to_tokens("ioi")[0])
+    before = box.output.outputs
+    box.text.value = "  "  # nothing typed: a hint, the explorer stays
+    assert "Type a prompt" in box.status.value and box.output.outputs == before
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # not installed: the explorer under one sentence
+    bundle = view._repr_mimebundle_()
+    assert prompt_box.WIDGET_MIME not in bundle and bundle["text/html"].startswith(prompt_box.NO_WIDGETS + '<div class="hsx"')
 
 
 def test_report_embeds_the_explorer_from_its_file(llama, tmp_path):
