@@ -27,7 +27,7 @@ The data dict (format 1):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,16 +248,32 @@ def pattern_from_data(data: Mapping[str, Any], example: int, layer: int, head: i
 
 # ---- notebooks and reports -----------------------------------------------------------------
 class AttentionExplorer:
-    """The explorer for notebooks: displays itself (`_repr_html_`); `.data` is the dict, `.html()` the fragment."""
+    """The explorer for notebooks: displays itself; `.data` is the dict, `.html()` the fragment. Made by
+    show_attention, it displays in a live kernel with a prompt box (reports/prompt_box.py): rebuild(prompt)
+    makes the explorer on a typed prompt."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], rebuild: Callable[[str], AttentionExplorer] | None = None) -> None:
         self.data = data
+        self._rebuild = rebuild
 
     def html(self) -> str:
         return explorer_html(self.data)
 
     def _repr_html_(self) -> str:
         return self.html()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        from headscope.reports.prompt_box import notebook_bundle
+
+        return notebook_bundle(self, self._rebuild)
+
+    def prompt_box(self) -> Any:
+        """The notebook's prompt box over this explorer (a PromptBox; `.box` is the widget); needs ipywidgets."""
+        from headscope.reports.prompt_box import PromptBox
+
+        if self._rebuild is None:
+            raise ConfigError("this explorer has no prompt box: make it with hs.show_attention(model, prompt).")
+        return PromptBox(self._rebuild, self)
 
     def save(self, path: str | Path) -> Path:
         """A standalone HTML page holding the explorer."""
@@ -275,12 +291,13 @@ class AttentionExplorer:
 
 def show_attention(model, prompt_or_task: Any = None, *, layer: int | None = None, heads: int | Sequence[int] | None = None,
                    max_examples: int = 3, max_tokens: int = 64, head_scores: Any = None, default_score: str | None = None,
-                   seed: int = 0) -> AttentionExplorer | HTMLView:
+                   seed: int = 0, prompt_box: bool = True) -> AttentionExplorer | HTMLView:
     """Attention patterns for notebooks (each displays itself).
 
     show_attention(model, prompt_or_task): the interactive explorer of every head (prompt_or_task: a
       prompt, a list of prompts, a token tensor, a Task, a zoo task name or task file; head_scores:
-      per-head values that colour the grid, see attention_explorer_data);
+      per-head values that colour the grid, see attention_explorer_data); in a live notebook kernel with
+      ipywidgets it has a prompt box: type a prompt, press Enter, the explorer shows it (prompt_box=False: none);
     show_attention(model, prompt, layer=L, heads=[h, ...]): layer L's patterns on the prompt (its first
       example), one grid per head (heads: default every head of the layer; negative indices count back);
     show_attention(pattern, tokens): patterns [head, query, key] (or [query, key]) over string tokens,
@@ -292,9 +309,15 @@ def show_attention(model, prompt_or_task: Any = None, *, layer: int | None = Non
             raise ConfigError("layer= and heads= choose what to capture from a model; slice a pattern tensor yourself.")
         return pattern_view(model, [str(t) for t in prompt_or_task])
     if layer is None and heads is None:
-        return AttentionExplorer(attention_explorer_data(
-            model, prompt_or_task, max_examples=max_examples, max_tokens=max_tokens,
-            head_scores=head_scores, default_score=default_score, seed=seed))
+        def explorer(source: Any) -> AttentionExplorer:
+            return AttentionExplorer(attention_explorer_data(
+                model, source, max_examples=max_examples, max_tokens=max_tokens, head_scores=head_scores,
+                default_score=default_score, seed=seed), rebuild)
+
+        def rebuild(prompt: str) -> AttentionExplorer:  # a typed prompt is text, never a task name
+            return explorer([prompt])
+
+        return explorer(prompt_or_task) if prompt_box else AttentionExplorer(explorer(prompt_or_task).data)
     f = model.facts
     layer = 0 if layer is None else int(layer)
     if not -f.n_layers <= layer < f.n_layers:

@@ -18,6 +18,9 @@ analysis scored the example, by an attribution method's signed scores: red posit
 the arrow keys move the selected head; a URL fragment #L1H3 opens layer 1, head 3 (`link_heads` makes such links in the findings).
 Attention weights are drawn on one sequential scale, white (0) to dark blue (1), shown with its
 legend; signed per-head scores colour the grid red for positive, blue for negative, as the figures do.
+A score named in data["muted"] ({score: why}, `muted_scores`: importance measured on a task the model
+is at chance on, or under the numerical noise floor) is drawn faint and grey with the reason above the
+grid; the thumbnails keep their colours (patterns are not noise).
 """
 from __future__ import annotations
 
@@ -87,6 +90,8 @@ CSS = """
 .hsx .hsx-tok.hsx-pin{outline:2px solid #000}
 .hsx .hsx-heat tbody th{cursor:pointer}
 .hsx a.hsx-link{font-weight:normal;font-size:11px;margin-left:.5em}
+.hsx .hsx-mutednote{max-width:30em;color:#555;font-size:11px;border-left:3px solid #bbb;padding:.1em .5em;margin:0 0 .4em}
+.hsx .hsx-legend.hsx-muted .hsx-ramp{filter:grayscale(.6) opacity(.45)}
 """
 
 JS = r"""
@@ -178,6 +183,14 @@ JS = r"""
     var a = [247, 251, 255], b = [8, 48, 107];
     return "rgb(" + a.map(function (x, i) { return Math.round(x + (b[i] - x) * t); }).join(",") + ")";
   }
+  function faint(css) {  // a colour muted: 60% towards its grey, then 60% towards white
+    var c = /^rgb/.test(css) ? css.match(/\d+/g).map(Number) : null;
+    if (!c) return css;
+    var grey = (c[0] + c[1] + c[2]) / 3;
+    return "rgb(" + c.slice(0, 3).map(function (x) {
+      return Math.round(0.4 * (0.4 * x + 0.6 * grey) + 0.6 * 245);
+    }).join(",") + ")";
+  }
   function colouring() {  // {colour(l, h) -> [background, text colour], value(l, h) -> text, legend element}
     var kind = st.colour.split(":")[0], name = st.colour.slice(kind.length + 1), legend = el("div", "hsx-legend");
     if (kind === "label") {
@@ -214,8 +227,11 @@ JS = r"""
     legend.appendChild(el("span", null, short(signed ? -m : lo)));
     legend.appendChild(ramp);
     legend.appendChild(el("span", null, short(signed ? m : hi)));
-    return {colour: colour, value: function (l, h) { return g[l][h]; },
-            text: function (l, h) { return short(g[l][h]); }, legend: legend};
+    var why = (data.muted || {})[name] || null;  // a score the report says is noise: drawn faint and grey
+    if (why) legend.classList.add("hsx-muted");
+    return {colour: why ? function (l, h) { return [faint(colour(l, h)[0]), "#777"]; } : colour,
+            value: function (l, h) { return g[l][h]; }, text: function (l, h) { return short(g[l][h]); },
+            legend: legend, muted: why};
   }
 
   // ---- layout ----
@@ -255,10 +271,35 @@ JS = r"""
   main.appendChild(left); main.appendChild(right); app.appendChild(main);
 
   // ---- grid ----
-  var grid = el("table", "hsx-grid"), cells = [];
+  function layerHeadTable(cls, corner, makeCell) {  // layers x heads: a header row h0.., a row L0.. per layer
+    var t = el("table", cls), head = el("thead"), body = el("tbody"), hr = el("tr"), kept = [];
+    hr.appendChild(el("th", null, corner));
+    for (var h = 0; h < H; h++) hr.appendChild(el("th", null, "h" + h));
+    head.appendChild(hr);
+    for (var l = 0; l < L; l++) {
+      var tr = el("tr"), row = [];
+      tr.appendChild(el("th", null, "L" + l));
+      for (h = 0; h < H; h++) {
+        var made = makeCell(l, h);  // [the cell, the element kept for it]
+        tr.appendChild(made[0]); row.push(made[1]);
+      }
+      body.appendChild(tr); kept.push(row);
+    }
+    t.appendChild(head); t.appendChild(body);
+    return {table: t, head: head, cells: kept};
+  }
+  var gridT = layerHeadTable("hsx-grid", "layer", function (l, h) {
+    var td = el("td", G > 1 && h > 0 && h % G === 0 ? "hsx-kvstart" : "");
+    td.setAttribute("role", "gridcell");
+    td.setAttribute("data-layer", l); td.setAttribute("data-head", h);
+    td.tabIndex = -1;
+    td.appendChild(el("span", "hsx-v"));
+    var bar = el("span", "hsx-sink"); bar.appendChild(el("span")); td.appendChild(bar);
+    return [td, td];
+  });
+  var grid = gridT.table, cells = gridT.cells;
   grid.setAttribute("role", "grid");
   grid.setAttribute("aria-label", "attention heads: layers by heads");
-  var thead = el("thead"), tbody = el("tbody");
   if (G > 1) {
     var kvRow = el("tr");
     kvRow.appendChild(el("th"));
@@ -268,50 +309,27 @@ JS = r"""
       th.title = "heads " + (g * G) + "\u2013" + (g * G + G - 1) + " share KV head " + g;
       kvRow.appendChild(th);
     }
-    thead.appendChild(kvRow);
+    gridT.head.insertBefore(kvRow, gridT.head.firstChild);
   }
-  var headRow = el("tr");
-  headRow.appendChild(el("th", null, "layer"));
-  for (var h = 0; h < H; h++) headRow.appendChild(el("th", null, "h" + h));
-  thead.appendChild(headRow);
-  for (var l = 0; l < L; l++) {
-    var tr = el("tr"), row = [];
-    tr.appendChild(el("th", null, "L" + l));
-    for (var h2 = 0; h2 < H; h2++) {
-      var td = el("td", G > 1 && h2 > 0 && h2 % G === 0 ? "hsx-kvstart" : "");
-      td.setAttribute("role", "gridcell");
-      td.setAttribute("data-layer", l); td.setAttribute("data-head", h2);
-      td.tabIndex = -1;
-      td.appendChild(el("span", "hsx-v"));
-      var bar = el("span", "hsx-sink"); bar.appendChild(el("span")); td.appendChild(bar);
-      tr.appendChild(td); row.push(td);
-    }
-    tbody.appendChild(tr); cells.push(row);
-  }
-  grid.appendChild(thead); grid.appendChild(tbody); left.appendChild(grid);
+  var mutedNote = el("div", "hsx-mutednote");  // why the grid is muted (a score within noise), else hidden
+  mutedNote.hidden = true;
+  left.appendChild(mutedNote); left.appendChild(grid);
   var legendBox = el("div"); left.appendChild(legendBox);
   if (G > 1) left.appendChild(el("div", "hsx-note", "Grouped by KV head: " + G + " query heads share each of " + KV +
     " KV heads."));
 
   // ---- thumbnails: every head's pattern on the chosen example ----
-  var thumbBox = el("div", "hsx-thumbs"), thumbs = [];
+  var thumbBox = el("div", "hsx-thumbs");
   thumbBox.appendChild(el("div", "hsx-note", "Every head's pattern (rows: queries, columns: keys; same colour scale " +
     "as the main view). Click to open, hover to preview, shift+click to overlay."));
-  var tt = el("table"), ttHead = el("tr");
-  ttHead.appendChild(el("th"));
-  for (var th_ = 0; th_ < H; th_++) ttHead.appendChild(el("th", null, "h" + th_));
-  tt.appendChild(ttHead);
-  for (var tl = 0; tl < L; tl++) {
-    var ttr = el("tr"), trow = [];
-    ttr.appendChild(el("th", null, "L" + tl));
-    for (var thh = 0; thh < H; thh++) {
-      var tcell = el("td"), cv = el("canvas", "hsx-thumb");
-      cv.setAttribute("data-layer", tl); cv.setAttribute("data-head", thh);
-      cv.title = headName(tl, thh);
-      tcell.appendChild(cv); ttr.appendChild(tcell); trow.push(cv);
-    }
-    tt.appendChild(ttr); thumbs.push(trow);
-  }
+  var thumbsT = layerHeadTable(null, null, function (l, h) {
+    var tcell = el("td"), cv = el("canvas", "hsx-thumb");
+    cv.setAttribute("data-layer", l); cv.setAttribute("data-head", h);
+    cv.title = headName(l, h);
+    tcell.appendChild(cv);
+    return [tcell, cv];
+  });
+  var tt = thumbsT.table, thumbs = thumbsT.cells;
   thumbBox.appendChild(tt); left.appendChild(thumbBox);
   function drawThumbs() {
     var n = tokens().length;
@@ -365,6 +383,9 @@ JS = r"""
     }
     legendBox.textContent = "";
     legendBox.appendChild(c.legend);
+    grid.classList.toggle("hsx-muted", !!c.muted);
+    mutedNote.hidden = !c.muted;
+    mutedNote.textContent = c.muted ? "Muted: " + c.muted : "";
   }
   function inHeads(l, h) {
     for (var i = 0; i < st.heads.length; i++) if (st.heads[i][0] === l && st.heads[i][1] === h) return i;
@@ -627,6 +648,30 @@ def link_heads(html: str, n_layers: int, n_heads: int) -> str:
     return "".join(parts)
 
 
+def muted_scores(score_names: Any, heads_summary: Mapping[str, Any] | None) -> dict[str, str]:
+    """{score name: why it is noise} for the explorer's grid from the heads analysis's summary: every
+    "importance (<method>)" score when summary["chance"] says the model is at chance on the heads task
+    (importance is then the effect of heads on noise), and one method's importance when it is under the
+    numerical noise floor (degenerate_<method>). Other scores (attention statistics, roles) are of
+    the patterns themselves and stay in colour."""
+    s = heads_summary if isinstance(heads_summary, Mapping) else {}
+    chance = s.get("chance")
+    at_chance = isinstance(chance, Mapping) and chance.get("at_chance") is True
+    out = {}
+    for name in score_names:
+        m = re.fullmatch(r"importance \((.+)\)", str(name))
+        if not m:
+            continue
+        if at_chance:
+            why = chance.get("reason") or "its clean metric is within noise of chance"
+            task = f" {s['task']}" if s.get("task") else ""
+            out[name] = (f"the model is at chance on the heads task{task} ({why}), so these importances measure noise, "
+                         "not a mechanism.")
+        elif isinstance(s.get(f"degenerate_{m[1]}"), str):
+            out[name] = f"within numerical noise: {s[f'degenerate_{m[1]}']}."
+    return out
+
+
 def json_for_script(data: Any) -> str:
     """JSON safe inside a <script> element: "<", ">" and "&" as \\u escapes (no "</script>", no "<!--")."""
     text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
@@ -650,4 +695,4 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     )
 
 
-__all__ = ["CSS", "JS", "explorer_html", "json_for_script", "link_heads"]
+__all__ = ["CSS", "JS", "explorer_html", "json_for_script", "link_heads", "muted_scores"]

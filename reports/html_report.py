@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from headscope.reports import io
-from headscope.reports.explorer_view import explorer_html, link_heads
+from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores
 from headscope.reports.findings import caption, finding
 from headscope.reports.guides import GUIDES
 from headscope.reports.provenance import provenance_html, provenance_markdown, section_provenance
@@ -180,6 +180,8 @@ def _explorer_section(out: Path) -> tuple[str, str]:
         return "", ""
     try:
         data = io.read_json(path)
+        heads = out / "heads" / "summary.json"  # importance at chance or under the noise floor: a muted grid
+        data["muted"] = muted_scores(data.get("scores", {}), io.read_json(heads) if heads.exists() else None)
         fragment = explorer_html(data, uid="hsx-report")
     except (OSError, ValueError, KeyError, TypeError):
         return "", ""

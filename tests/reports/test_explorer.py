@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ import torch
 from browser import chromium_path
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
-from headscope.reports import io
+from headscope.reports import io, prompt_box
 from headscope.reports.explorer import (
     MAX_ATTENTION,
     SINK,
@@ -22,8 +23,9 @@ from headscope.reports.explorer import (
     show_attention,
     write_explorer_data,
 )
-from headscope.reports.explorer_view import explorer_html, link_heads
+from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores
 from headscope.reports.html_report import write_report_files
+from tests_support import hf_model
 
 XSS = "<script>alert(1)</script>"
 PROMPTS = ["w1 w2 w3 w4 w5 w6 w1 w2 w3", "w7 w8 w9 w10 w7"]
@@ -124,6 +126,44 @@ def test_show_attention_displays_itself_in_notebooks(llama, tmp_path):
     assert html.startswith('<div class="hsx"') and "hsx-data" in html
     assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
     assert view.save(tmp_path / "x.html").read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.skipif(prompt_box.ipywidgets() is None, reason="needs ipywidgets (the test extra installs it)")
+@pytest.mark.filterwarnings("ignore:1 word:UserWarning")
+def test_show_attention_in_a_kernel_has_a_prompt_box_that_rerenders_on_a_typed_prompt(llama, tiny_dirs, monkeypatch):
+    """Outside a kernel the explorer is plain HTML; in one it is a prompt box (a widget, its HTML the
+    fallback): typing a prompt (the Text's value, which Enter sends) puts in the Output an explorer on
+    that prompt's tokens whose patterns are plain Hugging Face's attentions. Without ipywidgets: the
+    HTML under one sentence; prompt_box=False: plain HTML."""
+    view = show_attention(llama, "w1 w2 w3 w4")
+    assert set(view._repr_mimebundle_()) == {"text/html", "text/plain"}  # no kernel: as before
+    monkeypatch.setattr(prompt_box, "live_kernel", lambda: True)
+    bundle = view._repr_mimebundle_()
+    assert bundle[prompt_box.WIDGET_MIME]["model_id"] and bundle["text/html"].startswith('<div class="hsx"')
+    assert set(show_attention(llama, "w1 w2", prompt_box=False)._repr_mimebundle_()) == {"text/html", "text/plain"}
+
+    box = view.prompt_box()
+    prompt = "w5 w6 w7 w5 w6 w9 w5"
+    box.text.value = prompt  # what pressing Enter does (continuous_update=False)
+    (shown,) = box.output.outputs
+    block = re.search(r'class="hsx-data">(.*?)</script>', shown["data"]["text/html"], re.S).group(1)
+    data = json.loads(block)
+    tokens = llama.to_tokens(prompt)  # [1, pos]
+    assert [e["tokens"] for e in data["examples"]] == [llama.to_str_tokens(tokens[0])] and box.status.value == ""
+    with torch.no_grad():
+        ref = hf_model(tiny_dirs["llama"])(tokens, output_attentions=True).attentions  # per layer [1, head, q, k]
+    got = torch.tensor([[pattern_from_data(data, 0, l, h) for h in range(4)] for l in range(2)])  # [L, H, q, k]
+    assert torch.allclose(got, torch.stack([a[0] for a in ref]).float(), atol=1e-4)
+    box.text.value = "ioi"  # typed text is a prompt (here <bos> <unk>), never the zoo task of that name
+    assert box.explorer.data["source"] == "prompts" and len(box.explorer.data["examples"]) == 1
+    assert box.explorer.data["examples"][0]["tokens"] == llama.to_str_tokens(llama.to_tokens("ioi")[0])
+    before = box.output.outputs
+    box.text.value = "  "  # nothing typed: a hint, the explorer stays
+    assert "Type a prompt" in box.status.value and box.output.outputs == before
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # not installed: the explorer under one sentence
+    bundle = view._repr_mimebundle_()
+    assert prompt_box.WIDGET_MIME not in bundle and bundle["text/html"].startswith(prompt_box.NO_WIDGETS + '<div class="hsx"')
 
 
 def test_report_embeds_the_explorer_from_its_file(llama, tmp_path):
@@ -355,5 +395,55 @@ def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(ll
         page.settle(0.1)
         shown, values = _heatmap(page, "x")
         assert shown == [0, 1, 3] and np.allclose(values, ref[1, 3], atol=tol)
+        page.settle()
+        assert page.console_errors == [] and page.requests == []
+
+
+def test_muted_scores_are_importance_at_chance_or_under_the_noise_floor():
+    names = ["importance (gradient)", "importance (zero)", "induction", MAX_ATTENTION, SINK]
+    chance = {"at_chance": True, "reason": "the 95% CI [-0.2, 0.3] of the mean logit difference contains chance (0)"}
+    muted = muted_scores(names, {"task": "zoo_kv", "chance": chance})
+    assert sorted(muted) == ["importance (gradient)", "importance (zero)"]  # patterns' own statistics stay
+    assert muted["importance (zero)"].startswith("the model is at chance on the heads task zoo_kv (the 95% CI")
+    floor = {"chance": {"at_chance": False}, "degenerate_gradient": "every head's |gradient importance| is below 1e-08"}
+    assert list(muted_scores(names, floor)) == ["importance (gradient)"]
+    assert muted_scores(names, {"chance": {"at_chance": False}}) == muted_scores(names, None) == {}
+
+
+@needs_chromium
+def test_report_explorer_mutes_importance_at_chance_in_chromium(llama, tmp_path):
+    """A heads summary at chance: the importance grid is drawn faint and grey under a note giving the
+    reason, the thumbnails keep the patterns' colours; a pattern score (max attention) is in full colour."""
+    from browser import open_page
+
+    io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(
+        [{"layer": l, "head": h, "method": m, "importance": (h - 1.5) * (l + 1)} for l in range(2) for h in range(4)
+         for m in ("gradient", "zero")]))
+    reason = "the 95% CI [-0.2, 0.3] of the mean logit difference contains chance (0)"
+    io.write_json(tmp_path / "heads" / "summary.json", {"task": "kv", "chance": {"at_chance": True, "reason": reason}})
+    write_explorer_data(llama, tmp_path, PROMPTS[0])
+    write_report_files(tmp_path, [], {}, {"name": "tiny", "family": "llama"})
+    ref = reference(llama, PROMPTS[0]).numpy()  # [L, H, q, k]
+    n = ref.shape[-1]
+    cells = ("Array.from(document.querySelectorAll('#hsx-report .hsx-grid td')).map("
+             "function(c){return getComputedStyle(c).backgroundColor;})")
+    note = "(function(){var d=document.querySelector('#hsx-report .hsx-mutednote');return [d.hidden,d.textContent];})()"
+    muted = "document.querySelector('#hsx-report .hsx-grid').classList.contains('hsx-muted')"
+    with open_page(tmp_path / "report.html") as page:
+        hidden, text = page.evaluate(note)
+        assert page.evaluate(muted) and not hidden and reason in text and "heads task kv" in text
+        colours = np.array([_rgb(c) for c in page.evaluate(cells)])  # [head, rgb]
+        assert len(colours) == 8 and (colours.max(1) - colours.min(1)).max() < 40 and colours.min() > 140  # grey, faint
+        red = page.evaluate("(function(){var c=document.querySelector('#hsx-report canvas[data-layer=\"1\"][data-head=\"2\"]');"
+                            "var d=c.getContext('2d').getImageData(0,0,c.width,c.height).data,o=[];"
+                            "for(var i=0;i<d.length;i+=4)o.push(d[i]);return o;})()")
+        assert np.allclose((255 - np.array(red).reshape(n, n)) / 247, ref[1, 2], atol=0.5 / 247 + 1e-4)  # patterns stay
+
+        choose(page, "hsx-report", 1, "score:" + MAX_ATTENTION)  # the patterns' own score: full colour, no note
+        hidden, text = page.evaluate(note)
+        assert not page.evaluate(muted) and hidden and text == ""
+        colours = np.array([_rgb(c) for c in page.evaluate(cells)])
+        peak = ref[:, :, 1:].max(-1).mean(-1).reshape(-1)  # mean over queries (the first left out) of the largest weight
+        assert np.allclose(colours[peak.argmax()], [8, 48, 107], atol=1)  # the highest head at the ramp's dark end
         page.settle()
         assert page.console_errors == [] and page.requests == []
