@@ -223,3 +223,5 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
         k = int(per_example.sum())
         assert entry["p_value"] == pytest.approx(binomtest(k, len(per_example), 1 / s["n_items"]).pvalue)
     assert entry["at_chance"]  # a random GPT-2 does not retrieve
+    assert entry["n_classes"] == s["n_items"] and entry["task"] == s["task"]  # what the chance sentence names
+    assert f"(1/{s['n_items']}: guessing among {s['n_items']} answers)" in finding("position", s)
