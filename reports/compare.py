@@ -6,7 +6,9 @@ B - A when the shapes agree), the
 pruning curves and position curves of both on shared axes, and the top patching sites, with the
 differences called out in words: first every setting that differs (per analysis its task, source, n
 and budget changes too), each headline difference marked within or beyond the runs' own 95% intervals,
-each blank cell with its reason, and both runs' provenance at the end. Every string from the folders
+each blank cell with its reason, and both runs' provenance at the end. Top heads are not compared
+where a report does not rank them (at chance, importance that is rounding, tied top heads), nor
+patching positions of different prompts. Every string from the folders
 is escaped; figures are inline PNG.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from headscope.errors import OutputError, OutputExistsError
+from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
 from headscope.reports.findings import finding, t_interval, wilson
 from headscope.reports.html_report import CSS, _provenance
@@ -98,8 +100,8 @@ def _img(fig: Any, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" style="max-width:100%">'
 
 
-def _importance_grid(run: Run) -> tuple[pd.DataFrame, str] | None:
-    """([layer, head] importance of the gradient (else the first) method, what it is): raw units like each
+def _importance_grid(run: Run) -> tuple[pd.DataFrame, str, str] | None:
+    """([layer, head] importance of the gradient (else the first) method, what it is, the method): raw units like each
     report's own figure and top heads; older reports without the raw column give the layer-normalised one."""
     df = run.table("heads", "results")
     if df is None or not {"method", "layer", "head"} <= set(df.columns):
@@ -109,7 +111,7 @@ def _importance_grid(run: Run) -> tuple[pd.DataFrame, str] | None:
         return None
     method = "gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0]
     what = f"{method} importance" + (" (layer-normalised)" if column == "importance_layer_norm" else "")
-    return df[df["method"] == method].pivot(index="layer", columns="head", values=column), what  # [layer, head]
+    return df[df["method"] == method].pivot(index="layer", columns="head", values=column), what, str(method)  # [layer, head]
 
 
 def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
@@ -135,7 +137,13 @@ def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
         ax.set(title=title, xlabel="head", ylabel="layer")
     fig.tight_layout()
     notes = []
-    if same:
+    refusals = [None if g is None else _refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
+    if same and any(refusals):
+        why = "; ".join(f"{side} {r}" for side, r in zip(SIDES, refusals) if r)
+        notes.append(SAME + f"Head importance ({whats[0]}): the top heads cannot be compared, because {why}, so "
+                     f"{'neither report ranks' if all(refusals) else 'that report does not rank'} its heads; no shared "
+                     "top heads or correlation is computed.")
+    elif same:
         top = [set(map(tuple, g.stack().sort_values(ascending=False).index[:5])) for g in grids]
         shared = sorted(top[0] & top[1])
         r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
@@ -152,6 +160,25 @@ def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
         notes.append(f"Head importance: the models differ in shape ({grids[0].shape[0]}x{grids[0].shape[1]} vs "
                      f"{grids[1].shape[0]}x{grids[1].shape[1]} layers x heads); no cell-by-cell difference.")
     return _img(fig, "head importance of A and B on one diverging scale" + (" and B - A" if same else "")), notes
+
+
+def _refuses_to_rank(run: Run, method: str) -> str | None:
+    """Why run's own heads finding does not rank its heads by `method` (reports/findings.py), or None:
+    the model at chance on the task, importance that is rounding (degenerate_<method>), or top heads
+    that tie within rounding (tied_top_heads_<method>)."""
+    s = run.summary("heads") or {}
+    chance = s.get("chance")
+    if isinstance(chance, Mapping) and chance.get("at_chance") is True:
+        return "is at chance on its task" if chance.get("below_chance") is not True else "is below chance on its task"
+    base = s.get("baseline_metric")
+    if "chance" not in s and s.get("metric") == "logit_diff" and isinstance(base, (int, float)) and abs(base) < 0.1:
+        return f"is at chance on its task (logit difference {base:.3g}, near 0)"
+    if s.get(f"degenerate_{method}"):
+        return f"has {method} importance that is rounding, not a measurement"
+    tied = s.get(f"tied_top_heads_{method}")
+    if isinstance(tied, list) and tied:
+        return f"has top heads that tie within rounding ({', '.join(map(str, tied))})"
+    return None
 
 
 def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str) -> Any:
@@ -229,8 +256,14 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     if not kinds:
         return "", []
     rows, notes = [], []
+    differ = prompts_differ(a, b, "patching")
     for kind in kinds:
         cells = [t.get(kind, [])[:n] for t in tops]
+        if differ and any(c.get("pos") is not None for side in cells for c in side):
+            blank = f"<em>blank: positions are not compared: {escape(differ)}</em>"
+            rows.append(f"<tr><td>{escape(kind)}</td><td>{blank}</td><td>{blank}</td></tr>")
+            notes.append(SAME + f"Top {kind} sites are not compared: {differ}.")
+            continue
         for i in range(max(len(c) for c in cells)):
             row = [escape(kind) if i == 0 else ""]
             for side in cells:
@@ -245,6 +278,24 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
              + "</table>")
     return table, notes
+
+
+def prompts_differ(a: Run, b: Run, name: str) -> str:
+    """Why runs A and B did not run analysis `name` on the same prompts ("" when they did, as far as
+    their records tell: one model, seed, task, example count and sample prompt). A position indexes
+    its own run's prompts, so positions of different prompts name different tokens."""
+    pa, pb = a.provenance(name) or {}, b.provenance(name) or {}
+    model = [(r.manifest.get("model") or {}).get("name") for r in (a, b)]
+    checks = [("model", *model), ("seed", a.manifest.get("seed"), b.manifest.get("seed")),
+              ("task", pa.get("task"), pb.get("task")), ("examples", pa.get("n_examples"), pb.get("n_examples"))]
+    diffs = [f"{what} {x} vs {y}" for what, x, y in checks if x != y]
+    sa, sb = (pa.get("sample") or {}).get("prompt"), (pb.get("sample") or {}).get("prompt")
+    if sa is not None and sb is not None and sa != sb:
+        diffs.append("their sample prompts differ")
+    if not diffs:
+        return ""
+    return ("A and B patched different prompts (" + ", ".join(diffs) + "), and a position names a token of the prompts "
+            "its own run patched")
 
 
 def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
@@ -394,11 +445,15 @@ def compare_html(a: Run, b: Run) -> str:
 
 
 def compare_reports(out_a: str | Path, out_b: str | Path, out: str | Path | None = None, *, force: bool = False) -> Path:
-    """Write the comparison page of two output folders; returns its path (default ./compare.html)."""
+    """Write the comparison page of two output folders; returns its path (default ./compare.html). An
+    `out` that does not end in .html (or .htm) is refused before anything is read or written."""
     from headscope.reports.plots import setup_style
 
-    a, b = Run(out_a), Run(out_b)
     target = Path(out) if out is not None else Path("compare.html")
+    if target.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError(f"--out {str(target)!r} does not end in .html: the page is HTML, which a browser shows as "
+                          f"source under another name; pass e.g. --out {str(target.with_suffix('.html'))!r}.")
+    a, b = Run(out_a), Run(out_b)
     if target.exists() and not force:
         raise OutputExistsError(f"{str(target)!r} exists; pass --force to overwrite it or --out another file.")
     setup_style()

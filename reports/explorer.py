@@ -61,7 +61,10 @@ def _task_rows(model, task: Any, max_examples: int, seed: int = 0) -> tuple[list
     from headscope.analyses.core.tasks import Task
 
     if is_task_data(task):
-        task = resolve_task(model, task)
+        from headscope.analyses.core.contract import quiet_sample_warnings
+
+        with quiet_sample_warnings():  # its own sample: the analyses warn about the rows they use
+            task = resolve_task(model, task)
     if not isinstance(task, Task):
         from headscope.analyses.heads.analysis import HeadsConfig, default_task
 

@@ -90,20 +90,63 @@ def _chance(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return entry if isinstance(entry, Mapping) and entry.get("at_chance") is True else None
 
 
+def _below(entry: Mapping[str, Any]) -> bool:
+    """Whether the whole interval lies under chance (older entries: from their CI)."""
+    if isinstance(entry.get("below_chance"), bool):
+        return entry["below_chance"]
+    ci, level = entry.get("ci"), _num(entry.get("chance_value"))
+    return (isinstance(ci, (list, tuple)) and len(ci) == 2 and _num(ci[1]) is not None and level is not None
+            and ci[1] < level)
+
+
+def chance_basis(entry: Mapping[str, Any]) -> str:
+    """What the chance value is computed from, in words ("" when the entry does not say): one metric's
+    chance differs across tasks (answer length, vocabulary, number of answers)."""
+    metric, vocab = entry.get("metric"), _num(entry.get("vocab_size"))
+    tokens, classes = _num(entry.get("answer_tokens")), _num(entry.get("n_classes"))
+    if metric == "logit_diff":
+        return "no preference between the answer and the wrong answer"
+    if metric == "logprob" and vocab:
+        if tokens is None or abs(tokens - 1) < 1e-9:
+            return f"log(1/{vocab:.0f}): one answer token, uniform over a {vocab:.0f}-token vocabulary"
+        return f"{tokens:.3g} x log(1/{vocab:.0f}): answers of {tokens:.3g} tokens on average, uniform over a " \
+               f"{vocab:.0f}-token vocabulary"
+    if metric == "accuracy" and classes:
+        return f"1/{classes:.0f}: guessing among {classes:.0f} answers"
+    if metric == "accuracy" and vocab:
+        return f"1/{vocab:.0f}: guessing over a {vocab:.0f}-token vocabulary"
+    if metric == "probe accuracy":
+        return "the majority class's share"
+    return ""
+
+
 def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
-    """'The model is at chance on this task (<metric> <mean> against chance <c>, 95% CI [..]); relative
-    findings are not reported.' (probes: the probe, against its majority baseline)."""
+    """'The model is at chance on task <t> (<metric> <mean> against chance <c> = <basis>, 95% CI [..]);
+    relative findings are not reported.' Below chance (the whole CI under it) says so and what it
+    means; probes: the probe, against its majority baseline."""
     details = []
     mean, level = _num(entry.get("mean")), _num(entry.get("chance_value"))
+    basis = chance_basis(entry)
     if mean is not None:
         details.append(f"{_words(entry.get('metric', 'metric'))} {mean:.3g}"
-                       + (f" against chance {level:.3g}" if level is not None else ""))
+                       + (f" against chance {level:.3g}" if level is not None else "")
+                       + (f" ({basis})" if basis and level is not None else ""))
     ci = entry.get("ci")
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci):
         details.append(f"{_pct(_num(entry.get('ci_level')) or 0.95)} CI [{ci[0]:.3g}, {ci[1]:.3g}]")
-    who = "The probe scores at chance" if name == "probes" else "The model is at chance on this task"
+    below = _below(entry)
+    where = "at" if not below else "below"
+    task = entry.get("task")
+    on = f"on task {task}" if isinstance(task, str) and task else "on this task"
+    who = f"The probe scores {where} chance" if name == "probes" else f"The model is {where} chance {on}"
     said = " (" + ", ".join(details) + ")" if details else ""
-    return f"{who}{said}; relative findings are not reported."
+    if not below:
+        return f"{who}{said}; relative findings are not reported."
+    metric = entry.get("metric")
+    why = ("it systematically prefers the wrong answers" if metric == "logit_diff" else
+           "it gives the answers less probability than a uniform guess, so they are systematically dispreferred"
+           if metric == "logprob" else "it scores under guessing, so its answers are systematically dispreferred")
+    return f"{who}{said}: worse than guessing, {why}; relative findings are not reported."
 
 
 METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
@@ -300,17 +343,35 @@ def _distinct_sites(cells: list) -> list:
     return out
 
 
+def _significant(r: float | None, n: int) -> bool:
+    """Whether a Pearson r over n points differs from 0: its Fisher 95% interval excludes 0 (|r| = 1 on
+    three or more points counts as significant; fewer than four points otherwise never do)."""
+    if r is None:
+        return False
+    if abs(r) >= 1:
+        return n >= 3
+    interval = fisher_interval(r, n)
+    return interval is not None and (interval[0] > 0 or interval[1] < 0)
+
+
 def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
-    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything."""
+    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or that
+    one point carries it: r is significant, and without its largest cell it is not, flips sign, or
+    falls to under half of |r| (the rest still significant: "mostly carried" by that cell)."""
     r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
     if nonzero is not None and nonzero < 3:
         return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
                 "so it says nothing about agreement")
     rest = _num(stats.get("pearson_without_top"))
-    if rest is not None and r - rest > 0.1:
-        return (f"{kind} r = {r:.3f} is driven by its largest cell: without it r = {rest:.3f} (n = {n - 1} cells), "
-                "so the agreement rests on one point")
-    return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
+    said = f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
+    if rest is None or not _significant(r, n):
+        return said
+    without = f"without it r = {rest:.3f} (n = {n - 1} cells{_ci(fisher_interval(rest, n - 1), '.3f')})"
+    if not _significant(rest, n - 1) or rest * r < 0:
+        return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
+    if abs(rest) < abs(r) / 2:
+        return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
+    return said
 
 
 def patching_finding(s: Mapping[str, Any]) -> str:
@@ -330,6 +391,11 @@ def patching_finding(s: Mapping[str, Any]) -> str:
     cells = [(kind, c) for kind, rows in top.items() for c in rows if _num(c.get("effect")) is not None]
     if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise
         cells = []
+    small = s.get("gap_within_noise")
+    if isinstance(small, Mapping) and cells:  # a share of a gap that is noise is not a measurement
+        cells = []
+        parts.append(f"The clean-corrupted gap is within noise ({small.get('reason', 'no reason recorded')}): effects "
+                     "normalised by it (shares of the gap) are not meaningful, so no site is ranked.")
     if cells:
         cells.sort(key=lambda kc: -abs(kc[1]["effect"]))
         cells = _distinct_sites(cells)
@@ -486,6 +552,13 @@ def circuits_finding(s: Mapping[str, Any]) -> str:
                          f"{first} (row {first}_pre), after {first}{of} blocks{share}.")
     top = {k: _num(v) for k, v in (s.get("dla_top_components") or {}).items() if _num(v) is not None}
     final = _num(s.get("dla_final_logit"))
+    if _chance(s) is not None or _at_chance(s, "logit_diff", final):  # at chance: no writer, no circuit to rank
+        parts.append("Direct logit attribution"
+                     + (f" (final logit difference {final:.3g}" + (", near 0" if "chance" not in s else "") + ")"
+                        if final is not None else "")
+                     + " ranks no writer and the circuit's faithfulness is not reported: at chance there is no "
+                       "behaviour to attribute.")
+        return " ".join(parts)
     if top:
         items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]
         n = s.get("n_examples")
@@ -496,8 +569,6 @@ def circuits_finding(s: Mapping[str, Any]) -> str:
     if cpr is not None and cmd is not None:
         parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores): CPR {cpr:.3f} (higher is better), "
                      f"CMD {cmd:.3f} (lower is better).")
-    if _at_chance(s, "logit_diff", final):
-        parts.append(f"The model is at chance here (final logit difference {final:.3g}, near 0): nothing to attribute.")
     return " ".join(parts)
 
 

@@ -668,6 +668,23 @@ def test_strict_refuses_unknown_words_in_one_line_and_writes_nothing(tmp_path, m
 
 
 # ---- user data as it comes (#32 item 8) ---------------------------------------------------------------
+def test_pairs_of_two_lengths_are_counted_once_from_the_rows_patched(tmp_path, tiny_dirs, recwarn):
+    """#34 item 6: a 70-row file, every other row's corrupted prompt one token short, patched on a
+    seeded sample of 8: the task check's own 64-row sample (at least 29 such rows) warns nothing, so the
+    one warning counts the rows the analysis patched (at most 8), as its summary does."""
+    rows = [{"prompt": f"w{i % 9 + 1} w{i % 7 + 2} w3", "answer": " w4", "wrong_answer": " w5",
+             "corrupted_prompt": f"w{i % 9 + 1} w8 w3" if i % 2 else "w1 w2"} for i in range(70)]
+    task = tmp_path / "seventy.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cli("patching", "-q", "--quick", "--device", "cpu", "--model", str(tiny_dirs["gpt2"]), "--task", str(task),
+        "--n-examples", "8", "--seed", "1", "--out", str(tmp_path / "out"))
+    summary = json.loads((tmp_path / "out" / "patching" / "summary.json").read_text())
+    said = {str(w.message) for w in recwarn if "have another token length" in str(w.message)}
+    assert len(said) == 1, said
+    assert said.pop().startswith(f"Task file {str(task)!r}: {summary['pairs_left_out']} corrupted prompt(s) have")
+    assert 0 < summary["pairs_left_out"] <= 8 and summary["n_examples"] == 8 - summary["pairs_left_out"]
+
+
 def test_a_pair_of_two_lengths_warns_once_and_an_unusable_task_is_exit_2(tmp_path, tiny_dirs):
     """patching on six rows, row 2's corrupted prompt one token short: one warning line naming the row
     (no Python source line under it), the other five patched and the count in the summary; --strict

@@ -23,9 +23,11 @@ The rule: the guard asks whether the model is credibly *above* chance; it is at 
 3. the standardised effect (mean - chance) / sd across examples is at least MIN_EFFECT_SIZE = 0.2
    (Cohen's "small"): below it the per-example noise drowns the behaviour, and a large enough set
    of examples would make any bias of a random model significant (not applied to 0/1 accuracies).
-Below chance counts as at chance (no better than chance): an untrained model's peaked, random
-predictions score under a uniform guess, and a negative logit difference means the model does not
-do the task; the reason then says "below chance". With one example there is no CI: the floor
+Below chance counts as at chance for the guard (no better than chance: relative findings are left
+out), but it is told apart: when the whole interval lies under chance the entry's "below_chance" is
+True and the reason says "below chance" (worse than guessing: the answers are systematically
+dispreferred, e.g. an untrained model's peaked, random predictions score under a uniform guess, a
+negative logit difference prefers the wrong answers). With one example there is no CI: the floor
 alone decides. `assess_mean` applies the floor to a mean alone (no per-example values at hand).
 """
 from __future__ import annotations
@@ -83,9 +85,10 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
            floor: float | None = None) -> dict[str, Any] | None:
     """Whether per-example clean metric values are within noise of chance (see the module doc).
 
-    Returns {"at_chance", "metric", "mean", "chance_value", "ci" ([low, high] or None), "ci_level",
-    "p_value", "effect_size" ((mean - chance) / sd, None for 0/1 accuracies), "floor", "n_examples",
-    "reason"}, or None when the metric has no chance value."""
+    Returns {"at_chance", "below_chance" (the whole CI under chance), "metric", "mean", "chance_value",
+    "ci" ([low, high] or None), "ci_level", "p_value", "effect_size" ((mean - chance) / sd, None for
+    0/1 accuracies), "floor", "n_examples", "reason"}, or None when the metric has no chance value.
+    model_on_task and from_summary add what the chance value was computed from (`with_basis`)."""
     if isinstance(values, torch.Tensor):
         values = values.detach().double().cpu().numpy()
     values = np.asarray(values, dtype=np.float64).ravel()
@@ -119,9 +122,9 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
         at, reason = False, f"one example: the {words} {mean:.3g} is {floor:.3g} or more above chance ({chance:.3g}), no CI"
     else:
         at, reason = False, f"{span}the mean {words} lies above chance ({chance:.3g}) by more than the noise"
-    return {"at_chance": at, "metric": metric, "mean": mean, "chance_value": float(chance), "ci": ci,
-            "ci_level": 1 - alpha, "p_value": p, "effect_size": effect, "floor": float(floor),
-            "n_examples": int(len(values)), "reason": reason}
+    return {"at_chance": at, "below_chance": ci is not None and ci[1] < chance, "metric": metric, "mean": mean,
+            "chance_value": float(chance), "ci": ci, "ci_level": 1 - alpha, "p_value": p, "effect_size": effect,
+            "floor": float(floor), "n_examples": int(len(values)), "reason": reason}
 
 
 def assess_mean(mean: float, metric: str, *, n_examples: int | None = None, chance: float | None = None,
@@ -193,15 +196,31 @@ def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean
     mean = float(values.mean())
     dtype = next(model.bridge.parameters()).dtype
     tolerance = max(tolerance, 16 * torch.finfo(dtype).eps)  # half precision: the analyses' fused passes round more
+    tokens = 1.0 if task.continuation is None else float((task.continuation >= 0).sum(1).double().mean())
     if expected_mean is not None and abs(mean - expected_mean) > tolerance * max(1.0, abs(expected_mean)):
-        return assess_mean(expected_mean, kind, n_examples=len(task), vocab_size=vocab)
+        out = assess_mean(expected_mean, kind, n_examples=len(task), vocab_size=vocab)
+        return with_basis(out, task=task.name, vocab_size=vocab, answer_tokens=tokens if kind == "logprob" else None)
     if task.continuation is not None:  # a whole continuation: chance is each token's chance, multiplied
-        return _continuation_on_task(values, task, kind, vocab)
+        return with_basis(_continuation_on_task(values, task, kind, vocab), task=task.name, vocab_size=vocab,
+                          answer_tokens=tokens)
     classes = int(task.answers.unique().numel()) if kind == "accuracy" else None  # guessing among the answers
-    out = assess(values, kind, vocab_size=vocab, n_classes=classes if classes and classes > 1 else None)
-    if out is not None:
-        out["task"] = task.name
-    return out
+    classes = classes if classes and classes > 1 else None
+    out = assess(values, kind, vocab_size=vocab, n_classes=classes)
+    return with_basis(out, task=task.name, vocab_size=vocab, answer_tokens=1.0 if kind == "logprob" else None,
+                      n_classes=classes)
+
+
+def with_basis(entry: dict[str, Any] | None, *, task: Any = None, vocab_size: int | None = None,
+               answer_tokens: float | None = None, n_classes: int | None = None) -> dict[str, Any] | None:
+    """`entry` with what its chance value was computed from, for the findings' chance sentence: the
+    task, the vocabulary size, the mean answer length in tokens (log-probability: k log(1/vocab)) and
+    the number of answers guessed among (accuracy): one metric's chance differs across tasks."""
+    if entry is None:
+        return None
+    basis = {"task": task if isinstance(task, str) else None, "vocab_size": vocab_size,
+             "answer_tokens": answer_tokens, "n_classes": n_classes}
+    entry.update({k: v for k, v in basis.items() if v is not None})
+    return entry
 
 
 def _continuation_on_task(values: torch.Tensor, task: Task, kind: str, vocab: int) -> dict[str, Any] | None:
@@ -215,8 +234,43 @@ def _continuation_on_task(values: torch.Tensor, task: Task, kind: str, vocab: in
     out = assess(values - per_row + chance, kind, chance=chance) if kind == "logprob" else \
         assess(values, kind, chance=chance)
     if out is not None:
-        out["mean"], out["task"] = float(values.mean()), task.name
+        out["mean"] = float(values.mean())
     return out
+
+
+def gap_within_noise(clean: Sequence[float] | np.ndarray | torch.Tensor, corrupted: Sequence[float] | np.ndarray | torch.Tensor,
+                     metric: str, *, alpha: float = ALPHA) -> dict[str, Any] | None:
+    """Whether the clean-corrupted gap that patching normalises by is within noise, from the paired
+    per-example values: the two-sided (1 - alpha) t interval of the mean difference contains 0, or
+    |mean gap| is under the metric's effect floor (FLOORS; normalized_logit_diff's raw values are logit
+    differences). Returns None when the gap is clear, else {"gap", "ci" (None for one pair), "n_examples",
+    "floor", "reason"}: a share of such a gap (effect / gap) is noise divided by noise."""
+    def flat(x: Any) -> np.ndarray:
+        x = x.detach().double().cpu().numpy() if isinstance(x, torch.Tensor) else x
+        return np.asarray(x, dtype=np.float64).ravel()
+
+    diff = flat(clean) - flat(corrupted)  # [batch]
+    diff = diff[np.isfinite(diff)]
+    if len(diff) == 0:
+        return None
+    floor = FLOORS.get(metric.removeprefix("normalized_"), 0.0)
+    gap, n = float(diff.mean()), int(len(diff))
+    ci = None
+    if n > 1:
+        from scipy import stats
+
+        sd = float(diff.std(ddof=1))
+        half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
+        ci = [gap - half, gap + half]
+    words = _WORDS.get(metric.removeprefix("normalized_"), metric)
+    level = f"{100 * (1 - alpha):.0f}%"
+    if ci is not None and ci[0] <= 0.0 <= ci[1]:
+        reason = f"mean gap {gap:.3g} {words}, its {level} CI [{ci[0]:.3g}, {ci[1]:.3g}] over {n} pairs contains 0"
+    elif abs(gap) < floor:
+        reason = f"mean gap {gap:.3g} {words} over {n} pair(s) is under the {floor:.3g} floor"
+    else:
+        return None
+    return {"gap": gap, "ci": ci, "n_examples": n, "floor": float(floor), "reason": reason}
 
 
 def from_summary(summary: Mapping[str, Any], *, vocab_size: int | None = None) -> dict[str, Any] | None:
@@ -238,5 +292,7 @@ def from_summary(summary: Mapping[str, Any], *, vocab_size: int | None = None) -
             continue
         kind = "logit_diff" if key == "dla_final_logit" else metric
         if kind in FLOORS:
-            return assess_mean(value, kind, n_examples=summary.get("n_examples"), vocab_size=vocab_size)
+            out = assess_mean(value, kind, n_examples=summary.get("n_examples"), vocab_size=vocab_size)
+            return with_basis(out, task=summary.get("task"), vocab_size=vocab_size if kind != "logit_diff" else None,
+                              answer_tokens=1.0 if kind == "logprob" else None)
     return None

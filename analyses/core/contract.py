@@ -8,13 +8,15 @@ and one that cannot use the user's task runs on its own default task instead.
 """
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, no_pairs_reason, zoo
-from headscope.errors import InputTypeError, TaskError, UnsupportedModelError
+from headscope.errors import HeadscopeWarning, InputTypeError, TaskError, UnsupportedModelError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,16 +137,36 @@ def one_token_answers(task: Task, name: str) -> None:
         raise TaskError(f"{name}: {several_tokens_reason(task)}; give one-token answers, or run heads or patching.")
 
 
+SAMPLE_WARNINGS = (r".*corrupted prompt\(s\) have another token length", r".*answer\(s\) start without a space")
+
+
+@contextmanager
+def quiet_sample_warnings():
+    """Hide the load warnings that count rows of a sample (SAMPLE_WARNINGS) while the task data is
+    read for something other than an analysis's own rows (the task check, the explorer's examples):
+    their counts would contradict the warning of the rows an analysis uses (#34: 6 vs 4 rows)."""
+    with warnings.catch_warnings():
+        for message in SAMPLE_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=HeadscopeWarning)
+        yield
+
+
 def resolve(task: Any, model: Any, *, n_examples: int = 64, seed: int = 0) -> Task | None:
     """The Task `check` compares against: a Task as is, a zoo task name built with `zoo`, the user's
-    data read with load_task (its errors are the user's, raised here), None for None."""
+    data read with load_task (its errors are the user's, raised here), None for None.
+
+    The warnings that count rows of the sample (pairs of two token lengths, answers glued to their
+    prompt) are not shown here (quiet_sample_warnings): this sample is the check's own, not the rows
+    an analysis uses (one source: the rows actually used, which each analysis's load warns about and
+    its summary records)."""
     if task is None or isinstance(task, Task):
         return task
     if isinstance(task, str) and task in ZOO_TASKS and not getattr(task, "fields", None):
         return zoo(model, task, n_examples=n_examples, seed=seed)
     from headscope.analyses.core.task_files import load_task
 
-    return load_task(model, task, n_examples=n_examples, seed=seed)  # a sample: a large file is not tokenized whole
+    with quiet_sample_warnings():
+        return load_task(model, task, n_examples=n_examples, seed=seed)  # a sample: a large file is not tokenized whole
 
 
 def check(needs: Needs, task: Any, model: Any) -> list[str]:
@@ -165,5 +187,5 @@ def require(needs: Needs, model: Any, name: str) -> None:
         raise UnsupportedModelError(f"{name}: {'; '.join(reasons)}.")
 
 
-__all__ = ["Needs", "check", "model_reasons", "one_token_answers", "require", "resolve", "several_tokens_reason",
-           "task_reasons"]
+__all__ = ["Needs", "check", "model_reasons", "one_token_answers", "quiet_sample_warnings", "require", "resolve",
+           "several_tokens_reason", "task_reasons"]

@@ -19,7 +19,8 @@ Result (name "patching"): df has one row per cell: site_type, layer, head, pos, 
 value (the metric after the patch), effect (value minus the unpatched base run), and with
 attribution=True the attribution-patching estimate `attribution`. summary: metric,
 direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|),
-attribution_correlation (Pearson and Spearman per site type).
+attribution_correlation (Pearson and Spearman per site type); gap_within_noise only when the
+clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig
 from headscope.analyses.core.contract import Needs, require
 from headscope.analyses.core.result import Result
@@ -196,6 +198,9 @@ def activation_patching(
         "top_sites": top_sites(df),
         **left_out,
     }
+    small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
+    if small is not None:
+        summary["gap_within_noise"] = small
     tables = {"exact": df}
     if attribution:
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0

@@ -242,7 +242,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         from headscope.analyses.core import chance
 
         per_example = obs.groupby("example")["accuracy"].mean().to_numpy()  # [examples], over positions
-        summary["chance"] = chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items)
+        summary["chance"] = chance.with_basis(chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items),
+                                              task=task, n_classes=sweeps[0].n_items)
     if fitted:
         fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
         summary["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)

@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="one HTML page setting two report folders side by side")
     c.add_argument("out_a", metavar="OUT_A", help="a headscope output folder")
     c.add_argument("out_b", metavar="OUT_B", help="another one (a second checkpoint, or another model on the same task)")
-    c.add_argument("--out", default=None, help="the page to write (default: ./compare.html)")
+    c.add_argument("--out", default=None, help="the page to write, ending in .html (default: ./compare.html)")
     c.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     return p
 

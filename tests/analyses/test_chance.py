@@ -67,7 +67,23 @@ def test_a_small_standardised_effect_over_many_examples_is_at_chance():
 def test_below_chance_counts_as_at_chance():
     out = chance.assess([-3.0, -2.5, -3.2, -2.8], "logit_diff")
     assert out["at_chance"] is True and out["reason"].startswith("below chance") and "wrong answers" in out["reason"]
-    assert out["ci"][1] < 0
+    assert out["ci"][1] < 0 and out["below_chance"] is True
+    assert chance.assess([-0.5, 0.4, 0.1, -0.2], "logit_diff")["below_chance"] is False  # CI contains 0: at, not below
+
+
+def test_a_patching_gap_within_noise_is_flagged_from_its_paired_interval():
+    clean, corrupted = np.array([0.9, -0.4, 0.6, -0.1, 0.3]), np.array([0.1, 0.2, -0.3, 0.4, -0.2])
+    ref = stats.ttest_rel(clean, corrupted).confidence_interval(0.95)  # scipy's paired t interval
+    assert ref.low < 0 < ref.high
+    flag = chance.gap_within_noise(clean, torch.tensor(corrupted), "logit_diff")
+    assert flag["gap"] == pytest.approx(0.22) and flag["ci"] == pytest.approx([ref.low, ref.high])
+    assert flag["n_examples"] == 5 and "contains 0" in flag["reason"]
+    clear = clean + 2.0  # every pair 2 logits apart on average: no flag
+    assert stats.ttest_rel(clear, corrupted).confidence_interval(0.95).low > 0
+    assert chance.gap_within_noise(clear, corrupted, "logit_diff") is None
+    tiny = chance.gap_within_noise([0.05, 0.06, 0.05], [0.0, 0.0, 0.0], "normalized_logit_diff")  # significant, tiny
+    assert "under the 0.1 floor" in tiny["reason"] and tiny["ci"][0] > 0
+    assert chance.gap_within_noise([0.05], [0.0], "logprob")["ci"] is None  # one pair: the floor log 2 alone
 
 
 def test_accuracy_uses_the_exact_binomial_test():
@@ -161,7 +177,8 @@ def test_a_random_model_is_at_chance_and_its_findings_drop_relative_thresholds(a
     assert entry["mean"] == pytest.approx(result.summary["baseline_metric"], abs=1e-4)  # the heads engine's baseline
     assert entry["ci"] == pytest.approx(_scipy_ci(values), abs=1e-4)
     text = finding("heads", result.summary)
-    assert text.startswith("The model is at chance on this task") and "relative findings are not reported" in text
+    assert text.startswith(f"The model is {'below' if entry['below_chance'] else 'at'} chance on task {task.name} (")
+    assert "relative findings are not reported" in text
     assert "within 1%" not in text and "within tolerance" not in text
     kv = hs.run_analysis("kv", model, None, config_class("kv").preset(quick=True))
     assert kv.summary["chance"]["at_chance"] is True and kv.summary["chance"]["metric"] == "logprob"
@@ -206,3 +223,5 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
         k = int(per_example.sum())
         assert entry["p_value"] == pytest.approx(binomtest(k, len(per_example), 1 / s["n_items"]).pvalue)
     assert entry["at_chance"]  # a random GPT-2 does not retrieve
+    assert entry["n_classes"] == s["n_items"] and entry["task"] == s["task"]  # what the chance sentence names
+    assert f"(1/{s['n_items']}: guessing among {s['n_items']} answers)" in finding("position", s)

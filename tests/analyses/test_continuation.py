@@ -210,6 +210,9 @@ def test_the_chance_guard_counts_each_token_of_a_continuation(arch_models, hf_of
     lengths = [len(_answer_ids(model, r)) for r in rows]
     vocab = hf.config.vocab_size
     assert found["chance_value"] == pytest.approx(-sum(lengths) / len(lengths) * math.log(vocab))
+    # what the findings' chance sentence names: the task, its mean answer length and the vocabulary
+    assert found["task"] == task.name and found["vocab_size"] == vocab
+    assert found["answer_tokens"] == pytest.approx(sum(lengths) / len(lengths))
     want = torch.stack([_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r)) for r in rows])
     assert found["mean"] == pytest.approx(float(want.mean()), abs=1e-3)
 

@@ -9,6 +9,7 @@ from functools import partial
 
 import pytest
 import torch
+from scipy import stats as scipy_stats
 from transformer_lens import patching as tlp
 
 import headscope as hs
@@ -186,6 +187,17 @@ def test_normalized_logit_diff_and_summary(tiny_models):
     top = res.summary["top_sites"]["resid_pre"]
     assert len(top) == 10 and [abs(t["effect"]) for t in top] == sorted((abs(t["effect"]) for t in top), reverse=True)
     json.dumps(res.summary)
+    # the gap it normalises by is flagged exactly when scipy's paired 95% interval of the per-row logit
+    # differences (plain forwards) contains 0 or its mean is under 0.1 logits
+    with torch.no_grad():
+        rows = [model(t)[:, -1] for t in (task.tokens, task.corrupted_tokens)]  # [batch, vocab] each
+    idx = torch.arange(len(task))
+    diffs = [(r[idx, task.answers] - r[idx, task.wrong_answers]).double().numpy() for r in rows]
+    ci = scipy_stats.ttest_rel(*diffs).confidence_interval(0.95)
+    flagged = ci.low <= 0 <= ci.high or abs((diffs[0] - diffs[1]).mean()) < 0.1
+    assert ("gap_within_noise" in res.summary) == flagged
+    if flagged:
+        assert res.summary["gap_within_noise"]["ci"] == pytest.approx([ci.low, ci.high], abs=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -384,6 +396,7 @@ def test_zoo_causal_tracing_on_facts(zoo_model):
 def test_zoo_run_quick(zoo_model):
     res = run(zoo_model, config=PatchingConfig.preset(quick=True))
     assert {"exact", "attribution", "path_patching", "causal_tracing"} <= set(res.tables)
+    assert "gap_within_noise" not in res.summary  # the trained model's IOI gap is clear: its summary is unchanged
     json.dumps(res.summary)
 
 

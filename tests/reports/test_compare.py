@@ -8,6 +8,7 @@ import pandas as pd
 
 from headscope.cli import main
 from headscope.reports import io
+from headscope.reports.compare import SAME, Run, importance_section, patching_section
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -51,7 +52,12 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     assert "4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1)" in page  # A leaves out L0H0, B L1H2
     assert "Prunable within 1% by gradient: A 50%, B 0% (neither summary records an interval" in page
     assert "Middle/ends ratio of accuracy: A 0.67, B 0.44 (neither" in page  # 0.6 / 0.9 and 0.4 / 0.9
-    assert "Top resid_pre site differs: A resid_pre L0 pos 2: &lt;img" in page
+    # seeds (and models) differ: the runs patched different prompts, so positions are not compared
+    assert "Top resid_pre site differs" not in page
+    assert ("Top resid_pre sites are not compared: A and B patched different prompts (model model-a vs model-b "
+            "&lt;img src=x onerror=alert(1)&gt;, seed 0 vs 1), and a position names a token of the prompts its own run patched."
+            ) in page
+    assert page.count("<em>blank: positions are not compared: A and B patched different prompts") == 2
     assert page.count("<img alt=") == 3  # importance, pruning curves, position curves
     assert "src=\"http" not in page and "<script" not in page
 
@@ -126,3 +132,39 @@ def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp
     findings = page[page.index("id='findings'"):page.index("id='provenance'")]
     assert "<em>blank: skipped: m is an encoder</em>" in findings  # C's kv cell says why it is empty
     assert "kv task" not in page[page.index("id='settings'"):page.index("id='differences'")]  # nothing to set against
+
+
+def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_the_same_prompts(tmp_path):
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
+    _folder(tmp_path / "b", "m", 1.0, 1, 0.5)  # same model, seed, task and n: the same prompts
+    heads = io.read_json(tmp_path / "b" / "heads" / "summary.json")
+    io.write_json(tmp_path / "b" / "heads" / "summary.json", {**heads, "degenerate_gradient": "every head's |gradient "
+                                                              "importance| is below 1e-07, under the numerical floor"})
+    heads_a = io.read_json(tmp_path / "a" / "heads" / "summary.json")
+    io.write_json(tmp_path / "a" / "heads" / "summary.json", {**heads_a, "chance": {"at_chance": True, "mean": 0.01}})
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c.html")]) == 0
+    page = (tmp_path / "c.html").read_text()
+    assert ("Head importance (gradient importance): the top heads cannot be compared, because A is at chance on its "
+            "task; B has gradient importance that is rounding, not a measurement, so neither report ranks its heads; "
+            "no shared top heads or correlation is computed.") in page
+    assert "of the top 5 heads are shared" not in page and "Pearson r =" not in page
+    differences = page[page.index("id='differences'"):page.index("id='findings'")]
+    assert "cannot be compared" not in differences  # not a difference between the runs: said in its section
+    # one refusing side is enough: its ranking is noise, so an overlap with it means nothing
+    io.write_json(tmp_path / "a" / "heads" / "summary.json", heads_a)
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    notes = importance_section(a, b)[1]
+    assert notes == [SAME + "Head importance (gradient importance): the top heads cannot be compared, because B has "
+                     "gradient importance that is rounding, not a measurement, so that report does not rank its heads; "
+                     "no shared top heads or correlation is computed."]
+    table, notes = patching_section(a, b)
+    assert notes == [f"Top resid_pre site differs: A resid_pre L0 pos 2: {XSS}, B resid_pre L1 pos 2: {XSS}."]
+    assert "positions are not compared" not in table  # the same prompts: positions compared
+
+
+def test_compare_out_must_end_in_html(tmp_path, capsys):
+    target = tmp_path / "page.txt"
+    assert main(["compare", str(tmp_path / "nothing"), str(tmp_path / "nothing"), "--out", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not end in .html" in err and "page.html" in err
+    assert not target.exists() and list(tmp_path.iterdir()) == []  # checked before the folders are even read

@@ -50,8 +50,9 @@ AT_CHANCE = {"at_chance": True, "metric": "logit_diff", "mean": -0.008, "chance_
 def test_the_chance_guard_heads_the_finding_and_drops_relative_thresholds():
     heads = {**HEADS, "baseline_metric": -0.008, "l0_min_heads_within_tolerance": 3, "chance": AT_CHANCE}
     text = finding("heads", heads)
-    assert text.startswith("The model is at chance on this task (logit difference -0.008 against chance 0, "
-                           "95% CI [-0.05, 0.034]); relative findings are not reported.")
+    assert text.startswith("The model is at chance on this task (logit difference -0.008 against chance 0 (no preference "
+                           "between the answer and the wrong answer), 95% CI [-0.05, 0.034]); relative findings are not "
+                           "reported.")
     assert "within 1%" not in text and "can be removed" not in text and "within tolerance" not in text
     assert "Unpruned logit difference is -0.008" in text and "2 induction (L1H0, L1H3)" in text  # absolute facts stay
     assert text.count("at chance") == 1  # the old heuristic does not repeat it
@@ -64,7 +65,8 @@ def test_the_chance_guard_heads_the_finding_and_drops_relative_thresholds():
     assert "at chance on this task" in text and "clean-corrupted gap" not in text and "Clean prompts give" in text
     probes = {"metric": "accuracy", "labels": "answer", "best_layer": 1, "best_accuracy": 0.36, "majority_baseline": 0.34,
               "chance": {**AT_CHANCE, "metric": "probe accuracy", "mean": 0.36, "chance_value": 0.34, "ci": None}}
-    assert finding("probes", probes).startswith("The probe scores at chance (probe accuracy 0.36 against chance 0.34);")
+    assert finding("probes", probes).startswith("The probe scores at chance (probe accuracy 0.36 against chance 0.34 "
+                                             "(the majority class's share)); relative findings are not reported.")
 
 
 def test_the_guard_overrules_the_old_heuristic_when_the_model_is_above_chance():
@@ -197,9 +199,9 @@ def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_
     assert "Next, at other sites: attn_out at layer 1, position 5 ('5: x') (0.20); mlp_out at layer 0, position 5" in text
     assert "resid_post" not in text and "layer 2" not in text
     assert "attn_out r = 1.000 rests on 1 non-zero exact effect(s) of 60 cells, so it says nothing about agreement" in text
-    s["attribution_correlation"]["attn_out"].update(n_nonzero=7, pearson_without_top=0.42)  # the zoo: 47.8 beside < 0.6
-    assert ("attn_out r = 1.000 is driven by its largest cell: without it r = 0.420 (n = 59 cells), so the agreement "
-            "rests on one point") in finding("patching", s)
+    s["attribution_correlation"]["attn_out"].update(n_nonzero=7, pearson_without_top=0.02)  # the zoo: 47.8 beside < 0.6
+    assert ("attn_out r = 1.000 is driven by its largest cell: without it r = 0.020 (n = 59 cells, 95% CI "
+            "[-0.237, 0.275]), so the agreement rests on one point") in finding("patching", s)
     s["attribution_correlation"]["attn_out"].update(pearson=0.95, pearson_without_top=0.9)
     # Fisher z: tanh(atanh(0.95) -+ 1.96 / sqrt(57))
     assert "attn_out r = 0.950 (n = 60 cells, 95% CI [0.917, 0.970])" in finding("patching", s)
@@ -239,3 +241,88 @@ def test_circuits_finding_states_mib_metrics():
     text = finding("circuits", {"dla_final_logit": 2.0, "dla_top_components": {"a1.h0": 1.5},
                                 "mib_cpr": 0.8123, "mib_cmd": 0.2051, "edge_method": "eap-clean"})
     assert "MIB's circuit metrics (eap-clean scores): CPR 0.812 (higher is better), CMD 0.205 (lower is better)." in text
+
+
+def test_an_interval_wholly_below_chance_is_called_below_chance_and_says_what_it_means():
+    below = {**AT_CHANCE, "mean": -0.9, "ci": [-1.2, -0.6], "task": "ioi"}  # no below_chance key: read from the CI
+    text = finding("heads", {**HEADS, "baseline_metric": -0.9, "chance": below})
+    assert text.startswith("The model is below chance on task ioi (logit difference -0.9 against chance 0 (no "
+                           "preference between the answer and the wrong answer), 95% CI [-1.2, -0.6]): worse than "
+                           "guessing, it systematically prefers the wrong answers; relative findings are not reported.")
+    assert "at chance" not in text
+    lp = {"at_chance": True, "below_chance": True, "metric": "logprob", "mean": -9.0, "chance_value": -6.2146,
+          "ci": [-9.5, -8.5], "ci_level": 0.95, "task": "kv", "vocab_size": 500, "answer_tokens": 1.0}
+    text = finding("kv", {"metric_unevicted": -9.0, "chance": lp})
+    assert "below chance on task kv" in text and "less probability than a uniform guess" in text
+    assert "systematically dispreferred" in text and "at chance" not in text
+    straddle = {**lp, "below_chance": False, "ci": [-7.0, -5.5]}  # the CI contains chance: at chance, not below
+    assert finding("kv", {"metric_unevicted": -6.3, "chance": straddle}).startswith("The model is at chance on task kv")
+
+
+def test_each_chance_sentence_names_its_task_and_the_basis_of_its_chance_level():
+    # one metric, three chance levels: log(1/500) = -6.21 per token; 2.5 and 2.83 tokens on average
+    entry = {"at_chance": True, "metric": "logprob", "ci_level": 0.95, "vocab_size": 500}
+    heads = {**entry, "task": "facts", "answer_tokens": 2.83, "mean": -17.0, "chance_value": -2.83 * 6.2146,
+             "ci": [-18.0, -16.5]}
+    patching = {**entry, "task": "mine.jsonl", "answer_tokens": 2.5, "mean": -15.0, "chance_value": -2.5 * 6.2146,
+                "ci": [-16.0, -14.9]}
+    kv = {**entry, "task": "kv", "answer_tokens": 1.0, "mean": -6.0, "chance_value": -6.2146, "ci": [-6.5, -5.8]}
+    assert finding("heads", {"chance": heads}).startswith(
+        "The model is at chance on task facts (answer log-probability -17 against chance -17.6 (2.83 x log(1/500): "
+        "answers of 2.83 tokens on average, uniform over a 500-token vocabulary), 95% CI [-18, -16.5]);")
+    assert ("on task mine.jsonl (answer log-probability -15 against chance -15.5 (2.5 x log(1/500): answers of 2.5 "
+            "tokens on average") in finding("kv", {"chance": patching})
+    assert ("on task kv (answer log-probability -6 against chance -6.21 (log(1/500): one answer token, uniform over "
+            "a 500-token vocabulary)") in finding("kv", {"chance": kv})
+    guess = {"at_chance": True, "metric": "accuracy", "mean": 0.3, "chance_value": 0.25, "n_classes": 4, "task": "t"}
+    assert "accuracy 0.3 against chance 0.25 (1/4: guessing among 4 answers)" in finding("kv", {"chance": guess})
+
+
+def test_circuits_at_chance_names_no_largest_writers():
+    s = {"dla_final_logit": 0.01, "dla_top_components": {"mlp0": 0.004, "a1.h0": -0.003}, "mib_cpr": 0.4,
+         "mib_cmd": 0.6, "edge_method": "eap"}
+    for summary in ({**s, "chance": AT_CHANCE}, s):  # the guard's entry, and the old heuristic without one
+        text = finding("circuits", summary)
+        assert "largest writers" not in text and "mlp0" not in text and "CPR" not in text, text
+        assert "ranks no writer and the circuit's faithfulness is not reported: at chance" in text
+    assert text.startswith("Direct logit attribution (final logit difference 0.01, near 0) ranks no writer")
+    assert "largest writers are mlp0 (+0.00)" in finding("circuits", {**s, "dla_final_logit": 2.0})
+
+
+def test_one_point_correlation_only_when_one_point_carries_it():
+    s = {"metric": "logit_diff", "normalized": False, "n_examples": 8, "clean_metric": 2.0, "corrupted_metric": 0.0,
+         "top_sites": {}}
+
+    def said(r, rest, n=60):
+        corr = {"pearson": r, "n": n, "n_nonzero": n, "pearson_without_top": rest}
+        return finding("patching", {**s, "attribution_correlation": {"attn_out": corr}})
+
+    # the review's two false alarms: r = -0.07 is not significant (Fisher CI [-0.32, 0.19]) and |r| grows without
+    # the point; 0.52 -> 0.34 stays significant (Fisher CI of 0.34 over 59: [0.09, 0.54]) and keeps over half of r
+    for r, rest in ((-0.07, -0.28), (0.52, 0.34)):
+        text = said(r, rest)
+        assert "largest cell" not in text and "one point" not in text, text
+        assert f"attn_out r = {r:.3f} (n = 60 cells" in text
+    # a true one-point case: r = 0.9 over 20 cells, 0.1 without the point (Fisher CI [-0.37, 0.53] contains 0)
+    assert ("attn_out r = 0.900 is driven by its largest cell: without it r = 0.100 (n = 19 cells, 95% CI "
+            "[-0.371, 0.530]), so the agreement rests on one point") in said(0.9, 0.1, 20)
+    # significant without it too, but under half: 1.000 -> 0.42 over 59 (Fisher CI [0.184, 0.610])
+    assert ("attn_out r = 1.000 is mostly carried by its largest cell: without it r = 0.420 (n = 59 cells, 95% CI "
+            "[0.184, 0.610]), a much weaker agreement") in said(1.0, 0.42)
+
+
+def test_patching_over_a_gap_within_noise_ranks_no_site():
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 12,
+         "clean_metric": 0.2, "corrupted_metric": 0.0,
+         "top_sites": {"resid_pre": [{"layer": 1, "head": None, "pos": 3, "token": "3: x", "effect": 1.62}],
+                       "head_out": [{"layer": 0, "head": 2, "pos": None, "token": "", "effect": -0.4}]},
+         "gap_within_noise": {"gap": 0.2, "ci": [-0.3, 0.7], "n_examples": 12, "floor": 0.1,
+                              "reason": "mean gap 0.2 logit difference, its 95% CI [-0.3, 0.7] over 12 pairs contains 0"}}
+    text = finding("patching", s)
+    assert ("The clean-corrupted gap is within noise (mean gap 0.2 logit difference, its 95% CI [-0.3, 0.7] over 12 "
+            "pairs contains 0): effects normalised by it (shares of the gap) are not meaningful, so no site is "
+            "ranked.") in text
+    assert "of the clean-corrupted gap (" not in text and "8.1" not in text and "Next, at" not in text
+    assert "Clean prompts give a logit difference of 0.2, corrupted ones 0." in text  # the numbers stay
+    del s["gap_within_noise"]
+    assert "8.10 of the clean-corrupted gap" in finding("patching", s)  # 1.62 / 0.2
