@@ -366,18 +366,17 @@ def test_head_importance_is_raw_and_diverging_about_zero_normalised_only_when_as
     raw = np.array([[0.02, -0.05, 0.01], [0.3, 0.0, -0.1]])  # [layer, head]: a signed ablation effect
     rows = [{"layer": l, "head": h, "method": "zero", "importance": raw[l, h],
              "importance_layer_norm": raw[l, h] / np.linalg.norm(raw[l])} for l in range(2) for h in range(3)]
-    result = _result("heads", pd.DataFrame(rows), {"metric": "logit_diff"})
-    ax = plot_importance(result)
+    ax = plot_importance(pd.DataFrame(rows), metric="logit_diff")
     try:
         np.testing.assert_allclose(heat(ax), raw)  # rows are layers, columns heads, values in metric units
         assert ax.get_ylabel() == "layer" and ax.get_xlabel() == "head"
         assert _norm(ax) == ("diverging", -0.3, 0.3)  # diverging, centred on 0
         assert colorbar_label(ax) == "drop in logit difference (answer - wrong)"
-        normalised = plot_importance(result, normalized=True, ax=plt.subplots()[1])
+        normalised = plot_importance(pd.DataFrame(rows), metric="logit_diff", normalized=True, ax=plt.subplots()[1])
         np.testing.assert_allclose(heat(normalised), raw / np.linalg.norm(raw, axis=1, keepdims=True))
         assert "normalised" in colorbar_label(normalised) and "normalised" in normalised.get_title()
-        rounding = _result("heads", pd.DataFrame(rows), {"metric": "logit_diff", "degenerate_zero": "below the floor"})
-        assert "ROUNDING ONLY" in plot_importance(rounding, ax=plt.subplots()[1]).get_title()
+        rounding = plot_importance(pd.DataFrame(rows), metric="logit_diff", degenerate="below the floor", ax=plt.subplots()[1])
+        assert "ROUNDING ONLY" in rounding.get_title()
     finally:
         plt.close("all")
 
@@ -429,11 +428,11 @@ def test_causal_traces_of_many_prompts_are_drawn_by_role_on_one_diverging_scale(
 
 
 def test_dla_per_head_is_layers_by_heads_like_every_head_grid():
-    from headscope.reports.plots_circuits import dla_head_heatmap
+    from headscope.reports.plots_circuits import plot_dla_heads
 
     dla = pd.DataFrame([{"kind": "head", "layer": l, "head": h, "component": f"L{l}H{h}", "contribution": 10 * l + h - 5}
                         for l in range(2) for h in range(3)])
-    ax = dla_head_heatmap(dla, plt.subplots()[1])
+    ax = plot_dla_heads(dla, ax=plt.subplots()[1])
     try:
         np.testing.assert_allclose(heat(ax), [[-5, -4, -3], [5, 6, 7]])  # [layer, head]
         assert (ax.get_ylabel(), ax.get_xlabel()) == ("layer", "head") and _norm(ax) == ("diverging", -7, 7)
@@ -451,11 +450,11 @@ def test_equal_curves_stay_visible_by_marker_and_dash():
 
     curve = pd.DataFrame([{"condition": c, "metric": "logprob", "position": p, "mean": -1.0, "ci_low": -1.1, "ci_high": -0.9}
                           for c in ("full", "window", "sinks+window") for p in (1, 2, 3)])
-    ax = plot_curve(_result("position", summary={"n_items": 3}, curve=curve), metric="logprob",
+    ax = plot_curve(curve, n_items=3, metric="logprob",
                     conditions=("full", "window", "sinks+window"), ax=plt.subplots()[1])
     prune = pd.DataFrame([{"ordering": o, "recompute": r, "fraction_pruned": f, "metric": 1.0 - f, "seed": 0}
                           for o, r in (("gradient", False), ("gradient", True)) for f in (0.0, 0.25, 0.5)])
-    ax2 = plot_pruning_curve(_result("heads", prune, {"metric": "logit_diff"}), ax=plt.subplots()[1])
+    ax2 = plot_pruning_curve(prune, metric="logit_diff", ax=plt.subplots()[1])
     try:
         for styles in (_styles(ax), _styles(ax2)):  # the lines lie on one another: each needs its own look
             assert len(styles) >= 2 and len(set(styles)) == len(styles), styles
@@ -468,13 +467,13 @@ def _overlap(a, b) -> bool:
 
 
 def test_circuit_graph_labels_of_a_kv_head_and_a_query_head_do_not_collide():
-    from headscope.reports.plots_circuits import circuit_graph
+    from headscope.reports.plots_circuits import plot_circuit_graph
 
     edges = pd.DataFrame({"sender": ["input", "input", "a0.h1", "a0.kv1"],
                           "receiver": ["a0.kv1.v", "a0.h1.q", "logits", "logits"], "score": [0.5, -0.4, 0.3, 0.2]})
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
-        circuit_graph(edges, ax)
+        plot_circuit_graph(edges, ax=ax)
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}
@@ -486,25 +485,25 @@ def test_circuit_graph_labels_of_a_kv_head_and_a_query_head_do_not_collide():
 
 
 def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_legend():
-    from headscope.reports.plots_circuits import dla_component_bars
+    from headscope.reports.plots_circuits import plot_dla_components
     from headscope.reports.plots_heads import plot_l0
-    from headscope.reports.plots_kv import eviction_plot
+    from headscope.reports.plots_kv import plot_eviction
 
     sweep = pd.DataFrame({"lambda": [0.01, 0.03, 0.1], "heads_kept": [8, 8, 3], "metric_binary": [2.0, 2.0, 1.0],
                           "metric": [2.0, 2.0, 1.1]})
-    ax = plot_l0(_result("heads", summary={"metric": "logit_diff", "baseline_metric": 2.0}, l0=sweep), ax=plt.subplots()[1])
+    ax = plot_l0(sweep, metric="logit_diff", baseline=2.0, ax=plt.subplots()[1])
     dla = pd.DataFrame([{"kind": k, "component": f"{k}{i}", "contribution": v, "example": e}
                         for k, i, v in (("embed", 0, 1.0), ("mlp", 0, 0.5), ("attn_bias", 0, 8e-7), ("unembed_bias", 0, 0.0),
                                         ("remainder", 0, 2e-5))  # 8e-7 of 1.0 is rounding; 2e-5 is kept
                         for e in range(3)])
-    bars = dla_component_bars(dla, plt.subplots()[1])
+    bars = plot_dla_components(dla, ax=plt.subplots()[1])
     kv = pd.DataFrame([{"policy": p, "budget": b, "example": e, "metric": 1.0} for p, b in (("full", 8), ("window", 4))
                        for e in range(3)])
     try:
         assert sorted(t.get_text() for t in ax.texts) == ["λ=0.01, 0.03", "λ=0.1"]
         assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
-        evicted = eviction_plot(kv, plt.subplots()[1], "logit_diff")
+        evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
         assert evicted.get_ylabel() == "logit difference (logits) at the answer"
         whole = [line for line in evicted.get_lines() if line.get_label() == "whole context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
@@ -531,13 +530,13 @@ def test_position_curve_title_claims_a_u_shape_only_when_the_bands_separate():
         return pd.DataFrame([{"condition": "full", "metric": "accuracy", "position": p, "mean": m, "ci_low": lo,
                               "ci_high": hi} for p, (m, lo, hi) in enumerate(bands, 1)])
 
-    summary = {"n_items": 3, "ratio_middle_to_ends": {"accuracy": 0.52 / 0.67}}
+    where = {"n_items": 3, "ratio": 0.52 / 0.67}
     overlap = curve([(0.67, 0.4, 0.9), (0.52, 0.25, 0.8), (0.55, 0.3, 0.8)])  # MiniLM's 8 examples
     separate = curve([(0.9, 0.85, 0.95), (0.4, 0.3, 0.5), (0.8, 0.7, 0.9)])
     try:
-        title = plot_curve(_result("position", summary=summary, curve=overlap), ax=plt.subplots()[1]).get_title()
+        title = plot_curve(overlap, **where, ax=plt.subplots()[1]).get_title()
         assert title == "min(middle) / max(ends) = 0.78\n95% bands of the middle and an end overlap: no U-shape shown"
-        title = plot_curve(_result("position", summary=summary, curve=separate), ax=plt.subplots()[1]).get_title()
+        title = plot_curve(separate, **where, ax=plt.subplots()[1]).get_title()
         assert title.endswith("U-shape: the middle's 95% band lies below both ends'")
     finally:
         plt.close("all")
