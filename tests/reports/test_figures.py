@@ -164,7 +164,10 @@ def test_importance_figure_draws_both_methods(results, figures):
     methods = list(dict.fromkeys(df["method"]))
     assert methods == ["gradient", "zero"]
     panels = [ax for ax in figures["heads"]["importance"].axes if ax.get_label() != "<colorbar>"]
-    assert [ax.get_title() for ax in panels] == ["head importance: gradient |dL/d gate|", "head importance: zero ablation"]
+    assert [ax.get_title().split("\n")[0] for ax in panels] == ["head importance: gradient |dL/d gate|",
+                                                                "head importance: zero ablation"]
+    at_chance = results["heads"].summary["chance"]["at_chance"]  # this random model: at chance, muted and said so
+    assert all(("AT CHANCE" in ax.get_title()) == at_chance for ax in panels)
     for ax, method in zip(panels, methods):  # raw units by default (the per-layer normalised view is an option)
         grid = df[df["method"] == method].pivot(index="layer", columns="head", values="importance")
         np.testing.assert_allclose(heat(ax), grid.to_numpy(dtype=float), rtol=1e-6)
@@ -538,5 +541,138 @@ def test_position_curve_title_claims_a_u_shape_only_when_the_bands_separate():
         assert title == "min(middle) / max(ends) = 0.78\n95% bands of the middle and an end overlap: no U-shape shown"
         title = plot_curve(separate, **where, ax=plt.subplots()[1]).get_title()
         assert title.endswith("U-shape: the middle's 95% band lies below both ends'")
+    finally:
+        plt.close("all")
+
+
+# ---- noise never vivid, honest labels (#34 figure defects) ---------------------------------------
+def _saturation(ax, value) -> float:
+    """max - min of the RGB channels the map gives `value` (0 for grey or white, ~0.7 for a vivid red)."""
+    mesh = ax.collections[0]
+    rgb = np.asarray(mesh.cmap(mesh.norm(value)))[:3]
+    return float(rgb.max() - rgb.min())
+
+
+def _panels(fig):
+    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+
+
+def _heads_rows(gradient, zero):
+    return pd.DataFrame([{"layer": l, "head": h, "method": m, "importance": v[l][h], "importance_layer_norm": 0.0}
+                         for m, v in (("gradient", gradient), ("zero", zero)) for l in range(2) for h in range(2)])
+
+
+def test_unsigned_gradient_importance_is_sequential_from_zero_and_ablation_diverging():
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    df = _heads_rows([[0.1, 0.9], [0.3, 0.0]], [[0.2, -0.4], [0.1, 0.0]])
+    fig = heads_figures(_result("heads", df, {"metric": "logit_diff", "baseline_metric": 3.0}))["importance"]
+    try:
+        gradient, zero = _panels(fig)
+        mesh = gradient.collections[0]
+        assert (mesh.norm.vmin, mesh.norm.vmax) == (0.0, 0.9)  # from 0 to the largest |dL/d gate|
+        assert _saturation(gradient, 0.0) < 0.1 and _saturation(gradient, 0.9) > 0.35  # near-white at 0, dark red at the top
+        assert _norm(zero) == ("diverging", -0.4, 0.4)
+        assert "AT CHANCE" not in gradient.get_title() + zero.get_title()
+    finally:
+        plt.close("all")
+
+
+def test_heads_at_chance_or_under_the_noise_floor_are_not_drawn_vivid():
+    """A random model at chance: its ablation effects are muted and say why; MiniLM-like gradients of
+    1e-8..2e-7 under the noise floor go on the metric's own scale (white), not stretched to full colour."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    df = _heads_rows([[1e-8, 2e-7], [5e-8, 0.0]], [[0.04, -0.05], [0.01, 0.0]])
+    summary = {"metric": "logit_diff", "baseline_metric": 0.02, "noise_floor": 3e-5, "degenerate_gradient": "below",
+               "chance": {"at_chance": True, "reason": "the 95% CI contains chance"}}
+    fig = heads_figures(_result("heads", df, summary))["importance"]
+    try:
+        gradient, zero = _panels(fig)
+        assert gradient.collections[0].norm.vmax == 1.0  # max(1, |baseline|): the metric's size
+        assert _saturation(gradient, 2e-7) < 0.05  # as pale as 0 (the unmuted map's 0 is 0.06)
+        assert "ROUNDING ONLY" in gradient.get_title() and "±1" in gradient.get_title()
+        assert "AT CHANCE" in zero.get_title() and "AT CHANCE" in gradient.get_title()
+        assert _saturation(zero, 0.05) < 0.2 and _saturation(zero, -0.05) < 0.2  # RdBu_r's own ends: 0.40, 0.36
+    finally:
+        plt.close("all")
+
+
+def _exact(sites, n_pos=0, tokens=()):
+    rows = [{"site_type": "head_out", "layer": l, "head": h, "pos": None, "token": "", "effect": 0.4 * (l - h)}
+            for l in range(2) for h in range(2)]
+    rows += [{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "token": tokens[p], "effect": 0.1 * p}
+             for l in range(2) for p in range(n_pos)] if "resid_pre" in sites else []
+    return pd.DataFrame(rows)
+
+
+def test_path_patching_shares_the_exact_scale_and_is_muted_at_chance():
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    exact = _exact(("head_out",))
+    paths = pd.DataFrame([{"sender_layer": l, "sender_head": h, "receiver": "logits", "effect": 0.05 * (h - l)}
+                          for l in range(2) for h in range(2)])
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "clean_metric": 1.0,
+               "corrupted_metric": 0.0}
+    figs = patching_figures(_result("patching", exact, summary, exact=exact, path_patching=paths))
+    quiet = patching_figures(_result("patching", exact, {**summary, "chance": {"at_chance": True}}, exact=exact,
+                                     path_patching=paths))
+    try:
+        path = figs["path_patching"].axes[0]
+        assert _norm(path) == ("diverging", -0.4, 0.4)  # head_out's ±0.4, not its own ±0.05
+        assert "this panel's max |value| 0.05" in path.get_title()
+        assert "AT CHANCE" not in path.get_title()
+        for stem in ("path_patching", "exact_head_out"):
+            ax = quiet[stem].axes[0]
+            assert "AT CHANCE" in ax.get_title() and _saturation(ax, 0.4) < 0.2
+    finally:
+        plt.close("all")
+
+
+def test_patching_positions_of_several_prompts_are_counted_from_the_end_not_one_prompts_tokens():
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    tokens = ["0: When", "1: Mary", "2: and", "3: John"]  # the longest prompt's tokens, as the analysis labels them
+    exact = _exact(("head_out", "resid_pre"), 4, tokens)
+    summary = {"metric": "logit_diff", "normalized": False, "clean_metric": 1.0, "corrupted_metric": 0.0,
+               "n_positions": 4}
+    many = patching_figures(_result("patching", exact, {**summary, "n_examples": 3}, exact=exact))["exact_resid_pre"]
+    one = patching_figures(_result("patching", exact, {**summary, "n_examples": 1}, exact=exact))["exact_resid_pre"]
+    try:
+        ax = many.axes[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["-4", "-3", "-2", "-1 (last)"]
+        assert "from the end" in ax.get_xlabel() and "3 prompts" in ax.get_xlabel()
+        assert [t.get_text() for t in one.axes[0].get_xticklabels()] == tokens  # one prompt: its own tokens
+    finally:
+        plt.close("all")
+
+
+def test_control_bytes_and_dollars_in_tokens_are_printable_labels_without_glyph_warnings():
+    import warnings
+
+    from headscope.reports.plots import label
+    from headscope.reports.plots_attention import top_heads_figure
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    assert label("a\x02b$c\n") == "a\\x02b\\$c\\n" and label("Ġthe é") == "Ġthe é"
+    exact = _exact(("head_out", "resid_pre"), 2, ["0: \x02", "1: $x"])
+    summary = {"metric": "logit_diff", "normalized": False, "clean_metric": 1.0, "corrupted_metric": 0.0,
+               "n_examples": 1, "n_positions": 2}
+    data = {"scale": 100, "default_score": "importance (gradient)",
+            "scores": {"importance (gradient)": [[2.5e-7, 1.2e-8], [0.0, 0.0]]},
+            "examples": [{"tokens": ["\x02", "b\x7f"], "patterns": [[[[100], [40, 60]]] * 2] * 2}]}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # matplotlib's "Glyph 2 missing from font" is a UserWarning
+            fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+            fig.canvas.draw()
+            top = top_heads_figure(data, k=2)
+            top.canvas.draw()
+        assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0: \\x02", "1: \\$x"]
+        panels = [ax for ax in top.axes if ax.get_title().startswith("L")]
+        assert [t.get_text() for t in panels[0].get_xticklabels()] == ["\\x02", "b\\x7f"]
+        # MiniLM's tiny gradient scores: 3 significant digits, never "0.00"
+        assert [ax.get_title() for ax in panels] == ["L0H0 (importance (gradient) 2.5e-07)",
+                                                     "L0H1 (importance (gradient) 1.2e-08)"]
     finally:
         plt.close("all")
