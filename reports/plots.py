@@ -14,7 +14,7 @@ The convention (seaborn's), every `headscope.reports.plots_<analysis>` module:
 Colour convention, every figure: signed quantities (ablation and patching effects, direct logit
 attribution, causal-tracing effects, circuit edges) use DIVERGING, red = positive, blue = negative,
 white = 0, with limits symmetric about 0; unsigned ones (gradient magnitudes, attention weights,
-masses, role scores) a SEQUENTIAL map from 0 (`color_scale` picks by the data). Panels that are
+masses, role scores) a SEQUENTIAL map from 0 (`color_scale`: by the quantity, else by the data). Panels that are
 compared (the patching sites, the causal traces of MLP, attention and residual) share one scale,
 and a panel whose own maximum is much smaller says so in its title. Where the values are noise
 (the model at chance on the task, summary["chance"], or every value under the numerical noise
@@ -89,11 +89,14 @@ def muted(cmap: str) -> Any:
     return ListedColormap(colours, name=f"{cmap}_muted")
 
 
-def color_scale(*arrays: Any, bound: float | None = None, quiet: bool = False) -> dict[str, Any]:
+def color_scale(*arrays: Any, bound: float | None = None, quiet: bool = False,
+                is_signed: bool | None = None) -> dict[str, Any]:
     """seaborn heatmap keywords for the convention: signed data on DIVERGING centred on 0 from -bound
-    to bound, unsigned on SEQUENTIAL from 0 to bound (bound: max |value| when None); muted when `quiet`."""
+    to bound, unsigned on SEQUENTIAL from 0 to bound (bound: max |value| when None); muted when `quiet`.
+    `is_signed`: whether the quantity is signed (an ablation effect stays signed when every value
+    happens to be >= 0); None decides from the data (`signed`)."""
     bound = bound or symmetric_bound(*arrays)
-    if signed(*arrays):
+    if signed(*arrays) if is_signed is None else is_signed:
         return {"cmap": muted(DIVERGING) if quiet else DIVERGING, "center": 0.0, "vmin": -bound, "vmax": bound}
     return {"cmap": muted(SEQUENTIAL) if quiet else SEQUENTIAL, "vmin": 0.0, "vmax": bound}
 
@@ -103,7 +106,7 @@ def quiet_reason(summary: Mapping[str, Any] | None) -> str | None:
     task (summary["chance"], analyses/core/chance.py)."""
     entry = (summary or {}).get("chance")
     if isinstance(entry, Mapping) and entry.get("at_chance") is True:
-        return "AT CHANCE: the model does not do this task; colours muted (noise, not behaviour)"
+        return "AT CHANCE: muted colours (noise, not task behaviour)"
     return None
 
 

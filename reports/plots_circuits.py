@@ -36,7 +36,7 @@ def plot_dla_heads(data: pd.DataFrame, *, ax=None):
     heads = data[data.kind == "head"].astype({"layer": int, "head": int})
     grid = heads.pivot_table(index="layer", columns="head", values="contribution", aggfunc="mean")  # [layer, head]
     bound = symmetric_bound(grid.to_numpy(dtype=float))
-    sns.heatmap(grid, ax=ax, **color_scale(np.array([-1.0]), bound=bound),  # signed: always diverging
+    sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True),
                 cbar_kws={"label": "direct logit attribution (logits)"}, xticklabels=True, yticklabels=True)
     ax.set(xlabel="head", ylabel="layer", title="Direct logit attribution per head")
     return ax

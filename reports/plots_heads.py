@@ -40,8 +40,8 @@ def plot_importance(data: pd.DataFrame, *, method: str | None = None, metric: st
                     baseline: float | None = None, degenerate: str | None = None, quiet: str | None = None,
                     normalized: bool = False, ax: Any = None) -> Any:
     """Heat map layer x head of one method's importance (`data`: the heads Result's df) in its own
-    units: signed values (ablation effects; below 0, removing the head helps) on a diverging map
-    centred on 0, unsigned ones (the gradient's |dL/d gate|) on a sequential map from 0.
+    units: ablation effects, signed (below 0, removing the head helps), on a diverging map centred
+    on 0 even when every value is >= 0; the gradient's |dL/d gate|, unsigned, on a sequential map from 0.
     `degenerate` (the summary's degenerate_<method> sentence: every value under the noise floor)
     fixes the scale to the metric's own size, max(1, |baseline|), so rounding stays white; `quiet`
     (plots.quiet_reason: the model at chance) mutes the colours; both say so in the title.
@@ -60,9 +60,9 @@ def plot_importance(data: pd.DataFrame, *, method: str | None = None, metric: st
     if degenerate and not normalized:
         bound = max(bound, 1.0 if baseline is None else max(1.0, abs(float(baseline))))
     annotate = grid.size <= 96 and grid.shape[1] <= 8  # wider grids: numbers would collide
-    sns.heatmap(grid, ax=ax, **color_scale(values, bound=bound, quiet=bool(quiet or degenerate)), annot=annotate,
-                fmt=".2g", annot_kws={"fontsize": "x-small"}, cbar_kws={"label": label}, xticklabels=True,
-                yticklabels=True)
+    scale = color_scale(values, bound=bound, quiet=bool(quiet or degenerate), is_signed=method != "gradient")
+    sns.heatmap(grid, ax=ax, **scale, annot=annotate, fmt=".2g", annot_kws={"fontsize": "x-small"},
+                cbar_kws={"label": label}, xticklabels=True, yticklabels=True)
     title = f"head importance: {METHOD_WORDS.get(method, method)}" + (" (normalised per layer)" if normalized else "")
     notes = []
     if degenerate:  # importance under the numerical floor: say so on the figure, not only in the finding

@@ -50,7 +50,7 @@ def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float 
     and adds its reason to the title."""
     own = symmetric_bound(grid.to_numpy(dtype=float))
     bound = bound or own
-    scale = color_scale(np.array([-1.0]), bound=bound, quiet=bool(quiet))  # effects are signed: always diverging
+    scale = color_scale(bound=bound, quiet=bool(quiet), is_signed=True)
     sns.heatmap(grid, ax=ax, **scale, cbar_kws={"label": label}, xticklabels=True, yticklabels=True)
     if own < 0.5 * bound:
         title += f"\n(this panel's max |value| {own:.2g}; scale shared with every site: ±{bound:.2g})"
@@ -152,12 +152,13 @@ def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patchin
 
 
 def plot_causal_trace(data: pd.DataFrame, *, kind: str = "mlp", metric: str = "task metric",
-                      roles: pd.DataFrame | None = None, bound: float | None = None, ax: Axes | None = None) -> Axes:
+                      roles: pd.DataFrame | None = None, n_prompts: int | None = 1, bound: float | None = None,
+                      ax: Axes | None = None) -> Axes:
     """Meng et al.'s figure (`data`: the causal_tracing table): average indirect effect per (token,
     layer) for one restored kind, on a diverging scale centred on 0 (an effect can be negative) shared
     across kinds via `bound`. With `roles` (the per-role table, averaged over every prompt's positions
-    of that role) the rows are the token roles, which mean the same in every prompt; otherwise one
-    prompt's positions labelled with its tokens."""
+    of that role) the rows are the token roles, which mean the same in every prompt; otherwise the
+    positions, labelled by position_labels (one prompt's tokens only when `n_prompts` is 1)."""
     ax = axes(ax)
     if roles is not None and len(roles):
         rows = roles[roles["kind"] == kind]
@@ -166,10 +167,10 @@ def plot_causal_trace(data: pd.DataFrame, *, kind: str = "mlp", metric: str = "t
     else:
         rows = data[(data["kind"] == kind) & data["pos"].notna()]
         grid = rows.pivot_table(index="pos", columns="layer", values="ie", aggfunc="mean")
-        grid.index = position_labels(rows, grid.index, 1)
-        ylabel = "position: token"
+        grid.index = position_labels(rows, grid.index, n_prompts)
+        ylabel = _position_axis(n_prompts)
     bound = bound or symmetric_bound(grid.to_numpy(dtype=float))
-    sns.heatmap(grid, ax=ax, **color_scale(np.array([-1.0]), bound=bound),
+    sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True),
                 cbar_kws={"label": f"average indirect effect ({metric})"}, yticklabels=True)
     ax.set_title(f"causal tracing: restoring {kind}")
     ax.set_xlabel("layer")
@@ -236,7 +237,7 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         ct_bound = symmetric_bound(shown.loc[shown["kind"].isin(set(trace["kind"])), "ie"].to_numpy(dtype=float))
         for kind in dict.fromkeys(trace["kind"]):
             new(f"causal_tracing_{kind}", lambda ax, kind=kind: plot_causal_trace(
-                trace, kind=kind, ax=ax, metric=metric, roles=roles, bound=ct_bound))
+                trace, kind=kind, ax=ax, metric=metric, roles=roles, n_prompts=info.get("n_examples"), bound=ct_bound))
     if paths is not None:
         new("path_patching", lambda ax: plot_path_patching(paths, ax=ax, label=label, bound=shared, quiet=quiet))
     return out

@@ -565,7 +565,7 @@ def _heads_rows(gradient, zero):
 def test_unsigned_gradient_importance_is_sequential_from_zero_and_ablation_diverging():
     from headscope.reports.plots_heads import figures as heads_figures
 
-    df = _heads_rows([[0.1, 0.9], [0.3, 0.0]], [[0.2, -0.4], [0.1, 0.0]])
+    df = _heads_rows([[0.1, 0.9], [0.3, 0.0]], [[0.2, 0.4], [0.1, 0.0]])  # ablation effects all >= 0 here: still signed
     fig = heads_figures(_result("heads", df, {"metric": "logit_diff", "baseline_metric": 3.0}))["importance"]
     try:
         gradient, zero = _panels(fig)
