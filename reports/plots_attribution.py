@@ -87,7 +87,7 @@ def plot_adversarial(data: pd.DataFrame, *, epsilon: float | str = "epsilon", ax
     return ax
 
 
-def figures(result: Result) -> dict:
+def figures(result: Result, **kwargs) -> dict:
     """The attribution figures by file stem."""
     s, perm = result.summary, result.tables["permutation"]
     plots = [("tau", lambda: plot_tau(result.df)), ("token_heatmap", lambda: plot_token_heatmap(result.tables["scores"])),

@@ -164,7 +164,7 @@ def plot_roles(data: pd.DataFrame, *, ax: Any = None) -> Any:
     return ax
 
 
-def figures(result: Any) -> dict[str, Any]:
+def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     """Every figure the Result has data for: importance, pruning_curve, best_head, l0, roles."""
     s, tables, out = result.summary, result.tables, {}
     metric, baseline = s.get("metric"), s.get("baseline_metric")

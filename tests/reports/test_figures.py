@@ -676,3 +676,25 @@ def test_control_bytes_and_dollars_in_tokens_are_printable_labels_without_glyph_
                                                      "L0H1 (importance (gradient) 1.2e-08)"]
     finally:
         plt.close("all")
+
+
+def test_every_plotting_module_follows_one_convention():
+    """#33 item 5: plot_<what>(data, *, ax=None, ...) in every plots_<analysis> module (data first, every
+    other argument keyword-only), figures(result, **kwargs), and no module of its own axes helper."""
+    import importlib
+    import inspect
+
+    for name in ANALYSES:
+        module = importlib.import_module(f"headscope.reports.plots_{name}")
+        assert not hasattr(module, "_axes"), name
+        params = list(inspect.signature(module.figures).parameters.values())
+        assert [p.kind for p in params] == [inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_KEYWORD], name
+        plots = [f for n, f in vars(module).items() if n.startswith("plot_") and inspect.isfunction(f)
+                 and f.__module__ == module.__name__]
+        assert plots, name
+        for fn in plots:
+            first, *rest = inspect.signature(fn).parameters.values()
+            where = f"{name}.{fn.__name__}"
+            assert first.name == "data" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, where
+            assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in rest), where
+            assert "ax" in {p.name for p in rest} and inspect.signature(fn).parameters["ax"].default is None, where
