@@ -1,21 +1,32 @@
-"""Figures: one entry point that dispatches to each analysis's plotting module.
+"""Figures: one entry point that dispatches to each analysis's plotting module, and the helpers
+every plotting module shares.
 
-Each analysis keeps its seaborn figures in `headscope.reports.plots_<analysis>`, exposing
-`figures(result) -> {file stem: matplotlib Figure}` (pyplot figures: in a notebook they display
-inline at the end of the cell); axes-level functions there take `ax=` and return the Axes.
-Plotting never computes analysis results.
+The convention (seaborn's), every `headscope.reports.plots_<analysis>` module:
+- axes-level functions `plot_<what>(data, *, ax=None, ...) -> Axes`: `data` is one tidy DataFrame
+  (the Result's df or one of its tables), every other argument keyword-only (the summary values the
+  figure needs, such as `metric=` or `baseline=`, passed by name); a new figure when `ax` is None
+  (`axes`);
+- figure-level functions `<what>_figure(data, *, ...) -> Figure` where a figure has several panels;
+- `figures(result) -> {file stem: Figure}`, the only function that takes a Result: it picks the
+  tables and summary values and calls the functions above. Pyplot figures: in a notebook they
+  display inline at the end of the cell. Plotting never computes analysis results.
 
 Colour convention, every figure: signed quantities (ablation and patching effects, direct logit
 attribution, causal-tracing effects, circuit edges) use DIVERGING, red = positive, blue = negative,
-white = 0, with limits symmetric about 0; panels that are compared (the patching sites, the causal
-traces of MLP, attention and residual) share one scale, and a panel whose own maximum is much
-smaller says so in its title. Unsigned quantities in [0, 1] (attention weights, masses, role
-scores) use sequential maps from 0. Values are in their own units; a normalised view is an option
-and its colour bar says so. Every head grid is layers (rows) x heads (columns).
+white = 0, with limits symmetric about 0; unsigned ones (gradient magnitudes, attention weights,
+masses, role scores) a SEQUENTIAL map from 0 (`color_scale`: by the quantity, else by the data). Panels that are
+compared (the patching sites, the causal traces of MLP, attention and residual) share one scale,
+and a panel whose own maximum is much smaller says so in its title. Where the values are noise
+(the model at chance on the task, summary["chance"], or every value under the numerical noise
+floor) the map is MUTED (`quiet_reason`) and the title says why, so noise is never drawn vivid.
+Values are in their own units; a normalised view is an option and its colour bar says so. Every
+head grid is layers (rows) x heads (columns). Text from tokens goes through `label` (mathtext `$`
+and control bytes escaped).
 """
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 # No matplotlib.use() here: importing headscope or plotting a Result never changes the user's
@@ -25,6 +36,30 @@ from typing import Any
 
 
 DIVERGING = "RdBu_r"  # signed values: red positive, blue negative, centred on 0
+SEQUENTIAL = "Reds"  # unsigned values: white at 0, red for large (the diverging map's positive half)
+MUTE = 0.7  # a muted map is the map blended this far towards white: noise stays pale
+
+
+def axes(ax: Any = None, size: tuple[float, float] = (7, 4)) -> Any:
+    """`ax`, or the Axes of a new figure of `size` inches: the one axes helper of every plot_ function."""
+    import matplotlib.pyplot as plt
+
+    return ax if ax is not None else plt.subplots(figsize=size)[1]
+
+
+def label(text: Any) -> str:
+    """A token (or any user string) as matplotlib text that shows what it is: a `$` would start
+    mathtext, and control bytes (a byte-level tokenizer's '\\x02', a newline) have no glyph, so they
+    are written as Python escapes ('\\\\x02', '\\\\n')."""
+    out = []
+    for ch in str(text):
+        if ch == "$":
+            out.append(r"\$")
+        elif ch == " " or ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(repr(ch)[1:-1])  # '\x02', '\n', '\u200b'
+    return "".join(out)
 
 
 def symmetric_bound(*arrays: Any) -> float:
@@ -34,6 +69,45 @@ def symmetric_bound(*arrays: Any) -> float:
     values = [np.abs(np.asarray(a, dtype=float)) for a in arrays]
     peak = max((float(np.nanmax(v)) for v in values if v.size and np.isfinite(v).any()), default=0.0)
     return peak if peak > 0 else 1.0
+
+
+def signed(*arrays: Any) -> bool:
+    """Whether any finite value is below 0 (signed data: diverging map), else unsigned (sequential from 0)."""
+    import numpy as np
+
+    return any(bool((np.asarray(a, dtype=float)[np.isfinite(np.asarray(a, dtype=float))] < 0).any()) for a in arrays)
+
+
+def muted(cmap: str) -> Any:
+    """`cmap` blended MUTE of the way towards white: the same hues, none vivid."""
+    import matplotlib as mpl
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    colours = mpl.colormaps[cmap](np.linspace(0, 1, 256))
+    colours[:, :3] = colours[:, :3] * (1 - MUTE) + MUTE
+    return ListedColormap(colours, name=f"{cmap}_muted")
+
+
+def color_scale(*arrays: Any, bound: float | None = None, quiet: bool = False,
+                is_signed: bool | None = None) -> dict[str, Any]:
+    """seaborn heatmap keywords for the convention: signed data on DIVERGING centred on 0 from -bound
+    to bound, unsigned on SEQUENTIAL from 0 to bound (bound: max |value| when None); muted when `quiet`.
+    `is_signed`: whether the quantity is signed (an ablation effect stays signed when every value
+    happens to be >= 0); None decides from the data (`signed`)."""
+    bound = bound or symmetric_bound(*arrays)
+    if signed(*arrays) if is_signed is None else is_signed:
+        return {"cmap": muted(DIVERGING) if quiet else DIVERGING, "center": 0.0, "vmin": -bound, "vmax": bound}
+    return {"cmap": muted(SEQUENTIAL) if quiet else SEQUENTIAL, "vmin": 0.0, "vmax": bound}
+
+
+def quiet_reason(summary: Mapping[str, Any] | None) -> str | None:
+    """Why an analysis's effects are noise, as a title line, or None: the model is at chance on the
+    task (summary["chance"], analyses/core/chance.py)."""
+    entry = (summary or {}).get("chance")
+    if isinstance(entry, Mapping) and entry.get("at_chance") is True:
+        return "AT CHANCE: muted colours (noise, not task behaviour)"
+    return None
 
 
 def setup_style() -> None:

@@ -1,7 +1,10 @@
 """The top heads' attention patterns on one example, drawn from the explorer's data (reports/explorer.py).
 
 Heads are ranked by one of the explorer's per-head scores (its default: importance when the heads
-analysis ran); each panel is a query x key heat map of attention weights (0-1), tokens as text.
+analysis ran); each panel is a query x key heat map of attention weights (0-1), tokens as text
+(plots.label). `top_heads_figure` is figure-level (one panel per head) and returns the Figure; its
+data is the explorer's dict, the one figure not drawn from a Result's tables. Scores in panel
+titles have 3 significant digits, so a small non-zero score never reads 0.00.
 """
 from __future__ import annotations
 
@@ -13,12 +16,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.reports.explorer import pattern_from_data
+from headscope.reports.plots import label
 
 MAX_LABELS = 48  # tick labels per axis; longer examples label every k-th token
-
-
-def _text(token: Any) -> str:
-    return str(token).replace("$", r"\$")  # a `$` would start mathtext
 
 
 def top_heads(data: Mapping[str, Any], score: str | None = None, k: int = 4) -> list[tuple[int, int, float]]:
@@ -48,7 +48,7 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
     heads = top_heads(data, score, k)
     if not heads or not data.get("examples"):
         return None
-    tokens = [_text(t) for t in data["examples"][example]["tokens"]]
+    tokens = [label(t) for t in data["examples"][example]["tokens"]]
     size = max(3.0, 0.16 * len(tokens) + 1.2)
     fig, axes = plt.subplots(1, len(heads), figsize=(size * len(heads), size + 0.6), squeeze=False, layout="constrained")
     name = score or data.get("default_score", "score")
@@ -61,7 +61,7 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
         ax.set_xticks(ticks, [tokens[i] for i in ticks], rotation=90)
         ax.set_yticks(ticks, [tokens[i] for i in ticks])
         ax.tick_params(labelsize=max(4, min(8, 200 / len(ticks))), length=0)
-        ax.set_title(f"L{layer}H{head} ({name} {value:.2f})", fontsize="small")
+        ax.set_title(f"L{layer}H{head} ({label(name)} {value:.3g})", fontsize="small")
         ax.set_xlabel("key (attended to)")
         ax.set_ylabel("query" if ax is axes[0][0] else "")
     fig.suptitle(f"top {len(heads)} heads by {name}: attention on example {example + 1}", fontsize="medium")

@@ -1,20 +1,21 @@
 """Figures of the circuits analysis: the logit lens (layer x position), DLA per head (layers x
 heads), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size, MIB's
-faithfulness curve (CPR, CMD) and the circuit graph of the strongest edges."""
+faithfulness curve (CPR, CMD) and the circuit graph of the strongest edges.
+
+reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables."""
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from headscope.reports.plots import DIVERGING, symmetric_bound
+from headscope.reports.plots import axes, color_scale, label, symmetric_bound
 
 
-def lens_heatmap(lens: pd.DataFrame, ax=None, value: str = "logprob"):
-    """Mean over examples of the lens target's log-probability (or "rank") at each layer (block
+def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
+    """`data`: the lens table. Mean over examples of the lens target's log-probability (or "rank") at each layer (block
     input; the last row is the model's output) and position."""
-    ax = ax or plt.gca()
+    ax, lens = axes(ax, (7, 4)), data
     grid = lens.pivot_table(index="layer", columns="position", values=value, aggfunc="mean")
     stages = lens.drop_duplicates("layer").set_index("layer").stage if "stage" in lens else None
     label = {"logprob": "log-probability of the target (nats)", "rank": "rank of the target (0 = top-1)",
@@ -28,14 +29,14 @@ def lens_heatmap(lens: pd.DataFrame, ax=None, value: str = "logprob"):
     return ax
 
 
-def dla_head_heatmap(dla_mean: pd.DataFrame, ax=None):
-    """Mean DLA of each head, layers (rows) x heads (columns) like every head grid, on a diverging
+def plot_dla_heads(data: pd.DataFrame, *, ax=None):
+    """`data`: the dla_mean table. Mean DLA of each head, layers (rows) x heads (columns) like every head grid, on a diverging
     scale centred at 0 (red: writes toward the answer)."""
-    ax = ax or plt.gca()
-    heads = dla_mean[dla_mean.kind == "head"].astype({"layer": int, "head": int})
+    ax = axes(ax, (6, 4))
+    heads = data[data.kind == "head"].astype({"layer": int, "head": int})
     grid = heads.pivot_table(index="layer", columns="head", values="contribution", aggfunc="mean")  # [layer, head]
     bound = symmetric_bound(grid.to_numpy(dtype=float))
-    sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0.0, vmin=-bound, vmax=bound,
+    sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True),
                 cbar_kws={"label": "direct logit attribution (logits)"}, xticklabels=True, yticklabels=True)
     ax.set(xlabel="head", ylabel="layer", title="Direct logit attribution per head")
     return ax
@@ -44,11 +45,11 @@ def dla_head_heatmap(dla_mean: pd.DataFrame, ax=None):
 ZERO = 1e-5  # a kind whose |contribution| stays below this fraction of the largest is 0 up to rounding
 
 
-def dla_component_bars(dla: pd.DataFrame, ax=None):
-    """DLA of the embeddings, each MLP, the attention biases and the final norm/unembedding bias
+def plot_dla_components(data: pd.DataFrame, *, ax=None):
+    """`data`: the dla table. DLA of the embeddings, each MLP, the attention biases and the final norm/unembedding bias
     terms (mean and 95% CI over examples)."""
-    ax = ax or plt.gca()
-    rows = dla[dla.kind != "head"]
+    ax = axes(ax, (8, 4))
+    rows = data[data.kind != "head"]
     floor = ZERO * float(rows.contribution.abs().max() or 0.0)  # float32 rounding of the largest writer
     silent = rows.groupby("kind", sort=False).contribution.apply(lambda c: bool((c.abs() <= floor).all()))
     zero = [str(k) for k, v in silent.items() if v]  # e.g. bias terms of a model without biases
@@ -64,10 +65,10 @@ def dla_component_bars(dla: pd.DataFrame, ax=None):
     return ax
 
 
-def faithfulness_curve(sweep: pd.DataFrame, ax=None, target: float = 0.8):
-    """Faithfulness of the top-k circuit against k (log scale), with the range of the random
+def plot_faithfulness(data: pd.DataFrame, *, target: float = 0.8, ax=None):
+    """`data`: the faithfulness table. Faithfulness of the top-k circuit against k (log scale), with the range of the random
     circuits of the same size as a band and their mean as a dashed line."""
-    ax = ax or plt.gca()
+    ax, sweep = axes(ax, (8, 4)), data
     top = sweep[sweep.circuit == "top"].sort_values("k")
     rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.agg(["min", "max", "mean"]).sort_index()
     x_top, x_rand = np.maximum(top.k.to_numpy(), 0.5), np.maximum(rand.index.to_numpy(), 0.5)
@@ -84,10 +85,10 @@ def faithfulness_curve(sweep: pd.DataFrame, ax=None, target: float = 0.8):
     return ax
 
 
-def mib_curve(mib: pd.DataFrame, ax=None, cpr: float | None = None, cmd: float | None = None):
-    """MIB's faithfulness curve: f of the top p of the edges against p (0.1% ... 100%, log-scaled
+def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None = None, ax=None):
+    """`data`: the mib table. MIB's faithfulness curve: f of the top p of the edges against p (0.1% ... 100%, log-scaled
     x for legibility; MIB's areas are over linear p), the area under it (CPR) shaded."""
-    ax = ax or plt.gca()
+    ax, mib = axes(ax, (8, 4)), data
     x, f = mib.fraction.to_numpy() * 100, mib.faithfulness.to_numpy()
     ax.fill_between(x, 0.0, f, color="C0", alpha=0.2, label="CPR: area under f" + (f" = {cpr:.3f}" if cpr is not None else ""))
     ax.plot(x, f, marker="o", color="C0", label="top-p% edges")
@@ -119,12 +120,12 @@ def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
     return float(layer), float(head.lstrip("h"))
 
 
-def circuit_graph(edges: pd.DataFrame, ax=None, n_edges: int = 30):
-    """The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
+def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, ax=None):
+    """`data`: the edges table. The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
     negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
     A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
     value input of key-value head g at (layer - 0.35, g - 0.3), labelled on its left)."""
-    ax = ax or plt.gca()
+    ax, edges = axes(ax, (8, 5)), data
     top = edges.reindex(edges.score.abs().sort_values(ascending=False).index).head(n_edges)
     names = list(top.sender) + list(top.receiver)
     heads = [int(n.split(".")[1].lstrip("hkv")) for n in names if n.startswith("a")]
@@ -149,7 +150,7 @@ def circuit_graph(edges: pd.DataFrame, ax=None, n_edges: int = 30):
         marker = "s" if node.startswith("m") else ("D" if node in ("input", "logits") else "o")
         ax.scatter([x], [y], marker=marker, s=60, color="black", zorder=3)
         left = ".kv" in node  # a KV head's label to its left, a query head's to its right: they never meet
-        ax.annotate(node, (x, y), textcoords="offset points", xytext=(-5 if left else 5, -3 if left else 3),
+        ax.annotate(label(node), (x, y), textcoords="offset points", xytext=(-5 if left else 5, -3 if left else 3),
                     ha="right" if left else "left", va="top" if left else "bottom", fontsize=7)
     ax.set(xlabel="layer (input left, logits right; MLPs at y = -1)", ylabel="head",
            title=f"Circuit: {len(top)} strongest edges (solid: into v / MLP / logits, dashed: k, dotted: q)")
@@ -158,25 +159,19 @@ def circuit_graph(edges: pd.DataFrame, ax=None, n_edges: int = 30):
 
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a circuits Result (whichever of its tables are present)."""
+    tables, s = result.tables, result.summary
+    draws = {
+        "circuits_lens": ("lens", plot_lens),
+        "circuits_dla_heads": ("dla_mean", plot_dla_heads),
+        "circuits_dla_components": ("dla", plot_dla_components),
+        "circuits_faithfulness": ("faithfulness", plot_faithfulness),
+        "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"))),
+        "circuits_graph": ("edges", plot_circuit_graph),
+    }
     out = {}
-    tables = result.tables
-    draws = []
-    if "lens" in tables:
-        draws.append(("circuits_lens", lambda ax: lens_heatmap(tables["lens"], ax), (7, 4)))
-    if "dla_mean" in tables:
-        draws.append(("circuits_dla_heads", lambda ax: dla_head_heatmap(tables["dla_mean"], ax), (6, 4)))
-    if "dla" in tables:
-        draws.append(("circuits_dla_components", lambda ax: dla_component_bars(tables["dla"], ax), (8, 4)))
-    if "faithfulness" in tables:
-        draws.append(("circuits_faithfulness", lambda ax: faithfulness_curve(tables["faithfulness"], ax), (8, 4)))
-    if "mib" in tables:
-        s = result.summary
-        draws.append(("circuits_mib", lambda ax: mib_curve(tables["mib"], ax, s.get("mib_cpr"), s.get("mib_cmd")), (8, 4)))
-    if "edges" in tables:
-        draws.append(("circuits_graph", lambda ax: circuit_graph(tables["edges"], ax), (8, 5)))
-    for stem, draw, size in draws:
-        fig, ax = plt.subplots(figsize=size)
-        draw(ax)
-        fig.tight_layout()
-        out[stem] = fig
+    for stem, (table, draw) in draws.items():
+        if table in tables:
+            ax = draw(tables[table])
+            ax.figure.tight_layout()
+            out[stem] = ax.figure
     return out

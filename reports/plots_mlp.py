@@ -1,17 +1,20 @@
 """Figures of the mlp analysis: key-value agreement per layer, the Task's largest sub-updates,
-and the top-neuron table as escaped HTML (trigger prompts and tokens may hold markup)."""
+and the top-neuron table as escaped HTML (trigger prompts and tokens may hold markup).
+
+reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables."""
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from headscope.reports.plots import axes
 from headscope.reports.render import escape
 
 
-def agreement_plot(agreement: pd.DataFrame, ax=None):
-    """Per layer: agreement with the top trigger, with any of the top-k, and the shuffled baseline."""
-    ax = ax or plt.gca()
+def plot_agreement(data: pd.DataFrame, *, ax=None):
+    """Per layer (`data`: the agreement table): agreement with the top trigger, with any of the top-k,
+    and the shuffled baseline."""
+    ax, agreement = axes(ax, (8, 4)), data
     names = {"agreement": "top trigger", "agreement_any": "any of top k triggers", "agreement_shuffled": "shuffled (control)"}
     long = agreement.melt(id_vars="layer", value_vars=list(names), var_name="measure", value_name="fraction")
     long["measure"] = long["measure"].map(names)
@@ -23,9 +26,10 @@ def agreement_plot(agreement: pd.DataFrame, ax=None):
     return ax
 
 
-def top_neurons_plot(top_neurons: pd.DataFrame, ax=None):
-    """Mean ||m_i v_i|| at the Task's answer position for the top neurons, labelled L<layer>.N<neuron>."""
-    ax = ax or plt.gca()
+def plot_top_neurons(data: pd.DataFrame, *, ax=None):
+    """Mean ||m_i v_i|| at the Task's answer position for the top neurons (`data`: the top_neurons table),
+    labelled L<layer>.N<neuron>."""
+    ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     data = top_neurons.assign(neuron_id=[f"L{layer}.N{n}" for layer, n in zip(top_neurons.layer, top_neurons.neuron)])
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax, palette="viridis")
     ax.set(xlabel="mean L2 norm of the update m_i v_i at the answer", ylabel="neuron (L layer . N index)",
@@ -48,10 +52,9 @@ def top_neurons_html(top_neurons: pd.DataFrame, columns=("layer", "neuron", "tas
 
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for an mlp Result."""
-    fig1, ax1 = plt.subplots(figsize=(8, 4))
-    agreement_plot(result.tables["agreement"], ax1)
-    fig1.tight_layout()
-    fig2, ax2 = plt.subplots(figsize=(7, max(3, 0.25 * len(result.tables["top_neurons"]))))
-    top_neurons_plot(result.tables["top_neurons"], ax2)
-    fig2.tight_layout()
-    return {"mlp_agreement": fig1, "mlp_top_neurons": fig2}
+    out = {}
+    for stem, draw in (("mlp_agreement", plot_agreement), ("mlp_top_neurons", plot_top_neurons)):
+        ax = draw(result.tables[stem.removeprefix("mlp_")])
+        ax.figure.tight_layout()
+        out[stem] = ax.figure
+    return out

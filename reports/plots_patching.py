@@ -1,51 +1,61 @@
 """Figures of the `patching` analysis: heatmaps, attribution-vs-exact scatter, causal traces.
 
-Axes-level functions take `ax=` and return the Axes; `figures(result)` draws every figure the
-result's tables allow. Position axes are labelled "i: token" from the first prompt; token
-strings are shown as text (mathtext `$` escaped), never interpreted. Colour scales show the share
-of the clean-corrupted gap (1 = clean behaviour fully restored when denoising), the unit the guide
-text uses; a raw metric is shown only where the summary has no gap to divide by. Every exact
-map shares one diverging scale centred on 0 (a q or pattern site at 0.003 of the gap looks pale
-next to head_out at 0.3, with its own max in the title); causal traces of several prompts are
-drawn by token role, shared across the restored kinds.
+reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy
+tables; `figures(result)` draws every figure the tables allow. Positions are labelled "i: token"
+for one prompt; for several (mixed lengths are left-padded, so position i means a different token
+in each prompt) by their place from the end, "-1 (last)", "-2", ..., which means the same in every
+prompt, never one prompt's tokens under an average. Token strings go through plots.label. Colour
+scales show the share of the clean-corrupted gap (1 = clean behaviour fully restored when
+denoising), the unit the guide text uses; a raw metric is shown only where the summary has no gap
+to divide by. Every exact map and the path-patching map share one diverging scale centred on 0 (a q
+or pattern site at 0.003 of the gap looks pale next to head_out at 0.3, with its own max in the
+title); at chance (plots.quiet_reason) the maps are muted and say so. Causal traces of several
+prompts are drawn by token role, shared across the restored kinds.
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from headscope.reports.plots import DIVERGING, symmetric_bound
+from headscope.reports.plots import axes, color_scale, label, quiet_reason, symmetric_bound
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 BY_HEAD = ("head_out", "q", "k", "v", "pattern")
-
-
-def _text(label: object) -> str:
-    """A token label safe for matplotlib (a `$` would start mathtext)."""
-    return str(label).replace("$", r"\$")
-
-
-def _axes(ax: Axes | None) -> Axes:
-    return ax if ax is not None else plt.subplots(figsize=(7, 4))[1]
-
-
 KV_SITES = ("k", "v")  # their head index is the KV head (grouped-query attention shares one among query heads)
 NORMALISED = "share of the clean-corrupted gap"
 
 
-def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float | None = None) -> Axes:
+def position_labels(rows: pd.DataFrame, positions, n_prompts: int | None, n_positions: int | None = None) -> list[str]:
+    """Tick labels for patched positions (left-padded: the last position is every prompt's last
+    token): "i: token" when there is one prompt, else the place from the end, "-1 (last)", "-2", ...
+    (the table's tokens are one prompt's, wrong under an average over prompts of other tokens)."""
+    if n_prompts == 1:
+        tokens = rows.drop_duplicates("pos").set_index("pos")["token"]
+        return [label(tokens[p]) for p in positions]
+    end = int(n_positions) if n_positions else int(max(positions)) + 1
+    return [f"{int(p) - end} (last)" if int(p) == end - 1 else str(int(p) - end) for p in positions]
+
+
+def _position_axis(n_prompts: int | None) -> str:
+    return "position: token" if n_prompts == 1 else f"position from the end (mean over {n_prompts or 'the'} prompts)"
+
+
+def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float | None = None,
+             quiet: str | None = None) -> Axes:
     """Diverging heat map centred on 0 with limits -bound..bound (the panel's own max |value| when None);
-    a panel whose own max is under half the shared bound prints it in the title."""
+    a panel whose own max is under half the shared bound prints it in the title; `quiet` mutes the map
+    and adds its reason to the title."""
     own = symmetric_bound(grid.to_numpy(dtype=float))
     bound = bound or own
-    sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0, vmin=-bound, vmax=bound, cbar_kws={"label": label},
-                xticklabels=True, yticklabels=True)
+    scale = color_scale(bound=bound, quiet=bool(quiet), is_signed=True)
+    sns.heatmap(grid, ax=ax, **scale, cbar_kws={"label": label}, xticklabels=True, yticklabels=True)
     if own < 0.5 * bound:
         title += f"\n(this panel's max |value| {own:.2g}; scale shared with every site: ±{bound:.2g})"
+    if quiet:
+        title += f"\n{quiet}"
     ax.set_title(title, fontsize="medium")
     return ax
 
@@ -66,46 +76,48 @@ def _normalised(df: pd.DataFrame, divisor: float, columns: tuple[str, ...] = ("e
     return df.assign(**{c: df[c] / divisor for c in columns if c in df}) if divisor != 1.0 else df
 
 
-def layer_pos_heatmap(df: pd.DataFrame, site_type: str = "resid_pre", *, column: str = "effect", ax: Axes | None = None,
-                      label: str | None = None, bound: float | None = None) -> Axes:
-    """Layer x position heatmap of one (layer, pos) site type, columns labelled with tokens."""
-    ax = _axes(ax)
-    rows = df[df["site_type"] == site_type]
+def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: str = "effect",
+                   n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
+                   bound: float | None = None, quiet: str | None = None, ax: Axes | None = None) -> Axes:
+    """Layer x position heatmap of one (layer, pos) site type (`data`: the exact table); positions
+    labelled by position_labels."""
+    ax = axes(ax)
+    rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index="layer", columns="pos", values=column, aggfunc="mean")
-    labels = rows.drop_duplicates("pos").set_index("pos")["token"]
-    grid.columns = [_text(labels[p]) for p in grid.columns]
-    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound)
-    ax.set_xlabel("position: token (first prompt)")
+    grid.columns = position_labels(rows, grid.columns, n_prompts, n_positions)
+    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet)
+    ax.set_xlabel(_position_axis(n_prompts))
     ax.set_ylabel("layer")
     return ax
 
 
-def layer_head_heatmap(df: pd.DataFrame, site_type: str = "head_out", *, column: str = "effect", ax: Axes | None = None,
-                       label: str | None = None, bound: float | None = None) -> Axes:
-    """Layer x head heatmap of one (layer, head) site type; k and v are per KV head."""
-    ax = _axes(ax)
-    rows = df[(df["site_type"] == site_type) & df["pos"].isna()]
+def plot_layer_head(data: pd.DataFrame, *, site_type: str = "head_out", column: str = "effect",
+                    label: str | None = None, bound: float | None = None, quiet: str | None = None,
+                    ax: Axes | None = None) -> Axes:
+    """Layer x head heatmap of one (layer, head) site type (`data`: the exact table); k and v are per KV head."""
+    ax = axes(ax)
+    rows = data[(data["site_type"] == site_type) & data["pos"].isna()]
     grid = rows.pivot_table(index="layer", columns="head", values=column, aggfunc="mean")
     grid.columns = [int(h) for h in grid.columns]  # a head index, even after a float round trip through CSV
     unit = "KV head" if site_type in KV_SITES else "head"
-    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column, bound)
+    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column, bound, quiet)
     ax.set_xlabel(unit)
     ax.set_ylabel("layer")
     return ax
 
 
-def head_pos_heatmap(df: pd.DataFrame, site_type: str = "head_out_by_pos", *, column: str = "effect",
-                     ax: Axes | None = None, label: str | None = None, bound: float | None = None) -> Axes:
-    """(layer, head) x position heatmap of per-position head patching, columns labelled with tokens."""
-    ax = _axes(ax)
-    rows = df[df["site_type"] == site_type]
+def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", column: str = "effect",
+                  n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
+                  bound: float | None = None, quiet: str | None = None, ax: Axes | None = None) -> Axes:
+    """(layer, head) x position heatmap of per-position head patching (`data`: the exact table)."""
+    ax = axes(ax)
+    rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index=["layer", "head"], columns="pos", values=column, aggfunc="mean")
-    labels = rows.drop_duplicates("pos").set_index("pos")["token"]
-    grid.columns = [_text(labels[p]) for p in grid.columns]
+    grid.columns = position_labels(rows, grid.columns, n_prompts, n_positions)
     grid.index = [f"L{int(layer)}H{int(head)}" for layer, head in grid.index]
-    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound)
+    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet)
     ax.tick_params(axis="y", labelsize=max(4, min(9, 300 / max(1, len(grid)))))
-    ax.set_xlabel("position: token (first prompt)")
+    ax.set_xlabel(_position_axis(n_prompts))
     ax.set_ylabel("head (L layer H head)")
     return ax
 
@@ -121,15 +133,16 @@ def site_slopes(df: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def attribution_scatter(df: pd.DataFrame, *, ax: Axes | None = None, label: str = "exact patching effect") -> Axes:
-    """Attribution-patching estimate against the exact effect, one point per cell, by site type; the
-    identity line, and each site type's fitted slope in the legend (a high correlation can hide a 2x error)."""
-    ax = _axes(ax)
-    slopes = site_slopes(df)
-    named = df.assign(site=[f"{t} (slope {slopes[t]:.2f})" if t in slopes else str(t) for t in df["site_type"]])
+def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patching effect", ax: Axes | None = None) -> Axes:
+    """Attribution-patching estimate against the exact effect (`data`: the exact table with its
+    attribution column), one point per cell, by site type; the identity line, and each site type's
+    fitted slope in the legend (a high correlation can hide a 2x error)."""
+    ax = axes(ax)
+    slopes = site_slopes(data)
+    named = data.assign(site=[f"{t} (slope {slopes[t]:.2f})" if t in slopes else str(t) for t in data["site_type"]])
     sns.scatterplot(data=named, x="effect", y="attribution", hue="site", ax=ax, s=20, alpha=0.7)
-    lo = float(min(df["effect"].min(), df["attribution"].min()))
-    hi = float(max(df["effect"].max(), df["attribution"].max()))
+    lo = float(min(data["effect"].min(), data["attribution"].min()))
+    hi = float(max(data["effect"].max(), data["attribution"].max()))
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, linestyle="--", label="y = x (exact)")
     ax.set_xlabel(f"exact: {label}")
     ax.set_ylabel("attribution-patching estimate (same units)")
@@ -138,26 +151,26 @@ def attribution_scatter(df: pd.DataFrame, *, ax: Axes | None = None, label: str 
     return ax
 
 
-def causal_trace_heatmap(df: pd.DataFrame, kind: str = "mlp", *, ax: Axes | None = None, metric: str = "task metric",
-                         roles: pd.DataFrame | None = None, bound: float | None = None) -> Axes:
-    """Meng et al.'s figure: average indirect effect per (token, layer) for one restored kind, on a
-    diverging scale centred on 0 (an effect can be negative) shared across kinds via `bound`. With
-    `roles` (the per-role table, averaged over every prompt's positions of that role) the rows are the
-    token roles, which mean the same in every prompt; otherwise positions labelled with the first
-    prompt's tokens (right only for one prompt, or prompts that share their tokens)."""
-    ax = _axes(ax)
+def plot_causal_trace(data: pd.DataFrame, *, kind: str = "mlp", metric: str = "task metric",
+                      roles: pd.DataFrame | None = None, n_prompts: int | None = 1, bound: float | None = None,
+                      ax: Axes | None = None) -> Axes:
+    """Meng et al.'s figure (`data`: the causal_tracing table): average indirect effect per (token,
+    layer) for one restored kind, on a diverging scale centred on 0 (an effect can be negative) shared
+    across kinds via `bound`. With `roles` (the per-role table, averaged over every prompt's positions
+    of that role) the rows are the token roles, which mean the same in every prompt; otherwise the
+    positions, labelled by position_labels (one prompt's tokens only when `n_prompts` is 1)."""
+    ax = axes(ax)
     if roles is not None and len(roles):
         rows = roles[roles["kind"] == kind]
         grid = rows.pivot_table(index="role", columns="layer", values="ie", aggfunc="mean", sort=False)
         ylabel = "token role (mean over every prompt)"
     else:
-        rows = df[(df["kind"] == kind) & df["pos"].notna()]
+        rows = data[(data["kind"] == kind) & data["pos"].notna()]
         grid = rows.pivot_table(index="pos", columns="layer", values="ie", aggfunc="mean")
-        labels = rows.drop_duplicates("pos").set_index("pos")["token"]
-        grid.index = [_text(labels[p]) for p in grid.index]
-        ylabel = "position: token (first prompt)"
+        grid.index = position_labels(rows, grid.index, n_prompts)
+        ylabel = _position_axis(n_prompts)
     bound = bound or symmetric_bound(grid.to_numpy(dtype=float))
-    sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0, vmin=-bound, vmax=bound,
+    sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True),
                 cbar_kws={"label": f"average indirect effect ({metric})"}, yticklabels=True)
     ax.set_title(f"causal tracing: restoring {kind}")
     ax.set_xlabel("layer")
@@ -165,13 +178,15 @@ def causal_trace_heatmap(df: pd.DataFrame, kind: str = "mlp", *, ax: Axes | None
     return ax
 
 
-def path_heatmap(df: pd.DataFrame, *, ax: Axes | None = None, label: str = "effect") -> Axes:
-    """Sender layer x sender head effect of path patching (receivers jointly, or averaged)."""
-    ax = _axes(ax)
-    grid = df.pivot_table(index="sender_layer", columns="sender_head", values="effect", aggfunc="mean")
+def plot_path_patching(data: pd.DataFrame, *, label: str = "effect", bound: float | None = None,
+                       quiet: str | None = None, ax: Axes | None = None) -> Axes:
+    """Sender layer x sender head effect of path patching (`data`: the path_patching table; receivers
+    jointly, or averaged), on the exact maps' shared scale when `bound` is given."""
+    ax = axes(ax)
+    grid = data.pivot_table(index="sender_layer", columns="sender_head", values="effect", aggfunc="mean")
     grid.columns = [int(h) for h in grid.columns]
-    receiver = ", ".join(sorted(set(df["receiver"])))[:40]
-    _heatmap(grid, ax, f"path patching: sender head -> {receiver}", label)
+    receiver = ", ".join(sorted(set(data["receiver"])))[:40]
+    _heatmap(grid, ax, f"path patching: sender head -> {receiver}", label, bound, quiet)
     ax.set_xlabel("sender head")
     ax.set_ylabel("sender layer")
     return ax
@@ -180,44 +195,49 @@ def path_heatmap(df: pd.DataFrame, *, ax: Axes | None = None, label: str = "effe
 def figures(result, **kwargs) -> dict[str, Figure]:
     """Every figure the result's tables allow, by file stem."""
     out: dict[str, Figure] = {}
-    tables = dict(result.tables)
-    divisor, label = scale(dict(result.summary))
+    tables, summary = dict(result.tables), dict(result.summary)
+    divisor, label = scale(summary)
+    quiet = quiet_reason(summary)
+    where = {"n_prompts": summary.get("n_examples"), "n_positions": summary.get("n_positions")}
     exact = tables.get("exact")
     if exact is not None:
         exact = _normalised(exact, divisor, ("effect", "attribution"))
+    paths = tables.get("path_patching")
+    if paths is not None:
+        paths = _normalised(paths, divisor)
+    # one scale for every site's map and the path-patching map
+    shared = symmetric_bound(*(t["effect"].to_numpy(dtype=float) for t in (exact, paths) if t is not None))
 
     def new(stem: str, draw, size: tuple[float, float] = (7, 4)) -> None:
-        fig, ax = plt.subplots(figsize=size)
-        draw(ax)
-        fig.tight_layout()
-        out[stem] = fig
+        ax = draw(axes(None, (size[0], size[1] + 0.3 * bool(quiet))))
+        ax.figure.tight_layout()
+        out[stem] = ax.figure
 
     if exact is not None:
         present = set(exact["site_type"])
-        shared = symmetric_bound(exact["effect"].to_numpy(dtype=float))  # one scale for every site's map
+        common = {"label": label, "bound": shared, "quiet": quiet}
         for st in BY_POS:
             if st in present:
-                new(f"exact_{st}", lambda ax, st=st: layer_pos_heatmap(exact, st, ax=ax, label=label, bound=shared))
+                new(f"exact_{st}", lambda ax, st=st: plot_layer_pos(exact, site_type=st, ax=ax, **where, **common))
         for st in BY_HEAD:
             if st in present:
-                new(f"exact_{st}", lambda ax, st=st: layer_head_heatmap(exact, st, ax=ax, label=label, bound=shared))
+                new(f"exact_{st}", lambda ax, st=st: plot_layer_head(exact, site_type=st, ax=ax, **common))
         if "head_out_by_pos" in present:
             n_rows = exact.loc[exact["site_type"] == "head_out_by_pos", ["layer", "head"]].drop_duplicates().shape[0]
-            new("exact_head_out_by_pos", lambda ax: head_pos_heatmap(exact, ax=ax, label=label, bound=shared),
+            new("exact_head_out_by_pos", lambda ax: plot_head_pos(exact, ax=ax, **where, **common),
                 (7, max(4.0, 0.16 * n_rows + 1.5)))
         if "attribution" in exact:
-            new("attribution_vs_exact", lambda ax: attribution_scatter(exact, ax=ax, label=label), (8, 4.5))
+            new("attribution_vs_exact", lambda ax: plot_attribution_vs_exact(exact, ax=ax, label=label), (8, 4.5))
     trace = tables.get("causal_tracing")
     if trace is not None:
-        info = dict(result.summary).get("causal_tracing", {})
+        info = summary.get("causal_tracing", {})
         metric = info.get("metric", "task metric")
         roles = tables.get("causal_tracing_roles") if info.get("n_examples", 1) > 1 else None
         shown = trace if roles is None else roles
         ct_bound = symmetric_bound(shown.loc[shown["kind"].isin(set(trace["kind"])), "ie"].to_numpy(dtype=float))
         for kind in dict.fromkeys(trace["kind"]):
-            new(f"causal_tracing_{kind}", lambda ax, kind=kind: causal_trace_heatmap(
-                trace, kind, ax=ax, metric=metric, roles=roles, bound=ct_bound))
-    paths = tables.get("path_patching")
+            new(f"causal_tracing_{kind}", lambda ax, kind=kind: plot_causal_trace(
+                trace, kind=kind, ax=ax, metric=metric, roles=roles, n_prompts=info.get("n_examples"), bound=ct_bound))
     if paths is not None:
-        new("path_patching", lambda ax: path_heatmap(_normalised(paths, divisor), ax=ax, label=label))
+        new("path_patching", lambda ax: plot_path_patching(paths, ax=ax, label=label, bound=shared, quiet=quiet))
     return out

@@ -1,7 +1,8 @@
 """Figures of the `position` analysis: the U-curve, attention onto the gold span, sink mass.
 
-Axes-level functions take `ax=` and return the Axes; `figures(result)` gives every figure by
-file stem. Plotting reads the Result's tables only; nothing is computed from the model here.
+reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy
+tables, summary values by keyword; `figures(result)` gives every figure by file stem. Plotting
+reads the Result's tables only; nothing is computed from the model here.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.errors import ConfigError
+from headscope.reports.plots import axes
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
           "probability": "answer probability", "rank": "answer rank", "exact": "exact greedy answer",
@@ -22,21 +24,14 @@ MARKERS = ("o", "s", "^", "D", "v", "P")
 DASHES = ("-", "--", ":", "-.")
 
 
-def _axes(ax: Any) -> Any:
-    return ax if ax is not None else plt.subplots(figsize=(6, 4))[1]
-
-
-def _primary(result: Any) -> str:
-    return result.summary.get("primary_metric", "accuracy")
-
-
-def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str, ...] = ("full",), ax: Any = None,
-               title: str | None = None) -> Any:
-    """Metric against gold position (1-based slot) with bootstrap 95% intervals: the U-curve. The
-    default title gives min(middle) / max(ends), or says the curve is flat."""
-    ax = _axes(ax)
-    metric = metric or _primary(result)
-    curve = result.tables["curve"]
+def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tuple[str, ...] = ("full",),
+               n_items: int | None = None, ratio: float | None = None, title: str | None = None, ax: Any = None) -> Any:
+    """Metric against gold position (1-based slot) with bootstrap 95% intervals (`data`: the curve
+    table; metric: its first when None): the U-curve. The default title gives `ratio`, min(middle) /
+    max(ends) (the summary's ratio_middle_to_ends), or says the curve is flat."""
+    ax = axes(ax, (6, 4))
+    curve = data
+    metric = metric or str(curve["metric"].iloc[0])
     data = curve[(curve["metric"] == metric) & curve["condition"].isin(conditions)]
     if data.empty:
         raise ConfigError(f"no curve for metric {metric!r} and conditions {conditions}; "
@@ -48,9 +43,8 @@ def plot_curve(result: Any, *, metric: str | None = None, conditions: tuple[str,
                 linestyle=DASHES[i % len(DASHES)], markersize=7 - i % 3, linewidth=2.2 - 0.5 * (i % 3))
         ax.fill_between(g["position"], g["ci_low"], g["ci_high"], color=color, alpha=0.2)
     ax.set_xticks(sorted(data["position"].unique()))
-    ax.set_xlabel(f"gold position (of {result.summary.get('n_items', '?')})")
+    ax.set_xlabel(f"gold position (of {n_items if n_items is not None else '?'})")
     ax.set_ylabel(LABELS.get(metric, metric))
-    ratio = result.summary.get("ratio_middle_to_ends", {}).get(metric)
     lo, hi = float(data["mean"].min()), float(data["mean"].max())
     if title is None and hi - lo < 0.02:
         title = f"flat: {metric} {lo:.2f}-{hi:.2f} at every gold position (position makes no difference)"
@@ -75,26 +69,27 @@ def _verdict(curve: pd.DataFrame) -> str:
     return "\n95% bands of the middle and an end overlap: no U-shape shown"
 
 
-def plot_gold_attention(result: Any, *, reduce: str = "max", ax: Any = None) -> Any:
-    """Heat map layer x gold position of the attention mass onto the gold span (max or mean over heads)."""
-    ax = _axes(ax)
-    table = result.tables["gold_attention"]
+def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", ax: Any = None) -> Any:
+    """Heat map layer x gold position of the attention mass onto the gold span (`data`: the
+    gold_attention table; max or mean over heads), on a sequential map from 0."""
+    ax = axes(ax, (6, 4))
+    table = data
     grid = table.groupby(["layer", "position"])["mass"].agg(reduce).unstack("position")  # [layer, position]
-    sns.heatmap(grid, ax=ax, cmap="viridis", annot=grid.shape[1] <= 10, fmt=".2f", cbar_kws={"label": "attention mass"})
+    sns.heatmap(grid, ax=ax, cmap="viridis", vmin=0, annot=grid.shape[1] <= 10, fmt=".2f", cbar_kws={"label": "attention mass"})
     ax.set_xlabel("gold position")
     ax.set_ylabel("layer")
     ax.set_title(f"attention onto the gold span ({reduce} over heads)")
     return ax
 
 
-def plot_sink_mass(result: Any, *, ax: Any = None) -> Any:
-    """Per layer, the mass on the first n_sink tokens, against the uniform baseline."""
-    ax = _axes(ax)
-    sinks = result.tables["sinks"]
+def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, ax: Any = None) -> Any:
+    """Per layer, the mass on the first `n_sink` tokens (`data`: the sinks table), against the uniform baseline."""
+    ax = axes(ax, (6, 4))
+    sinks = data
     sns.barplot(data=sinks, x="layer", y="sink_mass", ax=ax, color=sns.color_palette()[0])
     baseline = float(sinks["baseline"].iloc[0])
     ax.axhline(baseline, color="black", linestyle="--", label="uniform attention")
-    ax.set_ylabel(f"attention mass on the first {result.summary.get('n_sink', '?')} token(s) (0-1)")
+    ax.set_ylabel(f"attention mass on the first {n_sink if n_sink is not None else '?'} token(s) (0-1)")
     ax.set_ylim(0, min(1.0, 1.25 * max(float(sinks["sink_mass"].max()), baseline)) or 1.0)  # bars fill the axis
     ax.set_title("attention sink per layer")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
@@ -103,18 +98,22 @@ def plot_sink_mass(result: Any, *, ax: Any = None) -> Any:
 
 def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     """{file stem: Figure}: position_curve, position_gold_attention, position_sinks (+ position_streaming)."""
+    s, tables = result.summary, result.tables
+    primary = s.get("primary_metric", "accuracy")
+    common = {"n_items": s.get("n_items"), "ratio": (s.get("ratio_middle_to_ends") or {}).get(primary)}
     figs = {}
-    for stem, draw in (("position_curve", plot_curve), ("position_gold_attention", plot_gold_attention),
-                       ("position_sinks", plot_sink_mass)):
+    for stem, draw in (("position_curve", lambda ax: plot_curve(tables["curve"], metric=primary, ax=ax, **common)),
+                       ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax)),
+                       ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"), ax=ax))):
         fig, ax = plt.subplots(figsize=(7, 4))
-        draw(result, ax=ax)
+        draw(ax)
         fig.tight_layout()
         figs[stem] = fig
-    masked = result.tables.get("masked", pd.DataFrame())
+    masked = tables.get("masked", pd.DataFrame())
     if len(masked):
         fig, ax = plt.subplots(figsize=(8, 4))
-        plot_curve(result, metric="logprob", conditions=("full", *masked["condition"].unique()), ax=ax,
-                   title="full context vs streaming windows (sinks + recent tokens)")
+        plot_curve(tables["curve"], metric="logprob", conditions=("full", *masked["condition"].unique()),
+                   n_items=s.get("n_items"), ax=ax, title="full context vs streaming windows (sinks + recent tokens)")
         fig.tight_layout()
         figs["position_streaming"] = fig
     return figs

@@ -368,7 +368,8 @@ def test_run_on_a_task_file_and_figures(tiny_models, tmp_path):
     figs = figures(res)
     assert {"exact_resid_pre", "exact_head_out", "attribution_vs_exact", "path_patching"} <= set(figs)
     labels = [t.get_text() for t in figs["exact_resid_pre"].axes[0].get_xticklabels()]
-    assert labels[0] == "0: <bos>"
+    n = max(model.to_tokens(x["prompt"]).shape[1] for x in lines)  # two prompts, other tokens: places from the end
+    assert labels == [str(p - n) for p in range(n - 1)] + ["-1 (last)"]
 
 
 # ------------------------------------------------------------------------------ zoo model

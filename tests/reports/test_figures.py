@@ -164,7 +164,10 @@ def test_importance_figure_draws_both_methods(results, figures):
     methods = list(dict.fromkeys(df["method"]))
     assert methods == ["gradient", "zero"]
     panels = [ax for ax in figures["heads"]["importance"].axes if ax.get_label() != "<colorbar>"]
-    assert [ax.get_title() for ax in panels] == ["head importance: gradient |dL/d gate|", "head importance: zero ablation"]
+    assert [ax.get_title().split("\n")[0] for ax in panels] == ["head importance: gradient |dL/d gate|",
+                                                                "head importance: zero ablation"]
+    at_chance = results["heads"].summary["chance"]["at_chance"]  # this random model: at chance, muted and said so
+    assert all(("AT CHANCE" in ax.get_title()) == at_chance for ax in panels)
     for ax, method in zip(panels, methods):  # raw units by default (the per-layer normalised view is an option)
         grid = df[df["method"] == method].pivot(index="layer", columns="head", values="importance")
         np.testing.assert_allclose(heat(ax), grid.to_numpy(dtype=float), rtol=1e-6)
@@ -366,18 +369,17 @@ def test_head_importance_is_raw_and_diverging_about_zero_normalised_only_when_as
     raw = np.array([[0.02, -0.05, 0.01], [0.3, 0.0, -0.1]])  # [layer, head]: a signed ablation effect
     rows = [{"layer": l, "head": h, "method": "zero", "importance": raw[l, h],
              "importance_layer_norm": raw[l, h] / np.linalg.norm(raw[l])} for l in range(2) for h in range(3)]
-    result = _result("heads", pd.DataFrame(rows), {"metric": "logit_diff"})
-    ax = plot_importance(result)
+    ax = plot_importance(pd.DataFrame(rows), metric="logit_diff")
     try:
         np.testing.assert_allclose(heat(ax), raw)  # rows are layers, columns heads, values in metric units
         assert ax.get_ylabel() == "layer" and ax.get_xlabel() == "head"
         assert _norm(ax) == ("diverging", -0.3, 0.3)  # diverging, centred on 0
         assert colorbar_label(ax) == "drop in logit difference (answer - wrong)"
-        normalised = plot_importance(result, normalized=True, ax=plt.subplots()[1])
+        normalised = plot_importance(pd.DataFrame(rows), metric="logit_diff", normalized=True, ax=plt.subplots()[1])
         np.testing.assert_allclose(heat(normalised), raw / np.linalg.norm(raw, axis=1, keepdims=True))
         assert "normalised" in colorbar_label(normalised) and "normalised" in normalised.get_title()
-        rounding = _result("heads", pd.DataFrame(rows), {"metric": "logit_diff", "degenerate_zero": "below the floor"})
-        assert "ROUNDING ONLY" in plot_importance(rounding, ax=plt.subplots()[1]).get_title()
+        rounding = plot_importance(pd.DataFrame(rows), metric="logit_diff", degenerate="below the floor", ax=plt.subplots()[1])
+        assert "ROUNDING ONLY" in rounding.get_title()
     finally:
         plt.close("all")
 
@@ -429,11 +431,11 @@ def test_causal_traces_of_many_prompts_are_drawn_by_role_on_one_diverging_scale(
 
 
 def test_dla_per_head_is_layers_by_heads_like_every_head_grid():
-    from headscope.reports.plots_circuits import dla_head_heatmap
+    from headscope.reports.plots_circuits import plot_dla_heads
 
     dla = pd.DataFrame([{"kind": "head", "layer": l, "head": h, "component": f"L{l}H{h}", "contribution": 10 * l + h - 5}
                         for l in range(2) for h in range(3)])
-    ax = dla_head_heatmap(dla, plt.subplots()[1])
+    ax = plot_dla_heads(dla, ax=plt.subplots()[1])
     try:
         np.testing.assert_allclose(heat(ax), [[-5, -4, -3], [5, 6, 7]])  # [layer, head]
         assert (ax.get_ylabel(), ax.get_xlabel()) == ("layer", "head") and _norm(ax) == ("diverging", -7, 7)
@@ -451,11 +453,11 @@ def test_equal_curves_stay_visible_by_marker_and_dash():
 
     curve = pd.DataFrame([{"condition": c, "metric": "logprob", "position": p, "mean": -1.0, "ci_low": -1.1, "ci_high": -0.9}
                           for c in ("full", "window", "sinks+window") for p in (1, 2, 3)])
-    ax = plot_curve(_result("position", summary={"n_items": 3}, curve=curve), metric="logprob",
+    ax = plot_curve(curve, n_items=3, metric="logprob",
                     conditions=("full", "window", "sinks+window"), ax=plt.subplots()[1])
     prune = pd.DataFrame([{"ordering": o, "recompute": r, "fraction_pruned": f, "metric": 1.0 - f, "seed": 0}
                           for o, r in (("gradient", False), ("gradient", True)) for f in (0.0, 0.25, 0.5)])
-    ax2 = plot_pruning_curve(_result("heads", prune, {"metric": "logit_diff"}), ax=plt.subplots()[1])
+    ax2 = plot_pruning_curve(prune, metric="logit_diff", ax=plt.subplots()[1])
     try:
         for styles in (_styles(ax), _styles(ax2)):  # the lines lie on one another: each needs its own look
             assert len(styles) >= 2 and len(set(styles)) == len(styles), styles
@@ -468,13 +470,13 @@ def _overlap(a, b) -> bool:
 
 
 def test_circuit_graph_labels_of_a_kv_head_and_a_query_head_do_not_collide():
-    from headscope.reports.plots_circuits import circuit_graph
+    from headscope.reports.plots_circuits import plot_circuit_graph
 
     edges = pd.DataFrame({"sender": ["input", "input", "a0.h1", "a0.kv1"],
                           "receiver": ["a0.kv1.v", "a0.h1.q", "logits", "logits"], "score": [0.5, -0.4, 0.3, 0.2]})
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
-        circuit_graph(edges, ax)
+        plot_circuit_graph(edges, ax=ax)
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}
@@ -486,25 +488,25 @@ def test_circuit_graph_labels_of_a_kv_head_and_a_query_head_do_not_collide():
 
 
 def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_legend():
-    from headscope.reports.plots_circuits import dla_component_bars
+    from headscope.reports.plots_circuits import plot_dla_components
     from headscope.reports.plots_heads import plot_l0
-    from headscope.reports.plots_kv import eviction_plot
+    from headscope.reports.plots_kv import plot_eviction
 
     sweep = pd.DataFrame({"lambda": [0.01, 0.03, 0.1], "heads_kept": [8, 8, 3], "metric_binary": [2.0, 2.0, 1.0],
                           "metric": [2.0, 2.0, 1.1]})
-    ax = plot_l0(_result("heads", summary={"metric": "logit_diff", "baseline_metric": 2.0}, l0=sweep), ax=plt.subplots()[1])
+    ax = plot_l0(sweep, metric="logit_diff", baseline=2.0, ax=plt.subplots()[1])
     dla = pd.DataFrame([{"kind": k, "component": f"{k}{i}", "contribution": v, "example": e}
                         for k, i, v in (("embed", 0, 1.0), ("mlp", 0, 0.5), ("attn_bias", 0, 8e-7), ("unembed_bias", 0, 0.0),
                                         ("remainder", 0, 2e-5))  # 8e-7 of 1.0 is rounding; 2e-5 is kept
                         for e in range(3)])
-    bars = dla_component_bars(dla, plt.subplots()[1])
+    bars = plot_dla_components(dla, ax=plt.subplots()[1])
     kv = pd.DataFrame([{"policy": p, "budget": b, "example": e, "metric": 1.0} for p, b in (("full", 8), ("window", 4))
                        for e in range(3)])
     try:
         assert sorted(t.get_text() for t in ax.texts) == ["λ=0.01, 0.03", "λ=0.1"]
         assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
-        evicted = eviction_plot(kv, plt.subplots()[1], "logit_diff")
+        evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
         assert evicted.get_ylabel() == "logit difference (logits) at the answer"
         whole = [line for line in evicted.get_lines() if line.get_label() == "whole context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
@@ -531,13 +533,168 @@ def test_position_curve_title_claims_a_u_shape_only_when_the_bands_separate():
         return pd.DataFrame([{"condition": "full", "metric": "accuracy", "position": p, "mean": m, "ci_low": lo,
                               "ci_high": hi} for p, (m, lo, hi) in enumerate(bands, 1)])
 
-    summary = {"n_items": 3, "ratio_middle_to_ends": {"accuracy": 0.52 / 0.67}}
+    where = {"n_items": 3, "ratio": 0.52 / 0.67}
     overlap = curve([(0.67, 0.4, 0.9), (0.52, 0.25, 0.8), (0.55, 0.3, 0.8)])  # MiniLM's 8 examples
     separate = curve([(0.9, 0.85, 0.95), (0.4, 0.3, 0.5), (0.8, 0.7, 0.9)])
     try:
-        title = plot_curve(_result("position", summary=summary, curve=overlap), ax=plt.subplots()[1]).get_title()
+        title = plot_curve(overlap, **where, ax=plt.subplots()[1]).get_title()
         assert title == "min(middle) / max(ends) = 0.78\n95% bands of the middle and an end overlap: no U-shape shown"
-        title = plot_curve(_result("position", summary=summary, curve=separate), ax=plt.subplots()[1]).get_title()
+        title = plot_curve(separate, **where, ax=plt.subplots()[1]).get_title()
         assert title.endswith("U-shape: the middle's 95% band lies below both ends'")
     finally:
         plt.close("all")
+
+
+# ---- noise never vivid, honest labels (#34 figure defects) ---------------------------------------
+def _saturation(ax, value) -> float:
+    """max - min of the RGB channels the map gives `value` (0 for grey or white, ~0.7 for a vivid red)."""
+    mesh = ax.collections[0]
+    rgb = np.asarray(mesh.cmap(mesh.norm(value)))[:3]
+    return float(rgb.max() - rgb.min())
+
+
+def _panels(fig):
+    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+
+
+def _heads_rows(gradient, zero):
+    return pd.DataFrame([{"layer": l, "head": h, "method": m, "importance": v[l][h], "importance_layer_norm": 0.0}
+                         for m, v in (("gradient", gradient), ("zero", zero)) for l in range(2) for h in range(2)])
+
+
+def test_unsigned_gradient_importance_is_sequential_from_zero_and_ablation_diverging():
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    df = _heads_rows([[0.1, 0.9], [0.3, 0.0]], [[0.2, 0.4], [0.1, 0.0]])  # ablation effects all >= 0 here: still signed
+    fig = heads_figures(_result("heads", df, {"metric": "logit_diff", "baseline_metric": 3.0}))["importance"]
+    try:
+        gradient, zero = _panels(fig)
+        mesh = gradient.collections[0]
+        assert (mesh.norm.vmin, mesh.norm.vmax) == (0.0, 0.9)  # from 0 to the largest |dL/d gate|
+        assert _saturation(gradient, 0.0) < 0.1 and _saturation(gradient, 0.9) > 0.35  # near-white at 0, dark red at the top
+        assert _norm(zero) == ("diverging", -0.4, 0.4)
+        assert "AT CHANCE" not in gradient.get_title() + zero.get_title()
+    finally:
+        plt.close("all")
+
+
+def test_heads_at_chance_or_under_the_noise_floor_are_not_drawn_vivid():
+    """A random model at chance: its ablation effects are muted and say why; MiniLM-like gradients of
+    1e-8..2e-7 under the noise floor go on the metric's own scale (white), not stretched to full colour."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    df = _heads_rows([[1e-8, 2e-7], [5e-8, 0.0]], [[0.04, -0.05], [0.01, 0.0]])
+    summary = {"metric": "logit_diff", "baseline_metric": 0.02, "noise_floor": 3e-5, "degenerate_gradient": "below",
+               "chance": {"at_chance": True, "reason": "the 95% CI contains chance"}}
+    fig = heads_figures(_result("heads", df, summary))["importance"]
+    try:
+        gradient, zero = _panels(fig)
+        assert gradient.collections[0].norm.vmax == 1.0  # max(1, |baseline|): the metric's size
+        assert _saturation(gradient, 2e-7) < 0.05  # as pale as 0 (the unmuted map's 0 is 0.06)
+        assert "ROUNDING ONLY" in gradient.get_title() and "±1" in gradient.get_title()
+        assert "AT CHANCE" in zero.get_title() and "AT CHANCE" in gradient.get_title()
+        assert _saturation(zero, 0.05) < 0.2 and _saturation(zero, -0.05) < 0.2  # RdBu_r's own ends: 0.40, 0.36
+    finally:
+        plt.close("all")
+
+
+def _exact(sites, n_pos=0, tokens=()):
+    rows = [{"site_type": "head_out", "layer": l, "head": h, "pos": None, "token": "", "effect": 0.4 * (l - h)}
+            for l in range(2) for h in range(2)]
+    rows += [{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "token": tokens[p], "effect": 0.1 * p}
+             for l in range(2) for p in range(n_pos)] if "resid_pre" in sites else []
+    return pd.DataFrame(rows)
+
+
+def test_path_patching_shares_the_exact_scale_and_is_muted_at_chance():
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    exact = _exact(("head_out",))
+    paths = pd.DataFrame([{"sender_layer": l, "sender_head": h, "receiver": "logits", "effect": 0.05 * (h - l)}
+                          for l in range(2) for h in range(2)])
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "clean_metric": 1.0,
+               "corrupted_metric": 0.0}
+    figs = patching_figures(_result("patching", exact, summary, exact=exact, path_patching=paths))
+    quiet = patching_figures(_result("patching", exact, {**summary, "chance": {"at_chance": True}}, exact=exact,
+                                     path_patching=paths))
+    try:
+        path = figs["path_patching"].axes[0]
+        assert _norm(path) == ("diverging", -0.4, 0.4)  # head_out's ±0.4, not its own ±0.05
+        assert "this panel's max |value| 0.05" in path.get_title()
+        assert "AT CHANCE" not in path.get_title()
+        for stem in ("path_patching", "exact_head_out"):
+            ax = quiet[stem].axes[0]
+            assert "AT CHANCE" in ax.get_title() and _saturation(ax, 0.4) < 0.2
+    finally:
+        plt.close("all")
+
+
+def test_patching_positions_of_several_prompts_are_counted_from_the_end_not_one_prompts_tokens():
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    tokens = ["0: When", "1: Mary", "2: and", "3: John"]  # the longest prompt's tokens, as the analysis labels them
+    exact = _exact(("head_out", "resid_pre"), 4, tokens)
+    summary = {"metric": "logit_diff", "normalized": False, "clean_metric": 1.0, "corrupted_metric": 0.0,
+               "n_positions": 4}
+    many = patching_figures(_result("patching", exact, {**summary, "n_examples": 3}, exact=exact))["exact_resid_pre"]
+    one = patching_figures(_result("patching", exact, {**summary, "n_examples": 1}, exact=exact))["exact_resid_pre"]
+    try:
+        ax = many.axes[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["-4", "-3", "-2", "-1 (last)"]
+        assert "from the end" in ax.get_xlabel() and "3 prompts" in ax.get_xlabel()
+        assert [t.get_text() for t in one.axes[0].get_xticklabels()] == tokens  # one prompt: its own tokens
+    finally:
+        plt.close("all")
+
+
+def test_control_bytes_and_dollars_in_tokens_are_printable_labels_without_glyph_warnings():
+    import warnings
+
+    from headscope.reports.plots import label
+    from headscope.reports.plots_attention import top_heads_figure
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    assert label("a\x02b$c\n") == "a\\x02b\\$c\\n" and label("Ġthe é") == "Ġthe é"
+    exact = _exact(("head_out", "resid_pre"), 2, ["0: \x02", "1: $x"])
+    summary = {"metric": "logit_diff", "normalized": False, "clean_metric": 1.0, "corrupted_metric": 0.0,
+               "n_examples": 1, "n_positions": 2}
+    data = {"scale": 100, "default_score": "importance (gradient)",
+            "scores": {"importance (gradient)": [[2.5e-7, 1.2e-8], [0.0, 0.0]]},
+            "examples": [{"tokens": ["\x02", "b\x7f"], "patterns": [[[[100], [40, 60]]] * 2] * 2}]}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # matplotlib's "Glyph 2 missing from font" is a UserWarning
+            fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+            fig.canvas.draw()
+            top = top_heads_figure(data, k=2)
+            top.canvas.draw()
+        assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0: \\x02", "1: \\$x"]
+        panels = [ax for ax in top.axes if ax.get_title().startswith("L")]
+        assert [t.get_text() for t in panels[0].get_xticklabels()] == ["\\x02", "b\\x7f"]
+        # MiniLM's tiny gradient scores: 3 significant digits, never "0.00"
+        assert [ax.get_title() for ax in panels] == ["L0H0 (importance (gradient) 2.5e-07)",
+                                                     "L0H1 (importance (gradient) 1.2e-08)"]
+    finally:
+        plt.close("all")
+
+
+def test_every_plotting_module_follows_one_convention():
+    """#33 item 5: plot_<what>(data, *, ax=None, ...) in every plots_<analysis> module (data first, every
+    other argument keyword-only), figures(result, **kwargs), and no module of its own axes helper."""
+    import importlib
+    import inspect
+
+    for name in ANALYSES:
+        module = importlib.import_module(f"headscope.reports.plots_{name}")
+        assert not hasattr(module, "_axes"), name
+        params = list(inspect.signature(module.figures).parameters.values())
+        assert [p.kind for p in params] == [inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_KEYWORD], name
+        plots = [f for n, f in vars(module).items() if n.startswith("plot_") and inspect.isfunction(f)
+                 and f.__module__ == module.__name__]
+        assert plots, name
+        for fn in plots:
+            first, *rest = inspect.signature(fn).parameters.values()
+            where = f"{name}.{fn.__name__}"
+            assert first.name == "data" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, where
+            assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in rest), where
+            assert "ax" in {p.name for p in rest} and inspect.signature(fn).parameters["ax"].default is None, where
