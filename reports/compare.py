@@ -28,7 +28,7 @@ from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
 from headscope.reports.findings import finding, t_interval, wilson
 from headscope.reports.html_report import CSS, _provenance
-from headscope.reports.plots import DIVERGING, symmetric_bound
+from headscope.reports.plots import color_scale, symmetric_bound
 from headscope.reports.provenance import provenance_lines, section_provenance
 from headscope.reports.render import escape, figure_png
 
@@ -122,6 +122,7 @@ def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
         return "", []
     grids = [None if g is None else g[0] for g in found]
     whats = [None if g is None else g[1] for g in found]
+    methods = [g[2] for g in found if g is not None]
     same = all(g is not None for g in grids) and grids[0].shape == grids[1].shape and whats[0] == whats[1]
     panels = [(f"{side}: {what}", g) for side, g, what in zip(SIDES, grids, whats) if g is not None]
     bound = symmetric_bound(*[g.to_numpy(dtype=float) for g in grids if g is not None])  # A and B: one scale
@@ -131,7 +132,8 @@ def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
     for ax, (title, grid) in zip(axes[0], panels):
         diff = title == "B - A"
         limit = symmetric_bound(grid.to_numpy(dtype=float)) if diff else bound
-        sns.heatmap(grid, ax=ax, cmap=DIVERGING, center=0, vmin=-limit, vmax=limit,
+        unsigned = not diff and all(m == "gradient" for m in methods)  # |dL/d gate|: sequential from 0
+        sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), bound=limit, is_signed=not unsigned),
                     cbar_kws={"label": "change in importance (B - A)" if diff else "importance (its own units)"},
                     xticklabels=True, yticklabels=True)
         ax.set(title=title, xlabel="head", ylabel="layer")
