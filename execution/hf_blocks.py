@@ -14,7 +14,11 @@ What the engines need inside such a block enters through light torch hooks on th
 modules: the heads' z is the input of the attention's output projection (read for a capture,
 edited for gates), the keys and values of this call go through a one-call stand-in for the KV
 cache (prepending the captured keys and values before a resumed position), and the last block's
-MLP branch is cut to the last position (the residual add broadcasts). The last block's attention
+MLP branch is cut to the last position (the residual add broadcasts). q and k for patterns on
+demand (`qk`) come from the layer run up to its attention function, with an attention
+implementation (registered with Hugging Face's AttentionInterface) that raises with its inputs:
+q and k after rotary and q/k norms, the layer's own mask, scale and score soft-cap. Positional
+call arguments (GPT-2's blocks) are bound to the layer's parameter names. The last block's attention
 still runs every query (that saving stays with the hand-written blocks). resume.supports checks
 every use against a full pass before anything relies on it. The copies do not fire torch hooks
 registered on the Hugging Face modules, so resumed passes use them only while

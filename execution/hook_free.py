@@ -3,7 +3,7 @@
 The TransformerBridge reimplements attention and materialises every layer's [batch, head, q, k]
 pattern, so a plain pass through it costs several times Hugging Face's SDPA pass in memory. Where
 the hook-free blocks (fast_blocks, else the model's own layers, hf_blocks) reproduce a model's
-pass (resume.supports(model).fast_capture: any dtype, every layer with the same mask), a pass
+pass (resume.supports(model).fast_capture: any dtype, each layer with its own mask), a pass
 with no hook attached runs them instead, with the fused attention kernel: the bridge embeds the
 tokens and builds the masks and rotary tables (resume._block_calls: each layer its own, so
 Gemma 2/3's sliding and full layers both apply), every block runs as plain

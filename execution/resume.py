@@ -240,11 +240,14 @@ def record_block(block, x: torch.Tensor, args: tuple, kwargs: dict, cache, layer
 
 
 def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
-                  attention_mask: torch.Tensor | None) -> Checkpoint | None:
+                  attention_mask: torch.Tensor | None, *, given: Checkpoint | None = None,
+                  start: int = 0) -> Checkpoint | None:
     """capture through the hook-free blocks: the bridge runs up to block 0 (embedding, mask,
     rotary tables), then every block runs as plain tensor code, filling a fresh cache. None
     when that does not apply (no plan; a mask the blocks do not handle). Each layer gets its own
-    arguments (_block_calls: sliding and full layers their own masks)."""
+    arguments (_block_calls: sliding and full layers their own masks). given, start: the blocks
+    from `start` on only, entered with `given`'s input there, its earlier blocks' inputs and keys
+    and values kept (the supports check's replay; raises where block 0's input differs)."""
     plans = _fast_plan(model)
     if plans is None:
         return None
@@ -260,7 +263,15 @@ def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
                 swapped[id(call)] = _with_cache(*call, cache)
         calls = [swapped[id(call)] for call in calls]
         resid, z = [], {}
+        if given is not None:
+            if not torch.allclose(x, given.resid[0].to(x.device)):
+                raise AssertionError("block 0's input differs from the bridge's")
+            x, resid = given.resid[start], list(given.resid[:start])
+            for i in range(start):
+                cache.update(given.kv.layers[i].keys, given.kv.layers[i].values, i)
         for i, block in enumerate(plans):
+            if i < start:
+                continue
             resid.append(x)
             out = record_block(block, x, *calls[i], cache, i)
             if out is None:
@@ -503,10 +514,12 @@ def supports(model) -> Support:
 
 
 def _check(model) -> Support:
-    """The checks behind `supports`, for about the cost of two plain passes of two 6-token prompts:
-    one bridge pass to compare with (the capture), every resume from the one block `_check_start`
-    (the last block, or the earliest that still leaves every kind of block after it), and one
-    hook-free capture compared block by block with the bridge's."""
+    """The checks behind `supports`, for about the cost of 1.5 plain passes of two 6-token prompts
+    (benchmarks/first_call.py): one bridge pass to compare with (the capture), then everything
+    from the one block `_check_start` (the last block, or the earliest that still leaves every kind
+    of block after it): four resumes with every saving at once (each saving on its own only where
+    one fails), and the hook-free capture replayed from there, compared block by block with the
+    bridge's."""
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.facts.d_vocab, (2, 6), generator=gen).to(model.device)
     start = _check_start(model)
@@ -543,25 +556,36 @@ def _check(model) -> Support:
     def run(**kwargs):
         return resume(model, ckpt, start, rows, **kwargs)
 
-    ok = holds("resuming", lambda: (run(last_only=lo, fast=False) for lo in (True, False)))
-    shortcut = ok and holds("the z shortcut", lambda: (run(z=z, last_only=lo, fast=False) for lo in (True, False)))
-    prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
-        run(from_pos=p, z=z if shortcut and p == 3 else None, fast=False) for p in (3, 5)))
-    fast = ok and _fast_plan(model) is not None and holds("hook-free blocks", lambda: (
-        run(fast=True, last_only=lo, from_pos=3 if prefix and not lo else 0, z=z if shortcut and not lo else None)
-        for lo in (True, False)))
+    plan = _fast_plan(model)
+    # all savings at once first (4 resumes); only where one of them fails, each on its own (the
+    # sequence below says which to turn off)
+    quick = ckpt.kv is not None and plan is not None and holds("resuming", lambda: (
+        run(fast=fast, z=z, from_pos=3 if lo else 0, last_only=lo) for fast in (False, True) for lo in (True, False)))
+    if quick:
+        failed.clear()
+        ok = shortcut = prefix = fast = True
+    else:
+        failed.clear()
+        ok = holds("resuming", lambda: (run(last_only=lo, fast=False) for lo in (True, False)))
+        shortcut = ok and holds("the z shortcut", lambda: (run(z=z, last_only=lo, fast=False) for lo in (True, False)))
+        prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
+            run(from_pos=p, z=z if shortcut and p == 3 else None, fast=False) for p in (3, 5)))
+        fast = ok and plan is not None and holds("hook-free blocks", lambda: (
+            run(fast=True, last_only=lo, from_pos=3 if prefix and not lo else 0, z=z if shortcut and not lo else None)
+            for lo in (True, False)))
 
     def from_quick_capture():
-        quick = capture(model, tokens, z_layers=[start], fast=True)
+        # the hook-free capture replayed from block `start` on the bridge's input there (blocks
+        # before it are of kinds checked after it), with the blocks' own call arguments; block
+        # 0's input and every later block's input compared with the bridge's
+        quick = _capture_fast(model, tokens, [start], None, given=ckpt, start=start)
+        if quick is None:  # arguments the hook-free blocks do not handle
+            raise _NotApplicable
         for i, (a, b) in enumerate(zip(quick.resid, ckpt.resid)):  # every block's input, not only the logits
             diff = (a - b).abs().max().item()
             if diff > tol:
                 raise AssertionError(f"block {i}'s input differs by {diff:.3g}")
         yield quick.logits[rows].unsqueeze(1)
-        quick_logits = last_logits(model, tokens)  # the differentiable pass
-        if quick_logits is None:  # hook-free blocks do not apply to the whole pass (e.g. mixed attention types)
-            raise _NotApplicable
-        yield quick_logits[rows].unsqueeze(1)
         yield resume(model, quick, start, rows, fast=True, from_pos=3 if prefix else 0,
                      z=take(quick.z[start], rows) if shortcut else None)
 

@@ -2,14 +2,15 @@
 
 A pass through the TransformerBridge materialises every layer's [batch, head, q, k] pattern, the
 largest activation of a long prompt, even when one head of one layer is wanted. Where the hook-free
-blocks run a model's pass (execution.hook_free: float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX
-blocks), the pass runs the fused attention kernel and the requested patterns are recomputed from
-the layer's post-rotary q and k, its mask (causal, padding, sliding window) and scale, with grouped
-KV heads mapped to their query heads, a chunk of queries at a time: memory is the requested pattern
-plus one chunk's scores. `attention_pattern` stops the pass at the layer; `capture` and
-`run_with_cache` take this route when only patterns and scores are requested (no hook attached),
-running the rest of the pass for its output. Elsewhere (other architectures such as Gemma 2, half
-precision, hooks attached) the bridge's own pattern is read, which is exact but not memory-light.
+blocks run a model's pass (execution.hook_free: the hand-written blocks, else the model's own
+layers, any dtype), the pass runs the fused attention kernel and the requested patterns are
+recomputed from the layer's post-rotary q and k, its mask (causal, padding, sliding window), scale
+and score soft-cap (Gemma 2), with grouped KV heads mapped to their query heads, a chunk of queries
+at a time: memory is the requested pattern plus one chunk's scores. `attention_pattern` stops the
+pass at the layer; `capture` and `run_with_cache` take this route when only patterns and scores
+are requested (no hook attached), running the rest of the pass for its output. Elsewhere (hooks
+attached, a model whose hook-free pass does not apply) the bridge's own pattern is read, which is
+exact but not memory-light.
 """
 from __future__ import annotations
 
