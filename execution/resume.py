@@ -210,17 +210,21 @@ def _block_calls(model, tokens: torch.Tensor, attention_mask: torch.Tensor | Non
             return args[0] if args else kwargs["hidden_states"]
         return run
 
+    saved = [vars(block).get("forward") for block in blocks]  # e.g. an offloading wrapper, put back below
     for i, block in enumerate(blocks):
         # an instance attribute of the bridge block itself (its __setattr__ would pass it on to
-        # the Hugging Face layer), deleted below
+        # the Hugging Face layer)
         object.__setattr__(block, "forward", stand_in(i == len(blocks) - 1))
     try:  # the bridge's own pass: model(...) would try the hook-free pass, which lands here again
         model.bridge_forward(tokens, attention_mask=attention_mask)
     except _Pass:
         pass
     finally:
-        for block in blocks:
-            vars(block).pop("forward", None)
+        for block, old in zip(blocks, saved):
+            if old is None:
+                vars(block).pop("forward", None)
+            else:
+                object.__setattr__(block, "forward", old)
     if len(got) != len(blocks):
         return None
     split = [_split_call(args, kwargs) for args, kwargs in got]
