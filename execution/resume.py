@@ -563,9 +563,10 @@ def _check(model) -> Support:
     plan = _fast_plan(model)
     # all savings at once first (4 resumes); only where one of them fails, each on its own (the
     # sequence below says which to turn off)
-    quick = ckpt.kv is not None and plan is not None and holds("resuming", lambda: (
-        run(fast=fast, z=z, from_pos=3 if lo else 0, last_only=lo) for fast in (False, True) for lo in (True, False)))
-    if quick:
+    at_once = ckpt.kv is not None and plan is not None and holds("resuming", lambda: (
+        run(fast=hook_free, z=z, from_pos=3 if lo else 0, last_only=lo)
+        for hook_free in (False, True) for lo in (True, False)))
+    if at_once:
         failed.clear()
         ok = shortcut = prefix = fast = True
     else:
