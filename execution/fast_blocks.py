@@ -1,6 +1,6 @@
 """Hook-free decoder blocks for resumed passes: the same arithmetic as a block, without the bridge.
 
-A resumed pass (hooks/resume) often runs blocks that no hook looks at: every block after an
+A resumed pass (execution/resume) often runs blocks that no hook looks at: every block after an
 ablated head or a patched activation. Through the TransformerBridge each such block costs about
 a millisecond of Python (hook points, wrappers) besides its arithmetic, which dominates the
 small passes of a patching sweep. `plan` returns, for an architecture it knows, a `Block` per
@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from headscope.errors import ConfigError
 from headscope.execution import block_shape
 from headscope.execution.rows import take
 
@@ -72,10 +71,11 @@ def plan(model) -> list[Block] | None:
     if any(p.dtype != torch.float32 for p in model.bridge.parameters()):
         return None  # half precision: HF's eager attention rounds differently (softmax in float32)
     try:
-        return [build(layer, out_proj(block), block_shape.is_parallel(block))
-                for layer, block in zip(layers, model.bridge.blocks)]
-    except (AttributeError, ValueError):  # a variant without the expected modules
+        out = [build(layer, out_proj(block), block_shape.is_parallel(block))
+               for layer, block in zip(layers, model.bridge.blocks)]
+    except AttributeError:  # a variant without the expected modules
         return None
+    return None if any(b is None for b in out) else out  # None: a variant the builder cannot run
 
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
@@ -129,8 +129,9 @@ def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return torch.matmul(p, v).view(n, n_heads, q_len, d_head)
 
 
-def _llama_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool) -> Block:
-    """Pre-norm RMSNorm, separate q/k/v projections with rotary tables, gated MLP."""
+def _llama_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool) -> Block | None:
+    """Pre-norm RMSNorm, separate q/k/v projections with rotary tables, gated MLP; None for
+    projection sizes that are not whole heads."""
     attn, mlp = _raw(layer.self_attn), _raw(layer.mlp)
     ln1, ln2 = _raw(layer.input_layernorm), _raw(layer.post_attention_layernorm)
     q_proj, k_proj, v_proj = (_raw(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj"))
@@ -138,13 +139,13 @@ def _llama_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool
     d_head = int(attn.head_dim)
     n_heads, n_kv = q_proj.out_features // d_head, k_proj.out_features // d_head
     if n_heads * d_head != q_proj.out_features or n_kv * d_head != k_proj.out_features:
-        raise ConfigError("unexpected projection sizes")
+        return None
 
     def project(h: torch.Tensor, args: tuple, kwargs: dict, last_query: bool):
         n, q_len, _ = h.shape
         cos, sin = kwargs["position_embeddings"]  # [n or 1, q, d_head]
         if cos.shape[-1] != d_head:
-            raise ConfigError("partial rotary embeddings are not supported here")
+            return None  # partial rotary embeddings: the bridge's block runs
         k = _rotate(k_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2), cos, sin)  # [n, kv, q, d_head]
         v = v_proj(h).view(n, q_len, n_kv, d_head).transpose(1, 2)
         if last_query:
@@ -158,12 +159,12 @@ def _llama_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool
                   shape=(n_heads, n_kv, d_head), scaling=float(attn.scaling), parallel=parallel)
 
 
-def _gpt2_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool) -> Block:
+def _gpt2_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool) -> Block | None:
     """Pre-norm LayerNorm, one fused q/k/v projection (Conv1D), learned positions (in the
-    embedding), plain MLP; attention mask passed positionally."""
+    embedding), plain MLP; attention mask passed positionally. None for cross-attention blocks."""
     attn, mlp = _raw(layer.attn), _raw(layer.mlp)
     if getattr(attn, "is_cross_attention", False) or hasattr(layer, "crossattention"):
-        raise ConfigError("cross-attention blocks are not supported here")
+        return None
     c_attn, c_fc, c_proj, act = _raw(attn.c_attn), _raw(mlp.c_fc), _raw(mlp.c_proj), mlp.act
     n_heads, d_head = int(attn.num_heads), int(attn.head_dim)
     d_model = n_heads * d_head
@@ -199,7 +200,7 @@ def _neox_block(layer: torch.nn.Module, o_proj: torch.nn.Module, parallel: bool)
         n, q_len, _ = h.shape
         cos, sin = kwargs["position_embeddings"]  # [n or 1, q, rotary dims] (odd rotary_ndims: rounded up, as HF)
         if cos.shape[-1] > d_head:
-            raise ConfigError("unexpected rotary table width")
+            return None  # an unexpected rotary table width: the bridge's block runs
         q, k, v = qkv(h).view(n, q_len, n_heads, 3 * d_head).transpose(1, 2).chunk(3, dim=-1)  # [n, head, q, d_head]
         k = _rotate_part(k, cos, sin)
         if last_query:
@@ -219,7 +220,8 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
            shape: tuple[int, int, int], scaling: float, parallel: bool = False) -> Block:
     """A pre-norm block from its parts: attention o(attention(ln1(x))), then the residual sums
     and the MLP (`residual`: sequential or parallel). project(h, args, kwargs, last_query) -> q
-    [n, head, q', d_head], k and v [n, kv, q, d_head]."""
+    [n, head, q', d_head], k and v [n, kv, q, d_head], or None for arguments it does not handle
+    (the block then answers None: the bridge's block runs)."""
     n_heads, n_kv, d_head = shape
     parts = block_shape.Parts(mlp=mlp, ln2=ln2, parallel=parallel)
 
@@ -237,7 +239,10 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
         mask = handled_mask(args, kwargs)  # [n or 1, 1, q, keys] additive or bool, or None
         if mask is _UNHANDLED:
             return None
-        q, k_new, v_new = project(ln1(x), args, kwargs, last_query)
+        projected = project(ln1(x), args, kwargs, last_query)
+        if projected is None:
+            return None
+        q, k_new, v_new = projected
         k, v = k_new, v_new
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [n, kv, keys, d_head]
@@ -286,12 +291,16 @@ def _block(*, ln1: Callable, ln2: Callable, project: Callable, o_proj: Callable,
     def qk(x: torch.Tensor, args: tuple, kwargs: dict):
         """The attention's inputs from position 0: (q [n, head, q, d_head], k [n, kv, q, d_head],
         both after rotary, the block's mask [n or 1, 1, q, q] additive or bool, or None for causal,
-        and the scale), or None (unhandled arguments). softmax(q k^T scale + mask) is the pattern."""
+        the scale and the score soft-cap, None here), or None (unhandled arguments).
+        softmax(q k^T scale + mask) is the pattern."""
         mask = handled_mask(args, kwargs)
         if mask is _UNHANDLED:
             return None
-        q, k, _ = project(ln1(x), args, kwargs, False)
-        return q, k, mask, scaling
+        projected = project(ln1(x), args, kwargs, False)
+        if projected is None:
+            return None
+        q, k, _ = projected
+        return q, k, mask, scaling, None
 
     return Block(run, after, record, qk)
 

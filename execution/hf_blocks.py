@@ -14,7 +14,11 @@ What the engines need inside such a block enters through light torch hooks on th
 modules: the heads' z is the input of the attention's output projection (read for a capture,
 edited for gates), the keys and values of this call go through a one-call stand-in for the KV
 cache (prepending the captured keys and values before a resumed position), and the last block's
-MLP branch is cut to the last position (the residual add broadcasts). The last block's attention
+MLP branch is cut to the last position (the residual add broadcasts). q and k for patterns on
+demand (`qk`) come from the layer run up to its attention function, with an attention
+implementation (registered with Hugging Face's AttentionInterface) that raises with its inputs:
+q and k after rotary and q/k norms, the layer's own mask, scale and score soft-cap. Positional
+call arguments (GPT-2's blocks) are bound to the layer's parameter names. The last block's attention
 still runs every query (that saving stays with the hand-written blocks). resume.supports checks
 every use against a full pass before anything relies on it. The copies do not fire torch hooks
 registered on the Hugging Face modules, so resumed passes use them only while
@@ -29,14 +33,31 @@ from __future__ import annotations
 
 import collections
 import copy
+import inspect
 from typing import Any
 
 import torch
+from transformers.modeling_utils import AttentionInterface
 
 from headscope.execution import block_shape
 from headscope.execution.fast_blocks import Block, ZEdit
 
 CACHE_KEYS = ("cache", "past_key_values", "past_key_value", "layer_past")  # what the layer calls its KV cache
+_QK = "headscope_qk"  # the attention implementation of a q/k call: hands q and k over, computes nothing
+
+
+class _QKTaken(Exception):
+    """Raised by the q/k attention function with the attention's inputs; ends the layer's call."""
+
+
+def _take_qk(module, query, key, value, attention_mask, scaling=None, softcap=None, **kwargs):
+    """An attention function (Hugging Face's AttentionInterface) that stops the layer with its
+    inputs: q [n, head, q, d_head] and k [n, kv_head, keys, d_head] after rotary and q/k norms,
+    the layer's own mask, scale and score soft-cap."""
+    raise _QKTaken(query, key, attention_mask, scaling, softcap)
+
+
+AttentionInterface.register(_QK, _take_qk)
 
 
 def plan(model) -> list[Block] | None:
@@ -83,7 +104,7 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
     made: dict[int, torch.nn.Module] = {}
     layer = _unbridged(block, made)
     attn = made[id(block.attn)]
-    o_proj = made[id(block.attn.o)]
+    o_proj = made[id(block_shape.raw(block.attn.o))]  # GPT-2: the bridge's o wraps c_proj from outside
     parts = block_shape.parts(block, lambda m: made[id(m)])
     if parts is None:
         return None
@@ -92,6 +113,12 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
     eager = getattr(config, "attn_logit_softcapping", None) is not None  # SDPA cannot soft-cap scores
     config._attn_implementation = "eager" if eager else "sdpa"
     attn.config = config
+    qk_config = copy.copy(config)
+    qk_config._attn_implementation = _QK
+    params = [p for p in inspect.signature(layer.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]  # after the hidden states
+    names = [p.name for p in params]
+    cache_key = next((k for k in CACHE_KEYS if k in names), None)
     state: dict[str, Any] = {"edit": None, "z": None, "last": False}
 
     def on_z(module, args):  # the output projection's input: the heads' z [n, q, head * d_head]
@@ -107,16 +134,28 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
     o_proj.register_forward_pre_hook(on_z)
     made[id(block_shape.mlp_entry(block))].register_forward_pre_hook(cut)
 
+    def named(args: tuple, kwargs: dict) -> dict | None:
+        """The call's arguments by name (GPT-2's blocks get theirs positionally), or None."""
+        if len(args) > len(names):
+            return None
+        return {**dict(zip(names, args)), **kwargs}
+
     def call(x: torch.Tensor, args: tuple, kwargs: dict, past, last_query: bool, edit_z: ZEdit | None):
         """-> (output [n, q, d_model], z [n, q, head * d_head], this call's k and v) or None."""
-        key = next((k for k in CACHE_KEYS if k in kwargs), None)
-        if key is None or (eager and kwargs.get("attention_mask") is None):
-            return None  # no cache argument to hand keys through; eager attention needs its mask
+        kwargs = named(args, kwargs)
+        key = next((k for k in CACHE_KEYS if k in (kwargs or ())), cache_key)
+        if kwargs is None or key is None:
+            return None  # no cache argument to hand keys through
+        if eager and kwargs.get("attention_mask") is None:  # eager attention needs its (causal) mask
+            n_keys = x.shape[1] + (0 if past is None else past[0].shape[2])
+            allowed = torch.ones(x.shape[1], n_keys, dtype=torch.bool, device=x.device).tril(n_keys - x.shape[1])
+            kwargs["attention_mask"] = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(
+                ~allowed, torch.finfo(x.dtype).min)[None, None]  # [1, 1, q, keys] additive
         cache = _OneCall(past)
         kwargs = {**kwargs, key: cache}
         state.update(edit=edit_z, last=last_query)
         try:
-            out = layer(x, *args, **kwargs)
+            out = layer(x, **kwargs)
         finally:
             z, state["z"] = state["z"], None
             state.update(edit=None, last=False)
@@ -141,4 +180,32 @@ def _layer_block(block: torch.nn.Module) -> Block | None:
     def after(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return block_shape.residual(a, x, parts, in_place=True)
 
-    return Block(full, after, record, None)
+    def qk(x: torch.Tensor, args: tuple, kwargs: dict):
+        """The layer's attention inputs, as its attention function receives them (the layer runs
+        up to there, with an attention implementation that stops it): (q [n, head, q, d_head], k
+        [n, kv_head, q, d_head], mask [n or 1, 1, q, q] additive or bool or None for causal, scale,
+        score soft-cap or None), or None (unhandled arguments)."""
+        kwargs = named(args, kwargs)
+        if kwargs is None:
+            return None
+        key = next((k for k in CACHE_KEYS if k in kwargs), cache_key)
+        if key is not None:
+            kwargs[key] = _OneCall(None)
+        attn.config = qk_config
+        try:
+            layer(x, **kwargs)
+        except _QKTaken as taken:
+            q, k, mask, scale, softcap = taken.args
+        else:
+            return None
+        finally:
+            attn.config = config
+        if isinstance(mask, torch.Tensor):
+            mask = mask[..., :k.shape[2]] if mask.ndim == 4 else None
+            if mask is None:
+                return None  # a 2-d padding mask or other form: the bridge's job
+        elif mask is not None:
+            return None
+        return q, k, mask, float(scale if scale is not None else d_head ** -0.5), softcap
+
+    return Block(full, after, record, qk)

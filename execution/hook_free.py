@@ -3,9 +3,10 @@
 The TransformerBridge reimplements attention and materialises every layer's [batch, head, q, k]
 pattern, so a plain pass through it costs several times Hugging Face's SDPA pass in memory. Where
 the hook-free blocks (fast_blocks, else the model's own layers, hf_blocks) reproduce a model's
-pass (resume.supports(model).fast_capture: any dtype, every layer with the same mask), a pass
+pass (resume.supports(model).fast_capture: any dtype, each layer with its own mask), a pass
 with no hook attached runs them instead, with the fused attention kernel: the bridge embeds the
-tokens and builds the mask and rotary tables (resume._block0_call), every block runs as plain
+tokens and builds the masks and rotary tables (resume._block_calls: each layer its own, so
+Gemma 2/3's sliding and full layers both apply), every block runs as plain
 tensor code, and the bridge's final norm and unembedding give the logits (as resume.last_logits,
 at every position). A layer's attention inputs (post-rotary q and k, mask, scale) can be handed
 to a callback on the way (hooks/patterns recomputes the requested patterns from them), and the
@@ -25,14 +26,14 @@ from headscope.execution import resume
 from headscope.models.hooked_model import register_hook_free_pass
 
 # (q [n, head, pos, d_head], k [n, kv_head, pos, d_head] after rotary, mask [n or 1, 1, pos, pos]
-# additive or bool, or None for causal, scale) -> None
-OnAttention = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float], None]
+# additive or bool, or None for causal, scale, score soft-cap or None) -> None
+OnAttention = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float, "float | None"], None]
 
 
 def applies(model) -> bool:
     """The hook-free blocks reproduce this model's whole pass (checked once per model, while no
-    hook is attached; see resume.supports), and every layer gets the same mask."""
-    if model.facts.is_encoder or not model.hook_free() or resume._uniform_plan(model) is None:
+    hook is attached; see resume.supports)."""
+    if model.facts.is_encoder or not model.hook_free() or resume._fast_plan(model) is None:
         return False
     return resume.supports(model).fast_capture
 
@@ -54,23 +55,18 @@ def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     Differentiable."""
     if not applies(model):
         return None
-    plans = resume._uniform_plan(model)
-    # the bridge up to block 0 (embedding, mask, rotary tables), called as the bridge itself: not
-    # a second model(...) call
-    call = resume._block0_call(model, tokens, attention_mask,
-                               lambda t, m: model.bridge_forward(t, attention_mask=m))
-    if call is None:
+    plans = resume._fast_plan(model)
+    # the bridge up to the blocks (embedding, masks, rotary tables), called as the bridge itself:
+    # not a second model(...) call
+    got = resume._block_calls(model, tokens, attention_mask,
+                              lambda t, m: model.bridge_forward(t, attention_mask=m))
+    calls = None if got is None else _prepared(got[1], keep)
+    if calls is None:
         return None
-    x, rest, kwargs = call  # x [batch, pos, d_model]
-    rest, kwargs = resume._with_cache(rest, kwargs, None)  # the blocks fill `cache` themselves
-    if keep is not None:
-        got = _with_keep(rest, kwargs, keep)
-        if got is None:
-            return None
-        rest, kwargs = got
-    rest, kwargs = _without_causal_mask(rest, kwargs)
+    x = got[0]  # [batch, pos, d_model]
     attention = attention or {}
     for i, block in enumerate(plans):
+        rest, kwargs = calls[i]
         if i in attention:
             got = None if block.qk is None else block.qk(x, rest, kwargs)
             if got is None:
@@ -88,6 +84,36 @@ def hook_free_pass(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     return resume.logits_of(model, x[:, logits_from:])  # [batch, pos', d_vocab]
 
 
+_NO = object()  # _mask_of's answer where `keep` cannot apply (no 4-d mask)
+
+
+def _prepared(calls: list[tuple[tuple, dict]], keep: torch.Tensor | None) -> list[tuple[tuple, dict]] | None:
+    """Every layer's call arguments for the hook-free blocks: no KV cache (the blocks fill one
+    themselves), the 4-d mask combined with `keep`, and dropped where it is only causal; each
+    distinct mask (one per attention type) done once. None where `keep` cannot apply."""
+    done: dict[int, Any] = {}
+    out = []
+    for rest, kwargs in calls:
+        rest, kwargs = resume._with_cache(rest, kwargs, None)
+        mask = _square_mask(rest, kwargs)
+        if id(mask) not in done:
+            done[id(mask)] = _mask_of(mask, keep)
+        new = done[id(mask)]
+        if new is _NO:
+            return None
+        out.append((rest, kwargs) if mask is None else _swap(rest, kwargs, mask, new))
+    return out
+
+
+def _mask_of(mask: torch.Tensor | None, keep: torch.Tensor | None) -> Any:
+    """The mask the blocks get for a layer's 4-d mask: with `keep`, then None where causal."""
+    if keep is not None:
+        if mask is None:
+            return _NO
+        mask = _with_keep(mask, keep)
+    return None if mask is None or _is_causal(mask) else mask
+
+
 def _square_mask(args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The blocks' one 4-d mask [n or 1, 1, pos, pos] among their call arguments, or None."""
     masks = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.ndim == 4]
@@ -99,34 +125,23 @@ def _swap(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor | None
     return tuple(new if v is old else v for v in args), {k: (new if v is old else v) for k, v in kwargs.items()}
 
 
-def _with_keep(args: tuple, kwargs: dict, keep: torch.Tensor) -> tuple[tuple, dict] | None:
-    """The blocks' call arguments with their 4-d mask also hiding the keys `keep` (bool [pos, pos]
-    or 4-d) does not allow; None when the call has no such mask."""
-    mask = _square_mask(args, kwargs)
-    if mask is None:
-        return None
+def _with_keep(mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The 4-d mask also hiding the keys `keep` (bool [pos, pos] or 4-d) does not allow."""
     allowed = keep.to(mask.device).bool()
     allowed = allowed[None, None] if allowed.ndim == 2 else allowed
-    combined = (mask & allowed if mask.dtype == torch.bool
-                else mask.masked_fill(~allowed, torch.finfo(mask.dtype).min))
-    return _swap(args, kwargs, mask, combined)
+    return (mask & allowed if mask.dtype == torch.bool
+            else mask.masked_fill(~allowed, torch.finfo(mask.dtype).min))
 
 
-def _without_causal_mask(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The blocks' call arguments with their 4-d mask [n or 1, 1, pos, pos] replaced by None where
-    it is exactly the causal mask (no padding, no sliding window that bites): the blocks then run
-    the fused kernel's causal mode, which skips the scores above the diagonal (fast_blocks), and
-    the pattern callbacks get mask None (causal)."""
-    mask = _square_mask(args, kwargs)
-    if mask is None:
-        return args, kwargs
+def _is_causal(mask: torch.Tensor) -> bool:
+    """The 4-d mask [n or 1, 1, pos, pos] is exactly the causal mask (no padding, no sliding window
+    that bites): the blocks then get None and run the fused kernel's causal mode, which skips the
+    scores above the diagonal (fast_blocks), and the pattern callbacks get mask None (causal)."""
     causal = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).tril()  # [pos, pos]
     if mask.dtype != torch.bool:
         causal = torch.zeros(causal.shape, dtype=mask.dtype, device=mask.device).masked_fill_(
             ~causal, torch.finfo(mask.dtype).min)  # Hugging Face's additive form
-    if not torch.equal(mask, causal.expand_as(mask)):
-        return args, kwargs
-    return _swap(args, kwargs, mask, None)
+    return torch.equal(mask, causal.expand_as(mask))
 
 
 register_hook_free_pass(hook_free_pass)

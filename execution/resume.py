@@ -90,7 +90,7 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
     before `fwd` edits it) at z_layers. attention_mask [rows, pos] (1 = real token): padded rows
     must be left-padded (ConfigError otherwise), so the last position is each row's own; the
     captured per-row arguments (4-d mask, position ids, rotary tables) then follow each row into
-    resumed passes. fast: without hooks, run the blocks hook-free (hooks/fast_blocks; None: when
+    resumed passes. fast: without hooks, run the blocks hook-free (execution/fast_blocks; None: when
     supports(model).fast_capture and no hooks are attached)."""
     if model.facts.is_encoder:
         raise ConfigError("resume works on decoders only (encoder metrics read every position).")
@@ -172,11 +172,63 @@ def _block0_call(model, tokens: torch.Tensor, attention_mask: torch.Tensor | Non
 
 
 def _uniform_plan(model) -> list | None:
-    """The hook-free blocks, where every layer gets the same mask (not mixed attention types)."""
-    plans = _fast_plan(model)
-    if plans is None or len(set(getattr(model.bridge.original_model.config, "layer_types", None) or ())) > 1:
-        return None  # e.g. sliding and full attention layers: each kind gets its own mask
-    return plans
+    """The hook-free blocks (kept for callers written when they required one mask for every
+    layer; _block_calls now gives each layer its own arguments)."""
+    return _fast_plan(model)
+
+
+def _mixed_layers(model) -> bool:
+    """Layers of different attention types (config.layer_types: Gemma 2/3's sliding and full
+    layers), each called with its own mask and rotary tables."""
+    return len(set(getattr(model.bridge.original_model.config, "layer_types", None) or ())) > 1
+
+
+class _Pass(Exception):
+    """Raised by the last block's stand-in to end a pass whose blocks' arguments are all recorded."""
+
+
+def _block_calls(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None,
+                 forward: Callable[..., Any] | None = None) -> tuple[torch.Tensor, list[tuple[tuple, dict]]] | None:
+    """(block 0's input [n, pos, d_model], every block's (other positional arguments, keyword
+    arguments)) from a bridge pass in which no block runs, or None. Where every layer is of one
+    attention type, block 0's arguments stand for all (_block0_call); where they differ (Gemma
+    2/3: sliding and full layers, each with its mask and rotary tables), every block's forward is
+    replaced for the pass by a stand-in that records its call and hands its input on, the last
+    one ending the pass (through model.bridge_forward; `forward` is _block0_call's)."""
+    n_layers = model.facts.n_layers
+    if not _mixed_layers(model):
+        call = _block0_call(model, tokens, attention_mask, forward)
+        return None if call is None else (call[0], [(call[1], call[2])] * n_layers)
+    blocks = list(model.bridge.blocks)
+    got: list[tuple[tuple, dict]] = []
+
+    def stand_in(last: bool):
+        def run(*args, **kwargs):
+            got.append((args, dict(kwargs)))
+            if last:
+                raise _Pass
+            return args[0] if args else kwargs["hidden_states"]
+        return run
+
+    saved = [vars(block).get("forward") for block in blocks]  # e.g. an offloading wrapper, put back below
+    for i, block in enumerate(blocks):
+        # an instance attribute of the bridge block itself (its __setattr__ would pass it on to
+        # the Hugging Face layer)
+        object.__setattr__(block, "forward", stand_in(i == len(blocks) - 1))
+    try:  # the bridge's own pass: model(...) would try the hook-free pass, which lands here again
+        model.bridge_forward(tokens, attention_mask=attention_mask)
+    except _Pass:
+        pass
+    finally:
+        for block, old in zip(blocks, saved):
+            if old is None:
+                vars(block).pop("forward", None)
+            else:
+                object.__setattr__(block, "forward", old)
+    if len(got) != len(blocks):
+        return None
+    split = [_split_call(args, kwargs) for args, kwargs in got]
+    return split[0][0], [(args, kwargs) for _, args, kwargs in split]
 
 
 def record_block(block, x: torch.Tensor, args: tuple, kwargs: dict, cache, layer: int):
@@ -192,32 +244,47 @@ def record_block(block, x: torch.Tensor, args: tuple, kwargs: dict, cache, layer
 
 
 def _capture_fast(model, tokens: torch.Tensor, z_layers: Sequence[int],
-                  attention_mask: torch.Tensor | None) -> Checkpoint | None:
+                  attention_mask: torch.Tensor | None, *, given: Checkpoint | None = None,
+                  start: int = 0) -> Checkpoint | None:
     """capture through the hook-free blocks: the bridge runs up to block 0 (embedding, mask,
     rotary tables), then every block runs as plain tensor code, filling a fresh cache. None
-    when that does not apply (no plan; layers of different attention types, whose masks differ;
-    a mask the blocks do not handle)."""
-    plans = _uniform_plan(model)
+    when that does not apply (no plan; a mask the blocks do not handle). Each layer gets its own
+    arguments (_block_calls: sliding and full layers their own masks). given, start: the blocks
+    from `start` on only, entered with `given`'s input there, its earlier blocks' inputs and keys
+    and values kept (the supports check's replay; raises where block 0's input differs)."""
+    plans = _fast_plan(model)
     if plans is None:
         return None
     with torch.no_grad():
-        call = _block0_call(model, tokens, attention_mask)
-        if call is None:
+        got = _block_calls(model, tokens, attention_mask)
+        if got is None:
             return None
-        x, rest, kwargs = call
+        x, calls = got
         cache = new_cache(model)
-        rest, kwargs = _with_cache(rest, kwargs, cache)
+        swapped: dict[int, tuple[tuple, dict]] = {}  # one call object per distinct call (all layers: one)
+        for call in calls:
+            if id(call) not in swapped:
+                swapped[id(call)] = _with_cache(*call, cache)
+        calls = [swapped[id(call)] for call in calls]
         resid, z = [], {}
+        if given is not None:
+            if not torch.allclose(x, given.resid[0].to(x.device)):
+                raise AssertionError("block 0's input differs from the bridge's")
+            x, resid = given.resid[start], list(given.resid[:start])
+            for i in range(start):
+                cache.update(given.kv.layers[i].keys, given.kv.layers[i].values, i)
         for i, block in enumerate(plans):
+            if i < start:
+                continue
             resid.append(x)
-            out = record_block(block, x, rest, kwargs, cache, i)
+            out = record_block(block, x, *calls[i], cache, i)
             if out is None:
                 return None
             x, z_i = out
             if i in z_layers:
                 z[i] = z_i
         logits = logits_of(model, x[:, -1:])[:, 0]  # [rows, d_vocab]
-    return Checkpoint(resid=resid, calls=[(rest, kwargs)] * len(plans), logits=logits, z=z, kv=cache)
+    return Checkpoint(resid=resid, calls=calls, logits=logits, z=z, kv=cache)
 
 
 def last_logits(model, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
@@ -228,19 +295,18 @@ def last_logits(model, tokens: torch.Tensor, *, attention_mask: torch.Tensor | N
     arithmetic than a full pass (the last block's last query) and none of the bridge's
     per-block cost. Hooks attached to the model's blocks do not run: callers check
     supports(model).fast_capture, which is False while hooks are attached. None where the
-    hook-free blocks do not apply (no plan, mixed attention types, unhandled arguments). Padded
-    rows (attention_mask [n, pos]) must be left-padded: each row's last token is at the last
-    position, and Hugging Face derives its position ids from the mask."""
+    hook-free blocks do not apply (no plan, unhandled arguments). Padded rows (attention_mask
+    [n, pos]) must be left-padded: each row's last token is at the last position, and Hugging
+    Face derives its position ids from the mask."""
     _check_left_padded(attention_mask)
-    plans = _uniform_plan(model)
-    call = None if plans is None else _block0_call(model, tokens, attention_mask)
-    if call is None:
+    plans = _fast_plan(model)
+    got = None if plans is None else _block_calls(model, tokens, attention_mask)
+    if got is None:
         return None
-    x, rest, kwargs = call
-    rest, kwargs = _with_cache(rest, kwargs, None)
+    x, calls = got
     for i, block in enumerate(plans):
         edit = None if edit_z is None else (lambda z, i=i: edit_z(i, z))
-        x = block.full(x, rest, kwargs, None, i == len(plans) - 1, edit)
+        x = block.full(x, *_with_cache(*calls[i], None), None, i == len(plans) - 1, edit)
         if x is None:
             return None
     return logits_of(model, x)[:, -1]  # x: [n, 1, d_model]
@@ -325,7 +391,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     positions from_pos.. are computed, attending to the captured K and V before them (needs
     supports(model).prefix; hooks then see [n, pos - from_pos, ...]; a sliding-window cache that
     dropped early positions computes every position instead). fast: run blocks no hook
-    in `fwd` names through hooks/fast_blocks (None: when supports(model).fast); with last_only
+    in `fwd` names through execution/fast_blocks (None: when supports(model).fast); with last_only
     the last block then attends from the last query only. Returns the logits, [n, 1, d_vocab]
     (last_only) or [n, pos - from_pos, d_vocab].
     """
@@ -428,7 +494,7 @@ class Support(NamedTuple):
     ok: bool  # resume at any block equals a full pass
     shortcut: bool  # a z edit entering as o(z') (pre-norm blocks, sequential or parallel)
     prefix: bool  # from_pos: positions before the edit taken from the captured cache
-    fast: bool = False  # hook-free blocks (hooks/fast_blocks) where no hook looks
+    fast: bool = False  # hook-free blocks (execution/fast_blocks) where no hook looks
     fast_capture: bool = False  # capture without hooks, and last_logits, run the blocks hook-free
 
 
@@ -452,10 +518,12 @@ def supports(model) -> Support:
 
 
 def _check(model) -> Support:
-    """The checks behind `supports`, for about the cost of two plain passes of two 6-token prompts:
-    one bridge pass to compare with (the capture), every resume from the one block `_check_start`
-    (the last block, or the earliest that still leaves every kind of block after it), and one
-    hook-free capture compared block by block with the bridge's."""
+    """The checks behind `supports`, for about the cost of 1.5 plain passes of two 6-token prompts
+    (benchmarks/first_call.py): one bridge pass to compare with (the capture), then everything
+    from the one block `_check_start` (the last block, or the earliest that still leaves every kind
+    of block after it): four resumes with every saving at once (each saving on its own only where
+    one fails), and the hook-free capture replayed from there, compared block by block with the
+    bridge's."""
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.facts.d_vocab, (2, 6), generator=gen).to(model.device)
     start = _check_start(model)
@@ -492,25 +560,37 @@ def _check(model) -> Support:
     def run(**kwargs):
         return resume(model, ckpt, start, rows, **kwargs)
 
-    ok = holds("resuming", lambda: (run(last_only=lo, fast=False) for lo in (True, False)))
-    shortcut = ok and holds("the z shortcut", lambda: (run(z=z, last_only=lo, fast=False) for lo in (True, False)))
-    prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
-        run(from_pos=p, z=z if shortcut and p == 3 else None, fast=False) for p in (3, 5)))
-    fast = ok and _fast_plan(model) is not None and holds("hook-free blocks", lambda: (
-        run(fast=True, last_only=lo, from_pos=3 if prefix and not lo else 0, z=z if shortcut and not lo else None)
-        for lo in (True, False)))
+    plan = _fast_plan(model)
+    # all savings at once first (4 resumes); only where one of them fails, each on its own (the
+    # sequence below says which to turn off)
+    at_once = ckpt.kv is not None and plan is not None and holds("resuming", lambda: (
+        run(fast=hook_free, z=z, from_pos=3 if lo else 0, last_only=lo)
+        for hook_free in (False, True) for lo in (True, False)))
+    if at_once:
+        failed.clear()
+        ok = shortcut = prefix = fast = True
+    else:
+        failed.clear()
+        ok = holds("resuming", lambda: (run(last_only=lo, fast=False) for lo in (True, False)))
+        shortcut = ok and holds("the z shortcut", lambda: (run(z=z, last_only=lo, fast=False) for lo in (True, False)))
+        prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
+            run(from_pos=p, z=z if shortcut and p == 3 else None, fast=False) for p in (3, 5)))
+        fast = ok and plan is not None and holds("hook-free blocks", lambda: (
+            run(fast=True, last_only=lo, from_pos=3 if prefix and not lo else 0, z=z if shortcut and not lo else None)
+            for lo in (True, False)))
 
     def from_quick_capture():
-        quick = capture(model, tokens, z_layers=[start], fast=True)
+        # the hook-free capture replayed from block `start` on the bridge's input there (blocks
+        # before it are of kinds checked after it), with the blocks' own call arguments; block
+        # 0's input and every later block's input compared with the bridge's
+        quick = _capture_fast(model, tokens, [start], None, given=ckpt, start=start)
+        if quick is None:  # arguments the hook-free blocks do not handle
+            raise _NotApplicable
         for i, (a, b) in enumerate(zip(quick.resid, ckpt.resid)):  # every block's input, not only the logits
             diff = (a - b).abs().max().item()
             if diff > tol:
                 raise AssertionError(f"block {i}'s input differs by {diff:.3g}")
         yield quick.logits[rows].unsqueeze(1)
-        quick_logits = last_logits(model, tokens)  # the differentiable pass
-        if quick_logits is None:  # hook-free blocks do not apply to the whole pass (e.g. mixed attention types)
-            raise _NotApplicable
-        yield quick_logits[rows].unsqueeze(1)
         yield resume(model, quick, start, rows, fast=True, from_pos=3 if prefix else 0,
                      z=take(quick.z[start], rows) if shortcut else None)
 

@@ -2,14 +2,15 @@
 
 A pass through the TransformerBridge materialises every layer's [batch, head, q, k] pattern, the
 largest activation of a long prompt, even when one head of one layer is wanted. Where the hook-free
-blocks run a model's pass (execution.hook_free: float32 GPT-2, Llama/Mistral/Qwen2 and GPT-NeoX
-blocks), the pass runs the fused attention kernel and the requested patterns are recomputed from
-the layer's post-rotary q and k, its mask (causal, padding, sliding window) and scale, with grouped
-KV heads mapped to their query heads, a chunk of queries at a time: memory is the requested pattern
-plus one chunk's scores. `attention_pattern` stops the pass at the layer; `capture` and
-`run_with_cache` take this route when only patterns and scores are requested (no hook attached),
-running the rest of the pass for its output. Elsewhere (other architectures such as Gemma 2, half
-precision, hooks attached) the bridge's own pattern is read, which is exact but not memory-light.
+blocks run a model's pass (execution.hook_free: the hand-written blocks, else the model's own
+layers, any dtype), the pass runs the fused attention kernel and the requested patterns are
+recomputed from the layer's post-rotary q and k, its mask (causal, padding, sliding window), scale
+and score soft-cap (Gemma 2), with grouped KV heads mapped to their query heads, a chunk of queries
+at a time: memory is the requested pattern plus one chunk's scores. `attention_pattern` stops the
+pass at the layer; `capture` and `run_with_cache` take this route when only patterns and scores
+are requested (no hook attached), running the rest of the pass for its output. Elsewhere (hooks
+attached, a model whose hook-free pass does not apply) the bridge's own pattern is read, which is
+exact but not memory-light.
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def attention_pattern(model, tokens: torch.Tensor, layer: int, heads: int | Sequ
     query_idx = position_index(query_positions, tokens.shape[1], tokens.device)  # [q']
     got: dict[str, torch.Tensor] = {}
 
-    def keep(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> None:
-        got.update(attention_weights(q, k, mask, scale, head_idx, query_idx, chunk=chunk))
+    def keep(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
+             softcap: float | None = None) -> None:
+        got.update(attention_weights(q, k, mask, scale, head_idx, query_idx, chunk=chunk, softcap=softcap))
 
     with torch.no_grad():
         if hook_free_pass(model, tokens, attention_mask, attention={layer: keep}, stop_after=layer) is not None:
@@ -59,15 +61,15 @@ def attention_pattern(model, tokens: torch.Tensor, layer: int, heads: int | Sequ
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, heads: torch.Tensor,
-                      queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK,
-                      kinds: Iterable[str] = ("pattern",)) -> dict[str, torch.Tensor]:
-    """Eager attention of some heads and queries: {"scores": q k^T scale + mask, "pattern": its
+                      queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK, kinds: Iterable[str] = ("pattern",),
+                      softcap: float | None = None) -> dict[str, torch.Tensor]:
+    """Eager attention of some heads and queries: {"scores": q k^T scale (soft-capped) + mask, "pattern": its
     softmax}, each [n, h', q', keys], for the kinds asked (arguments as `score_chunks`). The only
     scores held beyond the results are one chunk's [n, h', chunk, keys]."""
     n_keys = k.shape[2]
     out = {kind: q.new_empty(q.shape[0], heads.numel(), queries.numel(), n_keys)
            for kind in ("scores", "pattern") if kind in kinds}
-    for rows, s in score_chunks(q, k, mask, scale, heads, queries, chunk=chunk):
+    for rows, s in score_chunks(q, k, mask, scale, heads, queries, chunk=chunk, softcap=softcap):
         if "scores" in out:
             out["scores"][:, :, rows] = s
         if "pattern" in out:
@@ -76,13 +78,15 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
 
 
 def score_chunks(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, heads: torch.Tensor,
-                 queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[slice, torch.Tensor]]:
+                 queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK,
+                 softcap: float | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
     """Eager attention scores q k^T scale + mask of some heads and queries, `chunk` queries at a
     time: (slice of `queries`, scores [n, h', c, keys]). q [n, head, pos, d_head] and k
     [n, kv_head, keys, d_head] after rotary (query head h reads KV head h // (head / kv_head));
     mask [n or 1, 1, pos, keys] additive or bool (False = masked, filled with the dtype's minimum,
     as Hugging Face's masks), or None for causal with queries at the last positions of the keys;
-    heads [h'] and queries [q'] index tensors."""
+    heads [h'] and queries [q'] index tensors. softcap: scores soft-capped before the mask,
+    cap * tanh(scores / cap), as Gemma 2's eager attention."""
     n_pos, n_keys = q.shape[2], k.shape[2]
     group = q.shape[1] // k.shape[1]
     q = q.index_select(1, heads)  # [n, h', pos, d_head]
@@ -90,6 +94,8 @@ def score_chunks(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, sc
     for start in range(0, queries.numel(), max(1, chunk)):
         idx = queries[start:start + chunk]  # [c]
         s = torch.matmul(q.index_select(2, idx), kt).mul_(scale)  # [n, h', c, keys]
+        if softcap is not None:
+            s = torch.tanh(s.div_(softcap)).mul_(softcap)
         if mask is None:  # causal: query position p (of n_pos, ending at the last key) sees keys up to p
             allowed = torch.arange(n_keys, device=s.device) <= (idx + n_keys - n_pos)[:, None]  # [c, keys]
             s = s.masked_fill_(~allowed, torch.finfo(s.dtype).min)
@@ -126,8 +132,9 @@ def reduce_patterns(model, tokens: torch.Tensor, reduce: PatternReducer, *, laye
     query_idx = position_index(query_positions, tokens.shape[1], tokens.device)  # [q']
 
     def at(layer: int):
-        def run(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> None:
-            for rows, s in score_chunks(q, k, mask, scale, heads, query_idx, chunk=chunk):
+        def run(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                softcap: float | None = None) -> None:
+            for rows, s in score_chunks(q, k, mask, scale, heads, query_idx, chunk=chunk, softcap=softcap):
                 reduce(layer, query_idx[rows], torch.softmax(s, dim=-1, dtype=torch.float32))
         return run
 
@@ -183,8 +190,9 @@ def capture_patterns(model, tokens: torch.Tensor, names: Sequence[str], position
     store = Activations(model=model)
 
     def at(layer: int):
-        def keep(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> None:
-            got = attention_weights(q, k, mask, scale, heads, query_idx, kinds=wanted[layer])
+        def keep(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                 softcap: float | None = None) -> None:
+            got = attention_weights(q, k, mask, scale, heads, query_idx, kinds=wanted[layer], softcap=softcap)
             for kind in ("scores", "pattern"):  # the bridge's order: hook_attn_scores fires first
                 if kind in got:
                     store[site(kind, layer)] = got[kind].to("cpu") if to_cpu else got[kind]

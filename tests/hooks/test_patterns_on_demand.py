@@ -7,10 +7,11 @@ import torch
 
 import headscope as hs
 from headscope.execution import hook_free
+from headscope.hooks import reduce_patterns
 
 TOL = 1e-5
-FAST = ("gpt2", "neox", "llama3", "qwen2", "mistral")  # hook-free blocks: recomputed from q and k
-ARCHS = (*FAST, "gemma2")  # Gemma 2 (soft-capping, local/global layers): the bridge's own pattern
+FAST = ("gpt2", "neox", "llama3", "qwen2", "mistral")  # hand-written hook-free blocks (fast_blocks)
+ARCHS = (*FAST, "gemma2")  # Gemma 2 (soft-capping, local/global layers): its own layers (hf_blocks)
 
 
 def hf_eager(hf, task):
@@ -26,7 +27,7 @@ def test_patterns_on_demand_equal_hf_eager_patterns(arch, arch_models, mixed_tas
     model, task = arch_models(arch), mixed_tasks(arch)
     assert task.padded
     ref = hf_eager(hf_of(arch), task).attentions  # layers x [batch, head, q, k]
-    assert hook_free.applies(model) == (arch in FAST)
+    assert hook_free.applies(model)  # recomputed from q and k on every architecture
     n_pos = task.tokens.shape[1]
     for layer in range(model.facts.n_layers):
         got = hs.attention_pattern(model, task.tokens, layer, attention_mask=task.attention_mask)
@@ -142,3 +143,101 @@ def test_unpadded_prompt_runs_the_causal_kernel_and_equals_hf(arch, arch_models,
     assert (got - ref.logits).abs().max().item() <= TOL * (1 + ref.logits.abs().max().item())
     pattern = hs.attention_pattern(model, tokens, 1, query_positions=slice(3, None), chunk=5)
     assert (pattern - ref.attentions[1][:, :, 3:]).abs().max().item() <= TOL
+
+
+OWN_LAYERS = ("qwen3", "gemma3", "olmo2", "mixtral", "phi3")  # q/k norms, local + global, post-norm, experts, fused qkv
+LENGTHS = (12, 9, 6)  # real tokens per row, left-padded to 12: beyond the tiny configs' sliding window of 8
+
+
+def _padded_rows(seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [3, 12] with rows of LENGTHS real tokens, left-padded (pad id 1), and their mask."""
+    from tests_support import random_tokens
+
+    tokens = random_tokens(len(LENGTHS), max(LENGTHS), seed=seed)
+    mask = torch.zeros_like(tokens)
+    for r, n in enumerate(LENGTHS):
+        mask[r, -n:] = 1
+        tokens[r, :-n] = 1
+    return tokens, mask
+
+
+def _hf_out(hf, tokens, mask):
+    with torch.no_grad():
+        return hf(tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0), output_attentions=True)
+
+
+def _no_bridge_blocks(model, monkeypatch) -> list:
+    """A list that grows whenever a bridge block or the bridge's attention runs (each would
+    materialise that layer's [batch, head, pos, pos] pattern)."""
+    calls = []
+    for cls in {type(model.bridge.blocks[0]), type(model.bridge.blocks[0].attn)}:
+        forward = cls.forward
+        monkeypatch.setattr(cls, "forward", lambda *a, _f=forward, **k: calls.append(1) or _f(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("arch", OWN_LAYERS)
+def test_patterns_from_the_models_own_layers_equal_hf_eager(arch, more_arch_models, more_arch_dirs, arch_models,
+                                                            arch_dirs, monkeypatch):
+    """Architectures without hand-written blocks: q and k come from the model's own Hugging Face
+    layers (hf_blocks, stopped at the attention function), so one layer's pattern, every layer's
+    reduced pattern and the plain forward equal HF eager on left-padded rows of mixed lengths,
+    without any bridge block or bridge attention running (no layer's full pattern materialised)."""
+    from tests_support import hf_model
+
+    more = arch != "phi3"
+    model = more_arch_models(arch) if more else arch_models(arch)
+    hf = hf_model(more_arch_dirs(arch) if more else arch_dirs[arch])
+    tokens, mask = _padded_rows()
+    ref = _hf_out(hf, tokens, mask)
+    if arch == "gemma3":  # the full row crosses layer 0's sliding window (8 keys); layer 1 is global
+        assert (ref.attentions[0][0, :, -1, :3] == 0).all() and (ref.attentions[1][0, :, -1, :3] > 0).all()
+    assert hook_free.applies(model)  # the once-per-model check ran before the bridge is watched
+    calls = _no_bridge_blocks(model, monkeypatch)
+    real = mask.bool()
+    for layer in range(model.facts.n_layers):
+        got = hs.attention_pattern(model, tokens, layer, attention_mask=mask)
+        assert (got - ref.attentions[layer]).abs().max().item() <= TOL
+    part = hs.attention_pattern(model, tokens, 1, heads=[3, 0], query_positions=[-1, 4], attention_mask=mask, chunk=1)
+    assert (part - ref.attentions[1][:, [3, 0]][:, :, [-1, 4]]).abs().max().item() <= TOL
+    sums = {}
+    logits = reduce_patterns(model, tokens, lambda layer, q, p: sums.__setitem__(layer, sums.get(layer, 0) + p.sum(2)),
+                                attention_mask=mask, chunk=5)
+    for layer in range(model.facts.n_layers):
+        assert (sums[layer] - ref.attentions[layer].sum(2)).abs().max().item() <= 10 * TOL
+    assert (logits - ref.logits)[real].abs().max().item() <= TOL * (1 + ref.logits.abs().max().item())
+    assert not calls
+    # Gemma 3's per-layer arguments are recorded by stand-ins for the blocks' forwards: none is left
+    assert not [b for b in model.bridge.blocks if "forward" in vars(b) or "forward" in vars(b.original_component)]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gemma3", "qwen3"])
+def test_bfloat16_patterns_and_forward_stay_within_hugging_faces_own_rounding(arch, arch_dirs, more_arch_dirs,
+                                                                              monkeypatch):
+    """bfloat16 (GPT-2's Conv1D attention and Gemma 3's local + global layers through their own
+    layers, hf_blocks): patterns on demand and the plain forward, by the project's rule max |ours -
+    HF bfloat16| <= 2 max |HF bfloat16 - HF float32| on the same padded rows, with no bridge block
+    running."""
+    from transformers import AutoModelForCausalLM
+
+    from headscope.execution import fast_blocks, hf_blocks
+
+    path = arch_dirs[arch] if arch == "gpt2" else more_arch_dirs(arch)
+    model = hs.load_model(path, device="cpu", dtype=torch.bfloat16)
+    assert fast_blocks.plan(model) is None and hf_blocks.plan(model) is not None
+    assert hook_free.applies(model)
+    tokens, mask = _padded_rows(seed=8)
+    ref = {d: _hf_out(AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=d).eval(), tokens,
+                      mask) for d in (torch.bfloat16, torch.float32)}
+    calls = _no_bridge_blocks(model, monkeypatch)
+    real = mask.bool()
+    for layer in range(model.facts.n_layers):
+        got = hs.attention_pattern(model, tokens, layer, attention_mask=mask).float()
+        want, exact = ref[torch.bfloat16].attentions[layer].float(), ref[torch.float32].attentions[layer]
+        gap = (want - exact).transpose(1, 2)[real].abs().max()
+        assert gap > 0 and (got - want).transpose(1, 2)[real].abs().max() <= 2 * gap
+    with torch.no_grad():
+        logits = model(tokens, attention_mask=mask).float()
+    want, exact = ref[torch.bfloat16].logits.float(), ref[torch.float32].logits
+    assert (logits - want)[real].abs().max() <= 2 * (want - exact)[real].abs().max()
+    assert not calls
