@@ -48,12 +48,12 @@ def first_difference(task, n: int) -> int:
 
 def position_cells(positions: list[int], n_pos: int, first: int, n_prompts: int, per_forward: int) -> float:
     """One layer's per-position runs (`positions`: the position each run patches, in engine order;
-    -1 for the unpatched run, which joins layer 0), in whole-prompt runs, as engine.run_batched
+    -1 for the unpatched run, which joins layer 0), in whole-prompt runs, as the sweep engine
     computes them when passes skip the positions before their first edit: up to 4 sub-segments
     (more prompts x positions, more of them), each split into passes of at most per_forward runs;
     a pass computes its runs at or after `first` from max(its first such position, first) on, and
     nothing for the others (they are the captured run)."""
-    from headscope.analyses.patching.engine import chunks
+    from headscope.execution.sweep import chunks
 
     n_runs = len(positions)
     n_sub = max(1, min(4, n_runs * n_prompts * n_pos // 500))
