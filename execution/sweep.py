@@ -23,7 +23,8 @@ at the block it first edits, layer_of(run): blocks before it are the captured ru
 - consecutive runs of all-position z edits at different blocks share passes
   (resume.resume_mixed: each block runs once for every row that has reached it);
 - runs that edit one position each (`pos_of`) are split into a few passes by position, each
-  starting at its own first edited position;
+  starting at its own first edited position, and those before the first position where lead and
+  base tokens differ into one more (a copy of lead activations there changes nothing);
 - a run with layer_of(run) >= n_layers equals the captured pass: its logits are the captured ones.
 The savings that compare with the captured run (the last three) hold when it ran without edits
 (no capture_hooks).
@@ -121,10 +122,12 @@ def run(model, sweep: Sweep, runs: range, size: Callable[[int], ChunkSize], *,
     lead_values = None
     support = resume.supports(model) if layer_of is not None else resume.Support(False, False, False)
     plain = not sweep.capture_hooks  # the captured pass is the unedited model: bitwise comparisons hold
-    computed = n_pos  # positions a merged head pass computes: those from where lead and base tokens differ
+    # lead and base tokens agree before position `same`: an edit copying lead activations there changes nothing
+    same = 0
     if support.ok and support.prefix and n_lead and n_lead == n_prompts:
         differ = (head != tokens).any(0).nonzero()
-        computed = n_pos - int(differ[0]) if len(differ) else 1
+        same = int(differ[0]) if len(differ) else n_pos
+    computed = max(1, n_pos - same)  # positions a merged head pass computes
     sizes = {False: size(n_pos), True: size(computed)}  # each kind of pass keeps its own size
 
     def stacked_mask(k: int) -> torch.Tensor | None:  # [B_lead + k * B, pos]: lead, then base k times
@@ -181,8 +184,7 @@ def run(model, sweep: Sweep, runs: range, size: Callable[[int], ChunkSize], *,
             chunk_size = sizes[merged]
             subs = [seg]
             if ckpt is not None and support.prefix and plain and pos_of is not None and pos_of(at(seg.start)) is not None:
-                n_sub = max(1, min(4, len(seg) * n_prompts * n_pos // 500))  # passes that skip earlier positions
-                subs = [range(seg.start + r.start, seg.start + r.stop) for r in chunks(len(seg), math.ceil(len(seg) / n_sub))]
+                subs = by_position(seg, lambda i: pos_of(at(i)), same, n_prompts * n_pos)
             for sub in subs:
                 n_chunk = len(chunks(len(sub), chunk_size.items(n_prompts))[0]) if len(sub) else 1  # equal-sized passes
                 parts = batching.run_chunks(
@@ -211,16 +213,11 @@ class _Passes:
 
     def start(self, layer: int, hooks: Hooks) -> int | None:
         """The block a pass of runs first editing `layer` resumes at (n_layers: none, it is the
-        captured pass); None: a full pass (a hook outside the blocks, or no hook at all on a
-        captured pass without edits)."""
-        blocks = [split_block(name) for name, _ in hooks]
-        if any(b is None for b in blocks):
+        captured pass, as is a pass without hooks when the capture ran unedited); None: a full pass
+        (a hook outside the blocks)."""
+        if any(split_block(name) is None for name, _ in hooks):
             return None
-        if layer > self.last:
-            return layer
-        if not blocks and self.plain:
-            return None
-        return layer
+        return self.last + 1 if not hooks and self.plain else layer
 
     def resumed(self, start: int, rows: torch.Tensor, hooks: list) -> torch.Tensor:
         """One stacked pass resumed at block `start` -> last-position logits [n, 1, d_vocab].
@@ -286,6 +283,18 @@ class _Passes:
             return logits
         got = resume.resume_mixed(model, ckpt, groups, from_pos=first if self.support.prefix else 0)
         return logits.index_copy(0, torch.cat(where).to(logits.device), got.to(logits.dtype))
+
+
+def by_position(seg: range, pos_of: Callable[[int], int | None], same: int, tokens: int) -> list[range]:
+    """A segment of runs that edit one position each, in increasing position, split into passes that
+    each compute from their first edited position on: the leading runs before position `same` (where
+    lead and base tokens agree, so a copy of lead activations changes nothing and costs no pass) as
+    one piece, then the others in up to 4 equal pieces (more for more runs x tokens of a run)."""
+    k = next((i for i in seg if pos_of(i) is None or pos_of(i) >= same), seg.stop)
+    rest = range(k, seg.stop)
+    n_sub = max(1, min(4, len(rest) * tokens // 500))
+    pieces = [range(k + r.start, k + r.stop) for r in chunks(len(rest), math.ceil(len(rest) / n_sub))] if rest else []
+    return ([range(seg.start, k)] if k > seg.start else []) + pieces
 
 
 def _merge_z_segments(segments: list[range], hooks_of: Callable[[int], Hooks], layer_of: Callable[[int], int],
