@@ -182,3 +182,11 @@ def test_chunk_size_counts_whole_items():
     assert size.rows == 4
     with pytest.raises(ValueError, match="rows per pass"):
         sweep.ChunkSize(0)
+
+
+def test_position_runs_split_from_where_lead_and_base_differ():
+    """Runs before position 8 (lead and base agree there: no pass) form one piece; the 12 after it
+    4 pieces of 3, each pass starting at its own first position; few tokens, one piece."""
+    assert sweep.by_position(range(20), lambda i: i, 8, 500) == [range(0, 8), *(range(s, s + 3) for s in (8, 11, 14, 17))]
+    assert sweep.by_position(range(2, 20), lambda i: i, 0, 30) == [range(2, 20)]
+    assert sweep.by_position(range(5), lambda i: i, 9, 500) == [range(0, 5)]  # every run before the difference
