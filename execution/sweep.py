@@ -212,12 +212,15 @@ class _Passes:
             self.model.device)
 
     def start(self, layer: int, hooks: Hooks) -> int | None:
-        """The block a pass of runs first editing `layer` resumes at (n_layers: none, it is the
-        captured pass, as is a pass without hooks when the capture ran unedited); None: a full pass
-        (a hook outside the blocks)."""
-        if any(split_block(name) is None for name, _ in hooks):
+        """The block a pass of runs first editing `layer` resumes at: on an unedited capture the
+        first block a hook acts in (n_layers when none: the captured pass), else `layer` (earlier
+        hooks are the capture's own); None: a full pass (a hook outside the blocks)."""
+        blocks = [split_block(name) for name, _ in hooks]
+        if any(b is None for b in blocks):
             return None
-        return self.last + 1 if not hooks and self.plain else layer
+        if self.plain:
+            return min((b[0] for b in blocks), default=self.last + 1)
+        return layer
 
     def resumed(self, start: int, rows: torch.Tensor, hooks: list) -> torch.Tensor:
         """One stacked pass resumed at block `start` -> last-position logits [n, 1, d_vocab].
