@@ -5,8 +5,8 @@ Prints, per number of examples:
    ablation loop of the paper code (one forward per head, TransformerLens run_with_hooks with a
    hook zeroing that head's z); target >= n_heads / 4 (8x on 32 heads);
 2. batched ablation importance (copies of the batch stacked along the batch axis, one head
-   each, every copy resuming at its head's block from one captured pass: hooks/resume; blocks
-   after the ablated one run hook-free, hooks/fast_blocks) vs the same unbatched loop; target
+   each, every copy resuming at its head's block from one captured pass: execution/resume.py; blocks
+   after the ablated one run hook-free, execution/fast_blocks.py) vs the same unbatched loop; target
    >= 4x. Also headscope's own code path forced to one head per
    pass (the gain from stacking) and with resuming turned off (full stacked passes: the gain
    from resuming);

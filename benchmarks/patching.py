@@ -7,8 +7,8 @@ times, ratios and the max abs difference of the results, per number of prompts, 
 2. head outputs by (layer, head): vs get_act_patch_attn_head_out_all_pos; target >= 10x;
 3. head outputs by (layer, head, position): attribution patching (two forwards, one backward)
    vs exact patching (headscope's batched sweep, and get_act_patch_attn_head_out_by_pos).
-headscope's passes resume at the patched block from one captured pass (hooks/resume), with
-many patched runs stacked per pass; blocks no hook looks at run hook-free (hooks/fast_blocks);
+headscope's passes resume at the patched block from one captured pass (execution/resume.py), with
+many patched runs stacked per pass; blocks no hook looks at run hook-free (execution/fast_blocks.py);
 a patch that leaves a row's activation bitwise unchanged (IOI's clean and corrupted prompts
 agree before the changed name, printed below) is not recomputed, and the others start at the
 first position they change. Both sides include getting the clean activations (run_with_cache /

@@ -1,6 +1,6 @@
 """Hook-free decoder blocks for resumed passes: the same arithmetic as a block, without the bridge.
 
-A resumed pass (execution/resume) often runs blocks that no hook looks at: every block after an
+A resumed pass (execution/resume.py) often runs blocks that no hook looks at: every block after an
 ablated head or a patched activation. Through the TransformerBridge each such block costs about
 a millisecond of Python (hook points, wrappers) besides its arithmetic, which dominates the
 small passes of a patching sweep. `plan` returns, for an architecture it knows, a `Block` per

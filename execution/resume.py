@@ -90,7 +90,7 @@ def capture(model, tokens: torch.Tensor, *, fwd: HookList = (), z_layers: Sequen
     before `fwd` edits it) at z_layers. attention_mask [rows, pos] (1 = real token): padded rows
     must be left-padded (ConfigError otherwise), so the last position is each row's own; the
     captured per-row arguments (4-d mask, position ids, rotary tables) then follow each row into
-    resumed passes. fast: without hooks, run the blocks hook-free (execution/fast_blocks; None: when
+    resumed passes. fast: without hooks, run the blocks hook-free (execution/fast_blocks.py; None: when
     supports(model).fast_capture and no hooks are attached)."""
     if model.facts.is_encoder:
         raise ConfigError("resume works on decoders only (encoder metrics read every position).")
@@ -391,7 +391,7 @@ def resume(model, ckpt: Checkpoint, start: int, rows: torch.Tensor, *, hidden: t
     positions from_pos.. are computed, attending to the captured K and V before them (needs
     supports(model).prefix; hooks then see [n, pos - from_pos, ...]; a sliding-window cache that
     dropped early positions computes every position instead). fast: run blocks no hook
-    in `fwd` names through execution/fast_blocks (None: when supports(model).fast); with last_only
+    in `fwd` names through execution/fast_blocks.py (None: when supports(model).fast); with last_only
     the last block then attends from the last query only. Returns the logits, [n, 1, d_vocab]
     (last_only) or [n, pos - from_pos, d_vocab].
     """
@@ -494,7 +494,7 @@ class Support(NamedTuple):
     ok: bool  # resume at any block equals a full pass
     shortcut: bool  # a z edit entering as o(z') (pre-norm blocks, sequential or parallel)
     prefix: bool  # from_pos: positions before the edit taken from the captured cache
-    fast: bool = False  # hook-free blocks (execution/fast_blocks) where no hook looks
+    fast: bool = False  # hook-free blocks (execution/fast_blocks.py) where no hook looks
     fast_capture: bool = False  # capture without hooks, and last_logits, run the blocks hook-free
 
 

@@ -8,9 +8,10 @@ Every head h gets a gate xi_h that scales its output (z_h -> xi_h z_h at hook_z)
   resample). Many heads per forward pass: the batch is stacked once per head along the batch
   axis, and one hook per layer gives each copy its own head mask.
 `run_gated` is the one primitive underneath (per-row gates and replacement values). For decoder
-metrics read at the last position, `evaluate_masks` resumes each mask's pass at the first block
-where it differs from a reference mask (hooks/resume): a head in block l costs blocks l..L-1,
-and block l itself only its output projection and MLP (pre-norm blocks, sequential or parallel).
+metrics read at the last position, `evaluate_masks` (a sweep of execution/sweep.py, as exact
+patching's) resumes each mask's pass at the first block where it differs from a reference mask
+(execution/resume.py): a head in block l costs blocks l..L-1, and block l itself only its output
+projection and MLP (pre-norm blocks, sequential or parallel).
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ from tqdm.auto import tqdm
 from headscope.analyses.core import metrics
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, InputTypeError
-from headscope.execution import batching, distributed, resume
-from headscope.execution.rows import take
+from headscope.execution import batching, distributed, resume, sweep
 from headscope.hooks import capture, site
 from headscope.hooks.interventions import METHODS, resample_partners
 from headscope.models.hooked_model import left_padding_starts
@@ -236,97 +236,55 @@ def evaluate_masks(
 ) -> torch.Tensor:
     """Mean metric of the model under each mask: masks [k, n_layers, n_heads] -> [k] (float64).
 
-    The k masks run as copies of the example batch stacked along the batch axis, as many per
-    forward pass as the memory budget allows (halved on out-of-memory). Mask 1 keeps a head, 0
-    removes it (zero, or `replacement` values: layer -> [batch or 1, pos, head, d_head] over all
+    Each mask is a run of the sweep engine (execution/sweep.py): copies of the example batch
+    stacked along the batch axis, as many per forward pass as the memory budget allows (halved on
+    out-of-memory; examples are split when one copy per pass does not fit). Mask 1 keeps a head,
+    0 removes it (zero, or `replacement` values: layer -> [batch or 1, pos, head, d_head] over all
     examples). For last-position decoder metrics each mask resumes at the first block where it
-    differs from a reference mask, from one captured pass under it (hooks/resume). Under
-    torch.distributed each rank scores its block of examples; the sums are all-reduced, so every
-    rank returns the mean over all examples.
+    differs from a reference mask (the all-ones mask if there is one, else masks[0]), from one
+    captured pass under it (execution/resume.py). Under torch.distributed each rank scores its
+    block of examples; the sums are all-reduced, so every rank returns the mean over all examples.
     """
     n, pos = scorer.tokens.shape
     mine = distributed.shard(n)
-    cap = [batching.rows_per_pass(model, pos, max_tokens=max_tokens, memory_budget=memory_budget,
-                                  logits_cap=True)]  # rows per pass; shrinks on OOM
-    k = masks.shape[0]
+    size = sweep.ChunkSize(batching.rows_per_pass(model, pos, max_tokens=max_tokens, memory_budget=memory_budget,
+                                                  logits_cap=True))  # rows per pass, shared by both loops
+    k, n_layers = masks.shape[0], model.facts.n_layers
     masks = masks.to(model.device)
     bar = tqdm(total=len(mine) * k, desc=desc, disable=not (progress and distributed.is_main()), leave=False)
-    support = resume.supports(model) if scorer.last_position else resume.Support(False, False, False)
+    ones = (masks == 1).flatten(1).all(1).nonzero().flatten()
+    ref = masks[ones[0]] if len(ones) else masks[0]  # [L, H] the reference the captured pass runs under
+    differs = (masks != ref).flatten(2).any(2)  # [k, L]
+    first = torch.where(differs.any(1), differs.float().argmax(1), n_layers).tolist()  # n_layers: equal to ref
+    order = sorted(range(k), key=first.__getitem__) if scorer.last_position else list(range(k))  # runs by block
 
     def run_examples(ex: range) -> torch.Tensor:  # -> [k] metric sums over these examples
         rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
         b = rows.shape[0]
         rep = None if replacement is None else {l: (v if v.shape[0] == 1 else v[rows]) for l, v in replacement.items()}
 
-        def shrink(copies: int) -> None:
-            cap[0] = max(1, min(cap[0], copies * b // 2))
+        def hooks_for(runs: range) -> list:  # masks order[runs] over the b examples, copy-major
+            return gate_hooks(masks[order[runs.start:runs.stop]].repeat_interleave(b, 0), rep)
 
-        if support.ok:
-            return _resumed_masks(model, scorer, masks, rows, rep, support, cap, shrink, bar)
+        def metric(out: torch.Tensor) -> torch.Tensor:  # [c * b, ...] -> [c * b]
+            return scorer.metric(out, rows.repeat(out.shape[0] // b))
 
-        def run_masks(mc: range) -> torch.Tensor:  # -> [c]
-            m = masks[mc.start:mc.stop]  # [c, L, H]
-            c = m.shape[0]
-            stacked = rows.repeat(c)  # [c * b], copy-major
-            out = run_gated(model, scorer.tokens[stacked], m.repeat_interleave(b, 0),
-                            attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[stacked],
-                            replacement=rep)
-            vals = scorer.metric(out, stacked).reshape(c, b)  # [c, b]
-            bar.update(c * b)
-            return vals.sum(1).double().cpu()
-
-        parts = batching.run_chunks(run_masks, k, max(1, cap[0] // b), on_oom=shrink)
-        return torch.cat([v for _, v in parts])
+        spec = sweep.Sweep(
+            tokens=scorer.tokens[rows], hooks_for=hooks_for, metric=metric, stacked_metric=True,
+            attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows],
+            layer_of=(lambda run: first[order[run]]) if scorer.last_position else None,
+            capture_hooks=gate_hooks(ref.expand(b, -1, -1), rep), dtype=torch.float64)
+        values, _ = sweep.run(model, spec, range(k), lambda n_pos: size, done=lambda c: bar.update(c * b))
+        sums = torch.zeros(k, dtype=torch.float64)
+        sums[order] = values.sum(1)  # [k]
+        return sums
 
     totals = torch.zeros(k, dtype=torch.float64)
     with torch.no_grad():
-        for _, part in batching.run_chunks(run_examples, len(mine), max(1, min(len(mine), cap[0]))):
+        for _, part in batching.run_chunks(run_examples, len(mine), max(1, min(len(mine), size.rows))):
             totals += part
     bar.close()
     return distributed.all_reduce_sum(totals) / n
-
-
-def _resumed_masks(model, scorer: Scorer, masks: torch.Tensor, rows: torch.Tensor,
-                   rep: dict[int, torch.Tensor] | None, support: resume.Support, cap: list[int], shrink, bar) -> torch.Tensor:
-    """evaluate_masks for examples `rows` [b]: one captured pass under a reference mask (the
-    all-ones mask if there is one, else masks[0]), then each group of masks sharing their first
-    block that differs from it resumes there. -> [k] metric sums."""
-    n_layers, shortcut = model.facts.n_layers, support.shortcut
-    k, b = masks.shape[0], rows.shape[0]
-    ones = (masks == 1).flatten(1).all(1).nonzero().flatten()
-    ref = masks[ones[0]] if len(ones) else masks[0]  # [L, H]
-    attn = None if scorer.attention_mask is None else scorer.attention_mask[rows]
-    ckpt = resume.capture(model, scorer.tokens[rows], fwd=gate_hooks(ref.expand(b, -1, -1), rep),
-                          z_layers=range(n_layers) if shortcut else (), attention_mask=attn)
-    differs = (masks != ref).flatten(2).any(2)  # [k, L]
-    first = torch.where(differs.any(1), differs.float().argmax(1), torch.full_like(differs[:, 0], n_layers, dtype=torch.long))
-    sums = torch.zeros(k, dtype=torch.float64)
-    same = (first == n_layers).nonzero().flatten().tolist()  # masks equal to the reference: the captured pass
-    if same:
-        sums[same] = scorer.metric(ckpt.logits[:, None], rows).sum().double().cpu()
-        bar.update(len(same) * b)
-    local = torch.arange(b, device=rows.device)  # captured-row indices
-    for start in sorted(set(first.tolist()) - {n_layers}):
-        group = (first == start).nonzero().flatten()  # masks resuming at `start`
-
-        def run_group(mc: range, group: torch.Tensor = group, start: int = start) -> torch.Tensor:  # -> [c]
-            idx = group[mc.start:mc.stop]
-            c = idx.shape[0]
-            at = local.repeat(c)  # [c * b], copy-major
-            gates = masks[idx].repeat_interleave(b, 0)  # [c * b, L, H]
-            z = None
-            if shortcut:
-                r = None if rep is None else rep.get(start)
-                z = gated_z(take(ckpt.z[start], at), gates[:, start], r)
-            hooks = gate_hooks(gates, rep, after=start if shortcut else start - 1)
-            out = resume.resume(model, ckpt, start, at, fwd=hooks, z=z, fast=support.fast)  # [c * b, 1, d_vocab]
-            vals = scorer.metric(out, rows[at]).reshape(c, b)
-            bar.update(c * b)
-            return vals.sum(1).double().cpu()
-
-        for chunk, part in batching.run_chunks(run_group, group.shape[0], max(1, cap[0] // b), on_oom=shrink):
-            sums[group[chunk.start:chunk.stop].cpu()] = part
-    return sums
 
 
 def ablation_values(model, scorer: Scorer, method: str, *, seed: int = 0) -> dict[int, torch.Tensor] | None:

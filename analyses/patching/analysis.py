@@ -7,7 +7,7 @@ forward pass, and the source prompts ride along in the same forward passes as le
 no separate source run or cache): a sweep over every requested site type costs a few forward
 passes instead of one per cell (transformer_lens.patching's approach). Values equal the
 one-at-a-time results. For last-position decoder metrics each forward pass resumes at the
-patched block from one captured pass (hooks/resume), skipping the blocks before it.
+patched block from one captured pass (execution/resume.py), skipping the blocks before it.
 
 Padded tasks (mixed-length prompts, left-padded): every run goes under the task's attention
 mask (resumed or full passes, see engine.RESUME_PADDED) and each row's metric reads its own last

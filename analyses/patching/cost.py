@@ -18,7 +18,6 @@ at every position.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from headscope.analyses.core.budget import Cost, CostModel, examples_knob, n_rows, resumed_share, task_length
 
@@ -48,17 +47,15 @@ def first_difference(task, n: int) -> int:
 
 def position_cells(positions: list[int], n_pos: int, first: int, n_prompts: int, per_forward: int) -> float:
     """One layer's per-position runs (`positions`: the position each run patches, in engine order;
-    -1 for the unpatched run, which joins layer 0), in whole-prompt runs, as engine.run_batched
-    computes them when passes skip the positions before their first edit: up to 4 sub-segments
-    (more prompts x positions, more of them), each split into passes of at most per_forward runs;
-    a pass computes its runs at or after `first` from max(its first such position, first) on, and
-    nothing for the others (they are the captured run)."""
-    from headscope.analyses.patching.engine import chunks
+    -1 for the unpatched run, which joins layer 0), in whole-prompt runs, as the sweep engine
+    computes them when passes skip the positions before their first edit (sweep.by_position): the
+    runs before `first` cost nothing, the others form up to 4 sub-segments (more prompts x
+    positions, more of them), each split into passes of at most per_forward runs; a pass computes
+    its runs from its first position on."""
+    from headscope.execution.sweep import by_position, chunks
 
-    n_runs = len(positions)
-    n_sub = max(1, min(4, n_runs * n_prompts * n_pos // 500))
     total = 0.0
-    for sub in chunks(n_runs, math.ceil(n_runs / n_sub)):
+    for sub in by_position(range(len(positions)), lambda i: max(positions[i], 0), first, n_prompts * n_pos):
         for part in chunks(len(sub), per_forward):
             moved = [p for p in positions[sub.start + part.start:sub.start + part.stop] if p >= first and p >= 0]
             if moved:

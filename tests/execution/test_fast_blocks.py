@@ -1,4 +1,4 @@
-"""Hook-free blocks (hooks/fast_blocks) inside resumed passes equal plain Hugging Face and TransformerLens passes."""
+"""Hook-free blocks (execution/fast_blocks.py) inside resumed passes equal plain Hugging Face and TransformerLens passes."""
 from __future__ import annotations
 
 import pytest
