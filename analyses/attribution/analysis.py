@@ -49,7 +49,7 @@ from headscope.analyses.attribution import methods as am
 from headscope.analyses.attribution.adversarial import LN2, adversarial_attention
 from headscope.analyses.attribution.agreement import method_pair_rows, summarise, tau_rows
 from headscope.analyses.attribution.permutation import permutation_test
-from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.result import Result
@@ -237,18 +237,17 @@ def attribution(
     config: AttributionConfig | None = None,
     *,
     reference: torch.Tensor | None = None,
-    progress: bool | None = None,
-    **overrides: Any,
+    **config_overrides: Any,
 ) -> Result:
     """Token importance by attention, rollout, gradients, IG and leave-one-out, and their agreement.
 
-    task: a Task, a zoo task name or task file, or None (default_task). config fields may also be
-    given as keyword overrides (progress too). reference: [batch, d_model] embeddings
+    task: a Task, a zoo task name or task file, or None (default_task). config_overrides are
+    fields of AttributionConfig (n_steps=16, progress=True). reference (data, not a setting): [batch, d_model] embeddings
     for the encoder metric (default: each sentence's partner). Returns a Result whose df has one
     row per (example, attention vector, method) with Kendall tau; tables: scores, tau_methods,
     tau_summary, tau_by_layer, tau_by_head, permutation, ig.
     """
-    cfg = with_overrides(config or AttributionConfig(), progress=progress, **overrides)
+    cfg = configure(AttributionConfig, config, config_overrides, name="attribution")
     progress = cfg.progress
     if not isinstance(task, Task):
         task = default_task(model, task, cfg)

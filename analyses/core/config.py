@@ -9,6 +9,7 @@ values it is given; its `quick` only shrinks the default number of examples.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -60,6 +61,33 @@ class AnalysisConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def configure(cls: type[C], config: Any, overrides: dict[str, Any], *, name: str, default: C | None = None,
+              positional: str | None = None) -> C:
+    """The config a named analysis runs with: `config` (None: `default`, else cls()) with the keyword
+    `overrides` (fields of cls; None leaves a field as it is) replaced. `hs.head_importance(model, task,
+    methods=("zero",))` equals `hs.head_importance(model, task, HeadsConfig(methods=("zero",)))`.
+    positional: the field an older call form gave third, in the config's place (activation_patching's
+    sites, path_patching's receivers, probe_sweep's site): such a value is that field's override.
+    A config of another type is an InputTypeError, an unknown keyword one ConfigError naming the
+    closest fields, both before any work."""
+    from headscope.errors import InputTypeError, did_you_mean
+
+    if positional and config is not None and not isinstance(config, AnalysisConfig):
+        if overrides.get(positional) is not None:
+            raise ConfigError(f"{name} got {positional} twice: as its third argument and as {positional}=.")
+        config, overrides = None, {positional: config, **overrides}
+    if config is not None and not isinstance(config, cls):
+        raise InputTypeError(f"{name} takes a {cls.__name__} as config, got {type(config).__name__}.")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in overrides if k not in names]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=3, cutoff=0.5)
+        hint = f"did you mean {did_you_mean(unknown[0], names)}? " if close else ""
+        raise ConfigError(f"{name} has no setting {unknown[0]!r}; {hint}its settings are the fields of "
+                          f"{cls.__name__}: {', '.join(names)}.")
+    return with_overrides(config if config is not None else (default if default is not None else cls()), **overrides)
 
 
 def with_overrides(config: C, **overrides: Any) -> C:

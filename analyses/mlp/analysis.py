@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
-from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
@@ -295,12 +296,13 @@ def zoo_corpus(model, n_examples: int, seed: int = 0) -> list[torch.Tensor]:
 
 @takes_prompt
 def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConfig | None = None, *,
-                          corpus: Corpus | Sequence[Corpus] | None = None) -> Result:
+                          corpus: Corpus | Sequence[Corpus] | None = None, **config_overrides: Any) -> Result:
     """Trigger examples, value tokens, agreement per layer and the Task's largest sub-updates.
 
     task: a Task, zoo task name or task file (None: zoo "facts", or sentences; default_inputs); corpus: the prompts scanned for
     trigger examples, [rows, pos] tokens or (tokens, attention_mask) pairs (None: the zoo corpus, or
-    the Task's prompts and answers for other models, task_corpus). Padded Tasks and corpora run with
+    the Task's prompts and answers for other models, task_corpus; data, not a setting); config_overrides
+    are fields of MLPConfig (layers=(0,), top_k_triggers=10). Padded Tasks and corpora run with
     their masks; padding is never a prefix nor an answer position.
 
     df (results.csv): one row per (layer, neuron). tables: "agreement" (per layer), "top_neurons"
@@ -310,7 +312,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     if model.facts.is_encoder:
         raise ConfigError(f"the mlp analysis reads values through the unembedding and next tokens; "
                          f"{model.facts.name} is an encoder without a trained LM head. Use a decoder.")
-    config = config or MLPConfig()
+    config = configure(MLPConfig, config, config_overrides, name="mlp_memories_analysis")
     if not isinstance(task, Task) or corpus is None:
         default_task, default_corpus = default_inputs(model, task, config)
         task, corpus = default_task, default_corpus if corpus is None else corpus
