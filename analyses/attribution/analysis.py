@@ -38,7 +38,7 @@ import dataclasses
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -96,11 +96,13 @@ class AttributionConfig(AnalysisConfig):
     alpha: float = 0.05
     metric: str | None = None
 
+    QUICK: ClassVar[dict[str, Any]] = {"n_steps": 8, "ig_max_steps": 32, "n_permutations": 20, "adversarial_steps": 20}
+
     @classmethod
     def preset(cls, *, quick: bool = False, **common) -> AttributionConfig:
         if not quick:  # the report's full run searches adversarial attention for 50 steps
             return cls(adversarial_steps=50, **common)
-        return cls(quick=True, n_steps=8, ig_max_steps=32, n_permutations=20, adversarial_steps=20, **common)
+        return cls(quick=True, **common)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -29,7 +29,7 @@ and heads; the sum of the writers' contributions, the norm/bias terms and the fi
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -100,10 +100,7 @@ class CircuitsConfig(AnalysisConfig):
         if self.k_values is not None and (not self.k_values or any(int(k) < 0 for k in self.k_values)):
             raise ConfigError(f"k_values must be a non-empty tuple of edge counts >= 0, got {self.k_values!r}.")
 
-    @classmethod
-    def preset(cls, **common) -> CircuitsConfig:
-        """Quick runs score edges with one-step, clean-run EAP (the papers' baseline)."""
-        return cls(**({"edge_method": "eap-clean", "ig_steps": 1} if common.get("quick") else {}), **common)
+    QUICK: ClassVar[dict[str, Any]] = {"edge_method": "eap-clean", "ig_steps": 1}  # one-step clean-run EAP (the baseline)
 
 
 # ---- tasks ---------------------------------------------------------------------------------

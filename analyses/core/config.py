@@ -1,10 +1,17 @@
 """AnalysisConfig: the settings every analysis family shares, and its preset rule.
 
 Every family has `run(model, task=None, config=None) -> Result` and a frozen, keyword-only
-config dataclass that subclasses AnalysisConfig. `Family.preset(quick=..., seed=..., ...)` is
-the family's default for those shared settings: `quick=True` shrinks the family's own sizes
-(fewer orderings, steps or bootstrap draws) as a smoke run. A config built directly keeps the
-values it is given; its `quick` only shrinks the default number of examples.
+config dataclass that subclasses AnalysisConfig; its named functions take (model, task=None,
+config=None, **config_overrides) (`configure`). One seed per run: nested settings (heads' pruning
+and L0) have none of their own.
+
+`quick` has one meaning: a smoke run, where every size the caller leaves unset takes the family's
+quick value. The fixed ones are the class's QUICK table, applied when the config is built
+(`HeadsConfig(quick=True)` equals `HeadsConfig.preset(quick=True)`; `HeadsConfig(quick=True,
+n_induction=8)` keeps 8); the sizes that default to None (n_examples, patching's sites and trace
+samples, probes' folds) take theirs when the analysis runs. `Family.preset(...)` is the report's
+config: the class with the shared options (attribution's full report searches adversarial
+attention for 50 steps instead of 100).
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ import dataclasses
 import difflib
 import numbers
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from headscope.errors import ConfigError
 
@@ -47,8 +54,24 @@ class AnalysisConfig:
     n_examples: int | None = None
     progress: bool = False
 
+    QUICK: ClassVar[dict[str, Any]] = {}  # field -> its quick value (a smoke run's size)
+
+    def __new__(cls, *args: Any, **given: Any) -> AnalysisConfig:
+        self = super().__new__(cls)
+        object.__setattr__(self, "_given", frozenset(given))  # the fields the caller set (the rest are defaults)
+        return self
+
     def __post_init__(self) -> None:
         check_shared(seed=self.seed, n_examples=self.n_examples)
+        if self.quick:  # every size the caller left unset takes its quick value
+            for name, value in self.QUICK.items():
+                if name not in self.given:
+                    object.__setattr__(self, name, value)
+
+    @property
+    def given(self) -> frozenset[str]:
+        """The fields set when the config was built (dataclasses.replace sets them all)."""
+        return getattr(self, "_given", frozenset())
 
     @classmethod
     def preset(cls: type[C], **common: Any) -> C:
@@ -91,6 +114,9 @@ def configure(cls: type[C], config: Any, overrides: dict[str, Any], *, name: str
 
 
 def with_overrides(config: C, **overrides: Any) -> C:
-    """config with the given fields replaced; None values leave a field as it is."""
+    """config with the given fields replaced; None values leave a field as it is. Turning quick on
+    rebuilds the config from the fields its caller set, so the others take their quick sizes."""
     given = {k: v for k, v in overrides.items() if v is not None}
+    if given.get("quick") and not config.quick:
+        return type(config)(**{k: getattr(config, k) for k in config.given}, **given)
     return dataclasses.replace(config, **given) if given else config

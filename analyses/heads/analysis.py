@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -74,15 +74,10 @@ class HeadsConfig(AnalysisConfig):
     n_induction: int = 8
     best_head: bool = True
 
-    @classmethod
-    def preset(cls, *, seed: int = 0, quick: bool = False, **common) -> HeadsConfig:
-        if not quick:
-            return cls(seed=seed, **common)
-        return cls(  # a smoke run: every part, at the smallest useful size
-            methods=("gradient", "zero"), seed=seed, quick=True, n_induction=4,
-            pruning=PruningConfig(n_random=2, recompute=(False,)),
-            l0=L0Config(lambdas=(0.03,), steps=10, batch_size=8), **common,
-        )
+    QUICK: ClassVar[dict[str, Any]] = {  # a smoke run: every part, at the smallest useful size
+        "methods": ("gradient", "zero"), "n_induction": 4, "pruning": PruningConfig(n_random=2, recompute=(False,)),
+        "l0": L0Config(lambdas=(0.03,), steps=10, batch_size=8),
+    }
 
 
 # ---- tasks ---------------------------------------------------------------------------------

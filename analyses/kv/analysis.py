@@ -209,9 +209,9 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
     df (results.csv): the metric per policy, budget and example. tables: "anatomy", "norms",
     "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget.
     """
+    config = configure(KVConfig, config, config_overrides, name="kv_analysis")
     if model.facts.is_encoder:
         raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
-    config = configure(KVConfig, config, config_overrides, name="kv_analysis")
     task = default_task(model, task, config)
     anatomy = cache_anatomy(model)
     norms = kv_norms(model, task.tokens, task.attention_mask)

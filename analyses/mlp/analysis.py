@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -57,9 +57,7 @@ class MLPConfig(AnalysisConfig):
     apply_final_norm: bool = False
     layers: tuple[int, ...] | None = None  # the layers analysed (None: every layer)
 
-    @classmethod
-    def preset(cls, *, quick: bool = False, **common) -> MLPConfig:
-        return cls(quick=quick, top_k_triggers=10 if quick else 25, **common)
+    QUICK: ClassVar[dict[str, Any]] = {"top_k_triggers": 10}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,10 +307,10 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     (by mean ||m_i v_i|| on the Task, with trigger prompts and promoted tokens; raw strings,
     escape when rendering), "task_updates" (largest sub-updates per example and layer).
     """
+    config = configure(MLPConfig, config, config_overrides, name="mlp_memories_analysis")
     if model.facts.is_encoder:
         raise ConfigError(f"the mlp analysis reads values through the unembedding and next tokens; "
                          f"{model.facts.name} is an encoder without a trained LM head. Use a decoder.")
-    config = configure(MLPConfig, config, config_overrides, name="mlp_memories_analysis")
     if not isinstance(task, Task) or corpus is None:
         default_task, default_corpus = default_inputs(model, task, config)
         task, corpus = default_task, default_corpus if corpus is None else corpus

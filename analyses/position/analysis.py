@@ -24,7 +24,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -81,9 +81,7 @@ class PositionConfig(AnalysisConfig):
     generate: bool | None = None
     n_boot: int = 1000
 
-    @classmethod
-    def preset(cls, *, quick: bool = False, **common) -> PositionConfig:
-        return cls(quick=quick, n_boot=200 if quick else 1000, **common)
+    QUICK: ClassVar[dict[str, Any]] = {"n_boot": 200}
 
 
 def has_zoo_vocab(tokenizer: Any) -> bool:
