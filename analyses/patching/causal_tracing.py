@@ -126,23 +126,10 @@ def causal_tracing(
         from headscope.analyses.core.task_files import resolve_task
 
         task = resolve_task(model, task, default="facts", n_examples=cfg.examples(32, 8), seed=cfg.seed)
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown or not kinds:
-        raise ConfigError(f"Unknown causal-tracing kinds {unknown}; choose from {tuple(KINDS)}.")
-    if span not in task.spans:
-        raise ConfigError(f"Task {task.name!r} marks no {span!r} span (it has {sorted(task.spans)}); "
-                         "causal tracing noises the subject tokens, so pass span= or add the span.")
-    if n_samples < 1:
-        raise ConfigError(f"n_samples must be >= 1, got {n_samples}.")
-    tokens = model.check_tokens(task.tokens)
-    mask = padding_mask(task.attention_mask, tokens)  # [batch, pos] or None
+    tokens, mask, spans = _checked_inputs(model, task, cfg)
     pm = resolve_metric(task, cfg.metric)
     n_layers, n_pos = model.facts.n_layers, tokens.shape[1]
     window = default_window(n_layers) if cfg.window is None else int(cfg.window)
-    spans = task.spans[span].cpu()
-    if mask is not None and bool((_in_span(spans, n_pos) & ~mask.bool().cpu()).any()):
-        raise TaskError(f"Task {task.name!r}: a {span!r} span covers padding; spans of a padded task are in "
-                        "padded positions (hs.load_task shifts them), so shift it past the row's padding.")
     noise, noise_std = _noise(model, cfg, tokens, spans, mask, noise)
     clean = capture(model, tokens, [site(KINDS[k], layer) for k in kinds for layer in range(n_layers)],
                     attention_mask=mask)
@@ -183,6 +170,26 @@ def causal_tracing(
                   "window": window, "seed": cfg.seed}
     return Result(name="patching", df=df, summary=summary,
                   tables={"causal_tracing": df, "causal_tracing_roles": by_role}, config=config_out)
+
+
+def _checked_inputs(model, task: Task, cfg: TracingConfig) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(tokens [batch, pos], padding mask or None, the span [batch, 2] on CPU), after one clear error
+    for unknown kinds, a missing span, no samples or a span over padding."""
+    unknown = [k for k in cfg.kinds if k not in KINDS]
+    if unknown or not cfg.kinds:
+        raise ConfigError(f"Unknown causal-tracing kinds {unknown}; choose from {tuple(KINDS)}.")
+    if cfg.span not in task.spans:
+        raise ConfigError(f"Task {task.name!r} marks no {cfg.span!r} span (it has {sorted(task.spans)}); "
+                          "causal tracing noises the subject tokens, so pass span= or add the span.")
+    if cfg.n_samples < 1:
+        raise ConfigError(f"n_samples must be >= 1, got {cfg.n_samples}.")
+    tokens = model.check_tokens(task.tokens)
+    mask = padding_mask(task.attention_mask, tokens)  # [batch, pos] or None
+    spans = task.spans[cfg.span].cpu()
+    if mask is not None and bool((_in_span(spans, tokens.shape[1]) & ~mask.bool().cpu()).any()):
+        raise TaskError(f"Task {task.name!r}: a {cfg.span!r} span covers padding; spans of a padded task are in "
+                        "padded positions (hs.load_task shifts them), so shift it past the row's padding.")
+    return tokens, mask, spans
 
 
 def _noise(model, cfg: TracingConfig, tokens: torch.Tensor, spans: torch.Tensor, mask: torch.Tensor | None,

@@ -260,8 +260,8 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
         per_layer.append({"layer": layer, score_name: float(res["score"].mean()), "control": float(res["control"].mean()),
                           "selectivity": res["selectivity"], "std": float(res["score"].std()), "strength": strength})
     table = pd.DataFrame(per_layer)
-    summary = _probe_summary(table, labels_arr, score_name, classify=classify, labels=labels, site=site, cv=cv,
-                             n_dropped=n_dropped, capacity={"param": param, "grid": list(grid)} if grid is not None else None)
+    summary = _probe_summary(table, labels_arr, cfg, classify=classify, n_dropped=n_dropped,
+                             capacity={"param": param, "grid": list(grid)} if grid is not None else None)
     tables = {"per_layer": table}
     if sweeps:
         tables["capacity"] = pd.concat(sweeps, ignore_index=True)[
@@ -285,17 +285,18 @@ def _drop_singletons(probe_data: ProbeData, features: list[np.ndarray]) -> tuple
     return labels_arr[keep], types[keep], [X[keep] for X in features], int((~keep).sum())
 
 
-def _probe_summary(table: pd.DataFrame, labels_arr: np.ndarray, score_name: str, *, classify: bool, labels: Any,
-                   site: str, cv: int, n_dropped: int, capacity: dict | None) -> dict[str, Any]:
+def _probe_summary(table: pd.DataFrame, labels_arr: np.ndarray, cfg: ProbesConfig, *, classify: bool, n_dropped: int,
+                   capacity: dict | None) -> dict[str, Any]:
     """The summary's per-layer numbers: the best layer, its score, control and selectivity, the
     majority baseline and class count (classification), and the first selective layer."""
+    score_name, labels = ("accuracy" if classify else "r2"), cfg.labels
     best = table.loc[table[score_name].idxmax()]
     _, counts = np.unique(labels_arr, return_counts=True)
     return {
-        "labels": labels if isinstance(labels, str) else "custom", "site": site, "metric": score_name,
+        "labels": labels if isinstance(labels, str) else "custom", "site": cfg.site, "metric": score_name,
         "best_layer": int(best.layer), f"best_{score_name}": float(best[score_name]),
         "best_control": float(best.control), "best_selectivity": float(best.selectivity), "best_std": float(best["std"]),
-        "cv": cv,
+        "cv": cfg.folds(),
         "majority_baseline": float(counts.max() / counts.sum()) if classify else None,
         f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},
         "selectivity_per_layer": {str(int(r.layer)): float(r.selectivity) for _, r in table.iterrows()},
