@@ -2,12 +2,12 @@
 
 Denoising runs the corrupted prompts and restores one clean activation (is it sufficient?);
 noising runs the clean prompts and inserts one corrupted activation (is it necessary?). Each
-cell of a site type (see patching_sites) is one patched run; the engine stacks many runs per
+cell of a site type (see patching/sites.py) is one patched run; the engine stacks many runs per
 forward pass, and the source prompts ride along in the same forward passes as lead rows (so
 no separate source run or cache): a sweep over every requested site type costs a few forward
 passes instead of one per cell (transformer_lens.patching's approach). Values equal the
 one-at-a-time results. For last-position decoder metrics each forward pass resumes at the
-patched block from one captured pass (hooks/resume), skipping the blocks before it.
+patched block from one captured pass (execution/resume.py), skipping the blocks before it.
 
 Padded tasks (mixed-length prompts, left-padded): every run goes under the task's attention
 mask (resumed or full passes, see engine.RESUME_PADDED) and each row's metric reads its own last
@@ -143,7 +143,7 @@ def activation_patching(
     corrupted_tokens: torch.Tensor | None = None,
     **config_overrides: Any,
 ) -> Result:
-    """Exact activation patching over config.sites (names in patching_sites.SITE_TYPES; None: the
+    """Exact activation patching over config.sites (names in patching/sites.py SITE_TYPES; None: the
     four main ones, DEFAULT_SITES).
 
     config: a PatchingConfig; config_overrides are its fields: sites, direction ("denoise":

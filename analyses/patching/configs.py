@@ -18,7 +18,7 @@ MetricSpec = str | Callable[[Any], Any] | None  # a metric name, a callable outp
 
 @dataclass(frozen=True, kw_only=True)
 class PatchingConfig(AnalysisConfig):
-    """sites: site types (patching_sites.SITE_TYPES; None: the four main ones for activation_patching,
+    """sites: site types (patching/sites.py SITE_TYPES; None: the four main ones for activation_patching,
     and for `run` every type the model exposes, the four main ones when quick); direction: "denoise"
     (corrupted run, clean activation restored) or "noise"; metric: see the module doc (None: logit
     difference when the task has wrong answers); attribution: add attribution-patching estimates
