@@ -118,5 +118,5 @@ def with_overrides(config: C, **overrides: Any) -> C:
     rebuilds the config from the fields its caller set, so the others take their quick sizes."""
     given = {k: v for k, v in overrides.items() if v is not None}
     if given.get("quick") and not config.quick:
-        return type(config)(**{k: getattr(config, k) for k in config.given}, **given)
+        return type(config)(**{**{k: getattr(config, k) for k in config.given}, **given})
     return dataclasses.replace(config, **given) if given else config

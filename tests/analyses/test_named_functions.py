@@ -106,6 +106,8 @@ def test_quick_means_quick_sizes_for_what_the_caller_left_unset():
     assert hs.AttributionConfig(quick=True).n_steps == 8 and hs.PositionConfig(quick=True).n_boot == 200
     on = configure(hs.HeadsConfig, hs.HeadsConfig(n_induction=6), {"quick": True}, name="f")  # quick as an override
     assert (on.quick, on.n_induction, on.methods, on.l0.steps) == (True, 6, ("gradient", "zero"), 10)
+    both = configure(hs.HeadsConfig, hs.HeadsConfig(seed=1, n_induction=6), {"quick": True, "seed": 2}, name="f")
+    assert (both.seed, both.n_induction, both.n_examples) == (2, 6, None)
     assert hs.ProbesConfig(quick=True).folds() == 3 and hs.ProbesConfig().folds() == 5
     assert all(issubclass(cls, AnalysisConfig) for cls, _ in CASES.values())
 
