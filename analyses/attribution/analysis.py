@@ -38,7 +38,7 @@ import dataclasses
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -49,7 +49,7 @@ from headscope.analyses.attribution import methods as am
 from headscope.analyses.attribution.adversarial import LN2, adversarial_attention
 from headscope.analyses.attribution.agreement import method_pair_rows, summarise, tau_rows
 from headscope.analyses.attribution.permutation import permutation_test
-from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.core.result import Result
@@ -96,11 +96,13 @@ class AttributionConfig(AnalysisConfig):
     alpha: float = 0.05
     metric: str | None = None
 
+    QUICK: ClassVar[dict[str, Any]] = {"n_steps": 8, "ig_max_steps": 32, "n_permutations": 20, "adversarial_steps": 20}
+
     @classmethod
     def preset(cls, *, quick: bool = False, **common) -> AttributionConfig:
         if not quick:  # the report's full run searches adversarial attention for 50 steps
             return cls(adversarial_steps=50, **common)
-        return cls(quick=True, n_steps=8, ig_max_steps=32, n_permutations=20, adversarial_steps=20, **common)
+        return cls(quick=True, **common)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -237,23 +239,64 @@ def attribution(
     config: AttributionConfig | None = None,
     *,
     reference: torch.Tensor | None = None,
-    progress: bool | None = None,
-    **overrides: Any,
+    **config_overrides: Any,
 ) -> Result:
     """Token importance by attention, rollout, gradients, IG and leave-one-out, and their agreement.
 
-    task: a Task, a zoo task name or task file, or None (default_task). config fields may also be
-    given as keyword overrides (progress too). reference: [batch, d_model] embeddings
+    task: a Task, a zoo task name or task file, or None (default_task). config_overrides are
+    fields of AttributionConfig (n_steps=16, progress=True). reference (data, not a setting): [batch, d_model] embeddings
     for the encoder metric (default: each sentence's partner). Returns a Result whose df has one
     row per (example, attention vector, method) with Kendall tau; tables: scores, tau_methods,
     tau_summary, tau_by_layer, tau_by_head, permutation, ig.
     """
-    cfg = with_overrides(config or AttributionConfig(), progress=progress, **overrides)
-    progress = cfg.progress
+    cfg = configure(AttributionConfig, config, config_overrides, name="attribution")
     if not isinstance(task, Task):
         task = default_task(model, task, cfg)
-    facts = model.facts
-    layer = facts.n_layers - 1 if cfg.permutation_layer is None else model.check_layer(cfg.permutation_layer)
+    setup = _setup(model, task, cfg, reference)
+    groups = list(length_groups(setup.lengths, setup.chunk))
+    parts: tuple[list, ...] = ([], [], [], [], [], [])  # score frames, tau, method pairs, permutation, IG, token frames
+    for g in tqdm(distributed.shard(len(groups)), desc="attribution",
+                  disable=not (cfg.progress and distributed.is_main())):
+        for part, rows in zip(parts, _score_group(model, task, groups[g], cfg, setup)):  # each rank: its block of groups
+            part.extend(rows)
+    gathered = distributed.gather_objects(parts)  # rank order = group order
+    score_rows, tau, pairs, perm_rows, ig_rows, token_rows = ([row for part in gathered for row in part[i]] for i in range(6))
+    df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
+    tables = {
+        "scores": pd.concat(score_rows, ignore_index=True),
+        "tau_methods": pd.DataFrame(pairs),
+        "tau_summary": summarise(df, ["attention", "method"]),
+        "tau_by_layer": summarise(df[df.attention == "layer_mean"], ["layer", "method"]),
+        "tau_by_head": summarise(df[df.attention == "head"], ["layer", "head", "method"]),
+        "permutation": pd.DataFrame(perm_rows),
+        "ig": pd.DataFrame(ig_rows),
+        "token_scores": pd.concat(token_rows, ignore_index=True),
+    }
+    summary = _summary(df, tables, kind=setup.kind, cfg=cfg, layer=setup.layer, encoder=model.facts.is_encoder)
+    config_out = {**dataclasses.asdict(cfg), "baseline_token": setup.baseline, "permutation_layer": setup.layer,
+                  "task": task.name}
+    return Result(name="attribution", df=df, summary=summary, tables=tables, config=config_out)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every group of examples shares: the metric, its gradient targets, the baseline token, the
+    permutation layer and the pass sizes."""
+
+    kind: str
+    forward: Any  # am.forward_metric: (tokens, *targets) -> [g]
+    targets: tuple
+    baseline: int
+    layer: int
+    spans: list[tuple[int, int]]
+    lengths: list[int]
+    grad_rows: int  # IG's (example, step) rows per forward and backward pass
+    rows: int  # leave-one-out's and the permutations' variants per pass
+    chunk: int  # examples per group
+
+
+def _setup(model, task: Task, cfg: AttributionConfig, reference: torch.Tensor | None) -> _Setup:
+    layer = model.facts.n_layers - 1 if cfg.permutation_layer is None else model.check_layer(cfg.permutation_layer)
     spans = real_spans(task)
     lengths = [n for _, n in spans]
     if min(lengths) < 4:
@@ -266,75 +309,59 @@ def attribution(
     # with a backward pass, leave-one-out's and the permutations' variants without
     grad_rows = batching.rows_per_pass(model, max(lengths), grad=True)
     rows = min(cfg.batch_size, batching.rows_per_pass(model, max(lengths)))
-    chunk = max(1, min(cfg.batch_size // cfg.n_steps, grad_rows // 2))
-    score_rows: list[pd.DataFrame] = []
-    tau: list[dict] = []
-    pairs: list[dict] = []
-    perm_rows: list[dict] = []
-    ig_rows: list[dict] = []
-    token_rows: list[pd.DataFrame] = []  # every token's signed scores (show_tokens)
-    groups = list(length_groups(lengths, chunk))
-    for g in tqdm(distributed.shard(len(groups)), desc="attribution", disable=not (progress and distributed.is_main())):
-        idx = groups[g]  # under torch.distributed each rank scores its block of groups
-        n = lengths[idx[0]]
-        tokens = real_tokens(task, idx, spans).to(model.device)  # [g, pos], padding dropped
-        generator = [example_generator(cfg.seed, row) for row in tokens]  # the same draws on any rank, in any batch
-        tgt = tuple(t[idx] for t in targets)
-        scored = list(range(1, n - 1))
-        per_head, roll = am.attention_scores(model, tokens)  # [g, layer, head, pos], [g, pos]
-        grads = am.gradient_scores(model, tokens, forward, tgt)
-        ig, delta, steps = am.integrated_gradients(
-            model, tokens, ig_baselines(tokens, baseline), forward, tgt,
-            n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
-            internal_batch_size=grad_rows)
-        loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=rows)
-        changes, max_att = permutation_test(
-            model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=rows, generator=generator
-        )
-        adv = None if not cfg.adversarial_steps else adversarial_attention(
-            model, tokens, layer=layer, epsilon=cfg.adversarial_epsilon, steps=cfg.adversarial_steps, generator=generator)
-        with torch.no_grad():
-            f_x = forward(tokens, *tgt)  # [g]
-            f_b = forward(ig_baselines(tokens, baseline), *tgt)  # [g]
-        for j, ex in enumerate(idx):
-            methods = {
-                "saliency": grads["saliency"][j, 1:-1], "grad_x_input": grads["grad_x_input"][j, 1:-1],
-                "integrated_gradients": ig[j, 1:-1].abs(), "leave_one_out": loo[j],
-            }
-            methods = {k: _distribution(v) for k, v in methods.items()}
-            attention = _attention_vectors(per_head[j, :, :, 1:-1], roll[j, 1:-1])
-            tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha))
-            pairs.extend(method_pair_rows(ex, methods, alpha=cfg.alpha))
-            score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods, offset=spans[ex][0]))
-            token_rows.append(_token_frame(model, ex, tokens[j], {
-                "saliency": grads["saliency"][j], "grad_x_input": grads["grad_x_input"][j],
-                "integrated_gradients": ig[j]}, offset=spans[ex][0]))
-            perm_rows.append({
-                "example": ex, "layer": layer, "max_attention": float(max_att[j]),
-                "median_change": float(changes[j].median()), "mean_change": float(changes[j].mean()),
-                **({} if adv is None else {"adversarial_jsd": float(adv.jsd[j]), "adversarial_change": float(adv.change[j]),
-                                           "adversarial_found": bool(adv.feasible[j])}),
-            })
-            ig_rows.append({
-                "example": ex, "n_steps": int(steps[j]), "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
-                "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
-            })
-    parts = distributed.gather_objects((score_rows, tau, pairs, perm_rows, ig_rows, token_rows))  # rank order = group order
-    score_rows, tau, pairs, perm_rows, ig_rows, token_rows = ([row for part in parts for row in part[i]] for i in range(6))
-    df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
-    tables = {
-        "scores": pd.concat(score_rows, ignore_index=True),
-        "tau_methods": pd.DataFrame(pairs),
-        "tau_summary": summarise(df, ["attention", "method"]),
-        "tau_by_layer": summarise(df[df.attention == "layer_mean"], ["layer", "method"]),
-        "tau_by_head": summarise(df[df.attention == "head"], ["layer", "head", "method"]),
-        "permutation": pd.DataFrame(perm_rows),
-        "ig": pd.DataFrame(ig_rows),
-        "token_scores": pd.concat(token_rows, ignore_index=True),
-    }
-    summary = _summary(df, tables, kind=kind, cfg=cfg, layer=layer, encoder=facts.is_encoder)
-    config_out = {**dataclasses.asdict(cfg), "baseline_token": baseline, "permutation_layer": layer, "task": task.name}
-    return Result(name="attribution", df=df, summary=summary, tables=tables, config=config_out)
+    return _Setup(kind=kind, forward=forward, targets=targets, baseline=baseline, layer=layer, spans=spans,
+                  lengths=lengths, grad_rows=grad_rows, rows=rows,
+                  chunk=max(1, min(cfg.batch_size // cfg.n_steps, grad_rows // 2)))
+
+
+def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setup: _Setup) -> tuple[list, ...]:
+    """Every method on one group of equal-length examples -> (score frames, tau rows, method-pair rows,
+    permutation rows, IG rows, token frames)."""
+    n, spans, baseline, layer, forward = setup.lengths[idx[0]], setup.spans, setup.baseline, setup.layer, setup.forward
+    tokens = real_tokens(task, idx, spans).to(model.device)  # [g, pos], padding dropped
+    generator = [example_generator(cfg.seed, row) for row in tokens]  # the same draws on any rank, in any batch
+    tgt = tuple(t[idx] for t in setup.targets)
+    scored = list(range(1, n - 1))
+    per_head, roll = am.attention_scores(model, tokens)  # [g, layer, head, pos], [g, pos]
+    grads = am.gradient_scores(model, tokens, forward, tgt)
+    ig, delta, steps = am.integrated_gradients(
+        model, tokens, ig_baselines(tokens, baseline), forward, tgt,
+        n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
+        internal_batch_size=setup.grad_rows)
+    loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=setup.rows)
+    changes, max_att = permutation_test(
+        model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=setup.rows, generator=generator
+    )
+    adv = None if not cfg.adversarial_steps else adversarial_attention(
+        model, tokens, layer=layer, epsilon=cfg.adversarial_epsilon, steps=cfg.adversarial_steps, generator=generator)
+    with torch.no_grad():
+        f_x = forward(tokens, *tgt)  # [g]
+        f_b = forward(ig_baselines(tokens, baseline), *tgt)  # [g]
+    score_rows, tau, pairs, perm_rows, ig_rows, token_rows = [], [], [], [], [], []
+    for j, ex in enumerate(idx):
+        methods = {
+            "saliency": grads["saliency"][j, 1:-1], "grad_x_input": grads["grad_x_input"][j, 1:-1],
+            "integrated_gradients": ig[j, 1:-1].abs(), "leave_one_out": loo[j],
+        }
+        methods = {k: _distribution(v) for k, v in methods.items()}
+        attention = _attention_vectors(per_head[j, :, :, 1:-1], roll[j, 1:-1])
+        tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha))
+        pairs.extend(method_pair_rows(ex, methods, alpha=cfg.alpha))
+        score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods, offset=spans[ex][0]))
+        token_rows.append(_token_frame(model, ex, tokens[j], {
+            "saliency": grads["saliency"][j], "grad_x_input": grads["grad_x_input"][j],
+            "integrated_gradients": ig[j]}, offset=spans[ex][0]))
+        perm_rows.append({
+            "example": ex, "layer": layer, "max_attention": float(max_att[j]),
+            "median_change": float(changes[j].median()), "mean_change": float(changes[j].mean()),
+            **({} if adv is None else {"adversarial_jsd": float(adv.jsd[j]), "adversarial_change": float(adv.change[j]),
+                                       "adversarial_found": bool(adv.feasible[j])}),
+        })
+        ig_rows.append({
+            "example": ex, "n_steps": int(steps[j]), "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
+            "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
+        })
+    return score_rows, tau, pairs, perm_rows, ig_rows, token_rows
 
 
 def _distribution(scores: torch.Tensor) -> np.ndarray:

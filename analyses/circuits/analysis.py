@@ -29,6 +29,7 @@ and heads; the sum of the writers' contributions, the norm/bias terms and the fi
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -36,7 +37,7 @@ import torch
 from headscope.analyses.circuits import dla as dla_mod
 from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
-from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
@@ -99,10 +100,7 @@ class CircuitsConfig(AnalysisConfig):
         if self.k_values is not None and (not self.k_values or any(int(k) < 0 for k in self.k_values)):
             raise ConfigError(f"k_values must be a non-empty tuple of edge counts >= 0, got {self.k_values!r}.")
 
-    @classmethod
-    def preset(cls, **common) -> CircuitsConfig:
-        """Quick runs score edges with one-step, clean-run EAP (the papers' baseline)."""
-        return cls(**({"edge_method": "eap-clean", "ig_steps": 1} if common.get("quick") else {}), **common)
+    QUICK: ClassVar[dict[str, Any]] = {"edge_method": "eap-clean", "ig_steps": 1}  # one-step clean-run EAP (the baseline)
 
 
 # ---- tasks ---------------------------------------------------------------------------------
@@ -275,9 +273,10 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
 
 # ---- entry points --------------------------------------------------------------------------
 @takes_prompt
-def logit_lens(model, task=None, config: CircuitsConfig | None = None) -> Result:
-    """The logit lens on `task` (see the module doc). df = table "lens"."""
-    config = config or CircuitsConfig()
+def logit_lens(model, task=None, config: CircuitsConfig | None = None, **config_overrides: Any) -> Result:
+    """The logit lens on `task` (see the module doc). df = table "lens". config_overrides are
+    fields of CircuitsConfig (lens_target="answer")."""
+    config = configure(CircuitsConfig, config, config_overrides, name="logit_lens")
     _refuse_encoder(model)
     task = default_task(model, task, config)
     lens, _, _, err, _ = _collect(model, task, config, lens=True, dla=False)
@@ -286,9 +285,11 @@ def logit_lens(model, task=None, config: CircuitsConfig | None = None) -> Result
 
 
 @takes_prompt
-def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = None) -> Result:
-    """Direct logit attribution on `task` (see the module doc). df = table "dla_mean"."""
-    config = config or CircuitsConfig()
+def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = None,
+                             **config_overrides: Any) -> Result:
+    """Direct logit attribution on `task` (see the module doc). df = table "dla_mean". config_overrides
+    are fields of CircuitsConfig (top_k=5)."""
+    config = configure(CircuitsConfig, config, config_overrides, name="direct_logit_attribution")
     _refuse_encoder(model)
     task = default_task(model, task, config)
     _, dla, logits, _, direction = _collect(model, task, config, lens=False, dla=True)

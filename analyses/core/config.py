@@ -1,17 +1,25 @@
 """AnalysisConfig: the settings every analysis family shares, and its preset rule.
 
 Every family has `run(model, task=None, config=None) -> Result` and a frozen, keyword-only
-config dataclass that subclasses AnalysisConfig. `Family.preset(quick=..., seed=..., ...)` is
-the family's default for those shared settings: `quick=True` shrinks the family's own sizes
-(fewer orderings, steps or bootstrap draws) as a smoke run. A config built directly keeps the
-values it is given; its `quick` only shrinks the default number of examples.
+config dataclass that subclasses AnalysisConfig; its named functions take (model, task=None,
+config=None, **config_overrides) (`configure`). One seed per run: nested settings (heads' pruning
+and L0) have none of their own.
+
+`quick` has one meaning: a smoke run, where every size the caller leaves unset takes the family's
+quick value. The fixed ones are the class's QUICK table, applied when the config is built
+(`HeadsConfig(quick=True)` equals `HeadsConfig.preset(quick=True)`; `HeadsConfig(quick=True,
+n_induction=8)` keeps 8); the sizes that default to None (n_examples, patching's sites and trace
+samples, probes' folds) take theirs when the analysis runs. `Family.preset(...)` is the report's
+config: the class with the shared options (attribution's full report searches adversarial
+attention for 50 steps instead of 100).
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from headscope.errors import ConfigError
 
@@ -46,8 +54,24 @@ class AnalysisConfig:
     n_examples: int | None = None
     progress: bool = False
 
+    QUICK: ClassVar[dict[str, Any]] = {}  # field -> its quick value (a smoke run's size)
+
+    def __new__(cls, *args: Any, **given: Any) -> AnalysisConfig:
+        self = super().__new__(cls)
+        object.__setattr__(self, "_given", frozenset(given))  # the fields the caller set (the rest are defaults)
+        return self
+
     def __post_init__(self) -> None:
         check_shared(seed=self.seed, n_examples=self.n_examples)
+        if self.quick:  # every size the caller left unset takes its quick value
+            for name, value in self.QUICK.items():
+                if name not in self.given:
+                    object.__setattr__(self, name, value)
+
+    @property
+    def given(self) -> frozenset[str]:
+        """The fields set when the config was built (dataclasses.replace sets them all)."""
+        return getattr(self, "_given", frozenset())
 
     @classmethod
     def preset(cls: type[C], **common: Any) -> C:
@@ -62,7 +86,37 @@ class AnalysisConfig:
         return dataclasses.asdict(self)
 
 
+def configure(cls: type[C], config: Any, overrides: dict[str, Any], *, name: str, default: C | None = None,
+              positional: str | None = None) -> C:
+    """The config a named analysis runs with: `config` (None: `default`, else cls()) with the keyword
+    `overrides` (fields of cls; None leaves a field as it is) replaced. `hs.head_importance(model, task,
+    methods=("zero",))` equals `hs.head_importance(model, task, HeadsConfig(methods=("zero",)))`.
+    positional: the field an older call form gave third, in the config's place (activation_patching's
+    sites, path_patching's receivers, probe_sweep's site): such a value is that field's override.
+    A config of another type is an InputTypeError, an unknown keyword one ConfigError naming the
+    closest fields, both before any work."""
+    from headscope.errors import InputTypeError, did_you_mean
+
+    if positional and config is not None and not isinstance(config, AnalysisConfig):
+        if overrides.get(positional) is not None:
+            raise ConfigError(f"{name} got {positional} twice: as its third argument and as {positional}=.")
+        config, overrides = None, {positional: config, **overrides}
+    if config is not None and not isinstance(config, cls):
+        raise InputTypeError(f"{name} takes a {cls.__name__} as config, got {type(config).__name__}.")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in overrides if k not in names]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=3, cutoff=0.5)
+        hint = f"did you mean {did_you_mean(unknown[0], names)}? " if close else ""
+        raise ConfigError(f"{name} has no setting {unknown[0]!r}; {hint}its settings are the fields of "
+                          f"{cls.__name__}: {', '.join(names)}.")
+    return with_overrides(config if config is not None else (default if default is not None else cls()), **overrides)
+
+
 def with_overrides(config: C, **overrides: Any) -> C:
-    """config with the given fields replaced; None values leave a field as it is."""
+    """config with the given fields replaced; None values leave a field as it is. Turning quick on
+    rebuilds the config from the fields its caller set, so the others take their quick sizes."""
     given = {k: v for k, v in overrides.items() if v is not None}
+    if given.get("quick") and not config.quick:
+        return type(config)(**{**{k: getattr(config, k) for k in config.given}, **given})
     return dataclasses.replace(config, **given) if given else config

@@ -11,14 +11,38 @@ a reference embedding (e.g. the unmodified model's).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
 
-Metric = Callable[[torch.Tensor], torch.Tensor]  # model output -> [batch]
+MetricFn = Callable[[torch.Tensor], torch.Tensor]  # model output -> [batch]
 METRICS = ("logit_diff", "logprob", "accuracy", "cosine")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric:
+    """The one metric type: a named per-example score of a model output, higher is better.
+
+    name: what is reported ("logit_diff", "logprob", ...); fn: output [batch, ...] -> [batch];
+    last_position: fn reads only the last position of decoder logits, so a pass may return that
+    position alone or resume mid-model. Calling a Metric calls fn. The families specialise it:
+    patching's PatchMetric (patching/inputs.py) adds normalisation and stacked batches; heads'
+    Scorer (heads/importance.py) carries its task's tokens and scores rows of stacked batches.
+    """
+
+    name: str
+    fn: MetricFn
+    last_position: bool = False
+
+    @property
+    def __name__(self) -> str:  # a Metric stands wherever a named function does (resolve_metric reads it)
+        return self.name
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        return self.fn(out)
 
 
 def logit_diff(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
@@ -75,22 +99,25 @@ def cosine_to_reference(hidden: torch.Tensor, reference: torch.Tensor, attention
 
 
 def task_metric(task: Task, *, reference: torch.Tensor | None = None, kind: str | None = None) -> Metric:
-    """The per-example metric of a Task (or `kind` to override), as a function of the model output.
+    """The per-example metric of a Task (or `kind` to override), as a Metric of the model output.
 
     "cosine" needs `reference` [batch, d]: pooled embeddings of the unmodified model.
     """
     kind = kind or task.metric
     if kind not in METRICS:
         raise ConfigError(f"Unknown metric {kind!r}; use one of {METRICS}.")
+    last = kind != "cosine" and task.continuation is None  # next-token answers read the last position only
     if kind == "logit_diff":
         if task.wrong_answers is None:
             raise ConfigError(f"Task {task.name!r} has no wrong_answers; use metric 'logprob' or add them.")
-        return lambda out: logit_diff(out, task.answer_tokens.to(out.device), task.wrong_answers.to(out.device))
+        return Metric(name=kind, last_position=last, fn=lambda out: logit_diff(
+            out, task.answer_tokens.to(out.device), task.wrong_answers.to(out.device)))
     if kind == "logprob":
-        return lambda out: answer_logprob(out, task.answer_tokens.to(out.device))
+        return Metric(name=kind, last_position=last, fn=lambda out: answer_logprob(out, task.answer_tokens.to(out.device)))
     if kind == "accuracy":
-        return lambda out: accuracy(out, task.answer_tokens.to(out.device))
+        return Metric(name=kind, last_position=last, fn=lambda out: accuracy(out, task.answer_tokens.to(out.device)))
     if reference is None:
         raise ConfigError("The cosine metric needs reference= pooled embeddings of the unmodified model.")
     mask = task.attention_mask
-    return lambda out: cosine_to_reference(out, reference.to(out.device), None if mask is None else mask.to(out.device))
+    return Metric(name=kind, fn=lambda out: cosine_to_reference(
+        out, reference.to(out.device), None if mask is None else mask.to(out.device)))

@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
 
 from headscope.analyses.core import default_tasks, task_files, tasks
-from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
@@ -49,7 +49,7 @@ from headscope.analyses.heads.pruning import (
     pruning_curves,
 )
 from headscope.analyses.heads.roles import head_roles
-from headscope.errors import ConfigError
+from headscope.errors import ConfigError, InputTypeError
 
 IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
 TaskLike = Task | torch.Tensor | str | None  # a Task, token ids, a zoo task name or a task file
@@ -65,7 +65,8 @@ class HeadsConfig(AnalysisConfig):
     """What `run` computes. methods: importance methods ("gradient", "zero", "mean",
     "resample"); pruning: curves (and per-layer L2 normalisation of gradient importance);
     l0 None skips the L0 sweep; n_induction: repeated-token prompts that score head roles;
-    best_head: Michel et al.'s best head per layer (every head kept alone: heads + layers passes)."""
+    best_head: Michel et al.'s best head per layer (every head kept alone: heads + layers passes).
+    seed (one per run): the task sample, resample ablation, the random pruning orderings and L0's draws."""
 
     methods: tuple[str, ...] = IMPORTANCE_METHODS
     pruning: PruningConfig = PruningConfig()
@@ -73,15 +74,10 @@ class HeadsConfig(AnalysisConfig):
     n_induction: int = 8
     best_head: bool = True
 
-    @classmethod
-    def preset(cls, *, seed: int = 0, quick: bool = False, **common) -> HeadsConfig:
-        if not quick:
-            return cls(seed=seed, pruning=PruningConfig(seed=seed), l0=L0Config(seed=seed), **common)
-        return cls(  # a smoke run: every part, at the smallest useful size
-            methods=("gradient", "zero"), seed=seed, quick=True, n_induction=4,
-            pruning=PruningConfig(n_random=2, recompute=(False,), seed=seed),
-            l0=L0Config(lambdas=(0.03,), steps=10, batch_size=8, seed=seed), **common,
-        )
+    QUICK: ClassVar[dict[str, Any]] = {  # a smoke run: every part, at the smallest useful size
+        "methods": ("gradient", "zero"), "n_induction": 4, "pruning": PruningConfig(n_random=2, recompute=(False,)),
+        "l0": L0Config(lambdas=(0.03,), steps=10, batch_size=8),
+    }
 
 
 # ---- tasks ---------------------------------------------------------------------------------
@@ -196,46 +192,47 @@ def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
     }
 
 
+HEAD_IMPORTANCE = HeadsConfig(methods=("gradient", "zero"))  # head_importance's default: the two cheapest methods
+
+
 @takes_prompt(tokens=False)
-def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = None, *,
-                    methods: tuple[str, ...] = ("gradient", "zero"), seed: int = 0, progress: bool = False) -> Result:
+def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = None, **config_overrides: Any) -> Result:
     """Importance of every head by each method. task: a Task, a [batch, pos] token tensor (LM
     loss on text), a zoo task name or task file, or None for the model's default task. Gradient
     importance is E_x |dL/dxi_h|; ablation importance is the metric drop with the head ablated
-    (zero, mean or resample). config (a HeadsConfig) replaces methods, seed and progress."""
-    if config is not None:
-        methods, seed, progress = config.methods, config.seed, config.progress
+    (zero, mean or resample). config: a HeadsConfig (default: methods gradient and zero); its
+    methods, seed and progress apply, and config_overrides are its fields (methods=("zero",))."""
+    config = configure(HeadsConfig, config, config_overrides, name="head_importance", default=HEAD_IMPORTANCE)
     scorer = _scorer(model, task, config)
-    df, raw, baseline = importance_table(model, scorer, tuple(methods), seed=seed, progress=progress)
+    df, raw, baseline = importance_table(model, scorer, tuple(config.methods), seed=config.seed, progress=config.progress)
     summary = _base_summary(model, scorer, baseline)
     summary.update(numerical_checks(raw, noise_floor(_dtype(model), baseline)))
     summary.update(_top_heads(df, summary))
-    return Result(name="heads", df=df, summary=summary, config={"methods": list(methods), "seed": seed})
+    return Result(name="heads", df=df, summary=summary, config={"methods": list(config.methods), "seed": config.seed})
 
 
 @takes_prompt(tokens=False)
-def prune_heads(model, task: TaskLike = None, config: PruningConfig | HeadsConfig | None = None, *,
-                seed: int | None = None, progress: bool = False) -> Result:
+def prune_heads(model, task: TaskLike = None, config: HeadsConfig | None = None, **config_overrides: Any) -> Result:
     """Iterative pruning curves (df: ordering, recompute, seed, n_pruned, fraction_pruned, metric,
-    pruned) and, in the summary, the largest fraction of heads prunable within config.tolerance.
-    config: a PruningConfig, or a HeadsConfig (its .pruning and .progress); seed overrides the
-    pruning seed (random orderings)."""
-    heads_config = config if isinstance(config, HeadsConfig) else None
-    if heads_config is not None:
-        config, progress = heads_config.pruning, heads_config.progress
-    config = with_overrides(config or PruningConfig(), seed=seed)
-    scorer = _scorer(model, task, heads_config)
-    curves = pruning_curves(model, scorer, config, progress=progress)
+    pruned) and, in the summary, the largest fraction of heads prunable within the tolerance.
+    config: a HeadsConfig (its .pruning, .seed for the random orderings and resample ablation, and
+    .progress); config_overrides are its fields, e.g. pruning=PruningConfig(step=0.25), seed=3."""
+    if isinstance(config, PruningConfig):
+        raise InputTypeError("prune_heads takes a HeadsConfig; pass a PruningConfig as pruning=..., "
+                             "e.g. prune_heads(model, task, pruning=PruningConfig(step=0.25)).")
+    config = configure(HeadsConfig, config, config_overrides, name="prune_heads")
+    scorer = _scorer(model, task, config)
+    curves = pruning_curves(model, scorer, config.pruning, seed=config.seed, progress=config.progress)
     baseline = float(curves.loc[curves["n_pruned"] == 0, "metric"].iloc[0])
     summary = _base_summary(model, scorer, baseline)
-    summary.update(prunable_summary(curves, baseline, summary["n_heads"], config.tolerance))
-    return Result(name="heads", df=curves, summary=summary, config=dataclasses.asdict(config))
+    summary.update(prunable_summary(curves, baseline, summary["n_heads"], config.pruning.tolerance))
+    return Result(name="heads", df=curves, summary=summary,
+                  config={**dataclasses.asdict(config.pruning), "seed": config.seed})
 
 
 def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Result:
     """The full analysis on the model's default task (or `task`); see the module docstring."""
-    hc = config or HeadsConfig.preset()
-    config = hc
+    hc = config = configure(HeadsConfig, config, {}, name="heads", default=HeadsConfig.preset())
     scorer = _scorer(model, task, hc)
     df, raw, baseline = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
     roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
@@ -245,7 +242,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         prune_imp["gradient"] = normalize_per_layer(raw["gradient"]) if hc.pruning.normalize else raw["gradient"]
     if hc.pruning.method in raw:
         prune_imp["ablation"] = raw[hc.pruning.method]
-    curves = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, progress=config.progress)
+    curves = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, seed=hc.seed, progress=config.progress)
     summary = _base_summary(model, scorer, baseline)
     summary.update(prunable_summary(curves, baseline, summary["n_heads"], hc.pruning.tolerance))
     summary.update(numerical_checks(raw, noise_floor(_dtype(model), baseline)))
@@ -262,7 +259,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         summary["best_head_ranked_by"] = name or next(iter(raw))
         tables["best_head"] = best_head_per_layer(model, scorer, primary, baseline=baseline, progress=config.progress)
     if hc.l0 is not None:
-        sweep, gates = l0_sweep(model, scorer, hc.l0, progress=config.progress)
+        sweep, gates = l0_sweep(model, scorer, hc.l0, seed=hc.seed, progress=config.progress)
         tables["l0"], tables["l0_gates"] = sweep, gates
         floor = baseline - hc.pruning.tolerance * abs(baseline)
         ok = sweep.loc[sweep["metric_binary"] >= floor, "heads_kept"]

@@ -40,21 +40,24 @@ RowFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output [n, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Scorer:
-    """How a Task is scored, per row of a (possibly stacked) batch; `rows` index the examples.
-
-    metric: higher is better (the Task's metric). grad_loss: what gate gradients differentiate.
-    objective: what L0 training minimises.
+class Scorer(metrics.Metric):
+    """The heads Metric: how a Task is scored, per row of a (possibly stacked) batch; `rows` index
+    the examples. kind: the Task's metric name; metric: higher is better. grad_loss: what gate
+    gradients differentiate. objective: what L0 training minimises. As a plain Metric (fn, or
+    calling it) it scores the output of the whole task batch, rows 0..batch-1.
     """
 
-    name: str
     kind: str
     tokens: torch.Tensor  # [batch, pos]
     attention_mask: torch.Tensor | None  # [batch, pos]
     metric: RowFn
     grad_loss: RowFn
     objective: RowFn
-    last_position: bool = False  # the metric reads only the last position's logits (decoder answers)
+    fn: metrics.MetricFn | None = None  # set from metric in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.fn is None:
+            object.__setattr__(self, "fn", lambda out: self.metric(out, torch.arange(out.shape[0], device=out.device)))
 
     def __len__(self) -> int:
         return self.tokens.shape[0]

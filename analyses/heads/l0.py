@@ -35,7 +35,6 @@ class L0Config:
     lr: float = 0.1
     batch_size: int = 32
     init: float = 3.0
-    seed: int = 0
 
 
 def sample_gates(log_alpha: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -54,17 +53,18 @@ def expected_open(log_alpha: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(log_alpha - BETA * math.log(-LIMIT_L / LIMIT_R)).sum()
 
 
-def train_gates(model, scorer: Scorer, lam: float, config: L0Config = L0Config(), *, progress: bool = False) -> torch.Tensor:
+def train_gates(model, scorer: Scorer, lam: float, config: L0Config = L0Config(), *, seed: int = 0,
+                progress: bool = False) -> torch.Tensor:
     """Train log alpha [L, H] for one lambda on the frozen model; returns it (detached, on CPU)."""
-    return train_gate_sweep(model, scorer, (lam,), config, progress=progress)[0]
+    return train_gate_sweep(model, scorer, (lam,), config, seed=seed, progress=progress)[0]
 
 
 def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config = L0Config(), *,
-                     progress: bool = False) -> torch.Tensor:
+                     seed: int = 0, progress: bool = False) -> torch.Tensor:
     """Train log alpha for each lambda on the frozen model: [k, L, H] (detached, on CPU).
 
     Each step draws a minibatch of examples and one noise sample per example and head from one
-    generator seeded with config.seed, so every lambda sees the same minibatches and noise, as
+    generator seeded with `seed` (the run's), so every lambda sees the same minibatches and noise, as
     separate runs would. The lambdas' copies of the minibatch run stacked along the batch axis
     in one pass (as many as the memory budget allows, halved on out-of-memory): each copy's loss
     depends on its own log alpha only and Adam is elementwise, so this is the separate runs'
@@ -85,14 +85,15 @@ def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0
     copies = max(1, min(len(lambdas), per_pass // batch))  # lambdas per pass
     batch, copies = (min(v) for v in zip(*distributed.gather_objects((batch, copies))))  # the same on every rank
     parts = batching.run_chunks(lambda chunk: _train(model, scorer, lambdas[chunk.start:chunk.stop], config, batch,
-                                                     progress), len(lambdas), copies)
+                                                     seed, progress), len(lambdas), copies)
     return torch.cat([part for _, part in parts])
 
 
-def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, batch: int, progress: bool) -> torch.Tensor:
+def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, batch: int, seed: int,
+           progress: bool) -> torch.Tensor:
     """train_gate_sweep for lambdas that share each pass. -> [c, L, H]"""
     f, n, c = model.facts, scorer.tokens.shape[0], len(lambdas)
-    gen = torch.Generator().manual_seed(config.seed)
+    gen = torch.Generator().manual_seed(seed)
     log_alpha = torch.full((c, f.n_layers, f.n_heads), float(config.init), device=model.device, requires_grad=True)
     opt = torch.optim.Adam([log_alpha], lr=config.lr)
     label = ", ".join(f"{lam:g}" for lam in lambdas)
@@ -120,7 +121,7 @@ def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, ba
     return log_alpha.detach().cpu()
 
 
-def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *,
+def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int = 0,
              progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train gates for every lambda; returns (sweep, gates).
 
@@ -129,7 +130,7 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *,
     log_alpha, gate, kept.
     """
     f = model.facts
-    alphas = train_gate_sweep(model, scorer, config.lambdas, config, progress=progress)  # [k, L, H]
+    alphas = train_gate_sweep(model, scorer, config.lambdas, config, seed=seed, progress=progress)  # [k, L, H]
     soft = deterministic_gates(alphas)  # [k, L, H]
     hard = (soft > 0).float()  # [k, L, H]
     values = evaluate_masks(model, scorer, torch.cat([soft, hard]), desc="L0 evaluation", progress=progress)

@@ -51,7 +51,6 @@ class PruningConfig:
     method: str = "zero"
     normalize: bool = True
     tolerance: float = 0.01
-    seed: int = 0
     exact_limit: int = EXACT_LIMIT
 
     def __post_init__(self) -> None:
@@ -73,35 +72,34 @@ def head_label(layer: int, head: int) -> str:
 
 
 def importance_for(model, scorer: Scorer, ordering: str, config: PruningConfig,
-                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+                   mask: torch.Tensor | None = None, *, seed: int = 0) -> tuple[torch.Tensor, float]:
     """([L, H] importance under the current mask (None = unpruned), higher = keep longer;
-    the mean metric under that mask, from the same forward passes)."""
+    the mean metric under that mask, from the same forward passes; seed: resample ablation's partners)."""
     if ordering == "gradient":
         importance, metric = gate_gradients(model, scorer, mask)
         return (normalize_per_layer(importance) if config.normalize else importance), metric
     if ordering == "ablation":
-        scores = ablation_importance(model, scorer, method=config.method, base_mask=mask, seed=config.seed)
+        scores = ablation_importance(model, scorer, method=config.method, base_mask=mask, seed=seed)
         return scores.importance, scores.baseline
     raise ConfigError(f"ordering {ordering!r} has no importance; use 'gradient' or 'ablation'.")
 
 
 def pruning_curve(
     model, scorer: Scorer, *, ordering: str, recompute: bool = False, config: PruningConfig = PruningConfig(),
-    importance: torch.Tensor | None = None, seed: int | None = None, progress: bool = False,
+    importance: torch.Tensor | None = None, seed: int = 0, progress: bool = False,
 ) -> pd.DataFrame:
     """One curve: columns ordering, recompute, seed, n_pruned, fraction_pruned, metric, pruned
     (heads removed at that step, "L0H3 L1H2"). `importance` [L, H] skips the first computation
-    of a curve without recomputation."""
+    of a curve without recomputation. seed: the random ordering's draw and resample ablation's partners."""
     f = model.facts
     n = f.n_layers * f.n_heads
     counts = prune_counts(n, config.step)
-    seed = config.seed if seed is None else seed
     if ordering == "random":
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
         return _fixed_curve(model, scorer, order, counts, "random", seed, progress)
     if not recompute:
         if importance is None:
-            importance, _ = importance_for(model, scorer, ordering, config)
+            importance, _ = importance_for(model, scorer, ordering, config, seed=seed)
         order = torch.argsort(importance.flatten(), stable=True).tolist()  # least important first
         return _fixed_curve(model, scorer, order, counts, ordering, seed, progress)
     mask = torch.ones(f.n_layers, f.n_heads)
@@ -113,7 +111,7 @@ def pruning_curve(
         if cheap:
             chosen, metric = verified_step(model, scorer, mask, count - prev, normalize=config.normalize)
         else:
-            importance, metric = importance_for(model, scorer, ordering, config, mask)  # metric at `mask`
+            importance, metric = importance_for(model, scorer, ordering, config, mask, seed=seed)  # metric at `mask`
             scores = importance.flatten().clone()
             scores[mask.flatten() == 0] = float("inf")  # already pruned
             chosen = torch.argsort(scores, stable=True)[: count - prev].tolist()
@@ -172,20 +170,20 @@ def _row(ordering, recompute, seed, count, n, metric, heads) -> dict:
 
 def pruning_curves(
     model, scorer: Scorer, config: PruningConfig = PruningConfig(), *,
-    importance: dict[str, torch.Tensor] | None = None, progress: bool = False,
+    importance: dict[str, torch.Tensor] | None = None, seed: int = 0, progress: bool = False,
 ) -> pd.DataFrame:
-    """Every requested ordering x recompute (random: n_random seeds), concatenated.
+    """Every requested ordering x recompute (random: n_random seeds from `seed`), concatenated.
     `importance` maps "gradient"/"ablation" to precomputed unpruned importance [L, H]."""
     importance = importance or {}
     frames = []
     for ordering in config.orderings:
         if ordering == "random":
-            frames += [pruning_curve(model, scorer, ordering="random", config=config, seed=config.seed + s, progress=progress)
+            frames += [pruning_curve(model, scorer, ordering="random", config=config, seed=seed + s, progress=progress)
                        for s in range(config.n_random)]
             continue
         for recompute in config.recompute:
             frames.append(pruning_curve(model, scorer, ordering=ordering, recompute=recompute, config=config,
-                                        importance=importance.get(ordering), progress=progress))
+                                        importance=importance.get(ordering), seed=seed, progress=progress))
     return pd.concat(frames, ignore_index=True)
 
 

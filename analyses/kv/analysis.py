@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import pandas as pd
 import torch
 
 import headscope.hooks as hooks
-from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
@@ -200,17 +201,17 @@ def default_task(model, task=None, config: KVConfig | None = None) -> Task:
 
 
 @takes_prompt
-def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None = None) -> Result:
+def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None = None, **config_overrides: Any) -> Result:
     """Anatomy, states and the eviction what-if on one Task (see the module doc). task: a Task, a
     zoo task name or task file (None: the zoo "kv" retrieval task; other models: the shipped
-    sentences cut to one length, default_tasks.text_task).
+    sentences cut to one length, default_tasks.text_task). config_overrides are fields of KVConfig (budgets=(4, 8)).
 
     df (results.csv): the metric per policy, budget and example. tables: "anatomy", "norms",
     "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget.
     """
+    config = configure(KVConfig, config, config_overrides, name="kv_analysis")
     if model.facts.is_encoder:
         raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
-    config = config or KVConfig()
     task = default_task(model, task, config)
     anatomy = cache_anatomy(model)
     norms = kv_norms(model, task.tokens, task.attention_mask)

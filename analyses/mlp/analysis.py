@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
-from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
@@ -56,9 +57,7 @@ class MLPConfig(AnalysisConfig):
     apply_final_norm: bool = False
     layers: tuple[int, ...] | None = None  # the layers analysed (None: every layer)
 
-    @classmethod
-    def preset(cls, *, quick: bool = False, **common) -> MLPConfig:
-        return cls(quick=quick, top_k_triggers=10 if quick else 25, **common)
+    QUICK: ClassVar[dict[str, Any]] = {"top_k_triggers": 10}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,22 +294,23 @@ def zoo_corpus(model, n_examples: int, seed: int = 0) -> list[torch.Tensor]:
 
 @takes_prompt
 def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConfig | None = None, *,
-                          corpus: Corpus | Sequence[Corpus] | None = None) -> Result:
+                          corpus: Corpus | Sequence[Corpus] | None = None, **config_overrides: Any) -> Result:
     """Trigger examples, value tokens, agreement per layer and the Task's largest sub-updates.
 
     task: a Task, zoo task name or task file (None: zoo "facts", or sentences; default_inputs); corpus: the prompts scanned for
     trigger examples, [rows, pos] tokens or (tokens, attention_mask) pairs (None: the zoo corpus, or
-    the Task's prompts and answers for other models, task_corpus). Padded Tasks and corpora run with
+    the Task's prompts and answers for other models, task_corpus; data, not a setting); config_overrides
+    are fields of MLPConfig (layers=(0,), top_k_triggers=10). Padded Tasks and corpora run with
     their masks; padding is never a prefix nor an answer position.
 
     df (results.csv): one row per (layer, neuron). tables: "agreement" (per layer), "top_neurons"
     (by mean ||m_i v_i|| on the Task, with trigger prompts and promoted tokens; raw strings,
     escape when rendering), "task_updates" (largest sub-updates per example and layer).
     """
+    config = configure(MLPConfig, config, config_overrides, name="mlp_memories_analysis")
     if model.facts.is_encoder:
         raise ConfigError(f"the mlp analysis reads values through the unembedding and next tokens; "
                          f"{model.facts.name} is an encoder without a trained LM head. Use a decoder.")
-    config = config or MLPConfig()
     if not isinstance(task, Task) or corpus is None:
         default_task, default_corpus = default_inputs(model, task, config)
         task, corpus = default_task, default_corpus if corpus is None else corpus

@@ -2,7 +2,7 @@
 
 Denoising runs the corrupted prompts and restores one clean activation (is it sufficient?);
 noising runs the clean prompts and inserts one corrupted activation (is it necessary?). Each
-cell of a site type (see patching_sites) is one patched run; the engine stacks many runs per
+cell of a site type (see patching/sites.py) is one patched run; the engine stacks many runs per
 forward pass, and the source prompts ride along in the same forward passes as lead rows (so
 no separate source run or cache): a sweep over every requested site type costs a few forward
 passes instead of one per cell (transformer_lens.patching's approach). Values equal the
@@ -24,24 +24,25 @@ clean-corrupted gap's paired 95% interval contains 0 or it is under the effect f
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
 from headscope.analyses.core import chance
-from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.config import configure
 from headscope.analyses.core.contract import Needs, require
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
+from headscope.analyses.patching.configs import PatchingConfig
 from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
 from headscope.analyses.patching.inputs import (
-    Metric,
     PatchMetric,
     cell_means,
     check_direction,
@@ -138,34 +139,30 @@ def _resid_mid_hooks(layer: int, mask: torch.Tensor, n_lead: int):
 @takes_prompt
 def activation_patching(
     model,
-    task,
-    sites: str | Sequence[str] | None = None,
-    *,
+    task=None,
     config: PatchingConfig | None = None,
-    direction: str = "denoise",
-    metric: str | Metric | None = None,
+    *,
     corrupted_tokens: torch.Tensor | None = None,
-    attribution: bool = False,
-    batch_size: int | None = None,
-    memory_budget: int | None = None,
-    progress: bool = False,
+    **config_overrides: Any,
 ) -> Result:
-    """Exact activation patching over `sites` (names in patching_sites.SITE_TYPES).
+    """Exact activation patching over config.sites (names in patching/sites.py SITE_TYPES; None: the
+    four main ones, DEFAULT_SITES).
 
-    direction: "denoise" (corrupted run, clean activation restored) or "noise" (clean run,
-    corrupted activation inserted). metric: "logit_diff", "normalized_logit_diff", "logprob",
-    "prob", "task" (the Task's own metric) or a callable output -> [batch]; None picks logit
-    difference when the task has wrong answers. batch_size: patched runs per forward pass
-    (None: sized from memory_budget bytes). attribution=True adds attribution-patching
-    estimates and their correlation with the exact effects. task: a Task, a zoo task name, a
-    task file or None (default_task); config (a PatchingConfig) supplies sites and progress.
+    config: a PatchingConfig; config_overrides are its fields: sites, direction ("denoise":
+    corrupted run, clean activation restored; "noise": clean run, corrupted activation inserted),
+    metric ("logit_diff", "normalized_logit_diff", "logprob", "prob", "task" (the Task's own
+    metric) or a callable output -> [batch]; None picks logit difference when the task has wrong
+    answers), attribution (True adds attribution-patching estimates and their correlation with
+    the exact effects), batch_size (patched runs per forward pass; None: sized from memory_budget
+    bytes), progress. The older form activation_patching(model, task, sites) still works.
+    task: a Task, a zoo task name, a task file or None (default_task); corrupted_tokens (data):
+    [batch, pos] corrupted prompts when the Task has none.
     """
-    if config is not None:
-        sites = config.sites if sites is None else sites
-        progress = progress or config.progress
-    sites = DEFAULT_SITES if sites is None else sites
+    cfg = configure(PatchingConfig, config, config_overrides, name="activation_patching", positional="sites")
+    direction, metric, batch_size, memory_budget = cfg.direction, cfg.metric, cfg.batch_size, cfg.memory_budget
+    sites, progress = DEFAULT_SITES if cfg.sites is None else cfg.sites, cfg.progress
     if not isinstance(task, Task):
-        task = default_task(model, task, config)
+        task = default_task(model, task, cfg)
     check_direction(direction)
     task, left_out = paired_rows(task, corrupted_tokens, "activation patching")
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
@@ -202,7 +199,7 @@ def activation_patching(
     if small is not None:
         summary["gap_within_noise"] = small
     tables = {"exact": df}
-    if attribution:
+    if cfg.attribution:
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
         attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask)
         df, summary["attribution_correlation"] = correlation_with_exact(df, attr)
@@ -255,17 +252,6 @@ NEEDS = Needs(answers=True, corrupted=True, decoder=True, continuation=True,
               what="patches between clean and corrupted runs and measures next-token answers")
 
 
-@dataclass(frozen=True, kw_only=True)
-class PatchingConfig(AnalysisConfig):
-    """What `run` patches. sites: site types (None: every type the model exposes, the four main
-    ones when quick); path_patching: every head into the logits; trace_samples: noise samples of
-    causal tracing (None: 10, 3 when quick; 0 skips tracing)."""
-
-    sites: tuple[str, ...] | None = None
-    path_patching: bool = True
-    trace_samples: int | None = None
-
-
 def default_task(model, task=None, config: PatchingConfig | None = None) -> Task:
     """`task` as a Task (a Task, zoo task name, task file or data set); None: the zoo "ioi" task, and
     on other decoders IOI over single-token names (or corrupted induction on tiny vocabularies)."""
@@ -296,10 +282,11 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
     available = set(available_sites(model))
     wanted = config.sites or (QUICK_SITES if config.quick else FULL_SITES)
     names = [name for name in wanted if site_types(name)[0].hook(0) in available]
-    result = activation_patching(model, task, names, attribution=True, progress=config.progress)
+    result = activation_patching(model, task, dataclasses.replace(config, sites=tuple(names), attribution=True))
     summary, tables = dict(result.summary), dict(result.tables)
     if config.path_patching:
-        paths = path_patching(model, task, "logits", direction="denoise", progress=config.progress)
+        paths = path_patching(model, task, receivers="logits", direction="denoise", seed=config.seed,
+                              progress=config.progress)
         summary["path_patching"] = paths.summary
         tables.update(paths.tables)
     samples = config.trace_samples if config.trace_samples is not None else (3 if config.quick else 10)

@@ -23,8 +23,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headscope.analyses.core.config import configure
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
+from headscope.analyses.core.tasks import Task
+from headscope.analyses.patching.configs import PatchingConfig
 from headscope.analyses.patching.engine import padding_mask
 from headscope.analyses.patching.inputs import (
     PatchMetric,
@@ -148,18 +151,26 @@ def attribution_table(model, base, source, types, metric: PatchMetric, labels: l
 @takes_prompt
 def attribution_patching(
     model,
-    task,
-    sites: str | Sequence[str] = DEFAULT_SITES,
+    task=None,
+    config: PatchingConfig | None = None,
     *,
-    direction: str = "denoise",
-    metric=None,
     corrupted_tokens: torch.Tensor | None = None,
+    **config_overrides: Any,
 ) -> Result:
     """Attribution-patching estimates of every cell's patching effect (two forwards, one backward).
 
-    Returns a Result whose df has site_type, layer, head, pos, token, attribution (the
-    estimated change of the metric, same units as exact patching's `effect`).
+    config: a PatchingConfig (its sites, None: DEFAULT_SITES; direction; metric); config_overrides
+    are its fields. The older form attribution_patching(model, task, sites) still works. task: a
+    Task, zoo task name, task file or None (the patching default task). Returns a Result whose df
+    has site_type, layer, head, pos, token, attribution (the estimated change of the metric, same
+    units as exact patching's `effect`).
     """
+    cfg = configure(PatchingConfig, config, config_overrides, name="attribution_patching", positional="sites")
+    direction, metric, sites = cfg.direction, cfg.metric, DEFAULT_SITES if cfg.sites is None else cfg.sites
+    if not isinstance(task, Task):
+        from headscope.analyses.patching.analysis import default_task
+
+        task = default_task(model, task, cfg)
     check_direction(direction)
     task, left_out = paired_rows(task, corrupted_tokens, "attribution patching")
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)

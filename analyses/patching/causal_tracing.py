@@ -21,14 +21,17 @@ peak at the last token.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from headscope.analyses.core.config import configure
 from headscope.analyses.core.result import Result
+from headscope.analyses.core.task_files import takes_prompt
+from headscope.analyses.core.tasks import Task
+from headscope.analyses.patching.configs import TracingConfig
 from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
 from headscope.analyses.patching.inputs import mask_padding, resolve_metric, token_labels
 from headscope.errors import ConfigError, ShapeMismatchError, TaskError
@@ -96,61 +99,116 @@ def _in_span(span: torch.Tensor, n_pos: int) -> torch.Tensor:
     return (positions >= span[:, :1]) & (positions < span[:, 1:])
 
 
+@takes_prompt
 def causal_tracing(
     model,
-    task,
+    task=None,
+    config: TracingConfig | None = None,
     *,
-    kinds: Sequence[str] = ("resid", "mlp", "attn"),
-    span: str = "subject",
-    n_samples: int = 10,
-    noise_scale: float = 3.0,
-    window: int | None = None,
-    metric: Any = "prob",
-    seed: int = 0,
-    batch_size: int | None = None,
-    memory_budget: int | None = None,
-    progress: bool = False,
     noise: torch.Tensor | None = None,
+    **config_overrides: Any,
 ) -> Result:
-    """Causal tracing of `task` (needs task.spans[span]) with per-(kind, layer, position) AIEs.
+    """Causal tracing of `task` (needs task.spans[config.span]) with per-(kind, layer, position) AIEs.
 
-    noise: [n_samples, batch, pos, d_model] added to the embeddings instead of the seeded draw
-    (subject_noise), e.g. one prompt's share of a batch's noise (noise_scale and seed then unused).
+    config: a TracingConfig; config_overrides are its fields (kinds, span, n_samples, noise_scale,
+    window, metric, seed, batch_size, memory_budget, progress). task: a Task, zoo task name or task
+    file (None: the zoo "facts" task). noise (data): [n_samples, batch, pos, d_model] added to the
+    embeddings instead of the seeded draw (subject_noise), e.g. one prompt's share of a batch's
+    noise (noise_scale and seed then unused).
     Returns a Result: df (and tables["causal_tracing"]) with kind, layer, pos, token, role
     (of the first prompt without padding), ie (AIE) and restored (the mean metric after restoring);
     tables["causal_tracing_roles"] averages IEs per (kind, layer, role) over prompts; summary
     has clean/corrupted metric, the noise std and the peak cell of each kind.
     """
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown or not kinds:
-        raise ConfigError(f"Unknown causal-tracing kinds {unknown}; choose from {tuple(KINDS)}.")
-    if span not in task.spans:
-        raise ConfigError(f"Task {task.name!r} marks no {span!r} span (it has {sorted(task.spans)}); "
-                         "causal tracing noises the subject tokens, so pass span= or add the span.")
-    if n_samples < 1:
-        raise ConfigError(f"n_samples must be >= 1, got {n_samples}.")
-    tokens = model.check_tokens(task.tokens)
-    mask = padding_mask(task.attention_mask, tokens)  # [batch, pos] or None
-    pm = resolve_metric(task, metric)
+    cfg = configure(TracingConfig, config, config_overrides, name="causal_tracing")
+    kinds, span, n_samples = cfg.kinds, cfg.span, cfg.n_samples
+    if not isinstance(task, Task):
+        from headscope.analyses.core.task_files import resolve_task
+
+        task = resolve_task(model, task, default="facts", n_examples=cfg.examples(32, 8), seed=cfg.seed)
+    tokens, mask, spans = _checked_inputs(model, task, cfg)
+    pm = resolve_metric(task, cfg.metric)
     n_layers, n_pos = model.facts.n_layers, tokens.shape[1]
-    window = default_window(n_layers) if window is None else int(window)
-    spans = task.spans[span].cpu()
-    if mask is not None and bool((_in_span(spans, n_pos) & ~mask.bool().cpu()).any()):
-        raise TaskError(f"Task {task.name!r}: a {span!r} span covers padding; spans of a padded task are in "
-                        "padded positions (hs.load_task shifts them), so shift it past the row's padding.")
-    if noise is None:
-        noise, std = subject_noise(model, tokens, spans, n_samples, noise_scale, seed, attention_mask=mask)
-        noise_std = noise_scale * std
-    else:
-        if tuple(noise.shape[:3]) != (n_samples, *tokens.shape):
-            raise ShapeMismatchError(f"noise {tuple(noise.shape)} does not match (n_samples, batch, pos) = "
-                                     f"{(n_samples, *tokens.shape)}.")
-        noise = noise.to(model.device)
-        noise_std = float(noise[:, _in_span(spans, n_pos)].std())
+    window = default_window(n_layers) if cfg.window is None else int(cfg.window)
+    noise, noise_std = _noise(model, cfg, tokens, spans, mask, noise)
     clean = capture(model, tokens, [site(KINDS[k], layer) for k in kinds for layer in range(n_layers)],
                     attention_mask=mask)
     cells = [(k, layer, p) for k in kinds for layer in range(n_layers) for p in [*range(n_pos), None]]
     runs = [(s, cell) for s in range(n_samples) for cell in [None, *cells]]  # None: corrupted baseline
+    values = run_batched(model, tokens, len(runs), _tracing_hooks(runs, noise, clean, window, n_layers), pm.fn,
+                         batch_size=cfg.batch_size, memory_budget=cfg.memory_budget, progress=cfg.progress,
+                         stacked_metric=pm.stacked, desc="causal tracing", attention_mask=mask)
+    values = values.view(n_samples, len(cells) + 1, -1)  # [sample, 1 + cell, batch]
+    corrupt = values[:, 0]  # [sample, batch]
+    ie = mask_padding((values[:, 1:] - corrupt[:, None]).mean(0), [c[2] for c in cells], mask)  # [cell, batch], NaN: padding
+    restored = mask_padding(values[:, 1:].mean(0), [c[2] for c in cells], mask).nanmean(1)  # [cell]
+    labels = token_labels(model, tokens, mask)
+    label_row = 0 if mask is None else int(mask.bool().all(1).int().argmax())  # the first prompt without padding
+    role_of = roles(spans, n_pos, mask)  # [batch, pos]
+    df = pd.DataFrame({
+        "kind": [c[0] for c in cells],
+        "layer": [c[1] for c in cells],
+        "pos": pd.array([c[2] for c in cells], dtype="Int64"),
+        "token": [labels[c[2]] if c[2] is not None else "all" for c in cells],
+        "role": [role_of[label_row, c[2]] if c[2] is not None else "all" for c in cells],
+        "ie": ie.double().nanmean(1).numpy(),
+        "restored": restored.double().numpy(),
+    })
+    by_role = role_table(cells, ie, role_of)
+    summary = {
+        "metric": pm.name,
+        "span": span,
+        "clean_metric": float(pm.fn(clean.output).mean()),
+        "corrupted_metric": float(corrupt.mean()),
+        "noise_std": noise_std,
+        "n_samples": n_samples,
+        "window": window,
+        "n_examples": int(tokens.shape[0]),
+        "peaks": peaks(df, by_role),
+    }
+    config_out = {"kinds": list(kinds), "span": span, "n_samples": n_samples, "noise_scale": cfg.noise_scale,
+                  "window": window, "seed": cfg.seed}
+    return Result(name="patching", df=df, summary=summary,
+                  tables={"causal_tracing": df, "causal_tracing_roles": by_role}, config=config_out)
+
+
+def _checked_inputs(model, task: Task, cfg: TracingConfig) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(tokens [batch, pos], padding mask or None, the span [batch, 2] on CPU), after one clear error
+    for unknown kinds, a missing span, no samples or a span over padding."""
+    unknown = [k for k in cfg.kinds if k not in KINDS]
+    if unknown or not cfg.kinds:
+        raise ConfigError(f"Unknown causal-tracing kinds {unknown}; choose from {tuple(KINDS)}.")
+    if cfg.span not in task.spans:
+        raise ConfigError(f"Task {task.name!r} marks no {cfg.span!r} span (it has {sorted(task.spans)}); "
+                          "causal tracing noises the subject tokens, so pass span= or add the span.")
+    if cfg.n_samples < 1:
+        raise ConfigError(f"n_samples must be >= 1, got {cfg.n_samples}.")
+    tokens = model.check_tokens(task.tokens)
+    mask = padding_mask(task.attention_mask, tokens)  # [batch, pos] or None
+    spans = task.spans[cfg.span].cpu()
+    if mask is not None and bool((_in_span(spans, tokens.shape[1]) & ~mask.bool().cpu()).any()):
+        raise TaskError(f"Task {task.name!r}: a {cfg.span!r} span covers padding; spans of a padded task are in "
+                        "padded positions (hs.load_task shifts them), so shift it past the row's padding.")
+    return tokens, mask, spans
+
+
+def _noise(model, cfg: TracingConfig, tokens: torch.Tensor, spans: torch.Tensor, mask: torch.Tensor | None,
+           noise: torch.Tensor | None) -> tuple[torch.Tensor, float]:
+    """(the noise [sample, batch, pos, d_model] on the model's device, its std over the span): the
+    seeded draw (subject_noise), or the given noise checked against (n_samples, batch, pos)."""
+    if noise is None:
+        noise, std = subject_noise(model, tokens, spans, cfg.n_samples, cfg.noise_scale, cfg.seed, attention_mask=mask)
+        return noise, cfg.noise_scale * std
+    if tuple(noise.shape[:3]) != (cfg.n_samples, *tokens.shape):
+        raise ShapeMismatchError(f"noise {tuple(noise.shape)} does not match (n_samples, batch, pos) = "
+                                 f"{(cfg.n_samples, *tokens.shape)}.")
+    noise = noise.to(model.device)
+    return noise, float(noise[:, _in_span(spans, tokens.shape[1])].std())
+
+
+def _tracing_hooks(runs: list, noise: torch.Tensor, clean, window: int, n_layers: int):
+    """hooks_for(chunk) for the batching engine: each run's noise sample on the embeddings and, for
+    a restored run, the clean activation put back at its cell (over the window for MLP/attention)."""
 
     def hooks_for(chunk: range):
         samples = torch.tensor([runs[r][0] for r in chunk], device=noise.device)
@@ -170,42 +228,7 @@ def causal_tracing(
             hooks.append((name, replace_hook(clean[name], mask)))
         return hooks
 
-    values = run_batched(model, tokens, len(runs), hooks_for, pm.fn, batch_size=batch_size,
-                         memory_budget=memory_budget, progress=progress, stacked_metric=pm.stacked, desc="causal tracing",
-                         attention_mask=mask)
-    values = values.view(n_samples, len(cells) + 1, -1)  # [sample, 1 + cell, batch]
-    corrupt = values[:, 0]  # [sample, batch]
-    ie = mask_padding((values[:, 1:] - corrupt[:, None]).mean(0), [c[2] for c in cells], mask)  # [cell, batch], NaN: padding
-    restored = mask_padding(values[:, 1:].mean(0), [c[2] for c in cells], mask).nanmean(1)  # [cell]
-    clean_value = float(pm.fn(clean.output).mean())
-    labels = token_labels(model, tokens, mask)
-    label_row = 0 if mask is None else int(mask.bool().all(1).int().argmax())  # the first prompt without padding
-    role_of = roles(spans, n_pos, mask)  # [batch, pos]
-    df = pd.DataFrame({
-        "kind": [c[0] for c in cells],
-        "layer": [c[1] for c in cells],
-        "pos": pd.array([c[2] for c in cells], dtype="Int64"),
-        "token": [labels[c[2]] if c[2] is not None else "all" for c in cells],
-        "role": [role_of[label_row, c[2]] if c[2] is not None else "all" for c in cells],
-        "ie": ie.double().nanmean(1).numpy(),
-        "restored": restored.double().numpy(),
-    })
-    by_role = role_table(cells, ie, role_of)
-    summary = {
-        "metric": pm.name,
-        "span": span,
-        "clean_metric": clean_value,
-        "corrupted_metric": float(corrupt.mean()),
-        "noise_std": noise_std,
-        "n_samples": n_samples,
-        "window": window,
-        "n_examples": int(tokens.shape[0]),
-        "peaks": peaks(df, by_role),
-    }
-    config = {"kinds": list(kinds), "span": span, "n_samples": n_samples, "noise_scale": noise_scale,
-              "window": window, "seed": seed}
-    return Result(name="patching", df=df, summary=summary,
-                  tables={"causal_tracing": df, "causal_tracing_roles": by_role}, config=config)
+    return hooks_for
 
 
 def role_table(cells: list, ie: torch.Tensor, role_of: np.ndarray) -> pd.DataFrame:

@@ -27,14 +27,12 @@ DIRECTIONS = ("denoise", "noise")
 
 
 @dataclass(frozen=True, kw_only=True)
-class PatchMetric:
-    """A per-example metric; `normalized` asks for (m - m_corrupt) / (m_clean - m_corrupt) of means."""
+class PatchMetric(Metric):
+    """The patching Metric: `normalized` asks for (m - m_corrupt) / (m_clean - m_corrupt) of means;
+    `stacked`: fn also takes k stacked copies of the batch ([k * batch, ...] -> [k * batch])."""
 
-    name: str
-    fn: Metric
     normalized: bool = False
-    stacked: bool = False  # fn also takes k stacked copies of the batch ([k * batch, ...] -> [k * batch])
-    last_position: bool = False  # fn reads only the last position of decoder logits (runs may resume mid-model)
+    stacked: bool = False
 
     def finish(self, mean_value, clean: float, corrupt: float):
         """The reported number: the mean metric, normalised if asked for."""

@@ -26,14 +26,16 @@ is zero at padded positions (padding is never patched); values are means over th
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 import torch
 
+from headscope.analyses.core.config import configure
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
+from headscope.analyses.core.tasks import Task
+from headscope.analyses.patching.configs import PathPatchingConfig
 from headscope.analyses.patching.engine import run_batched
 from headscope.analyses.patching.inputs import (
     check_direction,
@@ -75,50 +77,96 @@ def _check_receivers(model, receivers, component: str) -> list[Head]:
 @takes_prompt
 def path_patching(
     model,
-    task,
-    receivers: str | Sequence[Head] = "logits",
+    task=None,
+    config: PathPatchingConfig | None = None,
     *,
-    senders: Sequence[Head] | None = None,
-    component: str = "q",
-    per_receiver: bool = False,
-    direction: str = "noise",
-    metric: Any = None,
     corrupted_tokens: torch.Tensor | None = None,
-    batch_size: int | None = None,
-    memory_budget: int | None = None,
-    progress: bool = False,
+    **config_overrides: Any,
 ) -> Result:
-    """Patch each sender head's output along its direct paths into `receivers`.
+    """Patch each sender head's output along its direct paths into config.receivers.
 
-    direction "noise" (Wang et al.): clean run, the sender's corrupted output on the paths;
-    "denoise": corrupted run, the clean output. senders: default every head in a layer before
-    the last receiver layer (every head for "logits"). A sender only reaches receivers in
-    later layers. Result df: sender_layer, sender_head, receiver ("logits", "L.H" or "all"),
-    value, effect (value minus the unpatched base run).
+    config: a PathPatchingConfig; config_overrides are its fields (receivers, senders, component,
+    per_receiver, direction, metric, batch_size, memory_budget, progress). direction "noise" (Wang
+    et al.): clean run, the sender's corrupted output on the paths; "denoise": corrupted run, the
+    clean output. senders: default every head in a layer before the last receiver layer (every
+    head for "logits"). A sender only reaches receivers in later layers. The older form
+    path_patching(model, task, receivers) still works. task: a Task, zoo task name, task file or
+    None (the patching default task); corrupted_tokens (data): corrupted prompts when the Task has none.
+    Result df: sender_layer, sender_head, receiver ("logits", "L.H" or "all"), value, effect (value
+    minus the unpatched base run).
     """
-    check_direction(direction)
+    cfg = configure(PathPatchingConfig, config, config_overrides, name="path_patching", positional="receivers")
+    check_direction(cfg.direction)
+    if not isinstance(task, Task):
+        from headscope.analyses.patching.analysis import default_task
+
+        task = default_task(model, task, cfg)
     task, left_out = paired_rows(task, corrupted_tokens, "path patching")
     clean, corrupted = clean_and_corrupted(model, task, corrupted_tokens)
     mask = task_padding(task, clean)  # [B, pos] or None
-    pm = resolve_metric(task, metric)
-    n_layers, n_heads = model.facts.n_layers, model.facts.n_heads
+    pm = resolve_metric(task, cfg.metric)
+    recv, runs = _runs(model, cfg)
+    base, source_tokens = (clean, corrupted) if cfg.direction == "noise" else (corrupted, clean)
+    hooks_for = _path_hooks(model, runs, recv, cfg.component, _sender_deltas(model, runs, base, source_tokens, mask))
+    values = run_batched(model, base, len(runs), hooks_for, pm.fn, batch_size=cfg.batch_size,
+                         memory_budget=cfg.memory_budget, progress=cfg.progress, stacked_metric=pm.stacked,
+                         desc="path patching", attention_mask=mask)
+    with torch.no_grad():
+        clean_value = float(pm.fn(model(clean, attention_mask=mask)).mean())
+        corrupt_value = float(pm.fn(model(corrupted, attention_mask=mask)).mean())
+    base_value = clean_value if cfg.direction == "noise" else corrupt_value
+    baseline = float(pm.finish(base_value, clean_value, corrupt_value))
+    value = pm.finish(values.mean(1).double(), clean_value, corrupt_value).numpy()
+    to_logits = recv is None
+    df = pd.DataFrame({
+        "sender_layer": [s[0] for s, _ in runs],
+        "sender_head": [s[1] for s, _ in runs],
+        "receiver": ["logits" if to_logits else (f"{g[0][0]}.{g[0][1]}" if len(g) == 1 else "all") for _, g in runs],
+        "component": "resid" if to_logits else cfg.component,
+        "value": value,
+        "effect": value - baseline,
+    })
+    top = df.reindex(df["effect"].abs().sort_values(ascending=False).index).head(10)
+    summary = {
+        "metric": pm.name, "direction": cfg.direction, "baseline": baseline,
+        "receivers": "logits" if to_logits else [list(r) for r in recv], "component": cfg.component,
+        "top_paths": [{"sender": [int(r.sender_layer), int(r.sender_head)], "receiver": str(r.receiver),
+                       "effect": float(r.effect)} for r in top.itertuples()],
+        **left_out,
+    }
+    return Result(name="patching", df=df, summary=summary, tables={"path_patching": df},
+                  config={"component": cfg.component, "direction": cfg.direction, "per_receiver": cfg.per_receiver})
+
+
+Run = tuple[Head, list[Head]]  # (sender, the receivers it reaches jointly; [] for the logits)
+
+
+def _runs(model, cfg: PathPatchingConfig) -> tuple[list[Head] | None, list[Run]]:
+    """(the checked receivers, None for the logits; the patched runs: one per sender and receiver group)."""
+    receivers = cfg.receivers
     to_logits = isinstance(receivers, str)
     if to_logits and receivers != "logits":
         raise ConfigError(f"receivers must be 'logits' or a list of (layer, head), got {receivers!r}.")
-    recv = [] if to_logits else _check_receivers(model, receivers, component)
-    last = n_layers if to_logits else max(layer for layer, _ in recv)
+    recv = [] if to_logits else _check_receivers(model, receivers, cfg.component)
+    last = model.facts.n_layers if to_logits else max(layer for layer, _ in recv)
+    senders = cfg.senders
     if senders is None:
-        senders = [(layer, h) for layer in range(last) for h in range(n_heads)]
+        senders = [(layer, h) for layer in range(last) for h in range(model.facts.n_heads)]
     for layer, head in senders:
         model.check_head(layer, head)
-    groups: list[list[Head]] = [[]] if to_logits else ([[r] for r in recv] if per_receiver else [recv])
-    runs = [(s, g) for s in senders for g in groups if to_logits or any(r[0] > s[0] for r in g)]
+    groups: list[list[Head]] = [[]] if to_logits else ([[r] for r in recv] if cfg.per_receiver else [recv])
+    runs = [(tuple(s), g) for s in senders for g in groups if to_logits or any(r[0] > s[0] for r in g)]
     if not runs:
         raise ConfigError("No sender comes before a receiver; senders must sit in earlier layers than receivers.")
+    return (None if to_logits else recv), runs
 
-    base, source_tokens = (clean, corrupted) if direction == "noise" else (corrupted, clean)
+
+def _sender_deltas(model, runs: list[Run], base: torch.Tensor, source: torch.Tensor, mask: torch.Tensor | None):
+    """delta(layer, head) -> [B, pos, d_model]: the sender's residual write in the source run minus
+    in the base run (zero at padded positions)."""
+    senders = [s for s, _ in runs]
     z_names = [site("z", layer) for layer in sorted({s[0] for s in senders})]
-    src = capture(model, source_tokens, z_names, attention_mask=mask)
+    src = capture(model, source, z_names, attention_mask=mask)
     ref = capture(model, base, z_names, attention_mask=mask)
     real = None if mask is None else mask.bool()[:, :, None]  # [B, pos, 1]
     w_o = {layer: model.bridge.blocks[layer].attn.W_O.detach() for layer, _ in senders}  # [head, d_head, d_model]
@@ -128,13 +176,20 @@ def path_patching(
         out = dz @ w_o[layer][head].to(dz.dtype)
         return out if real is None else torch.where(real.to(out.device), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
-    recv_layers = sorted({r[0] for r in recv})
+    return delta
+
+
+def _path_hooks(model, runs: list[Run], recv: list[Head] | None, component: str, delta):
+    """hooks_for(chunk) for the batching engine: each run's sender delta added to the final residual
+    (receivers None: the logits) or, through ln1, to its receivers' `component` input only."""
+    n_layers = model.facts.n_layers
+    recv_layers = sorted({r[0] for r in recv or ()})
     weights = {layer: _weights(model.bridge.blocks[layer].attn, component) for layer in recv_layers}
 
     def hooks_for(chunk: range):
         k = len(chunk)
         deltas = torch.stack([delta(*runs[r][0]) for r in chunk])  # [k, B, pos, d_model]
-        if to_logits:
+        if recv is None:
             def add(act: torch.Tensor, hook: Any) -> torch.Tensor:
                 return (act.view(k, -1, *act.shape[1:]) + deltas.to(act.dtype)).reshape(act.shape)
             return [(site("resid_post", n_layers - 1), add)]
@@ -164,30 +219,4 @@ def path_patching(
             hooks += [(site("resid_pre", layer), keep), (site(component, layer), shift)]
         return hooks
 
-    values = run_batched(model, base, len(runs), hooks_for, pm.fn, batch_size=batch_size,
-                         memory_budget=memory_budget, progress=progress, stacked_metric=pm.stacked, desc="path patching",
-                         attention_mask=mask)
-    with torch.no_grad():
-        clean_value = float(pm.fn(model(clean, attention_mask=mask)).mean())
-        corrupt_value = float(pm.fn(model(corrupted, attention_mask=mask)).mean())
-    base_value = clean_value if direction == "noise" else corrupt_value
-    baseline = float(pm.finish(base_value, clean_value, corrupt_value))
-    value = pm.finish(values.mean(1).double(), clean_value, corrupt_value).numpy()
-    df = pd.DataFrame({
-        "sender_layer": [s[0] for s, _ in runs],
-        "sender_head": [s[1] for s, _ in runs],
-        "receiver": ["logits" if to_logits else (f"{g[0][0]}.{g[0][1]}" if len(g) == 1 else "all") for _, g in runs],
-        "component": "resid" if to_logits else component,
-        "value": value,
-        "effect": value - baseline,
-    })
-    top = df.reindex(df["effect"].abs().sort_values(ascending=False).index).head(10)
-    summary = {
-        "metric": pm.name, "direction": direction, "baseline": baseline,
-        "receivers": "logits" if to_logits else [list(r) for r in recv], "component": component,
-        "top_paths": [{"sender": [int(r.sender_layer), int(r.sender_head)], "receiver": str(r.receiver),
-                       "effect": float(r.effect)} for r in top.itertuples()],
-        **left_out,
-    }
-    return Result(name="patching", df=df, summary=summary, tables={"path_patching": df},
-                  config={"component": component, "direction": direction, "per_receiver": per_receiver})
+    return hooks_for

@@ -24,12 +24,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
 
-from headscope.analyses.core.config import AnalysisConfig, with_overrides
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import describe
@@ -81,9 +81,7 @@ class PositionConfig(AnalysisConfig):
     generate: bool | None = None
     n_boot: int = 1000
 
-    @classmethod
-    def preset(cls, *, quick: bool = False, **common) -> PositionConfig:
-        return cls(quick=quick, n_boot=200 if quick else 1000, **common)
+    QUICK: ClassVar[dict[str, Any]] = {"n_boot": 200}
 
 
 def has_zoo_vocab(tokenizer: Any) -> bool:
@@ -172,27 +170,13 @@ def _config_for_task(model: Any, task: str, cfg: PositionConfig) -> PositionConf
 
 
 def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None, config: PositionConfig | None = None,
-                  *, seed: int | None = None, progress: bool | None = None) -> Result:
+                  **config_overrides: Any) -> Result:
     """Run the sweep and return the position Result (module docstring). task: None (the sweep of
     config.sweep), "kv", a sweep name, a JSONL file (multi-document QA; retrieval for encoders),
-    or a list of PositionSweep."""
-    cfg = with_overrides(config or PositionConfig(), seed=seed, progress=progress)
-    sweeps = None
-    if isinstance(task, os.PathLike):
-        task = os.fspath(task)
-    if isinstance(task, str):
-        cfg = _config_for_task(model, task, cfg)
-    elif task is not None:
-        if not isinstance(task, (list, tuple)) or not all(isinstance(s, PositionSweep) for s in task):
-            raise InputTypeError(f"position takes 'kv', a sweep name ({', '.join(TASKS)}), a JSONL file or a list of "
-                                 f"PositionSweep (analyses.position.prompts); got {describe(task)}.")
-        sweeps = list(task)
+    or a list of PositionSweep. config_overrides are fields of PositionConfig (seed=1, n_boot=200)."""
+    cfg = configure(PositionConfig, config, config_overrides, name="position_bias")
+    cfg, sweeps, task, fitted = _sweeps(model, task, cfg)
     encoder = model.facts.is_encoder
-    task = sweep_kind(model, cfg.sweep) if sweeps is None else ("retrieval" if encoder else "custom")
-    fitted = sweeps is None and task == "json_kv" and cfg.n_items is None  # pairs chosen to fit the context
-    sweeps = build_sweeps(model, cfg) if sweeps is None else list(sweeps)
-    if not sweeps:
-        raise ConfigError("position_bias got no sweeps; pass n_examples >= 1 or a non-empty list of PositionSweep.")
     n_sink = cfg.n_sink or (1 if task == "zoo_kv" else 4)
     if encoder:
         outs = run_encoder_sweeps(model, sweeps, n_sink=n_sink, batch_size=cfg.batch_size, progress=cfg.progress)
@@ -212,55 +196,85 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer, "baseline": baseline})
     span_share = float(sum(float((sw.gold_spans[:, 1] - sw.gold_spans[:, 0]).float().mean()) / sw.prompt_len
                            for sw in sweeps) / len(sweeps))
-    track = ("cosine",) if encoder else ("accuracy", "logprob")
-    heads, tracked = head_tracking(gold, obs, metrics=track, span_share=span_share)
+    heads, tracked = head_tracking(gold, obs, metrics=("cosine",) if encoder else ("accuracy", "logprob"),
+                                   span_share=span_share)
+    summary = {
+        "task": task,
+        "n_examples": len(sweeps),
+        "n_items": sweeps[0].n_items,
+        "positions": list(sweeps[0].positions),
+        **_curve_summary(curve_df, encoder),
+        "sink_mass_per_layer": sink_by_layer,
+        "sink_uniform_baseline": baseline,
+        "n_sink": n_sink,
+        "retrieval_heads": [[int(r.layer), int(r.head)]
+                            for r in heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False).itertuples()],
+        "retrieval_tracked_metric": tracked,
+        "query_aware": cfg.query_aware,
+    }
+    summary.update(_extras(model, cfg, sweeps, obs, masked, task=task, fitted=fitted))
+    return Result(
+        name="position", df=obs, summary=summary,
+        tables={"curve": curve_df, "gold_attention": gold_attention, "sinks": sinks, "heads": heads, "masked": masked},
+        config={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}, "task": task, "n_sink": n_sink},
+    )
 
+
+def _sweeps(model: Any, task: Any, cfg: PositionConfig) -> tuple[PositionConfig, list[PositionSweep], str, bool]:
+    """(the config for `task`, its sweeps, the task kind reported, whether the pairs were fitted to the context)."""
+    sweeps = None
+    if isinstance(task, os.PathLike):
+        task = os.fspath(task)
+    if isinstance(task, str):
+        cfg = _config_for_task(model, task, cfg)
+    elif task is not None:
+        if not isinstance(task, (list, tuple)) or not all(isinstance(s, PositionSweep) for s in task):
+            raise InputTypeError(f"position takes 'kv', a sweep name ({', '.join(TASKS)}), a JSONL file or a list of "
+                                 f"PositionSweep (analyses.position.prompts); got {describe(task)}.")
+        sweeps = list(task)
+    kind = sweep_kind(model, cfg.sweep) if sweeps is None else ("retrieval" if model.facts.is_encoder else "custom")
+    fitted = sweeps is None and kind == "json_kv" and cfg.n_items is None  # pairs chosen to fit the context
+    sweeps = build_sweeps(model, cfg) if sweeps is None else list(sweeps)
+    if not sweeps:
+        raise ConfigError("position_bias got no sweeps; pass n_examples >= 1 or a non-empty list of PositionSweep.")
+    return cfg, sweeps, kind, fitted
+
+
+def _curve_summary(curve_df: pd.DataFrame, encoder: bool) -> dict[str, Any]:
+    """The full-context curve per metric and position (means, 95% intervals) and its middle-to-ends ratios."""
     full = curve_df[curve_df["condition"] == "full"]
     per_pos = {m: {str(p): _clean(v) for p, v in zip(g["position"], g["mean"])} for m, g in full.groupby("metric", sort=False)}
     ci = {m: {str(p): [_clean(lo), _clean(hi)] for p, lo, hi in zip(g["position"], g["ci_low"], g["ci_high"])}
           for m, g in full.groupby("metric", sort=False)}
     ratio_metrics = ("cosine",) if encoder else ("accuracy", "probability")
     ratios = {m: middle_to_ends({int(p): v for p, v in per_pos[m].items()}) for m in ratio_metrics}
-    retrieval = heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False)
-    summary = {
-        "task": task,
-        "n_examples": len(sweeps),
-        "n_items": sweeps[0].n_items,
-        "positions": list(sweeps[0].positions),
-        "primary_metric": ratio_metrics[0],
-        "metric_per_position": per_pos,
-        "ci_per_position": ci,
-        "ratio_middle_to_ends": {k: _clean(v) for k, v in ratios.items()},
-        "sink_mass_per_layer": sink_by_layer,
-        "sink_uniform_baseline": baseline,
-        "n_sink": n_sink,
-        "retrieval_heads": [[int(r.layer), int(r.head)] for r in retrieval.itertuples()],
-        "retrieval_tracked_metric": tracked,
-        "query_aware": cfg.query_aware,
-    }
-    if not encoder and "accuracy" in obs:  # chance: guessing among the context's n_items items
+    return {"primary_metric": ratio_metrics[0], "metric_per_position": per_pos, "ci_per_position": ci,
+            "ratio_middle_to_ends": {k: _clean(v) for k, v in ratios.items()}}
+
+
+def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], obs: pd.DataFrame, masked: pd.DataFrame,
+            *, task: str, fitted: bool) -> dict[str, Any]:
+    """The summary's optional parts: chance (decoders), the fitted-context note, streaming windows."""
+    out: dict[str, Any] = {}
+    if not model.facts.is_encoder and "accuracy" in obs:  # chance: guessing among the context's n_items items
         from headscope.analyses.core import chance
 
         per_example = obs.groupby("example")["accuracy"].mean().to_numpy()  # [examples], over positions
-        summary["chance"] = chance.with_basis(chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items),
-                                              task=task, n_classes=sweeps[0].n_items)
+        out["chance"] = chance.with_basis(chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items),
+                                          task=task, n_classes=sweeps[0].n_items)
     if fitted:
         fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
-        summary["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
-        summary["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
+        out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
+        out["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
     if len(masked):
         windows = sorted({_window(cfg, sw.prompt_len) for sw in sweeps})
-        summary["streaming"] = {
+        out["streaming"] = {
             "window": windows[0] if len(windows) == 1 else windows,
             **{m: {"full": _clean(float(obs[m].mean())),
                    **{c: _clean(float(g[m].mean())) for c, g in masked.groupby("condition")}}
                for m in ("logprob", "exact")},
         }
-    return Result(
-        name="position", df=obs, summary=summary,
-        tables={"curve": curve_df, "gold_attention": gold_attention, "sinks": sinks, "heads": heads, "masked": masked},
-        config={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}, "task": task, "n_sink": n_sink},
-    )
+    return out
 
 
 def _layer_means(parts: Sequence[Any]) -> list[float]:

@@ -25,6 +25,7 @@ The default task of a non-zoo decoder is the shipped sentences probed for "posit
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
-from headscope.analyses.core.config import AnalysisConfig
+from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
@@ -205,58 +206,50 @@ def probe_features(model, task: Task, site: str, probe_data: ProbeData, layers: 
 
 
 @torch.no_grad()
-def probe_sweep(
-    model, task: Task | torch.Tensor | str | None = None, site: str = "resid_post", labels: str | Sequence = "query_pair",
-    *, config: ProbesConfig | None = None, position: int = -1, layers: Sequence[int] | None = None, cv: int = 5,
-    seed: int = 0, C: float = 1.0, alpha: float = 1.0, capacity: Sequence[float] | bool | str | None = None,
-    progress: bool = False,
-) -> Result:
-    """Probe accuracy (or R^2) and selectivity per layer at `site` (a site kind, e.g. "resid_post").
+def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: ProbesConfig | None = None,
+                **config_overrides: Any) -> Result:
+    """Probe accuracy (or R^2) and selectivity per layer at config.site (a site kind, e.g. "resid_post").
 
     task: a Task, or a [batch, pos] token tensor with labels an array (or "position"); anything
-    else (None, a zoo task name, a task file) runs `run` with config. config (a ProbesConfig)
-    supplies site, labels, cv, seed, C, alpha, progress and (unless given) capacity.
-    capacity: None/False, one probe per layer (C or alpha); True, Hewitt & Liang's sweep over the
-    regularisation strength (probes.C_GRID for classification, probes.ALPHA_GRID for regression),
-    "coarse" (every other strength of that grid) or a grid of strengths: each layer reports its most
-    selective probe (`strength` column; tables["capacity"]: every strength of every layer).
+    else (None, a zoo task name, a task file) runs `run` with the config. config: a ProbesConfig
+    (default here: labels "query_pair", capacity off); config_overrides are its fields (site, labels,
+    position, layers, cv, seed, C, alpha, capacity, progress). The older form probe_sweep(model,
+    task, site, labels=...) still works.
+    capacity: False, one probe per layer (C or alpha); True, Hewitt & Liang's sweep over the
+    regularisation strength (probes.C_GRID for classification, probes.ALPHA_GRID for regression;
+    every other strength when quick), "coarse" (every other strength of that grid) or a grid of
+    strengths: each layer reports its most selective probe (`strength` column; tables["capacity"]:
+    every strength of every layer).
     df: one row per (layer, fold, task in {"real", "control"}) with the score. tables["per_layer"]:
     score, control and selectivity per layer. summary: best layer and its numbers, and
     `first_selective_layer`: the first layer whose selectivity reaches 0.5.
     """
     if not isinstance(task, (Task, torch.Tensor)):
-        return run(model, task, config)
-    if config is not None:
-        site, labels, seed, C, alpha = config.site, config.labels, config.seed, config.C, config.alpha
-        cv, progress = config.cv or cv, config.progress
-        capacity = config.grid() if capacity is None else capacity
+        return run(model, task, configure(ProbesConfig, config, config_overrides, name="probe_sweep",
+                                          default=ProbesConfig.preset(), positional="site"))
+    cfg = configure(ProbesConfig, config, config_overrides, name="probe_sweep", default=PROBE_SWEEP, positional="site")
+    site, labels, cv, progress = cfg.site, cfg.labels, cfg.folds(), cfg.progress
     task = task if isinstance(task, Task) else Task(name="tokens", tokens=task, metric="cosine")
-    probe_data = task_labels(task, labels, position, tokenizer=model.tokenizer)
-    layers = list(range(model.facts.n_layers) if layers is None else (model.check_layer(layer) for layer in layers))
+    probe_data = task_labels(task, labels, cfg.position, tokenizer=model.tokenizer)
+    layers = list(range(model.facts.n_layers) if cfg.layers is None else (model.check_layer(layer) for layer in cfg.layers))
     features = probe_features(model, task, site, probe_data, layers)  # real tokens only
-    labels_arr, types = probe_data.labels, probe_data.types
-    n_dropped = 0
-    if probe_data.kind == "classification":  # a class seen once is never both fitted and tested: drop it,
-        _, inverse, counts = np.unique(labels_arr, return_inverse=True, return_counts=True)  # unless too few remain
-        keep = counts[inverse.reshape(-1)] >= 2  # [n]
-        if (~keep).any() and len(np.unique(labels_arr[keep])) >= 2:
-            n_dropped = int((~keep).sum())
-            labels_arr, types, features = labels_arr[keep], types[keep], [X[keep] for X in features]
-    estimator = LogisticProbe(C=C) if probe_data.kind == "classification" else RidgeProbe(alpha=alpha)
-    score_name = "accuracy" if probe_data.kind == "classification" else "r2"
-    full = C_GRID if probe_data.kind == "classification" else ALPHA_GRID
+    labels_arr, types, features, n_dropped = _drop_singletons(probe_data, features)
+    classify = probe_data.kind == "classification"
+    estimator = LogisticProbe(C=cfg.C) if classify else RidgeProbe(alpha=cfg.alpha)
+    score_name, param = ("accuracy", "C") if classify else ("r2", "alpha")
+    full = C_GRID if classify else ALPHA_GRID
+    capacity = cfg.grid()
     grid = None if capacity is None or capacity is False else (
         full if capacity is True else full[::2] if capacity == "coarse" else tuple(capacity))
-    param = "C" if probe_data.kind == "classification" else "alpha"
     rows, per_layer, sweeps = [], [], []
     for layer, X in tqdm(list(zip(layers, features)), desc="probes", disable=not progress):
         with warnings.catch_warnings():  # many classes over few examples is expected here (e.g. 64 values)
             warnings.filterwarnings("ignore", message="The number of unique classes is greater than 50%")
             if grid is None:
-                strength = C if param == "C" else alpha
-                res = selectivity(estimator, X, labels_arr, types, cv=cv, seed=seed)
+                strength = cfg.C if param == "C" else cfg.alpha
+                res = selectivity(estimator, X, labels_arr, types, cv=cv, seed=cfg.seed)
             else:
-                sweep, folds = capacity_sweep(estimator, X, labels_arr, types, grid=grid, cv=cv, seed=seed,
+                sweep, folds = capacity_sweep(estimator, X, labels_arr, types, grid=grid, cv=cv, seed=cfg.seed,
                                               return_folds=True)
                 sweeps.append(sweep.assign(layer=layer))
                 best = int(sweep["most_selective"].to_numpy().argmax())
@@ -267,29 +260,52 @@ def probe_sweep(
         per_layer.append({"layer": layer, score_name: float(res["score"].mean()), "control": float(res["control"].mean()),
                           "selectivity": res["selectivity"], "std": float(res["score"].std()), "strength": strength})
     table = pd.DataFrame(per_layer)
-    best = table.loc[table[score_name].idxmax()]
-    _, counts = np.unique(labels_arr, return_counts=True)
-    summary = {
-        "labels": labels if isinstance(labels, str) else "custom", "site": site, "metric": score_name,
-        "best_layer": int(best.layer), f"best_{score_name}": float(best[score_name]),
-        "best_control": float(best.control), "best_selectivity": float(best.selectivity), "best_std": float(best["std"]),
-        "cv": cv,
-        "majority_baseline": float(counts.max() / counts.sum()) if probe_data.kind == "classification" else None,
-        f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},
-        "selectivity_per_layer": {str(int(r.layer)): float(r.selectivity) for _, r in table.iterrows()},
-        "n_examples": int(labels_arr.shape[0]), "n_dropped_single_examples": n_dropped,
-        "n_classes": int(len(counts)) if probe_data.kind == "classification" else None,
-        "capacity": {"param": param, "grid": list(grid)} if grid is not None else None,
-        "strength_per_layer": {str(int(r.layer)): float(r.strength) for _, r in table.iterrows()},
-        "first_selective_layer": next((int(r.layer) for _, r in table.iterrows() if r.selectivity >= 0.5), None),
-    }
+    summary = _probe_summary(table, labels_arr, cfg, classify=classify, n_dropped=n_dropped,
+                             capacity={"param": param, "grid": list(grid)} if grid is not None else None)
     tables = {"per_layer": table}
     if sweeps:
         tables["capacity"] = pd.concat(sweeps, ignore_index=True)[
             ["layer", "param", "strength", "score", "control", "selectivity", "most_selective"]]
     return Result(name="probes", df=pd.DataFrame(rows), summary=summary, tables=tables,
-                  config={"site": site, "labels": summary["labels"], "position": position, "cv": cv, "seed": seed,
-                          "C": C, "alpha": alpha, "capacity": None if grid is None else list(grid), "task": task.name})
+                  config={"site": site, "labels": summary["labels"], "position": cfg.position, "cv": cv, "seed": cfg.seed,
+                          "C": cfg.C, "alpha": cfg.alpha, "capacity": None if grid is None else list(grid),
+                          "task": task.name})
+
+
+def _drop_singletons(probe_data: ProbeData, features: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list, int]:
+    """(labels, types, features, n dropped): a class seen once is never both fitted and tested, so
+    its examples are dropped, unless fewer than two classes would remain (regression: all kept)."""
+    labels_arr, types = probe_data.labels, probe_data.types
+    if probe_data.kind != "classification":
+        return labels_arr, types, features, 0
+    _, inverse, counts = np.unique(labels_arr, return_inverse=True, return_counts=True)
+    keep = counts[inverse.reshape(-1)] >= 2  # [n]
+    if not (~keep).any() or len(np.unique(labels_arr[keep])) < 2:
+        return labels_arr, types, features, 0
+    return labels_arr[keep], types[keep], [X[keep] for X in features], int((~keep).sum())
+
+
+def _probe_summary(table: pd.DataFrame, labels_arr: np.ndarray, cfg: ProbesConfig, *, classify: bool, n_dropped: int,
+                   capacity: dict | None) -> dict[str, Any]:
+    """The summary's per-layer numbers: the best layer, its score, control and selectivity, the
+    majority baseline and class count (classification), and the first selective layer."""
+    score_name, labels = ("accuracy" if classify else "r2"), cfg.labels
+    best = table.loc[table[score_name].idxmax()]
+    _, counts = np.unique(labels_arr, return_counts=True)
+    return {
+        "labels": labels if isinstance(labels, str) else "custom", "site": cfg.site, "metric": score_name,
+        "best_layer": int(best.layer), f"best_{score_name}": float(best[score_name]),
+        "best_control": float(best.control), "best_selectivity": float(best.selectivity), "best_std": float(best["std"]),
+        "cv": cfg.folds(),
+        "majority_baseline": float(counts.max() / counts.sum()) if classify else None,
+        f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},
+        "selectivity_per_layer": {str(int(r.layer)): float(r.selectivity) for _, r in table.iterrows()},
+        "n_examples": int(labels_arr.shape[0]), "n_dropped_single_examples": n_dropped,
+        "n_classes": int(len(counts)) if classify else None,
+        "capacity": capacity,
+        "strength_per_layer": {str(int(r.layer)): float(r.strength) for _, r in table.iterrows()},
+        "first_selective_layer": next((int(r.layer) for _, r in table.iterrows() if r.selectivity >= 0.5), None),
+    }
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -300,23 +316,34 @@ NEEDS = Needs(answers=True, labels=True, min_classes=2, min_examples=5,
 @dataclass(frozen=True, kw_only=True)
 class ProbesConfig(AnalysisConfig):
     """site: the site kind probed at every layer; labels: what is decoded (see task_labels; the
-    default "answer" is the answer a zoo Task's prompt retrieves); cv: folds (None: 5, 3 when quick);
+    default "answer" is the answer a zoo Task's prompt retrieves; or an array of labels); position:
+    the token read (-1: the answer position); layers: None for every layer; cv: folds (None: 5, 3 when quick);
     C / alpha: the logistic / ridge probes' regularisation when capacity is False; capacity: sweep the
     regularisation (Hewitt & Liang) and report each layer's most selective probe (quick: every other
     strength of the grid)."""
 
     site: str = "resid_post"
-    labels: str = "answer"
+    labels: str | Sequence = "answer"
+    position: int = -1
+    layers: Sequence[int] | None = None
     cv: int | None = None
     C: float = 1.0
     alpha: float = 1.0
-    capacity: bool = True
+    capacity: bool | str | Sequence[float] = True
 
-    def grid(self) -> bool | str:
-        """What probe_sweep's capacity gets: False, True (the full grid) or, quick, "coarse"."""
-        if not self.capacity:
+    def grid(self) -> bool | str | Sequence[float]:
+        """The capacity sweep: False (one probe per layer), True (the full grid; quick: "coarse", every
+        other strength), "coarse" or a grid of strengths as given."""
+        if self.capacity is None or self.capacity is False:
             return False
-        return "coarse" if self.quick else True
+        return ("coarse" if self.quick else True) if self.capacity is True else self.capacity
+
+    def folds(self) -> int:
+        """Cross-validation folds: cv, else 5 (3 when quick)."""
+        return self.cv or (3 if self.quick else 5)
+
+
+PROBE_SWEEP = ProbesConfig(labels="query_pair", capacity=False)  # probe_sweep's default: one probe per layer
 
 
 def probe_data(model, task: Task | str | None = None, config: ProbesConfig | None = None) -> tuple[Task, Any]:
@@ -347,7 +374,5 @@ def run(model, task: Task | str | None = None, config: ProbesConfig | None = Non
     there, so its control task is as easy as the real one: selectivity 0 by construction; "span:query"
     shows it.)"""
     config = config or ProbesConfig.preset()
-    cv = config.cv or (3 if config.quick else 5)
-    kw = dict(cv=cv, seed=config.seed, C=config.C, alpha=config.alpha, capacity=config.grid(), progress=config.progress)
     task, labels = probe_data(model, task, config)
-    return probe_sweep(model, task, config.site, labels, **kw)
+    return probe_sweep(model, task, dataclasses.replace(config, labels=labels))

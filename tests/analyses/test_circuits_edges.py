@@ -240,7 +240,8 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     quick, full = CircuitsConfig.preset(quick=True), CircuitsConfig.preset()
     assert (quick.edge_method, full.edge_method, full.ig_steps) == ("eap-clean", "eap-ig", 5)
     n_edges = 110  # GPT-2, 2 layers x 4 heads: 12 + 5 edges into layer 0, 72 + 10 into layer 1, 11 into the logits
-    result = run(tiny_models["gpt2"], task, CircuitsConfig(quick=True, ig_steps=2, k_values=(0, 3, n_edges)))
+    config = CircuitsConfig(quick=True, edge_method="eap-ig", ig_steps=2, k_values=(0, 3, n_edges))  # given sizes stay
+    result = run(tiny_models["gpt2"], task, config)
     assert (result.summary["edge_method"], result.summary["ig_steps"]) == ("eap-ig", 2)
     assert result.summary["n_edges"] == n_edges
     sweep, top = result.tables["faithfulness"], result.tables["edges"]

@@ -353,13 +353,13 @@ def test_l0_sweep_large_lambda_prunes_every_head_and_keeps_the_model_frozen(tiny
     assert all(p.grad is None for p in model.bridge.parameters())
 
 
-def reference_l0(model, task: Task, lam: float, cfg: heads_l0.L0Config) -> torch.Tensor:
+def reference_l0(model, task: Task, lam: float, cfg: heads_l0.L0Config, seed: int) -> torch.Tensor:
     """Voita et al.'s gate training written out for one lambda: TransformerLens run_with_hooks
     scaling hook_z by Hard Concrete gates, the answer's cross-entropy plus lambda times the
     expected number of open gates, Adam on log alpha; minibatch then noise drawn per step from
-    a generator seeded with cfg.seed. -> log alpha [L, H]"""
+    a generator seeded with `seed`. -> log alpha [L, H]"""
     n_layers, n_heads = model.facts.n_layers, model.facts.n_heads
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(seed)
     log_alpha = torch.full((n_layers, n_heads), cfg.init, requires_grad=True)
     opt = torch.optim.Adam([log_alpha], lr=cfg.lr)
     batch = min(len(task), cfg.batch_size)
@@ -385,7 +385,7 @@ def test_l0_lambdas_trained_together_equal_separate_reference_runs(family, memor
     halving on out-of-memory); each must equal its own separately written training run (same
     minibatches and noise)."""
     model, task = tiny_models[family], decoder_task(seed=12)
-    cfg = heads_l0.L0Config(lambdas=(0.0, 0.5, 2.0), steps=6, lr=0.5, batch_size=4, seed=3)
+    cfg = heads_l0.L0Config(lambdas=(0.0, 0.5, 2.0), steps=6, lr=0.5, batch_size=4)
     real, sizes = heads_l0.rows_per_pass, []
 
     def rows_per_pass(model, pos, *args, grad=False, **kwargs):
@@ -404,9 +404,9 @@ def test_l0_lambdas_trained_together_equal_separate_reference_runs(family, memor
     real_last = resume.last_logits
     monkeypatch.setattr(heads_l0, "rows_per_pass", rows_per_pass)
     monkeypatch.setattr(resume, "last_logits", last_logits)
-    got = heads_l0.train_gate_sweep(model, hi.make_scorer(model, task), cfg.lambdas, cfg)  # [3, L, H]
+    got = heads_l0.train_gate_sweep(model, hi.make_scorer(model, task), cfg.lambdas, cfg, seed=3)  # [3, L, H]
     for i, lam in enumerate(cfg.lambdas):
-        torch.testing.assert_close(got[i], reference_l0(model, task, lam, cfg), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got[i], reference_l0(model, task, lam, cfg, seed=3), atol=1e-4, rtol=1e-4)
     per_pass = {"plenty": 3, "two lambdas per pass": 2, "too small to estimate": 1, "out of memory above 8 rows": 3}
     assert max(sizes) == per_pass[memory] * cfg.batch_size  # lambdas stacked per pass (tried first)
     if memory == "out of memory above 8 rows":
@@ -541,7 +541,7 @@ def test_minilm_cosine_pruning_curve():
     model = hs.load_model("minilm", device="cpu")
     task = tasks.sentence_task(model, n_examples=24, seed=0)
     res = heads.prune_heads(model, task,
-                            config=hp.PruningConfig(orderings=("gradient", "random"), recompute=(False,), n_random=2))
+                            pruning=hp.PruningConfig(orderings=("gradient", "random"), recompute=(False,), n_random=2))
     curve = res.df
     assert res.summary["n_heads"] == 72 and res.summary["baseline_metric"] == pytest.approx(1.0, abs=1e-5)
     grad = curve.loc[curve["ordering"] == "gradient"].sort_values("n_pruned")

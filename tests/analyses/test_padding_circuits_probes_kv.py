@@ -166,7 +166,7 @@ def test_probe_features_and_labels_are_those_of_each_example_alone(arch, arch_mo
     pos = probes.task_labels(task, "position", tokenizer=model.tokenizer).labels
     assert pos.tolist() == [float(p) for n in lengths for p in range(n)]
     # the summary is computed on real tokens only: R^2 per layer is scikit-learn's on the concatenated rows
-    result = probes.probe_sweep(model, task, "resid_pre", "position", cv=3, seed=0)
+    result = probes.probe_sweep(model, task, "resid_pre", labels="position", cv=3, seed=0)
     assert result.summary["n_examples"] == sum(lengths)
     for layer in layers:
         X = np.concatenate([h[layer][0].numpy() for h in hidden])
@@ -174,7 +174,7 @@ def test_probe_features_and_labels_are_those_of_each_example_alone(arch, arch_mo
                               cv=KFold(3, shuffle=True, random_state=0))
         got = result.df[(result.df.task == "real") & (result.df.layer == layer)].sort_values("fold").score.to_numpy()
         np.testing.assert_allclose(got, ref, atol=1e-3)
-    bucket = probes.probe_sweep(model, task, "resid_pre", "position_bucket", cv=3, seed=0).summary
+    bucket = probes.probe_sweep(model, task, "resid_pre", labels="position_bucket", cv=3, seed=0).summary
     counts = np.unique(np.concatenate([probes.task_labels(ex, "position_bucket").labels for ex in alone]),
                        return_counts=True)[1]
     assert bucket["n_examples"] == sum(lengths) and bucket["majority_baseline"] == counts.max() / counts.sum()

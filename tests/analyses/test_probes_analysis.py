@@ -36,7 +36,7 @@ def test_labels_from_task_spans_by_hand():
 def test_position_probe_matches_sklearn_on_hf_hidden_states_and_beats_its_control(tiny_dirs, tiny_models):
     """GPT-2's learned positions are linearly decodable from the residual stream; the per-type control is not."""
     model, tokens = tiny_models["gpt2"], random_tokens(30, 10, seed=8)
-    result = probes.probe_sweep(model, tokens, "resid_pre", "position", cv=3, seed=0)
+    result = probes.probe_sweep(model, tokens, "resid_pre", labels="position", cv=3, seed=0)
     with torch.no_grad():
         hidden = hf_model(tiny_dirs["gpt2"])(tokens, output_hidden_states=True).hidden_states  # [0]: embeddings
     y = np.tile(np.arange(10), 30).astype(float)
@@ -66,8 +66,8 @@ def test_zoo_model_retrieves_the_queried_keys_value_at_the_answer(zoo_model):
 
     model = zoo_model
     task = tasks.zoo(model, "kv", n_examples=256, seed=1)
-    key = probes.probe_sweep(model, task, "resid_post", "span:query", cv=4, seed=0).tables["per_layer"]
+    key = probes.probe_sweep(model, task, "resid_post", labels="span:query", cv=4, seed=0).tables["per_layer"]
     assert key.accuracy.iloc[0] > 0.8 and abs(key.selectivity.iloc[0]) < 0.05
-    value = probes.probe_sweep(model, task, "resid_post", "answer", cv=4, seed=0).tables["per_layer"]
+    value = probes.probe_sweep(model, task, "resid_post", labels="answer", cv=4, seed=0).tables["per_layer"]
     assert value.accuracy.iloc[0] < 0.1  # 64 values: chance ~ 1/64
     assert value.accuracy.max() > 0.8 and value.selectivity.max() > 0.5
