@@ -69,27 +69,39 @@ def _family_attr(name: str, attr: str) -> Any:
     return found
 
 
-def task_used(name: str, model, task: Any = None, config: Any = None) -> Any:
-    """The Task the analysis `name` ran on: `task` itself when it is a Task, else the family's own
-    resolution (its `default_task(model, task, config)`; mlp: `default_inputs`), with the config
-    its run uses when none is given (the family's preset). None where the family has no such
-    function (position: its own sweeps; probes: a probe, not the model, is judged). An analysis that
-    patches pairs used only the rows with a pair (Task.pairs)."""
+def judges_model(name: str) -> bool:
+    """Whether the analysis judges the model on a Task of its family's resolution (False: position,
+    which builds its own sweeps, and probes, where a probe, not the model, is judged)."""
+    return name not in ("position", "probes")
+
+
+def family_task(name: str, model, task: Any = None, config: Any = None) -> Any:
+    """The Task analysis `name` runs on, resolved by its family from `task` (the user's, or None:
+    its default) under `config` (None: the family's preset): `task` itself when it is a Task, else
+    its `default_task(model, task, config)` (mlp: `default_inputs`). None where the family builds
+    its own data (judges_model)."""
     from headscope.analyses.core.tasks import Task
 
     if isinstance(task, Task):
-        return _paired_rows(name, task)
-    if name in ("position", "probes"):
+        return task
+    if not judges_model(name):
         return None
     config = config if config is not None else config_class(name).preset()
     if name == "mlp":
         inputs = _family_attr(name, "default_inputs")
         return None if inputs is None else inputs(model, task, config)[0]
     default = _family_attr(name, "default_task")
-    return None if default is None else _paired_rows(name, default(model, task, config))
+    return None if default is None else default(model, task, config)
 
 
-def _paired_rows(name: str, task: Any) -> Any:
+def task_used(name: str, model, task: Any = None, config: Any = None) -> Any:
+    """The Task the analysis `name` ran on (family_task; None where the family builds its own data).
+    An analysis that patches pairs used only the rows with a pair (judged_rows)."""
+    used = family_task(name, model, task, config)
+    return None if used is None else judged_rows(name, used)
+
+
+def judged_rows(name: str, task: Any) -> Any:
     """The rows of `task` analysis `name` runs on: those with a clean/corrupted pair of one length when
     it patches pairs (Task.pairs; all of them when none has one, which the analysis itself refuses)."""
     if task.unpaired and needs(name).corrupted and len(task.unpaired) < len(task):

@@ -163,14 +163,14 @@ def choose(page, uid: str, index: int, value: str) -> None:
 def test_more_tasks_add_their_examples_within_the_budget(llama, monkeypatch):
     """A report's other tasks: their examples follow the first task's, each labelled, patterns as captured
     directly; none is added once the stored values reach MAX_VALUES."""
-    from headscope.reports import explorer
+    from headscope.analyses.core import attention_capture
 
     both = attention_explorer_data(llama, PROMPTS[:1], more_tasks={"b (patching)": [PROMPTS[1], PROMPTS[0]]},
                                    more_examples=1)
     assert [e["task"] for e in both["examples"]] == ["prompts", "b (patching)"]
     got = np.array(pattern_from_data(both, 1, 1, 3))
     assert np.allclose(got, reference(llama, PROMPTS[1]).numpy()[1, 3], atol=0.5 / both["scale"] + 1e-6)
-    monkeypatch.setattr(explorer, "MAX_VALUES", 1)
+    monkeypatch.setattr(attention_capture, "MAX_VALUES", 1)
     assert len(attention_explorer_data(llama, PROMPTS[:1], more_tasks={"b": [PROMPTS[1]]})["examples"]) == 1
 
 
