@@ -33,7 +33,6 @@ from typing import Any
 
 from headscope.analyses.core import runner
 from headscope.analyses.core.registry import ANALYSES, config_class, get_analysis
-from headscope.analyses.core.registry import needs as contract_needs
 from headscope.analyses.core.runner import Failure, Plan, plan_analyses
 from headscope.errors import (
     ConfigError,
@@ -98,8 +97,8 @@ def _check_examples(names: Sequence[str], n_examples: int | None) -> None:
     sample an example) and heads two (a resample partner; its Needs.min_examples)."""
     if n_examples is None:
         return
-    floors = {"probes": 3, "heads": contract_needs("heads").min_examples}
-    short = {name: floors[name] for name in names if n_examples < floors.get(name, 1)}
+    floors = {name: config_class(name).min_examples for name in names}  # the configs' own floors (AnalysisConfig)
+    short = {name: floors[name] for name in names if n_examples < floors[name]}
     if short:
         needed = ", ".join(f"{name} at least {n}" for name, n in short.items())
         raise ConfigError(f"--n-examples {n_examples} is too few: {needed} (pass more, or --analyses without "

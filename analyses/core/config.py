@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from headscope.errors import ConfigError
 
@@ -45,9 +45,13 @@ class AnalysisConfig:
     quick: bool = False
     n_examples: int | None = None
     progress: bool = False
+    min_examples: ClassVar[int] = 1  # the fewest examples the family can run on (heads 2, probes 3)
 
     def __post_init__(self) -> None:
         check_shared(seed=self.seed, n_examples=self.n_examples)
+        if self.n_examples is not None and self.n_examples < self.min_examples:
+            raise ConfigError(f"n_examples (--n-examples) {self.n_examples} is too few for {type(self).__name__}: it "
+                              f"needs at least {self.min_examples}.")
 
     @classmethod
     def preset(cls: type[C], **common: Any) -> C:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -72,6 +72,7 @@ class HeadsConfig(AnalysisConfig):
     l0: L0Config | None = L0Config()
     n_induction: int = 8
     best_head: bool = True
+    min_examples: ClassVar[int] = 2  # a resample partner (contract.Needs.min_examples)
 
     @classmethod
     def preset(cls, *, seed: int = 0, quick: bool = False, **common) -> HeadsConfig:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -311,6 +311,7 @@ class ProbesConfig(AnalysisConfig):
     C: float = 1.0
     alpha: float = 1.0
     capacity: bool = True
+    min_examples: ClassVar[int] = 3  # cross-validation's fewest folds (answer labels: one sample an example)
 
     def grid(self) -> bool | str:
         """What probe_sweep's capacity gets: False, True (the full grid) or, quick, "coarse"."""

@@ -75,3 +75,18 @@ def test_the_runner_hands_run_the_task_it_resolved(tiny_models, tmp_path):
     direct = hs.load_task(model, str(path), n_examples=16, seed=3)  # kv's quick size, read from the disk
     assert len(task) == 16 and task.tokens.equal(direct.tokens) and task.answers.equal(direct.answers)
     assert plans["kv"].run_task is task
+
+
+def test_the_python_api_refuses_the_examples_the_cli_refuses():
+    """#33 item 6: heads needs 2 examples (a resample partner), probes 3 (cross-validation's folds): the
+    configs refuse fewer as the CLI's --n-examples does, one ConfigError line."""
+    import pytest
+
+    from headscope.analyses.heads import HeadsConfig
+    from headscope.analyses.probes import ProbesConfig
+
+    with pytest.raises(hs.ConfigError, match=r"^n_examples \(--n-examples\) 1 is too few for HeadsConfig: it needs at least 2"):
+        HeadsConfig(n_examples=1)
+    with pytest.raises(hs.ConfigError, match=r"too few for ProbesConfig: it needs at least 3\.$"):
+        ProbesConfig.preset(n_examples=2)
+    assert HeadsConfig(n_examples=2).n_examples == 2 and ProbesConfig(n_examples=3).n_examples == 3
