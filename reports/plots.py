@@ -1,6 +1,7 @@
 """Figures: one entry point that dispatches to each analysis's plotting module.
 
-Each analysis keeps its seaborn figures in `headscope.reports.plots_<analysis>`, exposing
+Each analysis keeps its seaborn figures in `headscope.reports.plots_<analysis>` (found through its
+presentation record, reports/families.py), exposing
 `figures(result) -> {file stem: matplotlib Figure}` (pyplot figures: in a notebook they display
 inline at the end of the cell); axes-level functions there take `ax=` and return the Axes.
 Plotting never computes analysis results.
@@ -15,7 +16,6 @@ and its colour bar says so. Every head grid is layers (rows) x heads (columns).
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 # No matplotlib.use() here: importing headscope or plotting a Result never changes the user's
@@ -44,11 +44,8 @@ def setup_style() -> None:
 
 def plot_result(result: Any, **kwargs: Any) -> dict:
     """{figure stem: Figure} for a Result, from its analysis's plotting module."""
+    from headscope.reports.families import presentation
+
     setup_style()
-    try:
-        module = importlib.import_module(f"headscope.reports.plots_{result.name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"headscope.reports.plots_{result.name}":
-            raise
-        return {}
-    return module.figures(result, **kwargs)
+    shown = presentation(result.name)
+    return {} if shown is None else shown.figures(result, **kwargs)

@@ -29,3 +29,4 @@ def test_every_family_folder_is_registered_by_its_record():
         assert record.judges_model == (name not in ("position", "probes"))  # the two that build their own data
         for api in record.api:  # the public API's lazy names come from the record
             assert getattr(hs, api) is getattr(__import__(f"headscope.analyses.{name}", fromlist=[api]), api)
+
