@@ -288,14 +288,6 @@ def _writing(what: str, out: Path):
                           + (f" ({err.filename})" if err.filename else "") + ".") from None
 
 
-def _failure_is_mistake(state: str) -> bool:
-    """Whether a "failed: Type: message" status names a HeadscopeError (a user mistake)."""
-    from headscope import errors
-
-    kind = state.removeprefix("failed: ").split(":", 1)[0]
-    return isinstance(getattr(errors, kind, None), type) and issubclass(getattr(errors, kind), HeadscopeError)
-
-
 def _after_failure(err: BaseException, out: Path | None, mode: str | None, kept: bool) -> BaseException | None:
     """Ctrl-C, and a write that failed in an OUT kept for --resume: the one line then says what OUT
     holds and how to go on (RunInterrupted, OutputError); None for any other error (raised as is)."""
@@ -458,7 +450,7 @@ class RunSettings:
 @dataclass
 class _Book:
     """What the manifest records as the run goes: each analysis's status, task line, budget and time,
-    and the failures (Failure objects) of this run."""
+    and the failures (runner.Failure objects) of this run."""
 
     status: dict[str, str]
     task_used: dict[str, str]
@@ -469,11 +461,11 @@ class _Book:
 
 def _run(model: Any, out: Path, session: OutputSession | None, mode: str, run: RunSettings) -> dict[str, Failure]:
     """The analyses, written into the session's folder (OUT, or its staging folder under --force):
-    the runner plans and runs (analyses/core/runner.py), this module writes. Returns the failures."""
+    the runner plans and runs them (analyses/core/runner.py), this module writes. Returns the failures."""
     root = session.root if session is not None else out
-    main = run.main
+    resuming = run.main and mode == "resume"
     # --resume keeps a finished analysis only when every file the manifest lists for it is there with its sha256
-    redo = distributed.broadcast_object(damaged_analyses(root, session.files) if main and mode == "resume" else {})
+    redo = distributed.broadcast_object(damaged_analyses(root, session.files) if resuming else {})
     for name, why in redo.items():
         log.warning("%s: %s; it runs again (--resume keeps only files that match manifest.json)", name, why)
     names = [*run.names, *(n for n in redo if n not in run.names)]
@@ -482,145 +474,165 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, run: R
 
         check_vocabulary(model, run.task)
     plans = plan_analyses(model, names, run.task, seed=run.seed, substitute=run.substitute)  # the contract, before any work
-    if run.task_rows is not None and main:  # the user's prompts, shown (escaped) in the report
-        import pandas as pd
-
-        with _writing("task_examples.csv", out):
-            io.write_csv(root / "task_examples.csv", pd.DataFrame(run.task_rows))
-            session.record("task_examples.csv")
-    manifest_path = root / "manifest.json"
-    previous = io.read_json(manifest_path) if main and mode == "resume" and manifest_path.exists() else {}
-    finished = distributed.broadcast_object({n for n in names if main and mode == "resume" and (root / n / DONE).exists()
-                                             and n not in redo})
-    # --resume keeps the analyses an earlier run of these settings finished (check_resume), named now or not
-    kept = [n for n in ANALYSES if n not in names and main and mode == "resume" and (root / n / DONE).is_file()]
-    book = _Book(status={n: previous.get("status", {}).get(n, "done") for n in kept},
-                 task_used={n: previous["task_used"][n] for n in kept if n in previous.get("task_used", {})},
-                 budget={}, timings=dict(previous.get("timings_s", {})))
-    report_names = [n for n in ANALYSES if n in names or n in kept]
-    for name in kept:
-        session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
-    model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
-    save_manifest = _manifest_writer(session, out, run, model, names, report_names, previous, model_info, book)
-    save_manifest()  # the settings are on record before any analysis folder appears (what --resume checks)
+    finished = distributed.broadcast_object({n for n in names if resuming and (root / n / DONE).exists() and n not in redo})
+    writer = _Writer.open(model, out, session, run, names, resuming)
     runs = [n for n in names if plans[n].skip is None]
-    to_run = [n for n in runs if n not in finished]
     plans = runner.resolve_plans(model, plans, runs, run.common)  # each analysis's Task, resolved once
     # before any runs: the budget is shared; rank 0's timing decides, so every rank runs the same settings
-    fitted = distributed.broadcast_object(runner.fit_to_budget(model, plans, to_run, run.minutes) if main else None)
+    to_run = [n for n in runs if n not in finished]
+    fitted = distributed.broadcast_object(runner.fit_to_budget(model, plans, to_run, run.minutes) if run.main else None)
     plans = runner.apply_budget(model, plans, fitted)
-    book.budget.update({n: v for n, v in (previous.get("budget") or {}).items() if n in report_names})  # --resume
-    book.budget.update({name: f.timing() for name, f in fitted.items()})
+    writer.book.budget.update({name: f.timing() for name, f in fitted.items()})
     for name in names:
-        _one(model, out, session, run, name, plans[name], book, resumed=name in finished,
-             previous_used=previous.get("task_used", {}).get(name))
-        save_manifest()
-    failed = [n for n, state in book.status.items() if state.startswith("failed")]
+        writer.analysis(name, plans[name], resumed=name in finished)
+    book = writer.book
+    failed = [n for n in book.status if n in book.failures]
     if mode == "force" and failed:  # the previous output stays exactly as it was
         first = book.status[failed[0]].removeprefix("failed: ").rstrip(".")
         raise RunFailedError(
             f"{', '.join(failed)} failed ({first}); with --force nothing was replaced: {str(out)!r} is unchanged.",
-            user_mistake=all(book.failures[n].mistake if n in book.failures else _failure_is_mistake(book.status[n])
-                             for n in failed),
+            user_mistake=all(book.failures[n].mistake for n in failed),
         )
-    if main:
-        done = [n for n in names if book.status.get(n, "").startswith("done")]
-        _write_pages(model, out, session, run, plans, done, report_names, model_info, book)
-        save_manifest()  # last: it lists the report files
-        session.commit(transient=_transient())
+    if run.main:
+        writer.pages(plans, [n for n in names if book.status.get(n, "").startswith("done")])
     return book.failures
 
 
-def _manifest_writer(session: OutputSession | None, out: Path, run: RunSettings, model: Any, names: list[str],
-                     report_names: list[str], previous: dict, model_info: dict, book: _Book):
-    """save_manifest(): write manifest.json (rank 0) with the run's settings and the book so far."""
-    settings = run_settings(model, names, run.task, seed=run.seed, quick=run.quick, n_examples=run.n_examples,
-                            budget=run.budget)
-    old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
-    settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
-    config_info = {"analyses": report_names, "task": run.task, "quick": run.quick, "n_examples": run.n_examples,
-                   "budget_minutes": run.minutes, "strict": bool(getattr(run.task, "strict", False)),
-                   "device": str(model.device), "settings": settings}
+@dataclass
+class _Writer:
+    """Writes one report run's files into `root` (OUT, or its staging folder under --force) as the
+    runner hands it results: the task's examples, each analysis's folder and task.json, manifest.json
+    after each step, explorer.json and the pages. Rank 0 writes; every rank keeps the book."""
 
-    def save_manifest() -> None:
-        if not run.main:
+    model: Any
+    out: Path
+    session: OutputSession | None
+    run: RunSettings
+    book: _Book
+    previous: dict
+    report_names: list[str]
+    model_info: dict
+    config_info: dict
+
+    @classmethod
+    def open(cls, model: Any, out: Path, session: OutputSession | None, run: RunSettings, names: list[str],
+             resuming: bool) -> _Writer:
+        """The writer, with what a --resumed OUT already holds adopted and the manifest written once (the
+        settings are on record before any analysis folder appears: what --resume checks)."""
+        root = session.root if session is not None else out
+        if run.task_rows is not None and run.main:  # the user's prompts, shown (escaped) in the report
+            import pandas as pd
+
+            with _writing("task_examples.csv", out):
+                io.write_csv(root / "task_examples.csv", pd.DataFrame(run.task_rows))
+                session.record("task_examples.csv")
+        manifest_path = root / "manifest.json"
+        previous = io.read_json(manifest_path) if resuming and manifest_path.exists() else {}
+        # --resume keeps the analyses an earlier run of these settings finished (check_resume), named now or not
+        kept = [n for n in ANALYSES if n not in names and resuming and (root / n / DONE).is_file()]
+        report_names = [n for n in ANALYSES if n in names or n in kept]
+        book = _Book(status={n: previous.get("status", {}).get(n, "done") for n in kept},
+                     task_used={n: previous["task_used"][n] for n in kept if n in previous.get("task_used", {})},
+                     budget={n: v for n, v in (previous.get("budget") or {}).items() if n in report_names},
+                     timings=dict(previous.get("timings_s", {})))
+        for name in kept:
+            session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
+        settings = run_settings(model, names, run.task, seed=run.seed, quick=run.quick, n_examples=run.n_examples,
+                                budget=run.budget)
+        old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
+        settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
+        config_info = {"analyses": report_names, "task": run.task, "quick": run.quick, "n_examples": run.n_examples,
+                       "budget_minutes": run.minutes, "strict": bool(getattr(run.task, "strict", False)),
+                       "device": str(model.device), "settings": settings}
+        model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
+        writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
+                     report_names=report_names, model_info=model_info, config_info=config_info)
+        writer.manifest()
+        return writer
+
+    @property
+    def root(self) -> Path:
+        return self.session.root if self.session is not None else self.out
+
+    def manifest(self) -> None:
+        """manifest.json with the run's settings and the book so far (rank 0)."""
+        if not self.run.main:
             return
-        with _writing("manifest.json", out):
-            session.write_manifest({**build_manifest(command=run.command, config=config_info, model=model_info,
-                                                     seed=run.seed, timings=book.timings, status=book.status),
-                                    "task_used": book.task_used, "budget": book.budget})
+        book = self.book
+        with _writing("manifest.json", self.out):
+            self.session.write_manifest({**build_manifest(command=self.run.command, config=self.config_info,
+                                                          model=self.model_info, seed=self.run.seed, timings=book.timings,
+                                                          status=book.status),
+                                         "task_used": book.task_used, "budget": book.budget})
 
-    return save_manifest
+    def analysis(self, name: str, plan: Plan, *, resumed: bool) -> None:
+        """One analysis of the report: kept (--resume), skipped, or run by the runner and written; the
+        book records its status. A failure on any rank fails the analysis; a failed write stops the run."""
+        book, main = self.book, self.run.main
+        book.task_used[name] = plan.used
+        if resumed:
+            book.task_used[name] = self.previous.get("task_used", {}).get(name) or plan.used
+            book.status[name] = "done (resumed)"
+            if main:
+                self.session.adopt_folder(name)
+            log.info("%s: already complete, skipped (--resume)", name)
+            return
+        if plan.skip is not None:  # cannot run on this model: no folder, not a failure
+            book.status[name] = f"skipped: {plan.skip}"
+            log.info("%s: skipped (%s)", name, plan.skip)
+            self.manifest()
+            return
+        log.info("%s: running on %s", name, plan.used)
+        start = time.perf_counter()
+        outcome = runner.run_planned(self.model, name, plan, self.run.seed, analysis=get_analysis(name))
+        state: Any = outcome.failure or "done"
+        if outcome.failure is None and main:
+            try:
+                self._write_result(name, plan, outcome.result)
+            except OutputError as err:
+                state = f"fatal: {err}"
+        states = distributed.gather_objects(state)  # a failure on any rank fails the analysis
+        fatal = next((s for s in states if isinstance(s, str) and s.startswith("fatal: ")), None)
+        if fatal is not None:
+            raise OutputError(fatal.removeprefix("fatal: "))
+        failure = next((s for s in states if isinstance(s, Failure)), None)
+        if failure is not None:
+            book.failures[name] = failure
+        book.status[name] = "done" if failure is None else failure.status
+        book.timings[name] = round(time.perf_counter() - start, 3)
+        self.manifest()
 
-
-def _one(model: Any, out: Path, session: OutputSession | None, run: RunSettings, name: str, plan: Plan, book: _Book,
-         *, resumed: bool, previous_used: str | None) -> None:
-    """One analysis of the report: kept (--resume), skipped, or run by the runner and written; the
-    book records its status. A failure on any rank fails the analysis; a failed write stops the run."""
-    book.task_used[name] = plan.used
-    if resumed:
-        book.task_used[name] = previous_used or plan.used
-        book.status[name] = "done (resumed)"
-        if run.main:
-            session.adopt_folder(name)
-        log.info("%s: already complete, skipped (--resume)", name)
-        return
-    if plan.skip is not None:  # cannot run on this model: no folder, not a failure
-        book.status[name] = f"skipped: {plan.skip}"
-        log.info("%s: skipped (%s)", name, plan.skip)
-        return
-    log.info("%s: running on %s", name, plan.used)
-    start = time.perf_counter()
-    outcome = runner.run_planned(model, name, plan, run.seed, analysis=get_analysis(name))
-    state: Any = outcome.failure or "done"
-    if outcome.failure is None and run.main:
+    def _write_result(self, name: str, plan: Plan, result: Any) -> None:
+        """OUT/<name>/ (write_result) with task.json, the section's provenance from what the runner ran it on."""
         from headscope.reports.provenance import TASK_FILE, task_record
 
-        result = outcome.result
         summary = result.summary if isinstance(getattr(result, "summary", None), Mapping) else {}
-        record = task_record(model, name, runner.ran_on(model, name, plan), summary, plan.used)  # the section's provenance
-        try:
-            with _writing(f"the {name} results", out):
-                prefix = f"{name}/"
-                ours = {r[len(prefix):]: h for r, h in session.files.items() if r.startswith(prefix)}
-                session.record_folder(name, write_result(result, root_of(session, out) / name, ours,
-                                                         extra={TASK_FILE: record}))
-        except OutputError as err:
-            state = f"fatal: {err}"
-    states = distributed.gather_objects(state)  # a failure on any rank fails the analysis
-    fatal = next((s for s in states if isinstance(s, str) and s.startswith("fatal: ")), None)
-    if fatal is not None:
-        raise OutputError(fatal.removeprefix("fatal: "))
-    failure = next((s for s in states if isinstance(s, Failure)), None)
-    if failure is not None:
-        book.failures[name] = failure
-    book.status[name] = "done" if failure is None else failure.status
-    book.timings[name] = round(time.perf_counter() - start, 3)
+        record = task_record(self.model, name, runner.ran_on(self.model, name, plan), summary, plan.used)
+        with _writing(f"the {name} results", self.out):
+            prefix = f"{name}/"
+            ours = {r[len(prefix):]: h for r, h in self.session.files.items() if r.startswith(prefix)}
+            self.session.record_folder(name, write_result(result, self.root / name, ours, extra={TASK_FILE: record}))
 
+    def pages(self, plans: Mapping[str, Plan], done: list[str]) -> None:
+        """explorer.json (the runner captures the patterns; optional: a failure is a warning), then
+        report.html and report.md from the files on disk, the manifest last, and the session committed."""
+        from headscope.reports.explorer import write_explorer_data
+        from headscope.reports.html_report import write_report_files
 
-def root_of(session: OutputSession | None, out: Path) -> Path:
-    """The folder this run writes into: the session's (OUT, or its staging folder under --force)."""
-    return session.root if session is not None else out
-
-
-def _write_pages(model: Any, out: Path, session: OutputSession, run: RunSettings, plans: Mapping[str, Plan],
-                 done: list[str], report_names: list[str], model_info: dict, book: _Book) -> None:
-    """explorer.json (the runner captures the patterns; optional: a failure is a warning), then
-    report.html and report.md from the files on disk."""
-    from headscope.reports.explorer import write_explorer_data
-    from headscope.reports.html_report import write_report_files
-
-    root = session.root
-    try:  # the attention explorer's data: a few examples of the task, every layer's pattern
-        captured = runner.explorer_capture(model, run.task, plans, done, seed=run.seed)
-        with _writing("explorer.json", out):
-            write_explorer_data(model, root, run.task, seed=run.seed, captured=captured)
-        session.record("explorer.json")
-    except OutputError:
-        raise
-    except Exception as err:  # optional: a model without hook_pattern still gets its report
-        log.warning("attention explorer skipped: %s: %s", type(err).__name__, err)
-    with _writing("report.html and report.md", out):
-        write_report_files(root, report_names, book.status, model_info, task_used=book.task_used)
-        session.record("report.md")
-        session.record("report.html")
+        run, session = self.run, self.session
+        try:  # the attention explorer's data: a few examples of the task, every layer's pattern
+            captured = runner.explorer_capture(self.model, run.task, plans, done, seed=run.seed)
+            with _writing("explorer.json", self.out):
+                write_explorer_data(self.model, self.root, run.task, seed=run.seed, captured=captured)
+            session.record("explorer.json")
+        except OutputError:
+            raise
+        except Exception as err:  # optional: a model without hook_pattern still gets its report
+            log.warning("attention explorer skipped: %s: %s", type(err).__name__, err)
+        with _writing("report.html and report.md", self.out):
+            write_report_files(self.root, self.report_names, self.book.status, self.model_info,
+                               task_used=self.book.task_used)
+            session.record("report.md")
+            session.record("report.html")
+        self.manifest()  # last: it lists the report files
+        session.commit(transient=_transient())
