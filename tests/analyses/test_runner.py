@@ -90,3 +90,20 @@ def test_the_python_api_refuses_the_examples_the_cli_refuses():
     with pytest.raises(hs.ConfigError, match=r"too few for ProbesConfig: it needs at least 3\.$"):
         ProbesConfig.preset(n_examples=2)
     assert HeadsConfig(n_examples=2).n_examples == 2 and ProbesConfig(n_examples=3).n_examples == 3
+
+
+def test_a_failure_is_an_object_with_its_type_message_and_traceback():
+    """#33 item 3: a failed analysis travels as a runner.Failure, not a status string to parse."""
+    from headscope.analyses.core.runner import Failure
+
+    try:
+        raise hs.TaskError("no pairs: bad")
+    except hs.TaskError as err:
+        mistake = Failure.of("patching", err)
+    try:
+        {}["x"]
+    except KeyError as err:
+        bug = Failure.of("kv", err)
+    assert (mistake.error_type, mistake.message, mistake.mistake) == ("TaskError", "no pairs: bad", True)
+    assert mistake.status == "failed: TaskError: no pairs: bad" and "raise hs.TaskError" in mistake.traceback
+    assert (bug.error_type, bug.mistake) == ("KeyError", False) and "Traceback" in bug.traceback

@@ -357,3 +357,16 @@ def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(ll
         assert shown == [0, 1, 3] and np.allclose(values, ref[1, 3], atol=tol)
         page.settle()
         assert page.console_errors == [] and page.requests == []
+
+
+def test_a_report_writes_the_patterns_the_runner_captured_without_computing(llama, tmp_path, monkeypatch):
+    """#33 item 3: write_explorer_data(captured=...) draws and writes what the runner captured; nothing is
+    captured again (a capture now would fail the write)."""
+    from headscope.analyses.core import attention_capture
+
+    captured = attention_capture.capture_examples(llama, PROMPTS[:1])
+    monkeypatch.setattr(attention_capture, "capture_example", lambda *a, **k: 1 / 0)
+    data = json.loads(write_explorer_data(llama, tmp_path, PROMPTS[:1], captured=captured).read_text())
+    assert [e["tokens"] for e in data["examples"]] == [e["tokens"] for e in captured.examples]
+    got = np.array(pattern_from_data(data, 0, 1, 3))
+    assert np.allclose(got, reference(llama, PROMPTS[0]).numpy()[1, 3], atol=0.5 / data["scale"] + 1e-6)
