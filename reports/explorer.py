@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from headscope.analyses.core.attention_capture import SCALE, Captured, capture_examples, example_rows
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.reports.explorer_view import explorer_html
@@ -40,57 +41,8 @@ from headscope.reports.html_report import EXPLORER_FILE
 from headscope.reports.tokens_view import HTMLView, pattern_view
 
 FORMAT = 1
-SCALE = 10_000
 MAX_ATTENTION = "max attention (examples shown)"  # mean over queries of the largest weight
 SINK = "sink (examples shown)"  # mean over queries of the weight on the first token
-MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)
-
-
-# ---- examples ------------------------------------------------------------------------------
-def _is_task_name(value: str) -> bool:
-    from headscope.analyses.core.task_files import FORMATS
-    from headscope.analyses.core.tasks import ZOO_TASKS
-
-    return value in ZOO_TASKS or value in ("sentences", "repeat") or Path(value).suffix.lower() in FORMATS
-
-
-def _task_rows(model, task: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
-    """(token rows with padding removed, task name) of a Task, a task name, the user's task data
-    (a task file, DataFrame, Dataset, list of dicts), or None (the heads analysis's default task)."""
-    from headscope.analyses.core.task_files import is_task_data, resolve_task
-    from headscope.analyses.core.tasks import Task
-
-    if is_task_data(task):
-        from headscope.analyses.core.contract import quiet_sample_warnings
-
-        with quiet_sample_warnings():  # its own sample: the analyses warn about the rows they use
-            task = resolve_task(model, task)
-    if not isinstance(task, Task):
-        from headscope.analyses.heads.analysis import HeadsConfig, default_task
-
-        task = default_task(model, task, HeadsConfig.preset(quick=True, seed=seed))
-    tokens = task.tokens[:max_examples]
-    if task.attention_mask is not None:
-        mask = task.attention_mask[:max_examples].bool()
-        return [row[m] for row, m in zip(tokens, mask)], task.name
-    return list(tokens), task.name
-
-
-def _example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
-    """Token rows ([pos] each) and a label for: a prompt, a list of prompts, a [batch, pos] or
-    [pos] token tensor, a Task, a zoo task name or a task file (None: the model's default task)."""
-    if isinstance(source, torch.Tensor):
-        rows = source.unsqueeze(0) if source.ndim == 1 else source
-        if rows.ndim != 2:
-            raise ConfigError(f"tokens must have shape [batch, pos] or [pos], got {tuple(source.shape)}.")
-        return list(rows[:max_examples]), "tokens"
-    if isinstance(source, (list, tuple)) and not source:
-        raise ConfigError("attention_explorer_data got an empty list; pass a prompt, prompts, tokens or a task.")
-    if isinstance(source, str) and not _is_task_name(source):
-        return [model.to_tokens(source)[0]], "prompt"
-    if isinstance(source, (list, tuple)) and source and all(isinstance(s, str) for s in source):
-        return [model.to_tokens(s)[0] for s in source[:max_examples]], "prompts"
-    return _task_rows(model, source, max_examples, seed)
 
 
 # ---- scores --------------------------------------------------------------------------------
@@ -155,34 +107,6 @@ def _score_grids(head_scores: Any, n_layers: int, n_heads: int) -> tuple[dict, d
     return scores, labels
 
 
-# ---- capture -------------------------------------------------------------------------------
-def _capture(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
-    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]."""
-    f = model.facts
-    sites = [site("pattern", l) for l in range(f.n_layers)]
-    n_total = int(row.shape[0])
-    row = row[:max_tokens].reshape(1, -1)
-    with torch.no_grad():
-        acts = capture(model, model.check_tokens(row), sites, to_cpu=True)
-    pat = torch.stack([acts[s][0] for s in sites]).float()  # [L, H, q, k]
-    q0 = 1 if (not f.is_encoder and pat.shape[-2] > 1) else 0  # a decoder's first query sees only itself
-    ints = torch.round(pat * SCALE).to(torch.int32).tolist()
-    for layer in ints:
-        for head in layer:
-            for q, keys in enumerate(head):
-                end = len(keys)
-                while end > 1 and keys[end - 1] == 0:
-                    end -= 1
-                head[q] = keys[:end]
-    example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
-               "truncated": n_total > row.shape[1], "patterns": ints}
-    return example, pat[..., q0:, 0].mean(-1), pat[..., q0:, :].max(-1).values.mean(-1)
-
-
-def _n_values(example: Mapping[str, Any]) -> int:
-    return sum(len(r) for layer in example["patterns"] for head in layer for r in head)
-
-
 def attention_explorer_data(model, tokens_or_prompts: Any = None, *, max_examples: int = 3, max_tokens: int = 64,
                             head_scores: Any = None, default_score: str | None = None, seed: int = 0,
                             more_tasks: Mapping[str, Any] | None = None, more_examples: int = 2) -> dict[str, Any]:
@@ -198,32 +122,16 @@ def attention_explorer_data(model, tokens_or_prompts: Any = None, *, max_example
     more_tasks: {label: task} of other tasks to show (a report's: each analysis's own), up to
     `more_examples` examples each, added while the stored values stay under MAX_VALUES.
     """
-    if max_examples < 1 or max_tokens < 1:
-        raise ConfigError(f"max_examples and max_tokens must be >= 1, got {max_examples} and {max_tokens}.")
-    f = model.facts
-    rows, source = _example_rows(model, tokens_or_prompts, max_examples, seed)
-    examples = []
-    sink = torch.zeros(f.n_layers, f.n_heads)
-    peak = torch.zeros(f.n_layers, f.n_heads)
-    stored = 0
-    more = [(str(label), task) for label, task in (more_tasks or {}).items()]
-    same = [label for label, task in more if getattr(task, "name", None) == source]  # the first task again
-    groups = [(same[0] if same else source, rows, None)] + [(label, None, task) for label, task in more
-                                                            if label not in same]
-    for label, group, task in groups:
-        if group is None:
-            if stored >= MAX_VALUES:
-                break
-            group = _example_rows(model, task, more_examples, seed)[0]
-        for row in group:
-            if task is not None and stored >= MAX_VALUES:
-                break
-            example, s, m = _capture(model, row, max_tokens)
-            example["task"] = label
-            examples.append(example)
-            stored += _n_values(example)
-            sink += s
-            peak += m
+    captured = capture_examples(model, tokens_or_prompts, max_examples=max_examples, max_tokens=max_tokens, seed=seed,
+                                more_tasks=more_tasks, more_examples=more_examples)
+    return explorer_data(model.facts, captured, head_scores=head_scores, default_score=default_score)
+
+
+def explorer_data(f: Any, captured: Captured, *, head_scores: Any = None, default_score: str | None = None) -> dict[str, Any]:
+    """The explorer's data dict (format 1, the module docstring) from captured patterns
+    (analyses/core/attention_capture.py) and the model's facts `f`; head_scores and default_score
+    as in attention_explorer_data. Draws nothing new: the patterns come as captured."""
+    examples, sink, peak, source = captured.examples, captured.sink, captured.peak, captured.source
     n = max(len(examples), 1)
     scores: dict[str, Any] = {}
     user_scores, labels = _score_grids(head_scores, f.n_layers, f.n_heads)
@@ -330,7 +238,7 @@ def show_attention(model, prompt_or_task: Any = None, *, layer: int | None = Non
     bad = [h for h in chosen if not -f.n_heads <= h < f.n_heads]
     if bad or not chosen:
         raise ConfigError(f"heads {bad or chosen} are out of range for {f.n_heads} heads per layer.")
-    row = _example_rows(model, prompt_or_task, 1, seed)[0][0][:max_tokens].reshape(1, -1)  # [1, pos]
+    row = example_rows(model, prompt_or_task, 1, seed)[0][0][:max_tokens].reshape(1, -1)  # [1, pos]
     with torch.no_grad():
         acts = capture(model, model.check_tokens(row), [site("pattern", layer)], to_cpu=True)
     pattern = acts[site("pattern", layer)][0].float()[[h % f.n_heads for h in chosen]]  # [heads, q, k]
@@ -381,10 +289,12 @@ def _attach_attribution(data: dict[str, Any], out: Path) -> None:
 
 
 def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int = 0, max_examples: int = 3,
-                        max_tokens: int = 64, more_tasks: Mapping[str, Any] | None = None) -> Path:
-    """Capture the explorer's data for a report and write it as OUT/explorer.json (atomically);
-    returns the path. task: what build_report ran on (None, a zoo task name, a task file or a
-    Task; seed: the run's seed, which picks a generated task's examples as the analyses do). The
+                        max_tokens: int = 64, more_tasks: Mapping[str, Any] | None = None,
+                        captured: Captured | None = None) -> Path:
+    """Write the explorer's data as OUT/explorer.json (atomically); returns the path. captured: the
+    patterns the runner captured (analyses/core/runner.py explorer_capture; a report computes nothing
+    here); without it they are captured from `task` (None, a zoo task name, a task file or a Task;
+    seed: the run's seed, which picks a generated task's examples as the analyses do). The
     grid is coloured by the heads analysis's importance (and offers its role scores and roles)
     when OUT/heads/results.csv exists, else by each head's largest attention weight. more_tasks:
     {label: Task} of the other tasks the report's analyses ran on, a few examples each. An example
@@ -396,8 +306,10 @@ def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int =
     if scores is not None:
         names = _frame_scores(scores)
         default = next((n for n in ("importance (gradient)", "importance (zero)") if n in names), None)
-    data = attention_explorer_data(model, task, max_examples=max_examples, max_tokens=max_tokens,
-                                   head_scores=scores, default_score=default, seed=seed, more_tasks=more_tasks)
+    if captured is None:
+        captured = capture_examples(model, task, max_examples=max_examples, max_tokens=max_tokens, seed=seed,
+                                    more_tasks=more_tasks)
+    data = explorer_data(model.facts, captured, head_scores=scores, default_score=default)
     _attach_attribution(data, Path(out))
     path = Path(out) / EXPLORER_FILE
     io.write_text(path, json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n")
@@ -405,6 +317,6 @@ def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int =
 
 
 __all__ = [
-    "AttentionExplorer", "EXPLORER_FILE", "attention_explorer_data", "explorer_html", "pattern_from_data",
+    "AttentionExplorer", "EXPLORER_FILE", "attention_explorer_data", "explorer_data", "explorer_html", "pattern_from_data",
     "show_attention", "write_explorer_data",
 ]

@@ -20,7 +20,7 @@ budget or lens layer is named in the figure's own terms (the whole prompt, "afte
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 CHANCE_LOGIT_DIFF = 0.1  # |logit(answer) - logit(wrong)| below this: the model does not prefer the answer
@@ -572,19 +572,15 @@ def circuits_finding(s: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-FINDINGS: dict[str, Callable[[Mapping[str, Any]], str]] = {
-    "heads": heads_finding, "attribution": attribution_finding, "position": position_finding,
-    "patching": patching_finding, "mlp": mlp_finding, "kv": kv_finding, "probes": probes_finding,
-    "circuits": circuits_finding,
-}
-
-
 def finding(name: str, summary: Mapping[str, Any]) -> str:
     """The headline of one analysis ("" when there is none); never raises on an odd summary."""
     if "skipped" in summary and name not in ("patching", "circuits"):
         return f"Skipped: {summary['skipped']}"
     try:
-        text = FINDINGS[name](summary) if name in FINDINGS else ""
+        from headscope.reports.families import presentation  # each family's finding (reports/families.py)
+
+        shown = presentation(name)
+        text = shown.finding(summary) if shown is not None else ""
         entry = _chance(summary)
         return text if entry is None else f"{chance_sentence(entry, name)} {text}".strip()
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError):

@@ -17,7 +17,6 @@ import pandas as pd
 from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores
 from headscope.reports.findings import caption, finding
-from headscope.reports.guides import GUIDES
 from headscope.reports.provenance import provenance_html, provenance_markdown, section_provenance
 from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
 
@@ -38,6 +37,15 @@ figcaption{font-size:.85em;color:#444}details{margin:.3em 0}summary{cursor:point
 .scroll{max-height:28em;overflow:auto;border:1px solid #eee}.scroll thead th{position:sticky;top:0;background:#f6f6f6}
 """
 HTML_ROWS = 100  # rows of each CSV inline (scrollable past about 20); the whole table is the linked CSV
+
+
+def _guide(name: str) -> str:
+    """How to read analysis `name`'s section (its presentation's guide; "" for an unknown folder)."""
+    from headscope.reports.families import presentation
+
+    shown = presentation(name)
+    return shown.guide if shown is not None else ""
+
 
 def _headline(summary: Mapping[str, Any], n: int = 4) -> str:
     scalars = [(k, v) for k, v in summary.items() if isinstance(v, (int, float, str, bool)) and not isinstance(v, bool)]
@@ -152,7 +160,7 @@ def _section(out: Path, name: str, status: str, used: str = "") -> tuple[str, st
     """(html section, markdown section, headline) for one analysis; `used`: the data it ran on
     (the manifest's task_used). A skipped analysis shows its reason, not as a failure."""
     folder = out / name
-    head = f'<h2 id="{escape(name)}">{escape(name)}</h2><p class="guide">{escape(GUIDES.get(name, ""))}</p>'
+    head = f'<h2 id="{escape(name)}">{escape(name)}</h2><p class="guide">{escape(_guide(name))}</p>'
     if not (folder / "summary.json").exists():
         if used:
             head += f'<p class="task-used">data: {escape(used)}</p>'
@@ -163,7 +171,7 @@ def _section(out: Path, name: str, status: str, used: str = "") -> tuple[str, st
     text = finding(name, summary)
     record = section_provenance(folder, used)  # task, source, n, one sample prompt, what the budget changed
     parts = [head, provenance_html(record), _finding_html(text), _figures_html(folder), _tables_html(folder, summary)]
-    md = [f"## {name}", "", GUIDES.get(name, ""), "", provenance_markdown(record),
+    md = [f"## {name}", "", _guide(name), "", provenance_markdown(record),
           md_escape(text), "", summary_markdown(summary), ""]
     md += _figures_markdown(folder, name)
     md += [f"- [{csv.name}]({name}/{csv.name})" for csv in sorted(folder.glob("*.csv"))]

@@ -7,7 +7,8 @@ The convention (seaborn's), every `headscope.reports.plots_<analysis>` module:
   figure needs, such as `metric=` or `baseline=`, passed by name); a new figure when `ax` is None
   (`axes`);
 - figure-level functions `<what>_figure(data, *, ...) -> Figure` where a figure has several panels;
-- `figures(result) -> {file stem: Figure}`, the only function that takes a Result: it picks the
+- `figures(result) -> {file stem: Figure}` (found through the family's presentation record,
+  reports/families.py), the only function that takes a Result: it picks the
   tables and summary values and calls the functions above. Pyplot figures: in a notebook they
   display inline at the end of the cell. Plotting never computes analysis results.
 
@@ -25,7 +26,6 @@ and control bytes escaped).
 """
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,11 +118,8 @@ def setup_style() -> None:
 
 def plot_result(result: Any, **kwargs: Any) -> dict:
     """{figure stem: Figure} for a Result, from its analysis's plotting module."""
+    from headscope.reports.families import presentation
+
     setup_style()
-    try:
-        module = importlib.import_module(f"headscope.reports.plots_{result.name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"headscope.reports.plots_{result.name}":
-            raise
-        return {}
-    return module.figures(result, **kwargs)
+    shown = presentation(result.name)
+    return {} if shown is None else shown.figures(result, **kwargs)

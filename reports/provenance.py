@@ -55,36 +55,29 @@ def _sample_of_task(tokenizer: Any, task: Any) -> dict[str, str]:
     return sample
 
 
-def _sample(model: Any, name: str, task: Any, config: Any) -> tuple[str | None, int | None, dict[str, str]]:
-    """(task name, its rows, its first row) of the data analysis `name` ran on; position's first sweep
-    row when it used its own sweeps, probes' probed task."""
-    from headscope.analyses.core.registry import task_used
-
-    if name == "position" and task is None:
-        from headscope.analyses.position.analysis import build_sweeps, sweep_kind
-
-        sweep = build_sweeps(model, config)[0]
-        return sweep_kind(model, config.sweep), None, {"prompt": _decode(model.tokenizer, sweep.tokens[0]),
-                                                       "answer": " or ".join(sweep.answers[:3])}
-    if name == "probes":
-        from headscope.analyses.probes.analysis import probe_data
-
-        used = probe_data(model, task, config)[0]
-    else:
-        used = task_used(name, model, task, config)
-    if used is None:
+def _sample(model: Any, data: Any) -> tuple[str | None, int | None, dict[str, str]]:
+    """(task name, its rows, its first row) of the data an analysis ran on (runner.ran_on): a Task, or
+    position's first sweep row (its kind, the row)."""
+    if data is None:
         return None, None, {}
-    return used.name, len(used), _sample_of_task(model.tokenizer, used)
+    if isinstance(data, tuple):  # position's own sweeps: (kind, first PositionSweep)
+        kind, sweep = data
+        return kind, None, {"prompt": _decode(model.tokenizer, sweep.tokens[0]), "answer": " or ".join(sweep.answers[:3])}
+    return data.name, len(data), _sample_of_task(model.tokenizer, data)
 
 
-def task_record(model: Any, name: str, task: Any, config: Any, summary: Mapping[str, Any], used: str) -> dict[str, Any]:
+def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str) -> dict[str, Any]:
     """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
-    corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why). The
-    analysis's own summary decides the name and count where it records them (what it actually used)."""
+    corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why). data:
+    what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
+    position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
+    summary decides the name and count where it records them (what it actually used)."""
     record: dict[str, Any] = {"task": summary.get("task"), "source": task_source(used),
                               "n_examples": summary.get("n_examples"), "sample": {}}
     try:
-        found, n, sample = _sample(model, name, task, config)
+        if isinstance(data, Exception):
+            raise data
+        found, n, sample = _sample(model, data)
     except Exception as err:  # noqa: BLE001 - the sample is a courtesy: it never costs the analysis its result
         log.warning("%s: no sample prompt for the report (%s: %s)", name, type(err).__name__, err)
         found, n, sample = None, None, {}

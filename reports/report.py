@@ -1,7 +1,8 @@
-"""build_report: run analyses on a model and write the output contract of DESIGN.md.
+"""build_report: write a report's output folder; the analyses are planned and run by
+analyses/core/runner.py, and this module writes what the runner hands it.
 
     OUT/manifest.json, OUT/<analysis>/{results.csv, summary.json, task.json, *.png, <table>.csv},
-    OUT/report.html (self-contained, every string escaped), OUT/report.md
+    OUT/explorer.json, OUT/report.html (self-contained, every string escaped), OUT/report.md
 
 Every file is written atomically; each analysis's folder appears whole (staged, then renamed),
 and the report files are written last, from what is on disk, so an interrupted run leaves no
@@ -13,7 +14,7 @@ beside OUT that replaces OUT only when every analysis succeeded (the user's file
 folder are carried over); a failed --force run leaves OUT as it was.
 
 Under torchrun every rank runs every analysis on its shard of the examples (see
-analyses/distributed.py) and ends with the same results; rank 0 alone prepares OUT and writes
+execution/distributed.py) and ends with the same results; rank 0 alone prepares OUT and writes
 files, and the ranks agree on each analysis's status.
 """
 from __future__ import annotations
@@ -22,7 +23,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import random
 import re
 import shutil
 import time
@@ -31,18 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
+from headscope.analyses.core import runner
 from headscope.analyses.core.registry import ANALYSES, config_class, get_analysis
-from headscope.analyses.core.registry import needs as contract_needs
+from headscope.analyses.core.runner import Failure, Plan, plan_analyses
 from headscope.errors import (
     ConfigError,
     HeadscopeError,
     OutputError,
     RunFailedError,
     RunInterrupted,
-    TaskError,
     TaskFileError,
 )
 from headscope.execution import distributed
@@ -94,86 +91,18 @@ def _check_task_name(task: Any) -> None:
         raise TaskFileError(f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}) or a .jsonl/.csv/.parquet file.")
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What one analysis of a report runs on, decided before any analysis runs (the task contract).
-
-    task: what it is given (the user's task, or None: its own default); used: the line the report
-    and the manifest's "task_used" show; skip: why it cannot run on this model at all (None: it runs)."""
-
-    task: Any
-    used: str
-    skip: str | None = None
-
-
-def _task_label(task: Any) -> str:
-    return Path(task).name if isinstance(task, str) and Path(task).suffix else str(getattr(task, "name", task))
-
-
-def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
-                  substitute: bool = True) -> dict[str, Plan]:
-    """Check every analysis against the model and the user's task before any runs.
-
-    An analysis that cannot run on the model (a decoder-only one on an encoder) is skipped with its
-    reason; one that cannot use the user's task runs on its own default task, and its line says why
-    (substitute=False: a TaskError with the reason instead, for a command that runs one analysis
-    the user gave a task), except one that patches pairs when no pair of the task has one token
-    length: it is skipped with that reason. The user's task is read once here, so a mistake in it
-    stops the run before any work."""
-    from headscope.analyses.core import contract
-    from headscope.analyses.core.registry import needs
-    from headscope.analyses.core.tasks import Task
-
-    plans: dict[str, Plan] = {}
-    resolved: list[Any] = []  # the user's Task, read on first need
-    for name in names:
-        need = needs(name)
-        reasons = contract.model_reasons(need, model)
-        if reasons:
-            plans[name] = Plan(task=None, used="none", skip="; ".join(reasons))
-            continue
-        if task is None:
-            plans[name] = Plan(task=None, used="default task")
-            continue
-        named = isinstance(task, str) and task in need.names
-        if not resolved and need.task_data and not named:
-            resolved.append(contract.resolve(task, model, seed=seed))
-        checked = task if named or not need.task_data else resolved[0]
-        reasons = contract.task_reasons(need, checked, model)
-        no_pairs = isinstance(checked, Task) and contract.no_pairs_reason(checked) in reasons
-        if reasons and not substitute and no_pairs:
-            raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {contract.no_pairs_reason(checked)}. "
-                            f"Give each corrupted prompt the token length of its prompt.")
-        if reasons and not substitute:
-            raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {'; '.join(reasons)}. Give it a task "
-                            f"it can use, or run `headscope report --analyses {name}`, which runs it on its own default task.")
-        if no_pairs:
-            plans[name] = Plan(task=None, used="none", skip=contract.no_pairs_reason(checked))
-        elif reasons:
-            plans[name] = Plan(task=None, used=f"default task ({'; '.join(reasons)})")
-        else:
-            plans[name] = Plan(task=task, used=f"your task ({_task_label(task)})")
-    return plans
-
-
 def _check_examples(names: Sequence[str], n_examples: int | None) -> None:
     """--n-examples below what an analysis can run on is one line before anything is written, not a
     failed analysis: probes' cross-validation needs at least 3 (its fewest folds; answer labels give one
     sample an example) and heads two (a resample partner; its Needs.min_examples)."""
     if n_examples is None:
         return
-    floors = {"probes": 3, "heads": contract_needs("heads").min_examples}
-    short = {name: floors[name] for name in names if n_examples < floors.get(name, 1)}
+    floors = {name: config_class(name).min_examples for name in names}  # the configs' own floors (AnalysisConfig)
+    short = {name: floors[name] for name in names if n_examples < floors[name]}
     if short:
         needed = ", ".join(f"{name} at least {n}" for name, n in short.items())
         raise ConfigError(f"--n-examples {n_examples} is too few: {needed} (pass more, or --analyses without "
                           f"{' and '.join(short)}).")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def write_result(result: Any, folder: Path, files: dict[str, str] | None = None,
@@ -265,7 +194,8 @@ def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quic
     return {
         "model_source": str(source), "model_files": model_fingerprint(source),
         "task": None if task is None else (Path(task).name if is_file else str(task)),
-        "task_fields": dict(getattr(task, "fields", None) or {}), "task_sha256": sha256(Path(task)) if is_file else None,
+        "task_fields": dict(getattr(task, "fields", None) or {}),
+        "task_sha256": (getattr(task, "sha256", None) or sha256(Path(task))) if is_file else None,
         "strict": bool(getattr(task, "strict", False)), "seed": seed, "quick": quick, "n_examples": n_examples,
         "budget_minutes": budget_minutes(budget, quick), "headscope": __version__, "analysis_configs": configs,
     }
@@ -283,50 +213,6 @@ def budget_minutes(budget: float | None, quick: bool) -> float | None:
     if not budget > 0:
         raise ConfigError(f"--budget is in minutes and must be positive (inf: no budget), got {budget:g}.")
     return None if math.isinf(budget) else float(budget)
-
-
-def fit_to_budget(model: Any, names: Sequence[str], plans: dict[str, Plan], common: dict, minutes: float | None) -> dict:
-    """name -> budget.Fitted for the analyses about to run: each one's cost estimated on the task it
-    will use, the budget shared among them (budget.plan). An estimate that fails leaves that
-    analysis at its preset (logged), never the run."""
-    from headscope.analyses.core import budget as B
-    from headscope.analyses.core.registry import cost_model, task_used
-
-    entries = {}
-    for name in names:
-        config = config_class(name).preset(**common)
-        try:
-            entries[name] = (cost_model(name), task_used(name, model, plans[name].task, config), config)
-        except Exception as err:  # noqa: BLE001 - an estimate must not stop the run; its analysis reports its own errors
-            log.warning("%s: no cost estimate (%s: %s); it runs at its preset", name, type(err).__name__, err)
-    try:
-        fitted = B.plan(model, entries, minutes)
-    except Exception as err:  # noqa: BLE001
-        log.warning("no cost estimates (%s: %s); every analysis runs at its preset", type(err).__name__, err)
-        return {}
-    for name, f in fitted.items():
-        log.info("%s", B.describe(name, f))
-    return fitted
-
-
-def _explorer_tasks(model: Any, names: Sequence[str], plans: dict[str, Plan], common: dict,
-                    status: dict[str, str]) -> dict[str, Any]:
-    """{label: Task} of each task the analyses that ran used (label: the task's name and those
-    analyses), for the explorer's examples; an analysis whose task cannot be resolved is left out."""
-    from headscope.analyses.core.registry import task_used as resolve
-
-    by_name: dict[str, tuple[Any, list[str]]] = {}
-    for name in names:
-        if name not in plans or plans[name].skip is not None or not status.get(name, "").startswith("done"):
-            continue
-        try:
-            used = resolve(name, model, plans[name].task, config_class(name).preset(**common))
-        except Exception as err:  # noqa: BLE001 - the explorer is optional; its first task still shows
-            log.info("explorer: no examples of %s's task (%s: %s)", name, type(err).__name__, err)
-            continue
-        if used is not None and hasattr(used, "tokens"):
-            by_name.setdefault(str(used.name), (used, []))[1].append(name)
-    return {f"{task_name} ({', '.join(who)})": used for task_name, (used, who) in by_name.items()}
 
 
 def check_resume(out: Path, settings: dict) -> None:
@@ -402,14 +288,6 @@ def _writing(what: str, out: Path):
                           + (f" ({err.filename})" if err.filename else "") + ".") from None
 
 
-def _failure_is_mistake(state: str) -> bool:
-    """Whether a "failed: Type: message" status names a HeadscopeError (a user mistake)."""
-    from headscope import errors
-
-    kind = state.removeprefix("failed: ").split(":", 1)[0]
-    return isinstance(getattr(errors, kind, None), type) and issubclass(getattr(errors, kind), HeadscopeError)
-
-
 def _after_failure(err: BaseException, out: Path | None, mode: str | None, kept: bool) -> BaseException | None:
     """Ctrl-C, and a write that failed in an OUT kept for --resume: the one line then says what OUT
     holds and how to go on (RunInterrupted, OutputError); None for any other error (raised as is)."""
@@ -430,28 +308,41 @@ def _after_failure(err: BaseException, out: Path | None, mode: str | None, kept:
     return None
 
 
-def build_report(
-    model: Any = None,
-    *,
-    out: str | Path | None = None,
-    analyses: str | Sequence[str] | None = None,
-    task: str | None = None,
-    task_fields: dict[str, str] | str | None = None,
-    seed: int = 0,
-    quick: bool = False,
-    n_examples: int | None = None,
-    device: str | None = None,
-    force: bool = False,
-    resume: bool = False,
-    progress: bool = False,
-    command: list[str] | None = None,
-    trust_remote_code: bool = False,
-    strict: bool = False,
-    budget: float | None = None,
-    substitute: bool = True,
-) -> Path:
-    """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model
-    (`trust_remote_code` goes to it: the model's own code from its files may run). `strict`: a word
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """What `headscope report` is asked for (build_report's keyword arguments; see its docstring)."""
+
+    out: str | Path | None = None
+    analyses: str | Sequence[str] | None = None
+    task: str | None = None
+    task_fields: dict[str, str] | str | None = None
+    seed: int = 0
+    quick: bool = False
+    n_examples: int | None = None
+    device: str | None = None
+    force: bool = False
+    resume: bool = False
+    progress: bool = False
+    command: list[str] | None = None
+    trust_remote_code: bool = False
+    strict: bool = False
+    budget: float | None = None
+    substitute: bool = True
+
+
+@dataclass(frozen=True)
+class ReportRun:
+    """A finished report run: OUT, and the analyses that failed (name -> runner.Failure)."""
+
+    out: Path
+    failures: dict[str, Failure]
+
+
+def build_report(model: Any = None, **options: Any) -> Path:
+    """Run the analyses and write OUT; returns OUT. `model` is a HookedModel or a spec for load_model;
+    the keyword options are ReportOptions' fields (run_report: the same, with the failures).
+
+    trust_remote_code goes to load_model (the model's own code from its files may run). `strict`: a word
     of the task file (any row, any field) that the tokenizer maps to its unknown token stops the run
     before any analysis with a TokenizationError, instead of a TokenizationWarning. `budget`: minutes
     for the analyses (None: 10, 3 with quick; inf: none): each analysis's cost is estimated before it
@@ -463,47 +354,61 @@ def build_report(
     `force` and `resume` together, and a `device` torch does not offer, are ConfigErrors before
     anything is written; Ctrl-C raises RunInterrupted (a KeyboardInterrupt) saying what OUT holds.
     """
-    from headscope.analyses.core.config import check_shared
-    from headscope.models import HookedModel, load_model
-    from headscope.models.loading import check_device
+    return run_report(model, ReportOptions(**options)).out
 
-    check_modes(force=force, resume=resume)
-    check_device(device)  # before the process group opens and anything is written
-    check_shared(seed=seed, n_examples=n_examples)  # bad numbers: one line, before any file or work
-    budget_minutes(budget, quick)
-    distributed.init_from_env(model.device if isinstance(model, HookedModel) else device)
-    main = distributed.is_main()
-    names = parse_analyses(analyses)
-    task_rows = None
+
+def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
+    """The run's settings, every user mistake found before anything is written: modes, device, numbers,
+    analysis names, the task (a task file read once here, TaskFile.held, and every row checked), OUT."""
+    from headscope.analyses.core.config import check_shared
+
+    check_shared(seed=o.seed, n_examples=o.n_examples)  # bad numbers: one line, before any file or work
+    budget_minutes(o.budget, o.quick)
+    names = parse_analyses(o.analyses)
+    task, task_rows = o.task, None
     if task is not None and Path(task).suffix:
         from headscope.analyses.core.task_files import TaskFile, read_task_rows
 
-        task = TaskFile(task, task_fields, strict=strict or None)  # carries the column names to every analysis
-        task_rows = read_task_rows(task, n_examples=200, seed=seed)  # every row checked: bad files fail before any write
-    elif task_fields:
-        raise ConfigError(f"task fields {task_fields!r} need a task file (--task FILE), not task {task!r}.")
+        task = TaskFile(task, o.task_fields, strict=o.strict or None).held()  # read once; fields go to every analysis
+        task_rows = read_task_rows(task, n_examples=200, seed=o.seed)  # every row checked: bad files fail before any write
+    elif o.task_fields:
+        raise ConfigError(f"task fields {o.task_fields!r} need a task file (--task FILE), not task {task!r}.")
     _check_task_name(task)
-    _check_examples(names, n_examples)
-    if out is not None and not str(out).strip():
+    _check_examples(names, o.n_examples)
+    if o.out is not None and not str(o.out).strip():
         raise ConfigError("--out is empty; give the output folder's path (or leave --out out for the default).")
-    minutes = budget_minutes(budget, quick)
-    settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples, budget=budget)
+    return RunSettings(names=names, task=task, task_rows=task_rows, seed=o.seed, quick=o.quick, n_examples=o.n_examples,
+                       progress=o.progress, command=o.command, main=main, budget=o.budget,
+                       minutes=budget_minutes(o.budget, o.quick), substitute=o.substitute)
+
+
+def run_report(model: Any, options: ReportOptions) -> ReportRun:
+    """build_report with its failures: the runner's Failure objects (type, message, traceback), which the
+    CLI turns into its exit status."""
+    from headscope.models import HookedModel, load_model
+    from headscope.models.loading import check_device
+
+    o = options
+    check_modes(force=o.force, resume=o.resume)
+    check_device(o.device)  # before the process group opens and anything is written
+    distributed.init_from_env(model.device if isinstance(model, HookedModel) else o.device)
+    run = _checked_settings(model, o, distributed.is_main())
+    settings = run_settings(model, run.names, run.task, seed=o.seed, quick=o.quick, n_examples=o.n_examples, budget=o.budget)
     session: OutputSession | None = None
+    out, mode = o.out, None
     if out is not None:  # locked and checked before the model loads: a refusal costs nothing
-        out, session, mode = _open_output(Path(out), force=force, resume=resume, main=main, settings=settings)
+        out, session, mode = _open_output(Path(out), force=o.force, resume=o.resume, main=run.main, settings=settings)
     try:
         if not isinstance(model, HookedModel):
-            model = load_model(model, device=device, trust_remote_code=trust_remote_code)
+            model = load_model(model, device=o.device, trust_remote_code=o.trust_remote_code)
         if out is None:
-            out, session, mode = _open_output(default_out(model.name), force=force, resume=resume, main=main)
-        out = _run(model, out, session, mode, names=names, task=task, task_rows=task_rows, seed=seed, quick=quick,
-                   n_examples=n_examples, progress=progress, command=command, main=main, budget=budget, minutes=minutes,
-                   substitute=substitute)
+            out, session, mode = _open_output(default_out(model.name), force=o.force, resume=o.resume, main=run.main)
+        failures = _run(model, out, session, mode, run)
     except BaseException as err:
         kept = False
         if session is not None:
             kept = session.mode == "resume" or (session.mode == "fresh" and any(
-                (session.root / name / DONE).exists() for name in names))
+                (session.root / name / DONE).exists() for name in run.names))
             try:
                 session.abort(keep_partial=session.mode == "fresh" and kept)
             except Exception:  # the original error matters more
@@ -516,147 +421,218 @@ def build_report(
         if session is not None:
             session.close()
     distributed.barrier()  # no rank returns before the report exists
-    return out
+    return ReportRun(out=out, failures=failures)
 
 
-def _run(model: Any, out: Path, session: OutputSession | None, mode: str, *, names: list[str], task: Any,
-         task_rows: Any, seed: int, quick: bool, n_examples: int | None, progress: bool,
-         command: list[str] | None, main: bool, budget: float | None = None, minutes: float | None = None,
-         substitute: bool = True) -> Path:
-    """The analyses, written into the session's folder (OUT, or its staging folder under --force)."""
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """One report run's settings after build_report checked them (names parsed, the task file held)."""
+
+    names: list[str]
+    task: Any = None
+    task_rows: Any = None
+    seed: int = 0
+    quick: bool = False
+    n_examples: int | None = None
+    progress: bool = False
+    command: list[str] | None = None
+    main: bool = True
+    budget: float | None = None
+    minutes: float | None = None
+    substitute: bool = True
+
+    @property
+    def common(self) -> dict[str, Any]:
+        """The settings every analysis's preset takes."""
+        return dict(seed=self.seed, quick=self.quick, n_examples=self.n_examples, progress=self.progress and self.main)
+
+
+@dataclass
+class _Book:
+    """What the manifest records as the run goes: each analysis's status, task line, budget and time,
+    and the failures (runner.Failure objects) of this run."""
+
+    status: dict[str, str]
+    task_used: dict[str, str]
+    budget: dict[str, dict]
+    timings: dict[str, float]
+    failures: dict[str, Failure] = dataclasses.field(default_factory=dict)
+
+
+def _run(model: Any, out: Path, session: OutputSession | None, mode: str, run: RunSettings) -> dict[str, Failure]:
+    """The analyses, written into the session's folder (OUT, or its staging folder under --force):
+    the runner plans and runs them (analyses/core/runner.py), this module writes. Returns the failures."""
     root = session.root if session is not None else out
-    transient = _transient()
+    resuming = run.main and mode == "resume"
     # --resume keeps a finished analysis only when every file the manifest lists for it is there with its sha256
-    redo = distributed.broadcast_object(damaged_analyses(root, session.files) if main and mode == "resume" else {})
+    redo = distributed.broadcast_object(damaged_analyses(root, session.files) if resuming else {})
     for name, why in redo.items():
         log.warning("%s: %s; it runs again (--resume keeps only files that match manifest.json)", name, why)
-    names = [*names, *(n for n in redo if n not in names)]
-    if getattr(task, "strict", False):  # every row of the file, not the analyses' samples
+    names = [*run.names, *(n for n in redo if n not in run.names)]
+    if getattr(run.task, "strict", False):  # every row of the file, not the analyses' samples
         from headscope.analyses.core.task_files import check_vocabulary
 
-        check_vocabulary(model, task)
-    plans = plan_analyses(model, names, task, seed=seed, substitute=substitute)  # the task contract, before any work
-    task_used: dict[str, str] = {}
-    budget_info: dict[str, dict] = {}  # per analysis: its share of the budget and its estimate, in seconds
-
-    def writing(what: str):
-        return _writing(what, out)
-
-    if task_rows is not None and main:  # the user's prompts, shown (escaped) in the report
-        import pandas as pd
-
-        with writing("task_examples.csv"):
-            io.write_csv(root / "task_examples.csv", pd.DataFrame(task_rows))
-            session.record("task_examples.csv")
-    common = dict(seed=seed, quick=quick, n_examples=n_examples, progress=progress and main)
-    manifest_path = root / "manifest.json"
-    previous = io.read_json(manifest_path) if main and mode == "resume" and manifest_path.exists() else {}
-    finished = distributed.broadcast_object({n for n in names if main and mode == "resume" and (root / n / DONE).exists()
-                                             and n not in redo})
-    timings: dict[str, float] = dict(previous.get("timings_s", {}))
-    # --resume keeps the analyses an earlier run of these settings finished (check_resume), named now or not
-    kept = [n for n in ANALYSES if n not in names and main and mode == "resume" and (root / n / DONE).is_file()]
-    status: dict[str, str] = {n: previous.get("status", {}).get(n, "done") for n in kept}
-    task_used.update({n: previous["task_used"][n] for n in kept if n in previous.get("task_used", {})})
-    report_names = [n for n in ANALYSES if n in names or n in kept]
-    for name in kept:
-        session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
-    model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
-    settings = run_settings(model, names, task, seed=seed, quick=quick, n_examples=n_examples, budget=budget)
-    old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
-    settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
-    config_info = {"analyses": report_names, "task": task, "quick": quick, "n_examples": n_examples, "budget_minutes": minutes,
-                   "strict": bool(getattr(task, "strict", False)), "device": str(model.device), "settings": settings}
-
-    def save_manifest() -> None:
-        if not main:
-            return
-        with writing("manifest.json"):
-            session.write_manifest({**build_manifest(command=command, config=config_info, model=model_info,
-                                                     seed=seed, timings=timings, status=status), "task_used": task_used,
-                                   "budget": budget_info})
-
-    save_manifest()  # the settings are on record before any analysis folder appears (what --resume checks)
-    to_run = [n for n in names if n not in finished and plans[n].skip is None]
+        check_vocabulary(model, run.task)
+    plans = plan_analyses(model, names, run.task, seed=run.seed, substitute=run.substitute)  # the contract, before any work
+    finished = distributed.broadcast_object({n for n in names if resuming and (root / n / DONE).exists() and n not in redo})
+    writer = _Writer.open(model, out, session, run, names, resuming)
+    runs = [n for n in names if plans[n].skip is None]
+    plans = runner.resolve_plans(model, plans, runs, run.common)  # each analysis's Task, resolved once
     # before any runs: the budget is shared; rank 0's timing decides, so every rank runs the same settings
-    fitted = distributed.broadcast_object(fit_to_budget(model, to_run, plans, common, minutes) if main else None)
-    budget_info.update({n: v for n, v in (previous.get("budget") or {}).items() if n in report_names})  # --resume
-    budget_info.update({name: f.timing() for name, f in fitted.items()})
+    to_run = [n for n in runs if n not in finished]
+    fitted = distributed.broadcast_object(runner.fit_to_budget(model, plans, to_run, run.minutes) if run.main else None)
+    plans = runner.apply_budget(model, plans, fitted)
+    writer.book.budget.update({name: f.timing() for name, f in fitted.items()})
     for name in names:
-        folder = root / name
-        plan = plans[name]
-        task_used[name] = plan.used
-        if name in finished:
-            task_used[name] = previous.get("task_used", {}).get(name, plan.used)
-            status[name] = "done (resumed)"
-            if main:
-                session.adopt_folder(name)
-            log.info("%s: already complete, skipped (--resume)", name)
-            continue
-        if plan.skip is not None:  # cannot run on this model: no folder, not a failure
-            status[name] = f"skipped: {plan.skip}"
-            log.info("%s: skipped (%s)", name, plan.skip)
-            save_manifest()
-            continue
-        log.info("%s: running on %s", name, plan.used)
-        seed_everything(seed)
-        start = time.perf_counter()
-        try:
-            fit = fitted.get(name)
-            config = config_class(name).preset(**common) if fit is None else fit.config
-            result = get_analysis(name)(model, plan.task, config)
-            if fit is not None and dataclasses.is_dataclass(result) and isinstance(getattr(result, "summary", None), dict):
-                result = dataclasses.replace(result, summary={**result.summary, "budget": fit.summary()})
-            state = "done"
-        except Exception as err:  # one failing analysis must not lose the others
-            if isinstance(err, HeadscopeError):  # a user mistake: one line, no traceback
-                log.error("%s failed: %s", name, err)
-            else:
-                log.exception("%s failed", name)
-            state = f"failed: {type(err).__name__}: {err}"
-        if state == "done" and main:
-            from headscope.reports.provenance import TASK_FILE, task_record
+        writer.analysis(name, plans[name], resumed=name in finished)
+    book = writer.book
+    failed = [n for n in book.status if n in book.failures]
+    if mode == "force" and failed:  # the previous output stays exactly as it was
+        first = book.status[failed[0]].removeprefix("failed: ").rstrip(".")
+        raise RunFailedError(
+            f"{', '.join(failed)} failed ({first}); with --force nothing was replaced: {str(out)!r} is unchanged.",
+            user_mistake=all(book.failures[n].mistake for n in failed),
+        )
+    if run.main:
+        writer.pages(plans, [n for n in names if book.status.get(n, "").startswith("done")])
+    return book.failures
 
-            summary = result.summary if isinstance(getattr(result, "summary", None), Mapping) else {}
-            record = task_record(model, name, plan.task, config, summary, plan.used)  # the section's provenance
+
+@dataclass
+class _Writer:
+    """Writes one report run's files into `root` (OUT, or its staging folder under --force) as the
+    runner hands it results: the task's examples, each analysis's folder and task.json, manifest.json
+    after each step, explorer.json and the pages. Rank 0 writes; every rank keeps the book."""
+
+    model: Any
+    out: Path
+    session: OutputSession | None
+    run: RunSettings
+    book: _Book
+    previous: dict
+    report_names: list[str]
+    model_info: dict
+    config_info: dict
+
+    @classmethod
+    def open(cls, model: Any, out: Path, session: OutputSession | None, run: RunSettings, names: list[str],
+             resuming: bool) -> _Writer:
+        """The writer, with what a --resumed OUT already holds adopted and the manifest written once (the
+        settings are on record before any analysis folder appears: what --resume checks)."""
+        root = session.root if session is not None else out
+        if run.task_rows is not None and run.main:  # the user's prompts, shown (escaped) in the report
+            import pandas as pd
+
+            with _writing("task_examples.csv", out):
+                io.write_csv(root / "task_examples.csv", pd.DataFrame(run.task_rows))
+                session.record("task_examples.csv")
+        manifest_path = root / "manifest.json"
+        previous = io.read_json(manifest_path) if resuming and manifest_path.exists() else {}
+        # --resume keeps the analyses an earlier run of these settings finished (check_resume), named now or not
+        kept = [n for n in ANALYSES if n not in names and resuming and (root / n / DONE).is_file()]
+        report_names = [n for n in ANALYSES if n in names or n in kept]
+        book = _Book(status={n: previous.get("status", {}).get(n, "done") for n in kept},
+                     task_used={n: previous["task_used"][n] for n in kept if n in previous.get("task_used", {})},
+                     budget={n: v for n, v in (previous.get("budget") or {}).items() if n in report_names},
+                     timings=dict(previous.get("timings_s", {})))
+        for name in kept:
+            session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
+        settings = run_settings(model, names, run.task, seed=run.seed, quick=run.quick, n_examples=run.n_examples,
+                                budget=run.budget)
+        old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
+        settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
+        config_info = {"analyses": report_names, "task": run.task, "quick": run.quick, "n_examples": run.n_examples,
+                       "budget_minutes": run.minutes, "strict": bool(getattr(run.task, "strict", False)),
+                       "device": str(model.device), "settings": settings}
+        model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
+        writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
+                     report_names=report_names, model_info=model_info, config_info=config_info)
+        writer.manifest()
+        return writer
+
+    @property
+    def root(self) -> Path:
+        return self.session.root if self.session is not None else self.out
+
+    def manifest(self) -> None:
+        """manifest.json with the run's settings and the book so far (rank 0)."""
+        if not self.run.main:
+            return
+        book = self.book
+        with _writing("manifest.json", self.out):
+            self.session.write_manifest({**build_manifest(command=self.run.command, config=self.config_info,
+                                                          model=self.model_info, seed=self.run.seed, timings=book.timings,
+                                                          status=book.status),
+                                         "task_used": book.task_used, "budget": book.budget})
+
+    def analysis(self, name: str, plan: Plan, *, resumed: bool) -> None:
+        """One analysis of the report: kept (--resume), skipped, or run by the runner and written; the
+        book records its status. A failure on any rank fails the analysis; a failed write stops the run."""
+        book, main = self.book, self.run.main
+        book.task_used[name] = plan.used
+        if resumed:
+            book.task_used[name] = self.previous.get("task_used", {}).get(name) or plan.used
+            book.status[name] = "done (resumed)"
+            if main:
+                self.session.adopt_folder(name)
+            log.info("%s: already complete, skipped (--resume)", name)
+            return
+        if plan.skip is not None:  # cannot run on this model: no folder, not a failure
+            book.status[name] = f"skipped: {plan.skip}"
+            log.info("%s: skipped (%s)", name, plan.skip)
+            self.manifest()
+            return
+        log.info("%s: running on %s", name, plan.used)
+        start = time.perf_counter()
+        outcome = runner.run_planned(self.model, name, plan, self.run.seed, analysis=get_analysis(name))
+        state: Any = outcome.failure or "done"
+        if outcome.failure is None and main:
             try:
-                with writing(f"the {name} results"):
-                    prefix = f"{name}/"
-                    ours = {r[len(prefix):]: h for r, h in session.files.items() if r.startswith(prefix)}
-                    session.record_folder(name, write_result(result, folder, ours, extra={TASK_FILE: record}))
+                self._write_result(name, plan, outcome.result)
             except OutputError as err:
                 state = f"fatal: {err}"
         states = distributed.gather_objects(state)  # a failure on any rank fails the analysis
-        fatal = next((s for s in states if s.startswith("fatal: ")), None)
+        fatal = next((s for s in states if isinstance(s, str) and s.startswith("fatal: ")), None)
         if fatal is not None:
             raise OutputError(fatal.removeprefix("fatal: "))
-        status[name] = next((s for s in states if s != "done"), "done")
-        timings[name] = round(time.perf_counter() - start, 3)
-        save_manifest()
-    failed = [n for n, s in status.items() if s.startswith("failed")]
-    if mode == "force" and failed:  # the previous output stays exactly as it was
-        first = status[failed[0]].removeprefix("failed: ").rstrip(".")
-        raise RunFailedError(
-            f"{', '.join(failed)} failed ({first}); with --force nothing was replaced: {str(out)!r} is unchanged.",
-            user_mistake=all(_failure_is_mistake(status[n]) for n in failed),
-        )
-    if main:
+        failure = next((s for s in states if isinstance(s, Failure)), None)
+        if failure is not None:
+            book.failures[name] = failure
+        book.status[name] = "done" if failure is None else failure.status
+        book.timings[name] = round(time.perf_counter() - start, 3)
+        self.manifest()
+
+    def _write_result(self, name: str, plan: Plan, result: Any) -> None:
+        """OUT/<name>/ (write_result) with task.json, the section's provenance from what the runner ran it on."""
+        from headscope.reports.provenance import TASK_FILE, task_record
+
+        summary = result.summary if isinstance(getattr(result, "summary", None), Mapping) else {}
+        record = task_record(self.model, name, runner.ran_on(self.model, name, plan), summary, plan.used)
+        with _writing(f"the {name} results", self.out):
+            prefix = f"{name}/"
+            ours = {r[len(prefix):]: h for r, h in self.session.files.items() if r.startswith(prefix)}
+            self.session.record_folder(name, write_result(result, self.root / name, ours, extra={TASK_FILE: record}))
+
+    def pages(self, plans: Mapping[str, Plan], done: list[str]) -> None:
+        """explorer.json (the runner captures the patterns; optional: a failure is a warning), then
+        report.html and report.md from the files on disk, the manifest last, and the session committed."""
         from headscope.reports.explorer import write_explorer_data
         from headscope.reports.html_report import write_report_files
 
+        run, session = self.run, self.session
         try:  # the attention explorer's data: a few examples of the task, every layer's pattern
-            with writing("explorer.json"):
-                write_explorer_data(model, root, task, seed=seed,
-                                    more_tasks=_explorer_tasks(model, names, plans, common, status))
+            captured = runner.explorer_capture(self.model, run.task, plans, done, seed=run.seed)
+            with _writing("explorer.json", self.out):
+                write_explorer_data(self.model, self.root, run.task, seed=run.seed, captured=captured)
             session.record("explorer.json")
         except OutputError:
             raise
         except Exception as err:  # optional: a model without hook_pattern still gets its report
             log.warning("attention explorer skipped: %s: %s", type(err).__name__, err)
-        with writing("report.html and report.md"):
-            write_report_files(root, report_names, status, model_info, task_used=task_used)
+        with _writing("report.html and report.md", self.out):
+            write_report_files(self.root, self.report_names, self.book.status, self.model_info,
+                               task_used=self.book.task_used)
             session.record("report.md")
             session.record("report.html")
-        save_manifest()  # last: it lists the report files
-        session.commit(transient=transient)
-    return out
+        self.manifest()  # last: it lists the report files
+        session.commit(transient=_transient())

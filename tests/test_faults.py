@@ -381,16 +381,19 @@ def _numpy_takes(seed: int) -> bool:
 def test_seed_and_n_examples_are_refused_in_one_line_outside_their_range(seed, n_examples):
     """A seed is valid exactly when numpy takes it; n_examples is None or 1..100,000 (a memory cap:
     a zoo task of 10^8 examples exhausted memory before any output). Every family's config refuses
-    the rest with one ConfigError line, as the report does before it writes anything."""
+    the rest with one ConfigError line, as the report does before it writes anything; heads and probes
+    also refuse fewer examples than they can run on (2: a resample partner; 3: cross-validation's folds)."""
     from headscope.analyses.core.registry import ANALYSES, config_class
     from headscope.errors import ConfigError
 
-    valid = _numpy_takes(seed) and (n_examples is None or 1 <= n_examples <= 100_000)
+    floors = {"heads": 2, "probes": 3}
     for name in ANALYSES:
+        valid = _numpy_takes(seed) and (n_examples is None or floors.get(name, 1) <= n_examples <= 100_000)
         if valid:
             assert config_class(name).preset(seed=seed, n_examples=n_examples).n_examples == n_examples
         else:
-            with pytest.raises(ConfigError, match=r"^(seed \(--seed\)|n_examples \(--n-examples\)) must be") as err:
+            with pytest.raises(ConfigError, match=r"^(seed \(--seed\)|n_examples \(--n-examples\)) (must be|\d+ is too few)"
+                               ) as err:
                 config_class(name).preset(seed=seed, n_examples=n_examples)
             assert "\n" not in str(err.value)
 

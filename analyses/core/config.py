@@ -53,6 +53,7 @@ class AnalysisConfig:
     quick: bool = False
     n_examples: int | None = None
     progress: bool = False
+    min_examples: ClassVar[int] = 1  # the fewest examples the family can run on (heads 2, probes 3)
 
     QUICK: ClassVar[dict[str, Any]] = {}  # field -> its quick value (a smoke run's size)
 
@@ -67,6 +68,9 @@ class AnalysisConfig:
             for name, value in self.QUICK.items():
                 if name not in self.given:
                     object.__setattr__(self, name, value)
+        if self.n_examples is not None and self.n_examples < self.min_examples:
+            raise ConfigError(f"n_examples (--n-examples) {self.n_examples} is too few for {type(self).__name__}: it "
+                              f"needs at least {self.min_examples}.")
 
     @property
     def given(self) -> frozenset[str]:

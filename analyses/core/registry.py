@@ -1,9 +1,10 @@
 """The analyses `headscope report` knows, and the one contract they share.
 
-Each family exposes `run(model, task=None, config=None) -> Result`, a config class (a subclass of
-AnalysisConfig) and NEEDS, what it needs from a task and a model (`needs`, analyses/core/contract.py).
-Entries are "module:run:ConfigClass" strings imported lazily, so that `headscope --help` is fast and
-one broken analysis cannot stop the others from loading.
+Each family declares one record, `FAMILY = Family(...)` in analyses/<name>/__init__.py
+(analyses/core/family.py: its run, config class, needs, cost model, task resolution and public
+names); FAMILIES lists them by name, one line each, in the report's order. A family's package is
+imported on first use, so that `headscope --help` is fast and one broken analysis cannot stop the
+others from loading.
 
 `get_analysis` wraps each run with the chance-level guard (analyses/core/chance.py): the Result's
 summary gains "chance" (whether the model's clean metric on the task is within noise of chance),
@@ -22,33 +23,34 @@ from headscope.errors import ConfigError, HeadscopeError
 
 if TYPE_CHECKING:
     from headscope.analyses.core.contract import Needs
+    from headscope.analyses.core.family import Family
 
 log = logging.getLogger(__name__)
 
-ANALYSES: dict[str, str] = {
-    "heads": "headscope.analyses.heads:run:HeadsConfig",
-    "attribution": "headscope.analyses.attribution:run:AttributionConfig",
-    "position": "headscope.analyses.position:run:PositionConfig",
-    "patching": "headscope.analyses.patching:run:PatchingConfig",
-    "mlp": "headscope.analyses.mlp:run:MLPConfig",
-    "kv": "headscope.analyses.kv:run:KVConfig",
-    "probes": "headscope.analyses.probes:run:ProbesConfig",
-    "circuits": "headscope.analyses.circuits:run:CircuitsConfig",
-}
+FAMILIES: tuple[str, ...] = (  # one line per family: analyses/<name>/__init__.py declares its FAMILY
+    "heads",
+    "attribution",
+    "position",
+    "patching",
+    "mlp",
+    "kv",
+    "probes",
+    "circuits",
+)
+ANALYSES: dict[str, str] = {name: f"headscope.analyses.{name}" for name in FAMILIES}  # name -> its package
 
 
-def _entry(name: str) -> tuple[Any, str, str]:
+def family(name: str) -> Family:
+    """The record analysis `name` declares (its package's FAMILY), imported on first use."""
     if name not in ANALYSES:
         raise ConfigError(f"Unknown analysis {name!r}; choose from: {', '.join(ANALYSES)}.")
-    module, func, config = ANALYSES[name].split(":")
-    return importlib.import_module(module), func, config
+    return importlib.import_module(ANALYSES[name]).FAMILY
 
 
 def get_analysis(name: str) -> Callable[..., Any]:
     """The run function of an analysis by name: run(model, task=None, config=None) -> Result, its
     summary with "chance" added (with_chance)."""
-    module, func, _ = _entry(name)
-    run = getattr(module, func)
+    run = family(name).run
 
     @functools.wraps(run)
     def guarded(model, task=None, config=None):
@@ -57,39 +59,33 @@ def get_analysis(name: str) -> Callable[..., Any]:
     return guarded
 
 
-def _family_attr(name: str, attr: str) -> Any:
-    """`attr` of the family's package, else of its analysis module (None where neither has it)."""
-    module, _, _ = _entry(name)
-    found = getattr(module, attr, None)
-    if found is None:
-        try:
-            found = getattr(importlib.import_module(f"{module.__name__}.analysis"), attr, None)
-        except ImportError:
-            return None
-    return found
+def judges_model(name: str) -> bool:
+    """Whether the analysis judges the model on a Task of its family's resolution (Family.judges_model)."""
+    return family(name).judges_model
 
 
-def task_used(name: str, model, task: Any = None, config: Any = None) -> Any:
-    """The Task the analysis `name` ran on: `task` itself when it is a Task, else the family's own
-    resolution (its `default_task(model, task, config)`; mlp: `default_inputs`), with the config
-    its run uses when none is given (the family's preset). None where the family has no such
-    function (position: its own sweeps; probes: a probe, not the model, is judged). An analysis that
-    patches pairs used only the rows with a pair (Task.pairs)."""
+def family_task(name: str, model, task: Any = None, config: Any = None) -> Any:
+    """The Task analysis `name` runs on, resolved by its family from `task` (the user's, or None:
+    its default) under `config` (None: the family's preset): `task` itself when it is a Task, else
+    its Family.default_task(model, task, config). None where the family builds its own data."""
     from headscope.analyses.core.tasks import Task
 
     if isinstance(task, Task):
-        return _paired_rows(name, task)
-    if name in ("position", "probes"):
+        return task
+    record = family(name)
+    if record.default_task is None:
         return None
-    config = config if config is not None else config_class(name).preset()
-    if name == "mlp":
-        inputs = _family_attr(name, "default_inputs")
-        return None if inputs is None else inputs(model, task, config)[0]
-    default = _family_attr(name, "default_task")
-    return None if default is None else _paired_rows(name, default(model, task, config))
+    return record.default_task(model, task, config if config is not None else record.config.preset())
 
 
-def _paired_rows(name: str, task: Any) -> Any:
+def task_used(name: str, model, task: Any = None, config: Any = None) -> Any:
+    """The Task the analysis `name` ran on (family_task; None where the family builds its own data).
+    An analysis that patches pairs used only the rows with a pair (judged_rows)."""
+    used = family_task(name, model, task, config)
+    return None if used is None else judged_rows(name, used)
+
+
+def judged_rows(name: str, task: Any) -> Any:
     """The rows of `task` analysis `name` runs on: those with a clean/corrupted pair of one length when
     it patches pairs (Task.pairs; all of them when none has one, which the analysis itself refuses)."""
     if task.unpaired and needs(name).corrupted and len(task.unpaired) < len(task):
@@ -143,23 +139,14 @@ def with_chance(name: str, result: Any, model, task: Any = None, config: Any = N
 
 def config_class(name: str) -> type:
     """The config dataclass of an analysis by name (a subclass of AnalysisConfig)."""
-    module, _, config = _entry(name)
-    return getattr(module, config)
+    return family(name).config
 
 
 def cost_model(name: str) -> Any:
     """The family's cost model (its `cost` module's COST; analyses/core/budget.py)."""
-    module, _, _ = _entry(name)
-    return importlib.import_module(f"{module.__name__}.cost").COST
+    return family(name).cost
 
 
 def needs(name: str) -> Needs:
     """What an analysis needs from a task and a model (its family's NEEDS; analyses/core/contract.py)."""
-    from headscope.analyses.core.contract import Needs
-
-    module, _, _ = _entry(name)
-    declared = getattr(module, "NEEDS", None)
-    if declared is None:
-        module = importlib.import_module(f"{module.__name__}.analysis")
-        declared = getattr(module, "NEEDS", None)
-    return declared if declared is not None else Needs()
+    return family(name).needs

@@ -111,6 +111,51 @@ class TaskFile(str):
     def __reduce__(self):  # pickles (torch.distributed broadcasts) keep the mapping and strictness
         return (TaskFile, (str(self), self.fields, self.strict))
 
+    def held(self) -> HeldTaskFile:
+        """This file read once: its bytes held in memory, so that every later read (the samples of
+        each analysis, strict mode's scan, the sha256 --resume compares) reads them instead of the
+        disk. `headscope report` reads its --task file this way, once per run."""
+        return HeldTaskFile(self, self.fields, self.strict)
+
+
+class HeldTaskFile(TaskFile):
+    """A TaskFile whose bytes were read once (`TaskFile.held`): the same path, fields and strictness,
+    and `data` / `sha256` from that one read. A missing or unreadable file is the TaskFileError the
+    readers give."""
+
+    data: bytes
+    sha256: str
+
+    def __new__(cls, path: str | os.PathLike, fields: Mapping[str, str] | str | None = None,
+                strict: bool | None = None, data: bytes | None = None) -> HeldTaskFile:
+        import hashlib
+
+        obj = super().__new__(cls, path, fields, strict)
+        if data is None:
+            label = _checked_path(Path(obj))  # the readers' one-line errors: unknown format, missing
+            try:
+                with open(obj, "rb") as fh:
+                    data = fh.read()
+            except OSError as err:
+                raise TaskFileError(f"{label} cannot be read: {err.strerror or type(err).__name__}.") from None
+        obj.data = data
+        obj.sha256 = hashlib.sha256(data).hexdigest()
+        return obj
+
+    def __reduce__(self):
+        return (HeldTaskFile, (str(self), self.fields, self.strict, self.data))
+
+
+class _HeldPath(type(Path())):  # a path whose readers read `data`, not the disk
+    data: bytes
+
+
+def _open(path: Path):
+    """A binary file object of `path`: its held bytes (HeldTaskFile) or the file on disk."""
+    import io
+
+    return io.BytesIO(path.data) if isinstance(path, _HeldPath) else open(path, "rb")
+
 
 class FieldMapped:
     """In-memory task data (a DataFrame, Dataset or list of dicts) with its field mapping and strictness,
@@ -226,7 +271,7 @@ def _label(path: Path) -> str:
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) of each line of a UTF-8 file (a leading BOM dropped), read lazily."""
-    with open(path, "rb") as fh:
+    with _open(path) as fh:
         for lineno, raw in enumerate(fh, start=1):
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
@@ -238,12 +283,12 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def _is_blank(path: Path) -> bool:
-    with open(path, "rb") as fh:
+    with _open(path) as fh:
         return all(not raw.strip() for raw in fh)
 
 
 def _first_char(path: Path) -> str:
-    with open(path, "rb") as fh:
+    with _open(path) as fh:
         for raw in fh:
             text = raw.lstrip(b"\xef\xbb\xbf").strip()
             if text:
@@ -339,7 +384,7 @@ def _parquet_records(path: Path) -> Iterator[tuple[dict, str]]:
     try:
         import pyarrow.parquet as pq
 
-        file = pq.ParquetFile(path)
+        file = pq.ParquetFile(_open(path) if isinstance(path, _HeldPath) else path)
         _check_header(path, file.schema_arrow.names, "")
         batches = file.iter_batches(batch_size=4096)
         n = 0
@@ -354,17 +399,27 @@ def _parquet_records(path: Path) -> Iterator[tuple[dict, str]]:
         raise TaskFileError(f"{_label(path)} could not be read as Parquet: {first}") from None
 
 
+def _checked_path(path: Path) -> str:
+    """The label of a task file's path, after a TaskFileError for an unknown format or a missing file."""
+    label = _label(path)
+    if path.suffix.lower() not in FORMATS:
+        raise TaskFileError(f"{label}: unknown format {path.suffix!r}; use .jsonl, .csv or .parquet.")
+    if not path.is_file():
+        raise TaskFileError(f"{label} does not exist or is not a file.")
+    return label
+
+
 def _source_records(source: Any) -> tuple[str, Callable[..., Iterable[tuple[Any, str]]]]:
     """(label for messages, a function giving a fresh iterator of (record, place), optionally of
     the rows in `only`) of any supported data source: a file is read again on each call,
     in-memory data is not copied."""
+    if isinstance(source, HeldTaskFile):
+        path = _HeldPath(source)
+        path.data = source.data
+        return _label(path), lambda only=None: _file_records(path, only)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        label = _label(path)
-        if path.suffix.lower() not in FORMATS:
-            raise TaskFileError(f"{label}: unknown format {path.suffix!r}; use .jsonl, .csv or .parquet.")
-        if not path.is_file():
-            raise TaskFileError(f"{label} does not exist or is not a file.")
+        label = _checked_path(path)
         try:
             open(path, "rb").close()
         except OSError as err:
@@ -879,7 +934,7 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
 
 
 __all__ = [
-    "FIELDS", "FORMATS", "PROMPT_FIELDS", "REQUIRED", "FieldMapped", "TaskFile", "build_task", "check_vocabulary",
+    "FIELDS", "FORMATS", "PROMPT_FIELDS", "REQUIRED", "FieldMapped", "HeldTaskFile", "TaskFile", "build_task", "check_vocabulary",
     "is_task_data", "load_task", "load_task_file", "not_a_task", "one_prompt", "parse_fields", "prompt_task",
     "read_task_rows", "resolve_task", "takes_prompt", "tensor_task", "with_fields",
 ]

@@ -73,6 +73,7 @@ class HeadsConfig(AnalysisConfig):
     l0: L0Config | None = L0Config()
     n_induction: int = 8
     best_head: bool = True
+    min_examples: ClassVar[int] = 2  # a resample partner (contract.Needs.min_examples)
 
     QUICK: ClassVar[dict[str, Any]] = {  # a smoke run: every part, at the smallest useful size
         "methods": ("gradient", "zero"), "n_induction": 4, "pruning": PruningConfig(n_random=2, recompute=(False,)),

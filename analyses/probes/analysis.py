@@ -29,7 +29,7 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -330,6 +330,7 @@ class ProbesConfig(AnalysisConfig):
     C: float = 1.0
     alpha: float = 1.0
     capacity: bool | str | Sequence[float] = True
+    min_examples: ClassVar[int] = 3  # cross-validation's fewest folds (answer labels: one sample an example)
 
     def grid(self) -> bool | str | Sequence[float]:
         """The capacity sweep: False (one probe per layer), True (the full grid; quick: "coarse", every

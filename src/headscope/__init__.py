@@ -54,37 +54,22 @@ from headscope.models import DEFAULT_MODEL, HookedModel, ModelFacts, load_model
 from headscope.version import __version__
 
 # Analyses and reports load lazily (hs.head_importance, hs.build_report, ...): `import headscope`
-# stays fast, and the CLI's --help does not import every analysis.
+# stays fast, and the CLI's --help does not import every analysis. Each family's public names are
+# its record's (analyses/<name>/__init__.py FAMILY.api), found on first use.
 _LAZY = {
-    "head_importance": "headscope.analyses.heads",
-    "prune_heads": "headscope.analyses.heads",
-    "attribution": "headscope.analyses.attribution",
-    "position_bias": "headscope.analyses.position",
-    "activation_patching": "headscope.analyses.patching",
-    "causal_tracing": "headscope.analyses.patching",
-    "attribution_patching": "headscope.analyses.patching",
-    "path_patching": "headscope.analyses.patching",
-    "mlp_memories_analysis": "headscope.analyses.mlp",
-    "kv_analysis": "headscope.analyses.kv",
-    "probe_sweep": "headscope.analyses.probes",
-    "logit_lens": "headscope.analyses.circuits",
-    "direct_logit_attribution": "headscope.analyses.circuits",
-    "CircuitsConfig": "headscope.analyses.circuits",
-    "HeadsConfig": "headscope.analyses.heads",
-    "PruningConfig": "headscope.analyses.heads",
-    "L0Config": "headscope.analyses.heads",
-    "AttributionConfig": "headscope.analyses.attribution",
-    "PositionConfig": "headscope.analyses.position",
-    "PatchingConfig": "headscope.analyses.patching",
-    "MLPConfig": "headscope.analyses.mlp",
-    "KVConfig": "headscope.analyses.kv",
-    "ProbesConfig": "headscope.analyses.probes",
     "AnalysisConfig": "headscope.analyses.core.config",
     "build_report": "headscope.reports.report",
     "show_attention": "headscope.reports.explorer",
     "show_tokens": "headscope.reports.tokens_view",
     "Result": "headscope.analyses.core.result",
 }
+
+
+def _family_api() -> dict[str, str]:
+    """{public name: family package} over every family's record (imports each family)."""
+    from headscope.analyses.core.registry import ANALYSES, family
+
+    return {api: ANALYSES[name] for name in ANALYSES for api in family(name).api}
 
 
 def run_analysis(name: str, model, task=None, config=None, *, fields=None, strict=None, prompt=None, answer=None,
@@ -104,13 +89,24 @@ def run_analysis(name: str, model, task=None, config=None, *, fields=None, stric
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if not name.startswith("_"):
+        from headscope.analyses.core.registry import ANALYSES, family
+
+        for family_name, package in ANALYSES.items():
+            if name in family(family_name).api:
+                return getattr(importlib.import_module(package), name)
     raise AttributeError(f"module 'headscope' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:  # the families' public names too (imports every family)
+    return sorted({*globals(), *_LAZY, *_family_api()})
+
+
+# `from headscope import *` gives these; a family's names (Family.api) come by attribute, hs.head_importance
 __all__ = [
     *_LAZY,
     "DEFAULT_MODEL",

@@ -175,7 +175,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from headscope.execution import distributed
     from headscope.models.loading import check_device
     from headscope.reports.outputs import check_modes
-    from headscope.reports.report import build_report
+    from headscope.reports.report import ReportOptions, run_report
 
     analyses = getattr(args, "analyses", None) if args.command == "report" else args.command
     check_modes(force=args.force, resume=args.resume)
@@ -184,12 +184,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     _quiet_loading(args)
     distributed.init_from_env(args.device)
     try:
-        out = build_report(
-            args.model, out=args.out, analyses=analyses, task=args.task, task_fields=args.task_fields, seed=args.seed,
+        done = run_report(args.model, ReportOptions(
+            out=args.out, analyses=analyses, task=args.task, task_fields=args.task_fields, seed=args.seed,
             quick=args.quick, n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
             progress=not args.quiet, command=["headscope", *sys.argv[1:]], trust_remote_code=args.trust_remote_code,
             strict=args.strict, budget=args.budget, substitute=args.command == "report",
-        )
+        ))
     except RunFailedError as err:  # --force and an analysis failed: the old output is unchanged
         if os.environ.get("RANK", "0") == "0":
             print(f"headscope: error: {err}", file=sys.stderr)
@@ -198,16 +198,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         distributed.shutdown()
     if os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 reports (and sets the exit status)
-    from headscope.reports.io import read_json
-    from headscope.reports.report import _failure_is_mistake
-
+    out, failed = done.out, done.failures
     args.out = out  # where the error log goes (the run chose OUT when --out was not given)
-    status = read_json(out / "manifest.json")["status"]
-    failed = [name for name, state in status.items() if state.startswith("failed")]
     print(f"wrote {out / 'report.html'}" + (f" ({len(failed)} failed: {', '.join(failed)})" if failed else ""))
     if not failed:
         return 0
-    return 2 if all(_failure_is_mistake(status[name]) for name in failed) else 1  # 2: user mistakes only
+    return 2 if all(f.mistake for f in failed.values()) else 1  # 2: user mistakes only
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

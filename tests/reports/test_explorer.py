@@ -203,14 +203,14 @@ def choose(page, uid: str, index: int, value: str) -> None:
 def test_more_tasks_add_their_examples_within_the_budget(llama, monkeypatch):
     """A report's other tasks: their examples follow the first task's, each labelled, patterns as captured
     directly; none is added once the stored values reach MAX_VALUES."""
-    from headscope.reports import explorer
+    from headscope.analyses.core import attention_capture
 
     both = attention_explorer_data(llama, PROMPTS[:1], more_tasks={"b (patching)": [PROMPTS[1], PROMPTS[0]]},
                                    more_examples=1)
     assert [e["task"] for e in both["examples"]] == ["prompts", "b (patching)"]
     got = np.array(pattern_from_data(both, 1, 1, 3))
     assert np.allclose(got, reference(llama, PROMPTS[1]).numpy()[1, 3], atol=0.5 / both["scale"] + 1e-6)
-    monkeypatch.setattr(explorer, "MAX_VALUES", 1)
+    monkeypatch.setattr(attention_capture, "MAX_VALUES", 1)
     assert len(attention_explorer_data(llama, PROMPTS[:1], more_tasks={"b": [PROMPTS[1]]})["examples"]) == 1
 
 
@@ -447,3 +447,16 @@ def test_report_explorer_mutes_importance_at_chance_in_chromium(llama, tmp_path)
         assert np.allclose(colours[peak.argmax()], [8, 48, 107], atol=1)  # the highest head at the ramp's dark end
         page.settle()
         assert page.console_errors == [] and page.requests == []
+
+
+def test_a_report_writes_the_patterns_the_runner_captured_without_computing(llama, tmp_path, monkeypatch):
+    """#33 item 3: write_explorer_data(captured=...) draws and writes what the runner captured; nothing is
+    captured again (a capture now would fail the write)."""
+    from headscope.analyses.core import attention_capture
+
+    captured = attention_capture.capture_examples(llama, PROMPTS[:1])
+    monkeypatch.setattr(attention_capture, "capture_example", lambda *a, **k: 1 / 0)
+    data = json.loads(write_explorer_data(llama, tmp_path, PROMPTS[:1], captured=captured).read_text())
+    assert [e["tokens"] for e in data["examples"]] == [e["tokens"] for e in captured.examples]
+    got = np.array(pattern_from_data(data, 0, 1, 3))
+    assert np.allclose(got, reference(llama, PROMPTS[0]).numpy()[1, 3], atol=0.5 / data["scale"] + 1e-6)

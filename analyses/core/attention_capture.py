@@ -1,0 +1,144 @@
+"""The attention explorer's activations: every layer's pattern on a few examples.
+
+`capture_examples(model, source, more_tasks=...)` runs one forward pass per example (padding
+removed, the first `max_tokens` tokens) and returns `Captured`: each example's tokens and
+patterns (integers, round(p * SCALE), trailing zeros of each query's row dropped) and the per-head
+sums the explorer's grid shows. The runner (analyses/core/runner.py) calls it for a report, and
+reports/explorer.py turns a Captured into the explorer's data and writes it: reports only draw.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headscope.errors import ConfigError
+from headscope.hooks import capture, site
+
+SCALE = 10_000
+MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)
+
+
+@dataclass(frozen=True)
+class Captured:
+    """examples: [{tokens, n_tokens_total, truncated, task, patterns: [layer][head][query] -> [int]}];
+    sink, peak: [n_layers, n_heads] sums over the examples of each head's mean weight on the first
+    token and mean largest weight (a decoder's first query left out); source: the first task's label."""
+
+    examples: list[dict[str, Any]]
+    sink: torch.Tensor
+    peak: torch.Tensor
+    source: str
+
+
+def _is_task_name(value: str) -> bool:
+    from headscope.analyses.core.task_files import FORMATS
+    from headscope.analyses.core.tasks import ZOO_TASKS
+
+    return value in ZOO_TASKS or value in ("sentences", "repeat") or Path(value).suffix.lower() in FORMATS
+
+
+def _task_rows(model, task: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
+    """(token rows with padding removed, task name) of a Task, a task name, the user's task data
+    (a task file, DataFrame, Dataset, list of dicts), or None (the heads analysis's default task)."""
+    from headscope.analyses.core.task_files import is_task_data, resolve_task
+    from headscope.analyses.core.tasks import Task
+
+    if is_task_data(task):
+        from headscope.analyses.core.contract import quiet_sample_warnings
+
+        with quiet_sample_warnings():  # its own sample: the analyses warn about the rows they use
+            task = resolve_task(model, task)
+    if not isinstance(task, Task):
+        from headscope.analyses.heads.analysis import HeadsConfig, default_task
+
+        task = default_task(model, task, HeadsConfig.preset(quick=True, seed=seed))
+    tokens = task.tokens[:max_examples]
+    if task.attention_mask is not None:
+        mask = task.attention_mask[:max_examples].bool()
+        return [row[m] for row, m in zip(tokens, mask)], task.name
+    return list(tokens), task.name
+
+
+def example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
+    """Token rows ([pos] each) and a label for: a prompt, a list of prompts, a [batch, pos] or
+    [pos] token tensor, a Task, a zoo task name or a task file (None: the model's default task)."""
+    if isinstance(source, torch.Tensor):
+        rows = source.unsqueeze(0) if source.ndim == 1 else source
+        if rows.ndim != 2:
+            raise ConfigError(f"tokens must have shape [batch, pos] or [pos], got {tuple(source.shape)}.")
+        return list(rows[:max_examples]), "tokens"
+    if isinstance(source, (list, tuple)) and not source:
+        raise ConfigError("attention_explorer_data got an empty list; pass a prompt, prompts, tokens or a task.")
+    if isinstance(source, str) and not _is_task_name(source):
+        return [model.to_tokens(source)[0]], "prompt"
+    if isinstance(source, (list, tuple)) and source and all(isinstance(s, str) for s in source):
+        return [model.to_tokens(s)[0] for s in source[:max_examples]], "prompts"
+    return _task_rows(model, source, max_examples, seed)
+
+
+def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]."""
+    f = model.facts
+    sites = [site("pattern", l) for l in range(f.n_layers)]
+    n_total = int(row.shape[0])
+    row = row[:max_tokens].reshape(1, -1)
+    with torch.no_grad():
+        acts = capture(model, model.check_tokens(row), sites, to_cpu=True)
+    pat = torch.stack([acts[s][0] for s in sites]).float()  # [L, H, q, k]
+    q0 = 1 if (not f.is_encoder and pat.shape[-2] > 1) else 0  # a decoder's first query sees only itself
+    ints = torch.round(pat * SCALE).to(torch.int32).tolist()
+    for layer in ints:
+        for head in layer:
+            for q, keys in enumerate(head):
+                end = len(keys)
+                while end > 1 and keys[end - 1] == 0:
+                    end -= 1
+                head[q] = keys[:end]
+    example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
+               "truncated": n_total > row.shape[1], "patterns": ints}
+    return example, pat[..., q0:, 0].mean(-1), pat[..., q0:, :].max(-1).values.mean(-1)
+
+
+def _n_values(example: Mapping[str, Any]) -> int:
+    return sum(len(r) for layer in example["patterns"] for head in layer for r in head)
+
+
+def capture_examples(model, source: Any = None, *, max_examples: int = 3, max_tokens: int = 64, seed: int = 0,
+                     more_tasks: Mapping[str, Any] | None = None, more_examples: int = 2) -> Captured:
+    """Every layer's attention pattern on up to `max_examples` examples of `source` (see example_rows),
+    then `more_examples` of each of `more_tasks` ({label: task}) while the stored values stay under
+    MAX_VALUES (a task of more_tasks with the first one's name labels the first examples instead)."""
+    if max_examples < 1 or max_tokens < 1:
+        raise ConfigError(f"max_examples and max_tokens must be >= 1, got {max_examples} and {max_tokens}.")
+    f = model.facts
+    rows, source_label = example_rows(model, source, max_examples, seed)
+    examples = []
+    sink = torch.zeros(f.n_layers, f.n_heads)
+    peak = torch.zeros(f.n_layers, f.n_heads)
+    stored = 0
+    more = [(str(label), task) for label, task in (more_tasks or {}).items()]
+    same = [label for label, task in more if getattr(task, "name", None) == source_label]  # the first task again
+    groups = [(same[0] if same else source_label, rows, None)] + [(label, None, task) for label, task in more
+                                                                  if label not in same]
+    for label, group, task in groups:
+        if group is None:
+            if stored >= MAX_VALUES:
+                break
+            group = example_rows(model, task, more_examples, seed)[0]
+        for row in group:
+            if task is not None and stored >= MAX_VALUES:
+                break
+            example, s, m = capture_example(model, row, max_tokens)
+            example["task"] = label
+            examples.append(example)
+            stored += _n_values(example)
+            sink += s
+            peak += m
+    return Captured(examples=examples, sink=sink, peak=peak, source=source_label)
+
+
+__all__ = ["MAX_VALUES", "SCALE", "Captured", "capture_example", "capture_examples", "example_rows"]

@@ -1,0 +1,281 @@
+"""Planning and running a report's analyses; reports/report.py writes what this module returns.
+
+The runner decides everything before any analysis runs, and once:
+
+- `plan_analyses`: the task contract (analyses/core/contract.py): which analyses run on the user's
+  task, which on their own default and why, which cannot run on this model at all;
+- `resolve_plans`: each analysis's Task, resolved ONCE by its family (`registry.family_task`) from
+  the user's task (a task file held in memory, `TaskFile.held`, so the file is read once per run)
+  or its default; that same Task goes to the budget, to `run`, to the chance guard, to the
+  section's provenance and to the explorer;
+- `fit_to_budget`: each analysis's settings after the budget (analyses/core/budget.py). A budget
+  that changes the examples resolves that analysis's Task once more at the fitted size (from the
+  held bytes, not the disk), so the Task an analysis runs on has the rows its settings say;
+- `run_planned`: one analysis run from its seed, its summary with "chance" and "budget"; a failure
+  is a `Failure` object (type, message, traceback), never a string to parse;
+- `explorer_capture`: the attention explorer's activations (analyses/core/attention_capture.py),
+  on the Tasks the analyses ran on.
+
+Position runs on its own sweeps and probes on its probe data (their labels depend on what they are
+given), so both are handed the user's task as given; every other family is handed its Task.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from headscope.analyses.core import registry
+from headscope.errors import HeadscopeError, TaskError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one analysis of a report runs on, decided before any analysis runs.
+
+    task: what it is given (the user's task, or None: its own default); used: where its task came
+    from, the line the report and the manifest's "task_used" show; skip: why it cannot run on this
+    model at all (None: it runs); resolved: the Task itself (None for position, which builds its own
+    sweeps, and where the family's resolution failed: `run` then reports that error); config: its
+    settings after the budget; fit: the budget's budget.Fitted (None: no estimate)."""
+
+    task: Any
+    used: str
+    skip: str | None = None
+    resolved: Any = None
+    config: Any = None
+    fit: Any = None
+
+    @property
+    def run_task(self) -> Any:
+        """What `run` is handed: the resolved Task, else (position, probes, a failed resolution) the task as given."""
+        return self.resolved if self.resolved is not None else self.task
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An analysis that raised: its name, the error's type and message, the traceback, and whether it
+    is the user's mistake (a HeadscopeError: one line, exit status 2) rather than a bug."""
+
+    analysis: str
+    error_type: str
+    message: str
+    traceback: str = ""
+    mistake: bool = False
+
+    @classmethod
+    def of(cls, analysis: str, err: BaseException) -> Failure:
+        return cls(analysis=analysis, error_type=type(err).__name__, message=str(err),
+                   traceback="".join(traceback.format_exception(err)), mistake=isinstance(err, HeadscopeError))
+
+    @property
+    def status(self) -> str:
+        """The manifest's status line: "failed: Type: message"."""
+        return f"failed: {self.error_type}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One analysis run: its Result, or its Failure; seconds it took."""
+
+    name: str
+    result: Any = None
+    failure: Failure | None = None
+    seconds: float = 0.0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _task_label(task: Any) -> str:
+    return Path(task).name if isinstance(task, str) and Path(task).suffix else str(getattr(task, "name", task))
+
+
+def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
+                  substitute: bool = True) -> dict[str, Plan]:
+    """Check every analysis against the model and the user's task before any runs (the task contract).
+
+    An analysis that cannot run on the model (a decoder-only one on an encoder) is skipped with its
+    reason; one that cannot use the user's task runs on its own default task, and its line says why
+    (substitute=False: a TaskError with the reason instead, for a command that runs one analysis
+    the user gave a task), except one that patches pairs when no pair of the task has one token
+    length: it is skipped with that reason. The user's task is read once here, so a mistake in it
+    stops the run before any work."""
+    from headscope.analyses.core import contract
+    from headscope.analyses.core.tasks import Task
+
+    plans: dict[str, Plan] = {}
+    resolved: list[Any] = []  # the user's Task, read on first need
+    for name in names:
+        need = registry.needs(name)
+        reasons = contract.model_reasons(need, model)
+        if reasons:
+            plans[name] = Plan(task=None, used="none", skip="; ".join(reasons))
+            continue
+        if task is None:
+            plans[name] = Plan(task=None, used="default task")
+            continue
+        named = isinstance(task, str) and task in need.names
+        if not resolved and need.task_data and not named:
+            resolved.append(contract.resolve(task, model, seed=seed))
+        checked = task if named or not need.task_data else resolved[0]
+        reasons = contract.task_reasons(need, checked, model)
+        no_pairs = isinstance(checked, Task) and contract.no_pairs_reason(checked) in reasons
+        if reasons and not substitute and no_pairs:
+            raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {contract.no_pairs_reason(checked)}. "
+                            f"Give each corrupted prompt the token length of its prompt.")
+        if reasons and not substitute:
+            raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {'; '.join(reasons)}. Give it a task "
+                            f"it can use, or run `headscope report --analyses {name}`, which runs it on its own default task.")
+        if no_pairs:
+            plans[name] = Plan(task=None, used="none", skip=contract.no_pairs_reason(checked))
+        elif reasons:
+            plans[name] = Plan(task=None, used=f"default task ({'; '.join(reasons)})")
+        else:
+            plans[name] = Plan(task=task, used=f"your task ({_task_label(task)})")
+    return plans
+
+
+def _resolve(model: Any, name: str, plan: Plan, config: Any) -> Any:
+    """The family's Task for `plan` under `config` (None: the family builds its own data, or the
+    resolution failed, logged: `run` then raises the same error as the analysis's failure)."""
+    try:
+        return registry.family_task(name, model, plan.task, config)
+    except Exception as err:  # noqa: BLE001 - the analysis reports its own errors when it runs
+        log.info("%s: its task could not be resolved before the run (%s: %s)", name, type(err).__name__, err)
+        return None
+
+
+def _resolution_settings(config: Any) -> tuple:
+    """The settings a family's task resolution reads (the Task changes only when one of them does)."""
+    return (config.seed, config.quick, config.n_examples)
+
+
+def resolve_plans(model: Any, plans: Mapping[str, Plan], names: Sequence[str], common: Mapping[str, Any]) -> dict[str, Plan]:
+    """`plans` with each named analysis's preset config and its Task resolved once under it."""
+    out = dict(plans)
+    for name in names:
+        config = registry.config_class(name).preset(**common)
+        out[name] = dataclasses.replace(plans[name], config=config, resolved=_resolve(model, name, plans[name], config))
+    return out
+
+
+def fit_to_budget(model: Any, plans: Mapping[str, Plan], names: Sequence[str], minutes: float | None) -> dict:
+    """name -> budget.Fitted for the analyses about to run: each one's cost estimated on the Task it
+    will use (its plan's), the budget shared among them (budget.plan). An estimate that fails
+    leaves that analysis at its preset (logged), never the run."""
+    from headscope.analyses.core import budget as B
+
+    entries = {}
+    for name in names:
+        plan = plans[name]
+        try:
+            used = registry.judged_rows(name, plan.resolved) if plan.resolved is not None else (
+                registry.task_used(name, model, plan.task, plan.config))
+            entries[name] = (registry.cost_model(name), used, plan.config)
+        except Exception as err:  # noqa: BLE001 - an estimate must not stop the run; its analysis reports its own errors
+            log.warning("%s: no cost estimate (%s: %s); it runs at its preset", name, type(err).__name__, err)
+    try:
+        fitted = B.plan(model, entries, minutes)
+    except Exception as err:  # noqa: BLE001
+        log.warning("no cost estimates (%s: %s); every analysis runs at its preset", type(err).__name__, err)
+        return {}
+    for name, f in fitted.items():
+        log.info("%s", B.describe(name, f))
+    return fitted
+
+
+def apply_budget(model: Any, plans: Mapping[str, Plan], fitted: Mapping[str, Any]) -> dict[str, Plan]:
+    """`plans` with each fitted analysis's settings after the budget; a Task resolved again only where
+    the budget changed what the resolution reads (the examples)."""
+    out = dict(plans)
+    for name, fit in fitted.items():
+        plan = plans[name]
+        resolved = plan.resolved
+        if resolved is not None and _resolution_settings(fit.config) != _resolution_settings(plan.config):
+            resolved = _resolve(model, name, plan, fit.config)
+        out[name] = dataclasses.replace(plan, config=fit.config, fit=fit, resolved=resolved)
+    return out
+
+
+def run_planned(model: Any, name: str, plan: Plan, seed: int, analysis: Any = None) -> Outcome:
+    """Run one planned analysis from `seed` (seed_everything, so a summary does not depend on what ran
+    before) on the plan's Task and settings: its Result with summary["chance"] (the registry's guarded
+    run, `analysis` when given, judged on that same Task) and summary["budget"], or its Failure (logged:
+    a user mistake as one line, anything else with its traceback)."""
+    seed_everything(seed)
+    start = time.perf_counter()
+    try:
+        run = analysis if analysis is not None else registry.get_analysis(name)
+        result = run(model, plan.run_task, plan.config)
+        if plan.fit is not None and dataclasses.is_dataclass(result) and isinstance(getattr(result, "summary", None), dict):
+            result = dataclasses.replace(result, summary={**result.summary, "budget": plan.fit.summary()})
+    except Exception as err:  # one failing analysis must not lose the others
+        if isinstance(err, HeadscopeError):  # a user mistake: one line, no traceback
+            log.error("%s failed: %s", name, err)
+        else:
+            log.exception("%s failed", name)
+        return Outcome(name, failure=Failure.of(name, err), seconds=time.perf_counter() - start)
+    return Outcome(name, result=result, seconds=time.perf_counter() - start)
+
+
+def ran_on(model: Any, name: str, plan: Plan) -> Any:
+    """What analysis `name` ran on, for its section's provenance (reports/provenance.py): the plan's
+    Task (the rows it judged), probes' probed Task, position's (sweep kind, first sweep) when it built
+    its own sweeps; None where nothing is known; the exception where finding it failed (the report
+    notes it, the result is kept)."""
+    try:
+        if name == "position" and plan.task is None:
+            from headscope.analyses.position.analysis import build_sweeps, sweep_kind
+
+            return sweep_kind(model, plan.config.sweep), build_sweeps(model, plan.config)[0]
+        if name == "probes":
+            from headscope.analyses.probes.analysis import probe_data
+
+            return probe_data(model, plan.task, plan.config)[0]
+        if plan.resolved is not None:
+            return registry.judged_rows(name, plan.resolved)
+        return registry.task_used(name, model, plan.task, plan.config)
+    except Exception as err:  # noqa: BLE001 - the sample is a courtesy: it never costs the analysis its result
+        return err
+
+
+def explorer_tasks(plans: Mapping[str, Plan], done: Sequence[str]) -> dict[str, Any]:
+    """{label: Task} of each Task the analyses in `done` ran on (label: the task's name and those
+    analyses), for the explorer's examples: the plans' own Tasks, nothing resolved again."""
+    by_name: dict[str, tuple[Any, list[str]]] = {}
+    for name in done:
+        plan = plans.get(name)
+        if plan is None or plan.skip is not None or plan.resolved is None or not registry.judges_model(name):
+            continue
+        used = registry.judged_rows(name, plan.resolved)
+        if hasattr(used, "tokens"):
+            by_name.setdefault(str(used.name), (used, []))[1].append(name)
+    return {f"{task_name} ({', '.join(who)})": used for task_name, (used, who) in by_name.items()}
+
+
+def explorer_capture(model: Any, task: Any, plans: Mapping[str, Plan], done: Sequence[str], *, seed: int = 0) -> Any:
+    """The attention explorer's activations for a report (attention_capture.Captured): a few examples
+    of the report's task (None: the heads analysis's default) and of each Task the analyses in
+    `done` ran on, every layer's pattern."""
+    from headscope.analyses.core.attention_capture import capture_examples
+
+    return capture_examples(model, task, seed=seed, more_tasks=explorer_tasks(plans, done))
+
+
+__all__ = ["Failure", "Outcome", "Plan", "apply_budget", "explorer_capture", "explorer_tasks", "fit_to_budget",
+           "plan_analyses", "ran_on", "resolve_plans", "run_planned", "seed_everything"]

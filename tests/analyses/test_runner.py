@@ -1,0 +1,109 @@
+"""The report's runner (analyses/core/runner.py): one Task per analysis, the task file read once."""
+from __future__ import annotations
+
+import builtins
+import json
+
+import headscope as hs
+from headscope.analyses.core import task_files
+
+
+def _counting_opens(monkeypatch, path) -> list[str]:
+    """The modes task_files opens `path` with, from now on."""
+    opened: list[str] = []
+
+    def counting(file, *args, **kwargs):
+        if str(file) == str(path):
+            opened.append(args[0] if args else kwargs.get("mode", "r"))
+        return builtins.open(file, *args, **kwargs)
+
+    monkeypatch.setattr(task_files, "open", counting, raising=False)
+    return opened
+
+
+def test_the_budget_shrinks_heads_on_a_100000_row_file(tiny_models, tmp_path, monkeypatch):
+    """#33 item 2: on a held 100,000-row task file, the heads analysis's examples knob, cut by a tiny
+    budget, gives the Task heads runs on exactly the budgeted rows (not the file's 100,000, not the
+    preset's 16), which the run's summary records; the file is opened once, by TaskFile.held."""
+    from headscope.analyses.core import runner
+
+    path = tmp_path / "big.jsonl"
+    with open(path, "w") as fh:
+        fh.writelines(json.dumps({"prompt": f"w{i % 20} w{(i + 1) % 20} w{(i + 2) % 20}", "answer": f" w{(i + 3) % 20}"})
+                      + "\n" for i in range(100_000))
+    opened = _counting_opens(monkeypatch, path)
+    model = tiny_models["gpt2"]
+    held = hs.TaskFile(str(path)).held()
+    plans = runner.plan_analyses(model, ["heads"], held)
+    plans = runner.resolve_plans(model, plans, ["heads"], dict(quick=True))
+    assert len(plans["heads"].resolved) == 16  # HeadsConfig's quick size
+    fitted = runner.fit_to_budget(model, plans, ["heads"], 0.001)
+    assert fitted["heads"].changed["n_examples"] == [None, 8]  # halved to the knob's floor (budget.MIN_EXAMPLES)
+    plan = runner.apply_budget(model, plans, fitted)["heads"]
+    assert plan.config.n_examples == 8 and len(plan.run_task) == 8
+    assert runner.run_planned(model, "heads", plan, 0).result.summary["n_examples"] == 8
+    assert opened == ["rb"]
+
+
+def test_a_report_reads_its_task_file_once(tiny_models, tmp_path, monkeypatch):
+    """#33 item 2: `headscope report --task FILE` opens the file once (its sha256, the checked rows, the
+    contract and each analysis's sample all read the held bytes)."""
+    from headscope.reports.report import build_report
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"w{i % 9} w{i % 7} w{i % 5}", "answer": f" w{i % 4}"}) + "\n"
+                            for i in range(12)))
+    opened = _counting_opens(monkeypatch, path)
+    out = build_report(tiny_models["gpt2"], out=tmp_path / "out", analyses="kv", task=str(path), quick=True)
+    assert opened == ["rb"]
+    assert json.loads((out / "kv" / "task.json").read_text())["n_examples"] == 12
+
+
+def test_the_runner_hands_run_the_task_it_resolved(tiny_models, tmp_path):
+    """The plan's Task is the one `run` gets: a held task file resolves to a seeded sample of the
+    family's size, the same rows as reading the file itself (load_task)."""
+    from headscope.analyses.core import runner
+
+    model = tiny_models["gpt2"]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"w{i % 9} w{i % 7} w{i % 5}", "answer": f" w{i % 4}"}) + "\n"
+                            for i in range(50)))
+    held = hs.TaskFile(str(path)).held()
+    plans = runner.plan_analyses(model, ["kv"], held)
+    plans = runner.resolve_plans(model, plans, ["kv"], dict(seed=3, quick=True))
+    task = plans["kv"].resolved
+    direct = hs.load_task(model, str(path), n_examples=16, seed=3)  # kv's quick size, read from the disk
+    assert len(task) == 16 and task.tokens.equal(direct.tokens) and task.answers.equal(direct.answers)
+    assert plans["kv"].run_task is task
+
+
+def test_the_python_api_refuses_the_examples_the_cli_refuses():
+    """#33 item 6: heads needs 2 examples (a resample partner), probes 3 (cross-validation's folds): the
+    configs refuse fewer as the CLI's --n-examples does, one ConfigError line."""
+    import pytest
+
+    from headscope.analyses.heads import HeadsConfig
+    from headscope.analyses.probes import ProbesConfig
+
+    with pytest.raises(hs.ConfigError, match=r"^n_examples \(--n-examples\) 1 is too few for HeadsConfig: it needs at least 2"):
+        HeadsConfig(n_examples=1)
+    with pytest.raises(hs.ConfigError, match=r"too few for ProbesConfig: it needs at least 3\.$"):
+        ProbesConfig.preset(n_examples=2)
+    assert HeadsConfig(n_examples=2).n_examples == 2 and ProbesConfig(n_examples=3).n_examples == 3
+
+
+def test_a_failure_is_an_object_with_its_type_message_and_traceback():
+    """#33 item 3: a failed analysis travels as a runner.Failure, not a status string to parse."""
+    from headscope.analyses.core.runner import Failure
+
+    try:
+        raise hs.TaskError("no pairs: bad")
+    except hs.TaskError as err:
+        mistake = Failure.of("patching", err)
+    try:
+        {}["x"]
+    except KeyError as err:
+        bug = Failure.of("kv", err)
+    assert (mistake.error_type, mistake.message, mistake.mistake) == ("TaskError", "no pairs: bad", True)
+    assert mistake.status == "failed: TaskError: no pairs: bad" and "raise hs.TaskError" in mistake.traceback
+    assert (bug.error_type, bug.mistake) == ("KeyError", False) and "Traceback" in bug.traceback
