@@ -171,12 +171,6 @@ def _block0_call(model, tokens: torch.Tensor, attention_mask: torch.Tensor | Non
     return _split_call(*got[0]) if got else None
 
 
-def _uniform_plan(model) -> list | None:
-    """The hook-free blocks (kept for callers written when they required one mask for every
-    layer; _block_calls now gives each layer its own arguments)."""
-    return _fast_plan(model)
-
-
 def _mixed_layers(model) -> bool:
     """Layers of different attention types (config.layer_types: Gemma 2/3's sliding and full
     layers), each called with its own mask and rotary tables."""
@@ -547,7 +541,7 @@ def _check(model) -> Support:
                     failed.append((what, f"logits of width {got.shape[-1]}, not {want.shape[-1]}"))
                     return False
                 diff = (got[:, -1] - want).abs().max().item()
-                if diff > tol:  # (a NaN difference passes, as it always has)
+                if not diff <= tol:  # a NaN difference fails too
                     failed.append((what, f"max |logit difference| {diff:.3g} > {tol:.3g}"))
                     return False
             return True
@@ -588,7 +582,7 @@ def _check(model) -> Support:
             raise _NotApplicable
         for i, (a, b) in enumerate(zip(quick.resid, ckpt.resid)):  # every block's input, not only the logits
             diff = (a - b).abs().max().item()
-            if diff > tol:
+            if not diff <= tol:
                 raise AssertionError(f"block {i}'s input differs by {diff:.3g}")
         yield quick.logits[rows].unsqueeze(1)
         yield resume(model, quick, start, rows, fast=True, from_pos=3 if prefix else 0,

@@ -287,11 +287,13 @@ def prompts_differ(a: Run, b: Run, name: str) -> str:
     their records tell: one model, seed, task, example count and sample prompt). A position indexes
     its own run's prompts, so positions of different prompts name different tokens."""
     pa, pb = a.provenance(name) or {}, b.provenance(name) or {}
-    model = [(r.manifest.get("model") or {}).get("name") for r in (a, b)]
-    checks = [("model", *model), ("seed", a.manifest.get("seed"), b.manifest.get("seed")),
-              ("task", pa.get("task"), pb.get("task")), ("examples", pa.get("n_examples"), pb.get("n_examples"))]
-    diffs = [f"{what} {x} vs {y}" for what, x, y in checks if x != y]
     sa, sb = (pa.get("sample") or {}).get("prompt"), (pb.get("sample") or {}).get("prompt")
+    model = [(r.manifest.get("model") or {}).get("name") for r in (a, b)]
+    checks = [("seed", a.manifest.get("seed"), b.manifest.get("seed")),
+              ("task", pa.get("task"), pb.get("task")), ("examples", pa.get("n_examples"), pb.get("n_examples"))]
+    if sa is None or sb is None:  # no sample to compare: another model may tokenize (or sample) otherwise
+        checks.insert(0, ("model", *model))  # (two checkpoints of one model, with equal samples, are compared)
+    diffs = [f"{what} {x} vs {y}" for what, x, y in checks if x != y]
     if sa is not None and sb is not None and sa != sb:
         diffs.append("their sample prompts differ")
     if not diffs:

@@ -665,8 +665,9 @@ def muted_scores(score_names: Any, heads_summary: Mapping[str, Any] | None) -> d
         if at_chance:
             why = chance.get("reason") or "its clean metric is within noise of chance"
             task = f" {s['task']}" if s.get("task") else ""
-            out[name] = (f"the model is at chance on the heads task{task} ({why}), so these importances measure noise, "
-                         "not a mechanism.")
+            where = "below" if chance.get("below_chance") is True else "at"
+            out[name] = (f"the model is {where} chance on the heads task{task} ({why}), so these importances measure "
+                         "noise, not a mechanism.")
         elif isinstance(s.get(f"degenerate_{m[1]}"), str):
             out[name] = f"within numerical noise: {s[f'degenerate_{m[1]}']}."
     return out

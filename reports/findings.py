@@ -143,6 +143,9 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     if not below:
         return f"{who}{said}; relative findings are not reported."
     metric = entry.get("metric")
+    if name == "probes":
+        return (f"{who}{said}: the probe does worse than predicting the majority class (overfitting or class "
+                "imbalance); relative findings are not reported.")
     why = ("it systematically prefers the wrong answers" if metric == "logit_diff" else
            "it gives the answers less probability than a uniform guess, so they are systematically dispreferred"
            if metric == "logprob" else "it scores under guessing, so its answers are systematically dispreferred")

@@ -106,6 +106,8 @@ def quiet_reason(summary: Mapping[str, Any] | None) -> str | None:
     task (summary["chance"], analyses/core/chance.py)."""
     entry = (summary or {}).get("chance")
     if isinstance(entry, Mapping) and entry.get("at_chance") is True:
+        if entry.get("below_chance") is True:  # worse than guessing: no behaviour to locate either
+            return "BELOW CHANCE: muted colours (the model prefers wrong answers; no task behaviour)"
         return "AT CHANCE: muted colours (noise, not task behaviour)"
     return None
 

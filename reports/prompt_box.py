@@ -78,6 +78,9 @@ class PromptBox:
         except HeadscopeError as err:
             self.status.value = f"<span style='color:#b2182b'>{escape(str(err))}</span>"
             return
+        except Exception as err:  # noqa: BLE001 - an unexpected failure (out of memory, ...) is said, not lost in the widget log
+            self.status.value = f"<span style='color:#b2182b'>{escape(type(err).__name__ + ': ' + str(err))}</span>"
+            return
         self._show(explorer)
         self.status.value = ""
 

@@ -148,7 +148,8 @@ def assess_mean(mean: float, metric: str, *, n_examples: int | None = None, chan
     near = "below" if mean < chance else f"less than {floor:.3g} above" if at else f"at least {floor:.3g} above"
     reason = (f"the mean {words} {mean:.3g} is {near} chance ({chance:.3g}) "
               "(from the summary's mean; no per-example values, no CI)")
-    return {"at_chance": at, "metric": metric, "mean": mean, "chance_value": float(chance), "ci": None,
+    return {"at_chance": at, "below_chance": mean < chance - floor, "metric": metric, "mean": mean,
+            "chance_value": float(chance), "ci": None,
             "ci_level": None, "p_value": None, "effect_size": None, "floor": float(floor), "n_examples": n_examples,
             "reason": reason}
 

@@ -60,6 +60,10 @@ def resolve_metric(task: Task, metric: str | Metric | None) -> PatchMetric:
     """
     if metric is None:
         metric = "logit_diff" if task.wrong_answers is not None else "logprob"
+    if isinstance(metric, PatchMetric):
+        return metric
+    if isinstance(metric, Metric):  # the one Metric type: its name and last-position promise are kept
+        return PatchMetric(name=metric.name, fn=metric.fn, last_position=metric.last_position)
     if callable(metric):
         return PatchMetric(name=getattr(metric, "__name__", "custom"), fn=metric)
     if metric not in METRICS:
