@@ -188,7 +188,7 @@ def test_a_full_disk_anywhere_else_is_one_line_and_exit_2(monkeypatch, capsys):
     def full(*args, **kwargs):
         raise OSError(errno.EDQUOT, "Disk quota exceeded", "/somewhere/file")
 
-    monkeypatch.setattr(report_mod, "build_report", full)
+    monkeypatch.setattr(report_mod, "run_report", full)  # what the CLI calls
     assert main(["-q", "kv", "--quick", "--device", "cpu"]) == 2
     assert one_error_line(capsys) == "headscope: error: Disk quota exceeded (/somewhere/file); free some space and run again."
 

@@ -101,7 +101,9 @@ class AttributionConfig(AnalysisConfig):
     @classmethod
     def preset(cls, *, quick: bool = False, **common) -> AttributionConfig:
         if not quick:  # the report's full run searches adversarial attention for 50 steps
-            return cls(adversarial_steps=50, **common)
+            config = cls(adversarial_steps=50, **common)
+            object.__setattr__(config, "_given", config.given - {"adversarial_steps"})  # the preset's, not the caller's
+            return config
         return cls(quick=True, **common)
 
     def __post_init__(self) -> None:

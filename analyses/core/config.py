@@ -121,6 +121,22 @@ def with_overrides(config: C, **overrides: Any) -> C:
     """config with the given fields replaced; None values leave a field as it is. Turning quick on
     rebuilds the config from the fields its caller set, so the others take their quick sizes."""
     given = {k: v for k, v in overrides.items() if v is not None}
-    if given.get("quick") and not config.quick:
-        return type(config)(**{**{k: getattr(config, k) for k in config.given}, **given})
+    if "quick" in given and bool(given["quick"]) != bool(config.quick):  # rebuilt: unset sizes follow quick
+        return type(config)(**{**{k: getattr(config, k) for k in chosen(config) if k != "quick"}, **given})
     return dataclasses.replace(config, **given) if given else config
+
+
+def chosen(config: AnalysisConfig) -> set[str]:
+    """The fields the caller chose: those set when the config was built, less any still at the class
+    default or (quick) at its quick value. dataclasses.replace sets every field, so the values decide there."""
+    out = set()
+    for f in dataclasses.fields(config):
+        if not f.init or f.name not in config.given:
+            continue
+        value = getattr(config, f.name)
+        default = (f.default if f.default is not dataclasses.MISSING else
+                   f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if value == default or (config.quick and f.name in config.QUICK and value == config.QUICK[f.name]):
+            continue
+        out.add(f.name)
+    return out

@@ -65,11 +65,22 @@ _LAZY = {
 }
 
 
-def _family_api() -> dict[str, str]:
-    """{public name: family package} over every family's record (imports each family)."""
-    from headscope.analyses.core.registry import ANALYSES, family
+_API: dict[str, str] = {}  # {public name: family package}, filled once
+_API_FAILED: dict[str, str] = {}  # {family: why its record could not be imported}
 
-    return {api: ANALYSES[name] for name in ANALYSES for api in family(name).api}
+
+def _family_api() -> dict[str, str]:
+    """{public name: family package} over every family's record (imports each family once; a family
+    that fails to import leaves the others' names working and is named when one of its names is asked for)."""
+    if not _API and not _API_FAILED:
+        from headscope.analyses.core.registry import ANALYSES, family
+
+        for name, package in ANALYSES.items():
+            try:
+                _API.update({api: package for api in family(name).api})
+            except Exception as err:  # noqa: BLE001 - one broken family must not hide the others
+                _API_FAILED[name] = f"{type(err).__name__}: {err}"
+    return _API
 
 
 def run_analysis(name: str, model, task=None, config=None, *, fields=None, strict=None, prompt=None, answer=None,
@@ -93,13 +104,10 @@ def __getattr__(name: str):
 
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if not name.startswith("_"):
-        from headscope.analyses.core.registry import ANALYSES, family
-
-        for family_name, package in ANALYSES.items():
-            if name in family(family_name).api:
-                return getattr(importlib.import_module(package), name)
-    raise AttributeError(f"module 'headscope' has no attribute {name!r}")
+    if not name.startswith("_") and name in _family_api():
+        return getattr(importlib.import_module(_API[name]), name)
+    broken = "".join(f"; the {f} family could not be imported ({why})" for f, why in _API_FAILED.items())
+    raise AttributeError(f"module 'headscope' has no attribute {name!r}{broken}")
 
 
 def __dir__() -> list[str]:  # the families' public names too (imports every family)

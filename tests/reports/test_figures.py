@@ -36,7 +36,7 @@ PROMPTS = ["k01 v05 ; k02 v06 ; k03 v07 ; k01", "k04 v08 ; k05 v09 ; k05"]
 BUILD = textwrap.dedent("""
     import importlib, torch
     import headscope as hs
-    from headscope.analyses.core.registry import ANALYSES
+    from headscope.analyses.core.registry import ANALYSES, family
 
     def build(path):
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -55,9 +55,8 @@ BUILD = textwrap.dedent("""
 
     def results(model, sites):
         out = {}
-        for name, entry in ANALYSES.items():
-            module, _, config = entry.split(":")
-            cls = getattr(importlib.import_module(module), config)
+        for name in ANALYSES:
+            cls = family(name).config
             extra = {"sites": sites} if name == "patching" else {}
             try:
                 cfg = cls.preset(quick=True, n_examples=4, seed=0, **extra)
