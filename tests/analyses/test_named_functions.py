@@ -128,3 +128,16 @@ def test_one_metric_type(tiny_models):
         assert isinstance(metric, Metric) and metric.name in ("t", "logit_diff")
         torch.testing.assert_close(metric(logits), want)
     assert isinstance(scorer, Scorer) and isinstance(patch_metric, PatchMetric) and scorer.last_position
+
+
+def test_quick_turned_on_or_off_by_an_override_follows_what_the_caller_chose():
+    """dataclasses.replace sets every field and a preset sets sizes of its own: neither pins a size when an
+    override turns quick on or off (the review's three cases), while a size the caller chose is kept."""
+    from headscope.analyses.core.config import with_overrides
+
+    replaced = dataclasses.replace(hs.HeadsConfig(), n_examples=8)
+    assert with_overrides(replaced, quick=True) == hs.HeadsConfig(quick=True, n_examples=8)
+    assert with_overrides(hs.HeadsConfig(quick=True), quick=False) == hs.HeadsConfig()
+    assert with_overrides(hs.AttributionConfig.preset(), quick=True) == hs.AttributionConfig.preset(quick=True)
+    kept = with_overrides(hs.HeadsConfig(quick=True, n_induction=7), quick=False)
+    assert kept.n_induction == 7 and kept == hs.HeadsConfig(n_induction=7)
