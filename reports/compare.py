@@ -1,8 +1,8 @@
 """`headscope compare OUT_A OUT_B`: one self-contained HTML page setting two reports side by side.
 
 Reads only the files of two output folders (manifest.json, <analysis>/summary.json, task.json and CSVs):
-each analysis's finding for A and B, head importance in raw units on one diverging scale (A, B and
-B - A when the shapes agree), the
+each analysis's finding for A and B, head importance in raw units on one scale (A and B: sequential
+from 0 for gradient importance, else diverging; B - A diverging on its own when the shapes agree), the
 pruning curves and position curves of both on shared axes, and the top patching sites, with the
 differences called out in words: first every setting that differs (per analysis its task, source, n
 and budget changes too), each headline difference marked within or beyond the runs' own 95% intervals,
@@ -26,7 +26,7 @@ import seaborn as sns
 
 from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
-from headscope.reports.findings import finding, t_interval, wilson
+from headscope.reports.findings import _words, finding, t_interval, wilson
 from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.plots import color_scale, symmetric_bound
 from headscope.reports.provenance import provenance_lines, section_provenance
@@ -115,7 +115,7 @@ def _importance_grid(run: Run) -> tuple[pd.DataFrame, str, str] | None:
 
 
 def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
-    """Importance heat maps of A and B on one diverging scale (and B - A when the model shapes and
+    """Importance heat maps of A and B on one scale (and B - A on its own when the model shapes and
     quantities agree); notes on the top heads, ranked by the values each report's findings use."""
     found = [_importance_grid(a), _importance_grid(b)]
     if all(g is None for g in found):
@@ -161,7 +161,10 @@ def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
     elif all(g is not None for g in grids):
         notes.append(f"Head importance: the models differ in shape ({grids[0].shape[0]}x{grids[0].shape[1]} vs "
                      f"{grids[1].shape[0]}x{grids[1].shape[1]} layers x heads); no cell-by-cell difference.")
-    return _img(fig, "head importance of A and B on one diverging scale" + (" and B - A" if same else "")), notes
+    scale = ("one sequential scale from 0 (|dL/d gate|)" if all(m == "gradient" for m in methods)
+             else "one diverging scale centred on 0")
+    return _img(fig, f"head importance of A and B on {scale}"
+                + (", and B - A on its own diverging scale centred on 0" if same else "")), notes
 
 
 def _refuses_to_rank(run: Run, method: str) -> str | None:
@@ -181,6 +184,20 @@ def _refuses_to_rank(run: Run, method: str) -> str | None:
     if isinstance(tied, list) and tied:
         return f"has top heads that tie within rounding ({', '.join(map(str, tied))})"
     return None
+
+
+def chance_refusal(a: Run, b: Run, name: str) -> str:
+    """"not compared: A at chance on its task" (or B, or both, or below chance) when either run's
+    analysis `name` is at or below chance, as its own report says (a quantity relative to a clean
+    metric at chance is refused there, so it is not compared here); "" otherwise."""
+    where: dict[str, list[str]] = {}  # "at" / "below" -> the sides there
+    for side, run in zip(SIDES, (a, b)):
+        chance = (run.summary(name) or {}).get("chance")
+        if isinstance(chance, Mapping) and chance.get("at_chance") is True:
+            where.setdefault("below" if chance.get("below_chance") is True else "at", []).append(side)
+    said = [f"{' and '.join(sides)} {level} chance on {'its task' if len(sides) == 1 else 'their tasks'}"
+            for level, sides in where.items()]
+    return "not compared: " + " and ".join(said) if said else ""
 
 
 def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str) -> Any:
@@ -213,6 +230,9 @@ def pruning_section(a: Run, b: Run) -> tuple[str, list[str]]:
                    "task metric (random: mean over seeds)", "pruning curves: A solid, B dashed")
     notes = []
     sums = [a.summary("heads") or {}, b.summary("heads") or {}]
+    refused = chance_refusal(a, b, "heads")
+    if refused:
+        return _img(fig, "pruning curves"), [f"Prunable within 1%: {refused}."]
     for key in sorted(k for k in sums[0] if k.startswith("max_fraction_prunable_") and k in sums[1]):
         fa, fb = sums[0][key], sums[1][key]
         if isinstance(fa, (int, float)) and isinstance(fb, (int, float)) and abs(fa - fb) >= 0.05:
@@ -233,12 +253,17 @@ def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
     fig = _overlay(curves, "metric", "position", "mean", "gold position (slot)", "primary metric (mean over examples)",
                    "position curves: A solid, B dashed")
     notes = []
-    ratios = [(r.summary("position") or {}).get("ratio_middle_to_ends", {}) for r in (a, b)]
-    for metric in sorted(set(ratios[0]) & set(ratios[1])):
-        ra, rb = ratios[0][metric], ratios[1][metric]
-        if isinstance(ra, (int, float)) and isinstance(rb, (int, float)) and abs(ra - rb) >= 0.05:
-            notes.append(f"Middle/ends ratio of {metric}: A {ra:.2f}, B {rb:.2f}" + NO_INTERVAL)
-    return _img(fig, "position curves"), notes
+    primaries = [(r.summary("position") or {}).get("primary_metric", "accuracy") for r in (a, b)]
+    label = f"Middle/ends ratio of {primaries[0]} (the metric plotted)"
+    refused = chance_refusal(a, b, "position")
+    ratios = [((r.summary("position") or {}).get("ratio_middle_to_ends") or {}).get(m) for r, m in zip((a, b), primaries)]
+    if refused:
+        notes.append(f"{label}: {refused}.")
+    elif primaries[0] != primaries[1]:
+        notes.append(f"Middle/ends ratio: not compared: A plots {primaries[0]}, B {primaries[1]}.")
+    elif all(isinstance(r, (int, float)) for r in ratios) and abs(ratios[0] - ratios[1]) >= 0.05:
+        notes.append(f"{label}: A {ratios[0]:.2f}, B {ratios[1]:.2f}" + NO_INTERVAL)
+    return _img(fig, f"position curves of {' and '.join(dict.fromkeys(primaries))}, A solid, B dashed"), notes
 
 
 def _site_name(kind: str, cell: Mapping[str, Any]) -> str:
@@ -258,6 +283,17 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     if not kinds:
         return "", []
     rows, notes = [], []
+    refused = chance_refusal(a, b, "patching")
+    if refused:  # each report ranks no site at chance: shares of a gap between chance-level metrics are noise
+        return (f"<p><em>blank: top patching sites {escape(refused)}</em></p>",
+                [f"Top patching sites: {refused} (its report ranks no site)."])
+    sums = [r.summary("patching") or {} for r in (a, b)]
+    noisy = [side for side, s in zip(SIDES, sums) if isinstance(s.get("gap_within_noise"), Mapping)]
+    if noisy:
+        why = f"not compared: {' and '.join(noisy)} {'has a' if len(noisy) == 1 else 'have'} clean-corrupted gap within noise"
+        return (f"<p><em>blank: top patching sites {escape(why)}</em></p>",
+                [f"Top patching sites: {why} (its report ranks no site)."])
+    gaps = [_gap(s) for s in sums]
     differ = prompts_differ(a, b, "patching")
     for kind in kinds:
         cells = [t.get(kind, [])[:n] for t in tops]
@@ -268,11 +304,11 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             continue
         for i in range(max(len(c) for c in cells)):
             row = [escape(kind) if i == 0 else ""]
-            for side in cells:
+            for side, gap, s in zip(cells, gaps, sums):
                 cell = side[i] if i < len(side) else None
                 effect = float(cell.get("effect", float("nan"))) if cell is not None else 0.0
                 row.append(f"<em>(its summary lists {len(side)} {escape(kind)} site(s))</em>" if cell is None
-                           else f"{escape(_site_name(kind, cell))}: {effect:.3g}")
+                           else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s))}")
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         if all(firsts) and firsts[0] != firsts[1]:
@@ -280,6 +316,22 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
              + "</table>")
     return table, notes
+
+
+def _gap(s: Mapping[str, Any]) -> float | None:
+    """The clean-corrupted gap the report divides effects by (None when the effects are already normalised
+    or the summary does not give both metrics), as in reports/findings.py's patching finding."""
+    clean, corrupt = s.get("clean_metric"), s.get("corrupted_metric")
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) for x in (clean, corrupt))
+    return None if s.get("normalized") or not numbers or clean == corrupt else float(clean - corrupt)
+
+
+def _effect_text(effect: float, gap: float | None, s: Mapping[str, Any]) -> str:
+    """An effect in the report's own unit: its share of the clean-corrupted gap with the raw value in the task
+    metric beside it ("0.98 of the gap (+24.1 logit difference)"), or the normalised effect as is."""
+    if gap is None:
+        return f"{effect:.2f} of the gap (normalised)" if s.get("normalized") else f"{effect:.3g}"
+    return f"{effect / gap:.2f} of the gap ({effect:+.3g} {_words(s.get('metric', ''))})"
 
 
 def prompts_differ(a: Run, b: Run, name: str) -> str:

@@ -177,8 +177,9 @@ def heads_finding(s: Mapping[str, Any]) -> str:
     if prunable and n_heads:
         best = max(prunable, key=lambda k: prunable[k])
         heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
+        over = f" (over {s['n_examples']} examples)" if s.get("n_examples") is not None else ""
         parts.append(f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
-                     f"unpruned {metric} when ordered by {best.replace('_', ' ')}.")
+                     f"unpruned {metric}{over} when ordered by {best.replace('_', ' ')}.")
         others = [f"{k.replace('_', ' ')} {_pct(v)}" for k, v in prunable.items() if k != best]
         if others:
             parts.append("Other orderings: " + ", ".join(others) + ".")
@@ -216,15 +217,8 @@ def attribution_finding(s: Mapping[str, Any]) -> str:
         parts.append(f"Over {n or '?'} examples, last-layer attention agrees with "
                      + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd)}" for k, (m, sd) in taus.items()) + ".")
         if max(abs(m) for m, _ in taus.values()) < 0.2:
-            best = max(rollout.values(), default=None)
-            if best is not None and best >= 0.2:
-                lo = min(rollout.values())
-                parts.append(f"Raw last-layer attention agrees weakly, but attention rollout reaches tau "
-                             f"{lo:.2f}-{best:.2f} against the same methods: attention flow through the layers tracks "
-                             "token importance where the last layer's raw weights do not.")
-            else:
-                parts.append("Agreement is weak" + (" for rollout too" if rollout else "")
-                             + ": attention weights are a poor stand-in for token importance here.")
+            said = _rollout_sentence(s, taus, rollout, n, keys)
+            parts += [said] if said else []
     frac = _num(s.get("fraction_significant"))
     tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
     if frac is not None and tests > 0:
@@ -252,6 +246,33 @@ def attribution_finding(s: Mapping[str, Any]) -> str:
                      f"JSD of {jsd:.3g} nats (maximum ln 2 = 0.693)"
                      + (f"; {_pct(near)} of examples come within 90% of it." if near is not None else "."))
     return " ".join(parts)
+
+
+def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float], n: int,
+                      keys: tuple) -> str:
+    """What rollout adds where raw last-layer attention agrees weakly: "does better" only against a reference
+    where rollout's tau reaches 0.2 and exceeds raw attention's against that same reference (when both have
+    intervals, rollout's lower bound above raw's upper bound); no such relative claim at chance."""
+    spread = (f"tau from {min(rollout.values()):.2f} to {max(rollout.values()):.2f}" if len(rollout) > 1
+              else f"tau {next(iter(rollout.values())):.2f}") if rollout else ""
+    if _chance(s) is not None:  # relative findings are not reported: the values only
+        return f"Attention rollout agrees at {spread} against the same methods." if rollout else ""
+    short = {name: key for key, name in keys}
+    better, not_better = [], []
+    for name, (raw, raw_sd) in taus.items():
+        roll = rollout.get(name)
+        if roll is None:
+            continue
+        ri, ai = t_interval(roll, _num(s.get(f"std_tau_rollout_{short[name]}")), n), t_interval(raw, raw_sd, n)
+        credible = roll > raw if ri is None or ai is None else ri[0] > ai[1]
+        (better if credible and roll >= 0.2 else not_better).append(f"{name} (tau {roll:.2f} against raw {raw:.2f})")
+    if better:
+        return ("Raw last-layer attention agrees weakly; attention rollout does better against " + ", ".join(better)
+                + (f", but not against {', '.join(not_better)}." if not_better else
+                   ": attention flow through the layers tracks token importance where the last layer's raw weights "
+                   "do not."))
+    return ("Agreement is weak" + (f" for rollout too ({spread})" if rollout else "")
+            + ": attention weights are a poor stand-in for token importance here.")
 
 
 def position_finding(s: Mapping[str, Any]) -> str:
@@ -357,14 +378,27 @@ def _significant(r: float | None, n: int) -> bool:
     return interval is not None and (interval[0] > 0 or interval[1] < 0)
 
 
+SPARSE = 10  # fewer non-zero exact effects than this (or under half the cells): r is stated on them, without an interval
+
+
 def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
-    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or that
-    one point carries it: r is significant, and without its largest cell it is not, flips sign, or
-    falls to under half of |r| (the rest still significant: "mostly carried" by that cell)."""
+    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
+    few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
+    interval that counts the zero cells as independent), or that one point carries it: r is significant,
+    and without its largest cell it is not, flips sign, or falls to under half of |r| (the rest still
+    significant: "mostly carried" by that cell)."""
     r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
     if nonzero is not None and nonzero < 3:
         return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
                 "so it says nothing about agreement")
+    if nonzero is not None and (nonzero < SPARSE or nonzero < n / 2):  # zeros are not independent evidence
+        rho, slope, rest = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("pearson_without_top"))
+        extra = [f"Spearman {rho:.2f}" if rho is not None else "",
+                 f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
+                 f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
+                 and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
+                 f"no interval: the other {n - nonzero:.0f} cells have no exact effect"]
+        return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
     rest = _num(stats.get("pearson_without_top"))
     said = f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
     if rest is None or not _significant(r, n):
@@ -451,7 +485,16 @@ def mlp_finding(s: Mapping[str, Any]) -> str:
             parts.append("That is no better than the control: these MLPs show no key-value memory on this corpus.")
     frac = _num(s.get("answer_promoted_fraction"))
     if frac is not None:
-        parts.append(f"{_pct(frac)} of the top task updates promote the answer token.")
+        count = _num(s.get("n_task_updates"))  # how many updates the fraction is over (newer summaries)
+        examples = _num((s.get("chance") or {}).get("n_examples")) if isinstance(s.get("chance"), Mapping) else None
+        if count:
+            k = round(frac * count)
+            lo, hi = wilson(k, int(count))
+            parts.append(f"{k} of {count:.0f} top task updates ({_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)}) "
+                         "promote the answer token.")
+        else:
+            parts.append(f"{_pct(frac)} of the top task updates" + (f" (on {examples:.0f} task examples)" if examples else "")
+                         + " promote the answer token.")
     return " ".join(parts)
 
 
@@ -555,12 +598,14 @@ def circuits_finding(s: Mapping[str, Any]) -> str:
                          f"{first} (row {first}_pre), after {first}{of} blocks{share}.")
     top = {k: _num(v) for k, v in (s.get("dla_top_components") or {}).items() if _num(v) is not None}
     final = _num(s.get("dla_final_logit"))
-    if _chance(s) is not None or _at_chance(s, "logit_diff", final):  # at chance: no writer, no circuit to rank
+    entry = _chance(s)
+    if entry is not None or _at_chance(s, "logit_diff", final):  # at chance: no writer, no circuit to rank
+        why = ("below chance the model's behaviour is a preference for the wrong answers, not the task's"
+               if entry is not None and _below(entry) else "at chance there is no behaviour to attribute")
         parts.append("Direct logit attribution"
                      + (f" (final logit difference {final:.3g}" + (", near 0" if "chance" not in s else "") + ")"
                         if final is not None else "")
-                     + " ranks no writer and the circuit's faithfulness is not reported: at chance there is no "
-                       "behaviour to attribute.")
+                     + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
         return " ".join(parts)
     if top:
         items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]

@@ -8,7 +8,15 @@ import pandas as pd
 
 from headscope.cli import main
 from headscope.reports import io
-from headscope.reports.compare import SAME, Run, importance_section, patching_section
+from headscope.reports.compare import (
+    NO_INTERVAL,
+    SAME,
+    Run,
+    importance_section,
+    patching_section,
+    position_section,
+    pruning_section,
+)
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -51,7 +59,8 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
     assert "4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1)" in page  # A leaves out L0H0, B L1H2
     assert "Prunable within 1% by gradient: A 50%, B 0% (neither summary records an interval" in page
-    assert "Middle/ends ratio of accuracy: A 0.67, B 0.44 (neither" in page  # 0.6 / 0.9 and 0.4 / 0.9
+    assert "Middle/ends ratio of accuracy (the metric plotted): A 0.67, B 0.44 (neither" in page  # 0.6 / 0.9, 0.4 / 0.9
+    assert 'alt="head importance of A and B on one sequential scale from 0 (|dL/d gate|), and B - A on its own' in page
     # seeds (and models) differ: the runs patched different prompts, so positions are not compared
     assert "Top resid_pre site differs" not in page
     assert ("Top resid_pre sites are not compared: A and B patched different prompts (model model-a vs model-b "
@@ -160,6 +169,39 @@ def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_t
     table, notes = patching_section(a, b)
     assert notes == [f"Top resid_pre site differs: A resid_pre L0 pos 2: {XSS}, B resid_pre L1 pos 2: {XSS}."]
     assert "positions are not compared" not in table  # the same prompts: positions compared
+
+
+def test_compare_says_not_compared_where_a_report_refuses_at_chance_and_patching_in_the_reports_unit(tmp_path):
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.92)
+    _folder(tmp_path / "b", "m", 1.0, 1, 0.75)
+    for side in ("a", "b"):  # the reports' patching summaries: a 24.6-logit gap, effects in logits
+        io.write_json(tmp_path / side / "patching" / "summary.json", {
+            "metric": "logit_diff", "normalized": False, "clean_metric": 12.3, "corrupted_metric": -12.3,
+            "top_sites": {"head_out": [{"layer": 0, "head": 2, "pos": None, "token": "", "effect": 24.1}]}})
+        position = io.read_json(tmp_path / side / "position" / "summary.json")
+        io.write_json(tmp_path / side / "position" / "summary.json", {  # a ratio of a metric not plotted is not said
+            **position, "ratio_middle_to_ends": {"accuracy": position["ratio_middle_to_ends"]["accuracy"],
+                                                 "probability": 0.81 if side == "a" else 0.69}})
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    table = patching_section(a, b)[0]
+    assert table.count("head_out L0 H2: 0.98 of the gap (+24.1 logit difference)") == 2  # 24.1 / (12.3 - -12.3)
+    assert pruning_section(a, b)[1] == ["Prunable within 1% by gradient: A 92%, B 75%" + NO_INTERVAL]
+    assert not any("probability" in n for n in position_section(a, b)[1])
+    at = {"at_chance": True, "below_chance": False, "metric": "logit_diff", "mean": 0.05, "ci": [-0.2, 0.3]}
+    below = {**at, "below_chance": True, "mean": -12.0, "ci": [-12.7, -11.4]}
+    for name, entry, side in (("heads", at, "a"), ("position", at, "b"), ("patching", below, "b")):
+        summary = io.read_json(tmp_path / side / name / "summary.json")
+        io.write_json(tmp_path / side / name / "summary.json", {**summary, "chance": entry})
+    assert pruning_section(a, b)[1] == ["Prunable within 1%: not compared: A at chance on its task."]
+    assert position_section(a, b)[1] == ["Middle/ends ratio of accuracy (the metric plotted): not compared: B at "
+                                         "chance on its task."]
+    table, notes = patching_section(a, b)
+    assert notes == ["Top patching sites: not compared: B below chance on its task (its report ranks no site)."]
+    assert "24.1" not in table and "0.98" not in table
+    summary = io.read_json(tmp_path / "a" / "position" / "summary.json")
+    io.write_json(tmp_path / "a" / "position" / "summary.json", {**summary, "chance": at})
+    assert position_section(a, b)[1] == ["Middle/ends ratio of accuracy (the metric plotted): not compared: A and B at "
+                                         "chance on their tasks."]
 
 
 def test_compare_out_must_end_in_html(tmp_path, capsys):

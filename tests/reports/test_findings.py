@@ -176,12 +176,14 @@ def test_attribution_names_rollout_when_raw_attention_disagrees_and_sizes_its_si
     assert "gradient x input at mean Kendall tau 0.05, 95% CI [-0.11, 0.21]" in text
     assert "leave-one-out at mean Kendall tau 0.78, 95% CI [0.55, 1.00]" in finding(  # 1.01 clipped to tau's range
         "attribution", {**s, "mean_tau_attention_loo": 0.78, "std_tau_attention_loo": 0.1445})
-    assert "attention rollout reaches tau 0.37-0.52" in text and "poor stand-in" not in text
+    assert ("attention rollout does better against gradient x input (tau 0.37 against raw 0.05), leave-one-out "
+            "(tau 0.52 against raw -0.02): attention flow") in text and "poor stand-in" not in text
     # Wilson interval of 8 / 16: 0.5 -+ 0.220
     assert "8 of 16 per-example taus (50%) are significant at p < 0.05, uncorrected (Wilson 95% CI 28%-72%" in text
     assert "4 examples are too few" in text
     weak = {**s, "mean_tau_rollout_gradient": 0.1, "mean_tau_rollout_loo": 0.05}
-    assert "weak for rollout too: attention weights are a poor stand-in" in finding("attribution", weak)
+    assert ("weak for rollout too (tau from 0.05 to 0.10): attention weights are a poor stand-in"
+            in finding("attribution", weak))
 
 
 def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_state():
@@ -200,6 +202,9 @@ def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_
     assert "resid_post" not in text and "layer 2" not in text
     assert "attn_out r = 1.000 rests on 1 non-zero exact effect(s) of 60 cells, so it says nothing about agreement" in text
     s["attribution_correlation"]["attn_out"].update(n_nonzero=7, pearson_without_top=0.02)  # the zoo: 47.8 beside < 0.6
+    assert ("attn_out r = 1.000 rests on its 7 non-zero cells of 60 (Spearman 0.10; without its largest cell r = 0.020; "
+            "no interval: the other 53 cells have no exact effect)") in finding("patching", s)
+    s["attribution_correlation"]["attn_out"].update(n_nonzero=40)  # most cells non-zero: Fisher intervals over n
     assert ("attn_out r = 1.000 is driven by its largest cell: without it r = 0.020 (n = 59 cells, 95% CI "
             "[-0.237, 0.275]), so the agreement rests on one point") in finding("patching", s)
     s["attribution_correlation"]["attn_out"].update(pearson=0.95, pearson_without_top=0.9)
@@ -326,3 +331,57 @@ def test_patching_over_a_gap_within_noise_ranks_no_site():
     assert "Clean prompts give a logit difference of 0.2, corrupted ones 0." in text  # the numbers stay
     del s["gap_within_noise"]
     assert "8.10 of the clean-corrupted gap" in finding("patching", s)  # 1.62 / 0.2
+
+
+def test_rollout_does_better_only_where_its_tau_beats_raw_attention_and_never_at_chance():
+    # the review's at-chance run: rollout 0.06 against integrated gradients is worse than raw attention's 0.17
+    s = {"n_examples": 4, "mean_tau_attention_gradient": 0.157, "std_tau_attention_gradient": 0.112,
+         "mean_tau_attention_loo": -0.091, "std_tau_attention_loo": 0.135, "mean_tau_attention_ig": 0.168,
+         "std_tau_attention_ig": 0.035, "mean_tau_rollout_gradient": 0.2452, "mean_tau_rollout_ig": 0.057,
+         "mean_tau_rollout_loo": -0.138}
+    text = finding("attribution", {**s, "chance": AT_CHANCE})
+    assert "Attention rollout agrees at tau from -0.14 to 0.25 against the same methods." in text
+    assert "does better" not in text and "tracks token importance" not in text and "-0.14-0.25" not in text
+    # above chance: better against gradient x input only (0.2452 > 0.157, >= 0.2), not against the other two
+    text = finding("attribution", s)
+    assert ("attention rollout does better against gradient x input (tau 0.25 against raw 0.16), but not against "
+            "leave-one-out (tau -0.14 against raw -0.09), integrated gradients (tau 0.06 against raw 0.17).") in text
+    assert "tracks token importance" not in text
+    # with rollout's own interval: t(0.975, 3) = 3.182; rollout 0.2452 -+ 3.182 x 0.2 / 2 reaches down to -0.07,
+    # under raw's upper bound 0.157 + 3.182 x 0.112 / 2 = 0.33: not credibly better
+    text = finding("attribution", {**s, "std_tau_rollout_gradient": 0.2})
+    assert "does better" not in text and "weak for rollout too (tau from -0.14 to 0.25)" in text
+
+
+def test_circuits_below_chance_says_below_chance_in_its_refusal():
+    below = {**AT_CHANCE, "below_chance": True, "mean": -12.0, "ci": [-12.7, -11.4], "task": "swapped"}
+    text = finding("circuits", {"dla_final_logit": -12.0, "dla_top_components": {"a0.h2": -11.0}, "chance": below})
+    assert ("ranks no writer and the circuit's faithfulness is not reported: below chance the model's behaviour is a "
+            "preference for the wrong answers, not the task's.") in text
+    assert "at chance" not in text and "a0.h2" not in text
+
+
+def test_a_correlation_over_mostly_zero_cells_rests_on_its_non_zero_cells_without_an_interval():
+    s = {"metric": "logit_diff", "normalized": False, "n_examples": 8, "clean_metric": 12.3, "corrupted_metric": -12.3,
+         "top_sites": {}, "attribution_correlation": {
+             "attn_out": {"n": 96, "n_nonzero": 3, "pearson": 0.99996, "pearson_without_top": 0.985, "spearman": 0.774},
+             "head_out": {"n": 12, "n_nonzero": 4, "pearson": 0.9986, "spearman": 0.979, "slope": 0.15}}}
+    text = finding("patching", s)
+    assert ("attn_out r = 1.000 rests on its 3 non-zero cells of 96 (Spearman 0.77; no interval: the other 93 cells "
+            "have no exact effect)") in text
+    assert ("head_out r = 0.999 rests on its 4 non-zero cells of 12 (Spearman 0.98; slope 0.15, attribution over "
+            "exact; no interval: the other 8 cells have no exact effect)") in text  # 4 < 12 / 2
+    assert "CI" not in text and "n = 96 cells" not in text
+    s["attribution_correlation"] = {"attn_out": {"n": 30, "n_nonzero": 20, "pearson": 0.95, "spearman": 0.9}}
+    # 20 of 30 non-zero: Fisher z over the 30 cells, tanh(atanh(0.95) -+ 1.96 / sqrt(27)) = [0.897, 0.976]
+    assert "attn_out r = 0.950 (n = 30 cells, 95% CI [0.897, 0.976])" in finding("patching", s)
+
+
+def test_prunable_heads_and_answer_promoting_updates_say_their_n():
+    assert "18 of 32 heads (56%) can be removed within 1% of the unpruned logit difference (over 64 examples)" in \
+        finding("heads", HEADS)
+    mlp = {"answer_promoted_fraction": 0.975, "chance": {"at_chance": False, "n_examples": 16}}
+    assert "98% of the top task updates (on 16 task examples) promote the answer token." in finding("mlp", mlp)
+    # 39 of 40: Wilson 95% CI 0.871-0.996
+    assert "39 of 40 top task updates (98%, Wilson 95% CI 87%-100%) promote the answer token." in finding(
+        "mlp", {**mlp, "n_task_updates": 40})
