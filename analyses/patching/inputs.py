@@ -114,7 +114,7 @@ def paired_rows(task: Task, corrupted_tokens: torch.Tensor | None, what: str) ->
     if corrupted_tokens is not None or task.paired is None:
         return task, {}
     kept, left_out = task.pairs(what)
-    return kept, {"pairs_left_out": left_out, "pairs_left_out_rows": task.unpaired}
+    return kept, {"pairs_left_out": left_out, "pairs_left_out_rows": task.unpaired_rows}
 
 
 def clean_and_corrupted(model, task: Task, corrupted_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
