@@ -318,7 +318,8 @@ def _site(cell: Mapping[str, Any], kind: str) -> str:
     if cell.get("head") is not None:
         where.append(f"head {cell['head']}")
     if cell.get("pos") is not None:
-        where.append(f"position {cell['pos']} ('{cell.get('token', '')}')")
+        token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
+        where.append(f"position {cell['pos']} " + (f"('{token}')" if token else "(its token differs across prompts)"))
     return f"{kind} at {', '.join(where)}"
 
 

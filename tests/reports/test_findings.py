@@ -326,3 +326,13 @@ def test_patching_over_a_gap_within_noise_ranks_no_site():
     assert "Clean prompts give a logit difference of 0.2, corrupted ones 0." in text  # the numbers stay
     del s["gap_within_noise"]
     assert "8.10 of the clean-corrupted gap" in finding("patching", s)  # 1.62 / 0.2
+
+
+def test_patching_names_no_token_where_the_prompts_differ():
+    """#34: patching's token column is "" where the prompts have different tokens at a position (mixed
+    lengths, left padding): the finding says so instead of quoting an empty token."""
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 6,
+               "clean_metric": 2.0, "corrupted_metric": -2.0,
+               "top_sites": {"resid_pre": [{"layer": 0, "head": None, "pos": 20, "token": "", "effect": 2.0}]}}
+    text = finding("patching", summary)
+    assert "resid_pre at layer 0, position 20 (its token differs across prompts): 0.50 of the clean-corrupted gap" in text
