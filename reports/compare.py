@@ -271,8 +271,8 @@ def _site_name(kind: str, cell: Mapping[str, Any]) -> str:
     if cell.get("head") is not None:
         parts.append(f"H{cell['head']}")
     if cell.get("pos") is not None:
-        token = str(cell.get("token", ""))
-        parts.append(f"pos {token}" if token.startswith(f"{cell['pos']}:") else f"pos {cell['pos']} {token}")
+        token = str(cell.get("token") or "")  # empty where the prompts' tokens differ there
+        parts.append(f"pos {token}" if token.startswith(f"{cell['pos']}:") else f"pos {cell['pos']} {token}".rstrip())
     return " ".join(map(str, parts))
 
 

@@ -339,7 +339,8 @@ def _site(cell: Mapping[str, Any], kind: str) -> str:
     if cell.get("head") is not None:
         where.append(f"head {cell['head']}")
     if cell.get("pos") is not None:
-        where.append(f"position {cell['pos']} ('{cell.get('token', '')}')")
+        token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
+        where.append(f"position {cell['pos']} " + (f"('{token}')" if token else "(its token differs across prompts)"))
     return f"{kind} at {', '.join(where)}"
 
 
@@ -561,11 +562,13 @@ def probes_finding(s: Mapping[str, Any]) -> str:
         floor = best - max(control, 0.0)
         parts.append(f"The control task's R^2 is {control:.2f}, below 0 (worse than predicting the mean), so score minus "
                      f"control ({sel:.2f}) overstates selectivity; against the control's floor of 0 it is {floor:.2f}.")
+    elif s.get("control_degenerate"):
+        parts.append(f"Selectivity cannot be measured on this task: {s['control_degenerate']}.")
     elif sel is not None:
         parts.append(f"Selectivity (score minus the control task) is {sel:.2f}"
                      + ("; low selectivity means the probe memorises rather than reads." if sel < 0.1 else "."))
     capacity = s.get("capacity")
-    if isinstance(capacity, Mapping) and capacity.get("grid"):
+    if isinstance(capacity, Mapping) and capacity.get("grid") and not s.get("control_degenerate"):
         first = s.get("first_selective_layer")
         grid = ", ".join(f"{v:g}" for v in capacity["grid"])
         where = (f"the first layer whose most selective probe reaches selectivity 0.5 is layer {first}" if first is not None

@@ -11,7 +11,9 @@
   config.edges and a task with corrupted prompts, also edge attribution (EAP / EAP-IG, edges.py)
   and the exact faithfulness of top-k circuits against random ones (faithfulness.py): tables
   "edges" (the 200 strongest edges) and "faithfulness" (k, circuit, draw, metric, faithfulness),
-  summary smallest_k_80, faithfulness_at_k, random_faithfulness_at_k, top_edges.
+  summary smallest_k_80, faithfulness_at_k, random_faithfulness_at_k, top_edges, and edges_n_examples (the
+  clean/corrupted pairs they ran on: a user's pair of two token lengths is left out, counted in
+  pairs_left_out with its file row numbers in pairs_left_out_rows).
 
 Default task: the zoo "ioi" task on zoo models, IOI over the tokenizer's single-token names
 on other decoders (repeated random tokens where there are too few); encoders are skipped by
@@ -317,7 +319,7 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
         try:
             pairs, left_out = task.pairs("edge attribution")  # a user's pair of two token lengths is left out
             if left_out:
-                summary.update(pairs_left_out=left_out, pairs_left_out_rows=task.unpaired)
+                summary.update(pairs_left_out=left_out, pairs_left_out_rows=task.unpaired_rows)
             found, edge_summary = circuit_discovery(model, pairs, ig_steps=config.ig_steps, method=config.edge_method,
                                                     k_values=config.k_values,
                                                     seed=config.seed)
@@ -326,5 +328,5 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
             summary["edges_skipped"] = str(err)
         else:
             tables.update(found)
-            summary.update(edge_summary)
+            summary.update(edge_summary, edges_n_examples=len(pairs))  # the pairs; the lens and DLA use n_examples
     return Result(name="circuits", df=mean, summary=summary, tables=tables, config=asdict(config))

@@ -24,8 +24,10 @@ import json
 import logging
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -654,8 +656,15 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
     return Task(
         name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
         metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask, continuation=continuation,
-        paired=paired,
+        paired=paired, source_rows=_row_numbers(places),
     )
+
+
+def _row_numbers(places: Sequence[str]) -> torch.Tensor | None:
+    """[batch] int64: the row number each place names ("line 4, row 3" -> 3), as the messages number rows;
+    None if a place names none."""
+    found = [re.search(r"\brow (\d+)$", place) for place in places]
+    return None if not all(found) else torch.tensor([int(m.group(1)) for m in found], dtype=torch.int64)
 
 
 def _warn_glued(model, label: str, rows: list[dict[str, str]], places: Sequence[str]) -> None:
@@ -734,7 +743,8 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
         if n_examples is None or n_examples >= len(source):
             return source
         keep = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))[:n_examples].sort().values
-        return source.rows(keep)
+        sample = source.rows(keep)
+        return sample if sample.source_rows is not None else replace(sample, source_rows=keep)  # the given Task's rows
     label, rows, places, count = _rows(source, fields, n_examples=n_examples, seed=seed)
     if len(rows) < count:
         log.info("%s: a seeded sample of %d of its %d rows (seed %d; n_examples sets how many)", label, len(rows), count, seed)

@@ -45,6 +45,9 @@ class Task:
                       another token length than its prompt, so the row has no corrupted pair (its
                       corrupted_tokens row repeats the clean one); the analyses that patch pairs take
                       `pairs()`, the others use every row.
+    source_rows:      [batch] int64 or None: each row's row number in the user's data (0-based, as the
+                      task-file messages number them: "line 4, row 3"; a seeded sample keeps the file's
+                      numbers); None: the rows are numbered as the Task's own. Summaries name rows by it.
     """
 
     name: str
@@ -57,6 +60,7 @@ class Task:
     attention_mask: torch.Tensor | None = None
     continuation: torch.Tensor | None = None
     paired: torch.Tensor | None = None
+    source_rows: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 2 or self.tokens.shape[0] == 0:
@@ -81,6 +85,8 @@ class Task:
             self._check_continuation()
         if self.paired is not None and (self.corrupted_tokens is None or self.paired.shape != (self.tokens.shape[0],)):
             raise TaskError(f"Task {self.name!r}: paired must be a [batch] bool tensor beside corrupted_tokens.")
+        if self.source_rows is not None and self.source_rows.shape != (self.tokens.shape[0],):
+            raise TaskError(f"Task {self.name!r}: source_rows must be a [batch] tensor of row numbers.")
 
     def _check_continuation(self) -> None:
         cont, n = self.continuation, self.tokens.shape[0]
@@ -130,6 +136,13 @@ class Task:
         """The rows whose corrupted prompt is no pair for their prompt (another token length)."""
         return [] if self.paired is None else torch.nonzero(~self.paired.bool()).flatten().tolist()
 
+    @property
+    def unpaired_rows(self) -> list[int]:
+        """`unpaired` as the user's data numbers those rows (source_rows; the Task's own indices without it):
+        what summaries report, so they match the warning that named the rows."""
+        rows = self.unpaired
+        return rows if self.source_rows is None else [int(self.source_rows[i]) for i in rows]
+
     def pairs(self, what: str = "this analysis") -> tuple[Task, int]:
         """(the Task of the rows with a corrupted pair, how many rows were left out): what the analyses
         that patch pairs run on. A TaskError when no row has a pair."""
@@ -147,7 +160,8 @@ class Task:
         return replace(
             self, tokens=self.tokens[index], answers=pick(self.answers), corrupted_tokens=pick(self.corrupted_tokens),
             wrong_answers=pick(self.wrong_answers), spans={k: v[index] for k, v in self.spans.items()},
-            attention_mask=pick(self.attention_mask), continuation=pick(self.continuation), paired=pick(self.paired))
+            attention_mask=pick(self.attention_mask), continuation=pick(self.continuation), paired=pick(self.paired),
+            source_rows=pick(self.source_rows))
 
     def example(self, i: int) -> Task:
         """Row i alone, its padding removed (spans shifted to match): what running one example means."""
@@ -160,6 +174,7 @@ class Task:
             corrupted_tokens=None if self.corrupted_tokens is None else self.corrupted_tokens[i, keep][None],
             wrong_answers=pick(self.wrong_answers), spans={k: v[i:i + 1] - start for k, v in self.spans.items()},
             metric=self.metric, attention_mask=None, continuation=cont, paired=pick(self.paired),
+            source_rows=pick(self.source_rows),
         )
 
 

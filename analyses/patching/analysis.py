@@ -15,9 +15,13 @@ position. A (layer, pos) cell that is padding in a row is NaN there and left out
 mean (inputs.cell_means), so each cell's value and effect equal the analysis of the rows where
 it is real, run alone; positions are the padded ones (the last one is every row's last token).
 
-Result (name "patching"): df has one row per cell: site_type, layer, head, pos, token,
-value (the metric after the patch), effect (value minus the unpatched base run), and with
-attribution=True the attribution-patching estimate `attribution`. summary: metric,
+Result (name "patching"): df has one row per cell: site_type, layer, head, pos (padded),
+position_from_end (-1: the last token; the same place in every left-padded prompt), token ("i: tok"
+when every prompt where pos is real has that token there, else ""), value (the metric after the
+patch), effect (value minus base), base (the unpatched run over the same rows), n_rows (the rows
+where pos is a real token: every row without padding) and with attribution=True the
+attribution-patching estimate `attribution`. Where n_rows is below n_examples, value and base are
+means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
 direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|),
 attribution_correlation (Pearson and Spearman per site type); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
@@ -49,6 +53,7 @@ from headscope.analyses.patching.inputs import (
     clean_and_corrupted,
     mask_padding,
     paired_rows,
+    position_from_end,
     resolve_metric,
     task_padding,
     token_labels,
@@ -180,8 +185,12 @@ def activation_patching(
     frames = []
     for st in types:
         cells, values = sweeps[st.name]
-        value, effect = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
-        frames.append(cell_frame(st, cells, labels, value=value.numpy(), effect=effect.numpy()))
+        means = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
+        frame = cell_frame(st, cells, labels, value=means["value"].numpy(), effect=means["effect"].numpy(),
+                           base=means["base"].numpy())
+        frame.insert(frame.columns.get_loc("token"), "position_from_end",
+                     pd.array(position_from_end(clean.shape[1], [c[2] for c in cells]), dtype="Int64"))
+        frames.append(frame.assign(n_rows=means["n_rows"].numpy()))
     df = pd.concat(frames, ignore_index=True)
     summary = {
         "metric": pm.name,

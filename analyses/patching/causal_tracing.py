@@ -115,8 +115,8 @@ def causal_tracing(
     file (None: the zoo "facts" task). noise (data): [n_samples, batch, pos, d_model] added to the
     embeddings instead of the seeded draw (subject_noise), e.g. one prompt's share of a batch's
     noise (noise_scale and seed then unused).
-    Returns a Result: df (and tables["causal_tracing"]) with kind, layer, pos, token, role
-    (of the first prompt without padding), ie (AIE) and restored (the mean metric after restoring);
+    Returns a Result: df (and tables["causal_tracing"]) with kind, layer, pos, token and role (each
+    named only where every prompt that has the position agrees, else ""), ie (AIE) and restored (the mean metric after restoring);
     tables["causal_tracing_roles"] averages IEs per (kind, layer, role) over prompts; summary
     has clean/corrupted metric, the noise std and the peak cell of each kind.
     """
@@ -143,14 +143,15 @@ def causal_tracing(
     ie = mask_padding((values[:, 1:] - corrupt[:, None]).mean(0), [c[2] for c in cells], mask)  # [cell, batch], NaN: padding
     restored = mask_padding(values[:, 1:].mean(0), [c[2] for c in cells], mask).nanmean(1)  # [cell]
     labels = token_labels(model, tokens, mask)
-    label_row = 0 if mask is None else int(mask.bool().all(1).int().argmax())  # the first prompt without padding
     role_of = roles(spans, n_pos, mask)  # [batch, pos]
+    shared = [set(role_of[:, p]) - {"padding"} for p in range(n_pos)]
+    role_at = [next(iter(r)) if len(r) == 1 else "" for r in shared]  # "": the prompts' roles differ there
     df = pd.DataFrame({
         "kind": [c[0] for c in cells],
         "layer": [c[1] for c in cells],
         "pos": pd.array([c[2] for c in cells], dtype="Int64"),
         "token": [labels[c[2]] if c[2] is not None else "all" for c in cells],
-        "role": [role_of[label_row, c[2]] if c[2] is not None else "all" for c in cells],
+        "role": [role_at[c[2]] if c[2] is not None else "all" for c in cells],
         "ie": ie.double().nanmean(1).numpy(),
         "restored": restored.double().numpy(),
     })

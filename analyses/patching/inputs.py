@@ -114,7 +114,7 @@ def paired_rows(task: Task, corrupted_tokens: torch.Tensor | None, what: str) ->
     if corrupted_tokens is not None or task.paired is None:
         return task, {}
     kept, left_out = task.pairs(what)
-    return kept, {"pairs_left_out": left_out, "pairs_left_out_rows": task.unpaired}
+    return kept, {"pairs_left_out": left_out, "pairs_left_out_rows": task.unpaired_rows}
 
 
 def clean_and_corrupted(model, task: Task, corrupted_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,24 +157,39 @@ def mask_padding(values: torch.Tensor, positions, mask: torch.Tensor | None) -> 
 
 
 def cell_means(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, clean: torch.Tensor,
-               corrupt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per cell (values [cell, batch], NaN where the cell is padding in a row): the reported value
-    pm.finish(mean values, mean clean, mean corrupt) and effect = value - pm.finish(mean base, ...),
-    each mean over the rows where the cell is real (every row without padding). base, clean,
-    corrupt: per-row metrics [batch]. -> (value [cell], effect [cell]) in float64."""
+               corrupt: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per cell (values [cell, batch], NaN where the cell is padding in a row), each mean over the
+    rows where the cell is real (every row without padding): {"value": pm.finish(mean values, mean
+    clean, mean corrupt), "base": pm.finish(mean base, ...), the unpatched run over those same rows,
+    "effect": value - base, "n_rows": how many rows}. base, clean, corrupt: per-row metrics [batch].
+    Values [cell] in float64 (n_rows int64). Where a position is padding in some rows, `base` is not
+    the summary's baseline (a mean over every row), so value - baseline is not the effect there."""
     real = ~torch.isnan(values)  # [cell, batch]
-    weight = real.double() / real.sum(1, keepdim=True).clamp_min(1)  # [cell, batch]
+    n_rows = real.sum(1)  # [cell]
+    weight = real.double() / n_rows[:, None].clamp_min(1)  # [cell, batch]
 
     def mean(x: torch.Tensor) -> torch.Tensor:  # [cell]: (masked) mean over rows
         return (torch.nan_to_num(x.double()).expand_as(weight) * weight).sum(1)
 
     clean_mean, corrupt_mean = mean(clean), mean(corrupt)
     value = pm.finish(mean(values), clean_mean, corrupt_mean)
-    return value, value - pm.finish(mean(base), clean_mean, corrupt_mean)
+    unpatched = pm.finish(mean(base), clean_mean, corrupt_mean)
+    return {"value": value, "base": unpatched, "effect": value - unpatched, "n_rows": n_rows}
 
 
 def token_labels(model, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> list[str]:
-    """Position labels "i: token" from the first prompt without padding (raw strings; escape them
-    for HTML). Left-padded tasks have one: the longest prompt."""
-    row = 0 if mask is None else int(mask.bool().all(1).int().argmax())
-    return [f"{i}: {tok}" for i, tok in enumerate(model.to_str_tokens(tokens[row]))]
+    """Position labels "i: token" (raw strings; escape them for HTML): the token every prompt has at
+    padded position i (among the prompts where i is a real token), else "" (prompts differ there, e.g.
+    mixed lengths under left padding, or different names): a table's token is never one prompt's
+    standing in for others. position_from_end (every left-padded prompt's same place) locates a cell."""
+    real = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool().to(tokens.device)
+    first = tokens.gather(0, real.int().argmax(0, keepdim=True))[0]  # [pos]: a row's token where i is real
+    same = (((tokens == first) | ~real).all(0) & real.any(0)).tolist()  # [pos]: every real row agrees
+    strings = model.to_str_tokens(first)
+    return [f"{i}: {tok}" if ok else "" for i, (tok, ok) in enumerate(zip(strings, same))]
+
+
+def position_from_end(n_pos: int, positions) -> list[int | None]:
+    """Each padded position counted from the end (-1: every prompt's last token, where the answer is
+    read; under left padding the same place in every prompt); None stays None (every position)."""
+    return [None if p is None else int(p) - n_pos for p in positions]

@@ -43,7 +43,7 @@ from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError
 from headscope.execution import batching
-from headscope.probes import ALPHA_GRID, C_GRID, LogisticProbe, RidgeProbe, capacity_sweep, selectivity
+from headscope.probes import ALPHA_GRID, C_GRID, LogisticProbe, RidgeProbe, capacity_sweep, control_labels, selectivity
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,7 +222,9 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
     every strength of every layer).
     df: one row per (layer, fold, task in {"real", "control"}) with the score. tables["per_layer"]:
     score, control and selectivity per layer. summary: best layer and its numbers, and
-    `first_selective_layer`: the first layer whose selectivity reaches 0.5.
+    `first_selective_layer`: the first layer whose selectivity reaches 0.5. A control task of one
+    label (control_degenerate) leaves every selectivity None (NaN in the table), with the reason in
+    summary["control_degenerate"] (None otherwise).
     """
     if not isinstance(task, (Task, torch.Tensor)):
         return run(model, task, configure(ProbesConfig, config, config_overrides, name="probe_sweep",
@@ -260,8 +262,12 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
         per_layer.append({"layer": layer, score_name: float(res["score"].mean()), "control": float(res["control"].mean()),
                           "selectivity": res["selectivity"], "std": float(res["score"].std()), "strength": strength})
     table = pd.DataFrame(per_layer)
+    degenerate = control_degenerate(types, labels_arr, cfg.seed, model.tokenizer)
+    if degenerate is not None:  # score minus a constant: no selectivity to report
+        table["selectivity"] = np.nan
     summary = _probe_summary(table, labels_arr, cfg, classify=classify, n_dropped=n_dropped,
-                             capacity={"param": param, "grid": list(grid)} if grid is not None else None)
+                             capacity={"param": param, "grid": list(grid)} if grid is not None else None,
+                             degenerate=degenerate)
     tables = {"per_layer": table}
     if sweeps:
         tables["capacity"] = pd.concat(sweeps, ignore_index=True)[
@@ -285,26 +291,47 @@ def _drop_singletons(probe_data: ProbeData, features: list[np.ndarray]) -> tuple
     return labels_arr[keep], types[keep], [X[keep] for X in features], int((~keep).sum())
 
 
+def control_degenerate(types: np.ndarray, labels: np.ndarray, seed: int, tokenizer=None) -> str | None:
+    """Why the control task (probes.control_labels: one random label per word type) cannot measure
+    selectivity, or None when it can: with one word type at the read positions (e.g. every prompt
+    ends in " is") or one label class drawn, the control labels are one constant, which any probe
+    learns exactly, so score minus control is the score minus a constant by construction."""
+    kinds = np.unique(types)
+    if kinds.shape[0] < 2:
+        word = repr(tokenizer.decode([int(kinds[0])])) if tokenizer is not None else f"token id {int(kinds[0])}"
+        return (f"every example's token at the read position is the same word type ({word}), so the control task "
+                f"(one random label per word type) has one label, which any probe learns exactly")
+    if np.unique(control_labels(types, labels, seed=seed)).shape[0] < 2:
+        return (f"the control task's random labels for the {kinds.shape[0]} word types at the read positions all "
+                f"came out as one class, which any probe learns exactly")
+    return None
+
+
 def _probe_summary(table: pd.DataFrame, labels_arr: np.ndarray, cfg: ProbesConfig, *, classify: bool, n_dropped: int,
-                   capacity: dict | None) -> dict[str, Any]:
+                   capacity: dict | None, degenerate: str | None = None) -> dict[str, Any]:
     """The summary's per-layer numbers: the best layer, its score, control and selectivity, the
-    majority baseline and class count (classification), and the first selective layer."""
+    majority baseline and class count (classification), and the first selective layer. A degenerate
+    control task (control_degenerate's reason) leaves every selectivity None, with the reason in
+    `control_degenerate`."""
     score_name, labels = ("accuracy" if classify else "r2"), cfg.labels
     best = table.loc[table[score_name].idxmax()]
     _, counts = np.unique(labels_arr, return_counts=True)
+    sel = (lambda v: None) if degenerate is not None else float  # noqa: E731
     return {
         "labels": labels if isinstance(labels, str) else "custom", "site": cfg.site, "metric": score_name,
         "best_layer": int(best.layer), f"best_{score_name}": float(best[score_name]),
-        "best_control": float(best.control), "best_selectivity": float(best.selectivity), "best_std": float(best["std"]),
+        "best_control": float(best.control), "best_selectivity": sel(best.selectivity), "best_std": float(best["std"]),
         "cv": cfg.folds(),
         "majority_baseline": float(counts.max() / counts.sum()) if classify else None,
         f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},
-        "selectivity_per_layer": {str(int(r.layer)): float(r.selectivity) for _, r in table.iterrows()},
+        "selectivity_per_layer": {str(int(r.layer)): sel(r.selectivity) for _, r in table.iterrows()},
+        "control_degenerate": degenerate,
         "n_examples": int(labels_arr.shape[0]), "n_dropped_single_examples": n_dropped,
         "n_classes": int(len(counts)) if classify else None,
         "capacity": capacity,
         "strength_per_layer": {str(int(r.layer)): float(r.strength) for _, r in table.iterrows()},
-        "first_selective_layer": next((int(r.layer) for _, r in table.iterrows() if r.selectivity >= 0.5), None),
+        "first_selective_layer": None if degenerate is not None else next(
+            (int(r.layer) for _, r in table.iterrows() if r.selectivity >= 0.5), None),
     }
 
 

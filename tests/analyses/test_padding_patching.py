@@ -96,8 +96,10 @@ def _expected_cells(task, per_ex: pd.DataFrame, normalized: bool = False) -> pd.
         if normalized:
             scale = clean - corrupt
             return pd.Series({"value": (value - corrupt) / scale, "effect": (value - base) / scale,
-                              "attribution": attr / scale, "scale": scale})
-        return pd.Series({"value": value, "effect": value - base, "attribution": attr, "scale": 1.0})
+                              "base": (base - corrupt) / scale, "attribution": attr / scale, "scale": scale,
+                              "n_rows": len(g)})
+        return pd.Series({"value": value, "effect": value - base, "base": base, "attribution": attr, "scale": 1.0,
+                          "n_rows": len(g)})
 
     return per_ex.groupby(KEYS, dropna=False)[["value", "clean", "corrupt", "base", "attribution"]].apply(agg).reset_index()
 
@@ -121,8 +123,9 @@ def test_activation_patching_cells_are_means_of_examples(arch, arch_models, mixe
     want = _expected_cells(task, raw_ex, normalized=True)
     joined = got.merge(want, on=KEYS, suffixes=("", "_ex"), validate="one_to_one")
     assert len(joined) == len(got) == len(want)
-    for column in ("value", "effect", "attribution"):  # times the cell's denominator (see below)
+    for column in ("value", "effect", "base", "attribution"):  # times the cell's denominator (see below)
         assert _max_diff(joined[column] * joined["scale"], joined[column + "_ex"] * joined["scale"]) < TOL, column
+    assert (joined["n_rows"] == joined["n_rows_ex"]).all()  # the examples that have the cell's position
     # standalone attribution patching (denoising, normalised): mean estimate / mean (clean - corrupt)
     attr = attribution_patching(model, task, sites, direction="denoise", metric="normalized_logit_diff").df
     per_ex = _per_example(task, lambda ex: attribution_patching(model, ex, sites, direction="denoise",
@@ -134,10 +137,17 @@ def test_activation_patching_cells_are_means_of_examples(arch, arch_models, mixe
     # normalised numbers are compared times their denominator: a cell whose examples have a tiny
     # clean - corrupt gap magnifies float rounding
     assert _max_diff(both["attribution"] * both["scale"], both["attribution_ex"]) < TOL
-    longest = int(task.attention_mask.sum(1).argmax())  # labels: the prompt without padding
-    tokens = model.to_str_tokens(task.tokens[longest])
+    # #34: a position's token is named only where every prompt that has it has the same token there
+    n_pos, seen = task.tokens.shape[1], {}
+    for i, offset in enumerate(_offsets(task)):
+        for j, tok in enumerate(model.to_str_tokens(task.example(i).tokens[0])):
+            seen.setdefault(offset + j, set()).add(tok)
     labelled = got.dropna(subset=["pos"])
-    assert all(t == f"{p}: {tokens[p]}" for p, t in zip(labelled["pos"], labelled["token"]))
+    want_token = [f"{p}: {next(iter(seen[p]))}" if len(seen[p]) == 1 else "" for p in labelled["pos"]]
+    assert labelled["token"].tolist() == want_token and "" in want_token and any(want_token)  # both kinds
+    assert (labelled["position_from_end"] == labelled["pos"] - n_pos).all()
+    short = labelled[labelled["n_rows"] < len(task)]  # padding in some rows: value - base is the effect, not
+    assert len(short) and _max_diff(short["value"] - short["base"], short["effect"]) < 1e-9  # value - baseline
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -212,6 +222,14 @@ def test_causal_tracing_equals_examples_alone(arch, arch_models, mixed_tasks):
     assert len(both) == len(got.df) == len(want)
     assert _max_diff(both["ie"], both["ie_ex"]) < TOL
     assert _max_diff(both["restored"], both["restored_ex"]) < TOL
+    cells = both.dropna(subset=["pos"])  # #34: token and role only where every example with the position agrees
+    for column in ("token", "role"):
+        agreed = per_ex.dropna(subset=["pos"]).groupby("pos")[column].agg(lambda v: v.iloc[0] if v.nunique() == 1 else "")
+        if column == "token":  # the example's own labels count from its first token: "j: tok" -> "pos: tok"
+            agreed = per_ex.dropna(subset=["pos"]).assign(t=lambda d: d.token.str.split(": ", n=1).str[1]).groupby(
+                "pos").t.agg(lambda v: v.iloc[0] if v.nunique() == 1 else None)
+            agreed = pd.Series([f"{p}: {t}" if pd.notna(t) else "" for p, t in agreed.items()], index=agreed.index)
+        assert cells[column].tolist() == cells["pos"].map(agreed).tolist(), column
     roles = per_ex.dropna(subset=["pos"]).groupby(["kind", "layer", "role"])["ie"].mean().reset_index()
     table = got.tables["causal_tracing_roles"].merge(roles, on=["kind", "layer", "role"], suffixes=("", "_ex"))
     assert len(table) == len(roles) == len(got.tables["causal_tracing_roles"])

@@ -57,6 +57,37 @@ def test_position_probe_matches_sklearn_on_hf_hidden_states_and_beats_its_contro
     assert set(figures(result)) == {"probes"}
 
 
+def test_a_control_task_of_one_word_type_leaves_selectivity_undefined(tiny_models):
+    """#34: every prompt ends in the same word, so the control task (one random label per word type at
+    the read position) is one constant label: selectivity is None with the reason, not 0 read as
+    memorising; the same prompts ending in several words keep a measured selectivity."""
+    from headscope.reports.findings import probes_finding
+
+    model, tokens = tiny_models["gpt2"], random_tokens(24, 6, seed=3)
+    tokens[:, -1] = 7  # the read position (-1): one token id in every prompt
+    answers = torch.tensor([10, 11, 12] * 8)  # three classes of eight
+    assert len(set(tokens[:, -1].tolist())) == 1  # the word types at the read position, counted here
+    got = probes.probe_sweep(model, Task(name="same_end", tokens=tokens, answers=answers), labels="answer",
+                             layers=[0, 1], cv=3)
+    s = got.summary
+    assert s["best_selectivity"] is None and s["first_selective_layer"] is None
+    assert s["selectivity_per_layer"] == {"0": None, "1": None} and got.tables["per_layer"].selectivity.isna().all()
+    assert "same word type" in s["control_degenerate"] and s["best_control"] == 1.0  # a constant is learnt
+    sentence = probes_finding(s)
+    assert "Selectivity cannot be measured on this task: every example's token" in sentence
+    assert "memorises" not in sentence and "selectivity 0.5" not in sentence
+    from headscope.reports.plots_probes import figures
+
+    assert set(figures(got)) == {"probes"}  # the undefined selectivity draws as no bars
+    varied = tokens.clone()
+    varied[:, -1] = torch.arange(24) % 6 + 7  # six word types at the read position
+    assert len(set(varied[:, -1].tolist())) == 6
+    other = probes.probe_sweep(model, Task(name="varied_end", tokens=varied, answers=answers), labels="answer",
+                               layers=[0, 1], cv=3).summary
+    assert other["control_degenerate"] is None
+    assert other["best_selectivity"] == pytest.approx(other["best_accuracy"] - other["best_control"])
+
+
 @pytest.mark.slow
 def test_zoo_model_retrieves_the_queried_keys_value_at_the_answer(zoo_model):
     """At the answer position the queried key is the input token: decodable in layer 0 but exactly as

@@ -366,6 +366,38 @@ def test_a_pair_of_two_token_lengths_is_left_out_of_patching_only(tiny_models):
         hs.activation_patching(model, none, "resid_pre")
 
 
+def test_pairs_left_out_are_named_by_their_file_rows_in_patching_and_circuits(tmp_path, tiny_models):
+    """#34: a ten-row file whose rows 3 and 7 have a corrupted prompt one token short, sampled down to
+    eight rows: the warning, patching's and circuits' summaries all name those rows by their row in the
+    file (not their index in the sample), and circuits' edges count the pairs they ran on, as patching does."""
+    import torch
+
+    from headscope.analyses.circuits import CircuitsConfig
+    from headscope.analyses.circuits import run as circuits
+
+    model = tiny_models["gpt2"]
+    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i + 10}", "corrupted_prompt": f"w{i} w{i + 20} w{i + 2}",
+             "wrong_answer": f" w{i + 11}"} for i in range(1, 11)]
+    for bad in (3, 7):
+        rows[bad]["corrupted_prompt"] = f"w{bad} w9"
+    path = tmp_path / "ten.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seed = 0
+    kept = torch.randperm(10, generator=torch.Generator().manual_seed(seed))[:8].sort().values.tolist()  # the documented sample
+    assert {3, 7} <= set(kept) and kept.index(3) != 3  # both in it, numbered otherwise within the sample
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        task = hs.load_task(model, path, n_examples=8, seed=seed)
+    said = [str(w.message) for w in caught if "another token length" in str(w.message)]
+    assert len(said) == 1 and "line 4, row 3: 4 vs 3 tokens" in said[0] and "line 8, row 7: 4 vs 3 tokens" in said[0]
+    assert task.unpaired == [kept.index(3), kept.index(7)] and task.unpaired_rows == [3, 7]
+    patched = hs.activation_patching(model, task, "resid_pre").summary
+    assert patched["pairs_left_out"] == 2 and patched["pairs_left_out_rows"] == [3, 7] and patched["n_examples"] == 6
+    found = circuits(model, task, CircuitsConfig(quick=True, k_values=(0,))).summary
+    assert found["pairs_left_out"] == 2 and found["pairs_left_out_rows"] == [3, 7]
+    assert found["edges_n_examples"] == 6 and found["n_examples"] == 8  # edges on the pairs; lens and DLA on every row
+
+
 def _big_file(path, n_rows: int):
     """n_rows task rows (plain writes, no pandas): row i is w(i%50) w(i%47) w(i%43) -> w(i%5)."""
     with open(path, "w", encoding="utf-8") as fh:

@@ -385,3 +385,13 @@ def test_prunable_heads_and_answer_promoting_updates_say_their_n():
     # 39 of 40: Wilson 95% CI 0.871-0.996
     assert "39 of 40 top task updates (98%, Wilson 95% CI 87%-100%) promote the answer token." in finding(
         "mlp", {**mlp, "n_task_updates": 40})
+
+
+def test_patching_names_no_token_where_the_prompts_differ():
+    """#34: patching's token column is "" where the prompts have different tokens at a position (mixed
+    lengths, left padding): the finding says so instead of quoting an empty token."""
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 6,
+               "clean_metric": 2.0, "corrupted_metric": -2.0,
+               "top_sites": {"resid_pre": [{"layer": 0, "head": None, "pos": 20, "token": "", "effect": 2.0}]}}
+    text = finding("patching", summary)
+    assert "resid_pre at layer 0, position 20 (its token differs across prompts): 0.50 of the clean-corrupted gap" in text
