@@ -87,6 +87,10 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     if not isinstance(record["n_examples"], int):
         record["n_examples"] = n
     record["sample"] = sample
+    left = summary.get("pairs_left_out")
+    if isinstance(left, int) and left > 0:  # pairs of two token lengths: the pairwise part ran without them
+        record["pairs_left_out"] = left
+        record["pairs_left_out_rows"] = summary.get("pairs_left_out_rows")
     if not sample and "sample_note" not in record:
         record["sample_note"] = "no sample: this analysis records no prompt of its own"
     return record
@@ -125,12 +129,24 @@ def _changed_text(changed: Mapping[str, Any]) -> str:
     return "the budget changed " + ", ".join(parts)
 
 
+def _pairs_text(record: Mapping[str, Any]) -> str:
+    """' (2 left out of the clean-corrupted pairs: file rows 3, 7, whose corrupted prompt has another token length)'."""
+    left = record.get("pairs_left_out")
+    if not isinstance(left, int) or left <= 0:
+        return ""
+    rows = record.get("pairs_left_out_rows")
+    where = f": file rows {', '.join(map(str, rows))}" if isinstance(rows, list) and rows else ""
+    return (f" ({left} left out of the clean-corrupted pairs{where}, whose corrupted prompt has another token "
+            "length)")
+
+
 def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     """Plain-text lines (unescaped): task and source, n and budget, the sample (prompt -> answer)."""
     task = record.get("task") or "not recorded"
     n = record.get("n_examples")
     lines = [f"task: {task}, from {record.get('source') or 'not recorded'}",
-             f"examples: {n if isinstance(n, int) else 'not recorded'}; {_changed_text(record.get('budget_changed') or {})}"]
+             f"examples: {n if isinstance(n, int) else 'not recorded'}{_pairs_text(record)}; "
+             f"{_changed_text(record.get('budget_changed') or {})}"]
     sample = record.get("sample") or {}
     if sample.get("prompt") is not None:
         text = f"sample: {sample['prompt']!r}"

@@ -44,3 +44,16 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert "- task: mine, from your task \\(mine.jsonl\\)" in md
     assert "- examples: 6; the budget changed no setting" in md
     assert "w1 &lt;script&gt;alert\\(1\\)&lt;/script&gt; w2" in md
+
+
+def test_pairs_left_out_are_named_with_their_file_rows_in_the_section_line():
+    """The reviewer's case: patching ran on 6 of 8 rows without saying why; the line names the 2 pairs left out
+    by the file rows the CLI warning names, and says nothing when no pair was left out."""
+    from headscope.reports.provenance import provenance_lines
+
+    record = {"task": "colours.csv", "source": "your task file", "n_examples": 6, "sample": {},
+              "pairs_left_out": 2, "pairs_left_out_rows": [3, 7]}
+    assert provenance_lines(record)[1].startswith(
+        "examples: 6 (2 left out of the clean-corrupted pairs: file rows 3, 7, whose corrupted prompt has another "
+        "token length); ")
+    assert provenance_lines({**record, "pairs_left_out": 0})[1].startswith("examples: 6; ")
