@@ -843,3 +843,41 @@ def test_lens_of_mixed_lengths_aligns_prompts_at_the_answer_position():
         assert [t.get_text() for t in kept.get_xticklabels()] == ["0", "1"] and kept.get_xlabel().startswith("position (")
     finally:
         plt.close("all")
+
+
+def test_roles_labels_of_many_heads_do_not_overlap():
+    from headscope.reports.plots_heads import plot_roles
+
+    for n_layers, n_heads in ((3, 4), (12, 12)):  # the reviewer's 12 heads; a 144-head model
+        roles = pd.DataFrame([{"layer": l, "head": h, "positional": 0.1, "sink": 0.2, "previous_token": 0.0,
+                               "induction": 0.0, "confidence": 0.5} for l in range(n_layers) for h in range(n_heads)])
+        ax = plot_roles(roles)
+        fig = ax.figure
+        try:
+            fig.tight_layout()
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            shown = [t for t in ax.get_yticklabels() if t.get_text()]
+            boxes = [t.get_window_extent(renderer) for t in shown]
+            assert not [i for i in range(len(boxes) - 1) if _overlap(boxes[i], boxes[i + 1])]
+            if n_heads == 4:
+                assert [t.get_text() for t in shown] == [f"L{l}H{h}" for l in range(3) for h in range(4)]  # every head
+            assert _saturation(ax, 0.0) < 0.1 and _saturation(ax, 1.0) > 0.35  # white to red, from 0 (was magma)
+            assert (ax.collections[0].norm.vmin, ax.collections[0].norm.vmax) == (0, 1)
+        finally:
+            plt.close(fig)
+
+
+def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
+    from headscope.reports.plots_heads import plot_l0
+
+    sweep = pd.DataFrame({"lambda": [0.03], "heads_kept": [12], "metric_binary": [12.2032], "metric": [12.2026]})
+    ax = plot_l0(sweep, metric="logit_diff", baseline=12.2032, ax=plt.subplots()[1])
+    try:
+        kept, gates = (next(line for line in ax.get_lines() if line.get_label() == name)
+                       for name in ("kept heads only", "test-time gates"))
+        assert kept.get_marker() != gates.get_marker() and gates.get_zorder() > kept.get_zorder()
+        assert kept.get_markerfacecolor() == "none" and kept.get_markersize() > gates.get_markersize()  # the cross shows inside
+        assert list(ax.get_xticks()) == [12]
+    finally:
+        plt.close("all")
