@@ -4,8 +4,8 @@ Heads are ranked by one of the explorer's per-head scores (its default: importan
 analysis ran); each panel is a query x key heat map of attention weights (0-1), tokens as text
 (plots.label). `top_heads_figure` is figure-level (one panel per head) and returns the Figure; its
 data is the explorer's dict, the one figure not drawn from a Result's tables. Scores in panel
-titles have 3 significant digits, so a small non-zero score never reads 0.00. Weights are drawn on
-the sequential map from 0 (plots.SEQUENTIAL, like every unsigned quantity). When the heads analysis
+titles have 3 significant digits, so a small non-zero score never reads 0.00. Weights are drawn
+white (0) to blue (1), the explorer's pattern scale, since the figure sits beside it. When the heads analysis
 is at chance (`quiet`, plots.quiet_reason of its summary) an importance ranking is noise: the
 heads are chosen by a pattern statistic instead (PATTERN_SCORES, the first the data has) and the
 title says so; without one the panels are muted and titled as heads chosen by noise.
@@ -20,7 +20,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.reports.explorer import pattern_from_data
-from headscope.reports.plots import SEQUENTIAL, label, muted
+from headscope.reports.plots import label, muted
 
 MAX_LABELS = 48  # tick labels per axis; longer examples label every k-th token
 # scores read from the attention patterns alone (no task metric), used instead of importance at chance
@@ -78,7 +78,7 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
     image = None
     for ax, (layer, head, value) in zip(axes[0], heads):
         pattern = np.array(pattern_from_data(data, example, layer, head))  # [query, key]
-        image = ax.imshow(pattern, vmin=0, vmax=1, cmap=muted(SEQUENTIAL) if noise else SEQUENTIAL, interpolation="nearest")
+        image = ax.imshow(pattern, vmin=0, vmax=1, cmap=muted("Blues") if noise else "Blues", interpolation="nearest")
         ax.set_xticks(ticks, [tokens[i] for i in ticks], rotation=90)
         ax.set_yticks(ticks, [tokens[i] for i in ticks])
         ax.tick_params(labelsize=max(4, min(8, 200 / len(ticks))), length=0)

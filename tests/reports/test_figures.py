@@ -795,7 +795,7 @@ def test_top_heads_at_chance_are_chosen_by_a_pattern_statistic_or_titled_as_nois
         assert "chosen by noise" in title and "AT CHANCE" in title and not title.startswith("top")
         image = noise.axes[0].images[0]
         rgb = np.asarray(image.cmap(image.norm(1.0)))[:3]
-        assert rgb.max() - rgb.min() < 0.3  # muted: Reds' top is 0.6 saturated
+        assert rgb.max() - rgb.min() < 0.2  # muted: Blues' top is 0.39 saturated
         normal = top_heads_figure(data, k=2)  # not at chance: importance ranks
         assert normal._suptitle.get_text().startswith("top 2 heads by importance (gradient)")
     finally:
