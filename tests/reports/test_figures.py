@@ -34,7 +34,7 @@ PROMPTS = ["k01 v05 ; k02 v06 ; k03 v07 ; k01", "k04 v08 ; k05 v09 ; k05"]
 # included, fits it) and computes each analysis's quick Result; shared by the fixture and the
 # byte-identity subprocesses.
 BUILD = textwrap.dedent("""
-    import importlib, torch
+    import torch
     import headscope as hs
     from headscope.analyses.core.registry import ANALYSES
 
@@ -55,9 +55,9 @@ BUILD = textwrap.dedent("""
 
     def results(model, sites):
         out = {}
-        for name, entry in ANALYSES.items():
-            module, _, config = entry.split(":")
-            cls = getattr(importlib.import_module(module), config)
+        from headscope.analyses.core.registry import family
+        for name in ANALYSES:
+            cls = family(name).config
             extra = {"sites": sites} if name == "patching" else {}
             try:
                 cfg = cls.preset(quick=True, n_examples=4, seed=0, **extra)
@@ -119,15 +119,22 @@ def test_every_analysis_draws_figures_and_every_stem_has_a_caption(figures):
         assert missing == [], f"{name}: figures without a caption: {missing}"
 
 
-def test_patching_heatmaps_show_the_share_of_the_gap(results, figures):
+def test_patching_heatmaps_show_the_share_of_the_gap_or_the_raw_effect_within_noise(results, figures):
     r, figs = results["patching"], figures["patching"]
     s, exact = r.summary, r.tables["exact"]
     clean, corrupt = s["clean_metric"], s["corrupted_metric"]
     assert not s["normalized"] and clean != corrupt
-    share = exact.assign(n=(exact["value"] - corrupt) / (clean - corrupt))  # from the patched metric itself
+    # a gap within noise (this random model's, usually) is drawn raw: the patched metric minus the corrupted one
+    noise = bool(s.get("gap_within_noise"))
+    unit = "raw effect (logit_diff), gap within noise" if noise else "1 = fully restored"
+
+    def shown(value, low, high):  # from the patched metric itself
+        return value - low if noise else (value - low) / (high - low)
+
+    share = exact.assign(n=shown(exact["value"], corrupt, clean))
     for st in ("resid_pre", "head_out", "k", "v", "head_out_by_pos"):
         ax = figs[f"exact_{st}"].axes[0]
-        assert "1 = fully restored" in colorbar_label(ax)
+        assert unit in colorbar_label(ax)
         rows = share[share["site_type"] == st]
         if st == "resid_pre":
             expected = rows.pivot_table(index="layer", columns="pos", values="n")
@@ -140,8 +147,8 @@ def test_patching_heatmaps_show_the_share_of_the_gap(results, figures):
     gap = s.get("path_patching", {})
     p_clean, p_corrupt = gap.get("clean_metric", clean), gap.get("corrupted_metric", corrupt)
     ax = figs["path_patching"].axes[0]
-    assert "1 = fully restored" in colorbar_label(ax)
-    expected = paths.assign(n=(paths["value"] - p_corrupt) / (p_clean - p_corrupt)).pivot_table(
+    assert unit in colorbar_label(ax)
+    expected = paths.assign(n=shown(paths["value"], p_corrupt, p_clean)).pivot_table(
         index="sender_layer", columns="sender_head", values="n")
     np.testing.assert_allclose(heat(ax), expected.to_numpy(dtype=float), rtol=1e-5, atol=1e-6)
 
