@@ -17,7 +17,9 @@ pins it, shading every token by that query's attention weight (or, where the rep
 analysis scored the example, by an attribution method's signed scores: red positive, blue negative);
 the arrow keys move the selected head; a URL fragment #L1H3 opens layer 1, head 3 (`link_heads` makes such links in the findings).
 Attention weights are drawn on one sequential scale, white (0) to dark blue (1), shown with its
-legend; signed per-head scores colour the grid red for positive, blue for negative, as the figures do.
+legend; per-head scores colour the grid as the figures do: a signed score (one below 0) diverging
+about 0, red positive, blue negative; an unsigned one (gradient importance, induction, ...) white at
+0 to red at its max, never stretched from its min.
 A score named in data["muted"] ({score: why}, `muted_scores`: importance measured on a task the model
 is at chance on, or under the numerical noise floor) is drawn faint and grey with the reason above the
 grid; the thumbnails keep their colours (patterns are not noise).
@@ -178,10 +180,10 @@ JS = r"""
     for (var q = q0; q < p.length; q++) s += p[q][0];
     return p.length > q0 ? s / (p.length - q0) : 0;
   }
-  function mix(t) {  // white -> dark blue
+  var RED = [178, 24, 43], BLUE = [33, 102, 172];  // the figures' RdBu_r ends: red positive, blue negative
+  function toward(c, t) {  // white (t = 0) -> colour c (t = 1)
     t = Math.max(0, Math.min(1, t));
-    var a = [247, 251, 255], b = [8, 48, 107];
-    return "rgb(" + a.map(function (x, i) { return Math.round(x + (b[i] - x) * t); }).join(",") + ")";
+    return "rgb(" + c.map(function (x) { return Math.round(255 + (x - 255) * t); }).join(",") + ")";
   }
   function faint(css) {  // a colour muted: 60% towards its grey, then 60% towards white
     var c = /^rgb/.test(css) ? css.match(/\d+/g).map(Number) : null;
@@ -208,25 +210,22 @@ JS = r"""
     }
     var g = data.scores[name], lo = Infinity, hi = -Infinity;
     g.forEach(function (r) { r.forEach(function (v) { if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
-    var signed = lo < 0 && hi > 0, m = Math.max(Math.abs(lo), Math.abs(hi)) || 1;
+    // the figures' convention: a score with a value below 0 is signed, diverging about 0 (blue, white, red,
+    // -m..m); an unsigned one is sequential from 0 (white at 0 to red at its max), never stretched min..max
+    var signed = lo < 0, m = Math.max(Math.abs(lo), Math.abs(hi)) || 1;
     var colour = function (l, h) {
       var v = g[l][h];
       if (v === null) return ["#f0f0f0", "#999"];
-      if (signed) {
-        var t = Math.abs(v) / m, c = v > 0 ? [178, 24, 43] : [33, 102, 172];  // red positive, blue negative
-        var rgb = c.map(function (x) { return Math.round(255 + (x - 255) * t); });
-        return ["rgb(" + rgb.join(",") + ")", t > 0.6 ? "#fff" : "#000"];
-      }
-      var u = hi > lo ? (v - lo) / (hi - lo) : 0.5;
-      return [mix(u), u > 0.55 ? "#fff" : "#000"];
+      var t = Math.abs(v) / m;
+      return [toward(v < 0 ? BLUE : RED, t), t > 0.6 ? "#fff" : "#000"];
     };
     var ramp = el("span", "hsx-ramp");
-    ramp.style.background = signed ? "linear-gradient(90deg,rgb(33,102,172),#fff,rgb(178,24,43))"
-                                    : "linear-gradient(90deg," + mix(0) + "," + mix(1) + ")";
+    ramp.style.background = signed ? "linear-gradient(90deg," + toward(BLUE, 1) + ",#fff," + toward(RED, 1) + ")"
+                                    : "linear-gradient(90deg,#fff," + toward(RED, 1) + ")";
     legend.appendChild(el("span", null, name + ":"));
-    legend.appendChild(el("span", null, short(signed ? -m : lo)));
+    legend.appendChild(el("span", null, short(signed ? -m : 0)));
     legend.appendChild(ramp);
-    legend.appendChild(el("span", null, short(signed ? m : hi)));
+    legend.appendChild(el("span", null, short(m)));
     var why = (data.muted || {})[name] || null;  // a score the report says is noise: drawn faint and grey
     if (why) legend.classList.add("hsx-muted");
     return {colour: why ? function (l, h) { return [faint(colour(l, h)[0]), "#777"]; } : colour,

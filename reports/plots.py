@@ -21,7 +21,8 @@ and a panel whose own maximum is much smaller says so in its title. Where the va
 (the model at chance on the task, summary["chance"], or every value under the numerical noise
 floor) the map is MUTED (`quiet_reason`) and the title says why, so noise is never drawn vivid.
 Values are in their own units; a normalised view is an option and its colour bar says so. Every
-head grid is layers (rows) x heads (columns). Text from tokens goes through `label` (mathtext `$`
+head grid is layers (rows) x heads (columns). The explorer's score grid (explorer_view.py) follows the
+same convention. Text from tokens goes through `label` (mathtext `$`
 and control bytes escaped).
 """
 from __future__ import annotations

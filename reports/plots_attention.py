@@ -4,7 +4,11 @@ Heads are ranked by one of the explorer's per-head scores (its default: importan
 analysis ran); each panel is a query x key heat map of attention weights (0-1), tokens as text
 (plots.label). `top_heads_figure` is figure-level (one panel per head) and returns the Figure; its
 data is the explorer's dict, the one figure not drawn from a Result's tables. Scores in panel
-titles have 3 significant digits, so a small non-zero score never reads 0.00.
+titles have 3 significant digits, so a small non-zero score never reads 0.00. Weights are drawn
+white (0) to blue (1), the explorer's pattern scale, since the figure sits beside it. When the heads analysis
+is at chance (`quiet`, plots.quiet_reason of its summary) an importance ranking is noise: the
+heads are chosen by a pattern statistic instead (PATTERN_SCORES, the first the data has) and the
+title says so; without one the panels are muted and titled as heads chosen by noise.
 """
 from __future__ import annotations
 
@@ -16,9 +20,23 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.reports.explorer import pattern_from_data
-from headscope.reports.plots import label
+from headscope.reports.plots import label, muted
 
 MAX_LABELS = 48  # tick labels per axis; longer examples label every k-th token
+# scores read from the attention patterns alone (no task metric), used instead of importance at chance
+PATTERN_SCORES = ("previous_token", "induction", "sink", "positional")
+
+
+def _chosen_by(data: Mapping[str, Any], score: str | None, quiet: str | None) -> tuple[str | None, str | None]:
+    """(score to rank by, why it replaced the default or None). At chance a task-metric score
+    (importance) ranks noise, so a pattern statistic the data has is used instead."""
+    name = score or data.get("default_score") or next(iter(data.get("scores") or {}), None)
+    if not quiet or name is None or not str(name).startswith("importance"):
+        return name, None
+    for other in PATTERN_SCORES:
+        if other in (data.get("scores") or {}):
+            return other, f"{name} is noise at chance"
+    return name, None
 
 
 def top_heads(data: Mapping[str, Any], score: str | None = None, k: int = 4) -> list[tuple[int, int, float]]:
@@ -39,31 +57,41 @@ def top_heads(data: Mapping[str, Any], score: str | None = None, k: int = 4) -> 
     return ranked[:k]
 
 
-def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: int = 4, example: int = 0) -> Figure | None:
+def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: int = 4, example: int = 0,
+                     quiet: str | None = None) -> Figure | None:
     """One panel per top head: its attention pattern (query row x key column) on one example; None without data.
+    `quiet`: why the heads analysis's scores are noise (plots.quiet_reason), see the module's docstring.
 
     Drawn with imshow and a constrained layout (one layout pass): seaborn's heatmap draws the
     figure again to check its tick labels, which made this the report's slowest figure. Past
     MAX_LABELS tokens every k-th token is labelled."""
-    heads = top_heads(data, score, k)
+    name, why = _chosen_by(data, score, quiet)
+    heads = top_heads(data, name, k)
     if not heads or not data.get("examples"):
         return None
     tokens = [label(t) for t in data["examples"][example]["tokens"]]
     size = max(3.0, 0.16 * len(tokens) + 1.2)
     fig, axes = plt.subplots(1, len(heads), figsize=(size * len(heads), size + 0.6), squeeze=False, layout="constrained")
-    name = score or data.get("default_score", "score")
+    noise = bool(quiet) and why is None and str(name).startswith("importance")  # ranked by noise, no alternative
     every = max(1, -(-len(tokens) // MAX_LABELS))
     ticks = list(range(0, len(tokens), every))
     image = None
     for ax, (layer, head, value) in zip(axes[0], heads):
         pattern = np.array(pattern_from_data(data, example, layer, head))  # [query, key]
-        image = ax.imshow(pattern, vmin=0, vmax=1, cmap="Blues", interpolation="nearest")
+        image = ax.imshow(pattern, vmin=0, vmax=1, cmap=muted("Blues") if noise else "Blues", interpolation="nearest")
         ax.set_xticks(ticks, [tokens[i] for i in ticks], rotation=90)
         ax.set_yticks(ticks, [tokens[i] for i in ticks])
         ax.tick_params(labelsize=max(4, min(8, 200 / len(ticks))), length=0)
         ax.set_title(f"L{layer}H{head} ({label(name)} {value:.3g})", fontsize="small")
         ax.set_xlabel("key (attended to)")
         ax.set_ylabel("query" if ax is axes[0][0] else "")
-    fig.suptitle(f"top {len(heads)} heads by {name}: attention on example {example + 1}", fontsize="medium")
+    if why:
+        title = f"top {len(heads)} heads by {name} (a pattern statistic: {why}): attention on example {example + 1}"
+    elif noise:
+        title = (f"{len(heads)} heads chosen by noise ({name} at chance), not the most important: attention on "
+                 f"example {example + 1}\n{quiet}")
+    else:
+        title = f"top {len(heads)} heads by {name}: attention on example {example + 1}"
+    fig.suptitle(title, fontsize="medium")
     fig.colorbar(image, ax=list(axes[0]), shrink=0.8, pad=0.01, label="attention weight (0-1)")
     return fig

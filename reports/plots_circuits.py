@@ -9,14 +9,34 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from headscope.reports.plots import axes, color_scale, label, symmetric_bound
+from headscope.reports.plots import axes, color_scale, label, quiet_reason, symmetric_bound
+
+
+def from_end(lens: pd.DataFrame) -> pd.DataFrame | None:
+    """The lens table with "position" counted from each example's answer position (-1 = the answer
+    position, -2 the one before, ...) when the examples have different lengths (their positions
+    count real tokens from 0, so an absolute position means a different place in each prompt);
+    None when every example has the same answer position (absolute positions line up)."""
+    if "example" not in lens or not len(lens):
+        return None
+    answer = lens[lens.is_answer.astype(bool)] if "is_answer" in lens else lens.iloc[0:0]
+    last = (answer if len(answer) else lens).groupby("example").position.max()  # [example] answer position
+    if last.nunique() <= 1:
+        return None
+    return lens.assign(position=lens.position - lens.example.map(last) - 1)
 
 
 def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
     """`data`: the lens table. Mean over examples of the lens target's log-probability (or "rank") at each layer (block
-    input; the last row is the model's output) and position."""
+    input; the last row is the model's output) and position; prompts of different lengths are
+    aligned at their answer position (`from_end`), so each column means the same place in every prompt."""
     ax, lens = axes(ax, (7, 4)), data
+    aligned = from_end(lens)
+    if aligned is not None:
+        lens = aligned
     grid = lens.pivot_table(index="layer", columns="position", values=value, aggfunc="mean")
+    if aligned is not None:
+        grid.columns = [f"{int(p)} (answer)" if p == -1 else str(int(p)) for p in grid.columns]
     stages = lens.drop_duplicates("layer").set_index("layer").stage if "stage" in lens else None
     label = {"logprob": "log-probability of the target (nats)", "rank": "rank of the target (0 = top-1)",
              "logit_diff": "logit difference (logits)"}.get(value, value)
@@ -24,21 +44,23 @@ def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
     ax.invert_yaxis()
     if stages is not None:
         ax.set_yticklabels([stages.get(l, l) for l in grid.index], rotation=0)
-    ax.set(xlabel="position (last = answer position)", ylabel="stream read (top = output)",
-           title="Logit lens")
+    n = lens.example.nunique() if "example" in lens else None
+    xlabel = (f"position from the end (-1 = answer position; {n} prompts of mixed lengths)"
+              if aligned is not None else "position (last = answer position)")
+    ax.set(xlabel=xlabel, ylabel="stream read (top = output)", title="Logit lens")
     return ax
 
 
-def plot_dla_heads(data: pd.DataFrame, *, ax=None):
+def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, ax=None):
     """`data`: the dla_mean table. Mean DLA of each head, layers (rows) x heads (columns) like every head grid, on a diverging
-    scale centred at 0 (red: writes toward the answer)."""
+    scale centred at 0 (red: writes toward the answer); `quiet` (plots.quiet_reason) mutes it and says why."""
     ax = axes(ax, (6, 4))
     heads = data[data.kind == "head"].astype({"layer": int, "head": int})
     grid = heads.pivot_table(index="layer", columns="head", values="contribution", aggfunc="mean")  # [layer, head]
     bound = symmetric_bound(grid.to_numpy(dtype=float))
-    sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True),
+    sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True, quiet=bool(quiet)),
                 cbar_kws={"label": "direct logit attribution (logits)"}, xticklabels=True, yticklabels=True)
-    ax.set(xlabel="head", ylabel="layer", title="Direct logit attribution per head")
+    ax.set(xlabel="head", ylabel="layer", title="Direct logit attribution per head" + (f"\n{quiet}" if quiet else ""))
     return ax
 
 
@@ -65,9 +87,18 @@ def plot_dla_components(data: pd.DataFrame, *, ax=None):
     return ax
 
 
-def plot_faithfulness(data: pd.DataFrame, *, target: float = 0.8, ax=None):
+def _note(unreported: str | None) -> str:
+    """A title line (wrapped) saying why faithfulness is not reported, or ""."""
+    import textwrap
+
+    return "\n" + textwrap.fill(f"NOT REPORTED: {unreported}", 80) if unreported else ""
+
+
+def plot_faithfulness(data: pd.DataFrame, *, target: float = 0.8, unreported: str | None = None, ax=None):
     """`data`: the faithfulness table. Faithfulness of the top-k circuit against k (log scale), with the range of the random
-    circuits of the same size as a band and their mean as a dashed line."""
+    circuits of the same size as a band and their mean as a dashed line. `unreported`: why the
+    findings do not report faithfulness (at chance, or a clean-corrupted gap within noise: a share
+    of a noise gap), put in the title and the curve drawn faint."""
     ax, sweep = axes(ax, (8, 4)), data
     top = sweep[sweep.circuit == "top"].sort_values("k")
     rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.agg(["min", "max", "mean"]).sort_index()
@@ -75,17 +106,18 @@ def plot_faithfulness(data: pd.DataFrame, *, target: float = 0.8, ax=None):
     if len(rand):
         ax.fill_between(x_rand, rand["min"], rand["max"], color="grey", alpha=0.3, label="random circuits (range)")
         ax.plot(x_rand, rand["mean"], color="grey", ls="--", lw=1)
-    ax.plot(x_top, top.faithfulness, marker="o", color="C0", label="top-k edges")
+    ax.plot(x_top, top.faithfulness, marker="o", color="C0", label="top-k edges", alpha=0.35 if unreported else 1.0)
     ax.axhline(target, color="C3", lw=1, ls=":", label=f"{target:.0%} of the gap")
     ax.axhline(0.0, color="black", lw=0.5)
     ax.set_xscale("log")
     ax.set(xlabel="edges in the circuit (k)", ylabel="faithfulness (fraction of clean - corrupted gap)",
-           title="Circuit faithfulness")
+           title="Circuit faithfulness" + (_note(unreported)))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # off the data
     return ax
 
 
-def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None = None, ax=None):
+def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None = None,
+             unreported: str | None = None, ax=None):
     """`data`: the mib table. MIB's faithfulness curve: f of the top p of the edges against p (0.1% ... 100%, log-scaled
     x for legibility; MIB's areas are over linear p), the area under it (CPR) shaded."""
     ax, mib = axes(ax, (8, 4)), data
@@ -98,7 +130,8 @@ def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None 
     ax.set_xticks(x, [f"{v:g}%" for v in x], fontsize="small", rotation=45)
     ax.minorticks_off()
     ax.set(xlabel="edges in the circuit (% of all; MIB's fractions)", ylabel="faithfulness f (1 = full model)",
-           title="MIB faithfulness: f = (m(C) - m(empty)) / (m(full) - m(empty))")
+           title="MIB faithfulness: f = (m(C) - m(empty)) / (m(full) - m(empty))"
+           + (_note(unreported)))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
 
@@ -120,11 +153,13 @@ def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
     return float(layer), float(head.lstrip("h"))
 
 
-def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, ax=None):
+def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | None = None, ax=None):
     """`data`: the edges table. The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
     negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
     A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
-    value input of key-value head g at (layer - 0.35, g - 0.3), labelled on its left)."""
+    value input of key-value head g at (layer - 0.35, g - 0.3), labelled on its left). Integer head
+    and layer ticks; a key of three line widths in |score| units. `quiet` (plots.quiet_reason):
+    grey edges and a title that says they rank noise, not the strongest writers."""
     ax, edges = axes(ax, (8, 5)), data
     top = edges.reindex(edges.score.abs().sort_values(ascending=False).index).head(n_edges)
     names = list(top.sender) + list(top.receiver)
@@ -138,11 +173,17 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, ax=None):
         return (x_logits if np.isnan(x) else x), y
 
     peak = float(top.score.abs().max()) if len(top) else 1.0
+
+    def width(v: float) -> float:
+        return 0.5 + 4.5 * abs(v) / (peak or 1.0)
+
     for s, r, v in zip(top.sender, top.receiver, top.score):
         (x0, y0), (x1, y1) = xy(s), xy(r)
         kind = r.split(".")[-1] if r.count(".") == 2 else ""
+        colour = (("#e8a0a0" if v > 0 else "#a0b8e0") if quiet  # muted red / blue
+                  else ("C3" if v > 0 else "C0"))
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=dict(
-            arrowstyle="-|>", lw=0.5 + 4.5 * abs(v) / (peak or 1.0), color="C3" if v > 0 else "C0", alpha=0.7,
+            arrowstyle="-|>", lw=width(v), color=colour, alpha=0.7,
             connectionstyle="arc3,rad=0.15", linestyle={"k": "--", "q": ":"}.get(kind, "-")))
     drawn = {n.rsplit(".", 1)[0] if n.count(".") == 2 else n for n in names}
     for node in sorted(drawn):
@@ -152,21 +193,48 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, ax=None):
         left = ".kv" in node  # a KV head's label to its left, a query head's to its right: they never meet
         ax.annotate(label(node), (x, y), textcoords="offset points", xytext=(-5 if left else 5, -3 if left else 3),
                     ha="right" if left else "left", va="top" if left else "bottom", fontsize=7)
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # heads and layers are whole numbers
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(top):  # the width key: |score| at the peak, half of it and the smallest drawn
+        keys = sorted({peak, peak / 2, float(top.score.abs().min())}, reverse=True)
+        handles = [Line2D([], [], color="grey", lw=width(k), label=f"|score| {k:.2g}") for k in keys]
+        pos, neg = ("#e8a0a0", "#a0b8e0") if quiet else ("C3", "C0")
+        handles += [Line2D([], [], color=pos, lw=2, label="positive"), Line2D([], [], color=neg, lw=2, label="negative")]
+        ax.legend(handles=handles, title="edge width", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    what = (f"Circuit: the {len(top)} largest |score| edges, noise not a circuit\n{quiet}" if quiet
+            else f"Circuit: {len(top)} strongest edges")
     ax.set(xlabel="layer (input left, logits right; MLPs at y = -1)", ylabel="head",
-           title=f"Circuit: {len(top)} strongest edges (solid: into v / MLP / logits, dashed: k, dotted: q)")
+           title=f"{what}\n(solid: into v / MLP / logits, dashed: k, dotted: q)")
     return ax
+
+
+def unreported(summary) -> str | None:
+    """Why the circuit's faithfulness is not reported (reports/findings.py says so): at chance there is
+    no behaviour to recover, and with a clean-corrupted gap within noise faithfulness divides by noise."""
+    quiet = quiet_reason(summary)
+    if quiet:
+        return quiet.split(":")[0].lower() + " (no behaviour for a circuit to recover)"
+    small = (summary or {}).get("gap_within_noise")
+    if small:
+        why = small.get("reason") if isinstance(small, dict) else None
+        return "clean-corrupted gap within noise" + (f": {why}" if why else "")
+    return None
 
 
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a circuits Result (whichever of its tables are present)."""
     tables, s = result.tables, result.summary
+    quiet, off = quiet_reason(s), unreported(s)
     draws = {
         "circuits_lens": ("lens", plot_lens),
-        "circuits_dla_heads": ("dla_mean", plot_dla_heads),
+        "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
         "circuits_dla_components": ("dla", plot_dla_components),
-        "circuits_faithfulness": ("faithfulness", plot_faithfulness),
-        "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"))),
-        "circuits_graph": ("edges", plot_circuit_graph),
+        "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
+        "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"), unreported=off)),
+        "circuits_graph": ("edges", lambda data: plot_circuit_graph(data, quiet=quiet)),
     }
     out = {}
     for stem, (table, draw) in draws.items():

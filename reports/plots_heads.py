@@ -7,6 +7,7 @@ tidy tables, summary values by keyword; `importance_figure` (two panels) returns
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -139,8 +140,20 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     """Heads kept against the metric over the lambda sweep (`data`: the l0 table; Voita et al.'s L0 gates)."""
     ax = axes(ax, (8, 4))
     sweep = data.sort_values("heads_kept")
-    ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", label="kept heads only")
-    ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", linestyle="--", label="test-time gates")
+    # a hollow circle under a cross drawn on top: on one point (a one-lambda sweep, or equal metrics) both stay visible
+    ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", markersize=11, markerfacecolor="none",
+            markeredgewidth=1.5, label="kept heads only", zorder=2)
+    ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", markersize=7, markeredgewidth=1.5, linestyle="--",
+            label="test-time gates", zorder=3)
+    kept = sorted({int(k) for k in sweep["heads_kept"]})
+    if len(kept) <= 12:  # a count of heads: whole-number ticks at the counts reached (and room around one point)
+        ax.set_xticks(kept)
+        if len(kept) == 1:
+            ax.set_xlim(kept[0] - 1, kept[0] + 1)
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     points: dict[tuple[float, float], list[float]] = {}  # lambdas that land on one point share one label
     for lam, kept, value in zip(sweep["lambda"], sweep["heads_kept"], sweep["metric_binary"]):
         points.setdefault((float(kept), round(float(value), 4)), []).append(float(lam))
@@ -150,14 +163,25 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     return _finish(ax, metric, baseline, "heads kept", "L0 head pruning")
 
 
+ROW_INCHES = 0.22  # height of one head's row in the roles map: its 9-point label fits without overlap
+LABEL_INCHES = 0.17  # height a tick label needs
+
+
 def plot_roles(data: pd.DataFrame, *, ax: Any = None) -> Any:
     """Heat map head x role score (`data`: the roles table; positional share, sink, previous-token,
-    induction, confidence = mean maximum attention weight), every head labelled."""
-    ax = axes(ax, (5, max(3, 0.25 * len(data))))
+    induction, confidence = mean maximum attention weight) on the sequential map from 0 (plots.color_scale).
+    A new figure is sized by the number of heads (ROW_INCHES a row, plus room for the role labels),
+    capped at 40 inches; past that every k-th head is labelled, so labels never overlap."""
+    rows = len(data)
+    ax = axes(ax, (6, min(40.0, max(3.0, ROW_INCHES * rows + 2.5))))
     grid = data.assign(name=[f"L{l}H{h}" for l, h in zip(data["layer"], data["head"])]).set_index("name")
     scores = [c for c in ROLE_SCORES if c in grid.columns]
     shown = grid[scores].rename(columns=lambda c: {"confidence": "confidence\n(max weight)"}.get(c, c.replace("_", "-")))
-    sns.heatmap(shown, ax=ax, vmin=0, vmax=1, cmap="magma", cbar_kws={"label": "role score (0-1)"}, yticklabels=True)
+    height = 0.75 * ax.get_position().height * ax.figure.get_figheight()  # inches the rows keep after tight_layout
+    every = max(1, math.ceil(rows * LABEL_INCHES / max(height, 0.1)))  # label every k-th head when they would overlap
+    sns.heatmap(shown, ax=ax, **color_scale(bound=1.0, is_signed=False), cbar_kws={"label": "role score (0-1)"},
+                yticklabels=every)
+    ax.tick_params(axis="y", rotation=0)
     ax.set_ylabel("head (L layer H head)")
     ax.set_xlabel("role")
     ax.set_title("head roles")

@@ -6,11 +6,13 @@ for one prompt; for several (mixed lengths are left-padded, so position i means 
 in each prompt) by their place from the end, "-1 (last)", "-2", ..., which means the same in every
 prompt, never one prompt's tokens under an average. Token strings go through plots.label. Colour
 scales show the share of the clean-corrupted gap (1 = clean behaviour fully restored when
-denoising), the unit the guide text uses; a raw metric is shown only where the summary has no gap
-to divide by. Every exact map and the path-patching map share one diverging scale centred on 0 (a q
-or pattern site at 0.003 of the gap looks pale next to head_out at 0.3, with its own max in the
-title); at chance (plots.quiet_reason) the maps are muted and say so. Causal traces of several
-prompts are drawn by token role, shared across the restored kinds.
+denoising), the unit the guide text uses; a raw metric (the exact table's `effect`, patched minus
+baseline, in metric units) is shown where the summary has no gap to divide by or says the gap is
+within noise (summary["gap_within_noise"]: -0.002 of a -0.0024 gap is no "0.93 restored"). Every
+exact map and the path-patching map share one diverging scale centred on 0 (a q or pattern site at
+0.003 of the gap looks pale next to head_out at 0.3, with its own max in the title); at chance
+(plots.quiet_reason) the maps are muted and say so. Causal traces of several prompts are drawn by
+token role, shared across the restored kinds.
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def scale(summary: dict) -> tuple[float, str]:
     end = "1 = fully restored" if denoise else "-1 = fully destroyed"
     if summary.get("normalized"):
         return 1.0, f"normalised {summary.get('metric', 'metric')} ({end})"
+    if summary.get("gap_within_noise"):  # a share of a gap that is noise is no measurement: the raw effect
+        return 1.0, f"raw effect ({summary.get('metric', 'metric')}), gap within noise"
     if isinstance(clean, (int, float)) and isinstance(corrupt, (int, float)) and clean != corrupt:
         return float(clean - corrupt), f"{NORMALISED} ({end})"
     return 1.0, f"effect ({summary.get('metric', 'metric')})"

@@ -13,7 +13,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.errors import ConfigError
-from headscope.reports.plots import axes
+from headscope.reports.plots import axes, color_scale, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
           "probability": "answer probability", "rank": "answer rank", "exact": "exact greedy answer",
@@ -69,16 +69,18 @@ def _verdict(curve: pd.DataFrame) -> str:
     return "\n95% bands of the middle and an end overlap: no U-shape shown"
 
 
-def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", ax: Any = None) -> Any:
+def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", quiet: str | None = None, ax: Any = None) -> Any:
     """Heat map layer x gold position of the attention mass onto the gold span (`data`: the
-    gold_attention table; max or mean over heads), on a sequential map from 0."""
+    gold_attention table; max or mean over heads), on the sequential map from 0 (plots.color_scale);
+    `quiet` (plots.quiet_reason: the model at chance, so no head retrieves anything) mutes it and says why."""
     ax = axes(ax, (6, 4))
     table = data
     grid = table.groupby(["layer", "position"])["mass"].agg(reduce).unstack("position")  # [layer, position]
-    sns.heatmap(grid, ax=ax, cmap="viridis", vmin=0, annot=grid.shape[1] <= 10, fmt=".2f", cbar_kws={"label": "attention mass"})
+    sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), quiet=bool(quiet), is_signed=False),
+                annot=grid.shape[1] <= 10, fmt=".2f", cbar_kws={"label": "attention mass (0-1)"})
     ax.set_xlabel("gold position")
     ax.set_ylabel("layer")
-    ax.set_title(f"attention onto the gold span ({reduce} over heads)")
+    ax.set_title(f"attention onto the gold span ({reduce} over heads)" + (f"\n{quiet}" if quiet else ""))
     return ax
 
 
@@ -103,7 +105,8 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     common = {"n_items": s.get("n_items"), "ratio": (s.get("ratio_middle_to_ends") or {}).get(primary)}
     figs = {}
     for stem, draw in (("position_curve", lambda ax: plot_curve(tables["curve"], metric=primary, ax=ax, **common)),
-                       ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax)),
+                       ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax,
+                                                                                           quiet=quiet_reason(s))),
                        ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"), ax=ax))):
         fig, ax = plt.subplots(figsize=(7, 4))
         draw(ax)

@@ -305,6 +305,9 @@ def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
         assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-grid td').length") == 8
         background = "document.querySelector('#hsx-report td[data-layer=\\'0\\'][data-head=\\'2\\']').style.background"
         signed = page.evaluate(background)  # importance (zero), signed: a diverging scale
+        # h - 1.5 on RdBu_r's ends about 0: L0H2's +0.5 a third of the way to red, L0H0's -1.5 full blue
+        assert np.allclose(_rgb(signed), 255 + (np.array([178, 24, 43]) - 255) / 3, atol=0.6)
+        assert _rgb(page.evaluate(background.replace("\\'2\\'", "\\'0\\'"))).tolist() == [33, 102, 172]
         choose(page, "hsx-report", 1, "label:role")
         assert page.evaluate(background) != signed
         assert XSS in page.evaluate("document.querySelector('#hsx-report .hsx-legend').textContent")
@@ -444,7 +447,11 @@ def test_report_explorer_mutes_importance_at_chance_in_chromium(llama, tmp_path)
         assert not page.evaluate(muted) and hidden and text == ""
         colours = np.array([_rgb(c) for c in page.evaluate(cells)])
         peak = ref[:, :, 1:].max(-1).mean(-1).reshape(-1)  # mean over queries (the first left out) of the largest weight
-        assert np.allclose(colours[peak.argmax()], [8, 48, 107], atol=1)  # the highest head at the ramp's dark end
+        # unsigned: white at 0 to red at the max, like the figures' Reds (not a blue ramp stretched min..max)
+        expected = 255 + (np.array([178, 24, 43]) - 255) * (peak / peak.max())[:, None]  # [head, rgb]
+        assert np.allclose(colours, expected, atol=1.5), (colours, expected)
+        low = page.evaluate("document.querySelector('#hsx-report .hsx-legend').children[1].textContent")
+        assert float(low) == 0.0  # the legend starts at 0, not at the smallest head
         page.settle()
         assert page.console_errors == [] and page.requests == []
 

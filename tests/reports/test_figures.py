@@ -34,7 +34,7 @@ PROMPTS = ["k01 v05 ; k02 v06 ; k03 v07 ; k01", "k04 v08 ; k05 v09 ; k05"]
 # included, fits it) and computes each analysis's quick Result; shared by the fixture and the
 # byte-identity subprocesses.
 BUILD = textwrap.dedent("""
-    import importlib, torch
+    import torch
     import headscope as hs
     from headscope.analyses.core.registry import ANALYSES, family
 
@@ -118,15 +118,22 @@ def test_every_analysis_draws_figures_and_every_stem_has_a_caption(figures):
         assert missing == [], f"{name}: figures without a caption: {missing}"
 
 
-def test_patching_heatmaps_show_the_share_of_the_gap(results, figures):
+def test_patching_heatmaps_show_the_share_of_the_gap_or_the_raw_effect_within_noise(results, figures):
     r, figs = results["patching"], figures["patching"]
     s, exact = r.summary, r.tables["exact"]
     clean, corrupt = s["clean_metric"], s["corrupted_metric"]
     assert not s["normalized"] and clean != corrupt
-    share = exact.assign(n=(exact["value"] - corrupt) / (clean - corrupt))  # from the patched metric itself
+    # a gap within noise (this random model's, usually) is drawn raw: the patched metric minus the corrupted one
+    noise = bool(s.get("gap_within_noise"))
+    unit = "raw effect (logit_diff), gap within noise" if noise else "1 = fully restored"
+
+    def shown(value, low, high):  # from the patched metric itself
+        return value - low if noise else (value - low) / (high - low)
+
+    share = exact.assign(n=shown(exact["value"], corrupt, clean))
     for st in ("resid_pre", "head_out", "k", "v", "head_out_by_pos"):
         ax = figs[f"exact_{st}"].axes[0]
-        assert "1 = fully restored" in colorbar_label(ax)
+        assert unit in colorbar_label(ax)
         rows = share[share["site_type"] == st]
         if st == "resid_pre":
             expected = rows.pivot_table(index="layer", columns="pos", values="n")
@@ -139,8 +146,8 @@ def test_patching_heatmaps_show_the_share_of_the_gap(results, figures):
     gap = s.get("path_patching", {})
     p_clean, p_corrupt = gap.get("clean_metric", clean), gap.get("corrupted_metric", corrupt)
     ax = figs["path_patching"].axes[0]
-    assert "1 = fully restored" in colorbar_label(ax)
-    expected = paths.assign(n=(paths["value"] - p_corrupt) / (p_clean - p_corrupt)).pivot_table(
+    assert unit in colorbar_label(ax)
+    expected = paths.assign(n=shown(paths["value"], p_corrupt, p_clean)).pivot_table(
         index="sender_layer", columns="sender_head", values="n")
     np.testing.assert_allclose(heat(ax), expected.to_numpy(dtype=float), rtol=1e-5, atol=1e-6)
 
@@ -697,3 +704,186 @@ def test_every_plotting_module_follows_one_convention():
             assert first.name == "data" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, where
             assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in rest), where
             assert "ax" in {p.name for p in rest} and inspect.signature(fn).parameters["ax"].default is None, where
+
+
+# ---- #34 follow-up: the remaining figures at chance, raw patching effects, aligned lens -----------
+AT_CHANCE = {"chance": {"at_chance": True, "reason": "the 95% CI contains chance"}}
+
+
+def _circuits_tables():
+    dla = pd.DataFrame([{"kind": "head", "layer": l, "head": h, "component": f"L{l}H{h}", "contribution": 0.4 * (h - l)}
+                        for l in range(2) for h in range(2)])
+    edges = pd.DataFrame({"sender": ["input", "a0.h1", "a1.h0"], "receiver": ["a1.h0.q", "logits", "logits"],
+                          "score": [0.008, -0.004, 0.001]})
+    faith = pd.DataFrame([{"circuit": c, "k": k, "seed": 0, "faithfulness": f}
+                          for c, k, f in (("top", 1, 0.0), ("top", 3, 1.7), ("random", 1, 0.0), ("random", 3, 0.1))])
+    return {"dla_mean": dla, "edges": edges, "faithfulness": faith}
+
+
+def test_circuits_at_chance_mute_dla_and_the_graph_and_do_not_report_faithfulness():
+    from headscope.reports.plots_circuits import figures as circuits_figures
+
+    tables = _circuits_tables()
+    vivid = circuits_figures(_result("circuits", None, {}, **tables))
+    quiet = circuits_figures(_result("circuits", None, dict(AT_CHANCE), **tables))
+    small = circuits_figures(_result("circuits", None, {"gap_within_noise": {"reason": "CI [-0.01, 0.006] contains 0"}},
+                                     **tables))
+    try:
+        dla, dla_quiet = vivid["circuits_dla_heads"].axes[0], quiet["circuits_dla_heads"].axes[0]
+        assert _saturation(dla, 0.4) > 0.35 and _saturation(dla_quiet, 0.4) < 0.2 and _saturation(dla_quiet, -0.4) < 0.2
+        assert "AT CHANCE" in dla_quiet.get_title() and "AT CHANCE" not in dla.get_title()
+        graph, graph_quiet = vivid["circuits_graph"].axes[0], quiet["circuits_graph"].axes[0]
+        assert "3 strongest edges" in graph.get_title() and "strongest" not in graph_quiet.get_title()
+        assert "noise" in graph_quiet.get_title() and "AT CHANCE" in graph_quiet.get_title()
+        from matplotlib.colors import to_rgb
+
+        arrows = [to_rgb(t.arrow_patch.get_edgecolor()) for t in graph_quiet.texts if t.arrow_patch is not None]
+        assert arrows and max(max(c) - min(c) for c in arrows) < 0.45  # pale: C3 red is 0.72 saturated
+        faith = vivid["circuits_faithfulness"].axes[0].get_title()
+        assert "NOT REPORTED" not in faith
+        assert "NOT REPORTED: at chance" in quiet["circuits_faithfulness"].axes[0].get_title()
+        assert "NOT REPORTED: clean-corrupted gap within noise: CI [-0.01, 0.006]" in small[
+            "circuits_faithfulness"].axes[0].get_title()
+    finally:
+        plt.close("all")
+
+
+def test_circuit_graph_ticks_whole_heads_and_keys_the_edge_width():
+    from headscope.reports.plots_circuits import plot_circuit_graph
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    try:
+        plot_circuit_graph(_circuits_tables()["edges"], ax=ax)
+        fig.canvas.draw()
+        ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks  # no head 0.5
+        legend = ax.get_legend()
+        assert legend.get_title().get_text() == "edge width"
+        keys = {t.get_text(): h.get_linewidth() for t, h in zip(legend.get_texts(), legend.legend_handles)}
+        # widths 0.5 + 4.5 |score| / peak: 5 at the peak 0.008, 2.75 at half of it, 1.06 at the weakest 0.001
+        assert keys["|score| 0.008"] == pytest.approx(5.0) and keys["|score| 0.004"] == pytest.approx(2.75)
+        assert keys["|score| 0.001"] == pytest.approx(0.5 + 4.5 / 8)
+    finally:
+        plt.close(fig)
+
+
+def test_position_gold_attention_is_muted_at_chance():
+    from headscope.reports.plots_position import plot_gold_attention
+
+    gold = pd.DataFrame([{"layer": l, "head": h, "position": p, "mass": 0.1 * (p + h)}
+                         for l in range(2) for h in range(2) for p in (1, 2, 3)])
+    try:
+        vivid = plot_gold_attention(gold, ax=plt.subplots()[1])
+        quiet = plot_gold_attention(gold, quiet="AT CHANCE: muted colours", ax=plt.subplots()[1])
+        np.testing.assert_allclose(heat(vivid), [[0.2, 0.3, 0.4]] * 2)  # max over heads: 0.1 * (p + 1)
+        assert (vivid.collections[0].norm.vmin, vivid.collections[0].norm.vmax) == (0.0, pytest.approx(0.4))
+        assert _saturation(vivid, 0.4) > 0.35 and _saturation(quiet, 0.4) < 0.2
+        assert "AT CHANCE" in quiet.get_title() and "AT CHANCE" not in vivid.get_title()
+    finally:
+        plt.close("all")
+
+
+def test_top_heads_at_chance_are_chosen_by_a_pattern_statistic_or_titled_as_noise():
+    from headscope.reports.plots_attention import top_heads_figure
+
+    patterns = [[[[[100], [40, 60]]] * 2] * 2]  # [example][layer][head][query][key] (scale 100)
+    data = {"scale": 100, "default_score": "importance (gradient)",
+            "scores": {"importance (gradient)": [[0.9, 0.1], [0.2, 0.3]], "previous_token": [[0.0, 0.2], [0.7, 0.1]]},
+            "examples": [{"tokens": ["a", "b"], "patterns": patterns[0]}]}
+    only = {**data, "scores": {"importance (gradient)": data["scores"]["importance (gradient)"]}}
+    try:
+        by_pattern = top_heads_figure(data, k=2, quiet="AT CHANCE: muted colours")
+        assert [ax.get_title() for ax in by_pattern.axes if ax.get_title().startswith("L")] == [
+            "L1H0 (previous_token 0.7)", "L0H1 (previous_token 0.2)"]
+        assert "a pattern statistic: importance (gradient) is noise at chance" in by_pattern._suptitle.get_text()
+        noise = top_heads_figure(only, k=2, quiet="AT CHANCE: muted colours")
+        title = noise._suptitle.get_text()
+        assert "chosen by noise" in title and "AT CHANCE" in title and not title.startswith("top")
+        image = noise.axes[0].images[0]
+        rgb = np.asarray(image.cmap(image.norm(1.0)))[:3]
+        assert rgb.max() - rgb.min() < 0.2  # muted: Blues' top is 0.39 saturated
+        normal = top_heads_figure(data, k=2)  # not at chance: importance ranks
+        assert normal._suptitle.get_text().startswith("top 2 heads by importance (gradient)")
+    finally:
+        plt.close("all")
+
+
+def test_patching_with_a_gap_within_noise_draws_the_raw_effect():
+    """The reviewer's run: clean 0.3385, corrupted 0.3409 (gap -0.0024, its CI contains 0); a raw effect of
+    -0.0022 was drawn as +0.93 of the gap, "restored". Now the exact table's raw `effect` (patched - baseline)."""
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    exact = pd.DataFrame([{"site_type": "head_out", "layer": l, "head": h, "pos": None, "token": "", "value": 0.3409 + e,
+                           "effect": e} for (l, h), e in {(0, 0): -0.0022, (0, 1): 0.0004, (1, 0): 0.0, (1, 1): 0.0001}.items()])
+    paths = pd.DataFrame([{"sender_layer": 0, "sender_head": h, "receiver": "logits", "effect": 0.001 * h} for h in range(2)])
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "clean_metric": 0.3385,
+               "corrupted_metric": 0.3409, "gap_within_noise": {"gap": -0.0024, "reason": "CI contains 0"}}
+    figs = patching_figures(_result("patching", exact, summary, exact=exact, path_patching=paths))
+    try:
+        head_out, path = figs["exact_head_out"].axes[0], figs["path_patching"].axes[0]
+        np.testing.assert_allclose(heat(head_out), [[-0.0022, 0.0004], [0.0, 0.0001]], atol=1e-12)
+        np.testing.assert_allclose(heat(path), [[0.0, 0.001]], atol=1e-12)
+        for ax in (head_out, path):
+            assert colorbar_label(ax) == "raw effect (logit_diff), gap within noise"
+            assert "share" not in colorbar_label(ax)
+        np.testing.assert_allclose(_norm(head_out)[1:], (-0.0022, 0.0022))
+    finally:
+        plt.close("all")
+
+
+def test_lens_of_mixed_lengths_aligns_prompts_at_the_answer_position():
+    from headscope.reports.plots_circuits import plot_lens
+
+    def rows(example, n, values):  # positions 0..n-1 of real tokens, the last one the answer position
+        return [{"example": example, "layer": 0, "stage": "0_pre", "position": p, "is_answer": p == n - 1,
+                 "logprob": values[p]} for p in range(n)]
+
+    mixed = pd.DataFrame(rows(0, 3, [-5.0, -4.0, -1.0]) + rows(1, 2, [-3.0, -2.0]))
+    same = pd.DataFrame(rows(0, 2, [-5.0, -1.0]) + rows(1, 2, [-3.0, -2.0]))
+    try:
+        ax = plot_lens(mixed, ax=plt.subplots()[1])
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["-3", "-2", "-1 (answer)"]
+        np.testing.assert_allclose(heat(ax), [[-5.0, -3.5, -1.5]])  # answers with answers: (-1 + -2) / 2
+        assert "from the end" in ax.get_xlabel() and "2 prompts" in ax.get_xlabel()
+        kept = plot_lens(same, ax=plt.subplots()[1])
+        assert [t.get_text() for t in kept.get_xticklabels()] == ["0", "1"] and kept.get_xlabel().startswith("position (")
+    finally:
+        plt.close("all")
+
+
+def test_roles_labels_of_many_heads_do_not_overlap():
+    from headscope.reports.plots_heads import plot_roles
+
+    for n_layers, n_heads in ((3, 4), (12, 12)):  # the reviewer's 12 heads; a 144-head model
+        roles = pd.DataFrame([{"layer": l, "head": h, "positional": 0.1, "sink": 0.2, "previous_token": 0.0,
+                               "induction": 0.0, "confidence": 0.5} for l in range(n_layers) for h in range(n_heads)])
+        ax = plot_roles(roles)
+        fig = ax.figure
+        try:
+            fig.tight_layout()
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            shown = [t for t in ax.get_yticklabels() if t.get_text()]
+            boxes = [t.get_window_extent(renderer) for t in shown]
+            assert not [i for i in range(len(boxes) - 1) if _overlap(boxes[i], boxes[i + 1])]
+            if n_heads == 4:
+                assert [t.get_text() for t in shown] == [f"L{l}H{h}" for l in range(3) for h in range(4)]  # every head
+            assert _saturation(ax, 0.0) < 0.1 and _saturation(ax, 1.0) > 0.35  # white to red, from 0 (was magma)
+            assert (ax.collections[0].norm.vmin, ax.collections[0].norm.vmax) == (0, 1)
+        finally:
+            plt.close(fig)
+
+
+def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
+    from headscope.reports.plots_heads import plot_l0
+
+    sweep = pd.DataFrame({"lambda": [0.03], "heads_kept": [12], "metric_binary": [12.2032], "metric": [12.2026]})
+    ax = plot_l0(sweep, metric="logit_diff", baseline=12.2032, ax=plt.subplots()[1])
+    try:
+        kept, gates = (next(line for line in ax.get_lines() if line.get_label() == name)
+                       for name in ("kept heads only", "test-time gates"))
+        assert kept.get_marker() != gates.get_marker() and gates.get_zorder() > kept.get_zorder()
+        assert kept.get_markerfacecolor() == "none" and kept.get_markersize() > gates.get_markersize()  # the cross shows inside
+        assert list(ax.get_xticks()) == [12]
+    finally:
+        plt.close("all")
