@@ -4,9 +4,9 @@ Each family states its own headline in its plotting module, reports/plots_<name>
 -> str` (found through reports/families.py), with its figures' captions (`CAPTIONS`) beside the
 figures they describe; this module holds what they share: number formatting, intervals (t, Wilson,
 Fisher), metric words, the chance entry and its sentence, and the two lookups the pages use,
-`finding(name, summary)` and `caption(stem)`. A finding states the headline numbers of that analysis and says so
-when the result carries no information (a model at chance, a flat curve at its ceiling, a layer
-whose attention changes nothing). The text is plain (no markup): callers escape it.
+`finding(name, summary)` and `caption(stem)`. A finding states the headline numbers of its analysis
+and says so when the result carries no information (a model at chance, a flat curve at its ceiling,
+a layer whose attention changes nothing). The text is plain (no markup): callers escape it.
 
 A summary's "chance" entry (analyses/core/chance.py, added by the registry) decides whether the
 model is at chance on the task: then `finding` opens with that and the findings stated relative to

@@ -4,6 +4,9 @@ adversarial-attention scatters, HTML.
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy
 tables; `figures(result)` returns the analysis's figures by file stem; `token_html` renders token
 highlighting with every string escaped.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
 """
 from __future__ import annotations
 
@@ -126,7 +129,8 @@ def example_html(result: Result, *, example: int | None = None, methods: Sequenc
     return "\n".join(lines)
 
 
-__all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "plot_adversarial", "figures", "token_html", "example_html"]
+__all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "plot_adversarial", "figures", "token_html", "example_html",
+           "GUIDE", "CAPTIONS", "finding"]
 
 
 # Presentation (reports/families.py): the guide, the captions and the finding in words.

@@ -2,7 +2,11 @@
 heads), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size, MIB's
 faithfulness curve (CPR, CMD) and the circuit graph of the strongest edges.
 
-reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables."""
+reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
+"""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -216,7 +220,7 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
 
 
 def unreported(summary) -> str | None:
-    """Why the circuit's faithfulness is not reported (reports/findings.py says so): at chance there is
+    """Why the circuit's faithfulness is not reported (this module's finding says so): at chance there is
     no behaviour to recover, and with a clean-corrupted gap within noise faithfulness divides by noise."""
     quiet = quiet_reason(summary)
     if quiet:

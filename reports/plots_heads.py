@@ -4,6 +4,9 @@ the L0 trade-off and head-role scores.
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over one of the Result's
 tidy tables, summary values by keyword; `importance_figure` (two panels) returns the Figure;
 `figures(result)` gives every figure the Result has data for, by file stem.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
 """
 from __future__ import annotations
 

@@ -2,7 +2,11 @@
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
 
-The eviction band is a bootstrap over examples with a fixed seed, so equal Results give byte-identical PNGs."""
+The eviction band is a bootstrap over examples with a fixed seed, so equal Results give byte-identical PNGs.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
+"""
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,7 +1,11 @@
 """Figures of the mlp analysis: key-value agreement per layer, the Task's largest sub-updates,
 and the top-neuron table as escaped HTML (trigger prompts and tokens may hold markup).
 
-reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables."""
+reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
+"""
 from __future__ import annotations
 
 from collections.abc import Mapping

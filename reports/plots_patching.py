@@ -13,6 +13,9 @@ exact map and the path-patching map share one diverging scale centred on 0 (a q 
 0.003 of the gap looks pale next to head_out at 0.3, with its own max in the title); at chance
 (plots.quiet_reason) the maps are muted and say so. Causal traces of several prompts are drawn by
 token role, shared across the restored kinds.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
 """
 from __future__ import annotations
 

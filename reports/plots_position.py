@@ -3,6 +3,9 @@
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy
 tables, summary values by keyword; `figures(result)` gives every figure by file stem. Plotting
 reads the Result's tables only; nothing is computed from the model here.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
 """
 from __future__ import annotations
 

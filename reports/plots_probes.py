@@ -1,7 +1,11 @@
 """Figures of the probes analysis: probe score against the control task, and selectivity, per layer.
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables;
-`figures(result)` draws both side by side in one figure."""
+`figures(result)` draws both side by side in one figure.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
+"""
 from __future__ import annotations
 
 from collections.abc import Mapping
