@@ -168,7 +168,7 @@ def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
 
 
 def _refuses_to_rank(run: Run, method: str) -> str | None:
-    """Why run's own heads finding does not rank its heads by `method` (reports/findings.py), or None:
+    """Why run's own heads finding does not rank its heads by `method` (reports/plots_heads.py's finding), or None:
     the model at chance on the task, importance that is rounding (degenerate_<method>), or top heads
     that tie within rounding (tied_top_heads_<method>)."""
     s = run.summary("heads") or {}
@@ -320,7 +320,7 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
 
 def _gap(s: Mapping[str, Any]) -> float | None:
     """The clean-corrupted gap the report divides effects by (None when the effects are already normalised
-    or the summary does not give both metrics), as in reports/findings.py's patching finding."""
+    or the summary does not give both metrics), as in reports/plots_patching.py's finding."""
     clean, corrupt = s.get("clean_metric"), s.get("corrupted_metric")
     numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) for x in (clean, corrupt))
     return None if s.get("normalized") or not numbers or clean == corrupt else float(clean - corrupt)

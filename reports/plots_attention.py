@@ -95,3 +95,9 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
     fig.suptitle(title, fontsize="medium")
     fig.colorbar(image, ax=list(axes[0]), shrink=0.8, pad=0.01, label="attention weight (0-1)")
     return fig
+
+
+CAPTIONS = {  # what to read from the figure and its units, by figure stem
+    "top_attention": "The top heads' attention patterns on one example: row = query token, column = key token, "
+                     "colour = attention weight (0-1).",
+}

@@ -4,10 +4,14 @@ adversarial-attention scatters, HTML.
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy
 tables; `figures(result)` returns the analysis's figures by file stem; `token_html` renders token
 highlighting with every string escaped.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,6 +19,7 @@ import seaborn as sns
 
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
+from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, t_interval, wilson
 from headscope.reports.plots import axes, color_scale, label
 
 NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
@@ -124,4 +129,100 @@ def example_html(result: Result, *, example: int | None = None, methods: Sequenc
     return "\n".join(lines)
 
 
-__all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "plot_adversarial", "figures", "token_html", "example_html"]
+__all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "plot_adversarial", "figures", "token_html", "example_html",
+           "GUIDE", "CAPTIONS", "finding"]
+
+
+# Presentation (reports/families.py): the guide, the captions and the finding in words.
+
+GUIDE = (  # how to read this section of the report
+    "Does attention explain the prediction? For each example, token importance by attention, "
+    "rollout, gradients, integrated gradients and leave-one-out, and Kendall's tau between "
+    "attention and each other method (Jain & Wallace 2019). Weak tau and small output changes "
+    "under permuted attention mean attention weights are a poor stand-in for importance; so does "
+    "adversarial attention with a JSD near ln 2 (the maximum) that leaves the output unchanged."
+)
+CAPTIONS = {  # what to read from each figure and its units, by figure stem
+    "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement.",
+    "token_heatmap": "One example: each method's share of importance per token (rows sum to 1).",
+    "permutation": "Per example: median output change (total variation distance, 0-1) when the layer's attention is "
+                   "permuted, against its maximum attention weight.",
+    "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
+                   "while the output stays within epsilon.",
+}
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """Kendall tau of attention against gradients and leave-one-out (t intervals), rollout's when raw
+    attention disagrees, the fraction of significant taus (Wilson interval); permutation and adversarial tests."""
+    parts = []
+    n = int(_num(s.get("n_examples")) or 0)
+    keys = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
+    taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
+    taus = {k: v for k, v in taus.items() if v[0] is not None}
+    rollout = {name: _num(s.get(f"mean_tau_rollout_{key}")) for key, name in keys}
+    rollout = {k: v for k, v in rollout.items() if v is not None}
+    if taus:
+        def ci(m: float, sd: float | None) -> str:  # a tau lies in [-1, 1], so its interval too
+            interval = t_interval(m, sd, n)
+            return _ci(interval and (max(-1.0, interval[0]), min(1.0, interval[1])))
+
+        parts.append(f"Over {n or '?'} examples, last-layer attention agrees with "
+                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd)}" for k, (m, sd) in taus.items()) + ".")
+        if max(abs(m) for m, _ in taus.values()) < 0.2:
+            said = _rollout_sentence(s, taus, rollout, n, keys)
+            parts += [said] if said else []
+    frac = _num(s.get("fraction_significant"))
+    tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
+    if frac is not None and tests > 0:
+        k = round(frac * tests)
+        lo, hi = wilson(k, tests)
+        parts.append(f"{k} of {tests} per-example taus ({_pct(frac)}) are significant at p < 0.05, uncorrected "
+                     f"(Wilson 95% CI {_pct(lo)}-{_pct(hi)}; 5% would be by chance)"
+                     + (f"; {n} examples are too few to say how often attention agrees." if 0 < n < FEW else "."))
+    elif frac is not None:
+        parts.append(f"{_pct(frac)} of the per-example taus are significant (p < 0.05, uncorrected).")
+    tvd = _num(s.get("median_permutation_tvd"))
+    if tvd is not None:
+        layer = s.get("permutation_layer", "?")
+        if tvd < 0.01:
+            change = s.get("output_change", "change")
+            parts.append(f"Permuting layer {layer}'s attention barely moves the output (median {change} "
+                         f"{tvd:.3g}): that layer's attention does little for the prediction, so the permutation test "
+                         "says nothing about faithfulness.")
+        else:
+            parts.append(f"Permuting layer {layer}'s attention changes the output by a median {s.get('output_change', '')} "
+                         f"of {tvd:.3g}.")
+    jsd, near = _num(s.get("median_adversarial_jsd")), _num(s.get("fraction_adversarial_near_ln2"))
+    if jsd is not None:
+        parts.append(f"Adversarial attention within an output change of {s.get('adversarial_epsilon', '?')} reaches a median "
+                     f"JSD of {jsd:.3g} nats (maximum ln 2 = 0.693)"
+                     + (f"; {_pct(near)} of examples come within 90% of it." if near is not None else "."))
+    return " ".join(parts)
+
+
+def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float], n: int,
+                      keys: tuple) -> str:
+    """What rollout adds where raw last-layer attention agrees weakly: "does better" only against a reference
+    where rollout's tau reaches 0.2 and exceeds raw attention's against that same reference (when both have
+    intervals, rollout's lower bound above raw's upper bound); no such relative claim at chance."""
+    spread = (f"tau from {min(rollout.values()):.2f} to {max(rollout.values()):.2f}" if len(rollout) > 1
+              else f"tau {next(iter(rollout.values())):.2f}") if rollout else ""
+    if _chance(s) is not None:  # relative findings are not reported: the values only
+        return f"Attention rollout agrees at {spread} against the same methods." if rollout else ""
+    short = {name: key for key, name in keys}
+    better, not_better = [], []
+    for name, (raw, raw_sd) in taus.items():
+        roll = rollout.get(name)
+        if roll is None:
+            continue
+        ri, ai = t_interval(roll, _num(s.get(f"std_tau_rollout_{short[name]}")), n), t_interval(raw, raw_sd, n)
+        credible = roll > raw if ri is None or ai is None else ri[0] > ai[1]
+        (better if credible and roll >= 0.2 else not_better).append(f"{name} (tau {roll:.2f} against raw {raw:.2f})")
+    if better:
+        return ("Raw last-layer attention agrees weakly; attention rollout does better against " + ", ".join(better)
+                + (f", but not against {', '.join(not_better)}." if not_better else
+                   ": attention flow through the layers tracks token importance where the last layer's raw weights "
+                   "do not."))
+    return ("Agreement is weak" + (f" for rollout too ({spread})" if rollout else "")
+            + ": attention weights are a poor stand-in for token importance here.")

@@ -2,13 +2,21 @@
 heads), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size, MIB's
 faithfulness curve (CPR, CMD) and the circuit graph of the strongest edges.
 
-reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables."""
+reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
+"""
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from headscope.reports.findings import _at_chance, _below, _chance, _num, _pct
 from headscope.reports.plots import axes, color_scale, label, quiet_reason, symmetric_bound
 
 
@@ -212,7 +220,7 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
 
 
 def unreported(summary) -> str | None:
-    """Why the circuit's faithfulness is not reported (reports/findings.py says so): at chance there is
+    """Why the circuit's faithfulness is not reported (this module's finding says so): at chance there is
     no behaviour to recover, and with a clean-corrupted gap within noise faithfulness divides by noise."""
     quiet = quiet_reason(summary)
     if quiet:
@@ -243,3 +251,83 @@ def figures(result, **kwargs) -> dict:
             ax.figure.tight_layout()
             out[stem] = ax.figure
     return out
+
+
+# Presentation (reports/families.py): the guide, the captions and the finding in words.
+
+GUIDE = (  # how to read this section of the report
+    "Where the answer is written. The logit lens reads each block's input through the model's own "
+    "final norm and unembedding: the answer's log-probability by layer and position, and the first "
+    "layer where the answer is top-1. Direct logit attribution splits the final logit difference into "
+    "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale, so the "
+    "parts add up exactly."
+)
+CAPTIONS = {  # what to read from each figure and its units, by figure stem
+    "circuits_lens": "Logit lens: the answer's rank or log-probability read from each block's input through the final "
+                     "norm and unembedding, layer x position; row l_pre is the input of block l (after l blocks), "
+                     "final_post the output.",
+    "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
+                          "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
+    "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, heads, MLPs and bias terms "
+                               "add up to the final logit difference; kinds that are 0 within rounding for every example "
+                               "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
+                               "out and named in the title.",
+    "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
+                             "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
+                             "the same size, dotted: the 80% target.",
+    "circuits_mib": "MIB's faithfulness curve (Mueller et al. 2025): f = (m(C) - m(empty)) / (m(full) - m(empty)) of the "
+                    "top p% of the edges (x, log scale) for p = 0.1 ... 100; shaded: CPR, the area under f over linear p "
+                    "(higher is better); CMD is the area between f and 1 (lower is better).",
+    "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
+                      "y = head (MLPs at -1, key-value heads just left of and below their layer's query heads, labelled "
+                      "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative.",
+}
+PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <site>.'
+    "logit_lens": "Logit lens: the answer read from each block's input through the final norm and unembedding. ",
+    "dla": "Direct logit attribution: each component's contribution (logits) to the final logit difference. ",
+}
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """Logit lens (first layer with the answer top-1) and direct logit attribution's top writers."""
+    if "skipped" in s:
+        return f"Skipped: {s['skipped']}"
+    parts = []
+    first = s.get("lens_first_top1_layer", s.get("first_top1_layer"))
+    per_layer = s.get("lens_top1_fraction_per_layer") or {}
+    if isinstance(first, int):
+        n_layers = len(per_layer) - 1 if per_layer else None
+        frac = _num(per_layer.get(str(first)))
+        share = f" (top-1 in {_pct(frac)} of {s.get('n_examples', '?')} examples)" if frac is not None else ""
+        if n_layers is not None and first >= n_layers:
+            parts.append(f"The logit lens ranks the answer top-1 (median over examples) only at the model's output, "
+                         f"after all {n_layers} blocks{share}.")
+        elif first == 0:
+            parts.append(f"The logit lens ranks the answer top-1 (median over examples) already at the embeddings, "
+                         f"before block 0{share}.")
+        else:
+            of = f" of {n_layers}" if n_layers is not None else ""
+            parts.append(f"The logit lens first ranks the answer top-1 (median over examples) at the input of block "
+                         f"{first} (row {first}_pre), after {first}{of} blocks{share}.")
+    top = {k: _num(v) for k, v in (s.get("dla_top_components") or {}).items() if _num(v) is not None}
+    final = _num(s.get("dla_final_logit"))
+    entry = _chance(s)
+    if entry is not None or _at_chance(s, "logit_diff", final):  # at chance: no writer, no circuit to rank
+        why = ("below chance the model's behaviour is a preference for the wrong answers, not the task's"
+               if entry is not None and _below(entry) else "at chance there is no behaviour to attribute")
+        parts.append("Direct logit attribution"
+                     + (f" (final logit difference {final:.3g}" + (", near 0" if "chance" not in s else "") + ")"
+                        if final is not None else "")
+                     + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
+        return " ".join(parts)
+    if top:
+        items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]
+        n = s.get("n_examples")
+        parts.append("Direct logit attribution" + (f" (mean over {n} examples)" if n is not None else "")
+                     + ": the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items)
+                     + (f" of a final logit difference {final:.3g}." if final is not None else "."))
+    cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
+    if cpr is not None and cmd is not None:
+        parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores): CPR {cpr:.3f} (higher is better), "
+                     f"CMD {cmd:.3f} (lower is better).")
+    return " ".join(parts)

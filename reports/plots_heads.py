@@ -4,6 +4,9 @@ the L0 trade-off and head-role scores.
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over one of the Result's
 tidy tables, summary values by keyword; `importance_figure` (two panels) returns the Figure;
 `figures(result)` gives every figure the Result has data for, by file stem.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words
 from headscope.reports.plots import axes, color_scale, quiet_reason, symmetric_bound
 
 ROLE_SCORES = ("positional", "sink", "previous_token", "induction", "confidence")
@@ -210,3 +214,75 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
             ax.figure.tight_layout()
             out[stem] = ax.figure
     return out
+
+
+# Presentation (reports/families.py): the guide, the captions and the finding in words.
+
+GUIDE = (  # how to read this section of the report
+    "Which attention heads matter. Importance is Michel et al.'s |dL/d gate| (all heads in one "
+    "backward pass) next to the metric drop when a head alone is ablated. The pruning curve removes "
+    "the least important heads 10% at a time: a flat start then a cliff means many heads are "
+    "redundant; compare the orderings with the random band. Role scores label positional, "
+    "previous-token, induction and sink heads."
+)
+CAPTIONS = {  # what to read from each figure and its units, by figure stem
+    "importance": "Head importance, layer x head, both methods in their own units: |dL/d gate| (gradient) and the drop in "
+                  "the task metric when the head alone is zero-ablated (below 0, blue: removing the head helps); red is "
+                  "positive, white 0. A panel marked rounding only has no head above the numerical floor.",
+    "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
+                     "each ordering with its own marker and dash. Read where each falls below the dotted 1% floor; the "
+                     "random band spans the seeds.",
+    "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
+                 "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job.",
+    "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
+          "(lambdas that land on one point share a label).",
+    "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
+             "(the mean maximum attention weight).",
+}
+
+
+FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """Baseline, prunable heads per ordering, and the head roles found."""
+    parts = []
+    n_heads = s.get("n_heads")
+    base, kind = _num(s.get("baseline_metric")), s.get("metric", "metric")
+    metric = _words(kind)
+    if base is not None:
+        parts.append(f"Unpruned {metric} is {base:.3g} over {s.get('n_examples', '?')} examples.")
+    if _at_chance(s, kind, base):
+        parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
+                     "and pruning curves measure noise here, not a mechanism.")
+    relative = _chance(s) is None  # "within 1%" of a clean metric at chance says nothing
+    degenerate = {k.removeprefix("degenerate_"): v for k, v in s.items() if k.startswith("degenerate_")}
+    for method, why in degenerate.items():
+        parts.append(f"{FINDING_METHOD_WORDS.get(method, method).capitalize()} importance is rounding, not a measurement: {why}.")
+    noisy = {"gradient"} & set(degenerate) | ({"ablation"} if set(degenerate) & {"zero", "mean", "resample"} else set())
+    prunable = {k.removeprefix("max_fraction_prunable_"): _num(v) for k, v in s.items()
+                if relative and k.startswith("max_fraction_prunable_") and _num(v) is not None
+                and k.removeprefix("max_fraction_prunable_").removesuffix("_recompute") not in noisy}
+    if prunable and n_heads:
+        best = max(prunable, key=lambda k: prunable[k])
+        heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
+        over = f" (over {s['n_examples']} examples)" if s.get("n_examples") is not None else ""
+        parts.append(f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
+                     f"unpruned {metric}{over} when ordered by {best.replace('_', ' ')}.")
+        others = [f"{k.replace('_', ' ')} {_pct(v)}" for k, v in prunable.items() if k != best]
+        if others:
+            parts.append("Other orderings: " + ", ".join(others) + ".")
+    for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
+        tied = [str(h) for h in s[f"tied_top_heads_{method}"]]
+        if tied:
+            parts.append(f"By {FINDING_METHOD_WORDS.get(method, method)}, {', '.join(tied)} tie within rounding among the top "
+                         "heads: their order is arbitrary.")
+    roles = s.get("roles")
+    if isinstance(roles, Mapping):
+        found = [f"{len(v)} {k.replace('_', '-')} ({', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''})"
+                 for k, v in roles.items() if v]
+        parts.append("Head roles: " + "; ".join(found) + "." if found else "No head passes a role threshold.")
+    l0 = s.get("l0_min_heads_within_tolerance")
+    if isinstance(l0, int) and relative:
+        parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
+    return " ".join(parts)

@@ -1,12 +1,20 @@
 """Figures of the mlp analysis: key-value agreement per layer, the Task's largest sub-updates,
 and the top-neuron table as escaped HTML (trigger prompts and tokens may hold markup).
 
-reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables."""
+reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
+"""
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 import seaborn as sns
 
+from headscope.reports.findings import _num, _pct, wilson
 from headscope.reports.plots import axes
 from headscope.reports.render import escape
 
@@ -58,3 +66,54 @@ def figures(result, **kwargs) -> dict:
         ax.figure.tight_layout()
         out[stem] = ax.figure
     return out
+
+
+# Presentation (reports/families.py): the guide, the captions and the finding in words.
+
+GUIDE = (  # how to read this section of the report
+    "MLP layers as key-value memories (Geva et al. 2021): for each neuron, the prompts that "
+    "trigger it most and the tokens its value vector promotes. Agreement is the fraction of "
+    "neurons whose promoted token matches what follows their triggers; it tends to rise in "
+    "upper layers."
+)
+CAPTIONS = {  # what to read from each figure and its units, by figure stem
+    "mlp_agreement": "Per layer, the fraction of neurons (0-1) whose value vector's top token is the token after their "
+                     "strongest trigger (top trigger), after any of their top-k triggers (any of top k), and the same with "
+                     "triggers shuffled across neurons (control).",
+    "mlp_top_neurons": "The neurons whose updates m_i v_i are largest at the task's answer position (L2 norm, residual "
+                       "stream units), coloured by layer.",
+}
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """Key-value agreement per layer against its shuffled control; with the neuron count, both as
+    k of n neurons with Wilson intervals, and "no better than the control" when the best layer's
+    interval reaches down to the control's best."""
+    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
+    shuffled = [v for v in (_num(x) for x in (s.get("agreement_shuffled_per_layer") or {}).values()) if v is not None]
+    n = int(_num(s.get("n_neurons_per_layer")) or 0)
+    parts = []
+    if agree:
+        best = max(agree, key=lambda k: agree[k])
+        interval = wilson(round(agree[best] * n), n) if n else None
+        size = (f" ({round(agree[best] * n)} of {n} neurons, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
+                if interval else "")
+        parts.append(f"Agreement between a neuron's promoted token and what follows its triggers peaks at "
+                     f"{_pct(agree[best])}{size} in layer {best} (over {s.get('n_prefixes', '?')} prefixes)")
+        control = max(shuffled) if shuffled else None
+        parts[-1] += f"; the shuffled control reaches {_pct(control)}." if control is not None else "."
+        if control is not None and (interval[0] <= control if interval else agree[best] <= control + 0.02):
+            parts.append("That is no better than the control: these MLPs show no key-value memory on this corpus.")
+    frac = _num(s.get("answer_promoted_fraction"))
+    if frac is not None:
+        count = _num(s.get("n_task_updates"))  # how many updates the fraction is over (newer summaries)
+        examples = _num((s.get("chance") or {}).get("n_examples")) if isinstance(s.get("chance"), Mapping) else None
+        if count:
+            k = round(frac * count)
+            lo, hi = wilson(k, int(count))
+            parts.append(f"{k} of {count:.0f} top task updates ({_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)}) "
+                         "promote the answer token.")
+        else:
+            parts.append(f"{_pct(frac)} of the top task updates" + (f" (on {examples:.0f} task examples)" if examples else "")
+                         + " promote the answer token.")
+    return " ".join(parts)

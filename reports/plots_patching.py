@@ -13,8 +13,14 @@ exact map and the path-patching map share one diverging scale centred on 0 (a q 
 0.003 of the gap looks pale next to head_out at 0.3, with its own max in the title); at chance
 (plots.quiet_reason) the maps are muted and say so. Causal traces of several prompts are drawn by
 token role, shared across the restored kinds.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +28,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
 from headscope.reports.plots import axes, color_scale, label, quiet_reason, symmetric_bound
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
@@ -245,3 +252,160 @@ def figures(result, **kwargs) -> dict[str, Figure]:
     if paths is not None:
         new("path_patching", lambda ax: plot_path_patching(paths, ax=ax, label=label, bound=shared, quiet=quiet))
     return out
+
+
+# Presentation (reports/families.py): the guide, the captions and the finding in words.
+
+GUIDE = (  # how to read this section of the report
+    "Where the computation happens. Each cell replaces one activation of the corrupted run by the "
+    "clean run's (denoising) and shows how much of the clean behaviour returns (normalised logit "
+    "difference: 1 = fully restored). Causal tracing restores states after noising the subject; "
+    "attribution patching approximates every cell from one backward pass (its agreement with exact "
+    "patching is reported)."
+)
+CAPTIONS = {  # what to read from each figure and its units, by figure stem
+    "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both in normalised "
+                            "logit difference; the dashed line is y = x and each site type's fitted slope is in the legend "
+                            "(slope 0.5 = a 2x underestimate).",
+    "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers, layer x "
+                     "head; red positive, blue negative, centred on 0.",
+}
+PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <site>.'
+    "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
+              "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
+              "own maximum is much smaller prints it in its title). ",
+    "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
+                       "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
+                       "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",
+}
+
+
+def _site(cell: Mapping[str, Any], kind: str) -> str:
+    where = [f"layer {cell.get('layer')}"]
+    if cell.get("head") is not None:
+        where.append(f"head {cell['head']}")
+    if cell.get("pos") is not None:
+        token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
+        where.append(f"position {cell['pos']} " + (f"('{token}')" if token else "(its token differs across prompts)"))
+    return f"{kind} at {', '.join(where)}"
+
+
+RESIDUAL = {"resid_pre": 0, "resid_post": 1}  # resid_post of layer l is resid_pre of layer l + 1: one state
+
+
+def _state(kind: str, cell: Mapping[str, Any]) -> tuple:
+    """A key equal for cells that patch the same activation (resid_post l and resid_pre l + 1)."""
+    if kind in RESIDUAL:
+        return ("resid", int(cell.get("layer") or 0) + RESIDUAL[kind], cell.get("pos"))
+    return (kind, cell.get("layer"), cell.get("head"), cell.get("pos"))
+
+
+def _distinct_sites(cells: list) -> list:
+    """The strongest cell, then the strongest of each other site type, each a different activation
+    (the residual stream at one position is one site however many residual kinds name it)."""
+    seen_states, seen_kinds, out = set(), set(), []
+    for kind, cell in cells:
+        state, family = _state(kind, cell), "resid" if kind in RESIDUAL else kind
+        if state in seen_states or family in seen_kinds:
+            continue
+        seen_states.add(state)
+        seen_kinds.add(family)
+        out.append((kind, cell))
+    return out
+
+
+def _significant(r: float | None, n: int) -> bool:
+    """Whether a Pearson r over n points differs from 0: its Fisher 95% interval excludes 0 (|r| = 1 on
+    three or more points counts as significant; fewer than four points otherwise never do)."""
+    if r is None:
+        return False
+    if abs(r) >= 1:
+        return n >= 3
+    interval = fisher_interval(r, n)
+    return interval is not None and (interval[0] > 0 or interval[1] < 0)
+
+
+SPARSE = 10  # fewer non-zero exact effects than this (or under half the cells): r is stated on them, without an interval
+
+
+def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
+    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
+    few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
+    interval that counts the zero cells as independent), or that one point carries it: r is significant,
+    and without its largest cell it is not, flips sign, or falls to under half of |r| (the rest still
+    significant: "mostly carried" by that cell)."""
+    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
+    if nonzero is not None and nonzero < 3:
+        return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
+                "so it says nothing about agreement")
+    if nonzero is not None and (nonzero < SPARSE or nonzero < n / 2):  # zeros are not independent evidence
+        rho, slope, rest = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("pearson_without_top"))
+        extra = [f"Spearman {rho:.2f}" if rho is not None else "",
+                 f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
+                 f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
+                 and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
+                 f"no interval: the other {n - nonzero:.0f} cells have no exact effect"]
+        return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
+    rest = _num(stats.get("pearson_without_top"))
+    said = f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
+    if rest is None or not _significant(r, n):
+        return said
+    without = f"without it r = {rest:.3f} (n = {n - 1} cells{_ci(fisher_interval(rest, n - 1), '.3f')})"
+    if not _significant(rest, n - 1) or rest * r < 0:
+        return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
+    if abs(rest) < abs(r) / 2:
+        return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
+    return said
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """The strongest patching sites, attribution patching's agreement and causal tracing's peaks."""
+    if "skipped" in s:
+        return f"Skipped: {s['skipped']}"
+    parts = []
+    clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
+    gap = None if s.get("normalized") or clean is None or corrupt is None or clean == corrupt else clean - corrupt
+    metric = _words(s.get("metric", ""))
+    if gap is not None:
+        parts.append(f"Clean prompts give a {metric} of {clean:.3g}, corrupted ones {corrupt:.3g}.")
+        if _at_chance(s, s.get("metric"), clean):
+            parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
+                         "restore, so the patching maps show noise.")
+    top = s.get("top_sites") or {}
+    cells = [(kind, c) for kind, rows in top.items() for c in rows if _num(c.get("effect")) is not None]
+    if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise
+        cells = []
+    small = s.get("gap_within_noise")
+    if isinstance(small, Mapping) and cells:  # a share of a gap that is noise is not a measurement
+        cells = []
+        parts.append(f"The clean-corrupted gap is within noise ({small.get('reason', 'no reason recorded')}): effects "
+                     "normalised by it (shares of the gap) are not meaningful, so no site is ranked.")
+    if cells:
+        cells.sort(key=lambda kc: -abs(kc[1]["effect"]))
+        cells = _distinct_sites(cells)
+        kind, best = cells[0]
+
+        def share(effect: float) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
+            return f"{effect / gap:.2f} of the clean-corrupted gap ({effect:+.3g} {metric})" if gap else f"{effect:.2f}"
+
+        parts.append(f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) moves the metric most "
+                     f"at the {_site(best, kind)}: {share(best['effect'])}.")
+        if gap and abs(best["effect"] / gap) < 0.05:
+            parts.append("No single site moves more than 5% of the gap: the effect is spread out or the task is not solved.")
+        runners = [f"{_site(c, k)} ({c['effect'] / gap if gap else c['effect']:.2f})" for k, c in cells[1:3]]
+        if runners:
+            parts.append("Next, at other sites: " + "; ".join(runners) + ".")
+    corr = s.get("attribution_correlation")
+    if isinstance(corr, Mapping):
+        said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
+        if said:
+            parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said)
+                         + ". A high r can hide a scale error: see the per-site slopes in the figure.")
+    trace = s.get("causal_tracing")
+    if isinstance(trace, Mapping):
+        clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
+        if clean is not None and corrupt is not None:
+            n = trace.get("n_examples")
+            parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
+                         f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
+    return " ".join(parts)

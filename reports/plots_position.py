@@ -3,9 +3,13 @@
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy
 tables, summary values by keyword; `figures(result)` gives every figure by file stem. Plotting
 reads the Result's tables only; nothing is computed from the model here.
+
+This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
+(how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -13,6 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.errors import ConfigError
+from headscope.reports.findings import _num
 from headscope.reports.plots import axes, color_scale, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
@@ -120,3 +125,85 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
         fig.tight_layout()
         figs["position_streaming"] = fig
     return figs
+
+
+# Presentation (reports/families.py): the guide, the captions and the finding in words.
+
+GUIDE = (  # how to read this section of the report
+    "Lost in the middle: answer quality against the position of the relevant item in the context "
+    "(Liu et al. 2023), with bootstrap intervals. A U-shape means the middle is neglected. The "
+    "attention maps show which heads look at the gold item, and the sink panel shows how much "
+    "attention parks on the first tokens against the uniform baseline."
+)
+CAPTIONS = {  # what to read from each figure and its units, by figure stem
+    "position_curve": "Answer metric (y) by the gold item's slot in the context (x), bootstrap 95% band over examples. "
+                      "The middle is neglected only where its band lies below both ends' bands; overlapping bands show "
+                      "no difference at this sample size.",
+    "position_gold_attention": "Attention mass (0-1) on the gold span, layer x gold position, max over heads.",
+    "position_sinks": "Per layer, attention mass on the first tokens (0-1) against the uniform-attention baseline (dashed).",
+    "position_streaming": "Answer log-probability (nats) by gold position with the full context and with streaming "
+                          "windows (sinks + recent tokens); each condition has its own marker and dash, so equal curves "
+                          "stay visible.",
+}
+
+
+FLAT = 0.02  # a curve whose values span less than this (in its own units) is called flat
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """The position curve (U-shape or flat), the sink mass and retrieval heads."""
+    parts = []
+    metric = s.get("primary_metric", "accuracy")
+    per_pos = s.get("metric_per_position", {}).get(metric, {})
+    values = {k: _num(v) for k, v in per_pos.items() if _num(v) is not None}
+    if values:
+        lo, hi = min(values.values()), max(values.values())
+        worst = min(values, key=lambda k: values[k])
+        if hi - lo < FLAT:
+            ceiling = " at its ceiling" if metric in ("accuracy", "probability", "cosine") and lo >= 0.98 else ""
+            parts.append(f"The {metric} curve is flat{ceiling} ({lo:.2f}-{hi:.2f} over {len(values)} gold positions): "
+                         "position in the context makes no measurable difference on this task, so this sweep "
+                         "cannot show lost-in-the-middle.")
+        else:
+            parts.append(f"{metric.capitalize()} ranges from {lo:.2f} (gold at position {worst}) to {hi:.2f} "
+                         f"over {len(values)} gold positions ({s.get('n_examples', '?')} examples).")
+    ratio = _num(s.get("ratio_middle_to_ends", {}).get(metric))
+    if ratio is not None and values and max(values.values()) - min(values.values()) >= FLAT:
+        parts.append(f"The worst middle position reaches {ratio:.2f} of the best end. "
+                     + _shape(values, (s.get("ci_per_position") or {}).get(metric) or {}, s.get("n_examples")))
+    sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
+    base = _num(s.get("sink_uniform_baseline"))
+    if sinks and base is not None:
+        top = max(range(len(sinks)), key=lambda i: sinks[i])
+        parts.append(f"Attention on the first {s.get('n_sink', '?')} token(s) peaks at {sinks[top]:.2f} in layer {top} "
+                     f"against {base:.2f} under uniform attention"
+                     + (" (an attention sink)." if sinks[top] > 2 * base else ": no attention sink."))
+    heads = s.get("retrieval_heads") or []
+    if heads:
+        names = ", ".join(f"L{l}H{h}" for l, h in heads[:4]) + (", ..." if len(heads) > 4 else "")
+        parts.append(f"{len(heads)} retrieval head(s) track the {s.get('retrieval_tracked_metric', 'metric')}: {names}.")
+    return " ".join(parts)
+
+
+def _shape(values: Mapping[str, float], ci: Mapping[str, Any], n: Any) -> str:
+    """What the bootstrap intervals allow about the middle against the ends: a U-shape only when the
+    worst middle position's interval lies below both ends' intervals."""
+    order = sorted(values, key=lambda k: float(k))
+    middle = [k for k in order[1:-1]]
+    if not middle:
+        return ""
+    worst = min(middle, key=lambda k: values[k])
+    bounds = {k: ci.get(k) for k in (order[0], worst, order[-1])}
+    if not all(isinstance(b, (list, tuple)) and len(b) == 2 and all(_num(x) is not None for x in b) for b in bounds.values()):
+        return "No intervals to test the shape: no U-shape is claimed."
+    size = f"n = {n} examples per position" if n is not None else "n unknown"
+    below = [end for end, name in ((order[0], "first"), (order[-1], "last")) if bounds[worst][1] < bounds[end][0]]
+    if len(below) == 2:
+        return (f"Its 95% interval [{bounds[worst][0]:.2f}, {bounds[worst][1]:.2f}] lies below both ends' ({size}): "
+                "a U-shape, the middle is neglected.")
+    if below:
+        which = "first" if below[0] == order[0] else "last"
+        return (f"Its 95% interval lies below the {which} end's only ({size}): a decline toward the other end, "
+                "not a U-shape.")
+    return (f"Its 95% interval overlaps both ends' ({size}): no evidence that the middle is neglected at this "
+            "sample size.")

@@ -7,8 +7,8 @@ its Task (`default_task(model, task, config) -> Task`: the user's task or, for N
 for this kind of model; None where the family builds its own data, position's sweeps and probes'
 labelled rows, and so is handed the user's task as given) and the names `headscope` exports from it.
 The registry (analyses/core/registry.py) lists the families by name and reads their records; the
-presentation (figures, finding, captions, guide) is the reports layer's record of the same name
-(reports/families.py).
+presentation (figures, finding, captions, guide) is the reports layer's module of the same name,
+reports/plots_<name>.py (found by reports/families.py).
 """
 from __future__ import annotations
 
