@@ -104,6 +104,17 @@ def random_tokens(batch: int, pos: int, seed: int = 0) -> torch.Tensor:
     return torch.cat([torch.full((batch, 1), 2), words], dim=1)
 
 
+def left_padded_tokens(lengths, seed: int = 0, pad_id: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [rows, max(lengths)], mask): row r has lengths[r] real tokens (random_tokens), left-padded
+    with pad_id, and its attention mask (1 on real tokens)."""
+    tokens = random_tokens(len(lengths), max(lengths), seed=seed)
+    mask = torch.zeros_like(tokens)
+    for r, n in enumerate(lengths):
+        mask[r, -n:] = 1
+        tokens[r, :-n] = pad_id
+    return tokens, mask
+
+
 def zero_head(head: int, from_pos: int = 0):
     """A TransformerLens hook_z hook zeroing `head` at positions from_pos.. (on a copy)."""
     def hook(z: torch.Tensor, hook) -> torch.Tensor:

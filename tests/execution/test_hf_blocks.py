@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headscope.execution import fast_blocks, hf_blocks, resume
-from tests_support import hf_model, hf_z_edit, random_tokens
+from tests_support import hf_model, hf_z_edit, left_padded_tokens
 
 ARCHS = ("olmo2", "qwen3", "gemma3", "mixtral")
 LENGTHS = (9, 6, 4)  # real tokens per row, left-padded to 9
@@ -17,12 +17,7 @@ P = 6  # the patched position (real in every row)
 
 def _padded(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens [3, 9] with rows of LENGTHS real tokens, left-padded (pad id 1), and their mask."""
-    tokens = random_tokens(len(LENGTHS), max(LENGTHS), seed=seed)
-    mask = torch.zeros_like(tokens)
-    for r, n in enumerate(LENGTHS):
-        mask[r, -n:] = 1
-        tokens[r, :-n] = 1
-    return tokens, mask
+    return left_padded_tokens(LENGTHS, seed=seed)
 
 
 def _hf_logits(hf, tokens, mask, **kwargs):

@@ -151,14 +151,9 @@ LENGTHS = (12, 9, 6)  # real tokens per row, left-padded to 12: beyond the tiny 
 
 def _padded_rows(seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens [3, 12] with rows of LENGTHS real tokens, left-padded (pad id 1), and their mask."""
-    from tests_support import random_tokens
+    from tests_support import left_padded_tokens
 
-    tokens = random_tokens(len(LENGTHS), max(LENGTHS), seed=seed)
-    mask = torch.zeros_like(tokens)
-    for r, n in enumerate(LENGTHS):
-        mask[r, -n:] = 1
-        tokens[r, :-n] = 1
-    return tokens, mask
+    return left_padded_tokens(LENGTHS, seed=seed)
 
 
 def _hf_out(hf, tokens, mask):
