@@ -160,15 +160,20 @@ def finding(s: Mapping[str, Any]) -> str:
     keys = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
     taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
     taus = {k: v for k, v in taus.items() if v[0] is not None}
+    # examples with a defined tau per method (older summaries: every example)
+    defined = {name: int(_num(s.get(f"n_tau_attention_{key}")) or n) for key, name in keys}
     rollout = {name: _num(s.get(f"mean_tau_rollout_{key}")) for key, name in keys}
     rollout = {k: v for k, v in rollout.items() if v is not None}
     if taus:
-        def ci(m: float, sd: float | None) -> str:  # a tau lies in [-1, 1], so its interval too
-            interval = t_interval(m, sd, n)
+        def ci(m: float, sd: float | None, k: str) -> str:  # a tau lies in [-1, 1], so its interval too
+            interval = t_interval(m, sd, defined[k])
             return _ci(interval and (max(-1.0, interval[0]), min(1.0, interval[1])))
 
-        parts.append(f"Over {n or '?'} examples, last-layer attention agrees with "
-                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd)}" for k, (m, sd) in taus.items()) + ".")
+        fewest = min(defined[k] for k in taus)
+        lost = (f" ({n - fewest} without a defined tau: too few tokens to rank, so the means and intervals are over "
+                f"{fewest})" if 0 < fewest < n else "")
+        parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
+                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
         if max(abs(m) for m, _ in taus.values()) < 0.2:
             said = _rollout_sentence(s, taus, rollout, n, keys)
             parts += [said] if said else []

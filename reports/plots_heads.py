@@ -251,7 +251,10 @@ def finding(s: Mapping[str, Any]) -> str:
     base, kind = _num(s.get("baseline_metric")), s.get("metric", "metric")
     metric = _words(kind)
     if base is not None:
-        parts.append(f"Unpruned {metric} is {base:.3g} over {s.get('n_examples', '?')} examples.")
+        ci = (s.get("chance") or {}).get("ci") if isinstance(s.get("chance"), Mapping) else None
+        span = (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if isinstance(ci, (list, tuple)) and len(ci) == 2
+                and all(_num(x) is not None for x in ci) else "")
+        parts.append(f"Unpruned {metric} is {base:.3g}{span} over {s.get('n_examples', '?')} examples.")
     if _at_chance(s, kind, base):
         parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
                      "and pruning curves measure noise here, not a mechanism.")
@@ -283,6 +286,10 @@ def finding(s: Mapping[str, Any]) -> str:
                  for k, v in roles.items() if v]
         parts.append("Head roles: " + "; ".join(found) + "." if found else "No head passes a role threshold.")
     l0 = s.get("l0_min_heads_within_tolerance")
-    if isinstance(l0, int) and relative:
+    lambdas = s.get("l0_lambdas")
+    if isinstance(l0, int) and relative and isinstance(lambdas, (list, tuple)) and len(lambdas) < 2:
+        parts.append(f"L0 gates were trained at one strength only (lambda {lambdas[0]:g}): "
+                     "no sweep, so they say nothing about how few heads suffice.")
+    elif isinstance(l0, int) and relative:
         parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
     return " ".join(parts)

@@ -98,8 +98,12 @@ def finding(s: Mapping[str, Any]) -> str:
         interval = wilson(round(agree[best] * n), n) if n else None
         size = (f" ({round(agree[best] * n)} of {n} neurons, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
                 if interval else "")
-        parts.append(f"Agreement between a neuron's promoted token and what follows its triggers peaks at "
-                     f"{_pct(agree[best])}{size} in layer {best} (over {s.get('n_prefixes', '?')} prefixes)")
+        tied = [k for k in agree if k != best and interval and agree[k] >= interval[0]]  # inside the peak's interval
+        where = (f"in layer {best}" if not tied else
+                 f"in layer {best}, with layer{'s' if len(tied) > 1 else ''} {', '.join(map(str, tied))} inside its interval "
+                 "(no one layer stands out)")
+        parts.append(f"Agreement between a neuron's promoted token and what follows its triggers is highest at "
+                     f"{_pct(agree[best])}{size} {where} (over {s.get('n_prefixes', '?')} prefixes)")
         control = max(shuffled) if shuffled else None
         parts[-1] += f"; the shuffled control reaches {_pct(control)}." if control is not None else "."
         if control is not None and (interval[0] <= control if interval else agree[best] <= control + 0.02):

@@ -49,7 +49,8 @@ def position_labels(rows: pd.DataFrame, positions, n_prompts: int | None, n_posi
 
 
 def _position_axis(n_prompts: int | None) -> str:
-    return "position: token" if n_prompts == 1 else f"position from the end (mean over {n_prompts or 'the'} prompts)"
+    return ("position: token" if n_prompts == 1 else
+            f"position from the end (mean over up to {n_prompts or 'the'} prompts: only those that reach it)")
 
 
 def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float | None = None,
@@ -286,7 +287,9 @@ def _site(cell: Mapping[str, Any], kind: str) -> str:
         where.append(f"head {cell['head']}")
     if cell.get("pos") is not None:
         token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
-        where.append(f"position {cell['pos']} " + (f"('{token}')" if token else "(its token differs across prompts)"))
+        end = cell.get("from_end")  # the figures' axis: the same place in every left-padded prompt
+        at = f"position {end} from the end" if isinstance(end, int) else f"position {cell['pos']}"
+        where.append(f"{at} " + (f"('{token}')" if token else "(its token differs across prompts)"))
     return f"{kind} at {', '.join(where)}"
 
 

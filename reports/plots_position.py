@@ -52,7 +52,7 @@ def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tup
     ax.set_ylabel(LABELS.get(metric, metric))
     lo, hi = float(data["mean"].min()), float(data["mean"].max())
     if title is None and hi - lo < 0.02:
-        title = f"flat: {metric} {lo:.2f}-{hi:.2f} at every gold position (position makes no difference)"
+        title = f"flat: {metric} {lo:.2f}-{hi:.2f} at every gold position (no measurable effect of position)"
     elif title is None:
         title = "min(middle) / max(ends) = " + (f"{ratio:.2f}" if ratio is not None else "n/a (too few positions)")
         title += _verdict(data[data["condition"] == conditions[0]])
@@ -109,7 +109,10 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     primary = s.get("primary_metric", "accuracy")
     common = {"n_items": s.get("n_items"), "ratio": (s.get("ratio_middle_to_ends") or {}).get(primary)}
     figs = {}
-    for stem, draw in (("position_curve", lambda ax: plot_curve(tables["curve"], metric=primary, ax=ax, **common)),
+    quiet = quiet_reason(s)  # at chance: a flat curve is a floor, not evidence about position
+    curve_title = None if quiet is None else f"{primary} by gold position\n{quiet}"
+    for stem, draw in (("position_curve", lambda ax: plot_curve(tables["curve"], metric=primary, ax=ax, title=curve_title,
+                                                                   **common)),
                        ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax,
                                                                                            quiet=quiet_reason(s))),
                        ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"), ax=ax))):
@@ -121,7 +124,8 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     if len(masked):
         fig, ax = plt.subplots(figsize=(8, 4))
         plot_curve(tables["curve"], metric="logprob", conditions=("full", *masked["condition"].unique()),
-                   n_items=s.get("n_items"), ax=ax, title="full context vs streaming windows (sinks + recent tokens)")
+                   n_items=s.get("n_items"), ax=ax, title="full context vs streaming windows (sinks + recent tokens)"
+                   + (f"\n{quiet}" if quiet else ""))
         fig.tight_layout()
         figs["position_streaming"] = fig
     return figs
@@ -159,7 +163,12 @@ def finding(s: Mapping[str, Any]) -> str:
     if values:
         lo, hi = min(values.values()), max(values.values())
         worst = min(values, key=lambda k: values[k])
-        if hi - lo < FLAT:
+        chance = s.get("chance")
+        if hi - lo < FLAT and isinstance(chance, Mapping) and chance.get("at_chance") is True:
+            parts.append(f"The {metric} curve is flat at the model's floor ({lo:.2f}-{hi:.2f} over {len(values)} gold "
+                         "positions): the model does not do this task at any position, so the sweep says nothing "
+                         "about position.")
+        elif hi - lo < FLAT:
             ceiling = " at its ceiling" if metric in ("accuracy", "probability", "cosine") and lo >= 0.98 else ""
             parts.append(f"The {metric} curve is flat{ceiling} ({lo:.2f}-{hi:.2f} over {len(values)} gold positions): "
                          "position in the context makes no measurable difference on this task, so this sweep "

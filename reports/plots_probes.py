@@ -91,7 +91,10 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"Selectivity cannot be measured on this task: {s['control_degenerate']}.")
     elif sel is not None:
         parts.append(f"Selectivity (score minus the control task) is {sel:.2f}"
-                     + ("; low selectivity means the probe memorises rather than reads." if sel < 0.1 else "."))
+                     + ("; below 0 the control task (random labels per word type) is easier to fit than the real "
+                        "labels, so this probe shows no evidence that the property is read rather than memorised."
+                        if sel < 0 else "; low selectivity means the probe memorises rather than reads."
+                        if sel < 0.1 else "."))
     capacity = s.get("capacity")
     if isinstance(capacity, Mapping) and capacity.get("grid") and not s.get("control_degenerate"):
         first = s.get("first_selective_layer")

@@ -430,6 +430,9 @@ def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfi
                     out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
                     out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
     last = df[(df.attention == "last_layer")].dropna(subset=["tau"])
+    for method, short in SUMMARY_NAMES.items():  # examples with a defined tau (a prompt too short to rank gives NaN)
+        if (("last_layer", method)) in summ.index:
+            out[f"n_tau_attention_{short}"] = int(last[last.method == method].example.nunique())
     out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
     out["n_tau_tests"] = int(len(last))  # examples x methods: the count the fraction is over
     pairs = tables["tau_methods"]

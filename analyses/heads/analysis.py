@@ -265,6 +265,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         floor = baseline - hc.pruning.tolerance * abs(baseline)
         ok = sweep.loc[sweep["metric_binary"] >= floor, "heads_kept"]
         summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
+        summary["l0_lambdas"] = [float(x) for x in hc.l0.lambdas]  # one strength is no sweep (the finding says so)
     run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)
 

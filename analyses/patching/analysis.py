@@ -222,6 +222,7 @@ def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect") -> dict[
     kinds, score = df["site_type"].to_numpy(), np.abs(df[column].to_numpy(dtype=float))
     layer, head, pos = (df[c].to_numpy(dtype=float, na_value=np.nan) for c in ("layer", "head", "pos"))
     token, value = df["token"].to_numpy(), df[column].to_numpy(dtype=float)
+    ends = df["position_from_end"].to_numpy(dtype=float, na_value=np.nan) if "position_from_end" in df else None
     out = {}
     for name in pd.unique(kinds):
         rows = np.flatnonzero(kinds == name)
@@ -232,6 +233,7 @@ def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect") -> dict[
                 "head": None if np.isnan(head[i]) else int(head[i]),
                 "pos": None if np.isnan(pos[i]) else int(pos[i]),
                 "token": str(token[i]),
+                **({} if ends is None or np.isnan(ends[i]) else {"from_end": int(ends[i])}),
                 column: float(value[i]),
             }
             for i in top

@@ -235,7 +235,10 @@ def test_mlp_agreement_is_counted_in_neurons_against_the_control():
          "n_prefixes": 1248, "n_neurons_per_layer": 256}
     text = finding("mlp", s)
     # Wilson interval of 18 / 256: 4%-11%, above the control's 1%
-    assert "peaks at 7% (18 of 256 neurons, Wilson 95% CI 4%-11%) in layer 3 (over 1248 prefixes)" in text
+    assert "is highest at 7% (18 of 256 neurons, Wilson 95% CI 4%-11%) in layer 3 (over 1248 prefixes)" in text
+    # the third review: layer 1's 127 of 256 lies inside layer 0's 130 of 256 interval (45%-57%): no peak is claimed
+    tied = {**s, "agreement_per_layer": {"0": 130 / 256, "1": 127 / 256}, "agreement_shuffled_per_layer": {"0": 0.01}}
+    assert "in layer 0, with layer 1 inside its interval (no one layer stands out)" in finding("mlp", tied)
     assert "no better" not in text
     close = {**s, "agreement_per_layer": {"3": 6 / 256}, "agreement_shuffled_per_layer": {"3": 3 / 256}}
     assert "(6 of 256 neurons, Wilson 95% CI 1%-5%)" in finding("mlp", close)
@@ -395,3 +398,42 @@ def test_patching_names_no_token_where_the_prompts_differ():
                "top_sites": {"resid_pre": [{"layer": 0, "head": None, "pos": 20, "token": "", "effect": 2.0}]}}
     text = finding("patching", summary)
     assert "resid_pre at layer 0, position 20 (its token differs across prompts): 0.50 of the clean-corrupted gap" in text
+
+
+def test_third_review_cases_say_what_the_data_can_support():
+    """The third review (a GPT-NeoX model and pet-name task nobody built for): patching named padded positions
+    the figures do not show; position at chance called a flat curve evidence about position; a negative
+    selectivity was read as memorising; one L0 strength was stated as how few heads suffice."""
+    patching = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+                "clean_metric": 2.0, "corrupted_metric": -2.0,
+                "top_sites": {"resid_pre": [{"layer": 0, "head": None, "pos": 7, "from_end": -3, "token": "",
+                                             "effect": 3.0}]}}
+    text = finding("patching", patching)
+    assert "resid_pre at layer 0, position -3 from the end (its token differs across prompts)" in text
+    assert "position 7" not in text
+    position = {"primary_metric": "accuracy", "n_examples": 4, "chance": {**AT_CHANCE, "metric": "accuracy"},
+                "metric_per_position": {"accuracy": {"1": 0.0, "2": 0.0, "3": 0.0, "4": 0.0}}}
+    text = finding("position", position)
+    assert "flat at the model's floor (0.00-0.00 over 4 gold positions)" in text and "says nothing about position" in text
+    assert "makes no measurable difference" not in text
+    probes = {"metric": "accuracy", "labels": "answer", "best_layer": 1, "best_accuracy": 0.54,
+              "majority_baseline": 0.25, "best_selectivity": -0.09, "best_control": 0.63}
+    text = finding("probes", probes)
+    assert "below 0 the control task (random labels per word type) is easier to fit" in text
+    assert "memorises rather than reads" not in text
+    heads = {**HEADS, "l0_min_heads_within_tolerance": 12, "l0_lambdas": [0.03]}
+    text = finding("heads", heads)
+    assert "L0 gates were trained at one strength only (lambda 0.03)" in text and "within tolerance with" not in text
+    assert "L0 gates keep the metric within tolerance with 12 heads" in finding("heads", {**heads, "l0_lambdas": [0.01, 0.1]})
+    above = {"at_chance": False, "metric": "logit_diff", "mean": 9.14, "chance_value": 0.0, "ci": [8.30, 9.99]}
+    assert "Unpruned logit difference is 9.14 (95% CI [8.3, 9.99]) over 16 examples." in finding(
+        "heads", {**HEADS, "baseline_metric": 9.14, "n_examples": 16, "chance": above})
+
+
+def test_attribution_means_and_intervals_count_only_examples_with_a_defined_tau():
+    """The third review: one of 4 prompts had too few tokens to rank, so its taus are NaN; the mean and its t
+    interval are over the 3 defined ones: 0.733 -+ t(0.975, 2) = 4.303 x 0.231 / sqrt(3) = [0.16, 1.00] (capped)."""
+    s = {"n_examples": 4, "mean_tau_attention_loo": 0.733, "std_tau_attention_loo": 0.231, "n_tau_attention_loo": 3}
+    text = finding("attribution", s)
+    assert "Over 4 examples (1 without a defined tau: too few tokens to rank, so the means and intervals are over 3)" in text
+    assert "leave-one-out at mean Kendall tau 0.73, 95% CI [0.16, 1.00]" in text
