@@ -41,6 +41,12 @@ SEQUENTIAL = "Reds"  # unsigned values: white at 0, red for large (the diverging
 MUTE = 0.7  # a muted map is the map blended this far towards white: noise stays pale
 
 
+def laid_out(ax: Any) -> Any:
+    """The Figure an axes-level plot drew on, laid out tight: what each `figures(result)` stores by stem."""
+    ax.figure.tight_layout()
+    return ax.figure
+
+
 def axes(ax: Any = None, size: tuple[float, float] = (7, 4)) -> Any:
     """`ax`, or the Axes of a new figure of `size` inches: the one axes helper of every plot_ function."""
     import matplotlib.pyplot as plt

@@ -20,7 +20,7 @@ import seaborn as sns
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
 from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, t_interval, wilson
-from headscope.reports.plots import axes, color_scale, label
+from headscope.reports.plots import axes, color_scale, label, laid_out
 
 NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
@@ -101,9 +101,7 @@ def figures(result: Result, **kwargs) -> dict:
         plots.append(("adversarial", lambda: plot_adversarial(perm, epsilon=s.get("adversarial_epsilon", "epsilon"))))
     out = {}
     for stem, draw in plots:
-        ax = draw()
-        ax.figure.tight_layout()
-        out[stem] = ax.figure
+        out[stem] = laid_out(draw())
     return out
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _at_chance, _below, _chance, _num, _pct
-from headscope.reports.plots import axes, color_scale, label, quiet_reason, symmetric_bound
+from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
 
 def from_end(lens: pd.DataFrame) -> pd.DataFrame | None:
@@ -247,9 +247,7 @@ def figures(result, **kwargs) -> dict:
     out = {}
     for stem, (table, draw) in draws.items():
         if table in tables:
-            ax = draw(tables[table])
-            ax.figure.tight_layout()
-            out[stem] = ax.figure
+            out[stem] = laid_out(draw(tables[table]))
     return out
 
 

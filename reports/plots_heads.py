@@ -19,7 +19,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words
-from headscope.reports.plots import axes, color_scale, quiet_reason, symmetric_bound
+from headscope.reports.plots import axes, color_scale, laid_out, quiet_reason, symmetric_bound
 
 ROLE_SCORES = ("positional", "sink", "previous_token", "induction", "confidence")
 
@@ -210,9 +210,7 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     }
     for stem, (available, fn) in draw.items():
         if available:
-            ax = fn()
-            ax.figure.tight_layout()
-            out[stem] = ax.figure
+            out[stem] = laid_out(fn())
     return out
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _chance, _num, _words
-from headscope.reports.plots import axes
+from headscope.reports.plots import axes, laid_out
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
          "accuracy": "accuracy (0-1)"}
@@ -70,9 +70,7 @@ def figures(result, **kwargs) -> dict:
     for stem, draw in (("kv_eviction", lambda: plot_eviction(result.df, metric=result.summary.get("metric"))),
                        ("kv_norms", lambda: plot_norms(result.tables["norms"])),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
-        ax = draw()
-        ax.figure.tight_layout()
-        out[stem] = ax.figure
+        out[stem] = laid_out(draw())
     return out
 
 

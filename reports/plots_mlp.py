@@ -15,7 +15,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _num, _pct, wilson
-from headscope.reports.plots import axes
+from headscope.reports.plots import axes, laid_out
 from headscope.reports.render import escape
 
 
@@ -62,9 +62,7 @@ def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for an mlp Result."""
     out = {}
     for stem, draw in (("mlp_agreement", plot_agreement), ("mlp_top_neurons", plot_top_neurons)):
-        ax = draw(result.tables[stem.removeprefix("mlp_")])
-        ax.figure.tight_layout()
-        out[stem] = ax.figure
+        out[stem] = laid_out(draw(result.tables[stem.removeprefix("mlp_")]))
     return out
 
 

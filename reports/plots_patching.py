@@ -29,7 +29,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
-from headscope.reports.plots import axes, color_scale, label, quiet_reason, symmetric_bound
+from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 BY_HEAD = ("head_out", "q", "k", "v", "pattern")
@@ -221,9 +221,7 @@ def figures(result, **kwargs) -> dict[str, Figure]:
     shared = symmetric_bound(*(t["effect"].to_numpy(dtype=float) for t in (exact, paths) if t is not None))
 
     def new(stem: str, draw, size: tuple[float, float] = (7, 4)) -> None:
-        ax = draw(axes(None, (size[0], size[1] + 0.3 * bool(quiet))))
-        ax.figure.tight_layout()
-        out[stem] = ax.figure
+        out[stem] = laid_out(draw(axes(None, (size[0], size[1] + 0.3 * bool(quiet)))))
 
     if exact is not None:
         present = set(exact["site_type"])
