@@ -250,7 +250,7 @@ def round_trip_problem(tokenizer: Any) -> str | None:
 def _bridge_machinery(fn: Any) -> bool:
     """A torch hook the bridge runs for itself: TransformerLens's own (its hook points' wrappers
     too, whose user hooks n_active_hooks counts), transformers' output capturing (installed on the
-    first pass), or loading's permanent cache-argument route."""
+    first pass), or loading's permanent hooks (the cache-argument route, the rotary dtype cast)."""
     module = getattr(fn, "__module__", None) or ""
     return module.startswith(("transformer_lens.", "transformers.")) or module == "headscope.models.loading"
 
@@ -449,7 +449,8 @@ class HookedModel(TLHabits):
         torch forward or backward hook on any
         of the bridge's modules (resume's pre-hooks on blocks, a user's hook on a Hugging Face
         submodule). The bridge's own torch hooks (TransformerLens and transformers install some on
-        the first pass) and loading's cache-argument route do not count. A plain forward may then
+        the first pass) and loading's permanent hooks (the cache-argument route, the rotary dtype cast) do
+        not count. A plain forward may then
         skip the bridge."""
         tables = getattr(self, "_hook_tables", None)  # None: built without __init__ (a test double)
         if tables is None:

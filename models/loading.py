@@ -142,7 +142,7 @@ def _check_hub_available(repo_id: str) -> None:
 def load_model(
     spec: str | os.PathLike | Any | None = None,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     *,
     trust_remote_code: bool = False,
     device_map: str | dict | None = None,
@@ -152,7 +152,8 @@ def load_model(
     """Load a model by spec (see module docstring) and wrap it as a HookedModel.
 
     `trust_remote_code` stays off unless you ask for it; weights load through Hugging Face's
-    safetensors path. `tokenizer`: a tokenizer object, or a directory or hub name for
+    safetensors path. `dtype`: a torch dtype or its name ("float32", "bfloat16", "float16"; also
+    "fp32", "bf16", "fp16"); None keeps the checkpoint's. `tokenizer`: a tokenizer object, or a directory or hub name for
     AutoTokenizer, used instead of the one transformers picks for the model's files.
     `check_tokenizer`: encode and decode a few words of the tokenizer's own vocabulary and warn
     (TokenizationWarning) when they do not come back, i.e. when the tokenizer class does not fit
@@ -176,6 +177,7 @@ def load_model(
     if trust_remote_code:
         warnings.warn(f"trust_remote_code=True: {name} may run its own Python code from its files; use it only "
                       f"for models whose source you trust.", UserWarning, stacklevel=2)
+    dtype = resolve_dtype(dtype)
     check_model_files(location if kind == "local" else _cached_snapshot(location), tokenizer_given=tokenizer is not None,
                       complete=kind == "local")
     device = device if device is not None else (None if device_map else default_device())
@@ -211,6 +213,7 @@ def load_model(
             ) from err
         raise
     _route_renamed_cache_kwarg(bridge)
+    _rotary_back_to_compute_dtype(bridge)
     if tokenizer is None:
         tokenizer = bridge.tokenizer
     if check_tokenizer:
@@ -344,3 +347,48 @@ def _route_renamed_cache_kwarg(bridge: Any) -> None:
         attn = getattr(block, "attn", None)
         if attn is not None:
             attn.register_forward_pre_hook(route, with_kwargs=True)
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A torch dtype from a dtype or its name (`--dtype bfloat16`); ConfigError (one line) for any
+    other value, before anything loads, instead of a TypeError from deep inside the weight cast."""
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    if isinstance(dtype, str) and dtype.strip().lower().removeprefix("torch.") in _DTYPES:
+        return _DTYPES[dtype.strip().lower().removeprefix("torch.")]
+    raise ConfigError(f"Unknown dtype {dtype!r}; use one of float32, bfloat16, float16.")
+
+
+def _rotary_back_to_compute_dtype(bridge: Any) -> None:
+    """Keep rotated q and k in the model's dtype, as Hugging Face does.
+
+    Some rotary modules (OLMo 2's) return float32 cos and sin; Hugging Face's own
+    `apply_rotary_pos_emb` for them rotates in float32 and casts q and k back, while TransformerLens
+    4.3's attention bridge keeps the float32 result, so in bfloat16 the pattern (float32) meets the
+    values (bfloat16) and the pass fails. A permanent hook on the bridge's `hook_rot_q` / `hook_rot_k`
+    casts back (a no-op in float32 and wherever cos and sin already come in the model's dtype);
+    user hooks on those points, added later, see the cast values as in Hugging Face.
+    """
+    for block in getattr(bridge, "blocks", []):
+        attn = getattr(block, "attn", None)
+        out_proj = getattr(attn, "o", None)  # the output projection's weight is the compute dtype, as TransformerLens reads it
+        weight = getattr(getattr(out_proj, "original_component", out_proj), "weight", None)
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            continue
+        if weight.dtype == torch.float32:
+            continue
+
+        def cast(module: Any, args: tuple, output: Any, dtype: torch.dtype = weight.dtype) -> Any:
+            if isinstance(output, torch.Tensor) and output.is_floating_point() and output.dtype != dtype:
+                return output.to(dtype)
+            return None
+
+        for name in ("hook_rot_q", "hook_rot_k"):
+            point = getattr(attn, name, None)
+            if isinstance(point, torch.nn.Module):
+                point.register_forward_hook(cast)

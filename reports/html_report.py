@@ -138,6 +138,7 @@ def _provenance(out: Path) -> dict[str, Any]:
     return {
         "model": model.get("name", ""), "source": model.get("source", ""), "task": config.get("task") or "default",
         "seed": manifest.get("seed", ""), "quick": config.get("quick", ""), "device": config.get("device", ""),
+        "dtype": config.get("dtype") or "",
         "commit": manifest.get("git_sha") or "unknown",
         "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) if isinstance(versions, dict) else str(versions),
         "command": " ".join(map(str, command)) if isinstance(command, list) else str(command or ""),

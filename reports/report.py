@@ -173,11 +173,12 @@ def _hash_or_none(path: Path) -> str | None:
 
 
 def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quick: bool, n_examples: int | None,
-                 budget: float | None = None) -> dict:
+                 budget: float | None = None, dtype: str | None = None) -> dict:
     """What a --resume must match (the manifest's config "settings"): the model's source and files
     (models/fingerprint.py: new weights saved over the same folder are another model), the task
     (a task file by its bytes, field mapping and strictness, not its path), seed, quick, n_examples, the
-    headscope version and each analysis's config. `model` is a HookedModel or a load_model spec."""
+    requested dtype (None: the checkpoint's), the headscope version and each analysis's config. `model` is a
+    HookedModel or a load_model spec."""
     import json
 
     from headscope.models.fingerprint import model_fingerprint
@@ -197,7 +198,8 @@ def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quic
         "task_fields": dict(getattr(task, "fields", None) or {}),
         "task_sha256": (getattr(task, "sha256", None) or sha256(Path(task))) if is_file else None,
         "strict": bool(getattr(task, "strict", False)), "seed": seed, "quick": quick, "n_examples": n_examples,
-        "budget_minutes": budget_minutes(budget, quick), "headscope": __version__, "analysis_configs": configs,
+        "budget_minutes": budget_minutes(budget, quick), "dtype": dtype, "headscope": __version__,
+        "analysis_configs": configs,
     }
 
 
@@ -320,6 +322,7 @@ class ReportOptions:
     quick: bool = False
     n_examples: int | None = None
     device: str | None = None
+    dtype: str | None = None
     force: bool = False
     resume: bool = False
     progress: bool = False
@@ -357,10 +360,17 @@ def build_report(model: Any = None, **options: Any) -> Path:
     return run_report(model, ReportOptions(**options)).out
 
 
+def _dtype_name(model: Any) -> str | None:
+    """The model's compute dtype as a name ("bfloat16"), for config.json and each section's provenance."""
+    first = next((p for p in model.bridge.parameters() if p.is_floating_point()), None)
+    return None if first is None else str(first.dtype).removeprefix("torch.")
+
+
 def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
     """The run's settings, every user mistake found before anything is written: modes, device, numbers,
     analysis names, the task (a task file read once here, TaskFile.held, and every row checked), OUT."""
     from headscope.analyses.core.config import check_shared
+    from headscope.models.loading import resolve_dtype
 
     check_shared(seed=o.seed, n_examples=o.n_examples)  # bad numbers: one line, before any file or work
     budget_minutes(o.budget, o.quick)
@@ -379,28 +389,33 @@ def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
         raise ConfigError("--out is empty; give the output folder's path (or leave --out out for the default).")
     return RunSettings(names=names, task=task, task_rows=task_rows, seed=o.seed, quick=o.quick, n_examples=o.n_examples,
                        progress=o.progress, command=o.command, main=main, budget=o.budget,
-                       minutes=budget_minutes(o.budget, o.quick), substitute=o.substitute)
+                       minutes=budget_minutes(o.budget, o.quick), substitute=o.substitute,
+                       dtype=None if o.dtype is None else str(resolve_dtype(o.dtype)).removeprefix("torch."))
 
 
 def run_report(model: Any, options: ReportOptions) -> ReportRun:
     """build_report with its failures: the runner's Failure objects (type, message, traceback), which the
     CLI turns into its exit status."""
     from headscope.models import HookedModel, load_model
-    from headscope.models.loading import check_device
+    from headscope.models.loading import check_device, resolve_dtype
 
     o = options
     check_modes(force=o.force, resume=o.resume)
     check_device(o.device)  # before the process group opens and anything is written
+    dtype = resolve_dtype(o.dtype)
+    if dtype is not None and isinstance(model, HookedModel):
+        raise ConfigError("dtype is for a model the report loads; cast a loaded model with load_model(..., dtype=...).")
     distributed.init_from_env(model.device if isinstance(model, HookedModel) else o.device)
     run = _checked_settings(model, o, distributed.is_main())
-    settings = run_settings(model, run.names, run.task, seed=o.seed, quick=o.quick, n_examples=o.n_examples, budget=o.budget)
+    settings = run_settings(model, run.names, run.task, seed=o.seed, quick=o.quick, n_examples=o.n_examples, budget=o.budget,
+                            dtype=run.dtype)
     session: OutputSession | None = None
     out, mode = o.out, None
     if out is not None:  # locked and checked before the model loads: a refusal costs nothing
         out, session, mode = _open_output(Path(out), force=o.force, resume=o.resume, main=run.main, settings=settings)
     try:
         if not isinstance(model, HookedModel):
-            model = load_model(model, device=o.device, trust_remote_code=o.trust_remote_code)
+            model = load_model(model, device=o.device, dtype=dtype, trust_remote_code=o.trust_remote_code)
         if out is None:
             out, session, mode = _open_output(default_out(model.name), force=o.force, resume=o.resume, main=run.main)
         failures = _run(model, out, session, mode, run)
@@ -440,6 +455,7 @@ class RunSettings:
     budget: float | None = None
     minutes: float | None = None
     substitute: bool = True
+    dtype: str | None = None  # the requested precision's name (None: the checkpoint's)
 
     @property
     def common(self) -> dict[str, Any]:
@@ -538,12 +554,12 @@ class _Writer:
         for name in kept:
             session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
         settings = run_settings(model, names, run.task, seed=run.seed, quick=run.quick, n_examples=run.n_examples,
-                                budget=run.budget)
+                                budget=run.budget, dtype=run.dtype)
         old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
         settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
         config_info = {"analyses": report_names, "task": run.task, "quick": run.quick, "n_examples": run.n_examples,
                        "budget_minutes": run.minutes, "strict": bool(getattr(run.task, "strict", False)),
-                       "device": str(model.device), "settings": settings}
+                       "device": str(model.device), "dtype": _dtype_name(model), "settings": settings}
         model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
         writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
                      report_names=report_names, model_info=model_info, config_info=config_info)

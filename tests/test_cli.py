@@ -125,6 +125,7 @@ def test_interrupted_run_resumes_to_the_same_results(quick_report, tmp_path):
         (["--resume", "--force"], "--resume and --force exclude each other"),
         (["--device", "cuda:99"], "Device 'cuda:99' is not available"),  # (no machine has 100 GPUs)
         (["--device", "gpu"], "Unknown device 'gpu'; this machine offers: cpu"),
+        (["--dtype", "int8"], "Unknown dtype 'int8'; use one of float32, bfloat16, float16."),
         (["--task", "{tmp}/no_answer.jsonl", "--task-fields", "prompt=text,prompt=bad"], "'prompt' is mapped twice"),
     ],
 )
@@ -713,3 +714,13 @@ def test_a_pair_of_two_lengths_warns_once_and_an_unusable_task_is_exit_2(tmp_pat
     line = one_line_error(cli("kv", *run[:-1], str(two), "--out", str(out), check=False))
     assert "kv cannot run on your task (two.jsonl): the task's answers are up to 2 tokens long" in line, line
     assert not out.exists() and not (tmp_path / "strict").exists()
+
+
+def test_dtype_runs_the_report_in_that_precision_and_says_so(tmp_path, monkeypatch):
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / "bf16"
+    assert main(["-q", "kv", "--quick", "--device", "cpu", "--dtype", "bf16", "--out", str(out)]) == 0
+    assert json.loads((out / "manifest.json").read_text())["config"]["dtype"] == "bfloat16"
+    assert "<th>dtype</th><td>bfloat16</td>" in (out / "report.html").read_text()

@@ -1,7 +1,8 @@
 """The `headscope` command line.
 
     headscope report [--model SPEC] [--task NAME|FILE] [--task-fields prompt=COL,...] [--strict] [--analyses a,b]
-                     [--out DIR] [--seed N] [--device cpu|cuda[:N]|mps] [--resume|--force] [--quick] [--budget MINUTES]
+                     [--out DIR] [--seed N] [--device cpu|cuda[:N]|mps] [--dtype float32|bfloat16|float16]
+                     [--resume|--force] [--quick] [--budget MINUTES]
     headscope heads|attribution|position|patching|mlp|kv|probes|circuits [same options]
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
@@ -78,6 +79,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps, checked against what torch offers "
                    "(default: cuda when available)")
+    p.add_argument("--dtype", default=None, metavar="DTYPE",
+                   help="float32, bfloat16 or float16: the precision the model runs in (default: the checkpoint's)")
     p.add_argument("--n-examples", type=int, default=None, help="examples per analysis (default: each analysis's own)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping finished analyses")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out (only a previous headscope output)")
@@ -186,7 +189,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         done = run_report(args.model, ReportOptions(
             out=args.out, analyses=analyses, task=args.task, task_fields=args.task_fields, seed=args.seed,
-            quick=args.quick, n_examples=args.n_examples, device=args.device, force=args.force, resume=args.resume,
+            quick=args.quick, n_examples=args.n_examples, device=args.device, dtype=args.dtype, force=args.force,
+            resume=args.resume,
             progress=not args.quiet, command=["headscope", *sys.argv[1:]], trust_remote_code=args.trust_remote_code,
             strict=args.strict, budget=args.budget, substitute=args.command == "report",
         ))

@@ -118,7 +118,7 @@ def test_z_shortcut_and_hook_free_gates_equal_hugging_face(arch, more_arch_model
     assert g.grad.abs().min() > 0
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "mixtral"])  # (OLMo 2's bridge itself fails in bfloat16 under TransformerLens 4.3)
+@pytest.mark.parametrize("arch", ["qwen3", "mixtral", "olmo2"])
 def test_bfloat16_passes_stay_within_hugging_faces_own_rounding(arch, more_arch_dirs):
     """bfloat16: the model's own layers run hook-free (SDPA) in the capture, resumed passes (a
     patched resid_pre, every layer) and a plain forward. SDPA rounds differently from Hugging

@@ -221,3 +221,34 @@ def test_the_model_fingerprint_follows_the_files_contents_not_their_path(tmp_pat
     others = [folder("b", small + 0.01, large), folder("c", small, large + 0.01), folder("d", small, large, vocab="a c")]
     assert len({folder_fingerprint(p) for p in others} | fingerprints) == 4
     assert folder_fingerprint(tmp_path / "missing") is None
+
+
+def test_dtype_by_name_and_olmo2_bridge_in_bfloat16_within_hugging_faces_rounding(more_arch_dirs):
+    """`dtype` takes a name; OLMo 2's float32 rotary tables are cast back after RoPE as Hugging Face
+    does (TransformerLens 4.3's bridge kept q and k in float32, so its bfloat16 pass failed). The
+    bridge's own pass must then stay within Hugging Face's bfloat16 rounding: max |bridge - HF bf16|
+    <= 2 max |HF bf16 - HF fp32| on the same tokens, and the cast must not count as a user's hook."""
+    from transformers import AutoModelForCausalLM
+
+    from headscope.errors import ConfigError
+    from headscope.models.loading import resolve_dtype
+
+    assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype("torch.float16") is torch.float16
+    assert resolve_dtype(None) is None and resolve_dtype(torch.float32) is torch.float32
+    for bad in ("int8", torch.int8, 3):
+        with pytest.raises(ConfigError, match="Unknown dtype.*float32, bfloat16, float16"):
+            resolve_dtype(bad)
+    folder = more_arch_dirs("olmo2")
+    model = hs.load_model(folder, device="cpu", dtype="bfloat16")
+    assert {p.dtype for p in model.bridge.parameters()} == {torch.bfloat16} and model.hook_free()
+    seen = []
+    model.bridge.blocks[0].attn.hook_rot_q.add_hook(lambda t, hook: seen.append(t.dtype))
+    tokens = torch.tensor([[5, 9, 13, 2, 7, 11, 3], [8, 4, 6, 12, 10, 14, 9]])
+    with torch.no_grad():
+        ours = model.bridge(tokens).float()
+        plain = {dt: AutoModelForCausalLM.from_pretrained(folder, dtype=dt, attn_implementation="eager").eval()(tokens)
+                 .logits.float() for dt in (torch.bfloat16, torch.float32)}
+    model.bridge.reset_hooks()
+    assert seen == [torch.bfloat16] and model.hook_free()
+    gap = (plain[torch.bfloat16] - plain[torch.float32]).abs().max()
+    assert gap > 0 and (ours - plain[torch.bfloat16]).abs().max() <= 2 * gap  # (here: equal to HF eager bf16)
