@@ -120,7 +120,7 @@ def test_interrupted_run_resumes_to_the_same_results(quick_report, tmp_path):
     [
         (["--analyses", "heads,nope"], "Unknown analysis 'nope'"),
         (["--task", "{tmp}/missing.jsonl"], "does not exist"),
-        (["--task", "{tmp}/no_answer.jsonl"], "missing field(s) ['answer']"),
+        (["--task", "{tmp}/no_answer.jsonl"], "no column 'answer'; its columns are ['prompt']; name yours with --task-fields"),
         (["--model", "{tmp}/not-a-model"], "Unknown model"),
         (["--resume", "--force"], "--resume and --force exclude each other"),
         (["--device", "cuda:99"], "Device 'cuda:99' is not available"),  # (no machine has 100 GPUs)

@@ -503,6 +503,11 @@ def _scan(label: str, records: Iterable[tuple[Any, str]], fields: Mapping[str, s
     absent = [f"{col!r} (for {hs})" for hs, col in fields.items() if col not in seen]
     if absent:
         raise TaskFileError(f"{label}: no column {', '.join(absent)}; its columns are {sorted(map(str, seen))}.")
+    unmapped = [f"{columns[f]!r}" for f in REQUIRED if columns[f] not in seen]
+    if unmapped:  # headscope's own names, in no row: the file has its own columns
+        raise TaskFileError(
+            f"{label}: no column {', '.join(unmapped)}; its columns are {sorted(map(str, seen))}; name yours with "
+            f"--task-fields prompt=COLUMN,answer=COLUMN (also corrupted_prompt=, wrong_answer=; in Python fields={{...}}).")
     if first_missing is not None:
         raise TaskFileError(first_missing)
     for optional, n in have.items():

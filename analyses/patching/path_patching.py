@@ -129,13 +129,15 @@ def path_patching(
     top = df.reindex(df["effect"].abs().sort_values(ascending=False).index).head(10)
     summary = {
         "metric": pm.name, "direction": cfg.direction, "baseline": baseline,
-        "receivers": "logits" if to_logits else [list(r) for r in recv], "component": cfg.component,
+        "receivers": "logits" if to_logits else [list(r) for r in recv],
+        "component": "resid" if to_logits else cfg.component,  # (a path to the logits enters no receiver's q/k/v)
         "top_paths": [{"sender": [int(r.sender_layer), int(r.sender_head)], "receiver": str(r.receiver),
                        "effect": float(r.effect)} for r in top.itertuples()],
         **left_out,
     }
     return Result(name="patching", df=df, summary=summary, tables={"path_patching": df},
-                  config={"component": cfg.component, "direction": cfg.direction, "per_receiver": cfg.per_receiver})
+                  config={"component": "resid" if to_logits else cfg.component, "direction": cfg.direction,
+                          "per_receiver": cfg.per_receiver})
 
 
 Run = tuple[Head, list[Head]]  # (sender, the receivers it reaches jointly; [] for the logits)

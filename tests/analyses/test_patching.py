@@ -273,6 +273,8 @@ def test_path_to_logits_of_last_layer_heads_equals_exact_head_patching(linear_ta
     with torch.no_grad():
         ref = tlp.get_act_patch_attn_head_out_all_pos(model.bridge, task.tokens, cache, tl_logit_diff(task))
     assert (torch.tensor(paths.df["value"].to_numpy(), dtype=torch.float32) - ref[1]).abs().max().item() <= 1e-4
+    # the setting it ran under: a path to the logits enters no receiver's q, k or v (the default component)
+    assert paths.summary["component"] == paths.config["component"] == "resid" and set(paths.df["component"]) == {"resid"}
 
 
 def test_causal_tracing_restoring_a_whole_hidden_state_gives_the_clean_run(tiny_models):

@@ -146,6 +146,11 @@ def test_errors_name_the_file_row_and_field(tmp_path, tiny_models):
         read_task_rows(missing, {"prompt": "text", "answer": "label"})
     with pytest.raises(TaskFileError, match=r"no column 'txt' \(for prompt\); its columns are \['label', 'text'\]"):
         read_task_rows(missing, {"prompt": "txt", "answer": "label"})
+    own = tmp_path / "capitals.csv"  # the user's own column names and no --task-fields: say what they are, and how
+    own.write_text("question,city\nThe capital of Avel is, Oru\n", encoding="utf-8")
+    with pytest.raises(TaskFileError, match=r"no column 'prompt', 'answer'; its columns are \['city', 'question'\]; "
+                                            r"name yours with --task-fields prompt=COLUMN,answer=COLUMN"):
+        read_task_rows(own)
     with pytest.raises(TaskFileError, match=r"row 1: field 'prompt' is a list, not text"):
         read_task_rows([{"prompt": "w1", "answer": "w2"}, {"prompt": ["w1"], "answer": "w2"}])
     with pytest.raises(TaskFileError, match=r"'wrong_answer' is given in 1 of 2 rows but missing in row 1"):
