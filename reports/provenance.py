@@ -36,7 +36,13 @@ def task_source(used: str) -> str:
 
 
 def _decode(tokenizer: Any, ids: Any) -> str:
-    text = tokenizer.decode([int(i) for i in ids])
+    """The row's text as the user wrote it: without the BOS token the task put in front (decoders), cut
+    at SAMPLE_CHARS."""
+    ids = [int(i) for i in ids]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if len(ids) > 1 and bos is not None and ids[0] == bos:
+        ids = ids[1:]
+    text = tokenizer.decode(ids)
     return text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
 
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+import headscope as hs
 from headscope.reports import report as report_mod
 from headscope.reports.report import build_report
 
@@ -30,7 +31,7 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     record = json.loads((out / "kv" / "task.json").read_text())
     # kv's summary records neither task nor count: both come from the Task it used, the user's 6 rows
     assert record["task"] == "mine" and record["n_examples"] == 6 and record["source"] == "your task (mine.jsonl)"
-    assert record["sample"]["prompt"].endswith(PROMPT) and record["sample"]["answer"] == " the"
+    assert record["sample"]["prompt"] == PROMPT and record["sample"]["answer"] == " the"  # as written: no BOS in front
     html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
     kv = html[html.index('<h2 id="kv">'):html.index("id='provenance'")]  # sections in the registry's order
     assert "task: mine, from your task (mine.jsonl)<br>examples: 6; the budget changed no setting<br>" in kv
@@ -57,3 +58,15 @@ def test_pairs_left_out_are_named_with_their_file_rows_in_the_section_line():
         "examples: 6 (2 left out of the clean-corrupted pairs: file rows 3, 7, whose corrupted prompt has another "
         "token length); ")
     assert provenance_lines({**record, "pairs_left_out": 0})[1].startswith("examples: 6; ")
+
+
+def test_the_sample_prompt_is_the_users_text_without_the_bos_the_task_put_in_front(tiny_models):
+    """A reviewer read "<bos>the cat sat" for a row written "the cat sat": the BOS a decoder's task
+    adds is not part of the user's prompt."""
+    from headscope.reports.provenance import _sample_of_task
+
+    model = tiny_models["llama"]
+    task = hs.load_task(model, [{"prompt": "the cat sat on", "answer": " the"}, {"prompt": "a dog", "answer": " the"}])
+    assert int(task.example(0).tokens[0, 0]) == model.tokenizer.bos_token_id  # the task did put one there
+    assert _sample_of_task(model.tokenizer, task)["prompt"] == model.tokenizer.decode(
+        model.tokenizer("the cat sat on", add_special_tokens=False)["input_ids"])
