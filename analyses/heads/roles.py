@@ -5,7 +5,8 @@ each row's first real token, which can only attend to itself). Positions are eac
 left-padded batch the "first token" and query 0 are the row's first real token, so a padded row
 scores as it would alone.
 - positional: the share of queries whose most-attended key sits at the head's most common
-  relative offset (Voita et al.: a positional head does so >= 90% of the time), and that offset;
+  relative offset (Voita et al.: a positional head does so >= 90% of the time), and that offset
+  (offset 0, the query's own token, is labelled "self", not "positional");
 - sink: attention to the first token;
 - previous_token: attention from position q to q - 1;
 - induction: on repeated random tokens x x (length n each), mean attention from position i of
@@ -87,13 +88,14 @@ def induction_scores(model, *, length: int | None = None, n: int = 8, seed: int 
 
 
 def label(row: pd.Series) -> str:
-    """One role name per head: induction, previous-token, positional, sink, or other (first that applies)."""
+    """One role name per head: induction, previous-token, self (positional at offset 0: each query's
+    most-attended key is itself), positional (another fixed offset), sink, or other (first that applies)."""
     if row["induction"] >= ROLE_THRESHOLDS["induction"]:
         return "induction"
     if row["previous_token"] >= ROLE_THRESHOLDS["previous_token"]:
         return "previous-token"
     if row["positional"] >= POSITIONAL_SHARE:
-        return "positional"
+        return "self" if int(row["positional_offset"]) == 0 else "positional"
     if row["sink"] >= ROLE_THRESHOLDS["sink"]:
         return "sink"
     return "other"

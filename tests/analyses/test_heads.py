@@ -547,3 +547,16 @@ def test_minilm_cosine_pruning_curve():
     grad = curve.loc[curve["ordering"] == "gradient"].sort_values("n_pruned")
     assert grad["metric"].iloc[-1] < grad["metric"].iloc[0] - 0.05  # removing every head hurts
     assert 0.0 <= res.summary["max_fraction_prunable_gradient"] <= 1.0
+
+
+def test_a_head_that_attends_to_its_own_token_is_labelled_self_not_positional():
+    """The reviewer's case: heads whose most-attended key is the query itself (offset 0, 95% of
+    queries) were labelled "positional"; a fixed offset elsewhere (-2) still is."""
+    import pandas as pd
+
+    from headscope.analyses.heads.roles import label
+
+    base = dict(induction=0.0, previous_token=0.1, sink=0.1, positional=0.95)
+    assert label(pd.Series({**base, "positional_offset": 0})) == "self"
+    assert label(pd.Series({**base, "positional_offset": -2})) == "positional"
+    assert label(pd.Series({**base, "positional": 0.5, "positional_offset": 0})) == "other"
