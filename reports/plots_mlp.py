@@ -71,8 +71,9 @@ def figures(result, **kwargs) -> dict:
 GUIDE = (  # how to read this section of the report
     "MLP layers as key-value memories (Geva et al. 2021): for each neuron, the prompts that "
     "trigger it most and the tokens its value vector promotes. Agreement is the fraction of "
-    "neurons whose promoted token matches what follows their triggers; it tends to rise in "
-    "upper layers."
+    "neurons whose promoted token matches what follows their triggers, read against the same with "
+    "triggers shuffled across neurons (the control). Geva et al. found it higher in upper layers of "
+    "their trained models; the finding says whether this model's layers differ at all."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "mlp_agreement": "Per layer, the fraction of neurons (0-1) whose value vector's top token is the token after their "
