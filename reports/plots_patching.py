@@ -19,6 +19,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -287,6 +288,8 @@ def _site(cell: Mapping[str, Any], kind: str) -> str:
         token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
         end = cell.get("from_end")  # the figures' axis: the same place in every left-padded prompt
         at = f"position {end} from the end" if isinstance(end, int) else f"position {cell['pos']}"
+        if isinstance(end, int):  # the token column's "i: " is the padded frame's index, not this axis
+            token = re.sub(r"^\d+: ", "", token)
         where.append(f"{at} " + (f"('{token}')" if token else "(its token differs across prompts)"))
     return f"{kind} at {', '.join(where)}"
 

@@ -411,6 +411,8 @@ def test_third_review_cases_say_what_the_data_can_support():
     text = finding("patching", patching)
     assert "resid_pre at layer 0, position -3 from the end (its token differs across prompts)" in text
     assert "position 7" not in text
+    patching["top_sites"]["resid_pre"][0]["token"] = "7:  is"  # the padded frame's "i: " is not this axis's index
+    assert "position -3 from the end (' is'): " in finding("patching", patching) and "7:" not in finding("patching", patching)
     position = {"primary_metric": "accuracy", "n_examples": 4, "chance": {**AT_CHANCE, "metric": "accuracy"},
                 "metric_per_position": {"accuracy": {"1": 0.0, "2": 0.0, "3": 0.0, "4": 0.0}}}
     text = finding("position", position)
