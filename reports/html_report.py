@@ -123,6 +123,19 @@ def _findings_markdown(names: Sequence[str], status: Mapping[str, str], texts: M
     return "\n".join(lines) + "\n"
 
 
+def _with_users(examples: pd.DataFrame, out: Path, names: Sequence[str]) -> pd.DataFrame:
+    """The task table with a "used by" column: the analyses whose task.json lists the row among the rows
+    they ran on (a table without file row numbers, written before they were recorded, is left as it is)."""
+    if "row" not in examples.columns:
+        return examples
+    users: dict[str, list[str]] = {}
+    for name in names:
+        rows = section_provenance(out / name).get("rows")
+        for r in rows if isinstance(rows, list) else ():
+            users.setdefault(str(r), []).append(name)
+    return examples.assign(**{"used by": [", ".join(users.get(r, [])) for r in examples["row"]]})
+
+
 def _provenance(out: Path) -> dict[str, Any]:
     """Model, task, seed, versions, commit and command from OUT/manifest.json ({} when unreadable)."""
     try:
@@ -256,9 +269,10 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         toc.append(("explorer", "attention explorer"))
     task_csv = out / "task_examples.csv"
     if task_csv.exists():
-        examples = pd.read_csv(task_csv, dtype=str, keep_default_na=False)
+        examples = _with_users(pd.read_csv(task_csv, dtype=str, keep_default_na=False), out, names)
         sections.insert(0, "<h2 id='task'>task</h2><details open><summary>The examples of the task file "
-                        "(a seeded sample of up to 200 rows, in file order)</summary>" + table_html(examples) + "</details>")
+                        "(a seeded sample of up to 200 rows, in file order; row: the file's row, 0-based; used by: "
+                        "the analyses that ran on it)</summary>" + table_html(examples) + "</details>")
         md_sections.insert(0, "## task\n\n- [task_examples.csv](task_examples.csv)\n")
         toc.insert(1, ("task", "task"))
     toc += [(name, name) for name in names] + [("provenance", "provenance")]

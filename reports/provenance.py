@@ -74,7 +74,8 @@ def _sample(model: Any, data: Any) -> tuple[str | None, int | None, dict[str, st
 
 def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str) -> dict[str, Any]:
     """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
-    corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why). data:
+    corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why), and
+    "rows": the user's file rows it ran on (0-based, as errors and task_examples.csv's "row" number them). data:
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
     summary decides the name and count where it records them (what it actually used)."""
@@ -93,6 +94,9 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     if not isinstance(record["n_examples"], int):
         record["n_examples"] = n
     record["sample"] = sample
+    rows = getattr(data, "source_rows", None)  # a Task read from the user's data: which of its rows it holds
+    if rows is not None and len(rows) == record["n_examples"]:
+        record["rows"] = sorted(int(r) for r in rows)
     left = summary.get("pairs_left_out")
     if isinstance(left, int) and left > 0:  # pairs of two token lengths: the pairwise part ran without them
         record["pairs_left_out"] = left
@@ -146,12 +150,31 @@ def _pairs_text(record: Mapping[str, Any]) -> str:
             "length)")
 
 
+def _ranges(rows: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    spans: list[list[int]] = []
+    for r in rows:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _rows_text(record: Mapping[str, Any]) -> str:
+    """' (file rows 0-7, 12)': which rows of the user's data the analysis ran on (task.json "rows")."""
+    rows = record.get("rows")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, int) for r in rows):
+        return ""
+    return f" (file rows {_ranges(rows)})"
+
+
 def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     """Plain-text lines (unescaped): task and source, n and budget, the sample (prompt -> answer)."""
     task = record.get("task") or "not recorded"
     n = record.get("n_examples")
     lines = [f"task: {task}, from {record.get('source') or 'not recorded'}",
-             f"examples: {n if isinstance(n, int) else 'not recorded'}{_pairs_text(record)}; "
+             f"examples: {n if isinstance(n, int) else 'not recorded'}{_rows_text(record)}{_pairs_text(record)}; "
              f"{_changed_text(record.get('budget_changed') or {})}"]
     sample = record.get("sample") or {}
     if sample.get("prompt") is not None:

@@ -377,10 +377,10 @@ def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
     names = parse_analyses(o.analyses)
     task, task_rows = o.task, None
     if task is not None and Path(task).suffix:
-        from headscope.analyses.core.task_files import TaskFile, read_task_rows
+        from headscope.analyses.core.task_files import TaskFile, read_numbered_rows
 
         task = TaskFile(task, o.task_fields, strict=o.strict or None).held()  # read once; fields go to every analysis
-        task_rows = read_task_rows(task, n_examples=200, seed=o.seed)  # every row checked: bad files fail before any write
+        task_rows = read_numbered_rows(task, n_examples=200, seed=o.seed)  # every row checked: bad files fail before any write
     elif o.task_fields:
         raise ConfigError(f"task fields {o.task_fields!r} need a task file (--task FILE), not task {task!r}.")
     _check_task_name(task)

@@ -552,6 +552,15 @@ def read_task_rows(source: Any, fields: Mapping[str, str] | str | None = None, *
     return _rows(source, fields, n_examples=n_examples, seed=seed)[1]
 
 
+def read_numbered_rows(source: Any, fields: Mapping[str, str] | str | None = None, *, n_examples: int | None = None,
+                       seed: int = 0) -> list[dict[str, Any]]:
+    """read_task_rows with each row's number first ("row": 0-based, as errors and Task.source_rows number
+    rows; None where its place names none), so a table of the rows can say which ones an analysis used."""
+    _, rows, places, _ = _rows(source, fields, n_examples=n_examples, seed=seed)
+    found = [re.search(r"\brow (\d+)$", place) for place in places]
+    return [{"row": int(m.group(1)) if m else None, **row} for m, row in zip(found, rows)]
+
+
 # ---- tokenizing ------------------------------------------------------------------------------
 def _few(items: Sequence[Any], n: int = 5) -> str:
     shown = ", ".join(map(str, items[:n]))
@@ -951,5 +960,5 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
 __all__ = [
     "FIELDS", "FORMATS", "PROMPT_FIELDS", "REQUIRED", "FieldMapped", "HeldTaskFile", "TaskFile", "build_task", "check_vocabulary",
     "is_task_data", "load_task", "load_task_file", "not_a_task", "one_prompt", "parse_fields", "prompt_task",
-    "read_task_rows", "resolve_task", "takes_prompt", "tensor_task", "with_fields",
+    "read_numbered_rows", "read_task_rows", "resolve_task", "takes_prompt", "tensor_task", "with_fields",
 ]

@@ -280,6 +280,12 @@ def test_cli_task_fields_reach_the_analysis(tmp_path, tiny_dirs):
     assert read_json(out / "manifest.json")["status"] == {"kv": "done"}
     shown = pd.read_csv(out / "task_examples.csv")
     assert shown["prompt"].tolist() == [r["text"] for r in ROWS]
+    # which rows each analysis ran on: the file's row numbers, in kv/task.json, its provenance line and the table
+    assert shown["row"].tolist() == list(range(len(ROWS)))
+    used = read_json(out / "kv" / "task.json")
+    assert used["rows"] == list(range(used["n_examples"])) and used["n_examples"] == len(ROWS)
+    html = (out / "report.html").read_text()
+    assert f"examples: {len(ROWS)} (file rows 0-{len(ROWS) - 1})" in html and "<th>used by</th>" in html
     bad = cli.main(["-q", "kv", "--model", str(tiny_dirs["llama"]), "--task", str(own), "--out", str(tmp_path / "o2"),
                     "--task-fields", "prompt=txt"])
     assert bad == 2  # one line on stderr, nothing run
