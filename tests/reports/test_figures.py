@@ -887,3 +887,20 @@ def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
         assert list(ax.get_xticks()) == [12]
     finally:
         plt.close("all")
+
+
+def test_dla_components_error_bars_are_the_t_intervals_over_examples():
+    from headscope.reports.plots_circuits import plot_dla_components
+
+    dla = pd.DataFrame([{"kind": k, "component": c, "contribution": v, "example": e}
+                        for k, c, vals in (("embed", "embed", [1, 2, 3, 6]), ("mlp", "mlp0", [0.5] * 4))
+                        for e, v in enumerate(vals)])
+    ax = plot_dla_components(dla, ax=plt.subplots()[1])
+    try:
+        bars = {float(line.get_xdata()[0]): list(line.get_ydata()) for line in ax.lines
+                if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]}
+        # embed: mean 3, sd sqrt(14 / 3) = 2.160, t(0.975, 3) = 3.1824: 3 -+ 3.437; mlp0: no spread, no bar
+        assert bars[0.0] == pytest.approx([3 - 3.4374, 3 + 3.4374], abs=1e-3)
+        assert bars[1.0] == pytest.approx([0.5, 0.5])
+    finally:
+        plt.close("all")

@@ -1,6 +1,8 @@
 """Findings in words: each headline states its summary's numbers, and says so when a result is uninformative."""
 from __future__ import annotations
 
+import pytest
+
 from headscope.reports.findings import CAPTIONS, caption, finding
 
 HEADS = {
@@ -437,3 +439,46 @@ def test_attribution_means_and_intervals_count_only_examples_with_a_defined_tau(
     text = finding("attribution", s)
     assert "Over 4 examples (1 without a defined tau: too few tokens to rank, so the means and intervals are over 3)" in text
     assert "leave-one-out at mean Kendall tau 0.73, 95% CI [0.16, 1.00]" in text
+
+
+def _dla_summary(values: dict) -> dict:
+    """dla_summary over a hand-made dla table: {component: (kind, [contribution per example])}."""
+    import pandas as pd
+
+    from headscope.analyses.circuits.analysis import dla_summary
+
+    dla = pd.DataFrame([{"example": e, "component": c, "kind": k, "layer": 0, "head": None, "contribution": x}
+                        for c, (k, xs) in values.items() for e, x in enumerate(xs)])
+    logits = pd.DataFrame({"example": range(4), "final_logit": dla.groupby("example").contribution.sum().to_numpy()})
+    return {**dla_summary(dla, logits, "answer - wrong_answer", 5), "n_examples": 4}
+
+
+def test_dla_writers_carry_intervals_and_ties_are_not_ranked():
+    # t(0.975, 3) = 3.1824; mlp1 [2, 4, 2, 4]: mean 3, sd sqrt(4/3), half 3.1824 x 1.1547 / 2 = 1.837
+    # mlp2 [3.6, 2.2, 3.6, 2.2]: 2.9, sd 0.8083, half 1.286; paired mlp1 - mlp2 [-1.6, 1.8, -1.6, 1.8]: 0.1,
+    # sd 1.963, half 3.124 (contains 0: tied); a0.h1 [-1, -1.2, ...]: -1.1, half 0.184; |mlp1| - |a0.h1| = mlp1 +
+    # a0.h1 [1, 2.8, 1, 2.8]: 1.9, sd 1.039, half 1.654 -> [0.25, 3.55] (excludes 0: not tied with the top)
+    s = _dla_summary({"mlp1": ("mlp", [2, 4, 2, 4]), "mlp2": ("mlp", [3.6, 2.2, 3.6, 2.2]),
+                      "a0.h1": ("head", [-1, -1.2, -1, -1.2]), "embed": ("embed", [0.1] * 4)})
+    top = s["dla_top_intervals"]["mlp1"]
+    assert top["n"] == 4 and top["mean"] == pytest.approx(3.0) and top["ci"] == pytest.approx([1.1626, 4.8374], abs=1e-4)
+    pair = {(d["a"], d["b"]): d for d in s["dla_top_differences"]}
+    assert pair["mlp1", "mlp2"]["tied"] is True and pair["mlp1", "mlp2"]["ci"] == pytest.approx([-3.0236, 3.2236], abs=1e-4)
+    assert pair["mlp1", "a0.h1"]["tied"] is False and pair["mlp1", "a0.h1"]["difference"] == pytest.approx(1.9)
+    text = finding("circuits", s)
+    assert ("Direct logit attribution (mean and 95% t interval over 4 examples): mlp1 and mlp2 write the most, tied "
+            "within their per-example spread (mlp1 - mlp2 = +0.10, 95% CI [-3.02, 3.22]): mlp1 (+3.00, 95% CI "
+            "[1.16, 4.84]), mlp2 (+2.90, 95% CI [1.61, 4.19]); then a0.h1 (-1.10, 95% CI [-1.28, -0.92]) of a final "
+            "logit difference 4.9.") in text
+    assert "largest writers" not in text
+    # separated: mlp1 [3, 3.2, ...] - mlp2 [1.3, 1.1, ...] = [1.7, 2.1, ...]: 1.9, sd 0.2309, half 0.367 -> ranked;
+    # |mlp2| - |a0.h1| = [0.3, -0.1, ...]: 0.1 +- 0.367 contains 0 -> those two are tied
+    s = _dla_summary({"mlp1": ("mlp", [3, 3.2, 3, 3.2]), "mlp2": ("mlp", [1.3, 1.1, 1.3, 1.1]),
+                      "a0.h1": ("head", [-1, -1.2, -1, -1.2]), "embed": ("embed", [0.1] * 4)})
+    text = finding("circuits", s)
+    assert ("the largest writers are mlp1 (+3.10, 95% CI [2.92, 3.28]), mlp2 (+1.20, 95% CI [1.02, 1.38]), a0.h1 "
+            "(-1.10, 95% CI [-1.28, -0.92]) of a final logit difference 3.3. mlp1 writes more than mlp2 (mlp1 - mlp2 = "
+            "+1.90, 95% CI [1.53, 2.27]). mlp2 and a0.h1 are tied within their per-example spread (|mlp2| - |a0.h1| = "
+            "+0.10, 95% CI [-0.27, 0.47]).") in text
+    at_chance = finding("circuits", {**s, "chance": AT_CHANCE})  # at chance: still no writer named
+    assert "mlp1" not in at_chance and "ranks no writer" in at_chance
