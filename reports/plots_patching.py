@@ -329,6 +329,52 @@ def _significant(r: float | None, n: int) -> bool:
 SPARSE = 10  # fewer non-zero exact effects than this (or under half the cells): r is stated on them, without an interval
 
 
+def _ratio(slope: float) -> str:
+    """A slope of attribution over exact in words ("about half the exact ones")."""
+    if slope <= 0:
+        return "point the opposite way to the exact ones"
+    for lo, hi, words in ((0.4, 0.6, "about half"), (1.7, 2.3, "about twice")):
+        if lo <= slope < hi:
+            return f"are {words} the exact ones"
+    return f"are about {slope:.2g} times the exact ones"
+
+
+FAR = (0.8, 1.25)  # a slope outside this range, with a 95% interval that excludes 1, is a scale error worth saying
+
+
+def _slope(kind: str, stats: Mapping[str, Any], rank: bool) -> str | None:
+    """'At <kind> ... (least-squares slope b of attribution on exact, 95% CI [..], n = k cells).': far
+    from 1 (FAR, interval excluding 1) its effects are that multiple of the exact ones, so (where r is
+    significant and the report ranks sites, `rank`) it ranks but does not size; None without a slope and
+    interval (older summaries, fewer than three cells)."""
+    b, ci, n = _num(stats.get("slope")), stats.get("slope_ci"), stats.get("slope_n", stats.get("n"))
+    if b is None or not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return None
+    said = f"least-squares slope {b:.2f} of attribution on exact{_ci(tuple(ci))}, n = {n} cells"
+    if not ci[0] <= 1.0 <= ci[1] and not FAR[0] <= b <= FAR[1]:
+        advice = ": use it to rank, not to size" if rank and _significant(_num(stats.get("pearson")), int(n or 0)) else ""
+        return f"At {kind} attribution patching's effects {_ratio(b)} ({said}){advice}."
+    close = "consistent with the exact size" if ci[0] <= 1.0 <= ci[1] else "close to the exact size"
+    return f"At {kind} its sizes are {close} ({said})."
+
+
+def _case(stats: Mapping[str, Any]) -> str:
+    """Which reading of r the cells allow: "few" (under 3 non-zero exact effects), "sparse" (under SPARSE
+    or half the cells non-zero), "one point" (significant r that is not without its largest cell, or flips
+    sign), "mostly" (under half of |r| without it) or "plain" (r over every cell with its interval)."""
+    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
+    if nonzero is not None and nonzero < 3:
+        return "few"
+    if nonzero is not None and (nonzero < SPARSE or nonzero < n / 2):  # zeros are not independent evidence
+        return "sparse"
+    rest = _num(stats.get("pearson_without_top"))
+    if rest is None or not _significant(r, n):
+        return "plain"
+    if not _significant(rest, n - 1) or rest * r < 0:
+        return "one point"
+    return "mostly" if abs(rest) < abs(r) / 2 else "plain"
+
+
 def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
     few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
@@ -336,27 +382,24 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     and without its largest cell it is not, flips sign, or falls to under half of |r| (the rest still
     significant: "mostly carried" by that cell)."""
     r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
-    if nonzero is not None and nonzero < 3:
+    case, rest = _case(stats), _num(stats.get("pearson_without_top"))
+    if case == "few":
         return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
                 "so it says nothing about agreement")
-    if nonzero is not None and (nonzero < SPARSE or nonzero < n / 2):  # zeros are not independent evidence
-        rho, slope, rest = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("pearson_without_top"))
+    if case == "sparse":
+        rho, slope = _num(stats.get("spearman")), _num(stats.get("slope"))
         extra = [f"Spearman {rho:.2f}" if rho is not None else "",
                  f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
                  f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
                  and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
                  f"no interval: the other {n - nonzero:.0f} cells have no exact effect"]
         return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
-    rest = _num(stats.get("pearson_without_top"))
-    said = f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
-    if rest is None or not _significant(r, n):
-        return said
+    if case == "plain":
+        return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
     without = f"without it r = {rest:.3f} (n = {n - 1} cells{_ci(fisher_interval(rest, n - 1), '.3f')})"
-    if not _significant(rest, n - 1) or rest * r < 0:
+    if case == "one point":
         return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
-    if abs(rest) < abs(r) / 2:
-        return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
-    return said
+    return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -400,8 +443,13 @@ def finding(s: Mapping[str, Any]) -> str:
     if isinstance(corr, Mapping):
         said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
         if said:
-            parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said)
-                         + ". A high r can hide a scale error: see the per-site slopes in the figure.")
+            parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said) + ".")
+            rank = bool(cells)  # sites are ranked (not at chance, nor over a gap within noise)
+            slopes = [_slope(k, v, rank) for k, v in corr.items() if isinstance(v, Mapping)
+                      and _num(v.get("pearson")) is not None and _case(v) == "plain"]
+            slopes = [x for x in slopes if x]
+            parts.append(" ".join(slopes) if slopes
+                         else "A high r can hide a scale error: see the per-site slopes in the figure.")
     trace = s.get("causal_tracing")
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))

@@ -482,3 +482,36 @@ def test_dla_writers_carry_intervals_and_ties_are_not_ranked():
             "+0.10, 95% CI [-0.27, 0.47]).") in text
     at_chance = finding("circuits", {**s, "chance": AT_CHANCE})  # at chance: still no writer named
     assert "mlp1" not in at_chance and "ranks no writer" in at_chance
+
+
+def test_patching_states_attribution_slope_and_says_rank_not_size_when_far_from_one():
+    import numpy as np
+    import pandas as pd
+
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact
+
+    # exact 1..20, attribution 0.5 x exact + e with e = 0.1 x (+1, -1, -1, +1) repeated: e sums to 0 and is orthogonal
+    # to x within every block of four, so least squares gives slope 0.5 exactly; SSR = 20 x 0.01 = 0.2, Sxx = 20 (20^2
+    # - 1) / 12 = 665, se = sqrt(0.2 / 18 / 665) = 0.0040876, t(0.975, 18) = 2.1009: 0.5 -+ 0.0085877
+    x = np.arange(1.0, 21.0)
+    e = 0.1 * np.tile([1.0, -1.0, -1.0, 1.0], 5)
+    exact = pd.DataFrame({"site_type": "resid_pre", "layer": 0, "head": None, "pos": range(20), "effect": x})
+    _, corr = correlation_with_exact(exact, exact.assign(attribution=0.5 * x + e).drop(columns="effect"))
+    assert corr["resid_pre"]["slope"] == pytest.approx(0.5) and corr["resid_pre"]["slope_n"] == 20
+    assert corr["resid_pre"]["slope_ci"] == pytest.approx([0.5 - 0.0085877, 0.5 + 0.0085877], abs=1e-6)
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "clean_metric": 20.0,
+         "corrupted_metric": 0.0, "attribution_correlation": corr,
+         "top_sites": {"resid_pre": [{"layer": 0, "head": None, "pos": 19, "token": "", "effect": 20.0}]}}
+    said = ("At resid_pre attribution patching's effects are about half the exact ones (least-squares slope 0.50 of "
+            "attribution on exact, 95% CI [0.49, 0.51], n = 20 cells)")
+    assert said + ": use it to rank, not to size." in finding("patching", s)
+    noise = finding("patching", {**s, "gap_within_noise": {"reason": "its CI contains 0"}})  # no site ranked
+    assert said + "." in noise and "rank, not to size" not in noise
+    # slope 1 with the same residuals: 1 -+ 0.0086 contains 1, no scale error claimed
+    _, same = correlation_with_exact(exact, exact.assign(attribution=x + e).drop(columns="effect"))
+    assert ("At resid_pre its sizes are consistent with the exact size (least-squares slope 1.00 of attribution on "
+            "exact, 95% CI [0.99, 1.01], n = 20 cells).") in finding("patching", {**s, "attribution_correlation": same})
+    # r carried by one cell: its slope is that cell's too, so no size claim (the one-point sentence stands)
+    one = {**corr["resid_pre"], "n": 60, "n_nonzero": 60, "pearson": 0.9, "pearson_without_top": 0.02}
+    text = finding("patching", {**s, "attribution_correlation": {"resid_pre": one}})
+    assert "rests on one point" in text and "least-squares" not in text and "see the per-site slopes" in text
