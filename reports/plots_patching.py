@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from headscope.analyses.patching.attribution_patching import slope_with_interval
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
@@ -134,24 +134,32 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     return ax
 
 
-def site_slopes(df: pd.DataFrame) -> dict[str, float]:
-    """Least-squares slope of the attribution estimate on the exact effect, per site type (1 = same scale)."""
+def site_slopes(df: pd.DataFrame) -> dict[str, dict]:
+    """Least-squares slope of the attribution estimate on the exact effect per site type (1 = same scale),
+    with its 95% t interval over the cells: the summary's slope_with_interval, {site: {"slope", "slope_ci",
+    "slope_n"}} for the site types whose exact effects vary."""
     out = {}
     for name, group in df.groupby("site_type", sort=False):
-        x, y = group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float)
-        keep = np.isfinite(x) & np.isfinite(y)
-        if keep.sum() >= 2 and np.ptp(x[keep]) > 0:
-            out[str(name)] = float(np.polyfit(x[keep], y[keep], 1)[0])
+        fit = slope_with_interval(group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float))
+        if fit["slope"] is not None:
+            out[str(name)] = fit
     return out
+
+
+def _slope_label(site: str, fit: Mapping[str, Any] | None) -> str:
+    if fit is None:
+        return site
+    ci = fit.get("slope_ci")
+    return f"{site} (slope {fit['slope']:.2f}" + (f", 95% CI {ci[0]:.2f} to {ci[1]:.2f})" if ci else ")")
 
 
 def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patching effect", ax: Axes | None = None) -> Axes:
     """Attribution-patching estimate against the exact effect (`data`: the exact table with its
     attribution column), one point per cell, by site type; the identity line, and each site type's
-    fitted slope in the legend (a high correlation can hide a 2x error)."""
+    fitted slope with its 95% interval over the cells in the legend (a high correlation can hide a 2x error)."""
     ax = axes(ax)
     slopes = site_slopes(data)
-    named = data.assign(site=[f"{t} (slope {slopes[t]:.2f})" if t in slopes else str(t) for t in data["site_type"]])
+    named = data.assign(site=[_slope_label(str(t), slopes.get(str(t))) for t in data["site_type"]])
     sns.scatterplot(data=named, x="effect", y="attribution", hue="site", ax=ax, s=20, alpha=0.7)
     lo = float(min(data["effect"].min(), data["attribution"].min()))
     hi = float(max(data["effect"].max(), data["attribution"].max()))
@@ -264,8 +272,8 @@ GUIDE = (  # how to read this section of the report
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both in normalised "
-                            "logit difference; the dashed line is y = x and each site type's fitted slope is in the legend "
-                            "(slope 0.5 = a 2x underestimate).",
+                            "logit difference; the dashed line is y = x and each site type's least-squares slope, with "
+                            "its 95% interval over the cells, is in the legend (slope 0.5 = a 2x underestimate).",
     "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers, layer x "
                      "head; red positive, blue negative, centred on 0.",
 }
