@@ -16,7 +16,9 @@ patching effects as shares of the clean-corrupted gap) are left out. Summaries w
 
 A finding claims only what its numbers carry (REFERENCES.md, "Claims a reviewer accepts"): each
 states its n; a mean tau carries its t interval, a fraction its Wilson interval, a correlation its
-Fisher interval and how many points it rests on; a shape (U-shape, neglected middle) is claimed only
+Fisher interval and how many points it rests on, and its least-squares slope (attribution on exact) its
+t interval; DLA writers carry their t intervals over examples and tie when their paired difference's does
+not exclude 0; a shape (U-shape, neglected middle) is claimed only
 when the bootstrap intervals of the positions it contrasts separate; importance that is rounding
 (the heads summary's degenerate_<method>) or top heads that tie are said so and not ranked; a
 budget or lens layer is named in the figure's own terms (the whole prompt, "after block l").

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from headscope.reports.findings import _at_chance, _below, _chance, _num, _pct
+from headscope.analyses.core import chance
+from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
 
@@ -75,9 +76,16 @@ def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, ax=None):
 ZERO = 1e-5  # a kind whose |contribution| stays below this fraction of the largest is 0 up to rounding
 
 
+def _t_bar(values) -> tuple[float, float]:
+    """A bar's error bar: the 95% t interval of its mean over examples (the mean itself with one example)."""
+    ci = chance.mean_interval(values)
+    mean = float(np.mean(values))
+    return (mean, mean) if ci is None else (ci[0], ci[1])
+
+
 def plot_dla_components(data: pd.DataFrame, *, ax=None):
     """`data`: the dla table. DLA of the embeddings, each MLP, the attention biases and the final norm/unembedding bias
-    terms (mean and 95% CI over examples)."""
+    terms (mean and 95% t interval over examples, the summary's dla_top_intervals)."""
     ax = axes(ax, (8, 4))
     rows = data[data.kind != "head"]
     floor = ZERO * float(rows.contribution.abs().max() or 0.0)  # float32 rounding of the largest writer
@@ -85,7 +93,8 @@ def plot_dla_components(data: pd.DataFrame, *, ax=None):
     zero = [str(k) for k, v in silent.items() if v]  # e.g. bias terms of a model without biases
     rows = rows[~rows.kind.isin(zero)]
     order = list(dict.fromkeys(rows.component))
-    sns.barplot(data=rows, x="component", y="contribution", hue="kind", order=order, dodge=False, ax=ax, seed=0)
+    sns.barplot(data=rows, x="component", y="contribution", hue="kind", order=order, dodge=False, ax=ax,
+                errorbar=_t_bar)  # the summary's 95% t interval over examples (dla_top_intervals)
     ax.axhline(0.0, color="grey", lw=1)
     if ax.get_legend() is not None:
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1.0), title="kind")
@@ -266,8 +275,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "final_post the output.",
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
                           "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
-    "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, heads, MLPs and bias terms "
-                               "add up to the final logit difference; kinds that are 0 within rounding for every example "
+    "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, attention and norm "
+                               "biases; with the heads (the per-head map) they add up to the final logit difference. "
+                               "Bars: mean over examples; error bars: its 95% t interval over examples (writers whose "
+                               "intervals overlap may not differ). Kinds that are 0 within rounding for every example "
                                "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
                                "out and named in the title.",
     "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
@@ -284,6 +295,64 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
     "logit_lens": "Logit lens: the answer read from each block's input through the final norm and unembedding. ",
     "dla": "Direct logit attribution: each component's contribution (logits) to the final logit difference. ",
 }
+
+
+def _interval(entry: Any) -> tuple[float, float] | None:
+    ci = entry.get("ci") if isinstance(entry, Mapping) else None
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci):
+        return float(ci[0]), float(ci[1])
+    return None
+
+
+def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None) -> str:
+    """The (up to) three largest DLA writers with their 95% intervals over examples. Writers whose paired
+    difference's interval contains 0 (dla_top_differences) are tied within their per-example spread and
+    said so instead of ranked; summaries without the intervals (older results) list the means."""
+    items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]
+    n = s.get("n_examples")
+    of = f" of a final logit difference {final:.3g}." if final is not None else "."
+    intervals = s.get("dla_top_intervals")
+    if not isinstance(intervals, Mapping):
+        return ("Direct logit attribution" + (f" (mean over {n} examples)" if n is not None else "")
+                + ": the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items) + of)
+    n = (intervals.get(items[0][0]) or {}).get("n", n)
+    pairs = {(d.get("a"), d.get("b")): d for d in s.get("dla_top_differences") or [] if isinstance(d, Mapping)}
+
+    def one(k: str, v: float) -> str:
+        return f"{k} ({v:+.2f}{_ci(_interval(intervals.get(k)))})"
+
+    def diff(a: str, b: str, signs: Mapping[str, float]) -> str:
+        d = pairs[a, b]
+        name = f"{a} - {b}" if signs[a] > 0 and signs[b] > 0 else f"|{a}| - |{b}|"
+        return f"{name} = {d['difference']:+.2f}{_ci(_interval(d))}"
+
+    def tied(a: str, b: str) -> bool:
+        return (a, b) in pairs and pairs[a, b].get("tied") is True and _num(pairs[a, b].get("difference")) is not None
+
+    names, signs = [k for k, _ in items], {k: (1.0 if v >= 0 else -1.0) for k, v in items}
+    head = (f"Direct logit attribution (mean and 95% t interval over {n} examples)"
+            if any(_interval(intervals.get(k)) for k in names)
+            else f"Direct logit attribution (mean over {n} example(s), too few for an interval)")
+    group = names[:1]
+    for k in names[1:]:
+        if all(tied(g, k) for g in group):
+            group.append(k)
+        else:
+            break
+    if len(group) > 1:
+        rest = [one(k, v) for k, v in items[len(group):]]
+        together = ", ".join(group[:-1]) + f" and {group[-1]}"
+        return (f"{head}: {together} write the most, tied within their per-example spread ("
+                + "; ".join(diff(group[0], k, signs) for k in group[1:]) + "): "
+                + ", ".join(one(k, v) for k, v in items[:len(group)])
+                + (f"; then {', '.join(rest)}" if rest else "") + of)
+    text = f"{head}: the largest writers are " + ", ".join(one(k, v) for k, v in items) + of
+    if len(names) > 1 and (names[0], names[1]) in pairs and pairs[names[0], names[1]].get("tied") is False:
+        text += f" {names[0]} writes more than {names[1]} ({diff(names[0], names[1], signs)})."
+    if len(names) > 2 and tied(names[1], names[2]):
+        text += (f" {names[1]} and {names[2]} are tied within their per-example spread "
+                 f"({diff(names[1], names[2], signs)}).")
+    return text
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -319,11 +388,7 @@ def finding(s: Mapping[str, Any]) -> str:
                      + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
         return " ".join(parts)
     if top:
-        items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]
-        n = s.get("n_examples")
-        parts.append("Direct logit attribution" + (f" (mean over {n} examples)" if n is not None else "")
-                     + ": the largest writers are " + ", ".join(f"{k} ({v:+.2f})" for k, v in items)
-                     + (f" of a final logit difference {final:.3g}." if final is not None else "."))
+        parts.append(_writers(s, top, final))
     cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
     if cpr is not None and cmd is not None:
         parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores): CPR {cpr:.3f} (higher is better), "

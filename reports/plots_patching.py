@@ -23,12 +23,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from headscope.analyses.patching.attribution_patching import slope_with_interval
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
@@ -135,24 +135,32 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     return ax
 
 
-def site_slopes(df: pd.DataFrame) -> dict[str, float]:
-    """Least-squares slope of the attribution estimate on the exact effect, per site type (1 = same scale)."""
+def site_slopes(df: pd.DataFrame) -> dict[str, dict]:
+    """Least-squares slope of the attribution estimate on the exact effect per site type (1 = same scale),
+    with its 95% t interval over the cells: the summary's slope_with_interval, {site: {"slope", "slope_ci",
+    "slope_n"}} for the site types whose exact effects vary."""
     out = {}
     for name, group in df.groupby("site_type", sort=False):
-        x, y = group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float)
-        keep = np.isfinite(x) & np.isfinite(y)
-        if keep.sum() >= 2 and np.ptp(x[keep]) > 0:
-            out[str(name)] = float(np.polyfit(x[keep], y[keep], 1)[0])
+        fit = slope_with_interval(group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float))
+        if fit["slope"] is not None:
+            out[str(name)] = fit
     return out
+
+
+def _slope_label(site: str, fit: Mapping[str, Any] | None) -> str:
+    if fit is None:
+        return site
+    ci = fit.get("slope_ci")
+    return f"{site} (slope {fit['slope']:.2f}" + (f", 95% CI {ci[0]:.2f} to {ci[1]:.2f})" if ci else ")")
 
 
 def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patching effect", ax: Axes | None = None) -> Axes:
     """Attribution-patching estimate against the exact effect (`data`: the exact table with its
     attribution column), one point per cell, by site type; the identity line, and each site type's
-    fitted slope in the legend (a high correlation can hide a 2x error)."""
+    fitted slope with its 95% interval over the cells in the legend (a high correlation can hide a 2x error)."""
     ax = axes(ax)
     slopes = site_slopes(data)
-    named = data.assign(site=[f"{t} (slope {slopes[t]:.2f})" if t in slopes else str(t) for t in data["site_type"]])
+    named = data.assign(site=[_slope_label(str(t), slopes.get(str(t))) for t in data["site_type"]])
     sns.scatterplot(data=named, x="effect", y="attribution", hue="site", ax=ax, s=20, alpha=0.7)
     lo = float(min(data["effect"].min(), data["attribution"].min()))
     hi = float(max(data["effect"].max(), data["attribution"].max()))
@@ -265,8 +273,8 @@ GUIDE = (  # how to read this section of the report
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both in normalised "
-                            "logit difference; the dashed line is y = x and each site type's fitted slope is in the legend "
-                            "(slope 0.5 = a 2x underestimate).",
+                            "logit difference; the dashed line is y = x and each site type's least-squares slope, with "
+                            "its 95% interval over the cells, is in the legend (slope 0.5 = a 2x underestimate).",
     "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers, layer x "
                      "head; red positive, blue negative, centred on 0.",
 }
@@ -332,6 +340,52 @@ def _significant(r: float | None, n: int) -> bool:
 SPARSE = 10  # fewer non-zero exact effects than this (or under half the cells): r is stated on them, without an interval
 
 
+def _ratio(slope: float) -> str:
+    """A slope of attribution over exact in words ("about half the exact ones")."""
+    if slope <= 0:
+        return "point the opposite way to the exact ones"
+    for lo, hi, words in ((0.4, 0.6, "about half"), (1.7, 2.3, "about twice")):
+        if lo <= slope < hi:
+            return f"are {words} the exact ones"
+    return f"are about {slope:.2g} times the exact ones"
+
+
+FAR = (0.8, 1.25)  # a slope outside this range, with a 95% interval that excludes 1, is a scale error worth saying
+
+
+def _slope(kind: str, stats: Mapping[str, Any], rank: bool) -> str | None:
+    """'At <kind> ... (least-squares slope b of attribution on exact, 95% CI [..], n = k cells).': far
+    from 1 (FAR, interval excluding 1) its effects are that multiple of the exact ones, so (where r is
+    significant and the report ranks sites, `rank`) it ranks but does not size; None without a slope and
+    interval (older summaries, fewer than three cells)."""
+    b, ci, n = _num(stats.get("slope")), stats.get("slope_ci"), stats.get("slope_n", stats.get("n"))
+    if b is None or not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return None
+    said = f"least-squares slope {b:.2f} of attribution on exact{_ci(tuple(ci))}, n = {n} cells"
+    if not ci[0] <= 1.0 <= ci[1] and not FAR[0] <= b <= FAR[1]:
+        advice = ": use it to rank, not to size" if rank and _significant(_num(stats.get("pearson")), int(n or 0)) else ""
+        return f"At {kind} attribution patching's effects {_ratio(b)} ({said}){advice}."
+    close = "consistent with the exact size" if ci[0] <= 1.0 <= ci[1] else "close to the exact size"
+    return f"At {kind} its sizes are {close} ({said})."
+
+
+def _case(stats: Mapping[str, Any]) -> str:
+    """Which reading of r the cells allow: "few" (under 3 non-zero exact effects), "sparse" (under SPARSE
+    or half the cells non-zero), "one point" (significant r that is not without its largest cell, or flips
+    sign), "mostly" (under half of |r| without it) or "plain" (r over every cell with its interval)."""
+    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
+    if nonzero is not None and nonzero < 3:
+        return "few"
+    if nonzero is not None and (nonzero < SPARSE or nonzero < n / 2):  # zeros are not independent evidence
+        return "sparse"
+    rest = _num(stats.get("pearson_without_top"))
+    if rest is None or not _significant(r, n):
+        return "plain"
+    if not _significant(rest, n - 1) or rest * r < 0:
+        return "one point"
+    return "mostly" if abs(rest) < abs(r) / 2 else "plain"
+
+
 def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
     few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
@@ -339,27 +393,24 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     and without its largest cell it is not, flips sign, or falls to under half of |r| (the rest still
     significant: "mostly carried" by that cell)."""
     r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
-    if nonzero is not None and nonzero < 3:
+    case, rest = _case(stats), _num(stats.get("pearson_without_top"))
+    if case == "few":
         return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
                 "so it says nothing about agreement")
-    if nonzero is not None and (nonzero < SPARSE or nonzero < n / 2):  # zeros are not independent evidence
-        rho, slope, rest = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("pearson_without_top"))
+    if case == "sparse":
+        rho, slope = _num(stats.get("spearman")), _num(stats.get("slope"))
         extra = [f"Spearman {rho:.2f}" if rho is not None else "",
                  f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
                  f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
                  and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
                  f"no interval: the other {n - nonzero:.0f} cells have no exact effect"]
         return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
-    rest = _num(stats.get("pearson_without_top"))
-    said = f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
-    if rest is None or not _significant(r, n):
-        return said
+    if case == "plain":
+        return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
     without = f"without it r = {rest:.3f} (n = {n - 1} cells{_ci(fisher_interval(rest, n - 1), '.3f')})"
-    if not _significant(rest, n - 1) or rest * r < 0:
+    if case == "one point":
         return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
-    if abs(rest) < abs(r) / 2:
-        return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
-    return said
+    return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -403,8 +454,13 @@ def finding(s: Mapping[str, Any]) -> str:
     if isinstance(corr, Mapping):
         said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
         if said:
-            parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said)
-                         + ". A high r can hide a scale error: see the per-site slopes in the figure.")
+            parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said) + ".")
+            rank = bool(cells)  # sites are ranked (not at chance, nor over a gap within noise)
+            slopes = [_slope(k, v, rank) for k, v in corr.items() if isinstance(v, Mapping)
+                      and _num(v.get("pearson")) is not None and _case(v) == "plain"]
+            slopes = [x for x in slopes if x]
+            parts.append(" ".join(slopes) if slopes
+                         else "A high r can hide a scale error: see the per-site slopes in the figure.")
     trace = s.get("causal_tracing")
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))

@@ -25,8 +25,11 @@ component, kind, layer, head, contribution) and "dla_mean" (component, kind, lay
 contribution = mean over examples, std). Summary: per-layer mean
 answer rank, log-probability, top-1 fraction and logit difference at the answer position; the
 first layer whose median answer rank is 0 (top-1 in at least half the examples); top components
-and heads; the sum of the writers' contributions, the norm/bias terms and the final logit
-(difference) they reconstruct, with the largest reconstruction error.
+and heads; each top component's mean, sd, 95% t interval and n over examples (dla_top_intervals)
+and, for each pair of the three largest, the paired difference of their magnitudes with its
+interval and whether it contains 0 (dla_top_differences: "tied", not ranked); the sum of the
+writers' contributions, the norm/bias terms and the final logit (difference) they reconstruct,
+with the largest reconstruction error.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ import torch
 from headscope.analyses.circuits import dla as dla_mod
 from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
+from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
@@ -252,6 +256,36 @@ def dla_mean(dla: pd.DataFrame) -> pd.DataFrame:
     return first.join(stats).reset_index()
 
 
+NAMED = 3  # the writers a finding names: the paired differences among them are recorded
+
+
+def writer_intervals(dla: pd.DataFrame, components: list[str]) -> tuple[dict, list[dict]]:
+    """Per-example uncertainty of the listed writers (ranked by |mean|, largest first).
+
+    Returns ({component: {"mean", "sd", "ci" (95% t interval over examples, None for one), "n"}},
+    [{"a", "b", "difference", "ci", "n", "tied"}] for each pair among the first NAMED): difference is
+    the mean over examples of |a| - |b| in the direction of each mean (sign(mean_a) a - sign(mean_b) b,
+    paired by example), and tied says its 95% interval contains 0 (None with one example): two writers
+    whose means differ by less than their per-example spread are not ranked."""
+    wide = dla[dla.component.isin(components)].pivot(index="example", columns="component",
+                                                     values="contribution")  # [example, component]
+    stats = {}
+    for c in components:
+        x = wide[c].dropna().to_numpy(dtype=float)
+        stats[c] = {"mean": float(x.mean()), "sd": float(x.std(ddof=1)) if len(x) > 1 else None,
+                    "ci": chance.mean_interval(x), "n": int(len(x))}
+    pairs = []
+    named = components[:NAMED]
+    for i, a in enumerate(named):
+        for b in named[i + 1:]:
+            sa, sb = (1.0 if stats[a]["mean"] >= 0 else -1.0), (1.0 if stats[b]["mean"] >= 0 else -1.0)
+            diff = (sa * wide[a] - sb * wide[b]).dropna().to_numpy(dtype=float)  # [example]
+            ci = chance.mean_interval(diff)
+            pairs.append({"a": a, "b": b, "difference": float(diff.mean()), "ci": ci, "n": int(len(diff)),
+                          "tied": None if ci is None else bool(ci[0] <= 0.0 <= ci[1])})
+    return stats, pairs
+
+
 def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: int) -> dict:
     mean = dla_mean(dla)
     writers = dla[~dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
@@ -261,9 +295,12 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
     error = (writers + biases - final).abs().max()
     ranked = mean.reindex(mean.contribution.abs().sort_values(ascending=False).index)
     heads = ranked[ranked.kind == "head"]
+    intervals, differences = writer_intervals(dla, list(ranked.component.head(top_k)))
     return {
         "dla_direction": direction,
         "dla_top_components": {r.component: float(r.contribution) for r in ranked.head(top_k).itertuples()},
+        "dla_top_intervals": intervals,
+        "dla_top_differences": differences,
         "dla_top_heads": {r.component: float(r.contribution) for r in heads.head(top_k).itertuples()},
         "dla_sum_components": float(writers.mean()),
         "dla_bias_terms": float(biases.mean()),

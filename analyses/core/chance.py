@@ -239,6 +239,21 @@ def _continuation_on_task(values: torch.Tensor, task: Task, kind: str, vocab: in
     return out
 
 
+def mean_interval(values: Sequence[float] | np.ndarray, *, alpha: float = ALPHA) -> list[float] | None:
+    """The two-sided (1 - alpha) Student-t interval of the mean of the finite `values` ([lo, hi]; None
+    for fewer than two): what a summary records beside a mean over examples."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    x = x[np.isfinite(x)]
+    n = len(x)
+    if n < 2:
+        return None
+    from scipy import stats
+
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
+    return [mean - half, mean + half]
+
+
 def gap_within_noise(clean: Sequence[float] | np.ndarray | torch.Tensor, corrupted: Sequence[float] | np.ndarray | torch.Tensor,
                      metric: str, *, alpha: float = ALPHA) -> dict[str, Any] | None:
     """Whether the clean-corrupted gap that patching normalises by is within noise, from the paired
@@ -256,13 +271,7 @@ def gap_within_noise(clean: Sequence[float] | np.ndarray | torch.Tensor, corrupt
         return None
     floor = FLOORS.get(metric.removeprefix("normalized_"), 0.0)
     gap, n = float(diff.mean()), int(len(diff))
-    ci = None
-    if n > 1:
-        from scipy import stats
-
-        sd = float(diff.std(ddof=1))
-        half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
-        ci = [gap - half, gap + half]
+    ci = mean_interval(diff, alpha=alpha)
     words = _WORDS.get(metric.removeprefix("normalized_"), metric)
     level = f"{100 * (1 - alpha):.0f}%"
     if ci is not None and ci[0] <= 0.0 <= ci[1]:

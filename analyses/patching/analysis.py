@@ -23,7 +23,8 @@ where pos is a real token: every row without padding) and with attribution=True 
 attribution-patching estimate `attribution`. Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
 direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|),
-attribution_correlation (Pearson and Spearman per site type); gap_within_noise only when the
+attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
+attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
 """
 from __future__ import annotations

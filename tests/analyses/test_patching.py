@@ -7,6 +7,7 @@ import dataclasses
 import json
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats as scipy_stats
@@ -246,6 +247,10 @@ def test_attribution_correlation_is_reported(tiny_models):
     assert set(corr) == {"head_out", "mlp_out"}
     for stats in corr.values():
         assert -1.0 <= stats["pearson"] <= 1.0 and -1.0 <= stats["spearman"] <= 1.0
+    for name, group in res.df.groupby("site_type"):  # the slope of the figure's scatter: numpy's least squares
+        x, y = group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float)
+        assert corr[name]["slope"] == pytest.approx(np.polyfit(x, y, 1)[0], rel=1e-6, abs=1e-9)
+        assert corr[name]["slope_n"] == len(group) and corr[name]["slope_ci"][0] <= corr[name]["slope"]
     assert res.df["attribution"].notna().all()
     json.dumps(res.summary)
 

@@ -190,7 +190,7 @@ def test_attribution_vs_exact_has_the_identity_line_and_each_site_types_slope(re
     for st, group in exact.groupby("site_type"):
         x, y = group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float)
         if np.ptp(x) > 0:  # the slope is unchanged by the common division into the share of the gap
-            assert f"{st} (slope {np.polyfit(x, y, 1)[0]:.2f})" in legend, legend
+            assert f"{st} (slope {np.polyfit(x, y, 1)[0]:.2f}" in [t.split(",")[0].rstrip(")") for t in legend], legend
     assert "y = x (exact)" in legend
 
 
@@ -885,5 +885,36 @@ def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
         assert kept.get_marker() != gates.get_marker() and gates.get_zorder() > kept.get_zorder()
         assert kept.get_markerfacecolor() == "none" and kept.get_markersize() > gates.get_markersize()  # the cross shows inside
         assert list(ax.get_xticks()) == [12]
+    finally:
+        plt.close("all")
+
+
+def test_dla_components_error_bars_are_the_t_intervals_over_examples():
+    from headscope.reports.plots_circuits import plot_dla_components
+
+    dla = pd.DataFrame([{"kind": k, "component": c, "contribution": v, "example": e}
+                        for k, c, vals in (("embed", "embed", [1, 2, 3, 6]), ("mlp", "mlp0", [0.5] * 4))
+                        for e, v in enumerate(vals)])
+    ax = plot_dla_components(dla, ax=plt.subplots()[1])
+    try:
+        bars = {float(line.get_xdata()[0]): list(line.get_ydata()) for line in ax.lines
+                if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]}
+        # embed: mean 3, sd sqrt(14 / 3) = 2.160, t(0.975, 3) = 3.1824: 3 -+ 3.437; mlp0: no spread, no bar
+        assert bars[0.0] == pytest.approx([3 - 3.4374, 3 + 3.4374], abs=1e-3)
+        assert bars[1.0] == pytest.approx([0.5, 0.5])
+    finally:
+        plt.close("all")
+
+
+def test_attribution_vs_exact_legend_carries_each_slopes_interval():
+    from headscope.reports.plots_patching import plot_attribution_vs_exact
+
+    # exact 1..20, attribution 0.5 x exact + 0.1 x (+1, -1, -1, +1) repeated (orthogonal to 1 and x): slope 0.5,
+    # se sqrt(0.2 / 18 / 665) = 0.0040876, t(0.975, 18) = 2.1009: 95% CI 0.4914 to 0.5086
+    x = np.arange(1.0, 21.0)
+    data = pd.DataFrame({"site_type": "resid_pre", "effect": x, "attribution": 0.5 * x + 0.1 * np.tile([1, -1, -1, 1], 5)})
+    ax = plot_attribution_vs_exact(data, ax=plt.subplots()[1])
+    try:
+        assert "resid_pre (slope 0.50, 95% CI 0.49 to 0.51)" in [t.get_text() for t in ax.get_legend().get_texts()]
     finally:
         plt.close("all")

@@ -1,6 +1,8 @@
 """Findings in words: each headline states its summary's numbers, and says so when a result is uninformative."""
 from __future__ import annotations
 
+import pytest
+
 from headscope.reports.findings import CAPTIONS, caption, finding
 
 HEADS = {
@@ -439,3 +441,79 @@ def test_attribution_means_and_intervals_count_only_examples_with_a_defined_tau(
     text = finding("attribution", s)
     assert "Over 4 examples (1 without a defined tau: too few tokens to rank, so the means and intervals are over 3)" in text
     assert "leave-one-out at mean Kendall tau 0.73, 95% CI [0.16, 1.00]" in text
+
+
+def _dla_summary(values: dict) -> dict:
+    """dla_summary over a hand-made dla table: {component: (kind, [contribution per example])}."""
+    import pandas as pd
+
+    from headscope.analyses.circuits.analysis import dla_summary
+
+    dla = pd.DataFrame([{"example": e, "component": c, "kind": k, "layer": 0, "head": None, "contribution": x}
+                        for c, (k, xs) in values.items() for e, x in enumerate(xs)])
+    logits = pd.DataFrame({"example": range(4), "final_logit": dla.groupby("example").contribution.sum().to_numpy()})
+    return {**dla_summary(dla, logits, "answer - wrong_answer", 5), "n_examples": 4}
+
+
+def test_dla_writers_carry_intervals_and_ties_are_not_ranked():
+    # t(0.975, 3) = 3.1824; mlp1 [2, 4, 2, 4]: mean 3, sd sqrt(4/3), half 3.1824 x 1.1547 / 2 = 1.837
+    # mlp2 [3.6, 2.2, 3.6, 2.2]: 2.9, sd 0.8083, half 1.286; paired mlp1 - mlp2 [-1.6, 1.8, -1.6, 1.8]: 0.1,
+    # sd 1.963, half 3.124 (contains 0: tied); a0.h1 [-1, -1.2, ...]: -1.1, half 0.184; |mlp1| - |a0.h1| = mlp1 +
+    # a0.h1 [1, 2.8, 1, 2.8]: 1.9, sd 1.039, half 1.654 -> [0.25, 3.55] (excludes 0: not tied with the top)
+    s = _dla_summary({"mlp1": ("mlp", [2, 4, 2, 4]), "mlp2": ("mlp", [3.6, 2.2, 3.6, 2.2]),
+                      "a0.h1": ("head", [-1, -1.2, -1, -1.2]), "embed": ("embed", [0.1] * 4)})
+    top = s["dla_top_intervals"]["mlp1"]
+    assert top["n"] == 4 and top["mean"] == pytest.approx(3.0) and top["ci"] == pytest.approx([1.1626, 4.8374], abs=1e-4)
+    pair = {(d["a"], d["b"]): d for d in s["dla_top_differences"]}
+    assert pair["mlp1", "mlp2"]["tied"] is True and pair["mlp1", "mlp2"]["ci"] == pytest.approx([-3.0236, 3.2236], abs=1e-4)
+    assert pair["mlp1", "a0.h1"]["tied"] is False and pair["mlp1", "a0.h1"]["difference"] == pytest.approx(1.9)
+    text = finding("circuits", s)
+    assert ("Direct logit attribution (mean and 95% t interval over 4 examples): mlp1 and mlp2 write the most, tied "
+            "within their per-example spread (mlp1 - mlp2 = +0.10, 95% CI [-3.02, 3.22]): mlp1 (+3.00, 95% CI "
+            "[1.16, 4.84]), mlp2 (+2.90, 95% CI [1.61, 4.19]); then a0.h1 (-1.10, 95% CI [-1.28, -0.92]) of a final "
+            "logit difference 4.9.") in text
+    assert "largest writers" not in text
+    # separated: mlp1 [3, 3.2, ...] - mlp2 [1.3, 1.1, ...] = [1.7, 2.1, ...]: 1.9, sd 0.2309, half 0.367 -> ranked;
+    # |mlp2| - |a0.h1| = [0.3, -0.1, ...]: 0.1 +- 0.367 contains 0 -> those two are tied
+    s = _dla_summary({"mlp1": ("mlp", [3, 3.2, 3, 3.2]), "mlp2": ("mlp", [1.3, 1.1, 1.3, 1.1]),
+                      "a0.h1": ("head", [-1, -1.2, -1, -1.2]), "embed": ("embed", [0.1] * 4)})
+    text = finding("circuits", s)
+    assert ("the largest writers are mlp1 (+3.10, 95% CI [2.92, 3.28]), mlp2 (+1.20, 95% CI [1.02, 1.38]), a0.h1 "
+            "(-1.10, 95% CI [-1.28, -0.92]) of a final logit difference 3.3. mlp1 writes more than mlp2 (mlp1 - mlp2 = "
+            "+1.90, 95% CI [1.53, 2.27]). mlp2 and a0.h1 are tied within their per-example spread (|mlp2| - |a0.h1| = "
+            "+0.10, 95% CI [-0.27, 0.47]).") in text
+    at_chance = finding("circuits", {**s, "chance": AT_CHANCE})  # at chance: still no writer named
+    assert "mlp1" not in at_chance and "ranks no writer" in at_chance
+
+
+def test_patching_states_attribution_slope_and_says_rank_not_size_when_far_from_one():
+    import numpy as np
+    import pandas as pd
+
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact
+
+    # exact 1..20, attribution 0.5 x exact + e with e = 0.1 x (+1, -1, -1, +1) repeated: e sums to 0 and is orthogonal
+    # to x within every block of four, so least squares gives slope 0.5 exactly; SSR = 20 x 0.01 = 0.2, Sxx = 20 (20^2
+    # - 1) / 12 = 665, se = sqrt(0.2 / 18 / 665) = 0.0040876, t(0.975, 18) = 2.1009: 0.5 -+ 0.0085877
+    x = np.arange(1.0, 21.0)
+    e = 0.1 * np.tile([1.0, -1.0, -1.0, 1.0], 5)
+    exact = pd.DataFrame({"site_type": "resid_pre", "layer": 0, "head": None, "pos": range(20), "effect": x})
+    _, corr = correlation_with_exact(exact, exact.assign(attribution=0.5 * x + e).drop(columns="effect"))
+    assert corr["resid_pre"]["slope"] == pytest.approx(0.5) and corr["resid_pre"]["slope_n"] == 20
+    assert corr["resid_pre"]["slope_ci"] == pytest.approx([0.5 - 0.0085877, 0.5 + 0.0085877], abs=1e-6)
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "clean_metric": 20.0,
+         "corrupted_metric": 0.0, "attribution_correlation": corr,
+         "top_sites": {"resid_pre": [{"layer": 0, "head": None, "pos": 19, "token": "", "effect": 20.0}]}}
+    said = ("At resid_pre attribution patching's effects are about half the exact ones (least-squares slope 0.50 of "
+            "attribution on exact, 95% CI [0.49, 0.51], n = 20 cells)")
+    assert said + ": use it to rank, not to size." in finding("patching", s)
+    noise = finding("patching", {**s, "gap_within_noise": {"reason": "its CI contains 0"}})  # no site ranked
+    assert said + "." in noise and "rank, not to size" not in noise
+    # slope 1 with the same residuals: 1 -+ 0.0086 contains 1, no scale error claimed
+    _, same = correlation_with_exact(exact, exact.assign(attribution=x + e).drop(columns="effect"))
+    assert ("At resid_pre its sizes are consistent with the exact size (least-squares slope 1.00 of attribution on "
+            "exact, 95% CI [0.99, 1.01], n = 20 cells).") in finding("patching", {**s, "attribution_correlation": same})
+    # r carried by one cell: its slope is that cell's too, so no size claim (the one-point sentence stands)
+    one = {**corr["resid_pre"], "n": 60, "n_nonzero": 60, "pearson": 0.9, "pearson_without_top": 0.02}
+    text = finding("patching", {**s, "attribution_correlation": {"resid_pre": one}})
+    assert "rests on one point" in text and "least-squares" not in text and "see the per-site slopes" in text
