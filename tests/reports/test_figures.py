@@ -1001,3 +1001,27 @@ def test_lens_columns_only_the_longer_prompts_reach_say_their_n_and_are_muted():
         assert "n its mean is over" in caption("circuits_lens")
     finally:
         plt.close("all")
+
+
+def test_every_figure_of_attention_weights_uses_the_conventions_sequential_map():
+    """The review: attention patterns were blue while the convention draws unsigned values white -> red.
+    Each figure of attention weights (or their 0-1 summaries) is on plots.SEQUENTIAL from 0."""
+    from headscope.reports.plots import SEQUENTIAL
+    from headscope.reports.plots_heads import plot_roles
+    from headscope.reports.plots_position import plot_gold_attention
+
+    roles = pd.DataFrame([{"layer": l, "head": h, "positional": 0.1, "sink": 0.9, "previous_token": 0.0,
+                           "induction": 0.0, "confidence": 0.5} for l in range(2) for h in range(2)])
+    gold = pd.DataFrame([{"layer": l, "head": h, "position": p, "mass": 0.1 * (p + h)}
+                         for l in range(2) for h in range(2) for p in (1, 2)])
+    top = top_heads_figure(_pattern_data(3, [[0.3, 0.1], [0.2, 0.05]]), k=2)
+    try:
+        maps = {"roles": plot_roles(roles).collections[0], "gold attention": plot_gold_attention(gold).collections[0]}
+        maps.update({f"top attention {i}": ax.images[0] for i, ax in enumerate(top.axes) if ax.images})
+        assert len(maps) == 4
+        for name, mappable in maps.items():
+            assert mappable.cmap.name == SEQUENTIAL and mappable.norm.vmin == 0, name
+            white, red = (np.asarray(mappable.cmap(x))[:3] for x in (0.0, 1.0))
+            assert (white > 0.9).all() and red[0] > red[2] + 0.3, name  # white at 0, red at the top
+    finally:
+        plt.close("all")
