@@ -4,8 +4,10 @@ Heads are ranked by one of the explorer's per-head scores (its default: importan
 analysis ran); each panel is a query x key heat map of attention weights (0-1), tokens as text
 (plots.label). `top_heads_figure` is figure-level (one panel per head) and returns the Figure; its
 data is the explorer's dict, the one figure not drawn from a Result's tables. Scores in panel
-titles have 3 significant digits, so a small non-zero score never reads 0.00. Weights are drawn
-white (0) to blue (1), the explorer's pattern scale, since the figure sits beside it. When the heads analysis
+titles have 3 significant digits, so a small non-zero score never reads 0.00. Weights are unsigned:
+the convention's sequential map (plots.color_scale), white at 0 to red at 1. The colour bar has its
+own column of the layout, so a panel title wider than its panel (short examples, long score names)
+is spaced from it like from the next panel. When the heads analysis
 is at chance (`quiet`, plots.quiet_reason of its summary) an importance ranking is noise: the
 heads are chosen by a pattern statistic instead (PATTERN_SCORES, the first the data has) and the
 title says so; without one the panels are muted and titled as heads chosen by noise.
@@ -20,7 +22,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.reports.explorer import pattern_from_data
-from headscope.reports.plots import label, muted
+from headscope.reports.plots import color_scale, label
 
 MAX_LABELS = 48  # tick labels per axis; longer examples label every k-th token
 # scores read from the attention patterns alone (no task metric), used instead of importance at chance
@@ -71,20 +73,26 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
         return None
     tokens = [label(t) for t in data["examples"][example]["tokens"]]
     size = max(3.0, 0.16 * len(tokens) + 1.2)
-    fig, axes = plt.subplots(1, len(heads), figsize=(size * len(heads), size + 0.6), squeeze=False, layout="constrained")
+    # the colour bar in a column of its own (width 0.15 in): constrained layout then keeps every panel's
+    # title (which may be wider than its panel) clear of it, as it keeps the panels clear of each other
+    fig, axes = plt.subplots(1, len(heads) + 1, figsize=(size * len(heads) + 0.9, size + 0.6), squeeze=False,
+                             layout="constrained", width_ratios=[size] * len(heads) + [0.15])
+    *panels, bar = axes[0]
     noise = bool(quiet) and why is None and str(name).startswith("importance")  # ranked by noise, no alternative
     every = max(1, -(-len(tokens) // MAX_LABELS))
     ticks = list(range(0, len(tokens), every))
+    scale = color_scale(bound=1.0, is_signed=False, quiet=noise)  # weights 0-1: white at 0, red at 1
     image = None
-    for ax, (layer, head, value) in zip(axes[0], heads):
+    for ax, (layer, head, value) in zip(panels, heads):
         pattern = np.array(pattern_from_data(data, example, layer, head))  # [query, key]
-        image = ax.imshow(pattern, vmin=0, vmax=1, cmap=muted("Blues") if noise else "Blues", interpolation="nearest")
+        image = ax.imshow(pattern, vmin=scale["vmin"], vmax=scale["vmax"], cmap=scale["cmap"], interpolation="nearest")
+        ax.grid(False)  # the report's whitegrid style would draw lines across the cells
         ax.set_xticks(ticks, [tokens[i] for i in ticks], rotation=90)
         ax.set_yticks(ticks, [tokens[i] for i in ticks])
         ax.tick_params(labelsize=max(4, min(8, 200 / len(ticks))), length=0)
         ax.set_title(f"L{layer}H{head} ({label(name)} {value:.3g})", fontsize="small")
         ax.set_xlabel("key (attended to)")
-        ax.set_ylabel("query" if ax is axes[0][0] else "")
+        ax.set_ylabel("query" if ax is panels[0] else "")
     if why:
         title = f"top {len(heads)} heads by {name} (a pattern statistic: {why}): attention on example {example + 1}"
     elif noise:
@@ -93,7 +101,8 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
     else:
         title = f"top {len(heads)} heads by {name}: attention on example {example + 1}"
     fig.suptitle(title, fontsize="medium")
-    fig.colorbar(image, ax=list(axes[0]), shrink=0.8, pad=0.01, label="attention weight (0-1)")
+    fig.colorbar(image, cax=bar, label="attention weight (0-1)")
+    bar.set_label("<colorbar>")  # what matplotlib names the colour bars it makes itself
     return fig
 
 

@@ -22,6 +22,10 @@ from headscope.errors import ConfigError
 from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, t_interval, wilson
 from headscope.reports.plots import axes, color_scale, label, laid_out
 
+# the scores table ranks every token but these two (analyses/attribution/analysis.py): the first is
+# BOS / [CLS] and the last the token that predicts (or [SEP]); the integrated-gradients baseline keeps
+# both, so IG cannot score them, and the first is usually the attention sink that would top attention's ranking
+SKIPPED = "first and last left out: BOS/[CLS] and the predicting token/[SEP]"
 NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
 
@@ -45,8 +49,9 @@ def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "r
 
 
 def plot_token_heatmap(data: pd.DataFrame, *, example: int | None = None, ax=None):
-    """Rows: methods; columns: the ranked tokens of one example (`data`: the scores table); cells:
-    normalised importance, on a sequential map from 0 when every score is >= 0, else diverging about 0."""
+    """Rows: methods; columns: the ranked tokens of one example (`data`: the scores table: every token
+    but the first and the last, which the analysis leaves out of every ranking, see SKIPPED); cells:
+    each method's share of importance (>= 0, summing to 1 over the row) on the sequential map from 0."""
     example = int(data.example.iloc[0]) if example is None else example
     one = data[(data.example == example) & data.method.isin(HEATMAP_ROWS)]
     if one.empty:
@@ -55,9 +60,9 @@ def plot_token_heatmap(data: pd.DataFrame, *, example: int | None = None, ax=Non
         [m for m in HEATMAP_ROWS if m in set(one.method)])
     labels = one.drop_duplicates("position").set_index("position").token.reindex(grid.columns)
     ax = axes(ax, (max(6, 0.3 * grid.shape[1]), 3))
-    sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float)), xticklabels=[label(t) for t in labels],
-                cbar_kws={"label": "share of importance"})
-    ax.set_xlabel("token")
+    sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), is_signed=False),
+                xticklabels=[label(t) for t in labels], cbar_kws={"label": "share of importance (0-1)"})
+    ax.set_xlabel(f"token ({SKIPPED})")
     ax.set_ylabel("")
     ax.set_title(f"Token importance by method, example {example}")
     return ax
@@ -142,7 +147,11 @@ GUIDE = (  # how to read this section of the report
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement.",
-    "token_heatmap": "One example: each method's share of importance per token (rows sum to 1).",
+    "token_heatmap": "One example: each method's share of importance per token (rows sum to 1 over the tokens "
+                     "shown). The first token (BOS / [CLS]) and the last (the one that predicts, or [SEP]) are not "
+                     "shown: the analysis leaves them out of every ranking, since the integrated-gradients baseline "
+                     "keeps them (IG cannot score them) and the first is usually an attention sink, which would top "
+                     "attention's ranking for a reason no other method shares.",
     "permutation": "Per example: median output change (total variation distance, 0-1) when the layer's attention is "
                    "permuted, against its maximum attention weight.",
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "

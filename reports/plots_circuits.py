@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.patches import Rectangle
 
 from headscope.analyses.core import chance
 from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct
@@ -35,17 +36,28 @@ def from_end(lens: pd.DataFrame) -> pd.DataFrame | None:
     return lens.assign(position=lens.position - lens.example.map(last) - 1)
 
 
+PARTIAL_VEIL = 0.6  # how far a lens column averaged over fewer than all prompts is blended towards white
+
+
 def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
     """`data`: the lens table. Mean over examples of the lens target's log-probability (or "rank") at each layer (block
     input; the last row is the model's output) and position; prompts of different lengths are
-    aligned at their answer position (`from_end`), so each column means the same place in every prompt."""
+    aligned at their answer position (`from_end`), so each column means the same place in every prompt.
+    Columns far from the answer are then reached by the longer prompts only: each such column's tick
+    says its n and the column is muted (a PARTIAL_VEIL white veil), the axis label says why."""
     ax, lens = axes(ax, (7, 4)), data
     aligned = from_end(lens)
     if aligned is not None:
         lens = aligned
     grid = lens.pivot_table(index="layer", columns="position", values=value, aggfunc="mean")
-    if aligned is not None:
-        grid.columns = [f"{int(p)} (answer)" if p == -1 else str(int(p)) for p in grid.columns]
+    n = lens.example.nunique() if "example" in lens else None
+    counts = (lens.groupby("position").example.nunique().reindex(grid.columns) if n is not None
+              else pd.Series(dtype=int))  # [position] prompts averaged in the column
+    partial = [i for i, c in enumerate(counts) if c < n]  # columns only the longer prompts reach
+    names = [f"{int(p)} (answer)" if aligned is not None and p == -1 else str(int(p)) for p in grid.columns]
+    if partial:  # say in each such column how many prompts its mean is over
+        names = [f"{name} (n={counts.iloc[i]})" if i in partial else name for i, name in enumerate(names)]
+    grid.columns = names
     stages = lens.drop_duplicates("layer").set_index("layer").stage if "stage" in lens else None
     label = {"logprob": "log-probability of the target (nats)", "rank": "rank of the target (0 = top-1)",
              "logit_diff": "logit difference (logits)"}.get(value, value)
@@ -53,9 +65,13 @@ def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
     ax.invert_yaxis()
     if stages is not None:
         ax.set_yticklabels([stages.get(l, l) for l in grid.index], rotation=0)
-    n = lens.example.nunique() if "example" in lens else None
+    for i in partial:  # muted: a white veil over each column averaged over fewer than all prompts
+        ax.add_patch(Rectangle((i, 0), 1, grid.shape[0], facecolor="white", alpha=PARTIAL_VEIL, lw=0, zorder=2,
+                               label="fewer prompts"))
     xlabel = (f"position from the end (-1 = answer position; {n} prompts of mixed lengths)"
               if aligned is not None else "position (last = answer position)")
+    if partial:
+        xlabel += f"\npale, with n: columns averaged over fewer than all {n} prompts"
     ax.set(xlabel=xlabel, ylabel="stream read (top = output)", title="Logit lens")
     return ax
 
@@ -170,12 +186,29 @@ def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
     return float(layer), float(head.lstrip("h"))
 
 
+# the graph's drawing order: edges under the nodes, node labels (on a white box) over both, so no
+# edge crosses a label; its receivers' kinds: a head's query, key or value input, an MLP or the logits
+EDGE_Z, NODE_Z, LABEL_Z = 1, 3, 4
+LABEL_SIZE = 8  # points
+STYLES = {"q": ":", "k": "--"}  # every other kind solid
+KIND_NAMES = {"q": "q (query)", "k": "k (key)", "v": "v (value)", "mlp": "MLP", "logits": "logits"}
+
+
+def _kind(receiver: str) -> str:
+    """The kind of an edge's receiver: "q", "k", "v" (a head's input), "mlp" or "logits"."""
+    if receiver.count(".") == 2:
+        return receiver.rsplit(".", 1)[1]
+    return "logits" if receiver == "logits" else "mlp"
+
+
 def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | None = None, ax=None):
     """`data`: the edges table. The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
     negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
     A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
     value input of key-value head g at (layer - 0.35, g - 0.3), labelled on its left). Integer head
-    and layer ticks; a key of three line widths in |score| units. `quiet` (plots.quiet_reason):
+    and layer ticks; a key of three line widths in |score| units, the signs drawn and the line style of
+    each receiver kind drawn (dotted q, dashed k, solid v / MLP / logits), only those; node labels over
+    the edges on a white box. `quiet` (plots.quiet_reason):
     grey edges and a title that says they rank noise, not the strongest writers."""
     ax, edges = axes(ax, (8, 5)), data
     top = edges.reindex(edges.score.abs().sort_values(ascending=False).index).head(n_edges)
@@ -194,22 +227,27 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
     def width(v: float) -> float:
         return 0.5 + 4.5 * abs(v) / (peak or 1.0)
 
+    used = []  # the receiver kinds drawn, in order: the key lists these and no other
     for s, r, v in zip(top.sender, top.receiver, top.score):
         (x0, y0), (x1, y1) = xy(s), xy(r)
-        kind = r.split(".")[-1] if r.count(".") == 2 else ""
+        kind = _kind(r)
+        used.append(kind)
         colour = (("#e8a0a0" if v > 0 else "#a0b8e0") if quiet  # muted red / blue
                   else ("C3" if v > 0 else "C0"))
-        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=dict(
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=EDGE_Z, arrowprops=dict(
             arrowstyle="-|>", lw=width(v), color=colour, alpha=0.7,
-            connectionstyle="arc3,rad=0.15", linestyle={"k": "--", "q": ":"}.get(kind, "-")))
+            connectionstyle="arc3,rad=0.15", linestyle=STYLES.get(kind, "-")))
     drawn = {n.rsplit(".", 1)[0] if n.count(".") == 2 else n for n in names}
     for node in sorted(drawn):
         x, y = xy(node)
         marker = "s" if node.startswith("m") else ("D" if node in ("input", "logits") else "o")
-        ax.scatter([x], [y], marker=marker, s=60, color="black", zorder=3)
+        ax.scatter([x], [y], marker=marker, s=60, color="black", zorder=NODE_Z)
         left = ".kv" in node  # a KV head's label to its left, a query head's to its right: they never meet
-        ax.annotate(label(node), (x, y), textcoords="offset points", xytext=(-5 if left else 5, -3 if left else 3),
-                    ha="right" if left else "left", va="top" if left else "bottom", fontsize=7)
+        where = (dict(xytext=(0, -7), ha="center", va="top") if node == "logits"  # below: the plot's right edge is near
+                 else dict(xytext=(-5 if left else 5, -3 if left else 3), ha="right" if left else "left",
+                           va="top" if left else "bottom"))
+        ax.annotate(label(node), (x, y), textcoords="offset points", **where, fontsize=LABEL_SIZE,
+                    zorder=LABEL_Z, bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
@@ -219,12 +257,19 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
         keys = sorted({peak, peak / 2, float(top.score.abs().min())}, reverse=True)
         handles = [Line2D([], [], color="grey", lw=width(k), label=f"|score| {k:.2g}") for k in keys]
         pos, neg = ("#e8a0a0", "#a0b8e0") if quiet else ("C3", "C0")
-        handles += [Line2D([], [], color=pos, lw=2, label="positive"), Line2D([], [], color=neg, lw=2, label="negative")]
-        ax.legend(handles=handles, title="edge width", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+        signs = [("positive", pos, (top.score > 0).any()), ("negative", neg, (top.score < 0).any())]
+        handles += [Line2D([], [], color=c, lw=2, label=name) for name, c, shown in signs if shown]
+        kinds = [k for k in KIND_NAMES if k in used]  # each drawn kind once
+        solid = [KIND_NAMES[k] for k in kinds if k not in STYLES]
+        handles += [Line2D([], [], color="black", lw=1.2, ls=STYLES[k], label=f"into {KIND_NAMES[k]}")
+                    for k in kinds if k in STYLES]
+        if solid:
+            handles.append(Line2D([], [], color="black", lw=1.2, ls="-", label="into " + " / ".join(solid)))
+        ax.legend(handles=handles, title="edges: width = |score|", loc="upper left", bbox_to_anchor=(1.01, 1),
+                  fontsize="small")
     what = (f"Circuit: the {len(top)} largest |score| edges, noise not a circuit\n{quiet}" if quiet
             else f"Circuit: {len(top)} strongest edges")
-    ax.set(xlabel="layer (input left, logits right; MLPs at y = -1)", ylabel="head",
-           title=f"{what}\n(solid: into v / MLP / logits, dashed: k, dotted: q)")
+    ax.set(xlabel="layer (input left, logits right; MLPs at y = -1)", ylabel="head", title=what)
     return ax
 
 
@@ -272,7 +317,9 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "circuits_lens": "Logit lens: the answer's rank or log-probability read from each block's input through the final "
                      "norm and unembedding, layer x position; row l_pre is the input of block l (after l blocks), "
-                     "final_post the output.",
+                     "final_post the output. Prompts of mixed lengths are aligned at the answer position (columns "
+                     "count from the end); a column that only the longer prompts reach is muted and its tick gives "
+                     "the number of prompts n its mean is over.",
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
                           "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, attention and norm "
@@ -289,7 +336,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                     "(higher is better); CMD is the area between f and 1 (lower is better).",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
                       "y = head (MLPs at -1, key-value heads just left of and below their layer's query heads, labelled "
-                      "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative.",
+                      "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative; "
+                      "line style by what the edge feeds (dotted: a query, dashed: a key, solid: a value, an MLP or "
+                      "the logits), the key listing only the kinds drawn.",
 }
 PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <site>.'
     "logit_lens": "Logit lens: the answer read from each block's input through the final norm and unembedding. ",

@@ -758,7 +758,7 @@ def test_circuit_graph_ticks_whole_heads_and_keys_the_edge_width():
         ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks  # no head 0.5
         legend = ax.get_legend()
-        assert legend.get_title().get_text() == "edge width"
+        assert legend.get_title().get_text() == "edges: width = |score|"
         keys = {t.get_text(): h.get_linewidth() for t, h in zip(legend.get_texts(), legend.legend_handles)}
         # widths 0.5 + 4.5 |score| / peak: 5 at the peak 0.008, 2.75 at half of it, 1.06 at the weakest 0.001
         assert keys["|score| 0.008"] == pytest.approx(5.0) and keys["|score| 0.004"] == pytest.approx(2.75)
@@ -801,7 +801,7 @@ def test_top_heads_at_chance_are_chosen_by_a_pattern_statistic_or_titled_as_nois
         assert "chosen by noise" in title and "AT CHANCE" in title and not title.startswith("top")
         image = noise.axes[0].images[0]
         rgb = np.asarray(image.cmap(image.norm(1.0)))[:3]
-        assert rgb.max() - rgb.min() < 0.2  # muted: Blues' top is 0.39 saturated
+        assert rgb.max() - rgb.min() < 0.2  # muted: Reds' top is 0.4 saturated
         normal = top_heads_figure(data, k=2)  # not at chance: importance ranks
         assert normal._suptitle.get_text().startswith("top 2 heads by importance (gradient)")
     finally:
@@ -842,7 +842,7 @@ def test_lens_of_mixed_lengths_aligns_prompts_at_the_answer_position():
     same = pd.DataFrame(rows(0, 2, [-5.0, -1.0]) + rows(1, 2, [-3.0, -2.0]))
     try:
         ax = plot_lens(mixed, ax=plt.subplots()[1])
-        assert [t.get_text() for t in ax.get_xticklabels()] == ["-3", "-2", "-1 (answer)"]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["-3 (n=1)", "-2", "-1 (answer)"]  # -3: prompt 0 only
         np.testing.assert_allclose(heat(ax), [[-5.0, -3.5, -1.5]])  # answers with answers: (-1 + -2) / 2
         assert "from the end" in ax.get_xlabel() and "2 prompts" in ax.get_xlabel()
         kept = plot_lens(same, ax=plt.subplots()[1])
@@ -906,6 +906,39 @@ def test_dla_components_error_bars_are_the_t_intervals_over_examples():
         plt.close("all")
 
 
+# ---- #34 third review: figure defects (top attention, token heatmap, circuit graph, lens) ---------
+def _pattern_data(n_tokens, scores):
+    """The explorer's dict for hand-made causal patterns (scale 100) on `n_tokens` tokens, 2 layers x 2 heads."""
+    rows = [[100 // (q + 1)] * (q + 1) for q in range(n_tokens)]  # [query][key]: uniform over the prefix
+    return {"scale": 100, "default_score": "importance (zero)", "scores": {"importance (zero)": scores},
+            "examples": [{"tokens": [f"t{i}" for i in range(n_tokens)], "patterns": [[rows, rows], [rows, rows]]}]}
+
+
+def test_top_attention_titles_clear_the_colour_bar_and_weights_are_white_to_red():
+    """The review: on short examples (3-inch panels) the last panel's title ran into the colour bar, and
+    the weights were blue; under the report's whitegrid style grid lines crossed the cells."""
+    from headscope.reports.plots import SEQUENTIAL
+
+    scores = [[-0.0291, 0.001], [-0.0286, 0.002]]  # long titles: "L0H0 (importance (zero) -0.0291)"
+    with plt.rc_context({"axes.grid": True}):
+        figs = [top_heads_figure(_pattern_data(2, scores), k=k) for k in (1, 2)]
+    try:
+        for fig in figs:
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            bar = next(ax for ax in fig.axes if ax.get_label() == "<colorbar>")
+            bar_box = bar.get_tightbbox(renderer)  # the bar, its ticks and its label
+            panels = [ax for ax in fig.axes if ax is not bar]
+            titles = [ax.title.get_window_extent(renderer) for ax in panels] + [fig._suptitle.get_window_extent(renderer)]
+            assert titles and not [t for t in titles if _overlap(t, bar_box)]
+            for ax in panels:
+                image = ax.images[0]
+                assert image.cmap.name == SEQUENTIAL and (image.norm.vmin, image.norm.vmax) == (0, 1)
+                assert not any(line.get_visible() for line in ax.get_xgridlines() + ax.get_ygridlines())
+    finally:
+        plt.close("all")
+
+
 def test_attribution_vs_exact_legend_carries_each_slopes_interval():
     from headscope.reports.plots_patching import plot_attribution_vs_exact
 
@@ -916,5 +949,110 @@ def test_attribution_vs_exact_legend_carries_each_slopes_interval():
     ax = plot_attribution_vs_exact(data, ax=plt.subplots()[1])
     try:
         assert "resid_pre (slope 0.50, 95% CI 0.49 to 0.51)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    finally:
+        plt.close("all")
+
+
+def test_token_heatmap_says_the_first_and_last_tokens_are_left_out_and_why():
+    """The analysis ranks every token but the first and the last; the figure shows the inner ones and says so."""
+    from headscope.reports.plots import SEQUENTIAL
+    from headscope.reports.plots_attribution import plot_token_heatmap
+
+    tokens = ["<bos>", "The", "cat", "sat", "."]  # positions 1-3 ranked, as the scores table holds them
+    shares = {"last_layer": [0.5, 0.3, 0.2], "saliency": [0.1, 0.1, 0.8]}
+    scores = pd.DataFrame([{"example": 0, "position": p, "token": tokens[p], "method": m, "layer": None, "head": None,
+                            "score": v[p - 1]} for m, v in shares.items() for p in (1, 2, 3)])
+    ax = plot_token_heatmap(scores)
+    try:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["The", "cat", "sat"]
+        np.testing.assert_allclose(heat(ax), [shares["last_layer"], shares["saliency"]])
+        assert "first and last left out" in ax.get_xlabel() and "BOS/[CLS]" in ax.get_xlabel()
+        text = caption("token_heatmap")
+        assert "first token" in text and "last" in text and "not shown" in text
+        assert "integrated-gradients baseline keeps them" in text  # why
+        mesh = ax.collections[0]
+        assert mesh.cmap.name == SEQUENTIAL and mesh.norm.vmin == 0
+    finally:
+        plt.close("all")
+
+
+def _graph(edges):
+    from headscope.reports.plots_circuits import plot_circuit_graph
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    plot_circuit_graph(pd.DataFrame(edges), ax=ax)
+    legend = ax.get_legend()
+    return ax, {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+
+
+def test_circuit_graph_key_lists_only_the_drawn_edge_kinds_and_labels_sit_over_the_edges():
+    no_qk = {"sender": ["input", "a0.h1", "m0"], "receiver": ["a1.h0.v", "logits", "m1"], "score": [0.5, 0.3, 0.2]}
+    q_and_k = {"sender": ["input", "a0.h1", "input"], "receiver": ["a1.h0.q", "a1.kv0.k", "logits"],
+               "score": [0.5, -0.3, 0.2]}
+    try:
+        ax, keys = _graph(no_qk)
+        styles = {name: h.get_linestyle() for name, h in keys.items() if name.startswith("into")}
+        assert styles == {"into v (value) / MLP / logits": "-"}  # no q or k edge drawn: neither in the key
+        assert "negative" not in keys and "dotted" not in ax.get_title()
+        ax2, keys2 = _graph(q_and_k)
+        styles2 = {name: h.get_linestyle() for name, h in keys2.items() if name.startswith("into")}
+        assert styles2 == {"into q (query)": ":", "into k (key)": "--", "into logits": "-"}
+        edge_styles = sorted(t.arrow_patch.get_linestyle() for t in ax2.texts if t.arrow_patch is not None)
+        assert edge_styles == sorted([":", "--", "-"])  # the styles the key names, drawn
+        for axes_ in (ax, ax2):
+            edges = [t for t in axes_.texts if t.arrow_patch is not None]
+            labels = [t for t in axes_.texts if t.get_text()]
+            assert labels and edges
+            assert min(t.get_zorder() for t in labels) > max(t.get_zorder() for t in edges)
+            assert min(t.get_zorder() for t in labels) > max(c.get_zorder() for c in axes_.collections)  # over the nodes
+            for t in labels:  # a white box under each label, at least 8 pt
+                assert t.get_bbox_patch() is not None and t.get_bbox_patch().get_facecolor()[:3] == (1.0, 1.0, 1.0)
+                assert t.get_fontsize() >= 8
+    finally:
+        plt.close("all")
+
+
+def test_lens_columns_only_the_longer_prompts_reach_say_their_n_and_are_muted():
+    """Prompts of 4, 3 and 2 tokens aligned at the answer: column -4 is the first prompt's alone, -3 the
+    first two's; their means (hand-computed) are drawn, each tick says its n, and the columns are veiled."""
+    from matplotlib.patches import Rectangle
+
+    from headscope.reports.plots_circuits import plot_lens
+
+    values = {0: [-6.0, -5.0, -4.0, -1.0], 1: [-3.0, -2.0, -0.5], 2: [-7.0, -2.5]}
+    lens = pd.DataFrame([{"example": e, "layer": 0, "stage": "0_pre", "position": p, "is_answer": p == len(v) - 1,
+                          "logprob": v[p]} for e, v in values.items() for p in range(len(v))])
+    ax = plot_lens(lens, ax=plt.subplots()[1])
+    try:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["-4 (n=1)", "-3 (n=2)", "-2", "-1 (answer)"]
+        np.testing.assert_allclose(heat(ax), [[-6.0, (-5.0 - 3.0) / 2, (-4.0 - 2.0 - 7.0) / 3, (-1.0 - 0.5 - 2.5) / 3]])
+        veils = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_facecolor()[:3] == (1.0, 1.0, 1.0)]
+        assert sorted(p.get_x() for p in veils) == [0, 1] and all(p.get_alpha() >= 0.5 for p in veils)
+        assert "fewer than all 3 prompts" in ax.get_xlabel()
+        assert "n its mean is over" in caption("circuits_lens")
+    finally:
+        plt.close("all")
+
+
+def test_every_figure_of_attention_weights_uses_the_conventions_sequential_map():
+    """The review: attention patterns were blue while the convention draws unsigned values white -> red.
+    Each figure of attention weights (or their 0-1 summaries) is on plots.SEQUENTIAL from 0."""
+    from headscope.reports.plots import SEQUENTIAL
+    from headscope.reports.plots_heads import plot_roles
+    from headscope.reports.plots_position import plot_gold_attention
+
+    roles = pd.DataFrame([{"layer": l, "head": h, "positional": 0.1, "sink": 0.9, "previous_token": 0.0,
+                           "induction": 0.0, "confidence": 0.5} for l in range(2) for h in range(2)])
+    gold = pd.DataFrame([{"layer": l, "head": h, "position": p, "mass": 0.1 * (p + h)}
+                         for l in range(2) for h in range(2) for p in (1, 2)])
+    top = top_heads_figure(_pattern_data(3, [[0.3, 0.1], [0.2, 0.05]]), k=2)
+    try:
+        maps = {"roles": plot_roles(roles).collections[0], "gold attention": plot_gold_attention(gold).collections[0]}
+        maps.update({f"top attention {i}": ax.images[0] for i, ax in enumerate(top.axes) if ax.images})
+        assert len(maps) == 4
+        for name, mappable in maps.items():
+            assert mappable.cmap.name == SEQUENTIAL and mappable.norm.vmin == 0, name
+            white, red = (np.asarray(mappable.cmap(x))[:3] for x in (0.0, 1.0))
+            assert (white > 0.9).all() and red[0] > red[2] + 0.3, name  # white at 0, red at the top
     finally:
         plt.close("all")
