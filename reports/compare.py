@@ -309,16 +309,20 @@ STYLES = {"A": {"linestyle": "-", "marker": "o", "linewidth": 3.0, "alpha": 0.55
 
 def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str) -> Any:
     """Lines of A and B on one axis, one colour per `key` value: A wide, pale and solid with circles, B thin,
-    dashed with squares and drawn on top, so a B line on A's is seen inside it rather than hidden."""
+    dashed with squares and drawn on top, so a B line on A's is seen inside it rather than hidden; within a side
+    each later line is narrower and above the earlier ones (A's gradient and gradient-recomputed both show)."""
     fig, ax = plt.subplots(figsize=(8, 4))
     keys = list(dict.fromkeys(k for f in frames if f is not None for k in f[key]))
     colours = dict(zip(keys, sns.color_palette(n_colors=max(1, len(keys)))))
     for side, frame in zip(SIDES, frames):
         if frame is None:
             continue
-        for k, group in frame.groupby(key, sort=False):
+        groups = list(frame.groupby(key, sort=False))
+        for i, (k, group) in enumerate(groups):  # each later line narrower and on top: one side's equal curves show too
             mean = group.groupby(x)[y].mean()
-            ax.plot(mean.index, mean.to_numpy(), markersize=4, color=colours[k], label=f"{side}: {k}", **STYLES[side])
+            style = {**STYLES[side], "linewidth": STYLES[side]["linewidth"] * (1 + (len(groups) - 1 - i) / len(groups)),
+                     "zorder": STYLES[side]["zorder"] + i / len(groups)}
+            ax.plot(mean.index, mean.to_numpy(), markersize=4, color=colours[k], label=f"{side}: {k}", **style)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()

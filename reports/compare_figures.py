@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # compare.Run; imported there, not here, to keep the import o
 
 MAX_WIDTH = 900  # px: a pair fills a 1200 px page, so more is not seen
 PALETTE = 256  # colours of the quantised PNG: heat maps keep their steps, the page keeps its size
+SIDES = ("A", "B")
 NOT_COMPARED = "(not compared) "  # prefix of a note for the page's "Not compared, and why" list
 FIGURE_CSS = (".pair{display:grid;grid-template-columns:1fr 1fr;gap:.6em;margin:.6em 0}.pair figure{margin:0;"
               "border:1px solid #eee;padding:.3em}.pair img{max-width:100%;margin:0 auto}")
@@ -30,10 +31,15 @@ FIGURE_CSS = (".pair{display:grid;grid-template-columns:1fr 1fr;gap:.6em;margin:
 def thumbnail(path: Path) -> bytes:
     """The PNG at `path` at most MAX_WIDTH wide, quantised to PALETTE colours (an image Pillow cannot
     read is returned as it is)."""
+    return _downscale(path.read_bytes())
+
+
+def _downscale(png: bytes) -> bytes:
     from PIL import Image, UnidentifiedImageError
 
+    source = _io.BytesIO(png)
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:
             image = image.convert("RGB")
             if image.width > MAX_WIDTH:
                 image = image.resize((MAX_WIDTH, max(1, round(image.height * MAX_WIDTH / image.width))), Image.LANCZOS)
@@ -41,7 +47,7 @@ def thumbnail(path: Path) -> bytes:
             image.quantize(PALETTE).save(buf, format="PNG", optimize=True)
             return buf.getvalue()
     except (OSError, UnidentifiedImageError, ValueError):
-        return path.read_bytes()
+        return png
 
 
 def stems(run: Run, name: str) -> list[str]:
@@ -87,10 +93,52 @@ def _cell(run: Run, side: str, name: str, stem: str) -> str:
             f"<figcaption><b>{side}: {escape(stem)}</b></figcaption></figure>")
 
 
+def top_attention_png(run: Run) -> bytes | None:
+    """The report page's own top_attention figure (drawn from explorer.json, not saved as a PNG), as the
+    report draws it (html_report._top_heads_html), downscaled; None without explorer data."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports import io
+    from headscope.reports.html_report import EXPLORER_FILE
+    from headscope.reports.plots import quiet_reason
+    from headscope.reports.plots_attention import top_heads_figure
+    from headscope.reports.render import figure_png
+
+    try:
+        fig = top_heads_figure(io.read_json(run.path / EXPLORER_FILE), quiet=quiet_reason(run.summary("heads")))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    if fig is None:
+        return None
+    png = figure_png(fig)
+    plt.close(fig)
+    return _downscale(png)
+
+
+def _top_attention_html(a: Run, b: Run) -> tuple[str, list[str]]:
+    pngs = [top_attention_png(a), top_attention_png(b)]
+    if all(p is None for p in pngs):
+        return "", []
+    cells = []
+    for side, run, png in zip(SIDES, (a, b), pngs):
+        if png is None:
+            cells.append(f"<figure><em>{escape(f'blank: {side} has no top_attention: no readable explorer data in its folder')}"
+                         "</em></figure>")
+            continue
+        alt = f"{side} ({run.label}): report figure top_attention: {caption('top_attention')}"
+        cells.append(f'<figure><img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+                     f"<figcaption><b>{side}: top_attention</b></figcaption></figure>")
+    notes = [NOT_COMPARED + f"report figure top_attention: only {'B' if side == 'A' else 'A'} has it; {side} has no readable "
+             "explorer data in its folder." for side, png in zip(SIDES, pngs) if png is None]
+    return (f"<h3>attention: top_attention</h3><p class='guide'>{escape(caption('top_attention'))}</p>"
+            f"<div class='pair'>{''.join(cells)}</div>"), notes
+
+
 def figures_section(a: Run, b: Run, names: list[str]) -> tuple[str, list[str]]:
     """Every figure both reports have, A beside B, and each figure one report has beside a blank cell saying
     why; notes (NOT_COMPARED) name per analysis the figures only one side drew and why."""
-    parts, notes = [], []
+    top, notes = _top_attention_html(a, b)
+    parts = [top] if top else []
     for name in names:
         have = [stems(a, name), stems(b, name)]
         every = sorted(set(have[0]) | set(have[1]))

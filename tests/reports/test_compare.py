@@ -240,13 +240,16 @@ def _inline_images(page: str) -> dict[str, bytes]:
             for alt, data in re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', page)}
 
 
-def test_compare_sets_every_figure_side_by_side_and_says_why_one_is_missing(tmp_path):
+def test_compare_sets_every_figure_side_by_side_and_says_why_one_is_missing(tmp_path, tiny_models):
     from io import BytesIO
 
+    import torch
     from PIL import Image
 
     from headscope.reports.compare_figures import MAX_WIDTH
+    from headscope.reports.explorer import attention_explorer_data
     from headscope.reports.findings import caption
+    from headscope.reports.html_report import EXPLORER_FILE
 
     _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
     _folder(tmp_path / "b", "m", 1.0, 0, 0.5, quick=True)
@@ -261,6 +264,8 @@ def test_compare_sets_every_figure_side_by_side_and_says_why_one_is_missing(tmp_
     manifest["config"]["analyses"].append("kv")
     io.write_json(tmp_path / "a" / "manifest.json", manifest)
     io.write_json(tmp_path / "a" / "kv" / "summary.json", {"metric": "logit_diff"})
+    # the report page's own top_attention figure, drawn from explorer.json: A has the data, B none
+    io.write_json(tmp_path / "a" / EXPLORER_FILE, attention_explorer_data(tiny_models["gpt2"], torch.tensor([[1, 5, 2, 7, 5]])))
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c.html")]) == 0
     page = (tmp_path / "c.html").read_text()
     assert XSS not in page
@@ -271,7 +276,8 @@ def test_compare_sets_every_figure_side_by_side_and_says_why_one_is_missing(tmp_
         assert caption(stem) and alt in images, alt  # says what it shows and which run
         assert Image.open(BytesIO(images[alt])).size == size  # 1800 x 400 downscaled to 900 x 200
     assert f"A (m ({XSS}, seed 0)): kv figure kv_norms: {caption('kv_norms')}" in images
-    assert len(images) == 3 + 4  # the three overlays and maps, and A's three figures and B's one
+    assert f"A (m ({XSS}, seed 0)): report figure top_attention: {caption('top_attention')}" in images
+    assert len(images) == 3 + 5  # the three overlays and maps, and A's four figures and B's one
     figures = page[page.index("id='figures'"):page.index("id='provenance'")]
     assert "<em>blank: B has no l0: its heads ran but did not draw this figure: it ran with --quick" in figures
     assert "<em>blank: B has no kv_norms: its kv analysis has no result (skipped: m is an encoder)</em>" in figures
@@ -279,6 +285,9 @@ def test_compare_sets_every_figure_side_by_side_and_says_why_one_is_missing(tmp_
     assert ("<li>heads figure l0: only A has it; in B, its heads ran but did not draw it: it ran with --quick, which "
             "skips parts of the analysis.</li>") in not_compared
     assert "<li>kv figure kv_norms: only A has it; in B, its kv analysis has no result (skipped: m is an encoder).</li>" \
+        in not_compared
+    assert "<em>blank: B has no top_attention: no readable explorer data in its folder</em>" in figures
+    assert "<li>report figure top_attention: only A has it; B has no readable explorer data in its folder.</li>" \
         in not_compared
     assert "figure" not in page[page.index("id='differences'"):page.index("id='not-compared'")]
 
@@ -295,6 +304,12 @@ def test_compare_overlays_keep_both_runs_visible():
     assert (a.get_linestyle(), a.get_marker()) == ("-", "o") and (b.get_linestyle(), b.get_marker()) == ("--", "s")
     assert b.get_zorder() > a.get_zorder() and b.get_linewidth() < a.get_linewidth()  # B thin on top of A's wide line
     assert a.get_alpha() < 1
+    two = pd.concat([same, same.assign(order="gradient (recomputed)")])  # two equal curves of one side
+    lines = {line.get_label(): line for line in _overlay([two, None], "order", "fraction_pruned", "metric", "x", "y",
+                                                           "t").axes[0].get_lines()}
+    first, second = lines["A: gradient"], lines["A: gradient (recomputed)"]
+    assert first.get_color() != second.get_color() and first.get_linewidth() > second.get_linewidth()
+    assert second.get_zorder() > first.get_zorder()  # the narrower on top
 
 
 def _importance(root, values, se=None) -> None:
