@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import base64
 import io as _io
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _analysis_settings
 from headscope.reports.findings import caption
 from headscope.reports.render import escape
 
-if TYPE_CHECKING:  # compare.Run; imported there, not here, to keep the import one-way
-    from headscope.reports.compare import Run
-
 MAX_WIDTH = 900  # px: a pair fills a 1200 px page, so more is not seen
 PALETTE = 256  # colours of the quantised PNG: heat maps keep their steps, the page keeps its size
-SIDES = ("A", "B")
-NOT_COMPARED = "(not compared) "  # prefix of a note for the page's "Not compared, and why" list
 FIGURE_CSS = (".pair{display:grid;grid-template-columns:1fr 1fr;gap:.6em;margin:.6em 0}.pair figure{margin:0;"
               "border:1px solid #eee;padding:.3em}.pair img{max-width:100%;margin:0 auto}")
 
@@ -69,7 +63,7 @@ def why_missing(missing: Run, other: Run, name: str, what: str = "this figure") 
     changed = (missing.provenance(name) or {}).get("budget_changed") or {}
     if changed:
         reasons.append("its time budget changed " + ", ".join(map(str, changed)))
-    settings = [_analysis_config(r, name) for r in (missing, other)]
+    settings = [_analysis_settings(r, name) for r in (missing, other)]
     keys = sorted(k for k in set(settings[0]) | set(settings[1]) if k != "quick" and settings[0].get(k) != settings[1].get(k))
     if keys:
         reasons.append(f"its {name} settings differ ({', '.join(keys)})")
@@ -77,12 +71,6 @@ def why_missing(missing: Run, other: Run, name: str, what: str = "this figure") 
         return f"its {name} ran but did not draw {what}: " + "; ".join(reasons)
     return (f"its {name} ran with the same recorded settings but did not draw {what} (drawn only when its data has "
             "something to show)")
-
-
-def _analysis_config(run: Run, name: str) -> Mapping[str, Any]:
-    settings = ((run.manifest.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
-    found = settings.get(name) if isinstance(settings, Mapping) else None
-    return found if isinstance(found, Mapping) else {}
 
 
 def _cell(run: Run, side: str, name: str, stem: str) -> str:
