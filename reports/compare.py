@@ -107,12 +107,13 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
                 [NOT_COMPARED + f"Top patching sites: {why} (its report ranks no site)."])
     gaps = [_gap(s) for s in sums]
     differ = prompts_differ(a, b, "patching")
+    unmatched: list[str] = []  # site types whose positions name tokens of different prompts
     for kind in kinds:
         cells = [t.get(kind, [])[:n] for t in tops]
         if differ and any(c.get("pos") is not None for side in cells for c in side):
             blank = f"<em>blank: positions are not compared: {escape(differ)}</em>"
             rows.append(f"<tr><td>{escape(kind)}</td><td>{blank}</td><td>{blank}</td></tr>")
-            notes.append(NOT_COMPARED + f"Top {kind} sites are not compared: {differ}.")
+            unmatched.append(kind)
             continue
         for i in range(max(len(c) for c in cells)):
             row = [escape(kind) if i == 0 else ""]
@@ -125,6 +126,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         if all(firsts) and firsts[0] != firsts[1]:
             notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, B {_site_name(kind, cells[1][0])}.")
+    if unmatched:  # one line for every site type with positions
+        notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
              + "</table>")
     return table, notes
