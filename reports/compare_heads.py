@@ -147,7 +147,10 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
         if title == "B - A":
             band, rule = noise_band(a, b, methods[0], "layer-normalised" not in whats[0])
             difference_panel(ax, grid, band)
-            ax.set(title="B - A" + ("\n(grey: within the runs' noise)" if band is not None else "\n(nothing muted)"),
+            muted = ("\n(nothing muted: no uncertainty recorded)" if band is None else
+                     f"\n(grey: |B - A| < {float(band):.3g}, within the runs' noise)" if np.ndim(band) == 0 else
+                     "\n(grey: |B - A| < 1.96 x its per-head se, within noise)")
+            ax.set(title="B - A" + muted,
                    xlabel="head", ylabel="layer")
             notes.append(SAME + f"B - A head importance: {rule}.")
             continue

@@ -337,7 +337,7 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
     fig, notes, alt = importance_figure(a, b)
     ax = fig.axes[2]  # A, B, B - A
-    assert "grey" in ax.get_title()
+    assert ax.get_title() == "B - A\n(grey: |B - A| < 0.255, within the runs' noise)"  # what is muted, on the figure
     grey, coloured = ax.collections[0], ax.collections[1]
     # band 1.96 x sqrt(0.05^2 + 0.12^2) = 1.96 x 0.13 = 0.2548: 0.1, -0.2, 0.0, 0.05 within; 0.5 and -0.3 beyond
     within = [[True, True, True], [False, False, True]]
