@@ -1,269 +1,81 @@
 """`headscope compare OUT_A OUT_B`: one self-contained HTML page setting two reports side by side.
 
-Reads only the files of two output folders (manifest.json, <analysis>/summary.json, task.json and CSVs):
-each analysis's finding for A and B, head importance in raw units on one scale (A and B: sequential
-from 0 for gradient importance, else diverging; B - A diverging on its own when the shapes agree), the
-pruning curves and position curves of both on shared axes, and the top patching sites, with the
-differences called out in words: first every setting that differs (per analysis its task, source, n
-and budget changes too), each headline difference marked within or beyond the runs' own 95% intervals,
-each blank cell with its reason, and both runs' provenance at the end. Top heads are not compared
-where a report does not rank them (at chance, importance that is rounding, tied top heads), nor
-patching positions of different prompts. Every string from the folders
-is escaped; figures are inline PNG.
+Reads only the files of two output folders (manifest.json, <analysis>/summary.json, task.json, CSVs and
+PNGs): each analysis's finding for A and B, head importance in raw units on one scale (A and B: sequential
+from 0 for gradient importance, else diverging; B - A diverging with the cells within the runs' own
+uncertainty grey, `noise_band`), the pruning curves and position curves of both on shared axes where they
+are compared (A wide and pale, B thin and dashed on top), the top patching sites, and every figure of both
+reports A beside B (compare_figures.py), with the differences called out in words: first every setting
+that differs (per analysis its task, source, n and budget changes too), each headline difference (the
+prunable fraction of the ordering each heads finding leads with first) marked within or beyond the runs'
+own 95% intervals, each blank cell with its reason, what is not compared and why in its own list, and
+both runs' provenance at the end. Top heads are not compared where a report does not rank them (at
+chance, importance that is rounding, tied top heads), nor patching positions of different prompts.
+Every string from the folders is escaped; figures are inline PNG.
 """
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
-import seaborn as sns
 
 from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
+from headscope.reports.compare_figures import FIGURE_CSS, figures_section
+from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure, pruning_notes: the page's parts, tested)
+    importance_figure,
+    importance_section,
+    pruning_notes,
+    pruning_section,
+)
+from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read by the tests through this module)
+    NO_INTERVAL,
+    NOT_COMPARED,
+    OVERLAY_TITLE,
+    SAME,
+    SIDES,
+    Run,
+    _img,
+    _overlay,
+    chance_refusal,
+    noise_verdict,
+)
 from headscope.reports.findings import _words, finding, t_interval, wilson
 from headscope.reports.html_report import CSS, _provenance
-from headscope.reports.plots import color_scale, symmetric_bound
-from headscope.reports.provenance import provenance_lines, section_provenance
-from headscope.reports.render import escape, figure_png
+from headscope.reports.provenance import provenance_lines
+from headscope.reports.render import escape
 
-SIDES = ("A", "B")
-SAME = "(same) "  # prefix of a note that reports agreement: shown in its section, not listed as a difference
-NO_INTERVAL = " (neither summary records an interval for it: whether this is beyond noise is not known)."
 HEADLINES = {"heads": "baseline_metric", "kv": "metric_unevicted", "probes": "best_{metric}"}  # what each finding reads
 
 
-class Run:
-    """One output folder: its manifest and, per analysis, its summary and tables (read lazily)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        try:
-            self.manifest = json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise OutputError(f"{str(self.path)!r} is not a headscope output folder (no readable manifest.json: "
-                              f"{getattr(err, 'strerror', None) or err}).") from None
-        if not isinstance(self.manifest, dict):
-            raise OutputError(f"{str(self.path)!r}: manifest.json is not a headscope manifest.")
-
-    @property
-    def label(self) -> str:
-        model = (self.manifest.get("model") or {}).get("name", "?")
-        task = (self.manifest.get("config") or {}).get("task") or "default task"
-        return f"{model} ({task}, seed {self.manifest.get('seed', '?')})"
-
-    def summary(self, name: str) -> dict[str, Any] | None:
-        try:
-            data = io.read_json(self.path / name / "summary.json")
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    def status(self, name: str) -> str:
-        """The manifest's status of analysis `name` ("" when it records none)."""
-        status = self.manifest.get("status") or {}
-        return str(status.get(name, "")) if isinstance(status, dict) else ""
-
-    def provenance(self, name: str) -> dict[str, Any] | None:
-        """The section provenance of analysis `name` (task, source, n, sample; reports/provenance.py), None
-        when it has no summary."""
-        if self.summary(name) is None:
-            return None
-        used = self.manifest.get("task_used") or {}
-        return section_provenance(self.path / name, str(used.get(name, "")) if isinstance(used, dict) else "")
-
-    def why_blank(self, name: str) -> str:
-        """Why this run has no result for analysis `name`: its manifest status, or that it did not run it."""
-        analyses = (self.manifest.get("config") or {}).get("analyses") or []
-        state = self.status(name)
-        if state and state not in ("done", "done (resumed)"):
-            return state
-        if name not in analyses:
-            return "not part of this run (not among its analyses)"
-        return f"no readable {name}/summary.json in this folder"
-
-    def table(self, name: str, stem: str) -> pd.DataFrame | None:
-        try:
-            return pd.read_csv(self.path / name / f"{stem}.csv")
-        except (OSError, ValueError):  # missing, empty or unreadable: the comparison leaves it out
-            return None
-
-
-def _img(fig: Any, alt: str) -> str:
-    png = figure_png(fig)
-    plt.close(fig)
-    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" style="max-width:100%">'
-
-
-def _importance_grid(run: Run) -> tuple[pd.DataFrame, str, str] | None:
-    """([layer, head] importance of the gradient (else the first) method, what it is, the method): raw units like each
-    report's own figure and top heads; older reports without the raw column give the layer-normalised one."""
-    df = run.table("heads", "results")
-    if df is None or not {"method", "layer", "head"} <= set(df.columns):
-        return None
-    column = next((c for c in ("importance", "importance_layer_norm") if c in df.columns), None)
-    if column is None:
-        return None
-    method = "gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0]
-    what = f"{method} importance" + (" (layer-normalised)" if column == "importance_layer_norm" else "")
-    return df[df["method"] == method].pivot(index="layer", columns="head", values=column), what, str(method)  # [layer, head]
-
-
-def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
-    """Importance heat maps of A and B on one scale (and B - A on its own when the model shapes and
-    quantities agree); notes on the top heads, ranked by the values each report's findings use."""
-    found = [_importance_grid(a), _importance_grid(b)]
-    if all(g is None for g in found):
-        return "", []
-    grids = [None if g is None else g[0] for g in found]
-    whats = [None if g is None else g[1] for g in found]
-    methods = [g[2] for g in found if g is not None]
-    same = all(g is not None for g in grids) and grids[0].shape == grids[1].shape and whats[0] == whats[1]
-    panels = [(f"{side}: {what}", g) for side, g, what in zip(SIDES, grids, whats) if g is not None]
-    bound = symmetric_bound(*[g.to_numpy(dtype=float) for g in grids if g is not None])  # A and B: one scale
-    if same:
-        panels.append(("B - A", grids[1] - grids[0]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
-    for ax, (title, grid) in zip(axes[0], panels):
-        diff = title == "B - A"
-        limit = symmetric_bound(grid.to_numpy(dtype=float)) if diff else bound
-        unsigned = not diff and all(m == "gradient" for m in methods)  # |dL/d gate|: sequential from 0
-        sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), bound=limit, is_signed=not unsigned),
-                    cbar_kws={"label": "change in importance (B - A)" if diff else "importance (its own units)"},
-                    xticklabels=True, yticklabels=True)
-        ax.set(title=title, xlabel="head", ylabel="layer")
-    fig.tight_layout()
-    notes = []
-    refusals = [None if g is None else _refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
-    if same and any(refusals):
-        why = "; ".join(f"{side} {r}" for side, r in zip(SIDES, refusals) if r)
-        notes.append(SAME + f"Head importance ({whats[0]}): the top heads cannot be compared, because {why}, so "
-                     f"{'neither report ranks' if all(refusals) else 'that report does not rank'} its heads; no shared "
-                     "top heads or correlation is computed.")
-    elif same:
-        top = [set(map(tuple, g.stack().sort_values(ascending=False).index[:5])) for g in grids]
-        shared = sorted(top[0] & top[1])
-        r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
-        text = (f"Head importance ({whats[0]}): Pearson r = {r:.2f} between A and B; {len(shared)} of the top 5 heads "
-                "are shared" + (f" ({', '.join(f'L{l}H{h}' for l, h in shared)})." if shared else "."))
-        notes.append(text if r < 0.95 or len(shared) < 5 else SAME + text)
-    elif all(g is not None for g in grids) and whats[0] != whats[1]:
-        notes.append(f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no cell-by-cell difference.")
-    elif any(g is None for g in grids):
-        side = SIDES[grids.index(None)]
-        notes.append(f"Head importance: {side} has none (no heads/results.csv with an importance column); only the other "
-                     "run is drawn.")
-    elif all(g is not None for g in grids):
-        notes.append(f"Head importance: the models differ in shape ({grids[0].shape[0]}x{grids[0].shape[1]} vs "
-                     f"{grids[1].shape[0]}x{grids[1].shape[1]} layers x heads); no cell-by-cell difference.")
-    scale = ("one sequential scale from 0 (|dL/d gate|)" if all(m == "gradient" for m in methods)
-             else "one diverging scale centred on 0")
-    return _img(fig, f"head importance of A and B on {scale}"
-                + (", and B - A on its own diverging scale centred on 0" if same else "")), notes
-
-
-def _refuses_to_rank(run: Run, method: str) -> str | None:
-    """Why run's own heads finding does not rank its heads by `method` (reports/plots_heads.py's finding), or None:
-    the model at chance on the task, importance that is rounding (degenerate_<method>), or top heads
-    that tie within rounding (tied_top_heads_<method>)."""
-    s = run.summary("heads") or {}
-    chance = s.get("chance")
-    if isinstance(chance, Mapping) and chance.get("at_chance") is True:
-        return "is at chance on its task" if chance.get("below_chance") is not True else "is below chance on its task"
-    base = s.get("baseline_metric")
-    if "chance" not in s and s.get("metric") == "logit_diff" and isinstance(base, (int, float)) and abs(base) < 0.1:
-        return f"is at chance on its task (logit difference {base:.3g}, near 0)"
-    if s.get(f"degenerate_{method}"):
-        return f"has {method} importance that is rounding, not a measurement"
-    tied = s.get(f"tied_top_heads_{method}")
-    if isinstance(tied, list) and tied:
-        return f"has top heads that tie within rounding ({', '.join(map(str, tied))})"
-    return None
-
-
-def chance_refusal(a: Run, b: Run, name: str) -> str:
-    """"not compared: A at chance on its task" (or B, or both, or below chance) when either run's
-    analysis `name` is at or below chance, as its own report says (a quantity relative to a clean
-    metric at chance is refused there, so it is not compared here); "" otherwise."""
-    where: dict[str, list[str]] = {}  # "at" / "below" -> the sides there
-    for side, run in zip(SIDES, (a, b)):
-        chance = (run.summary(name) or {}).get("chance")
-        if isinstance(chance, Mapping) and chance.get("at_chance") is True:
-            where.setdefault("below" if chance.get("below_chance") is True else "at", []).append(side)
-    said = [f"{' and '.join(sides)} {level} chance on {'its task' if len(sides) == 1 else 'their tasks'}"
-            for level, sides in where.items()]
-    return "not compared: " + " and ".join(said) if said else ""
-
-
-def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str) -> Any:
-    """Lines of A (solid) and B (dashed) on one axis, one colour per `key` value."""
-    fig, ax = plt.subplots(figsize=(8, 4))
-    keys = list(dict.fromkeys(k for f in frames if f is not None for k in f[key]))
-    colours = dict(zip(keys, sns.color_palette(n_colors=max(1, len(keys)))))
-    for side, frame, style in zip(SIDES, frames, ("-", "--")):
-        if frame is None:
-            continue
-        for k, group in frame.groupby(key, sort=False):
-            mean = group.groupby(x)[y].mean()
-            ax.plot(mean.index, mean.to_numpy(), style, marker="o", markersize=3, color=colours[k], label=f"{side}: {k}")
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    return fig
-
-
-def pruning_section(a: Run, b: Run) -> tuple[str, list[str]]:
-    curves = []
-    for run in (a, b):
-        c = run.table("heads", "curve")
-        if c is not None and {"ordering", "recompute", "fraction_pruned", "metric"} <= set(c.columns):
-            c = c.assign(order=c["ordering"] + np.where(c["recompute"].astype(str) == "True", " (recomputed)", ""))
-        curves.append(c if c is not None and "order" in c else None)
-    if all(c is None for c in curves):
-        return "", []
-    fig = _overlay(curves, "order", "fraction_pruned", "metric", "fraction of heads pruned",
-                   "task metric (random: mean over seeds)", "pruning curves: A solid, B dashed")
-    notes = []
-    sums = [a.summary("heads") or {}, b.summary("heads") or {}]
-    refused = chance_refusal(a, b, "heads")
-    if refused:
-        return _img(fig, "pruning curves"), [f"Prunable within 1%: {refused}."]
-    for key in sorted(k for k in sums[0] if k.startswith("max_fraction_prunable_") and k in sums[1]):
-        fa, fb = sums[0][key], sums[1][key]
-        if isinstance(fa, (int, float)) and isinstance(fb, (int, float)) and abs(fa - fb) >= 0.05:
-            notes.append(f"Prunable within 1% by {key.removeprefix('max_fraction_prunable_').replace('_', ' ')}: "
-                         f"A {100 * fa:.0f}%, B {100 * fb:.0f}%" + NO_INTERVAL)
-    return _img(fig, "pruning curves"), notes
-
-
 def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
+    """Both runs' position curves of the plotted metric on one axis, where they are compared (neither at chance,
+    the same metric plotted); otherwise no overlay, only the reason (the reports' own figures are side by side
+    in the figures section)."""
     curves = []
-    for run in (a, b):
+    primaries = [(r.summary("position") or {}).get("primary_metric", "accuracy") for r in (a, b)]
+    for run, primary in zip((a, b), primaries):
         c = run.table("position", "curve")
         ok = c is not None and {"condition", "metric", "position", "mean"} <= set(c.columns)
-        primary = (run.summary("position") or {}).get("primary_metric", "accuracy")
         curves.append(c[(c["condition"] == "full") & (c["metric"] == primary)] if ok else None)  # one scale per axis
     if all(c is None for c in curves):
         return "", []
-    fig = _overlay(curves, "metric", "position", "mean", "gold position (slot)", "primary metric (mean over examples)",
-                   "position curves: A solid, B dashed")
-    notes = []
-    primaries = [(r.summary("position") or {}).get("primary_metric", "accuracy") for r in (a, b)]
     label = f"Middle/ends ratio of {primaries[0]} (the metric plotted)"
     refused = chance_refusal(a, b, "position")
+    if refused or primaries[0] != primaries[1]:
+        why = (f"{label}: {refused}." if refused else
+               f"Position curves and middle/ends ratio: not compared: A plots {primaries[0]}, B {primaries[1]}.")
+        return ("<p><em>no overlay: " + escape(why) + " Each report's own position figures are below, side by side."
+                "</em></p>", [NOT_COMPARED + why])
+    notes = []
     ratios = [((r.summary("position") or {}).get("ratio_middle_to_ends") or {}).get(m) for r, m in zip((a, b), primaries)]
-    if refused:
-        notes.append(f"{label}: {refused}.")
-    elif primaries[0] != primaries[1]:
-        notes.append(f"Middle/ends ratio: not compared: A plots {primaries[0]}, B {primaries[1]}.")
-    elif all(isinstance(r, (int, float)) for r in ratios) and abs(ratios[0] - ratios[1]) >= 0.05:
+    if all(isinstance(r, (int, float)) for r in ratios) and abs(ratios[0] - ratios[1]) >= 0.05:
         notes.append(f"{label}: A {ratios[0]:.2f}, B {ratios[1]:.2f}" + NO_INTERVAL)
-    return _img(fig, f"position curves of {' and '.join(dict.fromkeys(primaries))}, A solid, B dashed"), notes
+    fig = _overlay(curves, "metric", "position", "mean", "gold position (slot)", "primary metric (mean over examples)",
+                   f"position curves: {OVERLAY_TITLE}")
+    return _img(fig, f"position curves of {primaries[0]} of A and B on shared axes, {OVERLAY_TITLE}"), notes
 
 
 def _site_name(kind: str, cell: Mapping[str, Any]) -> str:
@@ -286,21 +98,22 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     refused = chance_refusal(a, b, "patching")
     if refused:  # each report ranks no site at chance: shares of a gap between chance-level metrics are noise
         return (f"<p><em>blank: top patching sites {escape(refused)}</em></p>",
-                [f"Top patching sites: {refused} (its report ranks no site)."])
+                [NOT_COMPARED + f"Top patching sites: {refused} (its report ranks no site)."])
     sums = [r.summary("patching") or {} for r in (a, b)]
     noisy = [side for side, s in zip(SIDES, sums) if isinstance(s.get("gap_within_noise"), Mapping)]
     if noisy:
         why = f"not compared: {' and '.join(noisy)} {'has a' if len(noisy) == 1 else 'have'} clean-corrupted gap within noise"
         return (f"<p><em>blank: top patching sites {escape(why)}</em></p>",
-                [f"Top patching sites: {why} (its report ranks no site)."])
+                [NOT_COMPARED + f"Top patching sites: {why} (its report ranks no site)."])
     gaps = [_gap(s) for s in sums]
     differ = prompts_differ(a, b, "patching")
+    unmatched: list[str] = []  # site types whose positions name tokens of different prompts
     for kind in kinds:
         cells = [t.get(kind, [])[:n] for t in tops]
         if differ and any(c.get("pos") is not None for side in cells for c in side):
             blank = f"<em>blank: positions are not compared: {escape(differ)}</em>"
             rows.append(f"<tr><td>{escape(kind)}</td><td>{blank}</td><td>{blank}</td></tr>")
-            notes.append(SAME + f"Top {kind} sites are not compared: {differ}.")
+            unmatched.append(kind)
             continue
         for i in range(max(len(c) for c in cells)):
             row = [escape(kind) if i == 0 else ""]
@@ -313,6 +126,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         if all(firsts) and firsts[0] != firsts[1]:
             notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, B {_site_name(kind, cells[1][0])}.")
+    if unmatched:  # one line for every site type with positions
+        notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
              + "</table>")
     return table, notes
@@ -412,18 +227,6 @@ def interval(summary: Mapping[str, Any], key: str) -> tuple[float, float] | None
     return None
 
 
-def noise_verdict(va: float, vb: float, ia: tuple[float, float] | None, ib: tuple[float, float] | None) -> str:
-    """Whether |B - A| lies within the runs' own uncertainty: smaller than the sum of the two 95% intervals'
-    half-widths is "within noise" (a conservative test: such intervals may still differ at p < 0.05)."""
-    if ia is None or ib is None:
-        return NO_INTERVAL
-    half = (ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2
-    spans = f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]"
-    if abs(vb - va) <= half:
-        return f" (within noise: |B - A| = {abs(vb - va):.3g} is inside the combined half-widths {half:.3g}; {spans})."
-    return f" (beyond noise: |B - A| = {abs(vb - va):.3g} exceeds the combined half-widths {half:.3g}; {spans})."
-
-
 def headline_notes(a: Run, b: Run) -> list[str]:
     """The headline numbers the findings read (HEADLINES), where A and B differ by more than 5%, each with
     whether the difference lies within the runs' own 95% intervals."""
@@ -468,7 +271,14 @@ def provenance_html(a: Run, b: Run, names: list[str]) -> str:
             + "".join(rows) + "</table>")
 
 
+def _plain(note: str) -> str:
+    return note.removeprefix(SAME).removeprefix(NOT_COMPARED)
+
+
 def compare_html(a: Run, b: Run) -> str:
+    """The page: settings that differ, the differences (each within or beyond noise where intervals are recorded),
+    what is not compared and why (never among the differences), the findings side by side, the overlays and
+    tables of the quantities compared, every figure of both reports A beside B, and both provenances."""
     names = list(dict.fromkeys([*((a.manifest.get("config") or {}).get("analyses") or []),
                                 *((b.manifest.get("config") or {}).get("analyses") or [])]))
     notes: list[str] = []
@@ -478,26 +288,32 @@ def compare_html(a: Run, b: Run) -> str:
                                    ("Position curves", "position", position_section),
                                    ("Top patching sites", "patching", patching_section)):
         body, found = section(a, b)
-        notes += [n for n in found if not n.startswith(SAME)]
+        notes += found
         if body:
             blocks.append(f"<h2 id='{anchor}'>{escape(title)}</h2>" + body
-                          + "".join(f"<p class='finding'>{escape(n.removeprefix(SAME))}</p>" for n in found))
+                          + "".join(f"<p class='finding'>{escape(_plain(n))}</p>" for n in found))
     notes += headline_notes(a, b)
+    figures, figure_notes = figures_section(a, b, names)
+    notes += figure_notes
+    differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED))]
+    refused = [_plain(n) for n in notes if n.startswith(NOT_COMPARED)]
     rows = "".join(f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{_finding_cell(r, name)}</td>" for r in (a, b)) + "</tr>"
                    for name in names)
     head = (f"<tr><th></th><th>A: {escape(a.label)}<br><small>{escape(str(a.path))}</small></th>"
             f"<th>B: {escape(b.label)}<br><small>{escape(str(b.path))}</small></th></tr>")
-    differences = "".join(f"<li>{escape(n)}</li>" for n in notes) or "<li>No difference above the thresholds.</li>"
+    differences = "".join(f"<li>{escape(n)}</li>" for n in differ) or "<li>No difference above the thresholds.</li>"
+    not_compared = "".join(f"<li>{escape(n)}</li>" for n in refused) or "<li>Nothing: every quantity above is compared.</li>"
     settings = settings_notes(a, b, names)
     setting_html = ("<h2 id='settings'>Settings that differ</h2><p>Differences in the results below may come from "
                     "these as much as from the models.</p><ul>" + "".join(f"<li>{escape(n)}</li>" for n in settings)
                     + "</ul>") if settings else "<h2 id='settings'>Settings</h2><p>The runs share every recorded setting.</p>"
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>headscope compare</title>"
-            f"<style>{CSS}.side td{{vertical-align:top;width:45%}}</style></head><body>"
+            f"<style>{CSS}.side td{{vertical-align:top;width:45%}}{FIGURE_CSS}</style></head><body>"
             f"<h1>headscope compare</h1><p>A: {escape(a.label)} &nbsp; B: {escape(b.label)}</p>"
             + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
+            f"<h2 id='not-compared'>Not compared, and why</h2><ul>{not_compared}</ul>"
             f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"
-            + "".join(blocks) + provenance_html(a, b, names) + "</body></html>")
+            + "".join(blocks) + figures + provenance_html(a, b, names) + "</body></html>")
 
 
 def compare_reports(out_a: str | Path, out_b: str | Path, out: str | Path | None = None, *, force: bool = False) -> Path:

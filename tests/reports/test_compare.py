@@ -10,7 +10,7 @@ from headscope.cli import main
 from headscope.reports import io
 from headscope.reports.compare import (
     NO_INTERVAL,
-    SAME,
+    NOT_COMPARED,
     Run,
     importance_section,
     patching_section,
@@ -58,8 +58,9 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     assert "numpy" not in settings and "task:" not in settings and "position examples" not in settings  # equal ones
     assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
     assert "4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1)" in page  # A leaves out L0H0, B L1H2
-    assert "Prunable within 1% by gradient: A 50%, B 0% (neither summary records an interval" in page
-    assert "Middle/ends ratio of accuracy (the metric plotted): A 0.67, B 0.44 (neither" in page  # 0.6 / 0.9, 0.4 / 0.9
+    assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (no interval "
+            "recorded: whether this is beyond noise is not known).") in page
+    assert "Middle/ends ratio of accuracy (the metric plotted): A 0.67, B 0.44 (no interval" in page  # 0.6 / 0.9, 0.4 / 0.9
     assert 'alt="head importance of A and B on one sequential scale from 0 (|dL/d gate|), and B - A on its own' in page
     # seeds (and models) differ: the runs patched different prompts, so positions are not compared
     assert "Top resid_pre site differs" not in page
@@ -122,7 +123,7 @@ def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp
          status={"heads": "done", "kv": "skipped: m is an encoder"})
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab.html")]) == 0
     page = (tmp_path / "ab.html").read_text()
-    differences = page[page.index("id='differences'"):page.index("id='findings'")]
+    differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
     assert ("heads baseline metric: A 2, B 2.3 (n 64 vs 16) (within noise: |B - A| = 0.3 is inside the combined "
             "half-widths 0.5; 95% CIs A [1.75, 2.25], B [2.05, 2.55]).") in differences
     assert ("kv metric unevicted: A 2, B 3 (n 64 vs 16) (beyond noise: |B - A| = 1 exceeds the combined half-widths "
@@ -157,15 +158,19 @@ def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_t
             "task; B has gradient importance that is rounding, not a measurement, so neither report ranks its heads; "
             "no shared top heads or correlation is computed.") in page
     assert "of the top 5 heads are shared" not in page and "Pearson r =" not in page
-    differences = page[page.index("id='differences'"):page.index("id='findings'")]
+    differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
     assert "cannot be compared" not in differences  # not a difference between the runs: said in its section
+    not_compared = page[page.index("id='not-compared'"):page.index("id='findings'")]
+    assert "top heads cannot be compared, because A is at chance" in not_compared
+    assert "<li>Prunable within 1%: not compared: A at chance on its task.</li>" in not_compared
+    assert "not compared" not in differences
     # one refusing side is enough: its ranking is noise, so an overlap with it means nothing
     io.write_json(tmp_path / "a" / "heads" / "summary.json", heads_a)
     a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
     notes = importance_section(a, b)[1]
-    assert notes == [SAME + "Head importance (gradient importance): the top heads cannot be compared, because B has "
+    assert notes[0] == (NOT_COMPARED + "Head importance (gradient importance): the top heads cannot be compared, because B has "
                      "gradient importance that is rounding, not a measurement, so that report does not rank its heads; "
-                     "no shared top heads or correlation is computed."]
+                     "no shared top heads or correlation is computed.")
     table, notes = patching_section(a, b)
     assert notes == [f"Top resid_pre site differs: A resid_pre L0 pos 2: {XSS}, B resid_pre L1 pos 2: {XSS}."]
     assert "positions are not compared" not in table  # the same prompts: positions compared
@@ -185,23 +190,28 @@ def test_compare_says_not_compared_where_a_report_refuses_at_chance_and_patching
     a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
     table = patching_section(a, b)[0]
     assert table.count("head_out L0 H2: 0.98 of the gap (+24.1 logit difference)") == 2  # 24.1 / (12.3 - -12.3)
-    assert pruning_section(a, b)[1] == ["Prunable within 1% by gradient: A 92%, B 75%" + NO_INTERVAL]
+    assert pruning_section(a, b)[1] == ["Prunable within 1% by gradient (the ordering both heads findings lead with): "
+                                        "A 92%, B 75%" + NO_INTERVAL]
     assert not any("probability" in n for n in position_section(a, b)[1])
     at = {"at_chance": True, "below_chance": False, "metric": "logit_diff", "mean": 0.05, "ci": [-0.2, 0.3]}
     below = {**at, "below_chance": True, "mean": -12.0, "ci": [-12.7, -11.4]}
     for name, entry, side in (("heads", at, "a"), ("position", at, "b"), ("patching", below, "b")):
         summary = io.read_json(tmp_path / side / name / "summary.json")
         io.write_json(tmp_path / side / name / "summary.json", {**summary, "chance": entry})
-    assert pruning_section(a, b)[1] == ["Prunable within 1%: not compared: A at chance on its task."]
-    assert position_section(a, b)[1] == ["Middle/ends ratio of accuracy (the metric plotted): not compared: B at "
-                                         "chance on its task."]
+    assert pruning_section(a, b)[1] == [NOT_COMPARED + "Prunable within 1%: not compared: A at chance on its task."]
+    body, notes = position_section(a, b)
+    assert notes == [NOT_COMPARED + "Middle/ends ratio of accuracy (the metric plotted): not compared: B at chance on its "
+                     "task."]
+    assert "<img" not in body and "no overlay" in body  # not compared: no overlay that implies a comparison
+    assert "<img" not in pruning_section(a, b)[0]
     table, notes = patching_section(a, b)
-    assert notes == ["Top patching sites: not compared: B below chance on its task (its report ranks no site)."]
+    assert notes == [NOT_COMPARED + "Top patching sites: not compared: B below chance on its task (its report ranks no "
+                     "site)."]
     assert "24.1" not in table and "0.98" not in table
     summary = io.read_json(tmp_path / "a" / "position" / "summary.json")
     io.write_json(tmp_path / "a" / "position" / "summary.json", {**summary, "chance": at})
-    assert position_section(a, b)[1] == ["Middle/ends ratio of accuracy (the metric plotted): not compared: A and B at "
-                                         "chance on their tasks."]
+    assert position_section(a, b)[1] == [NOT_COMPARED + "Middle/ends ratio of accuracy (the metric plotted): not compared: "
+                                         "A and B at chance on their tasks."]
 
 
 def test_compare_out_must_end_in_html(tmp_path, capsys):
@@ -210,3 +220,180 @@ def test_compare_out_must_end_in_html(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "does not end in .html" in err and "page.html" in err
     assert not target.exists() and list(tmp_path.iterdir()) == []  # checked before the folders are even read
+
+
+def _png(path, width: int, height: int, colour: tuple[int, int, int]) -> None:
+    """A plain PNG of that size (a stand-in for a report's figure: compare only reads and downscales it)."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (width, height), colour).save(path)
+
+
+def _inline_images(page: str) -> dict[str, bytes]:
+    """{alt text: PNG bytes} of every inline image on the page."""
+    import base64
+    import html
+    import re
+
+    return {html.unescape(alt): base64.b64decode(data)
+            for alt, data in re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', page)}
+
+
+def test_compare_sets_every_figure_side_by_side_and_says_why_one_is_missing(tmp_path, tiny_models):
+    from io import BytesIO
+
+    import torch
+    from PIL import Image
+
+    from headscope.reports.compare_figures import MAX_WIDTH
+    from headscope.reports.explorer import attention_explorer_data
+    from headscope.reports.findings import caption
+    from headscope.reports.html_report import EXPLORER_FILE
+
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
+    _folder(tmp_path / "b", "m", 1.0, 0, 0.5, quick=True)
+    for side in ("a", "b"):  # both drew importance (A's wider than a pair's column); only A drew l0 and kv_norms
+        _png(tmp_path / side / "heads" / "importance.png", 1800 if side == "a" else 600, 400, (200, 30, 30))
+    _png(tmp_path / "a" / "heads" / "l0.png", 500, 300, (30, 30, 200))
+    _png(tmp_path / "a" / "kv" / "kv_norms.png", 500, 300, (30, 200, 30))
+    manifest = io.read_json(tmp_path / "b" / "manifest.json")  # B did not run kv: its manifest says why
+    manifest["config"]["analyses"].append("kv")
+    io.write_json(tmp_path / "b" / "manifest.json", {**manifest, "status": {"kv": "skipped: m is an encoder"}})
+    manifest = io.read_json(tmp_path / "a" / "manifest.json")
+    manifest["config"]["analyses"].append("kv")
+    io.write_json(tmp_path / "a" / "manifest.json", manifest)
+    io.write_json(tmp_path / "a" / "kv" / "summary.json", {"metric": "logit_diff"})
+    # the report page's own top_attention figure, drawn from explorer.json: A has the data, B none
+    io.write_json(tmp_path / "a" / EXPLORER_FILE, attention_explorer_data(tiny_models["gpt2"], torch.tensor([[1, 5, 2, 7, 5]])))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c.html")]) == 0
+    page = (tmp_path / "c.html").read_text()
+    assert XSS not in page
+    images = _inline_images(page)
+    for side, seed, stem, size in (("A", 0, "importance", (MAX_WIDTH, 200)), ("B", 1, "importance", (600, 400)),
+                                   ("A", 0, "l0", (500, 300))):
+        alt = f"{side} (m ({XSS}, seed {seed})): heads figure {stem}: {caption(stem)}"  # escaped on the page
+        assert caption(stem) and alt in images, alt  # says what it shows and which run
+        assert Image.open(BytesIO(images[alt])).size == size  # 1800 x 400 downscaled to 900 x 200
+    assert f"A (m ({XSS}, seed 0)): kv figure kv_norms: {caption('kv_norms')}" in images
+    assert f"A (m ({XSS}, seed 0)): report figure top_attention: {caption('top_attention')}" in images
+    assert len(images) == 3 + 5  # the three overlays and maps, and A's four figures and B's one
+    figures = page[page.index("id='figures'"):page.index("id='provenance'")]
+    assert "<em>blank: B has no l0: its heads ran but did not draw this figure: it ran with --quick" in figures
+    assert "<em>blank: B has no kv_norms: its kv analysis has no result (skipped: m is an encoder)</em>" in figures
+    not_compared = page[page.index("id='not-compared'"):page.index("id='findings'")]
+    assert ("<li>heads figure l0: only A has it; in B, its heads ran but did not draw it: it ran with --quick, which "
+            "skips parts of the analysis.</li>") in not_compared
+    assert "<li>kv figure kv_norms: only A has it; in B, its kv analysis has no result (skipped: m is an encoder).</li>" \
+        in not_compared
+    assert "<em>blank: B has no top_attention: no readable explorer data in its folder</em>" in figures
+    assert "<li>report figure top_attention: only A has it; B has no readable explorer data in its folder.</li>" \
+        in not_compared
+    assert "figure" not in page[page.index("id='differences'"):page.index("id='not-compared'")]
+
+
+def test_compare_overlays_keep_both_runs_visible():
+    from headscope.reports.compare import _overlay
+
+    same = pd.DataFrame({"order": "gradient", "fraction_pruned": [0.0, 0.5, 1.0], "metric": [3.0, 2.0, 0.0]})
+    fig = _overlay([same, same.copy()], "order", "fraction_pruned", "metric", "x", "y", "t")  # B exactly on A
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert set(lines) == {"A: gradient", "B: gradient"}
+    a, b = lines["A: gradient"], lines["B: gradient"]
+    assert list(a.get_ydata()) == list(b.get_ydata()) == [3.0, 2.0, 0.0]
+    assert (a.get_linestyle(), a.get_marker()) == ("-", "o") and (b.get_linestyle(), b.get_marker()) == ("--", "s")
+    assert b.get_zorder() > a.get_zorder() and b.get_linewidth() < a.get_linewidth()  # B thin on top of A's wide line
+    assert a.get_alpha() < 1
+    two = pd.concat([same, same.assign(order="gradient (recomputed)")])  # two equal curves of one side
+    lines = {line.get_label(): line for line in _overlay([two, None], "order", "fraction_pruned", "metric", "x", "y",
+                                                           "t").axes[0].get_lines()}
+    first, second = lines["A: gradient"], lines["A: gradient (recomputed)"]
+    assert first.get_color() != second.get_color() and first.get_linewidth() > second.get_linewidth()
+    assert second.get_zorder() > first.get_zorder()  # the narrower on top
+
+
+def _importance(root, values, se=None) -> None:
+    rows = [{"layer": l, "head": h, "method": "gradient", "importance": values[l][h]} for l in range(2) for h in range(3)]
+    if se is not None:
+        rows = [{**r, "importance_se": se} for r in rows]
+    io.write_csv(root / "heads" / "results.csv", pd.DataFrame(rows))
+
+
+def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
+    from matplotlib.colors import to_hex
+
+    from headscope.reports.compare import importance_figure
+
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
+    _folder(tmp_path / "b", "m", 1.0, 0, 0.5)
+    base = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]]
+    diff = [[0.1, -0.2, 0.0], [0.5, -0.3, 0.05]]
+    _importance(tmp_path / "a", base)
+    _importance(tmp_path / "b", [[x + d for x, d in zip(r, dr)] for r, dr in zip(base, diff)])
+    for side, se in (("a", 0.05), ("b", 0.12)):  # 95% CIs of the mean metric: half-width 1.96 se
+        s = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {**s, "noise_floor": 1e-6, "chance": {
+            "at_chance": False, "mean": 3.0, "ci": [3.0 - 1.96 * se, 3.0 + 1.96 * se], "ci_level": 0.95}})
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    fig, notes, alt = importance_figure(a, b)
+    ax = fig.axes[2]  # A, B, B - A
+    assert ax.get_title() == "B - A\n(grey: |B - A| < 0.255, within the runs' noise)"  # what is muted, on the figure
+    grey, coloured = ax.collections[0], ax.collections[1]
+    # band 1.96 x sqrt(0.05^2 + 0.12^2) = 1.96 x 0.13 = 0.2548: 0.1, -0.2, 0.0, 0.05 within; 0.5 and -0.3 beyond
+    within = [[True, True, True], [False, False, True]]
+    assert [list(r) for r in coloured.get_array().mask.reshape(2, 3)] == within  # masked in the coloured layer
+    assert [list(~r) for r in grey.get_array().mask.reshape(2, 3)] == within  # drawn in the grey one
+    assert {to_hex(c) for c in grey.get_facecolors() if c[3] > 0} == {"#d9d9d9"}  # masked cells are transparent
+    assert coloured.norm.vmin == -0.5 and coloured.norm.vmax == 0.5  # the largest difference beyond noise, not 1 of noise
+    rule = next(n for n in notes if "B - A head importance" in n)
+    assert "1.96 x sqrt(seA^2 + seB^2) = 0.255" in rule and "A 0.05, B 0.12" in rule and "0.255" in alt
+    # per-head standard errors where results.csv has them: 1.96 x sqrt(2) x 0.01 = 0.0283, only the 0.0 cell within
+    _importance(tmp_path / "a", base, se=0.01)
+    _importance(tmp_path / "b", [[x + d for x, d in zip(r, dr)] for r, dr in zip(base, diff)], se=0.01)
+    fig, notes, _ = importance_figure(a, b)
+    coloured = fig.axes[2].collections[1]
+    assert [list(r) for r in coloured.get_array().mask.reshape(2, 3)] == [[False, False, True], [False, False, False]]
+    assert coloured.norm.vmax == 0.5 and any("each head's standard error in results.csv" in n for n in notes)
+    # every difference within noise: all grey, and the scale is the band, not the largest noise
+    _importance(tmp_path / "b", [[x + 0.001 * (h + 1) for h, x in enumerate(r)] for r in base], se=0.01)
+    coloured = importance_figure(a, b)[0].axes[2].collections[-1]
+    assert coloured.get_array().mask.all() and abs(coloured.norm.vmax - 1.96 * 2 ** 0.5 * 0.01) < 1e-9
+
+
+def test_compare_leads_pruning_with_each_findings_ordering_and_flags_a_fraction_on_its_line(tmp_path):
+    from headscope.reports.compare import pruning_notes
+
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
+    _folder(tmp_path / "b", "m", 1.0, 0, 0.5)
+    for side, ablation, gradient in (("a", 0.5625, 1 / 6), ("b", 0.5, 0.0)):
+        s = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {
+            **s, "n_heads": 12, "max_fraction_prunable_gradient": gradient, "heads_prunable_gradient": 12 * gradient,
+            "max_fraction_prunable_ablation": ablation, "heads_prunable_ablation": 12 * ablation})
+    # A's gradient curve: 10.0 unpruned, line 9.9; the last point kept (2 of 12 pruned) is 9.905, 0.05% above it
+    io.write_csv(tmp_path / "a" / "heads" / "curve.csv", pd.DataFrame({
+        "ordering": "gradient", "recompute": False, "seed": 0, "fraction_pruned": [0.0, 1 / 6, 1 / 3],
+        "metric": [10.0, 9.905, 9.0]}))
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    assert pruning_notes(a, b) == [
+        "Prunable within 1% by ablation (the ordering both heads findings lead with): A 56% (7 of 12 heads), B 50% "
+        "(6 of 12 heads)" + NO_INTERVAL,
+        "Prunable within 1% by gradient: A 17% (2 of 12 heads), B 0% (0 of 12 heads)" + NO_INTERVAL
+        + " A's 17% sits on its 1% line: the last point kept is 9.905 against the line 9.9, 0.05% of the unpruned metric "
+        "away."]
+    # intervals recorded (under either key form): the difference is judged against them
+    for side, extra in (("a", {"max_fraction_prunable_ablation_ci": [0.4, 0.7]}),
+                        ("b", {"prunable_intervals": {"ablation": [0.3, 0.6], "gradient": [0.0, 0.1]}})):
+        s = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {**s, **extra})
+    notes = pruning_notes(a, b)
+    assert notes[0].endswith("(within noise: |B - A| = 0.0625 is inside the combined half-widths 0.3; 95% CIs A [0.4, "
+                             "0.7], B [0.3, 0.6]).")
+    assert "(no interval recorded for A: whether this is beyond noise is not known)." in notes[1]
+    # B's gradient importance is rounding: its finding leads with ablation only, and gradient is not compared
+    s = io.read_json(tmp_path / "b" / "heads" / "summary.json")
+    io.write_json(tmp_path / "b" / "heads" / "summary.json", {**s, "degenerate_gradient": "below the floor",
+                                                              "max_fraction_prunable_ablation": 0.25})
+    notes = pruning_notes(a, b)
+    assert len(notes) == 1 and notes[0].startswith("Prunable within 1% by ablation (the ordering both heads findings lead "
+                                                   "with): A 56% (7 of 12 heads), B 25%")

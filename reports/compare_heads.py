@@ -1,0 +1,348 @@
+"""Head importance and pruning for `headscope compare`: A and B's importance on one scale with B - A muted
+where the difference lies within the runs' own uncertainty (`noise_band`), and the prunable fractions led by
+the ordering each report's heads finding leads with, judged against recorded intervals.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from headscope.reports.compare_run import (
+    NO_INTERVAL,
+    NOT_COMPARED,
+    OVERLAY_TITLE,
+    SAME,
+    SIDES,
+    Run,
+    _analysis_settings,
+    _img,
+    _number,
+    _overlay,
+    chance_refusal,
+    noise_verdict,
+)
+from headscope.reports.plots import color_scale, symmetric_bound
+from headscope.reports.render import escape
+
+Z95 = 1.96  # two-sided 95% normal quantile: a difference within Z95 x its standard error is within noise
+
+
+def _importance_grid(run: Run) -> tuple[pd.DataFrame, str, str] | None:
+    """([layer, head] importance of the gradient (else the first) method, what it is, the method): raw units like each
+    report's own figure and top heads; older reports without the raw column give the layer-normalised one."""
+    df = run.table("heads", "results")
+    if df is None or not {"method", "layer", "head"} <= set(df.columns):
+        return None
+    column = next((c for c in ("importance", "importance_layer_norm") if c in df.columns), None)
+    if column is None:
+        return None
+    method = "gradient" if "gradient" in set(df["method"]) else df["method"].iloc[0]
+    what = f"{method} importance" + (" (layer-normalised)" if column == "importance_layer_norm" else "")
+    return df[df["method"] == method].pivot(index="layer", columns="head", values=column), what, str(method)  # [layer, head]
+
+
+SE_COLUMNS = ("importance_se", "importance_stderr", "se")  # a per-head standard error, where results.csv has one
+MUTED_GREY = "#d9d9d9"
+
+
+def metric_se(run: Run) -> float | None:
+    """The standard error of `run`'s mean task metric in its heads analysis: its chance guard's 95% CI
+    half-width / 1.96 (None where the summary records no such interval)."""
+    chance = (run.summary("heads") or {}).get("chance")
+    if not isinstance(chance, Mapping) or chance.get("ci_level", 0.95) != 0.95:
+        return None
+    ci = chance.get("ci")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_number(x) for x in ci) and ci[1] >= ci[0]:
+        return (float(ci[1]) - float(ci[0])) / (2 * Z95)
+    return None
+
+
+def _head_se(run: Run, method: str) -> pd.DataFrame | None:
+    """[layer, head] standard errors of `method`'s importance from results.csv (None without such a column)."""
+    df = run.table("heads", "results")
+    column = next((c for c in SE_COLUMNS if df is not None and c in df.columns), None)
+    if column is None or not {"method", "layer", "head"} <= set(df.columns):
+        return None
+    return df[df["method"] == method].pivot(index="layer", columns="head", values=column)
+
+
+def noise_band(a: Run, b: Run, method: str, raw: bool) -> tuple[Any, str]:
+    """The [layer, head] bound (or one number) under which |B - A| of `method`'s importance lies within the runs'
+    own uncertainty, and the rule in words: 1.96 x sqrt(seA^2 + seB^2) with per-head standard errors where
+    results.csv has them, else with each run's standard error of its mean task metric (an importance is a change
+    in that metric; its spread over examples is not recorded, so the metric's stands in), and never below the
+    numerical noise floor either records; None where neither records any (nothing is muted)."""
+    floors = [s.get("noise_floor") for s in (a.summary("heads") or {}, b.summary("heads") or {})]
+    floor = max((float(f) for f in floors if _number(f)), default=None)
+    if not raw:
+        return None, "layer-normalised values have no recorded uncertainty: nothing is muted"
+    heads = [_head_se(r, method) for r in (a, b)]
+    metric = [metric_se(r) for r in (a, b)]
+    if all(h is not None for h in heads) and heads[0].shape == heads[1].shape:
+        band = Z95 * np.sqrt(heads[0].to_numpy(dtype=float) ** 2 + heads[1].to_numpy(dtype=float) ** 2)
+        rule = "grey where |B - A| < 1.96 x sqrt(seA^2 + seB^2), from each head's standard error in results.csv"
+    elif all(m is not None for m in metric):
+        band = Z95 * float(np.hypot(*metric))
+        rule = (f"grey where |B - A| < 1.96 x sqrt(seA^2 + seB^2) = {band:.3g}, with se each run's standard error of its "
+                f"mean task metric (A {metric[0]:.3g}, B {metric[1]:.3g}, from its 95% CI): no per-head standard error is "
+                "recorded, and an importance is a change in that metric")
+    elif floor is not None:
+        band = floor
+        rule = (f"grey where |B - A| < {floor:.3g}, the numerical noise floor the runs record: neither records a "
+                "sampling interval, so differences above it may still be sampling noise")
+        return band, rule
+    else:
+        return None, "neither run records an uncertainty for head importance: nothing is muted"
+    if floor is not None:
+        band = np.maximum(band, floor)
+        rule += f" (never below the noise floor {floor:.3g})"
+    return band, rule
+
+
+def difference_panel(ax: Any, diff: pd.DataFrame, band: Any) -> float:
+    """B - A on `ax`: cells within `band` grey, the rest on a diverging scale centred on 0 whose limit is set by
+    the cells beyond noise (never below the band's largest value, so noise alone cannot saturate it); returns
+    the limit."""
+    from matplotlib.colors import ListedColormap
+
+    from headscope.reports.plots import DIVERGING
+
+    values = diff.to_numpy(dtype=float)  # [layer, head]
+    finite = np.isfinite(values)
+    within = finite & (np.abs(values) < band) if band is not None else np.zeros_like(finite)
+    beyond = finite & ~within
+    peaks = [float(np.abs(values[beyond]).max()) if beyond.any() else 0.0,
+             float(np.nanmax(band)) if band is not None else 0.0]
+    limit = max(peaks) or symmetric_bound(values)
+    ticks = {"xticklabels": True, "yticklabels": True}
+    if within.any():
+        sns.heatmap(diff, ax=ax, mask=~within, cmap=ListedColormap([MUTED_GREY]), cbar=False, **ticks)
+    sns.heatmap(diff, ax=ax, mask=~beyond, cmap=DIVERGING, vmin=-limit, vmax=limit,  # symmetric: centred on 0
+                cbar_kws={"label": "change in importance (B - A)"}, **ticks)
+    return limit
+
+
+def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
+    """The importance heat maps of A and B on one scale (and B - A, noise muted, when the model shapes and
+    quantities agree), the notes on the top heads and the muting rule, and the alt text; None without data."""
+    found = [_importance_grid(a), _importance_grid(b)]
+    if all(g is None for g in found):
+        return None
+    grids = [None if g is None else g[0] for g in found]
+    whats = [None if g is None else g[1] for g in found]
+    methods = [g[2] for g in found if g is not None]
+    same = all(g is not None for g in grids) and grids[0].shape == grids[1].shape and whats[0] == whats[1]
+    panels = [(f"{side}: {what}", g) for side, g, what in zip(SIDES, grids, whats) if g is not None]
+    bound = symmetric_bound(*[g.to_numpy(dtype=float) for g in grids if g is not None])  # A and B: one scale
+    if same:
+        panels.append(("B - A", grids[1] - grids[0]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    notes, rule = [], ""
+    for ax, (title, grid) in zip(axes[0], panels):
+        if title == "B - A":
+            band, rule = noise_band(a, b, methods[0], "layer-normalised" not in whats[0])
+            difference_panel(ax, grid, band)
+            muted = ("\n(nothing muted: no uncertainty recorded)" if band is None else
+                     f"\n(grey: |B - A| < {float(band):.3g}, within the runs' noise)" if np.ndim(band) == 0 else
+                     "\n(grey: |B - A| < 1.96 x its per-head se, within noise)")
+            ax.set(title="B - A" + muted,
+                   xlabel="head", ylabel="layer")
+            notes.append(SAME + f"B - A head importance: {rule}.")
+            continue
+        unsigned = all(m == "gradient" for m in methods)  # |dL/d gate|: sequential from 0
+        sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), bound=bound, is_signed=not unsigned),
+                    cbar_kws={"label": "importance (its own units)"}, xticklabels=True, yticklabels=True)
+        ax.set(title=title, xlabel="head", ylabel="layer")
+    fig.tight_layout()
+    refusals = [None if g is None else _refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
+    if same and any(refusals):
+        why = "; ".join(f"{side} {r}" for side, r in zip(SIDES, refusals) if r)
+        notes.insert(0, NOT_COMPARED + f"Head importance ({whats[0]}): the top heads cannot be compared, because {why}, so "
+                     f"{'neither report ranks' if all(refusals) else 'that report does not rank'} its heads; no shared "
+                     "top heads or correlation is computed.")
+    elif same:
+        top = [set(map(tuple, g.stack().sort_values(ascending=False).index[:5])) for g in grids]
+        shared = sorted(top[0] & top[1])
+        r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
+        text = (f"Head importance ({whats[0]}): Pearson r = {r:.2f} between A and B; {len(shared)} of the top 5 heads "
+                "are shared" + (f" ({', '.join(f'L{l}H{h}' for l, h in shared)})." if shared else "."))
+        notes.insert(0, text if r < 0.95 or len(shared) < 5 else SAME + text)
+    elif all(g is not None for g in grids) and whats[0] != whats[1]:
+        notes.append(NOT_COMPARED + f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no "
+                     "cell-by-cell difference.")
+    elif any(g is None for g in grids):
+        side = SIDES[grids.index(None)]
+        notes.append(NOT_COMPARED + f"Head importance: {side} has none (no heads/results.csv with an importance column); "
+                     "only the other run is drawn.")
+    elif all(g is not None for g in grids):
+        notes.append(NOT_COMPARED + f"Head importance: the models differ in shape ({grids[0].shape[0]}x{grids[0].shape[1]} "
+                     f"vs {grids[1].shape[0]}x{grids[1].shape[1]} layers x heads); no cell-by-cell difference.")
+    scale = ("one sequential scale from 0 (|dL/d gate|)" if all(m == "gradient" for m in methods)
+             else "one diverging scale centred on 0")
+    alt = (f"head importance of A and B on {scale}"
+           + (f", and B - A on its own diverging scale centred on 0 ({rule})" if same else ""))
+    return fig, notes, alt
+
+
+def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
+    """Importance heat maps of A and B on one scale and B - A with the cells within noise muted
+    (importance_figure), as an inline PNG, with its notes."""
+    drawn = importance_figure(a, b)
+    if drawn is None:
+        return "", []
+    fig, notes, alt = drawn
+    return _img(fig, alt), notes
+
+
+def _refuses_to_rank(run: Run, method: str) -> str | None:
+    """Why run's own heads finding does not rank its heads by `method` (reports/plots_heads.py's finding), or None:
+    the model at chance on the task, importance that is rounding (degenerate_<method>), or top heads
+    that tie within rounding (tied_top_heads_<method>)."""
+    s = run.summary("heads") or {}
+    chance = s.get("chance")
+    if isinstance(chance, Mapping) and chance.get("at_chance") is True:
+        return "is at chance on its task" if chance.get("below_chance") is not True else "is below chance on its task"
+    base = s.get("baseline_metric")
+    if "chance" not in s and s.get("metric") == "logit_diff" and isinstance(base, (int, float)) and abs(base) < 0.1:
+        return f"is at chance on its task (logit difference {base:.3g}, near 0)"
+    if s.get(f"degenerate_{method}"):
+        return f"has {method} importance that is rounding, not a measurement"
+    tied = s.get(f"tied_top_heads_{method}")
+    if isinstance(tied, list) and tied:
+        return f"has top heads that tie within rounding ({', '.join(map(str, tied))})"
+    return None
+
+
+PRUNABLE = "max_fraction_prunable_"
+
+
+def _pruning_curves(run: Run) -> pd.DataFrame | None:
+    c = run.table("heads", "curve")
+    if c is None or not {"ordering", "recompute", "fraction_pruned", "metric"} <= set(c.columns):
+        return None
+    return c.assign(order=c["ordering"] + np.where(c["recompute"].astype(str) == "True", " (recomputed)", ""))
+
+
+def pruning_section(a: Run, b: Run) -> tuple[str, list[str]]:
+    """Both runs' pruning curves on one axis, and the prunable fractions compared ordering by ordering, the one
+    each heads finding leads with first (pruning_notes); no overlay where either run is at chance."""
+    curves = [_pruning_curves(r) for r in (a, b)]
+    if all(c is None for c in curves):
+        return "", []
+    refused = chance_refusal(a, b, "heads")
+    if refused:  # its report says the curves measure noise: the two reports' own figures are in the figures section
+        return ("<p><em>no overlay: pruning curves " + escape(refused) + "; each report's own pruning_curve figure is "
+                "below, side by side.</em></p>", [NOT_COMPARED + f"Prunable within 1%: {refused}."])
+    fig = _overlay(curves, "order", "fraction_pruned", "metric", "fraction of heads pruned",
+                   "task metric (random: mean over seeds)", f"pruning curves: {OVERLAY_TITLE}")
+    return _img(fig, f"pruning curves of A and B on shared axes, {OVERLAY_TITLE}"), pruning_notes(a, b)
+
+
+def lead_ordering(s: Mapping[str, Any]) -> tuple[str | None, dict[str, float]]:
+    """The ordering the heads finding leads with (the most heads prunable within 1%, orderings whose importance is
+    rounding left out, as reports/plots_heads.py's finding does) and {ordering: fraction prunable}."""
+    degenerate = {k.removeprefix("degenerate_") for k in s if k.startswith("degenerate_")}
+    noisy = {"gradient"} & degenerate | ({"ablation"} if degenerate & {"zero", "mean", "resample"} else set())
+    prunable = {k.removeprefix(PRUNABLE): float(v) for k, v in s.items() if k.startswith(PRUNABLE) and _number(v)
+                and k.removeprefix(PRUNABLE).removesuffix("_recompute") not in noisy}
+    return (max(prunable, key=lambda k: prunable[k]) if prunable else None), prunable
+
+
+INTERVAL_WORDS = {"ci", "interval", "intervals"}
+
+
+def prunable_interval(s: Mapping[str, Any], ordering: str) -> tuple[float, float] | None:
+    """The interval the heads summary records for the fraction prunable by `ordering`, if any: a key naming
+    pruning and an interval (max_fraction_prunable_<ordering>_ci, ..._interval) holding [low, high], or a
+    mapping under such a key ({ordering: [low, high]})."""
+    names = {f"{PRUNABLE}{ordering}", f"fraction_prunable_{ordering}", f"prunable_{ordering}"}
+    for key, value in s.items():
+        words = key.split("_")
+        if "prun" not in key or not INTERVAL_WORDS & set(words):
+            continue
+        stripped = "_".join(w for w in words if w not in INTERVAL_WORDS)
+        if isinstance(value, Mapping):
+            value = value.get(ordering, value.get(f"{PRUNABLE}{ordering}"))
+        elif stripped not in names:
+            continue
+        if isinstance(value, Mapping):
+            value = [value.get(k) for k in ("low", "high")] if "low" in value else [value.get("lower"), value.get("upper")]
+        if isinstance(value, (list, tuple)) and len(value) == 2 and all(_number(x) for x in value):
+            return float(value[0]), float(value[1])
+    return None
+
+
+EDGE = 0.25  # a curve point closer to the 1% line than this share of the band (0.25% of the metric) sits on it
+
+
+def on_the_line(run: Run, ordering: str, fraction: float) -> str:
+    """Where `run`'s fraction prunable by `ordering` turns on a hair: the last point kept, or the first point past
+    it, lies within EDGE of the tolerance band (a quarter of 1% of the unpruned metric) of the line, so a
+    resample of the examples could move the fraction a step; "" otherwise or where the curve is not recorded.
+    The run's standard error of its mean metric is said beside it for scale."""
+    curve = _pruning_curves(run)
+    if curve is None:
+        return ""
+    order, recompute = ordering.removesuffix("_recompute"), ordering.endswith("_recompute")
+    rows = curve[(curve["ordering"] == order) & ((curve["recompute"].astype(str) == "True") == recompute)]
+    means = rows.groupby("fraction_pruned")["metric"].mean()  # random: mean over seeds
+    start = np.isclose(means.index.to_numpy(dtype=float), 0.0)
+    if means.empty or not start.any():
+        return ""
+    base = float(means[start].iloc[0])
+    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
+    line, band = base - tolerance * abs(base), tolerance * abs(base)
+    kept, past = means[means.index <= fraction + 1e-9], means[means.index > fraction + 1e-9]
+    points = [("the last point kept", float(kept.iloc[-1]))] if not kept.empty else []
+    points += [("the first point past it", float(past.iloc[0]))] if not past.empty else []
+    close = [(what, m) for what, m in points if abs(m - line) < EDGE * band]
+    if not close or band == 0:
+        return ""
+    what, m = close[0]
+    se = metric_se(run)
+    scale = f"; the standard error of its mean metric is {se:.2g}" if se is not None else ""
+    return (f"{100 * fraction:.0f}% sits on its {100 * tolerance:g}% line: {what} is {m:.4g} against the line "
+            f"{line:.4g}, {100 * abs(m - line) / abs(base):.2g}% of the unpruned metric away{scale}")
+
+
+def pruning_notes(a: Run, b: Run) -> list[str]:
+    """The fractions prunable within 1%, ordering by ordering: first the one each run's heads finding leads with
+    (lead_ordering), said even when equal, then the others that differ by 5 points or more; each with the
+    recorded intervals' verdict ("no interval recorded" without them) and where a fraction sits on its 1% line."""
+    sums = [a.summary("heads") or {}, b.summary("heads") or {}]
+    (lead_a, pa), (lead_b, pb) = lead_ordering(sums[0]), lead_ordering(sums[1])
+    notes = []
+    if lead_a and lead_b and lead_a != lead_b:
+        notes.append(f"The heads findings lead with different orderings: A {lead_a.replace('_', ' ')} "
+                     f"({100 * pa[lead_a]:.0f}%), B {lead_b.replace('_', ' ')} ({100 * pb[lead_b]:.0f}%).")
+    leads = [o for o in dict.fromkeys([lead_a, lead_b]) if o]
+    for ordering in [*leads, *sorted(k for k in pa if k in pb and k not in leads)]:
+        if ordering not in pa or ordering not in pb:
+            continue
+        fa, fb = pa[ordering], pb[ordering]
+        lead = ordering in leads
+        if not lead and abs(fa - fb) < 0.05:
+            continue
+        counts = [s.get(f"heads_prunable_{ordering}") for s in sums]
+        shown = [f"{100 * f:.0f}%" + (f" ({c:.0f} of {s.get('n_heads')} heads)" if _number(c) and s.get("n_heads") else "")
+                 for f, c, s in zip((fa, fb), counts, sums)]
+        whose = "both heads findings lead" if lead_a == lead_b else f"{'A' if ordering == lead_a else 'B'}'s heads finding leads"
+        which = f" (the ordering {whose} with)"
+        text = (f"Prunable within 1% by {ordering.replace('_', ' ')}{which if lead else ''}: A {shown[0]}, B {shown[1]}")
+        intervals = [prunable_interval(s, ordering) for s in sums]
+        if fa == fb:
+            text = SAME + text + "."
+        elif all(intervals):
+            text += noise_verdict(fa, fb, *intervals)
+        else:
+            text += NO_INTERVAL if not any(intervals) else (f" (no interval recorded for {'A' if intervals[0] is None else 'B'}"
+                                                            ": whether this is beyond noise is not known).")
+        edges = [f"{side}'s {edge}" for side, run, f in zip(SIDES, (a, b), (fa, fb))
+                 if (edge := on_the_line(run, ordering, f))]
+        notes.append(text + ("" if not edges else " " + "; ".join(edges) + "."))
+    return notes

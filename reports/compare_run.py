@@ -1,0 +1,154 @@
+"""What `headscope compare` (reports/compare.py) reads and shares: one output folder (`Run`), the note
+prefixes that sort its notes (SAME: agreement, said in its section; NOT_COMPARED: the page's "Not compared,
+and why" list; anything else: a difference), the chance refusal, the noise verdict of two intervals and the
+A/B overlay of curves.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from headscope.errors import OutputError
+from headscope.reports import io
+from headscope.reports.provenance import section_provenance
+from headscope.reports.render import escape, figure_png
+
+SIDES = ("A", "B")
+NOT_COMPARED = "(not compared) "  # prefix of a note for the page's "Not compared, and why" list
+SAME = "(same) "  # prefix of a note that reports agreement: shown in its section, not listed as a difference
+NO_INTERVAL = " (no interval recorded: whether this is beyond noise is not known)."
+
+
+class Run:
+    """One output folder: its manifest and, per analysis, its summary and tables (read lazily)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.manifest = json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise OutputError(f"{str(self.path)!r} is not a headscope output folder (no readable manifest.json: "
+                              f"{getattr(err, 'strerror', None) or err}).") from None
+        if not isinstance(self.manifest, dict):
+            raise OutputError(f"{str(self.path)!r}: manifest.json is not a headscope manifest.")
+
+    @property
+    def label(self) -> str:
+        model = (self.manifest.get("model") or {}).get("name", "?")
+        task = (self.manifest.get("config") or {}).get("task") or "default task"
+        return f"{model} ({task}, seed {self.manifest.get('seed', '?')})"
+
+    def summary(self, name: str) -> dict[str, Any] | None:
+        try:
+            data = io.read_json(self.path / name / "summary.json")
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def status(self, name: str) -> str:
+        """The manifest's status of analysis `name` ("" when it records none)."""
+        status = self.manifest.get("status") or {}
+        return str(status.get(name, "")) if isinstance(status, dict) else ""
+
+    def provenance(self, name: str) -> dict[str, Any] | None:
+        """The section provenance of analysis `name` (task, source, n, sample; reports/provenance.py), None
+        when it has no summary."""
+        if self.summary(name) is None:
+            return None
+        used = self.manifest.get("task_used") or {}
+        return section_provenance(self.path / name, str(used.get(name, "")) if isinstance(used, dict) else "")
+
+    def why_blank(self, name: str) -> str:
+        """Why this run has no result for analysis `name`: its manifest status, or that it did not run it."""
+        analyses = (self.manifest.get("config") or {}).get("analyses") or []
+        state = self.status(name)
+        if state and state not in ("done", "done (resumed)"):
+            return state
+        if name not in analyses:
+            return "not part of this run (not among its analyses)"
+        return f"no readable {name}/summary.json in this folder"
+
+    def table(self, name: str, stem: str) -> pd.DataFrame | None:
+        try:
+            return pd.read_csv(self.path / name / f"{stem}.csv")
+        except (OSError, ValueError):  # missing, empty or unreadable: the comparison leaves it out
+            return None
+
+
+def _img(fig: Any, alt: str) -> str:
+    png = figure_png(fig)
+    plt.close(fig)
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" style="max-width:100%">'
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def _analysis_settings(run: Run, name: str) -> Mapping[str, Any]:
+    settings = ((run.manifest.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
+    found = settings.get(name) if isinstance(settings, Mapping) else None
+    return found if isinstance(found, Mapping) else {}
+
+
+def chance_refusal(a: Run, b: Run, name: str) -> str:
+    """"not compared: A at chance on its task" (or B, or both, or below chance) when either run's
+    analysis `name` is at or below chance, as its own report says (a quantity relative to a clean
+    metric at chance is refused there, so it is not compared here); "" otherwise."""
+    where: dict[str, list[str]] = {}  # "at" / "below" -> the sides there
+    for side, run in zip(SIDES, (a, b)):
+        chance = (run.summary(name) or {}).get("chance")
+        if isinstance(chance, Mapping) and chance.get("at_chance") is True:
+            where.setdefault("below" if chance.get("below_chance") is True else "at", []).append(side)
+    said = [f"{' and '.join(sides)} {level} chance on {'its task' if len(sides) == 1 else 'their tasks'}"
+            for level, sides in where.items()]
+    return "not compared: " + " and ".join(said) if said else ""
+
+
+STYLES = {"A": {"linestyle": "-", "marker": "o", "linewidth": 3.0, "alpha": 0.55, "zorder": 2},  # wide, pale
+          "B": {"linestyle": "--", "marker": "s", "linewidth": 1.4, "alpha": 1.0, "zorder": 3}}  # thin, on top
+
+
+def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str) -> Any:
+    """Lines of A and B on one axis, one colour per `key` value: A wide, pale and solid with circles, B thin,
+    dashed with squares and drawn on top, so a B line on A's is seen inside it rather than hidden; within a side
+    each later line is narrower and above the earlier ones (A's gradient and gradient-recomputed both show)."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    keys = list(dict.fromkeys(k for f in frames if f is not None for k in f[key]))
+    colours = dict(zip(keys, sns.color_palette(n_colors=max(1, len(keys)))))
+    for side, frame in zip(SIDES, frames):
+        if frame is None:
+            continue
+        groups = list(frame.groupby(key, sort=False))
+        for i, (k, group) in enumerate(groups):  # each later line narrower and on top: one side's equal curves show too
+            mean = group.groupby(x)[y].mean()
+            style = {**STYLES[side], "linewidth": STYLES[side]["linewidth"] * (1 + (len(groups) - 1 - i) / len(groups)),
+                     "zorder": STYLES[side]["zorder"] + i / len(groups)}
+            ax.plot(mean.index, mean.to_numpy(), markersize=4, color=colours[k], label=f"{side}: {k}", **style)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
+
+
+OVERLAY_TITLE = "A wide solid circles, B thin dashed squares"
+
+
+def noise_verdict(va: float, vb: float, ia: tuple[float, float] | None, ib: tuple[float, float] | None) -> str:
+    """Whether |B - A| lies within the runs' own uncertainty: smaller than the sum of the two 95% intervals'
+    half-widths is "within noise" (a conservative test: such intervals may still differ at p < 0.05)."""
+    if ia is None or ib is None:
+        return NO_INTERVAL
+    half = (ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2
+    spans = f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]"
+    if abs(vb - va) <= half:
+        return f" (within noise: |B - A| = {abs(vb - va):.3g} is inside the combined half-widths {half:.3g}; {spans})."
+    return f" (beyond noise: |B - A| = {abs(vb - va):.3g} exceeds the combined half-widths {half:.3g}; {spans})."
