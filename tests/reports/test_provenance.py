@@ -34,7 +34,7 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert record["sample"]["prompt"] == PROMPT and record["sample"]["answer"] == " the"  # as written: no BOS in front
     html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
     kv = html[html.index('<h2 id="kv">'):html.index("id='provenance'")]  # sections in the registry's order
-    assert "task: mine, from your task (mine.jsonl)<br>examples: 6; the budget changed no setting<br>" in kv
+    assert "task: mine, from your task (mine.jsonl)<br>examples: 6 (file rows 0-5); the budget changed no setting<br>" in kv
     assert "w1 &lt;script&gt;alert(1)&lt;/script&gt; w2&#x27; -&gt; &#x27; the&#x27;" in kv
     patching = html[html.index('<h2 id="patching">'):html.index('<h2 id="kv">')]
     # patching's summary names its own task and count; the source says why the user's file was not used
@@ -43,7 +43,7 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert "corrupted: " in patching  # its default task has corrupted prompts: the sample shows one
     assert "<script>alert" not in html and "alert(1)</script>" not in html and "<script>" not in md
     assert "- task: mine, from your task \\(mine.jsonl\\)" in md
-    assert "- examples: 6; the budget changed no setting" in md
+    assert "- examples: 6 (file rows 0-5); the budget changed no setting" in md
     assert "w1 &lt;script&gt;alert\\(1\\)&lt;/script&gt; w2" in md
 
 
