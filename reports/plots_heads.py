@@ -239,6 +239,56 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
 }
 
 
+def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
+    """(low, high, n_examples) of prunable_ci_<key> (pruning.prunable_intervals), None when absent."""
+    ci = s.get(f"prunable_ci_{key}")
+    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
+    if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(_num(b) is not None for b in bounds)):
+        return None
+    return float(bounds[0]), float(bounds[1]), ci.get("n_examples")
+
+
+def _count(x: float) -> str:
+    """A number of heads: whole, or to one decimal (random orderings: a mean over seeds)."""
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads: int, metric: str) -> list[str]:
+    """The best ordering's prunable heads with its bootstrap interval, then the others. A count of 0,
+    or one whose interval reaches 0 heads, is not presented as heads that can be removed."""
+    best = max(prunable, key=lambda k: prunable[k])
+    heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
+    ci = _interval(s, best)
+    n_ex = ci[2] if ci and ci[2] is not None else s.get("n_examples")
+    over = f"over {n_ex} examples" if n_ex is not None else ""
+    name = best.replace("_", " ")
+    if prunable[best] <= 0:
+        out = [f"No ordering removes a single step of heads within 1% of the unpruned {metric}"
+               + (f" ({over})" if over else "") + ": the first step already falls below the floor."]
+    elif ci is None:  # an older summary: no per-example data behind the count
+        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
+               f"unpruned {metric}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
+    elif ci[0] <= 0:
+        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay within 1% of the "
+               f"unpruned {metric}, but the 95% bootstrap interval ({_count(ci[0])}-{_count(ci[1])} heads, {over}) reaches "
+               "none: this is no evidence that any head is dispensable."]
+    else:
+        out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
+               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed within 1% of the unpruned {metric} "
+               f"when ordered by {name}."]
+    others = []
+    for key, value in prunable.items():
+        if key == best:
+            continue
+        kci = _interval(s, key)
+        none = ", reaching none" if kci and value > 0 and kci[0] <= 0 else ""
+        span = "" if kci is None else f" ({_count(kci[0])}-{_count(kci[1])} heads{none})"
+        others.append(f"{key.replace('_', ' ')} {_pct(value)}{span}")
+    if others:
+        out.append("Other orderings: " + ", ".join(others) + ".")
+    return out
+
+
 FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
 
 
@@ -265,14 +315,7 @@ def finding(s: Mapping[str, Any]) -> str:
                 if relative and k.startswith("max_fraction_prunable_") and _num(v) is not None
                 and k.removeprefix("max_fraction_prunable_").removesuffix("_recompute") not in noisy}
     if prunable and n_heads:
-        best = max(prunable, key=lambda k: prunable[k])
-        heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
-        over = f" (over {s['n_examples']} examples)" if s.get("n_examples") is not None else ""
-        parts.append(f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
-                     f"unpruned {metric}{over} when ordered by {best.replace('_', ' ')}.")
-        others = [f"{k.replace('_', ' ')} {_pct(v)}" for k, v in prunable.items() if k != best]
-        if others:
-            parts.append("Other orderings: " + ", ".join(others) + ".")
+        parts += _prunable_words(s, prunable, n_heads, metric)
     for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
         tied = [str(h) for h in s[f"tied_top_heads_{method}"]]
         if tied:
