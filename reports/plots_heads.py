@@ -103,13 +103,24 @@ def importance_figure(data: pd.DataFrame, *, metric: str | None = None, baseline
 def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
                        ax: Any = None) -> Any:
     """Metric against the fraction of heads pruned (`data`: the curve table), one line per ordering
-    (random: band over seeds), with the unpruned `baseline` and its 1% tolerance floor."""
+    (random: band over seeds), with the unpruned `baseline` and its 1% tolerance floor. Where the
+    table has ci_low / ci_high (each point's 95% t-interval over examples), the fixed orderings get
+    that interval as a light band in their colour, so a point near the floor reads as uncertain."""
     ax = axes(ax, (8, 4))
     curve = data.copy()
     curve["ordering "] = curve["ordering"] + curve["recompute"].map({True: " (recomputed)", False: ""})
+    levels = list(dict.fromkeys(curve["ordering "]))
+    palette = dict(zip(levels, sns.color_palette(n_colors=len(levels))))
     sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", style="ordering ", markers=True,
-                 dashes=True, errorbar=("pi", 100), ax=ax)  # a marker and dash per ordering: equal curves stay visible
-    return _finish(ax, metric, baseline, "fraction of heads pruned", "iterative head pruning (random: range over seeds)")
+                 dashes=True, errorbar=("pi", 100), palette=palette, ax=ax)  # a marker and dash per ordering
+    banded = {"ci_low", "ci_high"} <= set(curve.columns)
+    if banded:
+        for level, group in curve[curve["ordering"] != "random"].groupby("ordering ", sort=False):
+            group = group.sort_values("fraction_pruned")
+            ax.fill_between(group["fraction_pruned"], group["ci_low"], group["ci_high"], color=palette[level],
+                            alpha=0.12, linewidth=0)
+    title = "iterative head pruning (random: range over seeds" + ("; shaded: 95% CI over examples)" if banded else ")")
+    return _finish(ax, metric, baseline, "fraction of heads pruned", title)
 
 
 def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, title: str) -> Any:
@@ -228,8 +239,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                   "the task metric when the head alone is zero-ablated (below 0, blue: removing the head helps); red is "
                   "positive, white 0. A panel marked rounding only has no head above the numerical floor.",
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
-                     "each ordering with its own marker and dash. Read where each falls below the dotted 1% floor; the "
-                     "random band spans the seeds.",
+                     "each ordering with its own marker and dash, shaded with each point's 95% interval over examples. "
+                     "Read where each falls below the dotted 1% floor; the random band spans the seeds. The finding's "
+                     "interval for each count is a bootstrap over examples along the order drawn here.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
