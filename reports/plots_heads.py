@@ -104,8 +104,9 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
                        ax: Any = None) -> Any:
     """Metric against the fraction of heads pruned (`data`: the curve table), one line per ordering
     (random: band over seeds), with the unpruned `baseline` and its 1% tolerance floor. Where the
-    table has ci_low / ci_high (each point's 95% t-interval over examples), the fixed orderings get
-    that interval as a light band in their colour, so a point near the floor reads as uncertain."""
+    table has ci_low / ci_high (the 95% t-interval of each point's change from the unpruned model,
+    paired over examples, drawn around the point), the fixed orderings get that band in their
+    colour, so a point whose band crosses the floor reads as uncertain."""
     ax = axes(ax, (8, 4))
     curve = data.copy()
     curve["ordering "] = curve["ordering"] + curve["recompute"].map({True: " (recomputed)", False: ""})
@@ -119,7 +120,8 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
             group = group.sort_values("fraction_pruned")
             ax.fill_between(group["fraction_pruned"], group["ci_low"], group["ci_high"], color=palette[level],
                             alpha=0.12, linewidth=0)
-    title = "iterative head pruning (random: range over seeds" + ("; shaded: 95% CI over examples)" if banded else ")")
+    band = "; shaded: 95% CI of the change\nfrom unpruned, paired over examples)"
+    title = "iterative head pruning (random: range over seeds" + (band if banded else ")")
     return _finish(ax, metric, baseline, "fraction of heads pruned", title)
 
 
@@ -239,7 +241,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                   "the task metric when the head alone is zero-ablated (below 0, blue: removing the head helps); red is "
                   "positive, white 0. A panel marked rounding only has no head above the numerical floor.",
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
-                     "each ordering with its own marker and dash, shaded with each point's 95% interval over examples. "
+                     "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
+                     "unpruned model (paired over examples). "
                      "Read where each falls below the dotted 1% floor; the random band spans the seeds. The finding's "
                      "interval for each count is a bootstrap over examples along the order drawn here.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
@@ -298,6 +301,9 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
         others.append(f"{key.replace('_', ' ')} {_pct(value)}{span}")
     if others:
         out.append("Other orderings: " + ", ".join(others) + ".")
+    if any(_interval(s, key) for key in prunable):
+        out.append("The intervals resample the examples along each fixed pruning order; they do not cover a new "
+                   "task sample re-ranking the heads.")
     return out
 
 

@@ -8,7 +8,7 @@ and Voita et al. 2019 (L0 Hard Concrete gates, head roles). Public entry points:
 Encoders (MiniLM) are scored on a shipped sentence set with the cosine metric (sentence_task).
 
 Outputs of run: df (results.csv) has one row per (layer, head, method) with importance and the
-role scores; tables "curve" (with each point's 95% t-interval over examples), "curve_examples"
+role scores; tables "curve" (each point with the 95% t-interval of its paired change from unpruned), "curve_examples"
 (each example's metric at each point), "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
 heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,

@@ -196,9 +196,11 @@ def pruning_curves(
 ) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """Every requested ordering x recompute (random: n_random seeds from `seed`), concatenated.
     `importance` maps "gradient"/"ablation" to precomputed unpruned importance [L, H].
-    per_example=True -> (curves with each point's 95% t-interval of the mean over examples in
-    ci_low / ci_high, the long table of each example's metric: ordering, recompute, seed,
-    n_pruned, example, metric), which prunable_intervals bootstraps."""
+    per_example=True -> (curves with ci_low / ci_high, the long table of each example's metric:
+    ordering, recompute, seed, n_pruned, example, metric, which prunable_intervals bootstraps).
+    ci_low / ci_high: the point's metric +- the Student-t 95% half-width of its change from the
+    unpruned model, paired over examples (the sd of metric_i(point) - metric_i(unpruned)): what
+    the 1% floor is judged on, so the band reads against the floor line (0 wide when unpruned)."""
     importance = importance or {}
     runs = []
     for ordering in config.orderings:
@@ -218,8 +220,8 @@ def pruning_curves(
         block = keys.loc[keys.index.repeat(values.shape[1])].reset_index(drop=True)
         long.append(block.assign(example=list(range(values.shape[1])) * values.shape[0],
                                  metric=values.flatten().numpy()))
-    sd = torch.cat([v.std(1) if v.shape[1] > 1 else torch.full((v.shape[0],), float("nan"), dtype=v.dtype)
-                    for _, v in done]).numpy()  # [all points] sample sd over examples
+    sd = torch.cat([(v - v[:1]).std(1) if v.shape[1] > 1 else torch.full((v.shape[0],), float("nan"), dtype=v.dtype)
+                    for _, v in done]).numpy()  # [all points] sample sd of the paired change from unpruned
     n_ex = done[0][1].shape[1]
     half = _t_quantile(n_ex) * sd / max(n_ex, 1) ** 0.5
     curves["ci_low"], curves["ci_high"] = curves["metric"] - half, curves["metric"] + half

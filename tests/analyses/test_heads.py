@@ -610,7 +610,8 @@ def test_prunable_intervals_equal_a_direct_bootstrap_hand_built():
 def test_pruning_curve_per_example_values_equal_ablating_the_pruned_heads(tiny_models, ordering, recompute):
     """#34: the per-example metrics behind the prunable intervals are each example's metric with the
     pruned heads ablated (hs.ablate, one plain forward), fixed and recomputed curves alike; the curve's
-    metric is their mean and ci_low / ci_high their Student-t 95% interval."""
+    metric is their mean and ci_low / ci_high the Student-t 95% half-width of the paired change from the
+    unpruned model around it."""
     from scipy import stats
 
     model, task = tiny_models["gpt2"], decoder_task(seed=8)
@@ -619,6 +620,7 @@ def test_pruning_curve_per_example_values_equal_ablating_the_pruned_heads(tiny_m
     curve, examples = hp.pruning_curves(model, scorer, config, per_example=True)
     metric_fn = metrics.task_metric(task)
     pruned: list[str] = []
+    unpruned = None
     for row in curve.itertuples():
         pruned += row.pruned.split() if row.pruned else []
         heads_ = [(int(n[1:n.index("H")]), int(n[n.index("H") + 1:])) for n in pruned]
@@ -627,5 +629,6 @@ def test_pruning_curve_per_example_values_equal_ablating_the_pruned_heads(tiny_m
         got = examples[examples["n_pruned"] == row.n_pruned].sort_values("example")["metric"].to_numpy()
         np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
         assert row.metric == pytest.approx(want.mean().item(), abs=1e-5)
-        half = stats.t.ppf(0.975, N_EX - 1) * want.std().item() / math.sqrt(N_EX)
+        unpruned = want if unpruned is None else unpruned
+        half = stats.t.ppf(0.975, N_EX - 1) * (want - unpruned).std().item() / math.sqrt(N_EX)
         assert (row.ci_low, row.ci_high) == pytest.approx((want.mean().item() - half, want.mean().item() + half), abs=1e-5)

@@ -472,8 +472,8 @@ def test_equal_curves_stay_visible_by_marker_and_dash():
 
 
 def test_pruning_curve_shades_each_fixed_ordering_with_its_interval_over_examples():
-    """#34: each fixed ordering's points carry their 95% interval over examples (ci_low / ci_high) as a
-    band in the line's colour; random orderings keep their band over seeds only."""
+    """#34: each fixed ordering's points carry their 95% interval (ci_low / ci_high: the paired change from
+    unpruned, around the point) as a band in the line's colour; random orderings keep their band over seeds only."""
     from matplotlib.collections import PolyCollection
     from matplotlib.colors import to_rgb
 
@@ -490,7 +490,7 @@ def test_pruning_curve_shades_each_fixed_ordering_with_its_interval_over_example
         assert len(ablation) == 1  # its band spans exactly ci_low..ci_high at each point
         line = next(l for l in ax.get_lines() if list(l.get_ydata()) == [2.0, 1.5, 1.0])
         assert np.allclose(ablation[0].get_facecolor()[0][:3], to_rgb(line.get_color()))
-        assert "95% CI over examples" in ax.get_title()
+        assert "paired over examples" in ax.get_title()
     finally:
         plt.close("all")
 
