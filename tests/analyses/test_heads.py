@@ -606,6 +606,25 @@ def test_prunable_intervals_equal_a_direct_bootstrap_hand_built():
     assert got["prunable_ci_gradient_recompute"]["heads"] == 2.0
 
 
+def test_a_count_whose_point_sits_exactly_on_the_floor_has_an_interval_reaching_none_and_is_no_finding():
+    """#34: unpruned 1.0 on every example, tolerance 25% (floor 0.75); after 2 heads the examples' mean is
+    exactly 0.75, so the count on all examples is 2, but about half the resamples fall under the floor and
+    count 0: the interval reaches 0 heads and the finding does not present the 2 heads as removable."""
+    import pandas as pd
+
+    from headscope.reports.findings import finding
+
+    values = [[1.0] * 5, [0.5, 1.0, 0.75, 0.5, 1.0], [0.0] * 5]  # [points][examples], n_pruned 0, 2, 4
+    rows = [{"ordering": "ablation", "recompute": False, "seed": 0, "n_pruned": c, "example": e, "metric": values[p][e]}
+            for p, c in enumerate((0, 2, 4)) for e in range(5)]
+    ci = hp.prunable_intervals(pd.DataFrame(rows), 4, 0.25, seed=0)["prunable_ci_ablation"]
+    assert ci["heads"] == 2.0 and ci["interval_heads"] == [0.0, 2.0]
+    summary = {"metric": "logit_diff", "baseline_metric": 1.0, "n_examples": 5, "n_heads": 4,
+               "max_fraction_prunable_ablation": 0.5, "heads_prunable_ablation": 2.0, "prunable_ci_ablation": ci}
+    text = finding("heads", summary)
+    assert "reaches none: this is no evidence that any head is dispensable" in text and "can be removed" not in text
+
+
 @pytest.mark.parametrize("ordering,recompute", [("gradient", True), ("random", False)])
 def test_pruning_curve_per_example_values_equal_ablating_the_pruned_heads(tiny_models, ordering, recompute):
     """#34: the per-example metrics behind the prunable intervals are each example's metric with the
