@@ -236,9 +236,21 @@ def pruning_section(a: Run, b: Run) -> tuple[str, list[str]]:
     for key in sorted(k for k in sums[0] if k.startswith("max_fraction_prunable_") and k in sums[1]):
         fa, fb = sums[0][key], sums[1][key]
         if isinstance(fa, (int, float)) and isinstance(fb, (int, float)) and abs(fa - fb) >= 0.05:
-            notes.append(f"Prunable within 1% by {key.removeprefix('max_fraction_prunable_').replace('_', ' ')}: "
-                         f"A {100 * fa:.0f}%, B {100 * fb:.0f}%" + NO_INTERVAL)
+            order = key.removeprefix("max_fraction_prunable_")
+            ia, ib = (_prunable_fraction_ci(sm, order) for sm in sums)
+            notes.append(f"Prunable within 1% by {order.replace('_', ' ')}: "
+                         f"A {100 * fa:.0f}%, B {100 * fb:.0f}%" + noise_verdict(fa, fb, ia, ib))
     return _img(fig, "pruning curves"), notes
+
+
+def _prunable_fraction_ci(summary: dict, order: str) -> tuple[float, float] | None:
+    """The bootstrap interval of a prunable count (prunable_ci_<order>: heads), as fractions of all heads."""
+    ci, n = summary.get(f"prunable_ci_{order}"), summary.get("n_heads")
+    bounds = ci.get("interval_heads") if isinstance(ci, dict) else None
+    if not (isinstance(n, int) and n > 0 and isinstance(bounds, list) and len(bounds) == 2
+            and all(isinstance(x, (int, float)) for x in bounds)):
+        return None
+    return bounds[0] / n, bounds[1] / n
 
 
 def position_section(a: Run, b: Run) -> tuple[str, list[str]]:

@@ -210,3 +210,17 @@ def test_compare_out_must_end_in_html(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "does not end in .html" in err and "page.html" in err
     assert not target.exists() and list(tmp_path.iterdir()) == []  # checked before the folders are even read
+
+
+def test_prunable_differences_are_judged_against_both_bootstrap_intervals(tmp_path):
+    """#34: where both summaries carry prunable_ci_<ordering> (heads), compare judges the difference of the
+    prunable fractions against those intervals (as fractions of the 6 heads) instead of saying none exist."""
+    for side, frac, bounds in (("a", 0.5, [2, 4]), ("b", 0.0, [0, 1])):
+        _folder(tmp_path / side, "m", 1.0, 0, frac)
+        summary = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {**summary, "prunable_ci_gradient": {
+            "heads": frac * 6, "interval_heads": bounds, "n_examples": 4, "method": "percentile bootstrap"}})
+    # A [2/6, 4/6], B [0, 1/6]: half-widths 1/6 + 1/12 = 0.25 < |0 - 0.5|
+    assert pruning_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1] == [
+        "Prunable within 1% by gradient: A 50%, B 0% (beyond noise: |B - A| = 0.5 exceeds the combined half-widths "
+        "0.25; 95% CIs A [0.333, 0.667], B [0, 0.167])."]
