@@ -14,6 +14,10 @@ by gate gradient on the pruned model (one backward pass) and verifies exactly, b
 ablation, only the VERIFY x k lowest-ranked candidates (k: the heads the step removes; at least
 k + 8), removing the k whose exact ablation costs least: 3 + 2k passes a step instead of all the
 remaining heads (GPT-2 small, 144 heads: about 6x fewer passes; Llama 2 7B's 1,024: about 12x).
+
+How many heads can go is a count with an uncertainty: `pruning_curves(per_example=True)` keeps each
+example's metric at every point and `prunable_intervals` bootstraps the count over examples, the
+order fixed (the finding states it as "k of n heads, 95% bootstrap interval a-b heads, over m examples").
 """
 from __future__ import annotations
 
