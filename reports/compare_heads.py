@@ -257,9 +257,14 @@ INTERVAL_WORDS = {"ci", "interval", "intervals"}
 
 
 def prunable_interval(s: Mapping[str, Any], ordering: str) -> tuple[float, float] | None:
-    """The interval the heads summary records for the fraction prunable by `ordering`, if any: a key naming
+    """The interval the heads summary records for the fraction prunable by `ordering`, if any: heads'
+    prunable_ci_<ordering> (its bootstrap interval in heads, over n_heads), else a key naming
     pruning and an interval (max_fraction_prunable_<ordering>_ci, ..._interval) holding [low, high], or a
     mapping under such a key ({ordering: [low, high]})."""
+    ci, n = s.get(f"prunable_ci_{ordering}"), s.get("n_heads")  # heads' bootstrap interval, in heads
+    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
+    if isinstance(n, int) and n > 0 and isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(map(_number, bounds)):
+        return float(bounds[0]) / n, float(bounds[1]) / n
     names = {f"{PRUNABLE}{ordering}", f"fraction_prunable_{ordering}", f"prunable_{ordering}"}
     for key, value in s.items():
         words = key.split("_")

@@ -103,13 +103,26 @@ def importance_figure(data: pd.DataFrame, *, metric: str | None = None, baseline
 def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
                        ax: Any = None) -> Any:
     """Metric against the fraction of heads pruned (`data`: the curve table), one line per ordering
-    (random: band over seeds), with the unpruned `baseline` and its 1% tolerance floor."""
+    (random: band over seeds), with the unpruned `baseline` and its 1% tolerance floor. Where the
+    table has ci_low / ci_high (the 95% t-interval of each point's change from the unpruned model,
+    paired over examples, drawn around the point), the fixed orderings get that band in their
+    colour, so a point whose band crosses the floor reads as uncertain."""
     ax = axes(ax, (8, 4))
     curve = data.copy()
     curve["ordering "] = curve["ordering"] + curve["recompute"].map({True: " (recomputed)", False: ""})
+    levels = list(dict.fromkeys(curve["ordering "]))
+    palette = dict(zip(levels, sns.color_palette(n_colors=len(levels))))
     sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", style="ordering ", markers=True,
-                 dashes=True, errorbar=("pi", 100), ax=ax)  # a marker and dash per ordering: equal curves stay visible
-    return _finish(ax, metric, baseline, "fraction of heads pruned", "iterative head pruning (random: range over seeds)")
+                 dashes=True, errorbar=("pi", 100), palette=palette, ax=ax)  # a marker and dash per ordering
+    banded = {"ci_low", "ci_high"} <= set(curve.columns)
+    if banded:
+        for level, group in curve[curve["ordering"] != "random"].groupby("ordering ", sort=False):
+            group = group.sort_values("fraction_pruned")
+            ax.fill_between(group["fraction_pruned"], group["ci_low"], group["ci_high"], color=palette[level],
+                            alpha=0.12, linewidth=0)
+    band = "; shaded: 95% CI of the change\nfrom unpruned, paired over examples)"
+    title = "iterative head pruning (random: range over seeds" + (band if banded else ")")
+    return _finish(ax, metric, baseline, "fraction of heads pruned", title)
 
 
 def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, title: str) -> Any:
@@ -228,8 +241,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                   "the task metric when the head alone is zero-ablated (below 0, blue: removing the head helps); red is "
                   "positive, white 0. A panel marked rounding only has no head above the numerical floor.",
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
-                     "each ordering with its own marker and dash. Read where each falls below the dotted 1% floor; the "
-                     "random band spans the seeds.",
+                     "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
+                     "unpruned model (paired over examples). "
+                     "Read where each falls below the dotted 1% floor; the random band spans the seeds. The finding's "
+                     "interval for each count is a bootstrap over examples along the order drawn here.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
@@ -237,6 +252,59 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
              "(the mean maximum attention weight).",
 }
+
+
+def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
+    """(low, high, n_examples) of prunable_ci_<key> (pruning.prunable_intervals), None when absent."""
+    ci = s.get(f"prunable_ci_{key}")
+    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
+    if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(_num(b) is not None for b in bounds)):
+        return None
+    return float(bounds[0]), float(bounds[1]), ci.get("n_examples")
+
+
+def _count(x: float) -> str:
+    """A number of heads: whole, or to one decimal (random orderings: a mean over seeds)."""
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads: int, metric: str) -> list[str]:
+    """The best ordering's prunable heads with its bootstrap interval, then the others. A count of 0,
+    or one whose interval reaches 0 heads, is not presented as heads that can be removed."""
+    best = max(prunable, key=lambda k: prunable[k])
+    heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
+    ci = _interval(s, best)
+    n_ex = ci[2] if ci and ci[2] is not None else s.get("n_examples")
+    over = f"over {n_ex} examples" if n_ex is not None else ""
+    name = best.replace("_", " ")
+    if prunable[best] <= 0:
+        out = [f"No ordering removes a single step of heads within 1% of the unpruned {metric}"
+               + (f" ({over})" if over else "") + ": the first step already falls below the floor."]
+    elif ci is None:  # an older summary: no per-example data behind the count
+        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
+               f"unpruned {metric}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
+    elif ci[0] <= 0:
+        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay within 1% of the "
+               f"unpruned {metric}, but the 95% bootstrap interval ({_count(ci[0])}-{_count(ci[1])} heads, {over}) reaches "
+               "none: this is no evidence that any head is dispensable."]
+    else:
+        out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
+               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed within 1% of the unpruned {metric} "
+               f"when ordered by {name}."]
+    others = []
+    for key, value in prunable.items():
+        if key == best:
+            continue
+        kci = _interval(s, key)
+        none = ", reaching none" if kci and value > 0 and kci[0] <= 0 else ""
+        span = "" if kci is None else f" ({_count(kci[0])}-{_count(kci[1])} heads{none})"
+        others.append(f"{key.replace('_', ' ')} {_pct(value)}{span}")
+    if others:
+        out.append("Other orderings: " + ", ".join(others) + ".")
+    if any(_interval(s, key) for key in prunable):
+        out.append("The intervals resample the examples along each fixed pruning order; they do not cover a new "
+                   "task sample re-ranking the heads.")
+    return out
 
 
 FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
@@ -265,14 +333,7 @@ def finding(s: Mapping[str, Any]) -> str:
                 if relative and k.startswith("max_fraction_prunable_") and _num(v) is not None
                 and k.removeprefix("max_fraction_prunable_").removesuffix("_recompute") not in noisy}
     if prunable and n_heads:
-        best = max(prunable, key=lambda k: prunable[k])
-        heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
-        over = f" (over {s['n_examples']} examples)" if s.get("n_examples") is not None else ""
-        parts.append(f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
-                     f"unpruned {metric}{over} when ordered by {best.replace('_', ' ')}.")
-        others = [f"{k.replace('_', ' ')} {_pct(v)}" for k, v in prunable.items() if k != best]
-        if others:
-            parts.append("Other orderings: " + ", ".join(others) + ".")
+        parts += _prunable_words(s, prunable, n_heads, metric)
     for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
         tied = [str(h) for h in s[f"tied_top_heads_{method}"]]
         if tied:

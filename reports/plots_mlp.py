@@ -94,8 +94,10 @@ def finding(s: Mapping[str, Any]) -> str:
     parts = []
     if agree:
         best = max(agree, key=lambda k: agree[k])
-        interval = wilson(round(agree[best] * n), n) if n else None
-        size = (f" ({round(agree[best] * n)} of {n} neurons, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
+        counted = _num((s.get("agreement_count_per_layer") or {}).get(best))  # the recorded count (newer summaries)
+        hits = int(counted) if counted is not None else round(agree[best] * n)
+        interval = wilson(hits, n) if n else None
+        size = (f" ({hits} of {n} neurons, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
                 if interval else "")
         tied = [k for k in agree if k != best and interval and agree[k] >= interval[0]]  # inside the peak's interval
         where = (f"in layer {best}" if not tied else
@@ -111,11 +113,17 @@ def finding(s: Mapping[str, Any]) -> str:
     if frac is not None:
         count = _num(s.get("n_task_updates"))  # how many updates the fraction is over (newer summaries)
         examples = _num((s.get("chance") or {}).get("n_examples")) if isinstance(s.get("chance"), Mapping) else None
+        examples = _num(s.get("n_task_examples")) or examples
         if count:
-            k = round(frac * count)
+            promoting = _num(s.get("n_task_updates_promoting"))
+            k = int(promoting) if promoting is not None else round(frac * count)
             lo, hi = wilson(k, int(count))
             parts.append(f"{k} of {count:.0f} top task updates ({_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)}) "
                          "promote the answer token.")
+            per = _num(s.get("n_top_updates"))
+            if examples and per:  # the updates are not independent draws: say how they cluster
+                parts.append(f"They are the top {per:.0f} per example and layer over {examples:.0f} task examples; the "
+                             "interval treats them as independent, so it is too narrow when one example's updates agree.")
         else:
             parts.append(f"{_pct(frac)} of the top task updates" + (f" (on {examples:.0f} task examples)" if examples else "")
                          + " promote the answer token.")

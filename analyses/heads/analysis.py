@@ -8,10 +8,12 @@ and Voita et al. 2019 (L0 Hard Concrete gates, head roles). Public entry points:
 Encoders (MiniLM) are scored on a shipped sentence set with the cosine metric (sentence_task).
 
 Outputs of run: df (results.csv) has one row per (layer, head, method) with importance and the
-role scores; tables "curve", "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
+role scores; tables "curve" (each point with the 95% t-interval of its paired change from unpruned), "curve_examples"
+(each example's metric at each point), "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
 heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
-random (mean over seeds), top_heads_<method>, l0_min_heads_within_tolerance, and
+random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
+examples, n_examples and the method: pruning.prunable_intervals), top_heads_<method>, l0_min_heads_within_tolerance, and
 noise_floor / degenerate_<method> / tied_top_heads_<method> (`numerical_checks`: importance that is
 rounding, or top heads that tie, is said so and not ranked).
 """
@@ -45,6 +47,7 @@ from headscope.analyses.heads.pruning import (
     PruningConfig,
     best_head_per_layer,
     head_label,
+    prunable_intervals,
     prunable_summary,
     pruning_curves,
 )
@@ -223,11 +226,13 @@ def prune_heads(model, task: TaskLike = None, config: HeadsConfig | None = None,
                              "e.g. prune_heads(model, task, pruning=PruningConfig(step=0.25)).")
     config = configure(HeadsConfig, config, config_overrides, name="prune_heads")
     scorer = _scorer(model, task, config)
-    curves = pruning_curves(model, scorer, config.pruning, seed=config.seed, progress=config.progress)
+    curves, examples = pruning_curves(model, scorer, config.pruning, seed=config.seed, progress=config.progress,
+                                      per_example=True)
     baseline = float(curves.loc[curves["n_pruned"] == 0, "metric"].iloc[0])
     summary = _base_summary(model, scorer, baseline)
     summary.update(prunable_summary(curves, baseline, summary["n_heads"], config.pruning.tolerance))
-    return Result(name="heads", df=curves, summary=summary,
+    summary.update(prunable_intervals(examples, summary["n_heads"], config.pruning.tolerance, seed=config.seed))
+    return Result(name="heads", df=curves, summary=summary, tables={"curve_examples": examples},
                   config={**dataclasses.asdict(config.pruning), "seed": config.seed})
 
 
@@ -243,16 +248,18 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         prune_imp["gradient"] = normalize_per_layer(raw["gradient"]) if hc.pruning.normalize else raw["gradient"]
     if hc.pruning.method in raw:
         prune_imp["ablation"] = raw[hc.pruning.method]
-    curves = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, seed=hc.seed, progress=config.progress)
+    curves, examples = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, seed=hc.seed,
+                                      progress=config.progress, per_example=True)
     summary = _base_summary(model, scorer, baseline)
     summary.update(prunable_summary(curves, baseline, summary["n_heads"], hc.pruning.tolerance))
+    summary.update(prunable_intervals(examples, summary["n_heads"], hc.pruning.tolerance, seed=hc.seed))
     summary.update(numerical_checks(raw, noise_floor(_dtype(model), baseline)))
     summary.update(_top_heads(df, summary))
     summary["roles"] = {
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
         for role in sorted(set(roles["role"]) - {"other"})
     }
-    tables = {"curve": curves, "roles": roles}
+    tables = {"curve": curves, "curve_examples": examples, "roles": roles}
     if hc.best_head and raw:
         usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}
         name = next(iter(usable), None)  # gradient first, the ablation ordering when the gradient is rounding

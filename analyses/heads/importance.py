@@ -236,8 +236,11 @@ def encoder_hidden(model, tokens: torch.Tensor, fwd: list, attention_mask: torch
 def evaluate_masks(
     model, scorer: Scorer, masks: torch.Tensor, *, replacement: dict[int, torch.Tensor] | None = None,
     max_tokens: int | None = None, memory_budget: int | None = None, progress: bool = False, desc: str = "masks",
+    per_example: bool = False,
 ) -> torch.Tensor:
-    """Mean metric of the model under each mask: masks [k, n_layers, n_heads] -> [k] (float64).
+    """Mean metric of the model under each mask: masks [k, n_layers, n_heads] -> [k] (float64);
+    per_example=True: each example's metric instead, [k, n_examples] (float64, the same passes: the
+    sweep engine returns per-example values, which the default sums).
 
     Each mask is a run of the sweep engine (execution/sweep.py): copies of the example batch
     stacked along the batch axis, as many per forward pass as the memory budget allows (halved on
@@ -246,7 +249,8 @@ def evaluate_masks(
     examples). For last-position decoder metrics each mask resumes at the first block where it
     differs from a reference mask (the all-ones mask if there is one, else masks[0]), from one
     captured pass under it (execution/resume.py). Under torch.distributed each rank scores its
-    block of examples; the sums are all-reduced, so every rank returns the mean over all examples.
+    block of examples; the sums are all-reduced, so every rank returns the mean over all examples
+    (per_example: each rank fills its block of a zero [k, n] table before the all-reduce).
     """
     n, pos = scorer.tokens.shape
     mine = distributed.shard(n)
@@ -261,7 +265,7 @@ def evaluate_masks(
     first = torch.where(differs.any(1), differs.float().argmax(1), n_layers).tolist()  # n_layers: equal to ref
     order = sorted(range(k), key=first.__getitem__) if scorer.last_position else list(range(k))  # runs by block
 
-    def run_examples(ex: range) -> torch.Tensor:  # -> [k] metric sums over these examples
+    def run_examples(ex: range) -> torch.Tensor:  # -> [k] metric sums over these examples ([k, b] per_example)
         rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
         b = rows.shape[0]
         rep = None if replacement is None else {l: (v if v.shape[0] == 1 else v[rows]) for l, v in replacement.items()}
@@ -277,13 +281,23 @@ def evaluate_masks(
             attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows],
             layer_of=(lambda run: first[order[run]]) if scorer.last_position else None,
             capture_hooks=gate_hooks(ref.expand(b, -1, -1), rep), dtype=torch.float64)
-        values, _ = sweep.run(model, spec, range(k), lambda n_pos: size, done=lambda c: bar.update(c * b))
+        values, _ = sweep.run(model, spec, range(k), lambda n_pos: size, done=lambda c: bar.update(c * b))  # [k, b]
+        if per_example:
+            out = torch.zeros(k, b, dtype=torch.float64)
+            out[order] = values.double()
+            return out
         sums = torch.zeros(k, dtype=torch.float64)
         sums[order] = values.sum(1)  # [k]
         return sums
 
-    totals = torch.zeros(k, dtype=torch.float64)
     with torch.no_grad():
+        if per_example:
+            table = torch.zeros(k, n, dtype=torch.float64)  # [k, n] other ranks' blocks stay 0 until the all-reduce
+            for ex, part in batching.run_chunks(run_examples, len(mine), max(1, min(len(mine), size.rows))):
+                table[:, mine.start + ex.start: mine.start + ex.stop] = part
+            bar.close()
+            return distributed.all_reduce_sum(table)
+        totals = torch.zeros(k, dtype=torch.float64)
         for _, part in batching.run_chunks(run_examples, len(mine), max(1, min(len(mine), size.rows))):
             totals += part
     bar.close()

@@ -14,11 +14,16 @@ by gate gradient on the pruned model (one backward pass) and verifies exactly, b
 ablation, only the VERIFY x k lowest-ranked candidates (k: the heads the step removes; at least
 k + 8), removing the k whose exact ablation costs least: 3 + 2k passes a step instead of all the
 remaining heads (GPT-2 small, 144 heads: about 6x fewer passes; Llama 2 7B's 1,024: about 12x).
+
+How many heads can go is a count with an uncertainty: `pruning_curves(per_example=True)` keeps each
+example's metric at every point and `prunable_intervals` bootstraps the count over examples, the
+order fixed (the finding states it as "k of n heads, 95% bootstrap interval a-b heads, over m examples").
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -86,24 +91,34 @@ def importance_for(model, scorer: Scorer, ordering: str, config: PruningConfig,
 
 def pruning_curve(
     model, scorer: Scorer, *, ordering: str, recompute: bool = False, config: PruningConfig = PruningConfig(),
-    importance: torch.Tensor | None = None, seed: int = 0, progress: bool = False,
-) -> pd.DataFrame:
+    importance: torch.Tensor | None = None, seed: int = 0, progress: bool = False, per_example: bool = False,
+) -> pd.DataFrame | tuple[pd.DataFrame, torch.Tensor]:
     """One curve: columns ordering, recompute, seed, n_pruned, fraction_pruned, metric, pruned
     (heads removed at that step, "L0H3 L1H2"). `importance` [L, H] skips the first computation
-    of a curve without recomputation. seed: the random ordering's draw and resample ablation's partners."""
+    of a curve without recomputation. seed: the random ordering's draw and resample ablation's partners.
+    per_example=True -> (curve, each example's metric at each point [points, n_examples] float64): free
+    for fixed orders (the same passes); a recomputed curve evaluates its masks once more at the end,
+    and its metric column is then the mean of those values (one engine for every curve)."""
+    curve, values = _pruning_curve(model, scorer, ordering=ordering, recompute=recompute, config=config,
+                                   importance=importance, seed=seed, progress=progress, per_example=per_example)
+    return (curve, values) if per_example else curve
+
+
+def _pruning_curve(model, scorer, *, ordering, recompute, config, importance, seed, progress,
+                   per_example) -> tuple[pd.DataFrame, torch.Tensor | None]:
     f = model.facts
     n = f.n_layers * f.n_heads
     counts = prune_counts(n, config.step)
     if ordering == "random":
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-        return _fixed_curve(model, scorer, order, counts, "random", seed, progress)
+        return _fixed_curve(model, scorer, order, counts, "random", seed, progress, per_example)
     if not recompute:
         if importance is None:
             importance, _ = importance_for(model, scorer, ordering, config, seed=seed)
         order = torch.argsort(importance.flatten(), stable=True).tolist()  # least important first
-        return _fixed_curve(model, scorer, order, counts, ordering, seed, progress)
+        return _fixed_curve(model, scorer, order, counts, ordering, seed, progress, per_example)
     mask = torch.ones(f.n_layers, f.n_heads)
-    rows, chosen = [], []
+    rows, chosen, masks = [], [], []
     cheap = cheap_ranking(ordering, n, config)
     for prev, count in tqdm(list(zip(counts, counts[1:])), desc=f"pruning ({ordering}, recompute)",
                             disable=not progress, leave=False):
@@ -116,10 +131,17 @@ def pruning_curve(
             scores[mask.flatten() == 0] = float("inf")  # already pruned
             chosen = torch.argsort(scores, stable=True)[: count - prev].tolist()
         rows.append(_row(ordering, True, seed, prev, n, metric, removed))
+        masks.append(mask.clone())
         mask.view(-1)[chosen] = 0.0
-    metric = float(evaluate_masks(model, scorer, mask[None])[0])
-    rows.append(_row(ordering, True, seed, counts[-1], n, metric, [divmod(i, f.n_heads) for i in chosen]))
-    return pd.DataFrame(rows)
+    masks.append(mask)
+    last = [divmod(i, f.n_heads) for i in chosen]
+    if not per_example:
+        metric = float(evaluate_masks(model, scorer, mask[None])[0])
+        return pd.DataFrame([*rows, _row(ordering, True, seed, counts[-1], n, metric, last)]), None
+    values = evaluate_masks(model, scorer, torch.stack(masks), per_example=True)  # [points, n_examples]
+    curve = pd.DataFrame([*rows, _row(ordering, True, seed, counts[-1], n, 0.0, last)])
+    curve["metric"] = values.mean(1).tolist()
+    return curve, values
 
 
 def cheap_ranking(ordering: str, n_heads: int, config: PruningConfig) -> bool:
@@ -146,19 +168,22 @@ def verified_step(model, scorer: Scorer, mask: torch.Tensor, k: int, *, normaliz
     return candidates[keep].tolist(), float(values[-1])
 
 
-def _fixed_curve(model, scorer, order, counts, ordering, seed, progress) -> pd.DataFrame:
+def _fixed_curve(model, scorer, order, counts, ordering, seed, progress,
+                 per_example) -> tuple[pd.DataFrame, torch.Tensor | None]:
     f = model.facts
     n = len(order)
     masks = torch.ones(len(counts), n)  # [points, L * H]
     for i, count in enumerate(counts):
         masks[i, order[:count]] = 0.0
     values = evaluate_masks(model, scorer, masks.view(-1, f.n_layers, f.n_heads), progress=progress,
-                            desc=f"pruning ({ordering})")
-    return pd.DataFrame([
-        _row(ordering, False, seed, count, n, float(values[i]),
+                            desc=f"pruning ({ordering})", per_example=per_example)  # [points] or [points, n_examples]
+    means = values.mean(1) if per_example else values
+    curve = pd.DataFrame([
+        _row(ordering, False, seed, count, n, float(means[i]),
              [divmod(j, f.n_heads) for j in order[(counts[i - 1] if i else 0):count]])
         for i, count in enumerate(counts)
     ])
+    return curve, (values if per_example else None)
 
 
 def _row(ordering, recompute, seed, count, n, metric, heads) -> dict:
@@ -171,20 +196,49 @@ def _row(ordering, recompute, seed, count, n, metric, heads) -> dict:
 def pruning_curves(
     model, scorer: Scorer, config: PruningConfig = PruningConfig(), *,
     importance: dict[str, torch.Tensor] | None = None, seed: int = 0, progress: bool = False,
-) -> pd.DataFrame:
+    per_example: bool = False,
+) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """Every requested ordering x recompute (random: n_random seeds from `seed`), concatenated.
-    `importance` maps "gradient"/"ablation" to precomputed unpruned importance [L, H]."""
+    `importance` maps "gradient"/"ablation" to precomputed unpruned importance [L, H].
+    per_example=True -> (curves with ci_low / ci_high, the long table of each example's metric:
+    ordering, recompute, seed, n_pruned, example, metric, which prunable_intervals bootstraps).
+    ci_low / ci_high: the point's metric +- the Student-t 95% half-width of its change from the
+    unpruned model, paired over examples (the sd of metric_i(point) - metric_i(unpruned)): what
+    the 1% floor is judged on, so the band reads against the floor line (0 wide when unpruned)."""
     importance = importance or {}
-    frames = []
+    runs = []
     for ordering in config.orderings:
         if ordering == "random":
-            frames += [pruning_curve(model, scorer, ordering="random", config=config, seed=seed + s, progress=progress)
-                       for s in range(config.n_random)]
-            continue
-        for recompute in config.recompute:
-            frames.append(pruning_curve(model, scorer, ordering=ordering, recompute=recompute, config=config,
-                                        importance=importance.get(ordering), seed=seed, progress=progress))
-    return pd.concat(frames, ignore_index=True)
+            runs += [dict(ordering="random", recompute=False, seed=seed + s) for s in range(config.n_random)]
+        else:
+            runs += [dict(ordering=ordering, recompute=r, importance=importance.get(ordering), seed=seed)
+                     for r in config.recompute]
+    done = [_pruning_curve(model, scorer, config=config, progress=progress, per_example=per_example,
+                           **{"importance": None, **run}) for run in runs]
+    curves = pd.concat([c for c, _ in done], ignore_index=True)
+    if not per_example:
+        return curves
+    long = []
+    for curve, values in done:  # values [points, n_examples]
+        keys = curve[["ordering", "recompute", "seed", "n_pruned"]]
+        block = keys.loc[keys.index.repeat(values.shape[1])].reset_index(drop=True)
+        long.append(block.assign(example=list(range(values.shape[1])) * values.shape[0],
+                                 metric=values.flatten().numpy()))
+    sd = torch.cat([(v - v[:1]).std(1) if v.shape[1] > 1 else torch.full((v.shape[0],), float("nan"), dtype=v.dtype)
+                    for _, v in done]).numpy()  # [all points] sample sd of the paired change from unpruned
+    n_ex = done[0][1].shape[1]
+    half = _t_quantile(n_ex) * sd / max(n_ex, 1) ** 0.5
+    curves["ci_low"], curves["ci_high"] = curves["metric"] - half, curves["metric"] + half
+    return curves, pd.concat(long, ignore_index=True)
+
+
+def _t_quantile(n: int, level: float = 0.95) -> float:
+    """Student-t quantile for a two-sided `level` interval of a mean of n values (NaN below 2)."""
+    if n < 2:
+        return float("nan")
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + level / 2, n - 1))
 
 
 def curve_key(ordering: str, recompute: bool) -> str:
@@ -213,6 +267,65 @@ def prunable_summary(curves: pd.DataFrame, baseline: float, n_heads: int, tolera
         out[f"max_fraction_prunable_{key}"] = round(frac, 6)
         out[f"heads_prunable_{key}"] = round(frac * n_heads, 3)
     return out
+
+
+N_BOOT = 1000  # bootstrap resamples of the examples behind each prunable count
+BOOT_METHOD = ("percentile bootstrap over examples (the pruning order fixed as computed on all examples; "
+               "each resample re-scores the curve and its own unpruned baseline)")
+
+
+def prunable_intervals(examples: pd.DataFrame, n_heads: int, tolerance: float = 0.01, *, n_boot: int = N_BOOT,
+                       seed: int = 0, level: float = 0.95) -> dict[str, dict]:
+    """How sure the heads-prunable counts are: per ordering, prunable_ci_<key> = {heads, fraction,
+    interval_heads [low, high], level, n_examples, n_boot, method}.
+
+    A bootstrap over examples: each resample draws n examples with replacement (rng seeded with
+    `seed`; the same draws for every curve, so orderings stay paired), takes each point's mean
+    metric over the draw and that curve's own unpruned mean as the baseline, and counts the heads
+    removed at the last point before the curve first falls below baseline - tolerance x |baseline|
+    (max_prunable_fraction's rule). The interval is the (1 - level) / 2 and (1 + level) / 2
+    quantiles of those counts (numpy's "lower" and "higher": whole heads, never narrower than the
+    draws). The order stays the one computed on all examples: the interval is the uncertainty of
+    the metric along that order, not of the order itself (a new task sample also re-ranks the
+    heads, so seeds can differ by more). Random orderings: the mean over seeds in each resample.
+    `heads` is the count on all examples (the mean over seeds for random).
+    examples: the long table of pruning_curves(per_example=True)."""
+    key_cols = ["ordering", "recompute", "seed"]
+    n = int(examples["example"].max()) + 1
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, n, size=(n_boot, n))  # [n_boot, n] example indices
+    weights = np.zeros((n_boot, n))
+    np.add.at(weights, (np.arange(n_boot)[:, None], draws), 1.0)  # [n_boot, n] times each example is drawn
+    counts: dict[tuple[str, bool], list[np.ndarray]] = {}
+    points: dict[tuple[str, bool], list[float]] = {}
+    for (ordering, recompute, _), group in examples.groupby(key_cols, sort=False):
+        wide = group.pivot(index="n_pruned", columns="example", values="metric").sort_index()  # [points, n]
+        pruned = wide.index.to_numpy()
+        values = wide.to_numpy(dtype=np.float64)
+        key = (ordering, bool(recompute))
+        counts.setdefault(key, []).append(_prunable_heads(values @ weights.T / n, pruned, tolerance))  # [n_boot]
+        points.setdefault(key, []).append(float(_prunable_heads(values.mean(1, keepdims=True), pruned, tolerance)[0]))
+    tail = (1.0 - level) / 2
+    out = {}
+    for (ordering, recompute), per_seed in counts.items():
+        heads = np.mean(per_seed, axis=0)  # [n_boot] mean over seeds (one seed: itself)
+        point = float(np.mean(points[(ordering, recompute)]))
+        out[f"prunable_ci_{curve_key(ordering, recompute)}"] = {
+            "heads": round(point, 3), "fraction": round(point / n_heads, 6),
+            "interval_heads": [float(np.quantile(heads, tail, method="lower")),
+                               float(np.quantile(heads, 1.0 - tail, method="higher"))],
+            "level": level, "n_examples": n, "n_boot": n_boot, "method": BOOT_METHOD,
+        }
+    return out
+
+
+def _prunable_heads(means: np.ndarray, pruned: np.ndarray, tolerance: float) -> np.ndarray:
+    """means [points, m] (row 0 unpruned, points in pruning order), pruned [points] heads removed ->
+    [m] heads removed at the last point before the first one under row 0 - tolerance x |row 0|."""
+    floor = means[0] - tolerance * np.abs(means[0])  # [m]
+    below = means < floor  # [points, m]
+    first = np.where(below.any(0), below.argmax(0), len(pruned))  # [m] first point under the floor
+    return pruned[np.maximum(first - 1, 0)].astype(np.float64)
 
 
 def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, baseline: float | None = None,

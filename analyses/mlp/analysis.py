@@ -350,8 +350,19 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "agreement_shuffled_per_layer": {str(r.layer): r.agreement_shuffled for r in agree.itertuples()},
         "n_prefixes": trig.n_prefixes,
         "n_neurons_per_layer": model.facts.d_mlp,  # what each agreement fraction is over
+        # the counts behind each share (agreement = count / n_neurons_per_layer): the findings' Wilson intervals
+        "agreement_count_per_layer": _counts(agree, "agreement", model.facts.d_mlp),
+        "agreement_any_count_per_layer": _counts(agree, "agreement_any", model.facts.d_mlp),
+        "agreement_shuffled_count_per_layer": _counts(agree, "agreement_shuffled", model.facts.d_mlp),
         "task": task.name,
         "answer_promoted_fraction": float(top_updates.promotes_answer.mean()) if len(top_updates) else float("nan"),
+        # answer_promoted_fraction = n_task_updates_promoting / n_task_updates: the top n_top_updates sub-updates
+        # of each of n_task_examples examples in each analysed layer
+        "n_task_updates": len(top_updates),
+        "n_task_updates_promoting": int(top_updates.promotes_answer.sum()) if len(top_updates) else 0,
+        "n_task_examples": len(task),
+        "n_top_updates": config.n_top_updates,
+        "n_layers_analysed": len(layers),
         "apply_final_norm": config.apply_final_norm,
         "gated_mlp": model.facts.gated_mlp,
         "mixture_of_experts": any(hooks.is_moe(model, layer) for layer in layers),
@@ -359,6 +370,11 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     return Result(name="mlp", df=df, summary=summary,
                   tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},
                   config={**asdict(config), "task": task.name})
+
+
+def _counts(agree: pd.DataFrame, column: str, n: int) -> dict[str, int]:
+    """{layer: neurons} behind a per-layer fraction of n neurons (exact: each fraction is a count / n)."""
+    return {str(r.layer): int(round(getattr(r, column) * n)) for r in agree.itertuples()}
 
 
 def default_inputs(model, task: Task | str | None, config: MLPConfig) -> tuple[Task, list[torch.Tensor]]:

@@ -3,6 +3,7 @@ differences, plain loops of TransformerLens run_with_hooks (one head per forward
 foundation's ablate / patch, Hugging Face attention weights and hand-worked numbers."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -498,6 +499,10 @@ def test_run_quick_gives_every_output(tiny_models, quick_result):
     assert s["baseline_metric"] == pytest.approx(direct, abs=1e-5)
     for key in ("gradient", "ablation", "random"):
         assert 0.0 <= s[f"max_fraction_prunable_{key}"] <= 1.0
+        ci = s[f"prunable_ci_{key}"]  # #34: the count with its bootstrap interval over the 6 examples
+        assert ci["heads"] == pytest.approx(s[f"heads_prunable_{key}"], abs=1e-3) and ci["n_examples"] == 6
+        assert 0 <= ci["interval_heads"][0] <= ci["interval_heads"][1] <= 8
+    assert len(res.tables["curve_examples"]) == 6 * len(res.tables["curve"])
     assert {"layer", "head", "method", "importance", "sink", "induction", "positional", "role"} <= set(res.df.columns)
     assert set(res.df["method"]) == {"gradient", "zero"} and len(res.df) == 16
     assert {"curve", "best_head", "l0", "l0_gates", "roles"} <= set(res.tables)
@@ -560,3 +565,102 @@ def test_a_head_that_attends_to_its_own_token_is_labelled_self_not_positional():
     assert label(pd.Series({**base, "positional_offset": 0})) == "self"
     assert label(pd.Series({**base, "positional_offset": -2})) == "positional"
     assert label(pd.Series({**base, "positional": 0.5, "positional_offset": 0})) == "other"
+
+
+def _direct_bootstrap(values: dict, pruned: list[int], tol: float, n: int, n_boot: int, seed: int) -> list[float]:
+    """Heads prunable in each resample, written as plain loops: values {curve: [points][examples]}
+    (several curves: their mean, as the random seeds); the same index draws as numpy's default_rng."""
+    draws = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    out = []
+    for b in range(n_boot):
+        per_curve = []
+        for rows in values.values():
+            means = [sum(row[i] for i in draws[b]) / n for row in rows]
+            floor = means[0] - tol * abs(means[0])
+            kept = 0
+            for count, m in zip(pruned, means):
+                if m < floor:
+                    break
+                kept = count
+            per_curve.append(kept)
+        out.append(sum(per_curve) / len(per_curve))
+    return out
+
+
+def test_prunable_intervals_equal_a_direct_bootstrap_hand_built():
+    """#34: each prunable count's 95% interval is the bootstrap over examples of that count, the order
+    kept: checked against plain loops over the same draws, and against the closed form when every
+    example agrees (no spread: the interval is the point)."""
+    import pandas as pd
+
+    pruned, n, tol = [0, 2, 4, 6, 8], 5, 0.01
+    rng = np.random.default_rng(3)
+    ablation = (2.0 - np.outer([0, 0.005, 0.01, 0.02, 0.5], [1, 1, 1, 1, 1]) + rng.normal(0, 0.02, (5, n))).tolist()
+    random = {s: (2.0 - np.outer([0, 0.01, 0.03, 0.2, 1], [1] * n) + rng.normal(0, 0.03, (5, n))).tolist() for s in (0, 1)}
+    flat = [[-1.0] * n, [-1.005] * n, [-1.02] * n, [-1.5] * n, [-2.0] * n]  # a log-probability: floor -1.01
+    rows = [{"ordering": o, "recompute": r, "seed": s, "n_pruned": pruned[p], "example": e, "metric": v[p][e]}
+            for o, r, s, v in [("ablation", False, 0, ablation), ("random", False, 0, random[0]),
+                               ("random", False, 1, random[1]), ("gradient", True, 0, flat)]
+            for p in range(5) for e in range(n)]
+    got = hp.prunable_intervals(pd.DataFrame(rows), 8, tol, n_boot=300, seed=7)
+    assert set(got) == {"prunable_ci_ablation", "prunable_ci_random", "prunable_ci_gradient_recompute"}
+    for key, values in [("ablation", {0: ablation}), ("random", random)]:
+        boot = _direct_bootstrap(values, pruned, tol, n, 300, seed=7)
+        ci = got[f"prunable_ci_{key}"]
+        assert ci["interval_heads"] == [np.quantile(boot, 0.025, method="lower"), np.quantile(boot, 0.975, method="higher")]
+        means = {c: np.mean(v, 1) for c, v in values.items()}  # [points] on every example once
+        point = np.mean([next((pruned[i - 1] for i, m in enumerate(mu) if m < mu[0] - tol * abs(mu[0])), pruned[-1])
+                         for mu in means.values()])
+        assert ci["heads"] == pytest.approx(point) and ci["fraction"] == pytest.approx(point / 8)
+        assert ci["n_examples"] == n and ci["n_boot"] == 300 and ci["level"] == 0.95 and "bootstrap" in ci["method"]
+    lo, hi_ = got["prunable_ci_ablation"]["interval_heads"]
+    assert lo < hi_  # the hand-built spread makes the count uncertain
+    assert got["prunable_ci_gradient_recompute"]["interval_heads"] == [2.0, 2.0]  # identical examples: -1.005 kept, -1.02 not
+    assert got["prunable_ci_gradient_recompute"]["heads"] == 2.0
+
+
+def test_a_count_whose_point_sits_exactly_on_the_floor_has_an_interval_reaching_none_and_is_no_finding():
+    """#34: unpruned 1.0 on every example, tolerance 25% (floor 0.75); after 2 heads the examples' mean is
+    exactly 0.75, so the count on all examples is 2, but about half the resamples fall under the floor and
+    count 0: the interval reaches 0 heads and the finding does not present the 2 heads as removable."""
+    import pandas as pd
+
+    from headscope.reports.findings import finding
+
+    values = [[1.0] * 5, [0.5, 1.0, 0.75, 0.5, 1.0], [0.0] * 5]  # [points][examples], n_pruned 0, 2, 4
+    rows = [{"ordering": "ablation", "recompute": False, "seed": 0, "n_pruned": c, "example": e, "metric": values[p][e]}
+            for p, c in enumerate((0, 2, 4)) for e in range(5)]
+    ci = hp.prunable_intervals(pd.DataFrame(rows), 4, 0.25, seed=0)["prunable_ci_ablation"]
+    assert ci["heads"] == 2.0 and ci["interval_heads"] == [0.0, 2.0]
+    summary = {"metric": "logit_diff", "baseline_metric": 1.0, "n_examples": 5, "n_heads": 4,
+               "max_fraction_prunable_ablation": 0.5, "heads_prunable_ablation": 2.0, "prunable_ci_ablation": ci}
+    text = finding("heads", summary)
+    assert "reaches none: this is no evidence that any head is dispensable" in text and "can be removed" not in text
+
+
+@pytest.mark.parametrize("ordering,recompute", [("gradient", True), ("random", False)])
+def test_pruning_curve_per_example_values_equal_ablating_the_pruned_heads(tiny_models, ordering, recompute):
+    """#34: the per-example metrics behind the prunable intervals are each example's metric with the
+    pruned heads ablated (hs.ablate, one plain forward), fixed and recomputed curves alike; the curve's
+    metric is their mean and ci_low / ci_high the Student-t 95% half-width of the paired change from the
+    unpruned model around it."""
+    from scipy import stats
+
+    model, task = tiny_models["gpt2"], decoder_task(seed=8)
+    scorer = hi.make_scorer(model, task)
+    config = hp.PruningConfig(step=0.25, orderings=(ordering,), recompute=(recompute,), n_random=1)
+    curve, examples = hp.pruning_curves(model, scorer, config, per_example=True)
+    metric_fn = metrics.task_metric(task)
+    pruned: list[str] = []
+    unpruned = None
+    for row in curve.itertuples():
+        pruned += row.pruned.split() if row.pruned else []
+        heads_ = [(int(n[1:n.index("H")]), int(n[n.index("H") + 1:])) for n in pruned]
+        with torch.no_grad(), (hs.ablate(model, heads=heads_) if heads_ else contextlib.nullcontext()):
+            want = metric_fn(model(task.tokens)).double()  # [N_EX]
+        got = examples[examples["n_pruned"] == row.n_pruned].sort_values("example")["metric"].to_numpy()
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+        assert row.metric == pytest.approx(want.mean().item(), abs=1e-5)
+        unpruned = want if unpruned is None else unpruned
+        half = stats.t.ppf(0.975, N_EX - 1) * (want - unpruned).std().item() / math.sqrt(N_EX)
+        assert (row.ci_low, row.ci_high) == pytest.approx((want.mean().item() - half, want.mean().item() + half), abs=1e-5)

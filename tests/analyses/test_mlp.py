@@ -46,6 +46,57 @@ def test_sum_of_sub_updates_reproduces_the_hf_mlp_output(family, tiny_dirs, tiny
     assert (rebuilt - out[:, -1]).abs().max().item() <= 1e-4
 
 
+def _wilson(k: int, n: int) -> tuple[float, float]:
+    """The Wilson score 95% interval, closed form (z = 1.959964)."""
+    z = 1.959964
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilson_interval(tiny_dirs, tiny_models):
+    """#34: the summary records how many top task updates the answer-promoting share is over and how many
+    promote the answer; both recomputed from plain Hugging Face weights and activations (coefficients at the
+    last position, ||m_i v_i||, the top 2 updates' 3 promoted tokens through lm_head), and the finding
+    carries the Wilson 95% interval of that count in closed form. The answers of examples 0 and 1 are the
+    tokens their largest layer-1 update promotes most, so the count is not 0."""
+    from headscope.reports.findings import finding
+
+    family, n_top, top_k = "gpt2", 2, 3
+    model, hf = tiny_models[family], _hf(tiny_dirs[family])
+    tokens = random_tokens(4, 7, seed=11)
+    w_u = hf.lm_head.weight.detach().T  # [d_model, d_vocab]
+    promoted = {}  # (example, layer) -> [n_top, top_k] token ids, from HF alone
+    for layer in range(model.facts.n_layers):
+        _, proj = HF_MLP[family](hf, layer)
+        values = proj.weight.detach()  # [d_mlp, d_model]
+        coef = _hf_mlp_run(family, tiny_dirs[family], tokens, layer)[1][:, -1]  # [batch, d_mlp]
+        order = (coef.abs() * values.norm(dim=-1)).topk(n_top, -1).indices  # [batch, n_top]
+        for b in range(4):
+            promoted[b, layer] = ((coef[b, order[b], None] * values[order[b]]) @ w_u).topk(top_k, -1).indices
+    answers = tokens[:, 2].clone()
+    answers[0], answers[1] = promoted[0, 1][0, 0], promoted[1, 1][0, 0]
+    task = Task(name="rand", tokens=tokens, answers=answers, wrong_answers=tokens[:, 3])
+    result = mlp.mlp_memories_analysis(model, task, mlp.MLPConfig(top_k_triggers=2, n_top_neurons=3, chunk_size=4,
+                                                                  n_top_updates=n_top, top_k_tokens=top_k),
+                                       corpus=[random_tokens(6, 8, seed=12)])
+    s = result.summary
+    n = 4 * model.facts.n_layers * n_top
+    k = sum(int((row == answers[b]).any()) for (b, _), rows in promoted.items() for row in rows)  # updates promoting
+    assert s["n_task_updates"] == n and s["n_task_updates_promoting"] == k >= 2 and s["n_task_examples"] == 4
+    assert s["answer_promoted_fraction"] == pytest.approx(k / n)
+    d_mlp = model.facts.d_mlp
+    assert s["agreement_count_per_layer"] == {str(l): int(result.df[result.df.layer == l].agrees.sum())
+                                              for l in range(model.facts.n_layers)}
+    assert all(s["agreement_per_layer"][l] == pytest.approx(c / d_mlp) for l, c in s["agreement_count_per_layer"].items())
+    lo, hi = _wilson(k, n)
+    text = finding("mlp", s)
+    assert (f"{k} of {n} top task updates ({100 * k / n:.0f}%, Wilson 95% CI {100 * lo:.0f}%-{100 * hi:.0f}%) "
+            "promote the answer token.") in text
+    assert f"top {n_top} per example and layer over 4 task examples" in text
+
+
 def test_streaming_topk_equals_a_full_sort():
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(6, 103, generator=g)  # 6 rows, 103 items

@@ -397,3 +397,18 @@ def test_compare_leads_pruning_with_each_findings_ordering_and_flags_a_fraction_
     notes = pruning_notes(a, b)
     assert len(notes) == 1 and notes[0].startswith("Prunable within 1% by ablation (the ordering both heads findings lead "
                                                    "with): A 56% (7 of 12 heads), B 25%")
+
+
+def test_prunable_differences_are_judged_against_both_bootstrap_intervals(tmp_path):
+    """#34: where both summaries carry prunable_ci_<ordering> (heads), compare judges the difference of the
+    prunable fractions against those intervals (as fractions of the 6 heads) instead of saying none exist."""
+    for side, frac, bounds in (("a", 0.5, [2, 4]), ("b", 0.0, [0, 1])):
+        _folder(tmp_path / side, "m", 1.0, 0, frac)
+        summary = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {**summary, "prunable_ci_gradient": {
+            "heads": frac * 6, "interval_heads": bounds, "n_examples": 4, "method": "percentile bootstrap"}})
+    # A [2/6, 4/6], B [0, 1/6]: half-widths 1/6 + 1/12 = 0.25 < |0 - 0.5|
+    notes = pruning_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1]
+    assert len(notes) == 1 and notes[0].startswith("Prunable within 1% by gradient")
+    assert ("A 50%" in notes[0] and "B 0%" in notes[0] and "(beyond noise: |B - A| = 0.5 exceeds the combined "
+            "half-widths 0.25; 95% CIs A [0.333, 0.667], B [0, 0.167])" in notes[0])

@@ -471,6 +471,30 @@ def test_equal_curves_stay_visible_by_marker_and_dash():
         plt.close("all")
 
 
+def test_pruning_curve_shades_each_fixed_ordering_with_its_interval_over_examples():
+    """#34: each fixed ordering's points carry their 95% interval (ci_low / ci_high: the paired change from
+    unpruned, around the point) as a band in the line's colour; random orderings keep their band over seeds only."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_rgb
+
+    from headscope.reports.plots_heads import plot_pruning_curve
+
+    rows = [{"ordering": o, "recompute": False, "seed": s, "fraction_pruned": f, "metric": m - f,
+             "ci_low": m - f - 0.1 * (1 + f), "ci_high": m - f + 0.1 * (1 + f)}
+            for o, m, seeds in (("ablation", 2.0, (0,)), ("random", 1.0, (0, 1))) for s in seeds for f in (0.0, 0.5, 1.0)]
+    ax = plot_pruning_curve(pd.DataFrame(rows), metric="logit_diff", baseline=2.0, ax=plt.subplots()[1])
+    try:
+        bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        ablation = [b for b in bands if b.get_paths()
+                    and {round(float(y), 6) for y in b.get_paths()[0].vertices[:, 1]} == {1.9, 2.1, 1.35, 1.65, 0.8, 1.2}]
+        assert len(ablation) == 1  # its band spans exactly ci_low..ci_high at each point
+        line = next(l for l in ax.get_lines() if list(l.get_ydata()) == [2.0, 1.5, 1.0])
+        assert np.allclose(ablation[0].get_facecolor()[0][:3], to_rgb(line.get_color()))
+        assert "paired over examples" in ax.get_title()
+    finally:
+        plt.close("all")
+
+
 def _overlap(a, b) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
 

@@ -392,6 +392,30 @@ def test_prunable_heads_and_answer_promoting_updates_say_their_n():
         "mlp", {**mlp, "n_task_updates": 40})
 
 
+def _prunable(key: str, heads: float, low: float, high: float, n: int = 16) -> dict:
+    return {f"max_fraction_prunable_{key}": heads / 12, f"heads_prunable_{key}": heads,
+            f"prunable_ci_{key}": {"heads": heads, "fraction": heads / 12, "interval_heads": [low, high], "level": 0.95,
+                                   "n_examples": n, "n_boot": 1000, "method": "percentile bootstrap over examples"}}
+
+
+def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_is_no_finding():
+    """#34: each prunable count says its 95% bootstrap interval and n; a count whose interval reaches 0
+    heads, or a count of 0, is not worded as heads that can be removed."""
+    base = {"metric": "logit_diff", "baseline_metric": 3.2, "n_examples": 16, "n_heads": 12}
+    s = {**base, **_prunable("ablation", 6, 4, 7), **_prunable("gradient", 2, 0, 3), **_prunable("random", 1.5, 0.5, 2.5)}
+    text = finding("heads", s)
+    assert ("6 of 12 heads (50%, 95% bootstrap interval 4-7 heads, over 16 examples) can be removed within 1% of the "
+            "unpruned logit difference when ordered by ablation.") in text
+    assert "Other orderings: gradient 17% (0-3 heads, reaching none), random 12% (0.5-2.5 heads)." in text
+    weak = finding("heads", {**base, **_prunable("gradient", 2, 0, 3), **_prunable("ablation", 1, 0, 2)})
+    assert ("Ordered by gradient, 2 of 12 heads (17%) stay within 1% of the unpruned logit difference, but the 95% "
+            "bootstrap interval (0-3 heads, over 16 examples) reaches none: this is no evidence") in weak
+    assert "can be removed" not in weak
+    none = finding("heads", {**base, **_prunable("gradient", 0, 0, 0), **_prunable("ablation", 0, 0, 1)})
+    assert "No ordering removes a single step of heads within 1% of the unpruned logit difference (over 16 examples)" in none
+    assert "can be removed" not in none and "0 of 12" not in none
+
+
 def test_patching_names_no_token_where_the_prompts_differ():
     """#34: patching's token column is "" where the prompts have different tokens at a position (mixed
     lengths, left padding): the finding says so instead of quoting an empty token."""

@@ -43,7 +43,7 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert "corrupted: " in patching  # its default task has corrupted prompts: the sample shows one
     assert "<script>alert" not in html and "alert(1)</script>" not in html and "<script>" not in md
     assert "- task: mine, from your task \\(mine.jsonl\\)" in md
-    assert "- examples: 6 (file rows 0-5); the budget changed no setting" in md
+    assert "- examples: 6 \\(file rows 0-5\\); the budget changed no setting" in md
     assert "w1 &lt;script&gt;alert\\(1\\)&lt;/script&gt; w2" in md
 
 
