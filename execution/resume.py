@@ -625,15 +625,23 @@ def _reference(model, tokens: torch.Tensor, start: int) -> Checkpoint:
     its blocks (embedding, masks, rotary tables, the cache, the final norm and unembedding) runs
     as in any pass, and the blocks checked are those `_check_start` picked: every kind occurs among
     them. The skipped blocks' cache layers (never read by blocks start..) get a copy of a later
-    layer of their own type, so the cache holds every layer as after a whole pass."""
-    with _standing_in(list(model.bridge.blocks)[:start], lambda i: _passed_on):
-        ckpt = capture(model, tokens, z_layers=[start], fast=False)
-    if ckpt.kv is not None and start:
-        layers = ckpt.kv.layers
-        for i in range(start):
-            j = next((j for j in range(start, len(layers)) if type(layers[j]) is type(layers[i])), start)
-            ckpt.kv.update(layers[j].keys, layers[j].values, i)
-    return ckpt
+    layer of their own type, so the cache holds every layer as after a whole pass. A model whose
+    loop wants more of a block than its input handed on (an exception, or block `start` given
+    another shape) gets the whole pass instead."""
+    if start:
+        try:
+            with _standing_in(list(model.bridge.blocks)[:start], lambda i: _passed_on):
+                ckpt = capture(model, tokens, z_layers=[start], fast=False)
+        except Exception:  # noqa: BLE001 - the whole pass below
+            ckpt = None
+        if ckpt is not None and ckpt.resid[start].shape == ckpt.resid[0].shape:
+            if ckpt.kv is not None:
+                layers = ckpt.kv.layers
+                for i in range(start):
+                    j = next((j for j in range(start, len(layers)) if type(layers[j]) is type(layers[i])), start)
+                    ckpt.kv.update(layers[j].keys, layers[j].values, i)
+            return ckpt
+    return capture(model, tokens, z_layers=[start], fast=False)
 
 
 def _check_start(model) -> int:

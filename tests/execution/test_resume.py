@@ -270,3 +270,18 @@ def test_half_precision_confirms_a_failure_on_other_prompts_and_nan_fails(tiny_d
     said = [str(w.message) for w in caught if issubclass(w.category, HeadscopeWarning)]
     assert len(said) == 1 and "hook-free blocks (max |logit difference| nan" in said[0]
     assert support == (True, True, True, False, False)
+
+
+def test_the_reference_runs_the_whole_pass_where_skipping_blocks_fails(tiny_models, monkeypatch):
+    """A model whose loop cannot take a skipped block's input handed on as its output (here: the
+    stand-in raises) is checked against the whole pass instead, and every saving still holds."""
+    model = tiny_models["llama"]
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this loop wants more than the hidden states")
+
+    monkeypatch.setattr(resume, "_passed_on", refuse)
+    monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        assert resume.supports(model) == (True, True, True, True, True)
