@@ -525,7 +525,7 @@ def supports(model) -> Support:
 
 
 def _check(model) -> Support:
-    """The checks behind `supports`, for about 0.6-0.9 plain passes of two 6-token prompts
+    """The checks behind `supports`, for about 0.5-0.9 plain passes of two 6-token prompts
     (benchmarks/first_call.py, a random GPT-2-small shape), all from the one block `_check_start`
     (the last block, or the earliest that still leaves every kind of block after it): a reference
     pass through the bridge in which only blocks from there on run (`_reference`), four resumes
