@@ -6,11 +6,12 @@ import warnings
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import headscope as hs
 from headscope.errors import HeadscopeWarning
 from headscope.execution import block_shape, resume
-from tests_support import hf_model, random_tokens, zero_head
+from tests_support import build_tiny_model, hf_model, random_tokens, zero_head
 
 FAMILIES = ("gpt2", "llama", "neox")
 
@@ -188,3 +189,99 @@ def test_nothing_resumes_while_other_hooks_are_attached(tiny_models):
     with hs.ablate(model, heads=[(1, 0)]):
         assert resume.supports(model) == (False, False, False, False, False)
     assert resume.supports(model).ok
+
+
+class _BlockRuns(TorchFunctionMode):
+    """Runs of each block, however it runs (the bridge's block, a hook-free one, whole, resumed or
+    from its attention output on): each multiplies by the block's MLP output weight once. Counts
+    torch calls taking that weight (attribute reads aside). A function mode, not a module hook, so
+    the model still takes its hook-free paths."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.block_of = {id(_mlp_out(block)): i for i, block in enumerate(model.bridge.blocks)}
+        self.runs = [0] * len(self.block_of)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") != "__get__":
+            for arg in (*args, *kwargs.values()):
+                if id(arg) in self.block_of:
+                    self.runs[self.block_of[id(arg)]] += 1
+        return func(*args, **kwargs)
+
+
+def _mlp_out(block) -> torch.nn.Parameter:
+    return block_shape.raw(block_shape.raw(block).mlp.c_proj).weight  # GPT-2's MLP output projection
+
+
+def test_the_first_call_checks_for_at_most_one_pass_of_block_runs(tmp_path):
+    """#31 item 6 on GPT-2 small's depth (12 layers, tiny width): the first model(tokens) pays
+    the once-per-model check, which runs at most as many blocks as one plain pass of its prompts
+    (a reference through the blocks from its start block on, a few one-block resumes, the hook-free
+    replay): 7 of 12 here, 18 when the reference was a whole bridge pass."""
+    model = hs.load_model(build_tiny_model("gpt2", tmp_path / "gpt2-12", n_layer=12), device="cpu")
+    tokens = random_tokens(2, 6, seed=6)
+    with torch.no_grad():
+        with _BlockRuns(model) as plain:
+            model.bridge_forward(tokens)  # the bridge, no check
+        assert plain.runs == [1] * 12  # every block once: the counter sees each run
+        with _BlockRuns(model) as first:
+            got = model(tokens)  # the check, then the hook-free pass
+        with _BlockRuns(model) as second:
+            model(tokens)
+    assert resume.supports(model).fast_capture  # the check passed and the pass ran hook-free
+    assert second.runs == [1] * 12
+    check = sum(first.runs) - sum(second.runs)
+    assert 0 < check <= sum(plain.runs)
+    with torch.no_grad():
+        torch.testing.assert_close(got, hf_model(tmp_path / "gpt2-12")(tokens).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_half_precision_confirms_a_failure_on_other_prompts_and_nan_fails(tiny_dirs, monkeypatch):
+    """In bfloat16 a check that fails on the first pair of prompts runs again on a second pair
+    before it turns a saving off (rounding can flip a near-tie, such as a mixture of experts'
+    choice of expert, by chance): a saving that fails on the first pair only stays on, silently;
+    one that fails on both is named once. Its logits here are NaN, which no tolerance accepts."""
+    model = hs.load_model(tiny_dirs["llama"], device="cpu", dtype=torch.bfloat16)
+    real_reference, real_resume, references = resume._reference, resume.resume, []
+
+    def reference(*args):
+        references.append(args[1])
+        return real_reference(*args)
+
+    def nan_when_hook_free(broken):
+        def run(model, ckpt, start, rows, **kwargs):
+            out = real_resume(model, ckpt, start, rows, **kwargs)
+            return out * float("nan") if kwargs.get("fast") and broken() else out
+        return run
+
+    monkeypatch.setattr(resume, "_reference", reference)
+    monkeypatch.setattr(resume, "resume", nan_when_hook_free(lambda: len(references) == 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        assert resume.supports(model) == (True, True, True, True, True)
+    assert len(references) == 2 and not torch.equal(references[0], references[1])  # a second pair of prompts
+    monkeypatch.setattr(resume, "resume", nan_when_hook_free(lambda: True))
+    monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        support = resume.supports(model)
+    said = [str(w.message) for w in caught if issubclass(w.category, HeadscopeWarning)]
+    assert len(said) == 1 and "hook-free blocks (max |logit difference| nan" in said[0]
+    assert support == (True, True, True, False, False)
+
+
+def test_the_reference_runs_the_whole_pass_where_skipping_blocks_fails(tiny_models, monkeypatch):
+    """A model whose loop cannot take a skipped block's input handed on as its output (here: the
+    stand-in raises) is checked against the whole pass instead, and every saving still holds."""
+    model = tiny_models["llama"]
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this loop wants more than the hidden states")
+
+    monkeypatch.setattr(resume, "_passed_on", refuse)
+    monkeypatch.setattr(resume, "_SUPPORT", type(resume._SUPPORT)())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadscopeWarning)
+        assert resume.supports(model) == (True, True, True, True, True)
