@@ -53,3 +53,17 @@ def test_no_analysis_fails(arch, report):
     """The issue's target: every analysis done or skipped with a stated reason, none failed."""
     failed = {name: state for name, state in report[0]["status"].items() if state.startswith("failed")}
     assert failed == {}
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3"])
+def test_every_analysis_runs_in_bfloat16(arch, arch_dirs, more_arch_dirs, tmp_path):
+    """#31 item 3: the whole quick report with the model in bfloat16 (`--dtype bfloat16`): no analysis
+    fails on half-precision values (numpy has no bfloat16: every table is converted first)."""
+    import headscope as hs
+
+    folder = arch_dirs[arch] if arch in arch_dirs else more_arch_dirs(arch)
+    model = hs.load_model(folder, device="cpu", dtype="bfloat16")
+    out = build_report(model, out=tmp_path / "out", quick=True, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["config"]["dtype"] == "bfloat16"
+    assert {n: s for n, s in manifest["status"].items() if s.startswith("failed")} == {}

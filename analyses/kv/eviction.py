@@ -186,7 +186,7 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
             logits = answer_step(model, context, tokens, keep, mask)  # [batch, 1, vocab]
         frames.append(pd.DataFrame({
             "policy": policy, "budget": budget, "example": range(batch),
-            "metric": metric(logits).cpu().numpy(),
+            "metric": metric(logits).float().cpu().numpy(),  # (numpy has no bfloat16)
             "correct": accuracy(logits, task.answers.to(logits.device)).cpu().numpy(),
         }))
     return pd.concat(frames, ignore_index=True)
