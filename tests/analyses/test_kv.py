@@ -129,3 +129,48 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
 
     figs = figures(result)
     assert set(figs) == {"kv_eviction", "kv_norms", "kv_sinks"}
+
+
+def _hand_sweep():
+    """Hand-built eviction results: 4 prompts, contexts 4, 4, 12, 12, full-cache metric 10 each."""
+    import pandas as pd
+
+    ctx, rows = [4, 4, 12, 12], []
+    by_policy = {  # budget -> per-example metric where the budget evicts (a kept-whole prompt equals its full value)
+        "window": {1: [11.0, 11.0, 10.5, 10.5], 2: [10.05] * 4, 4: [0, 0, 9.95, 9.95], 8: [0, 0, 10.0, 10.0]},
+        "sink_window": {1: [5.0] * 4, 2: [5.0] * 4, 4: [0, 0, 5.0, 5.0], 8: [0, 0, 10.05, 9.99]},
+        "heavy_hitters": {1: [9.0] * 4, 2: [9.0] * 4, 4: [0, 0, 9.0, 9.0], 8: [0, 0, 9.0, 9.0]},
+    }
+    for e in range(4):
+        rows.append({"policy": "full", "budget": 12, "example": e, "context": ctx[e], "metric": 10.0})
+        for policy, budgets in by_policy.items():
+            for b, values in {**budgets, 12: [10.0] * 4}.items():
+                rows.append({"policy": policy, "budget": b, "example": e, "context": ctx[e],
+                             "metric": values[e] if ctx[e] > b else 10.0})
+    return pd.DataFrame(rows)
+
+
+def test_holding_budgets_count_only_prompts_a_budget_evicts_from():
+    from scipy import stats
+
+    from headscope.analyses.kv.holding import budget_changes, holding_budgets
+
+    sweep = _hand_sweep()
+    table = budget_changes(sweep).set_index(["policy", "budget"])
+    assert table.loc[("window", 4), "n_evicting"] == 2 and table.loc[("window", 4), "change"] == pytest.approx(-0.005)
+    assert table.loc[("window", 12), "n_evicting"] == 0  # the whole context: no prompt evicts
+    hold = holding_budgets(sweep, n_sink=4)
+    assert hold["whole_from"] == 12 and hold["grid"] == [1, 2, 4, 8, 12]
+    window = hold["policies"]["window"]
+    assert (window["budget"], window["below"], window["at"]["n_evicting"]) == (2, 1, 4)
+    assert window["at"]["share"] == pytest.approx(np.median([2 / 4, 2 / 4, 2 / 12, 2 / 12]))
+    # budget 1 raises the metric by 7.5% (per example +5% to +10%): above the full cache, not "within 1%"
+    [above] = window["above"]
+    ci = stats.ttest_1samp([1.0, 1.0, 0.5, 0.5], 0.0).confidence_interval(0.95)
+    assert above["budget"] == 1 and above["change"] == pytest.approx(0.075)
+    assert (above["ci_low"], above["ci_high"]) == pytest.approx((ci.low / 10, ci.high / 10))
+    assert (above["per_example_low"], above["per_example_high"]) == pytest.approx((0.05, 0.10))
+    sink = hold["policies"]["sink_window"]
+    assert (sink["budget"], sink["below"], sink["sinks_only_below"], sink["at"]["n_evicting"]) == (8, 4, 5, 2)
+    heavy = hold["policies"]["heavy_hitters"]
+    assert heavy["budget"] is None and heavy["worst_evicting"]["budget"] == 8
