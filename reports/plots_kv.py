@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import NullLocator
 
 from headscope.reports.findings import _chance, _num, _words
 from headscope.reports.plots import axes, laid_out
@@ -33,9 +34,16 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
     ax.axhline(full, color="grey", ls="--", lw=1, label="full cache")
     whole = df[df.policy == "full"].budget.max()  # a budget this large keeps everything: it saves nothing
     if pd.notna(whole):
-        ax.axvline(whole, color="grey", ls=":", lw=1, label=f"whole context ({int(whole)})")
+        ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="cache budget (context positions kept, log scale)",
+    xlabel = "cache budget (positions kept, log2)"
+    contexts = df[df.policy == "full"].set_index("example").get("context")
+    if contexts is not None and len(evicted):  # under each budget: how many prompts it evicts anything from
+        grid = sorted(int(b) for b in evicted.budget.unique())
+        ax.set_xticks(grid, [f"{b}\n{int((contexts > b).sum())}/{len(contexts)}" for b in grid])
+        ax.xaxis.set_minor_locator(NullLocator())
+        xlabel += "\nunder it: prompts it evicts from / all"
+    ax.set(xlabel=xlabel,
            ylabel=f"{UNITS.get(str(metric), 'task metric')} at the answer",
            title="Eviction what-if (band: bootstrap 95% CI over examples)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
@@ -99,8 +107,9 @@ GUIDE = (  # how to read this section of the report
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "kv_eviction": "Task metric at the answer (y, in the task metric's units) against the number of cached positions kept "
-                   "(x, log2), per eviction policy, with a 95% bootstrap band over examples; dashed: the full cache; "
-                   "dotted: the whole context, a budget that saves nothing.",
+                   "(x, log2; under each budget, how many prompts it evicts anything from: a prompt kept whole equals "
+                   "the full cache), per eviction policy, with a 95% bootstrap band over examples; dashed: the full "
+                   "cache; dotted: the longest context, a budget that saves nothing for any prompt.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted: positions fewer than half of the prompts reach.",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass.",

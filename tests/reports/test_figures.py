@@ -514,8 +514,14 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
         evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
         assert evicted.get_ylabel() == "logit difference (logits) at the answer"
-        whole = [line for line in evicted.get_lines() if line.get_label() == "whole context (8)"]
+        whole = [line for line in evicted.get_lines() if line.get_label() == "longest context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
+        # prompts of contexts 2, 6, 8: budget 4 evicts from two of them, budget 1 from all three
+        ctx = pd.DataFrame([{"policy": p, "budget": b, "example": e, "context": c, "metric": 1.0}
+                            for p, b in (("full", 8), ("window", 1), ("window", 4)) for e, c in enumerate((2, 6, 8))])
+        ticks = plot_eviction(ctx, metric="logit_diff", ax=plt.subplots()[1])
+        assert [t.get_text() for t in ticks.get_xticklabels()] == ["1\n3/3", "4\n2/3"]
+        assert ticks.get_xlabel().endswith("under it: prompts it evicts from / all")
     finally:
         plt.close("all")
 
