@@ -9,7 +9,7 @@ import headscope as hs
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.kv import analysis as kv
 from headscope.analyses.kv import eviction as kv_eviction
-from tests_support import hf_model, random_tokens
+from tests_support import hand_eviction_sweep, hf_model, random_tokens
 
 
 def _task(n: int = 4, pos: int = 12, seed: int = 1) -> Task:
@@ -131,31 +131,12 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     assert set(figs) == {"kv_eviction", "kv_norms", "kv_sinks"}
 
 
-def _hand_sweep():
-    """Hand-built eviction results: 4 prompts, contexts 4, 4, 12, 12, full-cache metric 10 each."""
-    import pandas as pd
-
-    ctx, rows = [4, 4, 12, 12], []
-    by_policy = {  # budget -> per-example metric where the budget evicts (a kept-whole prompt equals its full value)
-        "window": {1: [11.0, 11.0, 10.5, 10.5], 2: [10.05] * 4, 4: [0, 0, 9.95, 9.95], 8: [0, 0, 10.0, 10.0]},
-        "sink_window": {1: [5.0] * 4, 2: [5.0] * 4, 4: [0, 0, 5.0, 5.0], 8: [0, 0, 10.05, 9.99]},
-        "heavy_hitters": {1: [9.0] * 4, 2: [9.0] * 4, 4: [0, 0, 9.0, 9.0], 8: [0, 0, 9.0, 9.0]},
-    }
-    for e in range(4):
-        rows.append({"policy": "full", "budget": 12, "example": e, "context": ctx[e], "metric": 10.0})
-        for policy, budgets in by_policy.items():
-            for b, values in {**budgets, 12: [10.0] * 4}.items():
-                rows.append({"policy": policy, "budget": b, "example": e, "context": ctx[e],
-                             "metric": values[e] if ctx[e] > b else 10.0})
-    return pd.DataFrame(rows)
-
-
 def test_holding_budgets_count_only_prompts_a_budget_evicts_from():
     from scipy import stats
 
     from headscope.analyses.kv.holding import budget_changes, holding_budgets
 
-    sweep = _hand_sweep()
+    sweep = hand_eviction_sweep()
     table = budget_changes(sweep).set_index(["policy", "budget"])
     assert table.loc[("window", 4), "n_evicting"] == 2 and table.loc[("window", 4), "change"] == pytest.approx(-0.005)
     assert table.loc[("window", 12), "n_evicting"] == 0  # the whole context: no prompt evicts

@@ -444,10 +444,10 @@ def test_attribution_means_and_intervals_count_only_examples_with_a_defined_tau(
 
 def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
     from headscope.analyses.kv.holding import holding_budgets
-    from tests.analyses.test_kv import _hand_sweep
+    from tests_support import hand_eviction_sweep
 
     s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4,
-         "holding_budgets": holding_budgets(_hand_sweep(), n_sink=4)}
+         "holding_budgets": holding_budgets(hand_eviction_sweep(), n_sink=4)}
     text = finding("kv", s)
     assert "over the prompts a budget evicts from; budgets on the grid 1, 2, 4, 8, 12" in text
     assert ("window from 2 positions (between 1 and 2 on this grid; a median 33% of each prompt's context; 4 of 4 "
