@@ -110,6 +110,11 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     result = kv.kv_analysis(model, task, kv.KVConfig(n_sink=2, budgets=(1, 4, 7)))
     s = result.summary
     assert s["bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # layers x (K, V) x kv_heads x d_head x float32
+    # GQA, one convention: the share of the MHA cache saved (4 query heads on 2 KV heads: half), summary and CSV
+    assert (s["n_heads"], s["n_kv_heads"], s["mha_bytes_per_token"], s["gqa_saving"]) == (4, 2, 2 * s["bytes_per_token"], 0.5)
+    assert (result.tables["anatomy"].gqa_saving == 0.5).all()
+    assert set(s["holding_budgets"]["policies"]) == set(kv_eviction.POLICIES) and s["holding_budgets"]["grid"] == [1, 4, 7]
+    assert (result.df.context == 7).all()  # unpadded prompts of 8 tokens: 7 cached context positions each
     assert set(s["metric_per_policy_budget"]) == set(kv_eviction.POLICIES)
     assert set(s["metric_per_policy_budget"]["window"]) == {"1", "4", "7"}
     # the whole context: every cached position before the last, whose query reads the answer
