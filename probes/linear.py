@@ -143,7 +143,8 @@ def cv_splitter(y, estimator, cv: int = 5, seed: int = 0):
 def selectivity(estimator, X, y, types, *, cv: int = 5, seed: int = 0) -> dict:
     """Cross-validated scores on the real labels and on the control task, per fold, and selectivity.
 
-    Returns {"score": [cv], "control": [cv], "selectivity": mean(score) - mean(control)}; the score
+    Returns {"score": [cv], "control": [cv], "selectivity": mean(score) - mean(control), "n_test": [cv]
+    each fold's test size}; the score
     is the estimator's own (accuracy for LogisticProbe, R^2 for RidgeProbe). When every example has
     one word type the control labels are one constant, which any classifier learns: control 1.0.
     """
@@ -157,4 +158,5 @@ def selectivity(estimator, X, y, types, *, cv: int = 5, seed: int = 0) -> dict:
         ctrl = np.ones(len(folds))  # one word type (e.g. every row ends in [SEP]): the control is a constant, learnt exactly
     else:
         ctrl = cross_val_score(clone(estimator), X, control, cv=folds)
-    return {"score": real, "control": ctrl, "selectivity": float(real.mean() - ctrl.mean())}
+    return {"score": real, "control": ctrl, "selectivity": float(real.mean() - ctrl.mean()),
+            "n_test": np.array([len(test) for _, test in folds])}

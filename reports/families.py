@@ -36,6 +36,7 @@ class Presentation:
     captions: Mapping[str, str]
     prefix_captions: Mapping[str, str] = field(default_factory=dict)
     figures: Callable[..., dict]  # figures(result, **kwargs) -> {figure stem: Figure}
+    chance_sentence: Callable[..., str] | None = None  # (chance entry, summary) -> the opening at chance, if its own
 
 
 def names() -> tuple[str, ...]:
@@ -72,7 +73,8 @@ def presentation(name: str) -> Presentation | None:
         return None
     module = _module(name)
     return Presentation(name=name, finding=module.finding, guide=module.GUIDE, captions=module.CAPTIONS,
-                        prefix_captions=getattr(module, "PREFIX_CAPTIONS", {}), figures=module.figures)
+                        prefix_captions=getattr(module, "PREFIX_CAPTIONS", {}), figures=module.figures,
+                        chance_sentence=getattr(module, "chance_sentence", None))
 
 
 def presentations() -> dict[str, Presentation]:

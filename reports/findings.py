@@ -169,7 +169,10 @@ def finding(name: str, summary: Mapping[str, Any]) -> str:
         shown = presentation(name)
         text = shown.finding(summary) if shown is not None else ""
         entry = _chance(summary)
-        return text if entry is None else f"{chance_sentence(entry, name)} {text}".strip()
+        if entry is None:
+            return text
+        own = shown.chance_sentence if shown is not None else None  # a family's own opening (probes: underpowered)
+        return f"{own(entry, summary) if own else chance_sentence(entry, name)} {text}".strip()
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError):
         return ""
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import NullLocator
 
 from headscope.reports.findings import _chance, _num, _words
 from headscope.reports.plots import axes, laid_out
@@ -33,9 +34,16 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
     ax.axhline(full, color="grey", ls="--", lw=1, label="full cache")
     whole = df[df.policy == "full"].budget.max()  # a budget this large keeps everything: it saves nothing
     if pd.notna(whole):
-        ax.axvline(whole, color="grey", ls=":", lw=1, label=f"whole context ({int(whole)})")
+        ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="cache budget (context positions kept, log scale)",
+    xlabel = "cache budget (positions kept, log2)"
+    contexts = df[df.policy == "full"].set_index("example").get("context")
+    if contexts is not None and len(evicted):  # under each budget: how many prompts it evicts anything from
+        grid = sorted(int(b) for b in evicted.budget.unique())
+        ax.set_xticks(grid, [f"{b}\n{int((contexts > b).sum())}/{len(contexts)}" for b in grid])
+        ax.xaxis.set_minor_locator(NullLocator())
+        xlabel += "\nunder it: prompts it evicts from / all"
+    ax.set(xlabel=xlabel,
            ylabel=f"{UNITS.get(str(metric), 'task metric')} at the answer",
            title="Eviction what-if (band: bootstrap 95% CI over examples)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
@@ -43,11 +51,27 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
 
 
 def plot_norms(data: pd.DataFrame, *, kind: str = "key", ax=None):
-    """Mean norm of the cached keys (or values) by position (`data`: the norms table), one line per layer (mean over KV heads)."""
+    """Mean norm of the cached keys (or values) by position (`data`: the norms table), one line per layer
+    (mean over KV heads). Positions that fewer than half of the prompts reach (`n_prompts`: far positions
+    average only the longest prompts) are drawn faint and dotted, and the x label says from where."""
     ax = axes(ax, (7.5, 4))
-    sns.lineplot(data=data[data.kind == kind], x="position", y="norm", hue="layer", errorbar=None, ax=ax, palette="viridis")
-    ax.set(title=f"Cached {kind} norms (mean over KV heads)", xlabel="position in the context",
-           ylabel=f"L2 norm of the cached {kind}")
+    df = data[data.kind == kind]
+    means = df.groupby(["layer", "position"], as_index=False).norm.mean()
+    reach = df.groupby("position").n_prompts.max() if "n_prompts" in df else None
+    most = None if reach is None else int(reach.max())
+    muted_from = None if reach is None else next((int(p) for p, n in reach.items() if 2 * n < most), None)
+    colours = sns.color_palette("viridis", means.layer.nunique())
+    for colour, (layer, g) in zip(colours, means.groupby("layer")):
+        solid = g if muted_from is None else g[g.position <= muted_from - 1]
+        ax.plot(solid.position, solid.norm, color=colour, lw=1.5, label=str(layer))
+        if muted_from is not None:
+            faint = g[g.position >= muted_from - 1]
+            ax.plot(faint.position, faint.norm, color=colour, lw=1, ls=":", alpha=0.4)
+    where = "position in the context (from each prompt's first token)"
+    if muted_from is not None:
+        where += (f"\nfaint, dotted from position {muted_from}: fewer than half of the {most} prompts reach it "
+                  f"(n = {int(reach[muted_from])} there, {int(reach.iloc[-1])} at position {int(reach.index[-1])})")
+    ax.set(title=f"Cached {kind} norms (mean over KV heads)", xlabel=where, ylabel=f"L2 norm of the cached {kind}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
     return ax
 
@@ -78,14 +102,16 @@ def figures(result, **kwargs) -> dict:
 
 GUIDE = (  # how to read this section of the report
     "The KV cache: bytes per token and at full context, what grouped-query attention saves, the "
-    "key and value norms by position (sink keys stand out at the start), and how the metric holds "
-    "up when the cache keeps only sinks plus a recent window, a window alone, or heavy hitters."
+    "key and value norms by position (whether the first keys, attention sinks, stand out: the finding "
+    "says), and how the metric holds up when the cache keeps only sinks plus a recent window, a window alone, or heavy hitters."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "kv_eviction": "Task metric at the answer (y, in the task metric's units) against the number of cached positions kept "
-                   "(x, log2), per eviction policy, with a 95% bootstrap band over examples; dashed: the full cache; "
-                   "dotted: the whole context, a budget that saves nothing.",
-    "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads).",
+                   "(x, log2; under each budget, how many prompts it evicts anything from: a prompt kept whole equals "
+                   "the full cache), per eviction policy, with a 95% bootstrap band over examples; dashed: the full "
+                   "cache; dotted: the longest context, a budget that saves nothing for any prompt.",
+    "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
+                "that reach the position); faint, dotted: positions fewer than half of the prompts reach.",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass.",
 }
 
@@ -98,25 +124,124 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _pc(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def _band(row: Mapping[str, Any]) -> str:
+    """'+4.5% (95% CI [+3.1%, +5.9%], per example +1.5% to +10.4%, n = 16)' from a holding row."""
+    inner = []
+    if _num(row.get("ci_low")) is not None and _num(row.get("ci_high")) is not None:
+        inner.append(f"95% CI [{_pc(row['ci_low'])}, {_pc(row['ci_high'])}]")
+    if _num(row.get("per_example_low")) is not None:
+        inner.append(f"per example {_pc(row['per_example_low'])} to {_pc(row['per_example_high'])}")
+    return f"{_pc(row['change'])} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+
+
+def _gqa(s: Mapping[str, Any]) -> str:
+    """The grouped-query sentence whenever the model has fewer KV heads than query heads (from the
+    head counts, else from the MHA-equivalent bytes); gqa_saving is the share of the MHA cache saved."""
+    per_token, mha = _num(s.get("bytes_per_token")), _num(s.get("mha_bytes_per_token"))
+    heads, kv_heads = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
+    fewer = heads is not None and kv_heads is not None and kv_heads < heads
+    if not fewer and not (per_token is not None and mha is not None and per_token < mha):
+        return ""
+    saving = _num(s.get("gqa_saving"))
+    if saving is None and per_token is not None and mha:
+        saving = 1 - per_token / mha
+    who = f" ({kv_heads:.0f} KV heads for {heads:.0f} query heads)" if fewer else ""
+    size = f": {_bytes(per_token)} against {_bytes(mha)} per token" if per_token is not None and mha is not None else ""
+    share = f" saves {100 * saving:.0f}% of the cache" if saving is not None else " shrinks the cache"
+    return f"Grouped-query attention{who}{share} against full multi-head attention{size}."
+
+
+def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list[str]:
+    """The sentences of the summary's holding_budgets (analyses/kv/holding.py)."""
+    tol, grid, n = float(hold.get("tolerance", 0.01)), hold.get("grid") or [], s.get("n_examples")
+    n_sink = s.get("n_sink")
+    head = (f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}" + (f" (mean over {n} examples)" if n else "")
+            + f". Within {100 * tol:.0f}% of it (|change| <= {100 * tol:.0f}%, over the prompts a budget evicts from; "
+            f"budgets on the grid {', '.join(str(b) for b in grid)}): ")
+    said, notes = [], []
+    for policy, e in (hold.get("policies") or {}).items():
+        name = policy.replace("_", " ")
+        at = e.get("at")
+        if at is not None:
+            where = f"between {e['below']} and {e['budget']} on this grid" if e.get("below") is not None else \
+                "from the grid's smallest budget that evicts"
+            text = (f"{name} from {e['budget']} positions ({where}; a median {100 * at['share']:.0f}% of each prompt's "
+                    f"context; {at['n_evicting']} of {at['n_examples']} prompts evict anything there; {_band(at)})")
+        elif e.get("worst_evicting") is not None:
+            w = e["worst_evicting"]
+            how = "above" if w["change"] > tol else "below"
+            text = (f"{name} never (at its largest budget that evicts, {w['budget']}, it is still {how} the full "
+                    f"cache: {_band(w)})")
+        else:
+            text = f"{name}: no budget on the grid evicts anything"
+        said.append(text)
+        sinks = e.get("sinks_only_below")
+        if sinks is not None and e.get("below") is not None and e["below"] < sinks <= e["budget"]:
+            notes.append(f"With {n_sink if n_sink is not None else sinks - 1} sink positions, sink window keeps no recent "
+                         f"token below budget {sinks}, so its crossing between {e['below']} and {e['budget']} is the "
+                         "grid's and the sinks' artefact, not a property of the model.")
+        above = e.get("above") or []
+        if above:
+            first, last = above[0], above[-1]
+            at_budgets = ", ".join(str(r["budget"]) for r in above)
+            notes.append(f"{name.capitalize()} is better than the full cache by more than {100 * tol:.0f}% at budget(s) "
+                         f"{at_budgets}: at {first['budget']}, {_band(first)}"
+                         + (f"; at {last['budget']}, {_band(last)}." if last is not first else "."))
+    parts = [head + "; ".join(said) + "."] + notes
+    if hold.get("whole_from") is not None:
+        parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
+    if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
+        parts.append("No eviction policy holds the metric at any budget that evicts something: none saves anything here.")
+    return parts
+
+
+def _norm_sentence(s: Mapping[str, Any]) -> str:
+    """Whether the first key stands out, from the per-layer ratio of its norm to the other keys'."""
+    ratios = {k: _num(v) for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items()}
+    ratios = {k: v for k, v in ratios.items() if v is not None}
+    if not ratios:
+        return ""
+    lo, hi = min(ratios.values()), max(ratios.values())
+    span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
+    if lo > 1.5:
+        verdict = "the first key stands out in every layer (a sink key)"
+    elif hi > 1.5:
+        verdict = f"the first key stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
+    else:
+        verdict = "the first key does not stand out" + (" (it is smaller)" if hi < 1 else "")
+    return f"The first key's norm is {span} times the other keys' (per layer): {verdict}."
+
+
 def finding(s: Mapping[str, Any]) -> str:
-    """Cache size, GQA saving and the smallest budget per policy within 1% of the full cache."""
+    """Cache size, GQA saving, the first key's norm and per policy the smallest budget within 1% of the
+    full cache over the prompts it evicts from (holding_budgets; older summaries: from the means)."""
     parts = []
     per_token, full_ctx = _num(s.get("bytes_per_token")), _num(s.get("bytes_at_n_ctx"))
     if per_token is not None:
         parts.append(f"The KV cache takes {_bytes(per_token)} per token ({s.get('dtype', '')})"
                      + (f", {_bytes(full_ctx)} at full context." if full_ctx is not None else "."))
-    saving = _num(s.get("gqa_saving"))
-    if saving is not None and saving > 1:
-        parts.append(f"Grouped-query attention stores {saving:.3g}x less than full multi-head attention would.")
+    gqa = _gqa(s)
+    if gqa:
+        parts.append(gqa)
+    norms = _norm_sentence(s)
+    if norms:
+        parts.append(norms)
     full = _num(s.get("metric_unevicted"))
     budgets = s.get("metric_per_policy_budget") or {}
+    hold = s.get("holding_budgets")
     if full is not None and _chance(s) is not None:
         parts.append(f"Full-cache metric {full:.3g}.")
+    elif full is not None and isinstance(hold, Mapping):
+        parts += _holding(s, hold, full)
     elif full is not None and budgets:
         context = _num(s.get("context_positions")) or max((int(b) for v in budgets.values() for b in v), default=None)
         ok, saving = [], False
         for policy, by_budget in budgets.items():
-            kept = sorted(int(b) for b, v in by_budget.items() if _num(v) is not None and v >= full - 0.01 * abs(full))
+            kept = sorted(int(b) for b, v in by_budget.items() if _num(v) is not None and abs(v - full) <= 0.01 * abs(full))
             name = policy.replace("_", " ")
             if not kept:
                 ok.append(f"{name} never")
@@ -124,10 +249,11 @@ def finding(s: Mapping[str, Any]) -> str:
                 ok.append(f"{name} only with the whole context")
             else:
                 saving = True
-                ok.append(f"{name} from {kept[0]} positions" + (f" of {context:.0f}" if context else ""))
+                ok.append(f"{name} from {kept[0]} positions" + (f" of {context:.0f} (the longest prompt)" if context else ""))
         n = s.get("n_examples")
         parts.append(f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}"
-                     + (f" (mean over {n} examples)" if n is not None else "") + "; within 1% of it: " + ", ".join(ok) + ".")
+                     + (f" (mean over {n} examples)" if n is not None else "") + "; within 1% of it (|change| <= 1%, "
+                     "averaged over every prompt, also those a budget keeps whole): " + ", ".join(ok) + ".")
         if not saving:
             parts.append("No eviction policy saves anything here: every policy needs the whole context"
                          + (f" ({context:.0f} positions)" if context else "") + " to stay within 1% (or never gets there).")

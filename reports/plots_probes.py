@@ -8,6 +8,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,36 +21,61 @@ from headscope.reports.plots import axes, label
 
 
 def plot_probe(data: pd.DataFrame, *, metric: str = "accuracy", chance: float | None = None, ax=None):
-    """Cross-validated score per layer (`data`: the Result's df) on the real labels and the control task
-    (mean, 95% CI over folds), with the majority-class rate as `chance` when given."""
+    """Probe score per layer (`data`: the Result's df) on the real labels and the control task, the
+    quantity the finding states (analyses/probes/scores.py: pooled out-of-fold accuracy with its exact
+    95% interval, or mean R^2 over folds with its t interval), with the majority-class rate as `chance`
+    when given. The two lines differ in marker and line style and sit a little apart in x, so equal
+    scores (a control learnt exactly) never hide the real line."""
+    from headscope.analyses.probes.scores import layer_scores
+
     ax = axes(ax, (5, 4))
-    df = data
-    sns.lineplot(data=df, x="layer", y="score", hue="task", style="task", markers=True, ax=ax,
-                 errorbar=("ci", 95), seed=0)  # a seeded bootstrap: equal Results give byte-identical PNGs
+    table = layer_scores(data, classify=metric == "accuracy")
+    styles = {"real": dict(marker="o", ls="-", color="tab:blue", zorder=3, offset=-0.06),
+              "control": dict(marker="s", ls="--", color="tab:orange", zorder=2, offset=0.06, mfc="none")}
+    for task in ("real", "control"):
+        g = table[table.task == task].sort_values("layer")
+        if g.empty:
+            continue
+        style = dict(styles[task])
+        x = g.layer.to_numpy(dtype=float) + style.pop("offset")
+        err = [g.score - g.ci_low, g.ci_high - g.score]
+        ax.errorbar(x, g.score, yerr=err, capsize=3, lw=1.5, label=task, **style)
     if chance is not None:
-        ax.axhline(chance, color="grey", ls="--", lw=1, label="majority class")
+        ax.axhline(chance, color="grey", ls=":", lw=1, label="majority class")
     ax.legend(fontsize="small", title="labels", loc="upper left", bbox_to_anchor=(1.01, 1))  # off the data
-    ax.set(ylabel=f"cross-validated {metric.replace('_', ' ')}", title="Linear probe vs control task")
-    ax.set_xticks(sorted(df.layer.unique()))
+    ax.set(ylabel=f"{metric.replace('_', ' ')} (95% CI)", xlabel="layer", title="Linear probe vs control task")
+    ax.set_xticks(sorted(data.layer.unique()))
     return ax
 
 
-def plot_selectivity(data: pd.DataFrame, *, ax=None):
-    """Selectivity (score - control) per layer (`data`: the per_layer table)."""
+def plot_selectivity(data: pd.DataFrame, *, ax=None, why: str | None = None):
+    """Selectivity (score - control) per layer (`data`: the per_layer table); when it is not measurable
+    (every value missing, `why` the reason) the panel says so in words instead of empty axes read as 0."""
     ax = axes(ax, (5, 4))
+    ax.set_title("Selectivity (Hewitt & Liang)")
+    if data["selectivity"].isna().all():
+        text = "not measurable" + (f": {why}" if why else ": the control task gives no score to subtract")
+        ax.text(0.5, 0.5, textwrap.fill(text, 40), ha="center", va="center", transform=ax.transAxes, fontsize="small")
+        ax.set(xticks=[], yticks=[])
+        return ax
     sns.barplot(data=data, x="layer", y="selectivity", color="tab:blue", ax=ax)
     ax.axhline(0, color="grey", lw=1)
-    ax.set(title="Selectivity (Hewitt & Liang)", ylabel="selectivity (real - control score)")
+    ax.set(ylabel="selectivity (real - control score)")
     return ax
 
 
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a probes Result: one figure, score and selectivity side by side."""
+    s = result.summary
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    plot_probe(result.df, metric=result.summary.get("metric", "score"), chance=result.summary.get("majority_baseline"),
-               ax=ax1)
-    plot_selectivity(result.tables["per_layer"], ax=ax2)
-    fig.suptitle(f"labels: {label(result.summary.get('labels', ''))}, site: {label(result.summary.get('site', ''))}")
+    plot_probe(result.df, metric=s.get("metric", "score"), chance=s.get("majority_baseline"), ax=ax1)
+    plot_selectivity(result.tables["per_layer"], ax=ax2, why=s.get("control_degenerate"))
+    strength = ""
+    if s.get("capacity_skipped"):
+        strength = "; no capacity sweep (selectivity not measurable): default strength"
+    elif isinstance(s.get("capacity"), Mapping):
+        strength = "; each layer's most selective strength"
+    fig.suptitle(f"labels: {label(s.get('labels', ''))}, site: {label(s.get('site', ''))}{strength}")
     fig.tight_layout()
     return {"probes": fig}
 
@@ -62,27 +88,106 @@ GUIDE = (  # how to read this section of the report
     "2019). High accuracy with low selectivity means the probe memorises rather than reads."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "probes": "Left: cross-validated probe score per layer on the real labels and on the control task (95% CI over "
-              "folds; dashed: the majority class). Right: selectivity = real minus control. With the capacity sweep, each "
-              "layer shows its most selective regularisation strength.",
+    "probes": "Left: probe score per layer on the real labels (circles, solid) and the control task (squares, dashed), "
+              "the quantity the finding states: out-of-fold accuracy pooled over the examples with its exact 95% CI "
+              "(regression: mean R^2 over folds with its t interval); dotted: the majority class. Right: selectivity = "
+              "real minus control, or why it is not measurable. With the capacity sweep each layer shows its most "
+              "selective regularisation strength; when selectivity is not measurable there is no sweep (default strength).",
 }
 
 
+def _layer(s: Mapping[str, Any], layer: Any) -> str:
+    """'layer 0 (after block 0)': which stream a layer's probe read (circuits names it 1_pre)."""
+    where = {"resid_post": "after block", "resid_pre": "before block", "resid_mid": "inside block"}.get(str(s.get("site")))
+    return f"layer {layer}" + (f" ({where} {layer})" if where else "")
+
+
+def _quantity(s: Mapping[str, Any], value: float, ci: Any, correct: Any = None) -> str:
+    """'accuracy 0.55 (6 of 11 correct out of fold, 95% CI [0.23, 0.83])' or 'R^2 0.90 (mean over 5 folds, ...)'."""
+    metric, n = s.get("metric", "accuracy"), s.get("n_examples")
+    inner = []
+    if metric == "accuracy" and correct is not None and n:
+        inner.append(f"{correct} of {n} correct out of fold")
+    elif metric != "accuracy" and s.get("cv"):
+        inner.append(f"mean over {s['cv']} folds")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(v) is not None for v in ci):
+        inner.append(f"95% CI [{ci[0]:.2f}, {ci[1]:.2f}]")
+    name = "R^2" if metric == "r2" else metric
+    return f"{name} {value:.2f}" + (f" ({', '.join(inner)})" if inner else "")
+
+
+def _stands_out(s: Mapping[str, Any]) -> tuple[bool, list[str], tuple[float, float] | None]:
+    """(does the best layer beat the next one beyond both intervals, the layers within the best's
+    interval, that interval). Summaries without per-layer intervals: the best layer stands out."""
+    metric = s.get("metric", "accuracy")
+    per = {k: _num(v) for k, v in (s.get(f"{metric}_per_layer") or {}).items()}
+    cis = s.get("ci_per_layer") or {}
+    per = {k: v for k, v in per.items() if v is not None and k in cis}
+    if len(per) < 2:
+        return True, [], None
+    order = sorted(per, key=lambda k: -per[k])
+    best, second = order[0], order[1]
+    low, high = cis[best]
+    if low > cis[second][1]:
+        return True, [], (low, high)
+    return False, sorted((k for k, v in per.items() if v >= low), key=int), (low, high)
+
+
+def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
+    """The opening when the probe is at chance (reports.findings.finding calls it): an interval too wide
+    to tell chance from a good probe (its upper end at least halfway from the majority rate to perfect)
+    is said to be underpowered, with n, classes and the interval; otherwise the shared chance sentence."""
+    from headscope.reports.findings import chance_sentence as shared
+
+    ci, level, mean = entry.get("ci"), _num(entry.get("chance_value")), _num(entry.get("mean"))
+    ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(v) is not None for v in ci)
+    if not ok or level is None or mean is None or entry.get("below_chance") or ci[1] < level + (1 - level) / 2:
+        return shared(entry, "probes")
+    n, classes = s.get("n_examples"), s.get("n_classes")
+    per = f", about {n / classes:.0f} per class" if n and classes else ""
+    who = f" with {n} examples" + (f" ({classes} classes{per})" if classes else "") if n else ""
+    value = _quantity(s, mean, ci, s.get("best_correct"))
+    return (f"The probe cannot be told from chance{who}: {value} holds both the majority baseline {level:.2f} and "
+            f"{level + (1 - level) / 2:.2f}, halfway from it to perfect accuracy. The test is underpowered (not evidence "
+            "that the property is absent); relative findings are not reported.")
+
+
 def finding(s: Mapping[str, Any]) -> str:
-    """Best layer, its score against the majority baseline and its selectivity."""
+    """Which layer (if any) stands out, its score with its interval (scores.py: one quantity throughout)
+    against the majority baseline, selectivity, and how each layer's strength was chosen. A probe at
+    chance (the summary's chance entry) states nothing relative: the opening sentence says why."""
+    from headscope.reports.findings import _chance
+
     metric = s.get("metric", "accuracy")
     best = _num(s.get(f"best_{metric}"))
     if best is None:
         return ""
-    sd, folds, n = _num(s.get("best_std")), s.get("cv"), s.get("n_examples")
-    spread = f" (sd {sd:.2f} over {folds} folds)" if sd is not None and folds else ""
-    parts = [f"The {s.get('labels', '')} probe is best at layer {s.get('best_layer', '?')} with {metric} {best:.2f}{spread}"]
-    majority = _num(s.get("majority_baseline"))
-    parts[-1] += f" against a majority baseline of {majority:.2f}" if majority is not None else ""
-    parts[-1] += f" ({n} examples)." if n is not None else "."
-    if majority is not None and best <= majority + 0.02 and "chance" not in s:
-        parts.append("That is chance level: the property is not linearly readable from these activations.")
+    parts = []
+    if _chance(s) is None:
+        n, majority = s.get("n_examples"), _num(s.get("majority_baseline"))
+        value = _quantity(s, best, s.get("best_ci"), s.get("best_correct"))
+        if not s.get("best_ci"):  # an older summary: the fold spread
+            sd, folds = _num(s.get("best_std")), s.get("cv")
+            value = ("R^2" if metric == "r2" else metric) + f" {best:.2f}"
+            value += f" (sd {sd:.2f} over {folds} folds)" if sd is not None and folds else ""
+        against = f" against a majority baseline of {majority:.2f}" if majority is not None else ""
+        examples = f" ({n} examples)" if n is not None else ""
+        out, tied, ci = _stands_out(s)
+        if out:
+            parts.append(f"The {s.get('labels', '')} probe is best at {_layer(s, s.get('best_layer', '?'))} with "
+                         f"{value}{against}{examples}.")
+        else:
+            per = s.get(f"{metric}_per_layer") or {}
+            lo, hi = min(per[k] for k in tied), max(per[k] for k in tied)
+            span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
+            parts.append(f"No layer stands out for the {s.get('labels', '')} probe: layers {', '.join(tied)} score {span}, "
+                         f"all within the highest layer's 95% CI [{ci[0]:.2f}, {ci[1]:.2f}] (highest: "
+                         f"{_layer(s, s.get('best_layer', '?'))}, {value}){against}{examples}.")
+        if majority is not None and best <= majority + 0.02 and "chance" not in s:
+            parts.append("That is chance level: the property is not linearly readable from these activations.")
     sel, control = _num(s.get("best_selectivity")), _num(s.get("best_control"))
+    if _chance(s) is not None:
+        sel = None
     if sel is not None and metric == "r2" and control is not None and control < 0 and best is not None:
         floor = best - max(control, 0.0)
         parts.append(f"The control task's R^2 is {control:.2f}, below 0 (worse than predicting the mean), so score minus "
@@ -96,7 +201,9 @@ def finding(s: Mapping[str, Any]) -> str:
                         if sel < 0 else "; low selectivity means the probe memorises rather than reads."
                         if sel < 0.1 else "."))
     capacity = s.get("capacity")
-    if isinstance(capacity, Mapping) and capacity.get("grid") and not s.get("control_degenerate"):
+    if s.get("capacity_skipped"):
+        parts.append(f"No capacity sweep: {s['capacity_skipped']}.")
+    elif isinstance(capacity, Mapping) and capacity.get("grid") and not s.get("control_degenerate") and _chance(s) is None:
         first = s.get("first_selective_layer")
         grid = ", ".join(f"{v:g}" for v in capacity["grid"])
         where = (f"the first layer whose most selective probe reaches selectivity 0.5 is layer {first}" if first is not None

@@ -369,3 +369,24 @@ def hf_z_edit(hf, edit):
                 h.remove()
 
     return edited()
+
+
+def hand_eviction_sweep():
+    """Hand-built kv eviction results (eviction_sweep's columns): 4 prompts, contexts 4, 4, 12, 12, full-cache
+    metric 10 each; window +7.5% at budget 1 and within 1% from 2, sink_window (4 sinks) from 8, heavy
+    hitters never (tests/analyses/test_kv.py, tests/reports/test_findings.py)."""
+    import pandas as pd
+
+    ctx, rows = [4, 4, 12, 12], []
+    by_policy = {  # budget -> per-example metric where the budget evicts (a kept-whole prompt equals its full value)
+        "window": {1: [11.0, 11.0, 10.5, 10.5], 2: [10.05] * 4, 4: [0, 0, 9.95, 9.95], 8: [0, 0, 10.0, 10.0]},
+        "sink_window": {1: [5.0] * 4, 2: [5.0] * 4, 4: [0, 0, 5.0, 5.0], 8: [0, 0, 10.05, 9.99]},
+        "heavy_hitters": {1: [9.0] * 4, 2: [9.0] * 4, 4: [0, 0, 9.0, 9.0], 8: [0, 0, 9.0, 9.0]},
+    }
+    for e in range(4):
+        rows.append({"policy": "full", "budget": 12, "example": e, "context": ctx[e], "metric": 10.0})
+        for policy, budgets in by_policy.items():
+            for b, values in {**budgets, 12: [10.0] * 4}.items():
+                rows.append({"policy": policy, "budget": b, "example": e, "context": ctx[e],
+                             "metric": values[e] if ctx[e] > b else 10.0})
+    return pd.DataFrame(rows)

@@ -31,6 +31,7 @@ from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.kv import eviction as kv_eviction
+from headscope.analyses.kv.holding import holding_budgets
 from headscope.analyses.position import sinks
 from headscope.errors import ConfigError
 
@@ -91,9 +92,10 @@ def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
 
 def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 32768),
                   batches: Sequence[int] = (1, 8)) -> pd.DataFrame:
-    """Cache size at several context lengths and batch sizes, with the MHA equivalent."""
+    """Cache size at several context lengths and batch sizes, with the MHA equivalent and the share of
+    it grouped-query attention saves (gqa_saving, as in the summary: 0.5 = half)."""
     rows = [{"positions": n, "batch": b, "bytes": anatomy.total(n, b),
-             "mha_bytes": anatomy.total(n, b) * anatomy.n_heads // anatomy.n_kv_heads}
+             "mha_bytes": anatomy.total(n, b) * anatomy.n_heads // anatomy.n_kv_heads, "gqa_saving": anatomy.gqa_saving}
             for n in contexts for b in batches]
     return pd.DataFrame(rows)
 
@@ -112,7 +114,8 @@ def length_groups(tokens: torch.Tensor, attention_mask: torch.Tensor | None = No
 @torch.no_grad()
 def kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
     """Mean L2 norm (over the prompts that have the position cached) of each cached key and value:
-    layer, kv_head, position (0 = the first real token), kind, norm. Padding is never a cached entry;
+    layer, kv_head, position (0 = the first real token), kind, norm, n_prompts (how many prompts
+    reach the position: far positions average only the longest prompts). Padding is never a cached entry;
     a sliding-window layer caches only its last window of positions, so earlier positions have no row."""
     sums: dict[tuple[str, int], torch.Tensor] = {}
     counts: dict[tuple[str, int], torch.Tensor] = {}
@@ -138,8 +141,10 @@ def kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = 
         norm = acc[:, cached] / counts[(kind, layer)][cached]  # [kv_head, cached positions]
         positions = cached.nonzero().reshape(-1)
         h, p = torch.meshgrid(torch.arange(norm.shape[0]), positions, indexing="ij")
+        n_prompts = counts[(kind, layer)][positions][None, :].expand_as(norm)  # [kv_head, cached positions]
         frames.append(pd.DataFrame({"layer": layer, "kv_head": h.reshape(-1).numpy(), "position": p.reshape(-1).numpy(),
-                                    "kind": kind, "norm": norm.reshape(-1).numpy()}))
+                                    "kind": kind, "norm": norm.reshape(-1).numpy(),
+                                    "n_prompts": n_prompts.reshape(-1).numpy().astype(int)}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -224,7 +229,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "bytes_per_token": anatomy.bytes_per_token,
         "bytes_per_token_per_layer": anatomy.bytes_per_token_per_layer,
         "mha_bytes_per_token": anatomy.mha_bytes_per_token,
-        "gqa_saving": anatomy.gqa_saving,
+        "gqa_saving": anatomy.gqa_saving,  # the share of the MHA cache saved (0.5: half), as anatomy.csv's
+        "n_heads": anatomy.n_heads, "n_kv_heads": anatomy.n_kv_heads,
         "dtype": anatomy.dtype,
         "bytes_at_n_ctx": anatomy.total(model.facts.n_ctx),
         "metric_unevicted": float(sweep[sweep.policy == "full"].metric.mean()),
@@ -234,7 +240,10 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
                                      for p in config.policies},
         "accuracy_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in accs.items() if pp == p}
                                        for p in config.policies},
+        "holding_budgets": holding_budgets(sweep, n_sink=config.n_sink),
+        "n_sink": config.n_sink,
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
+        "sink_key_norm_ratio_per_layer": {str(r.layer): float(r.sink_key_norm_ratio) for r in sink_table.itertuples()},
         "task": task.name,
     }
     return Result(name="kv", df=sweep, summary=summary,

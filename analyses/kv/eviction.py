@@ -162,7 +162,8 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
                    n_sink: int = 4, progress: bool = False) -> pd.DataFrame:
     """The Task metric per policy, budget and example (plus policy "full" at the whole context).
 
-    Columns: policy, budget, example, metric (the Task's metric), correct (argmax == answer).
+    Columns: policy, budget, example, context (the prompt's context length: a budget at or above it
+    evicts nothing from that prompt), metric (the Task's metric), correct (argmax == answer).
     Padded tasks: budgets count real cache entries; a row whose context is within the budget keeps
     all of it ("full" lists the longest context as its budget).
     """
@@ -175,6 +176,7 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     metric = task_metric(task)
     received = attention_received(model, tokens, mask) if "heavy_hitters" in policies else None
     context = context_cache(model, tokens, mask)
+    context_len = (ctx - start.cpu().to(torch.int64)).numpy()  # [batch] each prompt's context length
     runs = [("full", ctx)] + [(p, b) for p in policies for b in budgets]
     frames = []
     for policy, budget in tqdm(runs, desc="kv eviction", disable=not progress):
@@ -185,7 +187,7 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
         else:
             logits = answer_step(model, context, tokens, keep, mask)  # [batch, 1, vocab]
         frames.append(pd.DataFrame({
-            "policy": policy, "budget": budget, "example": range(batch),
+            "policy": policy, "budget": budget, "example": range(batch), "context": context_len,
             "metric": metric(logits).float().cpu().numpy(),  # (numpy has no bfloat16)
             "correct": accuracy(logits, task.answers.to(logits.device)).cpu().numpy(),
         }))

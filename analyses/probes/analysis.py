@@ -41,6 +41,7 @@ from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
+from headscope.analyses.probes import scores
 from headscope.errors import ConfigError, TaskError
 from headscope.execution import batching
 from headscope.probes import ALPHA_GRID, C_GRID, LogisticProbe, RidgeProbe, capacity_sweep, control_labels, selectivity
@@ -219,9 +220,13 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
     regularisation strength (probes.C_GRID for classification, probes.ALPHA_GRID for regression;
     every other strength when quick), "coarse" (every other strength of that grid) or a grid of
     strengths: each layer reports its most selective probe (`strength` column; tables["capacity"]:
-    every strength of every layer).
-    df: one row per (layer, fold, task in {"real", "control"}) with the score. tables["per_layer"]:
-    score, control and selectivity per layer. summary: best layer and its numbers, and
+    every strength of every layer). A degenerate control task (control_degenerate) has no selectivity
+    to pick a strength by: no sweep then, one probe per layer at C or alpha (summary["capacity_skipped"]
+    says so).
+    df: one row per (layer, fold, task in {"real", "control"}) with the score and the fold's test size
+    n_test. tables["per_layer"]: per layer the score (classification: out-of-fold accuracy pooled over
+    the examples, `correct` of `n`; regression: mean R^2 over folds; scores.py), its 95% interval
+    (ci_low, ci_high), control and selectivity (score minus control). summary: best layer and its numbers, and
     `first_selective_layer`: the first layer whose selectivity reaches 0.5. A control task of one
     label (control_degenerate) leaves every selectivity None (NaN in the table), with the reason in
     summary["control_degenerate"] (None otherwise).
@@ -243,6 +248,13 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
     capacity = cfg.grid()
     grid = None if capacity is None or capacity is False else (
         full if capacity is True else full[::2] if capacity == "coarse" else tuple(capacity))
+    degenerate = control_degenerate(types, labels_arr, cfg.seed, model.tokenizer)
+    skipped = None
+    if degenerate is not None and grid is not None:  # no selectivity to pick a strength by: one probe per layer
+        skipped = (f"selectivity is not measurable here (the control task is degenerate), so no strength is picked by it; "
+                   f"each layer's probe uses {param} = {cfg.C if param == 'C' else cfg.alpha:g}, the default, not one "
+                   f"chosen on the test folds")
+        grid = None
     rows, per_layer, sweeps = [], [], []
     for layer, X in tqdm(list(zip(layers, features)), desc="probes", disable=not progress):
         with warnings.catch_warnings():  # many classes over few examples is expected here (e.g. 64 values)
@@ -257,17 +269,20 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
                 best = int(sweep["most_selective"].to_numpy().argmax())
                 strength, res = float(sweep.loc[best, "strength"]), folds[best]
         for which in ("score", "control"):
-            rows += [{"layer": layer, "fold": i, "task": "real" if which == "score" else "control", "score": float(s)}
-                     for i, s in enumerate(res[which])]
-        per_layer.append({"layer": layer, score_name: float(res["score"].mean()), "control": float(res["control"].mean()),
-                          "selectivity": res["selectivity"], "std": float(res["score"].std()), "strength": strength})
+            rows += [{"layer": layer, "fold": i, "task": "real" if which == "score" else "control", "score": float(s),
+                      "n_test": int(n)} for i, (s, n) in enumerate(zip(res[which], res["n_test"]))]
+        real, control = (scores.pooled(res[w], res["n_test"], classify) for w in ("score", "control"))
+        per_layer.append({"layer": layer, score_name: real["score"], "ci_low": real["ci_low"], "ci_high": real["ci_high"],
+                          "correct": real["correct"], "n": real["n"], "control": control["score"],
+                          "selectivity": real["score"] - control["score"], "std": float(res["score"].std()),
+                          "strength": strength})
     table = pd.DataFrame(per_layer)
-    degenerate = control_degenerate(types, labels_arr, cfg.seed, model.tokenizer)
     if degenerate is not None:  # score minus a constant: no selectivity to report
         table["selectivity"] = np.nan
     summary = _probe_summary(table, labels_arr, cfg, classify=classify, n_dropped=n_dropped,
                              capacity={"param": param, "grid": list(grid)} if grid is not None else None,
                              degenerate=degenerate)
+    summary["capacity_skipped"] = skipped
     tables = {"per_layer": table}
     if sweeps:
         tables["capacity"] = pd.concat(sweeps, ignore_index=True)[
@@ -321,6 +336,11 @@ def _probe_summary(table: pd.DataFrame, labels_arr: np.ndarray, cfg: ProbesConfi
         "labels": labels if isinstance(labels, str) else "custom", "site": cfg.site, "metric": score_name,
         "best_layer": int(best.layer), f"best_{score_name}": float(best[score_name]),
         "best_control": float(best.control), "best_selectivity": sel(best.selectivity), "best_std": float(best["std"]),
+        "best_ci": [float(best.ci_low), float(best.ci_high)],
+        "best_correct": None if not classify else int(best.correct),
+        "score_kind": ("out-of-fold accuracy pooled over the examples (k of n correct, exact 95% CI)" if classify
+                       else "mean R^2 over folds (95% t interval over folds)"),
+        "ci_per_layer": {str(int(r.layer)): [float(r.ci_low), float(r.ci_high)] for _, r in table.iterrows()},
         "cv": cfg.folds(),
         "majority_baseline": float(counts.max() / counts.sum()) if classify else None,
         f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},

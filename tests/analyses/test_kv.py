@@ -9,7 +9,7 @@ import headscope as hs
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.kv import analysis as kv
 from headscope.analyses.kv import eviction as kv_eviction
-from tests_support import hf_model, random_tokens
+from tests_support import hand_eviction_sweep, hf_model, random_tokens
 
 
 def _task(n: int = 4, pos: int = 12, seed: int = 1) -> Task:
@@ -110,6 +110,11 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     result = kv.kv_analysis(model, task, kv.KVConfig(n_sink=2, budgets=(1, 4, 7)))
     s = result.summary
     assert s["bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # layers x (K, V) x kv_heads x d_head x float32
+    # GQA, one convention: the share of the MHA cache saved (4 query heads on 2 KV heads: half), summary and CSV
+    assert (s["n_heads"], s["n_kv_heads"], s["mha_bytes_per_token"], s["gqa_saving"]) == (4, 2, 2 * s["bytes_per_token"], 0.5)
+    assert (result.tables["anatomy"].gqa_saving == 0.5).all()
+    assert set(s["holding_budgets"]["policies"]) == set(kv_eviction.POLICIES) and s["holding_budgets"]["grid"] == [1, 4, 7]
+    assert (result.df.context == 7).all()  # unpadded prompts of 8 tokens: 7 cached context positions each
     assert set(s["metric_per_policy_budget"]) == set(kv_eviction.POLICIES)
     assert set(s["metric_per_policy_budget"]["window"]) == {"1", "4", "7"}
     # the whole context: every cached position before the last, whose query reads the answer
@@ -129,3 +134,29 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
 
     figs = figures(result)
     assert set(figs) == {"kv_eviction", "kv_norms", "kv_sinks"}
+
+
+def test_holding_budgets_count_only_prompts_a_budget_evicts_from():
+    from scipy import stats
+
+    from headscope.analyses.kv.holding import budget_changes, holding_budgets
+
+    sweep = hand_eviction_sweep()
+    table = budget_changes(sweep).set_index(["policy", "budget"])
+    assert table.loc[("window", 4), "n_evicting"] == 2 and table.loc[("window", 4), "change"] == pytest.approx(-0.005)
+    assert table.loc[("window", 12), "n_evicting"] == 0  # the whole context: no prompt evicts
+    hold = holding_budgets(sweep, n_sink=4)
+    assert hold["whole_from"] == 12 and hold["grid"] == [1, 2, 4, 8, 12]
+    window = hold["policies"]["window"]
+    assert (window["budget"], window["below"], window["at"]["n_evicting"]) == (2, 1, 4)
+    assert window["at"]["share"] == pytest.approx(np.median([2 / 4, 2 / 4, 2 / 12, 2 / 12]))
+    # budget 1 raises the metric by 7.5% (per example +5% to +10%): above the full cache, not "within 1%"
+    [above] = window["above"]
+    ci = stats.ttest_1samp([1.0, 1.0, 0.5, 0.5], 0.0).confidence_interval(0.95)
+    assert above["budget"] == 1 and above["change"] == pytest.approx(0.075)
+    assert (above["ci_low"], above["ci_high"]) == pytest.approx((ci.low / 10, ci.high / 10))
+    assert (above["per_example_low"], above["per_example_high"]) == pytest.approx((0.05, 0.10))
+    sink = hold["policies"]["sink_window"]
+    assert (sink["budget"], sink["below"], sink["sinks_only_below"], sink["at"]["n_evicting"]) == (8, 4, 5, 2)
+    heavy = hold["policies"]["heavy_hitters"]
+    assert heavy["budget"] is None and heavy["worst_evicting"]["budget"] == 8

@@ -190,6 +190,7 @@ def test_kv_eviction_norms_and_sinks_equal_each_example_alone(arch, arch_models,
     refs = [kv.kv_analysis(model, ex, cfg) for ex in alone]
     for i, (ex, ref) in enumerate(zip(alone, refs)):
         ctx = ex.tokens.shape[1] - 1
+        assert set(sweep[sweep.example == i].context) == {ctx}  # each prompt's own context, not the padded one
         ref_df = ref.df.set_index(["policy", "budget"])
         for row in sweep[sweep.example == i].itertuples():
             # a budget the row's context fits in evicts nothing: the example's own "full" run
@@ -218,6 +219,8 @@ def test_kv_eviction_norms_and_sinks_equal_each_example_alone(arch, arch_models,
     for j, ref in enumerate(refs):
         stacked[j] = ref.tables["norms"].set_index(["kind", "layer", "kv_head", "position"]).norm.reindex(norms.index)
     np.testing.assert_allclose(norms.to_numpy(), np.nanmean(stacked, 0), atol=TOL)
+    reach = result.tables["norms"].set_index(["kind", "layer", "kv_head", "position"]).n_prompts  # prompts per position
+    np.testing.assert_array_equal(reach.to_numpy(), (~np.isnan(stacked)).sum(0))
     for col in ("sink_mass", "uniform_mass"):
         want = np.mean([r.tables["sinks"][col].to_numpy() for r in refs], 0)
         np.testing.assert_allclose(result.tables["sinks"][col].to_numpy(), want, atol=TOL)

@@ -68,8 +68,19 @@ def test_a_control_task_of_one_word_type_leaves_selectivity_undefined(tiny_model
     answers = torch.tensor([10, 11, 12] * 8)  # three classes of eight
     assert len(set(tokens[:, -1].tolist())) == 1  # the word types at the read position, counted here
     got = probes.probe_sweep(model, Task(name="same_end", tokens=tokens, answers=answers), labels="answer",
-                             layers=[0, 1], cv=3)
+                             layers=[0, 1], cv=3, capacity=(0.01, 1.0))
     s = got.summary
+    # no selectivity to pick a strength by: no sweep, the default C, and the summary says why
+    assert "capacity" not in got.tables and s["capacity"] is None and "not measurable" in s["capacity_skipped"]
+    assert got.tables["per_layer"].strength.tolist() == [1.0, 1.0]
+    # one quantity: out-of-fold accuracy pooled over the 24 examples, with its exact binomial interval
+    from scipy import stats
+
+    real = got.df[(got.df.task == "real") & (got.df.layer == s["best_layer"])]
+    k = round(float((real.score * real.n_test).sum()))
+    assert real.n_test.sum() == 24 and s["best_accuracy"] == pytest.approx(k / 24) and s["best_correct"] == k
+    ci = stats.binomtest(k, 24).proportion_ci(0.95, method="exact")
+    assert s["best_ci"] == pytest.approx([ci.low, ci.high])
     assert s["best_selectivity"] is None and s["first_selective_layer"] is None
     assert s["selectivity_per_layer"] == {"0": None, "1": None} and got.tables["per_layer"].selectivity.isna().all()
     assert "same word type" in s["control_degenerate"] and s["best_control"] == 1.0  # a constant is learnt

@@ -538,8 +538,14 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
         evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
         assert evicted.get_ylabel() == "logit difference (logits) at the answer"
-        whole = [line for line in evicted.get_lines() if line.get_label() == "whole context (8)"]
+        whole = [line for line in evicted.get_lines() if line.get_label() == "longest context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
+        # prompts of contexts 2, 6, 8: budget 4 evicts from two of them, budget 1 from all three
+        ctx = pd.DataFrame([{"policy": p, "budget": b, "example": e, "context": c, "metric": 1.0}
+                            for p, b in (("full", 8), ("window", 1), ("window", 4)) for e, c in enumerate((2, 6, 8))])
+        ticks = plot_eviction(ctx, metric="logit_diff", ax=plt.subplots()[1])
+        assert [t.get_text() for t in ticks.get_xticklabels()] == ["1\n3/3", "4\n2/3"]
+        assert ticks.get_xlabel().endswith("under it: prompts it evicts from / all")
     finally:
         plt.close("all")
 
@@ -1080,3 +1086,55 @@ def test_every_figure_of_attention_weights_uses_the_conventions_sequential_map()
             assert (white > 0.9).all() and red[0] > red[2] + 0.3, name  # white at 0, red at the top
     finally:
         plt.close("all")
+
+
+def test_kv_norms_mute_positions_few_prompts_reach_and_the_guide_claims_no_sink():
+    from headscope.reports.plots_kv import GUIDE, plot_norms
+
+    reach = [4, 4, 4, 3, 1, 1]  # prompts of 6, 6, 6... tokens: positions 4 and 5 exist in one prompt only
+    norms = pd.DataFrame([{"layer": layer, "kv_head": h, "position": p, "kind": "key", "norm": 1.0 + layer + p + h,
+                           "n_prompts": n} for layer in (0, 1) for h in (0, 1) for p, n in enumerate(reach)])
+    try:
+        ax = plot_norms(norms, ax=plt.subplots()[1])
+        lines = [line for line in ax.get_lines()]
+        solid = [line for line in lines if line.get_linestyle() == "-"]
+        faint = [line for line in lines if line.get_linestyle() == ":"]
+        assert [list(line.get_xdata()) for line in solid] == [[0, 1, 2, 3]] * 2
+        assert [list(line.get_xdata()) for line in faint] == [[3, 4, 5]] * 2 and all(line.get_alpha() < 1 for line in faint)
+        assert list(solid[1].get_ydata()) == [2.5, 3.5, 4.5, 5.5]  # layer 1: mean over the two KV heads
+        assert "faint, dotted from position 4: fewer than half of the 4 prompts reach it (n = 1 there" in ax.get_xlabel()
+    finally:
+        plt.close("all")
+    assert "stand out at the start" not in GUIDE
+
+
+def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selectivity_says_so():
+    from types import SimpleNamespace
+
+    from headscope.reports.plots_probes import figures
+
+    # a control learnt exactly (one word type): 1.0 at every layer, like the real labels; folds of 7, 6, 6
+    df = pd.DataFrame([{"layer": layer, "fold": f, "task": task, "score": 1.0, "n_test": n}
+                       for layer in range(3) for task in ("real", "control") for f, n in enumerate((7, 6, 6))])
+    per_layer = pd.DataFrame({"layer": range(3), "accuracy": 1.0, "control": 1.0, "selectivity": np.nan})
+    why = "every example's token at the read position is the same word type"
+    result = SimpleNamespace(df=df, tables={"per_layer": per_layer},
+                             summary={"metric": "accuracy", "majority_baseline": 0.2, "labels": "answer",
+                                      "site": "resid_post", "control_degenerate": why, "capacity_skipped": "x"})
+    fig = figures(result)["probes"]
+    try:
+        left, right = fig.axes[:2]
+        real, control = (next(c for c in left.containers if c.get_label() == task) for task in ("real", "control"))
+        r_line, c_line = real.lines[0], control.lines[0]
+        assert r_line.get_marker() != c_line.get_marker() and r_line.get_linestyle() != c_line.get_linestyle()
+        assert all(a != b for a, b in zip(r_line.get_xdata(), c_line.get_xdata()))  # offset: both visible
+        assert r_line.get_zorder() > c_line.get_zorder()
+        assert list(r_line.get_ydata()) == [1.0, 1.0, 1.0]
+        # 19 of 19 correct: the exact 95% interval's lower end, (0.025)^(1/19), drawn as the error bar
+        low = min(seg[0][1] for seg in real.lines[2][0].get_segments())
+        assert low == pytest.approx(0.025 ** (1 / 19), abs=1e-6)
+        texts = " ".join(t.get_text() for t in right.texts).replace("\n", " ")
+        assert texts.startswith("not measurable: every example's token") and not right.patches
+        assert "no capacity sweep" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)

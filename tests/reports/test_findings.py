@@ -103,10 +103,12 @@ def test_probes_kv_mlp_and_odd_summaries():
     probes = {"metric": "accuracy", "labels": "answer", "best_layer": 1, "best_accuracy": 0.05,
               "majority_baseline": 0.04, "best_selectivity": 0.01}
     assert "chance level" in finding("probes", probes) and "layer 1 with accuracy 0.05" in finding("probes", probes)
-    kv = {"bytes_per_token": 1024, "dtype": "float32", "bytes_at_n_ctx": 131072, "gqa_saving": 4.0,
+    kv = {"bytes_per_token": 1024, "dtype": "float32", "bytes_at_n_ctx": 131072, "gqa_saving": 0.75,
+          "mha_bytes_per_token": 4096, "n_heads": 8, "n_kv_heads": 2,
           "metric_unevicted": 10.0, "metric_per_policy_budget": {"window": {"8": 5.0, "16": 9.95, "32": 10.0}}}
     text = finding("kv", kv)
-    assert "1.0 KiB per token" in text and "128.0 KiB" in text and "4x less" in text and "window from 16 positions" in text
+    assert "1.0 KiB per token" in text and "128.0 KiB" in text and "saves 75% of the cache" in text
+    assert "window from 16 positions" in text
     mlp = {"agreement_per_layer": {"0": 0.02, "1": 0.03}, "agreement_shuffled_per_layer": {"0": 0.02, "1": 0.025}}
     assert "no better than the control" in finding("mlp", mlp)
     assert finding("heads", {"metric": None, "n_heads": "x", "max_fraction_prunable_a": "?"}) == ""
@@ -161,8 +163,9 @@ def test_a_kv_ceiling_at_the_whole_prompt_says_nothing_is_saved():
     kv = {"metric": "logit_diff", "n_examples": 16, "metric_unevicted": 10.0, "context_positions": 25,
           "metric_per_policy_budget": {"window": {"8": 5.0, "16": 9.0, "25": 10.0}, "sinks_window": {"8": 4.0, "25": 9.99}}}
     text = finding("kv", kv)
-    assert "Full-cache logit difference 10 (mean over 16 examples); within 1% of it: window only with the whole context, " \
-           "sinks window only with the whole context." in text
+    assert "Full-cache logit difference 10 (mean over 16 examples); within 1% of it (|change| <= 1%, averaged over every " \
+           "prompt, also those a budget keeps whole): window only with the whole context, sinks window only with the " \
+           "whole context." in text
     assert "No eviction policy saves anything here: every policy needs the whole context (25 positions)" in text
     kv["metric_per_policy_budget"]["window"]["16"] = 9.95
     text = finding("kv", kv)
@@ -227,7 +230,7 @@ def test_probes_selectivity_against_a_negative_control_r2():
     s = {"metric": "r2", "labels": "position", "best_layer": 2, "best_r2": 0.9, "best_control": -0.26,
          "best_selectivity": 1.16, "best_std": 0.03, "cv": 5, "n_examples": 16, "majority_baseline": None}
     text = finding("probes", s)
-    assert "layer 2 with r2 0.90 (sd 0.03 over 5 folds) (16 examples)." in text
+    assert "layer 2 with R^2 0.90 (sd 0.03 over 5 folds) (16 examples)." in text
     assert "R^2 is -0.26, below 0 (worse than predicting the mean), so score minus control (1.16) overstates " \
            "selectivity; against the control's floor of 0 it is 0.90." in text
 
@@ -541,3 +544,85 @@ def test_patching_states_attribution_slope_and_says_rank_not_size_when_far_from_
     one = {**corr["resid_pre"], "n": 60, "n_nonzero": 60, "pearson": 0.9, "pearson_without_top": 0.02}
     text = finding("patching", {**s, "attribution_correlation": {"resid_pre": one}})
     assert "rests on one point" in text and "least-squares" not in text and "see the per-site slopes" in text
+
+
+def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
+    from headscope.analyses.kv.holding import holding_budgets
+    from tests_support import hand_eviction_sweep
+
+    s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4,
+         "holding_budgets": holding_budgets(hand_eviction_sweep(), n_sink=4)}
+    text = finding("kv", s)
+    assert "over the prompts a budget evicts from; budgets on the grid 1, 2, 4, 8, 12" in text
+    assert ("window from 2 positions (between 1 and 2 on this grid; a median 33% of each prompt's context; 4 of 4 "
+            "prompts evict anything there; +0.5% (95% CI") in text
+    assert "sink window from 8 positions (between 4 and 8 on this grid" in text and "2 of 4 prompts evict" in text
+    assert "With 4 sink positions, sink window keeps no recent token below budget 5" in text
+    assert "heavy hitters never (at its largest budget that evicts, 8, it is still below the full cache: -10.0%" in text
+    assert ("Window is better than the full cache by more than 1% at budget(s) 1: at 1, +7.5% (95% CI [+2.9%, +12.1%], "
+            "per example +5.0% to +10.0%, n = 4).") in text
+    assert "From budget 12 on, every prompt is kept whole" in text and "saves anything" not in text
+    # an older summary (means only): "within 1%" is two-sided, +4.5% is not within
+    old = {"metric_unevicted": 10.0, "metric_per_policy_budget": {"window": {"1": 10.45, "2": 10.05, "12": 10.0}}}
+    assert "window from 2 positions" in finding("kv", old)
+
+
+def test_kv_gqa_saving_is_the_share_saved_and_is_said_whenever_kv_heads_are_fewer():
+    gqa = {"bytes_per_token": 768, "mha_bytes_per_token": 1536, "gqa_saving": 0.5, "n_heads": 4, "n_kv_heads": 2}
+    assert ("Grouped-query attention (2 KV heads for 4 query heads) saves 50% of the cache against full multi-head "
+            "attention: 768 B against 1.5 KiB per token.") in finding("kv", gqa)
+    assert "Grouped-query" not in finding("kv", {**gqa, "mha_bytes_per_token": 768, "gqa_saving": 0.0, "n_kv_heads": 4})
+    assert "saves 75% of the cache" in finding("kv", {"bytes_per_token": 1024, "mha_bytes_per_token": 4096})
+
+
+def test_kv_first_key_standing_out_is_said_from_the_data():
+    low = {"sink_key_norm_ratio_per_layer": {"0": 0.83, "1": 0.9}}
+    assert "The first key's norm is 0.83 to 0.90 times the other keys' (per layer): the first key does not stand out" \
+        in finding("kv", low)
+    high = {"sink_key_norm_ratio_per_layer": {"0": 3.0, "1": 1.2}}
+    assert "stands out in layer(s) 0 only" in finding("kv", high)
+    assert "sink keys stand out" not in caption("kv_norms")
+
+
+PROBE = {"metric": "accuracy", "labels": "answer", "site": "resid_post", "n_examples": 19, "cv": 3,
+         "majority_baseline": 0.21, "n_classes": 8, "best_layer": 0, "best_accuracy": 1.0, "best_correct": 19,
+         "best_ci": [0.824, 1.0], "accuracy_per_layer": {"0": 1.0, "1": 1.0, "2": 1.0},
+         "ci_per_layer": {"0": [0.824, 1.0], "1": [0.824, 1.0], "2": [0.824, 1.0]}}
+
+
+def test_probes_name_a_best_layer_only_beyond_the_next_ones_interval():
+    text = finding("probes", PROBE)
+    assert ("No layer stands out for the answer probe: layers 0, 1, 2 score 1.00, all within the highest layer's 95% CI "
+            "[0.82, 1.00] (highest: layer 0 (after block 0), accuracy 1.00 (19 of 19 correct out of fold, 95% CI "
+            "[0.82, 1.00]))") in text
+    assert "best at" not in text
+    apart = {**PROBE, "accuracy_per_layer": {"0": 0.2, "1": 1.0, "2": 0.9}, "best_layer": 1,
+             "ci_per_layer": {"0": [0.06, 0.44], "1": [0.824, 1.0], "2": [0.67, 0.98]}}
+    assert "No layer stands out for the answer probe: layers 1, 2 score 0.90 to 1.00" in finding("probes", apart)
+    apart["ci_per_layer"]["2"] = [0.5, 0.8]
+    assert "The answer probe is best at layer 1 (after block 1) with accuracy 1.00 (19 of 19" in finding("probes", apart)
+
+
+def test_an_underpowered_probe_is_not_called_at_chance_and_states_one_accuracy():
+    """out_trained_s1: 6 of 11 out of fold (0.545), 5 classes, exact CI [0.23, 0.83]; no 0.58 fold mean anywhere."""
+    from headscope.analyses.core import chance
+
+    s = {**PROBE, "n_examples": 11, "n_classes": 5, "majority_baseline": 0.273, "best_accuracy": 6 / 11,
+         "best_correct": 6, "best_ci": [0.234, 0.833], "accuracy_per_layer": {"0": 6 / 11, "1": 6 / 11},
+         "ci_per_layer": {"0": [0.234, 0.833], "1": [0.234, 0.833]}}
+    s["chance"] = chance.from_summary(s)
+    text = finding("probes", s)
+    assert text.startswith("The probe cannot be told from chance with 11 examples (5 classes, about 2 per class): "
+                           "accuracy 0.55 (6 of 11 correct out of fold, 95% CI [0.23, 0.83]) holds both the majority "
+                           "baseline 0.27 and 0.64, halfway from it to perfect accuracy. The test is underpowered")
+    assert "scores at chance" not in text and "0.58" not in text and "stands out" not in text and "best at" not in text
+    tight = {**s, "n_examples": 400, "best_accuracy": 0.28, "best_correct": 112}
+    tight["chance"] = chance.from_summary(tight)
+    assert finding("probes", tight).startswith("The probe scores at chance")
+
+
+def test_probes_without_a_measurable_selectivity_do_not_sweep_by_it():
+    why = "selectivity is not measurable here (the control task is degenerate), so no strength is picked by it"
+    s = {**PROBE, "control_degenerate": "the control task has one label", "capacity": None, "capacity_skipped": why}
+    text = finding("probes", s)
+    assert f"No capacity sweep: {why}." in text and "most selective" not in text

@@ -1,0 +1,106 @@
+"""Where each eviction policy holds the metric: the smallest budget within a tolerance of the full cache.
+
+A budget counts for a prompt only where it evicts something (the prompt's context is longer than the
+budget): a prompt kept whole equals the full cache by construction, so averaging it in makes a small
+budget look safe (at budget 8 of a sweep whose prompts are 4 to 13 positions long, most prompts may be
+kept whole). Per policy and budget, over the prompts that budget evicts from (paired with their own
+full-cache value):
+
+- change: mean(policy - full) / |mean(full)| over those prompts; its 95% t interval treats the
+  denominator as fixed; per_example: the range of (policy - full) / |full| over them;
+- within: |change| <= tolerance (two-sided: a policy *above* the full cache by more is not "within",
+  it is reported as better than the full cache, with its interval);
+- share: budget / context length, its median over those prompts.
+
+`holding_budgets` gives per policy the smallest grid budget from which every larger budget that evicts
+anything stays within the tolerance, the grid budget just below it (the crossing lies between the two:
+a grid's resolution, not a property of the model) and, for sink_window, the budget below which it keeps
+no recent token (n_sink + 1: with n_sink sinks a budget <= n_sink holds sinks only).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+TOLERANCE = 0.01
+
+
+def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
+    """95% t interval of mean(diff) / scale (None for n < 2)."""
+    from scipy import stats
+
+    n = len(diff)
+    if n < 2:
+        return None
+    half = float(stats.t.ppf(0.975, n - 1)) * float(diff.std(ddof=1)) / math.sqrt(n)
+    mean = float(diff.mean())
+    return [(mean - half) / scale, (mean + half) / scale]
+
+
+def budget_changes(sweep: pd.DataFrame) -> pd.DataFrame:
+    """One row per (policy, budget) of the sweep (not "full"): n_examples, n_evicting (prompts whose
+    context is longer than the budget), change, ci_low, ci_high, per_example_low, per_example_high,
+    share (median budget / context) over the evicting prompts (NaN where none evicts).
+
+    sweep: eviction_sweep's df with its `context` column (each prompt's context length)."""
+    full = sweep[sweep.policy == "full"].set_index("example")
+    rows = []
+    for (policy, budget), g in sweep[sweep.policy != "full"].groupby(["policy", "budget"], sort=True):
+        g = g.set_index("example")
+        ctx = full.context.reindex(g.index)
+        evicting = g.index[ctx.to_numpy() > budget]
+        row = {"policy": policy, "budget": int(budget), "n_examples": len(g), "n_evicting": len(evicting),
+               "change": math.nan, "ci_low": math.nan, "ci_high": math.nan, "per_example_low": math.nan,
+               "per_example_high": math.nan, "share": math.nan}
+        if len(evicting):
+            base = full.metric.reindex(evicting).to_numpy(dtype=float)  # [evicting]
+            diff = g.metric.reindex(evicting).to_numpy(dtype=float) - base
+            scale = abs(float(base.mean())) or 1.0
+            per = diff / np.where(base != 0, np.abs(base), scale)
+            ci = _interval(diff, scale)
+            row.update(change=float(diff.mean()) / scale, per_example_low=float(per.min()),
+                       per_example_high=float(per.max()),
+                       share=float(np.median(budget / full.context.reindex(evicting).to_numpy(dtype=float))))
+            if ci is not None:
+                row.update(ci_low=ci[0], ci_high=ci[1])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _clean(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLERANCE) -> dict[str, Any]:
+    """{"tolerance", "grid", "n_examples", "whole_from" (the smallest grid budget no prompt evicts from,
+    or None), "policies": {policy: {"budget" (smallest holding budget or None), "below" (the grid budget
+    just under it that evicts, or None), "at" (its budget_changes row), "above" (rows more than the
+    tolerance above the full cache), "worst_evicting" (the largest evicting budget's row, when it never
+    holds), "sinks_only_below" (sink_window: n_sink + 1)}}}. See the module doc."""
+    table = budget_changes(sweep)
+    grid = sorted(int(b) for b in table.budget.unique()) if len(table) else []
+    evicts = table.groupby("budget").n_evicting.max() if len(table) else pd.Series(dtype=int)
+    whole = [b for b in grid if evicts.get(b, 0) == 0]
+    out: dict[str, Any] = {"tolerance": tolerance, "grid": grid,
+                           "n_examples": int(table.n_examples.max()) if len(table) else 0,
+                           "whole_from": whole[0] if whole else None, "policies": {}}
+    for policy, rows in table.groupby("policy", sort=False):
+        rows = rows[rows.n_evicting > 0].sort_values("budget")
+        within = (rows.change.abs() <= tolerance).to_numpy()
+        records = [{k: _clean(v) for k, v in r.items()} for r in rows.to_dict("records")]
+        entry: dict[str, Any] = {"budget": None, "below": None, "at": None, "worst_evicting": None,
+                                 "above": [r for r in records if r["change"] > tolerance]}
+        # the smallest index from which every larger evicting budget holds
+        first = next((i for i in range(len(within)) if within[i:].all()), None)
+        if first is not None:
+            entry.update(budget=records[first]["budget"], at=records[first],
+                         below=records[first - 1]["budget"] if first > 0 else None)
+        elif records:
+            entry["worst_evicting"] = records[-1]
+        if policy == "sink_window":
+            entry["sinks_only_below"] = n_sink + 1
+        out["policies"][str(policy)] = entry
+    return out

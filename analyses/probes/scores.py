@@ -1,0 +1,62 @@
+"""One probe quantity per layer, with its interval: what the probes finding, summary and figure all state.
+
+- classification: the out-of-fold accuracy pooled over the examples (each example is scored once, by
+  the fold that held it out): k correct of n, with the exact (Clopper-Pearson) 95% binomial interval,
+  the same quantity and interval the chance guard tests (analyses/core/chance.py). The mean of the
+  per-fold accuracies differs from it when folds differ in size (0.583 against 6 of 11 = 0.545);
+- regression: the mean R^2 over folds, with the 95% t interval over folds.
+
+`layer_scores(df)` reduces the probe df (one row per layer, fold and task, with the fold's test size
+`n_test`) to one row per layer and task: score, correct (classification), n, ci_low, ci_high. Older
+dfs without `n_test` count every fold alike.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+
+def exact_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson interval of k successes in n (scipy's binomtest)."""
+    from scipy import stats
+
+    ci = stats.binomtest(int(k), int(n)).proportion_ci(level, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def fold_interval(scores: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """t interval of the mean of per-fold scores (the mean itself for one fold or no spread)."""
+    from scipy import stats
+
+    mean, n = float(scores.mean()), len(scores)
+    if n < 2 or float(scores.std(ddof=1)) == 0.0:
+        return mean, mean
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * float(scores.std(ddof=1)) / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def pooled(scores: np.ndarray, n_test: np.ndarray, classify: bool) -> dict[str, float]:
+    """{score, correct, n, ci_low, ci_high} from per-fold scores and test sizes (see the module doc)."""
+    scores, n_test = np.asarray(scores, dtype=float), np.asarray(n_test, dtype=float)
+    if not classify:
+        lo, hi = fold_interval(scores)
+        return {"score": float(scores.mean()), "correct": math.nan, "n": float(n_test.sum()), "ci_low": lo, "ci_high": hi}
+    k, n = int(round(float((scores * n_test).sum()))), int(n_test.sum())
+    lo, hi = exact_interval(k, n)
+    return {"score": k / n, "correct": float(k), "n": float(n), "ci_low": lo, "ci_high": hi}
+
+
+def layer_scores(df: pd.DataFrame, classify: bool) -> pd.DataFrame:
+    """One row per (layer, task): score, correct, n, ci_low, ci_high (see the module doc)."""
+    rows = []
+    for (layer, task), g in df.groupby(["layer", "task"], sort=True):
+        sizes = g["n_test"].to_numpy() if "n_test" in g else np.ones(len(g))
+        if "n_test" not in g and classify:  # no fold sizes: the fold mean with its t interval
+            lo, hi = fold_interval(g.score.to_numpy())
+            rows.append({"layer": layer, "task": task, "score": float(g.score.mean()), "correct": math.nan,
+                         "n": math.nan, "ci_low": lo, "ci_high": hi})
+            continue
+        rows.append({"layer": layer, "task": task, **pooled(g.score.to_numpy(), sizes, classify)})
+    return pd.DataFrame(rows)
