@@ -644,6 +644,10 @@ JS = r"""
   selectHead(0, 0, false);
   fromHash(true);
   window.addEventListener("hashchange", function () { fromHash(true); });
+  document.addEventListener("click", function (e) {  // a link to the head already in the URL: no hashchange, open it again
+    var a = e.target && e.target.closest ? e.target.closest("a.head-link") : null;
+    if (a && a.hash && a.hash === window.location.hash) fromHash(true);
+  });
 })((function (id) {  // the enclosing explorer: this script's parent, else by id
   var s = document.currentScript, p = s && s.parentNode;
   return p && p.id === id ? p : document.getElementById(id);
