@@ -199,7 +199,9 @@ def _explorer_section(out: Path) -> tuple[str, str]:
     n_tasks = len({e.get("task") for e in data.get("examples", [])})
     html = ("<h2 id='explorer'>attention explorer</h2><p class='guide'>Every head's attention pattern on "
             f"{n} example(s) of {'the task' if n_tasks < 2 else f'the {n_tasks} tasks the analyses used'}; "
-            "the grid is coloured by the chosen per-head score.</p>" + fragment)
+            "the grid is coloured by the chosen per-head score."
+            + (" Each task starts with the sample prompt its sections show; a head named in a finding links here, "
+               "to that head on its section's prompt." if section_links(data) else "") + "</p>" + fragment)
     return html, f"## attention explorer\n\n- [{EXPLORER_FILE}]({EXPLORER_FILE}) (interactive in report.html)\n"
 
 
