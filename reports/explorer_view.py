@@ -254,7 +254,8 @@ JS = r"""
   var exSelect = select("example", data.examples.map(function (e, i) {
     var text = e.tokens.join(" "), of = e.sample_of || [];
     return [String(i), (taskNames.length > 1 ? "[" + e.task + "] " : "") + (i + 1) + ": " +
-                       (of.length ? "(sample of " + of.join(", ") + ") " : "") +
+                       (!of.length ? "" : of.length === (e.sections || []).length ? "(sample) " :
+                        "(sample of " + of.join(", ") + ") ") +
                        (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
   }), "0", function (v) { showExample(+v); drawHead(); });
   select("colour heads by", scoreNames.map(function (n) { return ["score:" + n, n]; })
