@@ -23,6 +23,8 @@ from headscope.hooks import capture, site
 
 SCALE = 10_000
 MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)
+SAMPLE_TOKENS = 128  # a section's sample prompt is kept whole up to this length (and the model's context)
+# when its patterns alone fit MAX_VALUES
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,8 @@ class Shown:
 
 def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_tokens: int = 64) -> Captured:
     """Every layer's attention pattern on each task of `shown`: its sample prompts first (every one,
-    whatever the budget: a head a section names can always be opened on its prompt), then up to
+    whatever the budget: a head a section names can always be opened on its prompt; each whole up to
+    SAMPLE_TOKENS tokens when its patterns alone fit MAX_VALUES, else its first `max_tokens`), then up to
     `more_examples` of its other rows (a row equal to a sample skipped), task by task, while the stored
     values stay under MAX_VALUES. One forward pass per example. Examples are listed task by task, samples
     first; each carries task (the label: name and sections), task_name, sections and sample_of (the
@@ -171,10 +174,15 @@ def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_
     groups: list[list[dict[str, Any]]] = [[] for _ in shown]
     stored = 0
 
+    def whole(row: torch.Tensor) -> int:  # a sample's tokens: all of them when they fit, else max_tokens
+        n = int(row.shape[0])
+        values = f.n_layers * f.n_heads * (n * n if f.is_encoder else n * (n + 1) // 2)
+        return n if n <= min(SAMPLE_TOKENS, f.n_ctx) and values <= MAX_VALUES else max_tokens
+
     def add(i: int, row: torch.Tensor, sample_of: tuple[str, ...]) -> None:
         nonlocal stored, sink, peak
         entry = shown[i]
-        example, s, m = capture_example(model, row, max_tokens)
+        example, s, m = capture_example(model, row, max(max_tokens, whole(row)) if sample_of else max_tokens)
         example.update(task=f"{entry.task} ({', '.join(entry.sections)})", task_name=entry.task,
                        sections=list(entry.sections), sample_of=list(sample_of))
         groups[i].append(example)
@@ -200,5 +208,5 @@ def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_
     return Captured(examples=examples, sink=sink, peak=peak, source=shown[0].task)
 
 
-__all__ = ["MAX_VALUES", "SCALE", "Captured", "Shown", "capture_example", "capture_examples", "capture_shown",
+__all__ = ["MAX_VALUES", "SAMPLE_TOKENS", "SCALE", "Captured", "Shown", "capture_example", "capture_examples", "capture_shown",
            "example_rows"]

@@ -19,6 +19,7 @@ from headscope.reports.explorer import (
     SINK,
     AttentionExplorer,
     attention_explorer_data,
+    explorer_data,
     pattern_from_data,
     show_attention,
     write_explorer_data,
@@ -212,6 +213,26 @@ def test_more_tasks_add_their_examples_within_the_budget(llama, monkeypatch):
     assert np.allclose(got, reference(llama, PROMPTS[1]).numpy()[1, 3], atol=0.5 / both["scale"] + 1e-6)
     monkeypatch.setattr(attention_capture, "MAX_VALUES", 1)
     assert len(attention_explorer_data(llama, PROMPTS[:1], more_tasks={"b": [PROMPTS[1]]})["examples"]) == 1
+
+
+def test_a_sample_prompt_is_kept_whole_when_it_fits_and_every_sample_past_the_budget(llama, monkeypatch):
+    """capture_shown: a section's 60-token sample keeps every token (its patterns are the whole prompt's)
+    where the task's other rows keep their first max_tokens (32 here); with the budget spent the sample is
+    still shown, cut to max_tokens."""
+    from headscope.analyses.core import attention_capture
+    from headscope.analyses.core.attention_capture import Shown, capture_shown
+
+    long = " ".join(f"w{i % 9 + 1}" for i in range(59))
+    row, other = llama.to_tokens(long)[0], llama.to_tokens(long.replace("w1 ", "w2 "))[0]
+    shown = [Shown(task="t", sections=("position",), samples=((row, ("position",)),), rows=(other,))]
+    captured = capture_shown(llama, shown, max_tokens=32)
+    assert [(len(e["tokens"]), e["truncated"], e["sample_of"]) for e in captured.examples] == [
+        (60, False, ["position"]), (32, True, [])]
+    data = explorer_data(llama.facts, captured)
+    assert np.allclose(pattern_from_data(data, 0, 1, 3), reference(llama, long).numpy()[1, 3], atol=0.5 / data["scale"] + 1e-6)
+    monkeypatch.setattr(attention_capture, "MAX_VALUES", 1)
+    assert [(len(e["tokens"]), e["sample_of"]) for e in capture_shown(llama, shown, max_tokens=32).examples] == [
+        (32, ["position"])]
 
 
 def test_link_heads_links_head_names_in_text_only():
