@@ -15,7 +15,9 @@ heatmap with token labels, or as lines between query and key tokens; hovering a 
 highlights its row (where it attends) and its column (what attends to it); clicking a query token
 pins it, shading every token by that query's attention weight (or, where the report's attribution
 analysis scored the example, by an attribution method's signed scores: red positive, blue negative);
-the arrow keys move the selected head; a URL fragment #L1H3 opens layer 1, head 3 (`link_heads` makes such links in the findings).
+the arrow keys move the selected head; a URL fragment #L1H3 opens layer 1, head 3, and #L1H3@patching opens it on
+the sample prompt of the report's patching section (an example's "sample_of" lists the sections whose
+provenance line shows it; `link_heads` makes such links in the findings).
 Attention weights are drawn on one sequential scale, white (0) to dark blue (1), shown with its
 legend; per-head scores colour the grid as the figures do: a signed score (one below 0) diverging
 about 0, red positive, blue negative; an unsigned one (gradient importance, induction, ...) white at
@@ -68,8 +70,9 @@ CSS = """
 .hsx .hsx-tok.hsx-on{outline:2px solid #e7298a}
 .hsx .hsx-info{min-height:1.3em;color:#333;margin:.2em 0 .4em}
 .hsx .hsx-heat th{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px;font-weight:normal;padding:0 3px;
-  white-space:pre;border:none;background:none;max-width:9em;overflow:hidden;text-overflow:ellipsis}
-.hsx .hsx-heat thead th{writing-mode:vertical-rl;transform:rotate(180deg);text-align:left;height:6em;padding:2px 0;max-height:9em}
+  white-space:pre;border:none;background:none}
+.hsx .hsx-heat thead th{vertical-align:bottom;height:6em;padding:2px 0}
+.hsx .hsx-heat thead th.hsx-key>span{display:inline-block;writing-mode:vertical-rl;transform:rotate(180deg)}
 .hsx .hsx-heat tbody th{text-align:right}
 .hsx .hsx-heat td{width:13px;height:13px;min-width:13px;padding:0;border:1px solid #fff}
 .hsx .hsx-heat td.hsx-hl,.hsx .hsx-heat th.hsx-hl{box-shadow:0 0 0 1px #e7298a inset}
@@ -238,7 +241,7 @@ JS = r"""
     "attention pattern; hover a thumbnail to preview it; shift+click heads to overlay several. " +
     "Hover a token: its row shows where it attends, its column what attends to it. Click a query token to pin it: " +
     "the tokens above are then shaded by its attention weights. Orange bars: attention on the first token (the sink). " +
-    "A link ending in #L1H3 opens layer 1, head 3."));
+    "A link ending in #L1H3 opens layer 1, head 3; head names in the findings open on the prompt of their section's task."));
   var controls = el("div", "hsx-controls");
   function select(labelText, options, value, onchange) {
     var label = el("label", null, labelText), s = el("select");
@@ -248,11 +251,13 @@ JS = r"""
     label.appendChild(s); controls.appendChild(label);
     return s;
   }
-  select("example", data.examples.map(function (e, i) {
-    var text = e.tokens.join(" ");
+  var exSelect = select("example", data.examples.map(function (e, i) {
+    var text = e.tokens.join(" "), of = e.sample_of || [];
     return [String(i), (taskNames.length > 1 ? "[" + e.task + "] " : "") + (i + 1) + ": " +
+                       (!of.length ? "" : of.length === (e.sections || []).length ? "(sample) " :
+                        "(sample of " + of.join(", ") + ") ") +
                        (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
-  }), "0", function (v) { st.ex = +v; st.q = null; drawGrid(); drawThumbs(); drawHead(); });
+  }), "0", function (v) { showExample(+v); drawHead(); });
   select("colour heads by", scoreNames.map(function (n) { return ["score:" + n, n]; })
     .concat(labelNames.map(function (n) { return ["label:" + n, n]; })), st.colour, function (v) { st.colour = v; drawGrid(); });
   select("view", [["heatmap", "heatmap (query x key)"], ["lines", "lines (query \u2192 key)"]], st.view,
@@ -502,7 +507,9 @@ JS = r"""
     cur = shown();
     var p = cur.p, toks = tokens(), n = toks.length, ex = data.examples[st.ex];
     var one = cur.heads.length === 1, l0 = cur.heads[0][0], h0 = cur.heads[0][1];
+    var of = ex.sample_of || [];
     var tail = " \u00b7 example " + (st.ex + 1) + (taskNames.length > 1 ? " of " + ex.task : "") +
+      (of.length ? ", the sample prompt of " + of.join(", ") : "") +
       (ex.truncated ? " (first " + n + " of " + ex.n_tokens_total + " tokens)" : "");
     title.textContent = one ? (cur.preview ? "Preview: " : "") + "Layer " + l0 + ", head " + h0 +
       (G > 1 ? " \u00b7 KV head " + kvOf(h0) + " (shared by heads " + (kvOf(h0) * G) + "\u2013" +
@@ -510,8 +517,9 @@ JS = r"""
       : (st.combine === "max" ? "Max" : "Mean") + " of " + cur.heads.length + " heads' patterns: " +
         cur.heads.map(function (lh) { return "L" + lh[0] + "H" + lh[1]; }).join(", ") + tail;
     if (one && !cur.preview) {
-      var a = el("a", "hsx-link", "link to this head"); a.href = "#L" + l0 + "H" + h0;
-      a.title = "a link to report.html ending in #L" + l0 + "H" + h0 + " opens this head";
+      var hash = "#L" + l0 + "H" + h0 + (of.length ? "@" + of[0] : "");
+      var a = el("a", "hsx-link", "link to this head"); a.href = hash;
+      a.title = "a link to report.html ending in " + hash + " opens this head" + (of.length ? " on this prompt" : "");
       title.appendChild(a);
     }
     root.setAttribute("data-shown", cur.heads.map(function (lh) { return "L" + lh[0] + "H" + lh[1]; }).join(","));
@@ -541,7 +549,8 @@ JS = r"""
     var corner = el("th", "hsx-corner"); hr.appendChild(corner);
     corner.appendChild(el("span", null, "keys \u2192")); corner.appendChild(el("span", null, "queries \u2193"));
     toks.forEach(function (tok, k) {
-      var th = el("th", null, tok); th.setAttribute("data-k", k); th.title = "key " + k + ": " + tok;
+      var th = el("th", "hsx-key"); th.setAttribute("data-k", k); th.title = "key " + k + ": " + tok;
+      th.appendChild(el("span", null, tok));  // upright in a horizontal cell, which grows to the whole token
       th.addEventListener("mouseenter", function () { focusToken(k); });
       hr.appendChild(th); hl.kHead.push(th);
     });
@@ -570,8 +579,14 @@ JS = r"""
     t.addEventListener("mouseleave", clearMarks);
     t.appendChild(head); t.appendChild(body); view.appendChild(t);
   }
+  var measure = document.createElement("canvas").getContext("2d");
+  function textWidth(t) {  // px of a token in the lines view's font (its labels are laid out to fit whole)
+    measure.font = "11px ui-monospace,Menlo,Consolas,monospace";
+    return measure.measureText(t).width;
+  }
   function drawLines(p, toks, n) {
-    var rowH = 16, width = 420, colW = 130, top = 20, height = top + n * rowH + 4;
+    var widest = Math.max.apply(null, toks.map(textWidth).concat([40]));
+    var rowH = 16, colW = Math.max(130, Math.ceil(widest) + 12), width = 160 + 2 * colW, top = 20, height = top + n * rowH + 4;
     var s = svg("svg", {"class": "hsx-lines", width: width, height: height, viewBox: "0 0 " + width + " " + height});
     s.setAttribute("data-layer", cur.heads[0][0]); s.setAttribute("data-head", cur.heads[0][1]);
     s.setAttribute("data-example", st.ex);
@@ -613,9 +628,16 @@ JS = r"""
     }
     focusBoth(i, j);
   };
-  function fromHash(scroll) {  // #L1H3 opens layer 1, head 3
-    var m = /^#L(\d+)H(\d+)$/i.exec(window.location.hash || "");
+  function sampleOf(section) {  // the example whose sample_of lists the section (-1: none)
+    for (var i = 0; i < data.examples.length; i++) if ((data.examples[i].sample_of || []).indexOf(section) >= 0) return i;
+    return -1;
+  }
+  function showExample(i) { st.ex = i; st.q = null; exSelect.value = String(i); drawGrid(); drawThumbs(); }
+  function fromHash(scroll) {  // #L1H3 opens layer 1, head 3; #L1H3@patching on patching's sample prompt
+    var m = /^#L(\d+)H(\d+)(?:@([A-Za-z][\w-]*))?$/i.exec(window.location.hash || "");
     if (!m || +m[1] >= L || +m[2] >= H) return;
+    var ex = m[3] ? sampleOf(m[3]) : -1;
+    if (ex >= 0 && ex !== st.ex) showExample(ex);
     selectHead(+m[1], +m[2], false);
     if (scroll && root.scrollIntoView) root.scrollIntoView({block: "start"});
   }
@@ -623,6 +645,10 @@ JS = r"""
   selectHead(0, 0, false);
   fromHash(true);
   window.addEventListener("hashchange", function () { fromHash(true); });
+  document.addEventListener("click", function (e) {  // a link to the head already in the URL: no hashchange, open it again
+    var a = e.target && e.target.closest ? e.target.closest("a.head-link") : null;
+    if (a && a.hash && a.hash === window.location.hash) fromHash(true);
+  });
 })((function (id) {  // the enclosing explorer: this script's parent, else by id
   var s = document.currentScript, p = s && s.parentNode;
   return p && p.id === id ? p : document.getElementById(id);
@@ -632,19 +658,29 @@ JS = r"""
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _HEAD = re.compile(r"\bL(\d+)H(\d+)\b")
 _TAG = re.compile(r"(<[^>]*>)")
+_SECTION = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")  # a section name a link may carry
 
 
-def link_heads(html: str, n_layers: int, n_heads: int) -> str:
+def link_heads(html: str, n_layers: int, n_heads: int, section: str | None = None) -> str:
     """Escaped HTML with each head name in its text ("L1H3", outside tags and links, within n_layers x
-    n_heads) made a link to #L1H3, which opens that head in the page's explorer."""
+    n_heads) made a link that opens that head in the page's explorer: #L1H3, or #L1H3@<section> when
+    `section` names the report section the text is about, which opens the head on that section's
+    sample prompt (the example whose sample_of lists it; `section_links` says which sections have one)."""
+    tail = f"@{section}" if section and _SECTION.match(section) else ""  # a plain name only
     parts, depth = _TAG.split(html), 0  # text at even indices, tags at odd ones
     for i, part in enumerate(parts):
         if i % 2:
             depth += 1 if re.match(r"<a[\s>]", part, re.I) else -1 if part.lower().startswith("</a") else 0
         elif depth == 0:
-            parts[i] = _HEAD.sub(lambda m: f'<a class="head-link" href="#{m[0]}">{m[0]}</a>'
+            parts[i] = _HEAD.sub(lambda m: f'<a class="head-link" href="#{m[0]}{tail}">{m[0]}</a>'
                                  if int(m[1]) < n_layers and int(m[2]) < n_heads else m[0], part)
     return "".join(parts)
+
+
+def section_links(data: Mapping[str, Any]) -> set[str]:
+    """The report sections whose sample prompt the explorer's data holds (its examples' sample_of)."""
+    return {str(s) for e in data.get("examples", []) if isinstance(e, Mapping) for s in e.get("sample_of") or []
+            if _SECTION.match(str(s))}
 
 
 def muted_scores(score_names: Any, heads_summary: Mapping[str, Any] | None) -> dict[str, str]:
@@ -695,4 +731,4 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     )
 
 
-__all__ = ["CSS", "JS", "explorer_html", "json_for_script", "link_heads", "muted_scores"]
+__all__ = ["CSS", "JS", "explorer_html", "json_for_script", "link_heads", "muted_scores", "section_links"]

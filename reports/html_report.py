@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from headscope.reports import io
-from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores
+from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores, section_links
 from headscope.reports.findings import caption, finding
 from headscope.reports.provenance import provenance_html, provenance_markdown, section_provenance
 from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
@@ -104,14 +104,16 @@ def _toc_html(entries: Sequence[tuple[str, str]]) -> str:
     return f'<nav class="toc"><h2>Contents</h2><ol>{items}</ol></nav>'
 
 
-def _findings_html(names: Sequence[str], status: Mapping[str, str], texts: Mapping[str, str]) -> str:
+def _findings_html(names: Sequence[str], status: Mapping[str, str], texts: Mapping[str, str],
+                   link: Callable[[str, str], str] = lambda html, name: html) -> str:
+    """The findings, one paragraph per analysis; link(html, name) links the head names in its row."""
     rows = []
     for name in names:
         state = status.get(name, "")
         text = texts.get(name, "") or (state if state and state != "done" else "")
-        rows.append(f'<p class="finding"><b><a href="#{escape(name)}">{escape(name)}</a></b>'
-                    + (f" <span class='failed'>({escape(state)})</span>" if state.startswith("failed") else "")
-                    + f": {escape(text) or 'no headline.'}</p>")
+        rows.append(link(f'<p class="finding"><b><a href="#{escape(name)}">{escape(name)}</a></b>'
+                         + (f" <span class='failed'>({escape(state)})</span>" if state.startswith("failed") else "")
+                         + f": {escape(text) or 'no headline.'}</p>", name))
     return "<h2 id='findings'>Findings</h2>" + "".join(rows)
 
 
@@ -211,17 +213,22 @@ def _explorer_section(out: Path) -> tuple[str, str]:
     n_tasks = len({e.get("task") for e in data.get("examples", [])})
     html = ("<h2 id='explorer'>attention explorer</h2><p class='guide'>Every head's attention pattern on "
             f"{n} example(s) of {'the task' if n_tasks < 2 else f'the {n_tasks} tasks the analyses used'}; "
-            "the grid is coloured by the chosen per-head score.</p>" + fragment)
+            "the grid is coloured by the chosen per-head score."
+            + (" Each task starts with the sample prompt its sections show; a head named in a finding links here, "
+               "to that head on its section's prompt." if section_links(data) else "") + "</p>" + fragment)
     return html, f"## attention explorer\n\n- [{EXPLORER_FILE}]({EXPLORER_FILE}) (interactive in report.html)\n"
 
 
-def _explorer_dims(out: Path) -> tuple[int, int] | None:
-    """(n_layers, n_heads) of OUT/explorer.json, None when unreadable."""
+def _head_linker(out: Path) -> Callable[[str, str], str] | None:
+    """link(html, section): the head names in a section's text linked to the explorer of OUT/explorer.json
+    (explorer_view.link_heads), opening on that section's sample prompt where the explorer holds it;
+    None when the file is unreadable."""
     try:
         data = io.read_json(out / EXPLORER_FILE)
-        return int(data["n_layers"]), int(data["n_heads"])
-    except (OSError, ValueError, KeyError, TypeError):
+        dims, shown = (int(data["n_layers"]), int(data["n_heads"])), section_links(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    return lambda html, section: link_heads(html, *dims, section if section in shown else None)
 
 
 def _top_heads_html(out: Path) -> str:
@@ -259,10 +266,10 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         sections.append(html_part)
         md_sections.append(md_part)
     explorer, explorer_md = _explorer_section(out)
-    dims = _explorer_dims(out) if explorer else None
-    if dims:  # head names in the findings link to that head in the explorer (#L1H3)
-        sections = [re.sub(r'<p class="finding">.*?</p>', lambda m: link_heads(m[0], *dims), part, flags=re.S)
-                    for part in sections]
+    link = _head_linker(out) if explorer else None
+    if link:  # head names in the findings link to that head in the explorer (#L1H3@patching: on patching's prompt)
+        sections = [re.sub(r'<p class="finding">.*?</p>', lambda m, name=name: link(m[0], name), part, flags=re.S)
+                    for name, part in zip(names, sections)]
     if explorer:
         sections.insert(0, explorer + _top_heads_html(out))
         md_sections.insert(0, explorer_md)
@@ -277,7 +284,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         toc.insert(1, ("task", "task"))
     toc += [(name, name) for name in names] + [("provenance", "provenance")]
     info = _provenance(out)
-    findings = _findings_html(names, status, texts)
+    findings = _findings_html(names, status, texts, link) if link else _findings_html(names, status, texts)
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads, "
              f"d_model {model.get('d_model', '?')}")
@@ -287,7 +294,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         f"<h1>{escape(title)}</h1><p>{escape(facts)}. Data: the CSV and JSON files beside this report (each "
         "section links its CSVs); "
         "provenance at the bottom and in manifest.json.</p>"
-        + _toc_html(toc) + (link_heads(findings, *dims) if dims else findings) + "".join(sections) + _provenance_html(info)
+        + _toc_html(toc) + findings + "".join(sections) + _provenance_html(info)
         + "</body></html>"
     )
     md = (f"# {md_escape(title)}\n\n{md_escape(facts)}\n\n" + _findings_markdown(names, status, texts) + "\n"

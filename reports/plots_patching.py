@@ -289,9 +289,8 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
 
 
 def _site(cell: Mapping[str, Any], kind: str) -> str:
-    where = [f"layer {cell.get('layer')}"]
-    if cell.get("head") is not None:
-        where.append(f"head {cell['head']}")
+    # a head by its name (L1H3), as every section names heads: the report links it to the explorer
+    where = [f"layer {cell.get('layer')}" if cell.get("head") is None else f"L{cell.get('layer')}H{cell['head']}"]
     if cell.get("pos") is not None:
         token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
         end = cell.get("from_end")  # the figures' axis: the same place in every left-padded prompt

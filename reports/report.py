@@ -529,6 +529,7 @@ class _Writer:
     report_names: list[str]
     model_info: dict
     config_info: dict
+    ran: dict = dataclasses.field(default_factory=dict)  # name -> what it ran on (runner.ran_on), for provenance and explorer
 
     @classmethod
     def open(cls, model: Any, out: Path, session: OutputSession | None, run: RunSettings, names: list[str],
@@ -623,7 +624,8 @@ class _Writer:
         from headscope.reports.provenance import TASK_FILE, task_record
 
         summary = result.summary if isinstance(getattr(result, "summary", None), Mapping) else {}
-        record = task_record(self.model, name, runner.ran_on(self.model, name, plan), summary, plan.used)
+        self.ran[name] = runner.ran_on(self.model, name, plan)
+        record = task_record(self.model, name, self.ran[name], summary, plan.used)
         with _writing(f"the {name} results", self.out):
             prefix = f"{name}/"
             ours = {r[len(prefix):]: h for r, h in self.session.files.items() if r.startswith(prefix)}
@@ -636,8 +638,8 @@ class _Writer:
         from headscope.reports.html_report import write_report_files
 
         run, session = self.run, self.session
-        try:  # the attention explorer's data: a few examples of the task, every layer's pattern
-            captured = runner.explorer_capture(self.model, run.task, plans, done, seed=run.seed)
+        try:  # the attention explorer's data: every task the sections used, their sample prompts first
+            captured = runner.explorer_capture(self.model, run.task, plans, done, seed=run.seed, ran=self.ran)
             with _writing("explorer.json", self.out):
                 write_explorer_data(self.model, self.root, run.task, seed=run.seed, captured=captured)
             session.record("explorer.json")

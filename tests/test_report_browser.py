@@ -76,3 +76,50 @@ def test_report_has_the_explorer_within_8_mb_and_clicking_a_head_changes_the_vie
         assert title.startswith(f"Layer {target[0]}, head {target[1]}")
         assert page.console_errors == []
         assert page.requests == []
+
+
+def test_a_patching_head_link_opens_that_head_on_patchings_prompt(xss_report, tmp_path):
+    """#34 items 1-2: the CLI's explorer opens with the sample prompt the sections' provenance shows (the task
+    file's first row, as task.json decodes it); a head that patching's finding names (its summary given a
+    head_out site: at chance on this model it names none) links to #L1H3@patching, and a click opens that
+    head on patching's prompt, whichever example was shown, with no console error or request."""
+    import shutil
+
+    import numpy as np
+
+    from browser import open_page
+    from headscope.reports import io as report_io
+    from headscope.reports.explorer import pattern_from_data
+    from headscope.reports.html_report import write_report_files
+
+    data = report_io.read_json(xss_report / "explorer.json")
+    sample = report_io.read_json(xss_report / "patching" / "task.json")["sample"]["prompt"]
+    assert data["examples"][0]["sample_of"] == ["heads", "patching"] and data["examples"][1]["sample_of"] == []
+    assert " ".join(data["examples"][0]["tokens"]) == sample  # the zoo tokenizer's word-level decode
+    assert sample.startswith("<bos> k01 v05 ; k02 v06 ;")  # the file's first row
+    out = tmp_path / "report"
+    shutil.copytree(xss_report, out)
+    summary = {k: v for k, v in report_io.read_json(out / "patching" / "summary.json").items()
+               if k not in ("chance", "gap_within_noise")}
+    summary["top_sites"] = {"head_out": [{"layer": 1, "head": 3, "pos": None, "token": "", "effect": 20.0}]}
+    report_io.write_json(out / "patching" / "summary.json", summary)
+    manifest = report_io.read_json(out / "manifest.json")
+    write_report_files(out, ["heads", "patching"], manifest["status"], manifest["model"], manifest["task_used"])
+    html = (out / "report.html").read_text()
+    assert 'href="#L1H3@patching">L1H3</a>' in html
+    shown = ("(function(){var t=document.querySelector('#hsx-report .hsx-heat');"
+             "return [+t.dataset.example, +t.dataset.layer, +t.dataset.head];})()")
+    with open_page(out / "report.html") as page:
+        page.evaluate("(function(){var s=document.querySelector('#hsx-report select'); s.value='1';"
+                      "s.dispatchEvent(new Event('change'));})()")  # the task's other row
+        assert page.evaluate(shown)[0] == 1
+        page.click("#patching ~ p.finding a.head-link")
+        page.settle(0.1)
+        assert page.evaluate(shown) == [0, 1, 3]
+        values = page.evaluate("Array.from(document.querySelectorAll('#hsx-report .hsx-heat tbody tr')).map(function(r){"
+                               "return Array.from(r.querySelectorAll('td')).map(function(c){return +c.dataset.v;});})")
+        assert np.allclose(values, pattern_from_data(data, 0, 1, 3), atol=0.5 / data["scale"] + 1e-6)
+        tokens = page.evaluate("Array.from(document.querySelectorAll('#hsx-report .hsx-tok'))"
+                               ".map(function(t){return t.textContent;})")
+        assert " ".join(tokens) == sample
+        assert page.console_errors == [] and page.requests == []

@@ -3,12 +3,15 @@
 `capture_examples(model, source, more_tasks=...)` runs one forward pass per example (padding
 removed, the first `max_tokens` tokens) and returns `Captured`: each example's tokens and
 patterns (integers, round(p * SCALE), trailing zeros of each query's row dropped) and the per-head
-sums the explorer's grid shows. The runner (analyses/core/runner.py) calls it for a report, and
-reports/explorer.py turns a Captured into the explorer's data and writes it: reports only draw.
+sums the explorer's grid shows. For a report, `capture_shown(model, shown)` captures every task
+the report's sections used (`Shown`, built by the runner, analyses/core/runner.py): each task's
+sample prompts first (the ones the sections' provenance lines show, always captured), then a few
+more of its examples while the stored values stay under MAX_VALUES. reports/explorer.py turns a
+Captured into the explorer's data and writes it: reports only draw.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,8 @@ from headscope.hooks import capture, site
 
 SCALE = 10_000
 MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)
+SAMPLE_TOKENS = 128  # a section's sample prompt is kept whole up to this length (and the model's context)
+# when its patterns alone fit MAX_VALUES
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,7 @@ class Captured:
     sink, peak: [n_layers, n_heads] sums over the examples of each head's mean weight on the first
     token and mean largest weight (a decoder's first query left out); source: the first task's label."""
 
-    examples: list[dict[str, Any]]
+    examples: list[dict[str, Any]]  # a report's (capture_shown) also: task_name, sections, sample_of
     sink: torch.Tensor
     peak: torch.Tensor
     source: str
@@ -141,4 +146,67 @@ def capture_examples(model, source: Any = None, *, max_examples: int = 3, max_to
     return Captured(examples=examples, sink=sink, peak=peak, source=source_label)
 
 
-__all__ = ["MAX_VALUES", "SCALE", "Captured", "capture_example", "capture_examples", "example_rows"]
+@dataclass(frozen=True)
+class Shown:
+    """One task a report's explorer shows. task: its name (as the sections' provenance names it);
+    sections: the report sections that ran on it, in report order; samples: ((row [pos], sections whose
+    provenance line shows this row as its sample), ...), padding removed; rows: its other examples
+    ([pos] each, padding removed), of which a few are added after every task's samples."""
+
+    task: str
+    sections: tuple[str, ...]
+    samples: tuple[tuple[torch.Tensor, tuple[str, ...]], ...]
+    rows: tuple[torch.Tensor, ...] = ()
+
+
+def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_tokens: int = 64) -> Captured:
+    """Every layer's attention pattern on each task of `shown`: its sample prompts first (every one,
+    whatever the budget: a head a section names can always be opened on its prompt; each whole up to
+    SAMPLE_TOKENS tokens when its patterns alone fit MAX_VALUES, else its first `max_tokens`), then up to
+    `more_examples` of its other rows (a row equal to a sample skipped), task by task, while the stored
+    values stay under MAX_VALUES. One forward pass per example. Examples are listed task by task, samples
+    first; each carries task (the label: name and sections), task_name, sections and sample_of (the
+    sections whose sample it is; [] for the other examples)."""
+    if not shown:
+        raise ConfigError("capture_shown needs at least one task to show.")
+    f = model.facts
+    sink, peak = torch.zeros(f.n_layers, f.n_heads), torch.zeros(f.n_layers, f.n_heads)
+    groups: list[list[dict[str, Any]]] = [[] for _ in shown]
+    stored = 0
+
+    def whole(row: torch.Tensor) -> int:  # a sample's tokens: all of them when they fit, else max_tokens
+        n = int(row.shape[0])
+        values = f.n_layers * f.n_heads * (n * n if f.is_encoder else n * (n + 1) // 2)
+        return n if n <= min(SAMPLE_TOKENS, f.n_ctx) and values <= MAX_VALUES else max_tokens
+
+    def add(i: int, row: torch.Tensor, sample_of: tuple[str, ...]) -> None:
+        nonlocal stored, sink, peak
+        entry = shown[i]
+        example, s, m = capture_example(model, row, max(max_tokens, whole(row)) if sample_of else max_tokens)
+        example.update(task=f"{entry.task} ({', '.join(entry.sections)})", task_name=entry.task,
+                       sections=list(entry.sections), sample_of=list(sample_of))
+        groups[i].append(example)
+        stored += _n_values(example)
+        sink, peak = sink + s, peak + m
+
+    for i, entry in enumerate(shown):
+        for row, sections in entry.samples:
+            add(i, row, sections)
+    for i, entry in enumerate(shown):
+        seen = {tuple(int(t) for t in row[:max_tokens]) for row, _ in entry.samples}
+        added = 0
+        for row in entry.rows:
+            if added >= more_examples or stored >= MAX_VALUES:
+                break
+            key = tuple(int(t) for t in row[:max_tokens])
+            if key in seen:
+                continue
+            seen.add(key)
+            add(i, row, ())
+            added += 1
+    examples = [e for group in groups for e in group]
+    return Captured(examples=examples, sink=sink, peak=peak, source=shown[0].task)
+
+
+__all__ = ["MAX_VALUES", "SAMPLE_TOKENS", "SCALE", "Captured", "Shown", "capture_example", "capture_examples", "capture_shown",
+           "example_rows"]

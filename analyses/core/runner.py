@@ -13,8 +13,9 @@ The runner decides everything before any analysis runs, and once:
   held bytes, not the disk), so the Task an analysis runs on has the rows its settings say;
 - `run_planned`: one analysis run from its seed, its summary with "chance" and "budget"; a failure
   is a `Failure` object (type, message, traceback), never a string to parse;
-- `explorer_capture`: the attention explorer's activations (analyses/core/attention_capture.py),
-  on the Tasks the analyses ran on.
+- `explorer_capture`: the attention explorer's activations (analyses/core/attention_capture.py):
+  every task the sections used (position's sweeps and probes' data included), each section's sample
+  prompt (the one its provenance line shows) first, then a few more of the task's examples.
 
 Position runs on its own sweeps and probes on its probe data (their labels depend on what they are
 given), so both are handed the user's task as given; every other family is handed its Task.
@@ -254,28 +255,61 @@ def ran_on(model: Any, name: str, plan: Plan) -> Any:
         return err
 
 
-def explorer_tasks(plans: Mapping[str, Plan], done: Sequence[str]) -> dict[str, Any]:
-    """{label: Task} of each Task the analyses in `done` ran on (label: the task's name and those
-    analyses), for the explorer's examples: the plans' own Tasks, nothing resolved again."""
-    by_name: dict[str, tuple[Any, list[str]]] = {}
+def _rows(data: Any) -> tuple[str, list[torch.Tensor]] | None:
+    """(task name, token rows [pos] each, padding removed, the provenance sample first) of what an
+    analysis ran on (ran_on): a Task, or position's (sweep kind, first sweep); None for anything else."""
+    if isinstance(data, tuple) and len(data) == 2 and hasattr(data[1], "tokens"):  # position's own sweeps
+        kind, sweep = data
+        rows = list(sweep.tokens)
+        return str(kind), rows[:1] + rows[:0:-1]  # the sample (gold in the first slot), then the last slot's
+    if hasattr(data, "tokens") and hasattr(data, "example") and len(data) > 0:
+        return str(data.name), [data.example(i).tokens[0] for i in range(min(len(data), 4))]
+    return None
+
+
+def explorer_shown(model: Any, plans: Mapping[str, Plan], done: Sequence[str],
+                   ran: Mapping[str, Any] | None = None) -> list[Any]:
+    """The tasks the explorer shows (attention_capture.Shown), one per task name the analyses in `done`
+    used, in report order: each with the sections that used it, each section's sample prompt (the row its
+    provenance line shows: `ran_on`'s data, given in `ran` as the writer kept it, else found again) and a
+    few more rows. Position's sweeps and probes' probed Task count as tasks; an analysis whose data is not
+    known (an error finding it, the user's task handed to position) adds none."""
+    from headscope.analyses.core.attention_capture import Shown
+
+    found: dict[str, dict[str, Any]] = {}
     for name in done:
         plan = plans.get(name)
-        if plan is None or plan.skip is not None or plan.resolved is None or not registry.judges_model(name):
+        if plan is None or plan.skip is not None:
             continue
-        used = registry.judged_rows(name, plan.resolved)
-        if hasattr(used, "tokens"):
-            by_name.setdefault(str(used.name), (used, []))[1].append(name)
-    return {f"{task_name} ({', '.join(who)})": used for task_name, (used, who) in by_name.items()}
+        data = ran[name] if ran is not None and name in ran else ran_on(model, name, plan)
+        rows = _rows(data)
+        if rows is None:
+            continue
+        task, tokens = rows
+        entry = found.setdefault(task, {"sections": [], "samples": [], "rows": tokens[1:]})
+        entry["sections"].append(name)
+        key = tuple(int(t) for t in tokens[0])
+        for sample in entry["samples"]:
+            if sample[0] == key:
+                sample[2].append(name)
+                break
+        else:
+            entry["samples"].append((key, tokens[0], [name]))
+    return [Shown(task=task, sections=tuple(e["sections"]), samples=tuple((row, tuple(who)) for _, row, who in e["samples"]),
+                  rows=tuple(e["rows"])) for task, e in found.items()]
 
 
-def explorer_capture(model: Any, task: Any, plans: Mapping[str, Plan], done: Sequence[str], *, seed: int = 0) -> Any:
-    """The attention explorer's activations for a report (attention_capture.Captured): a few examples
-    of the report's task (None: the heads analysis's default) and of each Task the analyses in
-    `done` ran on, every layer's pattern."""
-    from headscope.analyses.core.attention_capture import capture_examples
+def explorer_capture(model: Any, task: Any, plans: Mapping[str, Plan], done: Sequence[str], *, seed: int = 0,
+                     ran: Mapping[str, Any] | None = None) -> Any:
+    """The attention explorer's activations for a report (attention_capture.Captured): every task the
+    analyses in `done` used, its sections' sample prompts first (explorer_shown; `ran`: what each ran on,
+    as `ran_on` found it), one forward pass per prompt; with none, a few examples of the report's task
+    (None: the heads analysis's default)."""
+    from headscope.analyses.core.attention_capture import capture_examples, capture_shown
 
-    return capture_examples(model, task, seed=seed, more_tasks=explorer_tasks(plans, done))
+    shown = explorer_shown(model, plans, done, ran)
+    return capture_shown(model, shown) if shown else capture_examples(model, task, seed=seed)
 
 
-__all__ = ["Failure", "Outcome", "Plan", "apply_budget", "explorer_capture", "explorer_tasks", "fit_to_budget",
+__all__ = ["Failure", "Outcome", "Plan", "apply_budget", "explorer_capture", "explorer_shown", "fit_to_budget",
            "plan_analyses", "ran_on", "resolve_plans", "run_planned", "seed_everything"]

@@ -107,3 +107,47 @@ def test_a_failure_is_an_object_with_its_type_message_and_traceback():
     assert (mistake.error_type, mistake.message, mistake.mistake) == ("TaskError", "no pairs: bad", True)
     assert mistake.status == "failed: TaskError: no pairs: bad" and "raise hs.TaskError" in mistake.traceback
     assert (bug.error_type, bug.mistake) == ("KeyError", False) and "Traceback" in bug.traceback
+
+
+def test_the_explorer_shows_every_task_the_sections_used_each_sample_first(zoo_model, monkeypatch):
+    """#34 item 1: the explorer holds one group per task the report's sections used (position's own sweeps
+    and probes' data included), each starting with the sample prompt that section's provenance line shows
+    (task.json's, decoded by the tokenizer: a path apart from the explorer's string tokens), then at most 2
+    other rows of that task; a pattern is the one a plain capture of that row gives. Past MAX_VALUES every
+    sample is still shown, and nothing else."""
+    import numpy as np
+
+    from headscope.analyses.core import attention_capture, runner
+    from headscope.hooks import capture, site
+    from headscope.reports.explorer import explorer_data, pattern_from_data
+    from headscope.reports.provenance import task_record
+
+    model, names = zoo_model, ["heads", "attribution", "position", "patching", "mlp", "kv", "probes", "circuits"]
+    plans = runner.resolve_plans(model, runner.plan_analyses(model, names, None), names, dict(quick=True))
+    ran = {name: runner.ran_on(model, name, plans[name]) for name in names}
+    captured = runner.explorer_capture(model, None, plans, names, ran=ran)
+    examples = captured.examples
+    tasks = list(dict.fromkeys(e["task_name"] for e in examples))
+    assert tasks == ["kv", "zoo_kv", "ioi", "facts"]  # in report order of first use; position's sweep and probes' kv count
+    assert examples[0]["task"] == "kv (heads, attribution, kv, probes)"
+    for name in names:
+        record = task_record(model, name, ran[name], {}, plans[name].used)
+        (i,) = [i for i, e in enumerate(examples) if name in e["sample_of"]]
+        group = [e for e in examples if e["task_name"] == examples[i]["task_name"]]
+        assert group[0] is examples[i] and name in group[0]["sections"]  # the section's sample opens its task's group
+        assert " ".join(examples[i]["tokens"]) == record["sample"]["prompt"]  # the zoo's word-level decode
+    for task in tasks:
+        group = [e for e in examples if e["task_name"] == task]
+        assert 2 <= len(group) <= 3 and all(not e["sample_of"] for e in group[1:])
+        assert len({tuple(e["tokens"]) for e in group}) == len(group)  # no row twice
+    data = explorer_data(model.facts, captured)
+    (pos,) = [i for i, e in enumerate(examples) if e["sample_of"] == ["position"]]
+    row = ran["position"][1].tokens[:1]  # [1, pos]: the sweep's first row, the provenance's sample
+    acts = capture(model, row, [site("pattern", 3)], to_cpu=True)
+    assert np.allclose(pattern_from_data(data, pos, 3, 5), acts[site("pattern", 3)][0, 5].numpy(),
+                       atol=0.5 / data["scale"] + 1e-6)
+
+    monkeypatch.setattr(attention_capture, "MAX_VALUES", 1)  # the budget spent: the samples only, every one
+    shown = runner.explorer_capture(model, None, plans, names, ran=ran).examples
+    assert [e["task_name"] for e in shown] == tasks
+    assert [(e["tokens"], e["sample_of"]) for e in shown] == [(e["tokens"], e["sample_of"]) for e in examples if e["sample_of"]]

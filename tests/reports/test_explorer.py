@@ -19,6 +19,7 @@ from headscope.reports.explorer import (
     SINK,
     AttentionExplorer,
     attention_explorer_data,
+    explorer_data,
     pattern_from_data,
     show_attention,
     write_explorer_data,
@@ -214,12 +215,105 @@ def test_more_tasks_add_their_examples_within_the_budget(llama, monkeypatch):
     assert len(attention_explorer_data(llama, PROMPTS[:1], more_tasks={"b": [PROMPTS[1]]})["examples"]) == 1
 
 
+def test_a_sample_prompt_is_kept_whole_when_it_fits_and_every_sample_past_the_budget(llama, monkeypatch):
+    """capture_shown: a section's 60-token sample keeps every token (its patterns are the whole prompt's)
+    where the task's other rows keep their first max_tokens (32 here); with the budget spent the sample is
+    still shown, cut to max_tokens."""
+    from headscope.analyses.core import attention_capture
+    from headscope.analyses.core.attention_capture import Shown, capture_shown
+
+    long = " ".join(f"w{i % 9 + 1}" for i in range(59))
+    row, other = llama.to_tokens(long)[0], llama.to_tokens(long.replace("w1 ", "w2 "))[0]
+    shown = [Shown(task="t", sections=("position",), samples=((row, ("position",)),), rows=(other,))]
+    captured = capture_shown(llama, shown, max_tokens=32)
+    assert [(len(e["tokens"]), e["truncated"], e["sample_of"]) for e in captured.examples] == [
+        (60, False, ["position"]), (32, True, [])]
+    data = explorer_data(llama.facts, captured)
+    assert np.allclose(pattern_from_data(data, 0, 1, 3), reference(llama, long).numpy()[1, 3], atol=0.5 / data["scale"] + 1e-6)
+    monkeypatch.setattr(attention_capture, "MAX_VALUES", 1)
+    assert [(len(e["tokens"]), e["sample_of"]) for e in capture_shown(llama, shown, max_tokens=32).examples] == [
+        (32, ["position"])]
+
+
 def test_link_heads_links_head_names_in_text_only():
     html = ('<p class="finding"><b><a href="#heads">L0H1</a></b>: L1H3 and L2H0, L1H30, L10H1; '
             '<img alt="L0H2">xL1H1</p>')
     assert link_heads(html, 2, 4) == (
         '<p class="finding"><b><a href="#heads">L0H1</a></b>: <a class="head-link" href="#L1H3">L1H3</a> and L2H0, '
         'L1H30, L10H1; <img alt="L0H2">xL1H1</p>')
+    assert link_heads("L1H3 L0H0", 2, 4, "patching") == ('<a class="head-link" href="#L1H3@patching">L1H3</a> '
+                                                        '<a class="head-link" href="#L0H0@patching">L0H0</a>')
+    assert link_heads("L1H3", 2, 4, '"><b>') == '<a class="head-link" href="#L1H3">L1H3</a>'  # not a section name
+
+
+@pytest.fixture(scope="module")
+def shown_report(llama, tmp_path_factory):
+    """A report folder on two tasks: heads ran on task a (sample PROMPTS[0]), patching on task b (sample
+    PROMPTS[1], one more row); position's finding names a head but the explorer holds no prompt of its."""
+    from headscope.analyses.core.attention_capture import Shown, capture_shown
+
+    tmp_path = tmp_path_factory.mktemp("shown")
+    rows = [llama.to_tokens(p)[0] for p in PROMPTS]
+    captured = capture_shown(llama, [Shown(task="a", sections=("heads",), samples=((rows[0], ("heads",)),)),
+                                     Shown(task="b", sections=("patching",), samples=((rows[1], ("patching",)),),
+                                           rows=(rows[1], rows[0]))])
+    write_explorer_data(llama, tmp_path, captured=captured)
+    io.write_json(tmp_path / "heads" / "summary.json", {"roles": {"induction": ["L1H2"]}})
+    io.write_json(tmp_path / "patching" / "summary.json", {
+        "metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 2, "clean_metric": 2.0,
+        "corrupted_metric": -2.0, "top_sites": {"head_out": [{"layer": 1, "head": 3, "pos": None, "token": "", "effect": 1.5}]}})
+    io.write_json(tmp_path / "position" / "summary.json", {"retrieval_heads": [[0, 1]]})
+    names = ["heads", "patching", "position"]
+    write_report_files(tmp_path, names, dict.fromkeys(names, "done"), {"name": "tiny", "family": "llama"})
+    return tmp_path
+
+
+def test_head_names_link_to_the_explorer_on_their_sections_prompt(shown_report):
+    """#34 item 2: each section's head names (patching's head_out site, heads' roles) link to #L1H3@<section>
+    (the section whose sample prompt the explorer holds), in the findings list and in the section; a
+    section without a prompt there links to the head alone."""
+    data = io.read_json(shown_report / "explorer.json")
+    assert [(e["task"], e["sample_of"]) for e in data["examples"]] == [
+        ("a (heads)", ["heads"]), ("b (patching)", ["patching"]), ("b (patching)", [])]  # b's second row: PROMPTS[0]
+    page = (shown_report / "report.html").read_text()
+    rows = re.findall(r'<p class="finding"><b><a href="#(\w+)">.*?</p>', page, re.S)
+    assert rows == ["heads", "patching", "position"]
+    links = {name: re.findall(r'class="head-link" href="([^"]+)"', part)
+             for name, part in re.findall(r'<p class="finding"><b><a href="#(\w+)">(.*?)</p>', page, re.S)}
+    assert links == {"heads": ["#L1H2@heads"], "patching": ["#L1H3@patching"], "position": ["#L0H1"]}
+    sections = re.findall(r'<h2 id="(\w+)">.*?<p class="finding">(.*?)</p>', page, re.S)
+    assert [(n, re.findall(r'href="(#L[^"]+)"', t)) for n, t in sections] == [
+        ("heads", ["#L1H2@heads"]), ("patching", ["#L1H3@patching"]), ("position", ["#L0H1"])]
+
+
+@needs_chromium
+def test_a_head_link_opens_that_head_on_its_sections_prompt_in_chromium(llama, shown_report):
+    """Clicking patching's L1H3 (its section's finding) opens layer 1 head 3 on patching's sample prompt
+    (task b, PROMPTS[1]), from whatever example was shown; heads' L1H2 (the findings list) on heads' (PROMPTS[0])."""
+    from browser import open_page
+
+    refs = [reference(llama, p).numpy() for p in PROMPTS]  # [L, H, q, k] each
+    tol = 0.5 / io.read_json(shown_report / "explorer.json")["scale"] + 1e-6
+    title = "document.querySelector('#hsx-report .hsx-title').textContent"
+    with open_page(shown_report / "report.html") as page:
+        choose(page, "hsx-report", 0, "2")  # task b's other row, PROMPTS[0]
+        page.click("#patching ~ p.finding a.head-link")
+        page.settle(0.1)
+        shown, values = _heatmap(page, "hsx-report")
+        assert shown == [1, 1, 3] and np.allclose(values, refs[1][1, 3], atol=tol)
+        assert page.evaluate("document.querySelector('#hsx-report select').value") == "1"
+        assert "example 2 of b (patching), the sample prompt of patching" in page.evaluate(title)
+        assert page.evaluate("document.querySelector('#hsx-report .hsx-title a').getAttribute('href')") == "#L1H3@patching"
+        page.click("#findings + p a.head-link")
+        page.settle(0.1)
+        shown, values = _heatmap(page, "hsx-report")
+        assert shown == [0, 1, 2] and np.allclose(values, refs[0][1, 2], atol=tol)
+        choose(page, "hsx-report", 0, "2")
+        page.click("#heads ~ p.finding a.head-link")  # the same link again (no hashchange): back on its prompt
+        page.settle(0.1)
+        assert _heatmap(page, "hsx-report")[0] == [0, 1, 2]
+        page.settle()
+        assert page.console_errors == [] and page.requests == []
 
 
 @needs_chromium
@@ -269,6 +363,19 @@ def test_explorer_in_chromium_shows_the_captured_patterns(llama, data, tmp_path)
 
         choose(page, "one", 0, "1")
         assert XSS in page.evaluate("document.querySelector('#one .hsx-tokens').textContent")  # shown as text
+        # every key and query label whole, the 25-character token too (it was cut to 6em before)
+        cut = page.evaluate("Array.from(document.querySelectorAll('#one .hsx-heat th')).filter(function(t){"
+                            "var r=t.getBoundingClientRect(),c=(t.firstElementChild||t).getBoundingClientRect();"
+                            "return t.scrollWidth>t.clientWidth||t.scrollHeight>t.clientHeight||c.top<r.top-0.5"
+                            "||c.bottom>r.bottom+0.5||c.left<r.left-0.5||c.right>r.right+0.5;})"
+                            ".map(function(t){return t.textContent;})")
+        assert cut == [] and page.evaluate("document.querySelector('#one .hsx-heat th[data-k=\"2\"]').textContent") == XSS
+        choose(page, "one", 2, "lines")
+        outside = page.evaluate("Array.from(document.querySelectorAll('#one .hsx-lines text')).filter(function(t){"
+                                "var b=t.getBBox();return b.x<0||b.x+b.width>+t.ownerSVGElement.getAttribute('width');})"
+                                ".map(function(t){return t.textContent;})")
+        assert outside == []
+        choose(page, "one", 2, "heatmap")
         assert page.evaluate("document.querySelectorAll('#one .hsx-tokens script, #one .hsx-heat script').length") == 0
         page.settle()
         assert page.console_errors == [] and page.requests == []

@@ -40,7 +40,7 @@ def test_patching_reports_the_share_of_the_clean_corrupted_gap():
                "attribution_correlation": {"resid_pre": {"pearson": 0.9876, "spearman": 0.9, "n": 10}}}
     text = finding("patching", summary)
     assert "resid_pre at layer 1, position 3 ('3: Mary'): 0.75 of the clean-corrupted gap (+3 logit difference)" in text
-    assert "head_out at layer 2, head 5 (-0.25)" in text  # -1 / (2 - -2)
+    assert "head_out at L2H5 (-0.25)" in text  # -1 / (2 - -2); named as every section names heads (linked)
     # Fisher z: tanh(atanh(0.9876) -+ 1.96 / sqrt(10 - 3)) = 0.947, 0.997
     assert "resid_pre r = 0.988 (n = 10 cells, 95% CI [0.947, 0.997])" in text
 
