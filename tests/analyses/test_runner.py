@@ -135,7 +135,9 @@ def test_the_explorer_shows_every_task_the_sections_used_each_sample_first(zoo_m
         (i,) = [i for i, e in enumerate(examples) if name in e["sample_of"]]
         group = [e for e in examples if e["task_name"] == examples[i]["task_name"]]
         assert group[0] is examples[i] and name in group[0]["sections"]  # the section's sample opens its task's group
-        assert " ".join(examples[i]["tokens"]) == record["sample"]["prompt"]  # the zoo's word-level decode
+        tokens = examples[i]["tokens"]  # the model's tokens; the section's sample is the user's text, without BOS
+        tokens = tokens[1:] if tokens[0] == model.tokenizer.bos_token else tokens
+        assert " ".join(tokens) == record["sample"]["prompt"]  # the zoo's word-level decode
     for task in tasks:
         group = [e for e in examples if e["task_name"] == task]
         assert 2 <= len(group) <= 3 and all(not e["sample_of"] for e in group[1:])
