@@ -18,7 +18,7 @@ analysis scored the example, by an attribution method's signed scores: red posit
 the arrow keys move the selected head; a URL fragment #L1H3 opens layer 1, head 3, and #L1H3@patching opens it on
 the sample prompt of the report's patching section (an example's "sample_of" lists the sections whose
 provenance line shows it; `link_heads` makes such links in the findings).
-Attention weights are drawn on one sequential scale, white (0) to dark blue (1), shown with its
+Attention weights are drawn on one sequential scale, white (0) to dark red (1), as in the figures, shown with its
 legend; per-head scores colour the grid as the figures do: a signed score (one below 0) diverging
 about 0, red positive, blue negative; an unsigned one (gradient importance, induction, ...) white at
 0 to red at its max, never stretched from its min.
@@ -156,9 +156,9 @@ JS = r"""
   function kvOf(h) { return Math.floor(h / G); }
   function headName(l, h) { return "L" + l + " H" + h + (G > 1 ? " (kv" + kvOf(h) + ")" : ""); }
   var PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4", "#b2df8a", "#fb9a99"];
-  function seq(v) {  // attention weight 0..1 -> white .. dark blue (sequential, linear in RGB)
+  function seq(v) {  // attention weight 0..1 -> white .. dark red (the figures' sequential Reds, linear in RGB)
     v = Math.max(0, Math.min(1, v));
-    return "rgb(" + [8, 48, 107].map(function (x) { return Math.round(255 + (x - 255) * v); }).join(",") + ")";
+    return "rgb(" + [103, 0, 13].map(function (x) { return Math.round(255 + (x - 255) * v); }).join(",") + ")";
   }
   function combined(ex, heads, how) {  // several heads' patterns, averaged or their elementwise max
     var ps = heads.map(function (lh) { return pattern(ex, lh[0], lh[1]); }), n = ps[0].length, out = [];

@@ -439,7 +439,7 @@ def _rgb(css: str) -> np.ndarray:
 @needs_chromium
 def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(llama, data, tmp_path):
     """A thumbnail per head drawn from its pattern (click opens it, hover previews it), the colour scale
-    (attention weight 0..1, white to rgb(8,48,107), the cells on it), heads overlaid (mean, then max), a
+    (attention weight 0..1, white to rgb(103,0,13), the figures' red, the cells on it), heads overlaid (mean, then max), a
     pinned query shading the tokens by its weights, and #L1H3 opening layer 1 head 3; no requests."""
     from browser import open_page
 
@@ -476,10 +476,10 @@ def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(ll
         corner = page.evaluate("(function(){var c=document.querySelector('#x .hsx-corner');"
                                "return [c.textContent,c.scrollWidth<=c.clientWidth&&c.scrollHeight<=c.clientHeight];})()")
         assert corner == ["keys \u2192queries \u2193", True]  # the corner label whole, not cut
-        assert "rgb(255, 255, 255)" in scale[3] and "rgb(8, 48, 107)" in scale[3]
+        assert "rgb(255, 255, 255)" in scale[3] and "rgb(103, 0, 13)" in scale[3]
         cell = page.evaluate("(function(){var c=document.querySelector('#x .hsx-heat td[data-q=\"3\"][data-k=\"1\"]');"
                              "return getComputedStyle(c).backgroundColor;})()")
-        assert np.allclose((255 - _rgb(cell)) / (255 - np.array([8, 48, 107])), ref[1, 3, 3, 1], atol=0.01)
+        assert np.allclose((255 - _rgb(cell)) / (255 - np.array([103, 0, 13])), ref[1, 3, 3, 1], atol=0.01)
 
         page.click("#x td[data-layer='0'][data-head='1']", shift=True)  # shift+click: overlay a second head
         shown, values = _heatmap(page, "x")
@@ -497,7 +497,7 @@ def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(ll
         weights = page.evaluate("Array.from(document.querySelectorAll('#x .hsx-tokens .hsx-tok'))"
                                 ".map(function(t){return [+t.dataset.w, getComputedStyle(t).backgroundColor];})")
         assert np.allclose([w for w, _ in weights], ref[0, 1, 4], atol=tol)
-        shade = np.array([(255 - _rgb(c)) / (255 - np.array([8, 48, 107])) for _, c in weights])  # [key, rgb]
+        shade = np.array([(255 - _rgb(c)) / (255 - np.array([103, 0, 13])) for _, c in weights])  # [key, rgb]
         assert np.allclose(shade, ref[0, 1, 4][:, None], atol=0.01)
 
         assert page.evaluate("document.querySelector('#x .hsx-title a').getAttribute('href')") == "#L0H1"
