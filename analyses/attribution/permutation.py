@@ -117,7 +117,7 @@ def saturation(top_prob: Sequence[float], *, threshold: float = SATURATED) -> di
         return {"is_saturated": False, "n_examples": 0}
     k = sum(x >= threshold for x in p)
     headroom = statistics.median(1.0 - x for x in p)
-    floor = math.e * headroom
+    floor = min(1.0, math.e * headroom)  # a TVD is at most 1
     saturated = k > len(p) / 2
     return {
         "is_saturated": saturated, "share": k / len(p), "n_saturated": k, "n_examples": len(p), "threshold": threshold,
