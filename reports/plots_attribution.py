@@ -144,9 +144,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement.",
     "token_heatmap": "One example: each method's share of importance per token (rows sum to 1).",
     "permutation": "Per example: median output change (total variation distance, 0-1) when the layer's attention is "
-                   "permuted, against its maximum attention weight.",
+                   "permuted, against its maximum attention weight. Where the output is saturated (the finding says so), "
+                   "the distance stays near 0 whatever the layer does; read the finding's logit-unit change instead.",
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
-                   "while the output stays within epsilon.",
+                   "while the output stays within epsilon; a saturated output stays within it under almost any attention.",
 }
 
 
