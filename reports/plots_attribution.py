@@ -193,6 +193,9 @@ def finding(s: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
+SMALL_METRIC_CHANGE = 0.1  # mean |change| of the task metric (logits, nats) under which "does little" may be said
+
+
 def _saturated(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The summary's saturation entry when most examples' outputs are saturated, else None."""
     entry = s.get("saturated")
@@ -233,10 +236,14 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
         if effect:
             parts.append(f"In the task metric's units, permuting layer {layer}'s attention {effect}.")
     elif tvd is not None:
-        if tvd < 0.01:
+        size = _num(s.get("permutation_abs_metric_change"))
+        if tvd < 0.01 and (size is None or size < SMALL_METRIC_CHANGE):
             parts.append(f"Permuting layer {layer}'s attention barely moves the output (median {change} "
                          f"{tvd:.3g}): that layer's attention does little for the prediction, so the permutation test "
                          "says nothing about faithfulness.")
+        elif tvd < 0.01:  # the distribution hardly moves, the metric does: no "does little"
+            parts.append(f"Permuting layer {layer}'s attention barely moves the output distribution (median {change} "
+                         f"{tvd:.3g}), yet the task metric moves.")
         else:
             parts.append(f"Permuting layer {layer}'s attention changes the output by a median {change} of {tvd:.3g}.")
         if effect:

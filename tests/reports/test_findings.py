@@ -475,8 +475,13 @@ def test_attribution_on_a_saturated_output_reads_the_logit_difference():
     assert (f"permuting layer 2's attention changes the logit difference by a mean of {changes.mean():+.3g}, 95% CI "
             f"[{changes.mean() - half:+.3g}, {changes.mean() + half:+.3g}] over 16 examples") in text
     assert "median JSD of 0.385 nats says nothing about faithfulness; that attention changes the logit difference" in text
-    unsaturated = {**s, "saturated": saturation([0.6] * 16), "median_permutation_tvd": 0.002}
-    assert "barely moves the output" in finding("attribution", unsaturated)  # the old reading where it holds
+    unsaturated = {**s, "saturated": saturation([0.6] * 16), "median_permutation_tvd": 0.002,
+                   "permutation_abs_metric_change": 0.05}
+    assert "barely moves the output (median tvd 0.002): that layer's attention does little" in finding(
+        "attribution", unsaturated)  # the old reading where the metric agrees
+    text = finding("attribution", {**unsaturated, "permutation_abs_metric_change": 0.7})  # the metric moves: no "little"
+    assert "barely moves the output distribution (median tvd 0.002), yet the task metric moves" in text
+    assert "does little" not in text
 
 
 def test_attribution_at_chance_reports_what_was_measured_only():
