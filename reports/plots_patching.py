@@ -359,6 +359,11 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     return said
 
 
+def _and(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def _measured_only(s: Mapping[str, Any]) -> str:
     """At chance: which sites were patched, over how many examples and cells, without any site's share
     of the gap, any ranking or attribution patching's correlation with exact patching."""
@@ -366,7 +371,7 @@ def _measured_only(s: Mapping[str, Any]) -> str:
     corr = s.get("attribution_correlation") if isinstance(s.get("attribution_correlation"), Mapping) else {}
     cells = sum(int(_num(v.get("n")) or 0) for v in corr.values() if isinstance(v, Mapping))
     said = (f"Measured: exact activation patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
-            + (f" at {', '.join(k.replace('_', ' ') for k in sites)}" if sites else "")
+            + (f" at {_and([k.replace('_', ' ') for k in sites])}" if sites else "")
             + (f", and attribution patching against it over {cells} cells" if cells else "")
             + "; no site is ranked and no agreement is read at chance.")
     trace = s.get("causal_tracing")

@@ -504,7 +504,7 @@ def test_patching_at_chance_ranks_no_site_and_reads_no_correlation():
                                      "resid_pre": {"pearson": 0.994, "spearman": 1.0, "n": 42, "n_nonzero": 5}}}
     text = finding("patching", s)
     assert "Clean prompts give a logit difference of -0.0686, corrupted ones -0.029." in text
-    assert "Measured: exact activation patching (denoise, 8 examples) at head out, resid pre, and attribution patching " \
+    assert "Measured: exact activation patching (denoise, 8 examples) at head out and resid pre, and attribution patching " \
            "against it over 54 cells; no site is ranked and no agreement is read at chance." in text
     for said in ("r = ", "95% CI [1.000", "moves the metric most", "Next, at", "of the clean-corrupted gap"):
         assert said not in text, said
