@@ -11,8 +11,10 @@ a layer whose attention changes nothing). The text is plain (no markup): callers
 A summary's "chance" entry (analyses/core/chance.py, added by the registry) decides whether the
 model is at chance on the task: then `finding` opens with that and the findings stated relative to
 the clean metric (heads prunable or L0-kept "within 1%", kv budgets "within 1%" of the full cache,
-patching effects as shares of the clean-corrupted gap) are left out. Summaries without the entry
-(older results) keep the logit-difference heuristic `_at_chance`.
+patching effects as shares of the clean-corrupted gap) are left out, and so is every ranking,
+correlation or shape claim read off the task's metric: attribution, patching, position and mlp then
+state what was measured (n, methods, sites, settings) and nothing read from it. Summaries without
+the entry (older results) keep the logit-difference heuristic `_at_chance`.
 
 A finding claims only what its numbers carry (REFERENCES.md, "Claims a reviewer accepts"): each
 states its n; a mean tau carries its t interval, a fraction its Wilson interval, a correlation its

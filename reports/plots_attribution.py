@@ -19,7 +19,7 @@ import seaborn as sns
 
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
-from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, t_interval, wilson
+from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, t_interval, wilson
 from headscope.reports.plots import axes, color_scale, label, laid_out
 
 # the scores table ranks every token but these two (analyses/attribution/analysis.py): the first is
@@ -153,17 +153,21 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "keeps them (IG cannot score them) and the first is usually an attention sink, which would top "
                      "attention's ranking for a reason no other method shares.",
     "permutation": "Per example: median output change (total variation distance, 0-1) when the layer's attention is "
-                   "permuted, against its maximum attention weight.",
+                   "permuted, against its maximum attention weight. Where the output is saturated (the finding says so), "
+                   "the distance stays near 0 whatever the layer does; read the finding's logit-unit change instead.",
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
-                   "while the output stays within epsilon.",
+                   "while the output stays within epsilon; a saturated output stays within it under almost any attention.",
 }
 
 
 def finding(s: Mapping[str, Any]) -> str:
     """Kendall tau of attention against gradients and leave-one-out (t intervals), rollout's when raw
-    attention disagrees, the fraction of significant taus (Wilson interval); permutation and adversarial tests."""
-    parts = []
+    attention disagrees, the fraction of significant taus (Wilson interval); permutation and adversarial
+    tests, read in the task metric's units when the output is saturated. At chance: what was measured only."""
     n = int(_num(s.get("n_examples")) or 0)
+    if _chance(s) is not None:
+        return _measured_only(s, n)
+    parts = []
     keys = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
     taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
     taus = {k: v for k, v in taus.items() if v[0] is not None}
@@ -194,34 +198,102 @@ def finding(s: Mapping[str, Any]) -> str:
                      + (f"; {n} examples are too few to say how often attention agrees." if 0 < n < FEW else "."))
     elif frac is not None:
         parts.append(f"{_pct(frac)} of the per-example taus are significant (p < 0.05, uncorrected).")
-    tvd = _num(s.get("median_permutation_tvd"))
-    if tvd is not None:
-        layer = s.get("permutation_layer", "?")
-        if tvd < 0.01:
-            change = s.get("output_change", "change")
+    parts += _output_tests(s)
+    return " ".join(parts)
+
+
+SMALL_METRIC_CHANGE = 0.1  # mean |change| of the task metric (logits, nats) under which "does little" may be said
+
+
+def _saturated(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The summary's saturation entry when most examples' outputs are saturated, else None."""
+    entry = s.get("saturated")
+    return entry if isinstance(entry, Mapping) and entry.get("is_saturated") is True else None
+
+
+def metric_effect(s: Mapping[str, Any], key: str, size_key: str | None = None) -> str:
+    """'changes the <metric> by a mean of +x (95% CI [a, b]) over n examples' from the summary's
+    <key>, <key>_sd and <key>_n (per-example means over draws), with the mean absolute change from
+    size_key alike ("" without the entry)."""
+    mean, n = _num(s.get(key)), int(_num(s.get(f"{key}_n")) or 0)
+    if mean is None or n < 1:
+        return ""
+    words = _words(s.get("metric", ""))
+    interval = t_interval(mean, _num(s.get(f"{key}_sd")), n)
+    said = f"changes the {words} by a mean of {mean:+.3g}{_ci(interval, '+.3g')} over {n} example{'s' * (n != 1)}"
+    size = _num(s.get(size_key)) if size_key else None
+    if size is not None:
+        size_ci = t_interval(size, _num(s.get(f"{size_key}_sd")), n)
+        said += f" (mean absolute change {size:.3g}{_ci(size_ci, '.3g')})"
+    return said
+
+
+def _output_tests(s: Mapping[str, Any]) -> list[str]:
+    """The permutation and adversarial sentences. A saturated output (the top token's p near 1 on most
+    examples) pins every distribution distance near 0 whatever the layer does, so then neither test's
+    distance is read as an effect: the change of the task metric (logits, nats) is given instead."""
+    parts = []
+    tvd, layer = _num(s.get("median_permutation_tvd")), s.get("permutation_layer", "?")
+    change = s.get("output_change", "change")
+    sat = _saturated(s)
+    effect = metric_effect(s, "permutation_metric_change", "permutation_abs_metric_change")
+    if sat is not None:
+        parts.append(f"The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}. "
+                     "Distribution distances cannot show an effect here"
+                     + (f" (permuting layer {layer}'s attention gives a median {change} of {tvd:.3g})" if tvd is not None
+                        else "") + ".")
+        if effect:
+            parts.append(f"In the task metric's units, permuting layer {layer}'s attention {effect}.")
+    elif tvd is not None:
+        size = _num(s.get("permutation_abs_metric_change"))
+        if tvd < 0.01 and (size is None or size < SMALL_METRIC_CHANGE):
             parts.append(f"Permuting layer {layer}'s attention barely moves the output (median {change} "
                          f"{tvd:.3g}): that layer's attention does little for the prediction, so the permutation test "
                          "says nothing about faithfulness.")
+        elif tvd < 0.01:  # the distribution hardly moves, the metric does: no "does little"
+            parts.append(f"Permuting layer {layer}'s attention barely moves the output distribution (median {change} "
+                         f"{tvd:.3g}), yet the task metric moves.")
         else:
-            parts.append(f"Permuting layer {layer}'s attention changes the output by a median {s.get('output_change', '')} "
-                         f"of {tvd:.3g}.")
+            parts.append(f"Permuting layer {layer}'s attention changes the output by a median {change} of {tvd:.3g}.")
+        if effect:
+            parts.append(f"In the task metric's units, it {effect}.")
     jsd, near = _num(s.get("median_adversarial_jsd")), _num(s.get("fraction_adversarial_near_ln2"))
-    if jsd is not None:
+    if jsd is not None and sat is not None:
+        adv = metric_effect(s, "adversarial_metric_change")
+        parts.append(f"Adversarial attention is bounded by an output change of {s.get('adversarial_epsilon', '?')}, which a "
+                     "saturated output meets under almost any attention, so its median JSD of "
+                     f"{jsd:.3g} nats says nothing about faithfulness" + (f"; that attention {adv}." if adv else "."))
+    elif jsd is not None:
         parts.append(f"Adversarial attention within an output change of {s.get('adversarial_epsilon', '?')} reaches a median "
                      f"JSD of {jsd:.3g} nats (maximum ln 2 = 0.693)"
                      + (f"; {_pct(near)} of examples come within 90% of it." if near is not None else "."))
-    return " ".join(parts)
+    return parts
+
+
+def _measured_only(s: Mapping[str, Any], n: int) -> str:
+    """At chance: what was measured (n, the methods, the permutation and adversarial settings), no tau,
+    no rate of significant taus, no reading of either test."""
+    measured = ["Kendall tau between attention and gradient x input, leave-one-out and integrated gradients"]
+    layer = s.get("permutation_layer")
+    if _num(s.get("median_permutation_tvd")) is not None:
+        draws = s.get("n_permutations")
+        measured.append(f"the output change under {draws or 'random'} permutations of layer {layer}'s attention")
+    if _num(s.get("median_adversarial_jsd")) is not None:
+        measured.append(f"adversarial attention within an output change of {s.get('adversarial_epsilon', '?')}")
+    said = f"Measured over {n or '?'} examples: " + "; ".join(measured) + "."
+    sat = _saturated(s)
+    if sat is not None:
+        said += f" The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}."
+    return said
 
 
 def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float], n: int,
                       keys: tuple) -> str:
     """What rollout adds where raw last-layer attention agrees weakly: "does better" only against a reference
     where rollout's tau reaches 0.2 and exceeds raw attention's against that same reference (when both have
-    intervals, rollout's lower bound above raw's upper bound); no such relative claim at chance."""
+    intervals, rollout's lower bound above raw's upper bound). Not called at chance (finding says what was measured)."""
     spread = (f"tau from {min(rollout.values()):.2f} to {max(rollout.values()):.2f}" if len(rollout) > 1
               else f"tau {next(iter(rollout.values())):.2f}") if rollout else ""
-    if _chance(s) is not None:  # relative findings are not reported: the values only
-        return f"Attention rollout agrees at {spread} against the same methods." if rollout else ""
     short = {name: key for key, name in keys}
     better, not_better = [], []
     for name, (raw, raw_sd) in taus.items():

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import seaborn as sns
 
-from headscope.reports.findings import _num, _pct, wilson
+from headscope.reports.findings import _chance, _num, _pct, wilson
 from headscope.reports.plots import axes, laid_out
 from headscope.reports.render import escape
 
@@ -84,10 +84,23 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
 }
 
 
+def _measured_only(s: Mapping[str, Any]) -> str:
+    """At chance: what was measured (neurons, prefixes, task updates), no layer ranked, no comparison with
+    the control, no share of answer-promoting updates."""
+    n, layers = _num(s.get("n_neurons_per_layer")), len(s.get("agreement_per_layer") or {})
+    updates = _num(s.get("n_task_updates"))
+    return ("Measured: key-value agreement of " + (f"{n:.0f} neurons per layer" if n else "each layer's neurons")
+            + (f" in {layers} layers" if layers else "") + f" over {s.get('n_prefixes', '?')} prefixes against a "
+            "shuffled control, and which tokens the largest task updates promote"
+            + (f" ({updates:.0f} updates)" if updates else "") + "; no layer is ranked at chance.")
+
+
 def finding(s: Mapping[str, Any]) -> str:
-    """Key-value agreement per layer against its shuffled control; with the neuron count, both as
-    k of n neurons with Wilson intervals, and "no better than the control" when the best layer's
+    """At chance: what was measured only. Key-value agreement per layer against its shuffled control;
+    with the neuron count, both as k of n neurons with Wilson intervals, and "no better than the control" when the best layer's
     interval reaches down to the control's best."""
+    if _chance(s) is not None:
+        return _measured_only(s)
     agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
     shuffled = [v for v in (_num(x) for x in (s.get("agreement_shuffled_per_layer") or {}).values()) if v is not None]
     n = int(_num(s.get("n_neurons_per_layer")) or 0)

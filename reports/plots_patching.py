@@ -412,8 +412,32 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
 
 
+def _and(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _measured_only(s: Mapping[str, Any]) -> str:
+    """At chance: which sites were patched, over how many examples and cells, without any site's share
+    of the gap, any ranking or attribution patching's correlation with exact patching."""
+    sites = sorted(set(s.get("top_sites") or {}) | set(s.get("attribution_correlation") or {}))
+    corr = s.get("attribution_correlation") if isinstance(s.get("attribution_correlation"), Mapping) else {}
+    cells = sum(int(_num(v.get("n")) or 0) for v in corr.values() if isinstance(v, Mapping))
+    said = (f"Measured: exact activation patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
+            + (f" at {_and([k.replace('_', ' ') for k in sites])}" if sites else "")
+            + (f", and attribution patching against it over {cells} cells" if cells else "")
+            + "; no site is ranked and no agreement is read at chance.")
+    trace = s.get("causal_tracing")
+    ends = (_num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))) if isinstance(trace, Mapping) else (None,)
+    if None not in ends:
+        said += (f" Causal tracing: metric {trace['clean_metric']:.3g} on the clean prompts, {trace['corrupted_metric']:.3g} "
+                 f"with the {trace.get('span', 'subject')} noised.")
+    return said
+
+
 def finding(s: Mapping[str, Any]) -> str:
-    """The strongest patching sites, attribution patching's agreement and causal tracing's peaks."""
+    """The strongest patching sites, attribution patching's agreement and causal tracing's peaks; at
+    chance the clean and corrupted metrics and what was measured only."""
     if "skipped" in s:
         return f"Skipped: {s['skipped']}"
     parts = []
@@ -425,10 +449,10 @@ def finding(s: Mapping[str, Any]) -> str:
         if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
                          "restore, so the patching maps show noise.")
+    if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise: what was measured only
+        return " ".join(parts + [_measured_only(s)])
     top = s.get("top_sites") or {}
     cells = [(kind, c) for kind, rows in top.items() for c in rows if _num(c.get("effect")) is not None]
-    if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise
-        cells = []
     small = s.get("gap_within_noise")
     if isinstance(small, Mapping) and cells:  # a share of a gap that is noise is not a measurement
         cells = []

@@ -17,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.errors import ConfigError
-from headscope.reports.findings import _num
+from headscope.reports.findings import _chance, _ci, _num
 from headscope.reports.plots import axes, color_scale, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
@@ -155,19 +155,24 @@ FLAT = 0.02  # a curve whose values span less than this (in its own units) is ca
 
 
 def finding(s: Mapping[str, Any]) -> str:
-    """The position curve (U-shape or flat), the sink mass and retrieval heads."""
+    """The position curve (U-shape or flat), the sink mass and retrieval heads (each with its test). At
+    chance: the flat curve or what was measured, and the sinks (a property of the attention, not the task);
+    no shape, no ranking of positions and no retrieval head."""
     parts = []
     metric = s.get("primary_metric", "accuracy")
     per_pos = s.get("metric_per_position", {}).get(metric, {})
     values = {k: _num(v) for k, v in per_pos.items() if _num(v) is not None}
+    at_chance = _chance(s) is not None
     if values:
         lo, hi = min(values.values()), max(values.values())
         worst = min(values, key=lambda k: values[k])
-        chance = s.get("chance")
-        if hi - lo < FLAT and isinstance(chance, Mapping) and chance.get("at_chance") is True:
+        if hi - lo < FLAT and at_chance:
             parts.append(f"The {metric} curve is flat at the model's floor ({lo:.2f}-{hi:.2f} over {len(values)} gold "
                          "positions): the model does not do this task at any position, so the sweep says nothing "
                          "about position.")
+        elif at_chance:
+            parts.append(f"Measured: {metric} at {len(values)} gold positions over {s.get('n_examples', '?')} examples; "
+                         "at chance its differences between positions are not read.")
         elif hi - lo < FLAT:
             ceiling = " at its ceiling" if metric in ("accuracy", "probability", "cosine") and lo >= 0.98 else ""
             parts.append(f"The {metric} curve is flat{ceiling} ({lo:.2f}-{hi:.2f} over {len(values)} gold positions): "
@@ -177,7 +182,7 @@ def finding(s: Mapping[str, Any]) -> str:
             parts.append(f"{metric.capitalize()} ranges from {lo:.2f} (gold at position {worst}) to {hi:.2f} "
                          f"over {len(values)} gold positions ({s.get('n_examples', '?')} examples).")
     ratio = _num(s.get("ratio_middle_to_ends", {}).get(metric))
-    if ratio is not None and values and max(values.values()) - min(values.values()) >= FLAT:
+    if ratio is not None and values and max(values.values()) - min(values.values()) >= FLAT and not at_chance:
         parts.append(f"The worst middle position reaches {ratio:.2f} of the best end. "
                      + _shape(values, (s.get("ci_per_position") or {}).get(metric) or {}, s.get("n_examples")))
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
@@ -187,11 +192,33 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"Attention on the first {s.get('n_sink', '?')} token(s) peaks at {sinks[top]:.2f} in layer {top} "
                      f"against {base:.2f} under uniform attention"
                      + (" (an attention sink)." if sinks[top] > 2 * base else ": no attention sink."))
-    heads = s.get("retrieval_heads") or []
-    if heads:
-        names = ", ".join(f"L{l}H{h}" for l, h in heads[:4]) + (", ..." if len(heads) > 4 else "")
-        parts.append(f"{len(heads)} retrieval head(s) track the {s.get('retrieval_tracked_metric', 'metric')}: {names}.")
+    if not at_chance:
+        said = _retrieval(s)
+        parts += [said] if said else []
     return " ".join(parts)
+
+
+def _retrieval(s: Mapping[str, Any]) -> str:
+    """The retrieval heads that pass the summary's retrieval_test (analyses/position/stats.head_tracking),
+    each with r, its Fisher 95% CI and n, or that none passes at that n; older summaries without the
+    test: their flagged heads, said to be untested."""
+    test, tracked = s.get("retrieval_test"), s.get("retrieval_tracked_metric", "metric")
+    if not isinstance(test, Mapping):
+        heads = s.get("retrieval_heads") or []
+        if not heads:
+            return ""
+        names = ", ".join(f"L{l}H{h}" for l, h in heads[:4]) + (", ..." if len(heads) > 4 else "")
+        return f"{len(heads)} head(s) were flagged as tracking the {tracked} by a threshold without a test: {names}."
+    n, tested = test.get("n_rows", "?"), test.get("n_heads", "?")
+    how = f"{test.get('correction', 'holm').capitalize()}-corrected across {tested} heads"
+    passed = [h for h in test.get("heads") or [] if isinstance(h, Mapping) and _num(h.get("r")) is not None]
+    if not passed:
+        return (f"No head's gold-span attention tracks the {tracked} with its mass above the other heads' "
+                f"({how}, n = {n} rows of examples x positions): no retrieval head is named.")
+    said = [f"L{h['layer']}H{h['head']} (r = {h['r']:.2f}{_ci(h.get('ci'))}, n = {h.get('n', n)}, adjusted p = "
+            f"{h.get('p_holm', float('nan')):.2g})" for h in passed[:4]]
+    return (f"{len(passed)} retrieval head(s) track the {tracked}, with gold-span mass above the other heads' ({how}, "
+            f"n = {n} rows of examples x positions): " + ", ".join(said) + (", ..." if len(passed) > 4 else "") + ".")
 
 
 def _shape(values: Mapping[str, float], ci: Mapping[str, Any], n: Any) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from headscope.analyses.attribution.methods import prediction, prediction_change
-from headscope.analyses.attribution.permutation import Generators, per_example, prediction_rows, z_hook
+from headscope.analyses.attribution.permutation import Generators, Score, per_example, prediction_rows, z_hook
 from headscope.errors import ConfigError
 from headscope.hooks.sites import site
 
@@ -44,6 +44,7 @@ class AdversarialAttention:
     attention: torch.Tensor  # [batch, head, r, k] the adversarial rows (the original where none was found)
     original: torch.Tensor  # [batch, head, r, k] the model's own rows
     feasible: torch.Tensor  # [batch] bool: some step met the epsilon bound
+    metric_change: torch.Tensor | None = None  # [batch] score at the adversarial rows - clean score (with a score)
 
 
 def adversarial_attention(
@@ -56,18 +57,20 @@ def adversarial_attention(
     lr: float = 1.0,
     noise: float = 0.1,
     generator: Generators = None,
+    score: Score | None = None,
 ) -> AdversarialAttention:
     """Search adversarial attention at `layer` for each example of `tokens` [batch, pos] (unpadded).
 
     All examples are optimised together (one forward and two backward passes per step); each has
     its own theta, so the result per example does not depend on the others. lr is the length of
     an ascent step in logit space, decayed linearly to 0. generator: one for the batch, or one per
-    example (its noise then does not depend on the batch).
+    example (its noise then does not depend on the batch). score: the task metric of the last-position
+    logits (permutation.Score); its change at the adversarial rows is kept, one more forward pass.
     """
     model.check_layer(layer)
     if steps < 1 or epsilon <= 0:
         raise ConfigError(f"adversarial attention needs steps >= 1 and epsilon > 0, got steps={steps}, epsilon={epsilon}.")
-    ref, rows, v = prediction_rows(model, tokens, layer)  # [batch, out], [batch, head, r, k], [batch, k, head, d_head]
+    ref, rows, v, last = prediction_rows(model, tokens, layer)  # [batch, out], [batch, head, r, k], [batch, k, head, d_head]
     rows, v = rows.float(), v.float()
     draws = per_example(generator, rows.shape[0], lambda n, g: torch.randn((n, *rows.shape[1:]), generator=g))
     theta = rows.clamp_min(1e-9).log() + noise * draws.to(rows.device)  # [batch, head, r, k]
@@ -93,8 +96,15 @@ def adversarial_attention(
             best_rows[ok] = alpha[ok]
             feasible |= change <= epsilon
             theta = theta.detach() + _step(g_div, g_change, change, epsilon, lr * (1 - step / steps))
+    moved = None
+    if score is not None:
+        with torch.no_grad():
+            new_z = torch.einsum("bhrk,bkhd->brhd", best_rows, v)  # [batch, r, head, d_head]
+            logits = model.run_with_hooks(tokens, fwd=[(site("z", layer), z_hook(new_z))])
+            index = torch.arange(len(tokens), device=tokens.device)
+            moved = (score(logits[:, -1:].float(), index) - score(last.float(), index)).cpu()
     return AdversarialAttention(jsd=best.cpu(), change=best_change.cpu(), attention=best_rows.cpu(),
-                                original=rows.cpu(), feasible=feasible.cpu())
+                                original=rows.cpu(), feasible=feasible.cpu(), metric_change=moved)
 
 
 def _step(g_div: torch.Tensor, g_change: torch.Tensor, change: torch.Tensor, epsilon: float,

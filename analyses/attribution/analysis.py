@@ -28,6 +28,11 @@ Summary keys (attention = the last layer's head mean): mean_tau_attention_{gradi
 loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_*; fraction_significant (over
 all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
 median_permutation_tvd (median over examples of the median output change over permutations);
+saturated (decoders: the share of examples whose clean top token has p >= 0.99, the median 1 - p and the
+most TVD a one-logit change can give there, permutation.saturation); permutation_metric_change and
+permutation_abs_metric_change (the task metric's change under the permutations, in its units: per
+example the mean over draws of the signed and the absolute change; the mean over examples, with _sd and _n);
+adversarial_metric_change (the same at the adversarial attention);
 ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); best_head_vs_loo;
 median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
 <= adversarial_epsilon; Jain & Wallace's adversarial attention).
@@ -48,10 +53,10 @@ from tqdm.auto import tqdm
 from headscope.analyses.attribution import methods as am
 from headscope.analyses.attribution.adversarial import LN2, adversarial_attention
 from headscope.analyses.attribution.agreement import method_pair_rows, summarise, tau_rows
-from headscope.analyses.attribution.permutation import permutation_test
+from headscope.analyses.attribution.permutation import permute_attention, saturation
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
-from headscope.analyses.core.metrics import mean_pool
+from headscope.analyses.core.metrics import answer_logprob, logit_diff, mean_pool
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
@@ -331,11 +336,13 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
         internal_batch_size=setup.grad_rows)
     loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=setup.rows)
-    changes, max_att = permutation_test(
-        model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=setup.rows, generator=generator
-    )
+    score = _score(setup.kind, tgt)
+    permuted = permute_attention(model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=setup.rows,
+                                 generator=generator, score=score)
+    changes, max_att = permuted.change, permuted.max_attention
     adv = None if not cfg.adversarial_steps else adversarial_attention(
-        model, tokens, layer=layer, epsilon=cfg.adversarial_epsilon, steps=cfg.adversarial_steps, generator=generator)
+        model, tokens, layer=layer, epsilon=cfg.adversarial_epsilon, steps=cfg.adversarial_steps, generator=generator,
+        score=score)
     with torch.no_grad():
         f_x = forward(tokens, *tgt)  # [g]
         f_b = forward(ig_baselines(tokens, baseline), *tgt)  # [g]
@@ -356,14 +363,31 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         perm_rows.append({
             "example": ex, "layer": layer, "max_attention": float(max_att[j]),
             "median_change": float(changes[j].median()), "mean_change": float(changes[j].mean()),
+            **({} if permuted.top_prob is None else {"top_prob": float(permuted.top_prob[j])}),
+            **({} if permuted.metric_change is None else {
+                "metric_change": float(permuted.metric_change[j].mean()),
+                "abs_metric_change": float(permuted.metric_change[j].abs().mean())}),
             **({} if adv is None else {"adversarial_jsd": float(adv.jsd[j]), "adversarial_change": float(adv.change[j]),
                                        "adversarial_found": bool(adv.feasible[j])}),
+            **({} if adv is None or adv.metric_change is None else
+               {"adversarial_metric_change": float(adv.metric_change[j])}),
         })
         ig_rows.append({
             "example": ex, "n_steps": int(steps[j]), "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
             "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
         })
     return score_rows, tau, pairs, perm_rows, ig_rows, token_rows
+
+
+def _score(kind: str, targets: tuple) -> Any:
+    """The task metric of last-position logits for given examples of a group (permutation.Score), the
+    one gradients differentiate; None for encoders (their output is an embedding, not a distribution)."""
+    if kind == "logit_diff":
+        answers, wrong = targets
+        return lambda logits, ex: logit_diff(logits, answers[ex], wrong[ex])
+    if kind == "logprob":
+        return lambda logits, ex: answer_logprob(logits, targets[0][ex])
+    return None
 
 
 def _distribution(scores: torch.Tensor) -> np.ndarray:
@@ -440,10 +464,19 @@ def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfi
         sel = pairs[(pairs.method_a == a) & (pairs.method_b == b)].tau
         out[f"mean_tau_{key}"] = _num(sel.mean())
     out["median_permutation_tvd"] = _num(tables["permutation"].median_change.median())
+    perm = tables["permutation"]
+    if "top_prob" in perm:  # decoders: is the output too close to one-hot for a distribution distance to move?
+        out["saturated"] = saturation(perm.top_prob.tolist())
+    for column, key in (("metric_change", "permutation_metric_change"), ("abs_metric_change", "permutation_abs_metric_change"),
+                        ("adversarial_metric_change", "adversarial_metric_change")):
+        if column in perm:  # per-example means over draws, in the metric's units: their mean, sd and n
+            values = perm[column].dropna()
+            out[key] = _num(values.mean())
+            out[f"{key}_sd"] = _num(values.std()) if len(values) > 1 else None
+            out[f"{key}_n"] = int(len(values))
     out["permutation_layer"] = layer
     out["n_permutations"] = cfg.n_permutations
     out["ig_max_abs_delta"] = _num(tables["ig"].delta.abs().max())
-    perm = tables["permutation"]
     if "adversarial_jsd" in perm:
         out["adversarial_epsilon"] = cfg.adversarial_epsilon
         out["median_adversarial_jsd"] = _num(perm.adversarial_jsd.median())

@@ -5,7 +5,10 @@ of themselves (an independent permutation per head and per draw). For decoders o
 prediction's query row (the last position) is permuted, so causality is kept; for encoders every
 query row of a head is permuted with the head's draw. The output change (TVD of the next-token
 distribution, or 1 - cosine of the pooled embedding) is summarised per example by its median
-over draws, to plot against the maximum attention.
+over draws, to plot against the maximum attention. With a `score` (the task metric from the
+logits), each draw's change of that metric is kept too, in its own units (logits, nats): where the
+clean output is saturated (the top token's probability near 1) a distribution distance cannot move
+whatever the layer does, while the metric still can (`saturation`).
 
 How: the pattern and the values of the layer are read once at hook_pattern and hook_v (nothing
 before the layer changes under the permutation), and each permuted run writes
@@ -15,7 +18,10 @@ the Hugging Face module (BERT), while hook_z edits always take effect.
 """
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,10 +69,11 @@ def z_hook(new_z: torch.Tensor):
 
 
 @torch.no_grad()
-def prediction_rows(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def prediction_rows(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One clean run -> (prediction [batch, out], the attention rows that feed it [batch, head, r, k]
     (the last row for decoders, every row for encoders), values [batch, k, head, d_head] with the
-    KV heads repeated). Nothing before `layer` changes when those rows do, so these are reused."""
+    KV heads repeated, the last position's output [batch, 1, vocab] for a Score). Nothing before
+    `layer` changes when those rows do, so these are reused."""
     facts = model.facts
     seen: dict[str, torch.Tensor] = {}
 
@@ -77,11 +84,48 @@ def prediction_rows(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tens
         return hook
 
     fwd = [(site("pattern", layer), keep("pattern")), (site("v", layer), keep("v"))]
-    ref = prediction(model, model.run_with_hooks(tokens, fwd=fwd))  # [batch, out]
+    out = model.run_with_hooks(tokens, fwd=fwd)  # [batch, pos, vocab]
+    ref = prediction(model, out)  # [batch, out]
     pattern = seen["pattern"]  # [batch, head, q, k]
     rows = pattern if facts.is_encoder else pattern[:, :, -1:]  # [batch, head, r, k]
     v = seen["v"].repeat_interleave(facts.n_heads // facts.n_kv_heads, dim=2)  # [batch, k, head, d_head]
-    return ref, rows, v
+    return ref, rows, v, out[:, -1:]
+
+
+Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [rows, 1, vocab], example [rows]) -> [rows]
+
+SATURATED = 0.99  # the clean top-token probability from which an example's output counts as saturated
+
+
+@dataclass(frozen=True)
+class Permuted:
+    change: torch.Tensor  # [batch, draw] output change (TVD, or 1 - cosine for encoders)
+    max_attention: torch.Tensor  # [batch] largest head-mean weight of the permuted rows
+    top_prob: torch.Tensor | None  # [batch] the clean run's largest next-token probability (decoders)
+    metric_change: torch.Tensor | None  # [batch, draw] score(permuted) - score(clean), with a score
+
+
+def saturation(top_prob: Sequence[float], *, threshold: float = SATURATED) -> dict[str, Any]:
+    """How saturated the clean outputs are, for the summary: the share of examples whose top token has
+    p >= threshold, the median headroom 1 - p, and the most TVD a change of at most one logit in the top
+    token's odds can give at that headroom, e (1 - p): the TVD of two distributions is at most the larger
+    of their masses off the top token, and lowering its odds by one logit multiplies 1 - p by at most e.
+    `is_saturated` when most examples are: then a distribution distance cannot show an effect of a logit
+    or so, however much the layer matters for the task metric."""
+    p = [float(x) for x in top_prob]
+    if not p:
+        return {"is_saturated": False, "n_examples": 0}
+    k = sum(x >= threshold for x in p)
+    headroom = statistics.median(1.0 - x for x in p)
+    floor = min(1.0, math.e * headroom)  # a TVD is at most 1
+    saturated = k > len(p) / 2
+    return {
+        "is_saturated": saturated, "share": k / len(p), "n_saturated": k, "n_examples": len(p), "threshold": threshold,
+        "median_headroom": headroom, "tvd_per_logit": floor,
+        "why": (f"the top token has p >= {threshold} on {k} of {len(p)} examples (median 1 - p = {headroom:.2g}), so a "
+                f"change of up to one logit in its odds moves the total variation distance by at most about {floor:.2g}")
+        if saturated else f"the top token has p >= {threshold} on {k} of {len(p)} examples, not most",
+    }
 
 
 @torch.no_grad()
@@ -99,19 +143,45 @@ def permutation_test(
     tokens: [batch, pos], unpadded. Max attention is the largest head-mean weight of the permuted
     rows (the last row for decoders, the mean row for encoders) in the unpermuted run. generator:
     one for the batch, or one per example (its draws then do not depend on the batch; per_example).
+    permute_attention returns the same with the clean top-token probability and a metric's change.
     """
+    found = permute_attention(model, tokens, layer=layer, n_permutations=n_permutations, batch_size=batch_size,
+                              generator=generator)
+    return found.change, found.max_attention
+
+
+@torch.no_grad()
+def permute_attention(
+    model,
+    tokens: torch.Tensor,
+    *,
+    layer: int,
+    n_permutations: int = 100,
+    batch_size: int = 256,
+    generator: Generators = None,
+    score: Score | None = None,
+) -> Permuted:
+    """permutation_test's draws -> Permuted: the output changes, the max attention, the clean top-token
+    probability (decoders) and, with `score` (the task metric of the last-position logits of given
+    examples), each draw's change of that metric [batch, draw] in its own units."""
     model.check_layer(layer)
     facts = model.facts
-    ref, rows, v = prediction_rows(model, tokens, layer)
+    ref, rows, v, last = prediction_rows(model, tokens, layer)
     max_attention = rows.float().mean(2).mean(1).max(-1).values  # [batch]
     batch, n = tokens.shape
     perms = per_example(generator, batch, lambda rows, g: permutations(rows * n_permutations, facts.n_heads, n, g))
     perms = perms.to(tokens.device)  # [batch*draw, head, k], example-major
     example = torch.arange(batch, device=tokens.device).repeat_interleave(n_permutations)  # [batch*draw]
-    out = []
+    clean = None if score is None else score(last.float(), torch.arange(batch, device=tokens.device))  # [batch]
+    out, moved = [], []
     for i in range(0, len(example), batch_size):
         ex = example[i : i + batch_size]
         new_z = permuted_z(rows[ex], v[ex], perms[i : i + batch_size])  # [chunk, r, head, d_head]
-        pred = prediction(model, model.run_with_hooks(tokens[ex], fwd=[(site("z", layer), z_hook(new_z))]))
-        out.append(prediction_change(model, pred, ref[ex]))
-    return torch.cat(out).reshape(batch, n_permutations).cpu(), max_attention.cpu()
+        logits = model.run_with_hooks(tokens[ex], fwd=[(site("z", layer), z_hook(new_z))])
+        out.append(prediction_change(model, prediction(model, logits), ref[ex]))
+        if score is not None:
+            moved.append(score(logits[:, -1:].float(), ex) - clean[ex])
+    shape = (batch, n_permutations)
+    return Permuted(change=torch.cat(out).reshape(shape).cpu(), max_attention=max_attention.cpu(),
+                    top_prob=None if facts.is_encoder else ref.max(-1).values.cpu(),
+                    metric_change=torch.cat(moved).reshape(shape).cpu() if moved else None)

@@ -12,9 +12,11 @@ similarity of query and passage with the relevant sentence at each slot.
 
 Result tables: df (one row per example x position: the metrics), "curve" (metric, position,
 mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass),
-"sinks" (layer, sink_mass, baseline), "heads" (layer, head, mean_mass, corr_*, retrieval).
+"sinks" (layer, sink_mass, baseline), "heads" (layer, head, mean_mass, mass_above_others, corr_*, n, p_corr,
+p_corr_holm, p_mass, p_mass_holm, retrieval; stats.head_tracking's tests).
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
-slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline, retrieval_heads,
+slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline, retrieval_heads (the heads
+that pass retrieval_test, which has n rows, r, Fisher CI, p and Holm-adjusted p of each), retrieval_test,
 streaming (metric means under full / sinks+window / window attention).
 """
 from __future__ import annotations
@@ -210,6 +212,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "retrieval_heads": [[int(r.layer), int(r.head)]
                             for r in heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False).itertuples()],
         "retrieval_tracked_metric": tracked,
+        "retrieval_test": _retrieval_test(heads, tracked),
         "query_aware": cfg.query_aware,
     }
     summary.update(_extras(model, cfg, sweeps, obs, masked, task=task, fitted=fitted))
@@ -218,6 +221,27 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         tables={"curve": curve_df, "gold_attention": gold_attention, "sinks": sinks, "heads": heads, "masked": masked},
         config={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}, "task": task, "n_sink": n_sink},
     )
+
+
+def _retrieval_test(heads: pd.DataFrame, tracked: str) -> dict[str, Any]:
+    """The retrieval-head test for the summary (stats.head_tracking): n rows, the correction, how many
+    heads were tested, and r, Fisher 95% CI, p and Holm-adjusted p of each head that passes."""
+    def fisher(r: float, n: int) -> list[float] | None:
+        if n < 4 or not abs(r) < 1:
+            return None
+        half = 1.959964 / math.sqrt(n - 3)
+        return [math.tanh(math.atanh(r) - half), math.tanh(math.atanh(r) + half)]
+
+    passed = heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False)
+    return {
+        "n_rows": int(heads["n"].max()) if len(heads) else 0, "n_heads": int(len(heads)), "alpha": 0.05,
+        "correction": "holm", "tests": "Pearson r > 0 (t test) and gold-span mass above the other heads' mean "
+                                       "(one-sided paired t test), each Holm-corrected across heads",
+        "heads": [{"layer": int(r.layer), "head": int(r.head), "r": float(getattr(r, f"corr_{tracked}")),
+                   "ci": fisher(float(getattr(r, f"corr_{tracked}")), int(r.n)), "n": int(r.n),
+                   "p": float(r.p_corr), "p_holm": float(r.p_corr_holm), "p_mass_holm": float(r.p_mass_holm)}
+                  for r in passed.itertuples()],
+    }
 
 
 def _sweeps(model: Any, task: Any, cfg: PositionConfig) -> tuple[PositionConfig, list[PositionSweep], str, bool]:

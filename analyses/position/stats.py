@@ -48,27 +48,81 @@ def middle_to_ends(curve: Mapping[int, float]) -> float | None:
     return float(min(curve[p] for p in positions[1:-1]) / ends)
 
 
-def head_tracking(
-    gold: pd.DataFrame, obs: pd.DataFrame, *, metrics: Sequence[str], span_share: float, min_corr: float = 0.3
-) -> tuple[pd.DataFrame, str]:
-    """Per head, how its gold-span mass tracks the answer across rows (examples x positions).
+def pearson_p(r: float, n: int) -> float:
+    """Two-sided p-value of a Pearson r over n independent pairs: t = r sqrt((n - 2) / (1 - r^2)) with
+    n - 2 degrees of freedom (NaN when n < 3 or r is undefined)."""
+    from scipy import stats
 
-    gold: tidy [example, position, layer, head, mass]; obs: [example, position, *metrics].
-    Returns the table [layer, head, mean_mass, corr_<metric>..., retrieval] and the metric used
-    to flag retrieval heads: the first of `metrics` that varies (accuracy, else the answer
-    log-probability). A retrieval head's Pearson correlation is >= min_corr and its mean mass
-    exceeds the gold span's uniform share.
+    if n < 3 or not math.isfinite(r):
+        return float("nan")
+    if abs(r) >= 1.0:
+        return 0.0
+    t = abs(r) * math.sqrt((n - 2) / (1.0 - r * r))
+    return float(2.0 * stats.t.sf(t, n - 2))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error over the tests given; NaN stays NaN and is not
+    counted): the k-th smallest p times (m - k + 1), made monotone, capped at 1."""
+    p = np.asarray(p_values, dtype=float)
+    ok = np.flatnonzero(np.isfinite(p))
+    out = np.full(p.shape, np.nan)
+    running = 0.0
+    for rank, i in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+        running = max(running, min(1.0, (len(ok) - rank) * p[i]))
+        out[i] = running
+    return out.tolist()
+
+
+def mass_above_others_p(diff: np.ndarray) -> float:
+    """One-sided p-value that the mean of diff (per row: the head's gold-span mass minus the mean of the
+    other heads') is above 0: a one-sample t test over the rows (NaN for fewer than 2 rows or no spread)."""
+    from scipy import stats
+
+    n = diff.size
+    sd = float(diff.std(ddof=1)) if n > 1 else 0.0
+    if n < 2 or not sd > 0:
+        return float("nan")
+    return float(stats.t.sf(float(diff.mean()) / (sd / math.sqrt(n)), n - 1))
+
+
+def head_tracking(
+    gold: pd.DataFrame, obs: pd.DataFrame, *, metrics: Sequence[str], span_share: float, alpha: float = 0.05
+) -> tuple[pd.DataFrame, str]:
+    """Per head, whether its gold-span mass tracks the answer across rows (examples x positions), by test.
+
+    gold: tidy [example, position, layer, head, mass]; obs: [example, position, *metrics]. Returns the
+    table [layer, head, mean_mass, mass_above_others, corr_<metric>..., n, p_corr, p_corr_holm, p_mass,
+    p_mass_holm, retrieval] and the metric the test tracks: the first of `metrics` that varies (accuracy,
+    else the answer log-probability). A retrieval head passes two tests at `alpha`, each Holm-corrected
+    across every head: its Pearson r with the tracked metric over the n rows is positive with p_corr_holm
+    < alpha (t test of r), and its gold-span mass lies above the mean of the other heads' on the same rows
+    with p_mass_holm < alpha (one-sided paired t test); its mean mass also exceeds the span's uniform share
+    (span_share). Rows of one example share it, so n counts rows, not independent examples: the p-values
+    are those of independent rows and the finding states n.
     """
     merged = gold.merge(obs, on=["example", "position"])
     varying = [m for m in metrics if obs[m].nunique() > 1]
     tracked = varying[0] if varying else metrics[0]
+    keys = ["example", "position"]
+    total = merged.groupby(keys)["mass"].agg(["sum", "count"])  # per row: every head's mass summed, head count
     rows = []
     for (layer, head), g in merged.groupby(["layer", "head"], sort=True):
-        row = {"layer": int(layer), "head": int(head), "mean_mass": float(g["mass"].mean())}
+        mine = g.set_index(keys)["mass"]
+        t = total.loc[mine.index]
+        others = (t["sum"] - mine) / (t["count"] - 1).where(t["count"] > 1)  # [rows] the other heads' mean mass
+        diff = (mine - others).dropna().to_numpy(dtype=float)
+        row = {"layer": int(layer), "head": int(head), "mean_mass": float(g["mass"].mean()),
+               "mass_above_others": float(diff.mean()) if diff.size else float("nan"), "n": int(len(g))}
         for metric in metrics:
             ok = g[metric].nunique() > 1 and g["mass"].nunique() > 1
             row[f"corr_{metric}"] = float(np.corrcoef(g["mass"], g[metric])[0, 1]) if ok else float("nan")
+        row["p_corr"] = pearson_p(row[f"corr_{tracked}"], row["n"])
+        row["p_mass"] = mass_above_others_p(diff)
         rows.append(row)
     table = pd.DataFrame(rows)
-    table["retrieval"] = (table[f"corr_{tracked}"] >= min_corr) & (table["mean_mass"] > span_share)
+    table["p_corr_holm"] = holm(table["p_corr"].tolist())
+    table["p_mass_holm"] = holm(table["p_mass"].tolist())
+    table["retrieval"] = ((table[f"corr_{tracked}"] > 0) & (table["p_corr_holm"] < alpha)
+                          & (table["p_mass_holm"] < alpha) & (table["mean_mass"] > span_share))
     return table, tracked

@@ -19,7 +19,7 @@ import headscope as hs
 from headscope.analyses.attribution import methods as am
 from headscope.analyses.attribution.agreement import kendall_matrix
 from headscope.analyses.attribution.analysis import AttributionConfig, attribution, run
-from headscope.analyses.attribution.permutation import permutation_test, permutations
+from headscope.analyses.attribution.permutation import permutation_test, permutations, permute_attention, saturation
 from headscope.analyses.core.tasks import Task, sentence_task
 from tests_support import hf_model, random_tokens, word_tokenizer
 
@@ -169,6 +169,53 @@ def test_permutation_equals_editing_hook_pattern(tiny_models, family):
 
             p = model.run_with_hooks(tokens[b : b + 1], fwd=[("blocks.0.attn.hook_pattern", edit)])[0, -1].softmax(-1)
             assert abs(float(changes[b, row % 3]) - float((p - ref[b]).abs().sum() / 2)) < 1e-5
+
+
+def test_permuted_logit_difference_equals_editing_hook_pattern(tiny_models):
+    """The metric's change under each permutation, and the clean top-token probability, against the same
+    permutations applied at hook_pattern and the logit difference read off the logits directly."""
+    model = tiny_models["gpt2"]
+    tokens = random_tokens(2, 9, seed=6)
+    answers, wrong = torch.tensor([5, 7]), torch.tensor([9, 11])
+
+    def score(logits, ex):  # [rows, 1, vocab], [rows]
+        return logits[:, -1].gather(1, answers[ex, None])[:, 0] - logits[:, -1].gather(1, wrong[ex, None])[:, 0]
+
+    got = permute_attention(model, tokens, layer=0, n_permutations=3, generator=torch.Generator().manual_seed(5),
+                            score=score)
+    perms = permutations(6, model.facts.n_heads, 9, torch.Generator().manual_seed(5))  # [example*draw, head, k]
+    with torch.no_grad():
+        clean = model(tokens)[:, -1]  # [batch, vocab]
+        assert torch.allclose(got.top_prob, clean.softmax(-1).max(-1).values, atol=1e-6)
+        for row in range(6):
+            b = row // 3
+
+            def edit(pattern, hook, perm=perms[row]):  # [1, head, q, k]
+                out = pattern.clone()
+                out[0, :, -1] = pattern[0, :, -1].gather(-1, perm)
+                return out
+
+            logits = model.run_with_hooks(tokens[b : b + 1], fwd=[("blocks.0.attn.hook_pattern", edit)])[0, -1]
+            direct = (logits[answers[b]] - logits[wrong[b]]) - (clean[b, answers[b]] - clean[b, wrong[b]])
+            assert abs(float(got.metric_change[b, row % 3]) - float(direct)) < 1e-4
+
+
+def test_saturation_bounds_the_tvd_of_a_one_logit_change():
+    """Hand-made logits: a top token at p = 0.9999 whose odds drop by one logit moves the TVD by less than the
+    recorded e (1 - p), and by more than half of it; examples below 0.99 are not counted as saturated."""
+    logits = torch.tensor([12.0, 2.0, 1.0, 0.5, 0.0])
+    logits[0] = 0.0
+    rest = torch.logsumexp(logits[1:], 0)
+    logits[0] = rest + float(np.log(0.9999 / 0.0001))  # top token at p = 0.9999
+    p = logits.softmax(0)
+    lowered = logits.clone()
+    lowered[0] -= 1.0
+    tvd = float((lowered.softmax(0) - p).abs().sum() / 2)
+    s = saturation([float(p[0]), float(p[0]), 0.5])
+    assert s["is_saturated"] and s["n_saturated"] == 2 and s["share"] == pytest.approx(2 / 3)
+    assert s["median_headroom"] == pytest.approx(1e-4, rel=1e-3) and s["tvd_per_logit"] == pytest.approx(np.e * 1e-4, rel=1e-3)
+    assert 0.5 * s["tvd_per_logit"] < tvd <= s["tvd_per_logit"]
+    assert not saturation([0.999, 0.6, 0.5])["is_saturated"]
 
 
 # ---- against Hugging Face -------------------------------------------------------------------------
@@ -536,5 +583,14 @@ def test_attribution_reports_adversarial_attention(one_token):
     perm = res.tables["permutation"]
     assert {"adversarial_jsd", "adversarial_change", "adversarial_found"} <= set(perm.columns)
     assert res.summary["median_adversarial_jsd"] == pytest.approx(float(perm.adversarial_jsd.median()))
+    # the output is far from one-hot (top p 0.07-0.26, read here off the logits), and uniform attention permutes
+    # to itself, so the logit difference does not move
+    with torch.no_grad():
+        top = model(one_token_task().tokens)[:, -1].softmax(-1).max(-1).values  # [3]
+    sat = res.summary["saturated"]
+    assert not sat["is_saturated"] and sat["share"] == 0.0 and sat["n_examples"] == 3
+    assert sat["median_headroom"] == pytest.approx(float(1 - top.median()), abs=1e-6)
+    assert perm.top_prob.to_numpy() == pytest.approx(top.numpy(), abs=1e-6)
+    assert abs(res.summary["permutation_metric_change"]) < 1e-4 and res.summary["permutation_metric_change_n"] == 3
     off = attribution(model, one_token_task(), progress=False, n_steps=8, n_permutations=3, adversarial_steps=0)
     assert "adversarial_jsd" not in off.tables["permutation"] and "median_adversarial_jsd" not in off.summary

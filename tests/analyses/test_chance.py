@@ -225,3 +225,10 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
     assert entry["at_chance"]  # a random GPT-2 does not retrieve
     assert entry["n_classes"] == s["n_items"] and entry["task"] == s["task"]  # what the chance sentence names
     assert f"(1/{s['n_items']}: guessing among {s['n_items']} answers)" in finding("position", s)
+    # at chance no retrieval head is named, whatever the test found; the test is recorded with its n for every head
+    heads = result.tables["heads"]
+    assert "retrieval head" not in finding("position", s) and "L0H" not in finding("position", s)
+    model = arch_models("gpt2")
+    assert s["retrieval_test"]["n_heads"] == len(heads) == model.facts.n_layers * model.facts.n_heads
+    assert s["retrieval_test"]["n_rows"] == len(result.df)
+    assert {"n", "p_corr", "p_corr_holm", "p_mass", "p_mass_holm"} <= set(heads.columns)

@@ -68,7 +68,8 @@ def test_attribution_on_a_padded_task_equals_each_example_alone(arch, arch_model
         pairs = _example(res.tables["tau_methods"], i)
         worst["tau"] = max(worst["tau"], _max_diff(pairs, alone.tables["tau_methods"], ["method_a", "method_b"], ["tau"]))
         perm = _example(res.tables["permutation"], i)
-        cols = ["max_attention", "median_change", "mean_change", "adversarial_jsd", "adversarial_change"]
+        cols = ["max_attention", "median_change", "mean_change", "adversarial_jsd", "adversarial_change",
+                *(c for c in ("top_prob", "metric_change", "abs_metric_change", "adversarial_metric_change") if c in perm)]
         worst["permutation"] = max(worst.get("permutation", 0), _max_diff(perm, alone.tables["permutation"], ["example"], cols))
         ig = _example(res.tables["ig"], i)
         assert int(ig.n_steps.iloc[0]) == int(alone.tables["ig"].n_steps.iloc[0])

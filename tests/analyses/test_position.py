@@ -21,7 +21,7 @@ from headscope.analyses.position import prompts as pp
 from headscope.analyses.position.analysis import PositionConfig, position_bias, run
 from headscope.analyses.position.runs import run_decoder_sweeps
 from headscope.analyses.position.sinks import sink_mass, streaming_attention, streaming_keep, uniform_baseline
-from headscope.analyses.position.stats import bootstrap_ci, head_tracking, middle_to_ends
+from headscope.analyses.position.stats import bootstrap_ci, head_tracking, holm, middle_to_ends
 from tests_support import hf_model
 
 DATA = files("headscope.analyses") / "data"
@@ -345,6 +345,50 @@ def test_head_tracking_flags_the_head_that_follows_accuracy():
     assert tracked == "accuracy"
     assert table.set_index("head").loc[0, "corr_accuracy"] == pytest.approx(1.0)
     assert table["retrieval"].tolist() == [True, False]
+
+
+def _heads_data(track: bool, seed: int = 0, n_heads: int = 6) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """10 examples x 4 positions; head 0 of layer 0 tracks the logprob (when `track`) with more gold-span
+    mass than the others, every other head is noise around the same mass."""
+    rng = np.random.default_rng(seed)
+    obs = pd.DataFrame({"example": np.repeat(range(10), 4), "position": np.tile([1, 2, 3, 4], 10)})
+    obs["accuracy"] = 0.0  # at chance: nothing varies, so the logprob is tracked
+    obs["logprob"] = rng.normal(-5, 1, size=len(obs))
+    rows = []
+    for r in obs.itertuples():
+        for h in range(n_heads):
+            mass = 0.2 + 0.05 * rng.normal()
+            if track and h == 0:
+                mass = 0.4 + 0.1 * (r.logprob + 5) + 0.02 * rng.normal()
+            rows.append({"example": r.example, "position": r.position, "layer": 0, "head": h, "mass": mass})
+    return pd.DataFrame(rows), obs
+
+
+def test_retrieval_heads_rest_on_corrected_tests():
+    """One head that tracks is named, with r and p as scipy's pearsonr gives them and its mass test as a paired
+    t test against the other heads' mean; all-noise heads name none; Holm as worked by hand."""
+    from scipy.stats import pearsonr, ttest_1samp
+
+    assert holm([0.01, 0.04, 0.03, float("nan")])[:3] == pytest.approx([0.03, 0.06, 0.06])  # 3 x 0.01; max(2 x 0.03, 0.04)
+    gold, obs = _heads_data(track=True)
+    table, tracked = head_tracking(gold, obs, metrics=("accuracy", "logprob"), span_share=0.05)
+    assert tracked == "logprob" and table["retrieval"].tolist() == [True] + [False] * 5
+    merged = gold.merge(obs, on=["example", "position"])
+    for h in range(6):
+        mine = merged[merged["head"] == h].sort_values(["example", "position"])
+        ref = pearsonr(mine["mass"], mine["logprob"])
+        row = table.set_index("head").loc[h]
+        assert row["n"] == 40 and row["corr_logprob"] == pytest.approx(ref.statistic)
+        assert row["p_corr"] == pytest.approx(ref.pvalue)
+        others = merged[merged["head"] != h].groupby(["example", "position"])["mass"].mean()
+        diff = mine.set_index(["example", "position"])["mass"] - others
+        assert row["p_mass"] == pytest.approx(ttest_1samp(diff, 0.0, alternative="greater").pvalue)
+    assert table["p_corr_holm"].tolist() == pytest.approx(holm(table["p_corr"].tolist()))
+    noise, obs = _heads_data(track=False, seed=1)
+    table, _ = head_tracking(noise, obs, metrics=("accuracy", "logprob"), span_share=0.05)
+    assert not table["retrieval"].any() and (table["p_corr_holm"] >= table["p_corr"]).all()
+    chance_hit = table.set_index("head").loc[3]  # the old rule (r >= 0.3, mass above the span's share) named it
+    assert chance_hit["corr_logprob"] >= 0.3 and chance_hit["p_corr"] < 0.05 < chance_hit["p_corr_holm"]
 
 
 # ------------------------------------------------------------------------- slow tier

@@ -347,9 +347,9 @@ def test_rollout_does_better_only_where_its_tau_beats_raw_attention_and_never_at
          "mean_tau_attention_loo": -0.091, "std_tau_attention_loo": 0.135, "mean_tau_attention_ig": 0.168,
          "std_tau_attention_ig": 0.035, "mean_tau_rollout_gradient": 0.2452, "mean_tau_rollout_ig": 0.057,
          "mean_tau_rollout_loo": -0.138}
-    text = finding("attribution", {**s, "chance": AT_CHANCE})
-    assert "Attention rollout agrees at tau from -0.14 to 0.25 against the same methods." in text
-    assert "does better" not in text and "tracks token importance" not in text and "-0.14-0.25" not in text
+    text = finding("attribution", {**s, "chance": AT_CHANCE})  # at chance: what was measured, no tau at all
+    assert "Measured over 4 examples: Kendall tau between attention and gradient x input" in text
+    assert "does better" not in text and "tracks token importance" not in text and "0.25" not in text
     # above chance: better against gradient x input only (0.2452 > 0.157, >= 0.2), not against the other two
     text = finding("attribution", s)
     assert ("attention rollout does better against gradient x input (tau 0.25 against raw 0.16), but not against "
@@ -626,3 +626,113 @@ def test_probes_without_a_measurable_selectivity_do_not_sweep_by_it():
     s = {**PROBE, "control_degenerate": "the control task has one label", "capacity": None, "capacity_skipped": why}
     text = finding("probes", s)
     assert f"No capacity sweep: {why}." in text and "most selective" not in text
+
+
+UNTRAINED_CHANCE = {**AT_CHANCE, "task": "capitals", "mean": -0.0439, "ci": [-0.395, 0.307]}
+
+
+def test_attribution_on_a_saturated_output_reads_the_logit_difference():
+    """Hand-made logits with p(top) = 0.99988 (the review's trained model): the TVD cannot move, so the finding
+    says the output is saturated and gives the permutation's effect in logits, with a t interval worked here."""
+    import numpy as np
+    import torch
+    from scipy import stats
+
+    from headscope.analyses.attribution.permutation import saturation
+
+    logits = torch.zeros(16, 400, dtype=torch.float64)
+    logits[:, 7] = float(np.log(0.99988 / 0.00012 * 399))  # the answer against 399 equal others: p = 0.99988
+    top = logits.softmax(-1).max(-1).values
+    changes = np.array([0.9, 0.4, 0.7, 0.8, 0.5, 0.6, 0.9, 0.7, 0.6, 0.8, 0.5, 0.7, 0.6, 0.8, 0.7, 0.6])  # logits
+    s = {"n_examples": 16, "metric": "logit_diff", "output_change": "tvd", "permutation_layer": 2,
+         "median_permutation_tvd": 7.36e-6, "n_permutations": 20, "mean_tau_attention_loo": 0.5,
+         "std_tau_attention_loo": 0.1, "saturated": saturation(top.tolist()),
+         "permutation_metric_change": float(changes.mean()), "permutation_metric_change_sd": float(changes.std(ddof=1)),
+         "permutation_metric_change_n": 16, "adversarial_epsilon": 0.01, "median_adversarial_jsd": 0.385,
+         "fraction_adversarial_near_ln2": 0.1, "adversarial_metric_change": -0.2, "adversarial_metric_change_sd": 0.1,
+         "adversarial_metric_change_n": 16}
+    assert s["saturated"]["share"] == 1.0 and s["saturated"]["median_headroom"] == pytest.approx(1.2e-4, rel=1e-2)
+    text = finding("attribution", s)
+    assert "barely moves" not in text and "does little for the prediction" not in text
+    assert "reaches a median JSD" not in text
+    assert "The output distribution is saturated: the top token has p >= 0.99 on 16 of 16 examples" in text
+    assert "Distribution distances cannot show an effect here" in text
+    half = stats.t.ppf(0.975, 15) * changes.std(ddof=1) / 4
+    assert (f"permuting layer 2's attention changes the logit difference by a mean of {changes.mean():+.3g}, 95% CI "
+            f"[{changes.mean() - half:+.3g}, {changes.mean() + half:+.3g}] over 16 examples") in text
+    assert "median JSD of 0.385 nats says nothing about faithfulness; that attention changes the logit difference" in text
+    unsaturated = {**s, "saturated": saturation([0.6] * 16), "median_permutation_tvd": 0.002,
+                   "permutation_abs_metric_change": 0.05}
+    assert "barely moves the output (median tvd 0.002): that layer's attention does little" in finding(
+        "attribution", unsaturated)  # the old reading where the metric agrees
+    text = finding("attribution", {**unsaturated, "permutation_abs_metric_change": 0.7})  # the metric moves: no "little"
+    assert "barely moves the output distribution (median tvd 0.002), yet the task metric moves" in text
+    assert "does little" not in text
+
+
+def test_attribution_at_chance_reports_what_was_measured_only():
+    s = {"n_examples": 4, "mean_tau_attention_gradient": -0.3, "std_tau_attention_gradient": 0.25,
+         "mean_tau_attention_loo": -0.47, "std_tau_attention_loo": 0.3, "fraction_significant": 0.125, "n_tau_tests": 16,
+         "median_permutation_tvd": 0.000541, "permutation_layer": 2, "n_permutations": 20, "output_change": "tvd",
+         "median_adversarial_jsd": 0.106, "adversarial_epsilon": 0.01, "fraction_adversarial_near_ln2": 0.0,
+         "chance": UNTRAINED_CHANCE}
+    text = finding("attribution", s)
+    assert "relative findings are not reported. Measured over 4 examples: Kendall tau between attention" in text
+    for said in ("-0.30", "Kendall tau -", "significant", "barely moves", "does little", "median JSD", "0.000541"):
+        assert said not in text, said
+
+
+def test_patching_at_chance_ranks_no_site_and_reads_no_correlation():
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+         "clean_metric": -0.0686, "corrupted_metric": -0.029, "chance": UNTRAINED_CHANCE,
+         "top_sites": {"head_out": [{"layer": 1, "head": 2, "pos": -1, "token": "x", "effect": 0.02}]},
+         "attribution_correlation": {"head_out": {"pearson": 1.0, "spearman": 1.0, "n": 12, "n_nonzero": 12},
+                                     "resid_pre": {"pearson": 0.994, "spearman": 1.0, "n": 42, "n_nonzero": 5}}}
+    text = finding("patching", s)
+    assert "Clean prompts give a logit difference of -0.0686, corrupted ones -0.029." in text
+    assert "Measured: exact activation patching (denoise, 8 examples) at head out and resid pre, and attribution patching " \
+           "against it over 54 cells; no site is ranked and no agreement is read at chance." in text
+    for said in ("r = ", "95% CI [1.000", "moves the metric most", "Next, at", "of the clean-corrupted gap"):
+        assert said not in text, said
+
+
+def test_position_at_chance_names_no_retrieval_head_and_no_shape():
+    s = {"primary_metric": "accuracy", "n_examples": 8, "metric_per_position": {"accuracy": {"1": 0.1, "2": 0.0, "3": 0.4}},
+         "ratio_middle_to_ends": {"accuracy": 0.0}, "ci_per_position": {"accuracy": {"1": [0, .3], "2": [0, 0], "3": [.1, .7]}},
+         "sink_mass_per_layer": [0.12, 0.11], "sink_uniform_baseline": 0.12, "n_sink": 4,
+         "retrieval_heads": [[0, 3]], "retrieval_tracked_metric": "logprob",
+         "retrieval_test": {"n_rows": 32, "n_heads": 12, "correction": "holm",
+                            "heads": [{"layer": 0, "head": 3, "r": 0.9, "ci": [0.8, 0.95], "n": 32, "p_holm": 1e-5}]},
+         "chance": {**UNTRAINED_CHANCE, "metric": "accuracy", "mean": 0.17, "chance_value": 0.25, "ci": [0.0, 0.37]}}
+    text = finding("position", s)
+    assert "Measured: accuracy at 3 gold positions over 8 examples; at chance its differences between positions are " \
+           "not read." in text
+    for said in ("L0H3", "retrieval head", "ranges from", "worst middle", "U-shape", "interval"):
+        assert said not in text, said
+    assert "no attention sink" in text  # a property of the attention, measured without the task
+
+
+def test_mlp_at_chance_ranks_no_layer():
+    s = {"agreement_per_layer": {"0": 0.0, "1": 0.005, "2": 0.01}, "agreement_shuffled_per_layer": {"0": 0.02},
+         "n_neurons_per_layer": 128, "n_prefixes": 135, "answer_promoted_fraction": 0.0, "n_task_updates": 48,
+         "chance": UNTRAINED_CHANCE}
+    text = finding("mlp", s)
+    assert text.endswith("Measured: key-value agreement of 128 neurons per layer in 3 layers over 135 prefixes against a "
+                         "shuffled control, and which tokens the largest task updates promote (48 updates); no layer is "
+                         "ranked at chance.")
+    for said in ("highest", "in layer", "no better than the control", "promote the answer token", "Wilson"):
+        assert said not in text, said
+
+
+def test_retrieval_heads_are_named_with_their_test_or_not_at_all():
+    s = {"retrieval_tracked_metric": "logprob", "retrieval_heads": [[0, 3]],
+         "retrieval_test": {"n_rows": 40, "n_heads": 12, "correction": "holm",
+                            "heads": [{"layer": 0, "head": 3, "r": 0.91, "ci": [0.83, 0.95], "n": 40, "p_holm": 3e-14}]}}
+    assert ("1 retrieval head(s) track the logprob, with gold-span mass above the other heads' (Holm-corrected across 12 "
+            "heads, n = 40 rows of examples x positions): L0H3 (r = 0.91, 95% CI [0.83, 0.95], n = 40, adjusted p = 3e-14)."
+            ) in finding("position", s)
+    none = {**s, "retrieval_heads": [], "retrieval_test": {**s["retrieval_test"], "heads": []}}
+    text = finding("position", none)
+    assert "no retrieval head is named" in text and "n = 40 rows" in text and "L0H3" not in text
+    old = {"retrieval_tracked_metric": "logprob", "retrieval_heads": [[0, 3]]}  # an older summary: no test behind it
+    assert "flagged as tracking the logprob by a threshold without a test: L0H3" in finding("position", old)
