@@ -204,7 +204,8 @@ def test_the_zoo_model_on_kv_is_not_at_chance(zoo_model):
     assert entry["mean"] == pytest.approx(result.summary["metric_unevicted"], rel=1e-4)
     assert entry["ci"][0] > 1.0 and entry["effect_size"] > 1.0
     text = finding("kv", result.summary)
-    assert "at chance" not in text and "within 1% of it" in text
+    assert "at chance" not in text  # and the eviction claim is made, whichever way the data go
+    assert "within 1% of it" in text or "No eviction policy holds the metric at any budget" in text
 
 
 def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_models):
