@@ -76,14 +76,13 @@ def prune_counts(n_heads: int, step: float) -> list[int]:
 
 
 def ordering_basis(config: PruningConfig) -> dict[str, str]:
-    """{ordering: what it ranks heads by, in a few words} for config.orderings: the summary's
-    `ordering_basis`, which the curve's legend and the finding name."""
+    """{ordering: what it ranks heads by, in a few words} for config.orderings ("random" says itself):
+    the summary's `ordering_basis`, which the curve's legend and the finding name."""
     words = {
         "gradient": "|dL/d gate| / its layer's L2 norm" if config.normalize else "raw |dL/d gate|",
         "ablation": f"raw {config.method}-ablation drop",
-        "random": "a random order per seed",
     }
-    return {o: words[o] for o in config.orderings}
+    return {o: words[o] for o in config.orderings if o in words}  # random needs no words
 
 
 def head_label(layer: int, head: int) -> str:
