@@ -75,7 +75,7 @@ def noise_band(a: Run, b: Run, method: str, raw: bool) -> tuple[Any, str]:
     """The [layer, head] bound (or one number) under which |B - A| of `method`'s importance lies within the runs'
     own uncertainty, and the rule in words: 1.96 x sqrt(seA^2 + seB^2) with per-head standard errors where
     results.csv has them, else with each run's standard error of its mean task metric (an importance is a change
-    in that metric; its spread over examples is not recorded, so the metric's stands in), and never below the
+    in that metric; reports from before importance_se do not record its spread, so the metric's stands in), and never below the
     numerical noise floor either records; None where neither records any (nothing is muted)."""
     floors = [s.get("noise_floor") for s in (a.summary("heads") or {}, b.summary("heads") or {})]
     floor = max((float(f) for f in floors if _number(f)), default=None)

@@ -72,7 +72,8 @@ def _frame_scores(df: Any) -> dict[str, Any]:
             out[f"importance ({method})"] = part[["layer", "head", "importance"]]
         df = df[df["method"] == df["method"].iloc[0]]
     for col in df.columns:
-        if col in ("layer", "head", "head_name", "method", "rank", "importance", "importance_layer_norm", "positional_offset"):
+        if col in ("layer", "head", "head_name", "method", "rank", "importance", "importance_se", "importance_layer_norm",
+                   "positional_offset"):
             continue
         if types.is_numeric_dtype(df[col]) and not types.is_bool_dtype(df[col]) or types.is_string_dtype(df[col]):
             out[col] = df[["layer", "head", col]]

@@ -101,15 +101,18 @@ def importance_figure(data: pd.DataFrame, *, metric: str | None = None, baseline
 
 
 def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
-                       ax: Any = None) -> Any:
+                       basis: Mapping[str, str] | None = None, ax: Any = None) -> Any:
     """Metric against the fraction of heads pruned (`data`: the curve table), one line per ordering
-    (random: band over seeds), with the unpruned `baseline` and its 1% tolerance floor. Where the
+    (random: band over seeds), with the unpruned `baseline` and its 1% tolerance floor. `basis` (the
+    summary's ordering_basis) names what each ordering ranks by in the legend. Where the
     table has ci_low / ci_high (the 95% t-interval of each point's change from the unpruned model,
     paired over examples, drawn around the point), the fixed orderings get that band in their
     colour, so a point whose band crosses the floor reads as uncertain."""
     ax = axes(ax, (8, 4))
     curve = data.copy()
-    curve["ordering "] = curve["ordering"] + curve["recompute"].map({True: " (recomputed)", False: ""})
+    basis = basis or {}
+    curve["ordering "] = [o + (" recomputed" if r else "") + (f" ({basis[o]})" if o in basis else "")
+                          for o, r in zip(curve["ordering"], curve["recompute"])]
     levels = list(dict.fromkeys(curve["ordering "]))
     palette = dict(zip(levels, sns.color_palette(n_colors=len(levels))))
     sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", style="ordering ", markers=True,
@@ -216,7 +219,8 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
         out["importance"].tight_layout()
     curve = _curve(result)
     draw = {
-        "pruning_curve": (curve is not None, lambda: plot_pruning_curve(curve, metric=metric, baseline=baseline)),
+        "pruning_curve": (curve is not None, lambda: plot_pruning_curve(curve, metric=metric, baseline=baseline,
+                                                                                basis=s.get("ordering_basis"))),
         "best_head": ("best_head" in tables, lambda: plot_best_head(tables["best_head"], metric=metric)),
         "l0": ("l0" in tables, lambda: plot_l0(tables["l0"], metric=metric, baseline=baseline)),
         "roles": ("roles" in tables, lambda: plot_roles(tables["roles"])),
@@ -243,8 +247,11 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
                      "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
                      "unpruned model (paired over examples). "
-                     "Read where each falls below the dotted 1% floor; the random band spans the seeds. The finding's "
-                     "interval for each count is a bootstrap over examples along the order drawn here.",
+                     "Read where each falls below the dotted 1% floor; the random band spans the seeds. The legend names "
+                     "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
+                     "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
+                     "finding's count is the heads removed before a curve first leaves the band (a curve may come back "
+                     "into it later), its interval a bootstrap over examples along the order drawn here.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
@@ -268,6 +275,52 @@ def _count(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
 
+def _name(s: Mapping[str, Any], key: str) -> str:
+    """An ordering key (gradient_recompute) in words, with what it ranks by where the summary records it."""
+    ordering = key.removesuffix("_recompute")
+    basis = s.get("ordering_basis")
+    what = basis.get(ordering) if isinstance(basis, Mapping) else None
+    return ordering + (" recomputed" if key.endswith("_recompute") else "") + (f" ({what})" if what else "")
+
+
+def _signed_pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str) -> list[str]:
+    """What the first crossing leaves out (pruning.curve_shapes), for the ordering `keys` the finding
+    counts: curves back within the band after leaving it, and pruning that improves the metric beyond
+    the band, with its interval over examples."""
+    out = []
+    for key in keys:
+        shape = s.get(f"pruning_shape_{key}")
+        if not isinstance(shape, Mapping):
+            continue
+        band = _pct(_num(shape.get("tolerance")) or 0.01)
+        first, back, gain = shape.get("first_below"), shape.get("back_within"), shape.get("gain")
+        if isinstance(first, Mapping) and isinstance(back, Mapping):
+            later = "point" if back.get("points") == 1 else "points"
+            heads = "head" if first["n_pruned"] == 1 else "heads"
+            out.append(f"The {_name(s, key)} curve leaves the {band} band at {first['n_pruned']} {heads} removed "
+                       f"({_signed_pct(first['change_rel'])}) but is back within it at {back.get('points')} later {later}, "
+                       f"from {back.get('first')} heads removed up to {back['n_pruned']} of {n_heads} "
+                       f"({back['metric']:.3g}, {_signed_pct(back['change_rel'])}): the order is not monotone; its "
+                       "count stops at the first crossing.")
+        if isinstance(gain, Mapping):
+            heads = [str(h) for h in gain.get("heads") or []]
+            which = f" ({', '.join(heads)})" if 0 < len(heads) <= 8 else ""
+            ci = gain.get("ci")
+            span = ""
+            if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
+                n_ex = s.get("n_examples")
+                span = (f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" + (f" over {n_ex} examples" if n_ex else "")
+                        + (", reaching no gain" if ci[0] <= 0 else ""))
+            out.append(f"Pruning can raise the metric: removing {gain['n_pruned']} of {n_heads} heads in the "
+                       f"{_name(s, key)} order{which} raises the {metric} by {gain['change']:.3g} "
+                       f"({_signed_pct(gain['change_rel'])}{span}), beyond the {band} band.")
+    return out
+
+
 def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads: int, metric: str) -> list[str]:
     """The best ordering's prunable heads with its bootstrap interval, then the others. A count of 0,
     or one whose interval reaches 0 heads, is not presented as heads that can be removed."""
@@ -276,7 +329,7 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
     ci = _interval(s, best)
     n_ex = ci[2] if ci and ci[2] is not None else s.get("n_examples")
     over = f"over {n_ex} examples" if n_ex is not None else ""
-    name = best.replace("_", " ")
+    name = _name(s, best)
     if prunable[best] <= 0:
         out = [f"No ordering removes a single step of heads within 1% of the unpruned {metric}"
                + (f" ({over})" if over else "") + ": the first step already falls below the floor."]
@@ -298,9 +351,11 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
         kci = _interval(s, key)
         none = ", reaching none" if kci and value > 0 and kci[0] <= 0 else ""
         span = "" if kci is None else f" ({_count(kci[0])}-{_count(kci[1])} heads{none})"
-        others.append(f"{key.replace('_', ' ')} {_pct(value)}{span}")
+        others.append(f"{_name(s, key)} {_pct(value)}{span}")
     if others:
-        out.append("Other orderings: " + ", ".join(others) + ".")
+        out.append("Other orderings (heads removed before each curve first leaves the 1% band): "
+                   + ", ".join(others) + ".")
+    out += _shape_words(s, list(prunable), n_heads, metric)
     if any(_interval(s, key) for key in prunable):
         out.append("The intervals resample the examples along each fixed pruning order; they do not cover a new "
                    "task sample re-ranking the heads.")

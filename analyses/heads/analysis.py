@@ -38,7 +38,7 @@ from headscope.analyses.heads.importance import (
     Scorer,
     ablation_importance,
     evaluate_masks,
-    gradient_importance,
+    gate_gradient_stats,
     make_scorer,
     normalize_per_layer,
 )
@@ -46,7 +46,9 @@ from headscope.analyses.heads.l0 import L0Config, l0_sweep
 from headscope.analyses.heads.pruning import (
     PruningConfig,
     best_head_per_layer,
+    curve_shapes,
     head_label,
+    ordering_basis,
     prunable_intervals,
     prunable_summary,
     pruning_curves,
@@ -158,19 +160,22 @@ def numerical_checks(raw: dict[str, torch.Tensor], floor: float, k: int = 5) -> 
 
 def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
                      progress: bool = False) -> tuple[pd.DataFrame, dict[str, torch.Tensor], float]:
-    """Long table (layer, head, method, importance, importance_layer_norm, rank), the raw [L, H]
-    importance per method, and the baseline metric."""
+    """Long table (layer, head, method, importance, importance_se, importance_layer_norm, rank), the raw
+    [L, H] importance per method, and the baseline metric. importance_se: the standard error of the
+    importance over examples (sd / sqrt(n); for ablation of each example's drop, for gradient of each
+    example's |dL/d gate|), from the same passes; compare mutes B - A differences within it."""
     unknown = set(methods) - set(IMPORTANCE_METHODS)
     if unknown:
         raise ConfigError(f"Unknown importance methods {sorted(unknown)}; use some of {IMPORTANCE_METHODS}.")
     raw: dict[str, torch.Tensor] = {}
+    ses: dict[str, torch.Tensor] = {}  # [L, H] standard error over examples per method
     baseline = None
     for method in methods:
         if method == "gradient":
-            raw[method] = gradient_importance(model, scorer, progress=progress)
+            raw[method], ses[method], _ = gate_gradient_stats(model, scorer, progress=progress)
         else:
             scores = ablation_importance(model, scorer, method=method, seed=seed, progress=progress)
-            raw[method], baseline = scores.importance, scores.baseline
+            raw[method], ses[method], baseline = scores.importance, scores.se, scores.baseline
     if baseline is None:
         baseline = float(evaluate_masks(model, scorer, torch.ones(1, model.facts.n_layers, model.facts.n_heads))[0])
     rows = []
@@ -180,7 +185,8 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
         rank[torch.argsort(imp.flatten(), descending=True, stable=True)] = torch.arange(1, imp.numel() + 1)
         rows += [
             {"layer": l, "head": h, "head_name": head_label(l, h), "method": method,
-             "importance": float(imp[l, h]), "importance_layer_norm": float(normed[l, h]),
+             "importance": float(imp[l, h]), "importance_se": float(ses[method][l, h]),
+             "importance_layer_norm": float(normed[l, h]),
              "rank": int(rank[l * imp.shape[1] + h])}
             for l in range(imp.shape[0]) for h in range(imp.shape[1])
         ]
@@ -232,6 +238,8 @@ def prune_heads(model, task: TaskLike = None, config: HeadsConfig | None = None,
     summary = _base_summary(model, scorer, baseline)
     summary.update(prunable_summary(curves, baseline, summary["n_heads"], config.pruning.tolerance))
     summary.update(prunable_intervals(examples, summary["n_heads"], config.pruning.tolerance, seed=config.seed))
+    summary.update(curve_shapes(curves, config.pruning.tolerance))
+    summary["ordering_basis"] = ordering_basis(config.pruning)
     return Result(name="heads", df=curves, summary=summary, tables={"curve_examples": examples},
                   config={**dataclasses.asdict(config.pruning), "seed": config.seed})
 
@@ -253,6 +261,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     summary = _base_summary(model, scorer, baseline)
     summary.update(prunable_summary(curves, baseline, summary["n_heads"], hc.pruning.tolerance))
     summary.update(prunable_intervals(examples, summary["n_heads"], hc.pruning.tolerance, seed=hc.seed))
+    summary.update(curve_shapes(curves, hc.pruning.tolerance))
+    summary["ordering_basis"] = ordering_basis(hc.pruning)
     summary.update(numerical_checks(raw, noise_floor(_dtype(model), baseline)))
     summary.update(_top_heads(df, summary))
     summary["roles"] = {

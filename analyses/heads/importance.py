@@ -348,13 +348,15 @@ class AblationScores:
     importance: torch.Tensor  # [L, H] baseline - ablated metric (NaN where not measured)
     metric: torch.Tensor  # [L, H] mean metric with the head ablated
     baseline: float  # mean metric with no extra head ablated (under base_mask)
+    se: torch.Tensor | None = None  # [L, H] standard error over examples of the importance (NaN: not measured or n < 2)
 
 
 def ablation_importance(
     model, task: Task | torch.Tensor | Scorer, *, method: str = "zero", heads: list[tuple[int, int]] | None = None,
     base_mask: torch.Tensor | None = None, seed: int = 0, max_tokens: int | None = None, progress: bool = False,
 ) -> AblationScores:
-    """Metric drop when each head alone is ablated, many heads per forward pass.
+    """Metric drop when each head alone is ablated, many heads per forward pass; `se`: its standard
+    error over examples, sd(baseline_i - ablated_i) / sqrt(n) (each example's drop, from the same passes).
 
     heads: which (layer, head) to score (default all not removed by base_mask). base_mask
     [L, H]: heads already pruned (0, zeroed) in every copy, e.g. during iterative pruning.
@@ -373,13 +375,19 @@ def ablation_importance(
     if rep is not None and base_mask is not None:  # already-pruned heads are zeroed, not replaced
         keep = base.to(model.device)  # [L, H]
         rep = {l: v * keep[l].view(1, 1, -1, 1) for l, v in rep.items()}
-    means = evaluate_masks(model, scorer, masks, replacement=rep, max_tokens=max_tokens, progress=progress,
-                           desc=f"{method} ablation")
+    values = evaluate_masks(model, scorer, masks, replacement=rep, max_tokens=max_tokens, progress=progress,
+                            desc=f"{method} ablation", per_example=True)  # [1 + k, n_examples], the same passes
+    means = values.mean(1)  # [1 + k]
+    effects = values[:1] - values[1:]  # [k, n_examples] each example's drop with the head ablated
+    n = values.shape[1]
+    spread = effects.std(1) / n ** 0.5 if n > 1 else torch.full((len(heads),), float("nan"), dtype=torch.float64)
     metric = torch.full((f.n_layers, f.n_heads), float("nan"), dtype=torch.float64)
+    se = metric.clone()
     for i, (layer, head) in enumerate(heads):
         metric[layer, head] = means[i + 1]
+        se[layer, head] = spread[i]
     baseline = float(means[0])
-    return AblationScores(importance=baseline - metric, metric=metric, baseline=baseline)
+    return AblationScores(importance=baseline - metric, metric=metric, baseline=baseline, se=se)
 
 
 def gradient_importance(
@@ -400,7 +408,18 @@ def gradient_importance(
 
 def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, max_tokens: int | None = None,
                    memory_budget: int | None = None, progress: bool = False) -> tuple[torch.Tensor, float]:
-    """(E_x |dL(x)/dxi| [L, H], mean metric at the gates) from the same forward passes.
+    """(E_x |dL(x)/dxi| [L, H], mean metric at the gates) from the same forward passes."""
+    importance, _, metric = gate_gradient_stats(model, scorer, gates, max_tokens=max_tokens,
+                                                memory_budget=memory_budget, progress=progress)
+    return importance, metric
+
+
+def gate_gradient_stats(model, scorer: Scorer, gates: torch.Tensor | None = None, *, max_tokens: int | None = None,
+                        memory_budget: int | None = None,
+                        progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(E_x |dL(x)/dxi| [L, H], its standard error over examples sd_x |dL(x)/dxi| / sqrt(n) [L, H]
+    (NaN below 2 examples), mean metric at the gates), all from the same passes: each example has its
+    own gates, so its |gradient| is there already and its square costs one more sum.
 
     Batches are sized for a backward pass and halved on out-of-memory; under torch.distributed
     each rank takes its block of examples and the sums are all-reduced.
@@ -413,7 +432,7 @@ def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, 
                                                          memory_budget=memory_budget, logits_cap=True)))
     bar = tqdm(total=len(mine), desc="gate gradients", disable=not (progress and distributed.is_main()), leave=False)
 
-    def step(ex: range) -> torch.Tensor:  # -> [L * H + 1]: sum |grad| per head, then the metric sum
+    def step(ex: range) -> torch.Tensor:  # -> [2 L H + 1]: sum |grad| per head, sum grad^2 per head, the metric sum
         rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
         xi = point.to(model.device).expand(rows.shape[0], -1, -1).clone().requires_grad_(True)  # [b, L, H]
         out = run_gated(model, scorer.tokens[rows], xi, last_only=scorer.last_position,
@@ -421,15 +440,22 @@ def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, 
         (grad,) = torch.autograd.grad(scorer.grad_loss(out, rows).sum(), [xi])  # [b, L, H]
         bar.update(rows.shape[0])
         metric = scorer.metric(out.detach(), rows).sum().double().cpu()
-        return torch.cat([grad.abs().sum(0).double().cpu().flatten(), metric[None]])
+        g = grad.double().cpu()  # [b, L, H]
+        return torch.cat([g.abs().sum(0).flatten(), g.square().sum(0).flatten(), metric[None]])
 
-    sums = torch.zeros(f.n_layers * f.n_heads + 1, dtype=torch.float64)
+    k = f.n_layers * f.n_heads
+    sums = torch.zeros(2 * k + 1, dtype=torch.float64)
     with torch.enable_grad():
         for _, part in batching.run_chunks(step, len(mine), batch):
             sums += part
     bar.close()
     sums = distributed.all_reduce_sum(sums)
-    return (sums[:-1].view(f.n_layers, f.n_heads) / n).float(), float(sums[-1]) / n
+    mean = sums[:k] / n  # [L * H]
+    if n > 1:  # sample variance of |grad| from its two sums (float64)
+        se = ((sums[k:2 * k] - n * mean.square()).clamp_min(0) / (n - 1) / n).sqrt()
+    else:
+        se = torch.full((k,), float("nan"), dtype=torch.float64)
+    return mean.view(f.n_layers, f.n_heads).float(), se.view(f.n_layers, f.n_heads), float(sums[-1]) / n
 
 
 def normalize_per_layer(importance: torch.Tensor, exponent: float = 2.0) -> torch.Tensor:

@@ -1,8 +1,11 @@
 """Iterative head pruning (Michel et al. 2019): the metric as heads are removed, least important first.
 
 A step removes `step` x (all heads) heads, 10% by default. Orderings: "gradient" (gate-gradient
-importance, normalised per layer), "ablation" (single-head ablation drop) and "random" (one
-random order per seed, giving a band). Without recomputation the order is fixed from the
+importance divided by its layer's L2 norm, as Michel et al. rank heads across layers; raw with
+normalize=False), "ablation" (the raw single-head ablation drop) and "random" (one random order per
+seed, giving a band). What each ranks by is recorded (`ordering_basis`, in the summary) and named
+on the figure and in the finding: the importance figure shows raw |dL/d gate|, so the normalised
+order can differ from its ranks. Without recomputation the order is fixed from the
 unpruned model (the paper); with it, importance is recomputed on the pruned model after each
 step (the HF "bertology" port). Removed heads are zeroed at hook_z (xi_h = 0). Curves whose
 masks are all known in advance run as stacked copies, several masks per forward pass.
@@ -70,6 +73,16 @@ def prune_counts(n_heads: int, step: float) -> list[int]:
     """Heads removed at each point of the curve: 0, k, 2k, ..., n_heads with k = round(step n)."""
     k = max(1, round(step * n_heads))
     return sorted(set(range(0, n_heads, k)) | {n_heads})
+
+
+def ordering_basis(config: PruningConfig) -> dict[str, str]:
+    """{ordering: what it ranks heads by, in a few words} for config.orderings ("random" says itself):
+    the summary's `ordering_basis`, which the curve's legend and the finding name."""
+    words = {
+        "gradient": "|dL/d gate| / its layer's L2 norm" if config.normalize else "raw |dL/d gate|",
+        "ablation": f"raw {config.method}-ablation drop",
+    }
+    return {o: words[o] for o in config.orderings if o in words}  # random needs no words
 
 
 def head_label(layer: int, head: int) -> str:
@@ -267,6 +280,56 @@ def prunable_summary(curves: pd.DataFrame, baseline: float, n_heads: int, tolera
         out[f"max_fraction_prunable_{key}"] = round(frac, 6)
         out[f"heads_prunable_{key}"] = round(frac * n_heads, 3)
     return out
+
+
+def curve_shapes(curves: pd.DataFrame, tolerance: float = 0.01) -> dict[str, dict]:
+    """What max_prunable_fraction's first crossing leaves out, per fixed ordering (not random: a band
+    over seeds): pruning_shape_<key> = {tolerance, first_below, back_within, gain}, only for curves
+    with something to say (a return into the band or a gain beyond it). Each part is a point
+    {n_pruned, metric, change, change_rel} of the curve, against its own unpruned point:
+    - first_below: the first point under the floor, unpruned - tolerance x |unpruned|;
+    - back_within: when later points are back at or above the floor (the order is not monotone), the
+      last of them, with `points` (how many) and `first` (the n_pruned of the earliest);
+    - gain: the highest point above unpruned + tolerance x |unpruned| (pruning helps beyond the band),
+      with `heads` (every head removed up to it) and, where the curve has ci_low / ci_high, `ci`
+      [low, high] of its change (the paired 95% t-interval over examples)."""
+    out: dict[str, dict] = {}
+    for (ordering, recompute), group in curves.groupby(["ordering", "recompute"], sort=False):
+        if ordering == "random" or group["seed"].nunique() != 1:
+            continue
+        shape = _shape(group.sort_values("n_pruned").reset_index(drop=True), tolerance)
+        if "back_within" in shape or "gain" in shape:
+            out[f"pruning_shape_{curve_key(ordering, bool(recompute))}"] = shape
+    return out
+
+
+def _point(g: pd.DataFrame, i: int, base: float) -> dict:
+    m = float(g["metric"].iloc[i])
+    return {"n_pruned": int(g["n_pruned"].iloc[i]), "metric": m, "change": m - base,
+            "change_rel": (m - base) / abs(base) if base else float("nan")}
+
+
+def _shape(g: pd.DataFrame, tolerance: float) -> dict:
+    """curve_shapes for one curve `g` (rows in pruning order, row 0 unpruned)."""
+    base = float(g["metric"].iloc[0])
+    band = tolerance * abs(base)
+    metric = g["metric"].to_numpy(dtype=float)
+    shape: dict = {"tolerance": tolerance}
+    below = np.flatnonzero(metric < base - band)
+    if len(below):
+        shape["first_below"] = _point(g, below[0], base)
+        back = [i for i in range(below[0] + 1, len(g)) if metric[i] >= base - band]
+        if back:
+            shape["back_within"] = {**_point(g, back[-1], base), "points": len(back), "first": int(g["n_pruned"].iloc[back[0]])}
+    above = [i for i in range(1, len(g)) if metric[i] > base + band]
+    if above:
+        best = max(above, key=lambda i: metric[i])
+        gain = _point(g, best, base)
+        gain["heads"] = " ".join(p for p in g["pruned"].iloc[: best + 1] if p).split()
+        if {"ci_low", "ci_high"} <= set(g.columns):
+            gain["ci"] = [float(g["ci_low"].iloc[best]) - base, float(g["ci_high"].iloc[best]) - base]
+        shape["gain"] = gain
+    return shape
 
 
 N_BOOT = 1000  # bootstrap resamples of the examples behind each prunable count

@@ -664,3 +664,73 @@ def test_pruning_curve_per_example_values_equal_ablating_the_pruned_heads(tiny_m
         unpruned = want if unpruned is None else unpruned
         half = stats.t.ppf(0.975, N_EX - 1) * (want - unpruned).std().item() / math.sqrt(N_EX)
         assert (row.ci_low, row.ci_high) == pytest.approx((want.mean().item() - half, want.mean().item() + half), abs=1e-5)
+
+
+def test_importance_se_equals_per_example_ablation_and_gate_gradients(tiny_models):
+    """#34 A8: importance_se is the standard error over examples: of each example's zero-ablation drop
+    (hs.ablate one head at a time, one plain forward per head) and of each example's |dL/d gate| (autograd
+    through a plain bridge forward with gates on hook_z), sd / sqrt(n)."""
+    model, task = tiny_models["gpt2"], decoder_task(seed=8)
+    df, raw, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
+    metric = metrics.task_metric(task)
+    n = len(task)
+    with torch.no_grad():
+        base = metric(model(task.tokens))  # [n]
+    grads = []
+    for i in range(n):  # one example at a time: its own gates
+        xi = torch.ones(2, 4, requires_grad=True)
+
+        def gate(layer, xi=xi):
+            return lambda z, hook: z * xi[layer].to(z.dtype)[None, None, :, None]
+
+        logits = model.bridge.run_with_hooks(task.tokens[i:i + 1], return_type="logits",
+                                             fwd_hooks=[(z_name(l), gate(l)) for l in range(2)])
+        (g,) = torch.autograd.grad(logits[0, -1, task.answers[i]] - logits[0, -1, task.wrong_answers[i]], [xi])
+        grads.append(g.abs())
+    grads = torch.stack(grads).double()  # [n, L, H]
+    for layer in range(2):
+        for head in range(4):
+            with torch.no_grad(), hs.ablate(model, heads=[(layer, head)]):
+                drop = (base - metric(model(task.tokens))).double()  # [n]
+            row = df[(df["method"] == "zero") & (df["layer"] == layer) & (df["head"] == head)].iloc[0]
+            assert row["importance"] == pytest.approx(drop.mean().item(), abs=1e-5)
+            assert row["importance_se"] == pytest.approx((drop.std() / n ** 0.5).item(), rel=1e-3, abs=1e-6)
+            row = df[(df["method"] == "gradient") & (df["layer"] == layer) & (df["head"] == head)].iloc[0]
+            assert row["importance"] == pytest.approx(grads[:, layer, head].mean().item(), rel=1e-4, abs=1e-6)
+            assert row["importance_se"] == pytest.approx((grads[:, layer, head].std() / n ** 0.5).item(), rel=1e-3, abs=1e-6)
+    assert df["importance_se"].gt(0).all()
+
+
+def test_curve_shapes_name_a_return_into_the_band_and_a_gain_with_its_interval_hand_built():
+    """#34 A8: the first crossing hides a curve that comes back within 1% (not monotone) and pruning that raises
+    the metric; curve_shapes reports both from the curve's own numbers. Unpruned 10.0: band 9.9-10.1."""
+    import pandas as pd
+
+    grad = [10.0, 9.8, 9.85, 9.95, 9.92, 5.0]  # below at 1 head, back at 3 and 4 heads, below again at 5
+    abl = [10.0, 10.05, 10.5, 10.8, 10.2, 4.0]  # highest above the band at 3 heads
+    rows = [{"ordering": o, "recompute": False, "seed": 0, "n_pruned": k, "fraction_pruned": k / 5, "metric": m,
+             "pruned": "" if k == 0 else f"L0H{k}", "ci_low": m - 0.1 * k, "ci_high": m + 0.2 * k}
+            for o, ms in (("gradient", grad), ("ablation", abl)) for k, m in enumerate(ms)]
+    rows += [{"ordering": "random", "recompute": False, "seed": s, "n_pruned": k, "fraction_pruned": k / 5,
+              "metric": m, "pruned": ""} for s in (0, 1) for k, m in enumerate(grad)]  # a band: never shaped
+    rows += [{"ordering": "gradient", "recompute": True, "seed": 0, "n_pruned": k, "fraction_pruned": k / 5,
+              "metric": 10.0 - k, "pruned": ""} for k in range(6)]  # monotone, no gain: nothing to say
+    got = hp.curve_shapes(pd.DataFrame(rows), 0.01)
+    assert set(got) == {"pruning_shape_gradient", "pruning_shape_ablation"}
+    g = got["pruning_shape_gradient"]
+    assert g["first_below"]["n_pruned"] == 1 and g["first_below"]["change_rel"] == pytest.approx(-0.02)
+    assert g["back_within"]["n_pruned"] == 4 and g["back_within"]["first"] == 3 and g["back_within"]["points"] == 2
+    assert g["back_within"]["metric"] == 9.92 and g["back_within"]["change_rel"] == pytest.approx(-0.008)
+    assert "gain" not in g
+    a = got["pruning_shape_ablation"]
+    assert "first_below" in a and "back_within" not in a  # 4.0 at 5 heads is below, nothing after it
+    assert a["gain"]["n_pruned"] == 3 and a["gain"]["change"] == pytest.approx(0.8)
+    assert a["gain"]["change_rel"] == pytest.approx(0.08) and a["gain"]["heads"] == ["L0H1", "L0H2", "L0H3"]
+    assert a["gain"]["ci"] == pytest.approx([0.8 - 0.3, 0.8 + 0.6])
+
+
+def test_ordering_basis_names_what_each_ordering_ranks_by():
+    """#34 A8: the gradient ordering is per-layer normalised by default, and says so; raw when configured."""
+    assert hp.ordering_basis(hp.PruningConfig()) == {"gradient": "|dL/d gate| / its layer's L2 norm",
+                                                     "ablation": "raw zero-ablation drop"}
+    assert hp.ordering_basis(hp.PruningConfig(normalize=False, orderings=("gradient",))) == {"gradient": "raw |dL/d gate|"}

@@ -412,3 +412,34 @@ def test_prunable_differences_are_judged_against_both_bootstrap_intervals(tmp_pa
     assert len(notes) == 1 and notes[0].startswith("Prunable within 1% by gradient")
     assert ("A 50%" in notes[0] and "B 0%" in notes[0] and "(beyond noise: |B - A| = 0.5 exceeds the combined "
             "half-widths 0.25; 95% CIs A [0.333, 0.667], B [0, 0.167])" in notes[0])
+
+
+def test_compare_mutes_with_the_importance_se_the_heads_analysis_writes(tmp_path, tiny_models):
+    """#34 A8: results.csv from heads.importance_table carries importance_se per method; compare reads it per
+    head: B = A + 3 se at L0H0 is beyond 1.96 sqrt(2) se, B = A + 1 se elsewhere is within."""
+    import numpy as np
+    import torch
+
+    from headscope.analyses.core.tasks import Task
+    from headscope.analyses.heads import analysis as heads
+    from headscope.analyses.heads import importance as hi
+    from headscope.reports.compare import importance_figure
+    from tests_support import random_tokens
+
+    model = tiny_models["gpt2"]
+    g = torch.Generator().manual_seed(9)
+    task = Task(name="t", tokens=random_tokens(6, 8, seed=9), answers=torch.randint(10, 40, (6,), generator=g),
+                wrong_answers=torch.randint(10, 40, (6,), generator=g), metric="logit_diff")
+    df, _, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
+    assert df["importance_se"].gt(0).all()
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
+    _folder(tmp_path / "b", "m", 1.0, 0, 0.5)
+    shift = df["importance_se"] * np.where((df["layer"] == 0) & (df["head"] == 0), 3.0, 1.0)
+    io.write_csv(tmp_path / "a" / "heads" / "results.csv", df)
+    io.write_csv(tmp_path / "b" / "heads" / "results.csv", df.assign(importance=df["importance"] + shift))
+    fig, notes, _ = importance_figure(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    coloured = fig.axes[2].collections[-1]  # B - A of the gradient panel: beyond noise only at L0H0
+    expected = np.ones((2, 4), dtype=bool)
+    expected[0, 0] = False
+    assert (coloured.get_array().mask.reshape(2, 4) == expected).all()
+    assert any("each head's standard error in results.csv" in n for n in notes)

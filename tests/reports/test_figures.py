@@ -1138,3 +1138,20 @@ def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selec
         assert "no capacity sweep" in fig._suptitle.get_text()
     finally:
         plt.close(fig)
+
+
+def test_pruning_curve_legend_names_what_each_ordering_ranks_by():
+    """#34 A8: the gradient ordering ranks by per-layer-normalised |dL/d gate| while the importance figure shows
+    raw values: the legend says which (the summary's ordering_basis)."""
+    from headscope.reports.plots_heads import plot_pruning_curve
+
+    prune = pd.DataFrame([{"ordering": o, "recompute": r, "fraction_pruned": f, "metric": 1.0 - f, "seed": 0}
+                          for o, r in (("gradient", False), ("gradient", True), ("ablation", False)) for f in (0.0, 0.5)])
+    ax = plot_pruning_curve(prune, metric="logit_diff", basis={"gradient": "|dL/d gate| / its layer's L2 norm"},
+                            ax=plt.subplots()[1])
+    try:
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert {"gradient (|dL/d gate| / its layer's L2 norm)", "gradient recomputed (|dL/d gate| / its layer's L2 norm)",
+                "ablation"} <= set(labels)
+    finally:
+        plt.close("all")
