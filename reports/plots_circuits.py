@@ -18,7 +18,7 @@ import seaborn as sns
 from matplotlib.patches import Rectangle
 
 from headscope.analyses.core import chance
-from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct
+from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct, wilson
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
 
@@ -413,8 +413,7 @@ def finding(s: Mapping[str, Any]) -> str:
     per_layer = s.get("lens_top1_fraction_per_layer") or {}
     if isinstance(first, int):
         n_layers = len(per_layer) - 1 if per_layer else None
-        frac = _num(per_layer.get(str(first)))
-        share = f" (top-1 in {_pct(frac)} of {s.get('n_examples', '?')} examples)" if frac is not None else ""
+        share = _top1_share(s, first, per_layer)
         if n_layers is not None and first >= n_layers:
             parts.append(f"The logit lens ranks the answer top-1 (median over examples) only at the model's output, "
                          f"after all {n_layers} blocks{share}.")
@@ -440,6 +439,30 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(_writers(s, top, final))
     cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
     if cpr is not None and cmd is not None:
-        parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores): CPR {cpr:.3f} (higher is better), "
-                     f"CMD {cmd:.3f} (lower is better).")
+        n, edges = _num(s.get("mib_n_examples", s.get("edges_n_examples"))), _num(s.get("n_edges"))
+        over = (f", top-k of {edges:.0f} edges" if edges else "") + (f", over {n:.0f} examples" if n else "")
+        parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores{over}): "
+                     f"CPR {cpr:.3f} ({_boot(s.get('mib_cpr_ci'))}higher is better), "
+                     f"CMD {cmd:.3f} ({_boot(s.get('mib_cmd_ci'))}lower is better).")
     return " ".join(parts)
+
+
+def _boot(ci: Any) -> str:
+    """'95% bootstrap CI [lo, hi] over examples; ' for a recorded interval, else ''."""
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return ""
+    return f"95% bootstrap CI [{ci[0]:.3f}, {ci[1]:.3f}] over examples; "
+
+
+def _top1_share(s: Mapping[str, Any], layer: int, per_layer: Mapping[str, Any]) -> str:
+    """' (top-1 in k of n examples, p%, Wilson 95% CI lo-hi)' at `layer` (the recorded count, else the
+    fraction times n); without n, the share alone."""
+    frac, n = _num(per_layer.get(str(layer))), _num(s.get("n_examples"))
+    if frac is None:
+        return ""
+    if not n or n < 1:
+        return f" (top-1 in {_pct(frac)} of the examples)"
+    counted = _num((s.get("lens_top1_count_per_layer") or {}).get(str(layer)))
+    k = int(counted) if counted is not None else round(frac * n)
+    lo, hi = wilson(k, int(n))
+    return f" (top-1 in {k} of {n:.0f} examples, {_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)})"
