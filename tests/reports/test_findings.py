@@ -43,6 +43,17 @@ def test_patching_reports_the_share_of_the_clean_corrupted_gap():
     assert "head_out at layer 2, head 5 (-0.25)" in text  # -1 / (2 - -2)
     # Fisher z: tanh(atanh(0.9876) -+ 1.96 / sqrt(10 - 3)) = 0.947, 0.997
     assert "resid_pre r = 0.988 (n = 10 cells, 95% CI [0.947, 0.997])" in text
+    # with the recorded t intervals of the mean per-example effect: the share's is the effect's over the gap of 4
+    summary["top_sites"]["resid_pre"][0].update(ci=[2.2, 3.8], n=8)
+    summary["top_sites"]["head_out"][0].update(ci=[-1.6, -0.4], n=8)
+    text = finding("patching", summary)
+    assert ("resid_pre at layer 1, position 3 ('3: Mary'): 0.75 of the clean-corrupted gap, 95% CI [0.55, 0.95] over "
+            "8 examples (+3 logit difference)") in text
+    assert "head_out at layer 2, head 5 (-0.25, 95% CI [-0.40, -0.10] over 8 examples)" in text
+    down = {**summary, "clean_metric": -2.0, "corrupted_metric": 2.0}  # a negative gap: the bounds swap
+    assert "-0.75 of the clean-corrupted gap, 95% CI [-0.95, -0.55] over 8 examples" in finding("patching", down)
+    shares = {**summary, "metric": "normalized_logit_diff", "normalized": True}  # the effects are shares already
+    assert "('3: Mary'): 3.00, 95% CI [2.20, 3.80] over 8 examples." in finding("patching", shares)
 
 
 AT_CHANCE = {"at_chance": True, "metric": "logit_diff", "mean": -0.008, "chance_value": 0.0, "ci": [-0.05, 0.034],
