@@ -261,6 +261,8 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     assert set(s["mib_faithfulness"]) == {"0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1"}
     assert s["mib_n_examples"] == 4 and s["mib_n_boot"] == F.N_BOOT  # the pairs; no draw with m(full) = m(empty)
     assert s["mib_cpr_ci"][0] <= s["mib_cpr_ci"][1] and s["mib_cmd_ci"][0] <= s["mib_cmd_ci"][1]
+    legend = [t.get_text() for t in figs["circuits_mib"].axes[0].get_legend().get_texts()]
+    assert f"CPR: area under f = {s['mib_cpr']:.3f}, 95% CI {s['mib_cpr_ci'][0]:.3f}-{s['mib_cpr_ci'][1]:.3f}" in legend
     lens = result.tables["lens"]
     hits = lens[lens.is_answer].groupby("layer")["rank"].apply(lambda r: int((r == 0).sum()))
     assert s["lens_top1_count_per_layer"] == {str(k): v for k, v in hits.items()}
