@@ -18,7 +18,7 @@ import seaborn as sns
 from matplotlib.patches import Rectangle
 
 from headscope.analyses.core import chance
-from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct
+from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct, wilson
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
 
@@ -150,14 +150,22 @@ def plot_faithfulness(data: pd.DataFrame, *, target: float = 0.8, unreported: st
 
 
 def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None = None,
-             unreported: str | None = None, ax=None):
+             unreported: str | None = None, cpr_ci=None, cmd_ci=None, ax=None):
     """`data`: the mib table. MIB's faithfulness curve: f of the top p of the edges against p (0.1% ... 100%, log-scaled
-    x for legibility; MIB's areas are over linear p), the area under it (CPR) shaded."""
+    x for legibility; MIB's areas are over linear p), the area under it (CPR) shaded; cpr_ci, cmd_ci: the
+    summary's bootstrap intervals, named in the legend."""
     ax, mib = axes(ax, (8, 4)), data
     x, f = mib.fraction.to_numpy() * 100, mib.faithfulness.to_numpy()
-    ax.fill_between(x, 0.0, f, color="C0", alpha=0.2, label="CPR: area under f" + (f" = {cpr:.3f}" if cpr is not None else ""))
+
+    def ci(interval) -> str:
+        ok = isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_num(v) is not None for v in interval)
+        return f", 95% CI {interval[0]:.3f}-{interval[1]:.3f}" if ok else ""
+
+    ax.fill_between(x, 0.0, f, color="C0", alpha=0.2,
+                    label="CPR: area under f" + (f" = {cpr:.3f}{ci(cpr_ci)}" if cpr is not None else ""))
     ax.plot(x, f, marker="o", color="C0", label="top-p% edges")
-    ax.axhline(1.0, color="C3", lw=1, ls=":", label="f = 1" + (f" (CMD: area between = {cmd:.3f})" if cmd is not None else ""))
+    ax.axhline(1.0, color="C3", lw=1, ls=":",
+               label="f = 1" + (f" (CMD: area between = {cmd:.3f}{ci(cmd_ci)})" if cmd is not None else ""))
     ax.axhline(0.0, color="black", lw=0.5)
     ax.set_xscale("log")
     ax.set_xticks(x, [f"{v:g}%" for v in x], fontsize="small", rotation=45)
@@ -295,7 +303,8 @@ def figures(result, **kwargs) -> dict:
         "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
         "circuits_dla_components": ("dla", plot_dla_components),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
-        "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"), unreported=off)),
+        "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"), unreported=off,
+                                                      cpr_ci=s.get("mib_cpr_ci"), cmd_ci=s.get("mib_cmd_ci"))),
         "circuits_graph": ("edges", lambda data: plot_circuit_graph(data, quiet=quiet)),
     }
     out = {}
@@ -333,7 +342,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                              "the same size, dotted: the 80% target.",
     "circuits_mib": "MIB's faithfulness curve (Mueller et al. 2025): f = (m(C) - m(empty)) / (m(full) - m(empty)) of the "
                     "top p% of the edges (x, log scale) for p = 0.1 ... 100; shaded: CPR, the area under f over linear p "
-                    "(higher is better); CMD is the area between f and 1 (lower is better).",
+                    "(higher is better); CMD is the area between f and 1 (lower is better); the legend gives each with its 95% "
+                    "bootstrap interval over examples.",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
                       "y = head (MLPs at -1, key-value heads just left of and below their layer's query heads, labelled "
                       "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative; "
@@ -413,8 +423,7 @@ def finding(s: Mapping[str, Any]) -> str:
     per_layer = s.get("lens_top1_fraction_per_layer") or {}
     if isinstance(first, int):
         n_layers = len(per_layer) - 1 if per_layer else None
-        frac = _num(per_layer.get(str(first)))
-        share = f" (top-1 in {_pct(frac)} of {s.get('n_examples', '?')} examples)" if frac is not None else ""
+        share = _top1_share(s, first, per_layer)
         if n_layers is not None and first >= n_layers:
             parts.append(f"The logit lens ranks the answer top-1 (median over examples) only at the model's output, "
                          f"after all {n_layers} blocks{share}.")
@@ -440,6 +449,30 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(_writers(s, top, final))
     cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
     if cpr is not None and cmd is not None:
-        parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores): CPR {cpr:.3f} (higher is better), "
-                     f"CMD {cmd:.3f} (lower is better).")
+        n, edges = _num(s.get("mib_n_examples", s.get("edges_n_examples"))), _num(s.get("n_edges"))
+        over = (f", top-k of {edges:.0f} edges" if edges else "") + (f", over {n:.0f} examples" if n else "")
+        parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores{over}): "
+                     f"CPR {cpr:.3f} ({_boot(s.get('mib_cpr_ci'))}higher is better), "
+                     f"CMD {cmd:.3f} ({_boot(s.get('mib_cmd_ci'))}lower is better).")
     return " ".join(parts)
+
+
+def _boot(ci: Any) -> str:
+    """'95% bootstrap CI [lo, hi] over examples; ' for a recorded interval, else ''."""
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return ""
+    return f"95% bootstrap CI [{ci[0]:.3f}, {ci[1]:.3f}] over examples; "
+
+
+def _top1_share(s: Mapping[str, Any], layer: int, per_layer: Mapping[str, Any]) -> str:
+    """' (top-1 in k of n examples, p%, Wilson 95% CI lo-hi)' at `layer` (the recorded count, else the
+    fraction times n); without n, the share alone."""
+    frac, n = _num(per_layer.get(str(layer))), _num(s.get("n_examples"))
+    if frac is None:
+        return ""
+    if not n or n < 1:
+        return f" (top-1 in {_pct(frac)} of the examples)"
+    counted = _num((s.get("lens_top1_count_per_layer") or {}).get(str(layer)))
+    k = int(counted) if counted is not None else round(frac * n)
+    lo, hi = wilson(k, int(n))
+    return f" (top-1 in {k} of {n:.0f} examples, {_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
@@ -18,18 +19,30 @@ from headscope.reports.findings import _chance, _num, _pct, wilson
 from headscope.reports.plots import axes, laid_out
 from headscope.reports.render import escape
 
+AGREEMENT = {"agreement": "top trigger", "agreement_any": "any of top k triggers", "agreement_shuffled": "shuffled (control)"}
 
-def plot_agreement(data: pd.DataFrame, *, ax=None):
+
+def plot_agreement(data: pd.DataFrame, *, n: int | None = None, ax=None):
     """Per layer (`data`: the agreement table): agreement with the top trigger, with any of the top-k,
-    and the shuffled baseline."""
-    ax, agreement = axes(ax, (8, 4)), data
-    names = {"agreement": "top trigger", "agreement_any": "any of top k triggers", "agreement_shuffled": "shuffled (control)"}
-    long = agreement.melt(id_vars="layer", value_vars=list(names), var_name="measure", value_name="fraction")
-    long["measure"] = long["measure"].map(names)
-    sns.lineplot(data=long, x="layer", y="fraction", hue="measure", style="measure", markers=True, ax=ax)
-    ax.set(title="Key-value agreement (value's top token = trigger's next token)", ylim=(0, None),
-           ylabel="fraction of neurons that agree (0-1)")
-    ax.set_xticks(sorted(agreement.layer.unique()))
+    and the shuffled baseline. n: the neurons each fraction is over (the summary's n_neurons_per_layer):
+    each point then carries its Wilson 95% interval (count = fraction x n, exact) as an error bar, the
+    three measures set slightly apart so their bars do not hide one another."""
+    ax = axes(ax, (8, 4))
+    data = data.sort_values("layer")
+    layers = data.layer.to_numpy(dtype=float)
+    n = int(n) if n else None
+    for i, (column, name) in enumerate(AGREEMENT.items()):
+        y = data[column].to_numpy(dtype=float)  # [layer]
+        yerr = None
+        if n:
+            bounds = np.array([wilson(int(round(v * n)), n) for v in y])  # [layer, 2]
+            yerr = np.vstack([y - bounds[:, 0], bounds[:, 1] - y]).clip(min=0)  # [2, layer]
+        ax.errorbar(layers + ((i - 1) * 0.08 if n else 0.0), y, yerr=yerr, color=f"C{i}", marker="oXs"[i],
+                    linestyle=("-", "--", ":")[i], markersize=5, capsize=3 if n else 0, label=name)
+    bars = f" (bars: Wilson 95% CI over {n} neurons)" if n else ""
+    ax.set(title="Key-value agreement (value's top token = trigger's next token)" + bars, ylim=(0, None),
+           xlabel="layer", ylabel="fraction of neurons that agree (0-1)")
+    ax.set_xticks(sorted(data.layer.unique()))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="next token of")
     return ax
 
@@ -61,8 +74,9 @@ def top_neurons_html(top_neurons: pd.DataFrame, columns=("layer", "neuron", "tas
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for an mlp Result."""
     out = {}
-    for stem, draw in (("mlp_agreement", plot_agreement), ("mlp_top_neurons", plot_top_neurons)):
-        out[stem] = laid_out(draw(result.tables[stem.removeprefix("mlp_")]))
+    n = _num((result.summary or {}).get("n_neurons_per_layer"))  # what each agreement fraction is over
+    out["mlp_agreement"] = laid_out(plot_agreement(result.tables["agreement"], n=int(n) if n else None))
+    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"]))
     return out
 
 
@@ -78,7 +92,8 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "mlp_agreement": "Per layer, the fraction of neurons (0-1) whose value vector's top token is the token after their "
                      "strongest trigger (top trigger), after any of their top-k triggers (any of top k), and the same with "
-                     "triggers shuffled across neurons (control).",
+                     "triggers shuffled across neurons (control); bars: each fraction's Wilson 95% interval over the "
+                     "layer's neurons.",
     "mlp_top_neurons": "The neurons whose updates m_i v_i are largest at the task's answer position (L2 norm, residual "
                        "stream units), coloured by layer.",
 }

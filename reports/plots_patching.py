@@ -435,6 +435,16 @@ def _measured_only(s: Mapping[str, Any]) -> str:
     return said
 
 
+def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
+    """', 95% CI [lo, hi] over n examples' of a top site's effect (its recorded t interval over the
+    per-example effects, divided by the gap when the finding states a share of it); '' without one."""
+    ci, n = cell.get("ci"), _num(cell.get("n"))
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return f", n = {n:.0f} examples" if n else ""
+    lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else (ci[0], ci[1])
+    return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """The strongest patching sites, attribution patching's agreement and causal tracing's peaks; at
     chance the clean and corrupted metrics and what was measured only."""
@@ -463,14 +473,17 @@ def finding(s: Mapping[str, Any]) -> str:
         cells = _distinct_sites(cells)
         kind, best = cells[0]
 
-        def share(effect: float) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
-            return f"{effect / gap:.2f} of the clean-corrupted gap ({effect:+.3g} {metric})" if gap else f"{effect:.2f}"
+        def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
+            effect = cell["effect"]
+            said = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
+            return said + _effect_ci(cell, gap) + (f" ({effect:+.3g} {metric})" if gap else "")
 
         parts.append(f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) moves the metric most "
-                     f"at the {_site(best, kind)}: {share(best['effect'])}.")
+                     f"at the {_site(best, kind)}: {share(best)}.")
         if gap and abs(best["effect"] / gap) < 0.05:
             parts.append("No single site moves more than 5% of the gap: the effect is spread out or the task is not solved.")
-        runners = [f"{_site(c, k)} ({c['effect'] / gap if gap else c['effect']:.2f})" for k, c in cells[1:3]]
+        runners = [f"{_site(c, k)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})"
+                   for k, c in cells[1:3]]
         if runners:
             parts.append("Next, at other sites: " + "; ".join(runners) + ".")
     corr = s.get("attribution_correlation")

@@ -11,7 +11,8 @@
   config.edges and a task with corrupted prompts, also edge attribution (EAP / EAP-IG, edges.py)
   and the exact faithfulness of top-k circuits against random ones (faithfulness.py): tables
   "edges" (the 200 strongest edges) and "faithfulness" (k, circuit, draw, metric, faithfulness),
-  summary smallest_k_80, faithfulness_at_k, random_faithfulness_at_k, top_edges, and edges_n_examples (the
+  summary smallest_k_80, faithfulness_at_k, random_faithfulness_at_k, top_edges, MIB's CPR and CMD with
+  their bootstrap intervals over examples (mib_cpr_ci, mib_cmd_ci, mib_n_examples), and edges_n_examples (the
   clean/corrupted pairs they ran on: a user's pair of two token lengths is left out, counted in
   pairs_left_out with its file row numbers in pairs_left_out_rows).
 
@@ -23,7 +24,7 @@ example's rows equal those of the example run alone. Tables: "lens" (example, la
 position (0 = the prompt's first real token), target, is_answer, logprob, rank, logit_diff), "dla" (example,
 component, kind, layer, head, contribution) and "dla_mean" (component, kind, layer, head,
 contribution = mean over examples, std). Summary: per-layer mean
-answer rank, log-probability, top-1 fraction and logit difference at the answer position; the
+answer rank, log-probability, top-1 fraction (and its count of examples) and logit difference at the answer position; the
 first layer whose median answer rank is 0 (top-1 in at least half the examples); top components
 and heads; each top component's mean, sd, 95% t interval and n over examples (dla_top_intervals)
 and, for each pair of the three largest, the paired difference of their magnitudes with its
@@ -241,6 +242,7 @@ def lens_summary(lens: pd.DataFrame, output_error: float) -> dict:
         "lens_mean_rank_per_layer": {str(l): float(v) for l, v in per_layer.mean_rank.items()},
         "lens_mean_logprob_per_layer": {str(l): float(v) for l, v in per_layer.mean_logprob.items()},
         "lens_top1_fraction_per_layer": {str(l): float(v) for l, v in per_layer.top1_fraction.items()},
+        "lens_top1_count_per_layer": {str(l): int(v) for l, v in g["rank"].apply(lambda r: int((r == 0).sum())).items()},
         "lens_mean_logit_diff_per_layer": {str(l): (None if pd.isna(v) else float(v))
                                            for l, v in per_layer.mean_logit_diff.items()},
         "first_top1_layer": int(top1[0]) if len(top1) else None,

@@ -22,6 +22,11 @@ CMD = area under |1 - f| (lower is better). Two differences, both stated in the 
 prunes edges that no longer connect the input to the logits before evaluating (headscope does
 not), and its m(full) is a plain clean run; headscope measures m(empty) and m(full) as circuits of
 the same batched ablation pass, so f is exactly 0 and 1 there (the two differ by rounding only).
+
+CPR and CMD carry a percentile bootstrap interval over examples (`mib_bootstrap`): f is a ratio of
+means, so each resample takes every circuit's mean over the same drawn examples (the empty and the
+full circuit's too) and recomputes f and both areas; summary mib_cpr_ci, mib_cmd_ci, mib_n_examples,
+mib_ci_method.
 """
 from __future__ import annotations
 
@@ -34,6 +39,10 @@ from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
 
 RANDOM_DRAWS = 3
+N_BOOT = 1000  # bootstrap resamples of the examples behind CPR and CMD
+MIB_CI_METHOD = ("percentile bootstrap over examples (numpy default_rng(seed), n examples drawn with replacement "
+                 "per resample; every circuit's mean metric, m(empty) and m(full) included, over the same draw, then "
+                 "f and the areas recomputed; resamples where m(full) = m(empty) are dropped)")
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -156,14 +165,49 @@ def mib_areas(fractions, faith) -> tuple[float, float]:
     return cpr, cmd
 
 
+def mib_bootstrap(metrics, fractions=MIB_FRACTIONS, *, n_boot: int = N_BOOT, seed: int = 0,
+                  level: float = 0.95) -> dict:
+    """Percentile bootstrap of (CPR, CMD) over examples. metrics: [2 + len(fractions), n] per-example
+    metric of the empty circuit (row 0), the full one (row 1) and the top-k circuit at each fraction.
+    f = (mean m(C) - mean m(empty)) / (mean m(full) - mean m(empty)) is a ratio of means, so every
+    resample draws n examples with replacement once and takes all rows' means over that draw.
+    Returns {"cpr_ci": [lo, hi], "cmd_ci": [lo, hi], "n_examples", "n_boot" (resamples kept: a draw
+    with m(full) = m(empty) has no f), "level"}; the intervals are None for one example."""
+    m = np.asarray(metrics, dtype=np.float64)  # [2 + F, n]
+    x = np.asarray(fractions, dtype=np.float64)  # [F]
+    if m.ndim != 2 or m.shape[0] != len(x) + 2:
+        raise ConfigError(f"need the empty, the full and one circuit per fraction ({len(x) + 2} rows), got {m.shape}.")
+    n = m.shape[1]
+    out = {"cpr_ci": None, "cmd_ci": None, "n_examples": int(n), "n_boot": 0, "level": level}
+    if n < 2:
+        return out
+    draws = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))  # [n_boot, n] example indices
+    means = m[:, draws].mean(-1)  # [2 + F, n_boot]
+    empty, full, curve = means[0], means[1], means[2:]
+    ok = full != empty  # [n_boot]
+    f = (curve[:, ok] - empty[ok]) / (full[ok] - empty[ok])  # [F, kept]
+    width = np.diff(x)[:, None]  # [F - 1, 1]
+    cpr = (width * (f[1:] + f[:-1]) / 2).sum(0)  # [kept]
+    cmd = (width * (np.abs(1 - f[1:]) + np.abs(1 - f[:-1])) / 2).sum(0)  # [kept]
+    tail = (1 - level) / 2
+    if ok.any():
+        out["cpr_ci"] = [float(v) for v in np.quantile(cpr, [tail, 1 - tail])]
+        out["cmd_ci"] = [float(v) for v in np.quantile(cmd, [tail, 1 - tail])]
+    out["n_boot"] = int(ok.sum())
+    return out
+
+
 def mib_curve(model, task: Task, graph: E.EdgeGraph, scores: torch.Tensor,
-              fractions=MIB_FRACTIONS) -> tuple[pd.DataFrame, float, float]:
-    """(table (fraction, k, metric, faithfulness), CPR, CMD) of the top-k circuits at MIB's fractions,
-    normalised by the empty and the full circuit measured in the same pass."""
+              fractions=MIB_FRACTIONS, *, seed: int = 0) -> tuple[pd.DataFrame, float, float, dict]:
+    """(table (fraction, k, metric, faithfulness), CPR, CMD, their bootstrap over examples (mib_bootstrap,
+    seeded with `seed`)) of the top-k circuits at MIB's fractions, normalised by the empty and the full
+    circuit measured in the same pass."""
     ks = mib_k_values(graph.n_edges, fractions)
     sizes = sorted({0, graph.n_edges, *ks})  # each circuit once, so f is exactly 0 and 1 at the ends
     keep, _ = keep_masks(graph, scores, sizes, seed=0, draws=0)
-    by_k = dict(zip(sizes, circuit_metrics(model, task, graph, keep).mean(1).double().tolist()))
+    per_example = circuit_metrics(model, task, graph, keep).double()  # [sizes, n]
+    row = {k: i for i, k in enumerate(sizes)}
+    by_k = dict(zip(sizes, per_example.mean(1).tolist()))
     empty, full = by_k[0], by_k[graph.n_edges]
     if full == empty:
         raise ConfigError("the empty and the full circuit give the same metric; MIB's faithfulness is undefined.")
@@ -172,7 +216,9 @@ def mib_curve(model, task: Task, graph: E.EdgeGraph, scores: torch.Tensor,
     frame = pd.DataFrame({"fraction": list(fractions), "k": list(ks), "metric": metric.numpy(),
                           "faithfulness": faith.numpy()})
     cpr, cmd = mib_areas(fractions, frame.faithfulness)
-    return frame, cpr, cmd
+    rows = [row[0], row[graph.n_edges], *(row[k] for k in ks)]
+    boot = mib_bootstrap(per_example[rows].numpy(), fractions, seed=seed)
+    return frame, cpr, cmd, boot
 
 
 def smallest_k(frame: pd.DataFrame, target: float = 0.8) -> int | None:
@@ -189,7 +235,7 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
     ks = tuple(k_values) if k_values else default_k_values(graph.n_edges)
     sweep = faithfulness_sweep(model, task, graph, scores, ks, seed=seed, metric_clean=info["metric_clean"],
                                metric_corrupt=info["metric_corrupt"])
-    mib, cpr, cmd = mib_curve(model, task, graph, scores)
+    mib, cpr, cmd, boot = mib_curve(model, task, graph, scores, seed=seed)
     top = E.top_edges(graph, scores, n_listed)
     at_k = sweep[sweep.circuit == "top"].set_index("k").faithfulness
     rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.mean()
@@ -202,7 +248,9 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
         "faithfulness_at_k": {str(k): float(v) for k, v in at_k.items()},
         "random_faithfulness_at_k": {str(k): float(v) for k, v in rand.items()},
         "top_edges": [f"{s} -> {r}: {v:+.4g}" for s, r, v in zip(top.sender[:10], top.receiver[:10], top.score[:10])],
-        "mib_cpr": cpr, "mib_cmd": cmd,
+        "mib_cpr": cpr, "mib_cmd": cmd, "mib_cpr_ci": boot["cpr_ci"], "mib_cmd_ci": boot["cmd_ci"],
+        "mib_n_examples": boot["n_examples"], "mib_n_boot": boot["n_boot"], "mib_ci_level": boot["level"],
+        "mib_ci_method": MIB_CI_METHOD,
         "mib_faithfulness": {f"{p:g}": float(v) for p, v in zip(mib.fraction, mib.faithfulness)},
         "mib_convention": "MIB (Mueller et al. 2025) evaluate_area_under_curve: top int(p * edges) by |score|, "
                           "trapezoid over linear p in 0.001..1; no pruning of disconnected edges; m(full), m(empty) "

@@ -22,7 +22,8 @@ patch), effect (value minus base), base (the unpatched run over the same rows), 
 where pos is a real token: every row without padding) and with attribution=True the
 attribution-patching estimate `attribution`. Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
-direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|),
+direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|, each
+with the 95% t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
 attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
@@ -48,10 +49,12 @@ from headscope.analyses.patching.attribution_patching import attribution_table, 
 from headscope.analyses.patching.configs import PatchingConfig
 from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
 from headscope.analyses.patching.inputs import (
+    EFFECT_CI_METHOD,
     PatchMetric,
     cell_means,
     check_direction,
     clean_and_corrupted,
+    effect_intervals,
     mask_padding,
     paired_rows,
     position_from_end,
@@ -183,10 +186,11 @@ def activation_patching(
     clean_value, corrupt_value = float(clean_rows.double().mean()), float(corrupt_rows.double().mean())
     baseline = float(pm.finish(float(base_values.double().mean()), clean_value, corrupt_value))
     labels = token_labels(model, clean, mask)
-    frames = []
+    frames, intervals = [], {}
     for st in types:
         cells, values = sweeps[st.name]
         means = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
+        intervals[st.name] = effect_intervals(pm, values, base_values, clean_rows, corrupt_rows)  # the sweep's rows
         frame = cell_frame(st, cells, labels, value=means["value"].numpy(), effect=means["effect"].numpy(),
                            base=means["base"].numpy())
         frame.insert(frame.columns.get_loc("token"), "position_from_end",
@@ -202,7 +206,8 @@ def activation_patching(
         "clean_metric": float(pm.finish(clean_value, clean_value, corrupt_value)),
         "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),
         "baseline": baseline,
-        "top_sites": top_sites(df),
+        "top_sites": top_sites(df, intervals=intervals),
+        "top_sites_ci_method": EFFECT_CI_METHOD,
         **left_out,
     }
     small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
@@ -218,8 +223,11 @@ def activation_patching(
     return Result(name="patching", df=df, summary=summary, tables=tables, config=config)
 
 
-def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect") -> dict[str, list[dict]]:
-    """The n cells with the largest |column| per site type, as JSON-ready records."""
+def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect",
+              intervals: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, list[dict]]:
+    """The n cells with the largest |column| per site type, as JSON-ready records. intervals: per site
+    type, effect_intervals' arrays in the type's row order; each record then carries "ci" ([low, high],
+    None under two rows) and "n" (the rows)."""
     kinds, score = df["site_type"].to_numpy(), np.abs(df[column].to_numpy(dtype=float))
     layer, head, pos = (df[c].to_numpy(dtype=float, na_value=np.nan) for c in ("layer", "head", "pos"))
     token, value = df["token"].to_numpy(), df[column].to_numpy(dtype=float)
@@ -236,10 +244,17 @@ def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect") -> dict[
                 "token": str(token[i]),
                 **({} if ends is None or np.isnan(ends[i]) else {"from_end": int(ends[i])}),
                 column: float(value[i]),
+                **({} if intervals is None or str(name) not in intervals else _interval(intervals[str(name)], i - rows[0])),
             }
             for i in top
         ]
     return out
+
+
+def _interval(arrays: dict[str, np.ndarray], cell: int) -> dict:
+    """{"ci": [low, high] or None, "n": rows} of one cell of effect_intervals' arrays."""
+    low, high = float(arrays["low"][cell]), float(arrays["high"][cell])
+    return {"ci": [low, high] if np.isfinite(low) and np.isfinite(high) else None, "n": int(arrays["n"][cell])}
 
 
 FULL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head_out", "head_out_by_pos",

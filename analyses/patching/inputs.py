@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from headscope.analyses.core import metrics as M
@@ -193,3 +194,32 @@ def position_from_end(n_pos: int, positions) -> list[int | None]:
     """Each padded position counted from the end (-1: every prompt's last token, where the answer is
     read; under left padding the same place in every prompt); None stays None (every position)."""
     return [None if p is None else int(p) - n_pos for p in positions]
+
+
+EFFECT_CI_METHOD = ("95% Student-t interval of the mean per-example effect (patched minus unpatched metric of each "
+                    "row where the cell is real) over those n rows; normalised metrics divide each row's effect by "
+                    "the rows' mean clean-corrupted gap, held fixed")
+
+
+def effect_intervals(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, clean: torch.Tensor,
+                     corrupt: torch.Tensor, level: float = 0.95) -> dict[str, np.ndarray]:
+    """Per cell (values [cell, batch], NaN where padding; base, clean, corrupt [batch]) the Student-t
+    interval of the mean per-example effect values - base over the rows where the cell is real: its
+    mean equals cell_means' effect. A normalised metric's effect is a ratio of means, (mean v - mean
+    base) / (mean clean - mean corrupt); each row's difference is divided by that mean gap, taken as
+    fixed (it is the same for every cell), so the interval is the raw one over the gap.
+    Returns {"low", "high"} float64 [cell] (NaN under two rows) and "n" int64 [cell]."""
+    from scipy import stats
+
+    v = values.double().cpu().numpy()  # [cell, batch]
+    real = ~np.isnan(v)
+    n = real.sum(1)  # [cell]
+    count = np.maximum(n, 1)
+    diff = np.where(real, v - base.double().cpu().numpy()[None], 0.0)  # [cell, batch]: 0 where padding
+    if pm.normalized:
+        gap = clean.double().cpu().numpy() - corrupt.double().cpu().numpy()  # [batch]
+        diff = diff / (np.where(real, gap[None], 0.0).sum(1) / count)[:, None]
+    mean = diff.sum(1) / count  # [cell]
+    sd = np.sqrt(np.where(real, (diff - mean[:, None]) ** 2, 0.0).sum(1) / np.maximum(n - 1, 1))  # [cell]
+    half = np.where(n >= 2, stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * sd / np.sqrt(count), np.nan)
+    return {"low": mean - half, "high": mean + half, "n": n.astype(np.int64)}

@@ -259,6 +259,13 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     x, f = mib.fraction.to_numpy(), mib.faithfulness.to_numpy()
     assert abs(s["mib_cpr"] - np.trapezoid(f, x)) < 1e-12 and abs(s["mib_cmd"] - np.trapezoid(np.abs(1 - f), x)) < 1e-12
     assert set(s["mib_faithfulness"]) == {"0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1"}
+    assert s["mib_n_examples"] == 4 and s["mib_n_boot"] == F.N_BOOT  # the pairs; no draw with m(full) = m(empty)
+    assert s["mib_cpr_ci"][0] <= s["mib_cpr_ci"][1] and s["mib_cmd_ci"][0] <= s["mib_cmd_ci"][1]
+    legend = [t.get_text() for t in figs["circuits_mib"].axes[0].get_legend().get_texts()]
+    assert f"CPR: area under f = {s['mib_cpr']:.3f}, 95% CI {s['mib_cpr_ci'][0]:.3f}-{s['mib_cpr_ci'][1]:.3f}" in legend
+    lens = result.tables["lens"]
+    hits = lens[lens.is_answer].groupby("layer")["rank"].apply(lambda r: int((r == 0).sum()))
+    assert s["lens_top1_count_per_layer"] == {str(k): v for k, v in hits.items()}
 
 
 def test_mib_areas_closed_form():
@@ -277,3 +284,28 @@ def test_mib_areas_closed_form():
     assert F.mib_k_values(110) == (0, 0, 0, 1, 2, 5, 11, 22, 55, 110)
     with pytest.raises(hs.errors.ConfigError):
         F.mib_areas(x, x[:3])
+
+
+def test_mib_bootstrap_resamples_examples_jointly():
+    """CPR and CMD's bootstrap: each resample draws examples once for every circuit (f is a ratio of
+    means), recomputed here example by example with np.trapezoid over the same seeded draws."""
+    x = np.array(F.MIB_FRACTIONS)
+    rng = np.random.default_rng(7)
+    n = 6
+    empty, full = rng.normal(0.0, 0.3, n), rng.normal(3.0, 0.5, n)  # [n]
+    curve = empty + np.clip(x[:, None] * 1.3, 0, 1.1) * (full - empty) + rng.normal(0, 0.2, (len(x), n))  # [F, n]
+    boot = F.mib_bootstrap(np.vstack([empty, full, curve]), x, n_boot=200, seed=3)
+    draws = np.random.default_rng(3).integers(0, n, size=(200, n))
+    cprs, cmds = [], []
+    for d in draws:
+        e, fl = empty[d].mean(), full[d].mean()
+        f = [(curve[i, d].mean() - e) / (fl - e) for i in range(len(x))]
+        cprs.append(np.trapezoid(f, x))
+        cmds.append(np.trapezoid(np.abs(1 - np.array(f)), x))
+    assert np.allclose(boot["cpr_ci"], np.quantile(cprs, [0.025, 0.975]), atol=1e-12)
+    assert np.allclose(boot["cmd_ci"], np.quantile(cmds, [0.025, 0.975]), atol=1e-12)
+    assert (boot["n_examples"], boot["n_boot"], boot["level"]) == (n, 200, 0.95)
+    assert F.mib_bootstrap(np.ones((12, 1)) * np.arange(12)[:, None], x)["cpr_ci"] is None  # one example: no interval
+    same = F.mib_bootstrap(np.tile(np.vstack([empty, full, curve])[:, :1], (1, 5)), x)  # equal examples: no spread
+    f0 = (curve[:, 0] - empty[0]) / (full[0] - empty[0])
+    assert np.allclose(same["cpr_ci"], np.trapezoid(f0, x)) and np.allclose(same["cmd_ci"], np.trapezoid(np.abs(1 - f0), x))

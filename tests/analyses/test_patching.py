@@ -201,6 +201,44 @@ def test_normalized_logit_diff_and_summary(tiny_models):
         assert res.summary["gap_within_noise"]["ci"] == pytest.approx([ci.low, ci.high], abs=1e-4)
 
 
+def test_top_sites_carry_the_t_interval_of_their_per_example_effects(tiny_models):
+    """Each top site's ci is scipy's t interval over the examples' own effects, each from a direct
+    hooked pass of that example alone (clean resid_pre put into its corrupted run); normalised, the
+    effects are divided by the mean clean-corrupted gap."""
+    model, task = tiny_models["gpt2"], make_task(batch=4, pos=5, seed=9)
+    plain = activation_patching(model, task, ["resid_pre"], progress=False).summary
+    shares = activation_patching(model, task, ["resid_pre"], metric="normalized_logit_diff", progress=False).summary
+    assert "t interval" in plain["top_sites_ci_method"]
+
+    def logit_diff(logits: torch.Tensor, i: int) -> float:
+        return float(logits[0, -1, task.answers[i]] - logits[0, -1, task.wrong_answers[i]])
+
+    for summary in (plain, shares):
+        for top in summary["top_sites"]["resid_pre"][:2]:
+            layer, pos = top["layer"], top["pos"]
+            effects, gaps = [], []
+            for i in range(len(task)):
+                clean, corrupt = task.tokens[i:i + 1], task.corrupted_tokens[i:i + 1]
+                with torch.no_grad():
+                    clean_logits, cache = model.bridge.run_with_cache(clean)
+                    source = cache[f"blocks.{layer}.hook_resid_pre"][:, pos]
+
+                    def put(act, hook, pos=pos, source=source):
+                        act = act.clone()
+                        act[:, pos] = source
+                        return act
+
+                    patched = model.bridge.run_with_hooks(corrupt, fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", put)])
+                    base = model.bridge(corrupt)
+                effects.append(logit_diff(patched, i) - logit_diff(base, i))
+                gaps.append(logit_diff(clean_logits, i) - logit_diff(base, i))
+            x = np.array(effects) / (np.mean(gaps) if summary["normalized"] else 1.0)
+            ci = scipy_stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=x.std(ddof=1) / np.sqrt(len(x)))
+            assert top["n"] == 4 and top["effect"] == pytest.approx(x.mean(), abs=1e-4)
+            assert top["ci"] == pytest.approx(list(ci), abs=1e-4), (summary["metric"], layer, pos)
+            assert x.std() > 1e-3  # the examples differ, so the interval's width means something
+
+
 @pytest.fixture(scope="module")
 def linear_tail_model(tmp_path_factory):
     """A 2-layer GPT-2 whose path from layer 1's attention output to the logits is linear.

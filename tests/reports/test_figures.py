@@ -495,6 +495,32 @@ def test_pruning_curve_shades_each_fixed_ordering_with_its_interval_over_example
         plt.close("all")
 
 
+def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
+    """#34 / the fourth review's A10: each layer's agreement share carries its Wilson 95% interval over
+    the layer's neurons as an error bar (closed form here: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n))."""
+    from headscope.reports.plots_mlp import plot_agreement
+
+    n, z = 256, 1.959964
+    table = pd.DataFrame({"layer": [0, 1], "agreement": [18 / n, 0.0], "agreement_any": [40 / n, 3 / n],
+                          "agreement_shuffled": [1 / n, 2 / n]})
+    ax = plot_agreement(table, n=n, ax=plt.subplots()[1])
+    try:
+        bars = {c.get_label(): c for c in ax.containers}
+        assert set(bars) == {"top trigger", "any of top k triggers", "shuffled (control)"}
+        for column, name in (("agreement", "top trigger"), ("agreement_any", "any of top k triggers"),
+                             ("agreement_shuffled", "shuffled (control)")):
+            segments = bars[name].lines[2][0].get_segments()  # one vertical bar per layer: [[x, lo], [x, hi]]
+            for k, seg in zip((round(v * n) for v in table[column]), segments):
+                p = k / n
+                centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+                lo, hi = (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+                assert (seg[0][1], seg[1][1]) == pytest.approx((max(lo, 0.0), hi), abs=1e-9), (name, k)
+        assert "Wilson 95% CI over 256 neurons" in ax.get_title()
+        assert plot_agreement(table, ax=plt.subplots()[1]).containers[0].has_yerr is False  # no n: no bars
+    finally:
+        plt.close("all")
+
+
 def _overlap(a, b) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
 

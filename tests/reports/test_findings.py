@@ -43,6 +43,17 @@ def test_patching_reports_the_share_of_the_clean_corrupted_gap():
     assert "head_out at L2H5 (-0.25)" in text  # -1 / (2 - -2); named as every section names heads (linked)
     # Fisher z: tanh(atanh(0.9876) -+ 1.96 / sqrt(10 - 3)) = 0.947, 0.997
     assert "resid_pre r = 0.988 (n = 10 cells, 95% CI [0.947, 0.997])" in text
+    # with the recorded t intervals of the mean per-example effect: the share's is the effect's over the gap of 4
+    summary["top_sites"]["resid_pre"][0].update(ci=[2.2, 3.8], n=8)
+    summary["top_sites"]["head_out"][0].update(ci=[-1.6, -0.4], n=8)
+    text = finding("patching", summary)
+    assert ("resid_pre at layer 1, position 3 ('3: Mary'): 0.75 of the clean-corrupted gap, 95% CI [0.55, 0.95] over "
+            "8 examples (+3 logit difference)") in text
+    assert "head_out at layer 2, head 5 (-0.25, 95% CI [-0.40, -0.10] over 8 examples)" in text
+    down = {**summary, "clean_metric": -2.0, "corrupted_metric": 2.0}  # a negative gap: the bounds swap
+    assert "-0.75 of the clean-corrupted gap, 95% CI [-0.95, -0.55] over 8 examples" in finding("patching", down)
+    shares = {**summary, "metric": "normalized_logit_diff", "normalized": True}  # the effects are shares already
+    assert "('3: Mary'): 3.00, 95% CI [2.20, 3.80] over 8 examples." in finding("patching", shares)
 
 
 AT_CHANCE = {"at_chance": True, "metric": "logit_diff", "mean": -0.008, "chance_value": 0.0, "ci": [-0.05, 0.034],
@@ -220,10 +231,13 @@ def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_
 def test_circuits_lens_names_the_block_input_row():
     per_layer = {str(i): v for i, v in enumerate([0.0, 0.1, 0.75, 0.9, 1.0])}  # 4 blocks: 0_pre..3_pre, final_post
     s = {"first_top1_layer": 2, "lens_top1_fraction_per_layer": per_layer, "n_examples": 16}
+    # Wilson 95%: 12 of 16 -> 50.5%-89.8%; 16 of 16 -> 80.6%-100%; 8 of 8 -> 67.6%-100% (the fourth review's)
     assert ("first ranks the answer top-1 (median over examples) at the input of block 2 (row 2_pre), after 2 of 4 blocks "
-            "(top-1 in 75% of 16 examples).") in finding("circuits", s)
-    assert "only at the model's output, after all 4 blocks (top-1 in 100% of 16 examples)" in finding(
-        "circuits", {**s, "first_top1_layer": 4})
+            "(top-1 in 12 of 16 examples, 75%, Wilson 95% CI 51%-90%).") in finding("circuits", s)
+    assert ("only at the model's output, after all 4 blocks (top-1 in 16 of 16 examples, 100%, Wilson 95% CI 81%-100%)"
+            in finding("circuits", {**s, "first_top1_layer": 4}))
+    eight = {**s, "n_examples": 8, "lens_top1_count_per_layer": {"4": 8}, "first_top1_layer": 4}
+    assert "(top-1 in 8 of 8 examples, 100%, Wilson 95% CI 68%-100%)" in finding("circuits", eight)
 
 
 def test_probes_selectivity_against_a_negative_control_r2():
@@ -254,6 +268,12 @@ def test_circuits_finding_states_mib_metrics():
     text = finding("circuits", {"dla_final_logit": 2.0, "dla_top_components": {"a1.h0": 1.5},
                                 "mib_cpr": 0.8123, "mib_cmd": 0.2051, "edge_method": "eap-clean"})
     assert "MIB's circuit metrics (eap-clean scores): CPR 0.812 (higher is better), CMD 0.205 (lower is better)." in text
+    text = finding("circuits", {"dla_final_logit": 2.0, "dla_top_components": {"a1.h0": 1.5}, "mib_cpr": 0.945,
+                                "mib_cmd": 0.054, "edge_method": "eap-ig", "n_edges": 190, "mib_n_examples": 8,
+                                "mib_cpr_ci": [0.9012, 0.9734], "mib_cmd_ci": [0.031, 0.0987]})
+    assert ("MIB's circuit metrics (eap-ig scores, top-k of 190 edges, over 8 examples): CPR 0.945 (95% bootstrap CI "
+            "[0.901, 0.973] over examples; higher is better), CMD 0.054 (95% bootstrap CI [0.031, 0.099] over examples; "
+            "lower is better).") in text
 
 
 def test_an_interval_wholly_below_chance_is_called_below_chance_and_says_what_it_means():
