@@ -49,7 +49,7 @@ def test_patching_reports_the_share_of_the_clean_corrupted_gap():
     text = finding("patching", summary)
     assert ("resid_pre at layer 1, position 3 ('3: Mary'): 0.75 of the clean-corrupted gap, 95% CI [0.55, 0.95] over "
             "8 examples (+3 logit difference)") in text
-    assert "head_out at layer 2, head 5 (-0.25, 95% CI [-0.40, -0.10] over 8 examples)" in text
+    assert "head_out at L2H5 (-0.25, 95% CI [-0.40, -0.10] over 8 examples)" in text
     down = {**summary, "clean_metric": -2.0, "corrupted_metric": 2.0}  # a negative gap: the bounds swap
     assert "-0.75 of the clean-corrupted gap, 95% CI [-0.95, -0.55] over 8 examples" in finding("patching", down)
     shares = {**summary, "metric": "normalized_logit_diff", "normalized": True}  # the effects are shares already
