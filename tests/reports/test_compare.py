@@ -58,8 +58,9 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     assert "numpy" not in settings and "task:" not in settings and "position examples" not in settings  # equal ones
     assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
     assert "4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1)" in page  # A leaves out L0H0, B L1H2
-    assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (no interval "
-            "recorded: whether this is beyond noise is not known).") in page
+    assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (n differs: 4 vs 16 "
+            "examples, a setting, not the model: other example sets, intervals of other widths) (no interval recorded: "
+            "whether this is beyond noise is not known).") in page  # the runs' n differ: said beside the difference
     assert ("<li>Position curves and middle/ends ratio: not compared: A and B swept different prompts (model model-a vs "
             "model-b &lt;img src=x onerror=alert(1)&gt;, seed 0 vs 1), and a slot is a place in each run&#x27;s own prompts, "
             "so the curves are of different prompts.</li>") in page  # the x axis is a slot of each run's own prompts
@@ -385,9 +386,13 @@ def test_compare_leads_pruning_with_each_findings_ordering_and_flags_a_fraction_
         "Prunable within 1% by gradient: A 17% (2 of 12 heads), B 0% (0 of 12 heads)" + NO_INTERVAL
         + " A's 17% sits on its 1% line: the last point kept is 9.905 against the line 9.9, 0.05% of the unpruned metric "
         "away."]
-    # intervals recorded (under either key form): the difference is judged against them
-    for side, extra in (("a", {"max_fraction_prunable_ablation_ci": [0.4, 0.7]}),
-                        ("b", {"prunable_intervals": {"ablation": [0.3, 0.6], "gradient": [0.0, 0.1]}})):
+    # the intervals the heads findings print (prunable_ci_<ordering>, in heads of 12): the difference is judged against
+    # them; a key the finding does not read (an interval compare would have to guess at) is not used
+    ci = {"n_examples": 4, "method": "percentile bootstrap"}
+    for side, extra in (("a", {"prunable_ci_ablation": {**ci, "interval_heads": [4.8, 8.4]},
+                               "max_fraction_prunable_gradient_ci": [0.1, 0.2]}),
+                        ("b", {"prunable_ci_ablation": {**ci, "interval_heads": [3.6, 7.2]},
+                               "prunable_ci_gradient": {**ci, "interval_heads": [0.0, 1.2]}})):
         s = io.read_json(tmp_path / side / "heads" / "summary.json")
         io.write_json(tmp_path / side / "heads" / "summary.json", {**s, **extra})
     notes = pruning_notes(a, b)
