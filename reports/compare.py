@@ -9,8 +9,10 @@ reports A beside B (compare_figures.py), with the differences called out in word
 that differs (per analysis its task, source, n and budget changes too), each headline difference (the
 prunable fraction of the ordering each heads finding leads with first) marked within or beyond the runs'
 own 95% intervals, each blank cell with its reason, what is not compared and why in its own list, and
-both runs' provenance at the end. Top heads are not compared where a report does not rank them (at
-chance, importance that is rounding, tied top heads), nor patching positions of different prompts.
+both runs' provenance at the end. Each headline is the number its report's finding states with the interval
+that finding prints (compare_headlines.py). Top heads are not compared where a report does not rank them (at
+chance, importance that is rounding, tied top heads), nor patching positions or position curves of different
+prompts.
 Every string from the folders is escaped; figures are inline PNG.
 """
 from __future__ import annotations
