@@ -10,8 +10,12 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
 - probes: `best_<metric>` with `best_ci` where the summary has it (the finding prints it); older summaries' findings
   print only the fold sd, which is no interval. At chance (`chance.at_chance`) the report withholds the probe
   ("at chance", or "underpowered" where the probes finding says its interval is too wide): not compared.
-Attribution, mlp and circuits state intervals per method, layer or writer rather than one headline number:
-their findings sit side by side in the findings table and are not reduced to one difference here.
+- attribution: each method's `mean_tau_attention_<m>` with its t interval over `n_tau_attention_<m>` examples
+  (`std_tau_attention_<m>`), clipped to [-1, 1], as the finding prints it.
+- mlp: the highest layer's `agreement_per_layer` with its Wilson interval over `n_neurons_per_layer` neurons.
+Circuits states no headline with an interval (lens rows, DLA writers, CPR/CMD): its findings sit side by side in
+the findings table and are not reduced to one difference here; patching, position and pruning are compared in
+their own sections (reports/compare.py, compare_heads.py).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict
-from headscope.reports.findings import _words
+from headscope.reports.findings import _words, t_interval, wilson
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
 
@@ -35,23 +39,62 @@ def _chance_entry(s: Mapping[str, Any]) -> Mapping[str, Any]:
     return entry if isinstance(entry, Mapping) else {}
 
 
-def _heads(s: Mapping[str, Any]) -> tuple[str, Any, tuple[float, float] | None]:
-    return f"heads unpruned {_words(s.get('metric', 'metric'))}", s.get("baseline_metric"), _pair(_chance_entry(s).get("ci"))
+Quantity = tuple[str, Any, "tuple[float, float] | None", Any, str]  # (label, value, its finding's interval, n, unit)
 
 
-def _kv(s: Mapping[str, Any]) -> tuple[str, Any, tuple[float, float] | None]:
+def _heads(s: Mapping[str, Any]) -> list[Quantity]:
+    ci = _pair(_chance_entry(s).get("ci"))
+    return [(f"heads unpruned {_words(s.get('metric', 'metric'))}", s.get("baseline_metric"), ci, s.get("n_examples"),
+             "examples")]
+
+
+def _kv(s: Mapping[str, Any]) -> list[Quantity]:
     value, entry = s.get("metric_unevicted"), _chance_entry(s)
     said = entry.get("at_chance") is True and _number(value) and _number(entry.get("mean")) and \
         abs(entry["mean"] - value) <= 1e-6 + 1e-3 * abs(value)  # its chance sentence prints this mean's CI
-    return f"kv full-cache {_words(s.get('metric', 'metric'))}", value, _pair(entry.get("ci")) if said else None
+    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", value, _pair(entry.get("ci")) if said else None,
+             s.get("n_examples"), "examples")]
 
 
-def _probes(s: Mapping[str, Any]) -> tuple[str, Any, tuple[float, float] | None]:
+def _probes(s: Mapping[str, Any]) -> list[Quantity]:
     metric = s.get("metric", "accuracy")
-    return f"probes best {'R^2' if metric == 'r2' else _words(metric)}", s.get(f"best_{metric}"), _pair(s.get("best_ci"))
+    return [(f"probes best {'R^2' if metric == 'r2' else _words(metric)}", s.get(f"best_{metric}"), _pair(s.get("best_ci")),
+             s.get("n_examples"), "examples")]
 
 
-QUANTITIES = {"heads": _heads, "kv": _kv, "probes": _probes}  # analysis -> (label, value, interval its finding prints)
+TAU_METHODS = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
+
+
+def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
+    """Each method's mean Kendall tau with the t interval the attribution finding prints: over the examples with a
+    defined tau (n_tau_attention_<method>, else n_examples), clipped to [-1, 1] (reports/plots_attribution.py)."""
+    n = s.get("n_examples")
+    out = []
+    for key, name in TAU_METHODS:
+        mean, sd = s.get(f"mean_tau_attention_{key}"), s.get(f"std_tau_attention_{key}")
+        defined = s.get(f"n_tau_attention_{key}") or n
+        ci = t_interval(float(mean), float(sd), int(defined)) if _number(mean) and _number(sd) and _number(defined) else None
+        out.append((f"attribution mean Kendall tau of attention and {name}", mean,
+                    ci and (max(-1.0, ci[0]), min(1.0, ci[1])), defined, "examples"))
+    return out
+
+
+def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
+    """The highest layer's key-value agreement with the Wilson interval the mlp finding prints: k of n neurons, k
+    the recorded count (agreement_count_per_layer) or the rounded share (reports/plots_mlp.py)."""
+    agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
+    n = s.get("n_neurons_per_layer")
+    if not agree:
+        return []
+    best = max(agree, key=lambda k: agree[k])
+    counted = (s.get("agreement_count_per_layer") or {}).get(best)
+    hits = int(counted) if _number(counted) else round(agree[best] * n) if _number(n) else None
+    ci = wilson(hits, int(n)) if hits is not None and _number(n) and n > 0 else None
+    return [("mlp highest layer key-value agreement", agree[best], ci, n, "neurons")]
+
+
+QUANTITIES = {"heads": _heads, "attribution": _attribution, "mlp": _mlp, "kv": _kv,
+              "probes": _probes}  # analysis -> [(label, value, interval its finding prints, n, its unit)]
 
 
 def withheld(name: str, s: Mapping[str, Any]) -> str:
@@ -82,11 +125,16 @@ def withheld(name: str, s: Mapping[str, Any]) -> str:
 
 def n_words(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
     """'n 16 each', or that the example counts differ, which changes the examples measured and the intervals."""
-    na, nb = sa.get("n_examples"), sb.get("n_examples")
+    return _n_text(sa.get("n_examples"), sb.get("n_examples"))
+
+
+def _n_text(na: Any, nb: Any, unit: str = "examples") -> str:
     if na == nb:
-        return "n not recorded" if na is None else f"n {na} each"
+        return "n not recorded" if na is None else f"n {na} {unit} each" if unit != "examples" else f"n {na} each"
     na, nb = ("not recorded" if x is None else x for x in (na, nb))
-    return f"n differs: {na} vs {nb} examples, a setting, not the model: other example sets, intervals of other widths"
+    why = (", a setting, not the model: other example sets, intervals of other widths" if unit == "examples" else
+           ": intervals of other widths")
+    return f"n differs: {na} vs {nb} {unit}{why}"
 
 
 def headline_notes(a: Run, b: Run) -> list[str]:
@@ -98,22 +146,22 @@ def headline_notes(a: Run, b: Run) -> list[str]:
         sa, sb = a.summary(name), b.summary(name)
         if sa is None or sb is None:
             continue
-        (label, va, ia), (label_b, vb, ib) = quantity(sa), quantity(sb)
-        if not (_number(va) and _number(vb)):
-            continue
-        n = n_words(sa, sb)
-        refusals = [f"{side}'s report {why}" for side, s in zip(SIDES, (sa, sb)) if (why := withheld(name, s))]
-        if refusals:
-            notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(refusals) + f" ({n}).")
-            continue
-        if label != label_b:
-            notes.append(NOT_COMPARED + f"{name}: not compared: A states {label}, B {label_b}.")
-            continue
-        if abs(va - vb) <= 0.05 * max(abs(va), abs(vb), 1e-9):
-            continue
-        verdict = noise_verdict(va, vb, ia, ib) if ia is not None and ib is not None else (
-            NOT_STATED if ia is None and ib is None else
-            f" (the finding of {'A' if ia is None else 'B'} states no interval for it: whether this is beyond noise "
-            "is not known).")
-        notes.append(f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + verdict)
+        for (label, va, ia, na, unit), (label_b, vb, ib, nb, _) in zip(quantity(sa), quantity(sb)):
+            if not (_number(va) and _number(vb)):
+                continue
+            n = _n_text(na, nb, unit)
+            refusals = [f"{side}'s report {why}" for side, s in zip(SIDES, (sa, sb)) if (why := withheld(name, s))]
+            if refusals:
+                notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(refusals) + f" ({n}).")
+                continue
+            if label != label_b:
+                notes.append(NOT_COMPARED + f"{name}: not compared: A states {label}, B {label_b}.")
+                continue
+            if abs(va - vb) <= 0.05 * max(abs(va), abs(vb), 1e-9):
+                continue
+            verdict = noise_verdict(va, vb, ia, ib) if ia is not None and ib is not None else (
+                NOT_STATED if ia is None and ib is None else
+                f" (the finding of {'A' if ia is None else 'B'} states no interval for it: whether this is beyond noise "
+                "is not known).")
+            notes.append(f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + verdict)
     return notes

@@ -502,3 +502,39 @@ def test_compare_names_patching_positions_from_the_end_with_the_token_quoted_onc
                      "the end (' is')."]  # the padded frame's 13 is not this axis; one space, the token's own
     assert table.count("resid_pre L0 pos -2 from the end (its token differs across prompts)") == 2
     assert "13:" not in table and "  is" not in table
+
+
+def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_path):
+    from scipy import stats
+
+    from headscope.reports.compare_headlines import headline_notes
+    from headscope.reports.findings import finding
+
+    summaries = {"a": ({"n_examples": 12, "mean_tau_attention_gradient": 0.5, "std_tau_attention_gradient": 0.2,
+                        "n_tau_attention_gradient": 10},
+                       {"agreement_per_layer": {"0": 0.1, "1": 0.3}, "agreement_count_per_layer": {"1": 30},
+                        "n_neurons_per_layer": 100, "n_prefixes": 50}),
+                 "b": ({"n_examples": 12, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.2,
+                        "n_tau_attention_gradient": 12},
+                       {"agreement_per_layer": {"0": 0.2, "1": 0.1}, "n_neurons_per_layer": 100, "n_prefixes": 50})}
+    for side, (attribution, mlp) in summaries.items():
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["attribution", "mlp"]}})
+        io.write_json(tmp_path / side / "attribution" / "summary.json", attribution)
+        io.write_json(tmp_path / side / "mlp" / "summary.json", mlp)
+    notes = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    # A's tau over its 10 examples with a defined tau, B's over 12: t intervals from scipy
+    ia = stats.t.interval(0.95, 9, loc=0.5, scale=0.2 / 10 ** 0.5)
+    ib = stats.t.interval(0.95, 11, loc=0.1, scale=0.2 / 12 ** 0.5)
+    assert notes[0] == (f"attribution mean Kendall tau of attention and gradient x input: A 0.5, B 0.1 (n differs: 10 vs 12 "
+                        "examples, a setting, not the model: other example sets, intervals of other widths) (beyond noise: "
+                        f"|B - A| = 0.4 exceeds the combined half-widths {(ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2:.3g}; "
+                        f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]).")
+    assert f"95% CI [{ia[0]:.2f}, {ia[1]:.2f}]" in finding("attribution", summaries["a"][0])  # the one A's report prints
+    # mlp: A's layer 1 (30 of 100 recorded), B's layer 0 (20 of 100): Wilson intervals from scipy
+    wa = stats.binomtest(30, 100).proportion_ci(method="wilson")
+    wb = stats.binomtest(20, 100).proportion_ci(method="wilson")
+    assert notes[1] == ("mlp highest layer key-value agreement: A 0.3, B 0.2 (n 100 neurons each) (within noise: |B - A| = "
+                        f"0.1 is inside the combined half-widths {(wa.high - wa.low) / 2 + (wb.high - wb.low) / 2:.3g}; 95% CIs "
+                        f"A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]).")
+    assert f"Wilson 95% CI {100 * wa.low:.0f}%-{100 * wa.high:.0f}%" in finding("mlp", summaries["a"][1])
+    assert len(notes) == 2
