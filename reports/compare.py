@@ -147,7 +147,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         if all(firsts) and firsts[0] != firsts[1]:
-            notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, B {_site_name(kind, cells[1][0])}.")
+            n = f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""
+            notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, B {_site_name(kind, cells[1][0])}{n}.")
     if unmatched:  # one line for every site type with positions
         notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)

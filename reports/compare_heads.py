@@ -172,6 +172,9 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
         r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
         text = (f"Head importance ({whats[0]}): Pearson r = {r:.2f} between A and B; {len(shared)} of the top 5 heads "
                 "are shared" + (f" ({', '.join(f'L{l}H{h}' for l, h in shared)})." if shared else "."))
+        sums = [a.summary("heads") or {}, b.summary("heads") or {}]
+        if sums[0].get("n_examples") != sums[1].get("n_examples"):  # beside the difference: a setting, not the model
+            text = text.removesuffix(".") + f" ({n_words(*sums)})."
         notes.insert(0, text if r < 0.95 or len(shared) < 5 else SAME + text)
     elif all(g is not None for g in grids) and whats[0] != whats[1]:
         notes.append(NOT_COMPARED + f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no "

@@ -57,7 +57,8 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
         assert line in settings, line
     assert "numpy" not in settings and "task:" not in settings and "position examples" not in settings  # equal ones
     assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
-    assert "4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1)" in page  # A leaves out L0H0, B L1H2
+    assert ("4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1) (n differs: 4 vs 16 examples, a setting, not the "
+            "model: other example sets, intervals of other widths).") in page  # A leaves out L0H0, B L1H2
     assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (n differs: 4 vs 16 "
             "examples, a setting, not the model: other example sets, intervals of other widths) (no interval recorded: "
             "whether this is beyond noise is not known).") in page  # the runs' n differ: said beside the difference
