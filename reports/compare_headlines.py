@@ -101,7 +101,13 @@ def withheld(name: str, s: Mapping[str, Any]) -> str:
     """How the report of analysis `name` withholds its headline ("" where it states it): a probe at chance, or
     underpowered where the probes finding says so (its own chance_sentence), with the numbers it gives."""
     entry = _chance_entry(s)
-    if name != "probes" or entry.get("at_chance") is not True:
+    if name != "probes":
+        return ""
+    best, majority = s.get(f"best_{s.get('metric', 'accuracy')}"), s.get("majority_baseline")
+    if "chance" not in s and _number(best) and _number(majority) and best <= majority + 0.02:  # an older summary's rule
+        return (f"calls the probe chance level ({_words(s.get('metric', 'accuracy'))} {best:.3g} against a majority "
+                f"baseline of {majority:.3g}) and withholds it")
+    if entry.get("at_chance") is not True:
         return ""
     verdict = "below chance" if entry.get("below_chance") is True else "at chance"
     from headscope.reports import plots_probes

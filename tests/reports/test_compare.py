@@ -436,6 +436,7 @@ def _probes(root, *, best: float, n: int, chance: dict, best_ci: list[float] | N
 
 def test_compare_probes_uses_each_findings_interval_and_respects_its_at_chance_verdict(tmp_path):
     from headscope.reports.compare_headlines import NOT_STATED, headline_notes
+    from headscope.reports.findings import finding
 
     # the review's case: B's report withholds its probe at chance; compare's old Wilson interval [0.28, 0.787] of 7/12
     # was in neither report, and its "beyond noise" judged a number B refused to interpret
@@ -463,6 +464,14 @@ def test_compare_probes_uses_each_findings_interval_and_respects_its_at_chance_v
     _probes(tmp_path / "f", best=0.7, n=19, chance={**guard, "mean": 0.7, "ci": [0.49, 0.85]})
     assert headline_notes(Run(tmp_path / "e"), Run(tmp_path / "f")) == [
         "probes best accuracy: A 1, B 0.7 (n 19 each)" + NOT_STATED]
+    # a summary without a chance entry: its finding's own rule (best within 0.02 of the majority class) withholds it
+    s = io.read_json(tmp_path / "f" / "probes" / "summary.json")
+    io.write_json(tmp_path / "f" / "probes" / "summary.json", {k: v for k, v in s.items() if k != "chance"}
+                  | {"best_accuracy": 0.51})
+    assert "That is chance level" in finding("probes", io.read_json(tmp_path / "f" / "probes" / "summary.json"))
+    assert headline_notes(Run(tmp_path / "e"), Run(tmp_path / "f")) == [
+        NOT_COMPARED + "probes best accuracy: not compared: B's report calls the probe chance level (accuracy 0.51 "
+        "against a majority baseline of 0.5) and withholds it (n 19 each)."]
 
 
 def test_compare_position_overlay_on_the_metrics_range_with_whole_slots_and_ratios_only_where_stated(tmp_path, monkeypatch):
