@@ -548,3 +548,10 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
                         f"A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]).")
     assert f"Wilson 95% CI {100 * wa.low:.0f}%-{100 * wa.high:.0f}%" in finding("mlp", summaries["a"][1])
     assert len(notes) == 2
+    # different example counts: positions are not compared, and a head site's difference carries both n
+    for side, head, n in (("a", 0, 8), ("b", 2, 12)):
+        io.write_json(tmp_path / side / "patching" / "summary.json", {"n_examples": n, "top_sites": {"head_out": [
+            {"layer": 0, "head": head, "pos": None, "token": "all", "effect": 1.5}]}})
+    assert patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1] == [
+        "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (n differs: 8 vs 12 examples, a setting, not the "
+        "model: other example sets, intervals of other widths)."]
