@@ -9,12 +9,15 @@ reports A beside B (compare_figures.py), with the differences called out in word
 that differs (per analysis its task, source, n and budget changes too), each headline difference (the
 prunable fraction of the ordering each heads finding leads with first) marked within or beyond the runs'
 own 95% intervals, each blank cell with its reason, what is not compared and why in its own list, and
-both runs' provenance at the end. Top heads are not compared where a report does not rank them (at
-chance, importance that is rounding, tied top heads), nor patching positions of different prompts.
+both runs' provenance at the end. Each headline is the number its report's finding states with the interval
+that finding prints (compare_headlines.py). Top heads are not compared where a report does not rank them (at
+chance, importance that is rounding, tied top heads), nor patching positions or position curves of different
+prompts.
 Every string from the folders is escaped; figures are inline PNG.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ import numpy as np
 from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
 from headscope.reports.compare_figures import FIGURE_CSS, figures_section
+from headscope.reports.compare_headlines import headline_notes, n_words
 from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure, pruning_notes: the page's parts, tested)
     importance_figure,
     importance_section,
@@ -31,6 +35,7 @@ from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure, 
     pruning_section,
 )
 from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read by the tests through this module)
+    NATURAL_RANGE,
     NO_INTERVAL,
     NOT_COMPARED,
     OVERLAY_TITLE,
@@ -38,24 +43,26 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     SIDES,
     Run,
     _img,
+    _number,
     _overlay,
     chance_refusal,
-    noise_verdict,
 )
-from headscope.reports.findings import _words, finding, t_interval, wilson
+from headscope.reports.findings import _words, finding
 from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.provenance import provenance_lines
 from headscope.reports.render import escape
 
-HEADLINES = {"heads": "baseline_metric", "kv": "metric_unevicted", "probes": "best_{metric}"}  # what each finding reads
-
 
 def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
-    """Both runs' position curves of the plotted metric on one axis, where they are compared (neither at chance,
-    the same metric plotted); otherwise no overlay, only the reason (the reports' own figures are side by side
-    in the figures section)."""
+    """Both runs' position curves of the plotted metric on one axis (its natural range, integer slots), where they
+    are compared: neither at chance, the same metric plotted, the same prompts (the x axis is a slot of each run's
+    own prompts); otherwise no overlay, only the reason (each report's own figures are side by side in the figures
+    section). The middle/ends ratio is compared only where both reports state it (their curves are not flat)."""
+    from headscope.reports.plots_position import FLAT
+
     curves = []
-    primaries = [(r.summary("position") or {}).get("primary_metric", "accuracy") for r in (a, b)]
+    sums = [r.summary("position") or {} for r in (a, b)]
+    primaries = [s.get("primary_metric", "accuracy") for s in sums]
     for run, primary in zip((a, b), primaries):
         c = run.table("position", "curve")
         ok = c is not None and {"condition", "metric", "position", "mean"} <= set(c.columns)
@@ -64,27 +71,42 @@ def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
         return "", []
     label = f"Middle/ends ratio of {primaries[0]} (the metric plotted)"
     refused = chance_refusal(a, b, "position")
-    if refused or primaries[0] != primaries[1]:
+    differ = prompts_differ(a, b, "position")
+    if refused or primaries[0] != primaries[1] or differ:
         why = (f"{label}: {refused}." if refused else
-               f"Position curves and middle/ends ratio: not compared: A plots {primaries[0]}, B {primaries[1]}.")
+               f"Position curves and middle/ends ratio: not compared: A plots {primaries[0]}, B {primaries[1]}."
+               if primaries[0] != primaries[1] else
+               f"Position curves and middle/ends ratio: not compared: {differ}.")
         return ("<p><em>no overlay: " + escape(why) + " Each report's own position figures are below, side by side."
                 "</em></p>", [NOT_COMPARED + why])
     notes = []
-    ratios = [((r.summary("position") or {}).get("ratio_middle_to_ends") or {}).get(m) for r, m in zip((a, b), primaries)]
-    if all(isinstance(r, (int, float)) for r in ratios) and abs(ratios[0] - ratios[1]) >= 0.05:
-        notes.append(f"{label}: A {ratios[0]:.2f}, B {ratios[1]:.2f}" + NO_INTERVAL)
-    fig = _overlay(curves, "metric", "position", "mean", "gold position (slot)", "primary metric (mean over examples)",
-                   f"position curves: {OVERLAY_TITLE}")
+    ratios = [(s.get("ratio_middle_to_ends") or {}).get(m) for s, m in zip(sums, primaries)]
+    spans = [[v for v in ((s.get("metric_per_position") or {}).get(m) or {}).values() if _number(v)]
+             for s, m in zip(sums, primaries)]
+    flat = [side for side, v in zip(SIDES, spans) if v and max(v) - min(v) < FLAT]  # its finding states no ratio
+    if flat and all(_number(r) for r in ratios):
+        notes.append(NOT_COMPARED + f"{label}: not compared: {' and '.join(flat)}'s curve is flat (its values span less "
+                     f"than {FLAT}), so {'its report states' if len(flat) == 1 else 'their reports state'} no ratio.")
+    elif all(_number(r) for r in ratios) and abs(ratios[0] - ratios[1]) >= 0.05:
+        n = n_words(*sums)
+        notes.append(f"{label}: A {ratios[0]:.2f}, B {ratios[1]:.2f} ({n})" + NO_INTERVAL)
+    fig = _overlay(curves, "metric", "position", "mean", "gold position (slot)", f"{primaries[0]} (mean over examples)",
+                   f"position curves: {OVERLAY_TITLE}", y_range=NATURAL_RANGE.get(primaries[0]), integer_x=True)
     return _img(fig, f"position curves of {primaries[0]} of A and B on shared axes, {OVERLAY_TITLE}"), notes
 
 
 def _site_name(kind: str, cell: Mapping[str, Any]) -> str:
+    """'resid_pre L0 pos -1 from the end (' is')', as the patching finding names a site: a position counted from
+    the end (left-padded prompts) without the token column's "i: " (the padded frame's index), the token quoted
+    like repr; "(its token differs across prompts)" where the column is empty."""
     parts = [kind, f"L{cell.get('layer')}"]
     if cell.get("head") is not None:
         parts.append(f"H{cell['head']}")
     if cell.get("pos") is not None:
-        token = str(cell.get("token") or "")  # empty where the prompts' tokens differ there
-        parts.append(f"pos {token}" if token.startswith(f"{cell['pos']}:") else f"pos {cell['pos']} {token}".rstrip())
+        end = cell.get("from_end")
+        token = re.sub(r"^-?\d+: ", "", str(cell.get("token") or ""))  # the index is said once, on this axis
+        at = f"pos {end} from the end" if isinstance(end, int) and not isinstance(end, bool) else f"pos {cell['pos']}"
+        parts.append(f"{at} ({token!r})" if token else f"{at} (its token differs across prompts)")
     return " ".join(map(str, parts))
 
 
@@ -125,7 +147,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         if all(firsts) and firsts[0] != firsts[1]:
-            notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, B {_site_name(kind, cells[1][0])}.")
+            n = f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""
+            notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, B {_site_name(kind, cells[1][0])}{n}.")
     if unmatched:  # one line for every site type with positions
         notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
@@ -149,6 +172,11 @@ def _effect_text(effect: float, gap: float | None, s: Mapping[str, Any]) -> str:
     return f"{effect / gap:.2f} of the gap ({effect:+.3g} {_words(s.get('metric', ''))})"
 
 
+DID = {"patching": "patched", "position": "swept"}  # what each analysis did with its prompts
+WHY = {"patching": "a position names a token of the prompts its own run patched",
+       "position": "a slot is a place in each run's own prompts, so the curves are of different prompts"}
+
+
 def prompts_differ(a: Run, b: Run, name: str) -> str:
     """Why runs A and B did not run analysis `name` on the same prompts ("" when they did, as far as
     their records tell: one model, seed, task, example count and sample prompt). A position indexes
@@ -165,8 +193,8 @@ def prompts_differ(a: Run, b: Run, name: str) -> str:
         diffs.append("their sample prompts differ")
     if not diffs:
         return ""
-    return ("A and B patched different prompts (" + ", ".join(diffs) + "), and a position names a token of the prompts "
-            "its own run patched")
+    return (f"A and B {DID.get(name, 'used')} different prompts (" + ", ".join(diffs)
+            + f"), and {WHY.get(name, 'the prompts differ')}")
 
 
 def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
@@ -203,45 +231,6 @@ def _budget_text(record: Mapping[str, Any]) -> str:
     changed = record.get("budget_changed") or {}
     return ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, (list, tuple)) and len(v) == 2 else f"{k} {v}"
                      for k, v in changed.items()) or "none"
-
-
-def interval(summary: Mapping[str, Any], key: str) -> tuple[float, float] | None:
-    """The 95% interval the run recorded for summary[key], the number a finding reads: the chance guard's
-    interval of the clean mean when it is that same mean (baseline_metric, metric_unevicted); for a probe's
-    best accuracy the Wilson interval over its n examples, for its best R^2 the t interval over its folds."""
-    value = summary.get(key)
-    if not isinstance(value, (int, float)):
-        return None
-    chance = summary.get("chance")
-    if isinstance(chance, Mapping) and isinstance(chance.get("mean"), (int, float)):
-        ci = chance.get("ci")
-        same = abs(chance["mean"] - value) <= 1e-6 + 1e-3 * abs(value)  # the guard's mean is this number
-        if same and isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
-            return float(ci[0]), float(ci[1])
-    n = summary.get("n_examples")
-    if key == "best_accuracy" and isinstance(n, int) and n > 0 and 0 <= value <= 1:
-        return wilson(round(value * n), n)
-    sd, folds = summary.get("best_std"), summary.get("cv")
-    if key.startswith("best_") and isinstance(sd, (int, float)) and isinstance(folds, int):
-        return t_interval(float(value), float(sd), folds)
-    return None
-
-
-def headline_notes(a: Run, b: Run) -> list[str]:
-    """The headline numbers the findings read (HEADLINES), where A and B differ by more than 5%, each with
-    whether the difference lies within the runs' own 95% intervals."""
-    notes = []
-    for name, pattern in HEADLINES.items():
-        sa, sb = a.summary(name) or {}, b.summary(name) or {}
-        key = pattern.format(metric=sa.get("metric", "accuracy"))
-        va, vb = sa.get(key), sb.get(key)
-        numbers = isinstance(va, (int, float)) and isinstance(vb, (int, float))
-        if numbers and key == pattern.format(metric=sb.get("metric", "accuracy")) and \
-                abs(va - vb) > 0.05 * max(abs(va), abs(vb), 1e-9):
-            n = f"n {sa.get('n_examples', '?')} vs {sb.get('n_examples', '?')}"
-            notes.append(f"{name} {key.replace('_', ' ')}: A {va:.3g}, B {vb:.3g} ({n})"
-                         + noise_verdict(va, vb, interval(sa, key), interval(sb, key)))
-    return notes
 
 
 def _finding_cell(run: Run, name: str) -> str:

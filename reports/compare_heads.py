@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from headscope.reports.compare_headlines import n_words
 from headscope.reports.compare_run import (
     NO_INTERVAL,
     NOT_COMPARED,
@@ -171,6 +172,9 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
         r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
         text = (f"Head importance ({whats[0]}): Pearson r = {r:.2f} between A and B; {len(shared)} of the top 5 heads "
                 "are shared" + (f" ({', '.join(f'L{l}H{h}' for l, h in shared)})." if shared else "."))
+        sums = [a.summary("heads") or {}, b.summary("heads") or {}]
+        if sums[0].get("n_examples") != sums[1].get("n_examples"):  # beside the difference: a setting, not the model
+            text = text.removesuffix(".") + f" ({n_words(*sums)})."
         notes.insert(0, text if r < 0.95 or len(shared) < 5 else SAME + text)
     elif all(g is not None for g in grids) and whats[0] != whats[1]:
         notes.append(NOT_COMPARED + f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no "
@@ -253,32 +257,14 @@ def lead_ordering(s: Mapping[str, Any]) -> tuple[str | None, dict[str, float]]:
     return (max(prunable, key=lambda k: prunable[k]) if prunable else None), prunable
 
 
-INTERVAL_WORDS = {"ci", "interval", "intervals"}
-
-
 def prunable_interval(s: Mapping[str, Any], ordering: str) -> tuple[float, float] | None:
-    """The interval the heads summary records for the fraction prunable by `ordering`, if any: heads'
-    prunable_ci_<ordering> (its bootstrap interval in heads, over n_heads), else a key naming
-    pruning and an interval (max_fraction_prunable_<ordering>_ci, ..._interval) holding [low, high], or a
-    mapping under such a key ({ordering: [low, high]})."""
+    """The interval the heads finding prints for the fraction prunable by `ordering` (reports/plots_heads.py
+    `_interval`): heads' prunable_ci_<ordering>, its bootstrap interval in heads, as fractions of n_heads; None
+    where the summary has none (no other key is read: compare judges only what the finding states)."""
     ci, n = s.get(f"prunable_ci_{ordering}"), s.get("n_heads")  # heads' bootstrap interval, in heads
     bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
     if isinstance(n, int) and n > 0 and isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(map(_number, bounds)):
         return float(bounds[0]) / n, float(bounds[1]) / n
-    names = {f"{PRUNABLE}{ordering}", f"fraction_prunable_{ordering}", f"prunable_{ordering}"}
-    for key, value in s.items():
-        words = key.split("_")
-        if "prun" not in key or not INTERVAL_WORDS & set(words):
-            continue
-        stripped = "_".join(w for w in words if w not in INTERVAL_WORDS)
-        if isinstance(value, Mapping):
-            value = value.get(ordering, value.get(f"{PRUNABLE}{ordering}"))
-        elif stripped not in names:
-            continue
-        if isinstance(value, Mapping):
-            value = [value.get(k) for k in ("low", "high")] if "low" in value else [value.get("lower"), value.get("upper")]
-        if isinstance(value, (list, tuple)) and len(value) == 2 and all(_number(x) for x in value):
-            return float(value[0]), float(value[1])
     return None
 
 
@@ -338,7 +324,8 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
                  for f, c, s in zip((fa, fb), counts, sums)]
         whose = "both heads findings lead" if lead_a == lead_b else f"{'A' if ordering == lead_a else 'B'}'s heads finding leads"
         which = f" (the ordering {whose} with)"
-        text = (f"Prunable within 1% by {ordering.replace('_', ' ')}{which if lead else ''}: A {shown[0]}, B {shown[1]}")
+        text = (f"Prunable within 1% by {ordering.replace('_', ' ')}{which if lead else ''}: A {shown[0]}, B {shown[1]}"
+                + (f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""))
         intervals = [prunable_interval(s, ordering) for s in sums]
         if fa == fb:
             text = SAME + text + "."

@@ -117,10 +117,20 @@ STYLES = {"A": {"linestyle": "-", "marker": "o", "linewidth": 3.0, "alpha": 0.55
           "B": {"linestyle": "--", "marker": "s", "linewidth": 1.4, "alpha": 1.0, "zorder": 3}}  # thin, on top
 
 
-def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str) -> Any:
+NATURAL_RANGE = {"accuracy": (0.0, 1.0), "probability": (0.0, 1.0), "cosine": (-1.0, 1.0),  # what a metric can take
+                 "logprob": (None, 0.0)}  # a log-probability is at most 0
+
+
+def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel: str, ylabel: str, title: str, *,
+             y_range: tuple[float | None, float | None] | None = None, integer_x: bool = False) -> Any:
     """Lines of A and B on one axis, one colour per `key` value: A wide, pale and solid with circles, B thin,
     dashed with squares and drawn on top, so a B line on A's is seen inside it rather than hidden; within a side
-    each later line is narrower and above the earlier ones (A's gradient and gradient-recomputed both show)."""
+    each later line is narrower and above the earlier ones (A's gradient and gradient-recomputed both show).
+    `y_range`: the metric's natural range (NATURAL_RANGE; a bounded metric gets the whole of it, so a flat curve
+    at 0 is not drawn on -0.04..0.04; an open end is autoscaled); `integer_x`: ticks
+    only at whole numbers (slots)."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(8, 4))
     keys = list(dict.fromkeys(k for f in frames if f is not None for k in f[key]))
     colours = dict(zip(keys, sns.color_palette(n_colors=max(1, len(keys)))))
@@ -132,7 +142,13 @@ def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel
             mean = group.groupby(x)[y].mean()
             style = {**STYLES[side], "linewidth": STYLES[side]["linewidth"] * (1 + (len(groups) - 1 - i) / len(groups)),
                      "zorder": STYLES[side]["zorder"] + i / len(groups)}
-            ax.plot(mean.index, mean.to_numpy(), markersize=4, color=colours[k], label=f"{side}: {k}", **style)
+            ax.plot(mean.index, mean.to_numpy(), markersize=4, color=colours[k], label=f"{side}: {k}",
+                    clip_on=y_range is None, **style)  # a point on a bound stays whole
+    if y_range is not None:  # a bound of the metric is the axis's end; an open end is autoscaled
+        low, high = ax.get_ylim()
+        ax.set_ylim(low if y_range[0] is None else y_range[0], high if y_range[1] is None else y_range[1])
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()

@@ -297,7 +297,7 @@ def _site(cell: Mapping[str, Any], kind: str) -> str:
         at = f"position {end} from the end" if isinstance(end, int) else f"position {cell['pos']}"
         if isinstance(end, int):  # the token column's "i: " is the padded frame's index, not this axis
             token = re.sub(r"^\d+: ", "", token)
-        where.append(f"{at} " + (f"('{token}')" if token else "(its token differs across prompts)"))
+        where.append(f"{at} " + (f"({token!r})" if token else "(its token differs across prompts)"))  # repr: as compare
     return f"{kind} at {', '.join(where)}"
 
 

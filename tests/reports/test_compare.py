@@ -57,10 +57,14 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
         assert line in settings, line
     assert "numpy" not in settings and "task:" not in settings and "position examples" not in settings  # equal ones
     assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
-    assert "4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1)" in page  # A leaves out L0H0, B L1H2
-    assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (no interval "
-            "recorded: whether this is beyond noise is not known).") in page
-    assert "Middle/ends ratio of accuracy (the metric plotted): A 0.67, B 0.44 (no interval" in page  # 0.6 / 0.9, 0.4 / 0.9
+    assert ("4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1) (n differs: 4 vs 16 examples, a setting, not the "
+            "model: other example sets, intervals of other widths).") in page  # A leaves out L0H0, B L1H2
+    assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (n differs: 4 vs 16 "
+            "examples, a setting, not the model: other example sets, intervals of other widths) (no interval recorded: "
+            "whether this is beyond noise is not known).") in page  # the runs' n differ: said beside the difference
+    assert ("<li>Position curves and middle/ends ratio: not compared: A and B swept different prompts (model model-a vs "
+            "model-b &lt;img src=x onerror=alert(1)&gt;, seed 0 vs 1), and a slot is a place in each run&#x27;s own prompts, "
+            "so the curves are of different prompts.</li>") in page  # the x axis is a slot of each run's own prompts
     assert 'alt="head importance of A and B on one sequential scale from 0 (|dL/d gate|), and B - A on its own' in page
     # seeds (and models) differ: the runs patched different prompts, so positions are not compared
     assert "Top resid_pre site differs" not in page
@@ -68,7 +72,7 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
             "&lt;img src=x onerror=alert(1)&gt;, seed 0 vs 1), and a position names a token of the prompts its own run patched."
             ) in page
     assert page.count("<em>blank: positions are not compared: A and B patched different prompts") == 2
-    assert page.count("<img alt=") == 3  # importance, pruning curves, position curves
+    assert page.count("<img alt=") == 2  # importance, pruning curves (no position overlay of different prompts)
     assert "src=\"http" not in page and "<script" not in page
 
 
@@ -124,10 +128,12 @@ def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab.html")]) == 0
     page = (tmp_path / "ab.html").read_text()
     differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
-    assert ("heads baseline metric: A 2, B 2.3 (n 64 vs 16) (within noise: |B - A| = 0.3 is inside the combined "
-            "half-widths 0.5; 95% CIs A [1.75, 2.25], B [2.05, 2.55]).") in differences
-    assert ("kv metric unevicted: A 2, B 3 (n 64 vs 16) (beyond noise: |B - A| = 1 exceeds the combined half-widths "
-            "0.2;") in differences
+    n = "n differs: 64 vs 16 examples, a setting, not the model: other example sets, intervals of other widths"
+    assert (f"heads unpruned logit difference: A 2, B 2.3 ({n}) (within noise: |B - A| = 0.3 is inside the combined "
+            "half-widths 0.5; 95% CIs A [1.75, 2.25], B [2.05, 2.55]).") in differences  # the CI the heads finding prints
+    # the kv finding prints no interval for its full-cache metric: compare uses none (not the chance guard's)
+    assert (f"kv full-cache logit difference: A 2, B 3 ({n}) (its finding states no interval for it: whether this is "
+            "beyond noise is not known).") in differences
     settings = page[page.index("id='settings'"):page.index("id='differences'")]
     for line in ("heads task: A kv (its default task (no --task given)), B ioi (its default task (no --task given)).",
                  "heads examples: A 64, B 16.", "kv budget changes: A n_examples 64 -&gt; 64, B n_examples 64 -&gt; 16."):
@@ -172,7 +178,7 @@ def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_t
                      "gradient importance that is rounding, not a measurement, so that report does not rank its heads; "
                      "no shared top heads or correlation is computed.")
     table, notes = patching_section(a, b)
-    assert notes == [f"Top resid_pre site differs: A resid_pre L0 pos 2: {XSS}, B resid_pre L1 pos 2: {XSS}."]
+    assert notes == [f"Top resid_pre site differs: A resid_pre L0 pos 2 ('{XSS}'), B resid_pre L1 pos 2 ('{XSS}')."]
     assert "positions are not compared" not in table  # the same prompts: positions compared
 
 
@@ -277,7 +283,7 @@ def test_compare_sets_every_figure_side_by_side_and_says_why_one_is_missing(tmp_
         assert Image.open(BytesIO(images[alt])).size == size  # 1800 x 400 downscaled to 900 x 200
     assert f"A (m ({XSS}, seed 0)): kv figure kv_norms: {caption('kv_norms')}" in images
     assert f"A (m ({XSS}, seed 0)): report figure top_attention: {caption('top_attention')}" in images
-    assert len(images) == 3 + 5  # the three overlays and maps, and A's four figures and B's one
+    assert len(images) == 2 + 5  # importance and pruning (seeds differ: no position overlay), A's four figures, B's one
     figures = page[page.index("id='figures'"):page.index("id='provenance'")]
     assert "<em>blank: B has no l0: its heads ran but did not draw this figure: it ran with --quick" in figures
     assert "<em>blank: B has no kv_norms: its kv analysis has no result (skipped: m is an encoder)</em>" in figures
@@ -381,9 +387,13 @@ def test_compare_leads_pruning_with_each_findings_ordering_and_flags_a_fraction_
         "Prunable within 1% by gradient: A 17% (2 of 12 heads), B 0% (0 of 12 heads)" + NO_INTERVAL
         + " A's 17% sits on its 1% line: the last point kept is 9.905 against the line 9.9, 0.05% of the unpruned metric "
         "away."]
-    # intervals recorded (under either key form): the difference is judged against them
-    for side, extra in (("a", {"max_fraction_prunable_ablation_ci": [0.4, 0.7]}),
-                        ("b", {"prunable_intervals": {"ablation": [0.3, 0.6], "gradient": [0.0, 0.1]}})):
+    # the intervals the heads findings print (prunable_ci_<ordering>, in heads of 12): the difference is judged against
+    # them; a key the finding does not read (an interval compare would have to guess at) is not used
+    ci = {"n_examples": 4, "method": "percentile bootstrap"}
+    for side, extra in (("a", {"prunable_ci_ablation": {**ci, "interval_heads": [4.8, 8.4]},
+                               "max_fraction_prunable_gradient_ci": [0.1, 0.2]}),
+                        ("b", {"prunable_ci_ablation": {**ci, "interval_heads": [3.6, 7.2]},
+                               "prunable_ci_gradient": {**ci, "interval_heads": [0.0, 1.2]}})):
         s = io.read_json(tmp_path / side / "heads" / "summary.json")
         io.write_json(tmp_path / side / "heads" / "summary.json", {**s, **extra})
     notes = pruning_notes(a, b)
@@ -443,3 +453,136 @@ def test_compare_mutes_with_the_importance_se_the_heads_analysis_writes(tmp_path
     expected[0, 0] = False
     assert (coloured.get_array().mask.reshape(2, 4) == expected).all()
     assert any("each head's standard error in results.csv" in n for n in notes)
+
+
+def _probes(root, *, best: float, n: int, chance: dict, best_ci: list[float] | None = None) -> None:
+    """A folder with a probes summary only: the best accuracy, the chance entry the registry adds and, in newer
+    summaries, the interval the finding prints (best_ci)."""
+    io.write_json(root / "manifest.json", {"model": {"name": "m"}, "seed": 0, "config": {"analyses": ["probes"]}})
+    io.write_json(root / "probes" / "summary.json", {
+        "metric": "accuracy", "best_accuracy": best, "best_layer": 0, "best_std": 0.3, "cv": 3, "n_examples": n,
+        "majority_baseline": chance["chance_value"], "labels": "answer", "chance": {"metric": "probe accuracy", **chance},
+        **({"best_ci": best_ci} if best_ci else {})})
+
+
+def test_compare_probes_uses_each_findings_interval_and_respects_its_at_chance_verdict(tmp_path):
+    from headscope.reports.compare_headlines import NOT_STATED, headline_notes
+    from headscope.reports.findings import finding
+
+    # the review's case: B's report withholds its probe at chance; compare's old Wilson interval [0.28, 0.787] of 7/12
+    # was in neither report, and its "beyond noise" judged a number B refused to interpret
+    _probes(tmp_path / "a", best=1.0, n=19, chance={"at_chance": False, "chance_value": 0.26, "mean": 1.0, "ci": [0.824, 1.0]})
+    _probes(tmp_path / "b", best=0.583, n=11, chance={"at_chance": True, "below_chance": False, "chance_value": 0.5,
+                                                       "mean": 0.52, "ci": [0.35, 0.7]})  # upper end under 0.75: at chance
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c.html")]) == 0
+    page = (tmp_path / "c.html").read_text()
+    not_compared = page[page.index("id='not-compared'"):page.index("id='findings'")]
+    assert ("<li>probes best accuracy: not compared: B&#x27;s report calls the probe at chance (probe accuracy 0.52 "
+            "against chance 0.5, 95% CI [0.35, 0.7], 11 examples) and withholds it (n differs: 19 vs 11 examples, a "
+            "setting, not the model: other example sets, intervals of other widths).</li>") in not_compared
+    differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
+    assert "probes" not in differences and "0.583" not in differences and "0.787" not in page
+    # neither at chance, summaries with the interval the finding prints (best_ci): exactly those intervals are judged,
+    # not the chance guard's; half-widths 0.075 + 0.175 = 0.25 >= |0.7 - 0.9| = 0.2: within noise
+    guard = {"at_chance": False, "chance_value": 0.5, "mean": 0.8, "ci": [0.79, 0.81]}
+    _probes(tmp_path / "c", best=0.9, n=40, chance=guard, best_ci=[0.8, 0.95])
+    _probes(tmp_path / "d", best=0.7, n=40, chance=guard, best_ci=[0.5, 0.85])
+    assert headline_notes(Run(tmp_path / "c"), Run(tmp_path / "d")) == [
+        "probes best accuracy: A 0.9, B 0.7 (n 40 each) (within noise: |B - A| = 0.2 is inside the combined half-widths "
+        "0.25; 95% CIs A [0.8, 0.95], B [0.5, 0.85])."]
+    # older summaries: the finding prints the fold sd, no interval, so none is used (not the guard's, not a Wilson one)
+    _probes(tmp_path / "e", best=1.0, n=19, chance={**guard, "mean": 1.0, "ci": [0.824, 1.0]})
+    _probes(tmp_path / "f", best=0.7, n=19, chance={**guard, "mean": 0.7, "ci": [0.49, 0.85]})
+    assert headline_notes(Run(tmp_path / "e"), Run(tmp_path / "f")) == [
+        "probes best accuracy: A 1, B 0.7 (n 19 each)" + NOT_STATED]
+    # a summary without a chance entry: its finding's own rule (best within 0.02 of the majority class) withholds it
+    s = io.read_json(tmp_path / "f" / "probes" / "summary.json")
+    io.write_json(tmp_path / "f" / "probes" / "summary.json", {k: v for k, v in s.items() if k != "chance"}
+                  | {"best_accuracy": 0.51})
+    assert "That is chance level" in finding("probes", io.read_json(tmp_path / "f" / "probes" / "summary.json"))
+    assert headline_notes(Run(tmp_path / "e"), Run(tmp_path / "f")) == [
+        NOT_COMPARED + "probes best accuracy: not compared: B's report calls the probe chance level (accuracy 0.51 "
+        "against a majority baseline of 0.5) and withholds it (n 19 each)."]
+
+
+def test_compare_position_overlay_on_the_metrics_range_with_whole_slots_and_ratios_only_where_stated(tmp_path, monkeypatch):
+    from headscope.reports import compare
+
+    for side, sign in (("a", 1.0), ("b", -1.0)):  # one model, seed and task: the same prompts, so the curves are compared
+        _folder(tmp_path / side, "m", sign, 0, 0.5)
+        io.write_csv(tmp_path / side / "position" / "curve.csv", pd.DataFrame({  # flat at 0, four whole slots
+            "condition": "full", "metric": "accuracy", "position": [1, 2, 3, 4], "mean": 0.0}))
+    drawn = []
+    monkeypatch.setattr(compare, "_img", lambda fig, alt: drawn.append(fig) or "<img>")
+    body, notes = position_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    ax = drawn[0].axes[0]
+    assert ax.get_ylim() == (0.0, 1.0)  # accuracy's whole range, not -0.04..0.04 around a flat 0
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)  # slots are whole numbers: no 1.5, 2.5
+    assert ax.get_ylabel() == "accuracy (mean over examples)"
+    # the ratios differ by 0.22 (0.67 vs 0.44), but A's own finding states none: its curve is flat
+    summary = io.read_json(tmp_path / "a" / "position" / "summary.json")
+    io.write_json(tmp_path / "a" / "position" / "summary.json", {
+        **summary, "metric_per_position": {"accuracy": {"1": 0.5, "2": 0.505, "3": 0.51}}})
+    notes = position_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1]
+    assert notes == [NOT_COMPARED + "Middle/ends ratio of accuracy (the metric plotted): not compared: A's curve is flat "
+                     "(its values span less than 0.02), so its report states no ratio."]
+    io.write_json(tmp_path / "a" / "position" / "summary.json", summary)  # both state theirs
+    assert position_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1] == [
+        "Middle/ends ratio of accuracy (the metric plotted): A 0.67, B 0.44 (n not recorded)" + NO_INTERVAL]
+
+
+def test_compare_names_patching_positions_from_the_end_with_the_token_quoted_once(tmp_path):
+    for side, layer in (("a", 0), ("b", 1)):  # the same prompts: positions compared
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        io.write_json(tmp_path / side / "patching" / "summary.json", {"top_sites": {"resid_pre": [
+            {"layer": layer, "head": None, "pos": 13, "from_end": -1, "token": "13:  is", "effect": 1.5},
+            {"layer": 0, "head": None, "pos": 12, "from_end": -2, "token": "", "effect": 0.5}]}})
+    table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert notes == ["Top resid_pre site differs: A resid_pre L0 pos -1 from the end (' is'), B resid_pre L1 pos -1 from "
+                     "the end (' is')."]  # the padded frame's 13 is not this axis; one space, the token's own
+    assert table.count("resid_pre L0 pos -2 from the end (its token differs across prompts)") == 2
+    assert "13:" not in table and "  is" not in table
+
+
+def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_path):
+    from scipy import stats
+
+    from headscope.reports.compare_headlines import headline_notes
+    from headscope.reports.findings import finding
+
+    summaries = {"a": ({"n_examples": 12, "mean_tau_attention_gradient": 0.5, "std_tau_attention_gradient": 0.2,
+                        "n_tau_attention_gradient": 10},
+                       {"agreement_per_layer": {"0": 0.1, "1": 0.3}, "agreement_count_per_layer": {"1": 30},
+                        "n_neurons_per_layer": 100, "n_prefixes": 50}),
+                 "b": ({"n_examples": 12, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.2,
+                        "n_tau_attention_gradient": 12},
+                       {"agreement_per_layer": {"0": 0.2, "1": 0.1}, "n_neurons_per_layer": 100, "n_prefixes": 50})}
+    for side, (attribution, mlp) in summaries.items():
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["attribution", "mlp"]}})
+        io.write_json(tmp_path / side / "attribution" / "summary.json", attribution)
+        io.write_json(tmp_path / side / "mlp" / "summary.json", mlp)
+    notes = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    # A's tau over its 10 examples with a defined tau, B's over 12: t intervals from scipy
+    ia = stats.t.interval(0.95, 9, loc=0.5, scale=0.2 / 10 ** 0.5)
+    ib = stats.t.interval(0.95, 11, loc=0.1, scale=0.2 / 12 ** 0.5)
+    assert notes[0] == (f"attribution mean Kendall tau of attention and gradient x input: A 0.5, B 0.1 (n differs: 10 vs 12 "
+                        "examples, a setting, not the model: other example sets, intervals of other widths) (beyond noise: "
+                        f"|B - A| = 0.4 exceeds the combined half-widths {(ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2:.3g}; "
+                        f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]).")
+    assert f"95% CI [{ia[0]:.2f}, {ia[1]:.2f}]" in finding("attribution", summaries["a"][0])  # the one A's report prints
+    # mlp: A's layer 1 (30 of 100 recorded), B's layer 0 (20 of 100): Wilson intervals from scipy
+    wa = stats.binomtest(30, 100).proportion_ci(method="wilson")
+    wb = stats.binomtest(20, 100).proportion_ci(method="wilson")
+    assert notes[1] == ("mlp highest layer key-value agreement: A 0.3, B 0.2 (n 100 neurons each) (within noise: |B - A| = "
+                        f"0.1 is inside the combined half-widths {(wa.high - wa.low) / 2 + (wb.high - wb.low) / 2:.3g}; 95% CIs "
+                        f"A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]).")
+    assert f"Wilson 95% CI {100 * wa.low:.0f}%-{100 * wa.high:.0f}%" in finding("mlp", summaries["a"][1])
+    assert len(notes) == 2
+    # different example counts: positions are not compared, and a head site's difference carries both n
+    for side, head, n in (("a", 0, 8), ("b", 2, 12)):
+        io.write_json(tmp_path / side / "patching" / "summary.json", {"n_examples": n, "top_sites": {"head_out": [
+            {"layer": 0, "head": head, "pos": None, "token": "all", "effect": 1.5}]}})
+    assert patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1] == [
+        "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (n differs: 8 vs 12 examples, a setting, not the "
+        "model: other example sets, intervals of other widths)."]

@@ -1,0 +1,173 @@
+"""The headline numbers of `headscope compare` (reports/compare.py): each analysis's number exactly as its own
+finding states it, with the interval that finding prints (none where it prints none), never one compare
+computes itself; a number its report withholds (at chance, underpowered) is not compared, with the report's
+own numbers and the reason; where the runs' example counts differ, that is said beside the difference.
+
+Where each quantity and its interval come from (the fields of reports/plots_<name>.py's `finding`):
+- heads: `baseline_metric`, "Unpruned <metric> is x (95% CI [..])": the CI is `chance.ci`.
+- kv: `metric_unevicted`, "Full-cache <metric> x (mean over n examples)": no interval (its chance sentence, when
+  it is at chance, prints `chance.mean` and `chance.ci`, and then that interval is the one used).
+- probes: `best_<metric>` with `best_ci` where the summary has it (the finding prints it); older summaries' findings
+  print only the fold sd, which is no interval. At chance (`chance.at_chance`) the report withholds the probe
+  ("at chance", or "underpowered" where the probes finding says its interval is too wide): not compared.
+- attribution: each method's `mean_tau_attention_<m>` with its t interval over `n_tau_attention_<m>` examples
+  (`std_tau_attention_<m>`), clipped to [-1, 1], as the finding prints it.
+- mlp: the highest layer's `agreement_per_layer` with its Wilson interval over `n_neurons_per_layer` neurons.
+Circuits states no headline with an interval (lens rows, DLA writers, CPR/CMD): its findings sit side by side in
+the findings table and are not reduced to one difference here; patching, position and pruning are compared in
+their own sections (reports/compare.py, compare_heads.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict
+from headscope.reports.findings import _words, t_interval, wilson
+
+NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_number(x) for x in value) and value[0] <= value[1]:
+        return float(value[0]), float(value[1])
+    return None
+
+
+def _chance_entry(s: Mapping[str, Any]) -> Mapping[str, Any]:
+    entry = s.get("chance")
+    return entry if isinstance(entry, Mapping) else {}
+
+
+Quantity = tuple[str, Any, "tuple[float, float] | None", Any, str]  # (label, value, its finding's interval, n, unit)
+
+
+def _heads(s: Mapping[str, Any]) -> list[Quantity]:
+    ci = _pair(_chance_entry(s).get("ci"))
+    return [(f"heads unpruned {_words(s.get('metric', 'metric'))}", s.get("baseline_metric"), ci, s.get("n_examples"),
+             "examples")]
+
+
+def _kv(s: Mapping[str, Any]) -> list[Quantity]:
+    value, entry = s.get("metric_unevicted"), _chance_entry(s)
+    said = entry.get("at_chance") is True and _number(value) and _number(entry.get("mean")) and \
+        abs(entry["mean"] - value) <= 1e-6 + 1e-3 * abs(value)  # its chance sentence prints this mean's CI
+    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", value, _pair(entry.get("ci")) if said else None,
+             s.get("n_examples"), "examples")]
+
+
+def _probes(s: Mapping[str, Any]) -> list[Quantity]:
+    metric = s.get("metric", "accuracy")
+    return [(f"probes best {'R^2' if metric == 'r2' else _words(metric)}", s.get(f"best_{metric}"), _pair(s.get("best_ci")),
+             s.get("n_examples"), "examples")]
+
+
+TAU_METHODS = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
+
+
+def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
+    """Each method's mean Kendall tau with the t interval the attribution finding prints: over the examples with a
+    defined tau (n_tau_attention_<method>, else n_examples), clipped to [-1, 1] (reports/plots_attribution.py)."""
+    n = s.get("n_examples")
+    out = []
+    for key, name in TAU_METHODS:
+        mean, sd = s.get(f"mean_tau_attention_{key}"), s.get(f"std_tau_attention_{key}")
+        defined = s.get(f"n_tau_attention_{key}") or n
+        ci = t_interval(float(mean), float(sd), int(defined)) if _number(mean) and _number(sd) and _number(defined) else None
+        out.append((f"attribution mean Kendall tau of attention and {name}", mean,
+                    ci and (max(-1.0, ci[0]), min(1.0, ci[1])), defined, "examples"))
+    return out
+
+
+def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
+    """The highest layer's key-value agreement with the Wilson interval the mlp finding prints: k of n neurons, k
+    the recorded count (agreement_count_per_layer) or the rounded share (reports/plots_mlp.py)."""
+    agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
+    n = s.get("n_neurons_per_layer")
+    if not agree:
+        return []
+    best = max(agree, key=lambda k: agree[k])
+    counted = (s.get("agreement_count_per_layer") or {}).get(best)
+    hits = int(counted) if _number(counted) else round(agree[best] * n) if _number(n) else None
+    ci = wilson(hits, int(n)) if hits is not None and _number(n) and n > 0 else None
+    return [("mlp highest layer key-value agreement", agree[best], ci, n, "neurons")]
+
+
+QUANTITIES = {"heads": _heads, "attribution": _attribution, "mlp": _mlp, "kv": _kv,
+              "probes": _probes}  # analysis -> [(label, value, interval its finding prints, n, its unit)]
+
+
+def withheld(name: str, s: Mapping[str, Any]) -> str:
+    """How the report of analysis `name` withholds its headline ("" where it states it): a probe at chance, or
+    underpowered where the probes finding says so (its own chance_sentence), with the numbers it gives."""
+    entry = _chance_entry(s)
+    if name != "probes":
+        return ""
+    best, majority = s.get(f"best_{s.get('metric', 'accuracy')}"), s.get("majority_baseline")
+    if "chance" not in s and _number(best) and _number(majority) and best <= majority + 0.02:  # an older summary's rule
+        return (f"calls the probe chance level ({_words(s.get('metric', 'accuracy'))} {best:.3g} against a majority "
+                f"baseline of {majority:.3g}) and withholds it")
+    if entry.get("at_chance") is not True:
+        return ""
+    verdict = "below chance" if entry.get("below_chance") is True else "at chance"
+    from headscope.reports import plots_probes
+
+    own = getattr(plots_probes, "chance_sentence", None)  # the probes finding's own opening, where it has one
+    try:
+        if own is not None and "underpowered" in own(entry, s):
+            verdict = "underpowered (its interval cannot tell chance from a good probe)"
+    except (TypeError, ValueError, KeyError, AttributeError):
+        pass
+    numbers = [f"{_words(entry.get('metric', 'score'))} {entry['mean']:.3g}" if _number(entry.get("mean")) else ""]
+    if _number(entry.get("chance_value")):
+        numbers[0] = f"{numbers[0]} against chance {entry['chance_value']:.3g}".strip()
+    if (ci := _pair(entry.get("ci"))) is not None:
+        numbers.append(f"95% CI [{ci[0]:.3g}, {ci[1]:.3g}]")
+    if s.get("n_examples") is not None:
+        numbers.append(f"{s['n_examples']} examples")
+    said = ", ".join(x for x in numbers if x)
+    return f"calls the probe {verdict}" + (f" ({said})" if said else "") + " and withholds it"
+
+
+def n_words(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
+    """'n 16 each', or that the example counts differ, which changes the examples measured and the intervals."""
+    return _n_text(sa.get("n_examples"), sb.get("n_examples"))
+
+
+def _n_text(na: Any, nb: Any, unit: str = "examples") -> str:
+    if na == nb:
+        return "n not recorded" if na is None else f"n {na} {unit} each" if unit != "examples" else f"n {na} each"
+    na, nb = ("not recorded" if x is None else x for x in (na, nb))
+    why = (", a setting, not the model: other example sets, intervals of other widths" if unit == "examples" else
+           ": intervals of other widths")
+    return f"n differs: {na} vs {nb} {unit}{why}"
+
+
+def headline_notes(a: Run, b: Run) -> list[str]:
+    """Per analysis in QUANTITIES that both runs have: not compared (NOT_COMPARED) where either report withholds
+    its number, else the difference where A and B differ by more than 5%, with the n and the verdict of the
+    intervals the findings print."""
+    notes = []
+    for name, quantity in QUANTITIES.items():
+        sa, sb = a.summary(name), b.summary(name)
+        if sa is None or sb is None:
+            continue
+        for (label, va, ia, na, unit), (label_b, vb, ib, nb, _) in zip(quantity(sa), quantity(sb)):
+            if not (_number(va) and _number(vb)):
+                continue
+            n = _n_text(na, nb, unit)
+            refusals = [f"{side}'s report {why}" for side, s in zip(SIDES, (sa, sb)) if (why := withheld(name, s))]
+            if refusals:
+                notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(refusals) + f" ({n}).")
+                continue
+            if label != label_b:
+                notes.append(NOT_COMPARED + f"{name}: not compared: A states {label}, B {label_b}.")
+                continue
+            if abs(va - vb) <= 0.05 * max(abs(va), abs(vb), 1e-9):
+                continue
+            verdict = noise_verdict(va, vb, ia, ib) if ia is not None and ib is not None else (
+                NOT_STATED if ia is None and ib is None else
+                f" (the finding of {'A' if ia is None else 'B'} states no interval for it: whether this is beyond noise "
+                "is not known).")
+            notes.append(f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + verdict)
+    return notes
