@@ -1080,3 +1080,32 @@ def test_every_figure_of_attention_weights_uses_the_conventions_sequential_map()
             assert (white > 0.9).all() and red[0] > red[2] + 0.3, name  # white at 0, red at the top
     finally:
         plt.close("all")
+
+
+# ---- #34 fourth review: one colour convention and honest scales (lens, patching ticks, permutation) ------
+def _colorbar(ax):
+    return ax.collections[0].colorbar
+
+
+def test_patching_maps_of_one_scale_have_identical_colour_bar_ticks():
+    """The review: resid_pre and head_out (tall figures) were ticked ±0.75/±0.5/±0.25 and mlp_out (short)
+    ±0.5 only, on one shared ±1 scale. Maps of one bound b = 0.96 (by position, by head, every head by
+    position) on panels 2, 4 and 8 inches tall are all ticked at -b, -b/2, 0, b/2, b, with the same labels."""
+    from headscope.reports.plots_patching import plot_head_pos, plot_layer_head, plot_layer_pos
+
+    exact = pd.DataFrame([{"site_type": s, "layer": l, "head": h, "pos": p, "token": f"{p}: t", "effect": 0.1 * (l - (p or 0))}
+                          for s, heads, positions in (("mlp_out", [None], (0, 1)), ("head_out", (0, 1), [None]),
+                                                      ("head_out_by_pos", (0, 1), (0, 1)))
+                          for l in range(2) for h in heads for p in positions])
+    draws = [(plot_layer_pos, {"site_type": "mlp_out", "n_prompts": 1}, 2), (plot_layer_head, {}, 4),
+             (plot_head_pos, {"n_prompts": 1}, 8)]
+    try:
+        for draw, where, height in draws:
+            ax = draw(exact, bound=0.96, ax=plt.subplots(figsize=(5, height))[1], **where)
+            ax.figure.canvas.draw()
+            bar = _colorbar(ax)
+            np.testing.assert_allclose(bar.get_ticks(), [-0.96, -0.48, 0.0, 0.48, 0.96], err_msg=draw.__name__)
+            assert [t.get_text() for t in bar.ax.get_yticklabels()] == ["-0.96", "-0.48", "0", "0.48", "0.96"]
+            assert bar.ax.yaxis.get_offset_text().get_text() == ""
+    finally:
+        plt.close("all")
