@@ -1109,3 +1109,33 @@ def test_patching_maps_of_one_scale_have_identical_colour_bar_ticks():
             assert bar.ax.yaxis.get_offset_text().get_text() == ""
     finally:
         plt.close("all")
+
+
+def test_lens_log_probability_is_white_to_red_ending_at_zero_and_zero_is_a_tick():
+    """The review: the lens drew a log-probability on viridis and its colour bar stopped at -2.5, never
+    marking 0, the ceiling. Now the convention's sequential map from the lowest value shown (-6.3, floored
+    to -7) to 0 (red: certain), 0 a tick of the bar; a logit difference diverges about 0 and a rank is red at 0."""
+    from headscope.reports.plots import SEQUENTIAL
+    from headscope.reports.plots_circuits import plot_lens
+
+    lens = pd.DataFrame([{"example": 0, "layer": l, "stage": f"{l}_pre", "position": p, "is_answer": p == 1,
+                          "logprob": v, "rank": r, "logit_diff": d}
+                         for l, row in enumerate([[(-6.3, 40, -1.5), (-2.0, 3, 0.5)], [(-4.0, 9, -0.2), (-0.0001, 0, 3.0)]])
+                         for p, (v, r, d) in enumerate(row)])
+    try:
+        ax = plot_lens(lens, ax=plt.subplots()[1])
+        ax.figure.canvas.draw()
+        mesh, bar = ax.collections[0], _colorbar(ax)
+        assert mesh.cmap.name == SEQUENTIAL and (mesh.norm.vmin, mesh.norm.vmax) == (-7.0, 0.0)
+        assert 0.0 in list(bar.get_ticks()) and min(bar.get_ticks()) >= -7.0
+        assert "0" in [t.get_text() for t in bar.ax.get_yticklabels()]
+        assert "0 = certain" in colorbar_label(ax) and "red" in caption("circuits_lens")
+        assert _saturation(ax, -7.0) < 0.1 and _saturation(ax, 0.0) > 0.3  # white at the lowest, vivid red at 0
+        red = np.asarray(mesh.cmap(mesh.norm(0.0)))[:3]
+        assert red[0] > red[2] + 0.3
+        assert _norm(plot_lens(lens, value="logit_diff", ax=plt.subplots()[1])) == ("diverging", -3.0, 3.0)
+        rank = plot_lens(lens, value="rank", ax=plt.subplots()[1]).collections[0]
+        top = np.asarray(rank.cmap(rank.norm(0)))[:3]
+        assert rank.norm.vmin == 0 and top[0] > top[2] + 0.3 and (np.asarray(rank.cmap(rank.norm(40)))[:3] > 0.9).all()
+    finally:
+        plt.close("all")
