@@ -1139,3 +1139,47 @@ def test_lens_log_probability_is_white_to_red_ending_at_zero_and_zero_is_a_tick(
         assert rank.norm.vmin == 0 and top[0] > top[2] + 0.3 and (np.asarray(rank.cmap(rank.norm(40)))[:3] > 0.9).all()
     finally:
         plt.close("all")
+
+
+def _hlines(ax) -> list[float]:
+    return [float(line.get_ydata()[0]) for line in ax.get_lines() if len(set(map(float, line.get_ydata()))) == 1
+            and list(line.get_xdata()) == [0, 1]]
+
+
+def test_permutation_axis_states_its_scale_and_marks_the_saturation_bound():
+    """The review: the permutation figure's y axis read 0-1.8 with a corner "1e-5" while the caption said
+    "total variation distance, 0-1". The factor is in the axis label (no offset text) and each tick label
+    times it is the tick's value; where the summary records a saturated output (analyses' `saturated`:
+    tvd_per_logit = e x median 1 - p(top)), that bound is a labelled line; a record that is absent, not
+    saturated, malformed, or for an encoder's 1 - cosine draws no line."""
+    from headscope.reports.plots_attribution import figures as attribution_figures
+    from headscope.reports.plots_attribution import plot_permutation
+
+    perm = pd.DataFrame({"example": range(4), "layer": 2, "max_attention": [0.19, 0.14, 0.2, 0.35],
+                         "median_change": [4.6e-6, 6.2e-6, 8.5e-6, 1.9e-5]})
+    try:
+        ax = plot_permutation(perm, output_change="tvd", ax=plt.subplots()[1])
+        ax.figure.canvas.draw()
+        assert ax.yaxis.get_offset_text().get_text() == ""
+        assert "total variation distance, 0-1" in ax.get_ylabel() and "tick values x 1e-5" in ax.get_ylabel()
+        shown = [(float(t.get_text().replace("\N{MINUS SIGN}", "-")) * 1e-5, t.get_position()[1])
+                 for t in ax.get_yticklabels() if t.get_text()]
+        assert len(shown) >= 3 and all(np.isclose(v, y, rtol=1e-3, atol=1e-12) for v, y in shown)
+        assert ax.get_ylim()[0] == 0.0 and _hlines(ax) == []
+        sat = {"is_saturated": True, "median_headroom": 1.2e-4, "tvd_per_logit": float(np.e * 1.2e-4), "why": "..."}
+        for record, change in (({**sat, "is_saturated": False}, "tvd"), ("saturated", "tvd"), ({"is_saturated": True}, "tvd"),
+                               ({**sat, "tvd_per_logit": float("nan")}, "tvd"), (sat, "1-cosine")):
+            assert _hlines(plot_permutation(perm, output_change=change, saturated=record, ax=plt.subplots()[1])) == []
+        scores = pd.DataFrame([{"example": 0, "method": m, "position": p, "score": 0.5, "token": f"t{p}"}
+                               for m in ("last_layer", "saliency") for p in (1, 2)])
+        taus = pd.DataFrame({"attention": "last_layer", "method": ["saliency"] * 3, "tau": [0.1, 0.3, -0.2]})
+        figs = attribution_figures(_result("attribution", taus, {"output_change": "tvd", "saturated": sat},
+                                           permutation=perm, scores=scores))
+        marked = figs["permutation"].axes[0]
+        figs["permutation"].canvas.draw()
+        np.testing.assert_allclose(_hlines(marked), [np.e * 1.2e-4])
+        key = " ".join(t.get_text() for t in marked.get_legend().get_texts())
+        assert "saturated output" in key and "1 logit" in key and "0.00033" in key and "1 - p(top)" in key
+        assert "tick values x 1e-4" in marked.get_ylabel() and marked.yaxis.get_offset_text().get_text() == ""
+    finally:
+        plt.close("all")
