@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _chance, _num, _words
-from headscope.reports.plots import axes, laid_out
+from headscope.reports.plots import LAYERS, axes, laid_out
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
          "accuracy": "accuracy (0-1)"}
@@ -45,7 +45,7 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
 def plot_norms(data: pd.DataFrame, *, kind: str = "key", ax=None):
     """Mean norm of the cached keys (or values) by position (`data`: the norms table), one line per layer (mean over KV heads)."""
     ax = axes(ax, (7.5, 4))
-    sns.lineplot(data=data[data.kind == kind], x="position", y="norm", hue="layer", errorbar=None, ax=ax, palette="viridis")
+    sns.lineplot(data=data[data.kind == kind], x="position", y="norm", hue="layer", errorbar=None, ax=ax, palette=LAYERS)
     ax.set(title=f"Cached {kind} norms (mean over KV heads)", xlabel="position in the context",
            ylabel=f"L2 norm of the cached {kind}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")

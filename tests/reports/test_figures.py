@@ -1183,3 +1183,22 @@ def test_permutation_axis_states_its_scale_and_marks_the_saturation_bound():
         assert "tick values x 1e-4" in marked.get_ylabel() and marked.yaxis.get_offset_text().get_text() == ""
     finally:
         plt.close("all")
+
+
+def test_no_plotting_module_names_a_colour_map_of_its_own():
+    """The review found the lens on viridis beside the convention's white -> red maps. Every colour map a
+    plotting module uses comes from plots.py's named ones (DIVERGING, SEQUENTIAL, LAYERS for hue by layer):
+    no string literal in reports/plots_*.py or reports/compare*.py is a registered colour-map name (single
+    colours such as "grey" aside). The explorer (explorer_view.py) draws in JavaScript, not here."""
+    import ast
+
+    import matplotlib as mpl
+    from matplotlib.colors import is_color_like
+
+    maps = {name for name in mpl.colormaps if not is_color_like(name)}
+    modules = sorted({*(REPO / "reports").glob("plots_*.py"), *(REPO / "reports").glob("compare*.py")})
+    assert len(modules) >= 12
+    found = [f"{path.name}:{node.lineno} {node.value!r}" for path in modules
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in maps]
+    assert found == []
