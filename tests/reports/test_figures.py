@@ -1202,3 +1202,31 @@ def test_no_plotting_module_names_a_colour_map_of_its_own():
              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
              if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in maps]
     assert found == []
+
+
+def test_every_heat_map_of_every_analysis_follows_the_colour_convention(figures):
+    """Every colour-mapped grid any analysis draws: values below 0 (a signed quantity) on the diverging map
+    centred on 0 with symmetric limits, or, all <= 0 with a scale ending at 0, a log-probability on the
+    sequential map; values >= 0 on the diverging map (a signed quantity that happens to be >= 0) or on the
+    sequential map from 0 (white at 0)."""
+    from headscope.reports.plots import SEQUENTIAL
+
+    seen = 0
+    for name, figs in figures.items():
+        for stem, fig in figs.items():
+            for ax in fig.axes:
+                for mappable in [*ax.collections, *ax.images]:
+                    if getattr(mappable, "colorbar", None) is None or mappable.get_array() is None:
+                        continue
+                    seen += 1
+                    values = np.asarray(np.ma.filled(mappable.get_array(), np.nan), dtype=float)
+                    values = values[np.isfinite(values)]
+                    vmin, vmax = float(mappable.norm.vmin), float(mappable.norm.vmax)
+                    zero = np.asarray(mappable.cmap(mappable.norm(0.0)))[:3]
+                    where = f"{name}/{stem}"
+                    diverging = np.isclose(vmin, -vmax) and bool((zero > 0.9).all())
+                    if values.size and values.min() < 0 and not diverging:
+                        assert vmax == 0.0 and mappable.cmap.name == SEQUENTIAL and values.max() <= 0, where
+                    elif not diverging:
+                        assert vmin == 0.0 and (zero > 0.9).all(), where  # sequential from 0, white at 0
+    assert seen >= 10
