@@ -15,7 +15,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _num, _pct, wilson
-from headscope.reports.plots import LAYERS, axes, laid_out
+from headscope.reports.plots import axes, laid_out
 from headscope.reports.render import escape
 
 
@@ -37,6 +37,8 @@ def plot_agreement(data: pd.DataFrame, *, ax=None):
 def plot_top_neurons(data: pd.DataFrame, *, ax=None):
     """Mean ||m_i v_i|| at the Task's answer position for the top neurons (`data`: the top_neurons table),
     labelled L<layer>.N<neuron>."""
+    from headscope.reports.plots import LAYERS  # hue by layer: the convention's ordinal palette
+
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     data = top_neurons.assign(neuron_id=[f"L{layer}.N{n}" for layer, n in zip(top_neurons.layer, top_neurons.neuron)])
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax, palette=LAYERS)
