@@ -13,14 +13,17 @@ The convention (seaborn's), every `headscope.reports.plots_<analysis>` module:
   display inline at the end of the cell. Plotting never computes analysis results.
 
 Colour convention, every figure: signed quantities (ablation and patching effects, direct logit
-attribution, causal-tracing effects, circuit edges) use DIVERGING, red = positive, blue = negative,
-white = 0, with limits symmetric about 0; unsigned ones (gradient magnitudes, attention weights,
-masses, role scores) a SEQUENTIAL map from 0 (`color_scale`: by the quantity, else by the data). Panels that are
-compared (the patching sites, the causal traces of MLP, attention and residual) share one scale,
-and a panel whose own maximum is much smaller says so in its title. Where the values are noise
-(the model at chance on the task, summary["chance"], or every value under the numerical noise
-floor) the map is MUTED (`quiet_reason`) and the title says why, so noise is never drawn vivid.
-Values are in their own units; a normalised view is an option and its colour bar says so. Every
+attribution, causal-tracing effects, circuit edges, the lens' logit difference) use DIVERGING,
+red = positive, blue = negative, white = 0, with limits symmetric about 0; unsigned ones (gradient
+magnitudes, attention weights, masses, role scores) a SEQUENTIAL map from 0 (`color_scale`: by the
+quantity, else by the data). A log-probability (<= 0) is on SEQUENTIAL too, its scale ending at 0,
+so red = certain and 0 is a tick. Lines told apart by layer (an ordinal index, not a value) use
+LAYERS, a palette no value map uses. Panels that are compared (the patching sites, the causal traces
+of MLP, attention and residual) share one scale, ticked alike (`scale_ticks`: the same values at the
+same fractions of the bound), and a panel whose own maximum is much smaller says so in its title.
+Where the values are noise (the model at chance on the task, summary["chance"], or every value under
+the numerical noise floor) the map is MUTED (`quiet_reason`) and the title says why, so noise is
+never drawn vivid. Values are in their own units; a normalised view is an option and its colour bar says so. Every
 head grid is layers (rows) x heads (columns). The explorer's score grid (explorer_view.py) follows the
 same convention. Text from tokens goes through `label` (mathtext `$`
 and control bytes escaped).
@@ -38,6 +41,7 @@ from typing import Any
 
 DIVERGING = "RdBu_r"  # signed values: red positive, blue negative, centred on 0
 SEQUENTIAL = "Reds"  # unsigned values: white at 0, red for large (the diverging map's positive half)
+LAYERS = "viridis"  # hue by layer (lines, bars): ordinal, distinct from DIVERGING and SEQUENTIAL, never a value scale
 MUTE = 0.7  # a muted map is the map blended this far towards white: noise stays pale
 
 
@@ -106,6 +110,16 @@ def color_scale(*arrays: Any, bound: float | None = None, quiet: bool = False,
     if signed(*arrays) if is_signed is None else is_signed:
         return {"cmap": muted(DIVERGING) if quiet else DIVERGING, "center": 0.0, "vmin": -bound, "vmax": bound}
     return {"cmap": muted(SEQUENTIAL) if quiet else SEQUENTIAL, "vmin": 0.0, "vmax": bound}
+
+
+def scale_ticks(bound: float, *, is_signed: bool = True) -> dict[str, Any]:
+    """Colour-bar keywords (seaborn's cbar_kws) that tick a scale at fixed fractions of its bound,
+    -bound, -bound/2, 0, bound/2, bound (signed) or 0, bound/4, ..., bound (unsigned), written to two
+    significant digits with no offset: panels that share a bound then share their ticks whatever their
+    height (matplotlib's own locator picks ticks by the colour bar's length, so a taller panel of the
+    same scale was ticked at ±0.25 steps and a shorter one at ±0.5)."""
+    fractions = (-1.0, -0.5, 0.0, 0.5, 1.0) if is_signed else (0.0, 0.25, 0.5, 0.75, 1.0)
+    return {"ticks": [f * bound if f else 0.0 for f in fractions], "format": "%.2g"}
 
 
 def quiet_reason(summary: Mapping[str, Any] | None) -> str | None:

@@ -68,14 +68,55 @@ def plot_token_heatmap(data: pd.DataFrame, *, example: int | None = None, ax=Non
     return ax
 
 
-def plot_permutation(data: pd.DataFrame, *, output_change: str = "change", ax=None):
+CHANGE_WORDS = {"tvd": "total variation distance, 0-1", "1-cosine": "1 - cosine similarity, 0-2"}
+
+
+def _power_of_ten(peak: float) -> int:
+    """The exponent k to write an axis as value / 10^k when its largest |value| is under 0.01 (0 otherwise),
+    so tick labels are plain numbers and the label states the factor (no offset text in the corner)."""
+    return int(np.floor(np.log10(peak))) if 0 < peak < 0.01 else 0
+
+
+def _bound(saturated: Mapping[str, Any] | None) -> float | None:
+    """The saturation record's bound on the TVD a change of one logit can cause (permutation.saturation's
+    tvd_per_logit), when the summary says most outputs are saturated; None otherwise or when malformed."""
+    if not isinstance(saturated, Mapping) or saturated.get("is_saturated") is not True:
+        return None
+    value = _num(saturated.get("tvd_per_logit"))
+    return value if value is not None and np.isfinite(value) and value > 0 else None
+
+
+def plot_permutation(data: pd.DataFrame, *, output_change: str = "change", saturated: Mapping[str, Any] | None = None,
+                     ax=None):
     """Median output change over attention permutations against the maximum attention weight
-    (`data`: the permutation table)."""
-    ax = axes(ax, (6, 4))
+    (`data`: the permutation table). The y axis is in the change's own units from 0, its factor written
+    in the axis label when the values are tiny (never matplotlib's offset text, which reads as part of the
+    value). `saturated` (the summary's record, permutation.saturation): where most outputs are saturated,
+    the most TVD a change of one logit can cause, e x the median 1 - p(top token), is drawn as a line:
+    points under it are what a saturated output allows, not evidence that the layer does nothing."""
+    from matplotlib.ticker import FuncFormatter
+
+    bound = _bound(saturated) if output_change == "tvd" else None
+    ax = axes(ax, (6 + 3 * (bound is not None), 4))  # room for the bound's key beside the data
     sns.scatterplot(data=data, x="max_attention", y="median_change", ax=ax)
+    if bound is not None:
+        headroom = _num(saturated.get("median_headroom"))
+        said = f"e x median 1 - p(top) = e x {headroom:.2g}" if headroom is not None else "e x median 1 - p(top)"
+        ax.axhline(bound, color="C3", lw=1, ls="--",
+                   label=f"saturated output: a change of up to\n1 logit in the top token's odds moves\nthe TVD by at most "
+                         f"{bound:.2g}\n({said})")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="x-small")
+    values = data["median_change"].to_numpy(dtype=float) if len(data) else np.zeros(0)
+    finite = np.abs(values[np.isfinite(values)])
+    peak = max([float(finite.max()) if finite.size else 0.0, bound or 0.0])
+    k = _power_of_ten(peak)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 10.0 ** k:.3g}"))  # no offset text
+    if finite.size and (values[np.isfinite(values)] >= 0).all():
+        ax.set_ylim(bottom=0.0)  # a distance: from 0
     layer = int(data.layer.iloc[0]) if len(data) else -1
+    unit = CHANGE_WORDS.get(output_change, output_change)
     ax.set_xlabel(f"max attention (layer {layer}, head mean)")
-    ax.set_ylabel(f"median output {output_change} over permutations")
+    ax.set_ylabel(f"median {output_change} over permutations\n({unit})" + (f"\ntick values x 1e{k}" if k else ""))
     ax.set_title("Permuting attention weights")
     return ax
 
@@ -101,7 +142,8 @@ def figures(result: Result, **kwargs) -> dict:
     """The attribution figures by file stem."""
     s, perm = result.summary, result.tables["permutation"]
     plots = [("tau", lambda: plot_tau(result.df)), ("token_heatmap", lambda: plot_token_heatmap(result.tables["scores"])),
-             ("permutation", lambda: plot_permutation(perm, output_change=s.get("output_change", "change")))]
+             ("permutation", lambda: plot_permutation(perm, output_change=s.get("output_change", "change"),
+                                                      saturated=s.get("saturated")))]
     if "adversarial_jsd" in perm:
         plots.append(("adversarial", lambda: plot_adversarial(perm, epsilon=s.get("adversarial_epsilon", "epsilon"))))
     out = {}

@@ -39,12 +39,41 @@ def from_end(lens: pd.DataFrame) -> pd.DataFrame | None:
 PARTIAL_VEIL = 0.6  # how far a lens column averaged over fewer than all prompts is blended towards white
 
 
+def _ticks_to_zero(low: float) -> list[float]:
+    """Colour-bar ticks from `low` (< 0) up to 0 inclusive at round steps: 0 is always one of them."""
+    from matplotlib.ticker import MaxNLocator
+
+    steps = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(low, 0.0)
+    return [float(t) for t in steps if low - 1e-9 <= t <= 1e-9]
+
+
+def _lens_scale(values: np.ndarray, value: str) -> tuple[dict[str, Any], str]:
+    """(seaborn heatmap keywords, colour-bar label) of a lens grid by the convention (plots.py): a
+    log-probability (<= 0) on the sequential map from its lowest (white) to 0 (red: certain), ending at
+    0; a rank (0 = top-1) on the sequential map reversed, red at 0; a logit difference, signed, on the
+    diverging map centred on 0."""
+    from headscope.reports.plots import SEQUENTIAL
+
+    finite = values[np.isfinite(values)]
+    if value == "logit_diff":
+        return color_scale(values, is_signed=True), "logit difference (logits; red toward the answer)"
+    if value == "rank":
+        top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        return {"cmap": f"{SEQUENTIAL}_r", "vmin": 0.0, "vmax": top}, "rank of the target (0 = top-1, red)"
+    low = float(np.floor(finite.min())) if finite.size and finite.min() < 0 else -1.0
+    low = low if low < 0 else -1.0
+    return ({"cmap": SEQUENTIAL, "vmin": low, "vmax": 0.0},
+            "log-probability of the target\n(nats; 0 = certain, red)")
+
+
 def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
     """`data`: the lens table. Mean over examples of the lens target's log-probability (or "rank") at each layer (block
     input; the last row is the model's output) and position; prompts of different lengths are
     aligned at their answer position (`from_end`), so each column means the same place in every prompt.
     Columns far from the answer are then reached by the longer prompts only: each such column's tick
-    says its n and the column is muted (a PARTIAL_VEIL white veil), the axis label says why."""
+    says its n and the column is muted (a PARTIAL_VEIL white veil), the axis label says why. Colours
+    by the convention (`_lens_scale`): a log-probability white (its lowest) to red at 0 (certain), the
+    colour bar ending at 0 with 0 a tick."""
     ax, lens = axes(ax, (7, 4)), data
     aligned = from_end(lens)
     if aligned is not None:
@@ -59,9 +88,11 @@ def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
         names = [f"{name} (n={counts.iloc[i]})" if i in partial else name for i, name in enumerate(names)]
     grid.columns = names
     stages = lens.drop_duplicates("layer").set_index("layer").stage if "stage" in lens else None
-    label = {"logprob": "log-probability of the target (nats)", "rank": "rank of the target (0 = top-1)",
-             "logit_diff": "logit difference (logits)"}.get(value, value)
-    sns.heatmap(grid, ax=ax, cmap="viridis" if value != "rank" else "viridis_r", cbar_kws={"label": label})
+    scale, label = _lens_scale(grid.to_numpy(dtype=float), value)
+    sns.heatmap(grid, ax=ax, **scale, cbar_kws={"label": label})
+    if value == "logprob":  # 0 (certain), the scale's end, is a tick
+        bar = ax.collections[0].colorbar
+        bar.set_ticks(_ticks_to_zero(scale["vmin"]), labels=[f"{t:g}" for t in _ticks_to_zero(scale["vmin"])])
     ax.invert_yaxis()
     if stages is not None:
         ax.set_yticklabels([stages.get(l, l) for l in grid.index], rotation=0)
@@ -324,8 +355,9 @@ GUIDE = (  # how to read this section of the report
     "parts add up exactly."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "circuits_lens": "Logit lens: the answer's rank or log-probability read from each block's input through the final "
-                     "norm and unembedding, layer x position; row l_pre is the input of block l (after l blocks), "
+    "circuits_lens": "Logit lens: the answer's log-probability (nats, <= 0) read from each block's input through the "
+                     "final norm and unembedding, layer x position, white (the lowest shown) to red at 0 (certain: "
+                     "p = 1); row l_pre is the input of block l (after l blocks), "
                      "final_post the output. Prompts of mixed lengths are aligned at the answer position (columns "
                      "count from the end); a column that only the longer prompts reach is muted and its tick gives "
                      "the number of prompts n its mean is over.",

@@ -17,7 +17,7 @@ import seaborn as sns
 from matplotlib.ticker import NullLocator
 
 from headscope.reports.findings import _chance, _num, _words
-from headscope.reports.plots import axes, laid_out
+from headscope.reports.plots import LAYERS, axes, laid_out
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
          "accuracy": "accuracy (0-1)"}
@@ -60,7 +60,7 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", ax=None):
     reach = df.groupby("position").n_prompts.max() if "n_prompts" in df else None
     most = None if reach is None else int(reach.max())
     muted_from = None if reach is None else next((int(p) for p, n in reach.items() if 2 * n < most), None)
-    colours = sns.color_palette("viridis", means.layer.nunique())
+    colours = sns.color_palette(LAYERS, means.layer.nunique())
     for colour, (layer, g) in zip(colours, means.groupby("layer")):
         solid = g if muted_from is None else g[g.position <= muted_from - 1]
         ax.plot(solid.position, solid.norm, color=colour, lw=1.5, label=str(layer))

@@ -50,9 +50,11 @@ def plot_agreement(data: pd.DataFrame, *, n: int | None = None, ax=None):
 def plot_top_neurons(data: pd.DataFrame, *, ax=None):
     """Mean ||m_i v_i|| at the Task's answer position for the top neurons (`data`: the top_neurons table),
     labelled L<layer>.N<neuron>."""
+    from headscope.reports.plots import LAYERS  # hue by layer: the convention's ordinal palette
+
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     data = top_neurons.assign(neuron_id=[f"L{layer}.N{n}" for layer, n in zip(top_neurons.layer, top_neurons.neuron)])
-    sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax, palette="viridis")
+    sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax, palette=LAYERS)
     ax.set(xlabel="mean L2 norm of the update m_i v_i at the answer", ylabel="neuron (L layer . N index)",
            title="Largest sub-updates on the Task")
     if ax.get_legend() is not None:  # off the data

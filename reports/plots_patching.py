@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 
 from headscope.analyses.patching.attribution_patching import slope_with_interval
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
-from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
+from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, scale_ticks, symmetric_bound
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 BY_HEAD = ("head_out", "q", "k", "v", "pattern")
@@ -56,13 +56,14 @@ def _position_axis(n_prompts: int | None) -> str:
 
 def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float | None = None,
              quiet: str | None = None) -> Axes:
-    """Diverging heat map centred on 0 with limits -bound..bound (the panel's own max |value| when None);
-    a panel whose own max is under half the shared bound prints it in the title; `quiet` mutes the map
-    and adds its reason to the title."""
+    """Diverging heat map centred on 0 with limits -bound..bound (the panel's own max |value| when None),
+    its colour bar ticked at fixed fractions of the bound (plots.scale_ticks: panels of one scale, one set
+    of ticks, whatever their heights); a panel whose own max is under half the shared bound prints it in
+    the title; `quiet` mutes the map and adds its reason to the title."""
     own = symmetric_bound(grid.to_numpy(dtype=float))
     bound = bound or own
     scale = color_scale(bound=bound, quiet=bool(quiet), is_signed=True)
-    sns.heatmap(grid, ax=ax, **scale, cbar_kws={"label": label}, xticklabels=True, yticklabels=True)
+    sns.heatmap(grid, ax=ax, **scale, cbar_kws={"label": label, **scale_ticks(bound)}, xticklabels=True, yticklabels=True)
     if own < 0.5 * bound:
         title += f"\n(this panel's max |value| {own:.2g}; scale shared with every site: ±{bound:.2g})"
     if quiet:
@@ -192,7 +193,7 @@ def plot_causal_trace(data: pd.DataFrame, *, kind: str = "mlp", metric: str = "t
         ylabel = _position_axis(n_prompts)
     bound = bound or symmetric_bound(grid.to_numpy(dtype=float))
     sns.heatmap(grid, ax=ax, **color_scale(bound=bound, is_signed=True),
-                cbar_kws={"label": f"average indirect effect ({metric})"}, yticklabels=True)
+                cbar_kws={"label": f"average indirect effect ({metric})", **scale_ticks(bound)}, yticklabels=True)
     ax.set_title(f"causal tracing: restoring {kind}")
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)

@@ -1181,3 +1181,152 @@ def test_pruning_curve_legend_names_what_each_ordering_ranks_by():
                 "ablation"} <= set(labels)
     finally:
         plt.close("all")
+
+
+def _colorbar(ax):
+    return ax.collections[0].colorbar
+
+
+def test_patching_maps_of_one_scale_have_identical_colour_bar_ticks():
+    """The review: resid_pre and head_out (tall figures) were ticked ±0.75/±0.5/±0.25 and mlp_out (short)
+    ±0.5 only, on one shared ±1 scale. Maps of one bound b = 0.96 (by position, by head, every head by
+    position) on panels 2, 4 and 8 inches tall are all ticked at -b, -b/2, 0, b/2, b, with the same labels."""
+    from headscope.reports.plots_patching import plot_head_pos, plot_layer_head, plot_layer_pos
+
+    exact = pd.DataFrame([{"site_type": s, "layer": l, "head": h, "pos": p, "token": f"{p}: t", "effect": 0.1 * (l - (p or 0))}
+                          for s, heads, positions in (("mlp_out", [None], (0, 1)), ("head_out", (0, 1), [None]),
+                                                      ("head_out_by_pos", (0, 1), (0, 1)))
+                          for l in range(2) for h in heads for p in positions])
+    draws = [(plot_layer_pos, {"site_type": "mlp_out", "n_prompts": 1}, 2), (plot_layer_head, {}, 4),
+             (plot_head_pos, {"n_prompts": 1}, 8)]
+    try:
+        for draw, where, height in draws:
+            ax = draw(exact, bound=0.96, ax=plt.subplots(figsize=(5, height))[1], **where)
+            ax.figure.canvas.draw()
+            bar = _colorbar(ax)
+            np.testing.assert_allclose(bar.get_ticks(), [-0.96, -0.48, 0.0, 0.48, 0.96], err_msg=draw.__name__)
+            assert [t.get_text() for t in bar.ax.get_yticklabels()] == ["-0.96", "-0.48", "0", "0.48", "0.96"]
+            assert bar.ax.yaxis.get_offset_text().get_text() == ""
+    finally:
+        plt.close("all")
+
+
+def test_lens_log_probability_is_white_to_red_ending_at_zero_and_zero_is_a_tick():
+    """The review: the lens drew a log-probability on viridis and its colour bar stopped at -2.5, never
+    marking 0, the ceiling. Now the convention's sequential map from the lowest value shown (-6.3, floored
+    to -7) to 0 (red: certain), 0 a tick of the bar; a logit difference diverges about 0 and a rank is red at 0."""
+    from headscope.reports.plots import SEQUENTIAL
+    from headscope.reports.plots_circuits import plot_lens
+
+    lens = pd.DataFrame([{"example": 0, "layer": l, "stage": f"{l}_pre", "position": p, "is_answer": p == 1,
+                          "logprob": v, "rank": r, "logit_diff": d}
+                         for l, row in enumerate([[(-6.3, 40, -1.5), (-2.0, 3, 0.5)], [(-4.0, 9, -0.2), (-0.0001, 0, 3.0)]])
+                         for p, (v, r, d) in enumerate(row)])
+    try:
+        ax = plot_lens(lens, ax=plt.subplots()[1])
+        ax.figure.canvas.draw()
+        mesh, bar = ax.collections[0], _colorbar(ax)
+        assert mesh.cmap.name == SEQUENTIAL and (mesh.norm.vmin, mesh.norm.vmax) == (-7.0, 0.0)
+        assert 0.0 in list(bar.get_ticks()) and min(bar.get_ticks()) >= -7.0
+        assert "0" in [t.get_text() for t in bar.ax.get_yticklabels()]
+        assert "0 = certain" in colorbar_label(ax) and "red" in caption("circuits_lens")
+        assert _saturation(ax, -7.0) < 0.1 and _saturation(ax, 0.0) > 0.3  # white at the lowest, vivid red at 0
+        red = np.asarray(mesh.cmap(mesh.norm(0.0)))[:3]
+        assert red[0] > red[2] + 0.3
+        assert _norm(plot_lens(lens, value="logit_diff", ax=plt.subplots()[1])) == ("diverging", -3.0, 3.0)
+        rank = plot_lens(lens, value="rank", ax=plt.subplots()[1]).collections[0]
+        top = np.asarray(rank.cmap(rank.norm(0)))[:3]
+        assert rank.norm.vmin == 0 and top[0] > top[2] + 0.3 and (np.asarray(rank.cmap(rank.norm(40)))[:3] > 0.9).all()
+    finally:
+        plt.close("all")
+
+
+def _hlines(ax) -> list[float]:
+    return [float(line.get_ydata()[0]) for line in ax.get_lines() if len(set(map(float, line.get_ydata()))) == 1
+            and list(line.get_xdata()) == [0, 1]]
+
+
+def test_permutation_axis_states_its_scale_and_marks_the_saturation_bound():
+    """The review: the permutation figure's y axis read 0-1.8 with a corner "1e-5" while the caption said
+    "total variation distance, 0-1". The factor is in the axis label (no offset text) and each tick label
+    times it is the tick's value; where the summary records a saturated output (analyses' `saturated`:
+    tvd_per_logit = e x median 1 - p(top)), that bound is a labelled line; a record that is absent, not
+    saturated, malformed, or for an encoder's 1 - cosine draws no line."""
+    from headscope.reports.plots_attribution import figures as attribution_figures
+    from headscope.reports.plots_attribution import plot_permutation
+
+    perm = pd.DataFrame({"example": range(4), "layer": 2, "max_attention": [0.19, 0.14, 0.2, 0.35],
+                         "median_change": [4.6e-6, 6.2e-6, 8.5e-6, 1.9e-5]})
+    try:
+        ax = plot_permutation(perm, output_change="tvd", ax=plt.subplots()[1])
+        ax.figure.canvas.draw()
+        assert ax.yaxis.get_offset_text().get_text() == ""
+        assert "total variation distance, 0-1" in ax.get_ylabel() and "tick values x 1e-5" in ax.get_ylabel()
+        shown = [(float(t.get_text().replace("\N{MINUS SIGN}", "-")) * 1e-5, t.get_position()[1])
+                 for t in ax.get_yticklabels() if t.get_text()]
+        assert len(shown) >= 3 and all(np.isclose(v, y, rtol=1e-3, atol=1e-12) for v, y in shown)
+        assert ax.get_ylim()[0] == 0.0 and _hlines(ax) == []
+        sat = {"is_saturated": True, "median_headroom": 1.2e-4, "tvd_per_logit": float(np.e * 1.2e-4), "why": "..."}
+        for record, change in (({**sat, "is_saturated": False}, "tvd"), ("saturated", "tvd"), ({"is_saturated": True}, "tvd"),
+                               ({**sat, "tvd_per_logit": float("nan")}, "tvd"), (sat, "1-cosine")):
+            assert _hlines(plot_permutation(perm, output_change=change, saturated=record, ax=plt.subplots()[1])) == []
+        scores = pd.DataFrame([{"example": 0, "method": m, "position": p, "score": 0.5, "token": f"t{p}"}
+                               for m in ("last_layer", "saliency") for p in (1, 2)])
+        taus = pd.DataFrame({"attention": "last_layer", "method": ["saliency"] * 3, "tau": [0.1, 0.3, -0.2]})
+        figs = attribution_figures(_result("attribution", taus, {"output_change": "tvd", "saturated": sat},
+                                           permutation=perm, scores=scores))
+        marked = figs["permutation"].axes[0]
+        figs["permutation"].canvas.draw()
+        np.testing.assert_allclose(_hlines(marked), [np.e * 1.2e-4])
+        key = " ".join(t.get_text() for t in marked.get_legend().get_texts())
+        assert "saturated output" in key and "1 logit" in key and "0.00033" in key and "1 - p(top)" in key
+        assert "tick values x 1e-4" in marked.get_ylabel() and marked.yaxis.get_offset_text().get_text() == ""
+    finally:
+        plt.close("all")
+
+
+def test_no_plotting_module_names_a_colour_map_of_its_own():
+    """The review found the lens on viridis beside the convention's white -> red maps. Every colour map a
+    plotting module uses comes from plots.py's named ones (DIVERGING, SEQUENTIAL, LAYERS for hue by layer):
+    no string literal in reports/plots_*.py or reports/compare*.py is a registered colour-map name (single
+    colours such as "grey" aside). The explorer (explorer_view.py) draws in JavaScript, not here."""
+    import ast
+
+    import matplotlib as mpl
+    from matplotlib.colors import is_color_like
+
+    maps = {name for name in mpl.colormaps if not is_color_like(name)}
+    modules = sorted({*(REPO / "reports").glob("plots_*.py"), *(REPO / "reports").glob("compare*.py")})
+    assert len(modules) >= 12
+    found = [f"{path.name}:{node.lineno} {node.value!r}" for path in modules
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in maps]
+    assert found == []
+
+
+def test_every_heat_map_of_every_analysis_follows_the_colour_convention(figures):
+    """Every colour-mapped grid any analysis draws: values below 0 (a signed quantity) on the diverging map
+    centred on 0 with symmetric limits, or, all <= 0 with a scale ending at 0, a log-probability on the
+    sequential map; values >= 0 on the diverging map (a signed quantity that happens to be >= 0) or on the
+    sequential map from 0 (white at 0)."""
+    from headscope.reports.plots import SEQUENTIAL
+
+    seen = 0
+    for name, figs in figures.items():
+        for stem, fig in figs.items():
+            for ax in fig.axes:
+                for mappable in [*ax.collections, *ax.images]:
+                    if getattr(mappable, "colorbar", None) is None or mappable.get_array() is None:
+                        continue
+                    seen += 1
+                    values = np.asarray(np.ma.filled(mappable.get_array(), np.nan), dtype=float)
+                    values = values[np.isfinite(values)]
+                    vmin, vmax = float(mappable.norm.vmin), float(mappable.norm.vmax)
+                    zero = np.asarray(mappable.cmap(mappable.norm(0.0)))[:3]
+                    where = f"{name}/{stem}"
+                    diverging = np.isclose(vmin, -vmax) and bool((zero > 0.9).all())
+                    if values.size and values.min() < 0 and not diverging:
+                        assert vmax == 0.0 and mappable.cmap.name == SEQUENTIAL and values.max() <= 0, where
+                    elif not diverging:
+                        assert vmin == 0.0 and (zero > 0.9).all(), where  # sequential from 0, white at 0
+    assert seen >= 10
