@@ -156,9 +156,10 @@ JS = r"""
   function kvOf(h) { return Math.floor(h / G); }
   function headName(l, h) { return "L" + l + " H" + h + (G > 1 ? " (kv" + kvOf(h) + ")" : ""); }
   var PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4", "#b2df8a", "#fb9a99"];
+  var SEQ = [103, 0, 13];  // the sequential scale's dark end: the figures' Reds at 1 (white at 0)
   function seq(v) {  // attention weight 0..1 -> white .. dark red (the figures' sequential Reds, linear in RGB)
     v = Math.max(0, Math.min(1, v));
-    return "rgb(" + [103, 0, 13].map(function (x) { return Math.round(255 + (x - 255) * v); }).join(",") + ")";
+    return "rgb(" + SEQ.map(function (x) { return Math.round(255 + (x - 255) * v); }).join(",") + ")";
   }
   function combined(ex, heads, how) {  // several heads' patterns, averaged or their elementwise max
     var ps = heads.map(function (lh) { return pattern(ex, lh[0], lh[1]); }), n = ps[0].length, out = [];
@@ -343,8 +344,8 @@ JS = r"""
       var ctx = cv.getContext("2d"), img = ctx.createImageData(n, n);
       for (var q = 0; q < n; q++) for (var k = 0; k < n; k++) {
         var v = Math.max(0, Math.min(1, p[q][k])), o = 4 * (q * n + k);
-        img.data[o] = Math.round(255 + (8 - 255) * v); img.data[o + 1] = Math.round(255 + (48 - 255) * v);
-        img.data[o + 2] = Math.round(255 + (107 - 255) * v); img.data[o + 3] = 255;
+        for (var c = 0; c < 3; c++) img.data[o + c] = Math.round(255 + (SEQ[c] - 255) * v);  // as seq(v)
+        img.data[o + 3] = 255;
       }
       ctx.putImageData(img, 0, 0);
     }

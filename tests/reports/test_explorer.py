@@ -456,8 +456,8 @@ def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(ll
         assert all(w == n and hgt == n for _, _, w, hgt in thumbs)  # one pixel per query x key
         red = page.evaluate("(function(){var c=document.querySelector('#x canvas[data-layer=\"1\"][data-head=\"2\"]');"
                             "var d=c.getContext('2d').getImageData(0,0,c.width,c.height).data,o=[];"
-                            "for(var i=0;i<d.length;i+=4)o.push(d[i]);return o;})()")
-        assert np.allclose((255 - np.array(red).reshape(n, n)) / 247, ref[1, 2], atol=0.5 / 247 + tol)
+                            "for(var i=0;i<d.length;i+=4)o.push(d[i+1]);return o;})()")
+        assert np.allclose((255 - np.array(red).reshape(n, n)) / 255, ref[1, 2], atol=0.5 / 255 + tol)  # green: 255 -> 0
 
         page.hover("#x canvas[data-layer='1'][data-head='2']")  # hover: a preview in the main view
         shown, values = _heatmap(page, "x")
@@ -546,8 +546,8 @@ def test_report_explorer_mutes_importance_at_chance_in_chromium(llama, tmp_path)
         assert len(colours) == 8 and (colours.max(1) - colours.min(1)).max() < 40 and colours.min() > 140  # grey, faint
         red = page.evaluate("(function(){var c=document.querySelector('#hsx-report canvas[data-layer=\"1\"][data-head=\"2\"]');"
                             "var d=c.getContext('2d').getImageData(0,0,c.width,c.height).data,o=[];"
-                            "for(var i=0;i<d.length;i+=4)o.push(d[i]);return o;})()")
-        assert np.allclose((255 - np.array(red).reshape(n, n)) / 247, ref[1, 2], atol=0.5 / 247 + 1e-4)  # patterns stay
+                            "for(var i=0;i<d.length;i+=4)o.push(d[i+1]);return o;})()")
+        assert np.allclose((255 - np.array(red).reshape(n, n)) / 255, ref[1, 2], atol=0.5 / 255 + 1e-4)  # patterns stay
 
         choose(page, "hsx-report", 1, "score:" + MAX_ATTENTION)  # the patterns' own score: full colour, no note
         hidden, text = page.evaluate(note)
