@@ -227,8 +227,8 @@ def finding(s: Mapping[str, Any]) -> str:
                 f"{fewest})" if 0 < fewest < n else "")
         parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
                      + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
-        if max(abs(m) for m, _ in taus.values()) < 0.2:
-            said = _rollout_sentence(s, taus, rollout, n, keys)
+        if max(abs(m) for m, _ in taus.values()) < WEAK_TAU:
+            said = _rollout_sentence(s, taus, rollout, defined, keys)
             parts += [said] if said else []
     frac = _num(s.get("fraction_significant"))
     tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
@@ -329,26 +329,64 @@ def _measured_only(s: Mapping[str, Any], n: int) -> str:
     return said
 
 
-def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float], n: int,
-                      keys: tuple) -> str:
-    """What rollout adds where raw last-layer attention agrees weakly: "does better" only against a reference
-    where rollout's tau reaches 0.2 and exceeds raw attention's against that same reference (when both have
-    intervals, rollout's lower bound above raw's upper bound). Not called at chance (finding says what was measured)."""
+WEAK_TAU = 0.2  # |mean tau| under this: agreement is weak
+ALPHA = 0.05  # the family-wise level of the paired rollout-minus-raw tests (Holm over the references)
+
+
+def _paired_words(entry: Mapping[str, Any] | None) -> str:
+    """'+0.21, 95% CI [+0.05, +0.38], Holm-corrected p = 0.03' from a rollout_vs_raw entry ('' without its test)."""
+    if not isinstance(entry, Mapping):
+        return ""
+    mean, p, ci = _num(entry.get("mean")), _num(entry.get("p_holm")), entry.get("ci")
+    if mean is None or p is None or not isinstance(ci, Sequence) or len(ci) != 2 or None in map(_num, ci):
+        return ""
+    return f"{mean:+.2f}, 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}], Holm-corrected p = {p:.2g}"
+
+
+def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float],
+                      defined: Mapping[str, int], keys: tuple) -> str:
+    """What rollout adds where raw last-layer attention agrees weakly. "Does better" against a reference only
+    where the paired test of per-example tau differences (rollout minus raw, against that reference; the
+    summary's rollout_vs_raw) passes after Holm's correction over the references, with the difference and its
+    interval; "where the raw weights do not" only when that holds against every reference and every raw tau's
+    95% CI stays under 0.2. Summaries without the paired tests claim no comparison. Not called at chance."""
     spread = (f"tau from {min(rollout.values()):.2f} to {max(rollout.values()):.2f}" if len(rollout) > 1
               else f"tau {next(iter(rollout.values())):.2f}") if rollout else ""
     short = {name: key for key, name in keys}
-    better, not_better = [], []
-    for name, (raw, raw_sd) in taus.items():
+    paired = s.get("rollout_vs_raw") if isinstance(s.get("rollout_vs_raw"), Mapping) else {}
+    better, not_better, pairs = [], [], []
+    for name, (raw, _) in taus.items():
         roll = rollout.get(name)
         if roll is None:
             continue
-        ri, ai = t_interval(roll, _num(s.get(f"std_tau_rollout_{short[name]}")), n), t_interval(raw, raw_sd, n)
-        credible = roll > raw if ri is None or ai is None else ri[0] > ai[1]
-        (better if credible and roll >= 0.2 else not_better).append(f"{name} (tau {roll:.2f} against raw {raw:.2f})")
+        entry = paired.get(short[name])
+        said = _paired_words(entry)
+        if said:
+            pairs.append(int(_num(entry.get("n")) or 0))
+        passes = bool(said) and _num(entry.get("mean")) > 0 and _num(entry.get("p_holm")) < ALPHA
+        (better if passes else not_better).append(
+            f"{name} (tau {roll:.2f} against raw {raw:.2f}; " + (f"paired difference {said})" if said else "no paired test)"))
+    how = (f"paired per example, rollout minus raw tau over {min(pairs)}"
+           + (f"-{max(pairs)}" if max(pairs) != min(pairs) else "") + " examples, Holm-corrected over "
+           f"{len(pairs)} reference{'s' * (len(pairs) != 1)}") if pairs else ""
     if better:
-        return ("Raw last-layer attention agrees weakly; attention rollout does better against " + ", ".join(better)
-                + (f", but not against {', '.join(not_better)}." if not_better else
-                   ": attention flow through the layers tracks token importance where the last layer's raw weights "
-                   "do not."))
-    return ("Agreement is weak" + (f" for rollout too ({spread})" if rollout else "")
-            + ": attention weights are a poor stand-in for token importance here.")
+        raw_highs = []
+        for name, (raw, raw_sd) in taus.items():
+            interval = t_interval(raw, raw_sd, defined[name])
+            raw_highs.append(None if interval is None else min(1.0, interval[1]))
+        said = (f"Raw last-layer attention's mean taus are under {WEAK_TAU}; attention rollout does better ({how}) against "
+                + ", ".join(better))
+        if not_better:
+            return said + f", but not significantly against {', '.join(not_better)}."
+        if None not in raw_highs and max(raw_highs) < WEAK_TAU:
+            return (said + ": attention flow through the layers tracks token importance where the last layer's raw "
+                    f"weights do not (raw tau's 95% CIs stay under {WEAK_TAU}).")
+        top = [h for h in raw_highs if h is not None]
+        return (said + (f". Raw tau's 95% CIs reach up to {max(top):.2f}" if top else ". Raw tau has no interval")
+                + ", so these examples do not show that the last layer's raw weights fail to track token importance.")
+    words = ("Attention rollout is not shown to do better than raw last-layer attention"
+             + (f" ({how})" if how else "") + ": " + ", ".join(not_better) + ".") if not_better else ""
+    if rollout and max(rollout.values()) >= WEAK_TAU:
+        return words
+    return (words + " " if words else "") + ("Agreement is weak" + (f" for rollout too ({spread})" if rollout else "")
+                                             + ": attention weights are a poor stand-in for token importance here.")
