@@ -1134,10 +1134,10 @@ def test_kv_norms_mute_positions_few_prompts_reach_and_the_guide_claims_no_sink(
     assert "stand out at the start" not in GUIDE
 
 
-def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selectivity_says_so():
+def test_probes_degenerate_control_is_not_plotted_real_line_not_hidden_and_selectivity_says_why():
     from types import SimpleNamespace
 
-    from headscope.reports.plots_probes import figures
+    from headscope.reports.plots_probes import figures, plot_probe
 
     # a control learnt exactly (one word type): 1.0 at every layer, like the real labels; folds of 7, 6, 6
     df = pd.DataFrame([{"layer": layer, "fold": f, "task": task, "score": 1.0, "n_test": n}
@@ -1150,12 +1150,12 @@ def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selec
     fig = figures(result)["probes"]
     try:
         left, right = fig.axes[:2]
-        real, control = (next(c for c in left.containers if c.get_label() == task) for task in ("real", "control"))
-        r_line, c_line = real.lines[0], control.lines[0]
-        assert r_line.get_marker() != c_line.get_marker() and r_line.get_linestyle() != c_line.get_linestyle()
-        assert all(a != b for a, b in zip(r_line.get_xdata(), c_line.get_xdata()))  # offset: both visible
-        assert r_line.get_zorder() > c_line.get_zorder()
-        assert list(r_line.get_ydata()) == [1.0, 1.0, 1.0]
+        # #34 B3: the degenerate control (one label, 1.0 by construction) is not drawn as a result; the legend says so
+        assert [c.get_label() for c in left.containers] == ["real"]
+        assert "control: one label,\nnot plotted" in [t.get_text() for t in left.get_legend().get_texts()]
+        assert left.get_ylim() == pytest.approx((0.0, 1.03))  # accuracy on its whole range
+        real = left.containers[0]
+        assert list(real.lines[0].get_ydata()) == [1.0, 1.0, 1.0] and list(real.lines[0].get_xdata()) == [0, 1, 2]
         # 19 of 19 correct: the exact 95% interval's lower end, (0.025)^(1/19), drawn as the error bar
         low = min(seg[0][1] for seg in real.lines[2][0].get_segments())
         assert low == pytest.approx(0.025 ** (1 / 19), abs=1e-6)
@@ -1164,6 +1164,17 @@ def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selec
         assert "no capacity sweep" in fig._suptitle.get_text()
     finally:
         plt.close(fig)
+    # a control that is a result and equals the real labels: both drawn, apart, the real line on top
+    left = plot_probe(df, metric="accuracy", ax=plt.subplots()[1])
+    try:
+        real, control = (next(c for c in left.containers if c.get_label() == task) for task in ("real", "control"))
+        r_line, c_line = real.lines[0], control.lines[0]
+        assert r_line.get_marker() != c_line.get_marker() and r_line.get_linestyle() != c_line.get_linestyle()
+        assert all(a != b for a, b in zip(r_line.get_xdata(), c_line.get_xdata()))  # offset: both visible
+        assert r_line.get_zorder() > c_line.get_zorder()
+        assert "not plotted" not in " ".join(t.get_text() for t in left.get_legend().get_texts())
+    finally:
+        plt.close("all")
 
 
 def test_pruning_curve_legend_names_what_each_ordering_ranks_by():
