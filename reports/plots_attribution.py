@@ -31,21 +31,51 @@ HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
 
 
 def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "rollout"), ax=None):
-    """Box plot of per-example Kendall tau (`data`: the Result's df) for each (attention kind, method) pair."""
+    """Per-example Kendall tau (`data`: the Result's df) for each (attention kind, method) pair: box plots when
+    every group has at least FEW examples; with fewer (quartiles and "outliers" of 4 points mean nothing) the
+    points themselves, with their mean and its 95% t interval."""
     ax = axes(ax, (8, 4))
     df = data[data.attention.isin(attention)].dropna(subset=["tau"])
     words = {"saliency": "saliency", "grad_x_input": "gradient x input", "integrated_gradients": "integrated\ngradients",
              "leave_one_out": "leave-one-out"}
     df = df.assign(method=df["method"].map(lambda m: words.get(m, m)),
                    attention=df["attention"].map(lambda a: {"last_layer": "last layer", "rollout": "rollout"}.get(a, a)))
-    sns.boxplot(data=df, x="method", y="tau", hue="attention", ax=ax)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="attention")
+    sizes = df.groupby(["method", "attention"]).size()
+    if len(sizes) and sizes.min() >= FEW:
+        sns.boxplot(data=df, x="method", y="tau", hue="attention", ax=ax)
+        title = "attention"
+    else:
+        _points_with_means(df, ax)
+        title = f"attention (dots: examples;\ndiamond, bar: mean, 95% t CI;\nn = {sizes.min() if len(sizes) else 0}"
+        title += f"-{sizes.max()})" if len(sizes) and sizes.max() != sizes.min() else ")"
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title=title, title_fontsize="small")
     ax.axhline(0, color="grey", lw=0.8, ls="--")
     ax.set_ylim(-1.05, 1.05)
     ax.set_xlabel("method compared with attention")
     ax.set_ylabel("Kendall tau (per example)")
     ax.set_title("Agreement of attention with other attributions")
     return ax
+
+
+def _points_with_means(df: pd.DataFrame, ax) -> None:
+    """Each group's taus as points (spread a little in x, in a fixed pattern) and its mean with the 95% t interval
+    beside them; methods along x in order of appearance, attention kinds side by side in colours C0, C1, ..."""
+    methods, kinds = list(dict.fromkeys(df.method)), list(dict.fromkeys(df.attention))
+    width = 0.8 / max(1, len(kinds))
+    for i, kind in enumerate(kinds):
+        for j, method in enumerate(methods):
+            tau = df[(df.attention == kind) & (df.method == method)].tau.to_numpy(dtype=float)  # [examples]
+            if not tau.size:
+                continue
+            centre = j + (i - (len(kinds) - 1) / 2) * width
+            spread = np.linspace(-0.15, 0.15, tau.size) * width if tau.size > 1 else np.zeros(1)
+            ax.scatter(centre - 0.1 * width + spread, tau, s=18, color=f"C{i}", alpha=0.6, edgecolor="none",
+                       label=kind if j == 0 else None)
+            interval = t_interval(float(tau.mean()), float(tau.std(ddof=1)) if tau.size > 1 else None, tau.size)
+            err = None if interval is None else [[tau.mean() - interval[0]], [interval[1] - tau.mean()]]
+            ax.errorbar([centre + 0.3 * width], [tau.mean()], yerr=err, fmt="D", color=f"C{i}", ms=6, capsize=4,
+                        lw=1.5, mec="black", mew=0.6)
+    ax.set_xticks(range(len(methods)), methods)
 
 
 def plot_token_heatmap(data: pd.DataFrame, *, example: int | None = None, ax=None):
@@ -188,7 +218,9 @@ GUIDE = (  # how to read this section of the report
     "adversarial attention with a JSD near ln 2 (the maximum) that leaves the output unchanged."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement.",
+    "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement. "
+           "Box plots from 10 examples per box; with fewer, each example's tau as a dot and the mean (diamond) with its "
+           "95% t interval.",
     "token_heatmap": "One example: each method's share of importance per token (rows sum to 1 over the tokens "
                      "shown). The first token (BOS / [CLS]) and the last (the one that predicts, or [SEP]) are not "
                      "shown: the analysis leaves them out of every ranking, since the integrated-gradients baseline "

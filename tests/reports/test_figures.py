@@ -1341,3 +1341,42 @@ def test_every_heat_map_of_every_analysis_follows_the_colour_convention(figures)
                     elif not diverging:
                         assert vmin == 0.0 and (zero > 0.9).all(), where  # sequential from 0, white at 0
     assert seen >= 10
+
+
+def test_tau_with_few_examples_draws_the_points_with_their_mean_and_t_interval():
+    """#34 B4: box plots of 4 points per box mean nothing; under 10 examples per group the taus themselves are drawn,
+    with their mean and 95% t interval (scipy's), and from 10 examples the boxes come back."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import ErrorbarContainer
+    from scipy import stats
+
+    from headscope.reports.plots_attribution import plot_tau
+
+    taus = {("last_layer", "grad_x_input"): [0.3, -0.1, 0.1, -0.6], ("rollout", "grad_x_input"): [0.7, 0.3, 0.4, 0.2],
+            ("last_layer", "leave_one_out"): [0.5, 0.1, -0.2, 0.4], ("rollout", "leave_one_out"): [0.6, 0.4, 0.4, -0.2]}
+    df = pd.DataFrame([{"example": e, "attention": a, "method": m, "tau": t}
+                       for (a, m), values in taus.items() for e, t in enumerate(values)])
+    ax = plot_tau(df, ax=plt.subplots()[1])
+    try:
+        assert not ax.patches  # no boxes
+        dots = [c for c in ax.collections if isinstance(c, PathCollection)]
+        assert sorted(sorted(c.get_offsets()[:, 1].tolist()) for c in dots) == sorted(sorted(v) for v in taus.values())
+        means = {}
+        for bars in ax.containers:  # each group's errorbar: mean marker and the t interval's ends
+            y = float(bars.lines[0].get_ydata()[0])
+            segment = bars.lines[2][0].get_segments()[0]
+            means[round(y, 6)] = (segment[0][1], segment[1][1])
+        for values in taus.values():
+            ref = stats.ttest_1samp(values, 0).confidence_interval(0.95)
+            assert means[round(float(np.mean(values)), 6)] == pytest.approx((ref.low, ref.high))
+        legend = ax.get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == ["last layer", "rollout"]
+        assert "95% t CI" in legend.get_title().get_text() and "n = 4" in legend.get_title().get_text()
+    finally:
+        plt.close("all")
+    many = pd.concat([df.assign(example=df.example + 4 * k) for k in range(3)])  # 12 per group: boxes
+    ax = plot_tau(many, ax=plt.subplots()[1])
+    try:
+        assert ax.patches and not [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    finally:
+        plt.close("all")
