@@ -75,7 +75,7 @@ def _sample(model: Any, data: Any) -> tuple[str | None, int | None, dict[str, st
 def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str) -> dict[str, Any]:
     """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
     corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why), and
-    "rows": the user's file rows it ran on (0-based, as errors and task_examples.csv's "row" number them). data:
+    "rows": the user's data rows it ran on (0-based, as errors and task_examples.csv's "row" number them). data:
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
     summary decides the name and count where it records them (what it actually used)."""
