@@ -31,21 +31,51 @@ HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
 
 
 def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "rollout"), ax=None):
-    """Box plot of per-example Kendall tau (`data`: the Result's df) for each (attention kind, method) pair."""
+    """Per-example Kendall tau (`data`: the Result's df) for each (attention kind, method) pair: box plots when
+    every group has at least FEW examples; with fewer (quartiles and "outliers" of 4 points mean nothing) the
+    points themselves, with their mean and its 95% t interval."""
     ax = axes(ax, (8, 4))
     df = data[data.attention.isin(attention)].dropna(subset=["tau"])
     words = {"saliency": "saliency", "grad_x_input": "gradient x input", "integrated_gradients": "integrated\ngradients",
              "leave_one_out": "leave-one-out"}
     df = df.assign(method=df["method"].map(lambda m: words.get(m, m)),
                    attention=df["attention"].map(lambda a: {"last_layer": "last layer", "rollout": "rollout"}.get(a, a)))
-    sns.boxplot(data=df, x="method", y="tau", hue="attention", ax=ax)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="attention")
+    sizes = df.groupby(["method", "attention"]).size()
+    if len(sizes) and sizes.min() >= FEW:
+        sns.boxplot(data=df, x="method", y="tau", hue="attention", ax=ax)
+        title = "attention"
+    else:
+        _points_with_means(df, ax)
+        title = f"attention (dots: examples;\ndiamond, bar: mean, 95% t CI;\nn = {sizes.min() if len(sizes) else 0}"
+        title += f"-{sizes.max()})" if len(sizes) and sizes.max() != sizes.min() else ")"
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title=title, title_fontsize="small")
     ax.axhline(0, color="grey", lw=0.8, ls="--")
     ax.set_ylim(-1.05, 1.05)
     ax.set_xlabel("method compared with attention")
     ax.set_ylabel("Kendall tau (per example)")
     ax.set_title("Agreement of attention with other attributions")
     return ax
+
+
+def _points_with_means(df: pd.DataFrame, ax) -> None:
+    """Each group's taus as points (spread a little in x, in a fixed pattern) and its mean with the 95% t interval
+    beside them; methods along x in order of appearance, attention kinds side by side in colours C0, C1, ..."""
+    methods, kinds = list(dict.fromkeys(df.method)), list(dict.fromkeys(df.attention))
+    width = 0.8 / max(1, len(kinds))
+    for i, kind in enumerate(kinds):
+        for j, method in enumerate(methods):
+            tau = df[(df.attention == kind) & (df.method == method)].tau.to_numpy(dtype=float)  # [examples]
+            if not tau.size:
+                continue
+            centre = j + (i - (len(kinds) - 1) / 2) * width
+            spread = np.linspace(-0.15, 0.15, tau.size) * width if tau.size > 1 else np.zeros(1)
+            ax.scatter(centre - 0.1 * width + spread, tau, s=18, color=f"C{i}", alpha=0.6, edgecolor="none",
+                       label=kind if j == 0 else None)
+            interval = t_interval(float(tau.mean()), float(tau.std(ddof=1)) if tau.size > 1 else None, tau.size)
+            err = None if interval is None else [[tau.mean() - interval[0]], [interval[1] - tau.mean()]]
+            ax.errorbar([centre + 0.3 * width], [tau.mean()], yerr=err, fmt="D", color=f"C{i}", ms=6, capsize=4,
+                        lw=1.5, mec="black", mew=0.6)
+    ax.set_xticks(range(len(methods)), methods)
 
 
 def plot_token_heatmap(data: pd.DataFrame, *, example: int | None = None, ax=None):
@@ -188,7 +218,9 @@ GUIDE = (  # how to read this section of the report
     "adversarial attention with a JSD near ln 2 (the maximum) that leaves the output unchanged."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement.",
+    "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement. "
+           "Box plots from 10 examples per box; with fewer, each example's tau as a dot and the mean (diamond) with its "
+           "95% t interval.",
     "token_heatmap": "One example: each method's share of importance per token (rows sum to 1 over the tokens "
                      "shown). The first token (BOS / [CLS]) and the last (the one that predicts, or [SEP]) are not "
                      "shown: the analysis leaves them out of every ranking, since the integrated-gradients baseline "
@@ -227,8 +259,8 @@ def finding(s: Mapping[str, Any]) -> str:
                 f"{fewest})" if 0 < fewest < n else "")
         parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
                      + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
-        if max(abs(m) for m, _ in taus.values()) < 0.2:
-            said = _rollout_sentence(s, taus, rollout, n, keys)
+        if max(abs(m) for m, _ in taus.values()) < WEAK_TAU:
+            said = _rollout_sentence(s, taus, rollout, defined, keys)
             parts += [said] if said else []
     frac = _num(s.get("fraction_significant"))
     tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
@@ -329,26 +361,64 @@ def _measured_only(s: Mapping[str, Any], n: int) -> str:
     return said
 
 
-def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float], n: int,
-                      keys: tuple) -> str:
-    """What rollout adds where raw last-layer attention agrees weakly: "does better" only against a reference
-    where rollout's tau reaches 0.2 and exceeds raw attention's against that same reference (when both have
-    intervals, rollout's lower bound above raw's upper bound). Not called at chance (finding says what was measured)."""
+WEAK_TAU = 0.2  # |mean tau| under this: agreement is weak
+ALPHA = 0.05  # the family-wise level of the paired rollout-minus-raw tests (Holm over the references)
+
+
+def _paired_words(entry: Mapping[str, Any] | None) -> str:
+    """'+0.21, 95% CI [+0.05, +0.38], Holm-corrected p = 0.03' from a rollout_vs_raw entry ('' without its test)."""
+    if not isinstance(entry, Mapping):
+        return ""
+    mean, p, ci = _num(entry.get("mean")), _num(entry.get("p_holm")), entry.get("ci")
+    if mean is None or p is None or not isinstance(ci, Sequence) or len(ci) != 2 or None in map(_num, ci):
+        return ""
+    return f"{mean:+.2f}, 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}], Holm-corrected p = {p:.2g}"
+
+
+def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float],
+                      defined: Mapping[str, int], keys: tuple) -> str:
+    """What rollout adds where raw last-layer attention agrees weakly. "Does better" against a reference only
+    where the paired test of per-example tau differences (rollout minus raw, against that reference; the
+    summary's rollout_vs_raw) passes after Holm's correction over the references, with the difference and its
+    interval; "where the raw weights do not" only when that holds against every reference and every raw tau's
+    95% CI stays under 0.2. Summaries without the paired tests claim no comparison. Not called at chance."""
     spread = (f"tau from {min(rollout.values()):.2f} to {max(rollout.values()):.2f}" if len(rollout) > 1
               else f"tau {next(iter(rollout.values())):.2f}") if rollout else ""
     short = {name: key for key, name in keys}
-    better, not_better = [], []
-    for name, (raw, raw_sd) in taus.items():
+    paired = s.get("rollout_vs_raw") if isinstance(s.get("rollout_vs_raw"), Mapping) else {}
+    better, not_better, pairs = [], [], []
+    for name, (raw, _) in taus.items():
         roll = rollout.get(name)
         if roll is None:
             continue
-        ri, ai = t_interval(roll, _num(s.get(f"std_tau_rollout_{short[name]}")), n), t_interval(raw, raw_sd, n)
-        credible = roll > raw if ri is None or ai is None else ri[0] > ai[1]
-        (better if credible and roll >= 0.2 else not_better).append(f"{name} (tau {roll:.2f} against raw {raw:.2f})")
+        entry = paired.get(short[name])
+        said = _paired_words(entry)
+        if said:
+            pairs.append(int(_num(entry.get("n")) or 0))
+        passes = bool(said) and _num(entry.get("mean")) > 0 and _num(entry.get("p_holm")) < ALPHA
+        (better if passes else not_better).append(
+            f"{name} (tau {roll:.2f} against raw {raw:.2f}; " + (f"paired difference {said})" if said else "no paired test)"))
+    how = (f"paired per example, rollout minus raw tau over {min(pairs)}"
+           + (f"-{max(pairs)}" if max(pairs) != min(pairs) else "") + " examples, Holm-corrected over "
+           f"{len(pairs)} reference{'s' * (len(pairs) != 1)}") if pairs else ""
     if better:
-        return ("Raw last-layer attention agrees weakly; attention rollout does better against " + ", ".join(better)
-                + (f", but not against {', '.join(not_better)}." if not_better else
-                   ": attention flow through the layers tracks token importance where the last layer's raw weights "
-                   "do not."))
-    return ("Agreement is weak" + (f" for rollout too ({spread})" if rollout else "")
-            + ": attention weights are a poor stand-in for token importance here.")
+        raw_highs = []
+        for name, (raw, raw_sd) in taus.items():
+            interval = t_interval(raw, raw_sd, defined[name])
+            raw_highs.append(None if interval is None else min(1.0, interval[1]))
+        said = (f"Raw last-layer attention's mean taus are under {WEAK_TAU}; attention rollout does better ({how}) against "
+                + ", ".join(better))
+        if not_better:
+            return said + f", but not significantly against {', '.join(not_better)}."
+        if None not in raw_highs and max(raw_highs) < WEAK_TAU:
+            return (said + ": attention flow through the layers tracks token importance where the last layer's raw "
+                    f"weights do not (raw tau's 95% CIs stay under {WEAK_TAU}).")
+        top = [h for h in raw_highs if h is not None]
+        return (said + (f". Raw tau's 95% CIs reach up to {max(top):.2f}" if top else ". Raw tau has no interval")
+                + ", so these examples do not show that the last layer's raw weights fail to track token importance.")
+    words = ("Attention rollout is not shown to do better than raw last-layer attention"
+             + (f" ({how})" if how else "") + ": " + ", ".join(not_better) + ".") if not_better else ""
+    if rollout and max(rollout.values()) >= WEAK_TAU:
+        return words
+    return (words + " " if words else "") + ("Agreement is weak" + (f" for rollout too ({spread})" if rollout else "")
+                                             + ": attention weights are a poor stand-in for token importance here.")

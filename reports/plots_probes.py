@@ -20,28 +20,35 @@ from headscope.reports.findings import _num
 from headscope.reports.plots import axes, label
 
 
-def plot_probe(data: pd.DataFrame, *, metric: str = "accuracy", chance: float | None = None, ax=None):
+def plot_probe(data: pd.DataFrame, *, metric: str = "accuracy", chance: float | None = None,
+               control_degenerate: str | None = None, ax=None):
     """Probe score per layer (`data`: the Result's df) on the real labels and the control task, the
     quantity the finding states (analyses/probes/scores.py: pooled out-of-fold accuracy with its exact
     95% interval, or mean R^2 over folds with its t interval), with the majority-class rate as `chance`
     when given. The two lines differ in marker and line style and sit a little apart in x, so equal
-    scores (a control learnt exactly) never hide the real line."""
+    scores (a control learnt exactly) never hide the real line. A degenerate control (`control_degenerate`,
+    the summary's reason: one label, so any probe scores 1) is not a result and is not drawn; the legend
+    says so. Accuracy is drawn on its whole range, 0 to 1."""
     from headscope.analyses.probes.scores import layer_scores
 
     ax = axes(ax, (5, 4))
     table = layer_scores(data, classify=metric == "accuracy")
     styles = {"real": dict(marker="o", ls="-", color="tab:blue", zorder=3, offset=-0.06),
               "control": dict(marker="s", ls="--", color="tab:orange", zorder=2, offset=0.06, mfc="none")}
-    for task in ("real", "control"):
+    for task in ("real",) if control_degenerate else ("real", "control"):
         g = table[table.task == task].sort_values("layer")
         if g.empty:
             continue
         style = dict(styles[task])
-        x = g.layer.to_numpy(dtype=float) + style.pop("offset")
+        x = g.layer.to_numpy(dtype=float) + style.pop("offset") * (not control_degenerate)  # apart only when both drawn
         err = [g.score - g.ci_low, g.ci_high - g.score]
         ax.errorbar(x, g.score, yerr=err, capsize=3, lw=1.5, label=task, **style)
     if chance is not None:
         ax.axhline(chance, color="grey", ls=":", lw=1, label="majority class")
+    if control_degenerate:  # a legend entry without a mark: the control's absence, in words
+        ax.plot([], [], ls="none", label="control: one label,\nnot plotted")
+    if metric == "accuracy":
+        ax.set_ylim(0, 1.03)  # the whole range (a little room for points at 1)
     ax.legend(fontsize="small", title="labels", loc="upper left", bbox_to_anchor=(1.01, 1))  # off the data
     ax.set(ylabel=f"{metric.replace('_', ' ')} (95% CI)", xlabel="layer", title="Linear probe vs control task")
     ax.set_xticks(sorted(data.layer.unique()))
@@ -68,7 +75,8 @@ def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a probes Result: one figure, score and selectivity side by side."""
     s = result.summary
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    plot_probe(result.df, metric=s.get("metric", "score"), chance=s.get("majority_baseline"), ax=ax1)
+    plot_probe(result.df, metric=s.get("metric", "score"), chance=s.get("majority_baseline"),
+               control_degenerate=s.get("control_degenerate"), ax=ax1)
     plot_selectivity(result.tables["per_layer"], ax=ax2, why=s.get("control_degenerate"))
     strength = ""
     if s.get("capacity_skipped"):
@@ -90,7 +98,8 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "probes": "Left: probe score per layer on the real labels (circles, solid) and the control task (squares, dashed), "
               "the quantity the finding states: out-of-fold accuracy pooled over the examples with its exact 95% CI "
-              "(regression: mean R^2 over folds with its t interval); dotted: the majority class. Right: selectivity = "
+              "(regression: mean R^2 over folds with its t interval), accuracy on its whole 0-1 range; a control task "
+              "with one label (degenerate: any probe scores 1) is not plotted; dotted: the majority class. Right: selectivity = "
               "real minus control, or why it is not measurable. With the capacity sweep each layer shows its most "
               "selective regularisation strength; when selectivity is not measurable there is no sweep (default strength).",
 }

@@ -75,7 +75,7 @@ def _sample(model: Any, data: Any) -> tuple[str | None, int | None, dict[str, st
 def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str) -> dict[str, Any]:
     """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
     corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why), and
-    "rows": the user's file rows it ran on (0-based, as errors and task_examples.csv's "row" number them). data:
+    "rows": the user's data rows it ran on (0-based, as errors and task_examples.csv's "row" number them). data:
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
     summary decides the name and count where it records them (what it actually used)."""
@@ -140,12 +140,13 @@ def _changed_text(changed: Mapping[str, Any]) -> str:
 
 
 def _pairs_text(record: Mapping[str, Any]) -> str:
-    """' (2 left out of the clean-corrupted pairs: file rows 3, 7, whose corrupted prompt has another token length)'."""
+    """' (2 left out of the clean-corrupted pairs: data rows 3, 7, whose corrupted prompt has another token length)'
+    (numbered as _rows_text's)."""
     left = record.get("pairs_left_out")
     if not isinstance(left, int) or left <= 0:
         return ""
     rows = record.get("pairs_left_out_rows")
-    where = f": file rows {', '.join(map(str, rows))}" if isinstance(rows, list) and rows else ""
+    where = f": data rows {', '.join(map(str, rows))}" if isinstance(rows, list) and rows else ""
     return (f" ({left} left out of the clean-corrupted pairs{where}, whose corrupted prompt has another token "
             "length)")
 
@@ -161,12 +162,17 @@ def _ranges(rows: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
+ROWS_NOTE = "0-based, header not counted"  # how the section lines number the user's rows, as the errors do
+
+
 def _rows_text(record: Mapping[str, Any]) -> str:
-    """' (file rows 0-7, 12)': which rows of the user's data the analysis ran on (task.json "rows")."""
+    """' (data rows 0-7, 12; 0-based, header not counted)': which rows of the user's data the analysis ran on
+    (task.json "rows"), numbered as the task-file errors' "row N" and task_examples.csv's "row" number them: row 0
+    is the first example (the first row under a CSV header, the first JSON line with a record)."""
     rows = record.get("rows")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, int) for r in rows):
         return ""
-    return f" (file rows {_ranges(rows)})"
+    return f" (data rows {_ranges(rows)}; {ROWS_NOTE})"
 
 
 def provenance_lines(record: Mapping[str, Any]) -> list[str]:

@@ -6,7 +6,9 @@ agrees significantly when p < alpha. `kendall_matrix` computes tau-b (ties handl
 vector pairs at once from pairwise sign matrices, with the p-value of the normal approximation
 with tie correction (scipy.stats.kendalltau's method="asymptotic"); calling scipy once per pair
 costs about 4 ms, and an example has hundreds of pairs (every head against every method).
-Summaries give the mean and standard deviation of tau and the fraction significant per group.
+Summaries give the mean and standard deviation of tau and the fraction significant per group;
+`paired_differences` compares two attention kinds (rollout against the last layer) on the same examples
+against each reference method: the paired t test of per-example tau differences, Holm-corrected.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 from scipy.special import ndtr
 
 AttentionKey = tuple  # (attention kind, layer or None, head or None)
@@ -101,3 +104,43 @@ def summarise(df: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
         mean_tau=("tau", "mean"), std_tau=("tau", "std"), frac_significant=("significant", "mean"), n=("tau", "size")
     )
     return out.reset_index()
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error over the tests given), in the input order."""
+    p = np.asarray(p_values, dtype=np.float64)
+    order = np.argsort(p)
+    adjusted = np.empty_like(p)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def paired_differences(df: pd.DataFrame, methods: Sequence[str], *, a: str = "rollout", b: str = "last_layer",
+                       level: float = 0.95) -> dict[str, dict]:
+    """Per reference method: the per-example difference tau(a) - tau(b) against that method (examples where
+    both taus are defined), its mean, sd, n, Student-t interval and two-sided paired t p-value, and the p-value
+    Holm-corrected over the methods tested (those with n >= 2 and a non-zero sd). `df`: the tau rows
+    (example, attention, method, tau). {method: {"mean", "sd", "n", "ci", "p", "p_holm"}}; a method with fewer
+    than 2 pairs gets mean and n only."""
+    out: dict[str, dict] = {}
+    for method in methods:
+        sel = df[(df.method == method) & df.attention.isin([a, b])]
+        wide = sel.pivot_table(index="example", columns="attention", values="tau").dropna()
+        if a not in wide or b not in wide or wide.empty:
+            continue
+        diff = (wide[a] - wide[b]).to_numpy(dtype=np.float64)  # [n examples]
+        n = len(diff)
+        entry: dict = {"mean": float(diff.mean()), "n": n}
+        sd = float(diff.std(ddof=1)) if n > 1 else float("nan")
+        if n > 1 and sd > 0:
+            half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / np.sqrt(n)
+            t = entry["mean"] / (sd / np.sqrt(n))
+            entry.update(sd=sd, ci=[entry["mean"] - half, entry["mean"] + half], p=float(2 * stats.t.sf(abs(t), n - 1)))
+        out[method] = entry
+    tested = [m for m in out if "p" in out[m]]
+    for method, adjusted in zip(tested, holm([out[m]["p"] for m in tested])):
+        out[method]["p_holm"] = adjusted
+    return out

@@ -25,7 +25,9 @@ ranks the tokens between the first and the last (normalised, non-negative); the 
 holds every token's raw gradient scores (integrated gradients signed), what `hs.show_tokens` draws.
 
 Summary keys (attention = the last layer's head mean): mean_tau_attention_{gradient, saliency,
-loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_*; fraction_significant (over
+loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_* and std_tau_rollout_*; rollout_vs_raw
+({gradient, loo, ig}: the per-example paired difference tau(rollout) - tau(last layer) against that reference:
+mean, sd, n, ci (95% t), p (paired t) and p_holm, Holm-corrected over the three); fraction_significant (over
 all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
 median_permutation_tvd (median over examples of the median output change over permutations);
 saturated (decoders: the share of examples whose clean top token has p >= 0.99, the median 1 - p and the
@@ -52,7 +54,7 @@ from tqdm.auto import tqdm
 
 from headscope.analyses.attribution import methods as am
 from headscope.analyses.attribution.adversarial import LN2, adversarial_attention
-from headscope.analyses.attribution.agreement import method_pair_rows, summarise, tau_rows
+from headscope.analyses.attribution.agreement import method_pair_rows, paired_differences, summarise, tau_rows
 from headscope.analyses.attribution.permutation import permute_attention, saturation
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
@@ -65,6 +67,8 @@ from headscope.execution import batching, distributed
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 SUMMARY_NAMES = {"grad_x_input": "gradient", "saliency": "saliency", "leave_one_out": "loo", "integrated_gradients": "ig"}
+# the references the finding compares rollout with raw attention against (Holm corrects over these three)
+ROLLOUT_REFERENCES = ("grad_x_input", "leave_one_out", "integrated_gradients")
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -450,9 +454,13 @@ def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfi
             if (att, method) in summ.index:
                 row = summ.loc[(att, method)]
                 out[f"mean_tau_{prefix}_{short}"] = _num(row.mean_tau)
+                out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
                 if prefix == "attention":
-                    out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
                     out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
+    # rollout against raw last-layer attention, paired per example, Holm over the references the finding names
+    paired = paired_differences(df, ROLLOUT_REFERENCES)
+    out["rollout_vs_raw"] = {SUMMARY_NAMES[m]: {k: v if k in ("n", "ci") else _num(v) for k, v in e.items()}
+                             for m, e in paired.items()}
     last = df[(df.attention == "last_layer")].dropna(subset=["tau"])
     for method, short in SUMMARY_NAMES.items():  # examples with a defined tau (a prompt too short to rank gives NaN)
         if (("last_layer", method)) in summ.index:

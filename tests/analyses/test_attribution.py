@@ -11,13 +11,15 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from scipy import stats
 from scipy.stats import kendalltau
 
 import headscope as hs
 from headscope.analyses.attribution import methods as am
-from headscope.analyses.attribution.agreement import kendall_matrix
+from headscope.analyses.attribution.agreement import kendall_matrix, paired_differences
 from headscope.analyses.attribution.analysis import AttributionConfig, attribution, run
 from headscope.analyses.attribution.permutation import permutation_test, permutations, permute_attention, saturation
 from headscope.analyses.core.tasks import Task, sentence_task
@@ -346,6 +348,32 @@ def test_kendall_matrix_matches_scipy():
     assert np.isnan(tau).all() and np.isnan(p).all()
 
 
+def test_paired_rollout_differences_match_scipy_ttest_rel():
+    # hand-built per-example taus: rollout and last-layer attention against three references; one undefined tau
+    raw = {"grad_x_input": [0.1, 0.0, 0.2, -0.1, 0.1, 0.0], "leave_one_out": [0.2, 0.1, 0.0, 0.3, -0.2, 0.1],
+           "integrated_gradients": [0.0, 0.1, np.nan, 0.0, 0.2, -0.1]}
+    roll = {"grad_x_input": [0.4, 0.3, 0.3, 0.2, 0.5, 0.1], "leave_one_out": [0.1, 0.3, 0.2, 0.2, 0.1, 0.4],
+            "integrated_gradients": [0.5, 0.6, 0.7, 0.3, 0.4, 0.6]}
+    rows = [{"example": e, "attention": att, "method": m, "tau": taus[m][e]}
+            for att, taus in (("last_layer", raw), ("rollout", roll)) for m in raw for e in range(6)]
+    out = paired_differences(pd.DataFrame(rows), list(raw))
+    p = {}
+    for m in raw:
+        a, b = np.array(roll[m]), np.array(raw[m])
+        keep = ~np.isnan(b)  # the example without a raw tau drops out of the pair
+        ref = stats.ttest_rel(a[keep], b[keep])
+        ci = ref.confidence_interval(0.95)
+        assert out[m]["n"] == keep.sum() and out[m]["mean"] == pytest.approx((a - b)[keep].mean())
+        assert out[m]["p"] == pytest.approx(ref.pvalue) and out[m]["ci"] == pytest.approx([ci.low, ci.high])
+        p[m] = ref.pvalue
+    # Holm by hand: the sorted p-values times 3, 2, 1, made non-decreasing, capped at 1
+    order = sorted(p, key=p.get)
+    held = np.minimum(1, np.maximum.accumulate([p[m] * (3 - i) for i, m in enumerate(order)]))
+    for m, value in zip(order, held):
+        assert out[m]["p_holm"] == pytest.approx(value)
+    assert out["integrated_gradients"]["n"] == 5 and out["grad_x_input"]["p_holm"] < 0.05
+
+
 def test_result_tables_and_summary(tiny_models):
     model = tiny_models["llama"]
     res = attribution(model, random_task(4, 12), progress=False, n_steps=8, n_permutations=10)
@@ -360,6 +388,12 @@ def test_result_tables_and_summary(tiny_models):
     assert res.summary["mean_tau_attention_gradient"] == pytest.approx(sel.tau.mean())
     for key in ("mean_tau_attention_loo", "mean_tau_attention_ig", "fraction_significant", "median_permutation_tvd"):
         assert key in res.summary
+    # rollout minus raw, paired per example against the same reference
+    roll = res.df[(res.df.attention == "rollout") & (res.df.method == "grad_x_input")].set_index("example").tau
+    diff = (roll - sel.set_index("example").tau).dropna()
+    paired = res.summary["rollout_vs_raw"]["gradient"]
+    assert paired["n"] == len(diff) and paired["mean"] == pytest.approx(diff.mean())
+    assert set(res.summary["rollout_vs_raw"]) <= {"gradient", "loo", "ig"}
     json.dumps(res.summary)
     assert model.n_active_hooks() == 0
     assert not model.bridge.hook_dict["hook_embed"]._forward_hooks  # Captum's hooks are gone too

@@ -1134,10 +1134,10 @@ def test_kv_norms_mute_positions_few_prompts_reach_and_the_guide_claims_no_sink(
     assert "stand out at the start" not in GUIDE
 
 
-def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selectivity_says_so():
+def test_probes_degenerate_control_is_not_plotted_real_line_not_hidden_and_selectivity_says_why():
     from types import SimpleNamespace
 
-    from headscope.reports.plots_probes import figures
+    from headscope.reports.plots_probes import figures, plot_probe
 
     # a control learnt exactly (one word type): 1.0 at every layer, like the real labels; folds of 7, 6, 6
     df = pd.DataFrame([{"layer": layer, "fold": f, "task": task, "score": 1.0, "n_test": n}
@@ -1150,12 +1150,12 @@ def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selec
     fig = figures(result)["probes"]
     try:
         left, right = fig.axes[:2]
-        real, control = (next(c for c in left.containers if c.get_label() == task) for task in ("real", "control"))
-        r_line, c_line = real.lines[0], control.lines[0]
-        assert r_line.get_marker() != c_line.get_marker() and r_line.get_linestyle() != c_line.get_linestyle()
-        assert all(a != b for a, b in zip(r_line.get_xdata(), c_line.get_xdata()))  # offset: both visible
-        assert r_line.get_zorder() > c_line.get_zorder()
-        assert list(r_line.get_ydata()) == [1.0, 1.0, 1.0]
+        # #34 B3: the degenerate control (one label, 1.0 by construction) is not drawn as a result; the legend says so
+        assert [c.get_label() for c in left.containers] == ["real"]
+        assert "control: one label,\nnot plotted" in [t.get_text() for t in left.get_legend().get_texts()]
+        assert left.get_ylim() == pytest.approx((0.0, 1.03))  # accuracy on its whole range
+        real = left.containers[0]
+        assert list(real.lines[0].get_ydata()) == [1.0, 1.0, 1.0] and list(real.lines[0].get_xdata()) == [0, 1, 2]
         # 19 of 19 correct: the exact 95% interval's lower end, (0.025)^(1/19), drawn as the error bar
         low = min(seg[0][1] for seg in real.lines[2][0].get_segments())
         assert low == pytest.approx(0.025 ** (1 / 19), abs=1e-6)
@@ -1164,6 +1164,17 @@ def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selec
         assert "no capacity sweep" in fig._suptitle.get_text()
     finally:
         plt.close(fig)
+    # a control that is a result and equals the real labels: both drawn, apart, the real line on top
+    left = plot_probe(df, metric="accuracy", ax=plt.subplots()[1])
+    try:
+        real, control = (next(c for c in left.containers if c.get_label() == task) for task in ("real", "control"))
+        r_line, c_line = real.lines[0], control.lines[0]
+        assert r_line.get_marker() != c_line.get_marker() and r_line.get_linestyle() != c_line.get_linestyle()
+        assert all(a != b for a, b in zip(r_line.get_xdata(), c_line.get_xdata()))  # offset: both visible
+        assert r_line.get_zorder() > c_line.get_zorder()
+        assert "not plotted" not in " ".join(t.get_text() for t in left.get_legend().get_texts())
+    finally:
+        plt.close("all")
 
 
 def test_pruning_curve_legend_names_what_each_ordering_ranks_by():
@@ -1330,3 +1341,42 @@ def test_every_heat_map_of_every_analysis_follows_the_colour_convention(figures)
                     elif not diverging:
                         assert vmin == 0.0 and (zero > 0.9).all(), where  # sequential from 0, white at 0
     assert seen >= 10
+
+
+def test_tau_with_few_examples_draws_the_points_with_their_mean_and_t_interval():
+    """#34 B4: box plots of 4 points per box mean nothing; under 10 examples per group the taus themselves are drawn,
+    with their mean and 95% t interval (scipy's), and from 10 examples the boxes come back."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import ErrorbarContainer
+    from scipy import stats
+
+    from headscope.reports.plots_attribution import plot_tau
+
+    taus = {("last_layer", "grad_x_input"): [0.3, -0.1, 0.1, -0.6], ("rollout", "grad_x_input"): [0.7, 0.3, 0.4, 0.2],
+            ("last_layer", "leave_one_out"): [0.5, 0.1, -0.2, 0.4], ("rollout", "leave_one_out"): [0.6, 0.4, 0.4, -0.2]}
+    df = pd.DataFrame([{"example": e, "attention": a, "method": m, "tau": t}
+                       for (a, m), values in taus.items() for e, t in enumerate(values)])
+    ax = plot_tau(df, ax=plt.subplots()[1])
+    try:
+        assert not ax.patches  # no boxes
+        dots = [c for c in ax.collections if isinstance(c, PathCollection)]
+        assert sorted(sorted(c.get_offsets()[:, 1].tolist()) for c in dots) == sorted(sorted(v) for v in taus.values())
+        means = {}
+        for bars in ax.containers:  # each group's errorbar: mean marker and the t interval's ends
+            y = float(bars.lines[0].get_ydata()[0])
+            segment = bars.lines[2][0].get_segments()[0]
+            means[round(y, 6)] = (segment[0][1], segment[1][1])
+        for values in taus.values():
+            ref = stats.ttest_1samp(values, 0).confidence_interval(0.95)
+            assert means[round(float(np.mean(values)), 6)] == pytest.approx((ref.low, ref.high))
+        legend = ax.get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == ["last layer", "rollout"]
+        assert "95% t CI" in legend.get_title().get_text() and "n = 4" in legend.get_title().get_text()
+    finally:
+        plt.close("all")
+    many = pd.concat([df.assign(example=df.example + 4 * k) for k in range(3)])  # 12 per group: boxes
+    ax = plot_tau(many, ax=plt.subplots()[1])
+    try:
+        assert ax.patches and not [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    finally:
+        plt.close("all")

@@ -1,7 +1,9 @@
 """Findings in words: each headline states its summary's numbers, and says so when a result is uninformative."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from headscope.reports.findings import CAPTIONS, caption, finding
 
@@ -192,14 +194,55 @@ def test_attribution_names_rollout_when_raw_attention_disagrees_and_sizes_its_si
     assert "gradient x input at mean Kendall tau 0.05, 95% CI [-0.11, 0.21]" in text
     assert "leave-one-out at mean Kendall tau 0.78, 95% CI [0.55, 1.00]" in finding(  # 1.01 clipped to tau's range
         "attribution", {**s, "mean_tau_attention_loo": 0.78, "std_tau_attention_loo": 0.1445})
-    assert ("attention rollout does better against gradient x input (tau 0.37 against raw 0.05), leave-one-out "
-            "(tau 0.52 against raw -0.02): attention flow") in text and "poor stand-in" not in text
+    # no paired per-example test in the summary: rollout's higher means are not called better
+    assert "does better" not in text and "not shown to do better" in text and "no paired test" in text
     # Wilson interval of 8 / 16: 0.5 -+ 0.220
     assert "8 of 16 per-example taus (50%) are significant at p < 0.05, uncorrected (Wilson 95% CI 28%-72%" in text
     assert "4 examples are too few" in text
     weak = {**s, "mean_tau_rollout_gradient": 0.1, "mean_tau_rollout_loo": 0.05}
     assert ("weak for rollout too (tau from 0.05 to 0.10): attention weights are a poor stand-in"
             in finding("attribution", weak))
+
+
+def test_rollout_does_better_only_where_the_holm_corrected_paired_test_passes():
+    # hand-built per-example taus (12 examples) against gradient x input and leave-one-out
+    raw = {"gradient": np.array([0.1, 0.0, 0.05, -0.1, 0.1, 0.0, 0.05, 0.1, -0.05, 0.0, 0.1, 0.05]),
+           "loo": np.array([0.1, -0.1, 0.0, 0.05, 0.0, 0.1, -0.05, 0.0, 0.05, 0.1, 0.0, -0.1])}
+    roll = {"gradient": raw["gradient"] + np.array([0.3, 0.2, 0.4, 0.25, 0.35, 0.2, 0.3, 0.15, 0.4, 0.3, 0.25, 0.2]),
+            "loo": raw["loo"] + np.array([0.4, -0.3, 0.2, 0.5, -0.2, 0.3, 0.1, -0.1, 0.4, 0.0, 0.3, -0.2])}
+    s = {"n_examples": 12, "rollout_vs_raw": {}}
+    tests = {}
+    for key in raw:
+        s[f"mean_tau_attention_{key}"], s[f"std_tau_attention_{key}"] = raw[key].mean(), raw[key].std(ddof=1)
+        s[f"mean_tau_rollout_{key}"] = roll[key].mean()
+        ref = stats.ttest_rel(roll[key], raw[key])
+        ci = ref.confidence_interval(0.95)
+        tests[key] = (ref.pvalue, (roll[key] - raw[key]).mean(), ci)
+    lo_p, hi_p = sorted(p for p, _, _ in tests.values())  # Holm over the two references
+    for key, (p, mean, ci) in tests.items():
+        s["rollout_vs_raw"][key] = {"mean": mean, "n": 12, "ci": [ci.low, ci.high], "p": p,
+                                    "p_holm": min(1, 2 * p) if p == lo_p else max(min(1, 2 * lo_p), hi_p)}
+    g, lo = tests["gradient"], tests["loo"]
+    assert g[0] < 0.01 and lo[0] > 0.05  # gradient x input clearly better, leave-one-out not
+    text = finding("attribution", s)
+    assert (f"attention rollout does better (paired per example, rollout minus raw tau over 12 examples, Holm-corrected "
+            f"over 2 references) against gradient x input (tau {roll['gradient'].mean():.2f} against raw "
+            f"{raw['gradient'].mean():.2f}; paired difference {g[1]:+.2f}, 95% CI [{g[2].low:+.2f}, {g[2].high:+.2f}], "
+            f"Holm-corrected p = {s['rollout_vs_raw']['gradient']['p_holm']:.2g}), but not significantly against "
+            f"leave-one-out") in text
+    assert "tracks token importance" not in text
+    # both pass and raw's intervals stay under 0.2: "where the raw weights do not" may be said
+    both = {**s, "rollout_vs_raw": {**s["rollout_vs_raw"], "loo": {**s["rollout_vs_raw"]["loo"], "p_holm": 0.01}}}
+    assert "where the last layer's raw weights do not (raw tau's 95% CIs stay under 0.2)" in finding("attribution", both)
+    # raw's interval reaching 0.35 (sd 0.4 over 12: 0.1 + 2.201 x 0.4 / sqrt 12 = 0.35): no "do not"
+    wide = {**both, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.4}
+    text = finding("attribution", wide)
+    assert "does better" in text and "raw weights do not" not in text
+    assert ("Raw tau's 95% CIs reach up to 0.35, so these examples do not show that the last layer's raw weights fail "
+            "to track token importance.") in text
+    # the paired difference's sign decides too: a significant drop is not "better"
+    worse = {**s, "rollout_vs_raw": {k: {**v, "mean": -abs(v["mean"])} for k, v in s["rollout_vs_raw"].items()}}
+    assert "does better" not in finding("attribution", worse)
 
 
 def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_state():
@@ -361,7 +404,7 @@ def test_patching_over_a_gap_within_noise_ranks_no_site():
     assert "8.10 of the clean-corrupted gap" in finding("patching", s)  # 1.62 / 0.2
 
 
-def test_rollout_does_better_only_where_its_tau_beats_raw_attention_and_never_at_chance():
+def test_rollout_is_never_called_better_without_a_paired_test_nor_at_chance():
     # the review's at-chance run: rollout 0.06 against integrated gradients is worse than raw attention's 0.17
     s = {"n_examples": 4, "mean_tau_attention_gradient": 0.157, "std_tau_attention_gradient": 0.112,
          "mean_tau_attention_loo": -0.091, "std_tau_attention_loo": 0.135, "mean_tau_attention_ig": 0.168,
@@ -370,15 +413,11 @@ def test_rollout_does_better_only_where_its_tau_beats_raw_attention_and_never_at
     text = finding("attribution", {**s, "chance": AT_CHANCE})  # at chance: what was measured, no tau at all
     assert "Measured over 4 examples: Kendall tau between attention and gradient x input" in text
     assert "does better" not in text and "tracks token importance" not in text and "0.25" not in text
-    # above chance: better against gradient x input only (0.2452 > 0.157, >= 0.2), not against the other two
+    # above chance without paired tests: rollout's higher mean against gradient x input is not called better
     text = finding("attribution", s)
-    assert ("attention rollout does better against gradient x input (tau 0.25 against raw 0.16), but not against "
-            "leave-one-out (tau -0.14 against raw -0.09), integrated gradients (tau 0.06 against raw 0.17).") in text
-    assert "tracks token importance" not in text
-    # with rollout's own interval: t(0.975, 3) = 3.182; rollout 0.2452 -+ 3.182 x 0.2 / 2 reaches down to -0.07,
-    # under raw's upper bound 0.157 + 3.182 x 0.112 / 2 = 0.33: not credibly better
-    text = finding("attribution", {**s, "std_tau_rollout_gradient": 0.2})
-    assert "does better" not in text and "weak for rollout too (tau from -0.14 to 0.25)" in text
+    assert "does better" not in text and "tracks token importance" not in text
+    assert ("Attention rollout is not shown to do better than raw last-layer attention: gradient x input (tau 0.25 "
+            "against raw 0.16; no paired test)") in text
 
 
 def test_circuits_below_chance_says_below_chance_in_its_refusal():

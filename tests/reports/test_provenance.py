@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 import headscope as hs
 from headscope.reports import report as report_mod
@@ -34,7 +35,8 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert record["sample"]["prompt"] == PROMPT and record["sample"]["answer"] == " the"  # as written: no BOS in front
     html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
     kv = html[html.index('<h2 id="kv">'):html.index("id='provenance'")]  # sections in the registry's order
-    assert "task: mine, from your task (mine.jsonl)<br>examples: 6 (file rows 0-5); the budget changed no setting<br>" in kv
+    assert ("task: mine, from your task (mine.jsonl)<br>examples: 6 (data rows 0-5; 0-based, header not counted); the "
+            "budget changed no setting<br>") in kv
     assert "w1 &lt;script&gt;alert(1)&lt;/script&gt; w2&#x27; -&gt; &#x27; the&#x27;" in kv
     patching = html[html.index('<h2 id="patching">'):html.index('<h2 id="kv">')]
     # patching's summary names its own task and count; the source says why the user's file was not used
@@ -43,19 +45,19 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert "corrupted: " in patching  # its default task has corrupted prompts: the sample shows one
     assert "<script>alert" not in html and "alert(1)</script>" not in html and "<script>" not in md
     assert "- task: mine, from your task \\(mine.jsonl\\)" in md
-    assert "- examples: 6 \\(file rows 0-5\\); the budget changed no setting" in md
+    assert "- examples: 6 \\(data rows 0-5; 0-based, header not counted\\); the budget changed no setting" in md
     assert "w1 &lt;script&gt;alert\\(1\\)&lt;/script&gt; w2" in md
 
 
 def test_pairs_left_out_are_named_with_their_file_rows_in_the_section_line():
     """The reviewer's case: patching ran on 6 of 8 rows without saying why; the line names the 2 pairs left out
-    by the file rows the CLI warning names, and says nothing when no pair was left out."""
+    by the data rows the CLI warning names, and says nothing when no pair was left out."""
     from headscope.reports.provenance import provenance_lines
 
     record = {"task": "colours.csv", "source": "your task file", "n_examples": 6, "sample": {},
               "pairs_left_out": 2, "pairs_left_out_rows": [3, 7]}
     assert provenance_lines(record)[1].startswith(
-        "examples: 6 (2 left out of the clean-corrupted pairs: file rows 3, 7, whose corrupted prompt has another "
+        "examples: 6 (2 left out of the clean-corrupted pairs: data rows 3, 7, whose corrupted prompt has another "
         "token length); ")
     assert provenance_lines({**record, "pairs_left_out": 0})[1].startswith("examples: 6; ")
 
@@ -70,3 +72,17 @@ def test_the_sample_prompt_is_the_users_text_without_the_bos_the_task_put_in_fro
     assert int(task.example(0).tokens[0, 0]) == model.tokenizer.bos_token_id  # the task did put one there
     assert _sample_of_task(model.tokenizer, task)["prompt"] == model.tokenizer.decode(
         model.tokenizer("the cat sat on", add_special_tokens=False)["input_ids"])
+
+
+def test_section_rows_are_numbered_as_the_task_file_errors_number_them(tiny_models, tmp_path):
+    """A section line's "data rows" count from 0 at the first row under the header, as the errors' "row N" do:
+    file line 4 of a CSV (line 1 is the header) is data row 2 in both."""
+    from headscope.errors import TaskFileError
+    from headscope.reports.provenance import provenance_lines
+
+    path = tmp_path / "t.csv"
+    path.write_text("prompt,answer\nw1 w2,w3\nw2 w3,w4\nw3 w4,w5,extra\nw4 w5,w6\n")
+    with pytest.raises(TaskFileError, match=r"t\.csv', line 4, row 2: 3 cells but the header has 2 columns"):
+        hs.load_task(tiny_models["llama"], str(path))
+    line = provenance_lines({"task": "t", "source": "your task (t.csv)", "n_examples": 1, "rows": [2]})[1]
+    assert line.startswith("examples: 1 (data rows 2; 0-based, header not counted); ")
