@@ -317,14 +317,16 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both in normalised "
                             "logit difference; the dashed line is y = x and each site type's least-squares slope, with "
-                            "its 95% interval over the cells, is in the legend (slope 0.5 = a 2x underestimate).",
+                            "its 95% interval over the cells, is in the legend (slope 0.5 = a 2x underestimate); a site "
+                            "type whose exact effects are mostly zero gets no interval there, as in the finding.",
     "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers, layer x "
                      "head; red positive, blue negative, centred on 0.",
 }
 PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <site>.'
     "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
               "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
-              "own maximum is much smaller prints it in its title). ",
+              "own maximum is much smaller prints it in its title). Positions count from the end; a column that only the "
+              "longer prompts reach is pale and its tick gives its n. ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
                        "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
                        "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",

@@ -19,13 +19,19 @@ Result (name "patching"): df has one row per cell: site_type, layer, head, pos (
 position_from_end (-1: the last token; the same place in every left-padded prompt), token ("i: tok"
 when every prompt where pos is real has that token there, else ""), value (the metric after the
 patch), effect (value minus base), base (the unpatched run over the same rows), n_rows (the rows
-where pos is a real token: every row without padding) and with attribution=True the
-attribution-patching estimate `attribution`. Where n_rows is below n_examples, value and base are
+where pos is a real token: every row without padding), share_of_gap (effect / (clean_metric - corrupted_metric),
+what the report's maps show; the effect itself for a normalised metric) and with attribution=True the
+attribution-patching estimate `attribution` (metric units, as effect) and attribution_share_of_gap.
+Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
 direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|, each
 with the 95% t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
-attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n); gap_within_noise only when the
+attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n; Spearman over the
+non-zero cells, the top exact cell's rank by attribution and a large exact effect it misses: rank_checks),
+at_corrupted_token (per (layer, pos) site type and layer, the effect at each prompt's first position where
+clean and corrupted differ, with where that sits from the end: patching/aligned.py; also the table
+`corrupted_token`); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
 """
 from __future__ import annotations
