@@ -190,7 +190,7 @@ def test_attribution_vs_exact_has_the_identity_line_and_each_site_types_slope(re
     for st, group in exact.groupby("site_type"):
         x, y = group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float)
         if np.ptp(x) > 0:  # the slope is unchanged by the common division into the share of the gap
-            assert f"{st} (slope {np.polyfit(x, y, 1)[0]:.2f}" in [t.split(",")[0].rstrip(")") for t in legend], legend
+            assert f"{st} (slope {np.polyfit(x, y, 1)[0]:.2f}" in [re.split("[,;]", t)[0].rstrip(")") for t in legend], legend
     assert "y = x (exact)" in legend
 
 

@@ -396,10 +396,11 @@ def test_a_correlation_over_mostly_zero_cells_rests_on_its_non_zero_cells_withou
              "attn_out": {"n": 96, "n_nonzero": 3, "pearson": 0.99996, "pearson_without_top": 0.985, "spearman": 0.774},
              "head_out": {"n": 12, "n_nonzero": 4, "pearson": 0.9986, "spearman": 0.979, "slope": 0.15}}}
     text = finding("patching", s)
-    assert ("attn_out r = 1.000 rests on its 3 non-zero cells of 96 (Spearman 0.77; no interval: the other 93 cells "
-            "have no exact effect)") in text
-    assert ("head_out r = 0.999 rests on its 4 non-zero cells of 12 (Spearman 0.98; slope 0.15, attribution over "
-            "exact; no interval: the other 8 cells have no exact effect)") in text  # 4 < 12 / 2
+    assert ("attn_out r = 1.000 rests on its 3 non-zero cells of 96 (Spearman 0.77 over all 96 cells, 93 of them tied "
+            "at zero; no interval for r or the slope: the other 93 cells have no exact effect)") in text
+    assert ("head_out r = 0.999 rests on its 4 non-zero cells of 12 (Spearman 0.98 over all 12 cells, 8 of them tied at "
+            "zero; slope 0.15, attribution over exact; no interval for r or the slope: the other 8 cells have no exact "
+            "effect)") in text  # 4 < 12 / 2
     assert "CI" not in text and "n = 96 cells" not in text
     s["attribution_correlation"] = {"attn_out": {"n": 30, "n_nonzero": 20, "pearson": 0.95, "spearman": 0.9}}
     # 20 of 30 non-zero: Fisher z over the 30 cells, tanh(atanh(0.95) -+ 1.96 / sqrt(27)) = [0.897, 0.976]
