@@ -27,10 +27,17 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-from headscope.analyses.patching.attribution_patching import slope_with_interval
+from headscope.analyses.patching.attribution_patching import (
+    MISS,
+    interval_stated,
+    nonzero_count,
+    slope_with_interval,
+)
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, scale_ticks, symmetric_bound
+from headscope.reports.plots_circuits import PARTIAL_VEIL
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 BY_HEAD = ("head_out", "q", "k", "v", "pattern")
@@ -47,6 +54,29 @@ def position_labels(rows: pd.DataFrame, positions, n_prompts: int | None, n_posi
         return [label(tokens[p]) for p in positions]
     end = int(n_positions) if n_positions else int(max(positions)) + 1
     return [f"{int(p) - end} (last)" if int(p) == end - 1 else str(int(p) - end) for p in positions]
+
+
+def _partial_columns(rows: pd.DataFrame, positions, n_prompts: int | None) -> dict[int, int]:
+    """{column index: prompts} of the position columns averaged over fewer than all n_prompts prompts
+    (the exact table's n_rows: under left padding a position far from the end is real in the longer
+    prompts only)."""
+    if not n_prompts or n_prompts < 2 or "n_rows" not in rows:
+        return {}
+    counts = rows.groupby("pos")["n_rows"].max()
+    return {i: int(counts[p]) for i, p in enumerate(positions) if p in counts and int(counts[p]) < n_prompts}
+
+
+def _mute_partial(ax: Axes, partial: dict[int, int], n_rows: int, n_prompts: int | None) -> None:
+    """As the logit lens (plots_circuits.plot_lens): a white veil over each column averaged over fewer
+    than all prompts, its tick saying its n, and the axis label saying why."""
+    if not partial:
+        return
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    ax.set_xticks(ax.get_xticks(), [f"{t} (n={partial[i]})" if i in partial else t for i, t in enumerate(ticks)])
+    for i in partial:
+        ax.add_patch(Rectangle((i, 0), 1, n_rows, facecolor="white", alpha=PARTIAL_VEIL, lw=0, zorder=2,
+                               label="fewer prompts"))
+    ax.set_xlabel(ax.get_xlabel() + f"\npale, with n: columns averaged over fewer than all {n_prompts} prompts")
 
 
 def _position_axis(n_prompts: int | None) -> str:
@@ -98,10 +128,12 @@ def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: 
     ax = axes(ax)
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index="layer", columns="pos", values=column, aggfunc="mean")
+    partial = _partial_columns(rows, grid.columns, n_prompts)
     grid.columns = position_labels(rows, grid.columns, n_prompts, n_positions)
     _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet)
     ax.set_xlabel(_position_axis(n_prompts))
     ax.set_ylabel("layer")
+    _mute_partial(ax, partial, grid.shape[0], n_prompts)
     return ax
 
 
@@ -127,32 +159,42 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     ax = axes(ax)
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index=["layer", "head"], columns="pos", values=column, aggfunc="mean")
+    partial = _partial_columns(rows, grid.columns, n_prompts)
     grid.columns = position_labels(rows, grid.columns, n_prompts, n_positions)
     grid.index = [f"L{int(layer)}H{int(head)}" for layer, head in grid.index]
     _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet)
     ax.tick_params(axis="y", labelsize=max(4, min(9, 300 / max(1, len(grid)))))
     ax.set_xlabel(_position_axis(n_prompts))
     ax.set_ylabel("head (L layer H head)")
+    _mute_partial(ax, partial, grid.shape[0], n_prompts)
     return ax
 
 
 def site_slopes(df: pd.DataFrame) -> dict[str, dict]:
     """Least-squares slope of the attribution estimate on the exact effect per site type (1 = same scale),
     with its 95% t interval over the cells: the summary's slope_with_interval, {site: {"slope", "slope_ci",
-    "slope_n"}} for the site types whose exact effects vary."""
+    "slope_n", "n_nonzero"}} for the site types whose exact effects vary. slope_ci is None where the finding
+    states none either (attribution_patching.interval_stated: too few non-zero exact effects)."""
     out = {}
     for name, group in df.groupby("site_type", sort=False):
-        fit = slope_with_interval(group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float))
+        effect = group["effect"].to_numpy(dtype=float)
+        fit = slope_with_interval(effect, group["attribution"].to_numpy(dtype=float))
+        nonzero = nonzero_count(effect)
         if fit["slope"] is not None:
-            out[str(name)] = fit
+            if not interval_stated(len(group), nonzero):
+                fit = {**fit, "slope_ci": None}
+            out[str(name)] = {**fit, "n_nonzero": nonzero}
     return out
 
 
 def _slope_label(site: str, fit: Mapping[str, Any] | None) -> str:
     if fit is None:
         return site
-    ci = fit.get("slope_ci")
-    return f"{site} (slope {fit['slope']:.2f}" + (f", 95% CI {ci[0]:.2f} to {ci[1]:.2f})" if ci else ")")
+    ci, n, nonzero = fit.get("slope_ci"), fit.get("slope_n"), fit.get("n_nonzero")
+    if ci:
+        return f"{site} (slope {fit['slope']:.2f}, 95% CI {ci[0]:.2f} to {ci[1]:.2f})"
+    why = f"; no interval: {nonzero} of {n} cells non-zero" if nonzero is not None and n and nonzero < n else ""
+    return f"{site} (slope {fit['slope']:.2f}{why})"
 
 
 def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patching effect", ax: Axes | None = None) -> Axes:
@@ -275,14 +317,16 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both in normalised "
                             "logit difference; the dashed line is y = x and each site type's least-squares slope, with "
-                            "its 95% interval over the cells, is in the legend (slope 0.5 = a 2x underestimate).",
+                            "its 95% interval over the cells, is in the legend (slope 0.5 = a 2x underestimate); a site "
+                            "type whose exact effects are mostly zero gets no interval there, as in the finding.",
     "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers, layer x "
                      "head; red positive, blue negative, centred on 0.",
 }
 PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <site>.'
     "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
               "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
-              "own maximum is much smaller prints it in its title). ",
+              "own maximum is much smaller prints it in its title). Positions count from the end; a column that only the "
+              "longer prompts reach is pale and its tick gives its n. ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
                        "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
                        "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",
@@ -337,7 +381,6 @@ def _significant(r: float | None, n: int) -> bool:
     return interval is not None and (interval[0] > 0 or interval[1] < 0)
 
 
-SPARSE = 10  # fewer non-zero exact effects than this (or under half the cells): r is stated on them, without an interval
 
 
 def _ratio(slope: float) -> str:
@@ -376,7 +419,7 @@ def _case(stats: Mapping[str, Any]) -> str:
     r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
     if nonzero is not None and nonzero < 3:
         return "few"
-    if nonzero is not None and (nonzero < SPARSE or nonzero < n / 2):  # zeros are not independent evidence
+    if not interval_stated(n, None if nonzero is None else int(nonzero)):  # zeros are not independent evidence
         return "sparse"
     rest = _num(stats.get("pearson_without_top"))
     if rest is None or not _significant(r, n):
@@ -398,12 +441,16 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
         return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
                 "so it says nothing about agreement")
     if case == "sparse":
-        rho, slope = _num(stats.get("spearman")), _num(stats.get("slope"))
-        extra = [f"Spearman {rho:.2f}" if rho is not None else "",
+        rho, slope, rho_nz = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("spearman_nonzero"))
+        spearman = (f"Spearman {rho_nz:.2f} over the {nonzero:.0f} non-zero cells ({rho:.2f} over all {n}, inflated by "
+                    f"the {n - nonzero:.0f} tied zeros)" if rho_nz is not None and rho is not None
+                    else f"Spearman {rho:.2f} over all {n} cells, {n - nonzero:.0f} of them tied at zero"
+                    if rho is not None else "")
+        extra = [spearman,
                  f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
                  f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
                  and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
-                 f"no interval: the other {n - nonzero:.0f} cells have no exact effect"]
+                 f"no interval for r or the slope: the other {n - nonzero:.0f} cells have no exact effect"]
         return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
     if case == "plain":
         return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
@@ -444,6 +491,73 @@ def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
         return f", n = {n:.0f} examples" if n else ""
     lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else (ci[0], ci[1])
     return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
+
+
+def _where(kind: str, cell: Mapping[str, Any]) -> str:
+    """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell)."""
+    head, end = cell.get("head"), cell.get("from_end")
+    at = f"layer {cell.get('layer')}" if head is None else f"L{cell.get('layer')}H{head}"
+    return f"{kind} at {at}" + (f", position {end} from the end" if isinstance(end, int) else "")
+
+
+def _size(x: float, gap: float | None) -> str:
+    return f"{x / gap:.2f} of the gap" if gap else f"{x:.3g}"
+
+
+def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | None:
+    """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
+    first, and a large exact effect it misses (under 1/MISS of it); None when neither."""
+    top, miss = stats.get("top_exact"), stats.get("missed")
+    said = []
+    under = f"under 1/{MISS:g} of it"
+    if isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1:
+        same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
+        said.append(f"the top exact site ({_where(kind, top).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
+                    f"ranks only {_ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
+                    + (f", {under}" if same else ""))
+        miss = None if same else miss
+    if isinstance(miss, Mapping):
+        said.append(f"it misses {_where(kind, miss).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
+                    f"against exact {_size(miss['effect'], gap)}: {under})")
+    return "; ".join(said) or None
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def _offsets(places: Mapping[str, Any]) -> str:
+    """'-8 from the end in 6 prompts and -11 in 2'."""
+    items = sorted(((int(o), int(k)) for o, k in places.items()), key=lambda ok: (-ok[1], -ok[0]))  # most prompts first
+    said = [f"{o} from the end in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
+    return _and(said)
+
+
+def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
+    """The effect aligned on each prompt's corrupted token (its first position that differs from the clean
+    prompt), named where it exceeds every end-aligned cell of its site type and layer (templates of different
+    lengths put that token at different places from the end, and the end-aligned columns split its effect);
+    where the token's place differs across prompts, that is said in any case."""
+    info = s.get("at_corrupted_token")
+    if not isinstance(info, Mapping) or not isinstance(info.get("sites"), Mapping):
+        return None
+    places = info.get("from_end") or {}
+    split = len(places) > 1
+    records = [(kind, r) for kind, rows in info["sites"].items() for r in rows if _num(r.get("effect")) is not None]
+    if not records:
+        return None
+    kind, best = max(records, key=lambda kr: abs(kr[1]["effect"]))
+    end = best.get("end_aligned") or {}
+    larger = abs(best["effect"]) > 1.05 * abs(_num(end.get("effect")) or 0.0)
+    token = "each prompt's first position that differs from its clean prompt"
+    where = f"{token}, at {_offsets(places)}, so end-aligned cells split its effect" if split else token
+    if not larger:
+        return (f"The corrupted token ({token}) sits at {_offsets(places)}: end-aligned cells split its effect."
+                if split else None)
+    size = (f"{best['effect'] / gap:.2f} of the clean-corrupted gap" if gap else f"{best['effect']:.3g}") + _effect_ci(best, gap)
+    other = (f" (the largest end-aligned cell of that layer, at {end['from_end']} from the end, "
+             f"{_size(end['effect'], gap)})" if isinstance(end.get("from_end"), int) else "")
+    return f"Aligned on the corrupted token ({where}): {kind} at layer {best['layer']} moves {size}{other}."
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -487,17 +601,26 @@ def finding(s: Mapping[str, Any]) -> str:
                    for k, c in cells[1:3]]
         if runners:
             parts.append("Next, at other sites: " + "; ".join(runners) + ".")
+        aligned = _corrupted_token(s, gap)
+        if aligned:
+            parts.append(aligned)
     corr = s.get("attribution_correlation")
     if isinstance(corr, Mapping):
         said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
         if said:
             parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said) + ".")
             rank = bool(cells)  # sites are ranked (not at chance, nor over a gap within noise)
-            slopes = [_slope(k, v, rank) for k, v in corr.items() if isinstance(v, Mapping)
+            wrong = {k: _ranking(k, v, gap) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
+            wrong = {k: w for k, w in wrong.items() if w}
+            slopes = [_slope(k, v, rank and k not in wrong) for k, v in corr.items() if isinstance(v, Mapping)
                       and _num(v.get("pearson")) is not None and _case(v) == "plain"]
             slopes = [x for x in slopes if x]
             parts.append(" ".join(slopes) if slopes
                          else "A high r can hide a scale error: see the per-site slopes in the figure.")
+            if wrong:
+                parts.append("Ranked by attribution patching, sites come out wrong: " + "; ".join(
+                    f"at {k}, {w}" for k, w in wrong.items()) + ". Do not rank sites by it on this model at "
+                    + _and(list(wrong)) + ".")
     trace = s.get("causal_tracing")
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))

@@ -19,13 +19,19 @@ Result (name "patching"): df has one row per cell: site_type, layer, head, pos (
 position_from_end (-1: the last token; the same place in every left-padded prompt), token ("i: tok"
 when every prompt where pos is real has that token there, else ""), value (the metric after the
 patch), effect (value minus base), base (the unpatched run over the same rows), n_rows (the rows
-where pos is a real token: every row without padding) and with attribution=True the
-attribution-patching estimate `attribution`. Where n_rows is below n_examples, value and base are
+where pos is a real token: every row without padding), share_of_gap (effect / (clean_metric - corrupted_metric),
+what the report's maps show; the effect itself for a normalised metric) and with attribution=True the
+attribution-patching estimate `attribution` (metric units, as effect) and attribution_share_of_gap.
+Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
 direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|, each
 with the 95% t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
-attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n); gap_within_noise only when the
+attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n; Spearman over the
+non-zero cells, the top exact cell's rank by attribution and a large exact effect it misses: rank_checks),
+at_corrupted_token (per (layer, pos) site type and layer, the effect at each prompt's first position where
+clean and corrupted differ, with where that sits from the end: patching/aligned.py; also the table
+`corrupted_token`); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
 """
 from __future__ import annotations
@@ -45,6 +51,7 @@ from headscope.analyses.core.contract import Needs, require
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
+from headscope.analyses.patching import aligned
 from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
 from headscope.analyses.patching.configs import PatchingConfig
 from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
@@ -186,7 +193,9 @@ def activation_patching(
     clean_value, corrupt_value = float(clean_rows.double().mean()), float(corrupt_rows.double().mean())
     baseline = float(pm.finish(float(base_values.double().mean()), clean_value, corrupt_value))
     labels = token_labels(model, clean, mask)
-    frames, intervals = [], {}
+    gap = 1.0 if pm.normalized else (clean_value - corrupt_value) or None  # what share_of_gap divides by
+    first = aligned.first_difference(clean, corrupted)  # [B] each row's corrupted token (padded index)
+    frames, intervals, on_token = [], {}, {}
     for st in types:
         cells, values = sweeps[st.name]
         means = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
@@ -195,7 +204,11 @@ def activation_patching(
                            base=means["base"].numpy())
         frame.insert(frame.columns.get_loc("token"), "position_from_end",
                      pd.array(position_from_end(clean.shape[1], [c[2] for c in cells]), dtype="Int64"))
-        frames.append(frame.assign(n_rows=means["n_rows"].numpy()))
+        frame = frame.assign(n_rows=means["n_rows"].numpy())
+        frames.append(frame.assign(share_of_gap=frame["effect"] / gap if gap else np.nan))
+        if st.by_pos and not st.by_head:
+            on_token[st.name] = aligned.at_corrupted_token(pm, st.name, cells, values, base_values, clean_rows,
+                                                           corrupt_rows, first, frame)
     df = pd.concat(frames, ignore_index=True)
     summary = {
         "metric": pm.name,
@@ -210,15 +223,22 @@ def activation_patching(
         "top_sites_ci_method": EFFECT_CI_METHOD,
         **left_out,
     }
+    if on_token:
+        summary["at_corrupted_token"] = {"from_end": aligned.offsets(first, clean.shape[1]),
+                                         "n": int((first >= 0).sum()), "sites": on_token}
     small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
     if small is not None:
         summary["gap_within_noise"] = small
     tables = {"exact": df}
+    if on_token:
+        tables["corrupted_token"] = aligned.table(on_token, gap)
     if cfg.attribution:
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
         attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask)
+        attr = attr.assign(share_of_gap=attr["attribution"] / gap if gap else np.nan)
         df, summary["attribution_correlation"] = correlation_with_exact(df, attr)
-        tables = {"exact": df, "attribution": attr}
+        df = df.assign(attribution_share_of_gap=df["attribution"] / gap if gap else np.nan)
+        tables = {**tables, "exact": df, "attribution": attr}
     config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}
     return Result(name="patching", df=df, summary=summary, tables=tables, config=config)
 

@@ -232,16 +232,62 @@ def slope_with_interval(exact: np.ndarray, attribution: np.ndarray, alpha: float
     return {"slope": slope, "slope_ci": ci, "slope_n": n}
 
 
+SPARSE = 10  # fewer non-zero exact effects than this (or under half the cells): no interval is stated for r or the slope
+MISS = 5.0  # attribution under 1/MISS of an exact effect (or of the opposite sign) misses it
+LARGE = 0.25  # ... when that exact effect is at least this fraction of the site type's largest
+
+
+def interval_stated(n: int, n_nonzero: int | None) -> bool:
+    """Whether r's and the slope's intervals over the cells are reported (the finding and the figure both
+    ask here): not when under SPARSE or half the cells have a non-zero exact effect, as the zero cells are
+    not independent evidence."""
+    return n_nonzero is None or not (n_nonzero < SPARSE or n_nonzero < n / 2)
+
+
+def _cell(row: pd.Series) -> dict:
+    """A JSON-ready record of one joined cell: where it is, its exact effect and attribution estimate."""
+    def whole(key: str):
+        v = row.get(key)
+        return None if v is None or pd.isna(v) else int(v)
+
+    return {"layer": whole("layer"), "head": whole("head"), "pos": whole("pos"), "from_end": whole("position_from_end"),
+            "effect": float(row["effect"]), "attribution": float(row["attribution"])}
+
+
+def rank_checks(pair: pd.DataFrame) -> dict:
+    """{"spearman_nonzero" (Spearman over the cells with a non-zero exact effect, None under 3 or constant),
+    "top_exact" (the cell of largest |exact effect|, with "attribution_rank": its rank by |attribution|, 1 =
+    first), "missed" (the cell of largest |exact effect| at least LARGE of the largest, where attribution is
+    under 1/MISS of it or of the opposite sign; None when there is none)}. pair: the joined rows of one site type."""
+    effect, attr = pair["effect"].astype(float), pair["attribution"].astype(float)
+    peak = float(effect.abs().max()) if len(pair) else 0.0
+    if not peak > 0:
+        return {"spearman_nonzero": None, "top_exact": None, "missed": None}
+    nonzero = pair[effect.abs() > NONZERO * peak]
+    rho = None
+    if len(nonzero) >= 3 and nonzero[["effect", "attribution"]].nunique().min() >= 2:
+        rho = float(nonzero["effect"].astype(float).corr(nonzero["attribution"].astype(float), method="spearman"))
+    top = pair.loc[effect.abs().idxmax()]
+    rank = 1 + int((attr.abs() > abs(float(top["attribution"]))).sum())
+    ratio = attr / effect.where(effect != 0)
+    missed = pair[(effect.abs() >= LARGE * peak) & (ratio < 1 / MISS)]
+    miss = None if missed.empty else _cell(missed.loc[missed["effect"].abs().idxmax()])
+    return {"spearman_nonzero": rho, "top_exact": {**_cell(top), "attribution_rank": rank}, "missed": miss}
+
+
 def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """Join exact effects with attribution estimates; Pearson and Spearman r and the slope per site type.
 
     Returns (joined table, {site type: {"pearson", "spearman", "n", "n_nonzero", "pearson_without_top",
-    "slope", "slope_ci", "slope_n"}}); r is None where either column is constant. n_nonzero counts the
+    "slope", "slope_ci", "slope_n", "spearman_nonzero", "top_exact", "missed"}}); r is None where either
+    column is constant. n_nonzero counts the
     cells whose |exact effect| exceeds NONZERO of the largest: an r over one such cell among zeros is
     fixed by that cell and says nothing; pearson_without_top is r with the largest-|effect| cell left
     out (a 47.8 beside effects under 0.6 makes r = 1.000 whatever the rest do). slope: attribution on
     exact by least squares over every cell, with its 95% t interval (slope_with_interval): a high r
-    with slope 0.5 ranks cells right and sizes them at half.
+    with slope 0.5 ranks cells right and sizes them at half. spearman_nonzero, top_exact and missed:
+    rank_checks (ties among zero cells inflate Spearman; a reversed top site or a missed large effect is
+    what a ranking by attribution would get wrong).
     """
     keys = ["site_type", "layer", "head", "pos"]
     joined = exact.merge(attribution[keys + ["attribution"]], on=keys, how="inner")
@@ -256,5 +302,6 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tu
             "n_nonzero": int(nonzero_count(pair["effect"].to_numpy())),
             "pearson_without_top": None if constant else _r_without_top(pair),
             **slope_with_interval(pair["effect"].to_numpy(), pair["attribution"].to_numpy()),
+            **rank_checks(group),
         }
     return joined, stats

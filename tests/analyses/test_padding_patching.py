@@ -262,3 +262,59 @@ def test_padding_misuse_is_refused(arch_models, mixed_tasks):
     on_padding = dataclasses.replace(task, spans={"subject": torch.tensor([[0, 2]] * len(task))})
     with pytest.raises(TaskError, match="covers padding"):
         causal_tracing(model, on_padding, n_samples=1)
+
+
+def _patched_at(model, ex, hook_name: str, pos: int) -> float:
+    """One prompt alone: its logit difference with the clean run's activation at hook_name, position pos,
+    written over the corrupted run's, minus the unpatched corrupted run's."""
+    answer, wrong, kept = int(ex.answer_tokens[0]), int(ex.wrong_answers[0]), {}
+
+    def logit_diff(logits) -> float:
+        return float(logits[0, -1, answer] - logits[0, -1, wrong])
+
+    def write(act, hook):
+        act = act.clone()
+        act[:, pos] = kept["a"][:, pos]
+        return act
+
+    with torch.no_grad():
+        model.run_with_hooks(ex.tokens, fwd=[(hook_name, lambda act, hook: kept.update(a=act.clone()))])
+        patched = logit_diff(model.run_with_hooks(ex.corrupted_tokens, fwd=[(hook_name, write)]))
+        return patched - logit_diff(model.run_with_hooks(ex.corrupted_tokens))
+
+
+def test_effect_on_the_corrupted_token_equals_each_prompts_own_patched_pass(arch_models, mixed_tasks):
+    """#34 review 5 (A5): prompts of different lengths have their corrupted token at different places from the end;
+    summary["at_corrupted_token"] reads each row's effect at its own first differing position. Against plain hooked
+    passes of each prompt alone (unpadded): the clean activation written over the corrupted run's at that position,
+    the logit difference minus the unpatched one, averaged over the prompts, with its t interval."""
+    from scipy import stats
+
+    model, task = arch_models("llama3"), mixed_tasks("llama3")
+    sites = ("resid_pre", "attn_out", "mlp_out")
+    result = activation_patching(model, task, sites=sites)
+    info = result.summary["at_corrupted_token"]
+    expected, places = {}, []
+    for i in range(task.tokens.shape[0]):
+        ex = task.example(i)
+        first = int(torch.nonzero(ex.tokens[0] != ex.corrupted_tokens[0])[0])  # [1, pos] each, no padding
+        places.append(first - ex.tokens.shape[1])
+        for name in sites:
+            for layer in range(model.facts.n_layers):
+                expected.setdefault((name, layer), []).append(_patched_at(model, ex, hs.site(name, layer), first))
+    assert len(set(places)) > 1  # the corrupted token sits at different places from the end
+    assert abs(np.mean(expected["resid_pre", 0])) > 1e-3  # the token carries an effect to compare
+    assert info["from_end"] == {str(o): places.count(o) for o in set(places)} and info["n"] == len(places)
+    for name in sites:
+        for record in info["sites"][name]:
+            effects = np.array(expected[name, record["layer"]])
+            half = stats.t.ppf(0.975, len(effects) - 1) * effects.std(ddof=1) / np.sqrt(len(effects))
+            assert record["n"] == len(effects)
+            assert record["effect"] == pytest.approx(effects.mean(), abs=TOL)
+            np.testing.assert_allclose(record["ci"], [effects.mean() - half, effects.mean() + half], atol=TOL)
+    table = result.tables["corrupted_token"].set_index(["site_type", "layer"])
+    gap = result.summary["clean_metric"] - result.summary["corrupted_metric"]
+    np.testing.assert_allclose(table.loc[("resid_pre", 0), "share_of_gap"], np.mean(expected["resid_pre", 0]) / gap,
+                               atol=TOL)
+    shares = result.df["share_of_gap"].to_numpy(dtype=float)
+    np.testing.assert_allclose(shares, result.df["effect"].to_numpy(dtype=float) / gap)

@@ -446,6 +446,33 @@ def test_zoo_run_quick(zoo_model):
     json.dumps(res.summary)
 
 
+def test_correlation_with_exact_ranks_over_non_zero_cells_and_finds_reversals_and_misses():
+    """#34 review 5 (A6), by hand: 8 cells, 4 with an exact effect; Spearman over those 4 only (the 4 tied zeros
+    inflate the one over all 8); the top exact cell (14.25) has the 2nd largest |attribution|; a cell of 5.0
+    (>= 1/4 of the largest) with attribution 0.5 is under 1/5 of it."""
+    import pandas as pd
+    from scipy import stats as sp
+
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact
+
+    effect = [14.25, 6.41, 5.0, 0.3, 0.0, 0.0, 0.0, 0.0]
+    attribution = [1.03, 3.08, 0.5, 0.2, 0.0, 0.0, 0.0, 0.0]
+    exact = pd.DataFrame({"site_type": "attn_out", "layer": [0, 1, 2, 3, 0, 1, 2, 3], "head": None,
+                          "pos": [7, 7, 7, 7, 1, 1, 1, 1], "position_from_end": [-1] * 4 + [-7] * 4, "effect": effect})
+    attr = exact.drop(columns=["effect", "position_from_end"]).assign(attribution=attribution)
+    got = correlation_with_exact(exact, attr)[1]["attn_out"]
+    assert got["spearman_nonzero"] == pytest.approx(sp.spearmanr(effect[:4], attribution[:4]).statistic)  # 0.4
+    assert got["spearman"] == pytest.approx(sp.spearmanr(effect, attribution).statistic)
+    assert got["top_exact"] == {"layer": 0, "head": None, "pos": 7, "from_end": -1, "effect": 14.25,
+                                "attribution": pytest.approx(1.03), "attribution_rank": 2}
+    # misses: 14.25 (1.03 < 14.25 / 5) is the largest such cell; 5.0 (0.5) is one too, 6.41 (3.08) is not
+    assert got["missed"]["effect"] == 14.25
+    exact.loc[0, "effect"], attr.loc[0, "attribution"] = 14.25, 4.0  # now first by |attribution| and within 5x
+    got = correlation_with_exact(exact, attr)[1]["attn_out"]
+    assert got["top_exact"]["attribution_rank"] == 1 and got["missed"]["effect"] == 5.0
+    assert got["missed"]["attribution"] == pytest.approx(0.5)
+
+
 def test_correlation_with_exact_counts_the_non_zero_cells_it_rests_on():
     """attn_out on the zoo: one non-zero exact effect among 60 cells gives r = 1 whatever the rest."""
     import numpy as np

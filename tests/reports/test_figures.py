@@ -190,7 +190,7 @@ def test_attribution_vs_exact_has_the_identity_line_and_each_site_types_slope(re
     for st, group in exact.groupby("site_type"):
         x, y = group["effect"].to_numpy(dtype=float), group["attribution"].to_numpy(dtype=float)
         if np.ptp(x) > 0:  # the slope is unchanged by the common division into the share of the gap
-            assert f"{st} (slope {np.polyfit(x, y, 1)[0]:.2f}" in [t.split(",")[0].rstrip(")") for t in legend], legend
+            assert f"{st} (slope {np.polyfit(x, y, 1)[0]:.2f}" in [re.split("[,;]", t)[0].rstrip(")") for t in legend], legend
     assert "y = x (exact)" in legend
 
 
@@ -705,6 +705,55 @@ def test_patching_positions_of_several_prompts_are_counted_from_the_end_not_one_
         assert [t.get_text() for t in ax.get_xticklabels()] == ["-4", "-3", "-2", "-1 (last)"]
         assert "from the end" in ax.get_xlabel() and "3 prompts" in ax.get_xlabel()
         assert [t.get_text() for t in one.axes[0].get_xticklabels()] == tokens  # one prompt: its own tokens
+    finally:
+        plt.close("all")
+
+
+def test_patching_columns_that_fewer_prompts_reach_are_muted_and_give_their_n():
+    """#34 review 5 (B7): under left padding, the columns far from the end average over the longer prompts only
+    (the exact table's n_rows); as in the logit lens they are veiled and their ticks say n."""
+    from matplotlib.patches import Rectangle
+
+    from headscope.reports.plots_circuits import PARTIAL_VEIL
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    exact = _exact(("head_out", "resid_pre"), 4, ["0: a", "", "2: b", "3: c"])
+    exact["n_rows"] = exact["pos"].map({0: 2, 1: 6, 2: 8, 3: 8}).astype("Int64")  # head_out rows: NaN pos
+    summary = {"metric": "logit_diff", "normalized": False, "clean_metric": 1.0, "corrupted_metric": 0.0,
+               "n_positions": 4, "n_examples": 8}
+    fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+    try:
+        ax = fig.axes[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["-4 (n=2)", "-3 (n=6)", "-2", "-1 (last)"]
+        veils = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_label() == "fewer prompts"]
+        assert sorted(p.get_x() for p in veils) == [0, 1] and all(p.get_alpha() == PARTIAL_VEIL for p in veils)
+        assert all(p.get_height() == 2 for p in veils)  # the 2 layers
+        assert "fewer than all 8 prompts" in ax.get_xlabel()
+        np.testing.assert_allclose(heat(ax), [[0.0, 0.1, 0.2, 0.3]] * 2)  # the values are drawn as they are
+    finally:
+        plt.close("all")
+
+
+def test_attribution_vs_exact_legend_gives_no_slope_interval_where_the_finding_gives_none():
+    """#34 review 5 (A6): a site type whose exact effects are mostly zero gets no slope interval in the finding; the
+    legend says the same (one rule: attribution_patching.interval_stated)."""
+    from headscope.reports.findings import finding
+    from headscope.reports.plots_patching import plot_attribution_vs_exact
+
+    # 20 cells, 6 non-zero: exact 1..6, attribution 0.5 x exact + (+0.1, -0.1, -0.1, +0.1, 0, 0); 14 zeros both
+    x = np.r_[np.arange(1.0, 7.0), np.zeros(14)]
+    y = np.r_[0.5 * np.arange(1.0, 7.0) + 0.1 * np.array([1, -1, -1, 1, 0, 0]), np.zeros(14)]
+    data = pd.DataFrame({"site_type": "attn_out", "effect": x, "attribution": y})
+    ax = plot_attribution_vs_exact(data, ax=plt.subplots()[1])
+    try:
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        slope = float(np.polyfit(x, y, 1)[0])
+        assert f"attn_out (slope {slope:.2f}; no interval: 6 of 20 cells non-zero)" in texts
+        said = finding("patching", {"metric": "logit_diff", "clean_metric": 1.0, "corrupted_metric": 0.0,
+                                    "attribution_correlation": {"attn_out": {
+                                        "pearson": float(np.corrcoef(x, y)[0, 1]), "n": 20, "n_nonzero": 6,
+                                        "slope": slope, "slope_ci": [slope - 0.01, slope + 0.01]}}})
+        assert "no interval for r or the slope" in said and "95% CI" not in said
     finally:
         plt.close("all")
 

@@ -261,8 +261,9 @@ def test_patching_correlation_on_one_point_and_next_sites_that_are_one_residual_
     assert "resid_post" not in text and "layer 2" not in text
     assert "attn_out r = 1.000 rests on 1 non-zero exact effect(s) of 60 cells, so it says nothing about agreement" in text
     s["attribution_correlation"]["attn_out"].update(n_nonzero=7, pearson_without_top=0.02)  # the zoo: 47.8 beside < 0.6
-    assert ("attn_out r = 1.000 rests on its 7 non-zero cells of 60 (Spearman 0.10; without its largest cell r = 0.020; "
-            "no interval: the other 53 cells have no exact effect)") in finding("patching", s)
+    assert ("attn_out r = 1.000 rests on its 7 non-zero cells of 60 (Spearman 0.10 over all 60 cells, 53 of them tied at "
+            "zero; without its largest cell r = 0.020; no interval for r or the slope: the other 53 cells have no exact "
+            "effect)") in finding("patching", s)
     s["attribution_correlation"]["attn_out"].update(n_nonzero=40)  # most cells non-zero: Fisher intervals over n
     assert ("attn_out r = 1.000 is driven by its largest cell: without it r = 0.020 (n = 59 cells, 95% CI "
             "[-0.237, 0.275]), so the agreement rests on one point") in finding("patching", s)
@@ -434,10 +435,11 @@ def test_a_correlation_over_mostly_zero_cells_rests_on_its_non_zero_cells_withou
              "attn_out": {"n": 96, "n_nonzero": 3, "pearson": 0.99996, "pearson_without_top": 0.985, "spearman": 0.774},
              "head_out": {"n": 12, "n_nonzero": 4, "pearson": 0.9986, "spearman": 0.979, "slope": 0.15}}}
     text = finding("patching", s)
-    assert ("attn_out r = 1.000 rests on its 3 non-zero cells of 96 (Spearman 0.77; no interval: the other 93 cells "
-            "have no exact effect)") in text
-    assert ("head_out r = 0.999 rests on its 4 non-zero cells of 12 (Spearman 0.98; slope 0.15, attribution over "
-            "exact; no interval: the other 8 cells have no exact effect)") in text  # 4 < 12 / 2
+    assert ("attn_out r = 1.000 rests on its 3 non-zero cells of 96 (Spearman 0.77 over all 96 cells, 93 of them tied "
+            "at zero; no interval for r or the slope: the other 93 cells have no exact effect)") in text
+    assert ("head_out r = 0.999 rests on its 4 non-zero cells of 12 (Spearman 0.98 over all 12 cells, 8 of them tied at "
+            "zero; slope 0.15, attribution over exact; no interval for r or the slope: the other 8 cells have no exact "
+            "effect)") in text  # 4 < 12 / 2
     assert "CI" not in text and "n = 96 cells" not in text
     s["attribution_correlation"] = {"attn_out": {"n": 30, "n_nonzero": 20, "pearson": 0.95, "spearman": 0.9}}
     # 20 of 30 non-zero: Fisher z over the 30 cells, tanh(atanh(0.95) -+ 1.96 / sqrt(27)) = [0.897, 0.976]
@@ -831,3 +833,73 @@ def test_pruning_words_name_the_orderings_basis_a_return_into_the_band_and_a_gai
     text = finding("heads", weak)
     assert "95% CI of the change -0.1 to +1.9 over 64 examples, reaching no gain)" in text
     assert "not monotone" not in text
+
+
+def _colour_binding(**extra) -> dict:
+    """The fifth review's Phi-3 colour-binding run, by hand: gap 19.82 (9.91 - -9.91); the corrupted colour token
+    at -8 from the end in 6 prompts and -11 in 2; resid_pre layer 0 restores 0.75 and 0.25 of the gap there."""
+    gap = 19.82
+    cell = {"head": None, "token": "14:  is", "ci": [19.4, 19.8], "n": 8}
+    return {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+            "clean_metric": 9.91, "corrupted_metric": -9.91,
+            "top_sites": {"resid_pre": [{**cell, "layer": 2, "pos": 14, "from_end": -1, "effect": 0.99 * gap},
+                                        {**cell, "layer": 0, "pos": 7, "from_end": -8, "token": "", "effect": 0.75 * gap},
+                                        {**cell, "layer": 0, "pos": 4, "from_end": -11, "token": "", "effect": 0.25 * gap}],
+                          "attn_out": [{**cell, "layer": 0, "pos": 14, "from_end": -1, "effect": 0.72 * gap}]},
+            "at_corrupted_token": {"from_end": {"-11": 2, "-8": 6}, "n": 8, "sites": {
+                "resid_pre": [{"layer": 0, "effect": gap, "ci": [0.99 * gap, 1.01 * gap], "n": 8,
+                               "end_aligned": {"effect": 0.75 * gap, "from_end": -8}},
+                              {"layer": 1, "effect": 0.01 * gap, "ci": None, "n": 8,
+                               "end_aligned": {"effect": 0.72 * gap, "from_end": -1}}]}},
+            **extra}
+
+
+def test_patching_names_the_corrupted_token_that_end_aligned_cells_split():
+    """#34 review 5 (A5): templates of different lengths put the one differing token at -8 and -11 from the end; the
+    end-aligned map shows 0.75 and 0.25, and the finding names the token's whole effect, aligned on it."""
+    s = _colour_binding()
+    text = finding("patching", s)
+    assert ("Aligned on the corrupted token (each prompt's first position that differs from its clean prompt, at -8 "
+            "from the end in 6 prompts and -11 in 2, so end-aligned cells split its effect): resid_pre at layer 0 moves "
+            "1.00 of the clean-corrupted gap, 95% CI [0.99, 1.01] over 8 examples (the largest end-aligned cell of that "
+            "layer, at -8 from the end, 0.75 of the gap).") in text
+    # aligned on the token it moves no more than the end-aligned cell: only where it sits is said
+    s["at_corrupted_token"]["sites"]["resid_pre"][0]["effect"] = 0.76 * 19.82
+    text = finding("patching", s)
+    assert "Aligned on" not in text
+    assert ("The corrupted token (each prompt's first position that differs from its clean prompt) sits at -8 from the "
+            "end in 6 prompts and -11 in 2: end-aligned cells split its effect.") in text
+    # one template length: the token's column is the aligned one, nothing to add
+    s["at_corrupted_token"]["from_end"] = {"-8": 8}
+    assert "corrupted token" not in finding("patching", s)
+
+
+def test_patching_says_where_attribution_patching_would_rank_wrong():
+    """#34 review 5 (A6): Spearman over every cell is inflated by tied zeros (the non-zero cells' is stated beside
+    it); attribution patching ranks the top exact attn_out site 2nd, 20x under, and misses resid_pre layer 0 at -8,
+    so no "use it to rank" there."""
+    gap = 19.82
+    top = {"layer": 0, "head": None, "pos": 14, "from_end": -1, "effect": 14.25, "attribution": 1.03,
+           "attribution_rank": 2}
+    corr = {"attn_out": {"pearson": 0.66, "spearman": 0.943, "spearman_nonzero": 0.899, "n": 45, "n_nonzero": 14,
+                         "slope": 0.14, "slope_ci": [0.09, 0.19], "slope_n": 45, "top_exact": top, "missed": top},
+            "resid_pre": {"pearson": 0.85, "spearman": 0.99, "spearman_nonzero": 0.94, "n": 45, "n_nonzero": 30,
+                          "pearson_without_top": 0.80, "slope": 0.33, "slope_ci": [0.26, 0.39], "slope_n": 45,
+                          "top_exact": {**top, "layer": 2, "effect": 0.99 * gap, "attribution": 9.68,
+                                        "attribution_rank": 1},
+                          "missed": {"layer": 0, "head": None, "pos": 7, "from_end": -8, "effect": 0.75 * gap,
+                                     "attribution": 0.04 * gap}}}
+    text = finding("patching", _colour_binding(attribution_correlation=corr))
+    assert ("attn_out r = 0.660 rests on its 14 non-zero cells of 45 (Spearman 0.90 over the 14 non-zero cells (0.94 "
+            "over all 45, inflated by the 31 tied zeros); slope 0.14, attribution over exact; no interval for r or the "
+            "slope: the other 31 cells have no exact effect)") in text
+    assert ("Ranked by attribution patching, sites come out wrong: at attn_out, the top exact site (layer 0, position -1 "
+            "from the end: exact 0.72 of the gap) ranks only 2nd, at 0.05 of the gap, under 1/5 of it; at resid_pre, it "
+            "misses layer 0, position -8 from the end (attribution 0.04 of the gap against exact 0.75 of the gap: under "
+            "1/5 of it). Do not rank sites by it on this model at attn_out and resid_pre.") in text
+    # resid_pre's slope far from 1 with r significant would say "use it to rank": not where it ranks wrong
+    assert "At resid_pre attribution patching's effects are about 0.33 times the exact ones" in text
+    assert "use it to rank" not in text
+    ok = {k: {**v, "missed": None, "top_exact": {**v["top_exact"], "attribution_rank": 1}} for k, v in corr.items()}
+    text = finding("patching", _colour_binding(attribution_correlation=ok))
+    assert "come out wrong" not in text and ": use it to rank, not to size." in text

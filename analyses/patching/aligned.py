@@ -1,0 +1,77 @@
+"""Patching effects aligned on the corrupted token: each prompt's first position where the clean and
+corrupted prompts differ.
+
+The exact maps count positions from the end, the same place in every left-padded prompt. When the
+prompts come from templates of different lengths, the one token the corruption changes sits at a
+different place from the end in each template, and an end-aligned column averages it with other
+tokens: a token that restores the whole gap in every prompt shows as 0.75 at -8 and 0.25 at -11.
+Here each row's effect is read at its own first differing position (from the same sweep: no extra
+pass), so the mean is over every prompt at that token.
+
+Result: summary["at_corrupted_token"] = {"from_end": {offset: prompts} (where the corrupted token
+sits, counted from the end, -1 the last token), "n": prompts with a difference, "sites": {site type:
+[{"layer", "effect" (mean per-example effect, the exact table's units), "ci" (95% t interval, None
+under two rows), "n", "end_aligned" (the layer's end-aligned cell of largest |effect|, its effect
+and from_end)}]}} and the table `corrupted_token` (site_type, layer, effect, ci_low, ci_high, n_rows,
+share_of_gap).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headscope.analyses.patching.inputs import PatchMetric, cell_means, effect_intervals
+
+
+def first_difference(clean: torch.Tensor, corrupted: torch.Tensor) -> torch.Tensor:
+    """[batch] padded index of each row's first position where clean and corrupted differ (-1: none)."""
+    differ = (clean != corrupted).cpu()  # [batch, pos]
+    first = differ.int().argmax(1)  # [batch]
+    return torch.where(differ.any(1), first, torch.full_like(first, -1))
+
+
+def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Tensor, base: torch.Tensor,
+                       clean: torch.Tensor, corrupt: torch.Tensor, first: torch.Tensor,
+                       frame: pd.DataFrame) -> list[dict]:
+    """Per layer of one (layer, pos) site type: the effect at each row's corrupted token (first [batch]),
+    from the sweep's per-row values [cell, batch] (NaN where padding); frame: the type's exact rows."""
+    index = {(layer, pos): i for i, (layer, _, pos) in enumerate(cells)}
+    layers = sorted({layer for layer, _, _ in cells})
+    rows = torch.arange(values.shape[1])
+    aligned = torch.full((len(layers), values.shape[1]), float("nan"), dtype=values.dtype)  # [layer, batch]
+    for k, layer in enumerate(layers):
+        for r, p in zip(rows.tolist(), first.tolist()):
+            if p >= 0 and (layer, p) in index:
+                aligned[k, r] = values[index[layer, p], r]
+    means = cell_means(pm, aligned, base, clean, corrupt)
+    ci = effect_intervals(pm, aligned, base, clean, corrupt)
+    out = []
+    for k, layer in enumerate(layers):
+        mine = frame[frame["layer"] == layer]
+        top = mine.loc[mine["effect"].abs().idxmax()] if len(mine) and mine["effect"].notna().any() else None
+        low, high = float(ci["low"][k]), float(ci["high"][k])
+        out.append({
+            "layer": int(layer),
+            "effect": float(means["effect"][k]),
+            "ci": [low, high] if np.isfinite(low) and np.isfinite(high) else None,
+            "n": int(ci["n"][k]),
+            "end_aligned": None if top is None else {"effect": float(top["effect"]),
+                                                     "from_end": int(top["position_from_end"])},
+        })
+    return out
+
+
+def offsets(first: torch.Tensor, n_pos: int) -> dict[str, int]:
+    """{offset from the end: prompts} of the corrupted token (rows without a difference left out)."""
+    found = [p - n_pos for p in first.tolist() if p >= 0]
+    return {str(o): found.count(o) for o in sorted(set(found), key=lambda o: -found.count(o))}
+
+
+def table(sites: dict[str, list[dict]], gap: float | None) -> pd.DataFrame:
+    """The `corrupted_token` table: one row per (site type, layer); share_of_gap = effect / gap (NaN without one)."""
+    rows = [{"site_type": name, "layer": r["layer"], "effect": r["effect"],
+             "ci_low": r["ci"][0] if r["ci"] else np.nan, "ci_high": r["ci"][1] if r["ci"] else np.nan,
+             "n_rows": r["n"], "share_of_gap": r["effect"] / gap if gap else np.nan}
+            for name, records in sites.items() for r in records]
+    return pd.DataFrame(rows, columns=["site_type", "layer", "effect", "ci_low", "ci_high", "n_rows", "share_of_gap"])
