@@ -118,6 +118,8 @@ def chance_basis(entry: Mapping[str, Any]) -> str:
             return f"log(1/{vocab:.0f}): one answer token, uniform over a {vocab:.0f}-token vocabulary"
         return f"{tokens:.3g} x log(1/{vocab:.0f}): answers of {tokens:.3g} tokens on average, uniform over a " \
                f"{vocab:.0f}-token vocabulary"
+    if metric == "accuracy" and classes and entry.get("classes_from") == "context":
+        return f"1/{classes:.0f}: copying one of the {classes:.0f} values in the context"
     if metric == "accuracy" and classes:
         return f"1/{classes:.0f}: guessing among {classes:.0f} answers"
     if metric == "accuracy" and vocab:

@@ -280,12 +280,14 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
             *, task: str, fitted: bool) -> dict[str, Any]:
     """The summary's optional parts: chance (decoders), the fitted-context note, streaming windows."""
     out: dict[str, Any] = {}
-    if not model.facts.is_encoder and "accuracy" in obs:  # chance: guessing among the context's n_items items
+    if not model.facts.is_encoder and "accuracy" in obs:  # chance: copying one of the context's n_items values
         from headscope.analyses.core import chance
 
         per_example = obs.groupby("example")["accuracy"].mean().to_numpy()  # [examples], over positions
         out["chance"] = chance.with_basis(chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items),
                                           task=task, n_classes=sweeps[0].n_items)
+        if out["chance"] is not None:  # greedy output scored by containing the value: chance is copying one of them
+            out["chance"]["classes_from"] = "context"
     if fitted:
         fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
