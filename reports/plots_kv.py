@@ -170,12 +170,23 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             where = f"between {e['below']} and {e['budget']} on this grid" if e.get("below") is not None else \
                 "from the grid's smallest budget that evicts"
             text = (f"{name} from {e['budget']} positions ({where}; a median {100 * at['share']:.0f}% of each prompt's "
-                    f"context; {at['n_evicting']} of {at['n_examples']} prompts evict anything there; {_band(at)})")
+                    f"context; {at['n_evicting']} of {at['n_examples']} prompts evict anything there; {_band(at)}{_answers(at)})")
         elif e.get("worst_evicting") is not None:
-            w = e["worst_evicting"]
+            w, c = e["worst_evicting"], e.get("closest")
+            if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
+                c = w
             how = "above" if w["change"] > tol else "below"
-            text = (f"{name} never (at its largest budget that evicts, {w['budget']}, it is still {how} the full "
-                    f"cache: {_band(w)})")
+            text = f"{name} never ("
+            if c is not None and c["budget"] != w["budget"]:
+                text += f"closest at budget {c['budget']}: {_kept(c, full)}{_band(c)}{_answers(c)}; "
+            text += f"at its largest budget that evicts, {w['budget']}, it is still {how} the full cache: "
+            text += (_kept(w, full) if c is None or c["budget"] == w["budget"] else "") + f"{_band(w)}{_answers(w)}"
+            if e.get("misses"):
+                text += f"; it misses the tolerance by {_span(e['misses'])} {_where_missed(e)}"
+            if e.get("monotone") is False:
+                text += ("; not monotone: |change| does not shrink as the budget grows"
+                         + (f" (budget {c['budget']} is closer than {w['budget']})" if c and c["budget"] != w["budget"] else ""))
+            text += ")"
         else:
             text = f"{name}: no budget on the grid evicts anything"
         said.append(text)
@@ -195,8 +206,57 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     if hold.get("whole_from") is not None:
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
-        parts.append("No eviction policy holds the metric at any budget that evicts something: none saves anything here.")
+        parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric"))))
     return parts
+
+
+def _kept(row: Mapping[str, Any], full: float) -> str:
+    """'keeps 98.8% of the full-cache value, ' where the full cache's mean is positive (a share reads
+    right only there), else ''."""
+    return f"keeps {100 * (1 + row['change']):.1f}% of the full-cache value, " if full > 0 else ""
+
+
+def _answers(row: Mapping[str, Any]) -> str:
+    """'; 16/16 answers correct (full cache 16/16)' from a holding row with accuracy counts, else ''."""
+    if row.get("correct") is None:
+        return ""
+    return f"; {row['correct']}/{row['n_evicting']} answers correct (full cache {row['full_correct']}/{row['n_evicting']})"
+
+
+def _where_missed(e: Mapping[str, Any]) -> str:
+    """'at every budget that evicts' or 'at budget(s) 4, 8' (a policy within the tolerance at some budgets
+    but not from one budget on)."""
+    if e.get("every_evicting_missed"):
+        return "at every budget that evicts"
+    return "at budget(s) " + ", ".join(str(b) for b in e.get("missed") or [])
+
+
+def _span(misses: list[float]) -> str:
+    lo, hi = (100 * m for m in misses)
+    return f"{lo:.1f}%" if abs(hi - lo) < 0.05 else f"{lo:.1f}% to {hi:.1f}%"
+
+
+def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: str) -> str:
+    """When no policy holds: the policy closest to the full cache, what it keeps (metric and answers) and
+    by how much it misses, so a policy that keeps most of the metric and every answer is never called useless."""
+    tried = [(p, e) for p, e in (hold.get("policies") or {}).items() if e.get("closest") is not None]
+    if not tried:
+        return "No eviction policy holds the metric at any budget that evicts something."
+    policy, e = min(tried, key=lambda pe: abs(pe[1]["closest"]["change"]))
+    c, name = e["closest"], policy.replace("_", " ")
+    keeps = f"{100 * (1 + c['change']):.1f}% of the {metric}" if full > 0 else f"the {metric} within {_pc(c['change'])}"
+    lead = f"No policy stays within {100 * tol:.0f}% at a budget that evicts something, but {name} keeps {keeps}"
+    every = c.get("correct") is not None and c["correct"] >= c["full_correct"]
+    if every and e.get("answers_from") is not None and e["answers_from"] <= c["budget"]:
+        text = (f"{lead} and every answer the full cache gets ({c['correct']}/{c['n_evicting']}) from budget "
+                f"{e['answers_from']} (at {c['budget']}: {_band(c)})")
+    else:
+        text = f"{lead} at budget {c['budget']} ({_band(c)}{_answers(c)})"
+    if e.get("misses"):
+        text += f"; it misses the {100 * tol:.0f}% tolerance by {_span(e['misses'])} {_where_missed(e)}"
+    if e.get("monotone") is False:
+        text += ", and its curve is not monotone in the budget"
+    return text + "."
 
 
 def _norm_sentence(s: Mapping[str, Any]) -> str:

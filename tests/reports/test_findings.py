@@ -579,13 +579,44 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
             "prompts evict anything there; +0.5% (95% CI") in text
     assert "sink window from 8 positions (between 4 and 8 on this grid" in text and "2 of 4 prompts evict" in text
     assert "With 4 sink positions, sink window keeps no recent token below budget 5" in text
-    assert "heavy hitters never (at its largest budget that evicts, 8, it is still below the full cache: -10.0%" in text
+    assert ("heavy hitters never (at its largest budget that evicts, 8, it is still below the full cache: keeps 90.0% of "
+            "the full-cache value, -10.0%") in text and "it misses the tolerance by 10.0% at every budget" in text
     assert ("Window is better than the full cache by more than 1% at budget(s) 1: at 1, +7.5% (95% CI [+2.9%, +12.1%], "
             "per example +5.0% to +10.0%, n = 4).") in text
     assert "From budget 12 on, every prompt is kept whole" in text and "saves anything" not in text
     # an older summary (means only): "within 1%" is two-sided, +4.5% is not within
     old = {"metric_unevicted": 10.0, "metric_per_policy_budget": {"window": {"1": 10.45, "2": 10.05, "12": 10.0}}}
     assert "window from 2 positions" in finding("kv", old)
+
+
+def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_anything():
+    """review 5 A3: heavy hitters keeps 98.8% of the logit difference and every answer from budget 1 but never
+    stays within 1%; its curve is not monotone (budget 1 closer than 8)."""
+    from headscope.analyses.kv.holding import holding_budgets
+    from tests_support import hand_heavy_hitters_sweep
+
+    s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4,
+         "holding_budgets": holding_budgets(hand_heavy_hitters_sweep(), n_sink=4)}
+    text = finding("kv", s)
+    assert "saves anything" not in text
+    assert ("No policy stays within 1% at a budget that evicts something, but heavy hitters keeps 98.8% of the logit "
+            "difference and every answer the full cache gets (4/4) from budget 1 (at 1: -1.2% (95% CI [") in text
+    assert ("; it misses the 1% tolerance by 1.2% to 4.6% at every budget that evicts, and its curve is not monotone "
+            "in the budget.") in text
+    assert ("heavy hitters never (closest at budget 1: keeps 98.8% of the full-cache value, -1.2% (95% CI") in text
+    assert "n = 4); 4/4 answers correct (full cache 4/4); at its largest budget that evicts, 8, it is still below" in text
+    assert "(budget 1 is closer than 8)" in text
+    assert ("window never (at its largest budget that evicts, 8, it is still below the full cache: keeps 90.0% of the "
+            "full-cache value, -10.0% (95% CI") in text and "3/4 answers correct (full cache 4/4)" in text
+    # a policy within 1% at budget 4 only (not from one budget on) is not said to miss at every budget
+    hold = s["holding_budgets"]
+    hold["policies"]["heavy_hitters"].update(missed=[1, 2, 8], every_evicting_missed=False)
+    assert "misses the 1% tolerance by 1.2% to 4.6% at budget(s) 1, 2, 8," in finding("kv", s)
+    # no answers recorded and no policy close: the closest is still named, with its size
+    bare = holding_budgets(hand_heavy_hitters_sweep().drop(columns="correct"), n_sink=4)
+    text = finding("kv", {**s, "holding_budgets": bare})
+    assert "heavy hitters keeps 98.8% of the logit difference at budget 1 (-1.2% (95% CI" in text
+    assert "answers" not in text
 
 
 def test_kv_gqa_saving_is_the_share_saved_and_is_said_whenever_kv_heads_are_fewer():
