@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import NullLocator
 
-from headscope.reports.findings import _chance, _num, _words
+from headscope.reports.findings import _chance, _num, _words, sink_sentence
 from headscope.reports.plots import LAYERS, axes, laid_out
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
@@ -112,7 +112,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "cache; dotted: the longest context, a budget that saves nothing for any prompt.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted: positions fewer than half of the prompts reach.",
-    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass.",
+    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass, with "
+                "its 95% t interval over prompts; the finding names the layers that are sinks.",
 }
 
 
@@ -268,11 +269,11 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
     lo, hi = min(ratios.values()), max(ratios.values())
     span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
     if lo > 1.5:
-        verdict = "the first key stands out in every layer (a sink key)"
+        verdict = "the first key's norm stands out in every layer (a sink key)"
     elif hi > 1.5:
-        verdict = f"the first key stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
+        verdict = f"the first key's norm stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
     else:
-        verdict = "the first key does not stand out" + (" (it is smaller)" if hi < 1 else "")
+        verdict = "the first key's norm does not stand out" + (" (it is smaller)" if hi < 1 else "")
     return f"The first key's norm is {span} times the other keys' (per layer): {verdict}."
 
 
@@ -290,6 +291,9 @@ def finding(s: Mapping[str, Any]) -> str:
     norms = _norm_sentence(s)
     if norms:
         parts.append(norms)
+    sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"))  # the attention the first key receives
+    if sinks:
+        parts.append(sinks)
     full = _num(s.get("metric_unevicted"))
     budgets = s.get("metric_per_policy_budget") or {}
     hold = s.get("holding_budgets")

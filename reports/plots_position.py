@@ -17,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.errors import ConfigError
-from headscope.reports.findings import _chance, _ci, _num
+from headscope.reports.findings import _chance, _ci, _num, sink_sentence
 from headscope.reports.plots import axes, color_scale, line_colours, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
@@ -194,9 +194,13 @@ def finding(s: Mapping[str, Any]) -> str:
                      + _shape(values, (s.get("ci_per_position") or {}).get(metric) or {}, s.get("n_examples")))
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
     base = _num(s.get("sink_uniform_baseline"))
-    if sinks and base is not None:
+    shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples")
+    if shared:  # the kv finding's criterion, with intervals over examples
+        parts.append(shared)
+    elif sinks and base is not None:
         top = max(range(len(sinks)), key=lambda i: sinks[i])
-        parts.append(f"Attention on the first {s.get('n_sink', '?')} token(s) peaks at {sinks[top]:.2f} in layer {top} "
+        where = f"On {s['task']} prompts, attention" if s.get("task") else "Attention"
+        parts.append(f"{where} on the first {s.get('n_sink', '?')} token(s) peaks at {sinks[top]:.2f} in layer {top} "
                      f"against {base:.2f} under uniform attention"
                      + (" (an attention sink)." if sinks[top] > 2 * base else ": no attention sink."))
     if not at_chance:

@@ -130,6 +130,18 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     with torch.no_grad():
         attns = hf_model(tiny_dirs["llama"])(task.tokens, output_attentions=True).attentions
     assert sinks.sink_mass.iloc[1] == pytest.approx(attns[1][:, :, 1:, 0].mean().item(), abs=1e-5)
+    # review 5 A4: an interval over the prompts (t, from each prompt's own mass) and the shared sink verdict
+    from scipy import stats
+
+    for layer in (0, 1):
+        per_prompt = attns[layer][:, :, 1:, 0].mean((1, 2)).double().numpy()  # [prompts]
+        ci = stats.ttest_1samp(per_prompt, 0.0).confidence_interval(0.95)
+        excess = stats.ttest_1samp(per_prompt - sinks.uniform_mass.iloc[0], 0.0).confidence_interval(0.95)
+        row = sinks.iloc[layer]
+        assert (row.ci_low, row.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-5)
+        assert (row.excess_ci_low, row.excess_ci_high) == pytest.approx((excess.low, excess.high), abs=1e-5)
+        assert row.sink == (per_prompt.mean() >= 1.5 * row.uniform_mass and excess.low > 0) and row.n_prompts == 3
+        assert s["sinks"][layer]["ci"] == pytest.approx([ci.low, ci.high], abs=1e-5)
     from headscope.reports.plots_kv import figures
 
     figs = figures(result)

@@ -211,6 +211,26 @@ def test_sink_mass_and_baseline_on_a_hand_built_pattern():
     assert sink_mass(uniform[None, None], 3).item() == pytest.approx(uniform_baseline(n, 3))
 
 
+def test_layer_sinks_interval_and_criterion_by_hand():
+    """The shared sink criterion (kv and position): ratio >= 1.5 and the paired excess's t interval above 0."""
+    from scipy import stats
+
+    from headscope.analyses.position.sinks import layer_sinks
+
+    mass = torch.tensor([[0.15, 0.30, 0.26], [0.14, 0.35, 0.10], [0.16, 0.33, 0.40]], dtype=torch.float64)  # [ex, layer]
+    uniform = torch.tensor([0.18, 0.18, 0.18], dtype=torch.float64)
+    got = layer_sinks(mass, uniform)
+    for layer, entry in enumerate(got):
+        x = mass[:, layer].numpy()
+        ci, ex = stats.ttest_1samp(x, 0).confidence_interval(), stats.ttest_1samp(x - 0.18, 0).confidence_interval()
+        assert entry["ci"] == pytest.approx([ci.low, ci.high]) and entry["excess_ci"] == pytest.approx([ex.low, ex.high])
+        assert entry["ratio"] == pytest.approx(x.mean() / 0.18) and entry["n"] == 3
+    # layer 1: 1.81x, excess CI above 0; layer 2: 1.41x... below the ratio; layer 0 below uniform
+    assert [e["sink"] for e in got] == [False, True, False]
+    wide = layer_sinks(torch.tensor([[0.1], [0.9]], dtype=torch.float64), torch.tensor([0.2, 0.2], dtype=torch.float64))
+    assert wide[0]["ratio"] == pytest.approx(2.5) and wide[0]["excess_ci"][0] < 0 and not wide[0]["sink"]
+
+
 def test_streaming_keep_by_hand():
     expected = torch.tensor([[1, 0, 0, 0, 0, 0],
                              [1, 1, 0, 0, 0, 0],

@@ -629,10 +629,10 @@ def test_kv_gqa_saving_is_the_share_saved_and_is_said_whenever_kv_heads_are_fewe
 
 def test_kv_first_key_standing_out_is_said_from_the_data():
     low = {"sink_key_norm_ratio_per_layer": {"0": 0.83, "1": 0.9}}
-    assert "The first key's norm is 0.83 to 0.90 times the other keys' (per layer): the first key does not stand out" \
+    assert "The first key's norm is 0.83 to 0.90 times the other keys' (per layer): the first key's norm does not stand out" \
         in finding("kv", low)
     high = {"sink_key_norm_ratio_per_layer": {"0": 3.0, "1": 1.2}}
-    assert "stands out in layer(s) 0 only" in finding("kv", high)
+    assert "norm stands out in layer(s) 0 only" in finding("kv", high)
     assert "sink keys stand out" not in caption("kv_norms")
 
 
@@ -762,6 +762,41 @@ def test_position_at_chance_names_no_retrieval_head_and_no_shape():
     for said in ("L0H3", "retrieval head", "ranges from", "worst middle", "U-shape", "interval"):
         assert said not in text, said
     assert "no attention sink" in text  # a property of the attention, measured without the task
+
+
+REVIEW5_SINKS = [  # review 5 A4: Phi-3 kv/sinks.csv, layer 1 puts 0.325 on <s> against 0.180 uniform
+    {"layer": 0, "mass": 0.150, "uniform": 0.180, "ci": [0.14, 0.16], "excess_ci": [-0.04, -0.02], "ratio": 0.150 / 0.180,
+     "n": 16, "sink": False},
+    {"layer": 1, "mass": 0.325, "uniform": 0.180, "ci": [0.30, 0.35], "excess_ci": [0.12, 0.17], "ratio": 0.325 / 0.180,
+     "n": 16, "sink": True},
+    {"layer": 2, "mass": 0.101, "uniform": 0.180, "ci": [0.09, 0.11], "excess_ci": [-0.09, -0.07], "ratio": 0.101 / 0.180,
+     "n": 16, "sink": False}]
+
+
+def test_kv_and_position_state_the_sink_per_layer_against_uniform_with_one_criterion():
+    """review 5 A4: the layer-1 sink the figure shows is said in words, with its interval over prompts; the key-norm
+    sentence says it is about norms; position qualifies its sinks with its task and uses the same records."""
+    kv = {"task": "kv", "sink_key_norm_ratio_per_layer": {"0": 0.51, "1": 0.65, "2": 0.6}, "sinks": REVIEW5_SINKS}
+    text = finding("kv", kv)
+    assert "the first key's norm does not stand out (it is smaller)." in text
+    assert ("On kv prompts, attention on the first 1 token(s) per layer (mean over 16 prompts, 95% CI, and its multiple "
+            "of the uniform share 0.18): layer 0 0.15 [0.14, 0.16] (0.8x), layer 1 0.33 [0.30, 0.35] (1.8x), layer 2 0.10 "
+            "[0.09, 0.11] (0.6x). An attention sink in layer(s) 1 (at least 1.5x the uniform share, with its excess over "
+            "it 95%-CI above 0).") in text
+    pos = {"task": "json_kv", "n_sink": 1, "sinks": [{**r, "n": 8} for r in REVIEW5_SINKS],
+           "sink_mass_per_layer": [0.15, 0.325, 0.101], "sink_uniform_baseline": 0.18}
+    text = finding("position", pos)
+    assert "On json_kv prompts, attention on the first 1 token(s) per layer (mean over 8 examples" in text
+    assert "An attention sink in layer(s) 1" in text and "no attention sink" not in text and "peaks at" not in text
+    # below the ratio, or an interval that reaches the uniform share: no sink, said with the rule
+    none = [{**r, "sink": False} for r in REVIEW5_SINKS]
+    assert "No layer is an attention sink (none is at least 1.5x the uniform share" in finding("kv", {**kv, "sinks": none})
+    # many layers: the sinks in full, the others as a range
+    deep = [{**REVIEW5_SINKS[0], "layer": i, "mass": 0.1 + 0.01 * i} for i in range(8)] + [{**REVIEW5_SINKS[1], "layer": 8}]
+    assert "layer 8 0.33 [0.30, 0.35] (1.8x); the other 8 layers 0.10-0.17." in finding("kv", {"sinks": deep})
+    # an older position summary (no records): the old rule, now with its task
+    old = finding("position", {"task": "json_kv", "n_sink": 4, "sink_mass_per_layer": [0.12], "sink_uniform_baseline": 0.12})
+    assert old.startswith("On json_kv prompts, attention on the first 4 token(s) peaks at 0.12")
 
 
 def test_mlp_at_chance_ranks_no_layer():
