@@ -77,13 +77,25 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", ax=None):
 
 
 def plot_sinks(data: pd.DataFrame, *, ax=None):
-    """Attention mass on the first position per layer against its uniform baseline (`data`: the sinks table)."""
+    """Attention mass on the first position per layer against its uniform baseline (`data`: the sinks
+    table), the measured bars with their 95% t interval over prompts (ci_low / ci_high, where present)."""
+    import numpy as np
+
     ax = axes(ax, (7.5, 4))
-    long = data.melt(id_vars="layer", value_vars=["sink_mass", "uniform_mass"], var_name="attention", value_name="mass")
-    long["attention"] = long["attention"].map({"sink_mass": "measured", "uniform_mass": "if uniform"})
-    sns.barplot(data=long, x="layer", y="mass", hue="attention", ax=ax)
-    ax.set(title="Attention sink: mass on the first position", ylabel="attention mass on position 0 (0-1)")
-    ax.set_ylim(0, min(1.0, 1.15 * float(long["mass"].max()) or 1.0))
+    x = np.arange(len(data))  # [layer]
+    measured, uniform = data["sink_mass"].to_numpy(dtype=float), data["uniform_mass"].to_numpy(dtype=float)
+    colours = sns.color_palette(n_colors=2)
+    err = None
+    if {"ci_low", "ci_high"} <= set(data) and data[["ci_low", "ci_high"]].notna().all().all():
+        err = np.stack([measured - data["ci_low"].to_numpy(dtype=float), data["ci_high"].to_numpy(dtype=float) - measured])
+    ax.bar(x - 0.2, measured, width=0.4, color=colours[0], label="measured (95% CI over prompts)" if err is not None
+           else "measured", yerr=err, capsize=3, ecolor="black")
+    ax.bar(x + 0.2, uniform, width=0.4, color=colours[1], label="if uniform")
+    ax.set_xticks(x, [str(int(v)) for v in data["layer"]])
+    top = max(float(np.nanmax(measured + (err[1] if err is not None else 0))), float(np.nanmax(uniform)))
+    ax.set(title="Attention sink: mass on the first position", xlabel="layer",
+           ylabel="attention mass on position 0 (0-1)")
+    ax.set_ylim(0, min(1.0, 1.15 * top) or 1.0)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="attention")
     return ax
 

@@ -12,7 +12,8 @@ similarity of query and passage with the relevant sentence at each slot.
 
 Result tables: df (one row per example x position: the metrics), "curve" (metric, position,
 mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass),
-"sinks" (layer, sink_mass, baseline, ci_low, ci_high, ratio, sink: sinks.layer_sinks), "heads" (layer, head, mean_mass, mass_above_others, corr_*, n, p_corr,
+"sinks" (layer, sink_mass, baseline, ci_low, ci_high, ratio, sink: sinks.layer_sinks),
+"heads" (layer, head, mean_mass, mass_above_others, corr_*, n, p_corr,
 p_corr_holm, p_mass, p_mass_holm, retrieval; stats.head_tracking's tests).
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
 slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline, retrieval_heads (the heads

@@ -608,6 +608,22 @@ def test_position_curve_title_claims_a_u_shape_only_when_the_bands_separate():
 
 
 # ---- noise never vivid, honest labels (#34 figure defects) ---------------------------------------
+def test_kv_sinks_draws_each_layers_interval_over_prompts():
+    from headscope.reports.plots_kv import plot_sinks
+
+    sinks = pd.DataFrame({"layer": [0, 1, 2], "sink_mass": [0.15, 0.325, 0.10], "uniform_mass": [0.18] * 3,
+                          "ci_low": [0.14, 0.31, 0.09], "ci_high": [0.16, 0.34, 0.11]})
+    try:
+        ax = plot_sinks(sinks, ax=plt.subplots()[1])
+        heights = [round(p.get_height(), 3) for p in ax.patches]
+        assert heights == [0.15, 0.325, 0.1, 0.18, 0.18, 0.18]
+        [bars] = [c for c in ax.containers if getattr(c, "errorbar", None) is not None and c.errorbar is not None]
+        segments = bars.errorbar.lines[2][0].get_segments()
+        assert [tuple(np.round(seg[:, 1], 3)) for seg in segments] == [(0.14, 0.16), (0.31, 0.34), (0.09, 0.11)]
+    finally:
+        plt.close("all")
+
+
 def test_position_curves_at_chance_are_drawn_muted_on_a_0_1_accuracy_axis_with_their_band():
     """review 5 B2/A10: the curve and streaming figures titled AT CHANCE draw pale lines (every RGB channel
     >= MUTE, as plots.muted does a map); accuracy spans 0-1 and its exact band of 0/8, [0, 0.37], is drawn."""
