@@ -118,6 +118,8 @@ def chance_basis(entry: Mapping[str, Any]) -> str:
             return f"log(1/{vocab:.0f}): one answer token, uniform over a {vocab:.0f}-token vocabulary"
         return f"{tokens:.3g} x log(1/{vocab:.0f}): answers of {tokens:.3g} tokens on average, uniform over a " \
                f"{vocab:.0f}-token vocabulary"
+    if metric == "accuracy" and classes and entry.get("classes_from") == "context":
+        return f"1/{classes:.0f}: copying one of the {classes:.0f} values in the context"
     if metric == "accuracy" and classes:
         return f"1/{classes:.0f}: guessing among {classes:.0f} answers"
     if metric == "accuracy" and vocab:
@@ -205,3 +207,40 @@ def __getattr__(name: str) -> Any:
     if name.endswith("_finding") and family in families.names():
         return families.presentation(family).finding
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: str = "prompts") -> str:
+    """The attention-sink sentence the kv and position findings share, from the summary's per-layer
+    "sinks" records (analyses/position/sinks.layer_sinks): each layer's mass on the first tokens with
+    its 95% interval over examples against the uniform-attention share, and the layers that are sinks
+    by the one criterion (at least SINK_RATIO x uniform, the paired excess's interval above 0). Models
+    of more than 6 layers: the sink layers in full, the others as a range."""
+    rows = [r for r in records or [] if isinstance(r, Mapping) and _num(r.get("mass")) is not None]
+    if not rows:
+        return ""
+    from headscope.analyses.position.sinks import SINK_RATIO
+
+    def one(r: Mapping[str, Any]) -> str:
+        ci = r.get("ci")
+        band = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
+        return f"layer {r['layer']} {r['mass']:.2f}{band} ({r['ratio']:.1f}x)"
+
+    sinks = [r for r in rows if r.get("sink")]
+    uniform = [r["uniform"] for r in rows]
+    base = f"{min(uniform):.2f}" if max(uniform) - min(uniform) < 0.005 else f"{min(uniform):.2f}-{max(uniform):.2f}"
+    where = f"On {task} prompts, a" if task else "A"
+    n = rows[0].get("n")
+    head = (f"{where}ttention on the first {n_sink if n_sink is not None else '?'} token(s) per layer (mean"
+            + (f" over {n} {unit}" if n else "") + f", 95% CI, and its multiple of the uniform share {base}): ")
+    if len(rows) <= 6:
+        listed = ", ".join(one(r) for r in rows)
+    else:
+        others = [r["mass"] for r in rows if not r.get("sink")]
+        listed = ", ".join(one(r) for r in sinks) + ("; " if sinks and others else "") \
+            + (f"the other {len(others)} layers {min(others):.2f}-{max(others):.2f}" if others else "")
+    rule = f"at least {SINK_RATIO:g}x the uniform share, with its excess over it 95%-CI above 0"
+    if sinks:
+        verdict = f"An attention sink in layer(s) {', '.join(str(r['layer']) for r in sinks)} ({rule})."
+    else:
+        verdict = f"No layer is an attention sink (none is {rule})."
+    return head + listed + ". " + verdict

@@ -100,6 +100,15 @@ def muted(cmap: str) -> Any:
     return ListedColormap(colours, name=f"{cmap}_muted")
 
 
+def line_colours(n: int, *, quiet: bool = False) -> list[tuple[float, float, float]]:
+    """n line colours of seaborn's palette; `quiet` blends them MUTE of the way towards white, as
+    `muted` does a map: lines drawn at chance are pale, like muted heat maps."""
+    import seaborn as sns
+
+    colours = sns.color_palette(n_colors=n)
+    return [tuple(c * (1 - MUTE) + MUTE for c in rgb) for rgb in colours] if quiet else list(colours)
+
+
 def color_scale(*arrays: Any, bound: float | None = None, quiet: bool = False,
                 is_signed: bool | None = None) -> dict[str, Any]:
     """seaborn heatmap keywords for the convention: signed data on DIVERGING centred on 0 from -bound

@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import NullLocator
 
-from headscope.reports.findings import _chance, _num, _words
+from headscope.reports.findings import _chance, _num, _words, sink_sentence
 from headscope.reports.plots import LAYERS, axes, laid_out
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
@@ -77,13 +77,25 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", ax=None):
 
 
 def plot_sinks(data: pd.DataFrame, *, ax=None):
-    """Attention mass on the first position per layer against its uniform baseline (`data`: the sinks table)."""
+    """Attention mass on the first position per layer against its uniform baseline (`data`: the sinks
+    table), the measured bars with their 95% t interval over prompts (ci_low / ci_high, where present)."""
+    import numpy as np
+
     ax = axes(ax, (7.5, 4))
-    long = data.melt(id_vars="layer", value_vars=["sink_mass", "uniform_mass"], var_name="attention", value_name="mass")
-    long["attention"] = long["attention"].map({"sink_mass": "measured", "uniform_mass": "if uniform"})
-    sns.barplot(data=long, x="layer", y="mass", hue="attention", ax=ax)
-    ax.set(title="Attention sink: mass on the first position", ylabel="attention mass on position 0 (0-1)")
-    ax.set_ylim(0, min(1.0, 1.15 * float(long["mass"].max()) or 1.0))
+    x = np.arange(len(data))  # [layer]
+    measured, uniform = data["sink_mass"].to_numpy(dtype=float), data["uniform_mass"].to_numpy(dtype=float)
+    colours = sns.color_palette(n_colors=2)
+    err = None
+    if {"ci_low", "ci_high"} <= set(data) and data[["ci_low", "ci_high"]].notna().all().all():
+        err = np.stack([measured - data["ci_low"].to_numpy(dtype=float), data["ci_high"].to_numpy(dtype=float) - measured])
+    ax.bar(x - 0.2, measured, width=0.4, color=colours[0], label="measured (95% CI over prompts)" if err is not None
+           else "measured", yerr=err, capsize=3, ecolor="black")
+    ax.bar(x + 0.2, uniform, width=0.4, color=colours[1], label="if uniform")
+    ax.set_xticks(x, [str(int(v)) for v in data["layer"]])
+    top = max(float(np.nanmax(measured + (err[1] if err is not None else 0))), float(np.nanmax(uniform)))
+    ax.set(title="Attention sink: mass on the first position", xlabel="layer",
+           ylabel="attention mass on position 0 (0-1)")
+    ax.set_ylim(0, min(1.0, 1.15 * top) or 1.0)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="attention")
     return ax
 
@@ -112,7 +124,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "cache; dotted: the longest context, a budget that saves nothing for any prompt.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted: positions fewer than half of the prompts reach.",
-    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass.",
+    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass, with "
+                "its 95% t interval over prompts; the finding names the layers that are sinks.",
 }
 
 
@@ -170,12 +183,23 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             where = f"between {e['below']} and {e['budget']} on this grid" if e.get("below") is not None else \
                 "from the grid's smallest budget that evicts"
             text = (f"{name} from {e['budget']} positions ({where}; a median {100 * at['share']:.0f}% of each prompt's "
-                    f"context; {at['n_evicting']} of {at['n_examples']} prompts evict anything there; {_band(at)})")
+                    f"context; {at['n_evicting']} of {at['n_examples']} prompts evict anything there; {_band(at)}{_answers(at)})")
         elif e.get("worst_evicting") is not None:
-            w = e["worst_evicting"]
+            w, c = e["worst_evicting"], e.get("closest")
+            if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
+                c = w
             how = "above" if w["change"] > tol else "below"
-            text = (f"{name} never (at its largest budget that evicts, {w['budget']}, it is still {how} the full "
-                    f"cache: {_band(w)})")
+            text = f"{name} never ("
+            if c is not None and c["budget"] != w["budget"]:
+                text += f"closest at budget {c['budget']}: {_kept(c, full)}{_band(c)}{_answers(c)}; "
+            text += f"at its largest budget that evicts, {w['budget']}, it is still {how} the full cache: "
+            text += (_kept(w, full) if c is None or c["budget"] == w["budget"] else "") + f"{_band(w)}{_answers(w)}"
+            if e.get("misses"):
+                text += f"; it misses the tolerance by {_span(e['misses'])} {_where_missed(e)}"
+            if e.get("monotone") is False:
+                text += ("; not monotone: |change| does not shrink as the budget grows"
+                         + (f" (budget {c['budget']} is closer than {w['budget']})" if c and c["budget"] != w["budget"] else ""))
+            text += ")"
         else:
             text = f"{name}: no budget on the grid evicts anything"
         said.append(text)
@@ -195,8 +219,57 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     if hold.get("whole_from") is not None:
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
-        parts.append("No eviction policy holds the metric at any budget that evicts something: none saves anything here.")
+        parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric"))))
     return parts
+
+
+def _kept(row: Mapping[str, Any], full: float) -> str:
+    """'keeps 98.8% of the full-cache value, ' where the full cache's mean is positive (a share reads
+    right only there), else ''."""
+    return f"keeps {100 * (1 + row['change']):.1f}% of the full-cache value, " if full > 0 else ""
+
+
+def _answers(row: Mapping[str, Any]) -> str:
+    """'; 16/16 answers correct (full cache 16/16)' from a holding row with accuracy counts, else ''."""
+    if row.get("correct") is None:
+        return ""
+    return f"; {row['correct']}/{row['n_evicting']} answers correct (full cache {row['full_correct']}/{row['n_evicting']})"
+
+
+def _where_missed(e: Mapping[str, Any]) -> str:
+    """'at every budget that evicts' or 'at budget(s) 4, 8' (a policy within the tolerance at some budgets
+    but not from one budget on)."""
+    if e.get("every_evicting_missed"):
+        return "at every budget that evicts"
+    return "at budget(s) " + ", ".join(str(b) for b in e.get("missed") or [])
+
+
+def _span(misses: list[float]) -> str:
+    lo, hi = (100 * m for m in misses)
+    return f"{lo:.1f}%" if abs(hi - lo) < 0.05 else f"{lo:.1f}% to {hi:.1f}%"
+
+
+def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: str) -> str:
+    """When no policy holds: the policy closest to the full cache, what it keeps (metric and answers) and
+    by how much it misses, so a policy that keeps most of the metric and every answer is never called useless."""
+    tried = [(p, e) for p, e in (hold.get("policies") or {}).items() if e.get("closest") is not None]
+    if not tried:
+        return "No eviction policy holds the metric at any budget that evicts something."
+    policy, e = min(tried, key=lambda pe: abs(pe[1]["closest"]["change"]))
+    c, name = e["closest"], policy.replace("_", " ")
+    keeps = f"{100 * (1 + c['change']):.1f}% of the {metric}" if full > 0 else f"the {metric} within {_pc(c['change'])}"
+    lead = f"No policy stays within {100 * tol:.0f}% at a budget that evicts something, but {name} keeps {keeps}"
+    every = c.get("correct") is not None and c["correct"] >= c["full_correct"]
+    if every and e.get("answers_from") is not None and e["answers_from"] <= c["budget"]:
+        text = (f"{lead} and every answer the full cache gets ({c['correct']}/{c['n_evicting']}) from budget "
+                f"{e['answers_from']} (at {c['budget']}: {_band(c)})")
+    else:
+        text = f"{lead} at budget {c['budget']} ({_band(c)}{_answers(c)})"
+    if e.get("misses"):
+        text += f"; it misses the {100 * tol:.0f}% tolerance by {_span(e['misses'])} {_where_missed(e)}"
+    if e.get("monotone") is False:
+        text += ", and its curve is not monotone in the budget"
+    return text + "."
 
 
 def _norm_sentence(s: Mapping[str, Any]) -> str:
@@ -208,11 +281,11 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
     lo, hi = min(ratios.values()), max(ratios.values())
     span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
     if lo > 1.5:
-        verdict = "the first key stands out in every layer (a sink key)"
+        verdict = "the first key's norm stands out in every layer (a sink key)"
     elif hi > 1.5:
-        verdict = f"the first key stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
+        verdict = f"the first key's norm stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
     else:
-        verdict = "the first key does not stand out" + (" (it is smaller)" if hi < 1 else "")
+        verdict = "the first key's norm does not stand out" + (" (it is smaller)" if hi < 1 else "")
     return f"The first key's norm is {span} times the other keys' (per layer): {verdict}."
 
 
@@ -230,6 +303,9 @@ def finding(s: Mapping[str, Any]) -> str:
     norms = _norm_sentence(s)
     if norms:
         parts.append(norms)
+    sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"))  # the attention the first key receives
+    if sinks:
+        parts.append(sinks)
     full = _num(s.get("metric_unevicted"))
     budgets = s.get("metric_per_policy_budget") or {}
     hold = s.get("holding_budgets")

@@ -17,23 +17,27 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.errors import ConfigError
-from headscope.reports.findings import _chance, _ci, _num
-from headscope.reports.plots import axes, color_scale, quiet_reason
+from headscope.reports.findings import _chance, _ci, _num, sink_sentence
+from headscope.reports.plots import axes, color_scale, line_colours, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
           "probability": "answer probability", "rank": "answer rank", "exact": "exact greedy answer",
           "cosine": "cosine(query, passage)"}
 
 
+SHARES = ("accuracy", "probability", "exact")  # metrics in 0-1, drawn on a 0-1 axis
 MARKERS = ("o", "s", "^", "D", "v", "P")
 DASHES = ("-", "--", ":", "-.")
 
 
 def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tuple[str, ...] = ("full",),
-               n_items: int | None = None, ratio: float | None = None, title: str | None = None, ax: Any = None) -> Any:
-    """Metric against gold position (1-based slot) with bootstrap 95% intervals (`data`: the curve
-    table; metric: its first when None): the U-curve. The default title gives `ratio`, min(middle) /
-    max(ends) (the summary's ratio_middle_to_ends), or says the curve is flat."""
+               n_items: int | None = None, ratio: float | None = None, title: str | None = None,
+               quiet: bool = False, ax: Any = None) -> Any:
+    """Metric against gold position (1-based slot) with its 95% band (`data`: the curve table; exact
+    Clopper-Pearson for accuracy, bootstrap otherwise; metric: its first when None): the U-curve. The
+    default title gives `ratio`, min(middle) / max(ends) (the summary's ratio_middle_to_ends), or says
+    the curve is flat. Shares (accuracy, probability) on a 0-1 axis; `quiet` (the model at chance,
+    plots.quiet_reason) draws the lines in muted colours (plots.line_colours)."""
     ax = axes(ax, (6, 4))
     curve = data
     metric = metric or str(curve["metric"].iloc[0])
@@ -41,7 +45,7 @@ def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tup
     if data.empty:
         raise ConfigError(f"no curve for metric {metric!r} and conditions {conditions}; "
                           f"metrics: {sorted(curve['metric'].unique())}.")
-    palette = sns.color_palette(n_colors=len(conditions))
+    palette = line_colours(len(conditions), quiet=quiet)
     for i, (color, (cond, g)) in enumerate(zip(palette, data.groupby("condition", sort=False))):
         g = g.sort_values("position")  # each condition its own marker and dash: equal curves stay visible
         ax.plot(g["position"], g["mean"], color=color, label=cond, marker=MARKERS[i % len(MARKERS)],
@@ -50,6 +54,8 @@ def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tup
     ax.set_xticks(sorted(data["position"].unique()))
     ax.set_xlabel(f"gold position (of {n_items if n_items is not None else '?'})")
     ax.set_ylabel(LABELS.get(metric, metric))
+    if metric in SHARES:  # a share: its whole range, so a band of 0/8 reads as what it is
+        ax.set_ylim(-0.02, 1.02)
     lo, hi = float(data["mean"].min()), float(data["mean"].max())
     if title is None and hi - lo < 0.02:
         title = f"flat: {metric} {lo:.2f}-{hi:.2f} at every gold position (no measurable effect of position)"
@@ -112,7 +118,7 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     quiet = quiet_reason(s)  # at chance: a flat curve is a floor, not evidence about position
     curve_title = None if quiet is None else f"{primary} by gold position\n{quiet}"
     for stem, draw in (("position_curve", lambda ax: plot_curve(tables["curve"], metric=primary, ax=ax, title=curve_title,
-                                                                   **common)),
+                                                                   quiet=quiet is not None, **common)),
                        ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax,
                                                                                            quiet=quiet_reason(s))),
                        ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"), ax=ax))):
@@ -125,7 +131,7 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
         fig, ax = plt.subplots(figsize=(8, 4))
         plot_curve(tables["curve"], metric="logprob", conditions=("full", *masked["condition"].unique()),
                    n_items=s.get("n_items"), ax=ax, title="full context vs streaming windows (sinks + recent tokens)"
-                   + (f"\n{quiet}" if quiet else ""))
+                   + (f"\n{quiet}" if quiet else ""), quiet=quiet is not None)
         fig.tight_layout()
         figs["position_streaming"] = fig
     return figs
@@ -140,7 +146,8 @@ GUIDE = (  # how to read this section of the report
     "attention parks on the first tokens against the uniform baseline."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "position_curve": "Answer metric (y) by the gold item's slot in the context (x), bootstrap 95% band over examples. "
+    "position_curve": "Answer metric (y) by the gold item's slot in the context (x), 95% band over examples (accuracy: "
+                      "exact Clopper-Pearson; other metrics: bootstrap). "
                       "The middle is neglected only where its band lies below both ends' bands; overlapping bands show "
                       "no difference at this sample size.",
     "position_gold_attention": "Attention mass (0-1) on the gold span, layer x gold position, max over heads.",
@@ -187,9 +194,13 @@ def finding(s: Mapping[str, Any]) -> str:
                      + _shape(values, (s.get("ci_per_position") or {}).get(metric) or {}, s.get("n_examples")))
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
     base = _num(s.get("sink_uniform_baseline"))
-    if sinks and base is not None:
+    shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples")
+    if shared:  # the kv finding's criterion, with intervals over examples
+        parts.append(shared)
+    elif sinks and base is not None:
         top = max(range(len(sinks)), key=lambda i: sinks[i])
-        parts.append(f"Attention on the first {s.get('n_sink', '?')} token(s) peaks at {sinks[top]:.2f} in layer {top} "
+        where = f"On {s['task']} prompts, attention" if s.get("task") else "Attention"
+        parts.append(f"{where} on the first {s.get('n_sink', '?')} token(s) peaks at {sinks[top]:.2f} in layer {top} "
                      f"against {base:.2f} under uniform attention"
                      + (" (an attention sink)." if sinks[top] > 2 * base else ": no attention sink."))
     if not at_chance:

@@ -390,3 +390,25 @@ def hand_eviction_sweep():
                 rows.append({"policy": policy, "budget": b, "example": e, "context": ctx[e],
                              "metric": values[e] if ctx[e] > b else 10.0})
     return pd.DataFrame(rows)
+
+
+def hand_heavy_hitters_sweep():
+    """Hand-built kv eviction results in review 5's shape: 4 prompts of context 12, full-cache logit
+    difference 10 and every answer correct; heavy hitters -1.2%, -2.7%, -4.6%, -1.9% at budgets 1, 2, 4, 8
+    (non-monotone, never within 1%) with every answer correct; window -10% and sink_window -60% at 8, each
+    losing answers (tests/analyses/test_kv.py, tests/reports/test_findings.py)."""
+    import pandas as pd
+
+    change = {"heavy_hitters": {1: -0.012, 2: -0.027, 4: -0.046, 8: -0.019},
+              "window": {1: -0.9, 2: -0.7, 4: -0.4, 8: -0.1}, "sink_window": {1: -0.9, 2: -0.8, 4: -0.7, 8: -0.6}}
+    spread = [-0.002, 0.001, 0.0, 0.001]  # per-example offsets: a non-zero interval, mean unchanged
+    lost = {"window": 1, "sink_window": 3}  # answers lost at every budget
+    rows = []
+    for e in range(4):
+        rows.append({"policy": "full", "budget": 12, "example": e, "context": 12, "metric": 10.0, "correct": True})
+        for policy, by_budget in change.items():
+            for b, c in {**by_budget, 12: 0.0}.items():
+                wrong = b < 12 and e < lost.get(policy, 0)
+                rows.append({"policy": policy, "budget": b, "example": e, "context": 12,
+                             "metric": 10.0 * (1 + c + (spread[e] if b < 12 else 0.0)), "correct": not wrong})
+    return pd.DataFrame(rows)

@@ -152,32 +152,48 @@ def kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = 
 def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1,
                attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
     """Per layer: attention mass on the first n_sink keys against its uniform baseline (analyses.sinks,
-    Xiao et al.), both means over the prompts (each over its own real tokens), and the first keys'
-    mean norm over the other keys' (from `norms`). The patterns are reduced a chunk of queries at
+    Xiao et al.), both means over the prompts (each over its own real tokens), with 95% t intervals over
+    the prompts of the mass and of its excess over uniform and the shared sink verdict (sinks.layer_sinks),
+    and the first keys' mean norm over the other keys' (from `norms`). The patterns are reduced a chunk of queries at
     a time (hooks.reduce_patterns): no layer's whole pattern is held where the hook-free blocks run."""
     n_layers = model.facts.n_layers
-    mass = torch.zeros(n_layers, dtype=torch.float64)
-    baseline, n = 0.0, 0
+    masses, uniforms = [], []  # per length group: [prompts, layer] sink mass, [prompts] uniform share
     for group in length_groups(tokens, attention_mask):
         rows = sinks.query_rows(group.shape[1], n_sink)  # the query rows sinks.sink_mass averages
+        mass = torch.zeros(group.shape[0], n_layers, dtype=torch.float64)  # [prompts, layer]
 
-        def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, rows: torch.Tensor = rows) -> None:
-            # pattern [prompts, head, c, keys] -> the mean over rows and heads of the mass on the
-            # sinks (sinks.sink_mass), summed over the prompts
+        def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, rows: torch.Tensor = rows,
+                   mass: torch.Tensor = mass) -> None:
+            # pattern [prompts, head, c, keys] -> each prompt's mean over rows and heads of the mass on the
+            # sinks (sinks.sink_mass)
             got = sinks.sink_mass_sum(pattern, queries, n_sink, int(rows[0]))  # [prompts, head]
-            mass[layer] += float(got.double().sum()) / (rows.numel() * pattern.shape[1])
+            mass[:, layer] += got.double().sum(1).cpu() / (rows.numel() * pattern.shape[1])
 
         hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)
-        baseline += sinks.uniform_baseline(group.shape[1], n_sink) * group.shape[0]
-        n += group.shape[0]
+        masses.append(mass)
+        uniforms.append(torch.full((group.shape[0],), sinks.uniform_baseline(group.shape[1], n_sink), dtype=torch.float64))
+    per_layer = sinks.layer_sinks(torch.cat(masses), torch.cat(uniforms))  # over the prompts, with intervals
     keys = norms[norms.kind == "key"]
     rows = []
-    for layer in range(n_layers):
+    for layer, entry in zip(range(n_layers), per_layer):
         k = keys[keys.layer == layer]
         first, rest = k[k.position < n_sink].norm.mean(), k[k.position >= n_sink].norm.mean()
-        rows.append({"layer": layer, "sink_mass": float(mass[layer]) / n, "uniform_mass": baseline / n,
+        ci, excess = entry["ci"] or [float("nan")] * 2, entry["excess_ci"] or [float("nan")] * 2
+        rows.append({"layer": layer, "sink_mass": entry["mass"], "uniform_mass": entry["uniform"],
+                     "ci_low": ci[0], "ci_high": ci[1], "excess_ci_low": excess[0], "excess_ci_high": excess[1],
+                     "ratio": entry["ratio"], "n_prompts": entry["n"], "sink": entry["sink"],
                      "sink_key_norm_ratio": first / rest})
     return pd.DataFrame(rows)
+
+
+def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The sinks table as the summary's per-layer records (sinks.layer_sinks' keys; NaN intervals as None)."""
+    def pair(lo: float, hi: float) -> list[float] | None:
+        return None if pd.isna(lo) or pd.isna(hi) else [float(lo), float(hi)]
+
+    return [{"layer": int(r.layer), "mass": float(r.sink_mass), "uniform": float(r.uniform_mass),
+             "ci": pair(r.ci_low, r.ci_high), "excess_ci": pair(r.excess_ci_low, r.excess_ci_high),
+             "ratio": float(r.ratio), "n": int(r.n_prompts), "sink": bool(r.sink)} for r in table.itertuples()]
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -243,6 +259,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "holding_budgets": holding_budgets(sweep, n_sink=config.n_sink),
         "n_sink": config.n_sink,
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
+        "sinks": _sink_records(sink_table),
         "sink_key_norm_ratio_per_layer": {str(r.layer): float(r.sink_key_norm_ratio) for r in sink_table.itertuples()},
         "task": task.name,
     }

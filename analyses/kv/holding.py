@@ -10,12 +10,16 @@ full-cache value):
   denominator as fixed; per_example: the range of (policy - full) / |full| over them;
 - within: |change| <= tolerance (two-sided: a policy *above* the full cache by more is not "within",
   it is reported as better than the full cache, with its interval);
-- share: budget / context length, its median over those prompts.
+- share: budget / context length, its median over those prompts;
+- correct, full_correct: how many of those prompts the policy and the full cache answer correctly
+  (where the sweep has its `correct` column): accuracy beside the metric.
 
 `holding_budgets` gives per policy the smallest grid budget from which every larger budget that evicts
 anything stays within the tolerance, the grid budget just below it (the crossing lies between the two:
 a grid's resolution, not a property of the model) and, for sink_window, the budget below which it keeps
-no recent token (n_sink + 1: with n_sink sinks a budget <= n_sink holds sinks only).
+no recent token (n_sink + 1: with n_sink sinks a budget <= n_sink holds sinks only). Whether or not a
+policy holds, it also gives its closest result (the evicting budget of smallest |change|) and whether
+|change| shrinks as the budget grows (a non-monotone curve: a small budget closer than a larger one).
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
 def budget_changes(sweep: pd.DataFrame) -> pd.DataFrame:
     """One row per (policy, budget) of the sweep (not "full"): n_examples, n_evicting (prompts whose
     context is longer than the budget), change, ci_low, ci_high, per_example_low, per_example_high,
-    share (median budget / context) over the evicting prompts (NaN where none evicts).
+    share (median budget / context) over the evicting prompts (NaN where none evicts), and with a `correct`
+    column in the sweep, correct and full_correct (counts over the evicting prompts).
 
     sweep: eviction_sweep's df with its `context` column (each prompt's context length)."""
     full = sweep[sweep.policy == "full"].set_index("example")
@@ -55,6 +60,8 @@ def budget_changes(sweep: pd.DataFrame) -> pd.DataFrame:
         row = {"policy": policy, "budget": int(budget), "n_examples": len(g), "n_evicting": len(evicting),
                "change": math.nan, "ci_low": math.nan, "ci_high": math.nan, "per_example_low": math.nan,
                "per_example_high": math.nan, "share": math.nan}
+        if "correct" in g:
+            row.update(correct=int(g.correct.reindex(evicting).sum()), full_correct=int(full.correct.reindex(evicting).sum()))
         if len(evicting):
             base = full.metric.reindex(evicting).to_numpy(dtype=float)  # [evicting]
             diff = g.metric.reindex(evicting).to_numpy(dtype=float) - base
@@ -100,6 +107,18 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
                          below=records[first - 1]["budget"] if first > 0 else None)
         elif records:
             entry["worst_evicting"] = records[-1]
+        sizes = [abs(r["change"]) for r in records if r["change"] is not None]
+        if sizes:
+            entry["closest"] = min((r for r in records if r["change"] is not None), key=lambda r: abs(r["change"]))
+            out_of = [r for r in records if r["change"] is not None and abs(r["change"]) > tolerance]
+            entry["missed"] = [r["budget"] for r in out_of]  # the evicting budgets outside the tolerance
+            entry["every_evicting_missed"] = len(out_of) == len(records)
+            if out_of:
+                entry["misses"] = [min(abs(r["change"]) for r in out_of), max(abs(r["change"]) for r in out_of)]
+            entry["monotone"] = all(b <= a + 1e-12 for a, b in zip(sizes, sizes[1:]))
+        kept = [r.get("correct") is not None and r["correct"] >= r["full_correct"] for r in records]
+        if kept and "correct" in rows:  # the smallest budget from which every evicting budget loses no answer
+            entry["answers_from"] = next((records[i]["budget"] for i in range(len(kept)) if all(kept[i:])), None)
         if policy == "sink_window":
             entry["sinks_only_below"] = n_sink + 1
         out["policies"][str(policy)] = entry

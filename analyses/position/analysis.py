@@ -12,7 +12,8 @@ similarity of query and passage with the relevant sentence at each slot.
 
 Result tables: df (one row per example x position: the metrics), "curve" (metric, position,
 mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass),
-"sinks" (layer, sink_mass, baseline), "heads" (layer, head, mean_mass, mass_above_others, corr_*, n, p_corr,
+"sinks" (layer, sink_mass, baseline, ci_low, ci_high, ratio, sink: sinks.layer_sinks),
+"heads" (layer, head, mean_mass, mass_above_others, corr_*, n, p_corr,
 p_corr_holm, p_mass, p_mass_holm, retrieval; stats.head_tracking's tests).
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
 slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline, retrieval_heads (the heads
@@ -38,7 +39,7 @@ from headscope.analyses.core.task_files import describe
 from headscope.analyses.position import prompts
 from headscope.analyses.position.prompts import PositionSweep
 from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, run_encoder_sweeps
-from headscope.analyses.position.sinks import uniform_baseline
+from headscope.analyses.position.sinks import layer_sinks, uniform_baseline
 from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
 from headscope.errors import ConfigError, InputTypeError
 
@@ -195,7 +196,13 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     gold_attention = gold.groupby(["layer", "head", "position"], as_index=False)["mass"].mean()
     sink_by_layer = [float(x) for x in _layer_means([o.sink_mass for o in outs])]
     baseline = sum(uniform_baseline(sw.prompt_len, n_sink, causal=not encoder) for sw in sweeps) / len(sweeps)
-    sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer, "baseline": baseline})
+    per_layer = layer_sinks(torch.stack([o.sink_mass.double().mean((0, 2)) for o in outs]),  # [examples, layer]
+                            torch.tensor([uniform_baseline(sw.prompt_len, n_sink, causal=not encoder) for sw in sweeps],
+                                         dtype=torch.float64))  # over examples, the kv analysis's sink criterion
+    sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer, "baseline": baseline,
+                          "ci_low": [(e["ci"] or [math.nan])[0] for e in per_layer],
+                          "ci_high": [(e["ci"] or [math.nan, math.nan])[1] for e in per_layer],
+                          "ratio": [e["ratio"] for e in per_layer], "sink": [e["sink"] for e in per_layer]})
     span_share = float(sum(float((sw.gold_spans[:, 1] - sw.gold_spans[:, 0]).float().mean()) / sw.prompt_len
                            for sw in sweeps) / len(sweeps))
     heads, tracked = head_tracking(gold, obs, metrics=("cosine",) if encoder else ("accuracy", "logprob"),
@@ -208,6 +215,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         **_curve_summary(curve_df, encoder),
         "sink_mass_per_layer": sink_by_layer,
         "sink_uniform_baseline": baseline,
+        "sinks": per_layer,
         "n_sink": n_sink,
         "retrieval_heads": [[int(r.layer), int(r.head)]
                             for r in heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False).itertuples()],
@@ -280,12 +288,14 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
             *, task: str, fitted: bool) -> dict[str, Any]:
     """The summary's optional parts: chance (decoders), the fitted-context note, streaming windows."""
     out: dict[str, Any] = {}
-    if not model.facts.is_encoder and "accuracy" in obs:  # chance: guessing among the context's n_items items
+    if not model.facts.is_encoder and "accuracy" in obs:  # chance: copying one of the context's n_items values
         from headscope.analyses.core import chance
 
         per_example = obs.groupby("example")["accuracy"].mean().to_numpy()  # [examples], over positions
         out["chance"] = chance.with_basis(chance.assess(per_example, "accuracy", n_classes=sweeps[0].n_items),
                                           task=task, n_classes=sweeps[0].n_items)
+        if out["chance"] is not None:  # greedy output scored by containing the value: chance is copying one of them
+            out["chance"]["classes_from"] = "context"
     if fitted:
         fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)

@@ -86,3 +86,36 @@ def streaming_attention(model: Any, *, n_sink: int, window: int, keep_sinks: boo
     fwd = [(site("scores", layer), hook) for layer in range(model.facts.n_layers)]
     with model.hooks(fwd=fwd):
         yield
+
+
+SINK_RATIO = 1.5  # a layer is a sink when its mass is at least this many times the uniform share ...
+
+
+def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor) -> list[dict[str, Any]]:
+    """Per layer, the sink mass over examples against the uniform share, with the one sink criterion
+    the kv and position findings share. mass [examples, layer]: each example's mean (over heads and
+    query rows) mass on the sinks; uniform [examples]: uniform_baseline of each example's length.
+
+    Returns per layer {"layer", "mass", "uniform" (means), "ci" (95% t interval of the mean mass), "excess_ci"
+    (of the paired mean mass - uniform), "ratio" (mass / uniform), "n", "sink"}: sink = ratio >=
+    SINK_RATIO and the excess's interval above 0 (n >= 2; with one example, the ratio alone)."""
+    from scipy import stats
+
+    mass, uniform = mass.double(), uniform.double()
+    n = mass.shape[0]
+    t = float(stats.t.ppf(0.975, n - 1)) if n > 1 else float("nan")
+
+    def interval(x: torch.Tensor) -> list[float] | None:  # x [examples]
+        if n < 2:
+            return None
+        half = t * float(x.std()) / n ** 0.5
+        return [float(x.mean()) - half, float(x.mean()) + half]
+
+    out = []
+    for layer in range(mass.shape[1]):
+        m, u = float(mass[:, layer].mean()), float(uniform.mean())
+        excess = interval(mass[:, layer] - uniform)
+        ratio = m / u if u > 0 else float("inf")
+        out.append({"layer": layer, "mass": m, "uniform": u, "ci": interval(mass[:, layer]), "excess_ci": excess,
+                    "ratio": ratio, "n": n, "sink": bool(ratio >= SINK_RATIO and (excess is None or excess[0] > 0))})
+    return out

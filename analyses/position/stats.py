@@ -23,14 +23,34 @@ def bootstrap_ci(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0,
     return float(x.mean()), float(low), float(high)
 
 
+BINARY = ("accuracy", "exact")  # 0/1 per row: an exact binomial interval, not a bootstrap
+
+
+def exact_ci(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of 0/1 values: the share and its exact Clopper-Pearson interval. A bootstrap of
+    8 zeros is [0, 0]; the exact interval of 0/8 is [0, 0.37]."""
+    from scipy.stats import binomtest
+
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ConfigError("exact_ci needs at least one value.")
+    k = int(round(float(x.sum())))
+    ci = binomtest(k, x.size).proportion_ci(level, method="exact")
+    return float(x.mean()), float(ci.low), float(ci.high)
+
+
 def curve_table(obs: pd.DataFrame, metrics: Sequence[str], *, n_boot: int, seed: int, condition: str = "full") -> pd.DataFrame:
-    """Tidy [metric, position, mean, ci_low, ci_high, n, condition] from per-row observations."""
+    """Tidy [metric, position, mean, ci_low, ci_high, n, interval, condition] from per-row observations:
+    0/1 metrics (BINARY) with exact Clopper-Pearson intervals, the others with a percentile bootstrap."""
     rows = []
     for metric in metrics:
         for pos, group in obs.groupby("position", sort=True):
-            mean, low, high = bootstrap_ci(group[metric].to_numpy(), n_boot=n_boot, seed=seed)
+            x = group[metric].to_numpy(dtype=float)
+            binary = metric in BINARY and bool(np.isin(x, (0.0, 1.0)).all())
+            mean, low, high = exact_ci(x) if binary else bootstrap_ci(x, n_boot=n_boot, seed=seed)
             rows.append({"condition": condition, "metric": metric, "position": int(pos), "mean": mean,
-                         "ci_low": low, "ci_high": high, "n": len(group)})
+                         "ci_low": low, "ci_high": high, "n": len(group),
+                         "interval": "clopper-pearson" if binary else "bootstrap"})
     return pd.DataFrame(rows)
 
 

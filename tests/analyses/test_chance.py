@@ -225,7 +225,8 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
         assert entry["p_value"] == pytest.approx(binomtest(k, len(per_example), 1 / s["n_items"]).pvalue)
     assert entry["at_chance"]  # a random GPT-2 does not retrieve
     assert entry["n_classes"] == s["n_items"] and entry["task"] == s["task"]  # what the chance sentence names
-    assert f"(1/{s['n_items']}: guessing among {s['n_items']} answers)" in finding("position", s)
+    # generation scored by "contains the value" picks no answer from a list: chance is copying one of the values
+    assert f"(1/{s['n_items']}: copying one of the {s['n_items']} values in the context)" in finding("position", s)
     # at chance no retrieval head is named, whatever the test found; the test is recorded with its n for every head
     heads = result.tables["heads"]
     assert "retrieval head" not in finding("position", s) and "L0H" not in finding("position", s)

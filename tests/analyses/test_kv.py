@@ -130,10 +130,46 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     with torch.no_grad():
         attns = hf_model(tiny_dirs["llama"])(task.tokens, output_attentions=True).attentions
     assert sinks.sink_mass.iloc[1] == pytest.approx(attns[1][:, :, 1:, 0].mean().item(), abs=1e-5)
+    # review 5 A4: an interval over the prompts (t, from each prompt's own mass) and the shared sink verdict
+    from scipy import stats
+
+    for layer in (0, 1):
+        per_prompt = attns[layer][:, :, 1:, 0].mean((1, 2)).double().numpy()  # [prompts]
+        ci = stats.ttest_1samp(per_prompt, 0.0).confidence_interval(0.95)
+        excess = stats.ttest_1samp(per_prompt - sinks.uniform_mass.iloc[0], 0.0).confidence_interval(0.95)
+        row = sinks.iloc[layer]
+        assert (row.ci_low, row.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-5)
+        assert (row.excess_ci_low, row.excess_ci_high) == pytest.approx((excess.low, excess.high), abs=1e-5)
+        assert row.sink == (per_prompt.mean() >= 1.5 * row.uniform_mass and excess.low > 0) and row.n_prompts == 3
+        assert s["sinks"][layer]["ci"] == pytest.approx([ci.low, ci.high], abs=1e-5)
     from headscope.reports.plots_kv import figures
 
     figs = figures(result)
     assert set(figs) == {"kv_eviction", "kv_norms", "kv_sinks"}
+
+
+def test_holding_budgets_give_each_policys_closest_budget_with_its_answers_and_a_non_monotone_curve():
+    """review 5 A3: heavy hitters never within 1%, closest at budget 1 (-1.2%, every answer), worse at 2 and 4
+    than at 8: the closest row, the answers kept, the misses and the non-monotone curve, from the sweep by hand."""
+    from scipy import stats
+
+    from headscope.analyses.kv.holding import holding_budgets
+    from tests_support import hand_heavy_hitters_sweep
+
+    sweep = hand_heavy_hitters_sweep()
+    hold = holding_budgets(sweep, n_sink=4)
+    heavy = hold["policies"]["heavy_hitters"]
+    assert heavy["budget"] is None and heavy["closest"]["budget"] == 1
+    diff = (sweep[(sweep.policy == "heavy_hitters") & (sweep.budget == 1)].metric.to_numpy() - 10.0)
+    ci = stats.ttest_1samp(diff, 0.0).confidence_interval(0.95)
+    c = heavy["closest"]
+    assert c["change"] == pytest.approx(-0.012) and (c["ci_low"], c["ci_high"]) == pytest.approx((ci.low / 10, ci.high / 10))
+    assert (c["correct"], c["full_correct"], c["n_evicting"]) == (4, 4, 4) and heavy["answers_from"] == 1
+    assert heavy["misses"] == pytest.approx([0.012, 0.046]) and heavy["missed"] == [1, 2, 4, 8]
+    assert heavy["monotone"] is False and heavy["every_evicting_missed"] is True
+    window = hold["policies"]["window"]  # |change| 0.9, 0.7, 0.4, 0.1: monotone; one answer lost at every budget
+    assert window["monotone"] is True and window["closest"]["budget"] == 8 and window["answers_from"] is None
+    assert (window["closest"]["correct"], window["closest"]["full_correct"]) == (3, 4)
 
 
 def test_holding_budgets_count_only_prompts_a_budget_evicts_from():

@@ -16,12 +16,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import binomtest
 
 from headscope.analyses.position import prompts as pp
 from headscope.analyses.position.analysis import PositionConfig, position_bias, run
 from headscope.analyses.position.runs import run_decoder_sweeps
 from headscope.analyses.position.sinks import sink_mass, streaming_attention, streaming_keep, uniform_baseline
-from headscope.analyses.position.stats import bootstrap_ci, head_tracking, holm, middle_to_ends
+from headscope.analyses.position.stats import bootstrap_ci, curve_table, head_tracking, holm, middle_to_ends
 from tests_support import hf_model
 
 DATA = files("headscope.analyses") / "data"
@@ -210,6 +211,26 @@ def test_sink_mass_and_baseline_on_a_hand_built_pattern():
     assert sink_mass(uniform[None, None], 3).item() == pytest.approx(uniform_baseline(n, 3))
 
 
+def test_layer_sinks_interval_and_criterion_by_hand():
+    """The shared sink criterion (kv and position): ratio >= 1.5 and the paired excess's t interval above 0."""
+    from scipy import stats
+
+    from headscope.analyses.position.sinks import layer_sinks
+
+    mass = torch.tensor([[0.15, 0.30, 0.26], [0.14, 0.35, 0.10], [0.16, 0.33, 0.40]], dtype=torch.float64)  # [ex, layer]
+    uniform = torch.tensor([0.18, 0.18, 0.18], dtype=torch.float64)
+    got = layer_sinks(mass, uniform)
+    for layer, entry in enumerate(got):
+        x = mass[:, layer].numpy()
+        ci, ex = stats.ttest_1samp(x, 0).confidence_interval(), stats.ttest_1samp(x - 0.18, 0).confidence_interval()
+        assert entry["ci"] == pytest.approx([ci.low, ci.high]) and entry["excess_ci"] == pytest.approx([ex.low, ex.high])
+        assert entry["ratio"] == pytest.approx(x.mean() / 0.18) and entry["n"] == 3
+    # layer 1: 1.81x, excess CI above 0; layer 2: 1.41x... below the ratio; layer 0 below uniform
+    assert [e["sink"] for e in got] == [False, True, False]
+    wide = layer_sinks(torch.tensor([[0.1], [0.9]], dtype=torch.float64), torch.tensor([0.2, 0.2], dtype=torch.float64))
+    assert wide[0]["ratio"] == pytest.approx(2.5) and wide[0]["excess_ci"][0] < 0 and not wide[0]["sink"]
+
+
 def test_streaming_keep_by_hand():
     expected = torch.tensor([[1, 0, 0, 0, 0, 0],
                              [1, 1, 0, 0, 0, 0],
@@ -307,6 +328,10 @@ def test_run_quick_on_a_zoo_vocabulary_model(tiny_zoo):
     assert s["ratio_middle_to_ends"]["probability"] == pytest.approx(expected_ratio)
     df = result.df
     assert len(df) == 15 and ((df.accuracy == 0) | (df.accuracy == 1)).all()
+    for pos, g in df.groupby("position"):  # accuracy per position: exact Clopper-Pearson, never zero width
+        ci = binomtest(int(g.accuracy.sum()), len(g)).proportion_ci(0.95, method="exact")
+        assert s["ci_per_position"]["accuracy"][str(pos)] == pytest.approx([ci.low, ci.high])
+        assert ci.high - ci.low > 0.3
     assert np.allclose(df["probability"], np.exp(df["logprob"]))
     from headscope.reports.plots_position import figures
 
@@ -321,6 +346,19 @@ def test_wrong_task_for_the_model_is_refused(tiny_zoo):
 
 
 # -------------------------------------------------------------------------------- stats
+def test_curve_table_gives_accuracy_an_exact_interval_and_other_metrics_a_bootstrap():
+    obs = pd.DataFrame({"position": [1] * 8 + [2] * 8, "accuracy": [0.0] * 8 + [1.0] * 3 + [0.0] * 5,
+                        "logprob": np.linspace(-3, -1, 16)})
+    t = curve_table(obs, ["accuracy", "logprob"], n_boot=200, seed=0).set_index(["metric", "position"])
+    for pos, k in ((1, 0), (2, 3)):
+        ci = binomtest(k, 8).proportion_ci(0.95, method="exact")
+        assert tuple(t.loc[("accuracy", pos), ["ci_low", "ci_high"]]) == pytest.approx((ci.low, ci.high))
+    assert t.loc[("accuracy", 1), "ci_high"] == pytest.approx(1 - 0.025 ** (1 / 8))  # 0/8: [0, 0.37]
+    assert set(t.xs("accuracy").interval) == {"clopper-pearson"} and set(t.xs("logprob").interval) == {"bootstrap"}
+    assert tuple(t.loc[("logprob", 1), ["mean", "ci_low", "ci_high"]]) == bootstrap_ci(
+        obs.logprob[:8].to_numpy(), n_boot=200, seed=0)
+
+
 def test_bootstrap_ci_and_ratio():
     assert bootstrap_ci([0.5] * 7) == (0.5, 0.5, 0.5)
     x = np.random.default_rng(0).normal(size=400)

@@ -608,6 +608,57 @@ def test_position_curve_title_claims_a_u_shape_only_when_the_bands_separate():
 
 
 # ---- noise never vivid, honest labels (#34 figure defects) ---------------------------------------
+def test_kv_sinks_draws_each_layers_interval_over_prompts():
+    from headscope.reports.plots_kv import plot_sinks
+
+    sinks = pd.DataFrame({"layer": [0, 1, 2], "sink_mass": [0.15, 0.325, 0.10], "uniform_mass": [0.18] * 3,
+                          "ci_low": [0.14, 0.31, 0.09], "ci_high": [0.16, 0.34, 0.11]})
+    try:
+        ax = plot_sinks(sinks, ax=plt.subplots()[1])
+        heights = [round(p.get_height(), 3) for p in ax.patches]
+        assert heights == [0.15, 0.325, 0.1, 0.18, 0.18, 0.18]
+        [bars] = [c for c in ax.containers if getattr(c, "errorbar", None) is not None and c.errorbar is not None]
+        segments = bars.errorbar.lines[2][0].get_segments()
+        assert [tuple(np.round(seg[:, 1], 3)) for seg in segments] == [(0.14, 0.16), (0.31, 0.34), (0.09, 0.11)]
+    finally:
+        plt.close("all")
+
+
+def test_position_curves_at_chance_are_drawn_muted_on_a_0_1_accuracy_axis_with_their_band():
+    """review 5 B2/A10: the curve and streaming figures titled AT CHANCE draw pale lines (every RGB channel
+    >= MUTE, as plots.muted does a map); accuracy spans 0-1 and its exact band of 0/8, [0, 0.37], is drawn."""
+    from types import SimpleNamespace
+
+    from matplotlib.colors import to_rgb
+
+    from headscope.reports.plots import MUTE
+    from headscope.reports.plots_position import figures
+
+    high = 1 - 0.025 ** (1 / 8)  # Clopper-Pearson upper bound of 0/8
+    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": 0.0 if m == "accuracy" else -5.0,
+                           "ci_low": 0.0 if m == "accuracy" else -5.5, "ci_high": high if m == "accuracy" else -4.5}
+                          for c in ("full", "window") for m in ("accuracy", "logprob") for p in (1, 2, 3)])
+    tables = {"curve": curve, "masked": pd.DataFrame({"condition": ["window"]}),
+              "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.1} for p in (1, 2, 3)]),
+              "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
+    summary = {"primary_metric": "accuracy", "n_items": 3, "n_sink": 1}
+    chance = {**summary, "chance": {"at_chance": True, "metric": "accuracy"}}
+    try:
+        for s, pale in ((chance, True), (summary, False)):
+            figs = figures(SimpleNamespace(summary=s, tables=tables))
+            for stem in ("position_curve", "position_streaming"):
+                ax = figs[stem].axes[0]
+                colours = [np.asarray(to_rgb(line.get_color())) for line in ax.get_lines()]
+                assert colours and all((c.min() >= MUTE - 1e-9) == pale for c in colours), (stem, colours)
+                assert ("AT CHANCE" in ax.get_title()) == pale
+            acc = figs["position_curve"].axes[0]
+            assert acc.get_ylim() == pytest.approx((-0.02, 1.02))
+            band = acc.collections[0].get_paths()[0].vertices[:, 1]
+            assert band.max() == pytest.approx(high) and band.min() == pytest.approx(0.0)
+    finally:
+        plt.close("all")
+
+
 def _saturation(ax, value) -> float:
     """max - min of the RGB channels the map gives `value` (0 for grey or white, ~0.7 for a vivid red)."""
     mesh = ax.collections[0]

@@ -620,13 +620,44 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
             "prompts evict anything there; +0.5% (95% CI") in text
     assert "sink window from 8 positions (between 4 and 8 on this grid" in text and "2 of 4 prompts evict" in text
     assert "With 4 sink positions, sink window keeps no recent token below budget 5" in text
-    assert "heavy hitters never (at its largest budget that evicts, 8, it is still below the full cache: -10.0%" in text
+    assert ("heavy hitters never (at its largest budget that evicts, 8, it is still below the full cache: keeps 90.0% of "
+            "the full-cache value, -10.0%") in text and "it misses the tolerance by 10.0% at every budget" in text
     assert ("Window is better than the full cache by more than 1% at budget(s) 1: at 1, +7.5% (95% CI [+2.9%, +12.1%], "
             "per example +5.0% to +10.0%, n = 4).") in text
     assert "From budget 12 on, every prompt is kept whole" in text and "saves anything" not in text
     # an older summary (means only): "within 1%" is two-sided, +4.5% is not within
     old = {"metric_unevicted": 10.0, "metric_per_policy_budget": {"window": {"1": 10.45, "2": 10.05, "12": 10.0}}}
     assert "window from 2 positions" in finding("kv", old)
+
+
+def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_anything():
+    """review 5 A3: heavy hitters keeps 98.8% of the logit difference and every answer from budget 1 but never
+    stays within 1%; its curve is not monotone (budget 1 closer than 8)."""
+    from headscope.analyses.kv.holding import holding_budgets
+    from tests_support import hand_heavy_hitters_sweep
+
+    s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4,
+         "holding_budgets": holding_budgets(hand_heavy_hitters_sweep(), n_sink=4)}
+    text = finding("kv", s)
+    assert "saves anything" not in text
+    assert ("No policy stays within 1% at a budget that evicts something, but heavy hitters keeps 98.8% of the logit "
+            "difference and every answer the full cache gets (4/4) from budget 1 (at 1: -1.2% (95% CI [") in text
+    assert ("; it misses the 1% tolerance by 1.2% to 4.6% at every budget that evicts, and its curve is not monotone "
+            "in the budget.") in text
+    assert ("heavy hitters never (closest at budget 1: keeps 98.8% of the full-cache value, -1.2% (95% CI") in text
+    assert "n = 4); 4/4 answers correct (full cache 4/4); at its largest budget that evicts, 8, it is still below" in text
+    assert "(budget 1 is closer than 8)" in text
+    assert ("window never (at its largest budget that evicts, 8, it is still below the full cache: keeps 90.0% of the "
+            "full-cache value, -10.0% (95% CI") in text and "3/4 answers correct (full cache 4/4)" in text
+    # a policy within 1% at budget 4 only (not from one budget on) is not said to miss at every budget
+    hold = s["holding_budgets"]
+    hold["policies"]["heavy_hitters"].update(missed=[1, 2, 8], every_evicting_missed=False)
+    assert "misses the 1% tolerance by 1.2% to 4.6% at budget(s) 1, 2, 8," in finding("kv", s)
+    # no answers recorded and no policy close: the closest is still named, with its size
+    bare = holding_budgets(hand_heavy_hitters_sweep().drop(columns="correct"), n_sink=4)
+    text = finding("kv", {**s, "holding_budgets": bare})
+    assert "heavy hitters keeps 98.8% of the logit difference at budget 1 (-1.2% (95% CI" in text
+    assert "answers" not in text
 
 
 def test_kv_gqa_saving_is_the_share_saved_and_is_said_whenever_kv_heads_are_fewer():
@@ -639,10 +670,10 @@ def test_kv_gqa_saving_is_the_share_saved_and_is_said_whenever_kv_heads_are_fewe
 
 def test_kv_first_key_standing_out_is_said_from_the_data():
     low = {"sink_key_norm_ratio_per_layer": {"0": 0.83, "1": 0.9}}
-    assert "The first key's norm is 0.83 to 0.90 times the other keys' (per layer): the first key does not stand out" \
+    assert "The first key's norm is 0.83 to 0.90 times the other keys' (per layer): the first key's norm does not stand out" \
         in finding("kv", low)
     high = {"sink_key_norm_ratio_per_layer": {"0": 3.0, "1": 1.2}}
-    assert "stands out in layer(s) 0 only" in finding("kv", high)
+    assert "norm stands out in layer(s) 0 only" in finding("kv", high)
     assert "sink keys stand out" not in caption("kv_norms")
 
 
@@ -772,6 +803,41 @@ def test_position_at_chance_names_no_retrieval_head_and_no_shape():
     for said in ("L0H3", "retrieval head", "ranges from", "worst middle", "U-shape", "interval"):
         assert said not in text, said
     assert "no attention sink" in text  # a property of the attention, measured without the task
+
+
+REVIEW5_SINKS = [  # review 5 A4: Phi-3 kv/sinks.csv, layer 1 puts 0.325 on <s> against 0.180 uniform
+    {"layer": 0, "mass": 0.150, "uniform": 0.180, "ci": [0.14, 0.16], "excess_ci": [-0.04, -0.02], "ratio": 0.150 / 0.180,
+     "n": 16, "sink": False},
+    {"layer": 1, "mass": 0.325, "uniform": 0.180, "ci": [0.30, 0.35], "excess_ci": [0.12, 0.17], "ratio": 0.325 / 0.180,
+     "n": 16, "sink": True},
+    {"layer": 2, "mass": 0.101, "uniform": 0.180, "ci": [0.09, 0.11], "excess_ci": [-0.09, -0.07], "ratio": 0.101 / 0.180,
+     "n": 16, "sink": False}]
+
+
+def test_kv_and_position_state_the_sink_per_layer_against_uniform_with_one_criterion():
+    """review 5 A4: the layer-1 sink the figure shows is said in words, with its interval over prompts; the key-norm
+    sentence says it is about norms; position qualifies its sinks with its task and uses the same records."""
+    kv = {"task": "kv", "sink_key_norm_ratio_per_layer": {"0": 0.51, "1": 0.65, "2": 0.6}, "sinks": REVIEW5_SINKS}
+    text = finding("kv", kv)
+    assert "the first key's norm does not stand out (it is smaller)." in text
+    assert ("On kv prompts, attention on the first 1 token(s) per layer (mean over 16 prompts, 95% CI, and its multiple "
+            "of the uniform share 0.18): layer 0 0.15 [0.14, 0.16] (0.8x), layer 1 0.33 [0.30, 0.35] (1.8x), layer 2 0.10 "
+            "[0.09, 0.11] (0.6x). An attention sink in layer(s) 1 (at least 1.5x the uniform share, with its excess over "
+            "it 95%-CI above 0).") in text
+    pos = {"task": "json_kv", "n_sink": 1, "sinks": [{**r, "n": 8} for r in REVIEW5_SINKS],
+           "sink_mass_per_layer": [0.15, 0.325, 0.101], "sink_uniform_baseline": 0.18}
+    text = finding("position", pos)
+    assert "On json_kv prompts, attention on the first 1 token(s) per layer (mean over 8 examples" in text
+    assert "An attention sink in layer(s) 1" in text and "no attention sink" not in text and "peaks at" not in text
+    # below the ratio, or an interval that reaches the uniform share: no sink, said with the rule
+    none = [{**r, "sink": False} for r in REVIEW5_SINKS]
+    assert "No layer is an attention sink (none is at least 1.5x the uniform share" in finding("kv", {**kv, "sinks": none})
+    # many layers: the sinks in full, the others as a range
+    deep = [{**REVIEW5_SINKS[0], "layer": i, "mass": 0.1 + 0.01 * i} for i in range(8)] + [{**REVIEW5_SINKS[1], "layer": 8}]
+    assert "layer 8 0.33 [0.30, 0.35] (1.8x); the other 8 layers 0.10-0.17." in finding("kv", {"sinks": deep})
+    # an older position summary (no records): the old rule, now with its task
+    old = finding("position", {"task": "json_kv", "n_sink": 4, "sink_mass_per_layer": [0.12], "sink_uniform_baseline": 0.12})
+    assert old.startswith("On json_kv prompts, attention on the first 4 token(s) peaks at 0.12")
 
 
 def test_mlp_at_chance_ranks_no_layer():
