@@ -421,6 +421,7 @@ def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None
         return (a, b) in pairs and pairs[a, b].get("tied") is True and _num(pairs[a, b].get("difference")) is not None
 
     names, signs = [k for k, _ in items], {k: (1.0 if v >= 0 else -1.0) for k, v in items}
+    of = _ties_beyond(s, names[-1]) + of
     head = (f"Direct logit attribution (mean and 95% t interval over {n} examples)"
             if any(_interval(intervals.get(k)) for k in names)
             else f"Direct logit attribution (mean over {n} example(s), too few for an interval)")
@@ -444,6 +445,42 @@ def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None
         text += (f" {names[1]} and {names[2]} are tied within their per-example spread "
                  f"({diff(names[1], names[2], signs)}).")
     return text
+
+
+KIND_WORDS = {"head": "heads", "mlp": "MLPs"}  # plural names of writer kinds; others say "components"
+
+
+def _ties_beyond(s: Mapping[str, Any], last: str) -> str:
+    """', tied with N other heads within its interval (A +x, B +y, ...)' when writers beyond the named
+    three have means inside the last named writer's interval (dla_last_named_ties), else ''."""
+    ties = s.get("dla_last_named_ties")
+    if not isinstance(ties, Mapping) or ties.get("component") != last or not ties.get("within"):
+        return ""
+    within, kinds = list(ties["within"]), set(ties.get("kinds") or [])
+    means = list(ties.get("means") or [])
+    means = means if len(means) == len(within) else [None] * len(within)
+    word = KIND_WORDS.get(next(iter(kinds)), "components") if len(kinds) == 1 else "components"
+    word = word if len(within) > 1 else word[:-1]
+    shown = [f"{c} {m:+.2f}" if _num(m) is not None else str(c) for c, m in zip(within[:6], means)]
+    more = f", and {len(within) - 6} more" if len(within) > 6 else ""
+    return f", tied with {len(within)} other {word} within its interval ({', '.join(shown)}{more})"
+
+
+def _totals(s: Mapping[str, Any]) -> str:
+    """' In total (summed per example) the 12 heads write +5.30 (95% CI [...]) and the 3 MLPs +4.10 (...).'
+    from dla_total_heads / dla_total_mlps, so a head's share is read against attention's whole write; else ''."""
+    parts = []
+    for key, word in (("dla_total_heads", "heads"), ("dla_total_mlps", "MLPs")):
+        t = s.get(key)
+        if isinstance(t, Mapping) and _num(t.get("mean")) is not None:
+            count = _num(t.get("count"))
+            ci = _ci(_interval(t))  # ", 95% CI [lo, hi]" or ""
+            parts.append([f"the {count:.0f} {word}" if count else f"all {word}",
+                          f"{t['mean']:+.2f}" + (f" ({ci[2:]})" if ci else "")])
+    if not parts:
+        return ""
+    parts[0][0] += " write"
+    return " In total (summed per example) " + " and ".join(" ".join(p) for p in parts) + "."
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -478,7 +515,7 @@ def finding(s: Mapping[str, Any]) -> str:
                      + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
         return " ".join(parts)
     if top:
-        parts.append(_writers(s, top, final))
+        parts.append(_writers(s, top, final) + _totals(s))
     cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
     if cpr is not None and cmd is not None:
         n, edges = _num(s.get("mib_n_examples", s.get("edges_n_examples"))), _num(s.get("n_edges"))

@@ -792,3 +792,28 @@ def test_pruning_words_name_the_orderings_basis_a_return_into_the_band_and_a_gai
     text = finding("heads", weak)
     assert "95% CI of the change -0.1 to +1.9 over 64 examples, reaching no gain)" in text
     assert "not monotone" not in text
+
+
+def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_mlps():
+    # #34 fifth review: "mlp0, mlp1, L1H0 (+0.83)" hid four heads inside L1H0's interval and that the heads
+    # together write more than mlp0. L1H0 [1, 0.6, 1, 0.6]: 0.8, sd 0.2309, t(0.975, 3) = 3.1824, half 0.3674
+    # -> [0.43, 1.17]: L0H3 0.78 and L1H3 0.70 inside, L1H1 0.30 outside. Heads summed per example [2.78, 2.38,
+    # ...]: 2.58 +- 0.367; MLPs [8, 8.4, ...]: 8.2 +- 0.367.
+    s = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+                      "L1H0": ("head", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4), "L1H3": ("head", [0.7] * 4),
+                      "L1H1": ("head", [0.3] * 4)})
+    assert s["dla_last_named_ties"]["component"] == "L1H0"
+    assert s["dla_last_named_ties"]["within"] == ["L0H3", "L1H3"]
+    heads, mlps = s["dla_total_heads"], s["dla_total_mlps"]
+    assert heads["count"] == 4 and heads["n"] == 4 and heads["mean"] == pytest.approx(2.58)
+    assert heads["ci"] == pytest.approx([2.58 - 0.36742, 2.58 + 0.36742], abs=1e-4)
+    assert mlps["count"] == 2 and mlps["mean"] == pytest.approx(8.2) and mlps["ci"][0] == pytest.approx(7.8326, abs=1e-4)
+    text = finding("circuits", s)
+    assert ("L1H0 (+0.80, 95% CI [0.43, 1.17]), tied with 2 other heads within its interval (L0H3 +0.78, "
+            "L1H3 +0.70) of a final logit difference 10.8.") in text, text
+    assert ("In total (summed per example) the 4 heads write +2.58 (95% CI [2.21, 2.95]) and the 2 MLPs "
+            "+8.20 (95% CI [7.83, 8.57]).") in text, text
+    # L1H0 alone in its interval: no tie clause
+    alone = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+                          "L1H0": ("head", [1, 0.6, 1, 0.6]), "L1H1": ("head", [0.3] * 4)})
+    assert alone["dla_last_named_ties"]["within"] == [] and "tied with" not in finding("circuits", alone)
