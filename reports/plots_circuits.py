@@ -461,6 +461,11 @@ def _ties_beyond(s: Mapping[str, Any], last: str) -> str:
     means = means if len(means) == len(within) else [None] * len(within)
     word = KIND_WORDS.get(next(iter(kinds)), "components") if len(kinds) == 1 else "components"
     word = word if len(within) > 1 else word[:-1]
+    kinds_in = list(ties.get("kinds") or [])
+    if len(kinds) > 1 and len(kinds_in) == len(within):  # mixed: say how many of each kind
+        counts = {k: kinds_in.count(k) for k in dict.fromkeys(kinds_in)}
+        word += " (" + ", ".join(f"{c} {KIND_WORDS.get(k, k) if c > 1 else KIND_WORDS.get(k, k + 's')[:-1]}"
+                                 for k, c in counts.items()) + ")"
     shown = [f"{c} {m:+.2f}" if _num(m) is not None else str(c) for c, m in zip(within[:6], means)]
     more = f", and {len(within) - 6} more" if len(within) > 6 else ""
     return f", tied with {len(within)} other {word} within its interval ({', '.join(shown)}{more})"

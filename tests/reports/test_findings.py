@@ -817,3 +817,7 @@ def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_m
     alone = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
                           "L1H0": ("head", [1, 0.6, 1, 0.6]), "L1H1": ("head", [0.3] * 4)})
     assert alone["dla_last_named_ties"]["within"] == [] and "tied with" not in finding("circuits", alone)
+    mixed = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+                          "L1H0": ("head", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4), "mlp2": ("mlp", [0.5] * 4)})
+    assert "tied with 2 other components (1 head, 1 MLP) within its interval (L0H3 +0.78, mlp2 +0.50)" in finding(
+        "circuits", mixed)
