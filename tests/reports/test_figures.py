@@ -502,13 +502,22 @@ def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
 
     n, z = 256, 1.959964
     table = pd.DataFrame({"layer": [0, 1], "agreement": [18 / n, 0.0], "agreement_any": [40 / n, 3 / n],
-                          "agreement_shuffled": [1 / n, 2 / n]})
+                          "agreement_shuffled": [1 / n, 2 / n], "agreement_any_shuffled": [9 / n, 4 / n]})
     ax = plot_agreement(table, n=n, ax=plt.subplots()[1])
     try:
         bars = {c.get_label(): c for c in ax.containers}
-        assert set(bars) == {"top trigger", "any of top k triggers", "shuffled (control)"}
+        # the fifth review: "any of top k" (0.41) was read against the top-trigger control (0.08): it has its own
+        assert set(bars) == {"top trigger", "any of top k triggers", "shuffled (control)",
+                             "any of top k, shuffled (its control)"}
+        line = {name: bars[name].lines[0] for name in bars}
+        assert line["any of top k triggers"].get_color() == line["any of top k, shuffled (its control)"].get_color()
+        colour = {name: line[name].get_color() for name in line}
+        assert colour["top trigger"] == colour["shuffled (control)"] != colour["any of top k triggers"]
+        style = {name: line[name].get_linestyle() for name in line}
+        assert style["any of top k, shuffled (its control)"] == ":" != style["any of top k triggers"]
         for column, name in (("agreement", "top trigger"), ("agreement_any", "any of top k triggers"),
-                             ("agreement_shuffled", "shuffled (control)")):
+                             ("agreement_shuffled", "shuffled (control)"),
+                             ("agreement_any_shuffled", "any of top k, shuffled (its control)")):
             segments = bars[name].lines[2][0].get_segments()  # one vertical bar per layer: [[x, lo], [x, hi]]
             for k, seg in zip((round(v * n) for v in table[column]), segments):
                 p = k / n

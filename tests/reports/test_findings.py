@@ -261,7 +261,7 @@ def test_mlp_agreement_is_counted_in_neurons_against_the_control():
     assert "no better" not in text
     close = {**s, "agreement_per_layer": {"3": 6 / 256}, "agreement_shuffled_per_layer": {"3": 3 / 256}}
     assert "(6 of 256 neurons, Wilson 95% CI 1%-5%)" in finding("mlp", close)
-    assert "no better than the control" in finding("mlp", close)  # 6 of 256 reaches down to 3 of 256
+    assert "layer 3 cannot be told from it (Fisher's exact test, two-sided, p = 0.5)" in finding("mlp", close)  # 6 vs 3 of 256
 
 
 def test_circuits_finding_states_mib_metrics():
@@ -821,3 +821,35 @@ def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_m
                           "L1H0": ("head", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4), "mlp2": ("mlp", [0.5] * 4)})
     assert "tied with 2 other components (1 head, 1 MLP) within its interval (L0H3 +0.78, mlp2 +0.50)" in finding(
         "circuits", mixed)
+
+
+def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fisher():
+    # #34 fifth review: "highest at 14% (18/128) in layer 0; the shuffled control reaches 8%" set side by side
+    # untested. Fisher's exact test (scipy, two-sided) on the 2 x 2 tables of k of n neurons.
+    from scipy.stats import fisher_exact
+
+    counts, control = {"0": 18, "1": 3, "2": 8}, {"0": 10, "1": 2, "2": 1}
+    s = {"agreement_per_layer": {k: v / 128 for k, v in counts.items()}, "agreement_count_per_layer": counts,
+         "agreement_shuffled_per_layer": {k: v / 128 for k, v in control.items()},
+         "agreement_shuffled_count_per_layer": control, "n_neurons_per_layer": 128, "n_prefixes": 160}
+    p = {name: fisher_exact(table)[1] for name, table in {
+        "control": [[18, 110], [10, 118]], "l1": [[18, 110], [3, 125]], "l2": [[18, 110], [8, 120]],
+        "pooled": [[18, 110], [11, 245]], "l2_control": [[8, 120], [1, 127]]}.items()}
+    assert p["control"] == pytest.approx(0.160, abs=1e-3) and p["l2"] == pytest.approx(0.0609, abs=1e-3)
+    assert p["l2_control"] < 0.05 < p["control"]
+    text = finding("mlp", s)
+    assert (f"Against its own shuffled control (10 of 128 neurons, 8%), layer 0 cannot be told from it (Fisher's "
+            f"exact test, two-sided, p = {p['control']:.2g})") in text, text
+    assert "Layers above their own control at p < 0.05: 2." in text  # 8 of 128 against 1 of 128
+    assert (f"layer 0 against the others pooled (11 of 256) p = {p['pooled']:.2g}, so the layers differ; against each, "
+            f"layer 1 (3 of 128) p < 0.001; layer 2 (8 of 128) p = {p['l2']:.2g}") in text, text
+    # the recorded tests are what the analysis computes from the same counts
+    from headscope.analyses.mlp.analysis import agreement_tests
+
+    tests = agreement_tests(counts, control, 128)
+    assert tests["best_layer"] == "0" and tests["best_vs_others_p"] == pytest.approx(p["pooled"])
+    assert tests["control_p_per_layer"] == pytest.approx({"0": p["control"], "1": fisher_exact([[3, 125], [2, 126]])[1],
+                                                          "2": p["l2_control"]})
+    # a best layer well above its control: "agrees more"
+    strong = {**s, "agreement_shuffled_count_per_layer": {"0": 1, "1": 2, "2": 1}}
+    assert "layer 0 agrees more (Fisher's exact test, two-sided, p < 0.001)." in finding("mlp", strong)
