@@ -225,11 +225,27 @@ def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
     return float(layer), float(head.lstrip("h"))
 
 
-# the graph's drawing order: edges under the nodes, node labels (on a white box) over both, so no
+# the graph's drawing order: edges under the nodes, node labels (on an opaque white box) over both, so no
 # edge crosses a label; its receivers' kinds: a head's query, key or value input, an MLP or the logits
 EDGE_Z, NODE_Z, LABEL_Z = 1, 3, 4
 LABEL_SIZE = 8  # points
 STYLES = {"q": ":", "k": "--"}  # every other kind solid
+# each kind of a head's input bends its own way, so the key and value edges from one sender into one head
+# (or key-value head) run apart instead of on top of each other
+BENDS = {"q": 0.15, "k": 0.35, "v": -0.15}  # connectionstyle arc3 rad; MLP and logits 0.15
+
+
+def node_name(name: str) -> str:
+    """The report's name of an edge-graph node: a{l}.h{h} -> L{l}H{h} (as every head elsewhere),
+    a{l}.kv{g} -> L{l}KV{g} (key-value head g), m{l} -> mlp{l}; input and logits unchanged. The edges
+    table keeps the edge graph's own names (TransformerLens / EAP)."""
+    base, _, rest = name.partition(".")
+    if base[:1] == "a" and base[1:].isdigit() and rest:
+        head = rest.split(".")[0]
+        return f"L{base[1:]}KV{head[2:]}" if head.startswith("kv") else f"L{base[1:]}H{head.lstrip('h')}"
+    if base[:1] == "m" and base[1:].isdigit():
+        return f"mlp{base[1:]}"
+    return name
 KIND_NAMES = {"q": "q (query)", "k": "k (key)", "v": "v (value)", "mlp": "MLP", "logits": "logits"}
 
 
@@ -244,7 +260,8 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
     """`data`: the edges table. The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
     negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
     A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
-    value input of key-value head g at (layer - 0.35, g - 0.3), labelled on its left). Integer head
+    value input of key-value head g at (layer - 0.35, g - 0.3), labelled below right). Nodes carry the report's
+    names (node_name: L0H3, L0KV1, mlp0). Integer head
     and layer ticks; a key of three line widths in |score| units, the signs drawn and the line style of
     each receiver kind drawn (dotted q, dashed k, solid v / MLP / logits), only those; node labels over
     the edges on a white box. `quiet` (plots.quiet_reason):
@@ -273,20 +290,21 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
         used.append(kind)
         colour = (("#e8a0a0" if v > 0 else "#a0b8e0") if quiet  # muted red / blue
                   else ("C3" if v > 0 else "C0"))
+        # opaque: crossing edges never blend into a colour the key does not define (red over blue is purple);
+        # widest first (top is sorted by |score|), so a thinner edge stays visible on top of a wider one
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=EDGE_Z, arrowprops=dict(
-            arrowstyle="-|>", lw=width(v), color=colour, alpha=0.7,
-            connectionstyle="arc3,rad=0.15", linestyle=STYLES.get(kind, "-")))
+            arrowstyle="-|>", lw=width(v), color=colour, alpha=1.0,
+            connectionstyle=f"arc3,rad={BENDS.get(kind, 0.15)}", linestyle=STYLES.get(kind, "-")))
     drawn = {n.rsplit(".", 1)[0] if n.count(".") == 2 else n for n in names}
     for node in sorted(drawn):
         x, y = xy(node)
         marker = "s" if node.startswith("m") else ("D" if node in ("input", "logits") else "o")
         ax.scatter([x], [y], marker=marker, s=60, color="black", zorder=NODE_Z)
-        left = ".kv" in node  # a KV head's label to its left, a query head's to its right: they never meet
+        kv = ".kv" in node  # a KV head's label below right (its edges all arrive from the left), a query head's above
         where = (dict(xytext=(0, -7), ha="center", va="top") if node == "logits"  # below: the plot's right edge is near
-                 else dict(xytext=(-5 if left else 5, -3 if left else 3), ha="right" if left else "left",
-                           va="top" if left else "bottom"))
-        ax.annotate(label(node), (x, y), textcoords="offset points", **where, fontsize=LABEL_SIZE,
-                    zorder=LABEL_Z, bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
+                 else dict(xytext=(5, -5 if kv else 3), ha="left", va="top" if kv else "bottom"))
+        ax.annotate(label(node_name(node)), (x, y), textcoords="offset points", **where, fontsize=LABEL_SIZE,
+                    zorder=LABEL_Z, bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=1.0))
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
@@ -377,8 +395,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                     "(higher is better); CMD is the area between f and 1 (lower is better); the legend gives each with its 95% "
                     "bootstrap interval over examples.",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
-                      "y = head (MLPs at -1, key-value heads just left of and below their layer's query heads, labelled "
-                      "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative; "
+                      "y = head (MLPs at -1, key-value heads KV just left of and below their layer's query heads); "
+                      "nodes named as elsewhere in the report (L0H3, mlp0); width = |edge score| (estimated change of the task metric), red positive, blue negative; "
                       "line style by what the edge feeds (dotted: a query, dashed: a key, solid: a value, an MLP or "
                       "the logits), the key listing only the kinds drawn.",
 }

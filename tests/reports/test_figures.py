@@ -545,7 +545,7 @@ def test_circuit_graph_labels_of_a_kv_head_and_a_query_head_do_not_collide():
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}
-        assert {"a0.h1", "a0.kv1"} <= set(boxes)
+        assert {"L0H1", "L0KV1"} <= set(boxes)  # the report's names, not the edge graph's a0.h1 / a0.kv1
         names = sorted(boxes)
         assert not [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if _overlap(boxes[a], boxes[b])]
     finally:
@@ -1339,3 +1339,24 @@ def test_every_heat_map_of_every_analysis_follows_the_colour_convention(figures)
                     elif not diverging:
                         assert vmin == 0.0 and (zero > 0.9).all(), where  # sequential from 0, white at 0
     assert seen >= 10
+
+
+def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
+    """#34 fifth review: input -> a0.kv edges were purple (a k edge and a v edge of opposite signs on one
+    arc at alpha 0.7), nodes were a0.h3 / m0 while the report says L0H3 / mlp0, edges ran through labels."""
+    from matplotlib.colors import to_rgba
+
+    edges = {"sender": ["input", "input", "a0.h1", "a0.h1", "m0"],
+             "receiver": ["a1.kv0.k", "a1.kv0.v", "a1.h1.q", "m1", "logits"], "score": [-0.5, 0.4, 0.3, 0.2, 0.1]}
+    try:
+        ax, keys = _graph(edges)
+        arrows = [t.arrow_patch for t in ax.texts if t.arrow_patch is not None]
+        key = {to_rgba(keys["positive"].get_color()), to_rgba(keys["negative"].get_color())}
+        assert len(arrows) == 5 and {to_rgba(a.get_edgecolor()) for a in arrows} == key  # opaque red and blue only
+        bends = {a.get_connectionstyle().rad for a in arrows[:2]}  # input -> L1KV0's key and value
+        assert len(bends) == 2, bends  # apart, not one on top of the other
+        texts = {t.get_text() for t in ax.texts if t.get_text()}
+        assert texts == {"input", "L0H1", "L1KV0", "L1H1", "mlp0", "mlp1", "logits"}, texts
+        assert all(t.get_bbox_patch().get_alpha() in (None, 1.0) for t in ax.texts if t.get_text())  # opaque boxes
+    finally:
+        plt.close("all")
