@@ -396,7 +396,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                     "bootstrap interval over examples.",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
                       "y = head (MLPs at -1, key-value heads KV just left of and below their layer's query heads); "
-                      "nodes named as elsewhere in the report (L0H3, mlp0); width = |edge score| (estimated change of the task metric), red positive, blue negative; "
+                      "nodes named as elsewhere in the report (L0H3, mlp0); width = |edge score| (estimated change "
+                      "of the task metric), red positive, blue negative; "
                       "line style by what the edge feeds (dotted: a query, dashed: a key, solid: a value, an MLP or "
                       "the logits), the key listing only the kinds drawn.",
 }
