@@ -1,4 +1,4 @@
-"""Figures of the mlp analysis: key-value agreement per layer, the Task's largest sub-updates,
+"""Figures of the mlp analysis: key-value agreement per layer, the task's largest sub-updates,
 and the top-neuron table as escaped HTML (trigger prompts and tokens may hold markup).
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _chance, _num, _pct, wilson
-from headscope.reports.plots import axes, laid_out
+from headscope.reports.plots import axes, label, laid_out
 from headscope.reports.render import escape
 
 # column: (legend label, colour, marker, line style); each measure and its own shuffled control share a colour
@@ -48,7 +48,7 @@ def plot_agreement(data: pd.DataFrame, *, n: int | None = None, ax=None):
         shift = (i - (len(drawn) - 1) / 2) * 0.07 if n else 0.0
         ax.errorbar(layers + shift, y, yerr=yerr, color=colour, marker=marker, linestyle=style, markersize=5,
                     capsize=3 if n else 0, label=name)
-    bars = f" (bars: Wilson 95% CI over {n} neurons)" if n else ""
+    bars = f"\n(bars: Wilson 95% CI over {n} neurons)" if n else ""  # its own line: the title fits beside the legend
     ax.set(title="Key-value agreement (value's top token = trigger's next token)" + bars, ylim=(0, None),
            xlabel="layer", ylabel="fraction of neurons that agree (0-1)")
     ax.set_xticks(sorted(data.layer.unique()))
@@ -56,16 +56,30 @@ def plot_agreement(data: pd.DataFrame, *, n: int | None = None, ax=None):
     return ax
 
 
-def plot_top_neurons(data: pd.DataFrame, *, ax=None):
-    """Mean ||m_i v_i|| at the Task's answer position for the top neurons (`data`: the top_neurons table),
-    labelled L<layer>.N<neuron>."""
+LIGHTEST = 0.65  # the layer palette stops here: viridis beyond is light green to yellow, faint on white
+
+
+def layer_colours(layers) -> dict:
+    """{layer: colour}: the convention's ordinal layer palette (plots.LAYERS) from its dark end up to
+    LIGHTEST, so the last layer's bars stay visible on white."""
+    import matplotlib
+
     from headscope.reports.plots import LAYERS  # hue by layer: the convention's ordinal palette
 
+    order = sorted(set(layers))
+    cmap = matplotlib.colormaps[LAYERS]
+    return {l: cmap(LIGHTEST * i / max(len(order) - 1, 1)) for i, l in enumerate(order)}
+
+
+def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, ax=None):
+    """Mean ||m_i v_i|| at the task's answer position for the top neurons (`data`: the top_neurons table),
+    labelled L<layer>.N<neuron>, coloured by layer (layer_colours, outlined); `task`: its name, in the title."""
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     data = top_neurons.assign(neuron_id=[f"L{layer}.N{n}" for layer, n in zip(top_neurons.layer, top_neurons.neuron)])
-    sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax, palette=LAYERS)
+    sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
+                palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
     ax.set(xlabel="mean L2 norm of the update m_i v_i at the answer", ylabel="neuron (L layer . N index)",
-           title="Largest sub-updates on the Task")
+           title="Largest sub-updates on the task" + (f" '{label(task)}'" if task else ""))
     if ax.get_legend() is not None:  # off the data
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
     return ax
@@ -87,7 +101,8 @@ def figures(result, **kwargs) -> dict:
     out = {}
     n = _num((result.summary or {}).get("n_neurons_per_layer"))  # what each agreement fraction is over
     out["mlp_agreement"] = laid_out(plot_agreement(result.tables["agreement"], n=int(n) if n else None))
-    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"]))
+    task = (result.summary or {}).get("task") or (result.config or {}).get("task")
+    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"], task=task))
     return out
 
 

@@ -1360,3 +1360,23 @@ def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
         assert all(t.get_bbox_patch().get_alpha() in (None, 1.0) for t in ax.texts if t.get_text())  # opaque boxes
     finally:
         plt.close("all")
+
+
+def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_white():
+    """#34 fifth review: "Largest sub-updates on the Task" named no task, and layer 2's viridis-yellow bars
+    were hard to see on white."""
+    from matplotlib.colors import to_rgb
+
+    from headscope.reports.plots_mlp import plot_top_neurons
+
+    data = pd.DataFrame({"layer": [0, 1, 2, 2], "neuron": [9, 94, 67, 33], "task_update_norm": [0.6, 0.3, 0.24, 0.2]})
+    try:
+        ax = plot_top_neurons(data, task="colours", ax=plt.subplots()[1])
+        assert ax.get_title() == "Largest sub-updates on the task 'colours'"
+        fills = [to_rgb(b.get_facecolor()) for b in ax.patches if b.get_width() > 0]
+        assert len(fills) == 4 and len(set(fills)) == 3  # one colour per layer
+        # relative luminance (sRGB weights of the drawn colours): viridis's yellow end is 0.87; every bar stays below 0.62
+        assert max(0.2126 * r + 0.7152 * g + 0.0722 * b for r, g, b in fills) < 0.62
+        assert all(b.get_linewidth() > 0 for b in ax.patches if b.get_width() > 0)  # outlined
+    finally:
+        plt.close("all")
