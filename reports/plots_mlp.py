@@ -171,6 +171,7 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
     out = [f"Against its own shuffled control ({control.get(best, 0)} of {n} neurons, "
            f"{_pct(control.get(best, 0) / n)}), layer {best} "
            + (f"agrees more (Fisher's exact test, two-sided, {_p(p_best)})." if p_best < ALPHA and hits > control.get(best, 0)
+              else f"agrees less (Fisher's exact test, two-sided, {_p(p_best)})" if p_best < ALPHA
               else f"cannot be told from it (Fisher's exact test, two-sided, {_p(p_best)})")]
     if p_best >= ALPHA or hits <= control.get(best, 0):
         out[-1] += ": these MLPs show no key-value memory on this corpus that the test can detect."

@@ -853,3 +853,6 @@ def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fishe
     # a best layer well above its control: "agrees more"
     strong = {**s, "agreement_shuffled_count_per_layer": {"0": 1, "1": 2, "2": 1}}
     assert "layer 0 agrees more (Fisher's exact test, two-sided, p < 0.001)." in finding("mlp", strong)
+    below = {**s, "agreement_shuffled_count_per_layer": {"0": 40, "1": 2, "2": 1}}  # 18 against 40 of 128
+    assert (f"layer 0 agrees less (Fisher's exact test, two-sided, p = {fisher_exact([[18, 110], [40, 88]])[1]:.2g}): "
+            "these MLPs show no key-value memory") in finding("mlp", below)
