@@ -225,11 +225,27 @@ def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
     return float(layer), float(head.lstrip("h"))
 
 
-# the graph's drawing order: edges under the nodes, node labels (on a white box) over both, so no
+# the graph's drawing order: edges under the nodes, node labels (on an opaque white box) over both, so no
 # edge crosses a label; its receivers' kinds: a head's query, key or value input, an MLP or the logits
 EDGE_Z, NODE_Z, LABEL_Z = 1, 3, 4
 LABEL_SIZE = 8  # points
 STYLES = {"q": ":", "k": "--"}  # every other kind solid
+# each kind of a head's input bends its own way, so the key and value edges from one sender into one head
+# (or key-value head) run apart instead of on top of each other
+BENDS = {"q": 0.15, "k": 0.35, "v": -0.15}  # connectionstyle arc3 rad; MLP and logits 0.15
+
+
+def node_name(name: str) -> str:
+    """The report's name of an edge-graph node: a{l}.h{h} -> L{l}H{h} (as every head elsewhere),
+    a{l}.kv{g} -> L{l}KV{g} (key-value head g), m{l} -> mlp{l}; input and logits unchanged. The edges
+    table keeps the edge graph's own names (TransformerLens / EAP)."""
+    base, _, rest = name.partition(".")
+    if base[:1] == "a" and base[1:].isdigit() and rest:
+        head = rest.split(".")[0]
+        return f"L{base[1:]}KV{head[2:]}" if head.startswith("kv") else f"L{base[1:]}H{head.lstrip('h')}"
+    if base[:1] == "m" and base[1:].isdigit():
+        return f"mlp{base[1:]}"
+    return name
 KIND_NAMES = {"q": "q (query)", "k": "k (key)", "v": "v (value)", "mlp": "MLP", "logits": "logits"}
 
 
@@ -244,7 +260,8 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
     """`data`: the edges table. The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
     negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
     A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
-    value input of key-value head g at (layer - 0.35, g - 0.3), labelled on its left). Integer head
+    value input of key-value head g at (layer - 0.35, g - 0.3), labelled below right). Nodes carry the report's
+    names (node_name: L0H3, L0KV1, mlp0). Integer head
     and layer ticks; a key of three line widths in |score| units, the signs drawn and the line style of
     each receiver kind drawn (dotted q, dashed k, solid v / MLP / logits), only those; node labels over
     the edges on a white box. `quiet` (plots.quiet_reason):
@@ -273,20 +290,21 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
         used.append(kind)
         colour = (("#e8a0a0" if v > 0 else "#a0b8e0") if quiet  # muted red / blue
                   else ("C3" if v > 0 else "C0"))
+        # opaque: crossing edges never blend into a colour the key does not define (red over blue is purple);
+        # widest first (top is sorted by |score|), so a thinner edge stays visible on top of a wider one
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=EDGE_Z, arrowprops=dict(
-            arrowstyle="-|>", lw=width(v), color=colour, alpha=0.7,
-            connectionstyle="arc3,rad=0.15", linestyle=STYLES.get(kind, "-")))
+            arrowstyle="-|>", lw=width(v), color=colour, alpha=1.0,
+            connectionstyle=f"arc3,rad={BENDS.get(kind, 0.15)}", linestyle=STYLES.get(kind, "-")))
     drawn = {n.rsplit(".", 1)[0] if n.count(".") == 2 else n for n in names}
     for node in sorted(drawn):
         x, y = xy(node)
         marker = "s" if node.startswith("m") else ("D" if node in ("input", "logits") else "o")
         ax.scatter([x], [y], marker=marker, s=60, color="black", zorder=NODE_Z)
-        left = ".kv" in node  # a KV head's label to its left, a query head's to its right: they never meet
+        kv = ".kv" in node  # a KV head's label below right (its edges all arrive from the left), a query head's above
         where = (dict(xytext=(0, -7), ha="center", va="top") if node == "logits"  # below: the plot's right edge is near
-                 else dict(xytext=(-5 if left else 5, -3 if left else 3), ha="right" if left else "left",
-                           va="top" if left else "bottom"))
-        ax.annotate(label(node), (x, y), textcoords="offset points", **where, fontsize=LABEL_SIZE,
-                    zorder=LABEL_Z, bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
+                 else dict(xytext=(5, -5 if kv else 3), ha="left", va="top" if kv else "bottom"))
+        ax.annotate(label(node_name(node)), (x, y), textcoords="offset points", **where, fontsize=LABEL_SIZE,
+                    zorder=LABEL_Z, bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=1.0))
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
@@ -377,8 +395,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                     "(higher is better); CMD is the area between f and 1 (lower is better); the legend gives each with its 95% "
                     "bootstrap interval over examples.",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
-                      "y = head (MLPs at -1, key-value heads just left of and below their layer's query heads, labelled "
-                      "on the left); width = |edge score| (estimated change of the task metric), red positive, blue negative; "
+                      "y = head (MLPs at -1, key-value heads KV just left of and below their layer's query heads); "
+                      "nodes named as elsewhere in the report (L0H3, mlp0); width = |edge score| (estimated change "
+                      "of the task metric), red positive, blue negative; "
                       "line style by what the edge feeds (dotted: a query, dashed: a key, solid: a value, an MLP or "
                       "the logits), the key listing only the kinds drawn.",
 }
@@ -421,6 +440,7 @@ def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None
         return (a, b) in pairs and pairs[a, b].get("tied") is True and _num(pairs[a, b].get("difference")) is not None
 
     names, signs = [k for k, _ in items], {k: (1.0 if v >= 0 else -1.0) for k, v in items}
+    of = _ties_beyond(s, names[-1]) + of
     head = (f"Direct logit attribution (mean and 95% t interval over {n} examples)"
             if any(_interval(intervals.get(k)) for k in names)
             else f"Direct logit attribution (mean over {n} example(s), too few for an interval)")
@@ -444,6 +464,47 @@ def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None
         text += (f" {names[1]} and {names[2]} are tied within their per-example spread "
                  f"({diff(names[1], names[2], signs)}).")
     return text
+
+
+KIND_WORDS = {"head": "heads", "mlp": "MLPs"}  # plural names of writer kinds; others say "components"
+
+
+def _ties_beyond(s: Mapping[str, Any], last: str) -> str:
+    """', tied with N other heads within its interval (A +x, B +y, ...)' when writers beyond the named
+    three have means inside the last named writer's interval (dla_last_named_ties), else ''."""
+    ties = s.get("dla_last_named_ties")
+    if not isinstance(ties, Mapping) or ties.get("component") != last or not ties.get("within"):
+        return ""
+    within, kinds = list(ties["within"]), set(ties.get("kinds") or [])
+    means = list(ties.get("means") or [])
+    means = means if len(means) == len(within) else [None] * len(within)
+    word = KIND_WORDS.get(next(iter(kinds)), "components") if len(kinds) == 1 else "components"
+    word = word if len(within) > 1 else word[:-1]
+    kinds_in = list(ties.get("kinds") or [])
+    if len(kinds) > 1 and len(kinds_in) == len(within):  # mixed: say how many of each kind
+        counts = {k: kinds_in.count(k) for k in dict.fromkeys(kinds_in)}
+        word += " (" + ", ".join(f"{c} {KIND_WORDS.get(k, k) if c > 1 else KIND_WORDS.get(k, k + 's')[:-1]}"
+                                 for k, c in counts.items()) + ")"
+    shown = [f"{c} {m:+.2f}" if _num(m) is not None else str(c) for c, m in zip(within[:6], means)]
+    more = f", and {len(within) - 6} more" if len(within) > 6 else ""
+    return f", tied with {len(within)} other {word} within its interval ({', '.join(shown)}{more})"
+
+
+def _totals(s: Mapping[str, Any]) -> str:
+    """' In total (summed per example) the 12 heads write +5.30 (95% CI [...]) and the 3 MLPs +4.10 (...).'
+    from dla_total_heads / dla_total_mlps, so a head's share is read against attention's whole write; else ''."""
+    parts = []
+    for key, word in (("dla_total_heads", "heads"), ("dla_total_mlps", "MLPs")):
+        t = s.get(key)
+        if isinstance(t, Mapping) and _num(t.get("mean")) is not None:
+            count = _num(t.get("count"))
+            ci = _ci(_interval(t))  # ", 95% CI [lo, hi]" or ""
+            parts.append([f"the {count:.0f} {word}" if count else f"all {word}",
+                          f"{t['mean']:+.2f}" + (f" ({ci[2:]})" if ci else "")])
+    if not parts:
+        return ""
+    parts[0][0] += " write"
+    return " In total (summed per example) " + " and ".join(" ".join(p) for p in parts) + "."
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -478,7 +539,7 @@ def finding(s: Mapping[str, Any]) -> str:
                      + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
         return " ".join(parts)
     if top:
-        parts.append(_writers(s, top, final))
+        parts.append(_writers(s, top, final) + _totals(s))
     cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
     if cpr is not None and cmd is not None:
         n, edges = _num(s.get("mib_n_examples", s.get("edges_n_examples"))), _num(s.get("n_edges"))

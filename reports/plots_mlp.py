@@ -1,4 +1,4 @@
-"""Figures of the mlp analysis: key-value agreement per layer, the Task's largest sub-updates,
+"""Figures of the mlp analysis: key-value agreement per layer, the task's largest sub-updates,
 and the top-neuron table as escaped HTML (trigger prompts and tokens may hold markup).
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
@@ -16,30 +16,39 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _chance, _num, _pct, wilson
-from headscope.reports.plots import axes, laid_out
+from headscope.reports.plots import axes, label, laid_out
 from headscope.reports.render import escape
 
-AGREEMENT = {"agreement": "top trigger", "agreement_any": "any of top k triggers", "agreement_shuffled": "shuffled (control)"}
+# column: (legend label, colour, marker, line style); each measure and its own shuffled control share a colour
+AGREEMENT = {"agreement": ("top trigger", "C0", "o", "-"),
+             "agreement_shuffled": ("shuffled (control)", "C0", "s", ":"),
+             "agreement_any": ("any of top k triggers", "C1", "X", "-"),
+             "agreement_any_shuffled": ("any of top k, shuffled (its control)", "C1", "D", ":")}
 
 
 def plot_agreement(data: pd.DataFrame, *, n: int | None = None, ax=None):
-    """Per layer (`data`: the agreement table): agreement with the top trigger, with any of the top-k,
-    and the shuffled baseline. n: the neurons each fraction is over (the summary's n_neurons_per_layer):
-    each point then carries its Wilson 95% interval (count = fraction x n, exact) as an error bar, the
-    three measures set slightly apart so their bars do not hide one another."""
+    """Per layer (`data`: the agreement table): agreement with the top trigger and with any of the top-k,
+    each beside its own shuffled control in the same colour, dotted (a table without
+    agreement_any_shuffled, from an older run, draws the any-of-k line without one). n: the neurons each
+    fraction is over (the summary's n_neurons_per_layer): each point then carries its Wilson 95% interval
+    (count = fraction x n, exact) as an error bar, the measures set slightly apart so their bars do not
+    hide one another."""
     ax = axes(ax, (8, 4))
     data = data.sort_values("layer")
     layers = data.layer.to_numpy(dtype=float)
     n = int(n) if n else None
-    for i, (column, name) in enumerate(AGREEMENT.items()):
+    drawn = [c for c in AGREEMENT if c in data]
+    for i, column in enumerate(drawn):
+        name, colour, marker, style = AGREEMENT[column]
         y = data[column].to_numpy(dtype=float)  # [layer]
         yerr = None
         if n:
             bounds = np.array([wilson(int(round(v * n)), n) for v in y])  # [layer, 2]
             yerr = np.vstack([y - bounds[:, 0], bounds[:, 1] - y]).clip(min=0)  # [2, layer]
-        ax.errorbar(layers + ((i - 1) * 0.08 if n else 0.0), y, yerr=yerr, color=f"C{i}", marker="oXs"[i],
-                    linestyle=("-", "--", ":")[i], markersize=5, capsize=3 if n else 0, label=name)
-    bars = f" (bars: Wilson 95% CI over {n} neurons)" if n else ""
+        shift = (i - (len(drawn) - 1) / 2) * 0.07 if n else 0.0
+        ax.errorbar(layers + shift, y, yerr=yerr, color=colour, marker=marker, linestyle=style, markersize=5,
+                    capsize=3 if n else 0, label=name)
+    bars = f"\n(bars: Wilson 95% CI over {n} neurons)" if n else ""  # its own line: the title fits beside the legend
     ax.set(title="Key-value agreement (value's top token = trigger's next token)" + bars, ylim=(0, None),
            xlabel="layer", ylabel="fraction of neurons that agree (0-1)")
     ax.set_xticks(sorted(data.layer.unique()))
@@ -47,16 +56,30 @@ def plot_agreement(data: pd.DataFrame, *, n: int | None = None, ax=None):
     return ax
 
 
-def plot_top_neurons(data: pd.DataFrame, *, ax=None):
-    """Mean ||m_i v_i|| at the Task's answer position for the top neurons (`data`: the top_neurons table),
-    labelled L<layer>.N<neuron>."""
+LIGHTEST = 0.65  # the layer palette stops here: viridis beyond is light green to yellow, faint on white
+
+
+def layer_colours(layers) -> dict:
+    """{layer: colour}: the convention's ordinal layer palette (plots.LAYERS) from its dark end up to
+    LIGHTEST, so the last layer's bars stay visible on white."""
+    import matplotlib
+
     from headscope.reports.plots import LAYERS  # hue by layer: the convention's ordinal palette
 
+    order = sorted(set(layers))
+    cmap = matplotlib.colormaps[LAYERS]
+    return {l: cmap(LIGHTEST * i / max(len(order) - 1, 1)) for i, l in enumerate(order)}
+
+
+def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, ax=None):
+    """Mean ||m_i v_i|| at the task's answer position for the top neurons (`data`: the top_neurons table),
+    labelled L<layer>.N<neuron>, coloured by layer (layer_colours, outlined); `task`: its name, in the title."""
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     data = top_neurons.assign(neuron_id=[f"L{layer}.N{n}" for layer, n in zip(top_neurons.layer, top_neurons.neuron)])
-    sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax, palette=LAYERS)
+    sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
+                palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
     ax.set(xlabel="mean L2 norm of the update m_i v_i at the answer", ylabel="neuron (L layer . N index)",
-           title="Largest sub-updates on the Task")
+           title="Largest sub-updates on the task" + (f" '{label(task)}'" if task else ""))
     if ax.get_legend() is not None:  # off the data
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
     return ax
@@ -78,7 +101,8 @@ def figures(result, **kwargs) -> dict:
     out = {}
     n = _num((result.summary or {}).get("n_neurons_per_layer"))  # what each agreement fraction is over
     out["mlp_agreement"] = laid_out(plot_agreement(result.tables["agreement"], n=int(n) if n else None))
-    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"]))
+    task = (result.summary or {}).get("task") or (result.config or {}).get("task")
+    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"], task=task))
     return out
 
 
@@ -93,9 +117,9 @@ GUIDE = (  # how to read this section of the report
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "mlp_agreement": "Per layer, the fraction of neurons (0-1) whose value vector's top token is the token after their "
-                     "strongest trigger (top trigger), after any of their top-k triggers (any of top k), and the same with "
-                     "triggers shuffled across neurons (control); bars: each fraction's Wilson 95% interval over the "
-                     "layer's neurons.",
+                     "strongest trigger (top trigger) and after any of their top-k triggers (any of top k), each with its "
+                     "own control in the same colour, dotted: the same with triggers shuffled across neurons; bars: each "
+                     "fraction's Wilson 95% interval over the layer's neurons.",
     "mlp_top_neurons": "The neurons whose updates m_i v_i are largest at the task's answer position (L2 norm, residual "
                        "stream units), coloured by layer.",
 }
@@ -110,6 +134,61 @@ def _measured_only(s: Mapping[str, Any]) -> str:
             + (f" in {layers} layers" if layers else "") + f" over {s.get('n_prefixes', '?')} prefixes against a "
             "shuffled control, and which tokens the largest task updates promote"
             + (f" ({updates:.0f} updates)" if updates else "") + "; no layer is ranked at chance.")
+
+
+ALPHA = 0.05  # the level at which a Fisher test's p is called a difference
+
+
+def _count_map(s: Mapping[str, Any], key: str, n: int) -> dict[str, int]:
+    """{layer: agreeing neurons}: the recorded counts, else each share times n (exact: shares are k / n)."""
+    counts = s.get(f"{key}_count_per_layer")
+    if isinstance(counts, Mapping) and counts:
+        return {str(k): int(v) for k, v in counts.items() if _num(v) is not None}
+    return {str(k): round(_num(v) * n) for k, v in (s.get(f"{key}_per_layer") or {}).items() if _num(v) is not None}
+
+
+def _tests(s: Mapping[str, Any], agree: Mapping[str, float], n: int) -> dict | None:
+    """The summary's Fisher tests (agreement_tests), else the same computed from its counts; None without n."""
+    if not n:
+        return None
+    from headscope.analyses.mlp.analysis import agreement_tests
+
+    recorded = s.get("agreement_tests")
+    if isinstance(recorded, Mapping) and isinstance(recorded.get("control_p_per_layer"), Mapping):
+        return dict(recorded)
+    return agreement_tests(_count_map(s, "agreement", n), _count_map(s, "agreement_shuffled", n), n)
+
+
+def _p(p: float) -> str:
+    return f"p = {p:.2g}" if p >= 0.001 else "p < 0.001"
+
+
+def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int, n: int) -> list[str]:
+    """Sentences: the best layer against its own shuffled control, every layer against its control, and the
+    best layer against the others (pooled and each), all by Fisher's exact test on k of n neurons."""
+    control = _count_map(s, "agreement_shuffled", n)
+    p_best = tests["control_p_per_layer"][best]
+    out = [f"Against its own shuffled control ({control.get(best, 0)} of {n} neurons, "
+           f"{_pct(control.get(best, 0) / n)}), layer {best} "
+           + (f"agrees more (Fisher's exact test, two-sided, {_p(p_best)})." if p_best < ALPHA and hits > control.get(best, 0)
+              else f"agrees less (Fisher's exact test, two-sided, {_p(p_best)})" if p_best < ALPHA
+              else f"cannot be told from it (Fisher's exact test, two-sided, {_p(p_best)})")]
+    if p_best >= ALPHA or hits <= control.get(best, 0):
+        out[-1] += ": these MLPs show no key-value memory on this corpus that the test can detect."
+    counts = _count_map(s, "agreement", n)
+    above = [l for l, p in tests["control_p_per_layer"].items() if p < ALPHA and counts.get(l, 0) > control.get(l, 0)]
+    if len(tests["control_p_per_layer"]) > 1:
+        out.append(f"Layers above their own control at p < {ALPHA:g}: " + (", ".join(above) if above else "none") + ".")
+    pooled, each = tests.get("best_vs_others_p"), tests.get("best_vs_layer_p") or {}
+    if pooled is not None and tests.get("best_layer") == best:
+        others = [l for l in counts if l != best]
+        k_others = sum(counts[l] for l in others)
+        pairs = "; ".join(f"layer {l} ({counts[l]} of {n}) {_p(p)}" for l, p in list(each.items())[:6])
+        differ = "differ" if pooled < ALPHA else "cannot be told apart"
+        out.append(f"Between layers: layer {best} against the others pooled ({k_others} of {n * len(others)}) "
+                   f"{_p(pooled)}, so the layers {differ}" + (f"; against each, {pairs}" if pairs else "")
+                   + " (Fisher's exact test; the best layer is picked after looking, so these p are optimistic).")
+    return out
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -135,10 +214,15 @@ def finding(s: Mapping[str, Any]) -> str:
                  "(no one layer stands out)")
         parts.append(f"Agreement between a neuron's promoted token and what follows its triggers is highest at "
                      f"{_pct(agree[best])}{size} {where} (over {s.get('n_prefixes', '?')} prefixes)")
-        control = max(shuffled) if shuffled else None
-        parts[-1] += f"; the shuffled control reaches {_pct(control)}." if control is not None else "."
-        if control is not None and (interval[0] <= control if interval else agree[best] <= control + 0.02):
-            parts.append("That is no better than the control: these MLPs show no key-value memory on this corpus.")
+        tests = _tests(s, agree, n)
+        if tests is not None and best in tests["control_p_per_layer"]:
+            parts[-1] += "."
+            parts.extend(_tested(s, tests, best, hits, n))
+        else:  # no counts (an older summary): the control's share beside the best, and the interval check
+            control = max(shuffled) if shuffled else None
+            parts[-1] += f"; the shuffled control reaches {_pct(control)}." if control is not None else "."
+            if control is not None and (interval[0] <= control if interval else agree[best] <= control + 0.02):
+                parts.append("That is no better than the control: these MLPs show no key-value memory on this corpus.")
     frac = _num(s.get("answer_promoted_fraction"))
     if frac is not None:
         count = _num(s.get("n_task_updates"))  # how many updates the fraction is over (newer summaries)

@@ -28,7 +28,9 @@ answer rank, log-probability, top-1 fraction (and its count of examples) and log
 first layer whose median answer rank is 0 (top-1 in at least half the examples); top components
 and heads; each top component's mean, sd, 95% t interval and n over examples (dla_top_intervals)
 and, for each pair of the three largest, the paired difference of their magnitudes with its
-interval and whether it contains 0 (dla_top_differences: "tied", not ranked); the sum of the
+interval and whether it contains 0 (dla_top_differences: "tied", not ranked); the writers beyond the
+three whose mean lies inside the third's interval (dla_last_named_ties); all heads and all MLPs
+summed per example, with mean, 95% t interval and n (dla_total_heads, dla_total_mlps); the sum of the
 writers' contributions, the norm/bias terms and the final logit (difference) they reconstruct,
 with the largest reconstruction error.
 """
@@ -288,6 +290,29 @@ def writer_intervals(dla: pd.DataFrame, components: list[str]) -> tuple[dict, li
     return stats, pairs
 
 
+def _total(dla: pd.DataFrame, kind: str) -> dict | None:
+    """All writers of one kind summed per example: {"mean", "sd", "ci" (95% t interval over examples), "n",
+    "count" (writers summed)}; None when the model has none."""
+    rows = dla[dla.kind == kind]
+    if not len(rows):
+        return None
+    x = rows.groupby("example").contribution.sum().to_numpy(dtype=float)  # [example]
+    return {"mean": float(x.mean()), "sd": float(x.std(ddof=1)) if len(x) > 1 else None,
+            "ci": chance.mean_interval(x), "n": int(len(x)), "count": int(rows.component.nunique())}
+
+
+def within_interval(ranked: pd.DataFrame, intervals: dict, named: list[str]) -> dict | None:
+    """The writers beyond the named ones whose mean lies inside the last named writer's 95% interval:
+    {"component": the last named, "within": [their names, largest |mean| first], "kinds", "means": theirs}
+    (None without an interval). A ranking that stops at the last named writer would hide them."""
+    if not named or (intervals.get(named[-1]) or {}).get("ci") is None:
+        return None
+    lo, hi = intervals[named[-1]]["ci"]
+    rest = ranked[~ranked.component.isin(named) & ranked.contribution.between(lo, hi)]
+    return {"component": named[-1], "within": list(rest.component), "kinds": list(rest.kind),
+            "means": [float(v) for v in rest.contribution]}
+
+
 def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: int) -> dict:
     mean = dla_mean(dla)
     writers = dla[~dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
@@ -304,6 +329,9 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
         "dla_top_intervals": intervals,
         "dla_top_differences": differences,
         "dla_top_heads": {r.component: float(r.contribution) for r in heads.head(top_k).itertuples()},
+        "dla_last_named_ties": within_interval(ranked, intervals, list(ranked.component.head(min(NAMED, top_k)))),
+        "dla_total_heads": _total(dla, "head"),
+        "dla_total_mlps": _total(dla, "mlp"),
         "dla_sum_components": float(writers.mean()),
         "dla_bias_terms": float(biases.mean()),
         "dla_final_logit": float(final.mean()),

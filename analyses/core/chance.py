@@ -254,6 +254,15 @@ def mean_interval(values: Sequence[float] | np.ndarray, *, alpha: float = ALPHA)
     return [mean - half, mean + half]
 
 
+def fisher_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p of Fisher's exact test that k1 of n1 and k2 of n2 come from one proportion (the 2 x 2
+    table [[k1, n1 - k1], [k2, n2 - k2]]): counts too small for a normal approximation (e.g. 18 of 128
+    neurons against 10 of 128) are tested exactly."""
+    from scipy import stats
+
+    return float(stats.fisher_exact([[int(k1), int(n1) - int(k1)], [int(k2), int(n2) - int(k2)]])[1])
+
+
 def gap_within_noise(clean: Sequence[float] | np.ndarray | torch.Tensor, corrupted: Sequence[float] | np.ndarray | torch.Tensor,
                      metric: str, *, alpha: float = ALPHA) -> dict[str, Any] | None:
     """Whether the clean-corrupted gap that patching normalises by is within noise, from the paired

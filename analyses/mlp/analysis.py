@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
+from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
 from headscope.analyses.core.result import Result
@@ -185,7 +186,9 @@ def sub_updates_at(model, tokens: torch.Tensor, layer: int, position: int = -1, 
 
 
 def agreement(triggers: TriggerExamples, value_top: torch.Tensor, seed: int = 0) -> pd.DataFrame:
-    """Per layer: agreement (top trigger), agreement_any (any of the k) and a shuffled baseline.
+    """Per layer: agreement (top trigger), agreement_any (any of the k) and their shuffled baselines
+    (agreement_shuffled, agreement_any_shuffled: each value against the triggers of another key of
+    the layer, one permutation per layer for both).
 
     value_top: [layer, d_mlp] the top token of each value, layers as in `triggers`.
     """
@@ -194,12 +197,13 @@ def agreement(triggers: TriggerExamples, value_top: torch.Tensor, seed: int = 0)
     for i, layer in enumerate(triggers.layers):
         nxt = triggers.next_token[i]  # [d_mlp, k]
         top = value_top[i]  # [d_mlp]
-        shuffled = nxt[torch.randperm(nxt.shape[0], generator=g), 0]  # [d_mlp]
+        shuffled = nxt[torch.randperm(nxt.shape[0], generator=g)]  # [d_mlp, k]: another key's triggers
         rows.append({
             "layer": layer,
             "agreement": (top == nxt[:, 0]).float().mean().item(),
             "agreement_any": (top[:, None] == nxt).any(1).float().mean().item(),
-            "agreement_shuffled": (top == shuffled).float().mean().item(),
+            "agreement_shuffled": (top == shuffled[:, 0]).float().mean().item(),
+            "agreement_any_shuffled": (top[:, None] == shuffled).any(1).float().mean().item(),
         })
     return pd.DataFrame(rows)
 
@@ -354,6 +358,11 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "agreement_count_per_layer": _counts(agree, "agreement", model.facts.d_mlp),
         "agreement_any_count_per_layer": _counts(agree, "agreement_any", model.facts.d_mlp),
         "agreement_shuffled_count_per_layer": _counts(agree, "agreement_shuffled", model.facts.d_mlp),
+        "agreement_any_shuffled_per_layer": {str(r.layer): r.agreement_any_shuffled for r in agree.itertuples()},
+        "agreement_any_shuffled_count_per_layer": _counts(agree, "agreement_any_shuffled", model.facts.d_mlp),
+        # Fisher's exact tests on those counts: each layer against its control, the best layer against the others
+        "agreement_tests": agreement_tests(_counts(agree, "agreement", model.facts.d_mlp),
+                                           _counts(agree, "agreement_shuffled", model.facts.d_mlp), model.facts.d_mlp),
         "task": task.name,
         "answer_promoted_fraction": float(top_updates.promotes_answer.mean()) if len(top_updates) else float("nan"),
         # answer_promoted_fraction = n_task_updates_promoting / n_task_updates: the top n_top_updates sub-updates
@@ -370,6 +379,25 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     return Result(name="mlp", df=df, summary=summary,
                   tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},
                   config={**asdict(config), "task": task.name})
+
+
+def agreement_tests(counts: dict[str, int], control: dict[str, int], n: int) -> dict[str, Any]:
+    """Two-sided Fisher's exact tests on agreeing-neuron counts (k of n per layer): "control_p_per_layer"
+    {layer: p of k against that layer's shuffled control}, "best_layer" (most agreeing; the first of
+    equals), "best_vs_layer_p" {other layer: p of best against it} and "best_vs_others_p" (best against
+    the other layers pooled; None with one layer). The best layer is picked after looking, so its p
+    values against the others are optimistic: the finding reports them as such."""
+    out: dict[str, Any] = {"control_p_per_layer": {l: chance.fisher_p(k, n, control[l], n)
+                                                   for l, k in counts.items() if l in control}}
+    if not counts:
+        return {**out, "best_layer": None, "best_vs_layer_p": {}, "best_vs_others_p": None}
+    best = max(counts, key=lambda l: counts[l])
+    others = [l for l in counts if l != best]
+    out["best_layer"] = best
+    out["best_vs_layer_p"] = {l: chance.fisher_p(counts[best], n, counts[l], n) for l in others}
+    out["best_vs_others_p"] = (chance.fisher_p(counts[best], n, sum(counts[l] for l in others), n * len(others))
+                               if others else None)
+    return out
 
 
 def _counts(agree: pd.DataFrame, column: str, n: int) -> dict[str, int]:

@@ -90,6 +90,12 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
     assert s["agreement_count_per_layer"] == {str(l): int(result.df[result.df.layer == l].agrees.sum())
                                               for l in range(model.facts.n_layers)}
     assert all(s["agreement_per_layer"][l] == pytest.approx(c / d_mlp) for l, c in s["agreement_count_per_layer"].items())
+    from scipy.stats import fisher_exact  # each layer against its own control, on the recorded counts
+
+    control = s["agreement_shuffled_count_per_layer"]
+    assert s["agreement_tests"]["control_p_per_layer"] == pytest.approx(
+        {l: fisher_exact([[c, d_mlp - c], [control[l], d_mlp - control[l]]])[1]
+         for l, c in s["agreement_count_per_layer"].items()})
     lo, hi = _wilson(k, n)
     text = finding("mlp", s)
     assert (f"{k} of {n} top task updates ({100 * k / n:.0f}%, Wilson 95% CI {100 * lo:.0f}%-{100 * hi:.0f}%) "
@@ -161,6 +167,10 @@ def test_agreement_by_hand():
     table = mlp.agreement(trig, torch.tensor([[5, 7, 0, 9]]))
     assert table.agreement.item() == 0.5  # keys 0 and 3: value top token = top trigger's next token
     assert table.agreement_any.item() == 0.75  # key 1 matches its second trigger
+    # the controls pair key i with the triggers of key perm[i]; torch.randperm(4) under seed 0 is [0, 1, 3, 2]:
+    # key 0 gets [5, 1] (top 5: agrees), key 1 [2, 7] (7 among them), key 2 [9, 4], key 3 [3, 3]
+    assert torch.equal(torch.randperm(4, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 3, 2]))
+    assert table.agreement_shuffled.item() == 0.25 and table.agreement_any_shuffled.item() == 0.5
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

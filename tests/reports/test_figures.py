@@ -502,13 +502,22 @@ def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
 
     n, z = 256, 1.959964
     table = pd.DataFrame({"layer": [0, 1], "agreement": [18 / n, 0.0], "agreement_any": [40 / n, 3 / n],
-                          "agreement_shuffled": [1 / n, 2 / n]})
+                          "agreement_shuffled": [1 / n, 2 / n], "agreement_any_shuffled": [9 / n, 4 / n]})
     ax = plot_agreement(table, n=n, ax=plt.subplots()[1])
     try:
         bars = {c.get_label(): c for c in ax.containers}
-        assert set(bars) == {"top trigger", "any of top k triggers", "shuffled (control)"}
+        # the fifth review: "any of top k" (0.41) was read against the top-trigger control (0.08): it has its own
+        assert set(bars) == {"top trigger", "any of top k triggers", "shuffled (control)",
+                             "any of top k, shuffled (its control)"}
+        line = {name: bars[name].lines[0] for name in bars}
+        assert line["any of top k triggers"].get_color() == line["any of top k, shuffled (its control)"].get_color()
+        colour = {name: line[name].get_color() for name in line}
+        assert colour["top trigger"] == colour["shuffled (control)"] != colour["any of top k triggers"]
+        style = {name: line[name].get_linestyle() for name in line}
+        assert style["any of top k, shuffled (its control)"] == ":" != style["any of top k triggers"]
         for column, name in (("agreement", "top trigger"), ("agreement_any", "any of top k triggers"),
-                             ("agreement_shuffled", "shuffled (control)")):
+                             ("agreement_shuffled", "shuffled (control)"),
+                             ("agreement_any_shuffled", "any of top k, shuffled (its control)")):
             segments = bars[name].lines[2][0].get_segments()  # one vertical bar per layer: [[x, lo], [x, hi]]
             for k, seg in zip((round(v * n) for v in table[column]), segments):
                 p = k / n
@@ -536,7 +545,7 @@ def test_circuit_graph_labels_of_a_kv_head_and_a_query_head_do_not_collide():
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}
-        assert {"a0.h1", "a0.kv1"} <= set(boxes)
+        assert {"L0H1", "L0KV1"} <= set(boxes)  # the report's names, not the edge graph's a0.h1 / a0.kv1
         names = sorted(boxes)
         assert not [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if _overlap(boxes[a], boxes[b])]
     finally:
@@ -1478,5 +1487,78 @@ def test_tau_with_few_examples_draws_the_points_with_their_mean_and_t_interval()
     ax = plot_tau(many, ax=plt.subplots()[1])
     try:
         assert ax.patches and not [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    finally:
+        plt.close("all")
+
+
+def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selectivity_says_so():
+    from types import SimpleNamespace
+
+    from headscope.reports.plots_probes import figures
+
+    # a control learnt exactly (one word type): 1.0 at every layer, like the real labels; folds of 7, 6, 6
+    df = pd.DataFrame([{"layer": layer, "fold": f, "task": task, "score": 1.0, "n_test": n}
+                       for layer in range(3) for task in ("real", "control") for f, n in enumerate((7, 6, 6))])
+    per_layer = pd.DataFrame({"layer": range(3), "accuracy": 1.0, "control": 1.0, "selectivity": np.nan})
+    why = "every example's token at the read position is the same word type"
+    result = SimpleNamespace(df=df, tables={"per_layer": per_layer},
+                             summary={"metric": "accuracy", "majority_baseline": 0.2, "labels": "answer",
+                                      "site": "resid_post", "control_degenerate": why, "capacity_skipped": "x"})
+    fig = figures(result)["probes"]
+    try:
+        left, right = fig.axes[:2]
+        real, control = (next(c for c in left.containers if c.get_label() == task) for task in ("real", "control"))
+        r_line, c_line = real.lines[0], control.lines[0]
+        assert r_line.get_marker() != c_line.get_marker() and r_line.get_linestyle() != c_line.get_linestyle()
+        assert all(a != b for a, b in zip(r_line.get_xdata(), c_line.get_xdata()))  # offset: both visible
+        assert r_line.get_zorder() > c_line.get_zorder()
+        assert list(r_line.get_ydata()) == [1.0, 1.0, 1.0]
+        # 19 of 19 correct: the exact 95% interval's lower end, (0.025)^(1/19), drawn as the error bar
+        low = min(seg[0][1] for seg in real.lines[2][0].get_segments())
+        assert low == pytest.approx(0.025 ** (1 / 19), abs=1e-6)
+        texts = " ".join(t.get_text() for t in right.texts).replace("\n", " ")
+        assert texts.startswith("not measurable: every example's token") and not right.patches
+        assert "no capacity sweep" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)
+
+
+def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
+    """#34 fifth review: input -> a0.kv edges were purple (a k edge and a v edge of opposite signs on one
+    arc at alpha 0.7), nodes were a0.h3 / m0 while the report says L0H3 / mlp0, edges ran through labels."""
+    from matplotlib.colors import to_rgba
+
+    edges = {"sender": ["input", "input", "a0.h1", "a0.h1", "m0"],
+             "receiver": ["a1.kv0.k", "a1.kv0.v", "a1.h1.q", "m1", "logits"], "score": [-0.5, 0.4, 0.3, 0.2, 0.1]}
+    try:
+        ax, keys = _graph(edges)
+        arrows = [t.arrow_patch for t in ax.texts if t.arrow_patch is not None]
+        key = {to_rgba(keys["positive"].get_color()), to_rgba(keys["negative"].get_color())}
+        assert len(arrows) == 5 and {to_rgba(a.get_edgecolor()) for a in arrows} == key  # opaque red and blue only
+        bends = {a.get_connectionstyle().rad for a in arrows[:2]}  # input -> L1KV0's key and value
+        assert len(bends) == 2, bends  # apart, not one on top of the other
+        texts = {t.get_text() for t in ax.texts if t.get_text()}
+        assert texts == {"input", "L0H1", "L1KV0", "L1H1", "mlp0", "mlp1", "logits"}, texts
+        assert all(t.get_bbox_patch().get_alpha() in (None, 1.0) for t in ax.texts if t.get_text())  # opaque boxes
+    finally:
+        plt.close("all")
+
+
+def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_white():
+    """#34 fifth review: "Largest sub-updates on the Task" named no task, and layer 2's viridis-yellow bars
+    were hard to see on white."""
+    from matplotlib.colors import to_rgb
+
+    from headscope.reports.plots_mlp import plot_top_neurons
+
+    data = pd.DataFrame({"layer": [0, 1, 2, 2], "neuron": [9, 94, 67, 33], "task_update_norm": [0.6, 0.3, 0.24, 0.2]})
+    try:
+        ax = plot_top_neurons(data, task="colours", ax=plt.subplots()[1])
+        assert ax.get_title() == "Largest sub-updates on the task 'colours'"
+        fills = [to_rgb(b.get_facecolor()) for b in ax.patches if b.get_width() > 0]
+        assert len(fills) == 4 and len(set(fills)) == 3  # one colour per layer
+        # relative luminance (sRGB weights of the drawn colours): viridis's yellow end is 0.87; every bar stays below 0.62
+        assert max(0.2126 * r + 0.7152 * g + 0.0722 * b for r, g, b in fills) < 0.62
+        assert all(b.get_linewidth() > 0 for b in ax.patches if b.get_width() > 0)  # outlined
     finally:
         plt.close("all")

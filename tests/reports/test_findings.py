@@ -305,7 +305,7 @@ def test_mlp_agreement_is_counted_in_neurons_against_the_control():
     assert "no better" not in text
     close = {**s, "agreement_per_layer": {"3": 6 / 256}, "agreement_shuffled_per_layer": {"3": 3 / 256}}
     assert "(6 of 256 neurons, Wilson 95% CI 1%-5%)" in finding("mlp", close)
-    assert "no better than the control" in finding("mlp", close)  # 6 of 256 reaches down to 3 of 256
+    assert "layer 3 cannot be told from it (Fisher's exact test, two-sided, p = 0.5)" in finding("mlp", close)  # 6 vs 3 of 256
 
 
 def test_circuits_finding_states_mib_metrics():
@@ -969,3 +969,87 @@ def test_patching_says_where_attribution_patching_would_rank_wrong():
     ok = {k: {**v, "missed": None, "top_exact": {**v["top_exact"], "attribution_rank": 1}} for k, v in corr.items()}
     text = finding("patching", _colour_binding(attribution_correlation=ok))
     assert "come out wrong" not in text and ": use it to rank, not to size." in text
+
+
+def test_rollout_does_better_only_where_its_tau_beats_raw_attention_and_never_at_chance():
+    # the review's at-chance run: rollout 0.06 against integrated gradients is worse than raw attention's 0.17
+    s = {"n_examples": 4, "mean_tau_attention_gradient": 0.157, "std_tau_attention_gradient": 0.112,
+         "mean_tau_attention_loo": -0.091, "std_tau_attention_loo": 0.135, "mean_tau_attention_ig": 0.168,
+         "std_tau_attention_ig": 0.035, "mean_tau_rollout_gradient": 0.2452, "mean_tau_rollout_ig": 0.057,
+         "mean_tau_rollout_loo": -0.138}
+    text = finding("attribution", {**s, "chance": AT_CHANCE})  # at chance: what was measured, no tau at all
+    assert "Measured over 4 examples: Kendall tau between attention and gradient x input" in text
+    assert "does better" not in text and "tracks token importance" not in text and "0.25" not in text
+    # above chance: better against gradient x input only (0.2452 > 0.157, >= 0.2), not against the other two
+    text = finding("attribution", s)
+    assert ("attention rollout does better against gradient x input (tau 0.25 against raw 0.16), but not against "
+            "leave-one-out (tau -0.14 against raw -0.09), integrated gradients (tau 0.06 against raw 0.17).") in text
+    assert "tracks token importance" not in text
+    # with rollout's own interval: t(0.975, 3) = 3.182; rollout 0.2452 -+ 3.182 x 0.2 / 2 reaches down to -0.07,
+    # under raw's upper bound 0.157 + 3.182 x 0.112 / 2 = 0.33: not credibly better
+    text = finding("attribution", {**s, "std_tau_rollout_gradient": 0.2})
+    assert "does better" not in text and "weak for rollout too (tau from -0.14 to 0.25)" in text
+
+
+def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_mlps():
+    # #34 fifth review: "mlp0, mlp1, L1H0 (+0.83)" hid four heads inside L1H0's interval and that the heads
+    # together write more than mlp0. L1H0 [1, 0.6, 1, 0.6]: 0.8, sd 0.2309, t(0.975, 3) = 3.1824, half 0.3674
+    # -> [0.43, 1.17]: L0H3 0.78 and L1H3 0.70 inside, L1H1 0.30 outside. Heads summed per example [2.78, 2.38,
+    # ...]: 2.58 +- 0.367; MLPs [8, 8.4, ...]: 8.2 +- 0.367.
+    s = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+                      "L1H0": ("head", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4), "L1H3": ("head", [0.7] * 4),
+                      "L1H1": ("head", [0.3] * 4)})
+    assert s["dla_last_named_ties"]["component"] == "L1H0"
+    assert s["dla_last_named_ties"]["within"] == ["L0H3", "L1H3"]
+    heads, mlps = s["dla_total_heads"], s["dla_total_mlps"]
+    assert heads["count"] == 4 and heads["n"] == 4 and heads["mean"] == pytest.approx(2.58)
+    assert heads["ci"] == pytest.approx([2.58 - 0.36742, 2.58 + 0.36742], abs=1e-4)
+    assert mlps["count"] == 2 and mlps["mean"] == pytest.approx(8.2) and mlps["ci"][0] == pytest.approx(7.8326, abs=1e-4)
+    text = finding("circuits", s)
+    assert ("L1H0 (+0.80, 95% CI [0.43, 1.17]), tied with 2 other heads within its interval (L0H3 +0.78, "
+            "L1H3 +0.70) of a final logit difference 10.8.") in text, text
+    assert ("In total (summed per example) the 4 heads write +2.58 (95% CI [2.21, 2.95]) and the 2 MLPs "
+            "+8.20 (95% CI [7.83, 8.57]).") in text, text
+    # L1H0 alone in its interval: no tie clause
+    alone = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+                          "L1H0": ("head", [1, 0.6, 1, 0.6]), "L1H1": ("head", [0.3] * 4)})
+    assert alone["dla_last_named_ties"]["within"] == [] and "tied with" not in finding("circuits", alone)
+    mixed = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+                          "L1H0": ("head", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4), "mlp2": ("mlp", [0.5] * 4)})
+    assert "tied with 2 other components (1 head, 1 MLP) within its interval (L0H3 +0.78, mlp2 +0.50)" in finding(
+        "circuits", mixed)
+
+
+def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fisher():
+    # #34 fifth review: "highest at 14% (18/128) in layer 0; the shuffled control reaches 8%" set side by side
+    # untested. Fisher's exact test (scipy, two-sided) on the 2 x 2 tables of k of n neurons.
+    from scipy.stats import fisher_exact
+
+    counts, control = {"0": 18, "1": 3, "2": 8}, {"0": 10, "1": 2, "2": 1}
+    s = {"agreement_per_layer": {k: v / 128 for k, v in counts.items()}, "agreement_count_per_layer": counts,
+         "agreement_shuffled_per_layer": {k: v / 128 for k, v in control.items()},
+         "agreement_shuffled_count_per_layer": control, "n_neurons_per_layer": 128, "n_prefixes": 160}
+    p = {name: fisher_exact(table)[1] for name, table in {
+        "control": [[18, 110], [10, 118]], "l1": [[18, 110], [3, 125]], "l2": [[18, 110], [8, 120]],
+        "pooled": [[18, 110], [11, 245]], "l2_control": [[8, 120], [1, 127]]}.items()}
+    assert p["control"] == pytest.approx(0.160, abs=1e-3) and p["l2"] == pytest.approx(0.0609, abs=1e-3)
+    assert p["l2_control"] < 0.05 < p["control"]
+    text = finding("mlp", s)
+    assert (f"Against its own shuffled control (10 of 128 neurons, 8%), layer 0 cannot be told from it (Fisher's "
+            f"exact test, two-sided, p = {p['control']:.2g})") in text, text
+    assert "Layers above their own control at p < 0.05: 2." in text  # 8 of 128 against 1 of 128
+    assert (f"layer 0 against the others pooled (11 of 256) p = {p['pooled']:.2g}, so the layers differ; against each, "
+            f"layer 1 (3 of 128) p < 0.001; layer 2 (8 of 128) p = {p['l2']:.2g}") in text, text
+    # the recorded tests are what the analysis computes from the same counts
+    from headscope.analyses.mlp.analysis import agreement_tests
+
+    tests = agreement_tests(counts, control, 128)
+    assert tests["best_layer"] == "0" and tests["best_vs_others_p"] == pytest.approx(p["pooled"])
+    assert tests["control_p_per_layer"] == pytest.approx({"0": p["control"], "1": fisher_exact([[3, 125], [2, 126]])[1],
+                                                          "2": p["l2_control"]})
+    # a best layer well above its control: "agrees more"
+    strong = {**s, "agreement_shuffled_count_per_layer": {"0": 1, "1": 2, "2": 1}}
+    assert "layer 0 agrees more (Fisher's exact test, two-sided, p < 0.001)." in finding("mlp", strong)
+    below = {**s, "agreement_shuffled_count_per_layer": {"0": 40, "1": 2, "2": 1}}  # 18 against 40 of 128
+    assert (f"layer 0 agrees less (Fisher's exact test, two-sided, p = {fisher_exact([[18, 110], [40, 88]])[1]:.2g}): "
+            "these MLPs show no key-value memory") in finding("mlp", below)
