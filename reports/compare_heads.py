@@ -128,6 +128,20 @@ def difference_panel(ax: Any, diff: pd.DataFrame, band: Any) -> float:
     return limit
 
 
+def all_within(diff: pd.DataFrame, band: Any) -> str:
+    """"" unless every finite |B - A| lies within `band` (the map is all grey); then that the band is the smallest
+    change this pair of runs could detect and no head differs beyond it, so the grey map reads as the test's reach."""
+    values = diff.to_numpy(dtype=float)
+    finite = np.isfinite(values)
+    if band is None or not finite.any() or not (np.abs(values[finite]) < np.broadcast_to(band, values.shape)[finite]).all():
+        return ""
+    bounds = np.asarray(band, dtype=float)
+    reach = f"{float(bounds.min()):.3g}" if np.ndim(band) == 0 or np.ptp(bounds) == 0 else \
+        f"{float(bounds.min()):.3g} to {float(bounds.max()):.3g} by head"
+    return (f"no head differs beyond noise; the smallest change\nthis pair of runs could detect is {reach} "
+            f"(largest |B - A| {float(np.abs(values[finite]).max()):.3g})")
+
+
 def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
     """The importance heat maps of A and B on one scale (and B - A, noise muted, when the model shapes and
     quantities agree), the notes on the top heads and the muting rule, and the alt text; None without data."""
@@ -151,8 +165,13 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
             muted = ("\n(nothing muted: no uncertainty recorded)" if band is None else
                      f"\n(grey: |B - A| < {float(band):.3g}, within the runs' noise)" if np.ndim(band) == 0 else
                      "\n(grey: |B - A| < 1.96 x its per-head se, within noise)")
-            ax.set(title="B - A" + muted,
-                   xlabel="head", ylabel="layer")
+            undetected = all_within(grid, band)
+            if undetected:  # an all-grey map is the test's reach, not a finding that nothing changed
+                muted += f"\n{undetected}"
+                said = undetected.replace("\n", " ")
+                rule += f". {said[0].upper()}{said[1:]}"
+            ax.set_title("B - A" + muted, **({"fontsize": "medium"} if undetected else {}))
+            ax.set(xlabel="head", ylabel="layer")
             notes.append(SAME + f"B - A head importance: {rule}.")
             continue
         unsigned = all(m == "gradient" for m in methods)  # |dL/d gate|: sequential from 0

@@ -367,8 +367,19 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     assert coloured.norm.vmax == 0.5 and any("each head's standard error in results.csv" in n for n in notes)
     # every difference within noise: all grey, and the scale is the band, not the largest noise
     _importance(tmp_path / "b", [[x + 0.001 * (h + 1) for h, x in enumerate(r)] for r in base], se=0.01)
-    coloured = importance_figure(a, b)[0].axes[2].collections[-1]
+    fig, notes, alt = importance_figure(a, b)
+    coloured = fig.axes[2].collections[-1]
     assert coloured.get_array().mask.all() and abs(coloured.norm.vmax - 1.96 * 2 ** 0.5 * 0.01) < 1e-9
+    # review 5 B10: an all-grey map says the test's reach, 1.96 sqrt(2) 0.01 = 0.0277, on the figure and in the note
+    reach = "the smallest change\nthis pair of runs could detect is 0.0277 (largest |B - A| 0.003)"
+    assert fig.axes[2].get_title().endswith("no head differs beyond noise; " + reach)
+    said = reach.replace("\n", " ")
+    assert any(f"No head differs beyond noise; {said}" in n for n in notes) and said in alt
+    # the metric's se as the bound (no per-head se), one difference beyond it: no such sentence
+    _importance(tmp_path / "a", base)
+    _importance(tmp_path / "b", [[x + d for x, d in zip(r, dr)] for r, dr in zip(base, diff)])
+    fig, notes, _ = importance_figure(a, b)
+    assert "could detect" not in fig.axes[2].get_title() and not any("could detect" in n for n in notes)
 
 
 def _task(root, rows=(0, 1, 2, 3), prompt="Ann has a red hat. The hat of Ann is") -> None:
