@@ -140,20 +140,47 @@ def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, ti
     return ax
 
 
+BEST_HEAD_KINDS = {"change": "most important head", "oracle_change": "best single head",
+                   "layer_removed_change": "no head"}  # column -> legend label
+
+
 def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = None) -> Any:
     """Per layer (`data`: the best_head table): metric change keeping only the most important head,
-    the oracle best head, or none."""
+    the oracle best single head, or none, as grouped bars. Where the table has <change>_se and
+    n_examples (pruning.best_head_per_layer), each bar carries its 95% t-interval (t(n-1) x se, the
+    change paired over examples) and the title says n; older tables say that no interval is recorded."""
     ax = axes(ax, (8, 4))
-    long = data.melt(id_vars="layer", value_vars=["change", "oracle_change", "layer_removed_change"],
-                     var_name="kept", value_name="metric_change")
-    long["kept"] = long["kept"].map({"change": "most important head", "oracle_change": "best single head",
-                                     "layer_removed_change": "no head"})
-    sns.barplot(data=long, x="layer", y="metric_change", hue="kept", ax=ax)
+    layers = list(data["layer"])
+    width = 0.8 / len(BEST_HEAD_KINDS)
+    n = data["n_examples"].iloc[0] if "n_examples" in data.columns and len(data) else None
+    t = _t95(int(n)) if n is not None else float("nan")
+    banded = all(f"{c}_se" in data.columns for c in BEST_HEAD_KINDS) and math.isfinite(t)
+    for i, (column, label) in enumerate(BEST_HEAD_KINDS.items()):
+        x = [j + (i - (len(BEST_HEAD_KINDS) - 1) / 2) * width for j in range(len(layers))]
+        err = (t * data[f"{column}_se"]).to_numpy(dtype=float) if banded else None
+        ax.bar(x, data[column], width, yerr=err, capsize=3 if banded else 0, label=label, color=f"C{i}",
+               error_kw={"elinewidth": 1, "ecolor": "black"})
+    ax.set_xticks(range(len(layers)), [str(x) for x in layers])
+    ax.set_xlabel("layer")
     ax.axhline(0, color="grey", linewidth=1)
     ax.set_ylabel(f"change in {_metric_label(metric)}")
-    ax.set_title("keep one head in one layer")
+    if banded:
+        title = f"keep one head in one layer (n = {int(n)} examples;\nbars: 95% t-interval of the change, paired over examples)"
+    else:
+        title = "keep one head in one layer" + (f" (n = {int(n)} examples; no interval recorded)" if n is not None
+                                                 else " (no interval recorded)")
+    ax.set_title(title)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), title="kept")
     return ax
+
+
+def _t95(n: int) -> float:
+    """Student-t quantile of a two-sided 95% interval of a mean of n values (NaN below 2)."""
+    if n < 2:
+        return float("nan")
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, n - 1))
 
 
 def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None, ax: Any = None) -> Any:
@@ -253,7 +280,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "finding's count is the heads removed before a curve first leaves the band (a curve may come back "
                      "into it later), its interval a bootstrap over examples along the order drawn here.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
-                 "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job.",
+                 "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job. "
+                 "Error bars: the 95% t-interval of each change over the examples (n in the title), paired with each "
+                 "example's unpruned metric; the best single head is chosen on those same examples, so its bar is "
+                 "optimistic.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
           "(lambdas that land on one point share a label).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "

@@ -445,7 +445,9 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
 
     Per layer: the most important head by `importance` and its metric; the oracle best single
     head (every head tried, all in stacked passes) and its metric; and the metric with the whole
-    layer's attention removed. Changes are relative to the unpruned baseline.
+    layer's attention removed. Changes are relative to the unpruned baseline; each has its standard
+    error over examples (<change>_se: the sd of each example's change from its own unpruned metric
+    / sqrt(n), from the same passes; NaN for one example) and n_examples, for the figure's error bars.
     """
     f = model.facts
     n_layers, n_heads = f.n_layers, f.n_heads
@@ -455,7 +457,11 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
             masks[l * n_heads + h, l] = 0.0
             masks[l * n_heads + h, l, h] = 1.0
         masks[n_layers * n_heads + l, l] = 0.0
-    values = evaluate_masks(model, scorer, masks, progress=progress, desc="best head per layer")
+    each = evaluate_masks(model, scorer, masks, progress=progress, desc="best head per layer",
+                          per_example=True)  # [masks, n_examples]
+    values = each.mean(1)  # [masks]
+    n_ex = each.shape[1]
+    se = ((each - each[-1:]).std(1) / n_ex ** 0.5 if n_ex > 1 else torch.full_like(values, float("nan")))  # [masks]
     base = float(values[-1]) if baseline is None else baseline
     single = values[: n_layers * n_heads].view(n_layers, n_heads)  # [L, H] metric keeping only that head
     rows = []
@@ -468,5 +474,7 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
             "oracle_change": float(single[l, oracle]) - base,
             "layer_removed_metric": float(values[n_layers * n_heads + l]),
             "layer_removed_change": float(values[n_layers * n_heads + l]) - base,
+            "change_se": float(se[l * n_heads + top]), "oracle_change_se": float(se[l * n_heads + oracle]),
+            "layer_removed_change_se": float(se[n_layers * n_heads + l]), "n_examples": n_ex,
         })
     return pd.DataFrame(rows)

@@ -320,6 +320,12 @@ def test_best_head_per_layer_equals_loop(tiny_models):
         assert row["oracle_metric"] == pytest.approx(max(only.values()), abs=1e-5)
         removed = loop_logit_diff(model, task, [(z_name(layer), zero_heads([0, 1, 2, 3]))]).mean().item()
         assert row["layer_removed_metric"] == pytest.approx(removed, abs=1e-5)
+        # review 5 B5: each change's standard error over examples, paired with each example's own unpruned metric
+        per = loop_logit_diff(model, task, [(z_name(layer), zero_heads([1, 2, 3]))]) - loop_logit_diff(model, task)
+        assert row["change_se"] == pytest.approx((per.std() / len(per) ** 0.5).item(), rel=1e-3, abs=1e-6)
+        gone = loop_logit_diff(model, task, [(z_name(layer), zero_heads([0, 1, 2, 3]))]) - loop_logit_diff(model, task)
+        assert row["layer_removed_change_se"] == pytest.approx((gone.std() / len(gone) ** 0.5).item(), rel=1e-3, abs=1e-6)
+        assert row["n_examples"] == len(per) and row["change_se"] > 0
 
 
 # ---- L0 gates ------------------------------------------------------------------------------
