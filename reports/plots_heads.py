@@ -165,7 +165,8 @@ def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = N
     ax.axhline(0, color="grey", linewidth=1)
     ax.set_ylabel(f"change in {_metric_label(metric)}")
     if banded:
-        title = f"keep one head in one layer (n = {int(n)} examples;\nbars: 95% t-interval of the change, paired over examples)"
+        title = (f"keep one head in one layer (n = {int(n)} examples;\n"
+                 "error bars: 95% t-interval of the change, paired over examples)")
     else:
         title = "keep one head in one layer" + (f" (n = {int(n)} examples; no interval recorded)" if n is not None
                                                  else " (no interval recorded)")
