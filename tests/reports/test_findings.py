@@ -470,6 +470,11 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     none["prunable_ci_gradient"]["line"] = first
     assert ("the first step already falls below the floor; but gradient sits on the 1% line: the count depends on a "
             "first step that crosses the line by 0.62% of the metric") in finding("heads", none)
+    # random leads (every fixed order drops at once): its mean is said as an average with each seed's count
+    lead = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
+    lead["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
+    assert ("Ordered at random, 1 of 12 heads (8%) stay within 1% of the unpruned logit difference on average (per seed "
+            "2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval).") in finding("heads", lead)
 
 
 def test_patching_names_no_token_where_the_prompts_differ():
