@@ -128,6 +128,20 @@ def difference_panel(ax: Any, diff: pd.DataFrame, band: Any) -> float:
     return limit
 
 
+def all_within(diff: pd.DataFrame, band: Any) -> str:
+    """"" unless every finite |B - A| lies within `band` (the map is all grey); then that the band is the smallest
+    change this pair of runs could detect and no head differs beyond it, so the grey map reads as the test's reach."""
+    values = diff.to_numpy(dtype=float)
+    finite = np.isfinite(values)
+    if band is None or not finite.any() or not (np.abs(values[finite]) < np.broadcast_to(band, values.shape)[finite]).all():
+        return ""
+    bounds = np.asarray(band, dtype=float)
+    reach = f"{float(bounds.min()):.3g}" if np.ndim(band) == 0 or np.ptp(bounds) == 0 else \
+        f"{float(bounds.min()):.3g} to {float(bounds.max()):.3g} by head"
+    return (f"no head differs beyond noise; the smallest change\nthis pair of runs could detect is {reach} "
+            f"(largest |B - A| {float(np.abs(values[finite]).max()):.3g})")
+
+
 def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
     """The importance heat maps of A and B on one scale (and B - A, noise muted, when the model shapes and
     quantities agree), the notes on the top heads and the muting rule, and the alt text; None without data."""
@@ -151,8 +165,13 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
             muted = ("\n(nothing muted: no uncertainty recorded)" if band is None else
                      f"\n(grey: |B - A| < {float(band):.3g}, within the runs' noise)" if np.ndim(band) == 0 else
                      "\n(grey: |B - A| < 1.96 x its per-head se, within noise)")
-            ax.set(title="B - A" + muted,
-                   xlabel="head", ylabel="layer")
+            undetected = all_within(grid, band)
+            if undetected:  # an all-grey map is the test's reach, not a finding that nothing changed
+                muted += f"\n{undetected}"
+                said = undetected.replace("\n", " ")
+                rule += f". {said[0].upper()}{said[1:]}"
+            ax.set_title("B - A" + muted, **({"fontsize": "medium"} if undetected else {}))
+            ax.set(xlabel="head", ylabel="layer")
             notes.append(SAME + f"B - A head importance: {rule}.")
             continue
         unsigned = all(m == "gradient" for m in methods)  # |dL/d gate|: sequential from 0
@@ -268,14 +287,73 @@ def prunable_interval(s: Mapping[str, Any], ordering: str) -> tuple[float, float
     return None
 
 
-EDGE = 0.25  # a curve point closer to the 1% line than this share of the band (0.25% of the metric) sits on it
+EDGE = 0.25  # without per-example values: a point closer to the 1% line than this share of the band sits on it
+
+
+def examples_differ(a: Run, b: Run) -> str:
+    """Why A's and B's heads analyses did not rank heads on the same examples ("" when they did, as far as their
+    records tell: one task, source, example count, file rows and sample prompt, and, where no rows are recorded
+    (a generated task), one seed and model). Each run orders the heads on its own examples, so where those
+    differ the prunable counts also differ by re-ranking, which their bootstrap intervals do not cover."""
+    pa, pb = a.provenance("heads") or {}, b.provenance("heads") or {}
+    sa, sb = (pa.get("sample") or {}).get("prompt"), (pb.get("sample") or {}).get("prompt")
+    rows = [p.get("rows") if isinstance(p.get("rows"), list) else None for p in (pa, pb)]
+    checks = [("task", pa.get("task"), pb.get("task")), ("source", pa.get("source"), pb.get("source")),
+              ("examples", pa.get("n_examples"), pb.get("n_examples"))]
+    if rows[0] is None or rows[1] is None:  # a generated task: its seed (and model's tokenizer) draws the examples
+        checks.append(("seed", a.manifest.get("seed"), b.manifest.get("seed")))
+        if sa is None or sb is None:
+            checks.append(("model", *[(r.manifest.get("model") or {}).get("name") for r in (a, b)]))
+    diffs = [f"{what} {x} vs {y}" for what, x, y in checks if x != y]
+    if rows[0] is not None and rows[1] is not None and rows[0] != rows[1] and pa.get("n_examples") == pb.get("n_examples"):
+        diffs.append("other file rows")
+    if sa is None or sb is None:
+        diffs += [] if diffs else ["no sample prompt recorded to tell whether they are the same"]
+    elif sa != sb:
+        diffs.append("their sample prompts differ")
+    return ", ".join(diffs)
+
+
+def _deciding_point(run: Run, ordering: str) -> dict[str, Any] | None:
+    """The point of `run`'s curve for a fixed `ordering` nearest its tolerance line (pruning.line_record): from
+    the summary's prunable_ci_<ordering>, else computed from curve_examples.csv (older runs); None without
+    per-example values."""
+    ci = (run.summary("heads") or {}).get(f"prunable_ci_{ordering}")
+    if isinstance(ci, Mapping) and isinstance(ci.get("line"), Mapping):
+        return dict(ci["line"]) or None
+    examples = run.table("heads", "curve_examples")
+    if examples is None or not {"ordering", "recompute", "seed", "n_pruned", "example", "metric"} <= set(examples.columns):
+        return None
+    from headscope.analyses.heads.pruning import line_record
+
+    order, recompute = ordering.removesuffix("_recompute"), ordering.endswith("_recompute")
+    rows = examples[(examples["ordering"] == order) & ((examples["recompute"].astype(str) == "True") == recompute)]
+    if rows.empty or rows["seed"].nunique() != 1:
+        return None
+    wide = rows.pivot(index="n_pruned", columns="example", values="metric").sort_index()  # [points, n]
+    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
+    return line_record(wide.to_numpy(dtype=float), wide.index.to_numpy(), tolerance) or None
 
 
 def on_the_line(run: Run, ordering: str, fraction: float) -> str:
-    """Where `run`'s fraction prunable by `ordering` turns on a hair: the last point kept, or the first point past
-    it, lies within EDGE of the tolerance band (a quarter of 1% of the unpruned metric) of the line, so a
-    resample of the examples could move the fraction a step; "" otherwise or where the curve is not recorded.
-    The run's standard error of its mean metric is said beside it for scale."""
+    """Where `run`'s fraction prunable by `ordering` turns on a hair: a point that decides it (a point kept, or the
+    first point past the line) lies closer to the line than its noise margin (the larger of its standard error
+    over examples and its paired 95% interval; pruning.line_record), so one example more or less could move the
+    fraction a step; judged alike for A and B. Without per-example values: within EDGE of the tolerance band
+    (a quarter of 1% of the unpruned metric), the run's standard error of its mean metric said for scale.
+    "" otherwise, for random orderings (their seeds are stated instead) or where the curve is not recorded."""
+    if ordering.startswith("random"):
+        return ""
+    point = _deciding_point(run, ordering)
+    if point is not None:
+        d, m = point.get("distance_rel"), point.get("margin_rel")
+        if point.get("on_the_line") is not True or not (_number(d) and _number(m)):
+            return ""
+        where = "past" if point.get("past") else "inside"
+        return (f"{100 * fraction:.0f}% sits on its 1% line: the point at {_heads(point.get('n_pruned'))} removed is "
+                f"{float(point['metric']):.4g}, {100 * abs(d):.2g}% of the unpruned metric {where} the line "
+                f"{float(point['line']):.4g}, within its noise margin ({100 * m:.2g}%): one example more or less could "
+                "change it")
     curve = _pruning_curves(run)
     if curve is None:
         return ""
@@ -301,10 +379,61 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
             f"{line:.4g}, {100 * abs(m - line) / abs(base):.2g}% of the unpruned metric away{scale}")
 
 
+def seed_counts(run: Run, ordering: str) -> list[float] | None:
+    """Each random order's own count of heads prunable (prunable_ci_<ordering>'s per_seed_heads, else from
+    curve.csv seed by seed with max_prunable_fraction's rule); None where neither is recorded."""
+    s = run.summary("heads") or {}
+    ci = s.get(f"prunable_ci_{ordering}")
+    per = ci.get("per_seed_heads") if isinstance(ci, Mapping) else None
+    if isinstance(per, list) and per and all(_number(x) for x in per):
+        return [float(x) for x in per]
+    curve, n = run.table("heads", "curve"), s.get("n_heads")
+    if curve is None or not isinstance(n, int) or not {"ordering", "seed", "fraction_pruned", "metric"} <= set(curve.columns):
+        return None
+    from headscope.analyses.heads.pruning import max_prunable_fraction
+
+    rows = curve[curve["ordering"] == ordering.removesuffix("_recompute")]
+    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
+    counts = []
+    for _, g in rows.groupby("seed"):
+        g = g.sort_values("fraction_pruned")
+        counts.append(round(max_prunable_fraction(g, float(g["metric"].iloc[0]), tolerance) * n, 3))
+    return counts or None
+
+
+def _seed_text(counts: list[float] | None) -> str:
+    if not counts:
+        return "per-seed counts not recorded"
+    return (f"per seed {', '.join(f'{c:g}' for c in counts)} heads, range {min(counts):g}-{max(counts):g} over "
+            f"{len(counts)} seed{'s' if len(counts) != 1 else ''}")
+
+
+def _random_note(a: Run, b: Run, ordering: str, shown: list[str]) -> str:
+    """A random ordering's counts seed by seed and whether their ranges overlap: no noise verdict (a bootstrap of
+    the mean over seeds leaves out the seed spread, and a few seeds give no band)."""
+    counts = [seed_counts(r, ordering) for r in (a, b)]
+    text = (f"Prunable within 1% by {ordering.replace('_', ' ')} (mean over random orders): A {shown[0]} "
+            f"({_seed_text(counts[0])}), B {shown[1]} ({_seed_text(counts[1])})")
+    if all(counts):
+        overlap = max(min(counts[0]), min(counts[1])) <= min(max(counts[0]), max(counts[1]))
+        few = min(len(c) for c in counts) < 5
+        text += (f"; the seed ranges {'overlap' if overlap else 'do not overlap'}"
+                 + ("; too few seeds for a noise verdict" if few else "") + ".")
+    else:
+        text += "; no noise verdict without each seed's count."
+    return text
+
+
+NOT_RERANKED = "the runs ranked heads on different examples, and the intervals do not cover re-ranking"
+
+
 def pruning_notes(a: Run, b: Run) -> list[str]:
     """The fractions prunable within 1%, ordering by ordering: first the one each run's heads finding leads with
     (lead_ordering), said even when equal, then the others that differ by 5 points or more; each with the
-    recorded intervals' verdict ("no interval recorded" without them) and where a fraction sits on its 1% line."""
+    recorded intervals' verdict ("no interval recorded" without them) and where a fraction sits on its 1% line.
+    Where the runs ranked heads on different examples (examples_differ) the fixed orderings' counts are not
+    compared (NOT_COMPARED: re-ranking is outside the intervals); random orderings get each seed's count and no
+    verdict."""
     sums = [a.summary("heads") or {}, b.summary("heads") or {}]
     (lead_a, pa), (lead_b, pb) = lead_ordering(sums[0]), lead_ordering(sums[1])
     notes = []
@@ -312,6 +441,7 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
         notes.append(f"The heads findings lead with different orderings: A {lead_a.replace('_', ' ')} "
                      f"({100 * pa[lead_a]:.0f}%), B {lead_b.replace('_', ' ')} ({100 * pb[lead_b]:.0f}%).")
     leads = [o for o in dict.fromkeys([lead_a, lead_b]) if o]
+    differ = examples_differ(a, b)
     for ordering in [*leads, *sorted(k for k in pa if k in pb and k not in leads)]:
         if ordering not in pa or ordering not in pb:
             continue
@@ -324,10 +454,15 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
                  for f, c, s in zip((fa, fb), counts, sums)]
         whose = "both heads findings lead" if lead_a == lead_b else f"{'A' if ordering == lead_a else 'B'}'s heads finding leads"
         which = f" (the ordering {whose} with)"
+        if ordering.startswith("random"):  # a mean over seeds is no count of heads: the seeds' own counts instead
+            notes.append((SAME if fa == fb else "") + _random_note(a, b, ordering, [f"{100 * f:.0f}%" for f in (fa, fb)]))
+            continue
         text = (f"Prunable within 1% by {ordering.replace('_', ' ')}{which if lead else ''}: A {shown[0]}, B {shown[1]}"
                 + (f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""))
         intervals = [prunable_interval(s, ordering) for s in sums]
-        if fa == fb:
+        if differ:
+            text = NOT_COMPARED + text + f": not compared: {NOT_RERANKED} ({differ})."
+        elif fa == fb:
             text = SAME + text + "."
         elif all(intervals):
             text += noise_verdict(fa, fb, *intervals)
@@ -338,3 +473,7 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
                  if (edge := on_the_line(run, ordering, f))]
         notes.append(text + ("" if not edges else " " + "; ".join(edges) + "."))
     return notes
+
+
+def _heads(k: Any) -> str:
+    return f"{k} head" if k == 1 else f"{k} heads"

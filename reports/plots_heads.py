@@ -140,20 +140,48 @@ def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, ti
     return ax
 
 
+BEST_HEAD_KINDS = {"change": "most important head", "oracle_change": "best single head",
+                   "layer_removed_change": "no head"}  # column -> legend label
+
+
 def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = None) -> Any:
     """Per layer (`data`: the best_head table): metric change keeping only the most important head,
-    the oracle best head, or none."""
+    the oracle best single head, or none, as grouped bars. Where the table has <change>_se and
+    n_examples (pruning.best_head_per_layer), each bar carries its 95% t-interval (t(n-1) x se, the
+    change paired over examples) and the title says n; older tables say that no interval is recorded."""
     ax = axes(ax, (8, 4))
-    long = data.melt(id_vars="layer", value_vars=["change", "oracle_change", "layer_removed_change"],
-                     var_name="kept", value_name="metric_change")
-    long["kept"] = long["kept"].map({"change": "most important head", "oracle_change": "best single head",
-                                     "layer_removed_change": "no head"})
-    sns.barplot(data=long, x="layer", y="metric_change", hue="kept", ax=ax)
+    layers = list(data["layer"])
+    width = 0.8 / len(BEST_HEAD_KINDS)
+    n = data["n_examples"].iloc[0] if "n_examples" in data.columns and len(data) else None
+    t = _t95(int(n)) if n is not None else float("nan")
+    banded = all(f"{c}_se" in data.columns for c in BEST_HEAD_KINDS) and math.isfinite(t)
+    for i, (column, label) in enumerate(BEST_HEAD_KINDS.items()):
+        x = [j + (i - (len(BEST_HEAD_KINDS) - 1) / 2) * width for j in range(len(layers))]
+        err = (t * data[f"{column}_se"]).to_numpy(dtype=float) if banded else None
+        ax.bar(x, data[column], width, yerr=err, capsize=3 if banded else 0, label=label, color=f"C{i}",
+               error_kw={"elinewidth": 1, "ecolor": "black"})
+    ax.set_xticks(range(len(layers)), [str(x) for x in layers])
+    ax.set_xlabel("layer")
     ax.axhline(0, color="grey", linewidth=1)
     ax.set_ylabel(f"change in {_metric_label(metric)}")
-    ax.set_title("keep one head in one layer")
+    if banded:
+        title = (f"keep one head in one layer (n = {int(n)} examples;\n"
+                 "error bars: 95% t-interval of the change, paired over examples)")
+    else:
+        title = "keep one head in one layer" + (f" (n = {int(n)} examples; no interval recorded)" if n is not None
+                                                 else " (no interval recorded)")
+    ax.set_title(title)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), title="kept")
     return ax
+
+
+def _t95(n: int) -> float:
+    """Student-t quantile of a two-sided 95% interval of a mean of n values (NaN below 2)."""
+    if n < 2:
+        return float("nan")
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, n - 1))
 
 
 def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None, ax: Any = None) -> Any:
@@ -253,7 +281,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "finding's count is the heads removed before a curve first leaves the band (a curve may come back "
                      "into it later), its interval a bootstrap over examples along the order drawn here.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
-                 "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job.",
+                 "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job. "
+                 "Error bars: the 95% t-interval of each change over the examples (n in the title), paired with each "
+                 "example's unpruned metric; the best single head is chosen on those same examples, so its bar is "
+                 "optimistic.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
           "(lambdas that land on one point share a label).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
@@ -262,12 +293,48 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
 
 
 def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
-    """(low, high, n_examples) of prunable_ci_<key> (pruning.prunable_intervals), None when absent."""
+    """(low, high, n_examples) of prunable_ci_<key> (pruning.prunable_intervals), None when absent and for
+    random orderings (a bootstrap of their mean over seeds leaves out the seed spread: _seed_words)."""
     ci = s.get(f"prunable_ci_{key}")
-    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
+    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) and not key.startswith("random") else None
     if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(_num(b) is not None for b in bounds)):
         return None
     return float(bounds[0]), float(bounds[1]), ci.get("n_examples")
+
+
+def _line_words(s: Mapping[str, Any], key: str) -> str:
+    """'' or, when the count of ordering `key` sits on its tolerance line (prunable_ci_<key>'s `line`,
+    pruning.line_record: a deciding point within one standard error or its paired interval of the
+    line), what says so: a bootstrap along the order cannot show that, so "0-0 heads" is no certainty."""
+    ci = s.get(f"prunable_ci_{key}")
+    line = ci.get("line") if isinstance(ci, Mapping) else None
+    if not isinstance(line, Mapping) or line.get("on_the_line") is not True:
+        return ""
+    d, m = _num(line.get("distance_rel")), _num(line.get("margin_rel"))
+    if d is None or m is None:
+        return ""
+    k = line.get("n_pruned")
+    within = f"within its noise margin ({100 * m:.2g}%)"
+    if line.get("past"):
+        step = "a first step" if _num(ci.get("heads")) == 0 else f"the step to {k} head{'s' if k != 1 else ''} removed"
+        return (f"sits on the 1% line: the count depends on {step} that crosses the line by {100 * abs(d):.2g}% of the "
+                f"metric, {within}: one example more or less could change it")
+    removed = f"{k} head{'s' if k != 1 else ''} removed"
+    return (f"sits on the 1% line: the point at {removed} is {100 * abs(d):.2g}% of the metric inside the line, "
+            f"{within}: one example more or less could change it")
+
+
+def _seed_words(s: Mapping[str, Any], key: str) -> str:
+    """The random ordering's count in words: each seed's own count and their range (a mean over seeds is
+    no count, and a bootstrap of that mean leaves out the seed spread), with no interval from few seeds."""
+    ci = s.get(f"prunable_ci_{key}")
+    per = ci.get("per_seed_heads") if isinstance(ci, Mapping) else None
+    if not (isinstance(per, list) and per and all(_num(x) is not None for x in per)):
+        return "mean over seeds; each seed's count is not recorded, so no interval"
+    counts = ", ".join(_count(x) for x in per)
+    few = "; too few seeds for an interval" if len(per) < 5 else ""
+    return (f"per seed {counts} heads, range {_count(min(per))}-{_count(max(per))} over {len(per)} random "
+            f"order{'s' if len(per) != 1 else ''}{few}")
 
 
 def _count(x: float) -> str:
@@ -330,9 +397,16 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
     n_ex = ci[2] if ci and ci[2] is not None else s.get("n_examples")
     over = f"over {n_ex} examples" if n_ex is not None else ""
     name = _name(s, best)
+    edge = _line_words(s, best)
     if prunable[best] <= 0:
+        lines = [f"{_name(s, key)} {words}" for key in prunable if (words := _line_words(s, key))]
         out = [f"No ordering removes a single step of heads within 1% of the unpruned {metric}"
-               + (f" ({over})" if over else "") + ": the first step already falls below the floor."]
+               + (f" ({over})" if over else "") + ": the first step already falls below the floor"
+               + (f"; but {'; '.join(lines)}." if lines else ".")]
+        edge = ""
+    elif best.startswith("random"):
+        out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay within 1% of the "
+               f"unpruned {metric} on average ({_seed_words(s, best)})."]
     elif ci is None:  # an older summary: no per-example data behind the count
         out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
                f"unpruned {metric}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
@@ -344,6 +418,8 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
         out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
                f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed within 1% of the unpruned {metric} "
                f"when ordered by {name}."]
+    if edge:
+        out[-1] = out[-1].removesuffix(".") + f"; it {edge}."
     others = []
     for key, value in prunable.items():
         if key == best:
@@ -351,6 +427,10 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
         kci = _interval(s, key)
         none = ", reaching none" if kci and value > 0 and kci[0] <= 0 else ""
         span = "" if kci is None else f" ({_count(kci[0])}-{_count(kci[1])} heads{none})"
+        if key.startswith("random"):
+            span = f" ({_seed_words(s, key)})"
+        elif prunable[best] > 0 and (words := _line_words(s, key)):
+            span = span.removesuffix(")") + f"; {words})" if span else f" ({words})"
         others.append(f"{_name(s, key)} {_pct(value)}{span}")
     if others:
         out.append("Other orderings (heads removed before each curve first leaves the 1% band): "
@@ -359,6 +439,10 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
     if any(_interval(s, key) for key in prunable):
         out.append("The intervals resample the examples along each fixed pruning order; they do not cover a new "
                    "task sample re-ranking the heads.")
+    if any(_line_words(s, key) for key in prunable):
+        out.append("A count sits on the 1% line when a point that decides it lies closer to the line than its noise "
+                   "margin (the larger of its standard error over examples and its paired 95% interval), as a % of the "
+                   "unpruned metric.")
     return out
 
 

@@ -25,6 +25,7 @@ order fixed (the finding states it as "k of n heads, 95% bootstrap interval a-b 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -350,8 +351,10 @@ def prunable_intervals(examples: pd.DataFrame, n_heads: int, tolerance: float = 
     quantiles of those counts (numpy's "lower" and "higher": whole heads, never narrower than the
     draws). The order stays the one computed on all examples: the interval is the uncertainty of
     the metric along that order, not of the order itself (a new task sample also re-ranks the
-    heads, so seeds can differ by more). Random orderings: the mean over seeds in each resample.
-    `heads` is the count on all examples (the mean over seeds for random).
+    heads, so seeds can differ by more). Random orderings: the mean over seeds in each resample, which
+    leaves out the spread between seeds, so their record also has each seed's own count (per_seed_heads,
+    seeds) and the finding states those instead. Fixed orderings carry `line` (line_record): whether
+    the count sits on its tolerance line. `heads` is the count on all examples (the mean over seeds for random).
     examples: the long table of pruning_curves(per_example=True)."""
     key_cols = ["ordering", "recompute", "seed"]
     n = int(examples["example"].max()) + 1
@@ -361,6 +364,8 @@ def prunable_intervals(examples: pd.DataFrame, n_heads: int, tolerance: float = 
     np.add.at(weights, (np.arange(n_boot)[:, None], draws), 1.0)  # [n_boot, n] times each example is drawn
     counts: dict[tuple[str, bool], list[np.ndarray]] = {}
     points: dict[tuple[str, bool], list[float]] = {}
+    lines: dict[tuple[str, bool], dict[str, Any]] = {}  # fixed orders: the point nearest its line (line_record)
+    seeds: dict[tuple[str, bool], list[int]] = {}
     for (ordering, recompute, _), group in examples.groupby(key_cols, sort=False):
         wide = group.pivot(index="n_pruned", columns="example", values="metric").sort_index()  # [points, n]
         pruned = wide.index.to_numpy()
@@ -368,18 +373,61 @@ def prunable_intervals(examples: pd.DataFrame, n_heads: int, tolerance: float = 
         key = (ordering, bool(recompute))
         counts.setdefault(key, []).append(_prunable_heads(values @ weights.T / n, pruned, tolerance))  # [n_boot]
         points.setdefault(key, []).append(float(_prunable_heads(values.mean(1, keepdims=True), pruned, tolerance)[0]))
+        if ordering != "random":
+            lines[key] = line_record(values, pruned, tolerance)
+        seeds.setdefault(key, []).append(int(group["seed"].iloc[0]))
     tail = (1.0 - level) / 2
     out = {}
     for (ordering, recompute), per_seed in counts.items():
         heads = np.mean(per_seed, axis=0)  # [n_boot] mean over seeds (one seed: itself)
         point = float(np.mean(points[(ordering, recompute)]))
-        out[f"prunable_ci_{curve_key(ordering, recompute)}"] = {
+        record = {
             "heads": round(point, 3), "fraction": round(point / n_heads, 6),
             "interval_heads": [float(np.quantile(heads, tail, method="lower")),
                                float(np.quantile(heads, 1.0 - tail, method="higher"))],
             "level": level, "n_examples": n, "n_boot": n_boot, "method": BOOT_METHOD,
         }
+        if ordering == "random":  # each seed's own count: the seed spread the bootstrap of their mean leaves out
+            record["per_seed_heads"] = points[(ordering, recompute)]
+            record["seeds"] = seeds[(ordering, recompute)]
+        else:
+            record["line"] = lines[(ordering, recompute)]
+        out[f"prunable_ci_{curve_key(ordering, recompute)}"] = record
     return out
+
+
+def line_record(values: np.ndarray, pruned: np.ndarray, tolerance: float) -> dict[str, Any]:
+    """How close the count of one fixed-order curve comes to turning on its tolerance line. values
+    [points, n] each example's metric (row 0 unpruned), pruned [points] heads removed. Among the points
+    that decide the count (every pruned point kept before the first crossing, and that first point
+    past the line) the one nearest the line relative to its margin: {n_pruned, past (it is the
+    crossing), metric, line, distance_rel (metric - line, as a fraction of |unpruned|), se (the
+    standard error of its mean over examples: how far a new sample of examples moves it), half_width
+    (the paired 95% t half-width of its change from unpruned), margin_rel (the larger of the two, as a
+    fraction of |unpruned|), on_the_line (|distance| < margin: one example more or less could change
+    the count)}; {} for a curve of one point."""
+    means = values.mean(1)  # [points]
+    base = float(means[0])
+    scale = abs(base) or 1.0
+    line = base - tolerance * abs(base)
+    n = values.shape[1]
+    below = np.flatnonzero(means < line)
+    first = int(below[0]) if len(below) else len(means)
+    candidates = list(range(1, min(first + 1, len(means))))
+    if not candidates:
+        return {}
+    best = None
+    for i in candidates:
+        se = float(values[i].std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+        half = float(_t_quantile(n) * (values[i] - values[0]).std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+        margin = max(se, half) if n > 1 else 0.0
+        distance = float(means[i]) - line
+        rank = abs(distance) / margin if margin > 0 else float("inf")
+        if best is None or rank < best[0]:
+            best = (rank, {"n_pruned": int(pruned[i]), "past": i == first, "metric": float(means[i]), "line": line,
+                           "distance_rel": distance / scale, "se": se, "half_width": half,
+                           "margin_rel": margin / scale, "on_the_line": bool(abs(distance) < margin)})
+    return best[1]
 
 
 def _prunable_heads(means: np.ndarray, pruned: np.ndarray, tolerance: float) -> np.ndarray:
@@ -397,7 +445,9 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
 
     Per layer: the most important head by `importance` and its metric; the oracle best single
     head (every head tried, all in stacked passes) and its metric; and the metric with the whole
-    layer's attention removed. Changes are relative to the unpruned baseline.
+    layer's attention removed. Changes are relative to the unpruned baseline; each has its standard
+    error over examples (<change>_se: the sd of each example's change from its own unpruned metric
+    / sqrt(n), from the same passes; NaN for one example) and n_examples, for the figure's error bars.
     """
     f = model.facts
     n_layers, n_heads = f.n_layers, f.n_heads
@@ -407,7 +457,11 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
             masks[l * n_heads + h, l] = 0.0
             masks[l * n_heads + h, l, h] = 1.0
         masks[n_layers * n_heads + l, l] = 0.0
-    values = evaluate_masks(model, scorer, masks, progress=progress, desc="best head per layer")
+    each = evaluate_masks(model, scorer, masks, progress=progress, desc="best head per layer",
+                          per_example=True)  # [masks, n_examples]
+    values = each.mean(1)  # [masks]
+    n_ex = each.shape[1]
+    se = ((each - each[-1:]).std(1) / n_ex ** 0.5 if n_ex > 1 else torch.full_like(values, float("nan")))  # [masks]
     base = float(values[-1]) if baseline is None else baseline
     single = values[: n_layers * n_heads].view(n_layers, n_heads)  # [L, H] metric keeping only that head
     rows = []
@@ -420,5 +474,7 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
             "oracle_change": float(single[l, oracle]) - base,
             "layer_removed_metric": float(values[n_layers * n_heads + l]),
             "layer_removed_change": float(values[n_layers * n_heads + l]) - base,
+            "change_se": float(se[l * n_heads + top]), "oracle_change_se": float(se[l * n_heads + oracle]),
+            "layer_removed_change_se": float(se[n_layers * n_heads + l]), "n_examples": n_ex,
         })
     return pd.DataFrame(rows)

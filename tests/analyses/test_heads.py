@@ -320,6 +320,12 @@ def test_best_head_per_layer_equals_loop(tiny_models):
         assert row["oracle_metric"] == pytest.approx(max(only.values()), abs=1e-5)
         removed = loop_logit_diff(model, task, [(z_name(layer), zero_heads([0, 1, 2, 3]))]).mean().item()
         assert row["layer_removed_metric"] == pytest.approx(removed, abs=1e-5)
+        # review 5 B5: each change's standard error over examples, paired with each example's own unpruned metric
+        per = loop_logit_diff(model, task, [(z_name(layer), zero_heads([1, 2, 3]))]) - loop_logit_diff(model, task)
+        assert row["change_se"] == pytest.approx((per.std() / len(per) ** 0.5).item(), rel=1e-3, abs=1e-6)
+        gone = loop_logit_diff(model, task, [(z_name(layer), zero_heads([0, 1, 2, 3]))]) - loop_logit_diff(model, task)
+        assert row["layer_removed_change_se"] == pytest.approx((gone.std() / len(gone) ** 0.5).item(), rel=1e-3, abs=1e-6)
+        assert row["n_examples"] == len(per) and row["change_se"] > 0
 
 
 # ---- L0 gates ------------------------------------------------------------------------------
@@ -615,8 +621,30 @@ def test_prunable_intervals_equal_a_direct_bootstrap_hand_built():
         assert ci["n_examples"] == n and ci["n_boot"] == 300 and ci["level"] == 0.95 and "bootstrap" in ci["method"]
     lo, hi_ = got["prunable_ci_ablation"]["interval_heads"]
     assert lo < hi_  # the hand-built spread makes the count uncertain
+    # review 5 A2: the random ordering also keeps each seed's own count (its mean over seeds is no count of heads)
+    for seed, values in random.items():
+        mu = np.mean(values, 1)
+        own = next((pruned[i - 1] for i, m in enumerate(mu) if m < mu[0] - tol * abs(mu[0])), pruned[-1])
+        assert got["prunable_ci_random"]["per_seed_heads"][seed] == own
+    assert got["prunable_ci_random"]["seeds"] == [0, 1] and "line" not in got["prunable_ci_random"]
+    assert got["prunable_ci_ablation"]["line"]["n_pruned"] in pruned
     assert got["prunable_ci_gradient_recompute"]["interval_heads"] == [2.0, 2.0]  # identical examples: -1.005 kept, -1.02 not
     assert got["prunable_ci_gradient_recompute"]["heads"] == 2.0
+
+
+def test_line_record_flags_a_kept_point_closer_to_the_line_than_its_noise_hand_worked():
+    """Review 5 A2: unpruned 2.0 on every example (line 1.98 at 1%); 2 heads removed: [1.99, 1.985, 1.975, 1.99],
+    mean 1.985, 0.005 (0.25%) inside the line; its sd 0.0070711 (the change from unpruned has the same sd), so its
+    se is 0.0035355 and its paired 95% half-width t(3) 3.18245 x 0.0070711 / 2 = 0.011251: the margin, larger than
+    0.005, so the count sits on the line. The point past it (1.5 on every example) has no spread: never closer."""
+    values = np.array([[2.0] * 4, [1.99, 1.985, 1.975, 1.99], [1.5] * 4])  # [points, examples]
+    got = hp.line_record(values, np.array([0, 2, 4]), 0.01)
+    assert got["n_pruned"] == 2 and got["past"] is False and got["on_the_line"] is True
+    assert got["metric"] == pytest.approx(1.985) and got["line"] == pytest.approx(1.98)
+    assert got["distance_rel"] == pytest.approx(0.0025) and got["se"] == pytest.approx(0.0035355, rel=1e-4)
+    assert got["half_width"] == pytest.approx(0.011251, rel=1e-4) and got["margin_rel"] == pytest.approx(0.011251 / 2, rel=1e-4)
+    values[1] = [1.995, 1.99, 1.985, 1.995]  # mean 1.99125: 0.01125 inside, sd 0.0047871 -> half-width 0.0076172: off it
+    assert hp.line_record(values, np.array([0, 2, 4]), 0.01)["on_the_line"] is False
 
 
 def test_a_count_whose_point_sits_exactly_on_the_floor_has_an_interval_reaching_none_and_is_no_finding():

@@ -59,9 +59,13 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
     assert ("4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1) (n differs: 4 vs 16 examples, a setting, not the "
             "model: other example sets, intervals of other widths).") in page  # A leaves out L0H0, B L1H2
+    # the runs ranked heads on different examples: the counts are not compared (re-ranking is outside any interval)
+    refused = page[page.index("id='not-compared'"):]
     assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (n differs: 4 vs 16 "
-            "examples, a setting, not the model: other example sets, intervals of other widths) (no interval recorded: "
-            "whether this is beyond noise is not known).") in page  # the runs' n differ: said beside the difference
+            "examples, a setting, not the model: other example sets, intervals of other widths): not compared: the runs "
+            "ranked heads on different examples, and the intervals do not cover re-ranking (examples 4 vs 16, seed 0 vs 1, "
+            "model model-a vs model-b &lt;img") in refused
+    assert "Prunable within 1%" not in page[page.index("id='differences'"):page.index("id='not-compared'")]
     assert ("<li>Position curves and middle/ends ratio: not compared: A and B swept different prompts (model model-a vs "
             "model-b &lt;img src=x onerror=alert(1)&gt;, seed 0 vs 1), and a slot is a place in each run&#x27;s own prompts, "
             "so the curves are of different prompts.</li>") in page  # the x axis is a slot of each run's own prompts
@@ -186,6 +190,7 @@ def test_compare_says_not_compared_where_a_report_refuses_at_chance_and_patching
     _folder(tmp_path / "a", "m", 1.0, 0, 0.92)
     _folder(tmp_path / "b", "m", 1.0, 1, 0.75)
     for side in ("a", "b"):  # the reports' patching summaries: a 24.6-logit gap, effects in logits
+        _task(tmp_path / side)  # heads ranked on the same examples: the prunable counts are compared
         io.write_json(tmp_path / side / "patching" / "summary.json", {
             "metric": "logit_diff", "normalized": False, "clean_metric": 12.3, "corrupted_metric": -12.3,
             "top_sites": {"head_out": [{"layer": 0, "head": 2, "pos": None, "token": "", "effect": 24.1}]}})
@@ -362,8 +367,26 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     assert coloured.norm.vmax == 0.5 and any("each head's standard error in results.csv" in n for n in notes)
     # every difference within noise: all grey, and the scale is the band, not the largest noise
     _importance(tmp_path / "b", [[x + 0.001 * (h + 1) for h, x in enumerate(r)] for r in base], se=0.01)
-    coloured = importance_figure(a, b)[0].axes[2].collections[-1]
+    fig, notes, alt = importance_figure(a, b)
+    coloured = fig.axes[2].collections[-1]
     assert coloured.get_array().mask.all() and abs(coloured.norm.vmax - 1.96 * 2 ** 0.5 * 0.01) < 1e-9
+    # review 5 B10: an all-grey map says the test's reach, 1.96 sqrt(2) 0.01 = 0.0277, on the figure and in the note
+    reach = "the smallest change\nthis pair of runs could detect is 0.0277 (largest |B - A| 0.003)"
+    assert fig.axes[2].get_title().endswith("no head differs beyond noise; " + reach)
+    said = reach.replace("\n", " ")
+    assert any(f"No head differs beyond noise; {said}" in n for n in notes) and said in alt
+    # the metric's se as the bound (no per-head se), one difference beyond it: no such sentence
+    _importance(tmp_path / "a", base)
+    _importance(tmp_path / "b", [[x + d for x, d in zip(r, dr)] for r, dr in zip(base, diff)])
+    fig, notes, _ = importance_figure(a, b)
+    assert "could detect" not in fig.axes[2].get_title() and not any("could detect" in n for n in notes)
+
+
+def _task(root, rows=(0, 1, 2, 3), prompt="Ann has a red hat. The hat of Ann is") -> None:
+    """heads/task.json as a report writes it (reports/provenance.py task_record): which examples heads ranked on."""
+    io.write_json(root / "heads" / "task.json", {"task": "colours", "source": "your task (colours.csv)",
+                                                 "n_examples": len(rows), "rows": list(rows),
+                                                 "sample": {"prompt": prompt, "answer": " red"}})
 
 
 def test_compare_leads_pruning_with_each_findings_ordering_and_flags_a_fraction_on_its_line(tmp_path):
@@ -371,6 +394,8 @@ def test_compare_leads_pruning_with_each_findings_ordering_and_flags_a_fraction_
 
     _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
     _folder(tmp_path / "b", "m", 1.0, 0, 0.5)
+    _task(tmp_path / "a")
+    _task(tmp_path / "b")  # the same examples: the counts are compared against their intervals
     for side, ablation, gradient in (("a", 0.5625, 1 / 6), ("b", 0.5, 0.0)):
         s = io.read_json(tmp_path / side / "heads" / "summary.json")
         io.write_json(tmp_path / side / "heads" / "summary.json", {
@@ -414,6 +439,7 @@ def test_prunable_differences_are_judged_against_both_bootstrap_intervals(tmp_pa
     prunable fractions against those intervals (as fractions of the 6 heads) instead of saying none exist."""
     for side, frac, bounds in (("a", 0.5, [2, 4]), ("b", 0.0, [0, 1])):
         _folder(tmp_path / side, "m", 1.0, 0, frac)
+        _task(tmp_path / side)  # one set of examples: a difference of the counts is not re-ranking
         summary = io.read_json(tmp_path / side / "heads" / "summary.json")
         io.write_json(tmp_path / side / "heads" / "summary.json", {**summary, "prunable_ci_gradient": {
             "heads": frac * 6, "interval_heads": bounds, "n_examples": 4, "method": "percentile bootstrap"}})
@@ -586,3 +612,64 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
     assert patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1] == [
         "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (n differs: 8 vs 12 examples, a setting, not the "
         "model: other example sets, intervals of other widths)."]
+
+
+def _pruned_folder(root, name, gradient, random, n_heads=6):
+    """A heads folder whose gradient curve has per-example values (gradient: [points][examples], points at 0, 1, 2
+    heads removed) and whose random curve has two seeds (random: {seed: [metric per point]})."""
+    _folder(root, name, 1.0, 0, 0.0)
+    means = [sum(p) / len(p) for p in gradient]
+    curve = [{"ordering": "gradient", "recompute": False, "seed": 0, "n_pruned": k, "fraction_pruned": k / n_heads,
+              "metric": m} for k, m in enumerate(means)]
+    curve += [{"ordering": "random", "recompute": False, "seed": s, "n_pruned": k, "fraction_pruned": k / n_heads,
+               "metric": m} for s, ms in random.items() for k, m in enumerate(ms)]
+    io.write_csv(root / "heads" / "curve.csv", pd.DataFrame(curve))
+    io.write_csv(root / "heads" / "curve_examples.csv", pd.DataFrame(
+        [{"ordering": "gradient", "recompute": False, "seed": 0, "n_pruned": k, "example": e, "metric": v}
+         for k, point in enumerate(gradient) for e, v in enumerate(point)]))
+
+
+def test_prunable_counts_of_runs_ranked_on_other_examples_are_not_compared_and_both_lines_are_judged_alike(tmp_path):
+    """Review 5 A1: runs whose heads ranked on other examples (other file rows) re-rank the heads, which the
+    bootstrap intervals (order fixed) do not cover: the counts go to the Not-compared list, whatever the intervals
+    say. A's first step past its line by 0.6% and B's by 0.1% are both flagged on the line: each lies closer than
+    its noise margin, the larger of its standard error and its paired 95% t half-width (hand-worked below). The
+    random ordering is given seed by seed, with no noise verdict from 2 seeds."""
+    from headscope.reports.compare import pruning_notes
+
+    # A: unpruned mean 10, line 9.9; 1 head removed: mean 9.84, 0.06 (0.6%) past the line. Its sd over examples
+    # 0.2245 (se 0.112); its change from unpruned [-0.3, -0.2, -0.2, 0.06] has sd 0.15406, so the paired half-width
+    # is t(3) 3.1824 x 0.15406 / 2 = 0.245 (2.5% of 10): the margin
+    a_grad = [[10.0, 10.2, 9.8, 10.0], [9.7, 10.0, 9.6, 10.06], [8.0, 8.0, 8.0, 8.0]]
+    # B: unpruned 10, line 9.9; 1 head kept (10.0); 2 heads: 9.89, 0.01 (0.1%) past the line
+    b_grad = [[10.1, 9.9, 10.0, 10.0], [10.0, 9.95, 9.98, 10.07], [9.85, 9.9, 9.88, 9.93]]
+    _pruned_folder(tmp_path / "a", "m", a_grad, {0: [10.0, 9.95, 8.0], 1: [10.0, 9.5, 8.0]})  # seeds keep 1 and 0 heads
+    _pruned_folder(tmp_path / "b", "m", b_grad, {0: [10.0, 9.0, 8.0], 1: [10.0, 9.5, 8.0]})
+    ci = {"n_examples": 4, "level": 0.95, "method": "percentile bootstrap"}
+    for side, grad, rand, rows in (("a", 0, 0.5, (0, 1, 2, 3)), ("b", 1, 0, (4, 5, 6, 7))):
+        _task(tmp_path / side, rows)
+        s = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {
+            **s, "baseline_metric": 10.0, "max_fraction_prunable_gradient": grad / 6, "heads_prunable_gradient": grad,
+            "max_fraction_prunable_random": rand / 6, "heads_prunable_random": rand,
+            "prunable_ci_gradient": {**ci, "interval_heads": [grad, grad]},  # zero-width: "beyond noise" by the intervals
+            "prunable_ci_random": {**ci, "interval_heads": [rand / 2, rand]}})  # a bootstrap of the seeds' mean
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    notes = pruning_notes(a, b)
+    assert len(notes) == 3 and not any("beyond noise" in n or "within noise" in n for n in notes)
+    assert notes[0] == "The heads findings lead with different orderings: A random (8%), B gradient (17%)."
+    random, gradient = notes[1:]
+    assert gradient.startswith(NOT_COMPARED + "Prunable within 1% by gradient (the ordering B's heads finding leads "
+                               "with): A 0% (0 of 6 heads), B 17% (1 of 6 heads): not compared: the runs ranked heads on "
+                               "different examples, and the intervals do not cover re-ranking (other file rows).")
+    assert ("A's 0% sits on its 1% line: the point at 1 head removed is 9.84, 0.6% of the unpruned metric past the "
+            "line 9.9, within its noise margin (2.5%)") in gradient
+    assert "B's 17% sits on its 1% line: the point at 2 heads removed is 9.89, 0.1% of the unpruned metric past" in gradient
+    assert random == ("Prunable within 1% by random (mean over random orders): A 8% (per seed 1, 0 heads, range 0-1 over "
+                      "2 seeds), B 0% (per seed 0, 0 heads, range 0-0 over 2 seeds); the seed ranges overlap; too few "
+                      "seeds for a noise verdict.")
+    # the same examples (one task.json): the fixed ordering is judged against the intervals again, its lines still said
+    _task(tmp_path / "b", (0, 1, 2, 3))
+    gradient = pruning_notes(a, b)[2]
+    assert not gradient.startswith(NOT_COMPARED) and "(beyond noise: |B - A| = 0.167" in gradient
+    assert "A's 0% sits on its 1% line" in gradient and "B's 17% sits on its 1% line" in gradient

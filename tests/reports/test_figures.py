@@ -585,6 +585,35 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         plt.close("all")
 
 
+def test_best_head_bars_carry_their_95_percent_intervals_and_n():
+    """Review 5 B5: best_head.png drew its bars as exact. Each bar now carries t(15) x se (t(15, 0.975) =
+    2.13145, from tables) around its change, and the title says n = 16; a table without se says so."""
+    from headscope.reports.plots_heads import plot_best_head
+
+    table = pd.DataFrame({"layer": [0, 1], "head": [3, 0], "change": [-0.79, -0.5], "oracle_change": [-0.79, -0.14],
+                          "layer_removed_change": [-8.9, 0.66], "change_se": [0.1, 0.2], "oracle_change_se": [0.1, 0.05],
+                          "layer_removed_change_se": [1.0, 0.3], "n_examples": [16, 16]})
+    try:
+        ax = plot_best_head(table, metric="logit_diff", ax=plt.subplots()[1])
+        assert "n = 16 examples" in ax.get_title() and "95% t-interval" in ax.get_title()
+        from matplotlib.container import BarContainer
+
+        groups = [c for c in ax.containers if isinstance(c, BarContainer)]
+        assert len(groups) == 3
+        for bars, kind in zip(groups, ("change", "oracle_change", "layer_removed_change")):
+            assert [round(b.get_height(), 6) for b in bars] == list(table[kind])
+            segments = bars.errorbar.lines[2][0].get_segments()  # one vertical segment per layer
+            for (low, high), value, se in zip(([seg[0][1], seg[1][1]] for seg in segments), table[kind],
+                                              table[f"{kind}_se"]):
+                assert low == pytest.approx(value - 2.13145 * se, abs=1e-4)
+                assert high == pytest.approx(value + 2.13145 * se, abs=1e-4)
+        old = plot_best_head(table.drop(columns=["change_se", "n_examples"]), ax=plt.subplots()[1])
+        assert old.get_title() == "keep one head in one layer (no interval recorded)"
+        assert all(b.errorbar is None for b in old.containers if isinstance(b, BarContainer))
+    finally:
+        plt.close("all")
+
+
 def test_top_heads_are_not_a_ranking_of_ties_or_zeros():
     from headscope.reports.plots_attention import top_heads
 

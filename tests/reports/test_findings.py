@@ -471,7 +471,8 @@ def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_i
     assert ("6 of 12 heads (50%, 95% bootstrap interval 4-7 heads, over 16 examples) can be removed within 1% of the "
             "unpruned logit difference when ordered by ablation.") in text
     assert ("Other orderings (heads removed before each curve first leaves the 1% band): gradient 17% (0-3 heads, "
-            "reaching none), random 12% (0.5-2.5 heads).") in text
+            "reaching none), random 12% (mean over seeds; each seed's count is not recorded, so no interval).") in text
+    assert "0.5-2.5" not in text  # a bootstrap of the seeds' mean: no count of heads, and it leaves out the seed spread
     weak = finding("heads", {**base, **_prunable("gradient", 2, 0, 3), **_prunable("ablation", 1, 0, 2)})
     assert ("Ordered by gradient, 2 of 12 heads (17%) stay within 1% of the unpruned logit difference, but the 95% "
             "bootstrap interval (0-3 heads, over 16 examples) reaches none: this is no evidence") in weak
@@ -479,6 +480,42 @@ def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_i
     none = finding("heads", {**base, **_prunable("gradient", 0, 0, 0), **_prunable("ablation", 0, 0, 1)})
     assert "No ordering removes a single step of heads within 1% of the unpruned logit difference (over 16 examples)" in none
     assert "can be removed" not in none and "0 of 12" not in none
+
+
+def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_seed():
+    """Review 5 A2/C2: the Phi-3 run's "gradient 0% (0-0 heads)" rested on a first step 0.62% past the line
+    within its noise margin (0.75%), B's "9 of 12" on a point 0.00054% past it, and "random 8% (0.5-1 heads)"
+    was a bootstrap of the mean of 2 seeds that counted 2 and 0 heads: each is said as it is."""
+    base = {"metric": "logit_diff", "baseline_metric": 9.94, "n_examples": 16, "n_heads": 12}
+    line = {"n_pruned": 10, "past": True, "metric": 9.768, "line": 9.768, "distance_rel": -5.4e-06, "se": 0.23,
+            "half_width": 0.56, "margin_rel": 0.057, "on_the_line": True}
+    first = {**line, "n_pruned": 1, "metric": 9.777, "line": 9.839, "distance_rel": -0.0062, "margin_rel": 0.0075}
+    s = {**base, **_prunable("ablation", 9, 9, 11), **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
+    s["prunable_ci_ablation"]["line"] = line
+    s["prunable_ci_gradient"]["line"] = first
+    s["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
+    text = finding("heads", s)
+    assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed within 1% of the "
+            "unpruned logit difference when ordered by ablation; it sits on the 1% line: the count depends on the step "
+            "to 10 heads removed that crosses the line by 0.00054% of the metric, within its noise margin (5.7%): one "
+            "example more or less could change it.") in text
+    assert ("gradient 0% (0-0 heads; sits on the 1% line: the count depends on a first step that crosses the line by "
+            "0.62% of the metric, within its noise margin (0.75%): one example more or less could change it)") in text
+    assert "random 8% (per seed 2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval)" in text
+    assert "0.5-1" not in text and "A count sits on the 1% line when" in text
+    # off the line (a margin smaller than the distance is recorded as on_the_line False): no such words
+    s["prunable_ci_gradient"]["line"] = {**first, "margin_rel": 0.001, "on_the_line": False}
+    assert "gradient 0% (0-0 heads)" in finding("heads", s)
+    # every count 0, the first steps on the line: the "no ordering" sentence says what the 0 depends on
+    none = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("ablation", 0, 0, 0)}
+    none["prunable_ci_gradient"]["line"] = first
+    assert ("the first step already falls below the floor; but gradient sits on the 1% line: the count depends on a "
+            "first step that crosses the line by 0.62% of the metric") in finding("heads", none)
+    # random leads (every fixed order drops at once): its mean is said as an average with each seed's count
+    lead = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
+    lead["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
+    assert ("Ordered at random, 1 of 12 heads (8%) stay within 1% of the unpruned logit difference on average (per seed "
+            "2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval).") in finding("heads", lead)
 
 
 def test_patching_names_no_token_where_the_prompts_differ():
