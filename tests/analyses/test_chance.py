@@ -205,7 +205,7 @@ def test_the_zoo_model_on_kv_is_not_at_chance(zoo_model):
     assert entry["ci"][0] > 1.0 and entry["effect_size"] > 1.0
     text = finding("kv", result.summary)
     assert "at chance" not in text  # and the eviction claim is made, whichever way the data go
-    assert "within 1% of it" in text or "No eviction policy holds the metric at any budget" in text
+    assert "within 1%" in text.lower() and "policy" in text  # (whichever way the data go)
 
 
 def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_models):

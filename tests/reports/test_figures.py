@@ -1520,38 +1520,6 @@ def test_tau_with_few_examples_draws_the_points_with_their_mean_and_t_interval()
         plt.close("all")
 
 
-def test_probes_real_line_is_not_hidden_under_the_control_and_unmeasurable_selectivity_says_so():
-    from types import SimpleNamespace
-
-    from headscope.reports.plots_probes import figures
-
-    # a control learnt exactly (one word type): 1.0 at every layer, like the real labels; folds of 7, 6, 6
-    df = pd.DataFrame([{"layer": layer, "fold": f, "task": task, "score": 1.0, "n_test": n}
-                       for layer in range(3) for task in ("real", "control") for f, n in enumerate((7, 6, 6))])
-    per_layer = pd.DataFrame({"layer": range(3), "accuracy": 1.0, "control": 1.0, "selectivity": np.nan})
-    why = "every example's token at the read position is the same word type"
-    result = SimpleNamespace(df=df, tables={"per_layer": per_layer},
-                             summary={"metric": "accuracy", "majority_baseline": 0.2, "labels": "answer",
-                                      "site": "resid_post", "control_degenerate": why, "capacity_skipped": "x"})
-    fig = figures(result)["probes"]
-    try:
-        left, right = fig.axes[:2]
-        real, control = (next(c for c in left.containers if c.get_label() == task) for task in ("real", "control"))
-        r_line, c_line = real.lines[0], control.lines[0]
-        assert r_line.get_marker() != c_line.get_marker() and r_line.get_linestyle() != c_line.get_linestyle()
-        assert all(a != b for a, b in zip(r_line.get_xdata(), c_line.get_xdata()))  # offset: both visible
-        assert r_line.get_zorder() > c_line.get_zorder()
-        assert list(r_line.get_ydata()) == [1.0, 1.0, 1.0]
-        # 19 of 19 correct: the exact 95% interval's lower end, (0.025)^(1/19), drawn as the error bar
-        low = min(seg[0][1] for seg in real.lines[2][0].get_segments())
-        assert low == pytest.approx(0.025 ** (1 / 19), abs=1e-6)
-        texts = " ".join(t.get_text() for t in right.texts).replace("\n", " ")
-        assert texts.startswith("not measurable: every example's token") and not right.patches
-        assert "no capacity sweep" in fig._suptitle.get_text()
-    finally:
-        plt.close(fig)
-
-
 def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
     """#34 fifth review: input -> a0.kv edges were purple (a k edge and a v edge of opposite signs on one
     arc at alpha 0.7), nodes were a0.h3 / m0 while the report says L0H3 / mlp0, edges ran through labels."""
