@@ -95,8 +95,9 @@ def test_a_patching_head_link_opens_that_head_on_patchings_prompt(xss_report, tm
     data = report_io.read_json(xss_report / "explorer.json")
     sample = report_io.read_json(xss_report / "patching" / "task.json")["sample"]["prompt"]
     assert data["examples"][0]["sample_of"] == ["heads", "patching"] and data["examples"][1]["sample_of"] == []
-    assert " ".join(data["examples"][0]["tokens"]) == sample  # the zoo tokenizer's word-level decode
-    assert sample.startswith("<bos> k01 v05 ; k02 v06 ;")  # the file's first row
+    tokens = data["examples"][0]["tokens"]  # the model's tokens; the section's sample is the user's text, without BOS
+    assert " ".join(tokens[1:] if tokens[0] == "<bos>" else tokens) == sample  # the zoo tokenizer's word-level decode
+    assert sample.startswith("k01 v05 ; k02 v06 ;")  # the file's first row, as written (no BOS)
     out = tmp_path / "report"
     shutil.copytree(xss_report, out)
     summary = {k: v for k, v in report_io.read_json(out / "patching" / "summary.json").items()
@@ -121,5 +122,5 @@ def test_a_patching_head_link_opens_that_head_on_patchings_prompt(xss_report, tm
         assert np.allclose(values, pattern_from_data(data, 0, 1, 3), atol=0.5 / data["scale"] + 1e-6)
         tokens = page.evaluate("Array.from(document.querySelectorAll('#hsx-report .hsx-tok'))"
                                ".map(function(t){return t.textContent;})")
-        assert " ".join(tokens) == sample
+        assert " ".join(tokens[1:] if tokens[0] == "<bos>" else tokens) == sample
         assert page.console_errors == [] and page.requests == []
