@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from headscope.execution.block_shape import parts, raw
+from headscope.execution.block_shape import post_attention_norm
 from headscope.hooks import head_result, site
 
 KINDS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "remainder", "ln_final_bias", "unembed_bias")
@@ -102,13 +102,6 @@ def _value_bias(model, layer: int) -> torch.Tensor | None:
     if const.shape[0] != n_heads:
         const = const.repeat_interleave(n_heads // const.shape[0], dim=0)
     return const
-
-
-def post_attention_norm(model, layer: int):
-    """The Hugging Face norm a post-norm block applies to its whole attention output before the
-    residual add (Gemma 2/3's post_attention_layernorm, OLMo 2's), or None (pre-norm, parallel)."""
-    p = parts(model.bridge.blocks[layer])
-    return None if p is None or p.ln1_post is None else raw(p.ln1_post)
 
 
 def frozen_norm(norm, pre: torch.Tensor, normed: torch.Tensor, *, offset: bool = False):
@@ -183,7 +176,7 @@ def dla_stack(model, acts, positions: torch.Tensor, directions: torch.Tensor,
         if b_v is not None:
             z = z - b_v.to(device=z.device, dtype=z.dtype)
         res = head_result(model, l, z[:, None])[:, 0]  # [batch, head, d_model]
-        norm = post_attention_norm(model, l)
+        norm = post_attention_norm(model.bridge.blocks[l])
         if norm is not None:  # the heads write through the norm of the whole attention output
             whole = head_result(model, l, at(acts[site("z", l)])[:, None])[:, 0].sum(1)  # [batch, d_model]
             b_o = getattr(model.bridge.blocks[l].attn, "b_O", None)
