@@ -64,6 +64,14 @@ def parts(block: torch.nn.Module, convert: Callable[[torch.nn.Module], Callable]
     return Parts(mlp=get("mlp"), ln2=ln2, ln1_post=get("ln1_post"), ln2_post=get("ln2_post"), parallel=parallel)
 
 
+def post_attention_norm(block: torch.nn.Module) -> torch.nn.Module | None:
+    """The Hugging Face norm a post-norm block applies to its whole attention output before the
+    residual add (Gemma 2/3's post_attention_layernorm, OLMo 2's), or None (pre-norm, parallel,
+    or a block none of the shapes describes)."""
+    p = parts(block)
+    return None if p is None or p.ln1_post is None or p.parallel else raw(p.ln1_post)
+
+
 def _child(block: torch.nn.Module, name: str) -> torch.nn.Module | None:
     return block._modules.get(name)
 

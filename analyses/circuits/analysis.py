@@ -60,7 +60,8 @@ NORM_CONVENTION = (
     "(TransformerLens logit_lens); DLA: final norm linearised at the full stream's actual scale "
     "(ln_final.hook_scale, frozen), each write centred for LayerNorm, the norm weight folded into "
     "the direction, its bias and b_U as separate rows, value biases in attn_bias (TransformerLens "
-    "direct_logit_attribution after enable_compatibility_mode)"
+    "direct_logit_attribution after enable_compatibility_mode); post-norm blocks (Gemma 2/3, OLMo 2): "
+    "each head's write through the post-attention norm with its scale frozen at the whole attention output's"
 )
 _CHUNK_BYTES = 256 * 2**20  # a pass's output logits and captured states held at once
 

@@ -22,6 +22,11 @@ value biases folded into b_O, centred unembedding), on the unprocessed model:
   "b_U"); TransformerLens folds b into b_U and leaves b_U out of DLA.
 - with a wrong answer the numbers equal TransformerLens's; for a single answer TransformerLens's
   center_unembed reads W_U[:, answer] - mean_v W_U[:, v] (pass that as the direction to compare).
+- post-norm blocks (Gemma 2/3, OLMo 2: a norm of the whole attention output before the residual
+  add; execution.block_shape decides): each head's write is its z @ W_O passed through that norm
+  with the norm's scale frozen at the value it had on the whole attention output, w * r_h / s
+  (RMSNorm(x) = w * x / rms(x)), so the heads sum to the normed attention output and attn_bias
+  holds only the normed b_O (0 for Gemma 2). hook_mlp_out is already the normed MLP output.
 - "remainder" is whatever of the stream the listed writers do not sum to (0 up to rounding
   for GPT-2, Llama and NeoX blocks), so the rows always sum to the final logit (difference).
 """
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from headscope.execution.block_shape import post_attention_norm
 from headscope.hooks import head_result, site
 
 KINDS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "remainder", "ln_final_bias", "unembed_bias")
@@ -98,6 +104,32 @@ def _value_bias(model, layer: int) -> torch.Tensor | None:
     return const
 
 
+def frozen_norm(norm, pre: torch.Tensor, normed: torch.Tensor, *, offset: bool = False):
+    """The linear map v -> w * centre(v) / s of `norm` with its scale s frozen at the value it
+    had on `pre` [batch, d_model] (the whole attention output; normed = norm(pre)), as a function
+    of [batch, ..., d_model]. s is read back from what the norm did: 1/s = <normed - b, w c(pre)> /
+    |w c(pre)|^2 (exact for x -> w c(x) / s + b), so no eps is guessed. offset: the norm multiplies
+    by 1 + weight (Gemma; the bridge's cfg.rmsnorm_uses_offset)."""
+    centre = "rms" not in type(norm).__name__.lower()  # LayerNorm centres, RMSNorm does not
+    w = norm.weight.detach().float().to(pre.device)
+    if offset:
+        w = 1.0 + w
+    b = getattr(norm, "bias", None)
+    b = b.detach().float().to(pre.device) if isinstance(b, torch.Tensor) else 0.0
+
+    def c(v: torch.Tensor) -> torch.Tensor:
+        return v - v.mean(-1, keepdim=True) if centre else v
+
+    wp = w * c(pre.float())  # [batch, d_model]
+    inv = ((normed.float() - b) * wp).sum(-1) / (wp * wp).sum(-1).clamp_min(1e-30)  # [batch]
+
+    def apply(v: torch.Tensor) -> torch.Tensor:
+        shape = (v.shape[0],) + (1,) * (v.dim() - 1)
+        return w * c(v.float()) * inv.view(shape)
+
+    return apply
+
+
 @dataclass(frozen=True)
 class DLAStack:
     """contributions [component, batch] with aligned labels, kinds, layers, heads (-1: none, e.g.
@@ -144,6 +176,14 @@ def dla_stack(model, acts, positions: torch.Tensor, directions: torch.Tensor,
         if b_v is not None:
             z = z - b_v.to(device=z.device, dtype=z.dtype)
         res = head_result(model, l, z[:, None])[:, 0]  # [batch, head, d_model]
+        norm = post_attention_norm(model.bridge.blocks[l])
+        if norm is not None:  # the heads write through the norm of the whole attention output
+            whole = head_result(model, l, at(acts[site("z", l)])[:, None])[:, 0].sum(1)  # [batch, d_model]
+            b_o = getattr(model.bridge.blocks[l].attn, "b_O", None)
+            if isinstance(b_o, torch.Tensor):
+                whole = whole + b_o.detach().to(whole)
+            offset = bool(getattr(model.bridge.cfg, "rmsnorm_uses_offset", False))
+            res = frozen_norm(norm, whole, at(acts[site("attn_out", l)]), offset=offset)(res)
         for h in range(res.shape[1]):
             add(res[:, h], f"L{l}H{h}", "head", l, h)
         add(at(acts[site("attn_out", l)]) - res.sum(1), f"attn_bias{l}", "attn_bias", l)

@@ -11,6 +11,10 @@ but lets only chosen receivers see the change:
   hook_q (hook_k / hook_v). Under grouped-query attention a k/v receiver is a KV head.
 - receivers = "logits": delta is added to the final residual (last hook_resid_post) only, the
   sender's direct effect on the logits.
+- post-norm blocks (Gemma 2/3, OLMo 2: execution.block_shape's ln1_post): the sender's write
+  reaches the residual only through the norm of the layer's whole attention output, so delta is
+  that norm's change, N(o_base + dr_h) - N(o_base), with o_base the base run's whole attention
+  output (other heads held at base): what the residual receives when only the sender changes.
 
 Design choice: this is the delta-on-receiver-input method in one forward pass per run, not
 Wang et al.'s two-pass freeze; everything between the sender and the receiver (other heads
@@ -45,6 +49,8 @@ from headscope.analyses.patching.inputs import (
     task_padding,
 )
 from headscope.errors import ConfigError, IndexOutOfRangeError
+from headscope.execution.block_shape import post_attention_norm
+from headscope.hooks.cache import head_result
 from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
 
@@ -165,20 +171,35 @@ def _runs(model, cfg: PathPatchingConfig) -> tuple[list[Head] | None, list[Run]]
 
 def _sender_deltas(model, runs: list[Run], base: torch.Tensor, source: torch.Tensor, mask: torch.Tensor | None):
     """delta(layer, head) -> [B, pos, d_model]: the sender's residual write in the source run minus
-    in the base run (zero at padded positions)."""
+    in the base run, after the layer's post-attention norm where it has one (zero at padded positions)."""
     senders = [s for s, _ in runs]
     z_names = [site("z", layer) for layer in sorted({s[0] for s in senders})]
     src = capture(model, source, z_names, attention_mask=mask)
     ref = capture(model, base, z_names, attention_mask=mask)
     real = None if mask is None else mask.bool()[:, :, None]  # [B, pos, 1]
     w_o = {layer: model.bridge.blocks[layer].attn.W_O.detach() for layer, _ in senders}  # [head, d_head, d_model]
+    norms = {layer: post_attention_norm(model.bridge.blocks[layer]) for layer, _ in senders}
+    whole = {layer: _attention_output(model, layer, ref[site("z", layer)]) for layer, n in norms.items() if n is not None}
 
     def delta(layer: int, head: int) -> torch.Tensor:  # [B, pos, d_model]
         dz = src[site("z", layer)][:, :, head] - ref[site("z", layer)][:, :, head]
         out = dz @ w_o[layer][head].to(dz.dtype)
+        norm = norms[layer]
+        if norm is not None:  # float32 (the RMSNorms upcast), so a small change is not lost to rounding
+            with torch.no_grad():
+                base = whole[layer]
+                out = (norm(base + out.float()) - norm(base)).to(dz.dtype)
         return out if real is None else torch.where(real.to(out.device), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
     return delta
+
+
+def _attention_output(model, layer: int, z: torch.Tensor) -> torch.Tensor:
+    """[B, pos, d_model] float32: the layer's whole attention output before its post-norm, o(z) + b_O."""
+    with torch.no_grad():
+        out = head_result(model, layer, z.float()).sum(-2)
+        b_o = getattr(model.bridge.blocks[layer].attn, "b_O", None)
+        return out + b_o.detach().float().to(out.device) if isinstance(b_o, torch.Tensor) else out
 
 
 def _path_hooks(model, runs: list[Run], recv: list[Head] | None, component: str, delta):

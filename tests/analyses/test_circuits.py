@@ -282,3 +282,55 @@ def test_zoo_ioi_default(zoo_model):
     assert s["lens_final_output_error"] < 1e-3 and s["dla_max_reconstruction_error"] < 1e-3
     assert s["first_top1_layer"] is not None  # the trained model solves IOI
     assert s["dla_final_logit"] > 0
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "olmo2"])
+def test_dla_through_post_attention_norms_equals_hand_hugging_face(arch, arch_models, hf_of, more_arch_models,
+                                                                   more_arch_dirs):
+    """Post-norm blocks (Gemma 2, OLMo 2): a head writes o_proj's slice of z through the layer's
+    post-attention RMSNorm, whose scale is that of the whole attention output (frozen here), then
+    the final norm (frozen); by hand from Hugging Face's own modules. No bias term is left over
+    (neither model has attention biases) and the rows sum to the pre-softcap logit difference."""
+    from tests_support import hf_reference
+
+    model = arch_models(arch) if arch == "gemma2" else more_arch_models(arch)
+    hf = hf_of(arch) if arch == "gemma2" else hf_reference(more_arch_dirs(arch))
+    task = _task()
+    ours = _ours(model, task)
+    layers, store = hf.model.layers, {}
+    hooks = [hf.model.norm.register_forward_pre_hook(lambda m, a: store.__setitem__("final", a[0]))]
+    for i, layer in enumerate(layers):
+        hooks.append(layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a, i=i: store.__setitem__(("z", i), a[0])))
+        hooks.append(layer.post_attention_layernorm.register_forward_pre_hook(
+            lambda m, a, i=i: store.__setitem__(("a", i), a[0])))
+    try:
+        with torch.no_grad():
+            hf(task.tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    gemma = arch == "gemma2"
+
+    def frozen(norm, x):  # [batch, d_model] -> (w_eff / rms(x)) [batch, d_model]
+        eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+        w = norm.weight.detach() + (1.0 if gemma else 0.0)
+        return w / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+    last, rows = task.answer_positions(), torch.arange(len(task))
+    w_u = hf.lm_head.weight.detach()
+    d = w_u[task.answers] - w_u[task.wrong_answers]  # [batch, d_model]
+    fin = frozen(hf.model.norm, store["final"][rows, last])
+    n_heads, d_head = model.facts.n_heads, model.facts.d_head
+    contrib = dict(zip(ours.labels, ours.contributions))
+    for i, layer in enumerate(layers):
+        z = store[("z", i)][rows, last].view(len(task), n_heads, d_head)
+        post = frozen(layer.post_attention_layernorm, store[("a", i)][rows, last])
+        w_o = layer.self_attn.o_proj.weight.detach()  # [d_model, n_heads * d_head]
+        for h in range(n_heads):
+            write = z[:, h] @ w_o[:, h * d_head:(h + 1) * d_head].T  # [batch, d_model]
+            hand = (write * post * fin * d).sum(-1)
+            assert torch.allclose(contrib[f"L{i}H{h}"], hand, atol=1e-4), (i, h)
+        assert contrib[f"attn_bias{i}"].abs().max() < 1e-4
+    assert contrib["remainder"].abs().max() < 1e-4
+    normed = hf.model.norm(store["final"][rows, last])
+    assert torch.allclose(ours.contributions.sum(0), (normed * d).sum(-1), atol=1e-4)

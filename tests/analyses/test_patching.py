@@ -320,6 +320,52 @@ def test_path_to_logits_of_last_layer_heads_equals_exact_head_patching(linear_ta
     assert paths.summary["component"] == paths.config["component"] == "resid" and set(paths.df["component"]) == {"resid"}
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "olmo2"])
+def test_path_to_logits_through_post_attention_norms_by_hand(arch, arch_models, hf_of, more_arch_models, more_arch_dirs):
+    """Post-norm blocks (Gemma 2, OLMo 2): a sender's write reaches the residual only through the
+    norm of its layer's whole attention output. By hand with Hugging Face's modules: the base
+    (corrupted) run's o_proj input with the sender's slice from the clean run, through
+    post_attention_layernorm, minus the base run's, added to the final norm's input alone."""
+    from tests_support import hf_reference
+
+    model = arch_models(arch) if arch == "gemma2" else more_arch_models(arch)
+    hf = hf_of(arch) if arch == "gemma2" else hf_reference(more_arch_dirs(arch))
+    task = make_task(pos=5, seed=17)
+    senders = [(layer, h) for layer in range(2) for h in range(4)]
+    res = path_patching(model, task, "logits", senders=senders, direction="denoise", progress=False)
+    zs = {}
+
+    def run(tokens, edit=None):
+        clean = tokens is task.tokens
+        hooks = [layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a, i=i: zs.__setitem__((clean, i), a[0]))
+                 for i, layer in enumerate(hf.model.layers)]
+        if edit is not None:
+            hooks.append(hf.model.norm.register_forward_pre_hook(lambda m, a: (a[0] + edit,)))
+        try:
+            with torch.no_grad():
+                return tl_logit_diff(task)(hf(tokens).logits).item()
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    run(task.tokens)
+    base = run(task.corrupted_tokens)
+    d_head = model.facts.d_head
+    hand = []
+    for layer, h in senders:
+        mod = hf.model.layers[layer]
+        z_base, z_src = zs[(False, layer)], zs[(True, layer)]
+        z_new = z_base.clone()
+        z_new[..., h * d_head:(h + 1) * d_head] = z_src[..., h * d_head:(h + 1) * d_head]
+        norm, o_proj = mod.post_attention_layernorm, mod.self_attn.o_proj
+        with torch.no_grad():
+            change = norm(o_proj(z_new)) - norm(o_proj(z_base))
+        hand.append(run(task.corrupted_tokens, change))
+    got = torch.tensor(res.df["value"].to_numpy(), dtype=torch.float32)
+    assert (got - torch.tensor(hand)).abs().max().item() <= 1e-4
+    assert (got - base).abs().max().item() > 1e-2  # the senders move the metric, so equality means something
+
+
 def test_causal_tracing_restoring_a_whole_hidden_state_gives_the_clean_run(tiny_models):
     model, task = tiny_models["llama"], make_task(batch=3, pos=6, seed=17)
     res = causal_tracing(model, task, n_samples=2, seed=0, progress=False)
