@@ -130,8 +130,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted: positions fewer than half of the prompts reach. A "
                 "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions.",
-    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass, with "
-                "its 95% t interval over prompts; the finding names the layers that are sinks.",
+    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass (a "
+                "sliding-window layer's counts only the keys inside its window), with its 95% t interval over "
+                "prompts; the finding names the layers that are sinks.",
 }
 
 
@@ -288,12 +289,12 @@ def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | Non
     sizes = sorted({int(v) for v in windows.values()})
     size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
     kept = str(sizes[0] - 1) if len(sizes) == 1 else f"{sizes[0] - 1}-{sizes[-1] - 1}"
-    text += (f" while the context fits the window; layer(s) {', '.join(windows)} keep at most {kept} past positions "
-             f"(sliding window of {size} keys with the current token's)")
+    text += (f" while the context fits the window; layer(s) {', '.join(windows)} attend over a sliding window of "
+             f"{size} keys, so their cache keeps at most {kept} past positions")
     everyone = _num(s.get("bytes_at_n_ctx_all_global"))
     ctx = _num(s.get("n_ctx"))
     if full_ctx is not None:
-        text += (f", so {_bytes(full_ctx)} at full context" + (f" ({int(ctx)} positions)" if ctx else "")
+        text += (f": {_bytes(full_ctx)} at full context" + (f" ({int(ctx)} positions)" if ctx else "")
                  + (f", against {_bytes(everyone)} if every layer were global" if everyone is not None else ""))
     return text + "."
 

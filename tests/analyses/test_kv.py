@@ -235,8 +235,8 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
                "bytes_at_n_ctx_all_global": 2 * 128 * per_token_layer, "n_ctx": 128, "sliding_windows": {"0": 8},
                "sink_key_norm_ratio_per_layer": {"0": None, "1": 1.41}}
     text = finding(summary)
-    assert ("layer(s) 0 keep at most 7 past positions (sliding window of 8 keys with the current token's), "
-            "so 33.8 KiB at full context (128 positions)") in text
+    assert ("layer(s) 0 attend over a sliding window of 8 keys, so their cache keeps at most 7 past positions: "
+            "33.8 KiB at full context (128 positions)") in text
     assert "against 64.0 KiB if every layer were global" in text
     assert "(layer(s) 1; layer(s) 0 no longer cache the first key (sliding window))" in text
     assert "layer(s) 0 from 5: a sliding window" in plot_norms(norms).get_xlabel()
