@@ -503,3 +503,18 @@ class HookedModel(TLHabits):
         """
         points = {id(hp): hp for hp in self.bridge.hook_points()}  # an aliased point is listed under each name
         return sum(_attached(handle) for hp in points.values() for handle in (*hp.fwd_hooks, *hp.bwd_hooks))
+
+
+def layer_windows(model: Any) -> tuple[int | None, ...]:
+    """Per layer, its sliding attention window (the keys a query sees and the positions its KV cache
+    keeps: the last `window`), or None for a global layer. Read as Hugging Face builds its cache
+    (transformers cache_utils.get_layer_types_and_kwargs): config.layer_types where given (Gemma 2/3,
+    Qwen2 with use_sliding_window), else every layer slides when config.sliding_window is set (Mistral)."""
+    n = model.facts.n_layers
+    config = getattr(getattr(model.bridge, "original_model", None), "config", None)
+    config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
+    window = getattr(config, "sliding_window", None)
+    if model.facts.is_encoder or not isinstance(window, int) or window < 1:
+        return (None,) * n
+    types = getattr(config, "layer_types", None) or ["sliding_attention"] * n
+    return tuple(window if i < len(types) and types[i] == "sliding_attention" else None for i in range(n))

@@ -68,6 +68,11 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", ax=None):
             faint = g[g.position >= muted_from - 1]
             ax.plot(faint.position, faint.norm, color=colour, lw=1, ls=":", alpha=0.4)
     where = "position in the context (from each prompt's first token)"
+    starts = means.groupby("layer").position.min()
+    late = starts[starts > 0]  # a sliding-window layer's cache keeps only each prompt's last window
+    if len(late):
+        where += ("\nlayer(s) " + ", ".join(f"{int(k)} from {int(v)}" for k, v in late.items())
+                  + ": a sliding window, the cache holds only each prompt's last positions")
     if muted_from is not None:
         where += (f"\nfaint, dotted from position {muted_from}: fewer than half of the {most} prompts reach it "
                   f"(n = {int(reach[muted_from])} there, {int(reach.iloc[-1])} at position {int(reach.index[-1])})")
@@ -123,9 +128,11 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "the full cache), per eviction policy, with a 95% bootstrap band over examples; dashed: the full "
                    "cache; dotted: the longest context, a budget that saves nothing for any prompt.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
-                "that reach the position); faint, dotted: positions fewer than half of the prompts reach.",
-    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass, with "
-                "its 95% t interval over prompts; the finding names the layers that are sinks.",
+                "that reach the position); faint, dotted: positions fewer than half of the prompts reach. A "
+                "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions.",
+    "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass (a "
+                "sliding-window layer's counts only the keys inside its window), with its 95% t interval over "
+                "prompts; the finding names the layers that are sinks.",
 }
 
 
@@ -272,12 +279,35 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
     return text + "."
 
 
+def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | None) -> str:
+    """Bytes per token and at full context; with sliding-window layers, which ones stop growing and the
+    all-global size for comparison."""
+    text = f"The KV cache takes {_bytes(per_token)} per token ({s.get('dtype', '')})"
+    windows = {k: v for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
+    if not windows:
+        return text + (f", {_bytes(full_ctx)} at full context." if full_ctx is not None else ".")
+    sizes = sorted({int(v) for v in windows.values()})
+    size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    kept = str(sizes[0] - 1) if len(sizes) == 1 else f"{sizes[0] - 1}-{sizes[-1] - 1}"
+    text += (f" while the context fits the window; layer(s) {', '.join(windows)} attend over a sliding window of "
+             f"{size} keys, so their cache keeps at most {kept} past positions")
+    everyone = _num(s.get("bytes_at_n_ctx_all_global"))
+    ctx = _num(s.get("n_ctx"))
+    if full_ctx is not None:
+        text += (f": {_bytes(full_ctx)} at full context" + (f" ({int(ctx)} positions)" if ctx else "")
+                 + (f", against {_bytes(everyone)} if every layer were global" if everyone is not None else ""))
+    return text + "."
+
+
 def _norm_sentence(s: Mapping[str, Any]) -> str:
     """Whether the first key stands out, from the per-layer ratio of its norm to the other keys'."""
     ratios = {k: _num(v) for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items()}
     ratios = {k: v for k, v in ratios.items() if v is not None}
+    missing = sorted(k for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items() if _num(v) is None)
     if not ratios:
         return ""
+    which = "per layer" if not missing else (
+        f"layer(s) {', '.join(ratios)}; layer(s) {', '.join(missing)} no longer cache the first key (sliding window)")
     lo, hi = min(ratios.values()), max(ratios.values())
     span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
     if lo > 1.5:
@@ -286,7 +316,7 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
         verdict = f"the first key's norm stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
     else:
         verdict = "the first key's norm does not stand out" + (" (it is smaller)" if hi < 1 else "")
-    return f"The first key's norm is {span} times the other keys' (per layer): {verdict}."
+    return f"The first key's norm is {span} times the other keys' ({which}): {verdict}."
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -295,8 +325,7 @@ def finding(s: Mapping[str, Any]) -> str:
     parts = []
     per_token, full_ctx = _num(s.get("bytes_per_token")), _num(s.get("bytes_at_n_ctx"))
     if per_token is not None:
-        parts.append(f"The KV cache takes {_bytes(per_token)} per token ({s.get('dtype', '')})"
-                     + (f", {_bytes(full_ctx)} at full context." if full_ctx is not None else "."))
+        parts.append(_size_sentence(s, per_token, full_ctx))
     gqa = _gqa(s)
     if gqa:
         parts.append(gqa)

@@ -34,6 +34,7 @@ from headscope.analyses.kv import eviction as kv_eviction
 from headscope.analyses.kv.holding import holding_budgets
 from headscope.analyses.position import sinks
 from headscope.errors import ConfigError
+from headscope.models.hooked_model import layer_windows
 
 
 def cache_bytes(*, positions: int, n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int,
@@ -56,6 +57,19 @@ class CacheAnatomy:
     d_head: int
     dtype: str
     bytes_per_number: int
+    windows: tuple[int | None, ...] = ()  # per layer its sliding window (models.layer_windows); () or None: global
+
+    def cached_positions(self, positions: int) -> list[int]:
+        """Per layer, the positions its cache holds at this context: all of them for a global layer; for a
+        sliding-window layer min(window - 1, positions), as Hugging Face's DynamicSlidingWindowLayer keeps
+        between steps (the next token's own key and value make the window's `window` keys)."""
+        windows = self.windows or (None,) * self.n_layers
+        return [positions if w is None else min(w - 1, positions) for w in windows]
+
+    @property
+    def sliding_layers(self) -> dict[int, int]:
+        """{layer: window} of the sliding-window layers."""
+        return {i: w for i, w in enumerate(self.windows) if w is not None}
 
     @property
     def bytes_per_token_per_layer(self) -> int:
@@ -64,6 +78,7 @@ class CacheAnatomy:
 
     @property
     def bytes_per_token(self) -> int:
+        """Bytes each new token adds while the context fits every window (beyond a window, that layer adds none)."""
         return self.n_layers * self.bytes_per_token_per_layer
 
     @property
@@ -77,8 +92,10 @@ class CacheAnatomy:
         return 1.0 - self.n_kv_heads / self.n_heads
 
     def total(self, positions: int, batch: int = 1) -> int:
-        return cache_bytes(positions=positions, n_layers=self.n_layers, n_kv_heads=self.n_kv_heads,
-                           d_head=self.d_head, bytes_per_number=self.bytes_per_number, batch=batch)
+        """Bytes of the cache at `positions` of context, each layer holding its cached_positions."""
+        return sum(cache_bytes(positions=p, n_layers=1, n_kv_heads=self.n_kv_heads, d_head=self.d_head,
+                               bytes_per_number=self.bytes_per_number, batch=batch)
+                   for p in self.cached_positions(positions))
 
 
 def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
@@ -87,7 +104,7 @@ def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
     dtype = dtype or next(model.bridge.parameters()).dtype
     return CacheAnatomy(n_layers=f.n_layers, n_heads=f.n_heads, n_kv_heads=f.n_kv_heads, d_head=f.d_head,
                         dtype=str(dtype).removeprefix("torch."),
-                        bytes_per_number=torch.empty((), dtype=dtype).element_size())
+                        bytes_per_number=torch.empty((), dtype=dtype).element_size(), windows=layer_windows(model))
 
 
 def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 32768),
@@ -157,7 +174,8 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     and the first keys' mean norm over the other keys' (from `norms`). The patterns are reduced a chunk of queries at
     a time (hooks.reduce_patterns): no layer's whole pattern is held where the hook-free blocks run."""
     n_layers = model.facts.n_layers
-    masses, uniforms = [], []  # per length group: [prompts, layer] sink mass, [prompts] uniform share
+    windows = layer_windows(model)  # a sliding-window layer's uniform share counts only the keys in its window
+    masses, uniforms = [], []  # per length group: [prompts, layer] sink mass, [prompts, layer] uniform share
     for group in length_groups(tokens, attention_mask):
         rows = sinks.query_rows(group.shape[1], n_sink)  # the query rows sinks.sink_mass averages
         mass = torch.zeros(group.shape[0], n_layers, dtype=torch.float64)  # [prompts, layer]
@@ -171,7 +189,8 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
 
         hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)
         masses.append(mass)
-        uniforms.append(torch.full((group.shape[0],), sinks.uniform_baseline(group.shape[1], n_sink), dtype=torch.float64))
+        share = [sinks.uniform_baseline(group.shape[1], n_sink, window=w) for w in windows]  # [layer]
+        uniforms.append(torch.tensor(share, dtype=torch.float64)[None, :].expand(group.shape[0], n_layers))
     per_layer = sinks.layer_sinks(torch.cat(masses), torch.cat(uniforms))  # over the prompts, with intervals
     keys = norms[norms.kind == "key"]
     rows = []
@@ -248,7 +267,10 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "gqa_saving": anatomy.gqa_saving,  # the share of the MHA cache saved (0.5: half), as anatomy.csv's
         "n_heads": anatomy.n_heads, "n_kv_heads": anatomy.n_kv_heads,
         "dtype": anatomy.dtype,
-        "bytes_at_n_ctx": anatomy.total(model.facts.n_ctx),
+        "bytes_at_n_ctx": anatomy.total(model.facts.n_ctx),  # sliding-window layers hold only their window
+        "bytes_at_n_ctx_all_global": anatomy.n_layers * anatomy.bytes_per_token_per_layer * model.facts.n_ctx,
+        "n_ctx": model.facts.n_ctx,
+        "sliding_windows": {str(k): v for k, v in anatomy.sliding_layers.items()},  # {layer: window}
         "metric_unevicted": float(sweep[sweep.policy == "full"].metric.mean()),
         "metric": task.metric, "n_examples": len(task),
         "context_positions": int(sweep[sweep.policy == "full"].budget.max()),  # the whole prompt: no saving there
@@ -260,6 +282,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "n_sink": config.n_sink,
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
+        # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)
         "sink_key_norm_ratio_per_layer": {str(r.layer): float(r.sink_key_norm_ratio) for r in sink_table.itertuples()},
         "task": task.name,
     }

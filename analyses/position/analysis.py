@@ -42,6 +42,7 @@ from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, ru
 from headscope.analyses.position.sinks import layer_sinks, uniform_baseline
 from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
 from headscope.errors import ConfigError, InputTypeError
+from headscope.models.hooked_model import layer_windows
 
 TASKS = ("zoo_kv", "json_kv", "qa", "retrieval")
 DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
@@ -195,11 +196,14 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
 
     gold_attention = gold.groupby(["layer", "head", "position"], as_index=False)["mass"].mean()
     sink_by_layer = [float(x) for x in _layer_means([o.sink_mass for o in outs])]
-    baseline = sum(uniform_baseline(sw.prompt_len, n_sink, causal=not encoder) for sw in sweeps) / len(sweeps)
+    windows = layer_windows(model)  # a sliding-window layer's uniform share counts only the keys in its window
+    uniform = torch.tensor([[uniform_baseline(sw.prompt_len, n_sink, causal=not encoder, window=w) for w in windows]
+                            for sw in sweeps], dtype=torch.float64)  # [examples, layer]
+    baseline = float(uniform.mean())
     per_layer = layer_sinks(torch.stack([o.sink_mass.double().mean((0, 2)) for o in outs]),  # [examples, layer]
-                            torch.tensor([uniform_baseline(sw.prompt_len, n_sink, causal=not encoder) for sw in sweeps],
-                                         dtype=torch.float64))  # over examples, the kv analysis's sink criterion
-    sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer, "baseline": baseline,
+                            uniform)  # over examples, the kv analysis's sink criterion
+    sinks = pd.DataFrame({"layer": range(len(sink_by_layer)), "sink_mass": sink_by_layer,
+                          "baseline": [e["uniform"] for e in per_layer],
                           "ci_low": [(e["ci"] or [math.nan])[0] for e in per_layer],
                           "ci_high": [(e["ci"] or [math.nan, math.nan])[1] for e in per_layer],
                           "ratio": [e["ratio"] for e in per_layer], "sink": [e["sink"] for e in per_layer]})

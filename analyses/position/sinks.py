@@ -53,12 +53,20 @@ def sink_mass_sum(pattern: torch.Tensor, queries: torch.Tensor, n_sink: int, fir
 
 
 def uniform_baseline(
-    n_q: int, n_sink: int, *, causal: bool = True, q_start: int | None = None, n_keys: int | None = None
+    n_q: int, n_sink: int, *, causal: bool = True, q_start: int | None = None, n_keys: int | None = None,
+    window: int | None = None,
 ) -> float:
-    """The sink mass uniform attention would give over the same query rows: mean of n_sink / (q + 1)."""
+    """The sink mass uniform attention would give over the same query rows: the mean over them of the
+    share of the keys query q sees that are sinks, n_sink / (q + 1). A sliding-window layer (`window`,
+    models.layer_windows) sees only keys q - window < k <= q: the sinks still inside its window over
+    the min(q + 1, window) keys it sees (0 once the sinks left the window)."""
     rows = query_rows(n_q, n_sink, causal=causal, q_start=q_start).double()
     visible = rows + 1 if causal else torch.full_like(rows, float(n_keys or n_q))
-    return float((n_sink / visible).clamp(max=1.0).mean())
+    sinks_seen = torch.full_like(rows, float(n_sink))
+    if causal and window is not None:
+        visible = visible.clamp(max=window)
+        sinks_seen = (n_sink - (rows - window + 1).clamp(min=0)).clamp(min=0)  # keys k < n_sink with k > q - window
+    return float((sinks_seen / visible).clamp(max=1.0).mean())
 
 
 def streaming_keep(n_q: int, n_k: int, n_sink: int, window: int, *, keep_sinks: bool = True) -> torch.Tensor:
@@ -94,7 +102,8 @@ SINK_RATIO = 1.5  # a layer is a sink when its mass is at least this many times 
 def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor) -> list[dict[str, Any]]:
     """Per layer, the sink mass over examples against the uniform share, with the one sink criterion
     the kv and position findings share. mass [examples, layer]: each example's mean (over heads and
-    query rows) mass on the sinks; uniform [examples]: uniform_baseline of each example's length.
+    query rows) mass on the sinks; uniform [examples] (every layer alike) or [examples, layer] (each
+    layer's own mask, e.g. sliding windows): uniform_baseline of each example's length.
 
     Returns per layer {"layer", "mass", "uniform" (means), "ci" (95% t interval of the mean mass), "excess_ci"
     (of the paired mean mass - uniform), "ratio" (mass / uniform), "n", "sink"}: sink = ratio >=
@@ -102,6 +111,8 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor) -> list[dict[str, Any
     from scipy import stats
 
     mass, uniform = mass.double(), uniform.double()
+    if uniform.dim() == 1:
+        uniform = uniform[:, None].expand_as(mass)  # [examples, layer]
     n = mass.shape[0]
     t = float(stats.t.ppf(0.975, n - 1)) if n > 1 else float("nan")
 
@@ -113,8 +124,8 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor) -> list[dict[str, Any
 
     out = []
     for layer in range(mass.shape[1]):
-        m, u = float(mass[:, layer].mean()), float(uniform.mean())
-        excess = interval(mass[:, layer] - uniform)
+        m, u = float(mass[:, layer].mean()), float(uniform[:, layer].mean())
+        excess = interval(mass[:, layer] - uniform[:, layer])
         ratio = m / u if u > 0 else float("inf")
         out.append({"layer": layer, "mass": m, "uniform": u, "ci": interval(mass[:, layer]), "excess_ci": excess,
                     "ratio": ratio, "n": n, "sink": bool(ratio >= SINK_RATIO and (excess is None or excess[0] > 0))})

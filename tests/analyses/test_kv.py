@@ -196,3 +196,47 @@ def test_holding_budgets_count_only_prompts_a_budget_evicts_from():
     assert (sink["budget"], sink["below"], sink["sinks_only_below"], sink["at"]["n_evicting"]) == (8, 4, 5, 2)
     heavy = hold["policies"]["heavy_hitters"]
     assert heavy["budget"] is None and heavy["worst_evicting"]["budget"] == 8
+
+
+def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_share(arch_models):
+    """Review 6 A4/A5: Gemma 2 (layer 0 slides over 8 keys, layer 1 global) and Mistral (every layer
+    slides over 8). The cache size is checked against the tensors a real Hugging Face cache holds after
+    12 positions; the uniform sink share and the first key's norm against hand computations."""
+    gemma, mistral = arch_models("gemma2"), arch_models("mistral")
+    from headscope.models.hooked_model import layer_windows
+
+    windows = (layer_windows(gemma), layer_windows(mistral), layer_windows(arch_models("llama3")))
+    assert windows == ((8, None), (8, 8), (None, None))
+    tokens = random_tokens(2, 12, seed=3)
+    trace = hs.generate_with_kv(gemma, tokens, max_new_tokens=1)
+    allocated = [sum(t.numel() * t.element_size() for t in (lay.keys, lay.values)) for lay in trace.cache.layers]
+    per_token_layer = 2 * 2 * 16 * 4  # (K, V) x kv_heads x d_head x float32
+    # batch 2; layer 0 keeps the last window - 1 = 7 positions (the next token's own K/V complete the 8 keys)
+    assert allocated == [2 * 7 * per_token_layer, 2 * 12 * per_token_layer]
+    anatomy = kv.cache_anatomy(gemma)
+    assert anatomy.total(12, batch=2) == sum(allocated)
+    assert anatomy.total(128) == (7 + 128) * per_token_layer and anatomy.total(5) == 2 * 5 * per_token_layer
+    assert kv.cache_anatomy(mistral).total(100) == 2 * 7 * per_token_layer
+    table = kv.anatomy_table(anatomy, contexts=(1024,), batches=(1,))
+    assert table.bytes.item() == (7 + 1024) * per_token_layer and table.mha_bytes.item() == 2 * table.bytes.item()
+
+    norms = kv.kv_norms(gemma, tokens)
+    stats_ = kv.sink_stats(gemma, tokens, norms, n_sink=1)
+    # queries 1..11; layer 0 sees min(q + 1, 8) keys and position 0 only while q < 8, layer 1 sees q + 1
+    by_hand = [sum(1 / (q + 1) for q in range(1, 8)) / 11, sum(1 / (q + 1) for q in range(1, 12)) / 11]
+    assert stats_.uniform_mass.tolist() == pytest.approx(by_hand)
+    assert np.isnan(stats_.sink_key_norm_ratio.iloc[0]) and not np.isnan(stats_.sink_key_norm_ratio.iloc[1])
+    keys = norms[(norms.kind == "key")]
+    assert keys[keys.layer == 0].position.min() == 5 and keys[keys.layer == 1].position.min() == 0  # the last 7 of 12
+
+    from headscope.reports.plots_kv import finding, plot_norms
+
+    summary = {"bytes_per_token": 2 * per_token_layer, "dtype": "float32", "bytes_at_n_ctx": anatomy.total(128),
+               "bytes_at_n_ctx_all_global": 2 * 128 * per_token_layer, "n_ctx": 128, "sliding_windows": {"0": 8},
+               "sink_key_norm_ratio_per_layer": {"0": None, "1": 1.41}}
+    text = finding(summary)
+    assert ("layer(s) 0 attend over a sliding window of 8 keys, so their cache keeps at most 7 past positions: "
+            "33.8 KiB at full context (128 positions)") in text
+    assert "against 64.0 KiB if every layer were global" in text
+    assert "(layer(s) 1; layer(s) 0 no longer cache the first key (sliding window))" in text
+    assert "layer(s) 0 from 5: a sliding window" in plot_norms(norms).get_xlabel()

@@ -231,6 +231,27 @@ def test_layer_sinks_interval_and_criterion_by_hand():
     assert wide[0]["ratio"] == pytest.approx(2.5) and wide[0]["excess_ci"][0] < 0 and not wide[0]["sink"]
 
 
+def test_uniform_share_of_a_sliding_window_layer_by_hand():
+    """Review 6 A5: a layer that sees only its last `window` keys has its own uniform share, n_sink over
+    the keys in its window while the sinks are in it, 0 after; the shared criterion uses each layer's."""
+    from headscope.analyses.position.sinks import layer_sinks
+
+    # window 3, 6 positions, queries 1..5: q=1 sees {0,1}, q=2 {0,1,2}, q=3.. no longer position 0
+    assert uniform_baseline(6, 1, window=3) == pytest.approx((1 / 2 + 1 / 3 + 0 + 0 + 0) / 5)
+    # n_sink 2, queries 2..5: q=2 sees {0,1,2} (2 sinks), q=3 {1,2,3} (1), q=4 {2,3,4} (0), q=5 (0)
+    assert uniform_baseline(6, 2, window=3) == pytest.approx((2 / 3 + 1 / 3) / 4)
+    assert uniform_baseline(6, 1, window=100) == pytest.approx(uniform_baseline(6, 1))  # wider than the prompt
+    # uniform attention inside the window has exactly that sink mass
+    q, k = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    seen = ((k <= q) & (k > q - 3)).double()
+    assert sink_mass((seen / seen.sum(1, keepdim=True))[None, None], 1).item() == pytest.approx(uniform_baseline(6, 1, window=3))
+    # layer 0 windowed (share 0.05), layer 1 global (share 0.125): the same mass 0.1 is a sink only in layer 0
+    mass = torch.tensor([[0.10, 0.10], [0.11, 0.11], [0.09, 0.09]], dtype=torch.float64)  # [examples, layer]
+    got = layer_sinks(mass, torch.tensor([[0.05, 0.125]] * 3, dtype=torch.float64))
+    assert [e["uniform"] for e in got] == pytest.approx([0.05, 0.125])
+    assert [e["ratio"] for e in got] == pytest.approx([2.0, 0.8]) and [e["sink"] for e in got] == [True, False]
+
+
 def test_streaming_keep_by_hand():
     expected = torch.tensor([[1, 0, 0, 0, 0, 0],
                              [1, 1, 0, 0, 0, 0],
