@@ -171,7 +171,17 @@ def plot_adversarial(data: pd.DataFrame, *, epsilon: float | str = "epsilon", ax
 def figures(result: Result, **kwargs) -> dict:
     """The attribution figures by file stem."""
     s, perm = result.summary, result.tables["permutation"]
-    plots = [("tau", lambda: plot_tau(result.df)), ("token_heatmap", lambda: plot_token_heatmap(result.tables["scores"])),
+    df, scores = result.df, result.tables["scores"]
+    if s.get("ig_converged") is False:  # its ranking is not IG's (the finding says so): not drawn as one
+        df, scores = df[df.method != "integrated_gradients"], scores[scores.method != "integrated_gradients"]
+
+    def tau():
+        ax = plot_tau(df)
+        if s.get("ig_converged") is False:
+            ax.set_title(ax.get_title() + "\n(integrated gradients left out: it did not converge)")
+        return ax
+
+    plots = [("tau", tau), ("token_heatmap", lambda: plot_token_heatmap(scores)),
              ("permutation", lambda: plot_permutation(perm, output_change=s.get("output_change", "change"),
                                                       saturated=s.get("saturated")))]
     if "adversarial_jsd" in perm:

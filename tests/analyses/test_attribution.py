@@ -314,6 +314,13 @@ def test_unconverged_ig_is_recorded_and_leaves_the_claims(tiny_models, tiny_dirs
     assert s["n_tau_tests"] == len(last) and s["fraction_significant"] == pytest.approx(last.significant.mean())
     assert "mean_tau_attention_ig" in s  # recorded, not claimed (the finding leaves it out)
     json.dumps(s)
+    from headscope.reports.plots_attribution import figures
+
+    figs = figures(res)  # neither the tau figure nor the token heatmap draws IG as IG
+    tau_ax, heat_ax = figs["tau"].axes[0], figs["token_heatmap"].axes[0]
+    assert "did not converge" in tau_ax.get_title()
+    assert not any("integrated" in t.get_text() for t in tau_ax.get_xticklabels() + heat_ax.get_yticklabels())
+    assert any("leave-one-out" in t.get_text() for t in tau_ax.get_xticklabels())
 
 
 def test_bootstrap_interval_of_a_mean_of_absolute_values():
