@@ -11,7 +11,8 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
   print only the fold sd, which is no interval. At chance (`chance.at_chance`) the report withholds the probe
   ("at chance", or "underpowered" where the probes finding says its interval is too wide): not compared.
 - attribution: each method's `mean_tau_attention_<m>` with its t interval over `n_tau_attention_<m>` examples
-  (`std_tau_attention_<m>`), clipped to [-1, 1], as the finding prints it.
+  (`std_tau_attention_<m>`), clipped to [-1, 1], as the finding prints it; integrated gradients only where it
+  converged (`ig_converged` not false).
 - mlp: the highest layer's `agreement_per_layer` with its Wilson interval over `n_neurons_per_layer` neurons.
 Circuits states no headline with an interval (lens rows, DLA writers, CPR/CMD): its findings sit side by side in
 the findings table and are not reduced to one difference here; patching, position and pruning are compared in
@@ -71,6 +72,8 @@ def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
     n = s.get("n_examples")
     out = []
     for key, name in TAU_METHODS:
+        if key == "ig" and s.get("ig_converged") is False:  # IG did not converge: its tau is not IG's (the finding)
+            continue
         mean, sd = s.get(f"mean_tau_attention_{key}"), s.get(f"std_tau_attention_{key}")
         defined = s.get(f"n_tau_attention_{key}") or n
         ci = t_interval(float(mean), float(sd), int(defined)) if _number(mean) and _number(sd) and _number(defined) else None

@@ -262,6 +262,17 @@ def _heads_results(out: Path) -> Any:
     return df if {"layer", "head"} <= set(df.columns) else None
 
 
+def _ig_unconverged(out: Path) -> bool:
+    """Whether OUT/attribution/summary.json says integrated gradients did not converge (ig_converged false)."""
+    import json
+
+    try:
+        summary = json.loads((out / "attribution" / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("ig_converged") is False
+
+
 def _attach_attribution(data: dict[str, Any], out: Path) -> None:
     """Give each example the attribution analysis's token scores of the example with the same tokens
     (OUT/attribution/token_scores.csv: example, position, token, method, score), when there is one."""
@@ -276,6 +287,10 @@ def _attach_attribution(data: dict[str, Any], out: Path) -> None:
         return
     if not {"example", "position", "token", "method", "score"} <= set(df.columns):
         return
+    if _ig_unconverged(out):  # its attributions do not add up to the metric change: not IG's colouring
+        df = df[df["method"] != "integrated_gradients"]
+        if df.empty:
+            return
     by_tokens = {}
     for _, part in df.groupby("example", sort=True):
         first = part[part["method"] == part["method"].iloc[0]].sort_values("position")

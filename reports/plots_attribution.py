@@ -171,7 +171,17 @@ def plot_adversarial(data: pd.DataFrame, *, epsilon: float | str = "epsilon", ax
 def figures(result: Result, **kwargs) -> dict:
     """The attribution figures by file stem."""
     s, perm = result.summary, result.tables["permutation"]
-    plots = [("tau", lambda: plot_tau(result.df)), ("token_heatmap", lambda: plot_token_heatmap(result.tables["scores"])),
+    df, scores = result.df, result.tables["scores"]
+    if s.get("ig_converged") is False:  # its ranking is not IG's (the finding says so): not drawn as one
+        df, scores = df[df.method != "integrated_gradients"], scores[scores.method != "integrated_gradients"]
+
+    def tau():
+        ax = plot_tau(df)
+        if s.get("ig_converged") is False:
+            ax.set_title(ax.get_title() + "\n(integrated gradients left out: it did not converge)")
+        return ax
+
+    plots = [("tau", tau), ("token_heatmap", lambda: plot_token_heatmap(scores)),
              ("permutation", lambda: plot_permutation(perm, output_change=s.get("output_change", "change"),
                                                       saturated=s.get("saturated")))]
     if "adversarial_jsd" in perm:
@@ -243,6 +253,9 @@ def finding(s: Mapping[str, Any]) -> str:
         return _measured_only(s, n)
     parts = []
     keys = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
+    unconverged = _ig_unconverged(s)
+    if unconverged:  # IG's ranking is not IG's: no tau, no rollout comparison rests on it
+        keys = tuple(k for k in keys if k[0] != "ig")
     taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
     taus = {k: v for k, v in taus.items() if v[0] is not None}
     # examples with a defined tau per method (older summaries: every example)
@@ -262,6 +275,7 @@ def finding(s: Mapping[str, Any]) -> str:
         if max(abs(m) for m, _ in taus.values()) < WEAK_TAU:
             said = _rollout_sentence(s, taus, rollout, defined, keys)
             parts += [said] if said else []
+    parts += [unconverged] if unconverged else []
     frac = _num(s.get("fraction_significant"))
     tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
     if frac is not None and tests > 0:
@@ -297,9 +311,40 @@ def metric_effect(s: Mapping[str, Any], key: str, size_key: str | None = None) -
     said = f"changes the {words} by a mean of {mean:+.3g}{_ci(interval, '+.3g')} over {n} example{'s' * (n != 1)}"
     size = _num(s.get(size_key)) if size_key else None
     if size is not None:
-        size_ci = t_interval(size, _num(s.get(f"{size_key}_sd")), n)
-        said += f" (mean absolute change {size:.3g}{_ci(size_ci, '.3g')})"
+        said += f" (mean absolute change {size:.3g}{_abs_ci(s, size_key, size, n)})"
     return said
+
+
+def _abs_ci(s: Mapping[str, Any], key: str, size: float, n: int) -> str:
+    """The interval of a mean absolute change, which cannot go below 0: the summary's percentile bootstrap over
+    examples (<key>_ci), else (older summaries) the t interval with its lower bound clipped at 0, said so."""
+    boot = s.get(f"{key}_ci")
+    if isinstance(boot, Sequence) and len(boot) == 2 and None not in map(_num, boot):
+        return f", bootstrap 95% CI [{_num(boot[0]):.3g}, {_num(boot[1]):.3g}] over examples"
+    interval = t_interval(size, _num(s.get(f"{key}_sd")), n)
+    if interval is None or interval[0] >= 0:
+        return _ci(interval, ".3g")
+    return f"{_ci((0.0, interval[1]), '.3g')}, the t interval's lower bound clipped at 0"
+
+
+def _ig_unconverged(s: Mapping[str, Any]) -> str:
+    """The sentence saying integrated gradients did not converge (the summary's ig_converged is False), with its
+    worst example's sum against the change it should add up to; '' when it converged or the summary predates it."""
+    if s.get("ig_converged") is not False:
+        return ""
+    worst = s.get("ig_worst") if isinstance(s.get("ig_worst"), Mapping) else {}
+    total, change, rel = (_num(worst.get(k)) for k in ("attribution_sum", "metric_change", "relative_error"))
+    bad, n = int(_num(s.get("ig_n_not_converged")) or 0), int(_num(s.get("n_examples")) or 0)
+    tol = _num(s.get("ig_error_tolerance")) or 0.1
+    steps = _num(s.get("ig_max_steps_used"))
+    ex = worst.get("example", "?")
+    how = [f"attributions sum to {total:.3g} for a metric change of {change:+.3g} on example {ex}, an error of "
+           f"{rel:.3g}x the change" if None not in (total, change, rel) else "",
+           f"completeness error over {tol:g}x the change on {bad} of {n} examples" if n else "",
+           f"at most {int(steps)} steps" if steps is not None else ""]
+    how = [h for h in how if h]
+    return ("Integrated gradients did not converge" + (f" ({'; '.join(how)})" if how else "")
+            + ": more steps needed; its taus are not used.")
 
 
 def _output_tests(s: Mapping[str, Any]) -> list[str]:

@@ -35,7 +35,11 @@ most TVD a one-logit change can give there, permutation.saturation); permutation
 permutation_abs_metric_change (the task metric's change under the permutations, in its units: per
 example the mean over draws of the signed and the absolute change; the mean over examples, with _sd and _n);
 adversarial_metric_change (the same at the adversarial attention);
-ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); best_head_vs_loo;
+ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); ig_converged (False when most
+examples' completeness error |sum attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|, the ig table's
+relative_error, exceeds ig_error_tolerance 0.1; then IG's taus leave rollout_vs_raw and fraction_significant),
+ig_n_not_converged, ig_median_relative_error and ig_worst (its example, sum and change);
+permutation_abs_metric_change_ci (seeded percentile bootstrap over examples); best_head_vs_loo;
 median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
 <= adversarial_epsilon; Jain & Wallace's adversarial attention).
 """
@@ -379,8 +383,48 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         ig_rows.append({
             "example": ex, "n_steps": int(steps[j]), "attribution_sum": float(ig[j].sum()), "delta": float(delta[j]),
             "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
+            "relative_error": completeness_error(float(ig[j].sum()), float(f_x[j]), float(f_b[j])),
         })
     return score_rows, tau, pairs, perm_rows, ig_rows, token_rows
+
+
+IG_CONVERGED_ERROR = 0.1  # relative completeness error over which an example's IG has not converged
+
+
+def completeness_error(attribution_sum: float, f_x: float, f_b: float) -> float:
+    """|sum of IG attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|: 0 when IG is complete (NaN when the
+    metric does not change, where no relative error is defined)."""
+    change = f_x - f_b
+    return abs(attribution_sum - change) / abs(change) if change != 0 else float("nan")
+
+
+def ig_convergence(ig: pd.DataFrame) -> dict[str, Any]:
+    """IG's convergence over examples from the ig table (attribution_sum, metric_input, metric_baseline): how many
+    examples exceed IG_CONVERGED_ERROR (an undefined error counts as exceeding), whether IG converged (at most half
+    exceed) and the worst example (its sum against the change it should add up to)."""
+    change = ig.metric_input - ig.metric_baseline
+    rel = pd.Series([completeness_error(a, x, b) for a, x, b in
+                     zip(ig.attribution_sum, ig.metric_input, ig.metric_baseline)], index=ig.index, dtype=float)
+    bad = int((~(rel <= IG_CONVERGED_ERROR)).sum())
+    out: dict[str, Any] = {"ig_error_tolerance": IG_CONVERGED_ERROR, "ig_n_not_converged": bad,
+                           "ig_converged": bool(2 * bad <= len(ig)), "ig_median_relative_error": _num(rel.median())}
+    if rel.notna().any():
+        worst = rel.idxmax()
+        out["ig_worst"] = {"example": int(ig.example[worst]), "attribution_sum": float(ig.attribution_sum[worst]),
+                           "metric_change": float(change[worst]), "relative_error": float(rel[worst])}
+    return out
+
+
+def bootstrap_mean_ci(values: np.ndarray, *, seed: int, n_boot: int = 2000, level: float = 0.95) -> list[float] | None:
+    """Percentile bootstrap interval of the mean over examples (resampled with replacement, `seed`'s generator);
+    None under 2 values. Used for means of absolute values, whose t interval can cross 0 where they cannot."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(1)  # [n_boot]
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return [float(lo), float(hi)]
 
 
 def _score(kind: str, targets: tuple) -> Any:
@@ -457,16 +501,22 @@ def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfi
                 out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
                 if prefix == "attention":
                     out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
+    # IG that has not converged (its attributions do not add up to the metric change) does not rank tokens as IG:
+    # it leaves the claims that rest on the taus (the paired rollout tests and the count of significant taus)
+    convergence = ig_convergence(tables["ig"])
+    out.update(convergence)
+    used = [m for m in METHODS if convergence["ig_converged"] or m != "integrated_gradients"]
     # rollout against raw last-layer attention, paired per example, Holm over the references the finding names
-    paired = paired_differences(df, ROLLOUT_REFERENCES)
+    paired = paired_differences(df, [m for m in ROLLOUT_REFERENCES if m in used])
     out["rollout_vs_raw"] = {SUMMARY_NAMES[m]: {k: v if k in ("n", "ci") else _num(v) for k, v in e.items()}
                              for m, e in paired.items()}
     last = df[(df.attention == "last_layer")].dropna(subset=["tau"])
     for method, short in SUMMARY_NAMES.items():  # examples with a defined tau (a prompt too short to rank gives NaN)
         if (("last_layer", method)) in summ.index:
             out[f"n_tau_attention_{short}"] = int(last[last.method == method].example.nunique())
+    last = last[last.method.isin(used)]
     out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
-    out["n_tau_tests"] = int(len(last))  # examples x methods: the count the fraction is over
+    out["n_tau_tests"] = int(len(last))  # examples x methods used: the count the fraction is over
     pairs = tables["tau_methods"]
     for a, b, key in (("grad_x_input", "leave_one_out", "gradient_loo"), ("integrated_gradients", "leave_one_out", "ig_loo")):
         sel = pairs[(pairs.method_a == a) & (pairs.method_b == b)].tau
@@ -482,6 +532,8 @@ def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfi
             out[key] = _num(values.mean())
             out[f"{key}_sd"] = _num(values.std()) if len(values) > 1 else None
             out[f"{key}_n"] = int(len(values))
+            if column == "abs_metric_change":  # a mean of |change| is >= 0: a bootstrap interval, not a t interval
+                out[f"{key}_ci"] = bootstrap_mean_ci(values.to_numpy(), seed=cfg.seed)
     out["permutation_layer"] = layer
     out["n_permutations"] = cfg.n_permutations
     out["ig_max_abs_delta"] = _num(tables["ig"].delta.abs().max())

@@ -673,3 +673,16 @@ def test_prunable_counts_of_runs_ranked_on_other_examples_are_not_compared_and_b
     gradient = pruning_notes(a, b)[2]
     assert not gradient.startswith(NOT_COMPARED) and "(beyond noise: |B - A| = 0.167" in gradient
     assert "A's 0% sits on its 1% line" in gradient and "B's 17% sits on its 1% line" in gradient
+
+
+def test_compare_leaves_out_the_tau_of_integrated_gradients_that_did_not_converge():
+    """Review 6, A3: compare listed an unconverged IG's tau difference as 'within noise'; it is not IG's tau."""
+    from headscope.reports.compare_headlines import QUANTITIES
+
+    s = {"n_examples": 4, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.2,
+         "mean_tau_attention_ig": -0.08, "std_tau_attention_ig": 0.05}
+    names = [q[0] for q in QUANTITIES["attribution"]({**s, "ig_converged": True})]
+    assert "attribution mean Kendall tau of attention and integrated gradients" in names
+    names = [q[0] for q in QUANTITIES["attribution"]({**s, "ig_converged": False})]
+    assert "attribution mean Kendall tau of attention and gradient x input" in names
+    assert not any("integrated gradients" in name for name in names)

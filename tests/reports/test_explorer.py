@@ -574,3 +574,18 @@ def test_a_report_writes_the_patterns_the_runner_captured_without_computing(llam
     assert [e["tokens"] for e in data["examples"]] == [e["tokens"] for e in captured.examples]
     got = np.array(pattern_from_data(data, 0, 1, 3))
     assert np.allclose(got, reference(llama, PROMPTS[0]).numpy()[1, 3], atol=0.5 / data["scale"] + 1e-6)
+
+
+def test_explorer_leaves_out_integrated_gradients_that_did_not_converge(tmp_path):
+    """Review 6, A3: where the attribution summary says IG did not converge, its scores colour no token; the
+    other methods' still do."""
+    from headscope.reports.explorer import _attach_attribution
+
+    rows = [{"example": 0, "position": i, "token": t, "method": m, "score": v}
+            for m, v in (("integrated_gradients", -3.0), ("saliency", 0.5)) for i, t in enumerate(["a", "b"])]
+    io.write_csv(tmp_path / "attribution" / "token_scores.csv", pd.DataFrame(rows))
+    for converged, methods in ((True, {"integrated_gradients", "saliency"}), (False, {"saliency"})):
+        io.write_json(tmp_path / "attribution" / "summary.json", {"ig_converged": converged})
+        data = {"examples": [{"tokens": ["a", "b"]}]}
+        _attach_attribution(data, tmp_path)
+        assert set(data["examples"][0]["attribution"]) == methods

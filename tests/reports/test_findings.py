@@ -1070,3 +1070,42 @@ def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fishe
     below = {**s, "agreement_shuffled_count_per_layer": {"0": 40, "1": 2, "2": 1}}  # 18 against 40 of 128
     assert (f"layer 0 agrees less (Fisher's exact test, two-sided, p = {fisher_exact([[18, 110], [40, 88]])[1]:.2g}): "
             "these MLPs show no key-value memory") in finding("mlp", below)
+
+
+def test_attribution_leaves_out_integrated_gradients_that_did_not_converge():
+    """Review 6, A3: IG whose attributions sum to -259 for a change of +10 says so and gives no tau, no rollout
+    comparison and no significance count (the summary's fraction already leaves its taus out)."""
+    s = {"n_examples": 4, "metric": "logit_diff",
+         "mean_tau_attention_gradient": -0.09, "std_tau_attention_gradient": 0.1,
+         "mean_tau_attention_ig": -0.08, "std_tau_attention_ig": 0.05,
+         "mean_tau_rollout_gradient": 0.40, "mean_tau_rollout_ig": 0.38,
+         "rollout_vs_raw": {"gradient": {"mean": 0.49, "n": 4, "ci": [0.15, 0.82], "p_holm": 0.02},
+                            "ig": {"mean": 0.46, "n": 4, "ci": [0.38, 0.55], "p_holm": 0.0012}},
+         "fraction_significant": 0.25, "n_tau_tests": 8, "ig_max_steps_used": 32}
+    converged = finding("attribution", {**s, "ig_converged": True})
+    assert "integrated gradients at mean Kendall tau -0.08" in converged and "did not converge" not in converged
+    assert "integrated gradients (tau 0.38 against raw -0.08" in converged
+    text = finding("attribution", {**s, "ig_converged": False, "ig_n_not_converged": 3, "ig_error_tolerance": 0.1,
+                                    "ig_worst": {"example": 2, "attribution_sum": -259.0, "metric_change": 10.02,
+                                                 "relative_error": 26.77}})
+    assert ("Integrated gradients did not converge (attributions sum to -259 for a metric change of +10 on example 2, "
+            "an error of 26.8x the change; completeness error over 0.1x the change on 3 of 4 examples; at most 32 "
+            "steps): more steps needed; its taus are not used.") in text
+    assert "integrated gradients at mean" not in text and "tau 0.38" not in text and "0.0012" not in text
+    assert "gradient x input (tau 0.40 against raw -0.09; paired difference +0.49" in text
+    assert "2 of 8 per-example taus" in text
+
+
+def test_attribution_mean_absolute_change_has_no_negative_bound():
+    """Review 6, A8: 'mean absolute change 1.7, 95% CI [-1.26, 4.66]' is impossible: the summary's bootstrap
+    interval is printed, and an older summary's t interval is clipped at 0 and said so."""
+    s = {"n_examples": 4, "metric": "logit_diff", "median_permutation_tvd": 0.05, "permutation_layer": 1,
+         "permutation_metric_change": 0.2, "permutation_metric_change_sd": 1.0, "permutation_metric_change_n": 4,
+         "permutation_abs_metric_change": 1.7, "permutation_abs_metric_change_sd": 1.86,
+         "permutation_abs_metric_change_n": 4}
+    hi = 1.7 + stats.t.ppf(0.975, 3) * 1.86 / 2  # 4.66; the low end 1.7 - 2.96 < 0
+    assert f"(mean absolute change 1.7, 95% CI [0, {hi:.3g}], the t interval's lower bound clipped at 0)" in finding(
+        "attribution", s)
+    text = finding("attribution", {**s, "permutation_abs_metric_change_ci": [0.45, 3.6]})
+    assert "(mean absolute change 1.7, bootstrap 95% CI [0.45, 3.6] over examples)" in text
+    assert "-1.26" not in text
