@@ -336,6 +336,17 @@ def test_an_interval_wholly_below_chance_is_called_below_chance_and_says_what_it
     assert finding("kv", {"metric_unevicted": -6.3, "chance": straddle}).startswith("The model is at chance on task kv")
 
 
+def test_below_chance_on_few_examples_is_not_called_systematic():
+    # review 6, A7: 4 examples of a random model wholly below chance, its 16-example sample of the task at chance
+    four = {**AT_CHANCE, "below_chance": True, "mean": -0.133, "ci": [-0.229, -0.0369], "task": "ioi", "n_examples": 4}
+    text = finding("heads", {**HEADS, "baseline_metric": -0.133, "chance": four})
+    assert ("95% CI [-0.229, -0.0369]): below chance on these 4 examples (too few to say it is systematic); "
+            "relative findings are not reported.") in text
+    assert "systematically" not in text
+    eight = {**four, "n_examples": 8}  # 8 examples, the interval wholly below chance: systematic
+    assert "it systematically prefers the wrong answers" in finding("heads", {**HEADS, "chance": eight})
+
+
 def test_each_chance_sentence_names_its_task_and_the_basis_of_its_chance_level():
     # one metric, three chance levels: log(1/500) = -6.21 per token; 2.5 and 2.83 tokens on average
     entry = {"at_chance": True, "metric": "logprob", "ci_level": 0.95, "vocab_size": 500}
