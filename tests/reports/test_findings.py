@@ -988,6 +988,24 @@ def test_patching_names_the_corrupted_token_that_end_aligned_cells_split():
     assert "corrupted token" not in finding("patching", s)
 
 
+def test_patching_aligned_on_the_first_of_several_differing_positions_says_so():
+    """#34 review 6 (A9): 2 to 4 positions differ per prompt; the aligned one is the first of them, not "the"
+    corrupted token; one differing position keeps the corrupted-token wording."""
+    s = _colour_binding()
+    s["at_corrupted_token"]["positions_differ"] = [2, 4]
+    text = finding("patching", s)
+    assert ("Aligned on the first position where the prompts differ (2 to 4 positions differ per prompt, at -8 from "
+            "the end in 6 prompts and -11 in 2, so end-aligned cells split its effect): resid_pre at layer 0 moves "
+            "1.00 of the clean-corrupted gap") in text
+    assert "corrupted token" not in text
+    s["at_corrupted_token"]["positions_differ"] = [3, 3]
+    s["at_corrupted_token"]["sites"]["resid_pre"][0]["effect"] = 0.76 * 19.82
+    assert ("The first position where the prompts differ (3 positions differ per prompt) sits at -8 from the end in 6 "
+            "prompts and -11 in 2: end-aligned cells split its effect.") in finding("patching", s)
+    s["at_corrupted_token"]["positions_differ"] = [1, 1]
+    assert "The corrupted token (each prompt's first position that differs" in finding("patching", s)
+
+
 def test_patching_says_where_attribution_patching_would_rank_wrong():
     """#34 review 5 (A6): Spearman over every cell is inflated by tied zeros (the non-zero cells' is stated beside
     it); attribution patching ranks the top exact attn_out site 2nd, 20x under, and misses resid_pre layer 0 at -8,
