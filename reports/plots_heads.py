@@ -380,11 +380,16 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str) -> 
             span = ""
             if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
                 n_ex = s.get("n_examples")
-                span = (f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" + (f" over {n_ex} examples" if n_ex else "")
-                        + (", reaching no gain" if ci[0] <= 0 else ""))
+                span = f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" + (f" over {n_ex} examples" if n_ex else "")
+            if isinstance(ci, (list, tuple)) and len(ci) == 2 and _num(ci[0]) is not None and ci[0] <= 0:
+                # review 6 (A6): an interval that reaches 0 supports no gain, so none is claimed
+                out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key)} order{which} changes "
+                           f"the {metric} by {gain['change']:+.3g} ({_signed_pct(gain['change_rel'])}{span}): no "
+                           "evidence of a gain.")
+                continue
             out.append(f"Pruning can raise the metric: removing {gain['n_pruned']} of {n_heads} heads in the "
                        f"{_name(s, key)} order{which} raises the {metric} by {gain['change']:.3g} "
-                       f"({_signed_pct(gain['change_rel'])}{span}), beyond the {band} band.")
+                       f"({_signed_pct(gain['change_rel'])}{span}), more than {band} above unpruned.")
     return out
 
 
@@ -400,23 +405,23 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
     edge = _line_words(s, best)
     if prunable[best] <= 0:
         lines = [f"{_name(s, key)} {words}" for key in prunable if (words := _line_words(s, key))]
-        out = [f"No ordering removes a single step of heads within 1% of the unpruned {metric}"
+        out = [f"No ordering removes a single step of heads staying no more than 1% below the unpruned {metric}"
                + (f" ({over})" if over else "") + ": the first step already falls below the floor"
                + (f"; but {'; '.join(lines)}." if lines else ".")]
         edge = ""
     elif best.startswith("random"):
-        out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay within 1% of the "
+        out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
                f"unpruned {metric} on average ({_seed_words(s, best)})."]
     elif ci is None:  # an older summary: no per-example data behind the count
-        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
+        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed staying no more than 1% below the "
                f"unpruned {metric}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
     elif ci[0] <= 0:
-        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay within 1% of the "
+        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
                f"unpruned {metric}, but the 95% bootstrap interval ({_count(ci[0])}-{_count(ci[1])} heads, {over}) reaches "
                "none: this is no evidence that any head is dispensable."]
     else:
         out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
-               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed within 1% of the unpruned {metric} "
+               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than 1% below the unpruned {metric} "
                f"when ordered by {name}."]
     if edge:
         out[-1] = out[-1].removesuffix(".") + f"; it {edge}."
@@ -433,7 +438,7 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
             span = span.removesuffix(")") + f"; {words})" if span else f" ({words})"
         others.append(f"{_name(s, key)} {_pct(value)}{span}")
     if others:
-        out.append("Other orderings (heads removed before each curve first leaves the 1% band): "
+        out.append("Other orderings (heads removed before each curve first falls more than 1% below unpruned): "
                    + ", ".join(others) + ".")
     out += _shape_words(s, list(prunable), n_heads, metric)
     if any(_interval(s, key) for key in prunable):

@@ -87,7 +87,7 @@ def test_the_chance_guard_heads_the_finding_and_drops_relative_thresholds():
 def test_the_guard_overrules_the_old_heuristic_when_the_model_is_above_chance():
     above = {"at_chance": False, "metric": "logit_diff", "mean": 0.05, "chance_value": 0.0, "ci": [0.04, 0.06]}
     text = finding("heads", {**HEADS, "baseline_metric": 0.05, "chance": above})  # consistent, if small: not chance
-    assert "chance" not in text and "18 of 32 heads (56%) can be removed within 1%" in text
+    assert "chance" not in text and "18 of 32 heads (56%) can be removed staying no more than 1% below" in text
     assert "at chance" not in finding("circuits", {"dla_final_logit": 0.05, "dla_top_components": {"mlp0": 0.04},
                                                    "chance": above})
 
@@ -458,7 +458,7 @@ def test_a_correlation_over_mostly_zero_cells_rests_on_its_non_zero_cells_withou
 
 
 def test_prunable_heads_and_answer_promoting_updates_say_their_n():
-    assert "18 of 32 heads (56%) can be removed within 1% of the unpruned logit difference (over 64 examples)" in \
+    assert "18 of 32 heads (56%) can be removed staying no more than 1% below the unpruned logit difference (over 64 examples)" in \
         finding("heads", HEADS)
     mlp = {"answer_promoted_fraction": 0.975, "chance": {"at_chance": False, "n_examples": 16}}
     assert "98% of the top task updates (on 16 task examples) promote the answer token." in finding("mlp", mlp)
@@ -479,17 +479,17 @@ def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_i
     base = {"metric": "logit_diff", "baseline_metric": 3.2, "n_examples": 16, "n_heads": 12}
     s = {**base, **_prunable("ablation", 6, 4, 7), **_prunable("gradient", 2, 0, 3), **_prunable("random", 1.5, 0.5, 2.5)}
     text = finding("heads", s)
-    assert ("6 of 12 heads (50%, 95% bootstrap interval 4-7 heads, over 16 examples) can be removed within 1% of the "
+    assert ("6 of 12 heads (50%, 95% bootstrap interval 4-7 heads, over 16 examples) can be removed staying no more than 1% below the "
             "unpruned logit difference when ordered by ablation.") in text
-    assert ("Other orderings (heads removed before each curve first leaves the 1% band): gradient 17% (0-3 heads, "
+    assert ("Other orderings (heads removed before each curve first falls more than 1% below unpruned): gradient 17% (0-3 heads, "
             "reaching none), random 12% (mean over seeds; each seed's count is not recorded, so no interval).") in text
     assert "0.5-2.5" not in text  # a bootstrap of the seeds' mean: no count of heads, and it leaves out the seed spread
     weak = finding("heads", {**base, **_prunable("gradient", 2, 0, 3), **_prunable("ablation", 1, 0, 2)})
-    assert ("Ordered by gradient, 2 of 12 heads (17%) stay within 1% of the unpruned logit difference, but the 95% "
+    assert ("Ordered by gradient, 2 of 12 heads (17%) stay no more than 1% below the unpruned logit difference, but the 95% "
             "bootstrap interval (0-3 heads, over 16 examples) reaches none: this is no evidence") in weak
     assert "can be removed" not in weak
     none = finding("heads", {**base, **_prunable("gradient", 0, 0, 0), **_prunable("ablation", 0, 0, 1)})
-    assert "No ordering removes a single step of heads within 1% of the unpruned logit difference (over 16 examples)" in none
+    assert "No ordering removes a single step of heads staying no more than 1% below the unpruned logit difference (over 16 examples)" in none
     assert "can be removed" not in none and "0 of 12" not in none
 
 
@@ -506,7 +506,7 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     s["prunable_ci_gradient"]["line"] = first
     s["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
     text = finding("heads", s)
-    assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed within 1% of the "
+    assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed staying no more than 1% below the "
             "unpruned logit difference when ordered by ablation; it sits on the 1% line: the count depends on the step "
             "to 10 heads removed that crosses the line by 0.00054% of the metric, within its noise margin (5.7%): one "
             "example more or less could change it.") in text
@@ -525,7 +525,7 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     # random leads (every fixed order drops at once): its mean is said as an average with each seed's count
     lead = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
     lead["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
-    assert ("Ordered at random, 1 of 12 heads (8%) stay within 1% of the unpruned logit difference on average (per seed "
+    assert ("Ordered at random, 1 of 12 heads (8%) stay no more than 1% below the unpruned logit difference on average (per seed "
             "2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval).") in finding("heads", lead)
 
 
@@ -939,13 +939,16 @@ def test_pruning_words_name_the_orderings_basis_a_return_into_the_band_and_a_gai
             "monotone; its count stops at the first crossing.") in text
     assert ("Pruning can raise the metric: removing 8 of 12 heads in the ablation (raw zero-ablation drop) order "
             "(L1H0, L1H1, L1H2, L1H3, L2H0, L2H1, L2H2, L2H3) raises the logit difference by 0.905 (+7.7%; 95% CI of "
-            "the change +0.717 to +1.09 over 64 examples), beyond the 1% band.") in text
-    # an interval that reaches no gain says so; a degenerate gradient's shape is not worded
+            "the change +0.717 to +1.09 over 64 examples), more than 1% above unpruned.") in text
+    # an interval that reaches no gain claims none (review 6, A6); a degenerate gradient's shape is not worded
     weak = {**s, "pruning_shape_ablation": {"tolerance": 0.01, "gain": {**s["pruning_shape_ablation"]["gain"],
                                                                         "ci": [-0.1, 1.9]}},
             "degenerate_gradient": "every head's |gradient importance| is below 1e-08"}
     text = finding("heads", weak)
-    assert "95% CI of the change -0.1 to +1.9 over 64 examples, reaching no gain)" in text
+    assert ("Removing 8 of 12 heads in the ablation (raw zero-ablation drop) order (L1H0, L1H1, L1H2, L1H3, L2H0, "
+            "L2H1, L2H2, L2H3) changes the logit difference by +0.905 (+7.7%; 95% CI of the change -0.1 to +1.9 over 64 "
+            "examples): no evidence of a gain.") in text
+    assert "Pruning can raise" not in text and "within 1%" not in text
     assert "not monotone" not in text
 
 
