@@ -421,8 +421,8 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
                "none: this is no evidence that any head is dispensable."]
     else:
         out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
-               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than 1% below the unpruned {metric} "
-               f"when ordered by {name}."]
+               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than 1% below the "
+               f"unpruned {metric} when ordered by {name}."]
     if edge:
         out[-1] = out[-1].removesuffix(".") + f"; it {edge}."
     others = []

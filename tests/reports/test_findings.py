@@ -458,7 +458,8 @@ def test_a_correlation_over_mostly_zero_cells_rests_on_its_non_zero_cells_withou
 
 
 def test_prunable_heads_and_answer_promoting_updates_say_their_n():
-    assert "18 of 32 heads (56%) can be removed staying no more than 1% below the unpruned logit difference (over 64 examples)" in \
+    assert ("18 of 32 heads (56%) can be removed staying no more than 1% below the unpruned logit difference "
+            "(over 64 examples)") in \
         finding("heads", HEADS)
     mlp = {"answer_promoted_fraction": 0.975, "chance": {"at_chance": False, "n_examples": 16}}
     assert "98% of the top task updates (on 16 task examples) promote the answer token." in finding("mlp", mlp)
@@ -479,7 +480,8 @@ def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_i
     base = {"metric": "logit_diff", "baseline_metric": 3.2, "n_examples": 16, "n_heads": 12}
     s = {**base, **_prunable("ablation", 6, 4, 7), **_prunable("gradient", 2, 0, 3), **_prunable("random", 1.5, 0.5, 2.5)}
     text = finding("heads", s)
-    assert ("6 of 12 heads (50%, 95% bootstrap interval 4-7 heads, over 16 examples) can be removed staying no more than 1% below the "
+    assert ("6 of 12 heads (50%, 95% bootstrap interval 4-7 heads, over 16 examples) can be removed staying no more than "
+            "1% below the "
             "unpruned logit difference when ordered by ablation.") in text
     assert ("Other orderings (heads removed before each curve first falls more than 1% below unpruned): gradient 17% (0-3 heads, "
             "reaching none), random 12% (mean over seeds; each seed's count is not recorded, so no interval).") in text
@@ -489,7 +491,8 @@ def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_i
             "bootstrap interval (0-3 heads, over 16 examples) reaches none: this is no evidence") in weak
     assert "can be removed" not in weak
     none = finding("heads", {**base, **_prunable("gradient", 0, 0, 0), **_prunable("ablation", 0, 0, 1)})
-    assert "No ordering removes a single step of heads staying no more than 1% below the unpruned logit difference (over 16 examples)" in none
+    assert ("No ordering removes a single step of heads staying no more than 1% below the unpruned logit difference "
+            "(over 16 examples)") in none
     assert "can be removed" not in none and "0 of 12" not in none
 
 
@@ -506,7 +509,8 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     s["prunable_ci_gradient"]["line"] = first
     s["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
     text = finding("heads", s)
-    assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed staying no more than 1% below the "
+    assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed staying no more than "
+            "1% below the "
             "unpruned logit difference when ordered by ablation; it sits on the 1% line: the count depends on the step "
             "to 10 heads removed that crosses the line by 0.00054% of the metric, within its noise margin (5.7%): one "
             "example more or less could change it.") in text
