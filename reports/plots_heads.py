@@ -129,10 +129,15 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
 
 
 def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, title: str) -> Any:
-    """Unpruned baseline and its 1% floor as grey lines; labels, legend and title."""
+    """Unpruned baseline (grey dashed), the band within 1% of it shaded and its -1% floor in black, so
+    the floor stays visible where it nearly coincides with the baseline on a wide axis (review 6);
+    labels, legend and title."""
     if baseline is not None:
+        tol = 0.01 * abs(baseline)
+        ax.axhspan(baseline - tol, baseline + tol, color="tab:olive", alpha=0.3, linewidth=0, zorder=0,
+                   label="within 1% of unpruned")
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unpruned")
-        ax.axhline(baseline - 0.01 * abs(baseline), color="grey", linestyle=":", linewidth=1, label="-1%")
+        ax.axhline(baseline - tol, color="black", linestyle=":", linewidth=1.2, label="-1% floor")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(_metric_label(metric))
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -275,7 +280,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
                      "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
                      "unpruned model (paired over examples). "
-                     "Read where each falls below the dotted 1% floor; the random band spans the seeds. The legend names "
+                     "Read where each falls below the dotted black 1% floor (the shaded strip: within 1% of unpruned, the grey "
+                     "dashed line); the random band spans the seeds. The legend names "
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
                      "finding's count is the heads removed before a curve first leaves the band (a curve may come back "
