@@ -31,6 +31,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from headscope.analyses.core.chance import MIN_SYSTEMATIC_EXAMPLES
+
 CHANCE_LOGIT_DIFF = 0.1  # |logit(answer) - logit(wrong)| below this: the model does not prefer the answer
 
 
@@ -155,6 +157,10 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     if name == "probes":
         return (f"{who}{said}: the probe does worse than predicting the majority class (overfitting or class "
                 "imbalance); relative findings are not reported.")
+    n = _num(entry.get("n_examples"))
+    if n is not None and n < MIN_SYSTEMATIC_EXAMPLES:  # too few to call a preference systematic (review 6, A7)
+        return (f"{who}{said}: below chance on these {n:.0f} examples (too few to say it is systematic); relative "
+                "findings are not reported.")
     why = ("it systematically prefers the wrong answers" if metric == "logit_diff" else
            "it gives the answers less probability than a uniform guess, so they are systematically dispreferred"
            if metric == "logprob" else "it scores under guessing, so its answers are systematically dispreferred")

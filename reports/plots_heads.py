@@ -129,10 +129,15 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
 
 
 def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, title: str) -> Any:
-    """Unpruned baseline and its 1% floor as grey lines; labels, legend and title."""
+    """Unpruned baseline (grey dashed), the band within 1% of it shaded and its -1% floor in black, so
+    the floor stays visible where it nearly coincides with the baseline on a wide axis (review 6);
+    labels, legend and title."""
     if baseline is not None:
+        tol = 0.01 * abs(baseline)
+        ax.axhspan(baseline - tol, baseline + tol, color="tab:olive", alpha=0.3, linewidth=0, zorder=0,
+                   label="within 1% of unpruned")
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unpruned")
-        ax.axhline(baseline - 0.01 * abs(baseline), color="grey", linestyle=":", linewidth=1, label="-1%")
+        ax.axhline(baseline - tol, color="black", linestyle=":", linewidth=1.2, label="-1% floor")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(_metric_label(metric))
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -275,7 +280,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
                      "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
                      "unpruned model (paired over examples). "
-                     "Read where each falls below the dotted 1% floor; the random band spans the seeds. The legend names "
+                     "Read where each falls below the dotted black 1% floor (the shaded strip: within 1% of unpruned, the grey "
+                     "dashed line); the random band spans the seeds. The legend names "
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
                      "finding's count is the heads removed before a curve first leaves the band (a curve may come back "
@@ -380,11 +386,16 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str) -> 
             span = ""
             if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
                 n_ex = s.get("n_examples")
-                span = (f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" + (f" over {n_ex} examples" if n_ex else "")
-                        + (", reaching no gain" if ci[0] <= 0 else ""))
+                span = f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" + (f" over {n_ex} examples" if n_ex else "")
+            if isinstance(ci, (list, tuple)) and len(ci) == 2 and _num(ci[0]) is not None and ci[0] <= 0:
+                # review 6 (A6): an interval that reaches 0 supports no gain, so none is claimed
+                out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key)} order{which} changes "
+                           f"the {metric} by {gain['change']:+.3g} ({_signed_pct(gain['change_rel'])}{span}): no "
+                           "evidence of a gain.")
+                continue
             out.append(f"Pruning can raise the metric: removing {gain['n_pruned']} of {n_heads} heads in the "
                        f"{_name(s, key)} order{which} raises the {metric} by {gain['change']:.3g} "
-                       f"({_signed_pct(gain['change_rel'])}{span}), beyond the {band} band.")
+                       f"({_signed_pct(gain['change_rel'])}{span}), more than {band} above unpruned.")
     return out
 
 
@@ -400,24 +411,24 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
     edge = _line_words(s, best)
     if prunable[best] <= 0:
         lines = [f"{_name(s, key)} {words}" for key in prunable if (words := _line_words(s, key))]
-        out = [f"No ordering removes a single step of heads within 1% of the unpruned {metric}"
+        out = [f"No ordering removes a single step of heads staying no more than 1% below the unpruned {metric}"
                + (f" ({over})" if over else "") + ": the first step already falls below the floor"
                + (f"; but {'; '.join(lines)}." if lines else ".")]
         edge = ""
     elif best.startswith("random"):
-        out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay within 1% of the "
+        out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
                f"unpruned {metric} on average ({_seed_words(s, best)})."]
     elif ci is None:  # an older summary: no per-example data behind the count
-        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed within 1% of the "
+        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed staying no more than 1% below the "
                f"unpruned {metric}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
     elif ci[0] <= 0:
-        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay within 1% of the "
+        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
                f"unpruned {metric}, but the 95% bootstrap interval ({_count(ci[0])}-{_count(ci[1])} heads, {over}) reaches "
                "none: this is no evidence that any head is dispensable."]
     else:
         out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
-               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed within 1% of the unpruned {metric} "
-               f"when ordered by {name}."]
+               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than 1% below the "
+               f"unpruned {metric} when ordered by {name}."]
     if edge:
         out[-1] = out[-1].removesuffix(".") + f"; it {edge}."
     others = []
@@ -433,7 +444,7 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
             span = span.removesuffix(")") + f"; {words})" if span else f" ({words})"
         others.append(f"{_name(s, key)} {_pct(value)}{span}")
     if others:
-        out.append("Other orderings (heads removed before each curve first leaves the 1% band): "
+        out.append("Other orderings (heads removed before each curve first falls more than 1% below unpruned): "
                    + ", ".join(others) + ".")
     out += _shape_words(s, list(prunable), n_heads, metric)
     if any(_interval(s, key) for key in prunable):

@@ -550,14 +550,21 @@ def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
     end = best.get("end_aligned") or {}
     larger = abs(best["effect"]) > 1.05 * abs(_num(end.get("effect")) or 0.0)
     token = "each prompt's first position that differs from its clean prompt"
+    span = info.get("positions_differ")
+    several = isinstance(span, (list, tuple)) and len(span) == 2 and all(_num(x) is not None for x in span) \
+        and max(span) > 1  # review 6 (A9): the aligned token is the first of several that differ
+    if several:
+        count = f"{span[0]:.0f}" if span[0] == span[1] else f"{span[0]:.0f} to {span[1]:.0f}"
+        token = f"{count} positions differ per prompt"
+    name = "the first position where the prompts differ" if several else "the corrupted token"
     where = f"{token}, at {_offsets(places)}, so end-aligned cells split its effect" if split else token
     if not larger:
-        return (f"The corrupted token ({token}) sits at {_offsets(places)}: end-aligned cells split its effect."
+        return (f"{name[0].upper()}{name[1:]} ({token}) sits at {_offsets(places)}: end-aligned cells split its effect."
                 if split else None)
     size = (f"{best['effect'] / gap:.2f} of the clean-corrupted gap" if gap else f"{best['effect']:.3g}") + _effect_ci(best, gap)
     other = (f" (the largest end-aligned cell of that layer, at {end['from_end']} from the end, "
              f"{_size(end['effect'], gap)})" if isinstance(end.get("from_end"), int) else "")
-    return f"Aligned on the corrupted token ({where}): {kind} at layer {best['layer']} moves {size}{other}."
+    return f"Aligned on {name} ({where}): {kind} at layer {best['layer']} moves {size}{other}."
 
 
 def finding(s: Mapping[str, Any]) -> str:

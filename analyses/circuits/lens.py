@@ -4,9 +4,12 @@ Convention (TransformerLens 4.3's `tools.analysis.logit_lens`): the accumulated 
 at each block input (`blocks.l.hook_resid_pre`, l = 0..n_layers-1) and after the last block
 (`blocks.{n-1}.hook_resid_post`) goes through the model's `ln_final` module with its statistics
 recomputed from that state (its own scale, mean and weights), then `@ W_U + b_U`. The last entry
-is the model's own logits. No post-unembedding transform is applied (none of the GPT-2, Llama,
-NeoX families has one); `output_error` in the readout measures the last entry against the
-model's output so a bridge with such a transform is visible.
+is the model's own logits: where the model soft-caps its final logits (Gemma 2's
+`final_logit_softcapping`: cap * tanh(logits / cap), as Hugging Face's causal-LM head) every entry
+is capped the same way, which TransformerLens's logit_lens leaves out (ranks are unchanged, tanh is
+monotone; log-probabilities and logit differences are the model's own). `output_error` in the
+readout measures the last entry against the model's output so any other post-unembedding transform
+is visible.
 """
 from __future__ import annotations
 
@@ -37,6 +40,18 @@ def unembed(model, states: torch.Tensor) -> torch.Tensor:
     out = states.to(device=w_u.device, dtype=w_u.dtype) @ w_u  # [..., d_vocab]
     b_u = getattr(bridge, "b_U", None)
     return out if b_u is None else out + b_u
+
+
+def final_softcap(model) -> float | None:
+    """The model's final-logit soft cap (Gemma 2's config.final_logit_softcapping), None without one."""
+    config = getattr(getattr(model.bridge, "original_model", None), "config", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(logits / cap) (Hugging Face's final soft-capping); logits as they are without a cap."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,7 @@ def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
     logprob, diff = torch.empty(shape), torch.full(shape, float("nan"))
     rank = torch.empty(shape, dtype=torch.int64)
     err = 0.0
+    cap = final_softcap(model)  # Gemma 2: the model's own last transform of its logits
     w_all = None if wrong is None else wrong.clamp_min(0)
     for cols in _blocks(batch, k, model.facts.d_vocab, block_bytes or BLOCK_BYTES):
         pos = positions[:, cols]  # [batch, kc]
@@ -90,7 +106,7 @@ def lens_readout(model, acts, positions: torch.Tensor, targets: torch.Tensor,
             index = pos.to(state.device)[:, :, None].expand(-1, -1, state.shape[-1])
             picked = state.gather(1, index)[None]  # [1, batch, kc, d_model]
             normed = acts.apply_ln_to_stack(picked, None, recompute_ln=True)  # ln_final, recomputed statistics
-            logits = unembed(model, normed[0]).float()  # [batch, kc, vocab]
+            logits = softcapped(unembed(model, normed[0]).float(), cap)  # [batch, kc, vocab]
             tgt_logit = logits.gather(-1, tgt_ids.to(logits.device)[..., None])  # [batch, kc, 1]
             logprob[i, :, cols] = (tgt_logit - logits.logsumexp(-1, keepdim=True))[..., 0].cpu()
             rank[i, :, cols] = (logits > tgt_logit).sum(-1).cpu()  # strictly larger logits

@@ -27,7 +27,9 @@ Below chance counts as at chance for the guard (no better than chance: relative 
 out), but it is told apart: when the whole interval lies under chance the entry's "below_chance" is
 True and the reason says "below chance" (worse than guessing: the answers are systematically
 dispreferred, e.g. an untrained model's peaked, random predictions score under a uniform guess, a
-negative logit difference prefers the wrong answers). With one example there is no CI: the floor
+negative logit difference prefers the wrong answers). "Systematically" needs at least
+MIN_SYSTEMATIC_EXAMPLES = 8 examples (a review saw 4 examples of a random model below chance where 16 of
+the same task were at chance): fewer are said as "below chance on these n examples". With one example there is no CI: the floor
 alone decides. `assess_mean` applies the floor to a mean alone (no per-example values at hand).
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ from headscope.analyses.core.tasks import Task
 ALPHA = 0.05
 FLOORS = {"logit_diff": 0.1, "logprob": math.log(2), "accuracy": 0.05}
 MIN_EFFECT_SIZE = 0.2  # (mean - chance) / sd below this: at chance
+MIN_SYSTEMATIC_EXAMPLES = 8  # fewer examples wholly below chance: not called systematic
 _WORDS = {"logit_diff": "logit difference", "logprob": "answer log-probability", "accuracy": "accuracy"}
 
 

@@ -9,7 +9,8 @@ Here each row's effect is read at its own first differing position (from the sam
 pass), so the mean is over every prompt at that token.
 
 Result: summary["at_corrupted_token"] = {"from_end": {offset: prompts} (where the corrupted token
-sits, counted from the end, -1 the last token), "n": prompts with a difference, "sites": {site type:
+sits, counted from the end, -1 the last token), "n": prompts with a difference, "positions_differ": [fewest,
+most] positions that differ per prompt (the corrupted token is the first of them), "sites": {site type:
 [{"layer", "effect" (mean per-example effect, the exact table's units), "ci" (95% t interval, None
 under two rows), "n", "end_aligned" (the layer's end-aligned cell of largest |effect|, its effect
 and from_end)}]}} and the table `corrupted_token` (site_type, layer, effect, ci_low, ci_high, n_rows,
@@ -29,6 +30,13 @@ def first_difference(clean: torch.Tensor, corrupted: torch.Tensor) -> torch.Tens
     differ = (clean != corrupted).cpu()  # [batch, pos]
     first = differ.int().argmax(1)  # [batch]
     return torch.where(differ.any(1), first, torch.full_like(first, -1))
+
+
+def positions_differ(clean: torch.Tensor, corrupted: torch.Tensor) -> list[int] | None:
+    """[fewest, most] positions that differ between a clean prompt and its corrupted one, over the rows
+    with a difference (None: no row differs): more than one means the aligned token is the first of several."""
+    counts = [c for c in (clean != corrupted).sum(1).tolist() if c > 0]  # [batch] differing positions per row
+    return [int(min(counts)), int(max(counts))] if counts else None
 
 
 def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Tensor, base: torch.Tensor,

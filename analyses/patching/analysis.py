@@ -225,7 +225,9 @@ def activation_patching(
     }
     if on_token:
         summary["at_corrupted_token"] = {"from_end": aligned.offsets(first, clean.shape[1]),
-                                         "n": int((first >= 0).sum()), "sites": on_token}
+                                         "n": int((first >= 0).sum()),
+                                         "positions_differ": aligned.positions_differ(clean, corrupted),
+                                         "sites": on_token}
     small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
     if small is not None:
         summary["gap_within_noise"] = small

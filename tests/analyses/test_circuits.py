@@ -42,6 +42,34 @@ def _models(kind: str, family: str, tiny_dirs, tiny_models, biased_dirs):
     return hs.load_model(path, device="cpu"), hs.load_model(path, device="cpu")
 
 
+def test_logit_lens_last_row_applies_gemma2s_final_softcap(arch_dirs):
+    """#34 review 6 (A10): Gemma 2 soft-caps its final logits (cap * tanh(logits / cap), cap 30); the lens's last
+    row is the model's own output, against plain Hugging Face logits. The final norm's weight is raised so the
+    logits reach the cap's curved part (uncapped, the logit differences would be off by far more than rounding)."""
+    from transformers import AutoModelForCausalLM
+
+    path = arch_dirs["gemma2"]
+    model = hs.load_model(path, device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    assert hf.config.final_logit_softcapping == 30.0
+    with torch.no_grad():
+        for m in (model.bridge.original_model, hf):  # Gemma's RMSNorm scales by (1 + weight)
+            m.model.norm.weight.fill_(5.0)
+        task = _task(n=3, pos=6)
+        logits = hf(task.tokens).logits[:, -1].float()  # [batch, vocab], capped by Hugging Face's head
+    res = circuits.logit_lens(model, task, circuits.CircuitsConfig(lens_target="answer"))
+    lens = res.tables["lens"]
+    last = lens[lens.is_answer & (lens.layer == model.facts.n_layers)].sort_values("example")
+    lp = logits.log_softmax(-1)
+    diff = (lp.gather(1, task.answers[:, None]) - lp.gather(1, task.wrong_answers[:, None]))[:, 0]
+    assert torch.allclose(torch.tensor(last.logprob.to_numpy()).float(), lp.gather(1, task.answers[:, None])[:, 0], atol=1e-3)
+    assert torch.allclose(torch.tensor(last.logit_diff.to_numpy()).float(), diff, atol=1e-3)
+    assert res.summary["lens_final_output_error"] < 1e-3
+    raw = 30.0 * torch.atanh(logits.double() / 30.0)  # the uncapped logits: the cap must matter for the test to bite
+    raw_diff = (raw.gather(1, task.answers[:, None]) - raw.gather(1, task.wrong_answers[:, None]))[:, 0]
+    assert (raw_diff - diff).abs().max() > 0.1, (raw_diff, diff)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("target,kind", [("next", "tiny"), ("answer", "tiny"), ("next", "biased")])
 def test_logit_lens_equals_transformer_lens(family, target, kind, tiny_models, biased_models):

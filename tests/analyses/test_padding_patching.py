@@ -305,6 +305,9 @@ def test_effect_on_the_corrupted_token_equals_each_prompts_own_patched_pass(arch
     assert len(set(places)) > 1  # the corrupted token sits at different places from the end
     assert abs(np.mean(expected["resid_pre", 0])) > 1e-3  # the token carries an effect to compare
     assert info["from_end"] == {str(o): places.count(o) for o in set(places)} and info["n"] == len(places)
+    counts = [int((task.example(i).tokens[0] != task.example(i).corrupted_tokens[0]).sum())
+              for i in range(task.tokens.shape[0])]  # each prompt alone, unpadded
+    assert info["positions_differ"] == [min(counts), max(counts)]
     for name in sites:
         for record in info["sites"][name]:
             effects = np.array(expected[name, record["layer"]])

@@ -495,6 +495,34 @@ def test_pruning_curve_shades_each_fixed_ordering_with_its_interval_over_example
         plt.close("all")
 
 
+def test_pruning_curve_shades_the_1_percent_band_so_the_floor_is_visible():
+    """#34 review 6: on a -7..15 axis the unpruned line (13.19) and the -1% floor (13.06) coincided; the band within
+    1% of unpruned is shaded (13.19 x 0.99 to 13.19 x 1.01) and the floor is drawn in its own colour and dash."""
+    from matplotlib.colors import to_rgba
+
+    from headscope.reports.plots_heads import plot_pruning_curve
+
+    rows = [{"ordering": "ablation", "recompute": False, "seed": 0, "fraction_pruned": f, "metric": m}
+            for f, m in ((0.0, 13.19), (0.5, 15.0), (1.0, -7.0))]
+    ax = plot_pruning_curve(pd.DataFrame(rows), metric="logit_diff", baseline=13.19, ax=plt.subplots()[1])
+    try:
+        legend = dict(zip([t.get_text() for t in ax.get_legend().get_texts()], ax.get_legend().legend_handles))
+        band = [p for p in ax.patches if p.get_label() == "within 1% of unpruned"]
+        assert len(band) == 1 and "within 1% of unpruned" in legend
+        ys = band[0].get_path().transformed(band[0].get_patch_transform()).vertices[:, 1] \
+            if hasattr(band[0], "get_patch_transform") else band[0].get_xy()[:, 1]
+        assert np.isclose(ys.min(), 13.19 * 0.99) and np.isclose(ys.max(), 13.19 * 1.01)
+        assert band[0].get_facecolor()[3] > 0  # filled, not an outline
+        lines = {l.get_label(): l for l in ax.get_lines()}
+        unpruned, floor = lines["unpruned"], lines["-1% floor"]
+        assert np.allclose(floor.get_ydata(), 13.19 - 0.1319) and np.allclose(unpruned.get_ydata(), 13.19)
+        assert to_rgba(floor.get_color()) != to_rgba(unpruned.get_color())
+        assert floor.get_linestyle() != unpruned.get_linestyle()
+        assert to_rgba(band[0].get_facecolor())[:3] not in (to_rgba(floor.get_color())[:3], to_rgba(unpruned.get_color())[:3])
+    finally:
+        plt.close("all")
+
+
 def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
     """#34 / the fourth review's A10: each layer's agreement share carries its Wilson 95% interval over
     the layer's neurons as an error bar (closed form here: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n))."""

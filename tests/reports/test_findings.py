@@ -87,7 +87,7 @@ def test_the_chance_guard_heads_the_finding_and_drops_relative_thresholds():
 def test_the_guard_overrules_the_old_heuristic_when_the_model_is_above_chance():
     above = {"at_chance": False, "metric": "logit_diff", "mean": 0.05, "chance_value": 0.0, "ci": [0.04, 0.06]}
     text = finding("heads", {**HEADS, "baseline_metric": 0.05, "chance": above})  # consistent, if small: not chance
-    assert "chance" not in text and "18 of 32 heads (56%) can be removed within 1%" in text
+    assert "chance" not in text and "18 of 32 heads (56%) can be removed staying no more than 1% below" in text
     assert "at chance" not in finding("circuits", {"dla_final_logit": 0.05, "dla_top_components": {"mlp0": 0.04},
                                                    "chance": above})
 
@@ -336,6 +336,17 @@ def test_an_interval_wholly_below_chance_is_called_below_chance_and_says_what_it
     assert finding("kv", {"metric_unevicted": -6.3, "chance": straddle}).startswith("The model is at chance on task kv")
 
 
+def test_below_chance_on_few_examples_is_not_called_systematic():
+    # review 6, A7: 4 examples of a random model wholly below chance, its 16-example sample of the task at chance
+    four = {**AT_CHANCE, "below_chance": True, "mean": -0.133, "ci": [-0.229, -0.0369], "task": "ioi", "n_examples": 4}
+    text = finding("heads", {**HEADS, "baseline_metric": -0.133, "chance": four})
+    assert ("95% CI [-0.229, -0.0369]): below chance on these 4 examples (too few to say it is systematic); "
+            "relative findings are not reported.") in text
+    assert "systematically" not in text
+    eight = {**four, "n_examples": 8}  # 8 examples, the interval wholly below chance: systematic
+    assert "it systematically prefers the wrong answers" in finding("heads", {**HEADS, "chance": eight})
+
+
 def test_each_chance_sentence_names_its_task_and_the_basis_of_its_chance_level():
     # one metric, three chance levels: log(1/500) = -6.21 per token; 2.5 and 2.83 tokens on average
     entry = {"at_chance": True, "metric": "logprob", "ci_level": 0.95, "vocab_size": 500}
@@ -447,7 +458,8 @@ def test_a_correlation_over_mostly_zero_cells_rests_on_its_non_zero_cells_withou
 
 
 def test_prunable_heads_and_answer_promoting_updates_say_their_n():
-    assert "18 of 32 heads (56%) can be removed within 1% of the unpruned logit difference (over 64 examples)" in \
+    assert ("18 of 32 heads (56%) can be removed staying no more than 1% below the unpruned logit difference "
+            "(over 64 examples)") in \
         finding("heads", HEADS)
     mlp = {"answer_promoted_fraction": 0.975, "chance": {"at_chance": False, "n_examples": 16}}
     assert "98% of the top task updates (on 16 task examples) promote the answer token." in finding("mlp", mlp)
@@ -468,17 +480,19 @@ def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_i
     base = {"metric": "logit_diff", "baseline_metric": 3.2, "n_examples": 16, "n_heads": 12}
     s = {**base, **_prunable("ablation", 6, 4, 7), **_prunable("gradient", 2, 0, 3), **_prunable("random", 1.5, 0.5, 2.5)}
     text = finding("heads", s)
-    assert ("6 of 12 heads (50%, 95% bootstrap interval 4-7 heads, over 16 examples) can be removed within 1% of the "
+    assert ("6 of 12 heads (50%, 95% bootstrap interval 4-7 heads, over 16 examples) can be removed staying no more than "
+            "1% below the "
             "unpruned logit difference when ordered by ablation.") in text
-    assert ("Other orderings (heads removed before each curve first leaves the 1% band): gradient 17% (0-3 heads, "
+    assert ("Other orderings (heads removed before each curve first falls more than 1% below unpruned): gradient 17% (0-3 heads, "
             "reaching none), random 12% (mean over seeds; each seed's count is not recorded, so no interval).") in text
     assert "0.5-2.5" not in text  # a bootstrap of the seeds' mean: no count of heads, and it leaves out the seed spread
     weak = finding("heads", {**base, **_prunable("gradient", 2, 0, 3), **_prunable("ablation", 1, 0, 2)})
-    assert ("Ordered by gradient, 2 of 12 heads (17%) stay within 1% of the unpruned logit difference, but the 95% "
+    assert ("Ordered by gradient, 2 of 12 heads (17%) stay no more than 1% below the unpruned logit difference, but the 95% "
             "bootstrap interval (0-3 heads, over 16 examples) reaches none: this is no evidence") in weak
     assert "can be removed" not in weak
     none = finding("heads", {**base, **_prunable("gradient", 0, 0, 0), **_prunable("ablation", 0, 0, 1)})
-    assert "No ordering removes a single step of heads within 1% of the unpruned logit difference (over 16 examples)" in none
+    assert ("No ordering removes a single step of heads staying no more than 1% below the unpruned logit difference "
+            "(over 16 examples)") in none
     assert "can be removed" not in none and "0 of 12" not in none
 
 
@@ -495,7 +509,8 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     s["prunable_ci_gradient"]["line"] = first
     s["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
     text = finding("heads", s)
-    assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed within 1% of the "
+    assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed staying no more than "
+            "1% below the "
             "unpruned logit difference when ordered by ablation; it sits on the 1% line: the count depends on the step "
             "to 10 heads removed that crosses the line by 0.00054% of the metric, within its noise margin (5.7%): one "
             "example more or less could change it.") in text
@@ -514,7 +529,7 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     # random leads (every fixed order drops at once): its mean is said as an average with each seed's count
     lead = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
     lead["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
-    assert ("Ordered at random, 1 of 12 heads (8%) stay within 1% of the unpruned logit difference on average (per seed "
+    assert ("Ordered at random, 1 of 12 heads (8%) stay no more than 1% below the unpruned logit difference on average (per seed "
             "2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval).") in finding("heads", lead)
 
 
@@ -928,13 +943,16 @@ def test_pruning_words_name_the_orderings_basis_a_return_into_the_band_and_a_gai
             "monotone; its count stops at the first crossing.") in text
     assert ("Pruning can raise the metric: removing 8 of 12 heads in the ablation (raw zero-ablation drop) order "
             "(L1H0, L1H1, L1H2, L1H3, L2H0, L2H1, L2H2, L2H3) raises the logit difference by 0.905 (+7.7%; 95% CI of "
-            "the change +0.717 to +1.09 over 64 examples), beyond the 1% band.") in text
-    # an interval that reaches no gain says so; a degenerate gradient's shape is not worded
+            "the change +0.717 to +1.09 over 64 examples), more than 1% above unpruned.") in text
+    # an interval that reaches no gain claims none (review 6, A6); a degenerate gradient's shape is not worded
     weak = {**s, "pruning_shape_ablation": {"tolerance": 0.01, "gain": {**s["pruning_shape_ablation"]["gain"],
                                                                         "ci": [-0.1, 1.9]}},
             "degenerate_gradient": "every head's |gradient importance| is below 1e-08"}
     text = finding("heads", weak)
-    assert "95% CI of the change -0.1 to +1.9 over 64 examples, reaching no gain)" in text
+    assert ("Removing 8 of 12 heads in the ablation (raw zero-ablation drop) order (L1H0, L1H1, L1H2, L1H3, L2H0, "
+            "L2H1, L2H2, L2H3) changes the logit difference by +0.905 (+7.7%; 95% CI of the change -0.1 to +1.9 over 64 "
+            "examples): no evidence of a gain.") in text
+    assert "Pruning can raise" not in text and "within 1%" not in text
     assert "not monotone" not in text
 
 
@@ -975,6 +993,24 @@ def test_patching_names_the_corrupted_token_that_end_aligned_cells_split():
     # one template length: the token's column is the aligned one, nothing to add
     s["at_corrupted_token"]["from_end"] = {"-8": 8}
     assert "corrupted token" not in finding("patching", s)
+
+
+def test_patching_aligned_on_the_first_of_several_differing_positions_says_so():
+    """#34 review 6 (A9): 2 to 4 positions differ per prompt; the aligned one is the first of them, not "the"
+    corrupted token; one differing position keeps the corrupted-token wording."""
+    s = _colour_binding()
+    s["at_corrupted_token"]["positions_differ"] = [2, 4]
+    text = finding("patching", s)
+    assert ("Aligned on the first position where the prompts differ (2 to 4 positions differ per prompt, at -8 from "
+            "the end in 6 prompts and -11 in 2, so end-aligned cells split its effect): resid_pre at layer 0 moves "
+            "1.00 of the clean-corrupted gap") in text
+    assert "corrupted token" not in text
+    s["at_corrupted_token"]["positions_differ"] = [3, 3]
+    s["at_corrupted_token"]["sites"]["resid_pre"][0]["effect"] = 0.76 * 19.82
+    assert ("The first position where the prompts differ (3 positions differ per prompt) sits at -8 from the end in 6 "
+            "prompts and -11 in 2: end-aligned cells split its effect.") in finding("patching", s)
+    s["at_corrupted_token"]["positions_differ"] = [1, 1]
+    assert "The corrupted token (each prompt's first position that differs" in finding("patching", s)
 
 
 def test_patching_says_where_attribution_patching_would_rank_wrong():
