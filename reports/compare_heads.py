@@ -338,7 +338,7 @@ def _deciding_point(run: Run, ordering: str) -> dict[str, Any] | None:
 def on_the_line(run: Run, ordering: str, fraction: float) -> str:
     """Where `run`'s fraction prunable by `ordering` turns on a hair: a point that decides it (a point kept, or the
     first point past the line) lies closer to the line than its noise margin (the larger of its standard error
-    over examples and its paired 95% interval; pruning.line_record), so one example more or less could move the
+    over examples and its paired 95% interval; pruning.line_record), so another sample of examples could move the
     fraction a step; judged alike for A and B. Without per-example values: within EDGE of the tolerance band
     (a quarter of 1% of the unpruned metric), the run's standard error of its mean metric said for scale.
     "" otherwise, for random orderings (their seeds are stated instead) or where the curve is not recorded."""
@@ -352,8 +352,8 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
         where = "past" if point.get("past") else "inside"
         return (f"{100 * fraction:.0f}% sits on its 1% line: the point at {_heads(point.get('n_pruned'))} removed is "
                 f"{float(point['metric']):.4g}, {100 * abs(d):.2g}% of the unpruned metric {where} the line "
-                f"{float(point['line']):.4g}, within its noise margin ({100 * m:.2g}%): one example more or less could "
-                "change it")
+                f"{float(point['line']):.4g}, within its noise margin ({100 * m:.2g}%): the count is fragile: "
+                "another sample of examples could move it")
     curve = _pruning_curves(run)
     if curve is None:
         return ""

@@ -324,10 +324,10 @@ def _line_words(s: Mapping[str, Any], key: str) -> str:
     if line.get("past"):
         step = "a first step" if _num(ci.get("heads")) == 0 else f"the step to {k} head{'s' if k != 1 else ''} removed"
         return (f"sits on the 1% line: the count depends on {step} that crosses the line by {100 * abs(d):.2g}% of the "
-                f"metric, {within}: one example more or less could change it")
+                f"metric, {within}: the count is fragile: another sample of examples could move it")
     removed = f"{k} head{'s' if k != 1 else ''} removed"
     return (f"sits on the 1% line: the point at {removed} is {100 * abs(d):.2g}% of the metric inside the line, "
-            f"{within}: one example more or less could change it")
+            f"{within}: the count is fragile: another sample of examples could move it")
 
 
 def _seed_words(s: Mapping[str, Any], key: str) -> str:

@@ -512,10 +512,11 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed staying no more than "
             "1% below the "
             "unpruned logit difference when ordered by ablation; it sits on the 1% line: the count depends on the step "
-            "to 10 heads removed that crosses the line by 0.00054% of the metric, within its noise margin (5.7%): one "
-            "example more or less could change it.") in text
+            "to 10 heads removed that crosses the line by 0.00054% of the metric, within its noise margin (5.7%): the "
+            "count is fragile: another sample of examples could move it.") in text
     assert ("gradient 0% (0-0 heads; sits on the 1% line: the count depends on a first step that crosses the line by "
-            "0.62% of the metric, within its noise margin (0.75%): one example more or less could change it)") in text
+            "0.62% of the metric, within its noise margin (0.75%): the count is fragile: another sample of examples "
+            "could move it)") in text
     assert "random 8% (per seed 2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval)" in text
     assert "0.5-1" not in text and "A count sits on the 1% line when" in text
     # off the line (a margin smaller than the distance is recorded as on_the_line False): no such words
