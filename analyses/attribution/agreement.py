@@ -19,6 +19,8 @@ import pandas as pd
 from scipy import stats
 from scipy.special import ndtr
 
+from headscope.analyses.core.chance import holm
+
 AttentionKey = tuple  # (attention kind, layer or None, head or None)
 
 
@@ -105,17 +107,6 @@ def summarise(df: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     )
     return out.reset_index()
 
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (family-wise error over the tests given), in the input order."""
-    p = np.asarray(p_values, dtype=np.float64)
-    order = np.argsort(p)
-    adjusted = np.empty_like(p)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted.tolist()
 
 
 def paired_differences(df: pd.DataFrame, methods: Sequence[str], *, a: str = "rollout", b: str = "last_layer",

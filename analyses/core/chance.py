@@ -257,6 +257,19 @@ def mean_interval(values: Sequence[float] | np.ndarray, *, alpha: float = ALPHA)
     return [mean - half, mean + half]
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error over the tests given; NaN stays NaN and is not
+    counted): the k-th smallest p times (m - k + 1), made monotone, capped at 1."""
+    p = np.asarray(p_values, dtype=float)
+    ok = np.flatnonzero(np.isfinite(p))
+    out = np.full(p.shape, np.nan)
+    running = 0.0
+    for rank, i in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+        running = max(running, min(1.0, (len(ok) - rank) * p[i]))
+        out[i] = running
+    return out.tolist()
+
+
 def fisher_p(k1: int, n1: int, k2: int, n2: int) -> float:
     """Two-sided p of Fisher's exact test that k1 of n1 and k2 of n2 come from one proportion (the 2 x 2
     table [[k1, n1 - k1], [k2, n2 - k2]]): counts too small for a normal approximation (e.g. 18 of 128

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from headscope.analyses.core.chance import holm
 from headscope.errors import ConfigError
 
 
@@ -80,18 +81,6 @@ def pearson_p(r: float, n: int) -> float:
     t = abs(r) * math.sqrt((n - 2) / (1.0 - r * r))
     return float(2.0 * stats.t.sf(t, n - 2))
 
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (family-wise error over the tests given; NaN stays NaN and is not
-    counted): the k-th smallest p times (m - k + 1), made monotone, capped at 1."""
-    p = np.asarray(p_values, dtype=float)
-    ok = np.flatnonzero(np.isfinite(p))
-    out = np.full(p.shape, np.nan)
-    running = 0.0
-    for rank, i in enumerate(ok[np.argsort(p[ok], kind="stable")]):
-        running = max(running, min(1.0, (len(ok) - rank) * p[i]))
-        out[i] = running
-    return out.tolist()
 
 
 def mass_above_others_p(diff: np.ndarray) -> float:
