@@ -557,8 +557,7 @@ def read_numbered_rows(source: Any, fields: Mapping[str, str] | str | None = Non
     """read_task_rows with each row's number first ("row": 0-based, as errors and Task.source_rows number
     rows; None where its place names none), so a table of the rows can say which ones an analysis used."""
     _, rows, places, _ = _rows(source, fields, n_examples=n_examples, seed=seed)
-    found = [re.search(r"\brow (\d+)$", place) for place in places]
-    return [{"row": int(m.group(1)) if m else None, **row} for m, row in zip(found, rows)]
+    return [{"row": _row_number(place), **row} for place, row in zip(places, rows)]
 
 
 # ---- tokenizing ------------------------------------------------------------------------------
@@ -677,8 +676,14 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
 def _row_numbers(places: Sequence[str]) -> torch.Tensor | None:
     """[batch] int64: the row number each place names ("line 4, row 3" -> 3), as the messages number rows;
     None if a place names none."""
-    found = [re.search(r"\brow (\d+)$", place) for place in places]
-    return None if not all(found) else torch.tensor([int(m.group(1)) for m in found], dtype=torch.int64)
+    found = [_row_number(place) for place in places]
+    return None if None in found else torch.tensor(found, dtype=torch.int64)
+
+
+def _row_number(place: str) -> int | None:
+    """The row number a place names ("line 4, row 3" -> 3; None if it names none)."""
+    found = re.search(r"\brow (\d+)$", place)
+    return int(found.group(1)) if found else None
 
 
 def _warn_glued(model, label: str, rows: list[dict[str, str]], places: Sequence[str]) -> None:
