@@ -31,7 +31,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.analyses.core.chance import MIN_SYSTEMATIC_EXAMPLES
+from headscope.analyses.core.chance import MIN_SYSTEMATIC_EXAMPLES, t_half_width
 
 CHANCE_LOGIT_DIFF = 0.1  # |logit(answer) - logit(wrong)| below this: the model does not prefer the answer
 
@@ -51,12 +51,11 @@ FEW = 10  # fewer examples than this: a rate or a mean is stated with the warnin
 
 
 def t_interval(mean: float, sd: float | None, n: int, level: float = 0.95) -> tuple[float, float] | None:
-    """Student-t interval of a mean from its sample sd and n (None when n < 2 or sd is unknown)."""
+    """Student-t interval of a mean from the sample sd and n a summary records (None when n < 2 or sd is
+    unknown): chance.t_half_width about the mean."""
     if sd is None or n < 2 or not math.isfinite(sd):
         return None
-    from scipy import stats
-
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    half = t_half_width(sd, n, alpha=1 - level)
     return mean - half, mean + half
 
 

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from headscope.analyses.core.chance import t_quantile
 from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words
 from headscope.reports.plots import axes, color_scale, laid_out, quiet_reason, symmetric_bound
 
@@ -158,7 +159,7 @@ def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = N
     layers = list(data["layer"])
     width = 0.8 / len(BEST_HEAD_KINDS)
     n = data["n_examples"].iloc[0] if "n_examples" in data.columns and len(data) else None
-    t = _t95(int(n)) if n is not None else float("nan")
+    t = t_quantile(int(n)) if n is not None else float("nan")
     banded = all(f"{c}_se" in data.columns for c in BEST_HEAD_KINDS) and math.isfinite(t)
     for i, (column, label) in enumerate(BEST_HEAD_KINDS.items()):
         x = [j + (i - (len(BEST_HEAD_KINDS) - 1) / 2) * width for j in range(len(layers))]
@@ -178,15 +179,6 @@ def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = N
     ax.set_title(title)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), title="kept")
     return ax
-
-
-def _t95(n: int) -> float:
-    """Student-t quantile of a two-sided 95% interval of a mean of n values (NaN below 2)."""
-    if n < 2:
-        return float("nan")
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, n - 1))
 
 
 def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None, ax: Any = None) -> Any:

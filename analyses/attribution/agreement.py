@@ -19,7 +19,7 @@ import pandas as pd
 from scipy import stats
 from scipy.special import ndtr
 
-from headscope.analyses.core.chance import holm
+from headscope.analyses.core.chance import holm, t_half_width
 
 AttentionKey = tuple  # (attention kind, layer or None, head or None)
 
@@ -127,7 +127,7 @@ def paired_differences(df: pd.DataFrame, methods: Sequence[str], *, a: str = "ro
         entry: dict = {"mean": float(diff.mean()), "n": n}
         sd = float(diff.std(ddof=1)) if n > 1 else float("nan")
         if n > 1 and sd > 0:
-            half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / np.sqrt(n)
+            half = t_half_width(sd, n, alpha=1 - level)
             t = entry["mean"] / (sd / np.sqrt(n))
             entry.update(sd=sd, ci=[entry["mean"] - half, entry["mean"] + half], p=float(2 * stats.t.sf(abs(t), n - 1)))
         out[method] = entry

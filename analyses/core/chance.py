@@ -79,7 +79,7 @@ def _interval(values: np.ndarray, metric: str, chance: float, alpha: float) -> t
     mean, sd = float(values.mean()), float(values.std(ddof=1))
     if sd == 0.0:  # every example the same: the mean is exact
         return [mean, mean], (1.0 if mean == chance else 0.0)
-    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
+    half = t_half_width(sd, n, alpha=alpha)
     return [mean - half, mean + half], float(stats.ttest_1samp(values, chance).pvalue)
 
 
@@ -242,19 +242,48 @@ def _continuation_on_task(values: torch.Tensor, task: Task, kind: str, vocab: in
     return out
 
 
+def t_quantile(n: int | np.ndarray, *, alpha: float = ALPHA) -> float | np.ndarray:
+    """The Student-t quantile t(1 - alpha/2, n - 1) of a two-sided (1 - alpha) interval of a mean of n
+    values: a float for a whole number n, an array for an array of them; NaN where n < 2 (no interval)."""
+    from scipy import stats
+
+    count = np.asarray(n)
+    q = np.where(count >= 2, stats.t.ppf(1 - alpha / 2, np.maximum(count - 1, 1)), np.nan)
+    return float(q) if q.ndim == 0 else q
+
+
+def t_half_width(sd: float | np.ndarray, n: int | np.ndarray, *, alpha: float = ALPHA) -> float | np.ndarray:
+    """Half the (1 - alpha) Student-t interval of a mean from its sample sd (ddof=1) and n: t_quantile x sd /
+    sqrt(n), element-wise over arrays of either; NaN where n < 2 (a NaN sd stays NaN)."""
+    root = math.sqrt(max(int(n), 1)) if np.ndim(n) == 0 else np.sqrt(np.maximum(n, 1))
+    return t_quantile(n, alpha=alpha) * sd / root
+
+
 def mean_interval(values: Sequence[float] | np.ndarray, *, alpha: float = ALPHA) -> list[float] | None:
     """The two-sided (1 - alpha) Student-t interval of the mean of the finite `values` ([lo, hi]; None
     for fewer than two): what a summary records beside a mean over examples."""
     x = np.asarray(values, dtype=np.float64).ravel()
     x = x[np.isfinite(x)]
-    n = len(x)
-    if n < 2:
+    if len(x) < 2:
         return None
-    from scipy import stats
-
-    mean, sd = float(x.mean()), float(x.std(ddof=1))
-    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
+    mean, half = float(x.mean()), t_half_width(float(x.std(ddof=1)), len(x), alpha=alpha)
     return [mean - half, mean + half]
+
+
+def mean_intervals(values: np.ndarray, *, axis: int = -1, where: np.ndarray | None = None,
+                   alpha: float = ALPHA) -> dict[str, np.ndarray]:
+    """`mean_interval` along `axis` of `values`, over the entries `where` marks (default: the finite ones;
+    a caller may keep infinities in): {"mean", "low", "high"} float64 and "n" int64, each of the shape
+    without `axis`; low and high NaN under two entries (mean NaN with none)."""
+    x = np.moveaxis(np.asarray(values, dtype=np.float64), axis, -1)  # [..., sample]
+    real = np.isfinite(x) if where is None else np.moveaxis(np.asarray(where, dtype=bool), axis, -1)
+    n = real.sum(-1)  # [...]
+    count = np.maximum(n, 1)
+    z = np.where(real, x, 0.0)  # [..., sample]: 0 where left out
+    mean = np.where(n > 0, z.sum(-1) / count, np.nan)  # [...]
+    sd = np.sqrt(np.where(real, (z - mean[..., None]) ** 2, 0.0).sum(-1) / np.maximum(n - 1, 1))  # [...]
+    half = t_half_width(sd, n, alpha=alpha)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n.astype(np.int64)}
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from headscope.analyses.core.chance import t_half_width
 from headscope.analyses.heads.importance import (
     Scorer,
     ablation_importance,
@@ -241,18 +242,9 @@ def pruning_curves(
     sd = torch.cat([(v - v[:1]).std(1) if v.shape[1] > 1 else torch.full((v.shape[0],), float("nan"), dtype=v.dtype)
                     for _, v in done]).numpy()  # [all points] sample sd of the paired change from unpruned
     n_ex = done[0][1].shape[1]
-    half = _t_quantile(n_ex) * sd / max(n_ex, 1) ** 0.5
+    half = t_half_width(sd, n_ex)  # [all points], NaN for one example
     curves["ci_low"], curves["ci_high"] = curves["metric"] - half, curves["metric"] + half
     return curves, pd.concat(long, ignore_index=True)
-
-
-def _t_quantile(n: int, level: float = 0.95) -> float:
-    """Student-t quantile for a two-sided `level` interval of a mean of n values (NaN below 2)."""
-    if n < 2:
-        return float("nan")
-    from scipy import stats
-
-    return float(stats.t.ppf(0.5 + level / 2, n - 1))
 
 
 def curve_key(ordering: str, recompute: bool) -> str:
@@ -419,7 +411,7 @@ def line_record(values: np.ndarray, pruned: np.ndarray, tolerance: float) -> dic
     best = None
     for i in candidates:
         se = float(values[i].std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-        half = float(_t_quantile(n) * (values[i] - values[0]).std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+        half = t_half_width(float((values[i] - values[0]).std(ddof=1)), n) if n > 1 else float("nan")
         margin = max(se, half) if n > 1 else 0.0
         distance = float(means[i]) - line
         rank = abs(distance) / margin if margin > 0 else float("inf")

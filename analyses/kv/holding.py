@@ -29,18 +29,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from headscope.analyses.core.chance import t_half_width
+
 TOLERANCE = 0.01
 
 
 def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
-    """95% t interval of mean(diff) / scale (None for n < 2)."""
-    from scipy import stats
-
-    n = len(diff)
-    if n < 2:
+    """95% t interval of mean(diff) / scale (None for n < 2). A NaN in diff makes it NaN, as it makes the
+    change beside it (chance.mean_interval would drop the NaN and state an interval about another mean)."""
+    if len(diff) < 2:
         return None
-    half = float(stats.t.ppf(0.975, n - 1)) * float(diff.std(ddof=1)) / math.sqrt(n)
-    mean = float(diff.mean())
+    mean, half = float(diff.mean()), t_half_width(float(diff.std(ddof=1)), len(diff))
     return [(mean - half) / scale, (mean + half) / scale]
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from headscope.analyses.core import metrics as M
+from headscope.analyses.core.chance import mean_intervals
 from headscope.analyses.core.metrics import Metric
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.engine import padding_mask
@@ -209,17 +210,11 @@ def effect_intervals(pm: PatchMetric, values: torch.Tensor, base: torch.Tensor, 
     base) / (mean clean - mean corrupt); each row's difference is divided by that mean gap, taken as
     fixed (it is the same for every cell), so the interval is the raw one over the gap.
     Returns {"low", "high"} float64 [cell] (NaN under two rows) and "n" int64 [cell]."""
-    from scipy import stats
-
     v = values.double().cpu().numpy()  # [cell, batch]
-    real = ~np.isnan(v)
-    n = real.sum(1)  # [cell]
-    count = np.maximum(n, 1)
-    diff = np.where(real, v - base.double().cpu().numpy()[None], 0.0)  # [cell, batch]: 0 where padding
+    real = ~np.isnan(v)  # NaN marks padding; an infinite effect is kept (its interval is not finite)
+    diff = v - base.double().cpu().numpy()[None]  # [cell, batch]
     if pm.normalized:
         gap = clean.double().cpu().numpy() - corrupt.double().cpu().numpy()  # [batch]
-        diff = diff / (np.where(real, gap[None], 0.0).sum(1) / count)[:, None]
-    mean = diff.sum(1) / count  # [cell]
-    sd = np.sqrt(np.where(real, (diff - mean[:, None]) ** 2, 0.0).sum(1) / np.maximum(n - 1, 1))  # [cell]
-    half = np.where(n >= 2, stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * sd / np.sqrt(count), np.nan)
-    return {"low": mean - half, "high": mean + half, "n": n.astype(np.int64)}
+        diff = diff / (np.where(real, gap[None], 0.0).sum(1) / np.maximum(real.sum(1), 1))[:, None]
+    out = mean_intervals(diff, where=real, alpha=1 - level)
+    return {"low": out["low"], "high": out["high"], "n": out["n"]}

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from headscope.analyses.core.chance import t_half_width
 from headscope.errors import ConfigError
 from headscope.hooks.patterns import keep_scores
 from headscope.hooks.sites import site
@@ -108,18 +109,15 @@ def layer_sinks(mass: torch.Tensor, uniform: torch.Tensor) -> list[dict[str, Any
     Returns per layer {"layer", "mass", "uniform" (means), "ci" (95% t interval of the mean mass), "excess_ci"
     (of the paired mean mass - uniform), "ratio" (mass / uniform), "n", "sink"}: sink = ratio >=
     SINK_RATIO and the excess's interval above 0 (n >= 2; with one example, the ratio alone)."""
-    from scipy import stats
-
     mass, uniform = mass.double(), uniform.double()
     if uniform.dim() == 1:
         uniform = uniform[:, None].expand_as(mass)  # [examples, layer]
     n = mass.shape[0]
-    t = float(stats.t.ppf(0.975, n - 1)) if n > 1 else float("nan")
 
-    def interval(x: torch.Tensor) -> list[float] | None:  # x [examples]
+    def interval(x: torch.Tensor) -> list[float] | None:  # x [examples]; torch's sd and mean, as the table's
         if n < 2:
             return None
-        half = t * float(x.std()) / n ** 0.5
+        half = t_half_width(float(x.std()), n)
         return [float(x.mean()) - half, float(x.mean()) + half]
 
     out = []

@@ -17,6 +17,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from headscope.analyses.core.chance import t_half_width
+
 
 def exact_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Clopper-Pearson interval of k successes in n (scipy's binomtest)."""
@@ -28,12 +30,10 @@ def exact_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 def fold_interval(scores: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """t interval of the mean of per-fold scores (the mean itself for one fold or no spread)."""
-    from scipy import stats
-
     mean, n = float(scores.mean()), len(scores)
-    if n < 2 or float(scores.std(ddof=1)) == 0.0:
+    if n < 2:  # cross-validation has two folds or more; one fold (an old df) keeps its point interval
         return mean, mean
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * float(scores.std(ddof=1)) / math.sqrt(n)
+    half = t_half_width(float(scores.std(ddof=1)), n, alpha=1 - level)  # 0 for no spread
     return mean - half, mean + half
 
 

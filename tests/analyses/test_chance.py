@@ -86,6 +86,62 @@ def test_a_patching_gap_within_noise_is_flagged_from_its_paired_interval():
     assert chance.gap_within_noise([0.05], [0.0], "logprob")["ci"] is None  # one pair: the floor log 2 alone
 
 
+# ---- the t interval of a mean over examples ------------------------------------------------------
+def _scipy_interval(x, level=0.95):
+    """scipy's Student-t interval of the mean of x (no NaN; n >= 2, sd > 0)."""
+    x = np.asarray(x, dtype=float)
+    return list(stats.t.interval(level, len(x) - 1, loc=x.mean(), scale=x.std(ddof=1) / np.sqrt(len(x))))
+
+
+def test_mean_interval_is_scipys_t_interval_of_the_finite_values():
+    assert chance.mean_interval([1.0, 2.0, 4.0]) == pytest.approx(_scipy_interval([1.0, 2.0, 4.0]), rel=1e-12)
+    # n = 2: mean 4, sd sqrt(2), se 1, t(0.975, 1) = 12.7062
+    assert chance.mean_interval([3.0, 5.0]) == pytest.approx([4 - 12.7062047, 4 + 12.7062047])
+    assert chance.mean_interval([3.0, 5.0], alpha=0.1) == pytest.approx(_scipy_interval([3.0, 5.0], 0.9), rel=1e-12)
+    # NaN and infinities are left out: the interval of the rest; under two left: None
+    with_gaps = [1.0, float("nan"), 2.0, float("inf"), 4.0]
+    assert chance.mean_interval(with_gaps) == pytest.approx(_scipy_interval([1.0, 2.0, 4.0]), rel=1e-12)
+    assert chance.mean_interval([2.5]) is None and chance.mean_interval([2.5, float("nan")]) is None
+    assert chance.mean_interval([]) is None
+    assert chance.mean_interval([2.0, 2.0, 2.0]) == [2.0, 2.0]  # no spread: the mean exactly
+
+
+def test_t_quantile_and_half_width_are_scipys_element_wise_and_nan_under_two():
+    assert chance.t_quantile(10) == pytest.approx(stats.t.ppf(0.975, 9), rel=1e-12)
+    assert math.isnan(chance.t_quantile(1)) and math.isnan(chance.t_half_width(0.5, 1))
+    lo, hi = stats.t.interval(0.9, 4, loc=0.0, scale=2.0 / np.sqrt(5))
+    assert chance.t_half_width(2.0, 5, alpha=0.1) == pytest.approx(hi, rel=1e-12) and lo == pytest.approx(-hi)
+    sd, n = np.array([1.0, 0.0, 2.0, 3.0, 0.7]), np.array([0, 1, 2, 7, 30])
+    half = chance.t_half_width(sd, n)  # [5]
+    want = [stats.t.interval(0.95, k - 1, scale=s / np.sqrt(k))[1] if k >= 2 else np.nan for s, k in zip(sd, n)]
+    np.testing.assert_allclose(half, want, rtol=1e-12)
+    np.testing.assert_allclose(chance.t_half_width(sd[2:], 4), [chance.t_half_width(float(s), 4) for s in sd[2:]],
+                               rtol=0)
+
+
+def test_mean_intervals_is_mean_interval_along_an_axis():
+    x = np.random.default_rng(3).normal(size=(2, 6, 3))
+    x[0, :, 0] = np.nan  # n = 0
+    x[0, 1:, 1] = np.nan  # n = 1
+    x[1, 2:, 1] = np.nan  # n = 2
+    x[1, :, 2] = 1.5  # no spread
+    x[0, 3, 2] = np.inf  # left out by default
+    out = chance.mean_intervals(x, axis=1)  # [2, 3] each
+    for i in range(2):
+        for j in range(3):
+            column = x[i, :, j]
+            ci, kept = chance.mean_interval(column), column[np.isfinite(column)]
+            assert out["n"][i, j] == len(kept)
+            assert out["mean"][i, j] == pytest.approx(kept.mean() if len(kept) else np.nan, rel=1e-12, nan_ok=True)
+            got = [out["low"][i, j], out["high"][i, j]]
+            assert (ci is None and np.isnan(got).all()) or got == pytest.approx(ci, rel=1e-12)
+    assert out["n"].dtype == np.int64 and out["low"].shape == (2, 3)
+    np.testing.assert_allclose([out["low"][1, 1], out["high"][1, 1]], _scipy_interval(x[1, :2, 1]), rtol=1e-12)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        kept_inf = chance.mean_intervals(x, axis=1, where=~np.isnan(x))  # a caller that keeps infinities in
+    assert kept_inf["n"][0, 2] == 6 and kept_inf["mean"][0, 2] == np.inf and not np.isfinite(kept_inf["high"][0, 2])
+
+
 def test_accuracy_uses_the_exact_binomial_test():
     hits = [1.0] * 40 + [0.0] * 24
     out = chance.assess(hits, "accuracy", vocab_size=1000)
