@@ -31,6 +31,9 @@ negative logit difference prefers the wrong answers). "Systematically" needs at 
 MIN_SYSTEMATIC_EXAMPLES = 8 examples (a review saw 4 examples of a random model below chance where 16 of
 the same task were at chance): fewer are said as "below chance on these n examples". With one example there is no CI: the floor
 alone decides. `assess_mean` applies the floor to a mean alone (no per-example values at hand).
+
+The Student-t interval of a mean over examples has its one home here (`t_quantile`, `t_half_width`,
+`mean_interval`, `mean_intervals`): every family's and report's t interval of a mean calls it.
 """
 from __future__ import annotations
 

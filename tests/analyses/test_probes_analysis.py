@@ -3,8 +3,10 @@ on Hugging Face hidden states, selectivity on a decodable label, and the zoo mod
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from scipy import stats
 from sklearn.linear_model import Ridge
 from sklearn.model_selection import KFold, cross_val_score
 from sklearn.pipeline import make_pipeline
@@ -12,6 +14,7 @@ from sklearn.preprocessing import StandardScaler
 
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.probes import analysis as probes
+from headscope.analyses.probes.scores import layer_scores
 from tests_support import hf_model, random_tokens
 
 
@@ -113,3 +116,14 @@ def test_zoo_model_retrieves_the_queried_keys_value_at_the_answer(zoo_model):
     value = probes.probe_sweep(model, task, "resid_post", labels="answer", cv=4, seed=0).tables["per_layer"]
     assert value.accuracy.iloc[0] < 0.1  # 64 values: chance ~ 1/64
     assert value.accuracy.max() > 0.8 and value.selectivity.max() > 0.5
+
+
+def test_regression_scores_carry_the_t_interval_over_folds():
+    r2 = [0.42, 0.55, 0.31, 0.48]
+    df = pd.DataFrame({"layer": 0, "task": "value", "score": r2 + [0.2], "n_test": 5, "fold": [0, 1, 2, 3, 0]})
+    df.loc[4, "layer"] = 1  # layer 1: one fold, its score as a point (an old df; cross-validation gives two or more)
+    rows = layer_scores(df, classify=False).set_index("layer")
+    want = stats.t.interval(0.95, 3, loc=np.mean(r2), scale=np.std(r2, ddof=1) / 2)
+    assert rows.loc[0, "score"] == pytest.approx(np.mean(r2))
+    assert [rows.loc[0, "ci_low"], rows.loc[0, "ci_high"]] == pytest.approx(list(want), rel=1e-12)
+    assert rows.loc[1, "ci_low"] == rows.loc[1, "ci_high"] == pytest.approx(0.2)
