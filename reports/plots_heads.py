@@ -303,7 +303,8 @@ def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None
 def _line_words(s: Mapping[str, Any], key: str) -> str:
     """'' or, when the count of ordering `key` sits on its tolerance line (prunable_ci_<key>'s `line`,
     pruning.line_record: a deciding point within one standard error or its paired interval of the
-    line), what says so: a bootstrap along the order cannot show that, so "0-0 heads" is no certainty."""
+    line), what its deciding point is: a bootstrap along the order cannot show that, so "0-0 heads" is
+    no certainty."""
     ci = s.get(f"prunable_ci_{key}")
     line = ci.get("line") if isinstance(ci, Mapping) else None
     if not isinstance(line, Mapping) or line.get("on_the_line") is not True:
@@ -312,14 +313,27 @@ def _line_words(s: Mapping[str, Any], key: str) -> str:
     if d is None or m is None:
         return ""
     k = line.get("n_pruned")
-    within = f"within its noise margin ({100 * m:.2g}%)"
+    within = f"within its noise margin, {100 * m:.2g}%"
     if line.get("past"):
         step = "a first step" if _num(ci.get("heads")) == 0 else f"the step to {k} head{'s' if k != 1 else ''} removed"
-        return (f"sits on the 1% line: the count depends on {step} that crosses the line by {100 * abs(d):.2g}% of the "
-                f"metric, {within}: the count is fragile: another sample of examples could move it")
-    removed = f"{k} head{'s' if k != 1 else ''} removed"
-    return (f"sits on the 1% line: the point at {removed} is {100 * abs(d):.2g}% of the metric inside the line, "
-            f"{within}: the count is fragile: another sample of examples could move it")
+        return f"{step} crosses the line by {100 * abs(d):.2g}% of the metric, {within}"
+    return f"the point at {k} head{'s' if k != 1 else ''} removed is {100 * abs(d):.2g}% of the metric inside the line, {within}"
+
+
+def _line_sentence(s: Mapping[str, Any], keys: Any) -> str:
+    """One sentence for every ordering whose count sits on the 1% line, orderings with the same deciding
+    point said once ("ablation and ablation recomputed (...)"); '' when none does."""
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        if words := _line_words(s, key):
+            groups.setdefault(words, []).append(key.removesuffix("_recompute")
+                                                + (" recomputed" if key.endswith("_recompute") else ""))
+    if not groups:
+        return ""
+    said = "; ".join(f"{' and '.join(names)} ({words})" for words, names in groups.items())
+    return (f"On the 1% line, so fragile (another sample of examples could move the count): {said}. A noise margin is "
+            "the larger of a deciding point's standard error over examples and its paired 95% interval, as a % of the "
+            "unpruned metric.")
 
 
 def _seed_words(s: Mapping[str, Any], key: str) -> str:
@@ -340,11 +354,14 @@ def _count(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
 
-def _name(s: Mapping[str, Any], key: str) -> str:
-    """An ordering key (gradient_recompute) in words, with what it ranks by where the summary records it."""
+def _name(s: Mapping[str, Any], key: str, named: set[str] | None = None) -> str:
+    """An ordering key (gradient_recompute) in words, with what it ranks by where the summary records it;
+    the basis is said once per finding: an ordering already in `named` (which this adds to) goes bare."""
     ordering = key.removesuffix("_recompute")
     basis = s.get("ordering_basis")
-    what = basis.get(ordering) if isinstance(basis, Mapping) else None
+    what = basis.get(ordering) if isinstance(basis, Mapping) and (named is None or ordering not in named) else None
+    if named is not None:
+        named.add(ordering)
     return ordering + (" recomputed" if key.endswith("_recompute") else "") + (f" ({what})" if what else "")
 
 
@@ -352,11 +369,20 @@ def _signed_pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
-def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str) -> list[str]:
+def _gain_ci(gain: Mapping[str, Any]) -> tuple[float, float] | None:
+    ci = gain.get("ci")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
+        return float(ci[0]), float(ci[1])
+    return None
+
+
+def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, named: set[str]) -> list[str]:
     """What the first crossing leaves out (pruning.curve_shapes), for the ordering `keys` the finding
-    counts: curves back within the band after leaving it, and pruning that improves the metric beyond
-    the band, with its interval over examples."""
-    out = []
+    counts: curves back within the band after leaving it, and pruning that changes the metric beyond
+    the band, with its interval over examples (gains whose interval clears 0 in one sentence)."""
+    out, gains = [], []
+    n_ex = s.get("n_examples")
+    over = f" over {n_ex} examples" if n_ex else ""
     for key in keys:
         shape = s.get(f"pruning_shape_{key}")
         if not isinstance(shape, Mapping):
@@ -366,7 +392,7 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str) -> 
         if isinstance(first, Mapping) and isinstance(back, Mapping):
             later = "point" if back.get("points") == 1 else "points"
             heads = "head" if first["n_pruned"] == 1 else "heads"
-            out.append(f"The {_name(s, key)} curve leaves the {band} band at {first['n_pruned']} {heads} removed "
+            out.append(f"The {_name(s, key, named)} curve leaves the {band} band at {first['n_pruned']} {heads} removed "
                        f"({_signed_pct(first['change_rel'])}) but is back within it at {back.get('points')} later {later}, "
                        f"from {back.get('first')} heads removed up to {back['n_pruned']} of {n_heads} "
                        f"({back['metric']:.3g}, {_signed_pct(back['change_rel'])}): the order is not monotone; its "
@@ -374,40 +400,51 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str) -> 
         if isinstance(gain, Mapping):
             heads = [str(h) for h in gain.get("heads") or []]
             which = f" ({', '.join(heads)})" if 0 < len(heads) <= 8 else ""
-            ci = gain.get("ci")
-            span = ""
-            if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
-                n_ex = s.get("n_examples")
-                span = f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" + (f" over {n_ex} examples" if n_ex else "")
-            if isinstance(ci, (list, tuple)) and len(ci) == 2 and _num(ci[0]) is not None and ci[0] <= 0:
+            ci = _gain_ci(gain)
+            span = f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" if ci else ""
+            if ci and ci[0] <= 0:
                 # review 6 (A6): an interval that reaches 0 supports no gain, so none is claimed
-                out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key)} order{which} changes "
-                           f"the {metric} by {gain['change']:+.3g} ({_signed_pct(gain['change_rel'])}{span}): no "
-                           "evidence of a gain.")
+                out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
+                           f"changes the {metric} by {gain['change']:+.3g} ({_signed_pct(gain['change_rel'])}{span}{over}): "
+                           "no evidence of a gain.")
                 continue
-            out.append(f"Pruning can raise the metric: removing {gain['n_pruned']} of {n_heads} heads in the "
-                       f"{_name(s, key)} order{which} raises the {metric} by {gain['change']:.3g} "
-                       f"({_signed_pct(gain['change_rel'])}{span}), more than {band} above unpruned.")
+            gains.append((key, gain, which, span, band))
+    if len(gains) == 1:
+        key, gain, which, span, band = gains[0]
+        out.append(f"Pruning can raise the metric: removing {gain['n_pruned']} of {n_heads} heads in the "
+                   f"{_name(s, key, named)} order{which} raises the {metric} by {gain['change']:.3g} "
+                   f"({_signed_pct(gain['change_rel'])}{span}{over}), more than {band} above unpruned.")
+    elif gains:
+        said = []
+        for key, gain, which, _, _ in gains:
+            ci = _gain_ci(gain)
+            span = f", {ci[0]:+.3g} to {ci[1]:+.3g}" if ci else ""
+            said.append(f"removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
+                        f"by {gain['change']:.3g} ({_signed_pct(gain['change_rel'])}{span})")
+        out.append(f"Pruning can raise the {metric} more than {gains[0][4]} above unpruned (95% CIs of the change"
+                   f"{over}): " + ", ".join(said) + ".")
     return out
 
 
 def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads: int, metric: str) -> list[str]:
-    """The best ordering's prunable heads with its bootstrap interval, then the others. A count of 0,
-    or one whose interval reaches 0 heads, is not presented as heads that can be removed."""
+    """The best ordering's prunable heads with its bootstrap interval, then the others, then the counts
+    on their 1% line in one sentence. A count of 0, or one whose interval reaches 0 heads, is not
+    presented as heads that can be removed. Each ordering's basis is named once."""
+    named: set[str] = set()
     best = max(prunable, key=lambda k: prunable[k])
     heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
     ci = _interval(s, best)
     n_ex = ci[2] if ci and ci[2] is not None else s.get("n_examples")
     over = f"over {n_ex} examples" if n_ex is not None else ""
-    name = _name(s, best)
-    edge = _line_words(s, best)
+    name = _name(s, best, named)
     if prunable[best] <= 0:
-        lines = [f"{_name(s, key)} {words}" for key in prunable if (words := _line_words(s, key))]
+        lines = _line_sentence(s, prunable)
         out = [f"No ordering removes a single step of heads staying no more than 1% below the unpruned {metric}"
-               + (f" ({over})" if over else "") + ": the first step already falls below the floor"
-               + (f"; but {'; '.join(lines)}." if lines else ".")]
-        edge = ""
-    elif best.startswith("random"):
+               + (f" ({over})" if over else "") + ": the first step already falls below the floor."]
+        out += [lines] if lines else []
+        out += _shape_words(s, list(prunable), n_heads, metric, named)
+        return out
+    if best.startswith("random"):
         out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
                f"unpruned {metric} on average ({_seed_words(s, best)})."]
     elif ci is None:  # an older summary: no per-example data behind the count
@@ -421,8 +458,6 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
         out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
                f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than 1% below the "
                f"unpruned {metric} when ordered by {name}."]
-    if edge:
-        out[-1] = out[-1].removesuffix(".") + f"; it {edge}."
     others = []
     for key, value in prunable.items():
         if key == best:
@@ -432,20 +467,16 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
         span = "" if kci is None else f" ({_count(kci[0])}-{_count(kci[1])} heads{none})"
         if key.startswith("random"):
             span = f" ({_seed_words(s, key)})"
-        elif prunable[best] > 0 and (words := _line_words(s, key)):
-            span = span.removesuffix(")") + f"; {words})" if span else f" ({words})"
-        others.append(f"{_name(s, key)} {_pct(value)}{span}")
+        others.append(f"{_name(s, key, named)} {_pct(value)}{span}")
     if others:
         out.append("Other orderings (heads removed before each curve first falls more than 1% below unpruned): "
                    + ", ".join(others) + ".")
-    out += _shape_words(s, list(prunable), n_heads, metric)
+    if lines := _line_sentence(s, prunable):
+        out.append(lines)
+    out += _shape_words(s, list(prunable), n_heads, metric, named)
     if any(_interval(s, key) for key in prunable):
         out.append("The intervals resample the examples along each fixed pruning order; they do not cover a new "
                    "task sample re-ranking the heads.")
-    if any(_line_words(s, key) for key in prunable):
-        out.append("A count sits on the 1% line when a point that decides it lies closer to the line than its noise "
-                   "margin (the larger of its standard error over examples and its paired 95% interval), as a % of the "
-                   "unpruned metric.")
     return out
 
 

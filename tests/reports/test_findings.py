@@ -510,23 +510,30 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     s["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
     text = finding("heads", s)
     assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed staying no more than "
-            "1% below the "
-            "unpruned logit difference when ordered by ablation; it sits on the 1% line: the count depends on the step "
-            "to 10 heads removed that crosses the line by 0.00054% of the metric, within its noise margin (5.7%): the "
-            "count is fragile: another sample of examples could move it.") in text
-    assert ("gradient 0% (0-0 heads; sits on the 1% line: the count depends on a first step that crosses the line by "
-            "0.62% of the metric, within its noise margin (0.75%): the count is fragile: another sample of examples "
-            "could move it)") in text
+            "1% below the unpruned logit difference when ordered by ablation.") in text
+    assert "gradient 0% (0-0 heads)," in text
+    assert ("On the 1% line, so fragile (another sample of examples could move the count): ablation (the step to 10 "
+            "heads removed crosses the line by 0.00054% of the metric, within its noise margin, 5.7%); gradient (a first "
+            "step crosses the line by 0.62% of the metric, within its noise margin, 0.75%). A noise margin is the larger "
+            "of a deciding point's standard error over examples and its paired 95% interval") in text
     assert "random 8% (per seed 2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval)" in text
-    assert "0.5-1" not in text and "A count sits on the 1% line when" in text
+    assert "0.5-1" not in text
     # off the line (a margin smaller than the distance is recorded as on_the_line False): no such words
     s["prunable_ci_gradient"]["line"] = {**first, "margin_rel": 0.001, "on_the_line": False}
-    assert "gradient 0% (0-0 heads)" in finding("heads", s)
-    # every count 0, the first steps on the line: the "no ordering" sentence says what the 0 depends on
+    off = finding("heads", s)
+    assert "gradient 0% (0-0 heads)" in off and "gradient (a first step" not in off and "fragile" in off
+    # every count 0, the first steps on the line: the "no ordering" sentence is followed by what the 0 depends on
     none = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("ablation", 0, 0, 0)}
     none["prunable_ci_gradient"]["line"] = first
-    assert ("the first step already falls below the floor; but gradient sits on the 1% line: the count depends on a "
-            "first step that crosses the line by 0.62% of the metric") in finding("heads", none)
+    assert ("the first step already falls below the floor. On the 1% line, so fragile (another sample of examples could "
+            "move the count): gradient (a first step crosses the line by 0.62% of the metric") in finding("heads", none)
+    # the default report's case: orderings with one deciding point are said together, once
+    both = {**base, **_prunable("ablation", 9, 9, 11), **_prunable("ablation_recompute", 9, 9, 11)}
+    both["prunable_ci_ablation"]["line"] = both["prunable_ci_ablation_recompute"]["line"] = line
+    text = finding("heads", both)
+    assert ("fragile (another sample of examples could move the count): ablation and ablation recomputed (the step to "
+            "10 heads removed crosses the line by 0.00054% of the metric, within its noise margin, 5.7%).") in text
+    assert text.count("0.00054%") == 1
     # random leads (every fixed order drops at once): its mean is said as an average with each seed's count
     lead = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
     lead["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
@@ -939,18 +946,27 @@ def test_pruning_words_name_the_orderings_basis_a_return_into_the_band_and_a_gai
     text = finding("heads", s)
     assert "when ordered by ablation (raw zero-ablation drop)." in text
     assert "gradient (|dL/d gate| / its layer's L2 norm) 0% (0-0 heads)" in text
-    assert ("The gradient (|dL/d gate| / its layer's L2 norm) curve leaves the 1% band at 1 head removed (-1.8%) but is "
+    assert ("The gradient curve leaves the 1% band at 1 head removed (-1.8%) but is "
             "back within it at 5 later points, from 6 heads removed up to 10 of 12 (11.7, -0.5%): the order is not "
             "monotone; its count stops at the first crossing.") in text
-    assert ("Pruning can raise the metric: removing 8 of 12 heads in the ablation (raw zero-ablation drop) order "
-            "(L1H0, L1H1, L1H2, L1H3, L2H0, L2H1, L2H2, L2H3) raises the logit difference by 0.905 (+7.7%; 95% CI of "
-            "the change +0.717 to +1.09 over 64 examples), more than 1% above unpruned.") in text
+    assert ("Pruning can raise the metric: removing 8 of 12 heads in the ablation order (L1H0, L1H1, L1H2, L1H3, "
+            "L2H0, L2H1, L2H2, L2H3) raises the logit difference by 0.905 (+7.7%; 95% CI of the change +0.717 to +1.09 "
+            "over 64 examples), more than 1% above unpruned.") in text
+    assert text.count("(raw zero-ablation drop)") == 1  # each ordering's basis said once, where it is first named
+    # two orderings that each raise it: one sentence, each change with its own interval
+    two = {**s, **_prunable("ablation_recompute", 8, 6, 9, n=64),
+           "pruning_shape_ablation_recompute": {"tolerance": 0.01, "gain": {
+               "n_pruned": 9, "metric": 12.6, "change": 0.83, "change_rel": 0.0706, "heads": [], "ci": [0.6, 1.05]}}}
+    assert ("Pruning can raise the logit difference more than 1% above unpruned (95% CIs of the change over 64 "
+            "examples): removing 8 of 12 heads in the ablation order (L1H0, L1H1, L1H2, L1H3, L2H0, L2H1, L2H2, L2H3) "
+            "by 0.905 (+7.7%, +0.717 to +1.09), removing 9 of 12 heads in the ablation recomputed order by 0.83 (+7.1%, "
+            "+0.6 to +1.05).") in finding("heads", two)
     # an interval that reaches no gain claims none (review 6, A6); a degenerate gradient's shape is not worded
     weak = {**s, "pruning_shape_ablation": {"tolerance": 0.01, "gain": {**s["pruning_shape_ablation"]["gain"],
                                                                         "ci": [-0.1, 1.9]}},
             "degenerate_gradient": "every head's |gradient importance| is below 1e-08"}
     text = finding("heads", weak)
-    assert ("Removing 8 of 12 heads in the ablation (raw zero-ablation drop) order (L1H0, L1H1, L1H2, L1H3, L2H0, "
+    assert ("Removing 8 of 12 heads in the ablation order (L1H0, L1H1, L1H2, L1H3, L2H0, "
             "L2H1, L2H2, L2H3) changes the logit difference by +0.905 (+7.7%; 95% CI of the change -0.1 to +1.9 over 64 "
             "examples): no evidence of a gain.") in text
     assert "Pruning can raise" not in text and "within 1%" not in text
