@@ -107,8 +107,7 @@ def cluster_corr(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarra
     for j, v in enumerate((np.ones_like(xc), xc, yc, xc * xc, yc * yc, xc * yc)):
         sums[:, j] = np.bincount(code, weights=v, minlength=n)
     draws = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))  # [n_boot, cluster]
-    counts = np.zeros((n_boot, n))
-    np.add.at(counts, (np.arange(n_boot)[:, None], draws), 1.0)
+    counts = np.bincount((draws + n * np.arange(n_boot)[:, None]).ravel(), minlength=n_boot * n).reshape(n_boot, n)
     w = counts @ sums  # [n_boot, 6] the resampled rows' sums
     rows = w[:, 0]
     mx, my = w[:, 1] / rows, w[:, 2] / rows
@@ -145,8 +144,9 @@ def _cr2_slope_p(xc: np.ndarray, yc: np.ndarray, code: np.ndarray, n: int) -> tu
     a = root @ np.array([0.0, s[1]])  # [cluster, 2]
     score = (a * (s * sums[:, [3, 4]])).sum(1)  # [cluster] a_g' S X_g'e_g
     qa = np.einsum("gij,gj->gi", q, a)  # [cluster, 2]
-    b = np.diag((a * qa).sum(1)) - qa @ qa.T  # [cluster, cluster]
-    df = float(np.trace(b) ** 2 / np.trace(b @ b))
+    d, pp = (a * qa).sum(1), (qa * qa).sum(1)  # [cluster] B = diag(d) - P P', P's rows qa
+    trace_b2 = float((d * d).sum() - 2 * (d * pp).sum() + ((qa.T @ qa) ** 2).sum())  # tr(B^2) without B
+    df = float((d.sum() - pp.sum()) ** 2 / trace_b2)
     var = float((score ** 2).sum())
     if not var > 0:
         return (0.0 if slope != 0 else float("nan")), df
