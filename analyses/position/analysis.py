@@ -251,9 +251,10 @@ def _retrieval_test(heads: pd.DataFrame, tracked: str) -> dict[str, Any]:
         "n_examples": int(heads["n"].max()) if len(heads) else 0,
         "n_rows": int(heads["n_rows"].max()) if len(heads) else 0, "n_heads": int(len(heads)), "alpha": 0.05,
         "correction": "holm", "unit": "example",
-        "tests": "Pearson r > 0 (two-sided t test across examples of each example's summed cross-product of "
-                 "centred mass and metric) and gold-span mass above the other heads' mean (one-sided t test "
-                 "across examples of each example's mean difference), each Holm-corrected across heads",
+        "tests": "Pearson r > 0 (two-sided test of the metric's slope on the mass with the CR2 cluster-robust "
+                 "variance over examples and Imbens-Kolesar degrees of freedom) and gold-span mass above the other "
+                 "heads' mean (one-sided t test across examples of each example's mean difference), each "
+                 "Holm-corrected across heads",
         "interval": "percentile bootstrap over examples (each with all its rows)",
         "heads": [{"layer": int(r.layer), "head": int(r.head), "r": float(getattr(r, f"corr_{tracked}")),
                    "ci": ci(r), "n": int(r.n), "n_rows": int(r.n_rows),
