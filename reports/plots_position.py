@@ -217,8 +217,9 @@ def finding(s: Mapping[str, Any]) -> str:
 
 def _retrieval(s: Mapping[str, Any]) -> str:
     """The retrieval heads that pass the summary's retrieval_test (analyses/position/stats.head_tracking),
-    each with r, its Fisher 95% CI and n, or that none passes at that n; older summaries without the
-    test: their flagged heads, said to be untested."""
+    each with r, its 95% CI and adjusted p, and the test's n (examples, and the rows they hold), or that
+    none passes at that n. An older summary whose test counted rows as independent (no n_examples) is said
+    to be one; without any test: its flagged heads, said to be untested."""
     test, tracked = s.get("retrieval_test"), s.get("retrieval_tracked_metric", "metric")
     if not isinstance(test, Mapping):
         heads = s.get("retrieval_heads") or []
@@ -226,16 +227,25 @@ def _retrieval(s: Mapping[str, Any]) -> str:
             return ""
         names = ", ".join(f"L{l}H{h}" for l, h in heads[:4]) + (", ..." if len(heads) > 4 else "")
         return f"{len(heads)} head(s) were flagged as tracking the {tracked} by a threshold without a test: {names}."
-    n, tested = test.get("n_rows", "?"), test.get("n_heads", "?")
+    rows, tested = test.get("n_rows", "?"), test.get("n_heads", "?")
     how = f"{test.get('correction', 'holm').capitalize()}-corrected across {tested} heads"
     passed = [h for h in test.get("heads") or [] if isinstance(h, Mapping) and _num(h.get("r")) is not None]
+    more = ", ..." if len(passed) > 4 else ""
+    if "n_examples" not in test:  # an older run: rows of one example counted as independent
+        said = [f"L{h['layer']}H{h['head']} (r = {h['r']:.2f}, adjusted p = {h.get('p_holm', float('nan')):.2g})"
+                for h in passed[:4]]
+        head = (f"{len(passed)} head(s) passed" if passed else "No head passed")
+        return (f"{head} this run's older retrieval-head test ({how}), which counted its n = {rows} rows of examples x "
+                "positions as independent although an example's rows share its prompt, so its p-values and intervals "
+                "are too narrow" + (": " + ", ".join(said) + more + "." if passed else "."))
+    n = f"n = {test['n_examples']} examples, {rows} rows of examples x positions; tests and intervals over examples"
     if not passed:
         return (f"No head's gold-span attention tracks the {tracked} with its mass above the other heads' "
-                f"({how}, n = {n} rows of examples x positions): no retrieval head is named.")
-    said = [f"L{h['layer']}H{h['head']} (r = {h['r']:.2f}{_ci(h.get('ci'))}, n = {h.get('n', n)}, adjusted p = "
+                f"({how}, {n}): no retrieval head is named.")
+    said = [f"L{h['layer']}H{h['head']} (r = {h['r']:.2f}{_ci(h.get('ci'))}, adjusted p = "
             f"{h.get('p_holm', float('nan')):.2g})" for h in passed[:4]]
     return (f"{len(passed)} retrieval head(s) track the {tracked}, with gold-span mass above the other heads' ({how}, "
-            f"n = {n} rows of examples x positions): " + ", ".join(said) + (", ..." if len(passed) > 4 else "") + ".")
+            f"{n}): " + ", ".join(said) + more + ".")
 
 
 def _shape(values: Mapping[str, float], ci: Mapping[str, Any], n: Any) -> str:

@@ -5,7 +5,8 @@ while everything else stays fixed, and measure the answer at each slot: accuracy
 contains the gold value), answer log-probability and rank, each with a bootstrap 95% interval;
 a U-shaped curve is the "lost in the middle" effect. Mechanism: per layer and head, the
 attention mass from the answer position onto the gold span at each slot; heads whose mass
-tracks the answer across rows are flagged as retrieval heads. Xiao et al. 2023: per layer, the
+tracks the answer are named retrieval heads by Holm-corrected tests over examples (an example's rows
+share its prompt, so the rows are not independent). Xiao et al. 2023: per layer, the
 mass on the first n_sink tokens against the uniform baseline, and the metric when every layer
 keeps only the sinks + a recent window versus the window alone. Encoders (MiniLM): the cosine
 similarity of query and passage with the relevant sentence at each slot.
@@ -13,11 +14,13 @@ similarity of query and passage with the relevant sentence at each slot.
 Result tables: df (one row per example x position: the metrics), "curve" (metric, position,
 mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass),
 "sinks" (layer, sink_mass, baseline, ci_low, ci_high, ratio, sink: sinks.layer_sinks),
-"heads" (layer, head, mean_mass, mass_above_others, corr_*, n, p_corr,
-p_corr_holm, p_mass, p_mass_holm, retrieval; stats.head_tracking's tests).
+"heads" (layer, head, mean_mass, mass_above_others, corr_*, corr_ci_low, corr_ci_high,
+n (examples), n_rows, p_corr, p_corr_holm, p_mass, p_mass_holm, retrieval; stats.head_tracking's tests,
+over examples: the rows of one example are not independent).
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
 slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline, retrieval_heads (the heads
-that pass retrieval_test, which has n rows, r, Fisher CI, p and Holm-adjusted p of each), retrieval_test,
+that pass retrieval_test, which has n examples and rows, and each head's r, cluster bootstrap CI over
+examples, p and Holm-adjusted p), retrieval_test,
 streaming (metric means under full / sinks+window / window attention).
 """
 from __future__ import annotations
@@ -210,7 +213,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     span_share = float(sum(float((sw.gold_spans[:, 1] - sw.gold_spans[:, 0]).float().mean()) / sw.prompt_len
                            for sw in sweeps) / len(sweeps))
     heads, tracked = head_tracking(gold, obs, metrics=("cosine",) if encoder else ("accuracy", "logprob"),
-                                   span_share=span_share)
+                                   span_share=span_share, n_boot=cfg.n_boot, seed=cfg.seed)
     summary = {
         "task": task,
         "n_examples": len(sweeps),
@@ -236,22 +239,27 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
 
 
 def _retrieval_test(heads: pd.DataFrame, tracked: str) -> dict[str, Any]:
-    """The retrieval-head test for the summary (stats.head_tracking): n rows, the correction, how many
-    heads were tested, and r, Fisher 95% CI, p and Holm-adjusted p of each head that passes."""
-    def fisher(r: float, n: int) -> list[float] | None:
-        if n < 4 or not abs(r) < 1:
-            return None
-        half = 1.959964 / math.sqrt(n - 3)
-        return [math.tanh(math.atanh(r) - half), math.tanh(math.atanh(r) + half)]
+    """The retrieval-head test for the summary (stats.head_tracking): n examples (the unit of every test
+    and interval) and n rows, the correction, how many heads were tested, and r, its cluster bootstrap 95%
+    CI, p and Holm-adjusted p of each head that passes."""
+    def ci(r: Any) -> list[float] | None:
+        low, high = float(r.corr_ci_low), float(r.corr_ci_high)
+        return [low, high] if math.isfinite(low) and math.isfinite(high) else None
 
     passed = heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False)
     return {
-        "n_rows": int(heads["n"].max()) if len(heads) else 0, "n_heads": int(len(heads)), "alpha": 0.05,
-        "correction": "holm", "tests": "Pearson r > 0 (t test) and gold-span mass above the other heads' mean "
-                                       "(one-sided paired t test), each Holm-corrected across heads",
+        "n_examples": int(heads["n"].max()) if len(heads) else 0,
+        "n_rows": int(heads["n_rows"].max()) if len(heads) else 0, "n_heads": int(len(heads)), "alpha": 0.05,
+        "correction": "holm", "unit": "example",
+        "tests": "Pearson r > 0 (two-sided test of the metric's slope on the mass with the CR2 cluster-robust "
+                 "variance over examples and Imbens-Kolesar degrees of freedom) and gold-span mass above the other "
+                 "heads' mean (one-sided t test across examples of each example's mean difference), each "
+                 "Holm-corrected across heads",
+        "interval": "percentile bootstrap over examples (each with all its rows)",
         "heads": [{"layer": int(r.layer), "head": int(r.head), "r": float(getattr(r, f"corr_{tracked}")),
-                   "ci": fisher(float(getattr(r, f"corr_{tracked}")), int(r.n)), "n": int(r.n),
-                   "p": float(r.p_corr), "p_holm": float(r.p_corr_holm), "p_mass_holm": float(r.p_mass_holm)}
+                   "ci": ci(r), "n": int(r.n), "n_rows": int(r.n_rows),
+                   "p": float(r.p_corr), "p_holm": float(r.p_corr_holm), "p_mass": float(r.p_mass),
+                   "p_mass_holm": float(r.p_mass_holm)}
                   for r in passed.itertuples()],
     }
 

@@ -288,5 +288,5 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
     assert "retrieval head" not in finding("position", s) and "L0H" not in finding("position", s)
     model = arch_models("gpt2")
     assert s["retrieval_test"]["n_heads"] == len(heads) == model.facts.n_layers * model.facts.n_heads
-    assert s["retrieval_test"]["n_rows"] == len(result.df)
+    assert s["retrieval_test"]["n_rows"] == len(result.df) and s["retrieval_test"]["n_examples"] == s["n_examples"]
     assert {"n", "p_corr", "p_corr_holm", "p_mass", "p_mass_holm"} <= set(heads.columns)

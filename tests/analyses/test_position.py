@@ -22,7 +22,15 @@ from headscope.analyses.position import prompts as pp
 from headscope.analyses.position.analysis import PositionConfig, position_bias, run
 from headscope.analyses.position.runs import run_decoder_sweeps
 from headscope.analyses.position.sinks import sink_mass, streaming_attention, streaming_keep, uniform_baseline
-from headscope.analyses.position.stats import bootstrap_ci, curve_table, head_tracking, holm, middle_to_ends
+from headscope.analyses.position.stats import (
+    bootstrap_ci,
+    cluster_corr,
+    cluster_mean_test,
+    curve_table,
+    head_tracking,
+    holm,
+    middle_to_ends,
+)
 from tests_support import hf_model
 
 DATA = files("headscope.analyses") / "data"
@@ -354,7 +362,14 @@ def test_run_quick_on_a_zoo_vocabulary_model(tiny_zoo):
         assert s["ci_per_position"]["accuracy"][str(pos)] == pytest.approx([ci.low, ci.high])
         assert ci.high - ci.low > 0.3
     assert np.allclose(df["probability"], np.exp(df["logprob"]))
-    from headscope.reports.plots_position import figures
+    # the retrieval-head test counts examples (3), not rows (15): each head's n, the summary and the finding say so
+    test, heads = s["retrieval_test"], result.tables["heads"]
+    assert (test["n_examples"], test["n_rows"], test["unit"]) == (3, 15, "example")
+    assert (heads["n"] == 3).all() and (heads["n_rows"] == 15).all() and test["n_heads"] == len(heads) == 8
+    from headscope.reports.plots_position import figures, finding
+
+    text = finding({k: v for k, v in s.items() if k != "chance"})  # read as if above chance, where heads are named
+    assert "across 8 heads, n = 3 examples, 15 rows of examples x positions; tests and intervals over examples)" in text
 
     figs = figures(result)
     assert set(figs) == {"position_curve", "position_gold_attention", "position_sinks", "position_streaming"}
@@ -423,9 +438,91 @@ def _heads_data(track: bool, seed: int = 0, n_heads: int = 6) -> tuple[pd.DataFr
     return pd.DataFrame(rows), obs
 
 
+def _cr2_p_by_hand(x, y, groups) -> float:
+    """Two-sided p of the slope of y on [1, x] from the N x N hat matrix: the CR2 variance (Bell & McCaffrey
+    2002: each cluster's residuals times (I - H_gg)^(-1/2)) and Imbens & Kolesar's (2016) degrees of freedom
+    (tr(B)^2 / tr(B^2), B = G'G, G's column g = (I - H)[:, g] (I - H_gg)^(-1/2) X_g (X'X)^-1 c)."""
+    from scipy.stats import t
+
+    x, y, groups = (np.asarray(v) for v in (x, y, groups))
+    X = np.column_stack([np.ones(len(x)), x])
+    bread = np.linalg.inv(X.T @ X)
+    beta = bread @ X.T @ y
+    resid, hat, c = y - X @ beta, X @ bread @ X.T, np.array([0.0, 1.0])
+    labels = np.unique(groups)
+    var, cols = 0.0, np.zeros((len(x), len(labels)))
+    for j, g in enumerate(labels):
+        idx = np.flatnonzero(groups == g)
+        w, v = np.linalg.eigh(np.eye(len(idx)) - hat[np.ix_(idx, idx)])
+        adjust = (v / np.sqrt(w)) @ v.T
+        var += float(c @ bread @ X[idx].T @ adjust @ resid[idx]) ** 2
+        cols[:, j] = (np.eye(len(x)) - hat)[:, idx] @ adjust @ X[idx] @ bread @ c
+    b = cols.T @ cols
+    return float(2 * t.sf(abs(beta[1]) / math.sqrt(var), np.trace(b) ** 2 / np.trace(b @ b)))
+
+
+def _cluster_bootstrap_by_hand(x, y, groups, *, n_boot: int, seed: int) -> list[float]:
+    """The 95% percentile interval of r over draws of whole examples (each with all its rows)."""
+    rng = np.random.default_rng(seed)
+    labels = np.unique(groups)
+    rows = {g: np.flatnonzero(groups == g) for g in labels}
+    draws = []
+    for _ in range(n_boot):
+        idx = np.concatenate([rows[g] for g in rng.choice(labels, size=len(labels))])
+        draws.append(np.corrcoef(x[idx], y[idx])[0, 1])
+    return np.percentile(draws, [2.5, 97.5]).tolist()
+
+
+def test_copies_of_an_examples_rows_add_no_evidence():
+    """12 examples x 3 positions, mass and metric each with an example-level effect and no relation between
+    them. Repeating every example's rows 5 times (perfectly correlated copies) leaves r's cluster-robust p,
+    its cluster bootstrap interval and the paired mass test where they were, each as worked by hand; the
+    old test over rows as independent pairs reads the copies as evidence and its p falls from 8e-5 to 1e-19."""
+    from scipy.stats import pearsonr, ttest_1samp
+
+    rng = np.random.default_rng(3)
+    ex = np.repeat(np.arange(12), 3)  # [rows] each row's example
+    x = np.repeat(rng.normal(size=12), 3) + 0.3 * rng.normal(size=36)  # [rows]
+    y = np.repeat(rng.normal(size=12), 3) + 0.3 * rng.normal(size=36)
+    diff = np.repeat(rng.normal(0.0, 1.0, size=12), 3) + 0.1 * rng.normal(size=36)  # [rows] mass above the others
+    p_hand = _cr2_p_by_hand(x, y, ex)
+    ci_hand = _cluster_bootstrap_by_hand(x, y, ex, n_boot=2000, seed=11)
+    mass_hand = ttest_1samp(pd.Series(diff).groupby(ex).mean(), 0.0, alternative="greater").pvalue
+    assert 0.05 < p_hand and 0.05 < mass_hand  # neither is there
+    for k in (1, 5):
+        xs, ys, es, ds = (np.repeat(v, k) for v in (x, y, ex, diff))  # each row repeated k times within its example
+        out = cluster_corr(xs, ys, es, n_boot=2000, seed=0)
+        assert (out["n"], out["n_rows"]) == (12, 36 * k)
+        assert out["r"] == pytest.approx(pearsonr(x, y).statistic)
+        assert out["p"] == pytest.approx(p_hand)
+        assert out["ci"] == pytest.approx(ci_hand, abs=0.03)  # another seed's draws: resampling noise only
+        assert _cluster_bootstrap_by_hand(xs, ys, es, n_boot=2000, seed=11) == pytest.approx(ci_hand)
+        mass = cluster_mean_test(ds, es)
+        assert (mass["n"], mass["n_rows"], mass["p"]) == (12, 36 * k, pytest.approx(mass_hand))
+    row_p = [pearsonr(np.repeat(x, k), np.repeat(y, k)).pvalue for k in (1, 5)]
+    assert row_p[0] < 1e-4 and row_p[1] < 1e-18  # what the row-level test said, and says of the copies
+    row_mass = [ttest_1samp(np.repeat(diff, k), 0.0, alternative="greater").pvalue for k in (1, 5)]
+    assert row_mass[0] < 0.05 < mass_hand and row_mass[1] < 1e-7  # the mass test over rows: 0.008, then 2e-8
+    assert math.isnan(cluster_corr(x[:6], y[:6], ex[:6])["p"]) and cluster_corr(x[:6], y[:6], ex[:6])["ci"] is None
+
+
+def test_a_relation_within_and_between_examples_is_found():
+    """8 examples x 4 positions where the metric follows the mass: r's cluster-robust p (worked by hand) is
+    small with 8 examples and the cluster bootstrap interval excludes 0; an exact line has p ~ 0."""
+    rng = np.random.default_rng(0)
+    ex = np.repeat(np.arange(8), 4)
+    x = np.repeat(rng.normal(size=8), 4) + 0.5 * rng.normal(size=32)
+    y = x + 0.3 * rng.normal(size=32)
+    out = cluster_corr(x, y, ex, n_boot=500)
+    assert out["p"] == pytest.approx(_cr2_p_by_hand(x, y, ex)) and out["p"] < 1e-3
+    assert out["ci"][0] > 0.5 and out["ci"][0] < out["r"] < out["ci"][1]
+    assert cluster_corr(x, 2 * x + 1, ex)["p"] < 1e-12
+
+
 def test_retrieval_heads_rest_on_corrected_tests():
-    """One head that tracks is named, with r and p as scipy's pearsonr gives them and its mass test as a paired
-    t test against the other heads' mean; all-noise heads name none; Holm as worked by hand."""
+    """One head that tracks is named over 10 examples (40 rows), with r as scipy's pearsonr gives it, its p as
+    the cluster-robust test worked by hand and its mass test as a t test across examples of each example's
+    mean difference from the other heads' mean; all-noise heads name none; Holm as worked by hand."""
     from scipy.stats import pearsonr, ttest_1samp
 
     assert holm([0.01, 0.04, 0.03, float("nan")])[:3] == pytest.approx([0.03, 0.06, 0.06])  # 3 x 0.01; max(2 x 0.03, 0.04)
@@ -435,14 +532,16 @@ def test_retrieval_heads_rest_on_corrected_tests():
     merged = gold.merge(obs, on=["example", "position"])
     for h in range(6):
         mine = merged[merged["head"] == h].sort_values(["example", "position"])
-        ref = pearsonr(mine["mass"], mine["logprob"])
         row = table.set_index("head").loc[h]
-        assert row["n"] == 40 and row["corr_logprob"] == pytest.approx(ref.statistic)
-        assert row["p_corr"] == pytest.approx(ref.pvalue)
+        assert (row["n"], row["n_rows"]) == (10, 40)
+        assert row["corr_logprob"] == pytest.approx(pearsonr(mine["mass"], mine["logprob"]).statistic)
+        assert row["p_corr"] == pytest.approx(_cr2_p_by_hand(mine["mass"], mine["logprob"], mine["example"]))
         others = merged[merged["head"] != h].groupby(["example", "position"])["mass"].mean()
-        diff = mine.set_index(["example", "position"])["mass"] - others
+        diff = (mine.set_index(["example", "position"])["mass"] - others).groupby("example").mean()  # [examples]
         assert row["p_mass"] == pytest.approx(ttest_1samp(diff, 0.0, alternative="greater").pvalue)
+        assert row["corr_ci_low"] < row["corr_logprob"] < row["corr_ci_high"]
     assert table["p_corr_holm"].tolist() == pytest.approx(holm(table["p_corr"].tolist()))
+    assert table.loc[0, "p_corr_holm"] < 1e-6 and table.loc[0, "corr_ci_low"] > 0.9
     noise, obs = _heads_data(track=False, seed=1)
     table, _ = head_tracking(noise, obs, metrics=("accuracy", "logprob"), span_share=0.05)
     assert not table["retrieval"].any() and (table["p_corr_holm"] >= table["p_corr"]).all()

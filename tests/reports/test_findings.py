@@ -854,8 +854,8 @@ def test_position_at_chance_names_no_retrieval_head_and_no_shape():
          "ratio_middle_to_ends": {"accuracy": 0.0}, "ci_per_position": {"accuracy": {"1": [0, .3], "2": [0, 0], "3": [.1, .7]}},
          "sink_mass_per_layer": [0.12, 0.11], "sink_uniform_baseline": 0.12, "n_sink": 4,
          "retrieval_heads": [[0, 3]], "retrieval_tracked_metric": "logprob",
-         "retrieval_test": {"n_rows": 32, "n_heads": 12, "correction": "holm",
-                            "heads": [{"layer": 0, "head": 3, "r": 0.9, "ci": [0.8, 0.95], "n": 32, "p_holm": 1e-5}]},
+         "retrieval_test": {"n_examples": 8, "n_rows": 32, "n_heads": 12, "correction": "holm",
+                            "heads": [{"layer": 0, "head": 3, "r": 0.9, "ci": [0.8, 0.95], "n": 8, "p_holm": 1e-5}]},
          "chance": {**UNTRAINED_CHANCE, "metric": "accuracy", "mean": 0.17, "chance_value": 0.25, "ci": [0.0, 0.37]}}
     text = finding("position", s)
     assert "Measured: accuracy at 3 gold positions over 8 examples; at chance its differences between positions are " \
@@ -913,15 +913,25 @@ def test_mlp_at_chance_ranks_no_layer():
 
 
 def test_retrieval_heads_are_named_with_their_test_or_not_at_all():
-    s = {"retrieval_tracked_metric": "logprob", "retrieval_heads": [[0, 3]],
-         "retrieval_test": {"n_rows": 40, "n_heads": 12, "correction": "holm",
-                            "heads": [{"layer": 0, "head": 3, "r": 0.91, "ci": [0.83, 0.95], "n": 40, "p_holm": 3e-14}]}}
+    """n is the examples, the unit of the tests and intervals, with the rows they hold; a summary from the
+    older row-level test (no n_examples) says its p-values are too small."""
+    test = {"n_examples": 10, "n_rows": 40, "n_heads": 12, "correction": "holm", "unit": "example",
+            "heads": [{"layer": 0, "head": 3, "r": 0.91, "ci": [0.83, 0.95], "n": 10, "n_rows": 40, "p_holm": 3e-6}]}
+    s = {"retrieval_tracked_metric": "logprob", "retrieval_heads": [[0, 3]], "retrieval_test": test}
     assert ("1 retrieval head(s) track the logprob, with gold-span mass above the other heads' (Holm-corrected across 12 "
-            "heads, n = 40 rows of examples x positions): L0H3 (r = 0.91, 95% CI [0.83, 0.95], n = 40, adjusted p = 3e-14)."
-            ) in finding("position", s)
-    none = {**s, "retrieval_heads": [], "retrieval_test": {**s["retrieval_test"], "heads": []}}
+            "heads, n = 10 examples, 40 rows of examples x positions; tests and intervals over examples): L0H3 (r = 0.91, "
+            "95% CI [0.83, 0.95], adjusted p = 3e-06).") in finding("position", s)
+    none = {**s, "retrieval_heads": [], "retrieval_test": {**test, "heads": []}}
     text = finding("position", none)
-    assert "no retrieval head is named" in text and "n = 40 rows" in text and "L0H3" not in text
+    assert ("No head's gold-span attention tracks the logprob with its mass above the other heads' (Holm-corrected "
+            "across 12 heads, n = 10 examples, 40 rows of examples x positions; tests and intervals over examples): no "
+            "retrieval head is named.") in text and "L0H3" not in text
+    rows = {k: v for k, v in test.items() if k not in ("n_examples", "unit")}  # an older summary: rows as independent
+    text = finding("position", {**s, "retrieval_test": {**rows, "heads": [{**test["heads"][0], "n": 40}]}})
+    assert ("1 head(s) passed this run's older retrieval-head test (Holm-corrected across 12 heads), which counted its "
+            "n = 40 rows of examples x positions as independent although an example's rows share its prompt, so its "
+            "p-values and intervals are too narrow: L0H3 (r = 0.91, adjusted p = 3e-06).") in text
+    assert "retrieval head(s) track" not in text and "95% CI" not in text
     old = {"retrieval_tracked_metric": "logprob", "retrieval_heads": [[0, 3]]}  # an older summary: no test behind it
     assert "flagged as tracking the logprob by a threshold without a test: L0H3" in finding("position", old)
 
