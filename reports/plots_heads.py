@@ -493,7 +493,13 @@ def finding(s: Mapping[str, Any]) -> str:
         ci = (s.get("chance") or {}).get("ci") if isinstance(s.get("chance"), Mapping) else None
         span = (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if isinstance(ci, (list, tuple)) and len(ci) == 2
                 and all(_num(x) is not None for x in ci) else "")
-        parts.append(f"Unpruned {metric} is {base:.3g}{span} over {s.get('n_examples', '?')} examples.")
+        if kind == "cosine":  # review 7 C1: a cosine with the model's own output is 1 by construction
+            parts.append(f"The metric is the cosine of each pruned model's pooled embedding with the unpruned model's "
+                         f"own ({base:.3g} unpruned by construction, over {s.get('n_examples', '?')} examples); the "
+                         "gradient ordering differentiates the in-batch contrastive loss instead (the cosine has no "
+                         "gradient at the unpruned gates), so it ranks heads by one objective and is scored on another.")
+        else:
+            parts.append(f"Unpruned {metric} is {base:.3g}{span} over {s.get('n_examples', '?')} examples.")
     if _at_chance(s, kind, base):
         parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
                      "and pruning curves measure noise here, not a mechanism.")
@@ -507,6 +513,16 @@ def finding(s: Mapping[str, Any]) -> str:
                 and k.removeprefix("max_fraction_prunable_").removesuffix("_recompute") not in noisy}
     if prunable and n_heads:
         parts += _prunable_words(s, prunable, n_heads, metric)
+        fixed = [k for k in prunable if not k.startswith("random")]
+        if fixed and all(_num(s.get(f"heads_prunable_{k}")) == n_heads for k in fixed):
+            # review 7 C3 (an untrained BERT: 12 of 12): no head moves the metric, which says nothing of redundancy
+            parts.append(f"Every ordering removes all {n_heads} heads within 1%: the heads' writes barely move this "
+                         "metric (as in an untrained model at its initial scale), so this says the heads do little "
+                         "here, not that some are redundant beside others.")
+    if s.get("mixture_of_experts") and {"gradient", "ablation"} <= {k.removesuffix("_recompute") for k in prunable}:
+        parts.append("The blocks are mixtures of experts: removing a head can switch the experts the router picks, "
+                     "which the first-order gradient cannot see, so the gradient and ablation orders can disagree "
+                     "for that reason.")
     for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
         tied = [str(h) for h in s[f"tied_top_heads_{method}"]]
         if tied:

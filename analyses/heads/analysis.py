@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
+import headscope.hooks as hooks
 from headscope.analyses.core import default_tasks, task_files, tasks
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs
@@ -199,6 +200,8 @@ def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
         "model": f.name, "task": scorer.name, "metric": scorer.kind, "n_examples": len(scorer),
         "n_layers": f.n_layers, "heads_per_layer": f.n_heads, "n_heads": f.n_layers * f.n_heads,
         "baseline_metric": baseline,
+        # removing a head can switch the router's experts, which a first-order gradient cannot see
+        "mixture_of_experts": any(hooks.is_moe(model, layer) for layer in range(f.n_layers)),
     }
 
 

@@ -762,3 +762,15 @@ def test_ordering_basis_names_what_each_ordering_ranks_by():
     assert hp.ordering_basis(hp.PruningConfig()) == {"gradient": "|dL/d gate| / its layer's L2 norm",
                                                      "ablation": "raw zero-ablation drop"}
     assert hp.ordering_basis(hp.PruningConfig(normalize=False, orderings=("gradient",))) == {"gradient": "raw |dL/d gate|"}
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "llama3"])
+def test_heads_summary_says_whether_the_blocks_are_mixtures_of_experts(arch, more_arch_models, arch_models):
+    """Review 7 C5: removing a head can switch a router's experts, which the gate gradient cannot see;
+    the summary records a mixture of experts (its finding then says why the two orders can disagree),
+    checked against the checkpoint's own Hugging Face config."""
+    model = more_arch_models(arch) if arch == "mixtral" else arch_models(arch)
+    tokens = torch.randint(4, model.facts.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
+    res = hs.head_importance(model, hs.tensor_task(model, tokens), methods=("zero",))
+    config = model.bridge.original_model.config
+    assert res.summary["mixture_of_experts"] is bool(getattr(config, "num_local_experts", 0))

@@ -1172,3 +1172,24 @@ def test_attribution_mean_absolute_change_has_no_negative_bound():
     text = finding("attribution", {**s, "permutation_abs_metric_change_ci": [0.45, 3.6]})
     assert "(mean absolute change 1.7, bootstrap 95% CI [0.45, 3.6] over examples)" in text
     assert "-1.26" not in text
+
+
+def test_heads_finding_names_the_encoder_metric_a_do_nothing_model_and_experts():
+    """Review 7 (BERT, Mixtral): the cosine with the model's own output is 1 by construction and the gradient
+    differentiates another objective; all heads removable within 1% says the heads do little, not that some
+    are redundant; on a mixture of experts the orders can disagree because the router switches experts."""
+    enc = {"metric": "cosine", "baseline_metric": 1.0000000149, "n_examples": 16, "n_heads": 12,
+           **_prunable("ablation", 12, 12, 12), **_prunable("gradient", 12, 12, 12)}
+    text = finding("heads", enc)
+    assert ("The metric is the cosine of each pruned model's pooled embedding with the unpruned model's own (1 unpruned by "
+            "construction, over 16 examples); the gradient ordering differentiates the in-batch contrastive loss instead") in text
+    assert "Unpruned cosine similarity is" not in text
+    assert ("Every ordering removes all 12 heads within 1%: the heads' writes barely move this metric (as in an untrained "
+            "model at its initial scale), so this says the heads do little here, not that some are redundant") in text
+    some = finding("heads", {**enc, **_prunable("ablation", 3, 3, 3)})
+    assert "Every ordering removes all" not in some and "experts" not in some
+    moe = {"metric": "logit_diff", "baseline_metric": 10.4, "n_examples": 16, "n_heads": 8, "mixture_of_experts": True,
+           **_prunable("ablation", 4, 4, 5), **_prunable("gradient", 0, 0, 3)}
+    assert ("The blocks are mixtures of experts: removing a head can switch the experts the router picks, which the "
+            "first-order gradient cannot see") in finding("heads", moe)
+    assert "mixtures of experts" not in finding("heads", {**moe, "mixture_of_experts": False})
