@@ -379,8 +379,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "p = 1); row l_pre is the input of block l (after l blocks), "
                      "final_post the output (every row through the model's final logit soft-cap where it has one, "
                      "as Gemma 2, so final_post is the model's own output). Prompts of mixed lengths are aligned at "
-                     "the answer position (columns count from the end); a column that only the longer prompts reach is muted and its tick gives "
-                     "the number of prompts n its mean is over.",
+                     "the answer position (columns count from the end); a column that only the longer prompts reach "
+                     "is muted and its tick gives the number of prompts n its mean is over.",
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
                           "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, attention and norm "
