@@ -370,19 +370,22 @@ GUIDE = (  # how to read this section of the report
     "final norm and unembedding: the answer's log-probability by layer and position, and the first "
     "layer where the answer is top-1. Direct logit attribution splits the final logit difference into "
     "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale, so the "
-    "parts add up exactly."
+    "parts add up exactly (where the model soft-caps its final logits, as Gemma 2, to the logit difference "
+    "before the cap: the finding gives both)."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "circuits_lens": "Logit lens: the answer's log-probability (nats, <= 0) read from each block's input through the "
                      "final norm and unembedding, layer x position, white (the lowest shown) to red at 0 (certain: "
                      "p = 1); row l_pre is the input of block l (after l blocks), "
-                     "final_post the output. Prompts of mixed lengths are aligned at the answer position (columns "
-                     "count from the end); a column that only the longer prompts reach is muted and its tick gives "
-                     "the number of prompts n its mean is over.",
+                     "final_post the output (every row through the model's final logit soft-cap where it has one, "
+                     "as Gemma 2, so final_post is the model's own output). Prompts of mixed lengths are aligned at "
+                     "the answer position (columns count from the end); a column that only the longer prompts reach "
+                     "is muted and its tick gives the number of prompts n its mean is over.",
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
                           "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, attention and norm "
-                               "biases; with the heads (the per-head map) they add up to the final logit difference. "
+                               "biases; with the heads (the per-head map) they add up to the final logit difference (before "
+                               "the model's final logit soft-cap, where it has one: Gemma 2's). "
                                "Bars: mean over examples; error bars: its 95% t interval over examples (writers whose "
                                "intervals overlap may not differ). Kinds that are 0 within rounding for every example "
                                "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
@@ -420,7 +423,7 @@ def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None
     said so instead of ranked; summaries without the intervals (older results) list the means."""
     items = sorted(top.items(), key=lambda kv: -abs(kv[1]))[:3]
     n = s.get("n_examples")
-    of = f" of a final logit difference {final:.3g}." if final is not None else "."
+    of = _of_total(s, final)
     intervals = s.get("dla_top_intervals")
     if not isinstance(intervals, Mapping):
         return ("Direct logit attribution" + (f" (mean over {n} examples)" if n is not None else "")
@@ -464,6 +467,20 @@ def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None
         text += (f" {names[1]} and {names[2]} are tied within their per-example spread "
                  f"({diff(names[1], names[2], signs)}).")
     return text
+
+
+def _of_total(s: Mapping[str, Any], final: float | None) -> str:
+    """What the writers add up to: ' of a final logit difference 14.2.'; where the model soft-caps its final
+    logits (dla_final_softcap, Gemma 2's cap * tanh(logit / cap)) the writers sum to the logit difference before
+    the cap, not to the output, and the sentence gives both."""
+    cap, before = _num(s.get("dla_final_softcap")), _num(s.get("dla_logit_before_softcap"))
+    if final is None:
+        return "."
+    if cap is None or before is None:
+        return f" of a final logit difference {final:.3g}."
+    what = "logit" if s.get("dla_direction") == "answer" else "logit difference"
+    return (f". The components sum to the {what} before the model's final logit soft-cap ({cap:g} tanh(logit / "
+            f"{cap:g})): {before:.2f}; the model's output, after the cap, is {final:.2f}.")
 
 
 KIND_WORDS = {"head": "heads", "mlp": "MLPs"}  # plural names of writer kinds; others say "components"

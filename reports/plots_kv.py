@@ -9,7 +9,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -36,11 +36,16 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
     if pd.notna(whole):
         ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
     ax.set_xscale("log", base=2)
-    xlabel = "cache budget (positions kept, log2)"
+    xlabel = "cache budget (positions kept per layer, log2)"
     contexts = df[df.policy == "full"].set_index("example").get("context")
     if contexts is not None and len(evicted):  # under each budget: how many prompts it evicts anything from
         grid = sorted(int(b) for b in evicted.budget.unique())
-        ax.set_xticks(grid, [f"{b}\n{int((contexts > b).sum())}/{len(contexts)}" for b in grid])
+        if {"kept", "cached"} <= set(df):  # what the policies remove (a sliding-window layer holds only its window)
+            evicts = evicted.kept < evicted.cached
+            count = {int(b): int(g.example[evicts[g.index]].nunique()) for b, g in evicted.groupby("budget")}
+        else:
+            count = {b: int((contexts > b).sum()) for b in grid}
+        ax.set_xticks(grid, [f"{b}\n{count[b]}/{len(contexts)}" for b in grid])
         ax.xaxis.set_minor_locator(NullLocator())
         xlabel += "\nunder it: prompts it evicts from / all"
     ax.set(xlabel=xlabel,
@@ -123,10 +128,13 @@ GUIDE = (  # how to read this section of the report
     "says), and how the metric holds up when the cache keeps only sinks plus a recent window, a window alone, or heavy hitters."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "kv_eviction": "Task metric at the answer (y, in the task metric's units) against the number of cached positions kept "
-                   "(x, log2; under each budget, how many prompts it evicts anything from: a prompt kept whole equals "
-                   "the full cache), per eviction policy, with a 95% bootstrap band over examples; dashed: the full "
-                   "cache; dotted: the longest context, a budget that saves nothing for any prompt.",
+    "kv_eviction": "Task metric at the answer (y, in the task metric's units) against the number of cached positions "
+                   "each layer keeps (x, log2; under each budget, how many prompts it evicts anything from: a prompt "
+                   "kept whole equals the full cache), per eviction policy, with a 95% bootstrap band over examples; "
+                   "dashed: the full cache; dotted: the longest context, a budget that saves nothing for any prompt. "
+                   "A sliding-window layer already holds at most window - 1 past positions: window and heavy hitters "
+                   "evict from it only below that, and sinks outside its window are gone already (the finding names "
+                   "those layers).",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted: positions fewer than half of the prompts reach. A "
                 "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions.",
@@ -179,6 +187,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     """The sentences of the summary's holding_budgets (analyses/kv/holding.py)."""
     tol, grid, n = float(hold.get("tolerance", 0.01)), hold.get("grid") or [], s.get("n_examples")
     n_sink = s.get("n_sink")
+    windowed = _windowed(s, list(hold.get("policies") or {}))
     head = (f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}" + (f" (mean over {n} examples)" if n else "")
             + f". Within {100 * tol:.0f}% of it (|change| <= {100 * tol:.0f}%, over the prompts a budget evicts from; "
             f"budgets on the grid {', '.join(str(b) for b in grid)}): ")
@@ -189,8 +198,10 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         if at is not None:
             where = f"between {e['below']} and {e['budget']} on this grid" if e.get("below") is not None else \
                 "from the grid's smallest budget that evicts"
-            text = (f"{name} from {e['budget']} positions ({where}; a median {100 * at['share']:.0f}% of each prompt's "
-                    f"context; {at['n_evicting']} of {at['n_examples']} prompts evict anything there; {_band(at)}{_answers(at)})")
+            kept = (f"keeping a median {100 * at['share']:.0f}% of each prompt's cache, every layer as it holds it"
+                    if windowed else f"a median {100 * at['share']:.0f}% of each prompt's context")
+            text = (f"{name} from {e['budget']} positions ({where}; {kept}; {at['n_evicting']} of {at['n_examples']} "
+                    f"prompts evict anything there; {_band(at)}{_answers(at)})")
         elif e.get("worst_evicting") is not None:
             w, c = e["worst_evicting"], e.get("closest")
             if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
@@ -222,12 +233,43 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             notes.append(f"{name.capitalize()} is better than the full cache by more than {100 * tol:.0f}% at budget(s) "
                          f"{at_budgets}: at {first['budget']}, {_band(first)}"
                          + (f"; at {last['budget']}, {_band(last)}." if last is not first else "."))
-    parts = [head + "; ".join(said) + "."] + notes
+    parts = [head + "; ".join(said) + "."] + ([windowed] if windowed else []) + notes
     if hold.get("whole_from") is not None:
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
         parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric"))))
     return parts
+
+
+def _windowed(s: Mapping[str, Any], policies: Sequence[str]) -> str:
+    """What a budget means on the sliding-window layers (summary sliding_windows {layer: window}), or ''.
+    A budget applies to what each layer holds (analyses/kv/eviction.py): a windowed layer holds its last
+    window - 1 positions, which window and heavy hitters (ranked inside the window) cut only below that, and
+    sink window's sinks lie outside the window on longer prompts."""
+    windows = {str(k): int(v) for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
+    if not windows:
+        return ""
+    by_size: dict[int, list[str]] = {}
+    for layer, w in windows.items():
+        by_size.setdefault(w, []).append(layer)
+    held = "; ".join(f"layer(s) {', '.join(layers)} slide over a window of {w} keys and hold at most {w - 1} past "
+                     f"positions whatever the budget" for w, layers in sorted(by_size.items()))
+    below = str(min(by_size) - 1) if len(by_size) == 1 else "the window - 1"
+    layers = [str(k) for k in (s.get("sink_mass_per_layer") or s.get("sink_key_norm_ratio_per_layer") or {})]
+    full = [k for k in layers if k not in windows]
+    names = [p.replace("_", " ") for p in ("window", "heavy_hitters") if p in policies]
+    text = f"Sliding-window layers: {held}. A budget applies to what each layer holds"
+    if names:
+        text += (f": {' and '.join(names)} evict from such a layer only below {below}"
+                 + (" (heavy hitters choose among the positions inside its window)" if "heavy_hitters" in policies else ""))
+        if layers and len(by_size) == 1:
+            text += (f", so from budget {below} on they evict only from layer(s) {', '.join(full)}" if full
+                     else f", so from budget {below} on they evict nothing")
+    n_sink = _num(s.get("n_sink"))
+    if "sink_window" in policies and n_sink:
+        text += (f"; sink window's {n_sink:.0f} sinks fall outside the window on prompts longer than it, where such a "
+                 f"layer keeps only the budget - {n_sink:.0f} most recent positions")
+    return text + ". The share kept counts every layer's cache as it holds it."
 
 
 def _kept(row: Mapping[str, Any], full: float) -> str:

@@ -32,7 +32,10 @@ interval and whether it contains 0 (dla_top_differences: "tied", not ranked); th
 three whose mean lies inside the third's interval (dla_last_named_ties); all heads and all MLPs
 summed per example, with mean, 95% t interval and n (dla_total_heads, dla_total_mlps); the sum of the
 writers' contributions, the norm/bias terms and the final logit (difference) they reconstruct,
-with the largest reconstruction error.
+with the largest reconstruction error. A model that soft-caps its final logits (Gemma 2: cap * tanh(logits /
+cap)) has no linear split of its capped output: the writers sum to the logit difference before the cap
+(dla_logit_before_softcap, with dla_final_softcap the cap), dla_final_logit is the model's capped output, and
+the reconstruction error is measured against the logit difference before the cap.
 """
 from __future__ import annotations
 
@@ -219,7 +222,8 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
                 "head": [x for x in stack.heads for _ in examples],
                 "contribution": stack.contributions.reshape(-1).numpy(),
             })
-            logit = pd.DataFrame({"example": examples.numpy(), "final_logit": stack.logit.numpy()})
+            logit = pd.DataFrame({"example": examples.numpy(), "final_logit": stack.logit.numpy(),
+                                  "logit_before_softcap": stack.logit_before_cap.numpy()})
             dla_frames.append((frame, logit))
     lens_df = pd.concat(lens_frames, ignore_index=True) if lens_frames else None
     dla_df = logits = None
@@ -314,13 +318,18 @@ def within_interval(ranked: pd.DataFrame, intervals: dict, named: list[str]) -> 
             "means": [float(v) for v in rest.contribution]}
 
 
-def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: int) -> dict:
+def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: int,
+                softcap: float | None = None) -> dict:
+    """softcap: the model's final logit soft-cap (lens.final_softcap): the rows then sum to the logit
+    (difference) before it (logits' logit_before_softcap column), not to the capped output."""
     mean = dla_mean(dla)
     writers = dla[~dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
     biases = dla[dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
     biases = biases.reindex(writers.index, fill_value=0.0)
-    final = logits.set_index("example").final_logit.reindex(writers.index)
-    error = (writers + biases - final).abs().max()
+    by_example = logits.set_index("example")
+    final = by_example.final_logit.reindex(writers.index)
+    before = by_example.logit_before_softcap.reindex(writers.index) if softcap is not None else final
+    error = (writers + biases - before).abs().max()
     ranked = mean.reindex(mean.contribution.abs().sort_values(ascending=False).index)
     heads = ranked[ranked.kind == "head"]
     intervals, differences = writer_intervals(dla, list(ranked.component.head(top_k)))
@@ -335,7 +344,9 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
         "dla_total_mlps": _total(dla, "mlp"),
         "dla_sum_components": float(writers.mean()),
         "dla_bias_terms": float(biases.mean()),
-        "dla_final_logit": float(final.mean()),
+        "dla_final_logit": float(final.mean()),  # the model's output (after its soft-cap, where it has one)
+        "dla_final_softcap": softcap,  # None: no final soft-cap, the rows sum to dla_final_logit
+        "dla_logit_before_softcap": float(before.mean()) if softcap is not None else None,  # what the rows sum to
         "dla_max_reconstruction_error": None if pd.isna(error) else float(error),
         "norm_convention": NORM_CONVENTION,
     }
@@ -364,7 +375,8 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     task = default_task(model, task, config)
     _, dla, logits, _, direction = _collect(model, task, config, lens=False, dla=True)
     mean = dla_mean(dla)
-    summary = {**dla_summary(dla, logits, direction, config.top_k), "task": task.name, "n_examples": len(task)}
+    summary = {**dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
+               "task": task.name, "n_examples": len(task)}
     return Result(name="circuits", df=mean, summary=summary, tables={"dla": dla, "dla_mean": mean}, config=asdict(config))
 
 
@@ -378,7 +390,7 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     task = default_task(model, task, config)
     lens, dla, logits, err, direction = _collect(model, task, config, lens=True, dla=True)
     mean = dla_mean(dla)
-    summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k),
+    summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
                "task": task.name, "n_examples": len(task)}
     tables = {"lens": lens, "dla": dla, "dla_mean": mean}
     if config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness

@@ -29,6 +29,10 @@ value biases folded into b_O, centred unembedding), on the unprocessed model:
   holds only the normed b_O (0 for Gemma 2). hook_mlp_out is already the normed MLP output.
 - "remainder" is whatever of the stream the listed writers do not sum to (0 up to rounding
   for GPT-2, Llama and NeoX blocks), so the rows always sum to the final logit (difference).
+- a final logit soft-cap (Gemma 2's final_logit_softcapping: cap * tanh(logits / cap) after the
+  unembedding) is not linear, so no split of the capped logits into writers exists: the rows sum
+  to the logit (difference) before the cap, the unembedding of the final normed stream, and the
+  stack carries both it (logit_before_cap) and the model's capped output (logit).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from headscope.analyses.circuits.lens import final_softcap, unembed
 from headscope.execution.block_shape import post_attention_norm
 from headscope.hooks import head_result, site
 
@@ -134,7 +139,9 @@ def frozen_norm(norm, pre: torch.Tensor, normed: torch.Tensor, *, offset: bool =
 class DLAStack:
     """contributions [component, batch] with aligned labels, kinds, layers, heads (-1: none, e.g.
     the embeddings, the remainder and the final-norm and unembedding bias terms);
-    logit [batch]: the model's final logit (difference) along the same tokens."""
+    logit [batch]: the model's final logit (difference) along the same tokens, its output;
+    logit_before_cap [batch]: the same before the model's final soft-cap (softcap: its cap, None
+    without one, and then equal to logit), what the contributions sum to."""
 
     contributions: torch.Tensor
     labels: list[str]
@@ -142,6 +149,8 @@ class DLAStack:
     layers: list[int]
     heads: list[int]
     logit: torch.Tensor
+    logit_before_cap: torch.Tensor
+    softcap: float | None = None
 
 
 @torch.no_grad()
@@ -215,10 +224,19 @@ def dla_stack(model, acts, positions: torch.Tensor, directions: torch.Tensor,
         contrib = torch.cat([contrib, value[None]])
         labels, kinds, layers, heads = labels + [label], kinds + [k], layers + [-1], heads + [-1]
     logit = torch.full((positions.shape[0],), float("nan"))
+    cap = final_softcap(model)
+    before = logit
     if output is not None and answers is not None:
-        last = at(output).float()  # [batch, vocab]
-        logit = last.gather(1, answers.to(last.device)[:, None])[:, 0]
-        if wrong is not None:
-            logit = logit - last.gather(1, wrong.to(last.device)[:, None])[:, 0]
+        logit = _along(at(output).float(), answers, wrong)  # the model's output (capped, where it caps)
+        before = logit
+        if cap is not None:  # the unembedding of the final normed stream, before the cap
+            normed = model.bridge.ln_final(at(acts[site("resid_post", n_layers - 1)])[:, None])  # [batch, 1, d_model]
+            before = _along(unembed(model, normed)[:, 0].float(), answers, wrong)
     return DLAStack(contributions=contrib.cpu(), labels=labels, kinds=kinds, layers=layers, heads=heads,
-                    logit=logit.cpu())
+                    logit=logit.cpu(), logit_before_cap=before.cpu(), softcap=cap)
+
+
+def _along(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor | None) -> torch.Tensor:
+    """[batch]: logits [batch, vocab] at the answers, less those at the wrong answers."""
+    out = logits.gather(1, answers.to(logits.device)[:, None])[:, 0]
+    return out if wrong is None else out - logits.gather(1, wrong.to(logits.device)[:, None])[:, 0]

@@ -15,6 +15,15 @@ checks it against a cropped Hugging Face cache. Policies:
   that share the KV head).
 "full" (no eviction) is the reference; budget >= the context length evicts nothing.
 
+Sliding-window layers (Gemma 2's local layers, Mistral's; models.layer_windows) already hold only
+the last window - 1 context positions for the answer query (their mask hides the rest and Hugging
+Face's cache drops them), so the budget applies to what each layer holds: a windowed layer keeps the
+policy's positions among its own (window: the last min(budget, window - 1); sink_window: sinks
+outside the window are gone already; heavy_hitters: the `budget` heaviest of the positions inside
+the window), and a budget >= window - 1 evicts nothing there. The sweep counts per prompt the
+layer-positions the full cache holds (`cached`: every global layer's context, each windowed layer's
+window) and those the policy keeps (`kept`), so what eviction saves counts only what it removes.
+
 The context is prefilled once (hooks.kv_states.prefill: the hook-free pass where it applies, so
 memory grows linearly with the prompt) and each policy and budget decodes the answer query alone
 on that cache (answer_step); where a sliding-window cache drops early positions, each run is a
@@ -40,7 +49,7 @@ from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
 from headscope.hooks.kv_states import cached_forward, holds_prefix, prefill, prefix_cache
-from headscope.models.hooked_model import left_padding_starts
+from headscope.models.hooked_model import layer_windows, left_padding_starts
 
 POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
 
@@ -73,11 +82,25 @@ def attention_received(model, tokens: torch.Tensor, attention_mask: torch.Tensor
     return torch.stack([h.reshape(h.shape[0], f.n_kv_heads, -1, ctx).sum(2) for h in out])  # [layer, batch, kv_head, ctx]
 
 
+def held_positions(n_layers: int, ctx: int, windows: Sequence[int | None] | None = None) -> torch.Tensor:
+    """bool [layer, ctx]: the context positions each layer holds for the answer query (at position ctx):
+    every one for a global layer, the last window - 1 for a sliding-window layer (Hugging Face's mask:
+    key j is seen by query i when i - j < window)."""
+    held = torch.ones(n_layers, ctx, dtype=torch.bool)
+    for layer, w in enumerate(windows or ()):
+        if w is not None:
+            held[layer] = torch.arange(ctx) > ctx - w
+    return held
+
+
 def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: int, budget: int,
-              n_sink: int = 4, received: torch.Tensor | None = None, start: torch.Tensor | None = None) -> torch.Tensor:
+              n_sink: int = 4, received: torch.Tensor | None = None, start: torch.Tensor | None = None,
+              windows: Sequence[int | None] | None = None) -> torch.Tensor:
     """Which context positions stay in the cache: bool [layer, batch, kv_head, ctx]. start: [batch]
     each row's first real position (left padding; None: 0): a row's context is positions start..ctx-1,
-    counted from 0 there, and padding is never kept."""
+    counted from 0 there, and padding is never kept. windows: per layer its sliding window (None:
+    global): a windowed layer keeps only positions it holds (held_positions), heavy hitters ranked
+    among those."""
     if not isinstance(budget, int) or budget < 0:
         raise ConfigError(f"budget must be a non-negative int (cache positions kept), got {budget!r}.")
     if policy not in ("full", *POLICIES):
@@ -87,6 +110,7 @@ def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: i
     pos = torch.arange(ctx)[None, :] - start[:, None]  # [batch, ctx]: position within the row, < 0 on padding
     length = (ctx - start)[:, None]  # [batch, 1]: each row's context length
     real = pos >= 0
+    held = real[None, :, None, :] & held_positions(n_layers, ctx, windows)[:, None, None, :]  # [layer, batch, 1, ctx]
     if policy == "full":
         keep = real
     elif policy == "window":
@@ -97,11 +121,11 @@ def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: i
     else:  # heavy_hitters
         if received is None or tuple(received.shape) != shape:
             raise ConfigError(f"heavy_hitters needs received= attention of shape {shape}; use attention_received(model, tokens).")
-        ranked = received.cpu().masked_fill(~real[None, :, None, :], float("-inf"))  # padding ranks last
+        ranked = received.cpu().masked_fill(~held, float("-inf"))  # padding and what a window dropped rank last
         keep = torch.zeros(shape, dtype=torch.bool)
         keep.scatter_(-1, ranked.topk(min(budget, ctx), -1).indices, True)
-        return keep & real[None, :, None, :]  # budget >= a row's context: all of it
-    return keep[None, :, None, :].expand(shape).clone()
+        return keep & held  # budget >= what a layer holds: all of it
+    return (keep[None, :, None, :] & held).expand(shape).clone()
 
 
 def evict_hooks(model, keep: torch.Tensor) -> list:
@@ -163,7 +187,9 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     """The Task metric per policy, budget and example (plus policy "full" at the whole context).
 
     Columns: policy, budget, example, context (the prompt's context length: a budget at or above it
-    evicts nothing from that prompt), metric (the Task's metric), correct (argmax == answer).
+    evicts nothing from that prompt), cached (layer-positions the full cache holds for the answer query,
+    summed over layers: a sliding-window layer holds at most window - 1), kept (those the policy keeps;
+    kept < cached: the run evicts something), metric (the Task's metric), correct (argmax == answer).
     Padded tasks: budgets count real cache entries; a row whose context is within the budget keeps
     all of it ("full" lists the longest context as its budget).
     """
@@ -177,18 +203,21 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     received = attention_received(model, tokens, mask) if "heavy_hitters" in policies else None
     context = context_cache(model, tokens, mask)
     context_len = (ctx - start.cpu().to(torch.int64)).numpy()  # [batch] each prompt's context length
+    windows = layer_windows(model)  # sliding-window layers hold only their window (the module doc)
     runs = [("full", ctx)] + [(p, b) for p in policies for b in budgets]
-    frames = []
+    frames, cached = [], None
     for policy, budget in tqdm(runs, desc="kv eviction", disable=not progress):
         keep = keep_mask(policy, n_layers=f.n_layers, batch=batch, n_kv_heads=f.n_kv_heads, ctx=ctx,
-                         budget=budget, n_sink=n_sink, received=received, start=start)
+                         budget=budget, n_sink=n_sink, received=received, start=start, windows=windows)
+        kept = keep.sum((0, 3)).double().mean(1).numpy()  # [batch] layer-positions (mean over KV heads)
+        cached = kept if cached is None else cached  # the first run is "full"
         if context is None:
             logits = evicted_logits(model, tokens, keep, mask)  # [batch, pos, vocab]
         else:
             logits = answer_step(model, context, tokens, keep, mask)  # [batch, 1, vocab]
         frames.append(pd.DataFrame({
             "policy": policy, "budget": budget, "example": range(batch), "context": context_len,
-            "metric": metric(logits).float().cpu().numpy(),  # (numpy has no bfloat16)
+            "cached": cached, "kept": kept, "metric": metric(logits).float().cpu().numpy(),  # (numpy has no bfloat16)
             "correct": accuracy(logits, task.answers.to(logits.device)).cpu().numpy(),
         }))
     return pd.concat(frames, ignore_index=True)

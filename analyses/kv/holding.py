@@ -1,16 +1,21 @@
 """Where each eviction policy holds the metric: the smallest budget within a tolerance of the full cache.
 
-A budget counts for a prompt only where it evicts something (the prompt's context is longer than the
-budget): a prompt kept whole equals the full cache by construction, so averaging it in makes a small
-budget look safe (at budget 8 of a sweep whose prompts are 4 to 13 positions long, most prompts may be
-kept whole). Per policy and budget, over the prompts that budget evicts from (paired with their own
-full-cache value):
+A budget counts for a prompt only where it evicts something (the policy keeps fewer layer-positions
+than the full cache holds, the sweep's kept < cached; sweeps without those columns: the prompt's
+context is longer than the budget): a prompt kept whole equals the full cache by construction, so
+averaging it in makes a small budget look safe (at budget 8 of a sweep whose prompts are 4 to 13
+positions long, most prompts may be kept whole; on a model whose every layer slides over a window of
+8, no budget from 7 on evicts anything). Per policy and budget, over the prompts that budget evicts
+from (paired with their own full-cache value):
 
 - change: mean(policy - full) / |mean(full)| over those prompts; its 95% t interval treats the
   denominator as fixed; per_example: the range of (policy - full) / |full| over them;
 - within: |change| <= tolerance (two-sided: a policy *above* the full cache by more is not "within",
   it is reported as better than the full cache, with its interval);
-- share: budget / context length, its median over those prompts;
+- share: the cache kept, kept / cached (layer-positions, so bytes: every layer-position costs the
+  same), its median over those prompts; budget / context length where every layer is global (and in
+  sweeps without those columns). A sliding-window layer counts with what it holds, so a budget that
+  evicts only from the global layers saves only their part;
 - correct, full_correct: how many of those prompts the policy and the full cache answer correctly
   (where the sweep has its `correct` column): accuracy beside the metric.
 
@@ -46,16 +51,24 @@ def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
 def budget_changes(sweep: pd.DataFrame) -> pd.DataFrame:
     """One row per (policy, budget) of the sweep (not "full"): n_examples, n_evicting (prompts whose
     context is longer than the budget), change, ci_low, ci_high, per_example_low, per_example_high,
-    share (median budget / context) over the evicting prompts (NaN where none evicts), and with a `correct`
-    column in the sweep, correct and full_correct (counts over the evicting prompts).
+    share (median kept / cached, the cache kept) over the evicting prompts (NaN where none evicts), and with a
+    `correct` column in the sweep, correct and full_correct (counts over the evicting prompts).
 
-    sweep: eviction_sweep's df with its `context` column (each prompt's context length)."""
+    sweep: eviction_sweep's df with its `context` column (each prompt's context length) and, where present,
+    `cached` and `kept` (layer-positions held by the full cache and kept by the policy)."""
     full = sweep[sweep.policy == "full"].set_index("example")
+    counted = {"cached", "kept"} <= set(sweep)
     rows = []
     for (policy, budget), g in sweep[sweep.policy != "full"].groupby(["policy", "budget"], sort=True):
         g = g.set_index("example")
         ctx = full.context.reindex(g.index)
-        evicting = g.index[ctx.to_numpy() > budget]
+        if counted:
+            kept_share = (g.kept / g.cached).to_numpy(dtype=float)  # [example]
+            evicting = g.index[kept_share < 1.0]
+        else:
+            kept_share = budget / ctx.to_numpy(dtype=float)
+            evicting = g.index[ctx.to_numpy() > budget]
+        kept_share = pd.Series(kept_share, index=g.index)
         row = {"policy": policy, "budget": int(budget), "n_examples": len(g), "n_evicting": len(evicting),
                "change": math.nan, "ci_low": math.nan, "ci_high": math.nan, "per_example_low": math.nan,
                "per_example_high": math.nan, "share": math.nan}
@@ -69,7 +82,7 @@ def budget_changes(sweep: pd.DataFrame) -> pd.DataFrame:
             ci = _interval(diff, scale)
             row.update(change=float(diff.mean()) / scale, per_example_low=float(per.min()),
                        per_example_high=float(per.max()),
-                       share=float(np.median(budget / full.context.reindex(evicting).to_numpy(dtype=float))))
+                       share=float(np.median(kept_share.reindex(evicting).to_numpy(dtype=float))))
             if ci is not None:
                 row.update(ci_low=ci[0], ci_high=ci[1])
         rows.append(row)

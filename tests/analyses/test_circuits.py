@@ -42,21 +42,44 @@ def _models(kind: str, family: str, tiny_dirs, tiny_models, biased_dirs):
     return hs.load_model(path, device="cpu"), hs.load_model(path, device="cpu")
 
 
-def test_logit_lens_last_row_applies_gemma2s_final_softcap(arch_dirs):
+def test_logit_lens_and_dla_on_gemma2s_final_softcap(arch_dirs):
     """#34 review 6 (A10): Gemma 2 soft-caps its final logits (cap * tanh(logits / cap), cap 30); the lens's last
-    row is the model's own output, against plain Hugging Face logits. The final norm's weight is raised so the
-    logits reach the cap's curved part (uncapped, the logit differences would be off by far more than rounding)."""
+    row is the model's own output, against plain Hugging Face logits. DLA's rows sum to the logit difference
+    before the cap (Hugging Face's lm_head on its final normed stream), the summary records it beside the capped
+    output (HF's logits) and the finding names both. The final norm's weight is raised so the logits reach the
+    cap's curved part (uncapped, the logit differences would be off by far more than rounding)."""
     from transformers import AutoModelForCausalLM
+
+    from headscope.reports.findings import finding
 
     path = arch_dirs["gemma2"]
     model = hs.load_model(path, device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="eager").eval()
     assert hf.config.final_logit_softcapping == 30.0
+    store = {}
+    hook = hf.model.norm.register_forward_hook(lambda m, a, out: store.__setitem__("normed", out[:, -1]))
     with torch.no_grad():
         for m in (model.bridge.original_model, hf):  # Gemma's RMSNorm scales by (1 + weight)
             m.model.norm.weight.fill_(5.0)
         task = _task(n=3, pos=6)
         logits = hf(task.tokens).logits[:, -1].float()  # [batch, vocab], capped by Hugging Face's head
+        hook.remove()
+        raw_hf = hf.lm_head(store["normed"]).float()  # [batch, vocab]: before the cap
+    rows = torch.arange(len(task))
+    before = raw_hf[rows, task.answers] - raw_hf[rows, task.wrong_answers]  # [batch]
+    after = logits[rows, task.answers] - logits[rows, task.wrong_answers]
+    assert (before - after).abs().min() > 0.1, (before, after)  # the cap bites on every example
+    dla = circuits.direct_logit_attribution(model, task)
+    s = dla.summary
+    sums = torch.tensor(dla.tables["dla"].groupby("example").contribution.sum().sort_index().to_numpy()).float()
+    assert torch.allclose(sums, before, atol=1e-3)
+    assert s["dla_final_softcap"] == 30.0 and s["dla_max_reconstruction_error"] < 1e-3
+    assert s["dla_logit_before_softcap"] == pytest.approx(float(before.mean()), abs=1e-3)
+    assert s["dla_final_logit"] == pytest.approx(float(after.mean()), abs=1e-3)
+    text = finding("circuits", s)
+    assert (f"The components sum to the logit difference before the model's final logit soft-cap (30 tanh(logit / "
+            f"30)): {before.mean():.2f}; the model's output, after the cap, is {after.mean():.2f}.") in text, text
+    assert "of a final logit difference" not in text
     res = circuits.logit_lens(model, task, circuits.CircuitsConfig(lens_target="answer"))
     lens = res.tables["lens"]
     last = lens[lens.is_answer & (lens.layer == model.facts.n_layers)].sort_values("example")
@@ -222,6 +245,13 @@ def test_dla_rows_sum_to_the_final_logit_difference(family, wrong, biased_models
     assert abs(s["dla_sum_components"] + s["dla_bias_terms"] - s["dla_final_logit"]) < 1e-4
     assert s["dla_max_reconstruction_error"] < 1e-4
     assert abs(s["dla_sum_components"] - writers.groupby("example").contribution.sum().mean()) < 1e-5
+    # no final soft-cap: nothing recorded before one, and the finding keeps its "of a final logit difference"
+    assert s["dla_final_softcap"] is None and s["dla_logit_before_softcap"] is None
+    if wrong:
+        from headscope.reports.findings import finding
+
+        text = finding("circuits", s)
+        assert f"of a final logit difference {s['dla_final_logit']:.3g}." in text and "soft-cap" not in text, text
     if family != "llama":  # a LayerNorm bias, random here, is a term of its own
         assert (dla.kind == "ln_final_bias").any() and dla[dla.kind == "ln_final_bias"].contribution.abs().max() > 1e-3
     assert s["dla_direction"] == ("answer - wrong_answer" if wrong else "answer")

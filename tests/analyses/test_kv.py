@@ -51,6 +51,16 @@ def test_keep_masks_by_hand():
     assert kv_eviction.keep_mask("window", **{**common, "budget": 10}).all()
     with pytest.raises(ValueError, match="unknown eviction policy"):
         kv_eviction.keep_mask("lru", **common)
+    # layer 0 slides over 4 keys: the answer query (position 10) sees 7, 8, 9 of the context; layer 1 is global
+    two = {**common, "n_layers": 2, "windows": (4, None)}
+    both = lambda policy, **kw: [m[0, 0].nonzero().flatten().tolist()  # noqa: E731
+                                 for m in kv_eviction.keep_mask(policy, **{**two, **kw})]
+    assert both("full") == [[7, 8, 9], list(range(10))]
+    assert both("window") == [[7, 8, 9], [6, 7, 8, 9]]
+    assert both("sink_window") == [[8, 9], [0, 1, 8, 9]]  # the sinks 0, 1 lie outside layer 0's window
+    received2 = received.expand(2, 1, 1, 10)
+    assert both("heavy_hitters", received=received2) == [[7, 8, 9], [0, 2, 5, 7]]
+    assert both("heavy_hitters", received=received2, budget=2) == [[7, 9], [0, 7]]  # ranked inside the window
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -240,3 +250,73 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
     assert "against 64.0 KiB if every layer were global" in text
     assert "(layer(s) 1; layer(s) 0 no longer cache the first key (sliding window))" in text
     assert "layer(s) 0 from 5: a sliding window" in plot_norms(norms).get_xlabel()
+
+
+def test_eviction_on_sliding_window_layers_equals_hugging_face_with_both_masks(arch_models, hf_of):
+    """Review 6 (#34): Gemma 2's layer 0 slides over 8 keys, so for the answer query of a 14-token prompt it holds
+    only context positions 6..12. Each policy's budget applies to what a layer holds: checked against plain
+    Hugging Face run with per-layer 4-d masks (the causal, the sliding window and the hand-made eviction of the
+    answer query's row; heavy hitters ranked by hand from HF's own attentions, inside the window on layer 0),
+    with the cache held and kept counted by hand. Mistral (every layer slides over 8): from budget 7 on nothing
+    is evicted, so no prompt counts as evicting and the metric is the full cache's. The finding names the
+    windowed layers and what a budget means there."""
+    from headscope.analyses.kv.holding import budget_changes
+    from headscope.reports.plots_kv import finding
+
+    model, hf = arch_models("gemma2"), hf_of("gemma2")
+    tokens = random_tokens(2, 14, seed=7)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 3], wrong_answers=tokens[:, 4], metric="logit_diff")
+    result = kv.kv_analysis(model, task, kv.KVConfig(n_sink=4, budgets=(4, 8)))
+    sweep = result.df.set_index(["policy", "budget", "example"]).sort_index()
+    ctx, window, f = 13, 8, model.facts
+    group = f.n_heads // f.n_kv_heads
+    with torch.no_grad():
+        attns = hf(tokens, output_attentions=True).attentions  # [batch, head, q, k] per layer
+    held = [torch.arange(ctx) > ctx - window, torch.ones(ctx, dtype=torch.bool)]  # layer 0 slides, layer 1 global
+    rows = torch.arange(2)
+
+    def hand(policy: str, budget: int) -> tuple[torch.Tensor, list[int]]:
+        masks, kept = [], [0, 0]
+        for layer in range(2):
+            if policy == "window":
+                keep = (torch.arange(ctx) >= ctx - budget).expand(2, f.n_kv_heads, ctx)
+            elif policy == "sink_window":
+                keep = ((torch.arange(ctx) < 4) | (torch.arange(ctx) >= ctx - (budget - 4))).expand(2, f.n_kv_heads, ctx)
+            else:  # H2O: attention the context's queries gave each context key, per KV head, ranked among held keys
+                got = attns[layer][:, :, :ctx, :ctx].sum(2).reshape(2, f.n_kv_heads, group, ctx).sum(2)
+                top = got.masked_fill(~held[layer], float("-inf")).topk(budget, -1).indices
+                keep = torch.zeros(2, f.n_kv_heads, ctx, dtype=torch.bool).scatter_(-1, top, True)
+            keep = keep & held[layer]
+            kept[layer] = int(keep[0, 0].sum())
+            allowed = torch.ones(ctx + 1, ctx + 1).tril().bool()
+            if layer == 0:
+                allowed &= ~torch.ones(ctx + 1, ctx + 1).tril(-window).bool()  # q - k < window
+            allowed = allowed.expand(2, f.n_heads, -1, -1).clone()
+            allowed[:, :, ctx, :ctx] &= keep.repeat_interleave(group, dim=1)
+            masks.append(torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min))
+        with torch.no_grad():
+            out = hf(tokens, attention_mask={"sliding_attention": masks[0], "full_attention": masks[1]}).logits[:, -1]
+        return out[rows, task.answers] - out[rows, task.wrong_answers], kept
+
+    assert (sweep.loc["full"].cached == 13 + 7).all()  # layer 1 holds the 13 context positions, layer 0 its last 7
+    for policy in kv_eviction.POLICIES:
+        for budget in (4, 8):
+            metric, kept = hand(policy, budget)
+            got = sweep.loc[(policy, budget)]
+            assert np.abs(got.metric.to_numpy() - metric.numpy()).max() <= 1e-4, (policy, budget)
+            assert (got.kept == sum(kept)).all(), (policy, budget, kept)
+    assert [hand(p, 8)[1][0] for p in ("window", "heavy_hitters", "sink_window")] == [7, 7, 4]
+    table = budget_changes(result.df).set_index(["policy", "budget"])
+    assert table.loc[("window", 8), "share"] == pytest.approx((8 + 7) / 20)  # not 8 / 13: layer 0 loses nothing
+    text = finding(result.summary)
+    assert ("layer(s) 0 slide over a window of 8 keys and hold at most 7 past positions whatever the budget. A budget "
+            "applies to what each layer holds: window and heavy hitters evict from such a layer only below 7") in text
+    assert "so from budget 7 on they evict only from layer(s) 1" in text, text
+
+    mistral = arch_models("mistral")
+    sweep = kv_eviction.eviction_sweep(mistral, task, budgets=[4, 8], policies=["window"])
+    full, at8 = (sweep[(sweep.policy == p) & (sweep.budget == b)] for p, b in (("full", 13), ("window", 8)))
+    assert (at8.kept.to_numpy() == at8.cached.to_numpy()).all() and (at8.cached == 2 * 7).all()
+    assert np.abs(at8.metric.to_numpy() - full.metric.to_numpy()).max() <= 1e-5
+    table = budget_changes(sweep).set_index(["policy", "budget"])
+    assert table.loc[("window", 8), "n_evicting"] == 0 and table.loc[("window", 4), "n_evicting"] == 2
