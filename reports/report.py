@@ -493,7 +493,7 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, run: R
     finished = distributed.broadcast_object({n for n in names if resuming and (root / n / DONE).exists() and n not in redo})
     writer = _Writer.open(model, out, session, run, names, resuming)
     runs = [n for n in names if plans[n].skip is None]
-    plans = runner.resolve_plans(model, plans, runs, run.common)  # each analysis's Task, resolved once
+    plans = runner.resolve_plans(model, plans, runs, run.common, finished=finished)  # each Task to run, resolved once
     # before any runs: the budget is shared; rank 0's timing decides, so every rank runs the same settings
     to_run = [n for n in runs if n not in finished]
     fitted = distributed.broadcast_object(runner.fit_to_budget(model, plans, to_run, run.minutes) if run.main else None)

@@ -7,7 +7,8 @@ The runner decides everything before any analysis runs, and once:
 - `resolve_plans`: each analysis's Task, resolved ONCE by its family (`registry.family_task`) from
   the user's task (a task file held in memory, `TaskFile.held`, so the file is read once per run)
   or its default; that same Task goes to the budget, to `run`, to the chance guard, to the
-  section's provenance and to the explorer;
+  section's provenance and to the explorer (an analysis --resume keeps: its Task only where the
+  explorer reads it);
 - `fit_to_budget`: each analysis's settings after the budget (analyses/core/budget.py). A budget
   that changes the examples resolves that analysis's Task once more at the fitted size (from the
   held bytes, not the disk), so the Task an analysis runs on has the rows its settings say;
@@ -27,7 +28,7 @@ import logging
 import random
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,12 +167,16 @@ def _resolution_settings(config: Any) -> tuple:
     return (config.seed, config.quick, config.n_examples)
 
 
-def resolve_plans(model: Any, plans: Mapping[str, Plan], names: Sequence[str], common: Mapping[str, Any]) -> dict[str, Plan]:
-    """`plans` with each named analysis's preset config and its Task resolved once under it."""
+def resolve_plans(model: Any, plans: Mapping[str, Plan], names: Sequence[str], common: Mapping[str, Any], *,
+                  finished: Collection[str] = ()) -> dict[str, Plan]:
+    """`plans` with each named analysis's preset config and its Task resolved once under it. An analysis
+    in `finished` (kept by --resume) gets its config only: nothing runs or prices it, and the explorer,
+    its Task's one reader, resolves that Task under the same config when it builds (`ran_on`)."""
     out = dict(plans)
     for name in names:
         config = registry.config_class(name).preset(**common)
-        out[name] = dataclasses.replace(plans[name], config=config, resolved=_resolve(model, name, plans[name], config))
+        resolved = None if name in finished else _resolve(model, name, plans[name], config)
+        out[name] = dataclasses.replace(plans[name], config=config, resolved=resolved)
     return out
 
 

@@ -16,548 +16,51 @@ with an attention mask, decoders on the left (every row's answer is read at the 
 model derives each row's position ids from the mask) and encoders on the right. Words that become
 the tokenizer's unknown token warn (TokenizationWarning), or with strict mode (`--strict`,
 `strict=True`) raise a TokenizationError.
+
+The rest of the data's path lives beside this module: task_sources.py (field mappings, TaskFile,
+FieldMapped, what counts as task data) and task_rows.py (reading and checking rows, row numbers);
+their public names are importable from here too.
 """
 from __future__ import annotations
 
-import csv
-import json
 import logging
-import math
 import os
-import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
-from headscope.errors import (
-    ConfigError,
-    HeadscopeWarning,
-    InputTypeError,
-    TaskFileError,
-    TokenizationError,
-    TokenizationWarning,
+from headscope.analyses.core.task_rows import (
+    _row_numbers,
+    _rows,
+    _scan,
+    _source_records,
+    read_numbered_rows,
+    read_task_rows,
+    sample_indices,  # noqa: F401  (re-exported: task_files' names stay importable from here)
 )
+from headscope.analyses.core.task_sources import (
+    FIELDS,
+    FORMATS,
+    REQUIRED,
+    FieldMapped,
+    HeldTaskFile,
+    TaskFile,
+    _carried,
+    describe,  # noqa: F401  (re-exported: position's analysis imports it from here)
+    is_task_data,
+    not_a_task,
+    parse_fields,
+    with_fields,
+)
+from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
+from headscope.errors import ConfigError, HeadscopeWarning, TaskFileError, TokenizationError, TokenizationWarning
 from headscope.models.hooked_model import pad_id_of, pad_token_rows, token_strings
 
 log = logging.getLogger(__name__)
-
-FIELDS = ("prompt", "answer", "corrupted_prompt", "wrong_answer")
-REQUIRED = ("prompt", "answer")
-FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-# ---- field mappings ---------------------------------------------------------------------------
-def parse_fields(fields: Mapping[str, str] | str | None) -> dict[str, str]:
-    """headscope field -> the user's column, from a mapping or "prompt=text,answer=label"
-    (empty when None)."""
-    if fields is None:
-        return {}
-    if isinstance(fields, str):
-        pairs: dict[str, str] = {}
-        for item in filter(None, (part.strip() for part in fields.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip() or not value.strip():
-                raise ConfigError(
-                    f"task fields {fields!r}: {item!r} is not FIELD=COLUMN; write e.g. 'prompt=text,answer=label'."
-                )
-            if key.strip() in pairs:  # prompt=text,prompt=other: which one was meant?
-                raise ConfigError(f"task fields {fields!r}: {key.strip()!r} is mapped twice ({pairs[key.strip()]!r} and "
-                                  f"{value.strip()!r}); map each field to one column.")
-            pairs[key.strip()] = value.strip()
-        fields = pairs
-    if not isinstance(fields, Mapping):
-        raise ConfigError(
-            f"task fields must be a mapping like {{'prompt': 'text'}} or 'prompt=text', got {type(fields).__name__}."
-        )
-    unknown = [k for k in fields if k not in FIELDS]
-    if unknown:
-        raise ConfigError(f"task fields {unknown} are not headscope fields; map some of {list(FIELDS)} to your column names.")
-    bad = [k for k, v in fields.items() if not isinstance(v, str) or not v]
-    if bad:
-        raise ConfigError(f"task fields {bad}: each must map to a column name (a non-empty string).")
-    shared = {}
-    for key, column in fields.items():  # prompt=text,answer=text: every answer would be its prompt
-        if column in shared:
-            raise ConfigError(f"task fields: column {column!r} is mapped to both {shared[column]!r} and {key!r}; "
-                              f"map each field to its own column.")
-        shared[column] = key
-    return dict(fields)
-
-
-class TaskFile(str):
-    """A task file path that carries its field mapping and strictness: a str, so it goes wherever a
-    path does (analyses, build_report, the manifest), and `resolve_task` / `load_task` apply `fields`
-    and `strict` (words that become the unknown token raise a TokenizationError, not a warning)."""
-
-    fields: dict[str, str]
-    strict: bool
-
-    def __new__(cls, path: str | os.PathLike, fields: Mapping[str, str] | str | None = None,
-                strict: bool | None = None) -> TaskFile:
-        if not isinstance(path, (str, os.PathLike)):
-            raise InputTypeError(
-                f"TaskFile takes the path of a .jsonl/.csv/.parquet file (and fields=, strict=), not a "
-                f"{type(path).__name__}; for a DataFrame, Dataset or list of dicts use hs.load_task(model, data, fields), "
-                f"or hs.run_analysis(name, model, data, fields=fields)."
-            )
-        obj = super().__new__(cls, os.fspath(path))
-        obj.fields = parse_fields(fields if fields is not None else getattr(path, "fields", None))
-        obj.strict = bool(strict if strict is not None else getattr(path, "strict", False))
-        return obj
-
-    def __reduce__(self):  # pickles (torch.distributed broadcasts) keep the mapping and strictness
-        return (TaskFile, (str(self), self.fields, self.strict))
-
-    def held(self) -> HeldTaskFile:
-        """This file read once: its bytes held in memory, so that every later read (the samples of
-        each analysis, strict mode's scan, the sha256 --resume compares) reads them instead of the
-        disk. `headscope report` reads its --task file this way, once per run."""
-        return HeldTaskFile(self, self.fields, self.strict)
-
-
-class HeldTaskFile(TaskFile):
-    """A TaskFile whose bytes were read once (`TaskFile.held`): the same path, fields and strictness,
-    and `data` / `sha256` from that one read. A missing or unreadable file is the TaskFileError the
-    readers give."""
-
-    data: bytes
-    sha256: str
-
-    def __new__(cls, path: str | os.PathLike, fields: Mapping[str, str] | str | None = None,
-                strict: bool | None = None, data: bytes | None = None) -> HeldTaskFile:
-        import hashlib
-
-        obj = super().__new__(cls, path, fields, strict)
-        if data is None:
-            label = _checked_path(Path(obj))  # the readers' one-line errors: unknown format, missing
-            try:
-                with open(obj, "rb") as fh:
-                    data = fh.read()
-            except OSError as err:
-                raise TaskFileError(f"{label} cannot be read: {err.strerror or type(err).__name__}.") from None
-        obj.data = data
-        obj.sha256 = hashlib.sha256(data).hexdigest()
-        return obj
-
-    def __reduce__(self):
-        return (HeldTaskFile, (str(self), self.fields, self.strict, self.data))
-
-
-class _HeldPath(type(Path())):  # a path whose readers read `data`, not the disk
-    data: bytes
-
-
-def _open(path: Path):
-    """A binary file object of `path`: its held bytes (HeldTaskFile) or the file on disk."""
-    import io
-
-    return io.BytesIO(path.data) if isinstance(path, _HeldPath) else open(path, "rb")
-
-
-class FieldMapped:
-    """In-memory task data (a DataFrame, Dataset or list of dicts) with its field mapping and strictness,
-    as TaskFile is for a path: hs.run_analysis(name, model, data, fields=...) passes one, and
-    resolve_task / load_task read it as the data under those fields (sampled to the analysis's size)."""
-
-    __slots__ = ("data", "fields", "strict")
-
-    def __init__(self, data: Any, fields: Mapping[str, str] | str | None = None, strict: bool | None = None) -> None:
-        self.data = data
-        self.fields = parse_fields(fields)
-        self.strict = bool(strict)
-
-    def __repr__(self) -> str:
-        return f"FieldMapped({type(self.data).__name__}, fields={self.fields})"
-
-
-def with_fields(task: Any, fields: Mapping[str, str] | str | None, strict: bool | None = None) -> Any:
-    """`task` carrying a field mapping (None: unchanged): a path becomes a TaskFile, in-memory data a
-    FieldMapped; a Task or zoo task name takes no fields (ConfigError)."""
-    if fields is None and strict is None:
-        return task
-    if isinstance(task, (str, os.PathLike)) and not (isinstance(task, str) and task in ZOO_TASKS):
-        return TaskFile(task, fields, strict)
-    if is_task_data(task):
-        return FieldMapped(task, fields, strict)
-    what = (f"the zoo task {task!r}" if isinstance(task, str) else "the default task (pass your data too)"
-            if task is None else describe(task))
-    raise ConfigError(f"fields= apply to task files and data sets (DataFrame, Dataset, list of dicts), not to {what}.")
-
-
-def _carried(source: Any, attr: str) -> Any:
-    """The fields or strictness a TaskFile or FieldMapped carries (None for anything else: a DataFrame's
-    column of that name is data, not a setting)."""
-    return getattr(source, attr, None) if isinstance(source, (TaskFile, FieldMapped)) else None
-
-
-def describe(value: Any) -> str:
-    """A value as one short phrase for an error: "a Tensor of shape [1, 9] (int64)", "a dict", ..."""
-    if isinstance(value, torch.Tensor):
-        return f"a Tensor of shape {list(value.shape)} ({str(value.dtype).removeprefix('torch.')})"
-    if isinstance(value, (list, tuple)) and value:
-        return f"a {type(value).__name__} of {type(value[0]).__name__}"
-    return f"a {type(value).__name__}"
-
-
-def not_a_task(task: Any) -> Exception:
-    """The one error for what an analysis cannot take as its task (resolve_task raises it)."""
-    if isinstance(task, str):
-        return TaskFileError(
-            f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}), a .jsonl/.csv/.parquet file, a DataFrame, "
-            f"a datasets.Dataset, a list of dicts, a Task, token ids (tokens, answers[, corrupted, wrong]) or one "
-            f"prompt with answer=."
-        )
-    return InputTypeError(
-        f"An analysis takes a Task (hs.load_task(model, data, fields)), user data with prompt and answer fields (a "
-        f".jsonl/.csv/.parquet path, a DataFrame, a datasets.Dataset or a list of dicts), a zoo task name "
-        f"({', '.join(ZOO_TASKS)}), token ids (tokens, answers[, corrupted, wrong]) or one prompt with answer=; got "
-        f"{describe(task)}."
-    )
-
-
-# ---- reading rows ------------------------------------------------------------------------------
-# Task files are read as a stream of records: memory holds the rows kept (all of them, or a
-# seeded sample of n_examples), never the whole file. A sample takes two passes: the first
-# checks every row and counts them, the second keeps the rows drawn with the seed.
-class _Constant(str):
-    """A bare JSON NaN, Infinity or -Infinity (not JSON proper, Python's json reads them): neither
-    text nor a value a task can use, so a field holding one is refused."""
-
-
-class _AmbiguousValue(ValueError):
-    pass
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict:
-    """A JSON object; a key given twice (the last would win silently) is refused."""
-    record = dict(pairs)
-    if len(record) != len(pairs):
-        seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"key {twice!r} appears twice in one object; keep one")
-    return record
-
-
-def _text(value: Any) -> str | None:
-    """A field value as text; None for a missing value (None, NaN, empty)."""
-    if value is None:
-        return None
-    if isinstance(value, _Constant):
-        raise _AmbiguousValue(f"the bare JSON constant {value}, neither text nor a usable number; "
-                              f"write \"{value}\" in quotes if it is meant as text")
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8")
-    if isinstance(value, (list, tuple, dict)):
-        raise TypeError(type(value).__name__)
-    try:
-        text = str(value)
-    except ValueError:  # an integer too long to print (sys.set_int_max_str_digits)
-        raise TypeError("number too long") from None
-    return text if text.strip() else None
-
-
-_AS_WRITTEN = {"parse_int": str, "parse_float": str, "parse_constant": _Constant,  # JSON numbers keep their text: 1.50, 1e3
-               "object_pairs_hook": _object}
-
-
-def _label(path: Path) -> str:
-    return f"Task file {str(path)!r}"
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) of each line of a UTF-8 file (a leading BOM dropped), read lazily."""
-    with _open(path) as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as err:
-                raise TaskFileError(
-                    f"{_label(path)}, line {lineno}: byte 0x{raw[err.start]:02x} is not valid UTF-8; save the file as UTF-8."
-                ) from None
-            yield lineno, line
-
-
-def _is_blank(path: Path) -> bool:
-    with _open(path) as fh:
-        return all(not raw.strip() for raw in fh)
-
-
-def _first_char(path: Path) -> str:
-    with _open(path) as fh:
-        for raw in fh:
-            text = raw.lstrip(b"\xef\xbb\xbf").strip()
-            if text:
-                return chr(text[0])
-    return ""
-
-
-def _file_records(path: Path, only: set[int] | None = None) -> Iterator[tuple[Any, str]]:
-    """(record, its place in the file, e.g. "line 3, row 2") of each example, read lazily (a .json
-    array is parsed whole); with `only`, just the rows of those indices (JSON lines skips the others
-    unparsed; a file checked already)."""
-    if only is None or FORMATS[path.suffix.lower()] == "json" and _first_char(path) != "[":
-        yield from _all_file_records(path, only)
-    else:  # CSV, Parquet, a JSON array: read row by row, keep the chosen ones
-        yield from (entry for i, entry in enumerate(_all_file_records(path)) if i in only)
-
-
-def _all_file_records(path: Path, only: set[int] | None = None) -> Iterator[tuple[Any, str]]:
-    """_file_records without the row filter, except in JSON lines (`only` skips rows unparsed)."""
-    kind = FORMATS[path.suffix.lower()]
-    if kind == "parquet":
-        yield from _parquet_records(path)
-        return
-    if _is_blank(path):
-        raise TaskFileError(f"{_label(path)} is empty; add one example per {'line' if kind == 'json' else 'row'}.")
-    if kind == "csv":
-        reader = csv.DictReader((line for _, line in _lines(path)))
-        n = 0
-        try:
-            _check_header(path, reader.fieldnames or [])
-            for record in reader:
-                if None in record:  # more cells than header columns
-                    raise TaskFileError(
-                        f"{_label(path)}, line {reader.line_num}, row {n}: {len(reader.fieldnames or []) + len(record[None])} "
-                        f"cells but the header has {len(reader.fieldnames or [])} columns; quote cells that contain commas."
-                    )
-                yield record, f"line {reader.line_num}, row {n}"
-                n += 1
-        except csv.Error as err:
-            raise TaskFileError(f"{_label(path)}, line {reader.line_num} could not be read as CSV: {err}") from None
-        if n == 0:
-            raise TaskFileError(f"{_label(path)} is empty: it has a header but no rows; add at least one example.")
-        return
-    if path.suffix.lower() == ".json" and _first_char(path) == "[":  # a JSON array of objects
-        text = "".join(line for _, line in _lines(path))
-        try:
-            records = json.loads(text, **_AS_WRITTEN)
-        except json.JSONDecodeError as err:
-            raise TaskFileError(
-                f"{_label(path)}, line {err.lineno} could not be read as JSON: {err.msg} (column {err.colno})."
-            ) from None
-        except (ValueError, RecursionError) as err:  # a number too long, nesting too deep
-            raise TaskFileError(f"{_label(path)} could not be read as JSON: {err}.") from None
-        if not isinstance(records, list):
-            raise TaskFileError(f"{_label(path)}: expected a JSON array of objects, got {type(records).__name__}.")
-        for i, record in enumerate(records):
-            yield record, f"row {i}"
-        return
-    n = 0
-    for lineno, line in _lines(path):
-        if not line.strip():
-            continue
-        if only is not None and n not in only:
-            n += 1
-            continue
-        try:
-            record = json.loads(line, **_AS_WRITTEN)
-        except json.JSONDecodeError as err:
-            raise TaskFileError(
-                f"{_label(path)}, line {lineno} could not be read as JSON: {err.msg} (column {err.colno}); "
-                f"write one JSON object per line."
-            ) from None
-        except (ValueError, RecursionError) as err:  # a number too long, nesting too deep
-            raise TaskFileError(f"{_label(path)}, line {lineno} could not be read as JSON: {err}.") from None
-        yield record, f"line {lineno}, row {n}"
-        n += 1
-
-
-def _check_header(path: Path | str, names: Sequence[Any], where: str = ", line 1") -> None:
-    """A column named twice (text,label,label: the last would win silently) is refused; unnamed
-    columns, which no field can map to, may repeat."""
-    seen: dict[str, int] = {}
-    for i, name in enumerate(names, start=1):
-        if str(name).strip() and str(name) in seen:
-            label = _label(Path(path)) if isinstance(path, Path) else path
-            raise TaskFileError(f"{label}{where}: column {str(name)!r} appears twice in the header (columns {seen[str(name)]} "
-                                f"and {i}); rename one so that each field comes from one column.")
-        seen.setdefault(str(name), i)
-
-
-def _parquet_records(path: Path) -> Iterator[tuple[dict, str]]:
-    """Parquet rows in batches (pyarrow), so memory holds one batch at a time."""
-    try:
-        import pyarrow.parquet as pq
-
-        file = pq.ParquetFile(_open(path) if isinstance(path, _HeldPath) else path)
-        _check_header(path, file.schema_arrow.names, "")
-        batches = file.iter_batches(batch_size=4096)
-        n = 0
-        for batch in batches:
-            for record in batch.to_pylist():
-                yield record, f"row {n}"
-                n += 1
-    except TaskFileError:
-        raise
-    except Exception as err:  # pyarrow raises many types for unreadable files
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise TaskFileError(f"{_label(path)} could not be read as Parquet: {first}") from None
-
-
-def _checked_path(path: Path) -> str:
-    """The label of a task file's path, after a TaskFileError for an unknown format or a missing file."""
-    label = _label(path)
-    if path.suffix.lower() not in FORMATS:
-        raise TaskFileError(f"{label}: unknown format {path.suffix!r}; use .jsonl, .csv or .parquet.")
-    if not path.is_file():
-        raise TaskFileError(f"{label} does not exist or is not a file.")
-    return label
-
-
-def _source_records(source: Any) -> tuple[str, Callable[..., Iterable[tuple[Any, str]]]]:
-    """(label for messages, a function giving a fresh iterator of (record, place), optionally of
-    the rows in `only`) of any supported data source: a file is read again on each call,
-    in-memory data is not copied."""
-    if isinstance(source, HeldTaskFile):
-        path = _HeldPath(source)
-        path.data = source.data
-        return _label(path), lambda only=None: _file_records(path, only)
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        label = _checked_path(path)
-        try:
-            open(path, "rb").close()
-        except OSError as err:
-            raise TaskFileError(f"{label} cannot be read: {err.strerror or type(err).__name__}.") from None
-        return label, lambda only=None: _file_records(path, only)
-    if isinstance(source, FieldMapped):
-        source = source.data
-    module = type(source).__module__.split(".")[0]
-    if module == "pandas" and hasattr(source, "to_dict"):
-        _check_header("Task data (DataFrame)", list(source.columns), "")
-        label, records = "Task data (DataFrame)", source.to_dict("records")
-    elif module == "datasets" and hasattr(source, "column_names"):
-        label, records = "Task data (Dataset)", source
-    elif isinstance(source, (list, tuple)):
-        label, records = "Task data (list of dicts)", source
-        for i, record in enumerate(records):
-            if not isinstance(record, Mapping):
-                raise TaskFileError(f"{label}, row {i}: expected a dict of fields, got {type(record).__name__}.")
-    else:
-        raise TaskFileError(
-            f"Unsupported task data {type(source).__name__}: pass a .jsonl/.csv/.parquet path, a pandas DataFrame, "
-            f"a datasets.Dataset, a list of dicts, a Task, token ids (tokens, answers[, corrupted, wrong]) or one "
-            f"prompt with answer=."
-        )
-    if not len(records):
-        raise TaskFileError(f"{label} is empty; add at least one example.")
-    return label, lambda only=None: ((record, f"row {i}") for i, record in enumerate(records) if only is None or i in only)
-
-
-def _scan(label: str, records: Iterable[tuple[Any, str]], fields: Mapping[str, str],
-          keep: Callable[[int], bool], visit: Callable[[dict[str, str], str], None] | None = None,
-          ) -> tuple[list[dict[str, str]], list[str], int]:
-    """Check every record and return (the rows `keep` accepts by index, their places, the row
-    count); `visit(row, place)` sees every row as it streams by. Errors come in the order of the
-    eager reader: a parse error at once, then a column no row has, then the first row lacking a
-    required field, then an optional field given in some rows only."""
-    columns = {hs: fields.get(hs, hs) for hs in FIELDS}
-    seen: set = set()
-    rows: list[dict[str, str]] = []
-    places: list[str] = []
-    first_missing: str | None = None
-    have = {"corrupted_prompt": 0, "wrong_answer": 0}
-    lacking: dict[str, list[str]] = {"corrupted_prompt": [], "wrong_answer": []}
-    count = 0
-    for index, (record, place) in enumerate(records):
-        if not isinstance(record, Mapping):
-            raise TaskFileError(f"{label}, {place}: expected a JSON object, got {type(record).__name__}.")
-        seen.update(record.keys())
-        row = {}
-        for hs, col in columns.items():
-            try:
-                value = _text(record.get(col))
-            except TypeError as err:
-                raise TaskFileError(f"{label}, {place}: field {col!r} is a {err}, not text.") from None
-            except UnicodeDecodeError:
-                raise TaskFileError(f"{label}, {place}: field {col!r} holds bytes that are not valid UTF-8.") from None
-            except _AmbiguousValue as err:
-                raise TaskFileError(f"{label}, {place}: field {col!r} is {err}.") from None
-            if value is not None:
-                row[hs] = value
-        missing = [columns[f] for f in REQUIRED if f not in row]
-        if missing and first_missing is None:
-            named = [c if c == f else f"{c} ({f})" for f, c in columns.items() if c in missing]
-            need = [columns[f] for f in REQUIRED]
-            first_missing = f"{label}, {place}: missing field(s) {named}; every row needs {need}."
-        for optional in have:
-            if optional in row:
-                have[optional] += 1
-            elif len(lacking[optional]) < 6:
-                lacking[optional].append(place)
-        if visit is not None:
-            visit(row, place)
-        if keep(index):
-            rows.append(row)
-            places.append(place)
-        count += 1
-    if count == 0:
-        raise TaskFileError(f"{label} is empty; add one JSON object per line.")
-    absent = [f"{col!r} (for {hs})" for hs, col in fields.items() if col not in seen]
-    if absent:
-        raise TaskFileError(f"{label}: no column {', '.join(absent)}; its columns are {sorted(map(str, seen))}.")
-    unmapped = [f"{columns[f]!r}" for f in REQUIRED if columns[f] not in seen]
-    if unmapped:  # headscope's own names, in no row: the file has its own columns
-        raise TaskFileError(
-            f"{label}: no column {', '.join(unmapped)}; its columns are {sorted(map(str, seen))}; name yours with "
-            f"--task-fields prompt=COLUMN,answer=COLUMN (also corrupted_prompt=, wrong_answer=; in Python fields={{...}}).")
-    if first_missing is not None:
-        raise TaskFileError(first_missing)
-    for optional, n in have.items():
-        if n and n != count:
-            few = ", ".join(lacking[optional][:5]) + (f" and {count - n - 5} more" if count - n > 5 else "")
-            raise TaskFileError(
-                f"{label}: field {columns[optional]!r} is given in {n} of {count} rows but missing in "
-                f"{few}; give it in every row or in none."
-            )
-    return rows, places, count
-
-
-def sample_indices(n_rows: int, n_examples: int, seed: int) -> list[int]:
-    """The rows a seeded sample of n_examples keeps, in file order (torch.randperm with the seed)."""
-    return torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed))[:n_examples].sort().values.tolist()
-
-
-def _rows(source: Any, fields: Mapping[str, str] | str | None, *, n_examples: int | None = None,
-          seed: int = 0) -> tuple[str, list[dict[str, str]], list[str], int]:
-    """(label, rows under headscope's names, their places, the source's row count): all rows, or a
-    seeded sample of n_examples of them (every row is checked either way)."""
-    fields = parse_fields(fields if fields is not None else _carried(source, "fields"))
-    label, records = _source_records(source)
-    if n_examples is None:
-        rows, places, count = _scan(label, records(), fields, lambda i: True)
-        return label, rows, places, count
-    rows, places, count = _scan(label, records(), fields, lambda i: i < n_examples)
-    if count <= n_examples:
-        return label, rows, places, count
-    chosen = set(sample_indices(count, n_examples, seed))
-    rows, places, _ = _scan(label, records(chosen), fields, lambda i: True)  # (every row passed _scan above)
-    return label, rows, places, count
-
-
-def read_task_rows(source: Any, fields: Mapping[str, str] | str | None = None, *, n_examples: int | None = None,
-                   seed: int = 0) -> list[dict[str, str]]:
-    """The examples of a task source as dicts of text under headscope's field names (prompt,
-    answer and, where given, corrupted_prompt and wrong_answer), every row checked for the
-    required fields. source: a .jsonl/.json/.csv/.parquet path (or TaskFile), a DataFrame, a
-    Dataset or a list of dicts; fields: headscope name -> the user's column name; n_examples: a
-    seeded sample of that many rows (file order kept), read without holding the whole file."""
-    return _rows(source, fields, n_examples=n_examples, seed=seed)[1]
-
-
-def read_numbered_rows(source: Any, fields: Mapping[str, str] | str | None = None, *, n_examples: int | None = None,
-                       seed: int = 0) -> list[dict[str, Any]]:
-    """read_task_rows with each row's number first ("row": 0-based, as errors and Task.source_rows number
-    rows; None where its place names none), so a table of the rows can say which ones an analysis used."""
-    _, rows, places, _ = _rows(source, fields, n_examples=n_examples, seed=seed)
-    return [{"row": _row_number(place), **row} for place, row in zip(places, rows)]
 
 
 # ---- tokenizing ------------------------------------------------------------------------------
@@ -673,19 +176,6 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
     )
 
 
-def _row_numbers(places: Sequence[str]) -> torch.Tensor | None:
-    """[batch] int64: the row number each place names ("line 4, row 3" -> 3), as the messages number rows;
-    None if a place names none."""
-    found = [_row_number(place) for place in places]
-    return None if None in found else torch.tensor(found, dtype=torch.int64)
-
-
-def _row_number(place: str) -> int | None:
-    """The row number a place names ("line 4, row 3" -> 3; None if it names none)."""
-    found = re.search(r"\brow (\d+)$", place)
-    return int(found.group(1)) if found else None
-
-
 def _warn_glued(model, label: str, rows: list[dict[str, str]], places: Sequence[str]) -> None:
     """One HeadscopeWarning when answers would be glued to their prompt's last word: neither the prompt
     ends in whitespace nor the answer starts with it, and the tokenizer writes a word's leading space
@@ -785,17 +275,6 @@ def load_task_file(model, path: str | Path, fields: Mapping[str, str] | str | No
     """A Task from a task file (a TaskFile brings its own fields), tokenized with the model's tokenizer."""
     return load_task(model, path, fields)
 
-
-def is_task_data(task: Any) -> bool:
-    """Whether `task` is user data load_task reads (a task file path, DataFrame, Dataset or list of dicts)."""
-    if isinstance(task, (str, os.PathLike)):
-        return Path(task).suffix.lower() in FORMATS
-    if isinstance(task, FieldMapped):
-        return True
-    module = type(task).__module__.split(".")[0]
-    return (module in ("pandas", "datasets") and hasattr(task, "to_dict" if module == "pandas" else "column_names")) or (
-        isinstance(task, (list, tuple)) and bool(task) and all(isinstance(r, Mapping) for r in task)
-    )
 
 
 # ---- one prompt, or tensors -------------------------------------------------------------------

@@ -5,11 +5,11 @@ import builtins
 import json
 
 import headscope as hs
-from headscope.analyses.core import task_files
+from headscope.analyses.core import task_rows, task_sources
 
 
 def _counting_opens(monkeypatch, path) -> list[str]:
-    """The modes task_files opens `path` with, from now on."""
+    """The modes the task file readers (task_sources, task_rows) open `path` with, from now on."""
     opened: list[str] = []
 
     def counting(file, *args, **kwargs):
@@ -17,7 +17,8 @@ def _counting_opens(monkeypatch, path) -> list[str]:
             opened.append(args[0] if args else kwargs.get("mode", "r"))
         return builtins.open(file, *args, **kwargs)
 
-    monkeypatch.setattr(task_files, "open", counting, raising=False)
+    for module in (task_sources, task_rows):
+        monkeypatch.setattr(module, "open", counting, raising=False)
     return opened
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headscope.execution import fast_blocks, hf_blocks, resume
+from headscope.execution import fast_blocks, hf_blocks, resume, resume_check
 from tests_support import hf_model, hf_z_edit, left_padded_tokens
 
 ARCHS = ("olmo2", "qwen3", "gemma3", "mixtral")
@@ -45,7 +45,7 @@ def test_resumed_passes_with_a_patched_resid_pre_equal_hugging_face(arch, more_a
     assert support.fast_capture  # Gemma 3's local and global layers: each its own mask and rotary tables
     assert fast_blocks.plan(model) is None and hf_blocks.plan(model) is not None
     # the check resumes from the last block, or from the earliest that leaves each kind after it
-    assert resume._check_start(model) == (0 if arch == "gemma3" else model.facts.n_layers - 1)
+    assert resume_check._check_start(model) == (0 if arch == "gemma3" else model.facts.n_layers - 1)
     hf = hf_model(more_arch_dirs(arch))
     tokens, mask = _padded(seed=1)
     source, _ = _padded(seed=2)

@@ -10,7 +10,7 @@ from torch.overrides import TorchFunctionMode
 
 import headscope as hs
 from headscope.errors import HeadscopeWarning
-from headscope.execution import block_shape, resume
+from headscope.execution import block_shape, resume, resume_check
 from tests_support import build_tiny_model, hf_model, random_tokens, zero_head
 
 FAMILIES = ("gpt2", "llama", "neox")
@@ -244,7 +244,7 @@ def test_half_precision_confirms_a_failure_on_other_prompts_and_nan_fails(tiny_d
     choice of expert, by chance): a saving that fails on the first pair only stays on, silently;
     one that fails on both is named once. Its logits here are NaN, which no tolerance accepts."""
     model = hs.load_model(tiny_dirs["llama"], device="cpu", dtype=torch.bfloat16)
-    real_reference, real_resume, references = resume._reference, resume.resume, []
+    real_reference, real_resume, references = resume_check._reference, resume.resume, []
 
     def reference(*args):
         references.append(args[1])
@@ -256,7 +256,7 @@ def test_half_precision_confirms_a_failure_on_other_prompts_and_nan_fails(tiny_d
             return out * float("nan") if kwargs.get("fast") and broken() else out
         return run
 
-    monkeypatch.setattr(resume, "_reference", reference)
+    monkeypatch.setattr(resume_check, "_reference", reference)
     monkeypatch.setattr(resume, "resume", nan_when_hook_free(lambda: len(references) == 1))
     with warnings.catch_warnings():
         warnings.simplefilter("error", HeadscopeWarning)

@@ -558,6 +558,37 @@ def test_resume_with_other_analyses_keeps_every_finished_one_in_the_report(zoo_m
     assert {"kv/summary.json", "mlp/summary.json", "heads/summary.json"} <= set(manifest["files"])
 
 
+def test_resume_resolves_no_task_of_a_finished_analysis_before_the_explorer(tiny_models, tmp_path, plan, monkeypatch):
+    """--resume resolves the Task of a finished analysis (kv) nowhere up front: nothing runs it, the budget
+    does not price it, and the explorer, its Task's one reader, resolves it when it builds (ran_on), so
+    explorer.json is the fresh run's byte for byte. mlp, unfinished, is resolved before it runs."""
+    from headscope.analyses.core import registry, runner
+
+    model = tiny_models["gpt2"]
+    out = run(model, tmp_path / "run")
+    fresh = (out / "explorer.json").read_bytes()
+    (out / "mlp" / "summary.json").unlink()  # as if killed before mlp finished
+    plan.runs.clear()
+    calls: list[str] = []
+    family_task, explorer_capture, before_explorer = registry.family_task, runner.explorer_capture, []
+
+    def counted(name, *args, **kwargs):
+        calls.append(name)
+        return family_task(name, *args, **kwargs)
+
+    def explorer(*args, **kwargs):
+        before_explorer.extend(calls)
+        return explorer_capture(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "family_task", counted)
+    monkeypatch.setattr(runner, "explorer_capture", explorer)
+    run(model, out, resume=True)
+    assert plan.runs == ["mlp"]
+    assert before_explorer == ["mlp"]  # kv's Task: not resolved before the explorer
+    assert calls == ["mlp", "kv"]  # the explorer's one resolution of kv's Task (mlp's it was handed)
+    assert (out / "explorer.json").read_bytes() == fresh
+
+
 def no_explorer(*args, **kwargs):
     raise RuntimeError("no explorer in this test")  # (optional in a report: its figure alone takes seconds)
 
