@@ -141,8 +141,21 @@ def memory_sizes(s: Mapping[str, Any]) -> dict[str, int]:
     per = s.get("n_memories_per_layer")
     if isinstance(per, Mapping) and per:
         return {str(k): int(v) for k, v in per.items() if _num(v)}
+    if _stale_moe(s):  # its n_neurons_per_layer is one expert's width, not what the fractions are over
+        return {}
     n = _num(s.get("n_neurons_per_layer"))
     return {str(k): int(n) for k in (s.get("agreement_per_layer") or {})} if n else {}
+
+
+def _stale_moe(s: Mapping[str, Any]) -> bool:
+    """A mixture-of-experts summary from before n_memories_per_layer: its fractions are over every expert's
+    neurons but its counts, intervals and tests over one expert's width, so none of them is used."""
+    return s.get("mixture_of_experts") is True and not isinstance(s.get("n_memories_per_layer"), Mapping)
+
+
+STALE_MOE = ("These layers are mixtures of experts, and this run is from before headscope counted every expert's "
+             "neurons: its counts, intervals and tests were over one expert's width, so only its fractions are given "
+             "(rerun the mlp analysis for them).")
 
 
 def _experts(s: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -228,7 +241,7 @@ def _measured_only(s: Mapping[str, Any]) -> str:
     counted = (f"{sizes[first]} {unit(s, first)} per layer" if sizes and len(set(sizes.values())) == 1 else
                "each layer's neurons (" + ", ".join(f"layer {l}: {n}" for l, n in sizes.items()) + ")" if sizes else
                "each layer's neurons")
-    moe = experts_sentence(s)
+    moe = STALE_MOE if _stale_moe(s) else experts_sentence(s)
     return ((moe + " " if moe else "") + "Measured: key-value agreement of " + counted
             + (f" in {layers} layers" if layers else "") + f" over {s.get('n_prefixes', '?')} prefixes against a "
             "shuffled control, and which tokens the largest task updates promote"
@@ -303,13 +316,13 @@ def finding(s: Mapping[str, Any]) -> str:
     agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
     shuffled = [v for v in (_num(x) for x in (s.get("agreement_shuffled_per_layer") or {}).values()) if v is not None]
     sizes = memory_sizes(s)  # {layer: memories}: d_mlp, or every expert's neurons
-    moe = experts_sentence(s)
+    moe = STALE_MOE if _stale_moe(s) else experts_sentence(s)
     parts = [moe] if moe else []
     if agree:
         best = max(agree, key=lambda k: agree[k])
         n = sizes.get(best, 0)
         counted = _num((s.get("agreement_count_per_layer") or {}).get(best))  # the recorded count (newer summaries)
-        hits = int(counted) if counted is not None else round(agree[best] * n)
+        hits = int(counted) if counted is not None and n else round(agree[best] * n)
         interval = wilson(hits, n) if n else None
         size = (f" ({hits} of {n} {unit(s, best)}, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
                 if interval else "")
@@ -319,7 +332,7 @@ def finding(s: Mapping[str, Any]) -> str:
                  "(no one layer stands out)")
         parts.append(f"Agreement between a neuron's promoted token and what follows its triggers is highest at "
                      f"{_pct(agree[best])}{size} {where} (over {s.get('n_prefixes', '?')} prefixes)")
-        tests = _tests(s, sizes)
+        tests = _tests(s, sizes)  # None without sizes (a stale MoE summary's recorded tests are not used either)
         if tests is not None and best in tests["control_p_per_layer"] and best in sizes:
             parts[-1] += "."
             parts.extend(_tested(s, tests, best, hits, sizes))

@@ -1133,6 +1133,15 @@ def test_mlp_counts_tests_and_sizes_are_each_layers_own_memories():
     assert "(30 of 192 expert neurons, Wilson 95% CI 11%-21%) in layer 1" in text  # Wilson, closed form: 0.1117, 0.2143
     assert "Against its own shuffled control (5 of 192 expert neurons, 3%), layer 1 agrees more" in text
     assert f"layer 1 against the others pooled (10 of 128) p = {fisher_exact([[30, 162], [10, 118]])[1]:.2g}" in text
+    # a Mixtral run from before the fix (review 7b's summary): counts over one expert's 96 of 384 are not used
+    stale = {"agreement_per_layer": {"0": 40 / 384, "1": 33 / 384}, "agreement_count_per_layer": {"0": 10, "1": 8},
+             "agreement_shuffled_per_layer": {"0": 15 / 384, "1": 7 / 384},
+             "agreement_shuffled_count_per_layer": {"0": 4, "1": 2}, "n_neurons_per_layer": 96, "n_prefixes": 258,
+             "agreement_tests": {"control_p_per_layer": {"0": 0.163, "1": 0.100}, "best_layer": "0"},
+             "mixture_of_experts": True}
+    text = finding("mlp", stale)
+    assert text.startswith("These layers are mixtures of experts, and this run is from before headscope counted every "
+                           "expert's neurons") and "of 96" not in text and "p = 0.16" not in text, text
 
 
 def test_attribution_leaves_out_integrated_gradients_that_did_not_converge():
