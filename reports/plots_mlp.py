@@ -78,25 +78,30 @@ def layer_colours(layers) -> dict:
     return {l: cmap(LIGHTEST * i / max(len(order) - 1, 1)) for i, l in enumerate(order)}
 
 
-def neuron_labels(data: pd.DataFrame, n_examples: int | None = None) -> list[str]:
+def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Mapping[Any, int] | None = None) -> list[str]:
     """Each top neuron's label: L<layer>.N<neuron>, or on a mixture of experts (an `expert` column) L<layer>
     E<expert> n<neuron within the expert>, with on how many task examples the router chose that expert
-    ("routed 1/16"; `n_routed`, of n_examples where given)."""
+    ("routed 1/16"; `n_routed`, of n_examples where given); shared {layer: its shared expert's index}: that
+    expert, which every token uses, is labelled "L<layer> shared n<neuron>"."""
     if "expert" not in data or "expert_neuron" not in data:
         return [f"L{layer}.N{n}" for layer, n in zip(data.layer, data.neuron)]
+    shared = {int(k): int(v) for k, v in (shared or {}).items()}
     routed = data["n_routed"] if "n_routed" in data else [None] * len(data)
-    return [f"L{layer} E{e} n{n}" + ("" if r is None or pd.isna(r) else
+    return [f"L{layer} shared n{n}" if shared.get(int(layer)) == int(e) else
+            f"L{layer} E{e} n{n}" + ("" if r is None or pd.isna(r) else
                                     f" (routed {int(r)}" + (f"/{int(n_examples)})" if n_examples else ")"))
             for layer, e, n, r in zip(data.layer, data.expert, data.expert_neuron, routed)]
 
 
-def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples: int | None = None, ax=None):
+def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples: int | None = None,
+                     shared: Mapping[Any, int] | None = None, ax=None):
     """Mean ||m_i v_i|| at the task's answer position for the top neurons (`data`: the top_neurons table),
-    labelled by neuron_labels (experts and their routing on a mixture of experts), coloured by layer
-    (layer_colours, outlined); `task`: its name, in the title; n_examples: the task's examples."""
+    labelled by neuron_labels (experts and their routing on a mixture of experts; shared: each layer's shared
+    expert), coloured by layer (layer_colours, outlined); `task`: its name, in the title; n_examples: the
+    task's examples."""
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     moe = "expert" in top_neurons and "expert_neuron" in top_neurons
-    data = top_neurons.assign(neuron_id=neuron_labels(top_neurons, n_examples))
+    data = top_neurons.assign(neuron_id=neuron_labels(top_neurons, n_examples, shared))
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
                 palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
     xlabel = "mean L2 norm of the update m_i v_i at the answer"
@@ -130,7 +135,8 @@ def figures(result, **kwargs) -> dict:
     out["mlp_agreement"] = laid_out(plot_agreement(result.tables["agreement"], n=sizes or None, over=_over(s, sizes)))
     task = s.get("task") or (result.config or {}).get("task")
     n_examples = _num(s.get("n_task_examples"))
-    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"], task=task,
+    shared = {l: e["n_experts"] for l, e in _experts(s).items() if e.get("shared_width")}  # its index: after the routed
+    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"], task=task, shared=shared,
                                                        n_examples=int(n_examples) if n_examples else None))
     return out
 
@@ -204,9 +210,11 @@ def experts_sentence(s: Mapping[str, Any]) -> str:
                      for what, ls in groups.items())
     owner = ("their memories are" if len(groups) > 1 else "each layer's memories are its" if many else
              "its memories are")
+    shared = any(e.get("shared_width") for e in experts.values())
     return (f"Layer{'s' if many else ''} {names} {'are mixtures' if many else 'is a mixture'} of experts: "
             f"{owner} {text}, a neuron's coefficient "
-            "being its expert's router weight times its activation, 0 on tokens not routed to that expert.")
+            "being its expert's router weight times its activation, 0 on tokens not routed to that expert"
+            + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else "."))
 
 
 # Presentation (reports/families.py): the guide, the captions and the finding in words.

@@ -1131,6 +1131,13 @@ def test_mlp_counts_tests_and_sizes_are_each_layers_own_memories():
     assert text.startswith("Layer 1 is a mixture of experts: its memories are 192 expert neurons (4 experts x 32 + a "
                            "shared expert of 64, top-2 routing), a neuron's coefficient being its expert's router weight"), text
     assert "(30 of 192 expert neurons, Wilson 95% CI 11%-21%) in layer 1" in text  # Wilson, closed form: 0.1117, 0.2143
+    assert "(the shared expert's: its sigmoid gate times its activation, on every token)." in text
+    import pandas as pd
+
+    from headscope.reports.plots_mlp import neuron_labels  # the shared expert (index 4) is named, never "routed"
+
+    top = pd.DataFrame({"layer": [1, 1], "neuron": [130, 37], "expert": [4, 1], "expert_neuron": [2, 5], "n_routed": [8, 3]})
+    assert neuron_labels(top, 8, shared={"1": 4}) == ["L1 shared n2", "L1 E1 n5 (routed 3/8)"]
     assert "Against its own shuffled control (5 of 192 expert neurons, 3%), layer 1 agrees more" in text
     assert f"layer 1 against the others pooled (10 of 128) p = {fisher_exact([[30, 162], [10, 118]])[1]:.2g}" in text
     # a Mixtral run from before the fix (review 7b's summary): counts over one expert's 96 of 384 are not used
