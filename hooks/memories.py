@@ -141,11 +141,33 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1).reshape(*x.shape[:-1], -1)
 
 
-def n_memories(model, layer: int) -> int:
-    """How many memories block `layer`'s MLP has: d_mlp, or every expert's neurons (MoE)."""
+@dataclass(frozen=True, kw_only=True)
+class ExpertLayout:
+    """The shape of a mixture-of-experts MLP's memories: n_experts routed experts of expert_width
+    neurons each (top_k chosen per token; None where the router does not say), then a shared expert
+    of shared_width neurons (0: none)."""
+
+    n_experts: int
+    expert_width: int
+    top_k: int | None
+    shared_width: int = 0
+
+
+def expert_layout(model, layer: int) -> ExpertLayout | None:
+    """Block `layer`'s ExpertLayout; None for a dense MLP."""
     moe = _moe(model.bridge.blocks[layer].mlp)
     if moe is None:
+        return None
+    router, experts, shared, _ = moe
+    top_k = getattr(router, "top_k", None)
+    return ExpertLayout(n_experts=experts.gate_up_proj.shape[0], expert_width=experts.down_proj.shape[2],
+                        top_k=None if top_k is None else int(top_k),
+                        shared_width=0 if shared is None else raw_module(shared.up_proj).weight.shape[0])
+
+
+def n_memories(model, layer: int) -> int:
+    """How many memories block `layer`'s MLP has: d_mlp, or every expert's neurons (MoE)."""
+    layout = expert_layout(model, layer)
+    if layout is None:
         return model.facts.d_mlp
-    _, experts, shared, _ = moe
-    return experts.gate_up_proj.shape[0] * experts.down_proj.shape[2] + (
-        0 if shared is None else raw_module(shared.up_proj).weight.shape[0])
+    return layout.n_experts * layout.expert_width + layout.shared_width

@@ -13,7 +13,8 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
 - attribution: each method's `mean_tau_attention_<m>` with its t interval over `n_tau_attention_<m>` examples
   (`std_tau_attention_<m>`), clipped to [-1, 1], as the finding prints it; integrated gradients only where it
   converged (`ig_converged` not false).
-- mlp: the highest layer's `agreement_per_layer` with its Wilson interval over `n_neurons_per_layer` neurons.
+- mlp: the highest layer's `agreement_per_layer` with its Wilson interval over that layer's `n_memories_per_layer`
+  (every expert's neurons on a mixture of experts; older summaries: `n_neurons_per_layer`).
 Circuits states no headline with an interval (lens rows, DLA writers, CPR/CMD): its findings sit side by side in
 the findings table and are not reduced to one difference here; patching, position and pruning are compared in
 their own sections (reports/compare.py, compare_heads.py).
@@ -83,17 +84,20 @@ def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
 
 
 def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
-    """The highest layer's key-value agreement with the Wilson interval the mlp finding prints: k of n neurons, k
-    the recorded count (agreement_count_per_layer) or the rounded share (reports/plots_mlp.py)."""
+    """The highest layer's key-value agreement with the Wilson interval the mlp finding prints: k of n neurons, n
+    that layer's memories (every expert's neurons on a mixture of experts: plots_mlp.memory_sizes) and k the
+    recorded count (agreement_count_per_layer) or the rounded share (reports/plots_mlp.py)."""
+    from headscope.reports.plots_mlp import memory_sizes, unit
+
     agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
-    n = s.get("n_neurons_per_layer")
     if not agree:
         return []
     best = max(agree, key=lambda k: agree[k])
+    n = memory_sizes(s).get(str(best))
     counted = (s.get("agreement_count_per_layer") or {}).get(best)
     hits = int(counted) if _number(counted) else round(agree[best] * n) if _number(n) else None
     ci = wilson(hits, int(n)) if hits is not None and _number(n) and n > 0 else None
-    return [("mlp highest layer key-value agreement", agree[best], ci, n, "neurons")]
+    return [("mlp highest layer key-value agreement", agree[best], ci, n, unit(s, best))]
 
 
 QUANTITIES = {"heads": _heads, "attribution": _attribution, "mlp": _mlp, "kv": _kv,

@@ -26,29 +26,36 @@ AGREEMENT = {"agreement": ("top trigger", "C0", "o", "-"),
              "agreement_any_shuffled": ("any of top k, shuffled (its control)", "C1", "D", ":")}
 
 
-def plot_agreement(data: pd.DataFrame, *, n: int | None = None, ax=None):
+def plot_agreement(data: pd.DataFrame, *, n: int | Mapping[Any, int] | None = None, over: str | None = None, ax=None):
     """Per layer (`data`: the agreement table): agreement with the top trigger and with any of the top-k,
     each beside its own shuffled control in the same colour, dotted (a table without
-    agreement_any_shuffled, from an older run, draws the any-of-k line without one). n: the neurons each
-    fraction is over (the summary's n_neurons_per_layer): each point then carries its Wilson 95% interval
-    (count = fraction x n, exact) as an error bar, the measures set slightly apart so their bars do not
-    hide one another."""
+    agreement_any_shuffled, from an older run, draws the any-of-k line without one). n: the memories each
+    fraction is over, one number or {layer: n} (the summary's n_memories_per_layer; on a mixture of experts
+    every expert's neurons): each point then carries its Wilson 95% interval (count = fraction x n, exact)
+    as an error bar, the measures set slightly apart so their bars do not hide one another. over: what n
+    counts, in the title ("384 expert neurons (4 experts x 96)"; default "<n> neurons")."""
     ax = axes(ax, (8, 4))
     data = data.sort_values("layer")
     layers = data.layer.to_numpy(dtype=float)
-    n = int(n) if n else None
+    sizes = ({int(k): int(v) for k, v in n.items()} if isinstance(n, Mapping) else
+             {int(l): int(n) for l in data.layer} if n else {})
+    sizes = sizes if all(int(l) in sizes for l in data.layer) else {}
     drawn = [c for c in AGREEMENT if c in data]
     for i, column in enumerate(drawn):
         name, colour, marker, style = AGREEMENT[column]
         y = data[column].to_numpy(dtype=float)  # [layer]
         yerr = None
-        if n:
-            bounds = np.array([wilson(int(round(v * n)), n) for v in y])  # [layer, 2]
+        if sizes:
+            bounds = np.array([wilson(int(round(v * sizes[int(l)])), sizes[int(l)])
+                               for v, l in zip(y, data.layer)])  # [layer, 2]
             yerr = np.vstack([y - bounds[:, 0], bounds[:, 1] - y]).clip(min=0)  # [2, layer]
-        shift = (i - (len(drawn) - 1) / 2) * 0.07 if n else 0.0
+        shift = (i - (len(drawn) - 1) / 2) * 0.07 if sizes else 0.0
         ax.errorbar(layers + shift, y, yerr=yerr, color=colour, marker=marker, linestyle=style, markersize=5,
-                    capsize=3 if n else 0, label=name)
-    bars = f"\n(bars: Wilson 95% CI over {n} neurons)" if n else ""  # its own line: the title fits beside the legend
+                    capsize=3 if sizes else 0, label=name)
+    if sizes and over is None:
+        over = (f"{next(iter(sizes.values()))} neurons" if len(set(sizes.values())) == 1 else
+                "each layer's neurons (" + ", ".join(f"L{l}: {v}" for l, v in sorted(sizes.items())) + ")")
+    bars = f"\n(bars: Wilson 95% CI over {over})" if sizes else ""  # its own line: the title fits beside the legend
     ax.set(title="Key-value agreement (value's top token = trigger's next token)" + bars, ylim=(0, None),
            xlabel="layer", ylabel="fraction of neurons that agree (0-1)")
     ax.set_xticks(sorted(data.layer.unique()))
@@ -71,23 +78,47 @@ def layer_colours(layers) -> dict:
     return {l: cmap(LIGHTEST * i / max(len(order) - 1, 1)) for i, l in enumerate(order)}
 
 
-def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, ax=None):
+def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Mapping[Any, int] | None = None) -> list[str]:
+    """Each top neuron's label: L<layer>.N<neuron>, or on a mixture of experts (an `expert` column) L<layer>
+    E<expert> n<neuron within the expert>, with on how many task examples the router chose that expert
+    ("routed 1/16"; `n_routed`, of n_examples where given); shared {layer: its shared expert's index}: that
+    expert, which every token uses, is labelled "L<layer> shared n<neuron>"."""
+    if "expert" not in data or "expert_neuron" not in data:
+        return [f"L{layer}.N{n}" for layer, n in zip(data.layer, data.neuron)]
+    shared = {int(k): int(v) for k, v in (shared or {}).items()}
+    routed = data["n_routed"] if "n_routed" in data else [None] * len(data)
+    return [f"L{layer} shared n{n}" if shared.get(int(layer)) == int(e) else
+            f"L{layer} E{e} n{n}" + ("" if r is None or pd.isna(r) else
+                                    f" (routed {int(r)}" + (f"/{int(n_examples)})" if n_examples else ")"))
+            for layer, e, n, r in zip(data.layer, data.expert, data.expert_neuron, routed)]
+
+
+def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples: int | None = None,
+                     shared: Mapping[Any, int] | None = None, ax=None):
     """Mean ||m_i v_i|| at the task's answer position for the top neurons (`data`: the top_neurons table),
-    labelled L<layer>.N<neuron>, coloured by layer (layer_colours, outlined); `task`: its name, in the title."""
+    labelled by neuron_labels (experts and their routing on a mixture of experts; shared: each layer's shared
+    expert), coloured by layer (layer_colours, outlined); `task`: its name, in the title; n_examples: the
+    task's examples."""
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
-    data = top_neurons.assign(neuron_id=[f"L{layer}.N{n}" for layer, n in zip(top_neurons.layer, top_neurons.neuron)])
+    moe = "expert" in top_neurons and "expert_neuron" in top_neurons
+    data = top_neurons.assign(neuron_id=neuron_labels(top_neurons, n_examples, shared))
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
                 palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
-    ax.set(xlabel="mean L2 norm of the update m_i v_i at the answer", ylabel="neuron (L layer . N index)",
+    xlabel = "mean L2 norm of the update m_i v_i at the answer"
+    ax.set(xlabel=xlabel + (" (0 where not routed)" if moe else ""),
+           ylabel="expert neuron (L layer E expert n neuron)" if moe else "neuron (L layer . N index)",
            title="Largest sub-updates on the task" + (f" '{label(task)}'" if task else ""))
     if ax.get_legend() is not None:  # off the data
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
     return ax
 
 
-def top_neurons_html(top_neurons: pd.DataFrame, columns=("layer", "neuron", "task_update_norm", "value_tokens",
-                                                          "triggers", "trigger_next", "agrees")) -> str:
-    """The top-neuron table as an HTML table, every cell escaped."""
+def top_neurons_html(top_neurons: pd.DataFrame, columns=None) -> str:
+    """The top-neuron table as an HTML table, every cell escaped; by default its layer, neuron (on a mixture of
+    experts also expert, expert_neuron and n_routed), task_update_norm, value tokens, triggers and agreement."""
+    if columns is None:
+        moe = [c for c in ("expert", "expert_neuron", "n_routed") if c in top_neurons]
+        columns = ("layer", "neuron", *moe, "task_update_norm", "value_tokens", "triggers", "trigger_next", "agrees")
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{escape(f'{v:.3g}' if isinstance(v, float) else v)}</td>" for v in row) + "</tr>"
@@ -99,11 +130,91 @@ def top_neurons_html(top_neurons: pd.DataFrame, columns=("layer", "neuron", "tas
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for an mlp Result."""
     out = {}
-    n = _num((result.summary or {}).get("n_neurons_per_layer"))  # what each agreement fraction is over
-    out["mlp_agreement"] = laid_out(plot_agreement(result.tables["agreement"], n=int(n) if n else None))
-    task = (result.summary or {}).get("task") or (result.config or {}).get("task")
-    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"], task=task))
+    s = result.summary or {}
+    sizes = memory_sizes(s)  # what each agreement fraction is over
+    out["mlp_agreement"] = laid_out(plot_agreement(result.tables["agreement"], n=sizes or None, over=_over(s, sizes)))
+    task = s.get("task") or (result.config or {}).get("task")
+    n_examples = _num(s.get("n_task_examples"))
+    shared = {l: e["n_experts"] for l, e in _experts(s).items() if e.get("shared_width")}  # its index: after the routed
+    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"], task=task, shared=shared,
+                                                       n_examples=int(n_examples) if n_examples else None))
     return out
+
+
+def memory_sizes(s: Mapping[str, Any]) -> dict[str, int]:
+    """{layer: memories its agreement fractions are over}: n_memories_per_layer (every expert's neurons on a
+    mixture of experts), else an older summary's n_neurons_per_layer for every layer; {} when neither."""
+    per = s.get("n_memories_per_layer")
+    if isinstance(per, Mapping) and per:
+        return {str(k): int(v) for k, v in per.items() if _num(v)}
+    if _stale_moe(s):  # its n_neurons_per_layer is one expert's width, not what the fractions are over
+        return {}
+    n = _num(s.get("n_neurons_per_layer"))
+    return {str(k): int(n) for k in (s.get("agreement_per_layer") or {})} if n else {}
+
+
+def _stale_moe(s: Mapping[str, Any]) -> bool:
+    """A mixture-of-experts summary from before n_memories_per_layer: its fractions are over every expert's
+    neurons but its counts, intervals and tests over one expert's width, so none of them is used."""
+    return s.get("mixture_of_experts") is True and not isinstance(s.get("n_memories_per_layer"), Mapping)
+
+
+STALE_MOE = ("These layers are mixtures of experts, and this run is from before headscope counted every expert's "
+             "neurons: its counts, intervals and tests were over one expert's width, so only its fractions are given "
+             "(rerun the mlp analysis for them).")
+
+
+def _experts(s: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    per = s.get("experts_per_layer")
+    return {str(k): v for k, v in per.items() if isinstance(v, Mapping)} if isinstance(per, Mapping) else {}
+
+
+def unit(s: Mapping[str, Any], layer: str) -> str:
+    """What a layer's memories are called: "expert neurons" on a mixture of experts, else "neurons"."""
+    return "expert neurons" if str(layer) in _experts(s) else "neurons"
+
+
+def _layout(e: Mapping[str, Any]) -> str:
+    """"4 experts x 96, top-2 routing" (and "+ a shared expert of 64")."""
+    shared = f" + a shared expert of {e['shared_width']}" if e.get("shared_width") else ""
+    top = f", top-{e['top_k']} routing" if e.get("top_k") else ""
+    return f"{e['n_experts']} experts x {e['expert_width']}{shared}{top}"
+
+
+def _over(s: Mapping[str, Any], sizes: Mapping[str, int]) -> str | None:
+    """The agreement figure's "over" words: "384 expert neurons (4 experts x 96, top-2 routing)" where every
+    layer has the same memories, else None (plot_agreement lists each layer's n)."""
+    if not sizes or len(set(sizes.values())) > 1:
+        return None
+    experts = _experts(s)
+    layouts = {repr(sorted(experts[l].items())) if l in experts else None for l in sizes}
+    n = next(iter(sizes.values()))
+    if len(layouts) > 1 or None in layouts:
+        return f"{n} neurons" if None in layouts and len(layouts) == 1 else None
+    return f"{n} expert neurons ({_layout(experts[next(iter(sizes))])})"
+
+
+def experts_sentence(s: Mapping[str, Any]) -> str:
+    """How a mixture of experts' memories are counted ("" for dense MLPs): which layers, each layer's expert
+    neurons and their layout, and that a neuron's coefficient is router-weighted (0 where not routed)."""
+    experts, sizes = _experts(s), memory_sizes(s)
+    if not experts:
+        return ""
+    groups: dict[str, list[str]] = {}
+    for layer, e in experts.items():
+        n = sizes.get(layer, e["n_experts"] * e["expert_width"] + (e.get("shared_width") or 0))
+        groups.setdefault(f"{n} expert neurons ({_layout(e)})", []).append(layer)
+    many = len(experts) > 1
+    names = ", ".join(list(experts)[:-1]) + " and " + list(experts)[-1] if many else next(iter(experts))
+    text = "; ".join((f"layer{'s' if len(ls) > 1 else ''} {', '.join(ls)}: " if len(groups) > 1 else "") + what
+                     for what, ls in groups.items())
+    owner = ("their memories are" if len(groups) > 1 else "each layer's memories are its" if many else
+             "its memories are")
+    shared = any(e.get("shared_width") for e in experts.values())
+    return (f"Layer{'s' if many else ''} {names} {'are mixtures' if many else 'is a mixture'} of experts: "
+            f"{owner} {text}, a neuron's coefficient "
+            "being its expert's router weight times its activation, 0 on tokens not routed to that expert"
+            + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else "."))
 
 
 # Presentation (reports/families.py): the guide, the captions and the finding in words.
@@ -119,18 +230,27 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "mlp_agreement": "Per layer, the fraction of neurons (0-1) whose value vector's top token is the token after their "
                      "strongest trigger (top trigger) and after any of their top-k triggers (any of top k), each with its "
                      "own control in the same colour, dotted: the same with triggers shuffled across neurons; bars: each "
-                     "fraction's Wilson 95% interval over the layer's neurons.",
+                     "fraction's Wilson 95% interval over the layer's neurons (on a mixture of experts, every "
+                     "expert's neurons).",
     "mlp_top_neurons": "The neurons whose updates m_i v_i are largest at the task's answer position (L2 norm, residual "
-                       "stream units), coloured by layer.",
+                       "stream units, mean over the task's examples), coloured by layer. On a mixture of experts a "
+                       "neuron is one expert's (L layer E expert n neuron) and its update is 0 on the examples not "
+                       "routed to its expert, so its mean mixes how strongly it writes with how often its expert is "
+                       "chosen: each label says on how many examples it was routed.",
 }
 
 
 def _measured_only(s: Mapping[str, Any]) -> str:
     """At chance: what was measured (neurons, prefixes, task updates), no layer ranked, no comparison with
     the control, no share of answer-promoting updates."""
-    n, layers = _num(s.get("n_neurons_per_layer")), len(s.get("agreement_per_layer") or {})
+    sizes, layers = memory_sizes(s), len(s.get("agreement_per_layer") or {})
     updates = _num(s.get("n_task_updates"))
-    return ("Measured: key-value agreement of " + (f"{n:.0f} neurons per layer" if n else "each layer's neurons")
+    first = next(iter(sizes), None)
+    counted = (f"{sizes[first]} {unit(s, first)} per layer" if sizes and len(set(sizes.values())) == 1 else
+               "each layer's neurons (" + ", ".join(f"layer {l}: {n}" for l, n in sizes.items()) + ")" if sizes else
+               "each layer's neurons")
+    moe = STALE_MOE if _stale_moe(s) else experts_sentence(s)
+    return ((moe + " " if moe else "") + "Measured: key-value agreement of " + counted
             + (f" in {layers} layers" if layers else "") + f" over {s.get('n_prefixes', '?')} prefixes against a "
             "shuffled control, and which tokens the largest task updates promote"
             + (f" ({updates:.0f} updates)" if updates else "") + "; no layer is ranked at chance.")
@@ -139,53 +259,57 @@ def _measured_only(s: Mapping[str, Any]) -> str:
 ALPHA = 0.05  # the level at which a Fisher test's p is called a difference
 
 
-def _count_map(s: Mapping[str, Any], key: str, n: int) -> dict[str, int]:
-    """{layer: agreeing neurons}: the recorded counts, else each share times n (exact: shares are k / n)."""
+def _count_map(s: Mapping[str, Any], key: str, sizes: Mapping[str, int]) -> dict[str, int]:
+    """{layer: agreeing neurons}: the recorded counts, else each share times its layer's n (exact: shares
+    are k / n)."""
     counts = s.get(f"{key}_count_per_layer")
     if isinstance(counts, Mapping) and counts:
         return {str(k): int(v) for k, v in counts.items() if _num(v) is not None}
-    return {str(k): round(_num(v) * n) for k, v in (s.get(f"{key}_per_layer") or {}).items() if _num(v) is not None}
+    return {str(k): round(_num(v) * sizes[str(k)]) for k, v in (s.get(f"{key}_per_layer") or {}).items()
+            if _num(v) is not None and str(k) in sizes}
 
 
-def _tests(s: Mapping[str, Any], agree: Mapping[str, float], n: int) -> dict | None:
+def _tests(s: Mapping[str, Any], sizes: Mapping[str, int]) -> dict | None:
     """The summary's Fisher tests (agreement_tests), else the same computed from its counts; None without n."""
-    if not n:
+    if not sizes:
         return None
     from headscope.analyses.mlp.analysis import agreement_tests
 
     recorded = s.get("agreement_tests")
     if isinstance(recorded, Mapping) and isinstance(recorded.get("control_p_per_layer"), Mapping):
         return dict(recorded)
-    return agreement_tests(_count_map(s, "agreement", n), _count_map(s, "agreement_shuffled", n), n)
+    return agreement_tests(_count_map(s, "agreement", sizes), _count_map(s, "agreement_shuffled", sizes), sizes)
 
 
 def _p(p: float) -> str:
     return f"p = {p:.2g}" if p >= 0.001 else "p < 0.001"
 
 
-def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int, n: int) -> list[str]:
+def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int, sizes: Mapping[str, int]) -> list[str]:
     """Sentences: the best layer against its own shuffled control, every layer against its control, and the
-    best layer against the others (pooled and each), all by Fisher's exact test on k of n neurons."""
-    control = _count_map(s, "agreement_shuffled", n)
+    best layer against the others (pooled and each), all by Fisher's exact test on k of n neurons (each
+    layer's own n: on a mixture of experts every expert's neurons)."""
+    control = _count_map(s, "agreement_shuffled", sizes)
+    n = sizes[best]
     p_best = tests["control_p_per_layer"][best]
-    out = [f"Against its own shuffled control ({control.get(best, 0)} of {n} neurons, "
+    out = [f"Against its own shuffled control ({control.get(best, 0)} of {n} {unit(s, best)}, "
            f"{_pct(control.get(best, 0) / n)}), layer {best} "
            + (f"agrees more (Fisher's exact test, two-sided, {_p(p_best)})." if p_best < ALPHA and hits > control.get(best, 0)
               else f"agrees less (Fisher's exact test, two-sided, {_p(p_best)})" if p_best < ALPHA
               else f"cannot be told from it (Fisher's exact test, two-sided, {_p(p_best)})")]
     if p_best >= ALPHA or hits <= control.get(best, 0):
         out[-1] += ": these MLPs show no key-value memory on this corpus that the test can detect."
-    counts = _count_map(s, "agreement", n)
+    counts = _count_map(s, "agreement", sizes)
     above = [l for l, p in tests["control_p_per_layer"].items() if p < ALPHA and counts.get(l, 0) > control.get(l, 0)]
     if len(tests["control_p_per_layer"]) > 1:
         out.append(f"Layers above their own control at p < {ALPHA:g}: " + (", ".join(above) if above else "none") + ".")
     pooled, each = tests.get("best_vs_others_p"), tests.get("best_vs_layer_p") or {}
     if pooled is not None and tests.get("best_layer") == best:
-        others = [l for l in counts if l != best]
+        others = [l for l in counts if l != best and l in sizes]
         k_others = sum(counts[l] for l in others)
-        pairs = "; ".join(f"layer {l} ({counts[l]} of {n}) {_p(p)}" for l, p in list(each.items())[:6])
+        pairs = "; ".join(f"layer {l} ({counts[l]} of {sizes[l]}) {_p(p)}" for l, p in list(each.items())[:6] if l in sizes)
         differ = "differ" if pooled < ALPHA else "cannot be told apart"
-        out.append(f"Between layers: layer {best} against the others pooled ({k_others} of {n * len(others)}) "
+        out.append(f"Between layers: layer {best} against the others pooled ({k_others} of {sum(sizes[l] for l in others)}) "
                    f"{_p(pooled)}, so the layers {differ}" + (f"; against each, {pairs}" if pairs else "")
                    + " (Fisher's exact test; the best layer is picked after looking, so these p are optimistic).")
     return out
@@ -199,14 +323,16 @@ def finding(s: Mapping[str, Any]) -> str:
         return _measured_only(s)
     agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
     shuffled = [v for v in (_num(x) for x in (s.get("agreement_shuffled_per_layer") or {}).values()) if v is not None]
-    n = int(_num(s.get("n_neurons_per_layer")) or 0)
-    parts = []
+    sizes = memory_sizes(s)  # {layer: memories}: d_mlp, or every expert's neurons
+    moe = STALE_MOE if _stale_moe(s) else experts_sentence(s)
+    parts = [moe] if moe else []
     if agree:
         best = max(agree, key=lambda k: agree[k])
+        n = sizes.get(best, 0)
         counted = _num((s.get("agreement_count_per_layer") or {}).get(best))  # the recorded count (newer summaries)
-        hits = int(counted) if counted is not None else round(agree[best] * n)
+        hits = int(counted) if counted is not None and n else round(agree[best] * n)
         interval = wilson(hits, n) if n else None
-        size = (f" ({hits} of {n} neurons, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
+        size = (f" ({hits} of {n} {unit(s, best)}, Wilson 95% CI {_pct(interval[0])}-{_pct(interval[1])})"
                 if interval else "")
         tied = [k for k in agree if k != best and interval and agree[k] >= interval[0]]  # inside the peak's interval
         where = (f"in layer {best}" if not tied else
@@ -214,10 +340,10 @@ def finding(s: Mapping[str, Any]) -> str:
                  "(no one layer stands out)")
         parts.append(f"Agreement between a neuron's promoted token and what follows its triggers is highest at "
                      f"{_pct(agree[best])}{size} {where} (over {s.get('n_prefixes', '?')} prefixes)")
-        tests = _tests(s, agree, n)
-        if tests is not None and best in tests["control_p_per_layer"]:
+        tests = _tests(s, sizes)  # None without sizes (a stale MoE summary's recorded tests are not used either)
+        if tests is not None and best in tests["control_p_per_layer"] and best in sizes:
             parts[-1] += "."
-            parts.extend(_tested(s, tests, best, hits, n))
+            parts.extend(_tested(s, tests, best, hits, sizes))
         else:  # no counts (an older summary): the control's share beside the best, and the interval check
             control = max(shuffled) if shuffled else None
             parts[-1] += f"; the shuffled control reaches {_pct(control)}." if control is not None else "."

@@ -24,7 +24,7 @@ row's own answer position, so every example gives what it gives alone.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -239,7 +239,8 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
 
     Returns (top, per_neuron): `top` has one row per (example, layer, rank) with the neuron, m_i,
     ||m_i v_i||, its direct logit on the answer m_i (E v_i)[answer] and the promoted tokens;
-    `per_neuron` has every (layer, neuron) with the mean ||m_i v_i|| and mean m_i over examples.
+    `per_neuron` has every (layer, neuron) with the mean ||m_i v_i|| and mean m_i over examples (0 where a
+    mixture of experts did not route the example to the neuron's expert: `n_routed` says on how many it did).
     """
     one_token_answers(task, "mlp")
     answers = None if task.answers is None else task.answers.cpu()
@@ -261,6 +262,8 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
                 toks = promoted[b, rank]
                 top_rows.append({
                     "example": b, "layer": layer, "rank": rank, "neuron": neuron,
+                    **({} if memories.expert is None else {"expert": int(memories.expert[neuron]),
+                                                           "expert_neuron": int(memories.neuron[neuron])}),
                     "coefficient": m[b, neuron].item(), "update_norm": norms[b, neuron].item(),
                     "answer_logit": logits[b, rank, int(answers[b])].item() if answers is not None else float("nan"),
                     "promotes_answer": bool(answers is not None and (toks == answers[b]).any()),
@@ -273,6 +276,14 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
         if memories.expert is not None:  # mixture of experts: neuron i is (expert, expert_neuron)
             per.insert(2, "expert", memories.expert.numpy())
             per.insert(3, "expert_neuron", memories.neuron.numpy())
+            # examples whose answer position was routed to the neuron's expert (a routed expert's coefficients
+            # are 0 exactly where the router did not choose it; the shared expert's never): its means mix
+            # how strongly a neuron writes with how often its expert is chosen
+            experts = memories.expert.long()  # [d_mlp]
+            routed = torch.zeros(m.shape[0], int(experts.max()) + 1, dtype=torch.bool)  # [batch, expert]
+            for e in experts.unique().tolist():
+                routed[:, e] = (m[:, experts == e] != 0).any(1)
+            per.insert(4, "n_routed", routed.sum(0)[experts].numpy())
         neuron_rows.append(per)
     return pd.DataFrame(top_rows), pd.concat(neuron_rows, ignore_index=True)
 
@@ -307,9 +318,11 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     are fields of MLPConfig (layers=(0,), top_k_triggers=10). Padded Tasks and corpora run with
     their masks; padding is never a prefix nor an answer position.
 
-    df (results.csv): one row per (layer, neuron). tables: "agreement" (per layer), "top_neurons"
-    (by mean ||m_i v_i|| on the Task, with trigger prompts and promoted tokens; raw strings,
-    escape when rendering), "task_updates" (largest sub-updates per example and layer).
+    df (results.csv): one row per (layer, neuron) (a mixture of experts: per expert neuron, with `expert`,
+    `expert_neuron` and `n_routed`, the task examples whose answer position went to that expert). Counts,
+    intervals and tests are over each layer's memories (hooks.n_memories: every expert's neurons).
+    tables: "agreement" (per layer), "top_neurons" (by mean ||m_i v_i|| on the Task, with trigger prompts
+    and promoted tokens; raw strings, escape when rendering), "task_updates" (largest sub-updates per example and layer).
     """
     config = configure(MLPConfig, config, config_overrides, name="mlp_memories_analysis")
     if model.facts.is_encoder:
@@ -324,6 +337,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     if len(set(sizes.values())) > 1:  # e.g. dense layers among mixtures of experts (Qwen2-MoE's mlp_only_layers)
         raise ConfigError(f"the mlp analysis needs layers with the same number of memories; these have "
                           f"{sizes}: analyse each kind with MLPConfig(layers=...).")
+    experts = {str(layer): asdict(layout) for layer in layers if (layout := hooks.expert_layout(model, layer)) is not None}
     at = {layer: i for i, layer in enumerate(layers)}  # layer -> its index in the per-layer tensors
     trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
                             min_position=config.min_position, progress=config.progress)
@@ -353,16 +367,19 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "agreement_any_per_layer": {str(r.layer): r.agreement_any for r in agree.itertuples()},
         "agreement_shuffled_per_layer": {str(r.layer): r.agreement_shuffled for r in agree.itertuples()},
         "n_prefixes": trig.n_prefixes,
-        "n_neurons_per_layer": model.facts.d_mlp,  # what each agreement fraction is over
-        # the counts behind each share (agreement = count / n_neurons_per_layer): the findings' Wilson intervals
-        "agreement_count_per_layer": _counts(agree, "agreement", model.facts.d_mlp),
-        "agreement_any_count_per_layer": _counts(agree, "agreement_any", model.facts.d_mlp),
-        "agreement_shuffled_count_per_layer": _counts(agree, "agreement_shuffled", model.facts.d_mlp),
+        # what each agreement fraction is over: the layer's memories (d_mlp; every expert's neurons on a
+        # mixture of experts), per layer, and their common number (the layers analysed together have one)
+        "n_memories_per_layer": {str(layer): n for layer, n in sizes.items()},
+        "n_neurons_per_layer": sizes[layers[0]],
+        # the counts behind each share (agreement = count / n_memories_per_layer): the findings' Wilson intervals
+        "agreement_count_per_layer": _counts(agree, "agreement", sizes),
+        "agreement_any_count_per_layer": _counts(agree, "agreement_any", sizes),
+        "agreement_shuffled_count_per_layer": _counts(agree, "agreement_shuffled", sizes),
         "agreement_any_shuffled_per_layer": {str(r.layer): r.agreement_any_shuffled for r in agree.itertuples()},
-        "agreement_any_shuffled_count_per_layer": _counts(agree, "agreement_any_shuffled", model.facts.d_mlp),
+        "agreement_any_shuffled_count_per_layer": _counts(agree, "agreement_any_shuffled", sizes),
         # Fisher's exact tests on those counts: each layer against its control, the best layer against the others
-        "agreement_tests": agreement_tests(_counts(agree, "agreement", model.facts.d_mlp),
-                                           _counts(agree, "agreement_shuffled", model.facts.d_mlp), model.facts.d_mlp),
+        "agreement_tests": agreement_tests(_counts(agree, "agreement", sizes), _counts(agree, "agreement_shuffled", sizes),
+                                           {str(layer): n for layer, n in sizes.items()}),
         "task": task.name,
         "answer_promoted_fraction": float(top_updates.promotes_answer.mean()) if len(top_updates) else float("nan"),
         # answer_promoted_fraction = n_task_updates_promoting / n_task_updates: the top n_top_updates sub-updates
@@ -374,35 +391,40 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "n_layers_analysed": len(layers),
         "apply_final_norm": config.apply_final_norm,
         "gated_mlp": model.facts.gated_mlp,
-        "mixture_of_experts": any(hooks.is_moe(model, layer) for layer in layers),
+        "mixture_of_experts": bool(experts),
+        # mixture-of-experts layers: {layer: {n_experts, expert_width, top_k, shared_width}} (their memories)
+        "experts_per_layer": experts,
     }
     return Result(name="mlp", df=df, summary=summary,
                   tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},
                   config={**asdict(config), "task": task.name})
 
 
-def agreement_tests(counts: dict[str, int], control: dict[str, int], n: int) -> dict[str, Any]:
-    """Two-sided Fisher's exact tests on agreeing-neuron counts (k of n per layer): "control_p_per_layer"
-    {layer: p of k against that layer's shuffled control}, "best_layer" (most agreeing; the first of
-    equals), "best_vs_layer_p" {other layer: p of best against it} and "best_vs_others_p" (best against
-    the other layers pooled; None with one layer). The best layer is picked after looking, so its p
-    values against the others are optimistic: the finding reports them as such."""
-    out: dict[str, Any] = {"control_p_per_layer": {l: chance.fisher_p(k, n, control[l], n)
+def agreement_tests(counts: dict[str, int], control: dict[str, int], n: int | Mapping[str, int]) -> dict[str, Any]:
+    """Two-sided Fisher's exact tests on agreeing-neuron counts (k of n per layer; n: one number for every
+    layer or {layer: its memories}): "control_p_per_layer" {layer: p of k against that layer's shuffled
+    control}, "best_layer" (most agreeing; the first of equals), "best_vs_layer_p" {other layer: p of best
+    against it} and "best_vs_others_p" (best against the other layers pooled; None with one layer). The best
+    layer is picked after looking, so its p values against the others are optimistic: the finding reports
+    them as such. With layers of different sizes the best is the highest share, not the highest count."""
+    size = (lambda l: int(n[l])) if isinstance(n, Mapping) else (lambda l: int(n))  # noqa: E731
+    out: dict[str, Any] = {"control_p_per_layer": {l: chance.fisher_p(k, size(l), control[l], size(l))
                                                    for l, k in counts.items() if l in control}}
     if not counts:
         return {**out, "best_layer": None, "best_vs_layer_p": {}, "best_vs_others_p": None}
-    best = max(counts, key=lambda l: counts[l])
+    best = max(counts, key=lambda l: counts[l] / size(l))
     others = [l for l in counts if l != best]
     out["best_layer"] = best
-    out["best_vs_layer_p"] = {l: chance.fisher_p(counts[best], n, counts[l], n) for l in others}
-    out["best_vs_others_p"] = (chance.fisher_p(counts[best], n, sum(counts[l] for l in others), n * len(others))
-                               if others else None)
+    out["best_vs_layer_p"] = {l: chance.fisher_p(counts[best], size(best), counts[l], size(l)) for l in others}
+    out["best_vs_others_p"] = (chance.fisher_p(counts[best], size(best), sum(counts[l] for l in others),
+                                               sum(size(l) for l in others)) if others else None)
     return out
 
 
-def _counts(agree: pd.DataFrame, column: str, n: int) -> dict[str, int]:
-    """{layer: neurons} behind a per-layer fraction of n neurons (exact: each fraction is a count / n)."""
-    return {str(r.layer): int(round(getattr(r, column) * n)) for r in agree.itertuples()}
+def _counts(agree: pd.DataFrame, column: str, sizes: Mapping[int, int]) -> dict[str, int]:
+    """{layer: memories} behind a per-layer fraction of that layer's sizes[layer] memories (exact: each
+    fraction is a count / n)."""
+    return {str(r.layer): int(round(getattr(r, column) * sizes[int(r.layer)])) for r in agree.itertuples()}
 
 
 def default_inputs(model, task: Task | str | None, config: MLPConfig) -> tuple[Task, list[torch.Tensor]]:

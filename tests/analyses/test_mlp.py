@@ -86,7 +86,10 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
     k = sum(int((row == answers[b]).any()) for (b, _), rows in promoted.items() for row in rows)  # updates promoting
     assert s["n_task_updates"] == n and s["n_task_updates_promoting"] == k >= 2 and s["n_task_examples"] == 4
     assert s["answer_promoted_fraction"] == pytest.approx(k / n)
-    d_mlp = model.facts.d_mlp
+    d_mlp = model.facts.d_mlp  # a dense MLP: its memories are its d_mlp neurons (HF's c_fc width)
+    assert s["experts_per_layer"] == {} and s["mixture_of_experts"] is False
+    assert s["n_memories_per_layer"] == {str(l): d_mlp for l in range(model.facts.n_layers)} == {
+        str(l): hf.transformer.h[l].mlp.c_fc.weight.shape[1] for l in range(model.facts.n_layers)}
     assert s["agreement_count_per_layer"] == {str(l): int(result.df[result.df.layer == l].agrees.sum())
                                               for l in range(model.facts.n_layers)}
     assert all(s["agreement_per_layer"][l] == pytest.approx(c / d_mlp) for l, c in s["agreement_count_per_layer"].items())
@@ -98,6 +101,8 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
          for l, c in s["agreement_count_per_layer"].items()})
     lo, hi = _wilson(k, n)
     text = finding("mlp", s)
+    best = max(s["agreement_count_per_layer"].items(), key=lambda kv: kv[1])
+    assert f"({best[1]} of {d_mlp} neurons, Wilson 95% CI" in text and "expert" not in text
     assert (f"{k} of {n} top task updates ({100 * k / n:.0f}%, Wilson 95% CI {100 * lo:.0f}%-{100 * hi:.0f}%) "
             "promote the answer token.") in text
     assert f"top {n_top} per example and layer over 4 task examples" in text
@@ -227,3 +232,56 @@ def test_dense_and_expert_layers_together_are_one_clear_error(more_arch_dirs, tm
         mlp.mlp_memories_analysis(model, config=config)
     result = mlp.mlp_memories_analysis(model, config=mlp.MLPConfig(quick=True, top_k_triggers=2, n_examples=4, layers=(1,)))
     assert set(result.df.expert) == {0, 1, 2, 3, 4}  # four routed experts and the shared one
+
+
+def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuron(more_arch_models, more_arch_dirs):
+    """#34 review 7b, A1 and A6: on a Mixtral each layer's memories are its experts' neurons (num_local_experts x
+    intermediate_size from the HF config), so the agreement counts are the fractions times that, the Fisher
+    tests (scipy) and Wilson intervals (closed form) run on it, and the finding and figures name the experts
+    and those denominators, not one expert's width (d_mlp). Each top neuron says on how many examples its
+    expert was routed, from Hugging Face's own router logits at the answer position."""
+    from scipy.stats import fisher_exact
+
+    from headscope.reports.findings import finding
+    from headscope.reports.plots_mlp import figures, neuron_labels
+
+    model, hf = more_arch_models("mixtral"), _hf(more_arch_dirs("mixtral"))
+    config = hf.config
+    n = config.num_local_experts * config.intermediate_size  # 4 x 128 memories per layer
+    assert model.facts.d_mlp == config.intermediate_size != n
+    tokens = random_tokens(4, 7, seed=21)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 2], wrong_answers=tokens[:, 3])
+    result = mlp.mlp_memories_analysis(model, task, mlp.MLPConfig(top_k_triggers=2, n_top_neurons=4, chunk_size=8),
+                                       corpus=[random_tokens(8, 8, seed=22)])
+    s, layers = result.summary, [str(l) for l in range(config.num_hidden_layers)]
+    assert s["n_memories_per_layer"] == {l: n for l in layers} and s["n_neurons_per_layer"] == n
+    assert s["experts_per_layer"] == {l: {"n_experts": config.num_local_experts, "expert_width": config.intermediate_size,
+                                          "top_k": config.num_experts_per_tok, "shared_width": 0} for l in layers}
+    for key in ("agreement", "agreement_any", "agreement_shuffled", "agreement_any_shuffled"):
+        assert s[f"{key}_count_per_layer"] == {l: round(result.tables["agreement"].set_index("layer")[key][int(l)] * n)
+                                               for l in layers}
+    counts, control = s["agreement_count_per_layer"], s["agreement_shuffled_count_per_layer"]
+    assert counts == {l: int(result.df[result.df.layer == int(l)].agrees.sum()) for l in layers} and sum(counts.values()) > 0
+    assert s["agreement_tests"]["control_p_per_layer"] == pytest.approx(
+        {l: fisher_exact([[counts[l], n - counts[l]], [control[l], n - control[l]]])[1] for l in layers})
+    best = max(layers, key=lambda l: counts[l])
+    lo, hi = _wilson(counts[best], n)
+    text = finding("mlp", s)
+    assert text.startswith(f"Layers 0 and 1 are mixtures of experts: each layer's memories are its {n} expert neurons "
+                           f"(4 experts x {config.intermediate_size}, top-2 routing), a neuron's coefficient being its "
+                           "expert's router weight times its activation, 0 on tokens not routed to that expert."), text
+    assert f"({counts[best]} of {n} expert neurons, Wilson 95% CI {100 * lo:.0f}%-{100 * hi:.0f}%)" in text
+    assert f"Against its own shuffled control ({control[best]} of {n} expert neurons" in text
+    assert f"of {model.facts.d_mlp} " not in text
+    # routing at the answer position (the last) from HF's router, per layer and expert: examples sent to it
+    with torch.no_grad():
+        logits = hf(tokens, output_router_logits=True).router_logits  # per layer [batch * pos, expert]
+    top = result.tables["top_neurons"]
+    for row in top.itertuples():
+        chosen = logits[row.layer].reshape(4, 7, -1)[:, -1].topk(config.num_experts_per_tok, -1).indices  # [batch, top_k]
+        assert row.n_routed == int((chosen == row.expert).any(-1).sum())
+    assert neuron_labels(top, 4)[0] == f"L{top.layer[0]} E{top.expert[0]} n{top.expert_neuron[0]} (routed {top.n_routed[0]}/4)"
+    figs = figures(result)
+    assert figs["mlp_agreement"].axes[0].get_title().endswith(
+        f"(bars: Wilson 95% CI over {n} expert neurons (4 experts x {config.intermediate_size}, top-2 routing))")
+    assert [t.get_text() for t in figs["mlp_top_neurons"].axes[0].get_yticklabels()] == neuron_labels(top, 4)

@@ -605,6 +605,15 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
                         f"A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]).")
     assert f"Wilson 95% CI {100 * wa.low:.0f}%-{100 * wa.high:.0f}%" in finding("mlp", summaries["a"][1])
     assert len(notes) == 2
+    # review 7b A1: a mixture of experts' headline is over every expert neuron (40 of 384), not one expert's 96
+    from headscope.reports.compare_headlines import _mlp
+
+    moe = {"agreement_per_layer": {"0": 40 / 384, "1": 33 / 384}, "agreement_count_per_layer": {"0": 40, "1": 33},
+           "n_memories_per_layer": {"0": 384, "1": 384}, "n_neurons_per_layer": 384,
+           "experts_per_layer": {l: {"n_experts": 4, "expert_width": 96, "top_k": 2, "shared_width": 0} for l in "01"}}
+    w = stats.binomtest(40, 384).proportion_ci(method="wilson")
+    ((label, value, ci, n, unit),) = _mlp(moe)
+    assert (value, n, unit) == (40 / 384, 384, "expert neurons") and abs(ci[0] - w.low) + abs(ci[1] - w.high) < 1e-9
     # different example counts: positions are not compared, and a head site's difference carries both n
     for side, head, n in (("a", 0, 8), ("b", 2, 12)):
         io.write_json(tmp_path / side / "patching" / "summary.json", {"n_examples": n, "top_sites": {"head_out": [

@@ -554,6 +554,11 @@ def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
                 assert (seg[0][1], seg[1][1]) == pytest.approx((max(lo, 0.0), hi), abs=1e-9), (name, k)
         assert "Wilson 95% CI over 256 neurons" in ax.get_title()
         assert plot_agreement(table, ax=plt.subplots()[1]).containers[0].has_yerr is False  # no n: no bars
+        # review 7b A1: each layer's bar over its own memories (layer 1 of 128: 0.0 is 0 of 128, hi 3.84/(128+3.84))
+        mixed = plot_agreement(table, n={0: 256, 1: 128}, ax=plt.subplots()[1])
+        top = [c for c in mixed.containers if c.get_label() == "top trigger"][0].lines[2][0].get_segments()
+        assert top[1][1][1] == pytest.approx(z * z / (128 + z * z), abs=1e-9)
+        assert "Wilson 95% CI over each layer's neurons (L0: 256, L1: 128)" in mixed.get_title()
     finally:
         plt.close("all")
 

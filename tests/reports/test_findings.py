@@ -1135,6 +1135,48 @@ def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fishe
             "these MLPs show no key-value memory") in finding("mlp", below)
 
 
+def test_mlp_counts_tests_and_sizes_are_each_layers_own_memories():
+    """#34 review 7b, A1: layers with different numbers of memories (a dense layer of 128 beside a mixture of
+    4 experts x 32 with a shared expert of 64, as Qwen2-MoE's mlp_only_layers) are each counted, tested and
+    named with their own n: Fisher's exact tests from scipy on k of that layer's n, the best layer by share."""
+    from scipy.stats import fisher_exact
+
+    from headscope.analyses.mlp.analysis import agreement_tests
+
+    sizes, counts, control = {"0": 128, "1": 192}, {"0": 10, "1": 30}, {"0": 6, "1": 5}
+    tests = agreement_tests(counts, control, sizes)
+    assert tests["best_layer"] == "1"  # 30/192 = 16% beats 10/128 = 8%
+    assert tests["control_p_per_layer"] == pytest.approx({"0": fisher_exact([[10, 118], [6, 122]])[1],
+                                                          "1": fisher_exact([[30, 162], [5, 187]])[1]})
+    assert tests["best_vs_others_p"] == pytest.approx(fisher_exact([[30, 162], [10, 118]])[1])
+    s = {"agreement_per_layer": {k: v / sizes[k] for k, v in counts.items()}, "agreement_count_per_layer": counts,
+         "agreement_shuffled_per_layer": {k: v / sizes[k] for k, v in control.items()},
+         "agreement_shuffled_count_per_layer": control, "n_memories_per_layer": sizes, "n_prefixes": 160,
+         "experts_per_layer": {"1": {"n_experts": 4, "expert_width": 32, "top_k": 2, "shared_width": 64}}}
+    text = finding("mlp", s)
+    assert text.startswith("Layer 1 is a mixture of experts: its memories are 192 expert neurons (4 experts x 32 + a "
+                           "shared expert of 64, top-2 routing), a neuron's coefficient being its expert's router weight"), text
+    assert "(30 of 192 expert neurons, Wilson 95% CI 11%-21%) in layer 1" in text  # Wilson, closed form: 0.1117, 0.2143
+    assert "(the shared expert's: its sigmoid gate times its activation, on every token)." in text
+    import pandas as pd
+
+    from headscope.reports.plots_mlp import neuron_labels  # the shared expert (index 4) is named, never "routed"
+
+    top = pd.DataFrame({"layer": [1, 1], "neuron": [130, 37], "expert": [4, 1], "expert_neuron": [2, 5], "n_routed": [8, 3]})
+    assert neuron_labels(top, 8, shared={"1": 4}) == ["L1 shared n2", "L1 E1 n5 (routed 3/8)"]
+    assert "Against its own shuffled control (5 of 192 expert neurons, 3%), layer 1 agrees more" in text
+    assert f"layer 1 against the others pooled (10 of 128) p = {fisher_exact([[30, 162], [10, 118]])[1]:.2g}" in text
+    # a Mixtral run from before the fix (review 7b's summary): counts over one expert's 96 of 384 are not used
+    stale = {"agreement_per_layer": {"0": 40 / 384, "1": 33 / 384}, "agreement_count_per_layer": {"0": 10, "1": 8},
+             "agreement_shuffled_per_layer": {"0": 15 / 384, "1": 7 / 384},
+             "agreement_shuffled_count_per_layer": {"0": 4, "1": 2}, "n_neurons_per_layer": 96, "n_prefixes": 258,
+             "agreement_tests": {"control_p_per_layer": {"0": 0.163, "1": 0.100}, "best_layer": "0"},
+             "mixture_of_experts": True}
+    text = finding("mlp", stale)
+    assert text.startswith("These layers are mixtures of experts, and this run is from before headscope counted every "
+                           "expert's neurons") and "of 96" not in text and "p = 0.16" not in text, text
+
+
 def test_attribution_leaves_out_integrated_gradients_that_did_not_converge():
     """Review 6, A3: IG whose attributions sum to -259 for a change of +10 says so and gives no tau, no rollout
     comparison and no significance count (the summary's fraction already leaves its taus out)."""
