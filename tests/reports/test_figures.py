@@ -523,6 +523,36 @@ def test_pruning_curve_shades_the_1_percent_band_so_the_floor_is_visible():
         plt.close("all")
 
 
+@pytest.mark.parametrize("baseline, low, high", [(13.19, -7.0, 15.0), (1.0, -0.5, 1.0), (-2.0, -9.0, -1.9)])
+def test_pruning_figure_zooms_on_the_1_percent_band_at_any_scale(baseline, low, high):
+    """Review 7 B2: on -7..15 (MoE) or -0.5..1 (BERT cosine) axes the unpruned line and the 1% floor were a pixel
+    apart. The figure's second panel spans the unpruned value +- 5% of it: both lines inside, a tenth of its height
+    apart (0.01 |b| / 0.1 |b|), the floor's tick labelled "1% below unpruned", the band filled; the first panel keeps
+    the whole curve. A negative baseline's floor is still below it."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    curve = pd.DataFrame([{"ordering": "ablation", "recompute": False, "seed": 0, "fraction_pruned": f, "metric": m}
+                          for f, m in ((0.0, baseline), (0.25, 0.996 * baseline if baseline > 0 else 1.004 * baseline),
+                                       (0.5, high), (1.0, low))])
+    fig = heads_figures(_result("heads", curve, {"metric": "logit_diff", "baseline_metric": baseline}))["pruning_curve"]
+    try:
+        full, near = fig.axes
+        assert full.get_ylim()[0] <= low and full.get_ylim()[1] >= high  # the whole curve
+        lines = {l.get_label(): float(l.get_ydata()[0]) for l in near.get_lines() if l.get_label() in ("unpruned", "-1% floor")}
+        floor = baseline - 0.01 * abs(baseline)
+        assert lines == pytest.approx({"unpruned": baseline, "-1% floor": floor})
+        y0, y1 = near.get_ylim()
+        assert y0 < floor < baseline < y1
+        assert (baseline - floor) / (y1 - y0) >= 0.09  # a tenth of the panel's height, not a pixel
+        labels = {t.get_text() for t in near.get_yticklabels()}
+        assert f"1% below unpruned: {floor:.4g}" in labels and f"unpruned: {baseline:.4g}" in labels
+        [band] = [p for p in near.patches if p.get_label() == "within 1% of unpruned"]
+        assert band.get_facecolor()[3] > 0
+        assert full.get_legend() is None and near.get_legend() is not None  # one legend, beside the zoom
+    finally:
+        plt.close("all")
+
+
 def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
     """#34 / the fourth review's A10: each layer's agreement share carries its Wilson 95% interval over
     the layer's neurons as an error bar (closed form here: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n))."""
