@@ -643,6 +643,38 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         plt.close("all")
 
 
+def test_kv_eviction_tick_labels_never_collide_for_close_budgets():
+    """Review 7 B3: budgets 16 and 19 on the log axis printed "16 / 6/16" and "19 / 0/16" into each other. With
+    budgets 16, 17, 19 and 20 as close neighbours, the saved figure's drawn tick labels do not overlap; every
+    unlabelled tick is named in the x label with its count (contexts 12, 16, 18, 20: budget b evicts from the
+    prompts longer than b), and the first budget of a close group keeps its label."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_kv import plot_eviction
+
+    contexts = (12, 16, 18, 20)
+    budgets = (1, 2, 4, 8, 16, 17, 19, 20)
+    rows = [{"policy": p, "budget": b, "example": e, "context": c, "metric": float(e)}
+            for p, bs in (("full", (20,)), ("window", budgets)) for b in bs for e, c in enumerate(contexts)]
+    fig = laid_out(plot_eviction(pd.DataFrame(rows), metric="logit_diff"))  # as kv's figures() saves it
+    try:
+        [ax] = fig.axes
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        shown = [t for t in ax.get_xticklabels() if t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in shown]
+        assert not [(a.get_text(), b.get_text()) for i, (a, ba) in enumerate(zip(shown, boxes))
+                    for b, bb in zip(shown[i + 1:], boxes[i + 1:]) if _overlap(ba, bb)]
+        texts = {int(t.get_text().split()[0]): t.get_text() for t in shown}
+        counts = {b: f"{sum(c > b for c in contexts)}/4" for b in budgets}  # 16: 2/4, 17: 2/4, 19: 1/4, 20: 0/4
+        assert {1, 2, 4, 8, 16} <= set(texts) and all(texts[b] == f"{b}\n{counts[b]}" for b in texts)
+        hidden = [b for b in budgets if b not in texts]
+        assert hidden and len(ax.get_xticks()) == len(budgets)  # the ticks stay, only their labels go
+        assert ax.get_xlabel().replace("\n", " ").endswith(
+            "unlabelled ticks: " + ", ".join(f"{b} ({counts[b]})" for b in hidden))
+    finally:
+        plt.close("all")
+
+
 def test_best_head_bars_carry_their_95_percent_intervals_and_n():
     """Review 5 B5: best_head.png drew its bars as exact. Each bar now carries t(15) x se (t(15, 0.975) =
     2.13145, from tables) around its change, and the title says n = 16; a table without se says so."""
