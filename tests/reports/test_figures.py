@@ -752,6 +752,30 @@ def test_kv_sinks_draws_each_layers_interval_over_prompts():
         plt.close("all")
 
 
+def test_position_sinks_draws_each_layers_interval_from_the_sinks_table():
+    """Review 7 B4: position_sinks drew the mass per layer without the 95% interval the finding quotes (and
+    kv_sinks draws). Each bar's error bar spans exactly the table's ci_low..ci_high (sinks.layer_sinks), the
+    axis reaches the highest end; a table without intervals draws none and says so."""
+    from matplotlib.container import BarContainer
+
+    from headscope.reports.plots_position import plot_sink_mass
+
+    sinks = pd.DataFrame({"layer": [0, 1], "sink_mass": [0.1309, 0.0716], "baseline": [0.1199, 0.1199],
+                          "ci_low": [0.1298, 0.0644], "ci_high": [0.1320, 0.0788], "ratio": [1.09, 0.6], "sink": [False] * 2})
+    try:
+        ax = plot_sink_mass(sinks, n_sink=4, ax=plt.subplots()[1])
+        [bars] = [c for c in ax.containers if isinstance(c, BarContainer)]
+        assert [round(b.get_height(), 4) for b in bars] == [0.1309, 0.0716]
+        segments = bars.errorbar.lines[2][0].get_segments()
+        assert [tuple(np.round(seg[:, 1], 4)) for seg in segments] == [(0.1298, 0.1320), (0.0644, 0.0788)]
+        assert ax.get_ylim()[1] >= 0.1320 and "95% t interval" in ax.get_title()
+        bare = plot_sink_mass(sinks.drop(columns=["ci_low", "ci_high"]), n_sink=4, ax=plt.subplots()[1])
+        assert all(c.errorbar is None for c in bare.containers if isinstance(c, BarContainer))
+        assert "no interval recorded" in bare.get_title()
+    finally:
+        plt.close("all")
+
+
 def test_position_curves_at_chance_are_drawn_muted_on_a_0_1_accuracy_axis_with_their_band():
     """review 5 B2/A10: the curve and streaming figures titled AT CHANCE draw pale lines (every RGB channel
     >= MUTE, as plots.muted does a map); accuracy spans 0-1 and its exact band of 0/8, [0, 0.37], is drawn."""
