@@ -142,7 +142,7 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
     zoom = baseline is not None and math.isfinite(float(baseline)) and float(baseline) != 0
     if not zoom:
         return plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=axes(None, (8, 4))).figure
-    fig, (full, near) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (full, near) = plt.subplots(1, 2, figsize=(11.5, 4.6), gridspec_kw={"width_ratios": [3, 2]})
     plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=full)
     full.get_legend().remove()  # one legend, right of the zoom panel
     plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=near)
