@@ -51,6 +51,30 @@ def laid_out(ax: Any) -> Any:
     return ax.figure
 
 
+def thin_xtick_labels(ax: Any, pad: float = 4.0) -> list[int]:
+    """Blank the x tick labels that would run into a kept one (left to right, the first kept), measured
+    on `ax`'s figure at its current size and layout, `pad` pixels apart at least; the ticks stay. Labels
+    set as fixed text (set_xticks(ticks, labels)). Returns the blanked ticks' indices, so that the
+    caller can say elsewhere what they would have read. Later layouts that only widen the axes keep it true."""
+    fig = ax.figure
+    fig.draw_without_rendering()  # positions and text of the ticks as they will be drawn
+    renderer = fig.canvas.get_renderer()
+    ticks = list(ax.get_xticks())
+    texts = [t.get_text() for t in ax.get_xticklabels()]
+    lo, hi = sorted(ax.get_xlim())
+    boxes = [t.get_window_extent(renderer) if text and lo <= x <= hi else None
+             for x, text, t in zip(ticks, texts, ax.get_xticklabels())]
+    right, blanked = float("-inf"), []
+    for i in sorted((i for i, b in enumerate(boxes) if b is not None), key=lambda i: boxes[i].x0):
+        if boxes[i].x0 < right + pad:
+            blanked.append(i)
+        else:
+            right = boxes[i].x1
+    if blanked:
+        ax.set_xticks(ticks, ["" if i in blanked else text for i, text in enumerate(texts)])
+    return sorted(blanked)
+
+
 def axes(ax: Any = None, size: tuple[float, float] = (7, 4)) -> Any:
     """`ax`, or the Axes of a new figure of `size` inches: the one axes helper of every plot_ function."""
     import matplotlib.pyplot as plt

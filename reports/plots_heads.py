@@ -3,6 +3,7 @@ the L0 trade-off and head-role scores.
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over one of the Result's
 tidy tables, summary values by keyword; `importance_figure` (two panels) returns the Figure;
+`pruning_figure` (the whole curve and a zoom on the 1% band) returns the Figure;
 `figures(result)` gives every figure the Result has data for, by file stem.
 
 This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
@@ -124,9 +125,37 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
             group = group.sort_values("fraction_pruned")
             ax.fill_between(group["fraction_pruned"], group["ci_low"], group["ci_high"], color=palette[level],
                             alpha=0.12, linewidth=0)
-    band = "; shaded: 95% CI of the change\nfrom unpruned, paired over examples)"
+    band = ";\nshaded: 95% CI of the change from unpruned,\npaired over examples)"
     title = "iterative head pruning (random: range over seeds" + (band if banded else ")")
     return _finish(ax, metric, baseline, "fraction of heads pruned", title)
+
+
+ZOOM = 0.05  # the zoom panel spans the unpruned value +- this share of it: the 1% floor sits a tenth of its height below
+
+
+def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
+                   basis: Mapping[str, str] | None = None) -> Any:
+    """Figure-level: the whole pruning curve (plot_pruning_curve) and, beside it, the same curves zoomed on
+    the unpruned value +- ZOOM of it, where the band within 1% of unpruned and its floor, 1% below (the
+    threshold behind the finding's count), are a fifth and a tenth of the panel's height whatever the
+    full curve's range (review 7 B2: on a -7..12.5 axis they were a pixel apart). Without a nonzero
+    baseline there is no band to zoom on: the full panel alone. Returns the Figure."""
+    zoom = baseline is not None and math.isfinite(float(baseline)) and float(baseline) != 0
+    if not zoom:
+        return plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=axes(None, (8, 4))).figure
+    fig, (full, near) = plt.subplots(1, 2, figsize=(11.5, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=full)
+    full.get_legend().remove()  # one legend, right of the zoom panel
+    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=near)
+    b = float(baseline)
+    half = ZOOM * abs(b)
+    floor = b - 0.01 * abs(b)
+    near.set_yticks([b - half, floor, b, b + half], [f"-{100 * ZOOM:.0f}%: {b - half:.4g}", f"1% below unpruned: {floor:.4g}",
+                                                     f"unpruned: {b:.4g}", f"+{100 * ZOOM:.0f}%: {b + half:.4g}"])
+    near.set_ylim(b - half, b + half)  # after the ticks: set_yticks may widen the limits
+    near.set_title(f"zoom on the 1% band: unpruned ± {100 * ZOOM:.0f}%\n(points beyond it leave the panel)")
+    near.set_ylabel("")
+    return fig
 
 
 def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, title: str) -> Any:
@@ -244,8 +273,8 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
         out["importance"].tight_layout()
     curve = _curve(result)
     draw = {
-        "pruning_curve": (curve is not None, lambda: plot_pruning_curve(curve, metric=metric, baseline=baseline,
-                                                                                basis=s.get("ordering_basis"))),
+        "pruning_curve": (curve is not None, lambda: pruning_figure(curve, metric=metric, baseline=baseline,
+                                                                            basis=s.get("ordering_basis")).axes[0]),
         "best_head": ("best_head" in tables, lambda: plot_best_head(tables["best_head"], metric=metric)),
         "l0": ("l0" in tables, lambda: plot_l0(tables["l0"], metric=metric, baseline=baseline)),
         "roles": ("roles" in tables, lambda: plot_roles(tables["roles"])),
@@ -273,7 +302,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
                      "unpruned model (paired over examples). "
                      "Read where each falls below the dotted black 1% floor (the shaded strip: within 1% of unpruned, the grey "
-                     "dashed line); the random band spans the seeds. The legend names "
+                     "dashed line); the random band spans the seeds. Left, the whole curve; right, the same curves zoomed "
+                     "on the unpruned value ± 5%, where the strip and its floor (1% below unpruned, the threshold behind "
+                     "the finding's count) stay visible however far the curve falls. The legend names "
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
                      "finding's count is the heads removed before a curve first leaves the band (a curve may come back "

@@ -9,6 +9,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import seaborn as sns
 from matplotlib.ticker import NullLocator
 
 from headscope.reports.findings import _chance, _num, _words, sink_sentence
-from headscope.reports.plots import LAYERS, axes, laid_out
+from headscope.reports.plots import LAYERS, axes, laid_out, thin_xtick_labels
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
          "accuracy": "accuracy (0-1)"}
@@ -25,7 +26,10 @@ UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-proba
 
 def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
     """The Task metric (`data`: the Result's df; mean, seeded bootstrap 95% CI over examples) against the
-    cache budget, one line per policy."""
+    cache budget, one line per policy. Under each budget's tick, how many prompts it evicts from; a
+    tick whose label would run into its neighbour's (close budgets on the log axis) is left unlabelled
+    and the x label lists it with its count (plots.thin_xtick_labels)."""
+    new_figure = ax is None
     ax, df = axes(ax, (7.5, 4)), data
     evicted = df[df.policy != "full"]
     sns.lineplot(data=evicted, x="budget", y="metric", hue="policy", style="policy", markers=True, ax=ax,
@@ -37,6 +41,10 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
         ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
     ax.set_xscale("log", base=2)
     xlabel = "cache budget (positions kept per layer, log2)"
+    ax.set(xlabel=xlabel,
+           ylabel=f"{UNITS.get(str(metric), 'task metric')} at the answer",
+           title="Eviction what-if (band: bootstrap 95% CI over examples)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
     contexts = df[df.policy == "full"].set_index("example").get("context")
     if contexts is not None and len(evicted):  # under each budget: how many prompts it evicts anything from
         grid = sorted(int(b) for b in evicted.budget.unique())
@@ -45,13 +53,21 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
             count = {int(b): int(g.example[evicts[g.index]].nunique()) for b, g in evicted.groupby("budget")}
         else:
             count = {b: int((contexts > b).sum()) for b in grid}
-        ax.set_xticks(grid, [f"{b}\n{count[b]}/{len(contexts)}" for b in grid])
+        texts = [f"{b}\n{count[b]}/{len(contexts)}" for b in grid]
+        ax.set_xticks(grid, texts)
         ax.xaxis.set_minor_locator(NullLocator())
         xlabel += "\nunder it: prompts it evicts from / all"
-    ax.set(xlabel=xlabel,
-           ylabel=f"{UNITS.get(str(metric), 'task metric')} at the answer",
-           title="Eviction what-if (band: bootstrap 95% CI over examples)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
+        ax.set_xlabel(xlabel)
+        blanked: list[int] = []
+        for _ in range(3):  # close budgets (16 and 19 on a log axis): their labels would run together
+            if new_figure:
+                ax.figure.tight_layout()  # the layout the figure is saved with: measure the labels there
+            more = thin_xtick_labels(ax)
+            if not more:
+                break
+            blanked = sorted(blanked + more)
+            note = "unlabelled ticks: " + ", ".join(texts[i].replace("\n", " (") + ")" for i in blanked)
+            ax.set_xlabel(xlabel + "\n" + "\n".join(textwrap.wrap(note, 60)))
     return ax
 
 
@@ -134,7 +150,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "dashed: the full cache; dotted: the longest context, a budget that saves nothing for any prompt. "
                    "A sliding-window layer already holds at most window - 1 past positions: window and heavy hitters "
                    "evict from it only below that, and sinks outside its window are gone already (the finding names "
-                   "those layers).",
+                   "those layers). A budget too close to its left neighbour for its own label keeps its tick and is "
+                   "listed with its count in the x label.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted: positions fewer than half of the prompts reach. A "
                 "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions.",

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
@@ -96,20 +97,32 @@ def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", quiet: str |
 
 
 def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, ax: Any = None) -> Any:
-    """Per layer, the mass on the first `n_sink` tokens (`data`: the sinks table), against the uniform baseline."""
+    """Per layer, the mass on the first `n_sink` tokens (`data`: the sinks table), against the uniform baseline,
+    each bar with the 95% t interval over examples the finding quotes (ci_low / ci_high: sinks.layer_sinks),
+    where the table has it; the title says so, or that none is recorded."""
     ax = axes(ax, (6, 4))
     sinks = data
-    sns.barplot(data=sinks, x="layer", y="sink_mass", ax=ax, color=sns.color_palette()[0])
+    x = np.arange(len(sinks))  # [layer]
+    mass = sinks["sink_mass"].to_numpy(dtype=float)  # [layer]
+    err = None
+    if {"ci_low", "ci_high"} <= set(sinks) and sinks[["ci_low", "ci_high"]].notna().all().all():
+        low, high = sinks["ci_low"].to_numpy(dtype=float), sinks["ci_high"].to_numpy(dtype=float)
+        err = np.stack([np.clip(mass - low, 0, None), np.clip(high - mass, 0, None)])  # [2, layer]: ends at low, high
+    ax.bar(x, mass, width=0.8, color=sns.color_palette()[0], yerr=err, capsize=4, ecolor="black",
+           error_kw={"elinewidth": 1}, label="measured (95% t interval over examples)" if err is not None else "measured")
+    ax.set_xticks(x, [str(int(v)) for v in sinks["layer"]])
+    ax.set_xlabel("layer")
     base = sinks["baseline"].to_numpy(dtype=float)  # [layer]: each layer's own (a sliding window sees fewer keys)
     baseline = float(base.max())
     if base.max() - base.min() < 1e-9:
         ax.axhline(baseline, color="black", linestyle="--", label="uniform attention")
     else:
-        ax.hlines(base, [i - 0.4 for i in range(len(base))], [i + 0.4 for i in range(len(base))], color="black",
-                  linestyle="--", label="uniform attention (per layer: its visible keys)")
+        ax.hlines(base, x - 0.4, x + 0.4, color="black", linestyle="--", label="uniform attention (per layer: its visible keys)")
     ax.set_ylabel(f"attention mass on the first {n_sink if n_sink is not None else '?'} token(s) (0-1)")
-    ax.set_ylim(0, min(1.0, 1.25 * max(float(sinks["sink_mass"].max()), baseline)) or 1.0)  # bars fill the axis
-    ax.set_title("attention sink per layer")
+    top = float(np.nanmax(mass + (err[1] if err is not None else 0)))
+    ax.set_ylim(0, min(1.0, 1.25 * max(top, baseline)) or 1.0)  # bars and their intervals fill the axis
+    ax.set_title("attention sink per layer" + (" (error bars: 95% t interval\nof the mean over examples)" if err is not None
+                                               else " (no interval recorded)"))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
 
@@ -157,7 +170,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                       "no difference at this sample size.",
     "position_gold_attention": "Attention mass (0-1) on the gold span, layer x gold position, max over heads.",
     "position_sinks": "Per layer, attention mass on the first tokens (0-1) against the uniform-attention baseline (dashed; "
-                      "a sliding-window layer's counts only the keys inside its window).",
+                      "a sliding-window layer's counts only the keys inside its window), each bar with the 95% t interval "
+                      "of its mean over examples that the finding quotes.",
     "position_streaming": "Answer log-probability (nats) by gold position with the full context and with streaming "
                           "windows (sinks + recent tokens); each condition has its own marker and dash, so equal curves "
                           "stay visible.",

@@ -523,6 +523,36 @@ def test_pruning_curve_shades_the_1_percent_band_so_the_floor_is_visible():
         plt.close("all")
 
 
+@pytest.mark.parametrize("baseline, low, high", [(13.19, -7.0, 15.0), (1.0, -0.5, 1.0), (-2.0, -9.0, -1.9)])
+def test_pruning_figure_zooms_on_the_1_percent_band_at_any_scale(baseline, low, high):
+    """Review 7 B2: on -7..15 (MoE) or -0.5..1 (BERT cosine) axes the unpruned line and the 1% floor were a pixel
+    apart. The figure's second panel spans the unpruned value +- 5% of it: both lines inside, a tenth of its height
+    apart (0.01 |b| / 0.1 |b|), the floor's tick labelled "1% below unpruned", the band filled; the first panel keeps
+    the whole curve. A negative baseline's floor is still below it."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    curve = pd.DataFrame([{"ordering": "ablation", "recompute": False, "seed": 0, "fraction_pruned": f, "metric": m}
+                          for f, m in ((0.0, baseline), (0.25, 0.996 * baseline if baseline > 0 else 1.004 * baseline),
+                                       (0.5, high), (1.0, low))])
+    fig = heads_figures(_result("heads", curve, {"metric": "logit_diff", "baseline_metric": baseline}))["pruning_curve"]
+    try:
+        full, near = fig.axes
+        assert full.get_ylim()[0] <= low and full.get_ylim()[1] >= high  # the whole curve
+        lines = {l.get_label(): float(l.get_ydata()[0]) for l in near.get_lines() if l.get_label() in ("unpruned", "-1% floor")}
+        floor = baseline - 0.01 * abs(baseline)
+        assert lines == pytest.approx({"unpruned": baseline, "-1% floor": floor})
+        y0, y1 = near.get_ylim()
+        assert y0 < floor < baseline < y1
+        assert (baseline - floor) / (y1 - y0) >= 0.09  # a tenth of the panel's height, not a pixel
+        labels = {t.get_text() for t in near.get_yticklabels()}
+        assert f"1% below unpruned: {floor:.4g}" in labels and f"unpruned: {baseline:.4g}" in labels
+        [band] = [p for p in near.patches if p.get_label() == "within 1% of unpruned"]
+        assert band.get_facecolor()[3] > 0
+        assert full.get_legend() is None and near.get_legend() is not None  # one legend, beside the zoom
+    finally:
+        plt.close("all")
+
+
 def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
     """#34 / the fourth review's A10: each layer's agreement share carries its Wilson 95% interval over
     the layer's neurons as an error bar (closed form here: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n))."""
@@ -618,6 +648,38 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         plt.close("all")
 
 
+def test_kv_eviction_tick_labels_never_collide_for_close_budgets():
+    """Review 7 B3: budgets 16 and 19 on the log axis printed "16 / 6/16" and "19 / 0/16" into each other. With
+    budgets 16, 17, 19 and 20 as close neighbours, the saved figure's drawn tick labels do not overlap; every
+    unlabelled tick is named in the x label with its count (contexts 12, 16, 18, 20: budget b evicts from the
+    prompts longer than b), and the first budget of a close group keeps its label."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_kv import plot_eviction
+
+    contexts = (12, 16, 18, 20)
+    budgets = (1, 2, 4, 8, 16, 17, 19, 20)
+    rows = [{"policy": p, "budget": b, "example": e, "context": c, "metric": float(e)}
+            for p, bs in (("full", (20,)), ("window", budgets)) for b in bs for e, c in enumerate(contexts)]
+    fig = laid_out(plot_eviction(pd.DataFrame(rows), metric="logit_diff"))  # as kv's figures() saves it
+    try:
+        [ax] = fig.axes
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        shown = [t for t in ax.get_xticklabels() if t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in shown]
+        assert not [(a.get_text(), b.get_text()) for i, (a, ba) in enumerate(zip(shown, boxes))
+                    for b, bb in zip(shown[i + 1:], boxes[i + 1:]) if _overlap(ba, bb)]
+        texts = {int(t.get_text().split()[0]): t.get_text() for t in shown}
+        counts = {b: f"{sum(c > b for c in contexts)}/4" for b in budgets}  # 16: 2/4, 17: 2/4, 19: 1/4, 20: 0/4
+        assert {1, 2, 4, 8, 16} <= set(texts) and all(texts[b] == f"{b}\n{counts[b]}" for b in texts)
+        hidden = [b for b in budgets if b not in texts]
+        assert hidden and len(ax.get_xticks()) == len(budgets)  # the ticks stay, only their labels go
+        assert ax.get_xlabel().replace("\n", " ").endswith(
+            "unlabelled ticks: " + ", ".join(f"{b} ({counts[b]})" for b in hidden))
+    finally:
+        plt.close("all")
+
+
 def test_best_head_bars_carry_their_95_percent_intervals_and_n():
     """Review 5 B5: best_head.png drew its bars as exact. Each bar now carries t(15) x se (t(15, 0.975) =
     2.13145, from tables) around its change, and the title says n = 16; a table without se says so."""
@@ -691,6 +753,30 @@ def test_kv_sinks_draws_each_layers_interval_over_prompts():
         [bars] = [c for c in ax.containers if getattr(c, "errorbar", None) is not None and c.errorbar is not None]
         segments = bars.errorbar.lines[2][0].get_segments()
         assert [tuple(np.round(seg[:, 1], 3)) for seg in segments] == [(0.14, 0.16), (0.31, 0.34), (0.09, 0.11)]
+    finally:
+        plt.close("all")
+
+
+def test_position_sinks_draws_each_layers_interval_from_the_sinks_table():
+    """Review 7 B4: position_sinks drew the mass per layer without the 95% interval the finding quotes (and
+    kv_sinks draws). Each bar's error bar spans exactly the table's ci_low..ci_high (sinks.layer_sinks), the
+    axis reaches the highest end; a table without intervals draws none and says so."""
+    from matplotlib.container import BarContainer
+
+    from headscope.reports.plots_position import plot_sink_mass
+
+    sinks = pd.DataFrame({"layer": [0, 1], "sink_mass": [0.1309, 0.0716], "baseline": [0.1199, 0.1199],
+                          "ci_low": [0.1298, 0.0644], "ci_high": [0.1320, 0.0788], "ratio": [1.09, 0.6], "sink": [False] * 2})
+    try:
+        ax = plot_sink_mass(sinks, n_sink=4, ax=plt.subplots()[1])
+        [bars] = [c for c in ax.containers if isinstance(c, BarContainer)]
+        assert [round(b.get_height(), 4) for b in bars] == [0.1309, 0.0716]
+        segments = bars.errorbar.lines[2][0].get_segments()
+        assert [tuple(np.round(seg[:, 1], 4)) for seg in segments] == [(0.1298, 0.1320), (0.0644, 0.0788)]
+        assert ax.get_ylim()[1] >= 0.1320 and "95% t interval" in ax.get_title()
+        bare = plot_sink_mass(sinks.drop(columns=["ci_low", "ci_high"]), n_sink=4, ax=plt.subplots()[1])
+        assert all(c.errorbar is None for c in bare.containers if isinstance(c, BarContainer))
+        assert "no interval recorded" in bare.get_title()
     finally:
         plt.close("all")
 
