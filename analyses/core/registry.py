@@ -147,6 +147,18 @@ def cost_model(name: str) -> Any:
     return family(name).cost
 
 
+def reads(name: str, model, config: Any = None, summary: Any = None) -> Any:
+    """Which parts of a task analysis `name` reads on `model` (contract.Reads; its Family.reads, else the
+    answers and, where its Needs ask for them, the corrupted prompts). config: its settings (None: the
+    preset); summary: its run's summary (what it actually did, e.g. probes' labels)."""
+    from headscope.analyses.core.contract import Reads
+
+    record = family(name)
+    if record.reads is None:
+        return Reads(corrupted=record.needs.corrupted)
+    return record.reads(model, config if config is not None else record.config.preset(), summary or {})
+
+
 def needs(name: str) -> Needs:
     """What an analysis needs from a task and a model (its family's NEEDS; analyses/core/contract.py)."""
     return family(name).needs
