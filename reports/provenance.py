@@ -137,6 +137,9 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     if not isinstance(record["n_examples"], int):
         record["n_examples"] = n
     record["sample"] = sample
+    fit = summary.get("shipped_text")
+    if isinstance(fit, Mapping) and isinstance(fit.get("note"), str):  # the shipped sentences, split or unknown
+        record["note"] = fit["note"]
     rows = getattr(data, "source_rows", None)  # a Task read from the user's data: which of its rows it holds
     if rows is not None and len(rows) == record["n_examples"]:
         record["rows"] = sorted(int(r) for r in rows)
@@ -226,7 +229,7 @@ def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     lines = [f"task: {task}, from {record.get('source') or 'not recorded'}",
              f"examples: {n if isinstance(n, int) else 'not recorded'}{_rows_text(record)}{_pairs_text(record)}; "
              f"{_changed_text(record.get('budget_changed') or {})}"]
-    for key in ("uses", "metric"):
+    for key in ("uses", "metric", "note"):
         if isinstance(record.get(key), str) and record[key]:
             lines.append(f"{key}: {record[key]}")
     sample = record.get("sample") or {}

@@ -51,6 +51,21 @@ def fruit_bert(tmp_path_factory):
     return hs.load_model(root / "model", device="cpu"), hs.TaskFile(path, FIELDS)
 
 
+@pytest.fixture(scope="module")
+def english_bert(tmp_path_factory):
+    """A random-weight BERT like fruit_bert whose WordPiece tokenizer (2,000 pieces) learnt English, the
+    shipped sentences included: a tokenizer that knows their words, as MiniLM's does."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    path = tmp_path_factory.mktemp("english-bert")
+    tok = wordpiece(vocab_size=2000)
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=64, pad_token_id=0)).save_pretrained(path)
+    save_tokenizer(tok, path)
+    return hs.load_model(path, device="cpu")
+
+
 def hf_pooled(hf, tok, texts, zero=None) -> torch.Tensor:
     """[n, d_model]: plain HF BertModel's mean-pooled last hidden state of each text run alone; zero: (layer,
     head) whose z is zeroed before its attention output projection."""
@@ -128,3 +143,59 @@ def test_attribution_section_names_what_it_used_and_shows_no_answer_or_corrupted
     expected = torch.nn.functional.cosine_similarity(pooled, pooled.roll(-1, dims=0), dim=-1)
     ig = outcome.result.tables["ig"].sort_values("example")
     assert ig["metric_input"].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def heads_on_shipped_sentences(model, n: int = 8):
+    """(Result, the sentences it ran on): heads' cheapest full run on its default data (the shipped
+    sentences, a seeded order's first n: tasks.sentence_task's documented sample), through the registry."""
+    from headscope.analyses.core.registry import get_analysis
+    from headscope.analyses.core.tasks import shipped_sentences
+    from headscope.analyses.heads import HeadsConfig, PruningConfig
+
+    config = HeadsConfig(methods=("zero",), l0=None, best_head=False, n_induction=2, n_examples=n,
+                         pruning=PruningConfig(n_random=1, recompute=(False,)))
+    every = shipped_sentences()
+    order = torch.randperm(len(every), generator=torch.Generator().manual_seed(config.seed)).tolist()
+    return get_analysis("heads")(model, None, config), [every[i] for i in order[:n]]
+
+
+def tokenizer_counts(tok, texts) -> tuple[float, int]:
+    """(tokens a whitespace word, words holding the unknown token, each counted once a sentence), by the
+    tokenizer itself."""
+    words = [w for t in texts for w in t.split()]
+    tokens = sum(len(tok.tokenize(t)) for t in texts)
+    unknown = sum(len({w for w in t.split() if tok.unk_token in tok.tokenize(w)}) for t in texts)
+    return tokens / len(words), unknown
+
+
+def test_heads_on_shipped_sentences_the_tokenizer_splits_warns_and_says_so(fruit_bert, caplog):
+    """Review 7b A5: heads fell back to the shipped English sentences, which this tokenizer spells nearly
+    letter by letter with unknown words, and said nothing; position refused the same text. Now the log
+    warns, the summary records the counts (the tokenizer's own, here), and the section and finding say it."""
+    from headscope.reports.findings import finding
+    from headscope.reports.provenance import task_record
+
+    model, _ = fruit_bert
+    with caplog.at_level("WARNING"):
+        result, texts = heads_on_shipped_sentences(model)
+    per_word, unknown = tokenizer_counts(model.tokenizer, texts)
+    assert per_word > 2.5 and unknown > 0  # the case: words in pieces, and [UNK]s
+    fit = result.summary["shipped_text"]
+    assert fit["tokens_per_word"] == pytest.approx(per_word, abs=1e-4) and fit["unknown_words"] == unknown
+    assert fit["off_distribution"] and fit["n_sentences"] == len(texts)
+    said = f"split into {per_word:.1f} tokens a word with {unknown} unknown words"
+    assert any(r.levelname == "WARNING" and said in r.getMessage() and r.getMessage().startswith("heads: ")
+               for r in caplog.records)
+    assert finding("heads", result.summary).startswith(f"The shipped sentences are {said}")
+    record = task_record(model, "heads", None, result.summary, "default task")
+    assert said in record["note"] and "off its training distribution" in record["note"]
+
+
+def test_heads_on_shipped_sentences_a_tokenizer_knows_records_the_counts_without_a_warning(english_bert, caplog):
+    with caplog.at_level("WARNING"):
+        result, texts = heads_on_shipped_sentences(english_bert)
+    per_word, unknown = tokenizer_counts(english_bert.tokenizer, texts)
+    fit = result.summary["shipped_text"]
+    assert fit["tokens_per_word"] == pytest.approx(per_word, abs=1e-4) and unknown == fit["unknown_words"] == 0
+    assert per_word < 1.5 and not fit["off_distribution"] and "note" not in fit
+    assert not [r for r in caplog.records if "shipped sentences" in r.getMessage()]
