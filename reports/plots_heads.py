@@ -470,7 +470,13 @@ def finding(s: Mapping[str, Any]) -> str:
         ci = (s.get("chance") or {}).get("ci") if isinstance(s.get("chance"), Mapping) else None
         span = (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if isinstance(ci, (list, tuple)) and len(ci) == 2
                 and all(_num(x) is not None for x in ci) else "")
-        parts.append(f"Unpruned {metric} is {base:.3g}{span} over {s.get('n_examples', '?')} examples.")
+        if kind == "cosine":  # encoders: each prompt's pooled embedding against its own unpruned one
+            parts.append(f"Unpruned {metric} is {base:.3g} by construction over {s.get('n_examples', '?')} examples (each "
+                         "prompt's pooled embedding against its own unpruned one); gradient importance differentiates an "
+                         "in-batch contrastive loss L instead, whose gradient does not vanish there, so the gradient "
+                         "ordering ranks heads by that loss, not by the cosine.")
+        else:
+            parts.append(f"Unpruned {metric} is {base:.3g}{span} over {s.get('n_examples', '?')} examples.")
     if _at_chance(s, kind, base):
         parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
                      "and pruning curves measure noise here, not a mechanism.")

@@ -25,6 +25,16 @@ def test_heads_headline_carries_the_summary_numbers():
     assert "chance" not in text
 
 
+def test_an_encoders_unpruned_cosine_is_one_by_construction_and_its_gradient_names_its_loss():
+    """Review 7b C1: "Unpruned cosine similarity is 1" read as a measurement, and the gradient ordering's L was
+    not named: on an encoder the cosine is against each prompt's own unpruned embedding, and the gradient is
+    of the in-batch contrastive loss."""
+    text = finding("heads", {**HEADS, "metric": "cosine", "baseline_metric": 1.0, "n_examples": 16})
+    assert text.startswith("Unpruned cosine similarity is 1 by construction over 16 examples")
+    assert "in-batch contrastive loss L" in text
+    assert "by construction" not in finding("heads", HEADS)
+
+
 def test_a_model_at_chance_is_called_so():
     text = finding("heads", {**HEADS, "baseline_metric": 0.03})
     assert "at chance" in text and "0.03" in text
