@@ -169,7 +169,9 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
 
 def finding(name: str, summary: Mapping[str, Any]) -> str:
     """The headline of one analysis ("" when there is none): its family's `finding` (reports/plots_<name>.py),
-    opened by the chance sentence when the model is at chance; never raises on an odd summary."""
+    opened by the shipped-sentence note where an encoder ran on sentences its tokenizer splits into pieces or
+    unknown words (summary["shipped_text"]) and by the chance sentence when the model is at chance; never
+    raises on an odd summary."""
     if "skipped" in summary and name not in ("patching", "circuits"):
         return f"Skipped: {summary['skipped']}"
     try:
@@ -177,6 +179,9 @@ def finding(name: str, summary: Mapping[str, Any]) -> str:
 
         shown = presentation(name)
         text = shown.finding(summary) if shown is not None else ""
+        fit = summary.get("shipped_text")
+        if isinstance(fit, Mapping) and isinstance(fit.get("note"), str):  # text the model was not trained on
+            text = f"{fit['note'][0].upper()}{fit['note'][1:]}. {text}".strip()
         entry = _chance(summary)
         if entry is None:
             return text

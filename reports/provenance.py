@@ -2,8 +2,11 @@
 
 At run time `task_record` writes OUT/<analysis>/task.json: the task's name, where it came from (the
 user's task, or a default and why: the manifest's task_used line), how many examples the analysis
-used, and ONE sample row (prompt, answer, corrupted prompt and its answer) decoded by the model's
-tokenizer, so a reader can see what a section ran on. At report time `section_provenance` reads it
+used, which parts of the task it read and what it scored (its family's contract.Reads: "uses" names
+the parts the task has that the analysis leaves unused and why, "metric" what it scores where the
+task's metric does not say it, e.g. on encoders), and ONE sample row decoded by the model's tokenizer
+with the parts it read only (prompt; answer; corrupted prompt and its answer), so a reader can see
+what a section ran on. At report time `section_provenance` reads it
 (falling back to the summary's "task" and "n_examples" for folders written before task.json
 existed) and `provenance_html` / `provenance_markdown` render it, every string escaped.
 """
@@ -46,22 +49,52 @@ def _decode(tokenizer: Any, ids: Any) -> str:
     return text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
 
 
-def _sample_of_task(tokenizer: Any, task: Any) -> dict[str, str]:
-    """The first row of a Task (padding removed) as strings."""
+def _has_corrupted(task: Any) -> bool:
+    return task.corrupted_tokens is not None and not bool((task.corrupted_tokens == task.tokens).all())
+
+
+def _sample_of_task(tokenizer: Any, task: Any, reads: Any = None) -> dict[str, str]:
+    """The first row of a Task (padding removed) as strings: the prompt, and the answer and corrupted
+    prompt where the analysis reads them (`reads`: contract.Reads; None: the answers, no corrupted prompt)."""
+    if reads is None:
+        from headscope.analyses.core.contract import Reads
+
+        reads = Reads()
     row = task.example(0)
     sample = {"prompt": _decode(tokenizer, row.tokens[0])}
-    if row.continuation is not None:
+    if not reads.answers:
+        pass
+    elif row.continuation is not None:
         sample["answer"] = _decode(tokenizer, row.continuation[0])
     elif row.answers is not None:
         sample["answer"] = _decode(tokenizer, row.answers)
-    if row.corrupted_tokens is not None and not bool((row.corrupted_tokens == row.tokens).all()):
+    if reads.corrupted and _has_corrupted(row):
         sample["corrupted_prompt"] = _decode(tokenizer, row.corrupted_tokens[0])
         if row.wrong_answers is not None:
             sample["corrupted_answer"] = _decode(tokenizer, row.wrong_answers)
     return sample
 
 
-def _sample(model: Any, data: Any) -> tuple[str | None, int | None, dict[str, str]]:
+def _join(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def uses_text(task: Any, reads: Any, yours: bool) -> str:
+    """Which parts of `task` the analysis read (`reads`: contract.Reads), the parts it has and the analysis
+    left unused and why: "your prompts only; answers and corrupted prompts are not used: headscope
+    scores encoders by their pooled embedding; ..." (yours: the user's task, else "the")."""
+    used, unused = ["prompts"], []
+    if task.answers is not None or task.continuation is not None:
+        (used if reads.answers else unused).append(f"answers {reads.answers_as}".strip() if reads.answers else "answers")
+    if _has_corrupted(task):
+        (used if reads.corrupted else unused).append("corrupted prompts")
+    text = f"{'your' if yours else 'the'} {_join(used) if len(used) > 1 else 'prompts only'}"
+    if unused:
+        text += f"; {_join(unused)} are not used" + (f": {reads.why}" if reads.why else "")
+    return text
+
+
+def _sample(model: Any, data: Any, reads: Any) -> tuple[str | None, int | None, dict[str, str]]:
     """(task name, its rows, its first row) of the data an analysis ran on (runner.ran_on): a Task, or
     position's first sweep row (its kind, the row)."""
     if data is None:
@@ -69,12 +102,15 @@ def _sample(model: Any, data: Any) -> tuple[str | None, int | None, dict[str, st
     if isinstance(data, tuple):  # position's own sweeps: (kind, first PositionSweep)
         kind, sweep = data
         return kind, None, {"prompt": _decode(model.tokenizer, sweep.tokens[0]), "answer": " or ".join(sweep.answers[:3])}
-    return data.name, len(data), _sample_of_task(model.tokenizer, data)
+    return data.name, len(data), _sample_of_task(model.tokenizer, data, reads)
 
 
-def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str) -> dict[str, Any]:
+def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str,
+                config: Any = None) -> dict[str, Any]:
     """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
-    corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why), and
+    corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why; it holds the
+    parts the analysis reads only: registry.reads under `config`, its settings), "uses" (uses_text) and
+    "metric" (what it scores, where its family says: encoders) for a prompt/answer Task, and
     "rows": the user's data rows it ran on (0-based, as errors and task_examples.csv's "row" number them). data:
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
@@ -84,7 +120,14 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     try:
         if isinstance(data, Exception):
             raise data
-        found, n, sample = _sample(model, data)
+        from headscope.analyses.core.registry import reads as family_reads
+
+        reads = family_reads(name, model, config, summary)
+        if hasattr(data, "tokens") and hasattr(data, "example"):  # a prompt/answer Task (not position's sweeps)
+            record["uses"] = uses_text(data, reads, record["source"].startswith("your task"))
+            if reads.metric:
+                record["metric"] = reads.metric
+        found, n, sample = _sample(model, data, reads)
     except Exception as err:  # noqa: BLE001 - the sample is a courtesy: it never costs the analysis its result
         log.warning("%s: no sample prompt for the report (%s: %s)", name, type(err).__name__, err)
         found, n, sample = None, None, {}
@@ -94,6 +137,9 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     if not isinstance(record["n_examples"], int):
         record["n_examples"] = n
     record["sample"] = sample
+    fit = summary.get("shipped_text")
+    if isinstance(fit, Mapping) and isinstance(fit.get("note"), str):  # the shipped sentences, split or unknown
+        record["note"] = fit["note"]
     rows = getattr(data, "source_rows", None)  # a Task read from the user's data: which of its rows it holds
     if rows is not None and len(rows) == record["n_examples"]:
         record["rows"] = sorted(int(r) for r in rows)
@@ -176,12 +222,16 @@ def _rows_text(record: Mapping[str, Any]) -> str:
 
 
 def provenance_lines(record: Mapping[str, Any]) -> list[str]:
-    """Plain-text lines (unescaped): task and source, n and budget, the sample (prompt -> answer)."""
+    """Plain-text lines (unescaped): task and source, n and budget, the parts used and the metric (where
+    recorded), the sample (prompt -> answer; corrupted -> its answer, where the analysis reads them)."""
     task = record.get("task") or "not recorded"
     n = record.get("n_examples")
     lines = [f"task: {task}, from {record.get('source') or 'not recorded'}",
              f"examples: {n if isinstance(n, int) else 'not recorded'}{_rows_text(record)}{_pairs_text(record)}; "
              f"{_changed_text(record.get('budget_changed') or {})}"]
+    for key in ("uses", "metric", "note"):
+        if isinstance(record.get(key), str) and record[key]:
+            lines.append(f"{key}: {record[key]}")
     sample = record.get("sample") or {}
     if sample.get("prompt") is not None:
         text = f"sample: {sample['prompt']!r}"

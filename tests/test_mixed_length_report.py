@@ -22,10 +22,10 @@ ARCHS = [pytest.param(arch, id=arch, marks=() if arch in FAST else pytest.mark.s
 N_ROWS = 8
 
 # Which analyses take prompt/answer data (the families' contracts, in words): on a decoder every one
-# but position (its own retrieval sweeps); on an encoder attribution and probes (heads scores encoders
-# by the cosine metric, not answers; circuits, kv, mlp and patching need a decoder and are skipped).
+# but position (its own retrieval sweeps); on an encoder heads, attribution and probes (heads and attribution
+# score the prompts' pooled embedding; circuits, kv, mlp and patching need a decoder and are skipped).
 USES_YOUR_TASK = {"decoder": {"heads", "attribution", "patching", "mlp", "kv", "probes", "circuits"},
-                  "encoder": {"attribution", "probes"}}
+                  "encoder": {"heads", "attribution", "probes"}}
 SKIPPED_ON_ENCODERS = {"circuits", "kv", "mlp", "patching"}
 
 

@@ -183,8 +183,10 @@ def byte_fallback_bpe(vocab_size: int = ARCH_VOCAB):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
-def wordpiece(vocab_size: int = ARCH_VOCAB):
-    """BERT-style WordPiece: lower-casing normalizer, [CLS] text [SEP], [UNK] for what it cannot split."""
+def wordpiece(vocab_size: int = ARCH_VOCAB, corpus: list[str] | None = None):
+    """BERT-style WordPiece: lower-casing normalizer, [CLS] text [SEP], [UNK] for what it cannot split.
+    corpus: what it learns from (None: english_corpus plus every ASCII letter, digit and punctuation
+    mark, like BERT's vocabulary; given: those lines only, so other characters become [UNK])."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -195,7 +197,8 @@ def wordpiece(vocab_size: int = ARCH_VOCAB):
     tok.decoder = decoders.WordPiece()
     # Like BERT's vocabulary, every ASCII letter and digit, alone and as a "##" continuation, and punctuation.
     ascii_lines = [" ".join(c + c for c in string.ascii_lowercase + string.digits), " ".join(string.punctuation)]
-    tok.train_from_iterator(english_corpus() + ascii_lines, trainers.WordPieceTrainer(
+    lines = english_corpus() + ascii_lines if corpus is None else corpus
+    tok.train_from_iterator(lines, trainers.WordPieceTrainer(
         vocab_size=vocab_size, special_tokens=specials))
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])

@@ -61,7 +61,7 @@ from headscope.analyses.attribution.adversarial import LN2, adversarial_attentio
 from headscope.analyses.attribution.agreement import method_pair_rows, paired_differences, summarise, tau_rows
 from headscope.analyses.attribution.permutation import permute_attention, saturation
 from headscope.analyses.core.config import AnalysisConfig, configure
-from headscope.analyses.core.contract import Needs, one_token_answers
+from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads, one_token_answers
 from headscope.analyses.core.metrics import answer_logprob, logit_diff, mean_pool
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
@@ -77,6 +77,17 @@ ROLLOUT_REFERENCES = ("grad_x_input", "leave_one_out", "integrated_gradients")
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, what="attributes the answer's score to the input tokens")
+ENCODER_METRIC = ("cosine of each prompt's mean-pooled embedding with the next sampled prompt's (the last prompt's "
+                  "with the first's); leave-one-out and permutations: 1 - cosine to the prompt's "
+                  "own unmodified embedding")
+
+
+def reads(model, config: Any = None, summary: Any = None) -> Reads:
+    """What attribution reads of a task (contract.Reads): decoders the prompts and answers, each prompt
+    alone; encoders the prompts only, scored against their sampled partner's pooled embedding."""
+    if model.facts.is_encoder:
+        return Reads(answers=False, why=ENCODER_SCORING, metric=ENCODER_METRIC)
+    return Reads(why="attribution scores each prompt alone")
 
 
 @dataclass(frozen=True, kw_only=True)

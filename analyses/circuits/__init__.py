@@ -11,12 +11,13 @@ from headscope.analyses.circuits.analysis import (
     default_task,
     direct_logit_attribution,
     logit_lens,
+    reads,
     run,
 )
 from headscope.analyses.circuits.cost import COST
 from headscope.analyses.core.family import Family
 
 FAMILY = Family(name="circuits", run=run, config=CircuitsConfig, needs=NEEDS, cost=COST, default_task=default_task,
-                api=("logit_lens", "direct_logit_attribution", "CircuitsConfig"))
+                reads=reads, api=("logit_lens", "direct_logit_attribution", "CircuitsConfig"))
 
 __all__ = ["FAMILY", "CircuitsConfig", "direct_logit_attribution", "logit_lens", "run"]

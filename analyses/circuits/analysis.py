@@ -50,7 +50,7 @@ from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
 from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
-from headscope.analyses.core.contract import Needs, one_token_answers
+from headscope.analyses.core.contract import Needs, Reads, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
@@ -71,6 +71,14 @@ _CHUNK_BYTES = 256 * 2**20  # a pass's output logits and captured states held at
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, decoder=True, what="reads next-token logits (logit lens, direct logit attribution)")
+
+
+def reads(model, config: Any = None, summary: Any = None) -> Reads:
+    """What circuits reads of a task (contract.Reads): the prompts and answers (lens, DLA) and, with edges on,
+    the corrupted prompts (edge attribution and faithfulness patch between clean and corrupted runs)."""
+    if config is None or getattr(config, "edges", True):
+        return Reads(corrupted=True)
+    return Reads(why="edge attribution and faithfulness, which patch them, are off (edges=False)")
 
 
 @dataclass(frozen=True, kw_only=True)

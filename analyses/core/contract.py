@@ -30,7 +30,7 @@ class Needs:
     min_examples: the fewest examples it can use (resample ablation, cross-validation folds);
     decoder: it reads next-token logits or a KV cache, so it cannot run on an encoder at all;
     next_token: it scores tasks with next-token logits on decoders (answers needed) and with the
-      cosine metric on encoders, so an encoder needs a cosine task (not prompt/answer data);
+      cosine metric on encoders, which read a task's prompts only (its answers are not scored: Reads);
     task_data: it can run on a prompt/answer Task (False: only on its own data, e.g. position's
       retrieval sweeps); names: task names it reads itself (e.g. position's "kv");
     english: its own data is English text, so the tokenizer must encode English without its unknown
@@ -54,6 +54,31 @@ class Needs:
     english: bool = False
     continuation: bool = False
     what: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reads:
+    """Which parts of a prompt/answer Task an analysis actually reads, for its section's provenance
+    (reports/provenance.py): a part the task has and the analysis does not read is named as unused,
+    and the sample line leaves it out.
+
+    answers: it reads the answers (and, with logit difference, the wrong answers); answers_as: how,
+      where they are not scored as next tokens ("as class labels");
+    corrupted: it reads the corrupted prompts (clean/corrupted pairs);
+    why: why the unused parts are not read ("headscope scores encoders by their pooled embedding");
+    metric: what it scores, in words, where the task's own metric does not say it (encoders).
+    A family declares `reads(model, config, summary) -> Reads` (Family.reads); the default reads the
+    answers, and the corrupted prompts where its Needs ask for them.
+    """
+
+    answers: bool = True
+    answers_as: str = ""
+    corrupted: bool = False
+    why: str = ""
+    metric: str = ""
+
+
+ENCODER_SCORING = "headscope scores encoders by their pooled embedding; it does not read a masked-LM head"
 
 
 ENGLISH_PROBE = "Extract the value corresponding to the specified key in the JSON object below."
@@ -118,8 +143,6 @@ def task_reasons(needs: Needs, task: Task | str, model: Any) -> list[str]:
         elif repeated < needs.min_classes:
             reasons.append(f"only {repeated} of the task's answers occur more than once; cross-validated probes need "
                            f"at least {needs.min_classes} answers seen twice or more")
-    if needs.next_token and model.facts.is_encoder and task.metric != "cosine":
-        reasons.append(f"{model.facts.name} is an encoder without next-token predictions to score the answers")
     if needs.next_token and not model.facts.is_encoder and task.answers is None and not needs.answers:
         reasons.append("the task has no answers to score with next-token logits")
     return reasons
@@ -187,5 +210,6 @@ def require(needs: Needs, model: Any, name: str) -> None:
         raise UnsupportedModelError(f"{name}: {'; '.join(reasons)}.")
 
 
-__all__ = ["Needs", "check", "model_reasons", "one_token_answers", "quiet_sample_warnings", "require", "resolve",
+__all__ = ["ENCODER_SCORING", "Needs", "Reads", "check", "model_reasons", "one_token_answers", "quiet_sample_warnings",
+           "require", "resolve",
            "several_tokens_reason", "task_reasons"]

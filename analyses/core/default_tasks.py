@@ -9,10 +9,13 @@ The zoo models keep their zoo tasks; every other decoder gets:
 - `sentence_prefix_task`: the shipped sentences cut to one common length (prompt, next token), an
   unpadded task for analyses that read the last position.
 `logit_diff_task` picks ioi or induction; `text_task` sentences or, for a vocabulary that does not
-write English (mostly unknown tokens), induction; `zoo_or` tries a zoo task first.
+write English (mostly unknown tokens), induction; `zoo_or` tries a zoo task first. `shipped_fit`:
+how a tokenizer writes the shipped sentences an encoder analysis ran on (tokens a word, unknown
+words), so a run on text the model never saw says so (review 7b A5).
 """
 from __future__ import annotations
 
+import string
 from collections.abc import Callable
 
 import torch
@@ -209,3 +212,50 @@ def text_task(model, n_examples: int | None = None, seed: int = 0, *, padded: bo
     if unknown_share(model, task) > 0.5:
         return repeated_tokens_task(model, n_examples or 64, seed)
     return task
+
+
+# ---- how a tokenizer writes the shipped sentences -------------------------------------------------------
+MAX_TOKENS_PER_WORD = 3.0  # more pieces a word than this: the tokenizer spells the text nearly letter by letter
+
+
+def _shipped_rows(model, task: Task) -> list[str] | None:
+    """The shipped sentences a Task of them holds, row by row (each row's real tokens are the sentence
+    tokenized with its special tokens, as sentence_task builds them for an encoder); None for any other Task."""
+    from headscope.analyses.core.tasks import shipped_sentences
+
+    if task.name != "sentences" or not model.facts.is_encoder:
+        return None
+    tok = model.tokenizer
+    known = {tuple(tok(text, add_special_tokens=True)["input_ids"]): text for text in shipped_sentences()}
+    real = torch.ones_like(task.tokens, dtype=torch.bool) if task.attention_mask is None else task.attention_mask.bool()
+    texts = [known.get(tuple(task.tokens[i][real[i]].tolist())) for i in range(len(task))]
+    return None if any(t is None for t in texts) else texts
+
+
+def shipped_fit(model, task: Task) -> dict | None:
+    """How the model's tokenizer writes the shipped sentences `task` holds (None for any other Task, or a
+    decoder's): n_sentences, n_words (whitespace-delimited), n_tokens (no special tokens), tokens_per_word,
+    unknown_words (the words, counted once a sentence, that contain the unknown token; models.hooked_model
+    .unknown_words), unknown_examples (the first few), off_distribution (unknown words, or more than
+    MAX_TOKENS_PER_WORD tokens a word: text the model was not trained on) and, when off, `note`, the
+    sentence the log, the section's provenance and its finding say."""
+    from headscope.models.hooked_model import unknown_words
+
+    texts = _shipped_rows(model, task)
+    if not texts:
+        return None
+    tok = model.tokenizer
+    n_words = sum(len(t.split()) for t in texts)
+    n_tokens = sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+    unknown = [w for t in texts for w in unknown_words(tok, t)]
+    per_word = n_tokens / max(n_words, 1)
+    off = bool(unknown) or per_word > MAX_TOKENS_PER_WORD
+    examples = list(dict.fromkeys(w.strip(string.punctuation) or w for w in unknown))[:5]
+    fit = {"n_sentences": len(texts), "n_words": n_words, "n_tokens": n_tokens, "tokens_per_word": round(per_word, 4),
+           "unknown_words": len(unknown), "unknown_examples": examples, "off_distribution": off}
+    if off:
+        lost = (f" with {len(unknown)} unknown word{'' if len(unknown) == 1 else 's'} ({', '.join(examples[:3])})"
+                if unknown else "")
+        fit["note"] = (f"the shipped sentences are split into {per_word:.1f} tokens a word{lost} by this tokenizer: the "
+                       f"findings describe the model off its training distribution (give it a task of your own: --task)")
+    return fit

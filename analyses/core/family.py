@@ -5,7 +5,9 @@ task=None, config=None) -> Result`, its config class (an AnalysisConfig), what i
 and a model (contract.Needs), its cost model (budget.CostModel, from its cost.py), how it resolves
 its Task (`default_task(model, task, config) -> Task`: the user's task or, for None, its default
 for this kind of model; None where the family builds its own data, position's sweeps and probes'
-labelled rows, and so is handed the user's task as given) and the names `headscope` exports from it.
+labelled rows, and so is handed the user's task as given), which parts of a task it reads (`reads`:
+its section's provenance names the parts it leaves unused and the metric it scores, e.g. on
+encoders) and the names `headscope` exports from it.
 The registry (analyses/core/registry.py) lists the families by name and reads their records; the
 presentation (figures, finding, captions, guide) is the reports layer's module of the same name,
 reports/plots_<name>.py (found by reports/families.py).
@@ -25,6 +27,7 @@ class Family:
     needs: Any  # contract.Needs
     cost: Any  # budget.CostModel
     default_task: Callable[..., Any] | None = None
+    reads: Callable[..., Any] | None = None  # (model, config, summary) -> contract.Reads; None: Reads(corrupted=needs.corrupted)
     api: tuple[str, ...] = ()  # the public names `import headscope` offers (lazily) from this family
 
     @property

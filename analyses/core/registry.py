@@ -8,7 +8,8 @@ others from loading.
 
 `get_analysis` wraps each run with the chance-level guard (analyses/core/chance.py): the Result's
 summary gains "chance" (whether the model's clean metric on the task is within noise of chance),
-so `headscope report`, the CLI subcommands and `hs.run_analysis` all carry it.
+so `headscope report`, the CLI subcommands and `hs.run_analysis` all carry it; and, for an encoder
+run on the shipped sentences, "shipped_text" (with_text_fit: how its tokenizer writes them).
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def get_analysis(name: str) -> Callable[..., Any]:
 
     @functools.wraps(run)
     def guarded(model, task=None, config=None):
-        return with_chance(name, run(model, task, config), model, task, config)
+        return with_text_fit(name, with_chance(name, run(model, task, config), model, task, config), model, task, config)
 
     return guarded
 
@@ -137,6 +138,42 @@ def with_chance(name: str, result: Any, model, task: Any = None, config: Any = N
     return dataclasses.replace(result, summary={**summary, "chance": found})
 
 
+def _data(name: str, model, task: Any, config: Any) -> Any:
+    """The Task analysis `name` ran on when it was given `task` (a Task as is; probes' probed Task; its family's)."""
+    from headscope.analyses.core.tasks import Task
+
+    if isinstance(task, Task):
+        return task
+    if name == "probes":  # probes label their own rows (probe_data), not a family Task
+        from headscope.analyses.probes.analysis import probe_data
+
+        return probe_data(model, task, config)[0]
+    return task_used(name, model, task, config)
+
+
+def with_text_fit(name: str, result: Any, model, task: Any = None, config: Any = None) -> Any:
+    """`result` with summary["shipped_text"] (default_tasks.shipped_fit) where an encoder analysis ran on the
+    shipped sentences: tokens a word and unknown words under the model's tokenizer; text it splits into
+    pieces or unknown words is logged as a warning, and its note goes to the section and the finding. The
+    check never loses a result (an error in it is logged)."""
+    summary = getattr(result, "summary", None)
+    if (not model.facts.is_encoder or not isinstance(summary, dict) or "skipped" in summary or "shipped_text" in summary
+            or not (task is None or task == "sentences" or getattr(task, "name", None) == "sentences")):
+        return result
+    from headscope.analyses.core.default_tasks import shipped_fit
+
+    try:
+        fit = shipped_fit(model, _data(name, model, task, config if config is not None else family(name).config.preset()))
+    except Exception:  # noqa: BLE001 - the analysis's own result matters more than this check
+        log.warning("%s: the shipped-sentence check failed; the summary has no 'shipped_text' entry", name, exc_info=True)
+        return result
+    if fit is None:
+        return result
+    if fit["off_distribution"]:
+        log.warning("%s: %s", name, fit["note"])
+    return dataclasses.replace(result, summary={**summary, "shipped_text": fit})
+
+
 def config_class(name: str) -> type:
     """The config dataclass of an analysis by name (a subclass of AnalysisConfig)."""
     return family(name).config
@@ -145,6 +182,18 @@ def config_class(name: str) -> type:
 def cost_model(name: str) -> Any:
     """The family's cost model (its `cost` module's COST; analyses/core/budget.py)."""
     return family(name).cost
+
+
+def reads(name: str, model, config: Any = None, summary: Any = None) -> Any:
+    """Which parts of a task analysis `name` reads on `model` (contract.Reads; its Family.reads, else the
+    answers and, where its Needs ask for them, the corrupted prompts). config: its settings (None: the
+    preset); summary: its run's summary (what it actually did, e.g. probes' labels)."""
+    from headscope.analyses.core.contract import Reads
+
+    record = family(name)
+    if record.reads is None:
+        return Reads(corrupted=record.needs.corrupted)
+    return record.reads(model, config if config is not None else record.config.preset(), summary or {})
 
 
 def needs(name: str) -> Needs:

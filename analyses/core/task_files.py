@@ -79,7 +79,7 @@ def _answer_ids(model, text: str, row: int | str, label: str = "Task data", fiel
     where = row if isinstance(row, str) else f"row {row}"
     pieces = token_strings(model.tokenizer, ids)
     why = ("the wrong answer is compared with the answer as one next-token logit" if field == "wrong_answer"
-           else "an encoder has no next-token predictions to score a continuation with")
+           else "an encoder's answer is read as one token: headscope scores no continuation on an encoder")
     raise TaskFileError(f"{label}, {where}: {field} {text!r} is {len(ids)} tokens under this tokenizer ({pieces}); "
                         f"it must be one token here ({why}).")
 

@@ -241,6 +241,16 @@ def zoo(model, task: str, n_examples: int = 64, seed: int = 0, **kw) -> Task:
     )
 
 
+def prompts_only(task: Task) -> Task:
+    """`task`'s prompts under the cosine metric (an encoder's pooled embedding against the unmodified
+    model's): what headscope scores on an encoder, which reads no masked-LM head, so the answers,
+    wrong answers and corrupted prompts are dropped. A cosine Task is returned as is."""
+    if task.metric == "cosine":
+        return task
+    return Task(name=task.name, tokens=task.tokens, spans=task.spans, metric="cosine",
+                attention_mask=task.attention_mask, source_rows=task.source_rows)
+
+
 def shipped_sentences() -> list[str]:
     """The shipped English sentence set (analyses/data/sentences.txt, one per line; lines starting
     with # are comments), used where no task fits the model, e.g. to score encoders."""

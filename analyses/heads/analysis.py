@@ -5,7 +5,8 @@ and Voita et al. 2019 (L0 Hard Concrete gates, head roles). Public entry points:
 - head_importance(model, task) -> Result: gradient and ablation importance per head;
 - prune_heads(model, task) -> Result: pruning curves per ordering, heads prunable within 1%;
 - run(model, task=None, config=None) -> Result: everything above plus roles, best head per layer and L0 sweep.
-Encoders (MiniLM) are scored on a shipped sentence set with the cosine metric (sentence_task).
+Encoders (MiniLM, BERT) are scored with the cosine metric (pooled embedding) on the prompts of the task given (its
+answers and corrupted prompts unused: tasks.prompts_only), else on the shipped sentences (sentence_task).
 
 Outputs of run: df (results.csv) has one row per (layer, head, method) with importance and the
 role scores; tables "curve" (each point with the 95% t-interval of its paired change from unpruned), "curve_examples"
@@ -30,7 +31,7 @@ import torch
 import headscope.hooks as hooks
 from headscope.analyses.core import default_tasks, task_files, tasks
 from headscope.analyses.core.config import AnalysisConfig, configure
-from headscope.analyses.core.contract import Needs
+from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task
@@ -88,6 +89,19 @@ class HeadsConfig(AnalysisConfig):
 
 
 # ---- tasks ---------------------------------------------------------------------------------
+ENCODER_METRIC = ("cosine of each prompt's mean-pooled embedding with the unpruned model's (1 when nothing is "
+                  "pruned); gradient importance differentiates an in-batch contrastive loss (temperature 1) against "
+                  "the unpruned embeddings instead, since the cosine's gradient vanishes there")
+
+
+def reads(model, config: Any = None, summary: Any = None) -> Reads:
+    """What heads reads of a task (contract.Reads): decoders the prompts and answers (never the corrupted
+    prompts); encoders the prompts only, scored by their pooled embedding (make_scorer's cosine)."""
+    if model.facts.is_encoder:
+        return Reads(answers=False, why=ENCODER_SCORING, metric=ENCODER_METRIC)
+    return Reads(why="heads ablates heads on each prompt, not between clean and corrupted prompts")
+
+
 repeated_tokens_task = default_tasks.repeated_tokens_task  # induction on repeated random tokens (any decoder)
 
 

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headscope.analyses.core import metrics
-from headscope.analyses.core.tasks import Task
+from headscope.analyses.core.tasks import Task, prompts_only
 from headscope.errors import ConfigError, InputTypeError
 from headscope.execution import batching, distributed, resume, sweep
 from headscope.hooks import capture, site
@@ -70,7 +70,8 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     - logit_diff / logprob: L is the metric itself; accuracy (not differentiable): L = log p(answer).
       Answers of several tokens (Task.continuation): the metrics read the last k positions, so
       passes return every position's logits (no last-position shortcut).
-    - cosine (encoders): the metric is the cosine to the unmodified model's pooled embedding. Its
+    - cosine (encoders, whatever the task's metric: its prompts only, tasks.prompts_only): the metric is
+      the cosine to the unmodified model's pooled embedding. Its
       gradient vanishes at the unmodified model (cosine 1 is the maximum), so gradients use an
       in-batch contrastive loss against the reference embeddings of all sentences instead, at
       temperature 1 (CONTRASTIVE_SCALE: the training scale 20 saturates and its gradient vanishes too).
@@ -93,6 +94,8 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
                       metric=lambda out, rows: -lm_loss(out, rows), grad_loss=lm_loss, objective=lm_loss)
     if not isinstance(task, Task):
         raise InputTypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
+    if model.facts.is_encoder:  # the prompts only: an encoder is scored by its pooled embedding (no masked-LM head)
+        task = prompts_only(task)
     tokens = model.check_tokens(task.tokens)
     mask = None if task.attention_mask is None else task.attention_mask.to(model.device)  # [batch, pos]
     if mask is not None and not model.facts.is_encoder:

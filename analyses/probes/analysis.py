@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig, configure
-from headscope.analyses.core.contract import Needs, one_token_answers
+from headscope.analyses.core.contract import Needs, Reads, one_token_answers
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.probes import scores
@@ -389,6 +389,26 @@ class ProbesConfig(AnalysisConfig):
     def folds(self) -> int:
         """Cross-validation folds: cv, else 5 (3 when quick)."""
         return self.cv or (3 if self.quick else 5)
+
+
+def reads(model, config: ProbesConfig | None = None, summary: Any = None) -> Reads:
+    """What probes read of a task (contract.Reads): the prompts, and the answers as class labels where the
+    labels are "answer" (summary["labels"]: what the run used), read at config.position; never the
+    corrupted prompts."""
+    config = config or ProbesConfig.preset()
+    labels = (summary or {}).get("labels", config.labels if isinstance(config.labels, str) else "custom")
+    if config.position == -1:
+        where = ("each prompt's last real token (no masked position is read: headscope reads no masked-LM head)"
+                 if model.facts.is_encoder else "the answer position (each prompt's end)")
+    else:
+        where = f"token {config.position} of each prompt"
+    if labels == "answer":
+        return Reads(answers_as="as class labels", why="probes decode the answer from each prompt alone",
+                     metric=f"out-of-fold accuracy of a linear probe per layer predicting the answer from the "
+                            f"{config.site} activations at {where}, against a control task")
+    return Reads(answers=False, why=f"these probes decode {labels!r} labels",
+                 metric=f"a linear probe per layer predicting {labels!r} labels from the {config.site}, against a "
+                        "control task")
 
 
 PROBE_SWEEP = ProbesConfig(labels="query_pair", capacity=False)  # probe_sweep's default: one probe per layer

@@ -119,10 +119,11 @@ def test_position_runs_on_its_own_data_and_names():
     assert check(position, "kv", DECODER) == [] and check(position, "json_kv", DECODER) == []
 
 
-def test_next_token_scoring_on_an_encoder_needs_a_cosine_task():
+def test_next_token_scoring_on_an_encoder_reads_any_tasks_prompts():
+    """heads scores an encoder by its pooled embedding on a task's prompts (make_scorer's prompts_only), so a
+    prompt/answer task is no reason to fall back to the shipped sentences (review 7b A5)."""
     heads = needs("heads")
-    assert task_reasons(heads, task(), ENCODER) == [
-        "an-encoder is an encoder without next-token predictions to score the answers"]
+    assert task_reasons(heads, task(), ENCODER) == []
     assert task_reasons(heads, task(metric="cosine"), ENCODER) == []
     assert task_reasons(heads, task(metric="cosine"), DECODER) == ["the task has no answers to score with next-token logits"]
 

@@ -1235,3 +1235,4 @@ def test_heads_finding_names_the_encoder_metric_a_do_nothing_model_and_experts()
     assert ("The blocks are mixtures of experts: removing a head can switch the experts the router picks, which the "
             "first-order gradient cannot see") in finding("heads", moe)
     assert "mixtures of experts" not in finding("heads", {**moe, "mixture_of_experts": False})
+    assert "by construction" not in finding("heads", moe)  # a decoder's logit difference is measured

@@ -86,3 +86,33 @@ def test_section_rows_are_numbered_as_the_task_file_errors_number_them(tiny_mode
         hs.load_task(tiny_models["llama"], str(path))
     line = provenance_lines({"task": "t", "source": "your task (t.csv)", "n_examples": 1, "rows": [2]})[1]
     assert line.startswith("examples: 1 (data rows 2; 0-based, header not counted); ")
+
+
+def test_each_family_shows_the_parts_of_the_task_it_reads(tiny_models):
+    """A decoder task with corrupted prompts: patching and circuits (edges on) read them and their sample shows
+    one; attribution, heads, kv and probes do not, and their line says so instead of showing it (#34 item 1;
+    review 7b A2 for the encoder side: tests/analyses/test_encoder_data.py)."""
+    from headscope.analyses.circuits import CircuitsConfig
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    model = tiny_models["gpt2"]
+    task = hs.load_task(model, [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i + 3}",
+                                 "corrupted_prompt": f"w{i + 9} w{i + 1} w{i + 2}", "wrong_answer": f" w{i + 12}"}
+                                for i in range(1, 5)])
+    used = "your task (mine.jsonl)"
+    for name in ("patching", "circuits"):
+        record = task_record(model, name, task, {}, used)
+        assert record["uses"] == "your prompts, answers and corrupted prompts", name
+        assert set(record["sample"]) == {"prompt", "answer", "corrupted_prompt", "corrupted_answer"}, name
+    unused = {"attribution": "attribution scores each prompt alone",
+              "heads": "heads ablates heads on each prompt, not between clean and corrupted prompts",
+              "kv": "", "probes": "probes decode the answer from each prompt alone"}
+    for name, why in unused.items():
+        record = task_record(model, name, task, {}, used)
+        answers = "answers as class labels" if name == "probes" else "answers"
+        assert record["uses"] == f"your prompts and {answers}; corrupted prompts are not used" + (f": {why}" if why else "")
+        assert set(record["sample"]) == {"prompt", "answer"}, name
+        assert "corrupted: " not in provenance_lines(record)[-1]
+    off = task_record(model, "circuits", task, {}, used, config=CircuitsConfig(edges=False))
+    assert off["uses"].startswith("your prompts and answers; corrupted prompts are not used: edge attribution")
+    assert "metric" not in off and "metric" not in task_record(model, "attribution", task, {}, used)  # decoders: the task's

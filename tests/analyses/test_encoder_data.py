@@ -1,0 +1,201 @@
+"""What an encoder's analyses read of the data (review 7b, A2 and A5): a masked LM with its own small
+WordPiece tokenizer, a cloze task file in the user's own columns. headscope scores encoders by their
+pooled embedding, never by a masked-LM head, so heads and attribution read the task's prompts only:
+their sections say so, name the metric, and show no answer or corrupted prompt; on the shipped
+sentences, which such a tokenizer splits into pieces and unknown words, the runs warn and say it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import headscope as hs
+from tests_support import save_tokenizer, wordpiece
+
+COLOURS = {"red": "cherry", "yellow": "banana", "green": "lime", "purple": "grape"}
+PLACES = ("table", "plate", "shelf")
+FIELDS = {"prompt": "cloze", "answer": "fill", "corrupted_prompt": "swapped_colour", "wrong_answer": "swapped_fill"}
+ENCODER_WHY = "headscope scores encoders by their pooled embedding; it does not read a masked-LM head"
+
+
+def cloze(colour: str, place: str, adj: str = "") -> str:
+    return f"The {adj + ' ' if adj else ''}{colour} fruit on the {place} is a [MASK]."
+
+
+@pytest.fixture(scope="module")
+def fruit_bert(tmp_path_factory):
+    """(model, task file) : a random-weight BertForMaskedLM (2 layers, d_model 32, 4 heads) whose WordPiece
+    tokenizer (120 pieces) learnt only fruit sentences, and 8 cloze rows in the user's own column names."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    root = tmp_path_factory.mktemp("fruit-bert")
+    corpus = [cloze(c, p, a).replace("[MASK]", f) for c, f in COLOURS.items() for p in PLACES for a in ("", "small", "ripe")]
+    tok = wordpiece(vocab_size=120, corpus=corpus)
+    torch.manual_seed(0)
+    bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=64, pad_token_id=0))
+    with torch.no_grad():  # larger random weights, so that heads change the embedding visibly
+        for p in bert.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+    bert.save_pretrained(root / "model", safe_serialization=True)
+    save_tokenizer(tok, root / "model")
+    colours = list(COLOURS)
+    rows = [{"cloze": cloze(c, PLACES[i % 3], "small" if i % 2 else ""), "fill": COLOURS[c],
+             "swapped_colour": cloze(colours[(k + 1) % 4], PLACES[i % 3], "small" if i % 2 else ""),
+             "swapped_fill": COLOURS[colours[(k + 1) % 4]]}
+            for i in range(2) for k, c in enumerate(colours)]
+    path = root / "fruit_cloze.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return hs.load_model(root / "model", device="cpu"), hs.TaskFile(path, FIELDS)
+
+
+@pytest.fixture(scope="module")
+def english_bert(tmp_path_factory):
+    """A random-weight BERT like fruit_bert whose WordPiece tokenizer (2,000 pieces) learnt English, the
+    shipped sentences included: a tokenizer that knows their words, as MiniLM's does."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    path = tmp_path_factory.mktemp("english-bert")
+    tok = wordpiece(vocab_size=2000)
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=64, pad_token_id=0)).save_pretrained(path)
+    save_tokenizer(tok, path)
+    return hs.load_model(path, device="cpu")
+
+
+def hf_pooled(hf, tok, texts, zero=None) -> torch.Tensor:
+    """[n, d_model]: plain HF BertModel's mean-pooled last hidden state of each text run alone; zero: (layer,
+    head) whose z is zeroed before its attention output projection."""
+    handles = []
+    if zero is not None:
+        layer, head = zero
+        d_head = hf.config.hidden_size // hf.config.num_attention_heads
+
+        def pre(module, args):
+            z = args[0].clone()
+            z[..., head * d_head:(head + 1) * d_head] = 0
+            return (z,)
+
+        handles.append(hf.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(pre))
+    try:
+        with torch.no_grad():
+            return torch.stack([hf(**tok(t, return_tensors="pt")).last_hidden_state[0].mean(0) for t in texts])
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_heads_scores_an_encoder_on_the_users_prompts_by_their_pooled_embedding(fruit_bert):
+    """A prompt/answer task on an encoder: heads reads its prompts (not the shipped sentences) and scores
+    them by the cosine to the unpruned pooled embedding; zero ablation checked against plain HF."""
+    from transformers import AutoModel
+
+    model, path = fruit_bert
+    result = hs.head_importance(model, path, methods=("zero",))
+    s = result.summary
+    assert (s["task"], s["metric"], s["n_examples"]) == ("fruit_cloze", "cosine", 8)
+    hf = AutoModel.from_pretrained(model.source, attn_implementation="eager").eval()
+    texts = [json.loads(line)["cloze"] for line in open(path, encoding="utf-8")]
+    clean = hf_pooled(hf, model.tokenizer, texts)
+    zero = result.df.set_index(["layer", "head"])["importance"]
+    for layer, head in [(0, 1), (1, 3)]:
+        ablated = hf_pooled(hf, model.tokenizer, texts, zero=(layer, head))
+        expected = (1 - torch.nn.functional.cosine_similarity(ablated, clean, dim=-1)).mean()
+        assert zero[(layer, head)] == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_attribution_section_names_what_it_used_and_shows_no_answer_or_corrupted_prompt(fruit_bert):
+    """Review 7b A2: the section said "from your task" and showed "-> 'grape'; corrupted: ..." while neither is
+    used; it now says the prompts only, why, and the metric, which matches attribution's own numbers: the
+    cosine of each prompt's pooled embedding (plain HF) with the next sampled prompt's. The report's own
+    steps (plan, run, ran_on, task_record), without its pages."""
+    import dataclasses
+
+    from transformers import AutoModel
+
+    from headscope.analyses.attribution import AttributionConfig
+    from headscope.analyses.core import runner
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    model, path = fruit_bert
+    plan = runner.plan_analyses(model, ["attribution"], path)["attribution"]
+    assert plan.used == "your task (fruit_cloze.jsonl)"
+    config = AttributionConfig(quick=True, n_examples=4, n_permutations=2, adversarial_steps=0)
+    plan = dataclasses.replace(plan, config=config, resolved=runner._resolve(model, "attribution", plan, config))
+    outcome = runner.run_planned(model, "attribution", plan, seed=0)
+    record = task_record(model, "attribution", runner.ran_on(model, "attribution", plan), outcome.result.summary,
+                         plan.used, config=config)
+    assert record["uses"] == f"your prompts only; answers and corrupted prompts are not used: {ENCODER_WHY}"
+    assert record["metric"].startswith("cosine of each prompt's mean-pooled embedding with the next sampled prompt's")
+    assert set(record["sample"]) == {"prompt"}
+    lines = provenance_lines(record)
+    assert f"uses: your prompts only; answers and corrupted prompts are not used: {ENCODER_WHY}" in lines
+    assert lines[-1].startswith("sample: '[CLS] the") and "corrupted: " not in lines[-1] and " -> " not in lines[-1]
+    # what the metric line says is what attribution computed: the prompts in the Task's order, each with the next
+    texts = [json.loads(line)["cloze"] for line in open(path, encoding="utf-8")]
+    order = plan.resolved.source_rows.tolist()
+    assert sorted(order) == record["rows"]
+    hf = AutoModel.from_pretrained(model.source, attn_implementation="eager").eval()
+    pooled = hf_pooled(hf, model.tokenizer, [texts[i] for i in order])
+    expected = torch.nn.functional.cosine_similarity(pooled, pooled.roll(-1, dims=0), dim=-1)
+    ig = outcome.result.tables["ig"].sort_values("example")
+    assert ig["metric_input"].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def heads_on_shipped_sentences(model, n: int = 8):
+    """(Result, the sentences it ran on): heads' cheapest full run on its default data (the shipped
+    sentences, a seeded order's first n: tasks.sentence_task's documented sample), through the registry."""
+    from headscope.analyses.core.registry import get_analysis
+    from headscope.analyses.core.tasks import shipped_sentences
+    from headscope.analyses.heads import HeadsConfig, PruningConfig
+
+    config = HeadsConfig(methods=("zero",), l0=None, best_head=False, n_induction=2, n_examples=n,
+                         pruning=PruningConfig(n_random=1, recompute=(False,)))
+    every = shipped_sentences()
+    order = torch.randperm(len(every), generator=torch.Generator().manual_seed(config.seed)).tolist()
+    return get_analysis("heads")(model, None, config), [every[i] for i in order[:n]]
+
+
+def tokenizer_counts(tok, texts) -> tuple[float, int]:
+    """(tokens a whitespace word, words holding the unknown token, each counted once a sentence), by the
+    tokenizer itself."""
+    words = [w for t in texts for w in t.split()]
+    tokens = sum(len(tok.tokenize(t)) for t in texts)
+    unknown = sum(len({w for w in t.split() if tok.unk_token in tok.tokenize(w)}) for t in texts)
+    return tokens / len(words), unknown
+
+
+def test_heads_on_shipped_sentences_the_tokenizer_splits_warns_and_says_so(fruit_bert, caplog):
+    """Review 7b A5: heads fell back to the shipped English sentences, which this tokenizer spells nearly
+    letter by letter with unknown words, and said nothing; position refused the same text. Now the log
+    warns, the summary records the counts (the tokenizer's own, here), and the section and finding say it."""
+    from headscope.reports.findings import finding
+    from headscope.reports.provenance import task_record
+
+    model, _ = fruit_bert
+    with caplog.at_level("WARNING"):
+        result, texts = heads_on_shipped_sentences(model)
+    per_word, unknown = tokenizer_counts(model.tokenizer, texts)
+    assert per_word > 2.5 and unknown > 0  # the case: words in pieces, and [UNK]s
+    fit = result.summary["shipped_text"]
+    assert fit["tokens_per_word"] == pytest.approx(per_word, abs=1e-4) and fit["unknown_words"] == unknown
+    assert fit["off_distribution"] and fit["n_sentences"] == len(texts)
+    said = f"split into {per_word:.1f} tokens a word with {unknown} unknown words"
+    assert any(r.levelname == "WARNING" and said in r.getMessage() and r.getMessage().startswith("heads: ")
+               for r in caplog.records)
+    assert finding("heads", result.summary).startswith(f"The shipped sentences are {said}")
+    record = task_record(model, "heads", None, result.summary, "default task")
+    assert said in record["note"] and "off its training distribution" in record["note"]
+
+
+def test_heads_on_shipped_sentences_a_tokenizer_knows_records_the_counts_without_a_warning(english_bert, caplog):
+    with caplog.at_level("WARNING"):
+        result, texts = heads_on_shipped_sentences(english_bert)
+    per_word, unknown = tokenizer_counts(english_bert.tokenizer, texts)
+    fit = result.summary["shipped_text"]
+    assert fit["tokens_per_word"] == pytest.approx(per_word, abs=1e-4) and unknown == fit["unknown_words"] == 0
+    assert per_word < 1.5 and not fit["off_distribution"] and "note" not in fit
+    assert not [r for r in caplog.records if "shipped sentences" in r.getMessage()]
