@@ -147,8 +147,10 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         if all(firsts) and firsts[0] != firsts[1]:
-            n = f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""
-            notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, B {_site_name(kind, cells[1][0])}{n}.")
+            # review 7 A0: its own name; `n` (the sites listed per type) is read again by the next site type
+            counts = f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""
+            notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, "
+                         f"B {_site_name(kind, cells[1][0])}{counts}.")
     if unmatched:  # one line for every site type with positions
         notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
@@ -199,7 +201,7 @@ def prompts_differ(a: Run, b: Run, name: str) -> str:
 
 def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     """Every setting that differs between the runs: model, task, seed, --quick, --n-examples, budget,
-    the commit and package versions (manifest.json), and per analysis the task it ran on with its source,
+    precision and device, the commit and package versions (manifest.json), and per analysis the task it ran on with its source,
     its example count and what the budget changed (its section provenance, reports/provenance.py)."""
     ma, mb = a.manifest, b.manifest
     ca, cb = ma.get("config") or {}, mb.get("config") or {}
@@ -208,6 +210,8 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
             ("--quick", bool(ca.get("quick")), bool(cb.get("quick"))),
             ("--n-examples", ca.get("n_examples"), cb.get("n_examples")),
             ("budget (minutes)", ca.get("budget_minutes"), cb.get("budget_minutes")),
+            # review 7 A6: a precision change alone moves rounding-level results (older manifests: not recorded)
+            ("dtype", ca.get("dtype"), cb.get("dtype")), ("device", ca.get("device"), cb.get("device")),
             ("commit", ma.get("git_sha"), mb.get("git_sha"))]
     va, vb = ma.get("versions") or {}, mb.get("versions") or {}
     if isinstance(va, dict) and isinstance(vb, dict):

@@ -288,6 +288,8 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads, "
              f"d_model {model.get('d_model', '?')}")
+    if info.get("dtype"):  # review 7 A6: findings that speak of rounding rest on the precision: say it up front
+        facts += f", run in {info['dtype']}" + (f" on {info['device']}" if info.get("device") else "")
     html = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"

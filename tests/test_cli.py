@@ -723,4 +723,7 @@ def test_dtype_runs_the_report_in_that_precision_and_says_so(tmp_path, monkeypat
     out = tmp_path / "bf16"
     assert main(["-q", "kv", "--quick", "--device", "cpu", "--dtype", "bf16", "--out", str(out)]) == 0
     assert json.loads((out / "manifest.json").read_text())["config"]["dtype"] == "bfloat16"
-    assert "<th>dtype</th><td>bfloat16</td>" in (out / "report.html").read_text()
+    page = (out / "report.html").read_text()
+    assert "<th>dtype</th><td>bfloat16</td>" in page
+    assert "d_model " in page and ", run in bfloat16 on cpu." in page  # review 7 A6: in the header, not only at the end
+    assert ", run in bfloat16 on cpu" in (out / "report.md").read_text()

@@ -16,6 +16,7 @@ from headscope.reports.compare import (
     patching_section,
     position_section,
     pruning_section,
+    settings_notes,
 )
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -695,3 +696,29 @@ def test_compare_leaves_out_the_tau_of_integrated_gradients_that_did_not_converg
     names = [q[0] for q in QUANTITIES["attribution"]({**s, "ig_converged": False})]
     assert "attribution mean Kendall tau of attention and gradient x input" in names
     assert not any("integrated gradients" in name for name in names)
+
+
+def test_top_sites_that_differ_in_an_early_site_type_with_different_n_do_not_crash_compare(tmp_path):
+    """Review 7 A0: a top head_out site that differs between runs of 8 and 12 examples, followed by another
+    site type, crashed compare (the slice count reused as the note's text). Each type's note is its own."""
+    for side, head, n in (("a", 0, 8), ("b", 2, 12)):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        io.write_json(tmp_path / side / "patching" / "summary.json", {"n_examples": n, "top_sites": {
+            "head_out": [{"layer": 0, "head": head, "pos": None, "token": "", "effect": 0.15},
+                         {"layer": 0, "head": 1, "pos": None, "token": "", "effect": 0.14}],
+            "mlp_out": [{"layer": 1, "head": None, "pos": None, "token": "", "effect": 0.5 + head},
+                        {"layer": 0, "head": None, "pos": None, "token": "", "effect": 0.1}]}})
+    table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert notes[0].startswith("Top head_out site differs: A ") and "(n " in notes[0]
+    assert table.count("<td>mlp_out</td>") == 1 and table.count("<tr>") == 1 + 2 + 2  # header, two rows a type
+
+
+def test_settings_name_a_change_of_precision_and_device(tmp_path):
+    """Review 7 A6: float32 against bfloat16 read "The runs share every recorded setting"."""
+    for side, dtype in (("a", "float32"), ("b", "bfloat16")):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        manifest = io.read_json(tmp_path / side / "manifest.json")
+        io.write_json(tmp_path / side / "manifest.json",
+                      {**manifest, "config": {**manifest["config"], "dtype": dtype, "device": "cpu"}})
+    notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "b"), [])
+    assert "dtype: A float32, B bfloat16." in notes and not any(n.startswith("device") for n in notes)
