@@ -759,3 +759,8 @@ def test_ig_claims_use_only_the_examples_that_converged(rel_errors, used, kept):
         points = sorted(len(c.get_offsets()) for c in ax.collections if isinstance(c, mc.PathCollection))
         assert points == [2, 2, 4, 4]  # last layer and rollout: IG on examples 0 and 2, leave-one-out on all 4
         assert "(integrated gradients: its 2 converged examples only)" in ax.get_title()
+        tokens = pd.DataFrame([{"example": i, "position": p, "token": f"t{p}", "method": m, "score": 0.5}
+                               for i in range(4) for p in range(3) for m in ("integrated_gradients", "saliency")])
+        result = Result(name="attribution", df=df, summary=s, tables={**tables, "token_scores": tokens}, config={})
+        said = "integrated_gradients (missed completeness on this example: used in no claim)"
+        assert said in hs.show_tokens(result, example=1).html and said not in hs.show_tokens(result, example=2).html
