@@ -746,7 +746,8 @@ def test_compare_sets_no_number_of_one_task_against_another_and_names_different_
         root = tmp_path / side
         io.write_json(root / "heads" / "summary.json", {"metric": "cosine", "baseline_metric": 1.0, "n_heads": n_heads,
                                                         "n_examples": 16, "max_fraction_prunable_ablation": 0.5 - 0.25 * (
-                                                            side == "b"), "heads_prunable_ablation": 3 - 1.5 * (side == "b")})
+                                                            side == "b"), "heads_prunable_ablation": 3 - 1.5 * (side == "b"),
+                                                        "max_fraction_prunable_random": 0.1 * (1 + (side == "b"))})
         io.write_json(root / "heads" / "task.json", {"task": "sentences", "n_examples": 16, "sample": {
             "prompt": "The cat slept."}, "source": "its default task, because your task could not be used: an encoder"
             if side == "a" else "its default task (no --task given)"})
@@ -763,10 +764,12 @@ def test_compare_sets_no_number_of_one_task_against_another_and_names_different_
     assert patching_section(a, b)[1] == [NOT_COMPARED + "Top patching sites: not compared: A ran patching on the ioi "
                                          "task, B on the kv task."]
     # heads: the same sentences (two wordings of why the default was used): the task is the same, the models are not
+    random = ("Prunable within 1% by random (mean over random orders): A 10% (per-seed counts not recorded), B 20% "
+              "(per-seed counts not recorded); no noise verdict without each seed's count.")
     assert pruning_notes(a, b) == [NOT_COMPARED + "Prunable within 1% by ablation (the ordering both heads findings lead "
                                    "with): A 50% (3 of 6 heads), B 25% (2 of 6 heads): not compared: different models "
                                    "(./trained vs minilm, 6 heads each), each ranking its own heads, and the intervals do "
-                                   "not cover re-ranking."]
+                                   "not cover re-ranking.", random]  # random orders rank nothing: said, with no verdict
     _, importance, _ = importance_figure(a, b)
     assert importance[0].startswith("Head importance (gradient importance): Pearson r = -1.00")  # one task: compared
     # heads on another task: no importance cell or count is set against the other's
@@ -775,9 +778,12 @@ def test_compare_sets_no_number_of_one_task_against_another_and_names_different_
     _, importance, _ = importance_figure(a, b)
     assert importance == [NOT_COMPARED + "Head importance: not compared: A ran heads on the shipped sentences, B on "
                           "colours.csv; no cell-by-cell difference, shared top heads or correlation."]
-    assert pruning_notes(a, b)[0].endswith("not compared: A ran heads on the shipped sentences, B on colours.csv; "
-                                           "different models (./trained vs minilm, 6 heads each), each ranking its own "
-                                           "heads, and the intervals do not cover re-ranking.")
+    notes = pruning_notes(a, b)
+    assert notes[0].endswith("not compared: A ran heads on the shipped sentences, B on colours.csv; different models "
+                             "(./trained vs minilm, 6 heads each), each ranking its own heads, and the intervals do not "
+                             "cover re-ranking.")
+    assert notes[1] == (NOT_COMPARED + random.removesuffix(".") + ": not compared: A ran heads on the shipped sentences, "
+                        "B on colours.csv.")
     # B's attribution on A's task (other rows of it) and one model: compared, each difference with its verdict
     _attribution(tmp_path / "b", "./trained", other, "fruit_cloze", "your task (fruit_cloze.jsonl)", rows=[0, 1, 2, 3])
     b = Run(tmp_path / "b")
