@@ -214,7 +214,7 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             n = _n_text(na, nb, unit, unit_b)
             own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
                    if (why := withheld_quantity(name, lab, s))]
-            if own and (_number(va) or _number(vb)):
+            if own:  # said even where both reports leave it out: each report's reason
                 notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(own) + f" ({n}).")
                 continue
             if not (_number(va) and _number(vb)):

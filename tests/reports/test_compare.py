@@ -723,6 +723,10 @@ def test_compare_uses_integrated_gradients_by_the_reports_own_rule(tmp_path):
     assert ig == [NOT_COMPARED + "attribution mean Kendall tau of attention and integrated gradients: not compared: B's "
                   "report leaves integrated gradients out (it converged on 1 of 4 examples) (n 4 examples vs 1 converged "
                   "examples: intervals of other widths)."]
+    ig = [n for n in headline_notes(c, c) if "integrated gradients" in n]  # both leave it out: both reasons said
+    assert ig == [NOT_COMPARED + "attribution mean Kendall tau of attention and integrated gradients: not compared: A's "
+                  "report leaves integrated gradients out (it converged on 1 of 4 examples); B's report leaves integrated "
+                  "gradients out (it converged on 1 of 4 examples) (n 1 converged examples each)."]
     # a summary written before the rule, 2 of 4 not converged beside ig_converged True (review 7b's): left out too
     legacy = {k: v for k, v in half.items() if k not in ("ig_used", "ig_examples_used", "ig_n_converged")}
     _attribution(tmp_path / "d", "m", {**legacy, "ig_converged": True}, "colours", "your task (colours.jsonl)")
