@@ -300,9 +300,10 @@ EDGE = 0.25  # without per-example values: a point closer to the 1% line than th
 
 def examples_differ(a: Run, b: Run) -> str:
     """Why A's and B's heads analyses did not rank heads on the same examples ("" when they did, as far as their
-    records tell: one task, source, example count, file rows and sample prompt, and, where no rows are recorded
-    (a generated task), one seed and model). Each run orders the heads on its own examples, so where those
-    differ the prunable counts also differ by re-ranking, which their bootstrap intervals do not cover."""
+    records tell: one task and task file (not the wording of its source), example count, file rows and sample
+    prompt, and, where no rows are recorded (a generated task), one seed and model). Each run orders the heads on
+    its own examples, so where those differ the prunable counts also differ by re-ranking, which their bootstrap
+    intervals do not cover."""
     pa, pb = a.provenance("heads") or {}, b.provenance("heads") or {}
     sa, sb = (pa.get("sample") or {}).get("prompt"), (pb.get("sample") or {}).get("prompt")
     rows = [p.get("rows") if isinstance(p.get("rows"), list) else None for p in (pa, pb)]
