@@ -8,7 +8,8 @@ are compared (A wide and pale, B thin and dashed on top), the top patching sites
 reports A beside B (compare_figures.py), with the differences called out in words: first every setting
 that differs (per analysis its task, source, n and budget changes too), each headline difference (the
 prunable fraction of the ordering each heads finding leads with first) marked within or beyond the runs'
-own 95% intervals, each blank cell with its reason, what is not compared and why in its own list, and
+own 95% intervals (only between runs that ran that analysis on one task: compare_run.tasks_differ), each
+blank cell with its reason, what is not compared and why in its own list, and
 both runs' provenance at the end. Each headline is the number its report's finding states with the interval
 that finding prints (compare_headlines.py). Top heads are not compared where a report does not rank them (at
 chance, importance that is rounding, tied top heads), nor patching positions or position curves of different
@@ -46,6 +47,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     _number,
     _overlay,
     chance_refusal,
+    tasks_differ,
 )
 from headscope.reports.findings import _words, finding
 from headscope.reports.html_report import CSS, _provenance
@@ -71,7 +73,7 @@ def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
         return "", []
     label = f"Middle/ends ratio of {primaries[0]} (the metric plotted)"
     refused = chance_refusal(a, b, "position")
-    differ = prompts_differ(a, b, "position")
+    differ = tasks_differ(a, b, "position") or prompts_differ(a, b, "position")
     if refused or primaries[0] != primaries[1] or differ:
         why = (f"{label}: {refused}." if refused else
                f"Position curves and middle/ends ratio: not compared: A plots {primaries[0]}, B {primaries[1]}."
@@ -127,6 +129,10 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         why = f"not compared: {' and '.join(noisy)} {'has a' if len(noisy) == 1 else 'have'} clean-corrupted gap within noise"
         return (f"<p><em>blank: top patching sites {escape(why)}</em></p>",
                 [NOT_COMPARED + f"Top patching sites: {why} (its report ranks no site)."])
+    other_task = tasks_differ(a, b, "patching")
+    if other_task:  # a site's effect on another task's gap: no site of one is set against the other's
+        return (f"<p><em>blank: top patching sites not compared: {escape(other_task)}</em></p>",
+                [NOT_COMPARED + f"Top patching sites: not compared: {other_task}."])
     gaps = [_gap(s) for s in sums]
     differ = prompts_differ(a, b, "patching")
     unmatched: list[str] = []  # site types whose positions name tokens of different prompts

@@ -1,7 +1,9 @@
 """The headline numbers of `headscope compare` (reports/compare.py): each analysis's number exactly as its own
 finding states it, with the interval that finding prints (none where it prints none), never one compare
 computes itself; a number its report withholds (at chance, underpowered) is not compared, with the report's
-own numbers and the reason; where the runs' example counts differ, that is said beside the difference.
+own numbers and the reason; nor are the numbers of an analysis the runs ran on different tasks
+(compare_run.tasks_differ) or, for labels that do not name it, with different metrics; where the runs' example
+counts differ, that is said beside the difference.
 
 Where each quantity and its interval come from (the fields of reports/plots_<name>.py's `finding`):
 - heads: `baseline_metric`, "Unpruned <metric> is x (95% CI [..])": the CI is `chance.ci`.
@@ -11,8 +13,9 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
   print only the fold sd, which is no interval. At chance (`chance.at_chance`) the report withholds the probe
   ("at chance", or "underpowered" where the probes finding says its interval is too wide): not compared.
 - attribution: each method's `mean_tau_attention_<m>` with its t interval over `n_tau_attention_<m>` examples
-  (`std_tau_attention_<m>`), clipped to [-1, 1], as the finding prints it; integrated gradients only where it
-  converged (`ig_converged` not false).
+  (`std_tau_attention_<m>`), clipped to [-1, 1], as the finding prints it; integrated gradients by
+  analyses/attribution/convergence.py's rule (`ig_use`), as the finding: over its converged examples where only those
+  are used (n in "converged examples"), not compared where its report leaves it out.
 - mlp: the highest layer's `agreement_per_layer` with its Wilson interval over that layer's `n_memories_per_layer`
   (every expert's neurons on a mixture of experts; older summaries: `n_neurons_per_layer`).
 Circuits states no headline with an interval (lens rows, DLA writers, CPR/CMD): its findings sit side by side in
@@ -24,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict
+from headscope.analyses.attribution.convergence import ig_use
+from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict, tasks_differ
 from headscope.reports.findings import _words, t_interval, wilson
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
@@ -71,16 +75,33 @@ def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
     """Each method's mean Kendall tau with the t interval the attribution finding prints: over the examples with a
     defined tau (n_tau_attention_<method>, else n_examples), clipped to [-1, 1] (reports/plots_attribution.py)."""
     n = s.get("n_examples")
+    rule = ig_use(s)
     out = []
     for key, name in TAU_METHODS:
-        if key == "ig" and s.get("ig_converged") is False:  # IG did not converge: its tau is not IG's (the finding)
+        label = f"attribution mean Kendall tau of attention and {name}"
+        if key == "ig" and rule.mode == "none":  # its report leaves IG out (the finding): a blank the page explains
+            out.append((label, None, None, rule.n_converged, "converged examples"))
             continue
         mean, sd = s.get(f"mean_tau_attention_{key}"), s.get(f"std_tau_attention_{key}")
-        defined = s.get(f"n_tau_attention_{key}") or n
+        partial = key == "ig" and rule.mode == "converged"
+        defined = s.get(f"n_tau_attention_{key}") or (rule.n_converged if partial else n)
         ci = t_interval(float(mean), float(sd), int(defined)) if _number(mean) and _number(sd) and _number(defined) else None
-        out.append((f"attribution mean Kendall tau of attention and {name}", mean,
-                    ci and (max(-1.0, ci[0]), min(1.0, ci[1])), defined, "examples"))
+        out.append((label, mean, ci and (max(-1.0, ci[0]), min(1.0, ci[1])), defined,
+                    "converged examples" if partial else "examples"))
     return out
+
+
+def withheld_quantity(name: str, label: str, s: Mapping[str, Any]) -> str:
+    """How the report of analysis `name` withholds one of its quantities ("" where it states it): attribution's
+    integrated gradients where convergence.py's rule leaves it out."""
+    if name != "attribution" or "integrated gradients" not in label:
+        return ""
+    rule = ig_use(s)
+    if rule.mode != "none":
+        return ""
+    why = ("its IG taus include examples that missed completeness" if rule.legacy else
+           f"it converged on {rule.n_converged} of {rule.n or '?'} examples")
+    return f"leaves integrated gradients out ({why})"
 
 
 def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
@@ -141,7 +162,11 @@ def n_words(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
     return _n_text(sa.get("n_examples"), sb.get("n_examples"))
 
 
-def _n_text(na: Any, nb: Any, unit: str = "examples") -> str:
+def _n_text(na: Any, nb: Any, unit: str = "examples", unit_b: str | None = None) -> str:
+    unit_b = unit if unit_b is None else unit_b
+    if unit != unit_b:  # e.g. integrated gradients over its converged examples on one side only
+        na, nb = ("not recorded" if x is None else x for x in (na, nb))
+        return f"n {na} {unit} vs {nb} {unit_b}: intervals of other widths"
     if na == nb:
         return "n not recorded" if na is None else f"n {na} {unit} each" if unit != "examples" else f"n {na} each"
     na, nb = ("not recorded" if x is None else x for x in (na, nb))
@@ -150,19 +175,54 @@ def _n_text(na: Any, nb: Any, unit: str = "examples") -> str:
     return f"n differs: {na} vs {nb} {unit}{why}"
 
 
+def _joined(labels: list[str]) -> str:
+    """'attribution mean Kendall tau of attention and gradient x input, leave-one-out and integrated gradients':
+    labels that share their first words said once."""
+    if len(labels) < 2:
+        return "".join(labels)
+    words = [label.split(" ") for label in labels]
+    k = 0
+    while all(len(w) > k + 1 and w[k] == words[0][k] for w in words):
+        k += 1
+    tails = [" ".join(w[k:]) for w in words]
+    head = " ".join(words[0][:k])
+    return (head + " " if head else "") + ", ".join(tails[:-1]) + " and " + tails[-1]
+
+
+def _metrics_differ(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
+    ma, mb = sa.get("metric"), sb.get("metric")
+    if isinstance(ma, str) and isinstance(mb, str) and ma != mb:
+        return f"A's {name} measures {_words(ma)}, B's {_words(mb)}"
+    return ""
+
+
 def headline_notes(a: Run, b: Run) -> list[str]:
-    """Per analysis in QUANTITIES that both runs have: not compared (NOT_COMPARED) where either report withholds
-    its number, else the difference where A and B differ by more than 5%, with the n and the verdict of the
-    intervals the findings print."""
+    """Per analysis in QUANTITIES that both runs have: not compared (NOT_COMPARED) where the runs ran it on different
+    tasks (compare_run.tasks_differ) or, its labels equal, with different metrics, or where either report withholds
+    its number (the family's or one quantity's), else the difference where A and B differ by more than 5%, with the
+    n and the verdict of the intervals the findings print."""
     notes = []
     for name, quantity in QUANTITIES.items():
         sa, sb = a.summary(name), b.summary(name)
         if sa is None or sb is None:
             continue
-        for (label, va, ia, na, unit), (label_b, vb, ib, nb, _) in zip(quantity(sa), quantity(sb)):
+        pairs = list(zip(quantity(sa), quantity(sb)))
+        same_labels = all(qa[0] == qb[0] for qa, qb in pairs)
+        differ = tasks_differ(a, b, name) or (_metrics_differ(name, sa, sb) if same_labels else "")
+        if differ:  # another task (or metric): no number of one is set against the other's
+            labels = [qa[0] for qa, qb in pairs if _number(qa[1]) or _number(qb[1])]
+            if labels:
+                notes.append(NOT_COMPARED + f"{_joined(labels)}: not compared: {differ}.")
+            continue
+        for (label, va, ia, na, unit), (label_b, vb, ib, nb, unit_b) in pairs:
+            n = _n_text(na, nb, unit, unit_b)
+            own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
+                   if (why := withheld_quantity(name, lab, s))]
+            if own:  # said even where both reports leave it out: each report's reason
+                notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(own) + f" ({n}).")
+                continue
             if not (_number(va) and _number(vb)):
                 continue
-            n = _n_text(na, nb, unit)
             refusals = [f"{side}'s report {why}" for side, s in zip(SIDES, (sa, sb)) if (why := withheld(name, s))]
             if refusals:
                 notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(refusals) + f" ({n}).")

@@ -25,7 +25,10 @@ from headscope.reports.compare_run import (
     _number,
     _overlay,
     chance_refusal,
+    models_differ,
     noise_verdict,
+    task_identity,
+    tasks_differ,
 )
 from headscope.reports.plots import color_scale, symmetric_bound
 from headscope.reports.render import escape
@@ -151,7 +154,9 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
     grids = [None if g is None else g[0] for g in found]
     whats = [None if g is None else g[1] for g in found]
     methods = [g[2] for g in found if g is not None]
-    same = all(g is not None for g in grids) and grids[0].shape == grids[1].shape and whats[0] == whats[1]
+    other_task = tasks_differ(a, b, "heads")  # importance on another task: no cell is set against the other's
+    same = (all(g is not None for g in grids) and grids[0].shape == grids[1].shape and whats[0] == whats[1]
+            and not other_task)
     panels = [(f"{side}: {what}", g) for side, g, what in zip(SIDES, grids, whats) if g is not None]
     bound = symmetric_bound(*[g.to_numpy(dtype=float) for g in grids if g is not None])  # A and B: one scale
     if same:
@@ -180,7 +185,10 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
         ax.set(title=title, xlabel="head", ylabel="layer")
     fig.tight_layout()
     refusals = [None if g is None else _refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
-    if same and any(refusals):
+    if other_task and all(g is not None for g in grids):
+        notes.append(NOT_COMPARED + f"Head importance: not compared: {other_task}; no cell-by-cell difference, shared "
+                     "top heads or correlation.")
+    elif same and any(refusals):
         why = "; ".join(f"{side} {r}" for side, r in zip(SIDES, refusals) if r)
         notes.insert(0, NOT_COMPARED + f"Head importance ({whats[0]}): the top heads cannot be compared, because {why}, so "
                      f"{'neither report ranks' if all(refusals) else 'that report does not rank'} its heads; no shared "
@@ -292,13 +300,15 @@ EDGE = 0.25  # without per-example values: a point closer to the 1% line than th
 
 def examples_differ(a: Run, b: Run) -> str:
     """Why A's and B's heads analyses did not rank heads on the same examples ("" when they did, as far as their
-    records tell: one task, source, example count, file rows and sample prompt, and, where no rows are recorded
-    (a generated task), one seed and model). Each run orders the heads on its own examples, so where those
-    differ the prunable counts also differ by re-ranking, which their bootstrap intervals do not cover."""
+    records tell: one task and task file (not the wording of its source), example count, file rows and sample
+    prompt, and, where no rows are recorded (a generated task), one seed and model). Each run orders the heads on
+    its own examples, so where those differ the prunable counts also differ by re-ranking, which their bootstrap
+    intervals do not cover."""
     pa, pb = a.provenance("heads") or {}, b.provenance("heads") or {}
     sa, sb = (pa.get("sample") or {}).get("prompt"), (pb.get("sample") or {}).get("prompt")
     rows = [p.get("rows") if isinstance(p.get("rows"), list) else None for p in (pa, pb)]
-    checks = [("task", pa.get("task"), pb.get("task")), ("source", pa.get("source"), pb.get("source")),
+    files = [(task_identity(p) or (None, None))[1] for p in (pa, pb)]  # the source's wording of why is no difference
+    checks = [("task", pa.get("task"), pb.get("task")), ("task file", *files),
               ("examples", pa.get("n_examples"), pb.get("n_examples"))]
     if rows[0] is None or rows[1] is None:  # a generated task: its seed (and model's tokenizer) draws the examples
         checks.append(("seed", a.manifest.get("seed"), b.manifest.get("seed")))
@@ -424,16 +434,14 @@ def _random_note(a: Run, b: Run, ordering: str, shown: list[str]) -> str:
     return text
 
 
-NOT_RERANKED = "the runs ranked heads on different examples, and the intervals do not cover re-ranking"
-
-
 def pruning_notes(a: Run, b: Run) -> list[str]:
     """The fractions prunable within 1%, ordering by ordering: first the one each run's heads finding leads with
     (lead_ordering), said even when equal, then the others that differ by 5 points or more; each with the
     recorded intervals' verdict ("no interval recorded" without them) and where a fraction sits on its 1% line.
-    Where the runs ranked heads on different examples (examples_differ) the fixed orderings' counts are not
-    compared (NOT_COMPARED: re-ranking is outside the intervals); random orderings get each seed's count and no
-    verdict."""
+    Where the runs are of different models (models_differ), ran heads on different tasks (tasks_differ) or on
+    different examples of one task (examples_differ), the fixed orderings' counts are not compared (NOT_COMPARED:
+    re-ranking is outside the intervals), with each reason that holds; random orderings get each seed's count and
+    no verdict, and are not compared across tasks."""
     sums = [a.summary("heads") or {}, b.summary("heads") or {}]
     (lead_a, pa), (lead_b, pb) = lead_ordering(sums[0]), lead_ordering(sums[1])
     notes = []
@@ -441,7 +449,14 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
         notes.append(f"The heads findings lead with different orderings: A {lead_a.replace('_', ' ')} "
                      f"({100 * pa[lead_a]:.0f}%), B {lead_b.replace('_', ' ')} ({100 * pb[lead_b]:.0f}%).")
     leads = [o for o in dict.fromkeys([lead_a, lead_b]) if o]
-    differ = examples_differ(a, b)
+    other_task = tasks_differ(a, b, "heads")
+    model = models_differ(a, b)
+    examples = "" if other_task else examples_differ(a, b)  # another task: its examples differ by that
+    ranked = "the runs ranked heads on different examples"
+    reranked = (f"{model}, each ranking its own heads, and {ranked} ({examples}): the intervals do not cover re-ranking"
+                if model and examples else f"{model}, each ranking its own heads, and the intervals do not cover re-ranking"
+                if model else f"{ranked}, and the intervals do not cover re-ranking ({examples})" if examples else "")
+    differ = "; ".join(x for x in (other_task, reranked) if x)
     for ordering in [*leads, *sorted(k for k in pa if k in pb and k not in leads)]:
         if ordering not in pa or ordering not in pb:
             continue
@@ -455,13 +470,15 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
         whose = "both heads findings lead" if lead_a == lead_b else f"{'A' if ordering == lead_a else 'B'}'s heads finding leads"
         which = f" (the ordering {whose} with)"
         if ordering.startswith("random"):  # a mean over seeds is no count of heads: the seeds' own counts instead
-            notes.append((SAME if fa == fb else "") + _random_note(a, b, ordering, [f"{100 * f:.0f}%" for f in (fa, fb)]))
+            note = _random_note(a, b, ordering, [f"{100 * f:.0f}%" for f in (fa, fb)])
+            notes.append(NOT_COMPARED + note.removesuffix(".") + f": not compared: {other_task}." if other_task else
+                         (SAME if fa == fb else "") + note)  # random orders re-rank nothing: only another task refuses
             continue
         text = (f"Prunable within 1% by {ordering.replace('_', ' ')}{which if lead else ''}: A {shown[0]}, B {shown[1]}"
                 + (f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""))
         intervals = [prunable_interval(s, ordering) for s in sums]
         if differ:
-            text = NOT_COMPARED + text + f": not compared: {NOT_RERANKED} ({differ})."
+            text = NOT_COMPARED + text + f": not compared: {differ}."
         elif fa == fb:
             text = SAME + text + "."
         elif all(intervals):

@@ -99,6 +99,55 @@ def _analysis_settings(run: Run, name: str) -> Mapping[str, Any]:
     return found if isinstance(found, Mapping) else {}
 
 
+def task_identity(record: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """(task name, the user's file or None) of a section provenance (task.json, or the manifest's task_used line
+    for its source); None where the task is not recorded. The source's wording of why a default was used is not
+    part of it: one default task reached for two reasons is the same task."""
+    task = record.get("task")
+    if not isinstance(task, str) or not task:
+        return None
+    source = str(record.get("source") or "")
+    given = source.removeprefix("your task (").removesuffix(")") if source.startswith("your task (") else ""
+    return task, given if "." in given else None  # a file (x.jsonl); a zoo task named by the user is that task
+
+
+def task_words(record: Mapping[str, Any]) -> str:
+    """'fruit_cloze.jsonl', 'the shipped sentences', 'the kv task': the task of a section provenance in words."""
+    found = task_identity(record)
+    if found is None:
+        return "a task it did not record"
+    task, given = found
+    return given or ("the shipped sentences" if task == "sentences" else f"the {task} task")
+
+
+def tasks_differ(a: Run, b: Run, name: str) -> str:
+    """"A ran attribution on fruit_cloze.jsonl, B on the shipped sentences" where the two runs' analysis `name` ran on
+    different tasks (task_identity: the task's name and the user's file, from each run's <name>/task.json and
+    manifest task_used); "" where they ran on the same task, or either run does not record its task. Other examples
+    of the same task are sampling, which the intervals compare allows for; another task is not."""
+    pa, pb = a.provenance(name), b.provenance(name)
+    if pa is None or pb is None:
+        return ""
+    ia, ib = task_identity(pa), task_identity(pb)
+    if ia is None or ib is None or ia == ib:
+        return ""
+    wa, wb = task_words(pa), task_words(pb)
+    if wa == wb:  # one name for two tasks (a file and a default of that name): the sources tell them apart
+        wa, wb = (f"{w} ({p.get('source') or 'source not recorded'})" for w, p in ((wa, pa), (wb, pb)))
+    return f"A ran {name} on {wa}, B on {wb}"
+
+
+def models_differ(a: Run, b: Run) -> str:
+    """"different models (x vs y, 12 vs 72 heads)" where the runs' manifests name different models ("" otherwise);
+    the head counts from each run's heads summary where it has one."""
+    names = [(r.manifest.get("model") or {}).get("name") for r in (a, b)]
+    heads = [(r.summary("heads") or {}).get("n_heads") for r in (a, b)]
+    if names[0] == names[1] and heads[0] == heads[1]:
+        return ""
+    count = "" if None in heads else f", {heads[0]} vs {heads[1]} heads" if heads[0] != heads[1] else f", {heads[0]} heads each"
+    return f"different models ({names[0]} vs {names[1]}{count})"
+
+
 def chance_refusal(a: Run, b: Run, name: str) -> str:
     """"not compared: A at chance on its task" (or B, or both, or below chance) when either run's
     analysis `name` is at or below chance, as its own report says (a quantity relative to a clean

@@ -262,15 +262,16 @@ def _heads_results(out: Path) -> Any:
     return df if {"layer", "head"} <= set(df.columns) else None
 
 
-def _ig_unconverged(out: Path) -> bool:
-    """Whether OUT/attribution/summary.json says integrated gradients did not converge (ig_converged false)."""
-    import json
+def _ig_rule(out: Path) -> Any:
+    """The attribution summary's IG rule (analyses/attribution/convergence.py `ig_use`): which examples' integrated
+    gradients colour tokens; every example's where OUT/attribution/summary.json cannot be read."""
+    from headscope.analyses.attribution.convergence import ig_use
 
     try:
         summary = json.loads((out / "attribution" / "summary.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get("ig_converged") is False
+        summary = {}
+    return ig_use(summary if isinstance(summary, dict) else {})
 
 
 def _attach_attribution(data: dict[str, Any], out: Path) -> None:
@@ -287,10 +288,9 @@ def _attach_attribution(data: dict[str, Any], out: Path) -> None:
         return
     if not {"example", "position", "token", "method", "score"} <= set(df.columns):
         return
-    if _ig_unconverged(out):  # its attributions do not add up to the metric change: not IG's colouring
-        df = df[df["method"] != "integrated_gradients"]
-        if df.empty:
-            return
+    df = _ig_rule(out).rows(df)  # an example whose IG does not add up to the metric change: not IG's colouring
+    if df.empty:
+        return
     by_tokens = {}
     for _, part in df.groupby("example", sort=True):
         first = part[part["method"] == part["method"].iloc[0]].sort_values("position")

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from headscope.analyses.attribution.convergence import IgUse, ig_use
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
 from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, t_interval, wilson
@@ -171,14 +172,14 @@ def plot_adversarial(data: pd.DataFrame, *, epsilon: float | str = "epsilon", ax
 def figures(result: Result, **kwargs) -> dict:
     """The attribution figures by file stem."""
     s, perm = result.summary, result.tables["permutation"]
-    df, scores = result.df, result.tables["scores"]
-    if s.get("ig_converged") is False:  # its ranking is not IG's (the finding says so): not drawn as one
-        df, scores = df[df.method != "integrated_gradients"], scores[scores.method != "integrated_gradients"]
+    rule = ig_use(s)  # an example whose IG did not converge is not drawn as IG's ranking (the finding says so)
+    df, scores = rule.rows(result.df), rule.rows(result.tables["scores"])
 
     def tau():
         ax = plot_tau(df)
-        if s.get("ig_converged") is False:
-            ax.set_title(ax.get_title() + "\n(integrated gradients left out: it did not converge)")
+        said = {"none": "\n(integrated gradients left out: it did not converge)",
+                "converged": f"\n(integrated gradients: its {rule.n_converged} converged examples only)"}.get(rule.mode, "")
+        ax.set_title(ax.get_title() + said)
         return ax
 
     plots = [("tau", tau), ("token_heatmap", lambda: plot_token_heatmap(scores)),
@@ -252,14 +253,16 @@ def finding(s: Mapping[str, Any]) -> str:
     if _chance(s) is not None:
         return _measured_only(s, n)
     parts = []
-    keys = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
-    unconverged = _ig_unconverged(s)
-    if unconverged:  # IG's ranking is not IG's: no tau, no rollout comparison rests on it
+    rule = ig_use(s)
+    keys = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", ig_name(rule)))
+    unconverged = ig_sentence(s)
+    if rule.mode == "none":  # IG's ranking is not IG's: no tau, no rollout comparison rests on it
         keys = tuple(k for k in keys if k[0] != "ig")
     taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
     taus = {k: v for k, v in taus.items() if v[0] is not None}
     # examples with a defined tau per method (older summaries: every example)
-    defined = {name: int(_num(s.get(f"n_tau_attention_{key}")) or n) for key, name in keys}
+    defined = {name: int(_num(s.get(f"n_tau_attention_{key}")) or (rule.n_converged if key == "ig" else n))
+               for key, name in keys}
     rollout = {name: _num(s.get(f"mean_tau_rollout_{key}")) for key, name in keys}
     rollout = {k: v for k, v in rollout.items() if v is not None}
     if taus:
@@ -267,7 +270,8 @@ def finding(s: Mapping[str, Any]) -> str:
             interval = t_interval(m, sd, defined[k])
             return _ci(interval and (max(-1.0, interval[0]), min(1.0, interval[1])))
 
-        fewest = min(defined[k] for k in taus)
+        ig_only = ig_name(rule) if rule.mode == "converged" else None  # IG's n is its converged examples: said by name
+        fewest = min([defined[k] for k in taus if k != ig_only] or [defined[k] for k in taus])
         lost = (f" ({n - fewest} without a defined tau: too few tokens to rank, so the means and intervals are over "
                 f"{fewest})" if 0 < fewest < n else "")
         parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
@@ -276,7 +280,7 @@ def finding(s: Mapping[str, Any]) -> str:
             said = _rollout_sentence(s, taus, rollout, defined, keys)
             parts += [said] if said else []
     parts += [unconverged] if unconverged else []
-    frac = _num(s.get("fraction_significant"))
+    frac = None if rule.legacy else _num(s.get("fraction_significant"))  # a summary before the rule counts IG's taus
     tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
     if frac is not None and tests > 0:
         k = round(frac * tests)
@@ -327,24 +331,39 @@ def _abs_ci(s: Mapping[str, Any], key: str, size: float, n: int) -> str:
     return f"{_ci((0.0, interval[1]), '.3g')}, the t interval's lower bound clipped at 0"
 
 
-def _ig_unconverged(s: Mapping[str, Any]) -> str:
-    """The sentence saying integrated gradients did not converge (the summary's ig_converged is False), with its
-    worst example's sum against the change it should add up to; '' when it converged or the summary predates it."""
-    if s.get("ig_converged") is not False:
+def ig_name(rule: IgUse) -> str:
+    """How the findings name integrated gradients: with "from the k converged examples" where only those are used."""
+    return (f"integrated gradients from the {rule.n_converged} converged examples" if rule.mode == "converged"
+            else "integrated gradients")
+
+
+def ig_sentence(s: Mapping[str, Any]) -> str:
+    """The sentence saying integrated gradients missed completeness on some examples (analyses/attribution/
+    convergence.py's rule: then IG is used on its converged examples only, or left out when too few converge), with
+    the count and the worst example's sum against the change it should add up to; '' when every example converged."""
+    rule = ig_use(s)
+    if rule.mode == "all":
         return ""
     worst = s.get("ig_worst") if isinstance(s.get("ig_worst"), Mapping) else {}
     total, change, rel = (_num(worst.get(k)) for k in ("attribution_sum", "metric_change", "relative_error"))
-    bad, n = int(_num(s.get("ig_n_not_converged")) or 0), int(_num(s.get("n_examples")) or 0)
+    bad, n = rule.n_not_converged, rule.n
     tol = _num(s.get("ig_error_tolerance")) or 0.1
     steps = _num(s.get("ig_max_steps_used"))
     ex = worst.get("example", "?")
-    how = [f"attributions sum to {total:.3g} for a metric change of {change:+.3g} on example {ex}, an error of "
+    how = [f"worst: attributions sum to {total:.3g} for a metric change of {change:+.3g} on example {ex}, an error of "
            f"{rel:.3g}x the change" if None not in (total, change, rel) else "",
-           f"completeness error over {tol:g}x the change on {bad} of {n} examples" if n else "",
            f"at most {int(steps)} steps" if steps is not None else ""]
     how = [h for h in how if h]
-    return ("Integrated gradients did not converge" + (f" ({'; '.join(how)})" if how else "")
-            + ": more steps needed; its taus are not used.")
+    said = (f"Integrated gradients missed completeness (error over {tol:g}x the metric change) on {bad} of {n or '?'} "
+            "examples" + (f" ({'; '.join(how)})" if how else ""))
+    if rule.mode == "converged":
+        return said + (f": its taus, and the comparisons that rest on them, are from the {rule.n_converged} converged "
+                       "examples only.")
+    if rule.legacy:
+        return said + (": this summary's IG taus include those examples, so they are not used, nor its count of "
+                       "significant taus, which counts them.")
+    return said + (f": {rule.n_converged} converged, too few (IG is used on its converged examples when they are at least "
+                   "half and at least 2), so its taus are not used; more steps needed.")
 
 
 def _output_tests(s: Mapping[str, Any]) -> list[str]:

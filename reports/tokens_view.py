@@ -107,12 +107,17 @@ def _result_tokens(result: Any, *, example: int | None, methods: Sequence[str] |
     present = list(dict.fromkeys(one["method"]))
     methods = [m for m in TOKEN_METHODS if m in present] + [m for m in present if m not in TOKEN_METHODS] \
         if methods is None else list(methods)
+    from headscope.analyses.attribution.convergence import IG_METHOD, ig_use
+
+    summary = getattr(result, "summary", None)
+    unused = IG_METHOD if not ig_use(summary if isinstance(summary, dict) else {}).keeps(example) else None
     lines = []
     for method in methods:
         rows = one[one["method"] == method].sort_values("position")
         if rows.empty:
             raise ConfigError(f"no scores by {method!r}; this result has {present}.")
-        lines.append(token_line(list(rows["token"]), list(rows["score"]), label=method))
+        label = method + (" (missed completeness on this example: used in no claim)" if method == unused else "")
+        lines.append(token_line(list(rows["token"]), list(rows["score"]), label=label))
     text = f"TokenView(example {example}: {', '.join(methods)})"
     return HTMLView("<div class='headscope-tokens'>" + "".join(lines) + "</div>", text)
 

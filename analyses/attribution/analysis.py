@@ -35,10 +35,12 @@ most TVD a one-logit change can give there, permutation.saturation); permutation
 permutation_abs_metric_change (the task metric's change under the permutations, in its units: per
 example the mean over draws of the signed and the absolute change; the mean over examples, with _sd and _n);
 adversarial_metric_change (the same at the adversarial attention);
-ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); ig_converged (False when most
-examples' completeness error |sum attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|, the ig table's
-relative_error, exceeds ig_error_tolerance 0.1; then IG's taus leave rollout_vs_raw and fraction_significant),
-ig_n_not_converged, ig_median_relative_error and ig_worst (its example, sum and change);
+ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); ig_converged (every example's
+completeness error |sum attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|, the ig table's relative_error,
+is within ig_error_tolerance 0.1), ig_n_converged, ig_n_not_converged, ig_median_relative_error and ig_worst (its
+example, sum and change); ig_used and ig_examples_used (convergence.py's rule: IG on every example, on the converged
+ones only, or on none; every IG key above (taus, rollout_vs_raw's ig, fraction_significant, mean_tau_ig_loo) and the
+tau_summary, tau_by_layer and tau_by_head tables hold only those examples; the per-example tables keep every row);
 permutation_abs_metric_change_ci (seeded percentile bootstrap over examples); best_head_vs_loo;
 median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
 <= adversarial_epsilon; Jain & Wallace's adversarial attention).
@@ -59,6 +61,7 @@ from tqdm.auto import tqdm
 from headscope.analyses.attribution import methods as am
 from headscope.analyses.attribution.adversarial import LN2, adversarial_attention
 from headscope.analyses.attribution.agreement import method_pair_rows, paired_differences, summarise, tau_rows
+from headscope.analyses.attribution.convergence import IgUse, completeness_error, ig_convergence, ig_use
 from headscope.analyses.attribution.permutation import permute_attention, saturation
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads, one_token_answers
@@ -288,20 +291,30 @@ def attribution(
     gathered = distributed.gather_objects(parts)  # rank order = group order
     score_rows, tau, pairs, perm_rows, ig_rows, token_rows = ([row for part in gathered for row in part[i]] for i in range(6))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
+    ig_table = pd.DataFrame(ig_rows)
+    convergence = ig_convergence(ig_table)  # which examples' IG any aggregate keeps (convergence.py's rule)
     tables = {
         "scores": pd.concat(score_rows, ignore_index=True),
         "tau_methods": pd.DataFrame(pairs),
-        "tau_summary": summarise(df, ["attention", "method"]),
-        "tau_by_layer": summarise(df[df.attention == "layer_mean"], ["layer", "method"]),
-        "tau_by_head": summarise(df[df.attention == "head"], ["layer", "head", "method"]),
+        **tau_tables(df, convergence),
         "permutation": pd.DataFrame(perm_rows),
-        "ig": pd.DataFrame(ig_rows),
+        "ig": ig_table,
         "token_scores": pd.concat(token_rows, ignore_index=True),
     }
-    summary = _summary(df, tables, kind=setup.kind, cfg=cfg, layer=setup.layer, encoder=model.facts.is_encoder)
+    summary = _summary(df, tables, convergence, kind=setup.kind, cfg=cfg, layer=setup.layer,
+                       encoder=model.facts.is_encoder)
     config_out = {**dataclasses.asdict(cfg), "baseline_token": setup.baseline, "permutation_layer": setup.layer,
                   "task": task.name}
     return Result(name="attribution", df=df, summary=summary, tables=tables, config=config_out)
+
+
+def tau_tables(df: pd.DataFrame, convergence: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """tau_summary, tau_by_layer and tau_by_head from the tau rows (`df`), integrated gradients' only on the examples
+    convergence.py's rule keeps (`convergence`: ig_convergence's record); the per-example df keeps every row."""
+    used = ig_use({**convergence, "n_examples": int(df.example.nunique())}).rows(df)
+    return {"tau_summary": summarise(used, ["attention", "method"]),
+            "tau_by_layer": summarise(used[used.attention == "layer_mean"], ["layer", "method"]),
+            "tau_by_head": summarise(used[used.attention == "head"], ["layer", "head", "method"])}
 
 
 @dataclass(frozen=True)
@@ -399,33 +412,6 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     return score_rows, tau, pairs, perm_rows, ig_rows, token_rows
 
 
-IG_CONVERGED_ERROR = 0.1  # relative completeness error over which an example's IG has not converged
-
-
-def completeness_error(attribution_sum: float, f_x: float, f_b: float) -> float:
-    """|sum of IG attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|: 0 when IG is complete (NaN when the
-    metric does not change, where no relative error is defined)."""
-    change = f_x - f_b
-    return abs(attribution_sum - change) / abs(change) if change != 0 else float("nan")
-
-
-def ig_convergence(ig: pd.DataFrame) -> dict[str, Any]:
-    """IG's convergence over examples from the ig table (attribution_sum, metric_input, metric_baseline): how many
-    examples exceed IG_CONVERGED_ERROR (an undefined error counts as exceeding), whether IG converged (at most half
-    exceed) and the worst example (its sum against the change it should add up to)."""
-    change = ig.metric_input - ig.metric_baseline
-    rel = pd.Series([completeness_error(a, x, b) for a, x, b in
-                     zip(ig.attribution_sum, ig.metric_input, ig.metric_baseline)], index=ig.index, dtype=float)
-    bad = int((~(rel <= IG_CONVERGED_ERROR)).sum())
-    out: dict[str, Any] = {"ig_error_tolerance": IG_CONVERGED_ERROR, "ig_n_not_converged": bad,
-                           "ig_converged": bool(2 * bad <= len(ig)), "ig_median_relative_error": _num(rel.median())}
-    if rel.notna().any():
-        worst = rel.idxmax()
-        out["ig_worst"] = {"example": int(ig.example[worst]), "attribution_sum": float(ig.attribution_sum[worst]),
-                           "metric_change": float(change[worst]), "relative_error": float(rel[worst])}
-    return out
-
-
 def bootstrap_mean_ci(values: np.ndarray, *, seed: int, n_boot: int = 2000, level: float = 0.95) -> list[float] | None:
     """Percentile bootstrap interval of the mean over examples (resampled with replacement, `seed`'s generator);
     None under 2 values. Used for means of absolute values, whose t interval can cross 0 where they cannot."""
@@ -498,11 +484,17 @@ def _token_frame(model, example: int, tokens: torch.Tensor, scores: dict[str, to
     return pd.DataFrame(rows)
 
 
-def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfig, layer: int, encoder: bool) -> dict:
+def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kind: str, cfg: AttributionConfig,
+             layer: int, encoder: bool) -> dict:
     out: dict[str, Any] = {
         "attention": "last_layer", "metric": kind, "output_change": "1-cosine" if encoder else "tvd",
         "loo_mode": cfg.loo_mode, "n_examples": int(df.example.nunique()),
     }
+    # IG's taus enter every claim only on the examples convergence.py's rule keeps (its converged ones, or none
+    # when too few converge): the tau means, the paired rollout tests, the count of significant taus, IG vs LOO
+    out.update(convergence)
+    rule: IgUse = ig_use(out)
+    df = rule.rows(df)
     summ = tables["tau_summary"].set_index(["attention", "method"])
     for att, prefix in (("last_layer", "attention"), ("rollout", "rollout")):
         for method, short in SUMMARY_NAMES.items():
@@ -512,23 +504,17 @@ def _summary(df: pd.DataFrame, tables: dict, *, kind: str, cfg: AttributionConfi
                 out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
                 if prefix == "attention":
                     out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
-    # IG that has not converged (its attributions do not add up to the metric change) does not rank tokens as IG:
-    # it leaves the claims that rest on the taus (the paired rollout tests and the count of significant taus)
-    convergence = ig_convergence(tables["ig"])
-    out.update(convergence)
-    used = [m for m in METHODS if convergence["ig_converged"] or m != "integrated_gradients"]
     # rollout against raw last-layer attention, paired per example, Holm over the references the finding names
-    paired = paired_differences(df, [m for m in ROLLOUT_REFERENCES if m in used])
+    paired = paired_differences(df, list(ROLLOUT_REFERENCES))
     out["rollout_vs_raw"] = {SUMMARY_NAMES[m]: {k: v if k in ("n", "ci") else _num(v) for k, v in e.items()}
                              for m, e in paired.items()}
     last = df[(df.attention == "last_layer")].dropna(subset=["tau"])
     for method, short in SUMMARY_NAMES.items():  # examples with a defined tau (a prompt too short to rank gives NaN)
         if (("last_layer", method)) in summ.index:
             out[f"n_tau_attention_{short}"] = int(last[last.method == method].example.nunique())
-    last = last[last.method.isin(used)]
     out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
     out["n_tau_tests"] = int(len(last))  # examples x methods used: the count the fraction is over
-    pairs = tables["tau_methods"]
+    pairs = rule.rows(rule.rows(tables["tau_methods"], "method_a"), "method_b")
     for a, b, key in (("grad_x_input", "leave_one_out", "gradient_loo"), ("integrated_gradients", "leave_one_out", "ig_loo")):
         sel = pairs[(pairs.method_a == a) & (pairs.method_b == b)].tau
         out[f"mean_tau_{key}"] = _num(sel.mean())

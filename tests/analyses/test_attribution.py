@@ -312,7 +312,10 @@ def test_unconverged_ig_is_recorded_and_leaves_the_claims(tiny_models, tiny_dirs
     assert "ig" not in s["rollout_vs_raw"] and set(s["rollout_vs_raw"]) <= {"gradient", "loo"}
     last = res.df[(res.df.attention == "last_layer") & (res.df.method != "integrated_gradients")].dropna(subset=["tau"])
     assert s["n_tau_tests"] == len(last) and s["fraction_significant"] == pytest.approx(last.significant.mean())
-    assert "mean_tau_attention_ig" in s  # recorded, not claimed (the finding leaves it out)
+    # fewer than half converged: IG is left out of every aggregate (its per-example taus stay in the df)
+    assert s["ig_used"] == "none" and s["ig_examples_used"] == [] and "mean_tau_attention_ig" not in s
+    assert "integrated_gradients" not in set(res.tables["tau_summary"].method)
+    assert "integrated_gradients" in set(res.df.method)
     json.dumps(s)
     from headscope.reports.plots_attribution import figures
 
@@ -680,3 +683,84 @@ def test_attribution_reports_adversarial_attention(one_token):
     assert abs(res.summary["permutation_metric_change"]) < 1e-4 and res.summary["permutation_metric_change_n"] == 3
     off = attribution(model, one_token_task(), progress=False, n_steps=8, n_permutations=3, adversarial_steps=0)
     assert "adversarial_jsd" not in off.tables["permutation"] and "median_adversarial_jsd" not in off.summary
+
+
+def _ig_case(rel_errors, taus):
+    """A hand-built run of 4 examples: the ig table whose example i misses completeness by rel_errors[i] (its sum
+    off the change 2.0 by that share), and last-layer / rollout tau rows against IG (taus[i], taus[i] + 0.1), against
+    leave-one-out (0.5 each) and between IG and leave-one-out (taus[i])."""
+    ig = pd.DataFrame([{"example": i, "n_steps": 32, "attribution_sum": 2.0 * (1 + r), "delta": 2.0 * r,
+                        "metric_input": 3.0, "metric_baseline": 1.0} for i, r in enumerate(rel_errors)])
+    rows = [{"example": i, "attention": att, "layer": 1 if att == "last_layer" else None, "head": None, "method": m,
+             "tau": t + (0.1 * i if m == "leave_one_out" else 0) + (0.1 if att == "rollout" else 0.0),
+             "p_value": 0.01 if t > 0.4 else 0.5, "significant": t > 0.4}
+            for i, t in enumerate(taus) for att in ("last_layer", "rollout")
+            for m in ("integrated_gradients", "leave_one_out")]
+    df = pd.DataFrame(rows).astype({"layer": "Int64", "head": "Int64"})
+    pairs = pd.DataFrame([{"example": i, "method_a": "integrated_gradients", "method_b": "leave_one_out", "tau": t,
+                           "p_value": 0.5, "significant": False} for i, t in enumerate(taus)])
+    perm = pd.DataFrame([{"example": i, "layer": 1, "max_attention": 0.5, "median_change": 0.1, "mean_change": 0.1}
+                         for i in range(4)])
+    return df, ig, pairs, perm
+
+
+@pytest.mark.parametrize("rel_errors, used, kept", [
+    ((0.0, 0.01, 0.05, 0.09), "all", [0, 1, 2, 3]),  # none failing
+    ((0.0, 0.01, 0.05, 0.3), "converged", [0, 1, 2]),  # one failing
+    ((0.0, 0.156, 0.05, 0.255), "converged", [0, 2]),  # half failing (review 7b, A3: 0.156 and 0.255)
+    ((0.2, 0.156, 0.05, 0.255), "none", []),  # three failing: fewer than half converged
+])
+def test_ig_claims_use_only_the_examples_that_converged(rel_errors, used, kept):
+    """Review 7b, A3: 2 of 4 examples missing completeness left ig_converged True and IG's tau over all 4. The rule:
+    every IG aggregate (the tau mean and its n, the paired rollout test, the significance count, IG vs
+    leave-one-out, the tau tables) is over the converged examples when at least half (and 2) converged, else IG is
+    left out; the expected values are worked out here from the hand-built taus."""
+    from headscope.analyses.attribution.analysis import _summary, tau_tables
+    from headscope.analyses.attribution.convergence import ig_convergence
+
+    taus = [0.6, -0.2, 0.3, 0.9]
+    df, ig, pairs, perm = _ig_case(rel_errors, taus)
+    convergence = ig_convergence(ig)
+    assert convergence["ig_used"] == used and convergence["ig_examples_used"] == kept
+    assert convergence["ig_converged"] is (used == "all")
+    assert convergence["ig_n_not_converged"] == 4 - (len(kept) if used != "none" else 1)
+    assert convergence["ig_worst"]["relative_error"] == pytest.approx(max(rel_errors))
+    tables = {"tau_methods": pairs, "permutation": perm, "ig": ig, **tau_tables(df, convergence)}
+    s = _summary(df, tables, convergence, kind="logit_diff", cfg=AttributionConfig(adversarial_steps=0), layer=1,
+                 encoder=False)
+    summary_ig = tables["tau_summary"][tables["tau_summary"].method == "integrated_gradients"]
+    if used == "none":
+        assert "mean_tau_attention_ig" not in s and "ig" not in s["rollout_vs_raw"] and summary_ig.empty
+        assert s["mean_tau_ig_loo"] is None
+        assert s["n_tau_tests"] == 4  # leave-one-out's 4 taus only
+        return
+    mine = np.array([taus[i] for i in kept])
+    assert s["mean_tau_attention_ig"] == pytest.approx(mine.mean())
+    assert s["std_tau_attention_ig"] == pytest.approx(mine.std(ddof=1))
+    assert s["n_tau_attention_ig"] == len(kept) and s["n_tau_attention_loo"] == 4
+    assert s["mean_tau_rollout_ig"] == pytest.approx(mine.mean() + 0.1)
+    assert s["rollout_vs_raw"]["ig"]["n"] == len(kept)
+    assert s["mean_tau_ig_loo"] == pytest.approx(mine.mean())
+    assert s["n_tau_tests"] == 4 + len(kept)
+    significant = sum(t > 0.4 for t in mine) + sum(t > 0.4 for t in taus)
+    assert s["fraction_significant"] == pytest.approx(significant / (4 + len(kept)))
+    last = summary_ig[summary_ig.attention == "last_layer"].iloc[0]
+    assert last.n == len(kept) and last.mean_tau == pytest.approx(mine.mean())
+    if used == "converged" and len(kept) == 2:  # the tau figure draws IG's taus of the converged examples only
+        import matplotlib.collections as mc
+
+        from headscope.analyses.core.result import Result
+        from headscope.reports.plots_attribution import figures
+
+        scores = pd.DataFrame([{"example": i, "position": p, "token": f"t{p}", "method": m, "layer": None, "head": None,
+                                "score": 0.5} for i in range(4) for p in (1, 2) for m in ("integrated_gradients", "rollout")])
+        figs = figures(Result(name="attribution", df=df, summary=s, tables={**tables, "scores": scores}, config={}))
+        ax = figs["tau"].axes[0]
+        points = sorted(len(c.get_offsets()) for c in ax.collections if isinstance(c, mc.PathCollection))
+        assert points == [2, 2, 4, 4]  # last layer and rollout: IG on examples 0 and 2, leave-one-out on all 4
+        assert "(integrated gradients: its 2 converged examples only)" in ax.get_title()
+        tokens = pd.DataFrame([{"example": i, "position": p, "token": f"t{p}", "method": m, "score": 0.5}
+                               for i in range(4) for p in range(3) for m in ("integrated_gradients", "saliency")])
+        result = Result(name="attribution", df=df, summary=s, tables={**tables, "token_scores": tokens}, config={})
+        said = "integrated_gradients (missed completeness on this example: used in no claim)"
+        assert said in hs.show_tokens(result, example=1).html and said not in hs.show_tokens(result, example=2).html

@@ -18,6 +18,7 @@ from headscope.reports.compare import (
     pruning_section,
     settings_notes,
 )
+from headscope.reports.compare_headlines import headline_notes
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -63,9 +64,10 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     # the runs ranked heads on different examples: the counts are not compared (re-ranking is outside any interval)
     refused = page[page.index("id='not-compared'"):]
     assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (n differs: 4 vs 16 "
-            "examples, a setting, not the model: other example sets, intervals of other widths): not compared: the runs "
-            "ranked heads on different examples, and the intervals do not cover re-ranking (examples 4 vs 16, seed 0 vs 1, "
-            "model model-a vs model-b &lt;img") in refused
+            "examples, a setting, not the model: other example sets, intervals of other widths): not compared: different "
+            "models (model-a vs model-b &lt;img src=x onerror=alert(1)&gt;, 6 heads each), each ranking its own heads, and "
+            "the runs ranked heads on different examples (examples 4 vs 16, seed 0 vs 1, model model-a vs model-b &lt;img"
+            ) in refused
     assert "Prunable within 1%" not in page[page.index("id='differences'"):page.index("id='not-compared'")]
     assert ("<li>Position curves and middle/ends ratio: not compared: A and B swept different prompts (model model-a vs "
             "model-b &lt;img src=x onerror=alert(1)&gt;, seed 0 vs 1), and a slot is a place in each run&#x27;s own prompts, "
@@ -130,9 +132,16 @@ def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp
     _run(tmp_path / "b", task="ioi", n=16, baseline=2.3, ci=[2.05, 2.55], unevicted=3.0, kv_ci=[2.9, 3.1])
     _run(tmp_path / "c", task="kv", n=64, baseline=2.0, ci=[1.75, 2.25], unevicted=2.0, kv_ci=[1.9, 2.1],
          status={"heads": "done", "kv": "skipped: m is an encoder"})
+    _run(tmp_path / "d", task="kv", n=16, baseline=2.3, ci=[2.05, 2.55], unevicted=3.0, kv_ci=[2.9, 3.1])
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab.html")]) == 0
     page = (tmp_path / "ab.html").read_text()
-    differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
+    # A ran heads and kv on kv, B on ioi: another task, not compared (review 7b, A4), with the reason
+    assert "No difference above the thresholds." in page[page.index("id='differences'"):page.index("id='not-compared'")]
+    refused = page[page.index("id='not-compared'"):page.index("id='findings'")]
+    for name, label in (("heads", "heads unpruned logit difference"), ("kv", "kv full-cache logit difference")):
+        assert f"<li>{label}: not compared: A ran {name} on the kv task, B on the ioi task.</li>" in refused
+    # D ran them on A's task (other examples of it): compared, each against the interval its finding prints
+    differences = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "d"))
     n = "n differs: 64 vs 16 examples, a setting, not the model: other example sets, intervals of other widths"
     assert (f"heads unpruned logit difference: A 2, B 2.3 ({n}) (within noise: |B - A| = 0.3 is inside the combined "
             "half-widths 0.5; 95% CIs A [1.75, 2.25], B [2.05, 2.55]).") in differences  # the CI the heads finding prints
@@ -685,17 +694,119 @@ def test_prunable_counts_of_runs_ranked_on_other_examples_are_not_compared_and_b
     assert "A's 0% sits on its 1% line" in gradient and "B's 17% sits on its 1% line" in gradient
 
 
-def test_compare_leaves_out_the_tau_of_integrated_gradients_that_did_not_converge():
-    """Review 6, A3: compare listed an unconverged IG's tau difference as 'within noise'; it is not IG's tau."""
-    from headscope.reports.compare_headlines import QUANTITIES
+def _attribution(root, model, summary, task, source, rows=None, sample="Ann has a red hat.") -> None:
+    """attribution's summary and task.json (reports/provenance.py task_record) under `root`, with a manifest."""
+    io.write_json(root / "manifest.json", {"model": {"name": model}, "config": {"analyses": ["attribution"]}})
+    io.write_json(root / "attribution" / "summary.json", summary)
+    io.write_json(root / "attribution" / "task.json", {"task": task, "source": source, "n_examples": 4,
+                                                       **({"rows": rows} if rows else {}), "sample": {"prompt": sample}})
 
-    s = {"n_examples": 4, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.2,
-         "mean_tau_attention_ig": -0.08, "std_tau_attention_ig": 0.05}
-    names = [q[0] for q in QUANTITIES["attribution"]({**s, "ig_converged": True})]
-    assert "attribution mean Kendall tau of attention and integrated gradients" in names
-    names = [q[0] for q in QUANTITIES["attribution"]({**s, "ig_converged": False})]
-    assert "attribution mean Kendall tau of attention and gradient x input" in names
-    assert not any("integrated gradients" in name for name in names)
+
+TAUS = {"n_examples": 4, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.2,
+        "mean_tau_attention_loo": -0.2, "std_tau_attention_loo": 0.1, "mean_tau_attention_ig": 0.3,
+        "std_tau_attention_ig": 0.05, "ig_converged": True, "ig_used": "all", "ig_n_not_converged": 0}
+
+
+def test_compare_uses_integrated_gradients_by_the_reports_own_rule(tmp_path):
+    """Review 6 and 7b, A3: compare listed IG's tau where its report left IG out, and over every example where 2 of
+    4 missed completeness. Now it reads the reports' own rule (analyses/attribution/convergence.py): over the
+    converged examples, n said in those, with the t interval over them (scipy); not compared, and why, where a report
+    leaves IG out."""
+    from scipy import stats
+
+    half = {**TAUS, "ig_converged": False, "ig_used": "converged", "ig_n_converged": 2, "ig_n_not_converged": 2,
+            "ig_examples_used": [0, 2], "n_tau_attention_ig": 2, "mean_tau_attention_ig": 0.6}
+    left_out = {**TAUS, "ig_converged": False, "ig_used": "none", "ig_n_converged": 1, "ig_n_not_converged": 3,
+                "ig_examples_used": []}
+    left_out.pop("mean_tau_attention_ig")  # the analysis keeps no IG aggregate it leaves out
+    for side, summary in (("a", TAUS), ("b", half), ("c", left_out)):
+        _attribution(tmp_path / side, "m", summary, "colours", "your task (colours.jsonl)")
+    a, b, c = (Run(tmp_path / side) for side in "abc")
+    ia = stats.t.interval(0.95, 3, loc=0.3, scale=0.05 / 2)
+    ib = stats.t.interval(0.95, 1, loc=0.6, scale=0.05 / 2 ** 0.5)
+    ig = [n for n in headline_notes(a, b) if "integrated gradients" in n]
+    assert ig == [(f"attribution mean Kendall tau of attention and integrated gradients: A 0.3, B 0.6 (n 4 examples vs 2 "
+                  f"converged examples: intervals of other widths) (within noise: |B - A| = 0.3 is inside the combined "
+                  f"half-widths {(ia[1] - ia[0]) / 2 + (1 - ib[0]) / 2:.3g}; 95% CIs A [{ia[0]:.3g}, "
+                  f"{ia[1]:.3g}], B [{ib[0]:.3g}, 1]).")]
+    ig = [n for n in headline_notes(a, c) if "integrated gradients" in n]
+    assert ig == [NOT_COMPARED + "attribution mean Kendall tau of attention and integrated gradients: not compared: B's "
+                  "report leaves integrated gradients out (it converged on 1 of 4 examples) (n 4 examples vs 1 converged "
+                  "examples: intervals of other widths)."]
+    ig = [n for n in headline_notes(c, c) if "integrated gradients" in n]  # both leave it out: both reasons said
+    assert ig == [NOT_COMPARED + "attribution mean Kendall tau of attention and integrated gradients: not compared: A's "
+                  "report leaves integrated gradients out (it converged on 1 of 4 examples); B's report leaves integrated "
+                  "gradients out (it converged on 1 of 4 examples) (n 1 converged examples each)."]
+    # a summary written before the rule, 2 of 4 not converged beside ig_converged True (review 7b's): left out too
+    legacy = {k: v for k, v in half.items() if k not in ("ig_used", "ig_examples_used", "ig_n_converged")}
+    _attribution(tmp_path / "d", "m", {**legacy, "ig_converged": True}, "colours", "your task (colours.jsonl)")
+    ig = [n for n in headline_notes(a, Run(tmp_path / "d")) if "integrated gradients" in n]
+    assert ig == [NOT_COMPARED + "attribution mean Kendall tau of attention and integrated gradients: not compared: B's "
+                  "report leaves integrated gradients out (its IG taus include examples that missed completeness) (n 4 "
+                  "examples vs 2 converged examples: intervals of other widths)."]
+
+
+def test_compare_sets_no_number_of_one_task_against_another_and_names_different_models(tmp_path):
+    """Review 7b, A4: attribution taus of A's fruit_cloze.jsonl and B's shipped sentences (and two models) were listed
+    as differences "beyond noise"; the prunable counts of the same 16 sentences were refused as "ranked on different
+    examples" because the two sources' wording differed. Now every family's numbers are compared only on one task,
+    else not compared with the tasks named; the counts of two models are refused for the models."""
+    from headscope.reports.compare import importance_figure, pruning_notes
+
+    other = {**TAUS, "mean_tau_attention_loo": 0.785, "std_tau_attention_loo": 0.1}
+    _attribution(tmp_path / "a", "./trained", TAUS, "fruit_cloze", "your task (fruit_cloze.jsonl)", rows=[4, 5, 13, 19])
+    _attribution(tmp_path / "b", "minilm", other, "sentences", "its default task (no --task given)")
+    for side, n_heads, grid in (("a", 6, [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), ("b", 6, [[6.0, 5.0, 4.0], [3.0, 2.0, 1.0]])):
+        root = tmp_path / side
+        io.write_json(root / "heads" / "summary.json", {"metric": "cosine", "baseline_metric": 1.0, "n_heads": n_heads,
+                                                        "n_examples": 16, "max_fraction_prunable_ablation": 0.5 - 0.25 * (
+                                                            side == "b"), "heads_prunable_ablation": 3 - 1.5 * (side == "b"),
+                                                        "max_fraction_prunable_random": 0.1 * (1 + (side == "b"))})
+        io.write_json(root / "heads" / "task.json", {"task": "sentences", "n_examples": 16, "sample": {
+            "prompt": "The cat slept."}, "source": "its default task, because your task could not be used: an encoder"
+            if side == "a" else "its default task (no --task given)"})
+        _importance(root, grid)
+        io.write_json(root / "patching" / "summary.json", {"n_examples": 4, "top_sites": {"head_out": [
+            {"layer": 0, "head": int(side == "b"), "pos": None, "token": "all", "effect": 1.5}]}})
+        io.write_json(root / "patching" / "task.json", {"task": "ioi" if side == "a" else "kv", "n_examples": 4,
+                                                        "source": "its default task (no --task given)"})
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    notes = headline_notes(a, b)
+    assert notes == [NOT_COMPARED + "attribution mean Kendall tau of attention and gradient x input, leave-one-out and "
+                     "integrated gradients: not compared: A ran attribution on fruit_cloze.jsonl, B on the shipped "
+                     "sentences."]
+    assert patching_section(a, b)[1] == [NOT_COMPARED + "Top patching sites: not compared: A ran patching on the ioi "
+                                         "task, B on the kv task."]
+    # heads: the same sentences (two wordings of why the default was used): the task is the same, the models are not
+    random = ("Prunable within 1% by random (mean over random orders): A 10% (per-seed counts not recorded), B 20% "
+              "(per-seed counts not recorded); no noise verdict without each seed's count.")
+    assert pruning_notes(a, b) == [NOT_COMPARED + "Prunable within 1% by ablation (the ordering both heads findings lead "
+                                   "with): A 50% (3 of 6 heads), B 25% (2 of 6 heads): not compared: different models "
+                                   "(./trained vs minilm, 6 heads each), each ranking its own heads, and the intervals do "
+                                   "not cover re-ranking.", random]  # random orders rank nothing: said, with no verdict
+    _, importance, _ = importance_figure(a, b)
+    assert importance[0].startswith("Head importance (gradient importance): Pearson r = -1.00")  # one task: compared
+    # heads on another task: no importance cell or count is set against the other's
+    io.write_json(tmp_path / "b" / "heads" / "task.json", {"task": "colours", "n_examples": 16,
+                                                           "source": "your task (colours.csv)"})
+    _, importance, _ = importance_figure(a, b)
+    assert importance == [NOT_COMPARED + "Head importance: not compared: A ran heads on the shipped sentences, B on "
+                          "colours.csv; no cell-by-cell difference, shared top heads or correlation."]
+    notes = pruning_notes(a, b)
+    assert notes[0].endswith("not compared: A ran heads on the shipped sentences, B on colours.csv; different models "
+                             "(./trained vs minilm, 6 heads each), each ranking its own heads, and the intervals do not "
+                             "cover re-ranking.")
+    assert notes[1] == (NOT_COMPARED + random.removesuffix(".") + ": not compared: A ran heads on the shipped sentences, "
+                        "B on colours.csv.")
+    # B's attribution on A's task (other rows of it) and one model: compared, each difference with its verdict
+    _attribution(tmp_path / "b", "./trained", other, "fruit_cloze", "your task (fruit_cloze.jsonl)", rows=[0, 1, 2, 3])
+    b = Run(tmp_path / "b")
+    notes = headline_notes(a, b)
+    assert notes[0] == NOT_COMPARED + ("heads unpruned cosine similarity: not compared: A ran heads on the shipped "
+                                       "sentences, B on colours.csv.")
+    assert len(notes) == 2 and notes[1].startswith("attribution mean Kendall tau of attention and leave-one-out: A -0.2, "
+                                                   "B 0.785 (n 4 each) (beyond noise")
+    assert not pruning_notes(a, Run(tmp_path / "a"))[0].startswith(NOT_COMPARED)  # one model, one task: compared
 
 
 def test_top_sites_that_differ_in_an_early_site_type_with_different_n_do_not_crash_compare(tmp_path):

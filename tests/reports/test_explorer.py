@@ -589,3 +589,14 @@ def test_explorer_leaves_out_integrated_gradients_that_did_not_converge(tmp_path
         data = {"examples": [{"tokens": ["a", "b"]}]}
         _attach_attribution(data, tmp_path)
         assert set(data["examples"][0]["attribution"]) == methods
+    # review 7b, A3: IG used on its converged examples only (analyses/attribution/convergence.py): example 1 missed
+    # completeness, so only example 0's tokens are coloured by IG
+    rows += [{**r, "example": 1, "token": r["token"].upper()} for r in rows]
+    io.write_csv(tmp_path / "attribution" / "token_scores.csv", pd.DataFrame(rows))
+    io.write_json(tmp_path / "attribution" / "summary.json", {
+        "n_examples": 3, "ig_converged": False, "ig_n_not_converged": 1, "ig_n_converged": 2, "ig_used": "converged",
+        "ig_examples_used": [0, 2]})
+    data = {"examples": [{"tokens": ["a", "b"]}, {"tokens": ["A", "B"]}]}
+    _attach_attribution(data, tmp_path)
+    assert set(data["examples"][0]["attribution"]) == {"integrated_gradients", "saliency"}
+    assert set(data["examples"][1]["attribution"]) == {"saliency"}

@@ -1178,8 +1178,8 @@ def test_mlp_counts_tests_and_sizes_are_each_layers_own_memories():
 
 
 def test_attribution_leaves_out_integrated_gradients_that_did_not_converge():
-    """Review 6, A3: IG whose attributions sum to -259 for a change of +10 says so and gives no tau, no rollout
-    comparison and no significance count (the summary's fraction already leaves its taus out)."""
+    """Review 6, A3: IG whose attributions sum to -259 for a change of +10 on 3 of 4 examples says so and gives no
+    tau, no rollout comparison and no significance count (the summary's fraction already leaves its taus out)."""
     s = {"n_examples": 4, "metric": "logit_diff",
          "mean_tau_attention_gradient": -0.09, "std_tau_attention_gradient": 0.1,
          "mean_tau_attention_ig": -0.08, "std_tau_attention_ig": 0.05,
@@ -1187,18 +1187,52 @@ def test_attribution_leaves_out_integrated_gradients_that_did_not_converge():
          "rollout_vs_raw": {"gradient": {"mean": 0.49, "n": 4, "ci": [0.15, 0.82], "p_holm": 0.02},
                             "ig": {"mean": 0.46, "n": 4, "ci": [0.38, 0.55], "p_holm": 0.0012}},
          "fraction_significant": 0.25, "n_tau_tests": 8, "ig_max_steps_used": 32}
-    converged = finding("attribution", {**s, "ig_converged": True})
-    assert "integrated gradients at mean Kendall tau -0.08" in converged and "did not converge" not in converged
+    converged = finding("attribution", {**s, "ig_converged": True, "ig_used": "all", "ig_n_not_converged": 0})
+    assert "integrated gradients at mean Kendall tau -0.08" in converged and "completeness" not in converged
     assert "integrated gradients (tau 0.38 against raw -0.08" in converged
-    text = finding("attribution", {**s, "ig_converged": False, "ig_n_not_converged": 3, "ig_error_tolerance": 0.1,
+    text = finding("attribution", {**s, "ig_converged": False, "ig_n_not_converged": 3, "ig_n_converged": 1,
+                                    "ig_used": "none", "ig_examples_used": [], "ig_error_tolerance": 0.1,
                                     "ig_worst": {"example": 2, "attribution_sum": -259.0, "metric_change": 10.02,
                                                  "relative_error": 26.77}})
-    assert ("Integrated gradients did not converge (attributions sum to -259 for a metric change of +10 on example 2, "
-            "an error of 26.8x the change; completeness error over 0.1x the change on 3 of 4 examples; at most 32 "
-            "steps): more steps needed; its taus are not used.") in text
+    assert ("Integrated gradients missed completeness (error over 0.1x the metric change) on 3 of 4 examples (worst: "
+            "attributions sum to -259 for a metric change of +10 on example 2, an error of 26.8x the change; at most 32 "
+            "steps): 1 converged, too few (IG is used on its converged examples when they are at least half and at "
+            "least 2), so its taus are not used; more steps needed.") in text
     assert "integrated gradients at mean" not in text and "tau 0.38" not in text and "0.0012" not in text
     assert "gradient x input (tau 0.40 against raw -0.09; paired difference +0.49" in text
     assert "2 of 8 per-example taus" in text
+
+
+@pytest.mark.parametrize("bad", [1, 2])
+def test_attribution_says_every_example_whose_integrated_gradients_missed_completeness(bad):
+    """Review 7b, A3: 2 of 4 examples missed completeness (errors 0.156 and 0.255 at 32 steps), the summary said
+    ig_converged True and the finding gave IG's tau with no caveat. Now any example that misses it is said, with the
+    count and the worst error, and IG's tau is named as from the k converged examples, its interval over k (scipy)."""
+    k = 4 - bad
+    s = {"n_examples": 4, "metric": "logit_diff", "mean_tau_attention_gradient": 0.05, "std_tau_attention_gradient": 0.2,
+         "mean_tau_attention_ig": 0.30, "std_tau_attention_ig": 0.05, "n_tau_attention_ig": k,
+         "mean_tau_rollout_gradient": 0.1, "mean_tau_rollout_ig": 0.35,
+         "ig_converged": False, "ig_n_not_converged": bad, "ig_n_converged": k, "ig_used": "converged",
+         "ig_examples_used": [0, 1, 2][:k], "ig_error_tolerance": 0.1, "ig_max_steps_used": 32,
+         "ig_worst": {"example": 3, "attribution_sum": -0.633, "metric_change": -0.85, "relative_error": 0.255}}
+    text = finding("attribution", s)
+    lo, hi = stats.t.interval(0.95, k - 1, loc=0.30, scale=0.05 / k ** 0.5)
+    assert "Over 4 examples, last-layer attention agrees with gradient x input at mean Kendall tau 0.05" in text
+    assert (f"integrated gradients from the {k} converged examples at mean Kendall tau 0.30, 95% CI "
+            f"[{lo:.2f}, {hi:.2f}]") in text
+    assert (f"Integrated gradients missed completeness (error over 0.1x the metric change) on {bad} of 4 examples (worst: "
+            "attributions sum to -0.633 for a metric change of -0.85 on example 3, an error of 0.255x the change; at most "
+            f"32 steps): its taus, and the comparisons that rest on them, are from the {k} converged examples only.") in text
+    # the same summary as review 7b's, written before the rule (ig_converged True beside 2 not converged): its IG
+    # taus are over every example, so they are not used
+    old = {k_: v for k_, v in s.items() if k_ not in ("ig_used", "ig_examples_used", "ig_n_converged")}
+    text = finding("attribution", {**old, "ig_converged": True})
+    assert "integrated gradients at mean" not in text and "converged examples at mean" not in text
+    assert (f"on {bad} of 4 examples (worst: attributions sum to -0.633 for a metric change of -0.85 on example 3, an "
+            "error of 0.255x the change; at most 32 steps): this summary's IG taus include those examples, so they are not "
+            "used, nor its count of significant taus, which counts them.") in text
+    assert "significant at p" not in finding("attribution", {**old, "ig_converged": True, "fraction_significant": 0.25,
+                                                             "n_tau_tests": 12})
 
 
 def test_attribution_mean_absolute_change_has_no_negative_bound():

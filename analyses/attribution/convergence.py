@@ -1,0 +1,112 @@
+"""Integrated gradients' completeness, and the one rule for which examples' IG enters any claim.
+
+An example's IG has converged when its attributions add up to the metric's change from the baseline:
+relative completeness error |sum - (f(x) - f(b))| / |f(x) - f(b)| at most IG_CONVERGED_ERROR. An example
+whose IG has not converged ranks tokens by something that is not IG, so the rule (`ig_rule`) is:
+
+- every example converged: IG is used on all of them ("all");
+- some did not, and at least half the examples and at least MIN_CONVERGED did: IG is used on the converged
+  examples only ("converged"; every IG claim says "from the k converged examples");
+- fewer converged: IG is left out ("none").
+
+The analysis applies it when it summarises (its aggregate tables and summary keys hold only the examples the
+rule keeps, and the summary records `ig_used` and `ig_examples_used`); the report's finding, figures and explorer
+and `headscope compare` read it back with `ig_use(summary)`, so they all keep the same examples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+IG_CONVERGED_ERROR = 0.1  # relative completeness error over which an example's IG has not converged
+MIN_CONVERGED = 2  # fewer converged examples than this give no interval: IG is left out
+IG_METHOD = "integrated_gradients"
+
+
+def completeness_error(attribution_sum: float, f_x: float, f_b: float) -> float:
+    """|sum of IG attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|: 0 when IG is complete (NaN when the
+    metric does not change, where no relative error is defined)."""
+    change = f_x - f_b
+    return abs(attribution_sum - change) / abs(change) if change != 0 else float("nan")
+
+
+def ig_rule(n: int, n_converged: int) -> str:
+    """"all", "converged" or "none" for n examples of which n_converged converged (the module's rule)."""
+    if n_converged == n:
+        return "all"
+    return "converged" if n_converged >= MIN_CONVERGED and 2 * n_converged >= n else "none"
+
+
+def ig_convergence(ig: pd.DataFrame) -> dict[str, Any]:
+    """IG's convergence over examples from the ig table (example, attribution_sum, metric_input, metric_baseline):
+    how many examples exceed IG_CONVERGED_ERROR (an undefined error counts as exceeding), whether every example
+    converged (ig_converged), the rule's verdict (ig_used) with the examples it keeps (ig_examples_used), and the
+    worst example (its sum against the change it should add up to)."""
+    change = ig.metric_input - ig.metric_baseline
+    rel = pd.Series([completeness_error(a, x, b) for a, x, b in
+                     zip(ig.attribution_sum, ig.metric_input, ig.metric_baseline)], index=ig.index, dtype=float)
+    ok = rel <= IG_CONVERGED_ERROR  # NaN compares False: not converged
+    bad = int((~ok).sum())
+    used = ig_rule(len(ig), len(ig) - bad)
+    kept = [] if used == "none" else sorted(int(e) for e in ig.example[ok])
+    median = float(rel.median())
+    out: dict[str, Any] = {"ig_error_tolerance": IG_CONVERGED_ERROR, "ig_n_not_converged": bad,
+                           "ig_n_converged": len(ig) - bad, "ig_converged": bad == 0, "ig_used": used,
+                           "ig_examples_used": kept, "ig_median_relative_error": None if np.isnan(median) else median}
+    if rel.notna().any():
+        worst = rel.idxmax()
+        out["ig_worst"] = {"example": int(ig.example[worst]), "attribution_sum": float(ig.attribution_sum[worst]),
+                           "metric_change": float(change[worst]), "relative_error": float(rel[worst])}
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class IgUse:
+    """What a summary says about IG's use: mode ("all", "converged", "none"), the examples kept (None: all), the
+    counts, and `legacy` for summaries written before the rule (their IG taus include every example, so any
+    unconverged example leaves IG out)."""
+
+    mode: str
+    examples: frozenset[int] | None
+    n: int
+    n_converged: int
+    n_not_converged: int
+    legacy: bool = False
+
+    def keeps(self, example: int) -> bool:
+        return self.mode == "all" or (self.mode == "converged" and self.examples is not None and int(example) in self.examples)
+
+    def rows(self, df: pd.DataFrame, column: str = "method") -> pd.DataFrame:
+        """`df` (rows with `column` naming the method and an `example` column) without the IG rows of examples the
+        rule leaves out."""
+        if self.mode == "all" or column not in df:
+            return df
+        ig = df[column] == IG_METHOD
+        if self.mode == "none":
+            return df[~ig]
+        return df[~ig | df["example"].astype(int).isin(self.examples or frozenset())]
+
+
+def _int(x: Any, default: int = 0) -> int:
+    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) else default
+
+
+def ig_use(summary: dict[str, Any]) -> IgUse:
+    """The rule's verdict as recorded in an attribution summary. Older summaries (no ig_used): "none" where
+    ig_converged is false or any example missed the tolerance (their IG taus are over every example), else "all"."""
+    n, bad = _int(summary.get("n_examples")), _int(summary.get("ig_n_not_converged"))
+    used = summary.get("ig_used")
+    if used in ("all", "converged", "none"):
+        kept = summary.get("ig_examples_used")
+        examples = frozenset(int(e) for e in kept) if isinstance(kept, list) else None
+        k = _int(summary.get("ig_n_converged"), n - bad)
+        if used == "converged" and examples is None:  # the examples are not recorded: nothing to keep them by
+            used = "none"
+        return IgUse(mode=used, examples=None if used == "all" else examples or frozenset(), n=n, n_converged=k,
+                     n_not_converged=bad)
+    legacy_bad = summary.get("ig_converged") is False or bad > 0
+    return IgUse(mode="none" if legacy_bad else "all", examples=None if not legacy_bad else frozenset(), n=n,
+                 n_converged=n - bad, n_not_converged=bad, legacy=legacy_bad and summary.get("ig_converged") is not False)
