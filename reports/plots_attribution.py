@@ -254,7 +254,8 @@ def finding(s: Mapping[str, Any]) -> str:
         return _measured_only(s, n)
     parts = []
     rule = ig_use(s)
-    keys = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", ig_name(rule)))
+    keys = (("saliency", "saliency"), ("gradient", "gradient x input"), ("loo", "leave-one-out"),
+            ("ig", ig_name(rule)))  # every method the significance count below counts (review 7 C6)
     unconverged = ig_sentence(s)
     if rule.mode == "none":  # IG's ranking is not IG's: no tau, no rollout comparison rests on it
         keys = tuple(k for k in keys if k[0] != "ig")
@@ -276,8 +277,10 @@ def finding(s: Mapping[str, Any]) -> str:
                 f"{fewest})" if 0 < fewest < n else "")
         parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
                      + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
-        if max(abs(m) for m, _ in taus.values()) < WEAK_TAU:
-            said = _rollout_sentence(s, taus, rollout, defined, keys)
+        references = {k: v for k, v in taus.items() if k != "saliency"}  # the paired rollout tests' references
+        if references and max(abs(m) for m, _ in references.values()) < WEAK_TAU:
+            tested = tuple(kv for kv in keys if kv[0] != "saliency")
+            said = _rollout_sentence(s, references, rollout, defined, tested)
             parts += [said] if said else []
     parts += [unconverged] if unconverged else []
     frac = None if rule.legacy else _num(s.get("fraction_significant"))  # a summary before the rule counts IG's taus
@@ -285,7 +288,10 @@ def finding(s: Mapping[str, Any]) -> str:
     if frac is not None and tests > 0:
         k = round(frac * tests)
         lo, hi = wilson(k, tests)
-        parts.append(f"{k} of {tests} per-example taus ({_pct(frac)}) are significant at p < 0.05, uncorrected "
+        per = {name: _num(s.get(f"frac_significant_attention_{key}")) for key, name in keys}
+        per = {name.split(" from the ")[0]: round(f * defined[name]) for name, f in per.items() if f is not None}
+        which = f"; {', '.join(f'{name} {c}' for name, c in per.items())}" if per else ""
+        parts.append(f"{k} of {tests} per-example taus ({_pct(frac)}{which}) are significant at p < 0.05, uncorrected "
                      f"(Wilson 95% CI {_pct(lo)}-{_pct(hi)}; 5% would be by chance)"
                      + (f"; {n} examples are too few to say how often attention agrees." if 0 < n < FEW else "."))
     elif frac is not None:

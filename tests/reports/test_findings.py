@@ -1270,3 +1270,16 @@ def test_heads_finding_names_the_encoder_metric_a_do_nothing_model_and_experts()
             "first-order gradient cannot see") in finding("heads", moe)
     assert "mixtures of experts" not in finding("heads", {**moe, "mixture_of_experts": False})
     assert "by construction" not in finding("heads", moe)  # a decoder's logit difference is measured
+
+
+def test_attribution_states_every_method_its_significance_count_counts():
+    """Review 7 C6: "5 of 16 per-example taus are significant" counted saliency's tests (4 examples x 4 methods)
+    while saliency's tau was never said; each method's tau is stated and the count is split by method."""
+    s = {"n_examples": 4, "n_tau_tests": 16, "fraction_significant": 0.3125}
+    for key, mean, frac in (("saliency", -0.0847, 0.5), ("gradient", 0.168, 0.5), ("loo", 0.152, 0.25), ("ig", -0.043, 0.0)):
+        s.update({f"mean_tau_attention_{key}": mean, f"std_tau_attention_{key}": 0.2, f"n_tau_attention_{key}": 4,
+                  f"frac_significant_attention_{key}": frac})
+    text = finding("attribution", s)
+    assert "last-layer attention agrees with saliency at mean Kendall tau -0.08" in text
+    assert ("5 of 16 per-example taus (31%; saliency 2, gradient x input 2, leave-one-out 1, integrated gradients 0) are "
+            "significant at p < 0.05") in text
