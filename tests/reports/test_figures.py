@@ -868,6 +868,25 @@ def test_heads_at_chance_or_under_the_noise_floor_are_not_drawn_vivid():
         plt.close("all")
 
 
+def test_heads_rounding_titles_of_both_panels_do_not_run_into_each_other():
+    """Review 7 B4: a bfloat16 run whose two importance panels both carried the long ROUNDING ONLY line drew two red
+    titles over each other; each panel's title is wrapped to its own width."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    df = _heads_rows([[1e-8, 2e-7], [5e-8, 0.0]], [[1e-6, -2e-6], [1e-6, 0.0]])
+    summary = {"metric": "logit_diff", "baseline_metric": 10.36, "noise_floor": 1.29, "degenerate_gradient": "below",
+               "degenerate_zero": "below"}
+    fig = heads_figures(_result("heads", df, summary))["importance"]
+    try:
+        gradient, zero = _panels(fig)
+        fig.canvas.draw()
+        left, right = (ax.title.get_window_extent() for ax in (gradient, zero))
+        assert "ROUNDING ONLY" in gradient.get_title() and "ROUNDING ONLY" in zero.get_title()
+        assert left.x1 < right.x0  # side by side, apart
+    finally:
+        plt.close("all")
+
+
 def _exact(sites, n_pos=0, tokens=()):
     rows = [{"site_type": "head_out", "layer": l, "head": h, "pos": None, "token": "", "effect": 0.4 * (l - h)}
             for l in range(2) for h in range(2)]
