@@ -629,10 +629,12 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
         said.append(f"{it} has reached the answer position at the {brief(reach)}." if reach
                     else f"Attention moves it to the answer position: {brief(write)}.")
     if whole:
-        also = "".join(f"; also {k} at layer {c['layer']}, {share(c)}" for k, c in whole[1:3])
-        first, more = whole[0], "; ..." if len(whole) > 3 else ""
+        first, kinds = whole[0], {k for k, _ in whole}
+        layers = _and([str(c["layer"]) for _, c in whole]) if len(kinds) == 1 else ""
+        also = "" if len(whole) == 1 else (f"; on this run at {first[0]} layers {layers}" if layers else
+                                            "; on this run at " + _and([f"{k} at layer {c['layer']}" for k, c in whole]))
         said.append(f"The residual stream at {ANSWER} carries the whole gap from the {first[0]} at layer "
-                    f"{first[1]['layer']} on ({share(first[1])}{also}{more}): once the information has arrived there this "
+                    f"{first[1]['layer']} on ({share(first[1])}{also}): once the information has arrived there this "
                     "holds by construction (every later computation at that position reads it; only later attention from "
                     "other positions goes around it), so it says nothing about where the information enters or how it "
                     "moves.")

@@ -1286,6 +1286,11 @@ def test_patching_leads_where_the_information_enters_and_says_the_answer_positio
     assert ("Next, at other sites: mlp_out at layer 1, position -1 from the end (0.50, 95% CI [0.37, 0.63] over 8 "
             "examples); head_out at L0H0 (0.15, 95% CI [0.07, 0.23] over 8 examples), tied with L0H1 (0.14, 95% CI "
             "[0.04, 0.25] over 8 examples).") in text
+    # a fourth layer whose input at the answer position carries it too: the layers where it holds are named
+    s = _recall()
+    s["top_sites"]["resid_pre"].append({**s["top_sites"]["resid_pre"][0], "layer": 3})
+    assert ("from the resid_pre at layer 2 on (1.00 of the clean-corrupted gap, 95% CI [0.96, 1.03] over 8 examples "
+            "(+20.4 logit difference); on this run at resid_pre layers 2 and 3): once") in finding("patching", s)
     # L0H1 outside L0H0's interval: not tied; a summary without the differing places says which tokens vary instead
     s = _recall()
     s["top_sites"]["head_out"][1]["effect"] = 0.05 * 20.4
