@@ -43,11 +43,14 @@ def at_answer(cell: Mapping[str, Any]) -> bool:
 
 
 def carries_whole(cell: Mapping[str, Any], gap: float | None, normalized: bool) -> bool:
-    """Whether a cell restores about the whole gap: a share of WHOLE or more, or of NEAR with its interval reaching 1."""
+    """Whether a cell moves about the whole gap: a share of WHOLE or more, or of NEAR with its interval reaching 1
+    (in size: noising's shares are negative, -1 the whole gap destroyed)."""
     said = share(cell, gap, normalized)
     if said is None:
         return False
     value, ci = said
+    if value < 0:
+        value, ci = -value, None if ci is None else (-ci[1], -ci[0])
     return value >= WHOLE or (value >= NEAR and ci is not None and ci[0] <= 1.0 <= ci[1])
 
 

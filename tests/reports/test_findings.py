@@ -1291,6 +1291,14 @@ def test_patching_leads_where_the_information_enters_and_says_the_answer_positio
     s["top_sites"]["resid_pre"].append({**s["top_sites"]["resid_pre"][0], "layer": 3})
     assert ("from the resid_pre at layer 2 on (1.00 of the clean-corrupted gap, 95% CI [0.96, 1.03] over 8 examples "
             "(+20.4 logit difference); on this run at resid_pre layers 2 and 3): once") in finding("patching", s)
+    # noising: the shares are negative, -1.00 the whole gap destroyed, and the answer position's is as trivial
+    s = _recall(direction="noise")
+    for rows in s["top_sites"].values():
+        for c in rows:
+            c.update(effect=-c["effect"], ci=[-c["ci"][1], -c["ci"][0]])
+    text = finding("patching", s)
+    assert "from the resid_pre at layer 2 on (-1.00 of the clean-corrupted gap, 95% CI [-1.03, -0.96]" in text
+    assert "(noise, 8 examples) moves the metric most at the resid_pre at layer 0, position -4 from the end: -0.96" in text
     # L0H1 outside L0H0's interval: not tied; a summary without the differing places says which tokens vary instead
     s = _recall()
     s["top_sites"]["head_out"][1]["effect"] = 0.05 * 20.4
