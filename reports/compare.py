@@ -51,6 +51,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
 )
 from headscope.reports.findings import _words, finding
 from headscope.reports.html_report import CSS, _provenance
+from headscope.reports.patching_sites import share, tied
 from headscope.reports.provenance import provenance_lines
 from headscope.reports.render import escape
 
@@ -156,12 +157,42 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             # review 7 A0: its own name; `n` (the sites listed per type) is read again by the next site type
             counts = f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""
             notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, "
-                         f"B {_site_name(kind, cells[1][0])}{counts}.")
+                         f"B {_site_name(kind, cells[1][0])}{counts}"
+                         f"{_top_ties(kind, [t.get(kind) or [] for t in tops], gaps)}.")
     if unmatched:  # one line for every site type with positions
         notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
              + "</table>")
     return table, notes
+
+
+def _top_ties(kind: str, tops: list[list], gaps: list) -> str:
+    """The noise verdict on a differing top site: ' (tied in A: <top>, <other>, each inside the other's 95% interval)'
+    for each run whose top cell is tied (patching_sites.tied) with its next cell or with the other run's top site;
+    ' (tied in neither run: ...)' where both runs give intervals and neither is tied; '' without intervals."""
+    keys = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) for c in tops]
+    ties, clear = [], True
+    for side, cells, gap, other in zip(SIDES, tops, gaps, keys[::-1]):
+        rivals = cells[1:2] + [c for c in cells[1:] if tuple(c.get(k) for k in ("layer", "head", "pos")) == other]
+        found = next((c for c in rivals if tied(cells[0], c)), None)
+        if found is not None:
+            ties.append(f"tied in {side}: {_with_ci(kind, cells[0], gap)} and {_with_ci(kind, found, gap)} are each "
+                        "inside the other's 95% interval")
+        clear = clear and bool(rivals) and all(isinstance(c.get("ci"), (list, tuple)) for c in (cells[0], *rivals))
+    if ties:
+        return " (" + "; ".join(ties) + ")"
+    return (" (tied in neither run: in each, its top site and its next are not each inside the other's 95% interval)"
+            if clear else "")
+
+
+def _with_ci(kind: str, cell: Mapping[str, Any], gap: float | None) -> str:
+    """'head_out L0 H1 (0.14 of the gap, 95% CI [0.04, 0.25])': a site with its effect and interval in the report's unit."""
+    said = share(cell, gap, gap is None)
+    if said is None:
+        return _site_name(kind, cell)
+    value, ci = said
+    unit = " of the gap" if gap is not None else ""
+    return f"{_site_name(kind, cell)} ({value:.2f}{unit}" + (f", 95% CI [{ci[0]:.2f}, {ci[1]:.2f}])" if ci else ")")
 
 
 def _gap(s: Mapping[str, Any]) -> float | None:

@@ -36,6 +36,16 @@ from headscope.analyses.patching.attribution_patching import (
     slope_with_interval,
 )
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
+from headscope.reports.patching_sites import (
+    by_construction,
+    depth,
+    differ_offsets,
+    differing_positions,
+    entering,
+    reaching,
+    tied,
+    writer,
+)
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, scale_ticks, symmetric_bound
 from headscope.reports.plots_circuits import PARTIAL_VEIL
 
@@ -333,8 +343,9 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
 }
 
 
-def _site(cell: Mapping[str, Any], kind: str) -> str:
-    # a head by its name (L1H3), as every section names heads: the report links it to the explorer
+def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset()) -> str:
+    # a head by its name (L1H3), as every section names heads: the report links it to the explorer; differ: the
+    # offsets from the end where clean and corrupted differ, named once by the finding (no token said there)
     where = [f"layer {cell.get('layer')}" if cell.get("head") is None else f"L{cell.get('layer')}H{cell['head']}"]
     if cell.get("pos") is not None:
         token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
@@ -342,7 +353,8 @@ def _site(cell: Mapping[str, Any], kind: str) -> str:
         at = f"position {end} from the end" if isinstance(end, int) else f"position {cell['pos']}"
         if isinstance(end, int):  # the token column's "i: " is the padded frame's index, not this axis
             token = re.sub(r"^\d+: ", "", token)
-        where.append(f"{at} " + (f"({token!r})" if token else "(its token differs across prompts)"))  # repr: as compare
+        named = isinstance(end, int) and end in differ
+        where.append(f"{at} ({token!r})" if token else at if named else f"{at} (its token differs across prompts)")
     return f"{kind} at {', '.join(where)}"
 
 
@@ -567,6 +579,90 @@ def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
     return f"Aligned on {name} ({where}): {kind} at layer {best['layer']} moves {size}{other}."
 
 
+ANSWER = "the answer position (-1 from the end, where the metric is read)"
+
+
+def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) -> list[str]:
+    """The sentences on the top sites (cells: every (kind, record), largest |effect| first): the positions where
+    clean and corrupted differ, once; the lead, where the information enters (the largest residual cell away from
+    the answer position) when the metric is read at the last position, else the strongest cell; what reaches the
+    answer position and the attention that writes it there; the residual cells there that carry the whole gap
+    by construction, once (patching_sites.py); then the strongest cell of each site type not yet named."""
+    differ = frozenset(differ_offsets(s))
+    normalized = bool(s.get("normalized"))
+    said = [differing_positions(s)]
+
+    def name(kc: tuple) -> str:
+        return _site(kc[1], kc[0], differ)
+
+    def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
+        effect = cell["effect"]
+        text = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
+        return text + _effect_ci(cell, gap) + (f" ({effect:+.3g} {metric})" if gap else "")
+
+    def brief(kc: tuple) -> str:  # '<site> (0.86, 95% CI [..] over n examples)', and a tie with its type's next cell
+        kind, c = kc
+        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(s, kc, gap)
+
+    answer = s.get("metric_at_last_position", True) is not False  # older summaries: every default metric is
+    whole = by_construction(cells, gap, normalized) if answer else []
+    trivial = {_state(k, c) for k, c in whole}
+    rest = [kc for kc in cells if _state(kc[0], kc[1]) not in trivial]
+    enter = entering(rest, gap, normalized) if answer else None
+    lead = enter or (rest or cells)[0]
+    run = f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
+    if enter:
+        where = (", where the information enters (clean and corrupted differ there)," if depth(*lead) == 0
+                 or lead[1].get("from_end") in differ else ",")
+        said.append(f"Away from the answer position{where} {run[0].lower()}{run[1:]} moves the metric most at the "
+                    f"{name(lead)}: {share(lead[1])}.")
+    else:
+        said.append(f"{run} moves the metric most at the {name(lead)}: {share(lead[1])}.")
+    if gap and abs(cells[0][1]["effect"] / gap) < 0.05:
+        said.append("No single site moves more than 5% of the gap: the effect is spread out or the task is not solved.")
+    reach = reaching(rest, whole, gap, normalized) if answer else None
+    write = writer(rest, gap, normalized) if answer else None
+    it = "It" if enter else "The information"
+    if reach and write:
+        said.append(f"{it} has reached the answer position at the {brief(reach)}, moved there by attention: {brief(write)}.")
+    elif reach or write:
+        said.append(f"{it} has reached the answer position at the {brief(reach)}." if reach
+                    else f"Attention moves it to the answer position: {brief(write)}.")
+    if whole:
+        first, kinds = whole[0], {k for k, _ in whole}
+        layers = _and([str(c["layer"]) for _, c in whole]) if len(kinds) == 1 else ""
+        also = "" if len(whole) == 1 else (f"; on this run at {first[0]} layers {layers}" if layers else
+                                            "; on this run at " + _and([f"{k} at layer {c['layer']}" for k, c in whole]))
+        said.append(f"The residual stream at {ANSWER} carries the whole gap from the {first[0]} at layer "
+                    f"{first[1]['layer']} on ({share(first[1])}{also}): once the information has arrived there this "
+                    "holds by construction (every later computation at that position reads it; only later attention from "
+                    "other positions goes around it), so it says nothing about where the information enters or how it "
+                    "moves.")
+    named = [kc for kc in (lead, reach, write) if kc] + whole
+    seen = {"resid" if k in RESIDUAL or k == "resid_mid" else k for k, _ in named}
+    runners = []
+    for kind, c in _distinct_sites([kc for kc in rest if all(kc[1] is not x[1] for x in named)]):
+        family = "resid" if kind in RESIDUAL or kind == "resid_mid" else kind
+        if family not in seen and len(runners) < 2:
+            seen.add(family)
+            runners.append(brief((kind, c)))
+    if runners:
+        said.append("Next, at other sites: " + "; ".join(runners) + ".")
+    return [x for x in said if x]
+
+
+def _tie(s: Mapping[str, Any], kc: tuple, gap: float | None) -> str:
+    """', tied with <its site type's next cell> (share, CI)' where the two are within each other's 95% intervals."""
+    kind, cell = kc
+    rows = [c for c in (s.get("top_sites") or {}).get(kind) or [] if _num(c.get("effect")) is not None]
+    at = next((i for i, c in enumerate(rows) if c is cell), None)
+    if at is None or at + 1 >= len(rows) or not tied(cell, rows[at + 1]):
+        return ""
+    other = rows[at + 1]
+    return (f", tied with {_where(kind, other).split(' at ', 1)[1]} ({other['effect'] / gap if gap else other['effect']:.2f}"
+            f"{_effect_ci(other, gap)})")
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """The strongest patching sites, attribution patching's agreement and causal tracing's peaks; at
     chance the clean and corrupted metrics and what was measured only."""
@@ -592,22 +688,7 @@ def finding(s: Mapping[str, Any]) -> str:
                      "normalised by it (shares of the gap) are not meaningful, so no site is ranked.")
     if cells:
         cells.sort(key=lambda kc: -abs(kc[1]["effect"]))
-        cells = _distinct_sites(cells)
-        kind, best = cells[0]
-
-        def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
-            effect = cell["effect"]
-            said = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
-            return said + _effect_ci(cell, gap) + (f" ({effect:+.3g} {metric})" if gap else "")
-
-        parts.append(f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) moves the metric most "
-                     f"at the {_site(best, kind)}: {share(best)}.")
-        if gap and abs(best["effect"] / gap) < 0.05:
-            parts.append("No single site moves more than 5% of the gap: the effect is spread out or the task is not solved.")
-        runners = [f"{_site(c, k)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})"
-                   for k, c in cells[1:3]]
-        if runners:
-            parts.append("Next, at other sites: " + "; ".join(runners) + ".")
+        parts.extend(_sites(s, cells, gap, metric))
         aligned = _corrupted_token(s, gap)
         if aligned:
             parts.append(aligned)

@@ -10,7 +10,8 @@ pass), so the mean is over every prompt at that token.
 
 Result: summary["at_corrupted_token"] = {"from_end": {offset: prompts} (where the corrupted token
 sits, counted from the end, -1 the last token), "n": prompts with a difference, "positions_differ": [fewest,
-most] positions that differ per prompt (the corrupted token is the first of them), "sites": {site type:
+most] positions that differ per prompt (the corrupted token is the first of them), "differ_from_end": {offset:
+prompts} of every position where a clean prompt differs from its corrupted one, "sites": {site type:
 [{"layer", "effect" (mean per-example effect, the exact table's units), "ci" (95% t interval, None
 under two rows), "n", "end_aligned" (the layer's end-aligned cell of largest |effect|, its effect
 and from_end)}]}} and the table `corrupted_token` (site_type, layer, effect, ci_low, ci_high, n_rows,
@@ -37,6 +38,14 @@ def positions_differ(clean: torch.Tensor, corrupted: torch.Tensor) -> list[int] 
     with a difference (None: no row differs): more than one means the aligned token is the first of several."""
     counts = [c for c in (clean != corrupted).sum(1).tolist() if c > 0]  # [batch] differing positions per row
     return [int(min(counts)), int(max(counts))] if counts else None
+
+
+def differ_from_end(clean: torch.Tensor, corrupted: torch.Tensor) -> dict[str, int]:
+    """{offset from the end: prompts} of every position where a clean prompt [batch, pos] differs from its
+    corrupted one, nearest the start first: the places a finding names once (the padding of a pair is shared)."""
+    rows, pos = torch.nonzero((clean != corrupted).cpu(), as_tuple=True)  # [k] each
+    found = (pos - clean.shape[1]).tolist()
+    return {str(o): found.count(o) for o in sorted(set(found))}
 
 
 def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Tensor, base: torch.Tensor,

@@ -24,14 +24,15 @@ what the report's maps show; the effect itself for a normalised metric) and with
 attribution-patching estimate `attribution` (metric units, as effect) and attribution_share_of_gap.
 Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
-direction, clean_metric, corrupted_metric, baseline, top_sites (10 per site type by |effect|, each
-with the 95% t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
+direction, clean_metric, corrupted_metric, baseline, metric_at_last_position (the metric reads each
+prompt's last token, the answer position), top_sites (10 per site type by |effect|, each with the 95%
+t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
 attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n; Spearman over the
 non-zero cells, the top exact cell's rank by attribution and a large exact effect it misses: rank_checks),
 at_corrupted_token (per (layer, pos) site type and layer, the effect at each prompt's first position where
-clean and corrupted differ, with where that sits from the end: patching/aligned.py; also the table
-`corrupted_token`); gap_within_noise only when the
+clean and corrupted differ, with where that sits from the end and where every differing position sits:
+patching/aligned.py; also the table `corrupted_token`); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
 """
 from __future__ import annotations
@@ -216,6 +217,7 @@ def activation_patching(
         "direction": direction,
         "n_examples": int(clean.shape[0]),
         "n_positions": int(clean.shape[1]),
+        "metric_at_last_position": bool(pm.last_position),  # the answer position is -1 from the end
         "clean_metric": float(pm.finish(clean_value, clean_value, corrupt_value)),
         "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),
         "baseline": baseline,
@@ -227,6 +229,7 @@ def activation_patching(
         summary["at_corrupted_token"] = {"from_end": aligned.offsets(first, clean.shape[1]),
                                          "n": int((first >= 0).sum()),
                                          "positions_differ": aligned.positions_differ(clean, corrupted),
+                                         "differ_from_end": aligned.differ_from_end(clean, corrupted),
                                          "sites": on_token}
     small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
     if small is not None:

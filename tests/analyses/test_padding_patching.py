@@ -308,6 +308,11 @@ def test_effect_on_the_corrupted_token_equals_each_prompts_own_patched_pass(arch
     counts = [int((task.example(i).tokens[0] != task.example(i).corrupted_tokens[0]).sum())
               for i in range(task.tokens.shape[0])]  # each prompt alone, unpadded
     assert info["positions_differ"] == [min(counts), max(counts)]
+    differ = [int(p) - task.example(i).tokens.shape[1] for i in range(task.tokens.shape[0])
+              for p in torch.nonzero(task.example(i).tokens[0] != task.example(i).corrupted_tokens[0])[:, 0]]
+    assert len(info["differ_from_end"]) > 1  # every differing place, with the prompts that differ there
+    assert info["differ_from_end"] == {str(o): differ.count(o) for o in sorted(set(differ))}
+    assert result.summary["metric_at_last_position"] is True  # the logit difference is read at the last token
     for name in sites:
         for record in info["sites"][name]:
             effects = np.array(expected[name, record["layer"]])

@@ -833,3 +833,38 @@ def test_settings_name_a_change_of_precision_and_device(tmp_path):
                       {**manifest, "config": {**manifest["config"], "dtype": dtype, "device": "cpu"}})
     notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "b"), [])
     assert "dtype: A float32, B bfloat16." in notes and not any(n.startswith("device") for n in notes)
+
+
+def test_compare_says_when_a_differing_top_patching_site_is_tied_within_a_run(tmp_path):
+    """#34 review 7 (C3): A's top head_out site L0H0 (0.146 of the gap) and its next, L0H1 (0.144), are each inside
+    the other's 95% interval, and so are B's L0H2 and L0H0: "top site differs" is then a tie, said with the intervals
+    (the effects and intervals divided by the 20.4 gap); clear tops are said to be tied in neither run."""
+    gap = 20.4
+
+    def head(h, share, lo, hi):
+        return {"layer": 0, "head": h, "pos": None, "token": "all", "effect": share * gap, "ci": [lo * gap, hi * gap],
+                "n": 8}
+
+    def write(a, b):
+        for side, heads in (("a", a), ("b", b)):
+            io.write_json(tmp_path / side / "patching" / "summary.json", {
+                "metric": "logit_diff", "normalized": False, "clean_metric": 10.2, "corrupted_metric": -10.2,
+                "n_examples": 8, "top_sites": {"head_out": heads}})
+        return patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1]
+
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+    a = [head(0, 0.146, 0.065, 0.227), head(1, 0.144, 0.036, 0.252), head(2, 0.056, 0.010, 0.103)]
+    b = [head(2, 0.170, -0.006, 0.345), head(0, 0.149, 0.090, 0.209), head(1, 0.130, 0.062, 0.199)]
+    assert write(a, b) == [
+        "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (tied in A: head_out L0 H0 (0.15 of the gap, 95% "
+        "CI [0.07, 0.23]) and head_out L0 H1 (0.14 of the gap, 95% CI [0.04, 0.25]) are each inside the other's 95% "
+        "interval; tied in B: head_out L0 H2 (0.17 of the gap, 95% CI [-0.01, 0.34]) and head_out L0 H0 (0.15 of the gap, "
+        "95% CI [0.09, 0.21]) are each inside the other's 95% interval)."]
+    clear_b = [head(2, 0.30, 0.25, 0.35), head(0, 0.10, 0.05, 0.15)]  # 0.10 outside [0.25, 0.35]: not tied
+    note = write(a, clear_b)[0]
+    assert "tied in A: head_out L0 H0 (0.15" in note and "tied in B" not in note
+    clear_a = [head(0, 0.30, 0.25, 0.35), head(1, 0.10, 0.05, 0.15), head(2, 0.09, 0.04, 0.14)]
+    assert write(clear_a, clear_b) == [
+        "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (tied in neither run: in each, its top site and "
+        "its next are not each inside the other's 95% interval)."]

@@ -1283,3 +1283,84 @@ def test_attribution_states_every_method_its_significance_count_counts():
     assert "last-layer attention agrees with saliency at mean Kendall tau -0.08" in text
     assert ("5 of 16 per-example taus (31%; saliency 2, gradient x input 2, leave-one-out 1, integrated gradients 0) are "
             "significant at p < 0.05") in text
+
+
+def _recall(**extra) -> dict:
+    """Review 7's recall run (out_t), by hand: gap 20.4 (10.2 - -10.2); clean and corrupted differ at -7, -4 (the
+    queried name) and -1; the name's embedding (resid_pre 0 at -4) restores 0.96, the answer position holds 0.87 by
+    layer 1 (written by layer 0's attention, 0.86) and the whole gap at layer 2's input, by construction."""
+    gap = 20.4
+
+    def cell(layer, end, share, lo, hi, head=None):
+        return {"layer": layer, "head": head, "pos": None if end is None else 34 + end, "from_end": end,
+                "token": "" if end is not None else "all", "effect": share * gap, "ci": [lo * gap, hi * gap], "n": 8}
+
+    return {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 34,
+            "clean_metric": 10.2, "corrupted_metric": -10.2,
+            "top_sites": {"resid_pre": [cell(2, -1, 1.0, 0.965, 1.033), cell(0, -4, 0.956, 0.913, 0.998),
+                                        cell(1, -1, 0.868, 0.758, 0.979), cell(1, -4, 0.114, -0.034, 0.261)],
+                          "attn_out": [cell(0, -1, 0.864, 0.753, 0.974), cell(1, -1, 0.324, 0.107, 0.541)],
+                          "mlp_out": [cell(1, -1, 0.501, 0.37, 0.631), cell(0, -5, 0.002, -0.001, 0.005)],
+                          "head_out": [{**cell(0, None, 0.146, 0.065, 0.227), "head": 0},
+                                       {**cell(0, None, 0.144, 0.036, 0.252), "head": 1},
+                                       {**cell(1, None, 0.111, 0.036, 0.186), "head": 0}]},
+            "at_corrupted_token": {"from_end": {"-7": 8}, "n": 8, "positions_differ": [3, 3],
+                                   "differ_from_end": {"-7": 8, "-4": 8, "-1": 8}, "sites": {}},
+            **extra}
+
+
+def test_patching_leads_where_the_information_enters_and_says_the_answer_positions_whole_gap_is_by_construction():
+    """#34 review 7 (C1-C2): patching the last block's input at the answer position restores the whole gap by
+    construction; the finding leads with the name's embedding (0.96) and the move to the answer position (0.87 by
+    layer 1, layer 0's attention 0.86), says once why the 1.00 cell is trivial, names the three positions that differ
+    between clean and corrupted once, and a head tied with the next (0.146 and 0.144, each inside the other's
+    interval) is called tied."""
+    text = finding("patching", _recall())
+    lead = ("Away from the answer position, where the information enters (clean and corrupted differ there), patching "
+            "(denoise, 8 examples) moves the metric most at the resid_pre at layer 0, position -4 from the end: 0.96 of "
+            "the clean-corrupted gap, 95% CI [0.91, 1.00] over 8 examples (+19.5 logit difference).")  # 0.956 x 20.4
+    assert lead in text
+    assert ("It has reached the answer position at the resid_pre at layer 1, position -1 from the end (0.87, 95% CI "
+            "[0.76, 0.98] over 8 examples), moved there by attention: attn_out at layer 0, position -1 from the end "
+            "(0.86, 95% CI [0.75, 0.97] over 8 examples).") in text
+    trivial = ("The residual stream at the answer position (-1 from the end, where the metric is read) carries the whole "
+               "gap from the resid_pre at layer 2 on (1.00 of the clean-corrupted gap, 95% CI [0.96, 1.03] over 8 "
+               "examples (+20.4 logit difference)): once the information has arrived there this holds by construction")
+    assert trivial in text and text.index(lead) < text.index(trivial)
+    assert "most at the resid_pre at layer 2" not in text and text.count("layer 2") == 1  # stated once, as trivial
+    # the positions that differ are named once; no clause repeats that its token differs
+    assert text.count("Each clean prompt differs from its corrupted one at 3 positions: -7, -4 and -1 from the end.") == 1
+    assert "its token differs across prompts" not in text
+    assert ("Next, at other sites: mlp_out at layer 1, position -1 from the end (0.50, 95% CI [0.37, 0.63] over 8 "
+            "examples); head_out at L0H0 (0.15, 95% CI [0.07, 0.23] over 8 examples), tied with L0H1 (0.14, 95% CI "
+            "[0.04, 0.25] over 8 examples).") in text
+    # a fourth layer whose input at the answer position carries it too: the layers where it holds are named
+    s = _recall()
+    s["top_sites"]["resid_pre"].append({**s["top_sites"]["resid_pre"][0], "layer": 3})
+    assert ("from the resid_pre at layer 2 on (1.00 of the clean-corrupted gap, 95% CI [0.96, 1.03] over 8 examples "
+            "(+20.4 logit difference); on this run at resid_pre layers 2 and 3): once") in finding("patching", s)
+    # noising: the shares are negative, -1.00 the whole gap destroyed, and the answer position's is as trivial
+    s = _recall(direction="noise")
+    for rows in s["top_sites"].values():
+        for c in rows:
+            c.update(effect=-c["effect"], ci=[-c["ci"][1], -c["ci"][0]])
+    text = finding("patching", s)
+    assert "from the resid_pre at layer 2 on (-1.00 of the clean-corrupted gap, 95% CI [-1.03, -0.96]" in text
+    assert "(noise, 8 examples) moves the metric most at the resid_pre at layer 0, position -4 from the end: -0.96" in text
+    # L0H1 outside L0H0's interval: not tied; a summary without the differing places says which tokens vary instead
+    s = _recall()
+    s["top_sites"]["head_out"][1]["effect"] = 0.05 * 20.4
+    del s["at_corrupted_token"]["differ_from_end"]
+    text = finding("patching", s)
+    assert "head_out at L0H0 (0.15, 95% CI [0.07, 0.23] over 8 examples)." in text and "tied" not in text
+    assert "resid_pre at layer 0, position -4 from the end (its token differs across prompts): 0.96" in text
+    # a metric not read at the last position has no answer position there: the strongest cell leads, as before
+    text = finding("patching", _recall(metric_at_last_position=False))
+    assert "(denoise, 8 examples) moves the metric most at the resid_pre at layer 2, position -1 from the end: 1.00" in text
+    assert "by construction" not in text and "Away from the answer position" not in text
+    # layer 2's cell short of the whole gap (0.80, interval below 1): nothing is trivial, and it is cited as reached
+    s = _recall()
+    s["top_sites"]["resid_pre"][0].update(effect=0.80 * 20.4, ci=[0.70 * 20.4, 0.90 * 20.4])
+    text = finding("patching", s)
+    assert "by construction" not in text and lead in text
+    assert "It has reached the answer position at the resid_pre at layer 1, position -1 from the end (0.87" in text

@@ -1,0 +1,150 @@
+"""Which patching cells a finding can cite (reports/plots_patching.py's finding; compare's ties).
+
+Patching the residual stream at the answer position (-1 from the end, where a last-position metric is
+read) from a late layer on restores the whole clean-corrupted gap by construction: every later
+computation at that position reads it, and only later attention from other positions goes around it.
+Such a cell says that the information has arrived there, not where it enters or how it moves, so the
+finding leads with the residual cell away from the answer position (where the information enters:
+the prompts differ there) and names the cells that write it into the answer position, stating the
+trivial ones once. Cells are (site type, top_sites record) pairs, largest |effect| first.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from headscope.reports.findings import _num
+
+DEPTH = {"resid_pre": 0.0, "resid_mid": 0.5, "resid_post": 1.0}  # resid_post l is resid_pre l + 1: one state
+ATTENTION = ("attn_out", "head_out_by_pos")  # what attention writes at one position
+WHOLE, NEAR = 0.95, 0.8  # the whole gap: a share of at least WHOLE, or of NEAR with its 95% interval reaching 1
+CITED = 0.05  # a cell under this share of the gap is not cited as where the information enters or moves
+
+
+def share(cell: Mapping[str, Any], gap: float | None, normalized: bool) -> tuple[float, tuple | None] | None:
+    """A cell's effect as a share of the clean-corrupted gap and its 95% interval (None: no gap to divide by)."""
+    divisor = gap if gap else (1.0 if normalized else None)
+    effect = _num(cell.get("effect"))
+    if divisor is None or effect is None:
+        return None
+    ci = cell.get("ci")
+    ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci)
+    return effect / divisor, tuple(sorted((ci[0] / divisor, ci[1] / divisor))) if ok else None
+
+
+def depth(kind: str, cell: Mapping[str, Any]) -> float:
+    """A residual cell's place in the stream: its layer, plus 0.5 after attention (resid_mid), 1 after the block."""
+    return int(cell.get("layer") or 0) + DEPTH[kind]
+
+
+def at_answer(cell: Mapping[str, Any]) -> bool:
+    end = cell.get("from_end")
+    return isinstance(end, int) and not isinstance(end, bool) and end == -1
+
+
+def carries_whole(cell: Mapping[str, Any], gap: float | None, normalized: bool) -> bool:
+    """Whether a cell moves about the whole gap: a share of WHOLE or more, or of NEAR with its interval reaching 1
+    (in size: noising's shares are negative, -1 the whole gap destroyed)."""
+    said = share(cell, gap, normalized)
+    if said is None:
+        return False
+    value, ci = said
+    if value < 0:
+        value, ci = -value, None if ci is None else (-ci[1], -ci[0])
+    return value >= WHOLE or (value >= NEAR and ci is not None and ci[0] <= 1.0 <= ci[1])
+
+
+def _big(cell: Mapping[str, Any], gap: float | None, normalized: bool) -> bool:
+    said = share(cell, gap, normalized)
+    return said is not None and abs(said[0]) >= CITED  # without a gap to divide by, the old lead stays
+
+
+def by_construction(cells: list, gap: float | None, normalized: bool) -> list:
+    """The residual cells at the answer position that carry the whole gap, from the shallowest that does on,
+    one per residual state, shallowest first ([] where none does or the cells name no position from the end)."""
+    answer = {}
+    for kind, cell in cells:
+        if kind in DEPTH and at_answer(cell) and carries_whole(cell, gap, normalized):
+            answer.setdefault(depth(kind, cell), (kind, cell))  # the first kind listed names a shared state
+    return [answer[d] for d in sorted(answer)]
+
+
+def entering(cells: list, gap: float | None, normalized: bool) -> tuple | None:
+    """The residual cell of largest |effect| away from the answer position (its place from the end known), where
+    the information sits before it is moved there; None where there is none or it is under CITED of the gap."""
+    off = [(k, c) for k, c in cells if k in DEPTH and isinstance(c.get("from_end"), int) and not at_answer(c)]
+    best = max(off, key=lambda kc: abs(kc[1]["effect"]), default=None)
+    return best if best is not None and _big(best[1], gap, normalized) else None
+
+
+def reaching(cells: list, whole: list, gap: float | None, normalized: bool) -> tuple | None:
+    """The residual cell of largest |effect| at the answer position shallower than the first that carries the
+    whole gap: how much has reached the answer position before it is trivially all there."""
+    top = depth(*whole[0]) if whole else float("inf")
+    here = [(k, c) for k, c in cells if k in DEPTH and at_answer(c) and depth(k, c) < top]
+    best = max(here, key=lambda kc: abs(kc[1]["effect"]), default=None)
+    return best if best is not None and _big(best[1], gap, normalized) else None
+
+
+def writer(cells: list, gap: float | None, normalized: bool) -> tuple | None:
+    """The attention cell (attn_out, a head by position) of largest |effect| at the answer position: what moves
+    the information there from the positions where it entered."""
+    here = [(k, c) for k, c in cells if k in ATTENTION and at_answer(c)]
+    best = max(here, key=lambda kc: abs(kc[1]["effect"]), default=None)
+    return best if best is not None and _big(best[1], gap, normalized) else None
+
+
+def tied(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two cells of one run are within each other's 95% intervals (each effect inside the other's interval;
+    a cell without an interval is judged by the other's alone; neither with one: not tied, nothing says so)."""
+    ea, eb = _num(a.get("effect")), _num(b.get("effect"))
+    if ea is None or eb is None:
+        return False
+    spans = []
+    for cell, other in ((a, eb), (b, ea)):
+        ci = cell.get("ci")
+        if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
+            spans.append(min(ci) <= other <= max(ci))
+    return bool(spans) and all(spans)
+
+
+def differ_offsets(s: Mapping[str, Any]) -> dict[int, int]:
+    """{offset from the end: pairs} of every position where a clean prompt differs from its corrupted one
+    (summary["at_corrupted_token"]["differ_from_end"]; {} where the summary does not record it)."""
+    info = s.get("at_corrupted_token")
+    places = info.get("differ_from_end") if isinstance(info, Mapping) else None
+    if not isinstance(places, Mapping):
+        return {}
+    out = {}
+    for offset, count in places.items():
+        try:
+            out[int(offset)] = int(count)
+        except (TypeError, ValueError):
+            continue
+    return dict(sorted(out.items()))
+
+
+SHOWN = 8  # differing positions named; the rest are counted
+
+
+def differing_positions(s: Mapping[str, Any]) -> str | None:
+    """'Each clean prompt differs from its corrupted one at 3 positions: -7, -4 and -1 from the end.', said once
+    (with the pairs at each where they are not all); None where the summary does not record them."""
+    places = differ_offsets(s)
+    if not places:
+        return None
+    info = s["at_corrupted_token"]
+    n = int(_num(info.get("n")) or max(places.values()))
+    span = info.get("positions_differ")
+    several = isinstance(span, (list, tuple)) and len(span) == 2 and all(_num(x) is not None for x in span)
+    count = (f"{span[0]:.0f}" if span[0] == span[1] else f"{span[0]:.0f} to {span[1]:.0f}") if several else None
+    noun = f"{count} position{'s' * (count != '1')}" if count else "these positions"
+    every = all(k == n for k in places.values())
+    said = [f"{o}" if every else f"{o} ({k} of {n} pairs)" for o, k in list(places.items())[:SHOWN]]
+    more = len(places) - SHOWN
+    said = _and(said + ([f"{more} more"] if more > 0 else [])) + " from the end"
+    return f"Each clean prompt differs from its corrupted one at {noun}: {said}."
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
