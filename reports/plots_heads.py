@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from headscope.analyses.core.chance import t_quantile
+from headscope.analyses.core.chance import clear_of, t_quantile
 from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words
 from headscope.reports.plots import axes, color_scale, laid_out, quiet_reason, symmetric_bound
 
@@ -409,10 +409,20 @@ def _gain_ci(gain: Mapping[str, Any]) -> tuple[float, float] | None:
     return None
 
 
+def _band_size(shape: Mapping[str, Any], gain: Mapping[str, Any]) -> float:
+    """The band in the metric's units: tolerance x |unpruned| (unpruned = the gain point's metric - its change)."""
+    metric, change = _num(gain.get("metric")), _num(gain.get("change"))
+    base = metric - change if metric is not None and change is not None else math.nan
+    return (_num(shape.get("tolerance")) or 0.01) * abs(base)
+
+
 def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, named: set[str]) -> list[str]:
     """What the first crossing leaves out (pruning.curve_shapes), for the ordering `keys` the finding
     counts: curves back within the band after leaving it, and pruning that changes the metric beyond
-    the band, with its interval over examples (gains whose interval clears 0 in one sentence)."""
+    the band, with its interval over examples, worded by what the interval clears (chance.clear_of, kv's
+    rule too): "more than 1% above unpruned" only where its lower bound clears the band (those gains in
+    one sentence), "higher than unpruned, but not clearly by more than 1%" where it clears only 0, "no
+    evidence of a gain" where it reaches 0."""
     out, gains = [], []
     n_ex = s.get("n_examples")
     over = f" over {n_ex} examples" if n_ex else ""
@@ -435,11 +445,18 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, nam
             which = f" ({', '.join(heads)})" if 0 < len(heads) <= 8 else ""
             ci = _gain_ci(gain)
             span = f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" if ci else ""
-            if ci and ci[0] <= 0:
+            verdict = clear_of(ci[0], ci[1], _band_size(shape, gain)) if ci else "band"  # no interval: older summaries
+            if ci and (verdict is None or ci[0] <= 0):
                 # review 6 (A6): an interval that reaches 0 supports no gain, so none is claimed
                 out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
                            f"changes the {metric} by {gain['change']:+.3g} ({_signed_pct(gain['change_rel'])}{span}{over}): "
                            "no evidence of a gain.")
+                continue
+            if verdict != "band":
+                # review 7 (A5): above unpruned, but the interval reaches below the band: not "more than 1%"
+                out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
+                           f"raises the {metric} by {gain['change']:.3g} ({_signed_pct(gain['change_rel'])}{span}{over}): "
+                           f"higher than unpruned, but not clearly by more than {band}.")
                 continue
             gains.append((key, gain, which, span, band))
     if len(gains) == 1:

@@ -17,6 +17,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import NullLocator
 
+from headscope.analyses.core.chance import clear_of
 from headscope.reports.findings import _chance, _num, _words, sink_sentence
 from headscope.reports.plots import LAYERS, axes, laid_out, thin_xtick_labels
 
@@ -71,10 +72,13 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
     return ax
 
 
-def plot_norms(data: pd.DataFrame, *, kind: str = "key", ax=None):
+def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, Any] | None = None, ax=None):
     """Mean norm of the cached keys (or values) by position (`data`: the norms table), one line per layer
-    (mean over KV heads). Positions that fewer than half of the prompts reach (`n_prompts`: far positions
-    average only the longest prompts) are drawn faint and dotted, and the x label says from where."""
+    (mean over KV heads), on a y axis from 0 (a norm is read as a ratio: a zoomed axis makes a few percent look
+    like structure). Positions that fewer than half of the prompts reach (`n_prompts`: far positions
+    average only the longest prompts) are drawn faint and dotted, and the x label says from where.
+    key_norm (the kv summary's, where the model normalises its keys before caching): the key figure's title
+    says so and, for a norm per head, a grey band shows the range its weight allows."""
     ax = axes(ax, (7.5, 4))
     df = data[data.kind == kind]
     means = df.groupby(["layer", "position"], as_index=False).norm.mean()
@@ -97,7 +101,19 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", ax=None):
     if muted_from is not None:
         where += (f"\nfaint, dotted from position {muted_from}: fewer than half of the {most} prompts reach it "
                   f"(n = {int(reach[muted_from])} there, {int(reach.iloc[-1])} at position {int(reach.index[-1])})")
-    ax.set(title=f"Cached {kind} norms (mean over KV heads)", xlabel=where, ylabel=f"L2 norm of the cached {kind}")
+    title = f"Cached {kind} norms (mean over KV heads)"
+    top = float(means.norm.max()) if len(means) else 0.0
+    if kind == "key" and isinstance(key_norm, Mapping):
+        name, bounds = key_norm.get("module", "k_norm"), key_norm.get("bounds") or []
+        layers = sorted(int(v) for v in key_norm.get("layers") or [])
+        who = "keys are" if set(layers) >= set(means.layer.unique()) else f"layer(s) {', '.join(map(str, layers))}:"
+        title += f"\n{who} normalised ({name}) before caching:\ntheir norms are fixed by its weight, not a sink signal"
+        if key_norm.get("per_head", True) and len(bounds) == 2:
+            lo, hi = float(bounds[0]), max(float(bounds[1]), 1.002 * float(bounds[0]))  # a constant weight: a thin band
+            ax.axhspan(lo, hi, color="grey", alpha=0.25, lw=0, label=f"{name} allows {_span2(*bounds)}")
+            top = max(top, hi)
+    ax.set(title=title, xlabel=where, ylabel=f"L2 norm of the cached {kind}")
+    ax.set_ylim(0, 1.1 * top or 1.0)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
     return ax
 
@@ -130,7 +146,7 @@ def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a kv Result."""
     out = {}
     for stem, draw in (("kv_eviction", lambda: plot_eviction(result.df, metric=result.summary.get("metric"))),
-                       ("kv_norms", lambda: plot_norms(result.tables["norms"])),
+                       ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"))),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
         out[stem] = laid_out(draw())
     return out
@@ -154,7 +170,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "listed with its count in the x label.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted: positions fewer than half of the prompts reach. A "
-                "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions.",
+                "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions. "
+                "The y axis starts at 0. On a model that normalises its keys before caching (a k_norm: Qwen3 and "
+                "Gemma 3 per head, OLMo 2 over all KV heads) their norms are fixed by the norm's weight, which the "
+                "title says (grey band: the range a per-head norm allows): the lines show the normalisation, not a sink.",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass (a "
                 "sliding-window layer's counts only the keys inside its window), with its 95% t interval over "
                 "prompts; the finding names the layers that are sinks.",
@@ -229,6 +248,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
                 text += f"closest at budget {c['budget']}: {_kept(c, full)}{_band(c)}{_answers(c)}; "
             text += f"at its largest budget that evicts, {w['budget']}, it is still {how} the full cache: "
             text += (_kept(w, full) if c is None or c["budget"] == w["budget"] else "") + f"{_band(w)}{_answers(w)}"
+            text += _how_sure(w, how, tol)
             if e.get("misses"):
                 text += f"; it misses the tolerance by {_span(e['misses'])} {_where_missed(e)}"
             if e.get("monotone") is False:
@@ -243,19 +263,65 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             notes.append(f"With {n_sink if n_sink is not None else sinks - 1} sink positions, sink window keeps no recent "
                          f"token below budget {sinks}, so its crossing between {e['below']} and {e['budget']} is the "
                          "grid's and the sinks' artefact, not a property of the model.")
-        above = e.get("above") or []
-        if above:
-            first, last = above[0], above[-1]
-            at_budgets = ", ".join(str(r["budget"]) for r in above)
-            notes.append(f"{name.capitalize()} is better than the full cache by more than {100 * tol:.0f}% at budget(s) "
-                         f"{at_budgets}: at {first['budget']}, {_band(first)}"
-                         + (f"; at {last['budget']}, {_band(last)}." if last is not first else "."))
+        notes += _above_words(name, e.get("above") or [], tol)
     parts = [head + "; ".join(said) + "."] + ([windowed] if windowed else []) + notes
     if hold.get("whole_from") is not None:
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
         parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric"))))
     return parts
+
+
+def _flat(row: Mapping[str, Any]) -> str:
+    """_band without its parentheses: '+1.4%, 95% CI [+0.1%, +2.7%], per example ..., n = 16'."""
+    band = _band(row)
+    return band.replace(" (", ", ", 1)[:-1]
+
+
+def _listed(rows: Sequence[Mapping[str, Any]], flat: bool = False) -> str:
+    """'at 8, <band>; at 16, <band>' for the first and last of `rows` (one row: its band alone when flat)."""
+    form = _flat if flat else _band
+    if flat and len(rows) == 1:
+        return form(rows[0])
+    first, last = rows[0], rows[-1]
+    return f"at {first['budget']}, {form(first)}" + (f"; at {last['budget']}, {form(last)}" if last is not first else "")
+
+
+def _above_words(name: str, rows: Sequence[Mapping[str, Any]], tol: float) -> list[str]:
+    """The budgets whose mean is more than the tolerance above the full cache, worded by what each one's 95%
+    interval clears (chance.clear_of, heads' pruning gain's rule too): "by more than 1%" only where its lower
+    bound is above +1%; "higher, but not clearly by more than 1%" where it clears only 0; no gain where it reaches 0."""
+    groups: dict[str | None, list[Mapping[str, Any]]] = {"band": [], "zero": [], None: []}
+    for r in rows:
+        groups[clear_of(r.get("ci_low"), r.get("ci_high"), tol)].append(r)
+    pct, out = f"{100 * tol:.0f}%", []
+    for verdict, got in groups.items():
+        if not got:
+            continue
+        budgets = ("budget " if len(got) == 1 else "budgets ") + ", ".join(str(r["budget"]) for r in got)
+        if verdict == "band":
+            out.append(f"{name.capitalize()} is better than the full cache by more than {pct} at budget(s) "
+                       f"{', '.join(str(r['budget']) for r in got)}: {_listed(got)}.")
+        elif verdict == "zero":
+            out.append(f"{name.capitalize()} is higher than the full cache at {budgets} ({_listed(got, flat=True)}): "
+                       f"above it, but not clearly by more than {pct}.")
+        else:
+            sure = "its 95% CI reaches 0" if any(_num(r.get("ci_low")) is not None for r in got) else \
+                "it has no interval (fewer than 2 prompts)"
+            out.append(f"{name.capitalize()} is more than {pct} above the full cache on average at {budgets} "
+                       f"({_listed(got, flat=True)}), but {sure}: no evidence that it is better.")
+    return out
+
+
+def _how_sure(row: Mapping[str, Any], how: str, tol: float) -> str:
+    """After a policy that never holds: whether its largest evicting budget's 95% interval supports "more than
+    the tolerance above/below" (chance.clear_of), or only a change, or none."""
+    verdict = clear_of(row.get("ci_low"), row.get("ci_high"), tol)
+    if verdict == "band" or _num(row.get("ci_low")) is None:
+        return ""
+    if verdict == "zero":
+        return f"; its 95% CI reaches inside the {100 * tol:.0f}% band: {how} it, but not clearly by more than {100 * tol:.0f}%"
+    return f"; its 95% CI reaches 0: not clearly {how} it at all"
 
 
 def _windowed(s: Mapping[str, Any], policies: Sequence[str]) -> str:
@@ -358,15 +424,52 @@ def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | Non
     return text + "."
 
 
+def _span2(lo: float, hi: float) -> str:
+    return f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}"
+
+
+def _normalised_sentence(key_norm: Mapping[str, Any]) -> str:
+    """Why the first key's norm is not reported on a model that normalises its keys before caching them
+    (the summary's key_norm, analyses/kv/analysis.key_norm_record): their norms are fixed by the norm's weight."""
+    how = "RMS-normalised" if key_norm.get("rms", True) else "normalised"
+    name = key_norm.get("module", "k_norm")
+    dim, gain, bounds = _num(key_norm.get("dim")), key_norm.get("gain") or [], key_norm.get("bounds") or []
+    here = []
+    if len(bounds) == 2:
+        here.append(f"here {_span2(*bounds)}")
+        if dim and len(gain) == 2:
+            here[-1] += f": sqrt({dim:.0f}) x its |weight| {_span2(*gain)}"
+    measured = key_norm.get("measured") or []
+    if len(measured) == 2:
+        here.append(f"measured {_span2(*measured)}")
+    where = f" ({'; '.join(here)})" if here else ""
+    per_head = key_norm.get("per_head", True)
+    scope = "per head" if per_head else "over all KV heads together"
+    which = name if per_head or not dim else f"{name}, {dim:.0f} entries"
+    what = "their norms are" if per_head else "each key's norm over its heads is"
+    return (f"Keys are {how} {scope} ({which}) before caching, so {what} fixed by the norm's weight{where} and the "
+            "first key's norm cannot mark a sink: not reported.")
+
+
 def _norm_sentence(s: Mapping[str, Any]) -> str:
-    """Whether the first key stands out, from the per-layer ratio of its norm to the other keys'."""
-    ratios = {k: _num(v) for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items()}
+    """Whether the first key stands out, from the per-layer ratio of its norm to the other keys'; on a model
+    that normalises its keys before caching (keys_normalised: a k_norm), why that ratio is not reported."""
+    key_norm = s.get("key_norm") if isinstance(s.get("key_norm"), Mapping) else None
+    if s.get("keys_normalised") and key_norm is not None:
+        return _normalised_sentence(key_norm)
+    skip = {str(v) for v in (key_norm or {}).get("layers") or []}  # layers that normalise their keys
+    given = {k: v for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items() if str(k) not in skip}
+    ratios = {k: _num(v) for k, v in given.items()}
     ratios = {k: v for k, v in ratios.items() if v is not None}
-    missing = sorted(k for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items() if _num(v) is None)
+    missing = sorted(k for k, v in given.items() if _num(v) is None)
     if not ratios:
         return ""
-    which = "per layer" if not missing else (
-        f"layer(s) {', '.join(ratios)}; layer(s) {', '.join(missing)} no longer cache the first key (sliding window)")
+    which = "per layer" if not missing and not skip else f"layer(s) {', '.join(ratios)}"
+    if missing:
+        which += f"; layer(s) {', '.join(missing)} no longer cache the first key (sliding window)"
+    if skip:
+        which += (f"; layer(s) {', '.join(sorted(skip, key=int))} normalise their keys ({key_norm.get('module', 'k_norm')}) "
+                  "before caching, so their norms are fixed: not reported")
     lo, hi = min(ratios.values()), max(ratios.values())
     span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
     if lo > 1.5:

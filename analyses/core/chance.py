@@ -289,6 +289,25 @@ def mean_intervals(values: np.ndarray, *, axis: int = -1, where: np.ndarray | No
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n.astype(np.int64)}
 
 
+def clear_of(low: Any, high: Any, band: float) -> str | None:
+    """What the interval [low, high] of a change clears, the one rule behind every "more than <band>"
+    (kv's policies above or below the full cache, heads' pruning gain): "band" when it lies wholly
+    beyond +band or wholly beyond -band (a change of more than the band), "zero" when it excludes 0 but
+    reaches into the band (a change, not clearly more than the band), None when it reaches 0 or is
+    missing (no change shown). A change and its band in the same units (relative or absolute)."""
+    try:
+        lo, hi = float(low), float(high)
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    if lo > band or hi < -band:
+        return "band"
+    if lo > 0 or hi < 0:
+        return "zero"
+    return None
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error over the tests given; NaN stays NaN and is not
     counted): the k-th smallest p times (m - k + 1), made monotone, capped at 1."""

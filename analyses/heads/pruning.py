@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headscope.analyses.core.chance import t_half_width
+from headscope.analyses.core.chance import clear_of, t_half_width
 from headscope.analyses.heads.importance import (
     Scorer,
     ablation_importance,
@@ -285,7 +285,9 @@ def curve_shapes(curves: pd.DataFrame, tolerance: float = 0.01) -> dict[str, dic
       last of them, with `points` (how many) and `first` (the n_pruned of the earliest);
     - gain: the highest point above unpruned + tolerance x |unpruned| (pruning helps beyond the band),
       with `heads` (every head removed up to it) and, where the curve has ci_low / ci_high, `ci`
-      [low, high] of its change (the paired 95% t-interval over examples)."""
+      [low, high] of its change (the paired 95% t-interval over examples) and `clear_of`, what that
+      interval clears (chance.clear_of: "band" only where its lower bound is above the band, "zero"
+      where it clears only 0, None where it reaches 0)."""
     out: dict[str, dict] = {}
     for (ordering, recompute), group in curves.groupby(["ordering", "recompute"], sort=False):
         if ordering == "random" or group["seed"].nunique() != 1:
@@ -321,6 +323,7 @@ def _shape(g: pd.DataFrame, tolerance: float) -> dict:
         gain["heads"] = " ".join(p for p in g["pruned"].iloc[: best + 1] if p).split()
         if {"ci_low", "ci_high"} <= set(g.columns):
             gain["ci"] = [float(g["ci_low"].iloc[best]) - base, float(g["ci_high"].iloc[best]) - base]
+            gain["clear_of"] = clear_of(*gain["ci"], band)  # "band": more than the tolerance above unpruned
         shape["gain"] = gain
     return shape
 

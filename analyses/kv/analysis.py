@@ -6,7 +6,10 @@
   (the ratio of query heads to KV heads).
 - States: K and V norms per layer, KV head and position (what the cache stores, read with
   `hooks.kv_states`), and attention sinks: the attention mass on the first positions against
-  the uniform baseline, and how the first keys' norms compare with the rest.
+  the uniform baseline, and how the first keys' norms compare with the rest. Where the model normalises
+  its keys before caching them (a k_norm: Qwen3, Gemma 3 per head, OLMo 2 over all KV heads;
+  models.key_norm), every cached key's norm is fixed by the norm's weight, so that comparison cannot
+  see a sink: the summary says so (`keys_normalised`, `key_norm`) and the finding does not report it.
 - Eviction what-if (kv_eviction.py): the Task's metric when the answer query sees only part of
   the cache, per policy and budget.
 
@@ -35,6 +38,7 @@ from headscope.analyses.kv.holding import holding_budgets
 from headscope.analyses.position import sinks
 from headscope.errors import ConfigError
 from headscope.models.hooked_model import layer_windows
+from headscope.models.key_norm import key_norms
 
 
 def cache_bytes(*, positions: int, n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int,
@@ -205,6 +209,25 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     return pd.DataFrame(rows)
 
 
+def key_norm_record(model, norms: pd.DataFrame) -> dict[str, Any] | None:
+    """The summary's `key_norm`: how the model normalises its keys before caching (models.key_norm) with
+    the range of cached key norms that allows over its normalised layers (`bounds`, per KV head where the
+    norm runs per head, else over all KV heads together) and, per head, the range the norms table measured
+    (`measured`: its per-position means); None where no layer normalises its keys."""
+    found = {layer: k for layer, k in enumerate(key_norms(model)) if k is not None}
+    if not found:
+        return None
+    first = next(iter(found.values()))
+    record: dict[str, Any] = {
+        "module": first.module, "kind": first.kind, "rms": first.rms, "per_head": first.per_head, "dim": first.dim,
+        "layers": sorted(found), "gain": [min(k.gain[0] for k in found.values()), max(k.gain[1] for k in found.values())],
+        "bounds": [min(k.bounds[0] for k in found.values()), max(k.bounds[1] for k in found.values())]}
+    keys = norms[(norms.kind == "key") & norms.layer.isin(sorted(found))]
+    if first.per_head and len(keys):
+        record["measured"] = [float(keys.norm.min()), float(keys.norm.max())]
+    return record
+
+
 def _sink_records(table: pd.DataFrame) -> list[dict[str, Any]]:
     """The sinks table as the summary's per-layer records (sinks.layer_sinks' keys; NaN intervals as None)."""
     def pair(lo: float, hi: float) -> list[float] | None:
@@ -247,7 +270,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
     sentences cut to one length, default_tasks.text_task). config_overrides are fields of KVConfig (budgets=(4, 8)).
 
     df (results.csv): the metric per policy, budget and example. tables: "anatomy", "norms",
-    "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget.
+    "sinks". summary: bytes per token (per layer and total), GQA saving, metric per policy and budget,
+    whether the keys are normalised before caching (keys_normalised, key_norm_record).
     """
     config = configure(KVConfig, config, config_overrides, name="kv_analysis")
     if model.facts.is_encoder:
@@ -255,6 +279,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
     task = default_task(model, task, config)
     anatomy = cache_anatomy(model)
     norms = kv_norms(model, task.tokens, task.attention_mask)
+    key_norm = key_norm_record(model, norms)
     sink_table = sink_stats(model, task.tokens, norms, n_sink=1, attention_mask=task.attention_mask)
     sweep = kv_eviction.eviction_sweep(model, task, budgets=config.budgets, policies=config.policies,
                                        n_sink=config.n_sink, progress=config.progress)
@@ -284,6 +309,9 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "sinks": _sink_records(sink_table),
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)
         "sink_key_norm_ratio_per_layer": {str(r.layer): float(r.sink_key_norm_ratio) for r in sink_table.itertuples()},
+        # keys normalised before caching (a k_norm in every layer): their norms are fixed, the ratio above shows no sink
+        "keys_normalised": key_norm is not None and len(key_norm["layers"]) == model.facts.n_layers,
+        "key_norm": key_norm,
         "task": task.name,
     }
     return Result(name="kv", df=sweep, summary=summary,

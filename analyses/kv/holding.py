@@ -11,7 +11,9 @@ from (paired with their own full-cache value):
 - change: mean(policy - full) / |mean(full)| over those prompts; its 95% t interval treats the
   denominator as fixed; per_example: the range of (policy - full) / |full| over them;
 - within: |change| <= tolerance (two-sided: a policy *above* the full cache by more is not "within",
-  it is reported as better than the full cache, with its interval);
+  it is reported as above the full cache with its interval, which decides the words: "by more than 1%"
+  only where the interval's lower bound clears +1%, "higher, but not clearly by more than 1%" where it
+  clears only 0, no gain where it reaches 0; chance.clear_of, the rule heads' pruning gain follows too);
 - share: the cache kept, kept / cached (layer-positions, so bytes: every layer-position costs the
   same), its median over those prompts; budget / context length where every layer is global (and in
   sweeps without those columns). A sliding-window layer counts with what it holds, so a budget that
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from headscope.analyses.core.chance import t_half_width
+from headscope.analyses.core.chance import clear_of, t_half_width
 
 TOLERANCE = 0.01
 
@@ -96,9 +98,10 @@ def _clean(v: Any) -> Any:
 def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLERANCE) -> dict[str, Any]:
     """{"tolerance", "grid", "n_examples", "whole_from" (the smallest grid budget no prompt evicts from,
     or None), "policies": {policy: {"budget" (smallest holding budget or None), "below" (the grid budget
-    just under it that evicts, or None), "at" (its budget_changes row), "above" (rows more than the
-    tolerance above the full cache), "worst_evicting" (the largest evicting budget's row, when it never
-    holds), "sinks_only_below" (sink_window: n_sink + 1)}}}. See the module doc."""
+    just under it that evicts, or None), "at" (its budget_changes row), "above" (rows whose mean is more
+    than the tolerance above the full cache, each with `clear_of`, what its 95% interval clears:
+    chance.clear_of, "band" only where its lower bound is above +tolerance), "worst_evicting" (the largest
+    evicting budget's row, when it never holds), "sinks_only_below" (sink_window: n_sink + 1)}}}. See the module doc."""
     table = budget_changes(sweep)
     grid = sorted(int(b) for b in table.budget.unique()) if len(table) else []
     evicts = table.groupby("budget").n_evicting.max() if len(table) else pd.Series(dtype=int)
@@ -111,7 +114,8 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
         within = (rows.change.abs() <= tolerance).to_numpy()
         records = [{k: _clean(v) for k, v in r.items()} for r in rows.to_dict("records")]
         entry: dict[str, Any] = {"budget": None, "below": None, "at": None, "worst_evicting": None,
-                                 "above": [r for r in records if r["change"] > tolerance]}
+                                 "above": [{**r, "clear_of": clear_of(r["ci_low"], r["ci_high"], tolerance)}
+                                           for r in records if r["change"] > tolerance]}
         # the smallest index from which every larger evicting budget holds
         first = next((i for i in range(len(within)) if within[i:].all()), None)
         if first is not None:

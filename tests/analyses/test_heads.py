@@ -755,6 +755,7 @@ def test_curve_shapes_name_a_return_into_the_band_and_a_gain_with_its_interval_h
     assert a["gain"]["n_pruned"] == 3 and a["gain"]["change"] == pytest.approx(0.8)
     assert a["gain"]["change_rel"] == pytest.approx(0.08) and a["gain"]["heads"] == ["L0H1", "L0H2", "L0H3"]
     assert a["gain"]["ci"] == pytest.approx([0.8 - 0.3, 0.8 + 0.6])
+    assert a["gain"]["clear_of"] == "band"  # its interval +0.5 to +1.4 lies above the band, 0.1
 
 
 def test_ordering_basis_names_what_each_ordering_ranks_by():

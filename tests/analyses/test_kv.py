@@ -152,10 +152,15 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
         assert (row.excess_ci_low, row.excess_ci_high) == pytest.approx((excess.low, excess.high), abs=1e-5)
         assert row.sink == (per_prompt.mean() >= 1.5 * row.uniform_mass and excess.low > 0) and row.n_prompts == 3
         assert s["sinks"][layer]["ci"] == pytest.approx([ci.low, ci.high], abs=1e-5)
-    from headscope.reports.plots_kv import figures
+    # Llama has no key norm (Hugging Face's attention has no k_norm): the keys' norms are free, the ratio is said
+    assert not any(hasattr(layer.self_attn, "k_norm") for layer in hf_model(tiny_dirs["llama"]).model.layers)
+    assert s["keys_normalised"] is False and s["key_norm"] is None
+    from headscope.reports.plots_kv import figures, finding
 
+    assert "The first key's norm is" in finding(s) and "normalised" not in finding(s)
     figs = figures(result)
     assert set(figs) == {"kv_eviction", "kv_norms", "kv_sinks"}
+    assert figs["kv_norms"].axes[0].get_ylim()[0] == 0 and "normalised" not in figs["kv_norms"].axes[0].get_title()
 
 
 def test_holding_budgets_give_each_policys_closest_budget_with_its_answers_and_a_non_monotone_curve():
@@ -202,6 +207,7 @@ def test_holding_budgets_count_only_prompts_a_budget_evicts_from():
     assert above["budget"] == 1 and above["change"] == pytest.approx(0.075)
     assert (above["ci_low"], above["ci_high"]) == pytest.approx((ci.low / 10, ci.high / 10))
     assert (above["per_example_low"], above["per_example_high"]) == pytest.approx((0.05, 0.10))
+    assert above["clear_of"] == "band"  # its interval's lower bound, +2.9%, clears the +1% tolerance
     sink = hold["policies"]["sink_window"]
     assert (sink["budget"], sink["below"], sink["sinks_only_below"], sink["at"]["n_evicting"]) == (8, 4, 5, 2)
     heavy = hold["policies"]["heavy_hitters"]
@@ -320,3 +326,61 @@ def test_eviction_on_sliding_window_layers_equals_hugging_face_with_both_masks(a
     assert np.abs(at8.metric.to_numpy() - full.metric.to_numpy()).max() <= 1e-5
     table = budget_changes(sweep).set_index(["policy", "budget"])
     assert table.loc[("window", 8), "n_evicting"] == 0 and table.loc[("window", 4), "n_evicting"] == 2
+
+
+def test_keys_normalised_on_qwen3_are_said_and_bounded_by_hf_k_norm(tmp_path):
+    """Review 7 A4: Qwen3 RMS-normalises each key head (k_norm) before RoPE and the cache, so every cached key's
+    norm lies within sqrt(d_head) x k_norm's weight range and the first key's norm cannot mark a sink. A tiny
+    Qwen3 with k_norm weights drawn in 0.6-1.6: the flag from Hugging Face's own modules, the norms from its
+    k_proj and k_norm (no RoPE: a rotation), against the summary, the norms table, the finding and the figure."""
+    from tests_support import build_architecture
+
+    path = build_architecture("qwen3", tmp_path / "qwen3")
+    hf = hf_model(path)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.k_norm.weight.copy_(torch.rand(16, generator=g) + 0.6)
+    hf.save_pretrained(path, safe_serialization=True)
+    assert all(isinstance(getattr(layer.self_attn, "k_norm", None), torch.nn.Module) for layer in hf.model.layers)
+    model = hs.load_model(path, device="cpu")
+    task = _task(n=3, pos=8)
+    result = kv.kv_analysis(model, task, kv.KVConfig(n_sink=2, budgets=(4,)))
+    s = result.summary
+    with torch.no_grad():
+        hidden = hf(task.tokens, output_hidden_states=True).hidden_states
+        per_layer = []
+        for i, layer in enumerate(hf.model.layers):
+            attn = layer.self_attn
+            k = attn.k_proj(layer.input_layernorm(hidden[i])).view(3, 8, 2, 16)  # [batch, pos, kv_head, d_head]
+            per_layer.append(attn.k_norm(k).norm(dim=-1))  # [batch, pos, kv_head]
+    weights = [layer.self_attn.k_norm.weight.detach() for layer in hf.model.layers]
+    for w, norms in zip(weights, per_layer):  # within sqrt(16) x the layer's own weight range
+        assert 4 * float(w.min()) - 1e-4 <= float(norms.min()) and float(norms.max()) <= 4 * float(w.max()) + 1e-4
+    assert s["keys_normalised"] is True
+    key_norm = s["key_norm"]
+    assert (key_norm["module"], key_norm["per_head"], key_norm["dim"], key_norm["layers"]) == ("k_norm", True, 16, [0, 1])
+    lo, hi = min(float(w.min()) for w in weights), max(float(w.max()) for w in weights)
+    assert key_norm["gain"] == pytest.approx([lo, hi], rel=1e-5)
+    assert key_norm["bounds"] == pytest.approx([4 * lo, 4 * hi], rel=1e-5)
+    means = torch.stack(per_layer).mean(1)  # [layer, pos, kv_head]: what the norms table averages over prompts
+    assert key_norm["measured"] == pytest.approx([float(means.min()), float(means.max())], abs=1e-5)
+    table = result.tables["norms"]
+    keys = table[table.kind == "key"].sort_values(["layer", "position", "kv_head"]).norm.to_numpy()
+    assert np.abs(keys - means.reshape(-1).numpy()).max() < 1e-5  # the cache's keys after RoPE: the same norms
+    from headscope.reports.plots_kv import finding, plot_norms
+
+    text = finding(s)
+    assert (f"Keys are RMS-normalised per head (k_norm) before caching, so their norms are fixed by the norm's weight "
+            f"(here {4 * lo:.2f}-{4 * hi:.2f}: sqrt(16) x its |weight| {lo:.2f}-{hi:.2f}; measured "
+            f"{float(means.min()):.2f}-{float(means.max()):.2f}) and the first key's norm cannot mark a sink: not "
+            "reported.") in text
+    assert "The first key's norm is" not in text
+    import matplotlib.pyplot as plt
+
+    try:  # the figure (reports/plots_kv.figures passes the summary's key_norm): from 0, saying why
+        ax = plot_norms(table, key_norm=key_norm, ax=plt.subplots()[1])
+        assert ax.get_ylim()[0] == 0 and "keys are normalised (k_norm) before caching" in ax.get_title()
+        assert any(f"k_norm allows {4 * lo:.2f}-{4 * hi:.2f}" == t.get_text() for t in ax.get_legend().get_texts())
+    finally:
+        plt.close("all")

@@ -690,6 +690,57 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
     assert "window from 2 positions" in finding("kv", old)
 
 
+def _sweep_with_changes(changes: dict[str, list[float]], hold_at: int | None = 8):
+    """An eviction sweep by hand: 4 prompts of 12 context positions, full-cache metric 10 each; per policy the
+    per-prompt change (in %) at budget 4 and, with hold_at, exactly the full value at that budget."""
+    import pandas as pd
+
+    rows = []
+    for e in range(4):
+        rows.append({"policy": "full", "budget": 12, "example": e, "context": 12, "metric": 10.0})
+        for policy, pct in changes.items():
+            rows.append({"policy": policy, "budget": 4, "example": e, "context": 12, "metric": 10.0 + pct[e] / 10})
+            if hold_at is not None:
+                rows.append({"policy": policy, "budget": hold_at, "example": e, "context": 12, "metric": 10.0})
+    return pd.DataFrame(rows)
+
+
+def test_kv_more_than_1_percent_only_where_the_interval_clears_it():
+    """Review 7 A5: a policy above the full cache is "better by more than 1%" only where its 95% CI's lower
+    bound clears +1% ([+1.3%, +1.9%]); [+0.2%, +2.6%] is higher, not clearly by more than 1%; [-1.2%, +3.6%]
+    shows no gain, though every mean is above +1%. The intervals: scipy's one-sample t over the 4 prompts."""
+    from headscope.analyses.kv.holding import holding_budgets
+
+    changes = {"window": [0.5, 1.1, 1.7, 2.3], "sink_window": [1.4, 1.5, 1.7, 1.8], "heavy_hitters": [-0.6, 0.8, 1.6, 3.0]}
+    hold = holding_budgets(_sweep_with_changes(changes), n_sink=4)
+    text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4,
+                          "holding_budgets": hold})
+
+    def band(pct):
+        ci = stats.ttest_1samp(pct, 0.0).confidence_interval(0.95)
+        return (f"{np.mean(pct):+.1f}%, 95% CI [{ci.low:+.1f}%, {ci.high:+.1f}%], per example {min(pct):+.1f}% to "
+                f"{max(pct):+.1f}%, n = 4"), ci
+
+    (window, w_ci), (sink, s_ci), (heavy, h_ci) = (band(changes[p]) for p in changes)
+    assert 0 < w_ci.low < 1 and s_ci.low > 1 and h_ci.low < 0 < 1 < min(np.mean(v) for v in changes.values())
+    assert [hold["policies"][p]["above"][0]["clear_of"] for p in changes] == ["zero", "band", None]
+    assert (f"Window is higher than the full cache at budget 4 ({window}): above it, but not clearly by more than "
+            "1%.") in text
+    assert ("Sink window is better than the full cache by more than 1% at budget(s) 4: at 4, "
+            + sink.replace(", 95%", " (95%", 1) + ").") in text
+    assert (f"Heavy hitters is more than 1% above the full cache on average at budget 4 ({heavy}), but its 95% CI "
+            "reaches 0: no evidence that it is better.") in text
+    assert text.count("by more than 1% at") == 1
+    # the same rule below the full cache, where a policy never holds: its largest evicting budget's interval
+    below = holding_budgets(_sweep_with_changes({"window": [-v for v in changes["window"]],
+                                                 "sink_window": [-v for v in changes["heavy_hitters"]]}, None), n_sink=4)
+    text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "holding_budgets": below})
+    assert ("window never (at its largest budget that evicts, 4, it is still below the full cache: keeps 98.6% of the "
+            "full-cache value, -1.4% (95% CI") in text
+    assert "n = 4); its 95% CI reaches inside the 1% band: below it, but not clearly by more than 1%; it misses" in text
+    assert "n = 4); its 95% CI reaches 0: not clearly below it at all; it misses" in text
+
+
 def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_anything():
     """review 5 A3: heavy hitters keeps 98.8% of the logit difference and every answer from budget 1 but never
     stays within 1%; its curve is not monotone (budget 1 closer than 8)."""
@@ -735,6 +786,24 @@ def test_kv_first_key_standing_out_is_said_from_the_data():
     high = {"sink_key_norm_ratio_per_layer": {"0": 3.0, "1": 1.2}}
     assert "norm stands out in layer(s) 0 only" in finding("kv", high)
     assert "sink keys stand out" not in caption("kv_norms")
+
+
+def test_kv_normalised_keys_are_not_read_as_a_sink():
+    """Review 7 A4: where every layer normalises its keys before caching (OLMo 2: one RMSNorm over both KV heads'
+    32 entries, weight 1: every key's norm over its heads is sqrt(32) = 5.66), the ratio is not reported; where
+    only some layers do, the ratio is given for the others alone."""
+    ratios = {"sink_key_norm_ratio_per_layer": {"0": 1.0, "1": 2.4}}
+    olmo = {"module": "k_norm", "kind": "Olmo2RMSNorm", "rms": True, "per_head": False, "dim": 32, "layers": [0, 1],
+            "gain": [1.0, 1.0], "bounds": [32 ** 0.5, 32 ** 0.5]}
+    text = finding("kv", {**ratios, "keys_normalised": True, "key_norm": olmo})
+    assert ("Keys are RMS-normalised over all KV heads together (k_norm, 32 entries) before caching, so each key's norm "
+            "over its heads is fixed by the norm's weight (here 5.66: sqrt(32) x its |weight| 1.00) and the first key's "
+            "norm cannot mark a sink: not reported.") in text
+    assert "times the other keys'" not in text and "stands out" not in text
+    some = finding("kv", {**ratios, "keys_normalised": False, "key_norm": {**olmo, "per_head": True, "layers": [0]}})
+    assert ("The first key's norm is 2.40 times the other keys' (layer(s) 1; layer(s) 0 normalise their keys (k_norm) "
+            "before caching, so their norms are fixed: not reported): the first key's norm stands out in every layer") in some
+    assert "The y axis starts at 0" in caption("kv_norms") and "not a sink" in caption("kv_norms")
 
 
 PROBE = {"metric": "accuracy", "labels": "answer", "site": "resid_post", "n_examples": 19, "cv": 3,
@@ -981,6 +1050,32 @@ def test_pruning_words_name_the_orderings_basis_a_return_into_the_band_and_a_gai
             "examples): no evidence of a gain.") in text
     assert "Pruning can raise" not in text and "within 1%" not in text
     assert "not monotone" not in text
+
+
+def test_pruning_gain_is_more_than_1_percent_only_where_its_interval_clears_the_band():
+    """Review 7 A5, the kv rule for heads: unpruned 10.0, so the 1% band is 0.1. A gain whose 95% CI of the
+    change is [+0.12, +0.20] is more than 1% above unpruned; [+0.01, +0.27] is higher, not clearly by more than
+    1%; [-0.02, +0.26] is no gain. Every mean (+0.14, +0.16, +0.12) is above the band."""
+    base = {"metric": "logit_diff", "baseline_metric": 10.0, "n_examples": 16, "n_heads": 12,
+            **_prunable("ablation", 2, 1, 3)}
+
+    def shaped(ci):
+        mean = (ci[0] + ci[1]) / 2
+        return {**base, "pruning_shape_ablation": {"tolerance": 0.01, "gain": {
+            "n_pruned": 2, "metric": 10.0 + mean, "change": mean, "change_rel": mean / 10, "heads": ["L0H1", "L1H2"],
+            "ci": ci}}}
+
+    removing = "Removing 2 of 12 heads in the ablation order (L0H1, L1H2)"
+    assert (f"{removing} raises the logit difference by 0.14 (+1.4%; 95% CI of the change +0.01 to +0.27 over 16 "
+            "examples): higher than unpruned, but not clearly by more than 1%.") in finding("heads", shaped([0.01, 0.27]))
+    clear = finding("heads", shaped([0.12, 0.20]))
+    assert ("Pruning can raise the metric: removing 2 of 12 heads in the ablation order (L0H1, L1H2) raises the logit "
+            "difference by 0.16 (+1.6%; 95% CI of the change +0.12 to +0.2 over 16 examples), more than 1% above "
+            "unpruned.") in clear
+    none = finding("heads", shaped([-0.02, 0.26]))
+    assert (f"{removing} changes the logit difference by +0.12 (+1.2%; 95% CI of the change -0.02 to +0.26 over 16 "
+            "examples): no evidence of a gain.") in none
+    assert "more than 1% above" not in none and "not clearly" not in none and "higher than" not in none
 
 
 def _colour_binding(**extra) -> dict:
