@@ -198,8 +198,8 @@ def prompts_differ(a: Run, b: Run, name: str) -> str:
 
 
 def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
-    """Every setting that differs between the runs: model, task, seed, --quick, --n-examples, budget,
-    the commit and package versions (manifest.json), and per analysis the task it ran on with its source,
+    """Every setting that differs between the runs: model, task, seed, --quick, --n-examples, budget, dtype,
+    device, the commit and package versions (manifest.json), and per analysis the task it ran on with its source,
     its example count and what the budget changed (its section provenance, reports/provenance.py)."""
     ma, mb = a.manifest, b.manifest
     ca, cb = ma.get("config") or {}, mb.get("config") or {}
@@ -208,6 +208,7 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
             ("--quick", bool(ca.get("quick")), bool(cb.get("quick"))),
             ("--n-examples", ca.get("n_examples"), cb.get("n_examples")),
             ("budget (minutes)", ca.get("budget_minutes"), cb.get("budget_minutes")),
+            ("dtype", ca.get("dtype"), cb.get("dtype")), ("device", ca.get("device"), cb.get("device")),
             ("commit", ma.get("git_sha"), mb.get("git_sha"))]
     va, vb = ma.get("versions") or {}, mb.get("versions") or {}
     if isinstance(va, dict) and isinstance(vb, dict):

@@ -16,6 +16,7 @@ from headscope.reports.compare import (
     patching_section,
     position_section,
     pruning_section,
+    settings_notes,
 )
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -686,3 +687,15 @@ def test_compare_leaves_out_the_tau_of_integrated_gradients_that_did_not_converg
     names = [q[0] for q in QUANTITIES["attribution"]({**s, "ig_converged": False})]
     assert "attribution mean Kendall tau of attention and gradient x input" in names
     assert not any("integrated gradients" in name for name in names)
+
+
+def test_settings_name_a_precision_or_device_change(tmp_path):
+    """#34 review 7 A6: float32 against bfloat16 is a setting that differs (it was "The runs share every recorded
+    setting"), as is the device; equal ones are not listed."""
+    for side, dtype in (("a", "float32"), ("b", "bfloat16")):
+        _run(tmp_path / side, task="kv", n=16, baseline=2.0, ci=[1.75, 2.25], unevicted=2.0, kv_ci=[1.9, 2.1])
+        manifest = io.read_json(tmp_path / side / "manifest.json")
+        manifest["config"].update(dtype=dtype, device="cpu")
+        io.write_json(tmp_path / side / "manifest.json", manifest)
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    assert settings_notes(a, b, ["heads", "kv"]) == ["dtype: A float32, B bfloat16."]
