@@ -11,6 +11,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,8 +76,8 @@ def plot_importance(data: pd.DataFrame, *, method: str | None = None, metric: st
                      + ("" if normalized else f" (scale fixed to the metric's size ±{bound:.3g})"))
     if quiet:
         notes.append(quiet)
-    if notes:
-        ax.set_title("\n".join([title, *notes]), fontsize="medium", color="C3")
+    if notes:  # wrapped to the panel: side-by-side panels' long notes would run into each other (review 7 B4)
+        ax.set_title("\n".join([title, *(textwrap.fill(n, 48) for n in notes)]), fontsize="medium", color="C3")
     else:
         ax.set_title(title)
     ax.set_xlabel("head")

@@ -777,6 +777,25 @@ def test_heads_at_chance_or_under_the_noise_floor_are_not_drawn_vivid():
         plt.close("all")
 
 
+def test_two_rounding_only_panels_do_not_overlap_their_titles():
+    """Review 7 B4: both methods under the floor (the old bfloat16 floor did it): each panel's note is wrapped to
+    its panel, so the two red titles do not run into each other."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    df = _heads_rows([[1e-8, 2e-7], [5e-8, 0.0]], [[1e-8, -2e-8], [0.0, 0.0]])
+    summary = {"metric": "logit_diff", "baseline_metric": 10.4, "degenerate_gradient": "below",
+               "degenerate_zero": "below"}
+    fig = heads_figures(_result("heads", df, summary))["importance"]
+    try:
+        gradient, zero = _panels(fig)
+        fig.canvas.draw()
+        left, right = (ax.title.get_window_extent() for ax in (gradient, zero))
+        assert "ROUNDING ONLY" in gradient.get_title() and "ROUNDING ONLY" in zero.get_title()
+        assert left.x1 < right.x0  # side by side without overlap
+    finally:
+        plt.close("all")
+
+
 def _exact(sites, n_pos=0, tokens=()):
     rows = [{"site_type": "head_out", "layer": l, "head": h, "pos": None, "token": "", "effect": 0.4 * (l - h)}
             for l in range(2) for h in range(2)]
