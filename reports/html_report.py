@@ -287,7 +287,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     findings = _findings_html(names, status, texts, link) if link else _findings_html(names, status, texts)
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads, "
-             f"d_model {model.get('d_model', '?')}")
+             f"d_model {model.get('d_model', '?')}" + (f", {info['dtype']}" if info.get("dtype") else ""))  # rounding rests on it
     html = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -724,3 +725,4 @@ def test_dtype_runs_the_report_in_that_precision_and_says_so(tmp_path, monkeypat
     assert main(["-q", "kv", "--quick", "--device", "cpu", "--dtype", "bf16", "--out", str(out)]) == 0
     assert json.loads((out / "manifest.json").read_text())["config"]["dtype"] == "bfloat16"
     assert "<th>dtype</th><td>bfloat16</td>" in (out / "report.html").read_text()
+    assert re.search(r"d_model \d+, bfloat16\.", (out / "report.html").read_text())  # the header names it (review 7 A6)
