@@ -525,7 +525,8 @@ def _totals(s: Mapping[str, Any]) -> str:
 
 
 def finding(s: Mapping[str, Any]) -> str:
-    """Logit lens (first layer with the answer top-1) and direct logit attribution's top writers."""
+    """Logit lens (first layer with the answer top-1), direct logit attribution's top writers, MIB's
+    circuit metrics, or why edge attribution was not run (edges_skipped)."""
     if "skipped" in s:
         return f"Skipped: {s['skipped']}"
     parts = []
@@ -564,6 +565,9 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores{over}): "
                      f"CPR {cpr:.3f} ({_boot(s.get('mib_cpr_ci'))}higher is better), "
                      f"CMD {cmd:.3f} ({_boot(s.get('mib_cmd_ci'))}lower is better).")
+    if isinstance(s.get("edges_skipped"), str):  # said in the finding, not only in the summary table
+        parts.append(f"Edge attribution, the circuit's faithfulness and MIB's CPR/CMD were not run: "
+                     f"{s['edges_skipped'].rstrip('.')}.")
     return " ".join(parts)
 
 

@@ -180,16 +180,17 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     return ax
 
 
-def site_slopes(df: pd.DataFrame) -> dict[str, dict]:
+def site_slopes(df: pd.DataFrame, floor: float = 0.0) -> dict[str, dict]:
     """Least-squares slope of the attribution estimate on the exact effect per site type (1 = same scale),
     with its 95% t interval over the cells: the summary's slope_with_interval, {site: {"slope", "slope_ci",
     "slope_n", "n_nonzero"}} for the site types whose exact effects vary. slope_ci is None where the finding
-    states none either (attribution_patching.interval_stated: too few non-zero exact effects)."""
+    states none either (attribution_patching.interval_stated: too few non-zero exact effects). floor: the
+    effects' rounding in the model's dtype, in df's units (the summary's rounding_floor): as the finding counts."""
     out = {}
     for name, group in df.groupby("site_type", sort=False):
         effect = group["effect"].to_numpy(dtype=float)
         fit = slope_with_interval(effect, group["attribution"].to_numpy(dtype=float))
-        nonzero = nonzero_count(effect)
+        nonzero = nonzero_count(effect, floor)
         if fit["slope"] is not None:
             if not interval_stated(len(group), nonzero):
                 fit = {**fit, "slope_ci": None}
@@ -207,12 +208,14 @@ def _slope_label(site: str, fit: Mapping[str, Any] | None) -> str:
     return f"{site} (slope {fit['slope']:.2f}{why})"
 
 
-def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patching effect", ax: Axes | None = None) -> Axes:
+def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patching effect", floor: float = 0.0,
+                              ax: Axes | None = None) -> Axes:
     """Attribution-patching estimate against the exact effect (`data`: the exact table with its
     attribution column), one point per cell, by site type; the identity line, and each site type's
-    fitted slope with its 95% interval over the cells in the legend (a high correlation can hide a 2x error)."""
+    fitted slope with its 95% interval over the cells in the legend (a high correlation can hide a 2x error);
+    floor: site_slopes' (cells within it count as zero)."""
     ax = axes(ax)
-    slopes = site_slopes(data)
+    slopes = site_slopes(data, floor)
     named = data.assign(site=[_slope_label(str(t), slopes.get(str(t))) for t in data["site_type"]])
     sns.scatterplot(data=named, x="effect", y="attribution", hue="site", ax=ax, s=20, alpha=0.7)
     lo = float(min(data["effect"].min(), data["attribution"].min()))
@@ -299,7 +302,10 @@ def figures(result, **kwargs) -> dict[str, Figure]:
             new("exact_head_out_by_pos", lambda ax: plot_head_pos(exact, ax=ax, **where, **common),
                 (7, max(4.0, 0.16 * n_rows + 1.5)))
         if "attribution" in exact:
-            new("attribution_vs_exact", lambda ax: plot_attribution_vs_exact(exact, ax=ax, label=label), (8, 4.5))
+            rounding = (summary.get("rounding_floor") or {}).get("floor")
+            floor = abs(float(rounding) / divisor) if isinstance(rounding, (int, float)) else 0.0  # the table's units
+            new("attribution_vs_exact", lambda ax: plot_attribution_vs_exact(exact, ax=ax, label=label, floor=floor),
+                (8, 4.5))
     trace = tables.get("causal_tracing")
     if trace is not None:
         info = summary.get("causal_tracing", {})
@@ -518,11 +524,14 @@ def _size(x: float, gap: float | None) -> str:
 
 def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | None:
     """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
-    first, and a large exact effect it misses (under 1/MISS of it); None when neither."""
+    first (not said when that site is tied: another cell's exact effect lies within its 95% interval or the
+    rounding floor, so there is no top to misrank; the rank already ignores attribution differences within
+    the floor: rank_checks), and a large exact effect it misses (under 1/MISS of it); None when neither."""
     top, miss = stats.get("top_exact"), stats.get("missed")
     said = []
     under = f"under 1/{MISS:g} of it"
-    if isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1:
+    if (isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1
+            and not top.get("tied")):
         same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
         said.append(f"the top exact site ({_where(kind, top).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
                     f"ranks only {_ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"

@@ -15,8 +15,9 @@ heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<or
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
 random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
 examples, n_examples and the method: pruning.prunable_intervals), top_heads_<method>, l0_min_heads_within_tolerance, and
-noise_floor / degenerate_<method> / tied_top_heads_<method> (`numerical_checks`: importance that is
-rounding, or top heads that tie, is said so and not ranked).
+noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units) / degenerate_<method> /
+tied_top_heads_<method> (`numerical_checks`: importance that is rounding at the model's dtype, or top heads
+that tie, is said so and not ranked).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from headscope.analyses.heads.importance import (
     gate_gradient_stats,
     make_scorer,
     normalize_per_layer,
+    readout_size,
 )
 from headscope.analyses.heads.l0 import L0Config, l0_sweep
 from headscope.analyses.heads.pruning import (
@@ -140,33 +142,57 @@ def _scorer(model, task: Task | torch.Tensor | Scorer | str | None, config: Head
     return make_scorer(model, default_task(model, task, config))
 
 
-NOISE_ULPS = 16  # importance within this many units of the dtype's epsilon (times the metric's size) is rounding
+GRADIENT_TIE_STEPS = 4  # gradients within this many eps of their own size tie (measured: 0.3-3.7 eps, bfloat16 vs float32)
 
 
-def noise_floor(dtype: torch.dtype, baseline: float) -> float:
-    """The smallest importance distinguishable from rounding: NOISE_ULPS x eps(dtype) x max(1, |baseline|).
-    The metric is computed to about eps relative precision, so a gradient or ablation effect below a few
-    eps of its size is what the arithmetic leaves, not what the head does (float32: 1.9e-6 for a metric of 1)."""
-    return NOISE_ULPS * float(torch.finfo(dtype).eps) * max(1.0, abs(float(baseline)))
+def noise_floor(dtype: torch.dtype, size: float) -> float:
+    """One rounding step of a number of this size in `dtype`: eps(dtype) x max(1, |size|) (the spacing of
+    floats near |size| is between eps/2 and eps of it). A metric or loss is computed in the model's dtype
+    from numbers of about `size` (analyses pass the larger of its value and importance.readout_size, the
+    logits it is read from), so two of its values closer than this cannot be told apart. float32: 1.2e-7
+    for a size of 1; bfloat16: 0.0078 (0.089 for logits of 11.4). Measured, bfloat16 importances differ
+    from float32's by 0.16-0.6 of this step on random and trained models (tests/analyses/test_heads.py),
+    while the effects that agree across the two dtypes lie far above it."""
+    return float(torch.finfo(dtype).eps) * max(1.0, abs(float(size)))
 
 
-def numerical_checks(raw: dict[str, torch.Tensor], floor: float, k: int = 5) -> dict[str, Any]:
-    """Per method: degenerate_<method> (a sentence) when every head's |importance| is below `floor`
-    (the ranking, the pruning order and the top heads are then noise), and tied_top_heads_<method>
-    (the heads among the top k whose importance lies within `floor` of a neighbour's: their order is arbitrary)."""
-    out: dict[str, Any] = {"noise_floor": floor}
+def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric_size: float,
+                     loss_size: float | None = None, k: int = 5) -> dict[str, Any]:
+    """Which importances are rounding at the model's dtype, each in its own units:
+    - ablation (zero, mean, resample): a difference of two metric values, so its floor is one rounding
+      step of the metric (noise_floor(dtype, metric_size): summary noise_floor);
+    - gradient, E_x |dL/d gate|: the loss change that removing the head predicts to first order, so its
+      floor is one rounding step of the differentiated loss (noise_floor(dtype, loss_size):
+      noise_floor_gradient; the loss is not the metric for cosine and accuracy tasks; loss_size None: metric_size).
+    degenerate_<method> (a sentence) when every head's |importance| is below its floor (the ranking, the
+    pruning order and the top heads are then noise); tied_top_heads_<method>: the heads among the top k whose
+    importance lies within rounding of a neighbour's (their order is arbitrary): within the metric's floor for
+    ablation; for gradients within a few eps of the larger of the two, since backpropagation rounds each gradient
+    relative to its own size (GRADIENT_TIE_STEPS eps of the larger of the two)."""
+    eps = float(torch.finfo(dtype).eps)
+    floors = {m: noise_floor(dtype, loss_size if m == "gradient" and loss_size is not None else metric_size)
+              for m in raw}
+    out: dict[str, Any] = {"noise_floor": noise_floor(dtype, metric_size)}
+    if "gradient" in raw:
+        out["noise_floor_gradient"] = floors["gradient"]
     for method, imp in raw.items():
+        floor = floors[method]
         flat = imp.detach().double().flatten().cpu()  # [layer * head]
         peak = float(flat.abs().max()) if flat.numel() else 0.0
         if peak < floor:
+            unit = "of the loss it differentiates" if method == "gradient" else "of the metric"
             out[f"degenerate_{method}"] = (f"every head's |{method} importance| is below {peak:.2g}, under the numerical "
-                                           f"floor {floor:.2g} (rounding at this dtype): no head measurably matters by "
-                                           "this method, so its ranking and pruning order are noise")
+                                           f"floor {floor:.2g} (one rounding step {unit} at this dtype): no head "
+                                           "measurably matters by this method, so its ranking and pruning order are noise")
             continue
         order = torch.argsort(flat, descending=True, stable=True)[: k + 1]
         values, n_heads = flat[order], imp.shape[1]
-        tied = {int(order[j]) for i in range(len(order) - 1) if float(values[i] - values[i + 1]) <= floor
-                for j in (i, i + 1)}
+
+        def tol(a: float, b: float, floor: float = floor, method: str = method) -> float:
+            return GRADIENT_TIE_STEPS * eps * max(abs(a), abs(b)) if method == "gradient" else floor
+
+        tied = {int(order[j]) for i in range(len(order) - 1)
+                if float(values[i] - values[i + 1]) <= tol(float(values[i]), float(values[i + 1])) for j in (i, i + 1)}
         tied = [i for i in order[:k].tolist() if i in tied]
         if tied:
             out[f"tied_top_heads_{method}"] = [head_label(i // n_heads, i % n_heads) for i in tied]
@@ -174,9 +200,10 @@ def numerical_checks(raw: dict[str, torch.Tensor], floor: float, k: int = 5) -> 
 
 
 def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
-                     progress: bool = False) -> tuple[pd.DataFrame, dict[str, torch.Tensor], float]:
+                     progress: bool = False) -> tuple[pd.DataFrame, dict[str, torch.Tensor], float, float | None]:
     """Long table (layer, head, method, importance, importance_se, importance_layer_norm, rank), the raw
-    [L, H] importance per method, and the baseline metric. importance_se: the standard error of the
+    [L, H] importance per method, the baseline metric and E_x |L(x)| of the loss gradients differentiate
+    (None without "gradient"; the size noise_floor_gradient is taken at). importance_se: the standard error of the
     importance over examples (sd / sqrt(n); for ablation of each example's drop, for gradient of each
     example's |dL/d gate|), from the same passes; compare mutes B - A differences within it."""
     unknown = set(methods) - set(IMPORTANCE_METHODS)
@@ -184,10 +211,10 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
         raise ConfigError(f"Unknown importance methods {sorted(unknown)}; use some of {IMPORTANCE_METHODS}.")
     raw: dict[str, torch.Tensor] = {}
     ses: dict[str, torch.Tensor] = {}  # [L, H] standard error over examples per method
-    baseline = None
+    baseline, loss_size = None, None
     for method in methods:
         if method == "gradient":
-            raw[method], ses[method], _ = gate_gradient_stats(model, scorer, progress=progress)
+            raw[method], ses[method], _, loss_size = gate_gradient_stats(model, scorer, progress=progress)
         else:
             scores = ablation_importance(model, scorer, method=method, seed=seed, progress=progress)
             raw[method], ses[method], baseline = scores.importance, scores.se, scores.baseline
@@ -205,7 +232,7 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
              "rank": int(rank[l * imp.shape[1] + h])}
             for l in range(imp.shape[0]) for h in range(imp.shape[1])
         ]
-    return pd.DataFrame(rows), raw, baseline
+    return pd.DataFrame(rows), raw, baseline, loss_size
 
 
 def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
@@ -231,9 +258,10 @@ def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = N
     methods, seed and progress apply, and config_overrides are its fields (methods=("zero",))."""
     config = configure(HeadsConfig, config, config_overrides, name="head_importance", default=HEAD_IMPORTANCE)
     scorer = _scorer(model, task, config)
-    df, raw, baseline = importance_table(model, scorer, tuple(config.methods), seed=config.seed, progress=config.progress)
+    df, raw, baseline, loss_size = importance_table(model, scorer, tuple(config.methods), seed=config.seed,
+                                                    progress=config.progress)
     summary = _base_summary(model, scorer, baseline)
-    summary.update(numerical_checks(raw, noise_floor(_dtype(model), baseline)))
+    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size))
     summary.update(_top_heads(df, summary))
     return Result(name="heads", df=df, summary=summary, config={"methods": list(config.methods), "seed": config.seed})
 
@@ -265,7 +293,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     """The full analysis on the model's default task (or `task`); see the module docstring."""
     hc = config = configure(HeadsConfig, config, {}, name="heads", default=HeadsConfig.preset())
     scorer = _scorer(model, task, hc)
-    df, raw, baseline = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
+    df, raw, baseline, loss_size = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
     roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
     df = df.merge(roles, on=["layer", "head"], how="left")
     prune_imp = {}  # unpruned importance reused by the fixed-order curves
@@ -280,7 +308,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     summary.update(prunable_intervals(examples, summary["n_heads"], hc.pruning.tolerance, seed=hc.seed))
     summary.update(curve_shapes(curves, hc.pruning.tolerance))
     summary["ordering_basis"] = ordering_basis(hc.pruning)
-    summary.update(numerical_checks(raw, noise_floor(_dtype(model), baseline)))
+    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size))
     summary.update(_top_heads(df, summary))
     summary["roles"] = {
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
@@ -302,6 +330,15 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         summary["l0_lambdas"] = [float(x) for x in hc.l0.lambdas]  # one strength is no sweep (the finding says so)
     run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)
+
+
+def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseline: float,
+                     loss_size: float | None) -> dict[str, Any]:
+    """numerical_checks at the model's dtype, sizes taken as the larger of each value and the logits it is read from."""
+    readout = readout_size(model, scorer)
+    summary = numerical_checks(raw, _dtype(model), metric_size=max(abs(baseline), readout),
+                               loss_size=None if loss_size is None else max(abs(loss_size), readout))
+    return {**summary, "readout_size": readout}
 
 
 def _dtype(model) -> torch.dtype:

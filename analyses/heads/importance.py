@@ -412,17 +412,18 @@ def gradient_importance(
 def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, max_tokens: int | None = None,
                    memory_budget: int | None = None, progress: bool = False) -> tuple[torch.Tensor, float]:
     """(E_x |dL(x)/dxi| [L, H], mean metric at the gates) from the same forward passes."""
-    importance, _, metric = gate_gradient_stats(model, scorer, gates, max_tokens=max_tokens,
+    importance, _, metric, _ = gate_gradient_stats(model, scorer, gates, max_tokens=max_tokens,
                                                 memory_budget=memory_budget, progress=progress)
     return importance, metric
 
 
 def gate_gradient_stats(model, scorer: Scorer, gates: torch.Tensor | None = None, *, max_tokens: int | None = None,
                         memory_budget: int | None = None,
-                        progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+                        progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, float, float]:
     """(E_x |dL(x)/dxi| [L, H], its standard error over examples sd_x |dL(x)/dxi| / sqrt(n) [L, H]
-    (NaN below 2 examples), mean metric at the gates), all from the same passes: each example has its
-    own gates, so its |gradient| is there already and its square costs one more sum.
+    (NaN below 2 examples), mean metric at the gates, E_x |L(x)| the size of the differentiated loss),
+    all from the same passes: each example has its own gates, so its |gradient| is there already and its
+    square costs one more sum. The loss's size sets the gradient's rounding floor (analysis.noise_floor).
 
     Batches are sized for a backward pass and halved on out-of-memory; under torch.distributed
     each rank takes its block of examples and the sums are all-reduced.
@@ -435,19 +436,21 @@ def gate_gradient_stats(model, scorer: Scorer, gates: torch.Tensor | None = None
                                                          memory_budget=memory_budget, logits_cap=True)))
     bar = tqdm(total=len(mine), desc="gate gradients", disable=not (progress and distributed.is_main()), leave=False)
 
-    def step(ex: range) -> torch.Tensor:  # -> [2 L H + 1]: sum |grad| per head, sum grad^2 per head, the metric sum
+    def step(ex: range) -> torch.Tensor:  # -> [2 L H + 2]: sum |grad| per head, sum grad^2 per head, metric, |loss|
         rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
         xi = point.to(model.device).expand(rows.shape[0], -1, -1).clone().requires_grad_(True)  # [b, L, H]
         out = run_gated(model, scorer.tokens[rows], xi, last_only=scorer.last_position,
                         attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
-        (grad,) = torch.autograd.grad(scorer.grad_loss(out, rows).sum(), [xi])  # [b, L, H]
+        loss = scorer.grad_loss(out, rows)  # [b]
+        (grad,) = torch.autograd.grad(loss.sum(), [xi])  # [b, L, H]
         bar.update(rows.shape[0])
         metric = scorer.metric(out.detach(), rows).sum().double().cpu()
+        size = loss.detach().double().abs().sum().cpu()
         g = grad.double().cpu()  # [b, L, H]
-        return torch.cat([g.abs().sum(0).flatten(), g.square().sum(0).flatten(), metric[None]])
+        return torch.cat([g.abs().sum(0).flatten(), g.square().sum(0).flatten(), metric[None], size[None]])
 
     k = f.n_layers * f.n_heads
-    sums = torch.zeros(2 * k + 1, dtype=torch.float64)
+    sums = torch.zeros(2 * k + 2, dtype=torch.float64)
     with torch.enable_grad():
         for _, part in batching.run_chunks(step, len(mine), batch):
             sums += part
@@ -458,7 +461,31 @@ def gate_gradient_stats(model, scorer: Scorer, gates: torch.Tensor | None = None
         se = ((sums[k:2 * k] - n * mean.square()).clamp_min(0) / (n - 1) / n).sqrt()
     else:
         se = torch.full((k,), float("nan"), dtype=torch.float64)
-    return mean.view(f.n_layers, f.n_heads).float(), se.view(f.n_layers, f.n_heads), float(sums[-1]) / n
+    return (mean.view(f.n_layers, f.n_heads).float(), se.view(f.n_layers, f.n_heads), float(sums[-2]) / n,
+            float(sums[-1]) / n)
+
+
+def readout_size(model, scorer: Scorer, *, max_tokens: int | None = None) -> float:
+    """The size of the numbers the metric is computed from, E_x max_v |logit_v| at the scored positions
+    (decoders; the mean over positions where every position is scored), from one plain pass: a logit
+    difference or log-probability is rounded relative to the logits it subtracts, not to its own value
+    (a logit difference of 0.2 between logits of 5 carries the rounding of 5). Encoders (the cosine of
+    unit vectors, temperature-1 contrastive loss): 1. Sets the heads rounding floors (analysis.noise_floor)."""
+    if model.facts.is_encoder or scorer.kind == "cosine":
+        return 1.0
+    n, pos = scorer.tokens.shape
+    ones = torch.ones(1, model.facts.n_layers, model.facts.n_heads)
+    batch = max(1, min(n, batching.rows_per_pass(model, pos, max_tokens=max_tokens, logits_cap=True)))
+
+    def step(ex: range) -> torch.Tensor:
+        rows = torch.arange(ex.start, ex.stop, device=model.device)  # [b]
+        out = run_gated(model, scorer.tokens[rows], ones.expand(len(rows), -1, -1), last_only=scorer.last_position,
+                        attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
+        return out.detach().abs().amax(-1).double().mean(-1).sum().cpu()  # [b, q, vocab] -> one sum
+
+    with torch.no_grad():
+        total = sum(float(part) for _, part in batching.run_chunks(step, n, batch))
+    return total / n
 
 
 def normalize_per_layer(importance: torch.Tensor, exponent: float = 2.0) -> torch.Tensor:

@@ -29,7 +29,8 @@ prompt's last token, the answer position), top_sites (10 per site type by |effec
 t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
 attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n; Spearman over the
-non-zero cells, the top exact cell's rank by attribution and a large exact effect it misses: rank_checks),
+non-zero cells, the top exact cell's rank by attribution and a large exact effect it misses: rank_checks,
+none resting on a difference within rounding_floor, also in the summary: the effects' rounding in the model's dtype),
 at_corrupted_token (per (layer, pos) site type and layer, the effect at each prompt's first position where
 clean and corrupted differ, with where that sits from the end and where every differing position sits:
 patching/aligned.py; also the table `corrupted_token`); gap_within_noise only when the
@@ -53,7 +54,7 @@ from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching import aligned
-from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact
+from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact, rounding_floor
 from headscope.analyses.patching.configs import PatchingConfig
 from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
 from headscope.analyses.patching.inputs import (
@@ -241,7 +242,12 @@ def activation_patching(
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
         attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask)
         attr = attr.assign(share_of_gap=attr["attribution"] / gap if gap else np.nan)
-        df, summary["attribution_correlation"] = correlation_with_exact(df, attr)
+        dtype = next(model.bridge.parameters()).dtype
+        floor = rounding_floor(df, first.numpy(), dtype, max(abs(clean_value), abs(corrupt_value)),
+                               (clean_value - corrupt_value) if pm.normalized else None)
+        half = np.concatenate([(intervals[st.name]["high"] - intervals[st.name]["low"]) / 2 for st in types])
+        df, summary["attribution_correlation"] = correlation_with_exact(df, attr, floor=floor["floor"], ci_half=half)
+        summary["rounding_floor"] = floor
         df = df.assign(attribution_share_of_gap=df["attribution"] / gap if gap else np.nan)
         tables = {**tables, "exact": df, "attribution": attr}
     config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}

@@ -190,15 +190,38 @@ def attribution_patching(
                   config={"sites": [st.name for st in types], "direction": direction})
 
 
-NONZERO = 1e-3  # an exact effect below this fraction of the site type's largest counts as zero
+NONZERO = 1e-3  # an exact effect below this fraction of the site type's largest counts as zero (and below the rounding floor)
+IDENTITY_MARGIN = 2.0  # the rounding floor: this many times the largest effect of a cell that patches nothing
 
 
-def nonzero_count(effects: np.ndarray) -> int:
-    """Cells whose |effect| exceeds NONZERO x the largest |effect| (0 when every effect is 0)."""
+def rounding_floor(exact: pd.DataFrame, first: np.ndarray, dtype: torch.dtype, size: float,
+                   gap: float | None = None) -> dict:
+    """How large an exact effect rounding alone makes in the model's dtype, in the effect column's units:
+    {"floor", "basis", "n_cells"}. Measured where it can be: a by-position cell before every prompt's
+    first corrupted token (`first`: [batch] padded indices, -1 for none) patches an activation with
+    itself (causal attention: the clean and corrupted runs agree there), so its exact effect is 0 and
+    what it shows is the patched pass's rounding against the unpatched one (bfloat16: 1-2 steps of a
+    mean, 0.0156 logits on a trained Qwen3; float32: 0 to 5e-7); the floor is IDENTITY_MARGIN x the
+    largest such |effect|. Without such a cell, or where they are all exactly 0: one rounding step of the
+    metric, eps(dtype) x max(1, size), divided by |gap| for a normalised metric (its effects are shares)."""
+    starts = np.asarray(first)[np.asarray(first) >= 0]
+    pos = exact["pos"].to_numpy(dtype=float, na_value=np.nan)
+    same = np.isfinite(pos) & (pos < starts.min()) if starts.size else np.zeros(len(exact), dtype=bool)
+    same &= exact["head"].isna().to_numpy()  # per-position sites (resid, attn_out, mlp_out): one activation each
+    seen = np.abs(exact.loc[same, "effect"].to_numpy(dtype=float))
+    seen = seen[np.isfinite(seen)]
+    if seen.size and float(seen.max()) > 0:
+        return {"floor": IDENTITY_MARGIN * float(seen.max()), "basis": "measured", "n_cells": int(seen.size)}
+    step = float(torch.finfo(dtype).eps) * max(1.0, abs(float(size)))
+    return {"floor": step / abs(gap) if gap else step, "basis": "one rounding step", "n_cells": int(seen.size)}
+
+
+def nonzero_count(effects: np.ndarray, floor: float = 0.0) -> int:
+    """Cells whose |effect| exceeds NONZERO x the largest |effect| and the rounding floor (0 when none)."""
     mag = np.abs(np.asarray(effects, dtype=float))
     mag = mag[np.isfinite(mag)]
     peak = float(mag.max()) if mag.size else 0.0
-    return int((mag > NONZERO * peak).sum()) if peak > 0 else 0
+    return int((mag > max(NONZERO * peak, floor)).sum()) if peak > floor else 0
 
 
 def _r_without_top(pair: pd.DataFrame) -> float | None:
@@ -254,28 +277,37 @@ def _cell(row: pd.Series) -> dict:
             "effect": float(row["effect"]), "attribution": float(row["attribution"])}
 
 
-def rank_checks(pair: pd.DataFrame) -> dict:
+def rank_checks(pair: pd.DataFrame, floor: float = 0.0) -> dict:
     """{"spearman_nonzero" (Spearman over the cells with a non-zero exact effect, None under 3 or constant),
     "top_exact" (the cell of largest |exact effect|, with "attribution_rank": its rank by |attribution|, 1 =
-    first), "missed" (the cell of largest |exact effect| at least LARGE of the largest, where attribution is
-    under 1/MISS of it or of the opposite sign; None when there is none)}. pair: the joined rows of one site type."""
+    first, counting only attributions larger by more than `floor`, and "tied": how many other cells' |exact
+    effect| lie within its 95% interval's half-width (column effect_ci_half, when given) or the floor),
+    "missed" (the cell of largest |exact effect| at least LARGE of the largest, where attribution is under
+    1/MISS of it or of the opposite sign, and differs from it by more than the floor; None when there is
+    none)}. pair: the joined rows of one site type; floor: the effects' rounding (rounding_floor), 0 in
+    float32 where NONZERO rules. Every exact effect within the floor: nothing is ranked (all None)."""
     effect, attr = pair["effect"].astype(float), pair["attribution"].astype(float)
     peak = float(effect.abs().max()) if len(pair) else 0.0
-    if not peak > 0:
+    if not peak > floor:
         return {"spearman_nonzero": None, "top_exact": None, "missed": None}
-    nonzero = pair[effect.abs() > NONZERO * peak]
+    nonzero = pair[effect.abs() > max(NONZERO * peak, floor)]
     rho = None
     if len(nonzero) >= 3 and nonzero[["effect", "attribution"]].nunique().min() >= 2:
         rho = float(nonzero["effect"].astype(float).corr(nonzero["attribution"].astype(float), method="spearman"))
-    top = pair.loc[effect.abs().idxmax()]
-    rank = 1 + int((attr.abs() > abs(float(top["attribution"]))).sum())
+    top_index = effect.abs().idxmax()
+    top = pair.loc[top_index]
+    rank = 1 + int((attr.abs() > abs(float(top["attribution"])) + floor).sum())
+    half = float(top["effect_ci_half"]) if "effect_ci_half" in pair and np.isfinite(top["effect_ci_half"]) else 0.0
+    tied = int((effect.drop(index=top_index).abs() >= peak - max(half, floor)).sum())
     ratio = attr / effect.where(effect != 0)
-    missed = pair[(effect.abs() >= LARGE * peak) & (ratio < 1 / MISS)]
+    missed = pair[(effect.abs() >= LARGE * peak) & (ratio < 1 / MISS) & ((effect - attr).abs() > floor)]
     miss = None if missed.empty else _cell(missed.loc[missed["effect"].abs().idxmax()])
-    return {"spearman_nonzero": rho, "top_exact": {**_cell(top), "attribution_rank": rank}, "missed": miss}
+    return {"spearman_nonzero": rho, "top_exact": {**_cell(top), "attribution_rank": rank, "tied": tied},
+            "missed": miss}
 
 
-def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame, *, floor: float = 0.0,
+                           ci_half: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
     """Join exact effects with attribution estimates; Pearson and Spearman r and the slope per site type.
 
     Returns (joined table, {site type: {"pearson", "spearman", "n", "n_nonzero", "pearson_without_top",
@@ -287,9 +319,13 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tu
     exact by least squares over every cell, with its 95% t interval (slope_with_interval): a high r
     with slope 0.5 ranks cells right and sizes them at half. spearman_nonzero, top_exact and missed:
     rank_checks (ties among zero cells inflate Spearman; a reversed top site or a missed large effect is
-    what a ranking by attribution would get wrong).
+    what a ranking by attribution would get wrong). floor: the exact effects' rounding in the model's
+    dtype (rounding_floor): no cell within it counts as non-zero, and no verdict rests on a difference
+    within it. ci_half: [rows of exact] each effect's 95% interval half-width (a top cell within it of
+    another is tied, and not said to be misranked).
     """
     keys = ["site_type", "layer", "head", "pos"]
+    exact = exact.assign(effect_ci_half=np.nan if ci_half is None else np.asarray(ci_half, dtype=float))
     joined = exact.merge(attribution[keys + ["attribution"]], on=keys, how="inner")
     stats = {}
     for name, group in joined.groupby("site_type", sort=False):
@@ -299,9 +335,9 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame) -> tu
             "pearson": None if constant else float(pair["effect"].corr(pair["attribution"])),
             "spearman": None if constant else float(pair["effect"].corr(pair["attribution"], method="spearman")),
             "n": int(len(group)),
-            "n_nonzero": int(nonzero_count(pair["effect"].to_numpy())),
+            "n_nonzero": int(nonzero_count(pair["effect"].to_numpy(), floor)),
             "pearson_without_top": None if constant else _r_without_top(pair),
             **slope_with_interval(pair["effect"].to_numpy(), pair["attribution"].to_numpy()),
-            **rank_checks(group),
+            **rank_checks(group, floor),
         }
-    return joined, stats
+    return joined.drop(columns="effect_ci_half"), stats

@@ -309,3 +309,35 @@ def test_mib_bootstrap_resamples_examples_jointly():
     same = F.mib_bootstrap(np.tile(np.vstack([empty, full, curve])[:, :1], (1, 5)), x)  # equal examples: no spread
     f0 = (curve[:, 0] - empty[0]) / (full[0] - empty[0])
     assert np.allclose(same["cpr_ci"], np.trapezoid(f0, x)) and np.allclose(same["cmd_ci"], np.trapezoid(np.abs(1 - f0), x))
+
+
+def test_additivity_allows_bfloat16_rounding_and_refuses_a_post_norm_gemma2(tiny_dirs, arch_models):
+    """#34 review 7 A2: a pre-norm model's residual stream is the sum of its writes to the rounding of its
+    dtype; in bfloat16 that is ~0.005 of the clean-corrupted difference (a fixed 1e-3 refused it, blaming
+    the architecture), so edges, faithfulness and CPR/CMD run. A post-norm Gemma 2 (float32) is off by far
+    more than rounding and is still refused, and the circuits finding says so with the reason."""
+    from headscope.analyses.circuits import analysis as circuits
+    from headscope.errors import UnsupportedModelError
+    from headscope.reports.findings import finding
+
+    task = pair_task()
+    low = hs.load_model(tiny_dirs["llama"], device="cpu", dtype=torch.bfloat16)
+    with E.edge_hooks_enabled(low.bridge):
+        w_c, _, r_c = E.capture_writers(low, task.tokens, None, final=True)
+        w_k, _, r_k = E.capture_writers(low, task.corrupted_tokens, None, final=True)
+    delta = (r_c - r_k).double()  # [b, pos, d] the final residual difference
+    err = float((delta - (w_c - w_k).double().sum(2)).norm() / delta.norm())
+    assert 1e-3 < err < 2.0 ** -7 * float((r_c.norm() + r_k.norm()) / delta.norm())  # over 1e-3, within bf16's step
+    s = circuits.run(low, task, circuits.CircuitsConfig(quick=True, k_values=(1, 4))).summary
+    assert "edges_skipped" not in s and 0 < s["mib_cpr"] and s["n_edges"] > 0
+
+    gemma = arch_models("gemma2")  # float32, post-attention and post-MLP norms
+    with E.edge_hooks_enabled(gemma.bridge):
+        w_c, _, r_c = E.capture_writers(gemma, task.tokens, None, final=True)
+        w_k, _, r_k = E.capture_writers(gemma, task.corrupted_tokens, None, final=True)
+    with pytest.raises(UnsupportedModelError, match=r"relative error .* beyond the 0.001 that float32 rounding allows"):
+        E.check_additive(gemma, w_c, w_k, r_c, r_k)
+    s = circuits.run(gemma, task, circuits.CircuitsConfig(quick=True, k_values=(1,))).summary
+    assert "post-norm" in s["edges_skipped"] and "mib_cpr" not in s
+    assert ("Edge attribution, the circuit's faithfulness and MIB's CPR/CMD were not run: "
+            f"{s['edges_skipped'].rstrip('.')}.") in finding("circuits", s)

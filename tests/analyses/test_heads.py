@@ -147,16 +147,48 @@ def test_contrastive_gradients_on_an_encoder_equal_finite_differences(tiny_bert)
 def test_numerical_floor_flags_rounding_and_ties_hand_worked():
     from headscope.analyses.heads.analysis import noise_floor, numerical_checks
 
-    floor = noise_floor(torch.float32, 0.5)  # a cosine of 0.5 counts as size 1
-    assert floor == pytest.approx(16 * 2.0 ** -23)  # 1.9e-6
-    assert noise_floor(torch.bfloat16, -24.0) == pytest.approx(16 * 2.0 ** -7 * 24.0)
-    grad = torch.tensor([[3e-8, 2.2e-7], [1e-8, 4e-8]])  # MiniLM's magnitudes at the saturated scale 20
-    zero = torch.tensor([[0.5, 0.5 + floor / 2], [0.1, 0.2]])  # L0H0 and L0H1 tie within the floor
-    out = numerical_checks({"gradient": grad, "zero": zero}, floor, k=3)
-    assert "below 2.2e-07, under the numerical floor 1.9e-06" in out["degenerate_gradient"]
+    assert noise_floor(torch.float32, 0.5) == 2.0 ** -23  # one step of a number of size 1 (a cosine of 0.5 counts as 1)
+    assert noise_floor(torch.bfloat16, -24.0) == 2.0 ** -7 * 24.0
+    grad = torch.tensor([[3e-8, 2.2e-7], [1e-8, 4e-8]])  # a loss of size 2: floor 2.4e-7 (float32)
+    zero = torch.tensor([[0.5, 0.5 + 2.0 ** -23 * 3 / 2], [0.1, 0.2]])  # L0H0 and L0H1 within one step of 3
+    out = numerical_checks({"gradient": grad, "zero": zero}, torch.float32, metric_size=3.0, loss_size=2.0, k=3)
+    assert out["noise_floor"] == 3 * 2.0 ** -23 and out["noise_floor_gradient"] == 2 * 2.0 ** -23
+    assert "below 2.2e-07, under the numerical floor 2.4e-07" in out["degenerate_gradient"]
     assert "degenerate_zero" not in out and "tied_top_heads_gradient" not in out
     assert out["tied_top_heads_zero"] == ["L0H1", "L0H0"]  # ranked by value; L1H1 (0.2) is 0.3 away
-    assert "tied_top_heads_zero" not in numerical_checks({"zero": torch.tensor([[0.5, 0.4], [0.1, 0.2]])}, floor)
+    assert "tied_top_heads_zero" not in numerical_checks({"zero": torch.tensor([[0.5, 0.4], [0.1, 0.2]])},
+                                                         torch.float32, metric_size=3.0)
+    # bfloat16 (#34 review 7 A1): ablation ties within one step of the metric (0.0078 x 10 = 0.078), gradients
+    # within 4 steps of their own size (0.25 x 4 x 0.0078 = 0.0078): 0.2543 and 0.2268 are 0.0275 apart, not tied
+    bf = numerical_checks({"gradient": torch.tensor([[0.2543, 0.2268], [0.1896, 0.0829]]),
+                           "zero": torch.tensor([[0.348, 0.281], [0.150, -0.055]])}, torch.bfloat16,
+                          metric_size=10.0, loss_size=10.0, k=3)
+    assert not [key for key in bf if key.startswith("degenerate_")] and "tied_top_heads_gradient" not in bf
+    assert bf["tied_top_heads_zero"] == ["L0H0", "L0H1"]  # 0.348 - 0.281 = 0.067 < 0.078; 0.281 - 0.150 = 0.131
+    assert numerical_checks({"gradient": torch.zeros(2, 2)}, torch.bfloat16, metric_size=10.0)["degenerate_gradient"]
+
+
+def test_bfloat16_importance_floor_covers_its_rounding_and_not_the_effects(tiny_dirs, tiny_models):
+    """#34 review 7 A1: in bfloat16 the floor is one rounding step of the logits the metric reads, not 16
+    steps of the metric: the same model in float32 and bfloat16 gives importances that differ by less than
+    the floor (gradients: by less than GRADIENT_TIE_STEPS eps of their size), while the effects lie far above
+    it, so nothing is called rounding and the bfloat16 ranking stands."""
+    task = decoder_task(seed=1)
+    low = hs.load_model(tiny_dirs["llama"], device="cpu", dtype=torch.bfloat16)
+    r16 = heads.head_importance(low, task)
+    s16 = r16.summary
+    with torch.no_grad():
+        logits = low(task.tokens)[:, -1].float()  # [n, vocab] what the logit difference is read from
+    eps = 2.0 ** -7
+    floor = eps * max(1.0, abs(s16["baseline_metric"]), logits.abs().amax(-1).mean().item())  # ~0.03
+    assert s16["noise_floor"] == pytest.approx(floor, rel=1e-3) and s16["noise_floor_gradient"] == pytest.approx(floor, rel=1e-3)
+    assert not [k for k in s16 if k.startswith("degenerate_")] and len(s16["top_heads_zero"]) == 5
+    got = {dt: df.set_index(["method", "layer", "head"])["importance"]
+           for dt, df in (("bf16", r16.df), ("f32", heads.head_importance(tiny_models["llama"], task).df))}
+    diff = (got["bf16"] - got["f32"]).abs()  # what rounding moved
+    assert diff["zero"].max() < floor < got["f32"]["zero"].abs().max() / 10
+    g = got["f32"]["gradient"].abs()
+    assert (diff["gradient"] < heads.GRADIENT_TIE_STEPS * eps * g + floor).all() and floor < g.max() / 10
 
 
 def test_a_saturated_encoder_loss_is_reported_as_rounding_not_ranked(tiny_bert, monkeypatch):
@@ -512,7 +544,10 @@ def test_run_quick_gives_every_output(tiny_models, quick_result):
     assert {"layer", "head", "method", "importance", "sink", "induction", "positional", "role"} <= set(res.df.columns)
     assert set(res.df["method"]) == {"gradient", "zero"} and len(res.df) == 16
     assert {"curve", "best_head", "l0", "l0_gates", "roles"} <= set(res.tables)
-    assert s["noise_floor"] == pytest.approx(16 * 2.0 ** -23 * max(1.0, abs(s["baseline_metric"])))  # float32
+    task = heads.repeated_tokens_task(model, 6, 0)  # the logits the metric is read from: one plain forward
+    readout = model(task.tokens)[:, -1].detach().abs().amax(-1).double().mean().item()  # E_x max_v |logit|
+    assert s["readout_size"] == pytest.approx(readout, rel=1e-5)
+    assert s["noise_floor"] == pytest.approx(2.0 ** -23 * max(1.0, abs(s["baseline_metric"]), readout))  # float32
     assert not [k for k in s if k.startswith("degenerate_")]  # a random model's heads measurably matter
     assert model.n_active_hooks() == 0
 
@@ -699,7 +734,7 @@ def test_importance_se_equals_per_example_ablation_and_gate_gradients(tiny_model
     (hs.ablate one head at a time, one plain forward per head) and of each example's |dL/d gate| (autograd
     through a plain bridge forward with gates on hook_z), sd / sqrt(n)."""
     model, task = tiny_models["gpt2"], decoder_task(seed=8)
-    df, raw, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
+    df, raw, _, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
     metric = metrics.task_metric(task)
     n = len(task)
     with torch.no_grad():

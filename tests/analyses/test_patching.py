@@ -510,13 +510,69 @@ def test_correlation_with_exact_ranks_over_non_zero_cells_and_finds_reversals_an
     assert got["spearman_nonzero"] == pytest.approx(sp.spearmanr(effect[:4], attribution[:4]).statistic)  # 0.4
     assert got["spearman"] == pytest.approx(sp.spearmanr(effect, attribution).statistic)
     assert got["top_exact"] == {"layer": 0, "head": None, "pos": 7, "from_end": -1, "effect": 14.25,
-                                "attribution": pytest.approx(1.03), "attribution_rank": 2}
+                                "attribution": pytest.approx(1.03), "attribution_rank": 2, "tied": 0}
     # misses: 14.25 (1.03 < 14.25 / 5) is the largest such cell; 5.0 (0.5) is one too, 6.41 (3.08) is not
     assert got["missed"]["effect"] == 14.25
     exact.loc[0, "effect"], attr.loc[0, "attribution"] = 14.25, 4.0  # now first by |attribution| and within 5x
     got = correlation_with_exact(exact, attr)[1]["attn_out"]
     assert got["top_exact"]["attribution_rank"] == 1 and got["missed"]["effect"] == 5.0
     assert got["missed"]["attribution"] == pytest.approx(0.5)
+
+
+def test_bfloat16_rounding_counts_no_cell_and_no_verdict_rests_on_it():
+    """#34 review 7 A3, by hand from its trained Qwen3 in bfloat16 (logit difference, gap 20.4): the rounding floor
+    is measured on cells that patch an activation with itself (before every prompt's first corrupted token), two
+    steps of 0.0078 there; mlp_out's one- and two-step cells then count as zero (6 non-zero, as in float32, not 8);
+    head_out's top exact cell (2.969, 95% CI [1.304, 4.633]) is tied with 2.934, and attribution's 1.0944 against
+    1.0912 (0.0032 apart) is within the floor: no "ranks only 2nd" and no "Do not rank". A real reversal still is."""
+    import numpy as np
+    import pandas as pd
+
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact, rounding_floor
+    from headscope.reports.findings import finding
+    from headscope.reports.plots_patching import site_slopes
+
+    step = 2.0 ** -7  # one bfloat16 step of a mean of numbers in [1, 2): the cells' rounding
+    exact = pd.DataFrame({"site_type": "resid_pre", "layer": 0, "head": [None] * 4 + [0], "pos": [0, 1, 2, 3, None],
+                          "effect": [step, -2 * step, 5.0, 3.0, 9.0]})
+    assert rounding_floor(exact, np.array([2, 3, -1]), torch.bfloat16, 10.3) == {"floor": 4 * step, "basis": "measured",
+                                                                                  "n_cells": 2}  # pos 0, 1 < 2
+    assert rounding_floor(exact, np.array([0, 3]), torch.bfloat16, 10.3, gap=20.4) == {
+        "floor": pytest.approx(step * 10.3 / 20.4), "basis": "one rounding step", "n_cells": 0}  # no identity cell
+
+    floor = 2 * 2 * step  # the review's measured floor: twice its largest identity cell, 0.0156
+    mlp = [10.2, 4.26, 2.32, 0.86, 0.148, 0.0547, 2 * step, -2 * step, step] + [0.0] * 3
+    exact = pd.DataFrame({"site_type": "mlp_out", "layer": 0, "head": None, "pos": range(12), "effect": mlp})
+    attr = exact.drop(columns="effect").assign(attribution=[0.5 * e for e in mlp])
+    assert correlation_with_exact(exact, attr)[1]["mlp_out"]["n_nonzero"] == 8  # 1e-3 x 10.2 = 0.0102 alone
+    assert correlation_with_exact(exact, attr, floor=floor)[1]["mlp_out"]["n_nonzero"] == 6
+    joined = exact.assign(attribution=attr["attribution"])  # the figure's legend counts alike
+    assert site_slopes(joined, floor)["mlp_out"]["n_nonzero"] == 6 and site_slopes(joined)["mlp_out"]["n_nonzero"] == 8
+
+    def head_out(effect, attribution, half):
+        ex = pd.DataFrame({"site_type": "head_out", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "pos": None,
+                           "effect": effect})
+        at = ex.drop(columns="effect").assign(attribution=attribution)
+        stats = correlation_with_exact(ex, at, floor=floor, ci_half=np.array(half))[1]
+        cell = {"layer": 0, "head": 0, "pos": None, "token": "all", "effect": effect[0], "n": 8,
+                "ci": [effect[0] - half[0], effect[0] + half[0]]}
+        s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+             "clean_metric": 10.3, "corrupted_metric": -10.1, "top_sites": {"head_out": [cell]},
+             "attribution_correlation": stats}
+        return stats["head_out"]["top_exact"], finding("patching", s)
+
+    review = [2.9688, 2.9336, 2.2695, 0.5]
+    top, text = head_out(review, [1.0912, 1.0539, 1.0944, 0.2], [1.6643, 2.2, 1.0, 0.3])
+    assert top["attribution_rank"] == 1 and top["tied"] == 2  # 2.9336 and 2.2695 lie within 2.9688 -+ 1.6643
+    assert "ranks only" not in text and "Do not rank" not in text
+    top, text = head_out(review, [1.0912, 1.0539, 1.0912 + step, 0.2], [0.01, 0.01, 0.01, 0.01])  # one step apart
+    assert top["attribution_rank"] == 1 and top["tied"] == 0 and "Do not rank" not in text
+    top, text = head_out(review, [1.0912, 1.2, 0.9, 0.2], [1.6643, 2.2, 1.0, 0.3])  # 2nd by attribution, but tied
+    assert top["attribution_rank"] == 2 and top["tied"] == 2 and "ranks only" not in text
+    top, text = head_out([3.0, 1.0, 0.5, 0.1], [0.5, 1.2, 0.4, 0.1], [0.5, 0.4, 0.3, 0.1])  # a real reversal
+    assert top["attribution_rank"] == 2 and top["tied"] == 0
+    assert ("at head_out, the top exact site (L0H0: exact 0.15 of the gap) ranks only 2nd, at 0.02 of the gap, under "
+            "1/5 of it. Do not rank sites by it on this model at head_out.") in text
 
 
 def test_correlation_with_exact_counts_the_non_zero_cells_it_rests_on():
