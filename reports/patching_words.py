@@ -1,0 +1,404 @@
+"""The `patching` finding in words (reports/plots_patching.py's `finding`, the family's headline): the
+site that moves the metric most where the information enters, where it reaches the answer position and
+what writes it there (reports/patching_sites.py picks the cells), each with its share of the
+clean-corrupted gap, its interval and n; the positions where clean and corrupted prompts differ; how far
+attribution patching can stand in for exact patching (slopes, correlations over the non-zero cells,
+reversals and misses beyond the rounding floor); at chance, only what was measured.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from headscope.analyses.patching.attribution_patching import MISS, interval_stated
+from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
+from headscope.reports.patching_sites import (
+    by_construction,
+    depth,
+    differ_offsets,
+    differing_positions,
+    entering,
+    reaching,
+    tied,
+    writer,
+)
+
+
+def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset()) -> str:
+    # a head by its name (L1H3), as every section names heads: the report links it to the explorer; differ: the
+    # offsets from the end where clean and corrupted differ, named once by the finding (no token said there)
+    where = [f"layer {cell.get('layer')}" if cell.get("head") is None else f"L{cell.get('layer')}H{cell['head']}"]
+    if cell.get("pos") is not None:
+        token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
+        end = cell.get("from_end")  # the figures' axis: the same place in every left-padded prompt
+        at = f"position {end} from the end" if isinstance(end, int) else f"position {cell['pos']}"
+        if isinstance(end, int):  # the token column's "i: " is the padded frame's index, not this axis
+            token = re.sub(r"^\d+: ", "", token)
+        named = isinstance(end, int) and end in differ
+        where.append(f"{at} ({token!r})" if token else at if named else f"{at} (its token differs across prompts)")
+    return f"{kind} at {', '.join(where)}"
+
+
+RESIDUAL = {"resid_pre": 0, "resid_post": 1}  # resid_post of layer l is resid_pre of layer l + 1: one state
+
+
+def _state(kind: str, cell: Mapping[str, Any]) -> tuple:
+    """A key equal for cells that patch the same activation (resid_post l and resid_pre l + 1)."""
+    if kind in RESIDUAL:
+        return ("resid", int(cell.get("layer") or 0) + RESIDUAL[kind], cell.get("pos"))
+    return (kind, cell.get("layer"), cell.get("head"), cell.get("pos"))
+
+
+def _distinct_sites(cells: list) -> list:
+    """The strongest cell, then the strongest of each other site type, each a different activation
+    (the residual stream at one position is one site however many residual kinds name it)."""
+    seen_states, seen_kinds, out = set(), set(), []
+    for kind, cell in cells:
+        state, family = _state(kind, cell), "resid" if kind in RESIDUAL else kind
+        if state in seen_states or family in seen_kinds:
+            continue
+        seen_states.add(state)
+        seen_kinds.add(family)
+        out.append((kind, cell))
+    return out
+
+
+def _significant(r: float | None, n: int) -> bool:
+    """Whether a Pearson r over n points differs from 0: its Fisher 95% interval excludes 0 (|r| = 1 on
+    three or more points counts as significant; fewer than four points otherwise never do)."""
+    if r is None:
+        return False
+    if abs(r) >= 1:
+        return n >= 3
+    interval = fisher_interval(r, n)
+    return interval is not None and (interval[0] > 0 or interval[1] < 0)
+
+
+
+
+def _ratio(slope: float) -> str:
+    """A slope of attribution over exact in words ("about half the exact ones")."""
+    if slope <= 0:
+        return "point the opposite way to the exact ones"
+    for lo, hi, words in ((0.4, 0.6, "about half"), (1.7, 2.3, "about twice")):
+        if lo <= slope < hi:
+            return f"are {words} the exact ones"
+    return f"are about {slope:.2g} times the exact ones"
+
+
+FAR = (0.8, 1.25)  # a slope outside this range, with a 95% interval that excludes 1, is a scale error worth saying
+
+
+def _slope(kind: str, stats: Mapping[str, Any], rank: bool) -> str | None:
+    """'At <kind> ... (least-squares slope b of attribution on exact, 95% CI [..], n = k cells).': far
+    from 1 (FAR, interval excluding 1) its effects are that multiple of the exact ones, so (where r is
+    significant and the report ranks sites, `rank`) it ranks but does not size; None without a slope and
+    interval (older summaries, fewer than three cells)."""
+    b, ci, n = _num(stats.get("slope")), stats.get("slope_ci"), stats.get("slope_n", stats.get("n"))
+    if b is None or not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return None
+    said = f"least-squares slope {b:.2f} of attribution on exact{_ci(tuple(ci))}, n = {n} cells"
+    if not ci[0] <= 1.0 <= ci[1] and not FAR[0] <= b <= FAR[1]:
+        advice = ": use it to rank, not to size" if rank and _significant(_num(stats.get("pearson")), int(n or 0)) else ""
+        return f"At {kind} attribution patching's effects {_ratio(b)} ({said}){advice}."
+    close = "consistent with the exact size" if ci[0] <= 1.0 <= ci[1] else "close to the exact size"
+    return f"At {kind} its sizes are {close} ({said})."
+
+
+def _case(stats: Mapping[str, Any]) -> str:
+    """Which reading of r the cells allow: "few" (under 3 non-zero exact effects), "sparse" (under SPARSE
+    or half the cells non-zero), "one point" (significant r that is not without its largest cell, or flips
+    sign), "mostly" (under half of |r| without it) or "plain" (r over every cell with its interval)."""
+    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
+    if nonzero is not None and nonzero < 3:
+        return "few"
+    if not interval_stated(n, None if nonzero is None else int(nonzero)):  # zeros are not independent evidence
+        return "sparse"
+    rest = _num(stats.get("pearson_without_top"))
+    if rest is None or not _significant(r, n):
+        return "plain"
+    if not _significant(rest, n - 1) or rest * r < 0:
+        return "one point"
+    return "mostly" if abs(rest) < abs(r) / 2 else "plain"
+
+
+def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
+    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
+    few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
+    interval that counts the zero cells as independent), or that one point carries it: r is significant,
+    and without its largest cell it is not, flips sign, or falls to under half of |r| (the rest still
+    significant: "mostly carried" by that cell)."""
+    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
+    case, rest = _case(stats), _num(stats.get("pearson_without_top"))
+    if case == "few":
+        return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
+                "so it says nothing about agreement")
+    if case == "sparse":
+        rho, slope, rho_nz = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("spearman_nonzero"))
+        spearman = (f"Spearman {rho_nz:.2f} over the {nonzero:.0f} non-zero cells ({rho:.2f} over all {n}, inflated by "
+                    f"the {n - nonzero:.0f} tied zeros)" if rho_nz is not None and rho is not None
+                    else f"Spearman {rho:.2f} over all {n} cells, {n - nonzero:.0f} of them tied at zero"
+                    if rho is not None else "")
+        extra = [spearman,
+                 f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
+                 f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
+                 and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
+                 f"no interval for r or the slope: the other {n - nonzero:.0f} cells have no exact effect"]
+        return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
+    if case == "plain":
+        return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
+    without = f"without it r = {rest:.3f} (n = {n - 1} cells{_ci(fisher_interval(rest, n - 1), '.3f')})"
+    if case == "one point":
+        return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
+    return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
+
+
+def _and(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _measured_only(s: Mapping[str, Any]) -> str:
+    """At chance: which sites were patched, over how many examples and cells, without any site's share
+    of the gap, any ranking or attribution patching's correlation with exact patching."""
+    sites = sorted(set(s.get("top_sites") or {}) | set(s.get("attribution_correlation") or {}))
+    corr = s.get("attribution_correlation") if isinstance(s.get("attribution_correlation"), Mapping) else {}
+    cells = sum(int(_num(v.get("n")) or 0) for v in corr.values() if isinstance(v, Mapping))
+    said = (f"Measured: exact activation patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
+            + (f" at {_and([k.replace('_', ' ') for k in sites])}" if sites else "")
+            + (f", and attribution patching against it over {cells} cells" if cells else "")
+            + "; no site is ranked and no agreement is read at chance.")
+    trace = s.get("causal_tracing")
+    ends = (_num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))) if isinstance(trace, Mapping) else (None,)
+    if None not in ends:
+        said += (f" Causal tracing: metric {trace['clean_metric']:.3g} on the clean prompts, {trace['corrupted_metric']:.3g} "
+                 f"with the {trace.get('span', 'subject')} noised.")
+    return said
+
+
+def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
+    """', 95% CI [lo, hi] over n examples' of a top site's effect (its recorded t interval over the
+    per-example effects, divided by the gap when the finding states a share of it); '' without one."""
+    ci, n = cell.get("ci"), _num(cell.get("n"))
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return f", n = {n:.0f} examples" if n else ""
+    lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else (ci[0], ci[1])
+    return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
+
+
+def _where(kind: str, cell: Mapping[str, Any]) -> str:
+    """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell)."""
+    head, end = cell.get("head"), cell.get("from_end")
+    at = f"layer {cell.get('layer')}" if head is None else f"L{cell.get('layer')}H{head}"
+    return f"{kind} at {at}" + (f", position {end} from the end" if isinstance(end, int) else "")
+
+
+def _size(x: float, gap: float | None) -> str:
+    return f"{x / gap:.2f} of the gap" if gap else f"{x:.3g}"
+
+
+def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | None:
+    """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
+    first (not said when that site is tied: another cell's exact effect lies within its 95% interval or the
+    rounding floor, so there is no top to misrank; the rank already ignores attribution differences within
+    the floor: rank_checks), and a large exact effect it misses (under 1/MISS of it); None when neither."""
+    top, miss = stats.get("top_exact"), stats.get("missed")
+    said = []
+    under = f"under 1/{MISS:g} of it"
+    if (isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1
+            and not top.get("tied")):
+        same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
+        said.append(f"the top exact site ({_where(kind, top).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
+                    f"ranks only {_ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
+                    + (f", {under}" if same else ""))
+        miss = None if same else miss
+    if isinstance(miss, Mapping):
+        said.append(f"it misses {_where(kind, miss).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
+                    f"against exact {_size(miss['effect'], gap)}: {under})")
+    return "; ".join(said) or None
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def _offsets(places: Mapping[str, Any]) -> str:
+    """'-8 from the end in 6 prompts and -11 in 2'."""
+    items = sorted(((int(o), int(k)) for o, k in places.items()), key=lambda ok: (-ok[1], -ok[0]))  # most prompts first
+    said = [f"{o} from the end in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
+    return _and(said)
+
+
+def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
+    """The effect aligned on each prompt's corrupted token (its first position that differs from the clean
+    prompt), named where it exceeds every end-aligned cell of its site type and layer (templates of different
+    lengths put that token at different places from the end, and the end-aligned columns split its effect);
+    where the token's place differs across prompts, that is said in any case."""
+    info = s.get("at_corrupted_token")
+    if not isinstance(info, Mapping) or not isinstance(info.get("sites"), Mapping):
+        return None
+    places = info.get("from_end") or {}
+    split = len(places) > 1
+    records = [(kind, r) for kind, rows in info["sites"].items() for r in rows if _num(r.get("effect")) is not None]
+    if not records:
+        return None
+    kind, best = max(records, key=lambda kr: abs(kr[1]["effect"]))
+    end = best.get("end_aligned") or {}
+    larger = abs(best["effect"]) > 1.05 * abs(_num(end.get("effect")) or 0.0)
+    token = "each prompt's first position that differs from its clean prompt"
+    span = info.get("positions_differ")
+    several = isinstance(span, (list, tuple)) and len(span) == 2 and all(_num(x) is not None for x in span) \
+        and max(span) > 1  # review 6 (A9): the aligned token is the first of several that differ
+    if several:
+        count = f"{span[0]:.0f}" if span[0] == span[1] else f"{span[0]:.0f} to {span[1]:.0f}"
+        token = f"{count} positions differ per prompt"
+    name = "the first position where the prompts differ" if several else "the corrupted token"
+    where = f"{token}, at {_offsets(places)}, so end-aligned cells split its effect" if split else token
+    if not larger:
+        return (f"{name[0].upper()}{name[1:]} ({token}) sits at {_offsets(places)}: end-aligned cells split its effect."
+                if split else None)
+    size = (f"{best['effect'] / gap:.2f} of the clean-corrupted gap" if gap else f"{best['effect']:.3g}") + _effect_ci(best, gap)
+    other = (f" (the largest end-aligned cell of that layer, at {end['from_end']} from the end, "
+             f"{_size(end['effect'], gap)})" if isinstance(end.get("from_end"), int) else "")
+    return f"Aligned on {name} ({where}): {kind} at layer {best['layer']} moves {size}{other}."
+
+
+ANSWER = "the answer position (-1 from the end, where the metric is read)"
+
+
+def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) -> list[str]:
+    """The sentences on the top sites (cells: every (kind, record), largest |effect| first): the positions where
+    clean and corrupted differ, once; the lead, where the information enters (the largest residual cell away from
+    the answer position) when the metric is read at the last position, else the strongest cell; what reaches the
+    answer position and the attention that writes it there; the residual cells there that carry the whole gap
+    by construction, once (patching_sites.py); then the strongest cell of each site type not yet named."""
+    differ = frozenset(differ_offsets(s))
+    normalized = bool(s.get("normalized"))
+    said = [differing_positions(s)]
+
+    def name(kc: tuple) -> str:
+        return _site(kc[1], kc[0], differ)
+
+    def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
+        effect = cell["effect"]
+        text = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
+        return text + _effect_ci(cell, gap) + (f" ({effect:+.3g} {metric})" if gap else "")
+
+    def brief(kc: tuple) -> str:  # '<site> (0.86, 95% CI [..] over n examples)', and a tie with its type's next cell
+        kind, c = kc
+        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(s, kc, gap)
+
+    answer = s.get("metric_at_last_position", True) is not False  # older summaries: every default metric is
+    whole = by_construction(cells, gap, normalized) if answer else []
+    trivial = {_state(k, c) for k, c in whole}
+    rest = [kc for kc in cells if _state(kc[0], kc[1]) not in trivial]
+    enter = entering(rest, gap, normalized) if answer else None
+    lead = enter or (rest or cells)[0]
+    run = f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
+    if enter:
+        where = (", where the information enters (clean and corrupted differ there)," if depth(*lead) == 0
+                 or lead[1].get("from_end") in differ else ",")
+        said.append(f"Away from the answer position{where} {run[0].lower()}{run[1:]} moves the metric most at the "
+                    f"{name(lead)}: {share(lead[1])}.")
+    else:
+        said.append(f"{run} moves the metric most at the {name(lead)}: {share(lead[1])}.")
+    if gap and abs(cells[0][1]["effect"] / gap) < 0.05:
+        said.append("No single site moves more than 5% of the gap: the effect is spread out or the task is not solved.")
+    reach = reaching(rest, whole, gap, normalized) if answer else None
+    write = writer(rest, gap, normalized) if answer else None
+    it = "It" if enter else "The information"
+    if reach and write:
+        said.append(f"{it} has reached the answer position at the {brief(reach)}, moved there by attention: {brief(write)}.")
+    elif reach or write:
+        said.append(f"{it} has reached the answer position at the {brief(reach)}." if reach
+                    else f"Attention moves it to the answer position: {brief(write)}.")
+    if whole:
+        first, kinds = whole[0], {k for k, _ in whole}
+        layers = _and([str(c["layer"]) for _, c in whole]) if len(kinds) == 1 else ""
+        also = "" if len(whole) == 1 else (f"; on this run at {first[0]} layers {layers}" if layers else
+                                            "; on this run at " + _and([f"{k} at layer {c['layer']}" for k, c in whole]))
+        said.append(f"The residual stream at {ANSWER} carries the whole gap from the {first[0]} at layer "
+                    f"{first[1]['layer']} on ({share(first[1])}{also}): once the information has arrived there this "
+                    "holds by construction (every later computation at that position reads it; only later attention from "
+                    "other positions goes around it), so it says nothing about where the information enters or how it "
+                    "moves.")
+    named = [kc for kc in (lead, reach, write) if kc] + whole
+    seen = {"resid" if k in RESIDUAL or k == "resid_mid" else k for k, _ in named}
+    runners = []
+    for kind, c in _distinct_sites([kc for kc in rest if all(kc[1] is not x[1] for x in named)]):
+        family = "resid" if kind in RESIDUAL or kind == "resid_mid" else kind
+        if family not in seen and len(runners) < 2:
+            seen.add(family)
+            runners.append(brief((kind, c)))
+    if runners:
+        said.append("Next, at other sites: " + "; ".join(runners) + ".")
+    return [x for x in said if x]
+
+
+def _tie(s: Mapping[str, Any], kc: tuple, gap: float | None) -> str:
+    """', tied with <its site type's next cell> (share, CI)' where the two are within each other's 95% intervals."""
+    kind, cell = kc
+    rows = [c for c in (s.get("top_sites") or {}).get(kind) or [] if _num(c.get("effect")) is not None]
+    at = next((i for i, c in enumerate(rows) if c is cell), None)
+    if at is None or at + 1 >= len(rows) or not tied(cell, rows[at + 1]):
+        return ""
+    other = rows[at + 1]
+    return (f", tied with {_where(kind, other).split(' at ', 1)[1]} ({other['effect'] / gap if gap else other['effect']:.2f}"
+            f"{_effect_ci(other, gap)})")
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """The strongest patching sites, attribution patching's agreement and causal tracing's peaks; at
+    chance the clean and corrupted metrics and what was measured only."""
+    if "skipped" in s:
+        return f"Skipped: {s['skipped']}"
+    parts = []
+    clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
+    gap = None if s.get("normalized") or clean is None or corrupt is None or clean == corrupt else clean - corrupt
+    metric = _words(s.get("metric", ""))
+    if gap is not None:
+        parts.append(f"Clean prompts give a {metric} of {clean:.3g}, corrupted ones {corrupt:.3g}.")
+        if _at_chance(s, s.get("metric"), clean):
+            parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
+                         "restore, so the patching maps show noise.")
+    if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise: what was measured only
+        return " ".join(parts + [_measured_only(s)])
+    top = s.get("top_sites") or {}
+    cells = [(kind, c) for kind, rows in top.items() for c in rows if _num(c.get("effect")) is not None]
+    small = s.get("gap_within_noise")
+    if isinstance(small, Mapping) and cells:  # a share of a gap that is noise is not a measurement
+        cells = []
+        parts.append(f"The clean-corrupted gap is within noise ({small.get('reason', 'no reason recorded')}): effects "
+                     "normalised by it (shares of the gap) are not meaningful, so no site is ranked.")
+    if cells:
+        cells.sort(key=lambda kc: -abs(kc[1]["effect"]))
+        parts.extend(_sites(s, cells, gap, metric))
+        aligned = _corrupted_token(s, gap)
+        if aligned:
+            parts.append(aligned)
+    corr = s.get("attribution_correlation")
+    if isinstance(corr, Mapping):
+        said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
+        if said:
+            parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said) + ".")
+            rank = bool(cells)  # sites are ranked (not at chance, nor over a gap within noise)
+            wrong = {k: _ranking(k, v, gap) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
+            wrong = {k: w for k, w in wrong.items() if w}
+            slopes = [_slope(k, v, rank and k not in wrong) for k, v in corr.items() if isinstance(v, Mapping)
+                      and _num(v.get("pearson")) is not None and _case(v) == "plain"]
+            slopes = [x for x in slopes if x]
+            parts.append(" ".join(slopes) if slopes
+                         else "A high r can hide a scale error: see the per-site slopes in the figure.")
+            if wrong:
+                parts.append("Ranked by attribution patching, sites come out wrong: " + "; ".join(
+                    f"at {k}, {w}" for k, w in wrong.items()) + ". Do not rank sites by it on this model at "
+                    + _and(list(wrong)) + ".")
+    trace = s.get("causal_tracing")
+    if isinstance(trace, Mapping):
+        clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
+        if clean is not None and corrupt is not None:
+            n = trace.get("n_examples")
+            parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
+                         f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
+    return " ".join(parts)
