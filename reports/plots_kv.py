@@ -246,7 +246,8 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             text = f"{name} never ("
             if c is not None and c["budget"] != w["budget"]:
                 text += f"closest at budget {c['budget']}: {_kept(c, full)}{_band(c)}{_answers(c)}; "
-            text += f"at its largest budget that evicts, {w['budget']}, it is still {how} the full cache: "
+            text += (f"at its largest budget that evicts, {w['budget']}, its mean is still more than {100 * tol:.0f}% {how} "
+                     "the full cache: ")
             text += (_kept(w, full) if c is None or c["budget"] == w["budget"] else "") + f"{_band(w)}{_answers(w)}"
             text += _how_sure(w, how, tol)
             if e.get("misses"):
