@@ -68,3 +68,40 @@ def test_selectivity_separates_encoded_labels_from_memorised_types():
 def test_selectivity_needs_enough_examples():
     with pytest.raises(ValueError, match="at least 5 examples"):
         selectivity(LogisticProbe(), np.zeros((3, 2)), np.array([0, 1, 0]), np.array([0, 1, 2]), cv=5)
+
+
+def test_a_training_fold_with_one_control_class_scores_the_constant_it_can_learn():
+    """Review 8 A0 (a two-class is/are task, few word types at the read position): one training fold of the
+    control task held a single label, LogisticProbe refused it, sklearn recorded NaN and probes crashed.
+    Such a fold learns the only rule it can, that label: its score is that label's share of the test part,
+    counted here by hand; the other folds are fitted as usual (sklearn's own fit and score)."""
+    from sklearn.base import clone
+
+    from headscope.probes.linear import control_labels, cv_splitter
+
+    rng = np.random.default_rng(0)
+    y = np.array([0] * 11 + [1] * 13)  # the review's 11 " is" and 13 " are"
+    types = np.array([0] * 10 + [1] * 2 + [0] * 10 + [1] * 2)  # two word types, one rare: the control has two labels
+    X = np.c_[y + rng.normal(0, 0.3, 24), rng.normal(size=(24, 3))]
+    seed = next(s for s in range(200) if _one_class_fold(types, y, s))  # a seed that puts one control label in a fold
+    res = selectivity(LogisticProbe(), X, y, types, cv=3, seed=seed)
+    control = control_labels(types, y, seed=seed)
+    folds = list(cv_splitter(y, LogisticProbe(), 3, seed).split(X, y))
+    expect = []
+    for train, test in folds:
+        if len(np.unique(control[train])) == 1:
+            expect.append(np.mean(control[test] == control[train][0]))
+        else:
+            expect.append(clone(LogisticProbe()).fit(X[train], control[train]).score(X[test], control[test]))
+    assert np.isfinite(res["control"]).all() and np.isfinite(res["score"]).all()
+    np.testing.assert_allclose(res["control"], expect)
+
+
+def _one_class_fold(types, y, seed) -> bool:
+    from headscope.probes.linear import control_labels, cv_splitter
+
+    control = control_labels(types, y, seed=seed)
+    if len(np.unique(control)) < 2:
+        return False
+    return any(len(np.unique(control[train])) == 1
+               for train, _ in cv_splitter(y, LogisticProbe(), 3, seed).split(np.zeros((len(y), 1)), y))
