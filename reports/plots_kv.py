@@ -107,7 +107,10 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
         name, bounds = key_norm.get("module", "k_norm"), key_norm.get("bounds") or []
         layers = sorted(int(v) for v in key_norm.get("layers") or [])
         who = "keys are" if set(layers) >= set(means.layer.unique()) else f"layer(s) {', '.join(map(str, layers))}:"
-        title += f"\n{who} normalised ({name}) before caching:\ntheir norms are fixed by its weight, not a sink signal"
+        if key_norm.get("per_head", True):
+            title += f"\n{who} normalised ({name}) before caching:\ntheir norms are set by its weight, not a sink signal"
+        else:  # review 8 A1: a norm over all heads bounds a key's total over them, not one head's norm
+            title += f"\n{who} normalised over all KV heads together ({name}):\na key's total is bounded, one head's norm is not"
         if key_norm.get("per_head", True) and len(bounds) == 2:
             lo, hi = float(bounds[0]), max(float(bounds[1]), 1.002 * float(bounds[0]))  # a constant weight: a thin band
             ax.axhspan(lo, hi, color="grey", alpha=0.25, lw=0, label=f"{name} allows {_span2(*bounds)}")
@@ -171,9 +174,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted: positions fewer than half of the prompts reach. A "
                 "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions. "
-                "The y axis starts at 0. On a model that normalises its keys before caching (a k_norm: Qwen3 and "
-                "Gemma 3 per head, OLMo 2 over all KV heads) their norms are fixed by the norm's weight, which the "
-                "title says (grey band: the range a per-head norm allows): the lines show the normalisation, not a sink.",
+                "The y axis starts at 0. On a model that normalises each head's keys before caching (a k_norm: Qwen3, "
+                "Gemma 3) their norms are set by the norm's weight, which the title says (grey band: the range the norm "
+                "allows): the lines show the normalisation, not a sink. A norm over all KV heads together (OLMo 2) "
+                "bounds a key's total over its heads, not one head's norm, so there the lines can still show a sink.",
     "kv_sinks": "Per layer, attention mass (0-1) on the first position against the uniform-attention mass (a "
                 "sliding-window layer's counts only the keys inside its window), with its 95% t interval over "
                 "prompts; the finding names the layers that are sinks.",
@@ -431,7 +435,7 @@ def _span2(lo: float, hi: float) -> str:
 
 def _normalised_sentence(key_norm: Mapping[str, Any]) -> str:
     """Why the first key's norm is not reported on a model that normalises its keys before caching them
-    (the summary's key_norm, analyses/kv/analysis.key_norm_record): their norms are fixed by the norm's weight."""
+    (the summary's key_norm, analyses/kv/analysis.key_norm_record) per head: their norms are set by the norm's weight."""
     how = "RMS-normalised" if key_norm.get("rms", True) else "normalised"
     name = key_norm.get("module", "k_norm")
     dim, gain, bounds = _num(key_norm.get("dim")), key_norm.get("gain") or [], key_norm.get("bounds") or []
@@ -443,22 +447,30 @@ def _normalised_sentence(key_norm: Mapping[str, Any]) -> str:
     measured = key_norm.get("measured") or []
     if len(measured) == 2:
         here.append(f"measured {_span2(*measured)}")
-    where = f" ({'; '.join(here)})" if here else ""
-    per_head = key_norm.get("per_head", True)
-    scope = "per head" if per_head else "over all KV heads together"
-    which = name if per_head or not dim else f"{name}, {dim:.0f} entries"
-    what = "their norms are" if per_head else "each key's norm over its heads is"
-    return (f"Keys are {how} {scope} ({which}) before caching, so {what} fixed by the norm's weight{where} and the "
-            "first key's norm cannot mark a sink: not reported.")
+    eps = "; smaller only for a key near zero against the norm's epsilon" if here else ""
+    where = f" ({'; '.join(here)}{eps})" if here else ""
+    return (f"Keys are {how} per head ({name}) before caching, so their norms are set by the norm's weight, not by "
+            f"the key's input{where}, and the first key's norm cannot mark a sink: not reported.")
+
+
+def _all_heads_note(key_norm: Mapping[str, Any]) -> str:
+    """Review 8 A1 (OLMo 2): a norm over all KV heads together bounds a key's norm over its heads, not one
+    head's share of it, so the per-head ratio stays meaningful and is reported, with this note."""
+    name, dim = key_norm.get("module", "k_norm"), _num(key_norm.get("dim"))
+    return (f" Keys are normalised over all KV heads together ({name}{f', {dim:.0f} entries' if dim else ''}) before "
+            "caching: that bounds a key's norm over its heads, not one head's share of it, so the per-head ratio above "
+            "can still show a sink.")
 
 
 def _norm_sentence(s: Mapping[str, Any]) -> str:
     """Whether the first key stands out, from the per-layer ratio of its norm to the other keys'; on a model
     that normalises its keys before caching (keys_normalised: a k_norm), why that ratio is not reported."""
     key_norm = s.get("key_norm") if isinstance(s.get("key_norm"), Mapping) else None
-    if s.get("keys_normalised") and key_norm is not None:
+    all_heads = key_norm is not None and key_norm.get("per_head", True) is False
+    if s.get("keys_normalised") and key_norm is not None and not all_heads:
         return _normalised_sentence(key_norm)
-    skip = {str(v) for v in (key_norm or {}).get("layers") or []}  # layers that normalise their keys
+    # layers whose per-head key norms are set by a norm: their ratio is not reported (a norm over all heads sets none)
+    skip = set() if all_heads else {str(v) for v in (key_norm or {}).get("layers") or []}
     given = {k: v for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items() if str(k) not in skip}
     ratios = {k: _num(v) for k, v in given.items()}
     ratios = {k: v for k, v in ratios.items() if v is not None}
@@ -479,7 +491,8 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
         verdict = f"the first key's norm stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
     else:
         verdict = "the first key's norm does not stand out" + (" (it is smaller)" if hi < 1 else "")
-    return f"The first key's norm is {span} times the other keys' ({which}): {verdict}."
+    return (f"The first key's norm is {span} times the other keys' ({which}): {verdict}."
+            + (_all_heads_note(key_norm) if all_heads else ""))
 
 
 def finding(s: Mapping[str, Any]) -> str:

@@ -371,10 +371,10 @@ def test_keys_normalised_on_qwen3_are_said_and_bounded_by_hf_k_norm(tmp_path):
     from headscope.reports.plots_kv import finding, plot_norms
 
     text = finding(s)
-    assert (f"Keys are RMS-normalised per head (k_norm) before caching, so their norms are fixed by the norm's weight "
-            f"(here {4 * lo:.2f}-{4 * hi:.2f}: sqrt(16) x its |weight| {lo:.2f}-{hi:.2f}; measured "
-            f"{float(means.min()):.2f}-{float(means.max()):.2f}) and the first key's norm cannot mark a sink: not "
-            "reported.") in text
+    assert (f"Keys are RMS-normalised per head (k_norm) before caching, so their norms are set by the norm's weight, "
+            f"not by the key's input (here {4 * lo:.2f}-{4 * hi:.2f}: sqrt(16) x its |weight| {lo:.2f}-{hi:.2f}; measured "
+            f"{float(means.min()):.2f}-{float(means.max()):.2f}; smaller only for a key near zero against the norm's "
+            "epsilon), and the first key's norm cannot mark a sink: not reported.") in text
     assert "The first key's norm is" not in text
     import matplotlib.pyplot as plt
 

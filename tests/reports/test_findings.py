@@ -800,9 +800,18 @@ def test_kv_normalised_keys_are_not_read_as_a_sink():
     olmo = {"module": "k_norm", "kind": "Olmo2RMSNorm", "rms": True, "per_head": False, "dim": 32, "layers": [0, 1],
             "gain": [1.0, 1.0], "bounds": [32 ** 0.5, 32 ** 0.5]}
     text = finding("kv", {**ratios, "keys_normalised": True, "key_norm": olmo})
-    assert ("Keys are RMS-normalised over all KV heads together (k_norm, 32 entries) before caching, so each key's norm "
-            "over its heads is fixed by the norm's weight (here 5.66: sqrt(32) x its |weight| 1.00) and the first key's "
-            "norm cannot mark a sink: not reported.") in text
+    # review 8 A1: a norm over all heads bounds a key's norm over its heads, not one head's share: the ratio stands
+    assert ("The first key's norm is 1.00 to 2.40 times the other keys' (per layer): the first key's norm stands out in "
+            "layer(s) 1 only. Keys are normalised over all KV heads together (k_norm, 32 entries) before caching: that "
+            "bounds a key's norm over its heads, not one head's share of it, so the per-head ratio above can still show "
+            "a sink.") in text
+    assert "cannot mark a sink" not in text
+    qwen = {**olmo, "kind": "Qwen3RMSNorm", "per_head": True, "dim": 16, "gain": [0.96, 1.43], "bounds": [3.86, 5.71],
+            "measured": [4.09, 4.98]}
+    text = finding("kv", {**ratios, "keys_normalised": True, "key_norm": qwen})
+    assert ("Keys are RMS-normalised per head (k_norm) before caching, so their norms are set by the norm's weight, not "
+            "by the key's input (here 3.86-5.71: sqrt(16) x its |weight| 0.96-1.43; measured 4.09-4.98; smaller only for "
+            "a key near zero against the norm's epsilon), and the first key's norm cannot mark a sink: not reported.") in text
     assert "times the other keys'" not in text and "stands out" not in text
     some = finding("kv", {**ratios, "keys_normalised": False, "key_norm": {**olmo, "per_head": True, "layers": [0]}})
     assert ("The first key's norm is 2.40 times the other keys' (layer(s) 1; layer(s) 0 normalise their keys (k_norm) "
