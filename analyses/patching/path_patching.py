@@ -77,6 +77,12 @@ def _check_receivers(model, receivers, component: str) -> list[Head]:
         out.append((layer, head))
     if not out:
         raise ConfigError("receivers is empty; pass (layer, head) pairs or 'logits'.")
+    bare = sorted({layer for layer, _ in out if getattr(model.bridge.blocks[layer], "ln1", None) is None})
+    if bare:  # review 8 A6: OLMo 2 (norms after attention, q/k normalised over all heads) crashed on `ln1`
+        raise ConfigError(f"Path patching into a receiver's {component} needs the norm before attention to recompute "
+                          f"the receiver's input, and layer(s) {', '.join(map(str, bare))} of {model.facts.name} have "
+                          "none (their norms follow attention; q and k are normalised after the projection): patch "
+                          "paths to the logits instead (receivers='logits').")
     return out
 
 

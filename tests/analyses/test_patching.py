@@ -596,3 +596,17 @@ def test_correlation_with_exact_counts_the_non_zero_cells_it_rests_on():
     keep = np.arange(59)  # every cell but the largest (0.8 at position 59)
     expected = np.corrcoef(exact["effect"].to_numpy()[keep], attr["attribution"].to_numpy()[keep])[0, 1]
     assert stats["pearson_without_top"] == pytest.approx(expected)
+
+
+def test_receivers_on_blocks_without_a_norm_before_attention_are_refused_in_one_line(more_arch_models):
+    """Review 8 A6: q/k/v receivers on OLMo 2 (no norm before attention: its norms follow attention, q and k are
+    normalised over all heads after the projection) crashed with AttributeError on `ln1`; one ConfigError line
+    now says why and what runs instead, and a path to the logits still runs."""
+    model = more_arch_models("olmo2")
+    assert not hasattr(model.bridge.blocks[1], "ln1")  # the premise, from the bridge itself
+    task = make_task(pos=5, seed=17)
+    for component in ("q", "k", "v"):
+        with pytest.raises(hs.ConfigError, match=r"layer\(s\) 1 of .* have none .*receivers='logits'") as err:
+            path_patching(model, task, [(1, 0)], senders=[(0, 3)], component=component, progress=False)
+        assert "\n" not in str(err.value)
+    assert np.isfinite(path_patching(model, task, "logits", senders=[(0, 3)], progress=False).df["value"]).all()
