@@ -9,6 +9,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -504,7 +505,10 @@ def _ties_beyond(s: Mapping[str, Any], last: str) -> str:
                                  for k, c in counts.items()) + ")"
     shown = [f"{c} {m:+.2f}" if _num(m) is not None else str(c) for c, m in zip(within[:6], means)]
     more = f", and {len(within) - 6} more" if len(within) > 6 else ""
-    return f", tied with {len(within)} other {word} within its interval ({', '.join(shown)}{more})"
+    # "other" only beside a writer of the same kind (review 8 C2: "mlp2 ..., tied with 2 other heads")
+    own = "mlp" if last.startswith("mlp") else "head" if re.fullmatch(r"L\d+H\d+", last) else None
+    other = "other " if own is not None and kinds == {own} else ""
+    return f", tied with {len(within)} {other}{word} within its interval ({', '.join(shown)}{more})"
 
 
 def _totals(s: Mapping[str, Any]) -> str:

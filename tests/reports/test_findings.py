@@ -1204,8 +1204,13 @@ def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_m
     assert alone["dla_last_named_ties"]["within"] == [] and "tied with" not in finding("circuits", alone)
     mixed = _dla_summary({"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
                           "L1H0": ("head", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4), "mlp2": ("mlp", [0.5] * 4)})
-    assert "tied with 2 other components (1 head, 1 MLP) within its interval (L0H3 +0.78, mlp2 +0.50)" in finding(
+    assert "tied with 2 components (1 head, 1 MLP) within its interval (L0H3 +0.78, mlp2 +0.50)" in finding(
         "circuits", mixed)
+    # review 8 C2: heads tied with a named MLP are not "other heads"
+    after_mlp = _dla_summary({"L1H0": ("head", [5, 5.2, 5, 5.2]), "L1H1": ("head", [3, 3.2, 3, 3.2]),
+                              "mlp2": ("mlp", [1, 0.6, 1, 0.6]), "L0H3": ("head", [0.78] * 4), "L0H0": ("head", [0.7] * 4)})
+    text = finding("circuits", after_mlp)
+    assert "mlp2 (+0.80, 95% CI [0.43, 1.17]), tied with 2 heads within its interval (L0H3 +0.78, L0H0 +0.70)" in text
 
 
 def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fisher():
