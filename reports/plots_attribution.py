@@ -417,7 +417,7 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
 def _measured_only(s: Mapping[str, Any], n: int) -> str:
     """At chance: what was measured (n, the methods, the permutation and adversarial settings), no tau,
     no rate of significant taus, no reading of either test."""
-    measured = ["Kendall tau between attention and gradient x input, leave-one-out and integrated gradients"]
+    measured = ["Kendall tau between attention and saliency, gradient x input, leave-one-out and integrated gradients"]
     layer = s.get("permutation_layer")
     if _num(s.get("median_permutation_tvd")) is not None:
         draws = s.get("n_permutations")

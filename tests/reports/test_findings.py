@@ -423,7 +423,7 @@ def test_rollout_is_never_called_better_without_a_paired_test_nor_at_chance():
          "std_tau_attention_ig": 0.035, "mean_tau_rollout_gradient": 0.2452, "mean_tau_rollout_ig": 0.057,
          "mean_tau_rollout_loo": -0.138}
     text = finding("attribution", {**s, "chance": AT_CHANCE})  # at chance: what was measured, no tau at all
-    assert "Measured over 4 examples: Kendall tau between attention and gradient x input" in text
+    assert "Measured over 4 examples: Kendall tau between attention and saliency, gradient x input" in text  # review 8 C5
     assert "does better" not in text and "tracks token importance" not in text and "0.25" not in text
     # above chance without paired tests: rollout's higher mean against gradient x input is not called better
     text = finding("attribution", s)
