@@ -288,6 +288,8 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads, "
              f"d_model {model.get('d_model', '?')}")
+    if model.get("parallel_blocks"):  # review 8 C2: mlpL reads the block's input, as layer L's heads do
+        facts += ", parallel blocks (attention and MLP both read the block's input)"
     if info.get("dtype"):  # review 7 A6: findings that speak of rounding rest on the precision: say it up front
         facts += f", run in {info['dtype']}" + (f" on {info['device']}" if info.get("device") else "")
     html = (

@@ -42,7 +42,7 @@ from headscope.errors import (
     RunInterrupted,
     TaskFileError,
 )
-from headscope.execution import distributed
+from headscope.execution import block_shape, distributed
 from headscope.reports import io
 from headscope.reports.manifest import build_manifest
 from headscope.reports.outputs import OutputSession, _make_parents, check_modes, check_out, replace_folder, sha256
@@ -561,7 +561,9 @@ class _Writer:
         config_info = {"analyses": report_names, "task": run.task, "quick": run.quick, "n_examples": run.n_examples,
                        "budget_minutes": run.minutes, "strict": bool(getattr(run.task, "strict", False)),
                        "device": str(model.device), "dtype": _dtype_name(model), "settings": settings}
-        model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()}}
+        model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()},
+                      # review 8 C2: parallel blocks change what "mlp1" reads; the header says so
+                      "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks)}
         writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
                      report_names=report_names, model_info=model_info, config_info=config_info)
         writer.manifest()

@@ -727,3 +727,4 @@ def test_dtype_runs_the_report_in_that_precision_and_says_so(tmp_path, monkeypat
     assert "<th>dtype</th><td>bfloat16</td>" in page
     assert "d_model " in page and ", run in bfloat16 on cpu." in page  # review 7 A6: in the header, not only at the end
     assert ", run in bfloat16 on cpu" in (out / "report.md").read_text()
+    assert "parallel blocks" not in page  # the zoo Llama is sequential (review 8 C2: only parallel blocks say it)

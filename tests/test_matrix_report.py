@@ -55,6 +55,14 @@ def test_no_analysis_fails(arch, report):
     assert failed == {}
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_manifest_says_whether_blocks_are_parallel(arch, report, arch_dirs):
+    """Review 8 C2: a parallel block's MLP reads the block's input, as its heads do (GPT-NeoX's
+    use_parallel_residual, read here from the checkpoint's own config); the report says so."""
+    config = json.loads((arch_dirs[arch] / "config.json").read_text(encoding="utf-8"))
+    assert report[0]["model"]["parallel_blocks"] is bool(config.get("use_parallel_residual", False))
+
+
 @pytest.mark.parametrize("arch", ["llama3", "qwen3"])
 def test_every_analysis_runs_in_bfloat16(arch, arch_dirs, more_arch_dirs, tmp_path):
     """#31 item 3: the whole quick report with the model in bfloat16 (`--dtype bfloat16`): no analysis
