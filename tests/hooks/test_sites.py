@@ -85,3 +85,16 @@ def test_negative_layers_count_from_the_end_given_the_model(tiny_models):
             hs.site("resid_pre", layer, model=model)
     with pytest.raises(hs.SiteError, match="hs.site"):  # TransformerLens's get_act_name("resid_pre", -1) as a hook name
         model.run_with_hooks(random_tokens(1, 5), fwd_hooks=[("blocks.-1.hook_resid_pre", lambda x, hook: x)])
+
+
+def test_resid_mid_on_a_parallel_block_says_why_there_is_none(arch_models):
+    """Review 8 C1: asked for resid_mid on GPT-NeoX (use_parallel_residual), the error was a generic "Unknown
+    site"; it now says the block runs attention and MLP in parallel. A sequential block has the site."""
+    from headscope.errors import SiteError
+    from headscope.hooks.sites import check_site
+
+    neox = arch_models("neox")
+    assert neox.bridge.original_model.config.use_parallel_residual  # the premise, from Hugging Face's config
+    with pytest.raises(SiteError, match=r"block 0 of .* has no resid_mid: attention and MLP run in parallel"):
+        check_site(neox, "blocks.0.hook_resid_mid")
+    assert check_site(arch_models("llama3"), "blocks.0.hook_resid_mid") == "blocks.0.hook_resid_mid"
