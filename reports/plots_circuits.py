@@ -536,8 +536,16 @@ def finding(s: Mapping[str, Any]) -> str:
     parts = []
     first = s.get("lens_first_top1_layer", s.get("first_top1_layer"))
     per_layer = s.get("lens_top1_fraction_per_layer") or {}
+    guess = _num(s.get("lens_constant_guess"))
+    n_layers = len(per_layer) - 1 if per_layer else None
+    shown = {0, first} if isinstance(first, int) else {0}
+    if isinstance(first, int) and guess is not None:
+        cleared = _above_guess(s, first, per_layer, guess)
+        shown.add(cleared)
+        if cleared != first:  # the median's first top-1 layer is within reach of a constant guess
+            parts.append(_lens_against_guess(s, first, cleared, per_layer, guess, n_layers))
+            first = None
     if isinstance(first, int):
-        n_layers = len(per_layer) - 1 if per_layer else None
         share = _top1_share(s, first, per_layer)
         if n_layers is not None and first >= n_layers:
             parts.append(f"The logit lens ranks the answer top-1 (median over examples) only at the model's output, "
@@ -549,6 +557,8 @@ def finding(s: Mapping[str, Any]) -> str:
             of = f" of {n_layers}" if n_layers is not None else ""
             parts.append(f"The logit lens first ranks the answer top-1 (median over examples) at the input of block "
                          f"{first} (row {first}_pre), after {first}{of} blocks{share}.")
+    parts.append(_lens_logit_diff(s, shown))
+    parts = [p for p in parts if p]
     top = {k: _num(v) for k, v in (s.get("dla_top_components") or {}).items() if _num(v) is not None}
     final = _num(s.get("dla_final_logit"))
     entry = _chance(s)
@@ -580,6 +590,68 @@ def _boot(ci: Any) -> str:
     if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
         return ""
     return f"95% bootstrap CI [{ci[0]:.3f}, {ci[1]:.3f}] over examples; "
+
+
+FEW_ANSWERS = 4  # a task with at most this many distinct answers: a constant guess is often top-1
+
+
+def _top1_count(s: Mapping[str, Any], layer: int, per_layer: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(k, n): examples with the answer top-1 at `layer` and examples; None without n or the layer."""
+    frac, n = _num(per_layer.get(str(layer))), _num(s.get("n_examples"))
+    if frac is None or not n or n < 1:
+        return None
+    counted = _num((s.get("lens_top1_count_per_layer") or {}).get(str(layer)))
+    return (int(counted) if counted is not None else round(frac * n)), int(n)
+
+
+def _above_guess(s: Mapping[str, Any], first: int, per_layer: Mapping[str, Any], guess: float) -> int | None:
+    """The first layer from `first` on where the answer is top-1 on more than half the examples (the
+    median's rule) and the Wilson 95% interval of that count lies above `guess`, the share a constant
+    guess of the commonest answer reaches; None when no layer does."""
+    for layer in sorted(int(k) for k in per_layer if int(k) >= first):
+        kn = _top1_count(s, layer, per_layer)
+        if kn is not None and kn[0] * 2 > kn[1] and wilson(*kn)[0] > guess:
+            return layer
+    return None
+
+
+def _lens_against_guess(s: Mapping[str, Any], first: int, cleared: int | None, per_layer: Mapping[str, Any],
+                        guess: float, n_layers: int | None) -> str:
+    """The lens sentence when the median's first top-1 layer does not beat a constant guess: the
+    layer that does (or that none does), and why the earlier one does not count."""
+    kn = _top1_count(s, first, per_layer)
+    n = kn[1] if kn else None
+    whole = n and abs(guess * n - round(guess * n)) < 1e-6  # the guess's count among these n examples
+    rate = f"{_pct(guess)}" + (f" ({round(guess * n)} of {n})" if whole else "")
+    where = ("the embeddings" if first == 0 else "the model's output" if n_layers is not None and first >= n_layers
+             else f"the input of block {first}")
+    early = (f"top-1 in {kn[0]} of {n} examples at {where} (Wilson 95% CI {_pct(wilson(*kn)[0])}-{_pct(wilson(*kn)[1])})"
+             if kn else f"the top-1 share at {where}")
+    baseline = f"a constant guess of the commonest answer, which is top-1 on {rate} of these examples"
+    if cleared is None:
+        return (f"The logit lens ranks the answer top-1 on no layer more often than {baseline}: "
+                f"{early} does not clear that guess, nor does any later layer's interval.")
+    of = f" of {n_layers}" if n_layers is not None else ""
+    place = (f"only at the model's output, after all {n_layers} blocks" if n_layers is not None and cleared >= n_layers
+             else f"at the input of block {cleared} (row {cleared}_pre), after {cleared}{of} blocks")
+    return (f"The logit lens first ranks the answer top-1 more often than {baseline}, {place}"
+            f"{_top1_share(s, cleared, per_layer)}; {early} does not clear that guess.")
+
+
+def _lens_logit_diff(s: Mapping[str, Any], layers: set) -> str:
+    """Where the answers are few fixed tokens (a top-1 count is then near a coin's), the lens's logit
+    difference (answer minus wrong answer) at `layers` and the output as the reader's measure; else ''."""
+    few = _num(s.get("lens_n_answers"))
+    diffs = {int(k): _num(v) for k, v in (s.get("lens_mean_logit_diff_per_layer") or {}).items() if _num(v) is not None}
+    if few is None or few > FEW_ANSWERS or len(diffs) < 2:
+        return ""
+    last = max(diffs)
+    shown = [f"{diffs[l]:.3g} at " + ("the embeddings" if l == 0 else f"block {l}'s input")
+             for l in sorted(diffs) if l in layers and l != last]
+    if not shown:
+        return ""
+    return (f"The task has {few:.0f} distinct answers, so the lens's mean logit difference (answer minus wrong answer) "
+            f"is the measure to read: {', '.join(shown)}, of {diffs[last]:.3g} at the output.")
 
 
 def _top1_share(s: Mapping[str, Any], layer: int, per_layer: Mapping[str, Any]) -> str:

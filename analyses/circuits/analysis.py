@@ -253,6 +253,8 @@ def lens_summary(lens: pd.DataFrame, output_error: float) -> dict:
         "top1_fraction": g["rank"].apply(lambda r: float((r == 0).mean())), "mean_logit_diff": g.logit_diff.mean(),
     })
     top1 = per_layer.index[per_layer.median_rank == 0]
+    answers = at.drop_duplicates("example").target  # [example]: one answer each
+    counts = answers.value_counts()
     return {
         "lens_mean_rank_per_layer": {str(l): float(v) for l, v in per_layer.mean_rank.items()},
         "lens_mean_logprob_per_layer": {str(l): float(v) for l, v in per_layer.mean_logprob.items()},
@@ -261,6 +263,9 @@ def lens_summary(lens: pd.DataFrame, output_error: float) -> dict:
         "lens_mean_logit_diff_per_layer": {str(l): (None if pd.isna(v) else float(v))
                                            for l, v in per_layer.mean_logit_diff.items()},
         "first_top1_layer": int(top1[0]) if len(top1) else None,
+        # the rate a constant guess of the commonest answer is top-1: the baseline a layer's top-1 count must beat
+        "lens_constant_guess": float(counts.iloc[0] / len(answers)) if len(answers) else None,
+        "lens_n_answers": int(len(counts)),  # distinct answers among the lens examples
         "lens_final_output_error": output_error,
     }
 

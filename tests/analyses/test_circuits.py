@@ -392,3 +392,11 @@ def test_dla_through_post_attention_norms_equals_hand_hugging_face(arch, arch_mo
     assert contrib["remainder"].abs().max() < 1e-4
     normed = hf.model.norm(store["final"][rows, last])
     assert torch.allclose(ours.contributions.sum(0), (normed * d).sum(-1), atol=1e-4)
+
+
+def test_lens_constant_guess_is_the_commonest_answers_share(tiny_models):
+    """Two fixed answers, three of five prompts answered 11: a constant guess of 11 is top-1 on 3 / 5,
+    the baseline the finding holds each layer's top-1 count against (review 8a A1)."""
+    task = Task(name="two", tokens=random_tokens(5, 6, seed=3), answers=torch.tensor([11, 12, 11, 12, 11]))
+    s = circuits.logit_lens(tiny_models["gpt2"], task).summary
+    assert s["lens_constant_guess"] == 3 / 5 and s["lens_n_answers"] == 2

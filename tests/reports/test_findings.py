@@ -284,6 +284,31 @@ def test_circuits_lens_names_the_block_input_row():
     assert "(top-1 in 8 of 8 examples, 100%, Wilson 95% CI 68%-100%)" in finding("circuits", eight)
 
 
+def test_circuits_lens_top1_is_held_against_a_constant_guess():
+    """Review 8a A1: on is/are the embeddings' 5 of 8 top-1 (Wilson 95% CI 30.6%-86.3%) is a constant
+    guess of the commoner answer, not the answer; 8 of 8 at block 1 (Wilson 67.6%-100%) clears 5/8."""
+    s = {"first_top1_layer": 0, "n_examples": 8, "lens_n_answers": 2,
+         "lens_top1_fraction_per_layer": {"0": 5 / 8, "1": 1.0, "2": 1.0, "3": 1.0},
+         "lens_top1_count_per_layer": {"0": 5, "1": 8, "2": 8, "3": 8},
+         "lens_mean_logit_diff_per_layer": {"0": 0.5625, "1": 5.51, "2": 7.94, "3": 10.62}}
+    for guess, rate in ((5 / 8, "62% (5 of 8)"), (0.54, "54%")):
+        text = finding("circuits", {**s, "lens_constant_guess": guess})
+        assert "already at the embeddings" not in text
+        assert (f"first ranks the answer top-1 more often than a constant guess of the commonest answer, which is "
+                f"top-1 on {rate} of these examples, at the input of block 1 (row 1_pre), after 1 of 3 blocks (top-1 in "
+                "8 of 8 examples, 100%, Wilson 95% CI 68%-100%); top-1 in 5 of 8 examples at the embeddings (Wilson 95% "
+                "CI 31%-86%) does not clear that guess.") in text
+        assert ("mean logit difference (answer minus wrong answer) is the measure to read: 0.562 at the embeddings, "
+                "5.51 at block 1's input, of 10.6 at the output.") in text
+    # a guess right on 7 of 8: 8 of 8's lower bound 67.6% does not clear 87.5%, so no layer is named
+    none = finding("circuits", {**s, "lens_constant_guess": 7 / 8})
+    assert "ranks the answer top-1 on no layer more often than a constant guess" in none and "block 1 (row" not in none
+    # many answers (IOI's names): a guess right on 1 of 8 changes nothing, today's sentence, no logit-difference line
+    many = finding("circuits", {**s, "first_top1_layer": 1, "lens_constant_guess": 1 / 8, "lens_n_answers": 8})
+    assert many == ("The logit lens first ranks the answer top-1 (median over examples) at the input of block 1 "
+                    "(row 1_pre), after 1 of 3 blocks (top-1 in 8 of 8 examples, 100%, Wilson 95% CI 68%-100%).")
+
+
 def test_probes_selectivity_against_a_negative_control_r2():
     s = {"metric": "r2", "labels": "position", "best_layer": 2, "best_r2": 0.9, "best_control": -0.26,
          "best_selectivity": 1.16, "best_std": 0.03, "cv": 5, "n_examples": 16, "majority_baseline": None}
