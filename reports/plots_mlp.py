@@ -285,6 +285,43 @@ def _p(p: float) -> str:
     return f"p = {p:.2g}" if p >= 0.001 else "p < 0.001"
 
 
+def _layers(names: list[str]) -> str:
+    """Layer indices in words: "layer 0", "layers 0 and 1", "layers 0, 1 and 2", "none" (a bare "0" reads as a count)."""
+    if not names:
+        return "none"
+    if len(names) == 1:
+        return f"layer {names[0]}"
+    return f"layers {', '.join(names[:-1])} and {names[-1]}"
+
+
+def _against_wrong(s: Mapping[str, Any], count: int) -> str | None:
+    """With wrong answers: the updates holding the answer and not the wrong answer among their top tokens, the
+    reverse (each with its Wilson interval) and both, and the exact two-sided sign test of the first two; None
+    without those counts (no wrong answers, or an older summary). A neuron that promotes "a verb here" holds both
+    answers, so the answer's share alone is no evidence of the task."""
+    right, wrong, both = (_num(s.get(f"n_task_updates_{k}")) for k in ("answer_only", "wrong_only", "both"))
+    if right is None or wrong is None or both is None:
+        return None
+    right, wrong, both = int(right), int(wrong), int(both)
+    top = _num(s.get("top_k_tokens"))
+    where = f"top {top:.0f} promoted tokens" if top else "top promoted tokens"
+
+    def share(k: int) -> str:
+        lo, hi = wilson(k, count)
+        return f"{k} ({_pct(k / count)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)})"
+
+    text = (f"Of the {count} largest task updates, {share(right)} put the answer and not the wrong answer among their "
+            f"{where}, {share(wrong)} the reverse, {both} both")
+    if right + wrong:
+        from scipy.stats import binomtest
+
+        p = binomtest(right, right + wrong).pvalue  # the sign test: answer only against wrong answer only, p = 1/2
+        verdict = ("more single out the answer" if p < ALPHA and right > wrong else
+                   "more single out the wrong answer" if p < ALPHA else "neither is singled out more often")
+        text += f" ({right} against {wrong}: {verdict}, exact two-sided sign test, {_p(p)})"
+    return text + "."
+
+
 def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int, sizes: Mapping[str, int]) -> list[str]:
     """Sentences: the best layer against its own shuffled control, every layer against its control, and the
     best layer against the others (pooled and each), all by Fisher's exact test on k of n neurons (each
@@ -302,7 +339,7 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
     counts = _count_map(s, "agreement", sizes)
     above = [l for l, p in tests["control_p_per_layer"].items() if p < ALPHA and counts.get(l, 0) > control.get(l, 0)]
     if len(tests["control_p_per_layer"]) > 1:
-        out.append(f"Layers above their own control at p < {ALPHA:g}: " + (", ".join(above) if above else "none") + ".")
+        out.append(f"Layers above their own control at p < {ALPHA:g}: " + _layers(above) + ".")
     pooled, each = tests.get("best_vs_others_p"), tests.get("best_vs_layer_p") or {}
     if pooled is not None and tests.get("best_layer") == best:
         others = [l for l in counts if l != best and l in sizes]
@@ -357,13 +394,19 @@ def finding(s: Mapping[str, Any]) -> str:
         if count:
             promoting = _num(s.get("n_task_updates_promoting"))
             k = int(promoting) if promoting is not None else round(frac * count)
-            lo, hi = wilson(k, int(count))
-            parts.append(f"{k} of {count:.0f} top task updates ({_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)}) "
-                         "promote the answer token.")
+            against = _against_wrong(s, int(count))
+            if against:
+                parts.append(against)
+            else:
+                lo, hi = wilson(k, int(count))
+                parts.append(f"{k} of {count:.0f} top task updates ({_pct(frac)}, Wilson 95% CI {_pct(lo)}-{_pct(hi)}) "
+                             "promote the answer token.")
             per = _num(s.get("n_top_updates"))
             if examples and per:  # the updates are not independent draws: say how they cluster
                 parts.append(f"They are the top {per:.0f} per example and layer over {examples:.0f} task examples; the "
-                             "interval treats them as independent, so it is too narrow when one example's updates agree.")
+                             + ("intervals and the test treat them as independent, so they overstate the evidence"
+                                if against else "interval treats them as independent, so it is too narrow")
+                             + " when one example's updates agree.")
         else:
             parts.append(f"{_pct(frac)} of the top task updates" + (f" (on {examples:.0f} task examples)" if examples else "")
                          + " promote the answer token.")

@@ -238,12 +238,14 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
     (Task.answer_positions), so every example's sub-updates are those of the example run alone.
 
     Returns (top, per_neuron): `top` has one row per (example, layer, rank) with the neuron, m_i,
-    ||m_i v_i||, its direct logit on the answer m_i (E v_i)[answer] and the promoted tokens;
+    ||m_i v_i||, its direct logit on the answer m_i (E v_i)[answer], the promoted tokens and whether the
+    answer (and, when the Task has wrong answers, the wrong answer) is among them;
     `per_neuron` has every (layer, neuron) with the mean ||m_i v_i|| and mean m_i over examples (0 where a
     mixture of experts did not route the example to the neuron's expert: `n_routed` says on how many it did).
     """
     one_token_answers(task, "mlp")
     answers = None if task.answers is None else task.answers.cpu()
+    wrong = None if task.wrong_answers is None or answers is None else task.wrong_answers.cpu()
     top_rows, neuron_rows = [], []
     names = [hooks.site("mlp_post", layer) for layer in layers]
     acts = _answer_activations(model, task, names)
@@ -267,6 +269,8 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
                     "coefficient": m[b, neuron].item(), "update_norm": norms[b, neuron].item(),
                     "answer_logit": logits[b, rank, int(answers[b])].item() if answers is not None else float("nan"),
                     "promotes_answer": bool(answers is not None and (toks == answers[b]).any()),
+                    # the wrong answer among the same top tokens: a verb-promoting neuron promotes both
+                    **({} if wrong is None else {"promotes_wrong": bool((toks == wrong[b]).any())}),
                     "promoted": " ".join(model.to_str_tokens(toks)),
                 })
         per = pd.DataFrame({
@@ -286,6 +290,15 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
             per.insert(4, "n_routed", routed.sum(0)[experts].numpy())
         neuron_rows.append(per)
     return pd.DataFrame(top_rows), pd.concat(neuron_rows, ignore_index=True)
+
+
+def _against_wrong(updates: pd.DataFrame) -> dict[str, int | None]:
+    """Counts of updates promoting the answer only, the wrong answer only, and both (None without wrong answers)."""
+    if "promotes_wrong" not in updates:
+        return {"n_task_updates_answer_only": None, "n_task_updates_wrong_only": None, "n_task_updates_both": None}
+    right, wrong = updates.promotes_answer.astype(bool), updates.promotes_wrong.astype(bool)
+    return {"n_task_updates_answer_only": int((right & ~wrong).sum()),
+            "n_task_updates_wrong_only": int((wrong & ~right).sum()), "n_task_updates_both": int((right & wrong).sum())}
 
 
 def _prefix_text(model, tokens: torch.Tensor, position: int, width: int = 8) -> str:
@@ -386,6 +399,10 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         # of each of n_task_examples examples in each analysed layer
         "n_task_updates": len(top_updates),
         "n_task_updates_promoting": int(top_updates.promotes_answer.sum()) if len(top_updates) else 0,
+        # with wrong answers: how many updates hold the answer and not the wrong answer among their top
+        # top_k_tokens, the reverse, and both (a baseline: a neuron promoting "a verb" promotes both); else None
+        **_against_wrong(top_updates),
+        "top_k_tokens": config.top_k_tokens,
         "n_task_examples": len(task),
         "n_top_updates": config.n_top_updates,
         "n_layers_analysed": len(layers),

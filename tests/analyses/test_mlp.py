@@ -60,7 +60,9 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
     promote the answer; both recomputed from plain Hugging Face weights and activations (coefficients at the
     last position, ||m_i v_i||, the top 2 updates' 3 promoted tokens through lm_head), and the finding
     carries the Wilson 95% interval of that count in closed form. The answers of examples 0 and 1 are the
-    tokens their largest layer-1 update promotes most, so the count is not 0."""
+    tokens their largest layer-1 update promotes most, so the count is not 0. Review 8a A2: the updates holding
+    the answer only, the wrong answer only and both, counted by hand from the same HF top tokens (example 1's
+    wrong answer is its top update's second token, example 2's its first), are recorded and stated."""
     from headscope.reports.findings import finding
 
     family, n_top, top_k = "gpt2", 2, 3
@@ -77,7 +79,9 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
             promoted[b, layer] = ((coef[b, order[b], None] * values[order[b]]) @ w_u).topk(top_k, -1).indices
     answers = tokens[:, 2].clone()
     answers[0], answers[1] = promoted[0, 1][0, 0], promoted[1, 1][0, 0]
-    task = Task(name="rand", tokens=tokens, answers=answers, wrong_answers=tokens[:, 3])
+    wrong = tokens[:, 3].clone()  # review 8a A2: example 1's wrong answer beside its answer, example 2's alone
+    wrong[1], wrong[2] = promoted[1, 1][0, 1], promoted[2, 1][0, 0]
+    task = Task(name="rand", tokens=tokens, answers=answers, wrong_answers=wrong)
     result = mlp.mlp_memories_analysis(model, task, mlp.MLPConfig(top_k_triggers=2, n_top_neurons=3, chunk_size=4,
                                                                   n_top_updates=n_top, top_k_tokens=top_k),
                                        corpus=[random_tokens(6, 8, seed=12)])
@@ -86,6 +90,11 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
     k = sum(int((row == answers[b]).any()) for (b, _), rows in promoted.items() for row in rows)  # updates promoting
     assert s["n_task_updates"] == n and s["n_task_updates_promoting"] == k >= 2 and s["n_task_examples"] == 4
     assert s["answer_promoted_fraction"] == pytest.approx(k / n)
+    held = [(bool((row == answers[b]).any()), bool((row == wrong[b]).any()))  # (answer, wrong answer) in top_k
+            for (b, _), rows in promoted.items() for row in rows]
+    only, reverse, both = (sum(h == want for h in held) for want in ((True, False), (False, True), (True, True)))
+    assert (s["n_task_updates_answer_only"], s["n_task_updates_wrong_only"], s["n_task_updates_both"]) == (
+        only, reverse, both) and both >= 1 and reverse >= 1 and s["top_k_tokens"] == top_k
     d_mlp = model.facts.d_mlp  # a dense MLP: its memories are its d_mlp neurons (HF's c_fc width)
     assert s["experts_per_layer"] == {} and s["mixture_of_experts"] is False
     assert s["n_memories_per_layer"] == {str(l): d_mlp for l in range(model.facts.n_layers)} == {
@@ -99,12 +108,13 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
     assert s["agreement_tests"]["control_p_per_layer"] == pytest.approx(
         {l: fisher_exact([[c, d_mlp - c], [control[l], d_mlp - control[l]]])[1]
          for l, c in s["agreement_count_per_layer"].items()})
-    lo, hi = _wilson(k, n)
+    lo, hi = _wilson(only, n)
     text = finding("mlp", s)
     best = max(s["agreement_count_per_layer"].items(), key=lambda kv: kv[1])
     assert f"({best[1]} of {d_mlp} neurons, Wilson 95% CI" in text and "expert" not in text
-    assert (f"{k} of {n} top task updates ({100 * k / n:.0f}%, Wilson 95% CI {100 * lo:.0f}%-{100 * hi:.0f}%) "
-            "promote the answer token.") in text
+    assert (f"Of the {n} largest task updates, {only} ({100 * only / n:.0f}%, Wilson 95% CI {100 * lo:.0f}%-"
+            f"{100 * hi:.0f}%) put the answer and not the wrong answer among their top {top_k} promoted tokens") in text
+    assert f"{reverse} ({100 * reverse / n:.0f}%, Wilson 95% CI" in text and f"the reverse, {both} both" in text
     assert f"top {n_top} per example and layer over 4 task examples" in text
 
 

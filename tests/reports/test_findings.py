@@ -493,6 +493,31 @@ def test_prunable_heads_and_answer_promoting_updates_say_their_n():
         "mlp", {**mlp, "n_task_updates": 40})
 
 
+def test_answer_promoting_updates_are_set_against_the_wrong_answer():
+    # review 8a A2: "143 of 240 top task updates (60%) promote the answer token" had no baseline: 94 of the 143
+    # also hold the wrong answer in their top 5. Counts of that run; Wilson closed form, exact binomial sign test.
+    from scipy.stats import binomtest
+
+    s = {"answer_promoted_fraction": 143 / 240, "n_task_updates": 240, "n_task_updates_promoting": 143,
+         "n_task_updates_answer_only": 49, "n_task_updates_wrong_only": 15, "n_task_updates_both": 94,
+         "top_k_tokens": 5, "n_top_updates": 5, "n_task_examples": 16, "chance": {"at_chance": False, "n_examples": 16}}
+    text = finding("mlp", s)
+    # 49 / 240: Wilson 0.158-0.259; 15 / 240: 0.038-0.101; sign test 2 * P(X >= 49 | 64, 1/2) = 2.4e-5
+    assert binomtest(49, 64).pvalue == pytest.approx(2.44e-5, rel=0.01)
+    assert ("Of the 240 largest task updates, 49 (20%, Wilson 95% CI 16%-26%) put the answer and not the wrong answer "
+            "among their top 5 promoted tokens, 15 (6%, Wilson 95% CI 4%-10%) the reverse, 94 both (49 against 15: "
+            "more single out the answer, exact two-sided sign test, p < 0.001).") in text, text
+    assert "143 of 240" not in text and "intervals and the test treat them as independent" in text
+    # 20 against 14 of 40: 2 * P(X >= 20 | 34, 1/2) = 0.392, no side singled out
+    even = finding("mlp", {**s, "n_task_updates": 40, "n_task_updates_promoting": 26, "answer_promoted_fraction": 26 / 40,
+                           "n_task_updates_answer_only": 20, "n_task_updates_wrong_only": 14, "n_task_updates_both": 6})
+    assert binomtest(20, 34).pvalue == pytest.approx(0.392, abs=1e-3)
+    assert "(20 against 14: neither is singled out more often, exact two-sided sign test, p = 0.39)" in even, even
+    # no wrong answers (the counts are None): today's wording
+    none = {**s, "n_task_updates_answer_only": None, "n_task_updates_wrong_only": None, "n_task_updates_both": None}
+    assert "143 of 240 top task updates (60%, Wilson 95% CI 53%-66%) promote the answer token." in finding("mlp", none)
+
+
 def _prunable(key: str, heads: float, low: float, high: float, n: int = 16) -> dict:
     return {f"max_fraction_prunable_{key}": heads / 12, f"heads_prunable_{key}": heads,
             f"prunable_ci_{key}": {"heads": heads, "fraction": heads / 12, "interval_heads": [low, high], "level": 0.95,
@@ -1255,7 +1280,14 @@ def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fishe
     text = finding("mlp", s)
     assert (f"Against its own shuffled control (10 of 128 neurons, 8%), layer 0 cannot be told from it (Fisher's "
             f"exact test, two-sided, p = {p['control']:.2g})") in text, text
-    assert "Layers above their own control at p < 0.05: 2." in text  # 8 of 128 against 1 of 128
+    # review 8b A5: layer indices in words, not a bare "2" that reads as a count
+    assert "Layers above their own control at p < 0.05: layer 2." in text  # 8 of 128 against 1 of 128
+    two = {**s, "agreement_shuffled_count_per_layer": {**control, "0": 2},
+           "agreement_shuffled_per_layer": {**s["agreement_shuffled_per_layer"], "0": 2 / 128}}
+    assert fisher_exact([[18, 110], [2, 126]])[1] < 0.05 < fisher_exact([[3, 125], [2, 126]])[1]
+    assert "Layers above their own control at p < 0.05: layers 0 and 2." in finding("mlp", two)
+    flat = {**s, "agreement_shuffled_count_per_layer": counts, "agreement_shuffled_per_layer": s["agreement_per_layer"]}
+    assert "Layers above their own control at p < 0.05: none." in finding("mlp", flat)
     assert (f"layer 0 against the others pooled (11 of 256) p = {p['pooled']:.2g}, so the layers differ; against each, "
             f"layer 1 (3 of 128) p < 0.001; layer 2 (8 of 128) p = {p['l2']:.2g}") in text, text
     # the recorded tests are what the analysis computes from the same counts
