@@ -692,6 +692,11 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
     text8 = finding("kv", {**s, "holding_budgets": holding_budgets(sweep, n_sink=4)})
     assert "sink window from 8 positions (between 4 and 8 on this grid" in text8 and "2 of 4 prompts evict" in text8
     assert "With 4 sink positions, sink window keeps no recent token below budget 5" in text8
+    # no policy holds, one is only consistent with holding: "not shown to stay", never "stays"
+    wide = holding_budgets(_sweep_with_changes({"window": [-3.0, 3.0, -2.0, 2.4]}, None), n_sink=4)
+    only = finding("kv", {**s, "holding_budgets": wide})
+    assert "window not shown (at 4: +0.1%, 95% CI" in only and "window from" not in only
+    assert "No policy is shown to stay within 1% at a budget that evicts something, but window keeps 100.1%" in only
     assert ("heavy hitters never (at its largest budget that evicts, 8, "
             "its mean is still more than 1% below the full cache: keeps 90.0% of "
             "the full-cache value, -10.0%") in text and "it misses the tolerance by 10.0% at every budget" in text
