@@ -229,7 +229,7 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     n_sink = s.get("n_sink")
     windowed = _windowed(s, list(hold.get("policies") or {}))
     head = (f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}" + (f" (mean over {n} examples)" if n else "")
-            + f". Within {100 * tol:.0f}% of it (|change| <= {100 * tol:.0f}%, over the prompts a budget evicts from; "
+            + f". Within {100 * tol:.0f}% of it (its 95% CI inside +-{100 * tol:.0f}%, over the prompts a budget evicts from; "
             f"budgets on the grid {', '.join(str(b) for b in grid)}): ")
     said, notes = [], []
     for policy, e in (hold.get("policies") or {}).items():
@@ -242,6 +242,8 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
                     if windowed else f"a median {100 * at['share']:.0f}% of each prompt's context")
             text = (f"{name} from {e['budget']} positions ({where}; {kept}; {at['n_evicting']} of {at['n_examples']} "
                     f"prompts evict anything there; {_band(at)}{_answers(at)})")
+        elif e.get("consistent_from") is not None:
+            text = _not_shown(name, [r for r in e.get("not_shown") or [] if r["budget"] >= e["consistent_from"]], tol)
         elif e.get("worst_evicting") is not None:
             w, c = e["worst_evicting"], e.get("closest")
             if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
@@ -275,6 +277,26 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
         parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric"))))
     return parts
+
+
+def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float) -> str:
+    """A policy whose mean is within the tolerance from a budget on but whose 95% interval never lies inside
+    it (holding.py's "not shown", chance.inside): consistent with holding, not shown to hold."""
+    if not rows:
+        return f"{name} not shown"
+    first, pct = rows[0], f"{100 * tol:.0f}%"
+    lo, hi = _num(first.get("ci_low")), _num(first.get("ci_high"))
+    if lo is None or hi is None:
+        why = "it has no interval (fewer than 2 prompts)"
+    elif (hi - lo) / (2 * tol) >= 1.5:
+        why = f"the interval is {(hi - lo) / (2 * tol):.0f} times as wide as the band"
+    else:
+        why = "its interval reaches beyond the band"
+    text = (f"{name} not shown (at {first['budget']}: {_flat(first)}{_answers(first)}: "
+            f"consistent with holding within {pct}, but {why}")
+    if len(rows) > 1:
+        text += f"; likewise at budget(s) {', '.join(str(r['budget']) for r in rows[1:])}"
+    return text + ")"
 
 
 def _flat(row: Mapping[str, Any]) -> str:
@@ -395,7 +417,8 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
     policy, e = min(tried, key=lambda pe: abs(pe[1]["closest"]["change"]))
     c, name = e["closest"], policy.replace("_", " ")
     keeps = f"{100 * (1 + c['change']):.1f}% of the {metric}" if full > 0 else f"the {metric} within {_pc(c['change'])}"
-    lead = f"No policy stays within {100 * tol:.0f}% at a budget that evicts something, but {name} keeps {keeps}"
+    shown = " is shown to stay" if any(p.get("consistent_from") is not None for p in hold["policies"].values()) else " stays"
+    lead = f"No policy{shown} within {100 * tol:.0f}% at a budget that evicts something, but {name} keeps {keeps}"
     every = c.get("correct") is not None and c["correct"] >= c["full_correct"]
     if every and e.get("answers_from") is not None and e["answers_from"] <= c["budget"]:
         text = (f"{lead} and every answer the full cache gets ({c['correct']}/{c['n_evicting']}) from budget "

@@ -308,6 +308,17 @@ def clear_of(low: Any, high: Any, band: float) -> str | None:
     return None
 
 
+def inside(low: Any, high: Any, band: float) -> bool:
+    """Whether the interval [low, high] of a change lies wholly inside [-band, +band]: the equivalence
+    reading behind every "within <band>" (kv's holding budgets), the mirror of clear_of's "more than".
+    A mean inside the band whose interval reaches beyond it is not shown to be within; a missing
+    interval (fewer than 2 examples) shows nothing."""
+    try:
+        lo, hi = float(low), float(high)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(lo) and math.isfinite(hi) and -band <= lo and hi <= band
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error over the tests given; NaN stays NaN and is not
     counted): the k-th smallest p times (m - k + 1), made monotone, capped at 1."""

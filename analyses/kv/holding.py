@@ -10,7 +10,10 @@ from (paired with their own full-cache value):
 
 - change: mean(policy - full) / |mean(full)| over those prompts; its 95% t interval treats the
   denominator as fixed; per_example: the range of (policy - full) / |full| over them;
-- within: |change| <= tolerance (two-sided: a policy *above* the full cache by more is not "within",
+- verdict: "holds" where its 95% interval lies inside +-tolerance (chance.inside, the equivalence
+  reading), "not shown" where the mean is within the tolerance but its interval reaches beyond it
+  (consistent with holding, too few or too varied prompts to show it), "above" / "below" where the
+  mean is more than the tolerance off (two-sided: a policy *above* the full cache by more is not "within",
   it is reported as above the full cache with its interval, which decides the words: "by more than 1%"
   only where the interval's lower bound clears +1%, "higher, but not clearly by more than 1%" where it
   clears only 0, no gain where it reaches 0; chance.clear_of, the rule heads' pruning gain follows too);
@@ -22,10 +25,12 @@ from (paired with their own full-cache value):
   (where the sweep has its `correct` column): accuracy beside the metric.
 
 `holding_budgets` gives per policy the smallest grid budget from which every larger budget that evicts
-anything stays within the tolerance, the grid budget just below it (the crossing lies between the two:
+anything holds (its interval inside the tolerance), the grid budget just below it (the crossing lies between the two:
 a grid's resolution, not a property of the model) and, for sink_window, the budget below which it keeps
 no recent token (n_sink + 1: with n_sink sinks a budget <= n_sink holds sinks only). Whether or not a
-policy holds, it also gives its closest result (the evicting budget of smallest |change|) and whether
+policy holds, it also gives each budget's verdict, the budgets "not shown" (where the policy does not
+hold from one budget on but its largest evicting budget's mean is within: "consistent_from", the smallest
+budget from which every mean is), its closest result (the evicting budget of smallest |change|) and whether
 |change| shrinks as the budget grows (a non-monotone curve: a small budget closer than a larger one).
 """
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from headscope.analyses.core.chance import clear_of, t_half_width
+from headscope.analyses.core.chance import clear_of, inside, t_half_width
 
 TOLERANCE = 0.01
 
@@ -95,13 +100,26 @@ def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+def _verdict(row: dict[str, Any], tolerance: float) -> str:
+    """"holds" (95% interval inside +-tolerance), "not shown" (mean within, interval not), "above", "below"."""
+    change = row["change"]
+    if change is None:
+        return "no value"
+    if abs(change) > tolerance:
+        return "above" if change > 0 else "below"
+    return "holds" if inside(row["ci_low"], row["ci_high"], tolerance) else "not shown"
+
+
 def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLERANCE) -> dict[str, Any]:
     """{"tolerance", "grid", "n_examples", "whole_from" (the smallest grid budget no prompt evicts from,
     or None), "policies": {policy: {"budget" (smallest holding budget or None), "below" (the grid budget
     just under it that evicts, or None), "at" (its budget_changes row), "above" (rows whose mean is more
     than the tolerance above the full cache, each with `clear_of`, what its 95% interval clears:
     chance.clear_of, "band" only where its lower bound is above +tolerance), "worst_evicting" (the largest
-    evicting budget's row, when it never holds), "sinks_only_below" (sink_window: n_sink + 1)}}}. See the module doc."""
+    evicting budget's row, when its mean is off by more than the tolerance there), "verdicts" ({budget:
+    "holds" | "not shown" | "above" | "below" | "no value"}), "not_shown" (the rows whose mean is within but whose
+    interval is not), "consistent_from" (when it does not hold but its means are within from a budget on:
+    that budget), "sinks_only_below" (sink_window: n_sink + 1)}}}. See the module doc."""
     table = budget_changes(sweep)
     grid = sorted(int(b) for b in table.budget.unique()) if len(table) else []
     evicts = table.groupby("budget").n_evicting.max() if len(table) else pd.Series(dtype=int)
@@ -111,8 +129,11 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
                            "whole_from": whole[0] if whole else None, "policies": {}}
     for policy, rows in table.groupby("policy", sort=False):
         rows = rows[rows.n_evicting > 0].sort_values("budget")
-        within = (rows.change.abs() <= tolerance).to_numpy()
         records = [{k: _clean(v) for k, v in r.items()} for r in rows.to_dict("records")]
+        for r in records:
+            r["verdict"] = _verdict(r, tolerance)
+        within = np.array([r["verdict"] == "holds" for r in records], dtype=bool)
+        mean_within = np.array([r["verdict"] in ("holds", "not shown") for r in records], dtype=bool)
         entry: dict[str, Any] = {"budget": None, "below": None, "at": None, "worst_evicting": None,
                                  "above": [{**r, "clear_of": clear_of(r["ci_low"], r["ci_high"], tolerance)}
                                            for r in records if r["change"] > tolerance]}
@@ -121,8 +142,13 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
         if first is not None:
             entry.update(budget=records[first]["budget"], at=records[first],
                          below=records[first - 1]["budget"] if first > 0 else None)
+        elif records and mean_within[-1]:  # within on average from a budget on, never shown by the interval
+            start = next(i for i in range(len(records)) if mean_within[i:].all())
+            entry["consistent_from"] = records[start]["budget"]
         elif records:
             entry["worst_evicting"] = records[-1]
+        entry["verdicts"] = {str(r["budget"]): r["verdict"] for r in records}
+        entry["not_shown"] = [r for r in records if r["verdict"] == "not shown"]
         sizes = [abs(r["change"]) for r in records if r["change"] is not None]
         if sizes:
             entry["closest"] = min((r for r in records if r["change"] is not None), key=lambda r: abs(r["change"]))

@@ -290,3 +290,12 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
     assert s["retrieval_test"]["n_heads"] == len(heads) == model.facts.n_layers * model.facts.n_heads
     assert s["retrieval_test"]["n_rows"] == len(result.df) and s["retrieval_test"]["n_examples"] == s["n_examples"]
     assert {"n", "p_corr", "p_corr_holm", "p_mass", "p_mass_holm"} <= set(heads.columns)
+
+
+def test_inside_is_the_interval_within_the_band():
+    """Review 8b A3: "within 1%" needs the whole interval inside +-1% (hand-worked intervals)."""
+    from headscope.analyses.core.chance import inside
+
+    assert inside(-0.004, 0.009, 0.01) and inside(-0.01, 0.01, 0.01)
+    assert not inside(-0.094, 0.098, 0.01)  # the review's +0.2% mean with [-9.4%, +9.8%]
+    assert not inside(0.005, 0.011, 0.01) and not inside(None, 0.005, 0.01) and not inside(float("nan"), 0.0, 0.01)

@@ -209,9 +209,38 @@ def test_holding_budgets_count_only_prompts_a_budget_evicts_from():
     assert (above["per_example_low"], above["per_example_high"]) == pytest.approx((0.05, 0.10))
     assert above["clear_of"] == "band"  # its interval's lower bound, +2.9%, clears the +1% tolerance
     sink = hold["policies"]["sink_window"]
-    assert (sink["budget"], sink["below"], sink["sinks_only_below"], sink["at"]["n_evicting"]) == (8, 4, 5, 2)
+    # review 8b A3: its mean at 8 is within 1% (+0.2%) but over 2 prompts its interval is [-3.6%, +4.0%]: not shown
+    ci = stats.ttest_1samp([0.05, -0.01], 0.0).confidence_interval(0.95)
+    [ns] = sink["not_shown"]
+    assert (ns["budget"], ns["change"], ns["ci_low"], ns["ci_high"]) == pytest.approx((8, 0.002, ci.low / 10, ci.high / 10))
+    assert (sink["budget"], sink["at"], sink["consistent_from"], sink["sinks_only_below"]) == (None, None, 8, 5)
+    assert sink["verdicts"] == {"1": "below", "2": "below", "4": "below", "8": "not shown"}
+    assert window["verdicts"] == {"1": "above", "2": "holds", "4": "holds", "8": "holds"}
     heavy = hold["policies"]["heavy_hitters"]
     assert heavy["budget"] is None and heavy["worst_evicting"]["budget"] == 8
+
+
+def test_holding_needs_the_interval_inside_the_band():
+    """Review 8b A3: a budget holds only where its 95% CI lies inside +-1% (the equivalence reading); a mean
+    within 1% whose interval reaches beyond is "not shown" and does not start "from N". Intervals: scipy's t."""
+    import pandas as pd
+    from scipy import stats
+
+    from headscope.analyses.kv.holding import holding_budgets
+
+    pct = {"window": [0.2, 0.3, 0.4, 0.3], "sink_window": [-3.0, 3.0, -2.0, 2.4]}  # per-prompt change (%) at 4
+    rows = [{"policy": "full", "budget": 12, "example": e, "context": 12, "metric": 10.0} for e in range(4)]
+    rows += [{"policy": p, "budget": 4, "example": e, "context": 12, "metric": 10.0 + v[e] / 10}
+             for p, v in pct.items() for e in range(4)]
+    hold = holding_budgets(pd.DataFrame(rows), n_sink=1)["policies"]
+    narrow, wide = (stats.ttest_1samp(v, 0.0).confidence_interval(0.95) for v in pct.values())
+    assert -1 < narrow.low and narrow.high < 1 and wide.low < -1 and wide.high > 1  # the premise, in %
+    window, sink = hold["window"], hold["sink_window"]
+    assert (window["budget"], window["verdicts"]) == (4, {"4": "holds"})
+    assert (window["at"]["ci_low"], window["at"]["ci_high"]) == pytest.approx((narrow.low / 100, narrow.high / 100))
+    assert (sink["budget"], sink["consistent_from"], sink["verdicts"]) == (None, 4, {"4": "not shown"})
+    assert sink["worst_evicting"] is None and sink["not_shown"][0]["change"] == pytest.approx(0.001)
+    assert (sink["not_shown"][0]["ci_low"], sink["not_shown"][0]["ci_high"]) == pytest.approx((wide.low / 100, wide.high / 100))
 
 
 def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_share(arch_models):
