@@ -157,7 +157,8 @@ def noise_floor(dtype: torch.dtype, size: float) -> float:
 
 
 def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric_size: float,
-                     loss_size: float | None = None, k: int = 5) -> dict[str, Any]:
+                     loss_size: float | None = None, k: int = 5,
+                     pruning: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
     - ablation (zero, mean, resample): a difference of two metric values, so its floor is one rounding
       step of the metric (noise_floor(dtype, metric_size): summary noise_floor);
@@ -168,7 +169,12 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     pruning order and the top heads are then noise); tied_top_heads_<method>: the heads among the top k whose
     importance lies within rounding of a neighbour's (their order is arbitrary): within the metric's floor for
     ablation; for gradients within a few eps of the larger of the two, since backpropagation rounds each gradient
-    relative to its own size (GRADIENT_TIE_STEPS eps of the larger of the two)."""
+    relative to its own size (GRADIENT_TIE_STEPS eps of the larger of the two); tied_top_next_<method>: the
+    (k+1)-th head where it ties with the k-th (the partner a top-k list leaves out).
+    pruning: {method: the [L, H] importance its fixed pruning order ranks by, least important removed first}
+    (raw, or per layer normalised gradients); tied_first_pruned_<method> (with tied_first_pruned_values_<method>):
+    the heads among the first k removed that tie with a neighbour by the same rule, since which is removed first
+    is then arbitrary and the prunable count's interval can depend on it (review 8b A2)."""
     eps = float(torch.finfo(dtype).eps)
     floors = {m: noise_floor(dtype, loss_size if m == "gradient" and loss_size is not None else metric_size)
               for m in raw}
@@ -191,12 +197,27 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         def tol(a: float, b: float, floor: float = floor, method: str = method) -> float:
             return GRADIENT_TIE_STEPS * eps * max(abs(a), abs(b)) if method == "gradient" else floor
 
-        tied = {int(order[j]) for i in range(len(order) - 1)
-                if float(values[i] - values[i + 1]) <= tol(float(values[i]), float(values[i + 1])) for j in (i, i + 1)}
-        tied = [i for i in order[:k].tolist() if i in tied]
-        if tied:
-            out[f"tied_top_heads_{method}"] = [head_label(i // n_heads, i % n_heads) for i in tied]
+        tied = _neighbour_ties(order, values, tol)
+        top = [i for i in order[:k].tolist() if i in tied]
+        if top:
+            out[f"tied_top_heads_{method}"] = [head_label(i // n_heads, i % n_heads) for i in top]
+            if len(order) > k and int(order[k]) in tied and int(order[k - 1]) in tied:
+                out[f"tied_top_next_{method}"] = head_label(int(order[k]) // n_heads, int(order[k]) % n_heads)
+        if pruning is not None and method in pruning:
+            by = pruning[method].detach().double().flatten().cpu()  # [layer * head]
+            first = torch.argsort(by, stable=True)[: k + 1]  # the pruning order's first heads, as _pruning_curve ranks
+            tied = _neighbour_ties(first, -by[first], tol)
+            bottom = [i for i in first.tolist() if i in tied]
+            if bottom:
+                out[f"tied_first_pruned_{method}"] = [head_label(i // n_heads, i % n_heads) for i in bottom]
+                out[f"tied_first_pruned_values_{method}"] = [float(by[i]) for i in bottom]
     return out
+
+
+def _neighbour_ties(order: torch.Tensor, values: torch.Tensor, tol) -> set[int]:
+    """The heads in `order` (values descending along it) within tol(a, b) of their neighbour in it."""
+    return {int(order[j]) for i in range(len(order) - 1)
+            if float(values[i] - values[i + 1]) <= tol(float(values[i]), float(values[i + 1])) for j in (i, i + 1)}
 
 
 def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
@@ -308,7 +329,9 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     summary.update(prunable_intervals(examples, summary["n_heads"], hc.pruning.tolerance, seed=hc.seed))
     summary.update(curve_shapes(curves, hc.pruning.tolerance))
     summary["ordering_basis"] = ordering_basis(hc.pruning)
-    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size))
+    fixed = {method: prune_imp[o] for o, method in (("gradient", "gradient"), ("ablation", hc.pruning.method))
+             if o in prune_imp and o in hc.pruning.orderings}  # {method: what its pruning order ranks by}
+    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size, pruning=fixed))
     summary.update(_top_heads(df, summary))
     summary["roles"] = {
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
@@ -333,11 +356,11 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
 
 
 def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseline: float,
-                     loss_size: float | None) -> dict[str, Any]:
+                     loss_size: float | None, pruning: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """numerical_checks at the model's dtype, sizes taken as the larger of each value and the logits it is read from."""
     readout = readout_size(model, scorer)
     summary = numerical_checks(raw, _dtype(model), metric_size=max(abs(baseline), readout),
-                               loss_size=None if loss_size is None else max(abs(loss_size), readout))
+                               loss_size=None if loss_size is None else max(abs(loss_size), readout), pruning=pruning)
     return {**summary, "readout_size": readout}
 
 
