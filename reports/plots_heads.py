@@ -376,10 +376,50 @@ def _seed_words(s: Mapping[str, Any], key: str) -> str:
     per = ci.get("per_seed_heads") if isinstance(ci, Mapping) else None
     if not (isinstance(per, list) and per and all(_num(x) is not None for x in per)):
         return "mean over seeds; each seed's count is not recorded, so no interval"
-    counts = ", ".join(_count(x) for x in per)
+    counts = _and([_count(x) for x in per])  # review 8b C4: "1 and 1 heads", not "per seed 1, 1 heads, range 1-1"
+    span = f", range {_count(min(per))}-{_count(max(per))}" if len(per) > 2 else ""
     few = "; too few seeds for an interval" if len(per) < 5 else ""
-    return (f"per seed {counts} heads, range {_count(min(per))}-{_count(max(per))} over {len(per)} random "
-            f"order{'s' if len(per) != 1 else ''}{few}")
+    return f"{counts} heads{span} over {len(per)} random order{'s' if len(per) != 1 else ''}{few}"
+
+
+def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
+    """Top heads that tie within rounding (tied_top_heads_<method>), naming the (k+1)-th head a tie at the
+    k-th runs past (tied_top_next_<method>; review 8b C1: "L1H0 tie" named one head of a pair)."""
+    tied, nxt = [str(h) for h in s.get(f"tied_top_heads_{method}") or []], s.get(f"tied_top_next_{method}")
+    by = FINDING_METHOD_WORDS.get(method, method)
+    if not tied:
+        return ""
+    if not nxt:
+        return f"By {by}, {_and(tied)} tie within rounding among the top heads: their order is arbitrary."
+    k = len(s.get(f"top_heads_{method}") or []) or None
+    names = tied[:-1] + ([f"{tied[-1]} ({_ordinal(k)})", f"{nxt} ({_ordinal(k + 1)})"] if k else [tied[-1], str(nxt)])
+    if len(names) == 2:
+        return f"By {by}, {names[0]} ties with {names[1]} within rounding: their order is arbitrary."
+    return f"By {by}, {_and(names)} tie within rounding, across the edge of the top heads: their order is arbitrary."
+
+
+def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
+    """The first heads a fixed pruning order removes that tie within rounding (tied_first_pruned_<method>;
+    review 8b A2: which goes first swapped between float32 and bfloat16, and the count's interval with it)."""
+    tied = [str(h) for h in s.get(f"tied_first_pruned_{method}") or []]
+    values = s.get(f"tied_first_pruned_values_{method}") or []
+    if not tied:
+        return ""
+    order = "gradient" if method == "gradient" else "ablation"
+    nums = [v for v in (_num(x) for x in values) if v is not None]
+    same = len(nums) == len(tied) and len({f"{v:.2f}" for v in nums}) == 1
+    shown = (f" ({nums[0]:.2f} each)" if same else f" ({_and([f'{v:.2f}' for v in nums])})"
+             if len(nums) == len(tied) else "")
+    return (f"The first heads of the {order} order, {_and(tied)}, tie within rounding{shown}: which is removed "
+            "first is arbitrary, and the count's interval can depend on it.")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _count(x: float) -> str:
@@ -574,10 +614,12 @@ def finding(s: Mapping[str, Any]) -> str:
                      "which the first-order gradient cannot see, so the gradient and ablation orders can disagree "
                      "for that reason.")
     for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
-        tied = [str(h) for h in s[f"tied_top_heads_{method}"]]
-        if tied:
-            parts.append(f"By {FINDING_METHOD_WORDS.get(method, method)}, {', '.join(tied)} tie within rounding among the top "
-                         "heads: their order is arbitrary.")
+        if words := _top_tie_words(s, method):
+            parts.append(words)
+    for method in (k.removeprefix("tied_first_pruned_") for k in s
+                   if k.startswith("tied_first_pruned_") and not k.startswith("tied_first_pruned_values_")):
+        if words := _first_tie_words(s, method):
+            parts.append(words)
     roles = s.get("roles")
     if isinstance(roles, Mapping):
         found = [f"{len(v)} {k.replace('_', '-')} ({', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''})"
