@@ -399,19 +399,28 @@ def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
 
 
 def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
-    """The first heads a fixed pruning order removes that tie within rounding (tied_first_pruned_<method>;
-    review 8b A2: which goes first swapped between float32 and bfloat16, and the count's interval with it)."""
-    tied = [str(h) for h in s.get(f"tied_first_pruned_{method}") or []]
+    """The first heads a fixed pruning order removes that tie within rounding (tied_first_pruned_<method>: runs
+    of tied neighbours; review 8b A2: which goes first swapped between float32 and bfloat16, and the count's
+    interval with it)."""
+    groups = [g for g in s.get(f"tied_first_pruned_{method}") or [] if isinstance(g, list) and len(g) > 1]
     values = s.get(f"tied_first_pruned_values_{method}") or []
-    if not tied:
+    if not groups:
         return ""
+    said = []
+    for i, g in enumerate(groups):
+        nums = [_num(x) for x in values[i]] if i < len(values) and isinstance(values[i], list) else []
+        ok = len(nums) == len(g) and all(v is not None for v in nums)
+        shown = ("" if not ok else f" ({nums[0]:.2f} each)" if len({f"{v:.2f}" for v in nums}) == 1
+                 else f" ({_and([f'{v:.2f}' for v in nums])})")
+        said.append((_and([str(h) for h in g]), shown))
     order = "gradient" if method == "gradient" else "ablation"
-    nums = [v for v in (_num(x) for x in values) if v is not None]
-    same = len(nums) == len(tied) and len({f"{v:.2f}" for v in nums}) == 1
-    shown = (f" ({nums[0]:.2f} each)" if same else f" ({_and([f'{v:.2f}' for v in nums])})"
-             if len(nums) == len(tied) else "")
-    return (f"The first heads of the {order} order, {_and(tied)}, tie within rounding{shown}: which is removed "
-            "first is arbitrary, and the count's interval can depend on it.")
+    tail = "arbitrary, and the count's interval can depend on it."
+    if len(said) == 1:
+        return (f"The first heads of the {order} order, {said[0][0]}, tie within rounding{said[0][1]}: which is "
+                f"removed first is {tail}")
+    rest = "; ".join(f"{names}{shown}" for names, shown in said[1:])
+    return (f"Among the first heads of the {order} order, {said[0][0]}{said[0][1]} tie within rounding, as do {rest}: "
+            f"which of each is removed first is {tail}")
 
 
 def _and(items: list[str]) -> str:

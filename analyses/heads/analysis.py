@@ -173,7 +173,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     (k+1)-th head where it ties with the k-th (the partner a top-k list leaves out).
     pruning: {method: the [L, H] importance its fixed pruning order ranks by, least important removed first}
     (raw, or per layer normalised gradients); tied_first_pruned_<method> (with tied_first_pruned_values_<method>):
-    the heads among the first k removed that tie with a neighbour by the same rule, since which is removed first
+    runs of neighbours among the first k removed (and the next) that tie by the same rule, since which is removed first
     is then arbitrary and the prunable count's interval can depend on it (review 8b A2)."""
     eps = float(torch.finfo(dtype).eps)
     floors = {m: noise_floor(dtype, loss_size if m == "gradient" and loss_size is not None else metric_size)
@@ -206,11 +206,17 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         if pruning is not None and method in pruning:
             by = pruning[method].detach().double().flatten().cpu()  # [layer * head]
             first = torch.argsort(by, stable=True)[: k + 1]  # the pruning order's first heads, as _pruning_curve ranks
-            tied = _neighbour_ties(first, -by[first], tol)
-            bottom = [i for i in first.tolist() if i in tied]
-            if bottom:
-                out[f"tied_first_pruned_{method}"] = [head_label(i // n_heads, i % n_heads) for i in bottom]
-                out[f"tied_first_pruned_values_{method}"] = [float(by[i]) for i in bottom]
+            groups: list[list[int]] = []  # runs of neighbours within tol, in the order removed
+            for j in range(min(k, len(first) - 1)):
+                a, b = int(first[j]), int(first[j + 1])
+                if float(by[b] - by[a]) <= tol(float(by[b]), float(by[a])):
+                    if groups and groups[-1][-1] == a:
+                        groups[-1].append(b)
+                    else:
+                        groups.append([a, b])
+            if groups:
+                out[f"tied_first_pruned_{method}"] = [[head_label(i // n_heads, i % n_heads) for i in g] for g in groups]
+                out[f"tied_first_pruned_values_{method}"] = [[float(by[i]) for i in g] for g in groups]
     return out
 
 

@@ -177,14 +177,19 @@ def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
     named one head); A2, the ablation order's first two heads tie within rounding and swap between dtypes."""
     s = {**HEADS, "top_heads_gradient": ["L0H1", "L0H3", "L0H0", "L0H2", "L1H0"],
          "tied_top_heads_gradient": ["L1H0"], "tied_top_next_gradient": "L2H1",
-         "tied_first_pruned_zero": ["L0H1", "L2H0"], "tied_first_pruned_values_zero": [-0.4492, -0.4375]}
+         "tied_first_pruned_zero": [["L0H1", "L2H0"]], "tied_first_pruned_values_zero": [[-0.4492, -0.4375]]}
     text = finding("heads", s)
     assert "By gradient, L1H0 (5th) ties with L2H1 (6th) within rounding: their order is arbitrary." in text
     assert ("The first heads of the ablation order, L0H1 and L2H0, tie within rounding (-0.45 and -0.44): which is "
             "removed first is arbitrary, and the count's interval can depend on it.") in text
-    s.update(tied_first_pruned_values_zero=[-0.4187, -0.4214], tied_top_heads_gradient=["L0H2", "L1H0"])
+    s.update(tied_first_pruned_values_zero=[[-0.4187, -0.4214]], tied_top_heads_gradient=["L0H2", "L1H0"])
     text = finding("heads", s)
-    assert "tie within rounding (-0.42 each)" in text
+    assert "The first heads of the ablation order, L0H1 and L2H0, tie within rounding (-0.42 each): which" in text
+    s.update(tied_first_pruned_zero=[["L0H1", "L2H0"], ["L1H3", "L1H2", "L2H2"]],
+             tied_first_pruned_values_zero=[[-0.4492, -0.4375], [-0.1719, -0.1406, -0.1094]])
+    assert ("Among the first heads of the ablation order, L0H1 and L2H0 (-0.45 and -0.44) tie within rounding, as do "
+            "L1H3, L1H2 and L2H2 (-0.17, -0.14 and -0.11): which of each is removed first is arbitrary, and the count's "
+            "interval can depend on it.") in finding("heads", s)
     assert "By gradient, L0H2, L1H0 (5th) and L2H1 (6th) tie within rounding, across the edge of the top heads" in text
 
 
