@@ -406,21 +406,26 @@ def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
     values = s.get(f"tied_first_pruned_values_{method}") or []
     if not groups:
         return ""
+    starts = s.get(f"tied_first_pruned_at_{method}") or []
     said = []
     for i, g in enumerate(groups):
         nums = [_num(x) for x in values[i]] if i < len(values) and isinstance(values[i], list) else []
         ok = len(nums) == len(g) and all(v is not None for v in nums)
-        shown = ("" if not ok else f" ({nums[0]:.2f} each)" if len({f"{v:.2f}" for v in nums}) == 1
-                 else f" ({_and([f'{v:.2f}' for v in nums])})")
-        said.append((_and([str(h) for h in g]), shown))
+        shown = ("" if not ok else f"{nums[0]:.2f} each" if len({f"{v:.2f}" for v in nums}) == 1
+                 else _and([f"{v:.2f}" for v in nums]))
+        at = _num(starts[i]) if i < len(starts) else None
+        where = f"removed {_and([_ordinal(int(at) + j) for j in range(len(g))])}" if at is not None else ""
+        said.append((_and([str(h) for h in g]), shown, where, at == 1))
     order = "gradient" if method == "gradient" else "ablation"
     tail = "arbitrary, and the count's interval can depend on it."
-    if len(said) == 1:
-        return (f"The first heads of the {order} order, {said[0][0]}, tie within rounding{said[0][1]}: which is "
+    if len(said) == 1 and said[0][3]:
+        shown = f" ({said[0][1]})" if said[0][1] else ""
+        return (f"The first heads of the {order} order, {said[0][0]}, tie within rounding{shown}: which is "
                 f"removed first is {tail}")
-    rest = "; ".join(f"{names}{shown}" for names, shown in said[1:])
-    return (f"Among the first heads of the {order} order, {said[0][0]}{said[0][1]} tie within rounding, as do {rest}: "
-            f"which of each is removed first is {tail}")
+    runs = [f"{names} ({'; '.join(x for x in (where, shown) if x)})" if where or shown else names
+            for names, shown, where, _ in said]
+    return (f"In the {order} order, {runs[0]} tie within rounding{', as do ' + '; '.join(runs[1:]) if runs[1:] else ''}: "
+            f"which {'of each ' if len(runs) > 1 else ''}is removed first is {tail}")
 
 
 def _and(items: list[str]) -> str:
@@ -625,8 +630,8 @@ def finding(s: Mapping[str, Any]) -> str:
     for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
         if words := _top_tie_words(s, method):
             parts.append(words)
-    for method in (k.removeprefix("tied_first_pruned_") for k in s
-                   if k.startswith("tied_first_pruned_") and not k.startswith("tied_first_pruned_values_")):
+    for method in (k.removeprefix("tied_first_pruned_") for k in s if k.startswith("tied_first_pruned_")
+                   and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_"))):
         if words := _first_tie_words(s, method):
             parts.append(words)
     roles = s.get("roles")

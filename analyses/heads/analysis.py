@@ -173,7 +173,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     (k+1)-th head where it ties with the k-th (the partner a top-k list leaves out).
     pruning: {method: the [L, H] importance its fixed pruning order ranks by, least important removed first}
     (raw, or per layer normalised gradients); tied_first_pruned_<method> (with tied_first_pruned_values_<method>):
-    runs of neighbours among the first k removed (and the next) that tie by the same rule, since which is removed first
+    runs of neighbours among the first k removed (and the next) that tie by the same rule (tied_first_pruned_at_<method>:
+    where each run starts in the order, from 1), since which is removed first
     is then arbitrary and the prunable count's interval can depend on it (review 8b A2)."""
     eps = float(torch.finfo(dtype).eps)
     floors = {m: noise_floor(dtype, loss_size if m == "gradient" and loss_size is not None else metric_size)
@@ -207,6 +208,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
             by = pruning[method].detach().double().flatten().cpu()  # [layer * head]
             first = torch.argsort(by, stable=True)[: k + 1]  # the pruning order's first heads, as _pruning_curve ranks
             groups: list[list[int]] = []  # runs of neighbours within tol, in the order removed
+            starts: list[int] = []  # each run's first position in the order, from 1
             for j in range(min(k, len(first) - 1)):
                 a, b = int(first[j]), int(first[j + 1])
                 if float(by[b] - by[a]) <= tol(float(by[b]), float(by[a])):
@@ -214,7 +216,9 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                         groups[-1].append(b)
                     else:
                         groups.append([a, b])
+                        starts.append(j + 1)
             if groups:
+                out[f"tied_first_pruned_at_{method}"] = starts
                 out[f"tied_first_pruned_{method}"] = [[head_label(i // n_heads, i % n_heads) for i in g] for g in groups]
                 out[f"tied_first_pruned_values_{method}"] = [[float(by[i]) for i in g] for g in groups]
     return out

@@ -182,6 +182,7 @@ def test_numerical_checks_name_ties_at_the_start_of_the_pruning_order_and_past_t
     out = numerical_checks({"gradient": grad, "zero": zero}, torch.bfloat16, metric_size=12.6, loss_size=2.0,
                            pruning={"zero": zero})
     assert out["tied_first_pruned_zero"] == [["L0H1", "L2H0"], ["L1H3", "L1H2", "L2H2"]]  # in the order removed
+    assert out["tied_first_pruned_at_zero"] == [1, 4]
     assert out["tied_first_pruned_values_zero"][0] == pytest.approx([-0.4492, -0.4375])
     assert out["tied_first_pruned_values_zero"][1] == pytest.approx([-0.1719, -0.1406, -0.1094])
     assert "tied_first_pruned_gradient" not in out  # no gradient pruning order passed

@@ -177,7 +177,8 @@ def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
     named one head); A2, the ablation order's first two heads tie within rounding and swap between dtypes."""
     s = {**HEADS, "top_heads_gradient": ["L0H1", "L0H3", "L0H0", "L0H2", "L1H0"],
          "tied_top_heads_gradient": ["L1H0"], "tied_top_next_gradient": "L2H1",
-         "tied_first_pruned_zero": [["L0H1", "L2H0"]], "tied_first_pruned_values_zero": [[-0.4492, -0.4375]]}
+         "tied_first_pruned_zero": [["L0H1", "L2H0"]], "tied_first_pruned_values_zero": [[-0.4492, -0.4375]],
+         "tied_first_pruned_at_zero": [1]}
     text = finding("heads", s)
     assert "By gradient, L1H0 (5th) ties with L2H1 (6th) within rounding: their order is arbitrary." in text
     assert ("The first heads of the ablation order, L0H1 and L2H0, tie within rounding (-0.45 and -0.44): which is "
@@ -185,11 +186,15 @@ def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
     s.update(tied_first_pruned_values_zero=[[-0.4187, -0.4214]], tied_top_heads_gradient=["L0H2", "L1H0"])
     text = finding("heads", s)
     assert "The first heads of the ablation order, L0H1 and L2H0, tie within rounding (-0.42 each): which" in text
-    s.update(tied_first_pruned_zero=[["L0H1", "L2H0"], ["L1H3", "L1H2", "L2H2"]],
+    s.update(tied_first_pruned_zero=[["L0H1", "L2H0"], ["L1H3", "L1H2", "L2H2"]], tied_first_pruned_at_zero=[1, 4],
              tied_first_pruned_values_zero=[[-0.4492, -0.4375], [-0.1719, -0.1406, -0.1094]])
-    assert ("Among the first heads of the ablation order, L0H1 and L2H0 (-0.45 and -0.44) tie within rounding, as do "
-            "L1H3, L1H2 and L2H2 (-0.17, -0.14 and -0.11): which of each is removed first is arbitrary, and the count's "
-            "interval can depend on it.") in finding("heads", s)
+    assert ("In the ablation order, L0H1 and L2H0 (removed 1st and 2nd; -0.45 and -0.44) tie within rounding, as do "
+            "L1H3, L1H2 and L2H2 (removed 4th, 5th and 6th; -0.17, -0.14 and -0.11): which of each is removed first "
+            "is arbitrary, and the count's interval can depend on it.") in finding("heads", s)
+    later = {**HEADS, "tied_first_pruned_gradient": [["L2H3", "L0H0"]], "tied_first_pruned_at_gradient": [4],
+             "tied_first_pruned_values_gradient": [[0.349, 0.360]]}  # not the first heads: no "The first heads"
+    assert ("In the gradient order, L2H3 and L0H0 (removed 4th and 5th; 0.35 and 0.36) tie within rounding: which is "
+            "removed first is arbitrary") in finding("heads", later)
     assert "By gradient, L0H2, L1H0 (5th) and L2H1 (6th) tie within rounding, across the edge of the top heads" in text
 
 
