@@ -190,7 +190,13 @@ def test_numerical_checks_name_ties_at_the_start_of_the_pruning_order_and_past_t
     assert "tied_top_next_zero" not in out and "tied_top_heads_zero" not in out
     # float32: the closest neighbours are 0.0117 apart, far above one step (1.5e-6): no tie
     f32 = numerical_checks({"zero": zero}, torch.float32, metric_size=12.6, pruning={"zero": zero})
-    assert "tied_first_pruned_zero" not in f32
+    assert "tied_first_pruned_zero" not in f32 and "close_first_pruned_zero" not in f32
+    # within the standard errors (the review's s.e.): L0H1 -> L2H0 0.0117 < min(0.31, 0.123); L2H0 -> L0H2
+    # 0.160 >= min(0.123, 0.197), so the run from the first head removed is L0H1, L2H0
+    se = torch.tensor([[0.69, 0.31, 0.197, 1.31], [0.27, 0.13, 0.098, 0.069], [0.123, 0.15, 0.068, 0.096]])
+    f32 = numerical_checks({"zero": zero}, torch.float32, metric_size=12.6, pruning={"zero": zero}, ses={"zero": se})
+    assert f32["close_first_pruned_zero"]["heads"] == ["L0H1", "L2H0"]
+    assert f32["close_first_pruned_zero"]["se"] == pytest.approx([0.31, 0.123])
 
 
 def test_bfloat16_importance_floor_covers_its_rounding_and_not_the_effects(tiny_dirs, tiny_models):

@@ -191,6 +191,12 @@ def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
     assert ("In the ablation order, L0H1 and L2H0 (removed 1st and 2nd; -0.45 and -0.44) tie within rounding, as do "
             "L1H3, L1H2 and L2H2 (removed 4th, 5th and 6th; -0.17, -0.14 and -0.11): which of each is removed first "
             "is arbitrary, and the count's interval can depend on it.") in finding("heads", s)
+    close = {**HEADS, "close_first_pruned_zero": {"heads": ["L2H0", "L0H1"], "importance": [-0.4187, -0.4141],
+                                                   "se": [0.125, 0.312]}}  # float32: no rounding tie
+    assert ("The first heads of the ablation order, L2H0 and L0H1 (-0.42 and -0.41), differ from their neighbours by "
+            "less than their standard errors over examples (0.12 and 0.31): which is removed first is not measured by "
+            "these examples, and the count's interval can depend on it.") in finding("heads", close)
+    assert "standard errors" not in finding("heads", {**close, **s})  # the rounding tie at the start says it
     later = {**HEADS, "tied_first_pruned_gradient": [["L2H3", "L0H0"]], "tied_first_pruned_at_gradient": [4],
              "tied_first_pruned_values_gradient": [[0.349, 0.360]]}  # not the first heads: no "The first heads"
     assert ("In the gradient order, L2H3 and L0H0 (removed 4th and 5th; 0.35 and 0.36) tie within rounding: which is "
