@@ -416,8 +416,10 @@ def seed_counts(run: Run, ordering: str) -> list[float] | None:
 def _seed_text(counts: list[float] | None) -> str:
     if not counts:
         return "per-seed counts not recorded"
-    return (f"per seed {', '.join(f'{c:g}' for c in counts)} heads, range {min(counts):g}-{max(counts):g} over "
-            f"{len(counts)} seed{'s' if len(counts) != 1 else ''}")
+    each = [f"{c:g}" for c in counts]  # review 8b C4: "1 and 0 heads", not "per seed 1, 0 heads, range 0-1"
+    listed = each[0] if len(each) == 1 else ", ".join(each[:-1]) + " and " + each[-1]
+    span = f", range {min(counts):g}-{max(counts):g}" if len(counts) > 2 else ""
+    return f"{listed} heads{span} over {len(counts)} seed{'s' if len(counts) != 1 else ''}"
 
 
 def _random_note(a: Run, b: Run, ordering: str, shown: list[str]) -> str:

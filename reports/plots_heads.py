@@ -376,10 +376,81 @@ def _seed_words(s: Mapping[str, Any], key: str) -> str:
     per = ci.get("per_seed_heads") if isinstance(ci, Mapping) else None
     if not (isinstance(per, list) and per and all(_num(x) is not None for x in per)):
         return "mean over seeds; each seed's count is not recorded, so no interval"
-    counts = ", ".join(_count(x) for x in per)
+    counts = _and([_count(x) for x in per])  # review 8b C4: "1 and 1 heads", not "per seed 1, 1 heads, range 1-1"
+    span = f", range {_count(min(per))}-{_count(max(per))}" if len(per) > 2 else ""
     few = "; too few seeds for an interval" if len(per) < 5 else ""
-    return (f"per seed {counts} heads, range {_count(min(per))}-{_count(max(per))} over {len(per)} random "
-            f"order{'s' if len(per) != 1 else ''}{few}")
+    return f"{counts} heads{span} over {len(per)} random order{'s' if len(per) != 1 else ''}{few}"
+
+
+def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
+    """Top heads that tie within rounding (tied_top_heads_<method>), naming the (k+1)-th head a tie at the
+    k-th runs past (tied_top_next_<method>; review 8b C1: "L1H0 tie" named one head of a pair)."""
+    tied, nxt = [str(h) for h in s.get(f"tied_top_heads_{method}") or []], s.get(f"tied_top_next_{method}")
+    by = FINDING_METHOD_WORDS.get(method, method)
+    if not tied:
+        return ""
+    if not nxt:
+        return f"By {by}, {_and(tied)} tie within rounding among the top heads: their order is arbitrary."
+    k = len(s.get(f"top_heads_{method}") or []) or None
+    names = tied[:-1] + ([f"{tied[-1]} ({_ordinal(k)})", f"{nxt} ({_ordinal(k + 1)})"] if k else [tied[-1], str(nxt)])
+    if len(names) == 2:
+        return f"By {by}, {names[0]} ties with {names[1]} within rounding: their order is arbitrary."
+    return f"By {by}, {_and(names)} tie within rounding, across the edge of the top heads: their order is arbitrary."
+
+
+def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
+    """The first heads a fixed pruning order removes that tie within rounding (tied_first_pruned_<method>: runs
+    of tied neighbours; review 8b A2: which goes first swapped between float32 and bfloat16, and the count's
+    interval with it)."""
+    groups = [g for g in s.get(f"tied_first_pruned_{method}") or [] if isinstance(g, list) and len(g) > 1]
+    values = s.get(f"tied_first_pruned_values_{method}") or []
+    if not groups:
+        return ""
+    starts = s.get(f"tied_first_pruned_at_{method}") or []
+    said = []
+    for i, g in enumerate(groups):
+        nums = [_num(x) for x in values[i]] if i < len(values) and isinstance(values[i], list) else []
+        ok = len(nums) == len(g) and all(v is not None for v in nums)
+        shown = ("" if not ok else f"{nums[0]:.2f} each" if len({f"{v:.2f}" for v in nums}) == 1
+                 else _and([f"{v:.2f}" for v in nums]))
+        at = _num(starts[i]) if i < len(starts) else None
+        where = f"removed {_and([_ordinal(int(at) + j) for j in range(len(g))])}" if at is not None else ""
+        said.append((_and([str(h) for h in g]), shown, where, at == 1))
+    order = "gradient" if method == "gradient" else "ablation"
+    tail = "arbitrary, and the count's interval can depend on it."
+    if len(said) == 1 and said[0][3]:
+        shown = f" ({said[0][1]})" if said[0][1] else ""
+        return (f"The first heads of the {order} order, {said[0][0]}, tie within rounding{shown}: which is "
+                f"removed first is {tail}")
+    runs = [f"{names} ({'; '.join(x for x in (where, shown) if x)})" if where or shown else names
+            for names, shown, where, _ in said]
+    return (f"In the {order} order, {runs[0]} tie within rounding{', as do ' + '; '.join(runs[1:]) if runs[1:] else ''}: "
+            f"which {'of each ' if len(runs) > 1 else ''}is removed first is {tail}")
+
+
+def _first_close_words(s: Mapping[str, Any], method: str) -> str:
+    """The first heads of the ablation order within each other's standard errors (close_first_pruned_<method>),
+    unless a rounding tie already starts the order (review 8b A2: in float32 the first two are 0.005 apart with
+    standard errors 0.12 and 0.31, so which goes first is not measured either)."""
+    close = s.get(f"close_first_pruned_{method}")
+    if not isinstance(close, Mapping) or 1 in (s.get(f"tied_first_pruned_at_{method}") or []):
+        return ""
+    heads, imp, se = close.get("heads") or [], close.get("importance") or [], close.get("se") or []
+    if len(heads) < 2 or len(imp) != len(heads) or len(se) != len(heads) or any(_num(x) is None for x in [*imp, *se]):
+        return ""
+    return (f"The first heads of the ablation order, {_and([str(h) for h in heads])} "
+            f"({_and([f'{float(v):.2f}' for v in imp])}), differ from their neighbours by less than their standard "
+            "errors over examples "
+            f"({_and([f'{float(v):.2f}' for v in se])}): which is removed first is not measured by these examples, "
+            "and the count's interval can depend on it.")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _count(x: float) -> str:
@@ -574,10 +645,15 @@ def finding(s: Mapping[str, Any]) -> str:
                      "which the first-order gradient cannot see, so the gradient and ablation orders can disagree "
                      "for that reason.")
     for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
-        tied = [str(h) for h in s[f"tied_top_heads_{method}"]]
-        if tied:
-            parts.append(f"By {FINDING_METHOD_WORDS.get(method, method)}, {', '.join(tied)} tie within rounding among the top "
-                         "heads: their order is arbitrary.")
+        if words := _top_tie_words(s, method):
+            parts.append(words)
+    for method in (k.removeprefix("tied_first_pruned_") for k in s if k.startswith("tied_first_pruned_")
+                   and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_"))):
+        if words := _first_tie_words(s, method):
+            parts.append(words)
+    for method in (k.removeprefix("close_first_pruned_") for k in s if k.startswith("close_first_pruned_")):
+        if words := _first_close_words(s, method):
+            parts.append(words)
     roles = s.get("roles")
     if isinstance(roles, Mapping):
         found = [f"{len(v)} {k.replace('_', '-')} ({', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''})"

@@ -157,7 +157,9 @@ def noise_floor(dtype: torch.dtype, size: float) -> float:
 
 
 def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric_size: float,
-                     loss_size: float | None = None, k: int = 5) -> dict[str, Any]:
+                     loss_size: float | None = None, k: int = 5,
+                     pruning: dict[str, torch.Tensor] | None = None,
+                     ses: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
     - ablation (zero, mean, resample): a difference of two metric values, so its floor is one rounding
       step of the metric (noise_floor(dtype, metric_size): summary noise_floor);
@@ -168,7 +170,17 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     pruning order and the top heads are then noise); tied_top_heads_<method>: the heads among the top k whose
     importance lies within rounding of a neighbour's (their order is arbitrary): within the metric's floor for
     ablation; for gradients within a few eps of the larger of the two, since backpropagation rounds each gradient
-    relative to its own size (GRADIENT_TIE_STEPS eps of the larger of the two)."""
+    relative to its own size (GRADIENT_TIE_STEPS eps of the larger of the two); tied_top_next_<method>: the
+    (k+1)-th head where it ties with the k-th (the partner a top-k list leaves out).
+    pruning: {method: the [L, H] importance its fixed pruning order ranks by, least important removed first}
+    (raw, or per layer normalised gradients); tied_first_pruned_<method> (with tied_first_pruned_values_<method>):
+    runs of neighbours among the first k removed (and the next) that tie by the same rule (tied_first_pruned_at_<method>:
+    where each run starts in the order, from 1), since which is removed first
+    is then arbitrary and the prunable count's interval can depend on it (review 8b A2). ses: {method: [L, H]
+    standard error over examples}; close_first_pruned_<method> ({heads, importance, se}): for an ablation order
+    ranked by the raw importance, the run of heads from the first removed whose neighbours differ by less than
+    the smaller of their two standard errors (in float32 the review's pair is 0.005 apart, far above rounding but
+    a sixtieth of L0H1's s.e.)."""
     eps = float(torch.finfo(dtype).eps)
     floors = {m: noise_floor(dtype, loss_size if m == "gradient" and loss_size is not None else metric_size)
               for m in raw}
@@ -191,12 +203,49 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         def tol(a: float, b: float, floor: float = floor, method: str = method) -> float:
             return GRADIENT_TIE_STEPS * eps * max(abs(a), abs(b)) if method == "gradient" else floor
 
-        tied = {int(order[j]) for i in range(len(order) - 1)
-                if float(values[i] - values[i + 1]) <= tol(float(values[i]), float(values[i + 1])) for j in (i, i + 1)}
-        tied = [i for i in order[:k].tolist() if i in tied]
-        if tied:
-            out[f"tied_top_heads_{method}"] = [head_label(i // n_heads, i % n_heads) for i in tied]
+        tied = _neighbour_ties(order, values, tol)
+        top = [i for i in order[:k].tolist() if i in tied]
+        if top:
+            out[f"tied_top_heads_{method}"] = [head_label(i // n_heads, i % n_heads) for i in top]
+            if len(order) > k and int(order[k]) in tied and int(order[k - 1]) in tied:
+                out[f"tied_top_next_{method}"] = head_label(int(order[k]) // n_heads, int(order[k]) % n_heads)
+        if pruning is not None and method in pruning:
+            by = pruning[method].detach().double().flatten().cpu()  # [layer * head]
+            first = torch.argsort(by, stable=True)[: k + 1]  # the pruning order's first heads, as _pruning_curve ranks
+            groups: list[list[int]] = []  # runs of neighbours within tol, in the order removed
+            starts: list[int] = []  # each run's first position in the order, from 1
+            for j in range(min(k, len(first) - 1)):
+                a, b = int(first[j]), int(first[j + 1])
+                if float(by[b] - by[a]) <= tol(float(by[b]), float(by[a])):
+                    if groups and groups[-1][-1] == a:
+                        groups[-1].append(b)
+                    else:
+                        groups.append([a, b])
+                        starts.append(j + 1)
+            se = ses.get(method) if ses is not None and method != "gradient" else None
+            if se is not None and torch.equal(pruning[method].detach().cpu().double(), imp.detach().cpu().double()):
+                se = se.detach().double().flatten().cpu()  # [layer * head]
+                run = [int(first[0])]
+                for j in range(len(first) - 1):
+                    a, b = int(first[j]), int(first[j + 1])
+                    if j + 1 > k or float(by[b] - by[a]) >= min(float(se[a]), float(se[b])):
+                        break
+                    run.append(b)
+                if len(run) > 1:
+                    out[f"close_first_pruned_{method}"] = {
+                        "heads": [head_label(i // n_heads, i % n_heads) for i in run],
+                        "importance": [float(by[i]) for i in run], "se": [float(se[i]) for i in run]}
+            if groups:
+                out[f"tied_first_pruned_at_{method}"] = starts
+                out[f"tied_first_pruned_{method}"] = [[head_label(i // n_heads, i % n_heads) for i in g] for g in groups]
+                out[f"tied_first_pruned_values_{method}"] = [[float(by[i]) for i in g] for g in groups]
     return out
+
+
+def _neighbour_ties(order: torch.Tensor, values: torch.Tensor, tol) -> set[int]:
+    """The heads in `order` (values descending along it) within tol(a, b) of their neighbour in it."""
+    return {int(order[j]) for i in range(len(order) - 1)
+            if float(values[i] - values[i + 1]) <= tol(float(values[i]), float(values[i + 1])) for j in (i, i + 1)}
 
 
 def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
@@ -308,7 +357,9 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     summary.update(prunable_intervals(examples, summary["n_heads"], hc.pruning.tolerance, seed=hc.seed))
     summary.update(curve_shapes(curves, hc.pruning.tolerance))
     summary["ordering_basis"] = ordering_basis(hc.pruning)
-    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size))
+    fixed = {method: prune_imp[o] for o, method in (("gradient", "gradient"), ("ablation", hc.pruning.method))
+             if o in prune_imp and o in hc.pruning.orderings}  # {method: what its pruning order ranks by}
+    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size, pruning=fixed, df=df))
     summary.update(_top_heads(df, summary))
     summary["roles"] = {
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
@@ -333,11 +384,22 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
 
 
 def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseline: float,
-                     loss_size: float | None) -> dict[str, Any]:
-    """numerical_checks at the model's dtype, sizes taken as the larger of each value and the logits it is read from."""
+                     loss_size: float | None, pruning: dict[str, torch.Tensor] | None = None,
+                     df: pd.DataFrame | None = None) -> dict[str, Any]:
+    """numerical_checks at the model's dtype, sizes taken as the larger of each value and the logits it is read
+    from; df (importance_table's) gives each method's importance_se."""
     readout = readout_size(model, scorer)
+    ses = None
+    if df is not None and pruning:
+        ses = {}
+        for method, g in df.groupby("method", sort=False):
+            se = torch.zeros_like(raw[method], dtype=torch.float64)  # [L, H]
+            se[torch.tensor(g["layer"].to_numpy()), torch.tensor(g["head"].to_numpy())] = torch.tensor(
+                g["importance_se"].to_numpy(dtype=float))
+            ses[method] = se
     summary = numerical_checks(raw, _dtype(model), metric_size=max(abs(baseline), readout),
-                               loss_size=None if loss_size is None else max(abs(loss_size), readout))
+                               loss_size=None if loss_size is None else max(abs(loss_size), readout), pruning=pruning,
+                               ses=ses)
     return {**summary, "readout_size": readout}
 
 

@@ -168,6 +168,37 @@ def test_numerical_floor_flags_rounding_and_ties_hand_worked():
     assert numerical_checks({"gradient": torch.zeros(2, 2)}, torch.bfloat16, metric_size=10.0)["degenerate_gradient"]
 
 
+def test_numerical_checks_name_ties_at_the_start_of_the_pruning_order_and_past_the_top_k():
+    """Review 8b A2/C1 (the bf16 OLMo 2 run's numbers): one bfloat16 step of a metric of 12.6 is 2^-7 x 12.6 =
+    0.098, so the zero-ablation order's first two heads (-0.4492, -0.4375: 0.012 apart) tie, as do its 4th-6th
+    (-0.1719, -0.1406, -0.1094: 0.031 apart), while the 3rd (-0.2773) is 0.16 and 0.106 from its neighbours;
+    the gradient's 5th and 6th heads (0.4910, 0.4821: 0.0089 < 4 x 2^-7 x 0.4910 = 0.0153) tie across the
+    top-5 edge, and the 6th is named with the 5th."""
+    from headscope.analyses.heads.analysis import numerical_checks
+
+    zero = torch.tensor([[2.86, -0.4492, -0.2773, 10.16], [1.26, 0.2852, -0.1406, -0.1719],
+                         [-0.4375, 0.8125, -0.1094, 0.0273]])  # [3 layers, 4 heads]
+    grad = torch.tensor([[0.99, 1.80, 0.71, 1.70], [0.4910, 0.36, 0.34, 0.21], [0.43, 0.4821, 0.15, 0.25]])
+    out = numerical_checks({"gradient": grad, "zero": zero}, torch.bfloat16, metric_size=12.6, loss_size=2.0,
+                           pruning={"zero": zero})
+    assert out["tied_first_pruned_zero"] == [["L0H1", "L2H0"], ["L1H3", "L1H2", "L2H2"]]  # in the order removed
+    assert out["tied_first_pruned_at_zero"] == [1, 4]
+    assert out["tied_first_pruned_values_zero"][0] == pytest.approx([-0.4492, -0.4375])
+    assert out["tied_first_pruned_values_zero"][1] == pytest.approx([-0.1719, -0.1406, -0.1094])
+    assert "tied_first_pruned_gradient" not in out  # no gradient pruning order passed
+    assert out["tied_top_heads_gradient"] == ["L1H0"] and out["tied_top_next_gradient"] == "L2H1"
+    assert "tied_top_next_zero" not in out and "tied_top_heads_zero" not in out
+    # float32: the closest neighbours are 0.0117 apart, far above one step (1.5e-6): no tie
+    f32 = numerical_checks({"zero": zero}, torch.float32, metric_size=12.6, pruning={"zero": zero})
+    assert "tied_first_pruned_zero" not in f32 and "close_first_pruned_zero" not in f32
+    # within the standard errors (the review's s.e.): L0H1 -> L2H0 0.0117 < min(0.31, 0.123); L2H0 -> L0H2
+    # 0.160 >= min(0.123, 0.197), so the run from the first head removed is L0H1, L2H0
+    se = torch.tensor([[0.69, 0.31, 0.197, 1.31], [0.27, 0.13, 0.098, 0.069], [0.123, 0.15, 0.068, 0.096]])
+    f32 = numerical_checks({"zero": zero}, torch.float32, metric_size=12.6, pruning={"zero": zero}, ses={"zero": se})
+    assert f32["close_first_pruned_zero"]["heads"] == ["L0H1", "L2H0"]
+    assert f32["close_first_pruned_zero"]["se"] == pytest.approx([0.31, 0.123])
+
+
 def test_bfloat16_importance_floor_covers_its_rounding_and_not_the_effects(tiny_dirs, tiny_models):
     """#34 review 7 A1: in bfloat16 the floor is one rounding step of the logits the metric reads, not 16
     steps of the metric: the same model in float32 and bfloat16 gives importances that differ by less than

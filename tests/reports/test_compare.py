@@ -684,8 +684,8 @@ def test_prunable_counts_of_runs_ranked_on_other_examples_are_not_compared_and_b
     assert ("A's 0% sits on its 1% line: the point at 1 head removed is 9.84, 0.6% of the unpruned metric past the "
             "line 9.9, within its noise margin (2.5%)") in gradient
     assert "B's 17% sits on its 1% line: the point at 2 heads removed is 9.89, 0.1% of the unpruned metric past" in gradient
-    assert random == ("Prunable within 1% by random (mean over random orders): A 8% (per seed 1, 0 heads, range 0-1 over "
-                      "2 seeds), B 0% (per seed 0, 0 heads, range 0-0 over 2 seeds); the seed ranges overlap; too few "
+    assert random == ("Prunable within 1% by random (mean over random orders): A 8% (1 and 0 heads over 2 seeds), "
+                      "B 0% (0 and 0 heads over 2 seeds); the seed ranges overlap; too few "
                       "seeds for a noise verdict.")
     # the same examples (one task.json): the fixed ordering is judged against the intervals again, its lines still said
     _task(tmp_path / "b", (0, 1, 2, 3))

@@ -168,8 +168,40 @@ def test_degenerate_importance_and_ties_are_said_and_not_ranked():
     text = finding("heads", s)
     assert f"Gradient importance is rounding, not a measurement: {why}." in text
     assert "gradient 25%" not in text and "gradient recompute" not in text and "by gradient" not in text
-    assert "By zero-ablation, L0H1, L0H2 tie within rounding among the top heads: their order is arbitrary." in text
+    assert "By zero-ablation, L0H1 and L0H2 tie within rounding among the top heads: their order is arbitrary." in text
     assert "18 of 32 heads (56%)" in text  # the ablation ordering is a measurement and stays
+
+
+def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
+    """Review 8b (bf16 OLMo 2): C1, the 5th gradient head's partner is the 6th, outside the top 5 ("L1H0 tie"
+    named one head); A2, the ablation order's first two heads tie within rounding and swap between dtypes."""
+    s = {**HEADS, "top_heads_gradient": ["L0H1", "L0H3", "L0H0", "L0H2", "L1H0"],
+         "tied_top_heads_gradient": ["L1H0"], "tied_top_next_gradient": "L2H1",
+         "tied_first_pruned_zero": [["L0H1", "L2H0"]], "tied_first_pruned_values_zero": [[-0.4492, -0.4375]],
+         "tied_first_pruned_at_zero": [1]}
+    text = finding("heads", s)
+    assert "By gradient, L1H0 (5th) ties with L2H1 (6th) within rounding: their order is arbitrary." in text
+    assert ("The first heads of the ablation order, L0H1 and L2H0, tie within rounding (-0.45 and -0.44): which is "
+            "removed first is arbitrary, and the count's interval can depend on it.") in text
+    s.update(tied_first_pruned_values_zero=[[-0.4187, -0.4214]], tied_top_heads_gradient=["L0H2", "L1H0"])
+    text = finding("heads", s)
+    assert "The first heads of the ablation order, L0H1 and L2H0, tie within rounding (-0.42 each): which" in text
+    s.update(tied_first_pruned_zero=[["L0H1", "L2H0"], ["L1H3", "L1H2", "L2H2"]], tied_first_pruned_at_zero=[1, 4],
+             tied_first_pruned_values_zero=[[-0.4492, -0.4375], [-0.1719, -0.1406, -0.1094]])
+    assert ("In the ablation order, L0H1 and L2H0 (removed 1st and 2nd; -0.45 and -0.44) tie within rounding, as do "
+            "L1H3, L1H2 and L2H2 (removed 4th, 5th and 6th; -0.17, -0.14 and -0.11): which of each is removed first "
+            "is arbitrary, and the count's interval can depend on it.") in finding("heads", s)
+    close = {**HEADS, "close_first_pruned_zero": {"heads": ["L2H0", "L0H1"], "importance": [-0.4187, -0.4141],
+                                                   "se": [0.125, 0.312]}}  # float32: no rounding tie
+    assert ("The first heads of the ablation order, L2H0 and L0H1 (-0.42 and -0.41), differ from their neighbours by "
+            "less than their standard errors over examples (0.12 and 0.31): which is removed first is not measured by "
+            "these examples, and the count's interval can depend on it.") in finding("heads", close)
+    assert "standard errors" not in finding("heads", {**close, **s})  # the rounding tie at the start says it
+    later = {**HEADS, "tied_first_pruned_gradient": [["L2H3", "L0H0"]], "tied_first_pruned_at_gradient": [4],
+             "tied_first_pruned_values_gradient": [[0.349, 0.360]]}  # not the first heads: no "The first heads"
+    assert ("In the gradient order, L2H3 and L0H0 (removed 4th and 5th; 0.35 and 0.36) tie within rounding: which is "
+            "removed first is arbitrary") in finding("heads", later)
+    assert "By gradient, L0H2, L1H0 (5th) and L2H1 (6th) tie within rounding, across the edge of the top heads" in text
 
 
 def test_a_kv_ceiling_at_the_whole_prompt_says_nothing_is_saved():
@@ -566,8 +598,11 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
             "heads removed crosses the line by 0.00054% of the metric, within its noise margin, 5.7%); gradient (a first "
             "step crosses the line by 0.62% of the metric, within its noise margin, 0.75%). A noise margin is the larger "
             "of a deciding point's standard error over examples and its paired 95% interval") in text
-    assert "random 8% (per seed 2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval)" in text
+    assert "random 8% (2 and 0 heads over 2 random orders; too few seeds for an interval)" in text
     assert "0.5-1" not in text
+    s["prunable_ci_random"].update(per_seed_heads=[0.0, 1.0, 2.0, 1.0], seeds=[0, 1, 2, 3])  # review 8b C4
+    assert ("random 8% (0, 1, 2 and 1 heads, range 0-2 over 4 random orders; too few seeds for an interval)"
+            in finding("heads", s))
     # off the line (a margin smaller than the distance is recorded as on_the_line False): no such words
     s["prunable_ci_gradient"]["line"] = {**first, "margin_rel": 0.001, "on_the_line": False}
     off = finding("heads", s)
@@ -587,8 +622,8 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     # random leads (every fixed order drops at once): its mean is said as an average with each seed's count
     lead = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
     lead["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
-    assert ("Ordered at random, 1 of 12 heads (8%) stay no more than 1% below the unpruned logit difference on average (per seed "
-            "2, 0 heads, range 0-2 over 2 random orders; too few seeds for an interval).") in finding("heads", lead)
+    assert ("Ordered at random, 1 of 12 heads (8%) stay no more than 1% below the unpruned logit difference on average (2 and 0 "
+            "heads over 2 random orders; too few seeds for an interval).") in finding("heads", lead)
 
 
 def test_patching_names_no_token_where_the_prompts_differ():
