@@ -1,0 +1,360 @@
+"""The `heads` finding in words (reports/plots_heads.py's `finding`, the family's headline): the unpruned
+metric with its interval, the prunable heads of each ordering with their bootstrap intervals and the
+counts that sit on their 1% line, gains beyond the band worded by what their interval clears
+(chance.clear_of), ties within rounding among the top heads and at the start of each pruning order,
+head roles and the L0 sweep; on encoders what the cosine metric is, at chance only what was measured.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from headscope.analyses.core.chance import clear_of
+from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words
+
+
+def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
+    """(low, high, n_examples) of prunable_ci_<key> (pruning.prunable_intervals), None when absent and for
+    random orderings (a bootstrap of their mean over seeds leaves out the seed spread: _seed_words)."""
+    ci = s.get(f"prunable_ci_{key}")
+    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) and not key.startswith("random") else None
+    if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(_num(b) is not None for b in bounds)):
+        return None
+    return float(bounds[0]), float(bounds[1]), ci.get("n_examples")
+
+
+def _line_words(s: Mapping[str, Any], key: str) -> str:
+    """'' or, when the count of ordering `key` sits on its tolerance line (prunable_ci_<key>'s `line`,
+    pruning.line_record: a deciding point within one standard error or its paired interval of the
+    line), what its deciding point is: a bootstrap along the order cannot show that, so "0-0 heads" is
+    no certainty."""
+    ci = s.get(f"prunable_ci_{key}")
+    line = ci.get("line") if isinstance(ci, Mapping) else None
+    if not isinstance(line, Mapping) or line.get("on_the_line") is not True:
+        return ""
+    d, m = _num(line.get("distance_rel")), _num(line.get("margin_rel"))
+    if d is None or m is None:
+        return ""
+    k = line.get("n_pruned")
+    within = f"within its noise margin, {100 * m:.2g}%"
+    if line.get("past"):
+        step = "a first step" if _num(ci.get("heads")) == 0 else f"the step to {k} head{'s' if k != 1 else ''} removed"
+        return f"{step} crosses the line by {100 * abs(d):.2g}% of the metric, {within}"
+    return f"the point at {k} head{'s' if k != 1 else ''} removed is {100 * abs(d):.2g}% of the metric inside the line, {within}"
+
+
+def _line_sentence(s: Mapping[str, Any], keys: Any) -> str:
+    """One sentence for every ordering whose count sits on the 1% line, orderings with the same deciding
+    point said once ("ablation and ablation recomputed (...)"); '' when none does."""
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        if words := _line_words(s, key):
+            groups.setdefault(words, []).append(key.removesuffix("_recompute")
+                                                + (" recomputed" if key.endswith("_recompute") else ""))
+    if not groups:
+        return ""
+    said = "; ".join(f"{' and '.join(names)} ({words})" for words, names in groups.items())
+    return (f"On the 1% line, so fragile (another sample of examples could move the count): {said}. A noise margin is "
+            "the larger of a deciding point's standard error over examples and its paired 95% interval, as a % of the "
+            "unpruned metric.")
+
+
+def _seed_words(s: Mapping[str, Any], key: str) -> str:
+    """The random ordering's count in words: each seed's own count and their range (a mean over seeds is
+    no count, and a bootstrap of that mean leaves out the seed spread), with no interval from few seeds."""
+    ci = s.get(f"prunable_ci_{key}")
+    per = ci.get("per_seed_heads") if isinstance(ci, Mapping) else None
+    if not (isinstance(per, list) and per and all(_num(x) is not None for x in per)):
+        return "mean over seeds; each seed's count is not recorded, so no interval"
+    counts = _and([_count(x) for x in per])  # review 8b C4: "1 and 1 heads", not "per seed 1, 1 heads, range 1-1"
+    span = f", range {_count(min(per))}-{_count(max(per))}" if len(per) > 2 else ""
+    few = "; too few seeds for an interval" if len(per) < 5 else ""
+    return f"{counts} heads{span} over {len(per)} random order{'s' if len(per) != 1 else ''}{few}"
+
+
+def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
+    """Top heads that tie within rounding (tied_top_heads_<method>), naming the (k+1)-th head a tie at the
+    k-th runs past (tied_top_next_<method>; review 8b C1: "L1H0 tie" named one head of a pair)."""
+    tied, nxt = [str(h) for h in s.get(f"tied_top_heads_{method}") or []], s.get(f"tied_top_next_{method}")
+    by = FINDING_METHOD_WORDS.get(method, method)
+    if not tied:
+        return ""
+    if not nxt:
+        return f"By {by}, {_and(tied)} tie within rounding among the top heads: their order is arbitrary."
+    k = len(s.get(f"top_heads_{method}") or []) or None
+    names = tied[:-1] + ([f"{tied[-1]} ({_ordinal(k)})", f"{nxt} ({_ordinal(k + 1)})"] if k else [tied[-1], str(nxt)])
+    if len(names) == 2:
+        return f"By {by}, {names[0]} ties with {names[1]} within rounding: their order is arbitrary."
+    return f"By {by}, {_and(names)} tie within rounding, across the edge of the top heads: their order is arbitrary."
+
+
+def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
+    """The first heads a fixed pruning order removes that tie within rounding (tied_first_pruned_<method>: runs
+    of tied neighbours; review 8b A2: which goes first swapped between float32 and bfloat16, and the count's
+    interval with it)."""
+    groups = [g for g in s.get(f"tied_first_pruned_{method}") or [] if isinstance(g, list) and len(g) > 1]
+    values = s.get(f"tied_first_pruned_values_{method}") or []
+    if not groups:
+        return ""
+    starts = s.get(f"tied_first_pruned_at_{method}") or []
+    said = []
+    for i, g in enumerate(groups):
+        nums = [_num(x) for x in values[i]] if i < len(values) and isinstance(values[i], list) else []
+        ok = len(nums) == len(g) and all(v is not None for v in nums)
+        shown = ("" if not ok else f"{nums[0]:.2f} each" if len({f"{v:.2f}" for v in nums}) == 1
+                 else _and([f"{v:.2f}" for v in nums]))
+        at = _num(starts[i]) if i < len(starts) else None
+        where = f"removed {_and([_ordinal(int(at) + j) for j in range(len(g))])}" if at is not None else ""
+        said.append((_and([str(h) for h in g]), shown, where, at == 1))
+    order = "gradient" if method == "gradient" else "ablation"
+    tail = "arbitrary, and the count's interval can depend on it."
+    if len(said) == 1 and said[0][3]:
+        shown = f" ({said[0][1]})" if said[0][1] else ""
+        return (f"The first heads of the {order} order, {said[0][0]}, tie within rounding{shown}: which is "
+                f"removed first is {tail}")
+    runs = [f"{names} ({'; '.join(x for x in (where, shown) if x)})" if where or shown else names
+            for names, shown, where, _ in said]
+    return (f"In the {order} order, {runs[0]} tie within rounding{', as do ' + '; '.join(runs[1:]) if runs[1:] else ''}: "
+            f"which {'of each ' if len(runs) > 1 else ''}is removed first is {tail}")
+
+
+def _first_close_words(s: Mapping[str, Any], method: str) -> str:
+    """The first heads of the ablation order within each other's standard errors (close_first_pruned_<method>),
+    unless a rounding tie already starts the order (review 8b A2: in float32 the first two are 0.005 apart with
+    standard errors 0.12 and 0.31, so which goes first is not measured either)."""
+    close = s.get(f"close_first_pruned_{method}")
+    if not isinstance(close, Mapping) or 1 in (s.get(f"tied_first_pruned_at_{method}") or []):
+        return ""
+    heads, imp, se = close.get("heads") or [], close.get("importance") or [], close.get("se") or []
+    if len(heads) < 2 or len(imp) != len(heads) or len(se) != len(heads) or any(_num(x) is None for x in [*imp, *se]):
+        return ""
+    return (f"The first heads of the ablation order, {_and([str(h) for h in heads])} "
+            f"({_and([f'{float(v):.2f}' for v in imp])}), differ from their neighbours by less than their standard "
+            "errors over examples "
+            f"({_and([f'{float(v):.2f}' for v in se])}): which is removed first is not measured by these examples, "
+            "and the count's interval can depend on it.")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _count(x: float) -> str:
+    """A number of heads: whole, or to one decimal (random orderings: a mean over seeds)."""
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def _name(s: Mapping[str, Any], key: str, named: set[str] | None = None) -> str:
+    """An ordering key (gradient_recompute) in words, with what it ranks by where the summary records it;
+    the basis is said once per finding: an ordering already in `named` (which this adds to) goes bare."""
+    ordering = key.removesuffix("_recompute")
+    basis = s.get("ordering_basis")
+    what = basis.get(ordering) if isinstance(basis, Mapping) and (named is None or ordering not in named) else None
+    if named is not None:
+        named.add(ordering)
+    return ordering + (" recomputed" if key.endswith("_recompute") else "") + (f" ({what})" if what else "")
+
+
+def _signed_pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def _gain_ci(gain: Mapping[str, Any]) -> tuple[float, float] | None:
+    ci = gain.get("ci")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
+        return float(ci[0]), float(ci[1])
+    return None
+
+
+def _band_size(shape: Mapping[str, Any], gain: Mapping[str, Any]) -> float:
+    """The band in the metric's units: tolerance x |unpruned| (unpruned = the gain point's metric - its change)."""
+    metric, change = _num(gain.get("metric")), _num(gain.get("change"))
+    base = metric - change if metric is not None and change is not None else math.nan
+    return (_num(shape.get("tolerance")) or 0.01) * abs(base)
+
+
+def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, named: set[str]) -> list[str]:
+    """What the first crossing leaves out (pruning.curve_shapes), for the ordering `keys` the finding
+    counts: curves back within the band after leaving it, and pruning that changes the metric beyond
+    the band, with its interval over examples, worded by what the interval clears (chance.clear_of, kv's
+    rule too): "more than 1% above unpruned" only where its lower bound clears the band (those gains in
+    one sentence), "higher than unpruned, but not clearly by more than 1%" where it clears only 0, "no
+    evidence of a gain" where it reaches 0."""
+    out, gains = [], []
+    n_ex = s.get("n_examples")
+    over = f" over {n_ex} examples" if n_ex else ""
+    for key in keys:
+        shape = s.get(f"pruning_shape_{key}")
+        if not isinstance(shape, Mapping):
+            continue
+        band = _pct(_num(shape.get("tolerance")) or 0.01)
+        first, back, gain = shape.get("first_below"), shape.get("back_within"), shape.get("gain")
+        if isinstance(first, Mapping) and isinstance(back, Mapping):
+            later = "point" if back.get("points") == 1 else "points"
+            heads = "head" if first["n_pruned"] == 1 else "heads"
+            out.append(f"The {_name(s, key, named)} curve leaves the {band} band at {first['n_pruned']} {heads} removed "
+                       f"({_signed_pct(first['change_rel'])}) but is back within it at {back.get('points')} later {later}, "
+                       f"from {back.get('first')} heads removed up to {back['n_pruned']} of {n_heads} "
+                       f"({back['metric']:.3g}, {_signed_pct(back['change_rel'])}): the order is not monotone; its "
+                       "count stops at the first crossing.")
+        if isinstance(gain, Mapping):
+            heads = [str(h) for h in gain.get("heads") or []]
+            which = f" ({', '.join(heads)})" if 0 < len(heads) <= 8 else ""
+            ci = _gain_ci(gain)
+            span = f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" if ci else ""
+            verdict = clear_of(ci[0], ci[1], _band_size(shape, gain)) if ci else "band"  # no interval: older summaries
+            if ci and (verdict is None or ci[0] <= 0):
+                # review 6 (A6): an interval that reaches 0 supports no gain, so none is claimed
+                out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
+                           f"changes the {metric} by {gain['change']:+.3g} ({_signed_pct(gain['change_rel'])}{span}{over}): "
+                           "no evidence of a gain.")
+                continue
+            if verdict != "band":
+                # review 7 (A5): above unpruned, but the interval reaches below the band: not "more than 1%"
+                out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
+                           f"raises the {metric} by {gain['change']:.3g} ({_signed_pct(gain['change_rel'])}{span}{over}): "
+                           f"higher than unpruned, but not clearly by more than {band}.")
+                continue
+            gains.append((key, gain, which, span, band))
+    if len(gains) == 1:
+        key, gain, which, span, band = gains[0]
+        out.append(f"Pruning can raise the metric: removing {gain['n_pruned']} of {n_heads} heads in the "
+                   f"{_name(s, key, named)} order{which} raises the {metric} by {gain['change']:.3g} "
+                   f"({_signed_pct(gain['change_rel'])}{span}{over}), more than {band} above unpruned.")
+    elif gains:
+        said = []
+        for key, gain, which, _, _ in gains:
+            ci = _gain_ci(gain)
+            span = f", {ci[0]:+.3g} to {ci[1]:+.3g}" if ci else ""
+            said.append(f"removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
+                        f"by {gain['change']:.3g} ({_signed_pct(gain['change_rel'])}{span})")
+        out.append(f"Pruning can raise the {metric} more than {gains[0][4]} above unpruned (95% CIs of the change"
+                   f"{over}): " + ", ".join(said) + ".")
+    return out
+
+
+def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads: int, metric: str) -> list[str]:
+    """The best ordering's prunable heads with its bootstrap interval, then the others, then the counts
+    on their 1% line in one sentence. A count of 0, or one whose interval reaches 0 heads, is not
+    presented as heads that can be removed. Each ordering's basis is named once."""
+    named: set[str] = set()
+    best = max(prunable, key=lambda k: prunable[k])
+    heads = _num(s.get(f"heads_prunable_{best}")) or prunable[best] * n_heads
+    ci = _interval(s, best)
+    n_ex = ci[2] if ci and ci[2] is not None else s.get("n_examples")
+    over = f"over {n_ex} examples" if n_ex is not None else ""
+    name = _name(s, best, named)
+    if prunable[best] <= 0:
+        lines = _line_sentence(s, prunable)
+        out = [f"No ordering removes a single step of heads staying no more than 1% below the unpruned {metric}"
+               + (f" ({over})" if over else "") + ": the first step already falls below the floor."]
+        out += [lines] if lines else []
+        out += _shape_words(s, list(prunable), n_heads, metric, named)
+        return out
+    if best.startswith("random"):
+        out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
+               f"unpruned {metric} on average ({_seed_words(s, best)})."]
+    elif ci is None:  # an older summary: no per-example data behind the count
+        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed staying no more than 1% below the "
+               f"unpruned {metric}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
+    elif ci[0] <= 0:
+        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
+               f"unpruned {metric}, but the 95% bootstrap interval ({_count(ci[0])}-{_count(ci[1])} heads, {over}) reaches "
+               "none: this is no evidence that any head is dispensable."]
+    else:
+        out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
+               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than 1% below the "
+               f"unpruned {metric} when ordered by {name}."]
+    others = []
+    for key, value in prunable.items():
+        if key == best:
+            continue
+        kci = _interval(s, key)
+        none = ", reaching none" if kci and value > 0 and kci[0] <= 0 else ""
+        span = "" if kci is None else f" ({_count(kci[0])}-{_count(kci[1])} heads{none})"
+        if key.startswith("random"):
+            span = f" ({_seed_words(s, key)})"
+        others.append(f"{_name(s, key, named)} {_pct(value)}{span}")
+    if others:
+        out.append("Other orderings (heads removed before each curve first falls more than 1% below unpruned): "
+                   + ", ".join(others) + ".")
+    if lines := _line_sentence(s, prunable):
+        out.append(lines)
+    out += _shape_words(s, list(prunable), n_heads, metric, named)
+    if any(_interval(s, key) for key in prunable):
+        out.append("The intervals resample the examples along each fixed pruning order; they do not cover a new "
+                   "task sample re-ranking the heads.")
+    return out
+
+
+FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """Baseline, prunable heads per ordering, and the head roles found."""
+    parts = []
+    n_heads = s.get("n_heads")
+    base, kind = _num(s.get("baseline_metric")), s.get("metric", "metric")
+    metric = _words(kind)
+    if base is not None:
+        ci = (s.get("chance") or {}).get("ci") if isinstance(s.get("chance"), Mapping) else None
+        span = (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if isinstance(ci, (list, tuple)) and len(ci) == 2
+                and all(_num(x) is not None for x in ci) else "")
+        if kind == "cosine":  # review 7 C1: a cosine with the model's own output is 1 by construction
+            parts.append(f"The metric is the cosine of each pruned model's pooled embedding with the unpruned model's "
+                         f"own ({base:.3g} unpruned by construction, over {s.get('n_examples', '?')} examples); the "
+                         "gradient ordering differentiates the in-batch contrastive loss instead (the cosine has no "
+                         "gradient at the unpruned gates), so it ranks heads by one objective and is scored on another.")
+        else:
+            parts.append(f"Unpruned {metric} is {base:.3g}{span} over {s.get('n_examples', '?')} examples.")
+    if _at_chance(s, kind, base):
+        parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
+                     "and pruning curves measure noise here, not a mechanism.")
+    relative = _chance(s) is None  # "within 1%" of a clean metric at chance says nothing
+    degenerate = {k.removeprefix("degenerate_"): v for k, v in s.items() if k.startswith("degenerate_")}
+    for method, why in degenerate.items():
+        parts.append(f"{FINDING_METHOD_WORDS.get(method, method).capitalize()} importance is rounding, not a measurement: {why}.")
+    noisy = {"gradient"} & set(degenerate) | ({"ablation"} if set(degenerate) & {"zero", "mean", "resample"} else set())
+    prunable = {k.removeprefix("max_fraction_prunable_"): _num(v) for k, v in s.items()
+                if relative and k.startswith("max_fraction_prunable_") and _num(v) is not None
+                and k.removeprefix("max_fraction_prunable_").removesuffix("_recompute") not in noisy}
+    if prunable and n_heads:
+        parts += _prunable_words(s, prunable, n_heads, metric)
+        fixed = [k for k in prunable if not k.startswith("random")]
+        if fixed and all(_num(s.get(f"heads_prunable_{k}")) == n_heads for k in fixed):
+            # review 7 C3 (an untrained BERT: 12 of 12): no head moves the metric, which says nothing of redundancy
+            parts.append(f"Every ordering removes all {n_heads} heads within 1%: the heads' writes barely move this "
+                         "metric (as in an untrained model at its initial scale), so this says the heads do little "
+                         "here, not that some are redundant beside others.")
+    if s.get("mixture_of_experts") and {"gradient", "ablation"} <= {k.removesuffix("_recompute") for k in prunable}:
+        parts.append("The blocks are mixtures of experts: removing a head can switch the experts the router picks, "
+                     "which the first-order gradient cannot see, so the gradient and ablation orders can disagree "
+                     "for that reason.")
+    for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
+        if words := _top_tie_words(s, method):
+            parts.append(words)
+    for method in (k.removeprefix("tied_first_pruned_") for k in s if k.startswith("tied_first_pruned_")
+                   and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_"))):
+        if words := _first_tie_words(s, method):
+            parts.append(words)
+    for method in (k.removeprefix("close_first_pruned_") for k in s if k.startswith("close_first_pruned_")):
+        if words := _first_close_words(s, method):
+            parts.append(words)
+    roles = s.get("roles")
+    if isinstance(roles, Mapping):
+        found = [f"{len(v)} {k.replace('_', '-')} ({', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''})"
+                 for k, v in roles.items() if v]
+        parts.append("Head roles: " + "; ".join(found) + "." if found else "No head passes a role threshold.")
+    l0 = s.get("l0_min_heads_within_tolerance")
+    lambdas = s.get("l0_lambdas")
+    if isinstance(l0, int) and relative and isinstance(lambdas, (list, tuple)) and len(lambdas) < 2:
+        parts.append(f"L0 gates were trained at one strength only (lambda {lambdas[0]:g}): "
+                     "no sweep, so they say nothing about how few heads suffice.")
+    elif isinstance(l0, int) and relative:
+        parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
+    return " ".join(parts)
