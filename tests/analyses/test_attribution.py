@@ -270,13 +270,7 @@ def test_ig_completeness_against_hf_metric(tiny_models, tiny_dirs, family):
     task = random_task(3, 10, seed=2)
     res = attribution(model, task, progress=False, n_steps=64, n_permutations=2, baseline_token=1)
     ig = res.tables["ig"].sort_values("example")
-    baseline = task.tokens.clone()
-    baseline[:, 1:-1] = 1
-    with torch.no_grad():  # the metric at input and baseline, from HF directly
-        lx, lb = hf(task.tokens).logits[:, -1], hf(baseline).logits[:, -1]
-    idx = torch.arange(3)
-    fx = (lx[idx, task.answers] - lx[idx, task.wrong_answers]).numpy()
-    fb = (lb[idx, task.answers] - lb[idx, task.wrong_answers]).numpy()
+    fx, fb = _hf_ig_ends(hf, task)  # the metric at input and baseline, from HF directly
     assert np.allclose(ig.metric_input, fx, atol=1e-4) and np.allclose(ig.metric_baseline, fb, atol=1e-4)
     gap = ig.attribution_sum.to_numpy() - (fx - fb)
     assert np.all(np.abs(gap - ig.delta.to_numpy()) < 1e-4)  # Captum's delta is exactly this gap
@@ -294,13 +288,8 @@ def test_unconverged_ig_is_recorded_and_leaves_the_claims(tiny_models, tiny_dirs
     res = attribution(model, task, progress=False, n_steps=1, ig_max_steps=1, n_permutations=2, adversarial_steps=0,
                       baseline_token=1)
     ig = res.tables["ig"].sort_values("example")
-    baseline = task.tokens.clone()
-    baseline[:, 1:-1] = 1
-    with torch.no_grad():
-        lx, lb = hf(task.tokens).logits[:, -1], hf(baseline).logits[:, -1]
-    idx = torch.arange(4)
-    fx, fb = lx[idx, task.answers] - lx[idx, task.wrong_answers], lb[idx, task.answers] - lb[idx, task.wrong_answers]
-    change = (fx - fb).numpy()
+    fx, fb = _hf_ig_ends(hf, task)
+    change = fx - fb
     rel = np.abs(ig.attribution_sum.to_numpy() - change) / np.abs(change)
     assert np.allclose(ig.relative_error, rel, rtol=1e-3, atol=1e-5)
     assert (rel > 0.1).sum() >= 3  # one step does not converge here
@@ -360,15 +349,22 @@ def test_passes_hold_what_memory_allows_and_scores_stay(tiny_models, tiny_dirs, 
             if a[col].dtype.kind == "f":
                 assert np.allclose(a[col].to_numpy(), b[col].to_numpy(), atol=1e-5, equal_nan=True), (name, col)
     ig = tight.tables["ig"].sort_values("example")
+    fx, fb = _hf_ig_ends(hf, task)
+    gap = ig.attribution_sum.to_numpy() - (fx - fb)
+    assert np.all(np.abs(gap - ig.delta.to_numpy()) < 1e-4)
+
+
+def _hf_ig_ends(hf, task) -> tuple[np.ndarray, np.ndarray]:
+    """Plain Hugging Face's logit difference at each prompt and at IG's baseline (token 1 everywhere but the
+    first and last positions), [batch] each: IG's attributions must add up to their difference."""
     baseline = task.tokens.clone()
     baseline[:, 1:-1] = 1
     with torch.no_grad():
         lx, lb = hf(task.tokens).logits[:, -1], hf(baseline).logits[:, -1]
-    idx = torch.arange(4)
+    idx = torch.arange(task.tokens.shape[0])
     fx = lx[idx, task.answers] - lx[idx, task.wrong_answers]
     fb = lb[idx, task.answers] - lb[idx, task.wrong_answers]
-    gap = ig.attribution_sum.to_numpy() - (fx - fb).numpy()
-    assert np.all(np.abs(gap - ig.delta.to_numpy()) < 1e-4)
+    return fx.numpy(), fb.numpy()
 
 
 def test_gradient_x_input_matches_autograd(tiny_models, tiny_dirs):
