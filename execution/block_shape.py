@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from headscope.models.hooked_model import raw_module
+from headscope.models.hooked_model import is_parallel, raw_module  # is_parallel: block_shape.is_parallel too
 
 
 class Parts(NamedTuple):
@@ -35,13 +35,6 @@ class Parts(NamedTuple):
 
 
 raw = raw_module  # the Hugging Face module under a bridge component (models.hooked_model)
-
-
-def is_parallel(block: torch.nn.Module) -> bool:
-    """Attention and MLP read the same block input (TransformerLens's ParallelBlockBridge)."""
-    from transformer_lens.model_bridge.generalized_components.block import ParallelBlockBridge
-
-    return isinstance(block, ParallelBlockBridge)
 
 
 def parts(block: torch.nn.Module, convert: Callable[[torch.nn.Module], Callable] | None = None) -> Parts | None:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from headscope.errors import IndexOutOfRangeError, SiteError, did_you_mean
+from headscope.models.hooked_model import is_parallel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,14 +137,6 @@ def parse_site(name: str) -> tuple[str, int | None]:
     raise SiteError(f"Unknown site {name!r}. Did you mean {_suggest(name, _all_templates())}?")
 
 
-def _parallel(model, layer: int) -> bool:
-    """Block `layer` runs attention and MLP on the same input (TransformerLens's ParallelBlockBridge)."""
-    from transformer_lens.model_bridge.generalized_components.block import ParallelBlockBridge
-
-    blocks = getattr(getattr(model, "bridge", None), "blocks", None)
-    return blocks is not None and isinstance(blocks[layer], ParallelBlockBridge)
-
-
 def check_site(model, name: str) -> str:
     """Validate a site name against a loaded model and return it unchanged.
 
@@ -163,7 +156,9 @@ def check_site(model, name: str) -> str:
             f"Site {name!r} is a TransformerLens hook point that {model.facts.name} ({model.facts.family}) "
             f"never computes, so it cannot be captured or patched; use one of {_suggest(name, valid)}."
         )
-    if name not in valid and name.endswith(".hook_resid_mid") and block and _parallel(model, block[0]):
+    blocks = getattr(getattr(model, "bridge", None), "blocks", None)
+    if name not in valid and name.endswith(".hook_resid_mid") and block and blocks is not None \
+            and is_parallel(blocks[block[0]]):
         # review 8 C1: a parallel block (GPT-NeoX, GPT-J) has no state between attention and MLP
         raise SiteError(f"Site {name!r}: block {block[0]} of {model.facts.name} has no resid_mid: attention and MLP run "
                         "in parallel (both read the block's input), so there is no state between them; use "

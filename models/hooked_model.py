@@ -205,6 +205,13 @@ def raw_module(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+def is_parallel(block: torch.nn.Module) -> bool:
+    """Attention and MLP read the same block input (TransformerLens's ParallelBlockBridge: GPT-NeoX, GPT-J)."""
+    from transformer_lens.model_bridge.generalized_components.block import ParallelBlockBridge
+
+    return isinstance(block, ParallelBlockBridge)
+
+
 def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Each id's text as the tokenizer decodes it alone (no clean-up of spaces, special tokens kept):
     " Mary" for byte-level BPE's "ĠMary", the token itself for word-level and WordPiece vocabularies.
