@@ -30,6 +30,7 @@ from headscope.reports.compare_run import (
     task_identity,
     tasks_differ,
 )
+from headscope.reports.findings import and_join
 from headscope.reports.plots import color_scale, symmetric_bound
 from headscope.reports.render import escape
 
@@ -417,7 +418,7 @@ def _seed_text(counts: list[float] | None) -> str:
     if not counts:
         return "per-seed counts not recorded"
     each = [f"{c:g}" for c in counts]  # review 8b C4: "1 and 0 heads", not "per seed 1, 0 heads, range 0-1"
-    listed = each[0] if len(each) == 1 else ", ".join(each[:-1]) + " and " + each[-1]
+    listed = and_join(each)
     span = f", range {min(counts):g}-{max(counts):g}" if len(counts) > 2 else ""
     return f"{listed} heads{span} over {len(counts)} seed{'s' if len(counts) != 1 else ''}"
 

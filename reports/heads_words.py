@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import clear_of
-from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words
+from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ordinal
 
 
 def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
@@ -67,7 +67,7 @@ def _seed_words(s: Mapping[str, Any], key: str) -> str:
     per = ci.get("per_seed_heads") if isinstance(ci, Mapping) else None
     if not (isinstance(per, list) and per and all(_num(x) is not None for x in per)):
         return "mean over seeds; each seed's count is not recorded, so no interval"
-    counts = _and([_count(x) for x in per])  # review 8b C4: "1 and 1 heads", not "per seed 1, 1 heads, range 1-1"
+    counts = and_join([_count(x) for x in per])  # review 8b C4: "1 and 1 heads", not "per seed 1, 1 heads, range 1-1"
     span = f", range {_count(min(per))}-{_count(max(per))}" if len(per) > 2 else ""
     few = "; too few seeds for an interval" if len(per) < 5 else ""
     return f"{counts} heads{span} over {len(per)} random order{'s' if len(per) != 1 else ''}{few}"
@@ -81,12 +81,12 @@ def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
     if not tied:
         return ""
     if not nxt:
-        return f"By {by}, {_and(tied)} tie within rounding among the top heads: their order is arbitrary."
+        return f"By {by}, {and_join(tied)} tie within rounding among the top heads: their order is arbitrary."
     k = len(s.get(f"top_heads_{method}") or []) or None
-    names = tied[:-1] + ([f"{tied[-1]} ({_ordinal(k)})", f"{nxt} ({_ordinal(k + 1)})"] if k else [tied[-1], str(nxt)])
+    names = tied[:-1] + ([f"{tied[-1]} ({ordinal(k)})", f"{nxt} ({ordinal(k + 1)})"] if k else [tied[-1], str(nxt)])
     if len(names) == 2:
         return f"By {by}, {names[0]} ties with {names[1]} within rounding: their order is arbitrary."
-    return f"By {by}, {_and(names)} tie within rounding, across the edge of the top heads: their order is arbitrary."
+    return f"By {by}, {and_join(names)} tie within rounding, across the edge of the top heads: their order is arbitrary."
 
 
 def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
@@ -103,10 +103,10 @@ def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
         nums = [_num(x) for x in values[i]] if i < len(values) and isinstance(values[i], list) else []
         ok = len(nums) == len(g) and all(v is not None for v in nums)
         shown = ("" if not ok else f"{nums[0]:.2f} each" if len({f"{v:.2f}" for v in nums}) == 1
-                 else _and([f"{v:.2f}" for v in nums]))
+                 else and_join([f"{v:.2f}" for v in nums]))
         at = _num(starts[i]) if i < len(starts) else None
-        where = f"removed {_and([_ordinal(int(at) + j) for j in range(len(g))])}" if at is not None else ""
-        said.append((_and([str(h) for h in g]), shown, where, at == 1))
+        where = f"removed {and_join([ordinal(int(at) + j) for j in range(len(g))])}" if at is not None else ""
+        said.append((and_join([str(h) for h in g]), shown, where, at == 1))
     order = "gradient" if method == "gradient" else "ablation"
     tail = "arbitrary, and the count's interval can depend on it."
     if len(said) == 1 and said[0][3]:
@@ -129,19 +129,11 @@ def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     heads, imp, se = close.get("heads") or [], close.get("importance") or [], close.get("se") or []
     if len(heads) < 2 or len(imp) != len(heads) or len(se) != len(heads) or any(_num(x) is None for x in [*imp, *se]):
         return ""
-    return (f"The first heads of the ablation order, {_and([str(h) for h in heads])} "
-            f"({_and([f'{float(v):.2f}' for v in imp])}), differ from their neighbours by less than their standard "
+    return (f"The first heads of the ablation order, {and_join([str(h) for h in heads])} "
+            f"({and_join([f'{float(v):.2f}' for v in imp])}), differ from their neighbours by less than their standard "
             "errors over examples "
-            f"({_and([f'{float(v):.2f}' for v in se])}): which is removed first is not measured by these examples, "
+            f"({and_join([f'{float(v):.2f}' for v in se])}): which is removed first is not measured by these examples, "
             "and the count's interval can depend on it.")
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _ordinal(n: int) -> str:
-    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _count(x: float) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.findings import _num
+from headscope.reports.findings import _num, and_join
 
 DEPTH = {"resid_pre": 0.0, "resid_mid": 0.5, "resid_post": 1.0}  # resid_post l is resid_pre l + 1: one state
 ATTENTION = ("attn_out", "head_out_by_pos")  # what attention writes at one position
@@ -142,9 +142,5 @@ def differing_positions(s: Mapping[str, Any]) -> str | None:
     every = all(k == n for k in places.values())
     said = [f"{o}" if every else f"{o} ({k} of {n} pairs)" for o, k in list(places.items())[:SHOWN]]
     more = len(places) - SHOWN
-    said = _and(said + ([f"{more} more"] if more > 0 else [])) + " from the end"
+    said = and_join(said + ([f"{more} more"] if more > 0 else [])) + " from the end"
     return f"Each clean prompt differs from its corrupted one at {noun}: {said}."
-
-
-def _and(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]

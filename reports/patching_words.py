@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.patching.attribution_patching import MISS, interval_stated
-from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, fisher_interval
+from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, and_join, fisher_interval, ordinal
 from headscope.reports.patching_sites import (
     by_construction,
     depth,
@@ -73,8 +73,6 @@ def _significant(r: float | None, n: int) -> bool:
         return n >= 3
     interval = fisher_interval(r, n)
     return interval is not None and (interval[0] > 0 or interval[1] < 0)
-
-
 
 
 def _ratio(slope: float) -> str:
@@ -154,11 +152,6 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
 
 
-def _and(words: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
 def _measured_only(s: Mapping[str, Any]) -> str:
     """At chance: which sites were patched, over how many examples and cells, without any site's share
     of the gap, any ranking or attribution patching's correlation with exact patching."""
@@ -166,7 +159,7 @@ def _measured_only(s: Mapping[str, Any]) -> str:
     corr = s.get("attribution_correlation") if isinstance(s.get("attribution_correlation"), Mapping) else {}
     cells = sum(int(_num(v.get("n")) or 0) for v in corr.values() if isinstance(v, Mapping))
     said = (f"Measured: exact activation patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
-            + (f" at {_and([k.replace('_', ' ') for k in sites])}" if sites else "")
+            + (f" at {and_join([k.replace('_', ' ') for k in sites])}" if sites else "")
             + (f", and attribution patching against it over {cells} cells" if cells else "")
             + "; no site is ranked and no agreement is read at chance.")
     trace = s.get("causal_tracing")
@@ -210,7 +203,7 @@ def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | No
             and not top.get("tied")):
         same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
         said.append(f"the top exact site ({_where(kind, top).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
-                    f"ranks only {_ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
+                    f"ranks only {ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
                     + (f", {under}" if same else ""))
         miss = None if same else miss
     if isinstance(miss, Mapping):
@@ -219,15 +212,11 @@ def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | No
     return "; ".join(said) or None
 
 
-def _ordinal(k: int) -> str:
-    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
-
-
 def _offsets(places: Mapping[str, Any]) -> str:
     """'-8 from the end in 6 prompts and -11 in 2'."""
     items = sorted(((int(o), int(k)) for o, k in places.items()), key=lambda ok: (-ok[1], -ok[0]))  # most prompts first
     said = [f"{o} from the end in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
-    return _and(said)
+    return and_join(said)
 
 
 def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
@@ -315,9 +304,9 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
                     else f"Attention moves it to the answer position: {brief(write)}.")
     if whole:
         first, kinds = whole[0], {k for k, _ in whole}
-        layers = _and([str(c["layer"]) for _, c in whole]) if len(kinds) == 1 else ""
+        layers = and_join([str(c["layer"]) for _, c in whole]) if len(kinds) == 1 else ""
         also = "" if len(whole) == 1 else (f"; on this run at {first[0]} layers {layers}" if layers else
-                                            "; on this run at " + _and([f"{k} at layer {c['layer']}" for k, c in whole]))
+                                            "; on this run at " + and_join([f"{k} at layer {c['layer']}" for k, c in whole]))
         said.append(f"The residual stream at {ANSWER} carries the whole gap from the {first[0]} at layer "
                     f"{first[1]['layer']} on ({share(first[1])}{also}): once the information has arrived there this "
                     "holds by construction (every later computation at that position reads it; only later attention from "
@@ -393,7 +382,7 @@ def finding(s: Mapping[str, Any]) -> str:
             if wrong:
                 parts.append("Ranked by attribution patching, sites come out wrong: " + "; ".join(
                     f"at {k}, {w}" for k, w in wrong.items()) + ". Do not rank sites by it on this model at "
-                    + _and(list(wrong)) + ".")
+                    + and_join(list(wrong)) + ".")
     trace = s.get("causal_tracing")
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))

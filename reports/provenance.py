@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from headscope.reports import io
+from headscope.reports.findings import and_join
 from headscope.reports.render import escape, md_escape
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,6 @@ def _sample_of_task(tokenizer: Any, task: Any, reads: Any = None) -> dict[str, s
     return sample
 
 
-def _join(parts: list[str]) -> str:
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
-
-
 def uses_text(task: Any, reads: Any, yours: bool) -> str:
     """Which parts of `task` the analysis read (`reads`: contract.Reads), the parts it has and the analysis
     left unused and why: "your prompts only; answers and corrupted prompts are not used: headscope
@@ -88,9 +85,9 @@ def uses_text(task: Any, reads: Any, yours: bool) -> str:
         (used if reads.answers else unused).append(f"answers {reads.answers_as}".strip() if reads.answers else "answers")
     if _has_corrupted(task):
         (used if reads.corrupted else unused).append("corrupted prompts")
-    text = f"{'your' if yours else 'the'} {_join(used) if len(used) > 1 else 'prompts only'}"
+    text = f"{'your' if yours else 'the'} {and_join(used) if len(used) > 1 else 'prompts only'}"
     if unused:
-        text += f"; {_join(unused)} are not used" + (f": {reads.why}" if reads.why else "")
+        text += f"; {and_join(unused)} are not used" + (f": {reads.why}" if reads.why else "")
     return text
 
 
