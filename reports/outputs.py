@@ -1,4 +1,4 @@
-"""Output folders: what a run may create, replace and delete, and the lock that keeps runs apart.
+"""Output folders: what a run may create, replace and delete (the lock that keeps runs apart is output_lock.py).
 
 Ownership. headscope deletes only files it wrote. OUT/manifest.json carries "output_format" and
 "files" (relative path -> sha256 of every file the run wrote, kept up to date after each
@@ -26,15 +26,7 @@ Three modes, chosen under the lock (`OutputSession.open`; --resume and --force t
   which holds only files the run wrote, is removed, and OUT is exactly as it was.
   The swap is two renames in one folder, so OUT is missing only between them.
 
-The lock. `.OUT.lock` beside OUT (it must not move with OUT when the folders are swapped), held
-with fcntl.flock for the whole run, the writer's pid inside for the message a second run prints.
-The kernel drops a flock when its process dies, so a lock file left by a killed run is free and
-the next run takes it over; the file is unlinked on release, and a run that locked a file that
-was unlinked meanwhile retries on the new one. Without fcntl (Windows) the file is created with
-O_EXCL and a lock whose pid is no longer running is taken over. A run that finds OUT existing
-(before it locks) probes the lock first: when another run holds it, the message is "in use by
-another headscope run", not "already exists" (the loser of two runs started together). A lock
-file that cannot be written (a full disk) is unlinked before the one-line OutputError.
+The lock (`.OUT.lock` beside OUT, held for the whole run) is reports/output_lock.py.
 
 Recovery. Under the lock a run first finishes what a killed run left beside OUT: a staging
 folder with its marker is removed, and so are the temporary files of atomic writes of the top-level
@@ -47,19 +39,18 @@ target); read-only locations and other OS errors become one-line OutputErrors.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import os
 import re
 import shutil
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
-from headscope.errors import ConfigError, OutputError, OutputExistsError, OutputLockedError
+from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
 from headscope.reports.manifest import OUTPUT_FORMAT, read_output_manifest
+from headscope.reports.output_lock import OutputLock, os_reason
 
 log = logging.getLogger(__name__)
 
@@ -73,156 +64,6 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _why(err: OSError) -> str:
-    return err.strerror or type(err).__name__
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    except OSError:
-        return False
-    return True
-
-
-# ---- the lock ------------------------------------------------------------------------------------
-def lock_path(out: Path) -> Path:
-    """`.NAME.lock` beside the real folder (a symlinked OUT locks its target's name)."""
-    out = Path(out)
-    real = out.resolve() if out.is_symlink() else out.parent.resolve() / out.name
-    return real.parent / f".{real.name}.lock"
-
-
-class OutputLock:
-    """An exclusive lock on an output folder; `acquire` fails at once when another run holds it."""
-
-    def __init__(self, out: Path):
-        self.out = Path(out)
-        self.path = lock_path(self.out)
-        self._fd: int | None = None
-
-    def _busy(self, holder: str) -> OutputLockedError:
-        who = f" (pid {holder})" if holder else ""
-        return OutputLockedError(
-            f"Output folder {str(self.out)!r} is in use by another headscope run{who}; "
-            f"wait for it to finish or choose another --out (lock: {str(self.path)!r})."
-        )
-
-    def _uncreatable(self, err: OSError) -> OutputError:
-        return OutputError(f"Cannot create the lock file {str(self.path)!r}: {_why(err)}; choose a writable --out.")
-
-    def _read_holder(self) -> str:
-        try:
-            return self.path.read_text(encoding="ascii", errors="replace").strip()
-        except OSError:
-            return ""
-
-    def acquire(self) -> OutputLock:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            return self._acquire_exclusive_create()
-        for _ in range(100):
-            try:  # never through a link: a planted .OUT.lock -> a file of yours is refused, not truncated
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            except OSError as err:
-                if err.errno == errno.ELOOP or self.path.is_symlink():
-                    raise OutputError(f"The lock file {str(self.path)!r} is a symbolic link; headscope writes no file "
-                                      f"through a link: remove it, or choose another --out.") from None
-                raise self._uncreatable(err) from None
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted at the lock's name
-                os.close(fd)
-                raise OutputError(f"The lock file {str(self.path)!r} is not a regular file; remove it, or choose "
-                                  f"another --out.")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                os.close(fd)
-                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise self._busy(self._read_holder()) from None
-                raise OutputError(f"Cannot lock {str(self.path)!r}: {_why(err)}.") from None
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:  # the holder unlinked it while we waited: lock the new file instead
-                os.close(fd)
-                continue
-            stale = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-            if stale:
-                log.info("taking over the lock of a run that ended without releasing it (pid %s)", stale)
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            except OSError as err:  # a full disk (ENOSPC, EDQUOT): no lock file is left behind
-                self.path.unlink(missing_ok=True)  # (still held: see the inode check above)
-                os.close(fd)
-                raise OutputError(f"Cannot write the lock file {str(self.path)!r}: {_why(err)}; "
-                                  f"free some space or choose another --out.") from None
-            self._fd = fd
-            return self
-        raise self._busy("")  # pragma: no cover - 100 unlink races in a row
-
-    def held_elsewhere(self) -> bool:
-        """Whether another run holds this lock now (probed without creating the file)."""
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            holder = self._read_holder()
-            return holder.isdigit() and _pid_alive(int(holder))
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as err:
-            return err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-        finally:
-            os.close(fd)  # (closing drops the probe's shared lock)
-        return False
-
-    def _acquire_exclusive_create(self) -> OutputLock:  # pragma: no cover - without fcntl
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                holder = self._read_holder()
-                if holder.isdigit() and _pid_alive(int(holder)):
-                    raise self._busy(holder) from None
-                log.info("removing a stale lock (pid %s is not running)", holder or "unknown")
-                self.path.unlink(missing_ok=True)
-                continue
-            except OSError as err:
-                raise self._uncreatable(err) from None
-            os.write(fd, f"{os.getpid()}\n".encode())
-            self._fd = fd
-            return self
-        raise self._busy(self._read_holder())
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        try:
-            self.path.unlink(missing_ok=True)  # while still holding it (see acquire's inode check)
-        except OSError:
-            pass
-        os.close(self._fd)
-        self._fd = None
-
-    def __enter__(self) -> OutputLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 # ---- ownership: which items of a folder are headscope's ------------------------------------------
@@ -270,7 +111,7 @@ def split_folder(folder: Path, files: Mapping[str, str], *, transient: Iterable[
                 else:
                     user.append(rel)
             elif entry.is_file(follow_symlinks=False) and (
-                (rel == MANIFEST) or (rel in files and _hash_or_none(Path(entry.path)) == files[rel])
+                (rel == MANIFEST) or (rel in files and hash_or_none(Path(entry.path)) == files[rel])
             ):
                 mine.append(rel)
             else:
@@ -280,7 +121,7 @@ def split_folder(folder: Path, files: Mapping[str, str], *, transient: Iterable[
     return user, mine
 
 
-def _hash_or_none(path: Path) -> str | None:
+def hash_or_none(path: Path) -> str | None:
     try:
         return sha256(path)
     except OSError:  # unreadable: not provably headscope's, so the user's
@@ -366,7 +207,7 @@ def finish_replace(aside: Path, target: Path, files: Mapping[str, str], *, trans
 
 # ---- one run's output folder ---------------------------------------------------------------------
 def _error(action: str, path: Path, err: OSError) -> OutputError:
-    return OutputError(f"Cannot {action} {str(path)!r}: {_why(err)}; choose a writable --out.")
+    return OutputError(f"Cannot {action} {str(path)!r}: {os_reason(err)}; choose a writable --out.")
 
 
 def _make_parents(folder: Path) -> list[Path]:
@@ -481,7 +322,7 @@ class OutputSession:
                 replace_folder(self.root, self.out, self.old_files, transient=transient, mark=STAGING_MARK)
             except OSError as err:
                 raise OutputError(
-                    f"Could not finish replacing {str(self.out)!r}: {_why(err)}; nothing of yours was deleted "
+                    f"Could not finish replacing {str(self.out)!r}: {os_reason(err)}; nothing of yours was deleted "
                     f"(look beside it for .{self.out.name}.old-{os.getpid()})."
                 ) from None
             self.root = self.out

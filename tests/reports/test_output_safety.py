@@ -32,7 +32,8 @@ from headscope.errors import (
 from headscope.reports import io, outputs
 from headscope.reports import report as report_mod
 from headscope.reports.manifest import OUTPUT_FORMAT, read_output_manifest
-from headscope.reports.outputs import OutputLock, OutputSession, finish_replace, lock_path, recover, replace_folder
+from headscope.reports.output_lock import OutputLock, lock_path
+from headscope.reports.outputs import OutputSession, finish_replace, recover, replace_folder
 from headscope.reports.report import build_report, prepare_out
 
 
