@@ -1444,10 +1444,38 @@ def test_attribution_leaves_out_integrated_gradients_that_did_not_converge():
             "attributions sum to -259 for a metric change of +10 on example 2, an error of 26.8x the change; at most 32 "
             "steps): 1 converged, too few (IG is used on its converged examples when they are at least half and at "
             "least 2), so its taus are not used; more steps needed.") in text
+    assert "likely reason" not in text  # float32 or no dtype recorded: steps are the remedy
     assert "integrated gradients at mean" not in text and "tau 0.38" not in text and "0.0012" not in text
     assert "gradient x input (tau 0.40 against raw -0.09; paired difference +0.49" in text
     assert "2 of 8 per-example taus" in text
 
+
+
+@pytest.mark.parametrize("dtype, bits", [("bfloat16", "8 significant bits, about 2 to 3 significant digits"),
+                                         ("float16", "11 significant bits, about 3 significant digits")])
+def test_attribution_names_a_half_precision_as_the_likely_reason_ig_missed(dtype, bits):
+    """Review 8 (C6), its numbers: in bfloat16 IG missed completeness on 3 of 4 examples (relative errors 0.106,
+    0.107, 0.159) where float32 missed on 1; the finding now names a half precision (bfloat16: 8 bits of
+    significand, float16: 11) as the likely reason, in place of "more steps needed", and a float32 run keeps it."""
+    s = {"n_examples": 4, "metric": "logit_diff", "mean_tau_attention_gradient": 0.05, "std_tau_attention_gradient": 0.2,
+         "ig_converged": False, "ig_n_not_converged": 3, "ig_n_converged": 1, "ig_used": "none",
+         "ig_examples_used": [], "ig_error_tolerance": 0.1, "ig_dtype": dtype,
+         "ig_worst": {"example": 2, "attribution_sum": 0.841, "metric_change": 1.0, "relative_error": 0.159}}
+    head = ("Integrated gradients missed completeness (error over 0.1x the metric change) on 3 of 4 examples (worst: "
+            "attributions sum to 0.841 for a metric change of +1 on example 2, an error of 0.159x the change): 1 "
+            "converged, too few (IG is used on its converged examples when they are at least half and at least 2), so "
+            "its taus are not used")
+    text = finding("attribution", s)
+    assert (f"{head}. A likely reason: the run is in {dtype}, whose gradients carry {bits}; a float32 run may "
+            "converge.") in text, text
+    assert "more steps needed" not in text
+    text = finding("attribution", {**s, "ig_dtype": "float32"})  # steps are the remedy there
+    assert head + "; more steps needed." in text and "likely reason" not in text
+    some = {**s, "ig_used": "converged", "ig_n_not_converged": 1, "ig_n_converged": 3, "ig_examples_used": [0, 1, 3],
+            "mean_tau_attention_ig": 0.3, "std_tau_attention_ig": 0.05, "n_tau_attention_ig": 3}
+    text = finding("attribution", some)
+    assert "are from the 3 converged examples only. A likely reason: the run is in" in text
+    assert "likely reason" not in finding("attribution", {**some, "ig_dtype": "float32"})
 
 @pytest.mark.parametrize("bad", [1, 2])
 def test_attribution_says_every_example_whose_integrated_gradients_missed_completeness(bad):
