@@ -328,9 +328,9 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
     """`headscope patching`: exact patching of every site type with attribution estimates
     (default task: zoo "ioi"; other decoders: default_tasks.logit_diff_task), direct-path patching
     of every head into the logits, and causal tracing on the zoo facts task (or the given task,
-    if it marks a "subject" span). Default site types the model never computes are left out, each with
-    why in summary["sites_absent"] (resid_mid on parallel blocks); sites asked for (config.sites) that it
-    lacks raise SiteError. Encoders raise UnsupportedModelError (NEEDS: the metrics read next-token answers)."""
+    if it marks a "subject" span). Site types the model never computes are left out, each with why in
+    summary["sites_absent"] (resid_mid on parallel blocks), as the finding says (activation_patching, asked
+    for one, raises SiteError). Encoders raise UnsupportedModelError (NEEDS: the metrics read next-token answers)."""
     from headscope.analyses.patching.causal_tracing import causal_tracing
     from headscope.analyses.patching.path_patching import path_patching
     from headscope.hooks.sites import available_sites
@@ -340,11 +340,10 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
     n = config.examples(32, 8)
     task = default_task(model, task, config)
     available = set(available_sites(model))
-    # sites asked for are all patched (one the model lacks: activation_patching's one-line SiteError);
-    # of the defaults, those this model never computes are left out and said why (sites_absent)
-    wanted = site_types(config.sites) if config.sites else [SITE_TYPES[n] for n in (QUICK_SITES if config.quick
-                                                                                     else FULL_SITES)]
-    left = {} if config.sites else {st.name: absent(model, st) for st in wanted if st.hook(0) not in available}
+    # site types this model never computes are left out and said why (sites_absent), whether they come from the
+    # defaults or from config.sites (which the report's budget sets too: cost.fewer_sites keeps resid_mid)
+    wanted = site_types(config.sites or (QUICK_SITES if config.quick else FULL_SITES))
+    left = {st.name: absent(model, st) for st in wanted if st.hook(0) not in available}
     names = [st.name for st in wanted if st.name not in left]
     result = activation_patching(model, task, dataclasses.replace(config, sites=tuple(names), attribution=True))
     summary, tables = dict(result.summary), dict(result.tables)
