@@ -130,6 +130,18 @@ def _totals(s: Mapping[str, Any]) -> str:
     return " In total (summed per example) " + " and ".join(" ".join(p) for p in parts) + "."
 
 
+def _post_norms(s: Mapping[str, Any]) -> str:
+    """' Each head's and MLP's write is taken through its layer's post-attention/post-MLP norm, frozen at its
+    actual scale (as the final norm is).' on models whose blocks norm their writes before the residual add
+    (dla_post_norms: OLMo 2, Gemma 2/3; review 8: the pre-norm writes there are 2-6x off), else ''."""
+    norms = [n for n in ("post-attention", "post-MLP") if n in (s.get("dla_post_norms") or [])]
+    if not norms:
+        return ""
+    whose = "head's and MLP's" if len(norms) == 2 else "head's" if norms[0] == "post-attention" else "MLP's"
+    return (f" Each {whose} write is taken through its layer's {'/'.join(norms)} norm, frozen at its actual scale "
+            "(as the final norm is).")
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """Logit lens (first layer with the answer top-1), direct logit attribution's top writers, MIB's
     circuit metrics, or why edge attribution was not run (edges_skipped)."""
@@ -173,7 +185,7 @@ def finding(s: Mapping[str, Any]) -> str:
                      + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
         return " ".join(parts)
     if top:
-        parts.append(_writers(s, top, final) + _totals(s))
+        parts.append(_writers(s, top, final) + _totals(s) + _post_norms(s))
     cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
     if cpr is not None and cmd is not None:
         n, edges = _num(s.get("mib_n_examples", s.get("edges_n_examples"))), _num(s.get("n_edges"))

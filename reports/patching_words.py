@@ -121,6 +121,16 @@ def _case(stats: Mapping[str, Any]) -> str:
     return "mostly" if abs(rest) < abs(r) / 2 else "plain"
 
 
+def _by_ties(rho: float, rho_nonzero: float, zeros: float) -> str:
+    """', raised by the k tied zeros' where Spearman over every cell exceeds the one over the non-zero cells
+    (as stated, to 2 decimals), ', lowered by ...' where it falls short (review 8: "inflated" was said of
+    both), '' where the two read the same."""
+    every, some = float(f"{rho:.2f}"), float(f"{rho_nonzero:.2f}")  # as the sentence states them
+    if every == some:
+        return ""
+    return f", {'raised' if every > some else 'lowered'} by the {zeros:.0f} tied zeros"
+
+
 def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
     few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
@@ -134,8 +144,8 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
                 "so it says nothing about agreement")
     if case == "sparse":
         rho, slope, rho_nz = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("spearman_nonzero"))
-        spearman = (f"Spearman {rho_nz:.2f} over the {nonzero:.0f} non-zero cells ({rho:.2f} over all {n}, inflated by "
-                    f"the {n - nonzero:.0f} tied zeros)" if rho_nz is not None and rho is not None
+        spearman = (f"Spearman {rho_nz:.2f} over the {nonzero:.0f} non-zero cells ({rho:.2f} over all {n}"
+                    f"{_by_ties(rho, rho_nz, n - nonzero)})" if rho_nz is not None and rho is not None
                     else f"Spearman {rho:.2f} over all {n} cells, {n - nonzero:.0f} of them tied at zero"
                     if rho is not None else "")
         extra = [spearman,
@@ -337,11 +347,26 @@ def _tie(s: Mapping[str, Any], kc: tuple, gap: float | None) -> str:
             f"{_effect_ci(other, gap)})")
 
 
+def _absent(s: Mapping[str, Any]) -> str:
+    """'resid_mid: none on this model; its blocks are parallel (...).': the default site types this model
+    never computes, each with why (summary["sites_absent"]); '' when none is left out."""
+    left = s.get("sites_absent")
+    if not isinstance(left, Mapping):
+        return ""
+    return " ".join(f"{kind}: {str(why).rstrip('.')}." for kind, why in left.items())
+
+
 def finding(s: Mapping[str, Any]) -> str:
-    """The strongest patching sites, attribution patching's agreement and causal tracing's peaks; at
-    chance the clean and corrupted metrics and what was measured only."""
+    """The strongest patching sites, attribution patching's agreement and causal tracing's peaks, and the
+    site types this model lacks; at chance the clean and corrupted metrics and what was measured only."""
     if "skipped" in s:
         return f"Skipped: {s['skipped']}"
+    text = _finding(s)
+    absent = _absent(s)
+    return f"{text} {absent}" if text and absent else text or absent
+
+
+def _finding(s: Mapping[str, Any]) -> str:
     parts = []
     clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
     gap = None if s.get("normalized") or clean is None or corrupt is None or clean == corrupt else clean - corrupt

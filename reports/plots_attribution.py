@@ -362,14 +362,29 @@ def ig_sentence(s: Mapping[str, Any]) -> str:
     how = [h for h in how if h]
     said = (f"Integrated gradients missed completeness (error over {tol:g}x the metric change) on {bad} of {n or '?'} "
             "examples" + (f" ({'; '.join(how)})" if how else ""))
+    low = _low_precision(s)
     if rule.mode == "converged":
         return said + (f": its taus, and the comparisons that rest on them, are from the {rule.n_converged} converged "
-                       "examples only.")
+                       "examples only.") + low
     if rule.legacy:
         return said + (": this summary's IG taus include those examples, so they are not used, nor its count of "
-                       "significant taus, which counts them.")
+                       "significant taus, which counts them.") + low
     return said + (f": {rule.n_converged} converged, too few (IG is used on its converged examples when they are at least "
-                   "half and at least 2), so its taus are not used; more steps needed.")
+                   "half and at least 2), so its taus are not used") + ("." if low else "; more steps needed.") + low
+
+
+LOW_PRECISION = {"bfloat16": "8 significant bits, about 2 to 3 significant digits",
+                 "float16": "11 significant bits, about 3 significant digits"}
+
+
+def _low_precision(s: Mapping[str, Any]) -> str:
+    """' A likely reason: the run is in bfloat16, whose gradients carry ...; a float32 run may converge.' where IG
+    ran in a half precision (ig_dtype; review 8: its misses were not put down to the precision), else ''."""
+    dtype = s.get("ig_dtype")
+    if dtype not in LOW_PRECISION:
+        return ""
+    return (f" A likely reason: the run is in {dtype}, whose gradients carry {LOW_PRECISION[dtype]}; a float32 run "
+            "may converge.")
 
 
 def _output_tests(s: Mapping[str, Any]) -> list[str]:

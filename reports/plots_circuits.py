@@ -369,7 +369,8 @@ GUIDE = (  # how to read this section of the report
     "Where the answer is written. The logit lens reads each block's input through the model's own "
     "final norm and unembedding: the answer's log-probability by layer and position, and the first "
     "layer where the answer is top-1. Direct logit attribution splits the final logit difference into "
-    "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale, so the "
+    "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale (and on models "
+    "with post-norm blocks, as OLMo 2 and Gemma 2/3, each write through its layer's own norm, frozen likewise), so the "
     "parts add up exactly (where the model soft-caps its final logits, as Gemma 2, to the logit difference "
     "before the cap: the finding gives both)."
 )
@@ -382,7 +383,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "the answer position (columns count from the end); a column that only the longer prompts reach "
                      "is muted and its tick gives the number of prompts n its mean is over.",
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
-                          "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
+                          "answer-minus-wrong logit direction, with the final norm frozen (on models with a norm after "
+                          "attention, as OLMo 2 and Gemma 2/3, each head's write taken through its layer's "
+                          "post-attention norm, frozen at its actual scale); red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, attention and norm "
                                "biases; with the heads (the per-head map) they add up to the final logit difference (before "
                                "the model's final logit soft-cap, where it has one: Gemma 2's). "

@@ -38,7 +38,8 @@ adversarial_metric_change (the same at the adversarial attention);
 ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); ig_converged (every example's
 completeness error |sum attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|, the ig table's relative_error,
 is within ig_error_tolerance 0.1), ig_n_converged, ig_n_not_converged, ig_median_relative_error and ig_worst (its
-example, sum and change); ig_used and ig_examples_used (convergence.py's rule: IG on every example, on the converged
+example, sum and change), ig_dtype (the precision its gradients ran in); ig_used and ig_examples_used
+(convergence.py's rule: IG on every example, on the converged
 ones only, or on none; every IG key above (taus, rollout_vs_raw's ig, fraction_significant, mean_tau_ig_loo) and the
 tau_summary, tau_by_layer and tau_by_head tables hold only those examples; the per-example tables keep every row);
 permutation_abs_metric_change_ci (seeded percentile bootstrap over examples); best_head_vs_loo;
@@ -292,7 +293,8 @@ def attribution(
     score_rows, tau, pairs, perm_rows, ig_rows, token_rows = ([row for part in gathered for row in part[i]] for i in range(6))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
     ig_table = pd.DataFrame(ig_rows)
-    convergence = ig_convergence(ig_table)  # which examples' IG any aggregate keeps (convergence.py's rule)
+    dtype = next((p.dtype for p in model.bridge.parameters() if p.is_floating_point()), None)
+    convergence = ig_convergence(ig_table, dtype=None if dtype is None else str(dtype).removeprefix("torch."))
     tables = {
         "scores": pd.concat(score_rows, ignore_index=True),
         "tau_methods": pd.DataFrame(pairs),

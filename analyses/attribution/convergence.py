@@ -40,11 +40,12 @@ def ig_rule(n: int, n_converged: int) -> str:
     return "converged" if n_converged >= MIN_CONVERGED and 2 * n_converged >= n else "none"
 
 
-def ig_convergence(ig: pd.DataFrame) -> dict[str, Any]:
+def ig_convergence(ig: pd.DataFrame, dtype: str | None = None) -> dict[str, Any]:
     """IG's convergence over examples from the ig table (example, attribution_sum, metric_input, metric_baseline):
     how many examples exceed IG_CONVERGED_ERROR (an undefined error counts as exceeding), whether every example
-    converged (ig_converged), the rule's verdict (ig_used) with the examples it keeps (ig_examples_used), and the
-    worst example (its sum against the change it should add up to)."""
+    converged (ig_converged), the rule's verdict (ig_used) with the examples it keeps (ig_examples_used), the
+    worst example (its sum against the change it should add up to) and the precision its gradients ran in
+    (ig_dtype, "bfloat16": the tolerance is the same in every dtype, so a low one is named as a likely reason)."""
     change = ig.metric_input - ig.metric_baseline
     rel = pd.Series([completeness_error(a, x, b) for a, x, b in
                      zip(ig.attribution_sum, ig.metric_input, ig.metric_baseline)], index=ig.index, dtype=float)
@@ -56,6 +57,8 @@ def ig_convergence(ig: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = {"ig_error_tolerance": IG_CONVERGED_ERROR, "ig_n_not_converged": bad,
                            "ig_n_converged": len(ig) - bad, "ig_converged": bad == 0, "ig_used": used,
                            "ig_examples_used": kept, "ig_median_relative_error": None if np.isnan(median) else median}
+    if dtype is not None:
+        out["ig_dtype"] = dtype
     if rel.notna().any():
         worst = rel.idxmax()
         out["ig_worst"] = {"example": int(ig.example[worst]), "attribution_sum": float(ig.attribution_sum[worst]),

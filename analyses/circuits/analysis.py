@@ -35,7 +35,9 @@ writers' contributions, the norm/bias terms and the final logit (difference) the
 with the largest reconstruction error. A model that soft-caps its final logits (Gemma 2: cap * tanh(logits /
 cap)) has no linear split of its capped output: the writers sum to the logit difference before the cap
 (dla_logit_before_softcap, with dla_final_softcap the cap), dla_final_logit is the model's capped output, and
-the reconstruction error is measured against the logit difference before the cap.
+the reconstruction error is measured against the logit difference before the cap. dla_post_norms: the
+writes that pass a norm of their own before the residual add ("post-attention", "post-MLP": OLMo 2, Gemma 2/3;
+[] elsewhere), each head's read through that norm at its actual scale (dla.post_norms).
 """
 from __future__ import annotations
 
@@ -389,7 +391,7 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     _, dla, logits, _, direction = _collect(model, task, config, lens=False, dla=True)
     mean = dla_mean(dla)
     summary = {**dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
-               "task": task.name, "n_examples": len(task)}
+               "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task)}
     return Result(name="circuits", df=mean, summary=summary, tables={"dla": dla, "dla_mean": mean}, config=asdict(config))
 
 
@@ -404,7 +406,7 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     lens, dla, logits, err, direction = _collect(model, task, config, lens=True, dla=True)
     mean = dla_mean(dla)
     summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
-               "task": task.name, "n_examples": len(task)}
+               "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task)}
     tables = {"lens": lens, "dla": dla, "dla_mean": mean}
     if config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness
         from headscope.analyses.circuits.faithfulness import circuit_discovery

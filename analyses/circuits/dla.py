@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from headscope.analyses.circuits.lens import final_softcap, unembed
-from headscope.execution.block_shape import post_attention_norm
+from headscope.execution.block_shape import parts, post_attention_norm
 from headscope.hooks import head_result, site
 
 KINDS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "remainder", "ln_final_bias", "unembed_bias")
@@ -107,6 +107,17 @@ def _value_bias(model, layer: int) -> torch.Tensor | None:
     if const.shape[0] != n_heads:
         const = const.repeat_interleave(n_heads // const.shape[0], dim=0)
     return const
+
+
+def post_norms(model) -> list[str]:
+    """Which writes pass through a norm of their own before the residual add ("post-attention",
+    "post-MLP": Gemma 2/3's and OLMo 2's post-norm blocks), [] for pre-norm and parallel blocks: the
+    finding says on such models that each head's write is read through its layer's post-attention norm
+    frozen at its actual scale (and each MLP's after its post-MLP norm), not only the final norm."""
+    shapes = [parts(b) for b in model.bridge.blocks]
+    shapes = [p for p in shapes if p is not None and not p.parallel]
+    return [name for name, field in (("post-attention", "ln1_post"), ("post-MLP", "ln2_post"))
+            if any(getattr(p, field) is not None for p in shapes)]
 
 
 def frozen_norm(norm, pre: torch.Tensor, normed: torch.Tensor, *, offset: bool = False):

@@ -71,7 +71,7 @@ from headscope.analyses.patching.inputs import (
     task_padding,
     token_labels,
 )
-from headscope.analyses.patching.sites import SITE_TYPES, SiteType, cell_frame, site_types
+from headscope.analyses.patching.sites import SITE_TYPES, SiteType, absent, cell_frame, site_types
 from headscope.hooks.sites import site
 
 DEFAULT_SITES = ("resid_pre", "attn_out", "mlp_out", "head_out")
@@ -328,7 +328,9 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
     """`headscope patching`: exact patching of every site type with attribution estimates
     (default task: zoo "ioi"; other decoders: default_tasks.logit_diff_task), direct-path patching
     of every head into the logits, and causal tracing on the zoo facts task (or the given task,
-    if it marks a "subject" span). Encoders raise UnsupportedModelError (NEEDS: the metrics read next-token answers)."""
+    if it marks a "subject" span). Site types the model never computes are left out, each with why in
+    summary["sites_absent"] (resid_mid on parallel blocks), as the finding says (activation_patching, asked
+    for one, raises SiteError). Encoders raise UnsupportedModelError (NEEDS: the metrics read next-token answers)."""
     from headscope.analyses.patching.causal_tracing import causal_tracing
     from headscope.analyses.patching.path_patching import path_patching
     from headscope.hooks.sites import available_sites
@@ -338,10 +340,15 @@ def run(model, task: Task | str | None = None, config: PatchingConfig | None = N
     n = config.examples(32, 8)
     task = default_task(model, task, config)
     available = set(available_sites(model))
-    wanted = config.sites or (QUICK_SITES if config.quick else FULL_SITES)
-    names = [name for name in wanted if site_types(name)[0].hook(0) in available]
+    # site types this model never computes are left out and said why (sites_absent), whether they come from the
+    # defaults or from config.sites (which the report's budget sets too: cost.fewer_sites keeps resid_mid)
+    wanted = site_types(config.sites or (QUICK_SITES if config.quick else FULL_SITES))
+    left = {st.name: absent(model, st) for st in wanted if st.hook(0) not in available}
+    names = [st.name for st in wanted if st.name not in left]
     result = activation_patching(model, task, dataclasses.replace(config, sites=tuple(names), attribution=True))
     summary, tables = dict(result.summary), dict(result.tables)
+    if left:
+        summary["sites_absent"] = left
     if config.path_patching:
         paths = path_patching(model, task, receivers="logits", direction="denoise", seed=config.seed,
                               progress=config.progress)

@@ -318,7 +318,7 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame, *, fl
     out (a 47.8 beside effects under 0.6 makes r = 1.000 whatever the rest do). slope: attribution on
     exact by least squares over every cell, with its 95% t interval (slope_with_interval): a high r
     with slope 0.5 ranks cells right and sizes them at half. spearman_nonzero, top_exact and missed:
-    rank_checks (ties among zero cells inflate Spearman; a reversed top site or a missed large effect is
+    rank_checks (ties among zero cells raise or lower Spearman; a reversed top site or a missed large effect is
     what a ranking by attribution would get wrong). floor: the exact effects' rounding in the model's
     dtype (rounding_floor): no cell within it counts as non-zero, and no verdict rests on a difference
     within it. ci_half: [rows of exact] each effect's 95% interval half-width (a top cell within it of

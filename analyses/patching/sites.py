@@ -14,7 +14,8 @@ resid_mid: TransformerLens 4.3's bridge aliases hook_resid_mid to ln2.hook_in, s
 changes only the MLP's input, not the residual stream that skips the MLP (and
 transformer_lens.patching.get_act_patch_resid_mid inherits this). headscope patches the
 residual stream itself: resid_mid = resid_pre + attn_out, so the attention output is rewritten
-to (source resid_mid - this run's resid_pre) at the patched cells (`writer`).
+to (source resid_mid - this run's resid_pre) at the patched cells (`writer`). A parallel block
+(GPT-NeoX, GPT-J) has no resid_mid at all: `absent` says why `run` leaves such a type out.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from headscope.errors import ConfigError, SiteError
+from headscope.errors import ConfigError, IndexOutOfRangeError, SiteError
 from headscope.hooks.sites import SITES, check_site, site
+from headscope.models.hooked_model import is_parallel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +114,23 @@ def site_types(sites) -> list[SiteType]:
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
             raise SiteError(f"Unknown patching site {name!r}.{hint} Valid sites: {', '.join(SITE_TYPES)}.")
     return [SITE_TYPES[n] for n in dict.fromkeys(names)]
+
+
+PARALLEL_MID = "none on this model; its blocks are parallel (attention and MLP both read the block's input)"
+
+
+def absent(model, st: SiteType) -> str:
+    """Why `model` has no `st` (a site type whose hooks it never computes), in words for the finding:
+    resid_mid on parallel blocks has no state between attention and MLP (PARALLEL_MID); otherwise
+    the site check's own one-line reason."""
+    blocks = list(getattr(getattr(model, "bridge", None), "blocks", None) or [])
+    if st.name == "resid_mid" and blocks and all(is_parallel(b) for b in blocks):
+        return PARALLEL_MID
+    try:
+        st.check(model)
+    except (SiteError, IndexOutOfRangeError) as error:
+        return f"not patched: {error}"
+    return "not patched: its hook points never fire on this model"
 
 
 def cell_frame(

@@ -394,6 +394,26 @@ def test_dla_through_post_attention_norms_equals_hand_hugging_face(arch, arch_mo
     assert torch.allclose(ours.contributions.sum(0), (normed * d).sum(-1), atol=1e-4)
 
 
+
+def test_dla_finding_says_post_norm_writes_are_read_through_their_norms(arch_models, hf_of):
+    """Review 8 (C3): on post-norm blocks each head's DLA is taken through its layer's post-attention norm at its
+    actual scale (the test above), but the finding said only "final norm frozen". Gemma 2's Hugging Face layers norm
+    both writes (post_attention_layernorm after attention, post_feedforward_layernorm after the MLP): the summary
+    records both and the finding says so once; Llama's post_attention_layernorm is its pre-MLP norm (no
+    post_feedforward_layernorm): nothing is said."""
+    from headscope.reports.findings import finding
+
+    said = "write is taken through its layer's post-attention/post-MLP norm, frozen at its actual scale"
+    for arch, norms in (("gemma2", ["post-attention", "post-MLP"]), ("llama3", [])):
+        layer = hf_of(arch).model.layers[0]
+        assert hasattr(layer, "post_feedforward_layernorm") == bool(norms)  # the premise, from Hugging Face's modules
+        s = circuits.direct_logit_attribution(arch_models(arch), _task()).summary
+        assert s["dla_post_norms"] == norms
+        text = finding("circuits", s)
+        assert text.count(said) == (1 if norms else 0), text
+        if norms:
+            assert f"Each head's and MLP's {said} (as the final norm is)." in text
+
 def test_lens_constant_guess_is_the_commonest_answers_share(tiny_models):
     """Two fixed answers, three of five prompts answered 11: a constant guess of 11 is top-1 on 3 / 5,
     the baseline the finding holds each layer's top-1 count against (review 8a A1)."""

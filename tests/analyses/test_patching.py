@@ -610,3 +610,27 @@ def test_receivers_on_blocks_without_a_norm_before_attention_are_refused_in_one_
             path_patching(model, task, [(1, 0)], senders=[(0, 3)], component=component, progress=False)
         assert "\n" not in str(err.value)
     assert np.isfinite(path_patching(model, task, "logits", senders=[(0, 3)], progress=False).df["value"]).all()
+
+
+def test_resid_mid_on_parallel_blocks_is_said_absent_and_refused_when_asked_for(arch_models):
+    """Review 8 (C1): on GPT-NeoX (use_parallel_residual: attention and MLP both read the block's input, so there is no
+    state between them) `run` left resid_mid out of its sites silently, from its defaults or from config.sites (which
+    the report's budget sets too). Now summary["sites_absent"] says why, once in the finding; activation_patching,
+    asked for it, raises the reason in one line."""
+    from headscope.errors import SiteError
+    from headscope.reports.findings import finding
+
+    neox = arch_models("neox")
+    assert neox.bridge.original_model.config.use_parallel_residual  # the premise, from Hugging Face's config
+    cfg = PatchingConfig(n_examples=2, path_patching=False, trace_samples=0)
+    result = run(neox, None, cfg)
+    why = "none on this model; its blocks are parallel (attention and MLP both read the block's input)"
+    assert result.summary["sites_absent"] == {"resid_mid": why}
+    assert "resid_mid" not in result.config["sites"] and "resid_post" in result.config["sites"]
+    text = finding("patching", result.summary)
+    assert text.count("resid_mid") == 1 and text.endswith(f"resid_mid: {why}.")
+    parallel = r"block 0 of .* has no resid_mid: attention and MLP run in parallel"
+    asked = run(neox, None, dataclasses.replace(cfg, sites=("resid_pre", "resid_mid"), n_examples=1))
+    assert asked.summary["sites_absent"] == {"resid_mid": why} and asked.config["sites"] == ["resid_pre"]
+    with pytest.raises(SiteError, match=parallel):
+        hs.activation_patching(neox, None, sites=("resid_pre", "resid_mid"), n_examples=2)

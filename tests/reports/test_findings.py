@@ -1251,7 +1251,7 @@ def test_patching_aligned_on_the_first_of_several_differing_positions_says_so():
 
 
 def test_patching_says_where_attribution_patching_would_rank_wrong():
-    """#34 review 5 (A6): Spearman over every cell is inflated by tied zeros (the non-zero cells' is stated beside
+    """#34 review 5 (A6): Spearman over every cell is raised by tied zeros here (the non-zero cells' is stated beside
     it); attribution patching ranks the top exact attn_out site 2nd, 20x under, and misses resid_pre layer 0 at -8,
     so no "use it to rank" there."""
     gap = 19.82
@@ -1267,7 +1267,7 @@ def test_patching_says_where_attribution_patching_would_rank_wrong():
                                      "attribution": 0.04 * gap}}}
     text = finding("patching", _colour_binding(attribution_correlation=corr))
     assert ("attn_out r = 0.660 rests on its 14 non-zero cells of 45 (Spearman 0.90 over the 14 non-zero cells (0.94 "
-            "over all 45, inflated by the 31 tied zeros); slope 0.14, attribution over exact; no interval for r or the "
+            "over all 45, raised by the 31 tied zeros); slope 0.14, attribution over exact; no interval for r or the "
             "slope: the other 31 cells have no exact effect)") in text
     assert ("Ranked by attribution patching, sites come out wrong: at attn_out, the top exact site (layer 0, position -1 "
             "from the end: exact 0.72 of the gap) ranks only 2nd, at 0.05 of the gap, under 1/5 of it; at resid_pre, it "
@@ -1280,6 +1280,30 @@ def test_patching_says_where_attribution_patching_would_rank_wrong():
     text = finding("patching", _colour_binding(attribution_correlation=ok))
     assert "come out wrong" not in text and ": use it to rank, not to size." in text
 
+
+
+def test_patching_says_whether_the_tied_zeros_raise_or_lower_spearman():
+    """Review 8 (C4): "inflated by the 27 tied zeros" was said where Spearman over every cell (0.30) was below the
+    non-zero cells' (0.43). By hand with scipy: 9 non-zero exact effects 1..9 of 36 cells, attribution ranking them
+    with two swaps (0.93); the 27 zero cells' attribution noise lowers Spearman over all 36 to 0.76, attribution 0 there
+    raises it to 1.00; two that read the same to 2 decimals say neither."""
+    exact = [0.0] * 27 + list(range(1, 10))
+    ranked = [1, 3, 2, 5, 4, 7, 6, 9, 8]
+    noisy, quiet = [0.5, -0.5, 0.3, -0.3, 0.8, -0.8, 0.1, -0.1, 0.2] * 3 + ranked, [0.0] * 27 + ranked
+
+    def corr(attribution):
+        return {"resid_pre": {"pearson": stats.pearsonr(exact, attribution)[0], "n": 36, "n_nonzero": 9,
+                              "spearman": stats.spearmanr(exact, attribution)[0],
+                              "spearman_nonzero": stats.spearmanr(exact[27:], attribution[27:])[0]}}
+
+    text = finding("patching", _colour_binding(attribution_correlation=corr(noisy)))
+    assert "Spearman 0.93 over the 9 non-zero cells (0.76 over all 36, lowered by the 27 tied zeros)" in text, text
+    text = finding("patching", _colour_binding(attribution_correlation=corr(quiet)))
+    assert "Spearman 0.93 over the 9 non-zero cells (1.00 over all 36, raised by the 27 tied zeros)" in text, text
+    same = {"resid_pre": {**corr(noisy)["resid_pre"], "spearman": 0.7112, "spearman_nonzero": 0.7089}}
+    text = finding("patching", _colour_binding(attribution_correlation=same))
+    assert "Spearman 0.71 over the 9 non-zero cells (0.71 over all 36)" in text, text
+    assert "inflated" not in text and "tied zeros" not in text
 
 def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_mlps():
     # #34 fifth review: "mlp0, mlp1, L1H0 (+0.83)" hid four heads inside L1H0's interval and that the heads
@@ -1420,10 +1444,38 @@ def test_attribution_leaves_out_integrated_gradients_that_did_not_converge():
             "attributions sum to -259 for a metric change of +10 on example 2, an error of 26.8x the change; at most 32 "
             "steps): 1 converged, too few (IG is used on its converged examples when they are at least half and at "
             "least 2), so its taus are not used; more steps needed.") in text
+    assert "likely reason" not in text  # float32 or no dtype recorded: steps are the remedy
     assert "integrated gradients at mean" not in text and "tau 0.38" not in text and "0.0012" not in text
     assert "gradient x input (tau 0.40 against raw -0.09; paired difference +0.49" in text
     assert "2 of 8 per-example taus" in text
 
+
+
+@pytest.mark.parametrize("dtype, bits", [("bfloat16", "8 significant bits, about 2 to 3 significant digits"),
+                                         ("float16", "11 significant bits, about 3 significant digits")])
+def test_attribution_names_a_half_precision_as_the_likely_reason_ig_missed(dtype, bits):
+    """Review 8 (C6), its numbers: in bfloat16 IG missed completeness on 3 of 4 examples (relative errors 0.106,
+    0.107, 0.159) where float32 missed on 1; the finding now names a half precision (bfloat16: 8 bits of
+    significand, float16: 11) as the likely reason, in place of "more steps needed", and a float32 run keeps it."""
+    s = {"n_examples": 4, "metric": "logit_diff", "mean_tau_attention_gradient": 0.05, "std_tau_attention_gradient": 0.2,
+         "ig_converged": False, "ig_n_not_converged": 3, "ig_n_converged": 1, "ig_used": "none",
+         "ig_examples_used": [], "ig_error_tolerance": 0.1, "ig_dtype": dtype,
+         "ig_worst": {"example": 2, "attribution_sum": 0.841, "metric_change": 1.0, "relative_error": 0.159}}
+    head = ("Integrated gradients missed completeness (error over 0.1x the metric change) on 3 of 4 examples (worst: "
+            "attributions sum to 0.841 for a metric change of +1 on example 2, an error of 0.159x the change): 1 "
+            "converged, too few (IG is used on its converged examples when they are at least half and at least 2), so "
+            "its taus are not used")
+    text = finding("attribution", s)
+    assert (f"{head}. A likely reason: the run is in {dtype}, whose gradients carry {bits}; a float32 run may "
+            "converge.") in text, text
+    assert "more steps needed" not in text
+    text = finding("attribution", {**s, "ig_dtype": "float32"})  # steps are the remedy there
+    assert head + "; more steps needed." in text and "likely reason" not in text
+    some = {**s, "ig_used": "converged", "ig_n_not_converged": 1, "ig_n_converged": 3, "ig_examples_used": [0, 1, 3],
+            "mean_tau_attention_ig": 0.3, "std_tau_attention_ig": 0.05, "n_tau_attention_ig": 3}
+    text = finding("attribution", some)
+    assert "are from the 3 converged examples only. A likely reason: the run is in" in text
+    assert "likely reason" not in finding("attribution", {**some, "ig_dtype": "float32"})
 
 @pytest.mark.parametrize("bad", [1, 2])
 def test_attribution_says_every_example_whose_integrated_gradients_missed_completeness(bad):
