@@ -15,11 +15,13 @@ and a ScaledResidualBlockBridge (Granite: scaled residual writes) is none of the
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from headscope.errors import UnsupportedModelError
 from headscope.models.hooked_model import is_parallel, raw_module  # is_parallel: block_shape.is_parallel too
 
 
@@ -63,6 +65,50 @@ def post_attention_norm(block: torch.nn.Module) -> torch.nn.Module | None:
     or a block none of the shapes describes)."""
     p = parts(block)
     return None if p is None or p.ln1_post is None or p.parallel else raw(p.ln1_post)
+
+
+def post_mlp_norm(block: torch.nn.Module) -> torch.nn.Module | None:
+    """The Hugging Face norm a post-norm block applies to its whole MLP output before the residual
+    add (Gemma 2/3's and OLMo 2's post_feedforward_layernorm), or None (pre-norm, parallel, or a
+    block none of the shapes describes)."""
+    p = parts(block)
+    return None if p is None or p.ln2_post is None or p.parallel else raw(p.ln2_post)
+
+
+PROBE = 64.0  # the probes' RMS: beside 64^2 a norm's eps (1e-5, 1e-6) is below float32's rounding
+
+
+@torch.no_grad()
+def norm_gain(norm: torch.nn.Module) -> tuple[torch.Tensor, bool]:
+    """(gain [d_model] float32 on the CPU, centres) of a norm x -> gain * c(x) / s(x) + b (c: the mean
+    taken out where `centres`, LayerNorm; s: the RMS of c(x), positive and shared by the entries),
+    read from what the module computes, not from its weight: Gemma's RMSNorm multiplies by
+    1 + weight, OLMo 2's and Llama's by weight. A float32 copy of the module (half-precision weights
+    widen exactly) is run on probes of RMS PROBE: ones (a centring norm maps them to its bias) and
+    alternating signs give the gain entry by entry; a third probe checks that the module is such a
+    norm, else UnsupportedModelError (never a gain from the wrong formula)."""
+    module = copy.deepcopy(norm).float()
+    param = next(module.parameters(), None)
+    shape = getattr(module, "normalized_shape", None) or (None if param is None else param.shape)
+    if not shape:
+        raise UnsupportedModelError(f"{type(norm).__name__} has no weight nor normalized_shape: its width is unknown.")
+    d = int(shape[-1])
+    signs = 1.0 - 2.0 * (torch.arange(d) % 2)  # [d] +1, -1, ...
+    check = torch.randn(d, generator=torch.Generator().manual_seed(0))  # [d]
+    probes = PROBE * torch.stack([torch.zeros(d), torch.ones(d), signs, check])  # [4, d]
+    out = module(probes.to(None if param is None else param.device)).float().cpu()  # [4, d]
+    out = out[1:] - out[0]  # [3, d] without the bias (norm(0) = b)
+    centres = not bool(out[0].any())
+
+    def unit(x: torch.Tensor) -> torch.Tensor:  # c(x) / s(x): what the gain multiplies
+        x = x - x.mean() if centres else x
+        return x / x.pow(2).mean().sqrt()
+
+    gain = out[1] / unit(signs)  # [d]
+    if not torch.allclose(out[2], gain * unit(check), rtol=1e-4, atol=1e-4 * float(gain.abs().max())):
+        raise UnsupportedModelError(f"{type(norm).__name__} is not a norm gain * x / rms(x) (+ bias), centred or "
+                                    "not: its per-entry gain cannot be read.")
+    return gain, centres
 
 
 def _child(block: torch.nn.Module, name: str) -> torch.nn.Module | None:

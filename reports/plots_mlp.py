@@ -94,17 +94,18 @@ def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Map
 
 
 def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples: int | None = None,
-                     shared: Mapping[Any, int] | None = None, ax=None):
+                     shared: Mapping[Any, int] | None = None, post_norm: bool = False, ax=None):
     """Mean ||m_i v_i|| at the task's answer position for the top neurons (`data`: the top_neurons table),
     labelled by neuron_labels (experts and their routing on a mixture of experts; shared: each layer's shared
     expert), coloured by layer (layer_colours, outlined); `task`: its name, in the title; n_examples: the
-    task's examples."""
+    task's examples; post_norm: v_i is taken through the post-MLP norm's gain g (post-norm blocks)."""
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     moe = "expert" in top_neurons and "expert_neuron" in top_neurons
     data = top_neurons.assign(neuron_id=neuron_labels(top_neurons, n_examples, shared))
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
                 palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
-    xlabel = "mean L2 norm of the update m_i v_i at the answer"
+    update = "m_i (g * v_i), g the post-MLP norm's gain," if post_norm else "m_i v_i"
+    xlabel = f"mean L2 norm of the update {update} at the answer"
     ax.set(xlabel=xlabel + (" (0 where not routed)" if moe else ""),
            ylabel="expert neuron (L layer E expert n neuron)" if moe else "neuron (L layer . N index)",
            title="Largest sub-updates on the task" + (f" '{label(task)}'" if task else ""))
@@ -137,7 +138,8 @@ def figures(result, **kwargs) -> dict:
     n_examples = _num(s.get("n_task_examples"))
     shared = {l: e["n_experts"] for l, e in _experts(s).items() if e.get("shared_width")}  # its index: after the routed
     out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"], task=task, shared=shared,
-                                                       n_examples=int(n_examples) if n_examples else None))
+                                                       n_examples=int(n_examples) if n_examples else None,
+                                                       post_norm=bool(s.get("values_through_post_norm"))))
     return out
 
 
@@ -236,8 +238,13 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                        "stream units, mean over the task's examples), coloured by layer. On a mixture of experts a "
                        "neuron is one expert's (L layer E expert n neuron) and its update is 0 on the examples not "
                        "routed to its expert, so its mean mixes how strongly it writes with how often its expert is "
-                       "chosen: each label says on how many examples it was routed.",
+                       "chosen: each label says on how many examples it was routed. On a post-norm model (Gemma 2/3, "
+                       "OLMo 2) v_i is taken through the post-MLP norm's gain, its shared scale left out.",
 }
+
+
+POST_NORM = ("Value vectors taken through the post-MLP norm's gain (the norm's shared scale is left out: it does not "
+             "change rankings).")  # post-norm blocks (Gemma 2/3, OLMo 2): the summary's values_through_post_norm
 
 
 def _measured_only(s: Mapping[str, Any]) -> str:
@@ -253,7 +260,8 @@ def _measured_only(s: Mapping[str, Any]) -> str:
     return ((moe + " " if moe else "") + "Measured: key-value agreement of " + counted
             + (f" in {layers} layers" if layers else "") + f" over {s.get('n_prefixes', '?')} prefixes against a "
             "shuffled control, and which tokens the largest task updates promote"
-            + (f" ({updates:.0f} updates)" if updates else "") + "; no layer is ranked at chance.")
+            + (f" ({updates:.0f} updates)" if updates else "") + "; no layer is ranked at chance."
+            + (" " + POST_NORM if s.get("values_through_post_norm") else ""))
 
 
 ALPHA = 0.05  # the level at which a Fisher test's p is called a difference
@@ -410,4 +418,6 @@ def finding(s: Mapping[str, Any]) -> str:
         else:
             parts.append(f"{_pct(frac)} of the top task updates" + (f" (on {examples:.0f} task examples)" if examples else "")
                          + " promote the answer token.")
+    if s.get("values_through_post_norm"):
+        parts.append(POST_NORM)
     return " ".join(parts)

@@ -6,10 +6,14 @@ act(x . g_i) * (x . k_i)) read at mlp.hook_post. Three readings:
 - trigger examples of key i: the corpus prefixes with the top-k m_i at their last position,
   streamed chunk by chunk with a bounded-memory top-k (memory does not grow with the corpus);
 - values in vocabulary space: the top tokens of E v_i, E the unembedding W_U [d_model, d_vocab].
-  By default the final norm is NOT applied (as Geva et al. 2021 project E v_i directly);
-  `apply_final_norm=True` multiplies v_i by the final norm's gain (and centres it under
-  LayerNorm) first. The residual-dependent scale of the norm is positive and dropped either way,
-  so it never changes a neuron's ranking of tokens;
+  v_i is the neuron's write into the residual stream: on post-norm blocks (Gemma 2/3, OLMo 2: a
+  norm of the whole MLP output before the residual add) the column of the output weight times
+  that norm's per-entry gain, read from the module (Gemma's 1 + weight), since the gain is part
+  of the write and can reorder a neuron's tokens. By default the final norm is NOT applied (as
+  Geva et al. 2021 project E v_i directly); `apply_final_norm=True` multiplies v_i by the final
+  norm's gain (and centres it under LayerNorm) first. The residual-dependent scale of either norm
+  is positive and shared by a token's neurons, so it is left out: it never changes a neuron's
+  ranking of tokens, nor the order of a token's sub-updates;
 - sub-updates m_i v_i at a Task's answer position (Geva et al. 2022), the largest by norm, and
   the tokens each promotes (the top tokens of m_i E v_i).
 
@@ -41,7 +45,7 @@ from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
 from headscope.errors import ConfigError
-from headscope.execution import batching
+from headscope.execution import batching, block_shape
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, decoder=True, what="reads MLP values through the unembedding as next tokens")
@@ -150,17 +154,37 @@ def trigger_examples(
     )
 
 
-def value_logits(model, layer: int, *, apply_final_norm: bool = False, neurons: torch.Tensor | None = None) -> torch.Tensor:
-    """E v_i for the given neurons (all by default): [n_neurons, d_vocab] (see module doc on the norm)."""
+def post_norm_gain(model, layer: int) -> torch.Tensor | None:
+    """[d_model] float32: the per-entry gain of the norm block `layer` applies to its whole MLP output
+    (Gemma 2/3's and OLMo 2's post_feedforward_layernorm), read from the module (block_shape.norm_gain:
+    Gemma's 1 + weight, OLMo 2's weight); None where the MLP writes into the residual as it is."""
+    norm = block_shape.post_mlp_norm(model.bridge.blocks[layer])
+    return None if norm is None else block_shape.norm_gain(norm)[0]
+
+
+def written_values(model, layer: int, *, apply_final_norm: bool = False, neurons: torch.Tensor | None = None) -> torch.Tensor:
+    """The value vectors as they reach the unembedding, [n_neurons, d_model] (all neurons by default):
+    v_i times the post-MLP norm's gain on post-norm blocks (the norm's shared scale left out: positive
+    and the same for every neuron of a token), then with apply_final_norm the final norm's gain (centred
+    first under LayerNorm). See the module doc."""
     values = hooks.mlp_memories(model, layer).values  # [d_mlp, d_model]
     if neurons is not None:
         values = values[neurons]
-    if apply_final_norm:
-        ln = model.bridge.ln_final
-        if getattr(model.bridge.cfg, "normalization_type", "LN") in ("LN", "LNPre"):
+    gain = post_norm_gain(model, layer)
+    if gain is not None:
+        values = values * gain.to(values)
+    ln = getattr(model.bridge, "ln_final", None)
+    if apply_final_norm and ln is not None:
+        gain, centres = block_shape.norm_gain(block_shape.raw(ln))
+        if centres:
             values = values - values.mean(-1, keepdim=True)
-        values = values * ln.weight.detach()
-    return values @ model.bridge.W_U.detach()  # [n_neurons, d_vocab]
+        values = values * gain.to(values)
+    return values
+
+
+def value_logits(model, layer: int, *, apply_final_norm: bool = False, neurons: torch.Tensor | None = None) -> torch.Tensor:
+    """E v_i for the given neurons (all by default): [n_neurons, d_vocab], v_i as written (written_values)."""
+    return written_values(model, layer, apply_final_norm=apply_final_norm, neurons=neurons) @ model.bridge.W_U.detach()
 
 
 def value_top_tokens(model, layer: int, *, top_k: int = 5, apply_final_norm: bool = False, block: int = 1024) -> torch.Tensor:
@@ -238,8 +262,8 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
     (Task.answer_positions), so every example's sub-updates are those of the example run alone.
 
     Returns (top, per_neuron): `top` has one row per (example, layer, rank) with the neuron, m_i,
-    ||m_i v_i||, its direct logit on the answer m_i (E v_i)[answer], the promoted tokens and whether the
-    answer (and, when the Task has wrong answers, the wrong answer) is among them;
+    ||m_i v_i|| (v_i as written: written_values), its direct logit on the answer m_i (E v_i)[answer], the
+    promoted tokens and whether the answer (and, when the Task has wrong answers, the wrong answer) is among them;
     `per_neuron` has every (layer, neuron) with the mean ||m_i v_i|| and mean m_i over examples (0 where a
     mixture of experts did not route the example to the neuron's expert: `n_routed` says on how many it did).
     """
@@ -252,7 +276,7 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
     for layer, name in zip(layers, names):
         m = acts[name]  # [batch, d_mlp] at each row's answer position
         memories = hooks.mlp_memories(model, layer)
-        v_norm = memories.values.norm(dim=-1).float().cpu()  # [d_mlp]
+        v_norm = written_values(model, layer).norm(dim=-1).float().cpu()  # [d_mlp] (v_i as written)
         norms = m.abs() * v_norm  # [batch, d_mlp] = ||m_i v_i||
         order = norms.topk(min(n_top, norms.shape[1]), -1).indices  # [batch, n_top]
         logits = value_logits(model, layer, apply_final_norm=apply_final_norm, neurons=order.reshape(-1)).float().cpu()
@@ -407,6 +431,9 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "n_top_updates": config.n_top_updates,
         "n_layers_analysed": len(layers),
         "apply_final_norm": config.apply_final_norm,
+        # post-norm blocks (Gemma 2/3, OLMo 2): value vectors taken through the post-MLP norm's gain
+        "values_through_post_norm": any(block_shape.post_mlp_norm(model.bridge.blocks[layer]) is not None
+                                        for layer in layers),
         "gated_mlp": model.facts.gated_mlp,
         "mixture_of_experts": bool(experts),
         # mixture-of-experts layers: {layer: {n_experts, expert_width, top_k, shared_width}} (their memories)

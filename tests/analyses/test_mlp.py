@@ -97,6 +97,7 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
         only, reverse, both) and both >= 1 and reverse >= 1 and s["top_k_tokens"] == top_k
     d_mlp = model.facts.d_mlp  # a dense MLP: its memories are its d_mlp neurons (HF's c_fc width)
     assert s["experts_per_layer"] == {} and s["mixture_of_experts"] is False
+    assert s["values_through_post_norm"] is False  # GPT-2's MLP writes into the residual as it is (review 8b C7)
     assert s["n_memories_per_layer"] == {str(l): d_mlp for l in range(model.facts.n_layers)} == {
         str(l): hf.transformer.h[l].mlp.c_fc.weight.shape[1] for l in range(model.facts.n_layers)}
     assert s["agreement_count_per_layer"] == {str(l): int(result.df[result.df.layer == l].agrees.sum())
@@ -111,7 +112,7 @@ def test_answer_promoting_updates_are_counted_and_the_finding_states_their_wilso
     lo, hi = _wilson(only, n)
     text = finding("mlp", s)
     best = max(s["agreement_count_per_layer"].items(), key=lambda kv: kv[1])
-    assert f"({best[1]} of {d_mlp} neurons, Wilson 95% CI" in text and "expert" not in text
+    assert f"({best[1]} of {d_mlp} neurons, Wilson 95% CI" in text and "expert" not in text and "post-MLP" not in text
     assert (f"Of the {n} largest task updates, {only} ({100 * only / n:.0f}%, Wilson 95% CI {100 * lo:.0f}%-"
             f"{100 * hi:.0f}%) put the answer and not the wrong answer among their top {top_k} promoted tokens") in text
     assert f"{reverse} ({100 * reverse / n:.0f}%, Wilson 95% CI" in text and f"the reverse, {both} both" in text
@@ -295,3 +296,72 @@ def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuro
     assert figs["mlp_agreement"].axes[0].get_title().endswith(
         f"(bars: Wilson 95% CI over {n} expert neurons (4 experts x {config.intermediate_size}, top-2 routing))")
     assert [t.get_text() for t in figs["mlp_top_neurons"].axes[0].get_yticklabels()] == neuron_labels(top, 4)
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "gemma2"])
+def test_post_norm_values_go_through_the_post_mlp_norm_gain(arch, arch_dirs, more_arch_dirs, tmp_path):
+    """Review 8b C7: on post-norm blocks (OLMo 2, no norm before the MLP; Gemma 2, norms before and after) a neuron
+    writes post_feedforward_layernorm's gain times its down_proj column. With the post-MLP and final norms set to a
+    trained-like spread of gains, the value tokens are those of plain Hugging Face's lm_head(post_norm(v_i)) (the
+    module itself applied to v_i: its per-neuron scale 1/rms(v_i) leaves each neuron's ranking as it is), with
+    apply_final_norm lm_head(norm(post_norm(v_i))); the task updates are ranked by |m_i| ||g v_i||, g the gain as
+    transformers computes it (Olmo2RMSNorm: weight * x, Gemma2RMSNorm: (1 + weight) * x), m_i read at HF's down_proj
+    input (the key side needs no pre-MLP norm); their promoted tokens and answer logits are those of m_i lm_head(g v_i).
+    The finding says the values went through the gain."""
+    import shutil
+
+    import headscope as hs
+    from headscope.reports.findings import finding
+
+    source = arch_dirs[arch] if arch == "gemma2" else more_arch_dirs(arch)
+    hf = hf_model(source)  # a private copy: its norms are changed below
+    offset = 1.0 if arch == "gemma2" else 0.0  # the stored weight of a unit gain
+    g = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        for norm in [hf.model.norm] + [block.post_feedforward_layernorm for block in hf.model.layers]:
+            norm.weight.copy_(torch.rand(norm.weight.shape, generator=g) * 1.5 + 0.25 - offset)  # gains 0.25-1.75
+    hf.save_pretrained(tmp_path / arch)
+    for path in source.glob("*token*"):
+        shutil.copy(path, tmp_path / arch / path.name)
+    model = hs.load_model(tmp_path / arch, device="cpu")
+    w_u = hf.lm_head.weight.detach().T  # [d_model, d_vocab]
+    top_k, moved = 3, 0
+    for layer, block in enumerate(hf.model.layers):
+        values = block.mlp.down_proj.weight.detach().T  # [d_mlp, d_model]
+        with torch.no_grad():
+            want = (block.post_feedforward_layernorm(values) @ w_u).topk(top_k, -1).indices
+            final = (hf.model.norm(block.post_feedforward_layernorm(values)) @ w_u).topk(top_k, -1).indices
+        assert torch.equal(mlp.value_top_tokens(model, layer, top_k=top_k, block=50), want)
+        assert torch.equal(mlp.value_top_tokens(model, layer, top_k=top_k, apply_final_norm=True), final)
+        moved += int((want[:, 0] != (values @ w_u).argmax(-1)).sum())  # the gain changes some neurons' top token
+    assert moved >= 5
+    tokens = random_tokens(3, 6, seed=31)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 2], wrong_answers=tokens[:, 3])
+    result = mlp.mlp_memories_analysis(model, task, mlp.MLPConfig(top_k_triggers=2, n_top_neurons=3, chunk_size=8,
+                                                                  n_top_updates=2, top_k_tokens=top_k),
+                                       corpus=[random_tokens(4, 6, seed=32)])
+    updates, seen = result.tables["task_updates"], {}
+    hooks = [block.mlp.down_proj.register_forward_pre_hook(functools.partial(lambda l, _, a: seen.update({l: a[0][:, -1]}), l))
+             for l, block in enumerate(hf.model.layers)]
+    with torch.no_grad():
+        hf(tokens)
+    for hook in hooks:
+        hook.remove()
+    for layer, block in enumerate(hf.model.layers):
+        m = seen[layer]  # [batch, d_mlp] at the answer position (the last)
+        gain = block.post_feedforward_layernorm.weight.detach() + offset  # [d_model]
+        written = block.mlp.down_proj.weight.detach().T * gain  # [d_mlp, d_model]
+        norms = m.abs() * written.norm(dim=-1)  # [batch, d_mlp]
+        order = norms.topk(2, -1).indices  # [batch, 2]
+        got = updates[updates.layer == layer].sort_values(["example", "rank"])
+        assert got.neuron.tolist() == order.reshape(-1).tolist()
+        assert got.coefficient.to_numpy() == pytest.approx(m.gather(1, order).reshape(-1).numpy(), rel=1e-4, abs=1e-6)
+        assert got.update_norm.to_numpy() == pytest.approx(norms.gather(1, order).reshape(-1).numpy(), rel=1e-4)
+        logits = m.gather(1, order)[..., None] * (written[order] @ w_u)  # [batch, 2, d_vocab]
+        assert got.answer_logit.to_numpy() == pytest.approx(
+            logits[torch.arange(3), :, task.answers].reshape(-1).numpy(), rel=1e-4, abs=1e-5)
+        promoted = logits.topk(top_k, -1).indices.reshape(-1, top_k)  # [batch * 2, top_k]
+        assert got.promoted.tolist() == [" ".join(model.to_str_tokens(t)) for t in promoted]
+    assert result.summary["values_through_post_norm"] is True
+    assert "Value vectors taken through the post-MLP norm's gain (the norm's shared scale is left out: it does not " \
+           "change rankings)." in finding("mlp", result.summary)

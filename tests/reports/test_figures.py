@@ -1695,5 +1695,9 @@ def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_whi
         # relative luminance (sRGB weights of the drawn colours): viridis's yellow end is 0.87; every bar stays below 0.62
         assert max(0.2126 * r + 0.7152 * g + 0.0722 * b for r, g, b in fills) < 0.62
         assert all(b.get_linewidth() > 0 for b in ax.patches if b.get_width() > 0)  # outlined
+        assert ax.get_xlabel() == "mean L2 norm of the update m_i v_i at the answer"
+        # review 8b C7: on a post-norm model the update is written through the post-MLP norm's gain
+        assert plot_top_neurons(data, post_norm=True, ax=plt.subplots()[1]).get_xlabel() == (
+            "mean L2 norm of the update m_i (g * v_i), g the post-MLP norm's gain, at the answer")
     finally:
         plt.close("all")

@@ -1092,8 +1092,12 @@ def test_mlp_at_chance_ranks_no_layer():
     assert text.endswith("Measured: key-value agreement of 128 neurons per layer in 3 layers over 135 prefixes against a "
                          "shuffled control, and which tokens the largest task updates promote (48 updates); no layer is "
                          "ranked at chance.")
-    for said in ("highest", "in layer", "no better than the control", "promote the answer token", "Wilson"):
+    for said in ("highest", "in layer", "no better than the control", "promote the answer token", "Wilson", "post-MLP"):
         assert said not in text, said
+    # review 8b C7: on a post-norm model (OLMo 2, Gemma 2/3) the finding says how the value vectors were read
+    assert finding("mlp", {**s, "values_through_post_norm": True}) == (
+        text + " Value vectors taken through the post-MLP norm's gain (the norm's shared scale is left out: it does not "
+        "change rankings).")
 
 
 def test_retrieval_heads_are_named_with_their_test_or_not_at_all():
