@@ -171,7 +171,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
       floor is one rounding step of the differentiated loss (noise_floor(dtype, loss_size):
       noise_floor_gradient; the loss is not the metric for cosine and accuracy tasks; loss_size None: metric_size).
       It stays analytic: recomputing a gradient in another batch composition reproduces it bitwise (nothing
-      to measure), and gradient ties are judged relative to each gradient's own size instead (below).
+      to measure: bfloat16 zoo model, batches of 3 or 16 and the examples permuted give identical gradients),
+      and gradient ties are judged relative to each gradient's own size instead (below).
     rounding_floor_<method>: the floor each method's checks used; rounding_floor_source: {method: "measured"
     or "analytic"}.
     degenerate_<method> (a sentence) when every head's |importance| is below its floor (the ranking, the
