@@ -81,10 +81,12 @@ def noise_band(a: Run, b: Run, method: str, raw: bool) -> tuple[Any, str]:
     own uncertainty, and the rule in words: 1.96 x sqrt(seA^2 + seB^2) with per-head standard errors where
     results.csv has them, else with each run's standard error of its mean task metric (an importance is a change
     in that metric; reports from before importance_se do not record its spread, so the metric's stands in), and never below the
-    numerical noise floor either records (noise_floor_gradient for gradient importance, in its loss's units); None
-    where neither records any (nothing is muted)."""
+    numerical noise floor either records: the one its own ties used (rounding_floor_<method>, measured by null
+    ablations where it could be), else the analytic one (noise_floor_gradient for gradient importance, in its loss's
+    units); None where neither records any (nothing is muted)."""
     key = "noise_floor_gradient" if method == "gradient" else "noise_floor"  # each method's own units
-    floors = [s.get(key, s.get("noise_floor")) for s in (a.summary("heads") or {}, b.summary("heads") or {})]
+    floors = [s.get(f"rounding_floor_{method}", s.get(key, s.get("noise_floor")))
+              for s in (a.summary("heads") or {}, b.summary("heads") or {})]
     floor = max((float(f) for f in floors if _number(f)), default=None)
     if not raw:
         return None, "layer-normalised values have no recorded uncertainty: nothing is muted"

@@ -119,6 +119,30 @@ def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
             f"which {'of each ' if len(runs) > 1 else ''}is removed first is {tail}")
 
 
+def _floor_words(s: Mapping[str, Any]) -> str:
+    """What "within rounding" meant for each ablation method that has a tie (rounding_floor_<method> and its
+    rounding_floor_source): measured by null ablations, or one analytic rounding step where nothing was measured;
+    '' without a tie or a recorded floor (gradient ties are relative to each gradient's size, said nowhere else)."""
+    tied = {k.removeprefix(p) for k in s for p in ("tied_top_heads_", "tied_first_pruned_")
+            if k.startswith(p) and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_"))}
+    source = s.get("rounding_floor_source") if isinstance(s.get("rounding_floor_source"), Mapping) else {}
+    null = s.get("rounding_null") if isinstance(s.get("rounding_null"), Mapping) else {}
+    said = []
+    for method in sorted(tied - {"gradient"}):
+        floor = _num(s.get(f"rounding_floor_{method}"))
+        if floor is None:
+            continue
+        by = FINDING_METHOD_WORDS.get(method, method)
+        if source.get(method) == "measured":
+            runs = f"{null['n_runs']}" if _num(null.get("n_runs")) is not None else "the"
+            how = (f"measured: twice the largest change of the metric in {runs} null ablations, which replace "
+                   "a layer's heads with themselves, so only rounding moves it")
+        else:
+            how = "one rounding step of the metric at the model's dtype: no null ablation measured it"
+        said.append(f"closer than {floor:.2g} by {by} ({how})")
+    return f"Within rounding here means {'; '.join(said)}." if said else ""
+
+
 def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     """The first heads of the ablation order within each other's standard errors (close_first_pruned_<method>),
     unless a rounding tie already starts the order (review 8b A2: in float32 the first two are 0.005 apart with
@@ -334,6 +358,8 @@ def finding(s: Mapping[str, Any]) -> str:
                    and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_"))):
         if words := _first_tie_words(s, method):
             parts.append(words)
+    if words := _floor_words(s):
+        parts.append(words)
     for method in (k.removeprefix("close_first_pruned_") for k in s if k.startswith("close_first_pruned_")):
         if words := _first_close_words(s, method):
             parts.append(words)

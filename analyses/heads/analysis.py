@@ -15,7 +15,9 @@ heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<or
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
 random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
 examples, n_examples and the method: pruning.prunable_intervals), top_heads_<method>, l0_min_heads_within_tolerance, and
-noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units) / degenerate_<method> /
+noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): one rounding step, analytic;
+rounding_floor_<method> with rounding_floor_source ({method: "measured" or "analytic"}) and rounding_null: the
+floor each method's checks use, for ablation measured by null ablations (rounding.py) / degenerate_<method> /
 tied_top_heads_<method> (`numerical_checks`: importance that is rounding at the model's dtype, or top heads
 that tie, is said so and not ranked).
 """
@@ -36,6 +38,7 @@ from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task
+from headscope.analyses.heads import rounding
 from headscope.analyses.heads.importance import (
     ABLATIONS,
     Scorer,
@@ -159,13 +162,19 @@ def noise_floor(dtype: torch.dtype, size: float) -> float:
 def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric_size: float,
                      loss_size: float | None = None, k: int = 5,
                      pruning: dict[str, torch.Tensor] | None = None,
-                     ses: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+                     ses: dict[str, torch.Tensor] | None = None, measured: float | None = None) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
-    - ablation (zero, mean, resample): a difference of two metric values, so its floor is one rounding
-      step of the metric (noise_floor(dtype, metric_size): summary noise_floor);
+    - ablation (zero, mean, resample): a difference of two metric values, so its floor is `measured` (the
+      null ablations' floor, rounding.measured_floor) where given, else one rounding step of the metric
+      (noise_floor(dtype, metric_size): summary noise_floor, always recorded);
     - gradient, E_x |dL/d gate|: the loss change that removing the head predicts to first order, so its
       floor is one rounding step of the differentiated loss (noise_floor(dtype, loss_size):
       noise_floor_gradient; the loss is not the metric for cosine and accuracy tasks; loss_size None: metric_size).
+      It stays analytic: recomputing a gradient in another batch composition reproduces it bitwise (nothing
+      to measure: bfloat16 zoo model, batches of 3 or 16 and the examples permuted give identical gradients),
+      and gradient ties are judged relative to each gradient's own size instead (below).
+    rounding_floor_<method>: the floor each method's checks used; rounding_floor_source: {method: "measured"
+    or "analytic"}.
     degenerate_<method> (a sentence) when every head's |importance| is below its floor (the ranking, the
     pruning order and the top heads are then noise); tied_top_heads_<method>: the heads among the top k whose
     importance lies within rounding of a neighbour's (their order is arbitrary): within the metric's floor for
@@ -187,6 +196,11 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     out: dict[str, Any] = {"noise_floor": noise_floor(dtype, metric_size)}
     if "gradient" in raw:
         out["noise_floor_gradient"] = floors["gradient"]
+    source = {m: "analytic" for m in raw}
+    if measured is not None:
+        for m in set(raw) - {"gradient"}:
+            floors[m], source[m] = measured, "measured"
+    out.update({f"rounding_floor_{m}": floors[m] for m in raw}, rounding_floor_source=source)
     for method, imp in raw.items():
         floor = floors[method]
         flat = imp.detach().double().flatten().cpu()  # [layer * head]
@@ -387,8 +401,15 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
                      loss_size: float | None, pruning: dict[str, torch.Tensor] | None = None,
                      df: pd.DataFrame | None = None) -> dict[str, Any]:
     """numerical_checks at the model's dtype, sizes taken as the larger of each value and the logits it is read
-    from; df (importance_table's) gives each method's importance_se."""
+    from, the ablation methods' floor measured by null ablations (rounding.null_effects; rounding_null: their
+    gates, how many ran and the largest |change|); df (importance_table's) gives each method's importance_se."""
     readout = readout_size(model, scorer)
+    measured, null = None, {}
+    if set(raw) - {"gradient"}:
+        effects = rounding.null_effects(model, scorer)  # [gates x layers]
+        measured = rounding.measured_floor(effects)
+        null = {"rounding_null": {"gates": list(rounding.NULL_GATES), "n_runs": int(effects.numel()),
+                                  "max_abs_change": float(effects.abs().max()), "margin": rounding.NULL_MARGIN}}
     ses = None
     if df is not None and pruning:
         ses = {}
@@ -399,8 +420,8 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
             ses[method] = se
     summary = numerical_checks(raw, _dtype(model), metric_size=max(abs(baseline), readout),
                                loss_size=None if loss_size is None else max(abs(loss_size), readout), pruning=pruning,
-                               ses=ses)
-    return {**summary, "readout_size": readout}
+                               ses=ses, measured=measured)
+    return {**summary, **null, "readout_size": readout}
 
 
 def _dtype(model) -> torch.dtype:

@@ -3,6 +3,8 @@
 Row passes, for n examples and N = layers x heads (a backward pass counts two more):
 - gradient importance: 3n; each ablation method: n (1 + s N) (mean: + n for the means), s the share
   of a pass a run costs that resumes at the ablated head's block (budget.resumed_share);
+- the measured rounding floor (any ablation method): n (2 + s G L), G = len(rounding.NULL_GATES): one
+  capture of every head's z, the sweep's captured pass and G null ablations per layer;
 - roles: n_induction repeated-token rows (4 passes' worth: two lengths, pattern capture);
 - pruning: c = len(prune_counts) points per curve: n c per fixed-order curve (gradient, ablation,
   n_random random ones); recomputed gradient: 3n (c - 1) + n; recomputed zero ablation:
@@ -21,6 +23,7 @@ import dataclasses
 
 from headscope.analyses.core.budget import Cost, CostModel, examples_knob, n_rows, resumed_share, task_length
 from headscope.analyses.heads.pruning import VERIFY, cheap_ranking, prune_counts
+from headscope.analyses.heads.rounding import NULL_GATES
 
 FULL, QUICK = 64, 16  # default examples (HeadsConfig.examples)
 
@@ -32,6 +35,8 @@ def estimate(model, task, config) -> Cost:
     share = resumed_share(model) if not f.is_encoder else 1.0  # single-head ablations resume at their layer
     for method in config.methods:
         parts[f"importance_{method}"] = 3 * n if method == "gradient" else n * (1 + share * heads + (method == "mean"))
+    if set(config.methods) - {"gradient"}:
+        parts["rounding_floor"] = n * (2 + share * len(NULL_GATES) * f.n_layers)
     parts["roles"] = 4 * config.n_induction
     p = config.pruning
     counts = prune_counts(heads, p.step)

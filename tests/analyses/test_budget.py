@@ -73,6 +73,25 @@ def test_the_pruning_estimate_counts_the_rows_that_run(pruning, resumed, arch_mo
         assert count[0] == estimate
 
 
+def test_the_rounding_floor_estimate_counts_the_null_ablation_rows(arch_models, mixed_tasks, monkeypatch):
+    """The measured rounding floor (analyses/heads/rounding.py) on gpt2 of the matrix (2 layers), full passes: one
+    capture of every head's z, the sweep's pass of the unedited copy and 2 gates x 2 layers null runs, n rows each,
+    by hand n (2 + 4). (Resumed runs send as many rows through the last MLP, the counter, while their share of a
+    pass's work is smaller: budget.resumed_share.)"""
+    from headscope.analyses.heads import rounding
+    from headscope.execution import resume
+
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    monkeypatch.setattr(resume, "supports", lambda model: resume.Support(False, False, False))
+    scorer = make_scorer(model, task)
+    rounding.null_effects(model, scorer)  # first use: one-time checks
+    with counted_rows(model) as count:
+        rounding.null_effects(model, scorer)
+    config = HeadsConfig(methods=("zero",), l0=None, n_induction=0, pruning=PruningConfig(orderings=()))
+    assert count[0] == heads_cost.estimate(model, task, config).parts["rounding_floor"] == len(task) * (2 + 4)
+    assert "rounding_floor" not in heads_cost.estimate(model, task, _heads_config(orderings=())).parts  # no ablation
+
+
 def test_the_cheap_ranking_verifying_every_head_is_the_exact_ordering(arch_models, mixed_tasks):
     """With as many candidates as heads remain, the cheap ranking's exact verification is the exact
     recomputed zero-ablation ordering: the same heads removed at every step, the same curve."""

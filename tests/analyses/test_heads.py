@@ -166,6 +166,16 @@ def test_numerical_floor_flags_rounding_and_ties_hand_worked():
     assert not [key for key in bf if key.startswith("degenerate_")] and "tied_top_heads_gradient" not in bf
     assert bf["tied_top_heads_zero"] == ["L0H0", "L0H1"]  # 0.348 - 0.281 = 0.067 < 0.078; 0.281 - 0.150 = 0.131
     assert numerical_checks({"gradient": torch.zeros(2, 2)}, torch.bfloat16, metric_size=10.0)["degenerate_gradient"]
+    assert bf["rounding_floor_zero"] == bf["noise_floor"] == 2.0 ** -7 * 10
+    assert bf["rounding_floor_source"] == {"gradient": "analytic", "zero": "analytic"}
+    # a measured floor of 0.05 (null ablations, analyses/heads/rounding.py) replaces the ablation floor only:
+    # 0.067 apart no longer ties; the gradients keep their own rule
+    low = numerical_checks({"gradient": torch.tensor([[0.2543, 0.2268], [0.1896, 0.0829]]),
+                            "zero": torch.tensor([[0.348, 0.281], [0.150, -0.055]])}, torch.bfloat16,
+                           metric_size=10.0, loss_size=10.0, k=3, measured=0.05)
+    assert "tied_top_heads_zero" not in low and low["noise_floor"] == bf["noise_floor"]
+    assert low["rounding_floor_zero"] == 0.05 and low["rounding_floor_gradient"] == 2.0 ** -7 * 10
+    assert low["rounding_floor_source"] == {"gradient": "analytic", "zero": "measured"}
 
 
 def test_numerical_checks_name_ties_at_the_start_of_the_pruning_order_and_past_the_top_k():
@@ -218,6 +228,8 @@ def test_bfloat16_importance_floor_covers_its_rounding_and_not_the_effects(tiny_
            for dt, df in (("bf16", r16.df), ("f32", heads.head_importance(tiny_models["llama"], task).df))}
     diff = (got["bf16"] - got["f32"]).abs()  # what rounding moved
     assert diff["zero"].max() < floor < got["f32"]["zero"].abs().max() / 10
+    assert s16["rounding_floor_source"]["zero"] == "measured"  # null ablations (analyses/heads/rounding.py)
+    assert diff["zero"].max() < s16["rounding_floor_zero"] < got["f32"]["zero"].abs().max() / 10  # it covers them too
     g = got["f32"]["gradient"].abs()
     assert (diff["gradient"] < heads.GRADIENT_TIE_STEPS * eps * g + floor).all() and floor < g.max() / 10
 

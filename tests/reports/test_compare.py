@@ -340,6 +340,21 @@ def _importance(root, values, se=None) -> None:
     io.write_csv(root / "heads" / "results.csv", pd.DataFrame(rows))
 
 
+def test_compare_mutes_head_differences_under_the_floor_each_report_used(tmp_path):
+    """#34: a report's ties use its measured rounding floor (rounding_floor_<method>); compare mutes by the same
+    number, not the analytic noise_floor beside it (here 0.2 analytic, 0.09 measured in A, nothing in B)."""
+    from headscope.reports.compare_heads import noise_band
+
+    for side, extra in (("a", {"rounding_floor_zero": 0.09}), ("b", {})):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        s = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {**s, "noise_floor": 0.05, **extra})
+    band, rule = noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "zero", raw=True)
+    assert band == 0.09 and "grey where |B - A| < 0.09, the numerical noise floor" in rule  # max(0.09, B's 0.05)
+    io.write_json(tmp_path / "a" / "heads" / "summary.json", {**s, "noise_floor": 0.2, "rounding_floor_zero": 0.03})
+    assert noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "zero", raw=True)[0] == 0.05  # not A's analytic 0.2
+
+
 def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     from matplotlib.colors import to_hex
 

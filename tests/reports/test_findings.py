@@ -172,6 +172,22 @@ def test_degenerate_importance_and_ties_are_said_and_not_ranked():
     assert "18 of 32 heads (56%)" in text  # the ablation ordering is a measurement and stays
 
 
+def test_a_tie_says_which_rounding_floor_it_is_within():
+    """#34 (f5 ties): the floor is measured by null ablations where it can be, one analytic step elsewhere;
+    the finding says which, in the units of the tied method's importance."""
+    s = {**HEADS, "tied_top_heads_zero": ["L1H1", "L1H0"], "rounding_floor_zero": 0.09375,
+         "rounding_floor_source": {"zero": "measured", "gradient": "analytic"}, "rounding_null": {"n_runs": 8}}
+    text = finding("heads", s)
+    assert ("Within rounding here means closer than 0.094 by zero-ablation (measured: twice the largest change of the "
+            "metric in 8 null ablations, which replace a layer's heads with themselves, so only rounding moves "
+            "it).") in text
+    s.update(rounding_floor_source={"zero": "analytic"}, rounding_floor_zero=0.2032)
+    assert ("closer than 0.2 by zero-ablation (one rounding step of the metric at the model's dtype: no null "
+            "ablation measured it).") in finding("heads", s)
+    del s["tied_top_heads_zero"]
+    assert "Within rounding" not in finding("heads", s)  # no tie, nothing to explain
+
+
 def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
     """Review 8b (bf16 OLMo 2): C1, the 5th gradient head's partner is the 6th, outside the top 5 ("L1H0 tie"
     named one head); A2, the ablation order's first two heads tie within rounding and swap between dtypes."""
