@@ -13,6 +13,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.compare_headlines import n_words
+from headscope.reports.compare_prunable import verdict_words
 from headscope.reports.compare_run import (
     NO_INTERVAL,
     NOT_COMPARED,
@@ -30,6 +31,7 @@ from headscope.reports.compare_run import (
     task_identity,
     tasks_differ,
 )
+from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
 from headscope.reports.findings import and_join
 from headscope.reports.plots import color_scale, symmetric_bound
 from headscope.reports.render import escape
@@ -152,7 +154,8 @@ def all_within(diff: pd.DataFrame, band: Any) -> str:
 
 def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
     """The importance heat maps of A and B on one scale (and B - A, noise muted, when the model shapes and
-    quantities agree), the notes on the top heads and the muting rule, and the alt text; None without data."""
+    quantities agree), the notes on their correlation and the muting rule (the top heads: compare_top), and the
+    alt text; None without data."""
     found = [_importance_grid(a), _importance_grid(b)]
     if all(g is None for g in found):
         return None
@@ -189,25 +192,22 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
                     cbar_kws={"label": "importance (its own units)"}, xticklabels=True, yticklabels=True)
         ax.set(title=title, xlabel="head", ylabel="layer")
     fig.tight_layout()
-    refusals = [None if g is None else _refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
+    refusals = [None if g is None else refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
     if other_task and all(g is not None for g in grids):
-        notes.append(NOT_COMPARED + f"Head importance: not compared: {other_task}; no cell-by-cell difference, shared "
-                     "top heads or correlation.")
+        notes.append(NOT_COMPARED + f"Head importance: not compared: {other_task}; no cell-by-cell difference or "
+                     "correlation.")
     elif same and any(refusals):
         why = "; ".join(f"{side} {r}" for side, r in zip(SIDES, refusals) if r)
         notes.insert(0, NOT_COMPARED + f"Head importance ({whats[0]}): the top heads cannot be compared, because {why}, so "
                      f"{'neither report ranks' if all(refusals) else 'that report does not rank'} its heads; no shared "
                      "top heads or correlation is computed.")
-    elif same:
-        top = [set(map(tuple, g.stack().sort_values(ascending=False).index[:5])) for g in grids]
-        shared = sorted(top[0] & top[1])
+    elif same:  # the top heads of every method: top_heads_notes, with the ties each summary records
         r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
-        text = (f"Head importance ({whats[0]}): Pearson r = {r:.2f} between A and B; {len(shared)} of the top 5 heads "
-                "are shared" + (f" ({', '.join(f'L{l}H{h}' for l, h in shared)})." if shared else "."))
+        text = f"Head importance ({whats[0]}): Pearson r = {r:.2f} between A and B."
         sums = [a.summary("heads") or {}, b.summary("heads") or {}]
         if sums[0].get("n_examples") != sums[1].get("n_examples"):  # beside the difference: a setting, not the model
             text = text.removesuffix(".") + f" ({n_words(*sums)})."
-        notes.insert(0, text if r < 0.95 or len(shared) < 5 else SAME + text)
+        notes.insert(0, text if r < 0.95 else SAME + text)
     elif all(g is not None for g in grids) and whats[0] != whats[1]:
         notes.append(NOT_COMPARED + f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no "
                      "cell-by-cell difference.")
@@ -227,31 +227,15 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
 
 def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
     """Importance heat maps of A and B on one scale and B - A with the cells within noise muted
-    (importance_figure), as an inline PNG, with its notes."""
+    (importance_figure), as an inline PNG, with its notes and every method's top heads compared
+    (compare_top.top_heads_notes; the figure's method left out where its note already refuses it)."""
     drawn = importance_figure(a, b)
     if drawn is None:
-        return "", []
+        return "", top_heads_notes(a, b)
     fig, notes, alt = drawn
-    return _img(fig, alt), notes
-
-
-def _refuses_to_rank(run: Run, method: str) -> str | None:
-    """Why run's own heads finding does not rank its heads by `method` (reports/plots_heads.py's finding), or None:
-    the model at chance on the task, importance that is rounding (degenerate_<method>), or top heads
-    that tie within rounding (tied_top_heads_<method>)."""
-    s = run.summary("heads") or {}
-    chance = s.get("chance")
-    if isinstance(chance, Mapping) and chance.get("at_chance") is True:
-        return "is at chance on its task" if chance.get("below_chance") is not True else "is below chance on its task"
-    base = s.get("baseline_metric")
-    if "chance" not in s and s.get("metric") == "logit_diff" and isinstance(base, (int, float)) and abs(base) < 0.1:
-        return f"is at chance on its task (logit difference {base:.3g}, near 0)"
-    if s.get(f"degenerate_{method}"):
-        return f"has {method} importance that is rounding, not a measurement"
-    tied = s.get(f"tied_top_heads_{method}")
-    if isinstance(tied, list) and tied:
-        return f"has top heads that tie within rounding ({', '.join(map(str, tied))})"
-    return None
+    said = {g[2] for g in (_importance_grid(a), _importance_grid(b)) if g is not None} if any(
+        "the top heads cannot be compared" in n for n in notes) else set()  # the figure's note refused that method
+    return _img(fig, alt), notes + top_heads_notes(a, b, said=said)
 
 
 PRUNABLE = "max_fraction_prunable_"
@@ -448,7 +432,9 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
     Where the runs are of different models (models_differ), ran heads on different tasks (tasks_differ) or on
     different examples of one task (examples_differ), the fixed orderings' counts are not compared (NOT_COMPARED:
     re-ranking is outside the intervals), with each reason that holds; random orderings get each seed's count and
-    no verdict, and are not compared across tasks."""
+    no verdict, and are not compared across tasks. Where the findings' verdicts on a count differ (an interval
+    reaching 0 heads on one side only, or one count on its 1% line), that is said (compare_prunable.verdict_words),
+    and equal counts are then no agreement."""
     sums = [a.summary("heads") or {}, b.summary("heads") or {}]
     (lead_a, pa), (lead_b, pb) = lead_ordering(sums[0]), lead_ordering(sums[1])
     notes = []
@@ -484,17 +470,22 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
         text = (f"Prunable within 1% by {ordering.replace('_', ' ')}{which if lead else ''}: A {shown[0]}, B {shown[1]}"
                 + (f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""))
         intervals = [prunable_interval(s, ordering) for s in sums]
+        lines = [on_the_line(run, ordering, f) for run, f in zip((a, b), (fa, fb))]
+        fragile = (bool(lines[0]), bool(lines[1])) if fa == fb else (False, False)  # else said by the lines below
+        verdicts = "" if differ else verdict_words(a, b, ordering, (fa, fb), fragile)
         if differ:
             text = NOT_COMPARED + text + f": not compared: {differ}."
-        elif fa == fb:
-            text = SAME + text + "."
-        elif all(intervals):
-            text += noise_verdict(fa, fb, *intervals)
+        elif fa == fb:  # one count, but the findings' verdicts on it can differ (review 8b A4)
+            text = text + f": the same count, but {verdicts}." if verdicts else SAME + text + "."
         else:
-            text += NO_INTERVAL if not any(intervals) else (f" (no interval recorded for {'A' if intervals[0] is None else 'B'}"
-                                                            ": whether this is beyond noise is not known).")
-        edges = [f"{side}'s {edge}" for side, run, f in zip(SIDES, (a, b), (fa, fb))
-                 if (edge := on_the_line(run, ordering, f))]
+            if all(intervals):
+                text += noise_verdict(fa, fb, *intervals)
+            else:
+                side = "A" if intervals[0] is None else "B"
+                text += NO_INTERVAL if not any(intervals) else (f" (no interval recorded for {side}: whether this is "
+                                                                "beyond noise is not known).")
+            text += f" The {verdicts.removeprefix('the ')}." if verdicts else ""
+        edges = [f"{side}'s {edge}" for side, edge in zip(SIDES, lines) if edge]
         notes.append(text + ("" if not edges else " " + "; ".join(edges) + "."))
     return notes
 

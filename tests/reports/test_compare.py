@@ -59,8 +59,9 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
         assert line in settings, line
     assert "numpy" not in settings and "task:" not in settings and "position examples" not in settings  # equal ones
     assert "Head importance (gradient importance): Pearson r = -1.00 between A and B" in page  # B's raw importance is -A's
-    assert ("4 of the top 5 heads are shared (L0H1, L0H2, L1H0, L1H1) (n differs: 4 vs 16 examples, a setting, not the "
-            "model: other example sets, intervals of other widths).") in page  # A leaves out L0H0, B L1H2
+    assert ("Top heads by gradient: 4 of the top 5 are shared (L1H1, L1H0, L0H2, L0H1): A L1H2, L1H1, L1H0, L0H2, L0H1; "
+            "B L0H0, L0H1, L0H2, L1H0, L1H1 (n differs: 4 vs 16 examples, a setting, not the model: other example sets, "
+            "intervals of other widths).") in page  # A leaves out L0H0, B L1H2 (results.csv's top 5: no top_heads_ key)
     # the runs ranked heads on different examples: the counts are not compared (re-ranking is outside any interval)
     refused = page[page.index("id='not-compared'"):]
     assert ("Prunable within 1% by gradient (the ordering both heads findings lead with): A 50%, B 0% (n differs: 4 vs 16 "
@@ -177,7 +178,7 @@ def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_t
     assert ("Head importance (gradient importance): the top heads cannot be compared, because A is at chance on its "
             "task; B has gradient importance that is rounding, not a measurement, so neither report ranks its heads; "
             "no shared top heads or correlation is computed.") in page
-    assert "of the top 5 heads are shared" not in page and "Pearson r =" not in page
+    assert "Top heads by" not in page and "Pearson r =" not in page
     differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
     assert "cannot be compared" not in differences  # not a difference between the runs: said in its section
     not_compared = page[page.index("id='not-compared'"):page.index("id='findings'")]
@@ -194,6 +195,106 @@ def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_t
     table, notes = patching_section(a, b)
     assert notes == [f"Top resid_pre site differs: A resid_pre L0 pos 2 ('{XSS}'), B resid_pre L1 pos 2 ('{XSS}')."]
     assert "positions are not compared" not in table  # the same prompts: positions compared
+
+
+def _heads_summary(root, **keys) -> None:
+    s = io.read_json(root / "heads" / "summary.json")
+    io.write_json(root / "heads" / "summary.json", {**s, **keys})
+
+
+TOP = ["L1H2", "L1H1", "L1H0", "L0H2", "L0H1"]
+
+
+def test_compare_top_heads_of_every_method_with_ties_at_the_edge_and_inside_said_not_refused(tmp_path):
+    """Review 8b A4: B's 5th gradient head ties with its 6th (tied_top_next): the top 5 are still the same 5 in the
+    same order, and only B's 5th place is undecided; the zero-ablation top heads are compared too. A tie at the
+    edge explains a 5th head that differs; heads tied inside the top 5 are compared as a tied group, not as an
+    order; an order that differs outside any tie is a difference."""
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        _heads_summary(tmp_path / side, top_heads_gradient=TOP, top_heads_zero=["L0H0", "L1H2", "L0H1", "L1H1", "L0H2"])
+    _heads_summary(tmp_path / "b", tied_top_heads_gradient=["L0H1"], tied_top_next_gradient="L0H0")
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    notes = importance_section(a, b)[1]
+    top = [n for n in notes if "Top heads" in n or "cannot be compared" in n]
+    assert top == [
+        "(same) Top heads by gradient: the same 5 in the same order (L1H2, L1H1, L1H0, L0H2, L0H1). B's 5th, L0H1, ties "
+        "with its 6th, L0H0, within rounding, so B's 5th place is not decided.",
+        "(same) Top heads by zero-ablation: the same 5 in the same order (L0H0, L1H2, L0H1, L1H1, L0H2)."]
+    from headscope.reports.compare_top import top_heads_notes  # the notes alone, without the figure
+
+    # A lists L0H0 5th, B L0H1 (tied with its 6th, L0H0): the 5th place differs only by B's edge tie
+    _heads_summary(tmp_path / "a", top_heads_gradient=[*TOP[:4], "L0H0"])
+    notes = top_heads_notes(a, b)
+    assert notes[0] == (
+        "(same) Top heads by gradient: 4 of the top 5 are shared (L1H2, L1H1, L1H0, L0H2): A L1H2, L1H1, L1H0, L0H2, "
+        "L0H0; B L1H2, L1H1, L1H0, L0H2, L0H1; the others differ only where a tie at the edge leaves a place "
+        "undecided. B's 5th, L0H1, ties with its 6th, L0H0 (the other run's 5th), within rounding, so B's 5th place "
+        "is not decided.")
+    # B's 2nd and 3rd tie and come the other way round from A's: one tied group, the same top 5
+    _heads_summary(tmp_path / "a", top_heads_gradient=TOP)
+    _heads_summary(tmp_path / "b", top_heads_gradient=["L1H2", "L1H0", "L1H1", "L0H2", "L0H1"],
+                   tied_top_heads_gradient=["L1H0", "L1H1"], tied_top_next_gradient=None)
+    assert top_heads_notes(a, b)[0] == (
+        "(same) Top heads by gradient: the same 5, in the same order but for heads that tie within rounding, compared "
+        "as a tied group (A L1H2, L1H1, L1H0, L0H2, L0H1; B L1H2, L1H0, L1H1, L0H2, L0H1). B's 2nd and 3rd, L1H0 and "
+        "L1H1, tie within rounding, so their order is arbitrary.")
+    # no tie recorded: the swap is a difference (no prefix: the page lists it among the differences)
+    _heads_summary(tmp_path / "b", tied_top_heads_gradient=[])
+    assert top_heads_notes(a, b)[0] == ("Top heads by gradient: the same 5 in another order (A L1H2, L1H1, L1H0, L0H2, "
+                                        "L0H1; B L1H2, L1H0, L1H1, L0H2, L0H1).")
+    # a method whose importance is rounding in one run is not compared, the other methods are
+    _heads_summary(tmp_path / "b", degenerate_zero="every head's |zero importance| is below the floor", top_heads_zero=[])
+    assert top_heads_notes(a, b)[1] == (NOT_COMPARED + "Top heads by zero-ablation: not compared, because B has zero "
+                                        "importance that is rounding, not a measurement, so that report does not rank "
+                                        "its heads by it.")
+
+
+def _ablation_verdicts(root, interval, first, **keys) -> None:
+    """A heads folder whose ablation order (leading, 3 of 6 heads prunable, far from the 1% line) removes `first`
+    first, with prunable_ci_ablation's interval (in heads) and the same examples as its pair (_task)."""
+    _folder(root, "m", 1.0, 0, 0.0)
+    _task(root)
+    io.write_csv(root / "heads" / "curve.csv", pd.DataFrame({
+        "ordering": "ablation", "recompute": False, "seed": 0, "n_pruned": range(5), "fraction_pruned": [k / 6 for k in range(5)],
+        "metric": [10.0, 10.5, 10.3, 10.2, 8.0], "pruned": ["", *first, "L0H2", "L1H1"]}))
+    _heads_summary(root, n_heads=6, max_fraction_prunable_ablation=0.5, heads_prunable_ablation=3.0,
+                   prunable_ci_ablation={"heads": 3.0, "interval_heads": interval, "n_examples": 4, "level": 0.95}, **keys)
+
+
+def test_equal_prunable_counts_whose_verdicts_differ_are_a_difference_with_their_intervals_and_tie(tmp_path):
+    """Review 8b A2/A4: both runs remove 3 of 6 heads, but B's interval reaches 0 heads (its finding: no evidence
+    that any head is dispensable) and A's does not, because the first two heads of the ablation order tie and swap
+    between the runs: the page says the verdicts differ and why, and does not list the counts as agreeing. A count
+    on its 1% line in one run only is a differing verdict too."""
+    from headscope.reports.compare import pruning_notes
+
+    _ablation_verdicts(tmp_path / "a", [1, 5], ["L1H0", "L0H1"])
+    _ablation_verdicts(tmp_path / "b", [0, 5], ["L0H1", "L1H0"], tied_first_pruned_zero=[["L0H1", "L1H0"]],
+                       tied_first_pruned_at_zero=[1], tied_first_pruned_values_zero=[[-0.44, -0.45]])
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    said = ("Prunable within 1% by ablation (the ordering both heads findings lead with): A 50% (3 of 6 heads), B 50% "
+            "(3 of 6 heads): the same count, but the verdicts differ: B's 95% bootstrap interval (0-5 heads) reaches none, "
+            "so its finding sees no evidence that any head is dispensable, while A's (1-5 heads) does not: the first heads "
+            "removed swap between the runs (A L1H0, L0H1; B L0H1, L1H0), and B's summary records that L0H1 and L1H0 tie "
+            "within rounding at the start of its order; which goes first is not settled, and the interval's low end can "
+            "depend on it.")
+    assert pruning_notes(a, b) == [said]  # no (same) prefix: the page lists it among the differences
+    # the same intervals, but only A's count sits on its 1% line (its deciding point within its noise margin)
+    line = {"on_the_line": True, "past": False, "n_pruned": 3, "metric": 9.91, "line": 9.9, "distance_rel": 0.001,
+            "margin_rel": 0.02}
+    for side, on in (("a", True), ("b", False)):
+        _heads_summary(tmp_path / side, prunable_ci_ablation={"heads": 3.0, "interval_heads": [1, 5], "n_examples": 4,
+                                                              "line": {**line, "on_the_line": on}})
+    note = pruning_notes(a, b)[0]
+    assert note.startswith("Prunable within 1% by ablation (the ordering both heads findings lead with): A 50% (3 of 6 "
+                           "heads), B 50% (3 of 6 heads): the same count, but the verdicts differ: A's count sits on its "
+                           "1% line (fragile: another sample of examples could move it), B's does not. A's 50% sits on "
+                           "its 1% line: the point at 3 heads removed is 9.91")
+    # both on the line, both intervals clear of 0: one verdict, so the counts agree
+    _heads_summary(tmp_path / "b", prunable_ci_ablation={"heads": 3.0, "interval_heads": [1, 5], "n_examples": 4,
+                                                         "line": line})
+    assert pruning_notes(a, b)[0].startswith("(same) Prunable within 1% by ablation")
 
 
 def test_compare_says_not_compared_where_a_report_refuses_at_chance_and_patching_in_the_reports_unit(tmp_path):
@@ -804,9 +905,10 @@ def test_compare_sets_no_number_of_one_task_against_another_and_names_different_
     # heads on another task: no importance cell or count is set against the other's
     io.write_json(tmp_path / "b" / "heads" / "task.json", {"task": "colours", "n_examples": 16,
                                                            "source": "your task (colours.csv)"})
-    _, importance, _ = importance_figure(a, b)
+    _, importance = importance_section(a, b)
     assert importance == [NOT_COMPARED + "Head importance: not compared: A ran heads on the shipped sentences, B on "
-                          "colours.csv; no cell-by-cell difference, shared top heads or correlation."]
+                          "colours.csv; no cell-by-cell difference or correlation.",
+                          NOT_COMPARED + "Top heads: not compared: A ran heads on the shipped sentences, B on colours.csv."]
     notes = pruning_notes(a, b)
     assert notes[0].endswith("not compared: A ran heads on the shipped sentences, B on colours.csv; different models "
                              "(./trained vs minilm, 6 heads each), each ranking its own heads, and the intervals do not "

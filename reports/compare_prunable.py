@@ -1,0 +1,112 @@
+"""The prunable verdicts for `headscope compare` (compare_heads.pruning_notes): two runs can remove the same number of
+heads while their heads findings say different things of it, because the verdict rests on the count's bootstrap
+interval (one that reaches 0 heads is "no evidence that any head is dispensable": reports/heads_words.py) and on
+whether the count sits on its 1% line (fragile). Where the verdicts differ the page says so and why: both
+intervals, and where the fixed order's first heads are removed in another order by the two runs, which heads
+swap and the start-of-order ties each summary records (tied_first_pruned_<method>, close_first_pruned_<method>:
+analyses/heads/analysis.py `numerical_checks`; review 8b A2/A4: float32 and bfloat16 swapped two tied heads and
+one interval reached 0 while the other did not).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from headscope.reports.compare_run import SIDES, Run, _number
+from headscope.reports.findings import and_join
+
+ABLATION_METHODS = ("zero", "mean", "resample")  # the ablation order ranks by one of these (its summary keys' suffix)
+
+
+def interval_heads(s: Mapping[str, Any], ordering: str) -> tuple[float, float] | None:
+    """prunable_ci_<ordering>'s bootstrap interval in heads (None where not recorded)."""
+    ci = s.get(f"prunable_ci_{ordering}")
+    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
+    if isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(map(_number, bounds)):
+        return float(bounds[0]), float(bounds[1])
+    return None
+
+
+def _reaches_none(s: Mapping[str, Any], ordering: str, fraction: float) -> bool | None:
+    """Whether the heads finding calls `ordering`'s count no evidence that any head is dispensable: a count above 0
+    whose interval reaches 0 heads (heads_words `_prunable_words`); None without an interval."""
+    ci = interval_heads(s, ordering)
+    return None if ci is None else fraction > 0 and ci[0] <= 0
+
+
+def first_removed(run: Run, ordering: str) -> list[str] | None:
+    """The heads `ordering`'s fixed order removes, first first (heads/curve.csv's `pruned`, seed 0's curve); None
+    without that column, for random and recomputed orders (which re-rank after each step)."""
+    curve = run.table("heads", "curve")
+    if ordering.startswith("random") or ordering.endswith("_recompute") or curve is None or \
+            not {"ordering", "recompute", "n_pruned", "pruned"} <= set(curve.columns):
+        return None
+    rows = curve[(curve["ordering"] == ordering) & (curve["recompute"].astype(str) != "True")]
+    if "seed" in rows.columns and not rows.empty:
+        rows = rows[rows["seed"] == rows["seed"].min()]
+    out = []
+    for cell in rows.sort_values("n_pruned")["pruned"]:
+        out += str(cell).split() if isinstance(cell, str) else []
+    return out or None
+
+
+def _swap(orders: list[list[str]], upto: int) -> list[list[str]] | None:
+    """The first heads the two orders remove differently, up to where both have removed the same heads again (at
+    most `upto` heads): e.g. [[L2H0, L0H1], [L0H1, L2H0]]; None where they agree that far."""
+    n = min(upto, *map(len, orders))
+    start = next((i for i in range(n) if orders[0][i] != orders[1][i]), None)
+    if start is None:
+        return None
+    end = next((j for j in range(start + 1, n + 1) if set(orders[0][:j]) == set(orders[1][:j])), n)
+    return [o[:end] for o in orders]
+
+
+def _start_tie(s: Mapping[str, Any], ordering: str) -> str:
+    """What one summary records of ties at the start of `ordering`'s order, in words ("" where nothing)."""
+    if ordering.startswith("random") or ordering.endswith("_recompute"):
+        return ""
+    methods = ("gradient",) if ordering == "gradient" else ABLATION_METHODS
+    for m in methods:
+        groups, at = s.get(f"tied_first_pruned_{m}") or [], s.get(f"tied_first_pruned_at_{m}") or []
+        for g, where in zip(groups, at):
+            if where == 1 and isinstance(g, list) and len(g) > 1:
+                return f"{and_join([str(h) for h in g])} tie within rounding at the start of its order"
+        close = s.get(f"close_first_pruned_{m}")
+        heads = close.get("heads") if isinstance(close, Mapping) else None
+        if isinstance(heads, list) and len(heads) > 1:
+            return (f"{and_join([str(h) for h in heads])}, the first heads of its order, differ by less than their standard "
+                    "errors over examples")
+    return ""
+
+
+def verdict_words(a: Run, b: Run, ordering: str, fractions: tuple[float, float], fragile: tuple[bool, bool]) -> str:
+    """"" where the two heads findings give `ordering`'s count the same verdict, else how they differ: one interval
+    reaches 0 heads and the other does not (both intervals, then the first heads the runs remove in another order
+    and the start-of-order ties their summaries record), or one count sits on its 1% line and the other does not."""
+    sums = [a.summary("heads") or {}, b.summary("heads") or {}]
+    parts = []
+    reach = [_reaches_none(s, ordering, f) for s, f in zip(sums, fractions)]
+    if None not in reach and reach[0] != reach[1]:
+        yes, no = (0, 1) if reach[0] else (1, 0)
+        ci = [interval_heads(s, ordering) for s in sums]
+        part = (f"{SIDES[yes]}'s 95% bootstrap interval ({ci[yes][0]:g}-{ci[yes][1]:g} heads) reaches none, so its finding "
+                f"sees no evidence that any head is dispensable, while {SIDES[no]}'s ({ci[no][0]:g}-{ci[no][1]:g} heads) "
+                "does not")
+        orders = [first_removed(r, ordering) for r in (a, b)]
+        counts = [s.get(f"heads_prunable_{ordering}") for s in sums]
+        upto = int(max(c for c in counts if _number(c))) + 1 if any(_number(c) for c in counts) else 2
+        swapped = _swap(orders, upto) if all(orders) else None
+        if swapped:
+            part += (f": the first heads removed swap between the runs (A {', '.join(swapped[0])}; "
+                     f"B {', '.join(swapped[1])})")
+        ties = [f"{side}'s summary records that {t}" for side, s in zip(SIDES, sums) if (t := _start_tie(s, ordering))]
+        if ties:
+            part += (": " if not swapped else ", and ") + "; ".join(ties)
+        if swapped or ties:
+            part += "; which goes first is not settled, and the interval's low end can depend on it"
+        parts.append(part)
+    if fragile[0] != fragile[1]:
+        yes, no = (0, 1) if fragile[0] else (1, 0)
+        parts.append(f"{SIDES[yes]}'s count sits on its 1% line (fragile: another sample of examples could move it), "
+                     f"{SIDES[no]}'s does not")
+    return "" if not parts else "the verdicts differ: " + "; ".join(parts)

@@ -1,0 +1,194 @@
+"""Top heads for `headscope compare`: every importance method's top heads that both heads summaries list
+(`top_heads_<method>`), compared as a set and in order, with the ties each summary records
+(`tied_top_heads_<method>`, `tied_top_next_<method>`: analyses/heads/analysis.py `numerical_checks`) taken
+into account rather than refusing the comparison: a tie at the edge of the top k (the k-th head ties with the
+(k+1)-th) leaves only the k-th place undecided, and heads tied inside the top k are compared as a tied group,
+not as an order (review 8b A4). Only a report that does not rank its heads at all (at chance, or importance that
+is rounding) refuses the method.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from headscope.reports.compare_headlines import n_words
+from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, models_differ, tasks_differ
+from headscope.reports.findings import and_join, ordinal
+from headscope.reports.heads_words import FINDING_METHOD_WORDS
+
+TOP_K = 5  # older reports without top_heads_<method>: the top 5 of results.csv, as the heads analysis lists
+
+
+def refuses_to_rank(run: Run, method: str) -> str | None:
+    """Why run's own heads finding does not rank its heads by `method` (reports/heads_words.py), or None: the
+    model at chance on the task, or importance that is rounding (degenerate_<method>). Ties among the top heads
+    do not refuse: they are compared as ties (top_heads_notes)."""
+    s = run.summary("heads") or {}
+    chance = s.get("chance")
+    if isinstance(chance, Mapping) and chance.get("at_chance") is True:
+        return "is at chance on its task" if chance.get("below_chance") is not True else "is below chance on its task"
+    base = s.get("baseline_metric")
+    if "chance" not in s and s.get("metric") == "logit_diff" and isinstance(base, (int, float)) and abs(base) < 0.1:
+        return f"is at chance on its task (logit difference {base:.3g}, near 0)"
+    if s.get(f"degenerate_{method}"):
+        return f"has {method} importance that is rounding, not a measurement"
+    return None
+
+
+def top_lists(run: Run) -> dict[str, list[str]]:
+    """{method: its top heads, highest first}: the heads summary's top_heads_<method> (empty where its report does
+    not rank by that method); older summaries without any: the TOP_K highest of heads/results.csv per method."""
+    s = run.summary("heads") or {}
+    listed = {k.removeprefix("top_heads_"): [str(h) for h in v] for k, v in s.items()
+              if k.startswith("top_heads_") and isinstance(v, list)}
+    if listed:
+        return listed
+    df = run.table("heads", "results")
+    if df is None or not {"method", "layer", "head"} <= set(df.columns):
+        return {}
+    key = "rank" if "rank" in df.columns else "importance" if "importance" in df.columns else None
+    if key is None:
+        return {}
+    out = {}
+    for method, g in df.groupby("method", sort=False):
+        g = g.sort_values(key, ascending=key == "rank", kind="stable").head(TOP_K)
+        out[str(method)] = [str(n) for n in g["head_name"]] if "head_name" in g.columns else \
+            [f"L{int(l)}H{int(h)}" for l, h in zip(g["layer"], g["head"])]
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ties:
+    """The ties one summary records among its top k heads: `groups`, runs of positions (from 0) whose order is
+    arbitrary (tied_top_heads_<method> at neighbouring places merged: the summary names the tied heads, not their
+    partners, so the merge errs towards calling an order arbitrary); `edge`, the group that holds the k-th place
+    when it ties with the (k+1)-th, whose membership of the top k is then arbitrary, and that head's name (`next`,
+    tied_top_next_<method>; None where an older summary names no partner: a lone tied k-th head can only tie with
+    the next)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    edge: tuple[int, ...] | None
+    next: str | None
+
+
+def ties(s: Mapping[str, Any], method: str, top: list[str]) -> Ties:
+    tied = sorted(top.index(str(h)) for h in s.get(f"tied_top_heads_{method}") or [] if str(h) in top)
+    groups: list[list[int]] = []
+    for i in tied:
+        if groups and groups[-1][-1] == i - 1:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    nxt = s.get(f"tied_top_next_{method}")
+    last = groups[-1] if groups and groups[-1][-1] == len(top) - 1 else None
+    edge = tuple(last) if last is not None and (nxt or len(last) == 1) else None
+    return Ties(groups=tuple(tuple(g) for g in groups), edge=edge, next=str(nxt) if nxt else None)
+
+
+def _places(positions: tuple[int, ...]) -> str:
+    return and_join([ordinal(i + 1) for i in positions])
+
+
+def _tie_words(side: str, top: list[str], t: Ties, other: list[str]) -> list[str]:
+    """Each recorded tie of one side in words: the edge ("B's 5th, L1H0, ties with its 6th, L2H1, within rounding,
+    so B's 5th place is not decided") and the groups inside the top k ("A's 2nd and 3rd, L0H3 and L0H0, tie within
+    rounding, so their order is arbitrary")."""
+    out = []
+    for g in t.groups:
+        heads = and_join([top[i] for i in g])
+        if g == t.edge:
+            k1 = ordinal(len(top) + 1)
+            partner = (f"its {k1}, {t.next}" + (f" (the other run's {ordinal(other.index(t.next) + 1)})"
+                                                  if t.next in other else "")
+                       if t.next else f"its {k1} (not named in its summary)")
+            verb = "ties" if len(g) == 1 else "tie"
+            out.append(f"{side}'s {_places(g)}, {heads}, {verb} with {partner}, within rounding, so {side}'s "
+                       f"{_places(g)} place{'s are' if len(g) > 1 else ' is'} not decided")
+        elif len(g) > 1:
+            out.append(f"{side}'s {_places(g)}, {heads}, tie within rounding, so their order is arbitrary")
+        else:  # a lone tied head inside the top k: its partner is not recorded
+            out.append(f"{side}'s {_places(g)}, {heads}, ties within rounding with a neighbour, so its place is arbitrary")
+    return out
+
+
+def _inversions_tied(lists: list[list[str]], tie: list[Ties]) -> tuple[bool, bool]:
+    """(whether the heads both lists hold come in the same order, whether every pair they order differently lies
+    in one tied group of A or of B)."""
+    shared = [h for h in lists[0] if h in lists[1]]
+    pos = [{h: i for i, h in enumerate(lst)} for lst in lists]
+    group = [{top[i]: n for n, g in enumerate(t.groups) for i in g} for top, t in zip(lists, tie)]
+    swapped = [(x, y) for i, x in enumerate(shared) for y in shared[i + 1:] if pos[1][x] > pos[1][y]]
+    within = all(any(g.get(x) is not None and g.get(x) == g.get(y) for g in group) for x, y in swapped)
+    return not swapped, within
+
+
+def _edge_explains(lists: list[list[str]], tie: list[Ties]) -> bool:
+    """Whether every head only one list holds is one whose membership is arbitrary: in its own list's edge group,
+    or the (k+1)-th head the other list's edge ties with."""
+    for mine, theirs, t_mine, t_theirs in ((lists[0], lists[1], tie[0], tie[1]), (lists[1], lists[0], tie[1], tie[0])):
+        undecided = {mine[i] for i in t_mine.edge or ()}
+        for h in set(mine) - set(theirs):
+            if h not in undecided and h != t_theirs.next:
+                return False
+    return True
+
+
+def _top_note(method: str, lists: list[list[str]], sums: list[Mapping[str, Any]]) -> str:
+    tie = [ties(s, method, lst) for s, lst in zip(sums, lists)]
+    said = [w for side, lst, t, other in zip(SIDES, lists, tie, lists[::-1]) for w in _tie_words(side, lst, t, other)]
+    same_order, within = _inversions_tied(lists, tie)
+    k = len(lists[0]) if len(lists[0]) == len(lists[1]) else None
+    top = f"top {k}" if k else f"top {len(lists[0])} and {len(lists[1])}"
+    both = f"A {', '.join(lists[0])}; B {', '.join(lists[1])}"
+    if set(lists[0]) == set(lists[1]):
+        agree = same_order or within
+        what = (f"the same {k} in the same order ({', '.join(lists[0])})" if same_order else
+                f"the same {k}, in the same order but for heads that tie within rounding, compared as a tied group "
+                f"({both})" if within else f"the same {k} in another order ({both})")
+    else:
+        shared = [h for h in lists[0] if h in lists[1]]
+        agree = _edge_explains(lists, tie) and (same_order or within) and any(t.edge for t in tie)
+        what = (f"{len(shared)} of the {top} are shared" + (f" ({', '.join(shared)})" if shared else "") + f": {both}"
+                + ("; the others differ only where a tie at the edge leaves a place undecided" if agree else ""))
+    text = f"Top heads by {FINDING_METHOD_WORDS.get(method, method)}: {what}"
+    if sums[0].get("n_examples") != sums[1].get("n_examples"):
+        text += f" ({n_words(*sums)})"
+    text += "." + ("" if not said else " " + "; ".join(s[0].upper() + s[1:] if i == 0 else s
+                                                           for i, s in enumerate(said)) + ".")
+    return (SAME if agree else "") + text
+
+
+def top_heads_notes(a: Run, b: Run, *, said: set[str] = frozenset()) -> list[str]:
+    """One note per importance method either heads summary lists top heads for (the order the summaries list
+    them), `said` methods left out (their refusal is already on the page): not compared where the runs ran heads on
+    other tasks, are models of other sizes, a method only one run lists, or either report does not rank its heads
+    (refuses_to_rank); otherwise compared as a set and in order, with each recorded tie said (_top_note). Agreement,
+    up to ties, is SAME."""
+    lists = [top_lists(a), top_lists(b)]
+    methods = [m for m in dict.fromkeys([*lists[0], *lists[1]]) if m not in said]
+    if not methods:
+        return []
+    other_task = tasks_differ(a, b, "heads")
+    sums = [a.summary("heads") or {}, b.summary("heads") or {}]
+    if other_task:
+        return [NOT_COMPARED + f"Top heads: not compared: {other_task}."]
+    sizes = [s.get("n_heads") for s in sums]
+    if all(isinstance(n, int) for n in sizes) and sizes[0] != sizes[1]:
+        return [NOT_COMPARED + f"Top heads: not compared: {models_differ(a, b) or 'the models differ in size'}; "
+                "a head's name is a different head in each."]
+    notes = []
+    for method in methods:
+        words = FINDING_METHOD_WORDS.get(method, method)
+        if method not in lists[0] or method not in lists[1]:
+            side = SIDES[0] if method in lists[0] else SIDES[1]
+            notes.append(NOT_COMPARED + f"Top heads by {words}: only {side}'s heads analysis ran this method.")
+            continue
+        refusals = [refuses_to_rank(r, method) for r in (a, b)]
+        if any(refusals) or not (lists[0][method] and lists[1][method]):
+            why = "; ".join(f"{side} {r}" for side, r in zip(SIDES, refusals) if r) or "a report lists none"
+            notes.append(NOT_COMPARED + f"Top heads by {words}: not compared, because {why}, so "
+                         f"{'neither report ranks' if all(refusals) else 'that report does not rank'} its heads by it.")
+            continue
+        notes.append(_top_note(method, [lists[0][method], lists[1][method]], sums))
+    return notes
