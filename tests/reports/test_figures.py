@@ -495,9 +495,17 @@ def test_pruning_curve_shades_each_fixed_ordering_with_its_interval_over_example
         plt.close("all")
 
 
-def test_pruning_curve_shades_the_1_percent_band_so_the_floor_is_visible():
-    """#34 review 6: on a -7..15 axis the unpruned line (13.19) and the -1% floor (13.06) coincided; the band within
-    1% of unpruned is shaded (13.19 x 0.99 to 13.19 x 1.01) and the floor is drawn in its own colour and dash."""
+def _span_ys(patch) -> np.ndarray:
+    """The data y of an axhspan's corners."""
+    return patch.get_path().transformed(patch.get_patch_transform()).vertices[:, 1] \
+        if hasattr(patch, "get_patch_transform") else patch.get_xy()[:, 1]
+
+
+def test_pruning_curve_shades_only_the_region_below_the_1_percent_floor():
+    """#34 review 6: on a -7..15 axis the unpruned line (13.19) and the -1% floor (13.06) coincided, so the floor is
+    drawn in its own colour and dash. Review 8 B2: the rule is one-sided (a point counts when it is no more than 1%
+    below unpruned, however far above), so no strip above unpruned: only the region below the floor (13.19 - 0.1319)
+    is shaded, labelled as the one-sided rule, and the y limits still end at the data (-7..15), not the span's."""
     from matplotlib.colors import to_rgba
 
     from headscope.reports.plots_heads import plot_pruning_curve
@@ -506,19 +514,23 @@ def test_pruning_curve_shades_the_1_percent_band_so_the_floor_is_visible():
             for f, m in ((0.0, 13.19), (0.5, 15.0), (1.0, -7.0))]
     ax = plot_pruning_curve(pd.DataFrame(rows), metric="logit_diff", baseline=13.19, ax=plt.subplots()[1])
     try:
-        legend = dict(zip([t.get_text() for t in ax.get_legend().get_texts()], ax.get_legend().legend_handles))
-        band = [p for p in ax.patches if p.get_label() == "within 1% of unpruned"]
-        assert len(band) == 1 and "within 1% of unpruned" in legend
-        ys = band[0].get_path().transformed(band[0].get_patch_transform()).vertices[:, 1] \
-            if hasattr(band[0], "get_patch_transform") else band[0].get_xy()[:, 1]
-        assert np.isclose(ys.min(), 13.19 * 0.99) and np.isclose(ys.max(), 13.19 * 1.01)
-        assert band[0].get_facecolor()[3] > 0  # filled, not an outline
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        [band] = [p for p in ax.patches if "excluded" in str(p.get_label())]
+        ys = _span_ys(band)
+        floor = 13.19 - 0.1319
+        assert np.isclose(ys.max(), floor) and ys.min() < -7.0  # from the floor down, nothing above it
+        assert "one-sided" in band.get_label() and band.get_label() in legend
+        assert not any("within 1%" in t for t in legend)
+        assert band.get_facecolor()[3] > 0  # filled, not an outline
+        y0, y1 = ax.get_ylim()
+        assert -8.5 < y0 < -7.0 and 15.0 < y1 < 16.5  # the data's limits with matplotlib's margins
         lines = {l.get_label(): l for l in ax.get_lines()}
-        unpruned, floor = lines["unpruned"], lines["-1% floor"]
-        assert np.allclose(floor.get_ydata(), 13.19 - 0.1319) and np.allclose(unpruned.get_ydata(), 13.19)
-        assert to_rgba(floor.get_color()) != to_rgba(unpruned.get_color())
-        assert floor.get_linestyle() != unpruned.get_linestyle()
-        assert to_rgba(band[0].get_facecolor())[:3] not in (to_rgba(floor.get_color())[:3], to_rgba(unpruned.get_color())[:3])
+        unpruned, floor_line = lines["unpruned"], lines["-1% floor"]
+        assert np.allclose(floor_line.get_ydata(), floor) and np.allclose(unpruned.get_ydata(), 13.19)
+        assert to_rgba(floor_line.get_color()) != to_rgba(unpruned.get_color())
+        assert floor_line.get_linestyle() != unpruned.get_linestyle()
+        assert to_rgba(band.get_facecolor())[:3] not in (to_rgba(floor_line.get_color())[:3],
+                                                         to_rgba(unpruned.get_color())[:3])
     finally:
         plt.close("all")
 
@@ -546,8 +558,8 @@ def test_pruning_figure_zooms_on_the_1_percent_band_at_any_scale(baseline, low, 
         assert (baseline - floor) / (y1 - y0) >= 0.09  # a tenth of the panel's height, not a pixel
         labels = {t.get_text() for t in near.get_yticklabels()}
         assert f"1% below unpruned: {floor:.4g}" in labels and f"unpruned: {baseline:.4g}" in labels
-        [band] = [p for p in near.patches if p.get_label() == "within 1% of unpruned"]
-        assert band.get_facecolor()[3] > 0
+        [band] = [p for p in near.patches if "one-sided" in str(p.get_label())]  # below the floor only (review 8 B2)
+        assert band.get_facecolor()[3] > 0 and np.isclose(_span_ys(band).max(), floor) and _span_ys(band).min() < y0
         assert full.get_legend() is None and near.get_legend() is not None  # one legend, beside the zoom
     finally:
         plt.close("all")
