@@ -1670,6 +1670,45 @@ def test_tau_with_few_examples_draws_the_points_with_their_mean_and_t_interval()
         plt.close("all")
 
 
+def test_tau_intervals_are_clipped_to_the_range_of_a_tau_with_the_clipped_ends_marked():
+    """Review 8 B3: with n = 3 the t interval of a mean tau ran past +1, off the panel, while the finding clips it to
+    [-1, 1]. Here one group's scipy t interval reaches above 1 and another's below -1: each bar ends at +-1, an
+    arrowhead sits at each clipped end (up at +1, down at -1), the legend says so once, and so does the caption."""
+    from matplotlib.collections import PathCollection
+    from scipy import stats
+
+    from headscope.reports.plots_attribution import plot_tau
+
+    taus = {("rollout", "integrated_gradients"): [0.9, 0.5, 0.95], ("last_layer", "integrated_gradients"): [-0.9, -0.4, -0.95],
+            ("last_layer", "leave_one_out"): [0.1, 0.2, 0.0], ("rollout", "leave_one_out"): [0.2, 0.3, 0.1]}
+    refs = {k: stats.ttest_1samp(v, 0).confidence_interval(0.95) for k, v in taus.items()}
+    assert refs["rollout", "integrated_gradients"].high > 1 and refs["last_layer", "integrated_gradients"].low < -1
+    df = pd.DataFrame([{"example": e, "attention": a, "method": m, "tau": t}
+                       for (a, m), values in taus.items() for e, t in enumerate(values)])
+    ax = plot_tau(df, ax=plt.subplots()[1])
+    try:
+        bars = {}
+        for container in ax.containers:  # each group's mean and its bar's ends
+            segment = container.lines[2][0].get_segments()[0]
+            bars[round(float(container.lines[0].get_ydata()[0]), 6)] = (segment[0][1], segment[1][1])
+        for key, values in taus.items():
+            ref = refs[key]
+            assert bars[round(float(np.mean(values)), 6)] == pytest.approx((max(-1.0, ref.low), min(1.0, ref.high)))
+        x_of = {round(float(c.lines[0].get_ydata()[0]), 6): float(c.lines[0].get_xdata()[0]) for c in ax.containers}
+        heads = [c for c in ax.collections if isinstance(c, PathCollection) and len(c.get_offsets()) == 1]  # not the empty proxy
+        ends = sorted((float(c.get_offsets()[0, 1]), float(c.get_offsets()[0, 0])) for c in heads)
+        up, down = x_of[round(float(np.mean([0.9, 0.5, 0.95])), 6)], x_of[round(float(np.mean([-0.9, -0.4, -0.95])), 6)]
+        assert np.allclose(ends, [(-1.0, down), (1.0, up)])  # at the clipped ends of those two bars only
+        paths = {round(float(c.get_offsets()[0, 1])): c.get_paths()[0].vertices for c in heads}
+        assert paths[1][:, 1].argmax() != paths[-1][:, 1].argmax()  # pointing opposite ways: ^ at +1, v at -1
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert sum("clipped" in t for t in texts) == 1
+        assert -1.1 < ax.get_ylim()[0] and ax.get_ylim()[1] < 1.1  # every bar inside the panel
+        assert "clipped to [-1, 1]" in caption("tau")
+    finally:
+        plt.close("all")
+
+
 def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
     """#34 fifth review: input -> a0.kv edges were purple (a k edge and a v edge of opposite signs on one
     arc at alpha 0.7), nodes were a0.h3 / m0 while the report says L0H3 / mlp0, edges ran through labels."""
