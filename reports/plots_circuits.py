@@ -208,9 +208,14 @@ def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None 
     return ax
 
 
-def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
+PARALLEL = "parallel blocks: each MLP reads its block's input, not its heads' output"
+
+
+def _node_xy(name: str, n_heads: int, parallel: bool = False) -> tuple[float, float]:
     """Layout: x = layer (input at -1, logits after the last layer), heads stacked at y = head,
-    the MLP just right of its layer's heads at y = -1."""
+    the MLP at y = -1: just right of its layer's heads (x = layer + 0.5, after them: a sequential block
+    reads them), or beside them at x = layer on `parallel` blocks (GPT-NeoX, GPT-J, Phi), where the MLP
+    reads the block's input as the heads do (review 8 B2: drawn after them it suggested an order)."""
     base = name.split(".")[0]
     if base == "input":
         return -1.0, (n_heads - 1) / 2
@@ -218,7 +223,7 @@ def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
         return float("nan"), (n_heads - 1) / 2
     layer = int(base[1:])
     if base.startswith("m"):
-        return layer + 0.5, -1.0
+        return (float(layer) if parallel else layer + 0.5), -1.0
     head = name.split(".")[1]
     if head.startswith("kv"):  # a GQA key-value head: left of the layer's query heads, half a row lower
         return layer - 0.35, float(head[2:]) - 0.3
@@ -256,7 +261,8 @@ def _kind(receiver: str) -> str:
     return "logits" if receiver == "logits" else "mlp"
 
 
-def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | None = None, ax=None):
+def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | None = None, parallel: bool = False,
+                       ax=None):
     """`data`: the edges table. The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
     negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
     A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
@@ -265,7 +271,8 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
     and layer ticks; a key of three line widths in |score| units, the signs drawn and the line style of
     each receiver kind drawn (dotted q, dashed k, solid v / MLP / logits), only those; node labels over
     the edges on a white box. `quiet` (plots.quiet_reason):
-    grey edges and a title that says they rank noise, not the strongest writers."""
+    grey edges and a title that says they rank noise, not the strongest writers. `parallel` (the summary's
+    edges_parallel_blocks): each MLP beside its layer's heads (`_node_xy`) and the key's title says why (PARALLEL)."""
     ax, edges = axes(ax, (8, 5)), data
     top = edges.reindex(edges.score.abs().sort_values(ascending=False).index).head(n_edges)
     names = list(top.sender) + list(top.receiver)
@@ -275,7 +282,7 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
     x_logits = max(layers, default=0) + 1.5
 
     def xy(name: str) -> tuple[float, float]:
-        x, y = _node_xy(name, n_heads)
+        x, y = _node_xy(name, n_heads, parallel)
         return (x_logits if np.isnan(x) else x), y
 
     peak = float(top.score.abs().max()) if len(top) else 1.0
@@ -322,11 +329,14 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
                     for k in kinds if k in STYLES]
         if solid:
             handles.append(Line2D([], [], color="black", lw=1.2, ls="-", label="into " + " / ".join(solid)))
-        ax.legend(handles=handles, title="edges: width = |score|", loc="upper left", bbox_to_anchor=(1.01, 1),
-                  fontsize="small")
+        key = "edges: width = |score|" + ("\n" + PARALLEL.replace(": ", ":\n", 1) if parallel else "")
+        ax.legend(handles=handles, title=key, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small",
+                  title_fontsize="small")
     what = (f"Circuit: the {len(top)} largest |score| edges, noise not a circuit\n{quiet}" if quiet
             else f"Circuit: {len(top)} strongest edges")
-    ax.set(xlabel="layer (input left, logits right; MLPs at y = -1)", ylabel="head", title=what)
+    mlps = ("MLPs at y = -1, beside their layer's heads (parallel blocks)" if parallel
+            else "MLPs at y = -1, after their layer's heads")
+    ax.set(xlabel=f"layer (input left, logits right; {mlps})", ylabel="head", title=what)
     return ax
 
 
@@ -354,7 +364,8 @@ def figures(result, **kwargs) -> dict:
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
         "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"), unreported=off,
                                                       cpr_ci=s.get("mib_cpr_ci"), cmd_ci=s.get("mib_cmd_ci"))),
-        "circuits_graph": ("edges", lambda data: plot_circuit_graph(data, quiet=quiet)),
+        "circuits_graph": ("edges", lambda data: plot_circuit_graph(data, quiet=quiet,
+                                                                    parallel=bool(s.get("edges_parallel_blocks")))),
     }
     out = {}
     for stem, (table, draw) in draws.items():
@@ -398,7 +409,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                     "(higher is better); CMD is the area between f and 1 (lower is better); the legend gives each with its 95% "
                     "bootstrap interval over examples.",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
-                      "y = head (MLPs at -1, key-value heads KV just left of and below their layer's query heads); "
+                      "y = head (MLPs at -1: after their layer's heads, at x = layer + 0.5, on sequential blocks; beside "
+                      "them, at the heads' x, on parallel blocks (GPT-NeoX, GPT-J, Phi), where each MLP reads its block's "
+                      "input, not its heads' output, as the key then says; key-value heads KV just left of and below their "
+                      "layer's query heads); "
                       "nodes named as elsewhere in the report (L0H3, mlp0); width = |edge score| (estimated change "
                       "of the task metric), red positive, blue negative; "
                       "line style by what the edge feeds (dotted: a query, dashed: a key, solid: a value, an MLP or "

@@ -12,8 +12,9 @@
   and the exact faithfulness of top-k circuits against random ones (faithfulness.py): tables
   "edges" (the 200 strongest edges) and "faithfulness" (k, circuit, draw, metric, faithfulness),
   summary smallest_k_80, faithfulness_at_k, random_faithfulness_at_k, top_edges, MIB's CPR and CMD with
-  their bootstrap intervals over examples (mib_cpr_ci, mib_cmd_ci, mib_n_examples), and edges_n_examples (the
-  clean/corrupted pairs they ran on: a user's pair of two token lengths is left out, counted in
+  their bootstrap intervals over examples (mib_cpr_ci, mib_cmd_ci, mib_n_examples), edges_parallel_blocks (each MLP
+  reads its block's input: no same-layer head -> MLP edge; the graph figure draws it beside its heads), and
+  edges_n_examples (the clean/corrupted pairs they ran on: a user's pair of two token lengths is left out, counted in
   pairs_left_out with its file row numbers in pairs_left_out_rows).
 
 Default task: the zoo "ioi" task on zoo models, IOI over the tokenizer's single-token names

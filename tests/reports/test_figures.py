@@ -1730,6 +1730,33 @@ def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
         plt.close("all")
 
 
+def test_circuit_graph_draws_a_parallel_blocks_mlp_beside_its_heads_and_says_why():
+    """Review 8 B2: on a parallel model (GPT-NeoX: the summary's edges_parallel_blocks) the MLPs were drawn at
+    x = layer + 0.5, after their layer's heads, the picture of a sequential block. There each MLP sits at its heads'
+    x (mlp1 at 1, as L1H0) and the key says the blocks are parallel; a sequential model keeps layer + 0.5 and no
+    such words. The caption covers both."""
+    from headscope.reports.plots_circuits import figures as circuit_figures
+
+    edges = pd.DataFrame({"sender": ["input", "a0.h1", "input", "m0", "a1.h0"],
+                          "receiver": ["m0", "m1", "a1.h0.v", "logits", "logits"], "score": [0.5, 0.4, 0.3, 0.2, 0.1]})
+    said = "parallel blocks: each MLP reads its block's input, not its heads' output"
+    try:
+        where = {}
+        for parallel in (True, False):
+            fig = circuit_figures(_result("circuits", summary={"edges_parallel_blocks": parallel}, edges=edges))
+            ax = fig["circuits_graph"].axes[0]
+            where[parallel] = {t.get_text(): tuple(t.xy) for t in ax.texts if t.get_text()}
+            title = ax.get_legend().get_title().get_text().replace("\n", " ")
+            assert (said in title) is parallel and ("parallel" in ax.get_xlabel()) is parallel
+        assert where[True]["mlp1"] == (1.0, -1.0) and where[True]["mlp0"] == (0.0, -1.0)
+        assert where[True]["mlp1"][0] == where[True]["L1H0"][0] and where[True]["mlp0"][0] == where[True]["L0H1"][0]
+        assert where[False]["mlp1"] == (1.5, -1.0) and where[False]["mlp0"] == (0.5, -1.0)
+        assert where[True]["L1H0"] == where[False]["L1H0"] == (1.0, 0.0)  # the heads do not move
+        assert "parallel blocks" in caption("circuits_graph") and "not its heads' output" in caption("circuits_graph")
+    finally:
+        plt.close("all")
+
+
 def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_white():
     """#34 fifth review: "Largest sub-updates on the Task" named no task, and layer 2's viridis-yellow bars
     were hard to see on white."""
