@@ -107,6 +107,56 @@ def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
     return ax
 
 
+def plot_lens_logit_diff(data: pd.DataFrame, *, ax=None):
+    """`data`: the lens table. The lens's logit difference, answer minus wrong answer (logits), at each example's
+    answer position, one row per stream read (block input; the top row the model's output), the rows at the
+    heights of plot_lens's: each example a thin grey line (the spread), the mean over examples with its 95% t
+    interval (chance.mean_interval, as the summary's means), 0 (no preference) a line. The measure of the
+    finding where the answers are few fixed tokens (is/are): there the answer's log-probability is high before
+    any block, since a constant guess ranks such tokens near the top, while the difference starts near 0."""
+    ax = axes(ax, (4, 4))
+    at = data[data.is_answer.astype(bool)] if "is_answer" in data else data
+    wide = at.pivot_table(index="example", columns="layer", values="logit_diff", aggfunc="first")  # [example, layer]
+    layers = list(wide.columns)
+    y = np.arange(len(layers)) + 0.5  # [layer]: heatmap row centres, the embeddings at the bottom
+    for _, row in wide.iterrows():
+        ax.plot(row.to_numpy(dtype=float), y, color="0.7", lw=0.8, zorder=1)
+    values = wide.to_numpy(dtype=float)  # [example, layer]
+    mean = np.nanmean(values, axis=0)
+    ci = [chance.mean_interval(values[:, j]) for j in range(len(layers))]
+    err = np.array([[m - c[0], c[1] - m] if c else [0.0, 0.0] for m, c in zip(mean, ci)]).T  # [2, layer]
+    n = int(np.isfinite(values).all(axis=1).sum())
+    ax.errorbar(mean, y, xerr=err, fmt="o-", color="C3", ms=5, capsize=3, lw=1.5, zorder=3)
+    ax.axvline(0.0, color="black", lw=0.8, ls="--", zorder=2)
+    stages = at.drop_duplicates("layer").set_index("layer").stage if "stage" in at else None
+    ax.set_yticks(y, [str(stages.get(l, l)) if stages is not None else str(l) for l in layers])
+    ax.set_ylim(0, len(layers))
+    ax.set(xlabel="lens logit difference (logits)\nanswer - wrong answer; 0: no preference",
+           title=f"Answer minus wrong answer\n(red: mean, 95% t CI over n = {n};\ngrey: each example)")
+    return ax
+
+
+def lens_figure(data: pd.DataFrame, *, n_answers: int | None = None):
+    """Figure-level: the lens heatmap (plot_lens) and, where the task has a wrong answer per example (a finite
+    logit_diff at the answer positions), its logit difference beside it (plot_lens_logit_diff), the rows
+    aligned. `n_answers` (the summary's lens_n_answers): at FEW_ANSWERS or fewer the heatmap's title says
+    its answer column is a constant guess's and the difference is the measure (review 8 B1). Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports.circuits_words import FEW_ANSWERS
+
+    at = data[data.is_answer.astype(bool)] if "is_answer" in data else data.iloc[0:0]
+    if "logit_diff" not in at or not np.isfinite(at.logit_diff.to_numpy(dtype=float)).any():
+        return plot_lens(data).figure
+    fig, (heat, diff) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [2.2, 1]})
+    plot_lens(data, ax=heat)
+    plot_lens_logit_diff(data, ax=diff)
+    if n_answers is not None and n_answers <= FEW_ANSWERS:
+        heat.set_title(f"Logit lens\nonly {n_answers} distinct answers: a constant guess already ranks them high;\n"
+                       f"the logit difference (right) is the measure of the answer column")
+    return fig
+
+
 def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, ax=None):
     """`data`: the dla_mean table. Mean DLA of each head, layers (rows) x heads (columns) like every head grid, on a diverging
     scale centred at 0 (red: writes toward the answer); `quiet` (plots.quiet_reason) mutes it and says why."""
@@ -329,14 +379,13 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
                     for k in kinds if k in STYLES]
         if solid:
             handles.append(Line2D([], [], color="black", lw=1.2, ls="-", label="into " + " / ".join(solid)))
-        key = "edges: width = |score|" + ("\n" + PARALLEL.replace(": ", ":\n", 1) if parallel else "")
+        key = "edges: width = |score|" + ("\n" + PARALLEL.replace(": ", ":\n").replace(", ", ",\n") if parallel else "")
         ax.legend(handles=handles, title=key, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small",
                   title_fontsize="small")
     what = (f"Circuit: the {len(top)} largest |score| edges, noise not a circuit\n{quiet}" if quiet
             else f"Circuit: {len(top)} strongest edges")
-    mlps = ("MLPs at y = -1, beside their layer's heads (parallel blocks)" if parallel
-            else "MLPs at y = -1, after their layer's heads")
-    ax.set(xlabel=f"layer (input left, logits right; {mlps})", ylabel="head", title=what)
+    mlps = "\nparallel blocks: each MLP beside its layer's heads" if parallel else ""
+    ax.set(xlabel=f"layer (input left, logits right; MLPs at y = -1){mlps}", ylabel="head", title=what)
     return ax
 
 
@@ -358,7 +407,7 @@ def figures(result, **kwargs) -> dict:
     tables, s = result.tables, result.summary
     quiet, off = quiet_reason(s), unreported(s)
     draws = {
-        "circuits_lens": ("lens", plot_lens),
+        "circuits_lens": ("lens", lambda data: lens_figure(data, n_answers=s.get("lens_n_answers")).axes[0]),
         "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
         "circuits_dla_components": ("dla", plot_dla_components),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
@@ -378,7 +427,8 @@ def figures(result, **kwargs) -> dict:
 
 GUIDE = (  # how to read this section of the report
     "Where the answer is written. The logit lens reads each block's input through the model's own "
-    "final norm and unembedding: the answer's log-probability by layer and position, and the first "
+    "final norm and unembedding: the answer's log-probability by layer and position, the logit difference "
+    "answer minus wrong answer by layer (where the task has wrong answers), and the first "
     "layer where the answer is top-1. Direct logit attribution splits the final logit difference into "
     "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale, so the "
     "parts add up exactly (where the model soft-caps its final logits, as Gemma 2, to the logit difference "
@@ -391,7 +441,13 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "final_post the output (every row through the model's final logit soft-cap where it has one, "
                      "as Gemma 2, so final_post is the model's own output). Prompts of mixed lengths are aligned at "
                      "the answer position (columns count from the end); a column that only the longer prompts reach "
-                     "is muted and its tick gives the number of prompts n its mean is over.",
+                     "is muted and its tick gives the number of prompts n its mean is over. Right, where the task has a "
+                     "wrong answer per example: the lens's logit difference, answer minus wrong answer (logits), at the "
+                     "answer position, one row per stream read as on the left: each example grey, the mean red with its "
+                     "95% t interval over examples, 0 (dashed) no preference. Where the answers are a few fixed tokens "
+                     "(is/are) a constant guess ranks them near the top before any block, so the answer column is red "
+                     "from the embeddings on; the title then says so and the logit difference, which starts near 0, is "
+                     "the measure the finding reads.",
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
                           "answer-minus-wrong logit direction, with the final norm frozen; red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, attention and norm "

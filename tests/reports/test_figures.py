@@ -1730,6 +1730,56 @@ def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
         plt.close("all")
 
 
+def _lens_rows(diffs: dict[int, list[float]], wrong: bool = True) -> pd.DataFrame:
+    """A lens table by hand: per example, every layer at position 0 (the next token, no wrong answer there) and 1
+    (the answer, logit_diff = diffs[example][layer] when `wrong`, else NaN); log-probabilities near 0 at the answer."""
+    stages = ["0_pre", "1_pre", "final_post"]
+    return pd.DataFrame([{"example": e, "layer": l, "stage": stages[l], "position": p, "target": 7, "is_answer": p == 1,
+                          "logprob": -0.1 if p == 1 else -3.0, "rank": 0, "logit_diff": (d[l] if wrong else np.nan)
+                          if p == 1 else np.nan} for e, d in diffs.items() for l in range(3) for p in (0, 1)])
+
+
+def test_circuits_lens_draws_the_logit_difference_per_layer_beside_the_log_probability():
+    """Review 8 B1: on a task of two answers (is/are) the lens heatmap's answer column is red at the embeddings, a
+    constant guess's doing, while the finding reads the lens's logit difference. The figure now draws that
+    difference (answer - wrong answer, logits) per stream read beside the heatmap, rows aligned: each example a grey
+    line, the mean with its 95% t interval (scipy's), 0 marked; the heatmap's title says that with 2 answers the
+    difference is the measure. With 10 answers no such note; without a wrong answer, the heatmap alone."""
+    from matplotlib.container import ErrorbarContainer
+    from scipy import stats
+
+    from headscope.reports.plots_circuits import figures as circuit_figures
+
+    diffs = {0: [0.4, 5.0, 10.0], 1: [-0.6, 3.0, 11.0], 2: [0.2, 7.5, 10.5]}  # [example][layer]
+    try:
+        fig = circuit_figures(_result("circuits", summary={"lens_n_answers": 2}, lens=_lens_rows(diffs)))["circuits_lens"]
+        heat, diff, bar = fig.axes  # heatmap, logit difference, the heatmap's colour bar
+        assert "nats" in bar.get_ylabel() and "2 distinct answers" in heat.get_title()
+        assert "logit difference (right) is the measure" in heat.get_title()
+        [means] = [c for c in diff.containers if isinstance(c, ErrorbarContainer)]
+        x, y = means.lines[0].get_xdata(), means.lines[0].get_ydata()
+        by_layer = np.array(list(diffs.values())).T  # [layer, example]
+        assert np.allclose(x, by_layer.mean(axis=1)) and np.allclose(y, [0.5, 1.5, 2.5])  # the heatmap's row centres
+        ends = [seg[:, 0] for seg in means.lines[2][0].get_segments()]  # each row's interval, low to high
+        for layer, (lo, hi) in enumerate(ends):
+            ref = stats.ttest_1samp(by_layer[layer], 0).confidence_interval(0.95)
+            assert (lo, hi) == pytest.approx((ref.low, ref.high))
+        assert sorted(diff.get_ylim()) == sorted(heat.get_ylim()) == [0.0, 3.0]  # rows aligned with the heatmap's
+        assert [t.get_text() for t in diff.get_yticklabels()] == ["0_pre", "1_pre", "final_post"]
+        grey = sorted(tuple(l.get_xdata()) for l in diff.get_lines() if l.get_color() == "0.7")
+        assert grey == sorted(tuple(v) for v in diffs.values())  # each example's spread
+        assert any(np.allclose(l.get_xdata(), 0.0) for l in diff.get_lines() if l.get_linestyle() == "--")  # 0 marked
+        assert "logits" in diff.get_xlabel() and "answer - wrong answer" in diff.get_xlabel()
+        assert "n = 3" in diff.get_title()
+        many = circuit_figures(_result("circuits", summary={"lens_n_answers": 10}, lens=_lens_rows(diffs)))
+        assert len(many["circuits_lens"].axes) == 3 and "distinct answers" not in many["circuits_lens"].axes[0].get_title()
+        alone = circuit_figures(_result("circuits", summary={"lens_n_answers": 2}, lens=_lens_rows(diffs, wrong=False)))
+        assert len(alone["circuits_lens"].axes) == 2  # the heatmap and its colour bar: no difference to draw
+        assert "answer minus wrong answer (logits)" in caption("circuits_lens")
+    finally:
+        plt.close("all")
+
+
 def test_circuit_graph_draws_a_parallel_blocks_mlp_beside_its_heads_and_says_why():
     """Review 8 B2: on a parallel model (GPT-NeoX: the summary's edges_parallel_blocks) the MLPs were drawn at
     x = layer + 0.5, after their layer's heads, the picture of a sequential block. There each MLP sits at its heads'
