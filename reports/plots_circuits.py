@@ -9,6 +9,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -107,13 +108,16 @@ def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
     return ax
 
 
-def plot_lens_logit_diff(data: pd.DataFrame, *, ax=None):
+def plot_lens_logit_diff(data: pd.DataFrame, *, means: Mapping[str, Any] | None = None,
+                         intervals: Mapping[str, Any] | None = None, ax=None):
     """`data`: the lens table. The lens's logit difference, answer minus wrong answer (logits), at each example's
     answer position, one row per stream read (block input; the top row the model's output), the rows at the
     heights of plot_lens's: each example a thin grey line (the spread), the mean over examples with its 95% t
-    interval (chance.mean_interval, as the summary's means), 0 (no preference) a line. The measure of the
-    finding where the answers are few fixed tokens (is/are): there the answer's log-probability is high before
-    any block, since a constant guess ranks such tokens near the top, while the difference starts near 0."""
+    interval, 0 (no preference) a line. means, intervals: the summary's lens_mean_logit_diff_per_layer and
+    lens_logit_diff_ci_per_layer (by layer); without them (older summaries) chance.mean_interval of the table's.
+    The measure of the finding where the answers are few fixed tokens (is/are): there the answer's
+    log-probability is high before any block, since a constant guess ranks such tokens near the top, while the
+    difference starts near 0."""
     ax = axes(ax, (4, 4))
     at = data[data.is_answer.astype(bool)] if "is_answer" in data else data
     wide = at.pivot_table(index="example", columns="layer", values="logit_diff", aggfunc="first")  # [example, layer]
@@ -124,6 +128,9 @@ def plot_lens_logit_diff(data: pd.DataFrame, *, ax=None):
     values = wide.to_numpy(dtype=float)  # [example, layer]
     mean = np.nanmean(values, axis=0)
     ci = [chance.mean_interval(values[:, j]) for j in range(len(layers))]
+    if means and intervals:  # the analysis's own numbers, as the finding reads them
+        mean = np.array([m if means.get(str(l)) is None else float(means[str(l)]) for l, m in zip(layers, mean)])
+        ci = [intervals.get(str(l), c) for l, c in zip(layers, ci)]
     err = np.array([[m - c[0], c[1] - m] if c else [0.0, 0.0] for m, c in zip(mean, ci)]).T  # [2, layer]
     n = int(np.isfinite(values).all(axis=1).sum())
     ax.errorbar(mean, y, xerr=err, fmt="o-", color="C3", ms=5, capsize=3, lw=1.5, zorder=3)
@@ -136,11 +143,13 @@ def plot_lens_logit_diff(data: pd.DataFrame, *, ax=None):
     return ax
 
 
-def lens_figure(data: pd.DataFrame, *, n_answers: int | None = None):
+def lens_figure(data: pd.DataFrame, *, n_answers: int | None = None, means: Mapping[str, Any] | None = None,
+                intervals: Mapping[str, Any] | None = None):
     """Figure-level: the lens heatmap (plot_lens) and, where the task has a wrong answer per example (a finite
-    logit_diff at the answer positions), its logit difference beside it (plot_lens_logit_diff), the rows
-    aligned. `n_answers` (the summary's lens_n_answers): at FEW_ANSWERS or fewer the heatmap's title says
-    its answer column is a constant guess's and the difference is the measure (review 8 B1). Returns the Figure."""
+    logit_diff at the answer positions), its logit difference beside it (plot_lens_logit_diff, with the
+    summary's means and intervals), the rows aligned. `n_answers` (the summary's lens_n_answers): at
+    FEW_ANSWERS or fewer the heatmap's title says its answer column is a constant guess's and the difference
+    is the measure (review 8 B1). Returns the Figure."""
     import matplotlib.pyplot as plt
 
     from headscope.reports.circuits_words import FEW_ANSWERS
@@ -150,7 +159,7 @@ def lens_figure(data: pd.DataFrame, *, n_answers: int | None = None):
         return plot_lens(data).figure
     fig, (heat, diff) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [2.2, 1]})
     plot_lens(data, ax=heat)
-    plot_lens_logit_diff(data, ax=diff)
+    plot_lens_logit_diff(data, means=means, intervals=intervals, ax=diff)
     if n_answers is not None and n_answers <= FEW_ANSWERS:
         heat.set_title(f"Logit lens\nonly {n_answers} distinct answers: a constant guess already ranks them high;\n"
                        f"the logit difference (right) is the measure of the answer column")
@@ -407,7 +416,9 @@ def figures(result, **kwargs) -> dict:
     tables, s = result.tables, result.summary
     quiet, off = quiet_reason(s), unreported(s)
     draws = {
-        "circuits_lens": ("lens", lambda data: lens_figure(data, n_answers=s.get("lens_n_answers")).axes[0]),
+        "circuits_lens": ("lens", lambda data: lens_figure(
+            data, n_answers=s.get("lens_n_answers"), means=s.get("lens_mean_logit_diff_per_layer"),
+            intervals=s.get("lens_logit_diff_ci_per_layer")).axes[0]),
         "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
         "circuits_dla_components": ("dla", plot_dla_components),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),

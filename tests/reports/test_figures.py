@@ -1771,6 +1771,13 @@ def test_circuits_lens_draws_the_logit_difference_per_layer_beside_the_log_proba
         assert any(np.allclose(l.get_xdata(), 0.0) for l in diff.get_lines() if l.get_linestyle() == "--")  # 0 marked
         assert "logits" in diff.get_xlabel() and "answer - wrong answer" in diff.get_xlabel()
         assert "n = 3" in diff.get_title()
+        # the summary's means and intervals (the finding's numbers) are what the bars draw, where it records them
+        given = {"lens_n_answers": 2, "lens_mean_logit_diff_per_layer": {"0": 0.0, "1": 5.0, "2": 10.5},
+                 "lens_logit_diff_ci_per_layer": {"0": [-1.0, 1.0], "1": [4.0, 6.0], "2": [10.0, 11.0]}}
+        drawn = circuit_figures(_result("circuits", summary=given, lens=_lens_rows(diffs)))["circuits_lens"].axes[1]
+        [bars] = [c for c in drawn.containers if isinstance(c, ErrorbarContainer)]
+        assert np.allclose(bars.lines[0].get_xdata(), [0.0, 5.0, 10.5])
+        assert np.allclose([seg[:, 0] for seg in bars.lines[2][0].get_segments()], [[-1, 1], [4, 6], [10, 11]])
         many = circuit_figures(_result("circuits", summary={"lens_n_answers": 10}, lens=_lens_rows(diffs)))
         assert len(many["circuits_lens"].axes) == 3 and "distinct answers" not in many["circuits_lens"].axes[0].get_title()
         alone = circuit_figures(_result("circuits", summary={"lens_n_answers": 2}, lens=_lens_rows(diffs, wrong=False)))
