@@ -260,12 +260,21 @@ def _lens_logit_diff(s: Mapping[str, Any], layers: set) -> str:
     if few is None or few > FEW_ANSWERS or len(diffs) < 2:
         return ""
     last = max(diffs)
-    shown = [f"{diffs[l]:.3g} at " + ("the embeddings" if l == 0 else f"block {l}'s input")
+    cis = s.get("lens_logit_diff_ci_per_layer") or {}
+
+    def value(l: int) -> str:  # the mean, with its 95% t interval over examples where the summary records one
+        ci = cis.get(str(l))
+        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci)
+        return f"{diffs[l]:.3g}" + (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if ok else "")
+
+    shown = [value(l) + " at " + ("the embeddings" if l == 0 else f"block {l}'s input")
              for l in sorted(diffs) if l in layers and l != last]
     if not shown:
         return ""
+    n = _num(s.get("lens_logit_diff_n"))
+    over = f" (logits, mean over {n:.0f} examples)" if n and cis else ""
     return (f"The task has {few:.0f} distinct answers, so the lens's mean logit difference (answer minus wrong answer) "
-            f"is the measure to read: {', '.join(shown)}, of {diffs[last]:.3g} at the output.")
+            f"is the measure to read{over}: {', '.join(shown)}, of {value(last)} at the output.")
 
 
 def _top1_share(s: Mapping[str, Any], layer: int, per_layer: Mapping[str, Any]) -> str:

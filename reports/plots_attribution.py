@@ -31,6 +31,9 @@ NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_
 HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
 
 
+CLIPPED = "95% t CI clipped at ±1\n(arrowhead: it runs past)"
+
+
 def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "rollout"), ax=None):
     """Per-example Kendall tau (`data`: the Result's df) for each (attention kind, method) pair: box plots when
     every group has at least FEW examples; with fewer (quartiles and "outliers" of 4 points mean nothing) the
@@ -60,9 +63,12 @@ def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "r
 
 def _points_with_means(df: pd.DataFrame, ax) -> None:
     """Each group's taus as points (spread a little in x, in a fixed pattern) and its mean with the 95% t interval
-    beside them; methods along x in order of appearance, attention kinds side by side in colours C0, C1, ..."""
+    beside them, clipped to [-1, 1] (a tau's range; the finding's text clips it too) with an arrowhead at a clipped
+    end (review 8 B3: with n = 3 the bar ran off the panel); methods along x in order of appearance, attention
+    kinds side by side in colours C0, C1, ..."""
     methods, kinds = list(dict.fromkeys(df.method)), list(dict.fromkeys(df.attention))
     width = 0.8 / max(1, len(kinds))
+    clipped = False  # any clipped end: one legend entry for them, after the kinds
     for i, kind in enumerate(kinds):
         for j, method in enumerate(methods):
             tau = df[(df.attention == kind) & (df.method == method)].tau.to_numpy(dtype=float)  # [examples]
@@ -73,9 +79,20 @@ def _points_with_means(df: pd.DataFrame, ax) -> None:
             ax.scatter(centre - 0.1 * width + spread, tau, s=18, color=f"C{i}", alpha=0.6, edgecolor="none",
                        label=kind if j == 0 else None)
             interval = t_interval(float(tau.mean()), float(tau.std(ddof=1)) if tau.size > 1 else None, tau.size)
-            err = None if interval is None else [[tau.mean() - interval[0]], [interval[1] - tau.mean()]]
-            ax.errorbar([centre + 0.3 * width], [tau.mean()], yerr=err, fmt="D", color=f"C{i}", ms=6, capsize=4,
+            x = centre + 0.3 * width
+            err = None
+            if interval is not None:  # a tau lies in [-1, 1]: the bar is clipped there, as the finding's text does
+                lo, hi = max(-1.0, interval[0]), min(1.0, interval[1])
+                err = [[tau.mean() - lo], [hi - tau.mean()]]
+                for end, cut, marker in ((1.0, interval[1] > 1.0, "^"), (-1.0, interval[0] < -1.0, "v")):
+                    if cut:  # an arrowhead at the clipped end: the t interval runs past it
+                        ax.scatter([x], [end], marker=marker, s=40, color=f"C{i}", edgecolor="black", linewidth=0.6,
+                                   zorder=4)
+                        clipped = True
+            ax.errorbar([x], [tau.mean()], yerr=err, fmt="D", color=f"C{i}", ms=6, capsize=4,
                         lw=1.5, mec="black", mew=0.6)
+    if clipped:  # a grey proxy: the arrowheads carry their group's colour
+        ax.scatter([], [], marker="^", s=40, color="0.6", edgecolor="black", linewidth=0.6, label=CLIPPED)
     ax.set_xticks(range(len(methods)), methods)
 
 
@@ -231,7 +248,7 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement. "
            "Box plots from 10 examples per box; with fewer, each example's tau as a dot and the mean (diamond) with its "
-           "95% t interval.",
+           "95% t interval, clipped to [-1, 1] as in the finding (an arrowhead marks an end where the interval runs past).",
     "token_heatmap": "One example: each method's share of importance per token (rows sum to 1 over the tokens "
                      "shown). The first token (BOS / [CLS]) and the last (the one that predicts, or [SEP]) are not "
                      "shown: the analysis leaves them out of every ranking, since the integrated-gradients baseline "

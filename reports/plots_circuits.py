@@ -9,6 +9,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,64 @@ def plot_lens(data: pd.DataFrame, *, value: str = "logprob", ax=None):
         xlabel += f"\npale, with n: columns averaged over fewer than all {n} prompts"
     ax.set(xlabel=xlabel, ylabel="stream read (top = output)", title="Logit lens")
     return ax
+
+
+def plot_lens_logit_diff(data: pd.DataFrame, *, means: Mapping[str, Any] | None = None,
+                         intervals: Mapping[str, Any] | None = None, ax=None):
+    """`data`: the lens table. The lens's logit difference, answer minus wrong answer (logits), at each example's
+    answer position, one row per stream read (block input; the top row the model's output), the rows at the
+    heights of plot_lens's: each example a thin grey line (the spread), the mean over examples with its 95% t
+    interval, 0 (no preference) a line. means, intervals: the summary's lens_mean_logit_diff_per_layer and
+    lens_logit_diff_ci_per_layer (by layer); without them (older summaries) chance.mean_interval of the table's.
+    The measure of the finding where the answers are few fixed tokens (is/are): there the answer's
+    log-probability is high before any block, since a constant guess ranks such tokens near the top, while the
+    difference starts near 0."""
+    ax = axes(ax, (4, 4))
+    at = data[data.is_answer.astype(bool)] if "is_answer" in data else data
+    wide = at.pivot_table(index="example", columns="layer", values="logit_diff", aggfunc="first")  # [example, layer]
+    layers = list(wide.columns)
+    y = np.arange(len(layers)) + 0.5  # [layer]: heatmap row centres, the embeddings at the bottom
+    for _, row in wide.iterrows():
+        ax.plot(row.to_numpy(dtype=float), y, color="0.7", lw=0.8, zorder=1)
+    values = wide.to_numpy(dtype=float)  # [example, layer]
+    mean = np.nanmean(values, axis=0)
+    ci = [chance.mean_interval(values[:, j]) for j in range(len(layers))]
+    if means and intervals:  # the analysis's own numbers, as the finding reads them
+        mean = np.array([m if means.get(str(l)) is None else float(means[str(l)]) for l, m in zip(layers, mean)])
+        ci = [intervals.get(str(l), c) for l, c in zip(layers, ci)]
+    err = np.array([[m - c[0], c[1] - m] if c else [0.0, 0.0] for m, c in zip(mean, ci)]).T  # [2, layer]
+    n = int(np.isfinite(values).all(axis=1).sum())
+    ax.errorbar(mean, y, xerr=err, fmt="o-", color="C3", ms=5, capsize=3, lw=1.5, zorder=3)
+    ax.axvline(0.0, color="black", lw=0.8, ls="--", zorder=2)
+    stages = at.drop_duplicates("layer").set_index("layer").stage if "stage" in at else None
+    ax.set_yticks(y, [str(stages.get(l, l)) if stages is not None else str(l) for l in layers])
+    ax.set_ylim(0, len(layers))
+    ax.set(xlabel="lens logit difference (logits)\nanswer - wrong answer; 0: no preference",
+           title=f"Answer minus wrong answer\n(red: mean, 95% t CI over n = {n};\ngrey: each example)")
+    return ax
+
+
+def lens_figure(data: pd.DataFrame, *, n_answers: int | None = None, means: Mapping[str, Any] | None = None,
+                intervals: Mapping[str, Any] | None = None):
+    """Figure-level: the lens heatmap (plot_lens) and, where the task has a wrong answer per example (a finite
+    logit_diff at the answer positions), its logit difference beside it (plot_lens_logit_diff, with the
+    summary's means and intervals), the rows aligned. `n_answers` (the summary's lens_n_answers): at
+    FEW_ANSWERS or fewer the heatmap's title says its answer column is a constant guess's and the difference
+    is the measure (review 8 B1). Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports.circuits_words import FEW_ANSWERS
+
+    at = data[data.is_answer.astype(bool)] if "is_answer" in data else data.iloc[0:0]
+    if "logit_diff" not in at or not np.isfinite(at.logit_diff.to_numpy(dtype=float)).any():
+        return plot_lens(data).figure
+    fig, (heat, diff) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [2.2, 1]})
+    plot_lens(data, ax=heat)
+    plot_lens_logit_diff(data, means=means, intervals=intervals, ax=diff)
+    if n_answers is not None and n_answers <= FEW_ANSWERS:
+        heat.set_title(f"Logit lens\nonly {n_answers} distinct answers: a constant guess already ranks them high;\n"
+                       f"the logit difference (right) is the measure of the answer column")
+    return fig
 
 
 def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, ax=None):
@@ -208,9 +267,14 @@ def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None 
     return ax
 
 
-def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
+PARALLEL = "parallel blocks: each MLP reads its block's input, not its heads' output"
+
+
+def _node_xy(name: str, n_heads: int, parallel: bool = False) -> tuple[float, float]:
     """Layout: x = layer (input at -1, logits after the last layer), heads stacked at y = head,
-    the MLP just right of its layer's heads at y = -1."""
+    the MLP at y = -1: just right of its layer's heads (x = layer + 0.5, after them: a sequential block
+    reads them), or beside them at x = layer on `parallel` blocks (GPT-NeoX, GPT-J, Phi), where the MLP
+    reads the block's input as the heads do (review 8 B2: drawn after them it suggested an order)."""
     base = name.split(".")[0]
     if base == "input":
         return -1.0, (n_heads - 1) / 2
@@ -218,7 +282,7 @@ def _node_xy(name: str, n_heads: int) -> tuple[float, float]:
         return float("nan"), (n_heads - 1) / 2
     layer = int(base[1:])
     if base.startswith("m"):
-        return layer + 0.5, -1.0
+        return (float(layer) if parallel else layer + 0.5), -1.0
     head = name.split(".")[1]
     if head.startswith("kv"):  # a GQA key-value head: left of the layer's query heads, half a row lower
         return layer - 0.35, float(head[2:]) - 0.3
@@ -256,7 +320,8 @@ def _kind(receiver: str) -> str:
     return "logits" if receiver == "logits" else "mlp"
 
 
-def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | None = None, ax=None):
+def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | None = None, parallel: bool = False,
+                       ax=None):
     """`data`: the edges table. The strongest edges as lines from sender to receiver (width by |score|, red positive, blue
     negative); heads as points at (layer, head), MLPs as squares, the input and logits at the ends.
     A receiver is drawn at its component (a head's q/k/v input at the head; on GQA models a key or
@@ -265,7 +330,8 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
     and layer ticks; a key of three line widths in |score| units, the signs drawn and the line style of
     each receiver kind drawn (dotted q, dashed k, solid v / MLP / logits), only those; node labels over
     the edges on a white box. `quiet` (plots.quiet_reason):
-    grey edges and a title that says they rank noise, not the strongest writers."""
+    grey edges and a title that says they rank noise, not the strongest writers. `parallel` (the summary's
+    edges_parallel_blocks): each MLP beside its layer's heads (`_node_xy`) and the key's title says why (PARALLEL)."""
     ax, edges = axes(ax, (8, 5)), data
     top = edges.reindex(edges.score.abs().sort_values(ascending=False).index).head(n_edges)
     names = list(top.sender) + list(top.receiver)
@@ -275,7 +341,7 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
     x_logits = max(layers, default=0) + 1.5
 
     def xy(name: str) -> tuple[float, float]:
-        x, y = _node_xy(name, n_heads)
+        x, y = _node_xy(name, n_heads, parallel)
         return (x_logits if np.isnan(x) else x), y
 
     peak = float(top.score.abs().max()) if len(top) else 1.0
@@ -322,11 +388,13 @@ def plot_circuit_graph(data: pd.DataFrame, *, n_edges: int = 30, quiet: str | No
                     for k in kinds if k in STYLES]
         if solid:
             handles.append(Line2D([], [], color="black", lw=1.2, ls="-", label="into " + " / ".join(solid)))
-        ax.legend(handles=handles, title="edges: width = |score|", loc="upper left", bbox_to_anchor=(1.01, 1),
-                  fontsize="small")
+        key = "edges: width = |score|" + ("\n" + PARALLEL.replace(": ", ":\n").replace(", ", ",\n") if parallel else "")
+        ax.legend(handles=handles, title=key, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small",
+                  title_fontsize="small")
     what = (f"Circuit: the {len(top)} largest |score| edges, noise not a circuit\n{quiet}" if quiet
             else f"Circuit: {len(top)} strongest edges")
-    ax.set(xlabel="layer (input left, logits right; MLPs at y = -1)", ylabel="head", title=what)
+    mlps = "\nparallel blocks: each MLP beside its layer's heads" if parallel else ""
+    ax.set(xlabel=f"layer (input left, logits right; MLPs at y = -1){mlps}", ylabel="head", title=what)
     return ax
 
 
@@ -348,13 +416,16 @@ def figures(result, **kwargs) -> dict:
     tables, s = result.tables, result.summary
     quiet, off = quiet_reason(s), unreported(s)
     draws = {
-        "circuits_lens": ("lens", plot_lens),
+        "circuits_lens": ("lens", lambda data: lens_figure(
+            data, n_answers=s.get("lens_n_answers"), means=s.get("lens_mean_logit_diff_per_layer"),
+            intervals=s.get("lens_logit_diff_ci_per_layer")).axes[0]),
         "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
         "circuits_dla_components": ("dla", plot_dla_components),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
         "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"), unreported=off,
                                                       cpr_ci=s.get("mib_cpr_ci"), cmd_ci=s.get("mib_cmd_ci"))),
-        "circuits_graph": ("edges", lambda data: plot_circuit_graph(data, quiet=quiet)),
+        "circuits_graph": ("edges", lambda data: plot_circuit_graph(data, quiet=quiet,
+                                                                    parallel=bool(s.get("edges_parallel_blocks")))),
     }
     out = {}
     for stem, (table, draw) in draws.items():
@@ -367,7 +438,8 @@ def figures(result, **kwargs) -> dict:
 
 GUIDE = (  # how to read this section of the report
     "Where the answer is written. The logit lens reads each block's input through the model's own "
-    "final norm and unembedding: the answer's log-probability by layer and position, and the first "
+    "final norm and unembedding: the answer's log-probability by layer and position, the logit difference "
+    "answer minus wrong answer by layer (where the task has wrong answers), and the first "
     "layer where the answer is top-1. Direct logit attribution splits the final logit difference into "
     "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale (and on models "
     "with post-norm blocks, as OLMo 2 and Gemma 2/3, each write through its layer's own norm, frozen likewise), so the "
@@ -381,7 +453,13 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "final_post the output (every row through the model's final logit soft-cap where it has one, "
                      "as Gemma 2, so final_post is the model's own output). Prompts of mixed lengths are aligned at "
                      "the answer position (columns count from the end); a column that only the longer prompts reach "
-                     "is muted and its tick gives the number of prompts n its mean is over.",
+                     "is muted and its tick gives the number of prompts n its mean is over. Right, where the task has a "
+                     "wrong answer per example: the lens's logit difference, answer minus wrong answer (logits), at the "
+                     "answer position, one row per stream read as on the left: each example grey, the mean red with its "
+                     "95% t interval over examples, 0 (dashed) no preference. Where the answers are a few fixed tokens "
+                     "(is/are) a constant guess ranks them near the top before any block, so the answer column is red "
+                     "from the embeddings on; the title then says so and the logit difference, which starts near 0, is "
+                     "the measure the finding reads.",
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
                           "answer-minus-wrong logit direction, with the final norm frozen (on models with a norm after "
                           "attention, as OLMo 2 and Gemma 2/3, each head's write taken through its layer's "
@@ -401,7 +479,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                     "(higher is better); CMD is the area between f and 1 (lower is better); the legend gives each with its 95% "
                     "bootstrap interval over examples.",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
-                      "y = head (MLPs at -1, key-value heads KV just left of and below their layer's query heads); "
+                      "y = head (MLPs at -1: after their layer's heads, at x = layer + 0.5, on sequential blocks; beside "
+                      "them, at the heads' x, on parallel blocks (GPT-NeoX, GPT-J, Phi), where each MLP reads its block's "
+                      "input, not its heads' output, as the key then says; key-value heads KV just left of and below their "
+                      "layer's query heads); "
                       "nodes named as elsewhere in the report (L0H3, mlp0); width = |edge score| (estimated change "
                       "of the task metric), red positive, blue negative; "
                       "line style by what the edge feeds (dotted: a query, dashed: a key, solid: a value, an MLP or "

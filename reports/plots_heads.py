@@ -3,7 +3,7 @@ the L0 trade-off and head-role scores.
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over one of the Result's
 tidy tables, summary values by keyword; `importance_figure` (two panels) returns the Figure;
-`pruning_figure` (the whole curve and a zoom on the 1% band) returns the Figure;
+`pruning_figure` (the whole curve and a zoom on the 1% floor) returns the Figure;
 `figures(result)` gives every figure the Result has data for, by file stem.
 
 This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
@@ -139,10 +139,10 @@ ZOOM = 0.05  # the zoom panel spans the unpruned value +- this share of it: the 
 def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
                    basis: Mapping[str, str] | None = None) -> Any:
     """Figure-level: the whole pruning curve (plot_pruning_curve) and, beside it, the same curves zoomed on
-    the unpruned value +- ZOOM of it, where the band within 1% of unpruned and its floor, 1% below (the
-    threshold behind the finding's count), are a fifth and a tenth of the panel's height whatever the
+    the unpruned value +- ZOOM of it, where the unpruned line and its floor, 1% below (the one-sided
+    threshold behind the finding's count; below it shaded), are a tenth of the panel's height apart whatever the
     full curve's range (review 7 B2: on a -7..12.5 axis they were a pixel apart). Without a nonzero
-    baseline there is no band to zoom on: the full panel alone. Returns the Figure."""
+    baseline there is no floor to zoom on: the full panel alone. Returns the Figure."""
     zoom = baseline is not None and math.isfinite(float(baseline)) and float(baseline) != 0
     if not zoom:
         return plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=axes(None, (8, 4))).figure
@@ -156,21 +156,27 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
     near.set_yticks([b - half, floor, b, b + half], [f"-{100 * ZOOM:.0f}%: {b - half:.4g}", f"1% below unpruned: {floor:.4g}",
                                                      f"unpruned: {b:.4g}", f"+{100 * ZOOM:.0f}%: {b + half:.4g}"])
     near.set_ylim(b - half, b + half)  # after the ticks: set_yticks may widen the limits
-    near.set_title(f"zoom on the 1% band: unpruned ± {100 * ZOOM:.0f}%\n(points beyond it leave the panel)")
+    near.set_title(f"zoom on the 1% floor: unpruned ± {100 * ZOOM:.0f}%\n(points beyond it leave the panel)")
     near.set_ylabel("")
     return fig
 
 
+EXCLUDED = "excluded: more than 1% below unpruned\n(one-sided rule: at or above the floor counts)"
+
+
 def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, title: str) -> Any:
-    """Unpruned baseline (grey dashed), the band within 1% of it shaded and its -1% floor in black, so
-    the floor stays visible where it nearly coincides with the baseline on a wide axis (review 6);
-    labels, legend and title."""
+    """Unpruned baseline (grey dashed) and its -1% floor in black, the region below the floor shaded: the
+    rule behind the finding's count is one-sided (a point counts when it is no more than 1% below unpruned,
+    however far above; review 8 B2: a strip on both sides of unpruned read as two-sided), and the floor stays
+    visible where it nearly coincides with the baseline on a wide axis (review 6); labels, legend and title."""
     if baseline is not None:
-        tol = 0.01 * abs(baseline)
-        ax.axhspan(baseline - tol, baseline + tol, color="tab:olive", alpha=0.3, linewidth=0, zorder=0,
-                   label="within 1% of unpruned")
+        floor = baseline - 0.01 * abs(baseline)
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unpruned")
-        ax.axhline(baseline - tol, color="black", linestyle=":", linewidth=1.2, label="-1% floor")
+        ax.axhline(floor, color="black", linestyle=":", linewidth=1.2, label="-1% floor")
+        lo, hi = ax.get_ylim()  # the data's, both lines included
+        depth = 1e3 * max(hi - lo, abs(baseline), 1.0)  # down past any later zoom's bottom
+        ax.axhspan(floor - depth, floor, color="0.6", alpha=0.25, linewidth=0, zorder=0, label=EXCLUDED)
+        ax.set_ylim(lo, hi)  # the span reaches far below: the limits stay the data's
     ax.set_xlabel(xlabel)
     ax.set_ylabel(_metric_label(metric))
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -304,14 +310,15 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
                      "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
                      "unpruned model (paired over examples). "
-                     "Read where each falls below the dotted black 1% floor (the shaded strip: within 1% of unpruned, the grey "
-                     "dashed line); the random band spans the seeds. Left, the whole curve; right, the same curves zoomed "
-                     "on the unpruned value ± 5%, where the strip and its floor (1% below unpruned, the threshold behind "
-                     "the finding's count) stay visible however far the curve falls. The legend names "
+                     "Read where each falls below the dotted black floor, 1% below unpruned (the grey dashed line); the rule "
+                     "is one-sided: a point at or above the floor counts however far above unpruned, and the region below "
+                     "the floor is shaded grey. The random band spans the seeds. Left, the whole curve; right, the same "
+                     "curves zoomed on the unpruned value ± 5%, where the floor (the threshold behind the finding's count) "
+                     "stays visible however far the curve falls. The legend names "
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
-                     "finding's count is the heads removed before a curve first leaves the band (a curve may come back "
-                     "into it later), its interval a bootstrap over examples along the order drawn here.",
+                     "finding's count is the heads removed before a curve first falls below the floor (a curve may come back "
+                     "above it later), its interval a bootstrap over examples along the order drawn here.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job. "
                  "Error bars: the 95% t-interval of each change over the examples (n in the title), paired with each "

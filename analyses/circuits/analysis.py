@@ -12,8 +12,9 @@
   and the exact faithfulness of top-k circuits against random ones (faithfulness.py): tables
   "edges" (the 200 strongest edges) and "faithfulness" (k, circuit, draw, metric, faithfulness),
   summary smallest_k_80, faithfulness_at_k, random_faithfulness_at_k, top_edges, MIB's CPR and CMD with
-  their bootstrap intervals over examples (mib_cpr_ci, mib_cmd_ci, mib_n_examples), and edges_n_examples (the
-  clean/corrupted pairs they ran on: a user's pair of two token lengths is left out, counted in
+  their bootstrap intervals over examples (mib_cpr_ci, mib_cmd_ci, mib_n_examples), edges_parallel_blocks (each MLP
+  reads its block's input: no same-layer head -> MLP edge; the graph figure draws it beside its heads), and
+  edges_n_examples (the clean/corrupted pairs they ran on: a user's pair of two token lengths is left out, counted in
   pairs_left_out with its file row numbers in pairs_left_out_rows).
 
 Default task: the zoo "ioi" task on zoo models, IOI over the tokenizer's single-token names
@@ -24,7 +25,8 @@ example's rows equal those of the example run alone. Tables: "lens" (example, la
 position (0 = the prompt's first real token), target, is_answer, logprob, rank, logit_diff), "dla" (example,
 component, kind, layer, head, contribution) and "dla_mean" (component, kind, layer, head,
 contribution = mean over examples, std). Summary: per-layer mean
-answer rank, log-probability, top-1 fraction (and its count of examples) and logit difference at the answer position; the
+answer rank, log-probability, top-1 fraction (and its count of examples) and logit difference (with its 95% t interval
+over the lens_logit_diff_n examples that have a wrong answer) at the answer position; the
 first layer whose median answer rank is 0 (top-1 in at least half the examples); top components
 and heads; each top component's mean, sd, 95% t interval and n over examples (dla_top_intervals)
 and, for each pair of the three largest, the paired difference of their magnitudes with its
@@ -264,6 +266,10 @@ def lens_summary(lens: pd.DataFrame, output_error: float) -> dict:
         "lens_top1_count_per_layer": {str(l): int(v) for l, v in g["rank"].apply(lambda r: int((r == 0).sum())).items()},
         "lens_mean_logit_diff_per_layer": {str(l): (None if pd.isna(v) else float(v))
                                            for l, v in per_layer.mean_logit_diff.items()},
+        # its 95% t interval over the examples with a wrong answer (None under two), as the lens figure draws it
+        "lens_logit_diff_ci_per_layer": {str(l): chance.mean_interval(d.to_numpy(dtype=float))
+                                         for l, d in g.logit_diff},
+        "lens_logit_diff_n": int(at.drop_duplicates("example").logit_diff.notna().sum()),
         "first_top1_layer": int(top1[0]) if len(top1) else None,
         # the rate a constant guess of the commonest answer is top-1: the baseline a layer's top-1 count must beat
         "lens_constant_guess": float(counts.iloc[0] / len(answers)) if len(answers) else None,

@@ -243,6 +243,7 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
         "edge_method": info["method"], "ig_steps": info["ig_steps"],
         "edge_method_detail": E.method_label(info["method"], info["ig_steps"]),
         "n_edges": graph.n_edges,
+        "edges_parallel_blocks": graph.parallel,  # each MLP reads its block's input: no same-layer head -> MLP edge
         "edge_metric_clean": info["metric_clean"], "edge_metric_corrupt": info["metric_corrupt"],
         "smallest_k_80": smallest_k(sweep, target),
         "faithfulness_at_k": {str(k): float(v) for k, v in at_k.items()},

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scipy import stats
 
 import headscope as hs
 from headscope.analyses.circuits import analysis as circuits
@@ -123,6 +124,11 @@ def test_logit_lens_equals_transformer_lens(family, target, kind, tiny_models, b
     assert torch.allclose(torch.tensor(at.logprob.to_numpy()), lp, atol=1e-4)
     diff = lp - logits.log_softmax(-1).gather(1, task.wrong_answers[:, None])[:, 0]
     assert torch.allclose(torch.tensor(at.logit_diff.to_numpy()), diff, atol=1e-4)
+    # the output row's 95% t interval over examples (what the lens figure and the finding draw), scipy's
+    ref_ci = stats.ttest_1samp(diff.double().numpy(), 0).confidence_interval(0.95)
+    assert res.summary["lens_logit_diff_ci_per_layer"][str(n_stack - 1)] == pytest.approx([ref_ci.low, ref_ci.high],
+                                                                                          abs=1e-3)
+    assert res.summary["lens_logit_diff_n"] == batch
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

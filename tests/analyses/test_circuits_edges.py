@@ -53,6 +53,7 @@ def test_eap_equals_transformer_lens_edge_attribution(mha_models, family):
     assert ref.abs().max() > 1e-2
     torch.testing.assert_close(scores, ref, atol=1e-4, rtol=0)
     assert bool(((ref != 0) <= graph.reach).all())  # same graph: no TL edge outside ours
+    assert graph.parallel is (family == "neox")  # the summary's edges_parallel_blocks: NeoX's MLP reads the block input
 
 
 def hf_clean_eap(path, task: Task) -> dict[tuple[str, str], float]:
@@ -243,7 +244,7 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     config = CircuitsConfig(quick=True, edge_method="eap-ig", ig_steps=2, k_values=(0, 3, n_edges))  # given sizes stay
     result = run(tiny_models["gpt2"], task, config)
     assert (result.summary["edge_method"], result.summary["ig_steps"]) == ("eap-ig", 2)
-    assert result.summary["n_edges"] == n_edges
+    assert result.summary["n_edges"] == n_edges and result.summary["edges_parallel_blocks"] is False  # GPT-2: sequential
     sweep, top = result.tables["faithfulness"], result.tables["edges"]
     assert set(sweep.k) == {0, 3, n_edges} and (sweep.circuit == "random").sum() == 9
     full = sweep[sweep.k == n_edges].faithfulness  # every edge of the graph: the clean run

@@ -495,9 +495,17 @@ def test_pruning_curve_shades_each_fixed_ordering_with_its_interval_over_example
         plt.close("all")
 
 
-def test_pruning_curve_shades_the_1_percent_band_so_the_floor_is_visible():
-    """#34 review 6: on a -7..15 axis the unpruned line (13.19) and the -1% floor (13.06) coincided; the band within
-    1% of unpruned is shaded (13.19 x 0.99 to 13.19 x 1.01) and the floor is drawn in its own colour and dash."""
+def _span_ys(patch) -> np.ndarray:
+    """The data y of an axhspan's corners."""
+    return patch.get_path().transformed(patch.get_patch_transform()).vertices[:, 1] \
+        if hasattr(patch, "get_patch_transform") else patch.get_xy()[:, 1]
+
+
+def test_pruning_curve_shades_only_the_region_below_the_1_percent_floor():
+    """#34 review 6: on a -7..15 axis the unpruned line (13.19) and the -1% floor (13.06) coincided, so the floor is
+    drawn in its own colour and dash. Review 8 B2: the rule is one-sided (a point counts when it is no more than 1%
+    below unpruned, however far above), so no strip above unpruned: only the region below the floor (13.19 - 0.1319)
+    is shaded, labelled as the one-sided rule, and the y limits still end at the data (-7..15), not the span's."""
     from matplotlib.colors import to_rgba
 
     from headscope.reports.plots_heads import plot_pruning_curve
@@ -506,19 +514,23 @@ def test_pruning_curve_shades_the_1_percent_band_so_the_floor_is_visible():
             for f, m in ((0.0, 13.19), (0.5, 15.0), (1.0, -7.0))]
     ax = plot_pruning_curve(pd.DataFrame(rows), metric="logit_diff", baseline=13.19, ax=plt.subplots()[1])
     try:
-        legend = dict(zip([t.get_text() for t in ax.get_legend().get_texts()], ax.get_legend().legend_handles))
-        band = [p for p in ax.patches if p.get_label() == "within 1% of unpruned"]
-        assert len(band) == 1 and "within 1% of unpruned" in legend
-        ys = band[0].get_path().transformed(band[0].get_patch_transform()).vertices[:, 1] \
-            if hasattr(band[0], "get_patch_transform") else band[0].get_xy()[:, 1]
-        assert np.isclose(ys.min(), 13.19 * 0.99) and np.isclose(ys.max(), 13.19 * 1.01)
-        assert band[0].get_facecolor()[3] > 0  # filled, not an outline
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        [band] = [p for p in ax.patches if "excluded" in str(p.get_label())]
+        ys = _span_ys(band)
+        floor = 13.19 - 0.1319
+        assert np.isclose(ys.max(), floor) and ys.min() < -7.0  # from the floor down, nothing above it
+        assert "one-sided" in band.get_label() and band.get_label() in legend
+        assert not any("within 1%" in t for t in legend)
+        assert band.get_facecolor()[3] > 0  # filled, not an outline
+        y0, y1 = ax.get_ylim()
+        assert -8.5 < y0 < -7.0 and 15.0 < y1 < 16.5  # the data's limits with matplotlib's margins
         lines = {l.get_label(): l for l in ax.get_lines()}
-        unpruned, floor = lines["unpruned"], lines["-1% floor"]
-        assert np.allclose(floor.get_ydata(), 13.19 - 0.1319) and np.allclose(unpruned.get_ydata(), 13.19)
-        assert to_rgba(floor.get_color()) != to_rgba(unpruned.get_color())
-        assert floor.get_linestyle() != unpruned.get_linestyle()
-        assert to_rgba(band[0].get_facecolor())[:3] not in (to_rgba(floor.get_color())[:3], to_rgba(unpruned.get_color())[:3])
+        unpruned, floor_line = lines["unpruned"], lines["-1% floor"]
+        assert np.allclose(floor_line.get_ydata(), floor) and np.allclose(unpruned.get_ydata(), 13.19)
+        assert to_rgba(floor_line.get_color()) != to_rgba(unpruned.get_color())
+        assert floor_line.get_linestyle() != unpruned.get_linestyle()
+        assert to_rgba(band.get_facecolor())[:3] not in (to_rgba(floor_line.get_color())[:3],
+                                                         to_rgba(unpruned.get_color())[:3])
     finally:
         plt.close("all")
 
@@ -546,8 +558,8 @@ def test_pruning_figure_zooms_on_the_1_percent_band_at_any_scale(baseline, low, 
         assert (baseline - floor) / (y1 - y0) >= 0.09  # a tenth of the panel's height, not a pixel
         labels = {t.get_text() for t in near.get_yticklabels()}
         assert f"1% below unpruned: {floor:.4g}" in labels and f"unpruned: {baseline:.4g}" in labels
-        [band] = [p for p in near.patches if p.get_label() == "within 1% of unpruned"]
-        assert band.get_facecolor()[3] > 0
+        [band] = [p for p in near.patches if "one-sided" in str(p.get_label())]  # below the floor only (review 8 B2)
+        assert band.get_facecolor()[3] > 0 and np.isclose(_span_ys(band).max(), floor) and _span_ys(band).min() < y0
         assert full.get_legend() is None and near.get_legend() is not None  # one legend, beside the zoom
     finally:
         plt.close("all")
@@ -1658,6 +1670,45 @@ def test_tau_with_few_examples_draws_the_points_with_their_mean_and_t_interval()
         plt.close("all")
 
 
+def test_tau_intervals_are_clipped_to_the_range_of_a_tau_with_the_clipped_ends_marked():
+    """Review 8 B3: with n = 3 the t interval of a mean tau ran past +1, off the panel, while the finding clips it to
+    [-1, 1]. Here one group's scipy t interval reaches above 1 and another's below -1: each bar ends at +-1, an
+    arrowhead sits at each clipped end (up at +1, down at -1), the legend says so once, and so does the caption."""
+    from matplotlib.collections import PathCollection
+    from scipy import stats
+
+    from headscope.reports.plots_attribution import plot_tau
+
+    taus = {("rollout", "integrated_gradients"): [0.9, 0.5, 0.95], ("last_layer", "integrated_gradients"): [-0.9, -0.4, -0.95],
+            ("last_layer", "leave_one_out"): [0.1, 0.2, 0.0], ("rollout", "leave_one_out"): [0.2, 0.3, 0.1]}
+    refs = {k: stats.ttest_1samp(v, 0).confidence_interval(0.95) for k, v in taus.items()}
+    assert refs["rollout", "integrated_gradients"].high > 1 and refs["last_layer", "integrated_gradients"].low < -1
+    df = pd.DataFrame([{"example": e, "attention": a, "method": m, "tau": t}
+                       for (a, m), values in taus.items() for e, t in enumerate(values)])
+    ax = plot_tau(df, ax=plt.subplots()[1])
+    try:
+        bars = {}
+        for container in ax.containers:  # each group's mean and its bar's ends
+            segment = container.lines[2][0].get_segments()[0]
+            bars[round(float(container.lines[0].get_ydata()[0]), 6)] = (segment[0][1], segment[1][1])
+        for key, values in taus.items():
+            ref = refs[key]
+            assert bars[round(float(np.mean(values)), 6)] == pytest.approx((max(-1.0, ref.low), min(1.0, ref.high)))
+        x_of = {round(float(c.lines[0].get_ydata()[0]), 6): float(c.lines[0].get_xdata()[0]) for c in ax.containers}
+        heads = [c for c in ax.collections if isinstance(c, PathCollection) and len(c.get_offsets()) == 1]  # not the empty proxy
+        ends = sorted((float(c.get_offsets()[0, 1]), float(c.get_offsets()[0, 0])) for c in heads)
+        up, down = x_of[round(float(np.mean([0.9, 0.5, 0.95])), 6)], x_of[round(float(np.mean([-0.9, -0.4, -0.95])), 6)]
+        assert np.allclose(ends, [(-1.0, down), (1.0, up)])  # at the clipped ends of those two bars only
+        paths = {round(float(c.get_offsets()[0, 1])): c.get_paths()[0].vertices for c in heads}
+        assert paths[1][:, 1].argmax() != paths[-1][:, 1].argmax()  # pointing opposite ways: ^ at +1, v at -1
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert sum("clipped" in t for t in texts) == 1
+        assert -1.1 < ax.get_ylim()[0] and ax.get_ylim()[1] < 1.1  # every bar inside the panel
+        assert "clipped to [-1, 1]" in caption("tau")
+    finally:
+        plt.close("all")
+
+
 def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
     """#34 fifth review: input -> a0.kv edges were purple (a k edge and a v edge of opposite signs on one
     arc at alpha 0.7), nodes were a0.h3 / m0 while the report says L0H3 / mlp0, edges ran through labels."""
@@ -1675,6 +1726,90 @@ def test_circuit_graph_uses_the_reports_names_and_only_the_keys_two_colours():
         texts = {t.get_text() for t in ax.texts if t.get_text()}
         assert texts == {"input", "L0H1", "L1KV0", "L1H1", "mlp0", "mlp1", "logits"}, texts
         assert all(t.get_bbox_patch().get_alpha() in (None, 1.0) for t in ax.texts if t.get_text())  # opaque boxes
+    finally:
+        plt.close("all")
+
+
+def _lens_rows(diffs: dict[int, list[float]], wrong: bool = True) -> pd.DataFrame:
+    """A lens table by hand: per example, every layer at position 0 (the next token, no wrong answer there) and 1
+    (the answer, logit_diff = diffs[example][layer] when `wrong`, else NaN); log-probabilities near 0 at the answer."""
+    stages = ["0_pre", "1_pre", "final_post"]
+    return pd.DataFrame([{"example": e, "layer": l, "stage": stages[l], "position": p, "target": 7, "is_answer": p == 1,
+                          "logprob": -0.1 if p == 1 else -3.0, "rank": 0, "logit_diff": (d[l] if wrong else np.nan)
+                          if p == 1 else np.nan} for e, d in diffs.items() for l in range(3) for p in (0, 1)])
+
+
+def test_circuits_lens_draws_the_logit_difference_per_layer_beside_the_log_probability():
+    """Review 8 B1: on a task of two answers (is/are) the lens heatmap's answer column is red at the embeddings, a
+    constant guess's doing, while the finding reads the lens's logit difference. The figure now draws that
+    difference (answer - wrong answer, logits) per stream read beside the heatmap, rows aligned: each example a grey
+    line, the mean with its 95% t interval (scipy's), 0 marked; the heatmap's title says that with 2 answers the
+    difference is the measure. With 10 answers no such note; without a wrong answer, the heatmap alone."""
+    from matplotlib.container import ErrorbarContainer
+    from scipy import stats
+
+    from headscope.reports.plots_circuits import figures as circuit_figures
+
+    diffs = {0: [0.4, 5.0, 10.0], 1: [-0.6, 3.0, 11.0], 2: [0.2, 7.5, 10.5]}  # [example][layer]
+    try:
+        fig = circuit_figures(_result("circuits", summary={"lens_n_answers": 2}, lens=_lens_rows(diffs)))["circuits_lens"]
+        heat, diff, bar = fig.axes  # heatmap, logit difference, the heatmap's colour bar
+        assert "nats" in bar.get_ylabel() and "2 distinct answers" in heat.get_title()
+        assert "logit difference (right) is the measure" in heat.get_title()
+        [means] = [c for c in diff.containers if isinstance(c, ErrorbarContainer)]
+        x, y = means.lines[0].get_xdata(), means.lines[0].get_ydata()
+        by_layer = np.array(list(diffs.values())).T  # [layer, example]
+        assert np.allclose(x, by_layer.mean(axis=1)) and np.allclose(y, [0.5, 1.5, 2.5])  # the heatmap's row centres
+        ends = [seg[:, 0] for seg in means.lines[2][0].get_segments()]  # each row's interval, low to high
+        for layer, (lo, hi) in enumerate(ends):
+            ref = stats.ttest_1samp(by_layer[layer], 0).confidence_interval(0.95)
+            assert (lo, hi) == pytest.approx((ref.low, ref.high))
+        assert sorted(diff.get_ylim()) == sorted(heat.get_ylim()) == [0.0, 3.0]  # rows aligned with the heatmap's
+        assert [t.get_text() for t in diff.get_yticklabels()] == ["0_pre", "1_pre", "final_post"]
+        grey = sorted(tuple(l.get_xdata()) for l in diff.get_lines() if l.get_color() == "0.7")
+        assert grey == sorted(tuple(v) for v in diffs.values())  # each example's spread
+        assert any(np.allclose(l.get_xdata(), 0.0) for l in diff.get_lines() if l.get_linestyle() == "--")  # 0 marked
+        assert "logits" in diff.get_xlabel() and "answer - wrong answer" in diff.get_xlabel()
+        assert "n = 3" in diff.get_title()
+        # the summary's means and intervals (the finding's numbers) are what the bars draw, where it records them
+        given = {"lens_n_answers": 2, "lens_mean_logit_diff_per_layer": {"0": 0.0, "1": 5.0, "2": 10.5},
+                 "lens_logit_diff_ci_per_layer": {"0": [-1.0, 1.0], "1": [4.0, 6.0], "2": [10.0, 11.0]}}
+        drawn = circuit_figures(_result("circuits", summary=given, lens=_lens_rows(diffs)))["circuits_lens"].axes[1]
+        [bars] = [c for c in drawn.containers if isinstance(c, ErrorbarContainer)]
+        assert np.allclose(bars.lines[0].get_xdata(), [0.0, 5.0, 10.5])
+        assert np.allclose([seg[:, 0] for seg in bars.lines[2][0].get_segments()], [[-1, 1], [4, 6], [10, 11]])
+        many = circuit_figures(_result("circuits", summary={"lens_n_answers": 10}, lens=_lens_rows(diffs)))
+        assert len(many["circuits_lens"].axes) == 3 and "distinct answers" not in many["circuits_lens"].axes[0].get_title()
+        alone = circuit_figures(_result("circuits", summary={"lens_n_answers": 2}, lens=_lens_rows(diffs, wrong=False)))
+        assert len(alone["circuits_lens"].axes) == 2  # the heatmap and its colour bar: no difference to draw
+        assert "answer minus wrong answer (logits)" in caption("circuits_lens")
+    finally:
+        plt.close("all")
+
+
+def test_circuit_graph_draws_a_parallel_blocks_mlp_beside_its_heads_and_says_why():
+    """Review 8 B2: on a parallel model (GPT-NeoX: the summary's edges_parallel_blocks) the MLPs were drawn at
+    x = layer + 0.5, after their layer's heads, the picture of a sequential block. There each MLP sits at its heads'
+    x (mlp1 at 1, as L1H0) and the key says the blocks are parallel; a sequential model keeps layer + 0.5 and no
+    such words. The caption covers both."""
+    from headscope.reports.plots_circuits import figures as circuit_figures
+
+    edges = pd.DataFrame({"sender": ["input", "a0.h1", "input", "m0", "a1.h0"],
+                          "receiver": ["m0", "m1", "a1.h0.v", "logits", "logits"], "score": [0.5, 0.4, 0.3, 0.2, 0.1]})
+    said = "parallel blocks: each MLP reads its block's input, not its heads' output"
+    try:
+        where = {}
+        for parallel in (True, False):
+            fig = circuit_figures(_result("circuits", summary={"edges_parallel_blocks": parallel}, edges=edges))
+            ax = fig["circuits_graph"].axes[0]
+            where[parallel] = {t.get_text(): tuple(t.xy) for t in ax.texts if t.get_text()}
+            title = ax.get_legend().get_title().get_text().replace("\n", " ")
+            assert (said in title) is parallel and ("parallel" in ax.get_xlabel()) is parallel
+        assert where[True]["mlp1"] == (1.0, -1.0) and where[True]["mlp0"] == (0.0, -1.0)
+        assert where[True]["mlp1"][0] == where[True]["L1H0"][0] and where[True]["mlp0"][0] == where[True]["L0H1"][0]
+        assert where[False]["mlp1"] == (1.5, -1.0) and where[False]["mlp0"] == (0.5, -1.0)
+        assert where[True]["L1H0"] == where[False]["L1H0"] == (1.0, 0.0)  # the heads do not move
+        assert "parallel blocks" in caption("circuits_graph") and "not its heads' output" in caption("circuits_graph")
     finally:
         plt.close("all")
 

@@ -348,6 +348,12 @@ def test_circuits_lens_top1_is_held_against_a_constant_guess():
                 "CI 31%-86%) does not clear that guess.") in text
         assert ("mean logit difference (answer minus wrong answer) is the measure to read: 0.562 at the embeddings, "
                 "5.51 at block 1's input, of 10.6 at the output.") in text
+    # with the analysis's 95% t intervals (review 8 B1: every number with its uncertainty) each value carries its own
+    cis = {"0": [-0.84, 1.97], "1": [3.51, 7.51], "2": [6.78, 9.10], "3": [9.9, 11.35]}
+    text = finding("circuits", {**s, "lens_constant_guess": 5 / 8, "lens_logit_diff_ci_per_layer": cis,
+                                "lens_logit_diff_n": 8})
+    assert ("is the measure to read (logits, mean over 8 examples): 0.562 (95% CI [-0.84, 1.97]) at the embeddings, "
+            "5.51 (95% CI [3.51, 7.51]) at block 1's input, of 10.6 (95% CI [9.9, 11.3]) at the output.") in text
     # a guess right on 7 of 8: 8 of 8's lower bound 67.6% does not clear 87.5%, so no layer is named
     none = finding("circuits", {**s, "lens_constant_guess": 7 / 8})
     assert "ranks the answer top-1 on no layer more often than a constant guess" in none and "block 1 (row" not in none
