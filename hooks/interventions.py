@@ -155,6 +155,29 @@ def head_gates(model, *, init: float = 1.0) -> Iterator[torch.Tensor]:
         yield gates
 
 
+def _check_heads(model, name: str, src: torch.Tensor, heads: Sequence[int] | None) -> None:
+    """Refuse out-of-range `heads` when the context is entered, not at the first forward. k and v are indexed
+    by KV head, which under grouped-query or multi-query attention is shared by several query heads: say which."""
+    kind = parse_site(name)[0]
+    axis = SITES[kind].head_dim
+    if heads is None or axis is None or src.ndim <= axis:
+        return
+    n = src.shape[axis]
+    bad = [h for h in heads if not (isinstance(h, int) and 0 <= h < n)]
+    if not bad:
+        return
+    f = model.facts
+    if kind in ("k", "v", "rot_k") and f.n_kv_heads < f.n_heads and isinstance(bad[0], int) and 0 <= bad[0] < f.n_heads:
+        group = f.n_heads // f.n_kv_heads
+        owner = bad[0] // group
+        heads_word = "KV head" if f.n_kv_heads == 1 else "KV heads"
+        raise IndexOutOfRangeError(
+            f"head {bad[0]!r} is out of range for {name}: {f.name} has {f.n_kv_heads} {heads_word} (0..{f.n_kv_heads - 1}), "
+            f"each shared by {group} query heads, and k and v are indexed by KV head; query head {bad[0]!r} reads "
+            f"KV head {owner} (query heads {owner * group}-{owner * group + group - 1}): use heads=[{owner}].")
+    raise IndexOutOfRangeError(f"head {bad[0]!r} is out of range for {name}: {f.name} has heads 0..{n - 1} there.")
+
+
 @contextmanager
 def patch(
     model,
@@ -176,6 +199,7 @@ def patch(
             raise SiteError(f"source has no activation for {name!r}; capture it first (capture(model, tokens, [{name!r}])).")
         if parse_site(name)[0] == "result":
             raise ConfigError("Patch per-head outputs at hook_z (site('z', layer)) with heads=[...]; hook_result is computed.")
+        _check_heads(model, name, source[name], heads)
 
     def make_hook(name: str):
         kind, _ = parse_site(name)

@@ -178,3 +178,21 @@ def test_hooks_are_removed_after_a_keyboard_interrupt_inside_a_hook(tiny_models,
     with torch.no_grad():  # and the model still runs unhooked, as plain as before
         assert torch.equal(model(tokens), model(tokens))
     assert hs.capture(model, tokens, hs.site("resid_pre", 0))[hs.site("resid_pre", 0)].shape == (2, 5, model.facts.d_model)
+
+
+def test_a_query_head_index_on_grouped_kv_is_refused_on_entry_naming_its_kv_head(tiny_models):
+    """Review 9b C3: heads=[2] on v of a model with 2 KV heads for 4 query heads failed at the first forward
+    with 'out of range ... with 2 heads' and no word of why. Query heads 2-3 read KV head 1 (repeat_kv's
+    grouping: query head h reads KV head h // (n_heads / n_kv_heads))."""
+    model = tiny_models["llama"]
+    assert (model.facts.n_heads, model.facts.n_kv_heads) == (4, 2)
+    v = hs.site("v", 0)
+    source = hs.capture(model, random_tokens(1, 5), [v])
+    with pytest.raises(hs.IndexOutOfRangeError) as err:
+        with hs.patch(model, source, v, heads=[2]):
+            raise AssertionError("entered")  # refused before the body runs
+    msg = str(err.value)
+    assert "2 KV heads (0..1)" in msg and "KV head 1 (query heads 2-3)" in msg and "heads=[1]" in msg
+    with pytest.raises(hs.IndexOutOfRangeError, match="has heads 0..3"):
+        with hs.patch(model, hs.capture(model, random_tokens(1, 5), [hs.site("z", 0)]), hs.site("z", 0), heads=[4]):
+            raise AssertionError("entered")
