@@ -256,6 +256,15 @@ def _top_heads_html(out: Path) -> str:
             f"<figcaption><b>top_attention</b>: {escape(caption('top_attention'))}</figcaption></figure>")
 
 
+def _kv_clause(model: Mapping[str, Any]) -> str:
+    """' (1 KV head: multi-query attention)' / ' (2 KV heads: grouped-query attention)' where the model has fewer KV
+    heads than query heads (review 9b C2: k/v patching and the kv section count KV heads), else ''."""
+    heads, kv = model.get("n_heads"), model.get("n_kv_heads")
+    if not isinstance(heads, int) or not isinstance(kv, int) or not 0 < kv < heads:
+        return ""
+    return " (1 KV head: multi-query attention)" if kv == 1 else f" ({kv} KV heads: grouped-query attention)"
+
+
 def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str], model: Mapping[str, Any],
                        task_used: Mapping[str, str] | None = None) -> None:
     """report.html and report.md; task_used: per analysis, the data it ran on (shown in its section)."""
@@ -286,8 +295,10 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     info = _provenance(out)
     findings = _findings_html(names, status, texts, link) if link else _findings_html(names, status, texts)
     title = f"headscope report: {model.get('name', '')}"
-    facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads, "
-             f"d_model {model.get('d_model', '?')}")
+    facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads"
+             f"{_kv_clause(model)}, d_model {model.get('d_model', '?')}")
+    if model.get("tied_embeddings"):  # review 9b C2: the unembedding is the embedding (DLA and the lens read it)
+        facts += ", tied embeddings"
     if model.get("parallel_blocks"):  # review 8 C2: mlpL reads the block's input, as layer L's heads do
         facts += ", parallel blocks (attention and MLP both read the block's input)"
     if info.get("dtype"):  # review 7 A6: findings that speak of rounding rest on the precision: say it up front

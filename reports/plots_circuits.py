@@ -438,7 +438,8 @@ def figures(result, **kwargs) -> dict:
 
 GUIDE = (  # how to read this section of the report
     "Where the answer is written. The logit lens reads each block's input through the model's own "
-    "final norm and unembedding: the answer's log-probability by layer and position, the logit difference "
+    "final norm and unembedding: by layer and position, the log-probability of the token that comes next (the "
+    "prompt's own next token, and at the answer position the answer), the logit difference "
     "answer minus wrong answer by layer (where the task has wrong answers), and the first "
     "layer where the answer is top-1. Direct logit attribution splits the final logit difference into "
     "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale (and on models "
@@ -447,9 +448,10 @@ GUIDE = (  # how to read this section of the report
     "before the cap: the finding gives both)."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "circuits_lens": "Logit lens: the answer's log-probability (nats, <= 0) read from each block's input through the "
-                     "final norm and unembedding, layer x position, white (the lowest shown) to red at 0 (certain: "
-                     "p = 1); row l_pre is the input of block l (after l blocks), "
+    "circuits_lens": "Logit lens: the log-probability (nats, <= 0) of the token that comes next at each position, "
+                     "read from each block's input through the final norm and unembedding: the prompt's own next "
+                     "token, and at the answer position (-1) the answer; layer x position, white (the lowest "
+                     "shown) to red at 0 (certain: p = 1); row l_pre is the input of block l (after l blocks), "
                      "final_post the output (every row through the model's final logit soft-cap where it has one, "
                      "as Gemma 2, so final_post is the model's own output). Prompts of mixed lengths are aligned at "
                      "the answer position (columns count from the end); a column that only the longer prompts reach "

@@ -217,10 +217,14 @@ def _gqa(s: Mapping[str, Any]) -> str:
     saving = _num(s.get("gqa_saving"))
     if saving is None and per_token is not None and mha:
         saving = 1 - per_token / mha
-    who = f" ({kv_heads:.0f} KV heads for {heads:.0f} query heads)" if fewer else ""
+    kind = "Multi-query" if fewer and kv_heads == 1 else "Grouped-query"  # review 9b C2: one KV head is MQA (Shazeer 2019)
+    who = ""
+    if fewer:
+        who = (f" (1 KV head shared by {heads:.0f} query heads)" if kv_heads == 1 else
+               f" ({kv_heads:.0f} KV heads, each shared by {heads / kv_heads:g} query heads)")
     size = f": {_bytes(per_token)} against {_bytes(mha)} per token" if per_token is not None and mha is not None else ""
     share = f" saves {100 * saving:.0f}% of the cache" if saving is not None else " shrinks the cache"
-    return f"Grouped-query attention{who}{share} against full multi-head attention{size}."
+    return f"{kind} attention{who}{share} against full multi-head attention{size}."
 
 
 def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list[str]:

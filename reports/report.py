@@ -245,6 +245,16 @@ def build_report(model: Any = None, **options: Any) -> Path:
     return run_report(model, ReportOptions(**options)).out
 
 
+def _tied_embeddings(model: Any) -> bool:
+    """Whether the unembedding is the embedding matrix itself (the same storage), as in GPT-2, Qwen3 or Llama 3.2."""
+    hf = getattr(getattr(model, "bridge", None), "original_model", None)
+    try:
+        out, inp = hf.get_output_embeddings(), hf.get_input_embeddings()
+        return out is not None and out.weight.data_ptr() == inp.weight.data_ptr()
+    except (AttributeError, NotImplementedError):
+        return False
+
+
 def _dtype_name(model: Any) -> str | None:
     """The model's compute dtype as a name ("bfloat16"), for config.json and each section's provenance."""
     first = next((p for p in model.bridge.parameters() if p.is_floating_point()), None)
@@ -448,7 +458,8 @@ class _Writer:
                        "device": str(model.device), "dtype": _dtype_name(model), "settings": settings}
         model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()},
                       # review 8 C2: parallel blocks change what "mlp1" reads; the header says so
-                      "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks)}
+                      "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks),
+                      "tied_embeddings": _tied_embeddings(model)}
         writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
                      report_names=report_names, model_info=model_info, config_info=config_info)
         writer.manifest()

@@ -901,8 +901,12 @@ def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_
 
 def test_kv_gqa_saving_is_the_share_saved_and_is_said_whenever_kv_heads_are_fewer():
     gqa = {"bytes_per_token": 768, "mha_bytes_per_token": 1536, "gqa_saving": 0.5, "n_heads": 4, "n_kv_heads": 2}
-    assert ("Grouped-query attention (2 KV heads for 4 query heads) saves 50% of the cache against full multi-head "
-            "attention: 768 B against 1.5 KiB per token.") in finding("kv", gqa)
+    assert ("Grouped-query attention (2 KV heads, each shared by 2 query heads) saves 50% of the cache against full "
+            "multi-head attention: 768 B against 1.5 KiB per token.") in finding("kv", gqa)
+    # one KV head is multi-query attention (review 9b C2: "Grouped-query attention (1 KV heads ...)")
+    mqa = {**gqa, "bytes_per_token": 384, "gqa_saving": 0.75, "n_kv_heads": 1}
+    assert ("Multi-query attention (1 KV head shared by 4 query heads) saves 75% of the cache against full multi-head "
+            "attention: 384 B against 1.5 KiB per token.") in finding("kv", mqa)
     assert "Grouped-query" not in finding("kv", {**gqa, "mha_bytes_per_token": 768, "gqa_saving": 0.0, "n_kv_heads": 4})
     assert "saves 75% of the cache" in finding("kv", {"bytes_per_token": 1024, "mha_bytes_per_token": 4096})
 

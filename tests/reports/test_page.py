@@ -150,3 +150,28 @@ def test_page_in_chromium_folds_tables_and_links_the_contents(tmp_path):
         assert page.evaluate("document.querySelectorAll('img[onerror]').length") == 0
         page.settle()
         assert page.console_errors == [] and page.requests == []
+
+
+def test_header_names_kv_heads_and_tied_embeddings(tmp_path, tiny_models):
+    """Review 9b C2: a multi-query model with tied embeddings read 'llama, 3 layers x 4 heads, d_model 64'; k/v
+    patching and the kv section count KV heads, and DLA and the lens read the embedding as the unembedding."""
+    from headscope.reports.render import md_escape
+    from headscope.reports.report import _tied_embeddings
+
+    base = {"name": "m", "family": "llama", "n_layers": 3, "n_heads": 4, "d_model": 64}
+    cases = [({"n_kv_heads": 1, "tied_embeddings": True},
+              "llama, 3 layers x 4 heads (1 KV head: multi-query attention), d_model 64, tied embeddings"),
+             ({"n_kv_heads": 2}, "llama, 3 layers x 4 heads (2 KV heads: grouped-query attention), d_model 64"),
+             ({"n_kv_heads": 4, "tied_embeddings": False}, "llama, 3 layers x 4 heads, d_model 64")]
+    for i, (extra, header) in enumerate(cases):
+        root = tmp_path / str(i)
+        root.mkdir()
+        io.write_json(root / "manifest.json", {"config": {}, "model": {"name": "m"}})
+        write_report_files(root, [], {}, {**base, **extra})
+        html = (root / "report.html").read_text()
+        assert f"<p>{header}." in html and f"\n\n{md_escape(header)}\n" in (root / "report.md").read_text()
+    # the storage test agrees with each checkpoint's own config (GPT-2 ties by default; this Llama does not)
+    for family in ("gpt2", "llama"):
+        model = tiny_models[family]
+        assert _tied_embeddings(model) is bool(model.bridge.original_model.config.tie_word_embeddings)
+    assert [_tied_embeddings(tiny_models[f]) for f in ("gpt2", "llama")] == [True, False]
