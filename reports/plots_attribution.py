@@ -87,12 +87,12 @@ def _points_with_means(df: pd.DataFrame, ax) -> None:
                 for end, cut, marker in ((1.0, interval[1] > 1.0, "^"), (-1.0, interval[0] < -1.0, "v")):
                     if cut:  # an arrowhead at the clipped end: the t interval runs past it
                         ax.scatter([x], [end], marker=marker, s=40, color=f"C{i}", edgecolor="black", linewidth=0.6,
-                                   zorder=4)
+                                   zorder=4, gid="clipped")
                         clipped = True
             ax.errorbar([x], [tau.mean()], yerr=err, fmt="D", color=f"C{i}", ms=6, capsize=4,
                         lw=1.5, mec="black", mew=0.6)
     if clipped:  # a grey proxy: the arrowheads carry their group's colour
-        ax.scatter([], [], marker="^", s=40, color="0.6", edgecolor="black", linewidth=0.6, label=CLIPPED)
+        ax.scatter([], [], marker="^", s=40, color="0.6", edgecolor="black", linewidth=0.6, label=CLIPPED, gid="clipped")
     ax.set_xticks(range(len(methods)), methods)
 
 
