@@ -327,6 +327,60 @@ def test_batched_loo_equals_a_loop_of_hf_forwards(tiny_models, tiny_dirs, mode, 
             assert abs(float(batched[b, k]) - hf_tvd(hf, other, tokens[b])) < 1e-5, (b, pos)
 
 
+@pytest.fixture(scope="module")
+def saturated_model(tmp_path_factory):
+    """A 1-layer tiny Llama whose unembedding is scaled by 10: its top next-token probability is above
+    0.99 on the test prompts, so a distribution distance cannot move there."""
+    path = build_tiny_model("llama", tmp_path_factory.mktemp("saturated") / "llama", num_hidden_layers=1)
+    hf = hf_model(path)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(10.0)
+    hf.save_pretrained(path, safe_serialization=True)
+    return path, hs.load_model(path, device="cpu")
+
+
+def test_loo_on_a_saturated_output_scores_the_logit_difference(saturated_model):
+    """Review 9a A5: where the clean outputs are saturated (by plain HF, p >= 0.99 on every example), leave-one-out
+    is scored by the change of the logit difference, not by a TVD: its raw values (both strategies) equal plain
+    HF forwards with each token removed, the scores table holds |change| / sum |change|, summary.json says
+    loo_metric 'logit_diff', and the finding says so."""
+    from headscope.reports.findings import finding
+
+    path, model = saturated_model
+    hf = hf_model(path)
+    task = random_task(3, 9, seed=2)
+    with torch.no_grad():
+        clean = hf(task.tokens).logits[:, -1]  # [batch, vocab]
+    assert bool((clean.softmax(-1).max(-1).values >= 0.99).all())  # saturated, by HF
+
+    def ld(logits: torch.Tensor, b: int) -> float:  # [vocab] -> logit difference of example b
+        return float(logits[task.answers[b]] - logits[task.wrong_answers[b]])
+
+    positions = list(range(1, 8))
+    with torch.no_grad():
+        by_hf = np.array([[ld(hf(torch.cat([task.tokens[b, :p], task.tokens[b, p + 1 :]])[None]).logits[0, -1], b)
+                           - ld(clean[b], b) for p in positions] for b in range(3)])  # [batch, pos] signed change
+    assert np.abs(by_hf).max() > 1.0  # the metric moves where a TVD cannot
+
+    def score(logits, ex):  # [rows, 1, vocab], [rows]
+        return (logits[:, -1].gather(1, task.answers[ex, None])[:, 0]
+                - logits[:, -1].gather(1, task.wrong_answers[ex, None])[:, 0])
+
+    for reuse in (True, False):
+        got = am.leave_one_out(model, task.tokens, positions, score=score, reuse_prefix=reuse, batch_size=5)
+        assert np.allclose(got.numpy(), by_hf, atol=2e-3), reuse
+    res = attribution(model, task, progress=False, n_steps=2, ig_max_steps=2, n_permutations=2, adversarial_steps=0)
+    s = res.summary
+    assert s["loo_metric"] == "logit_diff" and s["saturated"]["is_saturated"] and s["saturated"]["n_saturated"] == 3
+    scores = res.tables["scores"]
+    for b in range(3):
+        loo = scores[(scores.example == b) & (scores.method == "leave_one_out")].sort_values("position")
+        assert loo.position.tolist() == positions
+        assert np.allclose(loo.score.to_numpy(), np.abs(by_hf[b]) / np.abs(by_hf[b]).sum(), atol=1e-4), b
+    text = finding("attribution", s)
+    assert "Leave-one-out is therefore scored by the absolute change of the logit difference" in text
+
+
 def test_loo_rejects_positions_out_of_range(tiny_models):
     with pytest.raises(ValueError, match=r"positions must lie in \[0, 11\)"):
         am.leave_one_out(tiny_models["llama"], random_tokens(1, 11), [11])
