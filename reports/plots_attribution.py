@@ -386,9 +386,9 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
                      "Distribution distances cannot show an effect here"
                      + (f" (permuting layer {layer}'s attention gives a median {change} of {tvd:.3g})" if tvd is not None
                         else "") + ".")
+        parts.append(loo_words(s, sat))
         if effect:
             parts.append(f"In the task metric's units, permuting layer {layer}'s attention {effect}.")
-        parts.append(loo_words(s, sat))
     elif tvd is not None:
         size = _num(s.get("permutation_abs_metric_change"))
         if tvd < 0.01 and (size is None or size < SMALL_METRIC_CHANGE):
