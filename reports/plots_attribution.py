@@ -418,6 +418,7 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
                      "Distribution distances cannot show an effect here"
                      + (f" (permuting layer {layer}'s attention gives a median {change} of {tvd:.3g})" if tvd is not None
                         else "") + ".")
+        parts.append(loo_words(s, sat))
         if effect:
             parts.append(f"In the task metric's units, permuting layer {layer}'s attention {effect}.")
     elif tvd is not None:
@@ -459,8 +460,23 @@ def _measured_only(s: Mapping[str, Any], n: int) -> str:
     said = f"Measured over {n or '?'} examples: " + "; ".join(measured) + "."
     sat = _saturated(s)
     if sat is not None:
-        said += f" The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}."
+        said += f" The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}. "
+        said += loo_words(s, sat)
     return said
+
+
+def loo_words(s: Mapping[str, Any], sat: Mapping[str, Any]) -> str:
+    """On a saturated output, what leave-one-out's scores measure (the summary's loo_metric): the change of
+    the logit difference (analysis.loo_metric's fallback), or still a distribution distance (a log-probability
+    metric, or a summary from before the fallback), whose tau then rests on that distance (review 9a A5)."""
+    if s.get("loo_metric") == "logit_diff":
+        return ("Leave-one-out is therefore scored by the absolute change of the logit difference when a token is "
+                "left out, not by a distribution distance.")
+    floor = _num(sat.get("tvd_per_logit"))
+    bound = f" (at most about {floor:.2g} per logit)" if floor is not None else ""
+    return ("Leave-one-out is scored by the total variation distance too, which this saturated output keeps near 0"
+            f"{bound} unless a token's removal moves the answer's odds by a logit or more: its tau rests on a saturated "
+            "distance and is not evidence of graded agreement.")
 
 
 WEAK_TAU = 0.2  # |mean tau| under this: agreement is weak

@@ -10,7 +10,12 @@ how much the output depends on them.
 
 Decoders: the prediction is the next token at the last position; gradients differentiate the
 task metric (logit difference, or log-probability), leave-one-out and permutations measure the
-TVD of the next-token distribution. Encoders (MiniLM): the prediction is the mean-pooled
+TVD of the next-token distribution. Where the output is saturated (the top token's p >= 0.99 on
+most examples, permutation.saturation, decided on the clean runs before scoring) a distribution
+distance cannot move, so leave-one-out then scores each token by the absolute change of the logit
+difference when it is left out (`loo_metric`), as the permutation test's finding falls back to the
+metric's change; with a log-probability metric it stays the TVD (log p of a near-certain answer is
+as blind) and the finding says its tau rests on a saturated distance. Encoders (MiniLM): the prediction is the mean-pooled
 embedding; gradients differentiate its cosine similarity to a reference embedding (by default
 the next sentence's, so gradients say which tokens make the sentence close to its partner; at
 the sentence's own embedding the cosine is maximal and its gradient vanishes), leave-one-out and
@@ -24,14 +29,16 @@ scores table's positions are in the Task's padded coordinates (as its spans). Th
 ranks the tokens between the first and the last (normalised, non-negative); the token_scores table
 holds every token's raw gradient scores (integrated gradients signed), what `hs.show_tokens` draws.
 
-Summary keys (attention = the last layer's head mean): mean_tau_attention_{gradient, saliency,
+Summary keys (attention = the last layer's head mean): loo_metric (what leave-one-out's scores measure:
+"tvd", "1-cosine" or, on a saturated output with a logit-difference task, "logit_diff"); mean_tau_attention_{gradient, saliency,
 loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_* and std_tau_rollout_*; rollout_vs_raw
 ({gradient, loo, ig}: the per-example paired difference tau(rollout) - tau(last layer) against that reference:
 mean, sd, n, ci (95% t), p (paired t) and p_holm, Holm-corrected over the three); fraction_significant (over
 all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
 median_permutation_tvd (median over examples of the median output change over permutations);
 saturated (decoders: the share of examples whose clean top token has p >= 0.99, the median 1 - p and the
-most TVD a one-logit change can give there, permutation.saturation); permutation_metric_change and
+most TVD a one-logit change can give there, permutation.saturation, of the clean runs loo_metric is decided on);
+permutation_metric_change and
 permutation_abs_metric_change (the task metric's change under the permutations, in its units: per
 example the mean over draws of the signed and the absolute change; the mean over examples, with _sd and _n);
 adversarial_metric_change (the same at the adversarial attention);
@@ -305,6 +312,9 @@ def attribution(
     }
     summary = _summary(df, tables, convergence, kind=setup.kind, cfg=cfg, layer=setup.layer,
                        encoder=model.facts.is_encoder)
+    summary["loo_metric"] = setup.loo_metric
+    if setup.saturated is not None:  # the record leave-one-out's metric was decided on (the same clean runs)
+        summary["saturated"] = setup.saturated
     config_out = {**dataclasses.asdict(cfg), "baseline_token": setup.baseline, "permutation_layer": setup.layer,
                   "task": task.name}
     return Result(name="attribution", df=df, summary=summary, tables=tables, config=config_out)
@@ -334,6 +344,8 @@ class _Setup:
     grad_rows: int  # IG's (example, step) rows per forward and backward pass
     rows: int  # leave-one-out's and the permutations' variants per pass
     chunk: int  # examples per group
+    saturated: dict | None  # decoders: permutation.saturation of the clean runs' top-token probabilities
+    loo_metric: str  # what leave-one-out scores: "tvd", "1-cosine" or "logit_diff" (loo_metric)
 
 
 def _setup(model, task: Task, cfg: AttributionConfig, reference: torch.Tensor | None) -> _Setup:
@@ -350,9 +362,36 @@ def _setup(model, task: Task, cfg: AttributionConfig, reference: torch.Tensor | 
     # with a backward pass, leave-one-out's and the permutations' variants without
     grad_rows = batching.rows_per_pass(model, max(lengths), grad=True)
     rows = min(cfg.batch_size, batching.rows_per_pass(model, max(lengths)))
+    saturated = None if model.facts.is_encoder else saturation(clean_top_probs(model, task, spans, rows))
     return _Setup(kind=kind, forward=forward, targets=targets, baseline=baseline, layer=layer, spans=spans,
                   lengths=lengths, grad_rows=grad_rows, rows=rows,
-                  chunk=max(1, min(cfg.batch_size // cfg.n_steps, grad_rows // 2)))
+                  chunk=max(1, min(cfg.batch_size // cfg.n_steps, grad_rows // 2)),
+                  saturated=saturated, loo_metric=loo_metric(model, kind, saturated))
+
+
+@torch.no_grad()
+def clean_top_probs(model, task: Task, spans: Sequence[tuple[int, int]], rows: int) -> list[float]:
+    """Each example's clean top next-token probability (its real tokens alone), in task order: what
+    permutation.saturation decides on, known before any method runs so leave-one-out can follow it."""
+    top = [0.0] * len(task)
+    for idx in length_groups([n for _, n in spans], rows):
+        probs = am.prediction(model, model(real_tokens(task, idx, spans).to(model.device)))  # [g, vocab]
+        for i, p in zip(idx, probs.max(-1).values.tolist()):
+            top[i] = p
+    return top
+
+
+def loo_metric(model, kind: str, saturated: dict | None) -> str:
+    """What leave-one-out measures: 1 - cosine (encoders); the TVD of the next-token distribution,
+    unless most outputs are saturated (`saturated`, permutation.saturation) and the task metric is the
+    logit difference: then a TVD cannot move (review 9a A5) and the change of the logit difference is
+    used, as the permutation test's finding does. A log-probability of a near-certain answer is as
+    blind as the TVD, so with that metric the TVD stays and the finding says so."""
+    if model.facts.is_encoder:
+        return "1-cosine"
+    if kind == "logit_diff" and saturated is not None and saturated.get("is_saturated"):
+        return "logit_diff"
+    return "tvd"
 
 
 def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setup: _Setup) -> tuple[list, ...]:
@@ -369,8 +408,9 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         model, tokens, ig_baselines(tokens, baseline), forward, tgt,
         n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
         internal_batch_size=setup.grad_rows)
-    loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=setup.rows)
     score = _score(setup.kind, tgt)
+    loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=setup.rows,
+                           score=score if setup.loo_metric == "logit_diff" else None)  # [g, pos - 2]
     permuted = permute_attention(model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=setup.rows,
                                  generator=generator, score=score)
     changes, max_att = permuted.change, permuted.max_attention
@@ -384,7 +424,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     for j, ex in enumerate(idx):
         methods = {
             "saliency": grads["saliency"][j, 1:-1], "grad_x_input": grads["grad_x_input"][j, 1:-1],
-            "integrated_gradients": ig[j, 1:-1].abs(), "leave_one_out": loo[j],
+            "integrated_gradients": ig[j, 1:-1].abs(), "leave_one_out": loo[j].abs(),
         }
         methods = {k: _distribution(v) for k, v in methods.items()}
         attention = _attention_vectors(per_head[j, :, :, 1:-1], roll[j, 1:-1])

@@ -5,7 +5,9 @@ for the prediction the model makes: the next token at the last position (decoder
 mean-pooled sentence embedding (encoders). Gradient methods differentiate a scalar metric per
 example (`forward_metric`); leave-one-out and the permutation test measure how much the output
 itself moves (`prediction_change`: TVD of the next-token distribution, or 1 - cosine of the pooled
-embedding for encoders). Gradients reach the tokens through `hook_embed` (token embeddings,
+embedding for encoders), or, given a `score` (the task metric of the last-position logits), how
+much that metric moves: the analysis scores leave-one-out so where the output is saturated, since a
+distribution distance cannot move there (analysis.loo_metric). Gradients reach the tokens through `hook_embed` (token embeddings,
 before positions are added), so Captum's layer methods attribute to each token's embedding.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from headscope.hooks.capture import capture
 from headscope.hooks.sites import site
 
 Forward = Callable[..., torch.Tensor]  # (tokens [batch, pos], *targets) -> [batch]
+Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [rows, 1, vocab], example [rows]) -> [rows]
 GRADIENT_METRICS = ("logit_diff", "logprob", "cosine")
 
 
@@ -76,6 +79,24 @@ def prediction_change(model, pred: torch.Tensor, ref: torch.Tensor) -> torch.Ten
     if model.facts.is_encoder:
         return 1.0 - torch.nn.functional.cosine_similarity(pred, ref, dim=-1)
     return 0.5 * (pred - ref).abs().sum(-1)
+
+
+def clean_reference(model, logits: torch.Tensor, score: Score | None) -> torch.Tensor:
+    """What output_change compares variants with, from the clean run's output [batch, pos, out]: its
+    prediction [batch, out] without a score, else its score [batch] (the last position's logits)."""
+    if score is None:
+        return prediction(model, logits)
+    return score(logits[:, -1:].float(), torch.arange(logits.shape[0], device=logits.device))
+
+
+def output_change(model, logits: torch.Tensor, ref: torch.Tensor, example: torch.Tensor,
+                  score: Score | None) -> torch.Tensor:
+    """logits [rows, pos, out] of variants, ref (clean_reference's, one row per variant), example [rows]
+    each variant's example -> [rows]: prediction_change without a score; with one, score(variant) -
+    score(clean) of the last position's logits, signed, in the metric's units."""
+    if score is None:
+        return prediction_change(model, prediction(model, logits), ref)
+    return score(logits[:, -1:].float(), example) - ref
 
 
 # ---- attention ------------------------------------------------------------------------------
@@ -206,8 +227,11 @@ def leave_one_out(
     baseline_token: int | None = None,
     batch_size: int = 256,
     reuse_prefix: bool | None = None,
+    score: Score | None = None,
 ) -> torch.Tensor:
-    """Output change when each token in `positions` is left out -> [batch, len(positions)].
+    """Output change when each token in `positions` is left out -> [batch, len(positions)]: the
+    prediction_change, or with `score` (decoders; permutation.Score: the task metric of last-position
+    logits [rows, 1, vocab] of examples [rows]) the metric's signed change score(variant) - score(clean).
 
     Two exact strategies (same results up to float rounding):
     - reuse_prefix (decoders; the default for them): a causal model's states before position p
@@ -227,23 +251,27 @@ def leave_one_out(
     loo_variants(tokens[:1], positions[:1], mode=mode, baseline_token=baseline_token)  # validates mode / token
     if reuse_prefix is None:
         reuse_prefix = not model.facts.is_encoder
+    if score is not None and model.facts.is_encoder:
+        raise ConfigError("leave-one-out's score= reads next-token logits; encoders have none.")
     if reuse_prefix:
         out = _loo_cached_prefix(model, tokens, positions, mode=mode, baseline_token=baseline_token,
-                                 rows=min(64, batch_size))
+                                 rows=min(64, batch_size), score=score)
         if out is not None:
             return out
-    ref = prediction(model, model(tokens)).repeat_interleave(len(positions), dim=0)  # [batch*m, out]
+    ref = clean_reference(model, model(tokens), score).repeat_interleave(len(positions), dim=0)  # [batch*m, ...]
+    example = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(len(positions))  # [batch*m]
     variants = loo_variants(tokens, positions, mode=mode, baseline_token=baseline_token)  # [batch*m, pos']
 
     def change(rows: range) -> torch.Tensor:  # [len(rows)]
-        return prediction_change(model, prediction(model, model(variants[rows.start:rows.stop])), ref[rows.start:rows.stop])
+        part = slice(rows.start, rows.stop)
+        return output_change(model, model(variants[part]), ref[part], example[part], score)
 
     changes = [c for _, c in batching.run_chunks(change, variants.shape[0], batch_size)]  # halved on out-of-memory
     return torch.cat(changes).reshape(tokens.shape[0], len(positions))
 
 
 def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mode: str,
-                       baseline_token: int | None, rows: int = 64) -> torch.Tensor | None:
+                       baseline_token: int | None, rows: int = 64, score: Score | None = None) -> torch.Tensor | None:
     """Leave-one-out for decoders from the clean KV cache (None when the cache dropped early
     positions: sliding-window layers on a prompt longer than the window).
 
@@ -261,7 +289,7 @@ def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mod
     logits, clean = cached_forward(model, tokens, new_cache(model), 0)  # [batch, pos, vocab]
     if not holds_prefix(clean, tokens.shape[1]):
         return None  # a sliding-window cache dropped early positions: the caller runs full sequences
-    ref = prediction(model, logits)  # [batch, vocab]
+    ref = clean_reference(model, logits, score)  # [batch, vocab] or [batch]
     order = sorted(range(len(positions)), key=lambda k: positions[k])
     block = max(1, min(8, rows // batch))
     out = torch.empty(batch, len(positions))
@@ -275,6 +303,8 @@ def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mod
         else:
             cache = prefix_cache(model, clean, p0, rows=torch.arange(batch).repeat_interleave(len(ks)))  # example-major
             last, _ = cached_forward(model, suffix, cache, p0)  # [batch * b, n', vocab]
-        change = prediction_change(model, prediction(model, last), ref.repeat_interleave(last.shape[0] // batch, 0))
+        per = last.shape[0] // batch  # variants per example, example-major
+        example = torch.arange(batch, device=tokens.device).repeat_interleave(per)  # [batch * per]
+        change = output_change(model, last, ref.repeat_interleave(per, 0), example, score)
         out[:, ks] = change.float().cpu().reshape(batch, -1)
     return out

@@ -1,7 +1,11 @@
 """Permutation test of attention (Jain & Wallace 2019): shuffle the weights, see if the output cares.
 
 At one layer, every head's attention weights over the keys are replaced by a random permutation
-of themselves (an independent permutation per head and per draw). For decoders only the
+of themselves (an independent permutation per head and per draw) within the row's support: the
+keys the model's mask lets the query see (`key_support`: causal, and the last `window` keys on a
+sliding-window layer, models.layer_windows; the tokens are unpadded). Permuting over every key
+would move weight onto keys the window masks, a read the model cannot make (review 9a A1); a zero
+weight inside the window is still a key and takes part. For decoders only the
 prediction's query row (the last position) is permuted, so causality is kept; for encoders every
 query row of a head is permuted with the head's draw. The output change (TVD of the next-token
 distribution, or 1 - cosine of the pooled embedding) is summarised per example by its median
@@ -26,14 +30,34 @@ from typing import Any
 
 import torch
 
-from headscope.analyses.attribution.methods import prediction, prediction_change
+from headscope.analyses.attribution.methods import Score, prediction, prediction_change
 from headscope.errors import ConfigError
 from headscope.hooks.sites import site
+from headscope.models.hooked_model import layer_windows
 
 
-def permutations(n_draws: int, n_heads: int, n_keys: int, generator: torch.Generator) -> torch.Tensor:
-    """[draw, head, key] random permutations of range(n_keys)."""
-    return torch.rand(n_draws, n_heads, n_keys, generator=generator).argsort(-1)
+def permutations(n_draws: int, n_heads: int, n_keys: int, generator: torch.Generator,
+                 support: torch.Tensor | None = None) -> torch.Tensor:
+    """[draw, head, key] random permutations of range(n_keys) that move only the keys in `support`
+    ([key] bool; None: every key) among themselves and leave the others in place. With every key in
+    the support the draws are those of the plain permutation of n_keys."""
+    if support is None or bool(support.all()):
+        return torch.rand(n_draws, n_heads, n_keys, generator=generator).argsort(-1)
+    inside = support.nonzero()[:, 0].cpu()  # [m] the keys that move
+    local = torch.rand(n_draws, n_heads, len(inside), generator=generator).argsort(-1)  # [draw, head, m]
+    out = torch.arange(n_keys).repeat(n_draws, n_heads, 1)  # [draw, head, key]
+    out[:, :, inside] = inside[local]
+    return out
+
+
+def key_support(model, layer: int, n_keys: int) -> torch.Tensor:
+    """[key] bool: the keys the permuted rows may attend to at `layer` under the model's mask, for
+    unpadded sequences of n_keys tokens. Decoders permute the last row: every key (causal) but, on a
+    sliding-window layer, only the last `window` (q - window < k <= q, as models.layer_windows reads
+    Hugging Face's mask). Encoders: every key."""
+    window = layer_windows(model)[layer]
+    keys = torch.arange(n_keys)
+    return keys >= n_keys - window if window is not None else torch.ones(n_keys, dtype=torch.bool)
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -92,8 +116,6 @@ def prediction_rows(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tens
     return ref, rows, v, out[:, -1:]
 
 
-Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [rows, 1, vocab], example [rows]) -> [rows]
-
 SATURATED = 0.99  # the clean top-token probability from which an example's output counts as saturated
 
 
@@ -103,6 +125,7 @@ class Permuted:
     max_attention: torch.Tensor  # [batch] largest head-mean weight of the permuted rows
     top_prob: torch.Tensor | None  # [batch] the clean run's largest next-token probability (decoders)
     metric_change: torch.Tensor | None  # [batch, draw] score(permuted) - score(clean), with a score
+    perms: torch.Tensor | None = None  # [batch, draw, head, key] the permutation each draw applied to each head's rows
 
 
 def saturation(top_prob: Sequence[float], *, threshold: float = SATURATED) -> dict[str, Any]:
@@ -169,7 +192,9 @@ def permute_attention(
     ref, rows, v, last = prediction_rows(model, tokens, layer)
     max_attention = rows.float().mean(2).mean(1).max(-1).values  # [batch]
     batch, n = tokens.shape
-    perms = per_example(generator, batch, lambda rows, g: permutations(rows * n_permutations, facts.n_heads, n, g))
+    support = key_support(model, layer, n)  # [key] what the mask lets the rows see: only these move
+    perms = per_example(generator, batch,
+                        lambda rows, g: permutations(rows * n_permutations, facts.n_heads, n, g, support))
     perms = perms.to(tokens.device)  # [batch*draw, head, k], example-major
     example = torch.arange(batch, device=tokens.device).repeat_interleave(n_permutations)  # [batch*draw]
     clean = None if score is None else score(last.float(), torch.arange(batch, device=tokens.device))  # [batch]
@@ -184,4 +209,5 @@ def permute_attention(
     shape = (batch, n_permutations)
     return Permuted(change=torch.cat(out).reshape(shape).cpu(), max_attention=max_attention.cpu(),
                     top_prob=None if facts.is_encoder else ref.max(-1).values.cpu(),
-                    metric_change=torch.cat(moved).reshape(shape).cpu() if moved else None)
+                    metric_change=torch.cat(moved).reshape(shape).cpu() if moved else None,
+                    perms=perms.reshape(batch, n_permutations, facts.n_heads, n).cpu())

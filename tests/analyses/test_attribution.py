@@ -23,7 +23,7 @@ from headscope.analyses.attribution.agreement import kendall_matrix, paired_diff
 from headscope.analyses.attribution.analysis import AttributionConfig, attribution, run
 from headscope.analyses.attribution.permutation import permutation_test, permutations, permute_attention, saturation
 from headscope.analyses.core.tasks import Task, sentence_task
-from tests_support import hf_model, random_tokens, word_tokenizer
+from tests_support import build_tiny_model, hf_model, random_tokens, word_tokenizer
 
 KEY = 4 + 7  # id of "w7" in the test word tokenizer: the deciding token of the hand-built model
 ANSWER, WRONG = 5, 6
@@ -202,6 +202,74 @@ def test_permuted_logit_difference_equals_editing_hook_pattern(tiny_models):
             assert abs(float(got.metric_change[b, row % 3]) - float(direct)) < 1e-4
 
 
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A 2-layer Mistral whose sliding window (4) is shorter than the test prompts (9 tokens)."""
+    path = build_tiny_model("mistral", tmp_path_factory.mktemp("windowed") / "mistral", sliding_window=4)
+    return path, hs.load_model(path, device="cpu")
+
+
+def hf_permuted_last_row(monkeypatch, hf, tokens: torch.Tensor, layer: int, perm: torch.Tensor) -> torch.Tensor:
+    """Plain HF eager Mistral with `layer`'s last attention row of each head h replaced by row[perm[h]]
+    (HF's own weights, masked by HF's own sliding window) -> (last-position logits [vocab], HF's clean
+    last row [head, key])."""
+    import transformers.models.mistral.modeling_mistral as mm
+
+    eager, seen = mm.eager_attention_forward, {}
+
+    def patched(module, query, key, value, attention_mask, scaling, dropout=0.0, **kw):
+        out, w = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kw)
+        if module.layer_idx == layer:
+            row = w[0, :, -1]  # [head, key]
+            seen["row"] = row
+            new = torch.stack([row[h, perm[h]] for h in range(row.shape[0])])  # [head, key]
+            v = mm.repeat_kv(value, module.num_key_value_groups)[0]  # [head, key, d_head]
+            out = out.clone()
+            out[0, -1] = torch.einsum("hk,hkd->hd", new, v)  # out: [batch, q, head, d_head]
+        return out, w
+
+    monkeypatch.setattr(mm, "eager_attention_forward", patched)
+    try:
+        with torch.no_grad():
+            logits = hf(tokens[None]).logits[0, -1]
+    finally:
+        monkeypatch.undo()
+    return logits, seen["row"]
+
+
+def test_permutation_stays_inside_the_sliding_window_as_hf(windowed, monkeypatch):
+    """On a sliding-window layer each draw moves weight only among the keys HF's own mask lets the last
+    query see (review 9a A1): every permuted row is 0 outside the window, and each draw's change of the
+    logit difference and of the TVD equals plain HF eager with that layer's last row permuted so."""
+    path, model = windowed
+    hf = hf_model(path)
+    tokens = random_tokens(2, 9, seed=3)
+    answers, wrong = torch.tensor([5, 7]), torch.tensor([9, 11])
+
+    def score(logits, ex):  # [rows, 1, vocab], [rows]
+        return logits[:, -1].gather(1, answers[ex, None])[:, 0] - logits[:, -1].gather(1, wrong[ex, None])[:, 0]
+
+    got = permute_attention(model, tokens, layer=1, n_permutations=3, generator=torch.Generator().manual_seed(5),
+                            score=score)
+    moved = 0
+    for b in range(2):
+        with torch.no_grad():
+            clean = hf(tokens[b : b + 1]).logits[0, -1]
+        for d in range(3):
+            perm = got.perms[b, d]  # [head, key]
+            logits, row = hf_permuted_last_row(monkeypatch, hf, tokens[b], 1, perm)
+            inside = row > 0  # [head, key] HF's support: the window's 4 keys
+            assert inside.sum(-1).tolist() == [4] * row.shape[0]
+            permuted = row.gather(-1, perm)  # [head, key]
+            assert float(permuted[~inside].abs().max()) == 0.0  # no weight lands on a masked key
+            moved += int((perm != torch.arange(9)).any())
+            direct = (logits[answers[b]] - logits[wrong[b]]) - (clean[answers[b]] - clean[wrong[b]])
+            assert abs(float(got.metric_change[b, d]) - float(direct)) < 1e-4, (b, d)
+            tvd = float((logits.double().softmax(-1) - clean.double().softmax(-1)).abs().sum() / 2)
+            assert abs(float(got.change[b, d]) - tvd) < 1e-5, (b, d)
+    assert moved >= 5  # the draws do permute
+
+
 def test_saturation_bounds_the_tvd_of_a_one_logit_change():
     """Hand-made logits: a top token at p = 0.9999 whose odds drop by one logit moves the TVD by less than the
     recorded e (1 - p), and by more than half of it; examples below 0.99 are not counted as saturated."""
@@ -257,6 +325,60 @@ def test_batched_loo_equals_a_loop_of_hf_forwards(tiny_models, tiny_dirs, mode, 
                 other = tokens[b].clone()
                 other[pos] = 1
             assert abs(float(batched[b, k]) - hf_tvd(hf, other, tokens[b])) < 1e-5, (b, pos)
+
+
+@pytest.fixture(scope="module")
+def saturated_model(tmp_path_factory):
+    """A 1-layer tiny Llama whose unembedding is scaled by 10: its top next-token probability is above
+    0.99 on the test prompts, so a distribution distance cannot move there."""
+    path = build_tiny_model("llama", tmp_path_factory.mktemp("saturated") / "llama", num_hidden_layers=1)
+    hf = hf_model(path)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(10.0)
+    hf.save_pretrained(path, safe_serialization=True)
+    return path, hs.load_model(path, device="cpu")
+
+
+def test_loo_on_a_saturated_output_scores_the_logit_difference(saturated_model):
+    """Review 9a A5: where the clean outputs are saturated (by plain HF, p >= 0.99 on every example), leave-one-out
+    is scored by the change of the logit difference, not by a TVD: its raw values (both strategies) equal plain
+    HF forwards with each token removed, the scores table holds |change| / sum |change|, summary.json says
+    loo_metric 'logit_diff', and the finding says so."""
+    from headscope.reports.findings import finding
+
+    path, model = saturated_model
+    hf = hf_model(path)
+    task = random_task(3, 9, seed=2)
+    with torch.no_grad():
+        clean = hf(task.tokens).logits[:, -1]  # [batch, vocab]
+    assert bool((clean.softmax(-1).max(-1).values >= 0.99).all())  # saturated, by HF
+
+    def ld(logits: torch.Tensor, b: int) -> float:  # [vocab] -> logit difference of example b
+        return float(logits[task.answers[b]] - logits[task.wrong_answers[b]])
+
+    positions = list(range(1, 8))
+    with torch.no_grad():
+        by_hf = np.array([[ld(hf(torch.cat([task.tokens[b, :p], task.tokens[b, p + 1 :]])[None]).logits[0, -1], b)
+                           - ld(clean[b], b) for p in positions] for b in range(3)])  # [batch, pos] signed change
+    assert np.abs(by_hf).max() > 1.0  # the metric moves where a TVD cannot
+
+    def score(logits, ex):  # [rows, 1, vocab], [rows]
+        return (logits[:, -1].gather(1, task.answers[ex, None])[:, 0]
+                - logits[:, -1].gather(1, task.wrong_answers[ex, None])[:, 0])
+
+    for reuse in (True, False):
+        got = am.leave_one_out(model, task.tokens, positions, score=score, reuse_prefix=reuse, batch_size=5)
+        assert np.allclose(got.numpy(), by_hf, atol=2e-3), reuse
+    res = attribution(model, task, progress=False, n_steps=2, ig_max_steps=2, n_permutations=2, adversarial_steps=0)
+    s = res.summary
+    assert s["loo_metric"] == "logit_diff" and s["saturated"]["is_saturated"] and s["saturated"]["n_saturated"] == 3
+    scores = res.tables["scores"]
+    for b in range(3):
+        loo = scores[(scores.example == b) & (scores.method == "leave_one_out")].sort_values("position")
+        assert loo.position.tolist() == positions
+        assert np.allclose(loo.score.to_numpy(), np.abs(by_hf[b]) / np.abs(by_hf[b]).sum(), atol=1e-4), b
+    text = finding("attribution", s)
+    assert "Leave-one-out is therefore scored by the absolute change of the logit difference" in text
 
 
 def test_loo_rejects_positions_out_of_range(tiny_models):

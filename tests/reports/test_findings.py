@@ -1024,13 +1024,22 @@ def test_attribution_on_a_saturated_output_reads_the_logit_difference():
     assert (f"permuting layer 2's attention changes the logit difference by a mean of {changes.mean():+.3g}, 95% CI "
             f"[{changes.mean() - half:+.3g}, {changes.mean() + half:+.3g}] over 16 examples") in text
     assert "median JSD of 0.385 nats says nothing about faithfulness; that attention changes the logit difference" in text
+    # leave-one-out (review 9a A5): a TVD too unless the summary says it fell back to the logit difference
+    bound = f"{np.e * 1.2e-4:.2g}"
+    assert (f"Leave-one-out is scored by the total variation distance too, which this saturated output keeps near 0 (at "
+            f"most about {bound} per logit) unless a token's removal moves the answer's odds by a logit or more: its tau "
+            "rests on a saturated distance and is not evidence of graded agreement.") in text
+    for loo, said in (("tvd", "its tau rests on a saturated distance"),
+                      ("logit_diff", "Leave-one-out is therefore scored by the absolute change of the logit difference")):
+        assert said in finding("attribution", {**s, "loo_metric": loo}), loo
+    assert "Leave-one-out is therefore" not in text
     unsaturated = {**s, "saturated": saturation([0.6] * 16), "median_permutation_tvd": 0.002,
                    "permutation_abs_metric_change": 0.05}
     assert "barely moves the output (median tvd 0.002): that layer's attention does little" in finding(
         "attribution", unsaturated)  # the old reading where the metric agrees
     text = finding("attribution", {**unsaturated, "permutation_abs_metric_change": 0.7})  # the metric moves: no "little"
     assert "barely moves the output distribution (median tvd 0.002), yet the task metric moves" in text
-    assert "does little" not in text
+    assert "does little" not in text and "Leave-one-out is" not in text  # not saturated: no word on its metric
 
 
 def test_attribution_at_chance_reports_what_was_measured_only():
