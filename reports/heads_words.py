@@ -338,10 +338,20 @@ def finding(s: Mapping[str, Any]) -> str:
         if words := _first_close_words(s, method):
             parts.append(words)
     roles = s.get("roles")
+    windows = s.get("role_windows") if isinstance(s.get("role_windows"), Mapping) else None
     if isinstance(roles, Mapping):
+        if windows:
+            parts.append(_role_window_words(windows, s.get("n_layers")))
         found = [f"{len(v)} {k.replace('_', '-')} ({', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''})"
                  for k, v in roles.items() if v]
-        parts.append("Head roles: " + "; ".join(found) + "." if found else "No head passes a role threshold.")
+        blind = set((windows or {}).get("induction_unmeasurable") or ())
+        if found:
+            parts.append("Head roles: " + "; ".join(found) + ".")
+        elif blind and len(blind) == s.get("n_layers"):  # review 9a A2: a role no head can pass is not an absence
+            parts.append("No head passes the previous-token, positional or sink threshold (induction could not be "
+                         "measured).")
+        else:
+            parts.append("No head passes a role threshold" + (" (induction only where measured)." if blind else "."))
     l0 = s.get("l0_min_heads_within_tolerance")
     lambdas = s.get("l0_lambdas")
     if isinstance(l0, int) and relative and isinstance(lambdas, (list, tuple)) and len(lambdas) < 2:
@@ -350,3 +360,28 @@ def finding(s: Mapping[str, Any]) -> str:
     elif isinstance(l0, int) and relative:
         parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
     return " ".join(parts)
+
+
+def _layers(layers: list[int], n_layers: Any) -> str:
+    return "every layer" if len(layers) == n_layers else ("layer " if len(layers) == 1 else "layers ") + and_join(
+        [str(l) for l in layers])
+
+
+def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:
+    """Review 9a A2: on sliding-window layers, how sink and induction were scored so the mask does not
+    decide them: sink over the queries that see the first token, induction on repeats that fit the
+    window, or not measurable where they cannot."""
+    by_window: dict[int, list[int]] = {}
+    for layer, win in sorted(((int(l), int(v)) for l, v in (w.get("windows") or {}).items())):
+        by_window.setdefault(win, []).append(layer)
+    slides = and_join([f"{_layers(ls, n_layers)} over {win} keys" for win, ls in by_window.items()])
+    length, blind = w.get("induction_length"), list(w.get("induction_unmeasurable") or ())
+    words = (f"Sliding windows ({slides}): sink is scored over the queries that can see the first token (within "
+             "window - 1 positions of it)")
+    if blind:
+        narrow = sorted({int(v) for l, v in (w.get("windows") or {}).items() if int(l) in blind})
+        words += (f"; induction is not measurable on {_layers(blind, n_layers)} (a window of "
+                  f"{and_join([str(v) for v in narrow])}): the probe reads {length - 1} back")
+    else:
+        words += f"; induction is probed on repeats of {length} tokens (reading {length - 1} back) to fit the window"
+    return words + "."

@@ -1183,6 +1183,25 @@ def test_lens_of_mixed_lengths_aligns_prompts_at_the_answer_position():
         plt.close("all")
 
 
+def test_roles_hatch_the_induction_cells_a_sliding_window_makes_unmeasurable():
+    """Review 9a A2/B3: a NaN induction score (the layer's window hides the probe's key) is a hatched
+    grey cell, not the white of a measured 0; measured cells get no patch."""
+    from headscope.reports.plots_heads import plot_roles
+
+    roles = pd.DataFrame([{"layer": l, "head": h, "positional": 0.1, "sink": 0.2, "previous_token": 0.0,
+                           "induction": float("nan") if l == 0 else 0.0, "confidence": 0.5}
+                          for l in range(2) for h in range(2)])
+    try:
+        ax = plot_roles(roles)
+        hatched = [(int(p.get_x()), int(p.get_y())) for p in ax.patches if p.get_hatch() == "//"]
+        assert sorted(hatched) == [(3, 0), (3, 1)]  # column 3 is induction; rows 0-1 are layer 0's heads
+        assert "not measurable" in ax.get_title()
+        plain = plot_roles(roles.fillna(0.0))
+        assert not [p for p in plain.patches if p.get_hatch()] and "not measurable" not in plain.get_title()
+    finally:
+        plt.close("all")
+
+
 def test_roles_labels_of_many_heads_do_not_overlap():
     from headscope.reports.plots_heads import plot_roles
 
