@@ -1327,6 +1327,27 @@ def test_token_heatmap_says_the_first_and_last_tokens_are_left_out_and_why():
         plt.close("all")
 
 
+def test_token_heatmap_hatches_tokens_outside_the_last_layers_window():
+    """Review 9a A3: the scores table's `masked` attention cells (0 by a sliding window's mask) are hatched
+    grey, not drawn as 0 importance; the methods' cells and a table without masks get no hatch."""
+    from headscope.reports.plots_attribution import plot_token_heatmap
+
+    tokens = ["<bos>", "a", "b", "c", "d", "?"]
+    shares = {"last_layer": [0.0, 0.0, 0.6, 0.4], "saliency": [0.4, 0.1, 0.2, 0.3]}
+    scores = pd.DataFrame([{"example": 0, "position": p, "token": tokens[p], "method": m, "layer": None, "head": None,
+                            "score": v[p - 1], "masked": m == "last_layer" and p < 3}
+                           for m, v in shares.items() for p in (1, 2, 3, 4)])
+    try:
+        ax = plot_token_heatmap(scores)
+        hatched = sorted((int(r.get_x()), int(r.get_y())) for r in ax.patches if r.get_hatch() == "//")
+        assert hatched == [(0, 0), (1, 0)] and "sliding window" in ax.get_title()  # row 0 last_layer, columns a, b
+        plain = plot_token_heatmap(scores.drop(columns="masked"))
+        assert not [r for r in plain.patches if r.get_hatch()]
+        assert "hatched grey" in caption("token_heatmap")
+    finally:
+        plt.close("all")
+
+
 def _graph(edges):
     from headscope.reports.plots_circuits import plot_circuit_graph
 
