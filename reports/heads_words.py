@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import clear_of
-from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ordinal
+from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ordinal, sliding_words
 
 
 def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
@@ -362,26 +362,20 @@ def finding(s: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _layers(layers: list[int], n_layers: Any) -> str:
-    return "every layer" if len(layers) == n_layers else ("layer " if len(layers) == 1 else "layers ") + and_join(
-        [str(l) for l in layers])
-
 
 def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:
     """Review 9a A2: on sliding-window layers, how sink and induction were scored so the mask does not
     decide them: sink over the queries that see the first token, induction on repeats that fit the
     window, or not measurable where they cannot."""
-    by_window: dict[int, list[int]] = {}
-    for layer, win in sorted(((int(l), int(v)) for l, v in (w.get("windows") or {}).items())):
-        by_window.setdefault(win, []).append(layer)
-    slides = and_join([f"{_layers(ls, n_layers)} over {win} keys" for win, ls in by_window.items()])
+    windows = {int(l): int(v) for l, v in (w.get("windows") or {}).items()}
     length, blind = w.get("induction_length"), list(w.get("induction_unmeasurable") or ())
-    words = (f"Sliding windows ({slides}): sink is scored over the queries that can see the first token (within "
-             "window - 1 positions of it)")
+    words = (f"Sliding windows ({sliding_words(windows, n_layers)}): sink is scored over the queries that can see "
+             "the first token (within window - 1 positions of it)")
     if blind:
-        narrow = sorted({int(v) for l, v in (w.get("windows") or {}).items() if int(l) in blind})
-        words += (f"; induction is not measurable on {_layers(blind, n_layers)} (a window of "
-                  f"{and_join([str(v) for v in narrow])}): the probe reads {length - 1} back")
+        where = "every layer" if len(blind) == n_layers else ("layers " if len(blind) > 1 else "layer ") + and_join(
+            [str(l) for l in blind])
+        narrow = and_join([str(v) for v in sorted({windows[l] for l in blind if l in windows})])
+        words += f"; induction is not measurable on {where} (a window of {narrow}): the probe reads {length - 1} back"
     else:
         words += f"; induction is probed on repeats of {length} tokens (reading {length - 1} back) to fit the window"
     return words + "."

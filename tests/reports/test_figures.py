@@ -1538,6 +1538,31 @@ def test_patching_maps_of_one_scale_have_identical_colour_bar_ticks():
         plt.close("all")
 
 
+def test_patching_maps_hatch_the_cells_sliding_windows_keep_from_the_answer():
+    """Review 9a B2: the exact table's `unreachable` cells (0 by construction on a sliding-window model)
+    are hatched grey in the by-position maps, at their own (layer, position) and (head, position), and the
+    caption says why; an unmarked table draws no hatch."""
+    from headscope.reports.plots_patching import PREFIX_CAPTIONS, plot_head_pos, plot_layer_pos
+
+    exact = pd.DataFrame([{"site_type": s, "layer": l, "head": h, "pos": p, "token": f"{p}: t",
+                           "effect": 0.0 if p < l + 1 else 0.3,
+                           "unreachable": p < l + 1}
+                          for s, heads in (("resid_pre", [None]), ("head_out_by_pos", (0, 1)))
+                          for l in range(2) for h in heads for p in range(4)])
+    try:
+        ax = plot_layer_pos(exact, site_type="resid_pre", n_prompts=1)
+        hatched = sorted((int(r.get_x()), int(r.get_y())) for r in ax.patches if r.get_hatch() == "//")
+        assert hatched == [(0, 0), (0, 1), (1, 1)] and "sliding windows" in ax.get_title()
+        heads = plot_head_pos(exact, n_prompts=1)
+        hatched = sorted((int(r.get_x()), int(r.get_y())) for r in heads.patches if r.get_hatch() == "//")
+        assert hatched == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3)]  # rows L0H0, L0H1, L1H0, L1H1
+        plain = plot_layer_pos(exact.drop(columns="unreachable"), site_type="resid_pre", n_prompts=1)
+        assert not [r for r in plain.patches if r.get_hatch()]
+        assert "hatched grey" in PREFIX_CAPTIONS["exact_"] and "by construction" in PREFIX_CAPTIONS["exact_"]
+    finally:
+        plt.close("all")
+
+
 def test_lens_log_probability_is_white_to_red_ending_at_zero_and_zero_is_a_tick():
     """The review: the lens drew a log-probability on viridis and its colour bar stopped at -2.5, never
     marking 0, the ceiling. Now the convention's sequential map from the lowest value shown (-6.3, floored
