@@ -1431,20 +1431,27 @@ def test_every_figure_of_attention_weights_uses_the_conventions_sequential_map()
 
 
 def test_kv_norms_mute_positions_few_prompts_reach_and_the_guide_claims_no_sink():
+    """Review 9a B1: each point is muted by its own reach, not from the first thin position to the end (a
+    sliding-window cache's reach is not monotone: the reviewer's 4, 4, 13, 13, 13, 9, 12, 3 ...), and the
+    x label counts the section's prompts (16), not the most that reach any one position (13)."""
     from headscope.reports.plots_kv import GUIDE, plot_norms
 
-    reach = [4, 4, 4, 3, 1, 1]  # prompts of 6, 6, 6... tokens: positions 4 and 5 exist in one prompt only
+    reach = [4, 4, 13, 13, 13, 9, 12, 3]  # positions 0..7; half of 16 is 8: 0, 1 and 7 are thin
     norms = pd.DataFrame([{"layer": layer, "kv_head": h, "position": p, "kind": "key", "norm": 1.0 + layer + p + h,
                            "n_prompts": n} for layer in (0, 1) for h in (0, 1) for p, n in enumerate(reach)])
     try:
-        ax = plot_norms(norms, ax=plt.subplots()[1])
-        lines = [line for line in ax.get_lines()]
+        ax = plot_norms(norms, n_prompts=16, ax=plt.subplots()[1])
+        lines = ax.get_lines()
         solid = [line for line in lines if line.get_linestyle() == "-"]
         faint = [line for line in lines if line.get_linestyle() == ":"]
-        assert [list(line.get_xdata()) for line in solid] == [[0, 1, 2, 3]] * 2
-        assert [list(line.get_xdata()) for line in faint] == [[3, 4, 5]] * 2 and all(line.get_alpha() < 1 for line in faint)
-        assert list(solid[1].get_ydata()) == [2.5, 3.5, 4.5, 5.5]  # layer 1: mean over the two KV heads
-        assert "faint, dotted from position 4: fewer than half of the 4 prompts reach it (n = 1 there" in ax.get_xlabel()
+        shown = [[p for p, y in zip(line.get_xdata(), line.get_ydata()) if np.isfinite(y)] for line in solid]
+        assert shown == [[2, 3, 4, 5, 6]] * 2 and [line.get_label() for line in solid] == ["0", "1"]
+        assert [list(line.get_xdata()) for line in faint] == [list(range(8))] * 2
+        assert all(line.get_alpha() < 1 for line in faint)
+        assert list(solid[1].get_ydata())[2:7] == [4.5, 5.5, 6.5, 7.5, 8.5]  # layer 1: mean over the two KV heads
+        assert "fewer than half of the 16 prompts reach (n = 3-4; positions 0-1, 7)" in ax.get_xlabel()
+        every = plot_norms(norms.assign(n_prompts=16), n_prompts=16, ax=plt.subplots()[1])
+        assert all(line.get_linestyle() == "-" for line in every.get_lines()) and "faint" not in every.get_xlabel()
     finally:
         plt.close("all")
     assert "stand out at the start" not in GUIDE
