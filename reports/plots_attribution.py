@@ -287,7 +287,7 @@ def finding(s: Mapping[str, Any]) -> str:
                 f"{fewest})" if 0 < fewest < n else "")
         parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
                      + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
-        if words := window_words(s.get("attention_window")):
+        if words := window_words(s.get("attention_window"), n):
             parts.append(words)
         references = {k: v for k, v in taus.items() if k != "saliency"}  # the paired rollout tests' references
         if references and max(abs(m) for m, _ in references.values()) < WEAK_TAU:
@@ -319,13 +319,14 @@ def _span(pair: Any) -> str:
     return f"{pair[0]}" if pair[0] == pair[1] else f"{pair[0]}-{pair[1]}"
 
 
-def window_words(w: Any) -> str:
+def window_words(w: Any, n: int | None = None) -> str:
     """Review 9a A3: a sliding-window last layer gives 0 by its mask to the tokens before its window, so
-    its taus rank only the tokens inside the answer query's window; say how many and that the rest are out."""
+    its taus rank only the tokens inside the answer query's window; say how many and that the rest are out
+    (n: the examples)."""
     if not isinstance(w, Mapping) or not w.get("window"):
         return ""
     return (f"The last layer attends over a sliding window of {w['window']} keys, so at the answer position it gives "
-            f"0 by construction to every earlier token (in {w.get('n_examples_cut', '?')} of the examples): its taus "
+            f"0 by construction to every earlier token (in {w.get('n_examples_cut', '?')} of {n or '?'} examples): its taus "
             f"rank only the {_span(w['ranked'])} tokens inside that window, of the {_span(w['of'])} ranked, and say "
             "nothing of the tokens the window excludes.")
 

@@ -788,4 +788,4 @@ def test_sliding_window_last_layer_is_ranked_only_inside_its_window(arch_dirs, a
             assert row.tau.item() == pytest.approx(expect, abs=1e-9) and row.n_tokens.item() == 7
     assert res.summary["attention_window"] == {"window": 8, "ranked": [7, 7], "of": [11, 11], "n_examples_cut": 2}
     words = finding(res.summary)
-    assert "sliding window of 8 keys" in words and "rank only the 7 tokens inside that window, of the 11 ranked" in words
+    assert "(in 2 of 2 examples)" in words and "rank only the 7 tokens inside that window, of the 11 ranked" in words

@@ -1559,7 +1559,7 @@ def test_patching_maps_hatch_the_cells_sliding_windows_keep_from_the_answer():
     try:
         ax = plot_layer_pos(exact, site_type="resid_pre", n_prompts=1)
         hatched = sorted((int(r.get_x()), int(r.get_y())) for r in ax.patches if r.get_hatch() == "//")
-        assert hatched == [(0, 0), (0, 1), (1, 1)] and "sliding windows" in ax.get_title()
+        assert hatched == [(0, 0), (0, 1), (1, 1)] and "sliding windows' reach" in ax.get_title()
         heads = plot_head_pos(exact, n_prompts=1)
         hatched = sorted((int(r.get_x()), int(r.get_y())) for r in heads.patches if r.get_hatch() == "//")
         assert hatched == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3)]  # rows L0H0, L0H1, L1H0, L1H1
