@@ -6,6 +6,7 @@
   var data = JSON.parse(root.querySelector("script.hsx-data").textContent);
   var L = data.n_layers, H = data.n_heads, KV = data.n_kv_heads || H, S = data.scale;
   var G = KV > 0 && H % KV === 0 ? H / KV : 1;
+  var W = data.windows || [];  // [layer] -> sliding window or null: query q sees keys k > q - window
   var app = root.querySelector(".hsx-app");
   var scoreNames = Object.keys(data.scores || {}), labelNames = Object.keys(data.labels || {});
   var st = {ex: 0, l: 0, h: 0, colour: "score:" + (data.default_score || scoreNames[0]), view: "heatmap",
@@ -40,11 +41,19 @@
     }
     return (cache[key] = out);
   }
-  function sink(ex, l, h) {  // mean over queries of the weight on the first token
-    var p = pattern(ex, l, h), q0 = (!data.is_encoder && p.length > 1) ? 1 : 0, s = 0;
-    for (var q = q0; q < p.length; q++) s += p[q][0];
-    return p.length > q0 ? s / (p.length - q0) : 0;
+  function windowOf(heads) {  // the sliding window every shown head's layer shares, else 0 (none, or mixed)
+    var w = W[heads[0][0]] || 0;
+    return heads.every(function (lh) { return (W[lh[0]] || 0) === w; }) ? w : 0;
   }
+  function hidden(heads, q, k) {  // key k outside every shown head's window for query q: masked, not zero
+    return heads.every(function (lh) { var w = W[lh[0]]; return !!w && k <= q - w; });
+  }
+  function sinkOver(p, w) {  // mean over the queries that can see the first token of their weight on it
+    var q0 = (!data.is_encoder && p.length > 1) ? 1 : 0, end = w ? Math.min(p.length, w) : p.length, s = 0;
+    for (var q = q0; q < end; q++) s += p[q][0];
+    return end > q0 ? s / (end - q0) : 0;
+  }
+  function sink(ex, l, h) { return sinkOver(pattern(ex, l, h), W[l] || 0); }
   function fmt(v) { return v.toFixed(4); }
   function q_(toks, i) { return "\u201c" + toks[i] + "\u201d (" + i + ")"; }  // a token, quoted, and its position
   function short(v) {
@@ -78,11 +87,7 @@
     if (st.heads.length > 1) return {p: combined(st.ex, st.heads, st.combine), heads: st.heads, preview: false};
     return {p: pattern(st.ex, st.l, st.h), heads: [[st.l, st.h]], preview: false};
   }
-  function sinkOf(p) {
-    var q0 = (!data.is_encoder && p.length > 1) ? 1 : 0, s = 0;
-    for (var q = q0; q < p.length; q++) s += p[q][0];
-    return p.length > q0 ? s / (p.length - q0) : 0;
-  }
+  function sinkOf(p) { return sinkOver(p, windowOf(cur.heads)); }
   var RED = [178, 24, 43], BLUE = [33, 102, 172];  // the figures' RdBu_r ends: red positive, blue negative
   function toward(c, t) {  // white (t = 0) -> colour c (t = 1)
     t = Math.max(0, Math.min(1, t));
@@ -324,6 +329,7 @@
   });
 
   // ---- the selected head ----
+  var windowLine = el("div", "hsx-windowline");
   var title = el("div", "hsx-title"), sinkLine = el("div", "hsx-sinkline"), strip = el("div", "hsx-tokens"),
       info = el("div", "hsx-info"), view = el("div", "hsx-view"), scale = el("div", "hsx-scale");
   scale.setAttribute("data-min", "0"); scale.setAttribute("data-max", "1");
@@ -333,7 +339,7 @@
   scale.appendChild(sramp);
   scale.appendChild(el("span", null, "1"));
   scale.appendChild(el("span", "hsx-note", "(each query's weights over the keys sum to 1)"));
-  [title, sinkLine, scale, strip, info, view].forEach(function (e) { right.appendChild(e); });
+  [title, sinkLine, windowLine, scale, strip, info, view].forEach(function (e) { right.appendChild(e); });
   var hl = {rows: [], cols: [], toks: [], texts: []}, marks = [], cur = null;
 
   function clearMarks() {
@@ -425,9 +431,18 @@
     root.setAttribute("data-shown", cur.heads.map(function (lh) { return "L" + lh[0] + "H" + lh[1]; }).join(","));
     var s = sinkOf(p);
     sinkLine.textContent = "";
-    sinkLine.appendChild(el("span", null, "sink: attention on the first token, mean over queries"));
+    var win = windowOf(cur.heads);
+    sinkLine.appendChild(el("span", null, "sink: attention on the first token, mean over " +
+                            (win ? "the queries that can see it" : "queries")));
     var bar = el("span", "hsx-bar"), fill = el("span"); fill.style.width = (100 * s).toFixed(1) + "%"; bar.appendChild(fill);
     sinkLine.appendChild(bar); sinkLine.appendChild(el("span", "hsx-sinkvalue", s.toFixed(3)));
+    var slides = {};
+    cur.heads.forEach(function (lh) { if (W[lh[0]]) slides[lh[0]] = W[lh[0]]; });
+    var said = Object.keys(slides).map(function (l) { return "layer " + l + " attends over a sliding window of " +
+                                                     slides[l] + " keys"; });
+    windowLine.textContent = said.length ? said.join("; ") + ": hatched cells are keys outside it (masked, " +
+                                           "not zero attention)" : "";
+    windowLine.style.display = said.length ? "" : "none";
     strip.textContent = ""; hl.toks = [];
     toks.forEach(function (t, i) {
       var span = el("span", "hsx-tok", t); span.title = "position " + i;
@@ -464,10 +479,11 @@
       })(q);
       tr.appendChild(qh); hl.qHead.push(qh);
       for (var k = 0; k < n; k++) {
-        var v = p[q][k], td = el("td");
+        var v = p[q][k], td = el("td"), masked = hidden(cur.heads, q, k);
         td.style.background = seq(v);
         td.setAttribute("data-q", q); td.setAttribute("data-k", k); td.setAttribute("data-v", fmt(v));
-        td.title = toks[q] + " \u2192 " + toks[k] + ": " + fmt(v);
+        td.title = toks[q] + " \u2192 " + toks[k] + ": " + (masked ? "masked (outside the sliding window)" : fmt(v));
+        if (masked) { td.className = "hsx-masked"; td.style.background = ""; }
         tr.appendChild(td); row.push(td);
       }
       body.appendChild(tr); hl.rows.push(row);

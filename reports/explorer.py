@@ -19,10 +19,14 @@ The data dict (format 1):
                tasks: a few examples each while the stored values stay under MAX_VALUES)
     scores:    {name: [layer][head] -> float or None}, the grid's colour; always "max attention
                (examples shown)" (mean over queries of the largest weight) and "sink (examples
-               shown)" (mean over queries of the weight on the first token; a decoder's first
-               query, which can only attend to itself, left out); plus the caller's
+               shown)" (mean over the queries that can see the first token of the weight on it; a
+               decoder's first query, which can only attend to itself, left out); plus the caller's
     labels:    {name: [layer][head] -> str} (e.g. each head's role), shown in the grid
     default_score: the score the grid starts coloured by
+    windows:   (only when a layer slides) [layer] -> its sliding window or null (global): a query q sees keys
+               k > q - window; the view hatches the keys outside it (masked, not zero attention), says the
+               window of the layer shown, and averages the sink over the queries that see the first token
+               (as the "sink (examples shown)" score does)
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import torch
 from headscope.analyses.core.attention_capture import SCALE, Captured, capture_examples, example_rows
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
+from headscope.models.hooked_model import layer_windows
 from headscope.reports.explorer_view import explorer_html
 from headscope.reports.html_report import EXPLORER_FILE
 from headscope.reports.tokens_view import HTMLView, pattern_view
@@ -125,13 +130,16 @@ def attention_explorer_data(model, tokens_or_prompts: Any = None, *, max_example
     """
     captured = capture_examples(model, tokens_or_prompts, max_examples=max_examples, max_tokens=max_tokens, seed=seed,
                                 more_tasks=more_tasks, more_examples=more_examples)
-    return explorer_data(model.facts, captured, head_scores=head_scores, default_score=default_score)
+    return explorer_data(model.facts, captured, head_scores=head_scores, default_score=default_score,
+                         windows=layer_windows(model))
 
 
-def explorer_data(f: Any, captured: Captured, *, head_scores: Any = None, default_score: str | None = None) -> dict[str, Any]:
+def explorer_data(f: Any, captured: Captured, *, head_scores: Any = None, default_score: str | None = None,
+                  windows: Sequence[int | None] | None = None) -> dict[str, Any]:
     """The explorer's data dict (format 1, the module docstring) from captured patterns
     (analyses/core/attention_capture.py) and the model's facts `f`; head_scores and default_score
-    as in attention_explorer_data. Draws nothing new: the patterns come as captured."""
+    as in attention_explorer_data; windows: each layer's sliding window (models.layer_windows), kept
+    only when a layer slides. Draws nothing new: the patterns come as captured."""
     examples, sink, peak, source = captured.examples, captured.sink, captured.peak, captured.source
     n = max(len(examples), 1)
     scores: dict[str, Any] = {}
@@ -147,6 +155,7 @@ def explorer_data(f: Any, captured: Captured, *, head_scores: Any = None, defaul
         "format": FORMAT, "model": f.name, "family": f.family, "source": source,
         "n_layers": f.n_layers, "n_heads": f.n_heads, "n_kv_heads": f.n_kv_heads, "is_encoder": f.is_encoder,
         "scale": SCALE, "examples": examples, "scores": scores, "labels": labels, "default_score": default_score,
+        **({"windows": [int(w) if w else None for w in windows]} if windows and any(windows) else {}),
     }
 
 
@@ -325,7 +334,7 @@ def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int =
     if captured is None:
         captured = capture_examples(model, task, max_examples=max_examples, max_tokens=max_tokens, seed=seed,
                                     more_tasks=more_tasks)
-    data = explorer_data(model.facts, captured, head_scores=scores, default_score=default)
+    data = explorer_data(model.facts, captured, head_scores=scores, default_score=default, windows=layer_windows(model))
     _attach_attribution(data, Path(out))
     path = Path(out) / EXPLORER_FILE
     io.write_text(path, json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n")

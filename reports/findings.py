@@ -48,6 +48,16 @@ def and_join(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
+def sliding_words(windows: Mapping[int, int], n_layers: Any) -> str:
+    """'every layer over 6 keys', 'layer 0 over 8 keys', 'layers 0 and 2 over 8 keys and layer 1 over 4 keys':
+    the sliding windows of a model's windowed layers (models.layer_windows), in a finding's words."""
+    by_window: dict[int, list[int]] = {}
+    for layer, win in sorted((int(l), int(w)) for l, w in windows.items()):
+        by_window.setdefault(win, []).append(layer)
+    return and_join([("every layer" if len(ls) == n_layers else ("layer " if len(ls) == 1 else "layers ")
+                      + and_join([str(l) for l in ls])) + f" over {w} keys" for w, ls in by_window.items()])
+
+
 def ordinal(n: int) -> str:
     """1st, 2nd, 3rd, 4th, ..., 11th-13th, 21st."""
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import clear_of
-from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ordinal
+from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ordinal, sliding_words
 
 
 def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
@@ -364,10 +364,20 @@ def finding(s: Mapping[str, Any]) -> str:
         if words := _first_close_words(s, method):
             parts.append(words)
     roles = s.get("roles")
+    windows = s.get("role_windows") if isinstance(s.get("role_windows"), Mapping) else None
     if isinstance(roles, Mapping):
+        if windows:
+            parts.append(_role_window_words(windows, s.get("n_layers")))
         found = [f"{len(v)} {k.replace('_', '-')} ({', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''})"
                  for k, v in roles.items() if v]
-        parts.append("Head roles: " + "; ".join(found) + "." if found else "No head passes a role threshold.")
+        blind = set((windows or {}).get("induction_unmeasurable") or ())
+        if found:
+            parts.append("Head roles: " + "; ".join(found) + ".")
+        elif blind and len(blind) == s.get("n_layers"):  # review 9a A2: a role no head can pass is not an absence
+            parts.append("No head passes the previous-token, positional or sink threshold (induction could not be "
+                         "measured).")
+        else:
+            parts.append("No head passes a role threshold" + (" (induction only where measured)." if blind else "."))
     l0 = s.get("l0_min_heads_within_tolerance")
     lambdas = s.get("l0_lambdas")
     if isinstance(l0, int) and relative and isinstance(lambdas, (list, tuple)) and len(lambdas) < 2:
@@ -376,3 +386,22 @@ def finding(s: Mapping[str, Any]) -> str:
     elif isinstance(l0, int) and relative:
         parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
     return " ".join(parts)
+
+
+
+def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:
+    """Review 9a A2: on sliding-window layers, how sink and induction were scored so the mask does not
+    decide them: sink over the queries that see the first token, induction on repeats that fit the
+    window, or not measurable where they cannot."""
+    windows = {int(l): int(v) for l, v in (w.get("windows") or {}).items()}
+    length, blind = w.get("induction_length"), list(w.get("induction_unmeasurable") or ())
+    words = (f"Sliding windows ({sliding_words(windows, n_layers)}): sink is scored over the queries that can see "
+             "the first token (within window - 1 positions of it)")
+    if blind:
+        where = "every layer" if len(blind) == n_layers else ("layers " if len(blind) > 1 else "layer ") + and_join(
+            [str(l) for l in blind])
+        narrow = and_join([str(v) for v in sorted({windows[l] for l in blind if l in windows})])
+        words += f"; induction is not measurable on {where} (a window of {narrow}): the probe reads {length - 1} back"
+    else:
+        words += f"; induction is probed on repeats of {length} tokens (reading {length - 1} back) to fit the window"
+    return words + "."

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.patching.attribution_patching import MISS, interval_stated
-from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, and_join, fisher_interval, ordinal
+from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, and_join, fisher_interval, ordinal, sliding_words
 from headscope.reports.patching_sites import (
     by_construction,
     depth,
@@ -391,6 +391,8 @@ def _finding(s: Mapping[str, Any]) -> str:
         aligned = _corrupted_token(s, gap)
         if aligned:
             parts.append(aligned)
+    if words := _window_words(s.get("sliding_windows")):
+        parts.append(words)
     corr = s.get("attribution_correlation")
     if isinstance(corr, Mapping):
         said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
@@ -416,3 +418,15 @@ def _finding(s: Mapping[str, Any]) -> str:
             parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
                          f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
+
+
+def _window_words(w: Any) -> str:
+    """Review 9a B2: on a sliding-window model, how many position cells the windows keep from the answer
+    (0 by construction, hatched in the maps), so their zeros are not read as a finding."""
+    if not isinstance(w, Mapping) or not w.get("unreachable"):
+        return ""
+    windows = {i: v for i, v in enumerate(w.get("windows") or []) if v}
+    return (f"Sliding windows ({sliding_words(windows, len(w.get('windows') or []))}): {w['unreachable']} of the "
+            f"{w.get('cells', '?')} position cells lie further before the answer position than the windows carry a "
+            "change (the sum of window - 1 over the layers from there to the end), so their 0 is by construction "
+            "(hatched in the maps), not a measured absence.")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.patches import Rectangle
 
 from headscope.analyses.attribution.convergence import IgUse, ig_use
 from headscope.analyses.core.result import Result
@@ -113,6 +114,14 @@ def plot_token_heatmap(data: pd.DataFrame, *, example: int | None = None, ax=Non
     ax.set_xlabel(f"token ({SKIPPED})")
     ax.set_ylabel("")
     ax.set_title(f"Token importance by method, example {example}")
+    if "masked" in one:  # review 9a A3: a sliding window's structural zeros are not "0 importance"
+        masked = one.pivot_table(index="method", columns="position", values="masked", aggfunc="max").reindex(
+            index=grid.index, columns=grid.columns).fillna(False).astype(bool).to_numpy()
+        for i, j in zip(*masked.nonzero()):
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6", linewidth=0))
+        if masked.any():
+            ax.set_title(f"Token importance by method, example {example}\n(hatched grey: outside the last layer's "
+                         "sliding window, 0 by the mask)", fontsize=9)
     return ax
 
 
@@ -253,7 +262,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "shown). The first token (BOS / [CLS]) and the last (the one that predicts, or [SEP]) are not "
                      "shown: the analysis leaves them out of every ranking, since the integrated-gradients baseline "
                      "keeps them (IG cannot score them) and the first is usually an attention sink, which would top "
-                     "attention's ranking for a reason no other method shares.",
+                     "attention's ranking for a reason no other method shares. On a model whose last layer slides, hatched grey "
+                     "cells are tokens outside its window: 0 by the mask, not measured as unimportant.",
     "permutation": "Per example: median output change (total variation distance, 0-1) when the layer's attention is "
                    "permuted, against its maximum attention weight. Where the output is saturated (the finding says so), "
                    "the distance stays near 0 whatever the layer does; read the finding's logit-unit change instead.",
@@ -294,6 +304,8 @@ def finding(s: Mapping[str, Any]) -> str:
                 f"{fewest})" if 0 < fewest < n else "")
         parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
                      + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
+        if words := window_words(s.get("attention_window"), n):
+            parts.append(words)
         references = {k: v for k, v in taus.items() if k != "saliency"}  # the paired rollout tests' references
         if references and max(abs(m) for m, _ in references.values()) < WEAK_TAU:
             tested = tuple(kv for kv in keys if kv[0] != "saliency")
@@ -318,6 +330,22 @@ def finding(s: Mapping[str, Any]) -> str:
 
 
 SMALL_METRIC_CHANGE = 0.1  # mean |change| of the task metric (logits, nats) under which "does little" may be said
+
+
+def _span(pair: Any) -> str:
+    return f"{pair[0]}" if pair[0] == pair[1] else f"{pair[0]}-{pair[1]}"
+
+
+def window_words(w: Any, n: int | None = None) -> str:
+    """Review 9a A3: a sliding-window last layer gives 0 by its mask to the tokens before its window, so
+    its taus rank only the tokens inside the answer query's window; say how many and that the rest are out
+    (n: the examples)."""
+    if not isinstance(w, Mapping) or not w.get("window"):
+        return ""
+    return (f"The last layer attends over a sliding window of {w['window']} keys, so at the answer position it gives "
+            f"0 by construction to every earlier token (in {w.get('n_examples_cut', '?')} of {n or '?'} examples): its taus "
+            f"rank only the {_span(w['ranked'])} tokens inside that window, of the {_span(w['of'])} ranked, and say "
+            "nothing of the tokens the window excludes.")
 
 
 def _saturated(s: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -20,6 +20,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+from matplotlib.patches import Rectangle
 
 from headscope.analyses.core.chance import t_quantile
 from headscope.reports.heads_words import finding as finding  # the headline: families.py reads it here
@@ -268,6 +269,12 @@ def plot_roles(data: pd.DataFrame, *, ax: Any = None) -> Any:
     ax.set_ylabel("head (L layer H head)")
     ax.set_xlabel("role")
     ax.set_title("head roles")
+    unreachable = shown.isna().to_numpy()  # [heads, roles] a score the sliding window hides (review 9a A2)
+    for i, j in zip(*unreachable.nonzero()):
+        ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6", linewidth=0))
+    if unreachable.any():
+        ax.set_title("head roles (hatched grey: not measurable, the sliding window hides the probe's key)",
+                     fontsize=9)
     return ax
 
 
@@ -327,5 +334,6 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
           "(lambdas that land on one point share a label).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
-             "(the mean maximum attention weight).",
+             "(the mean maximum attention weight). On sliding-window layers sink averages over the queries that can "
+             "see the first token, and a hatched grey cell is a score the window makes unmeasurable.",
 }

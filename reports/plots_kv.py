@@ -72,35 +72,39 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
     return ax
 
 
-def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, Any] | None = None, ax=None):
+def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, Any] | None = None,
+               n_prompts: int | None = None, ax=None):
     """Mean norm of the cached keys (or values) by position (`data`: the norms table), one line per layer
     (mean over KV heads), on a y axis from 0 (a norm is read as a ratio: a zoomed axis makes a few percent look
-    like structure). Positions that fewer than half of the prompts reach (`n_prompts`: far positions
-    average only the longest prompts) are drawn faint and dotted, and the x label says from where.
+    like structure). Each point that fewer than half of the section's `n_prompts` prompts reach (its own
+    `n_prompts` in the table: far positions average only the longest prompts, and a sliding-window layer's
+    cache only each prompt's last window, so reach need not fall with position) is drawn on a faint dotted line
+    only; the solid line breaks there, and the x label says where and counts the section's prompts (without
+    `n_prompts`, the most that reach any point).
     key_norm (the kv summary's, where the model normalises its keys before caching): the key figure's title
     says so and, for a norm per head, a grey band shows the range its weight allows."""
     ax = axes(ax, (7.5, 4))
     df = data[data.kind == kind]
-    means = df.groupby(["layer", "position"], as_index=False).norm.mean()
-    reach = df.groupby("position").n_prompts.max() if "n_prompts" in df else None
-    most = None if reach is None else int(reach.max())
-    muted_from = None if reach is None else next((int(p) for p, n in reach.items() if 2 * n < most), None)
+    means = df.groupby(["layer", "position"], as_index=False).agg(
+        norm=("norm", "mean"), **({"n": ("n_prompts", "max")} if "n_prompts" in df else {}))
+    total = n_prompts or (int(means.n.max()) if "n" in means and len(means) else None)
+    few = (2 * means.n < total) if total and "n" in means else pd.Series(False, index=means.index)  # review 9a B1
     colours = sns.color_palette(LAYERS, means.layer.nunique())
     for colour, (layer, g) in zip(colours, means.groupby("layer")):
-        solid = g if muted_from is None else g[g.position <= muted_from - 1]
-        ax.plot(solid.position, solid.norm, color=colour, lw=1.5, label=str(layer))
-        if muted_from is not None:
-            faint = g[g.position >= muted_from - 1]
-            ax.plot(faint.position, faint.norm, color=colour, lw=1, ls=":", alpha=0.4)
+        muted = few[g.index]
+        if muted.any():
+            ax.plot(g.position, g.norm, color=colour, lw=1, ls=":", alpha=0.4)
+        ax.plot(g.position, g.norm.where(~muted), color=colour, lw=1.5, label=str(layer))
     where = "position in the context (from each prompt's first token)"
     starts = means.groupby("layer").position.min()
     late = starts[starts > 0]  # a sliding-window layer's cache keeps only each prompt's last window
     if len(late):
         where += ("\nlayer(s) " + ", ".join(f"{int(k)} from {int(v)}" for k, v in late.items())
                   + ": a sliding window, the cache holds only each prompt's last positions")
-    if muted_from is not None:
-        where += (f"\nfaint, dotted from position {muted_from}: fewer than half of the {most} prompts reach it "
-                  f"(n = {int(reach[muted_from])} there, {int(reach.iloc[-1])} at position {int(reach.index[-1])})")
+    if few.any():
+        thin = means[few]
+        where += (f"\nfaint, dotted (the solid line breaks): points fewer than half of the {total} prompts reach "
+                  f"(n = {_int_span(int(thin.n.min()), int(thin.n.max()))}; positions {_runs(sorted(set(thin.position)))})")
     title = f"Cached {kind} norms (mean over KV heads)"
     top = float(means.norm.max()) if len(means) else 0.0
     if kind == "key" and isinstance(key_norm, Mapping):
@@ -149,7 +153,8 @@ def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a kv Result."""
     out = {}
     for stem, draw in (("kv_eviction", lambda: plot_eviction(result.df, metric=result.summary.get("metric"))),
-                       ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"))),
+                       ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"),
+                                                      n_prompts=result.summary.get("n_examples"))),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
         out[stem] = laid_out(draw())
     return out
@@ -172,7 +177,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "those layers). A budget too close to its left neighbour for its own label keeps its tick and is "
                    "listed with its count in the x label.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
-                "that reach the position); faint, dotted: positions fewer than half of the prompts reach. A "
+                "that reach the position); faint, dotted (the solid line breaks there): each point that fewer than half "
+                "of the section's prompts reach, judged point by point (a windowed cache's reach need not fall with "
+                "position). A "
                 "sliding-window layer's line starts late: its cache holds only each prompt's last window of positions. "
                 "The y axis starts at 0. On a model that normalises each head's keys before caching (a k_norm: Qwen3, "
                 "Gemma 3) their norms are set by the norm's weight, which the title says (grey band: the range the norm "
@@ -454,6 +461,21 @@ def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | Non
         text += (f": {_bytes(full_ctx)} at full context" + (f" ({int(ctx)} positions)" if ctx else "")
                  + (f", against {_bytes(everyone)} if every layer were global" if everyone is not None else ""))
     return text + "."
+
+
+def _int_span(lo: int, hi: int) -> str:
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def _runs(positions: list) -> str:
+    """[1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
+    runs: list[list[int]] = []
+    for p in map(int, positions):
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(_int_span(a, b) for a, b in runs)
 
 
 def _span2(lo: float, hi: float) -> str:

@@ -78,6 +78,20 @@ def _mute_partial(ax: Axes, partial: dict[int, int], n_rows: int, n_prompts: int
     ax.set_xlabel(ax.get_xlabel() + f"\npale, with n: columns averaged over fewer than all {n_prompts} prompts")
 
 
+def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
+    """Review 9a B2: hatch grey the cells the exact table marks `unreachable` (a sliding-window model's
+    cells too far from the answer position for the windows to carry them there: 0 by construction), so
+    they do not read as a measured 0; the title says so."""
+    if "unreachable" not in rows or not rows["unreachable"].astype(bool).any():
+        return
+    grid = rows.assign(unreachable=rows["unreachable"].astype(bool)).pivot_table(
+        index=index, columns="pos", values="unreachable", aggfunc="max").reindex(columns=columns)
+    for i, j in zip(*grid.fillna(False).astype(bool).to_numpy().nonzero()):
+        ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6", linewidth=0, zorder=3))
+    ax.set_title(ax.get_title() + "\n(hatched grey: beyond the sliding windows' reach of the answer, 0 by "
+                 "construction)", fontsize="medium")
+
+
 def _position_axis(n_prompts: int | None) -> str:
     return ("position: token" if n_prompts == 1 else
             f"position from the end (mean over up to {n_prompts or 'the'} prompts: only those that reach it)")
@@ -128,8 +142,10 @@ def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: 
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index="layer", columns="pos", values=column, aggfunc="mean")
     partial = _partial_columns(rows, grid.columns, n_prompts)
+    positions = grid.columns
     grid.columns = position_labels(rows, grid.columns, n_prompts, n_positions)
     _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet)
+    _hatch_unreachable(ax, rows, "layer", positions)
     ax.set_xlabel(_position_axis(n_prompts))
     ax.set_ylabel("layer")
     _mute_partial(ax, partial, grid.shape[0], n_prompts)
@@ -159,9 +175,11 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index=["layer", "head"], columns="pos", values=column, aggfunc="mean")
     partial = _partial_columns(rows, grid.columns, n_prompts)
+    positions = grid.columns
     grid.columns = position_labels(rows, grid.columns, n_prompts, n_positions)
     grid.index = [f"L{int(layer)}H{int(head)}" for layer, head in grid.index]
     _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet)
+    _hatch_unreachable(ax, rows, ["layer", "head"], positions)
     ax.tick_params(axis="y", labelsize=max(4, min(9, 300 / max(1, len(grid)))))
     ax.set_xlabel(_position_axis(n_prompts))
     ax.set_ylabel("head (L layer H head)")
@@ -331,7 +349,9 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
     "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
               "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
               "own maximum is much smaller prints it in its title). Positions count from the end; a column that only the "
-              "longer prompts reach is pale and its tick gives its n. ",
+              "longer prompts reach is pale and its tick gives its n. On a sliding-window model a hatched grey cell "
+              "lies more than the windows' reach (the sum of window - 1 over the layers from it to the end) before the "
+              "answer position: it cannot reach the answer, so its 0 is by construction, not a finding. ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
                        "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
                        "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",

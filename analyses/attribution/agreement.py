@@ -73,17 +73,25 @@ def tau_rows(
     methods: Mapping[str, np.ndarray],
     *,
     alpha: float = 0.05,
+    visible_from: Mapping[AttentionKey, int] | None = None,
 ) -> Iterator[dict]:
-    """One row per (attention vector, other method): tau, p-value, significance."""
-    keys, names = list(attention), list(methods)
-    tau, p = kendall_matrix(np.stack([attention[k] for k in keys]), np.stack([methods[n] for n in names]))
-    for r, (kind, layer, head) in enumerate(keys):
-        for c, method in enumerate(names):
-            yield {
-                "example": example, "attention": kind, "layer": layer, "head": head, "method": method,
-                "tau": tau[r, c], "p_value": p[r, c], "significant": bool(p[r, c] < alpha),
-                "n_tokens": len(attention[(kind, layer, head)]),
-            }
+    """One row per (attention vector, other method): tau, p-value, significance, n_tokens (how many it
+    ranks). visible_from: per attention vector, the first ranked token it can see (a sliding-window
+    layer's answer query sees only its window; the mask gives the rest 0 by construction, a block of
+    ties that is no measurement): both rankings are cut to the tokens from there on."""
+    names = list(methods)
+    starts = {k: (visible_from or {}).get(k, 0) for k in attention}
+    for start in sorted(set(starts.values())):
+        keys = [k for k in attention if starts[k] == start]
+        tau, p = kendall_matrix(np.stack([attention[k][start:] for k in keys]),
+                                np.stack([methods[n][start:] for n in names]))
+        for r, (kind, layer, head) in enumerate(keys):
+            for c, method in enumerate(names):
+                yield {
+                    "example": example, "attention": kind, "layer": layer, "head": head, "method": method,
+                    "tau": tau[r, c], "p_value": p[r, c], "significant": bool(p[r, c] < alpha),
+                    "n_tokens": len(attention[(kind, layer, head)]) - start,
+                }
 
 
 def method_pair_rows(example: int, methods: Mapping[str, np.ndarray], *, alpha: float = 0.05) -> Iterator[dict]:

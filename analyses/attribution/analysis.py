@@ -35,7 +35,9 @@ loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_* and std_tau_r
 ({gradient, loo, ig}: the per-example paired difference tau(rollout) - tau(last layer) against that reference:
 mean, sd, n, ci (95% t), p (paired t) and p_holm, Holm-corrected over the three); fraction_significant (over
 all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
-median_permutation_tvd (median over examples of the median output change over permutations);
+attention_window (a sliding-window last layer that hides ranked tokens from the answer query: every attention
+vector of a windowed layer is ranked, against each method, only over the tokens inside its window; the scores
+table marks the others `masked`); median_permutation_tvd (median over examples of the median output change over permutations);
 saturated (decoders: the share of examples whose clean top token has p >= 0.99, the median 1 - p and the
 most TVD a one-logit change can give there, permutation.saturation, of the clean runs loo_metric is decided on);
 permutation_metric_change and
@@ -79,6 +81,7 @@ from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
 from headscope.errors import ConfigError, TaskError
 from headscope.execution import batching, distributed
+from headscope.models.hooked_model import layer_windows
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 SUMMARY_NAMES = {"grad_x_input": "gradient", "saliency": "saliency", "leave_one_out": "loo", "integrated_gradients": "ig"}
@@ -315,6 +318,7 @@ def attribution(
     summary["loo_metric"] = setup.loo_metric
     if setup.saturated is not None:  # the record leave-one-out's metric was decided on (the same clean runs)
         summary["saturated"] = setup.saturated
+    summary.update(attention_window(tables["scores"], layer_windows(model)[-1]))
     config_out = {**dataclasses.asdict(cfg), "baseline_token": setup.baseline, "permutation_layer": setup.layer,
                   "task": task.name}
     return Result(name="attribution", df=df, summary=summary, tables=tables, config=config_out)
@@ -402,6 +406,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     generator = [example_generator(cfg.seed, row) for row in tokens]  # the same draws on any rank, in any batch
     tgt = tuple(t[idx] for t in setup.targets)
     scored = list(range(1, n - 1))
+    windows = layer_windows(model)
     per_head, roll = am.attention_scores(model, tokens)  # [g, layer, head, pos], [g, pos]
     grads = am.gradient_scores(model, tokens, forward, tgt)
     ig, delta, steps = am.integrated_gradients(
@@ -428,9 +433,11 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         }
         methods = {k: _distribution(v) for k, v in methods.items()}
         attention = _attention_vectors(per_head[j, :, :, 1:-1], roll[j, 1:-1])
-        tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha))
+        visible = window_starts(attention, windows, n)
+        tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha, visible_from=visible))
         pairs.extend(method_pair_rows(ex, methods, alpha=cfg.alpha))
-        score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods, offset=spans[ex][0]))
+        score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods, offset=spans[ex][0],
+                                       visible_from=visible))
         token_rows.append(_token_frame(model, ex, tokens[j], {
             "saliency": grads["saliency"][j], "grad_x_input": grads["grad_x_input"][j],
             "integrated_gradients": ig[j]}, offset=spans[ex][0]))
@@ -497,21 +504,36 @@ def _attention_vectors(per_head: torch.Tensor, roll: torch.Tensor) -> dict[tuple
     return out
 
 
+def window_starts(attention: dict, windows: Sequence[int | None], n: int) -> dict:
+    """Per attention vector of a sliding-window layer (models.layer_windows), the index among the ranked
+    tokens (positions 1..n-2) of the first one the answer query (position n - 1) sees: keys k > n - 1 - window
+    (transformers' sliding_window_overlay), so position n - window on, index n - window - 1; 0 when all are seen."""
+    out = {}
+    for key in attention:
+        kind, layer = key[0], key[1]
+        window = windows[layer] if kind != "rollout" and layer is not None else None
+        if window and n - window - 1 > 0:
+            out[key] = n - window - 1
+    return out
+
+
 def _score_frame(model, example: int, tokens: torch.Tensor, positions: list[int], attention: dict, methods: dict,
-                 offset: int = 0) -> pd.DataFrame:
+                 offset: int = 0, visible_from: dict | None = None) -> pd.DataFrame:
     """Long table of one example's scores: example, position (in the Task's padded coordinates, as
-    its spans: offset + the position among the real tokens), token, method, layer, head, score."""
+    its spans: offset + the position among the real tokens), token, method, layer, head, score, masked
+    (True: an attention score the layer's sliding window sets to 0 by construction, window_starts)."""
     strs = model.to_str_tokens(tokens)
     frames = []
-    for (kind, layer, head), scores in attention.items():
+    for key, scores in attention.items():
+        kind, layer, head = key
         name = "attention" if kind == "head" else kind
-        frames.append((name, layer, head, scores))
-    frames.extend((method, None, None, scores) for method, scores in methods.items())
+        frames.append((name, layer, head, scores, (visible_from or {}).get(key, 0)))
+    frames.extend((method, None, None, scores, 0) for method, scores in methods.items())
     rows = [
         {"example": example, "position": offset + p, "token": strs[p], "method": name, "layer": layer, "head": head,
-         "score": float(s)}
-        for name, layer, head, scores in frames
-        for p, s in zip(positions, scores)
+         "score": float(s), "masked": i < start}
+        for name, layer, head, scores, start in frames
+        for i, (p, s) in enumerate(zip(positions, scores))
     ]
     return pd.DataFrame(rows).astype({"layer": "Int64", "head": "Int64"})
 
@@ -524,6 +546,19 @@ def _token_frame(model, example: int, tokens: torch.Tensor, scores: dict[str, to
     rows = [{"example": example, "position": offset + p, "token": strs[p], "method": name, "score": float(v)}
             for name, values in scores.items() for p, v in enumerate(values.detach().float().cpu().tolist())]
     return pd.DataFrame(rows)
+
+
+def attention_window(scores: pd.DataFrame, window: int | None) -> dict:
+    """{"attention_window": ...} when the last layer's sliding window hides ranked tokens from the answer
+    query (else {}): the window, how many ranked tokens its taus rank (min, max over examples) of how many
+    ranked tokens there are, and in how many examples it cut."""
+    last = scores[scores.method == "last_layer"]
+    if not window or "masked" not in last or not last.masked.any():
+        return {}
+    hidden, total = last.groupby("example").masked.sum(), last.groupby("example").size()
+    seen = total - hidden
+    return {"attention_window": {"window": int(window), "ranked": [int(seen.min()), int(seen.max())],
+                                 "of": [int(total.min()), int(total.max())], "n_examples_cut": int((hidden > 0).sum())}}
 
 
 def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kind: str, cfg: AttributionConfig,

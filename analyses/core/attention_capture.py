@@ -20,6 +20,7 @@ import torch
 
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
+from headscope.models.hooked_model import layer_windows
 
 SCALE = 10_000
 MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)
@@ -86,7 +87,10 @@ def example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[
 
 
 def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
-    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]."""
+    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]. The sink
+    is the mean weight on the first token over the queries that can see it (a sliding-window layer's
+    queries within window - 1 of it, models.layer_windows; a decoder's first query, which sees only itself,
+    left out)."""
     f = model.facts
     sites = [site("pattern", l) for l in range(f.n_layers)]
     n_total = int(row.shape[0])
@@ -105,7 +109,10 @@ def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str
                 head[q] = keys[:end]
     example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
                "truncated": n_total > row.shape[1], "patterns": ints}
-    return example, pat[..., q0:, 0].mean(-1), pat[..., q0:, :].max(-1).values.mean(-1)
+    q = torch.arange(pat.shape[-2])
+    sees = torch.stack([(q >= q0) & (q < (w or len(q))) for w in layer_windows(model)]).float()  # [L, q]
+    sink = (pat[..., 0] * sees[:, None, :]).sum(-1) / sees.sum(-1).clamp_min(1.0)[:, None]  # [L, H]
+    return example, sink, pat[..., q0:, :].max(-1).values.mean(-1)
 
 
 def _n_values(example: Mapping[str, Any]) -> int:

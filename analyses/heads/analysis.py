@@ -19,7 +19,7 @@ noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): 
 rounding_floor_<method> with rounding_floor_source ({method: "measured" or "analytic"}) and rounding_null: the
 floor each method's checks use, for ablation measured by null ablations (rounding.py) / degenerate_<method> /
 tied_top_heads_<method> (`numerical_checks`: importance that is rounding at the model's dtype, or top heads
-that tie, is said so and not ranked).
+that tie, is said so and not ranked); role_windows on a sliding-window model (roles.role_windows).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ from headscope.analyses.heads.pruning import (
     prunable_summary,
     pruning_curves,
 )
-from headscope.analyses.heads.roles import head_roles
+from headscope.analyses.heads.roles import head_roles, role_windows
 from headscope.errors import ConfigError, InputTypeError
 
 IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
@@ -358,7 +358,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     scorer = _scorer(model, task, hc)
     df, raw, baseline, loss_size = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
     roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
-    df = df.merge(roles, on=["layer", "head"], how="left")
+    df = df.merge(roles.drop(columns=["window", "induction_length"]), on=["layer", "head"], how="left")
     prune_imp = {}  # unpruned importance reused by the fixed-order curves
     if "gradient" in raw:
         prune_imp["gradient"] = normalize_per_layer(raw["gradient"]) if hc.pruning.normalize else raw["gradient"]
@@ -379,6 +379,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
         for role in sorted(set(roles["role"]) - {"other"})
     }
+    summary.update(role_windows(roles))
     tables = {"curve": curves, "curve_examples": examples, "roles": roles}
     if hc.best_head and raw:
         usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}

@@ -7,10 +7,15 @@ scores as it would alone.
 - positional: the share of queries whose most-attended key sits at the head's most common
   relative offset (Voita et al.: a positional head does so >= 90% of the time), and that offset
   (offset 0, the query's own token, is labelled "self", not "positional");
-- sink: attention to the first token;
+- sink: attention to the first token, averaged over the queries that can see it (on a sliding-window
+  layer, models.layer_windows, a query more than window - 1 positions after the first token cannot:
+  counting it would cap the score below 1 by construction);
 - previous_token: attention from position q to q - 1;
 - induction: on repeated random tokens x x (length n each), mean attention from position i of
-  the second copy to i - n + 1, the token after the earlier occurrence (Olsson et al.);
+  the second copy to i - n + 1, the token after the earlier occurrence (Olsson et al.); the probe
+  reads n - 1 positions back, so on a model with sliding windows n is at most the narrowest window
+  and a layer whose window the probe cannot fit in (window < MIN_INDUCTION_LENGTH, or a user's n
+  over its window) scores NaN: not measurable, rather than 0 by the mask;
 - confidence: mean maximum attention weight (Voita et al.).
 """
 from __future__ import annotations
@@ -20,9 +25,10 @@ import torch
 
 from headscope.analyses.core.default_tasks import repeated_random_tokens
 from headscope.hooks import capture, site
-from headscope.models.hooked_model import first_real_positions
+from headscope.models.hooked_model import first_real_positions, layer_windows
 
 POSITIONAL_SHARE = 0.9
+MIN_INDUCTION_LENGTH = 3  # repeats of 2 read 1 back: the previous token, not induction
 ROLE_THRESHOLDS = {"induction": 0.3, "previous_token": 0.5, "sink": 0.5}  # score above which a label is given
 
 
@@ -42,7 +48,8 @@ def _query_weights(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
 
 
 def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
-    """Per head: positional, positional_offset, sink, previous_token, confidence."""
+    """Per head: positional, positional_offset, sink, previous_token, confidence (sink over the queries
+    that can see the first token, the others over every counted query)."""
     pat = attention_patterns(model, tokens, attention_mask)  # [L, b, H, q, k]
     w = _query_weights(model, tokens, attention_mask)  # [b, q]
     n_q = pat.shape[-2]
@@ -56,7 +63,10 @@ def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     q_idx = torch.arange(n_q)
     first = first_real_positions(attention_mask, tokens.shape[0])  # [b] the key each row's "first token" is
     at_first = first.view(1, -1, 1, 1, 1).expand(*pat.shape[:-1], 1)  # [L, b, H, q, 1]
-    sink = mean_over_queries(pat.gather(-1, at_first)[..., 0])
+    windows = layer_windows(model)
+    reach = q_idx[None, :] - first[:, None]  # [b, q] how far back each query's first token lies
+    sees = torch.stack([(reach < win).float() * w if win else w for win in windows])[:, :, None, :]  # [L, b, 1, q]
+    sink = (pat.gather(-1, at_first)[..., 0] * sees).sum((1, 3)) / sees.sum((1, 3)).clamp_min(1.0)  # [L, H]
     prev = torch.zeros_like(pat[..., 0])  # [L, b, H, q]
     prev[..., 1:] = pat[..., q_idx[1:], q_idx[1:] - 1]
     previous = mean_over_queries(prev)  # [L, H]
@@ -77,14 +87,27 @@ def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     return pd.DataFrame(rows)
 
 
+def probe_length(model, length: int | None = None) -> int:
+    """The probe's repeat length: `length`, else 24 (or what n_ctx allows) cut to the narrowest
+    sliding window (models.layer_windows; the probe reads length - 1 back, a window w shows w - 1)."""
+    if length:
+        return length
+    narrowest = min((w for w in layer_windows(model) if w), default=None)
+    default = max(2, min(24, (model.facts.n_ctx - 1) // 2))
+    return default if narrowest is None else max(MIN_INDUCTION_LENGTH, min(default, narrowest))
+
+
 def induction_scores(model, *, length: int | None = None, n: int = 8, seed: int = 0) -> torch.Tensor:
-    """[L, H] mean attention from each second-copy position i to i - length + 1."""
-    length = length or max(2, min(24, (model.facts.n_ctx - 1) // 2))
+    """[L, H] mean attention from each second-copy position i to i - length + 1; NaN on a layer whose
+    sliding window hides that key (window < length: 0 by the mask, not a measurement)."""
+    length = probe_length(model, length)
     tokens = repeated_random_tokens(model, length, n, seed)
     start = tokens.shape[1] - 2 * length  # 1 with a prefix token
     pat = attention_patterns(model, tokens)  # [L, b, H, q, k]
     q = torch.arange(start + length, start + 2 * length)  # second copy
-    return pat[..., q, q - length + 1].mean((1, 3))  # [L, H]
+    scores = pat[..., q, q - length + 1].mean((1, 3))  # [L, H]
+    hidden = torch.tensor([bool(w) and w < length for w in layer_windows(model)])  # [L]
+    return scores.masked_fill(hidden[:, None], float("nan"))
 
 
 def label(row: pd.Series) -> str:
@@ -106,10 +129,27 @@ def head_roles(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None 
     """Role scores of every head on `tokens` (plus induction on repeated random tokens) and a label.
 
     Columns: layer, head, positional, positional_offset, sink, previous_token, confidence,
-    induction, role.
+    induction (NaN: the layer's window hides the probe's key), role, window (the layer's sliding
+    window, NaN for a global layer), induction_length (the probe's repeat length).
     """
     df = pattern_scores(model, tokens, attention_mask)
-    ind = induction_scores(model, length=induction_length, n=n_induction, seed=seed)
+    length = probe_length(model, induction_length)
+    ind = induction_scores(model, length=length, n=n_induction, seed=seed)
     df["induction"] = [float(ind[l, h]) for l, h in zip(df["layer"], df["head"])]
     df["role"] = df.apply(label, axis=1)
+    windows = layer_windows(model)
+    df["window"] = [float(windows[l]) if windows[l] else float("nan") for l in df["layer"]]
+    df["induction_length"] = length
     return df
+
+
+def role_windows(roles: pd.DataFrame) -> dict:
+    """{"role_windows": ...} for the summary when a layer slides (else {}): each windowed layer's
+    window, the induction probe's repeat length and the layers it cannot be measured on."""
+    windowed = roles.dropna(subset=["window"]).drop_duplicates("layer")
+    if windowed.empty:
+        return {}
+    blind = sorted(int(l) for l in roles.loc[roles["induction"].isna(), "layer"].unique())
+    return {"role_windows": {"windows": {str(int(l)): int(w) for l, w in zip(windowed["layer"], windowed["window"])},
+                             "induction_length": int(roles["induction_length"].iloc[0]),
+                             "induction_unmeasurable": blind}}

@@ -35,6 +35,9 @@ at_corrupted_token (per (layer, pos) site type and layer, the effect at each pro
 clean and corrupted differ, with where that sits from the end and where every differing position sits:
 patching/aligned.py; also the table `corrupted_token`); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
+On a sliding-window model (models.layer_windows) the table's `unreachable` marks the position cells the windows
+keep from the answer position (sites.window_reach: 0 by construction), and sliding_windows gives the windows and
+how many cells that is.
 """
 from __future__ import annotations
 
@@ -71,8 +74,9 @@ from headscope.analyses.patching.inputs import (
     task_padding,
     token_labels,
 )
-from headscope.analyses.patching.sites import SITE_TYPES, SiteType, absent, cell_frame, site_types
+from headscope.analyses.patching.sites import SITE_TYPES, SiteType, absent, cell_frame, site_types, unreachable_cells
 from headscope.hooks.sites import site
+from headscope.models.hooked_model import layer_windows
 
 DEFAULT_SITES = ("resid_pre", "attn_out", "mlp_out", "head_out")
 TOP_N = 10
@@ -232,6 +236,11 @@ def activation_patching(
                                          "positions_differ": aligned.positions_differ(clean, corrupted),
                                          "differ_from_end": aligned.differ_from_end(clean, corrupted),
                                          "sites": on_token}
+    windows = layer_windows(model)
+    if any(windows) and pm.last_position:  # review 9a B2: cells the windows keep from the answer are 0 by construction
+        df["unreachable"] = unreachable_cells(df, windows)
+        summary["sliding_windows"] = {"windows": list(windows), "unreachable": int(df["unreachable"].sum()),
+                                      "cells": int(df["position_from_end"].notna().sum())}
     small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
     if small is not None:
         summary["gap_within_noise"] = small

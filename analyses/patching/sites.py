@@ -154,3 +154,29 @@ def cell_frame(
     for column, array in values.items():
         frame[column] = np.asarray(array, dtype=float)
     return frame
+
+
+# layers whose attention a cell's change still passes through on its way to the answer: from its own
+# layer (resid_pre: before that layer's attention) or from the next (everything written after it)
+_FIRST_LATER_LAYER = {"resid_pre": 0, "resid_mid": 1, "resid_post": 1, "attn_out": 1, "mlp_out": 1, "head_out_by_pos": 1}
+
+
+def window_reach(windows: tuple, site_type: str, layer: int) -> int | None:
+    """How many positions back from the answer query a (site_type, layer, position) cell can still move
+    it when the layers slide (models.layer_windows): each attention it passes through carries a change at
+    most window - 1 positions forward (a key k is seen by a query q when k > q - window, transformers'
+    sliding_window_overlay), so the sum of (window - 1) over the layers from there to the end; None where a
+    global layer lies on the way (any distance)."""
+    later = windows[layer + _FIRST_LATER_LAYER[site_type]:]
+    return None if any(w is None for w in later) else sum(w - 1 for w in later)
+
+
+def unreachable_cells(df: pd.DataFrame, windows: tuple) -> pd.Series:
+    """Per row of the exact table, True for a position cell that the sliding windows keep from the answer
+    position (-1 from the end): more than window_reach positions back, so 0 by construction."""
+    def out_of_reach(row: pd.Series) -> bool:
+        if row["site_type"] not in _FIRST_LATER_LAYER or pd.isna(row["position_from_end"]):
+            return False
+        reach = window_reach(windows, row["site_type"], int(row["layer"]))
+        return reach is not None and -1 - int(row["position_from_end"]) > reach
+    return df.apply(out_of_reach, axis=1).astype(bool)

@@ -902,3 +902,32 @@ def test_ig_claims_use_only_the_examples_that_converged(rel_errors, used, kept):
         result = Result(name="attribution", df=df, summary=s, tables={**tables, "token_scores": tokens}, config={})
         said = "integrated_gradients (missed completeness on this example: used in no claim)"
         assert said in hs.show_tokens(result, example=1).html and said not in hs.show_tokens(result, example=2).html
+
+
+def test_sliding_window_last_layer_is_ranked_only_inside_its_window(arch_dirs, arch_models):
+    """Review 9a A3 on Mistral (every layer slides over 8 keys), 13-token prompts: the answer query
+    (position 12) sees keys 5..12, so last-layer attention is 0 by the mask on ranked positions 1-4;
+    its taus rank positions 5-11 only (7 of 11), checked against scipy on plain Hugging Face's
+    attention; the scores table marks the hidden ones and the finding says it."""
+    from scipy.stats import kendalltau
+
+    from headscope.reports.plots_attribution import finding
+
+    model, task = arch_models("mistral"), random_task(2, 13, seed=5)
+    res = attribution(model, task, progress=False, n_steps=4, ig_max_steps=4, n_permutations=2, adversarial_steps=0)
+    hf = hf_model(arch_dirs["mistral"])
+    with torch.no_grad():
+        last = hf(task.tokens, output_attentions=True).attentions[-1][:, :, -1].mean(1).numpy()  # [b, k] head mean
+    assert (last[:, 1:5] == 0).all() and (last[:, 5:12] > 0).all()
+    scores = res.tables["scores"]
+    for ex in range(2):
+        ll = scores[(scores.example == ex) & (scores.method == "last_layer")].sort_values("position")
+        assert ll.loc[ll.masked, "position"].tolist() == [1, 2, 3, 4]
+        for method in ("saliency", "leave_one_out"):
+            other = scores[(scores.example == ex) & (scores.method == method)].sort_values("position")
+            expect = kendalltau(last[ex, 5:12], other.score.to_numpy()[4:]).statistic
+            row = res.df[(res.df.example == ex) & (res.df.attention == "last_layer") & (res.df.method == method)]
+            assert row.tau.item() == pytest.approx(expect, abs=1e-9) and row.n_tokens.item() == 7
+    assert res.summary["attention_window"] == {"window": 8, "ranked": [7, 7], "of": [11, 11], "n_examples_cut": 2}
+    words = finding(res.summary)
+    assert "(in 2 of 2 examples)" in words and "rank only the 7 tokens inside that window, of the 11 ranked" in words

@@ -551,6 +551,37 @@ def test_head_roles_equal_scores_from_hf_attentions(tiny_dirs, tiny_models):
             assert row["induction"] == pytest.approx(ind, abs=1e-5)
 
 
+def test_sliding_window_roles_score_sink_over_queries_that_see_it_and_fit_induction_in_the_window(arch_dirs, arch_models):
+    """Review 9a A2 on Gemma 2 (layer 0 slides over 8 keys, layer 1 global): sink averages over the
+    queries within 7 of the first token on layer 0 (all queries on layer 1), induction repeats 8 tokens
+    (not 24, read through the mask as 0) and a probe longer than the window is NaN, not 0."""
+    from headscope.reports.heads_words import finding
+
+    model, tokens = arch_models("gemma2"), random_tokens(2, 14, seed=4)
+    roles = head_roles(model, tokens, n_induction=2, seed=1)
+    hf = hf_model(arch_dirs["gemma2"])
+    rep = repeated_random_tokens(model, 8, 2, seed=1)  # <bos>, copies at 1..8 and 9..16
+    with torch.no_grad():
+        att = [a.numpy() for a in hf(tokens, output_attentions=True).attentions]  # [b, H, q, k] per layer
+        att_rep = [a.numpy() for a in hf(rep, output_attentions=True).attentions]
+    for layer, last_seeing in ((0, 7), (1, 13)):
+        for head in range(4):
+            row = roles.loc[(roles["layer"] == layer) & (roles["head"] == head)].iloc[0]
+            sink = np.mean([att[layer][b, head, q, 0] for b in range(2) for q in range(1, last_seeing + 1)])
+            assert row["sink"] == pytest.approx(sink, abs=1e-5)
+            ind = np.mean([att_rep[layer][b, head, i, i - 7] for b in range(2) for i in range(9, 17)])
+            assert row["induction"] == pytest.approx(ind, abs=1e-5) and ind > 0.01
+    assert att[0][0, 0, 9, 0] == 0.0  # the mask: query 9 cannot see key 0 on layer 0
+    assert roles["window"].tolist()[:4] == [8.0] * 4 and roles["window"].iloc[4:].isna().all()
+    long = head_roles(model, tokens, induction_length=10, n_induction=2, seed=1)
+    assert long.loc[long.layer == 0, "induction"].isna().all() and long.loc[long.layer == 1, "induction"].notna().all()
+    summary = {"n_layers": 2, "roles": {}, **heads.role_windows(long)}
+    assert summary["role_windows"] == {"windows": {"0": 8}, "induction_length": 10, "induction_unmeasurable": [0]}
+    words = finding(summary)
+    assert ("induction is not measurable on layer 0 (a window of 8): the probe reads 9 back" in words
+            and "layer 0 over 8 keys" in words and "No head passes a role threshold (induction only where measured)." in words)
+
+
 def test_repeated_random_tokens_repeat_and_avoid_specials(tiny_models):
     toks = repeated_random_tokens(tiny_models["llama"], 5, 4, seed=0)
     assert toks.shape == (4, 11) and bool((toks[:, 0] == 2).all())

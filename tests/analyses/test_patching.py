@@ -634,3 +634,25 @@ def test_resid_mid_on_parallel_blocks_is_said_absent_and_refused_when_asked_for(
     assert asked.summary["sites_absent"] == {"resid_mid": why} and asked.config["sites"] == ["resid_pre"]
     with pytest.raises(SiteError, match=parallel):
         hs.activation_patching(neox, None, sites=("resid_pre", "resid_mid"), n_examples=2)
+
+
+def test_sliding_window_cells_out_of_reach_of_the_answer_are_marked_and_are_zero(arch_models):
+    """Review 9a B2 on Mistral (2 layers, each sliding over 8 keys), 20-token prompts whose every token is
+    corrupted: resid_pre of layer 1 reaches the answer from 7 back at most (one window), of layer 0 from 14
+    (two); resid_post of layer 0 from 7. The model itself decides: every cell marked is 0, and the cells at
+    the edge of reach are not, so the mark is neither too wide nor too narrow."""
+    from headscope.reports.patching_words import finding
+
+    task = make_task(batch=2, pos=20, seed=5)
+    res = activation_patching(arch_models("mistral"), task, ["resid_pre", "resid_post"], progress=False)
+    df = res.df
+    back = -1 - df["position_from_end"]  # positions before the answer
+    for site, layer, reach in (("resid_pre", 1, 7), ("resid_pre", 0, 14), ("resid_post", 0, 7), ("resid_post", 1, 0)):
+        cells = df[(df.site_type == site) & (df.layer == layer)]
+        marked = cells[cells.unreachable]
+        assert sorted(back[marked.index]) == list(range(reach + 1, 20)), (site, layer)
+        assert marked.effect.abs().max() < 1e-6
+        edge = cells[back[cells.index] == reach]
+        assert edge.effect.abs().item() > 1e-4, (site, layer)  # one position nearer, the answer moves
+    assert res.summary["sliding_windows"] == {"windows": [8, 8], "unreachable": 12 + 5 + 12 + 19, "cells": 80}
+    assert "48 of the 80 position cells lie further before the answer position" in finding(res.summary)

@@ -600,3 +600,37 @@ def test_explorer_leaves_out_integrated_gradients_that_did_not_converge(tmp_path
     _attach_attribution(data, tmp_path)
     assert set(data["examples"][0]["attribution"]) == {"integrated_gradients", "saliency"}
     assert set(data["examples"][1]["attribution"]) == {"saliency"}
+
+
+@needs_chromium
+def test_sliding_window_keys_are_hatched_and_the_sink_counts_the_queries_that_see_it(arch_dirs, arch_models, tmp_path):
+    """Review 9a B3/B4 on Gemma 2 (layer 0 slides over 8 keys, layer 1 global): the data carries the windows;
+    the sink score averages over the queries that can see the first token (plain Hugging Face's attentions);
+    in Chromium layer 0's heatmap hatches exactly the keys k <= q - 8 and says the window, layer 1's none."""
+    from browser import open_page
+
+    model, prompt = arch_models("gemma2"), "the cat sat on the mat and the dog ran to the park with a ball"
+    data = attention_explorer_data(model, [prompt], max_examples=1)
+    assert data["windows"] == [8, None] and "windows" not in attention_explorer_data(arch_models("llama3"), ["a b"])
+    tokens = model.to_tokens(prompt)
+    n = tokens.shape[1]
+    assert n > 10
+    with torch.no_grad():
+        att = [a[0].numpy() for a in hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions]
+    for layer, last in ((0, 7), (1, n - 1)):
+        expect = [float(np.mean(att[layer][h, 1:last + 1, 0])) for h in range(4)]
+        assert data["scores"]["sink (examples shown)"][layer] == pytest.approx(expect, abs=1e-4)
+    page_file = tmp_path / "explorer.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="w") + "</body></html>")
+    masked = ("Array.from(document.querySelectorAll('#w .hsx-heat td.hsx-masked'))"
+              ".map(function(c){return [+c.dataset.q, +c.dataset.k];})")
+    with open_page(page_file) as page:
+        assert sorted(map(tuple, page.evaluate(masked))) == [(q, k) for q in range(n) for k in range(n) if k <= q - 8]
+        line = page.evaluate("document.querySelector('#w .hsx-windowline').textContent")
+        assert "layer 0 attends over a sliding window of 8 keys" in line and "masked" in line
+        sink = page.evaluate("document.querySelector('#w .hsx-sinkvalue').textContent")
+        assert float(sink) == pytest.approx(data["scores"]["sink (examples shown)"][0][0], abs=1e-3)
+        page.click("#w td[data-layer='1'][data-head='0']")
+        assert page.evaluate(masked) == [] and page.evaluate("document.querySelector('#w .hsx-windowline').textContent") == ""
+        assert page.console_errors == [] and page.requests == []

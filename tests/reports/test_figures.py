@@ -1195,6 +1195,25 @@ def test_lens_of_mixed_lengths_aligns_prompts_at_the_answer_position():
         plt.close("all")
 
 
+def test_roles_hatch_the_induction_cells_a_sliding_window_makes_unmeasurable():
+    """Review 9a A2/B3: a NaN induction score (the layer's window hides the probe's key) is a hatched
+    grey cell, not the white of a measured 0; measured cells get no patch."""
+    from headscope.reports.plots_heads import plot_roles
+
+    roles = pd.DataFrame([{"layer": l, "head": h, "positional": 0.1, "sink": 0.2, "previous_token": 0.0,
+                           "induction": float("nan") if l == 0 else 0.0, "confidence": 0.5}
+                          for l in range(2) for h in range(2)])
+    try:
+        ax = plot_roles(roles)
+        hatched = [(int(p.get_x()), int(p.get_y())) for p in ax.patches if p.get_hatch() == "//"]
+        assert sorted(hatched) == [(3, 0), (3, 1)]  # column 3 is induction; rows 0-1 are layer 0's heads
+        assert "not measurable" in ax.get_title()
+        plain = plot_roles(roles.fillna(0.0))
+        assert not [p for p in plain.patches if p.get_hatch()] and "not measurable" not in plain.get_title()
+    finally:
+        plt.close("all")
+
+
 def test_roles_labels_of_many_heads_do_not_overlap():
     from headscope.reports.plots_heads import plot_roles
 
@@ -1320,6 +1339,27 @@ def test_token_heatmap_says_the_first_and_last_tokens_are_left_out_and_why():
         plt.close("all")
 
 
+def test_token_heatmap_hatches_tokens_outside_the_last_layers_window():
+    """Review 9a A3: the scores table's `masked` attention cells (0 by a sliding window's mask) are hatched
+    grey, not drawn as 0 importance; the methods' cells and a table without masks get no hatch."""
+    from headscope.reports.plots_attribution import plot_token_heatmap
+
+    tokens = ["<bos>", "a", "b", "c", "d", "?"]
+    shares = {"last_layer": [0.0, 0.0, 0.6, 0.4], "saliency": [0.4, 0.1, 0.2, 0.3]}
+    scores = pd.DataFrame([{"example": 0, "position": p, "token": tokens[p], "method": m, "layer": None, "head": None,
+                            "score": v[p - 1], "masked": m == "last_layer" and p < 3}
+                           for m, v in shares.items() for p in (1, 2, 3, 4)])
+    try:
+        ax = plot_token_heatmap(scores)
+        hatched = sorted((int(r.get_x()), int(r.get_y())) for r in ax.patches if r.get_hatch() == "//")
+        assert hatched == [(0, 0), (1, 0)] and "sliding window" in ax.get_title()  # row 0 last_layer, columns a, b
+        plain = plot_token_heatmap(scores.drop(columns="masked"))
+        assert not [r for r in plain.patches if r.get_hatch()]
+        assert "hatched grey" in caption("token_heatmap")
+    finally:
+        plt.close("all")
+
+
 def _graph(edges):
     from headscope.reports.plots_circuits import plot_circuit_graph
 
@@ -1403,20 +1443,27 @@ def test_every_figure_of_attention_weights_uses_the_conventions_sequential_map()
 
 
 def test_kv_norms_mute_positions_few_prompts_reach_and_the_guide_claims_no_sink():
+    """Review 9a B1: each point is muted by its own reach, not from the first thin position to the end (a
+    sliding-window cache's reach is not monotone: the reviewer's 4, 4, 13, 13, 13, 9, 12, 3 ...), and the
+    x label counts the section's prompts (16), not the most that reach any one position (13)."""
     from headscope.reports.plots_kv import GUIDE, plot_norms
 
-    reach = [4, 4, 4, 3, 1, 1]  # prompts of 6, 6, 6... tokens: positions 4 and 5 exist in one prompt only
+    reach = [4, 4, 13, 13, 13, 9, 12, 3]  # positions 0..7; half of 16 is 8: 0, 1 and 7 are thin
     norms = pd.DataFrame([{"layer": layer, "kv_head": h, "position": p, "kind": "key", "norm": 1.0 + layer + p + h,
                            "n_prompts": n} for layer in (0, 1) for h in (0, 1) for p, n in enumerate(reach)])
     try:
-        ax = plot_norms(norms, ax=plt.subplots()[1])
-        lines = [line for line in ax.get_lines()]
+        ax = plot_norms(norms, n_prompts=16, ax=plt.subplots()[1])
+        lines = ax.get_lines()
         solid = [line for line in lines if line.get_linestyle() == "-"]
         faint = [line for line in lines if line.get_linestyle() == ":"]
-        assert [list(line.get_xdata()) for line in solid] == [[0, 1, 2, 3]] * 2
-        assert [list(line.get_xdata()) for line in faint] == [[3, 4, 5]] * 2 and all(line.get_alpha() < 1 for line in faint)
-        assert list(solid[1].get_ydata()) == [2.5, 3.5, 4.5, 5.5]  # layer 1: mean over the two KV heads
-        assert "faint, dotted from position 4: fewer than half of the 4 prompts reach it (n = 1 there" in ax.get_xlabel()
+        shown = [[p for p, y in zip(line.get_xdata(), line.get_ydata()) if np.isfinite(y)] for line in solid]
+        assert shown == [[2, 3, 4, 5, 6]] * 2 and [line.get_label() for line in solid] == ["0", "1"]
+        assert [list(line.get_xdata()) for line in faint] == [list(range(8))] * 2
+        assert all(line.get_alpha() < 1 for line in faint)
+        assert list(solid[1].get_ydata())[2:7] == [4.5, 5.5, 6.5, 7.5, 8.5]  # layer 1: mean over the two KV heads
+        assert "fewer than half of the 16 prompts reach (n = 3-4; positions 0-1, 7)" in ax.get_xlabel()
+        every = plot_norms(norms.assign(n_prompts=16), n_prompts=16, ax=plt.subplots()[1])
+        assert all(line.get_linestyle() == "-" for line in every.get_lines()) and "faint" not in every.get_xlabel()
     finally:
         plt.close("all")
     assert "stand out at the start" not in GUIDE
@@ -1506,6 +1553,31 @@ def test_patching_maps_of_one_scale_have_identical_colour_bar_ticks():
             np.testing.assert_allclose(bar.get_ticks(), [-0.96, -0.48, 0.0, 0.48, 0.96], err_msg=draw.__name__)
             assert [t.get_text() for t in bar.ax.get_yticklabels()] == ["-0.96", "-0.48", "0", "0.48", "0.96"]
             assert bar.ax.yaxis.get_offset_text().get_text() == ""
+    finally:
+        plt.close("all")
+
+
+def test_patching_maps_hatch_the_cells_sliding_windows_keep_from_the_answer():
+    """Review 9a B2: the exact table's `unreachable` cells (0 by construction on a sliding-window model)
+    are hatched grey in the by-position maps, at their own (layer, position) and (head, position), and the
+    caption says why; an unmarked table draws no hatch."""
+    from headscope.reports.plots_patching import PREFIX_CAPTIONS, plot_head_pos, plot_layer_pos
+
+    exact = pd.DataFrame([{"site_type": s, "layer": l, "head": h, "pos": p, "token": f"{p}: t",
+                           "effect": 0.0 if p < l + 1 else 0.3,
+                           "unreachable": p < l + 1}
+                          for s, heads in (("resid_pre", [None]), ("head_out_by_pos", (0, 1)))
+                          for l in range(2) for h in heads for p in range(4)])
+    try:
+        ax = plot_layer_pos(exact, site_type="resid_pre", n_prompts=1)
+        hatched = sorted((int(r.get_x()), int(r.get_y())) for r in ax.patches if r.get_hatch() == "//")
+        assert hatched == [(0, 0), (0, 1), (1, 1)] and "sliding windows' reach" in ax.get_title()
+        heads = plot_head_pos(exact, n_prompts=1)
+        hatched = sorted((int(r.get_x()), int(r.get_y())) for r in heads.patches if r.get_hatch() == "//")
+        assert hatched == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3)]  # rows L0H0, L0H1, L1H0, L1H1
+        plain = plot_layer_pos(exact.drop(columns="unreachable"), site_type="resid_pre", n_prompts=1)
+        assert not [r for r in plain.patches if r.get_hatch()]
+        assert "hatched grey" in PREFIX_CAPTIONS["exact_"] and "by construction" in PREFIX_CAPTIONS["exact_"]
     finally:
         plt.close("all")
 
