@@ -217,7 +217,57 @@ def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
              "tied_first_pruned_values_gradient": [[0.349, 0.360]]}  # not the first heads: no "The first heads"
     assert ("In the gradient order, L2H3 and L0H0 (removed 4th and 5th; 0.35 and 0.36) tie within rounding: which is "
             "removed first is arbitrary") in finding("heads", later)
+    assert ("By gradient, L0H2, L1H0 (5th) and L2H1 (6th) each tie within rounding with a neighbour in the ranking"
+            in text)  # an older summary: which tie with which is not recorded, so no run of three is claimed
+    text = finding("heads", {**s, "tied_top_groups_gradient": [["L0H2", "L1H0", "L2H1"]]})
     assert "By gradient, L0H2, L1H0 (5th) and L2H1 (6th) tie within rounding, across the edge of the top heads" in text
+
+
+def test_separate_ties_are_said_apart_and_only_ties_that_can_move_the_count_say_so():
+    """Review 9a A4.2/A4.3 (bf16 Mistral, out_bf): {L2H0, L2H1} (0.531 each) and {L2H3 (5th), L1H0 (6th)} are two
+    ties, 0.117 apart, not one run of four; the ablation order's 2nd-4th heads are removed as a set before the
+    step that decides its count (4; the 5th), the 5th/6th tie spans it; the gradient's 2nd/3rd tie lies past
+    its count's deciding point (count 0, interval 0-0)."""
+    s = {**HEADS, "top_heads_zero": ["L2H0", "L2H1", "L0H1", "L0H2", "L2H3"],
+         "tied_top_heads_zero": ["L2H0", "L2H1", "L2H3"], "tied_top_next_zero": "L1H0",
+         "tied_top_groups_zero": [["L2H0", "L2H1"], ["L2H3", "L1H0"]],
+         "tied_top_values_zero": [[0.53125, 0.53125], [0.4141, 0.3398]],
+         "tied_first_pruned_zero": [["L1H2", "L1H3", "L0H0"], ["L1H1", "L2H2"]], "tied_first_pruned_at_zero": [2, 5],
+         "tied_first_pruned_values_zero": [[0.0508, 0.0586, 0.1094], [0.2734, 0.3242]],
+         "tied_first_pruned_moves_zero": [False, True],
+         "tied_first_pruned_gradient": [["L0H0", "L2H1"]], "tied_first_pruned_at_gradient": [2],
+         "tied_first_pruned_values_gradient": [[0.331, 0.335]], "tied_first_pruned_moves_gradient": [False]}
+    text = finding("heads", s)
+    assert ("By zero-ablation, L2H0 and L2H1 (0.53 each) tie within rounding among the top heads, as do L2H3 (5th) "
+            "and L1H0 (6th) (0.41 and 0.34), across the edge of the top heads: the order within each pair is "
+            "arbitrary, not between them.") in text
+    assert "L2H0, L2H1, L2H3" not in text
+    assert ("In the ablation order, L1H2, L1H3 and L0H0 (removed 2nd, 3rd and 4th; 0.05, 0.06 and 0.11) tie within "
+            "rounding, as do L1H1 and L2H2 (removed 5th and 6th; 0.27 and 0.32): which of each is removed first is "
+            "arbitrary; the count's interval can depend on the order of L1H1 and L2H2 only (the others change no "
+            "point that decides it).") in text
+    assert ("In the gradient order, L0H0 and L2H1 (removed 2nd and 3rd; 0.33 and 0.34) tie within rounding: which is "
+            "removed first is arbitrary, but the count does not depend on it: no point that decides the count or its "
+            "interval falls between them.") in text
+    close = {**HEADS, "close_first_pruned_zero": {"heads": ["L2H0", "L0H1"], "importance": [-0.4187, -0.4141],
+                                                   "se": [0.125, 0.312], "moves_count": False}}
+    assert "not measured by these examples, but the count does not depend on it" in finding("heads", close)
+
+
+def test_at_chance_no_head_order_or_tie_is_named():
+    """Review 9a C6 (untrained Mistral): after "relative findings are not reported" the finding named the first
+    six heads of the ablation order and said the count's interval can depend on them."""
+    s = {**HEADS, "baseline_metric": -0.0555, "n_heads": 12, "roles": {},
+         "chance": {"at_chance": True, "below_chance": False, "chance_value": 0.0, "ci": [-0.239, 0.128],
+                    "metric": "logit_diff"},
+         "close_first_pruned_zero": {"heads": ["L2H3", "L1H0", "L2H0"], "importance": [-0.0205, -0.0184, -0.0142],
+                                     "se": [0.02, 0.01, 0.01]},
+         "tied_top_heads_zero": ["L0H1", "L0H2"], "tied_first_pruned_zero": [["L2H3", "L1H0"]],
+         "tied_first_pruned_at_zero": [1], "rounding_floor_zero": 0.09, "rounding_floor_source": {"zero": "measured"}}
+    text = finding("heads", s)
+    assert "L2H3" not in text and "L1H0" not in text and "L0H1" not in text
+    assert "tie" not in text and "count's interval" not in text and "Within rounding" not in text
+    assert "Unpruned logit difference is -0.0555" in text
 
 
 def test_a_kv_ceiling_at_the_whole_prompt_says_nothing_is_saved():
