@@ -142,12 +142,11 @@ def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
     if all(reach):
         tail = "arbitrary, and the count's interval can depend on it."
     elif not any(reach):
-        tail = ("arbitrary, but the count does not depend on it: no point that decides the count or its interval "
-                "falls between them.")
+        tail = "arbitrary, but the count does not depend on it: no step that decides it falls between them."
     else:
         moving = [said[i][0] for i, r in enumerate(reach) if r]
         tail = (f"arbitrary; the count's interval can depend on the order of {' and of '.join(moving)} only (the "
-                "others change no point that decides it).")
+                "others change no step that decides it).")
     if len(said) == 1 and said[0][3]:
         shown = f" ({said[0][1]})" if said[0][1] else ""
         return (f"The first heads of the {order} order, {said[0][0]}, tie within rounding{shown}: which is "
@@ -198,8 +197,8 @@ def _first_close_words(s: Mapping[str, Any], method: str) -> str:
             f"({and_join([f'{float(v):.2f}' for v in imp])}), differ from their neighbours by less than their standard "
             "errors over examples "
             f"({and_join([f'{float(v):.2f}' for v in se])}): which is removed first is not measured by these examples"
-            + (", but the count does not depend on it: no point that decides the count or its interval falls between "
-               "them." if close.get("moves_count") is False else ", and the count's interval can depend on it."))
+            + (", but the count does not depend on it: no step that decides it falls between them."
+               if close.get("moves_count") is False else ", and the count's interval can depend on it."))
 
 
 def _count(x: float) -> str:

@@ -245,10 +245,10 @@ def test_separate_ties_are_said_apart_and_only_ties_that_can_move_the_count_say_
     assert ("In the ablation order, L1H2, L1H3 and L0H0 (removed 2nd, 3rd and 4th; 0.05, 0.06 and 0.11) tie within "
             "rounding, as do L1H1 and L2H2 (removed 5th and 6th; 0.27 and 0.32): which of each is removed first is "
             "arbitrary; the count's interval can depend on the order of L1H1 and L2H2 only (the others change no "
-            "point that decides it).") in text
+            "step that decides it).") in text
     assert ("In the gradient order, L0H0 and L2H1 (removed 2nd and 3rd; 0.33 and 0.34) tie within rounding: which is "
-            "removed first is arbitrary, but the count does not depend on it: no point that decides the count or its "
-            "interval falls between them.") in text
+            "removed first is arbitrary, but the count does not depend on it: no step that decides it falls between "
+            "them.") in text
     close = {**HEADS, "close_first_pruned_zero": {"heads": ["L2H0", "L0H1"], "importance": [-0.4187, -0.4141],
                                                    "se": [0.125, 0.312], "moves_count": False}}
     assert "not measured by these examples, but the count does not depend on it" in finding("heads", close)
