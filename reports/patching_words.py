@@ -14,6 +14,8 @@ from typing import Any
 from headscope.analyses.patching.attribution_patching import MISS, interval_stated
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, and_join, fisher_interval, ordinal
 from headscope.reports.patching_sites import (
+    DEPTH,
+    at_answer,
     by_construction,
     depth,
     differ_offsets,
@@ -284,9 +286,13 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
         text = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
         return text + _effect_ci(cell, gap) + (f" ({effect:+.3g} {metric})" if gap else "")
 
-    def brief(kc: tuple) -> str:  # '<site> (0.86, 95% CI [..] over n examples)', and a tie with its type's next cell
+    notes: list[str] = []  # what the ties of the cells named imply (heads sharing KV heads, a shared effect)
+
+    def brief(kc: tuple, keep: Any = None) -> str:  # '<site> (0.86, 95% CI [..] over n examples)', and its ties
         kind, c = kc
-        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(s, kc, gap)
+        others = _tied_cells(s, kc, keep)
+        notes.extend(_head_notes(s, kc, others, gap))
+        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(kc, others, gap)
 
     answer = s.get("metric_at_last_position", True) is not False  # older summaries: every default metric is
     whole = by_construction(cells, gap, normalized) if answer else []
@@ -307,11 +313,17 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
     reach = reaching(rest, whole, gap, normalized) if answer else None
     write = writer(rest, gap, normalized) if answer else None
     it = "It" if enter else "The information"
+    top = depth(*whole[0]) if whole else float("inf")
+
+    def there(kind: str) -> Any:  # review 9a C5: a tie named at the answer position is a cell there
+        return lambda c: at_answer(c) and (kind not in DEPTH or depth(kind, c) < top)
+
     if reach and write:
-        said.append(f"{it} has reached the answer position at the {brief(reach)}, moved there by attention: {brief(write)}.")
+        said.append(f"{it} has reached the answer position at the {brief(reach, there(reach[0]))}, moved there by "
+                    f"attention: {brief(write, there(write[0]))}.")
     elif reach or write:
-        said.append(f"{it} has reached the answer position at the {brief(reach)}." if reach
-                    else f"Attention moves it to the answer position: {brief(write)}.")
+        said.append(f"{it} has reached the answer position at the {brief(reach, there(reach[0]))}." if reach
+                    else f"Attention moves it to the answer position: {brief(write, there(write[0]))}.")
     if whole:
         first, kinds = whole[0], {k for k, _ in whole}
         layers = and_join([str(c["layer"]) for _, c in whole]) if len(kinds) == 1 else ""
@@ -332,19 +344,84 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
             runners.append(brief((kind, c)))
     if runners:
         said.append("Next, at other sites: " + "; ".join(runners) + ".")
-    return [x for x in said if x]
+    return [x for x in said if x] + list(dict.fromkeys(notes))
 
 
-def _tie(s: Mapping[str, Any], kc: tuple, gap: float | None) -> str:
-    """', tied with <its site type's next cell> (share, CI)' where the two are within each other's 95% intervals."""
+def _tied_cells(s: Mapping[str, Any], kc: tuple, keep: Any = None) -> list:
+    """Every other cell of kc's site type (top_sites) within kc's 95% interval with kc within its own (tied), that
+    `keep` accepts (review 9b A2: the next cell alone left out two of four equal heads), largest |effect| first."""
     kind, cell = kc
     rows = [c for c in (s.get("top_sites") or {}).get(kind) or [] if _num(c.get("effect")) is not None]
-    at = next((i for i, c in enumerate(rows) if c is cell), None)
-    if at is None or at + 1 >= len(rows) or not tied(cell, rows[at + 1]):
+    if not any(c is cell for c in rows):
+        return []
+    return [c for c in rows if c is not cell and (keep is None or keep(c)) and tied(cell, c)]
+
+
+def _value(cell: Mapping[str, Any], gap: float | None) -> float:
+    return cell["effect"] / gap if gap else cell["effect"]
+
+
+def _tie(kc: tuple, others: list, gap: float | None) -> str:
+    """', tied with <cell> (share, CI)' for one tied cell; for several, ', tied with L0H3, L0H2 and L0H0 (0.08-0.10
+    each, all four within each other's 95% intervals)' (or each within the named cell's and it within theirs)."""
+    kind, cell = kc
+    if not others:
         return ""
-    other = rows[at + 1]
-    return (f", tied with {_where(kind, other).split(' at ', 1)[1]} ({other['effect'] / gap if gap else other['effect']:.2f}"
-            f"{_effect_ci(other, gap)})")
+    where = [_where(kind, o).split(" at ", 1)[1] for o in others]
+    if len(others) == 1:
+        return f", tied with {where[0]} ({_value(others[0], gap):.2f}{_effect_ci(others[0], gap)})"
+    values = [f"{_value(c, gap):.2f}" for c in [cell, *others]]
+    lo, hi = min(values, key=float), max(values, key=float)
+    span = lo if lo == hi else f"{lo}-{hi}"
+    own = _where(kind, cell).split(" at ", 1)[1]
+    pairwise = all(tied(a, b) for i, a in enumerate(others) for b in others[i + 1:])
+    how = (f"all {len(others) + 1} within each other's 95% intervals" if pairwise
+           else f"each within {own}'s 95% interval and {own} within each of theirs")
+    return f", tied with {and_join(where)} ({span} each, {how})"
+
+
+HEADS = ("head_out", "head_out_by_pos")
+
+
+def _head_notes(s: Mapping[str, Any], kc: tuple, others: list, gap: float | None) -> list[str]:
+    """For a head cell tied with others of its layer (review 9b A2): that they read fewer KV heads than they are
+    (summary n_heads / n_kv_heads: query head h reads KV head h // (n_heads / n_kv_heads)), and, where the layer's
+    attention output at the same place (attn_out: at the head cell's position, or its largest cell for heads
+    patched at every position) restores much more than its heads alone in sum (over 1.5 times, and its 95%
+    interval above that sum), that the effect is shared among them, not carried by one head."""
+    kind, cell = kc
+    if kind not in HEADS or cell.get("head") is None:
+        return []
+    layer, pos = cell.get("layer"), cell.get("pos")
+    group = [c for c in [cell, *others] if c.get("layer") == layer]
+    notes = []
+    heads, kv = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
+    if len(group) > 1 and heads and kv and kv < heads:
+        per = int(heads) // int(kv)
+        shared = {int(c["head"]) // per for c in group}
+        if len(shared) < len(group):
+            how = ("multi-query attention: one KV head per layer" if kv == 1
+                   else f"grouped-query attention: {heads:.0f} query heads on {kv:.0f} KV heads per layer")
+            notes.append(f"The {len(group)} tied layer-{layer} heads share {len(shared)} KV head"
+                         f"{'s' * (len(shared) > 1)} ({how}): they read the same keys and values.")
+    if len(group) > 1:
+        rows = (s.get("top_sites") or {})
+        alone = [c for c in rows.get(kind) or [] if c.get("layer") == layer and c.get("pos") == pos
+                 and _num(c.get("effect")) is not None]
+        attn = [c for c in rows.get("attn_out") or [] if c.get("layer") == layer and _num(c.get("effect")) is not None
+                and (pos is None or c.get("pos") == pos)]
+        together = max(attn, key=lambda c: abs(c["effect"]), default=None)
+        total = sum(c["effect"] for c in alone)
+        ci = together.get("ci") if together is not None else None
+        low = min(ci) if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci) else None
+        if (together is not None and total * together["effect"] > 0 and abs(together["effect"]) > 1.5 * abs(total)
+                and (low is None or (low > total if total > 0 else max(ci) < total))):
+            every = "" if heads is None or len(alone) != heads else f"all {len(alone)} of "
+            notes.append(f"Patched alone, {every}layer {layer}'s heads restore {_value({'effect': total}, gap):.2f} "
+                         f"{'of the gap ' if gap else ''}in sum; together ({_where('attn_out', together)}) "
+                         f"{_value(together, gap):.2f}{_effect_ci(together, gap)}: the effect is shared among them, not "
+                         "carried by one head.")
+    return notes
 
 
 def _absent(s: Mapping[str, Any]) -> str:

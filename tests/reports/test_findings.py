@@ -1708,6 +1708,59 @@ def _recall(**extra) -> dict:
             **extra}
 
 
+def test_patching_names_every_tied_head_their_shared_kv_head_and_a_shared_effect():
+    """Review 9b A2 (multi-query Llama, 4 query heads on 1 KV head): head_out L0H1 0.10 [0.06, 0.14], L0H3 0.10,
+    L0H2 0.10 [0.04, 0.15], L0H0 0.08 [0.04, 0.11], each inside the others' intervals; "tied with L0H3" named one of
+    three. Alone they restore 0.37 of the gap in sum, layer 0's attention at the answer position 0.98 [0.92, 1.05]."""
+    gap = 23.74
+
+    def head(h, share, lo, hi, layer=0):
+        return {"layer": layer, "head": h, "pos": None, "token": "all", "effect": share * gap,
+                "ci": [lo * gap, hi * gap], "n": 8}
+
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 12,
+         "clean_metric": 11.70, "corrupted_metric": -12.04, "n_heads": 4, "n_kv_heads": 1,
+         "top_sites": {"attn_out": [{"layer": 0, "head": None, "pos": 11, "from_end": -1, "token": "is",
+                                     "effect": 0.98 * gap, "ci": [0.92 * gap, 1.05 * gap], "n": 8}],
+                       "head_out": [head(1, 0.101, 0.062, 0.140), head(3, 0.099, 0.059, 0.138),
+                                    head(2, 0.096, 0.043, 0.150), head(0, 0.076, 0.042, 0.109),
+                                    head(0, 0.009, 0.003, 0.015, layer=1)]}}
+    text = finding("patching", s)
+    assert ("head_out at L0H1 (0.10, 95% CI [0.06, 0.14] over 8 examples), tied with L0H3, L0H2 and L0H0 (0.08-0.10 "
+            "each, all 4 within each other's 95% intervals)") in text
+    assert ("The 4 tied layer-0 heads share 1 KV head (multi-query attention: one KV head per layer): they read the same "
+            "keys and values.") in text
+    total = 0.101 + 0.099 + 0.096 + 0.076  # 0.372
+    assert (f"Patched alone, all 4 of layer 0's heads restore {total:.2f} of the gap in sum; together (attn_out at layer "
+            "0, position -1 from the end) 0.98, 95% CI [0.92, 1.05] over 8 examples: the effect is shared among them, "
+            "not carried by one head.") in text
+    # grouped-query, 2 KV heads for 4: L0H0-L0H1 read KV head 0 and L0H2-L0H3 KV head 1, so 4 heads on 2 KV heads
+    assert ("The 4 tied layer-0 heads share 2 KV heads (grouped-query attention: 4 query heads on 2 KV heads per layer)"
+            in finding("patching", {**s, "n_kv_heads": 2}))
+    assert "KV head" not in finding("patching", {**s, "n_kv_heads": 4})  # one KV head per query head: nothing shared
+    # L0H0 outside L0H1's interval: it is not listed, and an attn_out no larger than the heads' sum is no shared effect
+    s["top_sites"]["head_out"][3].update(effect=0.03 * gap, ci=[0.01 * gap, 0.05 * gap])
+    s["top_sites"]["attn_out"][0].update(effect=0.33 * gap, ci=[0.30 * gap, 0.36 * gap])
+    text = finding("patching", s)
+    assert "tied with L0H3 and L0H2 (0.10 each, all 3 within each other's 95% intervals)" in text
+    assert "shared among them" not in text
+
+
+def test_a_tie_at_the_answer_position_is_a_cell_there():
+    """Review 9a C5: "It has reached the answer position at the resid_pre at layer 2, position -1 (0.33), tied with
+    layer 0, position -8 (0.25)": the tied cell was the corrupted token's, away from the answer position."""
+    s = _recall()
+    rows = s["top_sites"]["resid_pre"]  # the answer position's layer-1 cell (0.87) is followed by one at -6 (0.80)
+    rows.insert(3, {**rows[2], "layer": 0, "pos": 28, "from_end": -6, "effect": 0.80 * 20.4, "ci": [0.7 * 20.4, 0.9 * 20.4]})
+    text = finding("patching", s)
+    assert ("It has reached the answer position at the resid_pre at layer 1, position -1 from the end (0.87, 95% CI "
+            "[0.76, 0.98] over 8 examples), moved there by attention") in text
+    assert "position -6 from the end (0.80" not in text
+    rows[3].update(from_end=-1, pos=33, layer=0)  # the same cell at the answer position is a tie there
+    assert ("(0.87, 95% CI [0.76, 0.98] over 8 examples), tied with layer 0, position -1 from the end (0.80, 95% CI "
+            "[0.70, 0.90] over 8 examples), moved there") in finding("patching", s)
+
+
 def test_patching_leads_where_the_information_enters_and_says_the_answer_positions_whole_gap_is_by_construction():
     """#34 review 7 (C1-C2): patching the last block's input at the answer position restores the whole gap by
     construction; the finding leads with the name's embedding (0.96) and the move to the answer position (0.87 by
@@ -1731,8 +1784,8 @@ def test_patching_leads_where_the_information_enters_and_says_the_answer_positio
     assert text.count("Each clean prompt differs from its corrupted one at 3 positions: -7, -4 and -1 from the end.") == 1
     assert "its token differs across prompts" not in text
     assert ("Next, at other sites: mlp_out at layer 1, position -1 from the end (0.50, 95% CI [0.37, 0.63] over 8 "
-            "examples); head_out at L0H0 (0.15, 95% CI [0.07, 0.23] over 8 examples), tied with L0H1 (0.14, 95% CI "
-            "[0.04, 0.25] over 8 examples).") in text
+            "examples); head_out at L0H0 (0.15, 95% CI [0.07, 0.23] over 8 examples), tied with L0H1 and L1H0 "
+            "(0.11-0.15 each, all 3 within each other's 95% intervals).") in text  # L1H0's 0.111 is inside L0H0's too
     # a fourth layer whose input at the answer position carries it too: the layers where it holds are named
     s = _recall()
     s["top_sites"]["resid_pre"].append({**s["top_sites"]["resid_pre"][0], "layer": 3})
@@ -1751,7 +1804,8 @@ def test_patching_leads_where_the_information_enters_and_says_the_answer_positio
     s["top_sites"]["head_out"][1]["effect"] = 0.05 * 20.4
     del s["at_corrupted_token"]["differ_from_end"]
     text = finding("patching", s)
-    assert "head_out at L0H0 (0.15, 95% CI [0.07, 0.23] over 8 examples)." in text and "tied" not in text
+    assert "head_out at L0H0 (0.15, 95% CI [0.07, 0.23] over 8 examples), tied with L1H0 (0.11, 95% CI" in text
+    assert "L0H1" not in text
     assert "resid_pre at layer 0, position -4 from the end (its token differs across prompts): 0.96" in text
     # a metric not read at the last position has no answer position there: the strongest cell leads, as before
     text = finding("patching", _recall(metric_at_last_position=False))
