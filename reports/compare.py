@@ -101,10 +101,11 @@ def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
 def _site_name(kind: str, cell: Mapping[str, Any]) -> str:
     """'resid_pre L0 pos -1 from the end (' is')', as the patching finding names a site: a position counted from
     the end (left-padded prompts) without the token column's "i: " (the padded frame's index), the token quoted
-    like repr; "(its token differs across prompts)" where the column is empty."""
+    like repr; "(its token differs across prompts)" where the column is empty. A k or v cell's head is a KV head:
+    'v L0 KV0'."""
     parts = [kind, f"L{cell.get('layer')}"]
     if cell.get("head") is not None:
-        parts.append(f"H{cell['head']}")
+        parts.append(f"{'KV' if kind in ('k', 'v') else 'H'}{cell['head']}")  # review 9b A3: k/v index KV heads
     if cell.get("pos") is not None:
         end = cell.get("from_end")
         token = re.sub(r"^-?\d+: ", "", str(cell.get("token") or ""))  # the index is said once, on this axis

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.analyses.patching.attribution_patching import MISS, interval_stated
+from headscope.analyses.patching.attribution_patching import MISS, SPARSE, interval_stated
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, and_join, fisher_interval, ordinal
 from headscope.reports.patching_sites import (
     DEPTH,
@@ -26,11 +26,31 @@ from headscope.reports.patching_sites import (
     writer,
 )
 
+KV_SITES = ("k", "v")  # their head index is a KV head, which query heads share under grouped- or multi-query attention
 
-def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset()) -> str:
-    # a head by its name (L1H3), as every section names heads: the report links it to the explorer; differ: the
-    # offsets from the end where clean and corrupted differ, named once by the finding (no token said there)
-    where = [f"layer {cell.get('layer')}" if cell.get("head") is None else f"L{cell.get('layer')}H{cell['head']}"]
+
+def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
+    """A head by its name (L1H3), as every section names heads (the report links it to the explorer); a k or v cell's
+    head is a KV head, never named as a query head (review 9b A3: "v at L0H0" was layer 0's one KV head, read by
+    every query head): "layer 0's KV head 0 (shared by all 4 query heads: multi-query attention)", with the query
+    heads that read it where the summary has the head counts (n_heads, n_kv_heads)."""
+    layer, head = cell.get("layer"), cell["head"]
+    heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
+    if kind not in KV_SITES or (heads and kv and kv == heads):
+        return f"L{layer}H{head}"
+    if not (heads and kv and kv < heads):
+        return f"layer {layer}'s KV head {head}"
+    per = int(heads) // int(kv)
+    if kv == 1:
+        return f"layer {layer}'s KV head {head} (shared by all {heads:.0f} query heads: multi-query attention)"
+    return (f"layer {layer}'s KV head {head} (read by query heads {head * per}-{head * per + per - 1}: grouped-query "
+            "attention)")
+
+
+def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset(), s: Mapping[str, Any] | None = None) -> str:
+    # a head by its name (_head); differ: the offsets from the end where clean and corrupted differ, named once by
+    # the finding (no token said there)
+    where = [f"layer {cell.get('layer')}" if cell.get("head") is None else _head(kind, cell, s)]
     if cell.get("pos") is not None:
         token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
         end = cell.get("from_end")  # the figures' axis: the same place in every left-padded prompt
@@ -133,7 +153,7 @@ def _by_ties(rho: float, rho_nonzero: float, zeros: float) -> str:
     return f", {'raised' if every > some else 'lowered'} by the {zeros:.0f} tied zeros"
 
 
-def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
+def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
     """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
     few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
     interval that counts the zero cells as independent), or that one point carries it: r is significant,
@@ -144,6 +164,8 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     if case == "few":
         return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
                 "so it says nothing about agreement")
+    if case == "sparse" and nonzero is not None and nonzero >= n:  # review 9b C4: no zero cells, just few cells
+        return _few_cells(kind, stats, n, s)
     if case == "sparse":
         rho, slope, rho_nz = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("spearman_nonzero"))
         spearman = (f"Spearman {rho_nz:.2f} over the {nonzero:.0f} non-zero cells ({rho:.2f} over all {n}"
@@ -162,6 +184,18 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     if case == "one point":
         return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
     return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
+
+
+def _few_cells(kind: str, stats: Mapping[str, Any], n: int, s: Mapping[str, Any] | None) -> str:
+    """'k: 3 cells (1 KV head per layer), too few to read agreement from r (...)': every cell has an exact effect
+    but they are under SPARSE, so r and the slope carry no interval, and r over so few points is no agreement."""
+    heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
+    why = f" ({kv:.0f} KV head{'s' * (kv != 1)} per layer)" if kind in KV_SITES and heads and kv and kv < heads else ""
+    rho, slope = _num(stats.get("spearman")), _num(stats.get("slope"))
+    shown = [f"Spearman {rho:.2f}" if rho is not None else "", f"slope {slope:.2f}, attribution over exact"
+             if slope is not None else ""]
+    return (f"{kind}: {n} cells{why}, too few to read agreement from r ("
+            + "; ".join([f"under {SPARSE} cells: no interval", *(x for x in shown if x)]) + ")")
 
 
 def _measured_only(s: Mapping[str, Any]) -> str:
@@ -192,10 +226,10 @@ def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
     return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
 
 
-def _where(kind: str, cell: Mapping[str, Any]) -> str:
-    """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell)."""
+def _where(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
+    """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell; a KV head: _head)."""
     head, end = cell.get("head"), cell.get("from_end")
-    at = f"layer {cell.get('layer')}" if head is None else f"L{cell.get('layer')}H{head}"
+    at = f"layer {cell.get('layer')}" if head is None else _head(kind, cell, s)
     return f"{kind} at {at}" + (f", position {end} from the end" if isinstance(end, int) else "")
 
 
@@ -203,7 +237,7 @@ def _size(x: float, gap: float | None) -> str:
     return f"{x / gap:.2f} of the gap" if gap else f"{x:.3g}"
 
 
-def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | None:
+def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None, s: Mapping[str, Any] | None = None) -> str | None:
     """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
     first (not said when that site is tied: another cell's exact effect lies within its 95% interval or the
     rounding floor, so there is no top to misrank; the rank already ignores attribution differences within
@@ -214,12 +248,12 @@ def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | No
     if (isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1
             and not top.get("tied")):
         same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
-        said.append(f"the top exact site ({_where(kind, top).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
+        said.append(f"the top exact site ({_where(kind, top, s).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
                     f"ranks only {ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
                     + (f", {under}" if same else ""))
         miss = None if same else miss
     if isinstance(miss, Mapping):
-        said.append(f"it misses {_where(kind, miss).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
+        said.append(f"it misses {_where(kind, miss, s).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
                     f"against exact {_size(miss['effect'], gap)}: {under})")
     return "; ".join(said) or None
 
@@ -279,7 +313,7 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
     said = [differing_positions(s)]
 
     def name(kc: tuple) -> str:
-        return _site(kc[1], kc[0], differ)
+        return _site(kc[1], kc[0], differ, s)
 
     def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
         effect = cell["effect"]
@@ -292,7 +326,7 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
         kind, c = kc
         others = _tied_cells(s, kc, keep)
         notes.extend(_head_notes(s, kc, others, gap))
-        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(kc, others, gap)
+        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(kc, others, gap, s)
 
     answer = s.get("metric_at_last_position", True) is not False  # older summaries: every default metric is
     whole = by_construction(cells, gap, normalized) if answer else []
@@ -361,19 +395,19 @@ def _value(cell: Mapping[str, Any], gap: float | None) -> float:
     return cell["effect"] / gap if gap else cell["effect"]
 
 
-def _tie(kc: tuple, others: list, gap: float | None) -> str:
+def _tie(kc: tuple, others: list, gap: float | None, s: Mapping[str, Any] | None = None) -> str:
     """', tied with <cell> (share, CI)' for one tied cell; for several, ', tied with L0H3, L0H2 and L0H0 (0.08-0.10
     each, all four within each other's 95% intervals)' (or each within the named cell's and it within theirs)."""
     kind, cell = kc
     if not others:
         return ""
-    where = [_where(kind, o).split(" at ", 1)[1] for o in others]
+    where = [_where(kind, o, s).split(" at ", 1)[1] for o in others]
     if len(others) == 1:
         return f", tied with {where[0]} ({_value(others[0], gap):.2f}{_effect_ci(others[0], gap)})"
     values = [f"{_value(c, gap):.2f}" for c in [cell, *others]]
     lo, hi = min(values, key=float), max(values, key=float)
     span = lo if lo == hi else f"{lo}-{hi}"
-    own = _where(kind, cell).split(" at ", 1)[1]
+    own = _where(kind, cell, s).split(" at ", 1)[1]
     pairwise = all(tied(a, b) for i, a in enumerate(others) for b in others[i + 1:])
     how = (f"all {len(others) + 1} within each other's 95% intervals" if pairwise
            else f"each within {own}'s 95% interval and {own} within each of theirs")
@@ -470,11 +504,11 @@ def _finding(s: Mapping[str, Any]) -> str:
             parts.append(aligned)
     corr = s.get("attribution_correlation")
     if isinstance(corr, Mapping):
-        said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
+        said = [_correlation(k, v, s) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
         if said:
             parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said) + ".")
             rank = bool(cells)  # sites are ranked (not at chance, nor over a gap within noise)
-            wrong = {k: _ranking(k, v, gap) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
+            wrong = {k: _ranking(k, v, gap, s) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
             wrong = {k: w for k, w in wrong.items() if w}
             slopes = [_slope(k, v, rank and k not in wrong) for k, v in corr.items() if isinstance(v, Mapping)
                       and _num(v.get("pearson")) is not None and _case(v) == "plain"]

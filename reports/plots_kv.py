@@ -243,7 +243,8 @@ def _rounding(s: Mapping[str, Any], bound: Any, end: str) -> str:
 
 def _gqa(s: Mapping[str, Any]) -> str:
     """The grouped-query sentence whenever the model has fewer KV heads than query heads (from the
-    head counts, else from the MHA-equivalent bytes); gqa_saving is the share of the MHA cache saved."""
+    head counts, else from the MHA-equivalent bytes; multi-query with one KV head); gqa_saving is the share of the
+    MHA cache saved."""
     per_token, mha = _num(s.get("bytes_per_token")), _num(s.get("mha_bytes_per_token"))
     heads, kv_heads = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
     fewer = heads is not None and kv_heads is not None and kv_heads < heads
@@ -253,9 +254,12 @@ def _gqa(s: Mapping[str, Any]) -> str:
     if saving is None and per_token is not None and mha:
         saving = 1 - per_token / mha
     who = f" ({kv_heads:.0f} KV heads for {heads:.0f} query heads)" if fewer else ""
+    kind = "Grouped-query"
+    if fewer and kv_heads == 1:  # review 9b C2: one KV head is multi-query attention (Shazeer 2019)
+        kind, who = "Multi-query", f" (1 KV head shared by {heads:.0f} query heads)"
     size = f": {_bytes(per_token)} against {_bytes(mha)} per token" if per_token is not None and mha is not None else ""
     share = f" saves {100 * saving:.0f}% of the cache" if saving is not None else " shrinks the cache"
-    return f"Grouped-query attention{who}{share} against full multi-head attention{size}."
+    return f"{kind} attention{who}{share} against full multi-head attention{size}."
 
 
 def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list[str]:

@@ -865,6 +865,11 @@ def test_top_patching_sites_side_by_side_say_when_they_are_within_noise(tmp_path
     assert "0.17 of the gap, 95% CI [0.12, 0.22] (+3.4 logit difference)</td><td>beyond noise" in table
     assert ("</td><td>different sites, their effects within noise: each inside the other's 95% interval</td></tr>"
             in table)  # L0H3 0.11 [0.02, 0.20] against L1H0 0.09 [0.05, 0.13]
+    for side in ("a", "b"):  # a v cell's head is a KV head (review 9b A3), not query head 0
+        summary = io.read_json(tmp_path / side / "patching" / "summary.json")
+        io.write_json(tmp_path / side / "patching" / "summary.json", {**summary, "top_sites": {"v": rows[side][:1]}})
+    table = html.unescape(patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[0])
+    assert "<td>v L0 KV2: 0.48 of the gap" in table and "H2" not in table
 
 
 def test_settings_name_a_change_of_precision_and_device(tmp_path):

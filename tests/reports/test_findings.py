@@ -1004,6 +1004,9 @@ def test_kv_gqa_saving_is_the_share_saved_and_is_said_whenever_kv_heads_are_fewe
             "attention: 768 B against 1.5 KiB per token.") in finding("kv", gqa)
     assert "Grouped-query" not in finding("kv", {**gqa, "mha_bytes_per_token": 768, "gqa_saving": 0.0, "n_kv_heads": 4})
     assert "saves 75% of the cache" in finding("kv", {"bytes_per_token": 1024, "mha_bytes_per_token": 4096})
+    mqa = {"bytes_per_token": 384, "mha_bytes_per_token": 1536, "gqa_saving": 0.75, "n_heads": 4, "n_kv_heads": 1}
+    assert ("Multi-query attention (1 KV head shared by 4 query heads) saves 75% of the cache against full multi-head "
+            "attention: 384 B against 1.5 KiB per token.") in finding("kv", mqa)  # review 9b C2: not "1 KV heads"
 
 
 def test_kv_first_key_standing_out_is_said_from_the_data():
@@ -1744,6 +1747,30 @@ def test_patching_names_every_tied_head_their_shared_kv_head_and_a_shared_effect
     text = finding("patching", s)
     assert "tied with L0H3 and L0H2 (0.10 each, all 3 within each other's 95% intervals)" in text
     assert "shared among them" not in text
+
+
+def test_k_and_v_cells_are_named_by_their_kv_head_and_three_cells_give_no_agreement():
+    """Review 9b A3/C4 (out_full, multi-query: one KV head a layer): "v at L0H0 (0.94 ...)" named layer 0's only KV
+    head as query head 0 (linked to its pattern); k's and v's 3 cells (one a layer) were worded as mostly zero
+    ("the other 0 cells have no exact effect") with r = 0.935 printed as agreement."""
+    gap = 24.4
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 32, "n_positions": 12,
+         "clean_metric": 12.1, "corrupted_metric": -12.3, "n_heads": 4, "n_kv_heads": 1,
+         "top_sites": {"v": [{"layer": 0, "head": 0, "pos": None, "token": "all", "effect": 0.9367 * gap,
+                              "ci": [0.86 * gap, 1.01 * gap], "n": 32}]},
+         "attribution_correlation": {"k": {"n": 3, "n_nonzero": 3, "pearson": 0.9346, "pearson_without_top": None,
+                                           "slope": 0.0066, "slope_ci": [-0.025, 0.039], "slope_n": 3, "spearman": 1.0,
+                                           "spearman_nonzero": 1.0}}}
+    text = finding("patching", s)
+    assert ("moves the metric most at the v at layer 0's KV head 0 (shared by all 4 query heads: multi-query "
+            "attention): 0.94 of the clean-corrupted gap, 95% CI [0.86, 1.01] over 32 examples") in text
+    assert "L0H0" not in text
+    assert ("k: 3 cells (1 KV head per layer), too few to read agreement from r (under 10 cells: no interval; Spearman "
+            "1.00; slope 0.01, attribution over exact)") in text
+    assert "0.935" not in text and "the other 0 cells" not in text and "0 tied zeros" not in text
+    gqa = finding("patching", {**s, "n_kv_heads": 2})  # 4 query heads on 2 KV heads: KV head 0 is read by 0 and 1
+    assert "v at layer 0's KV head 0 (read by query heads 0-1: grouped-query attention)" in gqa
+    assert "v at L0H0: 0.94" in finding("patching", {**s, "n_kv_heads": 4})  # a KV head per query head is that head
 
 
 def test_a_tie_at_the_answer_position_is_a_cell_there():
