@@ -101,10 +101,11 @@ def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
 def _site_name(kind: str, cell: Mapping[str, Any]) -> str:
     """'resid_pre L0 pos -1 from the end (' is')', as the patching finding names a site: a position counted from
     the end (left-padded prompts) without the token column's "i: " (the padded frame's index), the token quoted
-    like repr; "(its token differs across prompts)" where the column is empty."""
+    like repr; "(its token differs across prompts)" where the column is empty. A k or v cell's head is a KV head:
+    'v L0 KV0'."""
     parts = [kind, f"L{cell.get('layer')}"]
     if cell.get("head") is not None:
-        parts.append(f"H{cell['head']}")
+        parts.append(f"{'KV' if kind in ('k', 'v') else 'H'}{cell['head']}")  # review 9b A3: k/v index KV heads
     if cell.get("pos") is not None:
         end = cell.get("from_end")
         token = re.sub(r"^-?\d+: ", "", str(cell.get("token") or ""))  # the index is said once, on this axis
@@ -141,7 +142,7 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         cells = [t.get(kind, [])[:n] for t in tops]
         if differ and any(c.get("pos") is not None for side in cells for c in side):
             blank = f"<em>blank: positions are not compared: {escape(differ)}</em>"
-            rows.append(f"<tr><td>{escape(kind)}</td><td>{blank}</td><td>{blank}</td></tr>")
+            rows.append(f"<tr><td>{escape(kind)}</td><td>{blank}</td><td>{blank}</td><td></td></tr>")
             unmatched.append(kind)
             continue
         for i in range(max(len(c) for c in cells)):
@@ -150,7 +151,9 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
                 cell = side[i] if i < len(side) else None
                 effect = float(cell.get("effect", float("nan"))) if cell is not None else 0.0
                 row.append(f"<em>(its summary lists {len(side)} {escape(kind)} site(s))</em>" if cell is None
-                           else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s))}")
+                           else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s, cell))}")
+            pair = [side[i] if i < len(side) else None for side in cells]
+            row.append(escape(_row_verdict(kind, pair, gaps)))
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         if all(firsts) and firsts[0] != firsts[1]:
@@ -161,8 +164,8 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
                          f"{_top_ties(kind, [t.get(kind) or [] for t in tops], gaps)}.")
     if unmatched:  # one line for every site type with positions
         notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
-    table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th></tr>" + "".join(rows)
-             + "</table>")
+    table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th><th>A vs B</th></tr>"
+             + "".join(rows) + "</table>")
     return table, notes
 
 
@@ -185,6 +188,25 @@ def _top_ties(kind: str, tops: list[list], gaps: list) -> str:
             if clear else "")
 
 
+def _row_verdict(kind: str, pair: list, gaps: list) -> str:
+    """Whether A's and B's cells of one table row differ beyond the runs' noise (review 9a C8: "L0H2: 0.48 of the gap"
+    against "0.37" was given bare, though each lies inside the other's 95% interval): each share of its own run's gap
+    inside the other's interval is "within noise", as compare says of taus; '' where either has no interval."""
+    if any(c is None for c in pair):
+        return ""
+    said = [share(c, gap, gap is None) for c, gap in zip(pair, gaps)]
+    if any(x is None or x[1] is None for x in said):
+        return ""
+    (va, ca), (vb, cb) = said
+    mutual = cb[0] <= va <= cb[1] and ca[0] <= vb <= ca[1]
+    same = all(pair[0].get(k) == pair[1].get(k) for k in ("layer", "head", "pos"))
+    if same:
+        return ("within noise: each inside the other's 95% interval" if mutual
+                else "beyond noise: not each inside the other's 95% interval")
+    return ("different sites, their effects within noise: each inside the other's 95% interval" if mutual
+            else "different sites")
+
+
 def _with_ci(kind: str, cell: Mapping[str, Any], gap: float | None) -> str:
     """'head_out L0 H1 (0.14 of the gap, 95% CI [0.04, 0.25])': a site with its effect and interval in the report's unit."""
     said = share(cell, gap, gap is None)
@@ -203,12 +225,15 @@ def _gap(s: Mapping[str, Any]) -> float | None:
     return None if s.get("normalized") or not numbers or clean == corrupt else float(clean - corrupt)
 
 
-def _effect_text(effect: float, gap: float | None, s: Mapping[str, Any]) -> str:
+def _effect_text(effect: float, gap: float | None, s: Mapping[str, Any], cell: Mapping[str, Any] | None = None) -> str:
     """An effect in the report's own unit: its share of the clean-corrupted gap with the raw value in the task
-    metric beside it ("0.98 of the gap (+24.1 logit difference)"), or the normalised effect as is."""
+    metric beside it ("0.98 of the gap (+24.1 logit difference)"), or the normalised effect as is; with the cell's
+    95% interval where it has one, as its report's finding states it ("0.48 of the gap, 95% CI [0.12, 0.84] (...)")."""
+    said = share(cell, gap, gap is None) if cell is not None else None
+    ci = f", 95% CI [{said[1][0]:.2f}, {said[1][1]:.2f}]" if said is not None and said[1] is not None else ""
     if gap is None:
-        return f"{effect:.2f} of the gap (normalised)" if s.get("normalized") else f"{effect:.3g}"
-    return f"{effect / gap:.2f} of the gap ({effect:+.3g} {_words(s.get('metric', ''))})"
+        return f"{effect:.2f} of the gap{ci} (normalised)" if s.get("normalized") else f"{effect:.3g}{ci}"
+    return f"{effect / gap:.2f} of the gap{ci} ({effect:+.3g} {_words(s.get('metric', ''))})"
 
 
 DID = {"patching": "patched", "position": "swept"}  # what each analysis did with its prompts

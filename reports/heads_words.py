@@ -73,42 +73,80 @@ def _seed_words(s: Mapping[str, Any], key: str) -> str:
     return f"{counts} heads{span} over {len(per)} random order{'s' if len(per) != 1 else ''}{few}"
 
 
+def _shown(values: Any, n: int) -> str:
+    """'0.53 each' or '0.41 and 0.34' for a run's n importances; '' where they are not all numbers."""
+    nums = [_num(x) for x in values] if isinstance(values, list) else []
+    if len(nums) != n or any(v is None for v in nums):
+        return ""
+    return f"{nums[0]:.2f} each" if len({f"{v:.2f}" for v in nums}) == 1 else and_join([f"{v:.2f}" for v in nums])
+
+
 def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
-    """Top heads that tie within rounding (tied_top_heads_<method>), naming the (k+1)-th head a tie at the
-    k-th runs past (tied_top_next_<method>; review 8b C1: "L1H0 tie" named one head of a pair)."""
+    """Top heads that tie within rounding, each run of tied neighbours said apart (tied_top_groups_<method>;
+    review 9a A4.2: {L2H0, L2H1} and {L2H3, L1H0} are two ties, not one run of four), naming the (k+1)-th head
+    a tie at the k-th runs past (tied_top_next_<method>; review 8b C1: "L1H0 tie" named one head of a pair).
+    A summary without the runs has only the tied heads: each is said to tie with a neighbour."""
     tied, nxt = [str(h) for h in s.get(f"tied_top_heads_{method}") or []], s.get(f"tied_top_next_{method}")
     by = FINDING_METHOD_WORDS.get(method, method)
     if not tied:
         return ""
-    if not nxt:
-        return f"By {by}, {and_join(tied)} tie within rounding among the top heads: their order is arbitrary."
     k = len(s.get(f"top_heads_{method}") or []) or None
-    names = tied[:-1] + ([f"{tied[-1]} ({ordinal(k)})", f"{nxt} ({ordinal(k + 1)})"] if k else [tied[-1], str(nxt)])
-    if len(names) == 2:
-        return f"By {by}, {names[0]} ties with {names[1]} within rounding: their order is arbitrary."
-    return f"By {by}, {and_join(names)} tie within rounding, across the edge of the top heads: their order is arbitrary."
+    runs = [[str(h) for h in g] for g in s.get(f"tied_top_groups_{method}") or [] if isinstance(g, list) and len(g) > 1]
+    if not runs:  # an older summary: which heads tie with which is not recorded, unless there are only two
+        names = tied + ([str(nxt)] if nxt else [])
+        if len(names) != 2:
+            if nxt and k:
+                names = tied[:-1] + [f"{tied[-1]} ({ordinal(k)})", f"{nxt} ({ordinal(k + 1)})"]
+            return (f"By {by}, {and_join(names)} each tie within rounding with a neighbour in the ranking: the order "
+                    "of tied neighbours is arbitrary.")
+        runs = [names]
+    values = s.get(f"tied_top_values_{method}") or []
+    said = []
+    for i, g in enumerate(runs):
+        edge = bool(nxt) and k is not None and g[-1] == str(nxt) and len(g) > 1
+        names = g[:-2] + [f"{g[-2]} ({ordinal(k)})", f"{g[-1]} ({ordinal(k + 1)})"] if edge else g
+        shown = _shown(values[i] if i < len(values) else None, len(g))
+        said.append((names, f" ({shown})" if shown else "", edge))
+    if len(said) == 1:
+        names, shown, edge = said[0]
+        if edge and len(names) == 2:
+            return f"By {by}, {names[0]} ties with {names[1]} within rounding{shown}: their order is arbitrary."
+        where = ", across the edge of the top heads" if edge else " among the top heads"
+        return f"By {by}, {and_join(names)} tie within rounding{shown}{where}: their order is arbitrary."
+    parts = [f"{and_join(n)}{v}{', across the edge of the top heads' if e else ''}" for n, v, e in said]
+    kind = "pair" if all(len(n) == 2 for n, _, _ in said) else "group"
+    return (f"By {by}, {parts[0]} tie within rounding among the top heads, as do {'; '.join(parts[1:])}: the order "
+            f"within each {kind} is arbitrary, not between them.")
 
 
 def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
-    """The first heads a fixed pruning order removes that tie within rounding (tied_first_pruned_<method>: runs
+    """The first heads of a fixed pruning order that tie within rounding (tied_first_pruned_<method>: runs
     of tied neighbours; review 8b A2: which goes first swapped between float32 and bfloat16, and the count's
-    interval with it)."""
+    interval with it). "the count's interval can depend on it" only for a run that can move the count
+    (tied_first_pruned_moves_<method>, analysis.tie_reach; review 9a A4.3: not of heads removed as a set before the
+    deciding step); a summary without it says so of every run."""
     groups = [g for g in s.get(f"tied_first_pruned_{method}") or [] if isinstance(g, list) and len(g) > 1]
     values = s.get(f"tied_first_pruned_values_{method}") or []
     if not groups:
         return ""
     starts = s.get(f"tied_first_pruned_at_{method}") or []
+    reach = s.get(f"tied_first_pruned_moves_{method}")
+    reach = [bool(x) for x in reach] if isinstance(reach, list) and len(reach) == len(groups) else [True] * len(groups)
     said = []
     for i, g in enumerate(groups):
-        nums = [_num(x) for x in values[i]] if i < len(values) and isinstance(values[i], list) else []
-        ok = len(nums) == len(g) and all(v is not None for v in nums)
-        shown = ("" if not ok else f"{nums[0]:.2f} each" if len({f"{v:.2f}" for v in nums}) == 1
-                 else and_join([f"{v:.2f}" for v in nums]))
+        shown = _shown(values[i] if i < len(values) else None, len(g))
         at = _num(starts[i]) if i < len(starts) else None
         where = f"removed {and_join([ordinal(int(at) + j) for j in range(len(g))])}" if at is not None else ""
         said.append((and_join([str(h) for h in g]), shown, where, at == 1))
     order = "gradient" if method == "gradient" else "ablation"
-    tail = "arbitrary, and the count's interval can depend on it."
+    if all(reach):
+        tail = "arbitrary, and the count's interval can depend on it."
+    elif not any(reach):
+        tail = "arbitrary, but the count does not depend on it: no step that decides it falls between them."
+    else:
+        moving = [said[i][0] for i, r in enumerate(reach) if r]
+        tail = (f"arbitrary; the count's interval can depend on the order of {' and of '.join(moving)} only (the "
+                "others change no step that decides it).")
     if len(said) == 1 and said[0][3]:
         shown = f" ({said[0][1]})" if said[0][1] else ""
         return (f"The first heads of the {order} order, {said[0][0]}, tie within rounding{shown}: which is "
@@ -124,7 +162,8 @@ def _floor_words(s: Mapping[str, Any]) -> str:
     rounding_floor_source): measured by null ablations, or one analytic rounding step where nothing was measured;
     '' without a tie or a recorded floor (gradient ties are relative to each gradient's size, said nowhere else)."""
     tied = {k.removeprefix(p) for k in s for p in ("tied_top_heads_", "tied_first_pruned_")
-            if k.startswith(p) and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_"))}
+            if k.startswith(p) and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_",
+                                                     "tied_first_pruned_moves_"))}
     source = s.get("rounding_floor_source") if isinstance(s.get("rounding_floor_source"), Mapping) else {}
     null = s.get("rounding_null") if isinstance(s.get("rounding_null"), Mapping) else {}
     said = []
@@ -146,7 +185,8 @@ def _floor_words(s: Mapping[str, Any]) -> str:
 def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     """The first heads of the ablation order within each other's standard errors (close_first_pruned_<method>),
     unless a rounding tie already starts the order (review 8b A2: in float32 the first two are 0.005 apart with
-    standard errors 0.12 and 0.31, so which goes first is not measured either)."""
+    standard errors 0.12 and 0.31, so which goes first is not measured either); its moves_count (analysis.tie_reach)
+    False: the count cannot depend on their order."""
     close = s.get(f"close_first_pruned_{method}")
     if not isinstance(close, Mapping) or 1 in (s.get(f"tied_first_pruned_at_{method}") or []):
         return ""
@@ -156,8 +196,9 @@ def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     return (f"The first heads of the ablation order, {and_join([str(h) for h in heads])} "
             f"({and_join([f'{float(v):.2f}' for v in imp])}), differ from their neighbours by less than their standard "
             "errors over examples "
-            f"({and_join([f'{float(v):.2f}' for v in se])}): which is removed first is not measured by these examples, "
-            "and the count's interval can depend on it.")
+            f"({and_join([f'{float(v):.2f}' for v in se])}): which is removed first is not measured by these examples"
+            + (", but the count does not depend on it: no step that decides it falls between them."
+               if close.get("moves_count") is False else ", and the count's interval can depend on it."))
 
 
 def _count(x: float) -> str:
@@ -308,6 +349,18 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
     return out
 
 
+def _tie_sentences(s: Mapping[str, Any]) -> list[str]:
+    """Ties among the top heads and at the start of each pruning order, what "within rounding" meant, and the
+    first heads of the ablation order within their standard errors."""
+    firsts = ("tied_first_pruned_values_", "tied_first_pruned_at_", "tied_first_pruned_moves_")
+    said = [_top_tie_words(s, k.removeprefix("tied_top_heads_")) for k in s if k.startswith("tied_top_heads_")]
+    said += [_first_tie_words(s, k.removeprefix("tied_first_pruned_")) for k in s
+             if k.startswith("tied_first_pruned_") and not k.startswith(firsts)]
+    said.append(_floor_words(s))
+    said += [_first_close_words(s, k.removeprefix("close_first_pruned_")) for k in s if k.startswith("close_first_pruned_")]
+    return [x for x in said if x]
+
+
 FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
 
 
@@ -351,18 +404,8 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append("The blocks are mixtures of experts: removing a head can switch the experts the router picks, "
                      "which the first-order gradient cannot see, so the gradient and ablation orders can disagree "
                      "for that reason.")
-    for method in (k.removeprefix("tied_top_heads_") for k in s if k.startswith("tied_top_heads_")):
-        if words := _top_tie_words(s, method):
-            parts.append(words)
-    for method in (k.removeprefix("tied_first_pruned_") for k in s if k.startswith("tied_first_pruned_")
-                   and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_"))):
-        if words := _first_tie_words(s, method):
-            parts.append(words)
-    if words := _floor_words(s):
-        parts.append(words)
-    for method in (k.removeprefix("close_first_pruned_") for k in s if k.startswith("close_first_pruned_")):
-        if words := _first_close_words(s, method):
-            parts.append(words)
+    if relative and not _at_chance(s, kind, base):  # review 9a C6: at chance the orders and their ties are noise
+        parts += _tie_sentences(s)
     roles = s.get("roles")
     windows = s.get("role_windows") if isinstance(s.get("role_windows"), Mapping) else None
     if isinstance(roles, Mapping):

@@ -11,9 +11,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.analyses.patching.attribution_patching import MISS, interval_stated
+from headscope.analyses.patching.attribution_patching import MISS, SPARSE, interval_stated
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, and_join, fisher_interval, ordinal, sliding_words
 from headscope.reports.patching_sites import (
+    DEPTH,
+    at_answer,
     by_construction,
     depth,
     differ_offsets,
@@ -24,11 +26,31 @@ from headscope.reports.patching_sites import (
     writer,
 )
 
+KV_SITES = ("k", "v")  # their head index is a KV head, which query heads share under grouped- or multi-query attention
 
-def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset()) -> str:
-    # a head by its name (L1H3), as every section names heads: the report links it to the explorer; differ: the
-    # offsets from the end where clean and corrupted differ, named once by the finding (no token said there)
-    where = [f"layer {cell.get('layer')}" if cell.get("head") is None else f"L{cell.get('layer')}H{cell['head']}"]
+
+def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
+    """A head by its name (L1H3), as every section names heads (the report links it to the explorer); a k or v cell's
+    head is a KV head, never named as a query head (review 9b A3: "v at L0H0" was layer 0's one KV head, read by
+    every query head): "layer 0's KV head 0 (shared by all 4 query heads: multi-query attention)", with the query
+    heads that read it where the summary has the head counts (n_heads, n_kv_heads)."""
+    layer, head = cell.get("layer"), cell["head"]
+    heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
+    if kind not in KV_SITES or (heads and kv and kv == heads):
+        return f"L{layer}H{head}"
+    if not (heads and kv and kv < heads):
+        return f"layer {layer}'s KV head {head}"
+    per = int(heads) // int(kv)
+    if kv == 1:
+        return f"layer {layer}'s KV head {head} (shared by all {heads:.0f} query heads: multi-query attention)"
+    return (f"layer {layer}'s KV head {head} (read by query heads {head * per}-{head * per + per - 1}: grouped-query "
+            "attention)")
+
+
+def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset(), s: Mapping[str, Any] | None = None) -> str:
+    # a head by its name (_head); differ: the offsets from the end where clean and corrupted differ, named once by
+    # the finding (no token said there)
+    where = [f"layer {cell.get('layer')}" if cell.get("head") is None else _head(kind, cell, s)]
     if cell.get("pos") is not None:
         token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
         end = cell.get("from_end")  # the figures' axis: the same place in every left-padded prompt
@@ -131,7 +153,7 @@ def _by_ties(rho: float, rho_nonzero: float, zeros: float) -> str:
     return f", {'raised' if every > some else 'lowered'} by the {zeros:.0f} tied zeros"
 
 
-def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
+def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
     """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
     few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
     interval that counts the zero cells as independent), or that one point carries it: r is significant,
@@ -142,6 +164,8 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     if case == "few":
         return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
                 "so it says nothing about agreement")
+    if case == "sparse" and nonzero is not None and nonzero >= n:  # review 9b C4: no zero cells, just few cells
+        return _few_cells(kind, stats, n, s)
     if case == "sparse":
         rho, slope, rho_nz = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("spearman_nonzero"))
         spearman = (f"Spearman {rho_nz:.2f} over the {nonzero:.0f} non-zero cells ({rho:.2f} over all {n}"
@@ -160,6 +184,18 @@ def _correlation(kind: str, stats: Mapping[str, Any]) -> str:
     if case == "one point":
         return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
     return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
+
+
+def _few_cells(kind: str, stats: Mapping[str, Any], n: int, s: Mapping[str, Any] | None) -> str:
+    """'k: 3 cells (1 KV head per layer), too few to read agreement from r (...)': every cell has an exact effect
+    but they are under SPARSE, so r and the slope carry no interval, and r over so few points is no agreement."""
+    heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
+    why = f" ({kv:.0f} KV head{'s' * (kv != 1)} per layer)" if kind in KV_SITES and heads and kv and kv < heads else ""
+    rho, slope = _num(stats.get("spearman")), _num(stats.get("slope"))
+    shown = [f"Spearman {rho:.2f}" if rho is not None else "", f"slope {slope:.2f}, attribution over exact"
+             if slope is not None else ""]
+    return (f"{kind}: {n} cells{why}, too few to read agreement from r ("
+            + "; ".join([f"under {SPARSE} cells: no interval", *(x for x in shown if x)]) + ")")
 
 
 def _measured_only(s: Mapping[str, Any]) -> str:
@@ -190,10 +226,10 @@ def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
     return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
 
 
-def _where(kind: str, cell: Mapping[str, Any]) -> str:
-    """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell)."""
+def _where(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
+    """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell; a KV head: _head)."""
     head, end = cell.get("head"), cell.get("from_end")
-    at = f"layer {cell.get('layer')}" if head is None else f"L{cell.get('layer')}H{head}"
+    at = f"layer {cell.get('layer')}" if head is None else _head(kind, cell, s)
     return f"{kind} at {at}" + (f", position {end} from the end" if isinstance(end, int) else "")
 
 
@@ -201,7 +237,7 @@ def _size(x: float, gap: float | None) -> str:
     return f"{x / gap:.2f} of the gap" if gap else f"{x:.3g}"
 
 
-def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | None:
+def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None, s: Mapping[str, Any] | None = None) -> str | None:
     """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
     first (not said when that site is tied: another cell's exact effect lies within its 95% interval or the
     rounding floor, so there is no top to misrank; the rank already ignores attribution differences within
@@ -212,12 +248,12 @@ def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None) -> str | No
     if (isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1
             and not top.get("tied")):
         same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
-        said.append(f"the top exact site ({_where(kind, top).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
+        said.append(f"the top exact site ({_where(kind, top, s).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
                     f"ranks only {ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
                     + (f", {under}" if same else ""))
         miss = None if same else miss
     if isinstance(miss, Mapping):
-        said.append(f"it misses {_where(kind, miss).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
+        said.append(f"it misses {_where(kind, miss, s).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
                     f"against exact {_size(miss['effect'], gap)}: {under})")
     return "; ".join(said) or None
 
@@ -277,16 +313,20 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
     said = [differing_positions(s)]
 
     def name(kc: tuple) -> str:
-        return _site(kc[1], kc[0], differ)
+        return _site(kc[1], kc[0], differ, s)
 
     def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
         effect = cell["effect"]
         text = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
         return text + _effect_ci(cell, gap) + (f" ({effect:+.3g} {metric})" if gap else "")
 
-    def brief(kc: tuple) -> str:  # '<site> (0.86, 95% CI [..] over n examples)', and a tie with its type's next cell
+    notes: list[str] = []  # what the ties of the cells named imply (heads sharing KV heads, a shared effect)
+
+    def brief(kc: tuple, keep: Any = None) -> str:  # '<site> (0.86, 95% CI [..] over n examples)', and its ties
         kind, c = kc
-        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(s, kc, gap)
+        others = _tied_cells(s, kc, keep)
+        notes.extend(_head_notes(s, kc, others, gap))
+        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(kc, others, gap, s)
 
     answer = s.get("metric_at_last_position", True) is not False  # older summaries: every default metric is
     whole = by_construction(cells, gap, normalized) if answer else []
@@ -307,11 +347,17 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
     reach = reaching(rest, whole, gap, normalized) if answer else None
     write = writer(rest, gap, normalized) if answer else None
     it = "It" if enter else "The information"
+    top = depth(*whole[0]) if whole else float("inf")
+
+    def there(kind: str) -> Any:  # review 9a C5: a tie named at the answer position is a cell there
+        return lambda c: at_answer(c) and (kind not in DEPTH or depth(kind, c) < top)
+
     if reach and write:
-        said.append(f"{it} has reached the answer position at the {brief(reach)}, moved there by attention: {brief(write)}.")
+        said.append(f"{it} has reached the answer position at the {brief(reach, there(reach[0]))}, moved there by "
+                    f"attention: {brief(write, there(write[0]))}.")
     elif reach or write:
-        said.append(f"{it} has reached the answer position at the {brief(reach)}." if reach
-                    else f"Attention moves it to the answer position: {brief(write)}.")
+        said.append(f"{it} has reached the answer position at the {brief(reach, there(reach[0]))}." if reach
+                    else f"Attention moves it to the answer position: {brief(write, there(write[0]))}.")
     if whole:
         first, kinds = whole[0], {k for k, _ in whole}
         layers = and_join([str(c["layer"]) for _, c in whole]) if len(kinds) == 1 else ""
@@ -332,19 +378,84 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
             runners.append(brief((kind, c)))
     if runners:
         said.append("Next, at other sites: " + "; ".join(runners) + ".")
-    return [x for x in said if x]
+    return [x for x in said if x] + list(dict.fromkeys(notes))
 
 
-def _tie(s: Mapping[str, Any], kc: tuple, gap: float | None) -> str:
-    """', tied with <its site type's next cell> (share, CI)' where the two are within each other's 95% intervals."""
+def _tied_cells(s: Mapping[str, Any], kc: tuple, keep: Any = None) -> list:
+    """Every other cell of kc's site type (top_sites) within kc's 95% interval with kc within its own (tied), that
+    `keep` accepts (review 9b A2: the next cell alone left out two of four equal heads), largest |effect| first."""
     kind, cell = kc
     rows = [c for c in (s.get("top_sites") or {}).get(kind) or [] if _num(c.get("effect")) is not None]
-    at = next((i for i, c in enumerate(rows) if c is cell), None)
-    if at is None or at + 1 >= len(rows) or not tied(cell, rows[at + 1]):
+    if not any(c is cell for c in rows):
+        return []
+    return [c for c in rows if c is not cell and (keep is None or keep(c)) and tied(cell, c)]
+
+
+def _value(cell: Mapping[str, Any], gap: float | None) -> float:
+    return cell["effect"] / gap if gap else cell["effect"]
+
+
+def _tie(kc: tuple, others: list, gap: float | None, s: Mapping[str, Any] | None = None) -> str:
+    """', tied with <cell> (share, CI)' for one tied cell; for several, ', tied with L0H3, L0H2 and L0H0 (0.08-0.10
+    each, all four within each other's 95% intervals)' (or each within the named cell's and it within theirs)."""
+    kind, cell = kc
+    if not others:
         return ""
-    other = rows[at + 1]
-    return (f", tied with {_where(kind, other).split(' at ', 1)[1]} ({other['effect'] / gap if gap else other['effect']:.2f}"
-            f"{_effect_ci(other, gap)})")
+    where = [_where(kind, o, s).split(" at ", 1)[1] for o in others]
+    if len(others) == 1:
+        return f", tied with {where[0]} ({_value(others[0], gap):.2f}{_effect_ci(others[0], gap)})"
+    values = [f"{_value(c, gap):.2f}" for c in [cell, *others]]
+    lo, hi = min(values, key=float), max(values, key=float)
+    span = lo if lo == hi else f"{lo}-{hi}"
+    own = _where(kind, cell, s).split(" at ", 1)[1]
+    pairwise = all(tied(a, b) for i, a in enumerate(others) for b in others[i + 1:])
+    how = (f"all {len(others) + 1} within each other's 95% intervals" if pairwise
+           else f"each within {own}'s 95% interval and {own} within each of theirs")
+    return f", tied with {and_join(where)} ({span} each, {how})"
+
+
+HEADS = ("head_out", "head_out_by_pos")
+
+
+def _head_notes(s: Mapping[str, Any], kc: tuple, others: list, gap: float | None) -> list[str]:
+    """For a head cell tied with others of its layer (review 9b A2): that they read fewer KV heads than they are
+    (summary n_heads / n_kv_heads: query head h reads KV head h // (n_heads / n_kv_heads)), and, where the layer's
+    attention output at the same place (attn_out: at the head cell's position, or its largest cell for heads
+    patched at every position) restores much more than its heads alone in sum (over 1.5 times, and its 95%
+    interval above that sum), that the effect is shared among them, not carried by one head."""
+    kind, cell = kc
+    if kind not in HEADS or cell.get("head") is None:
+        return []
+    layer, pos = cell.get("layer"), cell.get("pos")
+    group = [c for c in [cell, *others] if c.get("layer") == layer]
+    notes = []
+    heads, kv = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
+    if len(group) > 1 and heads and kv and kv < heads:
+        per = int(heads) // int(kv)
+        shared = {int(c["head"]) // per for c in group}
+        if len(shared) < len(group):
+            how = ("multi-query attention: one KV head per layer" if kv == 1
+                   else f"grouped-query attention: {heads:.0f} query heads on {kv:.0f} KV heads per layer")
+            notes.append(f"The {len(group)} tied layer-{layer} heads share {len(shared)} KV head"
+                         f"{'s' * (len(shared) > 1)} ({how}): they read the same keys and values.")
+    if len(group) > 1:
+        rows = (s.get("top_sites") or {})
+        alone = [c for c in rows.get(kind) or [] if c.get("layer") == layer and c.get("pos") == pos
+                 and _num(c.get("effect")) is not None]
+        attn = [c for c in rows.get("attn_out") or [] if c.get("layer") == layer and _num(c.get("effect")) is not None
+                and (pos is None or c.get("pos") == pos)]
+        together = max(attn, key=lambda c: abs(c["effect"]), default=None)
+        total = sum(c["effect"] for c in alone)
+        ci = together.get("ci") if together is not None else None
+        low = min(ci) if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci) else None
+        if (together is not None and total * together["effect"] > 0 and abs(together["effect"]) > 1.5 * abs(total)
+                and (low is None or (low > total if total > 0 else max(ci) < total))):
+            every = "" if heads is None or len(alone) != heads else f"all {len(alone)} of "
+            notes.append(f"Patched alone, {every}layer {layer}'s heads restore {_value({'effect': total}, gap):.2f} "
+                         f"{'of the gap ' if gap else ''}in sum; together ({_where('attn_out', together)}) "
+                         f"{_value(together, gap):.2f}{_effect_ci(together, gap)}: the effect is shared among them, not "
+                         "carried by one head.")
+    return notes
 
 
 def _absent(s: Mapping[str, Any]) -> str:
@@ -395,11 +506,11 @@ def _finding(s: Mapping[str, Any]) -> str:
         parts.append(words)
     corr = s.get("attribution_correlation")
     if isinstance(corr, Mapping):
-        said = [_correlation(k, v) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
+        said = [_correlation(k, v, s) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
         if said:
             parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said) + ".")
             rank = bool(cells)  # sites are ranked (not at chance, nor over a gap within noise)
-            wrong = {k: _ranking(k, v, gap) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
+            wrong = {k: _ranking(k, v, gap, s) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
             wrong = {k: w for k, w in wrong.items() if w}
             slopes = [_slope(k, v, rank and k not in wrong) for k, v in corr.items() if isinstance(v, Mapping)
                       and _num(v.get("pearson")) is not None and _case(v) == "plain"]

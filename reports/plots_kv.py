@@ -9,6 +9,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ import seaborn as sns
 from matplotlib.ticker import NullLocator
 
 from headscope.analyses.core.chance import clear_of
+from headscope.reports.circuits_words import FEW_ANSWERS
 from headscope.reports.findings import _chance, _num, _words, sink_sentence
 from headscope.reports.plots import LAYERS, axes, laid_out, thin_xtick_labels
 
@@ -199,23 +201,57 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _pc(x: float) -> str:
-    return f"{100 * x:+.1f}%"
+TOLERANCE = 0.01  # holding.py's band, for rows said without their summary's
 
 
-def _band(row: Mapping[str, Any]) -> str:
-    """'+4.5% (95% CI [+3.1%, +5.9%], per example +1.5% to +10.4%, n = 16)' from a holding row."""
+def _digits(x: float, tol: float) -> int:
+    """Decimals of a percentage: 2 within 0.1 points of the band's edge (review 9a C1: -1.04% printed -1.0% read as
+    inside a 1% band it misses), else 1."""
+    return 2 if abs(abs(100 * x) - 100 * tol) < 0.1 else 1
+
+
+def _pc(x: float, tol: float = TOLERANCE) -> str:
+    return f"{100 * x:+.{_digits(x, tol)}f}%"
+
+
+def _share(x: float, tol: float = TOLERANCE) -> str:
+    """A change's size or the share it keeps, unsigned: '1.04%' near the band's edge, '24.1%' elsewhere."""
+    return f"{100 * abs(x):.{_digits(x, tol)}f}%"
+
+
+def _band(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
+    """'+4.5% (95% CI [+3.1%, +5.9%], per example +1.5% to +10.4%, n = 16)' from a holding row (two decimals
+    near the band's edge)."""
     inner = []
     if _num(row.get("ci_low")) is not None and _num(row.get("ci_high")) is not None:
-        inner.append(f"95% CI [{_pc(row['ci_low'])}, {_pc(row['ci_high'])}]")
+        inner.append(f"95% CI [{_pc(row['ci_low'], tol)}, {_pc(row['ci_high'], tol)}]")
     if _num(row.get("per_example_low")) is not None:
-        inner.append(f"per example {_pc(row['per_example_low'])} to {_pc(row['per_example_high'])}")
-    return f"{_pc(row['change'])} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+        inner.append(f"per example {_pc(row['per_example_low'], tol)} to {_pc(row['per_example_high'], tol)}")
+    return f"{_pc(row['change'], tol)} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+
+
+EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+
+
+def _rounding(s: Mapping[str, Any], bound: Any, end: str) -> str:
+    """Review 9a C4: 'its upper end, +0.02%, lies within one bfloat16 rounding step of the full-cache metric, 0.62%:
+    rounding alone can put it either side of 0' where a "reaches 0" bound is that close to 0, else ''. One step: the
+    spacing of the model dtype's floats at the full-cache metric, relative to it."""
+    full, b = _num(s.get("metric_unevicted")), _num(bound)
+    eps = EPS.get(str(s.get("dtype") or "").removeprefix("torch."))
+    if full is None or b is None or eps is None or full == 0:
+        return ""
+    step = eps * 2.0 ** math.floor(math.log2(abs(full))) / abs(full)  # the float spacing at |full|, relative
+    if abs(b) > step:
+        return ""
+    return (f"its {end} end, {100 * b:+.2f}%, lies within one {s['dtype']} rounding step of the full-cache metric, "
+            f"{100 * step:.2g}%: rounding alone can put it either side of 0")
 
 
 def _gqa(s: Mapping[str, Any]) -> str:
     """The grouped-query sentence whenever the model has fewer KV heads than query heads (from the
-    head counts, else from the MHA-equivalent bytes); gqa_saving is the share of the MHA cache saved."""
+    head counts, else from the MHA-equivalent bytes; multi-query with one KV head); gqa_saving is the share of the
+    MHA cache saved."""
     per_token, mha = _num(s.get("bytes_per_token")), _num(s.get("mha_bytes_per_token"))
     heads, kv_heads = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
     fewer = heads is not None and kv_heads is not None and kv_heads < heads
@@ -237,7 +273,7 @@ def _gqa(s: Mapping[str, Any]) -> str:
 def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list[str]:
     """The sentences of the summary's holding_budgets (analyses/kv/holding.py)."""
     tol, grid, n = float(hold.get("tolerance", 0.01)), hold.get("grid") or [], s.get("n_examples")
-    n_sink = s.get("n_sink")
+    n_sink, guess = s.get("n_sink"), _guess(hold)
     windowed = _windowed(s, list(hold.get("policies") or {}))
     head = (f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}" + (f" (mean over {n} examples)" if n else "")
             + f". Within {100 * tol:.0f}% of it (its 95% CI inside +-{100 * tol:.0f}%, over the prompts a budget evicts from; "
@@ -252,9 +288,10 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             kept = (f"keeping a median {100 * at['share']:.0f}% of each prompt's cache, every layer as it holds it"
                     if windowed else f"a median {100 * at['share']:.0f}% of each prompt's context")
             text = (f"{name} from {e['budget']} positions ({where}; {kept}; {at['n_evicting']} of {at['n_examples']} "
-                    f"prompts evict anything there; {_band(at)}{_answers(at)})")
+                    f"prompts evict anything there; {_band(at, tol)}{_answers(at, guess)})")
         elif e.get("consistent_from") is not None:
-            text = _not_shown(name, [r for r in e.get("not_shown") or [] if r["budget"] >= e["consistent_from"]], tol)
+            text = _not_shown(name, [r for r in e.get("not_shown") or [] if r["budget"] >= e["consistent_from"]], tol,
+                              guess)
         elif e.get("worst_evicting") is not None:
             w, c = e["worst_evicting"], e.get("closest")
             if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
@@ -262,13 +299,14 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             how = "above" if w["change"] > tol else "below"
             text = f"{name} never ("
             if c is not None and c["budget"] != w["budget"]:
-                text += f"closest at budget {c['budget']}: {_kept(c, full)}{_band(c)}{_answers(c)}; "
+                text += f"closest at budget {c['budget']}: {_kept(c, full, tol)}{_band(c, tol)}{_answers(c, guess)}; "
             text += (f"at its largest budget that evicts, {w['budget']}, its mean is still more than {100 * tol:.0f}% {how} "
                      "the full cache: ")
-            text += (_kept(w, full) if c is None or c["budget"] == w["budget"] else "") + f"{_band(w)}{_answers(w)}"
-            text += _how_sure(w, how, tol)
+            text += (_kept(w, full, tol) if c is None or c["budget"] == w["budget"] else "") + \
+                f"{_band(w, tol)}{_answers(w, guess)}"
+            text += _how_sure(w, how, tol, s)
             if e.get("misses"):
-                text += f"; it misses the tolerance by {_span(e['misses'])} {_where_missed(e)}"
+                text += f"; {_misses(e, tol)}"
             if e.get("monotone") is False:
                 text += ("; not monotone: |change| does not shrink as the budget grows"
                          + (f" (budget {c['budget']} is closer than {w['budget']})" if c and c["budget"] != w["budget"] else ""))
@@ -281,16 +319,16 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             notes.append(f"With {n_sink if n_sink is not None else sinks - 1} sink positions, sink window keeps no recent "
                          f"token below budget {sinks}, so its crossing between {e['below']} and {e['budget']} is the "
                          "grid's and the sinks' artefact, not a property of the model.")
-        notes += _above_words(name, e.get("above") or [], tol)
+        notes += _above_words(name, e.get("above") or [], tol, s)
     parts = [head + "; ".join(said) + "."] + ([windowed] if windowed else []) + notes
     if hold.get("whole_from") is not None:
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
-        parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric"))))
+        parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric")), guess))
     return parts
 
 
-def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float) -> str:
+def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: bool = False) -> str:
     """A policy whose mean is within the tolerance from a budget on but whose 95% interval never lies inside
     it (holding.py's "not shown", chance.inside): consistent with holding, not shown to hold."""
     if not rows:
@@ -303,29 +341,30 @@ def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float) -> str:
         why = f"the interval is {(hi - lo) / (2 * tol):.0f} times as wide as the band"
     else:
         why = "its interval reaches beyond the band"
-    text = (f"{name} not shown (at {first['budget']}: {_flat(first)}{_answers(first)}: "
+    text = (f"{name} not shown (at {first['budget']}: {_flat(first, tol)}{_answers(first, guess)}: "
             f"consistent with holding within {pct}, but {why}")
     if len(rows) > 1:
         text += f"; likewise at budget(s) {', '.join(str(r['budget']) for r in rows[1:])}"
     return text + ")"
 
 
-def _flat(row: Mapping[str, Any]) -> str:
+def _flat(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
     """_band without its parentheses: '+1.4%, 95% CI [+0.1%, +2.7%], per example ..., n = 16'."""
-    band = _band(row)
+    band = _band(row, tol)
     return band.replace(" (", ", ", 1)[:-1]
 
 
-def _listed(rows: Sequence[Mapping[str, Any]], flat: bool = False) -> str:
+def _listed(rows: Sequence[Mapping[str, Any]], flat: bool = False, tol: float = TOLERANCE) -> str:
     """'at 8, <band>; at 16, <band>' for the first and last of `rows` (one row: its band alone when flat)."""
     form = _flat if flat else _band
     if flat and len(rows) == 1:
-        return form(rows[0])
+        return form(rows[0], tol)
     first, last = rows[0], rows[-1]
-    return f"at {first['budget']}, {form(first)}" + (f"; at {last['budget']}, {form(last)}" if last is not first else "")
+    return f"at {first['budget']}, {form(first, tol)}" + (f"; at {last['budget']}, {form(last, tol)}"
+                                                         if last is not first else "")
 
 
-def _above_words(name: str, rows: Sequence[Mapping[str, Any]], tol: float) -> list[str]:
+def _above_words(name: str, rows: Sequence[Mapping[str, Any]], tol: float, s: Mapping[str, Any] | None = None) -> list[str]:
     """The budgets whose mean is more than the tolerance above the full cache, worded by what each one's 95%
     interval clears (chance.clear_of, heads' pruning gain's rule too): "by more than 1%" only where its lower
     bound is above +1%; "higher, but not clearly by more than 1%" where it clears only 0; no gain where it reaches 0."""
@@ -339,27 +378,33 @@ def _above_words(name: str, rows: Sequence[Mapping[str, Any]], tol: float) -> li
         budgets = ("budget " if len(got) == 1 else "budgets ") + ", ".join(str(r["budget"]) for r in got)
         if verdict == "band":
             out.append(f"{name.capitalize()} is better than the full cache by more than {pct} at budget(s) "
-                       f"{', '.join(str(r['budget']) for r in got)}: {_listed(got)}.")
+                       f"{', '.join(str(r['budget']) for r in got)}: {_listed(got, tol=tol)}.")
         elif verdict == "zero":
-            out.append(f"{name.capitalize()} is higher than the full cache at {budgets} ({_listed(got, flat=True)}): "
+            out.append(f"{name.capitalize()} is higher than the full cache at {budgets} ({_listed(got, True, tol)}): "
                        f"above it, but not clearly by more than {pct}.")
         else:
             sure = "its 95% CI reaches 0" if any(_num(r.get("ci_low")) is not None for r in got) else \
                 "it has no interval (fewer than 2 prompts)"
+            near = [(r["budget"], w) for r in got if s is not None and (w := _rounding(s, r.get("ci_low"), "lower"))]
+            if near and sure.startswith("its"):  # review 9a C4: a bound within rounding of 0
+                sure += " (" + "; ".join(w if len(got) == 1 else f"at {b}, {w}" for b, w in near) + ")"
             out.append(f"{name.capitalize()} is more than {pct} above the full cache on average at {budgets} "
-                       f"({_listed(got, flat=True)}), but {sure}: no evidence that it is better.")
+                       f"({_listed(got, True, tol)}), but {sure}: no evidence that it is better.")
     return out
 
 
-def _how_sure(row: Mapping[str, Any], how: str, tol: float) -> str:
+def _how_sure(row: Mapping[str, Any], how: str, tol: float, s: Mapping[str, Any] | None = None) -> str:
     """After a policy that never holds: whether its largest evicting budget's 95% interval supports "more than
-    the tolerance above/below" (chance.clear_of), or only a change, or none."""
+    the tolerance above/below" (chance.clear_of), or only a change, or none (with the bound that reaches 0 said to
+    be within rounding where it is: _rounding)."""
     verdict = clear_of(row.get("ci_low"), row.get("ci_high"), tol)
     if verdict == "band" or _num(row.get("ci_low")) is None:
         return ""
     if verdict == "zero":
         return f"; its 95% CI reaches inside the {100 * tol:.0f}% band: {how} it, but not clearly by more than {100 * tol:.0f}%"
-    return f"; its 95% CI reaches 0: not clearly {how} it at all"
+    end = ("upper", row.get("ci_high")) if how == "below" else ("lower", row.get("ci_low"))
+    near = _rounding(s, end[1], end[0]) if s is not None else ""
+    return f"; its 95% CI reaches 0{f' ({near})' if near else ''}: not clearly {how} it at all"
 
 
 def _windowed(s: Mapping[str, Any], policies: Sequence[str]) -> str:
@@ -393,17 +438,33 @@ def _windowed(s: Mapping[str, Any], policies: Sequence[str]) -> str:
     return text + ". The share kept counts every layer's cache as it holds it."
 
 
-def _kept(row: Mapping[str, Any], full: float) -> str:
+def _kept(row: Mapping[str, Any], full: float, tol: float = TOLERANCE) -> str:
     """'keeps 98.8% of the full-cache value, ' where the full cache's mean is positive (a share reads
-    right only there), else ''."""
-    return f"keeps {100 * (1 + row['change']):.1f}% of the full-cache value, " if full > 0 else ""
+    right only there; 98.96% near the band's edge), else ''."""
+    return f"keeps {_kept_share(row, tol)} of the full-cache value, " if full > 0 else ""
 
 
-def _answers(row: Mapping[str, Any]) -> str:
-    """'; 16/16 answers correct (full cache 16/16)' from a holding row with accuracy counts, else ''."""
+def _kept_share(row: Mapping[str, Any], tol: float) -> str:
+    return f"{100 * (1 + row['change']):.{_digits(row['change'], tol)}f}%"
+
+
+def _answers(row: Mapping[str, Any], guess: bool = False) -> str:
+    """'; 16/16 answers correct (full cache 16/16)' from a holding row with accuracy counts, else ''; with guess
+    (a task of few answers, _guess), the count a constant guess of the commonest answer gets there too (review 9a
+    C3: on a yes/no task 9/16 is the guess's)."""
     if row.get("correct") is None:
         return ""
-    return f"; {row['correct']}/{row['n_evicting']} answers correct (full cache {row['full_correct']}/{row['n_evicting']})"
+    n = row["n_evicting"]
+    also = (f"; a constant guess of the commonest answer {row['guess_correct']}/{n}"
+            if guess and _num(row.get("guess_correct")) is not None else "")
+    return f"; {row['correct']}/{n} answers correct (full cache {row['full_correct']}/{n}{also})"
+
+
+def _guess(hold: Mapping[str, Any]) -> bool:
+    """Whether the task has few distinct answers (at most FEW_ANSWERS, the lens's rule), so that a constant guess
+    of the commonest answer is right often enough to be the count's reference (holding's constant_guess)."""
+    g = hold.get("constant_guess")
+    return isinstance(g, Mapping) and _num(g.get("n_answers")) is not None and g["n_answers"] <= FEW_ANSWERS
 
 
 def _where_missed(e: Mapping[str, Any]) -> str:
@@ -414,30 +475,49 @@ def _where_missed(e: Mapping[str, Any]) -> str:
     return "at budget(s) " + ", ".join(str(b) for b in e.get("missed") or [])
 
 
-def _span(misses: list[float]) -> str:
-    lo, hi = (100 * m for m in misses)
-    return f"{lo:.1f}%" if abs(hi - lo) < 0.05 else f"{lo:.1f}% to {hi:.1f}%"
+def _misses(e: Mapping[str, Any], tol: float) -> str:
+    """'it falls 1.04% to 24.1% below the full cache at every budget that evicts (the band is 1%)': how far each
+    missed budget's mean lies from the full cache (holding's misses, |change|), on the side its verdict says, two
+    decimals near the band's edge (review 9a C1: "misses the tolerance by 1.0%" printed the change, 0.04 points
+    past the band, as the miss)."""
+    lo, hi = (_share(m, tol) for m in e["misses"])
+    span = lo if lo == hi else f"{lo} to {hi}"
+    verdicts = e.get("verdicts") or {}
+    sides: dict[str, list[str]] = {}
+    for b in e.get("missed") or []:
+        sides.setdefault(str(verdicts.get(str(b))), []).append(str(b))
+    band = f"(the band is {100 * tol:.0f}%)"
+    if set(sides) in ({"below"}, {"above"}):
+        return f"it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache {_where_missed(e)} {band}"
+    if set(sides) == {"below", "above"}:
+        return (f"it lies {span} off the full cache (below at budget(s) {', '.join(sides['below'])}; above at "
+                f"{', '.join(sides['above'])}) {band}")
+    return f"it lies {span} off the full cache {_where_missed(e)} {band}"  # an older summary: no verdicts
 
 
-def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: str) -> str:
-    """When no policy holds: the policy closest to the full cache, what it keeps (metric and answers) and
-    by how much it misses, so a policy that keeps most of the metric and every answer is never called useless."""
+def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: str, guess: bool = False) -> str:
+    """When no policy holds: the policy closest to the full cache, what it keeps (metric and answers, each with
+    its budget: review 9a C2, "99.0% ... from budget 2" was at 4) and by how much it misses, so a policy that
+    keeps most of the metric and every answer is never called useless."""
     tried = [(p, e) for p, e in (hold.get("policies") or {}).items() if e.get("closest") is not None]
     if not tried:
         return "No eviction policy holds the metric at any budget that evicts something."
     policy, e = min(tried, key=lambda pe: abs(pe[1]["closest"]["change"]))
     c, name = e["closest"], policy.replace("_", " ")
-    keeps = f"{100 * (1 + c['change']):.1f}% of the {metric}" if full > 0 else f"the {metric} within {_pc(c['change'])}"
+    keeps = f"{_kept_share(c, tol)} of the {metric}" if full > 0 else f"the {metric} within {_pc(c['change'], tol)}"
     shown = " is shown to stay" if any(p.get("consistent_from") is not None for p in hold["policies"].values()) else " stays"
-    lead = f"No policy{shown} within {100 * tol:.0f}% at a budget that evicts something, but {name} keeps {keeps}"
+    lead = f"No policy{shown} within {100 * tol:.0f}% at a budget that evicts something, but {name} keeps"
     every = c.get("correct") is not None and c["correct"] >= c["full_correct"]
-    if every and e.get("answers_from") is not None and e["answers_from"] <= c["budget"]:
-        text = (f"{lead} and every answer the full cache gets ({c['correct']}/{c['n_evicting']}) from budget "
-                f"{e['answers_from']} (at {c['budget']}: {_band(c)})")
+    if every and e.get("answers_from") is not None and e["answers_from"] < c["budget"]:
+        text = (f"{lead} every answer the full cache gets from budget {e['answers_from']} on, and {keeps} at budget "
+                f"{c['budget']} ({_band(c, tol)}{_answers(c, guess)})")
+    elif every and e.get("answers_from") is not None and e["answers_from"] == c["budget"]:
+        text = (f"{lead} {keeps} and every answer the full cache gets from budget {c['budget']} on "
+                f"({_band(c, tol)}{_answers(c, guess)})")
     else:
-        text = f"{lead} at budget {c['budget']} ({_band(c)}{_answers(c)})"
+        text = f"{lead} {keeps} at budget {c['budget']} ({_band(c, tol)}{_answers(c, guess)})"
     if e.get("misses"):
-        text += f"; it misses the {100 * tol:.0f}% tolerance by {_span(e['misses'])} {_where_missed(e)}"
+        text += f"; {_misses(e, tol)}"
     if e.get("monotone") is False:
         text += ", and its curve is not monotone in the budget"
     return text + "."

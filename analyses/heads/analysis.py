@@ -18,12 +18,14 @@ examples, n_examples and the method: pruning.prunable_intervals), top_heads_<met
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): one rounding step, analytic;
 rounding_floor_<method> with rounding_floor_source ({method: "measured" or "analytic"}) and rounding_null: the
 floor each method's checks use, for ablation measured by null ablations (rounding.py) / degenerate_<method> /
-tied_top_heads_<method> (`numerical_checks`: importance that is rounding at the model's dtype, or top heads
-that tie, is said so and not ranked); role_windows on a sliding-window model (roles.role_windows).
+tied_top_heads_<method> with tied_top_groups_<method> (`numerical_checks`: importance that is rounding at the model's
+dtype, or top heads that tie, is said so and not ranked) / tied_first_pruned_moves_<method> (`tie_reach`: whether
+a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,6 +60,7 @@ from headscope.analyses.heads.pruning import (
     ordering_basis,
     prunable_intervals,
     prunable_summary,
+    prune_counts,
     pruning_curves,
 )
 from headscope.analyses.heads.roles import head_roles, role_windows
@@ -177,7 +180,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     or "analytic"}.
     degenerate_<method> (a sentence) when every head's |importance| is below its floor (the ranking, the
     pruning order and the top heads are then noise); tied_top_heads_<method>: the heads among the top k whose
-    importance lies within rounding of a neighbour's (their order is arbitrary): within the metric's floor for
+    importance lies within rounding of a neighbour's (their order is arbitrary; tied_top_groups_<method> with
+    tied_top_values_<method>: each run of tied neighbours apart, the k+1-th head included): within the metric's floor for
     ablation; for gradients within a few eps of the larger of the two, since backpropagation rounds each gradient
     relative to its own size (GRADIENT_TIE_STEPS eps of the larger of the two); tied_top_next_<method>: the
     (k+1)-th head where it ties with the k-th (the partner a top-k list leaves out).
@@ -217,10 +221,14 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         def tol(a: float, b: float, floor: float = floor, method: str = method) -> float:
             return GRADIENT_TIE_STEPS * eps * max(abs(a), abs(b)) if method == "gradient" else floor
 
-        tied = _neighbour_ties(order, values, tol)
+        runs = [g for g in _neighbour_groups(values, tol) if g[0] < k]  # positions along `order`, each run apart
+        tied = {int(order[j]) for g in runs for j in g}
         top = [i for i in order[:k].tolist() if i in tied]
         if top:
             out[f"tied_top_heads_{method}"] = [head_label(i // n_heads, i % n_heads) for i in top]
+            out[f"tied_top_groups_{method}"] = [[head_label(int(order[j]) // n_heads, int(order[j]) % n_heads)
+                                                 for j in g] for g in runs]
+            out[f"tied_top_values_{method}"] = [[float(values[j]) for j in g] for g in runs]
             if len(order) > k and int(order[k]) in tied and int(order[k - 1]) in tied:
                 out[f"tied_top_next_{method}"] = head_label(int(order[k]) // n_heads, int(order[k]) % n_heads)
         if pruning is not None and method in pruning:
@@ -256,10 +264,51 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     return out
 
 
-def _neighbour_ties(order: torch.Tensor, values: torch.Tensor, tol) -> set[int]:
-    """The heads in `order` (values descending along it) within tol(a, b) of their neighbour in it."""
-    return {int(order[j]) for i in range(len(order) - 1)
-            if float(values[i] - values[i + 1]) <= tol(float(values[i]), float(values[i + 1])) for j in (i, i + 1)}
+def _neighbour_groups(values: torch.Tensor, tol) -> list[list[int]]:
+    """Runs of neighbours along `values` (descending) each within tol(a, b) of the next: [[positions]], each
+    run separate (review 9a A4: {L2H0, L2H1} and {L2H3, L1H0} are two ties, not a run of four)."""
+    runs: list[list[int]] = []
+    for i in range(len(values) - 1):
+        if float(values[i] - values[i + 1]) <= tol(float(values[i]), float(values[i + 1])):
+            if runs and runs[-1][-1] == i:
+                runs[-1].append(i + 1)
+            else:
+                runs.append([i, i + 1])
+    return runs
+
+
+def tie_reach(summary: dict[str, Any], counts: list[int], orderings: dict[str, str]) -> dict[str, Any]:
+    """Whether each tie at the start of a fixed pruning order can move its prunable count or the count's
+    interval (review 9a A4.3). Swapping two heads of a run at positions p..q (from 1) changes only the curve
+    points that remove one and not the other (n_pruned p..q-1). The count is decided at the first point past
+    it (all examples), a resample's count at most at the first point past the interval's high end: a run
+    whose changed points all lie before the deciding point is removed as a set before it and cannot move the
+    count, unless one of those points is on its 1% line (prunable_ci's `line`, pruning.line_record).
+    counts: the curve's points (pruning.prune_counts); orderings: {method: its fixed ordering's key} ("zero":
+    "ablation"). Returns tied_first_pruned_moves_<method> ([bool] per run) and close_first_pruned_<method>
+    with moves_count, where the summary has them and the ordering's prunable_ci."""
+    out: dict[str, Any] = {}
+    for method, key in orderings.items():
+        ci = summary.get(f"prunable_ci_{key}")
+        if not isinstance(ci, dict) or not isinstance(ci.get("interval_heads"), list):
+            continue
+        heads, high = float(ci["heads"]), float(ci["interval_heads"][1])
+        first = next((c for c in counts if c > heads), None)  # the point that decides the count (None: never crosses)
+        last = next((c for c in counts if c > high), math.inf)  # the crossing of the resample with the most heads
+        line = ci.get("line") if isinstance(ci.get("line"), dict) else {}
+        fragile = line.get("n_pruned") if line.get("on_the_line") is True else None
+
+        def moves(start: int, size: int, first: int | None = first, last: float = last, fragile: Any = fragile) -> bool:
+            changed = [c for c in counts if start <= c < start + size - 1]  # points that hold one of the run, not all
+            return any(c == fragile or (first is not None and first <= c <= last) for c in changed)
+
+        runs, starts = summary.get(f"tied_first_pruned_{method}"), summary.get(f"tied_first_pruned_at_{method}")
+        if runs and starts:
+            out[f"tied_first_pruned_moves_{method}"] = [moves(int(a), len(g)) for a, g in zip(starts, runs)]
+        close = summary.get(f"close_first_pruned_{method}")
+        if isinstance(close, dict) and close.get("heads"):
+            out[f"close_first_pruned_{method}"] = {**close, "moves_count": moves(1, len(close["heads"]))}
+    return out
 
 
 def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
@@ -374,6 +423,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     fixed = {method: prune_imp[o] for o, method in (("gradient", "gradient"), ("ablation", hc.pruning.method))
              if o in prune_imp and o in hc.pruning.orderings}  # {method: what its pruning order ranks by}
     summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size, pruning=fixed, df=df))
+    summary.update(tie_reach(summary, prune_counts(summary["n_heads"], hc.pruning.step),
+                             {m: "gradient" if m == "gradient" else "ablation" for m in fixed}))
     summary.update(_top_heads(df, summary))
     summary["roles"] = {
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]

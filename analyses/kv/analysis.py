@@ -303,7 +303,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
                                      for p in config.policies},
         "accuracy_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in accs.items() if pp == p}
                                        for p in config.policies},
-        "holding_budgets": holding_budgets(sweep, n_sink=config.n_sink),
+        "holding_budgets": holding_budgets(sweep, n_sink=config.n_sink,
+                                           answers=None if task.answers is None else task.answers.tolist()),
         "n_sink": config.n_sink,
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),

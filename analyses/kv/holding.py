@@ -22,7 +22,10 @@ from (paired with their own full-cache value):
   sweeps without those columns). A sliding-window layer counts with what it holds, so a budget that
   evicts only from the global layers saves only their part;
 - correct, full_correct: how many of those prompts the policy and the full cache answer correctly
-  (where the sweep has its `correct` column): accuracy beside the metric.
+  (where the sweep has its `correct` column): accuracy beside the metric; guess_correct (given the
+  answers): how many of them a constant guess of the commonest answer over all the task's prompts gets,
+  the count a policy's must beat on a task of few answers (review 9a C3: on a yes/no task with 9 of 16
+  "yes", 9/16 correct is the guess's).
 
 `holding_budgets` gives per policy the smallest grid budget from which every larger budget that evicts
 anything holds (its interval inside the tolerance), the grid budget just below it (the crossing lies between the two:
@@ -36,6 +39,7 @@ budget from which every mean is), its closest result (the evicting budget of sma
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -55,15 +59,17 @@ def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
     return [(mean - half) / scale, (mean + half) / scale]
 
 
-def budget_changes(sweep: pd.DataFrame) -> pd.DataFrame:
+def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per (policy, budget) of the sweep (not "full"): n_examples, n_evicting (prompts whose
     context is longer than the budget), change, ci_low, ci_high, per_example_low, per_example_high,
     share (median kept / cached, the cache kept) over the evicting prompts (NaN where none evicts), and with a
-    `correct` column in the sweep, correct and full_correct (counts over the evicting prompts).
+    `correct` column in the sweep, correct and full_correct (counts over the evicting prompts); with answers
+    ([example] answer token ids), guess_correct: those of the evicting prompts whose answer is the commonest.
 
     sweep: eviction_sweep's df with its `context` column (each prompt's context length) and, where present,
     `cached` and `kept` (layer-positions held by the full cache and kept by the policy)."""
     full = sweep[sweep.policy == "full"].set_index("example")
+    guess = _guess_hits(answers)  # [example] whether the commonest answer is this prompt's, or None
     counted = {"cached", "kept"} <= set(sweep)
     rows = []
     for (policy, budget), g in sweep[sweep.policy != "full"].groupby(["policy", "budget"], sort=True):
@@ -81,6 +87,8 @@ def budget_changes(sweep: pd.DataFrame) -> pd.DataFrame:
                "per_example_high": math.nan, "share": math.nan}
         if "correct" in g:
             row.update(correct=int(g.correct.reindex(evicting).sum()), full_correct=int(full.correct.reindex(evicting).sum()))
+            if guess is not None:
+                row["guess_correct"] = int(guess.reindex(evicting).sum())
         if len(evicting):
             base = full.metric.reindex(evicting).to_numpy(dtype=float)  # [evicting]
             diff = g.metric.reindex(evicting).to_numpy(dtype=float) - base
@@ -94,6 +102,24 @@ def budget_changes(sweep: pd.DataFrame) -> pd.DataFrame:
                 row.update(ci_low=ci[0], ci_high=ci[1])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _guess_hits(answers: Sequence[int] | None) -> pd.Series | None:
+    """[example] True where the prompt's answer is the commonest answer (ties: the smallest token id), or None."""
+    if answers is None:
+        return None
+    ids = pd.Series([int(a) for a in answers])
+    counts = ids.value_counts()
+    top = min(counts.index[counts == counts.max()])
+    return ids == top
+
+
+def constant_guess(answers: Sequence[int] | None) -> dict[str, int] | None:
+    """{"correct": prompts whose answer is the commonest, "n_examples", "n_answers": distinct answers}, or None."""
+    hits = _guess_hits(answers)
+    if hits is None or not len(hits):
+        return None
+    return {"correct": int(hits.sum()), "n_examples": len(hits), "n_answers": int(len(set(int(a) for a in answers)))}
 
 
 def _clean(v: Any) -> Any:
@@ -110,7 +136,8 @@ def _verdict(row: dict[str, Any], tolerance: float) -> str:
     return "holds" if inside(row["ci_low"], row["ci_high"], tolerance) else "not shown"
 
 
-def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLERANCE) -> dict[str, Any]:
+def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLERANCE,
+                    answers: Sequence[int] | None = None) -> dict[str, Any]:
     """{"tolerance", "grid", "n_examples", "whole_from" (the smallest grid budget no prompt evicts from,
     or None), "policies": {policy: {"budget" (smallest holding budget or None), "below" (the grid budget
     just under it that evicts, or None), "at" (its budget_changes row), "above" (rows whose mean is more
@@ -119,14 +146,18 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     evicting budget's row, when its mean is off by more than the tolerance there), "verdicts" ({budget:
     "holds" | "not shown" | "above" | "below" | "no value"}), "not_shown" (the rows whose mean is within but whose
     interval is not), "consistent_from" (when it does not hold but its means are within from a budget on:
-    that budget), "sinks_only_below" (sink_window: n_sink + 1)}}}. See the module doc."""
-    table = budget_changes(sweep)
+    that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, and with answers ([example] token ids) its
+    rows' guess_correct and "constant_guess" (constant_guess: the commonest answer's count and the distinct answers)}.
+    See the module doc."""
+    table = budget_changes(sweep, answers)
     grid = sorted(int(b) for b in table.budget.unique()) if len(table) else []
     evicts = table.groupby("budget").n_evicting.max() if len(table) else pd.Series(dtype=int)
     whole = [b for b in grid if evicts.get(b, 0) == 0]
     out: dict[str, Any] = {"tolerance": tolerance, "grid": grid,
                            "n_examples": int(table.n_examples.max()) if len(table) else 0,
                            "whole_from": whole[0] if whole else None, "policies": {}}
+    if (guess := constant_guess(answers)) is not None:
+        out["constant_guess"] = guess
     for policy, rows in table.groupby("policy", sort=False):
         rows = rows[rows.n_evicting > 0].sort_values("budget")
         records = [{k: _clean(v) for k, v in r.items()} for r in rows.to_dict("records")]

@@ -24,8 +24,8 @@ what the report's maps show; the effect itself for a normalised metric) and with
 attribution-patching estimate `attribution` (metric units, as effect) and attribution_share_of_gap.
 Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
-direction, clean_metric, corrupted_metric, baseline, metric_at_last_position (the metric reads each
-prompt's last token, the answer position), top_sites (10 per site type by |effect|, each with the 95%
+direction, clean_metric, corrupted_metric, baseline, n_heads and n_kv_heads (per layer), metric_at_last_position
+(the metric reads each prompt's last token, the answer position), top_sites (10 per site type by |effect|, each with the 95%
 t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
 attribution on exact with its 95% t interval over the cells, slope / slope_ci / slope_n; Spearman over the
@@ -222,6 +222,9 @@ def activation_patching(
         "direction": direction,
         "n_examples": int(clean.shape[0]),
         "n_positions": int(clean.shape[1]),
+        # heads per layer and the KV heads they read (query head h reads KV head h // (n_heads / n_kv_heads)):
+        # the finding says when tied heads share one (review 9b A2, multi-query attention)
+        "n_heads": int(model.facts.n_heads), "n_kv_heads": int(model.facts.n_kv_heads),
         "metric_at_last_position": bool(pm.last_position),  # the answer position is -1 from the end
         "clean_metric": float(pm.finish(clean_value, clean_value, corrupt_value)),
         "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),

@@ -209,6 +209,45 @@ def test_numerical_checks_name_ties_at_the_start_of_the_pruning_order_and_past_t
     assert f32["close_first_pruned_zero"]["se"] == pytest.approx([0.31, 0.123])
 
 
+def test_separate_top_ties_stay_apart_and_tie_reach_finds_the_ties_that_can_move_the_count():
+    """Review 9a A4.2/A4.3 (out_bf's bfloat16 zero-ablation importances, one analytic step of 10.06 = 0.0786):
+    L2H0/L2H1 (0.53125 each) and L2H3/L1H0 (0.414/0.340, 0.074 apart) tie, but L2H1 -> L2H3 is 0.117: two
+    runs, not one of four. The ablation order removes 1 head a step (12 heads, step 0.1): its count 4 is decided at
+    the 5th point, so the 2nd-4th run (points 2 and 3 change) cannot move it and the 5th/6th run (point 5)
+    can; the gradient's 2nd/3rd tie (point 2) lies past its count's deciding point (count 0, interval 0-0)."""
+    from headscope.analyses.heads.analysis import numerical_checks, tie_reach
+    from headscope.analyses.heads.pruning import prune_counts
+
+    zero = torch.tensor([[0.0, 0.02, 0.03, 0.04], [0.34, 0.2734, 0.0508, 0.0586],
+                         [0.53125, 0.53125, 0.3242, 0.414]])  # [3 layers, 4 heads]
+    out = numerical_checks({"zero": zero}, torch.bfloat16, metric_size=10.06, k=3)  # the top 3 and the 4th
+    assert out["tied_top_groups_zero"] == [["L2H0", "L2H1"], ["L2H3", "L1H0"]] and out["tied_top_next_zero"] == "L1H0"
+    assert out["tied_top_values_zero"][1] == pytest.approx([0.414, 0.34], abs=1e-3)
+    assert out["tied_top_heads_zero"] == ["L2H0", "L2H1", "L2H3"]
+    counts = prune_counts(12, 0.1)  # [0, 1, ..., 12]
+    s = {"tied_first_pruned_zero": [["L1H2", "L1H3", "L0H0"], ["L1H1", "L2H2"]], "tied_first_pruned_at_zero": [2, 5],
+         "prunable_ci_ablation": {"heads": 4.0, "interval_heads": [0.0, 5.0], "line": {"n_pruned": 5, "on_the_line": True}},
+         "tied_first_pruned_gradient": [["L0H0", "L2H1"]], "tied_first_pruned_at_gradient": [2],
+         "prunable_ci_gradient": {"heads": 0.0, "interval_heads": [0.0, 0.0], "line": {}},
+         "close_first_pruned_zero": {"heads": ["L0H1", "L2H0"], "importance": [0.0, 0.01], "se": [0.1, 0.1]}}
+    reach = tie_reach(s, counts, {"zero": "ablation", "gradient": "gradient"})
+    assert reach["tied_first_pruned_moves_zero"] == [False, True]
+    assert reach["tied_first_pruned_moves_gradient"] == [False]
+    assert reach["close_first_pruned_zero"]["moves_count"] is False  # point 1 lies before the deciding 5th
+    # the 2nd-4th run moves the count when a point it changes is on the line, or when the count is decided there
+    on3 = {**s, "prunable_ci_ablation": {"heads": 4.0, "interval_heads": [4.0, 4.0], "line": {"n_pruned": 3,
+                                                                                             "on_the_line": True}}}
+    assert tie_reach(on3, counts, {"zero": "ablation"})["tied_first_pruned_moves_zero"] == [True, True]
+    low = {**s, "prunable_ci_ablation": {"heads": 2.0, "interval_heads": [1.0, 2.0], "line": {}}}
+    assert tie_reach(low, counts, {"zero": "ablation"})["tied_first_pruned_moves_zero"] == [True, False]
+    # two heads a step (points 0, 2, 4, ...): a run at positions 3-4 changes no point at all
+    assert tie_reach({"tied_first_pruned_zero": [["L0H0", "L0H1"]], "tied_first_pruned_at_zero": [3],
+                      "prunable_ci_ablation": {"heads": 2.0, "interval_heads": [2.0, 6.0]}},
+                     prune_counts(20, 0.1), {"zero": "ablation"})["tied_first_pruned_moves_zero"] == [False]
+    assert tie_reach({"tied_first_pruned_zero": [["L0H0", "L0H1"]], "tied_first_pruned_at_zero": [3]}, counts,
+                     {"zero": "ablation"}) == {}  # no interval recorded: nothing said either way
+
+
 def test_bfloat16_importance_floor_covers_its_rounding_and_not_the_effects(tiny_dirs, tiny_models):
     """#34 review 7 A1: in bfloat16 the floor is one rounding step of the logits the metric reads, not 16
     steps of the metric: the same model in float32 and bfloat16 gives importances that differ by less than

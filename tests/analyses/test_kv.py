@@ -124,6 +124,9 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     assert (s["n_heads"], s["n_kv_heads"], s["mha_bytes_per_token"], s["gqa_saving"]) == (4, 2, 2 * s["bytes_per_token"], 0.5)
     assert (result.tables["anatomy"].gqa_saving == 0.5).all()
     assert set(s["holding_budgets"]["policies"]) == set(kv_eviction.POLICIES) and s["holding_budgets"]["grid"] == [1, 4, 7]
+    top = max(task.answers.tolist(), key=task.answers.tolist().count)  # the constant guess from the task's own answers
+    assert s["holding_budgets"]["constant_guess"] == {"correct": task.answers.tolist().count(top), "n_examples": 3,
+                                                      "n_answers": len(set(task.answers.tolist()))}
     assert (result.df.context == 7).all()  # unpadded prompts of 8 tokens: 7 cached context positions each
     assert set(s["metric_per_policy_budget"]) == set(kv_eviction.POLICIES)
     assert set(s["metric_per_policy_budget"]["window"]) == {"1", "4", "7"}

@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 from transformer_lens import patching as tlp
+from transformers import AutoConfig
 
 import headscope as hs
 from headscope.analyses.core.metrics import answer_logprob
@@ -130,11 +131,14 @@ def test_head_sweep_on_a_sliding_window_model_equals_transformer_lens(tmp_path):
     check_against_transformer_lens(model, make_task(pos=10, seed=8), ["head_out", "resid_pre"])
 
 
-def test_head_k_v_pattern_equal_transformer_lens_under_gqa(tiny_models):
+def test_head_k_v_pattern_equal_transformer_lens_under_gqa(tiny_models, tiny_dirs):
     model = tiny_models["llama"]  # 4 query heads, 2 KV heads
     check_against_transformer_lens(model, make_task(seed=3), ["k", "v", "pattern"])
-    df = activation_patching(model, make_task(seed=3), ["k", "q"], progress=False).df
+    res = activation_patching(model, make_task(seed=3), ["k", "q"], progress=False)
+    df = res.df
     assert sorted(df[df.site_type == "k"]["head"].unique()) == [0, 1]
+    cfg = AutoConfig.from_pretrained(tiny_dirs["llama"])  # the head counts the finding reads (review 9b A2)
+    assert (res.summary["n_heads"], res.summary["n_kv_heads"]) == (cfg.num_attention_heads, cfg.num_key_value_heads)
     assert sorted(df[df.site_type == "q"]["head"].unique()) == [0, 1, 2, 3]
 
 

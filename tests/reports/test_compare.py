@@ -1,6 +1,7 @@
 """`headscope compare`: two hand-made output folders side by side, differences called out, strings escaped."""
 from __future__ import annotations
 
+import html
 import subprocess
 import sys
 
@@ -939,6 +940,38 @@ def test_top_sites_that_differ_in_an_early_site_type_with_different_n_do_not_cra
     table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
     assert notes[0].startswith("Top head_out site differs: A ") and "(n " in notes[0]
     assert table.count("<td>mlp_out</td>") == 1 and table.count("<tr>") == 1 + 2 + 2  # header, two rows a type
+
+
+def test_top_patching_sites_side_by_side_say_when_they_are_within_noise(tmp_path):
+    """Review 9a C8: compare listed "head_out L0 H2: 0.48 of the gap" (A, 95% CI [0.12, 0.84]) against "0.37" (B) and
+    A's 3rd L0H3 0.11 against B's 3rd L1H0 0.09 bare, though each lies inside the other's interval: a row says
+    "within noise" as compare does for taus (each share of its own run's gap: A 20.1, B 20.0)."""
+    gaps = {"a": 10.05 - -10.05, "b": 10.0 - -10.0}
+
+    def head(side, layer, h, share, lo, hi):
+        g = gaps[side]
+        return {"layer": layer, "head": h, "pos": None, "token": "all", "effect": share * g, "ci": [lo * g, hi * g], "n": 8}
+
+    rows = {"a": [head("a", 0, 2, 0.48, 0.12, 0.84), head("a", 0, 1, 0.27, 0.01, 0.53), head("a", 0, 3, 0.11, 0.02, 0.20)],
+            "b": [head("b", 0, 2, 0.37, 0.20, 0.54), head("b", 0, 1, 0.17, 0.12, 0.22), head("b", 1, 0, 0.09, 0.05, 0.13)]}
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        io.write_json(tmp_path / side / "patching" / "summary.json", {
+            "metric": "logit_diff", "normalized": False, "clean_metric": gaps[side] / 2, "corrupted_metric": -gaps[side] / 2,
+            "n_examples": 8, "top_sites": {"head_out": rows[side]}})
+    table = html.unescape(patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[0])
+    assert ("<td>head_out L0 H2: 0.48 of the gap, 95% CI [0.12, 0.84] (+9.65 logit difference)</td><td>head_out L0 H2: "
+            "0.37 of the gap, 95% CI [0.20, 0.54] (+7.4 logit difference)</td><td>within noise: each inside the other's "
+            "95% interval</td>") in table
+    # L0H1: B's 0.17 lies inside A's [0.01, 0.53], but A's 0.27 outside B's [0.12, 0.22]: not within noise
+    assert "0.17 of the gap, 95% CI [0.12, 0.22] (+3.4 logit difference)</td><td>beyond noise" in table
+    assert ("</td><td>different sites, their effects within noise: each inside the other's 95% interval</td></tr>"
+            in table)  # L0H3 0.11 [0.02, 0.20] against L1H0 0.09 [0.05, 0.13]
+    for side in ("a", "b"):  # a v cell's head is a KV head (review 9b A3), not query head 0
+        summary = io.read_json(tmp_path / side / "patching" / "summary.json")
+        io.write_json(tmp_path / side / "patching" / "summary.json", {**summary, "top_sites": {"v": rows[side][:1]}})
+    table = html.unescape(patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[0])
+    assert "<td>v L0 KV2: 0.48 of the gap" in table and "H2" not in table
 
 
 def test_settings_name_a_change_of_precision_and_device(tmp_path):
