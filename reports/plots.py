@@ -51,6 +51,36 @@ def laid_out(ax: Any) -> Any:
     return ax.figure
 
 
+def fit_title(ax: Any) -> bool:
+    """Re-wrap each line of `ax`'s title that is wider than the axes (measured on its figure at the current size
+    and layout), then lay the figure out again: a centred title then stays over its axes, clear of a colour bar's
+    label beside them (review 9b B3: a two-line title ran under it). Returns whether the title changed."""
+    import textwrap
+
+    fig, title = ax.figure, ax.title
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    width = ax.get_window_extent(renderer).width
+
+    def wide(line: str) -> float:
+        return renderer.get_text_width_height_descent(line, title.get_fontproperties(), ismath=False)[0]
+
+    lines = []
+    for line in title.get_text().split("\n"):
+        chars = len(line)
+        parts = [line]
+        while chars > 10 and any(wide(p) > width for p in parts):
+            chars = min(chars - 1, int(chars * width / max(wide(p) for p in parts)))
+            parts = textwrap.wrap(line, max(chars, 10))
+        lines += parts
+    text = "\n".join(lines)
+    if text == title.get_text():
+        return False
+    title.set_text(text)
+    fig.tight_layout()
+    return True
+
+
 def thin_xtick_labels(ax: Any, pad: float = 4.0) -> list[int]:
     """Blank the x tick labels that would run into a kept one (left to right, the first kept), measured
     on `ax`'s figure at its current size and layout, `pad` pixels apart at least; the ticks stay. Labels

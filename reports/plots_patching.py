@@ -35,7 +35,7 @@ from headscope.analyses.patching.attribution_patching import (
     slope_with_interval,
 )
 from headscope.reports.patching_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, scale_ticks, symmetric_bound
+from headscope.reports.plots import axes, color_scale, fit_title, label, laid_out, quiet_reason, scale_ticks, symmetric_bound
 from headscope.reports.plots_circuits import PARTIAL_VEIL
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
@@ -293,7 +293,9 @@ def figures(result, **kwargs) -> dict[str, Figure]:
     shared = symmetric_bound(*(t["effect"].to_numpy(dtype=float) for t in (exact, paths) if t is not None))
 
     def new(stem: str, draw, size: tuple[float, float] = (7, 4)) -> None:
-        out[stem] = laid_out(draw(axes(None, (size[0], size[1] + 0.3 * bool(quiet)))))
+        ax = draw(axes(None, (size[0], size[1] + 0.3 * bool(quiet))))
+        out[stem] = laid_out(ax)
+        fit_title(ax)  # a title wider than its map runs under the colour bar's label (review 9b B3)
 
     if exact is not None:
         present = set(exact["site_type"])

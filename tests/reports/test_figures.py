@@ -1908,3 +1908,33 @@ def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_whi
             "mean L2 norm of the update m_i (g * v_i), g the post-MLP norm's gain, at the answer")
     finally:
         plt.close("all")
+
+
+def test_patching_map_title_clears_the_colour_bar_label_below_chance():
+    """Review 9b (B3): on the untrained run (3 layers x 12 positions, below chance, gap within noise) the two-line
+    title ran under the colour bar's label, which overprinted its last word. Measured on the saved figure's layout:
+    the title's box and the colour bar's (its ticks and label) do not overlap, and no word of the title is lost."""
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    reach = [1, 1, 2, 6, 6, 6, 7, 8, 8, 8, 8, 8]  # prompts of 4 to 12 tokens, left-padded
+    effect = {(0, 8): -0.037, (1, 8): -0.002, (1, 9): -0.006, (2, 8): 0.004, (2, 11): -0.033}
+    exact = pd.DataFrame([{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "position_from_end": p - 12,
+                           "token": "", "value": 0.0, "effect": effect.get((l, p), 0.0), "n_rows": reach[p]}
+                          for l in range(3) for p in range(12)])
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 12,
+               "clean_metric": -0.23, "corrupted_metric": -0.21,
+               "gap_within_noise": {"gap": -0.028, "reason": "under the 0.1 floor"},
+               "chance": {"at_chance": True, "below_chance": True, "metric": "logit_diff", "mean": -0.23}}
+    fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        bar = ax.collections[0].colorbar.ax
+        assert bar.yaxis.label.get_text() == "raw effect (logit_diff), gap within noise"
+        title, bar_box = ax.title.get_window_extent(renderer), bar.get_tightbbox(renderer)
+        assert not _overlap(title, bar_box), (title, bar_box)
+        assert ax.title.get_text().split() == ("patching resid_pre, by layer and position BELOW CHANCE: muted colours "
+                                               "(the model prefers wrong answers; no task behaviour)").split()
+    finally:
+        plt.close("all")
