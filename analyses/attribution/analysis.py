@@ -30,8 +30,8 @@ ranks the tokens between the first and the last (normalised, non-negative); the 
 holds every token's raw gradient scores (integrated gradients signed), what `hs.show_tokens` draws.
 
 Summary keys (attention = the last layer's head mean): loo_metric (what leave-one-out's scores measure:
-"tvd", "1-cosine" or, on a saturated output with a logit-difference task, "logit_diff"); mean_tau_attention_{gradient, saliency,
-loo, ig} with std_tau_* and frac_significant_*; mean_tau_rollout_* and std_tau_rollout_*; rollout_vs_raw
+"tvd", "1-cosine" or, on a saturated output with a logit-difference task, "logit_diff"); mean_tau_attention_{gradient,
+saliency, loo, ig} with std_tau_*, frac_significant_* and n_tau_*; the same for rollout (mean_tau_rollout_*, ...); rollout_vs_raw
 ({gradient, loo, ig}: the per-example paired difference tau(rollout) - tau(last layer) against that reference:
 mean, sd, n, ci (95% t), p (paired t) and p_holm, Holm-corrected over the three); fraction_significant (over
 all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
@@ -579,16 +579,18 @@ def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kin
                 row = summ.loc[(att, method)]
                 out[f"mean_tau_{prefix}_{short}"] = _num(row.mean_tau)
                 out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
-                if prefix == "attention":
-                    out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
+                out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
     # rollout against raw last-layer attention, paired per example, Holm over the references the finding names
     paired = paired_differences(df, list(ROLLOUT_REFERENCES))
     out["rollout_vs_raw"] = {SUMMARY_NAMES[m]: {k: v if k in ("n", "ci") else _num(v) for k, v in e.items()}
                              for m, e in paired.items()}
     last = df[(df.attention == "last_layer")].dropna(subset=["tau"])
+    flow = df[(df.attention == "rollout")].dropna(subset=["tau"])
     for method, short in SUMMARY_NAMES.items():  # examples with a defined tau (a prompt too short to rank gives NaN)
         if (("last_layer", method)) in summ.index:
             out[f"n_tau_attention_{short}"] = int(last[last.method == method].example.nunique())
+        if (("rollout", method)) in summ.index:
+            out[f"n_tau_rollout_{short}"] = int(flow[flow.method == method].example.nunique())
     out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
     out["n_tau_tests"] = int(len(last))  # examples x methods used: the count the fraction is over
     pairs = rule.rows(rule.rows(tables["tau_methods"], "method_a"), "method_b")

@@ -583,6 +583,10 @@ def test_result_tables_and_summary(tiny_models):
     paired = res.summary["rollout_vs_raw"]["gradient"]
     assert paired["n"] == len(diff) and paired["mean"] == pytest.approx(diff.mean())
     assert set(res.summary["rollout_vs_raw"]) <= {"gradient", "loo", "ig"}
+    # rollout's own taus, as the finding states them (review 9b C5): its significant share and n from the df's rows
+    assert res.summary["n_tau_rollout_gradient"] == roll.dropna().size
+    assert res.summary["frac_significant_rollout_gradient"] == pytest.approx(
+        res.df[(res.df.attention == "rollout") & (res.df.method == "grad_x_input")].dropna(subset=["tau"]).significant.mean())
     lo, hi = res.summary["permutation_abs_metric_change_ci"]  # a bootstrap interval of a mean of |change|
     abs_change = res.tables["permutation"].abs_metric_change
     assert abs_change.min() <= lo <= res.summary["permutation_abs_metric_change"] <= hi <= abs_change.max()
