@@ -150,6 +150,30 @@ def chance_basis(entry: Mapping[str, Any]) -> str:
     return ""
 
 
+def _prompt_prior(entry: Mapping[str, Any]) -> str | None:
+    """Below chance on a logit difference, against the corrupted prompts (chance.corrupted_baseline): 'below 0 by
+    0.17 logits, and the corrupted prompts give a similar -0.126 (...): a preference among the answer tokens that
+    does not depend on the prompt', or where the clean prompts sit clearly under the corrupted ones, the old
+    verdict with both numbers; None where the entry has no corrupted prompts' numbers (older runs)."""
+    mean, corrupt, paired = _num(entry.get("mean")), _num(entry.get("corrupted_mean")), entry.get("clean_minus_corrupted")
+    if mean is None or corrupt is None or not isinstance(paired, Mapping) or _num(paired.get("mean")) is None:
+        return None
+    level = _num(entry.get("chance_value")) or 0.0
+
+    def ci(x: Any) -> str:
+        ok = isinstance(x, (list, tuple)) and len(x) == 2 and all(_num(v) is not None for v in x)
+        return f"95% CI [{x[0]:.3g}, {x[1]:.3g}]" if ok else "no CI"
+
+    diff = (f"clean minus corrupted {paired['mean']:+.3g}, {ci(paired.get('ci'))}, paired over "
+            f"{_num(paired.get('n')) or 0:.0f} prompts")
+    if entry.get("prompt_independent") is True:
+        return (f"below {level:.3g} by {level - mean:.2g} logits, and the corrupted prompts give a similar {corrupt:.3g} "
+                f"({ci(entry.get('corrupted_ci'))}; {diff}): a preference among the answer tokens that does not depend on "
+                "the prompt, not a response to it")
+    return (f"worse than guessing, it systematically prefers the wrong answers, by {level - mean:.2g} logits (the "
+            f"corrupted prompts give {corrupt:.3g}, {ci(entry.get('corrupted_ci'))}; {diff})")
+
+
 def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     """'The model is at chance on task <t> (<metric> <mean> against chance <c> = <basis>, 95% CI [..]);
     relative findings are not reported.' Below chance (the whole CI under it) says so and what it
@@ -180,6 +204,9 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     if n is not None and n < MIN_SYSTEMATIC_EXAMPLES:  # too few to call a preference systematic (review 6, A7)
         return (f"{who}{said}: below chance on these {n:.0f} examples (too few to say it is systematic); relative "
                 "findings are not reported.")
+    prior = _prompt_prior(entry) if metric == "logit_diff" else None
+    if prior:
+        return f"{who}{said}: {prior}; relative findings are not reported."
     why = ("it systematically prefers the wrong answers" if metric == "logit_diff" else
            "it gives the answers less probability than a uniform guess, so they are systematically dispreferred"
            if metric == "logprob" else "it scores under guessing, so its answers are systematically dispreferred")

@@ -191,6 +191,8 @@ def quiet_reason(summary: Mapping[str, Any] | None) -> str | None:
     entry = (summary or {}).get("chance")
     if isinstance(entry, Mapping) and entry.get("at_chance") is True:
         if entry.get("below_chance") is True:  # worse than guessing: no behaviour to locate either
+            if entry.get("prompt_independent") is True:  # the corrupted prompts give as much (chance.corrupted_baseline)
+                return "BELOW CHANCE: muted colours (an answer preference the prompt does not change; no task behaviour)"
             return "BELOW CHANCE: muted colours (the model prefers wrong answers; no task behaviour)"
         return "AT CHANCE: muted colours (noise, not task behaviour)"
     return None

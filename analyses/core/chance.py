@@ -34,6 +34,10 @@ alone decides. `assess_mean` applies the floor to a mean alone (no per-example v
 
 The Student-t interval of a mean over examples has its one home here (`t_quantile`, `t_half_width`,
 `mean_interval`, `mean_intervals`): every family's and report's t interval of a mean calls it.
+
+Below chance on a logit difference, `model_on_task` also runs the corrupted prompts (`corrupted_baseline`):
+where they give a similar logit difference for the same answer pair, the clean prompts' is a preference among
+the answer tokens that does not depend on the prompt (an untrained model's token prior), not a response to it.
 """
 from __future__ import annotations
 
@@ -213,8 +217,31 @@ def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean
     classes = int(task.answers.unique().numel()) if kind == "accuracy" else None  # guessing among the answers
     classes = classes if classes and classes > 1 else None
     out = assess(values, kind, vocab_size=vocab, n_classes=classes)
+    if out is not None and out["below_chance"] and kind == "logit_diff" and task.corrupted_tokens is not None:
+        out.update(corrupted_baseline(model, task, values))
     return with_basis(out, task=task.name, vocab_size=vocab, answer_tokens=1.0 if kind == "logprob" else None,
                       n_classes=classes)
+
+
+def corrupted_baseline(model, task: Task, values: torch.Tensor, *, alpha: float = ALPHA) -> dict[str, Any]:
+    """Below chance on a logit difference: the same answer pair's logit difference on the corrupted prompts
+    (one more forward, paired rows only), so that the chance sentence can tell a response to the prompt from a
+    preference among the answer tokens that holds whatever the prompt (review 9b C1: an untrained model's -0.17
+    on the clean prompts against -0.13 on the corrupted ones). {"corrupted_mean", "corrupted_ci", "clean_minus_corrupted"
+    ({"mean", "ci"}: paired per row, t interval), "prompt_independent" (that interval contains 0, or its mean is
+    under the floor in size)}; {} where no row has a corrupted pair."""
+    rows = torch.arange(len(task)) if task.paired is None else torch.nonzero(task.paired).flatten()
+    if len(rows) == 0:
+        return {}
+    pairs = task.rows(rows)
+    corrupted, _ = clean_values(model, replace(pairs, tokens=pairs.corrupted_tokens), "logit_diff")  # [rows]
+    clean = values[rows].double()
+    diff = (clean - corrupted).numpy()  # [rows] paired
+    ci = mean_interval(diff, alpha=alpha)
+    mean = float(diff.mean())
+    same = abs(mean) < FLOORS["logit_diff"] or (ci is not None and ci[0] <= 0 <= ci[1])
+    return {"corrupted_mean": float(corrupted.mean()), "corrupted_ci": mean_interval(corrupted.numpy(), alpha=alpha),
+            "clean_minus_corrupted": {"mean": mean, "ci": ci, "n": int(len(rows))}, "prompt_independent": bool(same)}
 
 
 def with_basis(entry: dict[str, Any] | None, *, task: Any = None, vocab_size: int | None = None,

@@ -220,6 +220,33 @@ def test_a_task_other_than_the_analysis_ran_on_falls_back_to_the_reported_mean(a
     assert "no per-example values" in other["reason"]
 
 
+def test_below_chance_the_corrupted_prompts_tell_a_prompt_independent_preference(arch_models, mixed_tasks):
+    """Review 9b (C1): an untrained model's -0.17 below chance was called "systematically prefers the wrong answers"
+    while the corrupted prompts gave -0.13 for the same answer pairs. Here each row's wrong answer is its clean
+    prompt's top token, so the clean logit difference is below 0; the corrupted prompts' (each row run alone,
+    unpadded) and the paired clean-minus-corrupted interval (scipy's ttest_rel) are recorded."""
+    from dataclasses import replace
+
+    model, task = arch_models("gpt2"), mixed_tasks("gpt2")
+    with torch.no_grad():
+        tops = [int(model(task.example(i).tokens)[0, -1].argmax()) for i in range(len(task))]
+    task = replace(task, wrong_answers=torch.tensor(tops))
+    entry = chance.model_on_task(model, task)
+    assert entry["below_chance"] is True
+    clean = np.array([_alone(model, task, i) for i in range(len(task))])
+    with torch.no_grad():
+        lasts = [model(task.example(i).corrupted_tokens)[0, -1].double() for i in range(len(task))]  # [vocab] each
+    corrupted = np.array([float(last[int(task.answers[i])] - last[tops[i]]) for i, last in enumerate(lasts)])
+    assert entry["corrupted_mean"] == pytest.approx(corrupted.mean(), abs=1e-4)
+    assert entry["corrupted_ci"] == pytest.approx(_scipy_ci(corrupted), abs=1e-4)
+    paired = stats.ttest_rel(clean, corrupted).confidence_interval(0.95)
+    diff = entry["clean_minus_corrupted"]
+    assert diff["n"] == len(task) and diff["mean"] == pytest.approx((clean - corrupted).mean(), abs=1e-4)
+    assert diff["ci"] == pytest.approx([paired.low, paired.high], abs=1e-4)
+    same = abs((clean - corrupted).mean()) < 0.1 or paired.low <= 0 <= paired.high
+    assert entry["prompt_independent"] is bool(same)
+
+
 # ---- through the registry: a random model at chance ---------------------------------------------
 def test_a_random_model_is_at_chance_and_its_findings_drop_relative_thresholds(arch_models):
     model = arch_models("gpt2")

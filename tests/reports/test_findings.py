@@ -1886,3 +1886,29 @@ def test_attribution_states_rollouts_taus_with_their_intervals():
             f"95% CI [{lo:.2f}, {hi:.2f}], gradient x input at mean Kendall tau 0.11") in text, text
     assert "3 of 4 against saliency" in text
     assert "For last-layer attention, 1 of 16 per-example taus" in text
+
+
+def test_below_chance_against_the_corrupted_prompts_is_a_preference_the_prompt_does_not_change():
+    """Review 9b (C1): the untrained model's logit difference, -0.174 (95% CI [-0.25, -0.099], 16 examples), was
+    "worse than guessing, it systematically prefers the wrong answers", while the corrupted prompts give -0.126 for the
+    same answer pairs (clean minus corrupted -0.048, its paired interval containing 0)."""
+    from headscope.reports.plots import quiet_reason
+
+    entry = {"at_chance": True, "below_chance": True, "metric": "logit_diff", "mean": -0.174, "chance_value": 0.0,
+             "ci": [-0.25, -0.099], "ci_level": 0.95, "n_examples": 16, "task": "succ", "corrupted_mean": -0.126,
+             "corrupted_ci": [-0.214, -0.038], "clean_minus_corrupted": {"mean": -0.048, "ci": [-0.11, 0.014], "n": 16},
+             "prompt_independent": True}
+    text = finding("heads", {**HEADS, "chance": entry})
+    assert ("The model is below chance on task succ (logit difference -0.174 against chance 0 (no preference between the "
+            "answer and the wrong answer), 95% CI [-0.25, -0.099]): below 0 by 0.17 logits, and the corrupted prompts give "
+            "a similar -0.126 (95% CI [-0.214, -0.038]; clean minus corrupted -0.048, 95% CI [-0.11, 0.014], paired over "
+            "16 prompts): a preference among the answer tokens that does not depend on the prompt, not a response to it; "
+            "relative findings are not reported.") in text, text
+    assert "systematically prefers" not in text
+    assert "prefers wrong answers" not in quiet_reason({"chance": entry})
+    # the clean prompts clearly under the corrupted ones: the old verdict, with both numbers
+    clear = {**entry, "corrupted_mean": 0.9, "clean_minus_corrupted": {"mean": -1.07, "ci": [-1.3, -0.8], "n": 16},
+             "prompt_independent": False}
+    text = finding("heads", {**HEADS, "chance": clear})
+    assert ("worse than guessing, it systematically prefers the wrong answers, by 0.17 logits (the corrupted prompts give "
+            "0.9, 95% CI [-0.214, -0.038]; clean minus corrupted -1.07") in text, text
