@@ -177,7 +177,9 @@ def finding(s: Mapping[str, Any]) -> str:
     final = _num(s.get("dla_final_logit"))
     entry = _chance(s)
     if entry is not None or _at_chance(s, "logit_diff", final):  # at chance: no writer, no circuit to rank
-        why = ("below chance the model's behaviour is a preference for the wrong answers, not the task's"
+        why = ("below chance the model's behaviour is a preference among the answer tokens that does not depend on the "
+               "prompt, not the task's" if entry is not None and _below(entry) and entry.get("prompt_independent") is True
+               else "below chance the model's behaviour is a preference for the wrong answers, not the task's"
                if entry is not None and _below(entry) else "at chance there is no behaviour to attribute")
         parts.append("Direct logit attribution"
                      + (f" (final logit difference {final:.3g}" + (", near 0" if "chance" not in s else "") + ")"

@@ -1906,6 +1906,9 @@ def test_below_chance_against_the_corrupted_prompts_is_a_preference_the_prompt_d
             "relative findings are not reported.") in text, text
     assert "systematically prefers" not in text
     assert "prefers wrong answers" not in quiet_reason({"chance": entry})
+    circuits = finding("circuits", {"dla_final_logit": -0.17, "dla_top_components": {"mlp0": -0.1}, "chance": entry})
+    assert "a preference among the answer tokens that does not depend on the prompt, not the task's" in circuits
+    assert "wrong answers" not in circuits
     # the clean prompts clearly under the corrupted ones: the old verdict, with both numbers
     clear = {**entry, "corrupted_mean": 0.9, "clean_minus_corrupted": {"mean": -1.07, "ci": [-1.3, -0.8], "n": 16},
              "prompt_independent": False}
