@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.analyses.core.chance import clear_of
+from headscope.analyses.core.chance import clear_of, t_half_width
 from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ordinal, sliding_words
 
 
@@ -406,6 +406,8 @@ def finding(s: Mapping[str, Any]) -> str:
                      "for that reason.")
     if relative and not _at_chance(s, kind, base):  # review 9a C6: at chance the orders and their ties are noise
         parts += _tie_sentences(s)
+    if relative:
+        parts += _redundancy_words(s, metric)
     roles = s.get("roles")
     windows = s.get("role_windows") if isinstance(s.get("role_windows"), Mapping) else None
     if isinstance(roles, Mapping):
@@ -448,3 +450,24 @@ def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:
     else:
         words += f"; induction is probed on repeats of {length} tokens (reading {length - 1} back) to fit the window"
     return words + "."
+
+
+def _redundancy_words(s: Mapping[str, Any], metric: str) -> list[str]:
+    """One sentence per redundant layer (summary["redundant_layers"], heads/pruning.layer_redundancy): removing the
+    whole layer costs much, with its 95% t interval, while no one head's own ablation, nor keeping any one head alone,
+    moves the metric by more than a tenth of that (review 9b A2: the heads finding left this out)."""
+    said = []
+    for entry in s.get("redundant_layers") or []:
+        if not isinstance(entry, Mapping) or _num(entry.get("layer_removed_change")) is None:
+            continue
+        layer, n, joint = entry["layer"], int(_num(entry.get("n_examples")) or 0), entry["layer_removed_change"]
+        se = _num(entry.get("layer_removed_change_se"))
+        half = float(t_half_width(se * n ** 0.5, n)) if se is not None and n > 1 else None  # se = sd / sqrt(n)
+        span = f", 95% CI [{joint - half:+.3g}, {joint + half:+.3g}]" if half is not None and math.isfinite(half) else ""
+        said.append(
+            f"Layer {layer}'s {entry['n_heads']} heads are redundant: removing all of them changes the {metric} by "
+            f"{joint:+.3g}{span} over {n} examples, while no one head's own ablation moves it by more than "
+            f"{abs(entry['max_ablation']):.2g} (L{layer}H{entry['max_ablation_head']}) and keeping any one of them alone "
+            f"changes it by at most {entry['worst_change']:+.2g} (L{layer}H{entry['worst_head']}): one head does the "
+            "layer's work, so per-head importance and pruning counts understate the layer.")
+    return said

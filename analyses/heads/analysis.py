@@ -21,6 +21,8 @@ floor each method's checks use, for ablation measured by null ablations (roundin
 tied_top_heads_<method> with tied_top_groups_<method> (`numerical_checks`: importance that is rounding at the model's
 dtype, or top heads that tie, is said so and not ranked) / tied_first_pruned_moves_<method> (`tie_reach`: whether
 a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows).
+redundant_layers (pruning.layer_redundancy, with the best head table): the layers whose joint removal
+costs much while each head alone, ablated or kept, moves the metric little.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ from headscope.analyses.heads.pruning import (
     best_head_per_layer,
     curve_shapes,
     head_label,
+    layer_redundancy,
     ordering_basis,
     prunable_intervals,
     prunable_summary,
@@ -438,6 +441,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         primary = usable[name] if name else next(iter(raw.values()))
         summary["best_head_ranked_by"] = name or next(iter(raw))
         tables["best_head"] = best_head_per_layer(model, scorer, primary, baseline=baseline, progress=config.progress)
+        ablated = raw.get(hc.pruning.method, next((v for m, v in raw.items() if m != "gradient"), None))
+        summary["redundant_layers"] = layer_redundancy(tables["best_head"], ablated, baseline)
     if hc.l0 is not None:
         sweep, gates = l0_sweep(model, scorer, hc.l0, seed=hc.seed, progress=config.progress)
         tables["l0"], tables["l0_gates"] = sweep, gates

@@ -439,8 +439,9 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
     """Michel et al. Tables 2-3: in one layer at a time keep only one head (others zeroed).
 
     Per layer: the most important head by `importance` and its metric; the oracle best single
-    head (every head tried, all in stacked passes) and its metric; and the metric with the whole
-    layer's attention removed. Changes are relative to the unpruned baseline; each has its standard
+    head (every head tried, all in stacked passes) and its metric; the worst single head kept alone
+    (worst_head, worst_change, worst_change_se: how much keeping any one head alone can cost); and the
+    metric with the whole layer's attention removed. Changes are relative to the unpruned baseline; each has its standard
     error over examples (<change>_se: the sd of each example's change from its own unpruned metric
     / sqrt(n), from the same passes; NaN for one example) and n_examples, for the figure's error bars.
     """
@@ -462,7 +463,7 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
     rows = []
     for l in range(n_layers):
         top = int(importance[l].argmax())
-        oracle = int(single[l].argmax())
+        oracle, worst = int(single[l].argmax()), int(single[l].argmin())
         rows.append({
             "layer": l, "head": top, "metric": float(single[l, top]), "change": float(single[l, top]) - base,
             "oracle_head": oracle, "oracle_metric": float(single[l, oracle]),
@@ -471,5 +472,36 @@ def best_head_per_layer(model, scorer: Scorer, importance: torch.Tensor, *, base
             "layer_removed_change": float(values[n_layers * n_heads + l]) - base,
             "change_se": float(se[l * n_heads + top]), "oracle_change_se": float(se[l * n_heads + oracle]),
             "layer_removed_change_se": float(se[n_layers * n_heads + l]), "n_examples": n_ex,
+            "worst_head": worst, "worst_change": float(single[l, worst]) - base,
+            "worst_change_se": float(se[l * n_heads + worst]),
         })
     return pd.DataFrame(rows)
+
+
+SMALL_SHARE = 0.1  # a head's own effect under this share of its layer's joint removal: small beside it
+
+
+def layer_redundancy(best: pd.DataFrame, ablation: torch.Tensor | None, baseline: float) -> list[dict]:
+    """The layers whose heads are redundant (review 9b A2: any one of four layer-0 heads was enough while removing
+    all four cost the whole metric): removing the whole layer costs at least SMALL_SHARE of |baseline| with its 95%
+    t interval (from change_se over n_examples) clear of 0, while every head's own zero/mean/resample ablation
+    (`ablation` [L, H], metric units) and keeping any one head alone (worst_change) each move the metric by under
+    SMALL_SHARE of that cost. [] without an ablation importance (the gradient's units are not the metric's)."""
+    if ablation is None or best is None or not {"layer_removed_change", "worst_change"} <= set(best.columns):
+        return []
+    out = []
+    for row in best.itertuples():
+        joint, n = float(row.layer_removed_change), int(row.n_examples)
+        se = float(row.layer_removed_change_se)
+        half = float(t_half_width(se * n ** 0.5, n)) if n > 1 and np.isfinite(se) else float("nan")  # se = sd / sqrt(n)
+        if not (np.isfinite(half) and abs(joint) > half and abs(joint) >= SMALL_SHARE * abs(baseline)):
+            continue
+        own = ablation[int(row.layer)].double().abs()  # [H]
+        if float(own.max()) >= SMALL_SHARE * abs(joint) or abs(float(row.worst_change)) >= SMALL_SHARE * abs(joint):
+            continue
+        out.append({"layer": int(row.layer), "n_heads": int(own.numel()), "layer_removed_change": joint,
+                    "layer_removed_change_se": se, "n_examples": n, "max_ablation_head": int(own.argmax()),
+                    "max_ablation": float(ablation[int(row.layer)].flatten()[int(own.argmax())]),
+                    "worst_head": int(row.worst_head), "worst_change": float(row.worst_change),
+                    "worst_change_se": float(row.worst_change_se)})
+    return out

@@ -10,6 +10,7 @@ import math
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -432,6 +433,8 @@ def test_best_head_per_layer_equals_loop(tiny_models):
         assert row["head"] == 0 and row["metric"] == pytest.approx(only[0], abs=1e-5)
         assert row["change"] == pytest.approx(only[0] - base, abs=1e-5)
         assert row["oracle_metric"] == pytest.approx(max(only.values()), abs=1e-5)
+        worst = min(only, key=only.get)  # review 9b A2: what keeping any one head alone can cost
+        assert row["worst_head"] == worst and row["worst_change"] == pytest.approx(only[worst] - base, abs=1e-5)
         removed = loop_logit_diff(model, task, [(z_name(layer), zero_heads([0, 1, 2, 3]))]).mean().item()
         assert row["layer_removed_metric"] == pytest.approx(removed, abs=1e-5)
         # review 5 B5: each change's standard error over examples, paired with each example's own unpruned metric
@@ -440,6 +443,24 @@ def test_best_head_per_layer_equals_loop(tiny_models):
         gone = loop_logit_diff(model, task, [(z_name(layer), zero_heads([0, 1, 2, 3]))]) - loop_logit_diff(model, task)
         assert row["layer_removed_change_se"] == pytest.approx((gone.std() / len(gone) ** 0.5).item(), rel=1e-3, abs=1e-6)
         assert row["n_examples"] == len(per) and row["change_se"] > 0
+
+
+def test_a_layer_whose_heads_each_suffice_is_redundant():
+    """Review 9b (A2), by hand: out_t's layer 0 (4 heads of a multi-query Llama): removing all four costs -12.78 (SE
+    1.06 over 16 examples) of 11.85, while the heads' zero-ablation drops are -0.011..-0.111 and keeping any one alone
+    costs at most -0.649: one head does the layer's work. Layer 1's -0.27 is under a tenth of the metric: not said."""
+    best = pd.DataFrame({"layer": [0, 1], "layer_removed_change": [-12.78, -0.27], "layer_removed_change_se": [1.06, 0.12],
+                         "n_examples": [16, 16], "worst_head": [2, 1], "worst_change": [-0.649, -0.133],
+                         "worst_change_se": [0.209, 0.07]})
+    zero = torch.tensor([[-0.0119, -0.0286, -0.1108, 0.0122], [0.069, 0.0664, 0.0371, -0.0261]])  # [L, H]
+    out = hp.layer_redundancy(best, zero, 11.85)
+    assert [e["layer"] for e in out] == [0]
+    assert out[0]["max_ablation_head"] == 2 and out[0]["max_ablation"] == pytest.approx(-0.1108)
+    assert out[0]["worst_head"] == 2 and out[0]["n_heads"] == 4
+    # one head that matters alone (its ablation 1.5, over a tenth of 12.78), or one head that cannot do it alone: none
+    assert hp.layer_redundancy(best, zero.index_put((torch.tensor(0), torch.tensor(1)), torch.tensor(1.5)), 11.85) == []
+    assert hp.layer_redundancy(best.assign(worst_change=[-6.0, -0.133]), zero, 11.85) == []
+    assert hp.layer_redundancy(best, None, 11.85) == []  # no ablation importance in the metric's units
 
 
 # ---- L0 gates ------------------------------------------------------------------------------
@@ -657,6 +678,8 @@ def test_run_quick_gives_every_output(tiny_models, quick_result):
     assert {"layer", "head", "method", "importance", "sink", "induction", "positional", "role"} <= set(res.df.columns)
     assert set(res.df["method"]) == {"gradient", "zero"} and len(res.df) == 16
     assert {"curve", "best_head", "l0", "l0_gates", "roles"} <= set(res.tables)
+    assert isinstance(s["redundant_layers"], list)  # the layers redundancy names (pruning.layer_redundancy), JSON-ready
+    json.dumps(s["redundant_layers"])
     task = heads.repeated_tokens_task(model, 6, 0)  # the logits the metric is read from: one plain forward
     readout = model(task.tokens)[:, -1].detach().abs().amax(-1).double().mean().item()  # E_x max_v |logit|
     assert s["readout_size"] == pytest.approx(readout, rel=1e-5)

@@ -1915,3 +1915,20 @@ def test_below_chance_against_the_corrupted_prompts_is_a_preference_the_prompt_d
     text = finding("heads", {**HEADS, "chance": clear})
     assert ("worse than guessing, it systematically prefers the wrong answers, by 0.17 logits (the corrupted prompts give "
             "0.9, 95% CI [-0.214, -0.038]; clean minus corrupted -1.07") in text, text
+
+
+def test_heads_says_a_layer_whose_heads_each_suffice_is_redundant():
+    """Review 9b (A2): the heads finding left out that any one of the four layer-0 heads does the job while removing
+    all four costs the whole metric (best_head.csv: -12.78, SE 1.06 over 16 examples, of 11.85). The t interval by
+    scipy; at chance nothing is said."""
+    entry = {"layer": 0, "n_heads": 4, "layer_removed_change": -12.78, "layer_removed_change_se": 1.06, "n_examples": 16,
+             "max_ablation_head": 2, "max_ablation": -0.1108, "worst_head": 2, "worst_change": -0.649,
+             "worst_change_se": 0.209}
+    text = finding("heads", {**HEADS, "metric": "logit_diff", "redundant_layers": [entry]})
+    half = stats.t.ppf(0.975, 15) * 1.06
+    assert (f"Layer 0's 4 heads are redundant: removing all of them changes the logit difference by -12.8, 95% CI "
+            f"[{-12.78 - half:+.3g}, {-12.78 + half:+.3g}] over 16 examples, while no one head's own ablation moves it by "
+            "more than 0.11 (L0H2) and keeping any one of them alone changes it by at most -0.65 (L0H2): one head does "
+            "the layer's work") in text, text
+    at_chance = {**HEADS, "redundant_layers": [entry], "chance": {"at_chance": True, "metric": "logit_diff", "mean": 0.01}}
+    assert "redundant" not in finding("heads", at_chance)
