@@ -166,7 +166,10 @@ def _prompt_prior(entry: Mapping[str, Any]) -> str | None:
 
     diff = (f"clean minus corrupted {paired['mean']:+.3g}, {ci(paired.get('ci'))}, paired over "
             f"{_num(paired.get('n')) or 0:.0f} prompts")
-    if entry.get("prompt_independent") is True:
+    span, floor = paired.get("ci"), _num(entry.get("floor"))
+    inside = isinstance(span, (list, tuple)) and len(span) == 2 and None not in map(_num, span) and span[0] <= 0 <= span[1]
+    if entry.get("prompt_independent") is True:  # chance.corrupted_baseline: within noise, or under the floor in size
+        diff += ": within noise" if inside else f", under the {floor:.3g}-logit effect floor" if floor is not None else ""
         return (f"below {level:.3g} by {level - mean:.2g} logits, and the corrupted prompts give a similar {corrupt:.3g} "
                 f"({ci(entry.get('corrupted_ci'))}; {diff}): a preference among the answer tokens that does not depend on "
                 "the prompt, not a response to it")

@@ -1902,10 +1902,14 @@ def test_below_chance_against_the_corrupted_prompts_is_a_preference_the_prompt_d
     assert ("The model is below chance on task succ (logit difference -0.174 against chance 0 (no preference between the "
             "answer and the wrong answer), 95% CI [-0.25, -0.099]): below 0 by 0.17 logits, and the corrupted prompts give "
             "a similar -0.126 (95% CI [-0.214, -0.038]; clean minus corrupted -0.048, 95% CI [-0.11, 0.014], paired over "
-            "16 prompts): a preference among the answer tokens that does not depend on the prompt, not a response to it; "
-            "relative findings are not reported.") in text, text
+            "16 prompts: within noise): a preference among the answer tokens that does not depend on the prompt, not a "
+            "response to it; relative findings are not reported.") in text, text
     assert "systematically prefers" not in text
     assert "prefers wrong answers" not in quiet_reason({"chance": entry})
+    # the untrained run's own numbers: a paired interval clear of 0, but a difference under the 0.1-logit floor
+    under = {**entry, "floor": 0.1, "clean_minus_corrupted": {"mean": -0.0483, "ci": [-0.0758, -0.0208], "n": 16}}
+    assert ("paired over 16 prompts, under the 0.1-logit effect floor): a preference among the answer tokens"
+            in finding("heads", {**HEADS, "chance": under}))
     circuits = finding("circuits", {"dla_final_logit": -0.17, "dla_top_components": {"mlp0": -0.1}, "chance": entry})
     assert "a preference among the answer tokens that does not depend on the prompt, not the task's" in circuits
     assert "wrong answers" not in circuits
