@@ -433,7 +433,6 @@ def finding(s: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-
 def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:
     """Review 9a A2: on sliding-window layers, how sink and induction were scored so the mask does not
     decide them: sink over the queries that see the first token, induction on repeats that fit the
