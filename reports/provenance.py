@@ -138,6 +138,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     fit = summary.get("shipped_text")
     if isinstance(fit, Mapping) and isinstance(fit.get("note"), str):  # the shipped sentences, split or unknown
         record["note"] = fit["note"]
+    elif isinstance(summary.get("data_note"), str):  # data built for this tokenizer (position's word_kv)
+        record["note"] = summary["data_note"]
     rows = getattr(data, "source_rows", None)  # a Task read from the user's data: which of its rows it holds
     if rows is not None and len(rows) == record["n_examples"]:
         record["rows"] = sorted(int(r) for r in rows)
