@@ -118,7 +118,7 @@ def _many_answers(seed: int = 0):
     rng = np.random.default_rng(seed)
     sizes = [2] * 6 + [3] * 6 + [4, 5] + [1, 1]
     y = np.repeat(np.arange(len(sizes)), sizes)  # [41]
-    X = 3.0 * np.eye(32)[y] + 0.1 * rng.normal(size=(len(y), 32))
+    X = 3.0 * np.eye(16)[y] + 0.1 * rng.normal(size=(len(y), 16))
     return X, y, rng.integers(0, 8, len(y))  # eight word types for the control task
 
 
@@ -134,7 +134,7 @@ def test_many_classes_of_few_rows_score_every_learnable_row_and_say_which_were_n
     X, y, types = _many_answers()
     singles = np.isin(y, [14, 15])  # the two one-row classes: no training part can hold them
     for cv in (3, 5):
-        res = selectivity(LogisticProbe(), X, y, types, cv=cv, seed=0)
+        res = selectivity(LogisticProbe(tol=1e-2), X, y, types, cv=cv, seed=0)  # a loose tol: 4x faster, the same predictions
         assert res["scored"].tolist() == (~singles).tolist()  # every row of a class of 2 or more, by hand
         assert int(res["n_scored"].sum()) == 39 and res["n_test"].sum() == 41  # 2 rows not scored
         assert pooled_score(res["score"], res["n_scored"], True) == 1.0  # right on every learnable row
@@ -143,5 +143,5 @@ def test_many_classes_of_few_rows_score_every_learnable_row_and_say_which_were_n
     folds = list(KFold(3, shuffle=True, random_state=0).split(X))
     ceiling = sum(int(v in set(y[train])) for train, test in folds for v in y[test])
     assert ceiling < 39 and int(scoreable(y, folds).sum()) == ceiling
-    score, scored = fold_scores(LogisticProbe(), X, y, folds)
+    score, scored = fold_scores(LogisticProbe(tol=1e-2), X, y, folds)
     assert scored.sum() == ceiling and pooled_score(score, scored, True) == 1.0
