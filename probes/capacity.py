@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 from sklearn.base import clone
 
 from headscope.errors import ConfigError
-from headscope.probes.linear import LogisticProbe, RidgeProbe, selectivity
+from headscope.probes.linear import LogisticProbe, RidgeProbe, pooled_score, selectivity
 
 # Inverse L2 strengths for LogisticProbe (standardised inputs): from a probe that can only follow the
 # largest-variance directions (0.001) to scikit-learn's default (1.0).
@@ -27,7 +26,8 @@ ALPHA_GRID: tuple[float, ...] = (1000.0, 100.0, 10.0, 1.0)
 
 def capacity_sweep(estimator, X, y, types, *, grid: Sequence[float] | None = None, cv: int = 5,
                    seed: int = 0, return_folds: bool = False) -> pd.DataFrame | tuple[pd.DataFrame, list[dict]]:
-    """One row per strength in `grid`: strength, score, control, selectivity (means over the folds),
+    """One row per strength in `grid`: strength, score, control, selectivity (linear.pooled_score: accuracy
+    over the scored rows, mean R^2 over folds),
     and `most_selective` (True on the row with the largest selectivity; the first on ties).
 
     estimator: a LogisticProbe (grid over C; default C_GRID) or a RidgeProbe (grid over alpha;
@@ -45,8 +45,10 @@ def capacity_sweep(estimator, X, y, types, *, grid: Sequence[float] | None = Non
     for value in grid:
         res = selectivity(clone(estimator).set_params(**{param: float(value)}), X, y, types, cv=cv, seed=seed)
         folds.append(res)
-        rows.append({"param": param, "strength": float(value), "score": float(np.mean(res["score"])),
-                     "control": float(np.mean(res["control"])), "selectivity": res["selectivity"]})
+        classify = param == "C"
+        rows.append({"param": param, "strength": float(value), "score": pooled_score(res["score"], res["n_scored"], classify),
+                     "control": pooled_score(res["control"], res["n_scored_control"], classify),
+                     "selectivity": res["selectivity"]})
     table = pd.DataFrame(rows)
     table["most_selective"] = False
     table.loc[int(table["selectivity"].to_numpy().argmax()), "most_selective"] = True

@@ -10,8 +10,15 @@ Selectivity (Hewitt & Liang 2019): the control task gives every word type (e.g. 
 the probed position) a random label drawn from the real labels' distribution; a probe that is
 expressive enough to memorise types scores well on it too. selectivity = score(real) -
 score(control), both cross-validated on the same folds.
+
+Many classes of few rows each (a many-answer task): folds that keep every class in training
+(`cv_splitter`, stratified), and a classifier is scored only on the test rows whose class its training
+part holds (`scoreable`): a row of an unseen class is one no classifier can predict, so counting it
+wrong would report the folds' ceiling as the probe's accuracy. `selectivity` says how many rows it scored.
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
@@ -131,49 +138,89 @@ def control_labels(types, labels, seed: int = 0) -> np.ndarray:
 
 
 def cv_splitter(y, estimator, cv: int = 5, seed: int = 0):
-    """Shuffled folds: stratified for classifiers when every class has >= cv members, else plain KFold."""
+    """Shuffled folds. Classifiers: stratified whenever a class has two rows or more, so every class of
+    c >= 2 rows keeps at least one row in each training part (a test part holds at most ceil(c / k) <= c - 1
+    of them); the folds are capped at the largest class's size (scikit-learn's limit), and a class of one
+    row can only ever be tested on a part that lacks it (fold_scores does not score it). Regressors and
+    classes of one row each: plain KFold."""
     y = np.asarray(y)
     if getattr(estimator, "_estimator_type", None) == "classifier" or isinstance(estimator, ClassifierMixin):
         _, counts = np.unique(y, return_counts=True)
-        if counts.min() >= cv:
-            return StratifiedKFold(n_splits=cv, shuffle=True, random_state=seed)
+        if counts.max() >= 2:
+            return StratifiedKFold(n_splits=int(min(cv, counts.max())), shuffle=True, random_state=seed)
     return KFold(n_splits=cv, shuffle=True, random_state=seed)
 
 
-def fold_scores(estimator, X, y, folds) -> np.ndarray:
-    """The estimator's score on each (train, test) fold. A classifier's training fold with one class (few
-    word types give the control task one label on a fold; a rare answer can miss a plain KFold's training
-    part) is no failure: the only rule it can learn is that class, so the fold scores its accuracy on the
-    test part (sklearn would record NaN for the fit's error and every pooled score after it)."""
+def scoreable(y, folds) -> np.ndarray:
+    """[n] bool: whether each row's class occurs in the training part of the fold that tests it (a row no
+    fold tests: False). A row whose class its training part lacks cannot be predicted by any classifier:
+    counting it wrong would measure the folds (their ceiling), not the probe."""
+    y = np.asarray(y)
+    out = np.zeros(y.shape[0], dtype=bool)
+    for train, test in folds:
+        out[test] = np.isin(y[test], y[train])
+    return out
+
+
+def fold_scores(estimator, X, y, folds) -> tuple[np.ndarray, np.ndarray]:
+    """(score [k], rows scored [k]): the estimator's score on each (train, test) fold. A classifier is
+    scored on the test rows whose class its training part holds (`scoreable`); a fold with none scores
+    NaN over 0 rows. A classifier's training part with one class (few word types give the control task
+    one label on a fold) is no failure: the only rule it can learn is that class, right on every scored
+    row (sklearn would record NaN for the fit's error and every pooled score after it)."""
     X, y = np.asarray(X), np.asarray(y)
     classify = isinstance(estimator, ClassifierMixin)
-    out = []
+    scores, scored = [], []
     for train, test in folds:
-        seen = np.unique(y[train])
-        if classify and len(seen) == 1:
-            out.append(float(np.mean(y[test] == seen[0])))
-            continue
-        out.append(float(clone(estimator).fit(X[train], y[train]).score(X[test], y[test])))
-    return np.asarray(out)
+        if classify:
+            test = test[np.isin(y[test], y[train])]
+        scored.append(len(test))
+        if not len(test):
+            scores.append(float("nan"))
+        elif classify and len(np.unique(y[train])) == 1:
+            scores.append(1.0)
+        else:
+            scores.append(float(clone(estimator).fit(X[train], y[train]).score(X[test], y[test])))
+    return np.asarray(scores), np.asarray(scored)
+
+
+def pooled_score(scores, scored, classify: bool) -> float:
+    """The cross-validated score: classification, accuracy over every scored row (folds weighted by their
+    scored rows); regression, the mean R^2 over folds. NaN when nothing was scored."""
+    scores, scored = np.asarray(scores, dtype=float), np.asarray(scored, dtype=float)
+    if not classify:
+        return float(scores.mean())
+    total = scored.sum()
+    return float(np.nansum(scores * scored) / total) if total else float("nan")
 
 
 def selectivity(estimator, X, y, types, *, cv: int = 5, seed: int = 0) -> dict:
     """Cross-validated scores on the real labels and on the control task, per fold, and selectivity.
 
-    Returns {"score": [cv], "control": [cv], "selectivity": mean(score) - mean(control), "n_test": [cv]
-    each fold's test size}; the score
-    is the estimator's own (accuracy for LogisticProbe, R^2 for RidgeProbe). When every example has
-    one word type the control labels are one constant, which any classifier learns: control 1.0.
+    Returns {"score": [k], "control": [k], "selectivity": pooled score minus pooled control (pooled_score),
+    "n_test": [k] each fold's test size, "n_scored" / "n_scored_control": [k] the test rows scored on each
+    task (classifiers: those whose class the training part holds, `scoreable`), "scored": [n] bool, which
+    rows of the real task were scored, "folds": k}. Both tasks use the same folds (cv_splitter on the real
+    labels) and the same rule. The score is the estimator's own (accuracy for LogisticProbe, R^2 for
+    RidgeProbe). When every example has one word type the control labels are one constant, which any
+    classifier learns: control 1.0.
     """
     y = np.asarray(y)
     if y.shape[0] < cv:
         raise ConfigError(f"{cv}-fold cross-validation needs at least {cv} examples, got {y.shape[0]}; lower cv or add examples.")
+    classify = isinstance(estimator, ClassifierMixin)
     control = control_labels(types, y, seed=seed)
-    folds = list(cv_splitter(y, estimator, cv, seed).split(X, y))
-    real = fold_scores(estimator, X, y, folds)
-    if isinstance(estimator, ClassifierMixin) and len(np.unique(control)) == 1:
-        ctrl = np.ones(len(folds))  # one word type (e.g. every row ends in [SEP]): the control is a constant, learnt exactly
+    with warnings.catch_warnings():  # classes smaller than the folds are expected (and handled: cv_splitter)
+        warnings.filterwarnings("ignore", message="The least populated class in y has only")
+        folds = list(cv_splitter(y, estimator, cv, seed).split(X, y))
+    real, n_real = fold_scores(estimator, X, y, folds)
+    if classify and len(np.unique(control)) == 1:
+        # one word type (e.g. every row ends in [SEP]): the control is a constant, learnt exactly
+        ctrl, n_ctrl = np.ones(len(folds)), np.array([len(test) for _, test in folds])
     else:
-        ctrl = fold_scores(estimator, X, control, folds)
-    return {"score": real, "control": ctrl, "selectivity": float(real.mean() - ctrl.mean()),
-            "n_test": np.array([len(test) for _, test in folds])}
+        ctrl, n_ctrl = fold_scores(estimator, X, control, folds)
+    scored = scoreable(y, folds) if classify else np.ones(y.shape[0], dtype=bool)
+    return {"score": real, "control": ctrl,
+            "selectivity": pooled_score(real, n_real, classify) - pooled_score(ctrl, n_ctrl, classify),
+            "n_test": np.array([len(test) for _, test in folds]), "n_scored": n_real, "n_scored_control": n_ctrl,
+            "scored": scored, "folds": len(folds)}

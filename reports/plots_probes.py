@@ -113,7 +113,7 @@ def _layer(s: Mapping[str, Any], layer: Any) -> str:
 
 def _quantity(s: Mapping[str, Any], value: float, ci: Any, correct: Any = None) -> str:
     """'accuracy 0.55 (6 of 11 correct out of fold, 95% CI [0.23, 0.83])' or 'R^2 0.90 (mean over 5 folds, ...)'."""
-    metric, n = s.get("metric", "accuracy"), s.get("n_examples")
+    metric, n = s.get("metric", "accuracy"), _scored(s)
     inner = []
     if metric == "accuracy" and correct is not None and n:
         inner.append(f"{correct} of {n} correct out of fold")
@@ -123,6 +123,37 @@ def _quantity(s: Mapping[str, Any], value: float, ci: Any, correct: Any = None) 
         inner.append(f"95% CI [{ci[0]:.2f}, {ci[1]:.2f}]")
     name = "R^2" if metric == "r2" else metric
     return f"{name} {value:.2f}" + (f" ({', '.join(inner)})" if inner else "")
+
+
+def _scored(s: Mapping[str, Any]) -> Any:
+    """The examples an accuracy is over: those scored (a row whose class its fold's training part lacks is
+    not), else every example (summaries written before n_scored)."""
+    scored = s.get("n_scored")
+    return scored if isinstance(scored, int) and not isinstance(scored, bool) else s.get("n_examples")
+
+
+def rows_sentence(s: Mapping[str, Any]) -> str:
+    """Which examples the probe was fitted and scored on, where that is not all of them: '5 of 14 rows kept:
+    9 have an answer no other row has (a class of one row is never both fitted and tested).' and '37 of the
+    39 rows scored: 2 have an answer absent from the training part of the fold that tests them, which no
+    probe can predict.', and, when the probe is right on every scored row while rows went unscored, that its
+    accuracy over all rows 'equals the folds' ceiling (k of n rows have their class in training)'."""
+    parts, unit = [], s.get("example_unit") or "rows"
+    n, dropped = s.get("n_examples"), s.get("n_dropped_single_examples")
+    if isinstance(n, int) and isinstance(dropped, int) and dropped > 0:
+        why = s.get("dropped_reason") or f"{dropped} have a class no other example has"
+        parts.append(f"{n} of {n + dropped} {unit} kept: {why} (a class of one example is never both fitted and "
+                     "tested).")
+    unscored, scored = s.get("n_unscored"), _scored(s)
+    if isinstance(n, int) and isinstance(unscored, int) and unscored > 0 and isinstance(scored, int):
+        why = s.get("unscored_reason") or f"{unscored} have a class absent from the training part of their fold"
+        parts.append(f"{scored} of the {n} {unit} scored: {why}.")
+        correct = s.get("best_correct")
+        if isinstance(correct, int) and correct == scored:
+            parts.append(f"The probe is right on every scored {unit[:-1]}; its accuracy over all {n} ({correct / n:.2f}) "
+                         f"equals the folds' ceiling ({correct} of {n} {unit} have their class in training), a bound "
+                         "set by the folds, not by the model.")
+    return " ".join(parts)
 
 
 def _stands_out(s: Mapping[str, Any]) -> tuple[bool, list[str], tuple[float, float] | None]:
@@ -152,7 +183,7 @@ def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(v) is not None for v in ci)
     if not ok or level is None or mean is None or entry.get("below_chance") or ci[1] < level + (1 - level) / 2:
         return shared(entry, "probes")
-    n, classes = s.get("n_examples"), s.get("n_classes")
+    n, classes = _scored(s), s.get("n_classes")
     per = f", about {n / classes:.0f} per class" if n and classes else ""
     who = f" with {n} examples" + (f" ({classes} classes{per})" if classes else "") if n else ""
     value = _quantity(s, mean, ci, s.get("best_correct"))
@@ -194,6 +225,8 @@ def finding(s: Mapping[str, Any]) -> str:
                          f"{_layer(s, s.get('best_layer', '?'))}, {value}){against}{examples}.")
         if majority is not None and best <= majority + 0.02 and "chance" not in s:
             parts.append("That is chance level: the property is not linearly readable from these activations.")
+    if rows_sentence(s):
+        parts.append(rows_sentence(s))
     sel, control = _num(s.get("best_selectivity")), _num(s.get("best_control"))
     if _chance(s) is not None:
         sel = None

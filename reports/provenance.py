@@ -108,7 +108,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why; it holds the
     parts the analysis reads only: registry.reads under `config`, its settings), "uses" (uses_text) and
     "metric" (what it scores, where its family says: encoders) for a prompt/answer Task, and
-    "rows": the user's data rows it ran on (0-based, as errors and task_examples.csv's "row" number them). data:
+    "rows": the user's data rows it ran on (0-based, as errors and task_examples.csv's "row" number them), and
+    "dropped" ({n, why, unit}) where the analysis left examples out (probes: classes of one example). data:
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
     summary decides the name and count where it records them (what it actually used)."""
@@ -137,9 +138,14 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     fit = summary.get("shipped_text")
     if isinstance(fit, Mapping) and isinstance(fit.get("note"), str):  # the shipped sentences, split or unknown
         record["note"] = fit["note"]
+    elif isinstance(summary.get("data_note"), str):  # data built for this tokenizer (position's word_kv)
+        record["note"] = summary["data_note"]
     rows = getattr(data, "source_rows", None)  # a Task read from the user's data: which of its rows it holds
     if rows is not None and len(rows) == record["n_examples"]:
         record["rows"] = sorted(int(r) for r in rows)
+    dropped = summary.get("n_dropped_single_examples")
+    if isinstance(dropped, int) and dropped > 0:  # probes: examples of a class seen once were not used
+        record["dropped"] = {"n": dropped, "why": summary.get("dropped_reason"), "unit": summary.get("example_unit")}
     left = summary.get("pairs_left_out")
     if isinstance(left, int) and left > 0:  # pairs of two token lengths: the pairwise part ran without them
         record["pairs_left_out"] = left
@@ -208,6 +214,18 @@ def _ranges(rows: list[int]) -> str:
 ROWS_NOTE = "0-based, header not counted"  # how the section lines number the user's rows, as the errors do
 
 
+def _count_text(record: Mapping[str, Any]) -> str:
+    """'14' or, where the analysis left examples out (task.json "dropped": probes' classes of one example),
+    '5 of 14 rows kept: 9 have an answer no other row has'."""
+    n, dropped = record.get("n_examples"), record.get("dropped")
+    if not isinstance(n, int):
+        return "not recorded"
+    if not isinstance(dropped, Mapping) or not isinstance(dropped.get("n"), int) or dropped["n"] <= 0:
+        return str(n)
+    why = dropped.get("why") or f"{dropped['n']} left out"
+    return f"{n} of {n + dropped['n']} {dropped.get('unit') or 'examples'} kept: {why}"
+
+
 def _rows_text(record: Mapping[str, Any]) -> str:
     """' (data rows 0-7, 12; 0-based, header not counted)': which rows of the user's data the analysis ran on
     (task.json "rows"), numbered as the task-file errors' "row N" and task_examples.csv's "row" number them: row 0
@@ -222,9 +240,8 @@ def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     """Plain-text lines (unescaped): task and source, n and budget, the parts used and the metric (where
     recorded), the sample (prompt -> answer; corrupted -> its answer, where the analysis reads them)."""
     task = record.get("task") or "not recorded"
-    n = record.get("n_examples")
     lines = [f"task: {task}, from {record.get('source') or 'not recorded'}",
-             f"examples: {n if isinstance(n, int) else 'not recorded'}{_rows_text(record)}{_pairs_text(record)}; "
+             f"examples: {_count_text(record)}{_rows_text(record)}{_pairs_text(record)}; "
              f"{_changed_text(record.get('budget_changed') or {})}"]
     for key in ("uses", "metric", "note"):
         if isinstance(record.get(key), str) and record[key]:

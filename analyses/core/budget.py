@@ -235,7 +235,13 @@ def plan(model, entries: Mapping[str, tuple[CostModel, Any, Any]], minutes: floa
     analyses the budget cut are estimated to take, and fit them again."""
     import math
 
-    free = {name: fit(model, cm, task, config, None) for name, (cm, task, config) in entries.items()}
+    free = {}
+    for name, (cm, task, config) in list(entries.items()):
+        try:
+            free[name] = fit(model, cm, task, config, None)
+        except Exception as err:  # noqa: BLE001 - one estimate that fails leaves that analysis at its preset, not all
+            log.warning("%s: no cost estimate (%s: %s); it runs at its preset", name, type(err).__name__, err)
+    entries = {name: entry for name, entry in entries.items() if name in free}
     if minutes is None or math.isinf(minutes) or not entries:
         return free
     if minutes <= 0:

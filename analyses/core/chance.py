@@ -399,13 +399,15 @@ def gap_within_noise(clean: Sequence[float] | np.ndarray | torch.Tensor, corrupt
 
 def from_summary(summary: Mapping[str, Any], *, vocab_size: int | None = None) -> dict[str, Any] | None:
     """The guard from summary numbers alone, for results whose per-example values are not at hand:
-    a probe's best accuracy against its majority baseline (exact binomial over n_examples), else the
+    a probe's best accuracy against its majority baseline (exact binomial over n_scored, else n_examples), else the
     clean mean of the task metric (baseline_metric, clean_metric unless normalised, metric_unevicted,
     dla_final_logit) against the effect floor."""
     metric = summary.get("metric")
     majority = summary.get("majority_baseline")
     if isinstance(majority, (int, float)) and metric == "accuracy" and f"best_{metric}" in summary:
-        out = assess_mean(summary[f"best_{metric}"], "accuracy", n_examples=summary.get("n_examples"),
+        scored = summary.get("n_scored")  # the rows the probe was scored on (probes: not those it could not predict)
+        out = assess_mean(summary[f"best_{metric}"], "accuracy",
+                          n_examples=scored if isinstance(scored, int) else summary.get("n_examples"),
                           chance=float(majority), floor=0.02)
         if out is not None:
             out["metric"] = "probe accuracy"

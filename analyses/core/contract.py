@@ -9,6 +9,7 @@ and one that cannot use the user's task runs on its own default task instead.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ class Needs:
       retrieval sweeps); names: task names it reads itself (e.g. position's "kv");
     english: its own data is English text, so the tokenizer must encode English without its unknown
       token (a tokenizer with the zoo vocabulary has zoo data instead);
+    own_data: (model) -> why the family's own data cannot be built for this model's tokenizer, or None
+      (position: no default sweep fits it); the analysis is then skipped with that reason, not failed;
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
       the metric reads the last k positions); False: it reads one next-token answer at the last position;
     what: what it does, for messages ("measures next-token answers").
@@ -52,6 +55,7 @@ class Needs:
     task_data: bool = True
     names: tuple[str, ...] = ()
     english: bool = False
+    own_data: Callable[[Any], str | None] | None = None
     continuation: bool = False
     what: str = ""
 
@@ -97,7 +101,8 @@ def model_reasons(needs: Needs, model: Any) -> list[str]:
         if lost:
             return [f"{model.name}'s tokenizer maps English words ({', '.join(lost[:4])}) to its unknown token, "
                     f"and this analysis's own data is English text"]
-    return []
+    gap = needs.own_data(model) if needs.own_data is not None else None
+    return [gap] if gap else []
 
 
 def _zoo_vocabulary(model: Any) -> bool:

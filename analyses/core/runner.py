@@ -241,7 +241,7 @@ def run_planned(model: Any, name: str, plan: Plan, seed: int, analysis: Any = No
 
 def ran_on(model: Any, name: str, plan: Plan) -> Any:
     """What analysis `name` ran on, for its section's provenance (reports/provenance.py): the plan's
-    Task (the rows it judged), probes' probed Task, position's (sweep kind, first sweep) when it built
+    Task (the rows it judged), probes' probed Task (the rows it kept), position's (sweep kind, first sweep) when it built
     its own sweeps; None where nothing is known; the exception where finding it failed (the report
     notes it, the result is kept)."""
     try:
@@ -250,9 +250,9 @@ def ran_on(model: Any, name: str, plan: Plan) -> Any:
 
             return sweep_kind(model, plan.config.sweep), build_sweeps(model, plan.config)[0]
         if name == "probes":
-            from headscope.analyses.probes.analysis import probe_data
+            from headscope.analyses.probes.analysis import probed_task
 
-            return probe_data(model, plan.task, plan.config)[0]
+            return probed_task(model, plan.task, plan.config)  # the rows it fitted (not those of a one-row answer)
         if plan.resolved is not None:
             return registry.judged_rows(name, plan.resolved)
         return registry.task_used(name, model, plan.task, plan.config)

@@ -47,12 +47,13 @@ from headscope.analyses.position.stats import curve_table, head_tracking, middle
 from headscope.errors import ConfigError, InputTypeError
 from headscope.models.hooked_model import layer_windows
 
-TASKS = ("zoo_kv", "json_kv", "qa", "retrieval")
+TASKS = ("zoo_kv", "json_kv", "word_kv", "qa", "retrieval")
 DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True,
+              own_data=lambda model: default_data_gap(model),  # defined below
               what="retrieval sweeps that move the gold item through the context")
 
 
@@ -60,9 +61,11 @@ NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True
 class PositionConfig(AnalysisConfig):
     """Settings of the position sweep.
 
-    sweep: "zoo_kv" (zoo models), "json_kv" (Liu et al.'s UUID key-value retrieval), "qa"
-      (multi-document QA over `data`, a JSONL file), "retrieval" (encoders; `data` or the shipped
-      set); "auto" picks zoo_kv / json_kv / retrieval from the model.
+    sweep: "zoo_kv" (zoo models), "json_kv" (Liu et al.'s UUID key-value retrieval), "word_kv" (the
+      same retrieval over words that are one token under the tokenizer), "qa" (multi-document QA over
+      `data`, a JSONL file), "retrieval" (encoders; `data` or the shipped set); "auto" picks zoo_kv /
+      json_kv / retrieval from the model, and word_kv where the tokenizer cannot write json_kv's
+      pieces (digits and '-' of UUIDs become its unknown token).
     n_items: pairs, documents or sentences including the gold one (None: 20 for zoo_kv; for json_kv
       as many as fit the context, up to 20 (10 when quick), stated in the summary's n_items_note; 10
       for qa; every shipped distractor + 1 for retrieval). positions: 1-based gold slots (None: 1 and the quarters).
@@ -100,7 +103,9 @@ def sweep_kind(model: Any, task: str) -> str:
     if task == "auto":
         if model.facts.is_encoder:
             return "retrieval"
-        return "zoo_kv" if has_zoo_vocab(model.tokenizer) else "json_kv"
+        if has_zoo_vocab(model.tokenizer):
+            return "zoo_kv"
+        return "json_kv" if prompts.json_kv_gap(model.tokenizer) is None else "word_kv"
     if task not in TASKS:
         raise ConfigError(f"unknown position task {task!r}; use one of {('auto', *TASKS)}.")
     if (task == "retrieval") != model.facts.is_encoder:
@@ -108,6 +113,24 @@ def sweep_kind(model: Any, task: str) -> str:
         raise ConfigError(f"task {task!r} does not fit {model.facts.name}, {kind}; "
                           "use 'retrieval' for encoders and a kv or qa task for decoders.")
     return task
+
+
+def default_data_gap(model: Any) -> str | None:
+    """Why no default sweep can be built for this model's tokenizer (contract.Needs.own_data: the analysis is then
+    skipped with this reason, not failed), or None: zoo vocabularies have zoo_kv, a tokenizer that writes Liu et
+    al.'s JSON prompt json_kv, any other word_kv when MIN_FIT_PAIRS pairs of its one-token words fit."""
+    if model.facts.is_encoder or has_zoo_vocab(model.tokenizer):
+        return None
+    gap = prompts.json_kv_gap(model.tokenizer)
+    if gap is None:
+        return None
+    words = prompts.vocab_words(model.tokenizer, model.facts.d_vocab)
+    if prompts.fit_word_pairs(len(words), model.facts.n_ctx, 20) >= prompts.MIN_FIT_PAIRS:
+        return None
+    return (f"this tokenizer cannot write position's default data, Liu et al.'s key-value prompt with UUID keys "
+            f"({gap}), and has {len(words)} words that are one token, too few for "
+            f"{prompts.MIN_FIT_PAIRS} key-value pairs of its own words in its context of {model.facts.n_ctx}; run "
+            "`headscope position --model M --task QA.jsonl` with multi-document QA text it can encode")
 
 
 def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
@@ -127,6 +150,12 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
             return prompts.fit_kv_sweeps(tok, n_ctx, max_pairs=max(20, n_ctx // 12), n_examples=n_examples, **common)
         return prompts.fit_kv_sweeps(tok, model.facts.n_ctx, max_pairs=10 if cfg.quick else 20, n_examples=n_examples,
                                      **common)
+    if task == "word_kv":
+        words = prompts.vocab_words(tok, model.facts.d_vocab)
+        n_pairs = cfg.n_items or prompts.fit_word_pairs(len(words), model.facts.n_ctx, 10 if cfg.quick else 20)
+        if n_pairs < prompts.MIN_FIT_PAIRS:
+            raise ConfigError(default_data_gap(model) or f"word_kv needs {prompts.MIN_FIT_PAIRS} pairs or more, got {n_pairs}.")
+        return prompts.word_kv_sweeps(tok, words, n_pairs=n_pairs, n_examples=n_examples, **common)
     if task == "qa":
         if cfg.data is None:
             raise ConfigError("task 'qa' needs data= a JSONL file of multi-document QA records (see load_qa_records).")
@@ -168,7 +197,7 @@ def _clean(x: Any) -> Any:
 def _config_for_task(model: Any, task: str, cfg: PositionConfig) -> PositionConfig:
     """cfg with the sweep a task name stands for: "kv", a sweep name, or a JSONL file (qa/retrieval)."""
     if task == "kv":
-        return replace(cfg, sweep="zoo_kv" if has_zoo_vocab(model.tokenizer) else "json_kv")
+        return replace(cfg, sweep=sweep_kind(model, "auto") if not model.facts.is_encoder else "json_kv")
     if task in TASKS:
         return replace(cfg, sweep=task)
     if Path(task).suffix in (".jsonl", ".json"):
@@ -308,6 +337,8 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
                                           task=task, n_classes=sweeps[0].n_items)
         if out["chance"] is not None:  # greedy output scored by containing the value: chance is copying one of them
             out["chance"]["classes_from"] = "context"
+    if task == "word_kv":
+        out["data_note"] = word_kv_note(model, sweeps)
     if fitted:
         fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
@@ -321,6 +352,16 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
                for m in ("logprob", "exact")},
         }
     return out
+
+
+def word_kv_note(model: Any, sweeps: Sequence[PositionSweep]) -> str:
+    """The section's account of a word_kv sweep: what it is and, where it stood in for the default, why."""
+    gap = prompts.json_kv_gap(model.tokenizer)
+    why = f", instead of Liu et al.'s JSON prompt with UUID keys, which this tokenizer cannot write ({gap})" if gap else ""
+    sep = model.tokenizer.decode([int(sweeps[0].tokens[0, -2])]).strip()  # the tail is [separator, key]
+    return (f"key-value retrieval over {sweeps[0].n_items} pairs of words that are one token under this tokenizer "
+            f"(the zoo's kv format: key value {sep} ... {sep} key -> value){why}; `headscope position --model M --task "
+            "QA.jsonl` runs multi-document QA over your own text")
 
 
 def _layer_means(parts: Sequence[Any]) -> list[float]:

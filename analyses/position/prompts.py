@@ -13,6 +13,9 @@ Builders:
   ("Extract the value corresponding to the specified key ..."). One deviation: a space after
   "{" (`{ "k": "v",\\n "k": "v"}`) so that every record tokenizes identically in every slot.
   `fit_kv_sweeps` picks k (and, for small contexts, shorter hex keys) to fit the context.
+- `word_kv_sweeps`: the zoo's kv format over words that are one token under the model's tokenizer
+  (`vocab_words`), for a tokenizer that cannot write Liu et al.'s JSON prompt (`json_kv_gap`: UUID keys
+  need digits and '-'), as heads' IOI default draws names that are single tokens.
 - `qa_sweeps`: multi-document QA over user JSONL (see `load_qa_records`), Liu et al.'s format
   `Document [i](Title: t) text`; the slot labels stay in place, the documents move.
 - `retrieval_sweeps`: encoders; a passage of sentences with the relevant one at each slot, and
@@ -102,8 +105,9 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     unk, unk_text = getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "unk_token", None)
     if unk is not None and unk in ids and not (unk_text and unk_text in text):
         raise ConfigError(
-            f"the tokenizer maps part of {text[:60]!r} to its unknown token; use a prompt builder that "
-            f"matches the model's vocabulary (zoo models: task 'zoo_kv')."
+            f"the tokenizer maps part of {text[:60]!r} to its unknown token; position's sweep 'word_kv' builds "
+            f"key-value prompts from the tokenizer's own words, and `headscope position --model M --task QA.jsonl` "
+            f"runs multi-document QA over text it can encode."
         )
     return ids
 
@@ -144,31 +148,41 @@ def item_sweep(
     gold_ids = encode(tokenizer, gold)
     if not gold_ids:
         raise ConfigError("the gold item tokenizes to nothing; pass a non-empty gold item.")
+    answer_ids = encode(tokenizer, answer) if answer else []
+    accepted = tuple(answers) or ((answer.strip().strip('"').strip(),) if answer else ())
+    query_tokens = None
+    if query is not None:
+        start, end = special_affixes(tokenizer)
+        query_tokens = torch.tensor([[*start, *encode(tokenizer, query), *end]])  # [1, q_pos]
+    return _assemble(grid, [*prefix, *head_ids], labels, chunks, gold_ids, sep_ids, [*tail_ids, *suffix],
+                     answer_ids, accepted, query_tokens)
+
+
+def _assemble(grid: tuple[int, ...], head: list[int], labels: Sequence[list[int]], chunks: Sequence[list[int]],
+              gold: list[int], sep: list[int], tail: list[int], answer: list[int], answers: tuple[str, ...],
+              query_tokens: torch.Tensor | None = None) -> PositionSweep:
+    """The sweep of token-id pieces: for each slot p of `grid`, head, then the items with `gold` at slot p
+    (each after its slot label, `sep` between them), then tail."""
+    n_items = len(chunks) + 1
     rows, spans = [], []
     for p in grid:
-        order = [*chunks[: p - 1], gold_ids, *chunks[p - 1:]]
-        ids = [*prefix, *head_ids]
+        order = [*chunks[: p - 1], gold, *chunks[p - 1:]]
+        ids = list(head)
         for i, chunk in enumerate(order):
             ids += labels[i]
             if i == p - 1:
                 spans.append((len(ids), len(ids) + len(chunk)))
             ids += chunk
             if i < n_items - 1:
-                ids += sep_ids
-        rows.append([*ids, *tail_ids, *suffix])
-    answer_ids = torch.tensor(encode(tokenizer, answer) if answer else [], dtype=torch.int64)  # [n_answer]
-    accepted = tuple(answers) or ((answer.strip().strip('"').strip(),) if answer else ())
-    query_tokens = None
-    if query is not None:
-        start, end = special_affixes(tokenizer)
-        query_tokens = torch.tensor([[*start, *encode(tokenizer, query), *end]])  # [1, q_pos]
+                ids += sep
+        rows.append([*ids, *tail])
     return PositionSweep(
         tokens=torch.tensor(rows, dtype=torch.int64),  # [n_pos, pos]
         gold_spans=torch.tensor(spans, dtype=torch.int64),  # [n_pos, 2]
         positions=grid,
         n_items=n_items,
-        answer_ids=answer_ids,
-        answers=accepted,
+        answer_ids=torch.tensor(answer, dtype=torch.int64),  # [n_answer]
+        answers=answers,
         query_tokens=query_tokens,
     )
 
@@ -246,10 +260,14 @@ def kv_sweeps(
         g = int(rng.integers(n_pairs))
         key, value = records[g].split('"')[1], records[g].split('"')[3]
         head, tail = kv_prompt_parts(key, query_aware, instruction)
-        sweeps.append(item_sweep(
-            tokenizer, items=[*records[:g], *records[g + 1:]], gold=records[g], positions=positions,
-            head=head, tail=tail, sep=",\n", answer=f' "{value}"', answers=(value,),
-        ))
+        try:
+            sweeps.append(item_sweep(
+                tokenizer, items=[*records[:g], *records[g + 1:]], gold=records[g], positions=positions,
+                head=head, tail=tail, sep=",\n", answer=f' "{value}"', answers=(value,),
+            ))
+        except ConfigError as err:  # the text is headscope's own (UUIDs it drew): say whose data it is
+            raise ConfigError(f"position's json_kv data (Liu et al.'s key-value prompt, with UUID keys headscope "
+                              f"draws) does not fit this tokenizer: {err}") from None
     return sweeps
 
 
@@ -303,6 +321,94 @@ def kv_fit_note(tokenizer: Any, sweeps: Sequence[PositionSweep], n_ctx: int) -> 
     text = tokenizer.decode(sweeps[0].tokens[0], skip_special_tokens=True).lower()
     instruction = "with" if KV_INSTRUCTION.split()[0].lower() in text else "without"
     return f"n_pairs chosen to fit context {n_ctx}: {sweeps[0].n_items} pairs, {keys}, {instruction} Liu et al.'s instruction"
+
+
+def json_kv_gap(tokenizer: Any) -> str | None:
+    """Why Liu et al.'s kv prompt (instruction, JSON, UUID keys: hex digits and '-') cannot be written with this
+    tokenizer, in words ("the digits, '-', '{' and '\\n' become its unknown token"), or None when it can."""
+    try:
+        kv_sweeps(tokenizer, n_pairs=2, n_examples=1, positions=(1,))
+    except ConfigError as err:
+        unk = getattr(tokenizer, "unk_token_id", None)
+        head, tail = kv_prompt_parts("0123456789abcdef-", False)
+        text = f'{head} "a": "b",\n{tail}'  # letters alone say nothing of a word-level vocabulary: the others
+        chars = sorted({c for c in text if not c.isalpha() and unk in tokenizer(c, add_special_tokens=False)["input_ids"]})
+        if not chars:
+            return str(err)
+        digits = [c for c in chars if c.isdigit()]
+        named = (["the digits"] if len(digits) == 10 else [repr(c) for c in digits]) + [repr(c) for c in chars
+                                                                                         if not c.isdigit()]
+        return f"{', '.join(named[:-1]) + ' and ' + named[-1] if len(named) > 1 else named[0]} become its unknown token"
+    return None
+
+
+# -------------------------------------------------------------- kv over the tokenizer's words
+WORD_SEPARATORS = (" ;", ";", " ,", ",", " .", ".", " |", "|")  # the first that is one known token separates pairs
+
+
+def _one_token(tokenizer: Any, text: str, avoid: set[int]) -> int | None:
+    """The id `text` is, when it tokenizes alone to exactly one token that is neither unknown nor in `avoid`."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return ids[0] if len(ids) == 1 and ids[0] != unk and ids[0] not in avoid else None
+
+
+def vocab_words(tokenizer: Any, d_vocab: int | None = None, limit: int = 64) -> list[tuple[str, int]]:
+    """(word, id) for up to `limit` of the tokenizer's pieces that are a whole word of two or more letters and
+    one token on their own after a space (" word" -> [id], as each item of a sweep is tokenized), in id order:
+    the keys and values `word_kv_sweeps` draws (heads' IOI default draws single-token names the same way)."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    found: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for i in sorted(tokenizer.get_vocab().values()):
+        if len(found) >= limit:
+            break
+        if i in special or (d_vocab is not None and i >= d_vocab):
+            continue
+        word = tokenizer.decode([i]).strip()
+        if len(word) < 2 or not word.isalpha() or word in seen or _one_token(tokenizer, f" {word}", special) != i:
+            continue
+        seen.add(word)
+        found.append((word, i))
+    return found
+
+
+def word_kv_sweeps(
+    tokenizer: Any, words: Sequence[tuple[str, int]], *, n_pairs: int = 20, n_examples: int = 16, seed: int = 0,
+    positions: Sequence[int] | None = None, query_aware: bool = False,
+) -> list[PositionSweep]:
+    """Key-value retrieval in the zoo's kv format over the tokenizer's own words (`vocab_words`): `<bos> k v ; k v
+    ; ... ; kq` -> vq, keys and values 2 x n_pairs distinct words drawn per example, the pairs separated by the
+    first of WORD_SEPARATORS that is one token (else by a word set aside for it). For tokenizers that cannot write
+    Liu et al.'s JSON prompt (`json_kv_gap`); query_aware puts kq after <bos> as well."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    sep = next((i for text in WORD_SEPARATORS if (i := _one_token(tokenizer, text, special)) is not None), None)
+    pool = [(w, i) for w, i in words if i != sep]
+    if sep is None and pool:
+        sep, pool = pool[0][1], pool[1:]  # no punctuation piece: a word separates the pairs
+    if n_pairs < 2 or 2 * n_pairs > len(pool):
+        raise ConfigError(f"key-value retrieval over the tokenizer's words needs 2 x n_pairs distinct one-token words; "
+                          f"it has {len(pool)} for n_pairs {n_pairs}.")
+    bos = getattr(tokenizer, "bos_token_id", None)
+    prefix = [bos] if bos is not None else []
+    rng = np.random.default_rng([seed, 76])
+    sweeps = []
+    for _ in range(n_examples):
+        picked = [pool[j] for j in rng.permutation(len(pool))[: 2 * n_pairs]]
+        pairs = [(picked[2 * k], picked[2 * k + 1]) for k in range(n_pairs)]  # ((key, id), (value, id))
+        g = int(rng.integers(n_pairs))
+        (_, key), (value, value_id) = pairs[g]
+        chunks = [[k[1], v[1]] for k, v in pairs]
+        grid = check_positions(positions, n_pairs)
+        sweeps.append(_assemble(grid, [*prefix, *([key, sep] if query_aware else [])], [[]] * n_pairs,
+                                [*chunks[:g], *chunks[g + 1:]], chunks[g], [sep], [sep, key], [value_id], (value,)))
+    return sweeps
+
+
+def fit_word_pairs(n_words: int, n_ctx: int, max_pairs: int, extra_new_tokens: int = 8) -> int:
+    """The most pairs (up to max_pairs) of `word_kv_sweeps` that its words and the context hold: a prompt of
+    n pairs is 3n + 2 tokens with the BOS (query-aware: 2 more), then the answer and greedy decoding's tokens."""
+    return max(0, min(max_pairs, (n_words - 1) // 2, (n_ctx - 5 - extra_new_tokens) // 3))
 
 
 # ---------------------------------------------------------------- multi-document QA

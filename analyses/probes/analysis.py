@@ -268,42 +268,54 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
                 sweeps.append(sweep.assign(layer=layer))
                 best = int(sweep["most_selective"].to_numpy().argmax())
                 strength, res = float(sweep.loc[best, "strength"]), folds[best]
-        for which in ("score", "control"):
+        for which, scored in (("score", "n_scored"), ("control", "n_scored_control")):
             rows += [{"layer": layer, "fold": i, "task": "real" if which == "score" else "control", "score": float(s),
-                      "n_test": int(n)} for i, (s, n) in enumerate(zip(res[which], res["n_test"]))]
-        real, control = (scores.pooled(res[w], res["n_test"], classify) for w in ("score", "control"))
+                      "n_test": int(n), "n_scored": int(k)}
+                     for i, (s, n, k) in enumerate(zip(res[which], res["n_test"], res[scored]))]
+        real, control = (scores.pooled(res[w], res[k], classify) for w, k in (("score", "n_scored"),
+                                                                              ("control", "n_scored_control")))
         per_layer.append({"layer": layer, score_name: real["score"], "ci_low": real["ci_low"], "ci_high": real["ci_high"],
                           "correct": real["correct"], "n": real["n"], "control": control["score"],
-                          "selectivity": real["score"] - control["score"], "std": float(res["score"].std()),
-                          "strength": strength})
+                          "n_control": control["n"], "selectivity": real["score"] - control["score"],
+                          "std": float(np.nanstd(res["score"])), "strength": strength})
+        scored_rows, n_folds = res["scored"], res["folds"]  # which rows were scored: the labels' and folds', not the layer's
     table = pd.DataFrame(per_layer)
     if degenerate is not None:  # score minus a constant: no selectivity to report
         table["selectivity"] = np.nan
     summary = _probe_summary(table, labels_arr, cfg, classify=classify, n_dropped=n_dropped,
                              capacity={"param": param, "grid": list(grid)} if grid is not None else None,
-                             degenerate=degenerate)
+                             degenerate=degenerate, scored=scored_rows, folds=n_folds,
+                             per_row=not probe_data.all_positions)
     summary["capacity_skipped"] = skipped
     tables = {"per_layer": table}
     if sweeps:
         tables["capacity"] = pd.concat(sweeps, ignore_index=True)[
             ["layer", "param", "strength", "score", "control", "selectivity", "most_selective"]]
     return Result(name="probes", df=pd.DataFrame(rows), summary=summary, tables=tables,
-                  config={"site": site, "labels": summary["labels"], "position": cfg.position, "cv": cv, "seed": cfg.seed,
+                  config={"site": site, "labels": summary["labels"], "position": cfg.position, "cv": n_folds, "seed": cfg.seed,
                           "C": cfg.C, "alpha": cfg.alpha, "capacity": None if grid is None else list(grid),
                           "task": task.name})
 
 
-def _drop_singletons(probe_data: ProbeData, features: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list, int]:
-    """(labels, types, features, n dropped): a class seen once is never both fitted and tested, so
-    its examples are dropped, unless fewer than two classes would remain (regression: all kept)."""
-    labels_arr, types = probe_data.labels, probe_data.types
+def kept_examples(probe_data: ProbeData) -> np.ndarray | None:
+    """[n] bool, the examples probes fit and score, or None for all: a class seen once is never both fitted
+    and tested, so its example is dropped, unless fewer than two classes would remain (regression: all kept)."""
+    labels_arr = probe_data.labels
     if probe_data.kind != "classification":
-        return labels_arr, types, features, 0
+        return None
     _, inverse, counts = np.unique(labels_arr, return_inverse=True, return_counts=True)
     keep = counts[inverse.reshape(-1)] >= 2  # [n]
     if not (~keep).any() or len(np.unique(labels_arr[keep])) < 2:
-        return labels_arr, types, features, 0
-    return labels_arr[keep], types[keep], [X[keep] for X in features], int((~keep).sum())
+        return None
+    return keep
+
+
+def _drop_singletons(probe_data: ProbeData, features: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list, int]:
+    """(labels, types, features, n dropped): the examples kept_examples keeps."""
+    keep = kept_examples(probe_data)
+    if keep is None:
+        return probe_data.labels, probe_data.types, features, 0
+    return probe_data.labels[keep], probe_data.types[keep], [X[keep] for X in features], int((~keep).sum())
 
 
 def control_degenerate(types: np.ndarray, labels: np.ndarray, seed: int, tokenizer=None) -> str | None:
@@ -323,30 +335,47 @@ def control_degenerate(types: np.ndarray, labels: np.ndarray, seed: int, tokeniz
 
 
 def _probe_summary(table: pd.DataFrame, labels_arr: np.ndarray, cfg: ProbesConfig, *, classify: bool, n_dropped: int,
-                   capacity: dict | None, degenerate: str | None = None) -> dict[str, Any]:
+                   capacity: dict | None, degenerate: str | None = None, scored: np.ndarray | None = None,
+                   folds: int | None = None, per_row: bool = True) -> dict[str, Any]:
     """The summary's per-layer numbers: the best layer, its score, control and selectivity, the
     majority baseline and class count (classification), and the first selective layer. A degenerate
     control task (control_degenerate's reason) leaves every selectivity None, with the reason in
-    `control_degenerate`."""
+    `control_degenerate`. scored [n]: the rows the real task scored (linear.scoreable: a row whose class
+    its fold's training part lacks is not scored); the majority baseline is over those rows, and
+    n_scored / n_unscored / unscored_reason say how many and why. folds: the folds used (cv_splitter
+    caps them at the largest class). per_row: one example per prompt (else per token)."""
     score_name, labels = ("accuracy" if classify else "r2"), cfg.labels
     best = table.loc[table[score_name].idxmax()]
+    scored = np.ones(labels_arr.shape[0], dtype=bool) if scored is None else scored
     _, counts = np.unique(labels_arr, return_counts=True)
+    _, scored_counts = np.unique(labels_arr[scored], return_counts=True)
     sel = (lambda v: None) if degenerate is not None else float  # noqa: E731
+    unit = "rows" if per_row else "examples"
+    what = "an answer" if labels == "answer" else "a label"
+    n_unscored = int((~scored).sum())
     return {
         "labels": labels if isinstance(labels, str) else "custom", "site": cfg.site, "metric": score_name,
         "best_layer": int(best.layer), f"best_{score_name}": float(best[score_name]),
         "best_control": float(best.control), "best_selectivity": sel(best.selectivity), "best_std": float(best["std"]),
         "best_ci": [float(best.ci_low), float(best.ci_high)],
         "best_correct": None if not classify else int(best.correct),
-        "score_kind": ("out-of-fold accuracy pooled over the examples (k of n correct, exact 95% CI)" if classify
+        "score_kind": ("out-of-fold accuracy pooled over the scored examples (k of n correct, exact 95% CI)" if classify
                        else "mean R^2 over folds (95% t interval over folds)"),
         "ci_per_layer": {str(int(r.layer)): [float(r.ci_low), float(r.ci_high)] for _, r in table.iterrows()},
-        "cv": cfg.folds(),
-        "majority_baseline": float(counts.max() / counts.sum()) if classify else None,
+        "cv": folds or cfg.folds(), "cv_requested": cfg.folds(),
+        "majority_baseline": float(scored_counts.max() / scored_counts.sum()) if classify and scored.any() else None,
         f"{score_name}_per_layer": {str(int(r.layer)): float(r[score_name]) for _, r in table.iterrows()},
         "selectivity_per_layer": {str(int(r.layer)): sel(r.selectivity) for _, r in table.iterrows()},
         "control_degenerate": degenerate,
         "n_examples": int(labels_arr.shape[0]), "n_dropped_single_examples": n_dropped,
+        "dropped_reason": (f"{n_dropped} {'have' if n_dropped > 1 else 'has'} {what} no other "
+                           f"{'row' if per_row else 'example'} has" if n_dropped else None),
+        "example_unit": unit,
+        "n_scored": int(scored.sum()), "n_unscored": n_unscored,
+        "unscored_reason": (f"{n_unscored} {'have' if n_unscored > 1 else 'has'} {what} absent from the training part "
+                            f"of the fold that tests {'them' if n_unscored > 1 else 'it'}, which no probe can predict"
+                            if n_unscored else None),
+        "n_scored_control": None if not classify else int(best.n_control),
         "n_classes": int(len(counts)) if classify else None,
         "capacity": capacity,
         "strength_per_layer": {str(int(r.layer)): float(r.strength) for _, r in table.iterrows()},
@@ -432,6 +461,16 @@ def probe_data(model, task: Task | str | None = None, config: ProbesConfig | Non
             labels = "position_bucket" if config.labels == "answer" else config.labels
             return default_tasks.text_task(model, n, config.seed, padded=True), labels
     return resolve_task(model, task, default="kv", n_examples=n, seed=config.seed), config.labels
+
+
+def probed_task(model, task: Task | str | None = None, config: ProbesConfig | None = None) -> Task:
+    """The rows `run` fits and scores (its section's provenance and sample, the explorer's prompts): probe_data's
+    Task less the rows kept_examples drops (per-prompt labels; all-position labels keep every row)."""
+    config = config or ProbesConfig.preset()
+    task, labels = probe_data(model, task, config)
+    data = task_labels(task, labels, config.position, tokenizer=model.tokenizer)
+    keep = None if data.all_positions else kept_examples(data)
+    return task if keep is None else task.rows(torch.from_numpy(np.flatnonzero(keep)))
 
 
 def run(model, task: Task | str | None = None, config: ProbesConfig | None = None) -> Result:

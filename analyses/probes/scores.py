@@ -1,14 +1,17 @@
 """One probe quantity per layer, with its interval: what the probes finding, summary and figure all state.
 
-- classification: the out-of-fold accuracy pooled over the examples (each example is scored once, by
-  the fold that held it out): k correct of n, with the exact (Clopper-Pearson) 95% binomial interval,
-  the same quantity and interval the chance guard tests (analyses/core/chance.py). The mean of the
-  per-fold accuracies differs from it when folds differ in size (0.583 against 6 of 11 = 0.545);
+- classification: the out-of-fold accuracy pooled over the scored examples (each example is scored once,
+  by the fold that held it out, when that fold's training part holds its class): k correct of n, with
+  the exact (Clopper-Pearson) 95% binomial interval, the same quantity and interval the chance guard
+  tests (analyses/core/chance.py). The mean of the per-fold accuracies differs from it when folds
+  differ in size (0.583 against 6 of 11 = 0.545);
 - regression: the mean R^2 over folds, with the 95% t interval over folds.
 
 `layer_scores(df)` reduces the probe df (one row per layer, fold and task, with the fold's test size
-`n_test`) to one row per layer and task: score, correct (classification), n, ci_low, ci_high. Older
-dfs without `n_test` count every fold alike.
+`n_test` and the test rows it scored, `n_scored`: classifiers score only rows whose class the fold's
+training part holds, probes.linear.scoreable) to one row per layer and task: score, correct
+(classification), n (rows scored), ci_low, ci_high. Older dfs without `n_scored` count every test row,
+without `n_test` every fold alike.
 """
 from __future__ import annotations
 
@@ -43,7 +46,9 @@ def pooled(scores: np.ndarray, n_test: np.ndarray, classify: bool) -> dict[str, 
     if not classify:
         lo, hi = fold_interval(scores)
         return {"score": float(scores.mean()), "correct": math.nan, "n": float(n_test.sum()), "ci_low": lo, "ci_high": hi}
-    k, n = int(round(float((scores * n_test).sum()))), int(n_test.sum())
+    k, n = int(round(float(np.nansum(scores * n_test)))), int(n_test.sum())  # a fold of 0 scored rows: NaN x 0
+    if n == 0:
+        return {"score": math.nan, "correct": 0.0, "n": 0.0, "ci_low": math.nan, "ci_high": math.nan}
     lo, hi = exact_interval(k, n)
     return {"score": k / n, "correct": float(k), "n": float(n), "ci_low": lo, "ci_high": hi}
 
@@ -52,7 +57,8 @@ def layer_scores(df: pd.DataFrame, classify: bool) -> pd.DataFrame:
     """One row per (layer, task): score, correct, n, ci_low, ci_high (see the module doc)."""
     rows = []
     for (layer, task), g in df.groupby(["layer", "task"], sort=True):
-        sizes = g["n_test"].to_numpy() if "n_test" in g else np.ones(len(g))
+        size = "n_scored" if "n_scored" in g else "n_test"
+        sizes = g[size].to_numpy() if size in g else np.ones(len(g))
         if "n_test" not in g and classify:  # no fold sizes: the fold mean with its t interval
             lo, hi = fold_interval(g.score.to_numpy())
             rows.append({"layer": layer, "task": task, "score": float(g.score.mean()), "correct": math.nan,

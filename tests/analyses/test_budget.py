@@ -410,3 +410,23 @@ def test_a_pass_is_priced_at_the_rate_of_a_pass_about_its_length(monkeypatch):
         got = B.seconds_per_pass(model, n_pos)
         assert asked[-1] == length
         assert got == pytest.approx(1e-12 * length * B.flops_per_row(model, min(n_pos, 1024)))
+
+
+def test_one_estimate_that_fails_leaves_the_others_fitted_and_names_its_analysis(monkeypatch, caplog):
+    """Review 9a C7: position's estimate raised on its default data and every analysis lost its estimate, with a
+    warning quoting a UUID and no analysis. Now the failing one runs at its preset, named; the other is fitted
+    as if alone (100 passes at one second each, by hand)."""
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        n: int = 100
+
+    def broken(model, task, config):
+        raise ConfigError("the tokenizer maps part of 'd9a38245' to its unknown token")
+
+    monkeypatch.setattr(B, "seconds_per_pass", lambda model, n_pos: 1.0)
+    ok = B.CostModel(estimate=lambda model, task, c: B.Cost(parts={"passes": c.n}, n_pos=16))
+    with caplog.at_level("WARNING"):
+        fitted = B.plan(object(), {"position": (B.CostModel(estimate=broken), None, Config()),
+                                   "heads": (ok, None, Config())}, None)
+    assert set(fitted) == {"heads"} and fitted["heads"].seconds == 100.0
+    assert "position: no cost estimate (ConfigError: the tokenizer maps part of 'd9a38245'" in caplog.text

@@ -30,8 +30,9 @@ def english_tokenizer():
 
 def fake_model(encoder: bool, tokenizer=None):
     name = "an-encoder" if encoder else "a-decoder"
-    return SimpleNamespace(name=name, facts=SimpleNamespace(is_encoder=encoder, name=name),
-                           tokenizer=tokenizer or english_tokenizer())
+    tokenizer = tokenizer or english_tokenizer()
+    return SimpleNamespace(name=name, facts=SimpleNamespace(is_encoder=encoder, name=name, n_ctx=128, d_vocab=len(tokenizer)),
+                           tokenizer=tokenizer)
 
 
 def task(n: int = 6, *, answers=None, corrupted: bool = False, wrong: bool = False, spans=None, metric=None) -> Task:

@@ -644,3 +644,105 @@ def test_liu_tasks_end_to_end_accuracy_matches_hf_generate(wordpiece_decoder, ta
     result = position_bias(model, [replace(sweep, answers=(word,))], config=cfg)
     assert result.df.sort_values("position")["accuracy"].tolist() == [float(word in t) for t in texts]
     assert result.summary["positions"] == [1, 2, 3]
+
+
+# ------------------------------------------------------- a tokenizer without digits (review 9a A6, C7)
+EXTRA_WORDS = ("red", "green", "blue", "cat", "dog", "sun", "moon", "tree", "river", "stone", "bird", "fish")
+
+
+def digitless_tokenizer():
+    """A WordLevel tokenizer that writes the kv instruction's English words and ',' '.', nothing else: digits,
+    '-', ':', braces and quotes become <unk> (as the reviewer's Unigram did), so Liu et al.'s UUID prompt cannot
+    be written."""
+    import re
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(dict.fromkeys(re.findall(r"\w+", pp.KV_INSTRUCTION))) + list(EXTRA_WORDS)
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<bos>", "<eos>", ",", ".", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>"), words
+
+
+@pytest.fixture(scope="module")
+def digitless_decoder(tmp_path_factory):
+    """A random 1-layer GPT-2 (d_model 32, context 64) reading `digitless_tokenizer`."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import headscope as hs
+    from tests_support import save_tokenizer
+
+    tok, words = digitless_tokenizer()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=64,
+                                       bos_token_id=2, eos_token_id=3, pad_token_id=1))
+    out = tmp_path_factory.mktemp("digitless-gpt2")
+    model.save_pretrained(out)
+    save_tokenizer(tok, out)
+    return hs.load_model(out, device="cpu"), words
+
+
+def test_a_tokenizer_without_digits_gets_key_value_prompts_of_its_own_words(digitless_decoder):
+    """Review 9a A6: the default (Liu et al.'s UUID keys) failed with ConfigError on a tokenizer without digits and
+    the report exited 2. Its default is now the kv retrieval over words that are one token under the tokenizer
+    (as heads' IOI default over single-token names): 23 words here, so 10 pairs (quick) after ',' separates them;
+    every row is `<bos> k v , ... , k v , kq` -> vq, read back from the token ids, and the provenance says why."""
+    from headscope.analyses.core import contract
+    from headscope.analyses.core.registry import needs
+    from headscope.analyses.position.analysis import default_data_gap, sweep_kind
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    model, words = digitless_decoder
+    gap = pp.json_kv_gap(model.tokenizer)
+    assert gap == "the digits, '\"', '-', ':', '{' and '}' become its unknown token"  # the vocabulary, by hand
+    assert sweep_kind(model, "auto") == "word_kv" and default_data_gap(model) is None
+    assert contract.model_reasons(needs("position"), model) == []  # runs: not skipped, not failed
+    result = run(model, config=PositionConfig.preset(quick=True, n_examples=2, n_boot=50, window=0))
+    s = result.summary
+    assert s["task"] == "word_kv" and s["n_items"] == 10 and s["positions"] == [1, 3, 5, 8, 10]
+    tok = model.tokenizer
+    ids = {w: tok.convert_tokens_to_ids(w) for w in words}
+    comma = tok.convert_tokens_to_ids(",")
+    from headscope.analyses.position.analysis import build_sweeps
+
+    for sweep in build_sweeps(model, PositionConfig.preset(quick=True, n_examples=2)):
+        for row, (start, end) in zip(sweep.tokens.tolist(), sweep.gold_spans.tolist()):
+            assert row[0] == 2 and row[-2] == comma and tok.unk_token_id not in row
+            pairs = [row[1 + 3 * i:3 + 3 * i] for i in range(10)]  # each pair, then its ','
+            assert all(row[3 + 3 * i] == comma for i in range(10)) and len(row) == 32
+            flat = [i for pair in pairs for i in pair]
+            assert len(set(flat)) == 20 and set(flat) <= set(ids.values())  # 20 distinct words of the vocabulary
+            key, value = row[start:end]
+            assert row[-1] == key and sweep.answer_ids.tolist() == [value] and sweep.answers == (tok.decode([value]),)
+    record = task_record(model, "position", ("word_kv", build_sweeps(model, PositionConfig.preset(quick=True))[0]),
+                         s, "default task")
+    note = next(line for line in provenance_lines(record) if line.startswith("note: "))
+    assert note.startswith("note: key-value retrieval over 10 pairs of words that are one token under this tokenizer "
+                           "(the zoo's kv format: key value , ... , key -> value), instead of Liu et al.'s JSON prompt "
+                           f"with UUID keys, which this tokenizer cannot write ({gap})")
+    assert "`headscope position --model M --task QA.jsonl`" in note
+
+
+def test_too_few_words_for_its_own_kv_prompts_skip_position_with_the_cli_route(digitless_decoder):
+    """With a context of 16 tokens no 3 pairs of words fit: position is skipped (the contract's reason, which the
+    report shows as "skipped", not a failure in the exit status), saying what the tokenizer lacks and the route."""
+    from types import SimpleNamespace
+
+    from headscope.analyses.core import contract
+    from headscope.analyses.core.registry import needs
+
+    model, _ = digitless_decoder
+    small = SimpleNamespace(name="small", tokenizer=model.tokenizer,
+                            facts=SimpleNamespace(is_encoder=False, n_ctx=16, d_vocab=model.facts.d_vocab, name="small"))
+    reasons = contract.model_reasons(needs("position"), small)
+    assert reasons == [
+        "this tokenizer cannot write position's default data, Liu et al.'s key-value prompt with UUID keys (the digits, "
+        "'\"', '-', ':', '{' and '}' become its unknown token), and has 23 words that are one token, too few for 3 "
+        "key-value pairs of its own words in its context of 16; run `headscope position --model M --task QA.jsonl` "
+        "with multi-document QA text it can encode"]
+    with pytest.raises(ValueError, match="position's json_kv data \\(Liu et al.'s key-value prompt, with UUID keys"):
+        position_bias(model, "json_kv", n_examples=1)  # asked for by name: the one clear line

@@ -127,3 +127,64 @@ def test_regression_scores_carry_the_t_interval_over_folds():
     assert rows.loc[0, "score"] == pytest.approx(np.mean(r2))
     assert [rows.loc[0, "ci_low"], rows.loc[0, "ci_high"]] == pytest.approx(list(want), rel=1e-12)
     assert rows.loc[1, "ci_low"] == rows.loc[1, "ci_high"] == pytest.approx(0.2)
+
+
+def _many_answer_task(singles: int = 3):
+    """Review 9b A1's task shape on token ids: `singles` rows whose answer no other row has come first (the
+    review's sample was one of them), then 14 answers of 2,2,2,2,2,2,3,3,3,3,3,3,4,5 rows (39); each row's
+    last token, the read position, is its answer's own token: before block 0 (resid_pre 0: token and position
+    embeddings) the rows of one answer have one feature vector, which a linear probe separates."""
+    sizes = [1] * singles + [2] * 6 + [3] * 6 + [4, 5]
+    cls = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # [rows]
+    tokens = random_tokens(len(cls), 6, seed=5)
+    tokens[:, -1] = 10 + cls
+    return Task(name="many", tokens=tokens, answers=30 + cls), sizes
+
+
+@pytest.mark.filterwarnings("ignore:The number of unique classes is greater than 50%")
+def test_many_answers_of_few_rows_score_every_row_at_3_and_5_folds_and_say_which_rows_were_kept(tiny_models):
+    """Review 9b A1: plain KFold left rows whose answer no training part held, so the report (3 folds) said 0.62
+    and the API (5 folds) 0.90 on the same rows, each its folds' ceiling. Stratified folds keep every answer of
+    two rows or more in training: both score all 39 kept rows, and agree. The 3 rows of an answer no other row
+    has are dropped, and the finding and the section's provenance say so; its sample is a kept row."""
+    from headscope.reports.findings import probes_finding
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    model = tiny_models["gpt2"]
+    task, sizes = _many_answer_task()
+    got = {cv: probes.probe_sweep(model, task, "resid_pre", labels="answer", layers=[0], cv=cv, capacity=False).summary
+           for cv in (3, 5)}
+    for cv, s in got.items():
+        assert s["best_correct"] == 39 and s["best_accuracy"] == 1.0 and s["cv"] == cv  # the report and the API agree
+        assert (s["n_examples"], s["n_dropped_single_examples"], s["n_scored"], s["n_unscored"]) == (39, 3, 39, 0), cv
+        assert s["majority_baseline"] == 5 / 39  # the largest answer's share of the scored rows, counted by hand
+        assert "39 of 39 correct out of fold" in probes_finding(s)
+        assert "39 of 42 rows kept: 3 have an answer no other row has" in probes_finding(s)
+    config = probes.ProbesConfig(site="resid_pre", layers=[0], cv=3, capacity=False)
+    kept = probes.probed_task(model, task, config)
+    assert kept.tokens.tolist() == task.tokens[3:].tolist()  # the rows it fitted: not the 3 one-row answers
+    record = task_record(model, "probes", kept, got[3], "your task (many.jsonl)")
+    lines = provenance_lines(record)
+    assert lines[1].startswith("examples: 39 of 42 rows kept: 3 have an answer no other row has; ")
+    first = model.tokenizer.decode(task.tokens[3, 1:].tolist())  # the first kept row, without its BOS
+    assert record["sample"]["prompt"] == first and lines[-1].startswith(f"sample: {first!r}")
+
+
+@pytest.mark.filterwarnings("ignore:The number of unique classes is greater than 50%")
+def test_rows_of_an_answer_no_training_part_holds_are_counted_not_scored(tiny_models):
+    """When one-row answers cannot be dropped (only one answer would remain), no fold can train on them: they are
+    not scored, the summary and finding count them (2 of 6, by hand), and a probe right on every scored row is
+    said to be at the folds' ceiling, not reported as 4 of 6."""
+    from headscope.reports.findings import probes_finding
+
+    model = tiny_models["gpt2"]
+    tokens = random_tokens(6, 6, seed=2)
+    answers = torch.tensor([30, 30, 30, 30, 31, 32])  # one answer of 4 rows, two of one row each
+    tokens[:, -1] = 10 + answers - 30
+    s = probes.probe_sweep(model, Task(name="few", tokens=tokens, answers=answers), "resid_pre", labels="answer",
+                           layers=[0], cv=3, capacity=False).summary  # one feature vector per answer, as above
+    assert (s["n_examples"], s["n_dropped_single_examples"], s["n_scored"], s["n_unscored"]) == (6, 0, 4, 2)
+    assert s["best_correct"] == 4 and s["best_accuracy"] == 1.0 and s["majority_baseline"] == 1.0
+    text = probes_finding(s)
+    assert "4 of the 6 rows scored: 2 have an answer absent from the training part of the fold that tests them" in text
+    assert "equals the folds' ceiling (4 of 6 rows have their class in training)" in text

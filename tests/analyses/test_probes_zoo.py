@@ -32,6 +32,10 @@ def test_value_is_selectively_decodable_after_the_mover_layer(name):
     assert result.summary["first_selective_layer"] == mover
     assert result.tables["capacity"].groupby("layer").most_selective.sum().eq(1).all()
     # the queried key, at the same position, is the input token: decodable at layer 0, but its per-type
-    # control is as easy as the key itself at every strength, so no probe of it is selective
-    key = probe_sweep(model, task, labels="span:query", capacity=GRID, cv=3).tables["per_layer"].set_index("layer")
-    assert key.selectivity.max() < 0.5 and key.accuracy[0] > 0.7, key.to_dict()
+    # control is as easy as the key itself at every strength, so no probe of it is selective (the most
+    # selective one may be the weakest probe: with every key in training, stratified folds, the stronger
+    # ones score 1.0 on both)
+    swept = probe_sweep(model, task, labels="span:query", capacity=GRID, cv=3).tables
+    key, first = swept["per_layer"].set_index("layer"), swept["capacity"].query("layer == 0")
+    assert key.selectivity.max() < 0.5, key.to_dict()
+    assert first.score.max() > 0.7 and (first.selectivity.abs() < 0.1).all(), first.to_dict()

@@ -73,8 +73,9 @@ def test_selectivity_needs_enough_examples():
 def test_a_training_fold_with_one_control_class_scores_the_constant_it_can_learn():
     """Review 8 A0 (a two-class is/are task, few word types at the read position): one training fold of the
     control task held a single label, LogisticProbe refused it, sklearn recorded NaN and probes crashed.
-    Such a fold learns the only rule it can, that label: its score is that label's share of the test part,
-    counted here by hand; the other folds are fitted as usual (sklearn's own fit and score)."""
+    Such a fold learns the only rule it can, that label: right on every test row of that label, and the test
+    rows of the other label (absent from its training part) are not scored (review 9b A1), counted here by
+    hand; the other folds are fitted as usual (sklearn's own fit and score)."""
     from sklearn.base import clone
 
     from headscope.probes.linear import control_labels, cv_splitter
@@ -87,14 +88,17 @@ def test_a_training_fold_with_one_control_class_scores_the_constant_it_can_learn
     res = selectivity(LogisticProbe(), X, y, types, cv=3, seed=seed)
     control = control_labels(types, y, seed=seed)
     folds = list(cv_splitter(y, LogisticProbe(), 3, seed).split(X, y))
-    expect = []
+    expect, counted = [], []
     for train, test in folds:
         if len(np.unique(control[train])) == 1:
-            expect.append(np.mean(control[test] == control[train][0]))
+            expect.append(1.0)
+            counted.append(int((control[test] == control[train][0]).sum()))
         else:
             expect.append(clone(LogisticProbe()).fit(X[train], control[train]).score(X[test], control[test]))
+            counted.append(len(test))
     assert np.isfinite(res["control"]).all() and np.isfinite(res["score"]).all()
     np.testing.assert_allclose(res["control"], expect)
+    assert res["n_scored_control"].tolist() == counted and sum(counted) < len(y)
 
 
 def _one_class_fold(types, y, seed) -> bool:
@@ -105,3 +109,39 @@ def _one_class_fold(types, y, seed) -> bool:
         return False
     return any(len(np.unique(control[train])) == 1
                for train, _ in cv_splitter(y, LogisticProbe(), 3, seed).split(np.zeros((len(y), 1)), y))
+
+
+def _many_answers(seed: int = 0):
+    """Review 9b A1's many-answer task, by hand: 14 classes of 2,2,2,2,2,2,3,3,3,3,3,3,4,5 rows (39) plus two
+    classes of one row, each class written along its own direction (norm 3, noise 0.1): a linear probe is
+    right on every row whose class it has seen and cannot predict a class it has not."""
+    rng = np.random.default_rng(seed)
+    sizes = [2] * 6 + [3] * 6 + [4, 5] + [1, 1]
+    y = np.repeat(np.arange(len(sizes)), sizes)  # [41]
+    X = 3.0 * np.eye(16)[y] + 0.1 * rng.normal(size=(len(y), 16))
+    return X, y, rng.integers(0, 8, len(y))  # eight word types for the control task
+
+
+@pytest.mark.filterwarnings("ignore:The number of unique classes is greater than 50%")
+def test_many_classes_of_few_rows_score_every_learnable_row_and_say_which_were_not():
+    """Review 9b A1: plain KFold put a class's every row in one test part, so the pooled accuracy was the folds'
+    ceiling (24 of 39 at 3 folds, 35 of 39 at 5), not the probe's. The folds now keep each class of two rows or
+    more in training, a row whose class its training part lacks is not scored, and 3 and 5 folds agree."""
+    from sklearn.model_selection import KFold
+
+    from headscope.probes.linear import fold_scores, pooled_score, scoreable
+
+    X, y, types = _many_answers()
+    singles = np.isin(y, [14, 15])  # the two one-row classes: no training part can hold them
+    for cv in (3, 5):
+        res = selectivity(LogisticProbe(tol=1e-2), X, y, types, cv=cv, seed=0)  # a loose tol: 4x faster, the same predictions
+        assert res["scored"].tolist() == (~singles).tolist()  # every row of a class of 2 or more, by hand
+        assert int(res["n_scored"].sum()) == 39 and res["n_test"].sum() == 41  # 2 rows not scored
+        assert pooled_score(res["score"], res["n_scored"], True) == 1.0  # right on every learnable row
+    # plain shuffled KFold(3) on the same labels: its ceiling counted by hand (each test row's class in the
+    # training part's set), and the probe scored on exactly those rows is still perfect
+    folds = list(KFold(3, shuffle=True, random_state=0).split(X))
+    ceiling = sum(int(v in set(y[train])) for train, test in folds for v in y[test])
+    assert ceiling < 39 and int(scoreable(y, folds).sum()) == ceiling
+    score, scored = fold_scores(LogisticProbe(tol=1e-2), X, y, folds)
+    assert scored.sum() == ceiling and pooled_score(score, scored, True) == 1.0
