@@ -315,10 +315,11 @@ def examples_differ(a: Run, b: Run) -> str:
 
 def _deciding_point(run: Run, ordering: str) -> dict[str, Any] | None:
     """The point of `run`'s curve for a fixed `ordering` nearest its tolerance line (pruning.line_record): from
-    the summary's prunable_ci_<ordering>, else computed from curve_examples.csv (older runs); None without
+    the summary's prunable_ci_<ordering>, else computed from curve_examples.csv (older runs, and records from
+    before review 10b A3 that judged the line by the level's standard error: no change_low); None without
     per-example values."""
     ci = (run.summary("heads") or {}).get(f"prunable_ci_{ordering}")
-    if isinstance(ci, Mapping) and isinstance(ci.get("line"), Mapping):
+    if isinstance(ci, Mapping) and isinstance(ci.get("line"), Mapping) and "change_low" in ci["line"]:
         return dict(ci["line"]) or None
     examples = run.table("heads", "curve_examples")
     if examples is None or not {"ordering", "recompute", "seed", "n_pruned", "example", "metric"} <= set(examples.columns):
@@ -336,23 +337,25 @@ def _deciding_point(run: Run, ordering: str) -> dict[str, Any] | None:
 
 def on_the_line(run: Run, ordering: str, fraction: float) -> str:
     """Where `run`'s fraction prunable by `ordering` turns on a hair: a point that decides it (a point kept, or the
-    first point past the line) lies closer to the line than its noise margin (the larger of its standard error
-    over examples and its paired 95% interval; pruning.line_record), so another sample of examples could move the
-    fraction a step; judged alike for A and B. Without per-example values: within EDGE of the tolerance band
-    (a quarter of 1% of the unpruned metric), the run's standard error of its mean metric said for scale.
+    first point past the line) has a paired 95% interval of its change from unpruned that reaches the line
+    (pruning.line_record; the line moves with the examples, so only the paired change counts), so another sample
+    of examples could move the fraction a step; judged alike for A and B. Without per-example values: within EDGE
+    of the tolerance band (a quarter of 1% of the unpruned metric), the run's standard error of its mean metric
+    said for scale.
     "" otherwise, for random orderings (their seeds are stated instead) or where the curve is not recorded."""
     if ordering.startswith("random"):
         return ""
     point = _deciding_point(run, ordering)
     if point is not None:
-        d, m = point.get("distance_rel"), point.get("margin_rel")
-        if point.get("on_the_line") is not True or not (_number(d) and _number(m)):
+        change, low, high = (point.get(k) for k in ("change", "change_low", "change_high"))
+        if point.get("on_the_line") is not True or not all(map(_number, (change, low, high))):
             return ""
         where = "past" if point.get("past") else "inside"
+        offset = float(point["line"]) - float(point["metric"]) + float(change)  # the line less the unpruned metric
         return (f"{100 * fraction:.0f}% sits on its 1% line: the point at {_heads(point.get('n_pruned'))} removed is "
-                f"{float(point['metric']):.4g}, {100 * abs(d):.2g}% of the unpruned metric {where} the line "
-                f"{float(point['line']):.4g}, within its noise margin ({100 * m:.2g}%): the count is fragile: "
-                "another sample of examples could move it")
+                f"{float(point['metric']):.4g}, {where} the line {float(point['line']):.4g}; its change from unpruned "
+                f"{float(change):+.3g} has a paired 95% CI of {float(low):+.3g} to {float(high):+.3g}, reaching the "
+                f"line's {offset:+.3g}: the count is fragile: another sample of examples could move it")
     curve = _pruning_curves(run)
     if curve is None:
         return ""

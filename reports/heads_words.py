@@ -26,38 +26,54 @@ def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None
 
 def _line_words(s: Mapping[str, Any], key: str) -> str:
     """'' or, when the count of ordering `key` sits on its tolerance line (prunable_ci_<key>'s `line`,
-    pruning.line_record: a deciding point within one standard error or its paired interval of the
-    line), what its deciding point is: a bootstrap along the order cannot show that, so "0-0 heads" is
-    no certainty."""
+    pruning.line_record: the paired 95% interval of a deciding point's change from unpruned reaches the
+    line, review 10b A3), that point, its change and the interval: "the point at 11 heads removed:
+    +0.683, +13% of unpruned, paired 95% CI -0.294 to +1.66, reaches the line 1% below unpruned". '' for
+    an older record (no paired interval: its margin was the level's standard error, the wrong noise)."""
     ci = s.get(f"prunable_ci_{key}")
     line = ci.get("line") if isinstance(ci, Mapping) else None
     if not isinstance(line, Mapping) or line.get("on_the_line") is not True:
         return ""
-    d, m = _num(line.get("distance_rel")), _num(line.get("margin_rel"))
-    if d is None or m is None:
+    change, low, high = (_num(line.get(k)) for k in ("change", "change_low", "change_high"))
+    base, tol = _num(s.get("baseline_metric")), _num(line.get("tolerance"))
+    if change is None or low is None or high is None:
         return ""
     k = line.get("n_pruned")
-    within = f"within its noise margin, {100 * m:.2g}%"
+    heads = f"{k} head{'s' if k != 1 else ''} removed"
+    rel = f", {100 * change / abs(base):+.2g}% of unpruned" if base else ""
+    line_at = f"the line {100 * tol:g}% below unpruned" if tol is not None else "the line"
     if line.get("past"):
-        step = "a first step" if _num(ci.get("heads")) == 0 else f"the step to {k} head{'s' if k != 1 else ''} removed"
-        return f"{step} crosses the line by {100 * abs(d):.2g}% of the metric, {within}"
-    return f"the point at {k} head{'s' if k != 1 else ''} removed is {100 * abs(d):.2g}% of the metric inside the line, {within}"
+        step = "a first step" if _num(ci.get("heads")) == 0 else f"the step to {heads}"
+        return f"{step}: {change:+.3g}{rel}, paired 95% CI {low:+.3g} to {high:+.3g}, reaches back to {line_at}"
+    return f"the point at {heads}: {change:+.3g}{rel}, paired 95% CI {low:+.3g} to {high:+.3g}, reaches {line_at}"
 
 
 def _line_sentence(s: Mapping[str, Any], keys: Any) -> str:
-    """One sentence for every ordering whose count sits on the 1% line, orderings with the same deciding
-    point said once ("ablation and ablation recomputed (...)"); '' when none does."""
-    groups: dict[str, list[str]] = {}
+    """The counts that sit on the 1% line, orderings with the same deciding point said once ("ablation and
+    ablation recomputed (...)"); '' when none does. A count whose bootstrap interval is one value is said
+    apart, as close to the line rather than fragile: the bootstrap resampled whole sets of examples and the
+    count held in 95% of them, while one point's paired t interval reaches the line (review 10b A3)."""
+    groups: dict[tuple[str, bool], list[str]] = {}
     for key in keys:
         if words := _line_words(s, key):
-            groups.setdefault(words, []).append(key.removesuffix("_recompute")
-                                                + (" recomputed" if key.endswith("_recompute") else ""))
+            ci = _interval(s, key)
+            held = ci is not None and ci[0] == ci[1]
+            groups.setdefault((words, held), []).append(key.removesuffix("_recompute")
+                                                        + (" recomputed" if key.endswith("_recompute") else ""))
     if not groups:
         return ""
-    said = "; ".join(f"{' and '.join(names)} ({words})" for words, names in groups.items())
-    return (f"On the 1% line, so fragile (another sample of examples could move the count): {said}. A noise margin is "
-            "the larger of a deciding point's standard error over examples and its paired 95% interval, as a % of the "
-            "unpruned metric.")
+    out = []
+    fragile = "; ".join(f"{' and '.join(names)} ({words})" for (words, held), names in groups.items() if not held)
+    if fragile:
+        out.append(f"On the 1% line, so fragile (another sample of examples could move the count): {fragile}.")
+    held = "; ".join(f"{' and '.join(names)} ({words})" for (words, held), names in groups.items() if held)
+    if held:
+        out.append(f"Close to the 1% line: {held}; the count's 95% bootstrap interval is a single value, so it held in "
+                   "most resamples of the examples, but this point's own interval does not rule out a move.")
+    out.append("A point's interval is the paired 95% t interval over examples of its change from the unpruned metric "
+               "(the line moves with the examples, so only the change counts); the bootstrap interval resamples whole "
+               "sets of examples along the order.")
+    return " ".join(out)
 
 
 def _seed_words(s: Mapping[str, Any], key: str) -> str:

@@ -393,14 +393,18 @@ def prunable_intervals(examples: pd.DataFrame, n_heads: int, tolerance: float = 
 
 def line_record(values: np.ndarray, pruned: np.ndarray, tolerance: float) -> dict[str, Any]:
     """How close the count of one fixed-order curve comes to turning on its tolerance line. values
-    [points, n] each example's metric (row 0 unpruned), pruned [points] heads removed. Among the points
-    that decide the count (every pruned point kept before the first crossing, and that first point
-    past the line) the one nearest the line relative to its margin: {n_pruned, past (it is the
-    crossing), metric, line, distance_rel (metric - line, as a fraction of |unpruned|), se (the
-    standard error of its mean over examples: how far a new sample of examples moves it), half_width
-    (the paired 95% t half-width of its change from unpruned), margin_rel (the larger of the two, as a
-    fraction of |unpruned|), on_the_line (|distance| < margin: one example more or less could change
-    the count)}; {} for a curve of one point."""
+    [points, n] each example's metric (row 0 unpruned), pruned [points] heads removed. The line is
+    tolerance x |unpruned| below the unpruned mean of the same examples, so a new sample of examples moves
+    a point and its line together: only a point's change from unpruned, paired over examples, says whether
+    it could fall on the other side (review 10b A3: a point's own spread over examples, its level's
+    standard error, is no measure of that). Among the points that decide the count (every pruned point
+    kept before the first crossing, and that first point past the line) the one whose paired 95% t
+    interval of the change comes nearest the line, relative to its half-width: {n_pruned, past (it is the
+    crossing), metric, line, tolerance, change (metric - unpruned), change_low, change_high (the paired 95%
+    t interval of the change over examples), half_width, distance_rel (metric - line, as a fraction of
+    |unpruned|), margin_rel (half_width as that fraction), n_examples, on_the_line (the interval reaches
+    the line: |distance| < half_width, so another sample of examples could move the count)}; {} for a
+    curve of one point."""
     means = values.mean(1)  # [points]
     base = float(means[0])
     scale = abs(base) or 1.0
@@ -413,15 +417,16 @@ def line_record(values: np.ndarray, pruned: np.ndarray, tolerance: float) -> dic
         return {}
     best = None
     for i in candidates:
-        se = float(values[i].std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-        half = t_half_width(float((values[i] - values[0]).std(ddof=1)), n) if n > 1 else float("nan")
-        margin = max(se, half) if n > 1 else 0.0
-        distance = float(means[i]) - line
-        rank = abs(distance) / margin if margin > 0 else float("inf")
+        change = float(means[i]) - base
+        half = float(t_half_width(float((values[i] - values[0]).std(ddof=1)), n)) if n > 1 else float("nan")
+        distance = float(means[i]) - line  # = change + tolerance x |unpruned|
+        rank = abs(distance) / half if n > 1 and half > 0 else float("inf")
         if best is None or rank < best[0]:
             best = (rank, {"n_pruned": int(pruned[i]), "past": i == first, "metric": float(means[i]), "line": line,
-                           "distance_rel": distance / scale, "se": se, "half_width": half,
-                           "margin_rel": margin / scale, "on_the_line": bool(abs(distance) < margin)})
+                           "tolerance": tolerance, "change": change, "change_low": change - half,
+                           "change_high": change + half, "half_width": half, "distance_rel": distance / scale,
+                           "margin_rel": half / scale, "n_examples": n,
+                           "on_the_line": bool(n > 1 and abs(distance) < half)})
     return best[1]
 
 

@@ -805,17 +805,46 @@ def test_prunable_intervals_equal_a_direct_bootstrap_hand_built():
 
 def test_line_record_flags_a_kept_point_closer_to_the_line_than_its_noise_hand_worked():
     """Review 5 A2: unpruned 2.0 on every example (line 1.98 at 1%); 2 heads removed: [1.99, 1.985, 1.975, 1.99],
-    mean 1.985, 0.005 (0.25%) inside the line; its sd 0.0070711 (the change from unpruned has the same sd), so its
-    se is 0.0035355 and its paired 95% half-width t(3) 3.18245 x 0.0070711 / 2 = 0.011251: the margin, larger than
-    0.005, so the count sits on the line. The point past it (1.5 on every example) has no spread: never closer."""
+    mean 1.985, 0.005 (0.25%) inside the line; its change from unpruned has sd 0.0070711, so its paired 95%
+    half-width is t(3) 3.18245 x 0.0070711 / 2 = 0.011251: larger than 0.005, so the count sits on the line. The
+    point past it (1.5 on every example) has no spread: never closer."""
     values = np.array([[2.0] * 4, [1.99, 1.985, 1.975, 1.99], [1.5] * 4])  # [points, examples]
     got = hp.line_record(values, np.array([0, 2, 4]), 0.01)
     assert got["n_pruned"] == 2 and got["past"] is False and got["on_the_line"] is True
     assert got["metric"] == pytest.approx(1.985) and got["line"] == pytest.approx(1.98)
-    assert got["distance_rel"] == pytest.approx(0.0025) and got["se"] == pytest.approx(0.0035355, rel=1e-4)
+    assert got["distance_rel"] == pytest.approx(0.0025) and got["change"] == pytest.approx(-0.015)
+    assert [got["change_low"], got["change_high"]] == pytest.approx([-0.015 - 0.011251, -0.015 + 0.011251], abs=1e-6)
     assert got["half_width"] == pytest.approx(0.011251, rel=1e-4) and got["margin_rel"] == pytest.approx(0.011251 / 2, rel=1e-4)
     values[1] = [1.995, 1.99, 1.985, 1.995]  # mean 1.99125: 0.01125 inside, sd 0.0047871 -> half-width 0.0076172: off it
     assert hp.line_record(values, np.array([0, 2, 4]), 0.01)["on_the_line"] is False
+
+
+def test_line_record_judges_the_line_by_the_paired_change_not_the_level_spread():
+    """Review 10b A3: the 1% line is 99% of the unpruned metric on the same examples, so a new sample moves point and
+    line together; only the paired interval of a point's change from unpruned says whether it could cross. Unpruned
+    [2, 10, 6, 14] (mean 8, line 7.92): every level's standard error over examples is about 2.5 (a third of the
+    metric), which the old margin took. 1 head removed adds [0.45, 0.38, 0.41, 0.36]: far above the line by its
+    paired interval, not fragile; 2 heads removed adds [1.2, -0.4, 0.9, -0.02]: its paired interval reaches under
+    the line, so it is the point named (the old rule named the point at 1, nearest relative to its level SE).
+    Reference: scipy's paired t interval (ttest_rel)."""
+    from scipy import stats
+
+    base = np.array([2.0, 10.0, 6.0, 14.0])
+    one, two = base + [0.45, 0.38, 0.41, 0.36], base + [1.2, -0.4, 0.9, -0.02]
+    pruned = np.array([0, 1, 2, 3])
+    # point 1 alone before the crossing (3 heads: 5 below everywhere): its level SE is 2.56, its paired CI tight
+    alone = hp.line_record(np.stack([base, one, base - 5.0]), np.array([0, 1, 3]), 0.01)
+    ci = stats.ttest_rel(one, base).confidence_interval(0.95)
+    assert alone["n_pruned"] == 1 and alone["on_the_line"] is False
+    assert [alone["change_low"], alone["change_high"]] == pytest.approx([ci.low, ci.high], rel=1e-9)
+    assert alone["change_low"] > alone["line"] - 8.0  # the interval [0.34, 0.46] stays above the line's -0.08
+    got = hp.line_record(np.stack([base, one, two, base - 5.0]), pruned, 0.01)
+    ci = stats.ttest_rel(two, base).confidence_interval(0.95)
+    assert got["n_pruned"] == 2 and got["past"] is False and got["on_the_line"] is True
+    assert got["change"] == pytest.approx(0.42) and got["line"] == pytest.approx(7.92)
+    assert [got["change_low"], got["change_high"]] == pytest.approx([ci.low, ci.high], rel=1e-9)
+    assert got["change_low"] < got["line"] - 8.0 < got["change_high"]  # [-0.78, +1.62] reaches -0.08
+    assert got["margin_rel"] == pytest.approx((ci.high - ci.low) / 2 / 8.0, rel=1e-9)
 
 
 def test_a_count_whose_point_sits_exactly_on_the_floor_has_an_interval_reaching_none_and_is_no_finding():

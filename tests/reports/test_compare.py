@@ -281,9 +281,9 @@ def test_equal_prunable_counts_whose_verdicts_differ_are_a_difference_with_their
             "within rounding at the start of its order; which goes first is not settled, and the interval's low end can "
             "depend on it.")
     assert pruning_notes(a, b) == [said]  # no (same) prefix: the page lists it among the differences
-    # the same intervals, but only A's count sits on its 1% line (its deciding point within its noise margin)
+    # the same intervals, but only A's count sits on its 1% line (its deciding point's paired interval reaches it)
     line = {"on_the_line": True, "past": False, "n_pruned": 3, "metric": 9.91, "line": 9.9, "distance_rel": 0.001,
-            "margin_rel": 0.02}
+            "margin_rel": 0.02, "change": -0.09, "change_low": -0.29, "change_high": 0.11}
     for side, on in (("a", True), ("b", False)):
         _heads_summary(tmp_path / side, prunable_ci_ablation={"heads": 3.0, "interval_heads": [1, 5], "n_examples": 4,
                                                               "line": {**line, "on_the_line": on}})
@@ -768,16 +768,17 @@ def _pruned_folder(root, name, gradient, random, n_heads=6):
 def test_prunable_counts_of_runs_ranked_on_other_examples_are_not_compared_and_both_lines_are_judged_alike(tmp_path):
     """Review 5 A1: runs whose heads ranked on other examples (other file rows) re-rank the heads, which the
     bootstrap intervals (order fixed) do not cover: the counts go to the Not-compared list, whatever the intervals
-    say. A's first step past its line by 0.6% and B's by 0.1% are both flagged on the line: each lies closer than
-    its noise margin, the larger of its standard error and its paired 95% t half-width (hand-worked below). The
+    say. A's first step past its line by 0.6% and B's by 0.1% are both flagged on the line: the paired 95% t interval
+    of each one's change from unpruned reaches the line (hand-worked below; review 10b A3). The
     random ordering is given seed by seed, with no noise verdict from 2 seeds."""
     from headscope.reports.compare import pruning_notes
 
-    # A: unpruned mean 10, line 9.9; 1 head removed: mean 9.84, 0.06 (0.6%) past the line. Its sd over examples
-    # 0.2245 (se 0.112); its change from unpruned [-0.3, -0.2, -0.2, 0.06] has sd 0.15406, so the paired half-width
-    # is t(3) 3.1824 x 0.15406 / 2 = 0.245 (2.5% of 10): the margin
+    # A: unpruned mean 10, line 9.9; 1 head removed: mean 9.84, 0.06 (0.6%) past the line. Its change from unpruned
+    # [-0.3, -0.2, -0.2, 0.06] has mean -0.16 and sd 0.15406, so the paired half-width is t(3) 3.1824 x 0.15406 / 2
+    # = 0.245: -0.405 to +0.085, reaching -0.1
     a_grad = [[10.0, 10.2, 9.8, 10.0], [9.7, 10.0, 9.6, 10.06], [8.0, 8.0, 8.0, 8.0]]
-    # B: unpruned 10, line 9.9; 1 head kept (10.0); 2 heads: 9.89, 0.01 (0.1%) past the line
+    # B: unpruned 10, line 9.9; 1 head kept (10.0); 2 heads: 9.89, 0.01 (0.1%) past the line; change [-0.25, 0,
+    # -0.12, -0.07], mean -0.11, sd 0.10551, half-width 0.1679: -0.278 to +0.058
     b_grad = [[10.1, 9.9, 10.0, 10.0], [10.0, 9.95, 9.98, 10.07], [9.85, 9.9, 9.88, 9.93]]
     _pruned_folder(tmp_path / "a", "m", a_grad, {0: [10.0, 9.95, 8.0], 1: [10.0, 9.5, 8.0]})  # seeds keep 1 and 0 heads
     _pruned_folder(tmp_path / "b", "m", b_grad, {0: [10.0, 9.0, 8.0], 1: [10.0, 9.5, 8.0]})
@@ -798,9 +799,10 @@ def test_prunable_counts_of_runs_ranked_on_other_examples_are_not_compared_and_b
     assert gradient.startswith(NOT_COMPARED + "Prunable within 1% by gradient (the ordering B's heads finding leads "
                                "with): A 0% (0 of 6 heads), B 17% (1 of 6 heads): not compared: the runs ranked heads on "
                                "different examples, and the intervals do not cover re-ranking (other file rows).")
-    assert ("A's 0% sits on its 1% line: the point at 1 head removed is 9.84, 0.6% of the unpruned metric past the "
-            "line 9.9, within its noise margin (2.5%)") in gradient
-    assert "B's 17% sits on its 1% line: the point at 2 heads removed is 9.89, 0.1% of the unpruned metric past" in gradient
+    assert ("A's 0% sits on its 1% line: the point at 1 head removed is 9.84, past the line 9.9; its change from "
+            "unpruned -0.16 has a paired 95% CI of -0.405 to +0.0851, reaching the line's -0.1: the count is fragile") in gradient
+    assert ("B's 17% sits on its 1% line: the point at 2 heads removed is 9.89, past the line 9.9; its change from "
+            "unpruned -0.11 has a paired 95% CI of -0.278 to +0.0579, reaching the line's -0.1") in gradient
     assert random == ("Prunable within 1% by random (mean over random orders): A 8% (1 and 0 heads over 2 seeds), "
                       "B 0% (0 and 0 heads over 2 seeds); the seed ranges overlap; too few "
                       "seeds for a noise verdict.")

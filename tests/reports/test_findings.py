@@ -651,13 +651,18 @@ def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_i
 
 
 def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_seed():
-    """Review 5 A2/C2: the Phi-3 run's "gradient 0% (0-0 heads)" rested on a first step 0.62% past the line
-    within its noise margin (0.75%), B's "9 of 12" on a point 0.00054% past it, and "random 8% (0.5-1 heads)"
-    was a bootstrap of the mean of 2 seeds that counted 2 and 0 heads: each is said as it is."""
+    """Review 5 A2/C2: the Phi-3 run's "gradient 0% (0-0 heads)" rested on a first step just past the line whose
+    paired interval reaches back over it, B's "9 of 12" on a point 0.001% past it, and "random 8% (0.5-1 heads)"
+    was a bootstrap of the mean of 2 seeds that counted 2 and 0 heads: each is said as it is. Review 10b A3: the
+    point is named with its change from unpruned and that change's paired 95% interval (the line moves with the
+    examples), and a count whose bootstrap interval is one value ("0-0") is said to be close to the line, not
+    fragile in the same breath."""
     base = {"metric": "logit_diff", "baseline_metric": 9.94, "n_examples": 16, "n_heads": 12}
-    line = {"n_pruned": 10, "past": True, "metric": 9.768, "line": 9.768, "distance_rel": -5.4e-06, "se": 0.23,
-            "half_width": 0.56, "margin_rel": 0.057, "on_the_line": True}
-    first = {**line, "n_pruned": 1, "metric": 9.777, "line": 9.839, "distance_rel": -0.0062, "margin_rel": 0.0075}
+    line = {"n_pruned": 10, "past": True, "metric": 9.8405, "line": 9.8406, "tolerance": 0.01, "change": -0.0995,
+            "change_low": -0.66, "change_high": 0.46, "half_width": 0.56, "distance_rel": -1e-05, "margin_rel": 0.056,
+            "n_examples": 16, "on_the_line": True}
+    first = {**line, "n_pruned": 1, "metric": 9.777, "change": -0.163, "change_low": -0.236, "change_high": -0.09,
+             "half_width": 0.073, "distance_rel": -0.0064, "margin_rel": 0.0073}
     s = {**base, **_prunable("ablation", 9, 9, 11), **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
     s["prunable_ci_ablation"]["line"] = line
     s["prunable_ci_gradient"]["line"] = first
@@ -667,30 +672,38 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
             "1% below the unpruned logit difference when ordered by ablation.") in text
     assert "gradient 0% (0-0 heads)," in text
     assert ("On the 1% line, so fragile (another sample of examples could move the count): ablation (the step to 10 "
-            "heads removed crosses the line by 0.00054% of the metric, within its noise margin, 5.7%); gradient (a first "
-            "step crosses the line by 0.62% of the metric, within its noise margin, 0.75%). A noise margin is the larger "
-            "of a deciding point's standard error over examples and its paired 95% interval") in text
+            "heads removed: -0.0995, -1% of unpruned, paired 95% CI -0.66 to +0.46, reaches back to the line 1% below "
+            "unpruned).") in text
+    assert ("Close to the 1% line: gradient (a first step: -0.163, -1.6% of unpruned, paired 95% CI -0.236 to -0.09, "
+            "reaches back to the line 1% below unpruned); the count's 95% bootstrap interval is a single value") in text
+    assert "A point's interval is the paired 95% t interval over examples of its change from the unpruned metric" in text
+    assert "noise margin" not in text and "standard error over examples" not in text
     assert "random 8% (2 and 0 heads over 2 random orders; too few seeds for an interval)" in text
     assert "0.5-1" not in text
     s["prunable_ci_random"].update(per_seed_heads=[0.0, 1.0, 2.0, 1.0], seeds=[0, 1, 2, 3])  # review 8b C4
     assert ("random 8% (0, 1, 2 and 1 heads, range 0-2 over 4 random orders; too few seeds for an interval)"
             in finding("heads", s))
-    # off the line (a margin smaller than the distance is recorded as on_the_line False): no such words
-    s["prunable_ci_gradient"]["line"] = {**first, "margin_rel": 0.001, "on_the_line": False}
+    # off the line (a paired interval clear of the line is recorded as on_the_line False): no such words
+    s["prunable_ci_gradient"]["line"] = {**first, "change_high": -0.12, "on_the_line": False}
     off = finding("heads", s)
     assert "gradient 0% (0-0 heads)" in off and "gradient (a first step" not in off and "fragile" in off
+    assert "Close to the 1% line" not in off
+    # a record from before review 10b A3 (its margin the level's standard error, no paired interval): not said
+    s["prunable_ci_ablation"]["line"] = {k: v for k, v in line.items() if not k.startswith("change")}
+    assert "fragile" not in finding("heads", s)
     # every count 0, the first steps on the line: the "no ordering" sentence is followed by what the 0 depends on
-    none = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("ablation", 0, 0, 0)}
+    none = {**base, **_prunable("gradient", 0, 0, 1), **_prunable("ablation", 0, 0, 0)}
     none["prunable_ci_gradient"]["line"] = first
     assert ("the first step already falls below the floor. On the 1% line, so fragile (another sample of examples could "
-            "move the count): gradient (a first step crosses the line by 0.62% of the metric") in finding("heads", none)
+            "move the count): gradient (a first step: -0.163") in finding("heads", none)
     # the default report's case: orderings with one deciding point are said together, once
     both = {**base, **_prunable("ablation", 9, 9, 11), **_prunable("ablation_recompute", 9, 9, 11)}
     both["prunable_ci_ablation"]["line"] = both["prunable_ci_ablation_recompute"]["line"] = line
     text = finding("heads", both)
     assert ("fragile (another sample of examples could move the count): ablation and ablation recomputed (the step to "
-            "10 heads removed crosses the line by 0.00054% of the metric, within its noise margin, 5.7%).") in text
-    assert text.count("0.00054%") == 1
+            "10 heads removed: -0.0995, -1% of unpruned, paired 95% CI -0.66 to +0.46, reaches back to the line 1% "
+            "below unpruned).") in text
+    assert text.count("-0.0995") == 1
     # random leads (every fixed order drops at once): its mean is said as an average with each seed's count
     lead = {**base, **_prunable("gradient", 0, 0, 0), **_prunable("random", 1, 0.5, 1)}
     lead["prunable_ci_random"].update(per_seed_heads=[2.0, 0.0], seeds=[0, 1])
