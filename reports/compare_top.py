@@ -3,7 +3,9 @@
 (`tied_top_heads_<method>`, `tied_top_next_<method>`: analyses/heads/analysis.py `numerical_checks`) taken
 into account rather than refusing the comparison: a tie at the edge of the top k (the k-th head ties with the
 (k+1)-th) leaves only the k-th place undecided, and heads tied inside the top k are compared as a tied group,
-not as an order (review 8b A4). Only a report that does not rank its heads at all (at chance, or importance that
+not as an order (review 8b A4). Heads that swap places while their importances lie within each other's noise in
+either run (their 95% t intervals from results.csv's importance_se overlap) are said as such, not as another
+order (reviews 10a C2, 10b C5). Only a report that does not rank its heads at all (at chance, or importance that
 is rounding) refuses the method.
 """
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from headscope.analyses.core.chance import t_quantile
 from headscope.reports.compare_headlines import n_words
 from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, models_differ, tasks_differ
 from headscope.reports.findings import and_join, ordinal
@@ -112,15 +117,59 @@ def _tie_words(side: str, top: list[str], t: Ties, other: list[str]) -> list[str
     return out
 
 
-def _inversions_tied(lists: list[list[str]], tie: list[Ties]) -> tuple[bool, bool]:
-    """(whether the heads both lists hold come in the same order, whether every pair they order differently lies
-    in one tied group of A or of B)."""
+def _untied_swaps(lists: list[list[str]], tie: list[Ties]) -> tuple[bool, list[tuple[str, str]]]:
+    """(whether the heads both lists hold come in the same order, the pairs they order differently that lie in no
+    tied group of A or of B, each in A's order)."""
     shared = [h for h in lists[0] if h in lists[1]]
     pos = [{h: i for i, h in enumerate(lst)} for lst in lists]
     group = [{top[i]: n for n, g in enumerate(t.groups) for i in g} for top, t in zip(lists, tie)]
     swapped = [(x, y) for i, x in enumerate(shared) for y in shared[i + 1:] if pos[1][x] > pos[1][y]]
-    within = all(any(g.get(x) is not None and g.get(x) == g.get(y) for g in group) for x, y in swapped)
-    return not swapped, within
+    untied = [(x, y) for x, y in swapped if not any(g.get(x) is not None and g.get(x) == g.get(y) for g in group)]
+    return not swapped, untied
+
+
+def importances(run: Run, method: str) -> dict[str, tuple[float, float]]:
+    """{head name: (importance, its standard error over examples)} of one method from heads/results.csv (the raw
+    importance the findings rank by, importance_se); {} where the table has no standard errors."""
+    df = run.table("heads", "results")
+    if df is None or not {"method", "layer", "head", "importance", "importance_se"} <= set(df.columns):
+        return {}
+    g = df[df["method"].astype(str) == method]
+    names = g["head_name"] if "head_name" in g.columns else [f"L{int(l)}H{int(h)}" for l, h in zip(g["layer"], g["head"])]
+    return {str(n): (float(v), float(e)) for n, v, e in zip(names, g["importance"], g["importance_se"])
+            if np.isfinite(v) and np.isfinite(e)}
+
+
+def _close_in(imp: Mapping[str, tuple[float, float]], n: Any, x: str, y: str) -> tuple[float, float, float] | None:
+    """(gap, se of x, se of y) where x's and y's importances lie within each other's noise in one run: their 95% t
+    intervals over n examples overlap, |gap| <= t (se_x + se_y), as compare's noise verdict judges A against B
+    (compare_run.noise_verdict); None otherwise or without standard errors."""
+    if x not in imp or y not in imp or not isinstance(n, int) or n < 2:
+        return None
+    (vx, sx), (vy, sy) = imp[x], imp[y]
+    gap = abs(vx - vy)
+    return (gap, sx, sy) if gap <= float(t_quantile(n)) * (sx + sy) else None
+
+
+def _noise_swaps(pairs: list[tuple[str, str]], runs: tuple[Run, Run], method: str,
+                 sums: list[Mapping[str, Any]]) -> str | None:
+    """The swapped pairs in words where each pair's heads lie within each other's noise in A or in B, the run named
+    whose order is within noise: "L1H0 and L0H1 swap places, within each other's noise (A: 0.0032 apart, SEs 0.054
+    and 0.059; their 95% intervals overlap)"; None unless every pair is."""
+    imps = [importances(r, method) for r in runs]
+    said = []
+    for x, y in pairs:
+        close = next(((side, c) for side, imp, s in zip(SIDES, imps, sums)
+                      if (c := _close_in(imp, s.get("n_examples"), x, y)) is not None), None)
+        if close is None:
+            return None
+        side, (gap, sx, sy) = close
+        said.append((x, y, f"{side}: {gap:.2g} apart, SEs {sx:.2g} and {sy:.2g}"))
+    if len(said) == 1:
+        x, y, why = said[0]
+        return f"{x} and {y} swap places, within each other's noise ({why}; their 95% intervals overlap)"
+    return ("the heads that swap places lie within each other's noise (their 95% intervals overlap): "
+            + ", ".join(f"{x} / {y} ({why})" for x, y, why in said))
 
 
 def _edge_explains(lists: list[list[str]], tie: list[Ties]) -> bool:
@@ -134,23 +183,29 @@ def _edge_explains(lists: list[list[str]], tie: list[Ties]) -> bool:
     return True
 
 
-def _top_note(method: str, lists: list[list[str]], sums: list[Mapping[str, Any]]) -> str:
+def _top_note(method: str, lists: list[list[str]], sums: list[Mapping[str, Any]], runs: tuple[Run, Run]) -> str:
     tie = [ties(s, method, lst) for s, lst in zip(sums, lists)]
     said = [w for side, lst, t, other in zip(SIDES, lists, tie, lists[::-1]) for w in _tie_words(side, lst, t, other)]
-    same_order, within = _inversions_tied(lists, tie)
+    same_order, untied = _untied_swaps(lists, tie)
+    noise = _noise_swaps(untied, runs, method, sums) if untied else ""
+    within = not untied or noise is not None  # every swap inside a rounding tie or within the heads' noise
+    swaps = f"; {noise}" if noise else ""
     k = len(lists[0]) if len(lists[0]) == len(lists[1]) else None
     top = f"top {k}" if k else f"top {len(lists[0])} and {len(lists[1])}"
     both = f"A {', '.join(lists[0])}; B {', '.join(lists[1])}"
     if set(lists[0]) == set(lists[1]):
         agree = same_order or within
+        rounding = len(untied) < sum(1 for i, x in enumerate(lists[0]) for y in lists[0][i + 1:]
+                                     if lists[1].index(x) > lists[1].index(y))
         what = (f"the same {k} in the same order ({', '.join(lists[0])})" if same_order else
                 f"the same {k}, in the same order but for heads that tie within rounding, compared as a tied group "
-                f"({both})" if within else f"the same {k} in another order ({both})")
+                f"({both}){swaps}" if within and rounding else
+                f"the same {k} ({both}){swaps}" if within else f"the same {k} in another order ({both})")
     else:
         shared = [h for h in lists[0] if h in lists[1]]
         agree = _edge_explains(lists, tie) and (same_order or within) and any(t.edge for t in tie)
         what = (f"{len(shared)} of the {top} are shared" + (f" ({', '.join(shared)})" if shared else "") + f": {both}"
-                + ("; the others differ only where a tie at the edge leaves a place undecided" if agree else ""))
+                + swaps + ("; the others differ only where a tie at the edge leaves a place undecided" if agree else ""))
     text = f"Top heads by {FINDING_METHOD_WORDS.get(method, method)}: {what}"
     if sums[0].get("n_examples") != sums[1].get("n_examples"):
         text += f" ({n_words(*sums)})"
@@ -190,5 +245,5 @@ def top_heads_notes(a: Run, b: Run, *, said: set[str] = frozenset()) -> list[str
             notes.append(NOT_COMPARED + f"Top heads by {words}: not compared, because {why}, so "
                          f"{'neither report ranks' if all(refusals) else 'that report does not rank'} its heads by it.")
             continue
-        notes.append(_top_note(method, [lists[0][method], lists[1][method]], sums))
+        notes.append(_top_note(method, [lists[0][method], lists[1][method]], sums, (a, b)))
     return notes

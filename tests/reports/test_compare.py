@@ -251,6 +251,49 @@ def test_compare_top_heads_of_every_method_with_ties_at_the_edge_and_inside_said
                                         "its heads by it.")
 
 
+def _importances(root, values: dict[str, tuple[float, float]]) -> None:
+    """results.csv of gradient importance with its standard error per head: {name: (importance, se)}."""
+    io.write_csv(root / "heads" / "results.csv", pd.DataFrame([
+        {"layer": int(n[1]), "head": int(n[3]), "head_name": n, "method": "gradient", "importance": v, "importance_se": e}
+        for n, (v, e) in values.items()]))
+
+
+def test_compare_top_heads_that_swap_within_each_others_noise_are_not_a_reorder(tmp_path):
+    """Reviews 10a C2 / 10b C5: two heads 0.003 apart with standard errors 0.05 that swap places are not another
+    order. Hand-worked over n = 4 examples: t(0.975, 3) = 3.1824, so A's L1H0 (0.221, SE 0.05) and L0H2 (0.218,
+    SE 0.05) are 0.003 apart, inside 3.1824 x (0.05 + 0.05) = 0.318: their 95% intervals overlap. With SEs of
+    0.0004 the reach is 0.0025, under 0.003, in both runs: then the swap is a difference."""
+    from headscope.reports.compare_top import top_heads_notes
+
+    def values(l1h0: float, l0h2: float, se: float) -> dict[str, tuple[float, float]]:
+        return {"L1H2": (0.9, se), "L1H1": (0.5, se), "L1H0": (l1h0, se), "L0H2": (l0h2, se), "L0H1": (0.1, se),
+                "L0H0": (0.01, se)}
+
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+    swapped = ["L1H2", "L1H1", "L0H2", "L1H0", "L0H1"]
+    _heads_summary(tmp_path / "a", top_heads_gradient=TOP)
+    _heads_summary(tmp_path / "b", top_heads_gradient=swapped)
+    _importances(tmp_path / "a", values(0.221, 0.218, 0.05))
+    _importances(tmp_path / "b", values(0.2, 0.23, 0.05))
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    assert top_heads_notes(a, b)[0] == (
+        "(same) Top heads by gradient: the same 5 (A L1H2, L1H1, L1H0, L0H2, L0H1; B L1H2, L1H1, L0H2, L1H0, L0H1); "
+        "L1H0 and L0H2 swap places, within each other's noise (A: 0.003 apart, SEs 0.05 and 0.05; their 95% intervals "
+        "overlap).")
+    # A's order measured (SEs 0.0004: reach 0.0025 < 0.003), B's not: B's numbers are the ones that say so
+    _importances(tmp_path / "a", values(0.221, 0.218, 0.0004))
+    assert "within each other's noise (B: 0.03 apart, SEs 0.05 and 0.05;" in top_heads_notes(a, b)[0]
+    # both orders measured: a reorder, said as a difference (no prefix)
+    _importances(tmp_path / "b", values(0.2, 0.23, 0.0004))
+    assert top_heads_notes(a, b)[0] == ("Top heads by gradient: the same 5 in another order (A L1H2, L1H1, L1H0, L0H2, "
+                                        "L0H1; B L1H2, L1H1, L0H2, L1H0, L0H1).")
+    # no standard errors in results.csv (an older report): no noise verdict, the order as it is
+    _folder(tmp_path / "c", "m", 1.0, 0, 0.5)
+    _heads_summary(tmp_path / "c", top_heads_gradient=swapped)
+    assert "another order" in top_heads_notes(a, Run(tmp_path / "c"))[0]
+
+
 def _ablation_verdicts(root, interval, first, **keys) -> None:
     """A heads folder whose ablation order (leading, 3 of 6 heads prunable, far from the 1% line) removes `first`
     first, with prunable_ci_ablation's interval (in heads) and the same examples as its pair (_task)."""
