@@ -335,6 +335,16 @@ def _deciding_point(run: Run, ordering: str) -> dict[str, Any] | None:
     return line_record(wide.to_numpy(dtype=float), wide.index.to_numpy(), tolerance) or None
 
 
+def held_count(run: Run, ordering: str) -> Any:
+    """The count of heads where `run`'s bootstrap interval for `ordering` is that single value (reports/heads_words.py
+    then says "close to the 1% line", not fragile: the count held in most resamples), else None."""
+    ci = (run.summary("heads") or {}).get(f"prunable_ci_{ordering}")
+    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
+    if isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(map(_number, bounds)) and bounds[0] == bounds[1]:
+        return int(bounds[0]) if float(bounds[0]).is_integer() else bounds[0]
+    return None
+
+
 def on_the_line(run: Run, ordering: str, fraction: float) -> str:
     """Where `run`'s fraction prunable by `ordering` turns on a hair: a point that decides it (a point kept, or the
     first point past the line) has a paired 95% interval of its change from unpruned that reaches the line
@@ -352,10 +362,14 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
             return ""
         where = "past" if point.get("past") else "inside"
         offset = float(point["line"]) - float(point["metric"]) + float(change)  # the line less the unpruned metric
-        return (f"{100 * fraction:.0f}% sits on its 1% line: the point at {_heads(point.get('n_pruned'))} removed is "
-                f"{float(point['metric']):.4g}, {where} the line {float(point['line']):.4g}; its change from unpruned "
-                f"{float(change):+.3g} has a paired 95% CI of {float(low):+.3g} to {float(high):+.3g}, reaching the "
-                f"line's {offset:+.3g}: the count is fragile: another sample of examples could move it")
+        held = held_count(run, ordering)
+        verdict = ("the count is fragile: another sample of examples could move it" if held is None else
+                   f"its 95% bootstrap interval is the single value {_heads(held)}, so the count held in most "
+                   "resamples of the examples, though this point's interval does not rule out a move")
+        return (f"{100 * fraction:.0f}% sits {'close to' if held is not None else 'on'} its 1% line: the point at "
+                f"{_heads(point.get('n_pruned'))} removed is {float(point['metric']):.4g}, {where} the line "
+                f"{float(point['line']):.4g}; its change from unpruned {float(change):+.3g} has a paired 95% CI of "
+                f"{float(low):+.3g} to {float(high):+.3g}, reaching the line's {offset:+.3g}: {verdict}")
     curve = _pruning_curves(run)
     if curve is None:
         return ""
@@ -474,7 +488,8 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
                 + (f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""))
         intervals = [prunable_interval(s, ordering) for s in sums]
         lines = [on_the_line(run, ordering, f) for run, f in zip((a, b), (fa, fb))]
-        fragile = (bool(lines[0]), bool(lines[1])) if fa == fb else (False, False)  # else said by the lines below
+        fragile = tuple(bool(line) and held_count(run, ordering) is None for line, run in zip(lines, (a, b)))
+        fragile = fragile if fa == fb else (False, False)  # else said by the lines below
         verdicts = "" if differ else verdict_words(a, b, ordering, (fa, fb), fragile)
         if differ:
             text = NOT_COMPARED + text + f": not compared: {differ}."
