@@ -446,7 +446,9 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
     "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
               "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
               "own maximum is much smaller prints it in its title). Positions count from the end; a column that only the "
-              "longer prompts reach is pale and its tick gives its n. On a sliding-window model a hatched grey cell "
+              "longer prompts reach is pale and its tick gives its n (where the ticks would run together, only every "
+              "k-th place, the answer position and the places the finding names are labelled, and the x label gives "
+              "the pale columns' n). On a sliding-window model a hatched grey cell "
               "lies more than the windows' reach (the sum of window - 1 over the layers from it to the end) before the "
               "answer position: it cannot reach the answer, so its 0 is by construction, not a finding. ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
