@@ -144,3 +144,30 @@ def differing_positions(s: Mapping[str, Any]) -> str | None:
     more = len(places) - SHOWN
     said = and_join(said + ([f"{more} more"] if more > 0 else [])) + " from the end"
     return f"Each clean prompt differs from its corrupted one at {noun}: {said}."
+
+
+HALF = 0.5  # a column fewer than this share of the prompts reach is never ranked, tied with or cited (review 10a A3)
+
+
+def thin(cell: Mapping[str, Any], total: Any) -> bool:
+    """Whether fewer than HALF of the run's `total` prompts reach the cell's column (its n: under left padding a
+    position far from the end is a real token in the longer prompts only; review 10a A3: one 64-token prompt's cell,
+    1.18 of the mean gap because its own gap is larger, was ranked above averages over every prompt)."""
+    n, total = _num(cell.get("n")), _num(total)
+    return bool(total) and n is not None and n < HALF * total
+
+
+def split_token(s: Mapping[str, Any]) -> bool:
+    """Whether the corrupted token (each prompt's first position that differs) sits at different places from the end
+    across prompts (summary["at_corrupted_token"]["from_end"]): then every end-aligned column averages it with other
+    tokens, and the finding leads with the effect aligned on it."""
+    info = s.get("at_corrupted_token")
+    places = info.get("from_end") if isinstance(info, Mapping) else None
+    return isinstance(places, Mapping) and len(places) > 1 and isinstance(info.get("sites"), Mapping)
+
+
+def changed_there(s: Mapping[str, Any], offset: Any) -> int:
+    """How many prompts differ from their corrupted prompt at `offset` from the end (0 where none, or unrecorded)."""
+    places = differ_offsets(s) or {int(o): int(k) for o, k in ((s.get("at_corrupted_token") or {}).get("from_end")
+                                                              or {}).items()}
+    return places.get(offset, 0) if isinstance(offset, int) else 0

@@ -14,14 +14,19 @@ from typing import Any
 from headscope.analyses.patching.attribution_patching import MISS, SPARSE, interval_stated
 from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, and_join, fisher_interval, ordinal, sliding_words
 from headscope.reports.patching_sites import (
+    CITED,
     DEPTH,
     at_answer,
     by_construction,
+    changed_there,
     depth,
     differ_offsets,
     differing_positions,
     entering,
     reaching,
+    share,
+    split_token,
+    thin,
     tied,
     writer,
 )
@@ -237,6 +242,16 @@ def _size(x: float, gap: float | None) -> str:
     return f"{x / gap:.2f} of the gap" if gap else f"{x:.3g}"
 
 
+def _reach(s: Mapping[str, Any] | None, kind: str, cell: Mapping[str, Any]) -> str:
+    """', a column only 1 of 8 prompts reach' for a cell of a column fewer than half the prompts reach (its n from
+    top_sites; review 10a A3), '' otherwise."""
+    rows = ((s or {}).get("top_sites") or {}).get(kind) or []
+    same = next((c for c in rows if all(c.get(k) == cell.get(k) for k in ("layer", "head", "pos"))), None)
+    if same is None or not thin(same, (s or {}).get("n_examples")):
+        return ""
+    return f", a column only {_num(same['n']):.0f} of {_num(s['n_examples']):.0f} prompts reach"
+
+
 def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None, s: Mapping[str, Any] | None = None) -> str | None:
     """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
     first (not said when that site is tied: another cell's exact effect lies within its 95% interval or the
@@ -248,7 +263,8 @@ def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None, s: Mapping[
     if (isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1
             and not top.get("tied")):
         same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
-        said.append(f"the top exact site ({_where(kind, top, s).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}) "
+        said.append(f"the top exact site ({_where(kind, top, s).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}"
+                    f"{_reach(s, kind, top)}) "
                     f"ranks only {ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
                     + (f", {under}" if same else ""))
         miss = None if same else miss
@@ -265,44 +281,140 @@ def _offsets(places: Mapping[str, Any]) -> str:
     return and_join(said)
 
 
+def _token_words(info: Mapping[str, Any]) -> tuple[str, str]:
+    """(what the aligned position is, its short name): "each prompt's first position that differs from its clean
+    prompt" and "the corrupted token", or, where several positions differ per prompt (review 6 A9: the aligned token
+    is the first of them), "2 to 4 positions differ per prompt" and "the first position where the prompts differ"."""
+    span = info.get("positions_differ")
+    if isinstance(span, (list, tuple)) and len(span) == 2 and all(_num(x) is not None for x in span) and max(span) > 1:
+        count = f"{span[0]:.0f}" if span[0] == span[1] else f"{span[0]:.0f} to {span[1]:.0f}"
+        return f"{count} positions differ per prompt", "the first position where the prompts differ"
+    return "each prompt's first position that differs from its clean prompt", "the corrupted token"
+
+
 def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
-    """The effect aligned on each prompt's corrupted token (its first position that differs from the clean
-    prompt), named where it exceeds every end-aligned cell of its site type and layer (templates of different
-    lengths put that token at different places from the end, and the end-aligned columns split its effect);
-    where the token's place differs across prompts, that is said in any case."""
+    """Where the corrupted token sits at one place from the end in every prompt: the effect aligned on it, named
+    where it exceeds every end-aligned cell of its site type and layer by 5% (otherwise the end-aligned column is
+    that token's and says it). Prompts that put it at different places: the finding leads with it (_aligned_lead)."""
     info = s.get("at_corrupted_token")
-    if not isinstance(info, Mapping) or not isinstance(info.get("sites"), Mapping):
+    if not isinstance(info, Mapping) or not isinstance(info.get("sites"), Mapping) or split_token(s):
         return None
-    places = info.get("from_end") or {}
-    split = len(places) > 1
     records = [(kind, r) for kind, rows in info["sites"].items() for r in rows if _num(r.get("effect")) is not None]
     if not records:
         return None
     kind, best = max(records, key=lambda kr: abs(kr[1]["effect"]))
     end = best.get("end_aligned") or {}
-    larger = abs(best["effect"]) > 1.05 * abs(_num(end.get("effect")) or 0.0)
-    token = "each prompt's first position that differs from its clean prompt"
-    span = info.get("positions_differ")
-    several = isinstance(span, (list, tuple)) and len(span) == 2 and all(_num(x) is not None for x in span) \
-        and max(span) > 1  # review 6 (A9): the aligned token is the first of several that differ
-    if several:
-        count = f"{span[0]:.0f}" if span[0] == span[1] else f"{span[0]:.0f} to {span[1]:.0f}"
-        token = f"{count} positions differ per prompt"
-    name = "the first position where the prompts differ" if several else "the corrupted token"
-    where = f"{token}, at {_offsets(places)}, so end-aligned cells split its effect" if split else token
-    if not larger:
-        return (f"{name[0].upper()}{name[1:]} ({token}) sits at {_offsets(places)}: end-aligned cells split its effect."
-                if split else None)
+    if abs(best["effect"]) <= 1.05 * abs(_num(end.get("effect")) or 0.0):
+        return None
+    token, name = _token_words(info)
     size = (f"{best['effect'] / gap:.2f} of the clean-corrupted gap" if gap else f"{best['effect']:.3g}") + _effect_ci(best, gap)
     other = (f" (the largest end-aligned cell of that layer, at {end['from_end']} from the end, "
              f"{_size(end['effect'], gap)})" if isinstance(end.get("from_end"), int) else "")
-    return f"Aligned on {name} ({where}): {kind} at layer {best['layer']} moves {size}{other}."
+    return f"Aligned on {name} ({token}): {kind} at layer {best['layer']} moves {size}{other}."
+
+
+RESIDUAL_ORDER = ("resid_pre", "resid_post", "resid_mid")  # the aligned lead's site type, the first one measured
+LAYERS_SAID = 5  # layers named one by one in the aligned lead; the rest as a range
+
+
+def _fine(x: float) -> str:
+    """A share to 2 decimals, or to one significant digit under 0.01 (0.005, not 0.00)."""
+    return f"{x:.2f}" if abs(x) >= 0.01 or x == 0 else f"{x:.1g}"
+
+
+def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str | None:
+    """Review 10a A3 / 10b C1: where the corrupted token sits at different places from the end (split_token), the
+    effect at each prompt's own corrupted token, layer by layer, of the residual stream (else the site type that moves
+    most there), with its 95% interval and the prompts it holds; the layers after the effect has fallen under CITED
+    of the gap for good are said as a range. None where the summary does not record it or the token's place is one."""
+    if not split_token(s):
+        return None
+    info = s["at_corrupted_token"]
+    sites = {k: sorted((r for r in rows if _num(r.get("effect")) is not None), key=lambda r: int(r.get("layer") or 0))
+             for k, rows in info["sites"].items() if isinstance(rows, list)}
+    sites = {k: rows for k, rows in sites.items() if rows}
+    if not sites:
+        return None
+    kind = next((k for k in RESIDUAL_ORDER if k in sites), None) or max(
+        sites, key=lambda k: max(abs(r["effect"]) for r in sites[k]))
+    rows, normalized = sites[kind], bool(s.get("normalized"))
+    total = _num(s.get("n_examples")) or _num(info.get("n"))
+
+    def value(r: Mapping[str, Any]) -> float | None:
+        said = share(r, gap, normalized)
+        return None if said is None else said[0]
+
+    def small(r: Mapping[str, Any]) -> bool:
+        v = value(r)
+        return v is not None and abs(v) < CITED
+
+    listed = []
+    for i, r in enumerate(rows):
+        listed.append(r)
+        later = rows[i + 1:]
+        if (len(listed) >= LAYERS_SAID and len(later) > 1) or (i and small(r) and all(small(x) for x in later)):
+            break
+    rest = rows[len(listed):]
+    if len(rest) == 1:
+        listed, rest = rows, []
+
+    def cell(r: Mapping[str, Any], first: bool) -> str:
+        v = value(r)
+        size = _fine(v) if v is not None else f"{r['effect']:.3g}"
+        ci = r.get("ci")
+        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci)
+        bits = []
+        if ok:
+            lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else sorted(ci)
+            bits.append(f"95% CI [{_fine(lo)}, {_fine(hi)}]")
+        n = _num(r.get("n"))
+        if n is not None:
+            bits.append(f"{n:.0f} of {total:.0f} prompts" if total else f"{n:.0f} prompts")
+        if first and gap:
+            bits.append(f"{r['effect']:+.3g} {metric}")
+        unit = " of the clean-corrupted gap" if first and gap else ""
+        return f"at layer {r['layer']} {size}{unit}" + (f" ({', '.join(bits)})" if bits else "")
+
+    said = "; ".join(cell(r, i == 0) for i, r in enumerate(listed))
+    if rest:
+        span = f"layers {rest[0]['layer']}-{rest[-1]['layer']}"
+        values = [value(r) for r in rest]
+        if all(small(r) for r in rest):
+            said += f"; under {CITED:g} of the gap at {span}"
+        elif None not in values:
+            said += f"; at {span} {_fine(min(values))} to {_fine(max(values))}"
+    token, name = _token_words(info)
+    places = _offsets(info.get("from_end") or {})
+    verb = "restores" if s.get("direction", "denoise") == "denoise" and (value(listed[0]) or 0) >= 0 else "moves the metric by"
+    return (f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) the {kind} at "
+            f"{name} ({token}; it sits at {places}, so end-aligned columns split its effect) {verb} {said}.")
+
+
+def _column_caveat(s: Mapping[str, Any], cell: Mapping[str, Any]) -> str:
+    """' (its CI reaches 0: 5 of 8 prompts reach this column and 2 of 8 have their changed token there)': what an
+    end-aligned cell holds where the corrupted token's place differs across prompts (review 10b C1)."""
+    total, n, ci = _num(s.get("n_examples")), _num(cell.get("n")), cell.get("ci")
+    if not total:
+        return ""
+    bits = [] if n is None or n >= total else [f"{n:.0f} of {total:.0f} prompts reach this column"]
+    here = changed_there(s, cell.get("from_end"))
+    several = _token_words(s.get("at_corrupted_token") or {})[1] != "the corrupted token"
+    what = "have their changed token there"
+    if several:  # the places of every differing position where recorded, else of the first one only
+        what = "differ from their corrupted prompt there" if differ_offsets(s) else "have their first differing position there"
+    if not here:
+        bits.append("no prompt " + what.replace("have their", "has its").replace("differ from their", "differs from its"))
+    else:
+        bits.append(f"{here} of {total:.0f}" + ("" if bits else " prompts") + f" {what}")
+    reaches = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci) \
+        and min(ci) <= 0 <= max(ci)
+    return f" (its CI reaches 0: {and_join(bits)})" if reaches else f" ({and_join(bits)})"
 
 
 ANSWER = "the answer position (-1 from the end, where the metric is read)"
 
 
-def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) -> list[str]:
+def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, cited: list | None = None) -> list[str]:
     """The sentences on the top sites (cells: every (kind, record), largest |effect| first): the positions where
     clean and corrupted differ, once; the lead, where the information enters (the largest residual cell away from
     the answer position) when the metric is read at the last position, else the strongest cell; what reaches the
@@ -310,7 +422,10 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
     by construction, once (patching_sites.py); then the strongest cell of each site type not yet named."""
     differ = frozenset(differ_offsets(s))
     normalized = bool(s.get("normalized"))
-    said = [differing_positions(s)]
+    aligned = _aligned_lead(s, gap, metric)  # review 10a A3: the token's places differ, so it leads
+    info = s.get("at_corrupted_token") or {}
+    several = _token_words(info)[1] != "the corrupted token"
+    said = [differing_positions(s) if not aligned or several else None, aligned]  # the lead names the one place each
 
     def name(kc: tuple) -> str:
         return _site(kc[1], kc[0], differ, s)
@@ -325,6 +440,7 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
     def brief(kc: tuple, keep: Any = None) -> str:  # '<site> (0.86, 95% CI [..] over n examples)', and its ties
         kind, c = kc
         others = _tied_cells(s, kc, keep)
+        named.extend((kind, o) for o in others)
         notes.extend(_head_notes(s, kc, others, gap))
         return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(kc, others, gap, s)
 
@@ -335,7 +451,12 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
     enter = entering(rest, gap, normalized) if answer else None
     lead = enter or (rest or cells)[0]
     run = f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
-    if enter:
+    named: list = []  # every cell the sentences name (cited_cells: the maps keep their ticks)
+    if enter and aligned:  # an end-aligned column averages the token with others: what it holds is said
+        said.append(f"End-aligned (each column one place from the end, averaging whatever tokens the prompts have "
+                    f"there), the largest residual cell away from the answer position is the {name(lead)}: "
+                    f"{share(lead[1])}{_column_caveat(s, lead[1])}.")
+    elif enter:
         where = (", where the information enters (clean and corrupted differ there)," if depth(*lead) == 0
                  or lead[1].get("from_end") in differ else ",")
         said.append(f"Away from the answer position{where} {run[0].lower()}{run[1:]} moves the metric most at the "
@@ -346,7 +467,7 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
         said.append("No single site moves more than 5% of the gap: the effect is spread out or the task is not solved.")
     reach = reaching(rest, whole, gap, normalized) if answer else None
     write = writer(rest, gap, normalized) if answer else None
-    it = "It" if enter else "The information"
+    it = "It" if enter and not aligned else "The information"
     top = depth(*whole[0]) if whole else float("inf")
 
     def there(kind: str) -> Any:  # review 9a C5: a tie named at the answer position is a cell there
@@ -368,16 +489,20 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str) ->
                     "holds by construction (every later computation at that position reads it; only later attention from "
                     "other positions goes around it), so it says nothing about where the information enters or how it "
                     "moves.")
-    named = [kc for kc in (lead, reach, write) if kc] + whole
-    seen = {"resid" if k in RESIDUAL or k == "resid_mid" else k for k, _ in named}
+    main = [kc for kc in (lead, reach, write) if kc] + whole
+    named.extend(main)
+    seen = {"resid" if k in RESIDUAL or k == "resid_mid" else k for k, _ in main}
     runners = []
-    for kind, c in _distinct_sites([kc for kc in rest if all(kc[1] is not x[1] for x in named)]):
+    for kind, c in _distinct_sites([kc for kc in rest if all(kc[1] is not x[1] for x in main)]):
         family = "resid" if kind in RESIDUAL or kind == "resid_mid" else kind
         if family not in seen and len(runners) < 2:
             seen.add(family)
+            named.append((kind, c))
             runners.append(brief((kind, c)))
     if runners:
         said.append("Next, at other sites: " + "; ".join(runners) + ".")
+    if cited is not None:
+        cited.extend(named)
     return [x for x in said if x] + list(dict.fromkeys(notes))
 
 
@@ -385,7 +510,8 @@ def _tied_cells(s: Mapping[str, Any], kc: tuple, keep: Any = None) -> list:
     """Every other cell of kc's site type (top_sites) within kc's 95% interval with kc within its own (tied), that
     `keep` accepts (review 9b A2: the next cell alone left out two of four equal heads), largest |effect| first."""
     kind, cell = kc
-    rows = [c for c in (s.get("top_sites") or {}).get(kind) or [] if _num(c.get("effect")) is not None]
+    rows = [c for c in (s.get("top_sites") or {}).get(kind) or [] if _num(c.get("effect")) is not None
+            and (c is cell or not thin(c, s.get("n_examples")))]  # review 10a A3: no tie with a one-prompt column
     if not any(c is cell for c in rows):
         return []
     return [c for c in rows if c is not cell and (keep is None or keep(c)) and tied(cell, c)]
@@ -477,10 +603,36 @@ def finding(s: Mapping[str, Any]) -> str:
     return f"{text} {absent}" if text and absent else text or absent
 
 
+def _gap(s: Mapping[str, Any]) -> float | None:
+    """The clean-corrupted gap the shares divide by (None: normalised, or no gap)."""
+    clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
+    return None if s.get("normalized") or clean is None or corrupt is None or clean == corrupt else clean - corrupt
+
+
+def _ranked(s: Mapping[str, Any]) -> list:
+    """Every top cell as (site type, record), largest |effect| first, leaving out the columns fewer than half the
+    prompts reach (patching_sites.thin; review 10a A3), unless that leaves none."""
+    cells = [(kind, c) for kind, rows in (s.get("top_sites") or {}).items() for c in rows
+             if _num(c.get("effect")) is not None]
+    cells.sort(key=lambda kc: -abs(kc[1]["effect"]))
+    return [kc for kc in cells if not thin(kc[1], s.get("n_examples"))] or cells
+
+
+def cited_cells(s: Mapping[str, Any]) -> list:
+    """The (site type, top_sites record) pairs the finding names (the maps keep their ticks: review 10a B1); [] where
+    it ranks none (skipped, at chance, a gap within noise)."""
+    if "skipped" in s or _chance(s) is not None or isinstance(s.get("gap_within_noise"), Mapping):
+        return []
+    cells, out = _ranked(s), []
+    if cells:
+        _sites(s, cells, _gap(s), _words(s.get("metric", "")), out)
+    return out
+
+
 def _finding(s: Mapping[str, Any]) -> str:
     parts = []
     clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
-    gap = None if s.get("normalized") or clean is None or corrupt is None or clean == corrupt else clean - corrupt
+    gap = _gap(s)
     metric = _words(s.get("metric", ""))
     if gap is not None:
         parts.append(f"Clean prompts give a {metric} of {clean:.3g}, corrupted ones {corrupt:.3g}.")
@@ -489,15 +641,13 @@ def _finding(s: Mapping[str, Any]) -> str:
                          "restore, so the patching maps show noise.")
     if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise: what was measured only
         return " ".join(parts + [_measured_only(s)])
-    top = s.get("top_sites") or {}
-    cells = [(kind, c) for kind, rows in top.items() for c in rows if _num(c.get("effect")) is not None]
+    cells = _ranked(s)
     small = s.get("gap_within_noise")
     if isinstance(small, Mapping) and cells:  # a share of a gap that is noise is not a measurement
         cells = []
         parts.append(f"The clean-corrupted gap is within noise ({small.get('reason', 'no reason recorded')}): effects "
                      "normalised by it (shares of the gap) are not meaningful, so no site is ranked.")
     if cells:
-        cells.sort(key=lambda kc: -abs(kc[1]["effect"]))
         parts.extend(_sites(s, cells, gap, metric))
         aligned = _corrupted_token(s, gap)
         if aligned:

@@ -81,11 +81,13 @@ def fit_title(ax: Any) -> bool:
     return True
 
 
-def thin_xtick_labels(ax: Any, pad: float = 4.0) -> list[int]:
-    """Blank the x tick labels that would run into a kept one (left to right, the first kept), measured
-    on `ax`'s figure at its current size and layout, `pad` pixels apart at least; the ticks stay. Labels
-    set as fixed text (set_xticks(ticks, labels)). Returns the blanked ticks' indices, so that the
-    caller can say elsewhere what they would have read. Later layouts that only widen the axes keep it true."""
+def thin_xtick_labels(ax: Any, pad: float = 4.0, order: Any = None) -> list[int]:
+    """Blank the x tick labels that would run into a kept one, measured on `ax`'s figure at its current size and
+    layout, `pad` pixels apart at least; the ticks stay. `order`: the tick indices to keep in priority order (each
+    kept unless it runs into one kept before it; a label not in it is blanked: the cells a finding names first, then
+    every k-th); by default left to right, the first kept. Labels set as fixed text (set_xticks(ticks, labels)).
+    Returns the blanked ticks' indices, so that the caller can say elsewhere what they would have read. Later layouts
+    that only widen the axes keep it true."""
     fig = ax.figure
     fig.draw_without_rendering()  # positions and text of the ticks as they will be drawn
     renderer = fig.canvas.get_renderer()
@@ -94,12 +96,13 @@ def thin_xtick_labels(ax: Any, pad: float = 4.0) -> list[int]:
     lo, hi = sorted(ax.get_xlim())
     boxes = [t.get_window_extent(renderer) if text and lo <= x <= hi else None
              for x, text, t in zip(ticks, texts, ax.get_xticklabels())]
-    right, blanked = float("-inf"), []
-    for i in sorted((i for i, b in enumerate(boxes) if b is not None), key=lambda i: boxes[i].x0):
-        if boxes[i].x0 < right + pad:
-            blanked.append(i)
-        else:
-            right = boxes[i].x1
+    shown = [i for i, b in enumerate(boxes) if b is not None]
+    tried = sorted(shown, key=lambda i: boxes[i].x0) if order is None else [i for i in dict.fromkeys(order) if i in shown]
+    kept: list[int] = []
+    for i in tried:
+        if all(boxes[i].x0 >= boxes[j].x1 + pad or boxes[i].x1 + pad <= boxes[j].x0 for j in kept):
+            kept.append(i)
+    blanked = [i for i in shown if i not in kept]
     if blanked:
         ax.set_xticks(ticks, ["" if i in blanked else text for i, text in enumerate(texts)])
     return sorted(blanked)

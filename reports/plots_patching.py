@@ -20,7 +20,7 @@ whose words live in reports/patching_words.py.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -34,8 +34,20 @@ from headscope.analyses.patching.attribution_patching import (
     nonzero_count,
     slope_with_interval,
 )
+from headscope.reports.patching_sites import differ_offsets
+from headscope.reports.patching_words import cited_cells
 from headscope.reports.patching_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.plots import axes, color_scale, fit_title, label, laid_out, quiet_reason, scale_ticks, symmetric_bound
+from headscope.reports.plots import (
+    axes,
+    color_scale,
+    fit_title,
+    label,
+    laid_out,
+    quiet_reason,
+    scale_ticks,
+    symmetric_bound,
+    thin_xtick_labels,
+)
 from headscope.reports.plots_circuits import PARTIAL_VEIL
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
@@ -76,6 +88,68 @@ def _mute_partial(ax: Axes, partial: dict[int, int], n_rows: int, n_prompts: int
         ax.add_patch(Rectangle((i, 0), 1, n_rows, facecolor="white", alpha=PARTIAL_VEIL, lw=0, zorder=2,
                                label="fewer prompts"))
     ax.set_xlabel(ax.get_xlabel() + f"\npale, with n: columns averaged over fewer than all {n_prompts} prompts")
+
+
+STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)  # a thinned position axis labels every k-th place from the end
+PAD = 4.0  # pixels between two tick labels at least
+RUNS_SAID = 8  # runs of columns of one n named in the x label; more: their range only
+
+
+def _n_runs(offsets: list[int], partial: dict[int, int]) -> list[str]:
+    """['n = 1 at -64 to -60,', '2 at -59 to -36', 'and 7 at -14 to -12']: the partial columns' n (their index in
+    `offsets` -> prompts), by runs of adjacent columns of one n, as pieces a line break may fall between (never
+    inside a range); over RUNS_SAID runs, the range only."""
+    runs: list[list[int]] = []  # [n, first offset, last offset]
+    for i in sorted(partial):
+        if runs and runs[-1][0] == partial[i] and offsets[i - 1] == runs[-1][2] and i - 1 in partial:
+            runs[-1][2] = offsets[i]
+        else:
+            runs.append([partial[i], offsets[i], offsets[i]])
+    if len(runs) > RUNS_SAID:
+        counts = sorted(partial.values())
+        return [f"n from {counts[0]} to {counts[-1]}", "(each column's n: exact.csv's n_rows)"]
+    said = [f"{n} at {a}" if a == b else f"{n} at {a} to {b}" for n, a, b in runs]
+    said = [f"{x}," for x in said[:-2]] + ([f"{said[-2]} and"] if len(said) > 1 else []) + [said[-1]]
+    return [f"n = {said[0]}", *said[1:]]
+
+
+def _lines(pieces: list[str], width: int = 90) -> list[str]:
+    """The pieces joined by spaces into lines of at most `width` characters (a piece longer stands alone)."""
+    lines: list[str] = []
+    for piece in pieces:
+        if lines and len(lines[-1]) + 1 + len(piece) <= width:
+            lines[-1] += " " + piece
+        else:
+            lines.append(piece)
+    return lines
+
+
+def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Sequence[int], partial: dict[int, int],
+                       n_prompts: int | None) -> bool:
+    """Review 10a B1: prompts of 7 to 64 tokens gave one tick per place from the end, each pale column's tagged
+    "(n=1)", printed over each other. Measured at the figure's layout: where the labels would run together they are
+    drawn flat, without n, at every k-th place from the end (STEPS: the smallest k whose labels clear each other), the
+    places `keep` names first (the answer position, the cells the finding names, where the prompts differ), each
+    kept unless it runs into one named before it (plots.thin_xtick_labels); the pale columns' n goes to the x label
+    by runs. Returns whether it thinned them."""
+    fig = ax.figure
+    fig.tight_layout()  # the layout the figure is saved with (laid_out): measure the labels there
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+    if all(a.x1 + PAD <= b.x0 for a, b in zip(boxes, boxes[1:])):
+        return False
+    ax.set_xticks(ax.get_xticks(), plain, rotation=0)
+    fig.draw_without_rendering()
+    widths = [t.get_window_extent(renderer).width for t, o in zip(ax.get_xticklabels(), offsets) if o != -1]
+    cell = ax.get_window_extent(renderer).width / max(1, len(offsets))
+    step = next((k for k in STEPS if k * cell >= max(widths, default=0.0) + PAD), STEPS[-1])
+    index = {o: i for i, o in enumerate(offsets)}
+    order = [index[o] for o in keep if o in index] + [i for i in reversed(range(len(offsets))) if offsets[i] % step == 0]
+    thin_xtick_labels(ax, PAD, order)
+    note = [f"pale: columns averaged over fewer than all {n_prompts} prompts;", *_n_runs(offsets, partial)] if partial else []
+    ax.set_xlabel("\n".join([_position_axis(n_prompts), *_lines(note)]))
+    return True
 
 
 def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
@@ -133,22 +207,32 @@ def _normalised(df: pd.DataFrame, divisor: float, columns: tuple[str, ...] = ("e
     return df.assign(**{c: df[c] / divisor for c in columns if c in df}) if divisor != 1.0 else df
 
 
+def _offsets(positions, n_positions: int | None) -> list[int]:
+    """Each padded position's place from the end (-1 the last), as position_labels counts it."""
+    end = int(n_positions) if n_positions else int(max(positions)) + 1
+    return [int(p) - end for p in positions]
+
+
 def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: str = "effect",
                    n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
-                   bound: float | None = None, quiet: str | None = None, ax: Axes | None = None) -> Axes:
+                   bound: float | None = None, quiet: str | None = None, keep: Sequence[int] = (),
+                   ax: Axes | None = None) -> Axes:
     """Layer x position heatmap of one (layer, pos) site type (`data`: the exact table); positions
-    labelled by position_labels."""
+    labelled by position_labels, thinned where they would run together (_legible_positions, keeping the answer
+    position and the places from the end in `keep` labelled first)."""
     ax = axes(ax)
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index="layer", columns="pos", values=column, aggfunc="mean")
     partial = _partial_columns(rows, grid.columns, n_prompts)
     positions = grid.columns
-    grid.columns = position_labels(rows, grid.columns, n_prompts, n_positions)
+    plain = position_labels(rows, grid.columns, n_prompts, n_positions)
+    grid.columns = plain
     _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet)
     _hatch_unreachable(ax, rows, "layer", positions)
     ax.set_xlabel(_position_axis(n_prompts))
     ax.set_ylabel("layer")
     _mute_partial(ax, partial, grid.shape[0], n_prompts)
+    _legible_positions(ax, _offsets(positions, n_positions), plain, [-1, *keep], partial, n_prompts)
     return ax
 
 
@@ -169,14 +253,17 @@ def plot_layer_head(data: pd.DataFrame, *, site_type: str = "head_out", column: 
 
 def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", column: str = "effect",
                   n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
-                  bound: float | None = None, quiet: str | None = None, ax: Axes | None = None) -> Axes:
-    """(layer, head) x position heatmap of per-position head patching (`data`: the exact table)."""
+                  bound: float | None = None, quiet: str | None = None, keep: Sequence[int] = (),
+                  ax: Axes | None = None) -> Axes:
+    """(layer, head) x position heatmap of per-position head patching (`data`: the exact table); positions thinned
+    as in plot_layer_pos."""
     ax = axes(ax)
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index=["layer", "head"], columns="pos", values=column, aggfunc="mean")
     partial = _partial_columns(rows, grid.columns, n_prompts)
     positions = grid.columns
-    grid.columns = position_labels(rows, grid.columns, n_prompts, n_positions)
+    plain = position_labels(rows, grid.columns, n_prompts, n_positions)
+    grid.columns = plain
     grid.index = [f"L{int(layer)}H{int(head)}" for layer, head in grid.index]
     _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet)
     _hatch_unreachable(ax, rows, ["layer", "head"], positions)
@@ -184,6 +271,7 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     ax.set_xlabel(_position_axis(n_prompts))
     ax.set_ylabel("head (L layer H head)")
     _mute_partial(ax, partial, grid.shape[0], n_prompts)
+    _legible_positions(ax, _offsets(positions, n_positions), plain, [-1, *keep], partial, n_prompts)
     return ax
 
 
@@ -300,15 +388,22 @@ def figures(result, **kwargs) -> dict[str, Figure]:
     if exact is not None:
         present = set(exact["site_type"])
         common = {"label": label, "bound": shared, "quiet": quiet}
+        cited, differ = cited_cells(summary), list(differ_offsets(summary))
+
+        def keep(st: str) -> list[int]:  # the places the finding names keep their ticks (review 10a B1)
+            return [c["from_end"] for k, c in cited if k == st and isinstance(c.get("from_end"), int)] + differ
+
         for st in BY_POS:
             if st in present:
-                new(f"exact_{st}", lambda ax, st=st: plot_layer_pos(exact, site_type=st, ax=ax, **where, **common))
+                new(f"exact_{st}", lambda ax, st=st: plot_layer_pos(exact, site_type=st, ax=ax, keep=keep(st), **where,
+                                                                    **common))
         for st in BY_HEAD:
             if st in present:
                 new(f"exact_{st}", lambda ax, st=st: plot_layer_head(exact, site_type=st, ax=ax, **common))
         if "head_out_by_pos" in present:
             n_rows = exact.loc[exact["site_type"] == "head_out_by_pos", ["layer", "head"]].drop_duplicates().shape[0]
-            new("exact_head_out_by_pos", lambda ax: plot_head_pos(exact, ax=ax, **where, **common),
+            new("exact_head_out_by_pos", lambda ax: plot_head_pos(exact, ax=ax, keep=keep("head_out_by_pos"), **where,
+                                                                  **common),
                 (7, max(4.0, 0.16 * n_rows + 1.5)))
         if "attribution" in exact:
             rounding = (summary.get("rounding_floor") or {}).get("floor")
@@ -351,7 +446,9 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
     "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
               "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
               "own maximum is much smaller prints it in its title). Positions count from the end; a column that only the "
-              "longer prompts reach is pale and its tick gives its n. On a sliding-window model a hatched grey cell "
+              "longer prompts reach is pale and its tick gives its n (where the ticks would run together, only every "
+              "k-th place, the answer position and the places the finding names are labelled, and the x label gives "
+              "the pale columns' n). On a sliding-window model a hatched grey cell "
               "lies more than the windows' reach (the sum of window - 1 over the layers from it to the end) before the "
               "answer position: it cannot reach the answer, so its 0 is by construction, not a finding. ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "

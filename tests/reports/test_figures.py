@@ -973,6 +973,50 @@ def test_patching_columns_that_fewer_prompts_reach_are_muted_and_give_their_n():
         plt.close("all")
 
 
+def test_patching_position_ticks_of_mixed_lengths_are_thinned_keeping_the_cells_the_finding_names():
+    """Review 10a B1: prompts of 12 to 64 tokens gave one tick per place from the end, each pale one tagged "(n=1)"
+    ... "(n=7)", printed over each other. The saved figure's drawn labels no longer overlap; every tick stays (the
+    labels of the others are blank); the answer position and the cells the finding names keep theirs (-30: the
+    end-aligned cell it cites; -59 and -6: where the prompts differ); the pale columns' n is in the x label by runs
+    (n at -k = the prompts of at least k tokens: lengths 64, 59, 40, 35, 30, 30, 14, 12)."""
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    lengths = (64, 59, 40, 35, 30, 30, 14, 12)
+    rows = [{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "token": "", "effect": 0.01 * p * (l == 0),
+             "n_rows": sum(n >= 64 - p for n in lengths)} for l in range(3) for p in range(64)]
+    exact = pd.DataFrame(rows)
+
+    def cell(layer, end, effect, ci, n):
+        return {"layer": layer, "head": None, "pos": 64 + end, "from_end": end, "token": "", "effect": effect, "ci": ci,
+                "n": n}
+
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 64,
+               "clean_metric": 7.6, "corrupted_metric": -7.55,
+               "top_sites": {"resid_pre": [cell(0, -59, 17.95, None, 2), cell(2, -1, 15.08, [13.79, 16.37], 8),
+                                           cell(1, -1, 8.26, [5.48, 11.05], 8), cell(0, -30, 5.80, [-4.07, 15.67], 6)]},
+               "at_corrupted_token": {"from_end": {"-59": 1, "-30": 4, "-6": 3}, "n": 8, "positions_differ": [1, 1],
+                                      "differ_from_end": {"-59": 1, "-30": 4, "-6": 3}, "sites": {"resid_pre": [
+                                          {"layer": 0, "effect": 15.15, "ci": [13.83, 16.47], "n": 8}]}}}
+    fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        shown = [t for t in ax.get_xticklabels() if t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in shown]
+        assert not [(a.get_text(), b.get_text()) for i, (a, ba) in enumerate(zip(shown, boxes))
+                    for b, bb in zip(shown[i + 1:], boxes[i + 1:]) if _overlap(ba, bb)]
+        texts = [t.get_text() for t in shown]
+        assert {"-1 (last)", "-30", "-59", "-6"} <= set(texts) and not [t for t in texts if "(n=" in t]
+        assert 5 <= len(texts) <= 20 and len(ax.get_xticks()) == 64  # thinned labels, every tick kept
+        np.testing.assert_allclose(heat(ax)[0], [0.01 * p / 15.15 for p in range(64)], atol=1e-12)  # share of the gap
+        assert ax.get_xlabel().replace("\n", " ").endswith(
+            "pale: columns averaged over fewer than all 8 prompts; n = 1 at -64 to -60, 2 at -59 to -41, 3 at -40 to "
+            "-36, 4 at -35 to -31, 6 at -30 to -15 and 7 at -14 to -13")
+    finally:
+        plt.close("all")
+
+
 def test_attribution_vs_exact_legend_gives_no_slope_interval_where_the_finding_gives_none():
     """#34 review 5 (A6): a site type whose exact effects are mostly zero gets no slope interval in the finding; the
     legend says the same (one rule: attribution_patching.interval_stated)."""

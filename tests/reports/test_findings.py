@@ -1373,23 +1373,25 @@ def _colour_binding(**extra) -> dict:
 
 
 def test_patching_names_the_corrupted_token_that_end_aligned_cells_split():
-    """#34 review 5 (A5): templates of different lengths put the one differing token at -8 and -11 from the end; the
-    end-aligned map shows 0.75 and 0.25, and the finding names the token's whole effect, aligned on it."""
+    """#34 review 5 (A5), review 10a A3: templates of different lengths put the one differing token at -8 and -11 from
+    the end; the end-aligned map shows 0.75 and 0.25, and the finding leads with the token's whole effect, aligned on
+    it (1.00 = 19.82 / 19.82), layer by layer, before the end-aligned column and what that column holds."""
     s = _colour_binding()
     text = finding("patching", s)
-    assert ("Aligned on the corrupted token (each prompt's first position that differs from its clean prompt, at -8 "
-            "from the end in 6 prompts and -11 in 2, so end-aligned cells split its effect): resid_pre at layer 0 moves "
-            "1.00 of the clean-corrupted gap, 95% CI [0.99, 1.01] over 8 examples (the largest end-aligned cell of that "
-            "layer, at -8 from the end, 0.75 of the gap).") in text
-    # aligned on the token it moves no more than the end-aligned cell: only where it sits is said
-    s["at_corrupted_token"]["sites"]["resid_pre"][0]["effect"] = 0.76 * 19.82
-    text = finding("patching", s)
-    assert "Aligned on" not in text
-    assert ("The corrupted token (each prompt's first position that differs from its clean prompt) sits at -8 from the "
-            "end in 6 prompts and -11 in 2: end-aligned cells split its effect.") in text
-    # one template length: the token's column is the aligned one, nothing to add
+    lead = ("Patching (denoise, 8 examples) the resid_pre at the corrupted token (each prompt's first position that "
+            "differs from its clean prompt; it sits at -8 from the end in 6 prompts and -11 in 2, so end-aligned columns "
+            "split its effect) restores at layer 0 1.00 of the clean-corrupted gap (95% CI [0.99, 1.01], 8 of 8 prompts, "
+            "+19.8 logit difference); at layer 1 0.01 (8 of 8 prompts).")
+    end = ("End-aligned (each column one place from the end, averaging whatever tokens the prompts have there), the "
+           "largest residual cell away from the answer position is the resid_pre at layer 0, position -8 from the end")
+    assert lead in text and end in text and text.index(lead) < text.index(end)
+    assert "(6 of 8 prompts have their changed token there)." in text  # its CI [0.98, 1.00] does not reach 0
+    assert "moves the metric most" not in text and "Aligned on" not in text
+    # one template length: the token's column is the aligned one (its effect the same), nothing to add
     s["at_corrupted_token"]["from_end"] = {"-8": 8}
-    assert "corrupted token" not in finding("patching", s)
+    s["at_corrupted_token"]["sites"]["resid_pre"][0]["effect"] = 0.75 * 19.82
+    text = finding("patching", s)
+    assert "corrupted token" not in text and "moves the metric most at the resid_pre at layer 0, position -8" in text
 
 
 def test_patching_aligned_on_the_first_of_several_differing_positions_says_so():
@@ -1398,16 +1400,14 @@ def test_patching_aligned_on_the_first_of_several_differing_positions_says_so():
     s = _colour_binding()
     s["at_corrupted_token"]["positions_differ"] = [2, 4]
     text = finding("patching", s)
-    assert ("Aligned on the first position where the prompts differ (2 to 4 positions differ per prompt, at -8 from "
-            "the end in 6 prompts and -11 in 2, so end-aligned cells split its effect): resid_pre at layer 0 moves "
-            "1.00 of the clean-corrupted gap") in text
-    assert "corrupted token" not in text
+    assert ("Patching (denoise, 8 examples) the resid_pre at the first position where the prompts differ (2 to 4 "
+            "positions differ per prompt; it sits at -8 from the end in 6 prompts and -11 in 2, so end-aligned columns "
+            "split its effect) restores at layer 0 1.00 of the clean-corrupted gap") in text
+    assert "corrupted token" not in text and "(6 of 8 prompts have their first differing position there)" in text
     s["at_corrupted_token"]["positions_differ"] = [3, 3]
-    s["at_corrupted_token"]["sites"]["resid_pre"][0]["effect"] = 0.76 * 19.82
-    assert ("The first position where the prompts differ (3 positions differ per prompt) sits at -8 from the end in 6 "
-            "prompts and -11 in 2: end-aligned cells split its effect.") in finding("patching", s)
+    assert "(3 positions differ per prompt; it sits at -8 from the end" in finding("patching", s)
     s["at_corrupted_token"]["positions_differ"] = [1, 1]
-    assert "The corrupted token (each prompt's first position that differs" in finding("patching", s)
+    assert "the resid_pre at the corrupted token (each prompt's first position that differs" in finding("patching", s)
 
 
 def test_patching_says_where_attribution_patching_would_rank_wrong():
@@ -1949,3 +1949,65 @@ def test_heads_says_a_layer_whose_heads_each_suffice_is_redundant():
             "the layer's work") in text, text
     at_chance = {**HEADS, "redundant_layers": [entry], "chance": {"at_chance": True, "metric": "logit_diff", "mean": 0.01}}
     assert "redundant" not in finding("heads", at_chance)
+
+
+def _code_word(**extra) -> dict:
+    """Review 10a's Phi-3 copy run (out_t), by hand: gap 15.15 (7.6 - -7.55); the code word sits at -59 (1 prompt, the
+    only one that long), -35 (2), -30 (2), -14 (1) and -6 (2) from the end. Aligned on it, resid_pre restores 15.15
+    [13.83, 16.47] at layer 0, 7.21 [3.71, 10.71] at layer 1 and 0.072 [0.0128, 0.131] at layer 2 (8 prompts each).
+    End-aligned, the -59 column holds that one prompt (17.95, no interval), -30 and -35 five."""
+    def cell(layer, end, effect, ci, n):
+        return {"layer": layer, "head": None, "pos": 64 + end, "from_end": end, "token": "63:  is" if end == -1 else "",
+                "effect": effect, "ci": ci, "n": n}
+
+    return {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 64,
+            "clean_metric": 7.6, "corrupted_metric": -7.55,
+            "top_sites": {"resid_pre": [cell(0, -59, 17.95, None, 1), cell(2, -1, 15.08, [13.79, 16.37], 8),
+                                        cell(1, -59, 10.90, None, 1), cell(1, -1, 8.26, [5.48, 11.05], 8),
+                                        cell(0, -30, 5.80, [-4.07, 15.67], 5), cell(0, -35, 5.55, [-3.89, 15.0], 5),
+                                        cell(0, -6, 3.88, [-2.17, 9.93], 8)],
+                          "mlp_out": [cell(0, -1, 2.9, [1.8, 4.1], 8), cell(0, -59, 2.4, None, 1)]},
+            "at_corrupted_token": {
+                "from_end": {"-6": 2, "-30": 2, "-35": 2, "-14": 1, "-59": 1}, "n": 8, "positions_differ": [1, 1],
+                "differ_from_end": {"-59": 1, "-35": 2, "-30": 2, "-14": 1, "-6": 2},
+                "sites": {"resid_pre": [
+                    {"layer": 0, "effect": 15.15, "ci": [13.83, 16.47], "n": 8,
+                     "end_aligned": {"effect": 17.95, "from_end": -59}},
+                    {"layer": 1, "effect": 7.21, "ci": [3.71, 10.71], "n": 8,
+                     "end_aligned": {"effect": 10.90, "from_end": -59}},
+                    {"layer": 2, "effect": 0.072, "ci": [0.0128, 0.131], "n": 8,
+                     "end_aligned": {"effect": 15.08, "from_end": -1}}]}},
+            **extra}
+
+
+def test_patching_on_a_token_at_different_places_from_the_end_leads_aligned_and_ranks_no_one_prompt_column():
+    """Review 10a A3 / 10b C1: "moves the metric most at the resid_pre at layer 0, position -59 from the end: 1.18 of
+    the gap, n = 1" was one prompt's column (17.95 / 15.15) ranked against averages; the token-aligned result (1.00,
+    0.48, 0.005 of the gap: 15.15, 7.21 and 0.072 over 15.15) was never stated. It now leads; the end-aligned cell
+    cited is one at least half the prompts reach, with what it holds and its interval reaching 0; no cell is tied with
+    a one-prompt column (review 10a's seed-1 run: "tied with layer 0, position -68 (0.16, n = 1 examples)")."""
+    text = finding("patching", _code_word())
+    lead = ("Patching (denoise, 8 examples) the resid_pre at the corrupted token (each prompt's first position that "
+            "differs from its clean prompt; it sits at -6 from the end in 2 prompts, -30 in 2, -35 in 2, -14 in 1 and "
+            "-59 in 1, so end-aligned columns split its effect) restores at layer 0 1.00 of the clean-corrupted gap "
+            "(95% CI [0.91, 1.09], 8 of 8 prompts, +15.2 logit difference); at layer 1 0.48 (95% CI [0.24, 0.71], 8 of 8 "
+            "prompts); at layer 2 0.005 (95% CI [0.0008, 0.009], 8 of 8 prompts).")  # 0.072 / 15.15 = 0.0048
+    assert lead in text
+    end = ("the largest residual cell away from the answer position is the resid_pre at layer 0, position -30 from the "
+           "end: 0.38 of the clean-corrupted gap, 95% CI [-0.27, 1.03] over 5 examples (+5.8 logit difference) (its CI "
+           "reaches 0: 5 of 8 prompts reach this column and 2 of 8 have their changed token there).")  # 5.80 / 15.15
+    assert end in text and text.index(lead) < text.index(end)
+    assert "moves the metric most" not in text and "1.18" not in text and "-59 from the end (" not in text
+    assert "tied with" not in text  # mlp_out -1 (0.19 [0.12, 0.27]) and the one-prompt -59 cell (0.16) inside it
+    assert "mlp_out at layer 0, position -1 from the end (' is') (0.19, 95% CI [0.12, 0.27] over 8 examples)" in text
+    # review 10b: the deciding word's column reached by all 8 prompts, its interval across 0, 2 of 8 have it there
+    s = _code_word()
+    s["top_sites"]["resid_pre"][4:5] = [{**s["top_sites"]["resid_pre"][4], "n": 8, "ci": [-2.42, 11.5]}]
+    assert "95% CI [-0.16, 0.76] over 8 examples (+5.8 logit difference) (its CI reaches 0: 2 of 8 prompts have their " \
+           "changed token there)." in finding("patching", s)
+    # the long prompts half of them: -30 reached by 4 of 8 is cited; by 3 it is not, -6 (8 prompts) is
+    s["top_sites"]["resid_pre"][4].update(n=4)
+    assert "position -30 from the end: 0.38" in finding("patching", s)
+    s["top_sites"]["resid_pre"][4].update(n=3)
+    s["top_sites"]["resid_pre"][5].update(n=3)
+    assert "position -6 from the end: 0.26 of the clean-corrupted gap" in finding("patching", s)  # 3.88 / 15.15
