@@ -263,8 +263,9 @@ def prompts_differ(a: Run, b: Run, name: str) -> str:
 
 def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     """Every setting that differs between the runs: model, task, seed, --quick, --n-examples, budget,
-    precision and device, the commit and package versions (manifest.json), and per analysis the task it ran on with its source,
-    its example count and what the budget changed (its section provenance, reports/provenance.py)."""
+    precision and device, the BOS headscope prepends, the commit and package versions (manifest.json), and per
+    analysis the task it ran on with its source, its example count and what the budget changed (its section
+    provenance, reports/provenance.py)."""
     ma, mb = a.manifest, b.manifest
     ca, cb = ma.get("config") or {}, mb.get("config") or {}
     rows = [("model", (ma.get("model") or {}).get("name"), (mb.get("model") or {}).get("name")),
@@ -274,6 +275,9 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
             ("budget (minutes)", ca.get("budget_minutes"), cb.get("budget_minutes")),
             # review 7 A6: a precision change alone moves rounding-level results (older manifests: not recorded)
             ("dtype", ca.get("dtype"), cb.get("dtype")), ("device", ca.get("device"), cb.get("device")),
+            # review 10b A1: a BOS headscope put in front of every prompt changes every absolute number
+            ("prepend_bos (--prepend-bos/--no-prepend-bos)", ca.get("prepend_bos"), cb.get("prepend_bos")),
+            ("BOS headscope prepends", ca.get("bos_added"), cb.get("bos_added")),
             ("commit", ma.get("git_sha"), mb.get("git_sha"))]
     va, vb = ma.get("versions") or {}, mb.get("versions") or {}
     if isinstance(va, dict) and isinstance(vb, dict):
