@@ -88,7 +88,7 @@ def budget_minutes(budget: float | None, quick: bool) -> float | None:
     return None if math.isinf(budget) else float(budget)
 
 
-def _bos_option(value: Any) -> str:
+def bos_option(value: Any) -> str:
     """load_model's prepend_bos as the command-line option that asks for it."""
     return {False: "--no-prepend-bos", True: "--prepend-bos"}.get(value, "default (prepended on decoders)")
 
@@ -118,7 +118,7 @@ def check_resume(out: Path, settings: dict) -> None:
             continue  # another model altogether (said already)
         if recorded.get(key) != settings.get(key):
             if key == "prepend_bos":  # None / True / False read as the options that set them
-                differ.append(f"BOS {_bos_option(recorded.get(key))} (now {_bos_option(settings.get(key))})")
+                differ.append(f"BOS {bos_option(recorded.get(key))} (now {bos_option(settings.get(key))})")
                 continue
             differ.append(label if key in ("task_sha256", "model_files") else
                           f"{label} {recorded.get(key)!r} (now {settings.get(key)!r})")
