@@ -643,6 +643,16 @@ def test_strict_is_an_option_of_report_and_every_analysis_subcommand():
         assert _parser().parse_args([command]).strict is False
 
 
+def test_the_bos_options_are_options_of_report_and_every_analysis_subcommand():
+    from headscope.cli import _parser
+
+    for command in ("report", *ANALYSES):
+        assert [_parser().parse_args([command, *flag]).prepend_bos for flag in ([], ["--no-prepend-bos"], ["--prepend-bos"])] \
+            == [None, False, True]
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["kv", "--prepend-bos", "--no-prepend-bos"])  # one or the other
+
+
 def test_strict_refuses_unknown_words_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, tiny_dirs):
     """A 40-row task file whose only unknown word ('zebra', not in the tiny word-level vocabulary) is in
     its last row, run on a 2-example sample: --strict checks every row, so `report` and `kv` exit 2
