@@ -252,9 +252,12 @@ class KVConfig(AnalysisConfig):
 
 def _added_bos_first(model, task: Task) -> str | None:
     """The BOS headscope put in front of every row where the tokenizer adds none (model.added_bos), else None:
-    the sink's "first token" is then a token the user's prompts do not have."""
+    the sink's "first token" is then a token the user's prompts do not have. None on zoo models, whose data
+    starts with <bos> as they were trained (their tasks write it; it is no token headscope adds)."""
+    from headscope.analyses.position.analysis import has_zoo_vocab
+
     added = model.added_bos() if hasattr(model, "added_bos") else None
-    if added is None:
+    if added is None or has_zoo_vocab(model.tokenizer):
         return None
     first = task.first_positions()  # [batch]
     ids = task.tokens[torch.arange(len(task)), first.to(task.tokens.device)]  # [batch]

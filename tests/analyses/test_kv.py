@@ -171,6 +171,10 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
 
     as_tokenized = HookedModel(model.bridge, model.tokenizer, model.facts, "test", prepend_bos=False)
     assert kv._added_bos_first(as_tokenized, task) is None  # --no-prepend-bos: a <bos> there is the user's own
+    from headscope.models.zoo.vocab import build_tokenizer
+
+    zoo = HookedModel(model.bridge, build_tokenizer(), model.facts, "test")  # zoo data start with <bos>, as trained
+    assert zoo.added_bos() == "<bos>" and zoo.tokenizer.bos_token_id == bos and kv._added_bos_first(zoo, task) is None
     figs = figures(result)
     assert set(figs) == {"kv_eviction", "kv_norms", "kv_sinks"}
     assert figs["kv_norms"].axes[0].get_ylim()[0] == 0 and "normalised" not in figs["kv_norms"].axes[0].get_title()
