@@ -292,8 +292,12 @@ class HookedModel(TLHabits):
     turns that off).
     """
 
-    def __init__(self, bridge: Any, tokenizer: Any, facts: ModelFacts, source: str) -> None:
+    def __init__(self, bridge: Any, tokenizer: Any, facts: ModelFacts, source: str, *,
+                 prepend_bos: bool | None = None) -> None:
         self.bridge = bridge
+        # the model-wide default of to_tokens(prepend_bos=None): None prepends on decoders (TransformerLens's
+        # habit), False runs prompts as the tokenizer tokenizes them, True prepends on encoders too
+        self.prepend_bos = prepend_bos
         self.tokenizer = tokenizer
         self.facts = facts
         self.source = source
@@ -327,7 +331,8 @@ class HookedModel(TLHabits):
                   padding: bool = False, strict: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Tokenise one string or a list of strings into [batch, pos] int64.
 
-        Decoders get the BOS token prepended when the tokenizer has one and did not add it.
+        Decoders get the BOS token prepended when the tokenizer has one and did not add it
+        (prepend_bos None: the model's `prepend_bos`, set by load_model; False: as the tokenizer gives them).
         Prompts of different token lengths need `padding=True`, which returns (tokens, attention_mask),
         both [batch, pos], the mask 1 on real tokens: decoders are padded on the left (every row ends at
         the last position; pass the mask to the model, which derives position ids from it), encoders
@@ -340,8 +345,7 @@ class HookedModel(TLHabits):
             raise ConfigError("to_tokens got an empty list of prompts; pass at least one string.")
         rows = [list(self.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in texts]  # unpadded
         bos = getattr(self.tokenizer, "bos_token_id", None)
-        if prepend_bos is None:
-            prepend_bos = not self.facts.is_encoder
+        prepend_bos = self.prepends_bos if prepend_bos is None else prepend_bos
         if prepend_bos and bos is not None and not all(r and r[0] == bos for r in rows):
             rows = [[bos, *r] for r in rows] if not padding else [r if r and r[0] == bos else [bos, *r] for r in rows]
         lengths = sorted({len(r) for r in rows})
@@ -367,6 +371,30 @@ class HookedModel(TLHabits):
             return torch.tensor(rows, dtype=torch.long).to(self.device)  # [batch, pos]
         ids, mask = pad_token_rows(rows, self.pad_id, left=not self.facts.is_encoder)
         return ids.to(self.device), mask.to(self.device)
+
+    @property
+    def prepends_bos(self) -> bool:
+        """Whether to_tokens prepends the BOS by default: the model's `prepend_bos`, or (None) decoders only."""
+        return (not self.facts.is_encoder) if self.prepend_bos is None else bool(self.prepend_bos)
+
+    def tokenizer_adds_bos(self) -> bool:
+        """Whether the tokenizer itself starts a text with its BOS (Llama's does; GPT-2's does not)."""
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        ids = list(self.tokenizer("a", add_special_tokens=True)["input_ids"])
+        return bos is not None and ids[:1] == [bos]
+
+    def bos_prefix(self) -> list[int]:
+        """The ids a decoder prompt assembled from plain pieces (add_special_tokens=False) starts with,
+        as to_tokens would give it: [bos] where to_tokens prepends it or the tokenizer adds it, else []."""
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        return [bos] if bos is not None and (self.prepends_bos or self.tokenizer_adds_bos()) else []
+
+    def added_bos(self) -> str | None:
+        """The BOS token's text where headscope prepends one that the tokenizer does not add (a decoder
+        such as GPT-2 under the default prepend_bos), else None: what the report header says."""
+        if self.facts.is_encoder or not self.prepends_bos or self.tokenizer_adds_bos():
+            return None
+        return getattr(self.tokenizer, "bos_token", None) if getattr(self.tokenizer, "bos_token_id", None) is not None else None
 
     @property
     def pad_id(self) -> int:

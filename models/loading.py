@@ -148,6 +148,7 @@ def load_model(
     device_map: str | dict | None = None,
     tokenizer: Any = None,
     check_tokenizer: bool = True,
+    prepend_bos: bool | None = None,
 ) -> HookedModel:
     """Load a model by spec (see module docstring) and wrap it as a HookedModel.
 
@@ -160,11 +161,16 @@ def load_model(
     its files. Files that cannot load (a truncated or corrupt safetensors file, pickle-only
     weights, no tokenizer) raise ModelFileError naming the file before anything loads
     (check_model_files); `trust_remote_code=True` warns that the model's own code may run.
+    `prepend_bos`: whether prompts get the tokenizer's BOS in front where it does not add it itself (None:
+    decoders do, as in TransformerLens; False: prompts run as the tokenizer tokenizes them); every task
+    and analysis on this model follows it (HookedModel.prepend_bos).
     """
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
 
     check_device(device)
+    if prepend_bos not in (None, True, False):
+        raise ConfigError(f"prepend_bos must be None, True or False, got {prepend_bos!r}.")
     from headscope.models import tracr
 
     if tracr.is_assembled(spec):  # a compiled Tracr model: written as a GPT-2 directory, then loaded as one
@@ -220,7 +226,7 @@ def load_model(
         check_round_trip(tokenizer, name, chosen=chosen)
     facts = facts_from_bridge(bridge, name=name)
     log.info("loaded %s from %s", name, location)
-    return HookedModel(bridge, tokenizer, facts, source=location)
+    return HookedModel(bridge, tokenizer, facts, source=location, prepend_bos=prepend_bos)
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",

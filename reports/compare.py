@@ -54,6 +54,7 @@ from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.patching_sites import share, tied
 from headscope.reports.provenance import provenance_lines
 from headscope.reports.render import escape
+from headscope.reports.resume_settings import bos_option
 
 
 def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
@@ -261,10 +262,16 @@ def prompts_differ(a: Run, b: Run, name: str) -> str:
             + f"), and {WHY.get(name, 'the prompts differ')}")
 
 
+def _bos_added(config: Mapping[str, Any]) -> str:
+    """The BOS headscope put in front of every prompt ("none"; "not recorded" in a manifest from before review 10b)."""
+    return "not recorded" if "bos_added" not in config else str(config["bos_added"] or "none")
+
+
 def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
     """Every setting that differs between the runs: model, task, seed, --quick, --n-examples, budget,
-    precision and device, the commit and package versions (manifest.json), and per analysis the task it ran on with its source,
-    its example count and what the budget changed (its section provenance, reports/provenance.py)."""
+    precision and device, the BOS headscope prepends, the commit and package versions (manifest.json), and per
+    analysis the task it ran on with its source, its example count and what the budget changed (its section
+    provenance, reports/provenance.py)."""
     ma, mb = a.manifest, b.manifest
     ca, cb = ma.get("config") or {}, mb.get("config") or {}
     rows = [("model", (ma.get("model") or {}).get("name"), (mb.get("model") or {}).get("name")),
@@ -274,6 +281,9 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
             ("budget (minutes)", ca.get("budget_minutes"), cb.get("budget_minutes")),
             # review 7 A6: a precision change alone moves rounding-level results (older manifests: not recorded)
             ("dtype", ca.get("dtype"), cb.get("dtype")), ("device", ca.get("device"), cb.get("device")),
+            # review 10b A1: a BOS headscope put in front of every prompt changes every absolute number
+            ("BOS option", bos_option(ca.get("prepend_bos")), bos_option(cb.get("prepend_bos"))),
+            ("BOS headscope prepends (the tokenizer adds none)", _bos_added(ca), _bos_added(cb)),
             ("commit", ma.get("git_sha"), mb.get("git_sha"))]
     va, vb = ma.get("versions") or {}, mb.get("versions") or {}
     if isinstance(va, dict) and isinstance(vb, dict):

@@ -17,7 +17,7 @@ import pandas as pd
 from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores, section_links
 from headscope.reports.findings import caption, finding
-from headscope.reports.provenance import provenance_html, provenance_markdown, section_provenance
+from headscope.reports.provenance import bos_sentence, provenance_html, provenance_markdown, section_provenance
 from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
 
 CSS = """
@@ -154,6 +154,7 @@ def _provenance(out: Path) -> dict[str, Any]:
         "model": model.get("name", ""), "source": model.get("source", ""), "task": config.get("task") or "default",
         "seed": manifest.get("seed", ""), "quick": config.get("quick", ""), "device": config.get("device", ""),
         "dtype": config.get("dtype") or "",
+        **({"BOS": bos} if (bos := bos_sentence(config)) else {}),
         "commit": manifest.get("git_sha") or "unknown",
         "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) if isinstance(versions, dict) else str(versions),
         "command": " ".join(map(str, command)) if isinstance(command, list) else str(command or ""),
@@ -306,13 +307,15 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     html = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{escape(title)}</h1><p>{escape(facts)}. Data: the CSV and JSON files beside this report (each "
+        f"<h1>{escape(title)}</h1><p>{escape(facts)}. {escape(info['BOS']) + ' ' if info.get('BOS') else ''}"
+        "Data: the CSV and JSON files beside this report (each "
         "section links its CSVs); "
         "provenance at the bottom and in manifest.json.</p>"
         + _toc_html(toc) + findings + "".join(sections) + _provenance_html(info)
         + "</body></html>"
     )
-    md = (f"# {md_escape(title)}\n\n{md_escape(facts)}\n\n" + _findings_markdown(names, status, texts) + "\n"
+    md = (f"# {md_escape(title)}\n\n{md_escape(facts)}" + (f". {md_escape(info['BOS'])}" if info.get("BOS") else "")
+          + "\n\n" + _findings_markdown(names, status, texts) + "\n"
           + "\n".join(md_sections) + "\n" + _provenance_markdown(info))
     io.write_text(out / "report.md", md)
     io.write_text(out / "report.html", html)

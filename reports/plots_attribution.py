@@ -25,9 +25,10 @@ from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, t_
 from headscope.reports.plots import axes, color_scale, label, laid_out
 
 # the scores table ranks every token but these two (analyses/attribution/analysis.py): the first is
-# BOS / [CLS] and the last the token that predicts (or [SEP]); the integrated-gradients baseline keeps
+# BOS / [CLS] (or, with no BOS in front, the prompt's own first token) and the last the token that predicts
+# (or [SEP]); the integrated-gradients baseline keeps
 # both, so IG cannot score them, and the first is usually the attention sink that would top attention's ranking
-SKIPPED = "first and last left out: BOS/[CLS] and the predicting token/[SEP]"
+SKIPPED = "first and last left out: BOS/[CLS] (else the prompt's first token) and the predicting token/[SEP]"
 NON_ATTENTION = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
 
@@ -259,7 +260,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
            "Box plots from 10 examples per box; with fewer, each example's tau as a dot and the mean (diamond) with its "
            "95% t interval, clipped to [-1, 1] as in the finding (an arrowhead marks an end where the interval runs past).",
     "token_heatmap": "One example: each method's share of importance per token (rows sum to 1 over the tokens "
-                     "shown). The first token (BOS / [CLS]) and the last (the one that predicts, or [SEP]) are not "
+                     "shown). The first token (the BOS or [CLS] where prompts start with one, else the prompt's own first "
+                     "token) and the last (the one that predicts, or [SEP]) are not "
                      "shown: the analysis leaves them out of every ranking, since the integrated-gradients baseline "
                      "keeps them (IG cannot score them) and the first is usually an attention sink, which would top "
                      "attention's ranking for a reason no other method shares. On a model whose last layer slides, hatched grey "

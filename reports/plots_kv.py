@@ -640,6 +640,11 @@ def finding(s: Mapping[str, Any]) -> str:
     sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"))  # the attention the first key receives
     if sinks:
         parts.append(sinks)
+        bos = s.get("first_token_added_bos")
+        if isinstance(bos, str) and bos:  # review 10b A1: not the model's own sink on the user's text
+            parts.append(f"The first token is {bos!r}, the BOS headscope put in front of every prompt (the tokenizer "
+                         "adds none; --no-prepend-bos leaves it out): the attention on it is on a token the prompts "
+                         "as tokenized do not have.")
     full = _num(s.get("metric_unevicted"))
     budgets = s.get("metric_per_policy_budget") or {}
     hold = s.get("holding_budgets")

@@ -6,7 +6,8 @@ used, which parts of the task it read and what it scored (its family's contract.
 the parts the task has that the analysis leaves unused and why, "metric" what it scores where the
 task's metric does not say it, e.g. on encoders), and ONE sample row decoded by the model's tokenizer
 with the parts it read only (prompt; answer; corrupted prompt and its answer), so a reader can see
-what a section ran on. At report time `section_provenance` reads it
+what a section ran on; "bos_added" names a BOS headscope put in front of it that the tokenizer does not
+add (the line reads "sample: '<|endoftext|>' + 'the prompt'"). At report time `section_provenance` reads it
 (falling back to the summary's "task" and "n_examples" for folders written before task.json
 existed) and `provenance_html` / `provenance_markdown` render it, every string escaped.
 """
@@ -39,6 +40,20 @@ def task_source(used: str) -> str:
     return used or "not recorded"
 
 
+def bos_sentence(config: Mapping[str, Any]) -> str:
+    """What the report header says of the BOS (review 10b A1), from the manifest's config: where headscope put a
+    BOS in front that the tokenizer does not add ("bos_added"), that it did and how to turn it off; under
+    --no-prepend-bos that prompts ran as tokenized; "" otherwise (the tokenizer adds its own BOS, an encoder, or
+    a manifest from before this was recorded)."""
+    added = config.get("bos_added")
+    if isinstance(added, str) and added:
+        return (f"Prompts run as `{added}` + your prompt: the tokenizer adds no BOS and headscope prepends its "
+                "bos_token, as TransformerLens does; --no-prepend-bos runs them as tokenized.")
+    if config.get("prepend_bos") is False:
+        return "Prompts run as the tokenizer tokenizes them (--no-prepend-bos: headscope puts no BOS in front)."
+    return ""
+
+
 def _decode(tokenizer: Any, ids: Any) -> str:
     """The row's text as the user wrote it: without the BOS token the task put in front (decoders), cut
     at SAMPLE_CHARS."""
@@ -48,6 +63,15 @@ def _decode(tokenizer: Any, ids: Any) -> str:
         ids = ids[1:]
     text = tokenizer.decode(ids)
     return text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
+
+
+def _starts_with_bos(model: Any, data: Any) -> bool:
+    """Whether the first row the analysis ran on (padding removed) starts with the tokenizer's BOS."""
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    if bos is None or data is None or isinstance(data, Exception):
+        return False
+    ids = data[1].tokens[0] if isinstance(data, tuple) else data.example(0).tokens[0]
+    return len(ids) > 0 and int(ids[0]) == bos
 
 
 def _has_corrupted(task: Any) -> bool:
@@ -135,6 +159,9 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     if not isinstance(record["n_examples"], int):
         record["n_examples"] = n
     record["sample"] = sample
+    added = model.added_bos() if hasattr(model, "added_bos") else None
+    if added and sample.get("prompt") is not None and _starts_with_bos(model, data):
+        record["bos_added"] = added  # review 10b A1: the sample shows the BOS headscope put in front
     fit = summary.get("shipped_text")
     if isinstance(fit, Mapping) and isinstance(fit.get("note"), str):  # the shipped sentences, split or unknown
         record["note"] = fit["note"]
@@ -248,7 +275,8 @@ def provenance_lines(record: Mapping[str, Any]) -> list[str]:
             lines.append(f"{key}: {record[key]}")
     sample = record.get("sample") or {}
     if sample.get("prompt") is not None:
-        text = f"sample: {sample['prompt']!r}"
+        bos = record.get("bos_added")  # a BOS headscope put in front (the tokenizer adds none): shown, not hidden
+        text = f"sample: {bos!r} + {sample['prompt']!r}" if isinstance(bos, str) and bos else f"sample: {sample['prompt']!r}"
         if sample.get("answer") is not None:
             text += f" -> {sample['answer']!r}"
         if sample.get("corrupted_prompt") is not None:

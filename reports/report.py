@@ -216,6 +216,7 @@ class ReportOptions:
     strict: bool = False
     budget: float | None = None
     substitute: bool = True
+    prepend_bos: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,8 @@ def build_report(model: Any = None, **options: Any) -> Path:
     before any analysis with a TokenizationError, instead of a TokenizationWarning. `budget`: minutes
     for the analyses (None: 10, 3 with quick; inf: none): each analysis's cost is estimated before it
     runs and its sweeps shrink to fit (analyses/core/budget.py); its summary["budget"] says what changed.
+    `prepend_bos` goes to load_model (False: prompts run as the tokenizer tokenizes them, no BOS put in front
+    of a decoder's prompt by headscope; None: TransformerLens's habit, a BOS on decoders).
     `substitute`: an analysis that cannot use the given task runs on its own default task, saying so
     (False: a TaskError with the reason, before any analysis runs; the single-analysis commands).
 
@@ -269,6 +272,8 @@ def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
 
     check_shared(seed=o.seed, n_examples=o.n_examples)  # bad numbers: one line, before any file or work
     budget_minutes(o.budget, o.quick)
+    if o.prepend_bos not in (None, True, False):
+        raise ConfigError(f"prepend_bos must be None, True or False, got {o.prepend_bos!r}.")
     names = parse_analyses(o.analyses)
     task, task_rows = o.task, None
     if task is not None and Path(task).suffix:
@@ -285,7 +290,8 @@ def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
     return RunSettings(names=names, task=task, task_rows=task_rows, seed=o.seed, quick=o.quick, n_examples=o.n_examples,
                        progress=o.progress, command=o.command, main=main, budget=o.budget,
                        minutes=budget_minutes(o.budget, o.quick), substitute=o.substitute,
-                       dtype=None if o.dtype is None else str(resolve_dtype(o.dtype)).removeprefix("torch."))
+                       dtype=None if o.dtype is None else str(resolve_dtype(o.dtype)).removeprefix("torch."),
+                       prepend_bos=getattr(model, "prepend_bos", None) if o.prepend_bos is None else o.prepend_bos)
 
 
 def run_report(model: Any, options: ReportOptions) -> ReportRun:
@@ -300,17 +306,20 @@ def run_report(model: Any, options: ReportOptions) -> ReportRun:
     dtype = resolve_dtype(o.dtype)
     if dtype is not None and isinstance(model, HookedModel):
         raise ConfigError("dtype is for a model the report loads; cast a loaded model with load_model(..., dtype=...).")
+    if o.prepend_bos is not None and isinstance(model, HookedModel):
+        raise ConfigError("prepend_bos is for a model the report loads; load it with load_model(..., prepend_bos=...).")
     distributed.init_from_env(model.device if isinstance(model, HookedModel) else o.device)
     run = _checked_settings(model, o, distributed.is_main())
     settings = run_settings(model, run.names, run.task, seed=o.seed, quick=o.quick, n_examples=o.n_examples, budget=o.budget,
-                            dtype=run.dtype)
+                            dtype=run.dtype, prepend_bos=run.prepend_bos)
     session: OutputSession | None = None
     out, mode = o.out, None
     if out is not None:  # locked and checked before the model loads: a refusal costs nothing
         out, session, mode = _open_output(Path(out), force=o.force, resume=o.resume, main=run.main, settings=settings)
     try:
         if not isinstance(model, HookedModel):
-            model = load_model(model, device=o.device, dtype=dtype, trust_remote_code=o.trust_remote_code)
+            model = load_model(model, device=o.device, dtype=dtype, trust_remote_code=o.trust_remote_code,
+                               prepend_bos=o.prepend_bos)
         if out is None:
             out, session, mode = _open_output(default_out(model.name), force=o.force, resume=o.resume, main=run.main)
         failures = _run(model, out, session, mode, run)
@@ -351,6 +360,7 @@ class RunSettings:
     minutes: float | None = None
     substitute: bool = True
     dtype: str | None = None  # the requested precision's name (None: the checkpoint's)
+    prepend_bos: bool | None = None  # load_model's prepend_bos (None: a BOS on decoders, as TransformerLens)
 
     @property
     def common(self) -> dict[str, Any]:
@@ -450,12 +460,14 @@ class _Writer:
         for name in kept:
             session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
         settings = run_settings(model, names, run.task, seed=run.seed, quick=run.quick, n_examples=run.n_examples,
-                                budget=run.budget, dtype=run.dtype)
+                                budget=run.budget, dtype=run.dtype, prepend_bos=run.prepend_bos)
         old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
         settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
         config_info = {"analyses": report_names, "task": run.task, "quick": run.quick, "n_examples": run.n_examples,
                        "budget_minutes": run.minutes, "strict": bool(getattr(run.task, "strict", False)),
-                       "device": str(model.device), "dtype": _dtype_name(model), "settings": settings}
+                       "device": str(model.device), "dtype": _dtype_name(model), "prepend_bos": model.prepend_bos,
+                       # review 10b A1: a BOS headscope puts in front that the tokenizer does not add (the header says it)
+                       "bos_added": model.added_bos(), "settings": settings}
         model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()},
                       # review 8 C2: parallel blocks change what "mlp1" reads; the header says so
                       "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks),

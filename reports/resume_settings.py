@@ -42,11 +42,12 @@ def damaged_analyses(root: Path, files: Mapping[str, str]) -> dict[str, str]:
 
 
 def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quick: bool, n_examples: int | None,
-                 budget: float | None = None, dtype: str | None = None) -> dict:
+                 budget: float | None = None, dtype: str | None = None, prepend_bos: bool | None = None) -> dict:
     """What a --resume must match (the manifest's config "settings"): the model's source and files
     (models/fingerprint.py: new weights saved over the same folder are another model), the task
     (a task file by its bytes, field mapping and strictness, not its path), seed, quick, n_examples, the
-    requested dtype (None: the checkpoint's), the headscope version and each analysis's config. `model` is a
+    requested dtype (None: the checkpoint's), load_model's prepend_bos (None: TransformerLens's habit), the
+    headscope version and each analysis's config. `model` is a
     HookedModel or a load_model spec."""
     import json
 
@@ -67,7 +68,8 @@ def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quic
         "task_fields": dict(getattr(task, "fields", None) or {}),
         "task_sha256": (getattr(task, "sha256", None) or sha256(Path(task))) if is_file else None,
         "strict": bool(getattr(task, "strict", False)), "seed": seed, "quick": quick, "n_examples": n_examples,
-        "budget_minutes": budget_minutes(budget, quick), "dtype": dtype, "headscope": __version__,
+        "budget_minutes": budget_minutes(budget, quick), "dtype": dtype, "prepend_bos": prepend_bos,
+        "headscope": __version__,
         "analysis_configs": configs,
     }
 
@@ -84,6 +86,11 @@ def budget_minutes(budget: float | None, quick: bool) -> float | None:
     if not budget > 0:
         raise ConfigError(f"--budget is in minutes and must be positive (inf: no budget), got {budget:g}.")
     return None if math.isinf(budget) else float(budget)
+
+
+def bos_option(value: Any) -> str:
+    """load_model's prepend_bos as the command-line option that asks for it."""
+    return {False: "--no-prepend-bos", True: "--prepend-bos"}.get(value, "default (prepended on decoders)")
 
 
 def check_resume(out: Path, settings: dict) -> None:
@@ -103,12 +110,16 @@ def check_resume(out: Path, settings: dict) -> None:
     for key, label in (("model_source", "model"), ("model_files", "model files (weights, config or tokenizer changed)"),
                        ("task", "task"), ("task_sha256", "task file contents"), ("task_fields", "task fields"),
                        ("seed", "seed"), ("quick", "--quick"), ("n_examples", "--n-examples"),
-                       ("budget_minutes", "--budget"), ("headscope", "headscope version")):
+                       ("budget_minutes", "--budget"), ("prepend_bos", "--prepend-bos/--no-prepend-bos"),
+                       ("headscope", "headscope version")):
         if key == "task" and recorded.get("task_sha256") and settings.get("task_sha256"):
             continue  # a task file is its bytes (compared next), wherever it lies now
         if key == "model_files" and differ:
             continue  # another model altogether (said already)
         if recorded.get(key) != settings.get(key):
+            if key == "prepend_bos":  # None / True / False read as the options that set them
+                differ.append(f"BOS {bos_option(recorded.get(key))} (now {bos_option(settings.get(key))})")
+                continue
             differ.append(label if key in ("task_sha256", "model_files") else
                           f"{label} {recorded.get(key)!r} (now {settings.get(key)!r})")
     old_configs = recorded.get("analysis_configs") or {}

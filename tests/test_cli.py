@@ -643,6 +643,16 @@ def test_strict_is_an_option_of_report_and_every_analysis_subcommand():
         assert _parser().parse_args([command]).strict is False
 
 
+def test_the_bos_options_are_options_of_report_and_every_analysis_subcommand():
+    from headscope.cli import _parser
+
+    for command in ("report", *ANALYSES):
+        assert [_parser().parse_args([command, *flag]).prepend_bos for flag in ([], ["--no-prepend-bos"], ["--prepend-bos"])] \
+            == [None, False, True]
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["kv", "--prepend-bos", "--no-prepend-bos"])  # one or the other
+
+
 def test_strict_refuses_unknown_words_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, tiny_dirs):
     """A 40-row task file whose only unknown word ('zebra', not in the tiny word-level vocabulary) is in
     its last row, run on a 2-example sample: --strict checks every row, so `report` and `kv` exit 2
@@ -728,3 +738,39 @@ def test_dtype_runs_the_report_in_that_precision_and_says_so(tmp_path, monkeypat
     assert "d_model " in page and ", run in bfloat16 on cpu." in page  # review 7 A6: in the header, not only at the end
     assert ", run in bfloat16 on cpu" in (out / "report.md").read_text()
     assert "parallel blocks" not in page  # the zoo Llama is sequential (review 8 C2: only parallel blocks say it)
+
+
+def test_no_prepend_bos_runs_the_prompts_as_tokenized_and_every_page_says_which(tmp_path, tiny_dirs, monkeypatch, capsys):
+    """Review 10b A1 / C3, 10a C1: the tiny word-level tokenizer adds no BOS (like GPT-2's). `kv --no-prepend-bos`
+    records the choice (manifest, resume settings), its header says the prompts ran as tokenized and its sample shows
+    no BOS; --resume without the option is refused in one line; the default run's header says headscope put `<bos>`
+    in front; compare names the difference."""
+    from headscope.cli import main
+    from headscope.reports.compare import Run, settings_notes
+
+    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": f" w{i + 10}"} for i in range(1, 5)]
+    task = tmp_path / "four.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = ["-q", "--quick", "--device", "cpu", "--model", str(tiny_dirs["gpt2"]), "--task", str(task)]
+    fake_analyses(monkeypatch)  # the header and each section's sample (the task as loaded) need no analysis
+    plain = tmp_path / "plain"
+    cli("kv", *run, "--no-prepend-bos", "--out", str(plain))
+    config = json.loads((plain / "manifest.json").read_text())["config"]
+    assert config["prepend_bos"] is False and config["settings"]["prepend_bos"] is False and config["bos_added"] is None
+    page = (plain / "report.html").read_text()
+    assert ("on cpu. Prompts run as the tokenizer tokenizes them (--no-prepend-bos: headscope puts no BOS in front). "
+            "Data:") in page
+    assert "sample: &#x27;w1 w2 w3&#x27; -&gt; &#x27;w11&#x27;" in page and "&lt;bos&gt;" not in page
+    capsys.readouterr()
+    assert main(["kv", *run, "--out", str(plain), "--resume"]) == 2
+    line = in_process_error(capsys)
+    assert "BOS --no-prepend-bos (now default (prepended on decoders))" in line, line
+    default = tmp_path / "default"
+    assert main(["kv", *run, "--out", str(default)]) == 0
+    page = (default / "report.html").read_text()
+    assert ("on cpu. Prompts run as `&lt;bos&gt;` + your prompt: the tokenizer adds no BOS and headscope prepends its "
+            "bos_token, as TransformerLens does; --no-prepend-bos runs them as tokenized. Data:") in page
+    assert "sample: &#x27;&lt;bos&gt;&#x27; + &#x27;w1 w2 w3&#x27; -&gt; &#x27;w11&#x27;" in page
+    notes = settings_notes(Run(default), Run(plain), [])
+    assert "BOS option: A default (prepended on decoders), B --no-prepend-bos." in notes
+    assert "BOS headscope prepends (the tokenizer adds none): A <bos>, B none." in notes

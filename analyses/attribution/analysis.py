@@ -5,7 +5,8 @@ attention (per layer and head, the head mean per layer, the last layer), attenti
 saliency, gradient x input and integrated gradients (Captum, on the token embeddings), and
 leave-one-out (the output change when the token is removed). It then ranks the tokens by each
 method and measures agreement with Kendall's tau, leaving out the first and last tokens (BOS /
-[CLS] and the query token / [SEP]); and it permutes the attention weights of one layer to see
+[CLS], or the prompt's own first token where none was put in front, and the query token /
+[SEP]); and it permutes the attention weights of one layer to see
 how much the output depends on them.
 
 Decoders: the prediction is the next token at the last position; gradients differentiate the

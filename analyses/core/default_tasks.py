@@ -67,9 +67,12 @@ def repeated_random_tokens(model, length: int, n: int, seed: int = 0) -> torch.T
     gen = torch.Generator().manual_seed(seed)
     seq = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:length]] for _ in range(n)])  # [n, length]
     tokens = torch.cat([seq, seq], dim=1)  # [n, 2 * length]
-    prefix = getattr(tok, "bos_token_id", None) if not model.facts.is_encoder else getattr(tok, "cls_token_id", None)
-    if prefix is not None:
-        tokens = torch.cat([torch.full((n, 1), prefix), tokens], dim=1)
+    # decoders: the BOS as to_tokens would put it (model.bos_prefix: none under prepend_bos=False when the
+    # tokenizer adds none); encoders: [CLS]
+    cls = getattr(tok, "cls_token_id", None)
+    prefix = model.bos_prefix() if not model.facts.is_encoder else ([cls] if cls is not None else [])
+    if prefix:
+        tokens = torch.cat([torch.full((n, 1), prefix[0]), tokens], dim=1)
     return tokens
 
 
@@ -119,8 +122,9 @@ def single_token_names(model) -> dict[str, int]:
 
 
 def _with_bos(model, ids: list[int]) -> list[int]:
-    bos = getattr(model.tokenizer, "bos_token_id", None)
-    return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else ids
+    """ids with the BOS in front as to_tokens would give them (model.bos_prefix; none to add where they start with it)."""
+    prefix = model.bos_prefix()
+    return [*prefix, *ids] if prefix and (not ids or ids[0] != prefix[0]) else ids
 
 
 def ioi_task(model, n_examples: int = 64, seed: int = 0) -> Task:

@@ -264,7 +264,7 @@ def sentence_task(model, sentences: Sequence[str] | None = None, *, n_examples: 
                   seed: int | None = None) -> Task:
     """Sentences as a padded Task (the shipped set when None; seed: a seeded order; n_examples: the
     first n). Encoders (right-padded): the cosine metric over whole sentences (pooled embedding vs the
-    unmodified model's). Decoders (left-padded, BOS added): each sentence without its last token is
+    unmodified model's). Decoders (left-padded, BOS added as to_tokens adds it): each sentence without its last token is
     the prompt and that token the answer (log-probability)."""
     sentences = list(shipped_sentences() if sentences is None else sentences)
     if seed is not None:
@@ -281,9 +281,10 @@ def sentence_task(model, sentences: Sequence[str] | None = None, *, n_examples: 
     answers = None
     if not model.facts.is_encoder:
         bos = tok.bos_token_id
-        rows = [[bos] + r if bos is not None and (not r or r[0] != bos) else r for r in rows]
+        if model.prepends_bos:  # as to_tokens does (load_model's prepend_bos=False: as the tokenizer gives them)
+            rows = [[bos] + r if bos is not None and (not r or r[0] != bos) else r for r in rows]
         if min(len(r) for r in rows) < 2:
-            raise TaskError("Every sentence needs at least one token besides BOS to serve as the answer.")
+            raise TaskError("Every sentence needs at least one token besides any BOS to serve as the answer, and one before it.")
         answers = torch.tensor([r[-1] for r in rows])  # [batch]
         rows = [r[:-1] for r in rows]
     ids, mask = pad_token_rows(rows, pad_id_of(tok), left=not model.facts.is_encoder)  # [batch, pos] each

@@ -250,6 +250,20 @@ class KVConfig(AnalysisConfig):
     contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table
 
 
+def _added_bos_first(model, task: Task) -> str | None:
+    """The BOS headscope put in front of every row where the tokenizer adds none (model.added_bos), else None:
+    the sink's "first token" is then a token the user's prompts do not have. None on zoo models, whose data
+    starts with <bos> as they were trained (their tasks write it; it is no token headscope adds)."""
+    from headscope.analyses.position.analysis import has_zoo_vocab
+
+    added = model.added_bos() if hasattr(model, "added_bos") else None
+    if added is None or has_zoo_vocab(model.tokenizer):
+        return None
+    first = task.first_positions()  # [batch]
+    ids = task.tokens[torch.arange(len(task)), first.to(task.tokens.device)]  # [batch]
+    return added if bool((ids == model.tokenizer.bos_token_id).all()) else None
+
+
 def default_task(model, task=None, config: KVConfig | None = None) -> Task:
     """The Task kv_analysis runs on: `task` resolved (a Task, zoo task name or the user's data), else
     the zoo "kv" task, else (other models) the shipped sentences cut to one length."""
@@ -314,6 +328,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "keys_normalised": key_norm is not None and len(key_norm["layers"]) == model.facts.n_layers,
         "key_norm": key_norm,
         "task": task.name,
+        # review 10b A1: the first key is a BOS headscope put in front (the tokenizer adds none), on every row
+        "first_token_added_bos": _added_bos_first(model, task),
     }
     return Result(name="kv", df=sweep, summary=summary,
                   tables={"anatomy": anatomy_table(anatomy, config.contexts), "norms": norms, "sinks": sink_table},

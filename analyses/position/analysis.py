@@ -137,7 +137,8 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
     """The default sweeps of `config.sweep` for this model's tokenizer."""
     task, tok, cfg = sweep_kind(model, config.sweep), model.tokenizer, config
     n_examples = cfg.examples(32, 8)
-    common = dict(positions=cfg.positions, seed=cfg.seed, query_aware=cfg.query_aware)
+    common = dict(positions=cfg.positions, seed=cfg.seed, query_aware=cfg.query_aware,
+                  prepend_bos=model.prepends_bos)  # the BOS as to_tokens would put it
     if task == "zoo_kv":
         return prompts.zoo_kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=n_examples, **common)
     if task == "json_kv":

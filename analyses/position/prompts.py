@@ -126,11 +126,13 @@ def item_sweep(
     answers: Sequence[str] = (),
     encoder: bool = False,
     query: str | None = None,
+    prepend_bos: bool = True,
 ) -> PositionSweep:
     """Render `gold` at each slot among the distractor `items` (kept in their order).
 
     Layout: specials, head, then for slot i = 1..n: slot_label(i), item, sep (not after the last),
-    then tail. Each piece is tokenized on its own; decoders get the tokenizer's BOS in front.
+    then tail. Each piece is tokenized on its own; decoders get the tokenizer's BOS in front (prepend_bos=False:
+    only where the tokenizer adds it itself, as to_tokens under load_model(..., prepend_bos=False)).
     `answer` is the continuation scored by teacher forcing; `answers` the strings accepted by
     accuracy (default: the answer stripped of spaces and quotes).
     """
@@ -140,7 +142,7 @@ def item_sweep(
     bos = getattr(tokenizer, "bos_token_id", None)
     if not encoder:
         suffix = []
-        if bos is not None and prefix[:1] != [bos]:
+        if prepend_bos and bos is not None and prefix[:1] != [bos]:
             prefix = [bos, *prefix]
     head_ids, tail_ids, sep_ids = encode(tokenizer, head), encode(tokenizer, tail), encode(tokenizer, sep)
     labels = [encode(tokenizer, slot_label(i + 1)) if slot_label else [] for i in range(n_items)]
@@ -190,7 +192,7 @@ def _assemble(grid: tuple[int, ...], head: list[int], labels: Sequence[list[int]
 # --------------------------------------------------------------------------- zoo kv
 def zoo_kv_sweeps(
     tokenizer: Any, *, n_pairs: int = 20, n_examples: int = 16, seed: int = 0,
-    positions: Sequence[int] | None = None, query_aware: bool = False,
+    positions: Sequence[int] | None = None, query_aware: bool = False, prepend_bos: bool = True,
 ) -> list[PositionSweep]:
     """The zoo's kv task at every gold position: `<bos> k v ; ... ; k v ; kq` -> vq.
 
@@ -210,7 +212,7 @@ def zoo_kv_sweeps(
         sweeps.append(item_sweep(
             tokenizer, items=[*pairs[:q], *pairs[q + 1:]], gold=pairs[q], positions=positions,
             head=key if query_aware else "", sep=data.vocab.SEP, tail=f"{data.vocab.SEP} {key}",
-            answer=ex.answer, answers=(ex.answer,),
+            answer=ex.answer, answers=(ex.answer,), prepend_bos=prepend_bos,
         ))
     return sweeps
 
@@ -247,7 +249,7 @@ def kv_prompt_parts(key: str, query_aware: bool, instruction: bool = True) -> tu
 def kv_sweeps(
     tokenizer: Any, *, n_pairs: int = 20, n_examples: int = 16, seed: int = 0,
     positions: Sequence[int] | None = None, query_aware: bool = False, key_chars: int | None = None,
-    instruction: bool = True,
+    instruction: bool = True, prepend_bos: bool = True,
 ) -> list[PositionSweep]:
     """Liu et al.'s synthetic key-value retrieval over k UUID pairs, for any tokenizer (key_chars: hex
     keys and values of that many digits instead; instruction=False: without the instruction line)."""
@@ -263,7 +265,7 @@ def kv_sweeps(
         try:
             sweeps.append(item_sweep(
                 tokenizer, items=[*records[:g], *records[g + 1:]], gold=records[g], positions=positions,
-                head=head, tail=tail, sep=",\n", answer=f' "{value}"', answers=(value,),
+                head=head, tail=tail, sep=",\n", answer=f' "{value}"', answers=(value,), prepend_bos=prepend_bos,
             ))
         except ConfigError as err:  # the text is headscope's own (UUIDs it drew): say whose data it is
             raise ConfigError(f"position's json_kv data (Liu et al.'s key-value prompt, with UUID keys headscope "
@@ -284,14 +286,14 @@ def sweep_tokens(sweeps: Sequence[PositionSweep], extra_new_tokens: int = 8) -> 
 
 def fit_kv_sweeps(
     tokenizer: Any, n_ctx: int, *, max_pairs: int = 20, n_examples: int = 16, seed: int = 0,
-    positions: Sequence[int] | None = None, query_aware: bool = False, extra_new_tokens: int = 8,
+    positions: Sequence[int] | None = None, query_aware: bool = False, extra_new_tokens: int = 8, prepend_bos: bool = True,
 ) -> list[PositionSweep]:
     """kv_sweeps with the most pairs (up to max_pairs) whose prompts, answers and greedy decoding fit
     n_ctx, in the first of KV_FORMATS where MIN_FIT_PAIRS pairs fit (UUIDs with the instruction for
     any usual context; shorter hex keys, then no instruction line, for small ones)."""
     def build(n: int, key_chars: int | None, instruction: bool) -> list[PositionSweep]:
         return kv_sweeps(tokenizer, n_pairs=n, n_examples=n_examples, seed=seed, positions=positions,
-                         query_aware=query_aware, key_chars=key_chars, instruction=instruction)
+                         query_aware=query_aware, key_chars=key_chars, instruction=instruction, prepend_bos=prepend_bos)
 
     for i, (key_chars, instruction) in enumerate(KV_FORMATS):
         floor = min(max_pairs, 2 if i == len(KV_FORMATS) - 1 else MIN_FIT_PAIRS)
@@ -375,7 +377,7 @@ def vocab_words(tokenizer: Any, d_vocab: int | None = None, limit: int = 64) -> 
 
 def word_kv_sweeps(
     tokenizer: Any, words: Sequence[tuple[str, int]], *, n_pairs: int = 20, n_examples: int = 16, seed: int = 0,
-    positions: Sequence[int] | None = None, query_aware: bool = False,
+    positions: Sequence[int] | None = None, query_aware: bool = False, prepend_bos: bool = True,
 ) -> list[PositionSweep]:
     """Key-value retrieval in the zoo's kv format over the tokenizer's own words (`vocab_words`): `<bos> k v ; k v
     ; ... ; kq` -> vq, keys and values 2 x n_pairs distinct words drawn per example, the pairs separated by the
@@ -390,7 +392,7 @@ def word_kv_sweeps(
         raise ConfigError(f"key-value retrieval over the tokenizer's words needs 2 x n_pairs distinct one-token words; "
                           f"it has {len(pool)} for n_pairs {n_pairs}.")
     bos = getattr(tokenizer, "bos_token_id", None)
-    prefix = [bos] if bos is not None else []
+    prefix = [bos] if bos is not None and (prepend_bos or special_affixes(tokenizer)[0][:1] == [bos]) else []
     rng = np.random.default_rng([seed, 76])
     sweeps = []
     for _ in range(n_examples):
@@ -446,7 +448,7 @@ def _has_answer(doc: Mapping[str, str], answers: Sequence[str]) -> bool:
 
 def qa_sweeps(
     tokenizer: Any, records: Sequence[Mapping[str, Any]], *, n_docs: int = 10, seed: int = 0,
-    positions: Sequence[int] | None = None, query_aware: bool = False,
+    positions: Sequence[int] | None = None, query_aware: bool = False, prepend_bos: bool = True,
 ) -> list[PositionSweep]:
     """Multi-document QA: the gold document among n_docs - 1 distractors, at each slot.
 
@@ -476,7 +478,7 @@ def qa_sweeps(
             tokenizer, items=[f"(Title: {d['title']}) {d['text']}" for d in distractors],
             gold=f"(Title: {r['gold_document']['title']}) {r['gold_document']['text']}",
             positions=positions, head=head, tail=f"\n\n{question}\nAnswer:", sep="\n",
-            slot_label=lambda i: f"Document [{i}]", answer=f" {answers[0]}", answers=answers,
+            slot_label=lambda i: f"Document [{i}]", answer=f" {answers[0]}", answers=answers, prepend_bos=prepend_bos,
         ))
     return sweeps
 

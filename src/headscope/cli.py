@@ -88,6 +88,13 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=None, metavar="MINUTES",
                    help="time for the analyses: each one's cost is estimated before it runs and its sweeps shrink to fit "
                         "(default: 10 minutes, 3 with --quick; inf: no budget); each summary records what changed")
+    bos = p.add_mutually_exclusive_group()
+    bos.add_argument("--no-prepend-bos", dest="prepend_bos", action="store_false", default=None,
+                     help="run prompts as the tokenizer tokenizes them: no BOS put in front of a decoder's prompt where "
+                          "the tokenizer adds none (default: headscope prepends the tokenizer's bos_token, as "
+                          "TransformerLens does; the report header says so)")
+    bos.add_argument("--prepend-bos", dest="prepend_bos", action="store_true", default=None,
+                     help="put the tokenizer's bos_token in front of every prompt that does not start with it (encoders too)")
     p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars, only warnings")
     _trust_option(p)
 
@@ -192,7 +199,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             quick=args.quick, n_examples=args.n_examples, device=args.device, dtype=args.dtype, force=args.force,
             resume=args.resume,
             progress=not args.quiet, command=["headscope", *sys.argv[1:]], trust_remote_code=args.trust_remote_code,
-            strict=args.strict, budget=args.budget, substitute=args.command == "report",
+            strict=args.strict, budget=args.budget, substitute=args.command == "report", prepend_bos=args.prepend_bos,
         ))
     except RunFailedError as err:  # --force and an analysis failed: the old output is unchanged
         if os.environ.get("RANK", "0") == "0":

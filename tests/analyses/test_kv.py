@@ -161,6 +161,20 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     from headscope.reports.plots_kv import figures, finding
 
     assert "The first key's norm is" in finding(s) and "normalised" not in finding(s)
+    # review 10b A1: the first key is the <bos> headscope puts in front (the word tokenizer adds none): said
+    bos = model.tokenizer.bos_token_id
+    assert int(task.tokens[0, 0]) == bos and model.tokenizer("w1")["input_ids"][0] != bos
+    assert s["first_token_added_bos"] == "<bos>"
+    assert "The first token is '<bos>', the BOS headscope put in front of every prompt" in finding(s)
+    assert "The first token is" not in finding({**s, "first_token_added_bos": None})
+    from headscope.models import HookedModel
+
+    as_tokenized = HookedModel(model.bridge, model.tokenizer, model.facts, "test", prepend_bos=False)
+    assert kv._added_bos_first(as_tokenized, task) is None  # --no-prepend-bos: a <bos> there is the user's own
+    from headscope.models.zoo.vocab import build_tokenizer
+
+    zoo = HookedModel(model.bridge, build_tokenizer(), model.facts, "test")  # zoo data start with <bos>, as trained
+    assert zoo.added_bos() == "<bos>" and zoo.tokenizer.bos_token_id == bos and kv._added_bos_first(zoo, task) is None
     figs = figures(result)
     assert set(figs) == {"kv_eviction", "kv_norms", "kv_sinks"}
     assert figs["kv_norms"].axes[0].get_ylim()[0] == 0 and "normalised" not in figs["kv_norms"].axes[0].get_title()

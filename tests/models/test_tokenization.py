@@ -206,3 +206,43 @@ def test_results_and_the_explorer_label_tokens_as_text(arch_models):
     config = hs.AttributionConfig(n_steps=2, ig_max_steps=2, n_permutations=2, adversarial_steps=0)
     scores = hs.attribution(model, task, config).tables["scores"]
     assert set(scores.token) <= set(want) and {" and", " the", " to"} <= set(scores.token)
+
+
+def test_prepend_bos_false_runs_prompts_as_the_tokenizer_tokenizes_them(tiny_dirs, tiny_models):
+    """Review 10b A1: a decoder whose tokenizer adds no BOS (the word-level one here, like GPT-2's) gets the
+    tokenizer's own ids from to_tokens, hs.load_task and the default task builders under
+    load_model(..., prepend_bos=False); the default keeps TransformerLens's habit (the BOS in front), and a
+    tokenizer that adds its own BOS keeps it either way."""
+    from transformers import AutoTokenizer
+
+    from headscope.analyses.core import default_tasks
+    from headscope.analyses.position.analysis import PositionConfig, build_sweeps
+    from headscope.errors import ConfigError
+    from headscope.models import HookedModel
+    from headscope.models.zoo.vocab import build_tokenizer as zoo_tokenizer
+    from tests_support import byte_fallback_bpe
+
+    plain = AutoTokenizer.from_pretrained(tiny_dirs["gpt2"])  # the checkpoint's tokenizer, straight from HF
+    own, bos = plain("w1 w2 w3 w4")["input_ids"], plain.bos_token_id
+    assert bos is not None and own[0] != bos  # it adds no BOS
+    model = hs.load_model(tiny_dirs["gpt2"], device="cpu", prepend_bos=False)
+    assert model.to_tokens("w1 w2 w3 w4")[0].tolist() == own
+    assert model.to_tokens("w1 w2 w3 w4", prepend_bos=True)[0].tolist() == [bos, *own]  # the call's own choice wins
+    assert tiny_models["gpt2"].to_tokens("w1 w2 w3 w4")[0].tolist() == [bos, *own]  # the default, as TransformerLens
+    assert model.added_bos() is None and tiny_models["gpt2"].added_bos() == "<bos>"
+    task = hs.load_task(model, [{"prompt": "w1 w2 w3 w4", "answer": " w5"}, {"prompt": "w6 w7", "answer": " w8"}])
+    assert task.example(0).tokens[0].tolist() == own
+    assert tasks.sentence_task(model, ["w1 w2 w3 w4 w9"]).tokens[0].tolist() == own  # the last word is the answer
+    repeat = default_tasks.repeated_tokens_task(model, n_examples=2, length=4).tokens  # [2, 4 + 2]: x x[:2], no BOS
+    assert repeat.shape == (2, 6) and (repeat[:, :2] == repeat[:, 4:]).all() and (repeat != bos).all()
+    config = PositionConfig.preset(quick=True, n_examples=1, sweep="zoo_kv", n_items=3)  # its words: tokenized pieces
+    zoo = HookedModel(model.bridge, zoo_tokenizer(), model.facts, "test", prepend_bos=False)
+    assert int(build_sweeps(zoo, config)[0].tokens[0, 0]) != zoo.tokenizer.bos_token_id
+    zoo.prepend_bos = None
+    assert int(build_sweeps(zoo, config)[0].tokens[0, 0]) == zoo.tokenizer.bos_token_id
+    with pytest.raises(ConfigError, match="prepend_bos must be None, True or False"):
+        hs.load_model(tiny_dirs["gpt2"], device="cpu", prepend_bos="no")
+    adds = byte_fallback_bpe()  # Llama-style: its post-processor puts <s> first itself
+    llama = HookedModel(tiny_models["llama"].bridge, adds, tiny_models["llama"].facts, "test", prepend_bos=False)
+    assert llama.to_tokens("the cat sat")[0].tolist() == adds("the cat sat")["input_ids"]
+    assert llama.added_bos() is None and llama.bos_prefix() == [adds.bos_token_id]
