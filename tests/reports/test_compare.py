@@ -863,6 +863,19 @@ def test_compare_uses_integrated_gradients_by_the_reports_own_rule(tmp_path):
                   "examples vs 2 converged examples: intervals of other widths)."]
 
 
+def test_compare_leaves_out_leave_one_out_where_its_report_does(tmp_path):
+    """Review 10a A1: where most leave-one-out scores are within one bfloat16 rounding step (loo_rounding), its report
+    states no leave-one-out tau; compare then sets no number of it against A's and says why."""
+    rounded = {**TAUS, "loo_rounding": {"dtype": "bfloat16", "floor": [0.074, 0.076], "n_within": 69, "n_scores": 97,
+                                        "ranks_rounding": True}}
+    for side, summary in (("a", TAUS), ("b", rounded)):
+        _attribution(tmp_path / side, "m", summary, "colours", "your task (colours.jsonl)")
+    loo = [n for n in headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) if "leave-one-out" in n]
+    assert loo == [NOT_COMPARED + "attribution mean Kendall tau of attention and leave-one-out: not compared: B's "
+                   "report leaves leave-one-out out (69 of 97 of its scores are within one bfloat16 rounding step of the "
+                   "logits) (n 4 each)."], loo
+
+
 def test_compare_sets_no_number_of_one_task_against_another_and_names_different_models(tmp_path):
     """Review 7b, A4: attribution taus of A's fruit_cloze.jsonl and B's shipped sentences (and two models) were listed
     as differences "beyond noise"; the prunable counts of the same 16 sentences were refused as "ranked on different
