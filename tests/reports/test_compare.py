@@ -1031,3 +1031,19 @@ def test_compare_says_when_a_differing_top_patching_site_is_tied_within_a_run(tm
     assert write(clear_a, clear_b) == [
         "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (tied in neither run: in each, its top site and "
         "its next are not each inside the other's 95% interval)."]
+
+
+def test_compare_does_not_set_a_copy_task_not_done_at_n_8_against_n_24(tmp_path):
+    """Review 10b A2: one model, accuracy 0 on json_kv (it copies none of the context's values), 8 and 24 examples:
+    compare called A "at chance" and B "below chance" as if the runs differed. Both entries are built by hand as the
+    position analysis records them (chance.assess, then copy_task); the refusal now names one reason for both."""
+    from headscope.analyses.core import chance
+    from headscope.reports.compare_run import chance_refusal
+
+    for side, n in (("a", 8), ("b", 24)):
+        entry = chance.assess([0.0] * n, "accuracy", n_classes=4)
+        entry = chance.copy_task({**entry, "task": "json_kv", "classes_from": "context"}, outputs=4 * n, gold=0, copied=0)
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["position"]}})
+        io.write_json(tmp_path / side / "position" / "summary.json", {"n_examples": n, "chance": entry})
+    said = chance_refusal(Run(tmp_path / "a"), Run(tmp_path / "b"), "position")
+    assert said == "not compared: A and B do not do their tasks (accuracy 0 on a copy task)", said
