@@ -30,6 +30,7 @@ from typing import Any
 from headscope.analyses.attribution.convergence import ig_use
 from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict, tasks_differ
 from headscope.reports.findings import _words, t_interval, wilson
+from headscope.reports.plots_attribution import loo_rounds
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
 
@@ -82,6 +83,9 @@ def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
         if key == "ig" and rule.mode == "none":  # its report leaves IG out (the finding): a blank the page explains
             out.append((label, None, None, rule.n_converged, "converged examples"))
             continue
+        if key == "loo" and loo_rounds(s):  # its report leaves leave-one-out out: most of its scores are rounding
+            out.append((label, None, None, n, "examples"))
+            continue
         mean, sd = s.get(f"mean_tau_attention_{key}"), s.get(f"std_tau_attention_{key}")
         partial = key == "ig" and rule.mode == "converged"
         defined = s.get(f"n_tau_attention_{key}") or (rule.n_converged if partial else n)
@@ -94,6 +98,10 @@ def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
 def withheld_quantity(name: str, label: str, s: Mapping[str, Any]) -> str:
     """How the report of analysis `name` withholds one of its quantities ("" where it states it): attribution's
     integrated gradients where convergence.py's rule leaves it out."""
+    if name == "attribution" and "leave-one-out" in label and loo_rounds(s):
+        entry = s["loo_rounding"]
+        return (f"leaves leave-one-out out ({entry.get('n_within')} of {entry.get('n_scores')} of its scores are within "
+                f"one {entry.get('dtype')} rounding step of the logits)")
     if name != "attribution" or "integrated gradients" not in label:
         return ""
     rule = ig_use(s)

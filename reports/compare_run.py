@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from headscope.analyses.core.chance import does_not_copy
 from headscope.errors import OutputError
 from headscope.reports import io
 from headscope.reports.provenance import section_provenance
@@ -156,9 +157,14 @@ def chance_refusal(a: Run, b: Run, name: str) -> str:
     for side, run in zip(SIDES, (a, b)):
         chance = (run.summary(name) or {}).get("chance")
         if isinstance(chance, Mapping) and chance.get("at_chance") is True:
-            where.setdefault("below" if chance.get("below_chance") is True else "at", []).append(side)
-    said = [f"{' and '.join(sides)} {level} chance on {'its task' if len(sides) == 1 else 'their tasks'}"
-            for level, sides in where.items()]
+            level = "not" if does_not_copy(chance) else "below" if chance.get("below_chance") is True else "at"
+            where.setdefault(level, []).append(side)
+    said = []
+    for level, sides in where.items():
+        one = len(sides) == 1
+        task = "its task" if one else "their tasks"
+        said.append(f"{' and '.join(sides)} {'does' if one else 'do'} not do {task} (accuracy 0 on a copy task)"
+                    if level == "not" else f"{' and '.join(sides)} {level} chance on {task}")
     return "not compared: " + " and ".join(said) if said else ""
 
 

@@ -28,10 +28,10 @@ budget or lens layer is named in the figure's own terms (the whole prompt, "afte
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from headscope.analyses.core.chance import MIN_SYSTEMATIC_EXAMPLES, t_half_width
+from headscope.analyses.core.chance import MIN_SYSTEMATIC_EXAMPLES, does_not_copy, t_half_width
 
 CHANCE_LOGIT_DIFF = 0.1  # |logit(answer) - logit(wrong)| below this: the model does not prefer the answer
 
@@ -119,7 +119,10 @@ def _chance(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def _below(entry: Mapping[str, Any]) -> bool:
-    """Whether the whole interval lies under chance (older entries: from their CI)."""
+    """Whether the whole interval lies under chance (older entries: from their CI); never for a copy task the
+    model does not do (chance.does_not_copy: accuracy 0 there is no preference)."""
+    if does_not_copy(entry):
+        return False
     if isinstance(entry.get("below_chance"), bool):
         return entry["below_chance"]
     ci, level = entry.get("ci"), _num(entry.get("chance_value"))
@@ -177,6 +180,11 @@ def _prompt_prior(entry: Mapping[str, Any]) -> str | None:
             f"corrupted prompts give {corrupt:.3g}, {ci(entry.get('corrupted_ci'))}; {diff})")
 
 
+def said_of(details: Sequence[str]) -> str:
+    """' (a, b)' of the chance sentence's details, '' without any."""
+    return " (" + ", ".join(details) + ")" if details else ""
+
+
 def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     """'The model is at chance on task <t> (<metric> <mean> against chance <c> = <basis>, 95% CI [..]);
     relative findings are not reported.' Below chance (the whole CI under it) says so and what it
@@ -195,10 +203,19 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     where = "at" if not below else "below"
     task = entry.get("task")
     on = f"on task {task}" if isinstance(task, str) and task else "on this task"
+    if does_not_copy(entry):  # a copy task it does not do (chance.copy_task; review 10b A2)
+        copied, outputs = _num(entry.get("copied_outputs")), _num(entry.get("outputs"))
+        what = "never produces any of the context's values" if copied is not None else "never produces the gold value"
+        unknown = [] if copied is not None else ["which of the context's values it produces instead is not recorded"]
+        count = (f" (0 of {outputs:.0f} outputs" + "".join(f"; {d}" for d in [*details[:1], *unknown]) + ")" if outputs
+                 else said_of([*details[:1], *unknown]))
+        return (f"The model {what}{count}: it does not do {'task ' + task if isinstance(task, str) and task else 'this task'}, "
+                "so its accuracy says nothing of a preference among the values; relative findings are not reported.")
     who = f"The probe scores {where} chance" if name == "probes" else f"The model is {where} chance {on}"
     said = " (" + ", ".join(details) + ")" if details else ""
-    if not below:
-        return f"{who}{said}; relative findings are not reported."
+    if not below:  # copies that hold the gold value as often as chance allows: say so (chance.copy_task)
+        why = f": {entry['reason']}" if _num(entry.get("gold_share")) is not None and entry.get("reason") else ""
+        return f"{who}{said}{why}; relative findings are not reported."
     metric = entry.get("metric")
     if name == "probes":
         return (f"{who}{said}: the probe does worse than predicting the majority class (overfitting or class "
@@ -210,10 +227,16 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     prior = _prompt_prior(entry) if metric == "logit_diff" else None
     if prior:
         return f"{who}{said}: {prior}; relative findings are not reported."
-    why = ("it systematically prefers the wrong answers" if metric == "logit_diff" else
+    share, share_ci = _num(entry.get("gold_share")), entry.get("gold_share_ci")
+    if share is not None and isinstance(share_ci, (list, tuple)) and len(share_ci) == 2:  # chance.copy_task
+        return (f"{who}{said}: of its {_num(entry.get('copied_outputs')) or 0:.0f} outputs that copy one of the context's "
+                f"values, {_num(entry.get('gold_outputs')) or 0:.0f} are the gold one ({share:.3g}, 95% CI "
+                f"[{share_ci[0]:.3g}, {share_ci[1]:.3g}]): it systematically prefers the wrong values; relative findings "
+                "are not reported.")
+    why = ("worse than guessing, it systematically prefers the wrong answers" if metric == "logit_diff" else
            "it gives the answers less probability than a uniform guess, so they are systematically dispreferred"
-           if metric == "logprob" else "it scores under guessing, so its answers are systematically dispreferred")
-    return f"{who}{said}: worse than guessing, {why}; relative findings are not reported."
+           if metric == "logprob" else "it scores under a uniform guess, so its answers are systematically dispreferred")
+    return f"{who}{said}: {why}; relative findings are not reported."
 
 
 

@@ -193,6 +193,10 @@ def quiet_reason(summary: Mapping[str, Any] | None) -> str | None:
     task (summary["chance"], analyses/core/chance.py)."""
     entry = (summary or {}).get("chance")
     if isinstance(entry, Mapping) and entry.get("at_chance") is True:
+        from headscope.analyses.core.chance import does_not_copy
+
+        if does_not_copy(entry):  # a copy task it does not do (chance.copy_task)
+            return "NOT DOING THE TASK: muted colours (it copies none of the context's values; noise, not task behaviour)"
         if entry.get("below_chance") is True:  # worse than guessing: no behaviour to locate either
             if entry.get("prompt_independent") is True:  # the corrupted prompts give as much (chance.corrupted_baseline)
                 return "BELOW CHANCE: muted colours (an answer preference the prompt does not change; no task behaviour)"

@@ -288,6 +288,9 @@ def finding(s: Mapping[str, Any]) -> str:
     unconverged = ig_sentence(s)
     if rule.mode == "none":  # IG's ranking is not IG's: no tau, no rollout comparison rests on it
         keys = tuple(k for k in keys if k[0] != "ig")
+    rounded = loo_rounds(s)
+    if rounded:  # most leave-one-out scores are rounding: its tau would rank rounding (review 10a A1)
+        keys = tuple(k for k in keys if k[0] != "loo")
     taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
     taus = {k: v for k, v in taus.items() if v[0] is not None}
     # examples with a defined tau per method (older summaries: every example)
@@ -308,6 +311,8 @@ def finding(s: Mapping[str, Any]) -> str:
                      + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
         if words := window_words(s.get("attention_window"), n):
             parts.append(words)
+    parts += [said] if (said := rounding_words(s)) else []
+    if taus:
         references = {k: v for k, v in taus.items() if k != "saliency"}  # the paired rollout tests' references
         weak = bool(references) and max(abs(m) for m, _ in references.values()) < WEAK_TAU
         if weak:
@@ -317,6 +322,11 @@ def finding(s: Mapping[str, Any]) -> str:
     parts += [unconverged] if unconverged else []
     frac = None if rule.legacy else _num(s.get("fraction_significant"))  # a summary before the rule counts IG's taus
     tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
+    if frac is not None and rounded:  # the summary's count holds leave-one-out's taus: take them out
+        loo_frac, loo_n = _num(s.get("frac_significant_attention_loo")), int(_num(s.get("n_tau_attention_loo")) or 0)
+        k = round(frac * tests) - (round(loo_frac * loo_n) if loo_frac is not None else 0)
+        tests -= loo_n if loo_frac is not None else 0
+        frac = k / tests if tests > 0 else None
     if frac is not None and tests > 0:
         k = round(frac * tests)
         lo, hi = wilson(k, tests)
@@ -511,6 +521,31 @@ def loo_words(s: Mapping[str, Any], sat: Mapping[str, Any]) -> str:
     return ("Leave-one-out is scored by the total variation distance too, which this saturated output keeps near 0"
             f"{bound} unless a token's removal moves the answer's odds by a logit or more: its tau rests on a saturated "
             "distance and is not evidence of graded agreement.")
+
+
+def loo_rounds(s: Mapping[str, Any]) -> bool:
+    """Whether most of leave-one-out's scores are within one rounding step of the logits (the summary's
+    loo_rounding.ranks_rounding): its tau would rank rounding, so no claim rests on it."""
+    entry = s.get("loo_rounding")
+    return isinstance(entry, Mapping) and entry.get("ranks_rounding") is True
+
+
+def rounding_words(s: Mapping[str, Any]) -> str:
+    """'N of M leave-one-out scores are within one bfloat16 rounding step of the logits (0.075 logits) ...' from
+    the summary's loo_rounding (analysis.loo_rounding: those scores are ties at 0); '' where none is."""
+    entry = s.get("loo_rounding")
+    if not isinstance(entry, Mapping):
+        return ""
+    k, m, floor = int(_num(entry.get("n_within")) or 0), int(_num(entry.get("n_scores")) or 0), entry.get("floor")
+    if not k or not m or not isinstance(floor, Sequence) or len(floor) != 2 or None in map(_num, floor):
+        return ""
+    size = f"{floor[0]:.2g}" if f"{floor[0]:.2g}" == f"{floor[1]:.2g}" else f"{floor[0]:.2g}-{floor[1]:.2g}"
+    said = (f"{k} of {m} leave-one-out scores (changes of the logit difference) are within one {entry.get('dtype', '?')} "
+            f"rounding step of the logits ({size} logits) and count as ties")
+    if loo_rounds(s):
+        return said + (": its tau would rank rounding, so leave-one-out is left out of the taus and the count of "
+                       "significant taus here.")
+    return said + " (0) in its ranking."
 
 
 def _rollout_taus(s: Mapping[str, Any], keys: tuple, defined: Mapping[str, int]) -> str:

@@ -31,7 +31,10 @@ ranks the tokens between the first and the last (normalised, non-negative); the 
 holds every token's raw gradient scores (integrated gradients signed), what `hs.show_tokens` draws.
 
 Summary keys (attention = the last layer's head mean): loo_metric (what leave-one-out's scores measure:
-"tvd", "1-cosine" or, on a saturated output with a logit-difference task, "logit_diff"); mean_tau_attention_{gradient,
+"tvd", "1-cosine" or, on a saturated output with a logit-difference task, "logit_diff"); loo_rounding (with
+"logit_diff": the changes within one rounding step of the clean logits in the model's dtype, methods.logit_rounding_floor,
+are ties at 0 before ranking; dtype, floor [min, max] in logits, n_within of n_scores, ranks_rounding when most are;
+per example the loo_rounding table); mean_tau_attention_{gradient,
 saliency, loo, ig} with std_tau_*, frac_significant_* and n_tau_*; the same for rollout (mean_tau_rollout_*, ...); rollout_vs_raw
 ({gradient, loo, ig}: the per-example paired difference tau(rollout) - tau(last layer) against that reference:
 mean, sd, n, ci (95% t), p (paired t) and p_holm, Holm-corrected over the three); fraction_significant (over
@@ -295,13 +298,14 @@ def attribution(
         task = default_task(model, task, cfg)
     setup = _setup(model, task, cfg, reference)
     groups = list(length_groups(setup.lengths, setup.chunk))
-    parts: tuple[list, ...] = ([], [], [], [], [], [])  # score frames, tau, method pairs, permutation, IG, token frames
+    parts: tuple[list, ...] = ([], [], [], [], [], [], [])  # score frames, tau, pairs, permutation, IG, tokens, LOO floor
     for g in tqdm(distributed.shard(len(groups)), desc="attribution",
                   disable=not (cfg.progress and distributed.is_main())):
         for part, rows in zip(parts, _score_group(model, task, groups[g], cfg, setup)):  # each rank: its block of groups
             part.extend(rows)
     gathered = distributed.gather_objects(parts)  # rank order = group order
-    score_rows, tau, pairs, perm_rows, ig_rows, token_rows = ([row for part in gathered for row in part[i]] for i in range(6))
+    score_rows, tau, pairs, perm_rows, ig_rows, token_rows, loo_rows = (
+        [row for part in gathered for row in part[i]] for i in range(7))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
     ig_table = pd.DataFrame(ig_rows)
     dtype = next((p.dtype for p in model.bridge.parameters() if p.is_floating_point()), None)
@@ -313,16 +317,28 @@ def attribution(
         "permutation": pd.DataFrame(perm_rows),
         "ig": ig_table,
         "token_scores": pd.concat(token_rows, ignore_index=True),
+        **({"loo_rounding": pd.DataFrame(loo_rows).sort_values("example", ignore_index=True)} if loo_rows else {}),
     }
     summary = _summary(df, tables, convergence, kind=setup.kind, cfg=cfg, layer=setup.layer,
                        encoder=model.facts.is_encoder)
     summary["loo_metric"] = setup.loo_metric
+    if loo_rows:
+        summary["loo_rounding"] = rounding_summary(tables["loo_rounding"])
     if setup.saturated is not None:  # the record leave-one-out's metric was decided on (the same clean runs)
         summary["saturated"] = setup.saturated
     summary.update(attention_window(tables["scores"], layer_windows(model)[-1]))
     config_out = {**dataclasses.asdict(cfg), "baseline_token": setup.baseline, "permutation_layer": setup.layer,
                   "task": task.name}
     return Result(name="attribution", df=df, summary=summary, tables=tables, config=config_out)
+
+
+def rounding_summary(rows: pd.DataFrame) -> dict[str, Any]:
+    """The summary's loo_rounding from the per-example table: dtype, floor [min, max] over examples (logits),
+    n_within (scores within it, ties), n_scores, and ranks_rounding: most scores are within it, so leave-one-out's
+    tau would rank rounding and the finding leaves it out of its claims."""
+    n_within, n_scores = int(rows.n_within_floor.sum()), int(rows.n_scores.sum())
+    return {"dtype": str(rows.dtype.iloc[0]), "floor": [float(rows.floor.min()), float(rows.floor.max())],
+            "n_within": n_within, "n_scores": n_scores, "ranks_rounding": 2 * n_within > n_scores}
 
 
 def tau_tables(df: pd.DataFrame, convergence: dict[str, Any]) -> dict[str, pd.DataFrame]:
@@ -401,7 +417,8 @@ def loo_metric(model, kind: str, saturated: dict | None) -> str:
 
 def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setup: _Setup) -> tuple[list, ...]:
     """Every method on one group of equal-length examples -> (score frames, tau rows, method-pair rows,
-    permutation rows, IG rows, token frames)."""
+    permutation rows, IG rows, token frames, leave-one-out rounding rows (loo_rounding; none unless it is scored
+    by the logit difference))."""
     n, spans, baseline, layer, forward = setup.lengths[idx[0]], setup.spans, setup.baseline, setup.layer, setup.forward
     tokens = real_tokens(task, idx, spans).to(model.device)  # [g, pos], padding dropped
     generator = [example_generator(cfg.seed, row) for row in tokens]  # the same draws on any rank, in any batch
@@ -417,6 +434,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
     score = _score(setup.kind, tgt)
     loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=setup.rows,
                            score=score if setup.loo_metric == "logit_diff" else None)  # [g, pos - 2]
+    loo, loo_rows = loo_rounding(model, tokens, loo, idx, tgt) if setup.loo_metric == "logit_diff" else (loo, [])
     permuted = permute_attention(model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=setup.rows,
                                  generator=generator, score=score)
     changes, max_att = permuted.change, permuted.max_attention
@@ -459,7 +477,23 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
             "metric_input": float(f_x[j]), "metric_baseline": float(f_b[j]),
             "relative_error": completeness_error(float(ig[j].sum()), float(f_x[j]), float(f_b[j])),
         })
-    return score_rows, tau, pairs, perm_rows, ig_rows, token_rows
+    return score_rows, tau, pairs, perm_rows, ig_rows, token_rows, loo_rows
+
+
+@torch.no_grad()
+def loo_rounding(model, tokens: torch.Tensor, loo: torch.Tensor, idx: list[int],
+                 targets: tuple) -> tuple[torch.Tensor, list[dict]]:
+    """Leave-one-out's changes of the logit difference [g, m] with those within one rounding step of the clean
+    logits (methods.logit_rounding_floor, in the model's dtype) set to 0, ties (review 10a A1: in bfloat16 at a
+    logit difference of 7.7 the changes are a few rounding steps, 16 of 38 exactly 0, and a tau over them ranks
+    rounding), and per example its record: example, dtype, floor (logits), n_scores, n_within_floor."""
+    clean = model(tokens)[:, -1]  # [g, vocab] in the model's dtype: what the logit difference is read from
+    floor = am.logit_rounding_floor(clean, *targets)  # [g]
+    tied, within = am.tie_rounding(loo.float().cpu(), floor.cpu())  # [g, m] each
+    dtype = str(clean.dtype).removeprefix("torch.")
+    rows = [{"example": ex, "dtype": dtype, "floor": float(floor[j]), "n_scores": int(loo.shape[1]),
+             "n_within_floor": int(within[j].sum())} for j, ex in enumerate(idx)]
+    return tied, rows
 
 
 def bootstrap_mean_ci(values: np.ndarray, *, seed: int, n_boot: int = 2000, level: float = 0.95) -> list[float] | None:

@@ -199,6 +199,28 @@ def integrated_gradients(
 
 
 # ---- leave-one-out --------------------------------------------------------------------------------
+def logit_rounding_floor(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
+    """One rounding step of the logits a logit difference is read from -> [rows] float32: eps(dtype) x
+    max(1, |answer logit|, |wrong logit|) of clean last-position logits [rows, vocab] in the model's own dtype
+    (the spacing of floats near x is between eps/2 and eps of |x|; heads.analysis.noise_floor's rule).
+
+    Why that size and not the logit difference's own spacing: in bfloat16 each logit is rounded at the lm_head
+    output (upcasting afterwards changes nothing) and the blocks before it round too. Measured on review 10a's
+    Phi-3 (logits near 9.6 and 2, difference 7.7, float32 against bfloat16 leave-one-out changes of the logit
+    difference, 97 tokens): the largest error is 0.047-0.073 logits, 0.6-0.97 of this step (0.074-0.076), and
+    twice the difference's own spacing (0.031). A leave-one-out change within it is rounding."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    size = torch.stack([logits[rows, answers].abs(), logits[rows, wrong].abs()], -1).float().amax(-1)  # [rows]
+    return float(torch.finfo(logits.dtype).eps) * size.clamp_min(1.0)
+
+
+def tie_rounding(changes: torch.Tensor, floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """changes [rows, m], floor [rows] -> (changes with every |change| <= its row's floor set to 0, a tie in the
+    ranking; the mask of those [rows, m]): a change within rounding says nothing of the token's importance."""
+    within = changes.abs() <= floor.to(changes)[:, None]
+    return changes.masked_fill(within, 0.0), within
+
+
 def loo_variants(tokens: torch.Tensor, positions: Sequence[int], *, mode: str, baseline_token: int | None) -> torch.Tensor:
     """[batch, pos] -> [batch * len(positions), pos'] inputs, example-major: one token removed
     (mode "remove", pos' = pos - 1) or replaced by `baseline_token` (mode "replace")."""

@@ -31,6 +31,9 @@ negative logit difference prefers the wrong answers). "Systematically" needs at 
 MIN_SYSTEMATIC_EXAMPLES = 8 examples (a review saw 4 examples of a random model below chance where 16 of
 the same task were at chance): fewer are said as "below chance on these n examples". With one example there is no CI: the floor
 alone decides. `assess_mean` applies the floor to a mean alone (no per-example values at hand).
+On a copy task (position: chance is copying one of the context's values) `copy_task` reads the accuracy against what
+the model produced: one that produces none of the context's values does not do the task (does_not_copy; accuracy 0
+is no preference, whatever n), and below chance needs the gold value's share among its copies under chance.
 
 The Student-t interval of a mean over examples has its one home here (`t_quantile`, `t_half_width`,
 `mean_interval`, `mean_intervals`): every family's and report's t interval of a mean calls it.
@@ -135,6 +138,54 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
     return {"at_chance": at, "below_chance": ci is not None and ci[1] < chance, "metric": metric, "mean": mean,
             "chance_value": float(chance), "ci": ci, "ci_level": 1 - alpha, "p_value": p, "effect_size": effect,
             "floor": float(floor), "n_examples": int(len(values)), "reason": reason}
+
+
+def copy_task(entry: dict[str, Any] | None, *, outputs: int, gold: int, copied: int | None,
+              alpha: float = ALPHA) -> dict[str, Any] | None:
+    """A copy task's accuracy guard (chance: copying one of the context's values at random) read against what the
+    model produced, over `outputs` outputs: `gold` of them the gold value, `copied` any of the context's values
+    (None: not recorded). Review 10b A2: accuracy 0 of a model that copies nothing is "does not do the task", not a
+    preference against the gold value, and with 8 examples it was "at chance", with 24 "below chance".
+    - no output is any context value (copied 0), or none is the gold one and copying is not recorded: entry
+      "does_not_copy" True, "below_chance" False (it stays at chance: relative findings are left out, whatever n);
+    - else, with copying recorded, below chance only where the gold value's share among the outputs that copy a
+      context value has its exact binomial (1 - alpha) CI under chance: the model prefers the wrong values
+      ("gold_share", "gold_share_ci"); otherwise not below chance.
+    Adds "outputs", "gold_outputs", "copied_outputs" (None when not recorded)."""
+    if entry is None:
+        return None
+    from scipy import stats
+
+    entry = {**entry, "outputs": int(outputs), "gold_outputs": int(gold),
+             "copied_outputs": None if copied is None else int(copied), "does_not_copy": False}
+    if copied == 0 or (copied is None and gold == 0):
+        entry.update(does_not_copy=True, below_chance=False, at_chance=True,
+                     reason=("the model never produces any of the context's values" if copied == 0 else
+                             "the model never produces the gold value (which other values it produces is not recorded)")
+                     + f" (0 of {outputs} outputs): it does not do this task")
+        return entry
+    if copied is None or not entry.get("below_chance"):
+        return entry
+    ci = stats.binomtest(int(gold), int(copied), p=min(max(entry["chance_value"], 0.0), 1.0)).proportion_ci(
+        1 - alpha, method="exact")
+    below = float(ci.high) < entry["chance_value"]
+    entry.update(gold_share=gold / copied, gold_share_ci=[float(ci.low), float(ci.high)], below_chance=below)
+    if not below:
+        entry["reason"] = (f"the gold value is {gold} of the {copied} outputs that copy one of the context's values, "
+                           f"{100 * (1 - alpha):.0f}% CI [{ci.low:.3g}, {ci.high:.3g}], which contains chance "
+                           f"({entry['chance_value']:.3g}): no preference against it")
+    return entry
+
+
+def does_not_copy(entry: Mapping[str, Any] | None) -> bool:
+    """Whether a copy task's guard says the model does not do the task (copy_task's does_not_copy; entries from
+    before it: an accuracy of exactly 0 with chance from the context's values, classes_from "context")."""
+    if not isinstance(entry, Mapping):
+        return False
+    if isinstance(entry.get("does_not_copy"), bool):
+        return entry["does_not_copy"]
+    return (entry.get("metric") == "accuracy" and entry.get("classes_from") == "context"
+            and isinstance(entry.get("mean"), (int, float)) and entry["mean"] == 0)
 
 
 def assess_mean(mean: float, metric: str, *, n_examples: int | None = None, chance: float | None = None,

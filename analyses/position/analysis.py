@@ -338,6 +338,10 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
                                           task=task, n_classes=sweeps[0].n_items)
         if out["chance"] is not None:  # greedy output scored by containing the value: chance is copying one of them
             out["chance"]["classes_from"] = "context"
+            copied = obs["copied"].dropna() if "copied" in obs else obs["accuracy"].iloc[:0]
+            out["chance"] = chance.copy_task(  # does it copy any value at all? (review 10b A2)
+                out["chance"], outputs=len(obs), gold=int(obs["accuracy"].sum()),
+                copied=int(copied.sum()) if len(copied) == len(obs) else None)
     if task == "word_kv":
         out["data_note"] = word_kv_note(model, sweeps)
     if fitted:

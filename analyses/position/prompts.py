@@ -50,6 +50,8 @@ class PositionSweep:
     answer_ids:   [n_answer] int64 token ids of the answer continuation (decoders; empty for encoders).
     answers:      accepted answer strings (accuracy: one is a substring of the greedy output).
     query_tokens: [1, q_pos] int64, encoders only: the query, encoded on its own.
+    values:       every value the context holds, the gold's first (copy tasks: kv, json_kv, word_kv; empty for
+                  QA): the outputs that copy one of them tell "prefers a wrong value" from "does not do the task".
     """
 
     tokens: torch.Tensor
@@ -59,6 +61,7 @@ class PositionSweep:
     answer_ids: torch.Tensor
     answers: tuple[str, ...]
     query_tokens: torch.Tensor | None = None
+    values: tuple[str, ...] = ()
 
     @property
     def prompt_len(self) -> int:
@@ -127,6 +130,7 @@ def item_sweep(
     encoder: bool = False,
     query: str | None = None,
     prepend_bos: bool = True,
+    values: Sequence[str] = (),
 ) -> PositionSweep:
     """Render `gold` at each slot among the distractor `items` (kept in their order).
 
@@ -134,7 +138,7 @@ def item_sweep(
     then tail. Each piece is tokenized on its own; decoders get the tokenizer's BOS in front (prepend_bos=False:
     only where the tokenizer adds it itself, as to_tokens under load_model(..., prepend_bos=False)).
     `answer` is the continuation scored by teacher forcing; `answers` the strings accepted by
-    accuracy (default: the answer stripped of spaces and quotes).
+    accuracy (default: the answer stripped of spaces and quotes); `values` every value of the context (copy tasks).
     """
     n_items = len(items) + 1
     grid = check_positions(positions, n_items)
@@ -157,12 +161,12 @@ def item_sweep(
         start, end = special_affixes(tokenizer)
         query_tokens = torch.tensor([[*start, *encode(tokenizer, query), *end]])  # [1, q_pos]
     return _assemble(grid, [*prefix, *head_ids], labels, chunks, gold_ids, sep_ids, [*tail_ids, *suffix],
-                     answer_ids, accepted, query_tokens)
+                     answer_ids, accepted, query_tokens, values=tuple(values))
 
 
 def _assemble(grid: tuple[int, ...], head: list[int], labels: Sequence[list[int]], chunks: Sequence[list[int]],
               gold: list[int], sep: list[int], tail: list[int], answer: list[int], answers: tuple[str, ...],
-              query_tokens: torch.Tensor | None = None) -> PositionSweep:
+              query_tokens: torch.Tensor | None = None, values: tuple[str, ...] = ()) -> PositionSweep:
     """The sweep of token-id pieces: for each slot p of `grid`, head, then the items with `gold` at slot p
     (each after its slot label, `sep` between them), then tail."""
     n_items = len(chunks) + 1
@@ -186,6 +190,7 @@ def _assemble(grid: tuple[int, ...], head: list[int], labels: Sequence[list[int]
         answer_ids=torch.tensor(answer, dtype=torch.int64),  # [n_answer]
         answers=answers,
         query_tokens=query_tokens,
+        values=values,
     )
 
 
@@ -213,6 +218,7 @@ def zoo_kv_sweeps(
             tokenizer, items=[*pairs[:q], *pairs[q + 1:]], gold=pairs[q], positions=positions,
             head=key if query_aware else "", sep=data.vocab.SEP, tail=f"{data.vocab.SEP} {key}",
             answer=ex.answer, answers=(ex.answer,), prepend_bos=prepend_bos,
+            values=(ex.answer, *(words[3 * i + 1] for i in range(n_pairs) if i != q)),
         ))
     return sweeps
 
@@ -266,6 +272,7 @@ def kv_sweeps(
             sweeps.append(item_sweep(
                 tokenizer, items=[*records[:g], *records[g + 1:]], gold=records[g], positions=positions,
                 head=head, tail=tail, sep=",\n", answer=f' "{value}"', answers=(value,), prepend_bos=prepend_bos,
+                values=(value, *(r.split('"')[3] for i, r in enumerate(records) if i != g)),
             ))
         except ConfigError as err:  # the text is headscope's own (UUIDs it drew): say whose data it is
             raise ConfigError(f"position's json_kv data (Liu et al.'s key-value prompt, with UUID keys headscope "
@@ -403,7 +410,8 @@ def word_kv_sweeps(
         chunks = [[k[1], v[1]] for k, v in pairs]
         grid = check_positions(positions, n_pairs)
         sweeps.append(_assemble(grid, [*prefix, *([key, sep] if query_aware else [])], [[]] * n_pairs,
-                                [*chunks[:g], *chunks[g + 1:]], chunks[g], [sep], [sep, key], [value_id], (value,)))
+                                [*chunks[:g], *chunks[g + 1:]], chunks[g], [sep], [sep, key], [value_id], (value,),
+                                values=tuple(v[0].strip() for _, v in [pairs[g], *pairs[:g], *pairs[g + 1:]])))
     return sweeps
 
 

@@ -40,7 +40,8 @@ from headscope.hooks.patterns import reduce_patterns
 class SweepOutput:
     """Per-row results of one sweep.
 
-    metrics:   name -> [n_pos] float ("accuracy", "exact", "logprob", "rank"; encoders "cosine").
+    metrics:   name -> [n_pos] float ("accuracy", "exact", "logprob", "rank", "copied" (the output is one of the
+               context's values, any of them; NaN where the sweep records none); encoders "cosine").
     gold_mass: [n_pos, layer, head] attention from the answer position onto the gold span.
     sink_mass: [n_pos, layer, head] mean mass on the first n_sink keys over prompt query rows.
     masked:    condition -> metrics under a StreamingLLM mask ("sinks+window", "window").
@@ -105,12 +106,25 @@ def answer_scores(logits: torch.Tensor, n_prompt: int, answer_ids: torch.Tensor)
     return {"logprob": token_lp.sum(-1).cpu(), "rank": rank.float().cpu(), "exact": exact.float().cpu()}
 
 
-def greedy_contains(model: Any, tokens: torch.Tensor, answers: Sequence[tuple[str, ...]], max_new_tokens: int) -> torch.Tensor:
-    """[batch] 1.0 where row i's greedy continuation contains one of answers[i] (Liu et al.'s metric)."""
+def greedy_contains(model: Any, tokens: torch.Tensor, answers: Sequence[tuple[str, ...]], max_new_tokens: int,
+                    values: Sequence[tuple[str, ...]] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """[batch] 1.0 where row i's greedy continuation contains one of answers[i] (Liu et al.'s metric); with `values`
+    (each row's context values) also [batch] 1.0 where it contains any of them (NaN for a row without values)."""
     trace = generate_with_kv(model, tokens, max_new_tokens)
     new = trace.tokens[:, tokens.shape[1]:]  # [batch, new]
     texts = model.tokenizer.batch_decode(new.cpu(), skip_special_tokens=True)
-    return torch.tensor([float(any(a in t for a in acc)) for t, acc in zip(texts, answers)])
+    hit = torch.tensor([float(any(a in t for a in acc)) for t, acc in zip(texts, answers)])
+    if values is None:
+        return hit
+    return hit, torch.tensor([float(any(v in t for v in vals)) if vals else float("nan") for t, vals in zip(texts, values)])
+
+
+def copied_value(model: Any, first: torch.Tensor, values: Sequence[tuple[str, ...]]) -> torch.Tensor:
+    """[batch] 1.0 where the argmax next token (first [batch, vocab] logits), decoded and stripped, is one of the
+    row's context values (one-token answers, scored by `exact`); NaN for a row without values."""
+    texts = model.tokenizer.batch_decode(first.argmax(-1)[:, None].cpu())
+    return torch.tensor([float(t.strip() in {v.strip() for v in vals}) if vals else float("nan")
+                         for t, vals in zip(texts, values)])
 
 
 def streaming_logits(model: Any, inputs: torch.Tensor, *, n_sink: int, window: int, keep_sinks: bool,
@@ -202,11 +216,12 @@ def run_decoder_sweeps(
         # logits from the prompt's last position on: [batch, n_answer, vocab]
         logits = reduce_patterns(model, inputs, stats, query_positions=slice(0, n_prompt), logits_from=n_prompt - 1)
         res = {**answer_scores(logits, 1, answer_ids), **stats.tables(model.facts.n_layers)}
+        values = [sweeps[i].values for i, _ in batch]
         if n_answer > 1 if generate is None else generate:
             answers = [sweeps[i].answers for i, _ in batch]
-            res["accuracy"] = greedy_contains(model, tokens, answers, n_answer + extra_new_tokens)
+            res["accuracy"], res["copied"] = greedy_contains(model, tokens, answers, n_answer + extra_new_tokens, values)
         else:
-            res["accuracy"] = res["exact"].clone()
+            res["accuracy"], res["copied"] = res["exact"].clone(), copied_value(model, logits[:, 0], values)
         w = window(n_prompt)
         if w is not None:
             for cond, keep_sinks in (("sinks+window", True), ("window", False)):
@@ -217,7 +232,7 @@ def run_decoder_sweeps(
 
     batches = row_batches(sweeps, batch_size)
     results = distributed.map_sharded(score, batches, progress=progress, desc="position sweep")
-    return _outputs(_scatter(sweeps, batches, results), ("accuracy", "exact", "logprob", "rank"))
+    return _outputs(_scatter(sweeps, batches, results), ("accuracy", "exact", "logprob", "rank", "copied"))
 
 
 @torch.no_grad()

@@ -381,6 +381,81 @@ def test_loo_on_a_saturated_output_scores_the_logit_difference(saturated_model):
     assert "Leave-one-out is therefore scored by the absolute change of the logit difference" in text
 
 
+def test_bfloat16_loo_changes_within_a_rounding_step_are_ties(saturated_model):
+    """Review 10a A1: in bfloat16 leave-one-out's changes of the logit difference come in rounding steps (16 of 38
+    exactly 0 there) and a tau over them ranks rounding. The floor is one step of the logits read, eps(bfloat16) =
+    2^-7 x max(1, |answer logit|, |wrong logit|) of plain HF's bfloat16 clean logits; every change within it is a tie
+    (0 in the scores table, the rest |change| / sum |change| as before), counted in summary loo_rounding, and the
+    finding says how many and in which dtype."""
+    from headscope.reports.findings import finding
+
+    path, _ = saturated_model
+    model = hs.load_model(path, device="cpu", dtype=torch.bfloat16)
+    hf = hf_model(path).to(torch.bfloat16)
+    task = random_task(3, 9, seed=2)
+    with torch.no_grad():
+        clean = hf(task.tokens).logits[:, -1].float()  # [batch, vocab], rounded at bfloat16's lm_head output
+    rows = torch.arange(3)
+    size = torch.maximum(clean[rows, task.answers].abs(), clean[rows, task.wrong_answers].abs()).clamp_min(1.0)
+    floor = (2.0 ** -7 * size).numpy()  # [batch]
+
+    def score(logits, ex):  # [rows, 1, vocab], [rows]
+        return (logits[:, -1].gather(1, task.answers[ex, None])[:, 0]
+                - logits[:, -1].gather(1, task.wrong_answers[ex, None])[:, 0])
+
+    positions = list(range(1, 8))
+    raw = am.leave_one_out(model, task.tokens, positions, score=score).numpy()  # [batch, pos] (HF-checked above)
+    within = np.abs(raw) <= floor[:, None]
+    assert 0 < within.sum() < within.size  # some changes are rounding here, some are not
+    res = attribution(model, task, progress=False, n_steps=2, ig_max_steps=2, n_permutations=2, adversarial_steps=0)
+    s = res.summary
+    assert s["loo_metric"] == "logit_diff"
+    table = res.tables["loo_rounding"].sort_values("example")
+    assert np.allclose(table.floor, floor, rtol=0.05) and (table.dtype == "bfloat16").all()  # two bf16 passes: a few steps apart
+    assert table.n_within_floor.tolist() == within.sum(1).tolist() and set(table.n_scores) == {7}
+    entry = s["loo_rounding"]
+    assert entry["n_within"] == int(within.sum()) and entry["n_scores"] == 21 and entry["dtype"] == "bfloat16"
+    assert entry["ranks_rounding"] == (2 * int(within.sum()) > 21)
+    scores = res.tables["scores"]
+    for b in range(3):
+        loo = scores[(scores.example == b) & (scores.method == "leave_one_out")].sort_values("position").score.to_numpy()
+        kept = np.where(within[b], 0.0, np.abs(raw[b]))
+        assert np.allclose(loo, kept / kept.sum(), atol=1e-6), b
+    text = finding("attribution", s)
+    lo, hi = f"{table.floor.min():.2g}", f"{table.floor.max():.2g}"  # the run's own clean logits (checked above)
+    assert (f"{int(within.sum())} of 21 leave-one-out scores (changes of the logit difference) are within one bfloat16 "
+            f"rounding step of the logits ({lo if lo == hi else f'{lo}-{hi}'} logits) and count as ties") in text, text
+
+
+def _rounding_summary(ranks: bool) -> dict:
+    """A saturated bfloat16 attribution summary, by hand: 4 examples, 10 of 4 x 4 taus significant, leave-one-out's
+    3 of 4 of them; leave-one-out's scores 30 (or 10) of 40 within the floor."""
+    return {"n_examples": 4, "metric": "logit_diff", "loo_metric": "logit_diff", "n_tau_tests": 16,
+            "fraction_significant": 10 / 16, "ig_converged": True, "ig_n_not_converged": 0,
+            **{f"mean_tau_attention_{k}": 0.3 for k in ("saliency", "gradient", "loo", "ig")},
+            **{f"std_tau_attention_{k}": 0.1 for k in ("saliency", "gradient", "loo", "ig")},
+            **{f"n_tau_attention_{k}": 4 for k in ("saliency", "gradient", "loo", "ig")},
+            **{f"frac_significant_attention_{k}": f for k, f in
+               (("saliency", 0.5), ("gradient", 0.5), ("loo", 0.75), ("ig", 0.75))},
+            "loo_rounding": {"dtype": "bfloat16", "floor": [0.074, 0.076], "n_within": 30 if ranks else 10,
+                             "n_scores": 40, "ranks_rounding": ranks}}
+
+
+def test_loo_that_ranks_rounding_leaves_the_claims():
+    """Most leave-one-out scores within the rounding floor: its tau is not stated and its 3 significant taus of 4
+    leave the count (10 of 16 -> 7 of 12); under half: its tau stays and the ties are said."""
+    from headscope.reports.findings import finding
+
+    text = finding("attribution", _rounding_summary(True))
+    assert ("30 of 40 leave-one-out scores (changes of the logit difference) are within one bfloat16 rounding step of "
+            "the logits (0.074-0.076 logits) and count as ties: its tau would rank rounding") in text, text
+    assert "leave-one-out at mean" not in text and "leave-one-out 3" not in text
+    assert "7 of 12 per-example taus (58%; saliency 2, gradient x input 2, integrated gradients 3)" in text, text
+    kept = finding("attribution", _rounding_summary(False))
+    assert "leave-one-out at mean Kendall tau 0.30" in kept and "10 of 16 per-example taus" in kept
+    assert "10 of 40 leave-one-out scores" in kept and "count as ties (0) in its ranking." in kept
+
+
 def test_loo_rejects_positions_out_of_range(tiny_models):
     with pytest.raises(ValueError, match=r"positions must lie in \[0, 11\)"):
         am.leave_one_out(tiny_models["llama"], random_tokens(1, 11), [11])

@@ -308,6 +308,11 @@ def test_position_says_whether_retrieval_beats_guessing_among_the_items(arch_mod
         assert entry["p_value"] == pytest.approx(binomtest(k, len(per_example), 1 / s["n_items"]).pvalue)
     assert entry["at_chance"]  # a random GPT-2 does not retrieve
     assert entry["n_classes"] == s["n_items"] and entry["task"] == s["task"]  # what the chance sentence names
+    # what the model produced, counted over every output (review 10b A2): the gold value, any of the context's values
+    df = result.df
+    assert entry["outputs"] == len(df) and entry["gold_outputs"] == int(df.accuracy.sum())
+    assert entry["copied_outputs"] == int(df.copied.sum()) and entry["copied_outputs"] >= entry["gold_outputs"]
+    assert entry["does_not_copy"] is (entry["copied_outputs"] == 0)
     # generation scored by "contains the value" picks no answer from a list: chance is copying one of the values
     assert f"(1/{s['n_items']}: copying one of the {s['n_items']} values in the context)" in finding("position", s)
     # at chance no retrieval head is named, whatever the test found; the test is recorded with its n for every head
@@ -326,3 +331,55 @@ def test_inside_is_the_interval_within_the_band():
     assert inside(-0.004, 0.009, 0.01) and inside(-0.01, 0.01, 0.01)
     assert not inside(-0.094, 0.098, 0.01)  # the review's +0.2% mean with [-9.4%, +9.8%]
     assert not inside(0.005, 0.011, 0.01) and not inside(None, 0.005, 0.01) and not inside(float("nan"), 0.0, 0.01)
+
+
+def _copy_entry(n_examples: int, **counts) -> dict:
+    """The position analysis's guard of json_kv by hand: per-example accuracy 0 on every example (4 gold positions
+    each), chance 1/4 (copying one of the 4 values in the context), then chance.copy_task with `counts`."""
+    entry = chance.with_basis(chance.assess([0.0] * n_examples, "accuracy", n_classes=4), task="json_kv", n_classes=4)
+    entry["classes_from"] = "context"
+    return chance.copy_task(entry, outputs=4 * n_examples, gold=counts.get("gold", 0), copied=counts.get("copied"))
+
+
+def test_accuracy_zero_on_a_copy_task_is_not_doing_it_whatever_n():
+    """Review 10b A2: a model that copies no value was "at chance" with 8 examples (Clopper-Pearson [0, 0.369]
+    contains 1/4) and "below chance ... systematically dispreferred" with 24 ([0, 0.142]). Accuracy 0 with none of
+    the context's values produced is "does not do this task" at both n; below chance is kept for a model that copies
+    wrong values more than chance allows (the gold one's share among its copies, exact binomial)."""
+    assert stats.binomtest(0, 8, 0.25).proportion_ci(0.95, "exact").high > 0.25  # the old verdicts, by scipy
+    assert stats.binomtest(0, 24, 0.25).proportion_ci(0.95, "exact").high < 0.25
+    for n in (8, 24):
+        entry = _copy_entry(n, copied=0)
+        assert entry["does_not_copy"] is True and entry["below_chance"] is False and entry["at_chance"] is True
+        text = finding("position", {"chance": entry})
+        assert text.startswith(f"The model never produces any of the context's values (0 of {4 * n} outputs; accuracy 0 "
+                               "against chance 0.25 (1/4: copying one of the 4 values in the context)"), text
+        assert "it does not do task json_kv" in text and "below chance" not in text and "guessing" not in text
+    # copying not recorded (older runs, QA): accuracy 0 still is no preference, said without the claim on the values
+    text = finding("position", {"chance": _copy_entry(24)})
+    assert "The model never produces the gold value (0 of 96 outputs; " in text, text
+    assert "; which of the context's values it produces instead is not recorded)" in text and "below chance" not in text
+    # an entry written before copy_task (below_chance True, classes_from context, mean 0): read the same way
+    old = chance.with_basis(chance.assess([0.0] * 24, "accuracy", n_classes=4), task="json_kv", n_classes=4)
+    assert old["below_chance"] is True
+    text = finding("position", {"chance": {**old, "classes_from": "context"}})
+    assert "never produces the gold value" in text and "below chance" not in text
+    # copies wrong values: 0 of 40 copies are the gold one, CI [0, 0.088] under 1/4: below chance, said so
+    wrong = _copy_entry(24, copied=40)
+    high = stats.binomtest(0, 40, 0.25).proportion_ci(0.95, "exact").high
+    assert wrong["below_chance"] is True and wrong["gold_share_ci"][1] == pytest.approx(high)
+    text = finding("position", {"chance": wrong})
+    assert text.startswith("The model is below chance on task json_kv") and "0 are the gold one" in text
+    assert "it systematically prefers the wrong values" in text
+    # 6 copies: 0 of 6, CI [0, 0.46] contains 1/4: no preference shown, not below chance
+    few = _copy_entry(24, copied=6)
+    assert few["below_chance"] is False and few["at_chance"] is True and "contains chance" in few["reason"]
+    assert finding("position", {"chance": few}).startswith("The model is at chance on task json_kv")
+
+
+def test_below_chance_accuracy_is_said_once():
+    """Review 10b A2: "worse than guessing, it scores under guessing" said one thing twice."""
+    entry = chance.with_basis(chance.assess([0.0] * 30, "accuracy", n_classes=4), task="facts", n_classes=4)
+    text = finding("position", {"chance": entry})
+    assert "below chance on task facts" in text and "it scores under a uniform guess, so its answers are " \
+           "systematically dispreferred" in text and "worse than guessing" not in text, text

@@ -118,11 +118,31 @@ def test_zoo_kv_rows_differ_only_in_gold_position(zoo_tokenizer):
         words = [zoo_tokenizer.convert_ids_to_tokens(row.tolist()) for row in sweep.tokens]
         assert tuple(words[q]) == ex.prompt  # the gold pair in its drawn slot: the zoo's own prompt
         assert zoo_tokenizer.convert_ids_to_tokens(sweep.answer_ids.tolist()) == [ex.answer]
+        # every value of the context, the gold first (what tells copying a wrong value from not copying; review 10b A2)
+        others = [ex.prompt[2 + 3 * i] for i in range(6) if i != q]  # <bos> k v ; ...: the value of pair i at 2 + 3i
+        assert sweep.values == (ex.answer, *others)
         for p, row in zip(sweep.positions, words):
             s, e = sweep.gold_spans[p - 1].tolist()
             assert (s, e) == (1 + 3 * (p - 1), 3 + 3 * (p - 1))
             assert row[s:e] == list(ex.prompt[ex.spans["gold"][0]:ex.spans["gold"][1]])
             assert row[-1] == ex.prompt[-1] and row[e] == ";"
+
+
+def test_copied_value_reads_the_argmax_token_against_the_context_values(zoo_tokenizer):
+    """runs.copied_value: 1 where the argmax token is one of the row's context values, 0 where it is another token
+    (a key), NaN where the sweep records no values; one-hot logits built by hand."""
+    from types import SimpleNamespace
+
+    from headscope.analyses.position.runs import copied_value
+
+    sweep = pp.zoo_kv_sweeps(zoo_tokenizer, n_pairs=4, n_examples=1, seed=2)[0]
+    words = zoo_tokenizer.convert_ids_to_tokens(sweep.tokens[0].tolist())
+    value, other_value, key = sweep.values[0], sweep.values[2], words[1]
+    ids = zoo_tokenizer.convert_tokens_to_ids([value, other_value, key, value])
+    logits = torch.zeros(4, len(zoo_tokenizer))  # [batch, vocab]
+    logits[torch.arange(4), torch.tensor(ids)] = 1.0
+    got = copied_value(SimpleNamespace(tokenizer=zoo_tokenizer), logits, [sweep.values] * 3 + [()])
+    assert got[:3].tolist() == [1.0, 1.0, 0.0] and torch.isnan(got[3])
 
 
 def test_zoo_kv_query_aware_puts_the_key_first(zoo_tokenizer):
@@ -146,6 +166,7 @@ def test_json_kv_prompt_is_liu_format():
             assert prompt.endswith(f'}}\n\nKey: "{key}"\nCorresponding value:')
             records = prompt[len(head): prompt.index("}")].split(",\n")
             assert len(records) == 4 and records[p - 1] == gold
+            assert sweep.values[0] == value and sorted(sweep.values) == sorted(r.split('"')[3] for r in records)
             assert all(r.count('"') == 4 and len(r.split('"')[1]) == 36 for r in records)
 
 

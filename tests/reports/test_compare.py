@@ -913,6 +913,19 @@ def test_compare_uses_integrated_gradients_by_the_reports_own_rule(tmp_path):
                   "examples vs 2 converged examples: intervals of other widths)."]
 
 
+def test_compare_leaves_out_leave_one_out_where_its_report_does(tmp_path):
+    """Review 10a A1: where most leave-one-out scores are within one bfloat16 rounding step (loo_rounding), its report
+    states no leave-one-out tau; compare then sets no number of it against A's and says why."""
+    rounded = {**TAUS, "loo_rounding": {"dtype": "bfloat16", "floor": [0.074, 0.076], "n_within": 69, "n_scores": 97,
+                                        "ranks_rounding": True}}
+    for side, summary in (("a", TAUS), ("b", rounded)):
+        _attribution(tmp_path / side, "m", summary, "colours", "your task (colours.jsonl)")
+    loo = [n for n in headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) if "leave-one-out" in n]
+    assert loo == [NOT_COMPARED + "attribution mean Kendall tau of attention and leave-one-out: not compared: B's "
+                   "report leaves leave-one-out out (69 of 97 of its scores are within one bfloat16 rounding step of the "
+                   "logits) (n 4 each)."], loo
+
+
 def test_compare_sets_no_number_of_one_task_against_another_and_names_different_models(tmp_path):
     """Review 7b, A4: attribution taus of A's fruit_cloze.jsonl and B's shipped sentences (and two models) were listed
     as differences "beyond noise"; the prunable counts of the same 16 sentences were refused as "ranked on different
@@ -1068,3 +1081,19 @@ def test_compare_says_when_a_differing_top_patching_site_is_tied_within_a_run(tm
     assert write(clear_a, clear_b) == [
         "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (tied in neither run: in each, its top site and "
         "its next are not each inside the other's 95% interval)."]
+
+
+def test_compare_does_not_set_a_copy_task_not_done_at_n_8_against_n_24(tmp_path):
+    """Review 10b A2: one model, accuracy 0 on json_kv (it copies none of the context's values), 8 and 24 examples:
+    compare called A "at chance" and B "below chance" as if the runs differed. Both entries are built by hand as the
+    position analysis records them (chance.assess, then copy_task); the refusal now names one reason for both."""
+    from headscope.analyses.core import chance
+    from headscope.reports.compare_run import chance_refusal
+
+    for side, n in (("a", 8), ("b", 24)):
+        entry = chance.assess([0.0] * n, "accuracy", n_classes=4)
+        entry = chance.copy_task({**entry, "task": "json_kv", "classes_from": "context"}, outputs=4 * n, gold=0, copied=0)
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["position"]}})
+        io.write_json(tmp_path / side / "position" / "summary.json", {"n_examples": n, "chance": entry})
+    said = chance_refusal(Run(tmp_path / "a"), Run(tmp_path / "b"), "position")
+    assert said == "not compared: A and B do not do their tasks (accuracy 0 on a copy task)", said
