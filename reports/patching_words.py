@@ -181,7 +181,7 @@ def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | Non
                  f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
                  f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
                  and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
-                 f"no interval for r or the slope: the other {n - nonzero:.0f} cells have no exact effect"]
+                 f"no interval for r or the slope: {_other_cells(n - nonzero, stats, s)}"]
         return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
     if case == "plain":
         return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
@@ -189,6 +189,22 @@ def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | Non
     if case == "one point":
         return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
     return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
+
+
+def _other_cells(zeros: float, stats: Mapping[str, Any], s: Mapping[str, Any] | None) -> str:
+    """'the other 4 cells have no exact effect', or, where the run's rounding floor (bfloat16) is what keeps some
+    of them from counting, that they are within it (review 10a C5: real effects of 0.002-0.016 logits in float32
+    read 'no exact effect' in bfloat16, the interval lost to the dtype without a word)."""
+    rounding = int(_num(stats.get("n_within_rounding")) or 0)
+    floor = _num(((s or {}).get("rounding_floor") or {}).get("floor")) if isinstance((s or {}).get("rounding_floor"),
+                                                                                     Mapping) else None
+    if not rounding or floor is None:
+        return f"the other {zeros:.0f} cells have no exact effect"
+    some = "all" if rounding >= zeros else f"{rounding} of them"
+    how = ("measured on cells that patch an activation with itself" if s["rounding_floor"].get("basis") == "measured"
+           else "one rounding step of the metric")
+    return (f"the other {zeros:.0f} cells have no exact effect beyond this precision's rounding ({some} non-zero but "
+            f"within its floor, {floor:.2g}: {how})")
 
 
 def _few_cells(kind: str, stats: Mapping[str, Any], n: int, s: Mapping[str, Any] | None) -> str:

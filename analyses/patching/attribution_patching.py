@@ -224,6 +224,15 @@ def nonzero_count(effects: np.ndarray, floor: float = 0.0) -> int:
     return int((mag > max(NONZERO * peak, floor)).sum()) if peak > floor else 0
 
 
+def within_rounding(effects: np.ndarray, floor: float) -> int:
+    """Cells the rounding floor alone keeps from counting as non-zero: |effect| above NONZERO x the largest but
+    within `floor` (bfloat16 runs: real but tiny effects, review 10a C5, which are not "no exact effect")."""
+    mag = np.abs(np.asarray(effects, dtype=float))
+    mag = mag[np.isfinite(mag)]
+    peak = float(mag.max()) if mag.size else 0.0
+    return int(((mag > NONZERO * peak) & (mag <= floor)).sum()) if floor > 0 else 0
+
+
 def _r_without_top(pair: pd.DataFrame) -> float | None:
     """Pearson r of the cells without the one of largest |effect| (None when fewer than 3 remain or one is constant)."""
     rest = pair.drop(index=pair["effect"].abs().idxmax())
@@ -310,7 +319,7 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame, *, fl
                            ci_half: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
     """Join exact effects with attribution estimates; Pearson and Spearman r and the slope per site type.
 
-    Returns (joined table, {site type: {"pearson", "spearman", "n", "n_nonzero", "pearson_without_top",
+    Returns (joined table, {site type: {"pearson", "spearman", "n", "n_nonzero", "n_within_rounding", "pearson_without_top",
     "slope", "slope_ci", "slope_n", "spearman_nonzero", "top_exact", "missed"}}); r is None where either
     column is constant. n_nonzero counts the
     cells whose |exact effect| exceeds NONZERO of the largest: an r over one such cell among zeros is
@@ -336,6 +345,7 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame, *, fl
             "spearman": None if constant else float(pair["effect"].corr(pair["attribution"], method="spearman")),
             "n": int(len(group)),
             "n_nonzero": int(nonzero_count(pair["effect"].to_numpy(), floor)),
+            "n_within_rounding": within_rounding(pair["effect"].to_numpy(), floor),
             "pearson_without_top": None if constant else _r_without_top(pair),
             **slope_with_interval(pair["effect"].to_numpy(), pair["attribution"].to_numpy()),
             **rank_checks(group, floor),

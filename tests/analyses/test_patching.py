@@ -550,6 +550,20 @@ def test_bfloat16_rounding_counts_no_cell_and_no_verdict_rests_on_it():
     attr = exact.drop(columns="effect").assign(attribution=[0.5 * e for e in mlp])
     assert correlation_with_exact(exact, attr)[1]["mlp_out"]["n_nonzero"] == 8  # 1e-3 x 10.2 = 0.0102 alone
     assert correlation_with_exact(exact, attr, floor=floor)[1]["mlp_out"]["n_nonzero"] == 6
+    # review 10a C5: the two cells of +-2 steps are real effects the floor alone keeps out (one step is under 1e-3 of
+    # the peak anyway): the finding says they are within rounding, not that they have no exact effect
+    stats = correlation_with_exact(exact, attr, floor=floor)[1]["mlp_out"]
+    assert stats["n_within_rounding"] == 2 and correlation_with_exact(exact, attr)[1]["mlp_out"]["n_within_rounding"] == 0
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "clean_metric": 12.0,
+               "corrupted_metric": -1.0, "attribution_correlation": {"mlp_out": stats},
+               "rounding_floor": {"floor": floor, "basis": "measured", "n_cells": 2}}
+    said = finding("patching", summary)
+    assert ("no interval for r or the slope: the other 6 cells have no exact effect beyond this precision's rounding "
+            "(2 of them non-zero but within its floor, 0.031: measured on cells that patch an activation with itself)"
+            ) in said, said
+    plain = finding("patching", {**summary, "attribution_correlation": {
+        "mlp_out": correlation_with_exact(exact, attr)[1]["mlp_out"]}})
+    assert "the other 4 cells have no exact effect)" in plain or "the other 4 cells have no exact effect;" in plain, plain
     joined = exact.assign(attribution=attr["attribution"])  # the figure's legend counts alike
     assert site_slopes(joined, floor)["mlp_out"]["n_nonzero"] == 6 and site_slopes(joined)["mlp_out"]["n_nonzero"] == 8
 
