@@ -478,6 +478,11 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
             parts.append(f"Permuting layer {layer}'s attention changes the output by a median {change} of {tvd:.3g}.")
         if effect:
             parts.append(f"In the task metric's units, it {effect}.")
+        some = s.get("saturated") if isinstance(s.get("saturated"), Mapping) else {}
+        if s.get("loo_metric") == "logit_diff" and (_num(some.get("n_saturated")) or 0) > 0:  # review 10b A4
+            parts.append(f"The top token has p >= {some.get('threshold', 0.99)} on {some['n_saturated']:.0f} of "
+                         f"{some.get('n_examples', '?')} examples, where a distribution distance cannot move: leave-one-out "
+                         "is scored by the absolute change of the logit difference on every example.")
     jsd, near = _num(s.get("median_adversarial_jsd")), _num(s.get("fraction_adversarial_near_ln2"))
     if jsd is not None and sat is not None:
         adv = metric_effect(s, "adversarial_metric_change")

@@ -404,14 +404,14 @@ def clean_top_probs(model, task: Task, spans: Sequence[tuple[int, int]], rows: i
 
 def loo_metric(model, kind: str, saturated: dict | None) -> str:
     """What leave-one-out measures: 1 - cosine (encoders); the TVD of the next-token distribution,
-    unless most outputs are saturated (`saturated`, permutation.saturation) and the task metric is the
+    unless any output is saturated (`saturated`, permutation.saturation: n_saturated) and the task metric is the
     logit difference: then a TVD cannot move (review 9a A5) and the change of the logit difference is
     used, as the permutation test's finding does. A log-probability of a near-certain answer is as
     blind as the TVD, so with that metric the TVD stays and the finding says so."""
     if model.facts.is_encoder:
         return "1-cosine"
-    if kind == "logit_diff" and saturated is not None and saturated.get("is_saturated"):
-        return "logit_diff"
+    if kind == "logit_diff" and saturated is not None and (saturated.get("n_saturated") or 0) > 0:
+        return "logit_diff"  # review 10b A4: one saturated example's TVD ranks noise, so not only when most are
     return "tvd"
 
 

@@ -1010,3 +1010,18 @@ def test_sliding_window_last_layer_is_ranked_only_inside_its_window(arch_dirs, a
     assert res.summary["attention_window"] == {"window": 8, "ranked": [7, 7], "of": [11, 11], "n_examples_cut": 2}
     words = finding(res.summary)
     assert "(in 2 of 2 examples)" in words and "rank only the 7 tokens inside that window, of the 11 ranked" in words
+
+
+def test_loo_metric_follows_the_logit_difference_when_any_example_is_saturated():
+    """Review 10b A4: with 2 of 4 outputs saturated (not most) leave-one-out stayed a TVD, whose scores on those two
+    examples put 39 of 44 tokens under 1% of the importance: noise. One saturated example is enough to switch."""
+    from types import SimpleNamespace
+
+    from headscope.analyses.attribution.analysis import loo_metric
+    from headscope.analyses.attribution.permutation import saturation
+
+    decoder, encoder = (SimpleNamespace(facts=SimpleNamespace(is_encoder=e)) for e in (False, True))
+    assert loo_metric(decoder, "logit_diff", saturation([0.9999, 0.9995, 0.7, 0.6])) == "logit_diff"
+    assert loo_metric(decoder, "logit_diff", saturation([0.98, 0.7, 0.6, 0.5])) == "tvd"  # none at p >= 0.99
+    assert loo_metric(decoder, "logprob", saturation([0.9999] * 4)) == "tvd"  # a log-probability is as blind
+    assert loo_metric(encoder, "logit_diff", None) == "1-cosine"

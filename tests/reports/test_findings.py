@@ -1161,6 +1161,14 @@ def test_attribution_on_a_saturated_output_reads_the_logit_difference():
     text = finding("attribution", {**unsaturated, "permutation_abs_metric_change": 0.7})  # the metric moves: no "little"
     assert "barely moves the output distribution (median tvd 0.002), yet the task metric moves" in text
     assert "does little" not in text and "Leave-one-out is" not in text  # not saturated: no word on its metric
+    # review 10b A4: 2 of 4 saturated is not most, yet their TVDs rank noise: leave-one-out follows the logit
+    # difference (analysis.loo_metric on any saturated example) and the finding says on how many and why
+    half = saturation([0.9999, 0.9995, 0.7, 0.6])
+    assert half["is_saturated"] is False and half["n_saturated"] == 2
+    text = finding("attribution", {**unsaturated, "saturated": half, "loo_metric": "logit_diff"})
+    assert ("The top token has p >= 0.99 on 2 of 4 examples, where a distribution distance cannot move: leave-one-out "
+            "is scored by the absolute change of the logit difference on every example.") in text, text
+    assert "The output distribution is saturated" not in text
 
 
 def test_attribution_at_chance_reports_what_was_measured_only():
