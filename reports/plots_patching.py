@@ -139,6 +139,7 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
     boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
     if all(a.x1 + PAD <= b.x0 for a, b in zip(boxes, boxes[1:])):
         return False
+    plain = [text.removesuffix(" (last)") for text in plain]  # narrow: the x label says -1 is the last position
     ax.set_xticks(ax.get_xticks(), plain, rotation=0)
     fig.draw_without_rendering()
     widths = [t.get_window_extent(renderer).width for t, o in zip(ax.get_xticklabels(), offsets) if o != -1]
@@ -148,7 +149,7 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
     order = [index[o] for o in keep if o in index] + [i for i in reversed(range(len(offsets))) if offsets[i] % step == 0]
     thin_xtick_labels(ax, PAD, order)
     note = [f"pale: columns averaged over fewer than all {n_prompts} prompts;", *_n_runs(offsets, partial)] if partial else []
-    ax.set_xlabel("\n".join([_position_axis(n_prompts), *_lines(note)]))
+    ax.set_xlabel("\n".join([_position_axis(n_prompts) + "; -1 is the last", *_lines(note)]))
     return True
 
 
