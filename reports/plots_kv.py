@@ -219,15 +219,33 @@ def _share(x: float, tol: float = TOLERANCE) -> str:
     return f"{100 * abs(x):.{_digits(x, tol)}f}%"
 
 
+SHORT_UNITS = {"logit_diff": "logits", "logprob": "nats", "accuracy": "(accuracy, 0-1)"}
+
+
 def _band(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
-    """'+4.5% (95% CI [+3.1%, +5.9%], per example +1.5% to +10.4%, n = 16)' from a holding row (two decimals
-    near the band's edge)."""
+    """'+4.5% (95% CI [+3.1%, +5.9%], per example -0.12 to +0.8 logits, n = 16)' from a holding row (two decimals
+    near the band's edge). The per-example range is each prompt's policy - full in the metric's units (the row's
+    "unit", _with_units), never a share of its own full-cache value (review 10b C2: that value can lie near or
+    below 0); an older summary's per-example shares are left out."""
     inner = []
     if _num(row.get("ci_low")) is not None and _num(row.get("ci_high")) is not None:
         inner.append(f"95% CI [{_pc(row['ci_low'], tol)}, {_pc(row['ci_high'], tol)}]")
-    if _num(row.get("per_example_low")) is not None:
-        inner.append(f"per example {_pc(row['per_example_low'], tol)} to {_pc(row['per_example_high'], tol)}")
+    if _num(row.get("per_example_diff_low")) is not None:
+        unit = row.get("unit") or "in the metric's units"
+        inner.append(f"per example {row['per_example_diff_low']:+.3g} to {row['per_example_diff_high']:+.3g} {unit}")
     return f"{_pc(row['change'], tol)} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+
+
+def _with_units(hold: Any, unit: str) -> Any:
+    """A copy of holding_budgets' record with `unit` on every row that has a per-example range (for _band)."""
+    if isinstance(hold, Mapping):
+        out = {k: _with_units(v, unit) for k, v in hold.items()}
+        if "per_example_diff_low" in out:
+            out["unit"] = unit
+        return out
+    if isinstance(hold, list):
+        return [_with_units(v, unit) for v in hold]
+    return hold
 
 
 EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
@@ -646,7 +664,7 @@ def finding(s: Mapping[str, Any]) -> str:
     if full is not None and _chance(s) is not None:
         parts.append(f"Full-cache metric {full:.3g}.")
     elif full is not None and isinstance(hold, Mapping):
-        parts += _holding(s, hold, full)
+        parts += _holding(s, _with_units(hold, SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")), full)
     elif full is not None and budgets:
         context = _num(s.get("context_positions")) or max((int(b) for v in budgets.values() for b in v), default=None)
         ok, saving = [], False

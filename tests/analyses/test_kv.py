@@ -209,7 +209,8 @@ def test_holding_budgets_count_only_prompts_a_budget_evicts_from():
     ci = stats.ttest_1samp([1.0, 1.0, 0.5, 0.5], 0.0).confidence_interval(0.95)
     assert above["budget"] == 1 and above["change"] == pytest.approx(0.075)
     assert (above["ci_low"], above["ci_high"]) == pytest.approx((ci.low / 10, ci.high / 10))
-    assert (above["per_example_low"], above["per_example_high"]) == pytest.approx((0.05, 0.10))
+    # per example in the metric's units (review 10b C2): 10.5 and 11 against each prompt's own 10
+    assert (above["per_example_diff_low"], above["per_example_diff_high"]) == pytest.approx((0.5, 1.0))
     assert above["clear_of"] == "band"  # its interval's lower bound, +2.9%, clears the +1% tolerance
     sink = hold["policies"]["sink_window"]
     # review 8b A3: its mean at 8 is within 1% (+0.2%) but over 2 prompts its interval is [-3.6%, +4.0%]: not shown
