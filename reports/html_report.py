@@ -17,7 +17,7 @@ import pandas as pd
 from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores, section_links
 from headscope.reports.findings import caption, finding
-from headscope.reports.provenance import provenance_html, provenance_markdown, section_provenance
+from headscope.reports.provenance import budget_line, provenance_html, provenance_markdown, section_provenance
 from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
 
 CSS = """
@@ -154,6 +154,7 @@ def _provenance(out: Path) -> dict[str, Any]:
         "model": model.get("name", ""), "source": model.get("source", ""), "task": config.get("task") or "default",
         "seed": manifest.get("seed", ""), "quick": config.get("quick", ""), "device": config.get("device", ""),
         "dtype": config.get("dtype") or "",
+        **({"budget": budget_line(manifest)} if "budget_minutes" in config else {}),
         "commit": manifest.get("git_sha") or "unknown",
         "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) if isinstance(versions, dict) else str(versions),
         "command": " ".join(map(str, command)) if isinstance(command, list) else str(command or ""),
