@@ -60,8 +60,8 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
     xlabel = "cache budget (positions kept per layer, log2)"
     unit = UNITS.get(str(metric), "task metric")
     ax.set(xlabel=xlabel,
-           ylabel=f"change in {unit.split(' (')[0]} at the answer\n(% of the evicted prompts' own full-cache mean)",
-           title="Eviction what-if over the prompts each budget evicts from\n(band: 95% t interval over them)")
+           ylabel=f"change in {unit.split(' (')[0]} (%)\nvs the same prompts' full cache",
+           title="Eviction what-if over the prompts\neach budget evicts from (band: 95% t interval)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
     if len(table):  # under each budget: how many prompts it evicts anything from, of all
         grid = sorted(int(b) for b in table.budget.unique())
@@ -246,8 +246,15 @@ def _band(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
         inner.append(f"95% CI [{_pc(row['ci_low'], tol)}, {_pc(row['ci_high'], tol)}]")
     if _num(row.get("per_example_diff_low")) is not None:
         unit = row.get("unit") or "in the metric's units"
-        inner.append(f"per example {row['per_example_diff_low']:+.3g} to {row['per_example_diff_high']:+.3g} {unit}")
+        inner.append(f"per example {_span_units(row['per_example_diff_low'], row['per_example_diff_high'])} {unit}")
     return f"{_pc(row['change'], tol)} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+
+
+def _span_units(lo: float, hi: float) -> str:
+    """'-37.8 to +0.7': both ends with the decimals of 3 significant digits of the larger |end|."""
+    top = max(abs(lo), abs(hi))
+    digits = max(0, 2 - math.floor(math.log10(top))) if top > 0 and math.isfinite(top) else 2
+    return f"{lo:+.{digits}f} to {hi:+.{digits}f}"
 
 
 def _with_units(hold: Any, unit: str) -> Any:

@@ -647,7 +647,7 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
         evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
-        assert evicted.get_ylabel().startswith("change in logit difference at the answer")
+        assert evicted.get_ylabel().startswith("change in logit difference (%)")
         whole = [line for line in evicted.get_lines() if line.get_label() == "longest context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
         # prompts of contexts 2, 6, 8: budget 4 evicts from two of them, budget 1 from all three
@@ -685,7 +685,7 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
         ys = band.get_paths()[0].vertices[:, 1]
         assert min(ys) == pytest.approx(100 * ci.low / 6) and max(ys) == pytest.approx(100 * ci.high / 6)
         assert [t.get_text() for t in ax.get_xticklabels()] == ["2\n4/4", "8\n2/4", "12\n0/4"]
-        assert "the prompts it evicts from" in ax.get_xlabel() and "own full-cache mean" in ax.get_ylabel()
+        assert "the prompts it evicts from" in ax.get_xlabel() and "the same prompts' full cache" in ax.get_ylabel()
         zero = [li for li in ax.get_lines() if li.get_label() == "full cache (the same prompts)"]
         assert len(zero) == 1 and list(zero[0].get_ydata()) == [0, 0]
     finally:
