@@ -380,7 +380,7 @@ def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: 
         why = f"the interval is {(hi - lo) / (2 * tol):.0f} times as wide as the band"
     else:
         why = "its interval reaches beyond the band"
-    text = (f"{name} not shown (at {first['budget']}: {_flat(first, tol)}{_answers(first, guess)}: "
+    text = (f"{name} not shown to hold (at {first['budget']}: {_flat(first, tol)}{_answers(first, guess)}: "
             f"consistent with holding within {pct}, but {why}")
     if len(rows) > 1:
         text += f"; likewise at budget(s) {', '.join(str(r['budget']) for r in rows[1:])}"

@@ -840,7 +840,7 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
             "prompts evict anything there; +0.5% (95% CI") in text
     # review 8b A3: sink window's +0.2% at 8 (10.05 and 9.99 over 2 prompts) has a 95% CI far wider than 1%
     ci = stats.ttest_1samp([0.5, -0.1], 0.0).confidence_interval(0.95)  # in %
-    assert ("sink window not shown (at 8: +0.2%, 95% CI "
+    assert ("sink window not shown to hold (at 8: +0.2%, 95% CI "
             f"[{ci.low:+.1f}%, {ci.high:+.1f}%], per example -0.0100 to +0.0500 logits, n = 2: consistent with holding "
             "within 1%, "
             f"but the interval is {(ci.high - ci.low) / 2:.0f} times as wide as the band)") in text
@@ -856,7 +856,7 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
     # no policy holds, one is only consistent with holding: "not shown to stay", never "stays"
     wide = holding_budgets(_sweep_with_changes({"window": [-3.0, 3.0, -2.0, 2.4]}, None), n_sink=4)
     only = finding("kv", {**s, "holding_budgets": wide})
-    assert "window not shown (at 4: +0.1%, 95% CI" in only and "window from" not in only
+    assert "window not shown to hold (at 4: +0.1%, 95% CI" in only and "window from" not in only
     assert "No policy is shown to stay within 1% at a budget that evicts something, but window keeps 100.1%" in only
     assert ("heavy hitters never (at its largest budget that evicts, 8, "
             "its mean is still more than 1% below the full cache: keeps 90.0% of "
