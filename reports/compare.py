@@ -52,7 +52,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
 from headscope.reports.findings import _words, finding
 from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.patching_sites import share, tied
-from headscope.reports.provenance import provenance_lines
+from headscope.reports.provenance import provenance_lines, speed_text
 from headscope.reports.render import escape
 from headscope.reports.resume_settings import bos_option
 
@@ -304,9 +304,15 @@ def _task_text(record: Mapping[str, Any]) -> str:
 
 
 def _budget_text(record: Mapping[str, Any]) -> str:
+    """The settings a run's budget changed, with the speed it was fitted to where recorded (review 10a A2: two runs
+    of one command can differ here by the load at their start, not by any setting)."""
     changed = record.get("budget_changed") or {}
-    return ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, (list, tuple)) and len(v) == 2 else f"{k} {v}"
+    text = ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, (list, tuple)) and len(v) == 2 else f"{k} {v}"
                      for k, v in changed.items()) or "none"
+    speed = record.get("budget_speed")
+    if changed and isinstance(speed, Mapping):
+        text += f" (fitted to the speed measured at the start of the run: {speed_text(speed)})"
+    return text
 
 
 def _finding_cell(run: Run, name: str) -> str:

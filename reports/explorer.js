@@ -29,7 +29,11 @@
     for (var k in attrs) e.setAttribute(k, attrs[k]);
     return e;
   }
-  function tokens() { return data.examples[st.ex].tokens; }
+  // A token as shown: a space as "\u2423" (a byte-level BPE's " Sever" is "\u2423Sever", a lone space token
+  // "\u2423", never a blank label), a newline as "\u21b5", a tab as "\u21e5" (review 10a B2).
+  function visible(t) { return String(t).replace(/ /g, "\u2423").replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5"); }  // tokens_view.visible_token
+  var shownTokens = data.examples.map(function (e) { return e.tokens.map(visible); });
+  function tokens() { return shownTokens[st.ex]; }
   function pattern(ex, l, h) {  // [query][key] floats, zeros restored
     var key = ex + "/" + l + "/" + h;
     if (cache[key]) return cache[key];

@@ -12,7 +12,9 @@ grouped under "kv0", "kv1", ... for GQA/MQA models) with a bar per head for the 
 the first token (the sink); below it a thumbnail of every head's pattern on the chosen example
 (click opens that head, hover previews it, shift+click overlays several: their mean or elementwise
 max); the selected head's pattern on the chosen example as a query x key
-heatmap with token labels, or as lines between query and key tokens; hovering a token
+heatmap with token labels, or as lines between query and key tokens (every label, the token strip and the
+tooltips show a space as "␣", a newline as "↵", a tab as "⇥": a byte-level BPE's " Sever" reads "␣Sever" against
+the word piece "al", and a lone space token "␣", never a blank row); hovering a token
 highlights its row (where it attends) and its column (what attends to it); clicking a query token
 pins it, shading every token by that query's attention weight (or, where the report's attribution
 analysis scored the example, by an attribution method's signed scores: red positive, blue negative);

@@ -17,7 +17,13 @@ import pandas as pd
 from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores, section_links
 from headscope.reports.findings import caption, finding
-from headscope.reports.provenance import bos_sentence, provenance_html, provenance_markdown, section_provenance
+from headscope.reports.provenance import (
+    bos_sentence,
+    budget_line,
+    provenance_html,
+    provenance_markdown,
+    section_provenance,
+)
 from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
 
 CSS = """
@@ -155,6 +161,7 @@ def _provenance(out: Path) -> dict[str, Any]:
         "seed": manifest.get("seed", ""), "quick": config.get("quick", ""), "device": config.get("device", ""),
         "dtype": config.get("dtype") or "",
         **({"BOS": bos} if (bos := bos_sentence(config)) else {}),
+        **({"budget": budget_line(manifest)} if "budget_minutes" in config else {}),
         "commit": manifest.get("git_sha") or "unknown",
         "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) if isinstance(versions, dict) else str(versions),
         "command": " ".join(map(str, command)) if isinstance(command, list) else str(command or ""),

@@ -130,6 +130,15 @@ def label(text: Any) -> str:
     return "".join(out)
 
 
+def token_label(token: Any) -> str:
+    """A token as a tick label: `label`, with each space shown as "␣" (review 10a B2: a byte-level BPE's
+    " Sever" must read apart from the word piece "al", and a token that is only a space must not be a blank
+    label; a newline "↵", a tab "⇥"), as the explorer shows it (tokens_view.visible_token)."""
+    from headscope.reports.tokens_view import visible_token
+
+    return label(visible_token(token))
+
+
 def symmetric_bound(*arrays: Any) -> float:
     """max |value| over the arrays (NaN ignored), 1 when there is none or it is 0: vmin = -bound, vmax = bound."""
     import numpy as np

@@ -22,7 +22,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.reports.explorer import pattern_from_data
-from headscope.reports.plots import color_scale, label
+from headscope.reports.plots import color_scale, label, token_label
 
 MAX_LABELS = 48  # tick labels per axis; longer examples label every k-th token
 # scores read from the attention patterns alone (no task metric), used instead of importance at chance
@@ -71,7 +71,7 @@ def top_heads_figure(data: Mapping[str, Any], *, score: str | None = None, k: in
     heads = top_heads(data, name, k)
     if not heads or not data.get("examples"):
         return None
-    tokens = [label(t) for t in data["examples"][example]["tokens"]]
+    tokens = [token_label(t) for t in data["examples"][example]["tokens"]]
     size = max(3.0, 0.16 * len(tokens) + 1.2)
     # the colour bar in a column of its own (width 0.15 in): constrained layout then keeps every panel's
     # title (which may be wider than its panel) clear of it, as it keeps the panels clear of each other

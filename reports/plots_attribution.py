@@ -22,7 +22,7 @@ from headscope.analyses.attribution.convergence import IgUse, ig_use
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
 from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, t_interval, wilson
-from headscope.reports.plots import axes, color_scale, label, laid_out
+from headscope.reports.plots import axes, color_scale, laid_out, token_label
 
 # the scores table ranks every token but these two (analyses/attribution/analysis.py): the first is
 # BOS / [CLS] (or, with no BOS in front, the prompt's own first token) and the last the token that predicts
@@ -111,7 +111,7 @@ def plot_token_heatmap(data: pd.DataFrame, *, example: int | None = None, ax=Non
     labels = one.drop_duplicates("position").set_index("position").token.reindex(grid.columns)
     ax = axes(ax, (max(6, 0.3 * grid.shape[1]), 3))
     sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), is_signed=False),
-                xticklabels=[label(t) for t in labels], cbar_kws={"label": "share of importance (0-1)"})
+                xticklabels=[token_label(t) for t in labels], cbar_kws={"label": "share of importance (0-1)"})
     ax.set_xlabel(f"token ({SKIPPED})")
     ax.set_ylabel("")
     ax.set_title(f"Token importance by method, example {example}")

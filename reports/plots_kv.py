@@ -2,7 +2,8 @@
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
 
-The eviction band is a bootstrap over examples with a fixed seed, so equal Results give byte-identical PNGs.
+The eviction band is a t interval over the prompts a budget evicts from (the finding's), so equal Results give
+byte-identical PNGs.
 
 This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
 (how to read its section), `CAPTIONS` (each figure's, by stem) and `finding(summary)`, its headline.
@@ -28,38 +29,48 @@ UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-proba
 
 
 def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
-    """The Task metric (`data`: the Result's df; mean, seeded bootstrap 95% CI over examples) against the
-    cache budget, one line per policy. Under each budget's tick, how many prompts it evicts from; a
-    tick whose label would run into its neighbour's (close budgets on the log axis) is left unlabelled
+    """What the kv finding measures (review 10a B3): per policy and budget, the change of the prompts that budget
+    evicts from against those same prompts' own full cache, mean(policy - full) / |mean(full)| in % with its 95%
+    t interval (analyses/kv/holding.budget_changes, the finding's numbers), on the sweep `data` (the Result's df);
+    0 is the full cache, the grey band the finding's +-1%. A budget that evicts from no prompt has no point (it
+    equals the full cache by construction): averaging kept-whole prompts in, as a mean over all prompts does,
+    would halve a loss evicted from half the prompts. Under each budget's tick: n, the prompts it evicts from,
+    of all; a tick whose label would run into its neighbour's (close budgets on the log axis) is left unlabelled
     and the x label lists it with its count (plots.thin_xtick_labels)."""
+    from headscope.analyses.kv.holding import TOLERANCE as BAND
+    from headscope.analyses.kv.holding import budget_changes
+
     new_figure = ax is None
     ax, df = axes(ax, (7.5, 4)), data
-    evicted = df[df.policy != "full"]
-    sns.lineplot(data=evicted, x="budget", y="metric", hue="policy", style="policy", markers=True, ax=ax,
-                 errorbar=("ci", 95), n_boot=1000, seed=0)
-    full = df[df.policy == "full"].metric.mean()
-    ax.axhline(full, color="grey", ls="--", lw=1, label="full cache")
-    whole = df[df.policy == "full"].budget.max()  # a budget this large keeps everything: it saves nothing
+    full_rows = df[df.policy == "full"]
+    whole = full_rows.budget.max()  # a budget this large keeps everything: it saves nothing
+    if "context" not in df and not {"kept", "cached"} <= set(df):
+        df = df.assign(context=whole)  # no lengths: every prompt as long as the full cache's budget
+    table = budget_changes(df) if len(df[df.policy != "full"]) else pd.DataFrame()
+    colours = sns.color_palette(n_colors=max(1, table.policy.nunique() if len(table) else 1))
+    for colour, marker, (policy, g) in zip(colours, "osD^v", table.groupby("policy", sort=False) if len(table) else []):
+        g = g[g.n_evicting > 0].sort_values("budget")
+        ax.plot(g.budget, 100 * g.change, color=colour, marker=marker, lw=1.5, label=str(policy).replace("_", " "))
+        ax.fill_between(g.budget, 100 * g.ci_low, 100 * g.ci_high, color=colour, alpha=0.2, lw=0)
+    ax.axhline(0, color="grey", ls="--", lw=1, label="full cache (the same prompts)")
+    ax.axhspan(-100 * BAND, 100 * BAND, color="grey", alpha=0.15, lw=0, label=f"within {100 * BAND:.0f}%")
     if pd.notna(whole):
         ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
     ax.set_xscale("log", base=2)
     xlabel = "cache budget (positions kept per layer, log2)"
+    unit = UNITS.get(str(metric), "task metric")
     ax.set(xlabel=xlabel,
-           ylabel=f"{UNITS.get(str(metric), 'task metric')} at the answer",
-           title="Eviction what-if (band: bootstrap 95% CI over examples)")
+           ylabel=f"change in {unit.split(' (')[0]} (%)\nvs the same prompts' full cache",
+           title="Eviction what-if over the prompts\neach budget evicts from (band: 95% t interval)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
-    contexts = df[df.policy == "full"].set_index("example").get("context")
-    if contexts is not None and len(evicted):  # under each budget: how many prompts it evicts anything from
-        grid = sorted(int(b) for b in evicted.budget.unique())
-        if {"kept", "cached"} <= set(df):  # what the policies remove (a sliding-window layer holds only its window)
-            evicts = evicted.kept < evicted.cached
-            count = {int(b): int(g.example[evicts[g.index]].nunique()) for b, g in evicted.groupby("budget")}
-        else:
-            count = {b: int((contexts > b).sum()) for b in grid}
-        texts = [f"{b}\n{count[b]}/{len(contexts)}" for b in grid]
+    if len(table):  # under each budget: how many prompts it evicts anything from, of all
+        grid = sorted(int(b) for b in table.budget.unique())
+        count = table.groupby("budget").n_evicting.max()
+        n_all = int(full_rows.example.nunique())
+        texts = [f"{b}\n{int(count[b])}/{n_all}" for b in grid]
         ax.set_xticks(grid, texts)
         ax.xaxis.set_minor_locator(NullLocator())
-        xlabel += "\nunder it: prompts it evicts from / all"
+        xlabel += "\nunder it: n, the prompts it evicts from / all"
         ax.set_xlabel(xlabel)
         blanked: list[int] = []
         for _ in range(3):  # close budgets (16 and 19 on a log axis): their labels would run together
@@ -170,10 +181,13 @@ GUIDE = (  # how to read this section of the report
     "says), and how the metric holds up when the cache keeps only sinks plus a recent window, a window alone, or heavy hitters."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "kv_eviction": "Task metric at the answer (y, in the task metric's units) against the number of cached positions "
-                   "each layer keeps (x, log2; under each budget, how many prompts it evicts anything from: a prompt "
-                   "kept whole equals the full cache), per eviction policy, with a 95% bootstrap band over examples; "
-                   "dashed: the full cache; dotted: the longest context, a budget that saves nothing for any prompt. "
+    "kv_eviction": "What the finding states: per eviction policy, the change of the task metric at the answer over the "
+                   "prompts each budget evicts anything from, against those same prompts' own full cache (y: mean of "
+                   "policy - full cache as a % of their full-cache mean; band: its 95% t interval over them), against "
+                   "the number of cached positions each layer keeps (x, log2; under each budget, n: the prompts it "
+                   "evicts from, of all; a budget that evicts from none has no point, a prompt kept whole equals the "
+                   "full cache). Dashed: 0, the full cache; grey band: within 1%, the finding's tolerance; dotted: "
+                   "the longest context, a budget that saves nothing for any prompt. "
                    "A sliding-window layer already holds at most window - 1 past positions: window and heavy hitters "
                    "evict from it only below that, and sinks outside its window are gone already (the finding names "
                    "those layers). A budget too close to its left neighbour for its own label keeps its tick and is "
@@ -219,15 +233,40 @@ def _share(x: float, tol: float = TOLERANCE) -> str:
     return f"{100 * abs(x):.{_digits(x, tol)}f}%"
 
 
+SHORT_UNITS = {"logit_diff": "logits", "logprob": "nats", "accuracy": "(accuracy, 0-1)"}
+
+
 def _band(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
-    """'+4.5% (95% CI [+3.1%, +5.9%], per example +1.5% to +10.4%, n = 16)' from a holding row (two decimals
-    near the band's edge)."""
+    """'+4.5% (95% CI [+3.1%, +5.9%], per example -0.12 to +0.8 logits, n = 16)' from a holding row (two decimals
+    near the band's edge). The per-example range is each prompt's policy - full in the metric's units (the row's
+    "unit", _with_units), never a share of its own full-cache value (review 10b C2: that value can lie near or
+    below 0); an older summary's per-example shares are left out."""
     inner = []
     if _num(row.get("ci_low")) is not None and _num(row.get("ci_high")) is not None:
         inner.append(f"95% CI [{_pc(row['ci_low'], tol)}, {_pc(row['ci_high'], tol)}]")
-    if _num(row.get("per_example_low")) is not None:
-        inner.append(f"per example {_pc(row['per_example_low'], tol)} to {_pc(row['per_example_high'], tol)}")
+    if _num(row.get("per_example_diff_low")) is not None:
+        unit = row.get("unit") or "in the metric's units"
+        inner.append(f"per example {_span_units(row['per_example_diff_low'], row['per_example_diff_high'])} {unit}")
     return f"{_pc(row['change'], tol)} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+
+
+def _span_units(lo: float, hi: float) -> str:
+    """'-37.8 to +0.7': both ends with the decimals of 3 significant digits of the larger |end|."""
+    top = max(abs(lo), abs(hi))
+    digits = max(0, 2 - math.floor(math.log10(top))) if top > 0 and math.isfinite(top) else 2
+    return f"{lo:+.{digits}f} to {hi:+.{digits}f}"
+
+
+def _with_units(hold: Any, unit: str) -> Any:
+    """A copy of holding_budgets' record with `unit` on every row that has a per-example range (for _band)."""
+    if isinstance(hold, Mapping):
+        out = {k: _with_units(v, unit) for k, v in hold.items()}
+        if "per_example_diff_low" in out:
+            out["unit"] = unit
+        return out
+    if isinstance(hold, list):
+        return [_with_units(v, unit) for v in hold]
+    return hold
 
 
 EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
@@ -341,7 +380,7 @@ def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: 
         why = f"the interval is {(hi - lo) / (2 * tol):.0f} times as wide as the band"
     else:
         why = "its interval reaches beyond the band"
-    text = (f"{name} not shown (at {first['budget']}: {_flat(first, tol)}{_answers(first, guess)}: "
+    text = (f"{name} not shown to hold (at {first['budget']}: {_flat(first, tol)}{_answers(first, guess)}: "
             f"consistent with holding within {pct}, but {why}")
     if len(rows) > 1:
         text += f"; likewise at budget(s) {', '.join(str(r['budget']) for r in rows[1:])}"
@@ -651,7 +690,7 @@ def finding(s: Mapping[str, Any]) -> str:
     if full is not None and _chance(s) is not None:
         parts.append(f"Full-cache metric {full:.3g}.")
     elif full is not None and isinstance(hold, Mapping):
-        parts += _holding(s, hold, full)
+        parts += _holding(s, _with_units(hold, SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")), full)
     elif full is not None and budgets:
         context = _num(s.get("context_positions")) or max((int(b) for v in budgets.values() for b in v), default=None)
         ok, saving = [], False

@@ -41,12 +41,12 @@ from headscope.reports.plots import (
     axes,
     color_scale,
     fit_title,
-    label,
     laid_out,
     quiet_reason,
     scale_ticks,
     symmetric_bound,
     thin_xtick_labels,
+    token_label,
 )
 from headscope.reports.plots_circuits import PARTIAL_VEIL
 
@@ -56,13 +56,20 @@ KV_SITES = ("k", "v")  # their head index is the KV head (grouped-query attentio
 NORMALISED = "share of the clean-corrupted gap"
 
 
+def _position_token(text: str) -> str:
+    """'3: ␣Sever' from the table's '3:  Sever' (patching/inputs.py labels a position "i: token"): the token's
+    spaces shown as the explorer shows them (plots.token_label), the separator's left alone."""
+    head, sep, rest = str(text).partition(": ")
+    return f"{head}: {token_label(rest)}" if sep and head.isdigit() else token_label(text)
+
+
 def position_labels(rows: pd.DataFrame, positions, n_prompts: int | None, n_positions: int | None = None) -> list[str]:
     """Tick labels for patched positions (left-padded: the last position is every prompt's last
     token): "i: token" when there is one prompt, else the place from the end, "-1 (last)", "-2", ...
     (the table's tokens are one prompt's, wrong under an average over prompts of other tokens)."""
     if n_prompts == 1:
         tokens = rows.drop_duplicates("pos").set_index("pos")["token"]
-        return [label(tokens[p]) for p in positions]
+        return [_position_token(tokens[p]) for p in positions]
     end = int(n_positions) if n_positions else int(max(positions)) + 1
     return [f"{int(p) - end} (last)" if int(p) == end - 1 else str(int(p) - end) for p in positions]
 

@@ -202,17 +202,67 @@ def section_provenance(folder: Path, used: str = "") -> dict[str, Any]:
         budget = {}
     changed = budget.get("changed") if isinstance(budget, dict) else None
     record["budget_changed"] = changed if isinstance(changed, dict) else {}
+    speed = manifest_speeds(folder.parent).get(folder.name)
+    if speed is not None:
+        record["budget_speed"] = speed
     return record
 
 
-def _changed_text(changed: Mapping[str, Any]) -> str:
+def manifest_speeds(out: Path) -> dict[str, dict[str, Any]]:
+    """{analysis: the timed pass its budget rests on} from OUT/manifest.json's "budget" (budget.speed_record;
+    {} for runs written before it was recorded, or no manifest)."""
+    try:
+        budget = io.read_json(out / "manifest.json").get("budget") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(k): v["speed"] for k, v in budget.items() if isinstance(v, Mapping) and isinstance(v.get("speed"), Mapping)}
+
+
+def speed_text(speed: Mapping[str, Any]) -> str:
+    """'2.1e-11 s per flop (a forward pass of 4 x 64 random tokens in 0.012 s on cpu, 1 thread)' from a
+    budget.speed_record."""
+    rate = speed.get("seconds_per_flop")
+    text = f"{rate:.2g} s per flop" if isinstance(rate, (int, float)) else "not recorded"
+    rows, length, secs = speed.get("rows"), speed.get("length"), speed.get("pass_s")
+    if isinstance(rows, int) and isinstance(length, int) and isinstance(secs, (int, float)):
+        threads = speed.get("threads")
+        where = f" on {speed.get('device') or 'this machine'}" + (
+            f", {threads} thread{'s' if threads != 1 else ''}" if isinstance(threads, int) else "")
+        text += f" (a forward pass of {rows} x {length} random tokens in {secs:.2g} s{where})"
+    return text
+
+
+def budget_line(manifest: Mapping[str, Any]) -> str:
+    """The Provenance table's budget row: 'none (--budget inf): every analysis ran its preset in full', or '3
+    minutes, fitted to this machine's speed measured at the start of the run: <speed_text, per timed length>;
+    another run may fit differently (--budget inf runs every preset in full)'."""
+    minutes = (manifest.get("config") or {}).get("budget_minutes")
+    if not isinstance(minutes, (int, float)):
+        return "none (--budget inf): every analysis ran its preset in full"
+    speeds = {}
+    for entry in (manifest.get("budget") or {}).values():
+        speed = entry.get("speed") if isinstance(entry, Mapping) else None
+        if isinstance(speed, Mapping):
+            speeds.setdefault(speed.get("length"), speed_text(speed))
+    measured = "; ".join(speeds[k] for k in sorted(speeds, key=lambda k: k if isinstance(k, int) else 0)) or "not recorded"
+    return (f"{minutes:g} minutes, fitted to this machine's speed measured at the start of the run: {measured}; "
+            "another run may fit differently (--budget inf runs every preset in full)")
+
+
+def _changed_text(changed: Mapping[str, Any], speed: Mapping[str, Any] | None = None) -> str:
+    """'the budget changed no setting', or (review 10a A2: the settings depend on a speed timed at the start of the
+    run, so the same command can give another section) 'the budget (fitted to this machine's speed measured at the
+    start of the run: <speed_text>) changed <setting old -> new, ...>; another run may fit differently; --budget
+    inf runs the preset in full'."""
     if not changed:
         return "the budget changed no setting"
     parts = []
     for key, value in changed.items():
         old, new = value if isinstance(value, (list, tuple)) and len(value) == 2 else ("?", value)
         parts.append(f"{key} {old} -> {new}")
-    return "the budget changed " + ", ".join(parts)
+    measured = f": {speed_text(speed)}" if isinstance(speed, Mapping) else ""
+    return (f"the budget (fitted to this machine's speed measured at the start of the run{measured}) changed "
+            + ", ".join(parts) + "; another run may fit differently; --budget inf runs the preset in full")
 
 
 def _pairs_text(record: Mapping[str, Any]) -> str:
@@ -269,7 +319,7 @@ def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     task = record.get("task") or "not recorded"
     lines = [f"task: {task}, from {record.get('source') or 'not recorded'}",
              f"examples: {_count_text(record)}{_rows_text(record)}{_pairs_text(record)}; "
-             f"{_changed_text(record.get('budget_changed') or {})}"]
+             f"{_changed_text(record.get('budget_changed') or {}, record.get('budget_speed'))}"]
     for key in ("uses", "metric", "note"):
         if isinstance(record.get(key), str) and record[key]:
             lines.append(f"{key}: {record[key]}")

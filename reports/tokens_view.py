@@ -160,14 +160,22 @@ def one_example_grids(result: Any, limit: int = 4) -> str:
     return "".join(out)
 
 
+def visible_token(token: Any) -> str:
+    """A token as a label that shows its whitespace: each space as "␣", a newline as "↵", a tab as "⇥" (review 10a
+    B2: a byte-level BPE's " Sever" must read apart from the word piece "al", and a token that is only a space
+    must not be a blank label). The explorer's script (explorer.js `visible`) and the figures' token ticks
+    (plots.token_label) show tokens the same way."""
+    return str(token).replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+
+
 # ---- attention patterns of chosen heads --------------------------------------------------------------
 def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] | None = None, title: str = "") -> HTMLView:
     """Attention patterns [head, query, key] (CircuitsVis's shape; [query, key] is one head) over string
     tokens: one grid per head, rows the queries, columns the keys, each cell's colour its weight and
-    its tooltip the value (query token -> key token)."""
+    its tooltip the value (query token -> key token); a token's spaces show as "␣" (visible_token)."""
     values = _numbers(pattern, "pattern")
     values = values[None] if values.ndim == 2 else values
-    tokens = [str(t) for t in tokens]
+    tokens = [visible_token(t) for t in tokens]  # labels and tooltips show spaces as "␣"
     n = len(tokens)
     if values.ndim != 3 or values.shape[1:] != (n, n):
         raise ConfigError(f"pattern must be [head, query, key] (or [query, key]) over the {n} tokens, "

@@ -17,7 +17,10 @@ analyses (each gets what it needs when the sum fits; otherwise the costly ones a
 share of what is left, heads and patching, the report's first two sections, a double share).
 The report's budget is `--budget` minutes, by default REPORT_MINUTES
 (QUICK_MINUTES with --quick); the summary of each analysis records its budget, its estimate and
-the settings the budget changed (`summary["budget"]`).
+the settings the budget changed (`summary["budget"]`); manifest.json's "budget" records per analysis its share,
+its estimate and the timed pass it rests on (`speed_record`): the settings a budget picks depend on the machine's
+speed at the start of the run, so another run of the same command may fit differently (`--budget inf` runs
+every preset in full), and the report says so in each section the budget changed (reports/provenance.py).
 """
 from __future__ import annotations
 
@@ -79,6 +82,7 @@ class Fitted:
     seconds: float
     budget_s: float | None
     changed: dict[str, list[Any]] = field(default_factory=dict)
+    speed: dict[str, Any] | None = None  # the timed pass the seconds came from (speed_record), None if none was timed
 
     def summary(self) -> dict[str, Any]:
         """What summary["budget"] records: the estimate in row passes (the machine's speed left out, so
@@ -87,8 +91,11 @@ class Fitted:
                 "changed": self.changed}
 
     def timing(self) -> dict[str, Any]:
-        """What manifest.json's "budget" records per analysis: its share and its estimate in seconds."""
-        return {"budget_s": None if self.budget_s is None else round(self.budget_s, 1), "estimated_s": round(self.seconds, 1)}
+        """What manifest.json's "budget" records per analysis: its share, its estimate in seconds and the speed
+        they rest on (speed_record: review 10a A2, a budgeted report's contents depend on a pass timed at the start
+        of the run, which another run need not reproduce)."""
+        return {"budget_s": None if self.budget_s is None else round(self.budget_s, 1), "estimated_s": round(self.seconds, 1),
+                **({"speed": self.speed} if self.speed else {})}
 
 
 # ---- measuring ------------------------------------------------------------------------------
@@ -128,6 +135,28 @@ def _rate(model, length: int) -> float:
     return rates[length]
 
 
+def _timed_length(model, n_pos: int) -> int:
+    """The length of the timed pass whose rate seconds_per_pass uses for n_pos tokens."""
+    length = min(MEASURE_LENGTH, max(1, min(int(n_pos), int(model.facts.n_ctx))))
+    return 1 << (length.bit_length() - 1)
+
+
+def speed_record(model, n_pos: int) -> dict[str, Any] | None:
+    """What a fit's seconds rest on, for the manifest and the report (None where no pass was timed):
+    {"seconds_per_flop", "length" and "rows" of the timed pass, "pass_s" (its seconds, flops x rate), "device",
+    "threads"} of the pass timed at seconds_per_pass's length for n_pos tokens (None where it cannot be had)."""
+    try:
+        length = _timed_length(model, n_pos)
+        rate = _rate(model, length)  # measured already by the fit that asks (once per model and length)
+        rows = max(1, MEASURE_TOKENS // length)
+        flops = flops_per_row(model, length)
+    except Exception:  # noqa: BLE001 - a record must not fail a fit (a stand-in model in a test has no facts)
+        return None
+    return {"seconds_per_flop": float(f"{rate:.3g}"), "length": length, "rows": rows,
+            "pass_s": float(f"{rate * rows * flops:.3g}"),
+            "device": str(getattr(model, "device", "cpu")), "threads": int(torch.get_num_threads())}
+
+
 def seconds_per_pass(model, n_pos: int) -> float:
     """Seconds of one row pass at n_pos tokens on this machine: flops_per_row times the seconds per
     flop of a timed pass at the largest power of two up to min(n_pos, MEASURE_LENGTH) tokens. A short
@@ -135,8 +164,7 @@ def seconds_per_pass(model, n_pos: int) -> float:
     about its own length, never longer; passes past MEASURE_LENGTH use that length's rate, so long
     contexts come out dear rather than cheap."""
     n_pos = max(1, min(int(n_pos), int(model.facts.n_ctx)))
-    length = min(MEASURE_LENGTH, n_pos)
-    return _rate(model, 1 << (length.bit_length() - 1)) * flops_per_row(model, n_pos)
+    return _rate(model, _timed_length(model, n_pos)) * flops_per_row(model, n_pos)
 
 
 # ---- fitting --------------------------------------------------------------------------------
@@ -195,7 +223,8 @@ def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | 
         if seconds(cost) > budget_s:
             log.info("the estimate %.0f s still exceeds the budget of %.0f s with every sweep at its smallest",
                      seconds(cost), budget_s)
-    return Fitted(config=fitted, cost=cost, seconds=seconds(cost), budget_s=budget_s, changed=changes(config, fitted))
+    return Fitted(config=fitted, cost=cost, seconds=seconds(cost), budget_s=budget_s, changed=changes(config, fitted),
+                  speed=speed_record(model, cost.n_pos))
 
 
 def allocate(estimates: Mapping[str, float], budget_s: float, weights: Mapping[str, float] | None = None) -> dict[str, float]:
@@ -323,4 +352,4 @@ def task_length(task: Any, model: Any, default: int = 64) -> int:
 
 __all__ = ["Cost", "CostModel", "Fitted", "OVERHEAD", "OVERHEAD_PER_ANALYSIS_S", "QUICK_MINUTES", "REPORT_MINUTES",
            "STEP_POSITIONS", "allocate", "changes", "describe", "examples_knob", "fewer_examples", "fit", "flops_per_row",
-           "kept_back", "n_rows", "plan", "resumed_share", "seconds_per_pass", "task_length"]
+           "kept_back", "n_rows", "plan", "resumed_share", "seconds_per_pass", "speed_record", "task_length"]

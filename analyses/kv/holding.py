@@ -9,7 +9,9 @@ positions long, most prompts may be kept whole; on a model whose every layer sli
 from (paired with their own full-cache value):
 
 - change: mean(policy - full) / |mean(full)| over those prompts; its 95% t interval treats the
-  denominator as fixed; per_example: the range of (policy - full) / |full| over them;
+  denominator as fixed; per_example_diff: the range of policy - full over them, in the metric's own units
+  (review 10b C2: a prompt's own full-cache logit difference can lie near or below 0, and a share of it
+  flips sign or runs to -1400%);
 - verdict: "holds" where its 95% interval lies inside +-tolerance (chance.inside, the equivalence
   reading), "not shown" where the mean is within the tolerance but its interval reaches beyond it
   (consistent with holding, too few or too varied prompts to show it), "above" / "below" where the
@@ -61,7 +63,8 @@ def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
 
 def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per (policy, budget) of the sweep (not "full"): n_examples, n_evicting (prompts whose
-    context is longer than the budget), change, ci_low, ci_high, per_example_low, per_example_high,
+    context is longer than the budget), change, ci_low, ci_high, per_example_diff_low, per_example_diff_high
+    (policy - full in the metric's units),
     share (median kept / cached, the cache kept) over the evicting prompts (NaN where none evicts), and with a
     `correct` column in the sweep, correct and full_correct (counts over the evicting prompts); with answers
     ([example] answer token ids), guess_correct: those of the evicting prompts whose answer is the commonest.
@@ -83,8 +86,8 @@ def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None) ->
             evicting = g.index[ctx.to_numpy() > budget]
         kept_share = pd.Series(kept_share, index=g.index)
         row = {"policy": policy, "budget": int(budget), "n_examples": len(g), "n_evicting": len(evicting),
-               "change": math.nan, "ci_low": math.nan, "ci_high": math.nan, "per_example_low": math.nan,
-               "per_example_high": math.nan, "share": math.nan}
+               "change": math.nan, "ci_low": math.nan, "ci_high": math.nan, "per_example_diff_low": math.nan,
+               "per_example_diff_high": math.nan, "share": math.nan}
         if "correct" in g:
             row.update(correct=int(g.correct.reindex(evicting).sum()), full_correct=int(full.correct.reindex(evicting).sum()))
             if guess is not None:
@@ -93,10 +96,9 @@ def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None) ->
             base = full.metric.reindex(evicting).to_numpy(dtype=float)  # [evicting]
             diff = g.metric.reindex(evicting).to_numpy(dtype=float) - base
             scale = abs(float(base.mean())) or 1.0
-            per = diff / np.where(base != 0, np.abs(base), scale)
             ci = _interval(diff, scale)
-            row.update(change=float(diff.mean()) / scale, per_example_low=float(per.min()),
-                       per_example_high=float(per.max()),
+            row.update(change=float(diff.mean()) / scale, per_example_diff_low=float(diff.min()),
+                       per_example_diff_high=float(diff.max()),
                        share=float(np.median(kept_share.reindex(evicting).to_numpy(dtype=float))))
             if ci is not None:
                 row.update(ci_low=ci[0], ci_high=ci[1])
@@ -134,6 +136,9 @@ def _verdict(row: dict[str, Any], tolerance: float) -> str:
     if abs(change) > tolerance:
         return "above" if change > 0 else "below"
     return "holds" if inside(row["ci_low"], row["ci_high"], tolerance) else "not shown"
+
+
+MIN_EVICTING = 2  # fewest prompts a budget must evict from for its result to be a policy's closest or answers' start
 
 
 def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLERANCE,
@@ -181,17 +186,21 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
         entry["verdicts"] = {str(r["budget"]): r["verdict"] for r in records}
         entry["not_shown"] = [r for r in records if r["verdict"] == "not shown"]
         sizes = [abs(r["change"]) for r in records if r["change"] is not None]
-        if sizes:
-            entry["closest"] = min((r for r in records if r["change"] is not None), key=lambda r: abs(r["change"]))
+        if sizes:  # closest among budgets that evict from MIN_EVICTING prompts or more where any do (review 10a A4:
+            # "keeps 99.8% ... from budget 64" rested on the one prompt long enough to be evicted there)
+            sized = [r for r in records if r["change"] is not None]
+            entry["closest"] = min([r for r in sized if r["n_evicting"] >= MIN_EVICTING] or sized,
+                                   key=lambda r: abs(r["change"]))
             out_of = [r for r in records if r["change"] is not None and abs(r["change"]) > tolerance]
             entry["missed"] = [r["budget"] for r in out_of]  # the evicting budgets outside the tolerance
             entry["every_evicting_missed"] = len(out_of) == len(records)
             if out_of:
                 entry["misses"] = [min(abs(r["change"]) for r in out_of), max(abs(r["change"]) for r in out_of)]
             entry["monotone"] = all(b <= a + 1e-12 for a, b in zip(sizes, sizes[1:]))
-        kept = [r.get("correct") is not None and r["correct"] >= r["full_correct"] for r in records]
+        counted = [r for r in records if r["n_evicting"] >= MIN_EVICTING]  # (a 1-prompt budget keeps nothing said)
+        kept = [r.get("correct") is not None and r["correct"] >= r["full_correct"] for r in counted]
         if kept and "correct" in rows:  # the smallest budget from which every evicting budget loses no answer
-            entry["answers_from"] = next((records[i]["budget"] for i in range(len(kept)) if all(kept[i:])), None)
+            entry["answers_from"] = next((counted[i]["budget"] for i in range(len(kept)) if all(kept[i:])), None)
         if policy == "sink_window":
             entry["sinks_only_below"] = n_sink + 1
         out["policies"][str(policy)] = entry

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import html
 import json
+import re
 
 import pytest
 import torch
@@ -218,9 +220,13 @@ def test_the_seconds_a_coarse_knob_leaves_go_to_the_other_cut_analyses(monkeypat
     assert B.plan(object(), entries, 2.4)["fives"].config.n == 60  # the equal shares alone
 
 
-def test_a_report_budget_shrinks_the_sweeps_and_says_so(tmp_path, capsys):
+def test_a_report_budget_shrinks_the_sweeps_and_says_so(tmp_path, capsys, monkeypatch):
+    """The budget's settings rest on a speed timed at the start of the run (review 10a A2): with a fake timing
+    of 2.5e-9 s per flop the manifest records it and the report says, in the section and its Provenance, that
+    the budget was fitted to it, that another run may fit differently and how to run the preset in full."""
     from headscope.cli import main
 
+    monkeypatch.setattr(B, "_rate", lambda model, length: 2.5e-9)
     out = tmp_path / "out"
     code = main(["-q", "heads", "--quick", "--device", "cpu", "--budget", "0.02", "--out", str(out)])
     assert code == 0
@@ -232,6 +238,17 @@ def test_a_report_budget_shrinks_the_sweeps_and_says_so(tmp_path, capsys):
     assert manifest["config"]["budget_minutes"] == 0.02
     # 1.2 s: 5 s per analysis would be kept back for figures and files, at most half the budget
     assert manifest["budget"]["heads"]["budget_s"] == pytest.approx(0.6, abs=0.1)
+    speed = manifest["budget"]["heads"]["speed"]
+    assert speed["seconds_per_flop"] == 2.5e-9 and speed["rows"] * speed["length"] == 256 and speed["threads"] >= 1
+    measured = (f"2.5e-09 s per flop (a forward pass of {speed['rows']} x {speed['length']} random tokens in "
+                f"{speed['pass_s']:.2g} s on {speed['device']}, {speed['threads']} thread")
+    md = (out / "report.md").read_text(encoding="utf-8")
+    md = html.unescape(re.sub(r"\\(.)", r"\1", md))  # report.md's escapes undone
+    first = next(iter(changed))
+    assert (f"the budget (fitted to this machine's speed measured at the start of the run: {measured}") in md
+    assert (f") changed {first} {changed[first][0]} -> {changed[first][1]}") in md
+    assert "; another run may fit differently; --budget inf runs the preset in full" in md
+    assert (f"- budget: 0.02 minutes, fitted to this machine's speed measured at the start of the run: {measured}") in md
     if "pruning.n_random" in changed:  # the random band has as many seeds as the budget left
         import pandas as pd
 

@@ -223,7 +223,8 @@ def test_holding_budgets_count_only_prompts_a_budget_evicts_from():
     ci = stats.ttest_1samp([1.0, 1.0, 0.5, 0.5], 0.0).confidence_interval(0.95)
     assert above["budget"] == 1 and above["change"] == pytest.approx(0.075)
     assert (above["ci_low"], above["ci_high"]) == pytest.approx((ci.low / 10, ci.high / 10))
-    assert (above["per_example_low"], above["per_example_high"]) == pytest.approx((0.05, 0.10))
+    # per example in the metric's units (review 10b C2): 10.5 and 11 against each prompt's own 10
+    assert (above["per_example_diff_low"], above["per_example_diff_high"]) == pytest.approx((0.5, 1.0))
     assert above["clear_of"] == "band"  # its interval's lower bound, +2.9%, clears the +1% tolerance
     sink = hold["policies"]["sink_window"]
     # review 8b A3: its mean at 8 is within 1% (+0.2%) but over 2 prompts its interval is [-3.6%, +4.0%]: not shown
@@ -430,3 +431,26 @@ def test_keys_normalised_on_qwen3_are_said_and_bounded_by_hf_k_norm(tmp_path):
         assert any(f"k_norm allows {4 * lo:.2f}-{4 * hi:.2f}" == t.get_text() for t in ax.get_legend().get_texts())
     finally:
         plt.close("all")
+
+
+def test_a_policys_closest_budget_and_answers_rest_on_more_than_one_evicted_prompt():
+    """Review 10a A4: with prompts of 7-73 tokens only the longest is evicted at 64; heavy hitters there (-0.2%, n = 1,
+    1/1 answers) closed the section as "keeps 99.8% ... and every answer ... from budget 64", while at 32, over 13
+    prompts, it lost 25.6%. Here 4 prompts of contexts 8, 40, 40, 70: budget 64 evicts only the last."""
+    import pandas as pd
+
+    from headscope.analyses.kv.holding import holding_budgets
+
+    ctx, rows = [8, 40, 40, 70], []
+    hh = {4: [2.0, 2.0, 2.0, 2.0], 32: [10.0, 6.0, 8.0, 7.0], 64: [10.0, 10.0, 10.0, 9.98]}  # metric where evicted
+    for e in range(4):
+        rows.append({"policy": "full", "budget": 80, "example": e, "context": ctx[e], "metric": 10.0, "correct": True})
+        for b, values in {**hh, 80: [10.0] * 4}.items():
+            value = values[e] if ctx[e] > b else 10.0
+            rows.append({"policy": "heavy_hitters", "budget": b, "example": e, "context": ctx[e], "metric": value,
+                         "correct": value > 5})
+    heavy = holding_budgets(pd.DataFrame(rows), n_sink=4)["policies"]["heavy_hitters"]
+    assert heavy["closest"]["budget"] == 32 and heavy["closest"]["n_evicting"] == 3  # not 64's lone prompt
+    assert heavy["closest"]["change"] == pytest.approx((6 + 8 + 7) / 3 / 10 - 1)
+    assert heavy["verdicts"]["64"] == "not shown"  # its one prompt's -0.2% has no interval
+    assert heavy["answers_from"] == 32  # every answer kept from 32 (its 3 prompts), not "from 64" on one

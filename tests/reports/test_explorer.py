@@ -381,6 +381,55 @@ def test_explorer_in_chromium_shows_the_captured_patterns(llama, data, tmp_path)
         assert page.console_errors == [] and page.requests == []
 
 
+SPACED = ["<s>", " Sever", "al", " ", "N", "o", " the\n", "\tx"]  # a byte-level BPE's pieces, a lone space
+SHOWN = ["<s>", "\u2423Sever", "al", "\u2423", "N", "o", "\u2423the\u21b5", "\u21e5x"]
+
+
+def test_token_labels_show_spaces_in_pattern_views_and_figures():
+    """Review 10a B2: " Sever" lost its space in the labels (read as a word beside "al") and a lone space token
+    " " had an empty label. The notebook pattern view and the figures' token ticks show spaces as "␣"."""
+    from headscope.reports.plots import token_label
+    from headscope.reports.tokens_view import pattern_view
+
+    n = len(SPACED)
+    html = pattern_view(np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None], SPACED).html
+    rows = re.findall(r"<th style='text-align: right; font-weight: normal'>([^<]*)</th>", html)
+    keys = re.findall(r"<th style='writing-mode: vertical-rl; font-weight: normal'>([^<]*)</th>", html)
+    assert rows == keys == ["&lt;s&gt;", *SHOWN[1:]]
+    assert [token_label(t) for t in SPACED] == SHOWN and token_label("$ x") == "\\$\u2423x"
+    from headscope.reports.plots_patching import position_labels
+
+    rows = pd.DataFrame({"pos": [0, 1, 2], "token": ["0: <s>", "1:  Sever", "2:  "]})  # patching's "i: token"
+    assert position_labels(rows, [0, 1, 2], 1) == ["0: <s>", "1: \u2423Sever", "2: \u2423"]
+
+
+@needs_chromium
+def test_explorer_labels_show_spaces_in_chromium(data, tmp_path):
+    """Review 10a B2 in the explorer: the heatmap's row and column labels, the token strip, the lines view and the
+    info line show " Sever" as "␣Sever" and a lone space as "␣" (it was a blank row and column)."""
+    from browser import open_page
+
+    spaced = json.loads(json.dumps(data))
+    n = len(spaced["examples"][0]["tokens"])
+    assert n >= len(SPACED)  # the premise: the first prompt has room for the hand-made tokens
+    spaced["examples"][0]["tokens"] = SPACED + [f"w{i}" for i in range(n - len(SPACED))]
+    want = SHOWN + [f"w{i}" for i in range(n - len(SPACED))]
+    page_file = tmp_path / "spaces.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(spaced, uid="sp") + "</body></html>")
+    texts = "function(q){return Array.from(document.querySelectorAll(q)).map(function(t){return t.textContent;});}"
+    with open_page(page_file) as page:
+        assert page.console_errors == []
+        assert page.evaluate(f"({texts})('#sp .hsx-heat th[data-q]')") == want
+        assert page.evaluate(f"({texts})('#sp .hsx-heat th[data-k]')") == want
+        assert page.evaluate(f"({texts})('#sp .hsx-tokens .hsx-tok')") == want
+        page.hover("#sp .hsx-heat th[data-q='3']")
+        assert page.evaluate("document.querySelector('#sp .hsx-info').textContent").startswith("\u201c\u2423\u201d (3)")
+        choose(page, "sp", 2, "lines")
+        lines = page.evaluate(f"({texts})('#sp .hsx-lines text')")
+        assert lines == ["query", "key"] + [t for t in want for _ in "qk"]  # each token left (query) and right (key)
+
+
 @needs_chromium
 def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
     from browser import open_page

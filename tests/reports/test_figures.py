@@ -658,7 +658,7 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
         evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
-        assert evicted.get_ylabel() == "logit difference (logits) at the answer"
+        assert evicted.get_ylabel().startswith("change in logit difference (%)")
         whole = [line for line in evicted.get_lines() if line.get_label() == "longest context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
         # prompts of contexts 2, 6, 8: budget 4 evicts from two of them, budget 1 from all three
@@ -666,7 +666,39 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
                             for p, b in (("full", 8), ("window", 1), ("window", 4)) for e, c in enumerate((2, 6, 8))])
         ticks = plot_eviction(ctx, metric="logit_diff", ax=plt.subplots()[1])
         assert [t.get_text() for t in ticks.get_xticklabels()] == ["1\n3/3", "4\n2/3"]
-        assert ticks.get_xlabel().endswith("under it: prompts it evicts from / all")
+        assert ticks.get_xlabel().endswith("under it: n, the prompts it evicts from / all")
+    finally:
+        plt.close("all")
+
+
+def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
+    """Review 10a B3: the finding measures each budget over the prompts it evicts from; the figure drew the mean
+    over all prompts (the unevicted ones at their full value) against the all-prompt full-cache line. By hand:
+    contexts 4, 4, 12, 12 with full-cache metrics 10, 6, 8, 4; window at 8 evicts from the two 12s only, which
+    drop to 7 and 2: -1 and -2 against their own full-cache mean 6, -25% (the all-prompt means, 6.5 against 7,
+    read -7%); at 2 it evicts from all four (-1 each: -1 / 7 = -14.3%); at 12 from none, so no point there."""
+    from headscope.reports.plots_kv import plot_eviction
+
+    ctx, full = (4, 4, 12, 12), (10.0, 6.0, 8.0, 4.0)
+    at = {2: (9.0, 5.0, 7.0, 3.0), 8: (10.0, 6.0, 7.0, 2.0), 12: full}
+    rows = [{"policy": "full", "budget": 12, "example": e, "context": c, "metric": full[e]} for e, c in enumerate(ctx)]
+    rows += [{"policy": "window", "budget": b, "example": e, "context": c, "metric": v[e]}
+             for b, v in at.items() for e, c in enumerate(ctx)]
+    ax = plot_eviction(pd.DataFrame(rows), metric="logit_diff", ax=plt.subplots()[1])
+    try:
+        [line] = [li for li in ax.get_lines() if li.get_label() == "window"]
+        assert list(line.get_xdata()) == [2, 8]
+        assert list(line.get_ydata()) == pytest.approx([-100 / 7, -25.0])
+        from scipy import stats
+
+        ci = stats.ttest_1samp([-1.0, -2.0], 0.0).confidence_interval(0.95)  # at 8, in logits over the 2 prompts
+        [band] = ax.collections[:1]
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert min(ys) == pytest.approx(100 * ci.low / 6) and max(ys) == pytest.approx(100 * ci.high / 6)
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["2\n4/4", "8\n2/4", "12\n0/4"]
+        assert "the prompts it evicts from" in ax.get_xlabel() and "the same prompts' full cache" in ax.get_ylabel()
+        zero = [li for li in ax.get_lines() if li.get_label() == "full cache (the same prompts)"]
+        assert len(zero) == 1 and list(zero[0].get_ydata()) == [0, 0]
     finally:
         plt.close("all")
 

@@ -1,6 +1,9 @@
 """Findings in words: each headline states its summary's numbers, and says so when a result is uninformative."""
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -850,8 +853,9 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
             "prompts evict anything there; +0.5% (95% CI") in text
     # review 8b A3: sink window's +0.2% at 8 (10.05 and 9.99 over 2 prompts) has a 95% CI far wider than 1%
     ci = stats.ttest_1samp([0.5, -0.1], 0.0).confidence_interval(0.95)  # in %
-    assert ("sink window not shown (at 8: +0.2%, 95% CI "
-            f"[{ci.low:+.1f}%, {ci.high:+.1f}%], per example -0.1% to +0.5%, n = 2: consistent with holding within 1%, "
+    assert ("sink window not shown to hold (at 8: +0.2%, 95% CI "
+            f"[{ci.low:+.1f}%, {ci.high:+.1f}%], per example -0.0100 to +0.0500 logits, n = 2: consistent with holding "
+            "within 1%, "
             f"but the interval is {(ci.high - ci.low) / 2:.0f} times as wide as the band)") in text
     assert "sink window from" not in text and "keeps no recent token" not in text
     # the same policy with a narrow interval inside 1% at 8 (+0.2% and +0.3%) holds from there
@@ -865,18 +869,43 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
     # no policy holds, one is only consistent with holding: "not shown to stay", never "stays"
     wide = holding_budgets(_sweep_with_changes({"window": [-3.0, 3.0, -2.0, 2.4]}, None), n_sink=4)
     only = finding("kv", {**s, "holding_budgets": wide})
-    assert "window not shown (at 4: +0.1%, 95% CI" in only and "window from" not in only
+    assert "window not shown to hold (at 4: +0.1%, 95% CI" in only and "window from" not in only
     assert "No policy is shown to stay within 1% at a budget that evicts something, but window keeps 100.1%" in only
     assert ("heavy hitters never (at its largest budget that evicts, 8, "
             "its mean is still more than 1% below the full cache: keeps 90.0% of "
             "the full-cache value, -10.0%") in text
     assert "it falls 10.0% below the full cache at every budget that evicts (the band is 1%)" in text
     assert ("Window is better than the full cache by more than 1% at budget(s) 1: at 1, +7.5% (95% CI [+2.9%, +12.1%], "
-            "per example +5.0% to +10.0%, n = 4).") in text
+            "per example +0.50 to +1.00 logits, n = 4).") in text
     assert "From budget 12 on, every prompt is kept whole" in text and "saves anything" not in text
     # an older summary (means only): "within 1%" is two-sided, +4.5% is not within
     old = {"metric_unevicted": 10.0, "metric_per_policy_budget": {"window": {"1": 10.45, "2": 10.05, "12": 10.0}}}
     assert "window from 2 positions" in finding("kv", old)
+
+
+def test_kv_per_example_ranges_are_in_logits_never_shares_of_a_full_cache_value_near_0():
+    """Review 10b C2: "per example -1421.9% to +232.2%" divided each prompt's change by its own full-cache logit
+    difference, -4 to +0.05 on prompts the model gets wrong or nearly so. Here prompts of full-cache 8, 9, -4, 0.05
+    change by -0.1, -0.2, +1, +0.55 logits (as shares: -1.3%, -2.2%, +25%, +1100%)."""
+    import pandas as pd
+
+    from headscope.analyses.kv.holding import holding_budgets
+
+    full, evicted = [8.0, 9.0, -4.0, 0.05], [7.9, 8.8, -3.0, 0.6]
+    rows = [{"policy": "full", "budget": 12, "example": e, "context": 12, "metric": v} for e, v in enumerate(full)]
+    rows += [{"policy": "window", "budget": 4, "example": e, "context": 12, "metric": v} for e, v in enumerate(evicted)]
+    hold = holding_budgets(pd.DataFrame(rows), n_sink=1)
+    text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": float(np.mean(full)),
+                          "holding_budgets": hold})
+    assert "per example -0.20 to +1.00 logits, n = 4" in text
+    assert "1100" not in text and "per example -2.2%" not in text and "per example -1" not in text
+    # in nats for a log-probability, and an older summary's shares are not said at all
+    nats = finding("kv", {"metric": "logprob", "n_examples": 4, "metric_unevicted": 3.26, "holding_budgets": hold})
+    assert "per example -0.20 to +1.00 nats, n = 4" in nats
+    as_shares = json.loads(re.sub(r'"per_example_diff_(low|high)": [-0-9.e]+', r'"per_example_\1": 11.0', json.dumps(hold)))
+    assert "per_example_diff" not in json.dumps(as_shares)
+    older = finding("kv", {"metric": "logit_diff", "metric_unevicted": 3.26, "holding_budgets": as_shares})
+    assert "per example" not in older and "n = 4" in older
 
 
 def _sweep_with_changes(changes: dict[str, list[float]], hold_at: int | None = 8):
@@ -905,10 +934,10 @@ def test_kv_more_than_1_percent_only_where_the_interval_clears_it():
     text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4,
                           "holding_budgets": hold})
 
-    def band(pct):
+    def band(pct):  # per example: 3 decimals, 3 significant digits of the largest |change| (0.1 to 0.3 logits)
         ci = stats.ttest_1samp(pct, 0.0).confidence_interval(0.95)
-        return (f"{np.mean(pct):+.1f}%, 95% CI [{ci.low:+.1f}%, {ci.high:+.1f}%], per example {min(pct):+.1f}% to "
-                f"{max(pct):+.1f}%, n = 4"), ci
+        return (f"{np.mean(pct):+.1f}%, 95% CI [{ci.low:+.1f}%, {ci.high:+.1f}%], per example {min(pct) / 10:+.3f} to "
+                f"{max(pct) / 10:+.3f} logits, n = 4"), ci
 
     (window, w_ci), (sink, s_ci), (heavy, h_ci) = (band(changes[p]) for p in changes)
     assert 0 < w_ci.low < 1 and s_ci.low > 1 and h_ci.low < 0 < 1 < min(np.mean(v) for v in changes.values())
@@ -988,7 +1017,7 @@ def test_kv_says_how_far_past_the_band_each_budget_falls_and_which_budget_keeps_
     text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "holding_budgets": hold})
     ci = stats.ttest_1samp(at4, 0.0).confidence_interval(0.95)
     assert (f"keeps 98.96% of the full-cache value, -1.04% (95% CI [{ci.low:+.1f}%, {ci.high:+.1f}%], per example "
-            "-1.5% to -0.5%, n = 4); 4/4 answers correct (full cache 4/4; a constant guess of the commonest answer "
+            "-0.150 to -0.050 logits, n = 4); 4/4 answers correct (full cache 4/4; a constant guess of the commonest answer "
             "3/4)") in text
     assert "it falls 1.04% to 50.0% below the full cache at every budget that evicts (the band is 1%)" in text
     assert ("No policy stays within 1% at a budget that evicts something, but heavy hitters keeps every answer the full "

@@ -116,3 +116,30 @@ def test_each_family_shows_the_parts_of_the_task_it_reads(tiny_models):
     off = task_record(model, "circuits", task, {}, used, config=CircuitsConfig(edges=False))
     assert off["uses"].startswith("your prompts and answers; corrupted prompts are not used: edge attribution")
     assert "metric" not in off and "metric" not in task_record(model, "attribution", task, {}, used)  # decoders: the task's
+
+
+def test_budget_lines_name_the_speed_they_rest_on_and_older_runs_still_say_it_can_differ(tmp_path):
+    """Review 10a A2: a section the budget changed says it was fitted to the speed timed at the start of the run
+    (with that speed where the manifest records it, budget.speed_record), that another run may fit differently
+    and how to run the preset in full; a run without a budget (--budget inf) says so in its Provenance."""
+    from headscope.reports import io
+    from headscope.reports.compare import _budget_text
+    from headscope.reports.provenance import budget_line, provenance_lines, section_provenance
+
+    speed = {"seconds_per_flop": 3e-11, "length": 64, "rows": 4, "pass_s": 0.012, "device": "cpu", "threads": 2}
+    manifest = {"config": {"budget_minutes": 3.0}, "budget": {"patching": {"budget_s": 47.5, "speed": speed}}}
+    io.write_json(tmp_path / "manifest.json", manifest)
+    io.write_json(tmp_path / "patching" / "summary.json", {"budget": {"changed": {"trace_samples": [None, 0]}}})
+    record = section_provenance(tmp_path / "patching")
+    measured = "3e-11 s per flop (a forward pass of 4 x 64 random tokens in 0.012 s on cpu, 2 threads)"
+    assert (f"the budget (fitted to this machine's speed measured at the start of the run: {measured}) changed "
+            "trace_samples None -> 0; another run may fit differently; --budget inf runs the preset in full"
+            ) in provenance_lines(record)[1]
+    assert _budget_text(record) == f"trace_samples None -> 0 (fitted to the speed measured at the start of the run: {measured})"
+    assert budget_line(manifest) == (f"3 minutes, fitted to this machine's speed measured at the start of the run: "
+                                     f"{measured}; another run may fit differently (--budget inf runs every preset in full)")
+    assert budget_line({"config": {"budget_minutes": None}}) == "none (--budget inf): every analysis ran its preset in full"
+    (tmp_path / "manifest.json").unlink()  # an older run: no speed recorded, the caveat stays
+    older = provenance_lines(section_provenance(tmp_path / "patching"))[1]
+    assert older.endswith("the budget (fitted to this machine's speed measured at the start of the run) changed "
+                          "trace_samples None -> 0; another run may fit differently; --budget inf runs the preset in full")
