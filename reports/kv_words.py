@@ -1,0 +1,522 @@
+"""The `kv` finding in words (reports/plots_kv.py's `finding`, the family's headline): bytes per token and at
+full context, the grouped-query attention saving, the first key's norm against the others' (what a k_norm
+allows), the attention sinks, and per eviction policy the smallest budget within 1% of the full cache over
+the prompts it evicts from, with its interval, its answers and where it misses; at chance only what was
+measured. `_int_span`, `_runs` and `_span2` are the figures' too.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from headscope.analyses.core.chance import clear_of
+from headscope.reports.circuits_words import FEW_ANSWERS
+from headscope.reports.findings import _chance, _num, _words, sink_sentence
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+TOLERANCE = 0.01  # holding.py's band, for rows said without their summary's
+
+
+def _digits(x: float, tol: float) -> int:
+    """Decimals of a percentage: 2 within 0.1 points of the band's edge (review 9a C1: -1.04% printed -1.0% read as
+    inside a 1% band it misses), else 1."""
+    return 2 if abs(abs(100 * x) - 100 * tol) < 0.1 else 1
+
+
+def _pc(x: float, tol: float = TOLERANCE) -> str:
+    return f"{100 * x:+.{_digits(x, tol)}f}%"
+
+
+def _share(x: float, tol: float = TOLERANCE) -> str:
+    """A change's size or the share it keeps, unsigned: '1.04%' near the band's edge, '24.1%' elsewhere."""
+    return f"{100 * abs(x):.{_digits(x, tol)}f}%"
+
+
+SHORT_UNITS = {"logit_diff": "logits", "logprob": "nats", "accuracy": "(accuracy, 0-1)"}
+
+
+def _band(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
+    """'+4.5% (95% CI [+3.1%, +5.9%], per example -0.12 to +0.8 logits, n = 16)' from a holding row (two decimals
+    near the band's edge). The per-example range is each prompt's policy - full in the metric's units (the row's
+    "unit", _with_units), never a share of its own full-cache value (review 10b C2: that value can lie near or
+    below 0); an older summary's per-example shares are left out."""
+    inner = []
+    if _num(row.get("ci_low")) is not None and _num(row.get("ci_high")) is not None:
+        inner.append(f"95% CI [{_pc(row['ci_low'], tol)}, {_pc(row['ci_high'], tol)}]")
+    if _num(row.get("per_example_diff_low")) is not None:
+        unit = row.get("unit") or "in the metric's units"
+        inner.append(f"per example {_span_units(row['per_example_diff_low'], row['per_example_diff_high'])} {unit}")
+    return f"{_pc(row['change'], tol)} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+
+
+def _span_units(lo: float, hi: float) -> str:
+    """'-37.8 to +0.7': both ends with the decimals of 3 significant digits of the larger |end|."""
+    top = max(abs(lo), abs(hi))
+    digits = max(0, 2 - math.floor(math.log10(top))) if top > 0 and math.isfinite(top) else 2
+    return f"{lo:+.{digits}f} to {hi:+.{digits}f}"
+
+
+def _with_units(hold: Any, unit: str) -> Any:
+    """A copy of holding_budgets' record with `unit` on every row that has a per-example range (for _band)."""
+    if isinstance(hold, Mapping):
+        out = {k: _with_units(v, unit) for k, v in hold.items()}
+        if "per_example_diff_low" in out:
+            out["unit"] = unit
+        return out
+    if isinstance(hold, list):
+        return [_with_units(v, unit) for v in hold]
+    return hold
+
+
+EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+
+
+def _rounding(s: Mapping[str, Any], bound: Any, end: str) -> str:
+    """Review 9a C4: 'its upper end, +0.02%, lies within one bfloat16 rounding step of the full-cache metric, 0.62%:
+    rounding alone can put it either side of 0' where a "reaches 0" bound is that close to 0, else ''. One step: the
+    spacing of the model dtype's floats at the full-cache metric, relative to it."""
+    full, b = _num(s.get("metric_unevicted")), _num(bound)
+    eps = EPS.get(str(s.get("dtype") or "").removeprefix("torch."))
+    if full is None or b is None or eps is None or full == 0:
+        return ""
+    step = eps * 2.0 ** math.floor(math.log2(abs(full))) / abs(full)  # the float spacing at |full|, relative
+    if abs(b) > step:
+        return ""
+    return (f"its {end} end, {100 * b:+.2f}%, lies within one {s['dtype']} rounding step of the full-cache metric, "
+            f"{100 * step:.2g}%: rounding alone can put it either side of 0")
+
+
+def _gqa(s: Mapping[str, Any]) -> str:
+    """The grouped-query sentence whenever the model has fewer KV heads than query heads (from the
+    head counts, else from the MHA-equivalent bytes; multi-query with one KV head); gqa_saving is the share of the
+    MHA cache saved."""
+    per_token, mha = _num(s.get("bytes_per_token")), _num(s.get("mha_bytes_per_token"))
+    heads, kv_heads = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
+    fewer = heads is not None and kv_heads is not None and kv_heads < heads
+    if not fewer and not (per_token is not None and mha is not None and per_token < mha):
+        return ""
+    saving = _num(s.get("gqa_saving"))
+    if saving is None and per_token is not None and mha:
+        saving = 1 - per_token / mha
+    kind = "Multi-query" if fewer and kv_heads == 1 else "Grouped-query"  # review 9b C2: one KV head is MQA (Shazeer 2019)
+    who = ""
+    if fewer:
+        who = (f" (1 KV head shared by {heads:.0f} query heads)" if kv_heads == 1 else
+               f" ({kv_heads:.0f} KV heads, each shared by {heads / kv_heads:g} query heads)")
+    size = f": {_bytes(per_token)} against {_bytes(mha)} per token" if per_token is not None and mha is not None else ""
+    share = f" saves {100 * saving:.0f}% of the cache" if saving is not None else " shrinks the cache"
+    return f"{kind} attention{who}{share} against full multi-head attention{size}."
+
+
+def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list[str]:
+    """The sentences of the summary's holding_budgets (analyses/kv/holding.py)."""
+    tol, grid, n = float(hold.get("tolerance", 0.01)), hold.get("grid") or [], s.get("n_examples")
+    n_sink, guess = s.get("n_sink"), _guess(hold)
+    windowed = _windowed(s, list(hold.get("policies") or {}))
+    head = (f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}" + (f" (mean over {n} examples)" if n else "")
+            + f". Within {100 * tol:.0f}% of it (its 95% CI inside +-{100 * tol:.0f}%, over the prompts a budget evicts from; "
+            f"budgets on the grid {', '.join(str(b) for b in grid)}): ")
+    said, notes = [], []
+    for policy, e in (hold.get("policies") or {}).items():
+        name = policy.replace("_", " ")
+        at = e.get("at")
+        if at is not None:
+            where = f"between {e['below']} and {e['budget']} on this grid" if e.get("below") is not None else \
+                "from the grid's smallest budget that evicts"
+            kept = (f"keeping a median {100 * at['share']:.0f}% of each prompt's cache, every layer as it holds it"
+                    if windowed else f"a median {100 * at['share']:.0f}% of each prompt's context")
+            text = (f"{name} from {e['budget']} positions ({where}; {kept}; {at['n_evicting']} of {at['n_examples']} "
+                    f"prompts evict anything there; {_band(at, tol)}{_answers(at, guess)})")
+        elif e.get("consistent_from") is not None:
+            text = _not_shown(name, [r for r in e.get("not_shown") or [] if r["budget"] >= e["consistent_from"]], tol,
+                              guess)
+        elif e.get("worst_evicting") is not None:
+            w, c = e["worst_evicting"], e.get("closest")
+            if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
+                c = w
+            how = "above" if w["change"] > tol else "below"
+            text = f"{name} never ("
+            if c is not None and c["budget"] != w["budget"]:
+                text += f"closest at budget {c['budget']}: {_kept(c, full, tol)}{_band(c, tol)}{_answers(c, guess)}; "
+            text += (f"at its largest budget that evicts, {w['budget']}, its mean is still more than {100 * tol:.0f}% {how} "
+                     "the full cache: ")
+            text += (_kept(w, full, tol) if c is None or c["budget"] == w["budget"] else "") + \
+                f"{_band(w, tol)}{_answers(w, guess)}"
+            text += _how_sure(w, how, tol, s)
+            if e.get("misses"):
+                text += f"; {_misses(e, tol)}"
+            if e.get("monotone") is False:
+                text += ("; not monotone: |change| does not shrink as the budget grows"
+                         + (f" (budget {c['budget']} is closer than {w['budget']})" if c and c["budget"] != w["budget"] else ""))
+            text += ")"
+        else:
+            text = f"{name}: no budget on the grid evicts anything"
+        said.append(text)
+        sinks = e.get("sinks_only_below")
+        if sinks is not None and e.get("below") is not None and e["below"] < sinks <= e["budget"]:
+            notes.append(f"With {n_sink if n_sink is not None else sinks - 1} sink positions, sink window keeps no recent "
+                         f"token below budget {sinks}, so its crossing between {e['below']} and {e['budget']} is the "
+                         "grid's and the sinks' artefact, not a property of the model.")
+        notes += _above_words(name, e.get("above") or [], tol, s)
+    parts = [head + "; ".join(said) + "."] + ([windowed] if windowed else []) + notes
+    if hold.get("whole_from") is not None:
+        parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
+    if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
+        parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric")), guess))
+    return parts
+
+
+def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: bool = False) -> str:
+    """A policy whose mean is within the tolerance from a budget on but whose 95% interval never lies inside
+    it (holding.py's "not shown", chance.inside): consistent with holding, not shown to hold."""
+    if not rows:
+        return f"{name} not shown"
+    first, pct = rows[0], f"{100 * tol:.0f}%"
+    lo, hi = _num(first.get("ci_low")), _num(first.get("ci_high"))
+    if lo is None or hi is None:
+        why = "it has no interval (fewer than 2 prompts)"
+    elif (hi - lo) / (2 * tol) >= 1.5:
+        why = f"the interval is {(hi - lo) / (2 * tol):.0f} times as wide as the band"
+    else:
+        why = "its interval reaches beyond the band"
+    text = (f"{name} not shown to hold (at {first['budget']}: {_flat(first, tol)}{_answers(first, guess)}: "
+            f"consistent with holding within {pct}, but {why}")
+    if len(rows) > 1:
+        text += f"; likewise at budget(s) {', '.join(str(r['budget']) for r in rows[1:])}"
+    return text + ")"
+
+
+def _flat(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
+    """_band without its parentheses: '+1.4%, 95% CI [+0.1%, +2.7%], per example ..., n = 16'."""
+    band = _band(row, tol)
+    return band.replace(" (", ", ", 1)[:-1]
+
+
+def _listed(rows: Sequence[Mapping[str, Any]], flat: bool = False, tol: float = TOLERANCE) -> str:
+    """'at 8, <band>; at 16, <band>' for the first and last of `rows` (one row: its band alone when flat)."""
+    form = _flat if flat else _band
+    if flat and len(rows) == 1:
+        return form(rows[0], tol)
+    first, last = rows[0], rows[-1]
+    return f"at {first['budget']}, {form(first, tol)}" + (f"; at {last['budget']}, {form(last, tol)}"
+                                                         if last is not first else "")
+
+
+def _above_words(name: str, rows: Sequence[Mapping[str, Any]], tol: float, s: Mapping[str, Any] | None = None) -> list[str]:
+    """The budgets whose mean is more than the tolerance above the full cache, worded by what each one's 95%
+    interval clears (chance.clear_of, heads' pruning gain's rule too): "by more than 1%" only where its lower
+    bound is above +1%; "higher, but not clearly by more than 1%" where it clears only 0; no gain where it reaches 0."""
+    groups: dict[str | None, list[Mapping[str, Any]]] = {"band": [], "zero": [], None: []}
+    for r in rows:
+        groups[clear_of(r.get("ci_low"), r.get("ci_high"), tol)].append(r)
+    pct, out = f"{100 * tol:.0f}%", []
+    for verdict, got in groups.items():
+        if not got:
+            continue
+        budgets = ("budget " if len(got) == 1 else "budgets ") + ", ".join(str(r["budget"]) for r in got)
+        if verdict == "band":
+            out.append(f"{name.capitalize()} is better than the full cache by more than {pct} at budget(s) "
+                       f"{', '.join(str(r['budget']) for r in got)}: {_listed(got, tol=tol)}.")
+        elif verdict == "zero":
+            out.append(f"{name.capitalize()} is higher than the full cache at {budgets} ({_listed(got, True, tol)}): "
+                       f"above it, but not clearly by more than {pct}.")
+        else:
+            sure = "its 95% CI reaches 0" if any(_num(r.get("ci_low")) is not None for r in got) else \
+                "it has no interval (fewer than 2 prompts)"
+            near = [(r["budget"], w) for r in got if s is not None and (w := _rounding(s, r.get("ci_low"), "lower"))]
+            if near and sure.startswith("its"):  # review 9a C4: a bound within rounding of 0
+                sure += " (" + "; ".join(w if len(got) == 1 else f"at {b}, {w}" for b, w in near) + ")"
+            out.append(f"{name.capitalize()} is more than {pct} above the full cache on average at {budgets} "
+                       f"({_listed(got, True, tol)}), but {sure}: no evidence that it is better.")
+    return out
+
+
+def _how_sure(row: Mapping[str, Any], how: str, tol: float, s: Mapping[str, Any] | None = None) -> str:
+    """After a policy that never holds: whether its largest evicting budget's 95% interval supports "more than
+    the tolerance above/below" (chance.clear_of), or only a change, or none (with the bound that reaches 0 said to
+    be within rounding where it is: _rounding)."""
+    verdict = clear_of(row.get("ci_low"), row.get("ci_high"), tol)
+    if verdict == "band" or _num(row.get("ci_low")) is None:
+        return ""
+    if verdict == "zero":
+        return f"; its 95% CI reaches inside the {100 * tol:.0f}% band: {how} it, but not clearly by more than {100 * tol:.0f}%"
+    end = ("upper", row.get("ci_high")) if how == "below" else ("lower", row.get("ci_low"))
+    near = _rounding(s, end[1], end[0]) if s is not None else ""
+    return f"; its 95% CI reaches 0{f' ({near})' if near else ''}: not clearly {how} it at all"
+
+
+def _windowed(s: Mapping[str, Any], policies: Sequence[str]) -> str:
+    """What a budget means on the sliding-window layers (summary sliding_windows {layer: window}), or ''.
+    A budget applies to what each layer holds (analyses/kv/eviction.py): a windowed layer holds its last
+    window - 1 positions, which window and heavy hitters (ranked inside the window) cut only below that, and
+    sink window's sinks lie outside the window on longer prompts."""
+    windows = {str(k): int(v) for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
+    if not windows:
+        return ""
+    by_size: dict[int, list[str]] = {}
+    for layer, w in windows.items():
+        by_size.setdefault(w, []).append(layer)
+    held = "; ".join(f"layer(s) {', '.join(layers)} slide over a window of {w} keys and hold at most {w - 1} past "
+                     f"positions whatever the budget" for w, layers in sorted(by_size.items()))
+    below = str(min(by_size) - 1) if len(by_size) == 1 else "the window - 1"
+    layers = [str(k) for k in (s.get("sink_mass_per_layer") or s.get("sink_key_norm_ratio_per_layer") or {})]
+    full = [k for k in layers if k not in windows]
+    names = [p.replace("_", " ") for p in ("window", "heavy_hitters") if p in policies]
+    text = f"Sliding-window layers: {held}. A budget applies to what each layer holds"
+    if names:
+        text += (f": {' and '.join(names)} evict from such a layer only below {below}"
+                 + (" (heavy hitters choose among the positions inside its window)" if "heavy_hitters" in policies else ""))
+        if layers and len(by_size) == 1:
+            text += (f", so from budget {below} on they evict only from layer(s) {', '.join(full)}" if full
+                     else f", so from budget {below} on they evict nothing")
+    n_sink = _num(s.get("n_sink"))
+    if "sink_window" in policies and n_sink:
+        text += (f"; sink window's {n_sink:.0f} sinks fall outside the window on prompts longer than it, where such a "
+                 f"layer keeps only the budget - {n_sink:.0f} most recent positions")
+    return text + ". The share kept counts every layer's cache as it holds it."
+
+
+def _kept(row: Mapping[str, Any], full: float, tol: float = TOLERANCE) -> str:
+    """'keeps 98.8% of the full-cache value, ' where the full cache's mean is positive (a share reads
+    right only there; 98.96% near the band's edge), else ''."""
+    return f"keeps {_kept_share(row, tol)} of the full-cache value, " if full > 0 else ""
+
+
+def _kept_share(row: Mapping[str, Any], tol: float) -> str:
+    return f"{100 * (1 + row['change']):.{_digits(row['change'], tol)}f}%"
+
+
+def _answers(row: Mapping[str, Any], guess: bool = False) -> str:
+    """'; 16/16 answers correct (full cache 16/16)' from a holding row with accuracy counts, else ''; with guess
+    (a task of few answers, _guess), the count a constant guess of the commonest answer gets there too (review 9a
+    C3: on a yes/no task 9/16 is the guess's)."""
+    if row.get("correct") is None:
+        return ""
+    n = row["n_evicting"]
+    also = (f"; a constant guess of the commonest answer {row['guess_correct']}/{n}"
+            if guess and _num(row.get("guess_correct")) is not None else "")
+    return f"; {row['correct']}/{n} answers correct (full cache {row['full_correct']}/{n}{also})"
+
+
+def _guess(hold: Mapping[str, Any]) -> bool:
+    """Whether the task has few distinct answers (at most FEW_ANSWERS, the lens's rule), so that a constant guess
+    of the commonest answer is right often enough to be the count's reference (holding's constant_guess)."""
+    g = hold.get("constant_guess")
+    return isinstance(g, Mapping) and _num(g.get("n_answers")) is not None and g["n_answers"] <= FEW_ANSWERS
+
+
+def _where_missed(e: Mapping[str, Any]) -> str:
+    """'at every budget that evicts' or 'at budget(s) 4, 8' (a policy within the tolerance at some budgets
+    but not from one budget on)."""
+    if e.get("every_evicting_missed"):
+        return "at every budget that evicts"
+    return "at budget(s) " + ", ".join(str(b) for b in e.get("missed") or [])
+
+
+def _misses(e: Mapping[str, Any], tol: float) -> str:
+    """'it falls 1.04% to 24.1% below the full cache at every budget that evicts (the band is 1%)': how far each
+    missed budget's mean lies from the full cache (holding's misses, |change|), on the side its verdict says, two
+    decimals near the band's edge (review 9a C1: "misses the tolerance by 1.0%" printed the change, 0.04 points
+    past the band, as the miss)."""
+    lo, hi = (_share(m, tol) for m in e["misses"])
+    span = lo if lo == hi else f"{lo} to {hi}"
+    verdicts = e.get("verdicts") or {}
+    sides: dict[str, list[str]] = {}
+    for b in e.get("missed") or []:
+        sides.setdefault(str(verdicts.get(str(b))), []).append(str(b))
+    band = f"(the band is {100 * tol:.0f}%)"
+    if set(sides) in ({"below"}, {"above"}):
+        return f"it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache {_where_missed(e)} {band}"
+    if set(sides) == {"below", "above"}:
+        return (f"it lies {span} off the full cache (below at budget(s) {', '.join(sides['below'])}; above at "
+                f"{', '.join(sides['above'])}) {band}")
+    return f"it lies {span} off the full cache {_where_missed(e)} {band}"  # an older summary: no verdicts
+
+
+def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: str, guess: bool = False) -> str:
+    """When no policy holds: the policy closest to the full cache, what it keeps (metric and answers, each with
+    its budget: review 9a C2, "99.0% ... from budget 2" was at 4) and by how much it misses, so a policy that
+    keeps most of the metric and every answer is never called useless."""
+    tried = [(p, e) for p, e in (hold.get("policies") or {}).items() if e.get("closest") is not None]
+    if not tried:
+        return "No eviction policy holds the metric at any budget that evicts something."
+    policy, e = min(tried, key=lambda pe: abs(pe[1]["closest"]["change"]))
+    c, name = e["closest"], policy.replace("_", " ")
+    keeps = f"{_kept_share(c, tol)} of the {metric}" if full > 0 else f"the {metric} within {_pc(c['change'], tol)}"
+    shown = " is shown to stay" if any(p.get("consistent_from") is not None for p in hold["policies"].values()) else " stays"
+    lead = f"No policy{shown} within {100 * tol:.0f}% at a budget that evicts something, but {name} keeps"
+    every = c.get("correct") is not None and c["correct"] >= c["full_correct"]
+    if every and e.get("answers_from") is not None and e["answers_from"] < c["budget"]:
+        text = (f"{lead} every answer the full cache gets from budget {e['answers_from']} on, and {keeps} at budget "
+                f"{c['budget']} ({_band(c, tol)}{_answers(c, guess)})")
+    elif every and e.get("answers_from") is not None and e["answers_from"] == c["budget"]:
+        text = (f"{lead} {keeps} and every answer the full cache gets from budget {c['budget']} on "
+                f"({_band(c, tol)}{_answers(c, guess)})")
+    else:
+        text = f"{lead} {keeps} at budget {c['budget']} ({_band(c, tol)}{_answers(c, guess)})"
+    if e.get("misses"):
+        text += f"; {_misses(e, tol)}"
+    if e.get("monotone") is False:
+        text += ", and its curve is not monotone in the budget"
+    return text + "."
+
+
+def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | None) -> str:
+    """Bytes per token and at full context; with sliding-window layers, which ones stop growing and the
+    all-global size for comparison."""
+    text = f"The KV cache takes {_bytes(per_token)} per token ({s.get('dtype', '')})"
+    windows = {k: v for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
+    if not windows:
+        return text + (f", {_bytes(full_ctx)} at full context." if full_ctx is not None else ".")
+    sizes = sorted({int(v) for v in windows.values()})
+    size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    kept = str(sizes[0] - 1) if len(sizes) == 1 else f"{sizes[0] - 1}-{sizes[-1] - 1}"
+    text += (f" while the context fits the window; layer(s) {', '.join(windows)} attend over a sliding window of "
+             f"{size} keys, so their cache keeps at most {kept} past positions")
+    everyone = _num(s.get("bytes_at_n_ctx_all_global"))
+    ctx = _num(s.get("n_ctx"))
+    if full_ctx is not None:
+        text += (f": {_bytes(full_ctx)} at full context" + (f" ({int(ctx)} positions)" if ctx else "")
+                 + (f", against {_bytes(everyone)} if every layer were global" if everyone is not None else ""))
+    return text + "."
+
+
+def _int_span(lo: int, hi: int) -> str:
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def _runs(positions: list) -> str:
+    """[1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
+    runs: list[list[int]] = []
+    for p in map(int, positions):
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(_int_span(a, b) for a, b in runs)
+
+
+def _span2(lo: float, hi: float) -> str:
+    return f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}"
+
+
+def _normalised_sentence(key_norm: Mapping[str, Any]) -> str:
+    """Why the first key's norm is not reported on a model that normalises its keys before caching them
+    (the summary's key_norm, analyses/kv/analysis.key_norm_record) per head: their norms are set by the norm's weight."""
+    how = "RMS-normalised" if key_norm.get("rms", True) else "normalised"
+    name = key_norm.get("module", "k_norm")
+    dim, gain, bounds = _num(key_norm.get("dim")), key_norm.get("gain") or [], key_norm.get("bounds") or []
+    here = []
+    if len(bounds) == 2:
+        here.append(f"here {_span2(*bounds)}")
+        if dim and len(gain) == 2:
+            here[-1] += f": sqrt({dim:.0f}) x its |weight| {_span2(*gain)}"
+    measured = key_norm.get("measured") or []
+    if len(measured) == 2:
+        here.append(f"measured {_span2(*measured)}")
+    eps = "; smaller only for a key near zero against the norm's epsilon" if here else ""
+    where = f" ({'; '.join(here)}{eps})" if here else ""
+    return (f"Keys are {how} per head ({name}) before caching, so their norms are set by the norm's weight, not by "
+            f"the key's input{where}, and the first key's norm cannot mark a sink: not reported.")
+
+
+def _all_heads_note(key_norm: Mapping[str, Any]) -> str:
+    """Review 8 A1 (OLMo 2): a norm over all KV heads together bounds a key's norm over its heads, not one
+    head's share of it, so the per-head ratio stays meaningful and is reported, with this note."""
+    name, dim = key_norm.get("module", "k_norm"), _num(key_norm.get("dim"))
+    return (f" Keys are normalised over all KV heads together ({name}{f', {dim:.0f} entries' if dim else ''}) before "
+            "caching: that bounds a key's norm over its heads, not one head's share of it, so the per-head ratio above "
+            "can still show a sink.")
+
+
+def _norm_sentence(s: Mapping[str, Any]) -> str:
+    """Whether the first key stands out, from the per-layer ratio of its norm to the other keys'; on a model
+    that normalises its keys before caching (keys_normalised: a k_norm), why that ratio is not reported."""
+    key_norm = s.get("key_norm") if isinstance(s.get("key_norm"), Mapping) else None
+    all_heads = key_norm is not None and key_norm.get("per_head", True) is False
+    if s.get("keys_normalised") and key_norm is not None and not all_heads:
+        return _normalised_sentence(key_norm)
+    # layers whose per-head key norms are set by a norm: their ratio is not reported (a norm over all heads sets none)
+    skip = set() if all_heads else {str(v) for v in (key_norm or {}).get("layers") or []}
+    given = {k: v for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items() if str(k) not in skip}
+    ratios = {k: _num(v) for k, v in given.items()}
+    ratios = {k: v for k, v in ratios.items() if v is not None}
+    missing = sorted(k for k, v in given.items() if _num(v) is None)
+    if not ratios:
+        return ""
+    which = "per layer" if not missing and not skip else f"layer(s) {', '.join(ratios)}"
+    if missing:
+        which += f"; layer(s) {', '.join(missing)} no longer cache the first key (sliding window)"
+    if skip:
+        which += (f"; layer(s) {', '.join(sorted(skip, key=int))} normalise their keys ({key_norm.get('module', 'k_norm')}) "
+                  "before caching, so their norms are fixed: not reported")
+    lo, hi = min(ratios.values()), max(ratios.values())
+    span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
+    if lo > 1.5:
+        verdict = "the first key's norm stands out in every layer (a sink key)"
+    elif hi > 1.5:
+        verdict = f"the first key's norm stands out in layer(s) {', '.join(k for k, v in ratios.items() if v > 1.5)} only"
+    else:
+        verdict = "the first key's norm does not stand out" + (" (it is smaller)" if hi < 1 else "")
+    return (f"The first key's norm is {span} times the other keys' ({which}): {verdict}."
+            + (_all_heads_note(key_norm) if all_heads else ""))
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """Cache size, GQA saving, the first key's norm and per policy the smallest budget within 1% of the
+    full cache over the prompts it evicts from (holding_budgets; older summaries: from the means)."""
+    parts = []
+    per_token, full_ctx = _num(s.get("bytes_per_token")), _num(s.get("bytes_at_n_ctx"))
+    if per_token is not None:
+        parts.append(_size_sentence(s, per_token, full_ctx))
+    gqa = _gqa(s)
+    if gqa:
+        parts.append(gqa)
+    norms = _norm_sentence(s)
+    if norms:
+        parts.append(norms)
+    sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"))  # the attention the first key receives
+    if sinks:
+        parts.append(sinks)
+        bos = s.get("first_token_added_bos")
+        if isinstance(bos, str) and bos:  # review 10b A1: not the model's own sink on the user's text
+            parts.append(f"The first token is {bos!r}, the BOS headscope put in front of every prompt (the tokenizer "
+                         "adds none; --no-prepend-bos leaves it out): the attention on it is on a token the prompts "
+                         "as tokenized do not have.")
+    full = _num(s.get("metric_unevicted"))
+    budgets = s.get("metric_per_policy_budget") or {}
+    hold = s.get("holding_budgets")
+    if full is not None and _chance(s) is not None:
+        parts.append(f"Full-cache metric {full:.3g}.")
+    elif full is not None and isinstance(hold, Mapping):
+        parts += _holding(s, _with_units(hold, SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")), full)
+    elif full is not None and budgets:
+        context = _num(s.get("context_positions")) or max((int(b) for v in budgets.values() for b in v), default=None)
+        ok, saving = [], False
+        for policy, by_budget in budgets.items():
+            kept = sorted(int(b) for b, v in by_budget.items() if _num(v) is not None and abs(v - full) <= 0.01 * abs(full))
+            name = policy.replace("_", " ")
+            if not kept:
+                ok.append(f"{name} never")
+            elif context is not None and kept[0] >= context:
+                ok.append(f"{name} only with the whole context")
+            else:
+                saving = True
+                ok.append(f"{name} from {kept[0]} positions" + (f" of {context:.0f} (the longest prompt)" if context else ""))
+        n = s.get("n_examples")
+        parts.append(f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}"
+                     + (f" (mean over {n} examples)" if n is not None else "") + "; within 1% of it (|change| <= 1%, "
+                     "averaged over every prompt, also those a budget keeps whole): " + ", ".join(ok) + ".")
+        if not saving:
+            parts.append("No eviction policy saves anything here: every policy needs the whole context"
+                         + (f" ({context:.0f} positions)" if context else "") + " to stay within 1% (or never gets there).")
+    return " ".join(parts)
