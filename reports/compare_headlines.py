@@ -28,9 +28,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.attribution.convergence import ig_use
+from headscope.reports.attribution_words import loo_rounds
 from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict, tasks_differ
 from headscope.reports.findings import _words, t_interval, wilson
-from headscope.reports.plots_attribution import loo_rounds
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
 
@@ -74,7 +74,7 @@ TAU_METHODS = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig"
 
 def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
     """Each method's mean Kendall tau with the t interval the attribution finding prints: over the examples with a
-    defined tau (n_tau_attention_<method>, else n_examples), clipped to [-1, 1] (reports/plots_attribution.py)."""
+    defined tau (n_tau_attention_<method>, else n_examples), clipped to [-1, 1] (reports/attribution_words.py)."""
     n = s.get("n_examples")
     rule = ig_use(s)
     out = []

@@ -1,0 +1,379 @@
+"""The `attribution` finding in words (reports/plots_attribution.py's `finding`, the family's headline):
+Kendall tau of last-layer attention against saliency, gradient x input, leave-one-out and integrated gradients
+with t intervals (leave-one-out left out where its scores are rounding, IG where it did not converge), the
+sliding window the taus rank within, rollout's taus or what it adds where raw attention agrees weakly (paired,
+Holm-corrected), the count of significant taus (Wilson interval), the permutation and adversarial tests (read
+in the task metric's units where the output is saturated); at chance only what was measured.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from headscope.analyses.attribution.convergence import IgUse, ig_use
+from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, t_interval, wilson
+
+
+def finding(s: Mapping[str, Any]) -> str:
+    """Kendall tau of attention against gradients and leave-one-out (t intervals), rollout's when raw
+    attention disagrees, the fraction of significant taus (Wilson interval); permutation and adversarial
+    tests, read in the task metric's units when the output is saturated. At chance: what was measured only."""
+    n = int(_num(s.get("n_examples")) or 0)
+    if _chance(s) is not None:
+        return _measured_only(s, n)
+    parts = []
+    rule = ig_use(s)
+    keys = (("saliency", "saliency"), ("gradient", "gradient x input"), ("loo", "leave-one-out"),
+            ("ig", ig_name(rule)))  # every method the significance count below counts (review 7 C6)
+    unconverged = ig_sentence(s)
+    if rule.mode == "none":  # IG's ranking is not IG's: no tau, no rollout comparison rests on it
+        keys = tuple(k for k in keys if k[0] != "ig")
+    rounded = loo_rounds(s)
+    if rounded:  # most leave-one-out scores are rounding: its tau would rank rounding (review 10a A1)
+        keys = tuple(k for k in keys if k[0] != "loo")
+    taus = {name: (_num(s.get(f"mean_tau_attention_{key}")), _num(s.get(f"std_tau_attention_{key}"))) for key, name in keys}
+    taus = {k: v for k, v in taus.items() if v[0] is not None}
+    # examples with a defined tau per method (older summaries: every example)
+    defined = {name: int(_num(s.get(f"n_tau_attention_{key}")) or (rule.n_converged if key == "ig" else n))
+               for key, name in keys}
+    rollout = {name: _num(s.get(f"mean_tau_rollout_{key}")) for key, name in keys}
+    rollout = {k: v for k, v in rollout.items() if v is not None}
+    if taus:
+        def ci(m: float, sd: float | None, k: str) -> str:  # a tau lies in [-1, 1], so its interval too
+            interval = t_interval(m, sd, defined[k])
+            return _ci(interval and (max(-1.0, interval[0]), min(1.0, interval[1])))
+
+        ig_only = ig_name(rule) if rule.mode == "converged" else None  # IG's n is its converged examples: said by name
+        fewest = min([defined[k] for k in taus if k != ig_only] or [defined[k] for k in taus])
+        lost = (f" ({n - fewest} without a defined tau: too few tokens to rank, so the means and intervals are over "
+                f"{fewest})" if 0 < fewest < n else "")
+        parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
+                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
+        if words := window_words(s.get("attention_window"), n):
+            parts.append(words)
+    parts += [said] if (said := rounding_words(s)) else []
+    if taus:
+        references = {k: v for k, v in taus.items() if k != "saliency"}  # the paired rollout tests' references
+        weak = bool(references) and max(abs(m) for m, _ in references.values()) < WEAK_TAU
+        if weak:
+            tested = tuple(kv for kv in keys if kv[0] != "saliency")
+            said = _rollout_sentence(s, references, rollout, defined, tested)
+            parts += [said] if said else []
+    parts += [unconverged] if unconverged else []
+    frac = None if rule.legacy else _num(s.get("fraction_significant"))  # a summary before the rule counts IG's taus
+    tests = int(_num(s.get("n_tau_tests")) or n * len(taus))
+    if frac is not None and rounded:  # the summary's count holds leave-one-out's taus: take them out
+        loo_frac, loo_n = _num(s.get("frac_significant_attention_loo")), int(_num(s.get("n_tau_attention_loo")) or 0)
+        k = round(frac * tests) - (round(loo_frac * loo_n) if loo_frac is not None else 0)
+        tests -= loo_n if loo_frac is not None else 0
+        frac = k / tests if tests > 0 else None
+    if frac is not None and tests > 0:
+        k = round(frac * tests)
+        lo, hi = wilson(k, tests)
+        per = {name: _num(s.get(f"frac_significant_attention_{key}")) for key, name in keys}
+        per = {name.split(" from the ")[0]: round(f * defined[name]) for name, f in per.items() if f is not None}
+        which = f"; {', '.join(f'{name} {c}' for name, c in per.items())}" if per else ""
+        parts.append(f"For last-layer attention, {k} of {tests} per-example taus ({_pct(frac)}{which}) are significant "
+                     "at p < 0.05, uncorrected "
+                     f"(Wilson 95% CI {_pct(lo)}-{_pct(hi)}; 5% would be by chance)"
+                     + (f"; {n} examples are too few to say how often attention agrees." if 0 < n < FEW else "."))
+    elif frac is not None:
+        parts.append(f"{_pct(frac)} of the per-example taus are significant (p < 0.05, uncorrected).")
+    if taus and not weak:  # rollout's own taus (the weak case's sentence compares them with raw attention's)
+        parts += [_rollout_taus(s, keys, defined)] if _rollout_taus(s, keys, defined) else []
+    parts += _output_tests(s)
+    return " ".join(parts)
+
+
+SMALL_METRIC_CHANGE = 0.1  # mean |change| of the task metric (logits, nats) under which "does little" may be said
+
+
+def _span(pair: Any) -> str:
+    return f"{pair[0]}" if pair[0] == pair[1] else f"{pair[0]}-{pair[1]}"
+
+
+def window_words(w: Any, n: int | None = None) -> str:
+    """Review 9a A3: a sliding-window last layer gives 0 by its mask to the tokens before its window, so
+    its taus rank only the tokens inside the answer query's window; say how many and that the rest are out
+    (n: the examples)."""
+    if not isinstance(w, Mapping) or not w.get("window"):
+        return ""
+    return (f"The last layer attends over a sliding window of {w['window']} keys, so at the answer position it gives "
+            f"0 by construction to every earlier token (in {w.get('n_examples_cut', '?')} of {n or '?'} examples): its taus "
+            f"rank only the {_span(w['ranked'])} tokens inside that window, of the {_span(w['of'])} ranked, and say "
+            "nothing of the tokens the window excludes.")
+
+
+def _saturated(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The summary's saturation entry when most examples' outputs are saturated, else None."""
+    entry = s.get("saturated")
+    return entry if isinstance(entry, Mapping) and entry.get("is_saturated") is True else None
+
+
+def metric_effect(s: Mapping[str, Any], key: str, size_key: str | None = None) -> str:
+    """'changes the <metric> by a mean of +x (95% CI [a, b]) over n examples' from the summary's
+    <key>, <key>_sd and <key>_n (per-example means over draws), with the mean absolute change from
+    size_key alike ("" without the entry)."""
+    mean, n = _num(s.get(key)), int(_num(s.get(f"{key}_n")) or 0)
+    if mean is None or n < 1:
+        return ""
+    words = _words(s.get("metric", ""))
+    interval = t_interval(mean, _num(s.get(f"{key}_sd")), n)
+    said = f"changes the {words} by a mean of {mean:+.3g}{_ci(interval, '+.3g')} over {n} example{'s' * (n != 1)}"
+    size = _num(s.get(size_key)) if size_key else None
+    if size is not None:
+        said += f" (mean absolute change {size:.3g}{_abs_ci(s, size_key, size, n)})"
+    return said
+
+
+def _abs_ci(s: Mapping[str, Any], key: str, size: float, n: int) -> str:
+    """The interval of a mean absolute change, which cannot go below 0: the summary's percentile bootstrap over
+    examples (<key>_ci), else (older summaries) the t interval with its lower bound clipped at 0, said so."""
+    boot = s.get(f"{key}_ci")
+    if isinstance(boot, Sequence) and len(boot) == 2 and None not in map(_num, boot):
+        return f", bootstrap 95% CI [{_num(boot[0]):.3g}, {_num(boot[1]):.3g}] over examples"
+    interval = t_interval(size, _num(s.get(f"{key}_sd")), n)
+    if interval is None or interval[0] >= 0:
+        return _ci(interval, ".3g")
+    return f"{_ci((0.0, interval[1]), '.3g')}, the t interval's lower bound clipped at 0"
+
+
+def ig_name(rule: IgUse) -> str:
+    """How the findings name integrated gradients: with "from the k converged examples" where only those are used."""
+    return (f"integrated gradients from the {rule.n_converged} converged examples" if rule.mode == "converged"
+            else "integrated gradients")
+
+
+def ig_sentence(s: Mapping[str, Any]) -> str:
+    """The sentence saying integrated gradients missed completeness on some examples (analyses/attribution/
+    convergence.py's rule: then IG is used on its converged examples only, or left out when too few converge), with
+    the count and the worst example's sum against the change it should add up to; '' when every example converged."""
+    rule = ig_use(s)
+    if rule.mode == "all":
+        return ""
+    worst = s.get("ig_worst") if isinstance(s.get("ig_worst"), Mapping) else {}
+    total, change, rel = (_num(worst.get(k)) for k in ("attribution_sum", "metric_change", "relative_error"))
+    bad, n = rule.n_not_converged, rule.n
+    tol = _num(s.get("ig_error_tolerance")) or 0.1
+    steps = _num(s.get("ig_max_steps_used"))
+    ex = worst.get("example", "?")
+    how = [f"worst: attributions sum to {total:.3g} for a metric change of {change:+.3g} on example {ex}, an error of "
+           f"{rel:.3g}x the change" if None not in (total, change, rel) else "",
+           f"at most {int(steps)} steps" if steps is not None else ""]
+    how = [h for h in how if h]
+    said = (f"Integrated gradients missed completeness (error over {tol:g}x the metric change) on {bad} of {n or '?'} "
+            "examples" + (f" ({'; '.join(how)})" if how else ""))
+    low = _low_precision(s)
+    if rule.mode == "converged":
+        return said + (f": its taus, and the comparisons that rest on them, are from the {rule.n_converged} converged "
+                       "examples only.") + low
+    if rule.legacy:
+        return said + (": this summary's IG taus include those examples, so they are not used, nor its count of "
+                       "significant taus, which counts them.") + low
+    return said + (f": {rule.n_converged} converged, too few (IG is used on its converged examples when they are at least "
+                   "half and at least 2), so its taus are not used") + ("." if low else "; more steps needed.") + low
+
+
+LOW_PRECISION = {"bfloat16": "8 significant bits, about 2 to 3 significant digits",
+                 "float16": "11 significant bits, about 3 significant digits"}
+
+
+def _low_precision(s: Mapping[str, Any]) -> str:
+    """' A likely reason: the run is in bfloat16, whose gradients carry ...; a float32 run may converge.' where IG
+    ran in a half precision (ig_dtype; review 8: its misses were not put down to the precision), else ''."""
+    dtype = s.get("ig_dtype")
+    if dtype not in LOW_PRECISION:
+        return ""
+    return (f" A likely reason: the run is in {dtype}, whose gradients carry {LOW_PRECISION[dtype]}; a float32 run "
+            "may converge.")
+
+
+def _output_tests(s: Mapping[str, Any]) -> list[str]:
+    """The permutation and adversarial sentences. A saturated output (the top token's p near 1 on most
+    examples) pins every distribution distance near 0 whatever the layer does, so then neither test's
+    distance is read as an effect: the change of the task metric (logits, nats) is given instead."""
+    parts = []
+    tvd, layer = _num(s.get("median_permutation_tvd")), s.get("permutation_layer", "?")
+    change = s.get("output_change", "change")
+    sat = _saturated(s)
+    effect = metric_effect(s, "permutation_metric_change", "permutation_abs_metric_change")
+    if sat is not None:
+        parts.append(f"The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}. "
+                     "Distribution distances cannot show an effect here"
+                     + (f" (permuting layer {layer}'s attention gives a median {change} of {tvd:.3g})" if tvd is not None
+                        else "") + ".")
+        parts.append(loo_words(s, sat))
+        if effect:
+            parts.append(f"In the task metric's units, permuting layer {layer}'s attention {effect}.")
+    elif tvd is not None:
+        size = _num(s.get("permutation_abs_metric_change"))
+        if tvd < 0.01 and (size is None or size < SMALL_METRIC_CHANGE):
+            parts.append(f"Permuting layer {layer}'s attention barely moves the output (median {change} "
+                         f"{tvd:.3g}): that layer's attention does little for the prediction, so the permutation test "
+                         "says nothing about faithfulness.")
+        elif tvd < 0.01:  # the distribution hardly moves, the metric does: no "does little"
+            parts.append(f"Permuting layer {layer}'s attention barely moves the output distribution (median {change} "
+                         f"{tvd:.3g}), yet the task metric moves.")
+        else:
+            parts.append(f"Permuting layer {layer}'s attention changes the output by a median {change} of {tvd:.3g}.")
+        if effect:
+            parts.append(f"In the task metric's units, it {effect}.")
+        some = s.get("saturated") if isinstance(s.get("saturated"), Mapping) else {}
+        if s.get("loo_metric") == "logit_diff" and (_num(some.get("n_saturated")) or 0) > 0:  # review 10b A4
+            parts.append(f"The top token has p >= {some.get('threshold', 0.99)} on {some['n_saturated']:.0f} of "
+                         f"{some.get('n_examples', '?')} examples, where a distribution distance cannot move: leave-one-out "
+                         "is scored by the absolute change of the logit difference on every example.")
+    jsd, near = _num(s.get("median_adversarial_jsd")), _num(s.get("fraction_adversarial_near_ln2"))
+    if jsd is not None and sat is not None:
+        adv = metric_effect(s, "adversarial_metric_change")
+        parts.append(f"Adversarial attention is bounded by an output change of {s.get('adversarial_epsilon', '?')}, which a "
+                     "saturated output meets under almost any attention, so its median JSD of "
+                     f"{jsd:.3g} nats says nothing about faithfulness" + (f"; that attention {adv}." if adv else "."))
+    elif jsd is not None:
+        parts.append(f"Adversarial attention within an output change of {s.get('adversarial_epsilon', '?')} reaches a median "
+                     f"JSD of {jsd:.3g} nats (maximum ln 2 = 0.693)"
+                     + (f"; {_pct(near)} of examples come within 90% of it." if near is not None else "."))
+    return parts
+
+
+def _measured_only(s: Mapping[str, Any], n: int) -> str:
+    """At chance: what was measured (n, the methods, the permutation and adversarial settings), no tau,
+    no rate of significant taus, no reading of either test."""
+    measured = ["Kendall tau between attention and saliency, gradient x input, leave-one-out and integrated gradients"]
+    layer = s.get("permutation_layer")
+    if _num(s.get("median_permutation_tvd")) is not None:
+        draws = s.get("n_permutations")
+        measured.append(f"the output change under {draws or 'random'} permutations of layer {layer}'s attention")
+    if _num(s.get("median_adversarial_jsd")) is not None:
+        measured.append(f"adversarial attention within an output change of {s.get('adversarial_epsilon', '?')}")
+    said = f"Measured over {n or '?'} examples: " + "; ".join(measured) + "."
+    sat = _saturated(s)
+    if sat is not None:
+        said += f" The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}. "
+        said += loo_words(s, sat)
+    return said
+
+
+def loo_words(s: Mapping[str, Any], sat: Mapping[str, Any]) -> str:
+    """On a saturated output, what leave-one-out's scores measure (the summary's loo_metric): the change of
+    the logit difference (analysis.loo_metric's fallback), or still a distribution distance (a log-probability
+    metric, or a summary from before the fallback), whose tau then rests on that distance (review 9a A5)."""
+    if s.get("loo_metric") == "logit_diff":
+        return ("Leave-one-out is therefore scored by the absolute change of the logit difference when a token is "
+                "left out, not by a distribution distance.")
+    floor = _num(sat.get("tvd_per_logit"))
+    bound = f" (at most about {floor:.2g} per logit)" if floor is not None else ""
+    return ("Leave-one-out is scored by the total variation distance too, which this saturated output keeps near 0"
+            f"{bound} unless a token's removal moves the answer's odds by a logit or more: its tau rests on a saturated "
+            "distance and is not evidence of graded agreement.")
+
+
+def loo_rounds(s: Mapping[str, Any]) -> bool:
+    """Whether most of leave-one-out's scores are within one rounding step of the logits (the summary's
+    loo_rounding.ranks_rounding): its tau would rank rounding, so no claim rests on it."""
+    entry = s.get("loo_rounding")
+    return isinstance(entry, Mapping) and entry.get("ranks_rounding") is True
+
+
+def rounding_words(s: Mapping[str, Any]) -> str:
+    """'N of M leave-one-out scores are within one bfloat16 rounding step of the logits (0.075 logits) ...' from
+    the summary's loo_rounding (analysis.loo_rounding: those scores are ties at 0); '' where none is."""
+    entry = s.get("loo_rounding")
+    if not isinstance(entry, Mapping):
+        return ""
+    k, m, floor = int(_num(entry.get("n_within")) or 0), int(_num(entry.get("n_scores")) or 0), entry.get("floor")
+    if not k or not m or not isinstance(floor, Sequence) or len(floor) != 2 or None in map(_num, floor):
+        return ""
+    size = f"{floor[0]:.2g}" if f"{floor[0]:.2g}" == f"{floor[1]:.2g}" else f"{floor[0]:.2g}-{floor[1]:.2g}"
+    said = (f"{k} of {m} leave-one-out scores (changes of the logit difference) are within one {entry.get('dtype', '?')} "
+            f"rounding step of the logits ({size} logits) and count as ties")
+    if loo_rounds(s):
+        return said + (": its tau would rank rounding, so leave-one-out is left out of the taus and the count of "
+                       "significant taus here.")
+    return said + " (0) in its ranking."
+
+
+def _rollout_taus(s: Mapping[str, Any], keys: tuple, defined: Mapping[str, int]) -> str:
+    """'Attention rollout agrees with saliency at mean Kendall tau 0.93, 95% CI [0.79, 1.00], ...; 3 of 4 per-example
+    taus significant against saliency, ...': rollout's taus stated as last-layer attention's are, with their t
+    intervals (clipped to tau's [-1, 1]) over the examples with a defined tau and, where the summary has them, the
+    significant counts (review 9b C5: tau.png drew rollout's, the strongest agreement, and the finding left it out)."""
+    said, counts = [], []
+    for key, name in keys:
+        m, sd = _num(s.get(f"mean_tau_rollout_{key}")), _num(s.get(f"std_tau_rollout_{key}"))
+        if m is None:
+            continue
+        n = int(_num(s.get(f"n_tau_rollout_{key}")) or defined.get(name, 0))
+        interval = t_interval(m, sd, n)
+        said.append(f"{name} at mean Kendall tau {m:.2f}"
+                    + _ci(interval and (max(-1.0, interval[0]), min(1.0, interval[1]))))
+        frac = _num(s.get(f"frac_significant_rollout_{key}"))
+        if frac is not None and n:
+            counts.append(f"{round(frac * n)} of {n} against {name.split(' from the ')[0]}")
+    if not said:
+        return ""
+    tail = f"; per-example taus significant at p < 0.05, uncorrected: {', '.join(counts)}" if counts else ""
+    return f"Attention rollout (attention composed through the layers) agrees with {', '.join(said)}{tail}."
+
+
+WEAK_TAU = 0.2  # |mean tau| under this: agreement is weak
+ALPHA = 0.05  # the family-wise level of the paired rollout-minus-raw tests (Holm over the references)
+
+
+def _paired_words(entry: Mapping[str, Any] | None) -> str:
+    """'+0.21, 95% CI [+0.05, +0.38], Holm-corrected p = 0.03' from a rollout_vs_raw entry ('' without its test)."""
+    if not isinstance(entry, Mapping):
+        return ""
+    mean, p, ci = _num(entry.get("mean")), _num(entry.get("p_holm")), entry.get("ci")
+    if mean is None or p is None or not isinstance(ci, Sequence) or len(ci) != 2 or None in map(_num, ci):
+        return ""
+    return f"{mean:+.2f}, 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}], Holm-corrected p = {p:.2g}"
+
+
+def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float],
+                      defined: Mapping[str, int], keys: tuple) -> str:
+    """What rollout adds where raw last-layer attention agrees weakly. "Does better" against a reference only
+    where the paired test of per-example tau differences (rollout minus raw, against that reference; the
+    summary's rollout_vs_raw) passes after Holm's correction over the references, with the difference and its
+    interval; "where the raw weights do not" only when that holds against every reference and every raw tau's
+    95% CI stays under 0.2. Summaries without the paired tests claim no comparison. Not called at chance."""
+    spread = (f"tau from {min(rollout.values()):.2f} to {max(rollout.values()):.2f}" if len(rollout) > 1
+              else f"tau {next(iter(rollout.values())):.2f}") if rollout else ""
+    short = {name: key for key, name in keys}
+    paired = s.get("rollout_vs_raw") if isinstance(s.get("rollout_vs_raw"), Mapping) else {}
+    better, not_better, pairs = [], [], []
+    for name, (raw, _) in taus.items():
+        roll = rollout.get(name)
+        if roll is None:
+            continue
+        entry = paired.get(short[name])
+        said = _paired_words(entry)
+        if said:
+            pairs.append(int(_num(entry.get("n")) or 0))
+        passes = bool(said) and _num(entry.get("mean")) > 0 and _num(entry.get("p_holm")) < ALPHA
+        (better if passes else not_better).append(
+            f"{name} (tau {roll:.2f} against raw {raw:.2f}; " + (f"paired difference {said})" if said else "no paired test)"))
+    how = (f"paired per example, rollout minus raw tau over {min(pairs)}"
+           + (f"-{max(pairs)}" if max(pairs) != min(pairs) else "") + " examples, Holm-corrected over "
+           f"{len(pairs)} reference{'s' * (len(pairs) != 1)}") if pairs else ""
+    if better:
+        raw_highs = []
+        for name, (raw, raw_sd) in taus.items():
+            interval = t_interval(raw, raw_sd, defined[name])
+            raw_highs.append(None if interval is None else min(1.0, interval[1]))
+        said = (f"Raw last-layer attention's mean taus are under {WEAK_TAU}; attention rollout does better ({how}) against "
+                + ", ".join(better))
+        if not_better:
+            return said + f", but not significantly against {', '.join(not_better)}."
+        if None not in raw_highs and max(raw_highs) < WEAK_TAU:
+            return (said + ": attention flow through the layers tracks token importance where the last layer's raw "
+                    f"weights do not (raw tau's 95% CIs stay under {WEAK_TAU}).")
+        top = [h for h in raw_highs if h is not None]
+        return (said + (f". Raw tau's 95% CIs reach up to {max(top):.2f}" if top else ". Raw tau has no interval")
+                + ", so these examples do not show that the last layer's raw weights fail to track token importance.")
+    words = ("Attention rollout is not shown to do better than raw last-layer attention"
+             + (f" ({how})" if how else "") + ": " + ", ".join(not_better) + ".") if not_better else ""
+    if rollout and max(rollout.values()) >= WEAK_TAU:
+        return words
+    return (words + " " if words else "") + ("Agreement is weak" + (f" for rollout too ({spread})" if rollout else "")
+                                             + ": attention weights are a poor stand-in for token importance here.")
