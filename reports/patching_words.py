@@ -196,12 +196,12 @@ def _other_cells(zeros: float, stats: Mapping[str, Any], s: Mapping[str, Any] | 
     of them from counting, that they are within it (review 10a C5: real effects of 0.002-0.016 logits in float32
     read 'no exact effect' in bfloat16, the interval lost to the dtype without a word)."""
     rounding = int(_num(stats.get("n_within_rounding")) or 0)
-    floor = _num(((s or {}).get("rounding_floor") or {}).get("floor")) if isinstance((s or {}).get("rounding_floor"),
-                                                                                     Mapping) else None
+    record = (s or {}).get("rounding_floor")
+    floor = _num(record.get("floor")) if isinstance(record, Mapping) else None
     if not rounding or floor is None:
         return f"the other {zeros:.0f} cells have no exact effect"
     some = "all" if rounding >= zeros else f"{rounding} of them"
-    how = ("measured on cells that patch an activation with itself" if s["rounding_floor"].get("basis") == "measured"
+    how = ("measured on cells that patch an activation with itself" if record.get("basis") == "measured"
            else "one rounding step of the metric")
     return (f"the other {zeros:.0f} cells have no exact effect beyond this precision's rounding ({some} non-zero but "
             f"within its floor, {floor:.2g}: {how})")

@@ -216,20 +216,23 @@ def rounding_floor(exact: pd.DataFrame, first: np.ndarray, dtype: torch.dtype, s
     return {"floor": step / abs(gap) if gap else step, "basis": "one rounding step", "n_cells": int(seen.size)}
 
 
-def nonzero_count(effects: np.ndarray, floor: float = 0.0) -> int:
-    """Cells whose |effect| exceeds NONZERO x the largest |effect| and the rounding floor (0 when none)."""
+def _magnitudes(effects: np.ndarray) -> tuple[np.ndarray, float]:
+    """The finite |effects| and the largest of them (0 when none): what both counts below measure against."""
     mag = np.abs(np.asarray(effects, dtype=float))
     mag = mag[np.isfinite(mag)]
-    peak = float(mag.max()) if mag.size else 0.0
+    return mag, float(mag.max()) if mag.size else 0.0
+
+
+def nonzero_count(effects: np.ndarray, floor: float = 0.0) -> int:
+    """Cells whose |effect| exceeds NONZERO x the largest |effect| and the rounding floor (0 when none)."""
+    mag, peak = _magnitudes(effects)
     return int((mag > max(NONZERO * peak, floor)).sum()) if peak > floor else 0
 
 
 def within_rounding(effects: np.ndarray, floor: float) -> int:
     """Cells the rounding floor alone keeps from counting as non-zero: |effect| above NONZERO x the largest but
     within `floor` (bfloat16 runs: real but tiny effects, review 10a C5, which are not "no exact effect")."""
-    mag = np.abs(np.asarray(effects, dtype=float))
-    mag = mag[np.isfinite(mag)]
-    peak = float(mag.max()) if mag.size else 0.0
+    mag, peak = _magnitudes(effects)
     return int(((mag > NONZERO * peak) & (mag <= floor)).sum()) if floor > 0 else 0
 
 
