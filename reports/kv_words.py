@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from headscope.analyses.core.chance import clear_of
 from headscope.reports.circuits_words import FEW_ANSWERS
 from headscope.reports.findings import _chance, _num, _words, sink_sentence
@@ -77,7 +79,10 @@ def _with_units(hold: Any, unit: str) -> Any:
     return hold
 
 
-EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+def _eps(name: str) -> float | None:
+    """torch's machine epsilon of a floating dtype named as the summary records it ("bfloat16"), else None."""
+    dtype = getattr(torch, name, None)
+    return float(torch.finfo(dtype).eps) if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
 
 
 def _rounding(s: Mapping[str, Any], bound: Any, end: str) -> str:
@@ -85,7 +90,7 @@ def _rounding(s: Mapping[str, Any], bound: Any, end: str) -> str:
     rounding alone can put it either side of 0' where a "reaches 0" bound is that close to 0, else ''. One step: the
     spacing of the model dtype's floats at the full-cache metric, relative to it."""
     full, b = _num(s.get("metric_unevicted")), _num(bound)
-    eps = EPS.get(str(s.get("dtype") or "").removeprefix("torch."))
+    eps = _eps(str(s.get("dtype") or "").removeprefix("torch."))
     if full is None or b is None or eps is None or full == 0:
         return ""
     step = eps * 2.0 ** math.floor(math.log2(abs(full))) / abs(full)  # the float spacing at |full|, relative
