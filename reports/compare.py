@@ -52,6 +52,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
 from headscope.reports.findings import _words, finding
 from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.patching_sites import share, tied
+from headscope.reports.patching_words import KV_SITES
 from headscope.reports.provenance import provenance_lines, speed_text
 from headscope.reports.render import escape
 from headscope.reports.resume_settings import bos_option
@@ -106,7 +107,7 @@ def _site_name(kind: str, cell: Mapping[str, Any]) -> str:
     'v L0 KV0'."""
     parts = [kind, f"L{cell.get('layer')}"]
     if cell.get("head") is not None:
-        parts.append(f"{'KV' if kind in ('k', 'v') else 'H'}{cell['head']}")  # review 9b A3: k/v index KV heads
+        parts.append(f"{'KV' if kind in KV_SITES else 'H'}{cell['head']}")  # review 9b A3: k/v index KV heads
     if cell.get("pos") is not None:
         end = cell.get("from_end")
         token = re.sub(r"^-?\d+: ", "", str(cell.get("token") or ""))  # the index is said once, on this axis
@@ -170,14 +171,19 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     return table, notes
 
 
+def _cell_key(cell: Mapping[str, Any]) -> tuple:
+    """Which patching cell a top-sites entry is, whatever its effect: (layer, head, pos)."""
+    return tuple(cell.get(k) for k in ("layer", "head", "pos"))
+
+
 def _top_ties(kind: str, tops: list[list], gaps: list) -> str:
     """The noise verdict on a differing top site: ' (tied in A: <top>, <other>, each inside the other's 95% interval)'
     for each run whose top cell is tied (patching_sites.tied) with its next cell or with the other run's top site;
     ' (tied in neither run: ...)' where both runs give intervals and neither is tied; '' without intervals."""
-    keys = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) for c in tops]
+    keys = [_cell_key(c[0]) for c in tops]
     ties, clear = [], True
     for side, cells, gap, other in zip(SIDES, tops, gaps, keys[::-1]):
-        rivals = cells[1:2] + [c for c in cells[1:] if tuple(c.get(k) for k in ("layer", "head", "pos")) == other]
+        rivals = cells[1:2] + [c for c in cells[1:] if _cell_key(c) == other]
         found = next((c for c in rivals if tied(cells[0], c)), None)
         if found is not None:
             ties.append(f"tied in {side}: {_with_ci(kind, cells[0], gap)} and {_with_ci(kind, found, gap)} are each "
@@ -199,8 +205,8 @@ def _row_verdict(kind: str, pair: list, gaps: list) -> str:
     if any(x is None or x[1] is None for x in said):
         return ""
     (va, ca), (vb, cb) = said
-    mutual = cb[0] <= va <= cb[1] and ca[0] <= vb <= ca[1]
-    same = all(pair[0].get(k) == pair[1].get(k) for k in ("layer", "head", "pos"))
+    mutual = tied({"effect": va, "ci": ca}, {"effect": vb, "ci": cb})
+    same = _cell_key(pair[0]) == _cell_key(pair[1])
     if same:
         return ("within noise: each inside the other's 95% interval" if mutual
                 else "beyond noise: not each inside the other's 95% interval")

@@ -212,7 +212,7 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
         return (f"The model {what}{count}: it does not do {'task ' + task if isinstance(task, str) and task else 'this task'}, "
                 "so its accuracy says nothing of a preference among the values; relative findings are not reported.")
     who = f"The probe scores {where} chance" if name == "probes" else f"The model is {where} chance {on}"
-    said = " (" + ", ".join(details) + ")" if details else ""
+    said = said_of(details)
     if not below:  # copies that hold the gold value as often as chance allows: say so (chance.copy_task)
         why = f": {entry['reason']}" if _num(entry.get("gold_share")) is not None and entry.get("reason") else ""
         return f"{who}{said}{why}; relative findings are not reported."

@@ -35,7 +35,7 @@ from headscope.analyses.patching.attribution_patching import (
     slope_with_interval,
 )
 from headscope.reports.patching_sites import differ_offsets
-from headscope.reports.patching_words import cited_cells
+from headscope.reports.patching_words import KV_SITES, cited_cells
 from headscope.reports.patching_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.plots import (
     axes,
@@ -52,7 +52,6 @@ from headscope.reports.plots_circuits import PARTIAL_VEIL
 
 BY_POS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 BY_HEAD = ("head_out", "q", "k", "v", "pattern")
-KV_SITES = ("k", "v")  # their head index is the KV head (grouped-query attention shares one among query heads)
 NORMALISED = "share of the clean-corrupted gap"
 
 
