@@ -633,9 +633,7 @@ def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kin
         sel = pairs[(pairs.method_a == a) & (pairs.method_b == b)].tau
         out[f"mean_tau_{key}"] = _num(sel.mean())
     out["median_permutation_tvd"] = _num(tables["permutation"].median_change.median())
-    perm = tables["permutation"]
-    if "top_prob" in perm:  # decoders: is the output too close to one-hot for a distribution distance to move?
-        out["saturated"] = saturation(perm.top_prob.tolist())
+    perm = tables["permutation"]  # (its saturation: the caller's, from the clean pre-pass leave-one-out follows)
     for column, key in (("metric_change", "permutation_metric_change"), ("abs_metric_change", "permutation_abs_metric_change"),
                         ("adversarial_metric_change", "adversarial_metric_change")):
         if column in perm:  # per-example means over draws, in the metric's units: their mean, sd and n
