@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from headscope.analyses.core.tasks import Task, sentence_task, zoo
+from headscope.analyses.core.tasks import Task, sentence_task, with_bos, zoo
 from headscope.errors import ConfigError, TaskError
 
 NAMES = (
@@ -121,12 +121,6 @@ def single_token_names(model) -> dict[str, int]:
     return found
 
 
-def _with_bos(model, ids: list[int]) -> list[int]:
-    """ids with the BOS in front as to_tokens would give them (model.bos_prefix; none to add where they start with it)."""
-    prefix = model.bos_prefix()
-    return [*prefix, *ids] if prefix and (not ids or ids[0] != prefix[0]) else ids
-
-
 def ioi_task(model, n_examples: int = 64, seed: int = 0) -> Task:
     """IOI prompts IOI_TEMPLATE over single-token names, both orders of first mention. Answer: the
     indirect object (IO); corrupted prompt: IO repeated instead of the subject S (same length), its
@@ -147,8 +141,8 @@ def ioi_task(model, n_examples: int = 64, seed: int = 0) -> Task:
         i, j = torch.randperm(len(pool), generator=gen)[:2].tolist()
         io, s = pool[i], pool[j]
         a, b = (io, s) if torch.rand(1, generator=gen).item() < 0.5 else (s, io)
-        row = _with_bos(model, _encode(model.tokenizer, IOI_TEMPLATE.format(a=a, b=b, s=s)))
-        bad = _with_bos(model, _encode(model.tokenizer, IOI_TEMPLATE.format(a=a, b=b, s=io)))
+        row = with_bos(model, _encode(model.tokenizer, IOI_TEMPLATE.format(a=a, b=b, s=s)))
+        bad = with_bos(model, _encode(model.tokenizer, IOI_TEMPLATE.format(a=a, b=b, s=io)))
         at_s = [p for p, t in enumerate(row) if t == names[s]]
         at_io = [p for p, t in enumerate(row) if t == names[io]]
         if len(row) != len(bad) or len(at_s) != 2 or len(at_io) != 1 or (clean and len(row) != len(clean[0])):

@@ -260,6 +260,12 @@ def shipped_sentences() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+def with_bos(model, ids: list[int]) -> list[int]:
+    """ids with the BOS in front as to_tokens would give them (model.bos_prefix; none to add where they start with it)."""
+    prefix = model.bos_prefix()
+    return [*prefix, *ids] if prefix and (not ids or ids[0] != prefix[0]) else ids
+
+
 def sentence_task(model, sentences: Sequence[str] | None = None, *, n_examples: int | None = None,
                   seed: int | None = None) -> Task:
     """Sentences as a padded Task (the shipped set when None; seed: a seeded order; n_examples: the
@@ -280,9 +286,7 @@ def sentence_task(model, sentences: Sequence[str] | None = None, *, n_examples: 
     rows = [list(tok(text, add_special_tokens=True)["input_ids"]) for text in sentences]
     answers = None
     if not model.facts.is_encoder:
-        bos = tok.bos_token_id
-        if model.prepends_bos:  # as to_tokens does (load_model's prepend_bos=False: as the tokenizer gives them)
-            rows = [[bos] + r if bos is not None and (not r or r[0] != bos) else r for r in rows]
+        rows = [with_bos(model, r) for r in rows]  # as to_tokens does (load_model's prepend_bos=False: as tokenized)
         if min(len(r) for r in rows) < 2:
             raise TaskError("Every sentence needs at least one token besides any BOS to serve as the answer, and one before it.")
         answers = torch.tensor([r[-1] for r in rows])  # [batch]
