@@ -13,7 +13,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.compare_headlines import n_words
-from headscope.reports.compare_prunable import verdict_words
+from headscope.reports.compare_prunable import interval_heads, verdict_words
 from headscope.reports.compare_run import (
     NO_INTERVAL,
     NOT_COMPARED,
@@ -277,10 +277,9 @@ def prunable_interval(s: Mapping[str, Any], ordering: str) -> tuple[float, float
     """The interval the heads finding prints for the fraction prunable by `ordering` (reports/plots_heads.py
     `_interval`): heads' prunable_ci_<ordering>, its bootstrap interval in heads, as fractions of n_heads; None
     where the summary has none (no other key is read: compare judges only what the finding states)."""
-    ci, n = s.get(f"prunable_ci_{ordering}"), s.get("n_heads")  # heads' bootstrap interval, in heads
-    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
-    if isinstance(n, int) and n > 0 and isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(map(_number, bounds)):
-        return float(bounds[0]) / n, float(bounds[1]) / n
+    n, bounds = s.get("n_heads"), interval_heads(s, ordering)  # heads' bootstrap interval, in heads
+    if isinstance(n, int) and n > 0 and bounds is not None:
+        return bounds[0] / n, bounds[1] / n
     return None
 
 
