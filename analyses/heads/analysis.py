@@ -237,16 +237,9 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         if pruning is not None and method in pruning:
             by = pruning[method].detach().double().flatten().cpu()  # [layer * head]
             first = torch.argsort(by, stable=True)[: k + 1]  # the pruning order's first heads, as _pruning_curve ranks
-            groups: list[list[int]] = []  # runs of neighbours within tol, in the order removed
-            starts: list[int] = []  # each run's first position in the order, from 1
-            for j in range(min(k, len(first) - 1)):
-                a, b = int(first[j]), int(first[j + 1])
-                if float(by[b] - by[a]) <= tol(float(by[b]), float(by[a])):
-                    if groups and groups[-1][-1] == a:
-                        groups[-1].append(b)
-                    else:
-                        groups.append([a, b])
-                        starts.append(j + 1)
+            first_runs = _neighbour_groups(-by[first], tol)  # the order removed, descending for the helper (tol is symmetric)
+            groups = [[int(first[j]) for j in g] for g in first_runs]  # runs of neighbours within tol, in the order removed
+            starts = [g[0] + 1 for g in first_runs]  # each run's first position in the order, from 1
             se = ses.get(method) if ses is not None and method != "gradient" else None
             if se is not None and torch.equal(pruning[method].detach().cpu().double(), imp.detach().cpu().double()):
                 se = se.detach().double().flatten().cpu()  # [layer * head]
