@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from headscope.analyses.circuits.lens import final_softcap, unembed
-from headscope.execution.block_shape import parts, post_attention_norm
+from headscope.execution.block_shape import post_attention_norm, post_mlp_norm
 from headscope.hooks import head_result, site
 
 KINDS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "remainder", "ln_final_bias", "unembed_bias")
@@ -114,10 +114,9 @@ def post_norms(model) -> list[str]:
     "post-MLP": Gemma 2/3's and OLMo 2's post-norm blocks), [] for pre-norm and parallel blocks: the
     finding says on such models that each head's write is read through its layer's post-attention norm
     frozen at its actual scale (and each MLP's after its post-MLP norm), not only the final norm."""
-    shapes = [parts(b) for b in model.bridge.blocks]
-    shapes = [p for p in shapes if p is not None and not p.parallel]
-    return [name for name, field in (("post-attention", "ln1_post"), ("post-MLP", "ln2_post"))
-            if any(getattr(p, field) is not None for p in shapes)]
+    blocks = model.bridge.blocks
+    return [name for name, norm in (("post-attention", post_attention_norm), ("post-MLP", post_mlp_norm))
+            if any(norm(b) is not None for b in blocks)]
 
 
 def frozen_norm(norm, pre: torch.Tensor, normed: torch.Tensor, *, offset: bool = False):
