@@ -180,6 +180,17 @@ def _prompt_prior(entry: Mapping[str, Any]) -> str | None:
             f"corrupted prompts give {corrupt:.3g}, {ci(entry.get('corrupted_ci'))}; {diff})")
 
 
+def int_ranges(values: Sequence[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8" (data rows, positions)."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def said_of(details: Sequence[str]) -> str:
     """' (a, b)' of the chance sentence's details, '' without any."""
     return " (" + ", ".join(details) + ")" if details else ""

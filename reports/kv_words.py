@@ -2,7 +2,7 @@
 full context, the grouped-query attention saving, the first key's norm against the others' (what a k_norm
 allows), the attention sinks, and per eviction policy the smallest budget within 1% of the full cache over
 the prompts it evicts from, with its interval, its answers and where it misses; at chance only what was
-measured. `_int_span`, `_runs` and `_span2` are the figures' too.
+measured. `_int_span` and `_span2` are the figures' too.
 """
 from __future__ import annotations
 
@@ -397,17 +397,6 @@ def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | Non
 
 def _int_span(lo: int, hi: int) -> str:
     return f"{lo}" if lo == hi else f"{lo}-{hi}"
-
-
-def _runs(positions: list) -> str:
-    """[1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
-    runs: list[list[int]] = []
-    for p in map(int, positions):
-        if runs and p == runs[-1][1] + 1:
-            runs[-1][1] = p
-        else:
-            runs.append([p, p])
-    return ", ".join(_int_span(a, b) for a, b in runs)
 
 
 def _span2(lo: float, hi: float) -> str:

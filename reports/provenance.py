@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from headscope.reports import io
-from headscope.reports.findings import and_join
+from headscope.reports.findings import and_join, int_ranges
 from headscope.reports.render import escape, md_escape
 
 log = logging.getLogger(__name__)
@@ -277,17 +277,6 @@ def _pairs_text(record: Mapping[str, Any]) -> str:
             "length)")
 
 
-def _ranges(rows: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
-    spans: list[list[int]] = []
-    for r in rows:
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-
-
 ROWS_NOTE = "0-based, header not counted"  # how the section lines number the user's rows, as the errors do
 
 
@@ -310,7 +299,7 @@ def _rows_text(record: Mapping[str, Any]) -> str:
     rows = record.get("rows")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, int) for r in rows):
         return ""
-    return f" (data rows {_ranges(rows)}; {ROWS_NOTE})"
+    return f" (data rows {int_ranges(rows)}; {ROWS_NOTE})"
 
 
 def provenance_lines(record: Mapping[str, Any]) -> list[str]:
