@@ -51,8 +51,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
 )
 from headscope.reports.findings import _words, finding
 from headscope.reports.html_report import CSS, _provenance
-from headscope.reports.patching_sites import share, tied
-from headscope.reports.patching_words import KV_SITES
+from headscope.reports.patching_sites import KV_SITES, share, tied
 from headscope.reports.provenance import provenance_lines, speed_text
 from headscope.reports.render import escape
 from headscope.reports.resume_settings import bos_option

@@ -1,4 +1,5 @@
-"""Which patching cells a finding can cite (reports/plots_patching.py's finding; compare's ties).
+"""Which patching cells a finding can cite (reports/plots_patching.py's finding; compare's ties), and how the
+findings name them (a head, a KV head as such, a position from the end, a share of the gap with its interval).
 
 Patching the residual stream at the answer position (-1 from the end, where a last-position metric is
 read) from a late layer on restores the whole clean-corrupted gap by construction: every later
@@ -171,3 +172,56 @@ def changed_there(s: Mapping[str, Any], offset: Any) -> int:
     places = differ_offsets(s) or {int(o): int(k) for o, k in ((s.get("at_corrupted_token") or {}).get("from_end")
                                                               or {}).items()}
     return places.get(offset, 0) if isinstance(offset, int) else 0
+
+
+# ---- how the findings name a cell (patching_words, patching_agreement, patching_aligned; compare reads KV_SITES)
+KV_SITES = ("k", "v")  # their head index is a KV head, which query heads share under grouped- or multi-query attention
+
+
+def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
+    """A head by its name (L1H3), as every section names heads (the report links it to the explorer); a k or v cell's
+    head is a KV head, never named as a query head (review 9b A3: "v at L0H0" was layer 0's one KV head, read by
+    every query head): "layer 0's KV head 0 (shared by all 4 query heads: multi-query attention)", with the query
+    heads that read it where the summary has the head counts (n_heads, n_kv_heads)."""
+    layer, head = cell.get("layer"), cell["head"]
+    heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
+    if kind not in KV_SITES or (heads and kv and kv == heads):
+        return f"L{layer}H{head}"
+    if not (heads and kv and kv < heads):
+        return f"layer {layer}'s KV head {head}"
+    per = int(heads) // int(kv)
+    if kv == 1:
+        return f"layer {layer}'s KV head {head} (shared by all {heads:.0f} query heads: multi-query attention)"
+    return (f"layer {layer}'s KV head {head} (read by query heads {head * per}-{head * per + per - 1}: grouped-query "
+            "attention)")
+
+
+def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
+    """', 95% CI [lo, hi] over n examples' of a top site's effect (its recorded t interval over the
+    per-example effects, divided by the gap when the finding states a share of it); '' without one."""
+    ci, n = cell.get("ci"), _num(cell.get("n"))
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return f", n = {n:.0f} examples" if n else ""
+    lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else (ci[0], ci[1])
+    return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
+
+
+def _where(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
+    """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell; a KV head: _head)."""
+    head, end = cell.get("head"), cell.get("from_end")
+    at = f"layer {cell.get('layer')}" if head is None else _head(kind, cell, s)
+    return f"{kind} at {at}" + (f", position {end} from the end" if isinstance(end, int) else "")
+
+
+def _size(x: float, gap: float | None) -> str:
+    return f"{x / gap:.2f} of the gap" if gap else f"{x:.3g}"
+
+
+def _reach(s: Mapping[str, Any] | None, kind: str, cell: Mapping[str, Any]) -> str:
+    """', a column only 1 of 8 prompts reach' for a cell of a column fewer than half the prompts reach (its n from
+    top_sites; review 10a A3), '' otherwise."""
+    rows = ((s or {}).get("top_sites") or {}).get(kind) or []
+    same = next((c for c in rows if all(c.get(k) == cell.get(k) for k in ("layer", "head", "pos"))), None)
+    if same is None or not thin(same, (s or {}).get("n_examples")):
+        return ""
+    return f", a column only {_num(same['n']):.0f} of {_num(s['n_examples']):.0f} prompts reach"

@@ -1,9 +1,9 @@
 """The `patching` finding in words (reports/plots_patching.py's `finding`, the family's headline): the
 site that moves the metric most where the information enters, where it reaches the answer position and
-what writes it there (reports/patching_sites.py picks the cells), each with its share of the
-clean-corrupted gap, its interval and n; the positions where clean and corrupted prompts differ; how far
-attribution patching can stand in for exact patching (slopes, correlations over the non-zero cells,
-reversals and misses beyond the rounding floor); at chance, only what was measured.
+what writes it there (reports/patching_sites.py picks the cells and names them), each with its share of the
+clean-corrupted gap, its interval and n, and the cells tied with it; the positions where clean and corrupted
+prompts differ; the effect at the corrupted token (reports/patching_aligned.py); how far attribution patching
+can stand in for exact patching (reports/patching_agreement.py); at chance, only what was measured.
 """
 from __future__ import annotations
 
@@ -11,45 +11,25 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.analyses.patching.attribution_patching import MISS, SPARSE, interval_stated
-from headscope.reports.findings import _at_chance, _chance, _ci, _num, _words, and_join, fisher_interval, ordinal, sliding_words
+from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, sliding_words
+from headscope.reports.patching_agreement import agreement
+from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _token_words
 from headscope.reports.patching_sites import (
-    CITED,
     DEPTH,
+    _effect_ci,
+    _head,
+    _where,
     at_answer,
     by_construction,
-    changed_there,
     depth,
     differ_offsets,
     differing_positions,
     entering,
     reaching,
-    share,
-    split_token,
     thin,
     tied,
     writer,
 )
-
-KV_SITES = ("k", "v")  # their head index is a KV head, which query heads share under grouped- or multi-query attention
-
-
-def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
-    """A head by its name (L1H3), as every section names heads (the report links it to the explorer); a k or v cell's
-    head is a KV head, never named as a query head (review 9b A3: "v at L0H0" was layer 0's one KV head, read by
-    every query head): "layer 0's KV head 0 (shared by all 4 query heads: multi-query attention)", with the query
-    heads that read it where the summary has the head counts (n_heads, n_kv_heads)."""
-    layer, head = cell.get("layer"), cell["head"]
-    heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
-    if kind not in KV_SITES or (heads and kv and kv == heads):
-        return f"L{layer}H{head}"
-    if not (heads and kv and kv < heads):
-        return f"layer {layer}'s KV head {head}"
-    per = int(heads) // int(kv)
-    if kv == 1:
-        return f"layer {layer}'s KV head {head} (shared by all {heads:.0f} query heads: multi-query attention)"
-    return (f"layer {layer}'s KV head {head} (read by query heads {head * per}-{head * per + per - 1}: grouped-query "
-            "attention)")
 
 
 def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset(), s: Mapping[str, Any] | None = None) -> str:
@@ -91,134 +71,6 @@ def _distinct_sites(cells: list) -> list:
     return out
 
 
-def _significant(r: float | None, n: int) -> bool:
-    """Whether a Pearson r over n points differs from 0: its Fisher 95% interval excludes 0 (|r| = 1 on
-    three or more points counts as significant; fewer than four points otherwise never do)."""
-    if r is None:
-        return False
-    if abs(r) >= 1:
-        return n >= 3
-    interval = fisher_interval(r, n)
-    return interval is not None and (interval[0] > 0 or interval[1] < 0)
-
-
-def _ratio(slope: float) -> str:
-    """A slope of attribution over exact in words ("about half the exact ones")."""
-    if slope <= 0:
-        return "point the opposite way to the exact ones"
-    for lo, hi, words in ((0.4, 0.6, "about half"), (1.7, 2.3, "about twice")):
-        if lo <= slope < hi:
-            return f"are {words} the exact ones"
-    return f"are about {slope:.2g} times the exact ones"
-
-
-FAR = (0.8, 1.25)  # a slope outside this range, with a 95% interval that excludes 1, is a scale error worth saying
-
-
-def _slope(kind: str, stats: Mapping[str, Any], rank: bool) -> str | None:
-    """'At <kind> ... (least-squares slope b of attribution on exact, 95% CI [..], n = k cells).': far
-    from 1 (FAR, interval excluding 1) its effects are that multiple of the exact ones, so (where r is
-    significant and the report ranks sites, `rank`) it ranks but does not size; None without a slope and
-    interval (older summaries, fewer than three cells)."""
-    b, ci, n = _num(stats.get("slope")), stats.get("slope_ci"), stats.get("slope_n", stats.get("n"))
-    if b is None or not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
-        return None
-    said = f"least-squares slope {b:.2f} of attribution on exact{_ci(tuple(ci))}, n = {n} cells"
-    if not ci[0] <= 1.0 <= ci[1] and not FAR[0] <= b <= FAR[1]:
-        advice = ": use it to rank, not to size" if rank and _significant(_num(stats.get("pearson")), int(n or 0)) else ""
-        return f"At {kind} attribution patching's effects {_ratio(b)} ({said}){advice}."
-    close = "consistent with the exact size" if ci[0] <= 1.0 <= ci[1] else "close to the exact size"
-    return f"At {kind} its sizes are {close} ({said})."
-
-
-def _case(stats: Mapping[str, Any]) -> str:
-    """Which reading of r the cells allow: "few" (under 3 non-zero exact effects), "sparse" (under SPARSE
-    or half the cells non-zero), "one point" (significant r that is not without its largest cell, or flips
-    sign), "mostly" (under half of |r| without it) or "plain" (r over every cell with its interval)."""
-    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
-    if nonzero is not None and nonzero < 3:
-        return "few"
-    if not interval_stated(n, None if nonzero is None else int(nonzero)):  # zeros are not independent evidence
-        return "sparse"
-    rest = _num(stats.get("pearson_without_top"))
-    if rest is None or not _significant(r, n):
-        return "plain"
-    if not _significant(rest, n - 1) or rest * r < 0:
-        return "one point"
-    return "mostly" if abs(rest) < abs(r) / 2 else "plain"
-
-
-def _by_ties(rho: float, rho_nonzero: float, zeros: float) -> str:
-    """', raised by the k tied zeros' where Spearman over every cell exceeds the one over the non-zero cells
-    (as stated, to 2 decimals), ', lowered by ...' where it falls short (review 8: "inflated" was said of
-    both), '' where the two read the same."""
-    every, some = float(f"{rho:.2f}"), float(f"{rho_nonzero:.2f}")  # as the sentence states them
-    if every == some:
-        return ""
-    return f", {'raised' if every > some else 'lowered'} by the {zeros:.0f} tied zeros"
-
-
-def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
-    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
-    few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
-    interval that counts the zero cells as independent), or that one point carries it: r is significant,
-    and without its largest cell it is not, flips sign, or falls to under half of |r| (the rest still
-    significant: "mostly carried" by that cell)."""
-    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
-    case, rest = _case(stats), _num(stats.get("pearson_without_top"))
-    if case == "few":
-        return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
-                "so it says nothing about agreement")
-    if case == "sparse" and nonzero is not None and nonzero >= n:  # review 9b C4: no zero cells, just few cells
-        return _few_cells(kind, stats, n, s)
-    if case == "sparse":
-        rho, slope, rho_nz = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("spearman_nonzero"))
-        spearman = (f"Spearman {rho_nz:.2f} over the {nonzero:.0f} non-zero cells ({rho:.2f} over all {n}"
-                    f"{_by_ties(rho, rho_nz, n - nonzero)})" if rho_nz is not None and rho is not None
-                    else f"Spearman {rho:.2f} over all {n} cells, {n - nonzero:.0f} of them tied at zero"
-                    if rho is not None else "")
-        extra = [spearman,
-                 f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
-                 f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
-                 and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
-                 f"no interval for r or the slope: {_other_cells(n - nonzero, stats, s)}"]
-        return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
-    if case == "plain":
-        return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
-    without = f"without it r = {rest:.3f} (n = {n - 1} cells{_ci(fisher_interval(rest, n - 1), '.3f')})"
-    if case == "one point":
-        return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
-    return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
-
-
-def _other_cells(zeros: float, stats: Mapping[str, Any], s: Mapping[str, Any] | None) -> str:
-    """'the other 4 cells have no exact effect', or, where the run's rounding floor (bfloat16) is what keeps some
-    of them from counting, that they are within it (review 10a C5: real effects of 0.002-0.016 logits in float32
-    read 'no exact effect' in bfloat16, the interval lost to the dtype without a word)."""
-    rounding = int(_num(stats.get("n_within_rounding")) or 0)
-    record = (s or {}).get("rounding_floor")
-    floor = _num(record.get("floor")) if isinstance(record, Mapping) else None
-    if not rounding or floor is None:
-        return f"the other {zeros:.0f} cells have no exact effect"
-    some = "all" if rounding >= zeros else f"{rounding} of them"
-    how = ("measured on cells that patch an activation with itself" if record.get("basis") == "measured"
-           else "one rounding step of the metric")
-    return (f"the other {zeros:.0f} cells have no exact effect beyond this precision's rounding ({some} non-zero but "
-            f"within its floor, {floor:.2g}: {how})")
-
-
-def _few_cells(kind: str, stats: Mapping[str, Any], n: int, s: Mapping[str, Any] | None) -> str:
-    """'k: 3 cells (1 KV head per layer), too few to read agreement from r (...)': every cell has an exact effect
-    but they are under SPARSE, so r and the slope carry no interval, and r over so few points is no agreement."""
-    heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
-    why = f" ({kv:.0f} KV head{'s' * (kv != 1)} per layer)" if kind in KV_SITES and heads and kv and kv < heads else ""
-    rho, slope = _num(stats.get("spearman")), _num(stats.get("slope"))
-    shown = [f"Spearman {rho:.2f}" if rho is not None else "", f"slope {slope:.2f}, attribution over exact"
-             if slope is not None else ""]
-    return (f"{kind}: {n} cells{why}, too few to read agreement from r ("
-            + "; ".join([f"under {SPARSE} cells: no interval", *(x for x in shown if x)]) + ")")
-
-
 def _measured_only(s: Mapping[str, Any]) -> str:
     """At chance: which sites were patched, over how many examples and cells, without any site's share
     of the gap, any ranking or attribution patching's correlation with exact patching."""
@@ -235,196 +87,6 @@ def _measured_only(s: Mapping[str, Any]) -> str:
         said += (f" Causal tracing: metric {trace['clean_metric']:.3g} on the clean prompts, {trace['corrupted_metric']:.3g} "
                  f"with the {trace.get('span', 'subject')} noised.")
     return said
-
-
-def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
-    """', 95% CI [lo, hi] over n examples' of a top site's effect (its recorded t interval over the
-    per-example effects, divided by the gap when the finding states a share of it); '' without one."""
-    ci, n = cell.get("ci"), _num(cell.get("n"))
-    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
-        return f", n = {n:.0f} examples" if n else ""
-    lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else (ci[0], ci[1])
-    return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
-
-
-def _where(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
-    """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell; a KV head: _head)."""
-    head, end = cell.get("head"), cell.get("from_end")
-    at = f"layer {cell.get('layer')}" if head is None else _head(kind, cell, s)
-    return f"{kind} at {at}" + (f", position {end} from the end" if isinstance(end, int) else "")
-
-
-def _size(x: float, gap: float | None) -> str:
-    return f"{x / gap:.2f} of the gap" if gap else f"{x:.3g}"
-
-
-def _reach(s: Mapping[str, Any] | None, kind: str, cell: Mapping[str, Any]) -> str:
-    """', a column only 1 of 8 prompts reach' for a cell of a column fewer than half the prompts reach (its n from
-    top_sites; review 10a A3), '' otherwise."""
-    rows = ((s or {}).get("top_sites") or {}).get(kind) or []
-    same = next((c for c in rows if all(c.get(k) == cell.get(k) for k in ("layer", "head", "pos"))), None)
-    if same is None or not thin(same, (s or {}).get("n_examples")):
-        return ""
-    return f", a column only {_num(same['n']):.0f} of {_num(s['n_examples']):.0f} prompts reach"
-
-
-def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None, s: Mapping[str, Any] | None = None) -> str | None:
-    """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
-    first (not said when that site is tied: another cell's exact effect lies within its 95% interval or the
-    rounding floor, so there is no top to misrank; the rank already ignores attribution differences within
-    the floor: rank_checks), and a large exact effect it misses (under 1/MISS of it); None when neither."""
-    top, miss = stats.get("top_exact"), stats.get("missed")
-    said = []
-    under = f"under 1/{MISS:g} of it"
-    if (isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1
-            and not top.get("tied")):
-        same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
-        said.append(f"the top exact site ({_where(kind, top, s).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}"
-                    f"{_reach(s, kind, top)}) "
-                    f"ranks only {ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
-                    + (f", {under}" if same else ""))
-        miss = None if same else miss
-    if isinstance(miss, Mapping):
-        said.append(f"it misses {_where(kind, miss, s).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
-                    f"against exact {_size(miss['effect'], gap)}: {under})")
-    return "; ".join(said) or None
-
-
-def _offsets(places: Mapping[str, Any]) -> str:
-    """'-8 from the end in 6 prompts and -11 in 2'."""
-    items = sorted(((int(o), int(k)) for o, k in places.items()), key=lambda ok: (-ok[1], -ok[0]))  # most prompts first
-    said = [f"{o} from the end in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
-    return and_join(said)
-
-
-def _token_words(info: Mapping[str, Any]) -> tuple[str, str]:
-    """(what the aligned position is, its short name): "each prompt's first position that differs from its clean
-    prompt" and "the corrupted token", or, where several positions differ per prompt (review 6 A9: the aligned token
-    is the first of them), "2 to 4 positions differ per prompt" and "the first position where the prompts differ"."""
-    span = info.get("positions_differ")
-    if isinstance(span, (list, tuple)) and len(span) == 2 and all(_num(x) is not None for x in span) and max(span) > 1:
-        count = f"{span[0]:.0f}" if span[0] == span[1] else f"{span[0]:.0f} to {span[1]:.0f}"
-        return f"{count} positions differ per prompt", "the first position where the prompts differ"
-    return "each prompt's first position that differs from its clean prompt", "the corrupted token"
-
-
-def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
-    """Where the corrupted token sits at one place from the end in every prompt: the effect aligned on it, named
-    where it exceeds every end-aligned cell of its site type and layer by 5% (otherwise the end-aligned column is
-    that token's and says it). Prompts that put it at different places: the finding leads with it (_aligned_lead)."""
-    info = s.get("at_corrupted_token")
-    if not isinstance(info, Mapping) or not isinstance(info.get("sites"), Mapping) or split_token(s):
-        return None
-    records = [(kind, r) for kind, rows in info["sites"].items() for r in rows if _num(r.get("effect")) is not None]
-    if not records:
-        return None
-    kind, best = max(records, key=lambda kr: abs(kr[1]["effect"]))
-    end = best.get("end_aligned") or {}
-    if abs(best["effect"]) <= 1.05 * abs(_num(end.get("effect")) or 0.0):
-        return None
-    token, name = _token_words(info)
-    size = (f"{best['effect'] / gap:.2f} of the clean-corrupted gap" if gap else f"{best['effect']:.3g}") + _effect_ci(best, gap)
-    other = (f" (the largest end-aligned cell of that layer, at {end['from_end']} from the end, "
-             f"{_size(end['effect'], gap)})" if isinstance(end.get("from_end"), int) else "")
-    return f"Aligned on {name} ({token}): {kind} at layer {best['layer']} moves {size}{other}."
-
-
-RESIDUAL_ORDER = ("resid_pre", "resid_post", "resid_mid")  # the aligned lead's site type, the first one measured
-LAYERS_SAID = 5  # layers named one by one in the aligned lead; the rest as a range
-
-
-def _fine(x: float) -> str:
-    """A share to 2 decimals, or to one significant digit under 0.01 (0.005, not 0.00)."""
-    return f"{x:.2f}" if abs(x) >= 0.01 or x == 0 else f"{x:.1g}"
-
-
-def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str | None:
-    """Review 10a A3 / 10b C1: where the corrupted token sits at different places from the end (split_token), the
-    effect at each prompt's own corrupted token, layer by layer, of the residual stream (else the site type that moves
-    most there), with its 95% interval and the prompts it holds; the layers after the effect has fallen under CITED
-    of the gap for good are said as a range. None where the summary does not record it or the token's place is one."""
-    if not split_token(s):
-        return None
-    info = s["at_corrupted_token"]
-    sites = {k: sorted((r for r in rows if _num(r.get("effect")) is not None), key=lambda r: int(r.get("layer") or 0))
-             for k, rows in info["sites"].items() if isinstance(rows, list)}
-    sites = {k: rows for k, rows in sites.items() if rows}
-    if not sites:
-        return None
-    kind = next((k for k in RESIDUAL_ORDER if k in sites), None) or max(
-        sites, key=lambda k: max(abs(r["effect"]) for r in sites[k]))
-    rows, normalized = sites[kind], bool(s.get("normalized"))
-    total = _num(s.get("n_examples")) or _num(info.get("n"))
-
-    def value(r: Mapping[str, Any]) -> float | None:
-        said = share(r, gap, normalized)
-        return None if said is None else said[0]
-
-    def small(r: Mapping[str, Any]) -> bool:
-        v = value(r)
-        return v is not None and abs(v) < CITED
-
-    listed = []
-    for i, r in enumerate(rows):
-        listed.append(r)
-        later = rows[i + 1:]
-        if (len(listed) >= LAYERS_SAID and len(later) > 1) or (i and small(r) and all(small(x) for x in later)):
-            break
-    rest = rows[len(listed):]
-    if len(rest) == 1:
-        listed, rest = rows, []
-
-    def cell(r: Mapping[str, Any], first: bool) -> str:
-        v = value(r)
-        size = _fine(v) if v is not None else f"{r['effect']:.3g}"
-        ci = r.get("ci")
-        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci)
-        bits = []
-        if ok:
-            lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else sorted(ci)
-            bits.append(f"95% CI [{_fine(lo)}, {_fine(hi)}]")
-        n = _num(r.get("n"))
-        if n is not None:
-            bits.append(f"{n:.0f} of {total:.0f} prompts" if total else f"{n:.0f} prompts")
-        if first and gap:
-            bits.append(f"{r['effect']:+.3g} {metric}")
-        unit = " of the clean-corrupted gap" if first and gap else ""
-        return f"at layer {r['layer']} {size}{unit}" + (f" ({', '.join(bits)})" if bits else "")
-
-    said = "; ".join(cell(r, i == 0) for i, r in enumerate(listed))
-    if rest:
-        span = f"layers {rest[0]['layer']}-{rest[-1]['layer']}"
-        values = [value(r) for r in rest]
-        if all(small(r) for r in rest):
-            said += f"; under {CITED:g} of the gap at {span}"
-        elif None not in values:
-            said += f"; at {span} {_fine(min(values))} to {_fine(max(values))}"
-    token, name = _token_words(info)
-    places = _offsets(info.get("from_end") or {})
-    verb = "restores" if s.get("direction", "denoise") == "denoise" and (value(listed[0]) or 0) >= 0 else "moves the metric by"
-    return (f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) the {kind} at "
-            f"{name} ({token}; it sits at {places}, so end-aligned columns split its effect) {verb} {said}.")
-
-
-def _column_caveat(s: Mapping[str, Any], cell: Mapping[str, Any]) -> str:
-    """' (its CI reaches 0: 5 of 8 prompts reach this column and 2 of 8 have their changed token there)': what an
-    end-aligned cell holds where the corrupted token's place differs across prompts (review 10b C1)."""
-    total, n, ci = _num(s.get("n_examples")), _num(cell.get("n")), cell.get("ci")
-    if not total:
-        return ""
-    bits = [] if n is None or n >= total else [f"{n:.0f} of {total:.0f} prompts reach this column"]
-    here = changed_there(s, cell.get("from_end"))
-    several = _token_words(s.get("at_corrupted_token") or {})[1] != "the corrupted token"
-    what = "have their changed token there"
-    if several:  # the places of every differing position where recorded, else of the first one only
-        what = "differ from their corrupted prompt there" if differ_offsets(s) else "have their first differing position there"
-    if not here:
-        bits.append("no prompt " + what.replace("have their", "has its").replace("differ from their", "differs from its"))
-    else:
-        bits.append(f"{here} of {total:.0f}" + ("" if bits else " prompts") + f" {what}")
-    reaches = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci) \
-        and min(ci) <= 0 <= max(ci)
-    return f" (its CI reaches 0: {and_join(bits)})" if reaches else f" ({and_join(bits)})"
 
 
 ANSWER = "the answer position (-1 from the end, where the metric is read)"
@@ -670,23 +332,7 @@ def _finding(s: Mapping[str, Any]) -> str:
             parts.append(aligned)
     if words := _window_words(s.get("sliding_windows")):
         parts.append(words)
-    corr = s.get("attribution_correlation")
-    if isinstance(corr, Mapping):
-        said = [_correlation(k, v, s) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
-        if said:
-            parts.append("Attribution patching vs exact (Pearson r): " + "; ".join(said) + ".")
-            rank = bool(cells)  # sites are ranked (not at chance, nor over a gap within noise)
-            wrong = {k: _ranking(k, v, gap, s) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
-            wrong = {k: w for k, w in wrong.items() if w}
-            slopes = [_slope(k, v, rank and k not in wrong) for k, v in corr.items() if isinstance(v, Mapping)
-                      and _num(v.get("pearson")) is not None and _case(v) == "plain"]
-            slopes = [x for x in slopes if x]
-            parts.append(" ".join(slopes) if slopes
-                         else "A high r can hide a scale error: see the per-site slopes in the figure.")
-            if wrong:
-                parts.append("Ranked by attribution patching, sites come out wrong: " + "; ".join(
-                    f"at {k}, {w}" for k, w in wrong.items()) + ". Do not rank sites by it on this model at "
-                    + and_join(list(wrong)) + ".")
+    parts.extend(agreement(s, gap, rank=bool(cells)))  # sites are ranked (not at chance, nor over a gap within noise)
     trace = s.get("causal_tracing")
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))

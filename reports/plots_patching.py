@@ -34,8 +34,8 @@ from headscope.analyses.patching.attribution_patching import (
     nonzero_count,
     slope_with_interval,
 )
-from headscope.reports.patching_sites import differ_offsets
-from headscope.reports.patching_words import KV_SITES, cited_cells
+from headscope.reports.patching_sites import KV_SITES, differ_offsets
+from headscope.reports.patching_words import cited_cells
 from headscope.reports.patching_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.plots import (
     axes,

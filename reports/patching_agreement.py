@@ -1,0 +1,189 @@
+"""Attribution patching against exact patching in words (reports/patching_words.py's finding): each site type's
+Pearson r as its cells allow it to be read (with its Fisher interval; on few or sparse non-zero cells, or carried by
+one point, said as such), the least-squares slope that says whether it sizes effects or only ranks them, the cells
+within the run's rounding floor, and what a ranking by it gets wrong (the top exact site ranked lower, a large
+effect it misses).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from headscope.analyses.patching.attribution_patching import MISS, SPARSE, interval_stated
+from headscope.reports.findings import _ci, _num, and_join, fisher_interval, ordinal
+from headscope.reports.patching_sites import KV_SITES, _reach, _size, _where
+
+
+def agreement(s: Mapping[str, Any], gap: float | None, rank: bool) -> list[str]:
+    """The finding's sentences on attribution patching against exact patching (summary attribution_correlation):
+    each site type's r as its cells allow it to be read, the slopes that say whether it sizes effects, and what a
+    ranking by it gets wrong where the finding ranks sites (`rank`); [] without a correlation."""
+    corr = s.get("attribution_correlation")
+    if not isinstance(corr, Mapping):
+        return []
+    said = [_correlation(k, v, s) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
+    if not said:
+        return []
+    parts = ["Attribution patching vs exact (Pearson r): " + "; ".join(said) + "."]
+    wrong = {k: _ranking(k, v, gap, s) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
+    wrong = {k: w for k, w in wrong.items() if w}
+    slopes = [_slope(k, v, rank and k not in wrong) for k, v in corr.items() if isinstance(v, Mapping)
+              and _num(v.get("pearson")) is not None and _case(v) == "plain"]
+    slopes = [x for x in slopes if x]
+    parts.append(" ".join(slopes) if slopes
+                 else "A high r can hide a scale error: see the per-site slopes in the figure.")
+    if wrong:
+        parts.append("Ranked by attribution patching, sites come out wrong: " + "; ".join(
+            f"at {k}, {w}" for k, w in wrong.items()) + ". Do not rank sites by it on this model at "
+            + and_join(list(wrong)) + ".")
+    return parts
+
+
+def _significant(r: float | None, n: int) -> bool:
+    """Whether a Pearson r over n points differs from 0: its Fisher 95% interval excludes 0 (|r| = 1 on
+    three or more points counts as significant; fewer than four points otherwise never do)."""
+    if r is None:
+        return False
+    if abs(r) >= 1:
+        return n >= 3
+    interval = fisher_interval(r, n)
+    return interval is not None and (interval[0] > 0 or interval[1] < 0)
+
+
+def _ratio(slope: float) -> str:
+    """A slope of attribution over exact in words ("about half the exact ones")."""
+    if slope <= 0:
+        return "point the opposite way to the exact ones"
+    for lo, hi, words in ((0.4, 0.6, "about half"), (1.7, 2.3, "about twice")):
+        if lo <= slope < hi:
+            return f"are {words} the exact ones"
+    return f"are about {slope:.2g} times the exact ones"
+
+
+FAR = (0.8, 1.25)  # a slope outside this range, with a 95% interval that excludes 1, is a scale error worth saying
+
+
+def _slope(kind: str, stats: Mapping[str, Any], rank: bool) -> str | None:
+    """'At <kind> ... (least-squares slope b of attribution on exact, 95% CI [..], n = k cells).': far
+    from 1 (FAR, interval excluding 1) its effects are that multiple of the exact ones, so (where r is
+    significant and the report ranks sites, `rank`) it ranks but does not size; None without a slope and
+    interval (older summaries, fewer than three cells)."""
+    b, ci, n = _num(stats.get("slope")), stats.get("slope_ci"), stats.get("slope_n", stats.get("n"))
+    if b is None or not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+        return None
+    said = f"least-squares slope {b:.2f} of attribution on exact{_ci(tuple(ci))}, n = {n} cells"
+    if not ci[0] <= 1.0 <= ci[1] and not FAR[0] <= b <= FAR[1]:
+        advice = ": use it to rank, not to size" if rank and _significant(_num(stats.get("pearson")), int(n or 0)) else ""
+        return f"At {kind} attribution patching's effects {_ratio(b)} ({said}){advice}."
+    close = "consistent with the exact size" if ci[0] <= 1.0 <= ci[1] else "close to the exact size"
+    return f"At {kind} its sizes are {close} ({said})."
+
+
+def _case(stats: Mapping[str, Any]) -> str:
+    """Which reading of r the cells allow: "few" (under 3 non-zero exact effects), "sparse" (under SPARSE
+    or half the cells non-zero), "one point" (significant r that is not without its largest cell, or flips
+    sign), "mostly" (under half of |r| without it) or "plain" (r over every cell with its interval)."""
+    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
+    if nonzero is not None and nonzero < 3:
+        return "few"
+    if not interval_stated(n, None if nonzero is None else int(nonzero)):  # zeros are not independent evidence
+        return "sparse"
+    rest = _num(stats.get("pearson_without_top"))
+    if rest is None or not _significant(r, n):
+        return "plain"
+    if not _significant(rest, n - 1) or rest * r < 0:
+        return "one point"
+    return "mostly" if abs(rest) < abs(r) / 2 else "plain"
+
+
+def _by_ties(rho: float, rho_nonzero: float, zeros: float) -> str:
+    """', raised by the k tied zeros' where Spearman over every cell exceeds the one over the non-zero cells
+    (as stated, to 2 decimals), ', lowered by ...' where it falls short (review 8: "inflated" was said of
+    both), '' where the two read the same."""
+    every, some = float(f"{rho:.2f}"), float(f"{rho_nonzero:.2f}")  # as the sentence states them
+    if every == some:
+        return ""
+    return f", {'raised' if every > some else 'lowered'} by the {zeros:.0f} tied zeros"
+
+
+def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
+    """'<kind> r (n points, CI)', or that r rests on too few non-zero points to mean anything, or on
+    few (under SPARSE or half the cells: stated on them with Spearman and the slope the summary holds, no
+    interval that counts the zero cells as independent), or that one point carries it: r is significant,
+    and without its largest cell it is not, flips sign, or falls to under half of |r| (the rest still
+    significant: "mostly carried" by that cell)."""
+    r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
+    case, rest = _case(stats), _num(stats.get("pearson_without_top"))
+    if case == "few":
+        return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
+                "so it says nothing about agreement")
+    if case == "sparse" and nonzero is not None and nonzero >= n:  # review 9b C4: no zero cells, just few cells
+        return _few_cells(kind, stats, n, s)
+    if case == "sparse":
+        rho, slope, rho_nz = _num(stats.get("spearman")), _num(stats.get("slope")), _num(stats.get("spearman_nonzero"))
+        spearman = (f"Spearman {rho_nz:.2f} over the {nonzero:.0f} non-zero cells ({rho:.2f} over all {n}"
+                    f"{_by_ties(rho, rho_nz, n - nonzero)})" if rho_nz is not None and rho is not None
+                    else f"Spearman {rho:.2f} over all {n} cells, {n - nonzero:.0f} of them tied at zero"
+                    if rho is not None else "")
+        extra = [spearman,
+                 f"slope {slope:.2f}, attribution over exact" if slope is not None else "",
+                 f"without its largest cell r = {rest:.3f}" if rest is not None and r is not None
+                 and (rest * r < 0 or abs(rest) < abs(r) / 2) else "",
+                 f"no interval for r or the slope: {_other_cells(n - nonzero, stats, s)}"]
+        return f"{kind} r = {r:.3f} rests on its {nonzero:.0f} non-zero cells of {n} ({'; '.join(e for e in extra if e)})"
+    if case == "plain":
+        return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
+    without = f"without it r = {rest:.3f} (n = {n - 1} cells{_ci(fisher_interval(rest, n - 1), '.3f')})"
+    if case == "one point":
+        return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
+    return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
+
+
+def _other_cells(zeros: float, stats: Mapping[str, Any], s: Mapping[str, Any] | None) -> str:
+    """'the other 4 cells have no exact effect', or, where the run's rounding floor (bfloat16) is what keeps some
+    of them from counting, that they are within it (review 10a C5: real effects of 0.002-0.016 logits in float32
+    read 'no exact effect' in bfloat16, the interval lost to the dtype without a word)."""
+    rounding = int(_num(stats.get("n_within_rounding")) or 0)
+    record = (s or {}).get("rounding_floor")
+    floor = _num(record.get("floor")) if isinstance(record, Mapping) else None
+    if not rounding or floor is None:
+        return f"the other {zeros:.0f} cells have no exact effect"
+    some = "all" if rounding >= zeros else f"{rounding} of them"
+    how = ("measured on cells that patch an activation with itself" if record.get("basis") == "measured"
+           else "one rounding step of the metric")
+    return (f"the other {zeros:.0f} cells have no exact effect beyond this precision's rounding ({some} non-zero but "
+            f"within its floor, {floor:.2g}: {how})")
+
+
+def _few_cells(kind: str, stats: Mapping[str, Any], n: int, s: Mapping[str, Any] | None) -> str:
+    """'k: 3 cells (1 KV head per layer), too few to read agreement from r (...)': every cell has an exact effect
+    but they are under SPARSE, so r and the slope carry no interval, and r over so few points is no agreement."""
+    heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
+    why = f" ({kv:.0f} KV head{'s' * (kv != 1)} per layer)" if kind in KV_SITES and heads and kv and kv < heads else ""
+    rho, slope = _num(stats.get("spearman")), _num(stats.get("slope"))
+    shown = [f"Spearman {rho:.2f}" if rho is not None else "", f"slope {slope:.2f}, attribution over exact"
+             if slope is not None else ""]
+    return (f"{kind}: {n} cells{why}, too few to read agreement from r ("
+            + "; ".join([f"under {SPARSE} cells: no interval", *(x for x in shown if x)]) + ")")
+
+
+def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None, s: Mapping[str, Any] | None = None) -> str | None:
+    """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
+    first (not said when that site is tied: another cell's exact effect lies within its 95% interval or the
+    rounding floor, so there is no top to misrank; the rank already ignores attribution differences within
+    the floor: rank_checks), and a large exact effect it misses (under 1/MISS of it); None when neither."""
+    top, miss = stats.get("top_exact"), stats.get("missed")
+    said = []
+    under = f"under 1/{MISS:g} of it"
+    if (isinstance(top, Mapping) and isinstance(top.get("attribution_rank"), int) and top["attribution_rank"] > 1
+            and not top.get("tied")):
+        same = isinstance(miss, Mapping) and all(miss.get(k) == top.get(k) for k in ("layer", "head", "pos"))
+        said.append(f"the top exact site ({_where(kind, top, s).split(' at ', 1)[1]}: exact {_size(top['effect'], gap)}"
+                    f"{_reach(s, kind, top)}) "
+                    f"ranks only {ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
+                    + (f", {under}" if same else ""))
+        miss = None if same else miss
+    if isinstance(miss, Mapping):
+        said.append(f"it misses {_where(kind, miss, s).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
+                    f"against exact {_size(miss['effect'], gap)}: {under})")
+    return "; ".join(said) or None

@@ -1,0 +1,150 @@
+"""Where the corrupted token sits in patching's prompts, in words (reports/patching_words.py's finding): the effect
+aligned on each prompt's corrupted token (or first differing position) where it exceeds the end-aligned columns,
+the lead layer by layer where the token's place from the end differs across prompts (end-aligned columns then split
+its effect), and what such an end-aligned cell holds: the prompts that reach it and those with their changed token
+there.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from headscope.reports.findings import _num, and_join
+from headscope.reports.patching_sites import CITED, _effect_ci, _size, changed_there, differ_offsets, share, split_token
+
+
+def _offsets(places: Mapping[str, Any]) -> str:
+    """'-8 from the end in 6 prompts and -11 in 2'."""
+    items = sorted(((int(o), int(k)) for o, k in places.items()), key=lambda ok: (-ok[1], -ok[0]))  # most prompts first
+    said = [f"{o} from the end in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
+    return and_join(said)
+
+
+def _token_words(info: Mapping[str, Any]) -> tuple[str, str]:
+    """(what the aligned position is, its short name): "each prompt's first position that differs from its clean
+    prompt" and "the corrupted token", or, where several positions differ per prompt (review 6 A9: the aligned token
+    is the first of them), "2 to 4 positions differ per prompt" and "the first position where the prompts differ"."""
+    span = info.get("positions_differ")
+    if isinstance(span, (list, tuple)) and len(span) == 2 and all(_num(x) is not None for x in span) and max(span) > 1:
+        count = f"{span[0]:.0f}" if span[0] == span[1] else f"{span[0]:.0f} to {span[1]:.0f}"
+        return f"{count} positions differ per prompt", "the first position where the prompts differ"
+    return "each prompt's first position that differs from its clean prompt", "the corrupted token"
+
+
+def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
+    """Where the corrupted token sits at one place from the end in every prompt: the effect aligned on it, named
+    where it exceeds every end-aligned cell of its site type and layer by 5% (otherwise the end-aligned column is
+    that token's and says it). Prompts that put it at different places: the finding leads with it (_aligned_lead)."""
+    info = s.get("at_corrupted_token")
+    if not isinstance(info, Mapping) or not isinstance(info.get("sites"), Mapping) or split_token(s):
+        return None
+    records = [(kind, r) for kind, rows in info["sites"].items() for r in rows if _num(r.get("effect")) is not None]
+    if not records:
+        return None
+    kind, best = max(records, key=lambda kr: abs(kr[1]["effect"]))
+    end = best.get("end_aligned") or {}
+    if abs(best["effect"]) <= 1.05 * abs(_num(end.get("effect")) or 0.0):
+        return None
+    token, name = _token_words(info)
+    size = (f"{best['effect'] / gap:.2f} of the clean-corrupted gap" if gap else f"{best['effect']:.3g}") + _effect_ci(best, gap)
+    other = (f" (the largest end-aligned cell of that layer, at {end['from_end']} from the end, "
+             f"{_size(end['effect'], gap)})" if isinstance(end.get("from_end"), int) else "")
+    return f"Aligned on {name} ({token}): {kind} at layer {best['layer']} moves {size}{other}."
+
+
+RESIDUAL_ORDER = ("resid_pre", "resid_post", "resid_mid")  # the aligned lead's site type, the first one measured
+LAYERS_SAID = 5  # layers named one by one in the aligned lead; the rest as a range
+
+
+def _fine(x: float) -> str:
+    """A share to 2 decimals, or to one significant digit under 0.01 (0.005, not 0.00)."""
+    return f"{x:.2f}" if abs(x) >= 0.01 or x == 0 else f"{x:.1g}"
+
+
+def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str | None:
+    """Review 10a A3 / 10b C1: where the corrupted token sits at different places from the end (split_token), the
+    effect at each prompt's own corrupted token, layer by layer, of the residual stream (else the site type that moves
+    most there), with its 95% interval and the prompts it holds; the layers after the effect has fallen under CITED
+    of the gap for good are said as a range. None where the summary does not record it or the token's place is one."""
+    if not split_token(s):
+        return None
+    info = s["at_corrupted_token"]
+    sites = {k: sorted((r for r in rows if _num(r.get("effect")) is not None), key=lambda r: int(r.get("layer") or 0))
+             for k, rows in info["sites"].items() if isinstance(rows, list)}
+    sites = {k: rows for k, rows in sites.items() if rows}
+    if not sites:
+        return None
+    kind = next((k for k in RESIDUAL_ORDER if k in sites), None) or max(
+        sites, key=lambda k: max(abs(r["effect"]) for r in sites[k]))
+    rows, normalized = sites[kind], bool(s.get("normalized"))
+    total = _num(s.get("n_examples")) or _num(info.get("n"))
+
+    def value(r: Mapping[str, Any]) -> float | None:
+        said = share(r, gap, normalized)
+        return None if said is None else said[0]
+
+    def small(r: Mapping[str, Any]) -> bool:
+        v = value(r)
+        return v is not None and abs(v) < CITED
+
+    listed = []
+    for i, r in enumerate(rows):
+        listed.append(r)
+        later = rows[i + 1:]
+        if (len(listed) >= LAYERS_SAID and len(later) > 1) or (i and small(r) and all(small(x) for x in later)):
+            break
+    rest = rows[len(listed):]
+    if len(rest) == 1:
+        listed, rest = rows, []
+
+    def cell(r: Mapping[str, Any], first: bool) -> str:
+        v = value(r)
+        size = _fine(v) if v is not None else f"{r['effect']:.3g}"
+        ci = r.get("ci")
+        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci)
+        bits = []
+        if ok:
+            lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else sorted(ci)
+            bits.append(f"95% CI [{_fine(lo)}, {_fine(hi)}]")
+        n = _num(r.get("n"))
+        if n is not None:
+            bits.append(f"{n:.0f} of {total:.0f} prompts" if total else f"{n:.0f} prompts")
+        if first and gap:
+            bits.append(f"{r['effect']:+.3g} {metric}")
+        unit = " of the clean-corrupted gap" if first and gap else ""
+        return f"at layer {r['layer']} {size}{unit}" + (f" ({', '.join(bits)})" if bits else "")
+
+    said = "; ".join(cell(r, i == 0) for i, r in enumerate(listed))
+    if rest:
+        span = f"layers {rest[0]['layer']}-{rest[-1]['layer']}"
+        values = [value(r) for r in rest]
+        if all(small(r) for r in rest):
+            said += f"; under {CITED:g} of the gap at {span}"
+        elif None not in values:
+            said += f"; at {span} {_fine(min(values))} to {_fine(max(values))}"
+    token, name = _token_words(info)
+    places = _offsets(info.get("from_end") or {})
+    verb = "restores" if s.get("direction", "denoise") == "denoise" and (value(listed[0]) or 0) >= 0 else "moves the metric by"
+    return (f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) the {kind} at "
+            f"{name} ({token}; it sits at {places}, so end-aligned columns split its effect) {verb} {said}.")
+
+
+def _column_caveat(s: Mapping[str, Any], cell: Mapping[str, Any]) -> str:
+    """' (its CI reaches 0: 5 of 8 prompts reach this column and 2 of 8 have their changed token there)': what an
+    end-aligned cell holds where the corrupted token's place differs across prompts (review 10b C1)."""
+    total, n, ci = _num(s.get("n_examples")), _num(cell.get("n")), cell.get("ci")
+    if not total:
+        return ""
+    bits = [] if n is None or n >= total else [f"{n:.0f} of {total:.0f} prompts reach this column"]
+    here = changed_there(s, cell.get("from_end"))
+    several = _token_words(s.get("at_corrupted_token") or {})[1] != "the corrupted token"
+    what = "have their changed token there"
+    if several:  # the places of every differing position where recorded, else of the first one only
+        what = "differ from their corrupted prompt there" if differ_offsets(s) else "have their first differing position there"
+    if not here:
+        bits.append("no prompt " + what.replace("have their", "has its").replace("differ from their", "differs from its"))
+    else:
+        bits.append(f"{here} of {total:.0f}" + ("" if bits else " prompts") + f" {what}")
+    reaches = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci) \
+        and min(ci) <= 0 <= max(ci)
+    return f" (its CI reaches 0: {and_join(bits)})" if reaches else f" ({and_join(bits)})"
