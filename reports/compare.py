@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
 from headscope.reports.compare_figures import FIGURE_CSS, figures_section
@@ -52,6 +50,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
 from headscope.reports.findings import _words, finding
 from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.patching_sites import KV_SITES, share, tied
+from headscope.reports.patching_words import _gap
 from headscope.reports.provenance import provenance_lines, speed_text
 from headscope.reports.render import escape
 from headscope.reports.resume_settings import bos_option
@@ -221,14 +220,6 @@ def _with_ci(kind: str, cell: Mapping[str, Any], gap: float | None) -> str:
     value, ci = said
     unit = " of the gap" if gap is not None else ""
     return f"{_site_name(kind, cell)} ({value:.2f}{unit}" + (f", 95% CI [{ci[0]:.2f}, {ci[1]:.2f}])" if ci else ")")
-
-
-def _gap(s: Mapping[str, Any]) -> float | None:
-    """The clean-corrupted gap the report divides effects by (None when the effects are already normalised
-    or the summary does not give both metrics), as in reports/plots_patching.py's finding."""
-    clean, corrupt = s.get("clean_metric"), s.get("corrupted_metric")
-    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) for x in (clean, corrupt))
-    return None if s.get("normalized") or not numbers or clean == corrupt else float(clean - corrupt)
 
 
 def _effect_text(effect: float, gap: float | None, s: Mapping[str, Any], cell: Mapping[str, Any] | None = None) -> str:

@@ -282,7 +282,7 @@ def finding(s: Mapping[str, Any]) -> str:
 
 
 def _gap(s: Mapping[str, Any]) -> float | None:
-    """The clean-corrupted gap the shares divide by (None: normalised, or no gap)."""
+    """The clean-corrupted gap the shares divide by (None: normalised, or no gap); compare divides by it too."""
     clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
     return None if s.get("normalized") or clean is None or corrupt is None or clean == corrupt else clean - corrupt
 
