@@ -117,7 +117,7 @@ def child(cell: dict) -> dict:
         config = None if name == "forward" else config_class(name).preset(quick=True)
         out["input"] = f"copy task {n} x {length}"
         if name == "attribution":  # a random Llama's one special token (pad = bos = eos) has HF's zero pad embedding
-            from headscope.analyses.attribution.analysis import default_baseline_token
+            from headscope.analyses.attribution.inputs import default_baseline_token
             from headscope.errors import ConfigError
             try:
                 default_baseline_token(model)

@@ -30,40 +30,12 @@ scores table's positions are in the Task's padded coordinates (as its spans). Th
 ranks the tokens between the first and the last (normalised, non-negative); the token_scores table
 holds every token's raw gradient scores (integrated gradients signed), what `hs.show_tokens` draws.
 
-Summary keys (attention = the last layer's head mean): loo_metric (what leave-one-out's scores measure:
-"tvd", "1-cosine" or, on a saturated output with a logit-difference task, "logit_diff"); loo_rounding (with
-"logit_diff": the changes within one rounding step of the clean logits in the model's dtype, methods.logit_rounding_floor,
-are ties at 0 before ranking; dtype, floor [min, max] in logits, n_within of n_scores, ranks_rounding when most are;
-per example the loo_rounding table); mean_tau_attention_{gradient,
-saliency, loo, ig} with std_tau_*, frac_significant_* and n_tau_*; the same for rollout (mean_tau_rollout_*, ...); rollout_vs_raw
-({gradient, loo, ig}: the per-example paired difference tau(rollout) - tau(last layer) against that reference:
-mean, sd, n, ci (95% t), p (paired t) and p_holm, Holm-corrected over the three); fraction_significant (over
-all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
-attention_window (a sliding-window last layer that hides ranked tokens from the answer query: every attention
-vector of a windowed layer is ranked, against each method, only over the tokens inside its window; the scores
-table marks the others `masked`); median_permutation_tvd (median over examples of the median output change over permutations);
-saturated (decoders: the share of examples whose clean top token has p >= 0.99, the median 1 - p and the
-most TVD a one-logit change can give there, permutation.saturation, of the clean runs loo_metric is decided on);
-permutation_metric_change and
-permutation_abs_metric_change (the task metric's change under the permutations, in its units: per
-example the mean over draws of the signed and the absolute change; the mean over examples, with _sd and _n);
-adversarial_metric_change (the same at the adversarial attention);
-ig_max_abs_delta, ig_max_relative_delta and ig_max_steps_used (IG convergence); ig_converged (every example's
-completeness error |sum attributions - (f(x) - f(baseline))| / |f(x) - f(baseline)|, the ig table's relative_error,
-is within ig_error_tolerance 0.1), ig_n_converged, ig_n_not_converged, ig_median_relative_error and ig_worst (its
-example, sum and change), ig_dtype (the precision its gradients ran in); ig_used and ig_examples_used
-(convergence.py's rule: IG on every example, on the converged
-ones only, or on none; every IG key above (taus, rollout_vs_raw's ig, fraction_significant, mean_tau_ig_loo) and the
-tau_summary, tau_by_layer and tau_by_head tables hold only those examples; the per-example tables keep every row);
-permutation_abs_metric_change_ci (seeded percentile bootstrap over examples); best_head_vs_loo;
-median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
-<= adversarial_epsilon; Jain & Wallace's adversarial attention).
+The inputs (real tokens, baselines, the metric's targets) are inputs.py's; the summary, with its keys, summary.py's.
 """
 from __future__ import annotations
 
 import dataclasses
-import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -73,13 +45,24 @@ import torch
 from tqdm.auto import tqdm
 
 from headscope.analyses.attribution import methods as am
-from headscope.analyses.attribution.adversarial import LN2, adversarial_attention
-from headscope.analyses.attribution.agreement import method_pair_rows, paired_differences, summarise, tau_rows
-from headscope.analyses.attribution.convergence import IgUse, completeness_error, ig_convergence, ig_use
+from headscope.analyses.attribution.adversarial import adversarial_attention
+from headscope.analyses.attribution.agreement import method_pair_rows, tau_rows
+from headscope.analyses.attribution.convergence import completeness_error, ig_convergence
+from headscope.analyses.attribution.inputs import (
+    default_baseline_token,
+    example_generator,
+    gradient_targets,
+    ig_baselines,
+    length_groups,
+    metric_kind,
+    real_spans,
+    real_tokens,
+)
 from headscope.analyses.attribution.permutation import permute_attention, saturation
+from headscope.analyses.attribution.summary import _summary, attention_window, rounding_summary, tau_tables
 from headscope.analyses.core.config import AnalysisConfig, configure
-from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads, one_token_answers
-from headscope.analyses.core.metrics import answer_logprob, logit_diff, mean_pool
+from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
+from headscope.analyses.core.metrics import answer_logprob, logit_diff
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
@@ -88,9 +71,6 @@ from headscope.execution import batching, distributed
 from headscope.models.hooked_model import layer_windows
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
-SUMMARY_NAMES = {"grad_x_input": "gradient", "saliency": "saliency", "leave_one_out": "loo", "integrated_gradients": "ig"}
-# the references the finding compares rollout with raw attention against (Holm corrects over these three)
-ROLLOUT_REFERENCES = ("grad_x_input", "leave_one_out", "integrated_gradients")
 
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
@@ -162,119 +142,6 @@ class AttributionConfig(AnalysisConfig):
             raise ConfigError(f"alpha must lie in (0, 1), got {self.alpha}.")
 
 
-# ---- inputs -----------------------------------------------------------------------------------
-def real_spans(task: Task) -> list[tuple[int, int]]:
-    """(start, length) of each example's real tokens in task.tokens: left padding (decoders), right
-    padding (encoders) or none. Padded examples are scored on their real tokens only, grouped by
-    length, so every example's scores are those of the example run alone."""
-    n = task.tokens.shape[1]
-    if task.attention_mask is None:
-        return [(0, n)] * len(task)
-    mask = task.attention_mask.bool().cpu()  # [batch, pos]
-    lengths = mask.sum(1)  # [batch]
-    starts = mask.int().argmax(1)  # [batch] first real token
-    pos = torch.arange(n)[None, :]  # [1, pos]
-    if not torch.equal((pos >= starts[:, None]) & (pos < (starts + lengths)[:, None]), mask):
-        raise TaskError("attribution needs each example's real tokens in one run (attention_mask 0...0 1...1 "
-                        "or 1...1 0...0).")
-    return list(zip(starts.tolist(), lengths.tolist()))
-
-
-def real_tokens(task: Task, idx: Sequence[int], spans: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """[len(idx), n]: the real tokens of examples `idx`, all of one length n, padding dropped."""
-    n = spans[idx[0]][1]
-    return torch.stack([task.tokens[i, spans[i][0] : spans[i][0] + n] for i in idx])
-
-
-def example_generator(seed: int, tokens: torch.Tensor) -> torch.Generator:
-    """A generator seeded by `seed` and the example's own tokens [pos]: its random draws
-    (permutations, adversarial noise) do not depend on which examples share its batch, its index or
-    the padding, so an example scored in a data set draws what it draws alone."""
-    digest = zlib.crc32(tokens.detach().cpu().to(torch.int64).numpy().astype("<i8").tobytes())
-    return torch.Generator().manual_seed(seed * 100_003 + digest)
-
-
-def length_groups(lengths: Sequence[int], chunk: int) -> Iterator[list[int]]:
-    """Example indices grouped by equal length, in chunks of at most `chunk`."""
-    by_length: dict[int, list[int]] = {}
-    for i, n in enumerate(lengths):
-        by_length.setdefault(n, []).append(i)
-    for idx in by_length.values():
-        for start in range(0, len(idx), chunk):
-            yield idx[start : start + chunk]
-
-
-MIN_BASELINE_NORM = 0.5  # a baseline embedding needs at least this fraction of the median norm
-
-
-def default_baseline_token(model) -> int:
-    """The first of pad, unk, eos, bos whose input embedding is not near zero.
-
-    Why not near zero: a pad embedding is often exactly 0 (HF zeroes padding_idx and it is
-    never trained) and rare specials decay towards 0. The first norm layer is scale-invariant,
-    so on the straight path from 0 the model's output jumps within a tiny interval next to the
-    baseline, and integrated gradients cannot converge there (the delta stays at
-    f(x) - f(baseline) whatever the number of steps). Any token with a normal-sized embedding
-    avoids that; candidates are tried in the usual order of "content-free" tokens.
-    """
-    tok = model.tokenizer
-    cands = [int(c) for c in (tok.pad_token_id, tok.unk_token_id, tok.eos_token_id, tok.bos_token_id) if c is not None]
-    if not cands:
-        raise ConfigError("The tokenizer has no pad, unk, eos or bos token; pass baseline_token= explicitly.")
-    weight = model.bridge.original_model.get_input_embeddings().weight.detach()  # [vocab, d_model]
-    norms = weight.float().norm(dim=-1)  # [vocab]
-    floor = MIN_BASELINE_NORM * float(norms.median())
-    for cand in cands:
-        if cand < norms.shape[0] and float(norms[cand]) >= floor:
-            return cand
-    raise ConfigError(
-        f"Every special token ({cands}) has a near-zero input embedding (norm < {MIN_BASELINE_NORM} x the median), "
-        "which makes integrated gradients diverge; pass baseline_token= a content-free token with a normal embedding.")
-
-
-def ig_baselines(tokens: torch.Tensor, baseline_token: int) -> torch.Tensor:
-    """[batch, pos]: every token but the first and last replaced by the baseline token."""
-    out = tokens.clone()
-    out[:, 1:-1] = baseline_token
-    return out
-
-
-@torch.no_grad()
-def partner_references(model, task: Task, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """[batch, d_model]: for sentence i, the pooled embedding of sentence (i + 1) mod batch (real tokens only)."""
-    if len(task) < 2:
-        raise ConfigError("The encoder metric compares each sentence with another one; give at least 2 sentences or reference=.")
-    pooled = torch.stack([mean_pool(model(real_tokens(task, [i], spans)), None)[0] for i in range(len(task))])  # [batch, d]
-    return pooled.roll(-1, dims=0)
-
-
-def gradient_targets(model, task: Task, kind: str, reference: torch.Tensor | None,
-                     spans: Sequence[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
-    """Per-example tensors the metric needs, in forward_metric's argument order."""
-    if kind == "cosine":
-        ref = reference if reference is not None else partner_references(model, task, spans)
-        return (ref.to(model.device),)
-    one_token_answers(task, "attribution")
-    answers = task.answers.to(model.device)
-    if kind == "logprob":
-        return (answers,)
-    if task.wrong_answers is None:
-        raise ConfigError(f"Task {task.name!r} has no wrong_answers for logit_diff; pass metric='logprob'.")
-    return answers, task.wrong_answers.to(model.device)
-
-
-def metric_kind(model, task: Task, cfg: AttributionConfig) -> str:
-    """What gradients differentiate: "cosine" for encoders; the task's metric (or cfg.metric) for decoders."""
-    if model.facts.is_encoder:
-        if cfg.metric not in (None, "cosine"):
-            raise ConfigError(f"Encoders have no next-token logits; metric must be 'cosine' (or None), got {cfg.metric!r}.")
-        return "cosine"
-    kind = cfg.metric or task.metric
-    if kind == "cosine":
-        raise ConfigError("The cosine metric is for encoders; use 'logit_diff' or 'logprob' for a decoder.")
-    return "logprob" if kind == "accuracy" else kind
-
-
 # ---- the analysis ---------------------------------------------------------------------------------
 @takes_prompt
 def attribution(
@@ -330,24 +197,6 @@ def attribution(
     config_out = {**dataclasses.asdict(cfg), "baseline_token": setup.baseline, "permutation_layer": setup.layer,
                   "task": task.name}
     return Result(name="attribution", df=df, summary=summary, tables=tables, config=config_out)
-
-
-def rounding_summary(rows: pd.DataFrame) -> dict[str, Any]:
-    """The summary's loo_rounding from the per-example table: dtype, floor [min, max] over examples (logits),
-    n_within (scores within it, ties), n_scores, and ranks_rounding: most scores are within it, so leave-one-out's
-    tau would rank rounding and the finding leaves it out of its claims."""
-    n_within, n_scores = int(rows.n_within_floor.sum()), int(rows.n_scores.sum())
-    return {"dtype": str(rows.dtype.iloc[0]), "floor": [float(rows.floor.min()), float(rows.floor.max())],
-            "n_within": n_within, "n_scores": n_scores, "ranks_rounding": 2 * n_within > n_scores}
-
-
-def tau_tables(df: pd.DataFrame, convergence: dict[str, Any]) -> dict[str, pd.DataFrame]:
-    """tau_summary, tau_by_layer and tau_by_head from the tau rows (`df`), integrated gradients' only on the examples
-    convergence.py's rule keeps (`convergence`: ig_convergence's record); the per-example df keeps every row."""
-    used = ig_use({**convergence, "n_examples": int(df.example.nunique())}).rows(df)
-    return {"tau_summary": summarise(used, ["attention", "method"]),
-            "tau_by_layer": summarise(used[used.attention == "layer_mean"], ["layer", "method"]),
-            "tau_by_head": summarise(used[used.attention == "head"], ["layer", "head", "method"])}
 
 
 @dataclass(frozen=True)
@@ -496,18 +345,6 @@ def loo_rounding(model, tokens: torch.Tensor, loo: torch.Tensor, idx: list[int],
     return tied, rows
 
 
-def bootstrap_mean_ci(values: np.ndarray, *, seed: int, n_boot: int = 2000, level: float = 0.95) -> list[float] | None:
-    """Percentile bootstrap interval of the mean over examples (resampled with replacement, `seed`'s generator);
-    None under 2 values. Used for means of absolute values, whose t interval can cross 0 where they cannot."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(values) < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(1)  # [n_boot]
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return [float(lo), float(hi)]
-
-
 def _score(kind: str, targets: tuple) -> Any:
     """The task metric of last-position logits for given examples of a group (permutation.Score), the
     one gradients differentiate; None for encoders (their output is an embedding, not a distribution)."""
@@ -581,89 +418,6 @@ def _token_frame(model, example: int, tokens: torch.Tensor, scores: dict[str, to
     rows = [{"example": example, "position": offset + p, "token": strs[p], "method": name, "score": float(v)}
             for name, values in scores.items() for p, v in enumerate(values.detach().float().cpu().tolist())]
     return pd.DataFrame(rows)
-
-
-def attention_window(scores: pd.DataFrame, window: int | None) -> dict:
-    """{"attention_window": ...} when the last layer's sliding window hides ranked tokens from the answer
-    query (else {}): the window, how many ranked tokens its taus rank (min, max over examples) of how many
-    ranked tokens there are, and in how many examples it cut."""
-    last = scores[scores.method == "last_layer"]
-    if not window or "masked" not in last or not last.masked.any():
-        return {}
-    hidden, total = last.groupby("example").masked.sum(), last.groupby("example").size()
-    seen = total - hidden
-    return {"attention_window": {"window": int(window), "ranked": [int(seen.min()), int(seen.max())],
-                                 "of": [int(total.min()), int(total.max())], "n_examples_cut": int((hidden > 0).sum())}}
-
-
-def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kind: str, cfg: AttributionConfig,
-             layer: int, encoder: bool) -> dict:
-    out: dict[str, Any] = {
-        "attention": "last_layer", "metric": kind, "output_change": "1-cosine" if encoder else "tvd",
-        "loo_mode": cfg.loo_mode, "n_examples": int(df.example.nunique()),
-    }
-    # IG's taus enter every claim only on the examples convergence.py's rule keeps (its converged ones, or none
-    # when too few converge): the tau means, the paired rollout tests, the count of significant taus, IG vs LOO
-    out.update(convergence)
-    rule: IgUse = ig_use(out)
-    df = rule.rows(df)
-    summ = tables["tau_summary"].set_index(["attention", "method"])
-    for att, prefix in (("last_layer", "attention"), ("rollout", "rollout")):
-        for method, short in SUMMARY_NAMES.items():
-            if (att, method) in summ.index:
-                row = summ.loc[(att, method)]
-                out[f"mean_tau_{prefix}_{short}"] = _num(row.mean_tau)
-                out[f"std_tau_{prefix}_{short}"] = _num(row.std_tau)
-                out[f"frac_significant_{prefix}_{short}"] = _num(row.frac_significant)
-    # rollout against raw last-layer attention, paired per example, Holm over the references the finding names
-    paired = paired_differences(df, list(ROLLOUT_REFERENCES))
-    out["rollout_vs_raw"] = {SUMMARY_NAMES[m]: {k: v if k in ("n", "ci") else _num(v) for k, v in e.items()}
-                             for m, e in paired.items()}
-    last = df[(df.attention == "last_layer")].dropna(subset=["tau"])
-    flow = df[(df.attention == "rollout")].dropna(subset=["tau"])
-    for method, short in SUMMARY_NAMES.items():  # examples with a defined tau (a prompt too short to rank gives NaN)
-        if (("last_layer", method)) in summ.index:
-            out[f"n_tau_attention_{short}"] = int(last[last.method == method].example.nunique())
-        if (("rollout", method)) in summ.index:
-            out[f"n_tau_rollout_{short}"] = int(flow[flow.method == method].example.nunique())
-    out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
-    out["n_tau_tests"] = int(len(last))  # examples x methods used: the count the fraction is over
-    pairs = rule.rows(rule.rows(tables["tau_methods"], "method_a"), "method_b")
-    for a, b, key in (("grad_x_input", "leave_one_out", "gradient_loo"), ("integrated_gradients", "leave_one_out", "ig_loo")):
-        sel = pairs[(pairs.method_a == a) & (pairs.method_b == b)].tau
-        out[f"mean_tau_{key}"] = _num(sel.mean())
-    out["median_permutation_tvd"] = _num(tables["permutation"].median_change.median())
-    perm = tables["permutation"]  # (its saturation: the caller's, from the clean pre-pass leave-one-out follows)
-    for column, key in (("metric_change", "permutation_metric_change"), ("abs_metric_change", "permutation_abs_metric_change"),
-                        ("adversarial_metric_change", "adversarial_metric_change")):
-        if column in perm:  # per-example means over draws, in the metric's units: their mean, sd and n
-            values = perm[column].dropna()
-            out[key] = _num(values.mean())
-            out[f"{key}_sd"] = _num(values.std()) if len(values) > 1 else None
-            out[f"{key}_n"] = int(len(values))
-            if column == "abs_metric_change":  # a mean of |change| is >= 0: a bootstrap interval, not a t interval
-                out[f"{key}_ci"] = bootstrap_mean_ci(values.to_numpy(), seed=cfg.seed)
-    out["permutation_layer"] = layer
-    out["n_permutations"] = cfg.n_permutations
-    out["ig_max_abs_delta"] = _num(tables["ig"].delta.abs().max())
-    if "adversarial_jsd" in perm:
-        out["adversarial_epsilon"] = cfg.adversarial_epsilon
-        out["median_adversarial_jsd"] = _num(perm.adversarial_jsd.median())
-        out["fraction_adversarial_near_ln2"] = _num((perm.adversarial_jsd >= 0.9 * LN2).mean())
-    ig = tables["ig"]
-    out["ig_max_relative_delta"] = _num((ig.delta.abs() / (ig.metric_input - ig.metric_baseline).abs()).max())
-    out["ig_max_steps_used"] = int(ig.n_steps.max())
-    heads = tables["tau_by_head"]
-    heads = heads[heads.method == "leave_one_out"].dropna(subset=["mean_tau"])
-    if len(heads):
-        best = heads.loc[heads.mean_tau.idxmax()]
-        out["best_head_vs_loo"] = {"layer": int(best.layer), "head": int(best["head"]), "mean_tau": _num(best.mean_tau)}
-    return out
-
-
-def _num(x: Any) -> float | None:
-    x = float(x)
-    return None if np.isnan(x) else x
 
 
 # ---- default tasks and the registry entry point ------------------------------------------------------

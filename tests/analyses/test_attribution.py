@@ -534,7 +534,7 @@ def test_unconverged_ig_in_bfloat16_names_the_precision(tiny_dirs):
 def test_bootstrap_interval_of_a_mean_of_absolute_values():
     """[0, 0, 0, 4]: a resample's mean is k, k ~ Binomial(4, 1/4) the draws of 4; P(k <= 2) = 0.949 and
     P(k <= 3) = 0.996, so the percentile interval is [0, 3], where the t interval is 1 -+ 3.18 x 2 / 2."""
-    from headscope.analyses.attribution.analysis import bootstrap_mean_ci
+    from headscope.analyses.attribution.summary import bootstrap_mean_ci
 
     assert bootstrap_mean_ci(np.array([0.0, 0.0, 0.0, 4.0]), seed=0) == [0.0, 3.0]
     assert bootstrap_mean_ci(np.array([1.0]), seed=0) is None
@@ -841,7 +841,7 @@ def test_minilm_tau_distribution():
 
 def test_default_baseline_token_skips_zero_embeddings(tiny_dirs):
     """A zero pad embedding is skipped for the next special token; all zero is a clear error."""
-    from headscope.analyses.attribution.analysis import default_baseline_token
+    from headscope.analyses.attribution.inputs import default_baseline_token
 
     model = hs.load_model(tiny_dirs["llama"], device="cpu")  # a private copy: its weights are edited
     tok = model.tokenizer
@@ -931,8 +931,8 @@ def test_ig_claims_use_only_the_examples_that_converged(rel_errors, used, kept):
     every IG aggregate (the tau mean and its n, the paired rollout test, the significance count, IG vs
     leave-one-out, the tau tables) is over the converged examples when at least half (and 2) converged, else IG is
     left out; the expected values are worked out here from the hand-built taus."""
-    from headscope.analyses.attribution.analysis import _summary, tau_tables
     from headscope.analyses.attribution.convergence import ig_convergence
+    from headscope.analyses.attribution.summary import _summary, tau_tables
 
     taus = [0.6, -0.2, 0.3, 0.9]
     df, ig, pairs, perm = _ig_case(rel_errors, taus)
