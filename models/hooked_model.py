@@ -314,6 +314,13 @@ class HookedModel(TLHabits):
         return next(self.bridge.parameters()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the model computes in: its first floating-point parameter's (a quantized checkpoint's
+        integer weights skipped; the bridge's cfg.dtype when it has none), what rounding tolerances and the
+        KV cache's bytes are judged in."""
+        return next((p.dtype for p in self.bridge.parameters() if p.is_floating_point()), self.bridge.cfg.dtype)
+
+    @property
     def name(self) -> str:
         return self.facts.name
 
