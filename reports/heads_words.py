@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import clear_of, t_half_width
-from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ordinal, sliding_words
+from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ci_words, ordinal, sliding_words
 
 
 def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
@@ -388,7 +388,7 @@ def finding(s: Mapping[str, Any]) -> str:
     metric = _words(kind)
     if base is not None:
         ci = (s.get("chance") or {}).get("ci") if isinstance(s.get("chance"), Mapping) else None
-        span = (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if isinstance(ci, (list, tuple)) and len(ci) == 2
+        span = (f" ({ci_words(ci, '.3g')})" if isinstance(ci, (list, tuple)) and len(ci) == 2
                 and all(_num(x) is not None for x in ci) else "")
         if kind == "cosine":  # review 7 C1: a cosine with the model's own output is 1 by construction
             parts.append(f"The metric is the cosine of each pruned model's pooled embedding with the unpruned model's "
