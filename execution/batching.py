@@ -38,7 +38,7 @@ def row_bytes(model, n_pos: int, *, grad: bool = False) -> int:
     backward pass. An over-estimate on purpose, so that chunks fit.
     """
     f = model.facts
-    elem = next(model.bridge.parameters()).element_size()
+    elem = model.dtype.itemsize
     per_pos = 2 * f.d_vocab + 12 * f.d_model + 4 * f.d_mlp + 4 * f.n_heads * n_pos
     if grad:
         per_pos += f.n_layers * (8 * f.d_model + 2 * f.d_mlp + 2 * f.n_heads * n_pos)

@@ -314,6 +314,13 @@ class HookedModel(TLHabits):
         return next(self.bridge.parameters()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the model computes in: its first floating-point parameter's (a quantized checkpoint's
+        integer weights skipped; the bridge's cfg.dtype when it has none), what rounding tolerances and the
+        KV cache's bytes are judged in."""
+        return next((p.dtype for p in self.bridge.parameters() if p.is_floating_point()), self.bridge.cfg.dtype)
+
+    @property
     def name(self) -> str:
         return self.facts.name
 
@@ -553,3 +560,15 @@ def layer_windows(model: Any) -> tuple[int | None, ...]:
         return (None,) * n
     types = getattr(config, "layer_types", None) or ["sliding_attention"] * n
     return tuple(window if i < len(types) and types[i] == "sliding_attention" else None for i in range(n))
+
+
+def visible_keys(queries: Any, keys: Any, window: int | None) -> torch.Tensor:
+    """bool, queries and keys broadcast: does query position q see key position k on a decoder layer
+    with sliding window `window` (layer_windows; None: a global layer)? Causal, k <= q, and on a sliding
+    layer k > q - window: the query itself and the window - 1 keys before it (transformers'
+    sliding_window_overlay, shared by Mistral, Qwen2, Gemma 2 and Gemma 3's causal layers). Positions
+    are indices into the padded row, left padding included, as Hugging Face's mask counts them; the
+    padding mask applies on top. queries, keys: ints or integer tensors."""
+    q, k = torch.as_tensor(queries), torch.as_tensor(keys)
+    seen = k <= q
+    return seen if window is None else seen & (k > q - window)

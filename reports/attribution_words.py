@@ -327,7 +327,7 @@ def _paired_words(entry: Mapping[str, Any] | None) -> str:
     mean, p, ci = _num(entry.get("mean")), _num(entry.get("p_holm")), entry.get("ci")
     if mean is None or p is None or not isinstance(ci, Sequence) or len(ci) != 2 or None in map(_num, ci):
         return ""
-    return f"{mean:+.2f}, 95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}], Holm-corrected p = {p:.2g}"
+    return f"{mean:+.2f}{_ci(ci, '+.2f')}, Holm-corrected p = {p:.2g}"
 
 
 def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: Mapping[str, float],

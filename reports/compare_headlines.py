@@ -30,7 +30,7 @@ from typing import Any
 from headscope.analyses.attribution.convergence import ig_use
 from headscope.reports.attribution_words import loo_rounds
 from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict, tasks_differ
-from headscope.reports.findings import _words, t_interval, wilson
+from headscope.reports.findings import _words, ci_words, t_interval, wilson
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
 
@@ -158,7 +158,7 @@ def withheld(name: str, s: Mapping[str, Any]) -> str:
     if _number(entry.get("chance_value")):
         numbers[0] = f"{numbers[0]} against chance {entry['chance_value']:.3g}".strip()
     if (ci := _pair(entry.get("ci"))) is not None:
-        numbers.append(f"95% CI [{ci[0]:.3g}, {ci[1]:.3g}]")
+        numbers.append(ci_words(ci, ".3g"))
     if s.get("n_examples") is not None:
         numbers.append(f"{s['n_examples']} examples")
     said = ", ".join(x for x in numbers if x)

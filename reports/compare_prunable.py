@@ -14,6 +14,7 @@ from typing import Any
 
 from headscope.reports.compare_run import SIDES, Run, _number
 from headscope.reports.findings import and_join
+from headscope.reports.heads_words import start_of_order
 
 ABLATION_METHODS = ("zero", "mean", "resample")  # the ablation order ranks by one of these (its summary keys' suffix)
 
@@ -67,15 +68,11 @@ def _start_tie(s: Mapping[str, Any], ordering: str) -> str:
         return ""
     methods = ("gradient",) if ordering == "gradient" else ABLATION_METHODS
     for m in methods:
-        groups, at = s.get(f"tied_first_pruned_{m}") or [], s.get(f"tied_first_pruned_at_{m}") or []
-        for g, where in zip(groups, at):
-            if where == 1 and isinstance(g, list) and len(g) > 1:
-                return f"{and_join([str(h) for h in g])} tie within rounding at the start of its order"
-        close = s.get(f"close_first_pruned_{m}")
-        heads = close.get("heads") if isinstance(close, Mapping) else None
-        if isinstance(heads, list) and len(heads) > 1:
-            return (f"{and_join([str(h) for h in heads])}, the first heads of its order, differ by less than their standard "
-                    "errors over examples")
+        if found := start_of_order(s, m):
+            kind, heads = found
+            names = and_join([str(h) for h in heads])
+            return (f"{names} tie within rounding at the start of its order" if kind == "tie" else
+                    f"{names}, the first heads of its order, differ by less than their standard errors over examples")
     return ""
 
 

@@ -94,8 +94,14 @@ def fisher_interval(r: float, n: int, z: float = 1.959964) -> tuple[float, float
     return math.tanh(centre - half), math.tanh(centre + half)
 
 
+def ci_words(interval: tuple[float, float], fmt: str = ".2f", level: float = 0.95) -> str:
+    """'95% CI [a, b]': an interval as every finding states it (the bounds in `fmt`)."""
+    return f"{_pct(level)} CI [{interval[0]:{fmt}}, {interval[1]:{fmt}}]"
+
+
 def _ci(interval: tuple[float, float] | None, fmt: str = ".2f") -> str:
-    return f", 95% CI [{interval[0]:{fmt}}, {interval[1]:{fmt}}]" if interval else ""
+    """', 95% CI [a, b]' to follow a number, or '' without an interval."""
+    return f", {ci_words(interval, fmt)}" if interval else ""
 
 
 METRIC_WORDS = {"logit_diff": "logit difference", "logprob": "answer log-probability", "accuracy": "accuracy",
@@ -165,7 +171,7 @@ def _prompt_prior(entry: Mapping[str, Any]) -> str | None:
 
     def ci(x: Any) -> str:
         ok = isinstance(x, (list, tuple)) and len(x) == 2 and all(_num(v) is not None for v in x)
-        return f"95% CI [{x[0]:.3g}, {x[1]:.3g}]" if ok else "no CI"
+        return ci_words(x, ".3g") if ok else "no CI"
 
     diff = (f"clean minus corrupted {paired['mean']:+.3g}, {ci(paired.get('ci'))}, paired over "
             f"{_num(paired.get('n')) or 0:.0f} prompts")
@@ -209,7 +215,7 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
                        + (f" ({basis})" if basis and level is not None else ""))
     ci = entry.get("ci")
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci):
-        details.append(f"{_pct(_num(entry.get('ci_level')) or 0.95)} CI [{ci[0]:.3g}, {ci[1]:.3g}]")
+        details.append(ci_words(ci, ".3g", _num(entry.get("ci_level")) or 0.95))
     below = _below(entry)
     where = "at" if not below else "below"
     task = entry.get("task")
@@ -241,9 +247,8 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     share, share_ci = _num(entry.get("gold_share")), entry.get("gold_share_ci")
     if share is not None and isinstance(share_ci, (list, tuple)) and len(share_ci) == 2:  # chance.copy_task
         return (f"{who}{said}: of its {_num(entry.get('copied_outputs')) or 0:.0f} outputs that copy one of the context's "
-                f"values, {_num(entry.get('gold_outputs')) or 0:.0f} are the gold one ({share:.3g}, 95% CI "
-                f"[{share_ci[0]:.3g}, {share_ci[1]:.3g}]): it systematically prefers the wrong values; relative findings "
-                "are not reported.")
+                f"values, {_num(entry.get('gold_outputs')) or 0:.0f} are the gold one ({share:.3g}{_ci(share_ci, '.3g')}): "
+                "it systematically prefers the wrong values; relative findings are not reported.")
     why = ("worse than guessing, it systematically prefers the wrong answers" if metric == "logit_diff" else
            "it gives the answers less probability than a uniform guess, so they are systematically dispreferred"
            if metric == "logprob" else "it scores under a uniform guess, so its answers are systematically dispreferred")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import clear_of, t_half_width
-from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ordinal, sliding_words
+from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ci_words, ordinal, sliding_words
 
 
 def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
@@ -135,6 +135,20 @@ def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
             f"within each {kind} is arbitrary, not between them.")
 
 
+def start_of_order(s: Mapping[str, Any], method: str) -> tuple[str, list] | None:
+    """How `method`'s pruning order starts where the summary cannot tell its first heads apart: ("tie", heads)
+    for a run tied within rounding that is removed first (tied_first_pruned_<method> at 1), else ("close",
+    heads) for first heads within each other's standard errors (close_first_pruned_<method>); None where
+    neither. The findings below state them; compare names them for each run."""
+    groups, at = s.get(f"tied_first_pruned_{method}") or [], s.get(f"tied_first_pruned_at_{method}") or []
+    for g, where in zip(groups, at):
+        if where == 1 and isinstance(g, list) and len(g) > 1:
+            return "tie", g
+    close = s.get(f"close_first_pruned_{method}")
+    heads = close.get("heads") if isinstance(close, Mapping) else None
+    return ("close", heads) if isinstance(heads, list) and len(heads) > 1 else None
+
+
 def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
     """The first heads of a fixed pruning order that tie within rounding (tied_first_pruned_<method>: runs
     of tied neighbours; review 8b A2: which goes first swapped between float32 and bfloat16, and the count's
@@ -203,10 +217,10 @@ def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     unless a rounding tie already starts the order (review 8b A2: in float32 the first two are 0.005 apart with
     standard errors 0.12 and 0.31, so which goes first is not measured either); its moves_count (analysis.tie_reach)
     False: the count cannot depend on their order."""
-    close = s.get(f"close_first_pruned_{method}")
-    if not isinstance(close, Mapping) or 1 in (s.get(f"tied_first_pruned_at_{method}") or []):
+    if (start_of_order(s, method) or ("",))[0] != "close":  # none, or a rounding tie starts the order
         return ""
-    heads, imp, se = close.get("heads") or [], close.get("importance") or [], close.get("se") or []
+    close = s[f"close_first_pruned_{method}"]
+    heads, imp, se = close["heads"], close.get("importance") or [], close.get("se") or []
     if len(heads) < 2 or len(imp) != len(heads) or len(se) != len(heads) or any(_num(x) is None for x in [*imp, *se]):
         return ""
     return (f"The first heads of the ablation order, {and_join([str(h) for h in heads])} "
@@ -388,7 +402,7 @@ def finding(s: Mapping[str, Any]) -> str:
     metric = _words(kind)
     if base is not None:
         ci = (s.get("chance") or {}).get("ci") if isinstance(s.get("chance"), Mapping) else None
-        span = (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if isinstance(ci, (list, tuple)) and len(ci) == 2
+        span = (f" ({ci_words(ci, '.3g')})" if isinstance(ci, (list, tuple)) and len(ci) == 2
                 and all(_num(x) is not None for x in ci) else "")
         if kind == "cosine":  # review 7 C1: a cosine with the model's own output is 1 by construction
             parts.append(f"The metric is the cosine of each pruned model's pooled embedding with the unpruned model's "

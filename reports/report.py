@@ -258,10 +258,10 @@ def _tied_embeddings(model: Any) -> bool:
         return False
 
 
-def _dtype_name(model: Any) -> str | None:
-    """The model's compute dtype as a name ("bfloat16"), for config.json and each section's provenance."""
-    first = next((p for p in model.bridge.parameters() if p.is_floating_point()), None)
-    return None if first is None else str(first.dtype).removeprefix("torch.")
+def _dtype_name(model: Any) -> str:
+    """The model's compute dtype (HookedModel.dtype) as a name ("bfloat16"), for config.json and each
+    section's provenance."""
+    return str(model.dtype).removeprefix("torch.")
 
 
 def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:

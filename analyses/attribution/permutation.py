@@ -33,7 +33,7 @@ import torch
 from headscope.analyses.attribution.methods import Score, prediction, prediction_change
 from headscope.errors import ConfigError
 from headscope.hooks.sites import site
-from headscope.models.hooked_model import layer_windows
+from headscope.models.hooked_model import layer_windows, visible_keys
 
 
 def permutations(n_draws: int, n_heads: int, n_keys: int, generator: torch.Generator,
@@ -53,11 +53,8 @@ def permutations(n_draws: int, n_heads: int, n_keys: int, generator: torch.Gener
 def key_support(model, layer: int, n_keys: int) -> torch.Tensor:
     """[key] bool: the keys the permuted rows may attend to at `layer` under the model's mask, for
     unpadded sequences of n_keys tokens. Decoders permute the last row: every key (causal) but, on a
-    sliding-window layer, only the last `window` (q - window < k <= q, as models.layer_windows reads
-    Hugging Face's mask). Encoders: every key."""
-    window = layer_windows(model)[layer]
-    keys = torch.arange(n_keys)
-    return keys >= n_keys - window if window is not None else torch.ones(n_keys, dtype=torch.bool)
+    sliding-window layer, only the last `window` (models.visible_keys). Encoders: every key."""
+    return visible_keys(n_keys - 1, torch.arange(n_keys), layer_windows(model)[layer])
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None

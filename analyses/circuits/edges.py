@@ -222,7 +222,7 @@ def additive_error(model, w_clean, w_corr, r_clean, r_corr) -> tuple[float, floa
     while a post-norm Gemma 2 is off by 0.58 (random) to 9.1 (trained) in either dtype."""
     diff = (r_clean - r_corr) - (w_clean - w_corr).sum(2)  # [b, pos, d]
     scale = (r_clean - r_corr).norm().clamp_min(1e-12)
-    eps = float(torch.finfo(model.bridge.cfg.dtype).eps)
+    eps = float(torch.finfo(model.dtype).eps)
     return float(diff.norm() / scale), max(1e-3, float(eps * (r_clean.norm() + r_corr.norm()) / scale))
 
 
@@ -231,7 +231,7 @@ def check_additive(model, w_clean, w_corr, r_clean, r_corr) -> None:
     blocks): the relative error of the sum must be within its dtype's rounding (`additive_error`)."""
     err, tol = additive_error(model, w_clean, w_corr, r_clean, r_corr)
     if err > tol:
-        dtype = str(model.bridge.cfg.dtype).removeprefix("torch.")
+        dtype = str(model.dtype).removeprefix("torch.")
         raise UnsupportedModelError(
             f"{model.facts.name}: the residual stream is not the sum of the embedding, head and MLP writes (relative "
             f"error {err:.2g}, beyond the {tol:.2g} that {dtype} rounding allows): its blocks normalise or scale what "
@@ -305,7 +305,7 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
             e_clean, e_corr = w_clean[:, :, 0], w_corr[:, :, 0]  # [b, pos, d] input embeddings
             alpha = (torch.arange(ig_steps, dtype=torch.float32) / ig_steps).repeat_interleave(b)  # [steps*b]
             embed = e_corr.repeat(ig_steps, 1, 1) + alpha[:, None, None] * (e_clean - e_corr).repeat(ig_steps, 1, 1)
-            embed = embed.to(model.device, bridge.cfg.dtype)
+            embed = embed.to(model.device, model.dtype)
             leaves: dict[str, torch.Tensor] = {}
 
             def set_embed(x, hook, embed=embed):

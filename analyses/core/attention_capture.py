@@ -20,7 +20,7 @@ import torch
 
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
-from headscope.models.hooked_model import layer_windows
+from headscope.models.hooked_model import layer_windows, visible_keys
 
 SCALE = 10_000
 MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)
@@ -110,7 +110,7 @@ def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str
     example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
                "truncated": n_total > row.shape[1], "patterns": ints}
     q = torch.arange(pat.shape[-2])
-    sees = torch.stack([(q >= q0) & (q < (w or len(q))) for w in layer_windows(model)]).float()  # [L, q]
+    sees = torch.stack([(q >= q0) & visible_keys(q, 0, w) for w in layer_windows(model)]).float()  # [L, q]
     sink = (pat[..., 0] * sees[:, None, :]).sum(-1) / sees.sum(-1).clamp_min(1.0)[:, None]  # [L, H]
     return example, sink, pat[..., q0:, :].max(-1).values.mean(-1)
 

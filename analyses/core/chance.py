@@ -256,8 +256,7 @@ def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean
         return None
     values, vocab = clean_values(model, task, kind)
     mean = float(values.mean())
-    dtype = next(model.bridge.parameters()).dtype
-    tolerance = max(tolerance, 16 * torch.finfo(dtype).eps)  # half precision: the analyses' fused passes round more
+    tolerance = max(tolerance, 16 * torch.finfo(model.dtype).eps)  # half precision: the analyses' fused passes round more
     tokens = 1.0 if task.continuation is None else float((task.continuation >= 0).sum(1).double().mean())
     if expected_mean is not None and abs(mean - expected_mean) > tolerance * max(1.0, abs(expected_mean)):
         out = assess_mean(expected_mean, kind, n_examples=len(task), vocab_size=vocab)

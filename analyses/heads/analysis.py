@@ -468,14 +468,10 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
             se[torch.tensor(g["layer"].to_numpy()), torch.tensor(g["head"].to_numpy())] = torch.tensor(
                 g["importance_se"].to_numpy(dtype=float))
             ses[method] = se
-    summary = numerical_checks(raw, _dtype(model), metric_size=max(abs(baseline), readout),
+    summary = numerical_checks(raw, model.dtype, metric_size=max(abs(baseline), readout),
                                loss_size=None if loss_size is None else max(abs(loss_size), readout), pruning=pruning,
                                ses=ses, measured=measured)
     return {**summary, **null, "readout_size": readout}
-
-
-def _dtype(model) -> torch.dtype:
-    return next(model.bridge.parameters()).dtype
 
 
 def _top_heads(df: pd.DataFrame, checks: dict, k: int = 5) -> dict[str, list[str]]:

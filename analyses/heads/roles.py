@@ -25,7 +25,7 @@ import torch
 
 from headscope.analyses.core.default_tasks import repeated_random_tokens
 from headscope.hooks import capture, site
-from headscope.models.hooked_model import first_real_positions, layer_windows
+from headscope.models.hooked_model import first_real_positions, layer_windows, visible_keys
 
 POSITIONAL_SHARE = 0.9
 MIN_INDUCTION_LENGTH = 3  # repeats of 2 read 1 back: the previous token, not induction
@@ -64,8 +64,8 @@ def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     first = first_real_positions(attention_mask, tokens.shape[0])  # [b] the key each row's "first token" is
     at_first = first.view(1, -1, 1, 1, 1).expand(*pat.shape[:-1], 1)  # [L, b, H, q, 1]
     windows = layer_windows(model)
-    reach = q_idx[None, :] - first[:, None]  # [b, q] how far back each query's first token lies
-    sees = torch.stack([(reach < win).float() * w if win else w for win in windows])[:, :, None, :]  # [L, b, 1, q]
+    sees = torch.stack([visible_keys(q_idx[None, :], first[:, None], win).float() * w if win else w
+                        for win in windows])[:, :, None, :]  # [L, b, 1, q]: the queries that see their first token
     sink = (pat.gather(-1, at_first)[..., 0] * sees).sum((1, 3)) / sees.sum((1, 3)).clamp_min(1.0)  # [L, H]
     prev = torch.zeros_like(pat[..., 0])  # [L, b, H, q]
     prev[..., 1:] = pat[..., q_idx[1:], q_idx[1:] - 1]
@@ -106,7 +106,7 @@ def induction_scores(model, *, length: int | None = None, n: int = 8, seed: int 
     pat = attention_patterns(model, tokens)  # [L, b, H, q, k]
     q = torch.arange(start + length, start + 2 * length)  # second copy
     scores = pat[..., q, q - length + 1].mean((1, 3))  # [L, H]
-    hidden = torch.tensor([bool(w) and w < length for w in layer_windows(model)])  # [L]
+    hidden = torch.stack([~visible_keys(length - 1, 0, w) for w in layer_windows(model)])  # [L] key length - 1 back
     return scores.masked_fill(hidden[:, None], float("nan"))
 
 

@@ -105,7 +105,7 @@ class CacheAnatomy:
 def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
     """The model's cache layout; dtype defaults to the model's parameter dtype (what the cache holds)."""
     f = model.facts
-    dtype = dtype or next(model.bridge.parameters()).dtype
+    dtype = dtype or model.dtype
     return CacheAnatomy(n_layers=f.n_layers, n_heads=f.n_heads, n_kv_heads=f.n_kv_heads, d_head=f.d_head,
                         dtype=str(dtype).removeprefix("torch."),
                         bytes_per_number=torch.empty((), dtype=dtype).element_size(), windows=layer_windows(model))

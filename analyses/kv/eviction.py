@@ -49,7 +49,7 @@ from headscope.analyses.core.metrics import accuracy, task_metric
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
 from headscope.hooks.kv_states import cached_forward, holds_prefix, prefill, prefix_cache
-from headscope.models.hooked_model import layer_windows, left_padding_starts
+from headscope.models.hooked_model import layer_windows, left_padding_starts, visible_keys
 
 POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
 
@@ -84,12 +84,10 @@ def attention_received(model, tokens: torch.Tensor, attention_mask: torch.Tensor
 
 def held_positions(n_layers: int, ctx: int, windows: Sequence[int | None] | None = None) -> torch.Tensor:
     """bool [layer, ctx]: the context positions each layer holds for the answer query (at position ctx):
-    every one for a global layer, the last window - 1 for a sliding-window layer (Hugging Face's mask:
-    key j is seen by query i when i - j < window)."""
+    every one for a global layer, the last window - 1 for a sliding-window layer (models.visible_keys)."""
     held = torch.ones(n_layers, ctx, dtype=torch.bool)
     for layer, w in enumerate(windows or ()):
-        if w is not None:
-            held[layer] = torch.arange(ctx) > ctx - w
+        held[layer] = visible_keys(ctx, torch.arange(ctx), w)
     return held
 
 

@@ -254,8 +254,7 @@ def activation_patching(
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
         attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask)
         attr = attr.assign(share_of_gap=attr["attribution"] / gap if gap else np.nan)
-        dtype = next(model.bridge.parameters()).dtype
-        floor = rounding_floor(df, first.numpy(), dtype, max(abs(clean_value), abs(corrupt_value)),
+        floor = rounding_floor(df, first.numpy(), model.dtype, max(abs(clean_value), abs(corrupt_value)),
                                (clean_value - corrupt_value) if pm.normalized else None)
         half = np.concatenate([(intervals[st.name]["high"] - intervals[st.name]["low"]) / 2 for st in types])
         df, summary["attribution_correlation"] = correlation_with_exact(df, attr, floor=floor["floor"], ci_half=half)

@@ -164,9 +164,8 @@ _FIRST_LATER_LAYER = {"resid_pre": 0, "resid_mid": 1, "resid_post": 1, "attn_out
 def window_reach(windows: tuple, site_type: str, layer: int) -> int | None:
     """How many positions back from the answer query a (site_type, layer, position) cell can still move
     it when the layers slide (models.layer_windows): each attention it passes through carries a change at
-    most window - 1 positions forward (a key k is seen by a query q when k > q - window, transformers'
-    sliding_window_overlay), so the sum of (window - 1) over the layers from there to the end; None where a
-    global layer lies on the way (any distance)."""
+    most window - 1 positions forward (the keys a query sees, models.visible_keys), so the sum of
+    (window - 1) over the layers from there to the end; None where a global layer lies on the way (any distance)."""
     later = windows[layer + _FIRST_LATER_LAYER[site_type]:]
     return None if any(w is None for w in later) else sum(w - 1 for w in later)
 

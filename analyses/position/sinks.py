@@ -24,6 +24,7 @@ from headscope.analyses.core.chance import t_half_width
 from headscope.errors import ConfigError
 from headscope.hooks.patterns import keep_scores
 from headscope.hooks.sites import site
+from headscope.models.hooked_model import visible_keys
 
 
 def query_rows(n_q: int, n_sink: int, *, causal: bool = True, q_start: int | None = None) -> torch.Tensor:
@@ -79,9 +80,9 @@ def streaming_keep(n_q: int, n_k: int, n_sink: int, window: int, *, keep_sinks: 
         raise ConfigError(f"window must be >= 1 (the query itself), got {window}.")
     q = torch.arange(n_k - n_q, n_k)[:, None]  # [q, 1] absolute positions
     k = torch.arange(n_k)[None, :]  # [1, k]
-    keep = (k <= q) & (k > q - window)  # [q, k]
+    keep = visible_keys(q, k, window)  # [q, k]: the window's rule, as a sliding-window layer's
     if keep_sinks:
-        keep |= (k < n_sink) & (k <= q)
+        keep |= (k < n_sink) & visible_keys(q, k, None)
     return keep
 
 

@@ -166,3 +166,30 @@ def test_loss_and_greedy_generate_equal_plain_hugging_face(arch, arch_dirs, arch
                            do_sample=False)
     got = model.generate(PROMPTS[1], max_new_tokens=5, do_sample=False, stop_at_eos=False, return_type="tokens")
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3"])
+def test_visible_keys_are_the_keys_hugging_face_eager_attends_to(arch, arch_dirs, arch_models, more_arch_dirs,
+                                                                 more_arch_models, hf_of):
+    """models.visible_keys with layer_windows (8-key windows; every Mistral layer slides, Gemma's first)
+    is exactly where plain Hugging Face's eager attention weights are nonzero, on 14 positions with a
+    left-padded row: the padding mask on top, every real query row."""
+    from headscope.models.hooked_model import layer_windows, visible_keys
+
+    more = arch == "gemma3"
+    model = more_arch_models(arch) if more else arch_models(arch)
+    hf = hf_reference(more_arch_dirs(arch)) if more else hf_of(arch)
+    windows = layer_windows(model)
+    assert windows == ((8, 8) if arch == "mistral" else (8, None))
+    tokens = torch.randint(4, 60, (2, 14), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 14, dtype=torch.long)
+    mask[1, :3] = 0  # row 1 left-padded by 3
+    with torch.no_grad():
+        out = hf(tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0), output_attentions=True)
+    pos = torch.arange(14)
+    for layer, w in enumerate(windows):
+        want = visible_keys(pos[:, None], pos[None, :], w)[None] & mask.bool()[:, None, :]  # [b, q, k]
+        got = out.attentions[layer] > 0  # [b, H, q, k]
+        real = mask.bool()
+        assert torch.equal(got[0], want[0].expand_as(got[0]))
+        assert torch.equal(got[1][:, real[1]], want[1][real[1]].expand_as(got[1][:, real[1]]))

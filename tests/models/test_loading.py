@@ -241,6 +241,7 @@ def test_dtype_by_name_and_olmo2_bridge_in_bfloat16_within_hugging_faces_roundin
     folder = more_arch_dirs("olmo2")
     model = hs.load_model(folder, device="cpu", dtype="bfloat16")
     assert {p.dtype for p in model.bridge.parameters()} == {torch.bfloat16} and model.hook_free()
+    assert model.dtype is torch.bfloat16  # the property every rounding tolerance reads
     seen = []
     model.bridge.blocks[0].attn.hook_rot_q.add_hook(lambda t, hook: seen.append(t.dtype))
     tokens = torch.tensor([[5, 9, 13, 2, 7, 11, 3], [8, 4, 6, 12, 10, 14, 9]])
