@@ -47,7 +47,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     chance_refusal,
     tasks_differ,
 )
-from headscope.reports.findings import _words, finding
+from headscope.reports.findings import _ci, _words, finding
 from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.patching_sites import KV_SITES, share, tied
 from headscope.reports.patching_words import _gap
@@ -219,7 +219,7 @@ def _with_ci(kind: str, cell: Mapping[str, Any], gap: float | None) -> str:
         return _site_name(kind, cell)
     value, ci = said
     unit = " of the gap" if gap is not None else ""
-    return f"{_site_name(kind, cell)} ({value:.2f}{unit}" + (f", 95% CI [{ci[0]:.2f}, {ci[1]:.2f}])" if ci else ")")
+    return f"{_site_name(kind, cell)} ({value:.2f}{unit}{_ci(ci)})"
 
 
 def _effect_text(effect: float, gap: float | None, s: Mapping[str, Any], cell: Mapping[str, Any] | None = None) -> str:
@@ -227,7 +227,7 @@ def _effect_text(effect: float, gap: float | None, s: Mapping[str, Any], cell: M
     metric beside it ("0.98 of the gap (+24.1 logit difference)"), or the normalised effect as is; with the cell's
     95% interval where it has one, as its report's finding states it ("0.48 of the gap, 95% CI [0.12, 0.84] (...)")."""
     said = share(cell, gap, gap is None) if cell is not None else None
-    ci = f", 95% CI [{said[1][0]:.2f}, {said[1][1]:.2f}]" if said is not None and said[1] is not None else ""
+    ci = _ci(said[1]) if said is not None else ""
     if gap is None:
         return f"{effect:.2f} of the gap{ci} (normalised)" if s.get("normalized") else f"{effect:.3g}{ci}"
     return f"{effect / gap:.2f} of the gap{ci} ({effect:+.3g} {_words(s.get('metric', ''))})"

@@ -68,7 +68,7 @@ from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
 from headscope.errors import ConfigError, TaskError
 from headscope.execution import batching, distributed
-from headscope.models.hooked_model import layer_windows
+from headscope.models.hooked_model import layer_windows, visible_keys
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 
@@ -175,8 +175,7 @@ def attribution(
         [row for part in gathered for row in part[i]] for i in range(7))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
     ig_table = pd.DataFrame(ig_rows)
-    dtype = next((p.dtype for p in model.bridge.parameters() if p.is_floating_point()), None)
-    convergence = ig_convergence(ig_table, dtype=None if dtype is None else str(dtype).removeprefix("torch."))
+    convergence = ig_convergence(ig_table, dtype=str(model.dtype).removeprefix("torch."))
     tables = {
         "scores": pd.concat(score_rows, ignore_index=True),
         "tau_methods": pd.DataFrame(pairs),
@@ -378,14 +377,17 @@ def _attention_vectors(per_head: torch.Tensor, roll: torch.Tensor) -> dict[tuple
 
 def window_starts(attention: dict, windows: Sequence[int | None], n: int) -> dict:
     """Per attention vector of a sliding-window layer (models.layer_windows), the index among the ranked
-    tokens (positions 1..n-2) of the first one the answer query (position n - 1) sees: keys k > n - 1 - window
-    (transformers' sliding_window_overlay), so position n - window on, index n - window - 1; 0 when all are seen."""
+    tokens (positions 1..n-2) of the first one the answer query (position n - 1) sees (models.visible_keys);
+    absent when all are seen."""
     out = {}
+    ranked = torch.arange(1, n - 1)  # [n - 2] positions of the ranked tokens
     for key in attention:
         kind, layer = key[0], key[1]
         window = windows[layer] if kind != "rollout" and layer is not None else None
-        if window and n - window - 1 > 0:
-            out[key] = n - window - 1
+        if window:
+            first = int(visible_keys(n - 1, ranked, window).to(torch.int64).argmax())
+            if first > 0:
+                out[key] = first
     return out
 
 
