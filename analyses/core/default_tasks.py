@@ -217,22 +217,30 @@ MAX_TOKENS_PER_WORD = 3.0  # more pieces a word than this: the tokenizer spells 
 
 
 def _shipped_rows(model, task: Task) -> list[str] | None:
-    """The shipped sentences a Task of them holds, row by row (each row's real tokens are the sentence
-    tokenized with its special tokens, as sentence_task builds them for an encoder); None for any other Task."""
+    """The shipped sentences a Task of them holds, row by row; None for any other Task. An encoder's row is
+    a whole sentence tokenized with its special tokens (sentence_task); a decoder's is the start of one, BOS
+    first (sentence_task, sentence_prefix_task: the sentence less its last tokens), matched to the first
+    sentence whose tokens begin with it."""
     from headscope.analyses.core.tasks import shipped_sentences
 
-    if task.name != "sentences" or not model.facts.is_encoder:
+    if getattr(task, "name", None) != "sentences":
         return None
     tok = model.tokenizer
-    known = {tuple(tok(text, add_special_tokens=True)["input_ids"]): text for text in shipped_sentences()}
     real = torch.ones_like(task.tokens, dtype=torch.bool) if task.attention_mask is None else task.attention_mask.bool()
-    texts = [known.get(tuple(task.tokens[i][real[i]].tolist())) for i in range(len(task))]
+    rows = [tuple(task.tokens[i][real[i]].tolist()) for i in range(len(task))]
+    if model.facts.is_encoder:
+        known = {tuple(tok(text, add_special_tokens=True)["input_ids"]): text for text in shipped_sentences()}
+        texts = [known.get(row) for row in rows]
+    else:
+        full = [(tuple(with_bos(model, list(tok(text, add_special_tokens=True)["input_ids"]))), text)
+                for text in shipped_sentences()]
+        texts = [next((text for ids, text in full if ids[:len(row)] == row), None) for row in rows]
     return None if any(t is None for t in texts) else texts
 
 
 def shipped_fit(model, task: Task) -> dict | None:
-    """How the model's tokenizer writes the shipped sentences `task` holds (None for any other Task, or a
-    decoder's): n_sentences, n_words (whitespace-delimited), n_tokens (no special tokens), tokens_per_word,
+    """How the model's tokenizer writes the shipped sentences `task` holds (None for any other Task):
+    n_sentences, n_words (whitespace-delimited), n_tokens (no special tokens), tokens_per_word,
     unknown_words (the words, counted once a sentence, that contain the unknown token; models.hooked_model
     .unknown_words), unknown_examples (the first few), off_distribution (unknown words, or more than
     MAX_TOKENS_PER_WORD tokens a word: text the model was not trained on) and, when off, `note`, the

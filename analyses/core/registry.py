@@ -152,12 +152,13 @@ def _data(name: str, model, task: Any, config: Any) -> Any:
 
 
 def with_text_fit(name: str, result: Any, model, task: Any = None, config: Any = None) -> Any:
-    """`result` with summary["shipped_text"] (default_tasks.shipped_fit) where an encoder analysis ran on the
-    shipped sentences: tokens a word and unknown words under the model's tokenizer; text it splits into
+    """`result` with summary["shipped_text"] (default_tasks.shipped_fit) where an analysis ran on the
+    shipped sentences (an encoder's default; a decoder's where no task of its fits, review 11b A4): tokens a
+    word and unknown words under the model's tokenizer; text it splits into
     pieces or unknown words is logged as a warning, and its note goes to the section and the finding. The
     check never loses a result (an error in it is logged)."""
     summary = getattr(result, "summary", None)
-    if (not model.facts.is_encoder or not isinstance(summary, dict) or "skipped" in summary or "shipped_text" in summary
+    if (not isinstance(summary, dict) or "skipped" in summary or "shipped_text" in summary
             or not (task is None or task == "sentences" or getattr(task, "name", None) == "sentences")):
         return result
     from headscope.analyses.core.default_tasks import shipped_fit

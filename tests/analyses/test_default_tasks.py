@@ -97,6 +97,9 @@ def test_every_family_runs_on_its_default(bpe_model):
         used = results[name].summary.get("task") or results[name].config.get("task")
         assert used == EXPECTED_TASK[name], name
     assert results["probes"].summary["labels"] == "position_bucket"
+    for name in ("mlp", "kv", "probes"):  # the shipped sentences, checked on decoders too (review 11b A4)
+        fit = results[name].summary["shipped_text"]
+        assert fit["tokens_per_word"] < 2.5 and not fit["off_distribution"], name  # a tokenizer trained on them
     assert results["position"].summary["n_items_note"].startswith(f"n_pairs chosen to fit context {N_CTX}: ")
     assert results["patching"].summary["clean_metric"] != results["patching"].summary["corrupted_metric"]
 
@@ -173,3 +176,47 @@ def test_generic_probe_labels_by_hand(bpe_model):
     starts = [0] + [int(a == 0 or text[a] == " " or text[a - 1] == " ") for a, _ in enc["offset_mapping"]]
     assert task_labels(task, "word_start", tokenizer=model.tokenizer).labels.tolist() == starts
     assert sum(starts) == len(text.split())
+
+
+def test_a_decoder_on_shipped_sentences_its_tokenizer_splits_says_so(tmp_path, caplog):
+    """Review 11b A4: a decoder whose task does not fit ran mlp, kv and probes on the shipped sentences,
+    which its tokenizer (trained on other text) spells about 4 tokens a word, and nothing said so (the
+    check ran for encoders only). Now the summary records the counts the plain tokenizer gives for the
+    sentences the rows came from, the log warns and the finding opens with the note."""
+    import pandas as pd
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from headscope.analyses.core.registry import task_used, with_text_fit
+    from headscope.analyses.core.result import Result
+    from headscope.reports.findings import finding
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator(["the owner has the key now"] * 20, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_embd=16, n_layer=1, n_head=2, n_positions=N_CTX, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id)).save_pretrained(tmp_path, safe_serialization=True)
+    tok.save_pretrained(tmp_path)
+    model, hf = hs.load_model(tmp_path, device="cpu"), AutoTokenizer.from_pretrained(tmp_path)
+    config = config_class("mlp").preset(quick=True, n_examples=4)
+    task = task_used("mlp", model, None, config)
+    assert task.name == "sentences"
+    every = [(hf(t)["input_ids"], t) for t in tasks.shipped_sentences()]
+    rows = [task.tokens[i][task.attention_mask[i].bool()].tolist() if task.attention_mask is not None
+            else task.tokens[i].tolist() for i in range(len(task))]
+    texts = [next(t for ids, t in every if [hf.bos_token_id, *ids][:len(row)] == row) for row in rows]
+    per_word = sum(len(hf.tokenize(t)) for t in texts) / sum(len(t.split()) for t in texts)
+    assert per_word > 3  # the case: a tokenizer that learnt six words spells English nearly byte by byte
+    with caplog.at_level("WARNING"):
+        summary = with_text_fit("mlp", Result(name="mlp", df=pd.DataFrame(), summary={}), model, None, config).summary
+    fit = summary["shipped_text"]
+    assert fit["n_sentences"] == len(texts) and fit["tokens_per_word"] == pytest.approx(per_word, abs=1e-4)
+    said = f"split into {per_word:.1f} tokens a word by this tokenizer"
+    assert fit["off_distribution"] and any(said in r.getMessage() for r in caplog.records)
+    assert finding("mlp", summary).startswith(f"The shipped sentences are {said}")
