@@ -413,7 +413,8 @@ def _normalised_sentence(key_norm: Mapping[str, Any]) -> str:
     if len(bounds) == 2:
         here.append(f"here {_span2(*bounds)}")
         if dim and len(gain) == 2:
-            here[-1] += f": sqrt({dim:.0f}) x its |weight| {_span2(*gain)}"
+            one_plus = "gemma" in str(key_norm.get("kind", "")).lower()  # review 11b C4: stored weights near 0
+            here[-1] += f": sqrt({dim:.0f}) x its {'gain |1 + weight|' if one_plus else '|weight|'} {_span2(*gain)}"
     measured = key_norm.get("measured") or []
     if len(measured) == 2:
         here.append(f"measured {_span2(*measured)}")
@@ -478,7 +479,8 @@ def finding(s: Mapping[str, Any]) -> str:
     norms = _norm_sentence(s)
     if norms:
         parts.append(norms)
-    sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"))  # the attention the first key receives
+    sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"),  # the attention the first key receives
+                          windowed=list(s.get("sliding_windows") or {}))
     if sinks:
         parts.append(sinks)
         bos = s.get("first_token_added_bos")

@@ -37,7 +37,7 @@ from headscope.analyses.kv import eviction as kv_eviction
 from headscope.analyses.kv.holding import holding_budgets
 from headscope.analyses.position import sinks
 from headscope.errors import ConfigError
-from headscope.models.hooked_model import layer_windows
+from headscope.models.hooked_model import layer_windows, visible_keys
 from headscope.models.key_norm import key_norms
 
 
@@ -178,22 +178,28 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     and the first keys' mean norm over the other keys' (from `norms`). The patterns are reduced a chunk of queries at
     a time (hooks.reduce_patterns): no layer's whole pattern is held where the hook-free blocks run."""
     n_layers = model.facts.n_layers
-    windows = layer_windows(model)  # a sliding-window layer's uniform share counts only the keys in its window
+    windows = layer_windows(model)  # a sliding-window layer averages only the queries its window lets see key 0
     masses, uniforms = [], []  # per length group: [prompts, layer] sink mass, [prompts, layer] uniform share
     for group in length_groups(tokens, attention_mask):
         rows = sinks.query_rows(group.shape[1], n_sink)  # the query rows sinks.sink_mass averages
+        # per layer, the rows averaged: on a sliding-window layer those that see the first token (review 11b C7,
+        # as heads' roles and the explorer average the sink); [layer] bool [rows] each
+        seen = [visible_keys(rows, 0, w) for w in windows]
+        seen = [s if bool(s.any()) else torch.ones_like(s) for s in seen]
         mass = torch.zeros(group.shape[0], n_layers, dtype=torch.float64)  # [prompts, layer]
 
         def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, rows: torch.Tensor = rows,
-                   mass: torch.Tensor = mass) -> None:
-            # pattern [prompts, head, c, keys] -> each prompt's mean over rows and heads of the mass on the
-            # sinks (sinks.sink_mass)
-            got = sinks.sink_mass_sum(pattern, queries, n_sink, int(rows[0]))  # [prompts, head]
-            mass[:, layer] += got.double().sum(1).cpu() / (rows.numel() * pattern.shape[1])
+                   mass: torch.Tensor = mass, seen: list = seen) -> None:
+            # pattern [prompts, head, c, keys] -> each prompt's mean over the layer's rows and heads of the mass
+            # on the sinks (sinks.sink_mass)
+            keep = torch.isin(queries.cpu(), rows[seen[layer]]).to(pattern.device)  # [c]
+            got = pattern[..., :n_sink].sum(-1)[:, :, keep].sum(-1)  # [prompts, head]
+            mass[:, layer] += got.double().sum(1).cpu() / (int(seen[layer].sum()) * pattern.shape[1])
 
         hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)
         masses.append(mass)
-        share = [sinks.uniform_baseline(group.shape[1], n_sink, window=w) for w in windows]  # [layer]
+        share = [sinks.uniform_baseline(group.shape[1], n_sink, window=w, rows=rows[seen[layer]])
+                 for layer, w in enumerate(windows)]  # [layer]
         uniforms.append(torch.tensor(share, dtype=torch.float64)[None, :].expand(group.shape[0], n_layers))
     per_layer = sinks.layer_sinks(torch.cat(masses), torch.cat(uniforms))  # over the prompts, with intervals
     keys = norms[norms.kind == "key"]

@@ -56,13 +56,14 @@ def sink_mass_sum(pattern: torch.Tensor, queries: torch.Tensor, n_sink: int, fir
 
 def uniform_baseline(
     n_q: int, n_sink: int, *, causal: bool = True, q_start: int | None = None, n_keys: int | None = None,
-    window: int | None = None,
+    window: int | None = None, rows: torch.Tensor | None = None,
 ) -> float:
     """The sink mass uniform attention would give over the same query rows: the mean over them of the
     share of the keys query q sees that are sinks, n_sink / (q + 1). A sliding-window layer (`window`,
     models.layer_windows) sees only keys q - window < k <= q: the sinks still inside its window over
-    the min(q + 1, window) keys it sees (0 once the sinks left the window)."""
-    rows = query_rows(n_q, n_sink, causal=causal, q_start=q_start).double()
+    the min(q + 1, window) keys it sees (0 once the sinks left the window). rows: the query positions
+    averaged over, when not query_rows' (e.g. only those whose window holds the first token)."""
+    rows = (query_rows(n_q, n_sink, causal=causal, q_start=q_start) if rows is None else rows).double()
     visible = rows + 1 if causal else torch.full_like(rows, float(n_keys or n_q))
     sinks_seen = torch.full_like(rows, float(n_sink))
     if causal and window is not None:

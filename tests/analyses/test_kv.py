@@ -261,7 +261,7 @@ def test_holding_needs_the_interval_inside_the_band():
     assert (sink["not_shown"][0]["ci_low"], sink["not_shown"][0]["ci_high"]) == pytest.approx((wide.low / 100, wide.high / 100))
 
 
-def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_share(arch_models):
+def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_share(arch_models, hf_of):
     """Review 6 A4/A5: Gemma 2 (layer 0 slides over 8 keys, layer 1 global) and Mistral (every layer
     slides over 8). The cache size is checked against the tensors a real Hugging Face cache holds after
     12 positions; the uniform sink share and the first key's norm against hand computations."""
@@ -285,9 +285,14 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
 
     norms = kv.kv_norms(gemma, tokens)
     stats_ = kv.sink_stats(gemma, tokens, norms, n_sink=1)
-    # queries 1..11; layer 0 sees min(q + 1, 8) keys and position 0 only while q < 8, layer 1 sees q + 1
-    by_hand = [sum(1 / (q + 1) for q in range(1, 8)) / 11, sum(1 / (q + 1) for q in range(1, 12)) / 11]
+    # layer 0 sees position 0 only while q < 8: its mass and uniform share average queries 1..7 (review 11b C7:
+    # over all 11, the 4 that cannot see it counted as zeros); layer 1 sees q + 1 keys, queries 1..11
+    by_hand = [sum(1 / (q + 1) for q in range(1, 8)) / 7, sum(1 / (q + 1) for q in range(1, 12)) / 11]
     assert stats_.uniform_mass.tolist() == pytest.approx(by_hand)
+    with torch.no_grad():
+        attns = hf_of("gemma2")(tokens, output_attentions=True).attentions  # [batch, head, q, k] per layer
+    hand = [attns[0][:, :, 1:8, 0].mean().item(), attns[1][:, :, 1:12, 0].mean().item()]
+    assert stats_.sink_mass.tolist() == pytest.approx(hand, abs=1e-5)
     assert np.isnan(stats_.sink_key_norm_ratio.iloc[0]) and not np.isnan(stats_.sink_key_norm_ratio.iloc[1])
     keys = norms[(norms.kind == "key")]
     assert keys[keys.layer == 0].position.min() == 5 and keys[keys.layer == 1].position.min() == 0  # the last 7 of 12
@@ -303,6 +308,9 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
     assert "against 64.0 KiB if every layer were global" in text
     assert "(layer(s) 1; layer(s) 0 no longer cache the first key (sliding window))" in text
     assert "layer(s) 0 from 5: a sliding window" in plot_norms(norms).get_xlabel()
+    records = [{"layer": 0, "mass": 0.3, "uniform": 0.2, "ratio": 1.5, "n": 2}]
+    assert "on sliding-window layer 0 over the queries whose window holds the first token" in finding(
+        {**summary, "sinks": records, "task": "kv"})
 
 
 def test_eviction_on_sliding_window_layers_equals_hugging_face_with_both_masks(arch_models, hf_of):
