@@ -272,10 +272,34 @@ def plot_roles(data: pd.DataFrame, *, ax: Any = None) -> Any:
     unreachable = shown.isna().to_numpy()  # [heads, roles] a score the sliding window hides (review 9a A2)
     for i, j in zip(*unreachable.nonzero()):
         ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6", linewidth=0))
+    lines = ["head roles"]
     if unreachable.any():
-        ax.set_title("head roles (hatched grey: not measurable, the sliding window hides the probe's key)",
-                     fontsize=9)
+        lines[0] += " (hatched grey: not measurable, the sliding window hides the probe's key)"
+    slid = _window_note(data)
+    if slid:
+        lines.append(slid)
+    if len(lines) > 1 or unreachable.any():
+        ax.set_title("\n".join(lines), fontsize=9)
     return ax
+
+
+def _window_note(data: pd.DataFrame) -> str:
+    """The roles figure's line on sliding-window layers (review 11b B4): their queries see at most `window`
+    keys, so a uniform head's max weight there is at least 1/window against 1/(q + 1) on a global layer:
+    confidence and positional share compare within layers of one kind. "" when no layer slides."""
+    if "window" not in data.columns:
+        return ""
+    windows = data.dropna(subset=["window"]).drop_duplicates("layer")
+    if windows.empty:
+        return ""
+    from headscope.reports.findings import int_ranges
+
+    sizes = sorted({int(w) for w in windows["window"]})
+    which = f"layer{'s' if len(windows) > 1 else ''} {int_ranges(sorted(int(l) for l in windows['layer']))}"
+    over = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    verb = "slide" if len(windows) > 1 else "slides"
+    return (f"{which} {verb} over {over} keys (uniform max weight >= 1/{sizes[0]}): compare confidence\n"
+            "and positional within sliding or within global layers")
 
 
 def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
@@ -335,5 +359,6 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
           "(lambdas that land on one point share a label).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
              "(the mean maximum attention weight). On sliding-window layers sink averages over the queries that can "
-             "see the first token, and a hatched grey cell is a score the window makes unmeasurable.",
+             "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "
+             "positional share are over the window's keys only, so they compare within layers of one kind.",
 }

@@ -1288,6 +1288,10 @@ def test_roles_hatch_the_induction_cells_a_sliding_window_makes_unmeasurable():
         assert "not measurable" in ax.get_title()
         plain = plot_roles(roles.fillna(0.0))
         assert not [p for p in plain.patches if p.get_hatch()] and "not measurable" not in plain.get_title()
+        # review 11b B4: a windowed layer's confidence is over its window's keys, not comparable with a global layer's
+        slid = plot_roles(roles.assign(window=[5.0 if l == 0 else float("nan") for l in roles.layer]))
+        assert "layer 0 slides over 5 keys (uniform max weight >= 1/5)" in slid.get_title()
+        assert "over 5 keys" not in plain.get_title()
     finally:
         plt.close("all")
 
