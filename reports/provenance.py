@@ -86,7 +86,11 @@ def _sample_of_task(tokenizer: Any, task: Any, reads: Any = None) -> dict[str, s
 
         reads = Reads()
     row = task.example(0)
-    sample = {"prompt": _decode(tokenizer, row.tokens[0])}
+    # answers of several tokens: the prompt runs on with all but the answer's last token (teacher forcing);
+    # the sample shows the prompt as the user wrote it (review 11b C1)
+    forced = 0 if row.continuation is None else int(row.continuation.shape[-1]) - 1
+    cut = (lambda ids: ids[: len(ids) - forced]) if forced else (lambda ids: ids)
+    sample = {"prompt": _decode(tokenizer, cut(row.tokens[0]))}
     if not reads.answers:
         pass
     elif row.continuation is not None:
@@ -94,7 +98,7 @@ def _sample_of_task(tokenizer: Any, task: Any, reads: Any = None) -> dict[str, s
     elif row.answers is not None:
         sample["answer"] = _decode(tokenizer, row.answers)
     if reads.corrupted and _has_corrupted(row):
-        sample["corrupted_prompt"] = _decode(tokenizer, row.corrupted_tokens[0])
+        sample["corrupted_prompt"] = _decode(tokenizer, cut(row.corrupted_tokens[0]))
         if row.wrong_answers is not None:
             sample["corrupted_answer"] = _decode(tokenizer, row.wrong_answers)
     return sample

@@ -74,6 +74,24 @@ def test_the_sample_prompt_is_the_users_text_without_the_bos_the_task_put_in_fro
         model.tokenizer("the cat sat on", add_special_tokens=False)["input_ids"])
 
 
+def test_the_sample_of_a_several_token_answer_shows_the_prompt_without_the_forced_answer_pieces(tiny_models):
+    """Review 11b C1: a row answered by several tokens runs as the prompt plus all but the answer's last
+    token (teacher forcing), and the sample read "... it is with Ptolem -> Ptolemy"."""
+    from headscope.analyses.core.contract import Reads
+    from headscope.reports.provenance import _sample_of_task
+
+    model = tiny_models["llama"]
+    tok = model.tokenizer
+    with pytest.warns(hs.HeadscopeWarning, match="answers of several tokens"):
+        task = hs.load_task(model, [{"prompt": "w1 w2 w3", "answer": " w4 w5 w6", "corrupted_prompt": "w1 w7 w3",
+                                     "wrong_answer": " w8"}])
+    assert task.continuation.shape[1] == 3  # the case: the prompt ran on with w4 w5
+    sample = _sample_of_task(tok, task, Reads(corrupted=True))
+    words = lambda text: tok.decode(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    assert sample["prompt"] == words("w1 w2 w3") and sample["corrupted_prompt"] == words("w1 w7 w3")
+    assert sample["answer"] == words(" w4 w5 w6")
+
+
 def test_section_rows_are_numbered_as_the_task_file_errors_number_them(tiny_models, tmp_path):
     """A section line's "data rows" count from 0 at the first row under the header, as the errors' "row N" do:
     file line 4 of a CSV (line 1 is the header) is data row 2 in both."""
