@@ -89,22 +89,24 @@ def undefined_taus(s: Mapping[str, Any], keys: tuple, defined: dict[str, int], n
     when every method lacks the same examples for want of tokens, each method's " over k of n examples" beside its
     mean otherwise, the sentence giving each method's reason). A method that scores every token of an example alike
     (summary n_tied_scores_<key>, e.g. leave-one-out's changes all below the output's rounding) is said to, not to
-    have too few tokens to rank."""
+    have too few tokens to rank; where last-layer attention itself is alike on some example (n_tied_scores_attention)
+    the rest is said as either."""
     short = {name: key for key, name in keys}
     missing = {k: n - d for k, d in defined.items() if 0 < d < n}
     if not missing:
         return "", {}, ""
     tied = {k: min(int(_num(s.get(f"n_tied_scores_{short[k]}")) or 0), m) for k, m in missing.items()}
+    rest = ("last-layer attention gives every token the same weight or there are too few tokens to rank"
+            if _num(s.get("n_tied_scores_attention")) else "too few tokens to rank")
     if len(set(defined.values())) == 1 and not any(tied.values()):  # one n for every method, one reason
         d = next(iter(defined.values()))
-        return (f" ({n - d} without a defined tau: too few tokens to rank, so the means and intervals are over {d})",
-                {}, "")
+        return f" ({n - d} without a defined tau: {rest}, so the means and intervals are over {d})", {}, ""
     own_n = {k: f" over {defined[k]} of {n} examples" for k in missing}
     reasons = []
     for k, m in missing.items():
         said = [f"it gives every token the same score on {tied[k]}"] if tied[k] else []
-        said += [f"{m - tied[k]} have too few tokens to rank"] if m > tied[k] else []
-        reasons.append(f"{k[:1].upper()}{k[1:]} has no tau on {m} of the {n} examples: {' and '.join(said)}.")
+        said += [f"on {'the other ' if tied[k] else ''}{m - tied[k]}, {rest}"] if m > tied[k] else []
+        reasons.append(f"{k[:1].upper()}{k[1:]} has no tau on {m} of the {n} examples: {'; '.join(said)}.")
     return "", own_n, " " + " ".join(reasons)
 
 

@@ -199,9 +199,11 @@ def tau_n_text(sa: Mapping[str, Any], sb: Mapping[str, Any], label: str, na: Any
             continue
         tied = min(int(s.get(f"n_tied_scores_{key}") or 0), n - d)
         why = [f"{name} gives every token the same score on {tied}"] if tied else []
-        why += [f"{n - d - tied} {'has' if n - d - tied == 1 else 'have'} too few tokens to rank"
-                if "n_tied_scores_" + key in s or tied else f"its record does not say why for the other {n - d - tied}"
-                ] if n - d - tied else []
+        rest = n - d - tied
+        why += [(f"on {rest}, last-layer attention gives every token the same weight or there are too few tokens to "
+                 "rank" if s.get("n_tied_scores_attention") else
+                 f"{rest} {'has' if rest == 1 else 'have'} too few tokens to rank")
+                if "n_tied_scores_" + key in s else f"its record does not say why for the other {rest}"] if rest else []
         said.append(f"{side} has a tau on {d} of {n} examples ({' and '.join(why)})")
     return f"n differs: {na} vs {nb} of the same {n} examples: " + "; ".join(said) + "; intervals of other widths"
 

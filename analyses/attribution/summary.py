@@ -30,8 +30,8 @@ example, sum and change), ig_dtype (the precision its gradients ran in); ig_used
 ones only, or on none; every IG key above (taus, rollout_vs_raw's ig, fraction_significant, mean_tau_ig_loo) and the
 tau_summary, tau_by_layer and tau_by_head tables hold only those examples; the per-example tables keep every row);
 permutation_abs_metric_change_ci (seeded percentile bootstrap over examples); best_head_vs_loo;
-n_tied_scores_{gradient, saliency, loo, ig} (tied_scores: the examples where that method gives every ranked token the
-same score, so its tau is undefined there for a reason other than too few tokens);
+n_tied_scores_{gradient, saliency, loo, ig, attention} (tied_scores: the examples where that method, or last-layer
+attention, gives every ranked token the same score, so its tau is undefined there for a reason other than too few tokens);
 median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
 <= adversarial_epsilon; Jain & Wallace's adversarial attention).
 """
@@ -104,7 +104,7 @@ def tied_scores(scores: pd.DataFrame) -> dict[str, int]:
     prompt's length (e.g. leave-one-out's changes all below the output's rounding), which the finding says instead
     of "too few tokens to rank"."""
     out = {}
-    for method, short in SUMMARY_NAMES.items():
+    for method, short in {"last_layer": "attention", **SUMMARY_NAMES}.items():  # attention: the vector every tau ranks
         rows = scores[scores.method == method]
         if "masked" in rows:
             rows = rows[~rows.masked.astype(bool)]

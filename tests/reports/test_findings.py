@@ -777,6 +777,10 @@ def test_attribution_says_each_methods_own_n_and_why_its_tau_is_missing():
             "leave-one-out at mean Kendall tau 0.36 over 2 of 4 examples, 95% CI [-0.54, 1.00]. Leave-one-out has no "
             "tau on 2 of the 4 examples: it gives every token the same score on 2.") in text
     assert "too few tokens" not in text and "means and intervals are over" not in text
+    # 3 missing, 2 of them tied; uniform last-layer attention on some example: the third's reason is either
+    text = finding("attribution", {**s, "n_tau_attention_loo": 1, "n_tied_scores_attention": 1})
+    assert ("Leave-one-out has no tau on 3 of the 4 examples: it gives every token the same score on 2; on the other "
+            "1, last-layer attention gives every token the same weight or there are too few tokens to rank.") in text
 
 
 def _dla_summary(values: dict) -> dict:
