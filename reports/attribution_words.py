@@ -44,11 +44,10 @@ def finding(s: Mapping[str, Any]) -> str:
             return _ci(interval and (max(-1.0, interval[0]), min(1.0, interval[1])))
 
         ig_only = ig_name(rule) if rule.mode == "converged" else None  # IG's n is its converged examples: said by name
-        fewest = min([defined[k] for k in taus if k != ig_only] or [defined[k] for k in taus])
-        lost = (f" ({n - fewest} without a defined tau: too few tokens to rank, so the means and intervals are over "
-                f"{fewest})" if 0 < fewest < n else "")
+        lost, own_n, why = undefined_taus(s, keys, {k: defined[k] for k in taus if k != ig_only}, n)
         parts.append(f"Over {n or '?'} examples{lost}, last-layer attention agrees with "
-                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{ci(m, sd, k)}" for k, (m, sd) in taus.items()) + ".")
+                     + ", ".join(f"{k} at mean Kendall tau {m:.2f}{own_n.get(k, '')}{ci(m, sd, k)}"
+                                 for k, (m, sd) in taus.items()) + "." + why)
         if words := window_words(s.get("attention_window"), n):
             parts.append(words)
     parts += [said] if (said := rounding_words(s)) else []
@@ -83,6 +82,32 @@ def finding(s: Mapping[str, Any]) -> str:
         parts += [_rollout_taus(s, keys, defined)] if _rollout_taus(s, keys, defined) else []
     parts += _output_tests(s)
     return " ".join(parts)
+
+
+def undefined_taus(s: Mapping[str, Any], keys: tuple, defined: dict[str, int], n: int) -> tuple[str, dict[str, str], str]:
+    """Where some methods have no tau on some examples (review 11a A2): (the parenthesis after "Over n examples"
+    when every method lacks the same examples for want of tokens, each method's " over k of n examples" beside its
+    mean otherwise, the sentence giving each method's reason). A method that scores every token of an example alike
+    (summary n_tied_scores_<key>, e.g. leave-one-out's changes all below the output's rounding) is said to, not to
+    have too few tokens to rank; where last-layer attention itself is alike on some example (n_tied_scores_attention)
+    the rest is said as either."""
+    short = {name: key for key, name in keys}
+    missing = {k: n - d for k, d in defined.items() if 0 < d < n}
+    if not missing:
+        return "", {}, ""
+    tied = {k: min(int(_num(s.get(f"n_tied_scores_{short[k]}")) or 0), m) for k, m in missing.items()}
+    rest = ("last-layer attention gives every token the same weight or there are too few tokens to rank"
+            if _num(s.get("n_tied_scores_attention")) else "too few tokens to rank")
+    if len(set(defined.values())) == 1 and not any(tied.values()):  # one n for every method, one reason
+        d = next(iter(defined.values()))
+        return f" ({n - d} without a defined tau: {rest}, so the means and intervals are over {d})", {}, ""
+    own_n = {k: f" over {defined[k]} of {n} examples" for k in missing}
+    reasons = []
+    for k, m in missing.items():
+        said = [f"it gives every token the same score on {tied[k]}"] if tied[k] else []
+        said += [f"on {'the other ' if tied[k] else ''}{m - tied[k]}, {rest}"] if m > tied[k] else []
+        reasons.append(f"{k[:1].upper()}{k[1:]} has no tau on {m} of the {n} examples: {'; '.join(said)}.")
+    return "", own_n, " " + " ".join(reasons)
 
 
 SMALL_METRIC_CHANGE = 0.1  # mean |change| of the task metric (logits, nats) under which "does little" may be said

@@ -183,6 +183,31 @@ def _n_text(na: Any, nb: Any, unit: str = "examples", unit_b: str | None = None)
     return f"n differs: {na} vs {nb} {unit}{why}"
 
 
+def tau_n_text(sa: Mapping[str, Any], sb: Mapping[str, Any], label: str, na: Any, nb: Any) -> str:
+    """Where both runs scored the same number of examples but one method's tau is defined on fewer of them in one run
+    (review 11a A3: not "a setting"), the n and why, from that run's own record: the examples where the method gives
+    every token the same score (attribution summary n_tied_scores_<key>), else too few tokens to rank; "" otherwise."""
+    n = sa.get("n_examples")
+    if na == nb or n != sb.get("n_examples") or not isinstance(n, int):
+        return ""
+    key, name = next(((k, m) for k, m in TAU_METHODS if label.endswith(m)), (None, None))
+    if key is None:
+        return ""
+    said = []
+    for side, s, d in zip(SIDES, (sa, sb), (na, nb)):
+        if not isinstance(d, int) or d >= n:
+            continue
+        tied = min(int(s.get(f"n_tied_scores_{key}") or 0), n - d)
+        why = [f"{name} gives every token the same score on {tied}"] if tied else []
+        rest = n - d - tied
+        why += [(f"on {rest}, last-layer attention gives every token the same weight or there are too few tokens to "
+                 "rank" if s.get("n_tied_scores_attention") else
+                 f"{rest} {'has' if rest == 1 else 'have'} too few tokens to rank")
+                if "n_tied_scores_" + key in s else f"its record does not say why for the other {rest}"] if rest else []
+        said.append(f"{side} has a tau on {d} of {n} examples ({' and '.join(why)})")
+    return f"n differs: {na} vs {nb} of the same {n} examples: " + "; ".join(said) + "; intervals of other widths"
+
+
 def _joined(labels: list[str]) -> str:
     """'attribution mean Kendall tau of attention and gradient x input, leave-one-out and integrated gradients':
     labels that share their first words said once."""
@@ -223,7 +248,8 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 notes.append(NOT_COMPARED + f"{_joined(labels)}: not compared: {differ}.")
             continue
         for (label, va, ia, na, unit), (label_b, vb, ib, nb, unit_b) in pairs:
-            n = _n_text(na, nb, unit, unit_b)
+            n = (name == "attribution" and unit == unit_b == "examples" and tau_n_text(sa, sb, label, na, nb)
+                 or _n_text(na, nb, unit, unit_b))
             own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
                    if (why := withheld_quantity(name, lab, s))]
             if own:  # said even where both reports leave it out: each report's reason

@@ -213,13 +213,25 @@ def _overlay(frames: list[pd.DataFrame | None], key: str, x: str, y: str, xlabel
 OVERLAY_TITLE = "A wide solid circles, B thin dashed squares"
 
 
+VERDICT_TOLERANCE = 1e-6  # relative to the values' size: summaries round to 6 decimals (0.833333 + 0.083333 != 0.916667)
+
+
 def noise_verdict(va: float, vb: float, ia: tuple[float, float] | None, ib: tuple[float, float] | None) -> str:
-    """Whether |B - A| lies within the runs' own uncertainty: smaller than the sum of the two 95% intervals'
-    half-widths is "within noise" (a conservative test: such intervals may still differ at p < 0.05)."""
+    """Whether |B - A| lies within the runs' own uncertainty: no larger than the sum of the two 95% intervals'
+    half-widths is "within noise" (a conservative test: such intervals may still differ at p < 0.05). "Beyond" needs
+    the difference to exceed them by more than the summaries' rounding (VERDICT_TOLERANCE): a difference that equals
+    them, as two identical intervals with each value on the other's edge give, is within (review 11a A3)."""
     if ia is None or ib is None:
         return NO_INTERVAL
     half = (ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2
+    diff = abs(vb - va)
     spans = f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]"
-    if abs(vb - va) <= half:
-        return f" (within noise: |B - A| = {abs(vb - va):.3g} is inside the combined half-widths {half:.3g}; {spans})."
-    return f" (beyond noise: |B - A| = {abs(vb - va):.3g} exceeds the combined half-widths {half:.3g}; {spans})."
+    slack = VERDICT_TOLERANCE * max(1.0, abs(va), abs(vb), half)
+    if diff < half - slack:
+        return f" (within noise: |B - A| = {diff:.3g} is inside the combined half-widths {half:.3g}; {spans})."
+    if diff <= half + slack:
+        return (f" (within noise: |B - A| = {diff:.3g} equals the combined half-widths {half:.3g}, not beyond them; "
+                f"{spans})." if tuple(ia) != tuple(ib) else
+                f" (within noise: |B - A| = {diff:.3g} equals the combined half-widths, not beyond them; the intervals "
+                f"coincide, 95% CI [{ia[0]:.3g}, {ia[1]:.3g}] in both).")
+    return f" (beyond noise: |B - A| = {diff:.3g} exceeds the combined half-widths {half:.3g}; {spans})."

@@ -394,6 +394,16 @@ def _tie_sentences(s: Mapping[str, Any]) -> list[str]:
 FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
 
 
+def unpruned_cosine(base: float) -> str:
+    """The unpruned cosine, said for what it is: each embedding's cosine with itself, 1 up to float32 rounding
+    (1e-6); a value further from 1 is named as the cosine's own rounding (a summary from before the encoder
+    metric was computed in float32: 0.999 in bfloat16), not as something the model does."""
+    if abs(base - 1.0) <= 1e-6:
+        return "1 unpruned: each embedding's cosine with itself"
+    return (f"{base:.6g} unpruned, not 1: each embedding's cosine with itself, off 1 by the rounding of the cosine's "
+            "own arithmetic, so changes of this size are that rounding, not the model")
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """Baseline, prunable heads per ordering, and the head roles found."""
     parts = []
@@ -404,9 +414,9 @@ def finding(s: Mapping[str, Any]) -> str:
         ci = (s.get("chance") or {}).get("ci") if isinstance(s.get("chance"), Mapping) else None
         span = (f" ({ci_words(ci, '.3g')})" if isinstance(ci, (list, tuple)) and len(ci) == 2
                 and all(_num(x) is not None for x in ci) else "")
-        if kind == "cosine":  # review 7 C1: a cosine with the model's own output is 1 by construction
+        if kind == "cosine":  # review 7 C1, 11a C1: unpruned, each embedding's cosine with itself
             parts.append(f"The metric is the cosine of each pruned model's pooled embedding with the unpruned model's "
-                         f"own ({base:.3g} unpruned by construction, over {s.get('n_examples', '?')} examples); the "
+                         f"own ({unpruned_cosine(base)}, over {s.get('n_examples', '?')} examples); the "
                          "gradient ordering differentiates the in-batch contrastive loss instead (the cosine has no "
                          "gradient at the unpruned gates), so it ranks heads by one objective and is scored on another.")
         else:

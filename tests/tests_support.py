@@ -346,6 +346,8 @@ def hf_out_proj(hf, layer: int):
         return hf.transformer.h[layer].attn.c_proj
     if kind == "gpt_neox":
         return hf.gpt_neox.layers[layer].attention.dense
+    if kind == "bert":  # the bare encoder (hf_reference: AutoModel)
+        return hf.encoder.layer[layer].attention.output.dense
     return hf.model.layers[layer].self_attn.o_proj
 
 

@@ -2,7 +2,7 @@
 the tau means, their paired rollout tests and significance counts (integrated gradients' only on the examples
 convergence.py's rule keeps), the permutation and adversarial tests in the metric's units with a bootstrap interval
 for means of absolute values, IG convergence, the best head against leave-one-out, leave-one-out's rounding ties and
-the sliding window the last layer's taus rank within.
+the sliding window the last layer's taus rank within, and the examples where a method scores every token alike.
 
 Summary keys (attention = the last layer's head mean): loo_metric (what leave-one-out's scores measure:
 "tvd", "1-cosine" or, on a saturated output with a logit-difference task, "logit_diff"); loo_rounding (with
@@ -30,6 +30,8 @@ example, sum and change), ig_dtype (the precision its gradients ran in); ig_used
 ones only, or on none; every IG key above (taus, rollout_vs_raw's ig, fraction_significant, mean_tau_ig_loo) and the
 tau_summary, tau_by_layer and tau_by_head tables hold only those examples; the per-example tables keep every row);
 permutation_abs_metric_change_ci (seeded percentile bootstrap over examples); best_head_vs_loo;
+n_tied_scores_{gradient, saliency, loo, ig, attention} (tied_scores: the examples where that method, or last-layer
+attention, gives every ranked token the same score, so its tau is undefined there for a reason other than too few tokens);
 median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
 <= adversarial_epsilon; Jain & Wallace's adversarial attention).
 """
@@ -96,6 +98,21 @@ def attention_window(scores: pd.DataFrame, window: int | None) -> dict:
                                  "of": [int(total.min()), int(total.max())], "n_examples_cut": int((hidden > 0).sum())}}
 
 
+def tied_scores(scores: pd.DataFrame) -> dict[str, int]:
+    """{n_tied_scores_<short>: the examples whose ranked tokens all get one score from that method} (every method
+    scored, 0 included, so a record without the key predates it): Kendall tau is undefined there whatever the
+    prompt's length (e.g. leave-one-out's changes all below the output's rounding), which the finding says instead
+    of "too few tokens to rank"."""
+    out = {}
+    for method, short in {"last_layer": "attention", **SUMMARY_NAMES}.items():  # attention: the vector every tau ranks
+        rows = scores[scores.method == method]
+        if "masked" in rows:
+            rows = rows[~rows.masked.astype(bool)]
+        if len(rows):
+            out[f"n_tied_scores_{short}"] = int((rows.groupby("example").score.nunique() == 1).sum())
+    return out
+
+
 def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kind: str, cfg: AttributionConfig,
              layer: int, encoder: bool) -> dict:
     out: dict[str, Any] = {
@@ -126,6 +143,7 @@ def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kin
             out[f"n_tau_attention_{short}"] = int(last[last.method == method].example.nunique())
         if (("rollout", method)) in summ.index:
             out[f"n_tau_rollout_{short}"] = int(flow[flow.method == method].example.nunique())
+    out.update(tied_scores(tables["scores"]))
     out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
     out["n_tau_tests"] = int(len(last))  # examples x methods used: the count the fraction is over
     pairs = rule.rows(rule.rows(tables["tau_methods"], "method_a"), "method_b")

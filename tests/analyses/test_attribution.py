@@ -787,6 +787,20 @@ def test_encoder_attribution_end_to_end(tiny_bert):
     assert set(res.df.n_tokens) == {3, 2, 4}
 
 
+def test_tied_scores_counts_examples_whose_ranked_tokens_all_score_alike():
+    """Review 11a A2: leave-one-out all 0 on example 0 (kendalltau is NaN there however many tokens), distinct on
+    example 1; a masked token (outside a sliding window) is not ranked, so its different score does not count."""
+    from headscope.analyses.attribution.summary import tied_scores
+
+    rows = [(0, "leave_one_out", x, False) for x in (0.0, 0.0, 0.0)] + [(0, "leave_one_out", 0.5, True)]
+    rows += [(1, "leave_one_out", x, False) for x in (0.1, 0.3, 0.6)]
+    rows += [(e, "saliency", x, False) for e in (0, 1) for x in (0.2, 0.3, 0.5)]
+    rows += [(0, "last_layer", x, False) for x in (0.2, 0.3, 0.5)] + [(1, "last_layer", 1 / 3, False)] * 3
+    scores = pd.DataFrame(rows, columns=["example", "method", "score", "masked"])
+    assert np.isnan(kendalltau([0.0, 0.0, 0.0], [1, 2, 3]).statistic)
+    assert tied_scores(scores) == {"n_tied_scores_loo": 1, "n_tied_scores_saliency": 0, "n_tied_scores_attention": 1}
+
+
 # ---- report pieces -----------------------------------------------------------------------------
 def test_plots_and_escaped_html(tiny_models):
     import matplotlib

@@ -620,6 +620,26 @@ def test_prunable_differences_are_judged_against_both_bootstrap_intervals(tmp_pa
             "half-widths 0.25; 95% CIs A [0.333, 0.667], B [0, 0.167])" in notes[0])
 
 
+def test_a_prunable_difference_equal_to_identical_intervals_is_within_noise(tmp_path):
+    """Review 11a A3: A removes 3 of 6 heads, B 4, both with the bootstrap interval [3, 4] heads (each count on the
+    other's edge): |B - A| = 1/6 equals the half-widths 1/12 + 1/12, which the summaries' 6-decimal fractions
+    (0.666667 - 0.5 = 0.166667 > 0.1666...) had made "beyond noise"; equal is within."""
+    for side, frac in (("a", 0.5), ("b", 0.666667)):
+        _folder(tmp_path / side, "m", 1.0, 0, frac)
+        _task(tmp_path / side)
+        summary = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {**summary, "n_heads": 6, "prunable_ci_gradient": {
+            "heads": frac * 6, "interval_heads": [3.0, 4.0], "n_examples": 4, "method": "percentile bootstrap"}})
+    (note,) = pruning_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1]
+    assert note.startswith("Prunable within 1% by gradient") and "beyond noise" not in note
+    assert ("(within noise: |B - A| = 0.167 equals the combined half-widths, not beyond them; the intervals coincide, "
+            "95% CI [0.5, 0.667] in both)") in note
+    # just past them (B's interval one hundredth of a head narrower): beyond
+    from headscope.reports.compare_run import noise_verdict
+
+    assert noise_verdict(0.5, 0.666667, (0.5, 4 / 6), (0.5 + 0.01 / 6, 4 / 6)).startswith(" (beyond noise")
+
+
 def test_compare_mutes_with_the_importance_se_the_heads_analysis_writes(tmp_path, tiny_models):
     """#34 A8: results.csv from heads.importance_table carries importance_se per method; compare reads it per
     head: B = A + 3 se at L0H0 is beyond 1.96 sqrt(2) se, B = A + 1 se elsewhere is within."""
@@ -748,7 +768,7 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
     from headscope.reports.findings import finding
 
     summaries = {"a": ({"n_examples": 12, "mean_tau_attention_gradient": 0.5, "std_tau_attention_gradient": 0.2,
-                        "n_tau_attention_gradient": 10},
+                        "n_tau_attention_gradient": 10, "n_tied_scores_gradient": 2},
                        {"agreement_per_layer": {"0": 0.1, "1": 0.3}, "agreement_count_per_layer": {"1": 30},
                         "n_neurons_per_layer": 100, "n_prefixes": 50}),
                  "b": ({"n_examples": 12, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.2,
@@ -762,8 +782,10 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
     # A's tau over its 10 examples with a defined tau, B's over 12: t intervals from scipy
     ia = stats.t.interval(0.95, 9, loc=0.5, scale=0.2 / 10 ** 0.5)
     ib = stats.t.interval(0.95, 11, loc=0.1, scale=0.2 / 12 ** 0.5)
+    # review 11a A3: one example set (12 each), A's tau undefined on 2 where its record says why: not "a setting"
     assert notes[0] == (f"attribution mean Kendall tau of attention and gradient x input: A 0.5, B 0.1 (n differs: 10 vs 12 "
-                        "examples, a setting, not the model: other example sets, intervals of other widths) (beyond noise: "
+                        "of the same 12 examples: A has a tau on 10 of 12 examples (gradient x input gives every token "
+                        "the same score on 2); intervals of other widths) (beyond noise: "
                         f"|B - A| = 0.4 exceeds the combined half-widths {(ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2:.3g}; "
                         f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]).")
     assert f"95% CI [{ia[0]:.2f}, {ia[1]:.2f}]" in finding("attribution", summaries["a"][0])  # the one A's report prints

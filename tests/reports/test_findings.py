@@ -765,6 +765,24 @@ def test_attribution_means_and_intervals_count_only_examples_with_a_defined_tau(
     assert "leave-one-out at mean Kendall tau 0.73, 95% CI [0.16, 1.00]" in text
 
 
+def test_attribution_says_each_methods_own_n_and_why_its_tau_is_missing():
+    """Review 11a A2: leave-one-out scored every token 0 on 2 of 4 examples (bfloat16 1-cosine), saliency and gradient
+    x input have taus on all 4: each mean states its own n, and the reason is the tied scores, not "too few tokens
+    to rank". leave-one-out 0.36 -+ t(0.975, 1) = 12.706 x 0.1 / sqrt(2) = [-0.54, 1.00] (capped)."""
+    s = {"n_examples": 4, "mean_tau_attention_saliency": 0.2, "std_tau_attention_saliency": 0.1,
+         "n_tau_attention_saliency": 4, "mean_tau_attention_loo": 0.36, "std_tau_attention_loo": 0.1,
+         "n_tau_attention_loo": 2, "n_tied_scores_loo": 2, "n_tied_scores_saliency": 0}
+    text = finding("attribution", s)
+    assert ("Over 4 examples, last-layer attention agrees with saliency at mean Kendall tau 0.20, 95% CI [0.04, 0.36], "
+            "leave-one-out at mean Kendall tau 0.36 over 2 of 4 examples, 95% CI [-0.54, 1.00]. Leave-one-out has no "
+            "tau on 2 of the 4 examples: it gives every token the same score on 2.") in text
+    assert "too few tokens" not in text and "means and intervals are over" not in text
+    # 3 missing, 2 of them tied; uniform last-layer attention on some example: the third's reason is either
+    text = finding("attribution", {**s, "n_tau_attention_loo": 1, "n_tied_scores_attention": 1})
+    assert ("Leave-one-out has no tau on 3 of the 4 examples: it gives every token the same score on 2; on the other "
+            "1, last-layer attention gives every token the same weight or there are too few tokens to rank.") in text
+
+
 def _dla_summary(values: dict) -> dict:
     """dla_summary over a hand-made dla table: {component: (kind, [contribution per example])}."""
     import pandas as pd
@@ -1730,9 +1748,14 @@ def test_heads_finding_names_the_encoder_metric_a_do_nothing_model_and_experts()
     enc = {"metric": "cosine", "baseline_metric": 1.0000000149, "n_examples": 16, "n_heads": 12,
            **_prunable("ablation", 12, 12, 12), **_prunable("gradient", 12, 12, 12)}
     text = finding("heads", enc)
-    assert ("The metric is the cosine of each pruned model's pooled embedding with the unpruned model's own (1 unpruned by "
-            "construction, over 16 examples); the gradient ordering differentiates the in-batch contrastive loss instead") in text
-    assert "Unpruned cosine similarity is" not in text
+    assert ("The metric is the cosine of each pruned model's pooled embedding with the unpruned model's own (1 unpruned: "
+            "each embedding's cosine with itself, over 16 examples); the gradient ordering differentiates the in-batch "
+            "contrastive loss instead") in text
+    assert "Unpruned cosine similarity is" not in text and "by construction" not in text
+    # review 11a C1: a summary whose cosine was taken in bfloat16 (0.99902) is not "by construction": its rounding
+    rounded = finding("heads", {**enc, "baseline_metric": 0.9990234375})
+    assert ("own (0.999023 unpruned, not 1: each embedding's cosine with itself, off 1 by the rounding of the cosine's "
+            "own arithmetic, so changes of this size are that rounding, not the model, over 16 examples)") in rounded
     assert ("Every ordering removes all 12 heads within 1%: the heads' writes barely move this metric (as in an untrained "
             "model at its initial scale), so this says the heads do little here, not that some are redundant") in text
     some = finding("heads", {**enc, **_prunable("ablation", 3, 3, 3)})
