@@ -161,7 +161,8 @@
     return s;
   }
   var exSelect = select("example", data.examples.map(function (e, i) {
-    var text = e.tokens.join(" "), of = e.sample_of || [];
+    // the prompt as text (its tokens decoded), not its pieces joined by spaces; older data: the pieces
+    var text = e.text != null ? e.text : e.tokens.join(" "), of = e.sample_of || [];
     return [String(i), (taskNames.length > 1 ? "[" + e.task + "] " : "") + (i + 1) + ": " +
                        (!of.length ? "" : of.length === (e.sections || []).length ? "(sample) " :
                         "(sample of " + of.join(", ") + ") ") +

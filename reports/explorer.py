@@ -11,7 +11,8 @@ The data dict (format 1):
 
     model, family, n_layers, n_heads, n_kv_heads, is_encoder
     scale:     patterns are stored as integers, round(p * scale) (scale 10000: 4 decimals)
-    examples:  [{tokens: [str], n_tokens_total, truncated, task (the task's label),
+    examples:  [{tokens: [str], text (the shown tokens decoded: the prompt list's label), n_tokens_total, truncated,
+                 task (the task's label),
                  patterns: [layer][head][query] -> [int] (row of keys, trailing zeros dropped)}]
                attribution (in a report whose attribution analysis ran on this example's tokens):
                {method: [score per token]} from OUT/attribution/token_scores.csv

@@ -108,6 +108,7 @@ def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str
                     end -= 1
                 head[q] = keys[:end]
     example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
+               "text": model.tokenizer.decode(row[0].tolist(), skip_special_tokens=True),  # the prompt list's label
                "truncated": n_total > row.shape[1], "patterns": ints}
     q = torch.arange(pat.shape[-2])
     sees = torch.stack([(q >= q0) & visible_keys(q, 0, w) for w in layer_windows(model)]).float()  # [L, q]

@@ -59,6 +59,7 @@ def test_data_holds_every_heads_pattern_to_the_rounding(llama, data):
         ref = reference(llama, prompt)
         ex = data["examples"][i]
         assert ex["tokens"] == llama.to_str_tokens(llama.to_tokens(prompt)[0]) and ex["tokens"][0] == "<bos>"
+        assert ex["text"] == prompt  # the prompt list's label: the prompt as typed, no <bos>
         stored = torch.tensor([[pattern_from_data(data, i, l, h) for h in range(f.n_heads)] for l in range(f.n_layers)])
         assert stored.shape == ref.shape
         assert torch.allclose(stored, ref, atol=0.5 / data["scale"] + 1e-7)
@@ -413,6 +414,7 @@ def test_explorer_labels_show_spaces_in_chromium(data, tmp_path):
     n = len(spaced["examples"][0]["tokens"])
     assert n >= len(SPACED)  # the premise: the first prompt has room for the hand-made tokens
     spaced["examples"][0]["tokens"] = SPACED + [f"w{i}" for i in range(n - len(SPACED))]
+    spaced["examples"][0]["text"] = "A Sever  prompt <as> typed"
     want = SHOWN + [f"w{i}" for i in range(n - len(SPACED))]
     page_file = tmp_path / "spaces.html"
     page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
@@ -425,6 +427,9 @@ def test_explorer_labels_show_spaces_in_chromium(data, tmp_path):
         assert page.evaluate(f"({texts})('#sp .hsx-tokens .hsx-tok')") == want
         page.hover("#sp .hsx-heat th[data-q='3']")
         assert page.evaluate("document.querySelector('#sp .hsx-info').textContent").startswith("\u201c\u2423\u201d (3)")
+        # the prompt list shows the example's text, not its pieces joined by spaces (" Sever" read "  Sever")
+        assert page.evaluate("document.querySelector('#sp select').options[0].textContent").endswith(
+            spaced["examples"][0]["text"][:60] + ("\u2026" if len(spaced["examples"][0]["text"]) > 60 else ""))
         choose(page, "sp", 2, "lines")
         lines = page.evaluate(f"({texts})('#sp .hsx-lines text')")
         assert lines == ["query", "key"] + [t for t in want for _ in "qk"]  # each token left (query) and right (key)
