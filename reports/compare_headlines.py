@@ -6,7 +6,8 @@ own numbers and the reason; nor are the numbers of an analysis the runs ran on d
 counts differ, that is said beside the difference.
 
 Where each quantity and its interval come from (the fields of reports/plots_<name>.py's `finding`):
-- heads: `baseline_metric`, "Unpruned <metric> is x (95% CI [..])": the CI is `chance.ci`.
+- heads: `baseline_metric`, "Unpruned <metric> is x (95% CI [..])": the CI is `chance.ci`, the metric's own t interval
+  (`chance.metric_ci`: none from an older entry whose `ci` was the per-row chance's spread, review 11b A1).
 - kv: `metric_unevicted`, "Full-cache <metric> x (mean over n examples)": no interval (its chance sentence, when
   it is at chance, prints `chance.mean` and `chance.ci`, and then that interval is the one used).
 - probes: `best_<metric>` with `best_ci` where the summary has it (the finding prints it); older summaries' findings
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.attribution.convergence import ig_use
+from headscope.analyses.core.chance import metric_ci
 from headscope.reports.attribution_words import loo_rounds
 from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict, tasks_differ
 from headscope.reports.findings import _words, ci_words, t_interval, wilson
@@ -50,7 +52,7 @@ Quantity = tuple[str, Any, "tuple[float, float] | None", Any, str]  # (label, va
 
 
 def _heads(s: Mapping[str, Any]) -> list[Quantity]:
-    ci = _pair(_chance_entry(s).get("ci"))
+    ci = _pair(metric_ci(_chance_entry(s)))  # the interval the heads finding prints (review 11b A1)
     return [(f"heads unpruned {_words(s.get('metric', 'metric'))}", s.get("baseline_metric"), ci, s.get("n_examples"),
              "examples")]
 
@@ -59,7 +61,7 @@ def _kv(s: Mapping[str, Any]) -> list[Quantity]:
     value, entry = s.get("metric_unevicted"), _chance_entry(s)
     said = entry.get("at_chance") is True and _number(value) and _number(entry.get("mean")) and \
         abs(entry["mean"] - value) <= 1e-6 + 1e-3 * abs(value)  # its chance sentence prints this mean's CI
-    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", value, _pair(entry.get("ci")) if said else None,
+    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", value, _pair(metric_ci(entry)) if said else None,
              s.get("n_examples"), "examples")]
 
 

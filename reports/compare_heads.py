@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from headscope.analyses.core.chance import metric_ci
 from headscope.reports.compare_headlines import n_words
 from headscope.reports.compare_prunable import interval_heads, verdict_words
 from headscope.reports.compare_run import (
@@ -63,7 +64,7 @@ def metric_se(run: Run) -> float | None:
     chance = (run.summary("heads") or {}).get("chance")
     if not isinstance(chance, Mapping) or chance.get("ci_level", 0.95) != 0.95:
         return None
-    ci = chance.get("ci")
+    ci = metric_ci(chance)  # the metric's own interval (review 11b A1)
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_number(x) for x in ci) and ci[1] >= ci[0]:
         return (float(ci[1]) - float(ci[0])) / (2 * Z95)
     return None

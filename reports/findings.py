@@ -31,7 +31,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from headscope.analyses.core.chance import MIN_SYSTEMATIC_EXAMPLES, does_not_copy, t_half_width
+from headscope.analyses.core.chance import MIN_SYSTEMATIC_EXAMPLES, does_not_copy, metric_ci, t_half_width
 
 CHANCE_LOGIT_DIFF = 0.1  # |logit(answer) - logit(wrong)| below this: the model does not prefer the answer
 
@@ -159,6 +159,31 @@ def chance_basis(entry: Mapping[str, Any]) -> str:
     return ""
 
 
+def per_row_chance(entry: Mapping[str, Any]) -> str:
+    """Where each row has its own chance (chance.assess_per_row: answers of several lengths), the chance range and
+    the paired margin that decides the verdict: 'against chance -6.12 to -42.8 per row (1-7 answer tokens, k x
+    log(1/454) for k tokens); margin over each row's own chance +6.11 per answer token, 95% CI [6.11, 6.12], above it
+    on 7 of 7 rows'; '' for one chance value (the entry's chance_value says it)."""
+    span, margin = entry.get("chance_range"), entry.get("margin")
+    if not (isinstance(span, (list, tuple)) and len(span) == 2 and None not in map(_num, span) and span[0] < span[1]):
+        return ""
+    tokens, vocab = entry.get("answer_tokens_range"), _num(entry.get("vocab_size"))
+    how = []
+    if isinstance(tokens, (list, tuple)) and len(tokens) == 2 and None not in map(_num, tokens):
+        how.append(f"{tokens[0]:.0f}-{tokens[1]:.0f} answer tokens")
+    if vocab and entry.get("metric") == "logprob":
+        how.append(f"k x log(1/{vocab:.0f}) for k tokens")
+    said = f"against chance {span[1]:.3g} to {span[0]:.3g} per row" + (f" ({', '.join(how)})" if how else "")
+    if isinstance(margin, Mapping) and _num(margin.get("mean")) is not None:
+        ci = margin.get("ci")
+        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in map(_num, ci)
+        said += (f"; margin over each row's own chance {margin['mean']:+.3g}"
+                 + (" per answer token" if margin.get("per_token") else "") + (f", {ci_words(ci, '.3g')}" if ok else "")
+                 + (f", above it on {margin['n_above']} of {margin['n']} rows"
+                    if _num(margin.get("n_above")) is not None and _num(margin.get("n")) else ""))
+    return said
+
+
 def _prompt_prior(entry: Mapping[str, Any]) -> str | None:
     """Below chance on a logit difference, against the corrupted prompts (chance.corrupted_baseline): 'below 0 by
     0.17 logits, and the corrupted prompts give a similar -0.126 (...): a preference among the answer tokens that
@@ -209,13 +234,18 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     details = []
     mean, level = _num(entry.get("mean")), _num(entry.get("chance_value"))
     basis = chance_basis(entry)
-    if mean is not None:
-        details.append(f"{_words(entry.get('metric', 'metric'))} {mean:.3g}"
-                       + (f" against chance {level:.3g}" if level is not None else "")
-                       + (f" ({basis})" if basis and level is not None else ""))
-    ci = entry.get("ci")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci):
-        details.append(ci_words(ci, ".3g", _num(entry.get("ci_level")) or 0.95))
+    ci, span = metric_ci(entry), per_row_chance(entry)
+    if mean is not None and span:  # each row its own chance (answers of several lengths; chance.assess_per_row)
+        details += [f"{_words(entry.get('metric', 'metric'))} {mean:.3g}"]
+        details += [ci_words(ci, ".3g", _num(entry.get("ci_level")) or 0.95)] if ci else []
+        details += [span]
+    else:
+        if mean is not None:
+            details.append(f"{_words(entry.get('metric', 'metric'))} {mean:.3g}"
+                           + (f" against chance {level:.3g}" if level is not None else "")
+                           + (f" ({basis})" if basis and level is not None else ""))
+        if ci:
+            details.append(ci_words(ci, ".3g", _num(entry.get("ci_level")) or 0.95))
     below = _below(entry)
     where = "at" if not below else "below"
     task = entry.get("task")

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.analyses.core.chance import clear_of, t_half_width
+from headscope.analyses.core.chance import clear_of, metric_ci, t_half_width
 from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ci_words, ordinal, sliding_words
 
 
@@ -411,9 +411,8 @@ def finding(s: Mapping[str, Any]) -> str:
     base, kind = _num(s.get("baseline_metric")), s.get("metric", "metric")
     metric = _words(kind)
     if base is not None:
-        ci = (s.get("chance") or {}).get("ci") if isinstance(s.get("chance"), Mapping) else None
-        span = (f" ({ci_words(ci, '.3g')})" if isinstance(ci, (list, tuple)) and len(ci) == 2
-                and all(_num(x) is not None for x in ci) else "")
+        ci = metric_ci(s.get("chance"))  # the metric's own interval (review 11b A1)
+        span = f" ({ci_words(ci, '.3g')})" if ci else ""
         if kind == "cosine":  # review 7 C1, 11a C1: unpruned, each embedding's cosine with itself
             parts.append(f"The metric is the cosine of each pruned model's pooled embedding with the unpruned model's "
                          f"own ({unpruned_cosine(base)}, over {s.get('n_examples', '?')} examples); the "

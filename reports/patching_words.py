@@ -313,7 +313,8 @@ def _finding(s: Mapping[str, Any]) -> str:
     gap = _gap(s)
     metric = _words(s.get("metric", ""))
     if gap is not None:
-        parts.append(f"Clean prompts give a {metric} of {clean:.3g}, corrupted ones {corrupt:.3g}.")
+        article = "an" if metric[:1].lower() in ("a", "e", "i", "o", "u") else "a"  # "an answer log-probability" (review 11b C5)
+        parts.append(f"Clean prompts give {article} {metric} of {clean:.3g}, corrupted ones {corrupt:.3g}.")
         if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
                          "restore, so the patching maps show noise.")

@@ -10,7 +10,10 @@ Chance values (what a model that has learnt nothing about the task scores):
 - "accuracy": 1/n_classes, by default 1/vocabulary size (top-1 over the vocabulary);
 - "logprob": log(1/vocabulary size), the answer's log-probability under a uniform prediction;
 - answers of several tokens (Task.continuation): k log(1/vocabulary size) for a k-token
-  continuation's log-probability, (1/vocabulary size)^k for its accuracy;
+  continuation's log-probability, (1/vocabulary size)^k for its accuracy; rows of different lengths have
+  different chance values, so a log-probability is tested row by row (`assess_per_row`: each row's margin
+  over its own chance, per answer token) and the entry's "ci" stays the metric's own interval (`metric_ci`
+  reads it, leaving out the shifted interval of entries written before);
 - "cosine" and normalised metrics have no chance value: `assess` returns None.
 
 The rule: the guard asks whether the model is credibly *above* chance; it is at chance unless
@@ -95,13 +98,15 @@ def _interval(values: np.ndarray, metric: str, chance: float, alpha: float) -> t
 
 def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, chance: float | None = None,
            vocab_size: int | None = None, n_classes: int | None = None, alpha: float = ALPHA,
-           floor: float | None = None) -> dict[str, Any] | None:
+           floor: float | None = None, words: str | None = None, against: str | None = None) -> dict[str, Any] | None:
     """Whether per-example clean metric values are within noise of chance (see the module doc).
 
     Returns {"at_chance", "below_chance" (the whole CI under chance), "metric", "mean", "chance_value",
     "ci" ([low, high] or None), "ci_level", "p_value", "effect_size" ((mean - chance) / sd, None for
     0/1 accuracies), "floor", "n_examples", "reason"}, or None when the metric has no chance value.
-    model_on_task and from_summary add what the chance value was computed from (`with_basis`)."""
+    model_on_task and from_summary add what the chance value was computed from (`with_basis`). words and
+    against name the values and their reference in the reason (default: the metric, "chance (<value>)"):
+    assess_per_row tests margins over each row's chance against 0."""
     if isinstance(values, torch.Tensor):
         values = values.detach().double().cpu().numpy()
     values = np.asarray(values, dtype=np.float64).ravel()
@@ -113,28 +118,28 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
     floor = FLOORS.get(metric, 0.0) if floor is None else floor
     mean = float(values.mean())
     ci, p = _interval(values, metric, chance, alpha)
-    words = _WORDS.get(metric, metric)
+    words = words or _WORDS.get(metric, metric)
+    ref = against or f"chance ({chance:.3g})"
     level = f"{100 * (1 - alpha):.0f}%"
     binary = metric == "accuracy" and bool(np.isin(values, (0.0, 1.0)).all())
     sd = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     effect = None if binary or sd == 0.0 else (mean - chance) / sd
     span = "" if ci is None else f"the {level} CI [{ci[0]:.3g}, {ci[1]:.3g}] of "
     if ci is not None and ci[1] < chance:
-        at, reason = True, (f"below chance: {span}the mean {words} lies under chance ({chance:.3g}); the model "
+        at, reason = True, (f"below chance: {span}the mean {words} lies under {ref}; the model "
                             + ("prefers the wrong answers" if metric == "logit_diff" else "does worse than a uniform guess"))
     elif ci is not None and ci[0] <= chance:
-        at, reason = True, f"{span}the mean {words} contains chance ({chance:.3g})"
+        at, reason = True, f"{span}the mean {words} contains {ref}"
     elif mean - chance < floor:
-        at, reason = True, (f"the mean {words} {mean:.3g} is {'below' if mean < chance else 'less than'} "
-                            + ("chance" if mean < chance else f"{floor:.3g} above chance") + f" ({chance:.3g})"
-                            + ("" if ci is not None else f"; {len(values)} example, no CI"))
+        at, reason = True, (f"the mean {words} {mean:.3g} is {'below' if mean < chance else f'less than {floor:.3g} above'} "
+                            + ref + ("" if ci is not None else f"; {len(values)} example, no CI"))
     elif effect is not None and effect < MIN_EFFECT_SIZE:
-        at, reason = True, (f"the mean {words} {mean:.3g} is {effect:.2f} per-example standard deviations above chance "
-                            f"({chance:.3g}), under {MIN_EFFECT_SIZE}: drowned in per-example noise")
+        at, reason = True, (f"the mean {words} {mean:.3g} is {effect:.2f} per-example standard deviations above "
+                            f"{ref}, under {MIN_EFFECT_SIZE}: drowned in per-example noise")
     elif ci is None:
-        at, reason = False, f"one example: the {words} {mean:.3g} is {floor:.3g} or more above chance ({chance:.3g}), no CI"
+        at, reason = False, f"one example: the {words} {mean:.3g} is {floor:.3g} or more above {ref}, no CI"
     else:
-        at, reason = False, f"{span}the mean {words} lies above chance ({chance:.3g}) by more than the noise"
+        at, reason = False, f"{span}the mean {words} lies above {ref} by more than the noise"
     return {"at_chance": at, "below_chance": ci is not None and ci[1] < chance, "metric": metric, "mean": mean,
             "chance_value": float(chance), "ci": ci, "ci_level": 1 - alpha, "p_value": p, "effect_size": effect,
             "floor": float(floor), "n_examples": int(len(values)), "reason": reason}
@@ -308,18 +313,70 @@ def with_basis(entry: dict[str, Any] | None, *, task: Any = None, vocab_size: in
 
 
 def _continuation_on_task(values: torch.Tensor, task: Task, kind: str, vocab: int) -> dict[str, Any] | None:
-    """`assess` for answers of several tokens: a k-token continuation's chance is k log(1/vocab) for
-    "logprob" and (1/vocab)^k for "accuracy". Rows of different k have different chance values, so
-    each row is measured from its own chance and the mean chance added back (the mean is unchanged,
-    the spread is the rows' spread about their own chance)."""
+    """The guard for answers of several tokens: a k-token continuation's chance is k log(1/vocab) for "logprob"
+    (each row against its own, assess_per_row) and (1/vocab)^k for "accuracy" (their mean)."""
     lengths = (task.continuation >= 0).sum(1).double()  # [batch]
-    per_row = -lengths * math.log(vocab) if kind == "logprob" else vocab ** -lengths  # [batch]
-    chance = float(per_row.mean())
-    out = assess(values - per_row + chance, kind, chance=chance) if kind == "logprob" else \
-        assess(values, kind, chance=chance)
-    if out is not None:
-        out["mean"] = float(values.mean())
+    if kind == "logprob":
+        return assess_per_row(values, -lengths * math.log(vocab), kind, tokens=lengths)
+    return assess(values, kind, chance=float((vocab ** -lengths).mean()))
+
+
+def assess_per_row(values: Sequence[float] | np.ndarray | torch.Tensor, chances: Sequence[float] | np.ndarray | torch.Tensor,
+                   metric: str, *, tokens: Sequence[float] | np.ndarray | torch.Tensor | None = None,
+                   alpha: float = ALPHA) -> dict[str, Any] | None:
+    """`assess` where each row has its own chance value (answers of k_i tokens: k_i log(1/vocab)). Review 11b A1:
+    the t interval of (metric_i - chance_i) shifted back onto the metric is the spread of the answer lengths, not of
+    the model (+-12.8 about a mean log-probability of -0.0056), and as a test it drowned a model that solves 7 of 7
+    rows (margins 6.1 and 42.8) in that spread. So:
+    - the verdict is a paired test of each row's margin over its own chance, per answer token,
+      (metric_i - chance_i) / k_i (tokens; 1 without): a one-sample t test against 0 with assess's floor and effect
+      size; its sign is the margin's sign, and chance per token is one value, log(1/vocab), whatever k_i;
+    - "ci" is the metric's own t interval (of metric_i), the headline's uncertainty, never the margins' shifted;
+    - "chance_value" is the rows' mean chance, "chance_range" [lowest, highest], "answer_tokens_range" [min, max] k;
+      "margin" {"mean", "ci", "per_token", "n_above" (rows above their own chance), "n"}.
+    The test, p_value, effect_size, floor and reason are the margins'. Equal chances (one answer length) give the
+    same verdict as assess on the metric, the per-token floor aside."""
+    def flat(x: Any) -> np.ndarray:
+        x = x.detach().double().cpu().numpy() if isinstance(x, torch.Tensor) else x
+        return np.asarray(x, dtype=np.float64).ravel()
+
+    values, chances = flat(values), flat(chances)
+    units = np.ones_like(values) if tokens is None else flat(tokens)
+    keep = np.isfinite(values) & np.isfinite(chances) & (units > 0)
+    values, chances, units = values[keep], chances[keep], units[keep]
+    if len(values) == 0:
+        return None
+    margins = (values - chances) / units  # [rows]: per answer token
+    per = " per answer token" if tokens is not None else ""
+    out = assess(margins, metric, chance=0.0, alpha=alpha, against="0",
+                 words=f"{_WORDS.get(metric, metric)}'s margin over each row's own chance{per}")
+    if out is None:
+        return None
+    out.update(mean=float(values.mean()), ci=mean_interval(values, alpha=alpha), chance_value=float(chances.mean()),
+               chance_range=[float(chances.min()), float(chances.max())],
+               margin={"mean": float(margins.mean()), "ci": out["ci"], "per_token": tokens is not None,
+                       "n_above": int((margins > 0).sum()), "n": int(len(margins))})
+    if tokens is not None:
+        out["answer_tokens_range"] = [int(units.min()), int(units.max())]
     return out
+
+
+def metric_ci(entry: Mapping[str, Any] | None) -> list[float] | None:
+    """The chance entry's interval of the metric itself, the one a headline prints (None where it has none): "ci",
+    except in entries written before assess_per_row for answers of several tokens with a mean length that is not a
+    whole number (lengths that differ), whose "ci" was the margins' interval shifted onto the metric, the spread
+    of the answer lengths (review 11b A1)."""
+    if not isinstance(entry, Mapping):
+        return None
+    ci = entry.get("ci")
+    ok = (isinstance(ci, (list, tuple)) and len(ci) == 2
+          and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in ci))
+    if not ok:
+        return None
+    tokens = entry.get("answer_tokens")
+    shifted = ("margin" not in entry and entry.get("metric") == "logprob" and isinstance(tokens, (int, float))
+               and abs(tokens - round(tokens)) > 1e-9)
+    return None if shifted else [float(ci[0]), float(ci[1])]
 
 
 def t_quantile(n: int | np.ndarray, *, alpha: float = ALPHA) -> float | np.ndarray:

@@ -86,6 +86,72 @@ def test_a_patching_gap_within_noise_is_flagged_from_its_paired_interval():
     assert chance.gap_within_noise([0.05], [0.0], "logprob")["ci"] is None  # one pair: the floor log 2 alone
 
 
+# ---- answers of several lengths: each row against its own chance (review 11b A1) -----------------
+LN_454 = math.log(454)  # the review's vocabulary
+SOLVED = np.array([-0.0024, -0.0051, -0.0036, -0.0165, -0.0042, -0.0071, -0.0105])  # log-probabilities near 0
+SOLVED_TOKENS = np.array([1, 1, 1, 7, 1, 1, 1])  # one 7-token answer among one-token answers
+
+
+def test_a_model_that_solves_rows_of_several_answer_lengths_is_above_chance_with_its_own_interval():
+    """Review 11b A1: chance is -6.12 on six rows and -42.8 on one. The old guard tested the margins
+    (metric_i - chance_i) with one t interval, whose spread is the answer lengths', and printed it shifted onto the
+    metric: [-12.8, 12.8] for a mean of -0.0056, "at chance". Now: above chance (each row's margin per answer token,
+    6.12 on every row), and "ci" is scipy's t interval of the metric itself."""
+    chances = -SOLVED_TOKENS * LN_454
+    old = stats.ttest_1samp(SOLVED - chances, 0.0).confidence_interval(0.95)
+    assert old.low < 0  # the old test, by scipy: "at chance", its printed interval ~2000x the metric's
+    assert old.high - old.low > 1000 * (_scipy_ci(SOLVED)[1] - _scipy_ci(SOLVED)[0])
+    entry = chance.assess_per_row(SOLVED, chances, "logprob", tokens=SOLVED_TOKENS)
+    assert entry["at_chance"] is False and entry["below_chance"] is False and "lies above 0" in entry["reason"]
+    assert entry["mean"] == pytest.approx(SOLVED.mean()) and entry["ci"] == pytest.approx(_scipy_ci(SOLVED), rel=1e-9)
+    per_token = (SOLVED - chances) / SOLVED_TOKENS
+    assert entry["margin"]["mean"] == pytest.approx(per_token.mean())
+    assert entry["margin"]["ci"] == pytest.approx(_scipy_ci(per_token), rel=1e-9)
+    assert entry["margin"]["n_above"] == 7 and entry["margin"]["n"] == 7 and entry["margin"]["per_token"] is True
+    assert entry["p_value"] == pytest.approx(stats.ttest_1samp(per_token, 0.0).pvalue)
+    assert entry["chance_range"] == pytest.approx([-7 * LN_454, -LN_454]) and entry["answer_tokens_range"] == [1, 7]
+    assert entry["chance_value"] == pytest.approx(chances.mean())
+    assert chance.metric_ci(entry) == pytest.approx(_scipy_ci(SOLVED), rel=1e-9)
+    # what a summary written before held (the margins' interval shifted, answers of 1.86 tokens on average): not
+    # the metric's; a one-token entry's interval is
+    shifted = {"metric": "logprob", "ci": [-12.8, 12.8], "answer_tokens": 1.86, "mean": -0.0056}
+    assert chance.metric_ci(shifted) is None
+    assert chance.metric_ci({**shifted, "answer_tokens": 1.0, "ci": [-0.01, -0.002]}) == [-0.01, -0.002]
+    # one chance value on every row (one answer length): the same verdict and interval as assess on the metric
+    same = chance.assess_per_row(SOLVED - 6, np.full(7, -LN_454), "logprob", tokens=np.ones(7))
+    plain = chance.assess(SOLVED - 6, "logprob", vocab_size=454)
+    assert same["ci"] == pytest.approx(plain["ci"]) and same["at_chance"] is plain["at_chance"]
+    assert same["p_value"] == pytest.approx(plain["p_value"])
+
+
+def test_an_untrained_model_on_rows_of_several_lengths_prints_the_wide_interval_of_its_metric():
+    """Review 11b A1, the other way: an untrained model's log-probabilities run from -5.8 (one token) to -48.4
+    (8 tokens), about its chance on every row; the old interval (the margins' spread shifted) was ~50x too narrow.
+    At chance (each row within log 2 nats a token of its own), "ci" is scipy's t interval of the metric."""
+    tokens = np.array([7, 6, 8, 7] + [1] * 12)
+    per_token = np.array([-6.02, -6.10, -6.05, -6.08, -5.8, -6.3, -5.9, -6.0, -5.7, -6.2, -6.1, -5.9, -6.4, -5.8, -6.0,
+                          -6.2])
+    logp = per_token * tokens  # [16]: -42.1 ... -48.4 ... -5.7
+    chances = -tokens * LN_454
+    entry = chance.with_basis(chance.assess_per_row(logp, chances, "logprob", tokens=tokens), task="owners",
+                              vocab_size=454, answer_tokens=float(tokens.mean()))
+    ci = _scipy_ci(logp)
+    old = np.array(_scipy_ci(logp - chances)) + chances.mean()
+    assert (ci[1] - ci[0]) > 20 * (old[1] - old[0])  # the old interval, by scipy: far narrower than the metric's
+    assert entry["at_chance"] is True and entry["below_chance"] is False and entry["ci"] == pytest.approx(ci, rel=1e-9)
+    margin = _scipy_ci(per_token + LN_454)
+    assert entry["margin"]["ci"] == pytest.approx(margin, rel=1e-9)
+    text = finding("heads", {"metric": "logprob", "baseline_metric": float(logp.mean()), "n_examples": 16,
+                             "chance": entry})
+    above = int((per_token + LN_454 > 0).sum())
+    assert text.startswith(
+        f"The model is at chance on task owners (answer log-probability {logp.mean():.3g}, 95% CI [{ci[0]:.3g}, "
+        f"{ci[1]:.3g}], against chance -6.12 to -48.9 per row (1-8 answer tokens, k x log(1/454) for k tokens); margin "
+        f"over each row's own chance {(per_token + LN_454).mean():+.3g} per answer token, 95% CI [{margin[0]:.3g}, "
+        f"{margin[1]:.3g}], above it on {above} of 16 rows); relative findings are not reported."), text
+    assert f"Unpruned answer log-probability is {logp.mean():.3g} (95% CI [{ci[0]:.3g}, {ci[1]:.3g}]) over 16" in text
+
+
 # ---- the t interval of a mean over examples ------------------------------------------------------
 def _scipy_interval(x, level=0.95):
     """scipy's Student-t interval of the mean of x (no NaN; n >= 2, sd > 0)."""

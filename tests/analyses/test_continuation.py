@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from scipy import stats
 
 import headscope as hs
 from headscope.analyses.core import chance
@@ -215,6 +216,12 @@ def test_the_chance_guard_counts_each_token_of_a_continuation(arch_models, hf_of
     assert found["answer_tokens"] == pytest.approx(sum(lengths) / len(lengths))
     want = torch.stack([_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r)) for r in rows])
     assert found["mean"] == pytest.approx(float(want.mean()), abs=1e-3)
+    # review 11b A1: the interval is the metric's own (scipy's t interval of HF's per-row values), and each row is
+    # set against its own chance, k log(1/V)
+    ci = stats.ttest_1samp(want.double().numpy(), 0.0).confidence_interval(0.95)
+    assert found["ci"] == pytest.approx([ci.low, ci.high], abs=1e-3)
+    assert found["chance_range"] == pytest.approx([-max(lengths) * math.log(vocab), -min(lengths) * math.log(vocab)])
+    assert found["margin"]["n"] == len(rows) and found["answer_tokens_range"] == [min(lengths), max(lengths)]
 
 
 def test_the_report_runs_heads_and_patching_on_a_file_with_answers_of_several_tokens(arch_dirs, arch_models, tmp_path):

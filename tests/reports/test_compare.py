@@ -5,7 +5,9 @@ import html
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from headscope.cli import main
 from headscope.reports import io
@@ -164,6 +166,45 @@ def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp
     findings = page[page.index("id='findings'"):page.index("id='provenance'")]
     assert "<em>blank: skipped: m is an encoder</em>" in findings  # C's kv cell says why it is empty
     assert "kv task" not in page[page.index("id='settings'"):page.index("id='differences'")]  # nothing to set against
+
+
+def test_heads_headline_is_read_against_the_metrics_own_interval_not_the_answer_lengths(tmp_path):
+    """Review 11b A7: with answers of several lengths the heads headline was compared against "combined half-widths
+    17.7", the per-row chance's spread. Now each side's interval is the t interval of its rows' log-probabilities
+    (chance.assess_per_row); a summary written before (margins shifted, answers of 1.86 tokens on average) gives none."""
+    from scipy import stats
+
+    from headscope.analyses.core import chance
+
+    tokens = np.array([7, 6, 8, 7] + [1] * 12)
+    rows = {"a": -0.002 - 0.0003 * np.arange(16), "b": -0.004 - 0.0002 * np.arange(16)}  # log-probabilities near 0
+    cis = {}
+    for side, logp in rows.items():
+        entry = chance.assess_per_row(logp, -tokens * np.log(454), "logprob", tokens=tokens)
+        ci = stats.ttest_1samp(logp, 0.0).confidence_interval(0.95)
+        cis[side] = (ci.low, ci.high)
+        assert entry["at_chance"] is False and entry["ci"] == pytest.approx(cis[side], rel=1e-9)
+        _heads_only(tmp_path / side, {"metric": "logprob", "baseline_metric": float(logp.mean()), "n_examples": 16,
+                                      "task": "owners", "chance": entry})
+    notes = " ".join(headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")))
+    half = (cis["a"][1] - cis["a"][0]) / 2 + (cis["b"][1] - cis["b"][0]) / 2
+    diff = abs(rows["b"].mean() - rows["a"].mean())  # 0.00125, inside 0.00127: within noise, read on the metric's scale
+    assert (f"(within noise: |B - A| = {diff:.3g} is inside the combined half-widths {half:.3g}; 95% CIs "
+            f"A [{cis['a'][0]:.3g}, {cis['a'][1]:.3g}], B [{cis['b'][0]:.3g}, {cis['b'][1]:.3g}])") in notes, notes
+    old = {"at_chance": False, "metric": "logprob", "mean": -0.00584, "ci": [-8.83, 8.82], "answer_tokens": 1.86}
+    _heads_only(tmp_path / "c", {"metric": "logprob", "baseline_metric": -0.00584, "n_examples": 16, "task": "owners",
+                                 "chance": old})
+    notes = " ".join(headline_notes(Run(tmp_path / "a"), Run(tmp_path / "c")))
+    assert "(the finding of B states no interval for it: whether this is beyond noise is not known)" in notes, notes
+
+
+def _heads_only(root, summary):
+    """An output folder with one heads summary (and its section provenance)."""
+    io.write_json(root / "manifest.json", {"model": {"name": "m"}, "seed": 0, "status": {"heads": "done"},
+                                           "config": {"analyses": ["heads"], "task": None},
+                                           "task_used": {"heads": "your task (owners.jsonl)"}})
+    io.write_json(root / "heads" / "summary.json", summary)
+    io.write_json(root / "heads" / "task.json", {"task": "owners", "source": "your task (owners.jsonl)", "n_examples": 16})
 
 
 def test_compare_ranks_no_heads_a_report_refuses_to_rank_and_positions_only_of_the_same_prompts(tmp_path):

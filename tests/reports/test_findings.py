@@ -487,9 +487,13 @@ def test_each_chance_sentence_names_its_task_and_the_basis_of_its_chance_level()
     patching = {**entry, "task": "mine.jsonl", "answer_tokens": 2.5, "mean": -15.0, "chance_value": -2.5 * 6.2146,
                 "ci": [-16.0, -14.9]}
     kv = {**entry, "task": "kv", "answer_tokens": 1.0, "mean": -6.0, "chance_value": -6.2146, "ci": [-6.5, -5.8]}
+    # entries written before chance.assess_per_row: a mean length that is no whole number had the margins' interval
+    # as "ci", the spread of the answer lengths (review 11b A1): it is not printed
     assert finding("heads", {"chance": heads}).startswith(
         "The model is at chance on task facts (answer log-probability -17 against chance -17.6 (2.83 x log(1/500): "
-        "answers of 2.83 tokens on average, uniform over a 500-token vocabulary), 95% CI [-18, -16.5]);")
+        "answers of 2.83 tokens on average, uniform over a 500-token vocabulary)); relative findings")
+    two = {**heads, "answer_tokens": 3.0, "chance_value": -3 * 6.2146}  # one answer length: its interval is the metric's
+    assert "uniform over a 500-token vocabulary), 95% CI [-18, -16.5]);" in finding("heads", {"chance": two})
     assert ("on task mine.jsonl (answer log-probability -15 against chance -15.5 (2.5 x log(1/500): answers of 2.5 "
             "tokens on average") in finding("kv", {"chance": patching})
     assert ("on task kv (answer log-probability -6 against chance -6.21 (log(1/500): one answer token, uniform over "
@@ -1244,6 +1248,33 @@ def test_patching_at_chance_ranks_no_site_and_reads_no_correlation():
            "against it over 54 cells; no site is ranked and no agreement is read at chance." in text
     for said in ("r = ", "95% CI [1.000", "moves the metric most", "Next, at", "of the clean-corrupted gap"):
         assert said not in text, said
+
+
+def test_patching_on_a_solved_task_with_answers_of_several_lengths_is_not_gated_at_chance():
+    """Review 11b A1: 7 rows solved (log-probabilities near 0), one with a 7-token answer: the guard said "at chance"
+    (the margins' t interval, stretched by the answer lengths) and patching reported no site. The guard's entry from
+    the several-token path (chance._continuation_on_task on the rows' continuations), then the patching finding."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from headscope.analyses.core import chance
+
+    logp = np.array([-0.0024, -0.0051, -0.0036, -0.0165, -0.0042, -0.0071, -0.0105])
+    lengths = [1, 1, 1, 7, 1, 1, 1]
+    continuation = torch.tensor([[-1] * (7 - k) + list(range(10, 10 + k)) for k in lengths])  # [7, 7], -1: none
+    entry = chance._continuation_on_task(torch.tensor(logp), SimpleNamespace(continuation=continuation), "logprob", 454)
+    ci = stats.ttest_1samp(logp, 0.0).confidence_interval(0.95)
+    assert entry["at_chance"] is False and entry["ci"] == pytest.approx([ci.low, ci.high], rel=1e-9)
+    assert entry["chance_range"] == pytest.approx([-7 * math.log(454), -math.log(454)])
+    s = {"metric": "logprob", "normalized": False, "direction": "denoise", "n_examples": 7,
+         "clean_metric": float(logp.mean()), "corrupted_metric": -10.6, "chance": entry,
+         "top_sites": {"resid_pre": [{"layer": 1, "head": None, "pos": -1, "token": " with", "effect": 9.0}]}}
+    text = finding("patching", s)
+    assert text.startswith("Clean prompts give an answer log-probability of -0.00706, corrupted ones -10.6."), text
+    assert "chance" not in text and "no site is ranked" not in text
+    assert "0.85 of the clean-corrupted gap" in text  # 9.0 / (-0.00706 + 10.6), ranked as usual
 
 
 def test_position_at_chance_names_no_retrieval_head_and_no_shape():
