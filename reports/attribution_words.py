@@ -188,7 +188,7 @@ def ig_sentence(s: Mapping[str, Any]) -> str:
     how = [h for h in how if h]
     said = (f"Integrated gradients missed completeness (error over {tol:g}x the metric change) on {bad} of {n or '?'} "
             "examples" + (f" ({'; '.join(how)})" if how else ""))
-    low = _low_precision(s)
+    low = _likely_reason(s)
     if rule.mode == "converged":
         return said + (f": its taus, and the comparisons that rest on them, are from the {rule.n_converged} converged "
                        "examples only.") + low
@@ -201,6 +201,29 @@ def ig_sentence(s: Mapping[str, Any]) -> str:
 
 LOW_PRECISION = {"bfloat16": "8 significant bits, about 2 to 3 significant digits",
                  "float16": "11 significant bits, about 3 significant digits"}
+
+
+def _likely_reason(s: Mapping[str, Any]) -> str:
+    """Why IG may miss completeness: top-k routing (ig_top_k_routing) where the model has it, its discontinuity
+    being a reason no precision or step count removes (review 11c A4: a float32 run of a Qwen2-MoE missed by the
+    same 0.18x as its bfloat16 run, its top-2 router switching 19-60 times along each path); else a half
+    precision (_low_precision); else ''."""
+    routing = s.get("ig_top_k_routing")
+    if not isinstance(routing, Mapping):
+        return _low_precision(s)
+    layers = [int(x) for x in routing.get("layers") or []]
+    k = routing.get("top_k")
+    where = (f" in layer{'s' if len(layers) > 1 else ''} {_and(layers)}" if layers else "")
+    top = f"its top-{k} experts" if isinstance(k, int) else "its top-k experts"
+    return (f" A likely reason: the model routes each token to {top}{where}, a choice that jumps from one set of "
+            "experts to another along IG's path from the baseline; the path integral of gradients cannot see those "
+            "jumps, so completeness need not hold at any number of steps or in any precision.")
+
+
+def _and(items: list[int]) -> str:
+    """'0', '0 and 2', '0, 1 and 3'."""
+    words = [str(x) for x in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _low_precision(s: Mapping[str, Any]) -> str:

@@ -49,7 +49,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
 )
 from headscope.reports.findings import _ci, _words, finding
 from headscope.reports.html_report import CSS, _provenance
-from headscope.reports.patching_sites import KV_SITES, share, tied
+from headscope.reports.patching_sites import KV_SITES, by_construction, share, tied
 from headscope.reports.patching_words import _gap
 from headscope.reports.provenance import provenance_lines, speed_text
 from headscope.reports.render import escape
@@ -156,7 +156,11 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             row.append(escape(_row_verdict(kind, pair, gaps)))
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
-        if all(firsts) and firsts[0] != firsts[1]:
+        swap = _tied_swap(kind, [t.get(kind) or [] for t in tops], gaps, sums) if all(firsts) else None
+        if all(firsts) and firsts[0] != firsts[1] and swap:
+            notes.append(SAME + f"Top {kind} site: A lists {_site_name(kind, cells[0][0])} first, B "
+                                f"{_site_name(kind, cells[1][0])}: not a difference, {swap}.")
+        elif all(firsts) and firsts[0] != firsts[1]:
             # review 7 A0: its own name; `n` (the sites listed per type) is read again by the next site type
             counts = f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""
             notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, "
@@ -191,6 +195,31 @@ def _top_ties(kind: str, tops: list[list], gaps: list) -> str:
         return " (" + "; ".join(ties) + ")"
     return (" (tied in neither run: in each, its top site and its next are not each inside the other's 95% interval)"
             if clear else "")
+
+
+def _tied_swap(kind: str, tops: list[list], gaps: list, sums: list) -> str | None:
+    """Why two runs' differing top sites are no difference, or None: each run lists the other's top cell too, and in
+    each run the two are tied (each inside the other's 95% interval), so which comes first is arbitrary in both
+    (review 11c C1: resid_pre L1 and L2 at the answer position, both 1.00 of the gap in float32 and bfloat16, were
+    listed as a difference); where both cells carry the whole gap at the answer position in both runs, equal by
+    construction (patching_sites.by_construction), that is the reason given."""
+    keys = [_cell_key(c[0]) for c in tops]
+    pairs = []
+    for cells, other in zip(tops, keys[::-1]):
+        match = next((c for c in cells[1:] if _cell_key(c) == other), None)
+        if match is None or not tied(cells[0], match):
+            return None
+        pairs.append((cells[0], match))
+    whole = [by_construction([(kind, c) for c in pair], gap, bool(s.get("normalized")))
+             for pair, gap, s in zip(pairs, gaps, sums)]
+    ties = "; ".join(f"{side}: {_with_ci(kind, x, gap)} and {_with_ci(kind, y, gap)}"
+                     for side, (x, y), gap in zip(SIDES, pairs, gaps))
+    if all(len(w) == 2 for w in whole):
+        return ("both cells carry the whole gap at the answer position in both runs, equal by construction (the "
+                "residual stream where the metric is read, once the information has arrived there), so which is "
+                f"listed first is arbitrary ({ties})")
+    return ("the two cells are tied in both runs, each inside the other's 95% interval, so which is listed first is "
+            f"arbitrary ({ties})")
 
 
 def _row_verdict(kind: str, pair: list, gaps: list) -> str:

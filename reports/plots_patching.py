@@ -159,6 +159,57 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
     return True
 
 
+NBSP = "\u00a0"
+
+
+def fit_axis_labels(ax: Axes) -> bool:
+    """Review 11c B3: on prompts of mixed lengths the x label's lines ("position from the end (...); -1 is the
+    last", the pale columns' n) were wider than the heat map, and the colour bar's label, taller than the map,
+    ran into their end. Measured at the figure's layout: each x label line wider than the map is re-wrapped to
+    its width (never inside a range "at -64 to -60"), and a colour-bar label longer than its bar is broken before
+    the parenthesis that ends it; then the figure is laid out again. Returns whether a label changed."""
+    import textwrap
+
+    fig, label, changed = ax.figure, ax.xaxis.label, False
+    for _ in range(3):  # a new layout narrows the map a little: wrap again until the lines fit it
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        width = ax.get_window_extent(renderer).width
+
+        def wide(line: str, renderer=renderer) -> float:
+            return renderer.get_text_width_height_descent(line, label.get_fontproperties(), ismath=False)[0]
+
+        old = label.get_text().split("\n")
+        if all(wide(line) <= width for line in old):
+            break
+        lines = []
+        for para in [old[0], " ".join(old[1:])] if len(old) > 1 else old:  # the axis, then the pale columns' note
+            glued = para
+            for word in (" at ", " to ", " = "):  # a range ("at -64 to -60") stays whole
+                glued = glued.replace(word, word.replace(" ", NBSP))
+            chars, parts = len(glued), [glued]
+            while chars > 10 and any(wide(p) > width for p in parts):
+                chars = min(chars - 1, int(chars * width / max(wide(p) for p in parts)))
+                parts = textwrap.wrap(glued, max(chars, 10), break_on_hyphens=False)
+            lines += [p.replace(NBSP, " ") for p in parts]
+        ax.set_xlabel("\n".join(lines))
+        fig.tight_layout()
+        changed = True
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    bar = next((c.colorbar for c in ax.collections if getattr(c, "colorbar", None) is not None), None)
+    said = "" if bar is None else bar.ax.get_ylabel()
+    if "\n" not in said and said.endswith(")") and " (" in said:  # "share of the ... gap (1 = fully restored)"
+        text = bar.ax.yaxis.label
+        if text.get_window_extent(renderer).height > bar.ax.get_window_extent(renderer).height:
+            head, _, tail = said.rpartition(" (")
+            bar.ax.set_ylabel(f"{head}\n({tail}")
+            changed = True
+    if changed:
+        fig.tight_layout()
+    return changed
+
+
 def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
     """Review 9a B2: hatch grey the cells the exact table marks `unreachable` (a sliding-window model's
     cells too far from the answer position for the windows to carry them there: 0 by construction), so
@@ -391,6 +442,7 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         ax = draw(axes(None, (size[0], size[1] + 0.3 * bool(quiet))))
         out[stem] = laid_out(ax)
         fit_title(ax)  # a title wider than its map runs under the colour bar's label (review 9b B3)
+        fit_axis_labels(ax)  # an x label wider than its map runs into the colour bar's label (review 11c B3)
 
     if exact is not None:
         present = set(exact["site_type"])

@@ -66,8 +66,9 @@ from headscope.analyses.core.metrics import answer_logprob, logit_diff
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
-from headscope.errors import ConfigError, TaskError
+from headscope.errors import ConfigError, TaskError, UnsupportedModelError
 from headscope.execution import batching, distributed
+from headscope.hooks import expert_layout
 from headscope.models.hooked_model import layer_windows, visible_keys
 
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
@@ -175,7 +176,7 @@ def attribution(
         [row for part in gathered for row in part[i]] for i in range(7))
     df = pd.DataFrame(tau).astype({"layer": "Int64", "head": "Int64"})
     ig_table = pd.DataFrame(ig_rows)
-    convergence = ig_convergence(ig_table, dtype=str(model.dtype).removeprefix("torch."))
+    convergence = ig_convergence(ig_table, dtype=str(model.dtype).removeprefix("torch."), routing=top_k_routing(model))
     tables = {
         "scores": pd.concat(score_rows, ignore_index=True),
         "tau_methods": pd.DataFrame(pairs),
@@ -215,6 +216,23 @@ class _Setup:
     chunk: int  # examples per group
     saturated: dict | None  # decoders: permutation.saturation of the clean runs' top-token probabilities
     loo_metric: str  # what leave-one-out scores: "tvd", "1-cosine" or "logit_diff" (loo_metric)
+
+
+def top_k_routing(model: Any) -> dict[str, Any] | None:
+    """{"layers": the mixture-of-experts layers, "top_k": k (None where the router does not say)}, None on a model
+    without routing: where the router's top-k choice jumps along IG's path (ig_convergence)."""
+    moe = {}
+    for layer in range(model.facts.n_layers):
+        try:
+            layout = expert_layout(model, layer)
+        except UnsupportedModelError:  # a mixture layout hooks.memories does not read: not named, never fatal here
+            continue
+        if layout is not None:
+            moe[layer] = layout
+    if not moe:
+        return None
+    ks = {lay.top_k for lay in moe.values()}
+    return {"layers": sorted(moe), "top_k": ks.pop() if len(ks) == 1 else None}
 
 
 def _setup(model, task: Task, cfg: AttributionConfig, reference: torch.Tensor | None) -> _Setup:

@@ -71,6 +71,8 @@ class CostModel:
     estimate: Callable[[Any, Any, Any], Cost]
     knobs: Sequence[Knob] = ()
     weight: float = 1.0  # its claim on a shared budget against the other costly analyses
+    check: Callable[[Any, Any, Any], bool] | None = None  # (model, task, config) -> whether a knob's cut can run
+    # (position: its prompts fit the context); fit takes no cut that fails it, so a budget never fails a run
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,11 @@ def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | 
             while seconds(cost) > budget_s:  # a task with fewer rows changes nothing at first)
                 smaller = knob(trial, model)
                 if smaller is None or smaller == trial:
+                    break
+                if cost_model.check is not None and not cost_model.check(model, task, smaller):
+                    log.info("a cut of %s would not run (%s); kept at %s", getattr(knob, "__name__", "a knob"),
+                             "; ".join(f"{k} {a} -> {b}" for k, (a, b) in changes(trial, smaller).items()),
+                             "its preset" if trial == config else "the last cut that runs")
                     break
                 trial = smaller
                 trial_cost = cost_model.estimate(model, task, trial)

@@ -142,12 +142,12 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
     if task == "zoo_kv":
         return prompts.zoo_kv_sweeps(tok, n_pairs=cfg.n_items or 20, n_examples=n_examples, **common)
     if task == "json_kv":
-        if cfg.n_items is not None:
-            return prompts.kv_sweeps(tok, n_pairs=cfg.n_items, n_examples=n_examples, **common)
+        if cfg.context is not None and cfg.context < 16:
+            raise ConfigError(f"context must be at least 16 tokens, got {cfg.context}.")
+        n_ctx = min(cfg.context or model.facts.n_ctx, model.facts.n_ctx)
+        if cfg.n_items is not None:  # the pairs as set, in the longest format that fits (a budget's cut keeps the fit's)
+            return prompts.kv_sweeps_in_context(tok, n_ctx, n_pairs=cfg.n_items, n_examples=n_examples, **common)
         if cfg.context is not None:
-            if cfg.context < 16:
-                raise ConfigError(f"context must be at least 16 tokens, got {cfg.context}.")
-            n_ctx = min(cfg.context, model.facts.n_ctx)
             return prompts.fit_kv_sweeps(tok, n_ctx, max_pairs=max(20, n_ctx // 12), n_examples=n_examples, **common)
         return prompts.fit_kv_sweeps(tok, model.facts.n_ctx, max_pairs=10 if cfg.quick else 20, n_examples=n_examples,
                                      **common)
@@ -344,9 +344,12 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
                 copied=int(copied.sum()) if len(copied) == len(obs) else None)
     if task == "word_kv":
         out["data_note"] = word_kv_note(model, sweeps)
+    fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
     if fitted:
-        fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
+        out["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
+    elif task == "json_kv" and cfg.n_items is not None and not prompts.is_liu_format(model.tokenizer, sweeps):
+        out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill, asked=True)
         out["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
     if len(masked):
         windows = sorted({_window(cfg, sw.prompt_len) for sw in sweeps})

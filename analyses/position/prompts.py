@@ -323,12 +323,34 @@ def fit_kv_sweeps(
     )
 
 
-def kv_fit_note(tokenizer: Any, sweeps: Sequence[PositionSweep], n_ctx: int) -> str:
+def kv_sweeps_in_context(tokenizer: Any, n_ctx: int, *, n_pairs: int, extra_new_tokens: int = 8,
+                         **kwargs: Any) -> list[PositionSweep]:
+    """kv_sweeps of exactly n_pairs pairs in the first of KV_FORMATS whose prompts, answers and greedy decoding
+    fit n_ctx: Liu et al.'s UUIDs wherever they fit, else the format fit_kv_sweeps picks for this context (so a
+    budget's cut of a fitted run's pairs keeps its format and only drops pairs: review 11c A2). UUIDs when no
+    format fits (the run then says the prompt is longer than the context)."""
+    for key_chars, instruction in KV_FORMATS:
+        sweeps = kv_sweeps(tokenizer, n_pairs=n_pairs, key_chars=key_chars, instruction=instruction, **kwargs)
+        if sweep_tokens(sweeps, extra_new_tokens) <= n_ctx:
+            return sweeps
+    return kv_sweeps(tokenizer, n_pairs=n_pairs, **kwargs)
+
+
+def is_liu_format(tokenizer: Any, sweeps: Sequence[PositionSweep]) -> bool:
+    """Whether json_kv sweeps are Liu et al.'s own format: UUID keys and values, with the instruction."""
+    text = tokenizer.decode(sweeps[0].tokens[0], skip_special_tokens=True).lower()
+    return len(sweeps[0].answers[0]) == 36 and KV_INSTRUCTION.split()[0].lower() in text
+
+
+def kv_fit_note(tokenizer: Any, sweeps: Sequence[PositionSweep], n_ctx: int, *, asked: bool = False) -> str:
     """The summary's account of a fit_kv_sweeps choice."""
     value = sweeps[0].answers[0]
     keys = "UUID keys and values" if len(value) == 36 else f"keys and values of {len(value)} hex digits"
     text = tokenizer.decode(sweeps[0].tokens[0], skip_special_tokens=True).lower()
     instruction = "with" if KV_INSTRUCTION.split()[0].lower() in text else "without"
+    if asked:  # n_items set (by the user or a budget's cut): the pairs as set, the format chosen to fit
+        return (f"{sweeps[0].n_items} pairs as set, {keys}, {instruction} Liu et al.'s instruction: the longest "
+                f"format whose prompts fit context {n_ctx}")
     return f"n_pairs chosen to fit context {n_ctx}: {sweeps[0].n_items} pairs, {keys}, {instruction} Liu et al.'s instruction"
 
 

@@ -531,6 +531,34 @@ def test_unconverged_ig_in_bfloat16_names_the_precision(tiny_dirs):
             "significant digits; a float32 run may converge.") in text, text
     assert "more steps needed" not in text
 
+def test_unconverged_ig_on_a_top_k_router_names_the_routing_not_the_precision(more_arch_models, more_arch_dirs):
+    """Review 11c A4: on a Qwen2-MoE IG's completeness miss was put down to bfloat16, yet its float32 run missed on
+    the same example by the same 0.18x (the top-2 router switches 19-60 times along each IG path). The summary now
+    records the model's routing, read against the Hugging Face config (every layer a mixture, k =
+    num_experts_per_tok), and the finding names the routing, not the precision, even in bfloat16 (a hand-built
+    summary); a model without routing still names the precision."""
+    import transformers
+
+    from headscope.reports.findings import finding
+
+    hf_config = transformers.AutoConfig.from_pretrained(more_arch_dirs("qwen2moe"))
+    model = more_arch_models("qwen2moe")
+    res = attribution(model, random_task(2, 8, seed=3), progress=False, n_steps=1, ig_max_steps=1, n_permutations=2,
+                      adversarial_steps=0, baseline_token=1)
+    assert res.summary["ig_top_k_routing"] == {"layers": list(range(hf_config.num_hidden_layers)),
+                                               "top_k": hf_config.num_experts_per_tok}
+    summary = {"n_examples": 4, "ig_n_not_converged": 1, "ig_n_converged": 3, "ig_converged": False,
+               "ig_used": "converged", "ig_examples_used": [0, 2, 3], "ig_error_tolerance": 0.1, "ig_dtype": "bfloat16",
+               "ig_worst": {"example": 1, "attribution_sum": 10.97, "metric_change": 9.33, "relative_error": 0.176}}
+    routed = finding("attribution", {**summary, "ig_top_k_routing": {"layers": [0, 2], "top_k": 2}})
+    assert ("A likely reason: the model routes each token to its top-2 experts in layers 0 and 2, a choice that jumps "
+            "from one set of experts to another along IG's path from the baseline; the path integral of gradients "
+            "cannot see those jumps, so completeness need not hold at any number of steps or in any precision."
+            ) in routed, routed
+    assert "bfloat16" not in routed and "float32 run may converge" not in routed
+    assert "A likely reason: the run is in bfloat16" in finding("attribution", summary)
+
+
 def test_bootstrap_interval_of_a_mean_of_absolute_values():
     """[0, 0, 0, 4]: a resample's mean is k, k ~ Binomial(4, 1/4) the draws of 4; P(k <= 2) = 0.949 and
     P(k <= 3) = 0.996, so the percentile interval is [0, 3], where the t interval is 1 -+ 3.18 x 2 / 2."""

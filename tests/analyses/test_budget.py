@@ -447,3 +447,66 @@ def test_one_estimate_that_fails_leaves_the_others_fitted_and_names_its_analysis
                                    "heads": (ok, None, Config())}, None)
     assert set(fitted) == {"heads"} and fitted["heads"].seconds == 100.0
     assert "position: no cost estimate (ConfigError: the tokenizer maps part of 'd9a38245'" in caplog.text
+
+
+def test_a_cut_that_fails_the_cost_models_check_is_not_taken(caplog):
+    """A knob's cut that its family's check says cannot run (position: prompts past the context) is not taken:
+    fit stops at the last cut that runs, even with the estimate still over the budget (review 11c A2: a budget
+    must never fail an analysis the uncut preset runs). Hand-built: 1 s per unit of x, x halved from 16; the
+    check refuses x < 4, so a budget of 1 s ends at x = 4 (4 s), not 1."""
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        x: int = 16
+
+    def halve(config, model):
+        return dataclasses.replace(config, x=config.x // 2) if config.x > 1 else None
+
+    estimate = lambda model, task, config: B.Cost(parts={"x": config.x}, n_pos=1)  # noqa: E731
+    cm = B.CostModel(estimate=estimate, knobs=(halve,), check=lambda model, task, config: config.x >= 4)
+    with caplog.at_level("INFO", logger="headscope.analyses.core.budget"), \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(B, "seconds_per_pass", lambda model, n_pos: 1.0)
+        mp.setattr(B, "speed_record", lambda model, n_pos: None)
+        fitted = B.fit(object(), cm, None, Config(), 1.0)
+    assert fitted.config == Config(x=4) and fitted.changed == {"x": [16, 4]} and fitted.seconds == 4.0
+    assert "a cut of halve would not run (x 4 -> 2); kept at the last cut that runs" in caplog.text
+
+
+def test_a_budget_cut_of_a_fitted_json_kv_run_keeps_its_format_and_fits(arch_models):
+    """Review 11c A2 on a 256-token GPT-2 with a byte-level BPE: the fitted json_kv run has keys of 8 hex digits
+    under Liu et al.'s instruction; the budget's pairs cut (n_items None -> 3) used to switch to UUID pairs of
+    about 400 tokens and fail the run. Now the cut keeps the 8-hex format, its prompts fit (counted by the
+    tokenizer from the decoded text), the estimate prices the tokens they have, and the cut config runs."""
+    from headscope.analyses.position import cost as position_cost
+    from headscope.analyses.position import prompts as pp
+    from headscope.analyses.position.analysis import PositionConfig, build_sweeps, position_bias
+
+    model = arch_models("gpt2")
+    tok, n_ctx = model.tokenizer, model.facts.n_ctx
+    assert n_ctx == 256
+    def keys(config):  # (hex digits of each key in the decoded prompt, has the instruction, tokens by the tokenizer)
+        sweeps = build_sweeps(model, config)
+        text = tok.decode(sweeps[0].tokens[0], skip_special_tokens=True)
+        found = re.findall(r'"([0-9a-f-]+)": "[0-9a-f-]+"', text)
+        longest = max(len(tok(tok.decode(sw.tokens[0]))["input_ids"]) + sw.answer_ids.numel() + 8 for sw in sweeps)
+        return {len(k) for k in found}, "JSON object" in text, len(found), longest
+
+    preset = dataclasses.replace(PositionConfig.preset(quick=True), generate=False)
+    fitted_keys, fitted_instr, fitted_pairs, _ = keys(preset)
+    assert fitted_keys == {8} and fitted_instr and fitted_pairs > 3
+    uuids = pp.kv_sweeps(tok, n_pairs=3, n_examples=1)[0]  # the old cut's prompts: 3 UUID pairs, past the context
+    assert len(tok(tok.decode(uuids.tokens[0]))["input_ids"]) > n_ctx
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(B, "_rate", lambda model, length: 1e-12)
+        free = B.fit(model, position_cost.COST, None, preset, None)
+        cut = B.fit(model, position_cost.COST, None, preset, free.seconds * 0.1)
+    assert cut.changed["n_items"] == [None, fitted_pairs // 2 if fitted_pairs // 2 >= 3 else 3], cut.changed
+    cut_keys, cut_instr, cut_pairs, cut_tokens = keys(cut.config)
+    assert (cut_keys, cut_instr, cut_pairs) == ({8}, True, cut.config.n_items) and cut_tokens <= n_ctx
+    assert cut.cost.n_pos == max(sw.prompt_len for sw in build_sweeps(model, cut.config)) < free.cost.n_pos
+    result = position_bias(model, config=dataclasses.replace(cut.config, n_examples=2, n_boot=20, progress=False))
+    assert result.summary["n_items"] == cut_pairs
+    assert result.summary["n_items_note"] == (f"{cut_pairs} pairs as set, keys and values of 8 hex digits, with Liu "
+                                              "et al.'s instruction: the longest format whose prompts fit context 256")
+    too_many = dataclasses.replace(preset, n_items=60)  # 60 pairs fit no format in 256 tokens: the check refuses
+    assert position_cost.prompts_fit(model, None, cut.config) and not position_cost.prompts_fit(model, None, too_many)

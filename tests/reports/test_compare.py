@@ -14,7 +14,9 @@ from headscope.reports import io
 from headscope.reports.compare import (
     NO_INTERVAL,
     NOT_COMPARED,
+    SAME,
     Run,
+    compare_html,
     importance_section,
     patching_section,
     position_section,
@@ -1098,6 +1100,51 @@ def test_top_patching_sites_side_by_side_say_when_they_are_within_noise(tmp_path
         io.write_json(tmp_path / side / "patching" / "summary.json", {**summary, "top_sites": {"v": rows[side][:1]}})
     table = html.unescape(patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[0])
     assert "<td>v L0 KV2: 0.48 of the gap" in table and "H2" not in table
+
+
+def test_compare_does_not_list_a_swap_of_cells_tied_in_both_runs_as_a_difference(tmp_path):
+    """Review 11c C1: float32 listed resid_pre L2 at the answer position first and bfloat16 L1, both 1.00 of the 17.48
+    gap in both runs (equal by construction: the residual stream where the metric is read, from layer 1 on), and
+    compare listed the swap under "Differences". A swap of two cells tied in both runs is said in its section as no
+    difference, with the reason: by construction for whole-gap residual cells at the answer position, else the tie;
+    a swap tied in one run only stays a difference."""
+    gap = 17.48
+
+    def cell(kind_layer, share, lo, hi, end=-1, head=None):
+        return {"layer": kind_layer, "head": head, "pos": 35 + 1 + end if end is not None else None, "from_end": end,
+                "token": "35:  was" if end == -1 else "", "effect": share * gap, "ci": [lo * gap, hi * gap], "n": 8}
+
+    def write(kind, a, b):
+        for side, cells in (("a", a), ("b", b)):
+            io.write_json(tmp_path / side / "patching" / "summary.json", {
+                "metric": "logit_diff", "normalized": False, "clean_metric": 8.79, "corrupted_metric": -8.69,
+                "n_examples": 8, "top_sites": {kind: cells}})
+        return patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1]
+
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+    low = cell(0, 0.23, -0.41, 0.87, end=-19)
+    a = [cell(2, 1.001, 0.89, 1.12), cell(1, 1.0, 0.88, 1.12), low]
+    b = [cell(1, 1.001, 0.89, 1.12), cell(2, 1.0, 0.88, 1.12), low]
+    assert write("resid_pre", a, b) == [SAME + (
+        "Top resid_pre site: A lists resid_pre L2 pos -1 from the end (' was') first, B resid_pre L1 pos -1 from the end "
+        "(' was'): not a difference, both cells carry the whole gap at the answer position in both runs, equal by "
+        "construction (the residual stream where the metric is read, once the information has arrived there), so which "
+        "is listed first is arbitrary (A: resid_pre L2 pos -1 from the end (' was') (1.00 of the gap, 95% CI [0.89, "
+        "1.12]) and resid_pre L1 pos -1 from the end (' was') (1.00 of the gap, 95% CI [0.88, 1.12]); B: resid_pre L1 "
+        "pos -1 from the end (' was') (1.00 of the gap, 95% CI [0.89, 1.12]) and resid_pre L2 pos -1 from the end "
+        "(' was') (1.00 of the gap, 95% CI [0.88, 1.12])).")]
+    page = compare_html(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    listed = page.split("<h2 id='differences'>")[1].split("<h2 id='not-compared'>")[0]
+    assert "resid_pre" not in listed and "not a difference, both cells carry the whole gap" in page
+    heads = [cell(0, 0.30, 0.20, 0.40, end=None, head=1), cell(0, 0.28, 0.18, 0.38, end=None, head=3)]
+    assert write("head_out", heads, heads[::-1]) == [SAME + (
+        "Top head_out site: A lists head_out L0 H1 first, B head_out L0 H3: not a difference, the two cells are tied in "
+        "both runs, each inside the other's 95% interval, so which is listed first is arbitrary (A: head_out L0 H1 (0.30 "
+        "of the gap, 95% CI [0.20, 0.40]) and head_out L0 H3 (0.28 of the gap, 95% CI [0.18, 0.38]); B: head_out L0 H3 "
+        "(0.28 of the gap, 95% CI [0.18, 0.38]) and head_out L0 H1 (0.30 of the gap, 95% CI [0.20, 0.40])).")]
+    clear_b = [cell(0, 0.30, 0.29, 0.31, end=None, head=3), cell(0, 0.10, 0.09, 0.11, end=None, head=1)]
+    assert write("head_out", heads, clear_b)[0].startswith("Top head_out site differs: A head_out L0 H1, B head_out L0 H3")
 
 
 def test_settings_name_a_change_of_precision_and_device(tmp_path):

@@ -1051,6 +1051,39 @@ def test_patching_position_ticks_of_mixed_lengths_are_thinned_keeping_the_cells_
         plt.close("all")
 
 
+def test_patching_x_label_of_mixed_lengths_stays_within_the_map_clear_of_the_colour_bar_label():
+    """Review 11c B3: on prompts of mixed lengths the x label ("...; -1 is the last" and the pale columns' n by runs)
+    was wider than the heat map, and the colour bar's label, taller than its bar, overprinted its end ("last" under
+    "share of the"). Drawn at the saved layout: every x label line lies within the map's width, the colour-bar label
+    within the figure, and the two boxes do not overlap; the ranges stay whole and the label says the same."""
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    lengths = (64, 59, 40, 35, 30, 30, 14, 12)
+    rows = [{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "token": "", "effect": 0.01 * p * (l == 0),
+             "n_rows": sum(n >= 64 - p for n in lengths)} for l in range(3) for p in range(64)]
+    exact = pd.DataFrame(rows)
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 64,
+               "clean_metric": 7.6, "corrupted_metric": -7.55, "top_sites": {}}
+    fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+    try:
+        ax, bar = fig.axes[0], fig.axes[0].collections[0].colorbar.ax
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        heat_box, x_box = ax.get_window_extent(renderer), ax.xaxis.label.get_window_extent(renderer)
+        bar_box = bar.yaxis.label.get_window_extent(renderer)
+        assert heat_box.x0 - 1 <= x_box.x0 and x_box.x1 <= heat_box.x1 + 1, (x_box, heat_box)
+        assert 0 <= bar_box.y0 and bar_box.y1 <= fig.bbox.height and bar_box.x1 <= fig.bbox.width, bar_box
+        assert not _overlap(x_box, bar_box)
+        assert bar.get_ylabel() == "share of the clean-corrupted gap\n(1 = fully restored)"
+        assert ax.get_xlabel().replace("\n", " ") == (
+            "position from the end (mean over up to 8 prompts: only those that reach it); -1 is the last pale: columns "
+            "averaged over fewer than all 8 prompts; n = 1 at -64 to -60, 2 at -59 to -41, 3 at -40 to -36, 4 at -35 "
+            "to -31, 6 at -30 to -15 and 7 at -14 to -13")
+        assert not [line for line in ax.get_xlabel().split("\n") if line.endswith((" at", " to", " ="))]
+    finally:
+        plt.close("all")
+
+
 def test_attribution_vs_exact_legend_gives_no_slope_interval_where_the_finding_gives_none():
     """#34 review 5 (A6): a site type whose exact effects are mostly zero gets no slope interval in the finding; the
     legend says the same (one rule: attribution_patching.interval_stated)."""
