@@ -82,15 +82,17 @@ def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Map
     """Each top neuron's label: L<layer>.N<neuron>, or on a mixture of experts (an `expert` column) L<layer>
     E<expert> n<neuron within the expert>, with on how many task examples the router chose that expert
     ("routed 1/16"; `n_routed`, of n_examples where given); shared {layer: its shared expert's index}: that
-    expert, which every token uses, is labelled "L<layer> shared n<neuron>"."""
+    expert, which every token uses, is labelled "L<layer> shared n<neuron>"; a dense layer's neuron among them
+    (no expert) L<layer>.N<neuron>."""
     if "expert" not in data or "expert_neuron" not in data:
         return [f"L{layer}.N{n}" for layer, n in zip(data.layer, data.neuron)]
     shared = {int(k): int(v) for k, v in (shared or {}).items()}
     routed = data["n_routed"] if "n_routed" in data else [None] * len(data)
-    return [f"L{layer} shared n{n}" if shared.get(int(layer)) == int(e) else
+    return [f"L{layer}.N{i}" if pd.isna(e) else
+            f"L{layer} shared n{n}" if shared.get(int(layer)) == int(e) else
             f"L{layer} E{e} n{n}" + ("" if r is None or pd.isna(r) else
                                     f" (routed {int(r)}" + (f"/{int(n_examples)})" if n_examples else ")"))
-            for layer, e, n, r in zip(data.layer, data.expert, data.expert_neuron, routed)]
+            for layer, i, e, n, r in zip(data.layer, data.neuron, data.expert, data.expert_neuron, routed)]
 
 
 def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples: int | None = None,
@@ -216,7 +218,21 @@ def experts_sentence(s: Mapping[str, Any]) -> str:
     return (f"Layer{'s' if many else ''} {names} {'are mixtures' if many else 'is a mixture'} of experts: "
             f"{owner} {text}, a neuron's coefficient "
             "being its expert's router weight times its activation, 0 on tokens not routed to that expert"
-            + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else "."))
+            + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else ".")
+            + _dense(sizes, experts))
+
+
+def _dense(sizes: Mapping[str, int], experts: Mapping[str, Any]) -> str:
+    """" Layer 1 is a dense MLP (128 neurons)." for the analysed layers that are not mixtures of experts (Qwen2-MoE's
+    mlp_only_layers, DeepSeek's first_k_dense_replace), "" when there are none."""
+    dense = [l for l in sizes if l not in experts]
+    if not dense:
+        return ""
+    widths = {sizes[l] for l in dense}
+    what = (f"{next(iter(widths))} neurons" if len(widths) == 1 else
+            ", ".join(f"layer {l}: {sizes[l]} neurons" for l in dense))
+    return (" " + _layers(dense).capitalize() + (" are dense MLPs" if len(dense) > 1 else " is a dense MLP")
+            + f" ({what}).")
 
 
 # Presentation (reports/families.py): the guide, the captions and the finding in words.
