@@ -8,6 +8,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.findings import _chance, _num, _pct, wilson
-from headscope.reports.plots import axes, label, laid_out
+from headscope.reports.plots import axes, fit_title, label, laid_out
 from headscope.reports.render import escape
 
 # column: (legend label, colour, marker, line style); each measure and its own shuffled control share a colour
@@ -26,14 +27,17 @@ AGREEMENT = {"agreement": ("top trigger", "C0", "o", "-"),
              "agreement_any_shuffled": ("any of top k, shuffled (its control)", "C1", "D", ":")}
 
 
-def plot_agreement(data: pd.DataFrame, *, n: int | Mapping[Any, int] | None = None, over: str | None = None, ax=None):
+def plot_agreement(data: pd.DataFrame, *, n: int | Mapping[Any, int] | None = None, over: str | None = None,
+                   kinds: Mapping[Any, str] | None = None, ax=None):
     """Per layer (`data`: the agreement table): agreement with the top trigger and with any of the top-k,
     each beside its own shuffled control in the same colour, dotted (a table without
     agreement_any_shuffled, from an older run, draws the any-of-k line without one). n: the memories each
     fraction is over, one number or {layer: n} (the summary's n_memories_per_layer; on a mixture of experts
     every expert's neurons): each point then carries its Wilson 95% interval (count = fraction x n, exact)
     as an error bar, the measures set slightly apart so their bars do not hide one another. over: what n
-    counts, in the title ("384 expert neurons (4 experts x 96)"; default "<n> neurons")."""
+    counts, in the title ("384 expert neurons (4 experts x 96)"; default "<n> neurons"). Lines join adjacent
+    layers only: across a layer not analysed the points stand alone. kinds {layer: "MoE" / "dense"}: each layer's
+    tick says its kind (a dense MLP among mixtures of experts)."""
     ax = axes(ax, (8, 4))
     data = data.sort_values("layer")
     layers = data.layer.to_numpy(dtype=float)
@@ -50,17 +54,25 @@ def plot_agreement(data: pd.DataFrame, *, n: int | Mapping[Any, int] | None = No
                                for v, l in zip(y, data.layer)])  # [layer, 2]
             yerr = np.vstack([y - bounds[:, 0], bounds[:, 1] - y]).clip(min=0)  # [2, layer]
         shift = (i - (len(drawn) - 1) / 2) * 0.07 if sizes else 0.0
-        ax.errorbar(layers + shift, y, yerr=yerr, color=colour, marker=marker, linestyle=style, markersize=5,
-                    capsize=3 if sizes else 0, label=name)
+        bars = ax.errorbar(layers + shift, y, yerr=yerr, color=colour, marker=marker, linestyle=style, markersize=5,
+                           capsize=3 if sizes else 0, label=name)
+        bars.lines[0].set_data(*_broken(layers + shift, y, layers))  # no line across a missing layer
     if sizes and over is None:
         over = (f"{next(iter(sizes.values()))} neurons" if len(set(sizes.values())) == 1 else
                 "each layer's neurons (" + ", ".join(f"L{l}: {v}" for l, v in sorted(sizes.items())) + ")")
-    bars = f"\n(bars: Wilson 95% CI over {over})" if sizes else ""  # its own line: the title fits beside the legend
+    bars = f"\nbars: Wilson 95% CI over {over}" if sizes else ""  # its own line (figures() wraps it to the axes)
     ax.set(title="Key-value agreement (value's top token = trigger's next token)" + bars, ylim=(0, None),
-           xlabel="layer", ylabel="fraction of neurons that agree (0-1)")
-    ax.set_xticks(sorted(data.layer.unique()))
+           xlabel="layer" + (" (kind of MLP)" if kinds else ""), ylabel="fraction of neurons that agree (0-1)")
+    ticks = sorted(data.layer.unique())
+    ax.set_xticks(ticks, [f"{l}\n{kinds[l]}" if kinds and l in kinds else str(l) for l in ticks])
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="next token of")
     return ax
+
+
+def _broken(x: np.ndarray, y: np.ndarray, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) with a NaN between two layers that are not adjacent, so a line through them breaks there."""
+    gap = np.flatnonzero(np.diff(layers) > 1) + 1  # indices after which a layer is missing
+    return np.insert(x, gap, np.nan), np.insert(y, gap, np.nan)
 
 
 LIGHTEST = 0.65  # the layer palette stops here: viridis beyond is light green to yellow, faint on white
@@ -89,8 +101,8 @@ def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Map
     shared = {int(k): int(v) for k, v in (shared or {}).items()}
     routed = data["n_routed"] if "n_routed" in data else [None] * len(data)
     return [f"L{layer}.N{i}" if pd.isna(e) else
-            f"L{layer} shared n{n}" if shared.get(int(layer)) == int(e) else
-            f"L{layer} E{e} n{n}" + ("" if r is None or pd.isna(r) else
+            f"L{layer} shared n{int(n)}" if shared.get(int(layer)) == int(e) else
+            f"L{layer} E{int(e)} n{int(n)}" + ("" if r is None or pd.isna(r) else
                                     f" (routed {int(r)}" + (f"/{int(n_examples)})" if n_examples else ")"))
             for layer, i, e, n, r in zip(data.layer, data.neuron, data.expert, data.expert_neuron, routed)]
 
@@ -103,13 +115,15 @@ def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples:
     task's examples; post_norm: v_i is taken through the post-MLP norm's gain g (post-norm blocks)."""
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     moe = "expert" in top_neurons and "expert_neuron" in top_neurons
+    dense = moe and bool(top_neurons.expert.isna().any())  # a dense layer's neurons among experts' (mlp_only_layers)
     data = top_neurons.assign(neuron_id=neuron_labels(top_neurons, n_examples, shared))
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
                 palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
     update = "m_i (g * v_i), g the post-MLP norm's gain," if post_norm else "m_i v_i"
-    xlabel = f"mean L2 norm of the update {update} at the answer"
-    ax.set(xlabel=xlabel + (" (0 where not routed)" if moe else ""),
-           ylabel="expert neuron (L layer E expert n neuron)" if moe else "neuron (L layer . N index)",
+    xlabel = f"mean L2 norm of the update {update} at the answer" + (" (0 where not routed)" if moe else "")
+    ax.set(xlabel=textwrap.fill(xlabel, 48),  # on two lines: one is wider than the axes beside long labels
+           ylabel=textwrap.fill("expert neuron (L layer E expert n neuron)" + ("; dense: L layer . N index" if dense else "")
+                                if moe else "neuron (L layer . N index)", 28),  # a few bars: a short figure
            title="Largest sub-updates on the task" + (f" '{label(task)}'" if task else ""))
     if ax.get_legend() is not None:  # off the data
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
@@ -135,7 +149,12 @@ def figures(result, **kwargs) -> dict:
     out = {}
     s = result.summary or {}
     sizes = memory_sizes(s)  # what each agreement fraction is over
-    out["mlp_agreement"] = laid_out(plot_agreement(result.tables["agreement"], n=sizes or None, over=_over(s, sizes)))
+    experts = _experts(s)
+    kinds = ({int(l): "MoE" if l in experts else "dense" for l in sizes}
+             if experts and len(experts) < len(sizes) else None)  # a dense MLP among mixtures of experts
+    ax = plot_agreement(result.tables["agreement"], n=sizes or None, over=_over(s, sizes), kinds=kinds)
+    out["mlp_agreement"] = laid_out(ax)
+    fit_title(ax)  # a title wider than its axes is cut at the figure's left edge and runs over the y label
     task = s.get("task") or (result.config or {}).get("task")
     n_examples = _num(s.get("n_task_examples"))
     shared = {l: e["n_experts"] for l, e in _experts(s).items() if e.get("shared_width")}  # its index: after the routed

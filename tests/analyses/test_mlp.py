@@ -352,8 +352,8 @@ def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuro
         assert row.n_routed == int((chosen == row.expert).any(-1).sum())
     assert neuron_labels(top, 4)[0] == f"L{top.layer[0]} E{top.expert[0]} n{top.expert_neuron[0]} (routed {top.n_routed[0]}/4)"
     figs = figures(result)
-    assert figs["mlp_agreement"].axes[0].get_title().endswith(
-        f"(bars: Wilson 95% CI over {n} expert neurons (4 experts x {config.intermediate_size}, top-2 routing))")
+    assert " ".join(figs["mlp_agreement"].axes[0].get_title().split()).endswith(  # wrapped to the axes' width
+        f"bars: Wilson 95% CI over {n} expert neurons (4 experts x {config.intermediate_size}, top-2 routing)")
     assert [t.get_text() for t in figs["mlp_top_neurons"].axes[0].get_yticklabels()] == neuron_labels(top, 4)
 
 
