@@ -222,24 +222,11 @@ def test_analysis_tables_and_figures(family, tiny_models):
 
 
 @pytest.fixture(scope="module")
-def mixed_moe(more_arch_dirs, tmp_path_factory):
-    """A Qwen2-MoE whose layer 0 is a dense MLP (mlp_only_layers=[0]) before a mixture of experts with a shared
-    expert (layer 1), as Qwen2/3-MoE's mlp_only_layers and DeepSeek's first_k_dense_replace lay them out:
-    (headscope model, plain HF model)."""
-    import shutil
-
-    import transformers
-
+def mixed_moe(mixed_moe_dir):
+    """(headscope model, plain HF model) of conftest's mixed_moe_dir: a dense layer 0, a mixture of experts layer 1."""
     import headscope as hs
 
-    source, out = more_arch_dirs("qwen2moe"), tmp_path_factory.mktemp("mixed-moe") / "mixed"
-    config = transformers.AutoConfig.from_pretrained(source)
-    config.mlp_only_layers = [0]
-    torch.manual_seed(0)
-    transformers.Qwen2MoeForCausalLM(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / name, out / name)
-    return hs.load_model(out, device="cpu"), hf_model(out)
+    return hs.load_model(mixed_moe_dir, device="cpu"), hf_model(mixed_moe_dir)
 
 
 def _hf_values(hf, layer: int) -> torch.Tensor:

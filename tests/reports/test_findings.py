@@ -1743,6 +1743,26 @@ def test_heads_finding_names_the_encoder_metric_a_do_nothing_model_and_experts()
     assert "by construction" not in finding("heads", moe)  # a decoder's logit difference is measured
 
 
+def test_moe_words_name_which_blocks_are_mixtures_of_experts():
+    """Review 11c A3: on a Qwen2-MoE whose block 1 is dense among MoE blocks 0 and 2 the heads finding said "The
+    blocks are mixtures of experts", and the circuits finding named mlp0-mlp2 alike; each says which blocks are."""
+    moe = {"metric": "logit_diff", "baseline_metric": 10.4, "n_examples": 16, "n_heads": 12, "n_layers": 3,
+           "mixture_of_experts": True, "moe_layers": [0, 2], **_prunable("ablation", 4, 4, 5),
+           **_prunable("gradient", 0, 0, 3)}
+    text = finding("heads", moe)
+    assert "Blocks 0 and 2 are mixtures of experts: removing a head can switch the experts the router picks" in text
+    assert "The blocks are" not in text
+    assert "Block 2 is a mixture of experts: " in finding("heads", {**moe, "moe_layers": [2]})
+    assert "The blocks are mixtures of experts: " in finding("heads", {**moe, "moe_layers": [0, 1, 2]})
+    dla = {"n_examples": 8, "n_layers": 3, "moe_layers": [0, 2], "dla_final_logit": 8.79,
+           "dla_top_components": {"mlp0": 5.74, "L0H2": 1.2, "mlp1": 0.47}}
+    text = finding("circuits", dla)
+    assert ("The MLP components mlp0 and mlp2 are whole mixture-of-experts blocks (every expert the router chose and any "
+            "shared expert together); mlp1 is a dense MLP.") in text
+    assert text.count("mixture-of-experts") == 1
+    assert "mixture" not in finding("circuits", {**dla, "moe_layers": []})
+
+
 def test_attribution_states_every_method_its_significance_count_counts():
     """Review 7 C6: "5 of 16 per-example taus are significant" counted saliency's tests (4 examples x 4 methods)
     while saliency's tau was never said; each method's tau is stated and the count is split by method."""
