@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from headscope.reports.findings import _chance, _num, _pct, wilson
+from headscope.reports.findings import _chance, _num, _pct, and_join, wilson
 from headscope.reports.plots import axes, fit_title, label, laid_out
 from headscope.reports.render import escape
 
@@ -453,6 +453,52 @@ def finding(s: Mapping[str, Any]) -> str:
         else:
             parts.append(f"{_pct(frac)} of the top task updates" + (f" (on {examples:.0f} task examples)" if examples else "")
                          + " promote the answer token.")
+    named = _named_experts(s)
+    if named:
+        parts.append(named)
     if s.get("values_through_post_norm"):
         parts.append(POST_NORM)
     return " ".join(parts)
+
+
+def _named_experts(s: Mapping[str, Any]) -> str:
+    """On a mixture of experts, the neurons with the largest mean update at the answer, each with on how many task
+    examples its expert was routed (its mean counts the zeros of the others; review 11c C3), then how close the
+    router's choices came to a rounding step (routing_words); "" for dense models or older summaries."""
+    top = [t for t in s.get("top_neurons") or [] if isinstance(t, Mapping)]
+    if not _experts(s) or not top:
+        return ""
+    n = _num(s.get("n_task_examples"))
+    of = f" of {n:.0f}" if n else ""
+
+    def one(t: Mapping[str, Any]) -> str:
+        if "expert" not in t:
+            return f"layer {t['layer']} neuron {t['neuron']} ({t['task_update_norm']:.3g}, a dense MLP)"
+        if t.get("shared"):
+            return (f"layer {t['layer']}'s shared expert's neuron {t['expert_neuron']} ({t['task_update_norm']:.3g}, "
+                    "on every example)")
+        return (f"layer {t['layer']} expert {t['expert']}'s neuron {t['expert_neuron']} ({t['task_update_norm']:.3g}, "
+                f"routed on {t['n_routed']}{of} examples)")
+
+    text = "The largest mean updates ||m_i v_i|| at the answer are " + and_join([one(t) for t in top]) + "."
+    routing = routing_words(s)
+    return text + (" " + routing if routing else "")
+
+
+def routing_words(s: Mapping[str, Any]) -> str:
+    """In half precision, on how many examples the router's top-k choice at the answer position is within one
+    rounding step of its logits (the k-th and the next logit less than one step of the dtype apart), per MoE layer
+    (review 11c C2); "" in float32 or where the summary does not record it."""
+    near, dtype = s.get("routing_within_rounding"), s.get("routing_dtype")
+    if not isinstance(near, Mapping) or not near or not dtype:
+        return ""
+    n = _num(s.get("n_task_examples"))
+    ks = {e.get("top_k") for l, e in _experts(s).items() if str(l) in near}
+    choice = f"top-{ks.pop()} choice" if len(ks) == 1 and None not in ks else "top-k choice"
+    if not any(_num(v) for v in near.values()):
+        return (f"In {dtype}, no example's {choice} of experts at the answer position is within one rounding step of "
+                f"the router logits ({_layers([str(l) for l in near])}" + (f", {n:.0f} examples)." if n else ")."))
+    counts = [f"{int(v)}{f' of {n:.0f}' if n else ''} examples at layer {l}" for l, v in near.items()]
+    return (f"In {dtype}, the router's {choice} at the answer position is within one rounding step of its logits "
+            f"(the last chosen and the next logit less than one step apart) on {and_join(counts)}: a per-expert "
+            "claim there may rest on a choice that rounding made.")

@@ -325,6 +325,32 @@ def _whole(table: pd.DataFrame) -> pd.DataFrame:
     return table.astype({c: "Int64" for c in columns}) if columns else table
 
 
+def routing_margins(model, task: Task, layers: Sequence[int]) -> dict[str, Any]:
+    """In half precision (bfloat16, float16), how close each MoE layer's top-k router choice at each example's answer
+    position is to rounding: the margin between the k-th and the (k+1)-th router logit, in steps of the dtype at the
+    larger of the two (eps * 2^floor(log2 |x|)). Returns {"routing_dtype", "routing_within_rounding" {layer: examples
+    whose margin is at most one step}, "routing_margin_steps_min" {layer: the least margin, in steps}}; empty in
+    float32 or without MoE layers (a per-expert claim rests on these choices: review 11c C2)."""
+    dtype = model.dtype
+    moe = [l for l in layers if (e := hooks.expert_layout(model, l)) is not None and e.top_k and e.top_k < e.n_experts]
+    if dtype not in (torch.bfloat16, torch.float16) or not moe:
+        return {}
+    names = [hooks.site("router_logits", layer) for layer in moe]
+    acts = _answer_activations(model, task, names)  # {site: [batch, experts]}: dtype values, exact in float32
+    within, least = {}, {}
+    for layer, name in zip(moe, names):
+        k = hooks.expert_layout(model, layer).top_k
+        ranked = acts[name].sort(-1, descending=True).values  # [batch, experts]
+        last, nxt = ranked[:, k - 1], ranked[:, k]  # [batch] the last chosen logit and the next one
+        _, exponent = torch.frexp(torch.maximum(last.abs(), nxt.abs()))  # |x| = m 2^e, m in [0.5, 1)
+        step = torch.finfo(dtype).eps * torch.pow(2.0, (exponent - 1).float())  # [batch] one step of the dtype there
+        margin = (last - nxt) / step  # [batch] in steps
+        within[str(layer)] = int((margin <= 1).sum())
+        least[str(layer)] = float(margin.min())
+    return {"routing_dtype": str(dtype).removeprefix("torch."), "routing_within_rounding": within,
+            "routing_margin_steps_min": least}
+
+
 def _against_wrong(updates: pd.DataFrame) -> dict[str, int | None]:
     """Counts of updates promoting the answer only, the wrong answer only, and both (None without wrong answers)."""
     if "promotes_wrong" not in updates:
@@ -443,13 +469,28 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "values_through_post_norm": any(block_shape.post_mlp_norm(model.bridge.blocks[layer]) is not None
                                         for layer in layers),
         "gated_mlp": model.facts.gated_mlp,
+        # the three neurons with the largest mean update at the answer, with their expert and its routing (the finding
+        # names them with n_routed in words: a mean over examples counts the zeros of those not routed to the expert)
+        "top_neurons": [_named(row, experts) for row in table.head(3).itertuples()],
         "mixture_of_experts": bool(experts),
+        **routing_margins(model, task, layers),
         # mixture-of-experts layers: {layer: {n_experts, expert_width, top_k, shared_width}} (their memories)
         "experts_per_layer": experts,
     }
     return Result(name="mlp", df=df, summary=summary,
                   tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},
                   config={**asdict(config), "task": task.name})
+
+
+def _named(row, experts: Mapping[str, Any]) -> dict[str, Any]:
+    """A top neuron for the summary: layer, neuron, mean ||m_i v_i||, and on a mixture-of-experts layer its expert,
+    the neuron within it, whether it is the shared expert and on how many task examples it was routed."""
+    out = {"layer": int(row.layer), "neuron": int(row.neuron), "task_update_norm": float(row.task_update_norm)}
+    layout = experts.get(str(int(row.layer)))
+    if layout is not None and not pd.isna(getattr(row, "expert", None)):
+        out |= {"expert": int(row.expert), "expert_neuron": int(row.expert_neuron), "n_routed": int(row.n_routed),
+                "shared": bool(layout["shared_width"]) and int(row.expert) == layout["n_experts"]}
+    return out
 
 
 def agreement_tests(counts: dict[str, int], control: dict[str, int], n: int | Mapping[str, int]) -> dict[str, Any]:

@@ -285,10 +285,49 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
     assert text.startswith("Layer 1 is a mixture of experts: its memories are 192 expert neurons (4 experts x 32 + a "
                            "shared expert of 64, top-2 routing)"), text
     assert "Layer 0 is a dense MLP (128 neurons)." in text
+    # review 11c C3: the finding names its top neurons with their routing in words, counted by hand above
+    assert [t["layer"] for t in s["top_neurons"]] == result.tables["top_neurons"].layer.head(3).tolist()
+    for t in s["top_neurons"]:
+        if t["layer"] == 0:
+            assert f"layer 0 neuron {t['neuron']} ({t['task_update_norm']:.3g}, a dense MLP)" in text
+        elif t["expert"] == 4:
+            assert f"layer 1's shared expert's neuron {t['neuron'] - 128} ({t['task_update_norm']:.3g}, on every example)" in text
+        else:
+            assert (f"layer 1 expert {t['expert']}'s neuron {t['neuron'] - 32 * t['expert']} ({t['task_update_norm']:.3g}, "
+                    f"routed on {routed[t['expert']]} of 6 examples)") in text
+    assert "rounding" not in text  # float32: no routing precision sentence
     top = result.tables["top_neurons"]
     labels = neuron_labels(top, 6, {1: 4})
     assert all(label == f"L0.N{n}" for label, layer, n in zip(labels, top.layer, top.neuron) if layer == 0)
     assert set(figures(result)) == {"mlp_agreement", "mlp_top_neurons"}
+
+
+def test_bfloat16_routing_margins_at_the_answer_are_counted_in_rounding_steps(mixed_moe_dir):
+    """Review 11c C2: in bfloat16 the mlp summary says, per MoE layer, on how many examples the router's top-2 choice
+    at the answer is within one bfloat16 step of its logits, and the least margin in steps. From plain HF in
+    bfloat16: the router logits (the gate's own linear on its input) at the answer, the 2nd minus the 3rd, over
+    the spacing of bfloat16 at the larger (2^(floor(log2 |x|) - 7): 8 significant bits)."""
+    import math
+
+    import headscope as hs
+
+    model = hs.load_model(mixed_moe_dir, device="cpu", dtype=torch.bfloat16)
+    hf = hf_model(mixed_moe_dir).to(torch.bfloat16)
+    tokens = random_tokens(8, 7, seed=33)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 2], wrong_answers=tokens[:, 3])
+    s = mlp.routing_margins(model, task, layers=(0, 1))
+    seen = {}
+    h = hf.model.layers[1].mlp.gate.register_forward_hook(lambda m, a, o: seen.__setitem__("logits", o[0]))
+    with torch.no_grad():
+        hf(tokens)
+    h.remove()
+    logits = seen["logits"].reshape(8, 7, -1)[:, -1].float().sort(-1, descending=True).values  # [batch, experts]
+    steps = [(a - b) / 2.0 ** (math.floor(math.log2(max(abs(a), abs(b)))) - 7)
+             for a, b in zip(logits[:, 1].tolist(), logits[:, 2].tolist())]
+    assert s["routing_dtype"] == "bfloat16" and set(s["routing_within_rounding"]) == {"1"}  # layer 0 is dense
+    assert s["routing_within_rounding"]["1"] == sum(m <= 1 for m in steps)
+    assert s["routing_margin_steps_min"]["1"] == pytest.approx(min(steps), abs=2)  # bridge and HF may round apart
+    assert mlp.routing_margins(hs.load_model(mixed_moe_dir, device="cpu"), task, layers=(0, 1)) == {}  # float32
 
 
 def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuron(more_arch_models, more_arch_dirs):

@@ -1763,6 +1763,30 @@ def test_moe_words_name_which_blocks_are_mixtures_of_experts():
     assert "mixture" not in finding("circuits", {**dla, "moe_layers": []})
 
 
+def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins():
+    """Review 11c C3, C2: the MoE mlp finding names its top neurons' experts with n_routed in words, and in bfloat16
+    how many examples' top-2 choice is within one rounding step per MoE layer (none: said so)."""
+    moe = {"n_experts": 4, "expert_width": 64, "top_k": 2, "shared_width": 96}
+    s = {"n_memories_per_layer": {"0": 352, "1": 128, "2": 352}, "experts_per_layer": {"0": moe, "2": moe},
+         "n_task_examples": 16, "routing_dtype": "bfloat16", "routing_within_rounding": {"0": 0, "2": 3},
+         "top_neurons": [{"layer": 0, "neuron": 220, "task_update_norm": 3.04, "expert": 3, "expert_neuron": 28,
+                          "n_routed": 12, "shared": False},
+                         {"layer": 0, "neuron": 306, "task_update_norm": 2.21, "expert": 4, "expert_neuron": 50,
+                          "n_routed": 16, "shared": True},
+                         {"layer": 1, "neuron": 5, "task_update_norm": 1.1}]}
+    text = finding("mlp", s)
+    assert ("The largest mean updates ||m_i v_i|| at the answer are layer 0 expert 3's neuron 28 (3.04, routed on 12 of "
+            "16 examples), layer 0's shared expert's neuron 50 (2.21, on every example) and layer 1 neuron 5 (1.1, a "
+            "dense MLP).") in text
+    assert ("In bfloat16, the router's top-2 choice at the answer position is within one rounding step of its logits "
+            "(the last chosen and the next logit less than one step apart) on 0 of 16 examples at layer 0 and 3 of 16 "
+            "examples at layer 2") in text
+    none = finding("mlp", {**s, "routing_within_rounding": {"0": 0, "2": 0}})
+    assert ("In bfloat16, no example's top-2 choice of experts at the answer position is within one rounding step of "
+            "the router logits (layers 0 and 2, 16 examples).") in none
+    assert "rounding" not in finding("mlp", {k: v for k, v in s.items() if not k.startswith("routing")})
+
+
 def test_attribution_states_every_method_its_significance_count_counts():
     """Review 7 C6: "5 of 16 per-example taus are significant" counted saliency's tests (4 examples x 4 methods)
     while saliency's tau was never said; each method's tau is stated and the count is split by method."""
