@@ -12,6 +12,7 @@ from typing import Any
 
 from headscope.analyses.core.chance import clear_of, metric_ci, t_half_width
 from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, and_join, ci_words, ordinal, sliding_words
+from headscope.reports.moe_words import blocks_subject
 
 
 def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
@@ -440,7 +441,7 @@ def finding(s: Mapping[str, Any]) -> str:
                          "metric (as in an untrained model at its initial scale), so this says the heads do little "
                          "here, not that some are redundant beside others.")
     if s.get("mixture_of_experts") and {"gradient", "ablation"} <= {k.removesuffix("_recompute") for k in prunable}:
-        parts.append("The blocks are mixtures of experts: removing a head can switch the experts the router picks, "
+        parts.append(blocks_subject(s) + ": removing a head can switch the experts the router picks, "
                      "which the first-order gradient cannot see, so the gradient and ablation orders can disagree "
                      "for that reason.")
     if relative and not _at_chance(s, kind, base):  # review 9a C6: at chance the orders and their ties are noise

@@ -17,6 +17,7 @@ import pandas as pd
 from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores, section_links
 from headscope.reports.findings import caption, finding
+from headscope.reports.moe_words import layout_clause
 from headscope.reports.provenance import (
     bos_sentence,
     budget_line,
@@ -305,6 +306,9 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     title = f"headscope report: {model.get('name', '')}"
     facts = (f"{model.get('family', '')}, {model.get('n_layers', '?')} layers x {model.get('n_heads', '?')} heads"
              f"{_kv_clause(model)}, d_model {model.get('d_model', '?')}")
+    experts = layout_clause(model.get("experts_per_layer"), model.get("n_layers"), model.get("d_mlp"))
+    if experts:  # review 11c A3: which blocks are mixtures of experts, and the dense ones among them
+        facts += f", {experts}"
     if model.get("tied_embeddings"):  # review 9b C2: the unembedding is the embedding (DLA and the lens read it)
         facts += ", tied embeddings"
     if model.get("parallel_blocks"):  # review 8 C2: mlpL reads the block's input, as layer L's heads do

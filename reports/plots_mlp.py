@@ -8,6 +8,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,8 +16,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from headscope.reports.findings import _chance, _num, _pct, wilson
-from headscope.reports.plots import axes, label, laid_out
+from headscope.reports.findings import _chance, _num, _pct, and_join, wilson
+from headscope.reports.plots import axes, fit_title, label, laid_out
 from headscope.reports.render import escape
 
 # column: (legend label, colour, marker, line style); each measure and its own shuffled control share a colour
@@ -26,14 +27,17 @@ AGREEMENT = {"agreement": ("top trigger", "C0", "o", "-"),
              "agreement_any_shuffled": ("any of top k, shuffled (its control)", "C1", "D", ":")}
 
 
-def plot_agreement(data: pd.DataFrame, *, n: int | Mapping[Any, int] | None = None, over: str | None = None, ax=None):
+def plot_agreement(data: pd.DataFrame, *, n: int | Mapping[Any, int] | None = None, over: str | None = None,
+                   kinds: Mapping[Any, str] | None = None, ax=None):
     """Per layer (`data`: the agreement table): agreement with the top trigger and with any of the top-k,
     each beside its own shuffled control in the same colour, dotted (a table without
     agreement_any_shuffled, from an older run, draws the any-of-k line without one). n: the memories each
     fraction is over, one number or {layer: n} (the summary's n_memories_per_layer; on a mixture of experts
     every expert's neurons): each point then carries its Wilson 95% interval (count = fraction x n, exact)
     as an error bar, the measures set slightly apart so their bars do not hide one another. over: what n
-    counts, in the title ("384 expert neurons (4 experts x 96)"; default "<n> neurons")."""
+    counts, in the title ("384 expert neurons (4 experts x 96)"; default "<n> neurons"). Lines join adjacent
+    layers only: across a layer not analysed the points stand alone. kinds {layer: "MoE" / "dense"}: each layer's
+    tick says its kind (a dense MLP among mixtures of experts)."""
     ax = axes(ax, (8, 4))
     data = data.sort_values("layer")
     layers = data.layer.to_numpy(dtype=float)
@@ -50,17 +54,25 @@ def plot_agreement(data: pd.DataFrame, *, n: int | Mapping[Any, int] | None = No
                                for v, l in zip(y, data.layer)])  # [layer, 2]
             yerr = np.vstack([y - bounds[:, 0], bounds[:, 1] - y]).clip(min=0)  # [2, layer]
         shift = (i - (len(drawn) - 1) / 2) * 0.07 if sizes else 0.0
-        ax.errorbar(layers + shift, y, yerr=yerr, color=colour, marker=marker, linestyle=style, markersize=5,
-                    capsize=3 if sizes else 0, label=name)
+        bars = ax.errorbar(layers + shift, y, yerr=yerr, color=colour, marker=marker, linestyle=style, markersize=5,
+                           capsize=3 if sizes else 0, label=name)
+        bars.lines[0].set_data(*_broken(layers + shift, y, layers))  # no line across a missing layer
     if sizes and over is None:
         over = (f"{next(iter(sizes.values()))} neurons" if len(set(sizes.values())) == 1 else
                 "each layer's neurons (" + ", ".join(f"L{l}: {v}" for l, v in sorted(sizes.items())) + ")")
-    bars = f"\n(bars: Wilson 95% CI over {over})" if sizes else ""  # its own line: the title fits beside the legend
+    bars = f"\nbars: Wilson 95% CI over {over}" if sizes else ""  # its own line (figures() wraps it to the axes)
     ax.set(title="Key-value agreement (value's top token = trigger's next token)" + bars, ylim=(0, None),
-           xlabel="layer", ylabel="fraction of neurons that agree (0-1)")
-    ax.set_xticks(sorted(data.layer.unique()))
+           xlabel="layer" + (" (kind of MLP)" if kinds else ""), ylabel="fraction of neurons that agree (0-1)")
+    ticks = sorted(data.layer.unique())
+    ax.set_xticks(ticks, [f"{l}\n{kinds[l]}" if kinds and l in kinds else str(l) for l in ticks])
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="next token of")
     return ax
+
+
+def _broken(x: np.ndarray, y: np.ndarray, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) with a NaN between two layers that are not adjacent, so a line through them breaks there."""
+    gap = np.flatnonzero(np.diff(layers) > 1) + 1  # indices after which a layer is missing
+    return np.insert(x, gap, np.nan), np.insert(y, gap, np.nan)
 
 
 LIGHTEST = 0.65  # the layer palette stops here: viridis beyond is light green to yellow, faint on white
@@ -82,15 +94,17 @@ def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Map
     """Each top neuron's label: L<layer>.N<neuron>, or on a mixture of experts (an `expert` column) L<layer>
     E<expert> n<neuron within the expert>, with on how many task examples the router chose that expert
     ("routed 1/16"; `n_routed`, of n_examples where given); shared {layer: its shared expert's index}: that
-    expert, which every token uses, is labelled "L<layer> shared n<neuron>"."""
+    expert, which every token uses, is labelled "L<layer> shared n<neuron>"; a dense layer's neuron among them
+    (no expert) L<layer>.N<neuron>."""
     if "expert" not in data or "expert_neuron" not in data:
         return [f"L{layer}.N{n}" for layer, n in zip(data.layer, data.neuron)]
     shared = {int(k): int(v) for k, v in (shared or {}).items()}
     routed = data["n_routed"] if "n_routed" in data else [None] * len(data)
-    return [f"L{layer} shared n{n}" if shared.get(int(layer)) == int(e) else
-            f"L{layer} E{e} n{n}" + ("" if r is None or pd.isna(r) else
+    return [f"L{layer}.N{i}" if pd.isna(e) else
+            f"L{layer} shared n{int(n)}" if shared.get(int(layer)) == int(e) else
+            f"L{layer} E{int(e)} n{int(n)}" + ("" if r is None or pd.isna(r) else
                                     f" (routed {int(r)}" + (f"/{int(n_examples)})" if n_examples else ")"))
-            for layer, e, n, r in zip(data.layer, data.expert, data.expert_neuron, routed)]
+            for layer, i, e, n, r in zip(data.layer, data.neuron, data.expert, data.expert_neuron, routed)]
 
 
 def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples: int | None = None,
@@ -101,13 +115,15 @@ def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples:
     task's examples; post_norm: v_i is taken through the post-MLP norm's gain g (post-norm blocks)."""
     ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
     moe = "expert" in top_neurons and "expert_neuron" in top_neurons
+    dense = moe and bool(top_neurons.expert.isna().any())  # a dense layer's neurons among experts' (mlp_only_layers)
     data = top_neurons.assign(neuron_id=neuron_labels(top_neurons, n_examples, shared))
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
                 palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
     update = "m_i (g * v_i), g the post-MLP norm's gain," if post_norm else "m_i v_i"
-    xlabel = f"mean L2 norm of the update {update} at the answer"
-    ax.set(xlabel=xlabel + (" (0 where not routed)" if moe else ""),
-           ylabel="expert neuron (L layer E expert n neuron)" if moe else "neuron (L layer . N index)",
+    xlabel = f"mean L2 norm of the update {update} at the answer" + (" (0 where not routed)" if moe else "")
+    ax.set(xlabel=textwrap.fill(xlabel, 48),  # on two lines: one is wider than the axes beside long labels
+           ylabel=textwrap.fill("expert neuron (L layer E expert n neuron)" + ("; dense: L layer . N index" if dense else "")
+                                if moe else "neuron (L layer . N index)", 28),  # a few bars: a short figure
            title="Largest sub-updates on the task" + (f" '{label(task)}'" if task else ""))
     if ax.get_legend() is not None:  # off the data
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")
@@ -133,7 +149,12 @@ def figures(result, **kwargs) -> dict:
     out = {}
     s = result.summary or {}
     sizes = memory_sizes(s)  # what each agreement fraction is over
-    out["mlp_agreement"] = laid_out(plot_agreement(result.tables["agreement"], n=sizes or None, over=_over(s, sizes)))
+    experts = _experts(s)
+    kinds = ({int(l): "MoE" if l in experts else "dense" for l in sizes}
+             if experts and len(experts) < len(sizes) else None)  # a dense MLP among mixtures of experts
+    ax = plot_agreement(result.tables["agreement"], n=sizes or None, over=_over(s, sizes), kinds=kinds)
+    out["mlp_agreement"] = laid_out(ax)
+    fit_title(ax)  # a title wider than its axes is cut at the figure's left edge and runs over the y label
     task = s.get("task") or (result.config or {}).get("task")
     n_examples = _num(s.get("n_task_examples"))
     shared = {l: e["n_experts"] for l, e in _experts(s).items() if e.get("shared_width")}  # its index: after the routed
@@ -216,7 +237,21 @@ def experts_sentence(s: Mapping[str, Any]) -> str:
     return (f"Layer{'s' if many else ''} {names} {'are mixtures' if many else 'is a mixture'} of experts: "
             f"{owner} {text}, a neuron's coefficient "
             "being its expert's router weight times its activation, 0 on tokens not routed to that expert"
-            + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else "."))
+            + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else ".")
+            + _dense(sizes, experts))
+
+
+def _dense(sizes: Mapping[str, int], experts: Mapping[str, Any]) -> str:
+    """" Layer 1 is a dense MLP (128 neurons)." for the analysed layers that are not mixtures of experts (Qwen2-MoE's
+    mlp_only_layers, DeepSeek's first_k_dense_replace), "" when there are none."""
+    dense = [l for l in sizes if l not in experts]
+    if not dense:
+        return ""
+    widths = {sizes[l] for l in dense}
+    what = (f"{next(iter(widths))} neurons" if len(widths) == 1 else
+            ", ".join(f"layer {l}: {sizes[l]} neurons" for l in dense))
+    return (" " + _layers(dense).capitalize() + (" are dense MLPs" if len(dense) > 1 else " is a dense MLP")
+            + f" ({what}).")
 
 
 # Presentation (reports/families.py): the guide, the captions and the finding in words.
@@ -418,6 +453,52 @@ def finding(s: Mapping[str, Any]) -> str:
         else:
             parts.append(f"{_pct(frac)} of the top task updates" + (f" (on {examples:.0f} task examples)" if examples else "")
                          + " promote the answer token.")
+    named = _named_experts(s)
+    if named:
+        parts.append(named)
     if s.get("values_through_post_norm"):
         parts.append(POST_NORM)
     return " ".join(parts)
+
+
+def _named_experts(s: Mapping[str, Any]) -> str:
+    """On a mixture of experts, the neurons with the largest mean update at the answer, each with on how many task
+    examples its expert was routed (its mean counts the zeros of the others; review 11c C3), then how close the
+    router's choices came to a rounding step (routing_words); "" for dense models or older summaries."""
+    top = [t for t in s.get("top_neurons") or [] if isinstance(t, Mapping)]
+    if not _experts(s) or not top:
+        return ""
+    n = _num(s.get("n_task_examples"))
+    of = f" of {n:.0f}" if n else ""
+
+    def one(t: Mapping[str, Any]) -> str:
+        if "expert" not in t:
+            return f"layer {t['layer']} neuron {t['neuron']} ({t['task_update_norm']:.3g}, a dense MLP)"
+        if t.get("shared"):
+            return (f"layer {t['layer']}'s shared expert's neuron {t['expert_neuron']} ({t['task_update_norm']:.3g}, "
+                    "on every example)")
+        return (f"layer {t['layer']} expert {t['expert']}'s neuron {t['expert_neuron']} ({t['task_update_norm']:.3g}, "
+                f"routed on {t['n_routed']}{of} examples)")
+
+    text = "The largest mean updates ||m_i v_i|| at the answer are " + and_join([one(t) for t in top]) + "."
+    routing = routing_words(s)
+    return text + (" " + routing if routing else "")
+
+
+def routing_words(s: Mapping[str, Any]) -> str:
+    """In half precision, on how many examples the router's top-k choice at the answer position is within one
+    rounding step of its logits (the k-th and the next logit less than one step of the dtype apart), per MoE layer
+    (review 11c C2); "" in float32 or where the summary does not record it."""
+    near, dtype = s.get("routing_within_rounding"), s.get("routing_dtype")
+    if not isinstance(near, Mapping) or not near or not dtype:
+        return ""
+    n = _num(s.get("n_task_examples"))
+    ks = {e.get("top_k") for l, e in _experts(s).items() if str(l) in near}
+    choice = f"top-{ks.pop()} choice" if len(ks) == 1 and None not in ks else "top-k choice"
+    if not any(_num(v) for v in near.values()):
+        return (f"In {dtype}, no example's {choice} of experts at the answer position is within one rounding step of "
+                f"the router logits ({_layers([str(l) for l in near])}" + (f", {n:.0f} examples)." if n else ")."))
+    counts = [f"{int(v)}{f' of {n:.0f}' if n else ''} examples at layer {l}" for l, v in near.items()]
+    return (f"In {dtype}, the router's {choice} at the answer position is within one rounding step of its logits "
+            f"(the last chosen and the next logit less than one step apart) on {and_join(counts)}: a per-expert "
+            "claim there may rest on a choice that rounding made.")

@@ -248,6 +248,14 @@ def build_report(model: Any = None, **options: Any) -> Path:
     return run_report(model, ReportOptions(**options)).out
 
 
+def _experts_per_layer(model: Any) -> dict[str, dict[str, Any]]:
+    """{layer: its ExpertLayout as a dict} for the mixture-of-experts blocks ({} for a dense model)."""
+    from headscope import hooks
+
+    return {str(layer): dataclasses.asdict(layout) for layer in range(model.facts.n_layers)
+            if (layout := hooks.expert_layout(model, layer)) is not None}
+
+
 def _tied_embeddings(model: Any) -> bool:
     """Whether the unembedding is the embedding matrix itself (the same storage), as in GPT-2, Qwen3 or Llama 3.2."""
     hf = getattr(getattr(model, "bridge", None), "original_model", None)
@@ -471,7 +479,9 @@ class _Writer:
         model_info = {"name": model.name, "source": model.source, **{k: v for k, v in vars(model.facts).items()},
                       # review 8 C2: parallel blocks change what "mlp1" reads; the header says so
                       "parallel_blocks": any(block_shape.is_parallel(b) for b in model.bridge.blocks),
-                      "tied_embeddings": _tied_embeddings(model)}
+                      "tied_embeddings": _tied_embeddings(model),
+                      # review 11c A3: which blocks are mixtures of experts and their layout (the header names them)
+                      "experts_per_layer": _experts_per_layer(model)}
         writer = cls(model=model, out=out, session=session, run=run, book=book, previous=previous,
                      report_names=report_names, model_info=model_info, config_info=config_info)
         writer.manifest()

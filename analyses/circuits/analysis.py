@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
+from headscope import hooks
 from headscope.analyses.circuits import dla as dla_mod
 from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
@@ -397,7 +398,10 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     _, dla, logits, _, direction = _collect(model, task, config, lens=False, dla=True)
     mean = dla_mean(dla)
     summary = {**dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
-               "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task)}
+               "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
+               # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
+               "n_layers": model.facts.n_layers,
+               "moe_layers": [layer for layer in range(model.facts.n_layers) if hooks.is_moe(model, layer)]}
     return Result(name="circuits", df=mean, summary=summary, tables={"dla": dla, "dla_mean": mean}, config=asdict(config))
 
 
@@ -412,7 +416,10 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     lens, dla, logits, err, direction = _collect(model, task, config, lens=True, dla=True)
     mean = dla_mean(dla)
     summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
-               "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task)}
+               "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
+               # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
+               "n_layers": model.facts.n_layers,
+               "moe_layers": [layer for layer in range(model.facts.n_layers) if hooks.is_moe(model, layer)]}
     tables = {"lens": lens, "dla": dla, "dla_mean": mean}
     if config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness
         from headscope.analyses.circuits.faithfulness import circuit_discovery

@@ -351,6 +351,8 @@ def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
         "baseline_metric": baseline,
         # removing a head can switch the router's experts, which a first-order gradient cannot see
         "mixture_of_experts": any(hooks.is_moe(model, layer) for layer in range(f.n_layers)),
+        # which blocks are (a dense MLP among MoE blocks: Qwen2-MoE's mlp_only_layers), for the finding's words
+        "moe_layers": [layer for layer in range(f.n_layers) if hooks.is_moe(model, layer)],
     }
 
 

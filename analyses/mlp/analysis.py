@@ -67,13 +67,15 @@ class MLPConfig(AnalysisConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class TriggerExamples:
-    """Per layer and key, the top-k prefixes; a prefix is (corpus row, last position)."""
+    """Per layer and key, the top-k prefixes; a prefix is (corpus row, last position). One tensor per
+    layer (index i is layers[i]), since layers may differ in memories (a dense MLP among mixtures of
+    experts: Qwen2-MoE's mlp_only_layers, DeepSeek's first_k_dense_replace)."""
 
     layers: tuple[int, ...]
-    coefficients: torch.Tensor  # [layer, d_mlp, k] m_i at the prefix's last position, decreasing
-    row: torch.Tensor  # [layer, d_mlp, k] corpus row (rows of the corpus batches, concatenated)
-    position: torch.Tensor  # [layer, d_mlp, k] last position of the prefix, among the row's real tokens
-    next_token: torch.Tensor  # [layer, d_mlp, k] the token after the prefix
+    coefficients: Sequence[torch.Tensor]  # per layer [d_mlp, k] m_i at the prefix's last position, decreasing
+    row: Sequence[torch.Tensor]  # per layer [d_mlp, k] corpus row (rows of the corpus batches, concatenated)
+    position: Sequence[torch.Tensor]  # per layer [d_mlp, k] last position of the prefix, among the row's real tokens
+    next_token: Sequence[torch.Tensor]  # per layer [d_mlp, k] the token after the prefix
     n_prefixes: int
 
 
@@ -147,10 +149,10 @@ def trigger_examples(
     if topk[0].ids is None:
         raise ConfigError("the corpus has no prefix (rows need more than min_position + 1 real tokens); "
                           "pass at least one [rows, pos] batch of tokens.")
-    ids = torch.stack([t.ids for t in topk])  # [layer, d_mlp, k, 3]
-    return TriggerExamples(
-        layers=layers, coefficients=torch.stack([t.values for t in topk]), row=ids[..., 0],
-        position=ids[..., 1], next_token=ids[..., 2], n_prefixes=topk[0].n_seen,
+    return TriggerExamples(  # t.ids [d_mlp, k, (row, position, next token)] per layer
+        layers=layers, coefficients=tuple(t.values for t in topk), row=tuple(t.ids[..., 0] for t in topk),
+        position=tuple(t.ids[..., 1] for t in topk), next_token=tuple(t.ids[..., 2] for t in topk),
+        n_prefixes=topk[0].n_seen,
     )
 
 
@@ -214,7 +216,7 @@ def agreement(triggers: TriggerExamples, value_top: torch.Tensor, seed: int = 0)
     (agreement_shuffled, agreement_any_shuffled: each value against the triggers of another key of
     the layer, one permutation per layer for both).
 
-    value_top: [layer, d_mlp] the top token of each value, layers as in `triggers`.
+    value_top: per layer [d_mlp] the top token of each value, layers as in `triggers`.
     """
     g = torch.Generator().manual_seed(seed)
     rows = []
@@ -313,7 +315,40 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
                 routed[:, e] = (m[:, experts == e] != 0).any(1)
             per.insert(4, "n_routed", routed.sum(0)[experts].numpy())
         neuron_rows.append(per)
-    return pd.DataFrame(top_rows), pd.concat(neuron_rows, ignore_index=True)
+    return _whole(pd.DataFrame(top_rows)), _whole(pd.concat(neuron_rows, ignore_index=True))
+
+
+def _whole(table: pd.DataFrame) -> pd.DataFrame:
+    """The expert columns as nullable integers: a dense layer's rows among mixtures of experts have none (<NA>),
+    which would otherwise turn every expert id into a float."""
+    columns = [c for c in ("expert", "expert_neuron", "n_routed") if c in table]
+    return table.astype({c: "Int64" for c in columns}) if columns else table
+
+
+def routing_margins(model, task: Task, layers: Sequence[int]) -> dict[str, Any]:
+    """In half precision (bfloat16, float16), how close each MoE layer's top-k router choice at each example's answer
+    position is to rounding: the margin between the k-th and the (k+1)-th router logit, in steps of the dtype at the
+    larger of the two (eps * 2^floor(log2 |x|)). Returns {"routing_dtype", "routing_within_rounding" {layer: examples
+    whose margin is at most one step}, "routing_margin_steps_min" {layer: the least margin, in steps}}; empty in
+    float32 or without MoE layers (a per-expert claim rests on these choices: review 11c C2)."""
+    dtype = model.dtype
+    moe = [l for l in layers if (e := hooks.expert_layout(model, l)) is not None and e.top_k and e.top_k < e.n_experts]
+    if dtype not in (torch.bfloat16, torch.float16) or not moe:
+        return {}
+    names = [hooks.site("router_logits", layer) for layer in moe]
+    acts = _answer_activations(model, task, names)  # {site: [batch, experts]}: dtype values, exact in float32
+    within, least = {}, {}
+    for layer, name in zip(moe, names):
+        k = hooks.expert_layout(model, layer).top_k
+        ranked = acts[name].sort(-1, descending=True).values  # [batch, experts]
+        last, nxt = ranked[:, k - 1], ranked[:, k]  # [batch] the last chosen logit and the next one
+        _, exponent = torch.frexp(torch.maximum(last.abs(), nxt.abs()))  # |x| = m 2^e, m in [0.5, 1)
+        step = torch.finfo(dtype).eps * torch.pow(2.0, (exponent - 1).float())  # [batch] one step of the dtype there
+        margin = (last - nxt) / step  # [batch] in steps
+        within[str(layer)] = int((margin <= 1).sum())
+        least[str(layer)] = float(margin.min())
+    return {"routing_dtype": str(dtype).removeprefix("torch."), "routing_within_rounding": within,
+            "routing_margin_steps_min": least}
 
 
 def _against_wrong(updates: pd.DataFrame) -> dict[str, int | None]:
@@ -370,34 +405,33 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         task, corpus = default_task, default_corpus if corpus is None else corpus
     corpus = [corpus] if isinstance(corpus, (torch.Tensor, tuple)) else list(corpus)
     layers = tuple(range(model.facts.n_layers)) if config.layers is None else tuple(map(model.check_layer, config.layers))
+    # each layer's own memories: a dense MLP among mixtures of experts has fewer (Qwen2-MoE's mlp_only_layers),
+    # so every per-layer tensor below is one per layer, never stacked
     sizes = {layer: hooks.n_memories(model, layer) for layer in layers}
-    if len(set(sizes.values())) > 1:  # e.g. dense layers among mixtures of experts (Qwen2-MoE's mlp_only_layers)
-        raise ConfigError(f"the mlp analysis needs layers with the same number of memories; these have "
-                          f"{sizes}: analyse each kind with MLPConfig(layers=...).")
     experts = {str(layer): asdict(layout) for layer in layers if (layout := hooks.expert_layout(model, layer)) is not None}
     at = {layer: i for i, layer in enumerate(layers)}  # layer -> its index in the per-layer tensors
     trig = trigger_examples(model, corpus, k=config.top_k_triggers, layers=layers, chunk_size=config.chunk_size,
                             min_position=config.min_position, progress=config.progress)
-    value_top = torch.stack([value_top_tokens(model, layer, top_k=config.top_k_tokens,
-                                              apply_final_norm=config.apply_final_norm)
-                             for layer in layers])  # [layer, d_mlp, top_k]
-    agree = agreement(trig, value_top[..., 0])
+    value_top = [value_top_tokens(model, layer, top_k=config.top_k_tokens, apply_final_norm=config.apply_final_norm)
+                 for layer in layers]  # per layer [d_mlp, top_k]
+    agree = agreement(trig, [v[:, 0] for v in value_top])
     top_updates, per_neuron = task_sub_updates(model, task, layers=layers, n_top=config.n_top_updates,
                                                top_k_tokens=config.top_k_tokens, apply_final_norm=config.apply_final_norm)
     strs = lambda ids: model.to_str_tokens(ids)  # noqa: E731
+    cat = lambda parts: torch.cat(list(parts))  # noqa: E731  per-layer [d_mlp] -> [sum of d_mlp], layers in order
     df = per_neuron.assign(
-        top_coefficient=trig.coefficients[..., 0].reshape(-1).numpy(),
-        trigger_next=strs(trig.next_token[..., 0].reshape(-1)),
-        value_top=strs(value_top[..., 0].reshape(-1)),
-        agrees=(value_top[..., 0] == trig.next_token[..., 0]).reshape(-1).numpy(),
-        agrees_any=(value_top[..., :1] == trig.next_token).any(-1).reshape(-1).numpy(),
+        top_coefficient=cat(c[:, 0] for c in trig.coefficients).numpy(),
+        trigger_next=strs(cat(n[:, 0] for n in trig.next_token)),
+        value_top=strs(cat(v[:, 0] for v in value_top)),
+        agrees=cat(v[:, 0] == n[:, 0] for v, n in zip(value_top, trig.next_token)).numpy(),
+        agrees_any=cat((v[:, :1] == n).any(-1) for v, n in zip(value_top, trig.next_token)).numpy(),
     )
     rows = real_rows(corpus)  # trigger positions count real tokens only
     best = df.nlargest(config.n_top_neurons, "task_update_norm")
     table = best.assign(
-        value_tokens=[" ".join(strs(value_top[at[layer], n])) for layer, n in zip(best.layer, best.neuron)],
-        triggers=[" | ".join(_prefix_text(model, rows[int(trig.row[at[layer], n, j])], int(trig.position[at[layer], n, j]))
-                             for j in range(min(3, trig.row.shape[-1]))) for layer, n in zip(best.layer, best.neuron)],
+        value_tokens=[" ".join(strs(value_top[at[layer]][n])) for layer, n in zip(best.layer, best.neuron)],
+        triggers=[" | ".join(_prefix_text(model, rows[int(trig.row[at[layer]][n, j])], int(trig.position[at[layer]][n, j]))
+                             for j in range(min(3, trig.row[0].shape[-1]))) for layer, n in zip(best.layer, best.neuron)],
     )
     summary = {
         "agreement_per_layer": {str(r.layer): r.agreement for r in agree.itertuples()},
@@ -405,9 +439,9 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "agreement_shuffled_per_layer": {str(r.layer): r.agreement_shuffled for r in agree.itertuples()},
         "n_prefixes": trig.n_prefixes,
         # what each agreement fraction is over: the layer's memories (d_mlp; every expert's neurons on a
-        # mixture of experts), per layer, and their common number (the layers analysed together have one)
+        # mixture of experts), per layer, and their common number (None where layers differ: dense and MoE)
         "n_memories_per_layer": {str(layer): n for layer, n in sizes.items()},
-        "n_neurons_per_layer": sizes[layers[0]],
+        "n_neurons_per_layer": sizes[layers[0]] if len(set(sizes.values())) == 1 else None,
         # the counts behind each share (agreement = count / n_memories_per_layer): the findings' Wilson intervals
         "agreement_count_per_layer": _counts(agree, "agreement", sizes),
         "agreement_any_count_per_layer": _counts(agree, "agreement_any", sizes),
@@ -435,13 +469,28 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         "values_through_post_norm": any(block_shape.post_mlp_norm(model.bridge.blocks[layer]) is not None
                                         for layer in layers),
         "gated_mlp": model.facts.gated_mlp,
+        # the three neurons with the largest mean update at the answer, with their expert and its routing (the finding
+        # names them with n_routed in words: a mean over examples counts the zeros of those not routed to the expert)
+        "top_neurons": [_named(row, experts) for row in table.head(3).itertuples()],
         "mixture_of_experts": bool(experts),
+        **routing_margins(model, task, layers),
         # mixture-of-experts layers: {layer: {n_experts, expert_width, top_k, shared_width}} (their memories)
         "experts_per_layer": experts,
     }
     return Result(name="mlp", df=df, summary=summary,
                   tables={"agreement": agree, "top_neurons": table.reset_index(drop=True), "task_updates": top_updates},
                   config={**asdict(config), "task": task.name})
+
+
+def _named(row, experts: Mapping[str, Any]) -> dict[str, Any]:
+    """A top neuron for the summary: layer, neuron, mean ||m_i v_i||, and on a mixture-of-experts layer its expert,
+    the neuron within it, whether it is the shared expert and on how many task examples it was routed."""
+    out = {"layer": int(row.layer), "neuron": int(row.neuron), "task_update_norm": float(row.task_update_norm)}
+    layout = experts.get(str(int(row.layer)))
+    if layout is not None and not pd.isna(getattr(row, "expert", None)):
+        out |= {"expert": int(row.expert), "expert_neuron": int(row.expert_neuron), "n_routed": int(row.n_routed),
+                "shared": bool(layout["shared_width"]) and int(row.expert) == layout["n_experts"]}
+    return out
 
 
 def agreement_tests(counts: dict[str, int], control: dict[str, int], n: int | Mapping[str, int]) -> dict[str, Any]:

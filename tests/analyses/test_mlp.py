@@ -157,7 +157,8 @@ def test_streamed_trigger_examples_equal_a_full_sort_of_hf_coefficients(family, 
         assert all(len(set(row.tolist())) == 4 for row in ids)
         assert set(trig.position[layer].flatten().tolist()) <= set(range(1, 8))
     rows = torch.cat([corpus[0], torch.nn.functional.pad(corpus[1], (0, 3))])
-    assert torch.equal(trig.next_token, rows[trig.row, trig.position + 1])
+    for layer in range(2):
+        assert torch.equal(trig.next_token[layer], rows[trig.row[layer], trig.position[layer] + 1])
 
 
 
@@ -220,29 +221,113 @@ def test_analysis_tables_and_figures(family, tiny_models):
     assert "<script>" not in html and "&lt;script&gt;" in html and "&amp;" in html
 
 
-def test_dense_and_expert_layers_together_are_one_clear_error(more_arch_dirs, tmp_path):
-    """Qwen2-MoE with a dense first layer (mlp_only_layers): its layers have different numbers of
-    memories, which the per-layer tables cannot stack, so the analysis refuses before any pass and
-    runs on one kind of layer."""
-    import shutil
+@pytest.fixture(scope="module")
+def mixed_moe(mixed_moe_dir):
+    """(headscope model, plain HF model) of conftest's mixed_moe_dir: a dense layer 0, a mixture of experts layer 1."""
+    import headscope as hs
 
-    import transformers
+    return hs.load_model(mixed_moe_dir, device="cpu"), hf_model(mixed_moe_dir)
+
+
+def _hf_values(hf, layer: int) -> torch.Tensor:
+    """[memories, d_model] the value vectors of HF's layer from its own weights: a dense MLP's down_proj columns; a
+    mixture of experts' experts in order (each expert's down projection columns), then the shared expert's."""
+    block = hf.model.layers[layer].mlp
+    if not hasattr(block, "experts"):
+        return block.down_proj.weight.T
+    down = block.experts.down_proj  # [experts, d_model, expert width]
+    return torch.cat([*(down[e].T for e in range(down.shape[0])), block.shared_expert.down_proj.weight.T])
+
+
+def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
+    """#34 review 11c, A1: a dense layer among mixtures of experts has fewer memories (128 against 4 x 32 + a
+    shared 64), and the analysis runs on both, each layer with its own. From plain Hugging Face modules: the mean
+    coefficients times the value vectors (HF's down projections) sum to the mean of each layer's MLP output at the
+    answer position; each value's top token is argmax of lm_head over it; and n_routed is the count of examples
+    whose router (its logits from the gate's weight) puts the expert among its top 2 at the answer."""
+    model, hf = mixed_moe
+    tokens = random_tokens(6, 7, seed=31)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 2], wrong_answers=tokens[:, 3])
+    result = mlp.mlp_memories_analysis(model, task, mlp.MLPConfig(top_k_triggers=2, n_top_neurons=6, chunk_size=8),
+                                       corpus=[random_tokens(6, 8, seed=32)])
+    seen = {}
+    hooks = [hf.model.layers[l].mlp.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(("out", l), o))
+             for l in (0, 1)]
+    hooks.append(hf.model.layers[1].mlp.gate.register_forward_hook(lambda m, a, o: seen.__setitem__("gate", a[0])))
+    with torch.no_grad():
+        hf(tokens)
+    for h in hooks:
+        h.remove()
+    df, s = result.df, result.summary
+    assert s["n_memories_per_layer"] == {"0": 128, "1": 4 * 32 + 64} and s["n_neurons_per_layer"] is None
+    assert s["experts_per_layer"] == {"1": {"n_experts": 4, "expert_width": 32, "top_k": 2, "shared_width": 64}}
+    for layer in (0, 1):
+        rows = df[df.layer == layer].sort_values("neuron")
+        values = _hf_values(hf, layer).detach()  # [memories, d_model]
+        assert rows.neuron.tolist() == list(range(values.shape[0]))
+        coef = torch.tensor(rows.task_coefficient.to_numpy())  # [memories] mean over the examples
+        want = seen[("out", layer)][:, -1].mean(0)  # [d_model] HF's MLP output at the answer, mean over examples
+        assert (coef.float() @ values - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+        tops = (values @ hf.lm_head.weight.detach().T).argmax(-1)  # [memories] each value's top token
+        assert rows.value_top.tolist() == model.to_str_tokens(tops)
+        assert s["agreement_count_per_layer"][str(layer)] == int(rows.agrees.sum())
+    assert df[df.layer == 0].expert.isna().all()
+    moe = df[df.layer == 1]
+    assert moe.expert.tolist() == [e for e in range(4) for _ in range(32)] + [4] * 64
+    x = seen["gate"].reshape(6, 7, -1)[:, -1]  # [batch, d_model] the router's input at the answer
+    chosen = (x @ hf.model.layers[1].mlp.gate.weight.detach().T).topk(2, -1).indices  # [batch, 2]
+    routed = {e: int((chosen == e).any(-1).sum()) for e in range(4)} | {4: 6}  # the shared expert: every example
+    assert moe.groupby("expert").n_routed.first().to_dict() == routed
+    from headscope.reports.findings import finding
+    from headscope.reports.plots_mlp import figures, neuron_labels
+
+    text = finding("mlp", s)
+    assert text.startswith("Layer 1 is a mixture of experts: its memories are 192 expert neurons (4 experts x 32 + a "
+                           "shared expert of 64, top-2 routing)"), text
+    assert "Layer 0 is a dense MLP (128 neurons)." in text
+    # review 11c C3: the finding names its top neurons with their routing in words, counted by hand above
+    assert [t["layer"] for t in s["top_neurons"]] == result.tables["top_neurons"].layer.head(3).tolist()
+    for t in s["top_neurons"]:
+        if t["layer"] == 0:
+            assert f"layer 0 neuron {t['neuron']} ({t['task_update_norm']:.3g}, a dense MLP)" in text
+        elif t["expert"] == 4:
+            assert f"layer 1's shared expert's neuron {t['neuron'] - 128} ({t['task_update_norm']:.3g}, on every example)" in text
+        else:
+            assert (f"layer 1 expert {t['expert']}'s neuron {t['neuron'] - 32 * t['expert']} ({t['task_update_norm']:.3g}, "
+                    f"routed on {routed[t['expert']]} of 6 examples)") in text
+    assert "rounding" not in text  # float32: no routing precision sentence
+    top = result.tables["top_neurons"]
+    labels = neuron_labels(top, 6, {1: 4})
+    assert all(label == f"L0.N{n}" for label, layer, n in zip(labels, top.layer, top.neuron) if layer == 0)
+    assert set(figures(result)) == {"mlp_agreement", "mlp_top_neurons"}
+
+
+def test_bfloat16_routing_margins_at_the_answer_are_counted_in_rounding_steps(mixed_moe_dir):
+    """Review 11c C2: in bfloat16 the mlp summary says, per MoE layer, on how many examples the router's top-2 choice
+    at the answer is within one bfloat16 step of its logits, and the least margin in steps. From plain HF in
+    bfloat16: the router logits (the gate's own linear on its input) at the answer, the 2nd minus the 3rd, over
+    the spacing of bfloat16 at the larger (2^(floor(log2 |x|) - 7): 8 significant bits)."""
+    import math
 
     import headscope as hs
 
-    source = more_arch_dirs("qwen2moe")
-    config = transformers.AutoConfig.from_pretrained(source)
-    config.mlp_only_layers = [0]
-    transformers.Qwen2MoeForCausalLM(config).save_pretrained(tmp_path / "mixed")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / name, tmp_path / "mixed" / name)
-    model = hs.load_model(tmp_path / "mixed", device="cpu")
-    assert not hs.hooks.is_moe(model, 0) and hs.hooks.is_moe(model, 1)
-    config = mlp.MLPConfig(quick=True, top_k_triggers=2, n_examples=4)
-    with pytest.raises(hs.ConfigError, match="same number of memories"):
-        mlp.mlp_memories_analysis(model, config=config)
-    result = mlp.mlp_memories_analysis(model, config=mlp.MLPConfig(quick=True, top_k_triggers=2, n_examples=4, layers=(1,)))
-    assert set(result.df.expert) == {0, 1, 2, 3, 4}  # four routed experts and the shared one
+    model = hs.load_model(mixed_moe_dir, device="cpu", dtype=torch.bfloat16)
+    hf = hf_model(mixed_moe_dir).to(torch.bfloat16)
+    tokens = random_tokens(8, 7, seed=33)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 2], wrong_answers=tokens[:, 3])
+    s = mlp.routing_margins(model, task, layers=(0, 1))
+    seen = {}
+    h = hf.model.layers[1].mlp.gate.register_forward_hook(lambda m, a, o: seen.__setitem__("logits", o[0]))
+    with torch.no_grad():
+        hf(tokens)
+    h.remove()
+    logits = seen["logits"].reshape(8, 7, -1)[:, -1].float().sort(-1, descending=True).values  # [batch, experts]
+    steps = [(a - b) / 2.0 ** (math.floor(math.log2(max(abs(a), abs(b)))) - 7)
+             for a, b in zip(logits[:, 1].tolist(), logits[:, 2].tolist())]
+    assert s["routing_dtype"] == "bfloat16" and set(s["routing_within_rounding"]) == {"1"}  # layer 0 is dense
+    assert s["routing_within_rounding"]["1"] == sum(m <= 1 for m in steps)
+    assert s["routing_margin_steps_min"]["1"] == pytest.approx(min(steps), abs=2)  # bridge and HF may round apart
+    assert mlp.routing_margins(hs.load_model(mixed_moe_dir, device="cpu"), task, layers=(0, 1)) == {}  # float32
 
 
 def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuron(more_arch_models, more_arch_dirs):
@@ -293,8 +378,8 @@ def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuro
         assert row.n_routed == int((chosen == row.expert).any(-1).sum())
     assert neuron_labels(top, 4)[0] == f"L{top.layer[0]} E{top.expert[0]} n{top.expert_neuron[0]} (routed {top.n_routed[0]}/4)"
     figs = figures(result)
-    assert figs["mlp_agreement"].axes[0].get_title().endswith(
-        f"(bars: Wilson 95% CI over {n} expert neurons (4 experts x {config.intermediate_size}, top-2 routing))")
+    assert " ".join(figs["mlp_agreement"].axes[0].get_title().split()).endswith(  # wrapped to the axes' width
+        f"bars: Wilson 95% CI over {n} expert neurons (4 experts x {config.intermediate_size}, top-2 routing)")
     assert [t.get_text() for t in figs["mlp_top_neurons"].axes[0].get_yticklabels()] == neuron_labels(top, 4)
 
 

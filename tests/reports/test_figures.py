@@ -605,6 +605,55 @@ def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
         plt.close("all")
 
 
+def test_mlp_figures_of_dense_and_expert_layers_fit_and_join_adjacent_layers_only():
+    """#34 review 11c B1, B2: on a Qwen2-MoE with a dense layer 1 between MoE layers 0 and 2, the top-neuron figure's
+    x label (with "0 where not routed") and the agreement figure's two-line title lie inside the figure, the title
+    clear of the y label and without a doubled ")"; run on layers 0 and 2 only, the lines do not join layer 0 to
+    layer 2 across the missing layer 1 (each point stands alone), while adjacent layers stay joined; with every layer
+    the ticks say which layer is dense and which a mixture of experts."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots_mlp import figures
+
+    moe = {"n_experts": 4, "expert_width": 64, "top_k": 2, "shared_width": 96}
+
+    def result(layers):
+        agree = pd.DataFrame({"layer": layers, "agreement": [0.19, 0.13, 0.11][:len(layers)],
+                              "agreement_any": [0.35, 0.21, 0.21][:len(layers)],
+                              "agreement_shuffled": [0.04, 0.01, 0.03][:len(layers)],
+                              "agreement_any_shuffled": [0.13, 0.08, 0.11][:len(layers)]})
+        sizes = {str(l): 128 if l == 1 else 352 for l in layers}
+        top = pd.DataFrame({"layer": [0, 2, 0], "neuron": [220, 24, 306], "task_update_norm": [3.0, 1.1, 2.2],
+                            "expert": pd.array([3, 2, 4], dtype="Int64"), "expert_neuron": [28, 24, 50],
+                            "n_routed": [12, 16, 16]})
+        summary = {"n_memories_per_layer": sizes, "experts_per_layer": {"0": moe, "2": moe}, "task": "colours",
+                   "n_task_examples": 16, "mixture_of_experts": True}
+        return Result(name="mlp", df=pd.DataFrame(), summary=summary, tables={"agreement": agree, "top_neurons": top})
+
+    try:
+        for layers in ([0, 2], [0, 1, 2]):
+            figs = figures(result(layers))
+            for fig in figs.values():
+                fig.draw_without_rendering()
+                renderer, frame = fig.canvas.get_renderer(), fig.bbox
+                ax = fig.axes[0]
+                for text in (ax.title, ax.xaxis.label, ax.yaxis.label):
+                    box = text.get_window_extent(renderer)
+                    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, \
+                        (text.get_text(), box, frame)
+            ax = figs["mlp_agreement"].axes[0]
+            title = ax.title.get_window_extent(renderer)
+            assert not _overlap(title, ax.yaxis.label.get_window_extent(renderer))
+            assert "))" not in ax.get_title() and "95% CI" in ax.get_title()
+            assert "0 where not routed" in " ".join(figs["mlp_top_neurons"].axes[0].get_xlabel().split())
+            line = next(c for c in ax.containers if c.get_label() == "top trigger").lines[0]
+            x = np.asarray(line.get_xdata(), dtype=float)
+            joined = [(a, b) for a, b in zip(x, x[1:]) if np.isfinite(a) and np.isfinite(b)]  # drawn segments
+            assert [(round(a), round(b)) for a, b in joined] == [(l, l + 1) for l in layers if l + 1 in layers]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0\nMoE", "1\ndense", "2\nMoE"]
+    finally:
+        plt.close("all")
+
+
 def _overlap(a, b) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
 
@@ -2017,9 +2066,9 @@ def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_whi
         # relative luminance (sRGB weights of the drawn colours): viridis's yellow end is 0.87; every bar stays below 0.62
         assert max(0.2126 * r + 0.7152 * g + 0.0722 * b for r, g, b in fills) < 0.62
         assert all(b.get_linewidth() > 0 for b in ax.patches if b.get_width() > 0)  # outlined
-        assert ax.get_xlabel() == "mean L2 norm of the update m_i v_i at the answer"
+        assert " ".join(ax.get_xlabel().split()) == "mean L2 norm of the update m_i v_i at the answer"
         # review 8b C7: on a post-norm model the update is written through the post-MLP norm's gain
-        assert plot_top_neurons(data, post_norm=True, ax=plt.subplots()[1]).get_xlabel() == (
+        assert " ".join(plot_top_neurons(data, post_norm=True, ax=plt.subplots()[1]).get_xlabel().split()) == (
             "mean L2 norm of the update m_i (g * v_i), g the post-MLP norm's gain, at the answer")
     finally:
         plt.close("all")

@@ -1799,6 +1799,50 @@ def test_heads_finding_names_the_encoder_metric_a_do_nothing_model_and_experts()
     assert "by construction" not in finding("heads", moe)  # a decoder's logit difference is measured
 
 
+def test_moe_words_name_which_blocks_are_mixtures_of_experts():
+    """Review 11c A3: on a Qwen2-MoE whose block 1 is dense among MoE blocks 0 and 2 the heads finding said "The
+    blocks are mixtures of experts", and the circuits finding named mlp0-mlp2 alike; each says which blocks are."""
+    moe = {"metric": "logit_diff", "baseline_metric": 10.4, "n_examples": 16, "n_heads": 12, "n_layers": 3,
+           "mixture_of_experts": True, "moe_layers": [0, 2], **_prunable("ablation", 4, 4, 5),
+           **_prunable("gradient", 0, 0, 3)}
+    text = finding("heads", moe)
+    assert "Blocks 0 and 2 are mixtures of experts: removing a head can switch the experts the router picks" in text
+    assert "The blocks are" not in text
+    assert "Block 2 is a mixture of experts: " in finding("heads", {**moe, "moe_layers": [2]})
+    assert "The blocks are mixtures of experts: " in finding("heads", {**moe, "moe_layers": [0, 1, 2]})
+    dla = {"n_examples": 8, "n_layers": 3, "moe_layers": [0, 2], "dla_final_logit": 8.79,
+           "dla_top_components": {"mlp0": 5.74, "L0H2": 1.2, "mlp1": 0.47}}
+    text = finding("circuits", dla)
+    assert ("The MLP components mlp0 and mlp2 are whole mixture-of-experts blocks (every expert the router chose and any "
+            "shared expert together); mlp1 is a dense MLP.") in text
+    assert text.count("mixture-of-experts") == 1
+    assert "mixture" not in finding("circuits", {**dla, "moe_layers": []})
+
+
+def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins():
+    """Review 11c C3, C2: the MoE mlp finding names its top neurons' experts with n_routed in words, and in bfloat16
+    how many examples' top-2 choice is within one rounding step per MoE layer (none: said so)."""
+    moe = {"n_experts": 4, "expert_width": 64, "top_k": 2, "shared_width": 96}
+    s = {"n_memories_per_layer": {"0": 352, "1": 128, "2": 352}, "experts_per_layer": {"0": moe, "2": moe},
+         "n_task_examples": 16, "routing_dtype": "bfloat16", "routing_within_rounding": {"0": 0, "2": 3},
+         "top_neurons": [{"layer": 0, "neuron": 220, "task_update_norm": 3.04, "expert": 3, "expert_neuron": 28,
+                          "n_routed": 12, "shared": False},
+                         {"layer": 0, "neuron": 306, "task_update_norm": 2.21, "expert": 4, "expert_neuron": 50,
+                          "n_routed": 16, "shared": True},
+                         {"layer": 1, "neuron": 5, "task_update_norm": 1.1}]}
+    text = finding("mlp", s)
+    assert ("The largest mean updates ||m_i v_i|| at the answer are layer 0 expert 3's neuron 28 (3.04, routed on 12 of "
+            "16 examples), layer 0's shared expert's neuron 50 (2.21, on every example) and layer 1 neuron 5 (1.1, a "
+            "dense MLP).") in text
+    assert ("In bfloat16, the router's top-2 choice at the answer position is within one rounding step of its logits "
+            "(the last chosen and the next logit less than one step apart) on 0 of 16 examples at layer 0 and 3 of 16 "
+            "examples at layer 2") in text
+    none = finding("mlp", {**s, "routing_within_rounding": {"0": 0, "2": 0}})
+    assert ("In bfloat16, no example's top-2 choice of experts at the answer position is within one rounding step of "
+            "the router logits (layers 0 and 2, 16 examples).") in none
+    assert "rounding" not in finding("mlp", {k: v for k, v in s.items() if not k.startswith("routing")})
+
+
 def test_attribution_states_every_method_its_significance_count_counts():
     """Review 7 C6: "5 of 16 per-example taus are significant" counted saliency's tests (4 examples x 4 methods)
     while saliency's tau was never said; each method's tau is stated and the count is split by method."""

@@ -152,6 +152,32 @@ def test_page_in_chromium_folds_tables_and_links_the_contents(tmp_path):
         assert page.console_errors == [] and page.requests == []
 
 
+def test_header_names_the_mixture_of_experts_and_dense_layers(tmp_path, mixed_moe_dir):
+    """Review 11c A3: a Qwen2-MoE with a dense layer among its MoE layers had a header naming no experts; it names
+    each kind of layer with its layout, read here from the Hugging Face config (mlp_only_layers, num_experts,
+    moe_intermediate_size, num_experts_per_tok, shared_expert_intermediate_size, intermediate_size)."""
+    import transformers
+
+    import headscope as hs
+    from headscope.reports.report import _experts_per_layer
+
+    c = transformers.AutoConfig.from_pretrained(mixed_moe_dir)
+    model = hs.load_model(mixed_moe_dir, device="cpu")
+    dense = [l for l in range(c.num_hidden_layers) if l in c.mlp_only_layers]
+    moe = [l for l in range(c.num_hidden_layers) if l not in c.mlp_only_layers]
+    assert (dense, moe) == ([0], [1])
+    info = {"name": "m", "family": "qwen2_moe", "n_layers": c.num_hidden_layers, "n_heads": c.num_attention_heads,
+            "n_kv_heads": c.num_key_value_heads, "d_model": c.hidden_size, "d_mlp": c.intermediate_size,
+            "experts_per_layer": _experts_per_layer(model)}
+    io.write_json(tmp_path / "manifest.json", {"config": {}, "model": {"name": "m"}})
+    write_report_files(tmp_path, [], {}, info)
+    header = (f"qwen2_moe, 2 layers x 4 heads (2 KV heads: grouped-query attention), d_model 64, layer 0: dense MLP "
+              f"({c.intermediate_size}); layer 1: mixture of experts ({c.num_experts} experts x {c.moe_intermediate_size}, "
+              f"top-{c.num_experts_per_tok}, + a shared expert of {c.shared_expert_intermediate_size})")
+    assert f"<p>{header}." in (tmp_path / "report.html").read_text()
+    assert f"\n\n{md_escape(header)}\n" in (tmp_path / "report.md").read_text()
+
+
 def test_header_names_kv_heads_and_tied_embeddings(tmp_path, tiny_models):
     """Review 9b C2: a multi-query model with tied embeddings read 'llama, 3 layers x 4 heads, d_model 64'; k/v
     patching and the kv section count KV heads, and DLA and the lens read the embedding as the unembedding."""

@@ -1,0 +1,69 @@
+"""Which blocks of a model are mixtures of experts, in words: the report header's MLP layout, the heads finding's
+"Blocks 0 and 2 are mixtures of experts" and the circuits finding's note on which mlpN components are whole MoE
+blocks (review 11c A3: a dense layer among MoE layers, Qwen2/3-MoE's mlp_only_layers or DeepSeek's
+first_k_dense_replace, was called a mixture of experts with the others)."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _names(layers: Sequence[Any]) -> str:
+    """"0", "0 and 2", "0, 2 and 4"."""
+    names = [str(l) for l in layers]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _expert_words(e: Mapping[str, Any]) -> str:
+    """"mixture of experts (4 experts x 64, top-2, + a shared expert of 96)"."""
+    top = f", top-{e['top_k']}" if e.get("top_k") else ""
+    shared = f", + a shared expert of {e['shared_width']}" if e.get("shared_width") else ""
+    return f"mixture of experts ({e['n_experts']} experts x {e['expert_width']}{top}{shared})"
+
+
+def layout_clause(experts_per_layer: Mapping[str, Mapping[str, Any]] | None, n_layers: Any, d_mlp: Any) -> str:
+    """The header's MLP layout: "layers 0 and 2: mixture of experts (4 experts x 64, top-2, + a shared expert of 96);
+    layer 1: dense MLP (128)", "every layer: mixture of experts (...)"; "" for a dense model (or an older manifest)."""
+    if not isinstance(experts_per_layer, Mapping) or not experts_per_layer or not isinstance(n_layers, int):
+        return ""
+    groups: dict[str, list[int]] = {}
+    for layer in range(n_layers):
+        e = experts_per_layer.get(str(layer))
+        what = _expert_words(e) if isinstance(e, Mapping) else f"dense MLP ({d_mlp})"
+        groups.setdefault(what, []).append(layer)
+    if len(groups) == 1:
+        return "every layer: " + next(iter(groups))
+    return "; ".join(f"layer{'s' if len(ls) > 1 else ''} {_names(ls)}: {what}" for what, ls in groups.items())
+
+
+def moe_layers(s: Mapping[str, Any]) -> list[int] | None:
+    """The summary's mixture-of-experts blocks (`moe_layers`), None where it does not record them."""
+    layers = s.get("moe_layers")
+    return [int(l) for l in layers] if isinstance(layers, (list, tuple)) else None
+
+
+def blocks_subject(s: Mapping[str, Any]) -> str:
+    """"Blocks 0 and 2 are mixtures of experts" where only some are, "Block 1 is a mixture of experts", else (every
+    block, or an older summary without `moe_layers`) "The blocks are mixtures of experts"."""
+    layers, n = moe_layers(s), s.get("n_layers")
+    if not layers or (isinstance(n, int) and len(layers) >= n):
+        return "The blocks are mixtures of experts"
+    return (f"Block {layers[0]} is a mixture of experts" if len(layers) == 1 else
+            f"Blocks {_names(layers)} are mixtures of experts")
+
+
+def mlp_components_sentence(s: Mapping[str, Any]) -> str:
+    """Which DLA/patching components mlpN are whole mixture-of-experts blocks (every routed expert and the shared
+    one together) and which dense MLPs, once per finding; "" for a dense model."""
+    layers, n = moe_layers(s), s.get("n_layers")
+    if not layers:
+        return ""
+    moe = _names([f"mlp{l}" for l in layers])
+    many = len(layers) > 1
+    text = (f"The MLP component{'s' if many else ''} {moe} "
+            f"{'are whole mixture-of-experts blocks' if many else 'is a whole mixture-of-experts block'}"
+            " (every expert the router chose and any shared expert together)")
+    dense = [l for l in range(n) if l not in layers] if isinstance(n, int) else []
+    if dense:
+        text += "; " + _names([f"mlp{l}" for l in dense]) + (" are dense MLPs" if len(dense) > 1 else " is a dense MLP")
+    return text + "."
