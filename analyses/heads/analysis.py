@@ -14,7 +14,8 @@ role scores; tables "curve" (each point with the 95% t-interval of its paired ch
 heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
 random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
-examples, n_examples and the method: pruning.prunable_intervals), top_heads_<method>, l0_min_heads_within_tolerance, and
+examples, n_examples and the method: pruning.prunable_intervals), top_heads_<method>, top_head_<method> (ablation:
+the first head and the next with their 95% intervals, `_leading`), l0_min_heads_within_tolerance, and
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): one rounding step, analytic;
 rounding_floor_<method> with rounding_floor_source ({method: "measured" or "analytic"}) and rounding_null: the
 floor each method's checks use, for ablation measured by null ablations (rounding.py) / degenerate_<method> /
@@ -37,6 +38,7 @@ import torch
 
 import headscope.hooks as hooks
 from headscope.analyses.core import default_tasks, task_files, tasks
+from headscope.analyses.core.chance import t_half_width
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.result import Result
@@ -474,7 +476,33 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
     return {**summary, **null, "readout_size": readout}
 
 
-def _top_heads(df: pd.DataFrame, checks: dict, k: int = 5) -> dict[str, list[str]]:
-    """The k highest-ranked heads per method; none for a degenerate method (its ranking is rounding)."""
-    return {f"top_heads_{method}": [] if f"degenerate_{method}" in checks else g.sort_values("rank")["head_name"].head(k).tolist()
-            for method, g in df.groupby("method", sort=False)}
+def _top_heads(df: pd.DataFrame, checks: dict, k: int = 5) -> dict[str, Any]:
+    """The k highest-ranked heads per method (top_heads_<method>); none for a degenerate method (its ranking is
+    rounding). top_head_<method> for each ablation method: its first head and the next, each with its importance
+    and 95% t interval over the examples, and `clear`: the first's interval lies above the next's (review 11b A3:
+    one head costing 66x the next went unnamed behind the ties that follow it)."""
+    out: dict[str, Any] = {}
+    for method, g in df.groupby("method", sort=False):
+        ranked = g.sort_values("rank")
+        out[f"top_heads_{method}"] = [] if f"degenerate_{method}" in checks else ranked["head_name"].head(k).tolist()
+        if method != "gradient" and f"degenerate_{method}" not in checks and len(ranked) > 1:
+            out[f"top_head_{method}"] = _leading(ranked, int(checks.get("n_examples") or 0))
+    return out
+
+
+def _leading(ranked: pd.DataFrame, n: int) -> dict[str, Any]:
+    """The first two rows of a ranked importance table as {head, importance, ci, next_head, next_importance,
+    next_ci, n_examples, clear} (ci: importance -+ the 95% t half-width of its standard error; None below 2
+    examples; clear: the first's lower bound above the next's upper bound)."""
+    def interval(row: pd.Series) -> list[float] | None:
+        se = float(row["importance_se"])
+        if n < 2 or not math.isfinite(se):
+            return None
+        half = float(t_half_width(se * n ** 0.5, n))
+        return [float(row["importance"]) - half, float(row["importance"]) + half]
+
+    first, second = ranked.iloc[0], ranked.iloc[1]
+    ci, next_ci = interval(first), interval(second)
+    return {"head": first["head_name"], "importance": float(first["importance"]), "ci": ci,
+            "next_head": second["head_name"], "next_importance": float(second["importance"]), "next_ci": next_ci,
+            "n_examples": n, "clear": bool(ci is not None and next_ci is not None and ci[0] > next_ci[1])}

@@ -975,3 +975,20 @@ def test_heads_summary_says_whether_the_blocks_are_mixtures_of_experts(arch, mor
     res = hs.head_importance(model, hs.tensor_task(model, tokens), methods=("zero",))
     config = model.bridge.original_model.config
     assert res.summary["mixture_of_experts"] is bool(getattr(config, "num_local_experts", 0))
+
+
+def test_the_leading_head_carries_its_t_interval_and_whether_it_clears_the_next():
+    """Review 11b A3: top_head_<method> records the first head and the next with 95% t intervals (mean -+
+    t(0.975, n - 1) x se, scipy's quantile) and `clear` only when the first's lower bound is above the next's upper."""
+    from scipy import stats
+
+    df = pd.DataFrame({"method": "zero", "head_name": ["L0H0", "L0H3", "L1H0"], "importance": [0.0335, 2.2133, 0.01],
+                       "importance_se": [0.017, 0.93, 0.005], "rank": [2, 1, 3]})
+    got = heads._top_heads(df, {"n_examples": 16})["top_head_zero"]
+    t = stats.t.ppf(0.975, 15)
+    assert got["head"] == "L0H3" and got["next_head"] == "L0H0" and got["clear"] is True
+    assert got["ci"] == pytest.approx([2.2133 - t * 0.93, 2.2133 + t * 0.93])
+    assert got["next_ci"] == pytest.approx([0.0335 - t * 0.017, 0.0335 + t * 0.017])
+    wide = df.assign(importance_se=[0.017, 1.1, 0.005])  # 2.2133 - 2.131 x 1.1 = -0.13 < the next's 0.0697
+    assert heads._top_heads(wide, {"n_examples": 16})["top_head_zero"]["clear"] is False
+    assert "top_head_zero" not in heads._top_heads(df, {"n_examples": 16, "degenerate_zero": "why"})
