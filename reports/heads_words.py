@@ -90,11 +90,14 @@ def _seed_words(s: Mapping[str, Any], key: str) -> str:
 
 
 def _shown(values: Any, n: int) -> str:
-    """'0.53 each' or '0.41 and 0.34' for a run's n importances; '' where they are not all numbers."""
+    """'0.53 each' or '0.41 and 0.34' for a run's n importances ('0.00020 and 0.00026' below 0.01: two significant
+    digits, not '0.00 each'); '' where they are not all numbers."""
     nums = [_num(x) for x in values] if isinstance(values, list) else []
     if len(nums) != n or any(v is None for v in nums):
         return ""
-    return f"{nums[0]:.2f} each" if len({f"{v:.2f}" for v in nums}) == 1 else and_join([f"{v:.2f}" for v in nums])
+    small = 0 < max(abs(v) for v in nums) < 0.01
+    said = [f"{v:.2g}" if small else f"{v:.2f}" for v in nums]
+    return f"{said[0]} each" if len(set(said)) == 1 else and_join(said)
 
 
 def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
@@ -206,6 +209,10 @@ def _floor_words(s: Mapping[str, Any]) -> str:
             runs = f"{null['n_runs']}" if _num(null.get("n_runs")) is not None else "the"
             how = (f"measured: twice the largest change of the metric in {runs} null ablations, which replace "
                    "a layer's heads with themselves, so only rounding moves it")
+        elif _num(s.get("rounding_sensitivity")) is not None and _num(s.get("rounding_logit_step")) is not None:
+            how = (f"the metric's rounding: one step of the logits at the model's dtype, {s['rounding_logit_step']:.2g}, "
+                   f"times the answer's 1 - p summed over its tokens, {s['rounding_sensitivity']:.2g} on average; "
+                   "no null ablation measured it")
         else:
             how = "one rounding step of the metric at the model's dtype: no null ablation measured it"
         said.append(f"closer than {floor:.2g} by {by} ({how})")

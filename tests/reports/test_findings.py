@@ -207,6 +207,12 @@ def test_a_tie_says_which_rounding_floor_it_is_within():
     s.update(rounding_floor_source={"zero": "analytic"}, rounding_floor_zero=0.2032)
     assert ("closer than 0.2 by zero-ablation (one rounding step of the metric at the model's dtype: no null "
             "ablation measured it).") in finding("heads", s)
+    # review 11b A2: an answer log-probability's analytic floor is the logits' step times its 1 - p, and says so
+    lp = {**s, "metric": "logprob", "rounding_floor_zero": 0.00055, "rounding_logit_step": 0.0794,
+          "rounding_sensitivity": 0.00693}
+    assert ("closer than 0.00055 by zero-ablation (the metric's rounding: one step of the logits at the model's dtype, "
+            "0.079, times the answer's 1 - p summed over its tokens, 0.0069 on average; no null ablation measured "
+            "it).") in finding("heads", lp)
     del s["tied_top_heads_zero"]
     assert "Within rounding" not in finding("heads", s)  # no tie, nothing to explain
 
