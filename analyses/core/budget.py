@@ -237,7 +237,10 @@ def _below_quick(cost_model: CostModel, task: Any, config: Any, fitted: Any) -> 
     for knob in cost_model.knobs:
         counts = getattr(knob, "counts", None)
         if counts is not None:
-            n, quick = counts(fitted, config, task)
+            try:
+                n, quick = counts(fitted, config, task)
+            except (ConfigError, TypeError, ValueError):  # a config --quick cannot rebuild: nothing to compare
+                return {}
             if n < quick:
                 return {"n_examples": [n, quick]}
     return {}
