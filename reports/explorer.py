@@ -42,7 +42,7 @@ from headscope.analyses.core.attention_capture import SCALE, Captured, capture_e
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.models.hooked_model import layer_windows
-from headscope.reports.explorer_view import explorer_html
+from headscope.reports.explorer_view import explorer_html, muted_scores
 from headscope.reports.html_report import EXPLORER_FILE
 from headscope.reports.tokens_view import HTMLView, pattern_view
 
@@ -272,6 +272,28 @@ def _heads_results(out: Path) -> Any:
     return df if {"layer", "head"} <= set(df.columns) else None
 
 
+IMPORTANCE_ORDER = ("importance (gradient)", "importance (zero)", "importance (mean)", "importance (resample)")
+
+
+def opening_score(names: Any, heads_summary: Mapping[str, Any] | None) -> str | None:
+    """The importance the grid opens on: gradient, else an ablation, skipping one the heads summary mutes
+    (explorer_view.muted_scores: under its numerical floor; review 11b B2: the explorer opened on a gradient the
+    report called rounding while zero-ablation, one choice away, showed the head that matters); the first
+    present where every one is muted (at chance); None without importance."""
+    present = [n for n in IMPORTANCE_ORDER if n in names]
+    muted = muted_scores(present, heads_summary)
+    return next((n for n in present if n not in muted), present[0] if present else None)
+
+
+def _heads_summary(out: Path) -> Mapping[str, Any] | None:
+    """OUT/heads/summary.json, or None when absent or unreadable."""
+    try:
+        summary = json.loads((out / "heads" / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, Mapping) else None
+
+
 def _ig_rule(out: Path) -> Any:
     """The attribution summary's IG rule (analyses/attribution/convergence.py `ig_use`): which examples' integrated
     gradients colour tokens; every example's where OUT/attribution/summary.json cannot be read."""
@@ -321,7 +343,7 @@ def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int =
     patterns the runner captured (analyses/core/runner.py explorer_capture; a report computes nothing
     here); without it they are captured from `task` (None, a zoo task name, a task file or a Task;
     seed: the run's seed, which picks a generated task's examples as the analyses do). The
-    grid is coloured by the heads analysis's importance (and offers its role scores and roles)
+    grid is coloured by the heads analysis's importance (`opening_score`; it offers its role scores and roles)
     when OUT/heads/results.csv exists, else by each head's largest attention weight. more_tasks:
     {label: Task} of the other tasks the report's analyses ran on, a few examples each. An example
     the attribution analysis scored (OUT/attribution/token_scores.csv, same tokens) carries its scores."""
@@ -330,8 +352,7 @@ def write_explorer_data(model, out: str | Path, task: Any = None, *, seed: int =
     scores = _heads_results(Path(out))
     default = None
     if scores is not None:
-        names = _frame_scores(scores)
-        default = next((n for n in ("importance (gradient)", "importance (zero)") if n in names), None)
+        default = opening_score(_frame_scores(scores), _heads_summary(Path(out)))
     if captured is None:
         captured = capture_examples(model, task, max_examples=max_examples, max_tokens=max_tokens, seed=seed,
                                     more_tasks=more_tasks)

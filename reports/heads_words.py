@@ -91,11 +91,14 @@ def _seed_words(s: Mapping[str, Any], key: str) -> str:
 
 
 def _shown(values: Any, n: int) -> str:
-    """'0.53 each' or '0.41 and 0.34' for a run's n importances; '' where they are not all numbers."""
+    """'0.53 each' or '0.41 and 0.34' for a run's n importances ('0.00020 and 0.00026' below 0.01: two significant
+    digits, not '0.00 each'); '' where they are not all numbers."""
     nums = [_num(x) for x in values] if isinstance(values, list) else []
     if len(nums) != n or any(v is None for v in nums):
         return ""
-    return f"{nums[0]:.2f} each" if len({f"{v:.2f}" for v in nums}) == 1 else and_join([f"{v:.2f}" for v in nums])
+    small = 0 < max(abs(v) for v in nums) < 0.01
+    said = [f"{v:.2g}" if small else f"{v:.2f}" for v in nums]
+    return f"{said[0]} each" if len(set(said)) == 1 else and_join(said)
 
 
 def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
@@ -207,6 +210,10 @@ def _floor_words(s: Mapping[str, Any]) -> str:
             runs = f"{null['n_runs']}" if _num(null.get("n_runs")) is not None else "the"
             how = (f"measured: twice the largest change of the metric in {runs} null ablations, which replace "
                    "a layer's heads with themselves, so only rounding moves it")
+        elif _num(s.get("rounding_sensitivity")) is not None and _num(s.get("rounding_logit_step")) is not None:
+            how = (f"the metric's rounding: one step of the logits at the model's dtype, {s['rounding_logit_step']:.2g}, "
+                   f"times the answer's 1 - p summed over its tokens, {s['rounding_sensitivity']:.2g} on average; "
+                   "no null ablation measured it")
         else:
             how = "one rounding step of the metric at the model's dtype: no null ablation measured it"
         said.append(f"closer than {floor:.2g} by {by} ({how})")
@@ -405,6 +412,32 @@ def unpruned_cosine(base: float) -> str:
             "own arithmetic, so changes of this size are that rounding, not the model")
 
 
+def _leading_words(s: Mapping[str, Any], metric: str) -> str:
+    """The head that costs most when ablated alone, with its 95% CI and n (top_head_<method>, the first ablation
+    method recorded): "no other head costs more than ..." where its interval clears the next head's, else that the
+    two intervals overlap (review 11b A3: the finding named only the ties behind a head costing 66x the next).
+    '' without a record or when no head costs anything."""
+    key = next((k for k in s if k.startswith("top_head_") and isinstance(s[k], Mapping)), None)
+    top = s[key] if key else {}
+    value, nxt = _num(top.get("importance")), _num(top.get("next_importance"))
+    if value is None or nxt is None or value <= 0:
+        return ""
+    method = key.removeprefix("top_head_")
+    verb = f"{method.capitalize()}-ablating" if method in ("zero", "mean", "resample") else f"Ablating ({method})"
+
+    def span(ci: Any) -> str:
+        return ci_words(ci, ".3g") + ", " if isinstance(ci, list) and len(ci) == 2 and all(
+            _num(x) is not None for x in ci) else ""
+
+    n = top.get("n_examples")
+    said = f"{verb} {top['head']} alone costs {value:.3g} {metric} ({span(top.get('ci'))}{n} examples)"
+    if top.get("clear"):
+        return f"{said}; no other head costs more than {nxt:.2g} ({top['next_head']})."
+    return (f"{said}, the most of any head, but the next, {top['next_head']} ({nxt:.3g}, "
+            f"{span(top.get('next_ci')).removesuffix(', ') or 'no interval'}), lies within its interval: these "
+            "examples do not single out one head.")
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """Baseline, prunable heads per ordering, and the head roles found."""
     parts = []
@@ -425,6 +458,8 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
                      "and pruning curves measure noise here, not a mechanism.")
     relative = _chance(s) is None  # "within 1%" of a clean metric at chance says nothing
+    if relative and not _at_chance(s, kind, base):
+        parts.append(_leading_words(s, metric))
     degenerate = {k.removeprefix("degenerate_"): v for k, v in s.items() if k.startswith("degenerate_")}
     for method, why in degenerate.items():
         parts.append(f"{FINDING_METHOD_WORDS.get(method, method).capitalize()} importance is rounding, not a measurement: {why}.")
@@ -470,7 +505,7 @@ def finding(s: Mapping[str, Any]) -> str:
                      "no sweep, so they say nothing about how few heads suffice.")
     elif isinstance(l0, int) and relative:
         parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
-    return " ".join(parts)
+    return " ".join(p for p in parts if p)
 
 
 def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:

@@ -19,6 +19,7 @@ from headscope.reports.explorer_view import explorer_html, link_heads, muted_sco
 from headscope.reports.findings import caption, finding
 from headscope.reports.moe_words import layout_clause
 from headscope.reports.provenance import (
+    below_quick_line,
     bos_sentence,
     budget_line,
     provenance_html,
@@ -315,6 +316,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         facts += ", parallel blocks (attention and MLP both read the block's input)"
     if info.get("dtype"):  # review 7 A6: findings that speak of rounding rest on the precision: say it up front
         facts += f", run in {info['dtype']}" + (f" on {info['device']}" if info.get("device") else "")
+    cut = below_quick_line(out, names)  # review 11b C3: a default run the budget left smaller than --quick's
     html = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
@@ -322,10 +324,12 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         "Data: the CSV and JSON files beside this report (each "
         "section links its CSVs); "
         "provenance at the bottom and in manifest.json.</p>"
+        + (f"<p class='budget-cut'><b>{escape(cut)}</b></p>" if cut else "")
         + _toc_html(toc) + findings + "".join(sections) + _provenance_html(info)
         + "</body></html>"
     )
     md = (f"# {md_escape(title)}\n\n{md_escape(facts)}" + (f". {md_escape(info['BOS'])}" if info.get("BOS") else "")
+          + (f"\n\n**{md_escape(cut)}**" if cut else "")
           + "\n\n" + _findings_markdown(names, status, texts) + "\n"
           + "\n".join(md_sections) + "\n" + _provenance_markdown(info))
     io.write_text(out / "report.md", md)

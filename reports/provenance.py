@@ -253,6 +253,29 @@ def budget_line(manifest: Mapping[str, Any]) -> str:
             "another run may fit differently (--budget inf runs every preset in full)")
 
 
+def below_quick_line(out: Path, names: Any) -> str:
+    """One line for the report's header where the budget cut a run without --quick to fewer examples than --quick
+    runs (summary["budget"]["below_quick"], budget.fit; review 11b C3: a slow machine timed at the start left the
+    default report smaller than the quick one): "This run's budget was cut below the --quick preset by this
+    machine's speed timed at the start of the run (heads 8 examples against --quick's 16; ...): rerun with --budget
+    inf." '' where no section was."""
+    said = []
+    for name in names:
+        try:
+            budget = io.read_json(Path(out) / name / "summary.json").get("budget") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        below = budget.get("below_quick") if isinstance(budget, Mapping) else None
+        pair = below.get("n_examples") if isinstance(below, Mapping) else None
+        if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, int) for x in pair):
+            said.append(f"{name} {pair[0]} examples against --quick's {pair[1]}" if not said
+                        else f"{name} {pair[0]} against {pair[1]}")
+    if not said:
+        return ""
+    return ("This run's budget was cut below the --quick preset by this machine's speed timed at the start of the run "
+            f"({'; '.join(said)}): rerun with --budget inf.")
+
+
 def _changed_text(changed: Mapping[str, Any], speed: Mapping[str, Any] | None = None) -> str:
     """'the budget changed no setting', or (review 10a A2: the settings depend on a speed timed at the start of the
     run, so the same command can give another section) 'the budget (fitted to this machine's speed measured at the

@@ -85,12 +85,14 @@ class Fitted:
     budget_s: float | None
     changed: dict[str, list[Any]] = field(default_factory=dict)
     speed: dict[str, Any] | None = None  # the timed pass the seconds came from (speed_record), None if none was timed
+    below_quick: dict[str, list[int]] = field(default_factory=dict)  # {"n_examples": [this run's, --quick's]}
 
     def summary(self) -> dict[str, Any]:
         """What summary["budget"] records: the estimate in row passes (the machine's speed left out, so
-        that a rerun with the same settings writes the same summary) and every setting that changed."""
+        that a rerun with the same settings writes the same summary), every setting that changed, and
+        below_quick where a run without --quick was cut to fewer examples than --quick runs (review 11b C3)."""
         return {"estimated_row_passes": round(self.cost.total), "parts": {k: round(v) for k, v in self.cost.parts.items()},
-                "changed": self.changed}
+                "changed": self.changed, **({"below_quick": self.below_quick} if self.below_quick else {})}
 
     def timing(self) -> dict[str, Any]:
         """What manifest.json's "budget" records per analysis: its share, its estimate in seconds and the speed
@@ -231,7 +233,24 @@ def fit(model, cost_model: CostModel, task: Any, config: Any, budget_s: float | 
             log.info("the estimate %.0f s still exceeds the budget of %.0f s with every sweep at its smallest",
                      seconds(cost), budget_s)
     return Fitted(config=fitted, cost=cost, seconds=seconds(cost), budget_s=budget_s, changed=changes(config, fitted),
-                  speed=speed_record(model, cost.n_pos))
+                  speed=speed_record(model, cost.n_pos), below_quick=_below_quick(cost_model, task, config, fitted))
+
+
+def _below_quick(cost_model: CostModel, task: Any, config: Any, fitted: Any) -> dict[str, list[int]]:
+    """{"n_examples": [fitted's, the --quick preset's]} where a config without quick was fitted to fewer examples
+    than the same settings with quick run (the examples knob's `counts`: the examples each would run); {} otherwise."""
+    if fitted is config or getattr(config, "quick", True):
+        return {}
+    for knob in cost_model.knobs:
+        counts = getattr(knob, "counts", None)
+        if counts is not None:
+            try:
+                n, quick = counts(fitted, config, task)
+            except (ConfigError, TypeError, ValueError):  # a config --quick cannot rebuild: nothing to compare
+                return {}
+            if n < quick:
+                return {"n_examples": [n, quick]}
+    return {}
 
 
 def allocate(estimates: Mapping[str, float], budget_s: float, weights: Mapping[str, float] | None = None) -> dict[str, float]:
@@ -333,6 +352,8 @@ def examples_knob(full: int, quick: int, floor: int = MIN_EXAMPLES) -> Knob:
         return fewer_examples(config, model, full=full, quick=quick, floor=floor)
 
     knob.regrow = lambda fitted, original: more_examples(fitted, original, full=full, quick=quick)  # type: ignore[attr-defined]
+    knob.counts = lambda fitted, original, task: (  # type: ignore[attr-defined]
+        n_rows(task, fitted, full, quick), n_rows(task, dataclasses.replace(original, quick=True), full, quick))
     return knob
 
 

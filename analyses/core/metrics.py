@@ -70,10 +70,20 @@ def _read(logits: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, to
 
 def answer_logprob(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     """[batch, pos, vocab] -> [batch]: log p(answer) at the last position; for a continuation
-    [batch, k], the sum over its tokens of log p(token | prompt, the tokens before it)."""
+    [batch, k], the sum over its tokens of log p(token | prompt, the tokens before it). Computed in at least
+    float32: a bfloat16 log-softmax rounds its sum of exponentials near 1 to steps of 2^-7, so a saturated
+    answer's log-probability came out as 0 or -0.0078 per token (review 11b A2: -0.0122 read as -0.0078, and
+    the heads null ablations, which move the logits by one rounding step, never changed it)."""
+    return answer_logprob_per_token(logits, answers).sum(1)
+
+
+def answer_logprob_per_token(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """[batch, pos, vocab] -> [batch, k]: each answer token's log-probability (answer_logprob's terms; 0 before a
+    shorter continuation), in at least float32."""
     last, ids, real = _read(logits, answers)
-    lp = last.log_softmax(-1).gather(2, ids[..., None]).squeeze(2)  # [batch, k]
-    return lp.masked_fill(~real, 0.0).sum(1)
+    lp = last.log_softmax(-1, dtype=torch.promote_types(last.dtype, torch.float32))
+    lp = lp.gather(2, ids[..., None]).squeeze(2)  # [batch, k]
+    return lp.masked_fill(~real, 0.0)
 
 
 def accuracy(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:

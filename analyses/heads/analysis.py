@@ -14,8 +14,11 @@ role scores; tables "curve" (each point with the 95% t-interval of its paired ch
 heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
 random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
-examples, n_examples and the method: pruning.prunable_intervals), top_heads_<method>, l0_min_heads_within_tolerance, and
-noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): one rounding step, analytic;
+examples, n_examples and the method: pruning.prunable_intervals), top_heads_<method>, top_head_<method> (ablation:
+the first head and the next with their 95% intervals, `_leading`), l0_min_heads_within_tolerance, and
+noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): the analytic rounding (`rounding_step`:
+one step of the logits, for an answer log-probability times rounding_sensitivity, E_x sum_t (1 - p_t), with
+rounding_logit_step the step);
 rounding_floor_<method> with rounding_floor_source ({method: "measured" or "analytic"}) and rounding_null: the
 floor each method's checks use, for ablation measured by null ablations (rounding.py) / degenerate_<method> /
 tied_top_heads_<method> with tied_top_groups_<method> (`numerical_checks`: importance that is rounding at the model's
@@ -37,6 +40,7 @@ import torch
 
 import headscope.hooks as hooks
 from headscope.analyses.core import default_tasks, task_files, tasks
+from headscope.analyses.core.chance import t_half_width
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.result import Result
@@ -51,7 +55,7 @@ from headscope.analyses.heads.importance import (
     gate_gradient_stats,
     make_scorer,
     normalize_per_layer,
-    readout_size,
+    readout_stats,
 )
 from headscope.analyses.heads.l0 import L0Config, l0_sweep
 from headscope.analyses.heads.pruning import (
@@ -165,17 +169,31 @@ def noise_floor(dtype: torch.dtype, size: float) -> float:
     return float(torch.finfo(dtype).eps) * max(1.0, abs(float(size)))
 
 
+def rounding_step(dtype: torch.dtype, size: float, sensitivity: float | None = None) -> float:
+    """The analytic rounding of a metric read from numbers of this size: noise_floor(dtype, size), or for an
+    answer log-probability (sensitivity = E_x sum_t (1 - p_t), importance.readout_stats) that step times the
+    sensitivity, the most a half-step error in every logit moves it (review 11b A2: 0.079 for logits of 10 in
+    bfloat16, 0.00055 for an answer at p = 0.993), and never under one float32 step of the size (the
+    log-softmax's own arithmetic, metrics.answer_logprob)."""
+    if sensitivity is None:
+        return noise_floor(dtype, size)
+    return max(noise_floor(dtype, size) * float(sensitivity), noise_floor(torch.promote_types(dtype, torch.float32), size))
+
+
 def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric_size: float,
                      loss_size: float | None = None, k: int = 5,
                      pruning: dict[str, torch.Tensor] | None = None,
-                     ses: dict[str, torch.Tensor] | None = None, measured: float | None = None) -> dict[str, Any]:
+                     ses: dict[str, torch.Tensor] | None = None, measured: float | None = None,
+                     metric_sensitivity: float | None = None, loss_sensitivity: float | None = None) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
     - ablation (zero, mean, resample): a difference of two metric values, so its floor is `measured` (the
-      null ablations' floor, rounding.measured_floor) where given, else one rounding step of the metric
-      (noise_floor(dtype, metric_size): summary noise_floor, always recorded);
+      null ablations' floor, rounding.measured_floor) where given, else the metric's analytic rounding
+      (rounding_step(dtype, metric_size, metric_sensitivity): summary noise_floor, always recorded);
     - gradient, E_x |dL/d gate|: the loss change that removing the head predicts to first order, so its
-      floor is one rounding step of the differentiated loss (noise_floor(dtype, loss_size):
+      floor is the differentiated loss's analytic rounding (rounding_step(dtype, loss_size, loss_sensitivity):
       noise_floor_gradient; the loss is not the metric for cosine and accuracy tasks; loss_size None: metric_size).
+      The sensitivities (an answer log-probability's E_x sum_t (1 - p_t); None: one step of the size) size a
+      log-probability's rounding (rounding_sensitivity in the summary).
       It stays analytic: recomputing a gradient in another batch composition reproduces it bitwise (nothing
       to measure: bfloat16 zoo model, batches of 3 or 16 and the examples permuted give identical gradients),
       and gradient ties are judged relative to each gradient's own size instead (below).
@@ -198,9 +216,13 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     the smaller of their two standard errors (in float32 the review's pair is 0.005 apart, far above rounding but
     a sixtieth of L0H1's s.e.)."""
     eps = float(torch.finfo(dtype).eps)
-    floors = {m: noise_floor(dtype, loss_size if m == "gradient" and loss_size is not None else metric_size)
-              for m in raw}
-    out: dict[str, Any] = {"noise_floor": noise_floor(dtype, metric_size)}
+    def analytic(m: str) -> float:
+        if m == "gradient":
+            return rounding_step(dtype, metric_size if loss_size is None else loss_size, loss_sensitivity)
+        return rounding_step(dtype, metric_size, metric_sensitivity)
+
+    floors = {m: analytic(m) for m in raw}
+    out: dict[str, Any] = {"noise_floor": rounding_step(dtype, metric_size, metric_sensitivity)}
     if "gradient" in raw:
         out["noise_floor_gradient"] = floors["gradient"]
     source = {m: "analytic" for m in raw}
@@ -214,8 +236,15 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         peak = float(flat.abs().max()) if flat.numel() else 0.0
         if peak < floor:
             unit = "of the loss it differentiates" if method == "gradient" else "of the metric"
+            sens = loss_sensitivity if method == "gradient" else metric_sensitivity
+            how = (f"one rounding step {unit} at this dtype" if sens is None else
+                   f"the rounding {unit}: one step of the logits at this dtype, "
+                   f"{noise_floor(dtype, loss_size if method == 'gradient' and loss_size is not None else metric_size):.2g}, "
+                   f"times the answer's 1 - p summed over its tokens, {sens:.2g} on average")
+            if source[method] == "measured":
+                how = "measured by null ablations"
             out[f"degenerate_{method}"] = (f"every head's |{method} importance| is below {peak:.2g}, under the numerical "
-                                           f"floor {floor:.2g} (one rounding step {unit} at this dtype): no head "
+                                           f"floor {floor:.2g} ({how}): no head "
                                            "measurably matters by this method, so its ranking and pruning order are noise")
             continue
         order = torch.argsort(flat, descending=True, stable=True)[: k + 1]
@@ -455,7 +484,7 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
     """numerical_checks at the model's dtype, sizes taken as the larger of each value and the logits it is read
     from, the ablation methods' floor measured by null ablations (rounding.null_effects; rounding_null: their
     gates, how many ran and the largest |change|); df (importance_table's) gives each method's importance_se."""
-    readout = readout_size(model, scorer)
+    readout, sensitivity = readout_stats(model, scorer)
     measured, null = None, {}
     if set(raw) - {"gradient"}:
         effects = rounding.null_effects(model, scorer)  # [gates x layers]
@@ -470,13 +499,47 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
             se[torch.tensor(g["layer"].to_numpy()), torch.tensor(g["head"].to_numpy())] = torch.tensor(
                 g["importance_se"].to_numpy(dtype=float))
             ses[method] = se
-    summary = numerical_checks(raw, model.dtype, metric_size=max(abs(baseline), readout),
-                               loss_size=None if loss_size is None else max(abs(loss_size), readout), pruning=pruning,
-                               ses=ses, measured=measured)
-    return {**summary, **null, "readout_size": readout}
+    # an answer log-probability (computed in float32 from the logits) rounds as its logits do, times its (1 - p)
+    # summed over the answer's tokens; accuracy's gradients differentiate that log-probability
+    on_metric = sensitivity if scorer.kind == "logprob" else None
+    on_loss = sensitivity if scorer.kind in ("logprob", "accuracy") else None
+    summary = numerical_checks(raw, model.dtype, metric_size=readout if on_metric is not None else max(abs(baseline), readout),
+                               loss_size=None if loss_size is None else readout if on_loss is not None
+                               else max(abs(loss_size), readout),
+                               pruning=pruning, ses=ses, measured=measured,
+                               metric_sensitivity=on_metric, loss_sensitivity=on_loss)
+    extra = ({"rounding_sensitivity": sensitivity, "rounding_logit_step": noise_floor(model.dtype, readout)}
+             if on_metric is not None or on_loss is not None else {})
+    return {**summary, **null, "readout_size": readout, **extra}
 
 
-def _top_heads(df: pd.DataFrame, checks: dict, k: int = 5) -> dict[str, list[str]]:
-    """The k highest-ranked heads per method; none for a degenerate method (its ranking is rounding)."""
-    return {f"top_heads_{method}": [] if f"degenerate_{method}" in checks else g.sort_values("rank")["head_name"].head(k).tolist()
-            for method, g in df.groupby("method", sort=False)}
+def _top_heads(df: pd.DataFrame, checks: dict, k: int = 5) -> dict[str, Any]:
+    """The k highest-ranked heads per method (top_heads_<method>); none for a degenerate method (its ranking is
+    rounding). top_head_<method> for each ablation method: its first head and the next, each with its importance
+    and 95% t interval over the examples, and `clear`: the first's interval lies above the next's (review 11b A3:
+    one head costing 66x the next went unnamed behind the ties that follow it)."""
+    out: dict[str, Any] = {}
+    for method, g in df.groupby("method", sort=False):
+        ranked = g.sort_values("rank")
+        out[f"top_heads_{method}"] = [] if f"degenerate_{method}" in checks else ranked["head_name"].head(k).tolist()
+        if method != "gradient" and f"degenerate_{method}" not in checks and len(ranked) > 1:
+            out[f"top_head_{method}"] = _leading(ranked, int(checks.get("n_examples") or 0))
+    return out
+
+
+def _leading(ranked: pd.DataFrame, n: int) -> dict[str, Any]:
+    """The first two rows of a ranked importance table as {head, importance, ci, next_head, next_importance,
+    next_ci, n_examples, clear} (ci: importance -+ the 95% t half-width of its standard error; None below 2
+    examples; clear: the first's lower bound above the next's upper bound)."""
+    def interval(row: pd.Series) -> list[float] | None:
+        se = float(row["importance_se"])
+        if n < 2 or not math.isfinite(se):
+            return None
+        half = float(t_half_width(se * n ** 0.5, n))
+        return [float(row["importance"]) - half, float(row["importance"]) + half]
+
+    first, second = ranked.iloc[0], ranked.iloc[1]
+    ci, next_ci = interval(first), interval(second)
+    return {"head": first["head_name"], "importance": float(first["importance"]), "ci": ci,
+            "next_head": second["head_name"], "next_importance": float(second["importance"]), "next_ci": next_ci,
+            "n_examples": n, "clear": bool(ci is not None and next_ci is not None and ci[0] > next_ci[1])}

@@ -54,6 +54,7 @@ class Scorer(metrics.Metric):
     grad_loss: RowFn
     objective: RowFn
     fn: metrics.MetricFn | None = None  # set from metric in __post_init__
+    answers: torch.Tensor | None = None  # [batch] or [batch, k] a task's answer tokens (decoders; readout_stats)
 
     def __post_init__(self) -> None:
         if self.fn is None:
@@ -129,7 +130,7 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     grad_loss = logprob if task.metric == "accuracy" else metric
     return Scorer(name=task.name, kind=task.metric, tokens=tokens, attention_mask=mask, metric=metric,
                   grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows),
-                  last_position=task.continuation is None)
+                  last_position=task.continuation is None, answers=answers)
 
 
 def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor | None) -> Scorer:
@@ -471,21 +472,36 @@ def readout_size(model, scorer: Scorer, *, max_tokens: int | None = None) -> flo
     difference or log-probability is rounded relative to the logits it subtracts, not to its own value
     (a logit difference of 0.2 between logits of 5 carries the rounding of 5). Encoders (the cosine of
     unit vectors, temperature-1 contrastive loss): 1. Sets the heads rounding floors (analysis.noise_floor)."""
+    return readout_stats(model, scorer, max_tokens=max_tokens)[0]
+
+
+def readout_stats(model, scorer: Scorer, *, max_tokens: int | None = None) -> tuple[float, float | None]:
+    """(readout_size, the answer's sensitivity E_x sum_t (1 - p_t)) from one plain pass; the sensitivity is None
+    without answer tokens (encoders, text, a Scorer built by hand). A log-probability's derivative in logit v is
+    [v = answer] - p_v, so rounding every logit to its nearest float (an error of at most half a step) moves log p
+    by at most one step x (1 - p) (half for the answer's own logit, half through the normaliser, sum_v!=a p_v =
+    1 - p), summed over the answer's tokens: a saturated answer (p = 0.993) carries 1/150 of the logits' rounding
+    step (review 11b A2), an unlikely one all of it."""
     if model.facts.is_encoder or scorer.kind == "cosine":
-        return 1.0
+        return 1.0, None
     n, pos = scorer.tokens.shape
     ones = torch.ones(1, model.facts.n_layers, model.facts.n_heads)
     batch = max(1, min(n, batching.rows_per_pass(model, pos, max_tokens=max_tokens, logits_cap=True)))
+    answers = scorer.answers
 
-    def step(ex: range) -> torch.Tensor:
+    def step(ex: range) -> torch.Tensor:  # -> [2]: sum of max |logit|, sum of the answers' sum (1 - p)
         rows = torch.arange(ex.start, ex.stop, device=model.device)  # [b]
         out = run_gated(model, scorer.tokens[rows], ones.expand(len(rows), -1, -1), last_only=scorer.last_position,
                         attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
-        return out.detach().abs().amax(-1).double().mean(-1).sum().cpu()  # [b, q, vocab] -> one sum
+        size = out.detach().abs().amax(-1).double().mean(-1).sum().cpu()  # [b, q, vocab] -> one sum
+        if answers is None:
+            return torch.stack([size, torch.zeros((), dtype=torch.float64)])
+        p = metrics.answer_logprob_per_token(out.detach(), answers[rows]).double().exp()  # [b, k] (1 where padding)
+        return torch.stack([size, (1 - p).sum().cpu()])
 
     with torch.no_grad():
-        total = sum(float(part) for _, part in batching.run_chunks(step, n, batch))
-    return total / n
+        total = sum(part for _, part in batching.run_chunks(step, n, batch))
+    return float(total[0]) / n, None if answers is None else float(total[1]) / n
 
 
 def normalize_per_layer(importance: torch.Tensor, exponent: float = 2.0) -> torch.Tensor:

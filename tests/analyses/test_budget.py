@@ -185,6 +185,21 @@ def test_after_the_gradient_only_resort_the_examples_come_back_while_they_fit(mo
     assert fitted.seconds <= budget
 
 
+def test_a_default_run_cut_below_the_quick_presets_examples_records_it(monkeypatch):
+    """Review 11b C3: on a slow machine the default heads run was cut to 8 examples where --quick runs 16 (the
+    heads presets: 64 full, 16 quick); summary["budget"] records both counts, and not when the cut stays above 16
+    or the run is --quick itself."""
+    model = _GPT2SmallShape()
+    monkeypatch.setattr(B, "_rate", lambda model, length: 1.0 / B.flops_per_row(model, 64))  # one second a row pass
+    config = HeadsConfig.preset()
+    tiny = B.fit(model, heads_cost.COST, None, config, 1.0)  # nothing fits: every knob at its smallest
+    assert tiny.config.n_examples == 8 and tiny.summary()["below_quick"] == {"n_examples": [8, 16]}
+    roomy = B.fit(model, heads_cost.COST, None, config, heads_cost.estimate(model, None, config).total * 0.9)
+    assert roomy.changed and roomy.config.examples(64, 16) > 16 and "below_quick" not in roomy.summary()
+    quick = B.fit(model, heads_cost.COST, None, HeadsConfig.preset(quick=True), 1.0)
+    assert quick.config.n_examples == 8 and "below_quick" not in quick.summary()
+
+
 def test_allocate_gives_cheap_analyses_what_they_need_and_shares_the_rest():
     assert B.allocate({"a": 10, "b": 20}, 100) == {"a": 10, "b": 20}
     assert B.allocate({"a": 10, "b": 200, "c": 300}, 100) == {"a": 10, "b": 45, "c": 45}

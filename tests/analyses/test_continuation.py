@@ -130,6 +130,19 @@ def test_zero_ablation_importance_against_hf_per_example(arch, arch_models, hf_o
         want = float((clean - ablated).mean())
         assert rec.importance == pytest.approx(want, abs=TOL * (1 + abs(want) + float(clean.abs().max())))
     assert got.df["importance"].abs().max() > 1e-3
+    # review 11b A2: the rounding is sized by each answer's sum over its tokens of 1 - p (plain HF's p)
+    sens = sum(float((1 - _hf_token_logprobs(hf, p, a).exp()).sum()) for p, a in zip(prompts, answers)) / len(rows)
+    assert got.summary["rounding_sensitivity"] == pytest.approx(sens, rel=1e-4)
+    step = 2.0 ** -23 * got.summary["readout_size"]  # one float32 step of the logits
+    assert got.summary["noise_floor"] == pytest.approx(max(step * sens, step))
+
+
+def _hf_token_logprobs(hf, prompt_ids: list[int], answer: list[int]) -> torch.Tensor:
+    """[k] each answer token's log-probability in plain HF (prompt + whole answer, unpadded)."""
+    with torch.no_grad():
+        logp = hf(torch.tensor([prompt_ids + answer])).logits[0].double().log_softmax(-1)  # [pos, vocab]
+    start = len(prompt_ids) - 1
+    return torch.stack([logp[start + j, a] for j, a in enumerate(answer)])
 
 
 def test_patching_a_head_restores_the_continuation_as_in_hf(arch_models, hf_of, continuation_task):

@@ -975,3 +975,60 @@ def test_heads_summary_says_whether_the_blocks_are_mixtures_of_experts(arch, mor
     res = hs.head_importance(model, hs.tensor_task(model, tokens), methods=("zero",))
     config = model.bridge.original_model.config
     assert res.summary["mixture_of_experts"] is bool(getattr(config, "num_local_experts", 0))
+
+
+def test_the_leading_head_carries_its_t_interval_and_whether_it_clears_the_next():
+    """Review 11b A3: top_head_<method> records the first head and the next with 95% t intervals (mean -+
+    t(0.975, n - 1) x se, scipy's quantile) and `clear` only when the first's lower bound is above the next's upper."""
+    from scipy import stats
+
+    df = pd.DataFrame({"method": "zero", "head_name": ["L0H0", "L0H3", "L1H0"], "importance": [0.0335, 2.2133, 0.01],
+                       "importance_se": [0.017, 0.93, 0.005], "rank": [2, 1, 3]})
+    got = heads._top_heads(df, {"n_examples": 16})["top_head_zero"]
+    t = stats.t.ppf(0.975, 15)
+    assert got["head"] == "L0H3" and got["next_head"] == "L0H0" and got["clear"] is True
+    assert got["ci"] == pytest.approx([2.2133 - t * 0.93, 2.2133 + t * 0.93])
+    assert got["next_ci"] == pytest.approx([0.0335 - t * 0.017, 0.0335 + t * 0.017])
+    wide = df.assign(importance_se=[0.017, 1.1, 0.005])  # 2.2133 - 2.131 x 1.1 = -0.13 < the next's 0.0697
+    assert heads._top_heads(wide, {"n_examples": 16})["top_head_zero"]["clear"] is False
+    assert "top_head_zero" not in heads._top_heads(df, {"n_examples": 16, "degenerate_zero": "why"})
+
+
+def test_a_saturated_answer_log_probability_is_computed_past_bfloat16_rounding():
+    """Review 11b A2: a bfloat16 log-softmax rounds its sum of exponentials near 1 to steps of 2^-7, so the answer of
+    logits [10, 5, 4] (log p = -log(1 + e^-5 + e^-6) = -0.009187) came out as -0.0078; the metric reads the
+    bfloat16 logits in float32."""
+    logits = torch.tensor([[[10.0, 5.0, 4.0]]], dtype=torch.bfloat16)  # [batch, pos, vocab], exact in bfloat16
+    want = -math.log(1 + math.exp(-5) + math.exp(-6))
+    assert metrics.answer_logprob(logits, torch.tensor([0])).item() == pytest.approx(want, abs=2e-6)  # float32's step at 10
+    two = torch.tensor([[[10.0, 5.0, 4.0], [3.0, 9.0, 1.0]]], dtype=torch.bfloat16)  # an answer of two tokens
+    want2 = want - math.log(1 + math.exp(-6) + math.exp(-8))
+    assert metrics.answer_logprob(two, torch.tensor([[0, 1]])).item() == pytest.approx(want2, abs=4e-6)
+
+
+def test_a_log_probability_floor_is_the_logit_step_times_one_minus_p():
+    """Review 11b A2: the analytic floor of an answer log-probability is one rounding step of its logits times
+    sum_t (1 - p_t), not the logits' step: in bfloat16 at logits of 10.16 the step is 2^-7 x 10.16 = 0.0794,
+    and an answer at p = 1 / (1 + e^-5 + e^-6) carries 1 - p = 0.009133 of it. Rounding every logit by up to half a
+    step (random signs, float64) moves log p by that floor, up to second order in the step; the old floor, 0.0794, tied heads
+    0.034, 0.028 and 0.0095 apart that float32 separates the same way, and called gradients of 0.0017 rounding."""
+    from headscope.analyses.heads.analysis import numerical_checks, rounding_step
+
+    step = 2.0 ** -7 * 10.16
+    logits = torch.tensor([10.16, 5.16, 4.16], dtype=torch.float64)
+    p = logits.softmax(-1)[0].item()
+    floor = rounding_step(torch.bfloat16, 10.16, 1 - p)
+    assert floor == pytest.approx(step * (1 - p)) and floor == pytest.approx(0.0794 * 0.009133, rel=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    signs = torch.randint(0, 2, (2000, 3), generator=gen).double() * 2 - 1  # [trial, vocab]
+    moved = (logits + signs * step / 2).log_softmax(-1)[:, 0] - logits.log_softmax(-1)[0]  # [trial]
+    assert floor < moved.abs().max().item() <= floor * math.exp(step)  # reached, up to the step's second order
+    zero = torch.tensor([[2.21, 0.034], [0.028, 0.0095]], dtype=torch.float64)
+    grad = torch.tensor([[0.0017, 0.0006], [0.0004, 0.0002]])
+    out = numerical_checks({"zero": zero, "gradient": grad}, torch.bfloat16, metric_size=10.16, loss_size=10.16, k=3,
+                           metric_sensitivity=1 - p, loss_sensitivity=1 - p)
+    assert out["rounding_floor_zero"] == pytest.approx(floor) and out["noise_floor_gradient"] == pytest.approx(floor)
+    assert "tied_top_heads_zero" not in out and "degenerate_gradient" not in out
+    old = numerical_checks({"zero": zero, "gradient": grad}, torch.bfloat16, metric_size=10.16, k=3)  # a logit's step
+    assert old["tied_top_heads_zero"] == ["L0H1", "L1H0"] and old["tied_top_next_zero"] == "L1H1"
+    assert "degenerate_gradient" in old

@@ -168,6 +168,20 @@ def test_show_attention_in_a_kernel_has_a_prompt_box_that_rerenders_on_a_typed_p
     assert prompt_box.WIDGET_MIME not in bundle and bundle["text/html"].startswith(prompt_box.NO_WIDGETS + '<div class="hsx"')
 
 
+def test_the_grid_opens_on_a_measured_importance_when_the_gradient_is_under_its_floor(llama, tmp_path):
+    """Review 11b B2: the report called the gradient "rounding, not a measurement" and the explorer still opened on
+    it; it opens on zero-ablation then (and on the gradient while it is a measurement)."""
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    io.write_csv(heads / "results.csv", pd.DataFrame([{"layer": l, "head": h, "method": m, "importance": float(h)}
+                                                       for m in ("gradient", "zero") for l in range(2) for h in range(4)]))
+    tokens = llama.to_tokens(["w1 w2 w3 w4"])
+    io.write_json(heads / "summary.json", {"degenerate_gradient": "every head's |gradient importance| is below 0.0017"})
+    assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (zero)"
+    io.write_json(heads / "summary.json", {"n_heads": 8})  # the gradient measures: it stays the opening score
+    assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (gradient)"
+
+
 def test_report_embeds_the_explorer_from_its_file(llama, tmp_path):
     model_info = {"name": "tiny", "family": "llama", "n_layers": 2, "n_heads": 4, "d_model": 64}
     write_report_files(tmp_path, [], {}, model_info)

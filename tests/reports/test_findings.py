@@ -175,6 +175,26 @@ def test_degenerate_importance_and_ties_are_said_and_not_ranked():
     assert "18 of 32 heads (56%)" in text  # the ablation ordering is a measurement and stays
 
 
+def test_heads_finding_leads_with_the_head_that_stands_clear():
+    """Review 11b A3: zero-ablating L0H3 costs 2.21, 66x the next head, and the finding named only the ties behind
+    it. The lead sentence names it with its interval and n; where the next head's interval reaches it, it says the
+    examples single out no head."""
+    top = {"head": "L0H3", "importance": 2.2133, "ci": [0.23, 4.19], "next_head": "L0H0", "next_importance": 0.0335,
+           "next_ci": [-0.0027, 0.0697], "n_examples": 16, "clear": True}
+    s = {**HEADS, "metric": "logprob", "baseline_metric": -0.0069, "top_head_zero": top,
+         "tied_top_heads_zero": ["L0H0", "L3H1"]}
+    text = finding("heads", s)
+    lead = ("Zero-ablating L0H3 alone costs 2.21 answer log-probability (95% CI [0.23, 4.19], 16 examples); no other "
+            "head costs more than 0.034 (L0H0).")
+    assert lead in text and text.index(lead) < text.index("tie within rounding")  # first, then the ties
+    close = {**top, "clear": False, "next_importance": 1.9, "next_ci": [1.1, 2.7]}
+    text = finding("heads", {**s, "top_head_zero": close})
+    assert ("Zero-ablating L0H3 alone costs 2.21 answer log-probability (95% CI [0.23, 4.19], 16 examples), the most "
+            "of any head, but the next, L0H0 (1.9, 95% CI [1.1, 2.7]), lies within its interval") in text
+    assert "no other head" not in text
+    assert "L0H3" not in finding("heads", {**s, "top_head_zero": {**top, "importance": -0.01}})  # costs nothing
+
+
 def test_a_tie_says_which_rounding_floor_it_is_within():
     """#34 (f5 ties): the floor is measured by null ablations where it can be, one analytic step elsewhere;
     the finding says which, in the units of the tied method's importance."""
@@ -187,6 +207,12 @@ def test_a_tie_says_which_rounding_floor_it_is_within():
     s.update(rounding_floor_source={"zero": "analytic"}, rounding_floor_zero=0.2032)
     assert ("closer than 0.2 by zero-ablation (one rounding step of the metric at the model's dtype: no null "
             "ablation measured it).") in finding("heads", s)
+    # review 11b A2: an answer log-probability's analytic floor is the logits' step times its 1 - p, and says so
+    lp = {**s, "metric": "logprob", "rounding_floor_zero": 0.00055, "rounding_logit_step": 0.0794,
+          "rounding_sensitivity": 0.00693}
+    assert ("closer than 0.00055 by zero-ablation (the metric's rounding: one step of the logits at the model's dtype, "
+            "0.079, times the answer's 1 - p summed over its tokens, 0.0069 on average; no null ablation measured "
+            "it).") in finding("heads", lp)
     del s["tied_top_heads_zero"]
     assert "Within rounding" not in finding("heads", s)  # no tie, nothing to explain
 

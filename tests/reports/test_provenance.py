@@ -161,3 +161,27 @@ def test_budget_lines_name_the_speed_they_rest_on_and_older_runs_still_say_it_ca
     older = provenance_lines(section_provenance(tmp_path / "patching"))[1]
     assert older.endswith("the budget (fitted to this machine's speed measured at the start of the run) changed "
                           "trace_samples None -> 0; another run may fit differently; --budget inf runs the preset in full")
+
+
+def test_a_run_the_budget_cut_below_the_quick_preset_says_so_in_its_header(tmp_path):
+    """Review 11b C3: the default run on a slow machine ran heads on 8 examples and patching on 7 where --quick runs
+    16 and 8; the header of report.html and report.md says so in one line, and nothing where no section was cut."""
+    from headscope.reports import io
+    from headscope.reports.html_report import write_report_files
+    from headscope.reports.provenance import below_quick_line
+    from headscope.reports.render import md_escape
+
+    model = {"name": "m", "family": "gemma3", "n_layers": 4, "n_heads": 4, "d_model": 64}
+    io.write_json(tmp_path / "heads" / "summary.json", {"budget": {"changed": {"n_examples": [None, 8]},
+                                                                  "below_quick": {"n_examples": [8, 16]}}})
+    io.write_json(tmp_path / "patching" / "summary.json", {"budget": {"changed": {"n_examples": [None, 8]},
+                                                                     "below_quick": {"n_examples": [7, 8]}}})
+    io.write_json(tmp_path / "kv" / "summary.json", {"budget": {"changed": {}}})
+    write_report_files(tmp_path, ["heads", "patching", "kv"], {}, model)
+    line = ("This run's budget was cut below the --quick preset by this machine's speed timed at the start of the run "
+            "(heads 8 examples against --quick's 16; patching 7 against 8): rerun with --budget inf.")
+    md = (tmp_path / "report.md").read_text()
+    assert md.index("rerun with --budget inf") < md.index("## Findings")
+    assert f"**{md_escape(line)}**" in md
+    assert line.replace("'", "&#x27;") in (tmp_path / "report.html").read_text()
+    assert below_quick_line(tmp_path, ["kv"]) == ""  # no section cut below --quick: no line
