@@ -298,7 +298,8 @@ def partner_words(s: Mapping[str, Any]) -> str:
     headroom, token = _num(entry.get("median_headroom")), _num(entry.get("median_token_ig"))
     which = [f"example{'s' * (len(entry.get('examples', [])) != 1)} "
              + ", ".join(str(e) for e in entry.get("examples", [])[:8])] if entry.get("examples") else []
-    which += [f"median 1 - cosine {headroom:.2g}"] if headroom is not None else []
+    which += ([f"median 1 - cosine {headroom:.2g}" + (": the cosine rounds to 1" if headroom == 0 else "")]
+              if headroom is not None else [])
     ig = (f" (integrated gradients, from its baseline up, gives their tokens a median |attribution| of {token:.2g})"
           if token is not None else "")
     return (said + f" That cosine is at its ceiling (>= {entry.get('threshold', 0.99)}) on {k} of {n} examples"

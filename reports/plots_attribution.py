@@ -153,6 +153,7 @@ def _floor(rounding: Mapping[str, Any] | None) -> float | None:
 
 
 HEADROOM = 1.1  # the y axis's top over its highest point (review 11a B5: the top point was cut in half)
+VISIBLE = 0.01  # the rounding band is drawn where it is at least this share of the highest point
 
 
 def plot_permutation(data: pd.DataFrame, *, output_change: str = "change", saturated: Mapping[str, Any] | None = None,
@@ -164,12 +165,16 @@ def plot_permutation(data: pd.DataFrame, *, output_change: str = "change", satur
     the most TVD a change of one logit can cause, e x the median 1 - p(top token), is drawn as a line:
     points under it are what a saturated output allows, not evidence that the layer does nothing. `rounding`
     (the summary's permutation_rounding_floor, encoders): the 1 - cosine under which a change is rounding of the
-    cosine in its dtype, shaded from 0 (review 11a B1: four float32 ulps were stretched to the axis's height as if a
-    trend). The top of the axis sits HEADROOM over the highest point or line, so none is cut."""
+    cosine in its dtype, shaded from 0 where it is at least VISIBLE of the highest point (review 11a B1: four
+    float32 ulps were stretched to the axis's height as if a trend). The top of the axis sits HEADROOM over the
+    highest point or line, so none is cut."""
     from matplotlib.ticker import FuncFormatter
 
     bound = _bound(saturated) if output_change == "tvd" else None
     floor = _floor(rounding) if output_change == "1-cosine" else None
+    highest = float(np.nanmax(data["median_change"].to_numpy(dtype=float))) if len(data) else 0.0
+    if floor is not None and floor < VISIBLE * highest:  # a band too thin to see at this scale: no band, no key
+        floor = None
     ax = axes(ax, (6 + 3 * (bound is not None or floor is not None), 4))  # room for a key beside the data
     if floor is not None:
         dtype = rounding.get("dtype", "?")
@@ -270,9 +275,9 @@ PERMUTATION_CAPTIONS = {  # the permutation caption by the summary's output_chan
            "finding says so), the distance stays near 0 whatever the layer does; read the finding's change of the task "
            "metric instead.",
     "1-cosine": "Per example: median output change (1 - cosine of the pooled embedding with the unpermuted one, 0-2) "
-                "when the layer's attention is permuted, against its maximum attention weight. The grey band from 0 "
-                "marks changes within the cosine's rounding in the dtype it was computed in: points inside it are "
-                "rounding, not an effect of the layer.",
+                "when the layer's attention is permuted, against its maximum attention weight. Where the points come "
+                "near the cosine's rounding in the dtype it was computed in, a grey band from 0 marks it: points "
+                "inside it are rounding, not an effect of the layer.",
 }
 
 
@@ -312,8 +317,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "attention weight, in the units the y axis names: on a decoder the total variation distance of the "
                    "next-token distribution (0-1), on an encoder 1 - cosine of the pooled embedding with the unpermuted "
                    "one (0-2). On a decoder whose output is saturated (the finding says so) the distance stays near 0 "
-                   "whatever the layer does: read the finding's change of the task metric instead. On an encoder a grey "
-                   "band from 0 marks changes within the cosine's rounding.",
+                   "whatever the layer does: read the finding's change of the task metric instead. On an encoder whose "
+                   "points come near the cosine's rounding, a grey band from 0 marks it.",
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
                    "while the output stays within epsilon; a saturated output stays within it under almost any attention.",
 }

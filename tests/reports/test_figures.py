@@ -1737,7 +1737,8 @@ def test_permutation_axis_states_its_scale_and_marks_the_saturation_bound():
 def test_permutation_figure_on_an_encoder_draws_the_rounding_floor_and_keeps_its_top_point():
     """Review 11a B1, B5: an encoder's 1 - cosine medians of 1-4 float32 steps (2^-24 each) were stretched to the
     axis's height as if a trend; the summary's permutation_rounding_floor (8 steps, 8 x 2^-24) is a grey band from
-    0 with its key, and the points sit inside it. MiniLM's points (the review's permutation.csv) keep room over the
+    0 with its key, and the points sit inside it (at 1e-6 of the highest point, as on MiniLM, it would not show: no
+    band, no key). MiniLM's points (the review's permutation.csv) keep room over the
     highest (its top was cut at 0.4458 for a point at 0.4431): the axis top is at least 5% over it."""
     from headscope.reports.plots_attribution import figures as attribution_figures
     from headscope.reports.plots_attribution import plot_permutation
@@ -1768,6 +1769,8 @@ def test_permutation_figure_on_an_encoder_draws_the_rounding_floor_and_keeps_its
         ax = plot_permutation(minilm, output_change="1-cosine", ax=plt.subplots()[1])
         ax.figure.canvas.draw()
         assert ax.get_ylim()[0] == 0.0 and ax.get_ylim()[1] >= 1.05 * 0.4431
+        floored = plot_permutation(minilm, output_change="1-cosine", rounding=floor, ax=plt.subplots()[1])
+        assert [p for p in floored.patches if p.get_gid() == "rounding"] == [] and floored.get_legend() is None  # 1e-6 of 0.44
     finally:
         plt.close("all")
 

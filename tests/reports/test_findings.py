@@ -2069,6 +2069,8 @@ def test_attribution_on_an_encoder_says_what_the_partner_cosine_measures_and_whe
     assert "at its ceiling (>= 0.99) on 2 of 4 examples (examples 1, 2; median 1 - cosine 0.00057): no token" in text, text
     assert "a median |attribution| of 0.00016" in text and "not evidence of graded agreement" in text
     assert "most examples" not in text  # 2 of 4 is not most
+    rounded = finding("attribution", {**ENCODER_ATTRIBUTION, "partner_ceiling": {**entry, "median_headroom": 0.0}})
+    assert "median 1 - cosine 0: the cosine rounds to 1)" in rounded  # a bfloat16 cosine of 0.9995
     said = finding("attribution", {**ENCODER_ATTRIBUTION, "partner_ceiling": {**entry, "n_saturated": 0, "examples": [],
                                                                                "median_headroom": None}})
     assert "a similarity to a partner" in said and "ceiling" not in said
