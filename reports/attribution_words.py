@@ -241,9 +241,10 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
     examples) pins every distribution distance near 0 whatever the layer does, so then neither test's
     distance is read as an effect: the change of the task metric (logits, nats) is given instead."""
     parts = []
-    tvd, layer = _num(s.get("median_permutation_tvd")), s.get("permutation_layer", "?")
+    tvd, layer = median_change(s), s.get("permutation_layer", "?")
     change = s.get("output_change", "change")
     sat = _saturated(s)
+    parts += [said] if (said := partner_words(s)) else []
     effect = metric_effect(s, "permutation_metric_change", "permutation_abs_metric_change")
     if sat is not None:
         parts.append(f"The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}. "
@@ -255,15 +256,21 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
             parts.append(f"In the task metric's units, permuting layer {layer}'s attention {effect}.")
     elif tvd is not None:
         size = _num(s.get("permutation_abs_metric_change"))
-        if tvd < 0.01 and (size is None or size < SMALL_METRIC_CHANGE):
+        spread = change_spread(s)
+        rounding = rounding_said(s, tvd)
+        if rounding and (size is None or size < SMALL_METRIC_CHANGE):  # review 11a B1, C2: no effect is measured
+            parts.append(f"Permuting layer {layer}'s attention leaves the output {rounding}: no effect of that layer's "
+                         "attention is measured, so the permutation test says nothing about faithfulness here.")
+        elif tvd < 0.01 and (size is None or size < SMALL_METRIC_CHANGE):
             parts.append(f"Permuting layer {layer}'s attention barely moves the output (median {change} "
-                         f"{tvd:.3g}): that layer's attention does little for the prediction, so the permutation test "
-                         "says nothing about faithfulness.")
+                         f"{tvd:.3g}{spread}): that layer's attention does little for the prediction, so the permutation "
+                         "test says nothing about faithfulness.")
         elif tvd < 0.01:  # the distribution hardly moves, the metric does: no "does little"
             parts.append(f"Permuting layer {layer}'s attention barely moves the output distribution (median {change} "
-                         f"{tvd:.3g}), yet the task metric moves.")
+                         f"{tvd:.3g}{spread}), yet the task metric moves.")
         else:
-            parts.append(f"Permuting layer {layer}'s attention changes the output by a median {change} of {tvd:.3g}.")
+            parts.append(f"Permuting layer {layer}'s attention changes the output by a median {change} of {tvd:.3g}"
+                         f"{spread}.")
         if effect:
             parts.append(f"In the task metric's units, it {effect}.")
         some = s.get("saturated") if isinstance(s.get("saturated"), Mapping) else {}
@@ -284,12 +291,78 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
     return parts
 
 
+def median_change(s: Mapping[str, Any]) -> float | None:
+    """The median output change under the permutations, in output_change's units (median_permutation_change; older
+    summaries: median_permutation_tvd, which held the encoders' 1 - cosine too)."""
+    value = _num(s.get("median_permutation_change"))
+    return value if value is not None else _num(s.get("median_permutation_tvd"))
+
+
+def change_spread(s: Mapping[str, Any]) -> str:
+    """'; per-example medians 0.39 to 0.44 over 4 examples' from permutation_change_range and _n (review 11a C5: the
+    median alone had no size of its spread); '' where the summary has no range."""
+    span, n = s.get("permutation_change_range"), int(_num(s.get("permutation_change_n")) or 0)
+    if not isinstance(span, Sequence) or len(span) != 2 or None in map(_num, span) or n < 1:
+        return ""
+    if n == 1:
+        return "; 1 example"
+    return f"; per-example medians {_num(span[0]):.3g} to {_num(span[1]):.3g} over {n} examples"
+
+
+def rounding_said(s: Mapping[str, Any], median: float | None) -> str:
+    """How the permutation test's median change reads against the metric's rounding (review 11a B1, C2): 'below the
+    metric's rounding (...)' for an exact 0, 'within float32 rounding (...)' for a 1 - cosine under the summary's
+    permutation_rounding_floor; '' where the change is measured."""
+    if median is None:
+        return ""
+    change = s.get("output_change", "change")
+    if median == 0:
+        return (f"unchanged below the metric's rounding (median {change} exactly 0: every change rounds to the clean "
+                "value)")
+    floor = s.get("permutation_rounding_floor") if isinstance(s.get("permutation_rounding_floor"), Mapping) else {}
+    size, dtype = _num(floor.get("floor")), floor.get("dtype", "?")
+    if size is None or median > size:
+        return ""
+    return (f"unchanged within {dtype} rounding (median {change} {median:.3g}{change_spread(s)}, under "
+            f"{floor.get('ulps', '?')} {dtype} rounding steps of a cosine near 1, {size:.2g})")
+
+
+PARTNER = ("the cosine of each prompt's pooled embedding with another example's: a similarity to a partner, not the "
+           "model's answer")
+
+
+def partner_words(s: Mapping[str, Any]) -> str:
+    """Encoders (the summary's partner_ceiling, analyses' summary.partner_ceiling): what the gradient methods'
+    metric measures, and on how many examples it sits at its ceiling (a partner cosine >= 0.99), where those
+    methods rank tokens by changes of about 1 - cosine; '' for a decoder or an older summary (review 11a A5)."""
+    entry = s.get("partner_ceiling")
+    if not isinstance(entry, Mapping):
+        return ""
+    said = (f"On this encoder, saliency, gradient x input and integrated gradients differentiate {PARTNER} "
+            "(leave-one-out and the permutations measure 1 - cosine to the prompt's own embedding).")
+    k, n = int(_num(entry.get("n_saturated")) or 0), int(_num(entry.get("n_examples")) or 0)
+    if not k:
+        return said
+    headroom, token = _num(entry.get("median_headroom")), _num(entry.get("median_token_ig"))
+    which = [f"example{'s' * (len(entry.get('examples', [])) != 1)} "
+             + ", ".join(str(e) for e in entry.get("examples", [])[:8])] if entry.get("examples") else []
+    which += ([f"median 1 - cosine {headroom:.2g}" + (": the cosine rounds to 1" if headroom == 0 else "")]
+              if headroom is not None else [])
+    ig = (f" (integrated gradients, from its baseline up, gives their tokens a median |attribution| of {token:.2g})"
+          if token is not None else "")
+    return (said + f" That cosine is at its ceiling (>= {entry.get('threshold', 0.99)}) on {k} of {n} examples"
+            + (f" ({'; '.join(which)})" if which else "") + ": no token can raise it by more than 1 - cosine there and "
+            f"its gradient is near 0, so saliency and gradient x input rank those examples' tokens by changes that "
+            f"small{ig}; their taus there rest on a metric at its ceiling and are not evidence of graded agreement"
+            + (" (most examples: read the gradient methods' taus above with that in mind)." if 2 * k > n else "."))
+
+
 def _measured_only(s: Mapping[str, Any], n: int) -> str:
     """At chance: what was measured (n, the methods, the permutation and adversarial settings), no tau,
     no rate of significant taus, no reading of either test."""
     measured = ["Kendall tau between attention and saliency, gradient x input, leave-one-out and integrated gradients"]
     layer = s.get("permutation_layer")
-    if _num(s.get("median_permutation_tvd")) is not None:
+    if median_change(s) is not None:
         draws = s.get("n_permutations")
         measured.append(f"the output change under {draws or 'random'} permutations of layer {layer}'s attention")
     if _num(s.get("median_adversarial_jsd")) is not None:
@@ -299,7 +372,7 @@ def _measured_only(s: Mapping[str, Any], n: int) -> str:
     if sat is not None:
         said += f" The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}. "
         said += loo_words(s, sat)
-    return said
+    return f"{said} {partner}" if (partner := partner_words(s)) else said
 
 
 def loo_words(s: Mapping[str, Any], sat: Mapping[str, Any]) -> str:

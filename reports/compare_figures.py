@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import io as _io
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _analysis_settings
 from headscope.reports.findings import caption
@@ -73,8 +75,15 @@ def why_missing(missing: Run, other: Run, name: str, what: str = "this figure") 
             "something to show)")
 
 
+def pair_caption(stem: str, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str:
+    """The caption over a pair of figures: the runs' own (findings.caption with each summary) where both give the
+    same, else the caption that holds for either (review 11a B2: an encoder's units are not a decoder's)."""
+    own = {caption(stem, a), caption(stem, b)}
+    return own.pop() if len(own) == 1 else caption(stem)
+
+
 def _cell(run: Run, side: str, name: str, stem: str) -> str:
-    text = caption(stem)
+    text = caption(stem, run.summary(name))  # this run's units where they follow its summary
     alt = f"{side} ({run.label}): {name} figure {stem}" + (f": {text}" if text else "")
     data = base64.b64encode(thumbnail(run.path / name / f"{stem}.png")).decode("ascii")
     return (f'<figure><img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
@@ -138,7 +147,7 @@ def figures_section(a: Run, b: Run, names: list[str]) -> tuple[str, list[str]]:
             for side, run, other, own in (("A", a, b, have[0]), ("B", b, a, have[1])):
                 blank = f"blank: {side} has no {stem}: {why_missing(run, other, name)}"
                 cells.append(_cell(run, side, name, stem) if stem in own else f"<figure><em>{escape(blank)}</em></figure>")
-            text = caption(stem)
+            text = pair_caption(stem, a.summary(name), b.summary(name))
             rows.append(f"<h4>{escape(stem)}</h4>" + (f"<p class='guide'>{escape(text)}</p>" if text else "")
                         + f"<div class='pair'>{''.join(cells)}</div>")
         for side, run, other, own in (("A", a, b, have[0]), ("B", b, a, have[1])):

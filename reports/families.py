@@ -4,7 +4,8 @@ An analysis family's record (analyses/core/family.py, analyses/<name>/__init__.p
 what it computes; its presentation lives in ONE module of this layer, reports/plots_<name>.py:
 `figures(result) -> {stem: Figure}`, `finding(summary) -> str` (its headline in words, built from
 reports/findings.py's shared helpers), `CAPTIONS` ({figure stem: caption}, optionally
-`PREFIX_CAPTIONS` for figures named <prefix><site>) and `GUIDE` (how to read its section). Nothing
+`PREFIX_CAPTIONS` for figures named <prefix><site>, and `caption_for(stem, summary)` for a caption that
+depends on the run's summary) and `GUIDE` (how to read its section). Nothing
 here lists the families: they are the registry's (analyses/core/registry.py FAMILIES), so adding
 one is its analyses folder, its plots module and its line in FAMILIES. The analyses layer never
 imports this (tests/test_layout.py); a registered family whose plots module is missing or lacks
@@ -37,6 +38,7 @@ class Presentation:
     prefix_captions: Mapping[str, str] = field(default_factory=dict)
     figures: Callable[..., dict]  # figures(result, **kwargs) -> {figure stem: Figure}
     chance_sentence: Callable[..., str] | None = None  # (chance entry, summary) -> the opening at chance, if its own
+    caption_for: Callable[[str, Mapping[str, Any] | None], str | None] | None = None  # a summary's own caption of a stem
 
 
 def names() -> tuple[str, ...]:
@@ -74,7 +76,8 @@ def presentation(name: str) -> Presentation | None:
     module = _module(name)
     return Presentation(name=name, finding=module.finding, guide=module.GUIDE, captions=module.CAPTIONS,
                         prefix_captions=getattr(module, "PREFIX_CAPTIONS", {}), figures=module.figures,
-                        chance_sentence=getattr(module, "chance_sentence", None))
+                        chance_sentence=getattr(module, "chance_sentence", None),
+                        caption_for=getattr(module, "caption_for", None))
 
 
 def presentations() -> dict[str, Presentation]:

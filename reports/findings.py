@@ -310,12 +310,17 @@ def finding(name: str, summary: Mapping[str, Any]) -> str:
         return ""
 
 
-def caption(stem: str) -> str:
-    """What to read from the figure `stem` and its units ("" for an unknown figure): the CAPTIONS of the
-    module that draws it, else the PREFIX_CAPTIONS entry its name starts with (then "Site: <rest>.")."""
-    from headscope.reports.families import captions, prefix_captions
+def caption(stem: str, summary: Mapping[str, Any] | None = None) -> str:
+    """What to read from the figure `stem` and its units ("" for an unknown figure): with the run's `summary`, the
+    drawing family's caption_for(stem, summary) where it gives one (units that follow the run); else the CAPTIONS of
+    the module that draws it, else the PREFIX_CAPTIONS entry its name starts with (then "Site: <rest>.")."""
+    from headscope.reports.families import captions, prefix_captions, presentations
 
     every = captions()
+    if summary is not None and stem in every:
+        for shown in presentations().values():
+            if shown.caption_for is not None and stem in shown.captions and (own := shown.caption_for(stem, summary)):
+                return own
     if stem in every:
         return every[stem]
     for prefix, text in prefix_captions().items():

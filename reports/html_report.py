@@ -70,12 +70,13 @@ def _png_width(path: Path) -> int:
     return int.from_bytes(head[16:20], "big") if head[:8] == b"\x89PNG\r\n\x1a\n" else 0
 
 
-def _figures_html(folder: Path) -> str:
-    """The analysis's figures in a grid, each with its caption (what to read, units)."""
+def _figures_html(folder: Path, summary: Mapping[str, Any] | None = None) -> str:
+    """The analysis's figures in a grid, each with its caption (what to read, units; the summary's own where the
+    units follow the run, findings.caption)."""
     cells = []
     for png in sorted(folder.glob("*.png")):
         data = base64.b64encode(png.read_bytes()).decode("ascii")
-        text = caption(png.stem)
+        text = caption(png.stem, summary)
         wide = ' class="wide"' if _png_width(png) > 1000 else ""  # a multi-panel figure takes the whole row
         alt = f"{png.stem}: {text}" if text else png.stem  # what the figure shows, not only its file name
         cells.append(f'<figure{wide}><img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
@@ -99,10 +100,10 @@ def _tables_html(folder: Path, summary: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _figures_markdown(folder: Path, name: str) -> list[str]:
+def _figures_markdown(folder: Path, name: str, summary: Mapping[str, Any] | None = None) -> list[str]:
     lines = []
     for png in sorted(folder.glob("*.png")):
-        lines += [f"![{md_escape(png.stem)}]({name}/{png.name})", "", md_escape(caption(png.stem)), ""]
+        lines += [f"![{md_escape(png.stem)}]({name}/{png.name})", "", md_escape(caption(png.stem, summary)), ""]
     return lines
 
 
@@ -196,10 +197,11 @@ def _section(out: Path, name: str, status: str, used: str = "") -> tuple[str, st
     summary = io.read_json(folder / "summary.json")
     text = finding(name, summary)
     record = section_provenance(folder, used)  # task, source, n, one sample prompt, what the budget changed
-    parts = [head, provenance_html(record), _finding_html(text), _figures_html(folder), _tables_html(folder, summary)]
+    parts = [head, provenance_html(record), _finding_html(text), _figures_html(folder, summary),
+             _tables_html(folder, summary)]
     md = [f"## {name}", "", _guide(name), "", provenance_markdown(record),
           md_escape(text), "", summary_markdown(summary), ""]
-    md += _figures_markdown(folder, name)
+    md += _figures_markdown(folder, name, summary)
     md += [f"- [{csv.name}]({name}/{csv.name})" for csv in sorted(folder.glob("*.csv"))]
     return "".join(parts), "\n".join(md) + "\n", text
 

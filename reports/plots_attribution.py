@@ -146,18 +146,41 @@ def _bound(saturated: Mapping[str, Any] | None) -> float | None:
     return value if value is not None and np.isfinite(value) and value > 0 else None
 
 
+def _floor(rounding: Mapping[str, Any] | None) -> float | None:
+    """The summary's permutation_rounding_floor's floor (a 1 - cosine), None when absent or malformed."""
+    value = _num(rounding.get("floor")) if isinstance(rounding, Mapping) else None
+    return value if value is not None and np.isfinite(value) and value > 0 else None
+
+
+HEADROOM = 1.1  # the y axis's top over its highest point (review 11a B5: the top point was cut in half)
+VISIBLE = 0.01  # the rounding band is drawn where it is at least this share of the highest point
+
+
 def plot_permutation(data: pd.DataFrame, *, output_change: str = "change", saturated: Mapping[str, Any] | None = None,
-                     ax=None):
+                     rounding: Mapping[str, Any] | None = None, ax=None):
     """Median output change over attention permutations against the maximum attention weight
     (`data`: the permutation table). The y axis is in the change's own units from 0, its factor written
     in the axis label when the values are tiny (never matplotlib's offset text, which reads as part of the
     value). `saturated` (the summary's record, permutation.saturation): where most outputs are saturated,
     the most TVD a change of one logit can cause, e x the median 1 - p(top token), is drawn as a line:
-    points under it are what a saturated output allows, not evidence that the layer does nothing."""
+    points under it are what a saturated output allows, not evidence that the layer does nothing. `rounding`
+    (the summary's permutation_rounding_floor, encoders): the 1 - cosine under which a change is rounding of the
+    cosine in its dtype, shaded from 0 where it is at least VISIBLE of the highest point (review 11a B1: four
+    float32 ulps were stretched to the axis's height as if a trend). The top of the axis sits HEADROOM over the
+    highest point or line, so none is cut."""
     from matplotlib.ticker import FuncFormatter
 
     bound = _bound(saturated) if output_change == "tvd" else None
-    ax = axes(ax, (6 + 3 * (bound is not None), 4))  # room for the bound's key beside the data
+    floor = _floor(rounding) if output_change == "1-cosine" else None
+    highest = float(np.nanmax(data["median_change"].to_numpy(dtype=float))) if len(data) else 0.0
+    if floor is not None and floor < VISIBLE * highest:  # a band too thin to see at this scale: no band, no key
+        floor = None
+    ax = axes(ax, (6 + 3 * (bound is not None or floor is not None), 4))  # room for a key beside the data
+    if floor is not None:
+        dtype = rounding.get("dtype", "?")
+        ax.axhspan(0.0, floor, color="0.85", zorder=0, gid="rounding",
+                   label=f"within {dtype} rounding:\n1 - cosine under {rounding.get('ulps', '?')} rounding\n"
+                         f"steps of a cosine near 1\n({floor:.2g})")
     sns.scatterplot(data=data, x="max_attention", y="median_change", ax=ax)
     if bound is not None:
         headroom = _num(saturated.get("median_headroom"))
@@ -165,14 +188,15 @@ def plot_permutation(data: pd.DataFrame, *, output_change: str = "change", satur
         ax.axhline(bound, color="C3", lw=1, ls="--",
                    label=f"saturated output: a change of up to\n1 logit in the top token's odds moves\nthe TVD by at most "
                          f"{bound:.2g}\n({said})")
+    if bound is not None or floor is not None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="x-small")
     values = data["median_change"].to_numpy(dtype=float) if len(data) else np.zeros(0)
     finite = np.abs(values[np.isfinite(values)])
-    peak = max([float(finite.max()) if finite.size else 0.0, bound or 0.0])
+    peak = max([float(finite.max()) if finite.size else 0.0, bound or 0.0, floor or 0.0])
     k = _power_of_ten(peak)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 10.0 ** k:.3g}"))  # no offset text
-    if finite.size and (values[np.isfinite(values)] >= 0).all():
-        ax.set_ylim(bottom=0.0)  # a distance: from 0
+    if finite.size and (values[np.isfinite(values)] >= 0).all() and peak > 0:
+        ax.set_ylim(0.0, HEADROOM * peak)  # a distance: from 0, with room over its highest point
     layer = int(data.layer.iloc[0]) if len(data) else -1
     unit = CHANGE_WORDS.get(output_change, output_change)
     ax.set_xlabel(f"max attention (layer {layer}, head mean)")
@@ -213,7 +237,8 @@ def figures(result: Result, **kwargs) -> dict:
 
     plots = [("tau", tau), ("token_heatmap", lambda: plot_token_heatmap(scores)),
              ("permutation", lambda: plot_permutation(perm, output_change=s.get("output_change", "change"),
-                                                      saturated=s.get("saturated")))]
+                                                      saturated=s.get("saturated"),
+                                                      rounding=s.get("permutation_rounding_floor")))]
     if "adversarial_jsd" in perm:
         plots.append(("adversarial", lambda: plot_adversarial(perm, epsilon=s.get("adversarial_epsilon", "epsilon"))))
     out = {}
@@ -244,8 +269,28 @@ def example_html(result: Result, *, example: int | None = None, methods: Sequenc
     return "\n".join(lines)
 
 
+PERMUTATION_CAPTIONS = {  # the permutation caption by the summary's output_change (review 11a B2)
+    "tvd": "Per example: median output change (total variation distance of the next-token distribution, 0-1) when the "
+           "layer's attention is permuted, against its maximum attention weight. Where the output is saturated (the "
+           "finding says so), the distance stays near 0 whatever the layer does; read the finding's change of the task "
+           "metric instead.",
+    "1-cosine": "Per example: median output change (1 - cosine of the pooled embedding with the unpermuted one, 0-2) "
+                "when the layer's attention is permuted, against its maximum attention weight. Where the points come "
+                "near the cosine's rounding in the dtype it was computed in, a grey band from 0 marks it: points "
+                "inside it are rounding, not an effect of the layer.",
+}
+
+
+def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
+    """A figure's caption for this run's summary where it depends on it (the permutation figure's units follow the
+    summary's output_change), else None (CAPTIONS' then holds)."""
+    if stem == "permutation" and isinstance(summary, Mapping):
+        return PERMUTATION_CAPTIONS.get(summary.get("output_change"))
+    return None
+
+
 __all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "plot_adversarial", "figures", "token_html", "example_html",
-           "GUIDE", "CAPTIONS", "finding"]
+           "GUIDE", "CAPTIONS", "caption_for", "finding"]
 
 
 # Presentation (reports/families.py): the guide, the captions and the finding in words.
@@ -268,9 +313,12 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "keeps them (IG cannot score them) and the first is usually an attention sink, which would top "
                      "attention's ranking for a reason no other method shares. On a model whose last layer slides, hatched grey "
                      "cells are tokens outside its window: 0 by the mask, not measured as unimportant.",
-    "permutation": "Per example: median output change (total variation distance, 0-1) when the layer's attention is "
-                   "permuted, against its maximum attention weight. Where the output is saturated (the finding says so), "
-                   "the distance stays near 0 whatever the layer does; read the finding's logit-unit change instead.",
+    "permutation": "Per example: median output change when the layer's attention is permuted, against its maximum "
+                   "attention weight, in the units the y axis names: on a decoder the total variation distance of the "
+                   "next-token distribution (0-1), on an encoder 1 - cosine of the pooled embedding with the unpermuted "
+                   "one (0-2). On a decoder whose output is saturated (the finding says so) the distance stays near 0 "
+                   "whatever the layer does: read the finding's change of the task metric instead. On an encoder whose "
+                   "points come near the cosine's rounding, a grey band from 0 marks it.",
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
                    "while the output stays within epsilon; a saturated output stays within it under almost any attention.",
 }

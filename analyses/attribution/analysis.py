@@ -20,7 +20,9 @@ as blind) and the finding says its tau rests on a saturated distance. Encoders (
 embedding; gradients differentiate its cosine similarity to a reference embedding (by default
 the next sentence's, so gradients say which tokens make the sentence close to its partner; at
 the sentence's own embedding the cosine is maximal and its gradient vanishes), leave-one-out and
-permutations measure 1 - cosine to the unmodified embedding.
+permutations measure 1 - cosine to the unmodified embedding. A partner cosine at that ceiling (>= 0.99, two
+prompts of one label where the embedding encodes it) is the encoder's saturation: the summary's
+partner_ceiling counts those examples, as `saturated` counts a decoder's (summary.partner_ceiling).
 
 Padded Tasks (decoders left-padded, encoders right-padded): each example is scored on its real
 tokens only, in batches of equal real length, and draws its random permutations and adversarial
@@ -329,6 +331,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         perm_rows.append({
             "example": ex, "layer": layer, "max_attention": float(max_att[j]),
             "median_change": float(changes[j].median()), "mean_change": float(changes[j].mean()),
+            "change_dtype": str(changes.dtype).removeprefix("torch."),  # what the change was computed in (its rounding)
             **({} if permuted.top_prob is None else {"top_prob": float(permuted.top_prob[j])}),
             **({} if permuted.metric_change is None else {
                 "metric_change": float(permuted.metric_change[j].mean()),

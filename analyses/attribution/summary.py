@@ -15,7 +15,13 @@ mean, sd, n, ci (95% t), p (paired t) and p_holm, Holm-corrected over the three)
 all four pairs); mean_tau_gradient_loo and mean_tau_ig_loo (agreement among the baselines);
 attention_window (a sliding-window last layer that hides ranked tokens from the answer query: every attention
 vector of a windowed layer is ranked, against each method, only over the tokens inside its window; the scores
-table marks the others `masked`); median_permutation_tvd (median over examples of the median output change over permutations);
+table marks the others `masked`); median_permutation_change (median over examples of the median output change over
+permutations, in output_change's units: TVD on decoders, 1 - cosine on encoders), permutation_change_range and
+permutation_change_n (the per-example medians' [min, max] and count); median_permutation_tvd (the same, its older
+name, decoders only); permutation_rounding_floor (encoders: {dtype, floor, ulps}, the 1 - cosine under which a
+change is rounding of a cosine near 1 in the dtype it was computed in, rounding_floor); partner_ceiling (encoders: how
+many examples' partner cosine, the gradients' metric, is >= 0.99, where it can rise by at most 1 - cosine and the
+gradient methods rank changes that small; partner_ceiling);
 saturated (decoders: the share of examples whose clean top token has p >= 0.99, the median 1 - p and the
 most TVD a one-logit change can give there, permutation.saturation, of the clean runs loo_metric is decided on);
 permutation_metric_change and
@@ -41,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from headscope.analyses.attribution.adversarial import LN2
 from headscope.analyses.attribution.agreement import paired_differences, summarise
@@ -150,8 +157,10 @@ def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kin
     for a, b, key in (("grad_x_input", "leave_one_out", "gradient_loo"), ("integrated_gradients", "leave_one_out", "ig_loo")):
         sel = pairs[(pairs.method_a == a) & (pairs.method_b == b)].tau
         out[f"mean_tau_{key}"] = _num(sel.mean())
-    out["median_permutation_tvd"] = _num(tables["permutation"].median_change.median())
     perm = tables["permutation"]  # (its saturation: the caller's, from the clean pre-pass leave-one-out follows)
+    out.update(permutation_change(perm, encoder=encoder))
+    if encoder:  # the gradients' metric is a cosine to a partner: how many examples sit at its ceiling (review 11a A5)
+        out["partner_ceiling"] = partner_ceiling(tables["ig"], tables.get("token_scores"))
     for column, key in (("metric_change", "permutation_metric_change"), ("abs_metric_change", "permutation_abs_metric_change"),
                         ("adversarial_metric_change", "adversarial_metric_change")):
         if column in perm:  # per-example means over draws, in the metric's units: their mean, sd and n
@@ -176,6 +185,64 @@ def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kin
     if len(heads):
         best = heads.loc[heads.mean_tau.idxmax()]
         out["best_head_vs_loo"] = {"layer": int(best.layer), "head": int(best["head"]), "mean_tau": _num(best.mean_tau)}
+    return out
+
+
+PARTNER_CEILING = 0.99  # a partner cosine from which an encoder example's gradient metric counts as at its ceiling
+ROUNDING_ULPS = 8  # the rounding floor of a 1 - cosine: this many units in the last place of the metric's dtype below 1
+
+
+def rounding_floor(dtype: str) -> float | None:
+    """The smallest 1 - cosine a cosine near 1 resolves beyond rounding in `dtype` (ROUNDING_ULPS spacings of the
+    dtype just below 1, eps / 2 each: float32 4.8e-07, bfloat16 0.031); None for a dtype torch does not know."""
+    try:
+        eps = torch.finfo(getattr(torch, dtype)).eps
+    except (AttributeError, TypeError):
+        return None
+    return ROUNDING_ULPS * eps / 2
+
+
+def permutation_change(perm: pd.DataFrame, *, encoder: bool) -> dict[str, Any]:
+    """The summary's permutation-test keys from the permutation table (one row per example, its median change over
+    draws): median_permutation_change (the median over examples, in the summary's output_change units: TVD on
+    decoders, 1 - cosine on encoders), permutation_change_range ([min, max] of the per-example medians) and
+    permutation_change_n; median_permutation_tvd, its older name, only where it is a TVD (decoders); on encoders
+    permutation_rounding_floor ({dtype, floor, ulps}: rounding_floor of the dtype the 1 - cosine was computed in,
+    the table's change_dtype), under which a change is rounding of the cosine, not a measured effect."""
+    values = perm.median_change.dropna()
+    out: dict[str, Any] = {"median_permutation_change": _num(values.median()) if len(values) else None,
+                           "permutation_change_range": [float(values.min()), float(values.max())] if len(values) else None,
+                           "permutation_change_n": int(len(values))}
+    if not encoder:
+        out["median_permutation_tvd"] = out["median_permutation_change"]
+    elif "change_dtype" in perm and len(perm):
+        dtype = str(perm.change_dtype.iloc[0])
+        floor = rounding_floor(dtype)
+        if floor is not None:
+            out["permutation_rounding_floor"] = {"dtype": dtype, "floor": floor, "ulps": ROUNDING_ULPS}
+    return out
+
+
+def partner_ceiling(ig: pd.DataFrame, token_scores: pd.DataFrame | None = None, *,
+                    threshold: float = PARTNER_CEILING) -> dict[str, Any]:
+    """How many encoder examples have a gradient metric at its ceiling: the cosine of the prompt's pooled embedding
+    with its partner's (the ig table's metric_input) at or above `threshold`. There the cosine can rise by at most
+    1 - cosine and its gradient is near 0, so saliency, gradient x input and integrated gradients rank the tokens by
+    changes of that size (review 11a A5: 0.9995 for two prompts of one label, every token moving it by 1e-4 or
+    less). -> n_saturated of n_examples, share, is_saturated (most are), threshold, examples (their ids),
+    median_headroom (median 1 - cosine over them), median_token_ig (median |integrated-gradients attribution| of
+    their ranked tokens, from token_scores, the first and last tokens left out as in every ranking)."""
+    cos = ig.set_index("example").metric_input.astype(float)  # [examples] the partner cosine
+    at = cos[cos >= threshold]
+    out: dict[str, Any] = {"n_saturated": int(len(at)), "n_examples": int(len(cos)), "threshold": threshold,
+                           "share": len(at) / len(cos) if len(cos) else 0.0, "is_saturated": 2 * len(at) > len(cos),
+                           "examples": [int(e) for e in at.index],
+                           "median_headroom": float((1.0 - at).median()) if len(at) else None}
+    if len(at) and token_scores is not None and len(token_scores):
+        ig_rows = token_scores[(token_scores.method == "integrated_gradients") & token_scores.example.isin(at.index)]
+        ends = ig_rows.groupby("example").position.transform
+        ranked = ig_rows[(ig_rows.position > ends("min")) & (ig_rows.position < ends("max"))]
+        out["median_token_ig"] = float(ranked.score.abs().median()) if len(ranked) else None
     return out
 
 

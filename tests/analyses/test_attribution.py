@@ -829,6 +829,59 @@ def test_tied_scores_counts_examples_whose_ranked_tokens_all_score_alike():
     assert tied_scores(scores) == {"n_tied_scores_loo": 1, "n_tied_scores_saliency": 0, "n_tied_scores_attention": 1}
 
 
+def test_encoder_partner_ceiling_follows_hand_cosines_with_hf(tiny_bert):
+    """Review 11a A5: the summary's partner_ceiling counts the examples whose partner cosine (the gradients' metric)
+    is >= 0.99, read against cosines of BertModel's mean-pooled embeddings with references built by hand: example 0's
+    own embedding (cosine 1), example 1's nudged (between 0.99 and 1), example 2's a random direction (far below)."""
+    from transformers import BertModel
+
+    path, model = tiny_bert
+    task = sentence_task(model, ["w1 w2 w3 w4 w5", "w6 w7 w8 w9 w10", "w11 w12 w13 w14 w15"])
+    hf = BertModel.from_pretrained(path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        pooled = hf(task.tokens).last_hidden_state.mean(1)  # [3, d] equal lengths: no padding
+    g = torch.Generator().manual_seed(1)
+    reference = torch.stack([pooled[0], pooled[1] + 0.05 * pooled[1].norm() * torch.randn(32, generator=g)
+                             / 32 ** 0.5, torch.randn(32, generator=g)])
+    cos = torch.nn.functional.cosine_similarity(pooled, reference, dim=-1).double()  # [3]
+    assert cos[0] > 0.9999 and 0.99 < cos[1] < 0.9995 and cos[2] < 0.9
+    res = attribution(model, task, progress=False, n_steps=4, ig_max_steps=4, n_permutations=2, adversarial_steps=0,
+                      reference=reference)
+    entry = res.summary["partner_ceiling"]
+    assert entry["examples"] == [0, 1] and entry["n_saturated"] == 2 and entry["n_examples"] == 3
+    assert entry["is_saturated"] is True  # 2 of 3: most
+    assert entry["median_headroom"] == pytest.approx(float((1 - cos[:2]).mean()),
+                                                     abs=1e-6)  # the median of two is their mean
+    assert np.isfinite(entry["median_token_ig"]) and entry["median_token_ig"] > 0
+    assert res.summary["permutation_rounding_floor"] == {"dtype": "float32", "floor": 8 * 2.0 ** -24, "ulps": 8}
+    assert "median_permutation_tvd" not in res.summary  # a 1 - cosine is not a TVD (review 11a B2)
+
+
+def test_permutation_keys_and_partner_ceiling_from_hand_tables():
+    """The summary's permutation keys and partner_ceiling from hand-built tables: the median of per-example medians,
+    their range and n; the rounding floor 8 steps of the dtype below 1 (float32 2^-24, bfloat16 2^-8 each); the
+    old key only on decoders; the ceiling at >= 0.99 inclusive, its headroom and the ranked tokens' median |IG|."""
+    from headscope.analyses.attribution.summary import partner_ceiling, permutation_change
+
+    perm = pd.DataFrame({"example": range(4), "median_change": [0.443, 0.388, 0.401, 0.397], "change_dtype": "float32"})
+    enc = permutation_change(perm, encoder=True)
+    assert enc["median_permutation_change"] == pytest.approx((0.397 + 0.401) / 2)
+    assert enc["permutation_change_range"] == [0.388, 0.443] and enc["permutation_change_n"] == 4
+    assert enc["permutation_rounding_floor"] == {"dtype": "float32", "floor": 4.76837158203125e-07, "ulps": 8}
+    assert "median_permutation_tvd" not in enc
+    bf16 = permutation_change(perm.assign(change_dtype="bfloat16"), encoder=True)
+    assert bf16["permutation_rounding_floor"]["floor"] == 0.03125
+    dec = permutation_change(perm.drop(columns="change_dtype"), encoder=False)
+    assert dec["median_permutation_tvd"] == dec["median_permutation_change"] and "permutation_rounding_floor" not in dec
+    ig = pd.DataFrame({"example": [0, 1, 2, 3], "metric_input": [-0.39, 0.9995, 0.99, 0.985]})
+    tokens = pd.DataFrame({"example": [1] * 4 + [2] * 4, "position": [0, 1, 2, 3] * 2, "method": "integrated_gradients",
+                           "score": [9.0, -1e-4, 3e-4, 9.0, 9.0, 2e-4, -4e-4, 9.0]})  # first and last: not ranked
+    entry = partner_ceiling(ig, tokens)
+    assert entry["examples"] == [1, 2] and entry["n_saturated"] == 2 and entry["is_saturated"] is False
+    assert entry["median_headroom"] == pytest.approx((0.0005 + 0.01) / 2)
+    assert entry["median_token_ig"] == pytest.approx((2e-4 + 3e-4) / 2)  # median of |-1e-4|, 3e-4, 2e-4, |-4e-4|
+
+
 # ---- report pieces -----------------------------------------------------------------------------
 def test_plots_and_escaped_html(tiny_models):
     import matplotlib

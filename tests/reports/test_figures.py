@@ -1820,6 +1820,71 @@ def test_permutation_axis_states_its_scale_and_marks_the_saturation_bound():
         plt.close("all")
 
 
+def test_permutation_figure_on_an_encoder_draws_the_rounding_floor_and_keeps_its_top_point():
+    """Review 11a B1, B5: an encoder's 1 - cosine medians of 1-4 float32 steps (2^-24 each) were stretched to the
+    axis's height as if a trend; the summary's permutation_rounding_floor (8 steps, 8 x 2^-24) is a grey band from
+    0 with its key, and the points sit inside it (at 1e-6 of the highest point, as on MiniLM, it would not show: no
+    band, no key). MiniLM's points (the review's permutation.csv) keep room over the
+    highest (its top was cut at 0.4458 for a point at 0.4431): the axis top is at least 5% over it."""
+    from headscope.reports.plots_attribution import figures as attribution_figures
+    from headscope.reports.plots_attribution import plot_permutation
+
+    step = 2.0 ** -24
+    perm = pd.DataFrame({"example": range(4), "layer": 2, "max_attention": [0.067, 0.035, 0.050, 0.072],
+                         "median_change": [2 * step, step, 2 * step, 4 * step]})
+    floor = {"dtype": "float32", "floor": 8 * step, "ulps": 8}
+    try:
+        scores = pd.DataFrame([{"example": 0, "method": m, "position": p, "score": 0.5, "token": f"t{p}"}
+                               for m in ("last_layer", "saliency") for p in (1, 2)])
+        taus = pd.DataFrame({"attention": "last_layer", "method": ["saliency"] * 3, "tau": [0.1, 0.3, -0.2]})
+        fig = attribution_figures(_result("attribution", taus, {"output_change": "1-cosine",
+                                                                "permutation_rounding_floor": floor},
+                                          permutation=perm, scores=scores))["permutation"]
+        ax = fig.axes[0]
+        bands = [p for p in ax.patches if p.get_gid() == "rounding"]
+        assert len(bands) == 1
+        y0, y1 = bands[0].get_y(), bands[0].get_y() + bands[0].get_height()  # a Rectangle in data y, axes x
+        assert y0 == 0.0 and y1 == pytest.approx(4.76837158203125e-07)
+        assert perm.median_change.max() < y1 < ax.get_ylim()[1]  # every point inside the band, the band inside the axes
+        key = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+        assert "within float32 rounding" in key and "8 rounding" in key and "4.8e-07" in key
+        assert "1 - cosine similarity, 0-2" in ax.get_ylabel()
+        bare = plot_permutation(perm, output_change="tvd", rounding=floor, ax=plt.subplots()[1])  # a TVD: no band
+        assert [p for p in bare.patches if p.get_gid() == "rounding"] == []
+        minilm = perm.assign(layer=5, median_change=[0.4431, 0.3874, 0.4035, 0.3977])
+        ax = plot_permutation(minilm, output_change="1-cosine", ax=plt.subplots()[1])
+        ax.figure.canvas.draw()
+        assert ax.get_ylim()[0] == 0.0 and ax.get_ylim()[1] >= 1.05 * 0.4431
+        floored = plot_permutation(minilm, output_change="1-cosine", rounding=floor, ax=plt.subplots()[1])
+        assert [p for p in floored.patches if p.get_gid() == "rounding"] == [] and floored.get_legend() is None  # 1e-6 of 0.44
+    finally:
+        plt.close("all")
+
+
+def test_permutation_caption_follows_the_summarys_output_change(tmp_path):
+    """Review 11a B2: the permutation caption said "total variation distance, 0-1" and "logit-unit change" on an
+    encoder, whose figure plots 1 - cosine on 0-2. With the run's summary the caption names its own quantity, in the
+    report's HTML too; a compare page over an encoder and a decoder gives the caption that holds for both."""
+    from headscope.reports.compare_figures import pair_caption
+    from headscope.reports.html_report import _figures_html
+
+    enc, dec = {"output_change": "1-cosine"}, {"output_change": "tvd"}
+    said = caption("permutation", enc)
+    assert "1 - cosine of the pooled embedding" in said and "0-2" in said and "rounding" in said
+    assert "total variation" not in said and "logit" not in said
+    assert "total variation distance of the next-token distribution, 0-1" in caption("permutation", dec)
+    both = pair_caption("permutation", enc, dec)
+    assert both == caption("permutation") and "0-1" in both and "0-2" in both
+    assert pair_caption("permutation", enc, enc) == said
+    fig, ax = plt.subplots()
+    try:
+        fig.savefig(tmp_path / "permutation.png")
+    finally:
+        plt.close(fig)
+    html = _figures_html(tmp_path, enc)
+    assert "1 - cosine of the pooled embedding with the unpermuted one, 0-2" in html and "total variation" not in html
+
+
 def test_no_plotting_module_names_a_colour_map_of_its_own():
     """The review found the lens on viridis beside the convention's white -> red maps. Every colour map a
     plotting module uses comes from plots.py's named ones (DIVERGING, SEQUENTIAL, LAYERS for hue by layer):

@@ -2174,3 +2174,51 @@ def test_patching_on_a_token_at_different_places_from_the_end_leads_aligned_and_
     s["top_sites"]["resid_pre"][4].update(n=3)
     s["top_sites"]["resid_pre"][5].update(n=3)
     assert "position -6 from the end: 0.26 of the clean-corrupted gap" in finding("patching", s)  # 3.88 / 15.15
+
+
+ENCODER_ATTRIBUTION = {"n_examples": 4, "metric": "cosine", "output_change": "1-cosine", "permutation_layer": 2,
+                       "n_permutations": 20, "mean_tau_attention_gradient": 0.06, "std_tau_attention_gradient": 0.3}
+
+
+def test_attribution_on_an_encoder_says_what_the_partner_cosine_measures_and_where_it_is_at_its_ceiling():
+    """Review 11a A5: the encoder's gradient metric is the cosine with a partner example's pooled embedding, 0.9995 for
+    two prompts of one label; the finding says what it measures and, from the summary's partner_ceiling, on how many
+    examples it is at its ceiling (>= 0.99) and how little can move it there (1 - cosine: hand values below)."""
+    cos = np.array([-0.3876, 0.99955, 0.99931, -0.3898])  # the review's ig.csv metric_input
+    at = cos[cos >= 0.99]
+    headroom = float(np.median(1 - at))  # 0.00057
+    entry = {"n_saturated": 2, "n_examples": 4, "threshold": 0.99, "is_saturated": False, "examples": [1, 2],
+             "median_headroom": headroom, "median_token_ig": 1.6e-4}
+    text = finding("attribution", {**ENCODER_ATTRIBUTION, "partner_ceiling": entry})
+    assert ("differentiate the cosine of each prompt's pooled embedding with another example's: a similarity to a "
+            "partner, not the model's answer") in text
+    assert "at its ceiling (>= 0.99) on 2 of 4 examples (examples 1, 2; median 1 - cosine 0.00057): no token" in text, text
+    assert "a median |attribution| of 0.00016" in text and "not evidence of graded agreement" in text
+    assert "most examples" not in text  # 2 of 4 is not most
+    rounded = finding("attribution", {**ENCODER_ATTRIBUTION, "partner_ceiling": {**entry, "median_headroom": 0.0}})
+    assert "median 1 - cosine 0: the cosine rounds to 1)" in rounded  # a bfloat16 cosine of 0.9995
+    said = finding("attribution", {**ENCODER_ATTRIBUTION, "partner_ceiling": {**entry, "n_saturated": 0, "examples": [],
+                                                                               "median_headroom": None}})
+    assert "a similarity to a partner" in said and "ceiling" not in said
+    assert "partner" not in finding("attribution", ENCODER_ATTRIBUTION)  # an older summary: no record, no claim
+
+
+def test_attribution_permutation_within_rounding_is_said_so_with_its_spread():
+    """Review 11a B1, C2, C5: a 1 - cosine median under the summary's rounding floor (8 float32 steps below 1,
+    8 x 2^-24) is "within float32 rounding", an exact 0 "below the metric's rounding", neither "barely moves"; a
+    measured change carries its per-example range and n (the review's MiniLM: 0.39 to 0.44 over 4)."""
+    floor = {"dtype": "float32", "floor": 8 * 2.0 ** -24, "ulps": 8}
+    s = {**ENCODER_ATTRIBUTION, "median_permutation_change": 2 * 2.0 ** -24, "permutation_rounding_floor": floor,
+         "permutation_change_range": [2.0 ** -24, 4 * 2.0 ** -24], "permutation_change_n": 4}
+    text = finding("attribution", s)
+    assert ("Permuting layer 2's attention leaves the output unchanged within float32 rounding (median 1-cosine "
+            "1.19e-07; per-example medians 5.96e-08 to 2.38e-07 over 4 examples, under 8 float32 rounding steps of a "
+            "cosine near 1, 4.8e-07)") in text, text
+    assert "barely moves" not in text
+    zero = finding("attribution", {**s, "median_permutation_change": 0.0, "permutation_change_range": [0.0, 0.0]})
+    assert "unchanged below the metric's rounding (median 1-cosine exactly 0" in zero and "barely moves" not in zero
+    old = {**ENCODER_ATTRIBUTION, "median_permutation_tvd": 0.0}  # an older summary's key, exact 0 too
+    assert "below the metric's rounding" in finding("attribution", old)
+    moved = finding("attribution", {**s, "median_permutation_change": 0.401, "permutation_change_range": [0.388, 0.443]})
+    assert ("changes the output by a median 1-cosine of 0.401; per-example medians 0.388 to 0.443 over 4 "
+            "examples.") in moved, moved
