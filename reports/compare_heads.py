@@ -33,6 +33,7 @@ from headscope.reports.compare_run import (
 )
 from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
 from headscope.reports.findings import and_join
+from headscope.reports.heads_words import line_name
 from headscope.reports.plots import color_scale, symmetric_bound
 from headscope.reports.render import escape
 
@@ -330,8 +331,17 @@ def _deciding_point(run: Run, ordering: str) -> dict[str, Any] | None:
     if rows.empty or rows["seed"].nunique() != 1:
         return None
     wide = rows.pivot(index="n_pruned", columns="example", values="metric").sort_index()  # [points, n]
-    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
-    return line_record(wide.to_numpy(dtype=float), wide.index.to_numpy(), tolerance) or None
+    return line_record(wide.to_numpy(dtype=float), wide.index.to_numpy(), *run_tolerance(run)) or None
+
+
+def run_tolerance(run: Run) -> tuple[float, float | None]:
+    """(the tolerance share, the chance value its band is measured from or None) of `run`'s heads counts: the
+    summary's pruning_tolerance (pruning.tolerance_record: a log-probability's band is a share of the span from
+    chance), else its settings' tolerance against |unpruned| (older runs)."""
+    rec = (run.summary("heads") or {}).get("pruning_tolerance")
+    if isinstance(rec, Mapping) and _number(rec.get("tolerance")):
+        return float(rec["tolerance"]), (float(rec["chance"]) if _number(rec.get("chance")) else None)
+    return float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01), None
 
 
 def held_count(run: Run, ordering: str) -> Any:
@@ -365,7 +375,8 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
         verdict = ("the count is fragile: another sample of examples could move it" if held is None else
                    f"its 95% bootstrap interval is the single value {_heads(held)}, so the count held in most "
                    "resamples of the examples, though this point's interval does not rule out a move")
-        return (f"{100 * fraction:.0f}% sits {'close to' if held is not None else 'on'} its 1% line: the point at "
+        named = line_name(run.summary("heads") or {})
+        return (f"{100 * fraction:.0f}% sits {'close to' if held is not None else 'on'} its {named}: the point at "
                 f"{_heads(point.get('n_pruned'))} removed is {float(point['metric']):.4g}, {where} the line "
                 f"{float(point['line']):.4g}; its change from unpruned {float(change):+.3g} has a paired 95% CI of "
                 f"{float(low):+.3g} to {float(high):+.3g}, reaching the line's {offset:+.3g}: {verdict}")
@@ -379,8 +390,11 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
     if means.empty or not start.any():
         return ""
     base = float(means[start].iloc[0])
-    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
-    line, band = base - tolerance * abs(base), tolerance * abs(base)
+    from headscope.analyses.heads.pruning import tolerance_band
+
+    tolerance, chance = run_tolerance(run)
+    band = tolerance_band(base, tolerance, chance)
+    line = base - band
     kept, past = means[means.index <= fraction + 1e-9], means[means.index > fraction + 1e-9]
     points = [("the last point kept", float(kept.iloc[-1]))] if not kept.empty else []
     points += [("the first point past it", float(past.iloc[0]))] if not past.empty else []
@@ -390,8 +404,8 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
     what, m = close[0]
     se = metric_se(run)
     scale = f"; the standard error of its mean metric is {se:.2g}" if se is not None else ""
-    return (f"{100 * fraction:.0f}% sits on its {100 * tolerance:g}% line: {what} is {m:.4g} against the line "
-            f"{line:.4g}, {100 * abs(m - line) / abs(base):.2g}% of the unpruned metric away{scale}")
+    return (f"{100 * fraction:.0f}% sits on its {line_name(run.summary('heads') or {})}: {what} is {m:.4g} against the line "
+            f"{line:.4g}, {abs(m - line):.2g} away{scale}")
 
 
 def seed_counts(run: Run, ordering: str) -> list[float] | None:
@@ -408,11 +422,11 @@ def seed_counts(run: Run, ordering: str) -> list[float] | None:
     from headscope.analyses.heads.pruning import max_prunable_fraction
 
     rows = curve[curve["ordering"] == ordering.removesuffix("_recompute")]
-    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
+    tolerance, chance = run_tolerance(run)
     counts = []
     for _, g in rows.groupby("seed"):
         g = g.sort_values("fraction_pruned")
-        counts.append(round(max_prunable_fraction(g, float(g["metric"].iloc[0]), tolerance) * n, 3))
+        counts.append(round(max_prunable_fraction(g, float(g["metric"].iloc[0]), tolerance, chance) * n, 3))
     return counts or None
 
 
@@ -439,6 +453,18 @@ def _random_note(a: Run, b: Run, ordering: str, shown: list[str]) -> str:
     else:
         text += "; no noise verdict without each seed's count."
     return text
+
+
+def within_words(sums: list[Mapping[str, Any]]) -> str:
+    """How far below unpruned the two runs' counts allow: "1%", or where a run's band is a share of the span from
+    chance (a log-probability: pruning.tolerance_record), that share and each run's band in the metric's units."""
+    recs = [s.get("pruning_tolerance") if isinstance(s.get("pruning_tolerance"), Mapping) else {} for s in sums]
+    share = next((float(r["tolerance"]) for r in recs if _number(r.get("tolerance"))), 0.01)
+    if not any(r.get("basis") == "span" for r in recs):
+        return f"{100 * share:g}%"
+    bands = [f"{side} {float(r['band']):.3g}" if r.get("basis") == "span" and _number(r.get("band")) else
+             f"{side} {100 * share:g}% of unpruned" for side, r in zip(SIDES, recs)]
+    return f"{100 * share:g}% of the span from chance ({', '.join(bands)} below unpruned)"
 
 
 def pruning_notes(a: Run, b: Run) -> list[str]:
@@ -483,7 +509,8 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
             notes.append(NOT_COMPARED + note.removesuffix(".") + f": not compared: {other_task}." if other_task else
                          (SAME if fa == fb else "") + note)  # random orders re-rank nothing: only another task refuses
             continue
-        text = (f"Prunable within 1% by {ordering.replace('_', ' ')}{which if lead else ''}: A {shown[0]}, B {shown[1]}"
+        text = (f"Prunable within {within_words(sums)} by {ordering.replace('_', ' ')}{which if lead else ''}: "
+                f"A {shown[0]}, B {shown[1]}"
                 + (f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""))
         intervals = [prunable_interval(s, ordering) for s in sums]
         lines = [on_the_line(run, ordering, f) for run, f in zip((a, b), (fa, fb))]
