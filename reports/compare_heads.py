@@ -13,7 +13,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.reports.compare_headlines import n_words
-from headscope.reports.compare_prunable import interval_heads, verdict_words
+from headscope.reports.compare_prunable import interval_heads, precision_words, verdict_words
 from headscope.reports.compare_run import (
     NO_INTERVAL,
     NOT_COMPARED,
@@ -405,7 +405,8 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
     se = metric_se(run)
     scale = f"; the standard error of its mean metric is {se:.2g}" if se is not None else ""
     return (f"{100 * fraction:.0f}% sits on its {line_name(run.summary('heads') or {})}: {what} is {m:.4g} against the line "
-            f"{line:.4g}, {abs(m - line):.2g} away{scale}")
+            f"{line:.4g}, " + (f"{100 * abs(m - line) / abs(base):.2g}% of the unpruned metric" if chance is None
+                                else f"{abs(m - line):.2g} nats") + f" away{scale}")
 
 
 def seed_counts(run: Run, ordering: str) -> list[float] | None:
@@ -462,8 +463,8 @@ def within_words(sums: list[Mapping[str, Any]]) -> str:
     share = next((float(r["tolerance"]) for r in recs if _number(r.get("tolerance"))), 0.01)
     if not any(r.get("basis") == "span" for r in recs):
         return f"{100 * share:g}%"
-    bands = [f"{side} {float(r['band']):.3g}" if r.get("basis") == "span" and _number(r.get("band")) else
-             f"{side} {100 * share:g}% of unpruned" for side, r in zip(SIDES, recs)]
+    bands = [f"{side} {float(r['band']):.3g} nats" if r.get("basis") == "span" and _number(r.get("band")) else
+             f"{side} {100 * share:g}% of |unpruned|" for side, r in zip(SIDES, recs)]
     return f"{100 * share:g}% of the span from chance ({', '.join(bands)} below unpruned)"
 
 
@@ -522,13 +523,18 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
         elif fa == fb:  # one count, but the findings' verdicts on it can differ (review 8b A4)
             text = text + f": the same count, but {verdicts}." if verdicts else SAME + text + "."
         else:
-            if all(intervals):
+            rounding, within = precision_words(a, b, ordering, counts)
+            if within:  # one model at two precisions, the counts split by rounding: no verdict about the model
+                text += f": {rounding}."
+            elif all(intervals):
                 text += noise_verdict(fa, fb, *intervals)
             else:
                 side = "A" if intervals[0] is None else "B"
                 text += NO_INTERVAL if not any(intervals) else (f" (no interval recorded for {side}: whether this is "
                                                                 "beyond noise is not known).")
-            text += f" The {verdicts.removeprefix('the ')}." if verdicts else ""
+            if not within:
+                text += f" The {verdicts.removeprefix('the ')}." if verdicts else ""
+                text += f" {rounding[0].upper()}{rounding[1:]}." if rounding else ""
         edges = [f"{side}'s {edge}" for side, edge in zip(SIDES, lines) if edge]
         notes.append(text + ("" if not edges else " " + "; ".join(edges) + "."))
     return notes
