@@ -178,10 +178,11 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
     else:  # the span's band, in the metric's units
         ticks = [f"-{half:.3g}: {b - half:.4g}", f"floor, {band:.3g} below: {floor:.4g}", f"unpruned: {b:.4g}",
                  f"+{half:.3g}: {b + half:.4g}"]
-        title = f"zoom on the floor ({name}):\nunpruned ± {half:.3g} (points beyond it leave the panel)"
+        title = (f"zoom on the floor, {band:.3g} below unpruned\n({name.split(':')[0]})\n"
+                 f"unpruned ± {half:.3g}; points beyond leave the panel")
     near.set_yticks([b - half, floor, b, b + half], ticks)
     near.set_ylim(b - half, b + half)  # after the ticks: set_yticks may widen the limits
-    near.set_title(title)
+    near.set_title(title, fontsize=None if name.endswith("%") else 9)  # three lines in a narrow panel
     near.set_ylabel("")
     return fig
 

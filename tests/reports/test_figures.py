@@ -522,7 +522,7 @@ def test_a_logprob_pruning_figure_draws_the_band_from_the_span_from_chance():
         assert np.isclose(_span_ys(shade).max(), floor) and "more than 0.114 below" in shade.get_label()
         assert near.get_ylim() == pytest.approx((-0.007 - 5 * band, -0.007 + 5 * band))
         assert f"floor, 0.114 below: {floor:.4g}" in {t.get_text() for t in near.get_yticklabels()}
-        assert "1% of the span from chance (-11.4)" in near.get_title()
+        assert "0.114 below unpruned\n(1% of the span from chance (-11.4) to unpruned)" in near.get_title()
     finally:
         plt.close("all")
 
