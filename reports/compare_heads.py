@@ -477,7 +477,9 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
     re-ranking is outside the intervals), with each reason that holds; random orderings get each seed's count and
     no verdict, and are not compared across tasks. Where the findings' verdicts on a count differ (an interval
     reaching 0 heads on one side only, or one count on its 1% line), that is said (compare_prunable.verdict_words),
-    and equal counts are then no agreement."""
+    and equal counts are then no agreement. One model at two precisions whose counts differ: the point that splits
+    them against the lower precision's rounding (compare_prunable.precision_words), said a rounding difference
+    instead of a noise verdict where it lies within it."""
     sums = [a.summary("heads") or {}, b.summary("heads") or {}]
     (lead_a, pa), (lead_b, pb) = lead_ordering(sums[0]), lead_ordering(sums[1])
     notes = []
