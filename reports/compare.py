@@ -395,8 +395,8 @@ def compare_html(a: Run, b: Run) -> str:
     refused = [_plain(n) for n in notes if n.startswith(NOT_COMPARED)]
     rows = "".join(f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{_finding_cell(r, name)}</td>" for r in (a, b)) + "</tr>"
                    for name in names)
-    head = (f"<tr><th></th><th>A: {escape(a.label)}<br><small>{escape(str(a.path))}</small></th>"
-            f"<th>B: {escape(b.label)}<br><small>{escape(str(b.path))}</small></th></tr>")
+    head = (f"<tr><th></th><th>A: {escape(a.label_against(b))}<br><small>{escape(str(a.path))}</small></th>"
+            f"<th>B: {escape(b.label_against(a))}<br><small>{escape(str(b.path))}</small></th></tr>")
     differences = "".join(f"<li>{escape(n)}</li>" for n in differ) or "<li>No difference above the thresholds.</li>"
     not_compared = "".join(f"<li>{escape(n)}</li>" for n in refused) or "<li>Nothing: every quantity above is compared.</li>"
     settings = settings_notes(a, b, names)
@@ -405,7 +405,7 @@ def compare_html(a: Run, b: Run) -> str:
                     + "</ul>") if settings else "<h2 id='settings'>Settings</h2><p>The runs share every recorded setting.</p>"
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>headscope compare</title>"
             f"<style>{CSS}.side td{{vertical-align:top;width:45%}}{FIGURE_CSS}</style></head><body>"
-            f"<h1>headscope compare</h1><p>A: {escape(a.label)} &nbsp; B: {escape(b.label)}</p>"
+            f"<h1>headscope compare</h1><p>A: {escape(a.label_against(b))} &nbsp; B: {escape(b.label_against(a))}</p>"
             + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
             f"<h2 id='not-compared'>Not compared, and why</h2><ul>{not_compared}</ul>"
             f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"

@@ -14,7 +14,7 @@ import seaborn as sns
 
 from headscope.analyses.core.chance import metric_ci
 from headscope.reports.compare_headlines import n_words
-from headscope.reports.compare_prunable import interval_heads, verdict_words
+from headscope.reports.compare_prunable import interval_heads, precision_words, verdict_words
 from headscope.reports.compare_run import (
     NO_INTERVAL,
     NOT_COMPARED,
@@ -34,6 +34,7 @@ from headscope.reports.compare_run import (
 )
 from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
 from headscope.reports.findings import and_join
+from headscope.reports.heads_words import line_name
 from headscope.reports.plots import color_scale, symmetric_bound
 from headscope.reports.render import escape
 
@@ -331,8 +332,17 @@ def _deciding_point(run: Run, ordering: str) -> dict[str, Any] | None:
     if rows.empty or rows["seed"].nunique() != 1:
         return None
     wide = rows.pivot(index="n_pruned", columns="example", values="metric").sort_index()  # [points, n]
-    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
-    return line_record(wide.to_numpy(dtype=float), wide.index.to_numpy(), tolerance) or None
+    return line_record(wide.to_numpy(dtype=float), wide.index.to_numpy(), *run_tolerance(run)) or None
+
+
+def run_tolerance(run: Run) -> tuple[float, float | None]:
+    """(the tolerance share, the chance value its band is measured from or None) of `run`'s heads counts: the
+    summary's pruning_tolerance (pruning.tolerance_record: a log-probability's band is a share of the span from
+    chance), else its settings' tolerance against |unpruned| (older runs)."""
+    rec = (run.summary("heads") or {}).get("pruning_tolerance")
+    if isinstance(rec, Mapping) and _number(rec.get("tolerance")):
+        return float(rec["tolerance"]), (float(rec["chance"]) if _number(rec.get("chance")) else None)
+    return float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01), None
 
 
 def held_count(run: Run, ordering: str) -> Any:
@@ -366,7 +376,8 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
         verdict = ("the count is fragile: another sample of examples could move it" if held is None else
                    f"its 95% bootstrap interval is the single value {_heads(held)}, so the count held in most "
                    "resamples of the examples, though this point's interval does not rule out a move")
-        return (f"{100 * fraction:.0f}% sits {'close to' if held is not None else 'on'} its 1% line: the point at "
+        named = line_name(run.summary("heads") or {})
+        return (f"{100 * fraction:.0f}% sits {'close to' if held is not None else 'on'} its {named}: the point at "
                 f"{_heads(point.get('n_pruned'))} removed is {float(point['metric']):.4g}, {where} the line "
                 f"{float(point['line']):.4g}; its change from unpruned {float(change):+.3g} has a paired 95% CI of "
                 f"{float(low):+.3g} to {float(high):+.3g}, reaching the line's {offset:+.3g}: {verdict}")
@@ -380,8 +391,11 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
     if means.empty or not start.any():
         return ""
     base = float(means[start].iloc[0])
-    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
-    line, band = base - tolerance * abs(base), tolerance * abs(base)
+    from headscope.analyses.heads.pruning import tolerance_band
+
+    tolerance, chance = run_tolerance(run)
+    band = tolerance_band(base, tolerance, chance)
+    line = base - band
     kept, past = means[means.index <= fraction + 1e-9], means[means.index > fraction + 1e-9]
     points = [("the last point kept", float(kept.iloc[-1]))] if not kept.empty else []
     points += [("the first point past it", float(past.iloc[0]))] if not past.empty else []
@@ -391,8 +405,9 @@ def on_the_line(run: Run, ordering: str, fraction: float) -> str:
     what, m = close[0]
     se = metric_se(run)
     scale = f"; the standard error of its mean metric is {se:.2g}" if se is not None else ""
-    return (f"{100 * fraction:.0f}% sits on its {100 * tolerance:g}% line: {what} is {m:.4g} against the line "
-            f"{line:.4g}, {100 * abs(m - line) / abs(base):.2g}% of the unpruned metric away{scale}")
+    return (f"{100 * fraction:.0f}% sits on its {line_name(run.summary('heads') or {})}: {what} is {m:.4g} against the line "
+            f"{line:.4g}, " + (f"{100 * abs(m - line) / abs(base):.2g}% of the unpruned metric" if chance is None
+                                else f"{abs(m - line):.2g} nats") + f" away{scale}")
 
 
 def seed_counts(run: Run, ordering: str) -> list[float] | None:
@@ -409,11 +424,11 @@ def seed_counts(run: Run, ordering: str) -> list[float] | None:
     from headscope.analyses.heads.pruning import max_prunable_fraction
 
     rows = curve[curve["ordering"] == ordering.removesuffix("_recompute")]
-    tolerance = float((_analysis_settings(run, "heads").get("pruning") or {}).get("tolerance") or 0.01)
+    tolerance, chance = run_tolerance(run)
     counts = []
     for _, g in rows.groupby("seed"):
         g = g.sort_values("fraction_pruned")
-        counts.append(round(max_prunable_fraction(g, float(g["metric"].iloc[0]), tolerance) * n, 3))
+        counts.append(round(max_prunable_fraction(g, float(g["metric"].iloc[0]), tolerance, chance) * n, 3))
     return counts or None
 
 
@@ -442,6 +457,18 @@ def _random_note(a: Run, b: Run, ordering: str, shown: list[str]) -> str:
     return text
 
 
+def within_words(sums: list[Mapping[str, Any]]) -> str:
+    """How far below unpruned the two runs' counts allow: "1%", or where a run's band is a share of the span from
+    chance (a log-probability: pruning.tolerance_record), that share and each run's band in the metric's units."""
+    recs = [s.get("pruning_tolerance") if isinstance(s.get("pruning_tolerance"), Mapping) else {} for s in sums]
+    share = next((float(r["tolerance"]) for r in recs if _number(r.get("tolerance"))), 0.01)
+    if not any(r.get("basis") == "span" for r in recs):
+        return f"{100 * share:g}%"
+    bands = [f"{side} {float(r['band']):.3g} nats" if r.get("basis") == "span" and _number(r.get("band")) else
+             f"{side} {100 * share:g}% of |unpruned|" for side, r in zip(SIDES, recs)]
+    return f"{100 * share:g}% of the span from chance ({', '.join(bands)} below unpruned)"
+
+
 def pruning_notes(a: Run, b: Run) -> list[str]:
     """The fractions prunable within 1%, ordering by ordering: first the one each run's heads finding leads with
     (lead_ordering), said even when equal, then the others that differ by 5 points or more; each with the
@@ -451,7 +478,9 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
     re-ranking is outside the intervals), with each reason that holds; random orderings get each seed's count and
     no verdict, and are not compared across tasks. Where the findings' verdicts on a count differ (an interval
     reaching 0 heads on one side only, or one count on its 1% line), that is said (compare_prunable.verdict_words),
-    and equal counts are then no agreement."""
+    and equal counts are then no agreement. One model at two precisions whose counts differ: the point that splits
+    them against the lower precision's rounding (compare_prunable.precision_words), said a rounding difference
+    instead of a noise verdict where it lies within it."""
     sums = [a.summary("heads") or {}, b.summary("heads") or {}]
     (lead_a, pa), (lead_b, pb) = lead_ordering(sums[0]), lead_ordering(sums[1])
     notes = []
@@ -484,7 +513,8 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
             notes.append(NOT_COMPARED + note.removesuffix(".") + f": not compared: {other_task}." if other_task else
                          (SAME if fa == fb else "") + note)  # random orders re-rank nothing: only another task refuses
             continue
-        text = (f"Prunable within 1% by {ordering.replace('_', ' ')}{which if lead else ''}: A {shown[0]}, B {shown[1]}"
+        text = (f"Prunable within {within_words(sums)} by {ordering.replace('_', ' ')}{which if lead else ''}: "
+                f"A {shown[0]}, B {shown[1]}"
                 + (f" ({n_words(*sums)})" if sums[0].get("n_examples") != sums[1].get("n_examples") else ""))
         intervals = [prunable_interval(s, ordering) for s in sums]
         lines = [on_the_line(run, ordering, f) for run, f in zip((a, b), (fa, fb))]
@@ -496,13 +526,18 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
         elif fa == fb:  # one count, but the findings' verdicts on it can differ (review 8b A4)
             text = text + f": the same count, but {verdicts}." if verdicts else SAME + text + "."
         else:
-            if all(intervals):
+            rounding, within = precision_words(a, b, ordering, counts)
+            if within:  # one model at two precisions, the counts split by rounding: no verdict about the model
+                text += f": {rounding}."
+            elif all(intervals):
                 text += noise_verdict(fa, fb, *intervals)
             else:
                 side = "A" if intervals[0] is None else "B"
                 text += NO_INTERVAL if not any(intervals) else (f" (no interval recorded for {side}: whether this is "
                                                                 "beyond noise is not known).")
-            text += f" The {verdicts.removeprefix('the ')}." if verdicts else ""
+            if not within:
+                text += f" The {verdicts.removeprefix('the ')}." if verdicts else ""
+                text += f" {rounding[0].upper()}{rounding[1:]}." if rounding else ""
         edges = [f"{side}'s {edge}" for side, edge in zip(SIDES, lines) if edge]
         notes.append(text + ("" if not edges else " " + "; ".join(edges) + "."))
     return notes

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.compare_run import SIDES, Run, _number
+from headscope.reports.compare_run import SIDES, Run, _number, dtype_of, precision_only
 from headscope.reports.findings import and_join
 from headscope.reports.heads_words import start_of_order
 
@@ -28,11 +28,13 @@ def interval_heads(s: Mapping[str, Any], ordering: str) -> tuple[float, float] |
     return None
 
 
-def _reaches_none(s: Mapping[str, Any], ordering: str, fraction: float) -> bool | None:
-    """Whether the heads finding calls `ordering`'s count no evidence that any head is dispensable: a count above 0
-    whose interval reaches 0 heads (heads_words `_prunable_words`); None without an interval."""
+def _reaches_none(s: Mapping[str, Any], ordering: str) -> bool | None:
+    """Whether the heads finding sees no evidence that any head is dispensable by `ordering`: its interval reaches 0
+    heads, a count above 0 ("no evidence that any head is dispensable": heads_words `_prunable_words`) or a count of
+    0 ("0-0 heads" is none; review 11b A7: "A's (0-0 heads) does not [reach none]" contradicted itself); None without
+    an interval."""
     ci = interval_heads(s, ordering)
-    return None if ci is None else fraction > 0 and ci[0] <= 0
+    return None if ci is None else ci[0] <= 0
 
 
 def first_removed(run: Run, ordering: str) -> list[str] | None:
@@ -82,7 +84,7 @@ def verdict_words(a: Run, b: Run, ordering: str, fractions: tuple[float, float],
     and the start-of-order ties their summaries record), or one count sits on its 1% line and the other does not."""
     sums = [a.summary("heads") or {}, b.summary("heads") or {}]
     parts = []
-    reach = [_reaches_none(s, ordering, f) for s, f in zip(sums, fractions)]
+    reach = [_reaches_none(s, ordering) for s in sums]
     if None not in reach and reach[0] != reach[1]:
         yes, no = (0, 1) if reach[0] else (1, 0)
         ci = [interval_heads(s, ordering) for s in sums]
@@ -107,3 +109,46 @@ def verdict_words(a: Run, b: Run, ordering: str, fractions: tuple[float, float],
         parts.append(f"{SIDES[yes]}'s count sits on its 1% line (fragile: another sample of examples could move it), "
                      f"{SIDES[no]}'s does not")
     return "" if not parts else "the verdicts differ: " + "; ".join(parts)
+
+
+def _fixed_means(run: Run, ordering: str) -> dict[int, float] | None:
+    """{heads removed: mean metric} of `ordering`'s fixed curve (heads/curve.csv, seed 0's), None where not recorded."""
+    curve = run.table("heads", "curve")
+    if curve is None or not {"ordering", "recompute", "n_pruned", "metric"} <= set(curve.columns):
+        return None
+    rows = curve[(curve["ordering"] == ordering) & (curve["recompute"].astype(str) != "True")]
+    if "seed" in rows.columns and not rows.empty:
+        rows = rows[rows["seed"] == rows["seed"].min()]
+    return {int(k): float(v) for k, v in zip(rows["n_pruned"], rows["metric"])} or None
+
+
+def precision_words(a: Run, b: Run, ordering: str, counts: list[Any]) -> tuple[str, bool | None]:
+    """Where A and B differ only in precision (compare_run.precision_only) and their counts of heads prunable by a fixed
+    `ordering` differ: (the point that decides them, the first of the curve past the smaller count, its change from
+    unpruned in each run, and whether the two lie within the lower precision's rounding step of the metric (its
+    summary's noise_floor), True then: a rounding difference, not the model's (review 11b A7: a 2-head step of
+    -0.0005 nats in float32 that rounds to +0 in bfloat16 decided a count against a 1% line of 0.00006));
+    ("", None) otherwise."""
+    sides = precision_only(a, b)
+    if sides is None or ordering.startswith("random") or ordering.endswith("_recompute") or \
+            not all(_number(c) for c in counts) or counts[0] == counts[1]:
+        return "", None
+    means = [_fixed_means(r, ordering) for r in (a, b)]
+    if not all(means):
+        return "", None
+    point = next((k for k in sorted(means[0]) if k > min(counts)), None)
+    if point is None or not all(point in m and 0 in m for m in means):
+        return "", None
+    change = [m[point] - m[0] for m in means]
+    gap, low = abs(change[0] - change[1]), (a, b)[sides[1]]
+    floor = (low.summary("heads") or {}).get("noise_floor")
+    said = (f"the runs differ only in precision (A {dtype_of(a)}, B {dtype_of(b)}): at {point} heads removed, the "
+            f"point that decides the counts, the change from unpruned is {change[0]:+.3g} in A and {change[1]:+.3g} in "
+            f"B, {gap:.2g} apart")
+    if not _number(floor):
+        return said + f"; {dtype_of(low)}'s rounding step of the metric is not recorded", None
+    if gap <= float(floor):
+        return (said + f", within {dtype_of(low)}'s rounding step of the metric ({float(floor):.2g}): a rounding "
+                "difference, not a difference in the model"), True
+    return (said + f", more than {dtype_of(low)}'s rounding step of the metric ({float(floor):.2g}): the precision "
+            "changes the model's computation here, not only its rounding"), False

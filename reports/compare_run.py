@@ -44,8 +44,21 @@ class Run:
     @property
     def label(self) -> str:
         model = (self.manifest.get("model") or {}).get("name", "?")
-        task = (self.manifest.get("config") or {}).get("task") or "default task"
-        return f"{model} ({task}, seed {self.manifest.get('seed', '?')})"
+        config = self.manifest.get("config") or {}
+        task = config.get("task") or "default task"
+        dtype = f", {config['dtype']}" if config.get("dtype") else ""  # review 11b C6: float32 vs bfloat16 of one model
+        return f"{model} ({task}, seed {self.manifest.get('seed', '?')}{dtype})"
+
+    def label_against(self, other: Run) -> str:
+        """`label`, with --quick and --n-examples where they differ from `other`'s (review 11b C6: the page's title
+        line showed the same words for two runs that differ in a setting)."""
+        mine, theirs = (r.manifest.get("config") or {} for r in (self, other))
+        extra = []
+        if bool(mine.get("quick")) != bool(theirs.get("quick")):
+            extra.append("--quick" if mine.get("quick") else "not --quick")
+        if mine.get("n_examples") != theirs.get("n_examples"):
+            extra.append(f"--n-examples {mine.get('n_examples') or 'not set'}")
+        return self.label[:-1] + "".join(f", {e}" for e in extra) + ")" if extra else self.label
 
     def summary(self, name: str) -> dict[str, Any] | None:
         try:
@@ -147,6 +160,26 @@ def models_differ(a: Run, b: Run) -> str:
         return ""
     count = "" if None in heads else f", {heads[0]} vs {heads[1]} heads" if heads[0] != heads[1] else f", {heads[0]} heads each"
     return f"different models ({names[0]} vs {names[1]}{count})"
+
+
+PRECISION_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}  # significand bits: what rounds less
+
+
+def precision_only(a: Run, b: Run) -> tuple[int, int] | None:
+    """(the side index of the higher precision, of the lower) where A and B are one model on one task, seed, --quick
+    and --n-examples run at two dtypes (review 11b A7: float32 beside bfloat16), so what differs between their
+    results beyond the lower precision's rounding is the precision's; None otherwise."""
+    ca, cb = ((r.manifest.get("config") or {}) for r in (a, b))
+    same = [((r.manifest.get("model") or {}).get("name"), c.get("task"), r.manifest.get("seed"), bool(c.get("quick")),
+             c.get("n_examples")) for r, c in ((a, ca), (b, cb))]
+    bits = [PRECISION_BITS.get(str(c.get("dtype"))) for c in (ca, cb)]
+    if same[0] != same[1] or None in bits or bits[0] == bits[1]:
+        return None
+    return (0, 1) if bits[0] > bits[1] else (1, 0)
+
+
+def dtype_of(run: Run) -> str:
+    return str((run.manifest.get("config") or {}).get("dtype") or "its dtype")
 
 
 def chance_refusal(a: Run, b: Run, name: str) -> str:

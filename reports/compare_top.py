@@ -18,7 +18,16 @@ import numpy as np
 
 from headscope.analyses.core.chance import t_quantile
 from headscope.reports.compare_headlines import n_words
-from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, models_differ, tasks_differ
+from headscope.reports.compare_run import (
+    NOT_COMPARED,
+    SAME,
+    SIDES,
+    Run,
+    dtype_of,
+    models_differ,
+    precision_only,
+    tasks_differ,
+)
 from headscope.reports.findings import and_join, ordinal
 from headscope.reports.heads_words import FINDING_METHOD_WORDS
 
@@ -183,9 +192,41 @@ def _edge_explains(lists: list[list[str]], tie: list[Ties]) -> bool:
     return True
 
 
+def settled_words(method: str, lists: list[list[str]], tie: list[Ties], sums: list[Mapping[str, Any]],
+                  runs: tuple[Run, Run]) -> list[str]:
+    """Where A and B are one model at two precisions (compare_run.precision_only), how the higher-precision run orders
+    each group of heads the lower one leaves tied (its places, and the (k+1)-th head an edge tie runs to), by its own
+    importances (results.csv) and whether that is the lower run's listed order (review 11b A7: bfloat16's 2nd-5th
+    "not decided" while float32, beside it, ordered them the same way within 0.001); a group the higher run also
+    records as tied is said to stay undecided. [] otherwise."""
+    sides = precision_only(*runs)
+    if sides is None:
+        return []
+    hi, lo = sides
+    imp = importances(runs[hi], method)
+    tied_hi = {str(h) for h in sums[hi].get(f"tied_top_heads_{method}") or []}
+    out = []
+    for g in tie[lo].groups:
+        heads = [lists[lo][i] for i in g] + ([tie[lo].next] if g == tie[lo].edge and tie[lo].next else [])
+        if len(heads) < 2 or not all(h in imp for h in heads):
+            continue
+        where = f"{SIDES[lo]}'s tied {_places(g)}" + (f" and {tie[lo].next}" if len(heads) > len(g) else "")
+        if len(tied_hi & set(heads)) > 1:
+            out.append(f"{SIDES[hi]} ({dtype_of(runs[hi])}) also records {and_join(sorted(tied_hi & set(heads)))} as "
+                       f"tied, so {where} stay undecided")
+            continue
+        order = sorted(heads, key=lambda h: -imp[h][0])
+        same = "the order " + SIDES[lo] + " lists" if order == heads else "another order than " + SIDES[lo] + " lists"
+        out.append(f"{SIDES[hi]}, at {dtype_of(runs[hi])}, orders {where}: "
+                   + ", ".join(f"{h} ({imp[h][0]:.3g})" for h in order)
+                   + f", {same}; the tie is {dtype_of(runs[lo])}'s rounding, not the model's")
+    return out
+
+
 def _top_note(method: str, lists: list[list[str]], sums: list[Mapping[str, Any]], runs: tuple[Run, Run]) -> str:
     tie = [ties(s, method, lst) for s, lst in zip(sums, lists)]
     said = [w for side, lst, t, other in zip(SIDES, lists, tie, lists[::-1]) for w in _tie_words(side, lst, t, other)]
+    said += settled_words(method, lists, tie, sums, runs)
     same_order, untied = _untied_swaps(lists, tie)
     noise = _noise_swaps(untied, runs, method, sums) if untied else ""
     within = not untied or noise is not None  # every swap inside a rounding tie or within the heads' noise

@@ -15,6 +15,42 @@ from headscope.reports.findings import _at_chance, _chance, _num, _pct, _words, 
 from headscope.reports.moe_words import blocks_subject
 
 
+def _span(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The summary's pruning_tolerance where it is a share of the span from chance (pruning.tolerance_record:
+    a log-probability's zero is its ceiling, so 1% of unpruned says nothing; review 11b A6), else None."""
+    tol = s.get("pruning_tolerance")
+    if isinstance(tol, Mapping) and tol.get("basis") == "span" and all(
+            _num(tol.get(k)) is not None for k in ("band", "chance", "unpruned", "tolerance")):
+        return tol
+    return None
+
+
+def band_words(s: Mapping[str, Any], full: bool = False) -> str:
+    """How far below unpruned a count's points may fall: "1% below unpruned", or on a log-probability "0.153 nats
+    below unpruned"; full=True adds what that is ("(1% of the span from chance (-15.3) to unpruned (-0.00697))")."""
+    tol = _span(s)
+    if tol is None:
+        share = _num((s.get("pruning_tolerance") or {}).get("tolerance")) if isinstance(
+            s.get("pruning_tolerance"), Mapping) else None
+        return f"{100 * (share or 0.01):g}% below unpruned"
+    said = f"{tol['band']:.3g} nats below unpruned"
+    if full:
+        said += (f" ({100 * tol['tolerance']:g}% of the span from chance ({tol['chance']:.3g}) to unpruned "
+                 f"({tol['unpruned']:.3g}): a log-probability's 0 is its ceiling, not a scale)")
+    return said
+
+
+def line_name(s: Mapping[str, Any]) -> str:
+    """The count's tolerance line by name: "1% line", or "0.153-nat line" on the span from chance."""
+    tol = _span(s)
+    return "1% line" if tol is None else f"{tol['band']:.3g}-nat line"
+
+
+def _rel(s: Mapping[str, Any], x: float) -> str:
+    """A change as a share of the tolerance's scale: "+1.3%", or "+1.3% of the span" (curve_shapes' change_rel)."""
+    return _signed_pct(x) + (" of the span from chance" if _span(s) else "")
+
+
 def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None:
     """(low, high, n_examples) of prunable_ci_<key> (pruning.prunable_intervals), None when absent and for
     random orderings (a bootstrap of their mean over seeds leaves out the seed spread: _seed_words)."""
@@ -41,8 +77,11 @@ def _line_words(s: Mapping[str, Any], key: str) -> str:
         return ""
     k = line.get("n_pruned")
     heads = f"{k} head{'s' if k != 1 else ''} removed"
-    rel = f", {100 * change / abs(base):+.2g}% of unpruned" if base else ""
-    line_at = f"the line {100 * tol:g}% below unpruned" if tol is not None else "the line"
+    span = _span(s)
+    rel = (f", {100 * change / abs(base):+.2g}% of unpruned" if base and span is None else
+           f", {100 * change / (span['band'] / span['tolerance']):+.2g}% of the span from chance" if span else "")
+    line_at = (f"the line {band_words(s)}" if span is not None else
+               f"the line {100 * tol:g}% below unpruned" if tol is not None else "the line")
     if line.get("past"):
         step = "a first step" if _num(ci.get("heads")) == 0 else f"the step to {heads}"
         return f"{step}: {change:+.3g}{rel}, paired 95% CI {low:+.3g} to {high:+.3g}, reaches back to {line_at}"
@@ -66,10 +105,10 @@ def _line_sentence(s: Mapping[str, Any], keys: Any) -> str:
     out = []
     fragile = "; ".join(f"{' and '.join(names)} ({words})" for (words, held), names in groups.items() if not held)
     if fragile:
-        out.append(f"On the 1% line, so fragile (another sample of examples could move the count): {fragile}.")
+        out.append(f"On the {line_name(s)}, so fragile (another sample of examples could move the count): {fragile}.")
     held = "; ".join(f"{' and '.join(names)} ({words})" for (words, held), names in groups.items() if held)
     if held:
-        out.append(f"Close to the 1% line: {held}; the count's 95% bootstrap interval is a single value, so it held in "
+        out.append(f"Close to the {line_name(s)}: {held}; the count's 95% bootstrap interval is a single value, so it held in "
                    "most resamples of the examples, but this point's own interval does not rule out a move.")
     out.append("A point's interval is the paired 95% t interval over examples of its change from the unpruned metric "
                "(the line moves with the examples, so only the change counts); the bootstrap interval resamples whole "
@@ -267,7 +306,10 @@ def _gain_ci(gain: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def _band_size(shape: Mapping[str, Any], gain: Mapping[str, Any]) -> float:
-    """The band in the metric's units: tolerance x |unpruned| (unpruned = the gain point's metric - its change)."""
+    """The band in the metric's units: the shape's recorded band, else (older summaries) tolerance x |unpruned|
+    (unpruned = the gain point's metric - its change)."""
+    if _num(shape.get("band")) is not None:
+        return float(shape["band"])
     metric, change = _num(gain.get("metric")), _num(gain.get("change"))
     base = metric - change if metric is not None and change is not None else math.nan
     return (_num(shape.get("tolerance")) or 0.01) * abs(base)
@@ -287,15 +329,17 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, nam
         shape = s.get(f"pruning_shape_{key}")
         if not isinstance(shape, Mapping):
             continue
-        band = _pct(_num(shape.get("tolerance")) or 0.01)
+        nats = _span(s) is not None and _num(shape.get("band")) is not None  # the band on the span from chance
+        band = f"{shape['band']:.3g} nats" if nats else _pct(_num(shape.get("tolerance")) or 0.01)
         first, back, gain = shape.get("first_below"), shape.get("back_within"), shape.get("gain")
         if isinstance(first, Mapping) and isinstance(back, Mapping):
             later = "point" if back.get("points") == 1 else "points"
             heads = "head" if first["n_pruned"] == 1 else "heads"
-            out.append(f"The {_name(s, key, named)} curve leaves the {band} band at {first['n_pruned']} {heads} removed "
-                       f"({_signed_pct(first['change_rel'])}) but is back within it at {back.get('points')} later {later}, "
+            leaves = band.replace(" nats", "-nat")
+            out.append(f"The {_name(s, key, named)} curve leaves the {leaves} band at {first['n_pruned']} {heads} removed "
+                       f"({_rel(s, first['change_rel'])}) but is back within it at {back.get('points')} later {later}, "
                        f"from {back.get('first')} heads removed up to {back['n_pruned']} of {n_heads} "
-                       f"({back['metric']:.3g}, {_signed_pct(back['change_rel'])}): the order is not monotone; its "
+                       f"({back['metric']:.3g}, {_rel(s, back['change_rel'])}): the order is not monotone; its "
                        "count stops at the first crossing.")
         if isinstance(gain, Mapping):
             heads = [str(h) for h in gain.get("heads") or []]
@@ -306,13 +350,13 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, nam
             if ci and (verdict is None or ci[0] <= 0):
                 # review 6 (A6): an interval that reaches 0 supports no gain, so none is claimed
                 out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
-                           f"changes the {metric} by {gain['change']:+.3g} ({_signed_pct(gain['change_rel'])}{span}{over}): "
+                           f"changes the {metric} by {gain['change']:+.3g} ({_rel(s, gain['change_rel'])}{span}{over}): "
                            "no evidence of a gain.")
                 continue
             if verdict != "band":
                 # review 7 (A5): above unpruned, but the interval reaches below the band: not "more than 1%"
                 out.append(f"Removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
-                           f"raises the {metric} by {gain['change']:.3g} ({_signed_pct(gain['change_rel'])}{span}{over}): "
+                           f"raises the {metric} by {gain['change']:.3g} ({_rel(s, gain['change_rel'])}{span}{over}): "
                            f"higher than unpruned, but not clearly by more than {band}.")
                 continue
             gains.append((key, gain, which, span, band))
@@ -320,17 +364,23 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, nam
         key, gain, which, span, band = gains[0]
         out.append(f"Pruning can raise the metric: removing {gain['n_pruned']} of {n_heads} heads in the "
                    f"{_name(s, key, named)} order{which} raises the {metric} by {gain['change']:.3g} "
-                   f"({_signed_pct(gain['change_rel'])}{span}{over}), more than {band} above unpruned.")
+                   f"({_rel(s, gain['change_rel'])}{span}{over}), more than {band} above unpruned.")
     elif gains:
         said = []
         for key, gain, which, _, _ in gains:
             ci = _gain_ci(gain)
             span = f", {ci[0]:+.3g} to {ci[1]:+.3g}" if ci else ""
             said.append(f"removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
-                        f"by {gain['change']:.3g} ({_signed_pct(gain['change_rel'])}{span})")
+                        f"by {gain['change']:.3g} ({_rel(s, gain['change_rel'])}{span})")
         out.append(f"Pruning can raise the {metric} more than {gains[0][4]} above unpruned (95% CIs of the change"
                    f"{over}): " + ", ".join(said) + ".")
     return out
+
+
+def _below(s: Mapping[str, Any], metric: str, full: bool = False) -> str:
+    """"1% below the unpruned answer log-probability", or the span's band in nats (band_words)."""
+    words = band_words(s, full)
+    return words.replace("below unpruned", f"below the unpruned {metric}", 1)
 
 
 def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads: int, metric: str) -> list[str]:
@@ -346,25 +396,25 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
     name = _name(s, best, named)
     if prunable[best] <= 0:
         lines = _line_sentence(s, prunable)
-        out = [f"No ordering removes a single step of heads staying no more than 1% below the unpruned {metric}"
+        out = [f"No ordering removes a single step of heads staying no more than {_below(s, metric, True)}"
                + (f" ({over})" if over else "") + ": the first step already falls below the floor."]
         out += [lines] if lines else []
         out += _shape_words(s, list(prunable), n_heads, metric, named)
         return out
     if best.startswith("random"):
-        out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
-               f"unpruned {metric} on average ({_seed_words(s, best)})."]
+        out = [f"Ordered at random, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than "
+               f"{_below(s, metric, True)} on average ({_seed_words(s, best)})."]
     elif ci is None:  # an older summary: no per-example data behind the count
-        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed staying no more than 1% below the "
-               f"unpruned {metric}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
+        out = [f"{heads:.0f} of {n_heads} heads ({_pct(prunable[best])}) can be removed staying no more than "
+               f"{_below(s, metric, True)}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
     elif ci[0] <= 0:
-        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than 1% below the "
-               f"unpruned {metric}, but the 95% bootstrap interval ({_count(ci[0])}-{_count(ci[1])} heads, {over}) reaches "
-               "none: this is no evidence that any head is dispensable."]
+        out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than "
+               f"{_below(s, metric, True)}, but the 95% bootstrap interval ({_count(ci[0])}-{_count(ci[1])} heads, "
+               f"{over}) reaches none: this is no evidence that any head is dispensable."]
     else:
         out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
-               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than 1% below the "
-               f"unpruned {metric} when ordered by {name}."]
+               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than "
+               f"{_below(s, metric, True)} when ordered by {name}."]
     others = []
     for key, value in prunable.items():
         if key == best:
@@ -376,7 +426,7 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
             span = f" ({_seed_words(s, key)})"
         others.append(f"{_name(s, key, named)} {_pct(value)}{span}")
     if others:
-        out.append("Other orderings (heads removed before each curve first falls more than 1% below unpruned): "
+        out.append(f"Other orderings (heads removed before each curve first falls more than {band_words(s)}): "
                    + ", ".join(others) + ".")
     if lines := _line_sentence(s, prunable):
         out.append(lines)
@@ -472,7 +522,8 @@ def finding(s: Mapping[str, Any]) -> str:
         fixed = [k for k in prunable if not k.startswith("random")]
         if fixed and all(_num(s.get(f"heads_prunable_{k}")) == n_heads for k in fixed):
             # review 7 C3 (an untrained BERT: 12 of 12): no head moves the metric, which says nothing of redundancy
-            parts.append(f"Every ordering removes all {n_heads} heads within 1%: the heads' writes barely move this "
+            within = "1%" if _span(s) is None else f"{_span(s)['band']:.3g} nats"
+            parts.append(f"Every ordering removes all {n_heads} heads within {within}: the heads' writes barely move this "
                          "metric (as in an untrained model at its initial scale), so this says the heads do little "
                          "here, not that some are redundant beside others.")
     if s.get("mixture_of_experts") and {"gradient", "ablation"} <= {k.removesuffix("_recompute") for k in prunable}:

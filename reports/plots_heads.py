@@ -3,7 +3,7 @@ the L0 trade-off and head-role scores.
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over one of the Result's
 tidy tables, summary values by keyword; `importance_figure` (two panels) returns the Figure;
-`pruning_figure` (the whole curve and a zoom on the 1% floor) returns the Figure;
+`pruning_figure` (the whole curve and a zoom on its tolerance floor) returns the Figure;
 `figures(result)` gives every figure the Result has data for, by file stem.
 
 This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
@@ -107,9 +107,11 @@ def importance_figure(data: pd.DataFrame, *, metric: str | None = None, baseline
 
 
 def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
-                       basis: Mapping[str, str] | None = None, ax: Any = None) -> Any:
+                       basis: Mapping[str, str] | None = None, tolerance: Mapping[str, Any] | None = None,
+                       ax: Any = None) -> Any:
     """Metric against the fraction of heads pruned (`data`: the curve table), one line per ordering
-    (random: band over seeds), with the unpruned `baseline` and its 1% tolerance floor. `basis` (the
+    (random: band over seeds), with the unpruned `baseline` and its tolerance floor (`tolerance`: the summary's
+    pruning_tolerance, whose band a log-probability takes from the span from chance; without it 1% of |baseline|). `basis` (the
     summary's ordering_basis) names what each ordering ranks by in the legend. Where the
     table has ci_low / ci_high (the 95% t-interval of each point's change from the unpruned model,
     paired over examples, drawn around the point), the fixed orderings get that band in their
@@ -131,52 +133,81 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
                             alpha=0.12, linewidth=0)
     band = ";\nshaded: 95% CI of the change from unpruned,\npaired over examples)"
     title = "iterative head pruning (random: range over seeds" + (band if banded else ")")
-    return _finish(ax, metric, baseline, "fraction of heads pruned", title)
+    return _finish(ax, metric, baseline, "fraction of heads pruned", title, tolerance)
 
 
-ZOOM = 0.05  # the zoom panel spans the unpruned value +- this share of it: the 1% floor sits a tenth of its height below
+ZOOM = 5  # the zoom panel spans the unpruned value +- this many tolerance bands: the floor sits a tenth of its height below
+
+
+def floor_band(baseline: float, tolerance: Mapping[str, Any] | None) -> tuple[float, str]:
+    """(the band below `baseline` a point may fall and still count, its name on the figure): the summary's
+    pruning_tolerance (pruning.tolerance_record) where it applies to this baseline, else 1% of |baseline|."""
+    rec = tolerance if isinstance(tolerance, Mapping) else {}
+    band, share = rec.get("band"), rec.get("tolerance")
+    if rec.get("basis") == "span" and isinstance(band, (int, float)) and isinstance(rec.get("chance"), (int, float)):
+        return float(band), (f"{100 * float(share or 0.01):g}% of the span from chance ({float(rec['chance']):.3g}) "
+                             f"to unpruned: {float(band):.3g}")
+    share = float(share) if isinstance(share, (int, float)) else 0.01
+    return share * abs(float(baseline)), f"{100 * share:g}%"
 
 
 def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
-                   basis: Mapping[str, str] | None = None) -> Any:
+                   basis: Mapping[str, str] | None = None, tolerance: Mapping[str, Any] | None = None) -> Any:
     """Figure-level: the whole pruning curve (plot_pruning_curve) and, beside it, the same curves zoomed on
-    the unpruned value +- ZOOM of it, where the unpruned line and its floor, 1% below (the one-sided
+    the unpruned value +- ZOOM tolerance bands, where the unpruned line and its floor, one band below (the one-sided
     threshold behind the finding's count; below it shaded), are a tenth of the panel's height apart whatever the
-    full curve's range (review 7 B2: on a -7..12.5 axis they were a pixel apart). Without a nonzero
-    baseline there is no floor to zoom on: the full panel alone. Returns the Figure."""
-    zoom = baseline is not None and math.isfinite(float(baseline)) and float(baseline) != 0
-    if not zoom:
-        return plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=axes(None, (8, 4))).figure
+    full curve's range (review 7 B2: on a -7..12.5 axis they were a pixel apart; review 11b B1: a band of 1% of a
+    log-probability of -0.006 zoomed on rounding, so a log-probability's band is 1% of the span from chance).
+    Without a nonzero band there is no floor to zoom on: the full panel alone. Returns the Figure."""
+    finite = baseline is not None and math.isfinite(float(baseline))
+    band, name = floor_band(float(baseline), tolerance) if finite else (0.0, "")
+    if not band:
+        return plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance,
+                                  ax=axes(None, (8, 4))).figure
     fig, (full, near) = plt.subplots(1, 2, figsize=(11.5, 4.6), gridspec_kw={"width_ratios": [3, 2]})
-    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=full)
+    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance, ax=full)
     full.get_legend().remove()  # one legend, right of the zoom panel
-    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, ax=near)
+    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance, ax=near)
     b = float(baseline)
-    half = ZOOM * abs(b)
-    floor = b - 0.01 * abs(b)
-    near.set_yticks([b - half, floor, b, b + half], [f"-{100 * ZOOM:.0f}%: {b - half:.4g}", f"1% below unpruned: {floor:.4g}",
-                                                     f"unpruned: {b:.4g}", f"+{100 * ZOOM:.0f}%: {b + half:.4g}"])
+    half, floor = ZOOM * band, b - band
+    if name.endswith("%"):  # a share of |unpruned|: said as shares
+        pct = ZOOM * float(name[:-1])
+        ticks = [f"-{pct:g}%: {b - half:.4g}", f"{name} below unpruned: {floor:.4g}", f"unpruned: {b:.4g}",
+                 f"+{pct:g}%: {b + half:.4g}"]
+        title = f"zoom on the {name} floor: unpruned ± {pct:g}%\n(points beyond it leave the panel)"
+    else:  # the span's band, in the metric's units
+        ticks = [f"-{half:.3g}: {b - half:.4g}", f"floor, {band:.3g} below: {floor:.4g}", f"unpruned: {b:.4g}",
+                 f"+{half:.3g}: {b + half:.4g}"]
+        title = (f"zoom on the floor, {band:.3g} below unpruned\n({name.split(':')[0]})\n"
+                 f"unpruned ± {half:.3g}; points beyond leave the panel")
+    near.set_yticks([b - half, floor, b, b + half], ticks)
     near.set_ylim(b - half, b + half)  # after the ticks: set_yticks may widen the limits
-    near.set_title(f"zoom on the 1% floor: unpruned ± {100 * ZOOM:.0f}%\n(points beyond it leave the panel)")
+    near.set_title(title, fontsize=None if name.endswith("%") else 9)  # three lines in a narrow panel
     near.set_ylabel("")
     return fig
 
 
-EXCLUDED = "excluded: more than 1% below unpruned\n(one-sided rule: at or above the floor counts)"
+EXCLUDED = "excluded: more than {} below unpruned\n(one-sided rule: at or above the floor counts)"
 
 
-def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, title: str) -> Any:
-    """Unpruned baseline (grey dashed) and its -1% floor in black, the region below the floor shaded: the
-    rule behind the finding's count is one-sided (a point counts when it is no more than 1% below unpruned,
-    however far above; review 8 B2: a strip on both sides of unpruned read as two-sided), and the floor stays
-    visible where it nearly coincides with the baseline on a wide axis (review 6); labels, legend and title."""
+def _finish(ax: Any, metric: str | None, baseline: float | None, xlabel: str, title: str,
+            tolerance: Mapping[str, Any] | None = None) -> Any:
+    """Unpruned baseline (grey dashed) and its floor (floor_band: -1%, or a log-probability's band) in black,
+    the region below the floor shaded: the rule behind the finding's count is one-sided (a point counts when it
+    is no more than the band below unpruned, however far above; review 8 B2: a strip on both sides of unpruned
+    read as two-sided), and the floor stays visible where it nearly coincides with the baseline on a wide axis
+    (review 6); labels, legend and title."""
     if baseline is not None:
-        floor = baseline - 0.01 * abs(baseline)
+        band, name = floor_band(baseline, tolerance)
+        floor = baseline - band
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unpruned")
-        ax.axhline(floor, color="black", linestyle=":", linewidth=1.2, label="-1% floor")
+        relative = name.endswith("%")
+        ax.axhline(floor, color="black", linestyle=":", linewidth=1.2,
+                   label=f"-{name} floor" if relative else f"floor: {band:.3g} below unpruned")
         lo, hi = ax.get_ylim()  # the data's, both lines included
         depth = 1e3 * max(hi - lo, abs(baseline), 1.0)  # down past any later zoom's bottom
-        ax.axhspan(floor - depth, floor, color="0.6", alpha=0.25, linewidth=0, zorder=0, label=EXCLUDED)
+        ax.axhspan(floor - depth, floor, color="0.6", alpha=0.25, linewidth=0, zorder=0,
+                   label=EXCLUDED.format(name if relative else f"{band:.3g}"))
         ax.set_ylim(lo, hi)  # the span reaches far below: the limits stay the data's
     ax.set_xlabel(xlabel)
     ax.set_ylabel(_metric_label(metric))
@@ -220,7 +251,8 @@ def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = N
     return ax
 
 
-def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None, ax: Any = None) -> Any:
+def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
+            tolerance: Mapping[str, Any] | None = None, ax: Any = None) -> Any:
     """Heads kept against the metric over the lambda sweep (`data`: the l0 table; Voita et al.'s L0 gates)."""
     ax = axes(ax, (8, 4))
     sweep = data.sort_values("heads_kept")
@@ -244,7 +276,7 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     for i, ((kept, value), lams) in enumerate(sorted(points.items())):
         ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, value), textcoords="offset points",
                     xytext=(4, 8 if i % 2 else -12), fontsize="x-small")  # alternate above and below
-    return _finish(ax, metric, baseline, "heads kept", "L0 head pruning")
+    return _finish(ax, metric, baseline, "heads kept", "L0 head pruning", tolerance)
 
 
 ROW_INCHES = 0.22  # height of one head's row in the roles map: its 9-point label fits without overlap
@@ -314,9 +346,11 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     curve = _curve(result)
     draw = {
         "pruning_curve": (curve is not None, lambda: pruning_figure(curve, metric=metric, baseline=baseline,
-                                                                            basis=s.get("ordering_basis")).axes[0]),
+                                                                    basis=s.get("ordering_basis"),
+                                                                    tolerance=s.get("pruning_tolerance")).axes[0]),
         "best_head": ("best_head" in tables, lambda: plot_best_head(tables["best_head"], metric=metric)),
-        "l0": ("l0" in tables, lambda: plot_l0(tables["l0"], metric=metric, baseline=baseline)),
+        "l0": ("l0" in tables, lambda: plot_l0(tables["l0"], metric=metric, baseline=baseline,
+                                               tolerance=s.get("pruning_tolerance"))),
         "roles": ("roles" in tables, lambda: plot_roles(tables["roles"])),
     }
     for stem, (available, fn) in draw.items():
@@ -341,11 +375,12 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
                      "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
                      "unpruned model (paired over examples). "
-                     "Read where each falls below the dotted black floor, 1% below unpruned (the grey dashed line); the rule "
+                     "Read where each falls below the dotted black floor, 1% below unpruned (the grey dashed line; for an "
+                     "answer log-probability, whose 0 is its ceiling, 1% of the span from chance to unpruned); the rule "
                      "is one-sided: a point at or above the floor counts however far above unpruned, and the region below "
                      "the floor is shaded grey. The random band spans the seeds. Left, the whole curve; right, the same "
-                     "curves zoomed on the unpruned value ± 5%, where the floor (the threshold behind the finding's count) "
-                     "stays visible however far the curve falls. The legend names "
+                     "curves zoomed on the unpruned value ± 5 times that band, where the floor (the threshold behind the "
+                     "finding's count) stays visible however far the curve falls. The legend names "
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
                      "finding's count is the heads removed before a curve first falls below the floor (a curve may come back "

@@ -14,7 +14,8 @@ role scores; tables "curve" (each point with the 95% t-interval of its paired ch
 heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
 random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
-examples, n_examples and the method: pruning.prunable_intervals), top_heads_<method>, top_head_<method> (ablation:
+examples, n_examples and the method: pruning.prunable_intervals), pruning_tolerance (the band those counts allow
+below unpruned, in the metric's units: pruning.tolerance_record), top_heads_<method>, top_head_<method> (ablation:
 the first head and the next with their 95% intervals, `_leading`), l0_min_heads_within_tolerance, and
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): the analytic rounding (`rounding_step`:
 one step of the logits, for an answer log-probability times rounding_sensitivity, E_x sum_t (1 - p_t), with
@@ -69,6 +70,7 @@ from headscope.analyses.heads.pruning import (
     prunable_summary,
     prune_counts,
     pruning_curves,
+    tolerance_record,
 )
 from headscope.analyses.heads.roles import head_roles, role_windows
 from headscope.errors import ConfigError, InputTypeError
@@ -420,9 +422,7 @@ def prune_heads(model, task: TaskLike = None, config: HeadsConfig | None = None,
                                       per_example=True)
     baseline = float(curves.loc[curves["n_pruned"] == 0, "metric"].iloc[0])
     summary = _base_summary(model, scorer, baseline)
-    summary.update(prunable_summary(curves, baseline, summary["n_heads"], config.pruning.tolerance))
-    summary.update(prunable_intervals(examples, summary["n_heads"], config.pruning.tolerance, seed=config.seed))
-    summary.update(curve_shapes(curves, config.pruning.tolerance))
+    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], config, scorer.chance))
     summary["ordering_basis"] = ordering_basis(config.pruning)
     return Result(name="heads", df=curves, summary=summary, tables={"curve_examples": examples},
                   config={**dataclasses.asdict(config.pruning), "seed": config.seed})
@@ -443,9 +443,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     curves, examples = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, seed=hc.seed,
                                       progress=config.progress, per_example=True)
     summary = _base_summary(model, scorer, baseline)
-    summary.update(prunable_summary(curves, baseline, summary["n_heads"], hc.pruning.tolerance))
-    summary.update(prunable_intervals(examples, summary["n_heads"], hc.pruning.tolerance, seed=hc.seed))
-    summary.update(curve_shapes(curves, hc.pruning.tolerance))
+    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], hc, scorer.chance))
     summary["ordering_basis"] = ordering_basis(hc.pruning)
     fixed = {method: prune_imp[o] for o, method in (("gradient", "gradient"), ("ablation", hc.pruning.method))
              if o in prune_imp and o in hc.pruning.orderings}  # {method: what its pruning order ranks by}
@@ -470,12 +468,24 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     if hc.l0 is not None:
         sweep, gates = l0_sweep(model, scorer, hc.l0, seed=hc.seed, progress=config.progress)
         tables["l0"], tables["l0_gates"] = sweep, gates
-        floor = baseline - hc.pruning.tolerance * abs(baseline)
+        floor = baseline - summary["pruning_tolerance"]["band"]
         ok = sweep.loc[sweep["metric_binary"] >= floor, "heads_kept"]
         summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
         summary["l0_lambdas"] = [float(x) for x in hc.l0.lambdas]  # one strength is no sweep (the finding says so)
     run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)
+
+
+def _pruning_summary(curves: pd.DataFrame, examples: pd.DataFrame, baseline: float, n_heads: int,
+                     config: HeadsConfig, chance: float | None) -> dict[str, Any]:
+    """The prunable counts, their intervals and the curves' shapes, all against one tolerance band
+    (pruning.tolerance_record: a log-probability's is a share of the span from chance, `chance`), recorded as
+    pruning_tolerance."""
+    tol = config.pruning.tolerance
+    return {"pruning_tolerance": tolerance_record(baseline, tol, chance),
+            **prunable_summary(curves, baseline, n_heads, tol, chance),
+            **prunable_intervals(examples, n_heads, tol, seed=config.seed, chance=chance),
+            **curve_shapes(curves, tol, chance)}
 
 
 def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseline: float,

@@ -15,6 +15,7 @@ projection and MLP (pre-norm blocks, sequential or parallel).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,7 @@ class Scorer(metrics.Metric):
     objective: RowFn
     fn: metrics.MetricFn | None = None  # set from metric in __post_init__
     answers: torch.Tensor | None = None  # [batch] or [batch, k] a task's answer tokens (decoders; readout_stats)
+    chance: float | None = None  # a log-probability's chance (span_chance): the pruning tolerance's far end
 
     def __post_init__(self) -> None:
         if self.fn is None:
@@ -92,7 +94,8 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
             return ce.mean(1)
 
         return Scorer(name="text", kind="lm", tokens=tokens, attention_mask=None,
-                      metric=lambda out, rows: -lm_loss(out, rows), grad_loss=lm_loss, objective=lm_loss)
+                      metric=lambda out, rows: -lm_loss(out, rows), grad_loss=lm_loss, objective=lm_loss,
+                      chance=-math.log(model.facts.d_vocab))
     if not isinstance(task, Task):
         raise InputTypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
     if model.facts.is_encoder:  # the prompts only: an encoder is scored by its pooled embedding (no masked-LM head)
@@ -130,7 +133,19 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     grad_loss = logprob if task.metric == "accuracy" else metric
     return Scorer(name=task.name, kind=task.metric, tokens=tokens, attention_mask=mask, metric=metric,
                   grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows),
-                  last_position=task.continuation is None, answers=answers)
+                  last_position=task.continuation is None, answers=answers,
+                  chance=span_chance(task, model.facts.d_vocab))
+
+
+def span_chance(task: Task, vocab: int) -> float | None:
+    """The chance value a log-probability's pruning tolerance is measured from (pruning.tolerance_band): each row's
+    k log(1/vocab) for its k answer tokens, averaged over the rows (the chance record's chance_value,
+    analyses/core/chance.py); None for other metrics (a logit difference's chance is its own zero, accuracy and
+    cosine keep their own scale)."""
+    if task.metric != "logprob":
+        return None
+    k = 1.0 if task.continuation is None else float((task.continuation >= 0).sum(1).double().mean())
+    return -k * math.log(vocab)
 
 
 def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor | None) -> Scorer:

@@ -18,6 +18,14 @@ ablation, only the VERIFY x k lowest-ranked candidates (k: the heads the step re
 k + 8), removing the k whose exact ablation costs least: 3 + 2k passes a step instead of all the
 remaining heads (GPT-2 small, 144 heads: about 6x fewer passes; Llama 2 7B's 1,024: about 12x).
 
+The tolerance (`tolerance_band`): a point counts while it stays no more than `tolerance` (1%) of a scale below the
+unpruned metric. The scale is |unpruned| (logit difference, accuracy, cosine: their zero is a real scale, and a logit
+difference's chance is that zero), except for a log-probability, whose zero is its ceiling: a model that solves the
+task scores about -0.007, and 1% of that (0.00007 nats) is rounding (review 11b A6). Its scale is the span from
+chance to unpruned, |unpruned - chance| (chance: the rows' k log(1/vocab) averaged, Scorer.chance), whichever of the
+two is larger. The count, its bootstrap interval, the line record, the curve shapes, the figure's band and compare
+all take it from here; the summary's `pruning_tolerance` records it in the metric's units.
+
 How many heads can go is a count with an uncertainty: `pruning_curves(per_example=True)` keeps each
 example's metric at every point and `prunable_intervals` bootstraps the count over examples, the
 order fixed (the finding states it as "k of n heads, 95% bootstrap interval a-b heads, over m examples").
@@ -51,7 +59,7 @@ VERIFY = 2  # candidates verified exactly per head removed (cheap ranking)
 class PruningConfig:
     """step: fraction of all heads removed per step; n_random: seeds of the random band;
     method: the ablation of the "ablation" ordering; normalize: per-layer L2 for "gradient";
-    tolerance: relative drop allowed when counting prunable heads; exact_limit: head count above
+    tolerance: drop allowed when counting prunable heads, a share of tolerance_band's scale; exact_limit: head count above
     which recomputed zero-ablation orderings use the cheap ranking with exact verification."""
 
     step: float = 0.1
@@ -251,10 +259,31 @@ def curve_key(ordering: str, recompute: bool) -> str:
     return f"{ordering}_recompute" if recompute else ordering
 
 
-def max_prunable_fraction(curve: pd.DataFrame, baseline: float, tolerance: float = 0.01) -> float:
+def tolerance_scale(unpruned: Any, chance: float | None = None) -> Any:
+    """What the tolerance is a share of: max(|unpruned|, |unpruned - chance|), |unpruned| without a chance value
+    (a float, or an array of unpruned values)."""
+    size = np.abs(unpruned)
+    return size if chance is None else np.maximum(size, np.abs(np.asarray(unpruned) - chance))
+
+
+def tolerance_band(unpruned: float, tolerance: float = 0.01, chance: float | None = None) -> float:
+    """The drop, in the metric's units, a pruned point may fall below unpruned and still count (module doc)."""
+    return float(tolerance * tolerance_scale(float(unpruned), chance))
+
+
+def tolerance_record(unpruned: float, tolerance: float = 0.01, chance: float | None = None) -> dict[str, Any]:
+    """summary["pruning_tolerance"]: {tolerance (the share), basis ("span": |unpruned - chance|, or "unpruned":
+    |unpruned|), chance (None where the metric has none here), unpruned, band (tolerance_band, metric units)}."""
+    span = chance is not None and abs(unpruned - chance) > abs(unpruned)
+    return {"tolerance": tolerance, "basis": "span" if span else "unpruned", "chance": chance,
+            "unpruned": float(unpruned), "band": tolerance_band(unpruned, tolerance, chance)}
+
+
+def max_prunable_fraction(curve: pd.DataFrame, baseline: float, tolerance: float = 0.01,
+                          chance: float | None = None) -> float:
     """Largest fraction f such that every point of the curve up to f keeps
-    metric >= baseline - tolerance x |baseline| (within 1% relative by default)."""
-    floor = baseline - tolerance * abs(baseline)
+    metric >= baseline - tolerance_band(baseline, tolerance, chance)."""
+    floor = baseline - tolerance_band(baseline, tolerance, chance)
     best = 0.0
     for frac, metric in curve.sort_values("fraction_pruned")[["fraction_pruned", "metric"]].itertuples(index=False):
         if metric < floor:
@@ -263,11 +292,12 @@ def max_prunable_fraction(curve: pd.DataFrame, baseline: float, tolerance: float
     return best
 
 
-def prunable_summary(curves: pd.DataFrame, baseline: float, n_heads: int, tolerance: float = 0.01) -> dict[str, float]:
+def prunable_summary(curves: pd.DataFrame, baseline: float, n_heads: int, tolerance: float = 0.01,
+                     chance: float | None = None) -> dict[str, float]:
     """Per ordering (random: mean over seeds): max_fraction_prunable_<key> and heads_prunable_<key>."""
     out: dict[str, float] = {}
     for (ordering, recompute), group in curves.groupby(["ordering", "recompute"], sort=False):
-        fracs = [max_prunable_fraction(g, baseline, tolerance) for _, g in group.groupby("seed")]
+        fracs = [max_prunable_fraction(g, baseline, tolerance, chance) for _, g in group.groupby("seed")]
         frac = sum(fracs) / len(fracs)
         key = curve_key(ordering, bool(recompute))
         out[f"max_fraction_prunable_{key}"] = round(frac, 6)
@@ -275,15 +305,16 @@ def prunable_summary(curves: pd.DataFrame, baseline: float, n_heads: int, tolera
     return out
 
 
-def curve_shapes(curves: pd.DataFrame, tolerance: float = 0.01) -> dict[str, dict]:
+def curve_shapes(curves: pd.DataFrame, tolerance: float = 0.01, chance: float | None = None) -> dict[str, dict]:
     """What max_prunable_fraction's first crossing leaves out, per fixed ordering (not random: a band
-    over seeds): pruning_shape_<key> = {tolerance, first_below, back_within, gain}, only for curves
-    with something to say (a return into the band or a gain beyond it). Each part is a point
-    {n_pruned, metric, change, change_rel} of the curve, against its own unpruned point:
-    - first_below: the first point under the floor, unpruned - tolerance x |unpruned|;
+    over seeds): pruning_shape_<key> = {tolerance, band (tolerance_band: metric units), basis (tolerance_record's),
+    first_below, back_within, gain}, only for curves with something to say (a return into the band or a gain beyond
+    it). Each part is a point {n_pruned, metric, change, change_rel (change / the tolerance's scale)} of the curve,
+    against its own unpruned point:
+    - first_below: the first point under the floor, unpruned - band;
     - back_within: when later points are back at or above the floor (the order is not monotone), the
       last of them, with `points` (how many) and `first` (the n_pruned of the earliest);
-    - gain: the highest point above unpruned + tolerance x |unpruned| (pruning helps beyond the band),
+    - gain: the highest point above unpruned + band (pruning helps beyond the band),
       with `heads` (every head removed up to it) and, where the curve has ci_low / ci_high, `ci`
       [low, high] of its change (the paired 95% t-interval over examples) and `clear_of`, what that
       interval clears (chance.clear_of: "band" only where its lower bound is above the band, "zero"
@@ -292,34 +323,37 @@ def curve_shapes(curves: pd.DataFrame, tolerance: float = 0.01) -> dict[str, dic
     for (ordering, recompute), group in curves.groupby(["ordering", "recompute"], sort=False):
         if ordering == "random" or group["seed"].nunique() != 1:
             continue
-        shape = _shape(group.sort_values("n_pruned").reset_index(drop=True), tolerance)
+        shape = _shape(group.sort_values("n_pruned").reset_index(drop=True), tolerance, chance)
         if "back_within" in shape or "gain" in shape:
             out[f"pruning_shape_{curve_key(ordering, bool(recompute))}"] = shape
     return out
 
 
-def _point(g: pd.DataFrame, i: int, base: float) -> dict:
+def _point(g: pd.DataFrame, i: int, base: float, scale: float) -> dict:
     m = float(g["metric"].iloc[i])
     return {"n_pruned": int(g["n_pruned"].iloc[i]), "metric": m, "change": m - base,
-            "change_rel": (m - base) / abs(base) if base else float("nan")}
+            "change_rel": (m - base) / scale if scale else float("nan")}
 
 
-def _shape(g: pd.DataFrame, tolerance: float) -> dict:
+def _shape(g: pd.DataFrame, tolerance: float, chance: float | None = None) -> dict:
     """curve_shapes for one curve `g` (rows in pruning order, row 0 unpruned)."""
     base = float(g["metric"].iloc[0])
-    band = tolerance * abs(base)
+    record = tolerance_record(base, tolerance, chance)
+    band = record["band"]
+    scale = float(tolerance_scale(base, chance))
     metric = g["metric"].to_numpy(dtype=float)
-    shape: dict = {"tolerance": tolerance}
+    shape: dict = {"tolerance": tolerance, "band": band, "basis": record["basis"]}
     below = np.flatnonzero(metric < base - band)
     if len(below):
-        shape["first_below"] = _point(g, below[0], base)
+        shape["first_below"] = _point(g, below[0], base, scale)
         back = [i for i in range(below[0] + 1, len(g)) if metric[i] >= base - band]
         if back:
-            shape["back_within"] = {**_point(g, back[-1], base), "points": len(back), "first": int(g["n_pruned"].iloc[back[0]])}
+            shape["back_within"] = {**_point(g, back[-1], base, scale), "points": len(back),
+                                    "first": int(g["n_pruned"].iloc[back[0]])}
     above = [i for i in range(1, len(g)) if metric[i] > base + band]
     if above:
         best = max(above, key=lambda i: metric[i])
-        gain = _point(g, best, base)
+        gain = _point(g, best, base, scale)
         gain["heads"] = " ".join(p for p in g["pruned"].iloc[: best + 1] if p).split()
         if {"ci_low", "ci_high"} <= set(g.columns):
             gain["ci"] = [float(g["ci_low"].iloc[best]) - base, float(g["ci_high"].iloc[best]) - base]
@@ -334,17 +368,17 @@ BOOT_METHOD = ("percentile bootstrap over examples (the pruning order fixed as c
 
 
 def prunable_intervals(examples: pd.DataFrame, n_heads: int, tolerance: float = 0.01, *, n_boot: int = N_BOOT,
-                       seed: int = 0, level: float = 0.95) -> dict[str, dict]:
+                       seed: int = 0, level: float = 0.95, chance: float | None = None) -> dict[str, dict]:
     """How sure the heads-prunable counts are: per ordering, prunable_ci_<key> = {heads, fraction,
     interval_heads [low, high], level, n_examples, n_boot, method}.
 
     A bootstrap over examples: each resample draws n examples with replacement (rng seeded with
     `seed`; the same draws for every curve, so orderings stay paired), takes each point's mean
     metric over the draw and that curve's own unpruned mean as the baseline, and counts the heads
-    removed at the last point before the curve first falls below baseline - tolerance x |baseline|
-    (max_prunable_fraction's rule). The interval is the (1 - level) / 2 and (1 + level) / 2
-    quantiles of those counts (numpy's "lower" and "higher": whole heads, never narrower than the
-    draws). The order stays the one computed on all examples: the interval is the uncertainty of
+    removed at the last point before the curve first falls below baseline - tolerance_band(baseline, tolerance,
+    chance) (max_prunable_fraction's rule, the band's scale taken at the resample's own baseline). The interval
+    is the (1 - level) / 2 and (1 + level) / 2 quantiles of those counts (numpy's "lower" and "higher": whole
+    heads, never narrower than the draws). The order stays the one computed on all examples: the interval is the uncertainty of
     the metric along that order, not of the order itself (a new task sample also re-ranks the
     heads, so seeds can differ by more). Random orderings: the mean over seeds in each resample, which
     leaves out the spread between seeds, so their record also has each seed's own count (per_seed_heads,
@@ -366,10 +400,11 @@ def prunable_intervals(examples: pd.DataFrame, n_heads: int, tolerance: float = 
         pruned = wide.index.to_numpy()
         values = wide.to_numpy(dtype=np.float64)
         key = (ordering, bool(recompute))
-        counts.setdefault(key, []).append(_prunable_heads(values @ weights.T / n, pruned, tolerance))  # [n_boot]
-        points.setdefault(key, []).append(float(_prunable_heads(values.mean(1, keepdims=True), pruned, tolerance)[0]))
+        counts.setdefault(key, []).append(_prunable_heads(values @ weights.T / n, pruned, tolerance, chance))  # [n_boot]
+        points.setdefault(key, []).append(float(_prunable_heads(values.mean(1, keepdims=True), pruned, tolerance,
+                                                                chance)[0]))
         if ordering != "random":
-            lines[key] = line_record(values, pruned, tolerance)
+            lines[key] = line_record(values, pruned, tolerance, chance)
         seeds.setdefault(key, []).append(int(group["seed"].iloc[0]))
     tail = (1.0 - level) / 2
     out = {}
@@ -391,24 +426,25 @@ def prunable_intervals(examples: pd.DataFrame, n_heads: int, tolerance: float = 
     return out
 
 
-def line_record(values: np.ndarray, pruned: np.ndarray, tolerance: float) -> dict[str, Any]:
+def line_record(values: np.ndarray, pruned: np.ndarray, tolerance: float, chance: float | None = None) -> dict[str, Any]:
     """How close the count of one fixed-order curve comes to turning on its tolerance line. values
     [points, n] each example's metric (row 0 unpruned), pruned [points] heads removed. The line is
-    tolerance x |unpruned| below the unpruned mean of the same examples, so a new sample of examples moves
-    a point and its line together: only a point's change from unpruned, paired over examples, says whether
+    tolerance_band(unpruned, tolerance, chance) below the unpruned mean of the same examples, so a new sample of
+    examples moves a point and its line together: only a point's change from unpruned, paired over examples, says whether
     it could fall on the other side (review 10b A3: a point's own spread over examples, its level's
     standard error, is no measure of that). Among the points that decide the count (every pruned point
     kept before the first crossing, and that first point past the line) the one whose paired 95% t
     interval of the change comes nearest the line, relative to its half-width: {n_pruned, past (it is the
     crossing), metric, line, tolerance, change (metric - unpruned), change_low, change_high (the paired 95%
-    t interval of the change over examples), half_width, distance_rel (metric - line, as a fraction of
-    |unpruned|), margin_rel (half_width as that fraction), n_examples, on_the_line (the interval reaches
-    the line: |distance| < half_width, so another sample of examples could move the count)}; {} for a
-    curve of one point."""
+    t interval of the change over examples), half_width, distance_rel (metric - line, as a fraction of the
+    tolerance's scale, tolerance_scale), margin_rel (half_width as that fraction), band, basis, n_examples,
+    on_the_line (the interval reaches the line: |distance| < half_width, so another sample of examples could
+    move the count)}; {} for a curve of one point."""
     means = values.mean(1)  # [points]
     base = float(means[0])
-    scale = abs(base) or 1.0
-    line = base - tolerance * abs(base)
+    scale = float(tolerance_scale(base, chance)) or 1.0
+    record = tolerance_record(base, tolerance, chance)
+    line = base - record["band"]
     n = values.shape[1]
     below = np.flatnonzero(means < line)
     first = int(below[0]) if len(below) else len(means)
@@ -419,21 +455,22 @@ def line_record(values: np.ndarray, pruned: np.ndarray, tolerance: float) -> dic
     for i in candidates:
         change = float(means[i]) - base
         half = float(t_half_width(float((values[i] - values[0]).std(ddof=1)), n)) if n > 1 else float("nan")
-        distance = float(means[i]) - line  # = change + tolerance x |unpruned|
+        distance = float(means[i]) - line  # = change + band
         rank = abs(distance) / half if n > 1 and half > 0 else float("inf")
         if best is None or rank < best[0]:
             best = (rank, {"n_pruned": int(pruned[i]), "past": i == first, "metric": float(means[i]), "line": line,
                            "tolerance": tolerance, "change": change, "change_low": change - half,
                            "change_high": change + half, "half_width": half, "distance_rel": distance / scale,
-                           "margin_rel": half / scale, "n_examples": n,
+                           "margin_rel": half / scale, "band": record["band"], "basis": record["basis"],
+                           "n_examples": n,
                            "on_the_line": bool(n > 1 and abs(distance) < half)})
     return best[1]
 
 
-def _prunable_heads(means: np.ndarray, pruned: np.ndarray, tolerance: float) -> np.ndarray:
+def _prunable_heads(means: np.ndarray, pruned: np.ndarray, tolerance: float, chance: float | None = None) -> np.ndarray:
     """means [points, m] (row 0 unpruned, points in pruning order), pruned [points] heads removed ->
-    [m] heads removed at the last point before the first one under row 0 - tolerance x |row 0|."""
-    floor = means[0] - tolerance * np.abs(means[0])  # [m]
+    [m] heads removed at the last point before the first one under row 0 - the tolerance band at row 0."""
+    floor = means[0] - tolerance * tolerance_scale(means[0], chance)  # [m]
     below = means < floor  # [points, m]
     first = np.where(below.any(0), below.argmax(0), len(pruned))  # [m] first point under the floor
     return pruned[np.maximum(first - 1, 0)].astype(np.float64)

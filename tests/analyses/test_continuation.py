@@ -227,6 +227,10 @@ def test_the_chance_guard_counts_each_token_of_a_continuation(arch_models, hf_of
     # what the findings' chance sentence names: the task, its mean answer length and the vocabulary
     assert found["task"] == task.name and found["vocab_size"] == vocab
     assert found["answer_tokens"] == pytest.approx(sum(lengths) / len(lengths))
+    # review 11b A6: the heads pruning tolerance's chance is the same per-row chance, averaged
+    from headscope.analyses.heads.importance import make_scorer
+
+    assert make_scorer(model, task).chance == pytest.approx(-sum(lengths) / len(lengths) * math.log(vocab))
     want = torch.stack([_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r)) for r in rows])
     assert found["mean"] == pytest.approx(float(want.mean()), abs=1e-3)
     # review 11b A1: the interval is the metric's own (scipy's t interval of HF's per-row values), and each row is

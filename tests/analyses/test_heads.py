@@ -387,6 +387,38 @@ def test_prune_counts_and_prunable_fraction_hand_worked():
     assert hp.max_prunable_fraction(curve, 2.0, 0.02) == 0.75
 
 
+def test_a_logprob_tolerance_is_a_share_of_the_span_from_chance_hand_worked():
+    """Review 11b A6: an answer log-probability of -0.007 (a model that solves the task), chance -11.4. 1% of
+    |unpruned| is 0.00007 nats, so a step to -0.0075 already 'fell below'; 1% of the span |-0.007 - -11.4| is
+    0.11393 nats, so the points down to -0.1 (6 heads) count and -0.25 (8 heads) does not. The same band in the
+    count, its bootstrap interval, the line record and the curve shapes; logit differences keep |unpruned|."""
+    pruned = [0, 2, 4, 6, 8, 10]
+    means = [-0.007, -0.0075, -0.05, -0.1, -0.25, -2.17]
+    curve = pd.DataFrame({"ordering": "ablation", "recompute": False, "seed": 0, "n_pruned": pruned,
+                          "fraction_pruned": [p / 16 for p in pruned], "metric": means, "pruned": ""})
+    band = 0.01 * (11.4 - 0.007)
+    assert hp.tolerance_band(-0.007, 0.01, -11.4) == pytest.approx(band)
+    assert hp.tolerance_record(-0.007, 0.01, -11.4) == {"tolerance": 0.01, "basis": "span", "chance": -11.4,
+                                                        "unpruned": -0.007, "band": pytest.approx(band)}
+    assert hp.max_prunable_fraction(curve, -0.007, 0.01) == 0.0  # the old rule: -0.0075 < -0.00707
+    assert hp.max_prunable_fraction(curve, -0.007, 0.01, -11.4) == 6 / 16
+    assert hp.prunable_summary(curve, -0.007, 16, 0.01, -11.4)["heads_prunable_ablation"] == 6
+    rows = [{"ordering": "ablation", "recompute": False, "seed": 0, "n_pruned": p, "example": e,
+             "metric": m + (0.001 if e else -0.001)} for p, m in zip(pruned, means) for e in range(2)]
+    ci = hp.prunable_intervals(pd.DataFrame(rows), 16, 0.01, n_boot=50, chance=-11.4)["prunable_ci_ablation"]
+    assert ci["heads"] == 6 and ci["interval_heads"] == [6.0, 6.0]  # a shift of 0.001 moves no point past 0.114
+    assert ci["line"]["line"] == pytest.approx(-0.007 - band) and ci["line"]["basis"] == "span"
+    assert ci["line"]["band"] == pytest.approx(band)
+    shape = hp.curve_shapes(curve.assign(metric=[-0.007, -0.0075, -0.2, -0.05, -0.25, -2.17]), 0.01, -11.4)
+    back = shape["pruning_shape_ablation"]  # -0.2 leaves the band at 4 heads, -0.05 is back within it at 6
+    assert back["band"] == pytest.approx(band) and back["first_below"]["n_pruned"] == 4
+    assert back["first_below"]["change_rel"] == pytest.approx(-0.193 / (11.4 - 0.007))
+    # a logit difference's chance is its zero: the span is |unpruned| and nothing changes
+    assert hp.tolerance_record(2.5, 0.01, None) == {"tolerance": 0.01, "basis": "unpruned", "chance": None,
+                                                    "unpruned": 2.5, "band": pytest.approx(0.025)}
+    assert hp.tolerance_band(2.5, 0.01, 0.0) == pytest.approx(0.025)
+
+
 def pruned_metric(model, task, pruned_names: list[str]) -> float:
     heads_ = [(int(n[1:n.index("H")]), int(n[n.index("H") + 1:])) for n in pruned_names]
     metric = metrics.task_metric(task)

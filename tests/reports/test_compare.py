@@ -1207,3 +1207,90 @@ def test_compare_does_not_set_a_copy_task_not_done_at_n_8_against_n_24(tmp_path)
         io.write_json(tmp_path / side / "position" / "summary.json", {"n_examples": n, "chance": entry})
     said = chance_refusal(Run(tmp_path / "a"), Run(tmp_path / "b"), "position")
     assert said == "not compared: A and B do not do their tasks (accuracy 0 on a copy task)", said
+
+
+def _precision_pair(root, curves: dict[str, list[float]], counts: dict[str, int], intervals: dict[str, list[int]]):
+    """Review 11b A7's runs: one model on one task and seed at float32 (A) and bfloat16 (B), an ablation curve each
+    (heads removed 0, 2, 4), the count of heads prunable and its interval; B's metric rounding step 0.0794."""
+    runs = []
+    for side, dtype in (("a", "float32"), ("b", "bfloat16")):
+        _folder(root / side, "m", 1.0, 0, 0.0)
+        _task(root / side)
+        manifest = io.read_json(root / side / "manifest.json")
+        manifest["config"]["dtype"] = dtype
+        manifest["versions"] = {"torch": "2.13.0"}
+        io.write_json(root / side / "manifest.json", manifest)
+        io.write_csv(root / side / "heads" / "curve.csv", pd.DataFrame({
+            "ordering": "ablation", "recompute": False, "seed": 0, "n_pruned": [0, 2, 4],
+            "fraction_pruned": [0.0, 0.125, 0.25], "metric": curves[side], "pruned": ["", "L2H2 L2H0", "L1H0 L1H1"]}))
+        _heads_summary(root / side, metric="logprob", n_heads=16, n_examples=16, baseline_metric=curves[side][0],
+                       max_fraction_prunable_ablation=counts[side] / 16, heads_prunable_ablation=float(counts[side]),
+                       prunable_ci_ablation={"heads": float(counts[side]), "interval_heads": intervals[side],
+                                             "n_examples": 16},
+                       noise_floor=1.2e-6 if side == "a" else 0.0794)
+        runs.append(Run(root / side))
+    return runs
+
+
+def test_one_model_at_two_precisions_splits_a_count_by_rounding_not_by_a_verdict(tmp_path):
+    """Review 11b A7: the 2-head step changes the metric by -0.00051 in float32 (-0.006968 -> -0.007478) and rounds
+    to +0 in bfloat16; against the old 1% line (0.00007 nats) A keeps 0 heads, B 2. The change between the runs,
+    0.00051, is under bfloat16's rounding step of the metric (0.0794): a rounding difference, said so, not "beyond
+    noise" nor "the verdicts differ"; and A's 0-0 heads is none, not "does not [reach none]"."""
+    from headscope.reports.compare import pruning_notes
+
+    a, b = _precision_pair(tmp_path, {"a": [-0.006968, -0.007478, -0.0477], "b": [-0.005836, -0.005836, -0.05]},
+                           {"a": 0, "b": 2}, {"a": [0, 0], "b": [0, 2]})
+    [note] = pruning_notes(a, b)
+    assert note == ("Prunable within 1% by ablation (the ordering both heads findings lead with): A 0% (0 of 16 heads), "
+                    "B 12% (2 of 16 heads): the runs differ only in precision (A float32, B bfloat16): at 2 heads "
+                    "removed, the point that decides the counts, the change from unpruned is -0.00051 in A and +0 in B, "
+                    "0.00051 apart, within bfloat16's rounding step of the metric (0.079): a rounding difference, not a "
+                    "difference in the model.")
+    # another seed as well: no longer one model at two precisions, the noise verdict as before and no rounding words
+    manifest = io.read_json(tmp_path / "b" / "manifest.json")
+    io.write_json(tmp_path / "b" / "manifest.json", {**manifest, "seed": 1})
+    other = pruning_notes(a, Run(tmp_path / "b"))[0]
+    assert "beyond noise" in other and "precision" not in other and "does not" not in other
+
+
+def test_a_zero_count_is_none_so_equal_verdicts_are_not_said_to_differ(tmp_path):
+    """Review 11b A7: "B's interval (0-2 heads) reaches none ..., while A's (0-0 heads) does not" contradicted itself:
+    a count of 0 with interval 0-0 is none, so neither finding sees a dispensable head and no verdicts differ."""
+    from headscope.reports.compare_prunable import verdict_words
+
+    a, b = _precision_pair(tmp_path, {"a": [-0.007, -0.0075, -0.05], "b": [-0.006, -0.006, -0.05]},
+                           {"a": 0, "b": 2}, {"a": [0, 0], "b": [0, 2]})
+    assert verdict_words(a, b, "ablation", (0.0, 0.125), (False, False)) == ""
+    _heads_summary(tmp_path / "a", prunable_ci_ablation={"heads": 2.0, "interval_heads": [1, 2], "n_examples": 16})
+    assert verdict_words(a, b, "ablation", (0.125, 0.125), (False, False)).startswith(
+        "the verdicts differ: B's 95% bootstrap interval (0-2 heads) reaches none, so its finding sees no evidence that "
+        "any head is dispensable, while A's (1-2 heads) does not")
+
+
+def test_the_higher_precision_run_orders_the_lower_ones_rounding_ties_and_the_title_names_the_dtype(tmp_path):
+    """Review 11b A7 / C6: bfloat16's 2nd-5th zero-ablation places tie with its 6th, L0H2; float32's importances
+    (0.0338, 0.029, 0.00935, 0.00534, 0.00233) order them as B lists, so the page says A orders them and that the
+    tie is bfloat16's rounding; the title line tells the two sides apart by their dtype."""
+    from headscope.reports.compare import compare_html
+    from headscope.reports.compare_top import top_heads_notes
+
+    a, b = _precision_pair(tmp_path, {"a": [-0.007, -0.0075, -0.05], "b": [-0.006, -0.006, -0.05]},
+                           {"a": 0, "b": 0}, {"a": [0, 0], "b": [0, 0]})
+    top = ["L0H3", "L0H0", "L3H1", "L3H0", "L0H1"]
+    values = {"L0H3": 2.21, "L0H0": 0.0338, "L3H1": 0.029, "L3H0": 0.00935, "L0H1": 0.00534, "L0H2": 0.00233}
+    for side in ("a", "b"):
+        _heads_summary(tmp_path / side, top_heads_zero=top, top_heads_gradient=[])
+        io.write_csv(tmp_path / side / "heads" / "results.csv", pd.DataFrame([
+            {"layer": int(n[1]), "head": int(n[3]), "head_name": n, "method": "zero", "importance": v,
+             "importance_se": 0.01} for n, v in values.items()]))
+    _heads_summary(tmp_path / "b", tied_top_heads_zero=top[1:], tied_top_next_zero="L0H2")
+    [note] = [n for n in top_heads_notes(a, b) if "zero-ablation" in n]
+    assert note.endswith(
+        "B's 2nd, 3rd, 4th and 5th, L0H0, L3H1, L3H0 and L0H1, tie with its 6th, L0H2, within rounding, so B's 2nd, "
+        "3rd, 4th and 5th places are not decided; A, at float32, orders B's tied 2nd, 3rd, 4th and 5th and L0H2: "
+        "L0H0 (0.0338), L3H1 (0.029), L3H0 (0.00935), L0H1 (0.00534), L0H2 (0.00233), the order B lists; the tie is "
+        "bfloat16's rounding, not the model's.")
+    page = compare_html(a, b)
+    task = html.escape(XSS)
+    assert f"<p>A: m ({task}, seed 0, float32) &nbsp; B: m ({task}, seed 0, bfloat16)</p>" in page

@@ -501,6 +501,32 @@ def _span_ys(patch) -> np.ndarray:
         if hasattr(patch, "get_patch_transform") else patch.get_xy()[:, 1]
 
 
+def test_a_logprob_pruning_figure_draws_the_band_from_the_span_from_chance():
+    """Review 11b B1: unpruned -0.007, chance -11.4: the floor is 1% of the span (0.114 nats) below unpruned, not
+    0.00007; the zoom spans 5 bands either side, so a step to -0.0075 sits by the unpruned line, inside the band."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    band = 0.01 * 11.393
+    tol = {"tolerance": 0.01, "basis": "span", "chance": -11.4, "unpruned": -0.007, "band": band}
+    curve = pd.DataFrame([{"ordering": "ablation", "recompute": False, "seed": 0, "fraction_pruned": f, "metric": m}
+                          for f, m in ((0.0, -0.007), (0.125, -0.0075), (0.5, -0.25), (1.0, -17.5))])
+    fig = heads_figures(_result("heads", curve, {"metric": "logprob", "baseline_metric": -0.007,
+                                                 "pruning_tolerance": tol}))["pruning_curve"]
+    try:
+        full, near = fig.axes
+        floor = -0.007 - band
+        for ax in (full, near):
+            lines = {l.get_label(): float(l.get_ydata()[0]) for l in ax.get_lines() if "floor" in l.get_label()}
+            assert lines == pytest.approx({"floor: 0.114 below unpruned": floor})
+        [shade] = [p for p in near.patches if "one-sided" in str(p.get_label())]
+        assert np.isclose(_span_ys(shade).max(), floor) and "more than 0.114 below" in shade.get_label()
+        assert near.get_ylim() == pytest.approx((-0.007 - 5 * band, -0.007 + 5 * band))
+        assert f"floor, 0.114 below: {floor:.4g}" in {t.get_text() for t in near.get_yticklabels()}
+        assert "0.114 below unpruned\n(1% of the span from chance (-11.4) to unpruned)" in near.get_title()
+    finally:
+        plt.close("all")
+
+
 def test_pruning_curve_shades_only_the_region_below_the_1_percent_floor():
     """#34 review 6: on a -7..15 axis the unpruned line (13.19) and the -1% floor (13.06) coincided, so the floor is
     drawn in its own colour and dash. Review 8 B2: the rule is one-sided (a point counts when it is no more than 1%

@@ -661,6 +661,33 @@ def _prunable(key: str, heads: float, low: float, high: float, n: int = 16) -> d
                                    "n_examples": n, "n_boot": 1000, "method": "percentile bootstrap over examples"}}
 
 
+def test_a_logprob_count_states_its_band_in_nats_from_the_span_from_chance():
+    """Review 11b A6: unpruned -0.007 against chance -11.4: the band is 1% of the span, 0.114 nats, and the
+    finding says so in the metric's units; its line and shapes too, never "% of unpruned" (-1.3e+03%)."""
+    band = 0.01 * 11.393
+    tol = {"tolerance": 0.01, "basis": "span", "chance": -11.4, "unpruned": -0.007, "band": band}
+    s = {"metric": "logprob", "baseline_metric": -0.007, "n_examples": 16, "n_heads": 16, "pruning_tolerance": tol,
+         **_prunable("ablation", 6, 4, 6), **_prunable("gradient", 0, 0, 0)}
+    s["max_fraction_prunable_ablation"], s["max_fraction_prunable_gradient"] = 6 / 16, 0.0
+    s["prunable_ci_gradient"]["line"] = {"n_pruned": 2, "past": True, "metric": -0.0968, "line": -0.007 - band,
+                                         "tolerance": 0.01, "change": -0.0898, "change_low": -0.207,
+                                         "change_high": 0.0278, "on_the_line": True}
+    s["pruning_shape_ablation"] = {"tolerance": 0.01, "band": band, "basis": "span",
+                                   "first_below": {"n_pruned": 8, "metric": -0.25, "change": -0.243,
+                                                   "change_rel": -0.243 / 11.393},
+                                   "back_within": {"n_pruned": 10, "metric": -0.05, "change": -0.043,
+                                                   "change_rel": -0.043 / 11.393, "points": 1, "first": 10}}
+    text = finding("heads", s)
+    assert ("6 of 16 heads (38%, 95% bootstrap interval 4-6 heads, over 16 examples) can be removed staying no more "
+            "than 0.114 nats below the unpruned answer log-probability (1% of the span from chance (-11.4) to unpruned "
+            "(-0.007): a log-probability's 0 is its ceiling, not a scale) when ordered by ablation.") in text
+    assert "Other orderings (heads removed before each curve first falls more than 0.114 nats below unpruned)" in text
+    assert ("Close to the 0.114-nat line: gradient (a first step: -0.0898, -0.79% of the span from chance, paired 95% "
+            "CI -0.207 to +0.0278, reaches back to the line 0.114 nats below unpruned)") in text
+    assert "leaves the 0.114-nat band at 8 heads removed (-2.1% of the span from chance)" in text
+    assert "% of unpruned" not in text and "1% line" not in text and "1% below" not in text
+
+
 def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_is_no_finding():
     """#34: each prunable count says its 95% bootstrap interval and n; a count whose interval reaches 0
     heads, or a count of 0, is not worded as heads that can be removed."""
