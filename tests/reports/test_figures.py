@@ -1590,6 +1590,25 @@ def test_probes_degenerate_control_is_not_plotted_real_line_not_hidden_and_selec
         plt.close("all")
 
 
+def test_probes_selectivity_bars_measure_against_a_control_floor_of_0_as_the_finding_does():
+    """Review 11a B3 (out_minilm/probes/per_layer.csv): with control R^2 -0.186 and -0.212, real minus control
+    (1.160, 1.179) ranks layer 1 above layer 0; against max(control, 0) the bars are the real R^2s 0.9746 >
+    0.9668 (the finding's measure), hatched; layer 2's control 0.05 is subtracted as is (0.9445 - 0.05)."""
+    from headscope.reports.plots_probes import plot_selectivity
+
+    r2, control = [0.9746, 0.9668, 0.9445], [-0.1855, -0.2121, 0.05]
+    per_layer = pd.DataFrame({"layer": [0, 1, 2], "r2": r2, "control": control,
+                              "selectivity": [a - b for a, b in zip(r2, control)]})
+    ax = plot_selectivity(per_layer, ax=plt.subplots()[1])
+    try:
+        assert [p.get_height() for p in ax.patches] == pytest.approx([0.9746, 0.9668, 0.8945])
+        assert [bool(p.get_hatch()) for p in ax.patches] == [True, True, False]
+        assert "max(control, 0)" in ax.get_ylabel() and "hatched" in ax.get_ylabel()
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2"]
+    finally:
+        plt.close("all")
+
+
 def test_pruning_curve_legend_names_what_each_ordering_ranks_by():
     """#34 A8: the gradient ordering ranks by per-layer-normalised |dL/d gate| while the importance figure shows
     raw values: the legend says which (the summary's ordering_basis)."""
