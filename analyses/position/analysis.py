@@ -53,6 +53,7 @@ DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True,
+              english_text=lambda model: encoder_text(model),  # defined below
               own_data=lambda model: default_data_gap(model),  # defined below
               what="retrieval sweeps that move the gold item through the context")
 
@@ -113,6 +114,19 @@ def sweep_kind(model: Any, task: str) -> str:
         raise ConfigError(f"task {task!r} does not fit {model.facts.name}, {kind}; "
                           "use 'retrieval' for encoders and a kv or qa task for decoders.")
     return task
+
+
+def encoder_text(model: Any) -> tuple[str, str, str] | None:
+    """(what, text, how to run on other data) of the data position runs on an encoder, the shipped
+    retrieval passages (queries, relevant and distractor sentences), for contract.model_reasons' check
+    of unknown words; None on decoders (their check is the key-value instruction's words)."""
+    if not model.facts.is_encoder:
+        return None
+    records = prompts.load_retrieval_records()
+    text = "\n".join(s for r in records for s in (r["query"], r["relevant"], *r["distractors"]))
+    return ("position's encoder data, the shipped retrieval passages (analyses/data/retrieval.jsonl),", text,
+            "give it retrieval records it can encode (a JSONL file, one object a line with query, relevant and "
+            "distractors) through `hs.position_bias(model, \"FILE.jsonl\")`")
 
 
 def default_data_gap(model: Any) -> str | None:
