@@ -831,6 +831,28 @@ def test_position_sinks_draws_each_layers_interval_from_the_sinks_table():
         plt.close("all")
 
 
+def test_position_sinks_y_label_stays_below_the_title():
+    """Review 11a B4 (out_minilm/position/sinks.csv, layers 0-1): the one-line label 'attention mass on the first 4
+    token(s) (0-1)' ran past the axis into the two-line title at the report's size (7 x 4 in, tight layout)."""
+    from headscope.reports.plots_position import plot_sink_mass
+
+    sinks = pd.DataFrame({"layer": range(6), "sink_mass": [0.111, 0.427, 0.463, 0.427, 0.463, 0.273], "baseline": 0.0616,
+                          "ci_low": [0.106, 0.417, 0.45, 0.41, 0.44, 0.26], "ci_high": [0.116, 0.436, 0.47, 0.45, 0.48, 0.29],
+                          "ratio": 2.0, "sink": True})
+    for what in (None, "[CLS] (the first token)"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        try:
+            plot_sink_mass(sinks, n_sink=4, what=what, ax=ax)
+            fig.tight_layout()
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            label, title = ax.yaxis.label.get_window_extent(renderer), ax.title.get_window_extent(renderer)
+            assert not _overlap(label, title), (what, label, title)
+            assert ax.get_ylabel().endswith("on [CLS]" if what else "on the first 4 token(s)")
+        finally:
+            plt.close(fig)
+
+
 def test_position_curves_at_chance_are_drawn_muted_on_a_0_1_accuracy_axis_with_their_band():
     """review 5 B2/A10: the curve and streaming figures titled AT CHANCE draw pale lines (every RGB channel
     >= MUTE, as plots.muted does a map); accuracy spans 0-1 and its exact band of 0/8, [0, 0.37], is drawn."""
