@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.patches import Rectangle
@@ -135,6 +136,7 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
 
 
 ZOOM = 0.05  # the zoom panel spans the unpruned value +- this share of it: the 1% floor sits a tenth of its height below
+MAXIMUM = {"cosine": 1.0, "accuracy": 1.0, "probability": 1.0}  # metrics bounded above: no zoom past what they can take
 
 
 def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
@@ -154,10 +156,20 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
     b = float(baseline)
     half = ZOOM * abs(b)
     floor = b - 0.01 * abs(b)
-    near.set_yticks([b - half, floor, b, b + half], [f"-{100 * ZOOM:.0f}%: {b - half:.4g}", f"1% below unpruned: {floor:.4g}",
-                                                     f"unpruned: {b:.4g}", f"+{100 * ZOOM:.0f}%: {b + half:.4g}"])
-    near.set_ylim(b - half, b + half)  # after the ticks: set_yticks may widen the limits
-    near.set_title(f"zoom on the 1% floor: unpruned ± {100 * ZOOM:.0f}%\n(points beyond it leave the panel)")
+    ticks = {b - half: f"-{100 * ZOOM:.0f}%: {b - half:.4g}", floor: f"1% below unpruned: {floor:.4g}", b: f"unpruned: {b:.4g}"}
+    cap = MAXIMUM.get(str(metric))
+    top, span = b + half, f"unpruned ± {100 * ZOOM:.0f}%"
+    if cap is not None and b + half > cap:  # a cosine cannot exceed 1: the panel stops there (a margin keeps points whole)
+        top, span = cap + 0.03 * (cap - (b - half)), f"unpruned -{100 * ZOOM:.0f}% to the {metric}'s maximum {cap:g}"
+        if cap - b > 1e-9:
+            ticks[cap] = f"maximum: {cap:g}"
+        else:
+            ticks[b] += " (maximum)"
+    else:
+        ticks[b + half] = f"+{100 * ZOOM:.0f}%: {b + half:.4g}"
+    near.set_yticks(list(ticks), list(ticks.values()))
+    near.set_ylim(b - half, top)  # after the ticks: set_yticks may widen the limits
+    near.set_title(f"zoom on the 1% floor: {span}\n(points beyond it leave the panel)")
     near.set_ylabel("")
     return fig
 
@@ -200,11 +212,22 @@ def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = N
     n = data["n_examples"].iloc[0] if "n_examples" in data.columns and len(data) else None
     t = t_quantile(int(n)) if n is not None else float("nan")
     banded = all(f"{c}_se" in data.columns for c in BEST_HEAD_KINDS) and math.isfinite(t)
+    scale = float(np.nanmax(np.abs(data[list(BEST_HEAD_KINDS)].to_numpy(dtype=float)), initial=0.0))
+    flat = False
     for i, (column, label) in enumerate(BEST_HEAD_KINDS.items()):
         x = [j + (i - (len(BEST_HEAD_KINDS) - 1) / 2) * width for j in range(len(layers))]
         err = (t * data[f"{column}_se"]).to_numpy(dtype=float) if banded else None
         ax.bar(x, data[column], width, yerr=err, capsize=3 if banded else 0, label=label, color=f"C{i}",
                error_kw={"elinewidth": 1, "ecolor": "black"})
+        values = data[column].to_numpy(dtype=float)  # [layer]
+        short = np.abs(values) <= 0.005 * scale  # a bar under half a percent of the axis is no bar to the eye (NaN: none)
+        if short.any():  # a diamond at 0 tells such a bar from a missing one
+            ax.plot(np.asarray(x)[short], np.zeros(int(short.sum())), ls="none", marker="D", markersize=6,
+                    color=f"C{i}", markeredgecolor="black", zorder=3)
+            flat = True
+    if flat:
+        ax.plot([], [], ls="none", marker="D", color="white", markeredgecolor="black",
+                label="change near 0\n(bar too short to see)")
     ax.set_xticks(range(len(layers)), [str(x) for x in layers])
     ax.set_xlabel("layer")
     ax.axhline(0, color="grey", linewidth=1)
@@ -320,7 +343,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "Read where each falls below the dotted black floor, 1% below unpruned (the grey dashed line); the rule "
                      "is one-sided: a point at or above the floor counts however far above unpruned, and the region below "
                      "the floor is shaded grey. The random band spans the seeds. Left, the whole curve; right, the same "
-                     "curves zoomed on the unpruned value ± 5%, where the floor (the threshold behind the finding's count) "
+                     "curves zoomed on the unpruned value ± 5% (up to the metric's maximum: 1 for a cosine), where the floor "
+                     "(the threshold behind the finding's count) "
                      "stays visible however far the curve falls. The legend names "
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
@@ -330,7 +354,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job. "
                  "Error bars: the 95% t-interval of each change over the examples (n in the title), paired with each "
                  "example's unpruned metric; the best single head is chosen on those same examples, so its bar is "
-                 "optimistic.",
+                 "optimistic. A diamond at 0 marks a bar too short to see (a change near 0), so it reads apart from "
+                 "a missing one.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
           "(lambdas that land on one point share a label).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "

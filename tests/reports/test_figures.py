@@ -565,6 +565,29 @@ def test_pruning_figure_zooms_on_the_1_percent_band_at_any_scale(baseline, low, 
         plt.close("all")
 
 
+@pytest.mark.parametrize("baseline", [1.0, 0.97])
+def test_pruning_zoom_on_a_cosine_stops_at_its_maximum(baseline):
+    """Review 11a B6: on the encoder's cosine (unpruned 1 by construction) the zoom spanned 0.95-1.05, half of it
+    values a cosine cannot take. It now stops just above 1 (3% of the panel as margin, so a point at 1 stays whole),
+    with no '+5%' tick; the floor keeps its place and a point at 1 is inside."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    curve = pd.DataFrame([{"ordering": "ablation", "recompute": False, "seed": 0, "fraction_pruned": f, "metric": m}
+                          for f, m in ((0.0, baseline), (0.5, 0.995 * baseline), (1.0, 0.2))])
+    fig = heads_figures(_result("heads", curve, {"metric": "cosine", "baseline_metric": baseline}))["pruning_curve"]
+    try:
+        near = fig.axes[1]
+        y0, y1 = near.get_ylim()
+        low = 0.95 * baseline
+        assert y0 == pytest.approx(low) and y1 == pytest.approx(1.0 + 0.03 * (1.0 - low))
+        labels = [t.get_text() for t in near.get_yticklabels()]
+        assert not [t for t in labels if t.startswith("+5%")]
+        assert (f"unpruned: {baseline:.4g} (maximum)" in labels) if baseline == 1.0 else ("maximum: 1" in labels)
+        assert "maximum 1" in near.get_title()
+    finally:
+        plt.close("all")
+
+
 def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
     """#34 / the fourth review's A10: each layer's agreement share carries its Wilson 95% interval over
     the layer's neurons as an error bar (closed form here: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n))."""
@@ -755,6 +778,25 @@ def test_best_head_bars_carry_their_95_percent_intervals_and_n():
         old = plot_best_head(table.drop(columns=["change_se", "n_examples"]), ax=plt.subplots()[1])
         assert old.get_title() == "keep one head in one layer (no interval recorded)"
         assert all(b.errorbar is None for b in old.containers if isinstance(b, BarContainer))
+    finally:
+        plt.close("all")
+
+
+def test_best_head_marks_a_zero_bar_so_it_differs_from_a_missing_one():
+    """Review 11a C10 (out_t/heads/best_head.csv, layer 0): keeping L0H0 alone changes the cosine by -0.00026 next to
+    a -0.50 'no head' bar: bars of no visible height. Each bar under half a percent of the largest |change| (here
+    0.0025) gets a diamond at 0 in its colour; a missing value (NaN) gets none; bars of visible height none."""
+    from headscope.reports.plots_heads import plot_best_head
+
+    table = pd.DataFrame({"layer": [0, 1], "head": [0, 1], "change": [-0.00026, np.nan], "oracle_change": [-0.00026, -0.3],
+                          "layer_removed_change": [-0.5012, -0.002]})
+    try:
+        ax = plot_best_head(table, metric="cosine", ax=plt.subplots()[1])
+        diamonds = [line for line in ax.get_lines() if line.get_marker() == "D" and len(line.get_xdata())]
+        width = 0.8 / 3  # three kinds a layer, centred on the layer
+        got = sorted((round(float(x), 6), float(y)) for line in diamonds for x, y in zip(line.get_xdata(), line.get_ydata()))
+        assert got == [(round(-width, 6), 0.0), (0.0, 0.0), (round(1 + width, 6), 0.0)]  # L0 kept, L0 best, L1 none
+        assert "bar too short to see" in " ".join(t.get_text() for t in ax.get_legend().get_texts())
     finally:
         plt.close("all")
 
