@@ -126,8 +126,31 @@ def _sample(model: Any, data: Any, reads: Any) -> tuple[str | None, int | None, 
     return data.name, len(data), _sample_of_task(model.tokenizer, data, reads)
 
 
+FILE_FIELDS = {"prompt": "prompt", "answer": "answer", "corrupted_prompt": "corrupted_prompt",
+               "corrupted_answer": "wrong_answer"}  # a sample's part -> its field in the user's rows
+
+
+def _as_written(sample: Mapping[str, str], data: Any, user_rows: Any) -> dict[str, str]:
+    """The sample's parts as the user's file writes them (review 11a C8: a tokenizer's decoding drops the
+    spaces before punctuation and may lower-case), where the Task's first row is a row of `user_rows`
+    (read_numbered_rows: {"row", "prompt", ...}); the decoded parts otherwise."""
+    rows = getattr(data, "source_rows", None)
+    if rows is None or not len(rows) or not user_rows:
+        return dict(sample)
+    first = int(rows[0])
+    row = next((r for r in user_rows if isinstance(r, Mapping) and r.get("row") == first), None)
+    if row is None:
+        return dict(sample)
+    out = dict(sample)
+    for part, field in FILE_FIELDS.items():
+        text = row.get(field)
+        if part in out and isinstance(text, str):
+            out[part] = text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
+    return out
+
+
 def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str,
-                config: Any = None) -> dict[str, Any]:
+                config: Any = None, user_rows: Any = None) -> dict[str, Any]:
     """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
     corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why; it holds the
     parts the analysis reads only: registry.reads under `config`, its settings), "uses" (uses_text) and
@@ -136,7 +159,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     "dropped" ({n, why, unit}) where the analysis left examples out (probes: classes of one example). data:
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
-    summary decides the name and count where it records them (what it actually used)."""
+    summary decides the name and count where it records them (what it actually used). user_rows: the user's
+    file's rows (read_numbered_rows), whose text the sample shows as written where the Task's first row is one."""
     record: dict[str, Any] = {"task": summary.get("task"), "source": task_source(used),
                               "n_examples": summary.get("n_examples"), "sample": {}}
     try:
@@ -150,6 +174,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
             if reads.metric:
                 record["metric"] = reads.metric
         found, n, sample = _sample(model, data, reads)
+        if record["source"].startswith("your task"):
+            sample = _as_written(sample, data, user_rows)
     except Exception as err:  # noqa: BLE001 - the sample is a courtesy: it never costs the analysis its result
         log.warning("%s: no sample prompt for the report (%s: %s)", name, type(err).__name__, err)
         found, n, sample = None, None, {}
