@@ -160,7 +160,7 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
     cap = MAXIMUM.get(str(metric))
     top, span = b + half, f"unpruned ± {100 * ZOOM:.0f}%"
     if cap is not None and b + half > cap:  # a cosine cannot exceed 1: the panel stops there (a margin keeps points whole)
-        top, span = cap + 0.03 * (cap - (b - half)), f"unpruned -{100 * ZOOM:.0f}% to the {metric}'s maximum {cap:g}"
+        top, span = cap + 0.03 * (cap - (b - half)), f"unpruned -{100 * ZOOM:.0f}%\nto {cap:g}, the {metric}'s maximum"
         if cap - b > 1e-9:
             ticks[cap] = f"maximum: {cap:g}"
         else:

@@ -583,7 +583,10 @@ def test_pruning_zoom_on_a_cosine_stops_at_its_maximum(baseline):
         labels = [t.get_text() for t in near.get_yticklabels()]
         assert not [t for t in labels if t.startswith("+5%")]
         assert (f"unpruned: {baseline:.4g} (maximum)" in labels) if baseline == 1.0 else ("maximum: 1" in labels)
-        assert "maximum 1" in near.get_title()
+        assert "to 1, the cosine's maximum" in near.get_title()
+        fig.canvas.draw()  # the longer zoom title stays clear of the full panel's
+        renderer = fig.canvas.get_renderer()
+        assert not _overlap(fig.axes[0].title.get_window_extent(renderer), near.title.get_window_extent(renderer))
     finally:
         plt.close("all")
 
