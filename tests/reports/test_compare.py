@@ -409,6 +409,23 @@ def test_compare_position_says_which_side_has_no_result_not_a_metric_it_never_pl
                                                "0.05 of each other."]
 
 
+def test_compare_that_draws_both_runs_but_compares_nothing_says_so(tmp_path):
+    """Review 11a A6 (cmp_minilm.html): every quantity under Not compared (each analysis ran on another task) while
+    the importance and pruning panels still draw both runs side by side: "No difference above the thresholds" read
+    as agreement. The Differences list now says nothing could be compared."""
+    from headscope.reports.compare import compare_html
+
+    for side, task in (("a", "kv"), ("b", "ioi")):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        for name in ("heads", "position", "patching"):
+            io.write_json(tmp_path / side / name / "task.json", {"task": task, "source": "its default task (no --task given)"})
+    page = compare_html(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
+    assert "<img" in page[page.index("id='importance'"):]  # both runs drawn, on one scale
+    assert "No difference above the thresholds." not in differences and "Nothing could be compared" in differences
+    assert "A ran heads on the kv task, B on the ioi task" in page[page.index("id='not-compared'"):]
+
+
 def test_compare_out_must_end_in_html(tmp_path, capsys):
     target = tmp_path / "page.txt"
     assert main(["compare", str(tmp_path / "nothing"), str(tmp_path / "nothing"), "--out", str(target)]) == 2
