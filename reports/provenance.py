@@ -189,6 +189,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     if added and sample.get("prompt") is not None and _starts_with_bos(model, data):
         record["bos_added"] = added  # review 10b A1: the sample shows the BOS headscope put in front
     fit = summary.get("shipped_text")
+    if isinstance(fit, Mapping) and summary.get("example_unit") == "examples" and isinstance(fit.get("n_sentences"), int):
+        record["token_positions_of"] = fit["n_sentences"]  # review 11a C9: 816 examples were token positions
     if isinstance(fit, Mapping) and isinstance(fit.get("note"), str):  # the shipped sentences, split or unknown
         record["note"] = fit["note"]
     elif isinstance(summary.get("data_note"), str):  # data built for this tokenizer (position's word_kv)
@@ -313,7 +315,8 @@ def _count_text(record: Mapping[str, Any]) -> str:
     if not isinstance(n, int):
         return "not recorded"
     if not isinstance(dropped, Mapping) or not isinstance(dropped.get("n"), int) or dropped["n"] <= 0:
-        return str(n)
+        of = record.get("token_positions_of")  # probes on the shipped sentences: an example is a token position
+        return f"{n} token positions of {of} sentences" if isinstance(of, int) else str(n)
     why = dropped.get("why") or f"{dropped['n']} left out"
     return f"{n} of {n + dropped['n']} {dropped.get('unit') or 'examples'} kept: {why}"
 

@@ -143,3 +143,17 @@ def test_budget_lines_name_the_speed_they_rest_on_and_older_runs_still_say_it_ca
     older = provenance_lines(section_provenance(tmp_path / "patching"))[1]
     assert older.endswith("the budget (fitted to this machine's speed measured at the start of the run) changed "
                           "trace_samples None -> 0; another run may fit differently; --budget inf runs the preset in full")
+
+
+def test_probes_on_the_shipped_sentences_count_token_positions_of_sentences():
+    """Review 11a C9: MiniLM's probes section said 'examples: 816', the token positions of 64 sentences, while the
+    heads section's examples are sentences; the line says which (the summary's shipped_text and example_unit)."""
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    model = SimpleNamespace(facts=SimpleNamespace(is_encoder=True), tokenizer=None)
+    summary = {"task": "sentences", "n_examples": 816, "example_unit": "examples", "labels": "position",
+               "shipped_text": {"n_sentences": 64, "n_tokens": 688}}
+    record = task_record(model, "probes", None, summary, "default task")
+    assert "examples: 816 token positions of 64 sentences; the budget changed no setting" in provenance_lines(record)
+    per_row = task_record(model, "probes", None, {**summary, "example_unit": "rows"}, "default task")
+    assert "examples: 816; the budget changed no setting" in provenance_lines(per_row)
