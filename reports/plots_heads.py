@@ -223,7 +223,7 @@ def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = N
         short = np.abs(values) <= 0.005 * scale  # a bar under half a percent of the axis is no bar to the eye (NaN: none)
         if short.any():  # a diamond at 0 tells such a bar from a missing one
             ax.plot(np.asarray(x)[short], np.zeros(int(short.sum())), ls="none", marker="D", markersize=6,
-                    color=f"C{i}", markeredgecolor="black", zorder=3)
+                    color=f"C{i}", markeredgecolor="black", zorder=3, clip_on=False)  # whole where 0 is the axis's edge
             flat = True
     if flat:
         ax.plot([], [], ls="none", marker="D", color="white", markeredgecolor="black",

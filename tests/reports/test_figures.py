@@ -800,6 +800,7 @@ def test_best_head_marks_a_zero_bar_so_it_differs_from_a_missing_one():
         got = sorted((round(float(x), 6), float(y)) for line in diamonds for x, y in zip(line.get_xdata(), line.get_ydata()))
         assert got == [(round(-width, 6), 0.0), (0.0, 0.0), (round(1 + width, 6), 0.0)]  # L0 kept, L0 best, L1 none
         assert "bar too short to see" in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+        assert all(not line.get_clip_on() for line in diamonds)  # 0 is the top edge here: the markers stay whole
     finally:
         plt.close("all")
 
