@@ -73,6 +73,12 @@ def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
     if all(c is None for c in curves):
         return "", []
     label = f"Middle/ends ratio of {primaries[0]} (the metric plotted)"
+    blank = [(side, run) for side, run in zip(SIDES, (a, b)) if run.summary("position") is None]
+    if blank:  # one side never ran it (or it failed): no metric of its own to set against the other's
+        why = "Position curves and middle/ends ratio: not compared: " + "; ".join(
+            f"{side} has no position result ({run.why_blank('position')})" for side, run in blank) + "."
+        return ("<p><em>no overlay: " + escape(why) + " Each report's own position figures are below, side by side."
+                "</em></p>", [NOT_COMPARED + why])
     refused = chance_refusal(a, b, "position")
     differ = tasks_differ(a, b, "position") or prompts_differ(a, b, "position")
     if refused or primaries[0] != primaries[1] or differ:
@@ -93,6 +99,11 @@ def position_section(a: Run, b: Run) -> tuple[str, list[str]]:
     elif all(_number(r) for r in ratios) and abs(ratios[0] - ratios[1]) >= 0.05:
         n = n_words(*sums)
         notes.append(f"{label}: A {ratios[0]:.2f}, B {ratios[1]:.2f} ({n})" + NO_INTERVAL)
+    elif all(_number(r) for r in ratios):  # compared, and closer than the threshold: said as agreement
+        notes.append(SAME + f"{label}: A {ratios[0]:.2f}, B {ratios[1]:.2f}, within 0.05 of each other.")
+    else:  # the curves are set side by side without a ratio of both: still a comparison made
+        notes.append(SAME + f"Position curves of {primaries[0]}: drawn on shared axes below; the reports state no "
+                     "middle/ends ratio of both to set against each other.")
     fig = _overlay(curves, "metric", "position", "mean", "gold position (slot)", f"{primaries[0]} (mean over examples)",
                    f"position curves: {OVERLAY_TITLE}", y_range=NATURAL_RANGE.get(primaries[0]), integer_x=True)
     return _img(fig, f"position curves of {primaries[0]} of A and B on shared axes, {OVERLAY_TITLE}"), notes
@@ -397,7 +408,11 @@ def compare_html(a: Run, b: Run) -> str:
                    for name in names)
     head = (f"<tr><th></th><th>A: {escape(a.label_against(b))}<br><small>{escape(str(a.path))}</small></th>"
             f"<th>B: {escape(b.label_against(a))}<br><small>{escape(str(b.path))}</small></th></tr>")
-    differences = "".join(f"<li>{escape(n)}</li>" for n in differ) or "<li>No difference above the thresholds.</li>"
+    compared = differ or any(n.startswith(SAME) for n in notes)  # each section says a comparison it made (SAME or not)
+    differences = "".join(f"<li>{escape(n)}</li>" for n in differ) or (
+        "<li>No difference above the thresholds.</li>" if compared or not refused else
+        "<li>Nothing could be compared: every quantity is listed under Not compared, and why (no difference was "
+        "tested).</li>")
     not_compared = "".join(f"<li>{escape(n)}</li>" for n in refused) or "<li>Nothing: every quantity above is compared.</li>"
     settings = settings_notes(a, b, names)
     setting_html = ("<h2 id='settings'>Settings that differ</h2><p>Differences in the results below may come from "

@@ -31,7 +31,7 @@ from typing import Any
 from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core.chance import metric_ci
 from headscope.reports.attribution_words import loo_rounds
-from headscope.reports.compare_run import NOT_COMPARED, SIDES, Run, _number, noise_verdict, tasks_differ
+from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
 from headscope.reports.findings import _words, ci_words, t_interval, wilson
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
@@ -266,7 +266,8 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             if label != label_b:
                 notes.append(NOT_COMPARED + f"{name}: not compared: A states {label}, B {label_b}.")
                 continue
-            if abs(va - vb) <= 0.05 * max(abs(va), abs(vb), 1e-9):
+            if abs(va - vb) <= 0.05 * max(abs(va), abs(vb), 1e-9):  # compared and close: agreement, not a difference
+                notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}), within 5% of each other.")
                 continue
             verdict = noise_verdict(va, vb, ia, ib) if ia is not None and ib is not None else (
                 NOT_STATED if ia is None and ib is None else

@@ -344,13 +344,14 @@ def __getattr__(name: str) -> Any:
 
 
 def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: str = "prompts",
-                  windowed: Any = ()) -> str:
+                  windowed: Any = (), what: str | None = None) -> str:
     """The attention-sink sentence the kv and position findings share, from the summary's per-layer
     "sinks" records (analyses/position/sinks.layer_sinks): each layer's mass on the first tokens with
     its 95% interval over examples against the uniform-attention share, and the layers that are sinks
     by the one criterion (at least SINK_RATIO x uniform, the paired excess's interval above 0). Models
     of more than 6 layers: the sink layers in full, the others as a range. windowed: the sliding-window
-    layers, whose mass averages only the queries that see the first token (kv's sink_stats)."""
+    layers, whose mass averages only the queries that see the first token (kv's sink_stats). what: the sink
+    tokens in words ("[CLS] (the first token)"), else "the first n_sink token(s)"."""
     rows = [r for r in records or [] if isinstance(r, Mapping) and _num(r.get("mass")) is not None]
     if not rows:
         return ""
@@ -369,7 +370,8 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
     slid = [int(k) for k in windowed or ()]
     over = (f"; on sliding-window layer{'s' if len(slid) > 1 else ''} {int_ranges(sorted(slid))} over the queries "
             "whose window holds the first token") if slid else ""
-    head = (f"{where}ttention on the first {n_sink if n_sink is not None else '?'} token(s) per layer (mean"
+    what = what or f"the first {n_sink if n_sink is not None else '?'} token(s)"
+    head = (f"{where}ttention on {what} per layer (mean"
             + (f" over {n} {unit}" if n else "") + f"{over}, 95% CI, and its multiple of the uniform share {base}): ")
     if len(rows) <= 6:
         listed = ", ".join(one(r) for r in rows)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.patches import Rectangle
@@ -137,6 +138,7 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
 
 
 ZOOM = 5  # the zoom panel spans the unpruned value +- this many tolerance bands: the floor sits a tenth of its height below
+MAXIMUM = {"cosine": 1.0, "accuracy": 1.0, "probability": 1.0}  # metrics bounded above: no zoom past what they can take
 
 
 def floor_band(baseline: float, tolerance: Mapping[str, Any] | None) -> tuple[float, str]:
@@ -172,16 +174,28 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
     half, floor = ZOOM * band, b - band
     if name.endswith("%"):  # a share of |unpruned|: said as shares
         pct = ZOOM * float(name[:-1])
-        ticks = [f"-{pct:g}%: {b - half:.4g}", f"{name} below unpruned: {floor:.4g}", f"unpruned: {b:.4g}",
-                 f"+{pct:g}%: {b + half:.4g}"]
-        title = f"zoom on the {name} floor: unpruned ± {pct:g}%\n(points beyond it leave the panel)"
+        ticks = {b - half: f"-{pct:g}%: {b - half:.4g}", floor: f"{name} below unpruned: {floor:.4g}", b: f"unpruned: {b:.4g}"}
+        plus, span, lower = f"+{pct:g}%: {b + half:.4g}", f"unpruned ± {pct:g}%", f"-{pct:g}%"
     else:  # the span's band, in the metric's units
-        ticks = [f"-{half:.3g}: {b - half:.4g}", f"floor, {band:.3g} below: {floor:.4g}", f"unpruned: {b:.4g}",
-                 f"+{half:.3g}: {b + half:.4g}"]
+        ticks = {b - half: f"-{half:.3g}: {b - half:.4g}", floor: f"floor, {band:.3g} below: {floor:.4g}",
+                 b: f"unpruned: {b:.4g}"}
+        plus, span, lower = f"+{half:.3g}: {b + half:.4g}", f"unpruned ± {half:.3g}", f"-{half:.3g}"
+    cap, top = MAXIMUM.get(str(metric)), b + half
+    if cap is not None and top > cap:  # a cosine cannot exceed 1: the panel stops there (a margin keeps points whole)
+        top, span = cap + 0.03 * (cap - (b - half)), f"unpruned {lower}\nto {cap:g}, the {metric}'s maximum"
+        if cap - b > 1e-9:
+            ticks[cap] = f"maximum: {cap:g}"
+        else:
+            ticks[b] += " (maximum)"
+    else:
+        ticks[b + half] = plus
+    if name.endswith("%"):
+        title = f"zoom on the {name} floor: {span}\n(points beyond it leave the panel)"
+    else:
         title = (f"zoom on the floor, {band:.3g} below unpruned\n({name.split(':')[0]})\n"
-                 f"unpruned ± {half:.3g}; points beyond leave the panel")
-    near.set_yticks([b - half, floor, b, b + half], ticks)
-    near.set_ylim(b - half, b + half)  # after the ticks: set_yticks may widen the limits
+                 f"{span}; points beyond leave the panel")
+    near.set_yticks(list(ticks), list(ticks.values()))
+    near.set_ylim(b - half, top)  # after the ticks: set_yticks may widen the limits
     near.set_title(title, fontsize=None if name.endswith("%") else 9)  # three lines in a narrow panel
     near.set_ylabel("")
     return fig
@@ -231,11 +245,22 @@ def plot_best_head(data: pd.DataFrame, *, metric: str | None = None, ax: Any = N
     n = data["n_examples"].iloc[0] if "n_examples" in data.columns and len(data) else None
     t = t_quantile(int(n)) if n is not None else float("nan")
     banded = all(f"{c}_se" in data.columns for c in BEST_HEAD_KINDS) and math.isfinite(t)
+    scale = float(np.nanmax(np.abs(data[list(BEST_HEAD_KINDS)].to_numpy(dtype=float)), initial=0.0))
+    flat = False
     for i, (column, label) in enumerate(BEST_HEAD_KINDS.items()):
         x = [j + (i - (len(BEST_HEAD_KINDS) - 1) / 2) * width for j in range(len(layers))]
         err = (t * data[f"{column}_se"]).to_numpy(dtype=float) if banded else None
         ax.bar(x, data[column], width, yerr=err, capsize=3 if banded else 0, label=label, color=f"C{i}",
                error_kw={"elinewidth": 1, "ecolor": "black"})
+        values = data[column].to_numpy(dtype=float)  # [layer]
+        short = np.abs(values) <= 0.005 * scale  # a bar under half a percent of the axis is no bar to the eye (NaN: none)
+        if short.any():  # a diamond at 0 tells such a bar from a missing one
+            ax.plot(np.asarray(x)[short], np.zeros(int(short.sum())), ls="none", marker="D", markersize=6,
+                    color=f"C{i}", markeredgecolor="black", zorder=3, clip_on=False)  # whole where 0 is the axis's edge
+            flat = True
+    if flat:
+        ax.plot([], [], ls="none", marker="D", color="white", markeredgecolor="black",
+                label="change near 0\n(bar too short to see)")
     ax.set_xticks(range(len(layers)), [str(x) for x in layers])
     ax.set_xlabel("layer")
     ax.axhline(0, color="grey", linewidth=1)
@@ -379,8 +404,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "answer log-probability, whose 0 is its ceiling, 1% of the span from chance to unpruned); the rule "
                      "is one-sided: a point at or above the floor counts however far above unpruned, and the region below "
                      "the floor is shaded grey. The random band spans the seeds. Left, the whole curve; right, the same "
-                     "curves zoomed on the unpruned value ± 5 times that band, where the floor (the threshold behind the "
-                     "finding's count) stays visible however far the curve falls. The legend names "
+                     "curves zoomed on the unpruned value ± 5 times that band (up to the metric's maximum: 1 for a cosine), "
+                     "where the floor (the threshold behind the finding's count) stays visible however far the curve "
+                     "falls. The legend names "
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
                      "finding's count is the heads removed before a curve first falls below the floor (a curve may come back "
@@ -389,7 +415,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job. "
                  "Error bars: the 95% t-interval of each change over the examples (n in the title), paired with each "
                  "example's unpruned metric; the best single head is chosen on those same examples, so its bar is "
-                 "optimistic.",
+                 "optimistic. A diamond at 0 marks a bar too short to see (a change near 0), so it reads apart from "
+                 "a missing one.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
           "(lambdas that land on one point share a label).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "

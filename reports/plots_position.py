@@ -96,10 +96,11 @@ def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", quiet: str |
     return ax
 
 
-def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, ax: Any = None) -> Any:
-    """Per layer, the mass on the first `n_sink` tokens (`data`: the sinks table), against the uniform baseline,
-    each bar with the 95% t interval over examples the finding quotes (ci_low / ci_high: sinks.layer_sinks),
-    where the table has it; the title says so, or that none is recorded."""
+def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, what: str | None = None, ax: Any = None) -> Any:
+    """Per layer, the mass on the first `n_sink` tokens (`data`: the sinks table; `what`: those tokens in words,
+    the summary's sink_label on encoders), against the uniform baseline, each bar with the 95% t interval over
+    examples the finding quotes (ci_low / ci_high: sinks.layer_sinks), where the table has it; the title says
+    so, or that none is recorded. The y label takes two short lines, so it stays below the title."""
     ax = axes(ax, (6, 4))
     sinks = data
     x = np.arange(len(sinks))  # [layer]
@@ -118,7 +119,8 @@ def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, ax: Any = N
         ax.axhline(baseline, color="black", linestyle="--", label="uniform attention")
     else:
         ax.hlines(base, x - 0.4, x + 0.4, color="black", linestyle="--", label="uniform attention (per layer: its visible keys)")
-    ax.set_ylabel(f"attention mass on the first {n_sink if n_sink is not None else '?'} token(s) (0-1)")
+    what = what or f"the first {n_sink if n_sink is not None else '?'} token(s)"
+    ax.set_ylabel(f"attention mass (0-1)\non {what.split(' (')[0]}")
     top = float(np.nanmax(mass + (err[1] if err is not None else 0)))
     ax.set_ylim(0, min(1.0, 1.25 * max(top, baseline)) or 1.0)  # bars and their intervals fill the axis
     ax.set_title("attention sink per layer" + (" (error bars: 95% t interval\nof the mean over examples)" if err is not None
@@ -139,7 +141,8 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
                                                                    quiet=quiet is not None, **common)),
                        ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax,
                                                                                            quiet=quiet_reason(s))),
-                       ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"), ax=ax))):
+                       ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"),
+                                                                  what=s.get("sink_label"), ax=ax))):
         fig, ax = plt.subplots(figsize=(7, 4))
         draw(ax)
         fig.tight_layout()
@@ -214,13 +217,15 @@ def finding(s: Mapping[str, Any]) -> str:
                      + _shape(values, (s.get("ci_per_position") or {}).get(metric) or {}, s.get("n_examples")))
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
     base = _num(s.get("sink_uniform_baseline"))
-    shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples")
+    shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples",
+                           what=s.get("sink_label"))
     if shared:  # the kv finding's criterion, with intervals over examples
         parts.append(shared)
     elif sinks and base is not None:
         top = max(range(len(sinks)), key=lambda i: sinks[i])
         where = f"On {s['task']} prompts, attention" if s.get("task") else "Attention"
-        parts.append(f"{where} on the first {s.get('n_sink', '?')} token(s) peaks at {sinks[top]:.2f} in layer {top} "
+        what = s.get("sink_label") or f"the first {s.get('n_sink', '?')} token(s)"
+        parts.append(f"{where} on {what} peaks at {sinks[top]:.2f} in layer {top} "
                      f"against {base:.2f} under uniform attention"
                      + (" (an attention sink)." if sinks[top] > 2 * base else ": no attention sink."))
     if not at_chance:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from headscope.reports.findings import _num
 from headscope.reports.plots import axes, label
@@ -56,8 +56,11 @@ def plot_probe(data: pd.DataFrame, *, metric: str = "accuracy", chance: float | 
 
 
 def plot_selectivity(data: pd.DataFrame, *, ax=None, why: str | None = None):
-    """Selectivity (score - control) per layer (`data`: the per_layer table); when it is not measurable
-    (every value missing, `why` the reason) the panel says so in words instead of empty axes read as 0."""
+    """Selectivity per layer (`data`: the per_layer table) as the finding measures it: the real score minus
+    max(control, 0), since a control R^2 below 0 (worse than the mean) is no floor to subtract and would
+    overstate it (and could rank layers apart from the finding); such bars are hatched and the axis says so.
+    When it is not measurable (every value missing, `why` the reason) the panel says so in words instead of
+    empty axes read as 0."""
     ax = axes(ax, (5, 4))
     ax.set_title("Selectivity (Hewitt & Liang)")
     if data["selectivity"].isna().all():
@@ -65,9 +68,22 @@ def plot_selectivity(data: pd.DataFrame, *, ax=None, why: str | None = None):
         ax.text(0.5, 0.5, textwrap.fill(text, 40), ha="center", va="center", transform=ax.transAxes, fontsize="small")
         ax.set(xticks=[], yticks=[])
         return ax
-    sns.barplot(data=data, x="layer", y="selectivity", color="tab:blue", ax=ax)
+    score = next((c for c in ("r2", "accuracy", "score") if c in data), None)
+    table = data[data["selectivity"].notna()].sort_values("layer")
+    floored = (table["control"] < 0).to_numpy() if score else np.zeros(len(table), dtype=bool)  # [layers]
+    values = (table[score] - table["control"].clip(lower=0)) if score else table["selectivity"]  # [layers]
+    x = np.arange(len(table))
+    bars = ax.bar(x, values.to_numpy(dtype=float), color="tab:blue", width=0.7)
+    for bar, below in zip(bars, floored):
+        if below:
+            bar.set_hatch("//")
+            bar.set_edgecolor("white")
+    ax.set_xticks(x, [str(int(v)) for v in table["layer"]])
     ax.axhline(0, color="grey", lw=1)
-    ax.set(ylabel="selectivity (real - control score)")
+    ylabel = "selectivity (real - control score)"
+    if floored.any():
+        ylabel = "selectivity (real - max(control, 0))\nhatched: control below 0, counted as 0"
+    ax.set(ylabel=ylabel, xlabel="layer")
     return ax
 
 
@@ -100,8 +116,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
               "the quantity the finding states: out-of-fold accuracy pooled over the examples with its exact 95% CI "
               "(regression: mean R^2 over folds with its t interval), accuracy on its whole 0-1 range; a control task "
               "with one label (degenerate: any probe scores 1) is not plotted; dotted: the majority class. Right: selectivity = "
-              "real minus control, or why it is not measurable. With the capacity sweep each layer shows its most "
-              "selective regularisation strength; when selectivity is not measurable there is no sweep (default strength).",
+              "real minus control (minus 0 where the control's R^2 is below 0, hatched: a negative control would "
+              "overstate it, as the finding says), or why it is not measurable. With the capacity sweep each layer "
+              "shows its most selective regularisation strength; when selectivity is not measurable there is no sweep "
+              "(default strength).",
 }
 
 
@@ -111,7 +129,7 @@ def _layer(s: Mapping[str, Any], layer: Any) -> str:
     return f"layer {layer}" + (f" ({where} {layer})" if where else "")
 
 
-def _quantity(s: Mapping[str, Any], value: float, ci: Any, correct: Any = None) -> str:
+def _quantity(s: Mapping[str, Any], value: float, ci: Any, correct: Any = None, digits: int = 2) -> str:
     """'accuracy 0.55 (6 of 11 correct out of fold, 95% CI [0.23, 0.83])' or 'R^2 0.90 (mean over 5 folds, ...)'."""
     metric, n = s.get("metric", "accuracy"), _scored(s)
     inner = []
@@ -120,9 +138,22 @@ def _quantity(s: Mapping[str, Any], value: float, ci: Any, correct: Any = None) 
     elif metric != "accuracy" and s.get("cv"):
         inner.append(f"mean over {s['cv']} folds")
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(v) is not None for v in ci):
-        inner.append(f"95% CI [{ci[0]:.2f}, {ci[1]:.2f}]")
+        inner.append(f"95% CI [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]")
     name = "R^2" if metric == "r2" else metric
-    return f"{name} {value:.2f}" + (f" ({', '.join(inner)})" if inner else "")
+    return f"{name} {value:.{digits}f}" + (f" ({', '.join(inner)})" if inner else "")
+
+
+def _examples(s: Mapping[str, Any]) -> str:
+    """' (816 token positions of 64 sentences)' where each token of the shipped sentences is an example (the
+    summary's shipped_text), else ' (40 examples)': one word for one unit, so a count of tokens is not read
+    as a count of prompts."""
+    n, text = s.get("n_examples"), s.get("shipped_text")
+    if n is None:
+        return ""
+    sentences = text.get("n_sentences") if isinstance(text, Mapping) else None
+    if s.get("example_unit") == "examples" and isinstance(sentences, int) and sentences:
+        return f" ({n} token positions of {sentences} sentences)"
+    return f" ({n} examples)"
 
 
 def _scored(s: Mapping[str, Any]) -> Any:
@@ -157,20 +188,38 @@ def rows_sentence(s: Mapping[str, Any]) -> str:
 
 
 def _stands_out(s: Mapping[str, Any]) -> tuple[bool, list[str], tuple[float, float] | None]:
-    """(does the best layer beat the next one beyond both intervals, the layers within the best's
-    interval, that interval). Summaries without per-layer intervals: the best layer stands out."""
+    """(does the best layer stand out, the other layers tied with it, the best's interval). One rule for
+    both: a layer is tied when its 95% interval overlaps the best layer's (its upper end at or above the
+    best's lower end); the best stands out when no layer is tied. Summaries without per-layer intervals:
+    the best layer stands out."""
     metric = s.get("metric", "accuracy")
     per = {k: _num(v) for k, v in (s.get(f"{metric}_per_layer") or {}).items()}
     cis = s.get("ci_per_layer") or {}
     per = {k: v for k, v in per.items() if v is not None and k in cis}
     if len(per) < 2:
         return True, [], None
-    order = sorted(per, key=lambda k: -per[k])
-    best, second = order[0], order[1]
+    best = max(per, key=lambda k: per[k])
     low, high = cis[best]
-    if low > cis[second][1]:
-        return True, [], (low, high)
-    return False, sorted((k for k, v in per.items() if v >= low), key=int), (low, high)
+    tied = sorted((k for k in per if k != best and cis[k][1] >= low), key=int)
+    return not tied, tied, (low, high)
+
+
+def _tied_sentence(s: Mapping[str, Any], tied: list[str], value: str, digits: int) -> str:
+    """'layer 0 (after block 0) scores highest, R^2 0.975 (...); its interval overlaps layer 1's (R^2 0.967,
+    95% CI [0.960, 0.974]), so these layers cannot be told apart': every tied layer named with its value and
+    interval (the first 6; the rest counted)."""
+    metric = s.get("metric", "accuracy")
+    per, cis = s.get(f"{metric}_per_layer") or {}, s.get("ci_per_layer") or {}
+    name = "R^2" if metric == "r2" else metric
+    folds = f" over {s['cv']} folds" if metric != "accuracy" and s.get("cv") else ""
+    one = len(tied) == 1
+    shown = [f"layer {k}{chr(39) + 's' if one else ''} ({name} {per[k]:.{digits}f}, 95% CI{folds} "
+             f"[{cis[k][0]:.{digits}f}, {cis[k][1]:.{digits}f}])" for k in tied[:6]]
+    more = f" and {len(tied) - 6} more" if len(tied) > 6 else ""
+    listed = ", ".join(shown[:-1]) + (f", {shown[-1]}{more}" if more else f" and {shown[-1]}")
+    whose = shown[0] if one else f"those of {listed}"
+    return (f"{_layer(s, s.get('best_layer', '?'))} scores highest, {value}; its interval overlaps {whose}, so "
+            f"{'the two' if one else 'these layers'} cannot be told apart")
 
 
 def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
@@ -204,25 +253,23 @@ def finding(s: Mapping[str, Any]) -> str:
         return ""
     parts = []
     if _chance(s) is None:
-        n, majority = s.get("n_examples"), _num(s.get("majority_baseline"))
+        majority = _num(s.get("majority_baseline"))
         value = _quantity(s, best, s.get("best_ci"), s.get("best_correct"))
         if not s.get("best_ci"):  # an older summary: the fold spread
             sd, folds = _num(s.get("best_std")), s.get("cv")
             value = ("R^2" if metric == "r2" else metric) + f" {best:.2f}"
             value += f" (sd {sd:.2f} over {folds} folds)" if sd is not None and folds else ""
         against = f" against a majority baseline of {majority:.2f}" if majority is not None else ""
-        examples = f" ({n} examples)" if n is not None else ""
+        examples = _examples(s)
         out, tied, ci = _stands_out(s)
         if out:
             parts.append(f"The {s.get('labels', '')} probe is best at {_layer(s, s.get('best_layer', '?'))} with "
                          f"{value}{against}{examples}.")
-        else:
-            per = s.get(f"{metric}_per_layer") or {}
-            lo, hi = min(per[k] for k in tied), max(per[k] for k in tied)
-            span = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f} to {hi:.2f}"
-            parts.append(f"No layer stands out for the {s.get('labels', '')} probe: layers {', '.join(tied)} score {span}, "
-                         f"all within the highest layer's 95% CI [{ci[0]:.2f}, {ci[1]:.2f}] (highest: "
-                         f"{_layer(s, s.get('best_layer', '?'))}, {value}){against}{examples}.")
+        else:  # intervals narrower than 0.05 need a third digit to show where they overlap
+            digits = 3 if ci[1] - ci[0] < 0.05 else 2
+            value = _quantity(s, best, s.get("best_ci"), s.get("best_correct"), digits=digits)
+            parts.append(f"No layer stands out for the {s.get('labels', '')} probe{examples}: "
+                         f"{_tied_sentence(s, tied, value + against, digits)}.")
         if majority is not None and best <= majority + 0.02 and "chance" not in s:
             parts.append("That is chance level: the property is not linearly readable from these activations.")
     if rows_sentence(s):

@@ -130,8 +130,31 @@ def _sample(model: Any, data: Any, reads: Any) -> tuple[str | None, int | None, 
     return data.name, len(data), _sample_of_task(model.tokenizer, data, reads)
 
 
+FILE_FIELDS = {"prompt": "prompt", "answer": "answer", "corrupted_prompt": "corrupted_prompt",
+               "corrupted_answer": "wrong_answer"}  # a sample's part -> its field in the user's rows
+
+
+def _as_written(sample: Mapping[str, str], data: Any, user_rows: Any) -> dict[str, str]:
+    """The sample's parts as the user's file writes them (review 11a C8: a tokenizer's decoding drops the
+    spaces before punctuation and may lower-case), where the Task's first row is a row of `user_rows`
+    (read_numbered_rows: {"row", "prompt", ...}); the decoded parts otherwise."""
+    rows = getattr(data, "source_rows", None)
+    if rows is None or not len(rows) or not user_rows:
+        return dict(sample)
+    first = int(rows[0])
+    row = next((r for r in user_rows if isinstance(r, Mapping) and r.get("row") == first), None)
+    if row is None:
+        return dict(sample)
+    out = dict(sample)
+    for part, field in FILE_FIELDS.items():
+        text = row.get(field)
+        if part in out and isinstance(text, str):
+            out[part] = text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
+    return out
+
+
 def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], used: str,
-                config: Any = None) -> dict[str, Any]:
+                config: Any = None, user_rows: Any = None) -> dict[str, Any]:
     """What OUT/<name>/task.json holds: {"task", "source", "n_examples", "sample": {prompt, answer,
     corrupted_prompt, corrupted_answer}} (the sample may be {} with "sample_note" saying why; it holds the
     parts the analysis reads only: registry.reads under `config`, its settings), "uses" (uses_text) and
@@ -140,7 +163,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     "dropped" ({n, why, unit}) where the analysis left examples out (probes: classes of one example). data:
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
-    summary decides the name and count where it records them (what it actually used)."""
+    summary decides the name and count where it records them (what it actually used). user_rows: the user's
+    file's rows (read_numbered_rows), whose text the sample shows as written where the Task's first row is one."""
     record: dict[str, Any] = {"task": summary.get("task"), "source": task_source(used),
                               "n_examples": summary.get("n_examples"), "sample": {}}
     try:
@@ -154,6 +178,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
             if reads.metric:
                 record["metric"] = reads.metric
         found, n, sample = _sample(model, data, reads)
+        if record["source"].startswith("your task"):
+            sample = _as_written(sample, data, user_rows)
     except Exception as err:  # noqa: BLE001 - the sample is a courtesy: it never costs the analysis its result
         log.warning("%s: no sample prompt for the report (%s: %s)", name, type(err).__name__, err)
         found, n, sample = None, None, {}
@@ -167,6 +193,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     if added and sample.get("prompt") is not None and _starts_with_bos(model, data):
         record["bos_added"] = added  # review 10b A1: the sample shows the BOS headscope put in front
     fit = summary.get("shipped_text")
+    if isinstance(fit, Mapping) and summary.get("example_unit") == "examples" and isinstance(fit.get("n_sentences"), int):
+        record["token_positions_of"] = fit["n_sentences"]  # review 11a C9: 816 examples were token positions
     if isinstance(fit, Mapping) and isinstance(fit.get("note"), str):  # the shipped sentences, split or unknown
         record["note"] = fit["note"]
     elif isinstance(summary.get("data_note"), str):  # data built for this tokenizer (position's word_kv)
@@ -314,7 +342,8 @@ def _count_text(record: Mapping[str, Any]) -> str:
     if not isinstance(n, int):
         return "not recorded"
     if not isinstance(dropped, Mapping) or not isinstance(dropped.get("n"), int) or dropped["n"] <= 0:
-        return str(n)
+        of = record.get("token_positions_of")  # probes on the shipped sentences: an example is a token position
+        return f"{n} token positions of {of} sentences" if isinstance(of, int) else str(n)
     why = dropped.get("why") or f"{dropped['n']} left out"
     return f"{n} of {n + dropped['n']} {dropped.get('unit') or 'examples'} kept: {why}"
 

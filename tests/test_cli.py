@@ -760,7 +760,8 @@ def test_no_prepend_bos_runs_the_prompts_as_tokenized_and_every_page_says_which(
     page = (plain / "report.html").read_text()
     assert ("on cpu. Prompts run as the tokenizer tokenizes them (--no-prepend-bos: headscope puts no BOS in front). "
             "Data:") in page
-    assert "sample: &#x27;w1 w2 w3&#x27; -&gt; &#x27;w11&#x27;" in page and "&lt;bos&gt;" not in page
+    # the sample is the file's row as written (review 11a C8): its answer " w11" keeps the file's leading space
+    assert "sample: &#x27;w1 w2 w3&#x27; -&gt; &#x27; w11&#x27;" in page and "&lt;bos&gt;" not in page
     capsys.readouterr()
     assert main(["kv", *run, "--out", str(plain), "--resume"]) == 2
     line = in_process_error(capsys)
@@ -770,7 +771,7 @@ def test_no_prepend_bos_runs_the_prompts_as_tokenized_and_every_page_says_which(
     page = (default / "report.html").read_text()
     assert ("on cpu. Prompts run as `&lt;bos&gt;` + your prompt: the tokenizer adds no BOS and headscope prepends its "
             "bos_token, as TransformerLens does; --no-prepend-bos runs them as tokenized. Data:") in page
-    assert "sample: &#x27;&lt;bos&gt;&#x27; + &#x27;w1 w2 w3&#x27; -&gt; &#x27;w11&#x27;" in page
+    assert "sample: &#x27;&lt;bos&gt;&#x27; + &#x27;w1 w2 w3&#x27; -&gt; &#x27; w11&#x27;" in page
     notes = settings_notes(Run(default), Run(plain), [])
     assert "BOS option: A default (prepended on decoders), B --no-prepend-bos." in notes
     assert "BOS headscope prepends (the tokenizer adds none): A <bos>, B none." in notes

@@ -80,7 +80,7 @@ def test_report_has_the_explorer_within_8_mb_and_clicking_a_head_changes_the_vie
 
 def test_a_patching_head_link_opens_that_head_on_patchings_prompt(xss_report, tmp_path):
     """#34 items 1-2: the CLI's explorer opens with the sample prompt the sections' provenance shows (the task
-    file's first row, as task.json decodes it); a head that patching's finding names (its summary given a
+    file's first row, as the file writes it); a head that patching's finding names (its summary given a
     head_out site: at chance on this model it names none) links to #L1H3@patching, and a click opens that
     head on patching's prompt, whichever example was shown, with no console error or request."""
     import shutil
@@ -96,8 +96,9 @@ def test_a_patching_head_link_opens_that_head_on_patchings_prompt(xss_report, tm
     sample = report_io.read_json(xss_report / "patching" / "task.json")["sample"]["prompt"]
     assert data["examples"][0]["sample_of"] == ["heads", "patching"] and data["examples"][1]["sample_of"] == []
     tokens = data["examples"][0]["tokens"]  # the model's tokens; the section's sample is the user's text, without BOS
-    assert " ".join(tokens[1:] if tokens[0] == "<bos>" else tokens) == sample  # the zoo tokenizer's word-level decode
-    assert sample.startswith("k01 v05 ; k02 v06 ;")  # the file's first row, as written (no BOS)
+    assert sample == f"k01 v05 ; k02 v06 ; {XSS} ; k01"  # the file's first row, as written (review 11a C8)
+    decoded = sample.replace(XSS, "<unk>")  # the model's tokens: the tag is one unknown token
+    assert " ".join(tokens[1:] if tokens[0] == "<bos>" else tokens) == decoded
     out = tmp_path / "report"
     shutil.copytree(xss_report, out)
     summary = {k: v for k, v in report_io.read_json(out / "patching" / "summary.json").items()
@@ -122,5 +123,5 @@ def test_a_patching_head_link_opens_that_head_on_patchings_prompt(xss_report, tm
         assert np.allclose(values, pattern_from_data(data, 0, 1, 3), atol=0.5 / data["scale"] + 1e-6)
         tokens = page.evaluate("Array.from(document.querySelectorAll('#hsx-report .hsx-tok'))"
                                ".map(function(t){return t.textContent;})")
-        assert " ".join(tokens[1:] if tokens[0] == "<bos>" else tokens) == sample
+        assert " ".join(tokens[1:] if tokens[0] == "<bos>" else tokens) == decoded
         assert page.console_errors == [] and page.requests == []

@@ -35,7 +35,9 @@ class Needs:
     task_data: it can run on a prompt/answer Task (False: only on its own data, e.g. position's
       retrieval sweeps); names: task names it reads itself (e.g. position's "kv");
     english: its own data is English text, so the tokenizer must encode English without its unknown
-      token (a tokenizer with the zoo vocabulary has zoo data instead);
+      token (a tokenizer with the zoo vocabulary has zoo data instead); english_text: (model) -> (what
+      the data is, its text, how to run on other data), the text checked for this model, or None for
+      ENGLISH_PROBE (the decoder key-value instruction);
     own_data: (model) -> why the family's own data cannot be built for this model's tokenizer, or None
       (position: no default sweep fits it); the analysis is then skipped with that reason, not failed;
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
@@ -55,6 +57,7 @@ class Needs:
     task_data: bool = True
     names: tuple[str, ...] = ()
     english: bool = False
+    english_text: Callable[[Any], tuple[str, str, str] | None] | None = None
     own_data: Callable[[Any], str | None] | None = None
     continuation: bool = False
     what: str = ""
@@ -97,6 +100,15 @@ def model_reasons(needs: Needs, model: Any) -> list[str]:
     if needs.english and not _zoo_vocabulary(model):
         from headscope.models.hooked_model import unknown_words
 
+        own = needs.english_text(model) if needs.english_text is not None else None
+        if own is not None:  # the data this model would run on, named with its unknown words and the way round
+            what, text, instead = own
+            lost = unknown_words(model.tokenizer, text)
+            if lost:
+                n = len(set(text.split()))
+                return [f"{model.name}'s tokenizer maps {len(lost)} of the {n} distinct words of {what} to its unknown "
+                        f"token ({', '.join(lost[:4])}, ...); {instead}"]
+            return []
         lost = unknown_words(model.tokenizer, ENGLISH_PROBE)
         if lost:
             return [f"{model.name}'s tokenizer maps English words ({', '.join(lost[:4])}) to its unknown token, "

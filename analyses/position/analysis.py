@@ -53,6 +53,7 @@ DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True,
+              english_text=lambda model: encoder_text(model),  # defined below
               own_data=lambda model: default_data_gap(model),  # defined below
               what="retrieval sweeps that move the gold item through the context")
 
@@ -72,7 +73,8 @@ class PositionConfig(AnalysisConfig):
     context: json_kv without n_items: fill each prompt with as many pairs as fit this many tokens (at
       most the model's context, answer and greedy decoding included; long prompts, Liu et al.'s
       setting), instead of at most 20 pairs.
-    n_sink: first tokens counted as sinks (None: 1, the <bos>, for zoo_kv; 4 otherwise, as StreamingLLM).
+    n_sink: first tokens counted as sinks (None: 1, the <bos>, for zoo_kv, and the [CLS] on encoders, whose
+      next tokens are the passage's words; 4 otherwise, as StreamingLLM).
     window: recent window of the StreamingLLM masks (None: half the prompt; 0: no masked runs).
     batch_size: rows per forward pass (None: all positions of an example together, examples of equal
       length packed up to 64 rows a pass).
@@ -113,6 +115,19 @@ def sweep_kind(model: Any, task: str) -> str:
         raise ConfigError(f"task {task!r} does not fit {model.facts.name}, {kind}; "
                           "use 'retrieval' for encoders and a kv or qa task for decoders.")
     return task
+
+
+def encoder_text(model: Any) -> tuple[str, str, str] | None:
+    """(what, text, how to run on other data) of the data position runs on an encoder, the shipped
+    retrieval passages (queries, relevant and distractor sentences), for contract.model_reasons' check
+    of unknown words; None on decoders (their check is the key-value instruction's words)."""
+    if not model.facts.is_encoder:
+        return None
+    records = prompts.load_retrieval_records()
+    text = "\n".join(s for r in records for s in (r["query"], r["relevant"], *r["distractors"]))
+    return ("position's encoder data, the shipped retrieval passages (analyses/data/retrieval.jsonl),", text,
+            "give it retrieval records it can encode (a JSONL file, one object a line with query, relevant and "
+            "distractors) through `hs.position_bias(model, \"FILE.jsonl\")`")
 
 
 def default_data_gap(model: Any) -> str | None:
@@ -214,7 +229,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     cfg = configure(PositionConfig, config, config_overrides, name="position_bias")
     cfg, sweeps, task, fitted = _sweeps(model, task, cfg)
     encoder = model.facts.is_encoder
-    n_sink = cfg.n_sink or (1 if task == "zoo_kv" else 4)
+    n_sink = cfg.n_sink or (1 if task == "zoo_kv" or encoder else 4)  # an encoder's sink is its [CLS], the first token
     if encoder:
         outs = run_encoder_sweeps(model, sweeps, n_sink=n_sink, batch_size=cfg.batch_size, progress=cfg.progress)
     else:
@@ -254,6 +269,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "sink_uniform_baseline": baseline,
         "sinks": per_layer,
         "n_sink": n_sink,
+        **({"sink_label": sink_label(model, sweeps, n_sink)} if encoder else {}),
         "retrieval_heads": [[int(r.layer), int(r.head)]
                             for r in heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False).itertuples()],
         "retrieval_tracked_metric": tracked,
@@ -266,6 +282,16 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         tables={"curve": curve_df, "gold_attention": gold_attention, "sinks": sinks, "heads": heads, "masked": masked},
         config={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}, "task": task, "n_sink": n_sink},
     )
+
+
+def sink_label(model: Any, sweeps: Sequence[PositionSweep], n_sink: int) -> str:
+    """What an encoder's sink counts, in words: "[CLS] (the first token)", or with n_sink > 1 "the first 4 tokens
+    ([CLS] and the passage's first 3)", where every prompt starts with the same token (else "the first token")."""
+    firsts = {int(sw.tokens[i, 0]) for sw in sweeps for i in range(sw.tokens.shape[0])}
+    first = model.tokenizer.convert_ids_to_tokens(firsts.pop()) if len(firsts) == 1 else None
+    if n_sink == 1:
+        return f"{first} (the first token)" if first else "the first token"
+    return f"the first {n_sink} tokens" + (f" ({first} and the passage's first {n_sink - 1})" if first else "")
 
 
 def _retrieval_test(heads: pd.DataFrame, tracked: str) -> dict[str, Any]:

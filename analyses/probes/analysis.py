@@ -427,7 +427,9 @@ def reads(model, config: ProbesConfig | None = None, summary: Any = None) -> Rea
     config = config or ProbesConfig.preset()
     labels = (summary or {}).get("labels", config.labels if isinstance(config.labels, str) else "custom")
     if config.position == -1:
-        where = ("each prompt's last real token (no masked position is read: headscope reads no masked-LM head)"
+        where = ("each prompt's last real token, which on an encoder is its [SEP] (by design: one read position "
+                 "for every family, and the [SEP] has attended to the whole prompt; no [MASK] position is read, as "
+                 "headscope reads no masked-LM head; so the control task sees one word type there)"
                  if model.facts.is_encoder else "the answer position (each prompt's end)")
     else:
         where = f"token {config.position} of each prompt"

@@ -18,11 +18,17 @@ DECODER_ONLY = {"patching", "mlp", "kv", "circuits"}
 
 
 def english_tokenizer():
-    """A word-level tokenizer whose vocabulary holds every word of the contract's English probe."""
+    """A word-level tokenizer whose vocabulary holds every word of the contract's English probe and of the
+    shipped retrieval passages (position's data on an encoder)."""
+    from importlib.resources import files
+
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["<unk>", "<pad>", "<bos>", *dict.fromkeys(contract.ENGLISH_PROBE.split())]
+    passages = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8")
+    passages = " ".join(s for line in passages.splitlines() if line.strip()
+                        for r in [json.loads(line)] for s in (r["query"], r["relevant"], *r["distractors"]))
+    words = ["<unk>", "<pad>", "<bos>", *dict.fromkeys(contract.ENGLISH_PROBE.split() + passages.split())]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<bos>")
@@ -138,6 +144,28 @@ def test_english_data_needs_a_tokenizer_that_encodes_english(tiny_models):
     words = tiny_models["llama"]  # w0..w59 only
     reasons = model_reasons(position, words)
     assert len(reasons) == 1 and "maps English words (Extract, the, value, corresponding)" in reasons[0]
+
+
+def test_an_encoders_position_skip_names_the_retrieval_datas_words_not_the_decoder_prompt():
+    """Review 11a C3: on an encoder position runs on the shipped retrieval passages, not the decoder key-value
+    instruction; a tokenizer that learnt only fruit words is checked on those passages: the reason counts their
+    distinct words holding [UNK] (each word tokenized alone here) and says how to give it data it can encode."""
+    from importlib.resources import files
+
+    from tests_support import wordpiece
+
+    tok = wordpiece(vocab_size=120, corpus=["the red fruit on the plate is a cherry ."] * 4)
+    lines = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8").splitlines()
+    words = {w for r in map(json.loads, filter(str.strip, lines)) for s in (r["query"], r["relevant"], *r["distractors"])
+             for w in s.split()}
+    lost = [w for w in words if tok.unk_token in tok.tokenize(w)]
+    assert 0 < len(lost) < len(words)
+    reasons = model_reasons(needs("position"), fake_model(True, tok))
+    assert len(reasons) == 1
+    assert reasons[0].startswith(f"an-encoder's tokenizer maps {len(lost)} of the {len(words)} distinct words of "
+                                 "position's encoder data, the shipped retrieval passages (analyses/data/retrieval.jsonl)")
+    assert "Extract" not in reasons[0] and 'hs.position_bias(model, "FILE.jsonl")' in reasons[0]
+    assert model_reasons(needs("position"), fake_model(True)) == []  # an English tokenizer writes them
 
 
 def test_check_reads_a_task_file(tmp_path, tiny_models):

@@ -199,3 +199,21 @@ def test_heads_on_shipped_sentences_a_tokenizer_knows_records_the_counts_without
     assert fit["tokens_per_word"] == pytest.approx(per_word, abs=1e-4) and unknown == fit["unknown_words"] == 0
     assert per_word < 1.5 and not fit["off_distribution"] and "note" not in fit
     assert not [r for r in caplog.records if "shipped sentences" in r.getMessage()]
+
+
+def test_the_sample_line_shows_the_users_prompt_as_the_file_writes_it(fruit_bert):
+    """Review 11a C8: the sample was the tokenizer's decoding ('[CLS] the red fruit on the table is a [MASK]. [SEP]':
+    lower-cased, the space before '.' dropped, specials added); from the user's file it is now the row as written
+    (the file's own text, read here with json), prompt and answer, where the Task's first row is one of its rows."""
+    from headscope.analyses.core import contract
+    from headscope.analyses.core.task_files import read_numbered_rows
+    from headscope.reports.provenance import task_record
+
+    model, path = fruit_bert
+    task = contract.resolve(path, model)
+    lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+    first = lines[int(task.source_rows[0])]
+    record = task_record(model, "probes", task, {}, "your task (fruit_cloze.jsonl)", user_rows=read_numbered_rows(path))
+    assert record["sample"] == {"prompt": first["cloze"], "answer": first["fill"]}
+    decoded = task_record(model, "probes", task, {}, "your task (fruit_cloze.jsonl)")["sample"]["prompt"]
+    assert decoded != first["cloze"] and decoded.startswith("[CLS] the")  # without the rows: the decoding, as before

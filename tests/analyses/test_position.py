@@ -767,3 +767,29 @@ def test_too_few_words_for_its_own_kv_prompts_skip_position_with_the_cli_route(d
         "with multi-document QA text it can encode"]
     with pytest.raises(ValueError, match="position's json_kv data \\(Liu et al.'s key-value prompt, with UUID keys"):
         position_bias(model, "json_kv", n_examples=1)  # asked for by name: the one clear line
+
+
+def test_an_encoders_sink_is_its_cls_alone_checked_against_hf_attention(arch_models, arch_dirs):
+    """Review 11a C7: on an encoder the first 4 tokens are [CLS] and the gold passage's first words, so position
+    counts the [CLS] alone (n_sink 1) and says so; each layer's mass is plain HF's attention onto key 0, mean over
+    every query, head and row of each example, then over examples."""
+    from transformers import AutoModel
+
+    from headscope.analyses.position.analysis import _sweeps
+    from headscope.reports.plots_position import finding
+
+    model = arch_models("bert")
+    result = position_bias(model, config=PositionConfig(n_examples=2, n_items=3, n_boot=20, progress=False))
+    s = result.summary
+    assert s["n_sink"] == 1 and s["sink_label"] == "[CLS] (the first token)"
+    hf = AutoModel.from_pretrained(arch_dirs["bert"], attn_implementation="eager").eval()
+    _, sweeps, _, _ = _sweeps(model, None, PositionConfig(n_examples=2, n_items=3))  # the prompts it ran
+    per_example = []
+    for sw in sweeps:
+        with torch.no_grad():
+            att = hf(input_ids=sw.tokens, output_attentions=True).attentions  # layer: [rows, head, q, k]
+        per_example.append([float(a[..., 0].mean()) for a in att])
+    expected = np.mean(per_example, axis=0)  # [layer]
+    assert s["sink_mass_per_layer"] == pytest.approx(expected.tolist(), abs=1e-5)
+    text = finding(s)
+    assert "ttention on [CLS] (the first token) per layer" in text and "first 4 token" not in text

@@ -141,8 +141,12 @@ def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp
     _run(tmp_path / "d", task="kv", n=16, baseline=2.3, ci=[2.05, 2.55], unevicted=3.0, kv_ci=[2.9, 3.1])
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab.html")]) == 0
     page = (tmp_path / "ab.html").read_text()
-    # A ran heads and kv on kv, B on ioi: another task, not compared (review 7b, A4), with the reason
-    assert "No difference above the thresholds." in page[page.index("id='differences'"):page.index("id='not-compared'")]
+    # A ran heads and kv on kv, B on ioi: another task, not compared (review 7b, A4), with the reason; with nothing
+    # compared the page does not say "no difference" (review 11a A6: that read as agreement)
+    differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
+    assert "No difference above the thresholds." not in differences
+    assert ("<li>Nothing could be compared: every quantity is listed under Not compared, and why (no difference was "
+            "tested).</li>") in differences
     refused = page[page.index("id='not-compared'"):page.index("id='findings'")]
     for name, label in (("heads", "heads unpruned logit difference"), ("kv", "kv full-cache logit difference")):
         assert f"<li>{label}: not compared: A ran {name} on the kv task, B on the ioi task.</li>" in refused
@@ -421,6 +425,47 @@ def test_compare_says_not_compared_where_a_report_refuses_at_chance_and_patching
     io.write_json(tmp_path / "a" / "position" / "summary.json", {**summary, "chance": at})
     assert position_section(a, b)[1] == [NOT_COMPARED + "Middle/ends ratio of accuracy (the metric plotted): not compared: "
                                          "A and B at chance on their tasks."]
+
+
+def test_compare_position_says_which_side_has_no_result_not_a_metric_it_never_plotted(tmp_path):
+    """Review 11a A6: B's position was skipped (its tokenizer cannot write the data), so B plots nothing; the page
+    said "A plots cosine, B accuracy" (accuracy: the default of a missing summary). Now it names B's missing result
+    and the manifest's reason; and two same-metric curves whose ratios agree within 0.05 are said as compared."""
+    _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
+    _folder(tmp_path / "b", "m", 1.0, 0, 0.5)
+    summary = io.read_json(tmp_path / "a" / "position" / "summary.json")
+    io.write_json(tmp_path / "a" / "position" / "summary.json", {**summary, "primary_metric": "cosine"})
+    why = "skipped: m's tokenizer maps 53 of the 493 distinct words of position's encoder data to its unknown token"
+    manifest = io.read_json(tmp_path / "b" / "manifest.json")
+    io.write_json(tmp_path / "b" / "manifest.json", {**manifest, "status": {"heads": "done", "position": why,
+                                                                            "patching": "done"}})
+    for name in ("summary.json", "curve.csv"):
+        (tmp_path / "b" / "position" / name).unlink()
+    body, notes = position_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert notes == [NOT_COMPARED + f"Position curves and middle/ends ratio: not compared: B has no position result ({why})."]
+    assert "<img" not in body and "plots" not in body
+    _folder(tmp_path / "c", "m", 1.0, 0, 0.5)  # the same curve as b had: ratio 0.6/0.9 on both sides
+    _folder(tmp_path / "d", "m", 1.0, 0, 0.5)
+    body, notes = position_section(Run(tmp_path / "c"), Run(tmp_path / "d"))
+    assert "<img" in body and notes == [SAME + "Middle/ends ratio of accuracy (the metric plotted): A 0.67, B 0.67, within "
+                                               "0.05 of each other."]
+
+
+def test_compare_that_draws_both_runs_but_compares_nothing_says_so(tmp_path):
+    """Review 11a A6 (cmp_minilm.html): every quantity under Not compared (each analysis ran on another task) while
+    the importance and pruning panels still draw both runs side by side: "No difference above the thresholds" read
+    as agreement. The Differences list now says nothing could be compared."""
+    from headscope.reports.compare import compare_html
+
+    for side, task in (("a", "kv"), ("b", "ioi")):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        for name in ("heads", "position", "patching"):
+            io.write_json(tmp_path / side / name / "task.json", {"task": task, "source": "its default task (no --task given)"})
+    page = compare_html(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
+    assert "<img" in page[page.index("id='importance'"):]  # both runs drawn, on one scale
+    assert "No difference above the thresholds." not in differences and "Nothing could be compared" in differences
+    assert "A ran heads on the kv task, B on the ioi task" in page[page.index("id='not-compared'"):]
 
 
 def test_compare_out_must_end_in_html(tmp_path, capsys):
@@ -1017,7 +1062,8 @@ def test_compare_sets_no_number_of_one_task_against_another_and_names_different_
                                                         "source": "its default task (no --task given)"})
     a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
     notes = headline_notes(a, b)
-    assert notes == [NOT_COMPARED + "attribution mean Kendall tau of attention and gradient x input, leave-one-out and "
+    assert notes == [SAME + "heads unpruned cosine similarity: A 1, B 1 (n 16 each), within 5% of each other.",
+                     NOT_COMPARED + "attribution mean Kendall tau of attention and gradient x input, leave-one-out and "
                      "integrated gradients: not compared: A ran attribution on fruit_cloze.jsonl, B on the shipped "
                      "sentences."]
     assert patching_section(a, b)[1] == [NOT_COMPARED + "Top patching sites: not compared: A ran patching on the ioi "
@@ -1047,7 +1093,7 @@ def test_compare_sets_no_number_of_one_task_against_another_and_names_different_
     # B's attribution on A's task (other rows of it) and one model: compared, each difference with its verdict
     _attribution(tmp_path / "b", "./trained", other, "fruit_cloze", "your task (fruit_cloze.jsonl)", rows=[0, 1, 2, 3])
     b = Run(tmp_path / "b")
-    notes = headline_notes(a, b)
+    notes = [n for n in headline_notes(a, b) if not n.startswith(SAME)]  # agreements within 5% are said, not listed
     assert notes[0] == NOT_COMPARED + ("heads unpruned cosine similarity: not compared: A ran heads on the shipped "
                                        "sentences, B on colours.csv.")
     assert len(notes) == 2 and notes[1].startswith("attribution mean Kendall tau of attention and leave-one-out: A -0.2, "

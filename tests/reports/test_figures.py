@@ -591,6 +591,32 @@ def test_pruning_figure_zooms_on_the_1_percent_band_at_any_scale(baseline, low, 
         plt.close("all")
 
 
+@pytest.mark.parametrize("baseline", [1.0, 0.97])
+def test_pruning_zoom_on_a_cosine_stops_at_its_maximum(baseline):
+    """Review 11a B6: on the encoder's cosine (unpruned 1 by construction) the zoom spanned 0.95-1.05, half of it
+    values a cosine cannot take. It now stops just above 1 (3% of the panel as margin, so a point at 1 stays whole),
+    with no '+5%' tick; the floor keeps its place and a point at 1 is inside."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    curve = pd.DataFrame([{"ordering": "ablation", "recompute": False, "seed": 0, "fraction_pruned": f, "metric": m}
+                          for f, m in ((0.0, baseline), (0.5, 0.995 * baseline), (1.0, 0.2))])
+    fig = heads_figures(_result("heads", curve, {"metric": "cosine", "baseline_metric": baseline}))["pruning_curve"]
+    try:
+        near = fig.axes[1]
+        y0, y1 = near.get_ylim()
+        low = 0.95 * baseline
+        assert y0 == pytest.approx(low) and y1 == pytest.approx(1.0 + 0.03 * (1.0 - low))
+        labels = [t.get_text() for t in near.get_yticklabels()]
+        assert not [t for t in labels if t.startswith("+5%")]
+        assert (f"unpruned: {baseline:.4g} (maximum)" in labels) if baseline == 1.0 else ("maximum: 1" in labels)
+        assert "to 1, the cosine's maximum" in near.get_title()
+        fig.canvas.draw()  # the longer zoom title stays clear of the full panel's
+        renderer = fig.canvas.get_renderer()
+        assert not _overlap(fig.axes[0].title.get_window_extent(renderer), near.title.get_window_extent(renderer))
+    finally:
+        plt.close("all")
+
+
 def test_mlp_agreement_draws_each_fraction_with_its_wilson_interval():
     """#34 / the fourth review's A10: each layer's agreement share carries its Wilson 95% interval over
     the layer's neurons as an error bar (closed form here: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n))."""
@@ -834,6 +860,26 @@ def test_best_head_bars_carry_their_95_percent_intervals_and_n():
         plt.close("all")
 
 
+def test_best_head_marks_a_zero_bar_so_it_differs_from_a_missing_one():
+    """Review 11a C10 (out_t/heads/best_head.csv, layer 0): keeping L0H0 alone changes the cosine by -0.00026 next to
+    a -0.50 'no head' bar: bars of no visible height. Each bar under half a percent of the largest |change| (here
+    0.0025) gets a diamond at 0 in its colour; a missing value (NaN) gets none; bars of visible height none."""
+    from headscope.reports.plots_heads import plot_best_head
+
+    table = pd.DataFrame({"layer": [0, 1], "head": [0, 1], "change": [-0.00026, np.nan], "oracle_change": [-0.00026, -0.3],
+                          "layer_removed_change": [-0.5012, -0.002]})
+    try:
+        ax = plot_best_head(table, metric="cosine", ax=plt.subplots()[1])
+        diamonds = [line for line in ax.get_lines() if line.get_marker() == "D" and len(line.get_xdata())]
+        width = 0.8 / 3  # three kinds a layer, centred on the layer
+        got = sorted((round(float(x), 6), float(y)) for line in diamonds for x, y in zip(line.get_xdata(), line.get_ydata()))
+        assert got == [(round(-width, 6), 0.0), (0.0, 0.0), (round(1 + width, 6), 0.0)]  # L0 kept, L0 best, L1 none
+        assert "bar too short to see" in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+        assert all(not line.get_clip_on() for line in diamonds)  # 0 is the top edge here: the markers stay whole
+    finally:
+        plt.close("all")
+
+
 def test_top_heads_are_not_a_ranking_of_ties_or_zeros():
     from headscope.reports.plots_attention import top_heads
 
@@ -904,6 +950,28 @@ def test_position_sinks_draws_each_layers_interval_from_the_sinks_table():
         assert "no interval recorded" in bare.get_title()
     finally:
         plt.close("all")
+
+
+def test_position_sinks_y_label_stays_below_the_title():
+    """Review 11a B4 (out_minilm/position/sinks.csv, layers 0-1): the one-line label 'attention mass on the first 4
+    token(s) (0-1)' ran past the axis into the two-line title at the report's size (7 x 4 in, tight layout)."""
+    from headscope.reports.plots_position import plot_sink_mass
+
+    sinks = pd.DataFrame({"layer": range(6), "sink_mass": [0.111, 0.427, 0.463, 0.427, 0.463, 0.273], "baseline": 0.0616,
+                          "ci_low": [0.106, 0.417, 0.45, 0.41, 0.44, 0.26], "ci_high": [0.116, 0.436, 0.47, 0.45, 0.48, 0.29],
+                          "ratio": 2.0, "sink": True})
+    for what in (None, "[CLS] (the first token)"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        try:
+            plot_sink_mass(sinks, n_sink=4, what=what, ax=ax)
+            fig.tight_layout()
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            label, title = ax.yaxis.label.get_window_extent(renderer), ax.title.get_window_extent(renderer)
+            assert not _overlap(label, title), (what, label, title)
+            assert ax.get_ylabel().endswith("on [CLS]" if what else "on the first 4 token(s)")
+        finally:
+            plt.close(fig)
 
 
 def test_position_curves_at_chance_are_drawn_muted_on_a_0_1_accuracy_axis_with_their_band():
@@ -1698,6 +1766,25 @@ def test_probes_degenerate_control_is_not_plotted_real_line_not_hidden_and_selec
         assert all(a != b for a, b in zip(r_line.get_xdata(), c_line.get_xdata()))  # offset: both visible
         assert r_line.get_zorder() > c_line.get_zorder()
         assert "not plotted" not in " ".join(t.get_text() for t in left.get_legend().get_texts())
+    finally:
+        plt.close("all")
+
+
+def test_probes_selectivity_bars_measure_against_a_control_floor_of_0_as_the_finding_does():
+    """Review 11a B3 (out_minilm/probes/per_layer.csv): with control R^2 -0.186 and -0.212, real minus control
+    (1.160, 1.179) ranks layer 1 above layer 0; against max(control, 0) the bars are the real R^2s 0.9746 >
+    0.9668 (the finding's measure), hatched; layer 2's control 0.05 is subtracted as is (0.9445 - 0.05)."""
+    from headscope.reports.plots_probes import plot_selectivity
+
+    r2, control = [0.9746, 0.9668, 0.9445], [-0.1855, -0.2121, 0.05]
+    per_layer = pd.DataFrame({"layer": [0, 1, 2], "r2": r2, "control": control,
+                              "selectivity": [a - b for a, b in zip(r2, control)]})
+    ax = plot_selectivity(per_layer, ax=plt.subplots()[1])
+    try:
+        assert [p.get_height() for p in ax.patches] == pytest.approx([0.9746, 0.9668, 0.8945])
+        assert [bool(p.get_hatch()) for p in ax.patches] == [True, True, False]
+        assert "max(control, 0)" in ax.get_ylabel() and "hatched" in ax.get_ylabel()
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2"]
     finally:
         plt.close("all")
 

@@ -1182,15 +1182,39 @@ PROBE = {"metric": "accuracy", "labels": "answer", "site": "resid_post", "n_exam
 
 def test_probes_name_a_best_layer_only_beyond_the_next_ones_interval():
     text = finding("probes", PROBE)
-    assert ("No layer stands out for the answer probe: layers 0, 1, 2 score 1.00, all within the highest layer's 95% CI "
-            "[0.82, 1.00] (highest: layer 0 (after block 0), accuracy 1.00 (19 of 19 correct out of fold, 95% CI "
-            "[0.82, 1.00]))") in text
+    assert ("No layer stands out for the answer probe (19 examples): layer 0 (after block 0) scores highest, accuracy "
+            "1.00 (19 of 19 correct out of fold, 95% CI [0.82, 1.00]) against a majority baseline of 0.21; its interval "
+            "overlaps those of layer 1 (accuracy 1.00, 95% CI [0.82, 1.00]) and layer 2 (accuracy 1.00, 95% CI "
+            "[0.82, 1.00]), so these layers cannot be told apart.") in text
     assert "best at" not in text
     apart = {**PROBE, "accuracy_per_layer": {"0": 0.2, "1": 1.0, "2": 0.9}, "best_layer": 1,
              "ci_per_layer": {"0": [0.06, 0.44], "1": [0.824, 1.0], "2": [0.67, 0.98]}}
-    assert "No layer stands out for the answer probe: layers 1, 2 score 0.90 to 1.00" in finding("probes", apart)
+    assert "its interval overlaps layer 2's (accuracy 0.90, 95% CI [0.67, 0.98]), so the two" in finding("probes", apart)
     apart["ci_per_layer"]["2"] = [0.5, 0.8]
     assert "The answer probe is best at layer 1 (after block 1) with accuracy 1.00 (19 of 19" in finding("probes", apart)
+
+
+def test_probes_tie_list_and_verdict_use_one_overlap_rule_and_count_token_positions():
+    """Review 11a A4/C9 (out_minilm/probes/per_layer.csv): layer 0 R^2 0.9746 [0.9671, 0.9821] and layer 1 0.9668
+    [0.9600, 0.9735] overlap (0.9735 >= 0.9671), layer 2's [0.9363, 0.9527] does not; the old words listed only
+    the best ('layers 0 score 0.97'). The 816 examples are the token positions of 64 shipped sentences."""
+    s = {"metric": "r2", "labels": "position", "site": "resid_post", "n_examples": 816, "example_unit": "examples",
+         "shipped_text": {"n_sentences": 64}, "cv": 3, "best_layer": 0, "best_r2": 0.9746, "best_ci": [0.9671, 0.9821],
+         "r2_per_layer": {"0": 0.9746, "1": 0.9668, "2": 0.9445},
+         "ci_per_layer": {"0": [0.9671, 0.9821], "1": [0.9600, 0.9735], "2": [0.9363, 0.9527]}}
+    text = finding("probes", s)
+    assert text.startswith("No layer stands out for the position probe (816 token positions of 64 sentences): layer 0 "
+                           "(after block 0) scores highest, R^2 0.975 (mean over 3 folds, 95% CI [0.967, 0.982]); its "
+                           "interval overlaps layer 1's (R^2 0.967, 95% CI over 3 folds [0.960, 0.974]), so the two "
+                           "cannot be told apart."), text
+    assert "layer 2" not in text and "layers 0 score" not in text and "816 examples" not in text
+    # the verdict follows the same rule: the runner-up by point (layer 1) clears the best's interval, but layer 2's
+    # wider interval reaches it, so layer 2 is tied and nothing stands out
+    wide = {**s, "r2_per_layer": {"0": 0.9, "1": 0.8, "2": 0.7},
+            "ci_per_layer": {"0": [0.85, 0.95], "1": [0.75, 0.84], "2": [0.4, 0.9]}, "best_ci": [0.85, 0.95]}
+    text = finding("probes", wide)
+    assert "No layer stands out" in text and "overlaps layer 2's (R^2 0.70, 95% CI over 3 folds [0.40, 0.90])" in text
+    assert "layer 1" not in text
 
 
 def test_an_underpowered_probe_is_not_called_at_chance_and_states_one_accuracy():

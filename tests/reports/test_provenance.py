@@ -185,3 +185,17 @@ def test_a_run_the_budget_cut_below_the_quick_preset_says_so_in_its_header(tmp_p
     assert f"**{md_escape(line)}**" in md
     assert line.replace("'", "&#x27;") in (tmp_path / "report.html").read_text()
     assert below_quick_line(tmp_path, ["kv"]) == ""  # no section cut below --quick: no line
+
+
+def test_probes_on_the_shipped_sentences_count_token_positions_of_sentences():
+    """Review 11a C9: MiniLM's probes section said 'examples: 816', the token positions of 64 sentences, while the
+    heads section's examples are sentences; the line says which (the summary's shipped_text and example_unit)."""
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    model = SimpleNamespace(facts=SimpleNamespace(is_encoder=True), tokenizer=None)
+    summary = {"task": "sentences", "n_examples": 816, "example_unit": "examples", "labels": "position",
+               "shipped_text": {"n_sentences": 64, "n_tokens": 688}}
+    record = task_record(model, "probes", None, summary, "default task")
+    assert "examples: 816 token positions of 64 sentences; the budget changed no setting" in provenance_lines(record)
+    per_row = task_record(model, "probes", None, {**summary, "example_unit": "rows"}, "default task")
+    assert "examples: 816; the budget changed no setting" in provenance_lines(per_row)
