@@ -171,7 +171,18 @@ def fit_axis_labels(ax: Axes) -> bool:
     import textwrap
 
     fig, label, changed = ax.figure, ax.xaxis.label, False
-    for _ in range(3):  # a new layout narrows the map a little: wrap again until the lines fit it
+    fig.draw_without_rendering()  # the colour bar's label first: breaking it lays the figure out anew
+    renderer = fig.canvas.get_renderer()
+    bar = next((c.colorbar for c in ax.collections if getattr(c, "colorbar", None) is not None), None)
+    said = "" if bar is None else bar.ax.get_ylabel()
+    if "\n" not in said and said.endswith(")") and " (" in said:  # "share of the ... gap (1 = fully restored)"
+        text = bar.ax.yaxis.label
+        if text.get_window_extent(renderer).height > bar.ax.get_window_extent(renderer).height:
+            head, _, tail = said.rpartition(" (")
+            bar.ax.set_ylabel(f"{head}\n({tail}")
+            fig.tight_layout()
+            changed = True
+    for _ in range(5):  # a new layout narrows the map a little: wrap again until the lines fit it
         fig.draw_without_rendering()
         renderer = fig.canvas.get_renderer()
         width = ax.get_window_extent(renderer).width
@@ -195,18 +206,6 @@ def fit_axis_labels(ax: Axes) -> bool:
         ax.set_xlabel("\n".join(lines))
         fig.tight_layout()
         changed = True
-    fig.draw_without_rendering()
-    renderer = fig.canvas.get_renderer()
-    bar = next((c.colorbar for c in ax.collections if getattr(c, "colorbar", None) is not None), None)
-    said = "" if bar is None else bar.ax.get_ylabel()
-    if "\n" not in said and said.endswith(")") and " (" in said:  # "share of the ... gap (1 = fully restored)"
-        text = bar.ax.yaxis.label
-        if text.get_window_extent(renderer).height > bar.ax.get_window_extent(renderer).height:
-            head, _, tail = said.rpartition(" (")
-            bar.ax.set_ylabel(f"{head}\n({tail}")
-            changed = True
-    if changed:
-        fig.tight_layout()
     return changed
 
 

@@ -150,7 +150,8 @@ def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kin
             out[f"n_tau_attention_{short}"] = int(last[last.method == method].example.nunique())
         if (("rollout", method)) in summ.index:
             out[f"n_tau_rollout_{short}"] = int(flow[flow.method == method].example.nunique())
-    out.update(tied_scores(tables["scores"]))
+    if "scores" in tables:  # (a summary rebuilt from tau tables alone has no per-token scores)
+        out.update(tied_scores(tables["scores"]))
     out["fraction_significant"] = _num(last.significant.mean()) if len(last) else None
     out["n_tau_tests"] = int(len(last))  # examples x methods used: the count the fraction is over
     pairs = rule.rows(rule.rows(tables["tau_methods"], "method_a"), "method_b")

@@ -159,7 +159,8 @@ def with_text_fit(name: str, result: Any, model, task: Any = None, config: Any =
     check never loses a result (an error in it is logged)."""
     summary = getattr(result, "summary", None)
     if (not isinstance(summary, dict) or "skipped" in summary or "shipped_text" in summary
-            or not (task is None or task == "sentences" or getattr(task, "name", None) == "sentences")):
+            or not (task is None or (isinstance(task, str) and task == "sentences")
+                    or getattr(task, "name", None) == "sentences")):
         return result
     from headscope.analyses.core.default_tasks import shipped_fit
 

@@ -531,6 +531,7 @@ def test_unconverged_ig_in_bfloat16_names_the_precision(tiny_dirs):
             "significant digits; a float32 run may converge.") in text, text
     assert "more steps needed" not in text
 
+
 def test_unconverged_ig_on_a_top_k_router_names_the_routing_not_the_precision(more_arch_models, more_arch_dirs):
     """Review 11c A4: on a Qwen2-MoE IG's completeness miss was put down to bfloat16, yet its float32 run missed on
     the same example by the same 0.18x (the top-2 router switches 19-60 times along each IG path). The summary now
