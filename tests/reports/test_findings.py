@@ -2273,3 +2273,16 @@ def test_attribution_permutation_within_rounding_is_said_so_with_its_spread():
     moved = finding("attribution", {**s, "median_permutation_change": 0.401, "permutation_change_range": [0.388, 0.443]})
     assert ("changes the output by a median 1-cosine of 0.401; per-example medians 0.388 to 0.443 over 4 "
             "examples.") in moved, moved
+
+
+def test_patching_names_its_most_common_differing_positions_before_cutting_the_list():
+    """#34 verify 11b N3: nine differing positions, -5 in 4 of 7 pairs and the rest in 1: the cut keeps -5 (it was
+    cut by position, so the most common one was "1 more")."""
+    from headscope.reports.patching_sites import differing_positions
+
+    places = {str(o): 1 for o in (-22, -19, -16, -15, -14, -13, -12, -11)} | {"-5": 4}
+    s = {"at_corrupted_token": {"n": 7, "positions_differ": [1, 6], "differ_from_end": places}}
+    text = differing_positions(s)
+    assert text.startswith("Each clean prompt differs from its corrupted one at 1 to 6 positions: -5 (4 of 7 pairs), "
+                           "-22 (1 of 7 pairs), -19 (1 of 7 pairs)")
+    assert "-11 (1 of 7 pairs)" not in text and text.endswith("and 1 more from the end.")
