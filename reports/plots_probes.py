@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from headscope.reports.findings import _num
+from headscope.reports.findings import _num, and_join
 from headscope.reports.plots import axes, label
 
 
@@ -210,6 +210,23 @@ def _tied_sentence(s: Mapping[str, Any], tied: list[str], value: str, digits: in
     interval (the first 6; the rest counted)."""
     metric = s.get("metric", "accuracy")
     per, cis = s.get(f"{metric}_per_layer") or {}, s.get("ci_per_layer") or {}
+    best = str(s.get("best_layer", "?"))
+
+    def shown_as(k: str) -> tuple[str, ...]:  # a layer's value and interval as written
+        return tuple(f"{_num(v):.{digits}f}" for v in (per[k], *cis[k]))
+
+    # layers that read the same as the best (value and interval) share its place: no one of them "scores highest"
+    # (verify 11a: layer 0 was named highest where layers 1 and 2 were also 1.00, 40 of 40)
+    same = [k for k in tied if best in per and best in cis and shown_as(k) == shown_as(best)]
+    tied = [k for k in tied if k not in same]
+    if same:
+        top = sorted([best, *same], key=int)
+        where = {"resid_post": "after", "resid_pre": "before", "resid_mid": "inside"}.get(str(s.get("site")))
+        blocks = f" ({where} blocks {and_join(top)})" if where else ""
+        head = f"layers {and_join(top)}{blocks} each score {value}"
+        if not tied:
+            return f"{head}, so these layers cannot be told apart"
+        best_said = head
     name = "R^2" if metric == "r2" else metric
     folds = f" over {s['cv']} folds" if metric != "accuracy" and s.get("cv") else ""
     one = len(tied) == 1
@@ -218,6 +235,8 @@ def _tied_sentence(s: Mapping[str, Any], tied: list[str], value: str, digits: in
     more = f" and {len(tied) - 6} more" if len(tied) > 6 else ""
     listed = ", ".join(shown[:-1]) + (f", {shown[-1]}{more}" if more else f" and {shown[-1]}")
     whose = shown[0] if one else f"those of {listed}"
+    if same:
+        return f"{best_said}; their intervals overlap {whose}, so these layers cannot be told apart"
     return (f"{_layer(s, s.get('best_layer', '?'))} scores highest, {value}; its interval overlaps {whose}, so "
             f"{'the two' if one else 'these layers'} cannot be told apart")
 

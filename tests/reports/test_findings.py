@@ -1182,11 +1182,16 @@ PROBE = {"metric": "accuracy", "labels": "answer", "site": "resid_post", "n_exam
 
 def test_probes_name_a_best_layer_only_beyond_the_next_ones_interval():
     text = finding("probes", PROBE)
-    assert ("No layer stands out for the answer probe (19 examples): layer 0 (after block 0) scores highest, accuracy "
-            "1.00 (19 of 19 correct out of fold, 95% CI [0.82, 1.00]) against a majority baseline of 0.21; its interval "
-            "overlaps those of layer 1 (accuracy 1.00, 95% CI [0.82, 1.00]) and layer 2 (accuracy 1.00, 95% CI "
-            "[0.82, 1.00]), so these layers cannot be told apart.") in text
-    assert "best at" not in text
+    # verify 11a: three layers at 1.00 (19 of 19) share the top; none "scores highest"
+    assert ("No layer stands out for the answer probe (19 examples): layers 0, 1 and 2 (after blocks 0, 1 and 2) each "
+            "score accuracy 1.00 (19 of 19 correct out of fold, 95% CI [0.82, 1.00]) against a majority baseline of "
+            "0.21, so these layers cannot be told apart.") in text
+    assert "best at" not in text and "highest" not in text
+    two = {**PROBE, "accuracy_per_layer": {"0": 1.0, "1": 1.0, "2": 0.9},
+           "ci_per_layer": {"0": [0.824, 1.0], "1": [0.824, 1.0], "2": [0.67, 0.98]}}
+    assert ("layers 0 and 1 (after blocks 0 and 1) each score accuracy 1.00 (19 of 19 correct out of fold, 95% CI "
+            "[0.82, 1.00]) against a majority baseline of 0.21; their intervals overlap layer 2's (accuracy 0.90, 95% CI "
+            "[0.67, 0.98]), so these layers cannot be told apart.") in finding("probes", two)
     apart = {**PROBE, "accuracy_per_layer": {"0": 0.2, "1": 1.0, "2": 0.9}, "best_layer": 1,
              "ci_per_layer": {"0": [0.06, 0.44], "1": [0.824, 1.0], "2": [0.67, 0.98]}}
     assert "its interval overlaps layer 2's (accuracy 0.90, 95% CI [0.67, 0.98]), so the two" in finding("probes", apart)
