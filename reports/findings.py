@@ -227,10 +227,11 @@ def said_of(details: Sequence[str]) -> str:
     return " (" + ", ".join(details) + ")" if details else ""
 
 
-def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
+def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[str, Any] | None = None) -> str:
     """'The model is at chance on task <t> (<metric> <mean> against chance <c> = <basis>, 95% CI [..]);
     relative findings are not reported.' Below chance (the whole CI under it) says so and what it
-    means; probes: the probe, against its majority baseline."""
+    means; probes: the probe, against its majority baseline. `shipped` (the summary's shipped_text): below
+    chance on shipped sentences off the model's distribution claims no preference (verify 11b A4)."""
     details = []
     mean, level = _num(entry.get("mean")), _num(entry.get("chance_value"))
     basis = chance_basis(entry)
@@ -271,6 +272,11 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "") -> str:
     if n is not None and n < MIN_SYSTEMATIC_EXAMPLES:  # too few to call a preference systematic (review 6, A7)
         return (f"{who}{said}: below chance on these {n:.0f} examples (too few to say it is systematic); relative "
                 "findings are not reported.")
+    if isinstance(shipped, Mapping) and shipped.get("off_distribution"):  # character-piece answers: no preference
+        per, unknown = _num(shipped.get("tokens_per_word")), _num(shipped.get("unknown_words"))
+        text = (f"text its tokenizer splits into {per:.1f} tokens a word" if per is not None else "text")
+        text += f" with {unknown:.0f} unknown word{'s' * (unknown != 1)}" if unknown else ""
+        return f"{who}{said}: below chance on {text}: not evidence of a preference; relative findings are not reported."
     prior = _prompt_prior(entry) if metric == "logit_diff" else None
     if prior:
         return f"{who}{said}: {prior}; relative findings are not reported."
@@ -305,7 +311,8 @@ def finding(name: str, summary: Mapping[str, Any]) -> str:
         if entry is None:
             return text
         own = shown.chance_sentence if shown is not None else None  # a family's own opening (probes: underpowered)
-        return f"{own(entry, summary) if own else chance_sentence(entry, name)} {text}".strip()
+        said = own(entry, summary) if own else chance_sentence(entry, name, summary.get("shipped_text"))
+        return f"{said} {text}".strip()
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError):
         return ""
 

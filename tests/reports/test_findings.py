@@ -494,6 +494,23 @@ def test_an_interval_wholly_below_chance_is_called_below_chance_and_says_what_it
     assert finding("kv", {"metric_unevicted": -6.3, "chance": straddle}).startswith("The model is at chance on task kv")
 
 
+def test_below_chance_on_shipped_sentences_off_distribution_claims_no_preference():
+    """Verify 11b A4: below chance on shipped sentences split into 3.9 tokens a word, mlp and kv said "so they are
+    systematically dispreferred" right before the off-distribution note; the pieces' answers show no preference."""
+    lp = {"at_chance": True, "below_chance": True, "metric": "logprob", "mean": -9.21, "chance_value": -6.12,
+          "ci": [-9.5, -8.9], "ci_level": 0.95, "task": "sentences", "vocab_size": 455, "answer_tokens": 1.0}
+    fit = {"n_sentences": 64, "tokens_per_word": 3.9375, "unknown_words": 0, "off_distribution": True,
+           "note": "the shipped sentences are split into 3.9 tokens a word by this tokenizer: the findings describe the "
+                   "model off its training distribution (give it a task of your own: --task)"}
+    for name, summary in (("kv", {"metric_unevicted": -9.21}), ("mlp", {})):
+        text = finding(name, {**summary, "chance": lp, "shipped_text": fit})
+        assert (": below chance on text its tokenizer splits into 3.9 tokens a word: not evidence of a preference; "
+                "relative findings are not reported. The shipped sentences are split into 3.9 tokens" in text), text
+        assert "systematically" not in text and "less probability than a uniform guess" not in text
+    on = finding("kv", {"metric_unevicted": -9.21, "chance": lp, "shipped_text": {**fit, "off_distribution": False}})
+    assert "systematically dispreferred" in on
+
+
 def test_below_chance_on_few_examples_is_not_called_systematic():
     # review 6, A7: 4 examples of a random model wholly below chance, its 16-example sample of the task at chance
     four = {**AT_CHANCE, "below_chance": True, "mean": -0.133, "ci": [-0.229, -0.0369], "task": "ioi", "n_examples": 4}
