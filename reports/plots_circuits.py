@@ -20,6 +20,7 @@ from matplotlib.patches import Rectangle
 from headscope.analyses.core import chance
 from headscope.reports.circuits_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.findings import _num
+from headscope.reports.moe_words import moe_layers
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
 
@@ -189,9 +190,11 @@ def _t_bar(values) -> tuple[float, float]:
     return (mean, mean) if ci is None else (ci[0], ci[1])
 
 
-def plot_dla_components(data: pd.DataFrame, *, ax=None):
+def plot_dla_components(data: pd.DataFrame, *, moe: list[int] | None = None, ax=None):
     """`data`: the dla table. DLA of the embeddings, each MLP, the attention biases and the final norm/unembedding bias
-    terms (mean and 95% t interval over examples, the summary's dla_top_intervals)."""
+    terms (mean and 95% t interval over examples, the summary's dla_top_intervals). `moe` (the summary's moe_layers):
+    those blocks' mlpN ticks read "mlpN (MoE)", a whole mixture-of-experts block (verify 11c: mlp0 and mlp2 were
+    drawn like the dense mlp1)."""
     ax = axes(ax, (8, 4))
     rows = data[data.kind != "head"]
     floor = ZERO * float(rows.contribution.abs().max() or 0.0)  # float32 rounding of the largest writer
@@ -204,6 +207,9 @@ def plot_dla_components(data: pd.DataFrame, *, ax=None):
     ax.axhline(0.0, color="grey", lw=1)
     if ax.get_legend() is not None:
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1.0), title="kind")
+    if moe:
+        marked = {f"mlp{layer}" for layer in moe}
+        ax.set_xticks(range(len(order)), [f"{c} (MoE)" if c in marked else c for c in order])
     ax.tick_params(axis="x", labelrotation=60)
     ax.set(xlabel="", ylabel="direct logit attribution (logits)", title="Embeddings, MLPs and bias terms"
            + (f"\n(0 within rounding for every example, left out: {', '.join(zero)})" if zero else ""))
@@ -420,7 +426,7 @@ def figures(result, **kwargs) -> dict:
             data, n_answers=s.get("lens_n_answers"), means=s.get("lens_mean_logit_diff_per_layer"),
             intervals=s.get("lens_logit_diff_ci_per_layer")).axes[0]),
         "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
-        "circuits_dla_components": ("dla", plot_dla_components),
+        "circuits_dla_components": ("dla", lambda data: plot_dla_components(data, moe=moe_layers(s))),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
         "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"), unreported=off,
                                                       cpr_ci=s.get("mib_cpr_ci"), cmd_ci=s.get("mib_cmd_ci"))),
@@ -472,7 +478,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                                "Bars: mean over examples; error bars: its 95% t interval over examples (writers whose "
                                "intervals overlap may not differ). Kinds that are 0 within rounding for every example "
                                "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
-                               "out and named in the title.",
+                               "out and named in the title. On a mixture-of-experts model a tick \"mlpN (MoE)\" is the "
+                               "whole block (every expert the router chose and any shared expert); plain mlpN a dense MLP.",
     "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
                              "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
                              "the same size, dotted: the 80% target.",

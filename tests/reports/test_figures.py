@@ -1511,7 +1511,7 @@ def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
 
 
 def test_dla_components_error_bars_are_the_t_intervals_over_examples():
-    from headscope.reports.plots_circuits import plot_dla_components
+    from headscope.reports.plots_circuits import figures, plot_dla_components
 
     dla = pd.DataFrame([{"kind": k, "component": c, "contribution": v, "example": e}
                         for k, c, vals in (("embed", "embed", [1, 2, 3, 6]), ("mlp", "mlp0", [0.5] * 4))
@@ -1523,6 +1523,16 @@ def test_dla_components_error_bars_are_the_t_intervals_over_examples():
         # embed: mean 3, sd sqrt(14 / 3) = 2.160, t(0.975, 3) = 3.1824: 3 -+ 3.437; mlp0: no spread, no bar
         assert bars[0.0] == pytest.approx([3 - 3.4374, 3 + 3.4374], abs=1e-3)
         assert bars[1.0] == pytest.approx([0.5, 0.5])
+        # verify 11c: on a model whose blocks 0 and 2 are mixtures of experts and block 1 dense, the ticks say which
+        three = pd.DataFrame([{"kind": k, "component": c, "contribution": 1.0, "example": 0}
+                              for k, c in (("embed", "embed"), ("mlp", "mlp0"), ("mlp", "mlp1"), ("mlp", "mlp2"))])
+        moe = plot_dla_components(three, moe=[0, 2], ax=plt.subplots()[1])
+        assert [t.get_text() for t in moe.get_xticklabels()] == ["embed", "mlp0 (MoE)", "mlp1", "mlp2 (MoE)"]
+        dense = plot_dla_components(three, ax=plt.subplots()[1])
+        assert [t.get_text() for t in dense.get_xticklabels()] == ["embed", "mlp0", "mlp1", "mlp2"]
+        drawn = figures(_result("circuits", summary={"moe_layers": [0, 2], "n_layers": 3}, dla=three))  # the summary's
+        ticks = drawn["circuits_dla_components"].axes[0].get_xticklabels()
+        assert [t.get_text() for t in ticks] == ["embed", "mlp0 (MoE)", "mlp1", "mlp2 (MoE)"]
     finally:
         plt.close("all")
 
