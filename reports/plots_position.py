@@ -218,7 +218,7 @@ def finding(s: Mapping[str, Any]) -> str:
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
     base = _num(s.get("sink_uniform_baseline"))
     shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples",
-                           what=s.get("sink_label"))
+                           what=s.get("sink_label"), windowed=list(s.get("sliding_windows") or {}))
     if shared:  # the kv finding's criterion, with intervals over examples
         parts.append(shared)
     elif sinks and base is not None:

@@ -18,7 +18,9 @@ mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass
 n (examples), n_rows, p_corr, p_corr_holm, p_mass, p_mass_holm, retrieval; stats.head_tracking's tests,
 over examples: the rows of one example are not independent).
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
-slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline, retrieval_heads (the heads
+slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline (on a sliding-window layer, both over
+the queries whose window holds the first token: sinks.sink_rows), sliding_windows ({layer: window}; decoders),
+retrieval_heads (the heads
 that pass retrieval_test, which has n examples and rows, and each head's r, cluster bootstrap CI over
 examples, p and Holm-adjusted p), retrieval_test,
 streaming (metric means under full / sinks+window / window attention).
@@ -42,7 +44,7 @@ from headscope.analyses.core.task_files import describe
 from headscope.analyses.position import prompts
 from headscope.analyses.position.prompts import PositionSweep
 from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, run_encoder_sweeps
-from headscope.analyses.position.sinks import layer_sinks, uniform_baseline
+from headscope.analyses.position.sinks import layer_sinks, sink_rows, uniform_baseline
 from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
 from headscope.errors import ConfigError, InputTypeError
 from headscope.models.hooked_model import layer_windows
@@ -245,8 +247,10 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     gold_attention = gold.groupby(["layer", "head", "position"], as_index=False)["mass"].mean()
     sink_by_layer = [float(x) for x in _layer_means([o.sink_mass for o in outs])]
     windows = layer_windows(model)  # a sliding-window layer's uniform share counts only the keys in its window
-    uniform = torch.tensor([[uniform_baseline(sw.prompt_len, n_sink, causal=not encoder, window=w) for w in windows]
-                            for sw in sweeps], dtype=torch.float64)  # [examples, layer]
+    # over the rows each layer's mass averages (on a sliding-window layer those that see the first token)
+    uniform = torch.tensor([[uniform_baseline(sw.prompt_len, n_sink, causal=not encoder, window=w,
+                                              rows=sink_rows(sw.prompt_len, n_sink, w, causal=not encoder))
+                             for w in windows] for sw in sweeps], dtype=torch.float64)  # [examples, layer]
     baseline = float(uniform.mean())
     per_layer = layer_sinks(torch.stack([o.sink_mass.double().mean((0, 2)) for o in outs]),  # [examples, layer]
                             uniform)  # over examples, the kv analysis's sink criterion
@@ -269,6 +273,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "sink_uniform_baseline": baseline,
         "sinks": per_layer,
         "n_sink": n_sink,
+        # {layer: window} of the sliding-window layers, whose sink mass averages the queries that see the first token
+        **({} if encoder else {"sliding_windows": {str(k): w for k, w in enumerate(windows) if w is not None}}),
         **({"sink_label": sink_label(model, sweeps, n_sink)} if encoder else {}),
         "retrieval_heads": [[int(r.layer), int(r.head)]
                             for r in heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False).itertuples()],

@@ -29,11 +29,12 @@ import torch
 
 from headscope.analyses.core.metrics import mean_pool
 from headscope.analyses.position.prompts import PositionSweep
-from headscope.analyses.position.sinks import query_rows, sink_mass_sum, streaming_keep
+from headscope.analyses.position.sinks import query_rows, sink_mass_sum, sink_rows, streaming_keep
 from headscope.errors import ConfigError
 from headscope.execution import distributed
 from headscope.hooks.kv_states import generate_with_kv
 from headscope.hooks.patterns import reduce_patterns
+from headscope.models.hooked_model import layer_windows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,11 +60,16 @@ class AttentionStats:
 
     Decoders: gold = mass from the answer position (the prompt's last token, n_prompt - 1) onto
     the gold span; sink = the mean over prompt query rows q >= n_sink of the mass on keys < n_sink
-    (sinks.sink_mass). Encoders: both averaged over every query row."""
+    (sinks.sink_mass), on a sliding-window layer (`windows`, per layer: models.layer_windows) over those of
+    them whose window holds the first token (sinks.sink_rows). Encoders: both averaged over every query row."""
 
-    def __init__(self, spans: torch.Tensor, n_prompt: int, n_sink: int, *, causal: bool) -> None:
+    def __init__(self, spans: torch.Tensor, n_prompt: int, n_sink: int, *, causal: bool,
+                 windows: Sequence[int | None] = ()) -> None:
         self.spans, self.n_prompt, self.n_sink, self.causal = spans, n_prompt, n_sink, causal
         self.first = int(query_rows(n_prompt, n_sink, causal=causal)[0])  # the sink average's first query row
+        # per sliding-window layer, the rows its sink mass averages (a global layer: every row from `first`)
+        self.rows = {layer: sink_rows(n_prompt, n_sink, w, causal=causal) for layer, w in enumerate(windows or ())
+                     if w is not None}
         self.gold: dict[int, torch.Tensor] = {}
         self.sink: dict[int, torch.Tensor] = {}
 
@@ -80,8 +86,13 @@ class AttentionStats:
         else:
             self._add(self.gold, layer, pattern.sum(2) @ in_gold[:, :, None], 1.0 / self.n_prompt)
         # the queries are the prompt's (reduce_patterns' query_positions), so rows >= first count
-        mass = sink_mass_sum(pattern, queries, self.n_sink, self.first)  # [batch, head]
-        self._add(self.sink, layer, mass, 1.0 / (self.n_prompt - self.first))
+        rows = self.rows.get(layer)
+        if rows is None:
+            mass = sink_mass_sum(pattern, queries, self.n_sink, self.first)  # [batch, head]
+            self._add(self.sink, layer, mass, 1.0 / (self.n_prompt - self.first))
+        else:  # a sliding-window layer: only the rows that see the first token
+            keep = torch.isin(queries, rows.to(queries.device))  # [c]
+            self._add(self.sink, layer, pattern[..., :self.n_sink].sum(-1)[:, :, keep].sum(-1), 1.0 / len(rows))
 
     @staticmethod
     def _add(store: dict, layer: int, value: torch.Tensor, weight: float) -> None:
@@ -206,13 +217,15 @@ def run_decoder_sweeps(
             raise ConfigError("decoder sweeps need answer_ids (the answer continuation); "
                               "build them with a decoder prompt builder.")
 
+    windows = layer_windows(model)  # a sliding-window layer's sink mass averages the rows that see the first token
+
     def score(batch: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         first = sweeps[batch[0][0]]
         n_prompt, n_answer = first.prompt_len, first.answer_ids.numel()
         tokens = _stack(sweeps, batch, "tokens")  # [batch, pos]
         answer_ids = torch.stack([sweeps[i].answer_ids for i, _ in batch])  # [batch, n_answer]
         inputs = torch.cat([tokens, answer_ids[:, :-1]], 1)  # [batch, pos + n_answer - 1]
-        stats = AttentionStats(_stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, causal=True)
+        stats = AttentionStats(_stack(sweeps, batch, "gold_spans"), n_prompt, n_sink, causal=True, windows=windows)
         # logits from the prompt's last position on: [batch, n_answer, vocab]
         logits = reduce_patterns(model, inputs, stats, query_positions=slice(0, n_prompt), logits_from=n_prompt - 1)
         res = {**answer_scores(logits, 1, answer_ids), **stats.tables(model.facts.n_layers)}

@@ -35,6 +35,19 @@ def query_rows(n_q: int, n_sink: int, *, causal: bool = True, q_start: int | Non
     return torch.arange(start, n_q)
 
 
+def sink_rows(n_q: int, n_sink: int, window: int | None, *, causal: bool = True) -> torch.Tensor:
+    """The query rows a layer's sink mass averages: query_rows, and on a sliding-window layer (`window`,
+    models.layer_windows) only those whose window still holds the first token (kv's sink_stats; verify 11b N7:
+    averaging every query mixed in the rows that cannot see it), all of them where none does."""
+    from headscope.models.hooked_model import visible_keys
+
+    rows = query_rows(n_q, n_sink, causal=causal)
+    if not causal or window is None:
+        return rows
+    seen = visible_keys(rows, 0, window)
+    return rows[seen] if bool(seen.any()) else rows
+
+
 def sink_mass(
     pattern: torch.Tensor, n_sink: int, *, causal: bool = True, q_start: int | None = None
 ) -> torch.Tensor:

@@ -793,3 +793,29 @@ def test_an_encoders_sink_is_its_cls_alone_checked_against_hf_attention(arch_mod
     assert s["sink_mass_per_layer"] == pytest.approx(expected.tolist(), abs=1e-5)
     text = finding(s)
     assert "ttention on [CLS] (the first token) per layer" in text and "first 4 token" not in text
+
+
+def test_sliding_window_layers_average_the_sink_over_the_queries_that_see_it(arch_models, hf_of):
+    """Verify 11b N7: Gemma 2's layer 0 slides over 8 keys, layer 1 is global. On 12 positions with 2 sinks,
+    layer 0's sink mass averages queries 2..7 (those whose window holds the first token; over all 10 the 4 that
+    cannot see it counted as zeros) and layer 1's queries 2..11, against plain Hugging Face eager attentions;
+    the uniform share over the same rows by hand, and the finding says which queries."""
+    from headscope.analyses.position.sinks import sink_rows
+    from headscope.reports.plots_position import finding
+    from tests_support import random_tokens
+
+    gemma = arch_models("gemma2")
+    tokens = random_tokens(3, 12, seed=5)
+    sweep = pp.PositionSweep(tokens=tokens, gold_spans=torch.tensor([[1, 2], [3, 4], [5, 6]]), positions=(1, 2, 3),
+                             n_items=3, answer_ids=torch.tensor([7]), answers=("x",))
+    out = run_decoder_sweeps(gemma, [sweep], n_sink=2, window=lambda n: None, generate=False)[0]
+    with torch.no_grad():
+        attns = hf_of("gemma2")(tokens, output_attentions=True).attentions  # [batch, head, q, k] per layer
+    hand = torch.stack([attns[0][:, :, 2:8, :2].sum(-1).mean(-1), attns[1][:, :, 2:12, :2].sum(-1).mean(-1)], 1)
+    torch.testing.assert_close(out.sink_mass.double(), hand.double(), atol=1e-5, rtol=1e-5)  # [row, layer, head]
+    assert sink_rows(12, 2, 8).tolist() == list(range(2, 8)) and sink_rows(12, 2, None).tolist() == list(range(2, 12))
+    share = uniform_baseline(12, 2, window=8, rows=sink_rows(12, 2, 8))
+    assert share == pytest.approx(sum(2 / (q + 1) for q in range(2, 8)) / 6)
+    records = [{"layer": 0, "mass": 0.3, "uniform": share, "ratio": 0.3 / share, "n": 4}]
+    text = finding({"sinks": records, "n_sink": 2, "task": "kv", "sliding_windows": {"0": 8}})
+    assert "over 4 examples; on sliding-window layer 0 over the queries whose window holds the first token" in text
