@@ -437,7 +437,7 @@ def _seed_text(counts: list[float] | None) -> str:
         return "per-seed counts not recorded"
     each = [f"{c:g}" for c in counts]  # review 8b C4: "1 and 0 heads", not "per seed 1, 0 heads, range 0-1"
     listed = and_join(each)
-    span = f", range {min(counts):g}-{max(counts):g}" if len(counts) > 2 else ""
+    span = f", range {min(counts):g}-{max(counts):g}" if len(counts) > 2 and min(counts) != max(counts) else ""
     return f"{listed} heads{span} over {len(counts)} seed{'s' if len(counts) != 1 else ''}"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from headscope.reports.compare_run import SIDES, Run, _number, dtype_of, precision_only
 from headscope.reports.findings import and_join
-from headscope.reports.heads_words import start_of_order
+from headscope.reports.heads_words import heads_span, start_of_order
 
 ABLATION_METHODS = ("zero", "mean", "resample")  # the ablation order ranks by one of these (its summary keys' suffix)
 
@@ -88,8 +88,8 @@ def verdict_words(a: Run, b: Run, ordering: str, fractions: tuple[float, float],
     if None not in reach and reach[0] != reach[1]:
         yes, no = (0, 1) if reach[0] else (1, 0)
         ci = [interval_heads(s, ordering) for s in sums]
-        part = (f"{SIDES[yes]}'s 95% bootstrap interval ({ci[yes][0]:g}-{ci[yes][1]:g} heads) reaches none, so its finding "
-                f"sees no evidence that any head is dispensable, while {SIDES[no]}'s ({ci[no][0]:g}-{ci[no][1]:g} heads) "
+        part = (f"{SIDES[yes]}'s 95% bootstrap interval ({heads_span(*ci[yes])}) reaches none, so its finding "
+                f"sees no evidence that any head is dispensable, while {SIDES[no]}'s ({heads_span(*ci[no])}) "
                 "does not")
         orders = [first_removed(r, ordering) for r in (a, b)]
         counts = [s.get(f"heads_prunable_{ordering}") for s in sums]

@@ -124,20 +124,48 @@ def _seed_words(s: Mapping[str, Any], key: str) -> str:
     if not (isinstance(per, list) and per and all(_num(x) is not None for x in per)):
         return "mean over seeds; each seed's count is not recorded, so no interval"
     counts = and_join([_count(x) for x in per])  # review 8b C4: "1 and 1 heads", not "per seed 1, 1 heads, range 1-1"
-    span = f", range {_count(min(per))}-{_count(max(per))}" if len(per) > 2 else ""
+    span = f", range {_count(min(per))}-{_count(max(per))}" if len(per) > 2 and min(per) != max(per) else ""
     few = "; too few seeds for an interval" if len(per) < 5 else ""
     return f"{counts} heads{span} over {len(per)} random order{'s' if len(per) != 1 else ''}{few}"
 
 
+def _digits(v: float) -> str:
+    """Two significant digits written out ('0.00023', '0.000062'), not '6.2e-05', down to 1e-8."""
+    said = f"{v:.2g}"
+    if "e" in said and v != 0 and abs(v) >= 1e-8:
+        said = f"{v:.{1 - math.floor(math.log10(abs(v)))}f}"
+    return said
+
+
+def _values(nums: list[float]) -> list[str]:
+    """Numbers said alike to two decimals ('0.41', '0.34'), or all to two significant digits where the largest is
+    below 0.01 or any that is not 0 would print as 0.00 (review 11b N5: '(0.00 and 0.00)' for drops of 0.0002)."""
+    small = 0 < max(abs(v) for v in nums) < 0.01 or any(v != 0 and f"{abs(v):.2f}" == "0.00" for v in nums)
+    return [_digits(v) if small else f"{v:.2f}" for v in nums]
+
+
 def _shown(values: Any, n: int) -> str:
-    """'0.53 each' or '0.41 and 0.34' for a run's n importances ('0.00020 and 0.00026' below 0.01: two significant
+    """'0.53 each' or '0.41 and 0.34' for a run's n importances ('0.0002 and 0.00026' below 0.01: two significant
     digits, not '0.00 each'); '' where they are not all numbers."""
     nums = [_num(x) for x in values] if isinstance(values, list) else []
-    if len(nums) != n or any(v is None for v in nums):
+    if not nums or len(nums) != n or any(v is None for v in nums):
         return ""
-    small = 0 < max(abs(v) for v in nums) < 0.01
-    said = [f"{v:.2g}" if small else f"{v:.2f}" for v in nums]
+    said = _values(nums)
     return f"{said[0]} each" if len(set(said)) == 1 else and_join(said)
+
+
+def _order_unit(s: Mapping[str, Any], method: str) -> str:
+    """What the values of `method`'s pruning order are, where they are not the importance the top heads rank by:
+    for gradients "layer-normalised, as the gradient ordering ranks them" (ordering_basis: |dL/d gate| over its
+    layer's L2 norm; review 11b N6: '0.36 each' beside raw '0.00028' named no unit); '' for ablation."""
+    if method != "gradient":
+        return ""
+    basis = s.get("ordering_basis")
+    basis = str(basis.get("gradient") or "") if isinstance(basis, Mapping) else ""
+    if "norm" in basis:
+        return "layer-normalised, as the gradient ordering ranks them"
+    return "raw |dL/d gate|, as the gradient ordering ranks them" if basis.startswith("raw") else \
+        "as the gradient ordering ranks them"
 
 
 def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
@@ -160,11 +188,13 @@ def _top_tie_words(s: Mapping[str, Any], method: str) -> str:
                     "of tied neighbours is arbitrary.")
         runs = [names]
     values = s.get(f"tied_top_values_{method}") or []
-    said = []
+    said, raw = [], "raw |dL/d gate|" if method == "gradient" else ""
     for i, g in enumerate(runs):
         edge = bool(nxt) and k is not None and g[-1] == str(nxt) and len(g) > 1
         names = g[:-2] + [f"{g[-2]} ({ordinal(k)})", f"{g[-1]} ({ordinal(k + 1)})"] if edge else g
         shown = _shown(values[i] if i < len(values) else None, len(g))
+        if shown and raw:  # the top heads rank by raw gradients, the pruning order may not: named once
+            shown, raw = f"{shown}, {raw}", ""
         said.append((names, f" ({shown})" if shown else "", edge))
     if len(said) == 1:
         names, shown, edge = said[0]
@@ -205,9 +235,11 @@ def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
     starts = s.get(f"tied_first_pruned_at_{method}") or []
     reach = s.get(f"tied_first_pruned_moves_{method}")
     reach = [bool(x) for x in reach] if isinstance(reach, list) and len(reach) == len(groups) else [True] * len(groups)
-    said = []
+    said, unit = [], _order_unit(s, method)
     for i, g in enumerate(groups):
         shown = _shown(values[i] if i < len(values) else None, len(g))
+        if shown and unit:  # named once, with the first values printed
+            shown, unit = f"{shown}, {unit}", ""
         at = _num(starts[i]) if i < len(starts) else None
         where = f"removed {and_join([ordinal(int(at) + j) for j in range(len(g))])}" if at is not None else ""
         said.append((and_join([str(h) for h in g]), shown, where, at == 1))
@@ -271,9 +303,9 @@ def _first_close_words(s: Mapping[str, Any], method: str) -> str:
     if len(heads) < 2 or len(imp) != len(heads) or len(se) != len(heads) or any(_num(x) is None for x in [*imp, *se]):
         return ""
     return (f"The first heads of the ablation order, {and_join([str(h) for h in heads])} "
-            f"({and_join([f'{float(v):.2f}' for v in imp])}), differ from their neighbours by less than their standard "
+            f"({and_join(_values([float(v) for v in imp]))}), differ from their neighbours by less than their standard "
             "errors over examples "
-            f"({and_join([f'{float(v):.2f}' for v in se])}): which is removed first is not measured by these examples"
+            f"({and_join(_values([float(v) for v in se]))}): which is removed first is not measured by these examples"
             + (", but the count does not depend on it: no step that decides it falls between them."
                if close.get("moves_count") is False else ", and the count's interval can depend on it."))
 
@@ -281,6 +313,12 @@ def _first_close_words(s: Mapping[str, Any], method: str) -> str:
 def _count(x: float) -> str:
     """A number of heads: whole, or to one decimal (random orderings: a mean over seeds)."""
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def heads_span(low: float, high: float) -> str:
+    """A bootstrap interval in heads: "10-11 heads", or "6 heads, a single value" where both ends are one count
+    (review 11c: "6-6 heads" printed one value as a range; the count held in at least 95% of the resamples)."""
+    return f"{_count(low)}-{_count(high)} heads" if low != high else f"{_count(low)} heads, a single value"
 
 
 def _name(s: Mapping[str, Any], key: str, named: set[str] | None = None) -> str:
@@ -409,11 +447,11 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
                f"{_below(s, metric, True)}" + (f" ({over})" if over else "") + f" when ordered by {name}."]
     elif ci[0] <= 0:
         out = [f"Ordered by {name}, {_count(heads)} of {n_heads} heads ({_pct(prunable[best])}) stay no more than "
-               f"{_below(s, metric, True)}, but the 95% bootstrap interval ({_count(ci[0])}-{_count(ci[1])} heads, "
+               f"{_below(s, metric, True)}, but the 95% bootstrap interval ({heads_span(ci[0], ci[1])}, "
                f"{over}) reaches none: this is no evidence that any head is dispensable."]
     else:
         out = [f"{_count(heads)} of {n_heads} heads ({_pct(prunable[best])}, 95% bootstrap interval "
-               f"{_count(ci[0])}-{_count(ci[1])} heads, {over}) can be removed staying no more than "
+               f"{heads_span(ci[0], ci[1])}, {over}) can be removed staying no more than "
                f"{_below(s, metric, True)} when ordered by {name}."]
     others = []
     for key, value in prunable.items():
@@ -421,7 +459,7 @@ def _prunable_words(s: Mapping[str, Any], prunable: Mapping[str, float], n_heads
             continue
         kci = _interval(s, key)
         none = ", reaching none" if kci and value > 0 and kci[0] <= 0 else ""
-        span = "" if kci is None else f" ({_count(kci[0])}-{_count(kci[1])} heads{none})"
+        span = "" if kci is None else f" ({heads_span(kci[0], kci[1])}{none})"
         if key.startswith("random"):
             span = f" ({_seed_words(s, key)})"
         others.append(f"{_name(s, key, named)} {_pct(value)}{span}")
@@ -475,17 +513,23 @@ def _leading_words(s: Mapping[str, Any], metric: str) -> str:
     method = key.removeprefix("top_head_")
     verb = f"{method.capitalize()}-ablating" if method in ("zero", "mean", "resample") else f"Ablating ({method})"
 
-    def span(ci: Any) -> str:
-        return ci_words(ci, ".3g") + ", " if isinstance(ci, list) and len(ci) == 2 and all(
-            _num(x) is not None for x in ci) else ""
+    def bounds(ci: Any) -> tuple[float, float] | None:
+        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci)
+        return (float(ci[0]), float(ci[1])) if ok else None
 
-    n = top.get("n_examples")
-    said = f"{verb} {top['head']} alone costs {value:.3g} {metric} ({span(top.get('ci'))}{n} examples)"
-    if top.get("clear"):
-        return f"{said}; no other head costs more than {nxt:.2g} ({top['next_head']})."
-    return (f"{said}, the most of any head, but the next, {top['next_head']} ({nxt:.3g}, "
-            f"{span(top.get('next_ci')).removesuffix(', ') or 'no interval'}), lies within its interval: these "
-            "examples do not single out one head.")
+    ci, next_ci = bounds(top.get("ci")), bounds(top.get("next_ci"))
+    n, head, other = top.get("n_examples"), top["head"], top["next_head"]
+    said = f"{verb} {head} alone costs {value:.3g} {metric} ({ci_words(ci, '.3g') + ', ' if ci else ''}{n} examples)"
+    # analysis._leading's rule: clear where its interval's low end lies above the next head's high end
+    clear = ci[0] > next_ci[1] if ci and next_ci else bool(top.get("clear"))
+    if clear:
+        return f"{said}; no other head costs more than {_digits(nxt)} ({other})."
+    if ci and next_ci:  # review 11c: 1.92 lies below [2.21, 6.76]; what the rule tests is that the intervals overlap
+        return (f"{said}, the most of any head, but the next, {other}, costs {nxt:.3g} and their 95% intervals overlap "
+                f"({head} [{ci[0]:.3g}, {ci[1]:.3g}], {other} [{next_ci[0]:.3g}, {next_ci[1]:.3g}]): these examples "
+                "do not single out one head.")
+    return (f"{said}, the most of any head; the next, {other}, costs {nxt:.3g}, and without a 95% interval for both "
+            "(fewer than 2 examples) these examples do not single out one head.")
 
 
 def finding(s: Mapping[str, Any]) -> str:

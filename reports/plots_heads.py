@@ -138,7 +138,10 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
 
 
 ZOOM = 5  # the zoom panel spans the unpruned value +- this many tolerance bands: the floor sits a tenth of its height below
-MAXIMUM = {"cosine": 1.0, "accuracy": 1.0, "probability": 1.0}  # metrics bounded above: no zoom past what they can take
+# metrics bounded above: no zoom past what they can take (review 11b N4: a log-probability's zoom reached +0.76)
+MAXIMUM = {"cosine": 1.0, "accuracy": 1.0, "probability": 1.0, "logprob": 0.0}
+BOUNDED_NAMES = {"logprob": "log-probability"}  # the metric's name where its key is not a word
+NEAR_MAXIMUM = 0.06  # a maximum closer above unpruned than this share of the zoom's height shares its tick label
 
 
 def floor_band(baseline: float, tolerance: Mapping[str, Any] | None) -> tuple[float, str]:
@@ -181,19 +184,22 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
                  b: f"unpruned: {b:.4g}"}
         plus, span, lower = f"+{half:.3g}: {b + half:.4g}", f"unpruned ± {half:.3g}", f"-{half:.3g}"
     cap, top = MAXIMUM.get(str(metric)), b + half
-    if cap is not None and top > cap:  # a cosine cannot exceed 1: the panel stops there (a margin keeps points whole)
-        top, span = cap + 0.03 * (cap - (b - half)), f"unpruned {lower}\nto {cap:g}, the {metric}'s maximum"
-        if cap - b > 1e-9:
+    if cap is not None and top > cap:  # a cosine cannot exceed 1, a log-probability 0: the panel stops there
+        height = cap - (b - half)
+        top = cap + 0.03 * height  # a margin keeps points at the maximum whole
+        span = f"unpruned {lower}\nto {cap:g}, the {BOUNDED_NAMES.get(str(metric), metric)}'s maximum"
+        if cap - b > NEAR_MAXIMUM * height:
             ticks[cap] = f"maximum: {cap:g}"
-        else:
-            ticks[b] += " (maximum)"
+        else:  # two labels a few points apart would overprint: one says both
+            ticks[b] += " (maximum)" if cap - b <= 1e-9 else f" (maximum {cap:g} just above)"
     else:
         ticks[b + half] = plus
     if name.endswith("%"):
         title = f"zoom on the {name} floor: {span}\n(points beyond it leave the panel)"
     else:
         title = (f"zoom on the floor, {band:.3g} below unpruned\n({name.split(':')[0]})\n"
-                 f"{span}; points beyond leave the panel")
+                 + (f"{span}; points beyond leave the panel" if "\n" not in span else
+                    f"{span.replace(chr(10), ' ')};\npoints beyond leave the panel"))  # a capped span: one line
     near.set_yticks(list(ticks), list(ticks.values()))
     near.set_ylim(b - half, top)  # after the ticks: set_yticks may widen the limits
     near.set_title(title, fontsize=None if name.endswith("%") else 9)  # three lines in a narrow panel
@@ -404,7 +410,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "answer log-probability, whose 0 is its ceiling, 1% of the span from chance to unpruned); the rule "
                      "is one-sided: a point at or above the floor counts however far above unpruned, and the region below "
                      "the floor is shaded grey. The random band spans the seeds. Left, the whole curve; right, the same "
-                     "curves zoomed on the unpruned value ± 5 times that band (up to the metric's maximum: 1 for a cosine), "
+                     "curves zoomed on the unpruned value ± 5 times that band (up to the metric's maximum: 1 for a cosine, "
+                     "0 for a log-probability), "
                      "where the floor (the threshold behind the finding's count) stays visible however far the curve "
                      "falls. The legend names "
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "

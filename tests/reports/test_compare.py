@@ -388,6 +388,18 @@ def test_equal_prunable_counts_whose_verdicts_differ_are_a_difference_with_their
     assert pruning_notes(a, b)[0].startswith("(same) Prunable within 1% by ablation")
 
 
+def test_a_verdict_says_a_single_value_interval_as_one_count(tmp_path):
+    """Review 11c ("6-6 heads"): a bootstrap interval of one count is said as that count, not as a range."""
+    from headscope.reports.compare import pruning_notes
+
+    _ablation_verdicts(tmp_path / "a", [3, 3], ["L1H0", "L0H1"])
+    _ablation_verdicts(tmp_path / "b", [0, 5], ["L1H0", "L0H1"])
+    note = pruning_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))[0]
+    assert ("B's 95% bootstrap interval (0-5 heads) reaches none, so its finding sees no evidence that any head is "
+            "dispensable, while A's (3 heads, a single value) does not") in note
+    assert "3-3" not in note
+
+
 def test_compare_says_not_compared_where_a_report_refuses_at_chance_and_patching_in_the_reports_unit(tmp_path):
     _folder(tmp_path / "a", "m", 1.0, 0, 0.92)
     _folder(tmp_path / "b", "m", 1.0, 1, 0.75)

@@ -520,9 +520,24 @@ def test_a_logprob_pruning_figure_draws_the_band_from_the_span_from_chance():
             assert lines == pytest.approx({"floor: 0.114 below unpruned": floor})
         [shade] = [p for p in near.patches if "one-sided" in str(p.get_label())]
         assert np.isclose(_span_ys(shade).max(), floor) and "more than 0.114 below" in shade.get_label()
-        assert near.get_ylim() == pytest.approx((-0.007 - 5 * band, -0.007 + 5 * band))
-        assert f"floor, 0.114 below: {floor:.4g}" in {t.get_text() for t in near.get_yticklabels()}
+        # review 11b N4: a log-probability cannot exceed 0, so the zoom stops there (a 3% margin keeps points whole)
+        low = -0.007 - 5 * band
+        assert near.get_ylim() == pytest.approx((low, 0.03 * -low))
+        labels = {t.get_text() for t in near.get_yticklabels()}
+        assert f"floor, 0.114 below: {floor:.4g}" in labels
+        assert "unpruned: -0.007 (maximum 0 just above)" in labels and not [t for t in labels if t.startswith("+")]
         assert "0.114 below unpruned\n(1% of the span from chance (-11.4) to unpruned)" in near.get_title()
+        assert "unpruned -0.57 to 0, the log-probability's maximum;" in near.get_title()
+    finally:
+        plt.close("all")
+    far = {**tol, "chance": -52.0, "unpruned": -2.0, "band": 0.5}  # 0 is 2 nats above: a tick of its own
+    fig = heads_figures(_result("heads", curve.assign(metric=curve["metric"] - 2.0),
+                                {"metric": "logprob", "baseline_metric": -2.0, "pruning_tolerance": far}))["pruning_curve"]
+    try:
+        near = fig.axes[1]
+        assert near.get_ylim() == pytest.approx((-4.5, 0.03 * 4.5))
+        labels = {t.get_text() for t in near.get_yticklabels()}
+        assert "maximum: 0" in labels and "unpruned: -2" in labels
     finally:
         plt.close("all")
 

@@ -190,9 +190,74 @@ def test_heads_finding_leads_with_the_head_that_stands_clear():
     close = {**top, "clear": False, "next_importance": 1.9, "next_ci": [1.1, 2.7]}
     text = finding("heads", {**s, "top_head_zero": close})
     assert ("Zero-ablating L0H3 alone costs 2.21 answer log-probability (95% CI [0.23, 4.19], 16 examples), the most "
-            "of any head, but the next, L0H0 (1.9, 95% CI [1.1, 2.7]), lies within its interval") in text
+            "of any head, but the next, L0H0, costs 1.9 and their 95% intervals overlap (L0H3 [0.23, 4.19], L0H0 "
+            "[1.1, 2.7]): these examples do not single out one head.") in text
     assert "no other head" not in text
     assert "L0H3" not in finding("heads", {**s, "top_head_zero": {**top, "importance": -0.01}})  # costs nothing
+
+
+def test_heads_that_cannot_be_told_apart_are_said_by_their_overlapping_intervals():
+    """Review 11c (bf16 MoE, c_out_t): L0H2 costs 4.49 [2.21, 6.76], L0H1 1.92 [0.622, 3.22]; the rule
+    (analysis._leading: clear where 2.21 > the next's 3.22) tests overlap, so 1.92, below L0H2's interval, was said
+    to "lie within" it. The words say what is tested; a record without `clear` whose intervals do not overlap
+    (2.21 > 1.5) is clear by the same rule."""
+    top = {"head": "L0H2", "importance": 4.4873, "ci": [2.2132, 6.7614], "next_head": "L0H1", "next_importance": 1.9213,
+           "next_ci": [0.6222, 3.2204], "n_examples": 16, "clear": False}
+    text = finding("heads", {**HEADS, "top_head_zero": top})
+    assert ("Zero-ablating L0H2 alone costs 4.49 logit difference (95% CI [2.21, 6.76], 16 examples), the most of any "
+            "head, but the next, L0H1, costs 1.92 and their 95% intervals overlap (L0H2 [2.21, 6.76], L0H1 [0.622, "
+            "3.22]): these examples do not single out one head.") in text
+    assert "within its interval" not in text
+    apart = {k: v for k, v in top.items() if k != "clear"} | {"next_ci": [0.4, 1.5]}
+    assert "; no other head costs more than 1.9 (L0H1)." in finding("heads", {**HEADS, "top_head_zero": apart})
+
+
+def test_small_heads_values_keep_two_significant_digits():
+    """Review 11b N5 (float32, out_f32): the ablation order's first heads drop 0.000227 and 0.000240 nats with
+    standard errors 0.0000619 and 0.0000600, printed "(0.00 and 0.00)"; a tie of 0.0123 and 0.003 beside larger
+    ties printed "0.01 and 0.00". Each is said to two significant digits."""
+    close = {**HEADS, "close_first_pruned_zero": {"heads": ["L2H2", "L2H0"], "importance": [0.00022652, 0.00023963],
+                                                   "se": [6.1857e-05, 5.9989e-05], "moves_count": False}}
+    text = finding("heads", close)
+    assert ("The first heads of the ablation order, L2H2 and L2H0 (0.00023 and 0.00024), differ from their neighbours "
+            "by less than their standard errors over examples (0.000062 and 0.000060)") in text
+    assert "0.00 " not in text and "0.00)" not in text
+    ties = {**HEADS, "top_heads_zero": ["L0H0", "L0H1", "L1H0", "L1H1", "L2H0"],
+            "tied_top_heads_zero": ["L0H0", "L0H1", "L1H0", "L1H1"],
+            "tied_top_groups_zero": [["L0H0", "L0H1"], ["L1H0", "L1H1"]],
+            "tied_top_values_zero": [[0.5, 0.5], [0.0123, 0.003]]}
+    assert "as do L1H0 and L1H1 (0.012 and 0.003)" in finding("heads", ties)
+
+
+def test_gradient_values_name_their_unit_raw_or_layer_normalised():
+    """Review 11b N6 (seed 1, out_s1): the top heads tie by raw |dL/d gate| (0.00028 and 0.00027) and the gradient
+    order's heads by |dL/d gate| over the layer's L2 norm (0.36 each, raw 8.4e-05): each value says which."""
+    s = {**HEADS, "ordering_basis": {"ablation": "raw zero-ablation drop", "gradient": "|dL/d gate| / its layer's L2 norm"},
+         "top_heads_gradient": ["L0H3", "L0H0", "L0H1", "L0H2", "L3H1"], "tied_top_heads_gradient": ["L0H2", "L3H1"],
+         "tied_top_groups_gradient": [["L0H2", "L3H1"]], "tied_top_values_gradient": [[0.00027620, 0.00026779]],
+         "tied_first_pruned_gradient": [["L2H0", "L0H1"], ["L3H3", "L3H2"]], "tied_first_pruned_at_gradient": [2, 5],
+         "tied_first_pruned_values_gradient": [[0.36033, 0.36416], [0.48197, 0.48249]],
+         "tied_first_pruned_moves_gradient": [False, False]}
+    text = finding("heads", s)
+    assert ("By gradient, L0H2 and L3H1 tie within rounding (0.00028 and 0.00027, raw |dL/d gate|) among the top "
+            "heads") in text
+    assert ("In the gradient order, L2H0 and L0H1 (removed 2nd and 3rd; 0.36 each, layer-normalised, as the gradient "
+            "ordering ranks them) tie within rounding, as do L3H3 and L3H2 (removed 5th and 6th; 0.48 each): ") in text
+    raw = {**s, "ordering_basis": {"gradient": "raw |dL/d gate|"}}
+    assert "(removed 2nd and 3rd; 0.36 each, raw |dL/d gate|, as the gradient ordering ranks them)" in finding("heads", raw)
+
+
+def test_a_bootstrap_interval_of_one_count_is_not_printed_as_a_range():
+    """Review 11c (c_out_t): "gradient ... 50% (6-6 heads)" printed a single-value interval as a range; the leading
+    ordering's and the random seeds' ("range 6-6") alike."""
+    base = {"metric": "logit_diff", "baseline_metric": 8.4, "n_examples": 16, "n_heads": 12}
+    s = {**base, **_prunable("ablation", 11, 11, 11), **_prunable("gradient", 6, 6, 6), **_prunable("random", 6, 5, 6)}
+    s["prunable_ci_random"].update(per_seed_heads=[6.0, 6.0, 6.0])
+    text = finding("heads", s)
+    assert "11 of 12 heads (92%, 95% bootstrap interval 11 heads, a single value, over 16 examples)" in text
+    assert "gradient 50% (6 heads, a single value)" in text
+    assert "random 50% (6, 6 and 6 heads over 3 random orders; too few seeds for an interval)" in text
+    assert "11-11" not in text and "6-6" not in text
 
 
 def test_a_tie_says_which_rounding_floor_it_is_within():
@@ -244,7 +309,8 @@ def test_ties_past_the_top_k_and_at_the_start_of_the_pruning_order_are_named():
     assert "standard errors" not in finding("heads", {**close, **s})  # the rounding tie at the start says it
     later = {**HEADS, "tied_first_pruned_gradient": [["L2H3", "L0H0"]], "tied_first_pruned_at_gradient": [4],
              "tied_first_pruned_values_gradient": [[0.349, 0.360]]}  # not the first heads: no "The first heads"
-    assert ("In the gradient order, L2H3 and L0H0 (removed 4th and 5th; 0.35 and 0.36) tie within rounding: which is "
+    assert ("In the gradient order, L2H3 and L0H0 (removed 4th and 5th; 0.35 and 0.36, as the gradient ordering ranks "
+            "them) tie within rounding: which is "
             "removed first is arbitrary") in finding("heads", later)
     assert ("By gradient, L0H2, L1H0 (5th) and L2H1 (6th) each tie within rounding with a neighbour in the ranking"
             in text)  # an older summary: which tie with which is not recorded, so no run of three is claimed
@@ -275,7 +341,8 @@ def test_separate_ties_are_said_apart_and_only_ties_that_can_move_the_count_say_
             "rounding, as do L1H1 and L2H2 (removed 5th and 6th; 0.27 and 0.32): which of each is removed first is "
             "arbitrary; the count's interval can depend on the order of L1H1 and L2H2 only (the others change no "
             "step that decides it).") in text
-    assert ("In the gradient order, L0H0 and L2H1 (removed 2nd and 3rd; 0.33 and 0.34) tie within rounding: which is "
+    assert ("In the gradient order, L0H0 and L2H1 (removed 2nd and 3rd; 0.33 and 0.34, as the gradient ordering ranks "
+            "them) tie within rounding: which is "
             "removed first is arbitrary, but the count does not depend on it: no step that decides it falls between "
             "them.") in text
     close = {**HEADS, "close_first_pruned_zero": {"heads": ["L2H0", "L0H1"], "importance": [-0.4187, -0.4141],
@@ -747,7 +814,7 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     text = finding("heads", s)
     assert ("9 of 12 heads (75%, 95% bootstrap interval 9-11 heads, over 16 examples) can be removed staying no more than "
             "1% below the unpruned logit difference when ordered by ablation.") in text
-    assert "gradient 0% (0-0 heads)," in text
+    assert "gradient 0% (0 heads, a single value)," in text
     assert ("On the 1% line, so fragile (another sample of examples could move the count): ablation (the step to 10 "
             "heads removed: -0.0995, -1% of unpruned, paired 95% CI -0.66 to +0.46, reaches back to the line 1% below "
             "unpruned).") in text
@@ -763,7 +830,7 @@ def test_prunable_counts_on_their_line_are_unstable_and_random_is_given_seed_by_
     # off the line (a paired interval clear of the line is recorded as on_the_line False): no such words
     s["prunable_ci_gradient"]["line"] = {**first, "change_high": -0.12, "on_the_line": False}
     off = finding("heads", s)
-    assert "gradient 0% (0-0 heads)" in off and "gradient (a first step" not in off and "fragile" in off
+    assert "gradient 0% (0 heads, a single value)" in off and "gradient (a first step" not in off and "fragile" in off
     assert "Close to the 1% line" not in off
     # a record from before review 10b A3 (its margin the level's standard error, no paired interval): not said
     s["prunable_ci_ablation"]["line"] = {k: v for k, v in line.items() if not k.startswith("change")}
@@ -1486,7 +1553,7 @@ def test_pruning_words_name_the_orderings_basis_a_return_into_the_band_and_a_gai
                       "ci": [0.717, 1.09]}}}
     text = finding("heads", s)
     assert "when ordered by ablation (raw zero-ablation drop)." in text
-    assert "gradient (|dL/d gate| / its layer's L2 norm) 0% (0-0 heads)" in text
+    assert "gradient (|dL/d gate| / its layer's L2 norm) 0% (0 heads, a single value)" in text
     assert ("The gradient curve leaves the 1% band at 1 head removed (-1.8%) but is "
             "back within it at 5 later points, from 6 heads removed up to 10 of 12 (11.7, -0.5%): the order is not "
             "monotone; its count stops at the first crossing.") in text
