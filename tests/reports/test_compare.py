@@ -640,6 +640,28 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     assert "could detect" not in fig.axes[2].get_title() and not any("could detect" in n for n in notes)
 
 
+def test_compare_difference_title_never_runs_into_its_colour_bar_label(tmp_path):
+    """Verification 11b N1: with importances of 1e-4 and per-head standard errors that differ, the B - A panel's last
+    title line ('this pair of runs could detect is 0.00055 to 0.000615 by head (largest |B - A| 0.000191)') ran
+    into the colour bar's label 'change in importance (B - A)'. Measured with the renderer: no overlap."""
+    from headscope.reports.compare import importance_figure
+
+    for side, shift in (("a", 0.0), ("b", 1.9e-4)):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        rows = [{"layer": l, "head": h, "method": "gradient", "importance": 1e-4 * (3 * l + h + 1) + shift * (h == 0),
+                 "importance_se": 2.0e-4 + 1.0e-5 * (3 * l + h)} for l in range(2) for h in range(3)]
+        io.write_csv(tmp_path / side / "heads" / "results.csv", pd.DataFrame(rows))
+    fig, _, _ = importance_figure(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    ax, bar = fig.axes[2], fig.axes[-1]
+    assert "by head (largest |B - A|" in ax.get_title().replace("\n", " ")
+    assert bar.get_ylabel() == "change in importance (B - A)"
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    title = ax.title.get_window_extent(renderer)
+    assert not title.overlaps(bar.yaxis.label.get_window_extent(renderer))
+    assert not any(title.overlaps(t.get_window_extent(renderer)) for t in bar.get_yticklabels() if t.get_text())
+
+
 def _task(root, rows=(0, 1, 2, 3), prompt="Ann has a red hat. The hat of Ann is") -> None:
     """heads/task.json as a report writes it (reports/provenance.py task_record): which examples heads ranked on."""
     io.write_json(root / "heads" / "task.json", {"task": "colours", "source": "your task (colours.csv)",
