@@ -630,8 +630,8 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     assert coloured.get_array().mask.all() and abs(coloured.norm.vmax - 1.96 * 2 ** 0.5 * 0.01) < 1e-9
     # review 5 B10: an all-grey map says the test's reach, 1.96 sqrt(2) 0.01 = 0.0277, on the figure and in the note
     reach = "the smallest change\nthis pair of runs could detect is 0.0277 (largest |B - A| 0.003)"
-    assert fig.axes[2].get_title().endswith("no head differs beyond noise; " + reach)
-    said = reach.replace("\n", " ")
+    said = " ".join(reach.split())  # lines as compare_heads.fit_title wraps them to clear the colour bar (N1)
+    assert " ".join(fig.axes[2].get_title().split()).endswith("no head differs beyond noise; " + said)
     assert any(f"No head differs beyond noise; {said}" in n for n in notes) and said in alt
     # the metric's se as the bound (no per-head se), one difference beyond it: no such sentence
     _importance(tmp_path / "a", base)
@@ -923,6 +923,46 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
     assert patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1] == [
         "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (n differs: 8 vs 12 examples, a setting, not the "
         "model: other example sets, intervals of other widths)."]
+
+
+def test_compare_does_not_set_taus_or_agreement_a_report_withholds_at_chance_against_each_other(tmp_path):
+    """Verification 11b N2: both attribution findings at or below chance and both mlp findings below chance withhold
+    their taus and agreement ('relative findings are not reported'); compare called an IG tau difference of 0.209
+    'beyond noise' there. The same refusal as for probes: listed as not compared, with each report's reason."""
+    from headscope.reports.findings import finding
+
+    logit = {"metric": "logit_diff", "chance_value": 0.0, "task": "ioi_names", "at_chance": True}
+    logprob = {"metric": "logprob", "chance_value": -6.118, "task": "sentences", "at_chance": True, "below_chance": True}
+    summaries = {"a": ({"n_examples": 4, "mean_tau_attention_gradient": -0.1, "std_tau_attention_gradient": 0.01,
+                        "chance": {**logit, "below_chance": True, "mean": -2.9, "ci": [-3.47, -2.32], "n_examples": 4}},
+                       {"agreement_per_layer": {"0": 0.1, "1": 0.3}, "n_neurons_per_layer": 100,
+                        "chance": {**logprob, "mean": -9.21, "ci": [-11.1, -7.35], "n_examples": 16}}),
+                 "b": ({"n_examples": 24, "mean_tau_attention_gradient": 0.5, "std_tau_attention_gradient": 0.01,
+                        "chance": {**logit, "below_chance": False, "mean": -0.0856, "ci": [-0.933, 0.762],
+                                   "n_examples": 24}},
+                       {"agreement_per_layer": {"0": 0.9, "1": 0.2}, "n_neurons_per_layer": 100,
+                        "chance": {**logprob, "mean": -9.53, "ci": [-10.6, -8.41], "n_examples": 24}})}
+    for side, (attribution, mlp) in summaries.items():
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["attribution", "mlp"]}})
+        io.write_json(tmp_path / side / "attribution" / "summary.json", attribution)
+        io.write_json(tmp_path / side / "mlp" / "summary.json", mlp)
+        for name, s in zip(("attribution", "mlp"), (attribution, mlp)):  # each report withholds them itself
+            assert "relative findings are not reported" in finding(name, s) and "-0.1" not in finding(name, s)
+    assert headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) == [
+        NOT_COMPARED + "attribution mean Kendall tau of attention and gradient x input: not compared: A's report calls "
+        "the model below chance on its task (logit difference -2.9 against chance 0, 95% CI [-3.47, -2.32], 4 examples) "
+        "and withholds its relative findings; B's report calls the model at chance on its task (logit difference "
+        "-0.0856 against chance 0, 95% CI [-0.933, 0.762], 24 examples) and withholds its relative findings.",
+        NOT_COMPARED + "mlp highest layer key-value agreement: not compared: A's report calls the model below chance on "
+        "its task (answer log-probability -9.21 against chance -6.12, 95% CI [-11.1, -7.35], 16 examples) and withholds "
+        "its relative findings; B's report calls the model below chance on its task (answer log-probability -9.53 "
+        "against chance -6.12, 95% CI [-10.6, -8.41], 24 examples) and withholds its relative findings."]
+    # one side above chance: still not compared (the other report states no number to set against it)
+    io.write_json(tmp_path / "b" / "mlp" / "summary.json", {**summaries["b"][1], "chance": {
+        **logprob, "at_chance": False, "below_chance": False, "mean": -1.0, "ci": [-1.2, -0.8], "n_examples": 24}})
+    notes = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert notes[1].startswith(NOT_COMPARED + "mlp highest layer key-value agreement: not compared: A's report calls "
+                               "the model below chance") and "B's report" not in notes[1] and len(notes) == 2
 
 
 def _pruned_folder(root, name, gradient, random, n_heads=6):
