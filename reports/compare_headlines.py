@@ -68,10 +68,20 @@ def _kv(s: Mapping[str, Any]) -> list[Quantity]:
              s.get("n_examples"), "examples")]
 
 
+def probe_unit(s: Mapping[str, Any]) -> str:
+    """"token positions" where each probe example is a token of the shipped sentences (the summary's example_unit and
+    shipped_text, as its finding and provenance say "816 token positions of 64 sentences"), else "examples"
+    (verification 11b N8: compare called 2375 token positions "examples")."""
+    text = s.get("shipped_text")
+    sentences = text.get("n_sentences") if isinstance(text, Mapping) else None
+    return "token positions" if s.get("example_unit") == "examples" and isinstance(sentences, int) and sentences else \
+        "examples"
+
+
 def _probes(s: Mapping[str, Any]) -> list[Quantity]:
     metric = s.get("metric", "accuracy")
     return [(f"probes best {'R^2' if metric == 'r2' else _words(metric)}", s.get(f"best_{metric}"), _pair(s.get("best_ci")),
-             s.get("n_examples"), "examples")]
+             s.get("n_examples"), probe_unit(s))]
 
 
 TAU_METHODS = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
@@ -165,7 +175,7 @@ def withheld(name: str, s: Mapping[str, Any]) -> str:
     if (ci := _pair(entry.get("ci"))) is not None:
         numbers.append(ci_words(ci, ".3g"))
     if s.get("n_examples") is not None:
-        numbers.append(f"{s['n_examples']} examples")
+        numbers.append(f"{s['n_examples']} {probe_unit(s)}")
     said = ", ".join(x for x in numbers if x)
     return f"calls the probe {verdict}" + (f" ({said})" if said else "") + " and withholds it"
 
@@ -208,7 +218,8 @@ def _n_text(na: Any, nb: Any, unit: str = "examples", unit_b: str | None = None)
     if na == nb:
         return "n not recorded" if na is None else f"n {na} {unit} each" if unit != "examples" else f"n {na} each"
     na, nb = ("not recorded" if x is None else x for x in (na, nb))
-    why = (", a setting, not the model: other example sets, intervals of other widths" if unit == "examples" else
+    why = (", a setting, not the model: other example sets, intervals of other widths"
+           if unit in ("examples", "token positions") else
            ": intervals of other widths")
     return f"n differs: {na} vs {nb} {unit}{why}"
 

@@ -831,6 +831,33 @@ def test_compare_probes_uses_each_findings_interval_and_respects_its_at_chance_v
         "against a majority baseline of 0.5) and withholds it (n 19 each)."]
 
 
+def test_compare_counts_probes_on_the_shipped_sentences_in_token_positions(tmp_path):
+    """Verification 11b N8: the probes' 2375 and 909 examples are token positions of 64 and 24 shipped sentences (the
+    summary's example_unit and shipped_text; the report's provenance says so); compare called them examples."""
+    from headscope.reports.findings import finding
+    from headscope.reports.provenance import provenance_lines
+
+    for side, n, sentences, chance in (
+            ("a", 2375, 64, {"at_chance": False, "chance_value": 0.42, "mean": 0.447, "ci": [0.427, 0.467]}),
+            ("b", 909, 24, {"at_chance": True, "below_chance": False, "chance_value": 0.418, "mean": 0.418,
+                            "ci": [0.386, 0.451]})):
+        _probes(tmp_path / side, best=chance["mean"], n=n, chance=chance, best_ci=chance["ci"])
+        s = io.read_json(tmp_path / side / "probes" / "summary.json")
+        s |= {"example_unit": "examples", "shipped_text": {"n_sentences": sentences}}
+        io.write_json(tmp_path / side / "probes" / "summary.json", s)
+        record = {"task": "sentences", "source": "its default task", "n_examples": n, "token_positions_of": sentences}
+        io.write_json(tmp_path / side / "probes" / "task.json", record)  # as reports/provenance.py task_record writes it
+        assert chance["at_chance"] or f"({n} token positions of {sentences} sentences)" in finding("probes", s)
+        assert f"examples: {n} token positions of {sentences} sentences;" in " ".join(provenance_lines(record))
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    assert "probes examples: A 2375 token positions of 64 sentences, B 909 token positions of 24 sentences." in \
+        settings_notes(a, b, ["probes"])
+    assert headline_notes(a, b) == [
+        NOT_COMPARED + "probes best accuracy: not compared: B's report calls the probe at chance (probe accuracy 0.418 "
+        "against chance 0.418, 95% CI [0.386, 0.451], 909 token positions) and withholds it (n differs: 2375 vs 909 "
+        "token positions, a setting, not the model: other example sets, intervals of other widths)."]
+
+
 def test_compare_position_overlay_on_the_metrics_range_with_whole_slots_and_ratios_only_where_stated(tmp_path, monkeypatch):
     from headscope.reports import compare
 
