@@ -192,7 +192,8 @@ def withheld_at_chance(name: str, s: Mapping[str, Any]) -> str:
     if entry is None:
         return ""
     verdict = ("says the model does not do its task (accuracy 0 on a copy task)" if does_not_copy(entry) else
-               f"calls the model {'below' if _below(entry) else 'at'} chance on its task")
+               f"calls the model {'below' if _below(entry) else 'at'} chance on "
+               + (f"task {entry['task']}" if isinstance(entry.get("task"), str) else "its task"))  # as its finding
     numbers = [f"{_words(entry.get('metric', 'score'))} {entry['mean']:.3g}" if _number(entry.get("mean")) else ""]
     if _number(entry.get("chance_value")):
         numbers[0] = f"{numbers[0]} against chance {entry['chance_value']:.3g}".strip()

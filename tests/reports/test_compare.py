@@ -977,12 +977,12 @@ def test_compare_does_not_set_taus_or_agreement_a_report_withholds_at_chance_aga
             assert "relative findings are not reported" in finding(name, s) and "-0.1" not in finding(name, s)
     assert headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) == [
         NOT_COMPARED + "attribution mean Kendall tau of attention and gradient x input: not compared: A's report calls "
-        "the model below chance on its task (logit difference -2.9 against chance 0, 95% CI [-3.47, -2.32], 4 examples) "
-        "and withholds its relative findings; B's report calls the model at chance on its task (logit difference "
+        "the model below chance on task ioi_names (logit difference -2.9 against chance 0, 95% CI [-3.47, -2.32], 4 examples) "
+        "and withholds its relative findings; B's report calls the model at chance on task ioi_names (logit difference "
         "-0.0856 against chance 0, 95% CI [-0.933, 0.762], 24 examples) and withholds its relative findings.",
         NOT_COMPARED + "mlp highest layer key-value agreement: not compared: A's report calls the model below chance on "
-        "its task (answer log-probability -9.21 against chance -6.12, 95% CI [-11.1, -7.35], 16 examples) and withholds "
-        "its relative findings; B's report calls the model below chance on its task (answer log-probability -9.53 "
+        "task sentences (answer log-probability -9.21 against chance -6.12, 95% CI [-11.1, -7.35], 16 examples) and withholds "
+        "its relative findings; B's report calls the model below chance on task sentences (answer log-probability -9.53 "
         "against chance -6.12, 95% CI [-10.6, -8.41], 24 examples) and withholds its relative findings."]
     # one side above chance: still not compared (the other report states no number to set against it)
     io.write_json(tmp_path / "b" / "mlp" / "summary.json", {**summaries["b"][1], "chance": {
