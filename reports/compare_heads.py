@@ -35,7 +35,7 @@ from headscope.reports.compare_run import (
 from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
 from headscope.reports.findings import and_join
 from headscope.reports.heads_words import line_name
-from headscope.reports.plots import color_scale, symmetric_bound
+from headscope.reports.plots import color_scale, fit_title, symmetric_bound
 from headscope.reports.render import escape
 
 Z95 = 1.96  # two-sided 95% normal quantile: a difference within Z95 x its standard error is within noise
@@ -154,30 +154,6 @@ def all_within(diff: pd.DataFrame, band: Any) -> str:
             f"(largest |B - A| {float(np.abs(values[finite]).max()):.3g})")
 
 
-def _title_clashes(fig: Any, ax: Any) -> bool:
-    """Whether `ax`'s title, as the renderer draws it, overlaps any text of the figure's other axes (a colour bar's
-    label and ticks, the neighbour panel's)."""
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    title = ax.title.get_window_extent(renderer)
-    texts = [t for other in fig.axes if other is not ax
-             for t in (other.yaxis.label, other.xaxis.label, other.title, *other.get_yticklabels()) if t.get_text()]
-    return any(title.overlaps(t.get_window_extent(renderer)) for t in texts)
-
-
-def fit_title(fig: Any, ax: Any, shortest: int = 24) -> None:
-    """Rewrap `ax`'s title, each line to fewer characters, until no line runs into another axes' text (verification
-    11b N1: the B - A panel's long last title line ran into its colour bar's label), measured with the renderer."""
-    import textwrap
-
-    lines = ax.get_title().split("\n")
-    width = max(len(line) for line in lines)
-    while _title_clashes(fig, ax) and width > shortest:
-        width -= 6
-        ax.title.set_text("\n".join(textwrap.fill(line, max(width, shortest)) for line in lines))  # its font kept
-        fig.tight_layout()
-
-
 def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
     """The importance heat maps of A and B on one scale (and B - A, noise muted, when the model shapes and
     quantities agree), the notes on their correlation and the muting rule (the top heads: compare_top), and the
@@ -218,8 +194,8 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
                     cbar_kws={"label": "importance (its own units)"}, xticklabels=True, yticklabels=True)
         ax.set(title=title, xlabel="head", ylabel="layer")
     fig.tight_layout()
-    if same:
-        fit_title(fig, axes[0][-1])
+    if same:  # the B - A title's long lines re-wrapped to its axes, clear of the colour bar's label (11b N1)
+        fit_title(axes[0][-1])
     refusals = [None if g is None else refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
     if other_task and all(g is not None for g in grids):
         notes.append(NOT_COMPARED + f"Head importance: not compared: {other_task}; no cell-by-cell difference or "

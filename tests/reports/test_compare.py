@@ -606,7 +606,7 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
     fig, notes, alt = importance_figure(a, b)
     ax = fig.axes[2]  # A, B, B - A
-    assert ax.get_title() == "B - A\n(grey: |B - A| < 0.255, within the runs' noise)"  # what is muted, on the figure
+    assert " ".join(ax.get_title().split()) == "B - A (grey: |B - A| < 0.255, within the runs' noise)"  # on the figure
     grey, coloured = ax.collections[0], ax.collections[1]
     # band 1.96 x sqrt(0.05^2 + 0.12^2) = 1.96 x 0.13 = 0.2548: 0.1, -0.2, 0.0, 0.05 within; 0.5 and -0.3 beyond
     within = [[True, True, True], [False, False, True]]
@@ -630,7 +630,7 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     assert coloured.get_array().mask.all() and abs(coloured.norm.vmax - 1.96 * 2 ** 0.5 * 0.01) < 1e-9
     # review 5 B10: an all-grey map says the test's reach, 1.96 sqrt(2) 0.01 = 0.0277, on the figure and in the note
     reach = "the smallest change\nthis pair of runs could detect is 0.0277 (largest |B - A| 0.003)"
-    said = " ".join(reach.split())  # lines as compare_heads.fit_title wraps them to clear the colour bar (N1)
+    said = " ".join(reach.split())  # lines as plots.fit_title wraps them to clear the colour bar (N1)
     assert " ".join(fig.axes[2].get_title().split()).endswith("no head differs beyond noise; " + said)
     assert any(f"No head differs beyond noise; {said}" in n for n in notes) and said in alt
     # the metric's se as the bound (no per-head se), one difference beyond it: no such sentence
