@@ -51,6 +51,7 @@ from headscope.reports.findings import _ci, _words, finding
 from headscope.reports.html_report import CSS, _provenance
 from headscope.reports.patching_sites import KV_SITES, by_construction, share, tied
 from headscope.reports.patching_words import _gap
+from headscope.reports.provenance import _count_text as count_text
 from headscope.reports.provenance import provenance_lines, speed_text
 from headscope.reports.render import escape
 from headscope.reports.resume_settings import bos_option
@@ -329,7 +330,8 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
         if pa is None or pb is None:  # one side has no result: the findings table says why
             continue
         rows.append((f"{name} task", _task_text(pa), _task_text(pb)))
-        rows.append((f"{name} examples", pa.get("n_examples"), pb.get("n_examples")))
+        rows.append((f"{name} examples", *(count_text(p) if isinstance(p.get("n_examples"), int) else p.get("n_examples")
+                                           for p in (pa, pb))))  # "2375 token positions of 64 sentences" (11b N8)
         rows.append((f"{name} budget changes", _budget_text(pa), _budget_text(pb)))
     return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}."
             for what, x, y in rows if x != y]

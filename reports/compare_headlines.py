@@ -19,6 +19,9 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
   are used (n in "converged examples"), not compared where its report leaves it out.
 - mlp: the highest layer's `agreement_per_layer` with its Wilson interval over that layer's `n_memories_per_layer`
   (every expert's neurons on a mixture of experts; older summaries: `n_neurons_per_layer`).
+- attribution and mlp at or below chance (the summary's `chance` record, the findings' own test): their reports state
+  what was measured only, so neither run's taus or agreement are compared (withheld_at_chance), as patching and
+  position are not (compare_run.chance_refusal).
 Circuits states no headline with an interval (lens rows, DLA writers, CPR/CMD): its findings sit side by side in
 the findings table and are not reduced to one difference here; patching, position and pruning are compared in
 their own sections (reports/compare.py, compare_heads.py).
@@ -29,10 +32,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.attribution.convergence import ig_use
-from headscope.analyses.core.chance import metric_ci
+from headscope.analyses.core.chance import does_not_copy, metric_ci
 from headscope.reports.attribution_words import loo_rounds
 from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
-from headscope.reports.findings import _words, ci_words, t_interval, wilson
+from headscope.reports.findings import _below, _chance, _words, ci_words, t_interval, wilson
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
 
@@ -65,10 +68,20 @@ def _kv(s: Mapping[str, Any]) -> list[Quantity]:
              s.get("n_examples"), "examples")]
 
 
+def probe_unit(s: Mapping[str, Any]) -> str:
+    """"token positions" where each probe example is a token of the shipped sentences (the summary's example_unit and
+    shipped_text, as its finding and provenance say "816 token positions of 64 sentences"), else "examples"
+    (verification 11b N8: compare called 2375 token positions "examples")."""
+    text = s.get("shipped_text")
+    sentences = text.get("n_sentences") if isinstance(text, Mapping) else None
+    return "token positions" if s.get("example_unit") == "examples" and isinstance(sentences, int) and sentences else \
+        "examples"
+
+
 def _probes(s: Mapping[str, Any]) -> list[Quantity]:
     metric = s.get("metric", "accuracy")
     return [(f"probes best {'R^2' if metric == 'r2' else _words(metric)}", s.get(f"best_{metric}"), _pair(s.get("best_ci")),
-             s.get("n_examples"), "examples")]
+             s.get("n_examples"), probe_unit(s))]
 
 
 TAU_METHODS = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
@@ -162,9 +175,35 @@ def withheld(name: str, s: Mapping[str, Any]) -> str:
     if (ci := _pair(entry.get("ci"))) is not None:
         numbers.append(ci_words(ci, ".3g"))
     if s.get("n_examples") is not None:
-        numbers.append(f"{s['n_examples']} examples")
+        numbers.append(f"{s['n_examples']} {probe_unit(s)}")
     said = ", ".join(x for x in numbers if x)
     return f"calls the probe {verdict}" + (f" ({said})" if said else "") + " and withholds it"
+
+
+CHANCE_WITHHELD = ("attribution", "mlp")  # their findings report what was measured only at chance (_chance)
+
+
+def withheld_at_chance(name: str, s: Mapping[str, Any]) -> str:
+    """How the report of analysis `name` (CHANCE_WITHHELD) withholds every relative finding, its headlines among them,
+    because its summary's chance record says the model is at or below chance on that analysis's task (the finding's
+    own test, findings._chance), with the numbers that record gives; "" otherwise (verification 11b N2: compare
+    set taus and agreements against each other that both reports withheld)."""
+    entry = _chance(s) if name in CHANCE_WITHHELD else None
+    if entry is None:
+        return ""
+    verdict = ("says the model does not do its task (accuracy 0 on a copy task)" if does_not_copy(entry) else
+               f"calls the model {'below' if _below(entry) else 'at'} chance on "
+               + (f"task {entry['task']}" if isinstance(entry.get("task"), str) else "its task"))  # as its finding
+    numbers = [f"{_words(entry.get('metric', 'score'))} {entry['mean']:.3g}" if _number(entry.get("mean")) else ""]
+    if _number(entry.get("chance_value")):
+        numbers[0] = f"{numbers[0]} against chance {entry['chance_value']:.3g}".strip()
+    if (ci := _pair(entry.get("ci"))) is not None:
+        numbers.append(ci_words(ci, ".3g"))
+    n = entry.get("n_examples", s.get("n_examples"))
+    if _number(n):
+        numbers.append(f"{n} examples")
+    said = ", ".join(x for x in numbers if x)
+    return verdict + (f" ({said})" if said else "") + " and withholds its relative findings"
 
 
 def n_words(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
@@ -180,7 +219,8 @@ def _n_text(na: Any, nb: Any, unit: str = "examples", unit_b: str | None = None)
     if na == nb:
         return "n not recorded" if na is None else f"n {na} {unit} each" if unit != "examples" else f"n {na} each"
     na, nb = ("not recorded" if x is None else x for x in (na, nb))
-    why = (", a setting, not the model: other example sets, intervals of other widths" if unit == "examples" else
+    why = (", a setting, not the model: other example sets, intervals of other widths"
+           if unit in ("examples", "token positions") else
            ": intervals of other widths")
     return f"n differs: {na} vs {nb} {unit}{why}"
 
@@ -234,8 +274,9 @@ def _metrics_differ(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> 
 def headline_notes(a: Run, b: Run) -> list[str]:
     """Per analysis in QUANTITIES that both runs have: not compared (NOT_COMPARED) where the runs ran it on different
     tasks (compare_run.tasks_differ) or, its labels equal, with different metrics, or where either report withholds
-    its number (the family's or one quantity's), else the difference where A and B differ by more than 5%, with the
-    n and the verdict of the intervals the findings print."""
+    its number (the family's or one quantity's: attribution and mlp at or below chance, withheld_at_chance), else
+    the difference where A and B differ by more than 5%, with the n and the verdict of the intervals the findings
+    print."""
     notes = []
     for name, quantity in QUANTITIES.items():
         sa, sb = a.summary(name), b.summary(name)
@@ -248,6 +289,12 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             labels = [qa[0] for qa, qb in pairs if _number(qa[1]) or _number(qb[1])]
             if labels:
                 notes.append(NOT_COMPARED + f"{_joined(labels)}: not compared: {differ}.")
+            continue
+        at_chance = [f"{side}'s report {why}" for side, s in zip(SIDES, (sa, sb)) if (why := withheld_at_chance(name, s))]
+        if at_chance:  # as compare_run.chance_refusal for patching and position: no number a report withholds
+            labels = [qa[0] for qa, qb in pairs if _number(qa[1]) or _number(qb[1])]
+            if labels:
+                notes.append(NOT_COMPARED + f"{_joined(labels)}: not compared: " + "; ".join(at_chance) + ".")
             continue
         for (label, va, ia, na, unit), (label_b, vb, ib, nb, unit_b) in pairs:
             n = (name == "attribution" and unit == unit_b == "examples" and tau_n_text(sa, sb, label, na, nb)

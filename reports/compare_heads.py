@@ -35,7 +35,7 @@ from headscope.reports.compare_run import (
 from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
 from headscope.reports.findings import and_join
 from headscope.reports.heads_words import line_name
-from headscope.reports.plots import color_scale, symmetric_bound
+from headscope.reports.plots import color_scale, fit_title, symmetric_bound
 from headscope.reports.render import escape
 
 Z95 = 1.96  # two-sided 95% normal quantile: a difference within Z95 x its standard error is within noise
@@ -194,6 +194,8 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
                     cbar_kws={"label": "importance (its own units)"}, xticklabels=True, yticklabels=True)
         ax.set(title=title, xlabel="head", ylabel="layer")
     fig.tight_layout()
+    if same:  # the B - A title's long lines re-wrapped to its axes, clear of the colour bar's label (11b N1)
+        fit_title(axes[0][-1])
     refusals = [None if g is None else refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
     if other_task and all(g is not None for g in grids):
         notes.append(NOT_COMPARED + f"Head importance: not compared: {other_task}; no cell-by-cell difference or "

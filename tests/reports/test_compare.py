@@ -618,7 +618,7 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
     fig, notes, alt = importance_figure(a, b)
     ax = fig.axes[2]  # A, B, B - A
-    assert ax.get_title() == "B - A\n(grey: |B - A| < 0.255, within the runs' noise)"  # what is muted, on the figure
+    assert " ".join(ax.get_title().split()) == "B - A (grey: |B - A| < 0.255, within the runs' noise)"  # on the figure
     grey, coloured = ax.collections[0], ax.collections[1]
     # band 1.96 x sqrt(0.05^2 + 0.12^2) = 1.96 x 0.13 = 0.2548: 0.1, -0.2, 0.0, 0.05 within; 0.5 and -0.3 beyond
     within = [[True, True, True], [False, False, True]]
@@ -642,14 +642,36 @@ def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     assert coloured.get_array().mask.all() and abs(coloured.norm.vmax - 1.96 * 2 ** 0.5 * 0.01) < 1e-9
     # review 5 B10: an all-grey map says the test's reach, 1.96 sqrt(2) 0.01 = 0.0277, on the figure and in the note
     reach = "the smallest change\nthis pair of runs could detect is 0.0277 (largest |B - A| 0.003)"
-    assert fig.axes[2].get_title().endswith("no head differs beyond noise; " + reach)
-    said = reach.replace("\n", " ")
+    said = " ".join(reach.split())  # lines as plots.fit_title wraps them to clear the colour bar (N1)
+    assert " ".join(fig.axes[2].get_title().split()).endswith("no head differs beyond noise; " + said)
     assert any(f"No head differs beyond noise; {said}" in n for n in notes) and said in alt
     # the metric's se as the bound (no per-head se), one difference beyond it: no such sentence
     _importance(tmp_path / "a", base)
     _importance(tmp_path / "b", [[x + d for x, d in zip(r, dr)] for r, dr in zip(base, diff)])
     fig, notes, _ = importance_figure(a, b)
     assert "could detect" not in fig.axes[2].get_title() and not any("could detect" in n for n in notes)
+
+
+def test_compare_difference_title_never_runs_into_its_colour_bar_label(tmp_path):
+    """Verification 11b N1: with importances of 1e-4 and per-head standard errors that differ, the B - A panel's last
+    title line ('this pair of runs could detect is 0.00055 to 0.000615 by head (largest |B - A| 0.000191)') ran
+    into the colour bar's label 'change in importance (B - A)'. Measured with the renderer: no overlap."""
+    from headscope.reports.compare import importance_figure
+
+    for side, shift in (("a", 0.0), ("b", 1.9e-4)):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        rows = [{"layer": l, "head": h, "method": "gradient", "importance": 1e-4 * (3 * l + h + 1) + shift * (h == 0),
+                 "importance_se": 2.0e-4 + 1.0e-5 * (3 * l + h)} for l in range(2) for h in range(3)]
+        io.write_csv(tmp_path / side / "heads" / "results.csv", pd.DataFrame(rows))
+    fig, _, _ = importance_figure(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    ax, bar = fig.axes[2], fig.axes[-1]
+    assert "by head (largest |B - A|" in ax.get_title().replace("\n", " ")
+    assert bar.get_ylabel() == "change in importance (B - A)"
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    title = ax.title.get_window_extent(renderer)
+    assert not title.overlaps(bar.yaxis.label.get_window_extent(renderer))
+    assert not any(title.overlaps(t.get_window_extent(renderer)) for t in bar.get_yticklabels() if t.get_text())
 
 
 def _task(root, rows=(0, 1, 2, 3), prompt="Ann has a red hat. The hat of Ann is") -> None:
@@ -821,6 +843,33 @@ def test_compare_probes_uses_each_findings_interval_and_respects_its_at_chance_v
         "against a majority baseline of 0.5) and withholds it (n 19 each)."]
 
 
+def test_compare_counts_probes_on_the_shipped_sentences_in_token_positions(tmp_path):
+    """Verification 11b N8: the probes' 2375 and 909 examples are token positions of 64 and 24 shipped sentences (the
+    summary's example_unit and shipped_text; the report's provenance says so); compare called them examples."""
+    from headscope.reports.findings import finding
+    from headscope.reports.provenance import provenance_lines
+
+    for side, n, sentences, chance in (
+            ("a", 2375, 64, {"at_chance": False, "chance_value": 0.42, "mean": 0.447, "ci": [0.427, 0.467]}),
+            ("b", 909, 24, {"at_chance": True, "below_chance": False, "chance_value": 0.418, "mean": 0.418,
+                            "ci": [0.386, 0.451]})):
+        _probes(tmp_path / side, best=chance["mean"], n=n, chance=chance, best_ci=chance["ci"])
+        s = io.read_json(tmp_path / side / "probes" / "summary.json")
+        s |= {"example_unit": "examples", "shipped_text": {"n_sentences": sentences}}
+        io.write_json(tmp_path / side / "probes" / "summary.json", s)
+        record = {"task": "sentences", "source": "its default task", "n_examples": n, "token_positions_of": sentences}
+        io.write_json(tmp_path / side / "probes" / "task.json", record)  # as reports/provenance.py task_record writes it
+        assert chance["at_chance"] or f"({n} token positions of {sentences} sentences)" in finding("probes", s)
+        assert f"examples: {n} token positions of {sentences} sentences;" in " ".join(provenance_lines(record))
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    assert "probes examples: A 2375 token positions of 64 sentences, B 909 token positions of 24 sentences." in \
+        settings_notes(a, b, ["probes"])
+    assert headline_notes(a, b) == [
+        NOT_COMPARED + "probes best accuracy: not compared: B's report calls the probe at chance (probe accuracy 0.418 "
+        "against chance 0.418, 95% CI [0.386, 0.451], 909 token positions) and withholds it (n differs: 2375 vs 909 "
+        "token positions, a setting, not the model: other example sets, intervals of other widths)."]
+
+
 def test_compare_position_overlay_on_the_metrics_range_with_whole_slots_and_ratios_only_where_stated(tmp_path, monkeypatch):
     from headscope.reports import compare
 
@@ -913,6 +962,46 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
     assert patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))[1] == [
         "Top head_out site differs: A head_out L0 H0, B head_out L0 H2 (n differs: 8 vs 12 examples, a setting, not the "
         "model: other example sets, intervals of other widths)."]
+
+
+def test_compare_does_not_set_taus_or_agreement_a_report_withholds_at_chance_against_each_other(tmp_path):
+    """Verification 11b N2: both attribution findings at or below chance and both mlp findings below chance withhold
+    their taus and agreement ('relative findings are not reported'); compare called an IG tau difference of 0.209
+    'beyond noise' there. The same refusal as for probes: listed as not compared, with each report's reason."""
+    from headscope.reports.findings import finding
+
+    logit = {"metric": "logit_diff", "chance_value": 0.0, "task": "ioi_names", "at_chance": True}
+    logprob = {"metric": "logprob", "chance_value": -6.118, "task": "sentences", "at_chance": True, "below_chance": True}
+    summaries = {"a": ({"n_examples": 4, "mean_tau_attention_gradient": -0.1, "std_tau_attention_gradient": 0.01,
+                        "chance": {**logit, "below_chance": True, "mean": -2.9, "ci": [-3.47, -2.32], "n_examples": 4}},
+                       {"agreement_per_layer": {"0": 0.1, "1": 0.3}, "n_neurons_per_layer": 100,
+                        "chance": {**logprob, "mean": -9.21, "ci": [-11.1, -7.35], "n_examples": 16}}),
+                 "b": ({"n_examples": 24, "mean_tau_attention_gradient": 0.5, "std_tau_attention_gradient": 0.01,
+                        "chance": {**logit, "below_chance": False, "mean": -0.0856, "ci": [-0.933, 0.762],
+                                   "n_examples": 24}},
+                       {"agreement_per_layer": {"0": 0.9, "1": 0.2}, "n_neurons_per_layer": 100,
+                        "chance": {**logprob, "mean": -9.53, "ci": [-10.6, -8.41], "n_examples": 24}})}
+    for side, (attribution, mlp) in summaries.items():
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["attribution", "mlp"]}})
+        io.write_json(tmp_path / side / "attribution" / "summary.json", attribution)
+        io.write_json(tmp_path / side / "mlp" / "summary.json", mlp)
+        for name, s in zip(("attribution", "mlp"), (attribution, mlp)):  # each report withholds them itself
+            assert "relative findings are not reported" in finding(name, s) and "-0.1" not in finding(name, s)
+    assert headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) == [
+        NOT_COMPARED + "attribution mean Kendall tau of attention and gradient x input: not compared: A's report calls "
+        "the model below chance on task ioi_names (logit difference -2.9 against chance 0, 95% CI [-3.47, -2.32], 4 examples) "
+        "and withholds its relative findings; B's report calls the model at chance on task ioi_names (logit difference "
+        "-0.0856 against chance 0, 95% CI [-0.933, 0.762], 24 examples) and withholds its relative findings.",
+        NOT_COMPARED + "mlp highest layer key-value agreement: not compared: A's report calls the model below chance on "
+        "task sentences (answer log-probability -9.21 against chance -6.12, 95% CI [-11.1, -7.35], 16 examples) and withholds "
+        "its relative findings; B's report calls the model below chance on task sentences (answer log-probability -9.53 "
+        "against chance -6.12, 95% CI [-10.6, -8.41], 24 examples) and withholds its relative findings."]
+    # one side above chance: still not compared (the other report states no number to set against it)
+    io.write_json(tmp_path / "b" / "mlp" / "summary.json", {**summaries["b"][1], "chance": {
+        **logprob, "at_chance": False, "below_chance": False, "mean": -1.0, "ci": [-1.2, -0.8], "n_examples": 24}})
+    notes = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert notes[1].startswith(NOT_COMPARED + "mlp highest layer key-value agreement: not compared: A's report calls "
+                               "the model below chance") and "B's report" not in notes[1] and len(notes) == 2
 
 
 def _pruned_folder(root, name, gradient, random, n_heads=6):
