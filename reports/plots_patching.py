@@ -487,22 +487,26 @@ def figures(result, **kwargs) -> dict[str, Figure]:
 
 GUIDE = (  # how to read this section of the report
     "Where the computation happens. Each cell replaces one activation of the corrupted run by the "
-    "clean run's (denoising) and shows how much of the clean behaviour returns (normalised logit "
-    "difference: 1 = fully restored). Causal tracing restores states after noising the subject; "
+    "clean run's (denoising) and shows how much of the clean behaviour returns (the normalised metric: "
+    "the share of the clean-corrupted gap in the task's metric, e.g. logit difference; 1 = fully restored). "
+    "Causal tracing restores states after noising the subject; "
     "attribution patching approximates every cell from one backward pass (its agreement with exact "
     "patching is reported)."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
-    "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both in normalised "
-                            "logit difference; the dashed line is y = x and each site type's least-squares slope, with "
+    "attribution_vs_exact": "Attribution-patching estimate (y) against the exact patching effect (x), both as shares "
+                            "of the clean-corrupted gap in the task's metric; the dashed line is y = x and each site type's "
+                            "least-squares slope, with "
                             "its 95% interval over the cells, is in the legend (slope 0.5 = a 2x underestimate); a site "
                             "type whose exact effects are mostly zero gets no interval there, as in the finding.",
-    "path_patching": "Path-patching effect (normalised logit difference) of each sender head on the receivers, layer x "
+    "path_patching": "Path-patching effect (share of the clean-corrupted gap in the task's metric) of each sender head "
+                     "on the receivers, layer x "
                      "head; red positive, blue negative, centred on 0.",
 }
 PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <site>.'
-    "exact_": "Exact activation patching: normalised logit difference after patching each cell (1 = clean behaviour fully "
-              "restored, 0 = corrupted); red positive, blue negative, one scale shared by every site's map (a site whose "
+    "exact_": "Exact activation patching: the task's metric after patching each cell as a share of the "
+              "clean-corrupted gap (1 = clean behaviour fully restored, 0 = corrupted); red positive, blue negative, "
+              "one scale shared by every site's map (a site whose "
               "own maximum is much smaller prints it in its title). Positions count from the end; a column that only the "
               "longer prompts reach is pale and its tick gives its n (where the ticks would run together, only every "
               "k-th place, the answer position and the places the finding names are labelled, and the x label gives "

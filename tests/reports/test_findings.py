@@ -133,7 +133,7 @@ def test_probes_kv_mlp_and_odd_summaries():
 
 
 def test_captions_name_units():
-    assert "normalised logit difference" in caption("exact_resid_pre") and "resid pre" in caption("exact_resid_pre")
+    assert "share of the clean-corrupted gap" in caption("exact_resid_pre") and "resid pre" in caption("exact_resid_pre")
     assert "log2" in caption("kv_eviction") and caption("no_such_figure") == ""
     assert all(text.endswith(".") for text in CAPTIONS.values())
 
