@@ -101,6 +101,16 @@ def random_task(n: int = 3, pos: int = 10, seed: int = 0) -> Task:
     )
 
 
+def logit_diff_score(answers: torch.Tensor, wrong: torch.Tensor):
+    """score(logits [rows, 1, vocab], ex [rows]) -> [rows]: each row's answer logit minus its wrong answer's, at
+    the last position, as the permutation test and leave-one-out call a task score."""
+    def score(logits: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
+        last = logits[:, -1]
+        return last.gather(1, answers[ex, None])[:, 0] - last.gather(1, wrong[ex, None])[:, 0]
+
+    return score
+
+
 def hf_tvd(hf, a: torch.Tensor, b: torch.Tensor) -> float:
     """TVD between the next-token distributions of two single prompts, by plain HF forwards."""
     with torch.no_grad():
@@ -179,10 +189,7 @@ def test_permuted_logit_difference_equals_editing_hook_pattern(tiny_models):
     model = tiny_models["gpt2"]
     tokens = random_tokens(2, 9, seed=6)
     answers, wrong = torch.tensor([5, 7]), torch.tensor([9, 11])
-
-    def score(logits, ex):  # [rows, 1, vocab], [rows]
-        return logits[:, -1].gather(1, answers[ex, None])[:, 0] - logits[:, -1].gather(1, wrong[ex, None])[:, 0]
-
+    score = logit_diff_score(answers, wrong)
     got = permute_attention(model, tokens, layer=0, n_permutations=3, generator=torch.Generator().manual_seed(5),
                             score=score)
     perms = permutations(6, model.facts.n_heads, 9, torch.Generator().manual_seed(5))  # [example*draw, head, k]
@@ -245,10 +252,7 @@ def test_permutation_stays_inside_the_sliding_window_as_hf(windowed, monkeypatch
     hf = hf_model(path)
     tokens = random_tokens(2, 9, seed=3)
     answers, wrong = torch.tensor([5, 7]), torch.tensor([9, 11])
-
-    def score(logits, ex):  # [rows, 1, vocab], [rows]
-        return logits[:, -1].gather(1, answers[ex, None])[:, 0] - logits[:, -1].gather(1, wrong[ex, None])[:, 0]
-
+    score = logit_diff_score(answers, wrong)
     got = permute_attention(model, tokens, layer=1, n_permutations=3, generator=torch.Generator().manual_seed(5),
                             score=score)
     moved = 0
@@ -362,9 +366,7 @@ def test_loo_on_a_saturated_output_scores_the_logit_difference(saturated_model):
                            - ld(clean[b], b) for p in positions] for b in range(3)])  # [batch, pos] signed change
     assert np.abs(by_hf).max() > 1.0  # the metric moves where a TVD cannot
 
-    def score(logits, ex):  # [rows, 1, vocab], [rows]
-        return (logits[:, -1].gather(1, task.answers[ex, None])[:, 0]
-                - logits[:, -1].gather(1, task.wrong_answers[ex, None])[:, 0])
+    score = logit_diff_score(task.answers, task.wrong_answers)
 
     for reuse in (True, False):
         got = am.leave_one_out(model, task.tokens, positions, score=score, reuse_prefix=reuse, batch_size=5)
@@ -399,9 +401,7 @@ def test_bfloat16_loo_changes_within_a_rounding_step_are_ties(saturated_model):
     size = torch.maximum(clean[rows, task.answers].abs(), clean[rows, task.wrong_answers].abs()).clamp_min(1.0)
     floor = (2.0 ** -7 * size).numpy()  # [batch]
 
-    def score(logits, ex):  # [rows, 1, vocab], [rows]
-        return (logits[:, -1].gather(1, task.answers[ex, None])[:, 0]
-                - logits[:, -1].gather(1, task.wrong_answers[ex, None])[:, 0])
+    score = logit_diff_score(task.answers, task.wrong_answers)
 
     positions = list(range(1, 8))
     raw = am.leave_one_out(model, task.tokens, positions, score=score).numpy()  # [batch, pos] (HF-checked above)
