@@ -37,7 +37,7 @@ from headscope.analyses.kv import eviction as kv_eviction
 from headscope.analyses.kv.holding import holding_budgets
 from headscope.analyses.position import sinks
 from headscope.errors import ConfigError
-from headscope.models.hooked_model import layer_windows, visible_keys
+from headscope.models.hooked_model import layer_windows
 from headscope.models.key_norm import key_norms
 
 
@@ -183,22 +183,21 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
     for group in length_groups(tokens, attention_mask):
         rows = sinks.query_rows(group.shape[1], n_sink)  # the query rows sinks.sink_mass averages
         # per layer, the rows averaged: on a sliding-window layer those that see the first token (review 11b C7,
-        # as heads' roles and the explorer average the sink); [layer] bool [rows] each
-        seen = [visible_keys(rows, 0, w) for w in windows]
-        seen = [s if bool(s.any()) else torch.ones_like(s) for s in seen]
+        # as heads' roles, the explorer and position average the sink); [layer] of [rows'] positions
+        seen = [sinks.sink_rows(group.shape[1], n_sink, w) for w in windows]
         mass = torch.zeros(group.shape[0], n_layers, dtype=torch.float64)  # [prompts, layer]
 
-        def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, rows: torch.Tensor = rows,
-                   mass: torch.Tensor = mass, seen: list = seen) -> None:
+        def reduce(layer: int, queries: torch.Tensor, pattern: torch.Tensor, mass: torch.Tensor = mass,
+                   seen: list = seen) -> None:
             # pattern [prompts, head, c, keys] -> each prompt's mean over the layer's rows and heads of the mass
             # on the sinks (sinks.sink_mass)
-            keep = torch.isin(queries.cpu(), rows[seen[layer]]).to(pattern.device)  # [c]
+            keep = torch.isin(queries.cpu(), seen[layer]).to(pattern.device)  # [c]
             got = pattern[..., :n_sink].sum(-1)[:, :, keep].sum(-1)  # [prompts, head]
-            mass[:, layer] += got.double().sum(1).cpu() / (int(seen[layer].sum()) * pattern.shape[1])
+            mass[:, layer] += got.double().sum(1).cpu() / (len(seen[layer]) * pattern.shape[1])
 
         hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)
         masses.append(mass)
-        share = [sinks.uniform_baseline(group.shape[1], n_sink, window=w, rows=rows[seen[layer]])
+        share = [sinks.uniform_baseline(group.shape[1], n_sink, window=w, rows=seen[layer])
                  for layer, w in enumerate(windows)]  # [layer]
         uniforms.append(torch.tensor(share, dtype=torch.float64)[None, :].expand(group.shape[0], n_layers))
     per_layer = sinks.layer_sinks(torch.cat(masses), torch.cat(uniforms))  # over the prompts, with intervals
