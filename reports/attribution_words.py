@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headscope.analyses.attribution.convergence import IgUse, ig_use
-from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, t_interval, wilson
+from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, and_join, int_span, t_interval, wilson
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -113,10 +113,6 @@ def undefined_taus(s: Mapping[str, Any], keys: tuple, defined: dict[str, int], n
 SMALL_METRIC_CHANGE = 0.1  # mean |change| of the task metric (logits, nats) under which "does little" may be said
 
 
-def _span(pair: Any) -> str:
-    return f"{pair[0]}" if pair[0] == pair[1] else f"{pair[0]}-{pair[1]}"
-
-
 def window_words(w: Any, n: int | None = None) -> str:
     """Review 9a A3: a sliding-window last layer gives 0 by its mask to the tokens before its window, so
     its taus rank only the tokens inside the answer query's window; say how many and that the rest are out
@@ -125,7 +121,7 @@ def window_words(w: Any, n: int | None = None) -> str:
         return ""
     return (f"The last layer attends over a sliding window of {w['window']} keys, so at the answer position it gives "
             f"0 by construction to every earlier token (in {w.get('n_examples_cut', '?')} of {n or '?'} examples): its taus "
-            f"rank only the {_span(w['ranked'])} tokens inside that window, of the {_span(w['of'])} ranked, and say "
+            f"rank only the {int_span(*w['ranked'])} tokens inside that window, of the {int_span(*w['of'])} ranked, and say "
             "nothing of the tokens the window excludes.")
 
 
@@ -213,17 +209,11 @@ def _likely_reason(s: Mapping[str, Any]) -> str:
         return _low_precision(s)
     layers = [int(x) for x in routing.get("layers") or []]
     k = routing.get("top_k")
-    where = (f" in layer{'s' if len(layers) > 1 else ''} {_and(layers)}" if layers else "")
+    where = (f" in layer{'s' if len(layers) > 1 else ''} {and_join([str(x) for x in layers])}" if layers else "")
     top = f"its top-{k} experts" if isinstance(k, int) else "its top-k experts"
     return (f" A likely reason: the model routes each token to {top}{where}, a choice that jumps from one set of "
             "experts to another along IG's path from the baseline; the path integral of gradients cannot see those "
             "jumps, so completeness need not hold at any number of steps or in any precision.")
-
-
-def _and(items: list[int]) -> str:
-    """'0', '0 and 2', '0, 1 and 3'."""
-    words = [str(x) for x in items]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _low_precision(s: Mapping[str, Any]) -> str:

@@ -211,6 +211,11 @@ def _prompt_prior(entry: Mapping[str, Any]) -> str | None:
             f"corrupted prompts give {corrupt:.3g}, {ci(entry.get('corrupted_ci'))}; {diff})")
 
 
+def int_span(lo: int, hi: int) -> str:
+    """"3" or "3-5": a range of counts or positions from its ends."""
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
 def int_ranges(values: Sequence[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8" (data rows, positions)."""
     spans: list[list[int]] = []

@@ -2,7 +2,7 @@
 full context, the grouped-query attention saving, the first key's norm against the others' (what a k_norm
 allows), the attention sinks, and per eviction policy the smallest budget within 1% of the full cache over
 the prompts it evicts from, with its interval, its answers and where it misses; at chance only what was
-measured. `_int_span` and `_span2` are the figures' too.
+measured. `_span2` is the figures' too.
 """
 from __future__ import annotations
 
@@ -393,10 +393,6 @@ def _size_sentence(s: Mapping[str, Any], per_token: float, full_ctx: float | Non
         text += (f": {_bytes(full_ctx)} at full context" + (f" ({int(ctx)} positions)" if ctx else "")
                  + (f", against {_bytes(everyone)} if every layer were global" if everyone is not None else ""))
     return text + "."
-
-
-def _int_span(lo: int, hi: int) -> str:
-    return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
 def _span2(lo: float, hi: float) -> str:

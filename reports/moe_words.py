@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from headscope.reports.findings import and_join
+
 
 def _names(layers: Sequence[Any]) -> str:
-    """"0", "0 and 2", "0, 2 and 4"."""
-    names = [str(l) for l in layers]
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    """"0", "0 and 2", "0, 2 and 4" (findings.and_join of their names)."""
+    return and_join([str(l) for l in layers])
 
 
 def _expert_words(e: Mapping[str, Any]) -> str:

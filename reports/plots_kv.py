@@ -19,8 +19,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import NullLocator
 
-from headscope.reports.findings import int_ranges
-from headscope.reports.kv_words import _int_span, _span2
+from headscope.reports.findings import int_ranges, int_span
+from headscope.reports.kv_words import _span2
 from headscope.reports.kv_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.plots import LAYERS, axes, laid_out, thin_xtick_labels
 
@@ -118,7 +118,7 @@ def plot_norms(data: pd.DataFrame, *, kind: str = "key", key_norm: Mapping[str, 
         thin = means[few]
         positions = int_ranges(sorted({int(p) for p in thin.position}))
         where += (f"\nfaint, dotted (the solid line breaks): points fewer than half of the {total} prompts reach "
-                  f"(n = {_int_span(int(thin.n.min()), int(thin.n.max()))}; positions {positions})")
+                  f"(n = {int_span(int(thin.n.min()), int(thin.n.max()))}; positions {positions})")
     title = f"Cached {kind} norms (mean over KV heads)"
     top = float(means.norm.max()) if len(means) else 0.0
     if kind == "key" and isinstance(key_norm, Mapping):
