@@ -350,11 +350,10 @@ def run_tolerance(run: Run) -> tuple[float, float | None]:
 def held_count(run: Run, ordering: str) -> Any:
     """The count of heads where `run`'s bootstrap interval for `ordering` is that single value (reports/heads_words.py
     then says "close to the 1% line", not fragile: the count held in most resamples), else None."""
-    ci = (run.summary("heads") or {}).get(f"prunable_ci_{ordering}")
-    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
-    if isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(map(_number, bounds)) and bounds[0] == bounds[1]:
-        return int(bounds[0]) if float(bounds[0]).is_integer() else bounds[0]
-    return None
+    bounds = interval_heads(run.summary("heads") or {}, ordering)
+    if bounds is None or bounds[0] != bounds[1]:
+        return None
+    return int(bounds[0]) if bounds[0].is_integer() else bounds[0]
 
 
 def on_the_line(run: Run, ordering: str, fraction: float) -> str:

@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.patches import Rectangle
 
 from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
 from headscope.reports.attribution_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.findings import FEW, _num, t_interval
-from headscope.reports.plots import axes, color_scale, laid_out, token_label
+from headscope.reports.plots import axes, color_scale, hatch_cells, laid_out, token_label
 
 # the scores table ranks every token but these two (analyses/attribution/analysis.py): the first is
 # BOS / [CLS] (or, with no BOS in front, the prompt's own first token) and the last the token that predicts
@@ -120,8 +119,7 @@ def plot_token_heatmap(data: pd.DataFrame, *, example: int | None = None, ax=Non
     if "masked" in one:  # review 9a A3: a sliding window's structural zeros are not "0 importance"
         masked = one.pivot_table(index="method", columns="position", values="masked", aggfunc="max").reindex(
             index=grid.index, columns=grid.columns).fillna(False).astype(bool).to_numpy()
-        for i, j in zip(*masked.nonzero()):
-            ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6", linewidth=0))
+        hatch_cells(ax, masked)
         if masked.any():
             ax.set_title(f"Token importance by method, example {example}\n(hatched grey: outside the last layer's "
                          "sliding window, 0 by the mask)", fontsize=9)

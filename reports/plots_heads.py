@@ -21,11 +21,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.patches import Rectangle
 
 from headscope.analyses.core.chance import t_quantile
 from headscope.reports.heads_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.plots import axes, color_scale, laid_out, quiet_reason, symmetric_bound
+from headscope.reports.plots import axes, color_scale, hatch_cells, laid_out, quiet_reason, symmetric_bound
 
 ROLE_SCORES = ("positional", "sink", "previous_token", "induction", "confidence")
 
@@ -333,8 +332,7 @@ def plot_roles(data: pd.DataFrame, *, ax: Any = None) -> Any:
     ax.set_xlabel("role")
     ax.set_title("head roles")
     unreachable = shown.isna().to_numpy()  # [heads, roles] a score the sliding window hides (review 9a A2)
-    for i, j in zip(*unreachable.nonzero()):
-        ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6", linewidth=0))
+    hatch_cells(ax, unreachable)
     lines = ["head roles"]
     if unreachable.any():
         lines[0] += " (hatched grey: not measurable, the sliding window hides the probe's key)"

@@ -41,6 +41,7 @@ from headscope.reports.plots import (
     axes,
     color_scale,
     fit_title,
+    hatch_cells,
     laid_out,
     quiet_reason,
     scale_ticks,
@@ -217,8 +218,7 @@ def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
         return
     grid = rows.assign(unreachable=rows["unreachable"].astype(bool)).pivot_table(
         index=index, columns="pos", values="unreachable", aggfunc="max").reindex(columns=columns)
-    for i, j in zip(*grid.fillna(False).astype(bool).to_numpy().nonzero()):
-        ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6", linewidth=0, zorder=3))
+    hatch_cells(ax, grid.fillna(False).astype(bool).to_numpy(), zorder=3)
     ax.set_title(ax.get_title() + "\n(hatched grey: beyond the sliding windows' reach of the answer, 0 by "
                  "construction)", fontsize="medium")
 
