@@ -191,8 +191,7 @@ def sink_stats(model, tokens: torch.Tensor, norms: pd.DataFrame, n_sink: int = 1
                    seen: list = seen) -> None:
             # pattern [prompts, head, c, keys] -> each prompt's mean over the layer's rows and heads of the mass
             # on the sinks (sinks.sink_mass)
-            keep = torch.isin(queries.cpu(), seen[layer]).to(pattern.device)  # [c]
-            got = pattern[..., :n_sink].sum(-1)[:, :, keep].sum(-1)  # [prompts, head]
+            got = sinks.sink_mass_sum(pattern, queries, n_sink, seen[layer])  # [prompts, head]
             mass[:, layer] += got.double().sum(1).cpu() / (len(seen[layer]) * pattern.shape[1])
 
         hooks.reduce_patterns(model, group, reduce, query_positions=rows, logits_from=group.shape[1] - 1)

@@ -66,8 +66,9 @@ class AttentionStats:
     def __init__(self, spans: torch.Tensor, n_prompt: int, n_sink: int, *, causal: bool,
                  windows: Sequence[int | None] = ()) -> None:
         self.spans, self.n_prompt, self.n_sink, self.causal = spans, n_prompt, n_sink, causal
-        self.first = int(query_rows(n_prompt, n_sink, causal=causal)[0])  # the sink average's first query row
-        # per sliding-window layer, the rows its sink mass averages (a global layer: every row from `first`)
+        # the rows each layer's sink mass averages (sinks.sink_rows): a global layer's every prompt row from n_sink
+        # (encoders: every row), a sliding-window layer's those of them that see the first token
+        self.all_rows = query_rows(n_prompt, n_sink, causal=causal)
         self.rows = {layer: sink_rows(n_prompt, n_sink, w, causal=causal) for layer, w in enumerate(windows or ())
                      if w is not None}
         self.gold: dict[int, torch.Tensor] = {}
@@ -85,14 +86,9 @@ class AttentionStats:
                 self._add(self.gold, layer, pattern[:, :, int(at[0, 0])] @ in_gold[:, :, None], 1.0)
         else:
             self._add(self.gold, layer, pattern.sum(2) @ in_gold[:, :, None], 1.0 / self.n_prompt)
-        # the queries are the prompt's (reduce_patterns' query_positions), so rows >= first count
-        rows = self.rows.get(layer)
-        if rows is None:
-            mass = sink_mass_sum(pattern, queries, self.n_sink, self.first)  # [batch, head]
-            self._add(self.sink, layer, mass, 1.0 / (self.n_prompt - self.first))
-        else:  # a sliding-window layer: only the rows that see the first token
-            keep = torch.isin(queries, rows.to(queries.device))  # [c]
-            self._add(self.sink, layer, pattern[..., :self.n_sink].sum(-1)[:, :, keep].sum(-1), 1.0 / len(rows))
+        # the queries are the prompt's (reduce_patterns' query_positions); the layer's rows count
+        rows = self.rows.get(layer, self.all_rows)
+        self._add(self.sink, layer, sink_mass_sum(pattern, queries, self.n_sink, rows), 1.0 / len(rows))
 
     @staticmethod
     def _add(store: dict, layer: int, value: torch.Tensor, weight: float) -> None:

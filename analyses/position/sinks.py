@@ -59,12 +59,12 @@ def sink_mass(
     return mass.index_select(-1, rows).mean(-1)  # [batch, head]
 
 
-def sink_mass_sum(pattern: torch.Tensor, queries: torch.Tensor, n_sink: int, first: int) -> torch.Tensor:
+def sink_mass_sum(pattern: torch.Tensor, queries: torch.Tensor, n_sink: int, rows: torch.Tensor) -> torch.Tensor:
     """sink_mass's numerator on a chunk of query rows: [batch, head, c, k] weights of the query
-    positions `queries` [c] -> [batch, head], the sum over those at or after `first` of the mass
-    on keys < n_sink (divide the sum over every chunk by the number of such rows)."""
-    rows = (queries >= first).to(pattern.device)
-    return pattern[..., :n_sink].sum(-1)[:, :, rows].sum(-1)
+    positions `queries` [c] -> [batch, head], the sum over those among `rows` (the positions averaged:
+    sink_rows) of the mass on keys < n_sink (divide the sum over every chunk by len(rows))."""
+    keep = torch.isin(queries, rows.to(queries.device)).to(pattern.device)  # [c]
+    return pattern[..., :n_sink].sum(-1)[:, :, keep].sum(-1)
 
 
 def uniform_baseline(
