@@ -4,7 +4,16 @@ from headscope.hooks.cache import Activations, head_result
 from headscope.hooks.capture import capture, run_with_cache
 from headscope.hooks.interventions import ablate, head_gates, patch
 from headscope.hooks.kv_states import GenerationTrace, KVStates, generate_with_kv, kv_states
-from headscope.hooks.memories import ExpertLayout, MLPMemories, expert_layout, is_moe, mlp_memories, moe_coefficients, n_memories
+from headscope.hooks.memories import (
+    ExpertLayout,
+    MLPMemories,
+    expert_layout,
+    is_moe,
+    mlp_memories,
+    moe_coefficients,
+    moe_layers,
+    n_memories,
+)
 from headscope.hooks.patterns import attention_pattern, reduce_patterns
 from headscope.hooks.sites import SITES, available_sites, check_site, parse_site, site
 
@@ -27,6 +36,7 @@ __all__ = [
     "head_gates",
     "head_result",
     "is_moe",
+    "moe_layers",
     "kv_states",
     "mlp_memories",
     "moe_coefficients",

@@ -120,6 +120,11 @@ def is_moe(model, layer: int) -> bool:
     return _moe(getattr(model.bridge.blocks[layer], "mlp", None)) is not None
 
 
+def moe_layers(model) -> list[int]:
+    """The layers whose MLP is a mixture of experts (is_moe), in order; [] on a dense model."""
+    return [layer for layer in range(model.facts.n_layers) if is_moe(model, layer)]
+
+
 def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     """The memory coefficients [..., d_mlp] of a mixture-of-experts MLP from its input x
     [..., d_model] (see the module doc): per expert, only on the tokens routed to it, weighted by

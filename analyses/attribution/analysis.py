@@ -313,6 +313,7 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         f_x = forward(tokens, *tgt)  # [g]
         f_b = forward(ig_baselines(tokens, baseline), *tgt)  # [g]
     score_rows, tau, pairs, perm_rows, ig_rows, token_rows = [], [], [], [], [], []
+    visible: dict | None = None  # window_starts: the same for every example of the group (its keys, windows and n)
     for j, ex in enumerate(idx):
         methods = {
             "saliency": grads["saliency"][j, 1:-1], "grad_x_input": grads["grad_x_input"][j, 1:-1],
@@ -320,7 +321,8 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         }
         methods = {k: _distribution(v) for k, v in methods.items()}
         attention = _attention_vectors(per_head[j, :, :, 1:-1], roll[j, 1:-1])
-        visible = window_starts(attention, windows, n)
+        if visible is None:
+            visible = window_starts(attention, windows, n)
         tau.extend(tau_rows(ex, attention, methods, alpha=cfg.alpha, visible_from=visible))
         pairs.extend(method_pair_rows(ex, methods, alpha=cfg.alpha))
         score_rows.append(_score_frame(model, ex, tokens[j], scored, attention, methods, offset=spans[ex][0],

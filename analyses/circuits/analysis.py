@@ -401,7 +401,7 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
-               "moe_layers": [layer for layer in range(model.facts.n_layers) if hooks.is_moe(model, layer)]}
+               "moe_layers": hooks.moe_layers(model)}
     return Result(name="circuits", df=mean, summary=summary, tables={"dla": dla, "dla_mean": mean}, config=asdict(config))
 
 
@@ -419,7 +419,7 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
-               "moe_layers": [layer for layer in range(model.facts.n_layers) if hooks.is_moe(model, layer)]}
+               "moe_layers": hooks.moe_layers(model)}
     tables = {"lens": lens, "dla": dla, "dla_mean": mean}
     if config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness
         from headscope.analyses.circuits.faithfulness import circuit_discovery

@@ -375,15 +375,15 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
 
 
 def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
-    f = model.facts
+    f, moe = model.facts, hooks.moe_layers(model)
     return {
         "model": f.name, "task": scorer.name, "metric": scorer.kind, "n_examples": len(scorer),
         "n_layers": f.n_layers, "heads_per_layer": f.n_heads, "n_heads": f.n_layers * f.n_heads,
         "baseline_metric": baseline,
         # removing a head can switch the router's experts, which a first-order gradient cannot see
-        "mixture_of_experts": any(hooks.is_moe(model, layer) for layer in range(f.n_layers)),
+        "mixture_of_experts": bool(moe),
         # which blocks are (a dense MLP among MoE blocks: Qwen2-MoE's mlp_only_layers), for the finding's words
-        "moe_layers": [layer for layer in range(f.n_layers) if hooks.is_moe(model, layer)],
+        "moe_layers": moe,
     }
 
 
