@@ -96,6 +96,12 @@ def _interval(values: np.ndarray, metric: str, chance: float, alpha: float) -> t
     return [mean - half, mean + half], float(stats.ttest_1samp(values, chance).pvalue)
 
 
+def _flat(x: Any) -> np.ndarray:
+    """Values (a tensor, array or sequence) as a flat float64 array."""
+    x = x.detach().double().cpu().numpy() if isinstance(x, torch.Tensor) else x
+    return np.asarray(x, dtype=np.float64).ravel()
+
+
 def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, chance: float | None = None,
            vocab_size: int | None = None, n_classes: int | None = None, alpha: float = ALPHA,
            floor: float | None = None, words: str | None = None, against: str | None = None) -> dict[str, Any] | None:
@@ -107,9 +113,7 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
     model_on_task and from_summary add what the chance value was computed from (`with_basis`). words and
     against name the values and their reference in the reason (default: the metric, "chance (<value>)"):
     assess_per_row tests margins over each row's chance against 0."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().double().cpu().numpy()
-    values = np.asarray(values, dtype=np.float64).ravel()
+    values = _flat(values)
     values = values[np.isfinite(values)]
     if chance is None:
         chance = chance_value(metric, vocab_size=vocab_size, n_classes=n_classes)
@@ -336,12 +340,8 @@ def assess_per_row(values: Sequence[float] | np.ndarray | torch.Tensor, chances:
       "margin" {"mean", "ci", "per_token", "n_above" (rows above their own chance), "n"}.
     The test, p_value, effect_size, floor and reason are the margins'. Equal chances (one answer length) give the
     same verdict as assess on the metric, the per-token floor aside."""
-    def flat(x: Any) -> np.ndarray:
-        x = x.detach().double().cpu().numpy() if isinstance(x, torch.Tensor) else x
-        return np.asarray(x, dtype=np.float64).ravel()
-
-    values, chances = flat(values), flat(chances)
-    units = np.ones_like(values) if tokens is None else flat(tokens)
+    values, chances = _flat(values), _flat(chances)
+    units = np.ones_like(values) if tokens is None else _flat(tokens)
     keep = np.isfinite(values) & np.isfinite(chances) & (units > 0)
     values, chances, units = values[keep], chances[keep], units[keep]
     if len(values) == 0:
@@ -482,11 +482,7 @@ def gap_within_noise(clean: Sequence[float] | np.ndarray | torch.Tensor, corrupt
     |mean gap| is under the metric's effect floor (FLOORS; normalized_logit_diff's raw values are logit
     differences). Returns None when the gap is clear, else {"gap", "ci" (None for one pair), "n_examples",
     "floor", "reason"}: a share of such a gap (effect / gap) is noise divided by noise."""
-    def flat(x: Any) -> np.ndarray:
-        x = x.detach().double().cpu().numpy() if isinstance(x, torch.Tensor) else x
-        return np.asarray(x, dtype=np.float64).ravel()
-
-    diff = flat(clean) - flat(corrupted)  # [batch]
+    diff = _flat(clean) - _flat(corrupted)  # [batch]
     diff = diff[np.isfinite(diff)]
     if len(diff) == 0:
         return None
