@@ -22,6 +22,7 @@ from headscope.reports.provenance import (
     below_quick_line,
     bos_sentence,
     budget_line,
+    manifest_speeds,
     provenance_html,
     provenance_markdown,
     section_provenance,
@@ -134,14 +135,15 @@ def _findings_markdown(names: Sequence[str], status: Mapping[str, str], texts: M
     return "\n".join(lines) + "\n"
 
 
-def _with_users(examples: pd.DataFrame, out: Path, names: Sequence[str]) -> pd.DataFrame:
+def _with_users(examples: pd.DataFrame, out: Path, names: Sequence[str],
+                speeds: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """The task table with a "used by" column: the analyses whose task.json lists the row among the rows
     they ran on (a table without file row numbers, written before they were recorded, is left as it is)."""
     if "row" not in examples.columns:
         return examples
     users: dict[str, list[str]] = {}
     for name in names:
-        rows = section_provenance(out / name).get("rows")
+        rows = section_provenance(out / name, speeds=speeds).get("rows")
         for r in rows if isinstance(rows, list) else ():
             users.setdefault(str(r), []).append(name)
     return examples.assign(**{"used by": [", ".join(users.get(r, [])) for r in examples["row"]]})
@@ -183,7 +185,8 @@ def _provenance_markdown(info: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _section(out: Path, name: str, status: str, used: str = "") -> tuple[str, str, str]:
+def _section(out: Path, name: str, status: str, used: str = "",
+             speeds: Mapping[str, Any] | None = None) -> tuple[str, str, str]:
     """(html section, markdown section, headline) for one analysis; `used`: the data it ran on
     (the manifest's task_used). A skipped analysis shows its reason, not as a failure."""
     folder = out / name
@@ -196,7 +199,8 @@ def _section(out: Path, name: str, status: str, used: str = "") -> tuple[str, st
         return head + f'<p class="{kind}">{msg}</p>', f"## {name}\n\n{md_escape(status or 'not run')}\n", status
     summary = io.read_json(folder / "summary.json")
     text = finding(name, summary)
-    record = section_provenance(folder, used)  # task, source, n, one sample prompt, what the budget changed
+    # task, source, n, one sample prompt, what the budget changed (speeds: the run's manifest, read once)
+    record = section_provenance(folder, used, speeds)
     parts = [head, provenance_html(record), _finding_html(text), _figures_html(folder, summary),
              _tables_html(folder, summary)]
     md = [f"## {name}", "", _guide(name), "", provenance_markdown(record),
@@ -282,8 +286,10 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     """report.html and report.md; task_used: per analysis, the data it ran on (shown in its section)."""
     sections, md_sections, texts = [], [], {}
     toc = [("findings", "Findings")]
+    speeds = manifest_speeds(out)  # each section's timed pass, read once for every section's provenance
     for name in names:
-        html_part, md_part, texts[name] = _section(out, name, status.get(name, ""), (task_used or {}).get(name, ""))
+        html_part, md_part, texts[name] = _section(out, name, status.get(name, ""), (task_used or {}).get(name, ""),
+                                                   speeds)
         sections.append(html_part)
         md_sections.append(md_part)
     explorer, explorer_md = _explorer_section(out)
@@ -297,7 +303,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         toc.append(("explorer", "attention explorer"))
     task_csv = out / "task_examples.csv"
     if task_csv.exists():
-        examples = _with_users(pd.read_csv(task_csv, dtype=str, keep_default_na=False), out, names)
+        examples = _with_users(pd.read_csv(task_csv, dtype=str, keep_default_na=False), out, names, speeds)
         sections.insert(0, "<h2 id='task'>task</h2><details open><summary>The examples of the task file "
                         "(a seeded sample of up to 200 rows, in file order; row: the file's row, 0-based; used by: "
                         "the analyses that ran on it)</summary>" + table_html(examples) + "</details>")

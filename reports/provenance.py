@@ -214,27 +214,25 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     return record
 
 
-def section_provenance(folder: Path, used: str = "") -> dict[str, Any]:
-    """The provenance of one analysis folder: its task.json, else what its summary says (older runs)."""
+def section_provenance(folder: Path, used: str = "", speeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The provenance of one analysis folder: its task.json, else what its summary says (older runs). speeds:
+    manifest_speeds of the run, where the caller has read them once for every section (None: read here)."""
     try:
         record = io.read_json(folder / TASK_FILE)
     except (OSError, ValueError):
         record = None
+    try:
+        summary = io.read_json(folder / "summary.json")
+    except (OSError, ValueError):
+        summary = {}
+    summary = summary if isinstance(summary, dict) else {}
     if not isinstance(record, dict):
-        try:
-            summary = io.read_json(folder / "summary.json")
-        except (OSError, ValueError):
-            summary = {}
-        summary = summary if isinstance(summary, dict) else {}
         record = {"task": summary.get("task"), "source": task_source(used), "n_examples": summary.get("n_examples"),
                   "sample": {}, "sample_note": f"no sample: this run wrote no {TASK_FILE}"}
-    try:
-        budget = io.read_json(folder / "summary.json").get("budget") or {}
-    except (OSError, ValueError, AttributeError):
-        budget = {}
+    budget = summary.get("budget") or {}
     changed = budget.get("changed") if isinstance(budget, dict) else None
     record["budget_changed"] = changed if isinstance(changed, dict) else {}
-    speed = manifest_speeds(folder.parent).get(folder.name)
+    speed = (manifest_speeds(folder.parent) if speeds is None else speeds).get(folder.name)
     if speed is not None:
         record["budget_speed"] = speed
     return record
