@@ -120,7 +120,7 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
         others = _tied_cells(s, kc, keep)
         named.extend((kind, o) for o in others)
         notes.extend(_head_notes(s, kc, others, gap))
-        return f"{name(kc)} ({c['effect'] / gap if gap else c['effect']:.2f}{_effect_ci(c, gap)})" + _tie(kc, others, gap, s)
+        return f"{name(kc)} ({_value(c, gap):.2f}{_effect_ci(c, gap)})" + _tie(kc, others, gap, s)
 
     answer = s.get("metric_at_last_position", True) is not False  # older summaries: every default metric is
     whole = by_construction(cells, gap, normalized) if answer else []
@@ -255,7 +255,7 @@ def _head_notes(s: Mapping[str, Any], kc: tuple, others: list, gap: float | None
         if (together is not None and total * together["effect"] > 0 and abs(together["effect"]) > 1.5 * abs(total)
                 and (low is None or (low > total if total > 0 else max(ci) < total))):
             every = "" if heads is None or len(alone) != heads else f"all {len(alone)} of "
-            notes.append(f"Patched alone, {every}layer {layer}'s heads restore {_value({'effect': total}, gap):.2f} "
+            notes.append(f"Patched alone, {every}layer {layer}'s heads restore {total / gap if gap else total:.2f} "
                          f"{'of the gap ' if gap else ''}in sum; together ({_where('attn_out', together)}) "
                          f"{_value(together, gap):.2f}{_effect_ci(together, gap)}: the effect is shared among them, not "
                          "carried by one head.")

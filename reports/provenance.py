@@ -61,7 +61,11 @@ def _decode(tokenizer: Any, ids: Any) -> str:
     bos = getattr(tokenizer, "bos_token_id", None)
     if len(ids) > 1 and bos is not None and ids[0] == bos:
         ids = ids[1:]
-    text = tokenizer.decode(ids)
+    return _clip(tokenizer.decode(ids))
+
+
+def _clip(text: str) -> str:
+    """A sample string cut at SAMPLE_CHARS (an ellipsis marks the cut)."""
     return text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
 
 
@@ -149,7 +153,7 @@ def _as_written(sample: Mapping[str, str], data: Any, user_rows: Any) -> dict[st
     for part, field in FILE_FIELDS.items():
         text = row.get(field)
         if part in out and isinstance(text, str):
-            out[part] = text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
+            out[part] = _clip(text)
     return out
 
 
