@@ -169,15 +169,21 @@ def withheld(name: str, s: Mapping[str, Any]) -> str:
             verdict = "underpowered (its interval cannot tell chance from a good probe)"
     except (TypeError, ValueError, KeyError, AttributeError):
         pass
+    n = s.get("n_examples")
+    said = _chance_numbers(entry, f"{n} {probe_unit(s)}" if n is not None else "")
+    return f"calls the probe {verdict}" + (f" ({said})" if said else "") + " and withholds it"
+
+
+def _chance_numbers(entry: Mapping[str, Any], count: str) -> str:
+    """'<metric> m against chance c, 95% CI [a, b], <count>': the numbers a chance record gives, as a report that
+    withholds its finding at chance states them (count: e.g. '16 examples'; '' for none)."""
     numbers = [f"{_words(entry.get('metric', 'score'))} {entry['mean']:.3g}" if _number(entry.get("mean")) else ""]
     if _number(entry.get("chance_value")):
         numbers[0] = f"{numbers[0]} against chance {entry['chance_value']:.3g}".strip()
     if (ci := _pair(entry.get("ci"))) is not None:
         numbers.append(ci_words(ci, ".3g"))
-    if s.get("n_examples") is not None:
-        numbers.append(f"{s['n_examples']} {probe_unit(s)}")
-    said = ", ".join(x for x in numbers if x)
-    return f"calls the probe {verdict}" + (f" ({said})" if said else "") + " and withholds it"
+    numbers.append(count)
+    return ", ".join(x for x in numbers if x)
 
 
 CHANCE_WITHHELD = ("attribution", "mlp")  # their findings report what was measured only at chance (_chance)
@@ -194,15 +200,8 @@ def withheld_at_chance(name: str, s: Mapping[str, Any]) -> str:
     verdict = ("says the model does not do its task (accuracy 0 on a copy task)" if does_not_copy(entry) else
                f"calls the model {'below' if _below(entry) else 'at'} chance on "
                + (f"task {entry['task']}" if isinstance(entry.get("task"), str) else "its task"))  # as its finding
-    numbers = [f"{_words(entry.get('metric', 'score'))} {entry['mean']:.3g}" if _number(entry.get("mean")) else ""]
-    if _number(entry.get("chance_value")):
-        numbers[0] = f"{numbers[0]} against chance {entry['chance_value']:.3g}".strip()
-    if (ci := _pair(entry.get("ci"))) is not None:
-        numbers.append(ci_words(ci, ".3g"))
     n = entry.get("n_examples", s.get("n_examples"))
-    if _number(n):
-        numbers.append(f"{n} examples")
-    said = ", ".join(x for x in numbers if x)
+    said = _chance_numbers(entry, f"{n} examples" if _number(n) else "")
     return verdict + (f" ({said})" if said else "") + " and withholds its relative findings"
 
 
