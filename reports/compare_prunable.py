@@ -37,16 +37,26 @@ def _reaches_none(s: Mapping[str, Any], ordering: str) -> bool | None:
     return None if ci is None else ci[0] <= 0
 
 
-def first_removed(run: Run, ordering: str) -> list[str] | None:
-    """The heads `ordering`'s fixed order removes, first first (heads/curve.csv's `pruned`, seed 0's curve); None
-    without that column, for random and recomputed orders (which re-rank after each step)."""
+def _fixed_curve(run: Run, ordering: str, column: str) -> Any:
+    """The rows of `ordering`'s fixed (not recomputed) curve in heads/curve.csv, its first seed's, where the table
+    has `column`; None where it is not recorded."""
     curve = run.table("heads", "curve")
-    if ordering.startswith("random") or ordering.endswith("_recompute") or curve is None or \
-            not {"ordering", "recompute", "n_pruned", "pruned"} <= set(curve.columns):
+    if curve is None or not {"ordering", "recompute", "n_pruned", column} <= set(curve.columns):
         return None
     rows = curve[(curve["ordering"] == ordering) & (curve["recompute"].astype(str) != "True")]
     if "seed" in rows.columns and not rows.empty:
         rows = rows[rows["seed"] == rows["seed"].min()]
+    return rows
+
+
+def first_removed(run: Run, ordering: str) -> list[str] | None:
+    """The heads `ordering`'s fixed order removes, first first (heads/curve.csv's `pruned`, seed 0's curve); None
+    without that column, for random and recomputed orders (which re-rank after each step)."""
+    if ordering.startswith("random") or ordering.endswith("_recompute"):
+        return None
+    rows = _fixed_curve(run, ordering, "pruned")
+    if rows is None:
+        return None
     out = []
     for cell in rows.sort_values("n_pruned")["pruned"]:
         out += str(cell).split() if isinstance(cell, str) else []
@@ -113,12 +123,9 @@ def verdict_words(a: Run, b: Run, ordering: str, fractions: tuple[float, float],
 
 def _fixed_means(run: Run, ordering: str) -> dict[int, float] | None:
     """{heads removed: mean metric} of `ordering`'s fixed curve (heads/curve.csv, seed 0's), None where not recorded."""
-    curve = run.table("heads", "curve")
-    if curve is None or not {"ordering", "recompute", "n_pruned", "metric"} <= set(curve.columns):
+    rows = _fixed_curve(run, ordering, "metric")
+    if rows is None:
         return None
-    rows = curve[(curve["ordering"] == ordering) & (curve["recompute"].astype(str) != "True")]
-    if "seed" in rows.columns and not rows.empty:
-        rows = rows[rows["seed"] == rows["seed"].min()]
     return {int(k): float(v) for k, v in zip(rows["n_pruned"], rows["metric"])} or None
 
 
