@@ -34,8 +34,8 @@ from headscope.reports.compare_run import (
 )
 from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
 from headscope.reports.findings import and_join
-from headscope.reports.heads_words import line_name
 from headscope.reports.plots import color_scale, fit_title, symmetric_bound
+from headscope.reports.pruning_words import line_name
 from headscope.reports.render import escape
 
 Z95 = 1.96  # two-sided 95% normal quantile: a difference within Z95 x its standard error is within noise
@@ -348,7 +348,7 @@ def run_tolerance(run: Run) -> tuple[float, float | None]:
 
 
 def held_count(run: Run, ordering: str) -> Any:
-    """The count of heads where `run`'s bootstrap interval for `ordering` is that single value (reports/heads_words.py
+    """The count of heads where `run`'s bootstrap interval for `ordering` is that single value (reports/pruning_words.py
     then says "close to the 1% line", not fragile: the count held in most resamples), else None."""
     bounds = interval_heads(run.summary("heads") or {}, ordering)
     if bounds is None or bounds[0] != bounds[1]:

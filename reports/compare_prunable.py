@@ -1,6 +1,6 @@
 """The prunable verdicts for `headscope compare` (compare_heads.pruning_notes): two runs can remove the same number of
 heads while their heads findings say different things of it, because the verdict rests on the count's bootstrap
-interval (one that reaches 0 heads is "no evidence that any head is dispensable": reports/heads_words.py) and on
+interval (one that reaches 0 heads is "no evidence that any head is dispensable": reports/pruning_words.py) and on
 whether the count sits on its 1% line (fragile). Where the verdicts differ the page says so and why: both
 intervals, and where the fixed order's first heads are removed in another order by the two runs, which heads
 swap and the start-of-order ties each summary records (tied_first_pruned_<method>, close_first_pruned_<method>:
@@ -14,7 +14,8 @@ from typing import Any
 
 from headscope.reports.compare_run import SIDES, Run, _number, dtype_of, precision_only
 from headscope.reports.findings import and_join
-from headscope.reports.heads_words import heads_span, start_of_order
+from headscope.reports.heads_words import start_of_order
+from headscope.reports.pruning_words import heads_span
 
 ABLATION_METHODS = ("zero", "mean", "resample")  # the ablation order ranks by one of these (its summary keys' suffix)
 
@@ -30,7 +31,7 @@ def interval_heads(s: Mapping[str, Any], ordering: str) -> tuple[float, float] |
 
 def _reaches_none(s: Mapping[str, Any], ordering: str) -> bool | None:
     """Whether the heads finding sees no evidence that any head is dispensable by `ordering`: its interval reaches 0
-    heads, a count above 0 ("no evidence that any head is dispensable": heads_words `_prunable_words`) or a count of
+    heads, a count above 0 ("no evidence that any head is dispensable": pruning_words `prunable_words`) or a count of
     0 ("0-0 heads" is none; review 11b A7: "A's (0-0 heads) does not [reach none]" contradicted itself); None without
     an interval."""
     ci = interval_heads(s, ordering)
