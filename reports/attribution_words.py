@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headscope.analyses.attribution.convergence import IgUse, ig_use
-from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, and_join, int_span, t_interval, wilson
+from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, and_join, ci_pair, int_span, t_interval, wilson
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -150,9 +150,8 @@ def metric_effect(s: Mapping[str, Any], key: str, size_key: str | None = None) -
 def _abs_ci(s: Mapping[str, Any], key: str, size: float, n: int) -> str:
     """The interval of a mean absolute change, which cannot go below 0: the summary's percentile bootstrap over
     examples (<key>_ci), else (older summaries) the t interval with its lower bound clipped at 0, said so."""
-    boot = s.get(f"{key}_ci")
-    if isinstance(boot, Sequence) and len(boot) == 2 and None not in map(_num, boot):
-        return f", bootstrap 95% CI [{_num(boot[0]):.3g}, {_num(boot[1]):.3g}] over examples"
+    if (boot := ci_pair(s.get(f"{key}_ci"))) is not None:
+        return f", bootstrap 95% CI [{boot[0]:.3g}, {boot[1]:.3g}] over examples"
     interval = t_interval(size, _num(s.get(f"{key}_sd")), n)
     if interval is None or interval[0] >= 0:
         return _ci(interval, ".3g")
@@ -435,8 +434,8 @@ def _paired_words(entry: Mapping[str, Any] | None) -> str:
     """'+0.21, 95% CI [+0.05, +0.38], Holm-corrected p = 0.03' from a rollout_vs_raw entry ('' without its test)."""
     if not isinstance(entry, Mapping):
         return ""
-    mean, p, ci = _num(entry.get("mean")), _num(entry.get("p_holm")), entry.get("ci")
-    if mean is None or p is None or not isinstance(ci, Sequence) or len(ci) != 2 or None in map(_num, ci):
+    mean, p, ci = _num(entry.get("mean")), _num(entry.get("p_holm")), ci_pair(entry.get("ci"))
+    if mean is None or p is None or ci is None:
         return ""
     return f"{mean:+.2f}{_ci(ci, '+.2f')}, Holm-corrected p = {p:.2g}"
 

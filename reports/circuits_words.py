@@ -10,15 +10,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct, wilson
+from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct, ci_pair, wilson
 from headscope.reports.moe_words import mlp_components_sentence
 
 
 def _interval(entry: Any) -> tuple[float, float] | None:
-    ci = entry.get("ci") if isinstance(entry, Mapping) else None
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci):
-        return float(ci[0]), float(ci[1])
-    return None
+    return ci_pair(entry.get("ci")) if isinstance(entry, Mapping) else None
 
 
 def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None) -> str:
@@ -206,7 +203,7 @@ def finding(s: Mapping[str, Any]) -> str:
 
 def _boot(ci: Any) -> str:
     """'95% bootstrap CI [lo, hi] over examples; ' for a recorded interval, else ''."""
-    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+    if (ci := ci_pair(ci)) is None:
         return ""
     return f"95% bootstrap CI [{ci[0]:.3f}, {ci[1]:.3f}] over examples; "
 
@@ -268,9 +265,8 @@ def _lens_logit_diff(s: Mapping[str, Any], layers: set) -> str:
     cis = s.get("lens_logit_diff_ci_per_layer") or {}
 
     def value(l: int) -> str:  # the mean, with its 95% t interval over examples where the summary records one
-        ci = cis.get(str(l))
-        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci)
-        return f"{diffs[l]:.3g}" + (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if ok else "")
+        ci = ci_pair(cis.get(str(l)))
+        return f"{diffs[l]:.3g}" + (f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if ci else "")
 
     shown = [value(l) + " at " + ("the embeddings" if l == 0 else f"block {l}'s input")
              for l in sorted(diffs) if l in layers and l != last]

@@ -35,15 +35,9 @@ from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core.chance import does_not_copy, metric_ci
 from headscope.reports.attribution_words import loo_rounds
 from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
-from headscope.reports.findings import _below, _chance, _words, ci_words, t_interval, wilson
+from headscope.reports.findings import _below, _chance, _words, ci_pair, ci_words, t_interval, wilson
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
-
-
-def _pair(value: Any) -> tuple[float, float] | None:
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_number(x) for x in value) and value[0] <= value[1]:
-        return float(value[0]), float(value[1])
-    return None
 
 
 def _chance_entry(s: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -55,7 +49,7 @@ Quantity = tuple[str, Any, "tuple[float, float] | None", Any, str]  # (label, va
 
 
 def _heads(s: Mapping[str, Any]) -> list[Quantity]:
-    ci = _pair(metric_ci(_chance_entry(s)))  # the interval the heads finding prints (review 11b A1)
+    ci = ci_pair(metric_ci(_chance_entry(s)), ordered=True)  # the interval the heads finding prints (review 11b A1)
     return [(f"heads unpruned {_words(s.get('metric', 'metric'))}", s.get("baseline_metric"), ci, s.get("n_examples"),
              "examples")]
 
@@ -64,8 +58,8 @@ def _kv(s: Mapping[str, Any]) -> list[Quantity]:
     value, entry = s.get("metric_unevicted"), _chance_entry(s)
     said = entry.get("at_chance") is True and _number(value) and _number(entry.get("mean")) and \
         abs(entry["mean"] - value) <= 1e-6 + 1e-3 * abs(value)  # its chance sentence prints this mean's CI
-    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", value, _pair(metric_ci(entry)) if said else None,
-             s.get("n_examples"), "examples")]
+    ci = ci_pair(metric_ci(entry), ordered=True) if said else None
+    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", value, ci, s.get("n_examples"), "examples")]
 
 
 def probe_unit(s: Mapping[str, Any]) -> str:
@@ -80,7 +74,8 @@ def probe_unit(s: Mapping[str, Any]) -> str:
 
 def _probes(s: Mapping[str, Any]) -> list[Quantity]:
     metric = s.get("metric", "accuracy")
-    return [(f"probes best {'R^2' if metric == 'r2' else _words(metric)}", s.get(f"best_{metric}"), _pair(s.get("best_ci")),
+    ci = ci_pair(s.get("best_ci"), ordered=True)
+    return [(f"probes best {'R^2' if metric == 'r2' else _words(metric)}", s.get(f"best_{metric}"), ci,
              s.get("n_examples"), probe_unit(s))]
 
 
@@ -180,7 +175,7 @@ def _chance_numbers(entry: Mapping[str, Any], count: str) -> str:
     numbers = [f"{_words(entry.get('metric', 'score'))} {entry['mean']:.3g}" if _number(entry.get("mean")) else ""]
     if _number(entry.get("chance_value")):
         numbers[0] = f"{numbers[0]} against chance {entry['chance_value']:.3g}".strip()
-    if (ci := _pair(entry.get("ci"))) is not None:
+    if (ci := ci_pair(entry.get("ci"), ordered=True)) is not None:
         numbers.append(ci_words(ci, ".3g"))
     numbers.append(count)
     return ", ".join(x for x in numbers if x)

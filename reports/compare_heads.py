@@ -33,7 +33,7 @@ from headscope.reports.compare_run import (
     tasks_differ,
 )
 from headscope.reports.compare_top import refuses_to_rank, top_heads_notes
-from headscope.reports.findings import and_join
+from headscope.reports.findings import and_join, ci_pair
 from headscope.reports.plots import color_scale, fit_title, symmetric_bound
 from headscope.reports.pruning_words import line_name
 from headscope.reports.render import escape
@@ -65,10 +65,8 @@ def metric_se(run: Run) -> float | None:
     chance = (run.summary("heads") or {}).get("chance")
     if not isinstance(chance, Mapping) or chance.get("ci_level", 0.95) != 0.95:
         return None
-    ci = metric_ci(chance)  # the metric's own interval (review 11b A1)
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_number(x) for x in ci) and ci[1] >= ci[0]:
-        return (float(ci[1]) - float(ci[0])) / (2 * Z95)
-    return None
+    ci = ci_pair(metric_ci(chance), ordered=True)  # the metric's own interval (review 11b A1)
+    return (ci[1] - ci[0]) / (2 * Z95) if ci else None
 
 
 def _head_se(run: Run, method: str) -> pd.DataFrame | None:

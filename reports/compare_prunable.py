@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.reports.compare_run import SIDES, Run, _number, dtype_of, precision_only
-from headscope.reports.findings import and_join
+from headscope.reports.findings import and_join, ci_pair
 from headscope.reports.heads_words import start_of_order
 from headscope.reports.pruning_words import heads_span
 
@@ -23,10 +23,7 @@ ABLATION_METHODS = ("zero", "mean", "resample")  # the ablation order ranks by o
 def interval_heads(s: Mapping[str, Any], ordering: str) -> tuple[float, float] | None:
     """prunable_ci_<ordering>'s bootstrap interval in heads (None where not recorded)."""
     ci = s.get(f"prunable_ci_{ordering}")
-    bounds = ci.get("interval_heads") if isinstance(ci, Mapping) else None
-    if isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(map(_number, bounds)):
-        return float(bounds[0]), float(bounds[1])
-    return None
+    return ci_pair(ci.get("interval_heads")) if isinstance(ci, Mapping) else None
 
 
 def _reaches_none(s: Mapping[str, Any], ordering: str) -> bool | None:

@@ -43,6 +43,17 @@ def _num(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def ci_pair(value: Any, *, ordered: bool = False) -> tuple[float, float] | None:
+    """A recorded interval as (low, high) floats: a list or tuple of two finite numbers (`_num`), else None (missing,
+    one end, NaN, a bool). ordered=True also asks low <= high, for callers that read its width (compare's noise)."""
+    if not (isinstance(value, (list, tuple)) and len(value) == 2):
+        return None
+    low, high = _num(value[0]), _num(value[1])
+    if low is None or high is None or (ordered and low > high):
+        return None
+    return low, high
+
+
 def and_join(words: list[str]) -> str:
     """'a', 'a and b', 'a, b and c': a list in a finding's words."""
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
@@ -176,7 +187,7 @@ def per_row_chance(entry: Mapping[str, Any]) -> str:
     said = f"against chance {span[1]:.3g} to {span[0]:.3g} per row" + (f" ({', '.join(how)})" if how else "")
     if isinstance(margin, Mapping) and _num(margin.get("mean")) is not None:
         ci = margin.get("ci")
-        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in map(_num, ci)
+        ok = ci_pair(ci) is not None
         said += (f"; margin over each row's own chance {margin['mean']:+.3g}"
                  + (" per answer token" if margin.get("per_token") else "") + (f", {ci_words(ci, '.3g')}" if ok else "")
                  + (f", above it on {margin['n_above']} of {margin['n']} rows"
@@ -195,13 +206,12 @@ def _prompt_prior(entry: Mapping[str, Any]) -> str | None:
     level = _num(entry.get("chance_value")) or 0.0
 
     def ci(x: Any) -> str:
-        ok = isinstance(x, (list, tuple)) and len(x) == 2 and all(_num(v) is not None for v in x)
-        return ci_words(x, ".3g") if ok else "no CI"
+        return ci_words(x, ".3g") if ci_pair(x) else "no CI"
 
     diff = (f"clean minus corrupted {paired['mean']:+.3g}, {ci(paired.get('ci'))}, paired over "
             f"{_num(paired.get('n')) or 0:.0f} prompts")
-    span, floor = paired.get("ci"), _num(entry.get("floor"))
-    inside = isinstance(span, (list, tuple)) and len(span) == 2 and None not in map(_num, span) and span[0] <= 0 <= span[1]
+    span, floor = ci_pair(paired.get("ci")), _num(entry.get("floor"))
+    inside = span is not None and span[0] <= 0 <= span[1]
     if entry.get("prompt_independent") is True:  # chance.corrupted_baseline: within noise, or under the floor in size
         diff += ": within noise" if inside else f", under the {floor:.3g}-logit effect floor" if floor is not None else ""
         return (f"below {level:.3g} by {level - mean:.2g} logits, and the corrupted prompts give a similar {corrupt:.3g} "

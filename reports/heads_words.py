@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import metric_ci, t_half_width
-from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, ci_words, ordinal, sliding_words
+from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, ci_pair, ci_words, ordinal, sliding_words
 from headscope.reports.moe_words import blocks_subject
 from headscope.reports.pruning_words import prunable_words, span_tolerance
 
@@ -234,12 +234,7 @@ def _leading_words(s: Mapping[str, Any], metric: str) -> str:
         return ""
     method = key.removeprefix("top_head_")
     verb = f"{method.capitalize()}-ablating" if method in ("zero", "mean", "resample") else f"Ablating ({method})"
-
-    def bounds(ci: Any) -> tuple[float, float] | None:
-        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci)
-        return (float(ci[0]), float(ci[1])) if ok else None
-
-    ci, next_ci = bounds(top.get("ci")), bounds(top.get("next_ci"))
+    ci, next_ci = ci_pair(top.get("ci")), ci_pair(top.get("next_ci"))
     n, head, other = top.get("n_examples"), top["head"], top["next_head"]
     said = f"{verb} {head} alone costs {value:.3g} {metric} ({ci_words(ci, '.3g') + ', ' if ci else ''}{n} examples)"
     # analysis._leading's rule: clear where its interval's low end lies above the next head's high end

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.patching.attribution_patching import MISS, SPARSE, interval_stated
-from headscope.reports.findings import _ci, _num, and_join, fisher_interval, ordinal
+from headscope.reports.findings import _ci, _num, and_join, ci_pair, fisher_interval, ordinal
 from headscope.reports.patching_sites import KV_SITES, _reach, _size, _where
 
 
@@ -68,8 +68,8 @@ def _slope(kind: str, stats: Mapping[str, Any], rank: bool) -> str | None:
     from 1 (FAR, interval excluding 1) its effects are that multiple of the exact ones, so (where r is
     significant and the report ranks sites, `rank`) it ranks but does not size; None without a slope and
     interval (older summaries, fewer than three cells)."""
-    b, ci, n = _num(stats.get("slope")), stats.get("slope_ci"), stats.get("slope_n", stats.get("n"))
-    if b is None or not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+    b, ci, n = _num(stats.get("slope")), ci_pair(stats.get("slope_ci")), stats.get("slope_n", stats.get("n"))
+    if b is None or ci is None:
         return None
     said = f"least-squares slope {b:.2f} of attribution on exact{_ci(tuple(ci))}, n = {n} cells"
     if not ci[0] <= 1.0 <= ci[1] and not FAR[0] <= b <= FAR[1]:

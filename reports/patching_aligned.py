@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.findings import _num, and_join
+from headscope.reports.findings import _num, and_join, ci_pair
 from headscope.reports.patching_sites import CITED, _effect_ci, _size, changed_there, differ_offsets, share, split_token
 
 
@@ -100,10 +100,9 @@ def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str |
     def cell(r: Mapping[str, Any], first: bool) -> str:
         v = value(r)
         size = _fine(v) if v is not None else f"{r['effect']:.3g}"
-        ci = r.get("ci")
-        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci)
+        ci = ci_pair(r.get("ci"))
         bits = []
-        if ok:
+        if ci:
             lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else sorted(ci)
             bits.append(f"95% CI [{_fine(lo)}, {_fine(hi)}]")
         n = _num(r.get("n"))
@@ -132,7 +131,7 @@ def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str |
 def _column_caveat(s: Mapping[str, Any], cell: Mapping[str, Any]) -> str:
     """' (its CI reaches 0: 5 of 8 prompts reach this column and 2 of 8 have their changed token there)': what an
     end-aligned cell holds where the corrupted token's place differs across prompts (review 10b C1)."""
-    total, n, ci = _num(s.get("n_examples")), _num(cell.get("n")), cell.get("ci")
+    total, n, ci = _num(s.get("n_examples")), _num(cell.get("n")), ci_pair(cell.get("ci"))
     if not total:
         return ""
     bits = [] if n is None or n >= total else [f"{n:.0f} of {total:.0f} prompts reach this column"]
@@ -145,6 +144,5 @@ def _column_caveat(s: Mapping[str, Any], cell: Mapping[str, Any]) -> str:
         bits.append("no prompt " + what.replace("have their", "has its").replace("differ from their", "differs from its"))
     else:
         bits.append(f"{here} of {total:.0f}" + ("" if bits else " prompts") + f" {what}")
-    reaches = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci) \
-        and min(ci) <= 0 <= max(ci)
+    reaches = ci is not None and min(ci) <= 0 <= max(ci)
     return f" (its CI reaches 0: {and_join(bits)})" if reaches else f" ({and_join(bits)})"

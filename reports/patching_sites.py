@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.findings import _num, and_join
+from headscope.reports.findings import _num, and_join, ci_pair
 
 DEPTH = {"resid_pre": 0.0, "resid_mid": 0.5, "resid_post": 1.0}  # resid_post l is resid_pre l + 1: one state
 ATTENTION = ("attn_out", "head_out_by_pos")  # what attention writes at one position
@@ -28,9 +28,8 @@ def share(cell: Mapping[str, Any], gap: float | None, normalized: bool) -> tuple
     effect = _num(cell.get("effect"))
     if divisor is None or effect is None:
         return None
-    ci = cell.get("ci")
-    ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci)
-    return effect / divisor, tuple(sorted((ci[0] / divisor, ci[1] / divisor))) if ok else None
+    ci = ci_pair(cell.get("ci"))
+    return effect / divisor, tuple(sorted((ci[0] / divisor, ci[1] / divisor))) if ci else None
 
 
 def depth(kind: str, cell: Mapping[str, Any]) -> float:
@@ -103,8 +102,7 @@ def tied(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         return False
     spans = []
     for cell, other in ((a, eb), (b, ea)):
-        ci = cell.get("ci")
-        if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
+        if ci := ci_pair(cell.get("ci")):
             spans.append(min(ci) <= other <= max(ci))
     return bool(spans) and all(spans)
 
@@ -202,8 +200,8 @@ def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None
 def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
     """', 95% CI [lo, hi] over n examples' of a top site's effect (its recorded t interval over the
     per-example effects, divided by the gap when the finding states a share of it); '' without one."""
-    ci, n = cell.get("ci"), _num(cell.get("n"))
-    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(_num(c) is None for c in ci):
+    ci, n = ci_pair(cell.get("ci")), _num(cell.get("n"))
+    if ci is None:
         return f", n = {n:.0f} examples" if n else ""
     lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else (ci[0], ci[1])
     return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"

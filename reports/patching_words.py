@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, sliding_words
+from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, ci_pair, sliding_words
 from headscope.reports.patching_agreement import agreement
 from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _token_words
 from headscope.reports.patching_sites import (
@@ -250,8 +250,8 @@ def _head_notes(s: Mapping[str, Any], kc: tuple, others: list, gap: float | None
                 and (pos is None or c.get("pos") == pos)]
         together = max(attn, key=lambda c: abs(c["effect"]), default=None)
         total = sum(c["effect"] for c in alone)
-        ci = together.get("ci") if together is not None else None
-        low = min(ci) if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci) else None
+        ci = ci_pair(together.get("ci")) if together is not None else None
+        low = min(ci) if ci else None
         if (together is not None and total * together["effect"] > 0 and abs(together["effect"]) > 1.5 * abs(total)
                 and (low is None or (low > total if total > 0 else max(ci) < total))):
             every = "" if heads is None or len(alone) != heads else f"all {len(alone)} of "

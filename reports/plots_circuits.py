@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 
 from headscope.analyses.core import chance
 from headscope.reports.circuits_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.findings import _num
+from headscope.reports.findings import ci_pair
 from headscope.reports.moe_words import moe_layers
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
 
@@ -254,8 +254,7 @@ def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None 
     x, f = mib.fraction.to_numpy() * 100, mib.faithfulness.to_numpy()
 
     def ci(interval) -> str:
-        ok = isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_num(v) is not None for v in interval)
-        return f", 95% CI {interval[0]:.3f}-{interval[1]:.3f}" if ok else ""
+        return f", 95% CI {interval[0]:.3f}-{interval[1]:.3f}" if ci_pair(interval) else ""
 
     ax.fill_between(x, 0.0, f, color="C0", alpha=0.2,
                     label="CPR: area under f" + (f" = {cpr:.3f}{ci(cpr_ci)}" if cpr is not None else ""))

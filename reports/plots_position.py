@@ -18,7 +18,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.errors import ConfigError
-from headscope.reports.findings import _chance, _ci, _num, sink_sentence
+from headscope.reports.findings import _chance, _ci, _num, ci_pair, sink_sentence
 from headscope.reports.plots import axes, color_scale, line_colours, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
@@ -276,7 +276,7 @@ def _shape(values: Mapping[str, float], ci: Mapping[str, Any], n: Any) -> str:
         return ""
     worst = min(middle, key=lambda k: values[k])
     bounds = {k: ci.get(k) for k in (order[0], worst, order[-1])}
-    if not all(isinstance(b, (list, tuple)) and len(b) == 2 and all(_num(x) is not None for x in b) for b in bounds.values()):
+    if not all(ci_pair(b) for b in bounds.values()):
         return "No intervals to test the shape: no U-shape is claimed."
     size = f"n = {n} examples per position" if n is not None else "n unknown"
     below = [end for end, name in ((order[0], "first"), (order[-1], "last")) if bounds[worst][1] < bounds[end][0]]

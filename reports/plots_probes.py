@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from headscope.reports.findings import _num, and_join
+from headscope.reports.findings import _num, and_join, ci_pair
 from headscope.reports.plots import axes, label
 
 
@@ -137,7 +137,7 @@ def _quantity(s: Mapping[str, Any], value: float, ci: Any, correct: Any = None, 
         inner.append(f"{correct} of {n} correct out of fold")
     elif metric != "accuracy" and s.get("cv"):
         inner.append(f"mean over {s['cv']} folds")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(v) is not None for v in ci):
+    if ci_pair(ci):
         inner.append(f"95% CI [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]")
     name = "R^2" if metric == "r2" else metric
     return f"{name} {value:.{digits}f}" + (f" ({', '.join(inner)})" if inner else "")
@@ -248,8 +248,7 @@ def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     from headscope.reports.findings import chance_sentence as shared
 
     ci, level, mean = entry.get("ci"), _num(entry.get("chance_value")), _num(entry.get("mean"))
-    ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(v) is not None for v in ci)
-    if not ok or level is None or mean is None or entry.get("below_chance") or ci[1] < level + (1 - level) / 2:
+    if not ci_pair(ci) or level is None or mean is None or entry.get("below_chance") or ci[1] < level + (1 - level) / 2:
         return shared(entry, "probes")
     n, classes = _scored(s), s.get("n_classes")
     per = f", about {n / classes:.0f} per class" if n and classes else ""

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.core.chance import clear_of
-from headscope.reports.findings import _num, _pct, and_join
+from headscope.reports.findings import _num, _pct, and_join, ci_pair
 
 
 def span_tolerance(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -56,9 +56,9 @@ def _interval(s: Mapping[str, Any], key: str) -> tuple[float, float, Any] | None
     random orderings (a bootstrap of their mean over seeds leaves out the seed spread: _seed_words)."""
     ci = s.get(f"prunable_ci_{key}")
     bounds = ci.get("interval_heads") if isinstance(ci, Mapping) and not key.startswith("random") else None
-    if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(_num(b) is not None for b in bounds)):
+    if (pair := ci_pair(bounds)) is None:
         return None
-    return float(bounds[0]), float(bounds[1]), ci.get("n_examples")
+    return *pair, ci.get("n_examples")
 
 
 def _line_words(s: Mapping[str, Any], key: str) -> str:
@@ -155,13 +155,6 @@ def _signed_pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
-def _gain_ci(gain: Mapping[str, Any]) -> tuple[float, float] | None:
-    ci = gain.get("ci")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(c) is not None for c in ci):
-        return float(ci[0]), float(ci[1])
-    return None
-
-
 def _band_size(shape: Mapping[str, Any], gain: Mapping[str, Any]) -> float:
     """The band in the metric's units: the shape's recorded band, else (older summaries) tolerance x |unpruned|
     (unpruned = the gain point's metric - its change)."""
@@ -201,7 +194,7 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, nam
         if isinstance(gain, Mapping):
             heads = [str(h) for h in gain.get("heads") or []]
             which = f" ({', '.join(heads)})" if 0 < len(heads) <= 8 else ""
-            ci = _gain_ci(gain)
+            ci = ci_pair(gain.get("ci"))
             span = f"; 95% CI of the change {ci[0]:+.3g} to {ci[1]:+.3g}" if ci else ""
             verdict = clear_of(ci[0], ci[1], _band_size(shape, gain)) if ci else "band"  # no interval: older summaries
             if ci and (verdict is None or ci[0] <= 0):
@@ -225,7 +218,7 @@ def _shape_words(s: Mapping[str, Any], keys: Any, n_heads: int, metric: str, nam
     elif gains:
         said = []
         for key, gain, which, _, _ in gains:
-            ci = _gain_ci(gain)
+            ci = ci_pair(gain.get("ci"))
             span = f", {ci[0]:+.3g} to {ci[1]:+.3g}" if ci else ""
             said.append(f"removing {gain['n_pruned']} of {n_heads} heads in the {_name(s, key, named)} order{which} "
                         f"by {gain['change']:.3g} ({_rel(s, gain['change_rel'])}{span})")

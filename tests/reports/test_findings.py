@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from headscope.reports.findings import CAPTIONS, caption, finding
+from headscope.reports.findings import CAPTIONS, caption, ci_pair, finding
 
 HEADS = {
     "metric": "logit_diff", "baseline_metric": 24.116, "n_examples": 64, "n_heads": 32,
@@ -26,6 +26,14 @@ def test_heads_headline_carries_the_summary_numbers():
     assert "gradient 0%" in text and "random 12%" in text  # 0.125 -> 12% (round half to even)
     assert "2 induction (L1H0, L1H3)" in text and "1 previous-token (L0H2)" in text
     assert "chance" not in text
+
+
+def test_a_recorded_interval_is_two_finite_numbers_and_compare_asks_them_in_order():
+    assert ci_pair([0.25, 1]) == (0.25, 1.0) and ci_pair((-3, -1)) == (-3.0, -1.0)
+    for bad in (None, [0.5], [0.1, 0.2, 0.3], [float("nan"), 1.0], [0.0, float("inf")], [True, 1.0], ["0.1", 0.2], "ab"):
+        assert ci_pair(bad) is None, bad
+    assert ci_pair([2.0, 1.0]) == (2.0, 1.0) and ci_pair([2.0, 1.0], ordered=True) is None  # high below low
+    assert ci_pair([1.0, 1.0], ordered=True) == (1.0, 1.0)  # a single value is an interval
 
 
 def test_a_model_at_chance_is_called_so():
