@@ -54,6 +54,16 @@ def ci_pair(value: Any, *, ordered: bool = False) -> tuple[float, float] | None:
     return low, high
 
 
+def attention_kind(n_heads: Any, n_kv_heads: Any) -> str | None:
+    """How query heads share keys and values: "multi-query" where one KV head serves them all (Shazeer 2019),
+    "grouped-query" where 1 < n_kv_heads < n_heads, None for multi-head attention or counts not recorded (review 9b
+    C2: the kv section, k/v patching and the header name it alike)."""
+    heads, kv = _num(n_heads), _num(n_kv_heads)
+    if heads is None or kv is None or not 0 < kv < heads:
+        return None
+    return "multi-query" if kv == 1 else "grouped-query"
+
+
 def and_join(words: list[str]) -> str:
     """'a', 'a and b', 'a, b and c': a list in a finding's words."""
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]

@@ -16,7 +16,7 @@ import pandas as pd
 
 from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores, section_links
-from headscope.reports.findings import caption, finding
+from headscope.reports.findings import attention_kind, caption, finding
 from headscope.reports.moe_words import layout_clause
 from headscope.reports.provenance import (
     below_quick_line,
@@ -276,9 +276,10 @@ def _kv_clause(model: Mapping[str, Any]) -> str:
     """' (1 KV head: multi-query attention)' / ' (2 KV heads: grouped-query attention)' where the model has fewer KV
     heads than query heads (review 9b C2: k/v patching and the kv section count KV heads), else ''."""
     heads, kv = model.get("n_heads"), model.get("n_kv_heads")
-    if not isinstance(heads, int) or not isinstance(kv, int) or not 0 < kv < heads:
+    kind = attention_kind(heads, kv) if isinstance(heads, int) and isinstance(kv, int) else None
+    if kind is None:
         return ""
-    return " (1 KV head: multi-query attention)" if kv == 1 else f" ({kv} KV heads: grouped-query attention)"
+    return f" (1 KV head: {kind} attention)" if kv == 1 else f" ({kv} KV heads: {kind} attention)"
 
 
 def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str], model: Mapping[str, Any],

@@ -14,7 +14,7 @@ import torch
 
 from headscope.analyses.core.chance import clear_of
 from headscope.reports.circuits_words import FEW_ANSWERS
-from headscope.reports.findings import _chance, _num, _words, sink_sentence
+from headscope.reports.findings import _chance, _num, _words, attention_kind, sink_sentence
 
 
 def _bytes(n: float) -> str:
@@ -112,7 +112,7 @@ def _gqa(s: Mapping[str, Any]) -> str:
     saving = _num(s.get("gqa_saving"))
     if saving is None and per_token is not None and mha:
         saving = 1 - per_token / mha
-    kind = "Multi-query" if fewer and kv_heads == 1 else "Grouped-query"  # review 9b C2: one KV head is MQA (Shazeer 2019)
+    kind = (attention_kind(heads, kv_heads) or "grouped-query").capitalize()  # from the bytes where no head counts
     who = ""
     if fewer:
         who = (f" (1 KV head shared by {heads:.0f} query heads)" if kv_heads == 1 else

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.findings import _num, and_join, ci_pair
+from headscope.reports.findings import _num, and_join, attention_kind, ci_pair
 
 DEPTH = {"resid_pre": 0.0, "resid_mid": 0.5, "resid_post": 1.0}  # resid_post l is resid_pre l + 1: one state
 ATTENTION = ("attn_out", "head_out_by_pos")  # what attention writes at one position
@@ -188,13 +188,12 @@ def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None
     heads, kv = (_num((s or {}).get(k)) for k in ("n_heads", "n_kv_heads"))
     if kind not in KV_SITES or (heads and kv and kv == heads):
         return f"L{layer}H{head}"
-    if not (heads and kv and kv < heads):
+    if (sharing := attention_kind(heads, kv)) is None:
         return f"layer {layer}'s KV head {head}"
     per = int(heads) // int(kv)
     if kv == 1:
-        return f"layer {layer}'s KV head {head} (shared by all {heads:.0f} query heads: multi-query attention)"
-    return (f"layer {layer}'s KV head {head} (read by query heads {head * per}-{head * per + per - 1}: grouped-query "
-            "attention)")
+        return f"layer {layer}'s KV head {head} (shared by all {heads:.0f} query heads: {sharing} attention)"
+    return f"layer {layer}'s KV head {head} (read by query heads {head * per}-{head * per + per - 1}: {sharing} attention)"
 
 
 def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:

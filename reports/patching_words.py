@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, ci_pair, sliding_words
+from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair, sliding_words
 from headscope.reports.patching_agreement import agreement
 from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _token_words
 from headscope.reports.patching_sites import (
@@ -234,12 +234,12 @@ def _head_notes(s: Mapping[str, Any], kc: tuple, others: list, gap: float | None
     group = [c for c in [cell, *others] if c.get("layer") == layer]
     notes = []
     heads, kv = _num(s.get("n_heads")), _num(s.get("n_kv_heads"))
-    if len(group) > 1 and heads and kv and kv < heads:
+    if len(group) > 1 and (sharing := attention_kind(heads, kv)):
         per = int(heads) // int(kv)
         shared = {int(c["head"]) // per for c in group}
         if len(shared) < len(group):
-            how = ("multi-query attention: one KV head per layer" if kv == 1
-                   else f"grouped-query attention: {heads:.0f} query heads on {kv:.0f} KV heads per layer")
+            how = (f"{sharing} attention: one KV head per layer" if kv == 1
+                   else f"{sharing} attention: {heads:.0f} query heads on {kv:.0f} KV heads per layer")
             notes.append(f"The {len(group)} tied layer-{layer} heads share {len(shared)} KV head"
                          f"{'s' * (len(shared) > 1)} ({how}): they read the same keys and values.")
     if len(group) > 1:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from headscope.reports.findings import CAPTIONS, caption, ci_pair, finding
+from headscope.reports.findings import CAPTIONS, attention_kind, caption, ci_pair, finding
 
 HEADS = {
     "metric": "logit_diff", "baseline_metric": 24.116, "n_examples": 64, "n_heads": 32,
@@ -1211,6 +1211,13 @@ def test_kv_a_bfloat16_bound_that_reaches_0_within_rounding_says_so():
             "full-cache metric, 0.62%: rounding alone can put it either side of 0): not clearly below it at all") \
         in finding("kv", s)
     assert "rounding step" not in finding("kv", {**s, "dtype": "float32"})
+
+
+def test_one_kv_head_for_all_query_heads_is_multi_query_and_fewer_is_grouped_query():
+    assert attention_kind(71, 1) == "multi-query"  # Falcon-7B: 71 query heads read one KV head
+    assert attention_kind(32, 8) == "grouped-query" and attention_kind(4.0, 2.0) == "grouped-query"  # Llama-3-8B
+    for heads, kv in ((12, 12), (4, None), (None, 1), (4, 0), (2, 4)):  # multi-head, not recorded, nonsense
+        assert attention_kind(heads, kv) is None, (heads, kv)
 
 
 def test_kv_gqa_saving_is_the_share_saved_and_is_said_whenever_kv_heads_are_fewer():
