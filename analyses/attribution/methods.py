@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from headscope.analyses.core.metrics import answer_logprob, cosine_to_reference, logit_diff, mean_pool
+from headscope.analyses.core.metrics import answer_logprob, cosine_to_reference, logit_diff, mean_pool, noise_floor
 from headscope.errors import ConfigError
 from headscope.execution import batching, resume
 from headscope.hooks.capture import capture
@@ -202,7 +202,7 @@ def integrated_gradients(
 def logit_rounding_floor(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
     """One rounding step of the logits a logit difference is read from -> [rows] float32: eps(dtype) x
     max(1, |answer logit|, |wrong logit|) of clean last-position logits [rows, vocab] in the model's own dtype
-    (the spacing of floats near x is between eps/2 and eps of |x|; heads.analysis.noise_floor's rule).
+    (the spacing of floats near x is between eps/2 and eps of |x|: metrics.noise_floor).
 
     Why that size and not the logit difference's own spacing: in bfloat16 each logit is rounded at the lm_head
     output (upcasting afterwards changes nothing) and the blocks before it round too. Measured on review 10a's
@@ -211,7 +211,7 @@ def logit_rounding_floor(logits: torch.Tensor, answers: torch.Tensor, wrong: tor
     twice the difference's own spacing (0.031). A leave-one-out change within it is rounding."""
     rows = torch.arange(logits.shape[0], device=logits.device)
     size = torch.stack([logits[rows, answers].abs(), logits[rows, wrong].abs()], -1).float().amax(-1)  # [rows]
-    return float(torch.finfo(logits.dtype).eps) * size.clamp_min(1.0)
+    return noise_floor(logits.dtype, size)
 
 
 def tie_rounding(changes: torch.Tensor, floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

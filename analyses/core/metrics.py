@@ -48,6 +48,18 @@ class Metric:
         return self.fn(out)
 
 
+def noise_floor(dtype: torch.dtype, size: float | torch.Tensor) -> float | torch.Tensor:
+    """One rounding step of a number of this size in `dtype`: eps(dtype) x max(1, |size|) (the spacing of floats
+    near |size| is between eps/2 and eps of it), so two values of a metric computed in `dtype` from numbers of about
+    `size` that are closer than this cannot be told apart. float32: 1.2e-7 for a size of 1; bfloat16: 0.0078 (0.089
+    for logits of 11.4). A float size gives a float; a tensor of sizes [rows] gives a float32 step per row [rows].
+    The heads floors, leave-one-out's logit ties (attribution) and patching's analytic floor all read it."""
+    eps = float(torch.finfo(dtype).eps)
+    if isinstance(size, torch.Tensor):
+        return eps * size.float().abs().clamp_min(1.0)  # [rows]
+    return eps * max(1.0, abs(float(size)))
+
+
 def logit_diff(logits: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor) -> torch.Tensor:
     """[batch, pos, vocab] -> [batch]: logit(answer) - logit(wrong) at the last position (one-token answers)."""
     if answers.ndim != 1:

@@ -44,6 +44,7 @@ from headscope.analyses.core import default_tasks, task_files, tasks
 from headscope.analyses.core.chance import t_half_width
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
+from headscope.analyses.core.metrics import noise_floor
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task
@@ -160,19 +161,11 @@ def _scorer(model, task: Task | torch.Tensor | Scorer | str | None, config: Head
 GRADIENT_TIE_STEPS = 4  # gradients within this many eps of their own size tie (measured: 0.3-3.7 eps, bfloat16 vs float32)
 
 
-def noise_floor(dtype: torch.dtype, size: float) -> float:
-    """One rounding step of a number of this size in `dtype`: eps(dtype) x max(1, |size|) (the spacing of
-    floats near |size| is between eps/2 and eps of it). A metric or loss is computed in the model's dtype
-    from numbers of about `size` (analyses pass the larger of its value and importance.readout_size, the
-    logits it is read from), so two of its values closer than this cannot be told apart. float32: 1.2e-7
-    for a size of 1; bfloat16: 0.0078 (0.089 for logits of 11.4). Measured, bfloat16 importances differ
-    from float32's by 0.16-0.6 of this step on random and trained models (tests/analyses/test_heads.py),
-    while the effects that agree across the two dtypes lie far above it."""
-    return float(torch.finfo(dtype).eps) * max(1.0, abs(float(size)))
-
-
 def rounding_step(dtype: torch.dtype, size: float, sensitivity: float | None = None) -> float:
-    """The analytic rounding of a metric read from numbers of this size: noise_floor(dtype, size), or for an
+    """The analytic rounding of a metric read from numbers of this size: noise_floor(dtype, size) (metrics.noise_floor,
+    one step of eps(dtype) x max(1, |size|); the heads analysis passes the larger of the metric and
+    importance.readout_size, the logits it is read from: measured, bfloat16 importances differ from float32's by
+    0.16-0.6 of this step on random and trained models, tests/analyses/test_heads.py), or for an
     answer log-probability (sensitivity = E_x sum_t (1 - p_t), importance.readout_stats) that step times the
     sensitivity, the most a half-step error in every logit moves it (review 11b A2: 0.079 for logits of 10 in
     bfloat16, 0.00055 for an answer at p = 0.993), and never under one float32 step of the size (the

@@ -439,7 +439,7 @@ def gate_gradient_stats(model, scorer: Scorer, gates: torch.Tensor | None = None
     """(E_x |dL(x)/dxi| [L, H], its standard error over examples sd_x |dL(x)/dxi| / sqrt(n) [L, H]
     (NaN below 2 examples), mean metric at the gates, E_x |L(x)| the size of the differentiated loss),
     all from the same passes: each example has its own gates, so its |gradient| is there already and its
-    square costs one more sum. The loss's size sets the gradient's rounding floor (analysis.noise_floor).
+    square costs one more sum. The loss's size sets the gradient's rounding floor (metrics.noise_floor).
 
     Batches are sized for a backward pass and halved on out-of-memory; under torch.distributed
     each rank takes its block of examples and the sums are all-reduced.
@@ -486,7 +486,7 @@ def readout_size(model, scorer: Scorer, *, max_tokens: int | None = None) -> flo
     (decoders; the mean over positions where every position is scored), from one plain pass: a logit
     difference or log-probability is rounded relative to the logits it subtracts, not to its own value
     (a logit difference of 0.2 between logits of 5 carries the rounding of 5). Encoders (the cosine of
-    unit vectors, temperature-1 contrastive loss): 1. Sets the heads rounding floors (analysis.noise_floor)."""
+    unit vectors, temperature-1 contrastive loss): 1. Sets the heads rounding floors (metrics.noise_floor)."""
     return readout_stats(model, scorer, max_tokens=max_tokens)[0]
 
 

@@ -14,7 +14,7 @@ analytic one step of the logits, 0.20, while bfloat16 importances differ from fl
 
 A plain recomputation is no measurement: the resumed bfloat16 pass reproduces the captured one
 bitwise, and a null edit that leaves z bitwise unchanged is skipped by the sweep (no pass). Where every
-null change is exactly 0 (or no ablation ran) the analytic floor stands (analysis.noise_floor).
+null change is exactly 0 (or no ablation ran) the analytic floor stands (metrics.noise_floor).
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.config import configure
+from headscope.analyses.core.metrics import noise_floor
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
@@ -203,7 +204,7 @@ def rounding_floor(exact: pd.DataFrame, first: np.ndarray, dtype: torch.dtype, s
     what it shows is the patched pass's rounding against the unpatched one (bfloat16: 1-2 steps of a
     mean, 0.0156 logits on a trained Qwen3; float32: 0 to 5e-7); the floor is IDENTITY_MARGIN x the
     largest such |effect|. Without such a cell, or where they are all exactly 0: one rounding step of the
-    metric, eps(dtype) x max(1, size), divided by |gap| for a normalised metric (its effects are shares)."""
+    metric (metrics.noise_floor: eps(dtype) x max(1, size)), divided by |gap| for a normalised metric (its effects are shares)."""
     starts = np.asarray(first)[np.asarray(first) >= 0]
     pos = exact["pos"].to_numpy(dtype=float, na_value=np.nan)
     same = np.isfinite(pos) & (pos < starts.min()) if starts.size else np.zeros(len(exact), dtype=bool)
@@ -212,7 +213,7 @@ def rounding_floor(exact: pd.DataFrame, first: np.ndarray, dtype: torch.dtype, s
     seen = seen[np.isfinite(seen)]
     if seen.size and float(seen.max()) > 0:
         return {"floor": IDENTITY_MARGIN * float(seen.max()), "basis": "measured", "n_cells": int(seen.size)}
-    step = float(torch.finfo(dtype).eps) * max(1.0, abs(float(size)))
+    step = noise_floor(dtype, size)
     return {"floor": step / abs(gap) if gap else step, "basis": "one rounding step", "n_cells": int(seen.size)}
 
 

@@ -150,6 +150,8 @@ def test_numerical_floor_flags_rounding_and_ties_hand_worked():
 
     assert noise_floor(torch.float32, 0.5) == 2.0 ** -23  # one step of a number of size 1 (a cosine of 0.5 counts as 1)
     assert noise_floor(torch.bfloat16, -24.0) == 2.0 ** -7 * 24.0
+    rows = noise_floor(torch.bfloat16, torch.tensor([0.5, -24.0], dtype=torch.bfloat16))  # one step per row, float32
+    assert rows.dtype == torch.float32 and rows.tolist() == [2.0 ** -7, 2.0 ** -7 * 24.0]
     grad = torch.tensor([[3e-8, 2.2e-7], [1e-8, 4e-8]])  # a loss of size 2: floor 2.4e-7 (float32)
     zero = torch.tensor([[0.5, 0.5 + 2.0 ** -23 * 3 / 2], [0.1, 0.2]])  # L0H0 and L0H1 within one step of 3
     out = numerical_checks({"gradient": grad, "zero": zero}, torch.float32, metric_size=3.0, loss_size=2.0, k=3)
