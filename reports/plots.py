@@ -30,7 +30,8 @@ and control bytes escaped).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # No matplotlib.use() here: importing headscope or plotting a Result never changes the user's
@@ -51,12 +52,21 @@ def laid_out(ax: Any) -> Any:
     return ax.figure
 
 
+def wrap_to_width(line: str, wide: Callable[[str], float], width: float, **wrap: Any) -> list[str]:
+    """`line` re-wrapped (textwrap, with `wrap`'s options) until no part is wider than `width` as `wide` measures it:
+    each try at fewer characters a line, scaled by how far the widest part overshoots, never under 10 (a part that
+    still overshoots there stays); [line] where it fits. fit_title and plots_patching's fit_axis_labels wrap by it."""
+    chars, parts = len(line), [line]
+    while chars > 10 and any(wide(p) > width for p in parts):
+        chars = min(chars - 1, int(chars * width / max(wide(p) for p in parts)))
+        parts = textwrap.wrap(line, max(chars, 10), **wrap)
+    return parts
+
+
 def fit_title(ax: Any) -> bool:
     """Re-wrap each line of `ax`'s title that is wider than the axes (measured on its figure at the current size
     and layout), then lay the figure out again: a centred title then stays over its axes, clear of a colour bar's
     label beside them (review 9b B3: a two-line title ran under it). Returns whether the title changed."""
-    import textwrap
-
     fig, title = ax.figure, ax.title
     fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
@@ -65,15 +75,7 @@ def fit_title(ax: Any) -> bool:
     def wide(line: str) -> float:
         return renderer.get_text_width_height_descent(line, title.get_fontproperties(), ismath=False)[0]
 
-    lines = []
-    for line in title.get_text().split("\n"):
-        chars = len(line)
-        parts = [line]
-        while chars > 10 and any(wide(p) > width for p in parts):
-            chars = min(chars - 1, int(chars * width / max(wide(p) for p in parts)))
-            parts = textwrap.wrap(line, max(chars, 10))
-        lines += parts
-    text = "\n".join(lines)
+    text = "\n".join(part for line in title.get_text().split("\n") for part in wrap_to_width(line, wide, width))
     if text == title.get_text():
         return False
     title.set_text(text)

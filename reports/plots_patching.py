@@ -48,6 +48,7 @@ from headscope.reports.plots import (
     symmetric_bound,
     thin_xtick_labels,
     token_label,
+    wrap_to_width,
 )
 from headscope.reports.plots_circuits import PARTIAL_VEIL
 
@@ -169,8 +170,6 @@ def fit_axis_labels(ax: Axes) -> bool:
     ran into their end. Measured at the figure's layout: each x label line wider than the map is re-wrapped to
     its width (never inside a range "at -64 to -60"), and a colour-bar label longer than its bar is broken before
     the parenthesis that ends it; then the figure is laid out again. Returns whether a label changed."""
-    import textwrap
-
     fig, label, changed = ax.figure, ax.xaxis.label, False
     fig.draw_without_rendering()  # the colour bar's label first: breaking it lays the figure out anew
     renderer = fig.canvas.get_renderer()
@@ -199,11 +198,7 @@ def fit_axis_labels(ax: Axes) -> bool:
             glued = para
             for word in (" at ", " to ", " = "):  # a range ("at -64 to -60") stays whole
                 glued = glued.replace(word, word.replace(" ", NBSP))
-            chars, parts = len(glued), [glued]
-            while chars > 10 and any(wide(p) > width for p in parts):
-                chars = min(chars - 1, int(chars * width / max(wide(p) for p in parts)))
-                parts = textwrap.wrap(glued, max(chars, 10), break_on_hyphens=False)
-            lines += [p.replace(NBSP, " ") for p in parts]
+            lines += [p.replace(NBSP, " ") for p in wrap_to_width(glued, wide, width, break_on_hyphens=False)]
         ax.set_xlabel("\n".join(lines))
         fig.tight_layout()
         changed = True

@@ -1209,6 +1209,19 @@ def test_patching_position_ticks_of_mixed_lengths_are_thinned_keeping_the_cells_
         plt.close("all")
 
 
+def test_wrap_to_width_narrows_by_the_overshoot_and_stops_at_ten_characters():
+    from headscope.reports.plots import wrap_to_width
+
+    # 15 characters into 10: one try at int(15 x 10 / 15) = 10 characters a line
+    assert wrap_to_width("aaa bbb ccc ddd", len, 10) == ["aaa bbb", "ccc ddd"]
+    assert wrap_to_width("aaa bbb", len, 10) == ["aaa bbb"]  # fits: left as it is
+    # 16 into 5: the first try is already at the floor, 10 characters, and a part that still overshoots stays
+    assert wrap_to_width("abcdefghijklmnop", len, 5) == ["abcdefghij", "klmnop"]
+    # 21 into 12: int(21 x 12 / 21) = 12 characters, with textwrap's options (here: whether to break at hyphens)
+    assert wrap_to_width("layer-by-layer effect", len, 12) == ["layer-by-", "layer effect"]
+    assert wrap_to_width("layer-by-layer effect", len, 12, break_on_hyphens=False) == ["layer-by-lay", "er effect"]
+
+
 def test_patching_x_label_of_mixed_lengths_stays_within_the_map_clear_of_the_colour_bar_label():
     """Review 11c B3: on prompts of mixed lengths the x label ("...; -1 is the last" and the pale columns' n by runs)
     was wider than the heat map, and the colour bar's label, taller than its bar, overprinted its end ("last" under
