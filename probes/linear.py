@@ -184,14 +184,21 @@ def fold_scores(estimator, X, y, folds) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(scores), np.asarray(scored)
 
 
-def pooled_score(scores, scored, classify: bool) -> float:
-    """The cross-validated score: classification, accuracy over every scored row (folds weighted by their
-    scored rows); regression, the mean R^2 over folds. NaN when nothing was scored."""
+def pooled_correct(scores, scored) -> tuple[int, int]:
+    """(correct, scored) rows over a classifier's folds: each fold's accuracy [k] times its scored rows [k],
+    summed and rounded whole (a fold that scored no row has a NaN accuracy and adds nothing), and the rows
+    scored. analyses/probes/scores.py states this count with its exact binomial interval."""
     scores, scored = np.asarray(scores, dtype=float), np.asarray(scored, dtype=float)
+    return int(round(float(np.nansum(scores * scored)))), int(scored.sum())
+
+
+def pooled_score(scores, scored, classify: bool) -> float:
+    """The cross-validated score: classification, accuracy over every scored row (pooled_correct: folds weighted
+    by their scored rows, correct / scored); regression, the mean R^2 over folds. NaN when nothing was scored."""
     if not classify:
-        return float(scores.mean())
-    total = scored.sum()
-    return float(np.nansum(scores * scored) / total) if total else float("nan")
+        return float(np.asarray(scores, dtype=float).mean())
+    correct, total = pooled_correct(scores, scored)
+    return correct / total if total else float("nan")
 
 
 def selectivity(estimator, X, y, types, *, cv: int = 5, seed: int = 0) -> dict:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from headscope.analyses.core.chance import t_half_width
+from headscope.probes.linear import pooled_correct, pooled_score
 
 
 def exact_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -45,8 +46,9 @@ def pooled(scores: np.ndarray, n_test: np.ndarray, classify: bool) -> dict[str, 
     scores, n_test = np.asarray(scores, dtype=float), np.asarray(n_test, dtype=float)
     if not classify:
         lo, hi = fold_interval(scores)
-        return {"score": float(scores.mean()), "correct": math.nan, "n": float(n_test.sum()), "ci_low": lo, "ci_high": hi}
-    k, n = int(round(float(np.nansum(scores * n_test)))), int(n_test.sum())  # a fold of 0 scored rows: NaN x 0
+        return {"score": pooled_score(scores, n_test, classify), "correct": math.nan, "n": float(n_test.sum()),
+                "ci_low": lo, "ci_high": hi}
+    k, n = pooled_correct(scores, n_test)  # probes.linear's pooling, which the capacity sweep and selectivity read
     if n == 0:
         return {"score": math.nan, "correct": 0.0, "n": 0.0, "ci_low": math.nan, "ci_high": math.nan}
     lo, hi = exact_interval(k, n)

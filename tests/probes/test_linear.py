@@ -65,6 +65,16 @@ def test_selectivity_separates_encoded_labels_from_memorised_types():
     assert res["score"].mean() > 0.8 and abs(res["selectivity"]) < 0.15
 
 
+def test_folds_pool_to_correct_over_scored_rows_not_the_mean_of_fold_accuracies():
+    from headscope.probes.linear import pooled_correct, pooled_score
+
+    # 3 of 6 and 3 of 5 right: 6 of 11 = 0.545, not the folds' mean 0.55; a fold that scored nothing adds nothing
+    scores, scored = [3 / 6, 3 / 5, float("nan")], [6, 5, 0]
+    assert pooled_correct(scores, scored) == (6, 11) and pooled_score(scores, scored, True) == 6 / 11
+    assert np.isnan(pooled_score([float("nan")], [0], True))  # nothing scored
+    assert pooled_score([0.25, 0.75, 0.5], [6, 5, 4], False) == 0.5  # R^2: the mean over folds, sizes aside
+
+
 def test_selectivity_needs_enough_examples():
     with pytest.raises(ValueError, match="at least 5 examples"):
         selectivity(LogisticProbe(), np.zeros((3, 2)), np.array([0, 1, 0]), np.array([0, 1, 2]), cv=5)
