@@ -12,7 +12,7 @@ Captured into the explorer's data and writes it: reports only draw.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +86,11 @@ def example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[
     return _task_rows(model, source, max_examples, seed)
 
 
-def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
-    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]. The sink
+def capture_example(model, row: torch.Tensor, max_tokens: int,
+                    pieces: int = 0) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]; pieces: how many
+    of the row's last tokens are a several-token answer's teacher-forced pieces (Task.continuation), whose first
+    index the dict gives as answer_from where they are shown (the explorer marks them). The sink
     is the mean weight on the first token over the queries that can see it (a sliding-window layer's
     queries within window - 1 of it, models.layer_windows; a decoder's first query, which sees only itself,
     left out)."""
@@ -110,6 +113,10 @@ def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str
     example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
                "text": model.tokenizer.decode(row[0].tolist(), skip_special_tokens=True),  # the prompt list's label
                "truncated": n_total > row.shape[1], "patterns": ints}
+    if 0 < pieces < n_total and n_total - pieces < row.shape[1]:  # review 11b C1: where the user's prompt ends
+        example["answer_from"] = cut = n_total - pieces
+        example["prompt_text"] = model.tokenizer.decode(row[0, :cut].tolist(), skip_special_tokens=True)
+        example["answer_text"] = model.tokenizer.decode(row[0, cut:].tolist(), skip_special_tokens=True)
     q = torch.arange(pat.shape[-2])
     sees = torch.stack([(q >= q0) & visible_keys(q, 0, w) for w in layer_windows(model)]).float()  # [L, q]
     sink = (pat[..., 0] * sees[:, None, :]).sum(-1) / sees.sum(-1).clamp_min(1.0)[:, None]  # [L, H]
@@ -159,12 +166,14 @@ class Shown:
     """One task a report's explorer shows. task: its name (as the sections' provenance names it);
     sections: the report sections that ran on it, in report order; samples: ((row [pos], sections whose
     provenance line shows this row as its sample), ...), padding removed; rows: its other examples
-    ([pos] each, padding removed), of which a few are added after every task's samples."""
+    ([pos] each, padding removed), of which a few are added after every task's samples; pieces: {a row's token
+    ids: how many of its last tokens are teacher-forced answer pieces} (rows of several-token answers only)."""
 
     task: str
     sections: tuple[str, ...]
     samples: tuple[tuple[torch.Tensor, tuple[str, ...]], ...]
     rows: tuple[torch.Tensor, ...] = ()
+    pieces: Mapping[tuple[int, ...], int] = field(default_factory=dict)  # row's token ids -> its answer pieces
 
 
 def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_tokens: int = 64) -> Captured:
@@ -190,7 +199,8 @@ def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_
     def add(i: int, row: torch.Tensor, sample_of: tuple[str, ...]) -> None:
         nonlocal stored, sink, peak
         entry = shown[i]
-        example, s, m = capture_example(model, row, max(max_tokens, whole(row)) if sample_of else max_tokens)
+        example, s, m = capture_example(model, row, max(max_tokens, whole(row)) if sample_of else max_tokens,
+                                        entry.pieces.get(tuple(int(t) for t in row), 0))
         example.update(task=f"{entry.task} ({', '.join(entry.sections)})", task_name=entry.task,
                        sections=list(entry.sections), sample_of=list(sample_of))
         groups[i].append(example)
