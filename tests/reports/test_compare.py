@@ -1017,7 +1017,9 @@ def test_compare_does_not_set_a_kv_full_cache_metric_its_report_gives_at_chance_
         io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["kv"]}})
         io.write_json(tmp_path / side / "kv" / "summary.json", {"n_examples": 16, "metric": "logprob",
                                                                 "metric_unevicted": entry["mean"], "chance": entry})
-    assert "relative findings are not reported" in finding("kv", {"metric_unevicted": -9.21, "chance": below})
+    said = finding("kv", {"metric": "logprob", "metric_unevicted": -9.21, "chance": below})
+    assert "relative findings are not reported" in said  # and its number once (issue 34, as heads)
+    assert said.count("-9.21") == 1 and said.endswith("The full-cache metric is the answer log-probability above.")
     assert headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) == [
         NOT_COMPARED + "kv full-cache answer log-probability: not compared: A's report calls the model below chance on "
         "task sentences (answer log-probability -9.21 against chance -6.12, 95% CI [-11.1, -7.35], 16 examples) and "
