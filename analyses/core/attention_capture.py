@@ -50,6 +50,13 @@ def _is_task_name(value: str) -> bool:
 def _task_rows(model, task: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
     """(token rows with padding removed, task name) of a Task, a task name, the user's task data
     (a task file, DataFrame, Dataset, list of dicts), or None (the heads analysis's default task)."""
+    rows, name, _ = _task_rows_pieces(model, task, max_examples, seed)
+    return rows, name
+
+
+def _task_rows_pieces(model, task: Any, max_examples: int,
+                      seed: int = 0) -> tuple[list[torch.Tensor], str, dict[tuple[int, ...], int]]:
+    """_task_rows with {a row's token ids: its teacher-forced answer pieces} for the rows of several-token answers."""
     from headscope.analyses.core.task_files import is_task_data, resolve_task
     from headscope.analyses.core.tasks import Task
 
@@ -63,10 +70,23 @@ def _task_rows(model, task: Any, max_examples: int, seed: int = 0) -> tuple[list
 
         task = default_task(model, task, HeadsConfig.preset(quick=True, seed=seed))
     tokens = task.tokens[:max_examples]
+    rows = list(tokens)
     if task.attention_mask is not None:
         mask = task.attention_mask[:max_examples].bool()
-        return [row[m] for row, m in zip(tokens, mask)], task.name
-    return list(tokens), task.name
+        rows = [row[m] for row, m in zip(tokens, mask)]
+    pieces = {} if task.continuation is None else {
+        tuple(int(t) for t in row): int((cont >= 0).sum()) - 1
+        for row, cont in zip(rows, task.continuation[:max_examples]) if int((cont >= 0).sum()) > 1}
+    return rows, task.name, pieces
+
+
+def _rows_and_pieces(model, source: Any, max_examples: int,
+                     seed: int = 0) -> tuple[list[torch.Tensor], str, dict[tuple[int, ...], int]]:
+    """example_rows with the answer pieces of a task's rows ({} for prompts and token tensors)."""
+    if isinstance(source, torch.Tensor) or (isinstance(source, str) and not _is_task_name(source)) or (
+            isinstance(source, (list, tuple)) and (not source or all(isinstance(s, str) for s in source))):
+        return (*example_rows(model, source, max_examples, seed), {})
+    return _task_rows_pieces(model, source, max_examples, seed)
 
 
 def example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
@@ -135,7 +155,7 @@ def capture_examples(model, source: Any = None, *, max_examples: int = 3, max_to
     if max_examples < 1 or max_tokens < 1:
         raise ConfigError(f"max_examples and max_tokens must be >= 1, got {max_examples} and {max_tokens}.")
     f = model.facts
-    rows, source_label = example_rows(model, source, max_examples, seed)
+    rows, source_label, pieces = _rows_and_pieces(model, source, max_examples, seed)
     examples = []
     sink = torch.zeros(f.n_layers, f.n_heads)
     peak = torch.zeros(f.n_layers, f.n_heads)
@@ -148,11 +168,12 @@ def capture_examples(model, source: Any = None, *, max_examples: int = 3, max_to
         if group is None:
             if stored >= MAX_VALUES:
                 break
-            group = example_rows(model, task, more_examples, seed)[0]
+            group, _, found = _rows_and_pieces(model, task, more_examples, seed)
+            pieces = {**pieces, **found}
         for row in group:
             if task is not None and stored >= MAX_VALUES:
                 break
-            example, s, m = capture_example(model, row, max_tokens)
+            example, s, m = capture_example(model, row, max_tokens, pieces.get(tuple(int(t) for t in row), 0))
             example["task"] = label
             examples.append(example)
             stored += _n_values(example)

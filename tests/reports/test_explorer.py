@@ -262,20 +262,21 @@ def _forced_shown(llama):
     ids = [llama.to_single_token(f" w{i}") for i in (6, 7, 8, 9)]
     task = Task(name="t", tokens=torch.stack(rows), answers=torch.tensor([ids[2], ids[3]]), metric="logprob",
                 continuation=torch.tensor([[ids[0], ids[1], ids[2]], [-1, -1, ids[3]]]))
-    return rows, explorer_shown(llama, {"patching": SimpleNamespace(skip=None)}, ["patching"], {"patching": task})
+    return rows, explorer_shown(llama, {"patching": SimpleNamespace(skip=None)}, ["patching"], {"patching": task}), task
 
 
 def test_the_explorer_data_marks_where_a_several_token_answers_forced_pieces_start(llama):
     """Review 11b C1: '... is with Ptolem' read as the prompt. A row that runs on with its answer's first 2 tokens
-    has answer_from = its length - 2 and its prompt and pieces as text; a one-token answer's row has none."""
+    has answer_from = its length - 2 and its prompt and pieces as text; a one-token answer's row has none. In a
+    report (the runner's Shown) and in show_attention's data of the Task alike."""
     from headscope.analyses.core.attention_capture import capture_shown
 
-    rows, shown = _forced_shown(llama)
-    first, other = capture_shown(llama, shown).examples
+    rows, shown, task = _forced_shown(llama)
     n = len(rows[0])
-    assert first["answer_from"] == n - 2 and first["tokens"][n - 2:] == ["w6", "w7"]  # this word tokenizer's pieces
-    assert first["prompt_text"].endswith("w4 w5") and first["answer_text"] == "w6 w7"
-    assert "answer_from" not in other and "prompt_text" not in other
+    for first, other in (capture_shown(llama, shown).examples, attention_explorer_data(llama, task)["examples"]):
+        assert first["answer_from"] == n - 2 and first["tokens"][n - 2:] == ["w6", "w7"]  # this word tokenizer's pieces
+        assert first["prompt_text"].endswith("w4 w5") and first["answer_text"] == "w6 w7"
+        assert "answer_from" not in other and "prompt_text" not in other
 
 
 @needs_chromium
@@ -286,7 +287,7 @@ def test_the_explorer_marks_an_answers_teacher_forced_pieces_in_chromium(llama, 
     from browser import open_page
     from headscope.analyses.core.attention_capture import capture_shown
 
-    rows, shown = _forced_shown(llama)
+    rows, shown, _ = _forced_shown(llama)
     data = explorer_data(llama.facts, capture_shown(llama, shown))
     n = len(rows[0])
     page_file = tmp_path / "forced.html"
