@@ -8,8 +8,7 @@ counts differ, that is said beside the difference.
 Where each quantity and its interval come from (the fields of reports/plots_<name>.py's `finding`):
 - heads: `baseline_metric`, "Unpruned <metric> is x (95% CI [..])": the CI is `chance.ci`, the metric's own t interval
   (`chance.metric_ci`: none from an older entry whose `ci` was the per-row chance's spread, review 11b A1).
-- kv: `metric_unevicted`, "Full-cache <metric> x (mean over n examples)": no interval (its chance sentence, when
-  it is at chance, prints `chance.mean` and `chance.ci`, and then that interval is the one used).
+- kv: `metric_unevicted`, "Full-cache <metric> x (mean over n examples)": no interval; at chance not compared (below).
 - probes: `best_<metric>` with `best_ci` where the summary has it (the finding prints it); older summaries' findings
   print only the fold sd, which is no interval. At chance (`chance.at_chance`) the report withholds the probe
   ("at chance", or "underpowered" where the probes finding says its interval is too wide): not compared.
@@ -19,9 +18,9 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
   are used (n in "converged examples"), not compared where its report leaves it out.
 - mlp: the highest layer's `agreement_per_layer` with its Wilson interval over that layer's `n_memories_per_layer`
   (every expert's neurons on a mixture of experts; older summaries: `n_neurons_per_layer`).
-- attribution and mlp at or below chance (the summary's `chance` record, the findings' own test): their reports state
-  what was measured only, so neither run's taus or agreement are compared (withheld_at_chance), as patching and
-  position are not (compare_run.chance_refusal).
+- attribution, mlp and kv at or below chance (the summary's `chance` record, the findings' own test): their reports
+  state what was measured only, so neither run's taus, agreement or full-cache metric are compared (withheld_at_chance),
+  as patching and position are not (compare_run.chance_refusal).
 Circuits states no headline with an interval (lens rows, DLA writers, CPR/CMD): its findings sit side by side in
 the findings table and are not reduced to one difference here; patching, position and pruning are compared in
 their own sections (reports/compare.py, compare_heads.py).
@@ -55,11 +54,9 @@ def _heads(s: Mapping[str, Any]) -> list[Quantity]:
 
 
 def _kv(s: Mapping[str, Any]) -> list[Quantity]:
-    value, entry = s.get("metric_unevicted"), _chance_entry(s)
-    said = entry.get("at_chance") is True and _number(value) and _number(entry.get("mean")) and \
-        abs(entry["mean"] - value) <= 1e-6 + 1e-3 * abs(value)  # its chance sentence prints this mean's CI
-    ci = ci_pair(metric_ci(entry), ordered=True) if said else None
-    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", value, ci, s.get("n_examples"), "examples")]
+    """The full-cache metric, without an interval (its finding prints none; at chance it is not compared)."""
+    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", s.get("metric_unevicted"), None,
+             s.get("n_examples"), "examples")]
 
 
 def probe_unit(s: Mapping[str, Any]) -> str:
@@ -181,7 +178,7 @@ def _chance_numbers(entry: Mapping[str, Any], count: str) -> str:
     return ", ".join(x for x in numbers if x)
 
 
-CHANCE_WITHHELD = ("attribution", "mlp")  # their findings report what was measured only at chance (_chance)
+CHANCE_WITHHELD = ("attribution", "mlp", "kv")  # their findings report what was measured only at chance (_chance)
 
 
 def withheld_at_chance(name: str, s: Mapping[str, Any]) -> str:
@@ -268,7 +265,7 @@ def _metrics_differ(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> 
 def headline_notes(a: Run, b: Run) -> list[str]:
     """Per analysis in QUANTITIES that both runs have: not compared (NOT_COMPARED) where the runs ran it on different
     tasks (compare_run.tasks_differ) or, its labels equal, with different metrics, or where either report withholds
-    its number (the family's or one quantity's: attribution and mlp at or below chance, withheld_at_chance), else
+    its number (the family's or one quantity's: attribution, mlp and kv at or below chance, withheld_at_chance), else
     the difference where A and B differ by more than 5%, with the n and the verdict of the intervals the findings
     print."""
     notes = []

@@ -34,6 +34,15 @@
   function visible(t) { return String(t).replace(/ /g, "\u2423").replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5"); }  // tokens_view.visible_token
   var shownTokens = data.examples.map(function (e) { return e.tokens.map(visible); });
   function tokens() { return shownTokens[st.ex]; }
+  // review 11b C1: a several-token answer's pieces the prompt runs on with (teacher forcing) are marked
+  var FORCED = "answer, teacher-forced";
+  function forced(k) { var f = data.examples[st.ex].answer_from; return f != null && k >= f; }
+  function markForced(node, k) {  // a token label of the answer's forced pieces: its style and tooltip line
+    if (!forced(k)) return;
+    node.classList.add("hsx-forced");
+    if (k === data.examples[st.ex].answer_from) node.classList.add("hsx-forced-first");
+    node.title = (node.title ? node.title + "\n" : "") + FORCED;
+  }
   function pattern(ex, l, h) {  // [query][key] floats, zeros restored
     var key = ex + "/" + l + "/" + h;
     if (cache[key]) return cache[key];
@@ -163,10 +172,14 @@
   var exSelect = select("example", data.examples.map(function (e, i) {
     // the prompt as text (its tokens decoded), not its pieces joined by spaces; older data: the pieces
     var text = e.text != null ? e.text : e.tokens.join(" "), of = e.sample_of || [];
+    if (e.answer_from != null && e.prompt_text != null) {  // where the prompt ends: its end, then the forced pieces
+      var p = e.prompt_text;
+      text = (p.length > 45 ? "\u2026" + p.slice(-45) : p) + " \u2016 " + e.answer_text + " (" + FORCED + ")";
+    }
     return [String(i), (taskNames.length > 1 ? "[" + e.task + "] " : "") + (i + 1) + ": " +
                        (!of.length ? "" : of.length === (e.sections || []).length ? "(sample) " :
                         "(sample of " + of.join(", ") + ") ") +
-                       (text.length > 60 ? text.slice(0, 60) + "\u2026" : text)];
+                       (text.length > 60 && e.answer_from == null ? text.slice(0, 60) + "\u2026" : text)];
   }), "0", function (v) { showExample(+v); drawHead(); });
   select("colour heads by", scoreNames.map(function (n) { return ["score:" + n, n]; })
     .concat(labelNames.map(function (n) { return ["label:" + n, n]; })), st.colour, function (v) { st.colour = v; drawGrid(); });
@@ -334,7 +347,7 @@
   });
 
   // ---- the selected head ----
-  var windowLine = el("div", "hsx-windowline");
+  var windowLine = el("div", "hsx-windowline"), forcedLine = el("div", "hsx-forcedline");
   var title = el("div", "hsx-title"), sinkLine = el("div", "hsx-sinkline"), strip = el("div", "hsx-tokens"),
       info = el("div", "hsx-info"), view = el("div", "hsx-view"), scale = el("div", "hsx-scale");
   scale.setAttribute("data-min", "0"); scale.setAttribute("data-max", "1");
@@ -344,7 +357,7 @@
   scale.appendChild(sramp);
   scale.appendChild(el("span", null, "1"));
   scale.appendChild(el("span", "hsx-note", "(each query's weights over the keys sum to 1)"));
-  [title, sinkLine, windowLine, scale, strip, info, view].forEach(function (e) { right.appendChild(e); });
+  [title, sinkLine, windowLine, scale, forcedLine, strip, info, view].forEach(function (e) { right.appendChild(e); });
   var hl = {rows: [], cols: [], toks: [], texts: []}, marks = [], cur = null;
 
   function clearMarks() {
@@ -448,9 +461,19 @@
     windowLine.textContent = said.length ? said.join("; ") + ": hatched cells are keys outside it (masked, " +
                                            "not zero attention)" : "";
     windowLine.style.display = said.length ? "" : "none";
+    var from = ex.answer_from;
+    forcedLine.textContent = "";
+    if (from != null) {
+      var chip = el("span", "hsx-tok hsx-forced", "\u2026");
+      forcedLine.appendChild(chip);
+      forcedLine.appendChild(el("span", null, " " + FORCED + ": the prompt ends before position " + from +
+                                "; from there on it runs on with the answer's first tokens, which the model is scored on"));
+    }
+    forcedLine.style.display = from != null ? "" : "none";
     strip.textContent = ""; hl.toks = [];
     toks.forEach(function (t, i) {
       var span = el("span", "hsx-tok", t); span.title = "position " + i;
+      markForced(span, i);
       span.addEventListener("mouseenter", function () { focusToken(i); });
       span.addEventListener("click", function () { pinQuery(i); });
       span.style.cursor = "pointer";
@@ -470,6 +493,7 @@
     corner.appendChild(el("span", null, "keys \u2192")); corner.appendChild(el("span", null, "queries \u2193"));
     toks.forEach(function (tok, k) {
       var th = el("th", "hsx-key"); th.setAttribute("data-k", k); th.title = "key " + k + ": " + tok;
+      markForced(th, k);
       th.appendChild(el("span", null, tok));  // upright in a horizontal cell, which grows to the whole token
       th.addEventListener("mouseenter", function () { focusToken(k); });
       hr.appendChild(th); hl.kHead.push(th);
@@ -478,6 +502,7 @@
     for (var q = 0; q < n; q++) {
       var tr = el("tr"), qh = el("th", null, toks[q]), row = [];
       qh.setAttribute("data-q", q); qh.title = "query " + q + ": " + toks[q];
+      markForced(qh, q);
       (function (q) {
         qh.addEventListener("mouseenter", function () { focusToken(q); });
         qh.addEventListener("click", function () { pinQuery(q); });
@@ -528,6 +553,9 @@
     toks.forEach(function (tok, i) {
       var a = svg("text", {x: colW - 6, y: top + i * rowH + rowH / 2, "text-anchor": "end"}); a.textContent = tok;
       var b = svg("text", {x: width - colW + 6, y: top + i * rowH + rowH / 2}); b.textContent = tok;
+      if (forced(i)) [a, b].forEach(function (t) {
+        t.classList.add("hsx-forced"); var tt = svg("title", {}); tt.textContent = FORCED; t.appendChild(tt);
+      });
       a.addEventListener("mouseenter", function () { focusToken(i, -1); });
       b.addEventListener("mouseenter", function () { focusToken(-1, i); });
       s.appendChild(a); s.appendChild(b); lefts.push(a); rights.push(b);

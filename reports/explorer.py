@@ -12,7 +12,8 @@ The data dict (format 1):
     model, family, n_layers, n_heads, n_kv_heads, is_encoder
     scale:     patterns are stored as integers, round(p * scale) (scale 10000: 4 decimals)
     examples:  [{tokens: [str], text (the shown tokens decoded: the prompt list's label), n_tokens_total, truncated,
-                 task (the task's label),
+                 task (the task's label), answer_from (rows of a several-token answer: the index of its first
+                 teacher-forced piece, shown marked "answer, teacher-forced"; with prompt_text and answer_text),
                  patterns: [layer][head][query] -> [int] (row of keys, trailing zeros dropped)}]
                attribution (in a report whose attribution analysis ran on this example's tokens):
                {method: [score per token]} from OUT/attribution/token_scores.csv

@@ -249,6 +249,14 @@ def _leading_words(s: Mapping[str, Any], metric: str) -> str:
             "(fewer than 2 examples) these examples do not single out one head.")
 
 
+def _said_at_chance(s: Mapping[str, Any], base: float) -> bool:
+    """Whether the chance sentence that opens the finding at chance (findings.chance_sentence) prints the unpruned
+    metric itself (its mean, to the 3 digits both print): then the finding does not repeat the number."""
+    entry = _chance(s)
+    mean = _num(entry.get("mean")) if entry is not None else None
+    return mean is not None and f"{mean:.3g}" == f"{base:.3g}"
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """Baseline, prunable heads per ordering, and the head roles found."""
     parts = []
@@ -263,6 +271,8 @@ def finding(s: Mapping[str, Any]) -> str:
                          f"own ({unpruned_cosine(base)}, over {s.get('n_examples', '?')} examples); the "
                          "gradient ordering differentiates the in-batch contrastive loss instead (the cosine has no "
                          "gradient at the unpruned gates), so it ranks heads by one objective and is scored on another.")
+        elif _said_at_chance(s, base):  # issue 34: the chance sentence before this one gives it already
+            parts.append(f"The {metric} above is the unpruned model's, over {s.get('n_examples', '?')} examples.")
         else:
             parts.append(f"Unpruned {metric} is {base:.3g}{span} over {s.get('n_examples', '?')} examples.")
     if _at_chance(s, kind, base):

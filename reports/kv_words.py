@@ -488,7 +488,11 @@ def finding(s: Mapping[str, Any]) -> str:
     budgets = s.get("metric_per_policy_budget") or {}
     hold = s.get("holding_budgets")
     if full is not None and _chance(s) is not None:
-        parts.append(f"Full-cache metric {full:.3g}.")
+        mean = _num(_chance(s).get("mean"))
+        if mean is not None and f"{mean:.3g}" == f"{full:.3g}":  # issue 34: the chance sentence gave it: not again
+            parts.append(f"The full-cache metric is the {_words(s.get('metric', 'metric'))} above.")
+        else:
+            parts.append(f"Full-cache metric {full:.3g}.")
     elif full is not None and isinstance(hold, Mapping):
         parts += _holding(s, _with_units(hold, SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")), full)
     elif full is not None and budgets:

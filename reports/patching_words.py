@@ -318,6 +318,8 @@ def _finding(s: Mapping[str, Any]) -> str:
         if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
                          "restore, so the patching maps show noise.")
+    if pieces := answer_pieces_words(s):
+        parts.append(pieces)
     if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise: what was measured only
         return " ".join(parts + [_measured_only(s)])
     cells = _ranked(s)
@@ -342,6 +344,20 @@ def _finding(s: Mapping[str, Any]) -> str:
             parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
                          f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
+
+
+def answer_pieces_words(s: Mapping[str, Any]) -> str:
+    """Review 11b C1: where answers have several tokens, what the position axis counts from (summary answer_pieces,
+    analyses/patching/prompt_end.py): each prompt's last token is -1 and the answer's teacher-forced pieces are no
+    position; "" where no row has any."""
+    info = s.get("answer_pieces")
+    if not isinstance(info, Mapping) or not _num(info.get("rows")):
+        return ""
+    rows, most, n = int(info["rows"]), _num(info.get("max")), s.get("n_examples", "?")
+    upto = f"up to {most:.0f}" if most and most > 1 else "1"
+    return (f"Positions count from each prompt's last token (-1, where the answer's first token is read): {rows} of {n} "
+            f"prompts run on with {upto} token{'s' * (upto != '1')} of their answer (teacher forcing), which no "
+            "position shows.")
 
 
 def _window_words(w: Any) -> str:

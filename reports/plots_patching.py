@@ -133,7 +133,7 @@ def _lines(pieces: list[str], width: int = 90) -> list[str]:
 
 
 def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Sequence[int], partial: dict[int, int],
-                       n_prompts: int | None) -> bool:
+                       n_prompts: int | None, prompt_end: bool = False) -> bool:
     """Review 10a B1: prompts of 7 to 64 tokens gave one tick per place from the end, each pale column's tagged
     "(n=1)", printed over each other. Measured at the figure's layout: where the labels would run together they are
     drawn flat, without n, at every k-th place from the end (STEPS: the smallest k whose labels clear each other), the
@@ -157,7 +157,7 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
     order = [index[o] for o in keep if o in index] + [i for i in reversed(range(len(offsets))) if offsets[i] % step == 0]
     thin_xtick_labels(ax, PAD, order)
     note = [f"pale: columns averaged over fewer than all {n_prompts} prompts;", *_n_runs(offsets, partial)] if partial else []
-    ax.set_xlabel("\n".join([_position_axis(n_prompts) + "; -1 is the last", *_lines(note)]))
+    ax.set_xlabel("\n".join([_position_axis(n_prompts, prompt_end) + LAST[prompt_end], *_lines(note)]))
     return True
 
 
@@ -218,7 +218,16 @@ def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
                  "construction)", fontsize="medium")
 
 
-def _position_axis(n_prompts: int | None) -> str:
+LAST = {False: "; -1 is the last", True: "; -1 is each prompt's last token"}  # the thinned axis's reminder
+
+
+def _position_axis(n_prompts: int | None, prompt_end: bool = False) -> str:
+    """The position axis's label; prompt_end (summary answer_pieces, review 11b C1): positions count from each
+    prompt's last token and the answer's teacher-forced pieces are no position."""
+    if prompt_end:
+        return ("position from the prompt's end (the answer's teacher-forced pieces left out" +
+                ("" if n_prompts == 1 else f"; mean over up to {n_prompts or 'the'} prompts: only those that reach it")
+                + ")")
     return ("position: token" if n_prompts == 1 else
             f"position from the end (mean over up to {n_prompts or 'the'} prompts: only those that reach it)")
 
@@ -268,7 +277,7 @@ def _offsets(positions, n_positions: int | None) -> list[int]:
 def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: str = "effect",
                    n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
                    bound: float | None = None, quiet: str | None = None, keep: Sequence[int] = (),
-                   ax: Axes | None = None) -> Axes:
+                   prompt_end: bool = False, ax: Axes | None = None) -> Axes:
     """Layer x position heatmap of one (layer, pos) site type (`data`: the exact table); positions
     labelled by position_labels, thinned where they would run together (_legible_positions, keeping the answer
     position and the places from the end in `keep` labelled first)."""
@@ -281,10 +290,10 @@ def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: 
     grid.columns = plain
     _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet)
     _hatch_unreachable(ax, rows, "layer", positions)
-    ax.set_xlabel(_position_axis(n_prompts))
+    ax.set_xlabel(_position_axis(n_prompts, prompt_end))
     ax.set_ylabel("layer")
     _mute_partial(ax, partial, grid.shape[0], n_prompts)
-    _legible_positions(ax, _offsets(positions, n_positions), plain, [-1, *keep], partial, n_prompts)
+    _legible_positions(ax, _offsets(positions, n_positions), plain, [-1, *keep], partial, n_prompts, prompt_end)
     return ax
 
 
@@ -306,7 +315,7 @@ def plot_layer_head(data: pd.DataFrame, *, site_type: str = "head_out", column: 
 def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", column: str = "effect",
                   n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
                   bound: float | None = None, quiet: str | None = None, keep: Sequence[int] = (),
-                  ax: Axes | None = None) -> Axes:
+                  prompt_end: bool = False, ax: Axes | None = None) -> Axes:
     """(layer, head) x position heatmap of per-position head patching (`data`: the exact table); positions thinned
     as in plot_layer_pos."""
     ax = axes(ax)
@@ -320,10 +329,10 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet)
     _hatch_unreachable(ax, rows, ["layer", "head"], positions)
     ax.tick_params(axis="y", labelsize=max(4, min(9, 300 / max(1, len(grid)))))
-    ax.set_xlabel(_position_axis(n_prompts))
+    ax.set_xlabel(_position_axis(n_prompts, prompt_end))
     ax.set_ylabel("head (L layer H head)")
     _mute_partial(ax, partial, grid.shape[0], n_prompts)
-    _legible_positions(ax, _offsets(positions, n_positions), plain, [-1, *keep], partial, n_prompts)
+    _legible_positions(ax, _offsets(positions, n_positions), plain, [-1, *keep], partial, n_prompts, prompt_end)
     return ax
 
 
@@ -422,7 +431,8 @@ def figures(result, **kwargs) -> dict[str, Figure]:
     tables, summary = dict(result.tables), dict(result.summary)
     divisor, label = scale(summary)
     quiet = quiet_reason(summary)
-    where = {"n_prompts": summary.get("n_examples"), "n_positions": summary.get("n_positions")}
+    where = {"n_prompts": summary.get("n_examples"), "n_positions": summary.get("n_positions"),
+             "prompt_end": bool(summary.get("answer_pieces"))}  # review 11b C1: -1 is each prompt's last token
     exact = tables.get("exact")
     if exact is not None:
         exact = _normalised(exact, divisor, ("effect", "attribution"))

@@ -12,7 +12,7 @@ Captured into the explorer's data and writes it: reports only draw.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,13 @@ def _is_task_name(value: str) -> bool:
 def _task_rows(model, task: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
     """(token rows with padding removed, task name) of a Task, a task name, the user's task data
     (a task file, DataFrame, Dataset, list of dicts), or None (the heads analysis's default task)."""
+    rows, name, _ = _task_rows_pieces(model, task, max_examples, seed)
+    return rows, name
+
+
+def _task_rows_pieces(model, task: Any, max_examples: int,
+                      seed: int = 0) -> tuple[list[torch.Tensor], str, dict[tuple[int, ...], int]]:
+    """_task_rows with {a row's token ids: its teacher-forced answer pieces} for the rows of several-token answers."""
     from headscope.analyses.core.task_files import is_task_data, resolve_task
     from headscope.analyses.core.tasks import Task
 
@@ -63,10 +70,23 @@ def _task_rows(model, task: Any, max_examples: int, seed: int = 0) -> tuple[list
 
         task = default_task(model, task, HeadsConfig.preset(quick=True, seed=seed))
     tokens = task.tokens[:max_examples]
+    rows = list(tokens)
     if task.attention_mask is not None:
         mask = task.attention_mask[:max_examples].bool()
-        return [row[m] for row, m in zip(tokens, mask)], task.name
-    return list(tokens), task.name
+        rows = [row[m] for row, m in zip(tokens, mask)]
+    pieces = {} if task.continuation is None else {
+        tuple(int(t) for t in row): int((cont >= 0).sum()) - 1
+        for row, cont in zip(rows, task.continuation[:max_examples]) if int((cont >= 0).sum()) > 1}
+    return rows, task.name, pieces
+
+
+def _rows_and_pieces(model, source: Any, max_examples: int,
+                     seed: int = 0) -> tuple[list[torch.Tensor], str, dict[tuple[int, ...], int]]:
+    """example_rows with the answer pieces of a task's rows ({} for prompts and token tensors)."""
+    if isinstance(source, torch.Tensor) or (isinstance(source, str) and not _is_task_name(source)) or (
+            isinstance(source, (list, tuple)) and (not source or all(isinstance(s, str) for s in source))):
+        return (*example_rows(model, source, max_examples, seed), {})
+    return _task_rows_pieces(model, source, max_examples, seed)
 
 
 def example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
@@ -86,8 +106,11 @@ def example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[
     return _task_rows(model, source, max_examples, seed)
 
 
-def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
-    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]. The sink
+def capture_example(model, row: torch.Tensor, max_tokens: int,
+                    pieces: int = 0) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]; pieces: how many
+    of the row's last tokens are a several-token answer's teacher-forced pieces (Task.continuation), whose first
+    index the dict gives as answer_from where they are shown (the explorer marks them). The sink
     is the mean weight on the first token over the queries that can see it (a sliding-window layer's
     queries within window - 1 of it, models.layer_windows; a decoder's first query, which sees only itself,
     left out)."""
@@ -110,6 +133,10 @@ def capture_example(model, row: torch.Tensor, max_tokens: int) -> tuple[dict[str
     example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
                "text": model.tokenizer.decode(row[0].tolist(), skip_special_tokens=True),  # the prompt list's label
                "truncated": n_total > row.shape[1], "patterns": ints}
+    if 0 < pieces < n_total and n_total - pieces < row.shape[1]:  # review 11b C1: where the user's prompt ends
+        example["answer_from"] = cut = n_total - pieces
+        example["prompt_text"] = model.tokenizer.decode(row[0, :cut].tolist(), skip_special_tokens=True)
+        example["answer_text"] = model.tokenizer.decode(row[0, cut:].tolist(), skip_special_tokens=True)
     q = torch.arange(pat.shape[-2])
     sees = torch.stack([(q >= q0) & visible_keys(q, 0, w) for w in layer_windows(model)]).float()  # [L, q]
     sink = (pat[..., 0] * sees[:, None, :]).sum(-1) / sees.sum(-1).clamp_min(1.0)[:, None]  # [L, H]
@@ -128,7 +155,7 @@ def capture_examples(model, source: Any = None, *, max_examples: int = 3, max_to
     if max_examples < 1 or max_tokens < 1:
         raise ConfigError(f"max_examples and max_tokens must be >= 1, got {max_examples} and {max_tokens}.")
     f = model.facts
-    rows, source_label = example_rows(model, source, max_examples, seed)
+    rows, source_label, pieces = _rows_and_pieces(model, source, max_examples, seed)
     examples = []
     sink = torch.zeros(f.n_layers, f.n_heads)
     peak = torch.zeros(f.n_layers, f.n_heads)
@@ -141,11 +168,12 @@ def capture_examples(model, source: Any = None, *, max_examples: int = 3, max_to
         if group is None:
             if stored >= MAX_VALUES:
                 break
-            group = example_rows(model, task, more_examples, seed)[0]
+            group, _, found = _rows_and_pieces(model, task, more_examples, seed)
+            pieces = {**pieces, **found}
         for row in group:
             if task is not None and stored >= MAX_VALUES:
                 break
-            example, s, m = capture_example(model, row, max_tokens)
+            example, s, m = capture_example(model, row, max_tokens, pieces.get(tuple(int(t) for t in row), 0))
             example["task"] = label
             examples.append(example)
             stored += _n_values(example)
@@ -159,12 +187,14 @@ class Shown:
     """One task a report's explorer shows. task: its name (as the sections' provenance names it);
     sections: the report sections that ran on it, in report order; samples: ((row [pos], sections whose
     provenance line shows this row as its sample), ...), padding removed; rows: its other examples
-    ([pos] each, padding removed), of which a few are added after every task's samples."""
+    ([pos] each, padding removed), of which a few are added after every task's samples; pieces: {a row's token
+    ids: how many of its last tokens are teacher-forced answer pieces} (rows of several-token answers only)."""
 
     task: str
     sections: tuple[str, ...]
     samples: tuple[tuple[torch.Tensor, tuple[str, ...]], ...]
     rows: tuple[torch.Tensor, ...] = ()
+    pieces: Mapping[tuple[int, ...], int] = field(default_factory=dict)  # row's token ids -> its answer pieces
 
 
 def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_tokens: int = 64) -> Captured:
@@ -190,7 +220,8 @@ def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_
     def add(i: int, row: torch.Tensor, sample_of: tuple[str, ...]) -> None:
         nonlocal stored, sink, peak
         entry = shown[i]
-        example, s, m = capture_example(model, row, max(max_tokens, whole(row)) if sample_of else max_tokens)
+        example, s, m = capture_example(model, row, max(max_tokens, whole(row)) if sample_of else max_tokens,
+                                        entry.pieces.get(tuple(int(t) for t in row), 0))
         example.update(task=f"{entry.task} ({', '.join(entry.sections)})", task_name=entry.task,
                        sections=list(entry.sections), sample_of=list(sample_of))
         groups[i].append(example)

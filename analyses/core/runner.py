@@ -260,15 +260,19 @@ def ran_on(model: Any, name: str, plan: Plan) -> Any:
         return err
 
 
-def _rows(data: Any) -> tuple[str, list[torch.Tensor]] | None:
-    """(task name, token rows [pos] each, padding removed, the provenance sample first) of what an
-    analysis ran on (ran_on): a Task, or position's (sweep kind, first sweep); None for anything else."""
+def _rows(data: Any) -> tuple[str, list[torch.Tensor], dict[tuple[int, ...], int]] | None:
+    """(task name, token rows [pos] each, padding removed, the provenance sample first, {a row's token ids: its
+    teacher-forced answer pieces} for the rows of several-token answers) of what an analysis ran on (ran_on): a
+    Task, or position's (sweep kind, first sweep); None for anything else."""
     if isinstance(data, tuple) and len(data) == 2 and hasattr(data[1], "tokens"):  # position's own sweeps
         kind, sweep = data
         rows = list(sweep.tokens)
-        return str(kind), rows[:1] + rows[:0:-1]  # the sample (gold in the first slot), then the last slot's
+        return str(kind), rows[:1] + rows[:0:-1], {}  # the sample (gold in the first slot), then the last slot's
     if hasattr(data, "tokens") and hasattr(data, "example") and len(data) > 0:
-        return str(data.name), [data.example(i).tokens[0] for i in range(min(len(data), 4))]
+        examples = [data.example(i) for i in range(min(len(data), 4))]
+        pieces = {tuple(int(t) for t in e.tokens[0]): int(e.continuation.shape[1]) - 1 for e in examples
+                  if getattr(e, "continuation", None) is not None and e.continuation.shape[1] > 1}
+        return str(data.name), [e.tokens[0] for e in examples], pieces
     return None
 
 
@@ -290,8 +294,9 @@ def explorer_shown(model: Any, plans: Mapping[str, Plan], done: Sequence[str],
         rows = _rows(data)
         if rows is None:
             continue
-        task, tokens = rows
-        entry = found.setdefault(task, {"sections": [], "samples": [], "rows": tokens[1:]})
+        task, tokens, pieces = rows
+        entry = found.setdefault(task, {"sections": [], "samples": [], "rows": tokens[1:], "pieces": {}})
+        entry["pieces"].update(pieces)
         entry["sections"].append(name)
         key = tuple(int(t) for t in tokens[0])
         for sample in entry["samples"]:
@@ -301,7 +306,7 @@ def explorer_shown(model: Any, plans: Mapping[str, Plan], done: Sequence[str],
         else:
             entry["samples"].append((key, tokens[0], [name]))
     return [Shown(task=task, sections=tuple(e["sections"]), samples=tuple((row, tuple(who)) for _, row, who in e["samples"]),
-                  rows=tuple(e["rows"])) for task, e in found.items()]
+                  rows=tuple(e["rows"]), pieces=e["pieces"]) for task, e in found.items()]
 
 
 def explorer_capture(model: Any, task: Any, plans: Mapping[str, Plan], done: Sequence[str], *, seed: int = 0,

@@ -35,6 +35,8 @@ at_corrupted_token (per (layer, pos) site type and layer, the effect at each pro
 clean and corrupted differ, with where that sits from the end and where every differing position sits:
 patching/aligned.py; also the table `corrupted_token`); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
+Answers of several tokens (teacher-forced pieces at the end of their rows): every position cell counts from each
+prompt's last token (-1 there), the pieces left out (patching/prompt_end.py); summary answer_pieces says so.
 On a sliding-window model (models.layer_windows) the table's `unreachable` marks the position cells the windows
 keep from the answer position (sites.window_reach: 0 by construction), and sliding_windows gives the windows and
 how many cells that is.
@@ -56,7 +58,7 @@ from headscope.analyses.core.contract import Needs, require
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
-from headscope.analyses.patching import aligned
+from headscope.analyses.patching import aligned, prompt_end
 from headscope.analyses.patching.attribution_patching import attribution_table, correlation_with_exact, rounding_floor
 from headscope.analyses.patching.configs import PatchingConfig
 from headscope.analyses.patching.engine import index_mask, padding_mask, replace_hook, run_batched
@@ -198,9 +200,13 @@ def activation_patching(
     clean_rows, corrupt_rows = (source_values, base_values) if direction == "denoise" else (base_values, source_values)
     clean_value, corrupt_value = float(clean_rows.double().mean()), float(corrupt_rows.double().mean())
     baseline = float(pm.finish(float(base_values.double().mean()), clean_value, corrupt_value))
-    labels = token_labels(model, clean, mask)
+    # answers of several tokens: positions count from each prompt's last token, its answer pieces left out
+    pieces = prompt_end.answer_pieces(task)  # [B]
+    sweeps = {name: prompt_end.cell_values(cells, values, pieces) for name, (cells, values) in sweeps.items()}
+    shown, shown_bad, shown_mask = _at_prompt_end(clean, corrupted, mask, pieces)
+    labels = token_labels(model, shown, shown_mask)
     gap = 1.0 if pm.normalized else (clean_value - corrupt_value) or None  # what share_of_gap divides by
-    first = aligned.first_difference(clean, corrupted)  # [B] each row's corrupted token (padded index)
+    first = aligned.first_difference(shown, shown_bad)  # [B] each row's corrupted token (padded index)
     frames, intervals, on_token = [], {}, {}
     for st in types:
         cells, values = sweeps[st.name]
@@ -237,8 +243,10 @@ def activation_patching(
         summary["at_corrupted_token"] = {"from_end": aligned.offsets(first, clean.shape[1]),
                                          "n": int((first >= 0).sum()),
                                          "positions_differ": aligned.positions_differ(clean, corrupted),
-                                         "differ_from_end": aligned.differ_from_end(clean, corrupted),
+                                         "differ_from_end": aligned.differ_from_end(shown, shown_bad),
                                          "sites": on_token}
+    if (pieces_said := prompt_end.record(pieces)) is not None:
+        summary["answer_pieces"] = pieces_said
     windows = layer_windows(model)
     if any(windows) and pm.last_position:  # review 9a B2: cells the windows keep from the answer are 0 by construction
         df["unreachable"] = unreachable_cells(df, windows)
@@ -252,7 +260,8 @@ def activation_patching(
         tables["corrupted_token"] = aligned.table(on_token, gap)
     if cfg.attribution:
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
-        attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask)
+        attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask,
+                                 pieces=pieces)
         attr = attr.assign(share_of_gap=attr["attribution"] / gap if gap else np.nan)
         floor = rounding_floor(df, first.numpy(), model.dtype, max(abs(clean_value), abs(corrupt_value)),
                                (clean_value - corrupt_value) if pm.normalized else None)
@@ -263,6 +272,16 @@ def activation_patching(
         tables = {**tables, "exact": df, "attribution": attr}
     config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}
     return Result(name="patching", df=df, summary=summary, tables=tables, config=config)
+
+
+def _at_prompt_end(clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None, pieces: torch.Tensor):
+    """(clean, corrupted, mask) [B, pos] with each row moved right by its answer pieces (prompt_end.to_prompt_end):
+    the tokens the position cells stand on once they count from each prompt's last token (unchanged without pieces)."""
+    if not bool(pieces.any()):
+        return clean, corrupted, mask
+    real = torch.ones_like(clean) if mask is None else mask.to(clean.device).long()
+    moved = [prompt_end.to_prompt_end(x.cpu(), pieces) for x in (clean, corrupted, real)]
+    return moved[0], moved[1], moved[2]
 
 
 def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect",

@@ -29,6 +29,7 @@ from headscope.analyses.core.metrics import noise_floor
 from headscope.analyses.core.result import Result
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
+from headscope.analyses.patching import prompt_end
 from headscope.analyses.patching.configs import PatchingConfig
 from headscope.analyses.patching.engine import padding_mask
 from headscope.analyses.patching.inputs import (
@@ -73,16 +74,21 @@ def attribution_scores(
     scale: float | torch.Tensor = 1.0,
     *,
     attention_mask: torch.Tensor | None = None,
+    pieces: torch.Tensor | None = None,
 ) -> dict[str, tuple[list, torch.Tensor]]:
     """{site type: (cells, estimated effect [n_cells])} for patching source into base.
 
     scale divides the estimates (the normalised metric's clean - corrupt denominator): a float,
     or per-row differences [batch], whose mean over a cell's rows is then its denominator.
-    attention_mask: the left padding [batch, pos] shared by base and source, or None.
+    attention_mask: the left padding [batch, pos] shared by base and source, or None. pieces: [batch]
+    teacher-forced answer pieces per row (prompt_end.answer_pieces): positions then count from each
+    prompt's last token, as exact patching's (None: from the end of the row).
     """
     rows = attribution_rows(model, base, source, types, metric, attention_mask=attention_mask)
     out = {}
     for name, (cells, est) in rows.items():
+        if pieces is not None:
+            cells, est = prompt_end.cell_values(cells, est, pieces)
         real = ~torch.isnan(est)  # [cell, batch]
         total = torch.nan_to_num(est.double()).sum(1)  # [cell]
         if isinstance(scale, torch.Tensor):
@@ -143,9 +149,11 @@ def attribution_rows(
 
 
 def attribution_table(model, base, source, types, metric: PatchMetric, labels: list[str],
-                      scale: float | torch.Tensor = 1.0, *, attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
+                      scale: float | torch.Tensor = 1.0, *, attention_mask: torch.Tensor | None = None,
+                      pieces: torch.Tensor | None = None) -> pd.DataFrame:
     """attribution_scores as one tidy table (site_type, layer, head, pos, token, attribution)."""
-    scores = attribution_scores(model, base, source, types, metric, scale, attention_mask=attention_mask)
+    scores = attribution_scores(model, base, source, types, metric, scale, attention_mask=attention_mask,
+                                pieces=pieces)
     frames = [cell_frame(st, cells, labels, attribution=values.numpy()) for st, (cells, values) in zip(types, scores.values())]
     return pd.concat(frames, ignore_index=True)
 
@@ -184,8 +192,11 @@ def attribution_patching(
     if pm.normalized:
         with torch.no_grad():
             scale = (pm.fn(model(clean, attention_mask=mask)) - pm.fn(model(corrupted, attention_mask=mask))).cpu()
-    df = attribution_table(model, base, source, types, pm, token_labels(model, clean, mask), scale,
-                           attention_mask=mask)
+    pieces = prompt_end.answer_pieces(task)  # answers of several tokens: positions from each prompt's last token
+    shown = prompt_end.to_prompt_end(clean.cpu(), pieces)
+    shown_mask = prompt_end.to_prompt_end(torch.ones_like(shown) if mask is None else mask.cpu().long(), pieces)
+    df = attribution_table(model, base, source, types, pm, token_labels(model, shown, shown_mask), scale,
+                           attention_mask=mask, pieces=pieces)
     summary = {"metric": pm.name, "direction": direction, "n_examples": int(clean.shape[0]), **left_out}
     return Result(name="patching", df=df, summary=summary, tables={"attribution": df},
                   config={"sites": [st.name for st in types], "direction": direction})

@@ -149,7 +149,10 @@ def test_an_untrained_model_on_rows_of_several_lengths_prints_the_wide_interval_
         f"{ci[1]:.3g}], against chance -6.12 to -48.9 per row (1-8 answer tokens, k x log(1/454) for k tokens); margin "
         f"over each row's own chance {(per_token + LN_454).mean():+.3g} per answer token, 95% CI [{margin[0]:.3g}, "
         f"{margin[1]:.3g}], above it on {above} of 16 rows); relative findings are not reported."), text
-    assert f"Unpruned answer log-probability is {logp.mean():.3g} (95% CI [{ci[0]:.3g}, {ci[1]:.3g}]) over 16" in text
+    # issue 34: the unpruned metric is the chance sentence's mean: said once, with its interval, then its n
+    assert text.count(f"{logp.mean():.3g}") == 1 and text.count(f"[{ci[0]:.3g}, {ci[1]:.3g}]") == 1
+    assert "relative findings are not reported. The answer log-probability above is the unpruned model's, over 16 " \
+           "examples." in text
 
 
 # ---- the t interval of a mean over examples ------------------------------------------------------

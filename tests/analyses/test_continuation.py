@@ -187,6 +187,66 @@ def test_patching_a_head_restores_the_continuation_as_in_hf(arch_models, hf_of, 
         assert rec.value == pytest.approx(want, abs=TOL * (1 + abs(want)))
 
 
+def _hf_resid_patched(hf, corrupt: list[int], clean: list[int], answer: list[int], layer: int, at: int) -> torch.Tensor:
+    """Plain HF on corrupted prompt + answer with block `layer`'s input at position `at` (counted in the unpadded
+    sequence) taken from the same run on the clean prompt + answer: the answer's log-probability."""
+    with torch.no_grad():
+        source = hf(torch.tensor([clean + answer]), output_hidden_states=True).hidden_states[layer]  # [1, pos, d]
+    block = hf.transformer.h[layer] if hf.config.model_type == "gpt2" else hf.model.layers[layer]
+
+    def put(module, args, kwargs):
+        hidden = (args[0] if args else kwargs["hidden_states"]).clone()
+        hidden[:, at] = source[:, at]
+        return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+
+    handle = block.register_forward_pre_hook(put, with_kwargs=True)
+    try:
+        return _hf_logprob(hf, corrupt, answer)
+    finally:
+        handle.remove()
+
+
+def test_patching_positions_count_from_each_prompts_last_token_on_answers_of_one_and_three_tokens(arch_models, hf_of):
+    """Review 11b C1: counted from the end of the row, position -1 was the prompt's last token on one-token rows and
+    the answer's last teacher-forced piece on three-token rows (an average of two roles). Every resid_pre cell at -1
+    and -2 is plain HF's mean effect of restoring the clean residual at each prompt's own last (and second-last)
+    token, scored by the whole answer; the answer pieces are no position, and the summary and finding say so."""
+    from headscope.reports.findings import finding
+
+    model, hf = arch_models("gpt2"), hf_of("gpt2")
+    rows = mixed_length_rows(model, 6)
+    for i, row in enumerate(rows):
+        row["label"] = row["label"] + row["other"] * 2 * (i % 2)  # answers of 1 and 3 tokens
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HeadscopeWarning)
+        task = hs.load_task(model, rows, MIXED_FIELDS)
+    answers = [_answer_ids(model, r) for r in rows]
+    assert sorted({len(a) for a in answers}) == [1, 3]
+    got = hs.activation_patching(model, task, "resid_pre")
+    clean_ids = [_prompt_ids(model, r["text"]) for r in rows]
+    corrupt_ids = [_prompt_ids(model, r["bad"]) for r in rows]
+    base = torch.stack([_hf_logprob(hf, c, a) for c, a in zip(corrupt_ids, answers)])
+    cells = got.df.set_index(["layer", "position_from_end"])
+    for layer in range(hf.config.num_hidden_layers):
+        for end in (-1, -2):
+            effect = torch.stack([_hf_resid_patched(hf, c, p, a, layer, len(c) + end)
+                                  for c, p, a in zip(corrupt_ids, clean_ids, answers)]) - base
+            cell = cells.loc[(layer, end)]
+            assert int(cell["n_rows"]) == len(rows)
+            assert float(cell["effect"]) == pytest.approx(float(effect.mean()), abs=TOL * (1 + float(base.abs().max())))
+    three = sum(len(a) == 3 for a in answers)
+    assert got.summary["answer_pieces"] == {"rows": three, "max": 2, "positions": "from the prompt's end"}
+    summary = got.summary
+    assert (f"Positions count from each prompt's last token (-1, where the answer's first token is read): {three} of "
+            f"{len(rows)} prompts run on with up to 2 tokens of their answer (teacher forcing), which no position "
+            "shows.") in finding("patching", summary)
+    from headscope.reports.plots_patching import figures
+
+    label = " ".join(figures(got)["exact_resid_pre"].axes[0].get_xlabel().split())  # the label's line breaks as spaces
+    assert label.startswith("position from the prompt's end (the answer's teacher-forced pieces left out"), label
+    assert "n = 0" not in label and got.df["n_rows"].min() >= 1  # no column that no prompt reaches
+
+
 def test_analyses_that_read_one_next_token_refuse_in_one_line(arch_models, continuation_task):
     model = arch_models("gpt2")
     _, task = continuation_task("gpt2")

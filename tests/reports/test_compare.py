@@ -1004,6 +1004,33 @@ def test_compare_does_not_set_taus_or_agreement_a_report_withholds_at_chance_aga
                                "the model below chance") and "B's report" not in notes[1] and len(notes) == 2
 
 
+def test_compare_does_not_set_a_kv_full_cache_metric_its_report_gives_at_chance_against_the_other(tmp_path):
+    """Issue 34: the kv finding below chance gives its full-cache metric after 'relative findings are not reported';
+    compare set A's -9.21 against B's -1.5 as a difference. Listed as not compared with A's reason, as attribution and
+    mlp; with neither report at chance the two numbers are compared."""
+    from headscope.reports.findings import finding
+
+    below = {"metric": "logprob", "chance_value": -6.118, "task": "sentences", "at_chance": True, "below_chance": True,
+             "mean": -9.21, "ci": [-11.1, -7.35], "n_examples": 16}
+    above = {**below, "at_chance": False, "below_chance": False, "mean": -1.5, "ci": [-1.7, -1.3]}
+    for side, entry in (("a", below), ("b", above)):
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["kv"]}})
+        io.write_json(tmp_path / side / "kv" / "summary.json", {"n_examples": 16, "metric": "logprob",
+                                                                "metric_unevicted": entry["mean"], "chance": entry})
+    said = finding("kv", {"metric": "logprob", "metric_unevicted": -9.21, "chance": below})
+    assert "relative findings are not reported" in said  # and its number once (issue 34, as heads)
+    assert said.count("-9.21") == 1 and said.endswith("The full-cache metric is the answer log-probability above.")
+    assert headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) == [
+        NOT_COMPARED + "kv full-cache answer log-probability: not compared: A's report calls the model below chance on "
+        "task sentences (answer log-probability -9.21 against chance -6.12, 95% CI [-11.1, -7.35], 16 examples) and "
+        "withholds its relative findings."]
+    io.write_json(tmp_path / "a" / "kv" / "summary.json", {"n_examples": 16, "metric": "logprob",
+                                                           "metric_unevicted": -1.0, "chance": {**above, "mean": -1.0}})
+    assert headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) == [
+        "kv full-cache answer log-probability: A -1, B -1.5 (n 16 each) (its finding states no interval for it: whether "
+        "this is beyond noise is not known)."]
+
+
 def _pruned_folder(root, name, gradient, random, n_heads=6):
     """A heads folder whose gradient curve has per-example values (gradient: [points][examples], points at 0, 1, 2
     heads removed) and whose random curve has two seeds (random: {seed: [metric per point]})."""

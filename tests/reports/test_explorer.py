@@ -250,6 +250,70 @@ def test_a_sample_prompt_is_kept_whole_when_it_fits_and_every_sample_past_the_bu
         (32, ["position"])]
 
 
+def _forced_shown(llama):
+    """The explorer's Shown task of a Task whose row 0 answers 'w6 w7 w8' (3 tokens: the prompt runs on with 'w6 w7',
+    teacher-forced) and row 1 'w9' (one token), as a report's runner hands it over (runner.explorer_shown)."""
+    from types import SimpleNamespace
+
+    from headscope.analyses.core.runner import explorer_shown
+    from headscope.analyses.core.tasks import Task
+
+    rows = [llama.to_tokens("w1 w2 w3 w4 w5 w6 w7")[0], llama.to_tokens("w1 w2 w3 w4 w5 w6 w8")[0]]
+    ids = [llama.to_single_token(f" w{i}") for i in (6, 7, 8, 9)]
+    task = Task(name="t", tokens=torch.stack(rows), answers=torch.tensor([ids[2], ids[3]]), metric="logprob",
+                continuation=torch.tensor([[ids[0], ids[1], ids[2]], [-1, -1, ids[3]]]))
+    return rows, explorer_shown(llama, {"patching": SimpleNamespace(skip=None)}, ["patching"], {"patching": task}), task
+
+
+def test_the_explorer_data_marks_where_a_several_token_answers_forced_pieces_start(llama):
+    """Review 11b C1: '... is with Ptolem' read as the prompt. A row that runs on with its answer's first 2 tokens
+    has answer_from = its length - 2 and its prompt and pieces as text; a one-token answer's row has none. In a
+    report (the runner's Shown) and in show_attention's data of the Task alike."""
+    from headscope.analyses.core.attention_capture import capture_shown
+
+    rows, shown, task = _forced_shown(llama)
+    n = len(rows[0])
+    for first, other in (capture_shown(llama, shown).examples, attention_explorer_data(llama, task)["examples"]):
+        assert first["answer_from"] == n - 2 and first["tokens"][n - 2:] == ["w6", "w7"]  # this word tokenizer's pieces
+        assert first["prompt_text"].endswith("w4 w5") and first["answer_text"] == "w6 w7"
+        assert "answer_from" not in other and "prompt_text" not in other
+
+
+@needs_chromium
+def test_the_explorer_marks_an_answers_teacher_forced_pieces_in_chromium(llama, tmp_path):
+    """The token strip, the heat map's key and query labels and the lines view style the forced pieces (class
+    hsx-forced, a tooltip line 'answer, teacher-forced'), the first one with a separator; a line says where the
+    prompt ends, and the prompt list shows its end, a separator and the pieces; the one-token row has no mark."""
+    from browser import open_page
+    from headscope.analyses.core.attention_capture import capture_shown
+
+    rows, shown, _ = _forced_shown(llama)
+    data = explorer_data(llama.facts, capture_shown(llama, shown))
+    n = len(rows[0])
+    page_file = tmp_path / "forced.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="fo") + "</body></html>")
+    marked = ("function(q){return Array.from(document.querySelectorAll(q)).map(function(t){return "
+              "[t.classList.contains('hsx-forced'), t.classList.contains('hsx-forced-first'), "
+              "/answer, teacher-forced/.test(t.title)];});}")
+    want = [[i >= n - 2, i == n - 2, i >= n - 2] for i in range(n)]
+    with open_page(page_file) as page:
+        assert page.console_errors == []
+        assert page.evaluate(f"({marked})('#fo .hsx-tokens .hsx-tok')") == want
+        assert page.evaluate(f"({marked})('#fo .hsx-heat th[data-k]')") == want
+        assert page.evaluate(f"({marked})('#fo .hsx-heat th[data-q]')") == want
+        line = page.evaluate("document.querySelector('#fo .hsx-forcedline').textContent")
+        assert f"answer, teacher-forced: the prompt ends before position {n - 2}" in line
+        assert page.evaluate("document.querySelector('#fo select').options[0].textContent").endswith(
+            "w4 w5 \u2016 w6 w7 (answer, teacher-forced)")
+        choose(page, "fo", 2, "lines")
+        lines = page.evaluate("Array.from(document.querySelectorAll('#fo .hsx-lines text.hsx-forced')).length")
+        assert lines == 2 * 2  # each forced piece as query and as key
+        choose(page, "fo", 0, "1")
+        assert page.evaluate("document.querySelectorAll('#fo .hsx-forced').length") == 0
+        assert page.evaluate("getComputedStyle(document.querySelector('#fo .hsx-forcedline')).display") == "none"
+
+
 def test_link_heads_links_head_names_in_text_only():
     html = ('<p class="finding"><b><a href="#heads">L0H1</a></b>: L1H3 and L2H0, L1H30, L10H1; '
             '<img alt="L0H2">xL1H1</p>')
