@@ -52,6 +52,9 @@ class PositionSweep:
     query_tokens: [1, q_pos] int64, encoders only: the query, encoded on its own.
     values:       every value the context holds, the gold's first (copy tasks: kv, json_kv, word_kv; empty for
                   QA): the outputs that copy one of them tell "prefers a wrong value" from "does not do the task".
+    no_gold_tokens: [1, pos'] int64, the same prompt with the gold item taken out (the same distractors in the same
+                  order, slot labels 1..n-1): Liu et al.'s no-gold / closed-book baseline. None on a sweep built by
+                  hand without it (no baseline is measured then).
     """
 
     tokens: torch.Tensor
@@ -62,6 +65,7 @@ class PositionSweep:
     answers: tuple[str, ...]
     query_tokens: torch.Tensor | None = None
     values: tuple[str, ...] = ()
+    no_gold_tokens: torch.Tensor | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -168,20 +172,25 @@ def _assemble(grid: tuple[int, ...], head: list[int], labels: Sequence[list[int]
               gold: list[int], sep: list[int], tail: list[int], answer: list[int], answers: tuple[str, ...],
               query_tokens: torch.Tensor | None = None, values: tuple[str, ...] = ()) -> PositionSweep:
     """The sweep of token-id pieces: for each slot p of `grid`, head, then the items with `gold` at slot p
-    (each after its slot label, `sep` between them), then tail."""
+    (each after its slot label, `sep` between them), then tail; and the no-gold prompt, the same pieces
+    without the gold item."""
     n_items = len(chunks) + 1
     rows, spans = [], []
-    for p in grid:
-        order = [*chunks[: p - 1], gold, *chunks[p - 1:]]
+
+    def render(order: Sequence[list[int]], p: int | None) -> list[int]:
         ids = list(head)
         for i, chunk in enumerate(order):
             ids += labels[i]
-            if i == p - 1:
+            if i == p:
                 spans.append((len(ids), len(ids) + len(chunk)))
             ids += chunk
-            if i < n_items - 1:
+            if i < len(order) - 1:
                 ids += sep
-        rows.append([*ids, *tail])
+        return [*ids, *tail]
+
+    for p in grid:
+        rows.append(render([*chunks[: p - 1], gold, *chunks[p - 1:]], p - 1))
+    no_gold = render(list(chunks), None)  # the distractors alone, in their order
     return PositionSweep(
         tokens=torch.tensor(rows, dtype=torch.int64),  # [n_pos, pos]
         gold_spans=torch.tensor(spans, dtype=torch.int64),  # [n_pos, 2]
@@ -191,6 +200,7 @@ def _assemble(grid: tuple[int, ...], head: list[int], labels: Sequence[list[int]
         answers=answers,
         query_tokens=query_tokens,
         values=values,
+        no_gold_tokens=torch.tensor([no_gold], dtype=torch.int64),  # [1, pos']
     )
 
 
