@@ -62,6 +62,7 @@ DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True,
               english_text=lambda model: encoder_text(model),  # defined below
               own_data=lambda model: default_data_gap(model),  # defined below
+              own_records=lambda model, path: records_gap(model, path),  # defined below
               what="retrieval sweeps that move the gold item through the context")
 
 
@@ -135,6 +136,34 @@ def encoder_text(model: Any) -> tuple[str, str, str] | None:
     return ("position's encoder data, the shipped retrieval passages (analyses/data/retrieval.jsonl),", text,
             "give it retrieval records it can encode (a JSONL file, one object a line with query, relevant and "
             "distractors) through `hs.position_bias(model, \"FILE.jsonl\")`")
+
+
+RECORDS_CHECKED = 200  # a records file's first rows read by the check before a run (the report's task-file check's)
+
+
+def records_gap(model: Any, path: str) -> str | None:
+    """Why the JSONL file `path` of position's own records does not fit this model, in one line (None when it
+    does): an encoder reads retrieval records, a decoder multi-document QA records, each through the loader the run
+    uses (prompts.load_retrieval_records / load_qa_records) on its first RECORDS_CHECKED records; a file with none
+    of either's fields is a prompt/answer task, which position does not read (the contract's usual reason). The contract's
+    Needs.own_records: `headscope position --task FILE.jsonl` stops here, before any work, on a file that does not fit.
+    The records are then built into the run's sweeps at the default n_items (enough distractors, text the tokenizer
+    can encode)."""
+    from headscope.errors import HeadscopeError
+
+    try:
+        columns = set(prompts._dataset(path).column_names)
+        if not columns & {*prompts.RETRIEVAL_FIELDS, *prompts.QA_FIELDS}:  # a prompt/answer task, not records
+            return (f"it runs on its own data ({NEEDS.what}), not on prompt/answer tasks; a file of its own records "
+                    f"holds one JSON object a line with {', '.join(prompts.RETRIEVAL_FIELDS)} (encoders) or "
+                    f"{', '.join(prompts.QA_FIELDS)} (decoders)")
+        load = prompts.load_retrieval_records if model.facts.is_encoder else prompts.load_qa_records
+        if not load(path, RECORDS_CHECKED):
+            return f"{Path(path).name} holds no records"
+        _sweeps(model, path, PositionConfig(n_examples=RECORDS_CHECKED))
+    except HeadscopeError as err:
+        return str(err).rstrip(".")
+    return None
 
 
 def default_data_gap(model: Any) -> str | None:

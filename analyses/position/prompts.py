@@ -468,9 +468,11 @@ def load_qa_records(source: Any, limit: int | None = None) -> list[dict]:
     source = _dataset(source)
     missing = [f for f in QA_FIELDS if f not in source.column_names]
     if missing:
+        retrieval = " (these are retrieval records, which position reads on an encoder)" if set(
+            RETRIEVAL_FIELDS) <= set(source.column_names) else ""
         raise ConfigError(
             f"multi-document QA data lacks field(s) {missing}; each JSONL record needs {list(QA_FIELDS)} "
-            f"(see headscope/analyses/data/multidoc_example.jsonl)."
+            f"(see headscope/analyses/data/multidoc_example.jsonl){retrieval}."
         )
     return _first(source, limit)
 
@@ -524,9 +526,13 @@ def qa_sweeps(
 
 
 # ------------------------------------------------------------------ encoder retrieval
+RETRIEVAL_FIELDS = ("query", "relevant", "distractors")
+
+
 def load_retrieval_records(source: Any = None, limit: int | None = None) -> list[dict]:
     """Encoder retrieval items (query, relevant, distractors); default: the shipped retrieval.jsonl;
-    the first `limit` (all when None)."""
+    the first `limit` (all when None). A source whose records lack the fields, or whose query or relevant
+    sentence is not text or whose distractors are not a non-empty list of text, is one ConfigError."""
     import json
 
     if source is None:
@@ -534,15 +540,50 @@ def load_retrieval_records(source: Any = None, limit: int | None = None) -> list
 
         text = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8")
         return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
-    return _first(_dataset(source), limit)
+    data = _dataset(source)
+    missing = [f for f in RETRIEVAL_FIELDS if f not in data.column_names]
+    if missing:
+        qa = " (these are multi-document QA records, which position reads on a decoder)" if set(
+            QA_FIELDS) <= set(data.column_names) else ""
+        raise ConfigError(
+            f"retrieval records lack field(s) {missing}; position on an encoder reads one JSON object a line with "
+            f"{list(RETRIEVAL_FIELDS)} (text, text, a list of text); the records have {sorted(data.column_names)}{qa}.")
+    records = _first(data, limit)
+    for i, r in enumerate(records, 1):
+        d = r["distractors"]
+        if not (isinstance(r["query"], str) and isinstance(r["relevant"], str) and isinstance(d, list) and d
+                and all(isinstance(x, str) for x in d)):
+            raise ConfigError(f"retrieval record {i} does not fit: query and relevant must be text and distractors a "
+                              f"non-empty list of text (one sentence each); got query {r['query']!r:.60}, "
+                              f"distractors {d!r:.60}.")
+    return records
 
 
 def _dataset(source: Any):
-    """A datasets.Dataset from a JSONL path (anything else is returned as is)."""
+    """A datasets.Dataset from a JSONL path (anything else is returned as is); a file that is missing or is not
+    JSON lines is one TaskFileError."""
     if isinstance(source, str) or hasattr(source, "__fspath__"):
+        import os
+
         import datasets
 
-        return datasets.load_dataset("json", data_files=str(source), split="train")
+        from headscope.errors import TaskFileError
+
+        if not os.path.isfile(source):
+            raise TaskFileError(f"no file {os.fspath(source)!r}: give position a JSONL file of its records.")
+        from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+        quiet = are_progress_bars_disabled()
+        disable_progress_bars()  # its cache's "Generating train split" bar is no step of the user's run
+        try:
+            return datasets.load_dataset("json", data_files=str(source), split="train")
+        except Exception as err:  # noqa: BLE001 - datasets raises many kinds for a file that is not JSON lines
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            raise TaskFileError(f"{os.fspath(source)!r} could not be read as JSON lines ({type(err).__name__}: "
+                                f"{first[:200]}).") from None
+        finally:
+            if not quiet:
+                enable_progress_bars()
     return source
 
 
