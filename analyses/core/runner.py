@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headscope.analyses.core import registry
+from headscope.analyses.core import contract, registry
 from headscope.errors import HeadscopeError, TaskError
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,6 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
     the user gave a task), except one that patches pairs when no pair of the task has one token
     length: it is skipped with that reason. The user's task is read once here, so a mistake in it
     stops the run before any work."""
-    from headscope.analyses.core import contract
     from headscope.analyses.core.tasks import Task
 
     plans: dict[str, Plan] = {}
@@ -242,10 +241,10 @@ def run_planned(model: Any, name: str, plan: Plan, seed: int, analysis: Any = No
 def ran_on(model: Any, name: str, plan: Plan) -> Any:
     """What analysis `name` ran on, for its section's provenance (reports/provenance.py): the plan's
     Task (the rows it judged), probes' probed Task (the rows it kept), position's (sweep kind, first sweep) when it built
-    its own sweeps (its default, a sweep name, or a file of its own records: `_sweeps` as the run calls it); None
+    its own sweeps (its default, or a file of its own records: `_sweeps` as the run calls it); None
     where nothing is known; the exception where finding it failed (the report notes it, the result is kept)."""
     try:
-        if name == "position" and (plan.task is None or isinstance(plan.task, str)):
+        if name == "position" and (plan.task is None or contract.takes_own_records(registry.needs(name), plan.task)):
             from headscope.analyses.position.analysis import _sweeps
 
             _, sweeps, kind, _ = _sweeps(model, plan.task, plan.config)
@@ -311,7 +310,6 @@ def explorer_capture(model: Any, task: Any, plans: Mapping[str, Plan], done: Seq
     analyses in `done` used, its sections' sample prompts first (explorer_shown; `ran`: what each ran on,
     as `ran_on` found it), one forward pass per prompt; with none, a few examples of the report's task
     (None, or a file of an analysis's own records such as position's: the heads analysis's default)."""
-    from headscope.analyses.core import contract
     from headscope.analyses.core.attention_capture import capture_examples, capture_shown
 
     shown = explorer_shown(model, plans, done, ran)
