@@ -11,7 +11,9 @@ attention mass from the answer position (the prompt's last token) onto the gold 
 and head, and the sink mass per layer and head. `accuracy` is Liu et al.'s metric: greedy
 decoding (KV cache) contains one accepted answer string; for a one-token answer it equals `exact`.
 Encoders give the cosine similarity of the mean-pooled passage and query embeddings; their
-gold mass is averaged over every query row (mean pooling reads every position).
+gold mass is averaged over every query row (mean pooling reads every position). Each sweep's no-gold
+prompt (Liu et al.'s baseline: the distractors alone) is scored once more, by the same metrics, in a
+pass of its own (SweepOutput.no_gold).
 
 Memory grows linearly with the prompt where the hook-free blocks run the model (execution.hook_free:
 float32 GPT-2, Llama/Mistral/Qwen2, GPT-NeoX): the attention statistics are reduced from chunks of
