@@ -843,3 +843,10 @@ def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that
     assert main([*run, "--task", str(task), "--task-fields", "prompt=query", "--out", str(tmp_path / "f")]) == 2
     assert "--task-fields names a prompt/answer file's columns; position reads mine.jsonl as its own records" in (
         in_process_error(capsys))
+    # a report whose other analyses read prompt/answer tasks: the file's error names the route that reads it
+    assert main(["report", "-q", "--analyses", "position,heads", "--model", bert, "--task", str(task),
+                 "--out", str(tmp_path / "r")]) == 2
+    assert ("no column 'prompt', 'answer'" in (line := in_process_error(capsys)) and line.endswith(
+        " This file holds position's own retrieval records, which only position reads: run `headscope position --task "
+        "mine.jsonl` (heads need a prompt/answer task).")), line
+    assert not (tmp_path / "r").exists()
