@@ -18,7 +18,7 @@ import pandas as pd
 import seaborn as sns
 
 from headscope.errors import ConfigError
-from headscope.reports.findings import _chance, _ci, _num, ci_pair, sink_sentence
+from headscope.reports.findings import _chance, _ci, _num, ci_pair, int_ranges, sink_sentence
 from headscope.reports.plots import axes, color_scale, line_colours, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
@@ -33,12 +33,14 @@ DASHES = ("-", "--", ":", "-.")
 
 def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tuple[str, ...] = ("full",),
                n_items: int | None = None, ratio: float | None = None, title: str | None = None,
-               quiet: bool = False, ax: Any = None) -> Any:
+               quiet: bool = False, no_gold: Mapping[str, Any] | None = None, ax: Any = None) -> Any:
     """Metric against gold position (1-based slot) with its 95% band (`data`: the curve table; exact
     Clopper-Pearson for accuracy, bootstrap otherwise; metric: its first when None): the U-curve. The
     default title gives `ratio`, min(middle) / max(ends) (the summary's ratio_middle_to_ends), or says
     the curve is flat. Shares (accuracy, probability) on a 0-1 axis; `quiet` (the model at chance,
-    plots.quiet_reason) draws the lines in muted colours (plots.line_colours)."""
+    plots.quiet_reason) draws the lines in muted colours (plots.line_colours). `no_gold` (the summary's
+    no_gold_baseline entry of this metric: mean and ci) is drawn as a grey horizontal line with its 95% band:
+    Liu et al.'s baseline without the gold item, which a position beats only where the bands separate."""
     ax = axes(ax, (6, 4))
     curve = data
     metric = metric or str(curve["metric"].iloc[0])
@@ -52,6 +54,12 @@ def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tup
         ax.plot(g["position"], g["mean"], color=color, label=cond, marker=MARKERS[i % len(MARKERS)],
                 linestyle=DASHES[i % len(DASHES)], markersize=7 - i % 3, linewidth=2.2 - 0.5 * (i % 3))
         ax.fill_between(g["position"], g["ci_low"], g["ci_high"], color=color, alpha=0.2)
+    base = _num((no_gold or {}).get("mean"))
+    if base is not None:
+        ax.axhline(base, color="0.35", linestyle=(0, (4, 2)), linewidth=1.4, label="no gold item (95% band)", zorder=1)
+        low, high = ((no_gold or {}).get("ci") or [None, None])[:2]
+        if _num(low) is not None and _num(high) is not None:
+            ax.axhspan(low, high, color="0.6", alpha=0.25, linewidth=0, zorder=0)
     ax.set_xticks(sorted(data["position"].unique()))
     ax.set_xlabel(f"gold position (of {n_items if n_items is not None else '?'})")
     ax.set_ylabel(LABELS.get(metric, metric))
@@ -64,8 +72,9 @@ def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tup
         title = "min(middle) / max(ends) = " + (f"{ratio:.2f}" if ratio is not None else "n/a (too few positions)")
         title += _verdict(data[data["condition"] == conditions[0]])
     ax.set_title(title, fontsize="medium")
-    if len(conditions) > 1:
-        ax.legend(title="attention", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    if len(conditions) > 1 or base is not None:
+        ax.legend(title="attention" if len(conditions) > 1 else None, loc="upper left", bbox_to_anchor=(1.01, 1),
+                  fontsize="small")
     return ax
 
 
@@ -137,8 +146,9 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     figs = {}
     quiet = quiet_reason(s)  # at chance: a flat curve is a floor, not evidence about position
     curve_title = None if quiet is None else f"{primary} by gold position\n{quiet}"
+    no_gold = (s.get("no_gold_baseline") or {}).get(primary)
     for stem, draw in (("position_curve", lambda ax: plot_curve(tables["curve"], metric=primary, ax=ax, title=curve_title,
-                                                                   quiet=quiet is not None, **common)),
+                                                                   quiet=quiet is not None, no_gold=no_gold, **common)),
                        ("position_gold_attention", lambda ax: plot_gold_attention(tables["gold_attention"], ax=ax,
                                                                                            quiet=quiet_reason(s))),
                        ("position_sinks", lambda ax: plot_sink_mass(tables["sinks"], n_sink=s.get("n_sink"),
@@ -170,7 +180,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "position_curve": "Answer metric (y) by the gold item's slot in the context (x), 95% band over examples (accuracy: "
                       "exact Clopper-Pearson; other metrics: bootstrap). "
                       "The middle is neglected only where its band lies below both ends' bands; overlapping bands show "
-                      "no difference at this sample size.",
+                      "no difference at this sample size. The grey dashed line and band: the same metric on each "
+                      "example's prompt without the gold item (the same distractors; Liu et al.'s no-gold baseline, 95% "
+                      "band); a position beats it only where its band lies above the grey band.",
     "position_gold_attention": "Attention mass (0-1) on the gold span, layer x gold position, max over heads.",
     "position_sinks": "Per layer, attention mass on the first tokens (0-1) against the uniform-attention baseline (dashed; "
                       "a sliding-window layer's counts only the keys inside its window), each bar with the 95% t interval "
@@ -215,6 +227,9 @@ def finding(s: Mapping[str, Any]) -> str:
     if ratio is not None and values and max(values.values()) - min(values.values()) >= FLAT and not at_chance:
         parts.append(f"The worst middle position reaches {ratio:.2f} of the best end. "
                      + _shape(values, (s.get("ci_per_position") or {}).get(metric) or {}, s.get("n_examples")))
+    if values and not at_chance:
+        said = no_gold_sentence(s, metric)
+        parts += [said] if said else []
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
     base = _num(s.get("sink_uniform_baseline"))
     shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples",
@@ -232,6 +247,46 @@ def finding(s: Mapping[str, Any]) -> str:
         said = _retrieval(s)
         parts += [said] if said else []
     return " ".join(parts)
+
+
+GOLD_ITEM = {"retrieval": "relevant sentence", "qa": "gold document", "zoo_kv": "gold pair", "json_kv": "gold pair",
+             "word_kv": "gold pair"}  # what the no-gold prompt leaves out, by task
+
+
+def no_gold_sentence(s: Mapping[str, Any], metric: str) -> str:
+    """Liu et al.'s no-gold (closed-book) baseline in words: the metric without the gold item, its 95% interval and
+    n, and which gold positions lie above it, by their intervals (summary["no_gold_baseline"]: a position is above
+    only when its interval clears the baseline's; overlapping intervals show no help from the gold item there).
+    '' where the run measured no baseline (a custom sweep, an older run)."""
+    b = (s.get("no_gold_baseline") or {}).get(metric)
+    mean = _num(b.get("mean")) if isinstance(b, Mapping) else None
+    if mean is None:
+        return ""
+    item = GOLD_ITEM.get(str(s.get("task")), "gold item")
+    kind = "exact" if b.get("interval") == "clopper-pearson" else "bootstrap"
+    ci = b.get("ci") or [None, None]
+    bounds = f" (95% {kind} CI [{ci[0]:.2f}, {ci[1]:.2f}], n = {b.get('n', '?')} examples)" if all(
+        _num(x) is not None for x in ci) else f" (no interval, n = {b.get('n', '?')} examples)"
+    head = (f"Without the {item} (the same distractors in the same order: Liu et al.'s no-gold baseline), the {metric} "
+            f"is {mean:.2f}{bounds}")
+    above, overlap, below = (list(b.get(k) or []) for k in ("above", "overlap", "below"))
+    if not any(_num(x) is not None for x in ci):
+        return head + ": no position is compared with it."
+    total = len(above) + len(overlap) + len(below)
+    if above and len(above) == total:
+        return head + f"; every gold position's 95% interval lies above it: the {item} helps at every position."
+    said = []
+    if above:
+        said.append(f"gold position{'s' if len(above) > 1 else ''} {int_ranges(above)} lie{'' if len(above) > 1 else 's'} "
+                    "above it (the 95% intervals separate)")
+    if overlap:
+        said.append(f"at {int_ranges(overlap)} the intervals overlap it: no evidence that the {item} helps there at this "
+                    "sample size")
+    if below:
+        said.append(f"at {int_ranges(below)} the {metric} lies below it (the {item} there lowers it)")
+    if not above:
+        said.insert(0, "no gold position's 95% interval lies above it")
+    return head + "; " + "; ".join(said) + "."
 
 
 def _retrieval(s: Mapping[str, Any]) -> str:

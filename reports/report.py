@@ -272,6 +272,38 @@ def _dtype_name(model: Any) -> str:
     return str(model.dtype).removeprefix("torch.")
 
 
+def _records_hint(task: Any, names: Sequence[str]) -> str:
+    """' This file holds position's own records ...' when the first line of a JSONL task file that the run could not
+    read as a prompt/answer task has the fields of position's retrieval or QA records (`headscope position --task
+    FILE` reads those); '' otherwise."""
+    import json
+
+    from headscope.analyses.position.prompts import QA_FIELDS, RETRIEVAL_FIELDS
+
+    try:
+        with open(task, encoding="utf-8") as fh:
+            first = json.loads(next(line for line in fh if line.strip()))
+    except (OSError, ValueError, StopIteration, TypeError):
+        return ""
+    keys = set(first) if isinstance(first, dict) else set()
+    kind = ("retrieval records" if set(RETRIEVAL_FIELDS) <= keys else
+            "multi-document QA records" if set(QA_FIELDS) <= keys else None)
+    if kind is None:
+        return ""
+    others = [n for n in names if n != "position"]
+    return (f" This file holds position's own {kind}, which only position reads: run `headscope position --task "
+            f"{Path(task).name}`" + (f" ({', '.join(others)} need a prompt/answer task)." if others else "."))
+
+
+def _own_records(names: Sequence[str], task: Any) -> bool:
+    """Whether every analysis of the run reads the task file as records of its own (contract.takes_own_records:
+    `headscope position --task FILE.jsonl`), so it is not read as a prompt/answer task; the file's fit to the model
+    is checked with the plan (runner.plan_analyses), after the model loads and before any work."""
+    from headscope.analyses.core import contract, registry
+
+    return bool(names) and all(contract.takes_own_records(registry.needs(name), task) for name in names)
+
+
 def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
     """The run's settings, every user mistake found before anything is written: modes, device, numbers,
     analysis names, the task (a task file read once here, TaskFile.held, and every row checked), OUT."""
@@ -284,11 +316,19 @@ def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
         raise ConfigError(f"prepend_bos must be None, True or False, got {o.prepend_bos!r}.")
     names = parse_analyses(o.analyses)
     task, task_rows = o.task, None
-    if task is not None and Path(task).suffix:
+    if task is not None and _own_records(names, task):  # position's retrieval/QA records: its loader checks them
+        if o.task_fields:
+            raise ConfigError(f"--task-fields names a prompt/answer file's columns; {', '.join(names)} reads "
+                              f"{Path(task).name} as its own records, by their own field names.")
+        task = os.fspath(task)
+    elif task is not None and Path(task).suffix:
         from headscope.analyses.core.task_files import TaskFile, read_numbered_rows
 
-        task = TaskFile(task, o.task_fields, strict=o.strict or None).held()  # read once; fields go to every analysis
-        task_rows = read_numbered_rows(task, n_examples=200, seed=o.seed)  # every row checked: bad files fail before any write
+        try:
+            task = TaskFile(task, o.task_fields, strict=o.strict or None).held()  # read once; fields go to every analysis
+            task_rows = read_numbered_rows(task, n_examples=200, seed=o.seed)  # every row checked before any write
+        except TaskFileError as err:
+            raise TaskFileError(f"{err}{_records_hint(o.task, names)}") from None
     elif o.task_fields:
         raise ConfigError(f"task fields {o.task_fields!r} need a task file (--task FILE), not task {task!r}.")
     _check_task_name(task)

@@ -775,3 +775,78 @@ def test_no_prepend_bos_runs_the_prompts_as_tokenized_and_every_page_says_which(
     notes = settings_notes(Run(default), Run(plain), [])
     assert "BOS option: A default (prepended on decoders), B --no-prepend-bos." in notes
     assert "BOS headscope prepends (the tokenizer adds none): A <bos>, B none." in notes
+
+
+def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that_do_not_fit(tmp_path, capsys, arch_dirs,
+                                                                                            monkeypatch):
+    """`headscope position --task FILE.jsonl` on an encoder reads retrieval records (query, relevant, distractors)
+    with the loader `hs.position_bias(model, FILE)` uses: the run's sample prompt is the file's first record, and its
+    no-gold cosine is plain HF's cosine of that query with that record's distractors. Records that do not fit (a
+    missing field, multi-document QA records, --task-fields) are one line, exit 2, nothing written. (The PNGs are
+    not rendered: the figures are test_figures' and cost most of the run here.)"""
+    from transformers import AutoModel, AutoTokenizer
+
+    from headscope.cli import main
+    from headscope.reports import html_report, report
+
+    monkeypatch.setattr(report.io, "write_figure", lambda path, fig: None)
+    monkeypatch.setattr(html_report, "_top_heads_html", lambda out: "")
+
+    records = [{"query": "Which river flows through Paris?", "relevant": "The Seine flows through the middle of Paris.",
+                "distractors": ["The bakery opens at six in the morning.", "Her bicycle has a broken bell."]},
+               {"query": "What colour is the sky on a clear day?", "relevant": "On a clear day the sky looks blue.",
+                "distractors": ["The meeting was moved to the afternoon.", "He planted tomatoes in the garden."]}]
+    task = tmp_path / "mine.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in records))
+    bert = str(arch_dirs["bert"])
+    run = ["position", "-q", "--quick", "--n-examples", "2", "--device", "cpu", "--model", bert]
+    out = tmp_path / "out"
+    cli(*run, "--task", str(task), "--out", str(out))
+    s = json.loads((out / "position" / "summary.json").read_text())
+    assert (s["task"], s["n_examples"], s["n_items"]) == ("retrieval", 2, 3)
+    provenance = json.loads((out / "position" / "task.json").read_text())
+    assert provenance["source"] == "your task (mine.jsonl)"
+    assert "the seine flows through the middle of paris." in provenance["sample"]["prompt"].lower()
+    tok, hf = AutoTokenizer.from_pretrained(bert), AutoModel.from_pretrained(bert).eval()
+
+    def embed(text):
+        import torch
+
+        with torch.no_grad():
+            return hf(**tok(text, return_tensors="pt")).last_hidden_state.mean(1)  # [1, d_model]
+
+    import torch
+
+    expected = torch.nn.functional.cosine_similarity(embed(records[0]["query"]), embed(" ".join(records[0]["distractors"])))
+    no_gold = (out / "position" / "no_gold.csv").read_text().splitlines()
+    assert float(no_gold[1].split(",")[1]) == pytest.approx(expected.item(), abs=1e-5)
+    capsys.readouterr()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"query": "q", "relevant": "r"}) + "\n")
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"question": "q", "answers": ["a"], "gold_document": {"title": "t", "text": "a"},
+                              "documents": []}) + "\n")
+    prompt_answer = tmp_path / "pa.jsonl"  # a prompt/answer task: the contract's usual reason, and the records' fields
+    prompt_answer.write_text(json.dumps({"prompt": "the cat sat on the", "answer": " mat"}) + "\n")
+    for path, said in ((bad, "retrieval records lack field(s) ['distractors']; position on an encoder reads one JSON "
+                             "object a line with ['query', 'relevant', 'distractors']"),
+                       (qa, "(these are multi-document QA records, which position reads on a decoder)"),
+                       (prompt_answer, "it runs on its own data (retrieval sweeps that move the gold item through the "
+                                       "context), not on prompt/answer tasks; a file of its own records holds one JSON "
+                                       "object a line with query, relevant, distractors (encoders)")):
+        refused = tmp_path / f"refused-{path.stem}"
+        assert main([*run, "--task", str(path), "--out", str(refused)]) == 2
+        line = in_process_error(capsys)
+        assert line.startswith(f"headscope: error: position cannot run on your task ({path.name}): ") and said in line, line
+        assert not refused.exists()
+    assert main([*run, "--task", str(task), "--task-fields", "prompt=query", "--out", str(tmp_path / "f")]) == 2
+    assert "--task-fields names a prompt/answer file's columns; position reads mine.jsonl as its own records" in (
+        in_process_error(capsys))
+    # a report whose other analyses read prompt/answer tasks: the file's error names the route that reads it
+    assert main(["report", "-q", "--analyses", "position,heads", "--model", bert, "--task", str(task),
+                 "--out", str(tmp_path / "r")]) == 2
+    assert ("no column 'prompt', 'answer'" in (line := in_process_error(capsys)) and line.endswith(
+        " This file holds position's own retrieval records, which only position reads: run `headscope position --task "
+        "mine.jsonl` (heads need a prompt/answer task).")), line
+    assert not (tmp_path / "r").exists()

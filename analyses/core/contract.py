@@ -8,10 +8,12 @@ and one that cannot use the user's task runs on its own default task instead.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +42,9 @@ class Needs:
       ENGLISH_PROBE (the decoder key-value instruction);
     own_data: (model) -> why the family's own data cannot be built for this model's tokenizer, or None
       (position: no default sweep fits it); the analysis is then skipped with that reason, not failed;
+    own_records: (model, path) -> why a JSONL file of the family's own records does not fit this model, or None
+      (position: retrieval records on an encoder, multi-document QA records on a decoder, read by the loaders
+      the run uses); such a file is the family's data, not a prompt/answer task (`takes_own_records`);
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
       the metric reads the last k positions); False: it reads one next-token answer at the last position;
     what: what it does, for messages ("measures next-token answers").
@@ -59,6 +64,7 @@ class Needs:
     english: bool = False
     english_text: Callable[[Any], tuple[str, str, str] | None] | None = None
     own_data: Callable[[Any], str | None] | None = None
+    own_records: Callable[[Any, str], str | None] | None = None
     continuation: bool = False
     what: str = ""
 
@@ -125,10 +131,23 @@ def _zoo_vocabulary(model: Any) -> bool:
     return True
 
 
+RECORD_SUFFIXES = (".jsonl", ".json")
+
+
+def takes_own_records(needs: Needs, task: Any) -> bool:
+    """Whether `task` is a JSONL path that the analysis reads as its own records (Needs.own_records)."""
+    return (needs.own_records is not None and isinstance(task, (str, os.PathLike))
+            and Path(task).suffix.lower() in RECORD_SUFFIXES)
+
+
 def task_reasons(needs: Needs, task: Task | str, model: Any) -> list[str]:
-    """Why the analysis cannot use `task` (a Task, or a task name) on `model` (empty when it can)."""
+    """Why the analysis cannot use `task` (a Task, a task name, or a file of its own records) on `model` (empty
+    when it can)."""
     if isinstance(task, str) and task in needs.names:
         return []
+    if takes_own_records(needs, task):
+        gap = needs.own_records(model, os.fspath(task))
+        return [gap] if gap else []
     if not needs.task_data:
         own = f" ({needs.what})" if needs.what else ""
         return [f"it runs on its own data{own}, not on prompt/answer tasks"]
@@ -227,6 +246,7 @@ def require(needs: Needs, model: Any, name: str) -> None:
         raise UnsupportedModelError(f"{name}: {'; '.join(reasons)}.")
 
 
-__all__ = ["ENCODER_SCORING", "Needs", "Reads", "check", "model_reasons", "one_token_answers", "quiet_sample_warnings",
+__all__ = ["ENCODER_SCORING", "Needs", "RECORD_SUFFIXES", "Reads",
+           "check", "model_reasons", "one_token_answers", "quiet_sample_warnings",
            "require", "resolve",
-           "several_tokens_reason", "task_reasons"]
+           "several_tokens_reason", "takes_own_records", "task_reasons"]

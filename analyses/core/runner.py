@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headscope.analyses.core import registry
+from headscope.analyses.core import contract, registry
 from headscope.errors import HeadscopeError, TaskError
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,6 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
     the user gave a task), except one that patches pairs when no pair of the task has one token
     length: it is skipped with that reason. The user's task is read once here, so a mistake in it
     stops the run before any work."""
-    from headscope.analyses.core import contract
     from headscope.analyses.core.tasks import Task
 
     plans: dict[str, Plan] = {}
@@ -242,13 +241,14 @@ def run_planned(model: Any, name: str, plan: Plan, seed: int, analysis: Any = No
 def ran_on(model: Any, name: str, plan: Plan) -> Any:
     """What analysis `name` ran on, for its section's provenance (reports/provenance.py): the plan's
     Task (the rows it judged), probes' probed Task (the rows it kept), position's (sweep kind, first sweep) when it built
-    its own sweeps; None where nothing is known; the exception where finding it failed (the report
-    notes it, the result is kept)."""
+    its own sweeps (its default, or a file of its own records: `_sweeps` as the run calls it); None
+    where nothing is known; the exception where finding it failed (the report notes it, the result is kept)."""
     try:
-        if name == "position" and plan.task is None:
-            from headscope.analyses.position.analysis import build_sweeps, sweep_kind
+        if name == "position" and (plan.task is None or contract.takes_own_records(registry.needs(name), plan.task)):
+            from headscope.analyses.position.analysis import _sweeps
 
-            return sweep_kind(model, plan.config.sweep), build_sweeps(model, plan.config)[0]
+            _, sweeps, kind, _ = _sweeps(model, plan.task, plan.config)
+            return kind, sweeps[0]
         if name == "probes":
             from headscope.analyses.probes.analysis import probed_task
 
@@ -281,8 +281,8 @@ def explorer_shown(model: Any, plans: Mapping[str, Plan], done: Sequence[str],
     """The tasks the explorer shows (attention_capture.Shown), one per task name the analyses in `done`
     used, in report order: each with the sections that used it, each section's sample prompt (the row its
     provenance line shows: `ran_on`'s data, given in `ran` as the writer kept it, else found again) and a
-    few more rows. Position's sweeps and probes' probed Task count as tasks; an analysis whose data is not
-    known (an error finding it, the user's task handed to position) adds none."""
+    few more rows. Position's sweeps (on its own data or the user's records) and probes' probed Task count as tasks;
+    an analysis whose data is not known (an error finding it) adds none."""
     from headscope.analyses.core.attention_capture import Shown
 
     found: dict[str, dict[str, Any]] = {}
@@ -314,11 +314,14 @@ def explorer_capture(model: Any, task: Any, plans: Mapping[str, Plan], done: Seq
     """The attention explorer's activations for a report (attention_capture.Captured): every task the
     analyses in `done` used, its sections' sample prompts first (explorer_shown; `ran`: what each ran on,
     as `ran_on` found it), one forward pass per prompt; with none, a few examples of the report's task
-    (None: the heads analysis's default)."""
+    (None, or a file of an analysis's own records such as position's: the heads analysis's default)."""
     from headscope.analyses.core.attention_capture import capture_examples, capture_shown
 
     shown = explorer_shown(model, plans, done, ran)
-    return capture_shown(model, shown) if shown else capture_examples(model, task, seed=seed)
+    if shown:
+        return capture_shown(model, shown)
+    own = any(contract.takes_own_records(registry.needs(name), task) for name in plans)  # not a prompt/answer file
+    return capture_examples(model, None if own else task, seed=seed)
 
 
 __all__ = ["Failure", "Outcome", "Plan", "apply_budget", "explorer_capture", "explorer_shown", "fit_to_budget",

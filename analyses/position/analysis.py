@@ -9,21 +9,26 @@ tracks the answer are named retrieval heads by Holm-corrected tests over example
 share its prompt, so the rows are not independent). Xiao et al. 2023: per layer, the
 mass on the first n_sink tokens against the uniform baseline, and the metric when every layer
 keeps only the sinks + a recent window versus the window alone. Encoders (MiniLM): the cosine
-similarity of query and passage with the relevant sentence at each slot.
+similarity of query and passage with the relevant sentence at each slot. Liu et al.'s no-gold
+(closed-book) baseline: the same metric on each example's prompt with the gold item taken out (the
+same distractors in the same order), with its 95% interval, so that a position counts as helped by
+the gold item only where its interval lies above the baseline's.
 
 Result tables: df (one row per example x position: the metrics), "curve" (metric, position,
 mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass),
 "sinks" (layer, sink_mass, baseline, ci_low, ci_high, ratio, sink: sinks.layer_sinks),
 "heads" (layer, head, mean_mass, mass_above_others, corr_*, corr_ci_low, corr_ci_high,
 n (examples), n_rows, p_corr, p_corr_holm, p_mass, p_mass_holm, retrieval; stats.head_tracking's tests,
-over examples: the rows of one example are not independent).
+over examples: the rows of one example are not independent), "no_gold" (one row per example: its
+no-gold prompt's metrics), "baseline" (metric, mean, ci_low, ci_high, n, interval: the no-gold baseline).
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
 slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline (on a sliding-window layer, both over
 the queries whose window holds the first token: sinks.sink_rows), sliding_windows ({layer: window}; decoders),
 retrieval_heads (the heads
 that pass retrieval_test, which has n examples and rows, and each head's r, cluster bootstrap CI over
 examples, p and Holm-adjusted p), retrieval_test,
-streaming (metric means under full / sinks+window / window attention).
+streaming (metric means under full / sinks+window / window attention), no_gold_baseline ({metric: mean, ci,
+n, interval, and the positions above / overlapping / below it by their intervals}: no_gold_summary).
 """
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True,
               english_text=lambda model: encoder_text(model),  # defined below
               own_data=lambda model: default_data_gap(model),  # defined below
+              own_records=lambda model, path: records_gap(model, path),  # defined below
               what="retrieval sweeps that move the gold item through the context")
 
 
@@ -132,6 +138,34 @@ def encoder_text(model: Any) -> tuple[str, str, str] | None:
             "distractors) through `hs.position_bias(model, \"FILE.jsonl\")`")
 
 
+RECORDS_CHECKED = 200  # a records file's first rows read by the check before a run (the report's task-file check's)
+
+
+def records_gap(model: Any, path: str) -> str | None:
+    """Why the JSONL file `path` of position's own records does not fit this model, in one line (None when it
+    does): an encoder reads retrieval records, a decoder multi-document QA records, each through the loader the run
+    uses (prompts.load_retrieval_records / load_qa_records) on its first RECORDS_CHECKED records; a file with none
+    of either's fields is a prompt/answer task, which position does not read (the contract's usual reason). The contract's
+    Needs.own_records: `headscope position --task FILE.jsonl` stops here, before any work, on a file that does not fit.
+    The records are then built into the run's sweeps at the default n_items (enough distractors, text the tokenizer
+    can encode)."""
+    from headscope.errors import HeadscopeError
+
+    try:
+        columns = set(prompts._dataset(path).column_names)
+        if not columns & {*prompts.RETRIEVAL_FIELDS, *prompts.QA_FIELDS}:  # a prompt/answer task, not records
+            return (f"it runs on its own data ({NEEDS.what}), not on prompt/answer tasks; a file of its own records "
+                    f"holds one JSON object a line with {', '.join(prompts.RETRIEVAL_FIELDS)} (encoders) or "
+                    f"{', '.join(prompts.QA_FIELDS)} (decoders)")
+        load = prompts.load_retrieval_records if model.facts.is_encoder else prompts.load_qa_records
+        if not load(path, RECORDS_CHECKED):
+            return f"{Path(path).name} holds no records"
+        _sweeps(model, path, PositionConfig(n_examples=RECORDS_CHECKED))
+    except HeadscopeError as err:
+        return str(err).rstrip(".")
+    return None
+
+
 def default_data_gap(model: Any) -> str | None:
     """Why no default sweep can be built for this model's tokenizer (contract.Needs.own_data: the analysis is then
     skipped with this reason, not failed), or None: zoo vocabularies have zoo_kv, a tokenizer that writes Liu et
@@ -202,6 +236,44 @@ def _frames(sweeps: Sequence[PositionSweep], outs: Sequence[SweepOutput]) -> tup
     return obs_df, masked_df, pd.DataFrame(gold)
 
 
+def _no_gold_frame(outs: Sequence[SweepOutput]) -> pd.DataFrame:
+    """One row per example with a no-gold prompt: example and its metrics (probability from logprob)."""
+    df = pd.DataFrame([{"example": ex, **{k: float(v.reshape(-1)[0]) for k, v in out.no_gold.items()}}
+                       for ex, out in enumerate(outs) if out.no_gold], columns=None if any(o.no_gold for o in outs)
+                      else ["example"])  # a CSV with its header even when no sweep had a no-gold prompt
+    if "logprob" in df:
+        df.insert(df.columns.get_loc("logprob"), "probability", df["logprob"].map(math.exp))
+    return df
+
+
+def no_gold_table(no_gold: pd.DataFrame, metrics: Sequence[str], *, n_boot: int, seed: int) -> pd.DataFrame:
+    """The no-gold baseline per metric: [metric, mean, ci_low, ci_high, n, interval], over examples with the
+    curve's own intervals (stats.curve_table: exact for 0/1 metrics, bootstrap otherwise); empty without rows."""
+    columns = ["metric", "mean", "ci_low", "ci_high", "n", "interval"]
+    if no_gold.empty:
+        return pd.DataFrame(columns=columns)
+    table = curve_table(no_gold.assign(position=0), [m for m in metrics if m in no_gold], n_boot=n_boot, seed=seed)
+    return table[columns].reset_index(drop=True)
+
+
+def no_gold_summary(baseline: pd.DataFrame, curve: pd.DataFrame) -> dict[str, Any]:
+    """summary["no_gold_baseline"]: per metric the no-gold mean, its 95% interval, n and the interval's kind, and
+    the gold positions whose full-context interval lies above it ("above": ci_low > the baseline's ci_high), below
+    it ("below") or overlaps it ("overlap"): a position beats the no-gold prompt only when the intervals separate
+    (REFERENCES "Claims a reviewer accepts"). {} when no sweep had a no-gold prompt."""
+    out: dict[str, Any] = {}
+    full = curve[curve["condition"] == "full"]
+    for r in baseline.itertuples():
+        lo, hi = float(r.ci_low), float(r.ci_high)
+        sides: dict[str, list[int]] = {"above": [], "overlap": [], "below": []}
+        for c in full[full["metric"] == r.metric].sort_values("position").itertuples():
+            side = "above" if c.ci_low > hi else "below" if c.ci_high < lo else "overlap"
+            sides[side].append(int(c.position))
+        out[str(r.metric)] = {"mean": _clean(float(r.mean)), "ci": [_clean(lo), _clean(hi)], "n": int(r.n),
+                              "interval": str(r.interval), **sides}
+    return {"no_gold_baseline": out} if out else {}
+
+
 def _window(cfg: PositionConfig, prompt_len: int) -> int | None:
     """The StreamingLLM window for a prompt length: cfg.window, half the prompt when None, no masks when 0."""
     return prompt_len // 2 if cfg.window is None else (cfg.window or None)
@@ -243,6 +315,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     for cond, group in (masked.groupby("condition", sort=False) if len(masked) else ()):
         curve.append(curve_table(group, [m for m in metrics if m in group], n_boot=cfg.n_boot, seed=cfg.seed, condition=cond))
     curve_df = pd.concat(curve, ignore_index=True)
+    no_gold = _no_gold_frame(outs)
+    no_gold_base = no_gold_table(no_gold, metrics, n_boot=cfg.n_boot, seed=cfg.seed)  # Liu et al.'s closed book
 
     gold_attention = gold.groupby(["layer", "head", "position"], as_index=False)["mass"].mean()
     sink_by_layer = [float(x) for x in _layer_means([o.sink_mass for o in outs])]
@@ -269,6 +343,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "n_items": sweeps[0].n_items,
         "positions": list(sweeps[0].positions),
         **_curve_summary(curve_df, encoder),
+        **no_gold_summary(no_gold_base, curve_df),
         "sink_mass_per_layer": sink_by_layer,
         "sink_uniform_baseline": baseline,
         "sinks": per_layer,
@@ -285,7 +360,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     summary.update(_extras(model, cfg, sweeps, obs, masked, task=task, fitted=fitted))
     return Result(
         name="position", df=obs, summary=summary,
-        tables={"curve": curve_df, "gold_attention": gold_attention, "sinks": sinks, "heads": heads, "masked": masked},
+        tables={"curve": curve_df, "gold_attention": gold_attention, "sinks": sinks, "heads": heads, "masked": masked,
+                "no_gold": no_gold, "baseline": no_gold_base},
         config={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}, "task": task, "n_sink": n_sink},
     )
 

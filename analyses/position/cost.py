@@ -1,18 +1,17 @@
 """What the position analysis costs (analyses/core/budget.py), and its sweeps in the order they give way.
 
-Its own prompts (zoo_kv, json_kv, word_kv: built from no data) are built as the run will build them and
-counted: their tokens, pairs and answers (review 11c A2: an estimate of min(n_ctx, 2048) x n_items / 10
-tokens had priced 3 UUID pairs at 77 tokens where they took 397). Prompts from data (qa, retrieval) and a
-model without a tokenizer: about min(n_ctx, 2048) tokens, scaled down by n_items when set below the
-maximum of 20 pairs (10 when quick), with `context` that many tokens (an upper bound). One row per example and gold
-position (5 by default), each run plainly and, with a window, under two StreamingLLM masks (3 row
-passes), plus, where a several-token answer is decoded greedily on decoders, a prefill and
-one-token steps (each STEP_POSITIONS positions of a pass). Knobs, in order: the masked runs
-(window 0), half the pairs down to 3 (shorter prompts), the examples down to 4, the gold at the first,
-middle and last slots only, the greedy decoding. The pairs knob halves the pairs the prompts have (a
-fitted json_kv run's, not the maximum) and keeps a fitted run's format (prompts.kv_sweeps_in_context);
-`prompts_fit` is the cost model's check: a cut whose prompts would not fit the context is not taken
-(budget.fit), so a budget never fails an analysis the uncut preset runs.
+Its own prompts (zoo_kv, json_kv, word_kv: built from no data) are built as the run will build them and counted:
+their tokens, pairs and answers (review 11c A2: an estimate of min(n_ctx, 2048) x n_items / 10 tokens had priced 3
+UUID pairs at 77 tokens where they took 397). Prompts from data (qa, retrieval) and a model without a tokenizer:
+about min(n_ctx, 2048) tokens, scaled down by n_items when set below the maximum of 20 pairs (10 when quick), with
+`context` that many tokens (an upper bound). One row per example and gold position (5 by default), each run plainly
+and, with a window, under two StreamingLLM masks (3 row passes), and one row per example for its no-gold prompt
+(Liu et al.'s baseline), plus, where a several-token answer is decoded greedily on decoders, a prefill and
+one-token steps (each STEP_POSITIONS positions of a pass). Knobs, in order: the masked runs (window 0), half the pairs
+down to 3 (shorter prompts), the examples down to 4, the gold at the first, middle and last slots only, the greedy
+decoding. The pairs knob halves the pairs the prompts have (a fitted json_kv run's, not the maximum) and keeps a
+fitted run's format (prompts.kv_sweeps_in_context); `prompts_fit` is the cost model's check: a cut whose prompts
+would not fit the context is not taken (budget.fit), so a budget never fails an analysis the uncut preset runs.
 """
 from __future__ import annotations
 
@@ -80,10 +79,10 @@ def estimate(model, task, config) -> Cost:
     n = n_rows(None, config, FULL, QUICK)
     positions = len(config.positions) if config.positions else 5
     runs = 1 + (2 if config.window != 0 else 0)
-    parts = {"sweeps": n * positions * runs}
+    parts = {"sweeps": n * (positions * runs + 1)}  # + each example's no-gold prompt, run once without masks
     steps = decode_steps(model, config)
     if steps:  # a prefill, then one-token steps
-        parts["generation"] = n * positions * (1 + steps * STEP_POSITIONS / _n_pos(model, config))
+        parts["generation"] = n * (positions + 1) * (1 + steps * STEP_POSITIONS / _n_pos(model, config))
     return Cost(parts=parts, n_pos=_n_pos(model, config))
 
 

@@ -52,6 +52,9 @@ class PositionSweep:
     query_tokens: [1, q_pos] int64, encoders only: the query, encoded on its own.
     values:       every value the context holds, the gold's first (copy tasks: kv, json_kv, word_kv; empty for
                   QA): the outputs that copy one of them tell "prefers a wrong value" from "does not do the task".
+    no_gold_tokens: [1, pos'] int64, the same prompt with the gold item taken out (the same distractors in the same
+                  order, slot labels 1..n-1): Liu et al.'s no-gold / closed-book baseline. None on a sweep built by
+                  hand without it (no baseline is measured then).
     """
 
     tokens: torch.Tensor
@@ -62,6 +65,7 @@ class PositionSweep:
     answers: tuple[str, ...]
     query_tokens: torch.Tensor | None = None
     values: tuple[str, ...] = ()
+    no_gold_tokens: torch.Tensor | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -168,20 +172,25 @@ def _assemble(grid: tuple[int, ...], head: list[int], labels: Sequence[list[int]
               gold: list[int], sep: list[int], tail: list[int], answer: list[int], answers: tuple[str, ...],
               query_tokens: torch.Tensor | None = None, values: tuple[str, ...] = ()) -> PositionSweep:
     """The sweep of token-id pieces: for each slot p of `grid`, head, then the items with `gold` at slot p
-    (each after its slot label, `sep` between them), then tail."""
+    (each after its slot label, `sep` between them), then tail; and the no-gold prompt, the same pieces
+    without the gold item."""
     n_items = len(chunks) + 1
     rows, spans = [], []
-    for p in grid:
-        order = [*chunks[: p - 1], gold, *chunks[p - 1:]]
+
+    def render(order: Sequence[list[int]], p: int | None) -> list[int]:
         ids = list(head)
         for i, chunk in enumerate(order):
             ids += labels[i]
-            if i == p - 1:
+            if i == p:
                 spans.append((len(ids), len(ids) + len(chunk)))
             ids += chunk
-            if i < n_items - 1:
+            if i < len(order) - 1:
                 ids += sep
-        rows.append([*ids, *tail])
+        return [*ids, *tail]
+
+    for p in grid:
+        rows.append(render([*chunks[: p - 1], gold, *chunks[p - 1:]], p - 1))
+    no_gold = render(list(chunks), None)  # the distractors alone, in their order
     return PositionSweep(
         tokens=torch.tensor(rows, dtype=torch.int64),  # [n_pos, pos]
         gold_spans=torch.tensor(spans, dtype=torch.int64),  # [n_pos, 2]
@@ -191,6 +200,7 @@ def _assemble(grid: tuple[int, ...], head: list[int], labels: Sequence[list[int]
         answers=answers,
         query_tokens=query_tokens,
         values=values,
+        no_gold_tokens=torch.tensor([no_gold], dtype=torch.int64),  # [1, pos']
     )
 
 
@@ -458,9 +468,11 @@ def load_qa_records(source: Any, limit: int | None = None) -> list[dict]:
     source = _dataset(source)
     missing = [f for f in QA_FIELDS if f not in source.column_names]
     if missing:
+        retrieval = " (these are retrieval records, which position reads on an encoder)" if set(
+            RETRIEVAL_FIELDS) <= set(source.column_names) else ""
         raise ConfigError(
             f"multi-document QA data lacks field(s) {missing}; each JSONL record needs {list(QA_FIELDS)} "
-            f"(see headscope/analyses/data/multidoc_example.jsonl)."
+            f"(see headscope/analyses/data/multidoc_example.jsonl){retrieval}."
         )
     return _first(source, limit)
 
@@ -514,9 +526,13 @@ def qa_sweeps(
 
 
 # ------------------------------------------------------------------ encoder retrieval
+RETRIEVAL_FIELDS = ("query", "relevant", "distractors")
+
+
 def load_retrieval_records(source: Any = None, limit: int | None = None) -> list[dict]:
     """Encoder retrieval items (query, relevant, distractors); default: the shipped retrieval.jsonl;
-    the first `limit` (all when None)."""
+    the first `limit` (all when None). A source whose records lack the fields, or whose query or relevant
+    sentence is not text or whose distractors are not a non-empty list of text, is one ConfigError."""
     import json
 
     if source is None:
@@ -524,15 +540,50 @@ def load_retrieval_records(source: Any = None, limit: int | None = None) -> list
 
         text = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8")
         return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
-    return _first(_dataset(source), limit)
+    data = _dataset(source)
+    missing = [f for f in RETRIEVAL_FIELDS if f not in data.column_names]
+    if missing:
+        qa = " (these are multi-document QA records, which position reads on a decoder)" if set(
+            QA_FIELDS) <= set(data.column_names) else ""
+        raise ConfigError(
+            f"retrieval records lack field(s) {missing}; position on an encoder reads one JSON object a line with "
+            f"{list(RETRIEVAL_FIELDS)} (text, text, a list of text); the records have {sorted(data.column_names)}{qa}.")
+    records = _first(data, limit)
+    for i, r in enumerate(records, 1):
+        d = r["distractors"]
+        if not (isinstance(r["query"], str) and isinstance(r["relevant"], str) and isinstance(d, list) and d
+                and all(isinstance(x, str) for x in d)):
+            raise ConfigError(f"retrieval record {i} does not fit: query and relevant must be text and distractors a "
+                              f"non-empty list of text (one sentence each); got query {r['query']!r:.60}, "
+                              f"distractors {d!r:.60}.")
+    return records
 
 
 def _dataset(source: Any):
-    """A datasets.Dataset from a JSONL path (anything else is returned as is)."""
+    """A datasets.Dataset from a JSONL path (anything else is returned as is); a file that is missing or is not
+    JSON lines is one TaskFileError."""
     if isinstance(source, str) or hasattr(source, "__fspath__"):
+        import os
+
         import datasets
 
-        return datasets.load_dataset("json", data_files=str(source), split="train")
+        from headscope.errors import TaskFileError
+
+        if not os.path.isfile(source):
+            raise TaskFileError(f"no file {os.fspath(source)!r}: give position a JSONL file of its records.")
+        from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+        quiet = are_progress_bars_disabled()
+        disable_progress_bars()  # its cache's "Generating train split" bar is no step of the user's run
+        try:
+            return datasets.load_dataset("json", data_files=str(source), split="train")
+        except Exception as err:  # noqa: BLE001 - datasets raises many kinds for a file that is not JSON lines
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            raise TaskFileError(f"{os.fspath(source)!r} could not be read as JSON lines ({type(err).__name__}: "
+                                f"{first[:200]}).") from None
+        finally:
+            if not quiet:
+                enable_progress_bars()
     return source
 
 

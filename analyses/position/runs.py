@@ -11,7 +11,9 @@ attention mass from the answer position (the prompt's last token) onto the gold 
 and head, and the sink mass per layer and head. `accuracy` is Liu et al.'s metric: greedy
 decoding (KV cache) contains one accepted answer string; for a one-token answer it equals `exact`.
 Encoders give the cosine similarity of the mean-pooled passage and query embeddings; their
-gold mass is averaged over every query row (mean pooling reads every position).
+gold mass is averaged over every query row (mean pooling reads every position). Each sweep's no-gold
+prompt (Liu et al.'s baseline: the distractors alone) is scored once more, by the same metrics, in a
+pass of its own (SweepOutput.no_gold).
 
 Memory grows linearly with the prompt where the hook-free blocks run the model (execution.hook_free:
 float32 GPT-2, Llama/Mistral/Qwen2, GPT-NeoX): the attention statistics are reduced from chunks of
@@ -22,7 +24,7 @@ Elsewhere the bridge's patterns are read, one layer at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,12 +48,15 @@ class SweepOutput:
     gold_mass: [n_pos, layer, head] attention from the answer position onto the gold span.
     sink_mass: [n_pos, layer, head] mean mass on the first n_sink keys over prompt query rows.
     masked:    condition -> metrics under a StreamingLLM mask ("sinks+window", "window").
+    no_gold:   name -> [1] float, the metrics of the sweep's no-gold prompt (PositionSweep.no_gold_tokens: the same
+               distractors, the gold item taken out); empty where the sweep has none.
     """
 
     metrics: Mapping[str, torch.Tensor]
     gold_mass: torch.Tensor
     sink_mass: torch.Tensor
     masked: Mapping[str, Mapping[str, torch.Tensor]]
+    no_gold: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 class AttentionStats:
@@ -190,12 +195,14 @@ def _stack(sweeps: Sequence[PositionSweep], batch: list[tuple[int, int]], field:
     return torch.stack([getattr(sweeps[i], field)[r] for i, r in batch])
 
 
-def _outputs(per: list[dict[str, torch.Tensor]], metrics: Sequence[str]) -> list[SweepOutput]:
+def _outputs(per: list[dict[str, torch.Tensor]], metrics: Sequence[str],
+             no_gold: Sequence[Mapping[str, torch.Tensor]] = ()) -> list[SweepOutput]:
     outs = []
-    for d in per:
+    for i, d in enumerate(per):
         masked = {c: {m.split(":")[1]: v for m, v in d.items() if m.startswith(c + ":")} for c in ("sinks+window", "window")}
         outs.append(SweepOutput(metrics={m: d[m] for m in metrics}, gold_mass=d["gold"], sink_mass=d["sink"],
-                                masked={c: v for c, v in masked.items() if v}))
+                                masked={c: v for c, v in masked.items() if v},
+                                no_gold=no_gold[i] if i < len(no_gold) else {}))
     return outs
 
 
@@ -239,9 +246,36 @@ def run_decoder_sweeps(
                 res.update({f"{cond}:{k}": v for k, v in answer_scores(masked, 1, answer_ids).items()})
         return res
 
+    def no_gold(i: int) -> dict[str, torch.Tensor]:
+        """The answer metrics on sweep i's no-gold prompt (one row; no attention statistics: it has no gold span)."""
+        sw = sweeps[i]
+        tokens, n_prompt, answer_ids = sw.no_gold_tokens, sw.no_gold_tokens.shape[1], sw.answer_ids[None]  # [1, pos'], [1, n]
+        inputs = torch.cat([tokens, answer_ids[:, :-1]], 1)  # [1, pos' + n_answer - 1]
+        logits = reduce_patterns(model, inputs, lambda *_: None, layers=(), logits_from=n_prompt - 1)  # [1, n, vocab]
+        res = answer_scores(logits, 1, answer_ids)
+        if sw.answer_ids.numel() > 1 if generate is None else generate:
+            res["accuracy"], res["copied"] = greedy_contains(model, tokens, [sw.answers], sw.answer_ids.numel()
+                                                             + extra_new_tokens, [sw.values])
+        else:
+            res["accuracy"], res["copied"] = res["exact"].clone(), copied_value(model, logits[:, 0], [sw.values])
+        return res
+
     batches = row_batches(sweeps, batch_size)
     results = distributed.map_sharded(score, batches, progress=progress, desc="position sweep")
-    return _outputs(_scatter(sweeps, batches, results), ("accuracy", "exact", "logprob", "rank", "copied"))
+    return _outputs(_scatter(sweeps, batches, results), ("accuracy", "exact", "logprob", "rank", "copied"),
+                    _no_gold_rows(sweeps, no_gold))
+
+
+def _no_gold_rows(sweeps: Sequence[PositionSweep],
+                  score: Callable[[int], dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """Each sweep's no-gold metrics ({name: [1]}; {} for a sweep without a no-gold prompt): score(i) for sweep i,
+    one pass each, the sweeps sharded over ranks like the rows."""
+    have = [i for i, sw in enumerate(sweeps) if sw.no_gold_tokens is not None]
+    found = distributed.map_sharded(score, have)
+    per: list[dict[str, torch.Tensor]] = [{} for _ in sweeps]
+    for i, res in zip(have, found):
+        per[i] = {k: v.float().cpu() for k, v in res.items()}
+    return per
 
 
 @torch.no_grad()
@@ -261,6 +295,12 @@ def run_encoder_sweeps(
         cos = torch.nn.functional.cosine_similarity(mean_pool(hidden, None), query, dim=-1)  # [batch]
         return {"cosine": cos.float().cpu(), **stats.tables(model.facts.n_layers)}
 
+    def no_gold(i: int) -> dict[str, torch.Tensor]:
+        """Cosine of the query with sweep i's no-gold passage (the distractors alone)."""
+        hidden = reduce_patterns(model, sweeps[i].no_gold_tokens, lambda *_: None, layers=())  # [1, pos', d_model]
+        query = queries[i][None]  # [1, d_model]
+        return {"cosine": torch.nn.functional.cosine_similarity(mean_pool(hidden, None), query, dim=-1)}  # [1]
+
     batches = row_batches(sweeps, batch_size)
     results = distributed.map_sharded(score, batches, progress=progress, desc="position sweep")
-    return _outputs(_scatter(sweeps, batches, results), ("cosine",))
+    return _outputs(_scatter(sweeps, batches, results), ("cosine",), _no_gold_rows(sweeps, no_gold))

@@ -340,6 +340,16 @@ def test_decoder_sweep_matches_hf(tiny_models, tiny_dirs):
             sinks = torch.stack([att[0, :, q, :2].sum(-1) for q in range(2, n)]).mean(0)
             torch.testing.assert_close(out.gold_mass[row, layer], gold, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(out.sink_mass[row, layer], sinks, atol=1e-5, rtol=1e-5)
+    # Liu et al.'s no-gold baseline: the row with the gold pair and its separator cut out, scored by plain HF
+    sep_len = len(model.tokenizer("w1", add_special_tokens=False)["input_ids"])
+    assert sweep.no_gold_tokens[0].tolist() == without_gold(sweep, 0, sep_len).tolist()
+    ids = torch.tensor([sweep.no_gold_tokens[0].tolist() + ans[:-1]])
+    m = ids.shape[1] - len(ans) + 1  # the no-gold prompt's length
+    with torch.no_grad():
+        logp = hf(ids).logits[0].log_softmax(-1)
+    assert out.no_gold["logprob"].item() == pytest.approx(sum(logp[m - 1 + j, a].item() for j, a in enumerate(ans)),
+                                                        abs=1e-4)
+    assert out.no_gold["exact"].item() == float(all(int(logp[m - 1 + j].argmax()) == a for j, a in enumerate(ans)))
     assert model.n_active_hooks() == 0
 
 
@@ -769,7 +779,41 @@ def test_too_few_words_for_its_own_kv_prompts_skip_position_with_the_cli_route(d
         position_bias(model, "json_kv", n_examples=1)  # asked for by name: the one clear line
 
 
-def test_an_encoders_sink_is_its_cls_alone_checked_against_hf_attention(arch_models, arch_dirs):
+@pytest.fixture(scope="module")
+def bert_position(arch_models):
+    """position on the random-weight BERT of `arch_dirs`: 2 shipped retrieval records, 3 sentences each."""
+    return position_bias(arch_models("bert"), config=PositionConfig(n_examples=2, n_items=3, n_boot=20, progress=False))
+
+
+def test_an_encoders_no_gold_baseline_is_the_cosine_without_the_relevant_sentence(bert_position, arch_dirs):
+    """Review 11a C6: Liu et al. compare each gold position with the prompt without the gold document. On an encoder
+    the baseline is the cosine of the query with the passage of the same distractors alone: plain HF's mean-pooled
+    last hidden states of the whole text, per example, then their mean over examples, inside its bootstrap interval;
+    the positions are split by whether their intervals clear the baseline's."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(arch_dirs["bert"])
+    hf = AutoModel.from_pretrained(arch_dirs["bert"]).eval()
+
+    def embed(text):
+        with torch.no_grad():
+            return hf(**tok(text, return_tensors="pt")).last_hidden_state.mean(1)  # [1, d_model]
+
+    expected = [torch.nn.functional.cosine_similarity(embed(r["query"]), embed(" ".join(r["distractors"][:2]))).item()
+                for r in pp.load_retrieval_records()[:2]]
+    s, table = bert_position.summary, bert_position.tables
+    assert table["no_gold"]["cosine"].tolist() == pytest.approx(expected, abs=1e-5)
+    base = s["no_gold_baseline"]["cosine"]
+    assert base["mean"] == pytest.approx(np.mean(expected), abs=1e-5) and base["n"] == 2
+    assert min(expected) - 1e-6 <= base["ci"][0] <= base["mean"] <= base["ci"][1] <= max(expected) + 1e-6
+    curve = table["curve"][(table["curve"].condition == "full") & (table["curve"].metric == "cosine")]
+    above = curve[curve.ci_low > base["ci"][1]].position.tolist()
+    below = curve[curve.ci_high < base["ci"][0]].position.tolist()
+    assert (base["above"], base["below"]) == (above, below)
+    assert sorted(base["above"] + base["overlap"] + base["below"]) == [1, 2, 3]
+
+
+def test_an_encoders_sink_is_its_cls_alone_checked_against_hf_attention(bert_position, arch_models, arch_dirs):
     """Review 11a C7: on an encoder the first 4 tokens are [CLS] and the gold passage's first words, so position
     counts the [CLS] alone (n_sink 1) and says so; each layer's mass is plain HF's attention onto key 0, mean over
     every query, head and row of each example, then over examples."""
@@ -779,8 +823,7 @@ def test_an_encoders_sink_is_its_cls_alone_checked_against_hf_attention(arch_mod
     from headscope.reports.plots_position import finding
 
     model = arch_models("bert")
-    result = position_bias(model, config=PositionConfig(n_examples=2, n_items=3, n_boot=20, progress=False))
-    s = result.summary
+    s = bert_position.summary
     assert s["n_sink"] == 1 and s["sink_label"] == "[CLS] (the first token)"
     hf = AutoModel.from_pretrained(arch_dirs["bert"], attn_implementation="eager").eval()
     _, sweeps, _, _ = _sweeps(model, None, PositionConfig(n_examples=2, n_items=3))  # the prompts it ran

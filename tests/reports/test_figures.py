@@ -926,6 +926,26 @@ def test_position_curve_title_claims_a_u_shape_only_when_the_bands_separate():
         plt.close("all")
 
 
+def test_position_curve_draws_the_no_gold_baseline_as_a_grey_line_and_band():
+    """Review 11a C6: the curve carries Liu et al.'s no-gold baseline (the summary's no_gold_baseline entry) as a
+    horizontal line at its mean with its 95% band, in the legend; a curve without one draws neither."""
+    from headscope.reports.plots_position import plot_curve
+
+    curve = pd.DataFrame([{"condition": "full", "metric": "cosine", "position": p, "mean": m, "ci_low": m - 0.05,
+                           "ci_high": m + 0.05} for p, m in ((1, 0.67), (2, 0.52), (3, 0.55))])
+    try:
+        ax = plot_curve(curve, n_items=3, no_gold={"mean": 0.31, "ci": [0.28, 0.35]}, ax=plt.subplots()[1])
+        [line] = [ln for ln in ax.get_lines() if ln.get_label().startswith("no gold")]
+        assert set(np.round(line.get_ydata(), 6)) == {0.31}
+        [band] = ax.patches  # axhspan: the curve's own bands are fill_between collections
+        assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((0.28, 0.35))
+        assert ax.get_ylim()[0] < 0.28 and "no gold item (95% band)" in [t.get_text() for t in ax.get_legend().get_texts()]
+        bare = plot_curve(curve, n_items=3, ax=plt.subplots()[1])
+        assert not [ln for ln in bare.get_lines() if ln.get_label().startswith("no gold")] and not bare.patches
+    finally:
+        plt.close("all")
+
+
 # ---- noise never vivid, honest labels (#34 figure defects) ---------------------------------------
 def test_kv_sinks_draws_each_layers_interval_over_prompts():
     from headscope.reports.plots_kv import plot_sinks

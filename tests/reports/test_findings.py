@@ -172,6 +172,44 @@ def test_a_u_shape_is_claimed_only_when_the_intervals_separate():
     assert "no U-shape is claimed" in finding("position", {**s, "ci_per_position": {}})
 
 
+def test_a_position_beats_the_no_gold_baseline_only_when_the_intervals_separate():
+    """Review 11a C6: an encoder's curve (cosine 0.67 -> 0.52 -> 0.55 over 8 examples, as MiniLM's) against Liu et
+    al.'s no-gold baseline, the passage of the same distractors without the relevant sentence, 0.50 [0.46, 0.57].
+    Built as the analysis builds it (no_gold_summary over its curve and baseline tables): only position 1's interval
+    [0.60, 0.74] clears the baseline's; 2 and 3 lie above it in their means but their intervals overlap it."""
+    import pandas as pd
+
+    from headscope.analyses.position.analysis import no_gold_summary
+
+    def curve(bands):
+        return pd.DataFrame([{"condition": "full", "metric": "cosine", "position": p, "mean": m, "ci_low": lo,
+                              "ci_high": hi} for p, (m, lo, hi) in bands.items()])
+
+    baseline = pd.DataFrame([{"metric": "cosine", "mean": 0.50, "ci_low": 0.46, "ci_high": 0.57, "n": 8,
+                              "interval": "bootstrap"}])
+    bands = {1: (0.67, 0.60, 0.74), 2: (0.52, 0.45, 0.58), 3: (0.55, 0.50, 0.61)}
+    s = {"task": "retrieval", "primary_metric": "cosine", "n_examples": 8, "ratio_middle_to_ends": {"cosine": 0.52 / 0.67},
+         "metric_per_position": {"cosine": {str(p): b[0] for p, b in bands.items()}},
+         "ci_per_position": {"cosine": {str(p): [b[1], b[2]] for p, b in bands.items()}},
+         **no_gold_summary(baseline, curve(bands))}
+    assert s["no_gold_baseline"]["cosine"] == {"mean": 0.50, "ci": [0.46, 0.57], "n": 8, "interval": "bootstrap",
+                                               "above": [1], "overlap": [2, 3], "below": []}
+    text = finding("position", s)
+    assert ("Without the relevant sentence (the same distractors in the same order: Liu et al.'s no-gold baseline), the "
+            "cosine is 0.50 (95% bootstrap CI [0.46, 0.57], n = 8 examples); gold position 1 lies above it (the 95% "
+            "intervals separate); at 2-3 the intervals overlap it: no evidence that the relevant sentence helps there "
+            "at this sample size.") in text
+    # every interval clear of it; none clear of it, one below it
+    clear = {**s, **no_gold_summary(baseline.assign(ci_high=0.44, ci_low=0.40, mean=0.42), curve(bands))}
+    assert "every gold position's 95% interval lies above it: the relevant sentence helps at every position" in finding(
+        "position", clear)
+    low = {1: (0.52, 0.47, 0.58), 2: (0.40, 0.35, 0.44), 3: (0.51, 0.47, 0.56)}
+    none = {**s, **no_gold_summary(baseline, curve(low))}
+    assert ("no gold position's 95% interval lies above it; at 1, 3 the intervals overlap it: no evidence that the "
+            "relevant sentence helps there at this sample size; at 2 the cosine lies below it") in finding("position", none)
+    assert "no-gold" not in finding("position", {k: v for k, v in s.items() if k != "no_gold_baseline"})  # older runs
+
+
 def test_degenerate_importance_and_ties_are_said_and_not_ranked():
     """MiniLM: gradient importance 1e-8..2e-7 under a float32 floor; its pruning order is random."""
     why = "every head's |gradient importance| is below 2.2e-07, under the numerical floor 1.9e-06"
