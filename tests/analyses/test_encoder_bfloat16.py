@@ -51,7 +51,8 @@ def test_bfloat16_head_ablation_is_the_float32_cosine_of_the_models_states(bf16_
 
 def test_bfloat16_leave_one_out_and_ig_endpoint_are_float32_cosines(bf16_bert):
     """Leave-one-out's 1 - cosine per token equals HF's by hand (pooled and compared in float32), one value for each
-    distinct sequence left; the metric IG integrates reads 1 at the prompt's own embedding (its endpoint, bfloat16: 0.996 or 0.992)."""
+    distinct sequence left; the metric IG integrates reads 1 at the prompt's own embedding (its endpoint, bfloat16: 0.996
+    or 0.992)."""
     model, hf, task = bf16_bert
     tokens = task.example(1).tokens  # [1, 14]: [CLS] ... [SEP], no padding
     positions = list(range(1, tokens.shape[1] - 1))
