@@ -11,7 +11,7 @@ and patterns requested alone are recomputed on demand where the model allows (ho
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -83,6 +83,7 @@ def run_with_cache(
     positions: Positions = None,
     to_cpu: bool = False,
     names_filter: str | Iterable[str] | Callable[[str], bool] | None = None,
+    site_positions: Mapping[str, Positions] | None = None,
 ) -> tuple[torch.Tensor, Activations]:
     """(output, Activations) of one forward pass, like TransformerLens's run_with_cache.
 
@@ -93,7 +94,9 @@ def run_with_cache(
     them out unless use_attn_result is set). A name, a list of names, or a filter callable
     (TransformerLens's names_filter, also accepted under that name) over the same names plus
     the hook_result sites selects. Activations are detached; positions and to_cpu are as in
-    `capture` (the output stays on the model's device).
+    `capture` (the output stays on the model's device). site_positions: {name: positions} for some
+    of the names, in place of `positions` (circuits keeps every position of the residual sites and
+    only the answer's of a mixture of experts' `mlp_post`, whose memories are many).
     """
     if names is not None and names_filter is not None:
         raise ConfigError("run_with_cache got both names and names_filter; they are the same argument, pass one.")
@@ -111,7 +114,7 @@ def run_with_cache(
                 check_site(model, name)
     if not wanted:
         raise ConfigError("run_with_cache: names selected no site; see headscope.available_sites(model).")
-    acts = _run(model, tokens, wanted, positions, to_cpu, attention_mask, False)
+    acts = _run(model, tokens, wanted, positions, to_cpu, attention_mask, False, site_positions)
     missing = [n for n in wanted if n in scales and not dict.__contains__(acts, n)]
     if missing and names is not None and not callable(names):  # asked for by name
         raise SiteError(f"{model.facts.name} never computes {missing}; leave them out.")
@@ -124,12 +127,14 @@ def norm_scale_names(model) -> list[str]:
     return [n for n in names + ["ln_final.hook_scale"] if hook_point(model, n) is not None]
 
 
-def _run(model, tokens, names, positions, to_cpu, attention_mask, grad) -> Activations:
+def _run(model, tokens, names, positions, to_cpu, attention_mask, grad, site_positions=None) -> Activations:
     """The pass behind capture and run_with_cache: one hook per name (hook_result on hook_z).
     Attention scores and patterns alone (no gradient) are recomputed from q and k in a hook-free
     pass where the model has one (hooks/patterns.capture_patterns): only the requested layers'
-    patterns are materialised, not every layer's."""
-    if not grad:
+    patterns are materialised, not every layer's. site_positions: {name: positions} overriding
+    `positions` for those names."""
+    site_positions = dict(site_positions or {})
+    if not grad and not site_positions:
         from headscope.hooks.patterns import capture_patterns  # patterns builds on this module's positions
 
         store = capture_patterns(model, tokens, names, positions, to_cpu, attention_mask)
@@ -144,15 +149,17 @@ def _run(model, tokens, names, positions, to_cpu, attention_mask, grad) -> Activ
         kind, layer = (None, None) if scale else parse_site(name)
         dim = 1 if scale else SITES[kind].pos_dim
         flat = not scale and SITES[kind].flat
+        where = site_positions.get(name, positions)
 
         def hook(act: torch.Tensor, hook: Any) -> None:
             if kind in COMPUTED:
                 act = head_result(model, layer, act)  # [batch, pos, head, d_model]
-            elif name in moe:
-                act = memories.moe_coefficients(model, layer, act)  # [batch, pos, d_mlp]
+            elif name in moe:  # per token: the kept positions of the input [batch, pos, d_model] first
+                act = memories.moe_coefficients(model, layer, select_positions(act, where, dim))  # [batch, pos, d_mlp]
             elif flat:
                 act = act.reshape(*tokens.shape[:2], -1)  # [batch * pos, ...] -> [batch, pos, ...]
-            act = select_positions(act, positions, dim)
+            if name not in moe:
+                act = select_positions(act, where, dim)
             if not grad:
                 act = act.detach()
             store[name] = act.to("cpu") if to_cpu else act

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.reports.findings import _at_chance, _below, _chance, _ci, _num, _pct, ci_pair, wilson
-from headscope.reports.moe_words import mlp_components_sentence
+from headscope.reports.moe_words import mlp_components_sentence, top_expert_sentence
 
 
 def _interval(entry: Any) -> tuple[float, float] | None:
@@ -188,6 +188,8 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(_writers(s, top, final) + _totals(s) + _post_norms(s))
         if moe := mlp_components_sentence(s):  # the writers and totals name mlpN alike, MoE or dense
             parts.append(moe)
+        if expert := top_expert_sentence(s):  # which expert of the top MoE block writes the answer, or a tie
+            parts.append(expert)
     cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
     if cpr is not None and cmd is not None:
         n, edges = _num(s.get("mib_n_examples", s.get("edges_n_examples"))), _num(s.get("n_edges"))

@@ -29,10 +29,12 @@ NO_INTERVAL = " (no interval recorded: whether this is beyond noise is not known
 
 
 class Run:
-    """One output folder: its manifest and, per analysis, its summary and tables (read lazily)."""
+    """One output folder: its manifest and, per analysis, its summary, tables and provenance (read lazily, once
+    each: a compare page asks for the same ones many times; what they return is shared, so read-only)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._read: dict[tuple, tuple[tuple, Any]] = {}  # (what, name[, stem]) -> (files' stamps, what was read)
         try:
             self.manifest = json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
@@ -60,7 +62,19 @@ class Run:
             extra.append(f"--n-examples {mine.get('n_examples') or 'not set'}")
         return self.label[:-1] + "".join(f", {e}" for e in extra) + ")" if extra else self.label
 
+    def _once(self, key: tuple, files: tuple[Path, ...], read: Any) -> Any:
+        """read() the first time `key` is asked for, then what it gave while `files` keep their inode, modification
+        time and size (a stat each, not a parse: a folder rewritten in place is read again)."""
+        stamp = tuple(_stamp(f) for f in files)
+        held = self._read.get(key)
+        if held is None or held[0] != stamp:
+            held = self._read[key] = (stamp, read())
+        return held[1]
+
     def summary(self, name: str) -> dict[str, Any] | None:
+        return self._once(("summary", name), (self.path / name / "summary.json",), lambda: self._summary(name))
+
+    def _summary(self, name: str) -> dict[str, Any] | None:
         try:
             data = io.read_json(self.path / name / "summary.json")
         except (OSError, ValueError):
@@ -78,7 +92,10 @@ class Run:
         if self.summary(name) is None:
             return None
         used = self.manifest.get("task_used") or {}
-        return section_provenance(self.path / name, str(used.get(name, "")) if isinstance(used, dict) else "")
+        folder = self.path / name
+        return self._once(("provenance", name), (folder / "task.json", folder / "summary.json",
+                                                 self.path / "manifest.json"), lambda: section_provenance(
+            self.path / name, str(used.get(name, "")) if isinstance(used, dict) else ""))
 
     def why_blank(self, name: str) -> str:
         """Why this run has no result for analysis `name`: its manifest status, or that it did not run it."""
@@ -91,10 +108,22 @@ class Run:
         return f"no readable {name}/summary.json in this folder"
 
     def table(self, name: str, stem: str) -> pd.DataFrame | None:
+        return self._once(("table", name, stem), (self.path / name / f"{stem}.csv",), lambda: self._table(name, stem))
+
+    def _table(self, name: str, stem: str) -> pd.DataFrame | None:
         try:
             return pd.read_csv(self.path / name / f"{stem}.csv")
         except (OSError, ValueError):  # missing, empty or unreadable: the comparison leaves it out
             return None
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """(inode, modification time in ns, size) of a file (an atomic rewrite is a new inode), None where it has none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _img(fig: Any, alt: str) -> str:

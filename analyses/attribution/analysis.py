@@ -300,9 +300,10 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
         n_steps=cfg.n_steps, max_steps=max(cfg.n_steps, cfg.ig_max_steps), tolerance=cfg.ig_tolerance,
         internal_batch_size=setup.grad_rows)
     score = _score(setup.kind, tgt)
-    loo = am.leave_one_out(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline, batch_size=setup.rows,
-                           score=score if setup.loo_metric == "logit_diff" else None)  # [g, pos - 2]
-    loo, loo_rows = loo_rounding(model, tokens, loo, idx, tgt) if setup.loo_metric == "logit_diff" else (loo, [])
+    loo, clean = am.leave_one_out_with_clean(model, tokens, scored, mode=cfg.loo_mode, baseline_token=baseline,
+                                             batch_size=setup.rows, score=score if setup.loo_metric == "logit_diff" else None)
+    # loo [g, pos - 2]; clean [g, vocab]: the clean run's last logits it was measured against, the rounding floor's
+    loo, loo_rows = loo_rounding(model, tokens, loo, idx, tgt, clean) if setup.loo_metric == "logit_diff" else (loo, [])
     permuted = permute_attention(model, tokens, layer=layer, n_permutations=cfg.n_permutations, batch_size=setup.rows,
                                  generator=generator, score=score)
     changes, max_att = permuted.change, permuted.max_attention
@@ -353,12 +354,15 @@ def _score_group(model, task: Task, idx: list[int], cfg: AttributionConfig, setu
 
 @torch.no_grad()
 def loo_rounding(model, tokens: torch.Tensor, loo: torch.Tensor, idx: list[int],
-                 targets: tuple) -> tuple[torch.Tensor, list[dict]]:
+                 targets: tuple, clean: torch.Tensor | None = None) -> tuple[torch.Tensor, list[dict]]:
     """Leave-one-out's changes of the logit difference [g, m] with those within one rounding step of the clean
     logits (methods.logit_rounding_floor, in the model's dtype) set to 0, ties (review 10a A1: in bfloat16 at a
     logit difference of 7.7 the changes are a few rounding steps, 16 of 38 exactly 0, and a tau over them ranks
-    rounding), and per example its record: example, dtype, floor (logits), n_scores, n_within_floor."""
-    clean = model(tokens)[:, -1]  # [g, vocab] in the model's dtype: what the logit difference is read from
+    rounding), and per example its record: example, dtype, floor (logits), n_scores, n_within_floor. clean: the clean
+    run's last-position logits [g, vocab] in the model's dtype where leave-one-out's own clean run gave them
+    (leave_one_out_with_clean); None: one clean forward here."""
+    if clean is None:
+        clean = model(tokens)[:, -1]  # [g, vocab] in the model's dtype: what the logit difference is read from
     floor = am.logit_rounding_floor(clean, *targets)  # [g]
     tied, within = am.tie_rounding(loo.float().cpu(), floor.cpu())  # [g, m] each
     dtype = str(clean.dtype).removeprefix("torch.")

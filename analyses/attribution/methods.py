@@ -265,9 +265,28 @@ def leave_one_out(
       sequences in chunks of `batch_size` (halved on out-of-memory).
     A pass holds at most batch_size sequences either way (at most 64 from the cached prefix).
     """
+    return leave_one_out_with_clean(model, tokens, positions, mode=mode, baseline_token=baseline_token,
+                                    batch_size=batch_size, reuse_prefix=reuse_prefix, score=score)[0]
+
+
+@torch.no_grad()
+def leave_one_out_with_clean(
+    model,
+    tokens: torch.Tensor,
+    positions: Sequence[int],
+    *,
+    mode: str = "remove",
+    baseline_token: int | None = None,
+    batch_size: int = 256,
+    reuse_prefix: bool | None = None,
+    score: Score | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """leave_one_out's changes [batch, len(positions)] and the clean run's last-position output [batch, out] in the
+    model's dtype that they are measured against (None without positions): the attribution analysis reads its
+    rounding floor from it (loo_rounding) instead of running the clean pass again."""
     positions = list(positions)
     if not positions:
-        return tokens.new_zeros((tokens.shape[0], 0), dtype=torch.float32)
+        return tokens.new_zeros((tokens.shape[0], 0), dtype=torch.float32), None
     if not all(0 <= p < tokens.shape[1] for p in positions):
         raise ConfigError(f"leave-one-out positions must lie in [0, {tokens.shape[1]}), got {positions}.")
     loo_variants(tokens[:1], positions[:1], mode=mode, baseline_token=baseline_token)  # validates mode / token
@@ -280,7 +299,8 @@ def leave_one_out(
                                  rows=min(64, batch_size), score=score)
         if out is not None:
             return out
-    ref = clean_reference(model, model(tokens), score).repeat_interleave(len(positions), dim=0)  # [batch*m, ...]
+    clean = model(tokens)  # [batch, pos, out]
+    ref = clean_reference(model, clean, score).repeat_interleave(len(positions), dim=0)  # [batch*m, ...]
     example = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(len(positions))  # [batch*m]
     variants = loo_variants(tokens, positions, mode=mode, baseline_token=baseline_token)  # [batch*m, pos']
 
@@ -289,13 +309,14 @@ def leave_one_out(
         return output_change(model, model(variants[part]), ref[part], example[part], score)
 
     changes = [c for _, c in batching.run_chunks(change, variants.shape[0], batch_size)]  # halved on out-of-memory
-    return torch.cat(changes).reshape(tokens.shape[0], len(positions))
+    return torch.cat(changes).reshape(tokens.shape[0], len(positions)), clean[:, -1]
 
 
 def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mode: str,
-                       baseline_token: int | None, rows: int = 64, score: Score | None = None) -> torch.Tensor | None:
-    """Leave-one-out for decoders from the clean KV cache (None when the cache dropped early
-    positions: sliding-window layers on a prompt longer than the window).
+                       baseline_token: int | None, rows: int = 64,
+                       score: Score | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Leave-one-out for decoders from the clean KV cache, with the clean run's last-position logits [batch, vocab]
+    (None when the cache dropped early positions: sliding-window layers on a prompt longer than the window).
 
     Positions go in blocks; a block starting at p0 shares the clean cache cut at p0 and runs,
     for each of its variants, the variant's tokens from p0 on (all the same length), stacked
@@ -329,4 +350,4 @@ def _loo_cached_prefix(model, tokens: torch.Tensor, positions: list[int], *, mod
         example = torch.arange(batch, device=tokens.device).repeat_interleave(per)  # [batch * per]
         change = output_change(model, last, ref.repeat_interleave(per, 0), example, score)
         out[:, ks] = change.float().cpu().reshape(batch, -1)
-    return out
+    return out, logits[:, -1]

@@ -39,7 +39,10 @@ cap)) has no linear split of its capped output: the writers sum to the logit dif
 (dla_logit_before_softcap, with dla_final_softcap the cap), dla_final_logit is the model's capped output, and
 the reconstruction error is measured against the logit difference before the cap. dla_post_norms: the
 writes that pass a norm of their own before the residual add ("post-attention", "post-MLP": OLMo 2, Gemma 2/3;
-[] elsewhere), each head's read through that norm at its actual scale (dla.post_norms).
+[] elsewhere), each head's read through that norm at its actual scale (dla.post_norms). Mixture-of-experts models
+also get tables "dla_experts" (example, layer, expert, shared, routed, contribution) and "dla_experts_mean" (layer,
+expert, shared, contribution, std, ci_low, ci_high, n, n_routed): each MoE block's DLA split by expert, summing to
+its mlpN row (experts.py), and summary dla_top_expert (the top MoE block's leading expert against the next).
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ import torch
 
 from headscope import hooks
 from headscope.analyses.circuits import dla as dla_mod
+from headscope.analyses.circuits import experts as experts_mod
 from headscope.analyses.circuits import lens as lens_mod
 from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
 from headscope.analyses.core import chance
@@ -172,26 +176,30 @@ def _chunks(model, task: Task):
 
 
 def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool):
-    """(lens rows, DLA per-example rows, lens output error, direction name), one pass per chunk."""
+    """(lens rows, DLA per-example rows, final logits, lens output error, direction name, per-expert DLA rows of
+    the mixture-of-experts blocks or None: experts.expert_rows), one pass per chunk."""
     _check(model, task)
     available = set(available_sites(model)) | {"ln_final.hook_scale"}
     names = []
     if lens:
         names += lens_mod.lens_sites(model.facts.n_layers)
+    experts = experts_mod.expert_sites(model) if dla else []  # MoE blocks' coefficients, at the answer only
     if dla:
-        names += dla_mod.dla_sites(model, available)
+        names += dla_mod.dla_sites(model, available) + experts
     names = list(dict.fromkeys(names))
     every = config.lens_positions == "all"
     wrong_all = task.wrong_answers if config.use_wrong_answer else None
     answer_pos, first_pos = task.answer_positions(), task.first_positions()
     labels = lens_mod.lens_labels(model.facts.n_layers)
-    lens_frames, dla_frames, lens_err = [], [], 0.0
+    lens_frames, dla_frames, expert_frames, lens_err = [], [], [], 0.0
     for part in _chunks(model, task):
         tokens = task.tokens[part].to(model.device)
         mask = None if task.attention_mask is None else task.attention_mask[part].to(model.device)
-        with torch.no_grad():
-            output, acts = run_with_cache(model, tokens, names, attention_mask=mask)
         answers, pos = task.answers[part], answer_pos[part]
+        read, slots = pos.unique(return_inverse=True)  # [n_read] answer positions, [rows] each row's among them
+        with torch.no_grad():
+            output, acts = run_with_cache(model, tokens, names, attention_mask=mask,
+                                          site_positions={name: read.tolist() for name in experts})
         wrong = None if wrong_all is None else wrong_all[part]
         examples = torch.arange(part.start, part.stop)
         if lens:
@@ -238,6 +246,8 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
             logit = pd.DataFrame({"example": examples.numpy(), "final_logit": stack.logit.numpy(),
                                   "logit_before_softcap": stack.logit_before_cap.numpy()})
             dla_frames.append((frame, logit))
+            if experts:
+                expert_frames.append(experts_mod.expert_rows(model, acts, pos, slots, directions, examples))
     lens_df = pd.concat(lens_frames, ignore_index=True) if lens_frames else None
     dla_df = logits = None
     if dla_frames:
@@ -246,7 +256,8 @@ def _collect(model, task: Task, config: CircuitsConfig, *, lens: bool, dla: bool
             dla_df[col] = dla_df[col].astype("Int64").mask(dla_df[col] < 0)
         logits = pd.concat([g for _, g in dla_frames], ignore_index=True)
     direction = "answer - wrong_answer" if wrong_all is not None else "answer"
-    return lens_df, dla_df, logits, lens_err, direction
+    experts_df = pd.concat(expert_frames, ignore_index=True) if expert_frames else None
+    return lens_df, dla_df, logits, lens_err, direction, experts_df
 
 
 # ---- summaries -----------------------------------------------------------------------------
@@ -382,7 +393,7 @@ def logit_lens(model, task=None, config: CircuitsConfig | None = None, **config_
     config = configure(CircuitsConfig, config, config_overrides, name="logit_lens")
     _refuse_encoder(model)
     task = default_task(model, task, config)
-    lens, _, _, err, _ = _collect(model, task, config, lens=True, dla=False)
+    lens, _, _, err, _, _ = _collect(model, task, config, lens=True, dla=False)
     summary = {**lens_summary(lens, err), "task": task.name, "n_examples": len(task)}
     return Result(name="circuits", df=lens, summary=summary, tables={"lens": lens}, config=asdict(config))
 
@@ -395,14 +406,25 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     config = configure(CircuitsConfig, config, config_overrides, name="direct_logit_attribution")
     _refuse_encoder(model)
     task = default_task(model, task, config)
-    _, dla, logits, _, direction = _collect(model, task, config, lens=False, dla=True)
+    _, dla, logits, _, direction, experts = _collect(model, task, config, lens=False, dla=True)
     mean = dla_mean(dla)
     summary = {**dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
                "moe_layers": hooks.moe_layers(model)}
-    return Result(name="circuits", df=mean, summary=summary, tables={"dla": dla, "dla_mean": mean}, config=asdict(config))
+    tables = {"dla": dla, "dla_mean": mean, **_expert_tables(experts, dla, summary)}
+    return Result(name="circuits", df=mean, summary=summary, tables=tables, config=asdict(config))
+
+
+def _expert_tables(experts: pd.DataFrame | None, dla: pd.DataFrame, summary: dict) -> dict[str, pd.DataFrame]:
+    """Mixture-of-experts models: tables "dla_experts" (per example, layer and expert) and "dla_experts_mean" (per
+    layer and expert: mean, interval, n, n_routed), and summary dla_top_expert (experts.top_expert: the top MoE
+    layer's leading expert against the next); {} and nothing added on a dense model."""
+    if experts is None or not len(experts):
+        return {}
+    summary["dla_top_expert"] = experts_mod.top_expert(experts, dla)
+    return {"dla_experts": experts, "dla_experts_mean": experts_mod.expert_means(experts)}
 
 
 def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
@@ -413,14 +435,14 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
         reason = f"{model.facts.name} is an encoder: the logit lens and DLA read next-token logits."
         return Result(name="circuits", df=pd.DataFrame(), summary={"skipped": reason}, config=asdict(config))
     task = default_task(model, task, config)
-    lens, dla, logits, err, direction = _collect(model, task, config, lens=True, dla=True)
+    lens, dla, logits, err, direction, experts = _collect(model, task, config, lens=True, dla=True)
     mean = dla_mean(dla)
     summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
                "moe_layers": hooks.moe_layers(model)}
-    tables = {"lens": lens, "dla": dla, "dla_mean": mean}
+    tables = {"lens": lens, "dla": dla, "dla_mean": mean, **_expert_tables(experts, dla, summary)}
     if config.edges and task.corrupted_tokens is not None:  # edge attribution and faithfulness
         from headscope.analyses.circuits.faithfulness import circuit_discovery
 

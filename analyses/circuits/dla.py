@@ -145,6 +145,21 @@ def frozen_norm(norm, pre: torch.Tensor, normed: torch.Tensor, *, offset: bool =
     return apply
 
 
+def project(model, writes: torch.Tensor, scale: torch.Tensor | None, directions: torch.Tensor) -> torch.Tensor:
+    """[component, batch]: writes [component, batch, d_model] through the final norm linearised at its frozen
+    scale [batch, 1] (each write centred under LayerNorm, divided by the scale, times the norm's weight) onto
+    directions [batch, d_model]; scale None: a model without a final norm."""
+    kind, weight, _ = final_norm(model)
+    writes = writes.float()
+    if kind is not None:
+        if kind == "LN":
+            writes = writes - writes.mean(-1, keepdim=True)
+        writes = writes / scale.float().to(writes.device)
+    d = directions.float().to(writes.device)
+    d_eff = d if weight is None else d * weight.float().to(d.device)
+    return (writes * d_eff).sum(-1)
+
+
 @dataclass(frozen=True)
 class DLAStack:
     """contributions [component, batch] with aligned labels, kinds, layers, heads (-1: none, e.g.
@@ -213,15 +228,10 @@ def dla_stack(model, acts, positions: torch.Tensor, directions: torch.Tensor,
     stack = torch.cat([stack, (resid - stack.sum(0))[None]])
     labels, kinds, layers, heads = labels + ["remainder"], kinds + ["remainder"], layers + [-1], heads + [-1]
 
-    kind, weight, bias = final_norm(model)
+    kind, _, bias = final_norm(model)
     d = directions.float().to(stack.device)  # [batch, d_model]
-    if kind is not None:
-        if kind == "LN":
-            stack = stack - stack.mean(-1, keepdim=True)
-        scale = at(acts["ln_final.hook_scale"]).float().to(stack.device)  # [batch, 1]
-        stack = stack / scale
-    d_eff = d if weight is None else d * weight.float().to(d.device)
-    contrib = (stack * d_eff).sum(-1)  # [component, batch]
+    scale = at(acts["ln_final.hook_scale"]) if kind is not None else None  # [batch, 1]
+    contrib = project(model, stack, scale, d)  # [component, batch]
     extra = []
     if bias is not None:
         extra.append(((d * bias.float().to(d.device)).sum(-1), "ln_final_bias", "ln_final_bias"))

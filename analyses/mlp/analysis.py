@@ -257,7 +257,8 @@ def _answer_activations(model, task: Task, names: Sequence[str]) -> dict[str, to
 
 
 def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5, top_k_tokens: int = 5,
-                     apply_final_norm: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+                     apply_final_norm: bool = False,
+                     acts: Mapping[str, torch.Tensor] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The largest sub-updates at each Task prompt's answer position and the tokens they promote.
 
     Padded Tasks run with their attention_mask and each row is read at its own last real position
@@ -268,13 +269,16 @@ def task_sub_updates(model, task: Task, *, layers: Sequence[int], n_top: int = 5
     promoted tokens and whether the answer (and, when the Task has wrong answers, the wrong answer) is among them;
     `per_neuron` has every (layer, neuron) with the mean ||m_i v_i|| and mean m_i over examples (0 where a
     mixture of experts did not route the example to the neuron's expert: `n_routed` says on how many it did).
+    acts: the layers' "mlp_post" at each row's answer position (_answer_activations) where the caller captured them
+    already (with the router logits routing_margins reads, in one pass); None: captured here.
     """
     one_token_answers(task, "mlp")
     answers = None if task.answers is None else task.answers.cpu()
     wrong = None if task.wrong_answers is None or answers is None else task.wrong_answers.cpu()
     top_rows, neuron_rows = [], []
     names = [hooks.site("mlp_post", layer) for layer in layers]
-    acts = _answer_activations(model, task, names)
+    if acts is None:
+        acts = _answer_activations(model, task, names)
     for layer, name in zip(layers, names):
         m = acts[name]  # [batch, d_mlp] at each row's answer position
         memories = hooks.mlp_memories(model, layer)
@@ -325,18 +329,35 @@ def _whole(table: pd.DataFrame) -> pd.DataFrame:
     return table.astype({c: "Int64" for c in columns}) if columns else table
 
 
-def routing_margins(model, task: Task, layers: Sequence[int]) -> dict[str, Any]:
+def _margin_layers(model, layers: Sequence[int]) -> list[int]:
+    """The MoE layers whose router margins routing_margins measures: top-k of more experts than k, in half
+    precision (bfloat16, float16); [] otherwise."""
+    if model.dtype not in (torch.bfloat16, torch.float16):
+        return []
+    return [l for l in layers if (e := hooks.expert_layout(model, l)) is not None and e.top_k and e.top_k < e.n_experts]
+
+
+def router_sites(model, layers: Sequence[int]) -> list[str]:
+    """The "router_logits" sites routing_margins reads ([] in float32 or without MoE layers), for a caller that
+    captures them in its own pass at the answer positions."""
+    return [hooks.site("router_logits", layer) for layer in _margin_layers(model, layers)]
+
+
+def routing_margins(model, task: Task, layers: Sequence[int],
+                    acts: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """In half precision (bfloat16, float16), how close each MoE layer's top-k router choice at each example's answer
     position is to rounding: the margin between the k-th and the (k+1)-th router logit, in steps of the dtype at the
     larger of the two (eps * 2^floor(log2 |x|)). Returns {"routing_dtype", "routing_within_rounding" {layer: examples
     whose margin is at most one step}, "routing_margin_steps_min" {layer: the least margin, in steps}}; empty in
-    float32 or without MoE layers (a per-expert claim rests on these choices: review 11c C2)."""
+    float32 or without MoE layers (a per-expert claim rests on these choices: review 11c C2). acts: `router_sites`
+    at each row's answer position where the caller captured them (_answer_activations); None: captured here."""
     dtype = model.dtype
-    moe = [l for l in layers if (e := hooks.expert_layout(model, l)) is not None and e.top_k and e.top_k < e.n_experts]
-    if dtype not in (torch.bfloat16, torch.float16) or not moe:
+    moe = _margin_layers(model, layers)
+    if not moe:
         return {}
-    names = [hooks.site("router_logits", layer) for layer in moe]
-    acts = _answer_activations(model, task, names)  # {site: [batch, experts]}: dtype values, exact in float32
+    names = router_sites(model, layers)
+    if acts is None:
+        acts = _answer_activations(model, task, names)  # {site: [batch, experts]}: dtype values, exact in float32
     within, least = {}, {}
     for layer, name in zip(moe, names):
         k = hooks.expert_layout(model, layer).top_k
@@ -415,8 +436,12 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
     value_top = [value_top_tokens(model, layer, top_k=config.top_k_tokens, apply_final_norm=config.apply_final_norm)
                  for layer in layers]  # per layer [d_mlp, top_k]
     agree = agreement(trig, [v[:, 0] for v in value_top])
+    # one pass at the answer positions for the sub-updates and (half precision, MoE) the router logits
+    answer_acts = _answer_activations(model, task, [hooks.site("mlp_post", layer) for layer in layers]
+                                      + router_sites(model, layers))
     top_updates, per_neuron = task_sub_updates(model, task, layers=layers, n_top=config.n_top_updates,
-                                               top_k_tokens=config.top_k_tokens, apply_final_norm=config.apply_final_norm)
+                                               top_k_tokens=config.top_k_tokens, apply_final_norm=config.apply_final_norm,
+                                               acts=answer_acts)
     strs = lambda ids: model.to_str_tokens(ids)  # noqa: E731
     cat = lambda parts: torch.cat(list(parts))  # noqa: E731  per-layer [d_mlp] -> [sum of d_mlp], layers in order
     df = per_neuron.assign(
@@ -473,7 +498,7 @@ def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConf
         # names them with n_routed in words: a mean over examples counts the zeros of those not routed to the expert)
         "top_neurons": [_named(row, experts) for row in table.head(3).itertuples()],
         "mixture_of_experts": bool(experts),
-        **routing_margins(model, task, layers),
+        **routing_margins(model, task, layers, acts=answer_acts),
         # mixture-of-experts layers: {layer: {n_experts, expert_width, top_k, shared_width}} (their memories)
         "experts_per_layer": experts,
     }

@@ -25,6 +25,7 @@ Query-aware contextualisation (`query_aware=True`) puts the query before the dat
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -364,9 +365,32 @@ def kv_fit_note(tokenizer: Any, sweeps: Sequence[PositionSweep], n_ctx: int, *, 
     return f"n_pairs chosen to fit context {n_ctx}: {sweeps[0].n_items} pairs, {keys}, {instruction} Liu et al.'s instruction"
 
 
+_SCANS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()  # tokenizer -> {call: result}
+
+
+def _memo(tokenizer: Any, key: tuple, make: Callable[[], Any]) -> Any:
+    """make() once per tokenizer and key (as cost._BUILT caches the built prompts per model): json_kv_gap and
+    vocab_words scan the tokenizer, and a run asks them several times (sweep_kind, default_data_gap, build_sweeps,
+    word_kv_note). The key holds len(tokenizer), so tokens added later scan again; a tokenizer that cannot be
+    weakly referenced is scanned each time."""
+    try:
+        cache = _SCANS.setdefault(tokenizer, {})
+    except TypeError:
+        return make()
+    key = (*key, len(tokenizer) if hasattr(tokenizer, "__len__") else None)
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
 def json_kv_gap(tokenizer: Any) -> str | None:
     """Why Liu et al.'s kv prompt (instruction, JSON, UUID keys: hex digits and '-') cannot be written with this
-    tokenizer, in words ("the digits, '-', '{' and '\\n' become its unknown token"), or None when it can."""
+    tokenizer, in words ("the digits, '-', '{' and '\\n' become its unknown token"), or None when it can.
+    Remembered per tokenizer (_memo)."""
+    return _memo(tokenizer, ("json_kv_gap",), lambda: _json_kv_gap(tokenizer))
+
+
+def _json_kv_gap(tokenizer: Any) -> str | None:
     try:
         kv_sweeps(tokenizer, n_pairs=2, n_examples=1, positions=(1,))
     except ConfigError as err:
@@ -397,7 +421,12 @@ def _one_token(tokenizer: Any, text: str, avoid: set[int]) -> int | None:
 def vocab_words(tokenizer: Any, d_vocab: int | None = None, limit: int = 64) -> list[tuple[str, int]]:
     """(word, id) for up to `limit` of the tokenizer's pieces that are a whole word of two or more letters and
     one token on their own after a space (" word" -> [id], as each item of a sweep is tokenized), in id order:
-    the keys and values `word_kv_sweeps` draws (heads' IOI default draws single-token names the same way)."""
+    the keys and values `word_kv_sweeps` draws (heads' IOI default draws single-token names the same way).
+    Remembered per tokenizer (_memo); a new list each call."""
+    return list(_memo(tokenizer, ("vocab_words", d_vocab, limit), lambda: _vocab_words(tokenizer, d_vocab, limit)))
+
+
+def _vocab_words(tokenizer: Any, d_vocab: int | None, limit: int) -> list[tuple[str, int]]:
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     found: list[tuple[str, int]] = []
     seen: set[str] = set()

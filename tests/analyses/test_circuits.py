@@ -426,3 +426,83 @@ def test_lens_constant_guess_is_the_commonest_answers_share(tiny_models):
     task = Task(name="two", tokens=random_tokens(5, 6, seed=3), answers=torch.tensor([11, 12, 11, 12, 11]))
     s = circuits.logit_lens(tiny_models["gpt2"], task).summary
     assert s["lens_constant_guess"] == 3 / 5 and s["lens_n_answers"] == 2
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_dla_split_by_expert_equals_hand_hugging_face(arch, more_arch_models, more_arch_dirs):
+    """#34 review 11c C4: each mixture-of-experts block's DLA split by expert. From plain Hugging Face modules:
+    the block's input (a hook on HF's MoE block), the router's top-k of softmax(x W_gate^T) (Mixtral renormalises
+    the k weights, Qwen2-MoE does not), each chosen expert's down(silu(gate x) * up x) times its weight, Qwen2-MoE's
+    shared expert times sigmoid(its gate), each divided by the final RMSNorm's scale sqrt(mean(resid^2) + eps)
+    (resid: HF's input to model.norm) and dotted with norm.weight * (W_U[answer] - W_U[wrong]). The experts of a
+    layer sum to its mlpN row per example (float rounding only), and n_routed counts the router's choices."""
+    from headscope.reports.circuits_words import finding
+    from tests_support import hf_model
+
+    model, hf = more_arch_models(arch), hf_model(more_arch_dirs(arch))
+    cfg = hf.config
+    task = _task(n=6, pos=7, seed=41)
+    res = circuits.direct_logit_attribution(model, task, top_k=3)
+    seen = {}
+    handles = [hf.model.norm.register_forward_hook(lambda m, a, o: seen.__setitem__("resid", a[0]))]
+    handles += [hf.model.layers[l].mlp.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(l, a[0]))
+                for l in range(cfg.num_hidden_layers)]
+    with torch.no_grad():
+        hf(task.tokens)
+        for h in handles:
+            h.remove()
+        resid = seen["resid"][:, -1]  # [batch, d_model]
+        scale = (resid.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps).sqrt()  # [batch, 1]
+        d = hf.model.norm.weight * (hf.lm_head.weight[task.answers] - hf.lm_head.weight[task.wrong_answers])
+        k, n_experts = cfg.num_experts_per_tok, getattr(cfg, "num_local_experts", None) or cfg.num_experts
+        want, routed = {}, {}
+        for l in range(cfg.num_hidden_layers):
+            block, x = hf.model.layers[l].mlp, seen[l][:, -1]  # [batch, d_model] the block's input at the answer
+            probs = torch.softmax(x @ block.gate.weight.T, -1)  # [batch, experts]
+            top, chosen = probs.topk(k, -1)
+            if arch == "mixtral":
+                top = top / top.sum(-1, keepdim=True)
+            outs = []
+            for e in range(n_experts):
+                gate, up = (x @ block.experts.gate_up_proj[e].T).chunk(2, -1)
+                y = (torch.nn.functional.silu(gate) * up) @ block.experts.down_proj[e].T  # [batch, d_model]
+                w = (top * (chosen == e)).sum(-1, keepdim=True)  # [batch, 1]: 0 where not chosen
+                outs.append(w * y)
+                routed[(l, e)] = int((chosen == e).any(-1).sum())
+            if arch == "qwen2moe":
+                s = block.shared_expert
+                y = s.down_proj(torch.nn.functional.silu(s.gate_proj(x)) * s.up_proj(x))
+                outs.append(torch.sigmoid(block.shared_expert_gate(x)) * y)
+                routed[(l, n_experts)] = len(task)
+            for e, out in enumerate(outs):
+                want[(l, e)] = ((out / scale) * d).sum(-1)  # [batch]
+    rows = res.tables["dla_experts"]
+    assert sorted(set(zip(rows.layer, rows.expert))) == sorted(want)
+    for (l, e), value in want.items():
+        got = rows[(rows.layer == l) & (rows.expert == e)].sort_values("example")
+        assert got.shared.tolist() == [e == n_experts] * len(task)
+        torch.testing.assert_close(torch.tensor(got.contribution.to_numpy()).float(), value, atol=2e-5, rtol=1e-4)
+    dla = res.tables["dla"]
+    for l in range(cfg.num_hidden_layers):  # the experts' rows sum to the layer's DLA, up to float rounding
+        per = rows[rows.layer == l].groupby("example").contribution.sum().sort_index()
+        whole = dla[dla.component == f"mlp{l}"].set_index("example").contribution.sort_index()
+        assert (per - whole).abs().max() <= 1e-5 * max(1.0, whole.abs().max())
+    mean = res.tables["dla_experts_mean"]
+    assert {(r.layer, r.expert): r.n_routed for r in mean.itertuples()} == routed
+    assert (mean.n == len(task)).all()
+    # the finding's sentence on the top MoE layer's top expert, numbers from the hand values above
+    layer = max(range(cfg.num_hidden_layers), key=lambda l: abs(sum(want[(l, e)] for e in range(len(outs))).mean()))
+    ranked = sorted(range(len(outs)), key=lambda e: -abs(want[(layer, e)].mean()))
+    a, b = (want[(layer, e)].double() for e in ranked[:2])
+    diff = torch.sign(a.mean()) * a - torch.sign(b.mean()) * b  # paired |a| - |b| in the direction of the means
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std() / len(diff) ** 0.5
+    tied = bool(diff.mean() - half <= 0 <= diff.mean() + half)
+    top = res.summary["dla_top_expert"]
+    assert (top["layer"], top["top"]["expert"], top["next"]["expert"], top["tied"]) == (layer, *ranked[:2], tied)
+    assert top["top"]["mean"] == pytest.approx(a.mean().item(), abs=1e-4)
+    assert top["difference_ci"] == pytest.approx([(diff.mean() - half).item(), (diff.mean() + half).item()], abs=1e-4)
+    name = lambda e: "the shared expert" if e == n_experts else f"expert {e}"  # noqa: E731
+    text = finding({**res.summary, "chance": {"at_chance": False}})  # random weights: no chance guard to pass here
+    routing = "on every example" if ranked[0] == n_experts else f"routed on {routed[(layer, ranked[0])]} of 6 examples"
+    assert f"mlp{layer}'s {top['layer_mean']:+.2f}" in text and f"{name(ranked[0])} ({a.mean():+.2f}, 95% CI" in text
+    assert routing in text and (" tie (" in text) == tied and ("clear of " + name(ranked[1]) in text) == (not tied), text

@@ -2038,6 +2038,20 @@ def test_moe_words_name_which_blocks_are_mixtures_of_experts():
             "shared expert together); mlp1 is a dense MLP.") in text
     assert text.count("mixture-of-experts") == 1
     assert "mixture" not in finding("circuits", {**dla, "moe_layers": []})
+    # review 11c C4 (numbers of its Qwen2-MoE): the top MoE block's DLA split by expert, named when it stands clear
+    # of the next expert (the paired difference's interval excludes 0), else the two are said to tie
+    top = {"layer": 0, "layer_mean": 5.93, "difference": 1.58, "difference_ci": [0.6, 2.56], "tied": False,
+           "top": {"expert": 3, "shared": False, "mean": 3.51, "ci": [2.1, 4.9], "n": 16, "n_routed": 12},
+           "next": {"expert": 4, "shared": True, "mean": 1.93, "ci": [1.2, 2.7], "n": 16, "n_routed": 16}}
+    assert ("Split by expert (dla_experts_mean.csv), mlp0's +5.93 comes most from expert 3 (+3.51, 95% CI [2.10, 4.90], "
+            "n = 16, routed on 12 of 16 examples), clear of the shared expert (+1.93, 95% CI [1.20, 2.70], n = 16, on "
+            "every example; |expert 3| - |the shared expert| = +1.58, 95% CI [0.60, 2.56]).") in finding(
+        "circuits", {**dla, "dla_top_expert": top})
+    tied = finding("circuits", {**dla, "dla_top_expert": {**top, "difference_ci": [-0.2, 3.3], "tied": True}})
+    assert ("expert 3 (+3.51, 95% CI [2.10, 4.90], n = 16, routed on 12 of 16 examples) and the shared expert (+1.93, "
+            "95% CI [1.20, 2.70], n = 16, on every example) tie (|expert 3| - |the shared expert| = +1.58, 95% CI "
+            "[-0.20, 3.30]; the interval contains 0)") in tied and "clear of" not in tied
+    assert "Split by expert" not in text  # no per-expert entry: nothing said
 
 
 def test_mlp_finding_names_top_experts_with_their_routing_and_bfloat16_margins():
