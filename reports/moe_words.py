@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from headscope.reports.findings import _ci, _num, and_join
+from headscope.reports.findings import _ci, _num, and_join, ci_pair
 
 
 def _names(layers: Sequence[Any]) -> str:
@@ -82,21 +82,17 @@ def top_expert_sentence(s: Mapping[str, Any]) -> str:
     def name(e: Mapping[str, Any]) -> str:
         return "the shared expert" if e.get("shared") else f"expert {e.get('expert')}"
 
-    def interval(ci: Any) -> tuple[float, float] | None:
-        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci)
-        return (float(ci[0]), float(ci[1])) if ok else None
-
     def one(e: Mapping[str, Any]) -> str:
         n = e.get("n")
         routed = "on every example" if e.get("shared") else f"routed on {e.get('n_routed')} of {n} examples"
-        return f"{e['mean']:+.2f}{_ci(interval(e.get('ci')))}, n = {n}, {routed}"
+        return f"{e['mean']:+.2f}{_ci(ci_pair(e.get('ci')))}, n = {n}, {routed}"
 
     layer, first, second = top.get("layer"), top["top"], top.get("next")
     mean = _num(top.get("layer_mean"))
     head = f"Split by expert (dla_experts_mean.csv), mlp{layer}'s " + (f"{mean:+.2f}" if mean is not None else "DLA")
     if not isinstance(second, Mapping):
         return f"{head} is {name(first)}'s alone ({one(first)})."
-    diff = f"|{name(first)}| - |{name(second)}| = {top['difference']:+.2f}{_ci(interval(top.get('difference_ci')))}"
+    diff = f"|{name(first)}| - |{name(second)}| = {top['difference']:+.2f}{_ci(ci_pair(top.get('difference_ci')))}"
     if top.get("tied") is False:
         return (f"{head} comes most from {name(first)} ({one(first)}), clear of {name(second)} ({one(second)}; "
                 f"{diff}).")
