@@ -150,7 +150,11 @@ def task_identity(record: Mapping[str, Any]) -> tuple[str, str | None] | None:
     if not isinstance(task, str) or not task:
         return None
     source = str(record.get("source") or "")
+    from headscope.analyses.core.contract import SUBSET_MARK
+
     given = source.removeprefix("your task (").removesuffix(")") if source.startswith("your task (") else ""
+    if SUBSET_MARK in source and source.startswith("your task ("):  # its one-token rows (contract.one_token_plan)
+        given = source.removeprefix("your task (").split(SUBSET_MARK, 1)[0] + " (its one-token rows)"
     return task, given if "." in given else None  # a file (x.jsonl); a zoo task named by the user is that task
 
 

@@ -26,6 +26,7 @@ from headscope.reports.provenance import (
     provenance_html,
     provenance_markdown,
     section_provenance,
+    subset_sentence,
 )
 from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
 
@@ -199,6 +200,8 @@ def _section(out: Path, name: str, status: str, used: str = "",
         return head + f'<p class="{kind}">{msg}</p>', f"## {name}\n\n{md_escape(status or 'not run')}\n", status
     summary = io.read_json(folder / "summary.json")
     text = finding(name, summary)
+    subset = subset_sentence(used)  # the user's one-token rows only: the finding says so first
+    text = f"{subset} {text}" if subset and text else subset or text
     # task, source, n, one sample prompt, what the budget changed (speeds: the run's manifest, read once)
     record = section_provenance(folder, used, speeds)
     parts = [head, provenance_html(record), _finding_html(text), _figures_html(folder, summary),

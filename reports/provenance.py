@@ -29,7 +29,8 @@ SAMPLE_CHARS = 400  # a sample string longer than this is cut (its full text is 
 
 def task_source(used: str) -> str:
     """Where the task came from, in words, from the manifest's task_used line ("your task (x.jsonl)",
-    "default task", "default task (why your task could not be used)", "none")."""
+    "your task (x.jsonl): ran on the 20 of the task's 40 rows ...", "default task", "default task (why your task
+    could not be used)", "none")."""
     used = (used or "").strip()
     if used.startswith("your task"):
         return f"your task {used.removeprefix('your task').strip()}".strip()
@@ -38,6 +39,18 @@ def task_source(used: str) -> str:
     if used == "default task":
         return "its default task (no --task given)"
     return used or "not recorded"
+
+
+def subset_sentence(used: str) -> str:
+    """'This section ran on the 20 of the task's 40 rows whose answer is one token under this tokenizer; ...' where
+    the plan ran the analysis on the user's one-token rows (contract.one_token_plan: the manifest's task_used line
+    "your task (x.jsonl): ran on the ..."); "" otherwise. The section's finding starts with it."""
+    from headscope.analyses.core.contract import SUBSET_MARK
+
+    used = (used or "").strip()
+    if not used.startswith("your task (") or SUBSET_MARK not in used:
+        return ""
+    return f"This section ran on the {used.split(SUBSET_MARK, 1)[1]}."
 
 
 def bos_sentence(config: Mapping[str, Any]) -> str:

@@ -4,7 +4,9 @@ Each family declares `NEEDS = Needs(...)` beside its config class; `check(needs,
 returns the reasons the analysis cannot use `task` on `model` (an empty list when it can).
 `headscope report` checks every analysis before running any: an analysis that cannot run on the
 model at all (`model_reasons`: a decoder-only analysis on an encoder) is skipped with its reason,
-and one that cannot use the user's task runs on its own default task instead.
+and one that cannot use the user's task runs on its own default task instead, except that one reading one
+next-token answer runs on the user's rows whose answer is one token where there are MIN_ONE_TOKEN_ROWS of them
+(`one_token_plan`).
 """
 from __future__ import annotations
 
@@ -190,6 +192,39 @@ def several_tokens_reason(task: Task) -> str:
             f"next-token answer at the last position (heads and patching score the whole continuation)")
 
 
+MIN_ONE_TOKEN_ROWS = 8  # the fewest one-token rows a section runs on alone (its t-intervals, --quick's samples of 8)
+SUBSET_MARK = "): ran on the "  # in a plan's line "your task (x.jsonl): ran on the 20 of the task's 40 rows ..."
+
+
+def one_token_plan(needs: Needs, task: Any, checked: Task, model: Any, *, seed: int = 0) -> tuple[Any, str]:
+    """The one rule for an analysis that reads one next-token answer given the user's data with answers of
+    several tokens on some rows (`checked`: the plan's sample of it, whose only obstacle is those answers):
+    (a task_sources.RowSubset of the rows whose answer, and wrong answer where given, is one token under the
+    tokenizer, the provenance text "ran on the 20 of the task's 40 rows whose answer is one token ...") when there are
+    MIN_ONE_TOKEN_ROWS of them and the analysis can use them; else (None, the fallback reason, which counts them
+    and names the minimum). (None, "") where the rule does not apply (no several-token answers, or not user data)."""
+    from headscope.analyses.core.task_files import is_task_data, one_token_rows
+    from headscope.analyses.core.task_sources import RowSubset
+
+    if checked.continuation is None or needs.continuation or isinstance(task, Task) or not is_task_data(task):
+        return None, ""
+    rows, n, longest, n_several = one_token_rows(model, task)
+    reason = several_tokens_reason(checked)
+    if len(rows) < MIN_ONE_TOKEN_ROWS:
+        return None, (f"{reason}; only {len(rows)} of its {n} rows have a one-token answer, fewer than the "
+                      f"{MIN_ONE_TOKEN_ROWS} it needs to run on those rows alone")
+    subset = RowSubset(task, rows)
+    left = task_reasons(needs, resolve(subset, model, seed=seed), model)
+    if left:
+        return None, f"{reason}; its {len(rows)} rows with a one-token answer cannot be used either: {'; '.join(left)}"
+    others = n - len(rows)
+    span = "2 tokens" if longest == 2 else f"2-{longest} tokens"
+    what = (f"answers of {span}" if n_several == others
+            else f"answers of {span} or wrong answers of several tokens")
+    return subset, (f"ran on the {len(rows)} of the task's {n} rows whose answer is one token under this tokenizer; the "
+                    f"other {others} have {what} (this analysis reads one next-token answer)")
+
+
 def one_token_answers(task: Task, name: str) -> None:
     """Raise TaskError when `task` has answers of several tokens, which analysis `name` cannot score."""
     if task.continuation is not None:
@@ -246,7 +281,7 @@ def require(needs: Needs, model: Any, name: str) -> None:
         raise UnsupportedModelError(f"{name}: {'; '.join(reasons)}.")
 
 
-__all__ = ["ENCODER_SCORING", "Needs", "RECORD_SUFFIXES", "Reads",
-           "check", "model_reasons", "one_token_answers", "quiet_sample_warnings",
+__all__ = ["ENCODER_SCORING", "MIN_ONE_TOKEN_ROWS", "Needs", "RECORD_SUFFIXES", "Reads", "SUBSET_MARK",
+           "check", "model_reasons", "one_token_answers", "one_token_plan", "quiet_sample_warnings",
            "require", "resolve",
            "several_tokens_reason", "takes_own_records", "task_reasons"]

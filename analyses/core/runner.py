@@ -112,7 +112,10 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
     """Check every analysis against the model and the user's task before any runs (the task contract).
 
     An analysis that cannot run on the model (a decoder-only one on an encoder) is skipped with its
-    reason; one that cannot use the user's task runs on its own default task, and its line says why
+    reason; one that cannot use the user's task runs on its own default task, and its line says why, except
+    that one reading one next-token answer given answers of several tokens on some rows runs on the rows whose
+    answer is one token where there are contract.MIN_ONE_TOKEN_ROWS of them (a RowSubset of the user's data,
+    its line "your task (x.jsonl): ran on the 20 of the task's 40 rows ..."; fewer: the default, the count in its reason)
     (substitute=False: a TaskError with the reason instead, for a command that runs one analysis
     the user gave a task), except one that patches pairs when no pair of the task has one token
     length: it is skipped with that reason. The user's task is read once here, so a mistake in it
@@ -135,6 +138,13 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
             resolved.append(contract.resolve(task, model, seed=seed))
         checked = task if named or not need.task_data else resolved[0]
         reasons = contract.task_reasons(need, checked, model)
+        if isinstance(checked, Task) and reasons == [contract.several_tokens_reason(checked)]:
+            # answers of several tokens on some rows: the rows whose answer is one token, where there are enough
+            subset, why = contract.one_token_plan(need, task, checked, model, seed=seed)
+            if subset is not None:
+                plans[name] = Plan(task=subset, used=f"your task ({_task_label(task)}): {why}")
+                continue
+            reasons = [why or reasons[0]]
         no_pairs = isinstance(checked, Task) and contract.no_pairs_reason(checked) in reasons
         if reasons and not substitute and no_pairs:
             raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {contract.no_pairs_reason(checked)}. "

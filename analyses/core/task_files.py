@@ -261,6 +261,24 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
     return build_task(model, rows, name=name or _default_name(source), label=label, places=places, strict=strict)
 
 
+def one_token_rows(model, source: Any) -> tuple[list[int], int, int, int]:
+    """(the row numbers of `source` whose answer, and wrong answer where the data gives them, is one token under
+    `model`'s tokenizer; how many rows it has; its longest answer in tokens; how many rows have an answer of several
+    tokens): which rows an analysis that reads one
+    next-token answer can use (contract.one_token_plan). Every row is read (a task file held in memory is read
+    from memory); only the answers are tokenized."""
+    tok = model.tokenizer
+    count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731 - as _answer_ids counts
+    rows = read_numbered_rows(source)
+    keep, longest, several = [], 0, 0
+    for i, row in enumerate(rows):
+        n = count(row["answer"])
+        longest, several = max(longest, n), several + (n > 1)
+        if n == 1 and ("wrong_answer" not in row or count(row["wrong_answer"]) == 1):
+            keep.append(row["row"] if row["row"] is not None else i)
+    return keep, len(rows), longest, several
+
+
 def check_vocabulary(model, source: Any, fields: Mapping[str, str] | str | None = None) -> None:
     """Strict mode over a whole data source (every row, not a sample): a TokenizationError naming the
     words of any field that become `model`'s unknown token."""
@@ -443,6 +461,6 @@ def resolve_task(model, task: Any = None, *, default: str = "kv", n_examples: in
 
 __all__ = [
     "FIELDS", "FORMATS", "PROMPT_FIELDS", "REQUIRED", "FieldMapped", "HeldTaskFile", "TaskFile", "build_task", "check_vocabulary",
-    "is_task_data", "load_task", "load_task_file", "not_a_task", "one_prompt", "parse_fields", "prompt_task",
+    "is_task_data", "load_task", "load_task_file", "not_a_task", "one_prompt", "one_token_rows", "parse_fields", "prompt_task",
     "read_numbered_rows", "read_task_rows", "resolve_task", "takes_prompt", "tensor_task", "with_fields",
 ]

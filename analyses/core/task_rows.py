@@ -21,6 +21,7 @@ from headscope.analyses.core.task_sources import (
     REQUIRED,
     FieldMapped,
     HeldTaskFile,
+    RowSubset,
     _carried,
     _checked_path,
     _label,
@@ -336,6 +337,8 @@ def _rows(source: Any, fields: Mapping[str, str] | str | None, *, n_examples: in
     """(label, rows under headscope's names, their places, the source's row count): all rows, or a
     seeded sample of n_examples of them (every row is checked either way)."""
     fields = parse_fields(fields if fields is not None else _carried(source, "fields"))
+    if isinstance(source, RowSubset):
+        return _subset_rows(source, fields, n_examples, seed)
     label, records = _source_records(source)
     if n_examples is None:
         rows, places, count = _scan(label, records(), fields, lambda i: True)
@@ -346,6 +349,26 @@ def _rows(source: Any, fields: Mapping[str, str] | str | None, *, n_examples: in
     chosen = set(sample_indices(count, n_examples, seed))
     rows, places, _ = _scan(label, records(chosen), fields, lambda i: True)  # (every row passed _scan above)
     return label, rows, places, count
+
+
+def _subset_rows(source: RowSubset, fields: Mapping[str, str], n_examples: int | None,
+                 seed: int) -> tuple[str, list[dict[str, str]], list[str], int]:
+    """_rows of a RowSubset: its rows (a seeded sample of n_examples among them), each with its place in the
+    whole data, so the Task's source_rows number them as the user's data does; the count is the subset's."""
+    label, records = _source_records(source.data)
+    chosen = list(source.rows)
+    if n_examples is not None and n_examples < len(chosen):
+        chosen = [chosen[i] for i in sample_indices(len(chosen), n_examples, seed)]
+    rows, places, _ = _scan(label, records(set(chosen)), fields, lambda i: True)
+    if len(rows) != len(chosen):
+        raise TaskFileError(f"{label} has no row {_missing(chosen, places)}; a row subset names rows of the data "
+                            f"(0-based).")
+    return label, rows, places, len(source.rows)
+
+
+def _missing(chosen: Sequence[int], places: Sequence[str]) -> str:
+    found = {_row_number(p) for p in places}
+    return ", ".join(str(r) for r in chosen if r not in found)
 
 
 def read_task_rows(source: Any, fields: Mapping[str, str] | str | None = None, *, n_examples: int | None = None,

@@ -1,20 +1,20 @@
 """What a task source is: headscope's field names and the user's mapping to their columns (`parse_fields`),
 task file paths that carry it (`TaskFile`; `HeldTaskFile`, its bytes read once) and in-memory data that
-does (`FieldMapped`), which values are task data (`is_task_data`), and the one error for what an analysis
-cannot take as its task (`not_a_task`). Reading the rows is task_rows.py's; turning them into a Task,
-task_files.py's.
+does (`FieldMapped`; `RowSubset`: some rows of either), which values are task data (`is_task_data`), and the
+one error for what an analysis cannot take as its task (`not_a_task`). Reading the rows is task_rows.py's;
+turning them into a Task, task_files.py's.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from headscope.analyses.core.tasks import ZOO_TASKS
-from headscope.errors import ConfigError, InputTypeError, TaskFileError
+from headscope.errors import ConfigError, InputTypeError, TaskError, TaskFileError
 
 FIELDS = ("prompt", "answer", "corrupted_prompt", "wrong_answer")
 REQUIRED = ("prompt", "answer")
@@ -136,6 +136,25 @@ class FieldMapped:
         return f"FieldMapped({type(self.data).__name__}, fields={self.fields})"
 
 
+class RowSubset(FieldMapped):
+    """Some rows of the user's task data (a task file, TaskFile or in-memory data): `rows` are the 0-based row
+    numbers (as Task.source_rows and the task-file messages number them) that load_task reads, its seeded
+    sample drawn among them, each row keeping its own number. `headscope report` hands one to an analysis
+    that reads one next-token answer when only some rows have one (analyses/core/contract.py one_token_plan)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, data: Any, rows: Sequence[int]) -> None:
+        super().__init__(data, _carried(data, "fields"), _carried(data, "strict"))
+        rows = sorted({int(r) for r in rows}) if all(isinstance(r, int) and r >= 0 for r in rows) else None
+        if not rows:
+            raise TaskError("a row subset of the task data needs at least one row number (0-based integers).")
+        self.rows = tuple(rows)
+
+    def __repr__(self) -> str:
+        return f"RowSubset({self.data!r}, {len(self.rows)} rows)"
+
+
 def with_fields(task: Any, fields: Mapping[str, str] | str | None, strict: bool | None = None) -> Any:
     """`task` carrying a field mapping (None: unchanged): a path becomes a TaskFile, in-memory data a
     FieldMapped; a Task or zoo task name takes no fields (ConfigError)."""
@@ -204,5 +223,5 @@ def _checked_path(path: Path) -> str:
     return label
 
 
-__all__ = ["FIELDS", "FORMATS", "REQUIRED", "FieldMapped", "HeldTaskFile", "TaskFile", "describe", "is_task_data",
+__all__ = ["FIELDS", "FORMATS", "REQUIRED", "FieldMapped", "HeldTaskFile", "RowSubset", "TaskFile", "describe", "is_task_data",
            "not_a_task", "parse_fields", "with_fields"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import builtins
 import json
 
+import pytest
+
 import headscope as hs
 from headscope.analyses.core import task_rows, task_sources
 
@@ -154,3 +156,90 @@ def test_the_explorer_shows_every_task_the_sections_used_each_sample_first(zoo_m
     shown = runner.explorer_capture(model, None, plans, names, ran=ran).examples
     assert [e["task_name"] for e in shown] == tasks
     assert [(e["tokens"], e["sample_of"]) for e in shown] == [(e["tokens"], e["sample_of"]) for e in examples if e["sample_of"]]
+
+
+ONE_TOKEN_SECTIONS = ("attribution", "mlp", "kv", "probes", "circuits")
+
+
+def _mixed_file(path, lengths) -> list[dict]:
+    """A task file whose row i has an answer of lengths[i] tokens under the tiny word-level tokenizer (w0..w59),
+    one-token wrong answers, corrupted prompts of the prompt's length; one-token answers repeat (probes' classes)."""
+    rows = [{"prompt": f"w{i % 9} w{i % 9 + 1} w{i % 9 + 2}", "answer": "".join(f" w{20 + i % 3 + k}" for k in range(n)),
+             "corrupted_prompt": f"w{i % 9} w{i % 9 + 30} w{i % 9 + 2}", "wrong_answer": f" w{40 + i % 4}"}
+            for i, n in enumerate(lengths)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_sections_reading_one_next_token_run_on_the_one_token_rows_of_a_mixed_task(tiny_models, tmp_path):
+    """Reviews 12a A2 / 12c C1: a task whose answers have 1 or 2 tokens. The five sections that read one next-token
+    answer run on exactly the rows whose answer is one token (counted here with the tokenizer itself), not on their
+    defaults; each plan line and provenance says so with the counts, the sample is one of those rows, and the
+    finding starts with the same sentence. heads (which scores the continuation) keeps every row."""
+    from headscope.analyses.core import runner
+    from headscope.analyses.core.task_sources import RowSubset
+    from headscope.reports.provenance import provenance_lines, subset_sentence, task_record
+
+    model = tiny_models["llama"]
+    lengths = [1, 2, 1, 1, 2, 2, 1, 1, 2, 1, 1, 2, 1, 2, 1]  # 9 one-token rows, 6 two-token
+    rows = _mixed_file(tmp_path / "mixed.jsonl", lengths)
+    n_ids = [len(model.tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) for r in rows]
+    assert n_ids == lengths  # the fixture's tokenizer counts as the test means
+    one = [i for i, n in enumerate(n_ids) if n == 1]
+    held = hs.TaskFile(str(tmp_path / "mixed.jsonl")).held()
+    names = [*ONE_TOKEN_SECTIONS, "heads"]
+    with pytest.warns(hs.HeadscopeWarning, match="wrong answers are not used"):
+        plans = runner.plan_analyses(model, names, held)
+    line = ("your task (mixed.jsonl): ran on the 9 of the task's 15 rows whose answer is one token under this "
+            "tokenizer; the other 6 have answers of 2 tokens (this analysis reads one next-token answer)")
+    for name in ONE_TOKEN_SECTIONS:
+        assert isinstance(plans[name].task, RowSubset) and plans[name].used == line, name
+    assert plans["heads"].used == "your task (mixed.jsonl)"
+    with pytest.warns(hs.HeadscopeWarning, match="wrong answers are not used"):  # heads reads every row
+        plans = runner.resolve_plans(model, plans, names, dict(seed=0))
+    for name in ONE_TOKEN_SECTIONS:
+        data = runner.ran_on(model, name, plans[name])
+        assert data.source_rows.tolist() == one, name  # exactly the one-token rows, numbered as the file's
+        assert data.continuation is None and data.metric == "logit_diff", name  # one next token, wrong answers read
+        for k, r in enumerate(one):  # each row by hand: its prompt ends where its answer is read
+            ex = data.example(k)
+            prompt = model.tokenizer(rows[r]["prompt"], add_special_tokens=False)["input_ids"]
+            assert ex.tokens[0, -len(prompt):].tolist() == prompt
+            assert int(ex.answers[0]) == model.tokenizer(rows[r]["answer"], add_special_tokens=False)["input_ids"][0]
+        record = task_record(model, name, data, {}, plans[name].used, user_rows=task_rows.read_numbered_rows(held))
+        assert record["rows"] == one and record["n_examples"] == 9
+        lines = provenance_lines(record)
+        assert lines[0] == "task: mixed, from " + line, name
+        assert f" + {rows[one[0]]['prompt']!r} -> {rows[one[0]]['answer']!r}" in lines[-1], lines  # a row it used
+    assert runner.ran_on(model, "heads", plans["heads"]).source_rows.tolist() == list(range(15))
+    assert subset_sentence(line) == ("This section ran on the 9 of the task's 15 rows whose answer is one token under "
+                                     "this tokenizer; the other 6 have answers of 2 tokens (this analysis reads one "
+                                     "next-token answer).")
+    assert subset_sentence("your task (mixed.jsonl)") == ""
+
+
+def test_below_the_minimum_of_one_token_rows_a_section_falls_back_and_says_how_many(tiny_models, tmp_path):
+    """Fewer one-token rows than contract.MIN_ONE_TOKEN_ROWS (8): the default task, its reason counting them and
+    naming the minimum; asked for one analysis, the same reason as one TaskError line. An empty or unknown row
+    subset is one clear error."""
+    from headscope.analyses.core import runner
+    from headscope.analyses.core.contract import MIN_ONE_TOKEN_ROWS
+    from headscope.analyses.core.task_sources import RowSubset
+
+    model = tiny_models["llama"]
+    assert MIN_ONE_TOKEN_ROWS == 8
+    _mixed_file(tmp_path / "few.jsonl", [1, 2, 2, 1, 2, 1, 1, 2, 1, 1, 2, 1])  # 7 one-token rows of 12
+    held = hs.TaskFile(str(tmp_path / "few.jsonl")).held()
+    with pytest.warns(hs.HeadscopeWarning):
+        plans = runner.plan_analyses(model, list(ONE_TOKEN_SECTIONS), held)
+    why = ("default task (the task's answers are up to 2 tokens long and this analysis reads one next-token answer at "
+           "the last position (heads and patching score the whole continuation); only 7 of its 12 rows have a "
+           "one-token answer, fewer than the 8 it needs to run on those rows alone)")
+    assert all(plans[name].task is None and plans[name].used == why for name in ONE_TOKEN_SECTIONS), plans
+    with pytest.warns(hs.HeadscopeWarning), pytest.raises(hs.TaskError, match=r"^mlp cannot run on your task \(few.jsonl\):"
+                                                          r" .*only 7 of its 12 rows have a one-token answer, fewer than the 8"):
+        runner.plan_analyses(model, ["mlp"], held, substitute=False)
+    with pytest.raises(hs.TaskError, match="needs at least one row number"):
+        RowSubset(held, [])
+    with pytest.raises(hs.TaskFileError, match=r"few.jsonl' has no row 40, 41; a row subset names rows"):
+        hs.load_task(model, RowSubset(held, [0, 40, 41]))
