@@ -29,7 +29,7 @@ SAMPLE_CHARS = 400  # a sample string longer than this is cut (its full text is 
 
 def task_source(used: str) -> str:
     """Where the task came from, in words, from the manifest's task_used line ("your task (x.jsonl)",
-    "your task (x.jsonl): ran on the 20 of the task's 40 rows ...", "default task", "default task (why your task
+    "your task (x.jsonl): only the rows whose answer is one token ...", "default task", "default task (why your task
     could not be used)", "none")."""
     used = (used or "").strip()
     if used.startswith("your task"):
@@ -42,15 +42,16 @@ def task_source(used: str) -> str:
 
 
 def subset_sentence(used: str) -> str:
-    """'This section ran on the 20 of the task's 40 rows whose answer is one token under this tokenizer; ...' where
-    the plan ran the analysis on the user's one-token rows (contract.one_token_plan: the manifest's task_used line
-    "your task (x.jsonl): ran on the ..."); "" otherwise. The section's finding starts with it."""
+    """'This section used only the rows whose answer is one token under this tokenizer, 20 of the task's 40 (...).'
+    where the plan ran the analysis on the user's one-token rows (contract.one_token_plan: the manifest's task_used
+    line "your task (x.jsonl): only the rows ..."); "" otherwise. The section's finding starts with it."""
     from headscope.analyses.core.contract import SUBSET_MARK
 
     used = (used or "").strip()
     if not used.startswith("your task (") or SUBSET_MARK not in used:
         return ""
-    return f"This section ran on the {used.split(SUBSET_MARK, 1)[1]}."
+    rest = used.split(SUBSET_MARK, 1)[1].replace(" of its ", " of the task's ", 1)
+    return f"This section used only the rows {rest}."
 
 
 def bos_sentence(config: Mapping[str, Any]) -> str:

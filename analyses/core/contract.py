@@ -193,16 +193,18 @@ def several_tokens_reason(task: Task) -> str:
 
 
 MIN_ONE_TOKEN_ROWS = 8  # the fewest one-token rows a section runs on alone (its t-intervals, --quick's samples of 8)
-SUBSET_MARK = "): ran on the "  # in a plan's line "your task (x.jsonl): ran on the 20 of the task's 40 rows ..."
+SUBSET_MARK = "): only the rows "  # in a plan's line "your task (x.jsonl): only the rows whose answer is one token ..."
 
 
 def one_token_plan(needs: Needs, task: Any, checked: Task, model: Any, *, seed: int = 0) -> tuple[Any, str]:
-    """The one rule for an analysis that reads one next-token answer given the user's data with answers of
-    several tokens on some rows (`checked`: the plan's sample of it, whose only obstacle is those answers):
-    (a task_sources.RowSubset of the rows whose answer, and wrong answer where given, is one token under the
-    tokenizer, the provenance text "ran on the 20 of the task's 40 rows whose answer is one token ...") when there are
-    MIN_ONE_TOKEN_ROWS of them and the analysis can use them; else (None, the fallback reason, which counts them
-    and names the minimum). (None, "") where the rule does not apply (no several-token answers, or not user data)."""
+    """The one rule for an analysis that reads one next-token answer, given the user's data with answers of
+    several tokens on some rows (`checked`: the plan's sample of it, whose only obstacle is those answers).
+
+    Returns (a task_sources.RowSubset of the rows whose answer, and wrong answer where given, is one token under
+    the tokenizer; the provenance text "only the rows whose answer is one token under this tokenizer, 20 of its
+    40 (...)") when there are MIN_ONE_TOKEN_ROWS of them and the analysis can use them; else (None, the fallback
+    reason, which counts them and names the minimum); (None, "") where the rule does not apply (no several-token
+    answers, or not user data)."""
     from headscope.analyses.core.task_files import is_task_data, one_token_rows
     from headscope.analyses.core.task_sources import RowSubset
 
@@ -221,8 +223,8 @@ def one_token_plan(needs: Needs, task: Any, checked: Task, model: Any, *, seed: 
     span = "2 tokens" if longest == 2 else f"2-{longest} tokens"
     what = (f"answers of {span}" if n_several == others
             else f"answers of {span} or wrong answers of several tokens")
-    return subset, (f"ran on the {len(rows)} of the task's {n} rows whose answer is one token under this tokenizer; the "
-                    f"other {others} have {what} (this analysis reads one next-token answer)")
+    return subset, (f"only the rows whose answer is one token under this tokenizer, {len(rows)} of its {n} (the other "
+                    f"{others} have {what}; this analysis reads one next-token answer)")
 
 
 def one_token_answers(task: Task, name: str) -> None:

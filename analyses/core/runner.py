@@ -115,7 +115,7 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
     reason; one that cannot use the user's task runs on its own default task, and its line says why, except
     that one reading one next-token answer given answers of several tokens on some rows runs on the rows whose
     answer is one token where there are contract.MIN_ONE_TOKEN_ROWS of them (a RowSubset of the user's data,
-    its line "your task (x.jsonl): ran on the 20 of the task's 40 rows ..."; fewer: the default, the count in its reason)
+    its line "your task (x.jsonl): only the rows whose answer is one token ..."; fewer: the default, the count in its reason)
     (substitute=False: a TaskError with the reason instead, for a command that runs one analysis
     the user gave a task), except one that patches pairs when no pair of the task has one token
     length: it is skipped with that reason. The user's task is read once here, so a mistake in it

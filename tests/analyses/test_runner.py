@@ -190,8 +190,8 @@ def test_sections_reading_one_next_token_run_on_the_one_token_rows_of_a_mixed_ta
     names = [*ONE_TOKEN_SECTIONS, "heads"]
     with pytest.warns(hs.HeadscopeWarning, match="wrong answers are not used"):
         plans = runner.plan_analyses(model, names, held)
-    line = ("your task (mixed.jsonl): ran on the 9 of the task's 15 rows whose answer is one token under this "
-            "tokenizer; the other 6 have answers of 2 tokens (this analysis reads one next-token answer)")
+    line = ("your task (mixed.jsonl): only the rows whose answer is one token under this tokenizer, 9 of its 15 (the "
+            "other 6 have answers of 2 tokens; this analysis reads one next-token answer)")
     for name in ONE_TOKEN_SECTIONS:
         assert isinstance(plans[name].task, RowSubset) and plans[name].used == line, name
     assert plans["heads"].used == "your task (mixed.jsonl)"
@@ -212,8 +212,8 @@ def test_sections_reading_one_next_token_run_on_the_one_token_rows_of_a_mixed_ta
         assert lines[0] == "task: mixed, from " + line, name
         assert f" + {rows[one[0]]['prompt']!r} -> {rows[one[0]]['answer']!r}" in lines[-1], lines  # a row it used
     assert runner.ran_on(model, "heads", plans["heads"]).source_rows.tolist() == list(range(15))
-    assert subset_sentence(line) == ("This section ran on the 9 of the task's 15 rows whose answer is one token under "
-                                     "this tokenizer; the other 6 have answers of 2 tokens (this analysis reads one "
+    assert subset_sentence(line) == ("This section used only the rows whose answer is one token under this tokenizer, "
+                                     "9 of the task's 15 (the other 6 have answers of 2 tokens; this analysis reads one "
                                      "next-token answer).")
     assert subset_sentence("your task (mixed.jsonl)") == ""
 
