@@ -1468,3 +1468,16 @@ def test_the_higher_precision_run_orders_the_lower_ones_rounding_ties_and_the_ti
     page = compare_html(a, b)
     task = html.escape(XSS)
     assert f"<p>A: m ({task}, seed 0, float32) &nbsp; B: m ({task}, seed 0, bfloat16)</p>" in page
+
+
+def test_a_run_on_the_one_token_rows_of_a_file_is_another_task_than_the_whole_file():
+    """compare's task identity: a section run on the user's one-token rows (contract.one_token_plan) names the file
+    and that subset, so it is not compared as if it ran on the whole file, nor on a default task."""
+    from headscope.reports.compare_run import task_identity, task_words
+
+    whole = {"task": "capitals", "source": "your task (capitals.jsonl)"}
+    subset = {"task": "capitals", "source": "your task (capitals.jsonl): only the rows whose answer is one token under "
+                                            "this tokenizer, 20 of its 40 (the other 20 have answers of 2-3 tokens; ...)"}
+    assert task_identity(whole) == ("capitals", "capitals.jsonl")
+    assert task_identity(subset) == ("capitals", "capitals.jsonl (its one-token rows)")
+    assert task_words(subset) == "capitals.jsonl (its one-token rows)"
