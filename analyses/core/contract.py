@@ -196,7 +196,8 @@ MIN_ONE_TOKEN_ROWS = 8  # the fewest one-token rows a section runs on alone (its
 SUBSET_MARK = "): only the rows "  # in a plan's line "your task (x.jsonl): only the rows whose answer is one token ..."
 
 
-def one_token_plan(needs: Needs, task: Any, checked: Task, model: Any, *, seed: int = 0) -> tuple[Any, str]:
+def one_token_plan(needs: Needs, task: Any, checked: Task, model: Any, *, seed: int = 0,
+                   counted: dict | None = None) -> tuple[Any, str]:
     """The one rule for an analysis that reads one next-token answer, given the user's data with answers of
     several tokens on some rows (`checked`: the plan's sample of it, whose only obstacle is those answers).
 
@@ -204,13 +205,16 @@ def one_token_plan(needs: Needs, task: Any, checked: Task, model: Any, *, seed: 
     the tokenizer; the provenance text "only the rows whose answer is one token under this tokenizer, 20 of its
     40 (...)") when there are MIN_ONE_TOKEN_ROWS of them and the analysis can use them; else (None, the fallback
     reason, which counts them and names the minimum); (None, "") where the rule does not apply (no several-token
-    answers, or not user data)."""
+    answers, or not user data). counted: a dict the caller keeps across analyses, so the rows are counted once."""
     from headscope.analyses.core.task_files import is_task_data, one_token_rows
     from headscope.analyses.core.task_sources import RowSubset
 
     if checked.continuation is None or needs.continuation or isinstance(task, Task) or not is_task_data(task):
         return None, ""
-    rows, n, longest, n_several = one_token_rows(model, task)
+    counted = {} if counted is None else counted
+    if "rows" not in counted:
+        counted["rows"] = one_token_rows(model, task)
+    rows, n, longest, n_several = counted["rows"]
     reason = several_tokens_reason(checked)
     if len(rows) < MIN_ONE_TOKEN_ROWS:
         return None, (f"{reason}; only {len(rows)} of its {n} rows have a one-token answer, fewer than the "

@@ -124,6 +124,7 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
 
     plans: dict[str, Plan] = {}
     resolved: list[Any] = []  # the user's Task, read on first need
+    counted: dict[str, Any] = {}  # its one-token rows, counted on first need (contract.one_token_plan)
     for name in names:
         need = registry.needs(name)
         reasons = contract.model_reasons(need, model)
@@ -140,7 +141,7 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
         reasons = contract.task_reasons(need, checked, model)
         if isinstance(checked, Task) and reasons == [contract.several_tokens_reason(checked)]:
             # answers of several tokens on some rows: the rows whose answer is one token, where there are enough
-            subset, why = contract.one_token_plan(need, task, checked, model, seed=seed)
+            subset, why = contract.one_token_plan(need, task, checked, model, seed=seed, counted=counted)
             if subset is not None:
                 plans[name] = Plan(task=subset, used=f"your task ({_task_label(task)}): {why}")
                 continue
