@@ -297,8 +297,8 @@ def test_a_knob_that_only_shortens_the_prompts_is_kept(monkeypatch):
     """Position's pairs knob halves the prompt length, not the row passes: fit weighs seconds (row
     passes x the seconds of a pass at that length), so the shorter prompts are kept and the examples
     stay. Counted by hand on GPT-2 small's shape: 8 examples x 5 gold slots, each a plain run and two
-    StreamingLLM runs (120 passes of 1,024 tokens); without the masked runs 40; with 5 pairs instead
-    of 10 the prompts are 512 tokens."""
+    StreamingLLM runs, + each example's no-gold prompt once (128 passes of 1,024 tokens); without the
+    masked runs 48; with 5 pairs instead of 10 the prompts are 512 tokens."""
     from headscope.analyses.position import cost as position_cost
     from headscope.analyses.position.analysis import PositionConfig
 
@@ -307,11 +307,11 @@ def test_a_knob_that_only_shortens_the_prompts_is_kept(monkeypatch):
     params, d, layers = 124_000_000, 768, 12
     flops = lambda n_pos: n_pos * (2.0 * params + 4.0 * layers * n_pos * d)  # noqa: E731
     config = dataclasses.replace(PositionConfig.preset(quick=True), generate=False)
-    assert B.fit(model, position_cost.COST, None, config, None).seconds == pytest.approx(120)
+    assert B.fit(model, position_cost.COST, None, config, None).seconds == pytest.approx(8 * (5 * 3 + 1))
     fitted = B.fit(model, position_cost.COST, None, config, 30)
     assert fitted.changed == {"window": [None, 0], "n_items": [None, 5]}, fitted.changed
-    assert (fitted.cost.total, fitted.cost.n_pos) == (40, 512)
-    assert fitted.seconds == pytest.approx(40 * flops(512) / flops(1024))
+    assert (fitted.cost.total, fitted.cost.n_pos) == (8 * (5 + 1), 512)
+    assert fitted.seconds == pytest.approx(48 * flops(512) / flops(1024))
 
 
 def test_the_probes_estimate_counts_the_fits_and_samples_that_run(arch_models, mixed_tasks, monkeypatch):
