@@ -427,7 +427,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     scorer = _scorer(model, task, hc)
     df, raw, baseline, loss_size = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
     roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
-    df = df.merge(roles.drop(columns=["window", "induction_length"]), on=["layer", "head"], how="left")
+    per_head = roles.drop(columns=["window", "induction_length", "induction_cut", "longest_prompt"])
+    df = df.merge(per_head, on=["layer", "head"], how="left")
     prune_imp = {}  # unpruned importance reused by the fixed-order curves
     if "gradient" in raw:
         prune_imp["gradient"] = normalize_per_layer(raw["gradient"]) if hc.pruning.normalize else raw["gradient"]
