@@ -2310,6 +2310,30 @@ def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_whi
         plt.close("all")
 
 
+def test_mlp_top_neurons_y_label_keeps_each_phrase_whole_and_inside_the_figure():
+    """Review 12a B3: the mixture-of-experts y label "expert neuron (L layer E expert n neuron); dense: L layer . N
+    index" wrapped at 28 characters into three garbled lines. Now one whole phrase a line, drawn inside the figure."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_mlp import plot_top_neurons
+
+    moe = pd.DataFrame({"layer": [0, 1, 2], "neuron": [9, 94, 67], "task_update_norm": [0.6, 0.3, 0.24],
+                        "expert": pd.array([None, 2, 4], dtype="Int64"), "expert_neuron": [9, 24, 50]})
+    try:
+        for data, want in ((moe, ["expert neuron", "(L<layer> E<expert> n<neuron>)", "dense layer: L<layer>.N<index>"]),
+                           (moe.assign(expert=pd.array([1, 2, 4], dtype="Int64")),
+                            ["expert neuron", "(L<layer> E<expert> n<neuron>)"]),
+                           (moe[["layer", "neuron", "task_update_norm"]], ["neuron", "(L<layer>.N<index>)"])):
+            ax = plot_top_neurons(data)
+            assert ax.get_ylabel().split("\n") == want
+            fig = laid_out(ax)  # as mlp's figures() stores it
+            fig.canvas.draw()
+            box, page = ax.yaxis.label.get_window_extent(), fig.bbox
+            assert box.y0 >= page.y0 and box.y1 <= page.y1 and box.x0 >= page.x0, (box, page)
+            plt.close(fig)
+    finally:
+        plt.close("all")
+
+
 def test_patching_map_title_clears_the_colour_bar_label_below_chance():
     """Review 9b (B3): on the untrained run (3 layers x 12 positions, below chance, gap within noise) the two-line
     title ran under the colour bar's label, which overprinted its last word. Measured on the saved figure's layout:
