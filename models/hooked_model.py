@@ -228,8 +228,54 @@ def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
             out.append(f"<id {i}>")
             continue
         text = next(texts)
+        if "\ufffd" in text and "\ufffd" not in piece:  # part of a character's UTF-8 bytes (review 12c C5)
+            raw = piece_bytes(piece)
+            text = escape_bytes(raw) if raw is not None else piece  # a byte fallback's piece is "<0xE2>" already
         out.append(" " + text if piece.startswith("\u2581") and not text.startswith(" ") else text)
     return out
+
+
+@functools.cache
+def _byte_of() -> dict[str, int]:
+    """Byte-level BPE's table from its printable stand-ins back to bytes (GPT-2's scheme, which the `tokenizers`
+    ByteLevel pre-tokenizer shares): the printable Latin-1 bytes stand for themselves, the other 68 for the
+    characters from U+0100 up, in byte order."""
+    own = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {chr(b): b for b in own}
+    others = [b for b in range(256) if b not in table.values()]
+    table.update({chr(0x100 + n): b for n, b in enumerate(others)})
+    return table
+
+
+def piece_bytes(piece: str) -> bytes | None:
+    """The bytes a byte-level BPE piece ("\u0120Mary", "\u00e2\u0080") stands for; None for a piece outside that
+    alphabet (a SentencePiece or WordPiece token, a special token's name that is not byte-level)."""
+    table = _byte_of()
+    return bytes(table[c] for c in piece) if piece and all(c in table for c in piece) else None
+
+
+def escape_bytes(raw: bytes) -> str:
+    """`raw` as UTF-8 text, each byte that is no part of a whole character written <0xE2>: random tokens split
+    characters, which a decoder would show as U+FFFD (review 12a, 12c C5)."""
+    return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else c
+                   for c in raw.decode("utf-8", "surrogateescape"))
+
+
+def readable_text(tokenizer: Any, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+    """The ids decoded as one text, as tokenizer.decode gives it, except that bytes which form no character
+    (random byte-level tokens: the "repeat" task) read <0xE2> rather than U+FFFD: a byte-level vocabulary's
+    bytes are joined and decoded once (a character split over two tokens reads whole), others fall back to
+    token_strings (which escapes each token alone)."""
+    ids = [int(i) for i in ids]
+    text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    if "\ufffd" not in text:
+        return text
+    special = set(getattr(tokenizer, "all_special_ids", None) or ()) if skip_special_tokens else set()
+    kept = [i for i in ids if i not in special]
+    raws = [piece_bytes(p) if p is not None else None for p in tokenizer.convert_ids_to_tokens(kept)]
+    if kept and all(r is not None for r in raws):
+        return escape_bytes(b"".join(raws))
+    return "".join(token_strings(tokenizer, kept)).lstrip(" " if not text.startswith(" ") else "")
 
 
 def _normal(text: str) -> str:

@@ -375,6 +375,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def beside(value: float, threshold: float, digits: int = 1) -> str:
+    """`value` with `digits` decimals, more (up to 4, then cut toward the threshold's side) where rounding would
+    put it on the other side of `threshold` or onto it: 1.46 against 1.5 reads "1.46", never "1.5" (review 12c A2)."""
+    below = value < threshold
+    for d in range(digits, 5):
+        text = f"{value:.{d}f}"
+        if (float(text) < threshold) == below:
+            return text
+    step = 10 ** -4
+    return f"{(math.floor(value / step) if below else math.ceil(value / step)) * step:.4f}"
+
+
 def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: str = "prompts",
                   windowed: Any = (), what: str | None = None) -> str:
     """The attention-sink sentence the kv and position findings share, from the summary's per-layer
@@ -392,7 +404,7 @@ def sink_sentence(records: Any, *, n_sink: Any = None, task: Any = None, unit: s
     def one(r: Mapping[str, Any]) -> str:
         ci = r.get("ci")
         band = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
-        return f"layer {r['layer']} {r['mass']:.2f}{band} ({r['ratio']:.1f}x)"
+        return f"layer {r['layer']} {r['mass']:.2f}{band} ({beside(r['ratio'], SINK_RATIO)}x)"
 
     sinks = [r for r in rows if r.get("sink")]
     uniform = [r["uniform"] for r in rows]

@@ -333,19 +333,27 @@ def finding(s: Mapping[str, Any]) -> str:
 def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:
     """Review 9a A2: on sliding-window layers, how sink and induction were scored so the mask does not
     decide them: sink over the queries that see the first token, induction on repeats that fit the
-    window, or not measurable where they cannot."""
+    window, or not measurable where they cannot. Review 12b A4: each only where the window binds (a
+    window shorter than the longest prompt; a probe the windows cut or cannot fit), else '' (no false cause)."""
     windows = {int(l): int(v) for l, v in (w.get("windows") or {}).items()}
     length, blind = w.get("induction_length"), list(w.get("induction_unmeasurable") or ())
-    words = (f"Sliding windows ({sliding_words(windows, n_layers)}): sink is scored over the queries that can see "
-             "the first token (within window - 1 positions of it)")
+    longest, cut = _num(w.get("longest_prompt")), w.get("induction_cut")
+    binding = {l: v for l, v in windows.items() if longest is None or v < longest}  # older summaries: every window
+    said = []
+    if binding:
+        said.append("sink is scored over the queries that can see the first token (within window - 1 positions of it)"
+                    + ("" if len(binding) == len(windows) else
+                       f" on layer(s) {and_join([str(l) for l in sorted(binding)])}, whose window is shorter than the "
+                       f"longest prompt ({longest:.0f} tokens)"))
     if blind:
         where = "every layer" if len(blind) == n_layers else ("layers " if len(blind) > 1 else "layer ") + and_join(
             [str(l) for l in blind])
         narrow = and_join([str(v) for v in sorted({windows[l] for l in blind if l in windows})])
-        words += f"; induction is not measurable on {where} (a window of {narrow}): the probe reads {length - 1} back"
-    else:
-        words += f"; induction is probed on repeats of {length} tokens (reading {length - 1} back) to fit the window"
-    return words + "."
+        said.append(f"induction is not measurable on {where} (a window of {narrow}): the probe reads {length - 1} back")
+    elif cut or cut is None and length is not None:  # None: an older summary, which did not record why
+        said.append(f"induction is probed on repeats of {length} tokens (reading {length - 1} back)"
+                    + (" to fit the window" if cut else ", within the window"))
+    return f"Sliding windows ({sliding_words(windows, n_layers)}): {'; '.join(said)}." if said else ""
 
 
 def _redundancy_words(s: Mapping[str, Any], metric: str) -> list[str]:

@@ -259,12 +259,21 @@ def _how_sure(row: Mapping[str, Any], how: str, tol: float, s: Mapping[str, Any]
     return f"; its 95% CI reaches 0{f' ({near})' if near else ''}: not clearly {how} it at all"
 
 
+def binding_windows(s: Mapping[str, Any]) -> dict[str, int]:
+    """{layer: window} of the sliding-window layers whose window binds on these prompts: shorter than the longest
+    prompt (context_positions + the answer query; older summaries without it: every window). Review 12b A4: a
+    window no prompt reaches hides nothing, so no sentence may suggest it changed a number."""
+    windows = {str(k): int(v) for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
+    ctx = _num(s.get("context_positions"))
+    return {k: w for k, w in windows.items() if ctx is None or w <= ctx}
+
+
 def _windowed(s: Mapping[str, Any], policies: Sequence[str]) -> str:
     """What a budget means on the sliding-window layers (summary sliding_windows {layer: window}), or ''.
     A budget applies to what each layer holds (analyses/kv/eviction.py): a windowed layer holds its last
     window - 1 positions, which window and heavy hitters (ranked inside the window) cut only below that, and
     sink window's sinks lie outside the window on longer prompts."""
-    windows = {str(k): int(v) for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
+    windows = binding_windows(s)
     if not windows:
         return ""
     by_size: dict[int, list[str]] = {}
@@ -476,7 +485,7 @@ def finding(s: Mapping[str, Any]) -> str:
     if norms:
         parts.append(norms)
     sinks = sink_sentence(s.get("sinks"), n_sink=1, task=s.get("task"),  # the attention the first key receives
-                          windowed=list(s.get("sliding_windows") or {}))
+                          windowed=list(binding_windows(s)))
     if sinks:
         parts.append(sinks)
         bos = s.get("first_token_added_bos")

@@ -11,6 +11,7 @@ This module is the family's whole presentation (reports/families.py): after the 
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,7 +50,10 @@ def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "r
                    attention=df["attention"].map(lambda a: {"last_layer": "last layer", "rollout": "rollout"}.get(a, a)))
     sizes = df.groupby(["method", "attention"]).size()
     if len(sizes) and sizes.min() >= FEW:
-        sns.boxplot(data=df, x="method", y="tau", hue="attention", ax=ax)
+        with warnings.catch_warnings():  # seaborn 0.13 passes boxplot's vert=, which Matplotlib 3.11 deprecates: not the
+            warnings.filterwarnings("ignore", message=".*vert: bool", category=DeprecationWarning)  # user's (12c C4)
+            warnings.filterwarnings("ignore", message=".*vert: bool", category=PendingDeprecationWarning)
+            sns.boxplot(data=df, x="method", y="tau", hue="attention", ax=ax)
         title = "attention"
     else:
         _points_with_means(df, ax)

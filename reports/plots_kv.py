@@ -191,7 +191,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "the longest context, a budget that saves nothing for any prompt. "
                    "A sliding-window layer already holds at most window - 1 past positions: window and heavy hitters "
                    "evict from it only below that, and sinks outside its window are gone already (the finding names "
-                   "those layers). A budget too close to its left neighbour for its own label keeps its tick and is "
+                   "those layers where a window is shorter than the longest prompt). A budget too close to its left "
+                   "neighbour for its own label keeps its tick and is "
                    "listed with its count in the x label.",
     "kv_norms": "Mean L2 norm of the cached keys by position, one line per layer (mean over KV heads and the prompts "
                 "that reach the position); faint, dotted (the solid line breaks there): each point that fewer than half "

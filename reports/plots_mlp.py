@@ -107,6 +107,14 @@ def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Map
             for layer, i, e, n, r in zip(data.layer, data.neuron, data.expert, data.expert_neuron, routed)]
 
 
+def _neuron_key(moe: bool, dense: bool) -> str:
+    """The y label: what a bar's label means, one whole phrase a line (review 12a B3: textwrap cut "L layer
+    E expert n neuron" into three garbled lines beside a short figure)."""
+    if not moe:
+        return "neuron\n(L<layer>.N<index>)"
+    return "expert neuron\n(L<layer> E<expert> n<neuron>)" + ("\ndense layer: L<layer>.N<index>" if dense else "")
+
+
 def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples: int | None = None,
                      shared: Mapping[Any, int] | None = None, post_norm: bool = False, ax=None):
     """Mean ||m_i v_i|| at the task's answer position for the top neurons (`data`: the top_neurons table),
@@ -122,8 +130,7 @@ def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples:
     update = "m_i (g * v_i), g the post-MLP norm's gain," if post_norm else "m_i v_i"
     xlabel = f"mean L2 norm of the update {update} at the answer" + (" (0 where not routed)" if moe else "")
     ax.set(xlabel=textwrap.fill(xlabel, 48),  # on two lines: one is wider than the axes beside long labels
-           ylabel=textwrap.fill("expert neuron (L layer E expert n neuron)" + ("; dense: L layer . N index" if dense else "")
-                                if moe else "neuron (L layer . N index)", 28),  # a few bars: a short figure
+           ylabel=_neuron_key(moe, dense),
            title="Largest sub-updates on the task" + (f" '{label(task)}'" if task else ""))
     if ax.get_legend() is not None:  # off the data
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="layer")

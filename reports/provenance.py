@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from headscope.models.hooked_model import readable_text
 from headscope.reports import io
 from headscope.reports.findings import and_join, int_ranges
 from headscope.reports.render import escape, md_escape
@@ -75,7 +76,7 @@ def _decode(tokenizer: Any, ids: Any) -> str:
     bos = getattr(tokenizer, "bos_token_id", None)
     if len(ids) > 1 and bos is not None and ids[0] == bos:
         ids = ids[1:]
-    return _clip(tokenizer.decode(ids))
+    return _clip(readable_text(tokenizer, ids, skip_special_tokens=False))  # split bytes read <0xE2>, not U+FFFD
 
 
 def _clip(text: str) -> str:

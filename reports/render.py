@@ -65,7 +65,10 @@ def result_html(result: Any, with_figures: bool = True) -> str:
     if one:
         summary = {k: v for k, v in result.summary.items() if not isinstance(v, (Mapping, list, tuple))}
     left = len(result.summary) - len(summary)
-    parts = [f"<h3>{escape(result.name)}</h3>", f"<p class='finding'>{escape(text)}</p>" if text else "",
+    source = getattr(result, "source", None)
+    ran = [f"{k} {escape(str(v))}" for k in ("model", "task") if source and (v := source(k)) is not None]
+    parts = [f"<h3>{escape(result.name)}</h3>", f"<p class='source'>{'; '.join(ran)}</p>" if ran else "",
+             f"<p class='finding'>{escape(text)}</p>" if text else "",
              summary_html(summary), f"<p><em>{left} more entries in result.summary.</em></p>" if left else "",
              table_html(result.df, 10 if one else MAX_ROWS, where="result.df")]
     if one:  # tokens or grids in HTML, no figures over examples

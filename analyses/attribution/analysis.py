@@ -65,7 +65,7 @@ from headscope.analyses.attribution.summary import _summary, attention_window, r
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.metrics import answer_logprob, logit_diff
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task, shipped_sentences
 from headscope.errors import ConfigError, TaskError, UnsupportedModelError
@@ -147,6 +147,7 @@ class AttributionConfig(AnalysisConfig):
 
 # ---- the analysis ---------------------------------------------------------------------------------
 @takes_prompt
+@names_source
 def attribution(
     model,
     task: Task | str | None = None,

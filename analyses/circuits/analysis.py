@@ -60,7 +60,7 @@ from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
 from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, Reads, one_token_answers
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError, UnsupportedModelError
@@ -387,6 +387,7 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
 
 # ---- entry points --------------------------------------------------------------------------
 @takes_prompt
+@names_source
 def logit_lens(model, task=None, config: CircuitsConfig | None = None, **config_overrides: Any) -> Result:
     """The logit lens on `task` (see the module doc). df = table "lens". config_overrides are
     fields of CircuitsConfig (lens_target="answer")."""
@@ -399,6 +400,7 @@ def logit_lens(model, task=None, config: CircuitsConfig | None = None, **config_
 
 
 @takes_prompt
+@names_source
 def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = None,
                              **config_overrides: Any) -> Result:
     """Direct logit attribution on `task` (see the module doc). df = table "dla_mean". config_overrides

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from headscope.analyses.core.result import with_source
 from headscope.errors import ConfigError, HeadscopeError
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ def get_analysis(name: str) -> Callable[..., Any]:
 
     @functools.wraps(run)
     def guarded(model, task=None, config=None):
-        return with_text_fit(name, with_chance(name, run(model, task, config), model, task, config), model, task, config)
+        result = with_text_fit(name, with_chance(name, run(model, task, config), model, task, config), model, task, config)
+        return with_source(result, model, task)  # its repr names the model and the task (review 12c C3)
 
     return guarded
 

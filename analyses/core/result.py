@@ -8,6 +8,8 @@ reports: `plot()` draws the figures, notebooks render `_repr_html_` (escaped tab
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -124,9 +126,37 @@ class Result:
             raise ResultFileError(f"{str(folder)!r} is not a saved Result ({type(err).__name__}: {err}); "
                                   f"write one with result.save(path).") from None
 
+    def source(self, key: str) -> Any:
+        """The summary's `key` ("model", "task"), else the config's: what the analysis ran on (names_source)."""
+        return self.summary.get(key, (self.config or {}).get(key))
+
     def __repr__(self) -> str:
-        heads = ", ".join(f"{k}={v!r}" for k, v in list(self.summary.items())[:6])
-        return f"Result({self.name!r}, {len(self.df)} rows; {heads})"
+        heads = ", ".join(f"{k}={v!r}" for k, v in [(k, v) for k, v in self.summary.items()
+                                                    if k not in ("model", "task")][:6])
+        return (f"Result({self.name!r}, model={self.source('model')!r}, task={self.source('task')!r}, "
+                f"{len(self.df)} rows; {heads})")
+
+
+def with_source(result: Any, model: Any, task: Any = None) -> Any:
+    """`result` with the model's name and the task's in its config where neither its summary nor its config
+    says them (review 12c C3: a patching Result's repr named neither), so every repr names what it ran on."""
+    if not isinstance(result, Result):
+        return result
+    add = {}
+    if result.source("model") is None and getattr(getattr(model, "facts", None), "name", None) is not None:
+        add["model"] = model.facts.name
+    if result.source("task") is None:
+        name = getattr(task, "name", task)
+        add["task"] = name if isinstance(name, str) else ("default" if task is None else type(task).__name__)
+    return dataclasses.replace(result, config={**(result.config or {}), **add}) if add else result
+
+
+def names_source(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A public analysis function whose Result names its model and task (with_source)."""
+    @functools.wraps(fn)
+    def run(model: Any, *args: Any, **kwargs: Any) -> Any:
+        return with_source(fn(model, *args, **kwargs), model, args[0] if args else kwargs.get("task"))
+    return run
 
 
 def _json_default(value: Any) -> Any:

@@ -187,11 +187,21 @@ def _warn_glued(model, label: str, rows: list[dict[str, str]], places: Sequence[
     answer = rows[glued[0]]["answer"]
     if encode(" " + answer) == encode(answer):  # word-level or WordPiece: words are tokens either way
         return
-    prompt = rows[glued[0]]["prompt"]
+    tail = word_tail(rows[glued[0]]["prompt"])
     warnings.warn(f"{label}: {len(glued)} of {len(rows)} answer(s) start without a space and their prompt ends without "
-                  f"one ({_few([places[i] for i in glued], 3)}), so {prompt[-12:]!r} + {answer!r} is scored as one "
-                  f"word ({(prompt + answer)[-16:]!r}); this tokenizer needs the space in the answer: "
+                  f"one ({_few([places[i] for i in glued], 3)}), so {tail!r} + {answer!r} is scored as one "
+                  f"word ({tail + answer!r}); this tokenizer needs the space in the answer: "
                   f"{' ' + answer!r}.", HeadscopeWarning, stacklevel=3)
+
+
+def word_tail(text: str, limit: int = 12) -> str:
+    """The end of `text` in whole words, as many as fit in `limit` characters (at least the last word), with
+    "…" in front where words were left out (review 12c C7: a cut at 12 characters read "e map in the")."""
+    words = text.split(" ")
+    kept = [words.pop()]
+    while words and len(" ".join([words[-1], *kept])) <= limit:
+        kept.insert(0, words.pop())
+    return ("…" if words else "") + " ".join(kept)
 
 
 def _pairs(seqs: list[list[int]], prompts: list[list[int]], places: Sequence[str], label: str, *,

@@ -17,7 +17,7 @@ from headscope.models.hooked_model import first_real_positions, pad_id_of, pad_t
 CONTINUATION_METRICS = ("logprob", "accuracy")  # the metrics that can score an answer of several tokens
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Task:
     """Prompts plus what the model should answer at their last position.
 
@@ -102,6 +102,31 @@ class Task:
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
+
+    def __repr__(self) -> str:
+        """One line, as print(model) and repr(Result) (review 12c C2: the dataclass repr printed every tensor):
+        name, examples, real tokens per row and the padding side, answer tokens, metric and the fields set."""
+        n, width = self.tokens.shape
+        mask = self.attention_mask
+        lengths = [width] * n if mask is None else [int(v) for v in mask.sum(1)]
+        span = f"{min(lengths)}" if min(lengths) == max(lengths) else f"{min(lengths)}-{max(lengths)}"
+        if mask is None or bool(mask.bool().all()):
+            pad = "unpadded"
+        else:
+            side = "left" if bool(mask[:, -1].bool().all()) else "right" if bool(mask[:, 0].bool().all()) else "mixed"
+            pad = f"{side}-padded to {width}"
+        if self.continuation is not None:
+            k = [int(v) for v in (self.continuation >= 0).sum(1)]
+            answers = f"answers of {min(k)}" + ("" if min(k) == max(k) else f"-{max(k)}") + " tokens"
+        else:
+            answers = "no answers" if self.answers is None else "answers of 1 token"
+        fields = [f for f in ("corrupted_tokens", "wrong_answers", "paired", "source_rows") if getattr(self, f) is not None]
+        if self.spans:
+            fields.append("spans " + "/".join(self.spans))
+        if self.paired is not None:
+            fields[fields.index("paired")] = f"paired ({int(self.paired.sum())} of {n})"
+        return (f"Task({self.name!r}: {n} example{'s' if n != 1 else ''}, {span} tokens {pad}, {answers}, "
+                f"metric={self.metric!r}" + (f"; {', '.join(fields)}" if fields else "") + ")")
 
     @property
     def answer_tokens(self) -> torch.Tensor | None:

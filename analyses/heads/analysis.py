@@ -45,7 +45,7 @@ from headscope.analyses.core.chance import t_half_width
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.metrics import noise_floor
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task, sentence_task
 from headscope.analyses.heads import rounding
@@ -384,6 +384,7 @@ HEAD_IMPORTANCE = HeadsConfig(methods=("gradient", "zero"))  # head_importance's
 
 
 @takes_prompt(tokens=False)
+@names_source
 def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = None, **config_overrides: Any) -> Result:
     """Importance of every head by each method. task: a Task, a [batch, pos] token tensor (LM
     loss on text), a zoo task name or task file, or None for the model's default task. Gradient
@@ -401,6 +402,7 @@ def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = N
 
 
 @takes_prompt(tokens=False)
+@names_source
 def prune_heads(model, task: TaskLike = None, config: HeadsConfig | None = None, **config_overrides: Any) -> Result:
     """Iterative pruning curves (df: ordering, recompute, seed, n_pruned, fraction_pruned, metric,
     pruned) and, in the summary, the largest fraction of heads prunable within the tolerance.
@@ -427,7 +429,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     scorer = _scorer(model, task, hc)
     df, raw, baseline, loss_size = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
     roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
-    df = df.merge(roles.drop(columns=["window", "induction_length"]), on=["layer", "head"], how="left")
+    per_head = roles.drop(columns=["window", "induction_length", "induction_cut", "longest_prompt"])
+    df = df.merge(per_head, on=["layer", "head"], how="left")
     prune_imp = {}  # unpruned importance reused by the fixed-order curves
     if "gradient" in raw:
         prune_imp["gradient"] = normalize_per_layer(raw["gradient"]) if hc.pruning.normalize else raw["gradient"]

@@ -87,13 +87,18 @@ def pattern_scores(model, tokens: torch.Tensor, attention_mask: torch.Tensor | N
     return pd.DataFrame(rows)
 
 
+def default_probe_length(model) -> int:
+    """The probe's repeat length before any sliding window: 24, or what n_ctx allows."""
+    return max(2, min(24, (model.facts.n_ctx - 1) // 2))
+
+
 def probe_length(model, length: int | None = None) -> int:
-    """The probe's repeat length: `length`, else 24 (or what n_ctx allows) cut to the narrowest
+    """The probe's repeat length: `length`, else default_probe_length cut to the narrowest
     sliding window (models.layer_windows; the probe reads length - 1 back, a window w shows w - 1)."""
     if length:
         return length
     narrowest = min((w for w in layer_windows(model) if w), default=None)
-    default = max(2, min(24, (model.facts.n_ctx - 1) // 2))
+    default = default_probe_length(model)
     return default if narrowest is None else max(MIN_INDUCTION_LENGTH, min(default, narrowest))
 
 
@@ -130,7 +135,9 @@ def head_roles(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None 
 
     Columns: layer, head, positional, positional_offset, sink, previous_token, confidence,
     induction (NaN: the layer's window hides the probe's key), role, window (the layer's sliding
-    window, NaN for a global layer), induction_length (the probe's repeat length).
+    window, NaN for a global layer), induction_length (the probe's repeat length), induction_cut (True
+    where the windows shortened the default probe), longest_prompt (the longest row's real tokens: a
+    window at least that long hides no key from any query of these prompts).
     """
     df = pattern_scores(model, tokens, attention_mask)
     length = probe_length(model, induction_length)
@@ -140,16 +147,21 @@ def head_roles(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None 
     windows = layer_windows(model)
     df["window"] = [float(windows[l]) if windows[l] else float("nan") for l in df["layer"]]
     df["induction_length"] = length
+    df["induction_cut"] = induction_length is None and length < default_probe_length(model)
+    df["longest_prompt"] = int(tokens.shape[1] if attention_mask is None else attention_mask.sum(1).max())
     return df
 
 
 def role_windows(roles: pd.DataFrame) -> dict:
     """{"role_windows": ...} for the summary when a layer slides (else {}): each windowed layer's
-    window, the induction probe's repeat length and the layers it cannot be measured on."""
+    window, the induction probe's repeat length, whether the windows cut it (induction_cut), the layers it
+    cannot be measured on, and the longest prompt (a window at least that long changes no sink score)."""
     windowed = roles.dropna(subset=["window"]).drop_duplicates("layer")
     if windowed.empty:
         return {}
     blind = sorted(int(l) for l in roles.loc[roles["induction"].isna(), "layer"].unique())
     return {"role_windows": {"windows": {str(int(l)): int(w) for l, w in zip(windowed["layer"], windowed["window"])},
                              "induction_length": int(roles["induction_length"].iloc[0]),
-                             "induction_unmeasurable": blind}}
+                             "induction_unmeasurable": blind,
+                             "induction_cut": bool(roles["induction_cut"].iloc[0]),
+                             "longest_prompt": int(roles["longest_prompt"].iloc[0])}}

@@ -30,7 +30,7 @@ import torch
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.kv import eviction as kv_eviction
@@ -282,6 +282,7 @@ def default_task(model, task=None, config: KVConfig | None = None) -> Task:
 
 
 @takes_prompt
+@names_source
 def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None = None, **config_overrides: Any) -> Result:
     """Anatomy, states and the eviction what-if on one Task (see the module doc). task: a Task, a
     zoo task name or task file (None: the zoo "kv" retrieval task; other models: the shipped

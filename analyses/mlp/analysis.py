@@ -40,7 +40,7 @@ import headscope.hooks as hooks
 from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, one_token_answers
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.mlp.topk_stream import StreamingTopK
@@ -401,6 +401,7 @@ def zoo_corpus(model, n_examples: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 @takes_prompt
+@names_source
 def mlp_memories_analysis(model, task: Task | str | None = None, config: MLPConfig | None = None, *,
                           corpus: Corpus | Sequence[Corpus] | None = None, **config_overrides: Any) -> Result:
     """Trigger examples, value tokens, agreement per layer and the Task's largest sub-updates.

@@ -55,7 +55,7 @@ import torch
 from headscope.analyses.core import chance
 from headscope.analyses.core.config import configure
 from headscope.analyses.core.contract import Needs, require
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching import aligned, prompt_end
@@ -161,6 +161,7 @@ def _resid_mid_hooks(layer: int, mask: torch.Tensor, n_lead: int):
 
 
 @takes_prompt
+@names_source
 def activation_patching(
     model,
     task=None,

@@ -26,7 +26,7 @@ import torch
 
 from headscope.analyses.core.config import configure
 from headscope.analyses.core.metrics import noise_floor
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching import prompt_end
@@ -159,6 +159,7 @@ def attribution_table(model, base, source, types, metric: PatchMetric, labels: l
 
 
 @takes_prompt
+@names_source
 def attribution_patching(
     model,
     task=None,

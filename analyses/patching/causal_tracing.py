@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.config import configure
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.configs import TracingConfig
@@ -100,6 +100,7 @@ def _in_span(span: torch.Tensor, n_pos: int) -> torch.Tensor:
 
 
 @takes_prompt
+@names_source
 def causal_tracing(
     model,
     task=None,

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.core.config import configure
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.patching.configs import PathPatchingConfig
@@ -87,6 +87,7 @@ def _check_receivers(model, receivers, component: str) -> list[Head]:
 
 
 @takes_prompt
+@names_source
 def path_patching(
     model,
     task=None,

@@ -44,7 +44,7 @@ import torch
 
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import describe
 from headscope.analyses.position import prompts
 from headscope.analyses.position.prompts import PositionSweep
@@ -295,6 +295,7 @@ def _config_for_task(model: Any, task: str, cfg: PositionConfig) -> PositionConf
     raise ConfigError(f"the position analysis runs on 'kv', one of {TASKS} or a JSONL file, not {task!r}.")
 
 
+@names_source
 def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None, config: PositionConfig | None = None,
                   **config_overrides: Any) -> Result:
     """Run the sweep and return the position Result (module docstring). task: None (the sweep of

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, Reads, one_token_answers
-from headscope.analyses.core.result import Result
+from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.tasks import Task
 from headscope.analyses.probes import scores
 from headscope.errors import ConfigError, TaskError
@@ -207,6 +207,7 @@ def probe_features(model, task: Task, site: str, probe_data: ProbeData, layers: 
 
 
 @torch.no_grad()
+@names_source
 def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: ProbesConfig | None = None,
                 **config_overrides: Any) -> Result:
     """Probe accuracy (or R^2) and selectivity per layer at config.site (a site kind, e.g. "resid_post").

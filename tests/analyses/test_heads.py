@@ -670,10 +670,41 @@ def test_sliding_window_roles_score_sink_over_queries_that_see_it_and_fit_induct
     long = head_roles(model, tokens, induction_length=10, n_induction=2, seed=1)
     assert long.loc[long.layer == 0, "induction"].isna().all() and long.loc[long.layer == 1, "induction"].notna().all()
     summary = {"n_layers": 2, "roles": {}, **heads.role_windows(long)}
-    assert summary["role_windows"] == {"windows": {"0": 8}, "induction_length": 10, "induction_unmeasurable": [0]}
+    assert summary["role_windows"] == {"windows": {"0": 8}, "induction_length": 10, "induction_unmeasurable": [0],
+                                       "induction_cut": False, "longest_prompt": 14}
     words = finding(summary)
     assert ("induction is not measurable on layer 0 (a window of 8): the probe reads 9 back" in words
             and "layer 0 over 8 keys" in words and "No head passes a role threshold (induction only where measured)." in words)
+    # review 12b A4: the default probe (24 > n_ctx's or the window's) was cut to the window: said, with the sink rule
+    assert "sink is scored over the queries that can see the first token" in finding(
+        {"n_layers": 2, "roles": {}, **heads.role_windows(roles)})
+    assert roles["induction_cut"].all() and (roles["longest_prompt"] == 14).all()
+
+
+def test_windows_that_bind_on_no_prompt_give_no_window_sentence(arch_models):
+    """Review 12b A4: a window (8) longer than every prompt (6 tokens) hides no key from any query, and a user's
+    probe of 5 (reading 4 back) was not cut by it: no sentence about the windows, above all no "to fit the window"."""
+    from headscope.reports.heads_words import finding
+
+    model = arch_models("gemma2")
+    short = head_roles(model, random_tokens(2, 6, seed=4), induction_length=5, n_induction=2, seed=1)
+    w = heads.role_windows(short)["role_windows"]
+    assert w == {"windows": {"0": 8}, "induction_length": 5, "induction_unmeasurable": [], "induction_cut": False,
+                 "longest_prompt": 6}
+    words = finding({"n_layers": 2, "roles": {}, "role_windows": w})
+    assert "Sliding windows" not in words and "window" not in words, words
+    # review 12b's model: windows of 48 on every layer, prompts of at most 41 tokens, the default probe of 24 uncut
+    words = finding({"n_layers": 3, "roles": {}, "role_windows": {
+        "windows": {"0": 48, "1": 48, "2": 48}, "induction_length": 24, "induction_unmeasurable": [],
+        "induction_cut": False, "longest_prompt": 41}})
+    assert "window" not in words, words
+    # one layer's window binds (30 < 41), the other's does not: the sink rule names that layer only
+    words = finding({"n_layers": 2, "roles": {}, "role_windows": {
+        "windows": {"0": 30, "1": 48}, "induction_length": 24, "induction_unmeasurable": [], "induction_cut": False,
+        "longest_prompt": 41}})
+    assert ("sink is scored over the queries that can see the first token (within window - 1 positions of it) on "
+            "layer(s) 0, whose window is shorter than the longest prompt (41 tokens).") in words, words
+    assert "to fit the window" not in words
 
 
 def test_repeated_random_tokens_repeat_and_avoid_specials(tiny_models):

@@ -141,3 +141,19 @@ def test_quick_turned_on_or_off_by_an_override_follows_what_the_caller_chose():
     assert with_overrides(hs.AttributionConfig.preset(), quick=True) == hs.AttributionConfig.preset(quick=True)
     kept = with_overrides(hs.HeadsConfig(quick=True, n_induction=7), quick=False)
     assert kept.n_induction == 7 and kept == hs.HeadsConfig(n_induction=7)
+
+
+def test_every_results_repr_and_html_name_its_model_and_task(tiny_dirs, tiny_models):
+    """Review 12c C3: `repr` of a patching Result left out the model and the task (heads' named both). A task of 4
+    records, patched by hs.activation_patching and by hs.run_analysis; the circuits lens on its default "repeat"."""
+    model, where = tiny_models["gpt2"], str(tiny_dirs["gpt2"])
+    task = hs.load_task(model, [{"prompt": "w1 w2 w3", "answer": "w4", "corrupted_prompt": "w5 w2 w3",
+                                 "wrong_answer": "w6"}] * 4)
+    from headscope.reports.render import result_html
+
+    for result in (hs.activation_patching(model, task, sites=("resid_pre",), trace_samples=0),
+                   hs.run_analysis("patching", model, task, hs.PatchingConfig(sites=("resid_pre",), trace_samples=0))):
+        assert repr(result).startswith(f"Result('patching', model={where!r}, task='records', 8 rows; "), repr(result)
+        assert f"<p class='source'>model {where}; task records</p>" in result_html(result, with_figures=False)
+    lens = hs.logit_lens(model)
+    assert repr(lens).startswith(f"Result('circuits', model={where!r}, task='repeat', "), repr(lens)

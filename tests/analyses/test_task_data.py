@@ -471,6 +471,14 @@ def test_a_sample_of_any_file_format_holds_only_the_chosen_rows(tmp_path, suffix
     assert got == [{"prompt": rows[i]["text"], "answer": rows[i]["label"]} for i in chosen]
 
 
+def test_word_tail_cuts_at_word_boundaries_with_an_ellipsis():
+    from headscope.analyses.core.task_files import word_tail
+
+    assert word_tail("Omar put the map in the") == "…map in the"  # 10 characters; "the map in the" is 14
+    assert word_tail("in the") == "in the" and word_tail("Supercalifragilistic") == "Supercalifragilistic"
+    assert word_tail("a Supercalifragilistic") == "…Supercalifragilistic"  # the last word whole, however long
+
+
 def test_an_answer_glued_to_its_prompts_last_word_warns_once(arch_models, tiny_models):
     """Byte-level BPE writes a word's space into its token: "on the" + "mat" would be scored as
     "on themat" (the same ids as the text written together), so one warning says so and names the fix;
@@ -479,8 +487,11 @@ def test_an_answer_glued_to_its_prompts_last_word_warns_once(arch_models, tiny_m
     enc = lambda text: model.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     assert enc(" mat") != enc("mat")  # the premise: this tokenizer writes the space into the token
     rows = [{"prompt": "The cat sat on the", "answer": "mat"}, {"prompt": "A dog ran to the", "answer": " park"}]
-    with pytest.warns(hs.HeadscopeWarning, match=r"1 of 2 answer\(s\) start without a space .*row 0.*' mat'"):
+    with pytest.warns(hs.HeadscopeWarning, match=r"1 of 2 answer\(s\) start without a space .*row 0.*' mat'") as got:
         hs.load_task(model, rows)
+    # review 12c C7: the excerpts end in whole words, the same ones on both sides ("The cat sat on the" is 18 characters:
+    # "sat on the" is the most that fits in 12), not "t on the" + "mat" -> "sat on themat"
+    assert "so '…sat on the' + 'mat' is scored as one word ('…sat on themat')" in str(got[0].message), got[0].message
     for fine, m in (([dict(rows[0], answer=" mat"), rows[1]], model), ([dict(rows[0], prompt="The cat sat on the ")], model),
                     ([{"prompt": "w1 w2", "answer": "w3"}], tiny_models["gpt2"])):
         with warnings.catch_warnings():

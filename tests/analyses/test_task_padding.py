@@ -30,3 +30,22 @@ def test_right_padded_and_unpadded_rows():
     plain = _task(None)
     assert not plain.padded and plain.answer_positions().tolist() == [4, 4, 4]
     assert plain.example(1).tokens.tolist() == [[8, 9, 10, 11, 12]]
+
+
+def test_task_repr_is_one_line_with_its_shape_not_its_tensors():
+    """Review 12c C2: print(task) dumped every tensor (~200 lines for 16 rows). Rows of 3, 5 and 4 real tokens,
+    left-padded to 5, answers of 1 and 2 tokens, 2 of 3 rows paired, one span: said in one line."""
+    from headscope.analyses.core.tasks import Task
+
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    tokens = torch.arange(15).reshape(3, 5) + 10
+    cont = torch.tensor([[-1, 7], [6, 8], [5, 9]])
+    task = Task(name="dataframe", tokens=tokens, attention_mask=mask, answers=cont[:, -1], continuation=cont,
+                metric="logprob", corrupted_tokens=tokens.clone(), paired=torch.tensor([True, False, True]),
+                spans={"subject": torch.tensor([[2, 3], [0, 1], [1, 2]])})
+    text = repr(task)
+    assert text == ("Task('dataframe': 3 examples, 3-5 tokens left-padded to 5, answers of 1-2 tokens, metric='logprob'; "
+                    "corrupted_tokens, paired (2 of 3), spans subject)")
+    assert str(task) == text and "tensor" not in text
+    plain = Task(name="kv", tokens=tokens[:1], answers=torch.tensor([3]))
+    assert repr(plain) == "Task('kv': 1 example, 5 tokens unpadded, answers of 1 token, metric='logit_diff')"

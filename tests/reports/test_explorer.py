@@ -766,3 +766,24 @@ def test_sliding_window_keys_are_hatched_and_the_sink_counts_the_queries_that_se
         page.click("#w td[data-layer='1'][data-head='0']")
         assert page.evaluate(masked) == [] and page.evaluate("document.querySelector('#w .hsx-windowline').textContent") == ""
         assert page.console_errors == [] and page.requests == []
+
+
+def test_split_utf8_bytes_of_random_byte_level_tokens_read_as_hex_never_replacement_characters(arch_models):
+    """Review 12a / 12c C5: the circuits default task "repeat" draws random token ids; under byte-level BPE a
+    token can be part of a character's UTF-8 bytes, which decoding alone shows as U+FFFD. On the GPT-2-style
+    byte-level fixture: the bytes of "é" (C3 A9) and of "€" (E2 82 AC), each one base-alphabet token."""
+    from headscope.analyses.core.attention_capture import capture_example
+    from headscope.models.hooked_model import readable_text, token_strings
+
+    model = arch_models("gpt2")
+    tok = model.tokenizer
+    vocab = tok.get_vocab()
+    c3, a9, e2, x82, ac, a = (vocab[p] for p in ("\u00c3", "\u00a9", "\u00e2", "\u0124", "\u00ac", "a"))
+    assert tok.decode([c3]) == "\ufffd" and tok.decode([e2, x82]) == "\ufffd"  # the defect's premise
+    assert readable_text(tok, [c3, a9]) == "\u00e9"  # one character across two tokens reads whole
+    assert readable_text(tok, [a, c3, a]) == "a<0xC3>a"
+    assert readable_text(tok, [e2, x82, a, e2, x82, ac]) == "<0xE2><0x82>a\u20ac"
+    assert token_strings(tok, [c3, a9, a, e2]) == ["<0xC3>", "<0xA9>", "a", "<0xE2>"]
+    example, _, _ = capture_example(model, torch.tensor([a, c3, a, e2, x82]), 16)
+    assert example["text"] == "a<0xC3>a<0xE2><0x82>" and example["tokens"] == ["a", "<0xC3>", "a", "<0xE2>", "<0x82>"]
+    assert not any("\ufffd" in t for t in [example["text"], *example["tokens"]])

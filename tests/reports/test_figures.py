@@ -415,6 +415,36 @@ def test_patching_sites_share_one_scale_and_say_their_own_max():
         plt.close("all")
 
 
+def test_patching_maps_and_attribution_boxes_raise_no_warning_in_the_users_notebook():
+    """Review 12c C4: one patching call gave 13 "The set_bad function will be deprecated" warnings (seaborn's
+    `center` rebuilds the map), attribution two "vert: bool was deprecated"; with warnings as errors both draw,
+    and the maps stay centred on 0 (white at 0, red above, blue below, limits ±0.32)."""
+    import warnings
+
+    from headscope.reports.plots_attribution import plot_tau
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    rows = [{"site_type": "head_out", "layer": l, "head": h, "pos": None, "token": "", "effect": e}
+            for (l, h), e in {(0, 0): 1.28, (0, 1): -0.4, (1, 0): 0.2, (1, 1): 0.0}.items()]
+    rows += [{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "token": "t", "effect": 0.1 * (l - p)}
+             for l in range(2) for p in range(3)]
+    exact = pd.DataFrame(rows)
+    summary = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "clean_metric": 3.0,
+               "corrupted_metric": -1.0}
+    tau = pd.DataFrame({"method": ["saliency"] * 20 + ["leave_one_out"] * 20, "tau": np.linspace(-0.9, 0.9, 40),
+                        "attention": ["last_layer", "rollout"] * 20})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            figs = patching_figures(_result("patching", exact, summary, exact=exact))
+            plot_tau(tau)
+        head_out = figs["exact_head_out"].axes[0]
+        assert _norm(head_out)[0] == "diverging"
+        np.testing.assert_allclose(_norm(head_out)[1:], (-0.32, 0.32))
+    finally:
+        plt.close("all")
+
+
 def test_causal_traces_of_many_prompts_are_drawn_by_role_on_one_diverging_scale():
     from headscope.reports.plots_patching import figures as patching_figures
 
@@ -2306,6 +2336,30 @@ def test_mlp_top_neurons_names_the_task_and_every_layers_bars_stand_out_from_whi
         # review 8b C7: on a post-norm model the update is written through the post-MLP norm's gain
         assert " ".join(plot_top_neurons(data, post_norm=True, ax=plt.subplots()[1]).get_xlabel().split()) == (
             "mean L2 norm of the update m_i (g * v_i), g the post-MLP norm's gain, at the answer")
+    finally:
+        plt.close("all")
+
+
+def test_mlp_top_neurons_y_label_keeps_each_phrase_whole_and_inside_the_figure():
+    """Review 12a B3: the mixture-of-experts y label "expert neuron (L layer E expert n neuron); dense: L layer . N
+    index" wrapped at 28 characters into three garbled lines. Now one whole phrase a line, drawn inside the figure."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_mlp import plot_top_neurons
+
+    moe = pd.DataFrame({"layer": [0, 1, 2], "neuron": [9, 94, 67], "task_update_norm": [0.6, 0.3, 0.24],
+                        "expert": pd.array([None, 2, 4], dtype="Int64"), "expert_neuron": [9, 24, 50]})
+    try:
+        for data, want in ((moe, ["expert neuron", "(L<layer> E<expert> n<neuron>)", "dense layer: L<layer>.N<index>"]),
+                           (moe.assign(expert=pd.array([1, 2, 4], dtype="Int64")),
+                            ["expert neuron", "(L<layer> E<expert> n<neuron>)"]),
+                           (moe[["layer", "neuron", "task_update_norm"]], ["neuron", "(L<layer>.N<index>)"])):
+            ax = plot_top_neurons(data)
+            assert ax.get_ylabel().split("\n") == want
+            fig = laid_out(ax)  # as mlp's figures() stores it
+            fig.canvas.draw()
+            box, page = ax.yaxis.label.get_window_extent(), fig.bbox
+            assert box.y0 >= page.y0 and box.y1 <= page.y1 and box.x0 >= page.x0, (box, page)
+            plt.close(fig)
     finally:
         plt.close("all")
 

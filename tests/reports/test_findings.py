@@ -2444,3 +2444,42 @@ def test_patching_names_its_most_common_differing_positions_before_cutting_the_l
     assert text.startswith("Each clean prompt differs from its corrupted one at 1 to 6 positions: -5 (4 of 7 pairs), "
                            "-22 (1 of 7 pairs), -19 (1 of 7 pairs)")
     assert "-11 (1 of 7 pairs)" not in text and text.endswith("and 1 more from the end.")
+
+
+def test_a_sink_ratio_just_under_the_threshold_never_prints_as_the_threshold():
+    """Review 12c A2: layer 0's mass 0.176 against the uniform 0.1203 is 1.4636x, which one decimal printed "1.5x"
+    beside "none is at least 1.5x"; either side of 1.5 the printed ratio keeps its side."""
+    from headscope.reports.findings import beside
+
+    rows = [{"layer": 0, "mass": 0.176, "uniform": 0.1203, "ci": [0.16, 0.19], "excess_ci": [0.041, 0.070],
+             "ratio": 1.4636, "n": 16, "sink": False},
+            {"layer": 1, "mass": 0.185, "uniform": 0.1203, "ci": [0.17, 0.20], "excess_ci": [0.05, 0.08],
+             "ratio": 1.5378, "n": 16, "sink": True}]
+    text = finding("kv", {"sinks": rows})
+    assert "layer 0 0.18 [0.16, 0.19] (1.46x), layer 1 0.18 [0.17, 0.20] (1.5x)." in text, text
+    assert [beside(v, 1.5) for v in (1.4636, 1.46, 1.4999, 1.49999, 1.5, 1.5378, 1.44, 0.6)] == \
+        ["1.46", "1.46", "1.4999", "1.4999", "1.5", "1.5", "1.4", "0.6"]
+
+
+def test_kv_says_nothing_of_windows_that_no_prompt_reaches():
+    """Review 12b A4: windows of 48 on prompts of at most 41 tokens (context 40) hide nothing: no sink-window clause,
+    no "Sliding-window layers" paragraph, no sinks "outside the window"; the memory sentence (the model's context of
+    128, where the window binds) stays. A window of 16 on the same prompts binds and is said."""
+    hold = {"grid": [8, 40], "tolerance": 0.01, "n_examples": 16, "policies": {
+        "window": {"budget": 8, "below": None, "at": {"budget": 8, "share": 0.3, "n_evicting": 16, "n_examples": 16,
+                                                      "change": 0.001, "ci_low": -0.002, "ci_high": 0.004}},
+        "sink_window": {"budget": 8, "below": None, "at": {"budget": 8, "share": 0.3, "n_evicting": 16,
+                                                           "n_examples": 16, "change": 0.001, "ci_low": -0.002,
+                                                           "ci_high": 0.004}}}}
+    s = {"sliding_windows": {"0": 48, "1": 48, "2": 48}, "context_positions": 40, "n_sink": 4, "holding_budgets": hold,
+         "metric_unevicted": 7.63, "metric": "logit_diff", "n_examples": 16, "sinks": REVIEW5_SINKS,
+         "bytes_per_token": 768, "bytes_per_token_per_layer": 256, "bytes_at_n_ctx": 36096, "n_ctx": 128,
+         "sink_mass_per_layer": {"0": 0.15, "1": 0.325, "2": 0.101}}
+    text = finding("kv", s)
+    for said in ("whose window holds the first token", "Sliding-window layers", "outside the window", "slide over"):
+        assert said not in text, (said, text)
+    assert "sliding window of 48" in text  # the memory sentence, about the full context
+    text = finding("kv", {**s, "sliding_windows": {"0": 16, "1": 48, "2": 48}})
+    assert "on sliding-window layer 0 over the queries whose window holds the first token" in text, text
+    assert ("Sliding-window layers: layer(s) 0 slide over a window of 16 keys and hold at most 15 past positions "
+            "whatever the budget. A budget") in text and "so from budget 15 on they evict only from layer(s) 1, 2" in text
