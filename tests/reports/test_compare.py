@@ -778,7 +778,7 @@ def test_compare_mutes_with_the_importance_se_the_heads_analysis_writes(tmp_path
     g = torch.Generator().manual_seed(9)
     task = Task(name="t", tokens=random_tokens(6, 8, seed=9), answers=torch.randint(10, 40, (6,), generator=g),
                 wrong_answers=torch.randint(10, 40, (6,), generator=g), metric="logit_diff")
-    df, _, _, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
+    df, _, _, _, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
     assert df["importance_se"].gt(0).all()
     _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
     _folder(tmp_path / "b", "m", 1.0, 0, 0.5)
