@@ -6,7 +6,8 @@ into account rather than refusing the comparison: a tie at the edge of the top k
 not as an order (review 8b A4). Heads that swap places while their importances lie within each other's noise in
 either run (their 95% t intervals from results.csv's importance_se overlap) are said as such, not as another
 order (reviews 10a C2, 10b C5); where a run keeps each example's ablation drop (importance_examples.csv), the
-swap is judged by the paired difference's own 95% interval over the same examples (review 12b C3). Only a report that does not rank its heads at all (at chance, or importance that is rounding)
+swap is judged by the paired difference's own 95% interval over the same examples (review 12b C3). Only a report
+that does not rank its heads at all (at chance, or importance that is rounding)
 refuses the method.
 """
 from __future__ import annotations
