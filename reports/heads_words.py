@@ -335,8 +335,20 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"L0 gates were trained at one strength only (lambda {lambdas[0]:g}): "
                      "no sweep, so they say nothing about how few heads suffice.")
     elif isinstance(l0, int) and relative:
-        parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
+        parts.append(_l0_words(l0, s.get("l0_within_tolerance")))
     return " ".join(p for p in parts if p)
+
+
+def _l0_words(heads: int, rec: Any) -> str:
+    """The L0 sentence with its point's paired change from unpruned, 95% CI and n where recorded (review 12b C1:
+    a bare count), and always that it is in-sample: the gates are trained and measured on the same examples."""
+    change, ci = (_num(rec.get("change")), ci_pair(rec.get("ci"))) if isinstance(rec, Mapping) else (None, None)
+    said = f"L0 gates keep the metric within tolerance with {heads} heads"
+    if change is None or ci is None:
+        return f"{said} (in-sample: measured on the examples the gates were trained on, no held-out check)."
+    return (f"{said} (lambda {float(rec['lambda']):g}: {float(rec['metric']):.4g}, a change of {change:+.3g} from "
+            f"unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}] over {rec.get('n_examples', '?')} examples; in-sample: "
+            "measured on the examples the gates were trained on, no held-out check).")
 
 
 def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:

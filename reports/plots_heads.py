@@ -313,9 +313,15 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     """Heads kept against the metric over the lambda sweep (`data`: the l0 table; Voita et al.'s L0 gates)."""
     ax = axes(ax, (8, 4))
     sweep = data.sort_values("heads_kept")
+    n = int(sweep["n_examples"].iloc[0]) if "n_examples" in sweep.columns and len(sweep) else None
     # a hollow circle under a cross drawn on top: on one point (a one-lambda sweep, or equal metrics) both stay visible
-    ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", markersize=11, markerfacecolor="none",
-            markeredgewidth=1.5, label="kept heads only", zorder=2)
+    line, = ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", markersize=11, markerfacecolor="none",
+                    markeredgewidth=1.5, label="kept heads only", zorder=2)
+    if {"change", "change_ci_low", "change_ci_high"} <= set(sweep.columns):  # review 12b C1: each point's interval
+        below = (sweep["change"] - sweep["change_ci_low"]).to_numpy(dtype=float)
+        above = (sweep["change_ci_high"] - sweep["change"]).to_numpy(dtype=float)
+        ax.errorbar(sweep["heads_kept"], sweep["metric_binary"], yerr=[below, above], fmt="none",
+                    ecolor=line.get_color(), elinewidth=1, capsize=3, zorder=1)
     ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", markersize=7, markeredgewidth=1.5, linestyle="--",
             label="test-time gates", zorder=3)
     kept = sorted({int(k) for k in sweep["heads_kept"]})
@@ -330,10 +336,15 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     points: dict[tuple[float, float], list[float]] = {}  # lambdas that land on one point share one label
     for lam, kept, value in zip(sweep["lambda"], sweep["heads_kept"], sweep["metric_binary"]):
         points.setdefault((float(kept), round(float(value), 4)), []).append(float(lam))
+    x0, x1 = ax.get_xlim()
     for i, ((kept, value), lams) in enumerate(sorted(points.items())):
+        right = kept > (x0 + x1) / 2  # review 12b B3: a label of the right half reads leftwards, off the legend
         ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, value), textcoords="offset points",
-                    xytext=(4, 8 if i % 2 else -12), fontsize="x-small")  # alternate above and below
-    return _finish(ax, metric, baseline, "heads kept", "L0 head pruning", tolerance)
+                    xytext=(-6 if right else 6, 8 if i % 2 else -12), ha="right" if right else "left",
+                    fontsize="x-small", annotation_clip=True)  # alternate above and below
+    ax.margins(y=0.12)  # room for the labels above the top point and below the lowest
+    return _finish(ax, metric, baseline, "heads kept",
+                   "L0 head pruning" + ("" if n is None else f" (bars: 95% CI over {n} examples, in-sample)"), tolerance)
 
 
 ROW_INCHES = 0.22  # height of one head's row in the roles map: its 9-point label fits without overlap
@@ -450,7 +461,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                  "optimistic. A diamond at 0 marks a bar too short to see (a change near 0), so it reads apart from "
                  "a missing one.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
-          "(lambdas that land on one point share a label).",
+          "(lambdas that land on one point share a label). Error bars: the 95% t-interval of the kept heads' change "
+          "from unpruned, paired over the examples; in-sample, as the gates were trained on those same examples.",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
              "(the mean maximum attention weight). On sliding-window layers sink averages over the queries that can "
              "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "

@@ -17,7 +17,9 @@ heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_r
 random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
 examples, n_examples and the method: pruning.prunable_intervals), pruning_tolerance (the band those counts allow
 below unpruned, in the metric's units: pruning.tolerance_record), top_heads_<method>, top_head_<method> (ablation:
-the first head and the next with their 95% intervals and the paired difference's, `_leading`), l0_min_heads_within_tolerance, and
+the first head and the next with their 95% intervals and the paired difference's, `_leading`),
+l0_min_heads_within_tolerance with l0_within_tolerance (that point's lambda, metric and paired change from unpruned
+with its 95% interval over n examples; in-sample: the gates are trained on those examples), and
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): the analytic rounding (`rounding_step`:
 one step of the logits, for an answer log-probability times rounding_sensitivity, E_x sum_t (1 - p_t), with
 rounding_logit_step the step);
@@ -481,6 +483,12 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         floor = baseline - summary["pruning_tolerance"]["band"]
         ok = sweep.loc[sweep["metric_binary"] >= floor, "heads_kept"]
         summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
+        if len(ok):  # review 12b C1: that point's paired change with its interval and n, in-sample
+            row = sweep.loc[ok.idxmin()]
+            summary["l0_within_tolerance"] = {
+                "heads": int(row["heads_kept"]), "lambda": float(row["lambda"]), "metric": float(row["metric_binary"]),
+                "change": float(row["change"]), "ci": [float(row["change_ci_low"]), float(row["change_ci_high"])],
+                "n_examples": int(row["n_examples"]), "in_sample": True}
         summary["l0_lambdas"] = [float(x) for x in hc.l0.lambdas]  # one strength is no sweep (the finding says so)
     run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)

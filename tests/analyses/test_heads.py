@@ -523,6 +523,15 @@ def test_l0_sweep_large_lambda_prunes_every_head_and_keeps_the_model_frozen(tiny
     assert big["heads_kept"] == 0 and big["surviving"] == ""
     all_zeroed = loop_logit_diff(model, task, [(z_name(l), zero_heads([0, 1, 2, 3])) for l in range(2)]).mean().item()
     assert big["metric_binary"] == pytest.approx(all_zeroed, abs=1e-5)
+    # review 12b C1: the paired change from unpruned over the examples, with its 95% t interval (scipy's quantile)
+    from scipy import stats
+
+    drop = (loop_logit_diff(model, task, [(z_name(l), zero_heads([0, 1, 2, 3])) for l in range(2)])
+            - loop_logit_diff(model, task, [])).double()  # [n]
+    half = stats.t.ppf(0.975, len(task) - 1) * drop.std().item() / len(task) ** 0.5
+    assert big["n_examples"] == len(task) and big["change"] == pytest.approx(drop.mean().item(), abs=1e-5)
+    assert (big["change_ci_low"], big["change_ci_high"]) == pytest.approx(
+        (drop.mean().item() - half, drop.mean().item() + half), abs=1e-5)
     assert sweep.loc[sweep["lambda"] == 0.0, "heads_kept"].item() > 0
     assert len(gates) == 2 * 8 and set(gates.columns) >= {"lambda", "layer", "head", "gate", "kept"}
     assert all(torch.equal(a, b) for a, b in zip(before, model.bridge.parameters()))

@@ -1578,6 +1578,38 @@ def test_roles_labels_of_many_heads_do_not_overlap():
             plt.close(fig)
 
 
+def test_l0_points_carry_their_paired_interval_and_labels_stay_clear_of_the_legend():
+    """Review 12b B3 / C1 (out_full's l0.csv): the "λ=0.001" label of the right-most point (8 heads, 7.4698) ran
+    under the legend, and the points carried no interval. Each point's bar spans metric_binary + (ci - change):
+    8 heads 7.4698 + (-0.02 - 0.0187) = 7.4311 to 7.4698 + (0.06 - 0.0187) = 7.5111; the title says n and
+    in-sample; after the figure's layout every label lies inside the axes and off the legend."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_heads import plot_l0
+
+    sweep = pd.DataFrame({"lambda": [0.001, 0.003, 0.01, 0.03, 0.1], "heads_kept": [8, 6, 5, 3, 3],
+                          "metric_binary": [7.4698, 7.4559, 7.4365, 7.4246, 7.4246],
+                          "metric": [7.4726, 7.4552, 7.4391, 7.4246, 7.4246],
+                          "change": [0.0187, 0.0048, -0.0146, -0.0265, -0.0265],
+                          "change_ci_low": [-0.02, -0.03, -0.05, -0.09, -0.09],
+                          "change_ci_high": [0.06, 0.04, 0.02, 0.04, 0.04], "n_examples": 40})
+    ax = plot_l0(sweep, metric="logit_diff", baseline=7.4511, ax=plt.subplots(figsize=(8, 4))[1])
+    fig = laid_out(ax)
+    try:
+        bars = [c for c in ax.collections if c.get_segments()]
+        ends = {round(float(seg[0][0])): (float(seg[0][1]), float(seg[1][1])) for seg in bars[0].get_segments()}
+        assert ends[8] == pytest.approx((7.4698 - 0.0387, 7.4698 + 0.0413))
+        assert "95% CI over 40 examples, in-sample" in ax.get_title()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        inside, legend = ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, text
+            assert not _overlap(box, legend), text.get_text()
+    finally:
+        plt.close("all")
+
+
 def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
     from headscope.reports.plots_heads import plot_l0
 

@@ -263,6 +263,22 @@ def test_heads_leading_sentence_decides_by_the_paired_difference():
             "interval reaches 0, so these examples do not single out one head.") in text
 
 
+def test_heads_l0_sentence_gives_its_change_interval_and_n_and_says_it_is_in_sample():
+    """Review 12b C1 (out_full, l0.csv): "L0 gates keep the metric within tolerance with 3 heads" had no n and no
+    interval and is measured on the 40 examples the gates were trained on: 7.425 at lambda 0.03 against 7.451
+    unpruned. The sentence gives the change with its interval and n and says it is in-sample; an older summary
+    without the record still says in-sample."""
+    rec = {"heads": 3, "lambda": 0.03, "metric": 7.4247, "change": -0.0263, "ci": [-0.0912, 0.0386],
+           "n_examples": 40, "in_sample": True}
+    heads = {**HEADS, "l0_min_heads_within_tolerance": 3, "l0_lambdas": [0.001, 0.1], "l0_within_tolerance": rec}
+    assert ("L0 gates keep the metric within tolerance with 3 heads (lambda 0.03: 7.425, a change of -0.0263 from "
+            "unpruned, 95% CI [-0.0912, +0.0386] over 40 examples; in-sample: measured on the examples the gates "
+            "were trained on, no held-out check).") in finding("heads", heads)
+    old = {k: v for k, v in heads.items() if k != "l0_within_tolerance"}
+    assert ("L0 gates keep the metric within tolerance with 3 heads (in-sample: measured on the examples the gates "
+            "were trained on, no held-out check).") in finding("heads", old)
+
+
 def test_heads_that_cannot_be_told_apart_are_said_by_their_overlapping_intervals():
     """Review 11c (bf16 MoE, c_out_t): L0H2 costs 4.49 [2.21, 6.76], L0H1 1.92 [0.622, 3.22]; the rule
     (analysis._leading: clear where 2.21 > the next's 3.22) tests overlap, so 1.92, below L0H2's interval, was said
