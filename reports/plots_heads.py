@@ -337,11 +337,13 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     for lam, kept, value in zip(sweep["lambda"], sweep["heads_kept"], sweep["metric_binary"]):
         points.setdefault((float(kept), round(float(value), 4)), []).append(float(lam))
     x0, x1 = ax.get_xlim()
-    for i, ((kept, value), lams) in enumerate(sorted(points.items())):
-        right = kept > (x0 + x1) / 2  # review 12b B3: a label of the right half reads leftwards, off the legend
+    for (kept, value), lams in sorted(points.items()):
+        # review 12b B3: a label of the right half reads leftwards and above, off the legend; one of the left half
+        # rightwards and below, so neighbours from either half sit on opposite sides of their points
+        right = kept > (x0 + x1) / 2
         ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, value), textcoords="offset points",
-                    xytext=(-6 if right else 6, 8 if i % 2 else -12), ha="right" if right else "left",
-                    fontsize="x-small", annotation_clip=True)  # alternate above and below
+                    xytext=(-6 if right else 6, 8 if right else -12), ha="right" if right else "left",
+                    fontsize="x-small", annotation_clip=True)
     ax.margins(y=0.12)  # room for the labels above the top point and below the lowest
     return _finish(ax, metric, baseline, "heads kept",
                    "L0 head pruning" + ("" if n is None else f" (bars: 95% CI over {n} examples, in-sample)"), tolerance)

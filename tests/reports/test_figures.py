@@ -1582,7 +1582,7 @@ def test_l0_points_carry_their_paired_interval_and_labels_stay_clear_of_the_lege
     """Review 12b B3 / C1 (out_full's l0.csv): the "λ=0.001" label of the right-most point (8 heads, 7.4698) ran
     under the legend, and the points carried no interval. Each point's bar spans metric_binary + (ci - change):
     8 heads 7.4698 + (-0.02 - 0.0187) = 7.4311 to 7.4698 + (0.06 - 0.0187) = 7.5111; the title says n and
-    in-sample; after the figure's layout every label lies inside the axes and off the legend."""
+    in-sample; after the figure's layout every label lies inside the axes, off the legend and off each other."""
     from headscope.reports.plots import laid_out
     from headscope.reports.plots_heads import plot_l0
 
@@ -1606,6 +1606,10 @@ def test_l0_points_carry_their_paired_interval_and_labels_stay_clear_of_the_lege
             box = text.get_window_extent(renderer)
             assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, text
             assert not _overlap(box, legend), text.get_text()
+        boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+        names = sorted(boxes)  # λ=0.003 (6 heads) and λ=0.01 (5 heads) overprinted in out_full
+        assert len(names) == 4 and not [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+                                        if _overlap(boxes[a], boxes[b])]
     finally:
         plt.close("all")
 
