@@ -455,7 +455,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
                      "finding's count is the heads removed before a curve first falls below the floor (a curve may come back "
-                     "above it later), its interval a bootstrap over examples along the order drawn here.",
+                     "above it later), its interval a bootstrap over examples along the order drawn here. An ordering whose "
+                     "curve equals another's at every point is drawn exactly under it; its legend entry says which.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job. "
                  "Error bars: the 95% t-interval of each change over the examples (n in the title), paired with each "
