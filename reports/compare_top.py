@@ -5,8 +5,10 @@ into account rather than refusing the comparison: a tie at the edge of the top k
 (k+1)-th) leaves only the k-th place undecided, and heads tied inside the top k are compared as a tied group,
 not as an order (review 8b A4). Heads that swap places while their importances lie within each other's noise in
 either run (their 95% t intervals from results.csv's importance_se overlap) are said as such, not as another
-order (reviews 10a C2, 10b C5). Only a report that does not rank its heads at all (at chance, or importance that
-is rounding) refuses the method.
+order (reviews 10a C2, 10b C5); where a run keeps each example's ablation drop (importance_examples.csv), the
+swap is judged by the paired difference's own 95% interval over the same examples (review 12b C3). Only a report
+that does not rank its heads at all (at chance, or importance that is rounding)
+refuses the method.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from headscope.analyses.core.chance import t_quantile
+from headscope.analyses.core.chance import mean_interval, t_quantile
 from headscope.reports.compare_headlines import n_words
 from headscope.reports.compare_run import (
     NOT_COMPARED,
@@ -152,7 +154,8 @@ def importances(run: Run, method: str) -> dict[str, tuple[float, float]]:
 def _close_in(imp: Mapping[str, tuple[float, float]], n: Any, x: str, y: str) -> tuple[float, float, float] | None:
     """(gap, se of x, se of y) where x's and y's importances lie within each other's noise in one run: their 95% t
     intervals over n examples overlap, |gap| <= t (se_x + se_y), as compare's noise verdict judges A against B
-    (compare_run.noise_verdict); None otherwise or without standard errors."""
+    (compare_run.noise_verdict); None otherwise or without standard errors. A marginal test: used only where the
+    run keeps no per-example values of the method (`_paired_in`)."""
     if x not in imp or y not in imp or not isinstance(n, int) or n < 2:
         return None
     (vx, sx), (vy, sy) = imp[x], imp[y]
@@ -160,24 +163,58 @@ def _close_in(imp: Mapping[str, tuple[float, float]], n: Any, x: str, y: str) ->
     return (gap, sx, sy) if gap <= float(t_quantile(n)) * (sx + sy) else None
 
 
+def _paired_in(run: Run, method: str, x: str, y: str) -> tuple[float, list[float], int] | None:
+    """(mean of x - y, its 95% t interval, n) over the examples both heads were measured on, from the run's
+    heads/importance_examples.csv (each example's ablation drop); None where the run has no such values for both
+    (gradient importance, older runs) or fewer than 2 examples (review 12b C3: the swap within a run is a paired
+    question, the same examples)."""
+    df = run.table("heads", "importance_examples")
+    if df is None or not {"method", "head_name", "example", "effect"} <= set(df.columns):
+        return None
+    g = df[df["method"].astype(str) == method]
+    a = g[g["head_name"] == x].set_index("example")["effect"]
+    b = g[g["head_name"] == y].set_index("example")["effect"]
+    d = (a - b).dropna()  # [n] aligned on the example
+    ci = mean_interval(d.to_numpy()) if len(a) and len(b) else None
+    return None if ci is None else (float(d.mean()), ci, int(len(d)))
+
+
+def _swap_close(run: Run, imp: Mapping[str, tuple[float, float]], n: Any, method: str, x: str, y: str) -> str | None:
+    """Why x and y lie within each other's noise in one run, in words, or None where they do not: by the paired
+    difference's 95% interval (it reaches 0) where the run keeps per-example values, else by the overlap of the
+    two marginal intervals, said to be that."""
+    paired = _paired_in(run, method, x, y)
+    if paired is not None:
+        diff, (lo, hi), k = paired
+        if lo > 0 or hi < 0:
+            return None
+        return f"{x} - {y} = {diff:+.2g}, paired 95% CI [{lo:+.2g}, {hi:+.2g}] over {k} examples, which reaches 0"
+    close = _close_in(imp, n, x, y)
+    if close is None:
+        return None
+    gap, sx, sy = close
+    return (f"{gap:.2g} apart, SEs {sx:.2g} and {sy:.2g}; their 95% intervals overlap: marginal intervals, not a "
+            f"paired test, as the run keeps no per-example {method} values")
+
+
 def _noise_swaps(pairs: list[tuple[str, str]], runs: tuple[Run, Run], method: str,
                  sums: list[Mapping[str, Any]]) -> str | None:
     """The swapped pairs in words where each pair's heads lie within each other's noise in A or in B, the run named
-    whose order is within noise: "L1H0 and L0H1 swap places, within each other's noise (A: 0.0032 apart, SEs 0.054
-    and 0.059; their 95% intervals overlap)"; None unless every pair is."""
+    whose order is within noise (`_swap_close`: "A: 0.0032 apart, SEs 0.054 and 0.059; their 95% intervals
+    overlap: marginal intervals, ..." or "A: L0H2 - L0H3 = +0.16, paired 95% CI [...]"); None unless every pair is."""
     imps = [importances(r, method) for r in runs]
     said = []
     for x, y in pairs:
-        close = next(((side, c) for side, imp, s in zip(SIDES, imps, sums)
-                      if (c := _close_in(imp, s.get("n_examples"), x, y)) is not None), None)
+        close = next(((side, c) for side, run, imp, s in zip(SIDES, runs, imps, sums)
+                      if (c := _swap_close(run, imp, s.get("n_examples"), method, x, y)) is not None), None)
         if close is None:
             return None
-        side, (gap, sx, sy) = close
-        said.append((x, y, f"{side}: {gap:.2g} apart, SEs {sx:.2g} and {sy:.2g}"))
+        side, why = close
+        said.append((x, y, f"{side}: {why}"))
     if len(said) == 1:
         x, y, why = said[0]
-        return f"{x} and {y} swap places, within each other's noise ({why}; their 95% intervals overlap)"
-    return ("the heads that swap places lie within each other's noise (their 95% intervals overlap): "
+        return f"{x} and {y} swap places, within each other's noise ({why})"
+    return ("the heads that swap places lie within each other's noise: "
             + ", ".join(f"{x} / {y} ({why})" for x, y, why in said))
 
 

@@ -224,9 +224,10 @@ def unpruned_cosine(base: float) -> str:
 
 def _leading_words(s: Mapping[str, Any], metric: str) -> str:
     """The head that costs most when ablated alone, with its 95% CI and n (top_head_<method>, the first ablation
-    method recorded): "no other head costs more than ..." where its interval clears the next head's, else that the
-    two intervals overlap (review 11b A3: the finding named only the ties behind a head costing 66x the next).
-    '' without a record or when no head costs anything."""
+    method recorded), and whether it stands clear of the next head: by the paired difference over the same
+    examples and its 95% interval where recorded (review 12b A5: overlapping marginal intervals are no test of a
+    paired difference), else by the two marginal intervals, said as such. '' without a record or when no head
+    costs anything."""
     key = next((k for k in s if k.startswith("top_head_") and isinstance(s[k], Mapping)), None)
     top = s[key] if key else {}
     value, nxt = _num(top.get("importance")), _num(top.get("next_importance"))
@@ -234,17 +235,25 @@ def _leading_words(s: Mapping[str, Any], metric: str) -> str:
         return ""
     method = key.removeprefix("top_head_")
     verb = f"{method.capitalize()}-ablating" if method in ("zero", "mean", "resample") else f"Ablating ({method})"
-    ci, next_ci = ci_pair(top.get("ci")), ci_pair(top.get("next_ci"))
+    ci, next_ci, diff_ci = ci_pair(top.get("ci")), ci_pair(top.get("next_ci")), ci_pair(top.get("diff_ci"))
     n, head, other = top.get("n_examples"), top["head"], top["next_head"]
     said = f"{verb} {head} alone costs {value:.3g} {metric} ({ci_words(ci, '.3g') + ', ' if ci else ''}{n} examples)"
-    # analysis._leading's rule: clear where its interval's low end lies above the next head's high end
+    diff = _num(top.get("diff"))
+    if diff_ci and diff is not None:  # the paired difference over the same examples decides
+        paired = (f"{diff:.3g} more than the next, {other} ({nxt:.3g}; paired difference {head} - {other} over the "
+                  f"same {top.get('diff_n', n)} examples {diff:+.3g}, 95% CI [{diff_ci[0]:+.3g}, {diff_ci[1]:+.3g}])")
+        if diff_ci[0] > 0:
+            return f"{said}, {paired}: {head} stands clear of the next head on these examples."
+        return f"{said}, {paired}: the paired interval reaches 0, so these examples do not single out one head."
+    # analysis._leading's rule without per-example drops: its interval's low end above the next head's high end
     clear = ci[0] > next_ci[1] if ci and next_ci else bool(top.get("clear"))
     if clear:
         return f"{said}; no other head costs more than {_digits(nxt)} ({other})."
     if ci and next_ci:  # review 11c: 1.92 lies below [2.21, 6.76]; what the rule tests is that the intervals overlap
         return (f"{said}, the most of any head, but the next, {other}, costs {nxt:.3g} and their 95% intervals overlap "
-                f"({head} [{ci[0]:.3g}, {ci[1]:.3g}], {other} [{next_ci[0]:.3g}, {next_ci[1]:.3g}]): these examples "
-                "do not single out one head.")
+                f"({head} [{ci[0]:.3g}, {ci[1]:.3g}], {other} [{next_ci[0]:.3g}, {next_ci[1]:.3g}]; marginal "
+                "intervals, no paired test: this run kept no per-example costs): these examples do not single out "
+                "one head.")
     return (f"{said}, the most of any head; the next, {other}, costs {nxt:.3g}, and without a 95% interval for both "
             "(fewer than 2 examples) these examples do not single out one head.")
 
@@ -326,8 +335,20 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"L0 gates were trained at one strength only (lambda {lambdas[0]:g}): "
                      "no sweep, so they say nothing about how few heads suffice.")
     elif isinstance(l0, int) and relative:
-        parts.append(f"L0 gates keep the metric within tolerance with {l0} heads.")
+        parts.append(_l0_words(l0, s.get("l0_within_tolerance")))
     return " ".join(p for p in parts if p)
+
+
+def _l0_words(heads: int, rec: Any) -> str:
+    """The L0 sentence with its point's paired change from unpruned, 95% CI and n where recorded (review 12b C1:
+    a bare count), and always that it is in-sample: the gates are trained and measured on the same examples."""
+    change, ci = (_num(rec.get("change")), ci_pair(rec.get("ci"))) if isinstance(rec, Mapping) else (None, None)
+    said = f"L0 gates keep the metric within tolerance with {heads} heads"
+    if change is None or ci is None:
+        return f"{said} (in-sample: measured on the examples the gates were trained on, no held-out check)."
+    return (f"{said} (lambda {float(rec['lambda']):g}: {float(rec['metric']):.4g}, a change of {change:+.3g} from "
+            f"unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}] over {rec.get('n_examples', '?')} examples; in-sample: "
+            "measured on the examples the gates were trained on, no held-out check).")
 
 
 def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:

@@ -24,7 +24,15 @@ import seaborn as sns
 
 from headscope.analyses.core.chance import t_quantile
 from headscope.reports.heads_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.plots import axes, color_scale, hatch_cells, laid_out, quiet_reason, symmetric_bound
+from headscope.reports.plots import (
+    axes,
+    color_scale,
+    fit_title,
+    hatch_cells,
+    laid_out,
+    quiet_reason,
+    symmetric_bound,
+)
 
 ROLE_SCORES = ("positional", "sink", "previous_token", "induction", "confidence")
 
@@ -121,6 +129,7 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
     basis = basis or {}
     curve["ordering "] = [o + (" recomputed" if r else "") + (f" ({basis[o]})" if o in basis else "")
                           for o, r in zip(curve["ordering"], curve["recompute"])]
+    curve["ordering "] = curve["ordering "].map(_hidden_labels(curve))
     levels = list(dict.fromkeys(curve["ordering "]))
     palette = dict(zip(levels, sns.color_palette(n_colors=len(levels))))
     sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", style="ordering ", markers=True,
@@ -134,6 +143,23 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
     band = ";\nshaded: 95% CI of the change from unpruned,\npaired over examples)"
     title = "iterative head pruning (random: range over seeds" + (band if banded else ")")
     return _finish(ax, metric, baseline, "fraction of heads pruned", title, tolerance)
+
+
+def _hidden_labels(curve: pd.DataFrame) -> dict[str, str]:
+    """{legend label: label to show}: a fixed ordering whose curve equals a later-drawn one's at every point (1e-6
+    relative) lies exactly under it, so its label says "identical to <that one>, drawn under it" (review 12b B4: a
+    legend entry with no visible line)."""
+    fixed = curve[curve["ordering"] != "random"]
+    series = {lab: g.sort_values("fraction_pruned")[["fraction_pruned", "metric"]].to_numpy(dtype=float)
+              for lab, g in fixed.groupby("ordering ", sort=False)}
+    labels = list(series)
+    out = {lab: lab for lab in curve["ordering "]}
+    for i, lab in enumerate(labels):
+        over = next((other for other in labels[i + 1:] if series[other].shape == series[lab].shape
+                     and np.allclose(series[other], series[lab], rtol=1e-6, atol=1e-12)), None)
+        if over is not None:
+            out[lab] = f"{lab}:\nidentical to {over.split(' (')[0]}, drawn under it"
+    return out
 
 
 ZOOM = 5  # the zoom panel spans the unpruned value +- this many tolerance bands: the floor sits a tenth of its height below
@@ -168,41 +194,42 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
     if not band:
         return plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance,
                                   ax=axes(None, (8, 4))).figure
-    fig, (full, near) = plt.subplots(1, 2, figsize=(11.5, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (full, near) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1]})
     plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance, ax=full)
     full.get_legend().remove()  # one legend, right of the zoom panel
     plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance, ax=near)
     b = float(baseline)
     half, floor = ZOOM * band, b - band
+    # review 12a B2: each tick one number (what a line means is said once, in the title), so the long two-part labels
+    # ("-0.49: -0.5125") no longer squeeze the panel to a tenth of the figure
+    ticks = {b - half: f"{b - half:.4g}", floor: f"{floor:.4g}", b: f"{b:.4g}"}
     if name.endswith("%"):  # a share of |unpruned|: said as shares
         pct = ZOOM * float(name[:-1])
-        ticks = {b - half: f"-{pct:g}%: {b - half:.4g}", floor: f"{name} below unpruned: {floor:.4g}", b: f"unpruned: {b:.4g}"}
-        plus, span, lower = f"+{pct:g}%: {b + half:.4g}", f"unpruned ± {pct:g}%", f"-{pct:g}%"
+        reach = f"unpruned ± {pct:g}%"
+        floor_said = f"{name} below unpruned"
     else:  # the span's band, in the metric's units
-        ticks = {b - half: f"-{half:.3g}: {b - half:.4g}", floor: f"floor, {band:.3g} below: {floor:.4g}",
-                 b: f"unpruned: {b:.4g}"}
-        plus, span, lower = f"+{half:.3g}: {b + half:.4g}", f"unpruned ± {half:.3g}", f"-{half:.3g}"
+        reach = f"unpruned ± {half:.3g}"
+        floor_said = f"{band:.3g} below unpruned ({name.split(':')[0]})"
     cap, top = MAXIMUM.get(str(metric)), b + half
     if cap is not None and top > cap:  # a cosine cannot exceed 1, a log-probability 0: the panel stops there
         height = cap - (b - half)
         top = cap + 0.03 * height  # a margin keeps points at the maximum whole
-        span = f"unpruned {lower}\nto {cap:g}, the {BOUNDED_NAMES.get(str(metric), metric)}'s maximum"
+        reach = (f"from {half:.3g} below unpruned ({b - half:.4g})\nup to {cap:g}, "
+                 f"the {BOUNDED_NAMES.get(str(metric), metric)}'s maximum")
         if cap - b > NEAR_MAXIMUM * height:
-            ticks[cap] = f"maximum: {cap:g}"
+            ticks[cap] = f"{cap:g} (maximum)"
         else:  # two labels a few points apart would overprint: one says both
-            ticks[b] += " (maximum)" if cap - b <= 1e-9 else f" (maximum {cap:g} just above)"
+            ticks[b] += " (maximum)" if cap - b <= 1e-9 else f" (max. {cap:g} above)"
     else:
-        ticks[b + half] = plus
-    if name.endswith("%"):
-        title = f"zoom on the {name} floor: {span}\n(points beyond it leave the panel)"
-    else:
-        title = (f"zoom on the floor, {band:.3g} below unpruned\n({name.split(':')[0]})\n"
-                 + (f"{span}; points beyond leave the panel" if "\n" not in span else
-                    f"{span.replace(chr(10), ' ')};\npoints beyond leave the panel"))  # a capped span: one line
+        ticks[b + half] = f"{b + half:.4g}"
+    title = (f"zoom on the floor: unpruned {b:.4g}, floor {floor:.4g}\n= {floor_said};\n"
+             f"y {reach};\npoints beyond leave the panel")
     near.set_yticks(list(ticks), list(ticks.values()))
     near.set_ylim(b - half, top)  # after the ticks: set_yticks may widen the limits
-    near.set_title(title, fontsize=None if name.endswith("%") else 9)  # three lines in a narrow panel
+    near.set_title(title, fontsize=9)  # four or five lines
     near.set_ylabel("")
+    fig.tight_layout()
+    fit_title(near)  # wrapped to the panel's width
     return fig
 
 
@@ -286,9 +313,15 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     """Heads kept against the metric over the lambda sweep (`data`: the l0 table; Voita et al.'s L0 gates)."""
     ax = axes(ax, (8, 4))
     sweep = data.sort_values("heads_kept")
+    n = int(sweep["n_examples"].iloc[0]) if "n_examples" in sweep.columns and len(sweep) else None
     # a hollow circle under a cross drawn on top: on one point (a one-lambda sweep, or equal metrics) both stay visible
-    ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", markersize=11, markerfacecolor="none",
-            markeredgewidth=1.5, label="kept heads only", zorder=2)
+    line, = ax.plot(sweep["heads_kept"], sweep["metric_binary"], marker="o", markersize=11, markerfacecolor="none",
+                    markeredgewidth=1.5, label="kept heads only", zorder=2)
+    if {"change", "change_ci_low", "change_ci_high"} <= set(sweep.columns):  # review 12b C1: each point's interval
+        below = (sweep["change"] - sweep["change_ci_low"]).to_numpy(dtype=float)
+        above = (sweep["change_ci_high"] - sweep["change"]).to_numpy(dtype=float)
+        ax.errorbar(sweep["heads_kept"], sweep["metric_binary"], yerr=[below, above], fmt="none",
+                    ecolor=line.get_color(), elinewidth=1, capsize=3, zorder=1)
     ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", markersize=7, markeredgewidth=1.5, linestyle="--",
             label="test-time gates", zorder=3)
     kept = sorted({int(k) for k in sweep["heads_kept"]})
@@ -303,10 +336,17 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     points: dict[tuple[float, float], list[float]] = {}  # lambdas that land on one point share one label
     for lam, kept, value in zip(sweep["lambda"], sweep["heads_kept"], sweep["metric_binary"]):
         points.setdefault((float(kept), round(float(value), 4)), []).append(float(lam))
-    for i, ((kept, value), lams) in enumerate(sorted(points.items())):
+    x0, x1 = ax.get_xlim()
+    for (kept, value), lams in sorted(points.items()):
+        # review 12b B3: a label of the right half reads leftwards and above, off the legend; one of the left half
+        # rightwards and below, so neighbours from either half sit on opposite sides of their points
+        right = kept > (x0 + x1) / 2
         ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, value), textcoords="offset points",
-                    xytext=(4, 8 if i % 2 else -12), fontsize="x-small")  # alternate above and below
-    return _finish(ax, metric, baseline, "heads kept", "L0 head pruning", tolerance)
+                    xytext=(-6 if right else 6, 8 if right else -12), ha="right" if right else "left",
+                    fontsize="x-small", annotation_clip=True)
+    ax.margins(y=0.12)  # room for the labels above the top point and below the lowest
+    return _finish(ax, metric, baseline, "heads kept",
+                   "L0 head pruning" + ("" if n is None else f" (bars: 95% CI over {n} examples, in-sample)"), tolerance)
 
 
 ROW_INCHES = 0.22  # height of one head's row in the roles map: its 9-point label fits without overlap
@@ -415,7 +455,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "what each ordering ranks by: by default the gradient ordering divides |dL/d gate| by its layer's L2 "
                      "norm (Michel et al.), so its order can differ from the raw values of the importance figure. The "
                      "finding's count is the heads removed before a curve first falls below the floor (a curve may come back "
-                     "above it later), its interval a bootstrap over examples along the order drawn here.",
+                     "above it later), its interval a bootstrap over examples along the order drawn here. An ordering whose "
+                     "curve equals another's at every point is drawn exactly under it; its legend entry says which.",
     "best_head": "Per layer, metric change from the unpruned model (task metric units) keeping only one head: the most "
                  "important, the best single head found by trying all, or none. Near 0 means one head does the layer's job. "
                  "Error bars: the 95% t-interval of each change over the examples (n in the title), paired with each "
@@ -423,7 +464,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                  "optimistic. A diamond at 0 marks a bar too short to see (a change near 0), so it reads apart from "
                  "a missing one.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
-          "(lambdas that land on one point share a label).",
+          "(lambdas that land on one point share a label). Error bars: the 95% t-interval of the kept heads' change "
+          "from unpruned, paired over the examples; in-sample, as the gates were trained on those same examples.",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
              "(the mean maximum attention weight). On sliding-window layers sink averages over the queries that can "
              "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "

@@ -10,13 +10,16 @@ answers and corrupted prompts unused: tasks.prompts_only), else on the shipped s
 
 Outputs of run: df (results.csv) has one row per (layer, head, method) with importance and the
 role scores; tables "curve" (each point with the 95% t-interval of its paired change from unpruned), "curve_examples"
-(each example's metric at each point), "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
+(each example's metric at each point), "importance_examples" (each ablation method's drop per head and
+example, for paired tests), "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
 heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
 random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
 examples, n_examples and the method: pruning.prunable_intervals), pruning_tolerance (the band those counts allow
 below unpruned, in the metric's units: pruning.tolerance_record), top_heads_<method>, top_head_<method> (ablation:
-the first head and the next with their 95% intervals, `_leading`), l0_min_heads_within_tolerance, and
+the first head and the next with their 95% intervals and the paired difference's, `_leading`),
+l0_min_heads_within_tolerance with l0_within_tolerance (that point's lambda, metric and paired change from unpruned
+with its 95% interval over n examples; in-sample: the gates are trained on those examples), and
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): the analytic rounding (`rounding_step`:
 one step of the logits, for an answer log-probability times rounding_sensitivity, E_x sum_t (1 - p_t), with
 rounding_logit_step the step);
@@ -41,7 +44,7 @@ import torch
 
 import headscope.hooks as hooks
 from headscope.analyses.core import default_tasks, task_files, tasks
-from headscope.analyses.core.chance import t_half_width
+from headscope.analyses.core.chance import mean_interval, t_half_width
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import ENCODER_SCORING, Needs, Reads
 from headscope.analyses.core.metrics import noise_floor
@@ -331,11 +334,13 @@ def tie_reach(summary: dict[str, Any], counts: list[int], orderings: dict[str, s
     return out
 
 
-def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0,
-                     progress: bool = False) -> tuple[pd.DataFrame, dict[str, torch.Tensor], float, float | None]:
+def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: int = 0, progress: bool = False,
+                     ) -> tuple[pd.DataFrame, dict[str, torch.Tensor], float, float | None, pd.DataFrame]:
     """Long table (layer, head, method, importance, importance_se, importance_layer_norm, rank), the raw
-    [L, H] importance per method, the baseline metric and E_x |L(x)| of the loss gradients differentiate
-    (None without "gradient"; the size noise_floor_gradient is taken at). importance_se: the standard error of the
+    [L, H] importance per method, the baseline metric, E_x |L(x)| of the loss gradients differentiate
+    (None without "gradient"; the size noise_floor_gradient is taken at) and the ablation methods' per-example
+    drops (importance_examples: layer, head, head_name, method, example, effect; the paired tests of one head
+    against another read it). importance_se: the standard error of the
     importance over examples (sd / sqrt(n); for ablation of each example's drop, for gradient of each
     example's |dL/d gate|), from the same passes; compare mutes B - A differences within it."""
     unknown = set(methods) - set(IMPORTANCE_METHODS)
@@ -343,6 +348,7 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
         raise ConfigError(f"Unknown importance methods {sorted(unknown)}; use some of {IMPORTANCE_METHODS}.")
     raw: dict[str, torch.Tensor] = {}
     ses: dict[str, torch.Tensor] = {}  # [L, H] standard error over examples per method
+    per: dict[str, torch.Tensor | None] = {}  # [L, H, n] each example's drop per ablation method
     baseline, loss_size = None, None
     for method in methods:
         if method == "gradient":
@@ -350,6 +356,7 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
         else:
             scores = ablation_importance(model, scorer, method=method, seed=seed, progress=progress)
             raw[method], ses[method], baseline = scores.importance, scores.se, scores.baseline
+            per[method] = scores.effects
     if baseline is None:
         baseline = float(evaluate_masks(model, scorer, torch.ones(1, model.facts.n_layers, model.facts.n_heads))[0])
     rows = []
@@ -364,7 +371,17 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
              "rank": int(rank[l * imp.shape[1] + h])}
             for l in range(imp.shape[0]) for h in range(imp.shape[1])
         ]
-    return pd.DataFrame(rows), raw, baseline, loss_size
+    return pd.DataFrame(rows), raw, baseline, loss_size, _examples_table(per)
+
+
+def _examples_table(per: dict[str, torch.Tensor | None]) -> pd.DataFrame:
+    """The per-example drops [L, H, n] per method as a long table (layer, head, head_name, method, example,
+    effect), the measured heads only."""
+    rows = [{"layer": l, "head": h, "head_name": head_label(l, h), "method": method, "example": i, "effect": float(v)}
+            for method, e in per.items() if e is not None
+            for l in range(e.shape[0]) for h in range(e.shape[1]) for i, v in enumerate(e[l, h].tolist())
+            if math.isfinite(v)]
+    return pd.DataFrame(rows, columns=["layer", "head", "head_name", "method", "example", "effect"])
 
 
 def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
@@ -393,12 +410,13 @@ def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = N
     methods, seed and progress apply, and config_overrides are its fields (methods=("zero",))."""
     config = configure(HeadsConfig, config, config_overrides, name="head_importance", default=HEAD_IMPORTANCE)
     scorer = _scorer(model, task, config)
-    df, raw, baseline, loss_size = importance_table(model, scorer, tuple(config.methods), seed=config.seed,
-                                                    progress=config.progress)
+    df, raw, baseline, loss_size, per = importance_table(model, scorer, tuple(config.methods), seed=config.seed,
+                                                         progress=config.progress)
     summary = _base_summary(model, scorer, baseline)
     summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size))
-    summary.update(_top_heads(df, summary))
-    return Result(name="heads", df=df, summary=summary, config={"methods": list(config.methods), "seed": config.seed})
+    summary.update(_top_heads(df, summary, per))
+    return Result(name="heads", df=df, summary=summary, tables={"importance_examples": per},
+                  config={"methods": list(config.methods), "seed": config.seed})
 
 
 @takes_prompt(tokens=False)
@@ -427,7 +445,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     """The full analysis on the model's default task (or `task`); see the module docstring."""
     hc = config = configure(HeadsConfig, config, {}, name="heads", default=HeadsConfig.preset())
     scorer = _scorer(model, task, hc)
-    df, raw, baseline, loss_size = importance_table(model, scorer, hc.methods, seed=hc.seed, progress=config.progress)
+    df, raw, baseline, loss_size, per = importance_table(model, scorer, hc.methods, seed=hc.seed,
+                                                         progress=config.progress)
     roles = head_roles(model, scorer.tokens, scorer.attention_mask, n_induction=hc.n_induction, seed=hc.seed)
     per_head = roles.drop(columns=["window", "induction_length", "induction_cut", "longest_prompt"])
     df = df.merge(per_head, on=["layer", "head"], how="left")
@@ -446,13 +465,13 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size, pruning=fixed, df=df))
     summary.update(tie_reach(summary, prune_counts(summary["n_heads"], hc.pruning.step),
                              {m: "gradient" if m == "gradient" else "ablation" for m in fixed}))
-    summary.update(_top_heads(df, summary))
+    summary.update(_top_heads(df, summary, per))
     summary["roles"] = {
         role: [head_label(l, h) for l, h, r in zip(roles["layer"], roles["head"], roles["role"]) if r == role]
         for role in sorted(set(roles["role"]) - {"other"})
     }
     summary.update(role_windows(roles))
-    tables = {"curve": curves, "curve_examples": examples, "roles": roles}
+    tables = {"curve": curves, "curve_examples": examples, "roles": roles, "importance_examples": per}
     if hc.best_head and raw:
         usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}
         name = next(iter(usable), None)  # gradient first, the ablation ordering when the gradient is rounding
@@ -467,6 +486,12 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         floor = baseline - summary["pruning_tolerance"]["band"]
         ok = sweep.loc[sweep["metric_binary"] >= floor, "heads_kept"]
         summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
+        if len(ok):  # review 12b C1: that point's paired change with its interval and n, in-sample
+            row = sweep.loc[ok.idxmin()]
+            summary["l0_within_tolerance"] = {
+                "heads": int(row["heads_kept"]), "lambda": float(row["lambda"]), "metric": float(row["metric_binary"]),
+                "change": float(row["change"]), "ci": [float(row["change_ci_low"]), float(row["change_ci_high"])],
+                "n_examples": int(row["n_examples"]), "in_sample": True}
         summary["l0_lambdas"] = [float(x) for x in hc.l0.lambdas]  # one strength is no sweep (the finding says so)
     run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)
@@ -519,24 +544,37 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
     return {**summary, **null, "readout_size": readout, **extra}
 
 
-def _top_heads(df: pd.DataFrame, checks: dict, k: int = 5) -> dict[str, Any]:
+def _top_heads(df: pd.DataFrame, checks: dict, per: pd.DataFrame | None = None, k: int = 5) -> dict[str, Any]:
     """The k highest-ranked heads per method (top_heads_<method>); none for a degenerate method (its ranking is
     rounding). top_head_<method> for each ablation method: its first head and the next, each with its importance
-    and 95% t interval over the examples, and `clear`: the first's interval lies above the next's (review 11b A3:
-    one head costing 66x the next went unnamed behind the ties that follow it)."""
+    and 95% t interval over the examples, the paired difference first - next over the same examples with its 95%
+    t interval where per (importance_table's per-example drops) holds both, and `clear`: that interval lies above 0
+    (without per-example drops: the first's interval lies above the next's; review 12b A5: two marginal intervals
+    overlapping by 0.004 while the paired difference was +2.02 [+0.39, +3.64])."""
     out: dict[str, Any] = {}
     for method, g in df.groupby("method", sort=False):
         ranked = g.sort_values("rank")
         out[f"top_heads_{method}"] = [] if f"degenerate_{method}" in checks else ranked["head_name"].head(k).tolist()
         if method != "gradient" and f"degenerate_{method}" not in checks and len(ranked) > 1:
-            out[f"top_head_{method}"] = _leading(ranked, int(checks.get("n_examples") or 0))
+            mine = per[per["method"] == method] if per is not None and len(per) else None
+            out[f"top_head_{method}"] = _leading(ranked, int(checks.get("n_examples") or 0), mine)
     return out
 
 
-def _leading(ranked: pd.DataFrame, n: int) -> dict[str, Any]:
+def _paired(per: pd.DataFrame, first: str, second: str) -> dict[str, Any] | None:
+    """first - next per example (the rows both have), its mean, 95% t interval and n; None under 2 examples."""
+    a = per[per["head_name"] == first].set_index("example")["effect"]
+    b = per[per["head_name"] == second].set_index("example")["effect"]
+    d = (a - b).dropna()  # [n] aligned on the example
+    ci = mean_interval(d.to_numpy())
+    return None if ci is None else {"diff": float(d.mean()), "diff_ci": ci, "diff_n": int(len(d))}
+
+
+def _leading(ranked: pd.DataFrame, n: int, per: pd.DataFrame | None = None) -> dict[str, Any]:
     """The first two rows of a ranked importance table as {head, importance, ci, next_head, next_importance,
-    next_ci, n_examples, clear} (ci: importance -+ the 95% t half-width of its standard error; None below 2
-    examples; clear: the first's lower bound above the next's upper bound)."""
+    next_ci, n_examples, clear} and, with per-example drops, diff, diff_ci, diff_n (the paired first - next)
+    (ci: importance -+ the 95% t half-width of its standard error; None below 2 examples; clear: the paired
+    difference's lower bound above 0, else the first's lower bound above the next's upper bound)."""
     def interval(row: pd.Series) -> list[float] | None:
         se = float(row["importance_se"])
         if n < 2 or not math.isfinite(se):
@@ -546,6 +584,8 @@ def _leading(ranked: pd.DataFrame, n: int) -> dict[str, Any]:
 
     first, second = ranked.iloc[0], ranked.iloc[1]
     ci, next_ci = interval(first), interval(second)
+    paired = _paired(per, first["head_name"], second["head_name"]) if per is not None else None
+    clear = paired["diff_ci"][0] > 0 if paired else ci is not None and next_ci is not None and ci[0] > next_ci[1]
     return {"head": first["head_name"], "importance": float(first["importance"]), "ci": ci,
             "next_head": second["head_name"], "next_importance": float(second["importance"]), "next_ci": next_ci,
-            "n_examples": n, "clear": bool(ci is not None and next_ci is not None and ci[0] > next_ci[1])}
+            "n_examples": n, **(paired or {}), "clear": bool(clear)}

@@ -368,6 +368,7 @@ class AblationScores:
     metric: torch.Tensor  # [L, H] mean metric with the head ablated
     baseline: float  # mean metric with no extra head ablated (under base_mask)
     se: torch.Tensor | None = None  # [L, H] standard error over examples of the importance (NaN: not measured or n < 2)
+    effects: torch.Tensor | None = None  # [L, H, n_examples] each example's drop (NaN: not measured), for paired tests
 
 
 def ablation_importance(
@@ -402,11 +403,13 @@ def ablation_importance(
     spread = effects.std(1) / n ** 0.5 if n > 1 else torch.full((len(heads),), float("nan"), dtype=torch.float64)
     metric = torch.full((f.n_layers, f.n_heads), float("nan"), dtype=torch.float64)
     se = metric.clone()
+    per = torch.full((f.n_layers, f.n_heads, n), float("nan"), dtype=torch.float64)  # [L, H, n]
     for i, (layer, head) in enumerate(heads):
         metric[layer, head] = means[i + 1]
         se[layer, head] = spread[i]
+        per[layer, head] = effects[i].double()
     baseline = float(means[0])
-    return AblationScores(importance=baseline - metric, metric=metric, baseline=baseline, se=se)
+    return AblationScores(importance=baseline - metric, metric=metric, baseline=baseline, se=se, effects=per)
 
 
 def gradient_importance(

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from headscope.analyses.core.chance import mean_intervals
 from headscope.analyses.heads.importance import Scorer, evaluate_masks, run_gated
 from headscope.analyses.heads.pruning import head_label
 from headscope.errors import ConfigError
@@ -126,21 +127,29 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
     """Train gates for every lambda; returns (sweep, gates).
 
     sweep: lambda, heads_kept, fraction_kept, metric (test-time gates), metric_binary (kept heads
-    at 1, the others removed), surviving (names, "L0H3 L2H1"). gates: lambda, layer, head,
-    log_alpha, gate, kept.
+    at 1, the others removed), change (metric_binary - unpruned, paired over the examples) with change_ci_low /
+    change_ci_high (its 95% t interval; NaN under 2 examples) and n_examples, surviving (names, "L0H3 L2H1").
+    The gates are trained and evaluated on the same examples (in-sample: no held-out split). gates: lambda,
+    layer, head, log_alpha, gate, kept.
     """
     f = model.facts
     alphas = train_gate_sweep(model, scorer, config.lambdas, config, seed=seed, progress=progress)  # [k, L, H]
     soft = deterministic_gates(alphas)  # [k, L, H]
     hard = (soft > 0).float()  # [k, L, H]
-    values = evaluate_masks(model, scorer, torch.cat([soft, hard]), desc="L0 evaluation", progress=progress)
-    k = len(alphas)
+    ones = torch.ones(1, f.n_layers, f.n_heads)
+    per = evaluate_masks(model, scorer, torch.cat([ones, soft, hard]), desc="L0 evaluation", progress=progress,
+                         per_example=True)  # [1 + 2k, n_examples], the unpruned model first
+    values = per[1:].mean(1)  # [2k]
+    k, n = len(alphas), per.shape[1]
+    change = mean_intervals((per[1 + k:] - per[:1]).cpu().numpy())  # [k] each: the kept heads' paired change
     sweep, gates = [], []
     for i, lam in enumerate(config.lambdas):
         kept = [(l, h) for l in range(f.n_layers) for h in range(f.n_heads) if hard[i, l, h] > 0]
         sweep.append({
             "lambda": lam, "heads_kept": len(kept), "fraction_kept": len(kept) / (f.n_layers * f.n_heads),
             "metric": float(values[i]), "metric_binary": float(values[k + i]),
+            "change": float(change["mean"][i]), "change_ci_low": float(change["low"][i]),
+            "change_ci_high": float(change["high"][i]), "n_examples": n,
             "surviving": " ".join(head_label(l, h) for l, h in kept),
         })
         gates += [

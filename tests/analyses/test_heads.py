@@ -523,6 +523,15 @@ def test_l0_sweep_large_lambda_prunes_every_head_and_keeps_the_model_frozen(tiny
     assert big["heads_kept"] == 0 and big["surviving"] == ""
     all_zeroed = loop_logit_diff(model, task, [(z_name(l), zero_heads([0, 1, 2, 3])) for l in range(2)]).mean().item()
     assert big["metric_binary"] == pytest.approx(all_zeroed, abs=1e-5)
+    # review 12b C1: the paired change from unpruned over the examples, with its 95% t interval (scipy's quantile)
+    from scipy import stats
+
+    drop = (loop_logit_diff(model, task, [(z_name(l), zero_heads([0, 1, 2, 3])) for l in range(2)])
+            - loop_logit_diff(model, task, [])).double()  # [n]
+    half = stats.t.ppf(0.975, len(task) - 1) * drop.std().item() / len(task) ** 0.5
+    assert big["n_examples"] == len(task) and big["change"] == pytest.approx(drop.mean().item(), abs=1e-5)
+    assert (big["change_ci_low"], big["change_ci_high"]) == pytest.approx(
+        (drop.mean().item() - half, drop.mean().item() + half), abs=1e-5)
     assert sweep.loc[sweep["lambda"] == 0.0, "heads_kept"].item() > 0
     assert len(gates) == 2 * 8 and set(gates.columns) >= {"lambda", "layer", "head", "gate", "kept"}
     assert all(torch.equal(a, b) for a, b in zip(before, model.bridge.parameters()))
@@ -964,7 +973,7 @@ def test_importance_se_equals_per_example_ablation_and_gate_gradients(tiny_model
     (hs.ablate one head at a time, one plain forward per head) and of each example's |dL/d gate| (autograd
     through a plain bridge forward with gates on hook_z), sd / sqrt(n)."""
     model, task = tiny_models["gpt2"], decoder_task(seed=8)
-    df, raw, _, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
+    df, raw, _, _, per = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
     metric = metrics.task_metric(task)
     n = len(task)
     with torch.no_grad():
@@ -988,6 +997,8 @@ def test_importance_se_equals_per_example_ablation_and_gate_gradients(tiny_model
             row = df[(df["method"] == "zero") & (df["layer"] == layer) & (df["head"] == head)].iloc[0]
             assert row["importance"] == pytest.approx(drop.mean().item(), abs=1e-5)
             assert row["importance_se"] == pytest.approx((drop.std() / n ** 0.5).item(), rel=1e-3, abs=1e-6)
+            mine = per[(per["method"] == "zero") & (per["layer"] == layer) & (per["head"] == head)]  # review 12b A5
+            assert mine.sort_values("example")["effect"].tolist() == pytest.approx(drop.tolist(), abs=1e-5)
             row = df[(df["method"] == "gradient") & (df["layer"] == layer) & (df["head"] == head)].iloc[0]
             assert row["importance"] == pytest.approx(grads[:, layer, head].mean().item(), rel=1e-4, abs=1e-6)
             assert row["importance_se"] == pytest.approx((grads[:, layer, head].std() / n ** 0.5).item(), rel=1e-3, abs=1e-6)
@@ -1057,6 +1068,29 @@ def test_the_leading_head_carries_its_t_interval_and_whether_it_clears_the_next(
     wide = df.assign(importance_se=[0.017, 1.1, 0.005])  # 2.2133 - 2.131 x 1.1 = -0.13 < the next's 0.0697
     assert heads._top_heads(wide, {"n_examples": 16})["top_head_zero"]["clear"] is False
     assert "top_head_zero" not in heads._top_heads(df, {"n_examples": 16, "degenerate_zero": "why"})
+
+
+def test_the_leading_head_stands_clear_by_its_paired_difference_not_by_overlapping_intervals():
+    """Review 12b A5: the same examples' costs of the top two heads are a paired question. Hand-built: L0H3 costs
+    x_i = y_i + d_i, where y_i spreads widely and d_i = 1 +- 0.5, so the two marginal 95% intervals overlap while the
+    paired difference's interval (mean -+ t(0.975, 7) sd(d) / sqrt(8), scipy's quantile) lies above 0: clear."""
+    from scipy import stats
+
+    y = np.array([0.0, 3.0, -2.0, 5.0, 1.0, -1.0, 4.0, 2.0])  # the next head's costs, 8 examples
+    d = np.array([1.5, 0.5, 1.0, 1.2, 0.8, 1.4, 0.6, 1.0])
+    x = y + d
+    per = pd.DataFrame({"head_name": ["L0H3"] * 8 + ["L0H0"] * 8, "method": "zero", "example": [*range(8)] * 2,
+                        "effect": [*x, *y]})
+    df = pd.DataFrame({"method": "zero", "head_name": ["L0H0", "L0H3"], "importance": [y.mean(), x.mean()],
+                       "importance_se": [y.std(ddof=1) / 8 ** 0.5, x.std(ddof=1) / 8 ** 0.5], "rank": [2, 1]})
+    got = heads._top_heads(df, {"n_examples": 8}, per)["top_head_zero"]
+    t = stats.t.ppf(0.975, 7)
+    assert got["ci"][0] < got["next_ci"][1]  # the marginal intervals overlap
+    half = t * d.std(ddof=1) / 8 ** 0.5
+    assert got["diff"] == pytest.approx(1.0) and got["diff_n"] == 8
+    assert got["diff_ci"] == pytest.approx([1.0 - half, 1.0 + half]) and got["clear"] is True
+    noisy = per.assign(effect=[*(y + d - 1.0 + np.array([2, -2, 2, -2, 2, -2, 2, -2.0])), *y])  # mean diff 0
+    assert heads._top_heads(df, {"n_examples": 8}, noisy)["top_head_zero"]["clear"] is False
 
 
 def test_a_saturated_answer_log_probability_is_computed_past_bfloat16_rounding():

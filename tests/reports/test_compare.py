@@ -327,7 +327,7 @@ def test_compare_top_heads_that_swap_within_each_others_noise_are_not_a_reorder(
     assert top_heads_notes(a, b)[0] == (
         "(same) Top heads by gradient: the same 5 (A L1H2, L1H1, L1H0, L0H2, L0H1; B L1H2, L1H1, L0H2, L1H0, L0H1); "
         "L1H0 and L0H2 swap places, within each other's noise (A: 0.003 apart, SEs 0.05 and 0.05; their 95% intervals "
-        "overlap).")
+        "overlap: marginal intervals, not a paired test, as the run keeps no per-example gradient values).")
     # A's order measured (SEs 0.0004: reach 0.0025 < 0.003), B's not: B's numbers are the ones that say so
     _importances(tmp_path / "a", values(0.221, 0.218, 0.0004))
     assert "within each other's noise (B: 0.03 apart, SEs 0.05 and 0.05;" in top_heads_notes(a, b)[0]
@@ -339,6 +339,49 @@ def test_compare_top_heads_that_swap_within_each_others_noise_are_not_a_reorder(
     _folder(tmp_path / "c", "m", 1.0, 0, 0.5)
     _heads_summary(tmp_path / "c", top_heads_gradient=swapped)
     assert "another order" in top_heads_notes(a, Run(tmp_path / "c"))[0]
+
+
+def test_compare_swaps_within_a_run_are_judged_by_the_paired_difference_where_the_run_keeps_examples(tmp_path):
+    """Review 12b C3: whether two heads of one run swap within noise is a paired question (the same examples). A's
+    L1H0 (0.221, SE 0.05) and L0H2 (0.218, SE 0.05) have overlapping marginal intervals, but their per-example
+    drops (importance_examples.csv) differ by d = 0.002-0.004 on every example: mean 0.003, 95% CI 0.003 -+
+    t(0.975, 3) sd(d) / 2 (scipy), above 0, so A's order is measured. B without per-example values says its test
+    is the marginal overlap; B with them says the paired interval (hand-built, reaching 0)."""
+    from scipy import stats
+
+    from headscope.reports.compare_top import top_heads_notes
+
+    def tables(root, l1h0: float, l0h2: float, per: dict[str, list[float]] | None) -> None:
+        vals = {"L1H2": 0.9, "L1H1": 0.5, "L1H0": l1h0, "L0H2": l0h2, "L0H1": 0.1, "L0H0": 0.01}
+        io.write_csv(root / "heads" / "results.csv", pd.DataFrame([
+            {"layer": int(n[1]), "head": int(n[3]), "head_name": n, "method": "zero", "importance": v,
+             "importance_se": 0.05} for n, v in vals.items()]))
+        if per:
+            io.write_csv(root / "heads" / "importance_examples.csv", pd.DataFrame([
+                {"layer": int(n[1]), "head": int(n[3]), "head_name": n, "method": "zero", "example": i, "effect": e}
+                for n, es in per.items() for i, e in enumerate(es)]))
+
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+    _heads_summary(tmp_path / "a", top_heads_zero=TOP)
+    _heads_summary(tmp_path / "b", top_heads_zero=["L1H2", "L1H1", "L0H2", "L1H0", "L0H1"])
+    y, d = np.array([0.1, 0.3, 0.2, 0.272]), np.array([0.002, 0.004, 0.003, 0.003])
+    tables(tmp_path / "a", 0.221, 0.218, {"L1H0": list(y + d), "L0H2": list(y)})
+    tables(tmp_path / "b", 0.2, 0.23, None)
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    note = next(n for n in top_heads_notes(a, b) if "by zero" in n)
+    assert ("L1H0 and L0H2 swap places, within each other's noise (B: 0.03 apart, SEs 0.05 and 0.05; their 95% "
+            "intervals overlap: marginal intervals, not a paired test, as the run keeps no per-example zero values)"
+            ) in note and "A:" not in note  # A's paired interval 0.003 -+ 0.0013 lies above 0
+    assert stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2 < 0.003
+    yb, db = np.array([0.1, 0.35, 0.2, 0.27]), np.array([-0.5, 0.4, -0.3, 0.28])
+    tables(tmp_path / "b", 0.2, 0.23, {"L1H0": list(yb + db), "L0H2": list(yb)})
+    b = Run(tmp_path / "b")
+    half = stats.t.ppf(0.975, 3) * db.std(ddof=1) / 2  # 0.697
+    note = next(n for n in top_heads_notes(a, b) if "by zero" in n)
+    assert (f"(B: L1H0 - L0H2 = -0.03, paired 95% CI [{-0.03 - half:+.2g}, {-0.03 + half:+.2g}] over 4 examples, "
+            "which reaches 0)") in note
+    assert "marginal" not in note
 
 
 def _ablation_verdicts(root, interval, first, **keys) -> None:
@@ -778,7 +821,7 @@ def test_compare_mutes_with_the_importance_se_the_heads_analysis_writes(tmp_path
     g = torch.Generator().manual_seed(9)
     task = Task(name="t", tokens=random_tokens(6, 8, seed=9), answers=torch.randint(10, 40, (6,), generator=g),
                 wrong_answers=torch.randint(10, 40, (6,), generator=g), metric="logit_diff")
-    df, _, _, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
+    df, _, _, _, _ = heads.importance_table(model, hi.make_scorer(model, task), ("gradient", "zero"))
     assert df["importance_se"].gt(0).all()
     _folder(tmp_path / "a", "m", 1.0, 0, 0.5)
     _folder(tmp_path / "b", "m", 1.0, 0, 0.5)

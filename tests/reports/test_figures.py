@@ -554,10 +554,11 @@ def test_a_logprob_pruning_figure_draws_the_band_from_the_span_from_chance():
         low = -0.007 - 5 * band
         assert near.get_ylim() == pytest.approx((low, 0.03 * -low))
         labels = {t.get_text() for t in near.get_yticklabels()}
-        assert f"floor, 0.114 below: {floor:.4g}" in labels
-        assert "unpruned: -0.007 (maximum 0 just above)" in labels and not [t for t in labels if t.startswith("+")]
-        assert "0.114 below unpruned\n(1% of the span from chance (-11.4) to unpruned)" in near.get_title()
-        assert "unpruned -0.57 to 0, the log-probability's maximum;" in near.get_title()
+        assert f"{floor:.4g}" in labels
+        assert "-0.007 (max. 0 above)" in labels and not [t for t in labels if t.startswith("+")]
+        title = near.get_title().replace("\n", " ")
+        assert f"floor {floor:.4g} = 0.114 below unpruned (1% of the span from chance (-11.4) to unpruned)" in title
+        assert "y from 0.57 below unpruned (-0.5766) up to 0, the log-probability's maximum" in title
     finally:
         plt.close("all")
     far = {**tol, "chance": -52.0, "unpruned": -2.0, "band": 0.5}  # 0 is 2 nats above: a tick of its own
@@ -567,7 +568,40 @@ def test_a_logprob_pruning_figure_draws_the_band_from_the_span_from_chance():
         near = fig.axes[1]
         assert near.get_ylim() == pytest.approx((-4.5, 0.03 * 4.5))
         labels = {t.get_text() for t in near.get_yticklabels()}
-        assert "maximum: 0" in labels and "unpruned: -2" in labels
+        assert "0 (maximum)" in labels and "-2" in labels
+    finally:
+        plt.close("all")
+
+
+def test_pruning_zoom_takes_a_fair_share_of_the_width_with_one_number_a_tick_and_marks_a_hidden_curve():
+    """Review 12a B2 / 12c B2: the zoom panel was squeezed to a tenth of the figure by two-part tick labels
+    ("-0.49: -0.5125") and titled "unpruned -0.49 to 0". Review 12b B4: ablation's curve equal to ablation
+    recomputed's at every point was drawn exactly under it. Hand-built (out_t's numbers: unpruned -0.0229, band
+    0.0979 = 1% of the span from chance -9.82): after layout the zoom is as wide as the full panel's 0.8 at least and
+    a quarter of the figure; each tick is one number (-0.0229 - 5 x 0.0979 = -0.5124, the floor -0.1208); the
+    hidden curve's legend entry says which it lies under, the one on top does not."""
+    from headscope.reports.plots_heads import figures as heads_figures
+
+    b, band = -0.0229, 0.0979
+    tol = {"tolerance": 0.01, "basis": "span", "chance": -9.82, "unpruned": b, "band": band}
+    ms = (b, -0.03, -0.04, -5.6)
+    curve = pd.DataFrame([{"ordering": o, "recompute": r, "seed": 0, "fraction_pruned": f, "metric": m + shift}
+                          for o, r, shift in (("gradient", False, -0.01), ("ablation", False, 0.0), ("ablation", True, 0.0))
+                          for f, m in zip((0.0, 0.25, 0.5, 1.0), ms)])
+    fig = heads_figures(_result("heads", curve, {"metric": "logprob", "baseline_metric": b, "pruning_tolerance": tol,
+                                                 "ordering_basis": {"ablation": "raw zero-ablation drop"}}))["pruning_curve"]
+    try:
+        full, near = fig.axes
+        wide = near.get_position().width
+        assert wide >= 0.8 * full.get_position().width and wide >= 0.25
+        labels = [t.get_text() for t in near.get_yticklabels()]
+        assert labels[:2] == ["-0.5124", "-0.1208"] and labels[2].startswith("-0.0229")
+        assert not [t for t in labels if ": " in t]
+        title = near.get_title().replace("\n", " ")
+        assert "unpruned -0.49 to 0" not in title and "y from 0.489 below unpruned (-0.5124) up to 0" in title
+        legend = [t.get_text() for t in near.get_legend().get_texts()]
+        assert "ablation (raw zero-ablation drop):\nidentical to ablation recomputed, drawn under it" in legend
+        assert "ablation recomputed (raw zero-ablation drop)" in legend and "gradient" in legend
     finally:
         plt.close("all")
 
@@ -628,7 +662,8 @@ def test_pruning_figure_zooms_on_the_1_percent_band_at_any_scale(baseline, low, 
         assert y0 < floor < baseline < y1
         assert (baseline - floor) / (y1 - y0) >= 0.09  # a tenth of the panel's height, not a pixel
         labels = {t.get_text() for t in near.get_yticklabels()}
-        assert f"1% below unpruned: {floor:.4g}" in labels and f"unpruned: {baseline:.4g}" in labels
+        assert f"{floor:.4g}" in labels and f"{baseline:.4g}" in labels
+        assert f"unpruned {baseline:.4g}, floor {floor:.4g}\n= 1% below unpruned" in near.get_title()
         [band] = [p for p in near.patches if "one-sided" in str(p.get_label())]  # below the floor only (review 8 B2)
         assert band.get_facecolor()[3] > 0 and np.isclose(_span_ys(band).max(), floor) and _span_ys(band).min() < y0
         assert full.get_legend() is None and near.get_legend() is not None  # one legend, beside the zoom
@@ -652,9 +687,9 @@ def test_pruning_zoom_on_a_cosine_stops_at_its_maximum(baseline):
         low = 0.95 * baseline
         assert y0 == pytest.approx(low) and y1 == pytest.approx(1.0 + 0.03 * (1.0 - low))
         labels = [t.get_text() for t in near.get_yticklabels()]
-        assert not [t for t in labels if t.startswith("+5%")]
-        assert (f"unpruned: {baseline:.4g} (maximum)" in labels) if baseline == 1.0 else ("maximum: 1" in labels)
-        assert "to 1, the cosine's maximum" in near.get_title()
+        assert f"{baseline * 1.05:.4g}" not in labels
+        assert (f"{baseline:.4g} (maximum)" in labels) if baseline == 1.0 else ("1 (maximum)" in labels)
+        assert "up to 1, the cosine's maximum" in near.get_title().replace("\n", " ")
         fig.canvas.draw()  # the longer zoom title stays clear of the full panel's
         renderer = fig.canvas.get_renderer()
         assert not _overlap(fig.axes[0].title.get_window_extent(renderer), near.title.get_window_extent(renderer))
@@ -1573,6 +1608,42 @@ def test_roles_labels_of_many_heads_do_not_overlap():
             plt.close(fig)
 
 
+def test_l0_points_carry_their_paired_interval_and_labels_stay_clear_of_the_legend():
+    """Review 12b B3 / C1 (out_full's l0.csv): the "λ=0.001" label of the right-most point (8 heads, 7.4698) ran
+    under the legend, and the points carried no interval. Each point's bar spans metric_binary + (ci - change):
+    8 heads 7.4698 + (-0.02 - 0.0187) = 7.4311 to 7.4698 + (0.06 - 0.0187) = 7.5111; the title says n and
+    in-sample; after the figure's layout every label lies inside the axes, off the legend and off each other."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_heads import plot_l0
+
+    sweep = pd.DataFrame({"lambda": [0.001, 0.003, 0.01, 0.03, 0.1], "heads_kept": [8, 6, 5, 3, 3],
+                          "metric_binary": [7.4698, 7.4559, 7.4365, 7.4246, 7.4246],
+                          "metric": [7.4726, 7.4552, 7.4391, 7.4246, 7.4246],
+                          "change": [0.0187, 0.0048, -0.0146, -0.0265, -0.0265],
+                          "change_ci_low": [-0.02, -0.03, -0.05, -0.09, -0.09],
+                          "change_ci_high": [0.06, 0.04, 0.02, 0.04, 0.04], "n_examples": 40})
+    ax = plot_l0(sweep, metric="logit_diff", baseline=7.4511, ax=plt.subplots(figsize=(8, 4))[1])
+    fig = laid_out(ax)
+    try:
+        bars = [c for c in ax.collections if c.get_segments()]
+        ends = {round(float(seg[0][0])): (float(seg[0][1]), float(seg[1][1])) for seg in bars[0].get_segments()}
+        assert ends[8] == pytest.approx((7.4698 - 0.0387, 7.4698 + 0.0413))
+        assert "95% CI over 40 examples, in-sample" in ax.get_title()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        inside, legend = ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, text
+            assert not _overlap(box, legend), text.get_text()
+        boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+        names = sorted(boxes)  # λ=0.003 (6 heads) and λ=0.01 (5 heads) overprinted in out_full
+        assert len(names) == 4 and not [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+                                        if _overlap(boxes[a], boxes[b])]
+    finally:
+        plt.close("all")
+
+
 def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
     from headscope.reports.plots_heads import plot_l0
 
@@ -1882,8 +1953,9 @@ def test_pruning_curve_legend_names_what_each_ordering_ranks_by():
     raw values: the legend says which (the summary's ordering_basis)."""
     from headscope.reports.plots_heads import plot_pruning_curve
 
-    prune = pd.DataFrame([{"ordering": o, "recompute": r, "fraction_pruned": f, "metric": 1.0 - f, "seed": 0}
-                          for o, r in (("gradient", False), ("gradient", True), ("ablation", False)) for f in (0.0, 0.5)])
+    prune = pd.DataFrame([{"ordering": o, "recompute": r, "fraction_pruned": f, "metric": 1.0 - f * (1 + i), "seed": 0}
+                          for i, (o, r) in enumerate((("gradient", False), ("gradient", True), ("ablation", False)))
+                          for f in (0.0, 0.5)])
     ax = plot_pruning_curve(prune, metric="logit_diff", basis={"gradient": "|dL/d gate| / its layer's L2 norm"},
                             ax=plt.subplots()[1])
     try:

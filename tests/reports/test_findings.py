@@ -239,9 +239,44 @@ def test_heads_finding_leads_with_the_head_that_stands_clear():
     text = finding("heads", {**s, "top_head_zero": close})
     assert ("Zero-ablating L0H3 alone costs 2.21 answer log-probability (95% CI [0.23, 4.19], 16 examples), the most "
             "of any head, but the next, L0H0, costs 1.9 and their 95% intervals overlap (L0H3 [0.23, 4.19], L0H0 "
-            "[1.1, 2.7]): these examples do not single out one head.") in text
+            "[1.1, 2.7]; marginal intervals, no paired test: this run kept no per-example costs): these examples do not "
+            "single out one head.") in text
     assert "no other head" not in text
     assert "L0H3" not in finding("heads", {**s, "top_head_zero": {**top, "importance": -0.01}})  # costs nothing
+
+
+def test_heads_leading_sentence_decides_by_the_paired_difference():
+    """Review 12b A5 (out_full, mean ablation, 40 examples): L0H2 3.08 [1.74, 4.42], L0H3 1.06 [0.387, 1.74]; the
+    marginal intervals overlap by 0.004, but the paired L0H2 - L0H3 (plain HF, mean_ablate_check.py) is +2.02
+    [+0.39, +3.64]: the sentence states that difference with its interval and n and says L0H2 stands clear; a
+    paired interval reaching 0 says the examples do not single out one head."""
+    top = {"head": "L0H2", "importance": 3.0794, "ci": [1.7384, 4.4204], "next_head": "L0H3",
+           "next_importance": 1.0645, "next_ci": [0.3872, 1.7418], "n_examples": 40, "clear": True,
+           "diff": 2.0149, "diff_ci": [0.39, 3.64], "diff_n": 40}
+    text = finding("heads", {**HEADS, "top_head_mean": top})
+    assert ("Mean-ablating L0H2 alone costs 3.08 logit difference (95% CI [1.74, 4.42], 40 examples), 2.01 more than "
+            "the next, L0H3 (1.06; paired difference L0H2 - L0H3 over the same 40 examples +2.01, 95% CI [+0.39, "
+            "+3.64]): L0H2 stands clear of the next head on these examples.") in text
+    assert "overlap" not in text and "do not single out" not in text
+    text = finding("heads", {**HEADS, "top_head_mean": {**top, "diff_ci": [-0.2, 4.2], "clear": False}})
+    assert ("paired difference L0H2 - L0H3 over the same 40 examples +2.01, 95% CI [-0.2, +4.2]): the paired "
+            "interval reaches 0, so these examples do not single out one head.") in text
+
+
+def test_heads_l0_sentence_gives_its_change_interval_and_n_and_says_it_is_in_sample():
+    """Review 12b C1 (out_full, l0.csv): "L0 gates keep the metric within tolerance with 3 heads" had no n and no
+    interval and is measured on the 40 examples the gates were trained on: 7.425 at lambda 0.03 against 7.451
+    unpruned. The sentence gives the change with its interval and n and says it is in-sample; an older summary
+    without the record still says in-sample."""
+    rec = {"heads": 3, "lambda": 0.03, "metric": 7.4247, "change": -0.0263, "ci": [-0.0912, 0.0386],
+           "n_examples": 40, "in_sample": True}
+    heads = {**HEADS, "l0_min_heads_within_tolerance": 3, "l0_lambdas": [0.001, 0.1], "l0_within_tolerance": rec}
+    assert ("L0 gates keep the metric within tolerance with 3 heads (lambda 0.03: 7.425, a change of -0.0263 from "
+            "unpruned, 95% CI [-0.0912, +0.0386] over 40 examples; in-sample: measured on the examples the gates "
+            "were trained on, no held-out check).") in finding("heads", heads)
+    old = {k: v for k, v in heads.items() if k != "l0_within_tolerance"}
+    assert ("L0 gates keep the metric within tolerance with 3 heads (in-sample: measured on the examples the gates "
+            "were trained on, no held-out check).") in finding("heads", old)
 
 
 def test_heads_that_cannot_be_told_apart_are_said_by_their_overlapping_intervals():
@@ -254,7 +289,8 @@ def test_heads_that_cannot_be_told_apart_are_said_by_their_overlapping_intervals
     text = finding("heads", {**HEADS, "top_head_zero": top})
     assert ("Zero-ablating L0H2 alone costs 4.49 logit difference (95% CI [2.21, 6.76], 16 examples), the most of any "
             "head, but the next, L0H1, costs 1.92 and their 95% intervals overlap (L0H2 [2.21, 6.76], L0H1 [0.622, "
-            "3.22]): these examples do not single out one head.") in text
+            "3.22]; marginal intervals, no paired test: this run kept no per-example costs): these examples do not "
+            "single out one head.") in text
     assert "within its interval" not in text
     apart = {k: v for k, v in top.items() if k != "clear"} | {"next_ci": [0.4, 1.5]}
     assert "; no other head costs more than 1.9 (L0H1)." in finding("heads", {**HEADS, "top_head_zero": apart})
