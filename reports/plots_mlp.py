@@ -388,10 +388,16 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
         others = [l for l in counts if l != best and l in sizes]
         k_others = sum(counts[l] for l in others)
         pairs = "; ".join(f"layer {l} ({counts[l]} of {sizes[l]}) {_p(p)}" for l, p in list(each.items())[:6] if l in sizes)
-        differ = "differ" if pooled < ALPHA else "cannot be told apart"
+        # review 12b C2: the best of L layers is picked after looking, so its pooled p is Bonferroni-corrected (x L)
+        n_layers = len(others) + 1
+        corrected = min(1.0, n_layers * pooled)
+        differ = "differ" if corrected < ALPHA else "cannot be told apart"
+        fix = (f" ({_p(corrected).replace('p ', 'p_Bonferroni ', 1)} for picking the best of {n_layers} layers)"
+               if n_layers > 1 else "")
         out.append(f"Between layers: layer {best} against the others pooled ({k_others} of {sum(sizes[l] for l in others)}) "
-                   f"{_p(pooled)}, so the layers {differ}" + (f"; against each, {pairs}" if pairs else "")
-                   + " (Fisher's exact test; the best layer is picked after looking, so these p are optimistic).")
+                   f"{_p(pooled)}{fix}, so the layers {differ}" + (f"; against each, uncorrected, {pairs}" if pairs else "")
+                   + " (Fisher's exact test; the best layer is picked after looking, so the verdict reads the "
+                   "Bonferroni-corrected p).")
     return out
 
 

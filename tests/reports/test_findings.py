@@ -1833,8 +1833,18 @@ def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fishe
     assert "Layers above their own control at p < 0.05: layers 0 and 2." in finding("mlp", two)
     flat = {**s, "agreement_shuffled_count_per_layer": counts, "agreement_shuffled_per_layer": s["agreement_per_layer"]}
     assert "Layers above their own control at p < 0.05: none." in finding("mlp", flat)
-    assert (f"layer 0 against the others pooled (11 of 256) p = {p['pooled']:.2g}, so the layers differ; against each, "
+    assert p["pooled"] * 3 < 0.05
+    assert (f"layer 0 against the others pooled (11 of 256) p = {p['pooled']:.2g} (p_Bonferroni = {3 * p['pooled']:.2g} "
+            "for picking the best of 3 layers), so the layers differ; against each, uncorrected, "
             f"layer 1 (3 of 128) p < 0.001; layer 2 (8 of 128) p = {p['l2']:.2g}") in text, text
+    # review 12b C2 (its bfloat16 counts): 4 of 128 in layer 1 against 1 of 256 is p = 0.044 uncorrected, but the layer
+    # was picked as the best of 3, so x 3 = 0.13: the layers cannot be told apart
+    bf = {"0": 0, "1": 4, "2": 1}
+    post = fisher_exact([[4, 124], [1, 255]])[1]
+    assert post == pytest.approx(0.044, abs=1e-3)
+    text = finding("mlp", {**s, "agreement_count_per_layer": bf, "agreement_per_layer": {k: v / 128 for k, v in bf.items()}})
+    assert (f"layer 1 against the others pooled (1 of 256) p = {post:.2g} (p_Bonferroni = {3 * post:.2g} for picking the "
+            "best of 3 layers), so the layers cannot be told apart") in text, text
     # the recorded tests are what the analysis computes from the same counts
     from headscope.analyses.mlp.analysis import agreement_tests
 
