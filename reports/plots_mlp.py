@@ -237,8 +237,19 @@ def experts_sentence(s: Mapping[str, Any]) -> str:
     return (f"Layer{'s' if many else ''} {names} {'are mixtures' if many else 'is a mixture'} of experts: "
             f"{owner} {text}, a neuron's coefficient "
             "being its expert's router weight times its activation, 0 on tokens not routed to that expert"
+            + _weights(experts)
             + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else ".")
             + _dense(sizes, experts))
+
+
+def _weights(experts: Mapping[str, Any]) -> str:
+    """' (the router's top-k weights renormalised to sum to 1)' or ' (... not renormalised: ...)' where every layer's
+    layout says the same; '' where none says (review 12a: Qwen3-MoE renormalises, Qwen2-MoE's default does not)."""
+    said = {e.get("renormalised") for e in experts.values()} - {None}
+    if len(said) != 1:
+        return ""
+    return (" (the router's top-k weights are renormalised to sum to 1)" if said == {True}
+            else " (the router's top-k weights are not renormalised: each is its softmax probability over all experts)")
 
 
 def _dense(sizes: Mapping[str, int], experts: Mapping[str, Any]) -> str:
