@@ -376,6 +376,34 @@ def _against_wrong(s: Mapping[str, Any], count: int) -> str | None:
     return text + "."
 
 
+def _corrected(pooled: float, n_layers: int) -> tuple[int, float, str]:
+    """(n_layers, the pooled p Bonferroni-corrected for picking the best of them, "differ" | "cannot be told apart")."""
+    corrected = min(1.0, n_layers * pooled)
+    return n_layers, corrected, "differ" if corrected < ALPHA else "cannot be told apart"
+
+
+def between_layers(s: Mapping[str, Any]) -> str | None:
+    """The mlp finding's between-layer verdict in words, 'layer 1 against the others pooled: the layers cannot be told
+    apart (p = 0.044, p_Bonferroni = 0.13 over 3 layers)', or None where the finding states none (at chance, no
+    counts, one layer): what `headscope compare` sets side by side (review 12b A8: the verdict flipped unlisted)."""
+    if _chance(s) is not None:
+        return None
+    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
+    sizes = memory_sizes(s)
+    if not agree or _stale_moe(s):
+        return None
+    best = max(agree, key=lambda k: agree[k])
+    tests = _tests(s, sizes)
+    pooled = None if tests is None else tests.get("best_vs_others_p")
+    if (pooled is None or tests.get("best_layer") != best or best not in sizes
+            or best not in tests["control_p_per_layer"]):  # as finding: no _tested sentences there
+        return None
+    others = [l for l in _count_map(s, "agreement", sizes) if l != best and l in sizes]
+    n_layers, corrected, differ = _corrected(pooled, len(others) + 1)
+    return (f"layer {best} against the others pooled: the layers {differ} ({_p(pooled)}, "
+            f"{_p(corrected).replace('p ', 'p_Bonferroni ', 1)} over {n_layers} layers)")
+
+
 def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int, sizes: Mapping[str, int]) -> list[str]:
     """Sentences: the best layer against its own shuffled control, every layer against its control, and the
     best layer against the others (pooled and each), all by Fisher's exact test on k of n neurons (each
@@ -400,9 +428,7 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
         k_others = sum(counts[l] for l in others)
         pairs = "; ".join(f"layer {l} ({counts[l]} of {sizes[l]}) {_p(p)}" for l, p in list(each.items())[:6] if l in sizes)
         # review 12b C2: the best of L layers is picked after looking, so its pooled p is Bonferroni-corrected (x L)
-        n_layers = len(others) + 1
-        corrected = min(1.0, n_layers * pooled)
-        differ = "differ" if corrected < ALPHA else "cannot be told apart"
+        n_layers, corrected, differ = _corrected(pooled, len(others) + 1)
         fix = (f" ({_p(corrected).replace('p ', 'p_Bonferroni ', 1)} for picking the best of {n_layers} layers)"
                if n_layers > 1 else "")
         out.append(f"Between layers: layer {best} against the others pooled ({k_others} of {sum(sizes[l] for l in others)}) "
