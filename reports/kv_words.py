@@ -187,7 +187,7 @@ def _rounding_held(name: str, rows: Sequence[Mapping[str, Any]], s: Mapping[str,
     bfloat16 rounding step of the metric (0.077 logits), so it counts as within.' (holding.py's floor)."""
     unit = SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")
     dtype = s.get("dtype") or "the model's dtype"
-    parts = [f"{r['budget']} (by {r['rounding_miss']:.2g})" for r in rows]
+    parts = [f"{r['budget']} (by {r['rounding_miss']:.2g} {unit})" for r in rows]
     return (f"{name.capitalize()} at budget{'s' if len(rows) > 1 else ''} {and_join(parts)}: the 95% interval passes "
             f"the band by less than one {dtype} rounding step of the metric ({rows[0]['rounding_floor']:.2g} {unit}, "
             "at its largest full-cache value), so rounding alone can put it outside: counted as within.")

@@ -289,7 +289,7 @@ def test_holding_allows_the_metrics_rounding_floor_past_the_band():
     text = finding("kv", {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "bfloat16",
                           "holding_budgets": hold})
     assert "heavy hitters from 8 positions" in text, text
-    assert (f"Heavy hitters at budget 16 (by {miss:.2g}): the 95% interval passes the band by less than one bfloat16 "
+    assert (f"Heavy hitters at budget 16 (by {miss:.2g} logits): the 95% interval passes the band by less than one bfloat16 "
             "rounding step of the metric (0.062 logits, at its largest full-cache value), so rounding alone can put it "
             "outside: counted as within.") in text, text
 
