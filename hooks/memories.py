@@ -150,12 +150,37 @@ def moe_coefficients(model, layer: int, x: torch.Tensor) -> torch.Tensor:
 class ExpertLayout:
     """The shape of a mixture-of-experts MLP's memories: n_experts routed experts of expert_width
     neurons each (top_k chosen per token; None where the router does not say), then a shared expert
-    of shared_width neurons (0: none)."""
+    of shared_width neurons (0: none). renormalised: whether the top_k router weights are renormalised to sum
+    to 1 (Qwen2/3-MoE's config norm_topk_prob, Mixtral's always) or left as the softmax over every expert;
+    None where it cannot be told (review 12a: a Qwen3-MoE report never said which weights a coefficient uses)."""
 
     n_experts: int
     expert_width: int
     top_k: int | None
     shared_width: int = 0
+    renormalised: bool | None = None
+
+
+@torch.no_grad()
+def _renormalised(router, top_k: int | None, n_experts: int) -> bool | None:
+    """The router's norm_topk_prob (from the model's config) where it has one; else measured: its top-k weights
+    for 8 random inputs summing to 1 (Mixtral's router renormalises with no setting for it); None where it cannot
+    be run or top_k covers every expert (then the softmax sums to 1 either way)."""
+    said = getattr(router, "norm_topk_prob", None)
+    if isinstance(said, bool):
+        return said
+    weight = getattr(router, "weight", None)
+    if not top_k or top_k >= n_experts or not isinstance(weight, torch.Tensor) or weight.ndim != 2:
+        return None
+    x = torch.randn(8, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight)  # [8, d_model]
+    try:
+        out = router(x)
+    except Exception:  # a router of another signature: not told rather than guessed
+        return None
+    if not isinstance(out, tuple) or len(out) != 3:
+        return None
+    sums = out[1].float().sum(-1)  # [8]
+    return bool(torch.allclose(sums, torch.ones_like(sums), atol=4 * float(torch.finfo(weight.dtype).eps)))
 
 
 def expert_layout(model, layer: int) -> ExpertLayout | None:
@@ -165,9 +190,11 @@ def expert_layout(model, layer: int) -> ExpertLayout | None:
         return None
     router, experts, shared, _ = moe
     top_k = getattr(router, "top_k", None)
-    return ExpertLayout(n_experts=experts.gate_up_proj.shape[0], expert_width=experts.down_proj.shape[2],
+    n_experts = experts.gate_up_proj.shape[0]
+    return ExpertLayout(n_experts=n_experts, expert_width=experts.down_proj.shape[2],
                         top_k=None if top_k is None else int(top_k),
-                        shared_width=0 if shared is None else raw_module(shared.up_proj).weight.shape[0])
+                        shared_width=0 if shared is None else raw_module(shared.up_proj).weight.shape[0],
+                        renormalised=_renormalised(router, None if top_k is None else int(top_k), n_experts))
 
 
 def n_memories(model, layer: int) -> int:

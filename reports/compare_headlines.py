@@ -18,6 +18,9 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
   are used (n in "converged examples"), not compared where its report leaves it out.
 - mlp: the highest layer's `agreement_per_layer` with its Wilson interval over that layer's `n_memories_per_layer`
   (every expert's neurons on a mixture of experts; older summaries: `n_neurons_per_layer`).
+- verdict headlines (VERDICTS, review 12b A8): kv's holding budget per policy ("from 8 positions", with each budget's
+  verdict where they differ) and mlp's between-layer verdict (plots_mlp.between_layers): the same words, a
+  difference, or not compared.
 - attribution, mlp and kv at or below chance (the summary's `chance` record, the findings' own test): their reports
   state what was measured only, so neither run's taus, agreement or full-cache metric are compared (withheld_at_chance),
   as patching and position are not (compare_run.chance_refusal).
@@ -134,6 +137,64 @@ def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
     hits = int(counted) if _number(counted) else round(agree[best] * n) if _number(n) else None
     ci = wilson(hits, int(n)) if hits is not None and _number(n) and n > 0 else None
     return [("mlp highest layer key-value agreement", agree[best], ci, n, unit(s, best))]
+
+
+def _holding_words(e: Mapping[str, Any]) -> str:
+    """A kv policy's holding headline as its finding states it: 'from 8 positions (a median 30% of the cache)',
+    'not shown to hold (its means within from 16)', 'never within', 'no budget evicts'."""
+    at = e.get("at")
+    if isinstance(at, Mapping) and at.get("budget") is not None:
+        share = f" (a median {100 * at['share']:.0f}% of the cache)" if _number(at.get("share")) else ""
+        return f"from {at['budget']} positions{share}"
+    if e.get("consistent_from") is not None:
+        return f"not shown to hold (its means within from {e['consistent_from']})"
+    return "never within" if e.get("worst_evicting") is not None else "no budget evicts"
+
+
+def _kv_budgets(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """Per policy: (label, its holding headline, its verdict per budget) from holding_budgets (review 12b A8: the
+    kv headline moved from 8 to 32 positions between float32 and bfloat16 and compare listed it nowhere)."""
+    hold = s.get("holding_budgets")
+    if not isinstance(hold, Mapping):
+        return []
+    tol = hold.get("tolerance", 0.01)
+    return [(f"kv {policy.replace('_', ' ')} within {100 * float(tol):.0f}% of the full cache",
+             _holding_words(e), e.get("verdicts") or {}, (e.get("at") or {}).get("budget") or _holding_words(e))
+            for policy, e in (hold.get("policies") or {}).items() if isinstance(e, Mapping)]
+
+
+def _mlp_between(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """The mlp finding's between-layer verdict (plots_mlp.between_layers), where it states one."""
+    from headscope.reports.plots_mlp import between_layers
+
+    said = between_layers(s)
+    return [] if said is None else [("mlp between-layer agreement", said, {}, "cannot be told apart" not in said)]
+
+
+VERDICTS = {"kv": _kv_budgets, "mlp": _mlp_between}  # analysis -> [(label, its headline in words, per-budget verdicts,
+# the headline's verdict: a budget, whether the layers differ; equal verdicts are the same headline)]
+
+
+def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
+    """Each VERDICTS headline of both runs: the same words (SAME), or a difference with the budgets whose verdicts
+    differ, or one run's only (not compared)."""
+    get = VERDICTS.get(name)
+    if get is None:
+        return []
+    a, b = ({label: (words, v, key) for label, words, v, key in get(s)} for s in (sa, sb))
+    notes = []
+    for label in list(a) + [x for x in b if x not in a]:
+        if label not in a or label not in b:
+            side = "A" if label in a else "B"
+            notes.append(NOT_COMPARED + f"{label}: not compared: only {side}'s report states it.")
+            continue
+        (wa, va, ka), (wb, vb, kb) = a[label], b[label]
+        moved = [f"{k}: {va.get(k, 'not run')} in A, {vb.get(k, 'not run')} in B"
+                 for k in sorted(set(va) | set(vb), key=lambda x: float(x)) if va.get(k) != vb.get(k)]
+        said = (f"A and B {wa}" if wa == wb else f"A {wa}, B {wb}") + (
+            f" (budget verdicts that differ: {'; '.join(moved)})" if moved else "")
+        notes.append((SAME + f"{label}: the same verdict: " if ka == kb else f"{label}: ") + said + ".")
+    return notes
 
 
 QUANTITIES = {"heads": _heads, "attribution": _attribution, "mlp": _mlp, "kv": _kv,
@@ -276,14 +337,16 @@ def headline_notes(a: Run, b: Run) -> list[str]:
         pairs = list(zip(quantity(sa), quantity(sb)))
         same_labels = all(qa[0] == qb[0] for qa, qb in pairs)
         differ = tasks_differ(a, b, name) or (_metrics_differ(name, sa, sb) if same_labels else "")
+        said = [v[0] for v in VERDICTS.get(name, lambda _: [])(sa)]  # the verdict headlines, by label
+        said += [v[0] for v in VERDICTS.get(name, lambda _: [])(sb) if v[0] not in said]
         if differ:  # another task (or metric): no number of one is set against the other's
-            labels = [qa[0] for qa, qb in pairs if _number(qa[1]) or _number(qb[1])]
+            labels = [qa[0] for qa, qb in pairs if _number(qa[1]) or _number(qb[1])] + said
             if labels:
                 notes.append(NOT_COMPARED + f"{_joined(labels)}: not compared: {differ}.")
             continue
         at_chance = [f"{side}'s report {why}" for side, s in zip(SIDES, (sa, sb)) if (why := withheld_at_chance(name, s))]
         if at_chance:  # as compare_run.chance_refusal for patching and position: no number a report withholds
-            labels = [qa[0] for qa, qb in pairs if _number(qa[1]) or _number(qb[1])]
+            labels = [qa[0] for qa, qb in pairs if _number(qa[1]) or _number(qb[1])] + said
             if labels:
                 notes.append(NOT_COMPARED + f"{_joined(labels)}: not compared: " + "; ".join(at_chance) + ".")
             continue
@@ -295,7 +358,10 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             if own:  # said even where both reports leave it out: each report's reason
                 notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(own) + f" ({n}).")
                 continue
-            if not (_number(va) and _number(vb)):
+            if not (_number(va) and _number(vb)):  # one report states it, the other not: said, never dropped
+                if _number(va) or _number(vb):
+                    notes.append(NOT_COMPARED + f"{label}: not compared: only {'A' if _number(va) else 'B'}'s report "
+                                 f"states it ({n}).")
                 continue
             refusals = [f"{side}'s report {why}" for side, s in zip(SIDES, (sa, sb)) if (why := withheld(name, s))]
             if refusals:
@@ -312,4 +378,5 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 f" (the finding of {'A' if ia is None else 'B'} states no interval for it: whether this is beyond noise "
                 "is not known).")
             notes.append(f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + verdict)
+        notes += _verdict_notes(name, sa, sb)
     return notes

@@ -14,7 +14,7 @@ import torch
 
 from headscope.analyses.core.chance import clear_of
 from headscope.reports.circuits_words import FEW_ANSWERS
-from headscope.reports.findings import _chance, _num, _words, attention_kind, sink_sentence
+from headscope.reports.findings import _chance, _num, _words, and_join, attention_kind, sink_sentence
 
 
 def _bytes(n: float) -> str:
@@ -166,6 +166,8 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         else:
             text = f"{name}: no budget on the grid evicts anything"
         said.append(text)
+        if e.get("rounding_held"):
+            notes.append(_rounding_held(name, e["rounding_held"], s))
         sinks = e.get("sinks_only_below")
         if sinks is not None and e.get("below") is not None and e["below"] < sinks <= e["budget"]:
             notes.append(f"With {n_sink if n_sink is not None else sinks - 1} sink positions, sink window keeps no recent "
@@ -178,6 +180,17 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
         parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric")), guess))
     return parts
+
+
+def _rounding_held(name: str, rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any]) -> str:
+    """Review 12b A7: 'heavy hitters at budget 16: its 95% interval passes the band by 0.0045 logits, within one
+    bfloat16 rounding step of the metric (0.077 logits), so it counts as within.' (holding.py's floor)."""
+    unit = SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")
+    dtype = s.get("dtype") or "the model's dtype"
+    parts = [f"{r['budget']} (by {r['rounding_miss']:.2g} {unit})" for r in rows]
+    return (f"{name.capitalize()} at budget{'s' if len(rows) > 1 else ''} {and_join(parts)}: the 95% interval passes "
+            f"the band by less than one {dtype} rounding step of the metric ({rows[0]['rounding_floor']:.2g} {unit}, "
+            "at its largest full-cache value), so rounding alone can put it outside: counted as within.")
 
 
 def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: bool = False) -> str:

@@ -15,9 +15,21 @@ def _names(layers: Sequence[Any]) -> str:
     return and_join([str(l) for l in layers])
 
 
+def renormalised_words(e: Mapping[str, Any]) -> str:
+    """" whose weights are renormalised to sum to 1" / " whose weights are not renormalised (each expert's softmax
+    over all experts)" from the layout's `renormalised` (hooks.ExpertLayout), '' where unknown (review 12a)."""
+    said = e.get("renormalised")
+    if said is True:
+        return " whose weights are renormalised to sum to 1"
+    if said is False:
+        return " whose weights are not renormalised (each its softmax probability over all experts)"
+    return ""
+
+
 def _expert_words(e: Mapping[str, Any]) -> str:
-    """"mixture of experts (4 experts x 64, top-2, + a shared expert of 96)"."""
-    top = f", top-{e['top_k']}" if e.get("top_k") else ""
+    """"mixture of experts (4 experts x 64, top-2 whose weights are renormalised to sum to 1, + a shared expert of
+    96)"."""
+    top = f", top-{e['top_k']}{renormalised_words(e)}" if e.get("top_k") else ""
     shared = f", + a shared expert of {e['shared_width']}" if e.get("shared_width") else ""
     return f"mixture of experts ({e['n_experts']} experts x {e['expert_width']}{top}{shared})"
 

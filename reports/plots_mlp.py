@@ -244,8 +244,19 @@ def experts_sentence(s: Mapping[str, Any]) -> str:
     return (f"Layer{'s' if many else ''} {names} {'are mixtures' if many else 'is a mixture'} of experts: "
             f"{owner} {text}, a neuron's coefficient "
             "being its expert's router weight times its activation, 0 on tokens not routed to that expert"
+            + _weights(experts)
             + (" (the shared expert's: its sigmoid gate times its activation, on every token)." if shared else ".")
             + _dense(sizes, experts))
+
+
+def _weights(experts: Mapping[str, Any]) -> str:
+    """' (the router's top-k weights renormalised to sum to 1)' or ' (... not renormalised: ...)' where every layer's
+    layout says the same; '' where none says (review 12a: Qwen3-MoE renormalises, Qwen2-MoE's default does not)."""
+    said = {e.get("renormalised") for e in experts.values()} - {None}
+    if len(said) != 1:
+        return ""
+    return (" (the router's top-k weights are renormalised to sum to 1)" if said == {True}
+            else " (the router's top-k weights are not renormalised: each is its softmax probability over all experts)")
 
 
 def _dense(sizes: Mapping[str, int], experts: Mapping[str, Any]) -> str:
@@ -372,6 +383,34 @@ def _against_wrong(s: Mapping[str, Any], count: int) -> str | None:
     return text + "."
 
 
+def _corrected(pooled: float, n_layers: int) -> tuple[int, float, str]:
+    """(n_layers, the pooled p Bonferroni-corrected for picking the best of them, "differ" | "cannot be told apart")."""
+    corrected = min(1.0, n_layers * pooled)
+    return n_layers, corrected, "differ" if corrected < ALPHA else "cannot be told apart"
+
+
+def between_layers(s: Mapping[str, Any]) -> str | None:
+    """The mlp finding's between-layer verdict in words, 'layer 1 against the others pooled: the layers cannot be told
+    apart (p = 0.044, p_Bonferroni = 0.13 over 3 layers)', or None where the finding states none (at chance, no
+    counts, one layer): what `headscope compare` sets side by side (review 12b A8: the verdict flipped unlisted)."""
+    if _chance(s) is not None:
+        return None
+    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
+    sizes = memory_sizes(s)
+    if not agree or _stale_moe(s):
+        return None
+    best = max(agree, key=lambda k: agree[k])
+    tests = _tests(s, sizes)
+    pooled = None if tests is None else tests.get("best_vs_others_p")
+    if (pooled is None or tests.get("best_layer") != best or best not in sizes
+            or best not in tests["control_p_per_layer"]):  # as finding: no _tested sentences there
+        return None
+    others = [l for l in _count_map(s, "agreement", sizes) if l != best and l in sizes]
+    n_layers, corrected, differ = _corrected(pooled, len(others) + 1)
+    return (f"layer {best} against the others pooled: the layers {differ} ({_p(pooled)}, "
+            f"{_p(corrected).replace('p ', 'p_Bonferroni ', 1)} over {n_layers} layers)")
+
+
 def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int, sizes: Mapping[str, int]) -> list[str]:
     """Sentences: the best layer against its own shuffled control, every layer against its control, and the
     best layer against the others (pooled and each), all by Fisher's exact test on k of n neurons (each
@@ -395,10 +434,14 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
         others = [l for l in counts if l != best and l in sizes]
         k_others = sum(counts[l] for l in others)
         pairs = "; ".join(f"layer {l} ({counts[l]} of {sizes[l]}) {_p(p)}" for l, p in list(each.items())[:6] if l in sizes)
-        differ = "differ" if pooled < ALPHA else "cannot be told apart"
+        # review 12b C2: the best of L layers is picked after looking, so its pooled p is Bonferroni-corrected (x L)
+        n_layers, corrected, differ = _corrected(pooled, len(others) + 1)
+        fix = (f" ({_p(corrected).replace('p ', 'p_Bonferroni ', 1)} for picking the best of {n_layers} layers)"
+               if n_layers > 1 else "")
         out.append(f"Between layers: layer {best} against the others pooled ({k_others} of {sum(sizes[l] for l in others)}) "
-                   f"{_p(pooled)}, so the layers {differ}" + (f"; against each, {pairs}" if pairs else "")
-                   + " (Fisher's exact test; the best layer is picked after looking, so these p are optimistic).")
+                   f"{_p(pooled)}{fix}, so the layers {differ}" + (f"; against each, uncorrected, {pairs}" if pairs else "")
+                   + " (Fisher's exact test; the best layer is picked after looking, so the verdict reads the "
+                   "Bonferroni-corrected p).")
     return out
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 IG_CONVERGED_ERROR = 0.1  # relative completeness error over which an example's IG has not converged
 MIN_CONVERGED = 2  # fewer converged examples than this give no interval: IG is left out
+ROUNDING_STEPS = 16  # a completeness miss up to this many rounding steps (half of bfloat16's 8 bits) may be rounding
 IG_METHOD = "integrated_gradients"
 
 
@@ -31,6 +32,24 @@ def completeness_error(attribution_sum: float, f_x: float, f_b: float) -> float:
     metric does not change, where no relative error is defined)."""
     change = f_x - f_b
     return abs(attribution_sum - change) / abs(change) if change != 0 else float("nan")
+
+
+def ig_rounding_floor(dtype: str | None, attribution_sum: float, metric_input: float | None,
+                      metric_baseline: float | None, metric_change: float = 0.0) -> float | None:
+    """One rounding step of what a completeness error is made of, in `dtype` (None: not a floating dtype):
+    eps x (max(1, |f(x)|) + max(1, |f(b)|) + |sum of attributions|), the two endpoint metrics' spacing (each
+    rounded where it is computed) plus the attributions' own (gradients of the dtype's precision scaled by the
+    input's change). Where the endpoints are not known (older summaries) |f(x) - f(b)| + 2 stands in for them
+    (it is at most their sum). A miss beyond ROUNDING_STEPS of this is not the precision's (review 12b A6: a
+    bfloat16 miss of 10.6 on a sum of 10.2 and a change of -0.44, 66 steps, where float32 missed by 20.8)."""
+    import torch
+
+    dt = getattr(torch, str(dtype or "").removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        return None
+    ends = (abs(metric_change) + 2.0 if metric_input is None or metric_baseline is None else
+            max(1.0, abs(metric_input)) + max(1.0, abs(metric_baseline)))
+    return float(torch.finfo(dt).eps) * (ends + abs(attribution_sum))
 
 
 def ig_rule(n: int, n_converged: int) -> str:
@@ -48,7 +67,9 @@ def ig_convergence(ig: pd.DataFrame, dtype: str | None = None, routing: dict[str
     (ig_dtype, "bfloat16": the tolerance is the same in every dtype, so a low one is named as a likely reason) and,
     on a model with top-k routing, its MoE layers and k (ig_top_k_routing, {"layers": [0, 2], "top_k": 2}: the
     router's choice is piecewise constant along IG's path, whose integral of gradients cannot see its jumps, so
-    completeness can fail at any precision; review 11c A4, a float32 run missed by the same 0.18x as bfloat16)."""
+    completeness can fail at any precision; review 11c A4, a float32 run missed by the same 0.18x as bfloat16).
+    ig_worst also holds its endpoints and its rounding_floor
+    (ig_rounding_floor in the run's dtype): the words blame the precision only for a miss within ROUNDING_STEPS of it."""
     change = ig.metric_input - ig.metric_baseline
     rel = pd.Series([completeness_error(a, x, b) for a, x, b in
                      zip(ig.attribution_sum, ig.metric_input, ig.metric_baseline)], index=ig.index, dtype=float)
@@ -67,7 +88,13 @@ def ig_convergence(ig: pd.DataFrame, dtype: str | None = None, routing: dict[str
     if rel.notna().any():
         worst = rel.idxmax()
         out["ig_worst"] = {"example": int(ig.example[worst]), "attribution_sum": float(ig.attribution_sum[worst]),
-                           "metric_change": float(change[worst]), "relative_error": float(rel[worst])}
+                           "metric_change": float(change[worst]), "relative_error": float(rel[worst]),
+                           "metric_input": float(ig.metric_input[worst]),
+                           "metric_baseline": float(ig.metric_baseline[worst])}
+        floor = ig_rounding_floor(dtype, float(ig.attribution_sum[worst]), float(ig.metric_input[worst]),
+                                  float(ig.metric_baseline[worst]))
+        if floor is not None:  # review 12b A6: whether the dtype's rounding can explain the worst miss
+            out["ig_worst"]["rounding_floor"] = floor
     return out
 
 

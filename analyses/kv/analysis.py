@@ -20,6 +20,7 @@ each position; the eviction sweep runs the padded batch with its mask (kv_evicti
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 import headscope.hooks as hooks
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs
+from headscope.analyses.core.metrics import noise_floor
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
@@ -100,6 +102,15 @@ class CacheAnatomy:
         return sum(cache_bytes(positions=p, n_layers=1, n_kv_heads=self.n_kv_heads, d_head=self.d_head,
                                bytes_per_number=self.bytes_per_number, batch=batch)
                    for p in self.cached_positions(positions))
+
+
+def _metric_floor(model, metric: str, sweep) -> float:
+    """One rounding step of the metric in the model's dtype, at its largest full-cache value (metrics.noise_floor;
+    0 for accuracy, which is not rounded): a holding interval past the band by no more is rounding (holding.py)."""
+    if metric == "accuracy":
+        return 0.0
+    size = float(sweep[sweep.policy == "full"].metric.abs().max())
+    return float(noise_floor(model.dtype, size)) if math.isfinite(size) else 0.0
 
 
 def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
@@ -323,7 +334,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "accuracy_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in accs.items() if pp == p}
                                        for p in config.policies},
         "holding_budgets": holding_budgets(sweep, n_sink=config.n_sink,
-                                           answers=None if task.answers is None else task.answers.tolist()),
+                                           answers=None if task.answers is None else task.answers.tolist(),
+                                           floor=_metric_floor(model, task.metric, sweep)),
         "n_sink": config.n_sink,
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),

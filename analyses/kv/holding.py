@@ -97,7 +97,7 @@ def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None) ->
             diff = g.metric.reindex(evicting).to_numpy(dtype=float) - base
             scale = abs(float(base.mean())) or 1.0
             ci = _interval(diff, scale)
-            row.update(change=float(diff.mean()) / scale, per_example_diff_low=float(diff.min()),
+            row.update(change=float(diff.mean()) / scale, scale=scale, per_example_diff_low=float(diff.min()),
                        per_example_diff_high=float(diff.max()),
                        share=float(np.median(kept_share.reindex(evicting).to_numpy(dtype=float))))
             if ci is not None:
@@ -128,21 +128,33 @@ def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _verdict(row: dict[str, Any], tolerance: float) -> str:
-    """"holds" (95% interval inside +-tolerance), "not shown" (mean within, interval not), "above", "below"."""
+def _verdict(row: dict[str, Any], tolerance: float, floor: float = 0.0) -> str:
+    """"holds" (95% interval inside +-tolerance), "not shown" (mean within, interval not), "above", "below".
+    floor: one rounding step of the metric in its own units (0: none). An interval whose end passes the band by no
+    more than that holds: the miss is the metric's rounding (review 12b A7: bfloat16's budget 16 missed +1% by
+    0.06% of a logit difference of 7.6, 0.005 logits, where one step is 0.06); the row gets `rounding_miss` (the
+    miss in the metric's units) and `rounding_floor`."""
     change = row["change"]
     if change is None:
         return "no value"
     if abs(change) > tolerance:
         return "above" if change > 0 else "below"
-    return "holds" if inside(row["ci_low"], row["ci_high"], tolerance) else "not shown"
+    if inside(row["ci_low"], row["ci_high"], tolerance):
+        return "holds"
+    lo, hi, scale = row.get("ci_low"), row.get("ci_high"), row.get("scale")
+    if floor > 0 and lo is not None and hi is not None and scale is not None and math.isfinite(lo) and math.isfinite(hi):
+        miss = max(hi - tolerance, -tolerance - lo, 0.0) * scale  # how far the interval passes the band, in units
+        if miss <= floor:
+            row.update(rounding_miss=miss, rounding_floor=floor)
+            return "holds"
+    return "not shown"
 
 
 MIN_EVICTING = 2  # fewest prompts a budget must evict from for its result to be a policy's closest or answers' start
 
 
 def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLERANCE,
-                    answers: Sequence[int] | None = None) -> dict[str, Any]:
+                    answers: Sequence[int] | None = None, floor: float = 0.0) -> dict[str, Any]:
     """{"tolerance", "grid", "n_examples", "whole_from" (the smallest grid budget no prompt evicts from,
     or None), "policies": {policy: {"budget" (smallest holding budget or None), "below" (the grid budget
     just under it that evicts, or None), "at" (its budget_changes row), "above" (rows whose mean is more
@@ -150,10 +162,13 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     chance.clear_of, "band" only where its lower bound is above +tolerance), "worst_evicting" (the largest
     evicting budget's row, when its mean is off by more than the tolerance there), "verdicts" ({budget:
     "holds" | "not shown" | "above" | "below" | "no value"}), "not_shown" (the rows whose mean is within but whose
-    interval is not), "consistent_from" (when it does not hold but its means are within from a budget on:
+    interval is not),
+    "rounding_held" (the rows that hold only by the rounding floor),
+    "consistent_from" (when it does not hold but its means are within from a budget on:
     that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, and with answers ([example] token ids) its
     rows' guess_correct and "constant_guess" (constant_guess: the commonest answer's count and the distinct answers)}.
-    See the module doc."""
+    floor: the metric's rounding step in its units (_verdict: an interval past the band by no more holds); with
+    one, "rounding_floor". See the module doc."""
     table = budget_changes(sweep, answers)
     grid = sorted(int(b) for b in table.budget.unique()) if len(table) else []
     evicts = table.groupby("budget").n_evicting.max() if len(table) else pd.Series(dtype=int)
@@ -161,13 +176,15 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     out: dict[str, Any] = {"tolerance": tolerance, "grid": grid,
                            "n_examples": int(table.n_examples.max()) if len(table) else 0,
                            "whole_from": whole[0] if whole else None, "policies": {}}
+    if floor > 0:
+        out["rounding_floor"] = floor
     if (guess := constant_guess(answers)) is not None:
         out["constant_guess"] = guess
     for policy, rows in table.groupby("policy", sort=False):
         rows = rows[rows.n_evicting > 0].sort_values("budget")
         records = [{k: _clean(v) for k, v in r.items()} for r in rows.to_dict("records")]
         for r in records:
-            r["verdict"] = _verdict(r, tolerance)
+            r["verdict"] = _verdict(r, tolerance, floor)
         within = np.array([r["verdict"] == "holds" for r in records], dtype=bool)
         mean_within = np.array([r["verdict"] in ("holds", "not shown") for r in records], dtype=bool)
         entry: dict[str, Any] = {"budget": None, "below": None, "at": None, "worst_evicting": None,
@@ -185,6 +202,7 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
             entry["worst_evicting"] = records[-1]
         entry["verdicts"] = {str(r["budget"]): r["verdict"] for r in records}
         entry["not_shown"] = [r for r in records if r["verdict"] == "not shown"]
+        entry["rounding_held"] = [r for r in records if r.get("rounding_miss") is not None]  # holds by _verdict's floor
         sizes = [abs(r["change"]) for r in records if r["change"] is not None]
         if sizes:  # closest among budgets that evict from MIN_EVICTING prompts or more where any do (review 10a A4:
             # "keeps 99.8% ... from budget 64" rested on the one prompt long enough to be evicted there)

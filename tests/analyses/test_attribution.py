@@ -514,10 +514,10 @@ def test_unconverged_ig_is_recorded_and_leaves_the_claims(tiny_models, tiny_dirs
 
 
 
-def test_unconverged_ig_in_bfloat16_names_the_precision(tiny_dirs):
-    """Review 8 (C6): in bfloat16 IG missed completeness on 3 of 4 examples where float32 missed on 1, and the finding
-    did not name the precision. The summary records the dtype IG's gradients ran in (the parameters' own, from torch)
-    and, where examples miss, the finding names it as a likely reason instead of asking for more steps."""
+def test_unconverged_ig_in_bfloat16_names_the_precision_only_within_its_rounding(tiny_dirs):
+    """Review 8 (C6) recorded the dtype IG's gradients ran in (the parameters' own, from torch); review 12b A6: a miss
+    far beyond bfloat16's rounding is not put down to it. With one step IG's miss is the path's, not the precision's:
+    the finding says so, with the miss against one bfloat16 step of the endpoints and the sum (2^-7 each, by hand)."""
     from headscope.reports.findings import finding
 
     model = hs.load_model(tiny_dirs["llama"], device="cpu", dtype=torch.bfloat16)
@@ -526,10 +526,16 @@ def test_unconverged_ig_in_bfloat16_names_the_precision(tiny_dirs):
                       adversarial_steps=0, baseline_token=1)
     s = res.summary
     assert s["ig_dtype"] == "bfloat16" and s["ig_n_not_converged"] > 0
+    w = s["ig_worst"]
+    floor = 2.0 ** -7 * (max(1, abs(w["metric_input"])) + max(1, abs(w["metric_baseline"])) + abs(w["attribution_sum"]))
+    assert w["rounding_floor"] == pytest.approx(floor, rel=1e-6)
+    miss = abs(w["attribution_sum"] - (w["metric_input"] - w["metric_baseline"]))
     text = finding("attribution", s)
-    assert ("A likely reason: the run is in bfloat16, whose gradients carry 8 significant bits, about 2 to 3 "
-            "significant digits; a float32 run may converge.") in text, text
-    assert "more steps needed" not in text
+    if miss > 16 * floor:
+        assert f"Not bfloat16's rounding: the worst miss, {miss:.3g}, is {miss / floor:.0f} times" in text, text
+        assert "a float32 run may converge" not in text
+    else:
+        assert "A likely reason: the run is in bfloat16, whose gradients carry 8 significant bits" in text, text
 
 
 def test_unconverged_ig_on_a_top_k_router_names_the_routing_not_the_precision(more_arch_models, more_arch_dirs):

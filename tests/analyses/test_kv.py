@@ -261,6 +261,39 @@ def test_holding_needs_the_interval_inside_the_band():
     assert (sink["not_shown"][0]["ci_low"], sink["not_shown"][0]["ci_high"]) == pytest.approx((wide.low / 100, wide.high / 100))
 
 
+def test_holding_allows_the_metrics_rounding_floor_past_the_band():
+    """Review 12b A7: in bfloat16 a budget "not shown" only because its interval passes +1% by less than one rounding
+    step of the metric holds (its miss said), so a policy holds from 8, not 32. By hand: full metric 8 (bfloat16
+    step 2^-7 x 8 = 0.0625); per-prompt differences of 0 or one step (0, 0, +0.0625, +0.0625) at budget 16: mean
+    0.03125, 95% t interval (scipy) passes +0.08 (1% of 8) by 0.008; budget 4's mean -0.1875 is below the band."""
+    import pandas as pd
+    from scipy import stats
+
+    from headscope.analyses.kv.holding import holding_budgets
+    from headscope.reports.findings import finding
+
+    diffs = {16: [0.0, 0.0, 0.0625, 0.0625], 4: [0.25, -0.25, -0.25, -0.5]}
+    rows = [{"policy": "full", "budget": 30, "example": e, "context": 30, "metric": 8.0} for e in range(4)]
+    rows += [{"policy": "heavy_hitters", "budget": b, "example": e, "context": 30, "metric": 8.0 + d[e] if d else 8.0}
+             for b, d in ((4, diffs[4]), (8, None), (16, diffs[16]), (24, None)) for e in range(4)]
+    ci16 = stats.ttest_1samp(diffs[16], 0.0).confidence_interval(0.95)
+    miss = ci16.high - 0.08
+    assert 0 < miss < 0.0625 and sum(diffs[4]) / 4 < -0.08  # the premise, in logits
+    sweep = pd.DataFrame(rows)
+    plain = holding_budgets(sweep, n_sink=1)["policies"]["heavy_hitters"]  # no floor: the old reading, from 24
+    assert plain["verdicts"]["16"] == "not shown" and plain["budget"] == 24
+    hold = holding_budgets(sweep, n_sink=1, floor=2.0 ** -7 * 8)
+    e = hold["policies"]["heavy_hitters"]
+    assert (e["budget"], e["verdicts"]["16"], e["verdicts"]["4"]) == (8, "holds", "below")
+    assert e["rounding_held"][0]["rounding_miss"] == pytest.approx(miss) and hold["rounding_floor"] == 0.0625
+    text = finding("kv", {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "bfloat16",
+                          "holding_budgets": hold})
+    assert "heavy hitters from 8 positions" in text, text
+    assert (f"Heavy hitters at budget 16 (by {miss:.2g} logits): the 95% interval passes the band by less than one bfloat16 "
+            "rounding step of the metric (0.062 logits, at its largest full-cache value), so rounding alone can put it "
+            "outside: counted as within.") in text, text
+
+
 def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_share(arch_models, hf_of):
     """Review 6 A4/A5: Gemma 2 (layer 0 slides over 8 keys, layer 1 global) and Mistral (every layer
     slides over 8). The cache size is checked against the tensors a real Hugging Face cache holds after

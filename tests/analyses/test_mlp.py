@@ -260,7 +260,8 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
         h.remove()
     df, s = result.df, result.summary
     assert s["n_memories_per_layer"] == {"0": 128, "1": 4 * 32 + 64} and s["n_neurons_per_layer"] is None
-    assert s["experts_per_layer"] == {"1": {"n_experts": 4, "expert_width": 32, "top_k": 2, "shared_width": 64}}
+    assert s["experts_per_layer"] == {"1": {"n_experts": 4, "expert_width": 32, "top_k": 2, "shared_width": 64,
+                                            "renormalised": hf.config.norm_topk_prob}}
     for layer in (0, 1):
         rows = df[df.layer == layer].sort_values("neuron")
         values = _hf_values(hf, layer).detach()  # [memories, d_model]
@@ -352,7 +353,8 @@ def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuro
     s, layers = result.summary, [str(l) for l in range(config.num_hidden_layers)]
     assert s["n_memories_per_layer"] == {l: n for l in layers} and s["n_neurons_per_layer"] == n
     assert s["experts_per_layer"] == {l: {"n_experts": config.num_local_experts, "expert_width": config.intermediate_size,
-                                          "top_k": config.num_experts_per_tok, "shared_width": 0} for l in layers}
+                                          "top_k": config.num_experts_per_tok, "shared_width": 0,
+                                          "renormalised": True} for l in layers}  # Mixtral's router always renormalises
     for key in ("agreement", "agreement_any", "agreement_shuffled", "agreement_any_shuffled"):
         assert s[f"{key}_count_per_layer"] == {l: round(result.tables["agreement"].set_index("layer")[key][int(l)] * n)
                                                for l in layers}
@@ -365,7 +367,8 @@ def test_mixture_of_experts_counts_tests_and_finding_are_over_every_expert_neuro
     text = finding("mlp", s)
     assert text.startswith(f"Layers 0 and 1 are mixtures of experts: each layer's memories are its {n} expert neurons "
                            f"(4 experts x {config.intermediate_size}, top-2 routing), a neuron's coefficient being its "
-                           "expert's router weight times its activation, 0 on tokens not routed to that expert."), text
+                           "expert's router weight times its activation, 0 on tokens not routed to that expert (the "
+                           "router's top-k weights are renormalised to sum to 1)."), text  # Mixtral's always are
     assert f"({counts[best]} of {n} expert neurons, Wilson 95% CI {100 * lo:.0f}%-{100 * hi:.0f}%)" in text
     assert f"Against its own shuffled control ({control[best]} of {n} expert neurons" in text
     assert f"of {model.facts.d_mlp} " not in text

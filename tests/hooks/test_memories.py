@@ -1,6 +1,8 @@
 """MLP key-value memories: coefficients at mlp.hook_post rebuild the MLP output as sum m_i v_i + b."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -79,3 +81,29 @@ def test_expert_memories_rebuild_the_hf_moe_output(arch, more_arch_models, more_
         block = flat[:, mem.expert == e]  # [batch * pos, d_expert]
         assert (block[~routed] == 0).all() and (block[routed].abs().sum(-1) > 0).all()
     assert routed.any() and not routed.all()  # the router split the tokens
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_expert_layout_says_whether_the_top_k_router_weights_are_renormalised(arch, more_arch_models, more_arch_dirs):
+    """Review 12a: a MoE report must say whether a coefficient's router weight is renormalised over the top k.
+    Independently: Qwen2-MoE's config norm_topk_prob (False by default), Mixtral's Hugging Face router's own
+    top-k weights on random inputs (they sum to 1: it always renormalises); the header and mlp words say which."""
+    from headscope.reports.moe_words import layout_clause
+    from headscope.reports.plots_mlp import _weights
+
+    hf = hf_model(more_arch_dirs(arch))
+    with torch.no_grad():
+        _, weights, _ = hf.model.layers[0].mlp.gate(torch.randn(5, hf.config.hidden_size))  # [5, top_k]
+    sums_to_one = bool(torch.allclose(weights.sum(-1), torch.ones(5), atol=1e-6))
+    want = hf.config.norm_topk_prob if arch == "qwen2moe" else True
+    assert sums_to_one == want and (arch != "qwen2moe" or want is False)  # the premise: the default does not
+    layout = hs.hooks.expert_layout(more_arch_models(arch), 0)
+    assert layout.renormalised is want
+    experts = {"0": dataclasses.asdict(layout)}
+    header = layout_clause(experts, 1, 64)
+    said = ("top-2 whose weights are renormalised to sum to 1" if want else
+            "top-2 whose weights are not renormalised (each its softmax probability over all experts)")
+    assert said in header, header
+    assert _weights(experts) == (" (the router's top-k weights are renormalised to sum to 1)" if want else
+                                 " (the router's top-k weights are not renormalised: each is its softmax probability "
+                                 "over all experts)")

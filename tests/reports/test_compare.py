@@ -1524,3 +1524,62 @@ def test_a_run_on_the_one_token_rows_of_a_file_is_another_task_than_the_whole_fi
     assert task_identity(whole) == ("capitals", "capitals.jsonl")
     assert task_identity(subset) == ("capitals", "capitals.jsonl (its one-token rows)")
     assert task_words(subset) == "capitals.jsonl (its one-token rows)"
+
+
+def _dtype_run(root, dtype: str, hold: dict, counts: dict) -> None:
+    """A run with kv and mlp summaries only (review 12b's float32 and bfloat16 numbers), each on task gifts."""
+    io.write_json(root / "manifest.json", {"model": {"name": "m"}, "seed": 0, "status": {"kv": "done", "mlp": "done"},
+                                           "config": {"analyses": ["kv", "mlp"], "task": None, "dtype": dtype}})
+    kv = {"metric": "logit_diff", "metric_unevicted": 7.6, "n_examples": 16, "task": "gifts", "dtype": dtype,
+          "holding_budgets": hold}
+    mlp = {"agreement_per_layer": {k: v / 128 for k, v in counts.items()}, "agreement_count_per_layer": counts,
+           "agreement_shuffled_count_per_layer": {"0": 0, "1": 1, "2": 1},
+           "agreement_shuffled_per_layer": {"0": 0.0, "1": 1 / 128, "2": 1 / 128}, "n_neurons_per_layer": 128,
+           "n_prefixes": 160, "task": "gifts"}
+    for name, s in (("kv", kv), ("mlp", mlp)):
+        io.write_json(root / name / "summary.json", s)
+
+
+def test_compare_lists_every_headline_of_either_report(tmp_path):
+    """Review 12b A8: float32 against bfloat16, the kv holding budget moved (8 -> 32 positions) and the mlp
+    between-layer verdict flipped, and compare listed neither. Every headline a report states now lands in
+    Differences, agreement or Not compared: here, each label the two reports' findings state is in some note."""
+    from scipy.stats import fisher_exact
+
+    from headscope.reports.compare_headlines import QUANTITIES, VERDICTS
+    from headscope.reports.findings import finding
+    from headscope.reports.plots_mlp import ALPHA
+
+    def hold(budget, share, verdicts):
+        row = {"budget": budget, "share": share, "change": 0.0, "ci_low": -0.005, "ci_high": 0.005, "n_evicting": 14,
+               "n_examples": 16, "verdict": "holds"}
+        return {"tolerance": 0.01, "grid": [4, 8, 16, 32], "n_examples": 16, "policies": {"heavy_hitters": {
+            "budget": budget, "below": 16 if budget == 32 else 4, "at": row, "verdicts": verdicts}}}
+
+    a_counts, b_counts = {"0": 1, "1": 3, "2": 1}, {"0": 0, "1": 6, "2": 1}  # B: 6 of 128 against 1 of 256
+    p_a, p_b = fisher_exact([[3, 125], [2, 254]])[1], fisher_exact([[6, 122], [1, 255]])[1]
+    assert 3 * p_a > ALPHA > 3 * p_b  # the premise: A's layers cannot be told apart, B's differ after Bonferroni
+    _dtype_run(tmp_path / "a", "float32", hold(8, 0.3, {"4": "below", "8": "holds", "16": "holds", "32": "holds"}),
+               a_counts)
+    _dtype_run(tmp_path / "b", "bfloat16", hold(32, 0.8, {"4": "below", "8": "holds", "16": "not shown", "32": "holds"}),
+               b_counts)
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    notes = headline_notes(a, b)
+    assert ("kv heavy hitters within 1% of the full cache: A from 8 positions (a median 30% of the cache), B from 32 "
+            "positions (a median 80% of the cache) (budget verdicts that differ: 16: holds in A, not shown in B).") in notes
+    assert (f"mlp between-layer agreement: A layer 1 against the others pooled: the layers cannot be told apart "
+            f"(p = {p_a:.2g}, p_Bonferroni = {min(1, 3 * p_a):.2g} over 3 layers), B layer 1 against the others pooled: "
+            f"the layers differ (p = {p_b:.2g}, p_Bonferroni = {3 * p_b:.2g} over 3 layers).") in notes, notes
+    assert "so the layers differ" in finding("mlp", b.summary("mlp"))  # what B's own report states
+    for name in ("kv", "mlp"):  # no headline of either report is silently missing
+        labels = {q[0] for s in (a.summary(name), b.summary(name)) for q in QUANTITIES[name](s)
+                  if isinstance(q[1], (int, float))} | {v[0] for s in (a.summary(name), b.summary(name))
+                                                       for v in VERDICTS[name](s)}
+        assert labels and all(any(label in note for note in notes) for label in labels), (labels, notes)
+    # a headline only one report states is said, not dropped
+    io.write_json(tmp_path / "b" / "kv" / "summary.json", {**b.summary("kv"), "metric_unevicted": None,
+                                                          "holding_budgets": {"tolerance": 0.01, "policies": {}}})
+    notes = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert "(not compared) kv full-cache logit difference: not compared: only A's report states it (n 16 each)." in notes
+    assert ("(not compared) kv heavy hitters within 1% of the full cache: not compared: only A's report states "
+            "it.") in notes

@@ -173,7 +173,10 @@ def test_header_names_the_mixture_of_experts_and_dense_layers(tmp_path, mixed_mo
     write_report_files(tmp_path, [], {}, info)
     header = (f"qwen2_moe, 2 layers x 4 heads (2 KV heads: grouped-query attention), d_model 64, layer 0: dense MLP "
               f"({c.intermediate_size}); layer 1: mixture of experts ({c.num_experts} experts x {c.moe_intermediate_size}, "
-              f"top-{c.num_experts_per_tok}, + a shared expert of {c.shared_expert_intermediate_size})")
+              f"top-{c.num_experts_per_tok} whose weights are "
+              + ("renormalised to sum to 1" if c.norm_topk_prob else
+                 "not renormalised (each its softmax probability over all experts)")
+              + f", + a shared expert of {c.shared_expert_intermediate_size})")
     assert f"<p>{header}." in (tmp_path / "report.html").read_text()
     assert f"\n\n{md_escape(header)}\n" in (tmp_path / "report.md").read_text()
 
