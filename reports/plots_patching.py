@@ -206,16 +206,21 @@ def fit_axis_labels(ax: Axes) -> bool:
 
 
 def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
-    """Review 9a B2: hatch grey the cells the exact table marks `unreachable` (a sliding-window model's
-    cells too far from the answer position for the windows to carry them there: 0 by construction), so
-    they do not read as a measured 0; the title says so."""
-    if "unreachable" not in rows or not rows["unreachable"].astype(bool).any():
-        return
-    grid = rows.assign(unreachable=rows["unreachable"].astype(bool)).pivot_table(
-        index=index, columns="pos", values="unreachable", aggfunc="max").reindex(columns=columns)
-    hatch_cells(ax, grid.fillna(False).astype(bool).to_numpy(), zorder=3)
-    ax.set_title(ax.get_title() + "\n(hatched grey: beyond the sliding windows' reach of the answer, 0 by "
-                 "construction)", fontsize="medium")
+    """Hatch grey the cells that are 0 by construction, so they do not read as a measured 0, and say why in the
+    title: the exact table's `never_read` (review 12b A1: the last layer's writes before the answer position,
+    on every decoder; hatched \\\\) and `unreachable` (review 9a B2: cells the sliding windows keep from the
+    answer position; hatched //)."""
+    said = []
+    for column, hatch, why in (("never_read", "\\\\", "a last-layer write before the answer is never read"),
+                               ("unreachable", "//", "beyond the sliding windows' reach of the answer")):
+        if column not in rows or not rows[column].astype(bool).any():
+            continue
+        grid = rows.assign(**{column: rows[column].astype(bool)}).pivot_table(
+            index=index, columns="pos", values=column, aggfunc="max").reindex(columns=columns)
+        hatch_cells(ax, grid.fillna(False).astype(bool).to_numpy(), hatch=hatch, zorder=3)
+        said.append(f"hatched {hatch[0]}: {why}")
+    if said:
+        ax.set_title(ax.get_title() + f"\n(0 by construction; {'; '.join(said)})", fontsize="medium")
 
 
 LAST = {False: "; -1 is the last", True: "; -1 is each prompt's last token"}  # the thinned axis's reminder
@@ -515,9 +520,11 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
               "own maximum is much smaller prints it in its title). Positions count from the end; a column that only the "
               "longer prompts reach is pale and its tick gives its n (where the ticks would run together, only every "
               "k-th place, the answer position and the places the finding names are labelled, and the x label gives "
-              "the pale columns' n). On a sliding-window model a hatched grey cell "
-              "lies more than the windows' reach (the sum of window - 1 over the layers from it to the end) before the "
-              "answer position: it cannot reach the answer, so its 0 is by construction, not a finding. ",
+              "the pale columns' n). A grey cell hatched \\ is a write of the last layer before the answer "
+              "position: no attention follows it, so on any decoder its 0 is by construction, not a finding. On a "
+              "sliding-window model a grey cell hatched / lies more than the windows' reach (the sum of window - 1 over "
+              "the layers from it to the end) before the answer position: it cannot reach the answer, so its 0 is by "
+              "construction too. ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
                        "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
                        "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",
