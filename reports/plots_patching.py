@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from headscope.analyses.patching.attribution_patching import (
+    NEGLIGIBLE,
     interval_stated,
     nonzero_count,
     slope_with_interval,
@@ -370,14 +371,22 @@ def _slope_label(site: str, fit: Mapping[str, Any] | None) -> str:
 
 
 def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patching effect", floor: float = 0.0,
-                              ax: Axes | None = None) -> Axes:
+                              negligible: float | None = None, ax: Axes | None = None) -> Axes:
     """Attribution-patching estimate against the exact effect (`data`: the exact table with its
     attribution column), one point per cell, by site type; the identity line, and each site type's
     fitted slope with its 95% interval over the cells in the legend (a high correlation can hide a 2x error);
-    floor: site_slopes' (cells within it count as zero)."""
+    floor: site_slopes' (cells within it count as zero); negligible: where data is in shares of the gap,
+    NEGLIGIBLE: a site type whose every |exact effect| is below it gets no slope (review 12b B2: slopes of rounding)."""
     ax = axes(ax)
     slopes = site_slopes(data, floor)
-    named = data.assign(site=[_slope_label(str(t), slopes.get(str(t))) for t in data["site_type"]])
+    if negligible is not None:
+        peaks = data.assign(size=data["effect"].abs()).groupby("site_type")["size"].max()
+        quiet = {str(k) for k, v in peaks.items() if v < negligible}
+        slopes = {k: v for k, v in slopes.items() if k not in quiet}
+    else:
+        quiet = set()
+    named = data.assign(site=[f"{t} (exact effects all below {negligible:g} of the gap: no slope)" if str(t) in quiet
+                              else _slope_label(str(t), slopes.get(str(t))) for t in data["site_type"]])
     sns.scatterplot(data=named, x="effect", y="attribution", hue="site", ax=ax, s=20, alpha=0.7)
     lo = float(min(data["effect"].min(), data["attribution"].min()))
     hi = float(max(data["effect"].max(), data["attribution"].max()))
@@ -476,8 +485,9 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         if "attribution" in exact:
             rounding = (summary.get("rounding_floor") or {}).get("floor")
             floor = abs(float(rounding) / divisor) if isinstance(rounding, (int, float)) else 0.0  # the table's units
-            new("attribution_vs_exact", lambda ax: plot_attribution_vs_exact(exact, ax=ax, label=label, floor=floor),
-                (8, 4.5))
+            shares = bool(summary.get("normalized")) or (divisor != 1.0 and not summary.get("gap_within_noise"))
+            new("attribution_vs_exact", lambda ax: plot_attribution_vs_exact(
+                exact, ax=ax, label=label, floor=floor, negligible=NEGLIGIBLE if shares else None), (8, 4.5))
     trace = tables.get("causal_tracing")
     if trace is not None:
         info = summary.get("causal_tracing", {})
