@@ -258,7 +258,9 @@ def activation_patching(
     if (pieces_said := prompt_end.record(pieces)) is not None:
         summary["answer_pieces"] = pieces_said
     windows = layer_windows(model)
-    if pm.last_position:  # review 12b A1: writes after the last attention, away from the answer, on every decoder
+    # review 12b A1: writes after the last attention before the prompt's last token, on every decoder: the metric reads
+    # the last position, or an answer's pieces from there on (a logprob of several tokens), never earlier
+    if pm.last_position or (task.continuation is not None and pm.name in ("logprob", "prob")):
         df["never_read"] = never_read_cells(df, model.facts.n_layers)
         if df["never_read"].any():
             summary["never_read"] = {"cells": int(df["never_read"].sum()),
