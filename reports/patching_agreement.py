@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.analyses.patching.attribution_patching import MISS, SPARSE, interval_stated
+from headscope.analyses.patching.attribution_patching import MISS, NEGLIGIBLE, SPARSE, interval_stated
 from headscope.reports.findings import _ci, _num, and_join, ci_pair, fisher_interval, ordinal
 from headscope.reports.patching_sites import KV_SITES, _reach, _size, _where
 
@@ -17,26 +17,46 @@ from headscope.reports.patching_sites import KV_SITES, _reach, _size, _where
 def agreement(s: Mapping[str, Any], gap: float | None, rank: bool) -> list[str]:
     """The finding's sentences on attribution patching against exact patching (summary attribution_correlation):
     each site type's r as its cells allow it to be read, the slopes that say whether it sizes effects, and what a
-    ranking by it gets wrong where the finding ranks sites (`rank`); [] without a correlation."""
+    ranking by it gets wrong where the finding ranks sites (`rank`); [] without a correlation. A site type whose
+    exact effects are all negligible (below NEGLIGIBLE of the gap: review 12b A3) gets no r, slope or ranking."""
     corr = s.get("attribution_correlation")
     if not isinstance(corr, Mapping):
         return []
-    said = [_correlation(k, v, s) for k, v in corr.items() if isinstance(v, Mapping) and _num(v.get("pearson")) is not None]
+    corr = {k: v for k, v in corr.items() if isinstance(v, Mapping)}
+    quiet = {k: peak for k, v in corr.items() if (peak := negligible(v, gap, s)) is not None}
+    read = {k: v for k, v in corr.items() if k not in quiet}
+    said = [f"{k}: exact effects all below {NEGLIGIBLE:g} of the gap (the largest {quiet[k]:.1g}), nothing to rank"
+            if k in quiet else _correlation(k, v, s) for k, v in corr.items()
+            if k in quiet or _num(v.get("pearson")) is not None]
     if not said:
         return []
     parts = ["Attribution patching vs exact (Pearson r): " + "; ".join(said) + "."]
-    wrong = {k: _ranking(k, v, gap, s) for k, v in corr.items() if isinstance(v, Mapping)} if rank else {}
+    wrong = {k: _ranking(k, v, gap, s) for k, v in read.items()} if rank else {}
     wrong = {k: w for k, w in wrong.items() if w}
-    slopes = [_slope(k, v, rank and k not in wrong) for k, v in corr.items() if isinstance(v, Mapping)
-              and _num(v.get("pearson")) is not None and _case(v) == "plain"]
+    slopes = [_slope(k, v, rank and k not in wrong) for k, v in read.items()
+              if _num(v.get("pearson")) is not None and _case(v) in ("plain", "set")]
     slopes = [x for x in slopes if x]
-    parts.append(" ".join(slopes) if slopes
-                 else "A high r can hide a scale error: see the per-site slopes in the figure.")
+    if slopes or any(_num(v.get("pearson")) is not None for v in read.values()):
+        parts.append(" ".join(slopes) if slopes
+                     else "A high r can hide a scale error: see the per-site slopes in the figure.")
     if wrong:
         parts.append("Ranked by attribution patching, sites come out wrong: " + "; ".join(
             f"at {k}, {w}" for k, w in wrong.items()) + ". Do not rank sites by it on this model at "
             + and_join(list(wrong)) + ".")
     return parts
+
+
+def negligible(stats: Mapping[str, Any], gap: float | None, s: Mapping[str, Any] | None = None) -> float | None:
+    """The largest |exact effect| of a site type as a share of the clean-corrupted gap (its top_exact cell), where it
+    is below NEGLIGIBLE (review 12b A3: q cells all within 7e-4 of the gap got an r, a slope and a named miss):
+    there is nothing for attribution patching to agree with. None otherwise, or without a gap (a normalised
+    metric's effects are shares already)."""
+    top = stats.get("top_exact")
+    effect = _num(top.get("effect")) if isinstance(top, Mapping) else None
+    if effect is None or not (gap or (s or {}).get("normalized")):
+        return None
+    share = abs(effect / gap) if gap else abs(effect)
+    return share if share < NEGLIGIBLE else None
 
 
 def _significant(r: float | None, n: int) -> bool:
@@ -72,6 +92,9 @@ def _slope(kind: str, stats: Mapping[str, Any], rank: bool) -> str | None:
     if b is None or ci is None:
         return None
     said = f"least-squares slope {b:.2f} of attribution on exact{_ci(tuple(ci))}, n = {n} cells"
+    rest = _num(stats.get("slope_without_top"))
+    if _case(stats) == "set":  # review 12a: the cell that sets r sets the slope too
+        said += f"; {rest:.2f} without its largest cell" if rest is not None else "; set by its largest cell, as r"
     if not ci[0] <= 1.0 <= ci[1] and not FAR[0] <= b <= FAR[1]:
         advice = ": use it to rank, not to size" if rank and _significant(_num(stats.get("pearson")), int(n or 0)) else ""
         return f"At {kind} attribution patching's effects {_ratio(b)} ({said}){advice}."
@@ -82,7 +105,8 @@ def _slope(kind: str, stats: Mapping[str, Any], rank: bool) -> str | None:
 def _case(stats: Mapping[str, Any]) -> str:
     """Which reading of r the cells allow: "few" (under 3 non-zero exact effects), "sparse" (under SPARSE
     or half the cells non-zero), "one point" (significant r that is not without its largest cell, or flips
-    sign), "mostly" (under half of |r| without it) or "plain" (r over every cell with its interval)."""
+    sign), "mostly" (under half of |r| without it), "set" (without it, outside r's interval: _set_by_top) or
+    "plain" (r over every cell with its interval)."""
     r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
     if nonzero is not None and nonzero < 3:
         return "few"
@@ -93,7 +117,16 @@ def _case(stats: Mapping[str, Any]) -> str:
         return "plain"
     if not _significant(rest, n - 1) or rest * r < 0:
         return "one point"
-    return "mostly" if abs(rest) < abs(r) / 2 else "plain"
+    return "mostly" if abs(rest) < abs(r) / 2 else "set" if _set_by_top(r, rest, n) else "plain"
+
+
+def _set_by_top(r: float, rest: float, n: int) -> bool:
+    """Review 12a: r over n cells is set by its largest cell when r without it lies outside r's own Fisher 95%
+    interval and leaves at least twice the variance unexplained (1 - rest^2 >= 2 (1 - r^2)): 0.999 over 12 cells
+    with 0.78 without the one at 0.999 of the gap; not 0.95 over 200 against 0.93."""
+    interval = fisher_interval(r, n)
+    outside = interval is None or not interval[0] <= rest <= interval[1]
+    return outside and 1 - rest ** 2 >= 2 * (1 - r ** 2)
 
 
 def _by_ties(rho: float, rho_nonzero: float, zeros: float) -> str:
@@ -134,6 +167,9 @@ def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | Non
     if case == "plain":
         return f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')})"
     without = f"without it r = {rest:.3f} (n = {n - 1} cells{_ci(fisher_interval(rest, n - 1), '.3f')})"
+    if case == "set":
+        return (f"{kind} r = {r:.3f} (n = {n} cells{_ci(fisher_interval(r, n), '.3f')}) is set by one cell, its "
+                f"largest: {without}, outside that interval")
     if case == "one point":
         return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
     return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"

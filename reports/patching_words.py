@@ -333,6 +333,8 @@ def _finding(s: Mapping[str, Any]) -> str:
         aligned = _corrupted_token(s, gap)
         if aligned:
             parts.append(aligned)
+    if words := _never_read_words(s.get("never_read")):
+        parts.append(words)
     if words := _window_words(s.get("sliding_windows")):
         parts.append(words)
     parts.extend(agreement(s, gap, rank=bool(cells)))  # sites are ranked (not at chance, nor over a gap within noise)
@@ -358,6 +360,17 @@ def answer_pieces_words(s: Mapping[str, Any]) -> str:
     return (f"Positions count from each prompt's last token (-1, where the answer's first token is read): {rows} of {n} "
             f"prompts run on with {upto} token{'s' * (upto != '1')} of their answer (teacher forcing), which no "
             "position shows.")
+
+
+def _never_read_words(w: Any) -> str:
+    """Review 12b A1: the last layer's writes at positions before the answer position (summary never_read) are 0
+    on every decoder, windowed or not: no attention runs after them to carry them to the answer."""
+    if not isinstance(w, Mapping) or not _num(w.get("cells")):
+        return ""
+    kinds = and_join([str(k) for k in w.get("site_types") or []])
+    return (f"{w['cells']:.0f} of the {w.get('of', '?')} position cells are the last layer's writes"
+            + (f" ({kinds})" if kinds else "") + " before the answer position: no attention runs after them, so on any "
+            "decoder they never reach it and their 0 is by construction (hatched in the maps), not a measured absence.")
 
 
 def _window_words(w: Any) -> str:

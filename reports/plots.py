@@ -177,14 +177,14 @@ def line_colours(n: int, *, quiet: bool = False) -> list[tuple[float, float, flo
     return [tuple(c * (1 - MUTE) + MUTE for c in rgb) for rgb in colours] if quiet else list(colours)
 
 
-def hatch_cells(ax: Any, mask: Any, **style: Any) -> None:
+def hatch_cells(ax: Any, mask: Any, hatch: str = "//", **style: Any) -> None:
     """Hatch grey the heat-map cells where `mask` ([rows, columns] bool) is True: a value 0 by construction (a
     sliding window's masked keys, cells beyond its reach, a score it makes unmeasurable), not a measured 0.
-    style: more Rectangle keywords (zorder)."""
+    hatch: its pattern (two kinds of such cells in one map: two patterns); style: more Rectangle keywords (zorder)."""
     from matplotlib.patches import Rectangle
 
     for i, j in zip(*mask.nonzero()):
-        ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6", linewidth=0, **style))
+        ax.add_patch(Rectangle((j, i), 1, 1, facecolor="0.85", hatch=hatch, edgecolor="0.6", linewidth=0, **style))
 
 
 def color_scale(*arrays: Any, bound: float | None = None, quiet: bool = False,

@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from headscope.analyses.patching.attribution_patching import (
+    NEGLIGIBLE,
     interval_stated,
     nonzero_count,
     slope_with_interval,
@@ -206,16 +207,21 @@ def fit_axis_labels(ax: Axes) -> bool:
 
 
 def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
-    """Review 9a B2: hatch grey the cells the exact table marks `unreachable` (a sliding-window model's
-    cells too far from the answer position for the windows to carry them there: 0 by construction), so
-    they do not read as a measured 0; the title says so."""
-    if "unreachable" not in rows or not rows["unreachable"].astype(bool).any():
-        return
-    grid = rows.assign(unreachable=rows["unreachable"].astype(bool)).pivot_table(
-        index=index, columns="pos", values="unreachable", aggfunc="max").reindex(columns=columns)
-    hatch_cells(ax, grid.fillna(False).astype(bool).to_numpy(), zorder=3)
-    ax.set_title(ax.get_title() + "\n(hatched grey: beyond the sliding windows' reach of the answer, 0 by "
-                 "construction)", fontsize="medium")
+    """Hatch grey the cells that are 0 by construction, so they do not read as a measured 0, and say why in the
+    title: the exact table's `never_read` (review 12b A1: the last layer's writes before the answer position,
+    on every decoder; hatched \\\\) and `unreachable` (review 9a B2: cells the sliding windows keep from the
+    answer position; hatched //)."""
+    said = []
+    for column, hatch, why in (("never_read", "\\\\", "a last-layer write before the answer is never read"),
+                               ("unreachable", "//", "beyond the sliding windows' reach of the answer")):
+        if column not in rows or not rows[column].astype(bool).any():
+            continue
+        grid = rows.assign(**{column: rows[column].astype(bool)}).pivot_table(
+            index=index, columns="pos", values=column, aggfunc="max").reindex(columns=columns)
+        hatch_cells(ax, grid.fillna(False).astype(bool).to_numpy(), hatch=hatch, zorder=3)
+        said.append(f"hatched {hatch[0]}: {why}")
+    if said:
+        ax.set_title(ax.get_title() + f"\n(0 by construction; {'; '.join(said)})", fontsize="medium")
 
 
 LAST = {False: "; -1 is the last", True: "; -1 is each prompt's last token"}  # the thinned axis's reminder
@@ -365,14 +371,22 @@ def _slope_label(site: str, fit: Mapping[str, Any] | None) -> str:
 
 
 def plot_attribution_vs_exact(data: pd.DataFrame, *, label: str = "exact patching effect", floor: float = 0.0,
-                              ax: Axes | None = None) -> Axes:
+                              negligible: float | None = None, ax: Axes | None = None) -> Axes:
     """Attribution-patching estimate against the exact effect (`data`: the exact table with its
     attribution column), one point per cell, by site type; the identity line, and each site type's
     fitted slope with its 95% interval over the cells in the legend (a high correlation can hide a 2x error);
-    floor: site_slopes' (cells within it count as zero)."""
+    floor: site_slopes' (cells within it count as zero); negligible: where data is in shares of the gap,
+    NEGLIGIBLE: a site type whose every |exact effect| is below it gets no slope (review 12b B2: slopes of rounding)."""
     ax = axes(ax)
     slopes = site_slopes(data, floor)
-    named = data.assign(site=[_slope_label(str(t), slopes.get(str(t))) for t in data["site_type"]])
+    if negligible is not None:
+        peaks = data.assign(size=data["effect"].abs()).groupby("site_type")["size"].max()
+        quiet = {str(k) for k, v in peaks.items() if v < negligible}
+        slopes = {k: v for k, v in slopes.items() if k not in quiet}
+    else:
+        quiet = set()
+    named = data.assign(site=[f"{t} (exact effects all below {negligible:g} of the gap: no slope)" if str(t) in quiet
+                              else _slope_label(str(t), slopes.get(str(t))) for t in data["site_type"]])
     sns.scatterplot(data=named, x="effect", y="attribution", hue="site", ax=ax, s=20, alpha=0.7)
     lo = float(min(data["effect"].min(), data["attribution"].min()))
     hi = float(max(data["effect"].max(), data["attribution"].max()))
@@ -471,8 +485,9 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         if "attribution" in exact:
             rounding = (summary.get("rounding_floor") or {}).get("floor")
             floor = abs(float(rounding) / divisor) if isinstance(rounding, (int, float)) else 0.0  # the table's units
-            new("attribution_vs_exact", lambda ax: plot_attribution_vs_exact(exact, ax=ax, label=label, floor=floor),
-                (8, 4.5))
+            shares = bool(summary.get("normalized")) or (divisor != 1.0 and not summary.get("gap_within_noise"))
+            new("attribution_vs_exact", lambda ax: plot_attribution_vs_exact(
+                exact, ax=ax, label=label, floor=floor, negligible=NEGLIGIBLE if shares else None), (8, 4.5))
     trace = tables.get("causal_tracing")
     if trace is not None:
         info = summary.get("causal_tracing", {})
@@ -515,9 +530,11 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
               "own maximum is much smaller prints it in its title). Positions count from the end; a column that only the "
               "longer prompts reach is pale and its tick gives its n (where the ticks would run together, only every "
               "k-th place, the answer position and the places the finding names are labelled, and the x label gives "
-              "the pale columns' n). On a sliding-window model a hatched grey cell "
-              "lies more than the windows' reach (the sum of window - 1 over the layers from it to the end) before the "
-              "answer position: it cannot reach the answer, so its 0 is by construction, not a finding. ",
+              "the pale columns' n). A grey cell hatched \\ is a write of the last layer before the answer "
+              "position: no attention follows it, so on any decoder its 0 is by construction, not a finding. On a "
+              "sliding-window model a grey cell hatched / lies more than the windows' reach (the sum of window - 1 over "
+              "the layers from it to the end) before the answer position: it cannot reach the answer, so its 0 is by "
+              "construction too. ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
                        "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
                        "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",

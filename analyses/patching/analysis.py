@@ -37,9 +37,11 @@ patching/aligned.py; also the table `corrupted_token`); gap_within_noise only wh
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
 Answers of several tokens (teacher-forced pieces at the end of their rows): every position cell counts from each
 prompt's last token (-1 there), the pieces left out (patching/prompt_end.py); summary answer_pieces says so.
-On a sliding-window model (models.layer_windows) the table's `unreachable` marks the position cells the windows
-keep from the answer position (sites.window_reach: 0 by construction), and sliding_windows gives the windows and
-how many cells that is.
+The table's `never_read` marks the writes after the last attention layer at positions other than the answer
+position (sites.never_read_cells: 0 by construction on every decoder), and summary never_read counts them. On a
+sliding-window model (models.layer_windows) `unreachable` marks the other position cells the windows keep from
+the answer position (sites.window_reach: 0 by construction; none where every prompt fits the windows), and
+sliding_windows gives the windows and how many cells that is.
 """
 from __future__ import annotations
 
@@ -76,7 +78,15 @@ from headscope.analyses.patching.inputs import (
     task_padding,
     token_labels,
 )
-from headscope.analyses.patching.sites import SITE_TYPES, SiteType, absent, cell_frame, site_types, unreachable_cells
+from headscope.analyses.patching.sites import (
+    SITE_TYPES,
+    SiteType,
+    absent,
+    cell_frame,
+    never_read_cells,
+    site_types,
+    unreachable_cells,
+)
 from headscope.hooks.sites import site
 from headscope.models.hooked_model import layer_windows
 
@@ -249,6 +259,14 @@ def activation_patching(
     if (pieces_said := prompt_end.record(pieces)) is not None:
         summary["answer_pieces"] = pieces_said
     windows = layer_windows(model)
+    # review 12b A1: writes after the last attention before the prompt's last token, on every decoder: the metric reads
+    # the last position, or an answer's pieces from there on (a logprob of several tokens), never earlier
+    if pm.last_position or (task.continuation is not None and pm.name in ("logprob", "prob")):
+        df["never_read"] = never_read_cells(df, model.facts.n_layers)
+        if df["never_read"].any():
+            summary["never_read"] = {"cells": int(df["never_read"].sum()),
+                                     "of": int(df["position_from_end"].notna().sum()),
+                                     "site_types": list(pd.unique(df.loc[df["never_read"], "site_type"]))}
     if any(windows) and pm.last_position:  # review 9a B2: cells the windows keep from the answer are 0 by construction
         df["unreachable"] = unreachable_cells(df, windows)
         summary["sliding_windows"] = {"windows": list(windows), "unreachable": int(df["unreachable"].sum()),

@@ -257,6 +257,13 @@ def _r_without_top(pair: pd.DataFrame) -> float | None:
     return float(rest["effect"].corr(rest["attribution"]))
 
 
+def _slope_without_top(pair: pd.DataFrame) -> float | None:
+    """The least-squares slope of the cells without the one of largest |effect| (review 12a: one cell at 0.999
+    of the gap beside eleven under 0.04 sets the slope as it sets r); None under 3 cells left."""
+    rest = pair.drop(index=pair["effect"].abs().idxmax())
+    return slope_with_interval(rest["effect"].to_numpy(), rest["attribution"].to_numpy())["slope"] if len(rest) >= 3 else None
+
+
 def slope_with_interval(exact: np.ndarray, attribution: np.ndarray, alpha: float = 0.05) -> dict:
     """Least-squares slope of attribution (y) on the exact effect (x) over the finite cells, with its
     two-sided (1 - alpha) t interval (standard error sqrt(SSR / (n - 2) / Sxx), n - 2 degrees of
@@ -280,6 +287,7 @@ def slope_with_interval(exact: np.ndarray, attribution: np.ndarray, alpha: float
     return {"slope": slope, "slope_ci": ci, "slope_n": n}
 
 
+NEGLIGIBLE = 1e-3  # a site type whose every exact effect is below this share of the clean-corrupted gap has nothing to rank
 SPARSE = 10  # fewer non-zero exact effects than this (or under half the cells): no interval is stated for r or the slope
 MISS = 5.0  # attribution under 1/MISS of an exact effect (or of the opposite sign) misses it
 LARGE = 0.25  # ... when that exact effect is at least this fraction of the site type's largest
@@ -336,7 +344,7 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame, *, fl
     """Join exact effects with attribution estimates; Pearson and Spearman r and the slope per site type.
 
     Returns (joined table, {site type: {"pearson", "spearman", "n", "n_nonzero", "n_within_rounding", "pearson_without_top",
-    "slope", "slope_ci", "slope_n", "spearman_nonzero", "top_exact", "missed"}}); r is None where either
+    "slope", "slope_ci", "slope_n", "slope_without_top", "spearman_nonzero", "top_exact", "missed"}}); r is None where either
     column is constant. n_nonzero counts the
     cells whose |exact effect| exceeds NONZERO of the largest: an r over one such cell among zeros is
     fixed by that cell and says nothing; pearson_without_top is r with the largest-|effect| cell left
@@ -364,6 +372,7 @@ def correlation_with_exact(exact: pd.DataFrame, attribution: pd.DataFrame, *, fl
             "n_within_rounding": within_rounding(pair["effect"].to_numpy(), floor),
             "pearson_without_top": None if constant else _r_without_top(pair),
             **slope_with_interval(pair["effect"].to_numpy(), pair["attribution"].to_numpy()),
+            "slope_without_top": _slope_without_top(pair),
             **rank_checks(group, floor),
         }
     return joined.drop(columns="effect_ci_half"), stats

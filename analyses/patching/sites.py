@@ -165,17 +165,39 @@ def window_reach(windows: tuple, site_type: str, layer: int) -> int | None:
     """How many positions back from the answer query a (site_type, layer, position) cell can still move
     it when the layers slide (models.layer_windows): each attention it passes through carries a change at
     most window - 1 positions forward (the keys a query sees, models.visible_keys), so the sum of
-    (window - 1) over the layers from there to the end; None where a global layer lies on the way (any distance)."""
+    (window - 1) over the layers from there to the end; None where a global layer lies on the way (any
+    distance) or no attention does (never_read_cells: a write after the last attention, windowed or not)."""
     later = windows[layer + _FIRST_LATER_LAYER[site_type]:]
-    return None if any(w is None for w in later) else sum(w - 1 for w in later)
+    return None if not later or any(w is None for w in later) else sum(w - 1 for w in later)
+
+
+def _back(row: pd.Series) -> int | None:
+    """How many positions before the answer position (-1 from the end) a position cell of a tracked site type lies."""
+    if row["site_type"] not in _FIRST_LATER_LAYER or pd.isna(row["position_from_end"]):
+        return None
+    return -1 - int(row["position_from_end"])
+
+
+def never_read_cells(df: pd.DataFrame, n_layers: int) -> pd.Series:
+    """Per row of the exact table, True for a write after the last layer's attention (its attn_out, mlp_out,
+    resid_mid, resid_post, a head's output by position) at a position other than the answer position: no
+    attention runs after it to carry it there, so it is 0 by construction on every decoder (review 12b A1:
+    not a window effect)."""
+    def unread(row: pd.Series) -> bool:
+        back = _back(row)
+        return back is not None and back > 0 and int(row["layer"]) + _FIRST_LATER_LAYER[row["site_type"]] >= n_layers
+    return df.apply(unread, axis=1).astype(bool)
 
 
 def unreachable_cells(df: pd.DataFrame, windows: tuple) -> pd.Series:
     """Per row of the exact table, True for a position cell that the sliding windows keep from the answer
-    position (-1 from the end): more than window_reach positions back, so 0 by construction."""
+    position (-1 from the end): more than window_reach positions back, with some attention still after it
+    (a write after the last one is never_read_cells', on any decoder), so 0 by construction because of the
+    windows. None where every prompt fits every window it crosses (window - 1 >= the distance)."""
     def out_of_reach(row: pd.Series) -> bool:
-        if row["site_type"] not in _FIRST_LATER_LAYER or pd.isna(row["position_from_end"]):
+        back = _back(row)
+        if back is None:
             return False
         reach = window_reach(windows, row["site_type"], int(row["layer"]))
-        return reach is not None and -1 - int(row["position_from_end"]) > reach
+        return reach is not None and back > reach
     return df.apply(out_of_reach, axis=1).astype(bool)

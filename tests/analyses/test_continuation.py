@@ -222,11 +222,17 @@ def test_patching_positions_count_from_each_prompts_last_token_on_answers_of_one
         task = hs.load_task(model, rows, MIXED_FIELDS)
     answers = [_answer_ids(model, r) for r in rows]
     assert sorted({len(a) for a in answers}) == [1, 3]
-    got = hs.activation_patching(model, task, "resid_pre")
+    got = hs.activation_patching(model, task, ["resid_pre", "attn_out"])
     clean_ids = [_prompt_ids(model, r["text"]) for r in rows]
     corrupt_ids = [_prompt_ids(model, r["bad"]) for r in rows]
     base = torch.stack([_hf_logprob(hf, c, a) for c, a in zip(corrupt_ids, answers)])
-    cells = got.df.set_index(["layer", "position_from_end"])
+    cells = got.df[got.df.site_type == "resid_pre"].set_index(["layer", "position_from_end"])
+    # review 12b A1: the last layer's attn_out before the prompt's last token is never read, pieces or not
+    last = got.df[(got.df.site_type == "attn_out") & (got.df.layer == hf.config.num_hidden_layers - 1)]
+    unread = last["position_from_end"] < -1
+    assert (last["never_read"] == unread).all() and not got.df.loc[got.df.site_type == "resid_pre", "never_read"].any()
+    assert last.loc[unread, "effect"].abs().max() < 1e-5 < abs(float(last.loc[~unread, "effect"].item()))
+    assert got.summary["never_read"]["cells"] == int(unread.sum())
     for layer in range(hf.config.num_hidden_layers):
         for end in (-1, -2):
             effect = torch.stack([_hf_resid_patched(hf, c, p, a, layer, len(c) + end)

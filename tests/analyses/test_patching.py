@@ -658,19 +658,51 @@ def test_sliding_window_cells_out_of_reach_of_the_answer_are_marked_and_are_zero
     """Review 9a B2 on Mistral (2 layers, each sliding over 8 keys), 20-token prompts whose every token is
     corrupted: resid_pre of layer 1 reaches the answer from 7 back at most (one window), of layer 0 from 14
     (two); resid_post of layer 0 from 7. The model itself decides: every cell marked is 0, and the cells at
-    the edge of reach are not, so the mark is neither too wide nor too narrow."""
+    the edge of reach are not, so the mark is neither too wide nor too narrow. Review 12b A1: resid_post of the
+    last layer before the answer is never read on any decoder (no attention follows it), marked as such and not
+    blamed on the windows."""
     from headscope.reports.patching_words import finding
 
     task = make_task(batch=2, pos=20, seed=5)
     res = activation_patching(arch_models("mistral"), task, ["resid_pre", "resid_post"], progress=False)
     df = res.df
     back = -1 - df["position_from_end"]  # positions before the answer
-    for site, layer, reach in (("resid_pre", 1, 7), ("resid_pre", 0, 14), ("resid_post", 0, 7), ("resid_post", 1, 0)):
+    for site, layer, reach in (("resid_pre", 1, 7), ("resid_pre", 0, 14), ("resid_post", 0, 7)):
         cells = df[(df.site_type == site) & (df.layer == layer)]
         marked = cells[cells.unreachable]
         assert sorted(back[marked.index]) == list(range(reach + 1, 20)), (site, layer)
-        assert marked.effect.abs().max() < 1e-6
+        assert marked.effect.abs().max() < 1e-6 and not cells.never_read.any()
         edge = cells[back[cells.index] == reach]
         assert edge.effect.abs().item() > 1e-4, (site, layer)  # one position nearer, the answer moves
-    assert res.summary["sliding_windows"] == {"windows": [8, 8], "unreachable": 12 + 5 + 12 + 19, "cells": 80}
-    assert "48 of the 80 position cells lie further before the answer position" in finding(res.summary)
+    last = df[(df.site_type == "resid_post") & (df.layer == 1)]
+    assert sorted(back[last[last.never_read].index]) == list(range(1, 20)) and not last.unreachable.any()
+    assert last[last.never_read].effect.abs().max() < 1e-6 and last[back[last.index] == 0].effect.abs().item() > 1e-4
+    assert res.summary["sliding_windows"] == {"windows": [8, 8], "unreachable": 12 + 5 + 12, "cells": 80}
+    assert res.summary["never_read"] == {"cells": 19, "of": 80, "site_types": ["resid_post"]}
+    text = finding(res.summary)
+    assert "29 of the 80 position cells lie further before the answer position" in text
+    assert "19 of the 80 position cells are the last layer's writes (resid_post) before the answer position" in text
+
+
+def test_only_cells_a_window_cuts_are_blamed_on_it(arch_models):
+    """Review 12b A1 (a Mistral whose window 48 exceeds every prompt got its last layer hatched as "beyond the sliding
+    windows' reach"): reach by hand. Gemma 2 (layer 0 slides over 8 keys, layer 1 is global) on 20 tokens: every
+    cell of layer 0 reaches the answer through the global layer, so the window cuts none; Mistral (windows 8, 8) on
+    8-token prompts: the longest distance, 7, is one window's reach, so none again. Either way the last layer's
+    attn_out before the answer is never read (0, measured by the model), and the finding says so without a
+    window sentence."""
+    from headscope.reports.patching_words import finding
+
+    for arch, pos in (("gemma2", 20), ("mistral", 8)):
+        res = activation_patching(arch_models(arch), make_task(batch=2, pos=pos, seed=5), ["resid_pre", "attn_out"],
+                                  progress=False)
+        df, back = res.df, -1 - res.df["position_from_end"]
+        assert not df.unreachable.any() and res.summary["sliding_windows"]["unreachable"] == 0, arch
+        unread = df[df.never_read]
+        assert set(unread.site_type) == {"attn_out"} and set(unread.layer) == {1}
+        assert sorted(back[unread.index]) == list(range(1, pos)) and unread.effect.abs().max() < 1e-5, arch
+        early = df[(df.site_type == "attn_out") & (df.layer == 0) & (back == pos - 2)]  # far back, it still moves it
+        assert early.effect.abs().item() > 1e-4, arch
+        text = finding(res.summary)
+        assert "Sliding windows" not in text and "windows carry" not in text, arch
+        assert f"{pos - 1} of the {2 * pos * 2} position cells are the last layer's writes (attn_out)" in text, arch

@@ -2014,7 +2014,14 @@ def test_patching_maps_hatch_the_cells_sliding_windows_keep_from_the_answer():
         assert hatched == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3)]  # rows L0H0, L0H1, L1H0, L1H1
         plain = plot_layer_pos(exact.drop(columns="unreachable"), site_type="resid_pre", n_prompts=1)
         assert not [r for r in plain.patches if r.get_hatch()]
-        assert "hatched grey" in PREFIX_CAPTIONS["exact_"] and "by construction" in PREFIX_CAPTIONS["exact_"]
+        assert "by construction" in PREFIX_CAPTIONS["exact_"] and "any decoder" in PREFIX_CAPTIONS["exact_"]
+        # review 12b A1: the last layer's writes before the answer, never read on any decoder, hatched the other way
+        # and said so; no window words where the windows cut nothing
+        unread = exact.assign(unreachable=False, never_read=(exact["layer"] == 1) & (exact["pos"] < 3))
+        ax = plot_layer_pos(unread, site_type="resid_pre", n_prompts=1)
+        hatched = sorted((int(r.get_x()), int(r.get_y()), r.get_hatch()) for r in ax.patches if r.get_hatch())
+        assert hatched == [(0, 1, "\\\\"), (1, 1, "\\\\"), (2, 1, "\\\\")]
+        assert "never read" in ax.get_title() and "sliding windows" not in ax.get_title()
     finally:
         plt.close("all")
 

@@ -729,6 +729,83 @@ def test_one_point_correlation_only_when_one_point_carries_it():
             "[0.184, 0.610]), a much weaker agreement") in said(1.0, 0.42)
 
 
+def _cells(site: str, effect, attribution):
+    """An exact table joined with attribution estimates for one (layer, head) site type: 3 layers x 4 heads."""
+    import pandas as pd
+
+    rows = [{"site_type": site, "layer": i // 4, "head": i % 4, "pos": None, "effect": e} for i, e in enumerate(effect)]
+    exact = pd.DataFrame(rows).astype({"head": "Int64", "pos": "Int64"})
+    return exact, exact.drop(columns="effect").assign(attribution=attribution)
+
+
+def test_an_r_set_by_one_cell_is_said_with_r_and_the_slope_without_it():
+    """Review 12a: head_out "r = 0.999 (n = 12 cells, 95% CI [0.998, 1.000])" and slope 0.58 [0.57, 0.59] where one
+    cell (0.999 of the gap) sets both; the other 11 give r = 0.78. r, the interval and the slopes from scipy."""
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact
+
+    rng = np.random.default_rng(0)
+    small = rng.uniform(-0.3, 0.3, 11)
+    effect = np.r_[7.25, small]
+    attribution = np.r_[4.19, 0.63 * small + rng.normal(0, 0.12, 11)]
+    _, stats_ = correlation_with_exact(*_cells("head_out", effect, attribution))
+    r, rest = stats.pearsonr(effect, attribution)[0], stats.pearsonr(small, attribution[1:])[0]
+    assert r > 0.99 and 0.3 < rest < r - 0.1  # the premise: one cell sets r
+    z, se = np.arctanh(r), 1 / np.sqrt(12 - 3)
+    low, high = np.tanh(z - 1.959964 * se), np.tanh(z + 1.959964 * se)
+    assert not low <= rest <= high
+    s = {"metric": "logit_diff", "normalized": False, "n_examples": 8, "clean_metric": 7.3, "corrupted_metric": 0.0,
+         "top_sites": {}, "attribution_correlation": stats_}
+    text = finding("patching", s)
+    rz, rse = np.arctanh(rest), 1 / np.sqrt(11 - 3)
+    assert (f"head_out r = {r:.3f} (n = 12 cells, 95% CI [{low:.3f}, {high:.3f}]) is set by one cell, its largest: "
+            f"without it r = {rest:.3f} (n = 11 cells, 95% CI [{np.tanh(rz - 1.959964 * rse):.3f}, "
+            f"{np.tanh(rz + 1.959964 * rse):.3f}]), outside that interval") in text
+    slope, slope_rest = stats.linregress(effect, attribution).slope, stats.linregress(small, attribution[1:]).slope
+    assert f"least-squares slope {slope:.2f} of attribution on exact" in text
+    assert f"n = 12 cells; {slope_rest:.2f} without its largest cell)" in text
+    # r that the rest of the cells keep within its interval stays plain: 0.95 over 200 against 0.93
+    plain = {"pearson": 0.95, "n": 200, "n_nonzero": 200, "pearson_without_top": 0.93}
+    said = finding("patching", {**s, "attribution_correlation": {"attn_out": plain}})
+    assert "attn_out r = 0.950 (n = 200 cells" in said and "largest" not in said
+
+
+def test_no_agreement_is_read_where_every_exact_effect_is_negligible():
+    """Review 12b A3: q cells all within 7e-4 of a 15.3 gap got "r = 0.560 ... slope 0.37 ... misses L1H2 ... Do not
+    rank sites by it ... at q"; now no r, slope or miss, and the legend of the figure gives no slope for them. A site
+    type at 0.02 of the gap is still read."""
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact
+    from headscope.reports.plots_patching import plot_attribution_vs_exact
+
+    rng = np.random.default_rng(1)
+    gap = 15.26
+    q = rng.uniform(-0.0106, 0.0106, 12)
+    q[3] = -0.0106  # the largest: 0.0007 of the gap
+    pattern = np.r_[0.365, rng.uniform(-0.05, 0.05, 11)]
+    qx, qa = _cells("q", q, -q[::-1])  # attribution unrelated to exact: a "miss" and a wrong top cell
+    px, pa = _cells("pattern", pattern, 0.9 * pattern)
+    import pandas as pd
+
+    joined, stats_ = correlation_with_exact(pd.concat([qx, px], ignore_index=True),
+                                            pd.concat([qa, pa], ignore_index=True))
+    assert stats_["q"]["missed"] is not None or stats_["q"]["top_exact"]["attribution_rank"] > 1  # the premise
+    s = {"metric": "logit_diff", "normalized": False, "n_examples": 32, "clean_metric": gap / 2,
+         "corrupted_metric": -gap / 2, "top_sites": {}, "attribution_correlation": stats_}
+    text = finding("patching", s)
+    assert "q: exact effects all below 0.001 of the gap (the largest 0.0007), nothing to rank" in text
+    assert "q r =" not in text and "at q" not in text
+    assert f"pattern r = {stats.pearsonr(pattern, 0.9 * pattern)[0]:.3f}" in text
+    import matplotlib.pyplot as plt
+
+    try:
+        shares = joined.assign(effect=joined["effect"] / gap, attribution=joined["attribution"] / gap)
+        ax = plot_attribution_vs_exact(shares, negligible=0.001)
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "q (exact effects all below 0.001 of the gap: no slope)" in labels
+        assert any(t.startswith("pattern (slope 0.90") for t in labels)
+    finally:
+        plt.close("all")
+
+
 def test_patching_over_a_gap_within_noise_ranks_no_site():
     s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 12,
          "clean_metric": 0.2, "corrupted_metric": 0.0,
