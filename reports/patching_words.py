@@ -13,7 +13,7 @@ from typing import Any
 
 from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair, sliding_words
 from headscope.reports.patching_agreement import agreement
-from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _token_words
+from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _orders_lead, _token_words
 from headscope.reports.patching_sites import (
     DEPTH,
     _effect_ci,
@@ -100,7 +100,8 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
     by construction, once (patching_sites.py); then the strongest cell of each site type not yet named."""
     differ = frozenset(differ_offsets(s))
     normalized = bool(s.get("normalized"))
-    aligned = _aligned_lead(s, gap, metric)  # review 10a A3: the token's places differ, so it leads
+    # review 10a A3: the token's places differ, so it leads; review 12b A2: each of several differing positions
+    aligned = _orders_lead(s, gap, metric) or _aligned_lead(s, gap, metric)
     info = s.get("at_corrupted_token") or {}
     several = _token_words(info)[1] != "the corrupted token"
     said = [differing_positions(s) if not aligned or several else None, aligned]  # the lead names the one place each

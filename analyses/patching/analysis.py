@@ -207,7 +207,10 @@ def activation_patching(
     labels = token_labels(model, shown, shown_mask)
     gap = 1.0 if pm.normalized else (clean_value - corrupt_value) or None  # what share_of_gap divides by
     first = aligned.first_difference(shown, shown_bad)  # [B] each row's corrupted token (padded index)
+    common = min(aligned.common_differences(shown, shown_bad), aligned.MAX_ORDERS)
+    nth = [first] + [aligned.nth_difference(shown, shown_bad, k) for k in range(1, common)]  # [B] each
     frames, intervals, on_token = [], {}, {}
+    by_order: list[dict] = [{} for _ in nth]
     for st in types:
         cells, values = sweeps[st.name]
         means = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
@@ -219,8 +222,10 @@ def activation_patching(
         frame = frame.assign(n_rows=means["n_rows"].numpy())
         frames.append(frame.assign(share_of_gap=frame["effect"] / gap if gap else np.nan))
         if st.by_pos and not st.by_head:
-            on_token[st.name] = aligned.at_corrupted_token(pm, st.name, cells, values, base_values, clean_rows,
-                                                           corrupt_rows, first, frame)
+            for k, at in enumerate(nth):  # review 12b A2: each differing position aligned over every prompt
+                by_order[k][st.name] = aligned.at_corrupted_token(pm, st.name, cells, values, base_values, clean_rows,
+                                                                  corrupt_rows, at, frame)
+            on_token[st.name] = by_order[0][st.name]
     df = pd.concat(frames, ignore_index=True)
     summary = {
         "metric": pm.name,
@@ -245,6 +250,10 @@ def activation_patching(
                                          "positions_differ": aligned.positions_differ(clean, corrupted),
                                          "differ_from_end": aligned.differ_from_end(shown, shown_bad),
                                          "sites": on_token}
+        if len(nth) > 1:
+            summary["at_corrupted_token"]["orders"] = [
+                {"order": k + 1, "from_end": aligned.offsets(at, clean.shape[1]), "n": int((at >= 0).sum()),
+                 "sites": sites} for k, (at, sites) in enumerate(zip(nth, by_order))]
     if (pieces_said := prompt_end.record(pieces)) is not None:
         summary["answer_pieces"] = pieces_said
     windows = layer_windows(model)
@@ -257,7 +266,7 @@ def activation_patching(
         summary["gap_within_noise"] = small
     tables = {"exact": df}
     if on_token:
-        tables["corrupted_token"] = aligned.table(on_token, gap)
+        tables["corrupted_token"] = aligned.table(on_token, gap, summary["at_corrupted_token"].get("orders"))
     if cfg.attribution:
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
         attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask,

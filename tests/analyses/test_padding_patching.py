@@ -326,3 +326,64 @@ def test_effect_on_the_corrupted_token_equals_each_prompts_own_patched_pass(arch
                                atol=TOL)
     shares = result.df["share_of_gap"].to_numpy(dtype=float)
     np.testing.assert_allclose(shares, result.df["effect"].to_numpy(dtype=float) / gap)
+
+
+def test_each_differing_position_is_aligned_over_every_prompt(arch_models, mixed_tasks, hf_of):
+    """#34 review 12b A2: a corruption that changes two positions per prompt (a swap of two names) is aligned on each
+    of them in order: summary at_corrupted_token.orders[k] reads every row's effect at its own (k+1)-th differing
+    position. Against plain Hugging Face (LlamaForCausalLM, each prompt alone, unpadded): the clean run's input to
+    decoder layer l at that position written over the corrupted run's, the logit difference minus the unpatched one."""
+    model, task, hf = arch_models("llama3"), mixed_tasks("llama3"), hf_of("llama3")
+    bad = task.tokens.clone()  # [B, pos]: two tokens changed per row, at places from the end that vary by row
+    real = task.attention_mask.bool() if task.attention_mask is not None else torch.ones_like(bad, dtype=torch.bool)
+    for r in range(bad.shape[0]):
+        start = int(torch.nonzero(real[r])[0])
+        for p in (start + 1, bad.shape[1] - 2):  # the prompt's second token and the one before its last
+            bad[r, p] = (int(task.tokens[r, p]) + 7) % model.facts.d_vocab
+    result = activation_patching(model, task, sites=("resid_pre",), metric="logit_diff", corrupted_tokens=bad)
+    info = result.summary["at_corrupted_token"]
+    assert info["positions_differ"] == [2, 2] and [o["order"] for o in info["orders"]] == [1, 2]
+
+    def logit_diff(ids, r, hook=None) -> float:
+        handle = hook and hf.model.layers[hook[0]].register_forward_pre_hook(hook[1], with_kwargs=True)
+        try:
+            with torch.no_grad():
+                out = hf(ids).logits[0, -1]
+        finally:
+            if handle:
+                handle.remove()
+        return float(out[task.answer_tokens[r]] - out[task.wrong_answers[r]])
+
+    expected, places = {}, {1: [], 2: []}
+    for r in range(bad.shape[0]):
+        keep = real[r]
+        clean, corrupt = task.tokens[r][keep][None], bad[r][keep][None]  # [1, pos] each, no padding
+        where = torch.nonzero(clean[0] != corrupt[0])[:, 0].tolist()
+        base = logit_diff(corrupt, r)
+        for order, pos in enumerate(where, start=1):
+            places[order].append(pos - clean.shape[1])
+            for layer in range(model.facts.n_layers):
+                kept = {}
+
+                def grab(mod, args, kwargs, kept=kept):
+                    kept["h"] = (args[0] if args else kwargs["hidden_states"]).clone()
+
+                def put(mod, args, kwargs, pos=pos, kept=kept):
+                    h = (args[0] if args else kwargs["hidden_states"]).clone()
+                    h[:, pos] = kept["h"][:, pos]
+                    return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
+
+                logit_diff(clean, r, (layer, grab))
+                expected.setdefault((order, layer), []).append(logit_diff(corrupt, r, (layer, put)) - base)
+    assert np.mean(expected[2, 0]) != pytest.approx(np.mean(expected[1, 0]), abs=1e-3)  # two different measurements
+    table = result.tables["corrupted_token"].set_index(["differing_position", "site_type", "layer"])
+    for record in info["orders"]:
+        order = record["order"]
+        assert record["n"] == bad.shape[0] and record["from_end"] == {
+            str(o): places[order].count(o) for o in set(places[order])}
+        for row in record["sites"]["resid_pre"]:
+            effects = expected[order, row["layer"]]
+            assert row["n"] == len(effects)
+            assert row["effect"] == pytest.approx(np.mean(effects), abs=1e-3, rel=1e-3)
+            assert table.loc[(order, "resid_pre", row["layer"]), "effect"] == pytest.approx(row["effect"])
+    assert info["sites"] == info["orders"][0]["sites"]  # the first order is the record older readers use
