@@ -315,7 +315,9 @@ def _finding(s: Mapping[str, Any]) -> str:
     metric = _words(s.get("metric", ""))
     if gap is not None:
         article = "an" if metric[:1].lower() in ("a", "e", "i", "o", "u") else "a"  # "an answer log-probability" (review 11b C5)
-        parts.append(f"Clean prompts give {article} {metric} of {clean:.3g}, corrupted ones {corrupt:.3g}.")
+        parts.append(f"Clean prompts give {article} {metric} of {clean:.3g}{_metric_ci(s, 'clean')}, corrupted ones "
+                     f"{corrupt:.3g}{_metric_ci(s, 'corrupted')}" + (f", over {n:.0f} prompts." if (
+                         n := _num(s.get("metric_n"))) else "."))
         if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
                          "restore, so the patching maps show noise.")
@@ -345,6 +347,12 @@ def _finding(s: Mapping[str, Any]) -> str:
             parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
                          f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
+
+
+def _metric_ci(s: Mapping[str, Any], which: str) -> str:
+    """' (95% CI [lo, hi])' of the clean or corrupted mean metric (review 12c C6); '' where not recorded."""
+    ci = ci_pair(s.get(f"{which}_metric_ci"))
+    return f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if ci else ""
 
 
 def answer_pieces_words(s: Mapping[str, Any]) -> str:

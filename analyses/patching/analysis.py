@@ -24,7 +24,8 @@ what the report's maps show; the effect itself for a normalised metric) and with
 attribution-patching estimate `attribution` (metric units, as effect) and attribution_share_of_gap.
 Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
-direction, clean_metric, corrupted_metric, baseline, n_heads and n_kv_heads (per layer), metric_at_last_position
+direction, clean_metric, corrupted_metric (with clean_metric_ci, corrupted_metric_ci: 95% t intervals over the
+metric_n prompts, unnormalised metrics only), baseline, n_heads and n_kv_heads (per layer), metric_at_last_position
 (the metric reads each prompt's last token, the answer position), top_sites (10 per site type by |effect|, each with the 95%
 t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
@@ -240,6 +241,7 @@ def activation_patching(
         "clean_metric": float(pm.finish(clean_value, clean_value, corrupt_value)),
         "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),
         "baseline": baseline,
+        **_metric_intervals(pm, clean_rows, corrupt_rows),
         "top_sites": top_sites(df, intervals=intervals),
         "top_sites_ci_method": EFFECT_CI_METHOD,
         **left_out,
@@ -281,6 +283,16 @@ def activation_patching(
         tables = {**tables, "exact": df, "attribution": attr}
     config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}
     return Result(name="patching", df=df, summary=summary, tables=tables, config=config)
+
+
+def _metric_intervals(pm: PatchMetric, clean_rows: torch.Tensor, corrupt_rows: torch.Tensor) -> dict:
+    """Review 12c C6: clean_metric_ci and corrupted_metric_ci, the 95% t intervals of the clean and corrupted runs' mean
+    metric over the prompts [B] each, with metric_n (the prompts); {} for a normalised metric (its 1 and 0 are fixed)."""
+    if pm.normalized:
+        return {}
+    return {"clean_metric_ci": chance.mean_interval(clean_rows.double().cpu().numpy()),
+            "corrupted_metric_ci": chance.mean_interval(corrupt_rows.double().cpu().numpy()),
+            "metric_n": int(clean_rows.shape[0])}
 
 
 def _at_prompt_end(clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None, pieces: torch.Tensor):

@@ -354,12 +354,14 @@ def test_each_differing_position_is_aligned_over_every_prompt(arch_models, mixed
                 handle.remove()
         return float(out[task.answer_tokens[r]] - out[task.wrong_answers[r]])
 
-    expected, places = {}, {1: [], 2: []}
+    expected, places, ends = {}, {1: [], 2: []}, {"clean": [], "corrupted": []}
     for r in range(bad.shape[0]):
         keep = real[r]
         clean, corrupt = task.tokens[r][keep][None], bad[r][keep][None]  # [1, pos] each, no padding
         where = torch.nonzero(clean[0] != corrupt[0])[:, 0].tolist()
         base = logit_diff(corrupt, r)
+        ends["clean"].append(logit_diff(clean, r))
+        ends["corrupted"].append(base)
         for order, pos in enumerate(where, start=1):
             places[order].append(pos - clean.shape[1])
             for layer in range(model.facts.n_layers):
@@ -387,3 +389,10 @@ def test_each_differing_position_is_aligned_over_every_prompt(arch_models, mixed
             assert row["effect"] == pytest.approx(np.mean(effects), abs=1e-3, rel=1e-3)
             assert table.loc[(order, "resid_pre", row["layer"]), "effect"] == pytest.approx(row["effect"])
     assert info["sites"] == info["orders"][0]["sites"]  # the first order is the record older readers use
+    from scipy import stats
+
+    for which, values in ends.items():  # review 12c C6: the headline's clean and corrupted metrics carry a t interval
+        x = np.array(values)
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+        np.testing.assert_allclose(result.summary[f"{which}_metric_ci"], [x.mean() - half, x.mean() + half], atol=1e-3)
+    assert result.summary["metric_n"] == len(ends["clean"])

@@ -1738,6 +1738,9 @@ def test_patching_aligns_each_of_several_differing_positions_and_names_the_one_t
             "the resid_pre at layer 0 (95% CI [0.99, 1.03], 8 of 8 prompts, +20 logit difference); the first, at its "
             "largest cell, -0.01 at the resid_pre at layer 0 (95% CI [-0.03, 0.01], 8 of 8 prompts).")
     assert lead in text and "the first position where the prompts differ" not in text
+    s.update(clean_metric_ci=[9.5, 10.32], corrupted_metric_ci=[-10.3, -9.52], metric_n=8)  # review 12c C6
+    assert finding("patching", s).startswith("Clean prompts give a logit difference of 9.91 (95% CI [9.5, 10.3]), "
+                                             "corrupted ones -9.91 (95% CI [-10.3, -9.52]), over 8 prompts.")
     s["at_corrupted_token"]["positions_differ"] = [2, 3]
     assert ("(prompts differ in how many positions differ (2 to 3), so the first 2, which every prompt has, are "
             "aligned, each over every prompt at its own place)") in finding("patching", s)
