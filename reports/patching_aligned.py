@@ -10,13 +10,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.reports.findings import _num, and_join, ci_pair
-from headscope.reports.patching_sites import CITED, _effect_ci, _size, changed_there, differ_offsets, share, split_token
+from headscope.reports.patching_sites import (
+    CITED,
+    _effect_ci,
+    _size,
+    changed_there,
+    differ_offsets,
+    end_words,
+    share,
+    split_token,
+)
 
 
-def _offsets(places: Mapping[str, Any]) -> str:
-    """'-8 from the end in 6 prompts and -11 in 2'."""
+def _offsets(places: Mapping[str, Any], ends: str = "from the end") -> str:
+    """'-8 from the end in 6 prompts and -11 in 2' (ends: "from the prompt's end" on answers of several tokens)."""
     items = sorted(((int(o), int(k)) for o, k in places.items()), key=lambda ok: (-ok[1], -ok[0]))  # most prompts first
-    said = [f"{o} from the end in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
+    said = [f"{o} {ends} in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
     return and_join(said)
 
 
@@ -122,7 +131,7 @@ def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str |
         elif None not in values:
             said += f"; at {span} {_fine(min(values))} to {_fine(max(values))}"
     token, name = _token_words(info)
-    places = _offsets(info.get("from_end") or {})
+    places = _offsets(info.get("from_end") or {}, end_words(s))
     verb = "restores" if s.get("direction", "denoise") == "denoise" and (value(listed[0]) or 0) >= 0 else "moves the metric by"
     return (f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) the {kind} at "
             f"{name} ({token}; it sits at {places}, so end-aligned columns split its effect) {verb} {said}.")

@@ -24,6 +24,7 @@ from headscope.reports.patching_sites import (
     depth,
     differ_offsets,
     differing_positions,
+    end_words,
     entering,
     reaching,
     thin,
@@ -39,7 +40,7 @@ def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset(), s
     if cell.get("pos") is not None:
         token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
         end = cell.get("from_end")  # the figures' axis: the same place in every left-padded prompt
-        at = f"position {end} from the end" if isinstance(end, int) else f"position {cell['pos']}"
+        at = f"position {end} {end_words(s)}" if isinstance(end, int) else f"position {cell['pos']}"
         if isinstance(end, int):  # the token column's "i: " is the padded frame's index, not this axis
             token = re.sub(r"^\d+: ", "", token)
         named = isinstance(end, int) and end in differ
