@@ -95,7 +95,7 @@ def _mute_partial(ax: Axes, partial: dict[int, int], n_rows: int, n_prompts: int
     for i in partial:
         ax.add_patch(Rectangle((i, 0), 1, n_rows, facecolor="white", alpha=PARTIAL_VEIL, lw=0, zorder=2,
                                label="fewer prompts"))
-    ax.set_xlabel(ax.get_xlabel() + f"\npale, with n: columns averaged over fewer than all {n_prompts} prompts")
+    ax.set_xlabel(ax.get_xlabel() + f"\nPale columns, with their n, are averaged over fewer than all {n_prompts} prompts.")
 
 
 STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)  # a thinned position axis labels every k-th place from the end
@@ -156,7 +156,7 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
     index = {o: i for i, o in enumerate(offsets)}
     order = [index[o] for o in keep if o in index] + [i for i in reversed(range(len(offsets))) if offsets[i] % step == 0]
     thin_xtick_labels(ax, PAD, order)
-    note = [f"pale: columns averaged over fewer than all {n_prompts} prompts;", *_n_runs(offsets, partial)] if partial else []
+    note = [f"Pale columns are averaged over fewer than all {n_prompts} prompts:", *_n_runs(offsets, partial)] if partial else []
     ax.set_xlabel("\n".join([_position_axis(n_prompts, prompt_end) + LAST[prompt_end], *_lines(note)]))
     return True
 
@@ -182,6 +182,8 @@ def fit_axis_labels(ax: Axes) -> bool:
             bar.ax.set_ylabel(f"{head}\n({tail}")
             fig.tight_layout()
             changed = True
+    first = label.get_text().split("\n")  # review 12c B1: the axis sentence, then the pale columns' note, each
+    paragraphs = [first[0], " ".join(first[1:])] if len(first) > 1 else first  # wrapped whole every time
     for _ in range(5):  # a new layout narrows the map a little: wrap again until the lines fit it
         fig.draw_without_rendering()
         renderer = fig.canvas.get_renderer()
@@ -194,7 +196,7 @@ def fit_axis_labels(ax: Axes) -> bool:
         if all(wide(line) <= width for line in old):
             break
         lines = []
-        for para in [old[0], " ".join(old[1:])] if len(old) > 1 else old:  # the axis, then the pale columns' note
+        for para in paragraphs:  # the axis, then the pale columns' note
             glued = para
             for word in (" at ", " to ", " = "):  # a range ("at -64 to -60") stays whole
                 glued = glued.replace(word, word.replace(" ", NBSP))
@@ -218,7 +220,7 @@ def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
                  "construction)", fontsize="medium")
 
 
-LAST = {False: "; -1 is the last", True: "; -1 is each prompt's last token"}  # the thinned axis's reminder
+LAST = {False: "; -1 is the last position.", True: "; -1 is each prompt's last token."}  # the thinned axis's reminder
 
 
 def _position_axis(n_prompts: int | None, prompt_end: bool = False) -> str:
