@@ -27,6 +27,7 @@ from headscope.reports.patching_sites import (
     end_words,
     entering,
     reaching,
+    share,
     thin,
     tied,
     writer,
@@ -340,6 +341,8 @@ def _finding(s: Mapping[str, Any]) -> str:
     if words := _window_words(s.get("sliding_windows")):
         parts.append(words)
     parts.extend(agreement(s, gap, rank=bool(cells)))  # sites are ranked (not at chance, nor over a gap within noise)
+    if cells and (paths := _path_words(s.get("path_patching"), gap, metric, bool(s.get("normalized")))):
+        parts.append(paths)
     trace = s.get("causal_tracing")
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
@@ -348,6 +351,28 @@ def _finding(s: Mapping[str, Any]) -> str:
             parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
                          f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
+
+
+def _path_words(p: Any, gap: float | None, metric: str, normalized: bool) -> str:
+    """Review 12c B3: path patching's top path (a head's direct write into the logits, or into its receivers) with its
+    share of the gap, 95% interval and n; '' where the summary has no path with an effect."""
+    if not isinstance(p, Mapping):
+        return ""
+    paths = [r for r in p.get("top_paths") or [] if isinstance(r, Mapping) and _num(r.get("effect")) is not None
+             and isinstance(r.get("sender"), (list, tuple)) and len(r["sender"]) == 2]
+    if not paths:
+        return ""
+    top = max(paths, key=lambda r: abs(r["effect"]))
+    said = share(top, gap, normalized)
+    size = f"{said[0]:.2f} of the clean-corrupted gap" if said else f"{top['effect']:+.3g} {metric}"
+    ci, n = (said[1] if said else ci_pair(top.get("ci"))), _num(top.get("n"))
+    bits = ([f"95% CI [{ci[0]:.2f}, {ci[1]:.2f}]"] if ci else []) + ([f"n = {n:.0f} prompts"] if n else [])
+    if said and gap:
+        bits.append(f"{top['effect']:+.3g} {metric}")
+    receiver = "the logits" if top.get("receiver") == "logits" else f"its receivers ({top.get('receiver')})"
+    head = f"L{top['sender'][0]}H{top['sender'][1]}"
+    return (f"Path patching ({p.get('direction', 'denoise')}, each head's direct path to {receiver} alone): the "
+            f"largest is {head}, {size}" + (f" ({', '.join(bits)})" if bits else "") + ".")
 
 
 def _metric_ci(s: Mapping[str, Any], which: str) -> str:

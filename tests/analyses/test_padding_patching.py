@@ -396,3 +396,56 @@ def test_each_differing_position_is_aligned_over_every_prompt(arch_models, mixed
         half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
         np.testing.assert_allclose(result.summary[f"{which}_metric_ci"], [x.mean() - half, x.mean() + half], atol=1e-3)
     assert result.summary["metric_n"] == len(ends["clean"])
+
+
+def test_path_patching_to_the_logits_gives_each_path_its_interval_over_the_prompts(arch_models, mixed_tasks, hf_of):
+    """#34 review 12c B3: path patching's table and top_paths carry the 95% t interval of the per-prompt effects and
+    n. Against plain Hugging Face (LlamaForCausalLM, each prompt alone, unpadded): head h's clean-minus-corrupted
+    write (its slice of o_proj's input times its W_O columns) added to the corrupted run's final residual only."""
+    from scipy import stats
+
+    model, task, hf = arch_models("llama3"), mixed_tasks("llama3"), hf_of("llama3")
+    got = path_patching(model, task, receivers="logits", direction="denoise", metric="logit_diff")
+    heads, d = hf.config.num_attention_heads, hf.config.hidden_size // hf.config.num_attention_heads
+    d = getattr(hf.config, "head_dim", None) or d
+    real = task.attention_mask.bool()
+    effects: dict[tuple[int, int], list[float]] = {}
+    for r in range(task.tokens.shape[0]):
+        clean, corrupt = task.tokens[r][real[r]][None], task.corrupted_tokens[r][real[r]][None]  # [1, pos]
+        writes = {}
+        for name, ids in (("clean", clean), ("corrupt", corrupt)):
+            z = {}
+            hooks = [hf.model.layers[l].self_attn.o_proj.register_forward_pre_hook(
+                lambda m, a, l=l, z=z: z.__setitem__(l, a[0].detach())) for l in range(len(hf.model.layers))]
+            with torch.no_grad():
+                hf(ids)
+            for h_ in hooks:
+                h_.remove()
+            writes[name] = z
+
+        def logit_diff(extra=None, corrupt=corrupt, r=r) -> float:
+            hook = extra is not None and hf.model.norm.register_forward_pre_hook(lambda m, a: (a[0] + extra,))
+            with torch.no_grad():
+                out = hf(corrupt).logits[0, -1]
+            if hook:
+                hook.remove()
+            return float(out[task.answer_tokens[r]] - out[task.wrong_answers[r]])
+
+        base = logit_diff()
+        for layer, attn in enumerate(hf.model.layers):
+            w = attn.self_attn.o_proj.weight  # [d_model, heads * d]
+            for h in range(heads):
+                piece = slice(h * d, (h + 1) * d)
+                delta = (writes["clean"][layer][..., piece] - writes["corrupt"][layer][..., piece]) @ w[:, piece].T
+                effects.setdefault((layer, h), []).append(logit_diff(delta) - base)
+    table = got.df.set_index(["sender_layer", "sender_head"])
+    for (layer, h), values in effects.items():
+        x = np.array(values)
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+        row = table.loc[(layer, h)]
+        assert row["effect"] == pytest.approx(x.mean(), abs=1e-3) and int(row["n_rows"]) == len(x)
+        np.testing.assert_allclose([row["ci_low"], row["ci_high"]], [x.mean() - half, x.mean() + half], atol=1e-3)
+    top = got.summary["top_paths"][0]
+    assert top["n"] == len(real) and top["ci"] == [pytest.approx(v) for v in table.loc[tuple(top["sender"]),
+                                                                                      ["ci_low", "ci_high"]]]
+    assert got.summary["n_examples"] == len(real)

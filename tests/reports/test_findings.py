@@ -1746,6 +1746,16 @@ def test_patching_aligns_each_of_several_differing_positions_and_names_the_one_t
             "aligned, each over every prompt at its own place)") in finding("patching", s)
 
 
+def test_patching_finding_names_the_top_path_with_its_interval_and_n():
+    """#34 review 12c B3: path_patching.png stood with no finding; the finding names the top direct path to the logits
+    with its share of the gap (3.96 / 19.82 = 0.20), 95% CI and n."""
+    s = _colour_binding(path_patching={"direction": "denoise", "receivers": "logits", "n_examples": 8, "top_paths": [
+        {"sender": [0, 3], "receiver": "logits", "effect": 0.5, "ci": [0.1, 0.9], "n": 8},
+        {"sender": [2, 1], "receiver": "logits", "effect": 3.964, "ci": [1.982, 5.946], "n": 8}]})
+    assert ("Path patching (denoise, each head's direct path to the logits alone): the largest is L2H1, 0.20 of the "
+            "clean-corrupted gap (95% CI [0.10, 0.30], n = 8 prompts, +3.96 logit difference).") in finding("patching", s)
+
+
 def test_patching_says_where_attribution_patching_would_rank_wrong():
     """#34 review 5 (A6): Spearman over every cell is raised by tied zeros here (the non-zero cells' is stated beside
     it); attribution patching ranks the top exact attn_out site 2nd, 20x under, and misses resid_pre layer 0 at -8,
