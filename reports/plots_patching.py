@@ -422,7 +422,7 @@ def plot_path_patching(data: pd.DataFrame, *, label: str = "effect", bound: floa
     grid.columns = [int(h) for h in grid.columns]
     receiver = ", ".join(sorted(set(data["receiver"])))[:40]
     n = int(data["n_rows"].max()) if "n_rows" in data and data["n_rows"].notna().any() else None  # review 12c B3
-    _heatmap(grid, ax, f"path patching: sender head -> {receiver}" + (f" (mean over n = {n} prompts)" if n else ""),
+    _heatmap(grid, ax, f"path patching: sender head -> {receiver}" + (f", n = {n} prompts" if n else ""),
              label, bound, quiet)
     ax.set_xlabel("sender head")
     ax.set_ylabel("sender layer")

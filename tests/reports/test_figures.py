@@ -1141,7 +1141,8 @@ def test_path_patching_shares_the_exact_scale_and_is_muted_at_chance():
         assert "this panel's max |value| 0.05" in path.get_title()
         assert "AT CHANCE" not in path.get_title()
         titled = patching_figures(_result("patching", exact, summary, exact=exact, path_patching=paths.assign(n_rows=8)))
-        assert "(mean over n = 8 prompts)" in " ".join(titled["path_patching"].axes[0].get_title().split())  # 12c B3
+        said = " ".join(titled["path_patching"].axes[0].get_title().split())
+        assert "path patching: sender head -> logits, n = 8 prompts" in said  # review 12c B3
         for stem in ("path_patching", "exact_head_out"):
             ax = quiet[stem].axes[0]
             assert "AT CHANCE" in ax.get_title() and _saturation(ax, 0.4) < 0.2
