@@ -204,6 +204,15 @@ def fit_axis_labels(ax: Axes) -> bool:
         ax.set_xlabel("\n".join(lines))
         fig.tight_layout()
         changed = True
+    if bar is not None:  # review 12c B1: a longer x label shortens the map and its bar; the bar's label stays on it
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        text, tall = bar.ax.yaxis.label, bar.ax.get_window_extent(renderer).height
+        high = text.get_window_extent(renderer).height
+        if high > tall:
+            text.set_fontsize(max(6.0, text.get_fontsize() * tall / high))
+            fig.tight_layout()
+            changed = True
     return changed
 
 
