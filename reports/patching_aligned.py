@@ -10,13 +10,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.reports.findings import _num, and_join, ci_pair
-from headscope.reports.patching_sites import CITED, _effect_ci, _size, changed_there, differ_offsets, share, split_token
+from headscope.reports.patching_sites import (
+    CITED,
+    _effect_ci,
+    _size,
+    changed_there,
+    differ_offsets,
+    end_words,
+    share,
+    split_token,
+)
 
 
-def _offsets(places: Mapping[str, Any]) -> str:
-    """'-8 from the end in 6 prompts and -11 in 2'."""
+def _offsets(places: Mapping[str, Any], ends: str = "from the end") -> str:
+    """'-8 from the end in 6 prompts and -11 in 2' (ends: "from the prompt's end" on answers of several tokens)."""
     items = sorted(((int(o), int(k)) for o, k in places.items()), key=lambda ok: (-ok[1], -ok[0]))  # most prompts first
-    said = [f"{o} from the end in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
+    said = [f"{o} {ends} in {k} prompt{'s' * (k != 1)}" if i == 0 else f"{o} in {k}" for i, (o, k) in enumerate(items)]
     return and_join(said)
 
 
@@ -36,7 +45,7 @@ def _corrupted_token(s: Mapping[str, Any], gap: float | None) -> str | None:
     where it exceeds every end-aligned cell of its site type and layer by 5% (otherwise the end-aligned column is
     that token's and says it). Prompts that put it at different places: the finding leads with it (_aligned_lead)."""
     info = s.get("at_corrupted_token")
-    if not isinstance(info, Mapping) or not isinstance(info.get("sites"), Mapping) or split_token(s):
+    if not isinstance(info, Mapping) or not isinstance(info.get("sites"), Mapping) or split_token(s) or _orders(s):
         return None
     records = [(kind, r) for kind, rows in info["sites"].items() for r in rows if _num(r.get("effect")) is not None]
     if not records:
@@ -122,10 +131,72 @@ def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str |
         elif None not in values:
             said += f"; at {span} {_fine(min(values))} to {_fine(max(values))}"
     token, name = _token_words(info)
-    places = _offsets(info.get("from_end") or {})
+    places = _offsets(info.get("from_end") or {}, end_words(s))
     verb = "restores" if s.get("direction", "denoise") == "denoise" and (value(listed[0]) or 0) >= 0 else "moves the metric by"
     return (f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) the {kind} at "
             f"{name} ({token}; it sits at {places}, so end-aligned columns split its effect) {verb} {said}.")
+
+
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+
+
+def _orders(s: Mapping[str, Any]) -> list:
+    """The summary's per-order aligned records (at_corrupted_token.orders: several positions differ in every prompt),
+    each as (order, its strongest (site type, record) by |effect|, the order's record); [] where not recorded."""
+    info = s.get("at_corrupted_token")
+    orders = info.get("orders") if isinstance(info, Mapping) else None
+    out = []
+    for o in orders if isinstance(orders, list) else []:
+        sites = o.get("sites") if isinstance(o, Mapping) else None
+        cells = [(k, r) for k, rows in (sites or {}).items() if isinstance(rows, list) for r in rows
+                 if isinstance(r, Mapping) and _num(r.get("effect")) is not None]
+        if cells and isinstance(o.get("order"), int) and 1 <= o["order"] <= len(ORDINALS):
+            out.append((o["order"], max(cells, key=lambda kr: abs(kr[1]["effect"])), o))
+    return out if len(out) > 1 else []
+
+
+def _orders_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str | None:
+    """Review 12b A2: where every prompt has several differing positions (a swap of two names), each is aligned over
+    every prompt on its own (the first, the second, ...), and the finding names the one that moves the metric most,
+    with its share, 95% interval and n, then the others; where prompts differ in how many positions differ, only the
+    ones every prompt has are aligned, and it says so. None where the summary records no orders."""
+    orders = _orders(s)
+    if not orders:
+        return None
+    info = s["at_corrupted_token"]
+    normalized, total = bool(s.get("normalized")), _num(s.get("n_examples")) or _num(info.get("n"))
+
+    def size(kind: str, r: Mapping[str, Any], first: bool) -> str:
+        said = share(r, gap, normalized)
+        value = _fine(said[0]) if said else f"{r['effect']:.3g}"
+        bits = []
+        if said and said[1]:
+            bits.append(f"95% CI [{_fine(said[1][0])}, {_fine(said[1][1])}]")
+        elif ci_pair(r.get("ci")):
+            lo, hi = ci_pair(r["ci"])
+            bits.append(f"95% CI [{lo:.3g}, {hi:.3g}]")
+        n = _num(r.get("n"))
+        if n is not None:
+            bits.append(f"{n:.0f} of {total:.0f} prompts" if total else f"{n:.0f} prompts")
+        if first and gap:
+            bits.append(f"{r['effect']:+.3g} {metric}")
+        unit = " of the clean-corrupted gap" if first and said and gap else ""
+        return f"{value}{unit} at the {kind} at layer {r['layer']} ({', '.join(bits)})"
+
+    ranked = sorted(orders, key=lambda o: -abs(o[1][1]["effect"]))
+    (order, (kind, best), _), rest = ranked[0], ranked[1:]
+    span = info.get("positions_differ")
+    count = len(orders)
+    if isinstance(span, (list, tuple)) and len(span) == 2 and span[0] != span[1]:
+        which = (f"prompts differ in how many positions differ ({span[0]:.0f} to {span[1]:.0f}), so the first {count}, "
+                 "which every prompt has, are aligned, each")
+    else:
+        which = f"{count} positions differ per prompt, each aligned"
+    verb = "restores" if s.get("direction", "denoise") == "denoise" and best["effect"] >= 0 else "moves the metric by"
+    others = "; ".join(f"the {ORDINALS[o - 1]}, at its largest cell, {size(k, r, False)}" for o, (k, r), _ in sorted(rest))
+    return (f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples) aligned on each "
+            f"differing position in order ({which} over every prompt at its own place): the {ORDINALS[order - 1]} "
+            f"{verb} {size(kind, best, True)}" + (f"; {others}" if others else "") + ".")
 
 
 def _column_caveat(s: Mapping[str, Any], cell: Mapping[str, Any]) -> str:

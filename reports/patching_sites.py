@@ -144,7 +144,7 @@ def differing_positions(s: Mapping[str, Any]) -> str | None:
     kept = sorted(places.items(), key=lambda p: -p[1])[:SHOWN]
     said = [f"{o}" if every else f"{o} ({k} of {n} pairs)" for o, k in kept]
     more = len(places) - SHOWN
-    said = and_join(said + ([f"{more} more"] if more > 0 else [])) + " from the end"
+    said = and_join(said + ([f"{more} more"] if more > 0 else [])) + " " + end_words(s)
     return f"Each clean prompt differs from its corrupted one at {noun}: {said}."
 
 
@@ -206,11 +206,19 @@ def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
     return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
 
 
+def end_words(s: Mapping[str, Any] | None) -> str:
+    """What a cell's place counts from: "from the prompt's end" where answers have several tokens (summary
+    answer_pieces: -1 is each prompt's last token, not the row's last, an answer piece; review 12c), else "from the
+    end"."""
+    info = s.get("answer_pieces") if isinstance(s, Mapping) else None
+    return "from the prompt's end" if isinstance(info, Mapping) and _num(info.get("rows")) else "from the end"
+
+
 def _where(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
     """'<kind> at layer l, position -k from the end' or '<kind> at LlHh' (a rank check's cell; a KV head: _head)."""
     head, end = cell.get("head"), cell.get("from_end")
     at = f"layer {cell.get('layer')}" if head is None else _head(kind, cell, s)
-    return f"{kind} at {at}" + (f", position {end} from the end" if isinstance(end, int) else "")
+    return f"{kind} at {at}" + (f", position {end} {end_words(s)}" if isinstance(end, int) else "")
 
 
 def _size(x: float, gap: float | None) -> str:

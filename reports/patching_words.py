@@ -13,7 +13,7 @@ from typing import Any
 
 from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair, sliding_words
 from headscope.reports.patching_agreement import agreement
-from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _token_words
+from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _orders_lead, _token_words
 from headscope.reports.patching_sites import (
     DEPTH,
     _effect_ci,
@@ -24,8 +24,10 @@ from headscope.reports.patching_sites import (
     depth,
     differ_offsets,
     differing_positions,
+    end_words,
     entering,
     reaching,
+    share,
     thin,
     tied,
     writer,
@@ -39,7 +41,7 @@ def _site(cell: Mapping[str, Any], kind: str, differ: frozenset = frozenset(), s
     if cell.get("pos") is not None:
         token = cell.get("token") or ""  # "": the prompts have different tokens there (patching's token column)
         end = cell.get("from_end")  # the figures' axis: the same place in every left-padded prompt
-        at = f"position {end} from the end" if isinstance(end, int) else f"position {cell['pos']}"
+        at = f"position {end} {end_words(s)}" if isinstance(end, int) else f"position {cell['pos']}"
         if isinstance(end, int):  # the token column's "i: " is the padded frame's index, not this axis
             token = re.sub(r"^\d+: ", "", token)
         named = isinstance(end, int) and end in differ
@@ -100,7 +102,8 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
     by construction, once (patching_sites.py); then the strongest cell of each site type not yet named."""
     differ = frozenset(differ_offsets(s))
     normalized = bool(s.get("normalized"))
-    aligned = _aligned_lead(s, gap, metric)  # review 10a A3: the token's places differ, so it leads
+    # review 10a A3: the token's places differ, so it leads; review 12b A2: each of several differing positions
+    aligned = _orders_lead(s, gap, metric) or _aligned_lead(s, gap, metric)
     info = s.get("at_corrupted_token") or {}
     several = _token_words(info)[1] != "the corrupted token"
     said = [differing_positions(s) if not aligned or several else None, aligned]  # the lead names the one place each
@@ -314,7 +317,9 @@ def _finding(s: Mapping[str, Any]) -> str:
     metric = _words(s.get("metric", ""))
     if gap is not None:
         article = "an" if metric[:1].lower() in ("a", "e", "i", "o", "u") else "a"  # "an answer log-probability" (review 11b C5)
-        parts.append(f"Clean prompts give {article} {metric} of {clean:.3g}, corrupted ones {corrupt:.3g}.")
+        parts.append(f"Clean prompts give {article} {metric} of {clean:.3g}{_metric_ci(s, 'clean')}, corrupted ones "
+                     f"{corrupt:.3g}{_metric_ci(s, 'corrupted')}" + (f", over {n:.0f} prompts." if (
+                         n := _num(s.get("metric_n"))) else "."))
         if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
                          "restore, so the patching maps show noise.")
@@ -338,6 +343,8 @@ def _finding(s: Mapping[str, Any]) -> str:
     if words := _window_words(s.get("sliding_windows")):
         parts.append(words)
     parts.extend(agreement(s, gap, rank=bool(cells)))  # sites are ranked (not at chance, nor over a gap within noise)
+    if cells and (paths := _path_words(s.get("path_patching"), gap, metric, bool(s.get("normalized")))):
+        parts.append(paths)
     trace = s.get("causal_tracing")
     if isinstance(trace, Mapping):
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
@@ -346,6 +353,34 @@ def _finding(s: Mapping[str, Any]) -> str:
             parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
                          f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
+
+
+def _path_words(p: Any, gap: float | None, metric: str, normalized: bool) -> str:
+    """Review 12c B3: path patching's top path (a head's direct write into the logits, or into its receivers) with its
+    share of the gap, 95% interval and n; '' where the summary has no path with an effect."""
+    if not isinstance(p, Mapping):
+        return ""
+    paths = [r for r in p.get("top_paths") or [] if isinstance(r, Mapping) and _num(r.get("effect")) is not None
+             and isinstance(r.get("sender"), (list, tuple)) and len(r["sender"]) == 2]
+    if not paths:
+        return ""
+    top = max(paths, key=lambda r: abs(r["effect"]))
+    said = share(top, gap, normalized)
+    size = f"{said[0]:.2f} of the clean-corrupted gap" if said else f"{top['effect']:+.3g} {metric}"
+    ci, n = (said[1] if said else ci_pair(top.get("ci"))), _num(top.get("n"))
+    bits = ([f"95% CI [{ci[0]:.2f}, {ci[1]:.2f}]"] if ci else []) + ([f"n = {n:.0f} prompts"] if n else [])
+    if said and gap:
+        bits.append(f"{top['effect']:+.3g} {metric}")
+    receiver = "the logits" if top.get("receiver") == "logits" else f"its receivers ({top.get('receiver')})"
+    head = f"L{top['sender'][0]}H{top['sender'][1]}"
+    return (f"Path patching ({p.get('direction', 'denoise')}, each head's direct path to {receiver} alone): the "
+            f"largest is {head}, {size}" + (f" ({', '.join(bits)})" if bits else "") + ".")
+
+
+def _metric_ci(s: Mapping[str, Any], which: str) -> str:
+    """' (95% CI [lo, hi])' of the clean or corrupted mean metric (review 12c C6); '' where not recorded."""
+    ci = ci_pair(s.get(f"{which}_metric_ci"))
+    return f" (95% CI [{ci[0]:.3g}, {ci[1]:.3g}])" if ci else ""
 
 
 def answer_pieces_words(s: Mapping[str, Any]) -> str:

@@ -96,7 +96,7 @@ def _mute_partial(ax: Axes, partial: dict[int, int], n_rows: int, n_prompts: int
     for i in partial:
         ax.add_patch(Rectangle((i, 0), 1, n_rows, facecolor="white", alpha=PARTIAL_VEIL, lw=0, zorder=2,
                                label="fewer prompts"))
-    ax.set_xlabel(ax.get_xlabel() + f"\npale, with n: columns averaged over fewer than all {n_prompts} prompts")
+    ax.set_xlabel(ax.get_xlabel() + f"\nPale columns, with their n, are averaged over fewer than all {n_prompts} prompts.")
 
 
 STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)  # a thinned position axis labels every k-th place from the end
@@ -157,7 +157,7 @@ def _legible_positions(ax: Axes, offsets: list[int], plain: list[str], keep: Seq
     index = {o: i for i, o in enumerate(offsets)}
     order = [index[o] for o in keep if o in index] + [i for i in reversed(range(len(offsets))) if offsets[i] % step == 0]
     thin_xtick_labels(ax, PAD, order)
-    note = [f"pale: columns averaged over fewer than all {n_prompts} prompts;", *_n_runs(offsets, partial)] if partial else []
+    note = [f"Pale columns are averaged over fewer than all {n_prompts} prompts:", *_n_runs(offsets, partial)] if partial else []
     ax.set_xlabel("\n".join([_position_axis(n_prompts, prompt_end) + LAST[prompt_end], *_lines(note)]))
     return True
 
@@ -183,6 +183,8 @@ def fit_axis_labels(ax: Axes) -> bool:
             bar.ax.set_ylabel(f"{head}\n({tail}")
             fig.tight_layout()
             changed = True
+    first = label.get_text().split("\n")  # review 12c B1: the axis sentence, then the pale columns' note, each
+    paragraphs = [first[0], " ".join(first[1:])] if len(first) > 1 else first  # wrapped whole every time
     for _ in range(5):  # a new layout narrows the map a little: wrap again until the lines fit it
         fig.draw_without_rendering()
         renderer = fig.canvas.get_renderer()
@@ -195,7 +197,7 @@ def fit_axis_labels(ax: Axes) -> bool:
         if all(wide(line) <= width for line in old):
             break
         lines = []
-        for para in [old[0], " ".join(old[1:])] if len(old) > 1 else old:  # the axis, then the pale columns' note
+        for para in paragraphs:  # the axis, then the pale columns' note
             glued = para
             for word in (" at ", " to ", " = "):  # a range ("at -64 to -60") stays whole
                 glued = glued.replace(word, word.replace(" ", NBSP))
@@ -203,6 +205,15 @@ def fit_axis_labels(ax: Axes) -> bool:
         ax.set_xlabel("\n".join(lines))
         fig.tight_layout()
         changed = True
+    if bar is not None:  # review 12c B1: a longer x label shortens the map and its bar; the bar's label stays on it
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        text, tall = bar.ax.yaxis.label, bar.ax.get_window_extent(renderer).height
+        high = text.get_window_extent(renderer).height
+        if high > tall:
+            text.set_fontsize(max(6.0, text.get_fontsize() * tall / high))
+            fig.tight_layout()
+            changed = True
     return changed
 
 
@@ -224,7 +235,7 @@ def _hatch_unreachable(ax: Axes, rows: pd.DataFrame, index, columns) -> None:
         ax.set_title(ax.get_title() + f"\n(0 by construction; {'; '.join(said)})", fontsize="medium")
 
 
-LAST = {False: "; -1 is the last", True: "; -1 is each prompt's last token"}  # the thinned axis's reminder
+LAST = {False: "; -1 is the last position.", True: "; -1 is each prompt's last token."}  # the thinned axis's reminder
 
 
 def _position_axis(n_prompts: int | None, prompt_end: bool = False) -> str:
@@ -433,7 +444,9 @@ def plot_path_patching(data: pd.DataFrame, *, label: str = "effect", bound: floa
     grid = data.pivot_table(index="sender_layer", columns="sender_head", values="effect", aggfunc="mean")
     grid.columns = [int(h) for h in grid.columns]
     receiver = ", ".join(sorted(set(data["receiver"])))[:40]
-    _heatmap(grid, ax, f"path patching: sender head -> {receiver}", label, bound, quiet)
+    n = int(data["n_rows"].max()) if "n_rows" in data and data["n_rows"].notna().any() else None  # review 12c B3
+    _heatmap(grid, ax, f"path patching: sender head -> {receiver}" + (f", n = {n} prompts" if n else ""),
+             label, bound, quiet)
     ax.set_xlabel("sender head")
     ax.set_ylabel("sender layer")
     return ax

@@ -18,7 +18,7 @@ MAX_ROWS = 20
 
 def figure_png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", pad_inches=0.2, metadata={"Software": None})
     return buf.getvalue()
 
 

@@ -33,6 +33,24 @@ def first_difference(clean: torch.Tensor, corrupted: torch.Tensor) -> torch.Tens
     return torch.where(differ.any(1), first, torch.full_like(first, -1))
 
 
+def nth_difference(clean: torch.Tensor, corrupted: torch.Tensor, k: int) -> torch.Tensor:
+    """[batch] padded index of each row's k-th (0-based) position where clean and corrupted differ (-1: fewer)."""
+    differ = (clean != corrupted).cpu()  # [batch, pos]
+    rank = differ.long().cumsum(1)  # [batch, pos]: differing positions up to and including each
+    hit = differ & (rank == k + 1)
+    return torch.where(hit.any(1), hit.int().argmax(1), torch.full((differ.shape[0],), -1, dtype=torch.long))
+
+
+def common_differences(clean: torch.Tensor, corrupted: torch.Tensor) -> int:
+    """How many differing positions every row with a difference has (0: none differ): the orders each aligned over
+    every such prompt (review 12b A2: a swap of two names changes two positions, and the second carries the gap)."""
+    counts = [c for c in (clean != corrupted).sum(1).tolist() if c > 0]
+    return int(min(counts)) if counts else 0
+
+
+MAX_ORDERS = 8  # differing positions aligned one by one at most (a longer corruption: the first 8)
+
+
 def positions_differ(clean: torch.Tensor, corrupted: torch.Tensor) -> list[int] | None:
     """[fewest, most] positions that differ between a clean prompt and its corrupted one, over the rows
     with a difference (None: no row differs): more than one means the aligned token is the first of several."""
@@ -85,10 +103,13 @@ def offsets(first: torch.Tensor, n_pos: int) -> dict[str, int]:
     return {str(o): found.count(o) for o in sorted(set(found), key=lambda o: -found.count(o))}
 
 
-def table(sites: dict[str, list[dict]], gap: float | None) -> pd.DataFrame:
-    """The `corrupted_token` table: one row per (site type, layer); share_of_gap = effect / gap (NaN without one)."""
-    rows = [{"site_type": name, "layer": r["layer"], "effect": r["effect"],
+def table(sites: dict[str, list[dict]], gap: float | None, orders: list[dict] | None = None) -> pd.DataFrame:
+    """The `corrupted_token` table: one row per (differing position, site type, layer); differing_position 1 is the
+    first (orders: the summary's per-order records, else `sites` is the first's); share_of_gap = effect / gap."""
+    by_order = orders or [{"order": 1, "sites": sites}]
+    rows = [{"differing_position": o["order"], "site_type": name, "layer": r["layer"], "effect": r["effect"],
              "ci_low": r["ci"][0] if r["ci"] else np.nan, "ci_high": r["ci"][1] if r["ci"] else np.nan,
              "n_rows": r["n"], "share_of_gap": r["effect"] / gap if gap else np.nan}
-            for name, records in sites.items() for r in records]
-    return pd.DataFrame(rows, columns=["site_type", "layer", "effect", "ci_low", "ci_high", "n_rows", "share_of_gap"])
+            for o in by_order for name, records in o["sites"].items() for r in records]
+    return pd.DataFrame(rows, columns=["differing_position", "site_type", "layer", "effect", "ci_low", "ci_high",
+                                       "n_rows", "share_of_gap"])

@@ -24,7 +24,8 @@ what the report's maps show; the effect itself for a normalised metric) and with
 attribution-patching estimate `attribution` (metric units, as effect) and attribution_share_of_gap.
 Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
-direction, clean_metric, corrupted_metric, baseline, n_heads and n_kv_heads (per layer), metric_at_last_position
+direction, clean_metric, corrupted_metric (with clean_metric_ci, corrupted_metric_ci: 95% t intervals over the
+metric_n prompts, unnormalised metrics only), baseline, n_heads and n_kv_heads (per layer), metric_at_last_position
 (the metric reads each prompt's last token, the answer position), top_sites (10 per site type by |effect|, each with the 95%
 t interval of its mean per-example effect, ci, over its n rows: top_sites_ci_method),
 attribution_correlation (Pearson and Spearman per site type, and the least-squares slope of
@@ -218,7 +219,10 @@ def activation_patching(
     labels = token_labels(model, shown, shown_mask)
     gap = 1.0 if pm.normalized else (clean_value - corrupt_value) or None  # what share_of_gap divides by
     first = aligned.first_difference(shown, shown_bad)  # [B] each row's corrupted token (padded index)
+    common = min(aligned.common_differences(shown, shown_bad), aligned.MAX_ORDERS)
+    nth = [first] + [aligned.nth_difference(shown, shown_bad, k) for k in range(1, common)]  # [B] each
     frames, intervals, on_token = [], {}, {}
+    by_order: list[dict] = [{} for _ in nth]
     for st in types:
         cells, values = sweeps[st.name]
         means = cell_means(pm, values, base_values, clean_rows, corrupt_rows)
@@ -230,8 +234,10 @@ def activation_patching(
         frame = frame.assign(n_rows=means["n_rows"].numpy())
         frames.append(frame.assign(share_of_gap=frame["effect"] / gap if gap else np.nan))
         if st.by_pos and not st.by_head:
-            on_token[st.name] = aligned.at_corrupted_token(pm, st.name, cells, values, base_values, clean_rows,
-                                                           corrupt_rows, first, frame)
+            for k, at in enumerate(nth):  # review 12b A2: each differing position aligned over every prompt
+                by_order[k][st.name] = aligned.at_corrupted_token(pm, st.name, cells, values, base_values, clean_rows,
+                                                                  corrupt_rows, at, frame)
+            on_token[st.name] = by_order[0][st.name]
     df = pd.concat(frames, ignore_index=True)
     summary = {
         "metric": pm.name,
@@ -246,6 +252,7 @@ def activation_patching(
         "clean_metric": float(pm.finish(clean_value, clean_value, corrupt_value)),
         "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),
         "baseline": baseline,
+        **_metric_intervals(pm, clean_rows, corrupt_rows),
         "top_sites": top_sites(df, intervals=intervals),
         "top_sites_ci_method": EFFECT_CI_METHOD,
         **left_out,
@@ -256,6 +263,10 @@ def activation_patching(
                                          "positions_differ": aligned.positions_differ(clean, corrupted),
                                          "differ_from_end": aligned.differ_from_end(shown, shown_bad),
                                          "sites": on_token}
+        if len(nth) > 1:
+            summary["at_corrupted_token"]["orders"] = [
+                {"order": k + 1, "from_end": aligned.offsets(at, clean.shape[1]), "n": int((at >= 0).sum()),
+                 "sites": sites} for k, (at, sites) in enumerate(zip(nth, by_order))]
     if (pieces_said := prompt_end.record(pieces)) is not None:
         summary["answer_pieces"] = pieces_said
     windows = layer_windows(model)
@@ -276,7 +287,7 @@ def activation_patching(
         summary["gap_within_noise"] = small
     tables = {"exact": df}
     if on_token:
-        tables["corrupted_token"] = aligned.table(on_token, gap)
+        tables["corrupted_token"] = aligned.table(on_token, gap, summary["at_corrupted_token"].get("orders"))
     if cfg.attribution:
         scale = (clean_rows - corrupt_rows) if pm.normalized else 1.0
         attr = attribution_table(model, base, source_tokens, types, pm, labels, scale, attention_mask=mask,
@@ -291,6 +302,16 @@ def activation_patching(
         tables = {**tables, "exact": df, "attribution": attr}
     config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}
     return Result(name="patching", df=df, summary=summary, tables=tables, config=config)
+
+
+def _metric_intervals(pm: PatchMetric, clean_rows: torch.Tensor, corrupt_rows: torch.Tensor) -> dict:
+    """Review 12c C6: clean_metric_ci and corrupted_metric_ci, the 95% t intervals of the clean and corrupted runs' mean
+    metric over the prompts [B] each, with metric_n (the prompts); {} for a normalised metric (its 1 and 0 are fixed)."""
+    if pm.normalized:
+        return {}
+    return {"clean_metric_ci": chance.mean_interval(clean_rows.double().cpu().numpy()),
+            "corrupted_metric_ci": chance.mean_interval(corrupt_rows.double().cpu().numpy()),
+            "metric_n": int(clean_rows.shape[0])}
 
 
 def _at_prompt_end(clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None, pieces: torch.Tensor):

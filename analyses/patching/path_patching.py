@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -44,6 +45,7 @@ from headscope.analyses.patching.engine import run_batched
 from headscope.analyses.patching.inputs import (
     check_direction,
     clean_and_corrupted,
+    effect_intervals,
     paired_rows,
     resolve_metric,
     task_padding,
@@ -106,7 +108,8 @@ def path_patching(
     path_patching(model, task, receivers) still works. task: a Task, zoo task name, task file or
     None (the patching default task); corrupted_tokens (data): corrupted prompts when the Task has none.
     Result df: sender_layer, sender_head, receiver ("logits", "L.H" or "all"), value, effect (value
-    minus the unpatched base run).
+    minus the unpatched base run), ci_low / ci_high (the 95% t interval of the mean per-prompt effect) and
+    n_rows (the prompts); summary top_paths carry "ci" and "n", and n_examples the prompts.
     """
     cfg = configure(PathPatchingConfig, config, config_overrides, name="path_patching", positional="receivers")
     check_direction(cfg.direction)
@@ -125,8 +128,12 @@ def path_patching(
                          memory_budget=cfg.memory_budget, progress=cfg.progress, stacked_metric=pm.stacked,
                          desc="path patching", attention_mask=mask)
     with torch.no_grad():
-        clean_value = float(pm.fn(model(clean, attention_mask=mask)).mean())
-        corrupt_value = float(pm.fn(model(corrupted, attention_mask=mask)).mean())
+        clean_rows = pm.fn(model(clean, attention_mask=mask)).detach().float().cpu()  # [B]
+        corrupt_rows = pm.fn(model(corrupted, attention_mask=mask)).detach().float().cpu()  # [B]
+    clean_value, corrupt_value = float(clean_rows.double().mean()), float(corrupt_rows.double().mean())
+    # review 12c B3: each path's effect with its 95% t interval over the prompts' own effects
+    ci = effect_intervals(pm, values.cpu(), corrupt_rows if cfg.direction == "denoise" else clean_rows, clean_rows,
+                          corrupt_rows)
     base_value = clean_value if cfg.direction == "noise" else corrupt_value
     baseline = float(pm.finish(base_value, clean_value, corrupt_value))
     value = pm.finish(values.mean(1).double(), clean_value, corrupt_value).numpy()
@@ -138,6 +145,7 @@ def path_patching(
         "component": "resid" if to_logits else cfg.component,
         "value": value,
         "effect": value - baseline,
+        "ci_low": ci["low"], "ci_high": ci["high"], "n_rows": ci["n"],
     })
     top = df.reindex(df["effect"].abs().sort_values(ascending=False).index).head(10)
     summary = {
@@ -145,7 +153,10 @@ def path_patching(
         "receivers": "logits" if to_logits else [list(r) for r in recv],
         "component": "resid" if to_logits else cfg.component,  # (a path to the logits enters no receiver's q/k/v)
         "top_paths": [{"sender": [int(r.sender_layer), int(r.sender_head)], "receiver": str(r.receiver),
-                       "effect": float(r.effect)} for r in top.itertuples()],
+                       "effect": float(r.effect), "n": int(r.n_rows),
+                       "ci": [float(r.ci_low), float(r.ci_high)] if np.isfinite([r.ci_low, r.ci_high]).all() else None}
+                      for r in top.itertuples()],
+        "n_examples": int(clean.shape[0]),
         **left_out,
     }
     return Result(name="patching", df=df, summary=summary, tables={"path_patching": df},

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import warnings
 
 import pytest
@@ -246,6 +247,10 @@ def test_patching_positions_count_from_each_prompts_last_token_on_answers_of_one
     assert (f"Positions count from each prompt's last token (-1, where the answer's first token is read): {three} of "
             f"{len(rows)} prompts run on with up to 2 tokens of their answer (teacher forcing), which no position "
             "shows.") in finding("patching", summary)
+    ranked = {k: v for k, v in summary.items() if k != "gap_within_noise"}  # random weights: rank the cells anyway
+    text = finding("patching", ranked)  # review 12c: the cells are named by their place from the prompt's end
+    assert re.search(r"position -\d+ from the prompt's end", text) and " from the end" not in text.replace(
+        "each column one place from the end", ""), text
     from headscope.reports.plots_patching import figures
 
     label = " ".join(figures(got)["exact_resid_pre"].axes[0].get_xlabel().split())  # the label's line breaks as spaces

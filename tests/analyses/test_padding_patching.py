@@ -326,3 +326,126 @@ def test_effect_on_the_corrupted_token_equals_each_prompts_own_patched_pass(arch
                                atol=TOL)
     shares = result.df["share_of_gap"].to_numpy(dtype=float)
     np.testing.assert_allclose(shares, result.df["effect"].to_numpy(dtype=float) / gap)
+
+
+def test_each_differing_position_is_aligned_over_every_prompt(arch_models, mixed_tasks, hf_of):
+    """#34 review 12b A2: a corruption that changes two positions per prompt (a swap of two names) is aligned on each
+    of them in order: summary at_corrupted_token.orders[k] reads every row's effect at its own (k+1)-th differing
+    position. Against plain Hugging Face (LlamaForCausalLM, each prompt alone, unpadded): the clean run's input to
+    decoder layer l at that position written over the corrupted run's, the logit difference minus the unpatched one."""
+    model, task, hf = arch_models("llama3"), mixed_tasks("llama3"), hf_of("llama3")
+    bad = task.tokens.clone()  # [B, pos]: two tokens changed per row, at places from the end that vary by row
+    real = task.attention_mask.bool() if task.attention_mask is not None else torch.ones_like(bad, dtype=torch.bool)
+    for r in range(bad.shape[0]):
+        start = int(torch.nonzero(real[r])[0])
+        for p in (start + 1, bad.shape[1] - 2):  # the prompt's second token and the one before its last
+            bad[r, p] = (int(task.tokens[r, p]) + 7) % model.facts.d_vocab
+    result = activation_patching(model, task, sites=("resid_pre",), metric="logit_diff", corrupted_tokens=bad)
+    info = result.summary["at_corrupted_token"]
+    assert info["positions_differ"] == [2, 2] and [o["order"] for o in info["orders"]] == [1, 2]
+
+    def logit_diff(ids, r, hook=None) -> float:
+        handle = hook and hf.model.layers[hook[0]].register_forward_pre_hook(hook[1], with_kwargs=True)
+        try:
+            with torch.no_grad():
+                out = hf(ids).logits[0, -1]
+        finally:
+            if handle:
+                handle.remove()
+        return float(out[task.answer_tokens[r]] - out[task.wrong_answers[r]])
+
+    expected, places, ends = {}, {1: [], 2: []}, {"clean": [], "corrupted": []}
+    for r in range(bad.shape[0]):
+        keep = real[r]
+        clean, corrupt = task.tokens[r][keep][None], bad[r][keep][None]  # [1, pos] each, no padding
+        where = torch.nonzero(clean[0] != corrupt[0])[:, 0].tolist()
+        base = logit_diff(corrupt, r)
+        ends["clean"].append(logit_diff(clean, r))
+        ends["corrupted"].append(base)
+        for order, pos in enumerate(where, start=1):
+            places[order].append(pos - clean.shape[1])
+            for layer in range(model.facts.n_layers):
+                kept = {}
+
+                def grab(mod, args, kwargs, kept=kept):
+                    kept["h"] = (args[0] if args else kwargs["hidden_states"]).clone()
+
+                def put(mod, args, kwargs, pos=pos, kept=kept):
+                    h = (args[0] if args else kwargs["hidden_states"]).clone()
+                    h[:, pos] = kept["h"][:, pos]
+                    return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
+
+                logit_diff(clean, r, (layer, grab))
+                expected.setdefault((order, layer), []).append(logit_diff(corrupt, r, (layer, put)) - base)
+    assert np.mean(expected[2, 0]) != pytest.approx(np.mean(expected[1, 0]), abs=1e-3)  # two different measurements
+    table = result.tables["corrupted_token"].set_index(["differing_position", "site_type", "layer"])
+    for record in info["orders"]:
+        order = record["order"]
+        assert record["n"] == bad.shape[0] and record["from_end"] == {
+            str(o): places[order].count(o) for o in set(places[order])}
+        for row in record["sites"]["resid_pre"]:
+            effects = expected[order, row["layer"]]
+            assert row["n"] == len(effects)
+            assert row["effect"] == pytest.approx(np.mean(effects), abs=1e-3, rel=1e-3)
+            assert table.loc[(order, "resid_pre", row["layer"]), "effect"] == pytest.approx(row["effect"])
+    assert info["sites"] == info["orders"][0]["sites"]  # the first order is the record older readers use
+    from scipy import stats
+
+    for which, values in ends.items():  # review 12c C6: the headline's clean and corrupted metrics carry a t interval
+        x = np.array(values)
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+        np.testing.assert_allclose(result.summary[f"{which}_metric_ci"], [x.mean() - half, x.mean() + half], atol=1e-3)
+    assert result.summary["metric_n"] == len(ends["clean"])
+
+
+def test_path_patching_to_the_logits_gives_each_path_its_interval_over_the_prompts(arch_models, mixed_tasks, hf_of):
+    """#34 review 12c B3: path patching's table and top_paths carry the 95% t interval of the per-prompt effects and
+    n. Against plain Hugging Face (LlamaForCausalLM, each prompt alone, unpadded): head h's clean-minus-corrupted
+    write (its slice of o_proj's input times its W_O columns) added to the corrupted run's final residual only."""
+    from scipy import stats
+
+    model, task, hf = arch_models("llama3"), mixed_tasks("llama3"), hf_of("llama3")
+    got = path_patching(model, task, receivers="logits", direction="denoise", metric="logit_diff")
+    heads, d = hf.config.num_attention_heads, hf.config.hidden_size // hf.config.num_attention_heads
+    d = getattr(hf.config, "head_dim", None) or d
+    real = task.attention_mask.bool()
+    effects: dict[tuple[int, int], list[float]] = {}
+    for r in range(task.tokens.shape[0]):
+        clean, corrupt = task.tokens[r][real[r]][None], task.corrupted_tokens[r][real[r]][None]  # [1, pos]
+        writes = {}
+        for name, ids in (("clean", clean), ("corrupt", corrupt)):
+            z = {}
+            hooks = [hf.model.layers[l].self_attn.o_proj.register_forward_pre_hook(
+                lambda m, a, l=l, z=z: z.__setitem__(l, a[0].detach())) for l in range(len(hf.model.layers))]
+            with torch.no_grad():
+                hf(ids)
+            for h_ in hooks:
+                h_.remove()
+            writes[name] = z
+
+        def logit_diff(extra=None, corrupt=corrupt, r=r) -> float:
+            hook = extra is not None and hf.model.norm.register_forward_pre_hook(lambda m, a: (a[0] + extra,))
+            with torch.no_grad():
+                out = hf(corrupt).logits[0, -1]
+            if hook:
+                hook.remove()
+            return float(out[task.answer_tokens[r]] - out[task.wrong_answers[r]])
+
+        base = logit_diff()
+        for layer, attn in enumerate(hf.model.layers):
+            w = attn.self_attn.o_proj.weight  # [d_model, heads * d]
+            for h in range(heads):
+                piece = slice(h * d, (h + 1) * d)
+                delta = (writes["clean"][layer][..., piece] - writes["corrupt"][layer][..., piece]) @ w[:, piece].T
+                effects.setdefault((layer, h), []).append(logit_diff(delta) - base)
+    table = got.df.set_index(["sender_layer", "sender_head"])
+    for (layer, h), values in effects.items():
+        x = np.array(values)
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+        row = table.loc[(layer, h)]
+        assert row["effect"] == pytest.approx(x.mean(), abs=1e-3) and int(row["n_rows"]) == len(x)
+        np.testing.assert_allclose([row["ci_low"], row["ci_high"]], [x.mean() - half, x.mean() + half], atol=1e-3)
+    top = got.summary["top_paths"][0]
+    assert top["n"] == len(real) and top["ci"] == [pytest.approx(v) for v in table.loc[tuple(top["sender"]),
+                                                                                      ["ci_low", "ci_high"]]]
+    assert got.summary["n_examples"] == len(real)

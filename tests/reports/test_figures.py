@@ -3,6 +3,7 @@ values against the Results' tables, legends off the data, captions, byte-identic
 and progress bars (off in the Python API, on in the CLI, no ipywidgets warning)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -1204,6 +1205,9 @@ def test_path_patching_shares_the_exact_scale_and_is_muted_at_chance():
         assert _norm(path) == ("diverging", -0.4, 0.4)  # head_out's ±0.4, not its own ±0.05
         assert "this panel's max |value| 0.05" in path.get_title()
         assert "AT CHANCE" not in path.get_title()
+        titled = patching_figures(_result("patching", exact, summary, exact=exact, path_patching=paths.assign(n_rows=8)))
+        said = " ".join(titled["path_patching"].axes[0].get_title().split())
+        assert "path patching: sender head -> logits, n = 8 prompts" in said  # review 12c B3
         for stem in ("path_patching", "exact_head_out"):
             ax = quiet[stem].axes[0]
             assert "AT CHANCE" in ax.get_title() and _saturation(ax, 0.4) < 0.2
@@ -1288,7 +1292,7 @@ def test_patching_position_ticks_of_mixed_lengths_are_thinned_keeping_the_cells_
         assert 5 <= len(texts) <= 20 and len(ax.get_xticks()) == 64  # thinned labels, every tick kept
         np.testing.assert_allclose(heat(ax)[0], [0.01 * p / 15.15 for p in range(64)], atol=1e-12)  # share of the gap
         assert ax.get_xlabel().replace("\n", " ").endswith(
-            "pale: columns averaged over fewer than all 8 prompts; n = 1 at -64 to -60, 2 at -59 to -41, 3 at -40 to "
+            "Pale columns are averaged over fewer than all 8 prompts: n = 1 at -64 to -60, 2 at -59 to -41, 3 at -40 to "
             "-36, 4 at -35 to -31, 6 at -30 to -15 and 7 at -14 to -13")
     finally:
         plt.close("all")
@@ -1331,11 +1335,22 @@ def test_patching_x_label_of_mixed_lengths_stays_within_the_map_clear_of_the_col
         assert 0 <= bar_box.y0 and bar_box.y1 <= fig.bbox.height and bar_box.x1 <= fig.bbox.width, bar_box
         assert not _overlap(x_box, bar_box)
         assert bar.get_ylabel() == "share of the clean-corrupted gap\n(1 = fully restored)"
-        assert ax.get_xlabel().replace("\n", " ") == (
-            "position from the end (mean over up to 8 prompts: only those that reach it); -1 is the last pale: columns "
-            "averaged over fewer than all 8 prompts; n = 1 at -64 to -60, 2 at -59 to -41, 3 at -40 to -36, 4 at -35 "
-            "to -31, 6 at -30 to -15 and 7 at -14 to -13")
-        assert not [line for line in ax.get_xlabel().split("\n") if line.endswith((" at", " to", " ="))]
+        # review 12c B1: two sentences, each wrapped whole ("the last pale: columns" ran them together, "only" alone)
+        lines = ax.get_xlabel().split("\n")
+        assert " ".join(lines) == (
+            "position from the end (mean over up to 8 prompts: only those that reach it); -1 is the last position. "
+            "Pale columns are averaged over fewer than all 8 prompts: n = 1 at -64 to -60, 2 at -59 to -41, 3 at -40 to "
+            "-36, 4 at -35 to -31, 6 at -30 to -15 and 7 at -14 to -13")
+        assert not [line for line in lines if line.endswith((" at", " to", " =")) or len(line.split()) < 2]
+        assert [i for i, line in enumerate(lines) if line.startswith("Pale columns")] == [
+            next(i for i, line in enumerate(lines) if line.endswith("the last position.")) + 1]
+        from PIL import Image
+
+        from headscope.reports.render import figure_png
+
+        png = np.asarray(Image.open(io.BytesIO(figure_png(fig))).convert("L"))  # the saved image, cropped tight
+        inked = np.nonzero((png < 200).any(0))[0]  # [k] columns with ink: the colour-bar label is the rightmost
+        assert png.shape[1] - 1 - inked.max() >= 0.15 * 110, (png.shape, inked.max())  # clear of the right edge
     finally:
         plt.close("all")
 

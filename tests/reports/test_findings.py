@@ -1832,6 +1832,43 @@ def test_patching_aligned_on_the_first_of_several_differing_positions_says_so():
     assert "the resid_pre at the corrupted token (each prompt's first position that differs" in finding("patching", s)
 
 
+def test_patching_aligns_each_of_several_differing_positions_and_names_the_one_that_matters():
+    """#34 review 12b A2: a swap of two names changes 2 positions per prompt; the first carries nothing (-0.01 of the
+    gap), the second (the receiver's name) the whole gap (1.01 = 20.02 / 19.82) in 8 of 8 prompts. The finding aligns
+    on each in order and leads with the second, its interval and n; where prompts have 2 to 3 differing positions, it
+    says only the first 2 (which all have) are aligned."""
+    gap = 19.82
+    s = _colour_binding()
+    first = {"resid_pre": [{"layer": 0, "effect": -0.01 * gap, "ci": [-0.03 * gap, 0.01 * gap], "n": 8}]}
+    second = {"resid_pre": [{"layer": 0, "effect": 1.01 * gap, "ci": [0.99 * gap, 1.03 * gap], "n": 8},
+                            {"layer": 1, "effect": 0.02 * gap, "ci": [0.0, 0.04 * gap], "n": 8}]}
+    s["at_corrupted_token"].update(positions_differ=[2, 2], sites=first, orders=[
+        {"order": 1, "from_end": {"-11": 2, "-8": 6}, "n": 8, "sites": first},
+        {"order": 2, "from_end": {"-5": 8}, "n": 8, "sites": second}])
+    text = finding("patching", s)
+    lead = ("Patching (denoise, 8 examples) aligned on each differing position in order (2 positions differ per prompt, "
+            "each aligned over every prompt at its own place): the second restores 1.01 of the clean-corrupted gap at "
+            "the resid_pre at layer 0 (95% CI [0.99, 1.03], 8 of 8 prompts, +20 logit difference); the first, at its "
+            "largest cell, -0.01 at the resid_pre at layer 0 (95% CI [-0.03, 0.01], 8 of 8 prompts).")
+    assert lead in text and "the first position where the prompts differ" not in text
+    s.update(clean_metric_ci=[9.5, 10.32], corrupted_metric_ci=[-10.3, -9.52], metric_n=8)  # review 12c C6
+    assert finding("patching", s).startswith("Clean prompts give a logit difference of 9.91 (95% CI [9.5, 10.3]), "
+                                             "corrupted ones -9.91 (95% CI [-10.3, -9.52]), over 8 prompts.")
+    s["at_corrupted_token"]["positions_differ"] = [2, 3]
+    assert ("(prompts differ in how many positions differ (2 to 3), so the first 2, which every prompt has, are "
+            "aligned, each over every prompt at its own place)") in finding("patching", s)
+
+
+def test_patching_finding_names_the_top_path_with_its_interval_and_n():
+    """#34 review 12c B3: path_patching.png stood with no finding; the finding names the top direct path to the logits
+    with its share of the gap (3.96 / 19.82 = 0.20), 95% CI and n."""
+    s = _colour_binding(path_patching={"direction": "denoise", "receivers": "logits", "n_examples": 8, "top_paths": [
+        {"sender": [0, 3], "receiver": "logits", "effect": 0.5, "ci": [0.1, 0.9], "n": 8},
+        {"sender": [2, 1], "receiver": "logits", "effect": 3.964, "ci": [1.982, 5.946], "n": 8}]})
+    assert ("Path patching (denoise, each head's direct path to the logits alone): the largest is L2H1, 0.20 of the "
+            "clean-corrupted gap (95% CI [0.10, 0.30], n = 8 prompts, +3.96 logit difference).") in finding("patching", s)
+
+
 def test_patching_says_where_attribution_patching_would_rank_wrong():
     """#34 review 5 (A6): Spearman over every cell is raised by tied zeros here (the non-zero cells' is stated beside
     it); attribution patching ranks the top exact attn_out site 2nd, 20x under, and misses resid_pre layer 0 at -8,
