@@ -278,7 +278,7 @@ def _records_hint(task: Any, names: Sequence[str]) -> str:
     FILE` reads those); '' otherwise."""
     import json
 
-    from headscope.analyses.position.prompts import QA_FIELDS, RETRIEVAL_FIELDS
+    from headscope.analyses.position.records import QA_FIELDS, RETRIEVAL_FIELDS
 
     try:
         with open(task, encoding="utf-8") as fh:
