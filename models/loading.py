@@ -31,7 +31,8 @@ from headscope.errors import (
     TokenizationWarning,
 )
 from headscope.models import threads
-from headscope.models.hooked_model import HookedModel, facts_from_bridge, round_trip_problem
+from headscope.models.hooked_model import HookedModel, facts_from_bridge
+from headscope.models.token_text import round_trip_problem
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +321,7 @@ def _check_vocabulary(tokenizer: Any, location: str) -> None:
 
 def check_round_trip(tokenizer: Any, name: str, *, chosen: bool = False) -> bool:
     """Warn (TokenizationWarning) when the tokenizer does not give back words of its own vocabulary
-    (models.hooked_model.round_trip_problem); True when it does."""
+    (models.token_text.round_trip_problem); True when it does."""
     problem = round_trip_problem(tokenizer)
     if problem is None:
         return True

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from headscope.models.hooked_model import readable_text
+from headscope.models.token_text import readable_text
 from headscope.reports import io
 from headscope.reports.findings import and_join, int_ranges
 from headscope.reports.render import escape, md_escape

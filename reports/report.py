@@ -12,7 +12,7 @@ The output folder (reports/outputs.py): a run locks OUT, lists every file it wri
 sha256 in manifest.json, deletes only such files, and with --force writes into a staging folder
 beside OUT that replaces OUT only when every analysis succeeded (the user's files in the old
 folder are carried over); a failed --force run leaves OUT as it was. What --resume must match:
-reports/resume_settings.py.
+reports/resume_settings.py. The settings and their checks before any write: reports/report_settings.py.
 
 Under torchrun every rank runs every analysis on its shard of the examples (see
 execution/distributed.py) and ends with the same results; rank 0 alone prepares OUT and writes
@@ -27,13 +27,13 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from headscope.analyses.core import runner
-from headscope.analyses.core.registry import ANALYSES, config_class, get_analysis
+from headscope.analyses.core.registry import ANALYSES, get_analysis
 from headscope.analyses.core.runner import Failure, Plan, plan_analyses
 from headscope.errors import (
     ConfigError,
@@ -41,13 +41,13 @@ from headscope.errors import (
     OutputError,
     RunFailedError,
     RunInterrupted,
-    TaskFileError,
 )
 from headscope.execution import block_shape, distributed
 from headscope.reports import io
 from headscope.reports.manifest import build_manifest
 from headscope.reports.outputs import OutputSession, _make_parents, check_modes, check_out, replace_folder, sha256
-from headscope.reports.resume_settings import DONE, budget_minutes, check_resume, damaged_analyses, run_settings
+from headscope.reports.report_settings import ReportOptions, RunSettings, checked_settings
+from headscope.reports.resume_settings import DONE, check_resume, damaged_analyses, run_settings
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +56,6 @@ log = logging.getLogger(__name__)
 def default_out(model_name: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-") or "model"
     return Path("headscope-out") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def parse_analyses(names: str | Sequence[str] | None) -> list[str]:
-    if names is None:
-        return list(ANALYSES)
-    items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
-    unknown = [n for n in items if n not in ANALYSES]
-    if unknown or not items:
-        given = ", ".join(map(repr, unknown)) or "(none given)"
-        raise ConfigError(f"Unknown analysis {given}; choose from: {', '.join(ANALYSES)}.")
-    return items
 
 
 def prepare_out(out: Path, *, force: bool, resume: bool) -> None:
@@ -82,28 +71,6 @@ def prepare_out(out: Path, *, force: bool, resume: bool) -> None:
 def _transient() -> list[str]:
     """The staging folders of analyses that a killed run may leave in OUT (headscope's to remove)."""
     return [f".{name}.partial" for name in ANALYSES]
-
-
-def _check_task_name(task: Any) -> None:
-    """A task given by name must be a zoo task (a typo fails here, before any work)."""
-    from headscope.analyses.core.tasks import ZOO_TASKS
-
-    if isinstance(task, str) and not Path(task).suffix and task not in ZOO_TASKS:
-        raise TaskFileError(f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}) or a .jsonl/.csv/.parquet file.")
-
-
-def _check_examples(names: Sequence[str], n_examples: int | None) -> None:
-    """--n-examples below what an analysis can run on is one line before anything is written, not a
-    failed analysis: probes' cross-validation needs at least 3 (its fewest folds; answer labels give one
-    sample an example) and heads two (a resample partner; its Needs.min_examples)."""
-    if n_examples is None:
-        return
-    floors = {name: config_class(name).min_examples for name in names}  # the configs' own floors (AnalysisConfig)
-    short = {name: floors[name] for name in names if n_examples < floors[name]}
-    if short:
-        needed = ", ".join(f"{name} at least {n}" for name, n in short.items())
-        raise ConfigError(f"--n-examples {n_examples} is too few: {needed} (pass more, or --analyses without "
-                          f"{' and '.join(short)}).")
 
 
 def write_result(result: Any, folder: Path, files: dict[str, str] | None = None,
@@ -195,30 +162,6 @@ def _after_failure(err: BaseException, out: Path | None, mode: str | None, kept:
     return None
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReportOptions:
-    """What `headscope report` is asked for (build_report's keyword arguments; see its docstring)."""
-
-    out: str | Path | None = None
-    analyses: str | Sequence[str] | None = None
-    task: str | None = None
-    task_fields: dict[str, str] | str | None = None
-    seed: int = 0
-    quick: bool = False
-    n_examples: int | None = None
-    device: str | None = None
-    dtype: str | None = None
-    force: bool = False
-    resume: bool = False
-    progress: bool = False
-    command: list[str] | None = None
-    trust_remote_code: bool = False
-    strict: bool = False
-    budget: float | None = None
-    substitute: bool = True
-    prepend_bos: bool | None = None
-
-
 @dataclass(frozen=True)
 class ReportRun:
     """A finished report run: OUT, and the analyses that failed (name -> runner.Failure)."""
@@ -272,76 +215,6 @@ def _dtype_name(model: Any) -> str:
     return str(model.dtype).removeprefix("torch.")
 
 
-def _records_hint(task: Any, names: Sequence[str]) -> str:
-    """' This file holds position's own records ...' when the first line of a JSONL task file that the run could not
-    read as a prompt/answer task has the fields of position's retrieval or QA records (`headscope position --task
-    FILE` reads those); '' otherwise."""
-    import json
-
-    from headscope.analyses.position.prompts import QA_FIELDS, RETRIEVAL_FIELDS
-
-    try:
-        with open(task, encoding="utf-8") as fh:
-            first = json.loads(next(line for line in fh if line.strip()))
-    except (OSError, ValueError, StopIteration, TypeError):
-        return ""
-    keys = set(first) if isinstance(first, dict) else set()
-    kind = ("retrieval records" if set(RETRIEVAL_FIELDS) <= keys else
-            "multi-document QA records" if set(QA_FIELDS) <= keys else None)
-    if kind is None:
-        return ""
-    others = [n for n in names if n != "position"]
-    return (f" This file holds position's own {kind}, which only position reads: run `headscope position --task "
-            f"{Path(task).name}`" + (f" ({', '.join(others)} need a prompt/answer task)." if others else "."))
-
-
-def _own_records(names: Sequence[str], task: Any) -> bool:
-    """Whether every analysis of the run reads the task file as records of its own (contract.takes_own_records:
-    `headscope position --task FILE.jsonl`), so it is not read as a prompt/answer task; the file's fit to the model
-    is checked with the plan (runner.plan_analyses), after the model loads and before any work."""
-    from headscope.analyses.core import contract, registry
-
-    return bool(names) and all(contract.takes_own_records(registry.needs(name), task) for name in names)
-
-
-def _checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
-    """The run's settings, every user mistake found before anything is written: modes, device, numbers,
-    analysis names, the task (a task file read once here, TaskFile.held, and every row checked), OUT."""
-    from headscope.analyses.core.config import check_shared
-    from headscope.models.loading import resolve_dtype
-
-    check_shared(seed=o.seed, n_examples=o.n_examples)  # bad numbers: one line, before any file or work
-    budget_minutes(o.budget, o.quick)
-    if o.prepend_bos not in (None, True, False):
-        raise ConfigError(f"prepend_bos must be None, True or False, got {o.prepend_bos!r}.")
-    names = parse_analyses(o.analyses)
-    task, task_rows = o.task, None
-    if task is not None and _own_records(names, task):  # position's retrieval/QA records: its loader checks them
-        if o.task_fields:
-            raise ConfigError(f"--task-fields names a prompt/answer file's columns; {', '.join(names)} reads "
-                              f"{Path(task).name} as its own records, by their own field names.")
-        task = os.fspath(task)
-    elif task is not None and Path(task).suffix:
-        from headscope.analyses.core.task_files import TaskFile, read_numbered_rows
-
-        try:
-            task = TaskFile(task, o.task_fields, strict=o.strict or None).held()  # read once; fields go to every analysis
-            task_rows = read_numbered_rows(task, n_examples=200, seed=o.seed)  # every row checked before any write
-        except TaskFileError as err:
-            raise TaskFileError(f"{err}{_records_hint(o.task, names)}") from None
-    elif o.task_fields:
-        raise ConfigError(f"task fields {o.task_fields!r} need a task file (--task FILE), not task {task!r}.")
-    _check_task_name(task)
-    _check_examples(names, o.n_examples)
-    if o.out is not None and not str(o.out).strip():
-        raise ConfigError("--out is empty; give the output folder's path (or leave --out out for the default).")
-    return RunSettings(names=names, task=task, task_rows=task_rows, seed=o.seed, quick=o.quick, n_examples=o.n_examples,
-                       progress=o.progress, command=o.command, main=main, budget=o.budget,
-                       minutes=budget_minutes(o.budget, o.quick), substitute=o.substitute,
-                       dtype=None if o.dtype is None else str(resolve_dtype(o.dtype)).removeprefix("torch."),
-                       prepend_bos=getattr(model, "prepend_bos", None) if o.prepend_bos is None else o.prepend_bos)
-
-
 def run_report(model: Any, options: ReportOptions) -> ReportRun:
     """build_report with its failures: the runner's Failure objects (type, message, traceback), which the
     CLI turns into its exit status."""
@@ -357,7 +230,7 @@ def run_report(model: Any, options: ReportOptions) -> ReportRun:
     if o.prepend_bos is not None and isinstance(model, HookedModel):
         raise ConfigError("prepend_bos is for a model the report loads; load it with load_model(..., prepend_bos=...).")
     distributed.init_from_env(model.device if isinstance(model, HookedModel) else o.device)
-    run = _checked_settings(model, o, distributed.is_main())
+    run = checked_settings(model, o, distributed.is_main())
     settings = run_settings(model, run.names, run.task, seed=o.seed, quick=o.quick, n_examples=o.n_examples, budget=o.budget,
                             dtype=run.dtype, prepend_bos=run.prepend_bos)
     session: OutputSession | None = None
@@ -389,31 +262,6 @@ def run_report(model: Any, options: ReportOptions) -> ReportRun:
             session.close()
     distributed.barrier()  # no rank returns before the report exists
     return ReportRun(out=out, failures=failures)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunSettings:
-    """One report run's settings after build_report checked them (names parsed, the task file held)."""
-
-    names: list[str]
-    task: Any = None
-    task_rows: Any = None
-    seed: int = 0
-    quick: bool = False
-    n_examples: int | None = None
-    progress: bool = False
-    command: list[str] | None = None
-    main: bool = True
-    budget: float | None = None
-    minutes: float | None = None
-    substitute: bool = True
-    dtype: str | None = None  # the requested precision's name (None: the checkpoint's)
-    prepend_bos: bool | None = None  # load_model's prepend_bos (None: a BOS on decoders, as TransformerLens)
-
-    @property
-    def common(self) -> dict[str, Any]:
-        """The settings every analysis's preset takes."""
-        return dict(seed=self.seed, quick=self.quick, n_examples=self.n_examples, progress=self.progress and self.main)
 
 
 @dataclass

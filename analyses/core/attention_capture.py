@@ -20,7 +20,8 @@ import torch
 
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
-from headscope.models.hooked_model import layer_windows, readable_text, visible_keys
+from headscope.models.hooked_model import layer_windows, visible_keys
+from headscope.models.token_text import readable_text
 
 SCALE = 10_000
 MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)

@@ -106,7 +106,7 @@ def model_reasons(needs: Needs, model: Any) -> list[str]:
         why = f": it {needs.what}" if needs.what else ""
         return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
     if needs.english and not _zoo_vocabulary(model):
-        from headscope.models.hooked_model import unknown_words
+        from headscope.models.token_text import unknown_words
 
         own = needs.english_text(model) if needs.english_text is not None else None
         if own is not None:  # the data this model would run on, named with its unknown words and the way round

@@ -241,11 +241,11 @@ def _shipped_rows(model, task: Task) -> list[str] | None:
 def shipped_fit(model, task: Task) -> dict | None:
     """How the model's tokenizer writes the shipped sentences `task` holds (None for any other Task):
     n_sentences, n_words (whitespace-delimited), n_tokens (no special tokens), tokens_per_word,
-    unknown_words (the words, counted once a sentence, that contain the unknown token; models.hooked_model
+    unknown_words (the words, counted once a sentence, that contain the unknown token; models.token_text
     .unknown_words), unknown_examples (the first few), off_distribution (unknown words, or more than
     MAX_TOKENS_PER_WORD tokens a word: text the model was not trained on) and, when off, `note`, the
     sentence the log, the section's provenance and its finding say."""
-    from headscope.models.hooked_model import unknown_words
+    from headscope.models.token_text import unknown_words
 
     texts = _shipped_rows(model, task)
     if not texts:

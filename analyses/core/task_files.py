@@ -58,7 +58,8 @@ from headscope.analyses.core.task_sources import (
 )
 from headscope.analyses.core.tasks import ZOO_TASKS, Task, zoo
 from headscope.errors import ConfigError, HeadscopeWarning, TaskFileError, TokenizationError, TokenizationWarning
-from headscope.models.hooked_model import pad_id_of, pad_token_rows, token_strings
+from headscope.models.hooked_model import pad_id_of, pad_token_rows
+from headscope.models.token_text import token_strings
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def _warn_unknown(model, label: str, rows: list[dict[str, str]], places: Sequenc
 
 def _collect_unknown(model, row: Mapping[str, str], place: str, found: dict[str, list[str]]) -> None:
     """Add to `found` (word -> where) the words of the row's fields that become the unknown token."""
-    from headscope.models.hooked_model import unknown_words
+    from headscope.models.token_text import unknown_words
 
     for field in FIELDS:
         if field in row:

@@ -47,6 +47,7 @@ from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import describe
 from headscope.analyses.position import prompts
+from headscope.analyses.position import records as rec
 from headscope.analyses.position.prompts import PositionSweep
 from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, run_encoder_sweeps
 from headscope.analyses.position.sinks import layer_sinks, sink_rows, uniform_baseline
@@ -131,7 +132,7 @@ def encoder_text(model: Any) -> tuple[str, str, str] | None:
     of unknown words; None on decoders (their check is the key-value instruction's words)."""
     if not model.facts.is_encoder:
         return None
-    records = prompts.load_retrieval_records()
+    records = rec.load_retrieval_records()
     text = "\n".join(s for r in records for s in (r["query"], r["relevant"], *r["distractors"]))
     return ("position's encoder data, the shipped retrieval passages (analyses/data/retrieval.jsonl),", text,
             "give it retrieval records it can encode (a JSONL file, one object a line with query, relevant and "
@@ -144,7 +145,7 @@ RECORDS_CHECKED = 200  # a records file's first rows read by the check before a 
 def records_gap(model: Any, path: str) -> str | None:
     """Why the JSONL file `path` of position's own records does not fit this model, in one line (None when it
     does): an encoder reads retrieval records, a decoder multi-document QA records, each through the loader the run
-    uses (prompts.load_retrieval_records / load_qa_records) on its first RECORDS_CHECKED records; a file with none
+    uses (records.load_retrieval_records / load_qa_records) on its first RECORDS_CHECKED records; a file with none
     of either's fields is a prompt/answer task, which position does not read (the contract's usual reason). The contract's
     Needs.own_records: `headscope position --task FILE.jsonl` stops here, before any work, on a file that does not fit.
     The records are then built into the run's sweeps at the default n_items (enough distractors, text the tokenizer
@@ -152,12 +153,12 @@ def records_gap(model: Any, path: str) -> str | None:
     from headscope.errors import HeadscopeError
 
     try:
-        columns = set(prompts._dataset(path).column_names)
-        if not columns & {*prompts.RETRIEVAL_FIELDS, *prompts.QA_FIELDS}:  # a prompt/answer task, not records
+        columns = set(rec._dataset(path).column_names)
+        if not columns & {*rec.RETRIEVAL_FIELDS, *rec.QA_FIELDS}:  # a prompt/answer task, not records
             return (f"it runs on its own data ({NEEDS.what}), not on prompt/answer tasks; a file of its own records "
-                    f"holds one JSON object a line with {', '.join(prompts.RETRIEVAL_FIELDS)} (encoders) or "
-                    f"{', '.join(prompts.QA_FIELDS)} (decoders)")
-        load = prompts.load_retrieval_records if model.facts.is_encoder else prompts.load_qa_records
+                    f"holds one JSON object a line with {', '.join(rec.RETRIEVAL_FIELDS)} (encoders) or "
+                    f"{', '.join(rec.QA_FIELDS)} (decoders)")
+        load = rec.load_retrieval_records if model.facts.is_encoder else rec.load_qa_records
         if not load(path, RECORDS_CHECKED):
             return f"{Path(path).name} holds no records"
         _sweeps(model, path, PositionConfig(n_examples=RECORDS_CHECKED))
@@ -211,11 +212,11 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
     if task == "qa":
         if cfg.data is None:
             raise ConfigError("task 'qa' needs data= a JSONL file of multi-document QA records (see load_qa_records).")
-        records = prompts.load_qa_records(cfg.data, n_examples)
-        return prompts.qa_sweeps(tok, records, n_docs=cfg.n_items or 10, **common)
-    records = prompts.load_retrieval_records(cfg.data, n_examples)
+        records = rec.load_qa_records(cfg.data, n_examples)
+        return rec.qa_sweeps(tok, records, n_docs=cfg.n_items or 10, **common)
+    records = rec.load_retrieval_records(cfg.data, n_examples)
     n_distractors = None if cfg.n_items is None else cfg.n_items - 1
-    return prompts.retrieval_sweeps(tok, records, n_distractors=n_distractors, positions=cfg.positions)
+    return rec.retrieval_sweeps(tok, records, n_distractors=n_distractors, positions=cfg.positions)
 
 
 def _frames(sweeps: Sequence[PositionSweep], outs: Sequence[SweepOutput]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -16,17 +16,15 @@ Builders:
 - `word_kv_sweeps`: the zoo's kv format over words that are one token under the model's tokenizer
   (`vocab_words`), for a tokenizer that cannot write Liu et al.'s JSON prompt (`json_kv_gap`: UUID keys
   need digits and '-'), as heads' IOI default draws names that are single tokens.
-- `qa_sweeps`: multi-document QA over user JSONL (see `load_qa_records`), Liu et al.'s format
-  `Document [i](Title: t) text`; the slot labels stay in place, the documents move.
-- `retrieval_sweeps`: encoders; a passage of sentences with the relevant one at each slot, and
-  the query encoded on its own.
+- `records.py` holds the builders over records: `qa_sweeps` (multi-document QA) and
+  `retrieval_sweeps` (encoders).
 
 Query-aware contextualisation (`query_aware=True`) puts the query before the data as well.
 """
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +34,6 @@ import torch
 from headscope.errors import ConfigError
 
 KV_INSTRUCTION = "Extract the value corresponding to the specified key in the JSON object below."
-QA_INSTRUCTION = (
-    "Write a high-quality answer for the given question using only the provided search results "
-    "(some of which might be irrelevant)."
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -480,155 +474,3 @@ def fit_word_pairs(n_words: int, n_ctx: int, max_pairs: int, extra_new_tokens: i
     """The most pairs (up to max_pairs) of `word_kv_sweeps` that its words and the context hold: a prompt of
     n pairs is 3n + 2 tokens with the BOS (query-aware: 2 more), then the answer and greedy decoding's tokens."""
     return max(0, min(max_pairs, (n_words - 1) // 2, (n_ctx - 5 - extra_new_tokens) // 3))
-
-
-# ---------------------------------------------------------------- multi-document QA
-QA_FIELDS = ("question", "answers", "gold_document", "documents")
-
-
-def load_qa_records(source: Any, limit: int | None = None) -> list[dict]:
-    """Multi-document QA records from a JSONL path (read with `datasets`) or a datasets.Dataset: the
-    first `limit` (all when None), so memory holds the records used, not the file.
-
-    Each record: question (str), answers (list of str), gold_document ({"title", "text"}),
-    documents (list of {"title", "text"} distractors, may be empty). See
-    headscope/analyses/data/multidoc_example.jsonl.
-    """
-    source = _dataset(source)
-    missing = [f for f in QA_FIELDS if f not in source.column_names]
-    if missing:
-        retrieval = " (these are retrieval records, which position reads on an encoder)" if set(
-            RETRIEVAL_FIELDS) <= set(source.column_names) else ""
-        raise ConfigError(
-            f"multi-document QA data lacks field(s) {missing}; each JSONL record needs {list(QA_FIELDS)} "
-            f"(see headscope/analyses/data/multidoc_example.jsonl){retrieval}."
-        )
-    return _first(source, limit)
-
-
-def _first(source: Any, limit: int | None) -> list[dict]:
-    """The first `limit` records of a Dataset (all when None) as dicts."""
-    n = len(source) if limit is None else min(limit, len(source))
-    return [dict(source[i]) for i in range(n)]
-
-
-def _has_answer(doc: Mapping[str, str], answers: Sequence[str]) -> bool:
-    text = f"{doc['title']} {doc['text']}".lower()
-    return any(a.lower() in text for a in answers)
-
-
-def qa_sweeps(
-    tokenizer: Any, records: Sequence[Mapping[str, Any]], *, n_docs: int = 10, seed: int = 0,
-    positions: Sequence[int] | None = None, query_aware: bool = False, prepend_bos: bool = True,
-) -> list[PositionSweep]:
-    """Multi-document QA: the gold document among n_docs - 1 distractors, at each slot.
-
-    Distractors: the record's own documents first, then documents of the other records (seeded
-    order); any document containing an answer is dropped (Liu et al.: distractors hold no answer).
-    """
-    rng = np.random.default_rng([seed, 10])
-    pool = [d for r in records for d in (r["gold_document"], *r["documents"])]
-    sweeps = []
-    for r in records:
-        answers = tuple(r["answers"])
-        extra = [pool[i] for i in rng.permutation(len(pool))]
-        distractors = []
-        for d in (*r["documents"], *extra):
-            if len(distractors) == n_docs - 1:
-                break
-            if d != r["gold_document"] and not _has_answer(d, answers) and d not in distractors:
-                distractors.append(d)
-        if len(distractors) < n_docs - 1:
-            raise ConfigError(
-                f"only {len(distractors)} answer-free distractors for question {r['question']!r}, need "
-                f"{n_docs - 1}; add documents to the data or lower n_docs."
-            )
-        question = f"Question: {r['question']}"
-        head = f"{QA_INSTRUCTION}\n\n" + (f"{question}\n\n" if query_aware else "")
-        sweeps.append(item_sweep(
-            tokenizer, items=[f"(Title: {d['title']}) {d['text']}" for d in distractors],
-            gold=f"(Title: {r['gold_document']['title']}) {r['gold_document']['text']}",
-            positions=positions, head=head, tail=f"\n\n{question}\nAnswer:", sep="\n",
-            slot_label=lambda i: f"Document [{i}]", answer=f" {answers[0]}", answers=answers, prepend_bos=prepend_bos,
-        ))
-    return sweeps
-
-
-# ------------------------------------------------------------------ encoder retrieval
-RETRIEVAL_FIELDS = ("query", "relevant", "distractors")
-
-
-def load_retrieval_records(source: Any = None, limit: int | None = None) -> list[dict]:
-    """Encoder retrieval items (query, relevant, distractors); default: the shipped retrieval.jsonl;
-    the first `limit` (all when None). A source whose records lack the fields, or whose query or relevant
-    sentence is not text or whose distractors are not a non-empty list of text, is one ConfigError."""
-    import json
-
-    if source is None:
-        from importlib.resources import files
-
-        text = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8")
-        return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
-    data = _dataset(source)
-    missing = [f for f in RETRIEVAL_FIELDS if f not in data.column_names]
-    if missing:
-        qa = " (these are multi-document QA records, which position reads on a decoder)" if set(
-            QA_FIELDS) <= set(data.column_names) else ""
-        raise ConfigError(
-            f"retrieval records lack field(s) {missing}; position on an encoder reads one JSON object a line with "
-            f"{list(RETRIEVAL_FIELDS)} (text, text, a list of text); the records have {sorted(data.column_names)}{qa}.")
-    records = _first(data, limit)
-    for i, r in enumerate(records, 1):
-        d = r["distractors"]
-        if not (isinstance(r["query"], str) and isinstance(r["relevant"], str) and isinstance(d, list) and d
-                and all(isinstance(x, str) for x in d)):
-            raise ConfigError(f"retrieval record {i} does not fit: query and relevant must be text and distractors a "
-                              f"non-empty list of text (one sentence each); got query {r['query']!r:.60}, "
-                              f"distractors {d!r:.60}.")
-    return records
-
-
-def _dataset(source: Any):
-    """A datasets.Dataset from a JSONL path (anything else is returned as is); a file that is missing or is not
-    JSON lines is one TaskFileError."""
-    if isinstance(source, str) or hasattr(source, "__fspath__"):
-        import os
-
-        import datasets
-
-        from headscope.errors import TaskFileError
-
-        if not os.path.isfile(source):
-            raise TaskFileError(f"no file {os.fspath(source)!r}: give position a JSONL file of its records.")
-        from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-        quiet = are_progress_bars_disabled()
-        disable_progress_bars()  # its cache's "Generating train split" bar is no step of the user's run
-        try:
-            return datasets.load_dataset("json", data_files=str(source), split="train")
-        except Exception as err:  # noqa: BLE001 - datasets raises many kinds for a file that is not JSON lines
-            first = (str(err).splitlines() or [type(err).__name__])[0]
-            raise TaskFileError(f"{os.fspath(source)!r} could not be read as JSON lines ({type(err).__name__}: "
-                                f"{first[:200]}).") from None
-        finally:
-            if not quiet:
-                enable_progress_bars()
-    return source
-
-
-def retrieval_sweeps(
-    tokenizer: Any, records: Sequence[Mapping[str, Any]], *, n_distractors: int | None = None,
-    positions: Sequence[int] | None = None,
-) -> list[PositionSweep]:
-    """A passage of sentences with the relevant one at each slot; the query is encoded alone."""
-    sweeps = []
-    for r in records:
-        distractors = list(r["distractors"])[:n_distractors]
-        if not distractors:
-            raise ConfigError(f"retrieval record {r['query']!r} has no distractor sentences.")
-        sweeps.append(item_sweep(
-            tokenizer, items=[f" {s}" for s in distractors], gold=f" {r['relevant']}",
-            positions=positions, encoder=True, query=r["query"],
-        ))
-    return sweeps
-

@@ -19,6 +19,7 @@ import torch
 from scipy.stats import binomtest
 
 from headscope.analyses.position import prompts as pp
+from headscope.analyses.position import records as pr
 from headscope.analyses.position.analysis import PositionConfig, position_bias, run
 from headscope.analyses.position.runs import run_decoder_sweeps
 from headscope.analyses.position.sinks import sink_mass, streaming_attention, streaming_keep, uniform_baseline
@@ -194,8 +195,8 @@ def test_item_sweep_with_wordpiece_equals_whole_text_tokenization():
 
 
 def test_qa_sweeps_from_jsonl():
-    records = pp.load_qa_records(str(DATA / "multidoc_example.jsonl"))
-    sweeps = pp.qa_sweeps(CharTokenizer(), records, n_docs=5, positions=(1, 3, 5), query_aware=True)
+    records = pr.load_qa_records(str(DATA / "multidoc_example.jsonl"))
+    sweeps = pr.qa_sweeps(CharTokenizer(), records, n_docs=5, positions=(1, 3, 5), query_aware=True)
     for sweep, rec in zip(sweeps, records):  # slot labels stay in place: compare slot by slot
         gold = f"(Title: {rec['gold_document']['title']}) {rec['gold_document']['text']}"
         for row, p in enumerate(sweep.positions):
@@ -213,7 +214,7 @@ def test_qa_records_need_their_fields(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answers": ["a"]}) + "\n")
     with pytest.raises(ValueError, match="gold_document"):
-        pp.load_qa_records(str(bad))
+        pr.load_qa_records(str(bad))
 
 
 def test_positions_grid_and_errors():
@@ -605,7 +606,7 @@ def test_minilm_retrieval_curve_matches_sentence_transformers():
     import headscope as hs
 
     model = hs.load_model("minilm", device="cpu")
-    records = pp.load_retrieval_records()
+    records = pr.load_retrieval_records()
     assert 20 <= len(records) <= 40
     result = position_bias(model, config=PositionConfig(n_examples=8, n_boot=500, progress=False))
     s = result.summary
@@ -664,7 +665,7 @@ def test_liu_tasks_end_to_end_accuracy_matches_hf_generate(wordpiece_decoder, ta
     cfg = PositionConfig(sweep=task, n_items=3, n_examples=1, n_boot=50, window=0, progress=False,
                          data=str(DATA / "multidoc_example.jsonl") if task == "qa" else None)
     sweep = build_sweeps(model, cfg)[0]
-    instruction = pp.KV_INSTRUCTION if task == "json_kv" else pp.QA_INSTRUCTION
+    instruction = pp.KV_INSTRUCTION if task == "json_kv" else pr.QA_INSTRUCTION
     decoded = model.tokenizer.decode(sweep.tokens[0], skip_special_tokens=True)
     assert decoded.startswith(" ".join(instruction.lower().split()[:2]))  # WordPiece lower-cases and splits "high-quality"
     new = sweep.answer_ids.numel() + 8
@@ -800,7 +801,7 @@ def test_an_encoders_no_gold_baseline_is_the_cosine_without_the_relevant_sentenc
             return hf(**tok(text, return_tensors="pt")).last_hidden_state.mean(1)  # [1, d_model]
 
     expected = [torch.nn.functional.cosine_similarity(embed(r["query"]), embed(" ".join(r["distractors"][:2]))).item()
-                for r in pp.load_retrieval_records()[:2]]
+                for r in pr.load_retrieval_records()[:2]]
     s, table = bert_position.summary, bert_position.tables
     assert table["no_gold"]["cosine"].tolist() == pytest.approx(expected, abs=1e-5)
     base = s["no_gold_baseline"]["cosine"]

@@ -427,7 +427,7 @@ def test_every_family_runs_a_seeded_sample_of_a_large_task_file(tmp_path, tiny_m
     import torch
 
     from headscope.analyses.core.registry import ANALYSES, config_class, get_analysis, task_used
-    from headscope.analyses.position import prompts
+    from headscope.analyses.position import records
     from headscope.analyses.probes.analysis import probe_data
 
     model = tiny_models["llama"]
@@ -447,7 +447,7 @@ def test_every_family_runs_a_seeded_sample_of_a_large_task_file(tmp_path, tiny_m
     assert len(task_used("heads", model, hs.TaskFile(path), config_class("heads").preset(quick=True))) == 16  # --quick alone
     qa = {"question": "q", "answers": ["a"], "gold_document": {"title": "t", "text": "a"}, "documents": []}
     _write_jsonl(tmp_path / "qa.jsonl", [qa] * 2_000)
-    assert len(prompts.load_qa_records(str(tmp_path / "qa.jsonl"), n)) == n
+    assert len(records.load_qa_records(str(tmp_path / "qa.jsonl"), n)) == n
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet", ".json"])

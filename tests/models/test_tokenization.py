@@ -15,7 +15,7 @@ import torch
 import headscope as hs
 from headscope.analyses.core import tasks
 from headscope.errors import TaskError, TokenizationWarning
-from headscope.models.hooked_model import round_trip_problem, unknown_words
+from headscope.models.token_text import round_trip_problem, unknown_words
 from tests_support import build_tiny_model
 
 

@@ -773,7 +773,7 @@ def test_split_utf8_bytes_of_random_byte_level_tokens_read_as_hex_never_replacem
     token can be part of a character's UTF-8 bytes, which decoding alone shows as U+FFFD. On the GPT-2-style
     byte-level fixture: the bytes of "é" (C3 A9) and of "€" (E2 82 AC), each one base-alphabet token."""
     from headscope.analyses.core.attention_capture import capture_example
-    from headscope.models.hooked_model import readable_text, token_strings
+    from headscope.models.token_text import readable_text, token_strings
 
     model = arch_models("gpt2")
     tok = model.tokenizer

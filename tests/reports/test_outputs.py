@@ -11,7 +11,8 @@ from headscope.analyses.core.task_files import load_task, load_task_file, read_t
 from headscope.errors import HeadscopeWarning, OutputExistsError, TaskFileError
 from headscope.reports import io
 from headscope.reports.html_report import write_report_files
-from headscope.reports.report import parse_analyses, prepare_out
+from headscope.reports.report import prepare_out
+from headscope.reports.report_settings import parse_analyses
 
 XSS = "<script>alert(1)</script>"
 

@@ -1,0 +1,168 @@
+"""A report run's settings: what `headscope report` is asked for (ReportOptions) and the settings it runs
+with (RunSettings), built by `checked_settings`, which finds every user mistake before anything is written:
+modes and numbers, analysis names, the task (a task file read once and every row checked; a file of
+position's own records named as such), --n-examples below an analysis's floor, an empty --out.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headscope.analyses.core.registry import ANALYSES, config_class
+from headscope.errors import ConfigError, TaskFileError
+from headscope.reports.resume_settings import budget_minutes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """What `headscope report` is asked for (build_report's keyword arguments; see its docstring)."""
+
+    out: str | Path | None = None
+    analyses: str | Sequence[str] | None = None
+    task: str | None = None
+    task_fields: dict[str, str] | str | None = None
+    seed: int = 0
+    quick: bool = False
+    n_examples: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    force: bool = False
+    resume: bool = False
+    progress: bool = False
+    command: list[str] | None = None
+    trust_remote_code: bool = False
+    strict: bool = False
+    budget: float | None = None
+    substitute: bool = True
+    prepend_bos: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """One report run's settings after build_report checked them (names parsed, the task file held)."""
+
+    names: list[str]
+    task: Any = None
+    task_rows: Any = None
+    seed: int = 0
+    quick: bool = False
+    n_examples: int | None = None
+    progress: bool = False
+    command: list[str] | None = None
+    main: bool = True
+    budget: float | None = None
+    minutes: float | None = None
+    substitute: bool = True
+    dtype: str | None = None  # the requested precision's name (None: the checkpoint's)
+    prepend_bos: bool | None = None  # load_model's prepend_bos (None: a BOS on decoders, as TransformerLens)
+
+    @property
+    def common(self) -> dict[str, Any]:
+        """The settings every analysis's preset takes."""
+        return dict(seed=self.seed, quick=self.quick, n_examples=self.n_examples, progress=self.progress and self.main)
+
+
+def parse_analyses(names: str | Sequence[str] | None) -> list[str]:
+    if names is None:
+        return list(ANALYSES)
+    items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+    unknown = [n for n in items if n not in ANALYSES]
+    if unknown or not items:
+        given = ", ".join(map(repr, unknown)) or "(none given)"
+        raise ConfigError(f"Unknown analysis {given}; choose from: {', '.join(ANALYSES)}.")
+    return items
+
+
+def _check_task_name(task: Any) -> None:
+    """A task given by name must be a zoo task (a typo fails here, before any work)."""
+    from headscope.analyses.core.tasks import ZOO_TASKS
+
+    if isinstance(task, str) and not Path(task).suffix and task not in ZOO_TASKS:
+        raise TaskFileError(f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}) or a .jsonl/.csv/.parquet file.")
+
+
+def _check_examples(names: Sequence[str], n_examples: int | None) -> None:
+    """--n-examples below what an analysis can run on is one line before anything is written, not a
+    failed analysis: probes' cross-validation needs at least 3 (its fewest folds; answer labels give one
+    sample an example) and heads two (a resample partner; its Needs.min_examples)."""
+    if n_examples is None:
+        return
+    floors = {name: config_class(name).min_examples for name in names}  # the configs' own floors (AnalysisConfig)
+    short = {name: floors[name] for name in names if n_examples < floors[name]}
+    if short:
+        needed = ", ".join(f"{name} at least {n}" for name, n in short.items())
+        raise ConfigError(f"--n-examples {n_examples} is too few: {needed} (pass more, or --analyses without "
+                          f"{' and '.join(short)}).")
+
+
+def _records_hint(task: Any, names: Sequence[str]) -> str:
+    """' This file holds position's own records ...' when the first line of a JSONL task file that the run could not
+    read as a prompt/answer task has the fields of position's retrieval or QA records (`headscope position --task
+    FILE` reads those); '' otherwise."""
+    import json
+
+    from headscope.analyses.position.records import QA_FIELDS, RETRIEVAL_FIELDS
+
+    try:
+        with open(task, encoding="utf-8") as fh:
+            first = json.loads(next(line for line in fh if line.strip()))
+    except (OSError, ValueError, StopIteration, TypeError):
+        return ""
+    keys = set(first) if isinstance(first, dict) else set()
+    kind = ("retrieval records" if set(RETRIEVAL_FIELDS) <= keys else
+            "multi-document QA records" if set(QA_FIELDS) <= keys else None)
+    if kind is None:
+        return ""
+    others = [n for n in names if n != "position"]
+    return (f" This file holds position's own {kind}, which only position reads: run `headscope position --task "
+            f"{Path(task).name}`" + (f" ({', '.join(others)} need a prompt/answer task)." if others else "."))
+
+
+def _own_records(names: Sequence[str], task: Any) -> bool:
+    """Whether every analysis of the run reads the task file as records of its own (contract.takes_own_records:
+    `headscope position --task FILE.jsonl`), so it is not read as a prompt/answer task; the file's fit to the model
+    is checked with the plan (runner.plan_analyses), after the model loads and before any work."""
+    from headscope.analyses.core import contract, registry
+
+    return bool(names) and all(contract.takes_own_records(registry.needs(name), task) for name in names)
+
+
+def checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
+    """The run's settings, every user mistake found before anything is written: modes, device, numbers,
+    analysis names, the task (a task file read once here, TaskFile.held, and every row checked), OUT."""
+    from headscope.analyses.core.config import check_shared
+    from headscope.models.loading import resolve_dtype
+
+    check_shared(seed=o.seed, n_examples=o.n_examples)  # bad numbers: one line, before any file or work
+    budget_minutes(o.budget, o.quick)
+    if o.prepend_bos not in (None, True, False):
+        raise ConfigError(f"prepend_bos must be None, True or False, got {o.prepend_bos!r}.")
+    names = parse_analyses(o.analyses)
+    task, task_rows = o.task, None
+    if task is not None and _own_records(names, task):  # position's retrieval/QA records: its loader checks them
+        if o.task_fields:
+            raise ConfigError(f"--task-fields names a prompt/answer file's columns; {', '.join(names)} reads "
+                              f"{Path(task).name} as its own records, by their own field names.")
+        task = os.fspath(task)
+    elif task is not None and Path(task).suffix:
+        from headscope.analyses.core.task_files import TaskFile, read_numbered_rows
+
+        try:
+            task = TaskFile(task, o.task_fields, strict=o.strict or None).held()  # read once; fields go to every analysis
+            task_rows = read_numbered_rows(task, n_examples=200, seed=o.seed)  # every row checked before any write
+        except TaskFileError as err:
+            raise TaskFileError(f"{err}{_records_hint(o.task, names)}") from None
+    elif o.task_fields:
+        raise ConfigError(f"task fields {o.task_fields!r} need a task file (--task FILE), not task {task!r}.")
+    _check_task_name(task)
+    _check_examples(names, o.n_examples)
+    if o.out is not None and not str(o.out).strip():
+        raise ConfigError("--out is empty; give the output folder's path (or leave --out out for the default).")
+    return RunSettings(names=names, task=task, task_rows=task_rows, seed=o.seed, quick=o.quick, n_examples=o.n_examples,
+                       progress=o.progress, command=o.command, main=main, budget=o.budget,
+                       minutes=budget_minutes(o.budget, o.quick), substitute=o.substitute,
+                       dtype=None if o.dtype is None else str(resolve_dtype(o.dtype)).removeprefix("torch."),
+                       prepend_bos=getattr(model, "prepend_bos", None) if o.prepend_bos is None else o.prepend_bos)
