@@ -36,15 +36,19 @@ def load_qa_records(source: Any, limit: int | None = None) -> list[dict]:
     headscope/analyses/data/multidoc_example.jsonl.
     """
     source = _dataset(source)
-    missing = [f for f in QA_FIELDS if f not in source.column_names]
-    if missing:
-        retrieval = " (these are retrieval records, which position reads on an encoder)" if set(
-            RETRIEVAL_FIELDS) <= set(source.column_names) else ""
-        raise ConfigError(
-            f"multi-document QA data lacks field(s) {missing}; each JSONL record needs {list(QA_FIELDS)} "
-            f"(see headscope/analyses/data/multidoc_example.jsonl){retrieval}."
-        )
+    _check_fields(source.column_names, QA_FIELDS, RETRIEVAL_FIELDS, "retrieval records, which position reads on an encoder",
+                  lambda missing: f"multi-document QA data lacks field(s) {missing}; each JSONL record needs "
+                                  f"{list(QA_FIELDS)} (see headscope/analyses/data/multidoc_example.jsonl)")
     return _first(source, limit)
+
+
+def _check_fields(columns: Any, fields: tuple, other: tuple, other_kind: str, lacks) -> None:
+    """One ConfigError when a record lacks one of `fields`: `lacks(missing)` says what, and records that hold the
+    `other` loader's fields instead are named as such (they belong to the other model kind)."""
+    missing = [f for f in fields if f not in columns]
+    if missing:
+        hint = f" (these are {other_kind})" if set(other) <= set(columns) else ""
+        raise ConfigError(f"{lacks(missing)}{hint}.")
 
 
 def _first(source: Any, limit: int | None) -> list[dict]:
@@ -111,13 +115,10 @@ def load_retrieval_records(source: Any = None, limit: int | None = None) -> list
         text = (files("headscope.analyses") / "data" / "retrieval.jsonl").read_text(encoding="utf-8")
         return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
     data = _dataset(source)
-    missing = [f for f in RETRIEVAL_FIELDS if f not in data.column_names]
-    if missing:
-        qa = " (these are multi-document QA records, which position reads on a decoder)" if set(
-            QA_FIELDS) <= set(data.column_names) else ""
-        raise ConfigError(
-            f"retrieval records lack field(s) {missing}; position on an encoder reads one JSON object a line with "
-            f"{list(RETRIEVAL_FIELDS)} (text, text, a list of text); the records have {sorted(data.column_names)}{qa}.")
+    _check_fields(data.column_names, RETRIEVAL_FIELDS, QA_FIELDS, "multi-document QA records, which position reads on "
+                  "a decoder", lambda missing: f"retrieval records lack field(s) {missing}; position on an encoder reads "
+                  f"one JSON object a line with {list(RETRIEVAL_FIELDS)} (text, text, a list of text); the records have "
+                  f"{sorted(data.column_names)}")
     records = _first(data, limit)
     for i, r in enumerate(records, 1):
         d = r["distractors"]
