@@ -190,8 +190,11 @@ def test_padded_l0_sweep_equals_training_on_each_row_alone(arch, arch_models, mi
     scorer = hi.make_scorer(model, task)
     sweep, gates = heads_l0.l0_sweep(model, scorer, config)
 
-    def hf_masks(model_, scorer_, masks, **kwargs):  # [k, L, H] -> [k] mean metric per mask, rows alone
-        return torch.tensor([_hf_mean_metric(hf, task, m) for m in masks], dtype=torch.float64)
+    def hf_masks(model_, scorer_, masks, per_example=False, **kwargs):  # [k, L, H] -> [k, n] metric per mask, rows alone
+        with torch.no_grad():
+            per = torch.tensor([[float(_hf_metric(hf, task, i, _gated(m))) for i in range(len(task))] for m in masks],
+                               dtype=torch.float64)  # [k, n]
+        return per if per_example else per.mean(1)
 
     monkeypatch.setattr(heads_l0, "run_gated", _hf_run_gated(hf))
     monkeypatch.setattr(heads_l0, "evaluate_masks", hf_masks)
