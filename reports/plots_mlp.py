@@ -115,15 +115,27 @@ def _neuron_key(moe: bool, dense: bool) -> str:
     return "expert neuron\n(L<layer> E<expert> n<neuron>)" + ("\ndense layer: L<layer>.N<index>" if dense else "")
 
 
+def _label_height(text: str) -> float:
+    """Inches a rotated y label's longest line takes at the style's label size (a character about 0.6 of the
+    size wide), plus the title's and x label's room: the figure is at least this tall, so a seaborn
+    notebook style's larger font keeps the label inside it."""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+
+    points = FontProperties(size=rcParams["axes.labelsize"]).get_size_in_points()
+    return 0.6 * points * max(len(line) for line in text.split("\n")) / 72 + 1.2
+
+
 def plot_top_neurons(data: pd.DataFrame, *, task: str | None = None, n_examples: int | None = None,
                      shared: Mapping[Any, int] | None = None, post_norm: bool = False, ax=None):
     """Mean ||m_i v_i|| at the task's answer position for the top neurons (`data`: the top_neurons table),
     labelled by neuron_labels (experts and their routing on a mixture of experts; shared: each layer's shared
     expert), coloured by layer (layer_colours, outlined); `task`: its name, in the title; n_examples: the
     task's examples; post_norm: v_i is taken through the post-MLP norm's gain g (post-norm blocks)."""
-    ax, top_neurons = axes(ax, (7, max(3, 0.25 * len(data)))), data
+    top_neurons = data
     moe = "expert" in top_neurons and "expert_neuron" in top_neurons
     dense = moe and bool(top_neurons.expert.isna().any())  # a dense layer's neurons among experts' (mlp_only_layers)
+    ax = axes(ax, (7, max(3, 0.25 * len(data), _label_height(_neuron_key(moe, dense)))))
     data = top_neurons.assign(neuron_id=neuron_labels(top_neurons, n_examples, shared))
     sns.barplot(data=data, y="neuron_id", x="task_update_norm", hue="layer", dodge=False, ax=ax,
                 palette=layer_colours(data.layer), edgecolor="black", linewidth=0.5)
