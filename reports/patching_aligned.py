@@ -114,11 +114,7 @@ def _aligned_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str |
         if ci:
             lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else sorted(ci)
             bits.append(f"95% CI [{_fine(lo)}, {_fine(hi)}]")
-        n = _num(r.get("n"))
-        if n is not None:
-            bits.append(f"{n:.0f} of {total:.0f} prompts" if total else f"{n:.0f} prompts")
-        if first and gap:
-            bits.append(f"{r['effect']:+.3g} {metric}")
+        bits += _n_and_effect(r, total, first and gap, metric)
         unit = " of the clean-corrupted gap" if first and gap else ""
         return f"at layer {r['layer']} {size}{unit}" + (f" ({', '.join(bits)})" if bits else "")
 
@@ -155,6 +151,16 @@ def _orders(s: Mapping[str, Any]) -> list:
     return out if len(out) > 1 else []
 
 
+def _n_and_effect(r: Mapping[str, Any], total: float | None, effect: Any, metric: str) -> list[str]:
+    """A cited cell's "k of n prompts" and, for the first cell said (`effect`), its raw effect in the metric's unit."""
+    n, bits = _num(r.get("n")), []
+    if n is not None:
+        bits.append(f"{n:.0f} of {total:.0f} prompts" if total else f"{n:.0f} prompts")
+    if effect:
+        bits.append(f"{r['effect']:+.3g} {metric}")
+    return bits
+
+
 def _orders_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str | None:
     """Review 12b A2: where every prompt has several differing positions (a swap of two names), each is aligned over
     every prompt on its own (the first, the second, ...), and the finding names the one that moves the metric most,
@@ -175,11 +181,7 @@ def _orders_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str | 
         elif ci_pair(r.get("ci")):
             lo, hi = ci_pair(r["ci"])
             bits.append(f"95% CI [{lo:.3g}, {hi:.3g}]")
-        n = _num(r.get("n"))
-        if n is not None:
-            bits.append(f"{n:.0f} of {total:.0f} prompts" if total else f"{n:.0f} prompts")
-        if first and gap:
-            bits.append(f"{r['effect']:+.3g} {metric}")
+        bits += _n_and_effect(r, total, first and gap, metric)
         unit = " of the clean-corrupted gap" if first and said and gap else ""
         return f"{value}{unit} at the {kind} at layer {r['layer']} ({', '.join(bits)})"
 
