@@ -105,8 +105,12 @@ class Task:
 
     def __repr__(self) -> str:
         """One line, as print(model) and repr(Result) (review 12c C2: the dataclass repr printed every tensor):
-        name, examples, real tokens per row and the padding side, answer tokens, metric and the fields set."""
+        name, examples, real tokens per row and the padding side, answer tokens, metric and the fields set.
+        A Task of no rows cannot be built (__post_init__), but repr never raises: one restored around the check
+        (object.__new__, as pickle does) still prints."""
         n, width = self.tokens.shape
+        if n == 0:
+            return f"Task({self.name!r}: 0 examples)"
         mask = self.attention_mask
         lengths = [width] * n if mask is None else [int(v) for v in mask.sum(1)]
         span = f"{min(lengths)}" if min(lengths) == max(lengths) else f"{min(lengths)}-{max(lengths)}"

@@ -49,3 +49,21 @@ def test_task_repr_is_one_line_with_its_shape_not_its_tensors():
     assert str(task) == text and "tensor" not in text
     plain = Task(name="kv", tokens=tokens[:1], answers=torch.tensor([3]))
     assert repr(plain) == "Task('kv': 1 example, 5 tokens unpadded, answers of 1 token, metric='logit_diff')"
+
+
+def test_an_empty_task_is_refused_and_its_repr_does_not_raise():
+    """Review diff5 item 3: `min(lengths)` raised ValueError in repr on a Task of 0 rows. Such a Task cannot be built
+    (a filtered-out subset is one TaskError), but one restored around the check, as pickle restores a dataclass
+    (object.__new__, its fields set directly), must still print: repr is what a traceback or debugger shows."""
+    import pytest
+
+    from headscope.errors import TaskError
+
+    task = Task(name="kv", tokens=torch.arange(6).reshape(2, 3), answers=torch.tensor([1, 2]))
+    with pytest.raises(TaskError, match=r"tokens must be a non-empty \[batch, pos\] tensor, got shape \(0, 3\)"):
+        task.rows(slice(0, 0))
+    empty = object.__new__(Task)
+    for name, value in vars(task).items():
+        object.__setattr__(empty, name, value[:0] if isinstance(value, torch.Tensor) else value)
+    assert empty.tokens.shape == (0, 3)
+    assert repr(empty) == "Task('kv': 0 examples)"
