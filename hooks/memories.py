@@ -17,6 +17,8 @@ sub-updates m_i v_i is the MoE block's output as Hugging Face computes it (`moe_
 """
 from __future__ import annotations
 
+import copy
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -161,20 +163,31 @@ class ExpertLayout:
     renormalised: bool | None = None
 
 
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # router module -> its measured renormalisation
+
+
 @torch.no_grad()
 def _renormalised(router, top_k: int | None, n_experts: int) -> bool | None:
-    """The router's norm_topk_prob (from the model's config) where it has one; else measured: its top-k weights
-    for 8 random inputs summing to 1 (Mixtral's router renormalises with no setting for it); None where it cannot
-    be run or top_k covers every expert (then the softmax sums to 1 either way)."""
+    """The router's norm_topk_prob (from the model's config) where it has one; else measured once per router (cached:
+    expert_layout runs for every MoE layer on every chunk) on a copy of it, so the model's own router never runs on
+    made-up inputs (one that keeps statistics, aux-loss or load counters, keeps them): its top-k weights for 8 random
+    inputs summing to 1 (Mixtral's router renormalises with no setting for it); None where it cannot be run or
+    top_k covers every expert (then the softmax sums to 1 either way)."""
     said = getattr(router, "norm_topk_prob", None)
     if isinstance(said, bool):
         return said
     weight = getattr(router, "weight", None)
     if not top_k or top_k >= n_experts or not isinstance(weight, torch.Tensor) or weight.ndim != 2:
         return None
+    if router not in _MEASURED:
+        _MEASURED[router] = _measure_renormalised(router, weight)
+    return _MEASURED[router]
+
+
+def _measure_renormalised(router, weight: torch.Tensor) -> bool | None:
     x = torch.randn(8, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight)  # [8, d_model]
     try:
-        out = router(x)
+        out = copy.deepcopy(router)(x)
     except Exception:  # a router of another signature: not told rather than guessed
         return None
     if not isinstance(out, tuple) or len(out) != 3:

@@ -107,3 +107,23 @@ def test_expert_layout_says_whether_the_top_k_router_weights_are_renormalised(ar
     assert _weights(experts) == (" (the router's top-k weights are renormalised to sum to 1)" if want else
                                  " (the router's top-k weights are not renormalised: each is its softmax probability "
                                  "over all experts)")
+
+
+def test_expert_layout_measures_a_router_once_and_never_runs_the_models_own(more_arch_models):
+    """Review diff5 item 5: expert_layout (called for every MoE layer on every chunk) ran the model's router on 8
+    random inputs each time, which would move a router's statistics (aux-loss or load counters). Mixtral's router has
+    no norm_topk_prob, so it is measured: on a copy (the model's router sees no call) and once (later layouts reuse
+    it); the answer stays Mixtral's (it always renormalises its top-k weights: the test above checks it from HF)."""
+    from headscope.hooks import memories
+
+    model = more_arch_models("mixtral")
+    router = memories._moe(model.bridge.blocks[0].mlp)[0]
+    memories._MEASURED.pop(router, None)  # as a fresh process finds it
+    calls = []
+    handle = router.register_forward_hook(lambda m, a, o: calls.append(m is router))  # a deepcopy carries it along
+    try:
+        layouts = [hs.hooks.expert_layout(model, 0) for _ in range(3)]
+    finally:
+        handle.remove()
+    assert calls == [False]  # one measurement, on a copy
+    assert [layout.renormalised for layout in layouts] == [True] * 3
