@@ -7,7 +7,8 @@ activation, 0 where the router did not choose the expert). Each group's write su
 answer position goes through the same linearised final norm (dla.project) onto the same direction
 as mlpN, so the experts' rows of one layer sum to its mlpN row up to float rounding (the memories'
 products in the model's dtype against the block's own). Post-MLP norms (a norm of the whole MLP
-output before the residual add) are read at their frozen scale as dla.frozen_norm does for heads.
+output before the residual add) are read at their frozen scale as dla.frozen_norm does for heads: the scale
+the norm had on the block's output (its mlp_out hook; where the model has none, the norm run on the memories' sum).
 """
 from __future__ import annotations
 
@@ -49,10 +50,15 @@ def expert_rows(model, acts, positions: torch.Tensor, slots: torch.Tensor, direc
         writes = torch.stack([m[:, experts == e] @ values[experts == e] for e in ids], dim=1)  # [batch, expert, d_model]
         norm = post_mlp_norm(model.bridge.blocks[layer])
         if norm is not None:  # the block's output passes a norm of its own before the residual add
-            out = acts[site("mlp_out", layer)]
-            normed = out[rows.to(out.device), positions.to(out.device)]  # [batch, d_model]
+            pre = writes.sum(1)  # [batch, d_model] the block's output before that norm (its memories' sum)
+            out = acts.get(site("mlp_out", layer))  # the norm's output; dla_sites leaves it out where no hook has it
+            if out is not None:
+                normed = out[rows.to(out.device), positions.to(out.device)]  # [batch, d_model]
+            else:  # the norm run on the memories' sum: the block's own output up to float rounding
+                weight = norm.weight
+                normed = norm(pre.to(device=weight.device, dtype=weight.dtype))
             offset = bool(getattr(model.bridge.cfg, "rmsnorm_uses_offset", False))
-            writes = frozen_norm(norm, writes.sum(1), normed, offset=offset)(writes)
+            writes = frozen_norm(norm, pre, normed.to(writes.device), offset=offset)(writes)
         value = project(model, writes.transpose(0, 1), scale, directions)  # [expert, batch]
         routed = torch.stack([(m[:, experts == e] != 0).any(-1) for e in ids], dim=1)  # [batch, expert]
         shared = hooks.expert_layout(model, layer).n_experts

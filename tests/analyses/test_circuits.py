@@ -428,21 +428,14 @@ def test_lens_constant_guess_is_the_commonest_answers_share(tiny_models):
     assert s["lens_constant_guess"] == 3 / 5 and s["lens_n_answers"] == 2
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
-def test_dla_split_by_expert_equals_hand_hugging_face(arch, more_arch_models, more_arch_dirs):
-    """#34 review 11c C4: each mixture-of-experts block's DLA split by expert. From plain Hugging Face modules:
-    the block's input (a hook on HF's MoE block), the router's top-k of softmax(x W_gate^T) (Mixtral renormalises
-    the k weights, Qwen2-MoE does not), each chosen expert's down(silu(gate x) * up x) times its weight, Qwen2-MoE's
-    shared expert times sigmoid(its gate), each divided by the final RMSNorm's scale sqrt(mean(resid^2) + eps)
-    (resid: HF's input to model.norm) and dotted with norm.weight * (W_U[answer] - W_U[wrong]). The experts of a
-    layer sum to its mlpN row per example (float rounding only), and n_routed counts the router's choices."""
-    from headscope.reports.circuits_words import finding
-    from tests_support import hf_model
-
-    model, hf = more_arch_models(arch), hf_model(more_arch_dirs(arch))
+def _hf_expert_writes(hf, task: Task, arch: str):
+    """From plain Hugging Face modules, at each row's last position: ({(layer, expert): its weighted write [batch,
+    d_model]}, {(layer, expert): rows the router sent to it}, the final RMSNorm's scale [batch, 1], the direction
+    norm.weight * (W_U[answer] - W_U[wrong]) [batch, d_model]). The block's input (a hook on HF's MoE block), the
+    router's top-k of softmax(x W_gate^T) (Mixtral renormalises the k weights, Qwen2-MoE does not), each chosen
+    expert's down(silu(gate x) * up x) times its weight, Qwen2-MoE's shared expert times sigmoid(its gate); the scale
+    sqrt(mean(resid^2) + eps) of HF's input to model.norm."""
     cfg = hf.config
-    task = _task(n=6, pos=7, seed=41)
-    res = circuits.direct_logit_attribution(model, task, top_k=3)
     seen = {}
     handles = [hf.model.norm.register_forward_hook(lambda m, a, o: seen.__setitem__("resid", a[0]))]
     handles += [hf.model.layers[l].mlp.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(l, a[0]))
@@ -455,27 +448,44 @@ def test_dla_split_by_expert_equals_hand_hugging_face(arch, more_arch_models, mo
         scale = (resid.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps).sqrt()  # [batch, 1]
         d = hf.model.norm.weight * (hf.lm_head.weight[task.answers] - hf.lm_head.weight[task.wrong_answers])
         k, n_experts = cfg.num_experts_per_tok, getattr(cfg, "num_local_experts", None) or cfg.num_experts
-        want, routed = {}, {}
+        writes, routed = {}, {}
         for l in range(cfg.num_hidden_layers):
             block, x = hf.model.layers[l].mlp, seen[l][:, -1]  # [batch, d_model] the block's input at the answer
             probs = torch.softmax(x @ block.gate.weight.T, -1)  # [batch, experts]
             top, chosen = probs.topk(k, -1)
             if arch == "mixtral":
                 top = top / top.sum(-1, keepdim=True)
-            outs = []
             for e in range(n_experts):
                 gate, up = (x @ block.experts.gate_up_proj[e].T).chunk(2, -1)
                 y = (torch.nn.functional.silu(gate) * up) @ block.experts.down_proj[e].T  # [batch, d_model]
                 w = (top * (chosen == e)).sum(-1, keepdim=True)  # [batch, 1]: 0 where not chosen
-                outs.append(w * y)
+                writes[(l, e)] = w * y
                 routed[(l, e)] = int((chosen == e).any(-1).sum())
             if arch == "qwen2moe":
                 s = block.shared_expert
                 y = s.down_proj(torch.nn.functional.silu(s.gate_proj(x)) * s.up_proj(x))
-                outs.append(torch.sigmoid(block.shared_expert_gate(x)) * y)
+                writes[(l, n_experts)] = torch.sigmoid(block.shared_expert_gate(x)) * y
                 routed[(l, n_experts)] = len(task)
-            for e, out in enumerate(outs):
-                want[(l, e)] = ((out / scale) * d).sum(-1)  # [batch]
+    return writes, routed, scale, d
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_dla_split_by_expert_equals_hand_hugging_face(arch, more_arch_models, more_arch_dirs):
+    """#34 review 11c C4: each mixture-of-experts block's DLA split by expert. From plain Hugging Face modules
+    (_hf_expert_writes): each expert's weighted write divided by the final RMSNorm's scale and dotted with
+    norm.weight * (W_U[answer] - W_U[wrong]). The experts of a layer sum to its mlpN row per example (float
+    rounding only), and n_routed counts the router's choices."""
+    from headscope.reports.circuits_words import finding
+    from tests_support import hf_model
+
+    model, hf = more_arch_models(arch), hf_model(more_arch_dirs(arch))
+    cfg = hf.config
+    n_experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
+    task = _task(n=6, pos=7, seed=41)
+    res = circuits.direct_logit_attribution(model, task, top_k=3)
+    writes, routed, scale, d = _hf_expert_writes(hf, task, arch)
+    want = {key: ((out / scale) * d).sum(-1) for key, out in writes.items()}  # [batch] each
+    outs = [e for (l, e) in writes if l == 0]
     rows = res.tables["dla_experts"]
     assert sorted(set(zip(rows.layer, rows.expert))) == sorted(want)
     for (l, e), value in want.items():
@@ -506,3 +516,41 @@ def test_dla_split_by_expert_equals_hand_hugging_face(arch, more_arch_models, mo
     routing = "on every example" if ranked[0] == n_experts else f"routed on {routed[(layer, ranked[0])]} of 6 examples"
     assert f"mlp{layer}'s {top['layer_mean']:+.2f}" in text and f"{name(ranked[0])} ({a.mean():+.2f}, 95% CI" in text
     assert routing in text and (" tie (" in text) == tied and ("clear of " + name(ranked[1]) in text) == (not tied), text
+
+
+def test_expert_rows_read_a_post_mlp_norm_without_an_mlp_out_hook(more_arch_models, more_arch_dirs, monkeypatch):
+    """Review diff5 item 4: with a post-MLP norm, expert_rows read the norm's output at site mlp_out, which dla_sites
+    leaves out where the model computes no such hook (a KeyError). Mixtral given a post-MLP RMSNorm of random gains
+    and no mlp_out among the captured sites: each expert's row is, by hand from Hugging Face (_hf_expert_writes),
+    gain * write / s, s = sqrt(mean(block^2) + eps) of the block's whole output (the experts' writes summed: the norm
+    frozen at its scale there), then through the final norm onto W_U[answer] - W_U[wrong]."""
+    from headscope.analyses.circuits import experts as experts_mod
+    from headscope.hooks import run_with_cache
+    from tests_support import hf_model
+
+    model, hf = more_arch_models("mixtral"), hf_model(more_arch_dirs("mixtral"))
+    post = torch.nn.RMSNorm(hf.config.hidden_size, eps=1e-6)
+    with torch.no_grad():
+        post.weight.copy_(1 + 0.5 * torch.randn(hf.config.hidden_size, generator=torch.Generator().manual_seed(7)))
+    monkeypatch.setattr(experts_mod, "post_mlp_norm", lambda block: post)
+    task = _task(n=4, pos=6, seed=43)
+    pos = task.answer_positions()
+    read, slots = pos.unique(return_inverse=True)
+    sites = experts_mod.expert_sites(model)
+    with torch.no_grad():
+        _, acts = run_with_cache(model, task.tokens, ["ln_final.hook_scale", *sites],
+                                 site_positions={name: read.tolist() for name in sites})
+    assert not any(name.endswith("hook_mlp_out") for name in acts)
+    rows = experts_mod.expert_rows(model, acts, pos, slots, dla_mod.unembed_directions(model, task.answers,
+                                                                                        task.wrong_answers),
+                                   torch.arange(len(task)))
+    writes, _, scale, d = _hf_expert_writes(hf, task, "mixtral")
+    with torch.no_grad():
+        for l in range(hf.config.num_hidden_layers):
+            block = sum(w for (layer, _), w in writes.items() if layer == l)  # [batch, d_model]
+            s = (block.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()  # [batch, 1]
+            for (layer, e), w in writes.items():
+                if layer == l:
+                    want = ((post.weight * w / s / scale) * d).sum(-1)  # [batch]
+                    got = rows[(rows.layer == l) & (rows.expert == e)].sort_values("example").contribution
+                    torch.testing.assert_close(torch.tensor(got.to_numpy()).float(), want, atol=2e-5, rtol=1e-4)
