@@ -829,8 +829,9 @@ def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that
                               "documents": []}) + "\n")
     prompt_answer = tmp_path / "pa.jsonl"  # a prompt/answer task: the contract's usual reason, and the records' fields
     prompt_answer.write_text(json.dumps({"prompt": "the cat sat on the", "answer": " mat"}) + "\n")
-    for path, said in ((bad, "retrieval records lack field(s) ['distractors']; position on an encoder reads one JSON "
-                             "object a line with ['query', 'relevant', 'distractors']"),
+    for path, said in ((bad, "a file of its own records holds one JSON object a line with query, relevant, distractors "
+                             "(encoders) or question, answers, gold_document, documents (decoders); the first record of "
+                             "bad.jsonl has query, relevant but not distractors"),
                        (qa, "(these are multi-document QA records, which position reads on a decoder)"),
                        (prompt_answer, "it runs on its own data (retrieval sweeps that move the gold item through the "
                                        "context), not on prompt/answer tasks; a file of its own records holds one JSON "

@@ -145,19 +145,22 @@ RECORDS_CHECKED = 200  # a records file's first rows read by the check before a 
 def records_gap(model: Any, path: str) -> str | None:
     """Why the JSONL file `path` of position's own records does not fit this model, in one line (None when it
     does): an encoder reads retrieval records, a decoder multi-document QA records, each through the loader the run
-    uses (records.load_retrieval_records / load_qa_records) on its first RECORDS_CHECKED records; a file with none
-    of either's fields is a prompt/answer task, which position does not read (the contract's usual reason). The contract's
-    Needs.own_records: `headscope position --task FILE.jsonl` stops here, before any work, on a file that does not fit.
-    The records are then built into the run's sweeps at the default n_items (enough distractors, text the tokenizer
-    can encode)."""
+    uses (records.load_retrieval_records / load_qa_records) on its first RECORDS_CHECKED records. A file whose first
+    record lacks any of both kinds' fields (records.first_fields, json alone: no datasets cache, no Arrow types) is a
+    prompt/answer task, which position does not read (the contract's usual reason; where that record has two or
+    more of one kind's fields, the ones it lacks). The contract's Needs.own_records: `headscope position --task
+    FILE.jsonl` stops here, before any work, on a file that does not fit. The records are then built into the run's
+    sweeps at the default n_items (enough distractors, text the tokenizer can encode)."""
     from headscope.errors import HeadscopeError
 
     try:
-        columns = set(rec._dataset(path).column_names)
-        if not columns & {*rec.RETRIEVAL_FIELDS, *rec.QA_FIELDS}:  # a prompt/answer task, not records
+        fields = rec.first_fields(path)
+        if fields == set():
+            return f"{Path(path).name} holds no records"
+        if rec.records_kind(fields) is None:  # a prompt/answer task, not records
             return (f"it runs on its own data ({NEEDS.what}), not on prompt/answer tasks; a file of its own records "
                     f"holds one JSON object a line with {', '.join(rec.RETRIEVAL_FIELDS)} (encoders) or "
-                    f"{', '.join(rec.QA_FIELDS)} (decoders)")
+                    f"{', '.join(rec.QA_FIELDS)} (decoders)" + _partial_records(Path(path).name, fields, model))
         load = rec.load_retrieval_records if model.facts.is_encoder else rec.load_qa_records
         if not load(path, RECORDS_CHECKED):
             return f"{Path(path).name} holds no records"
@@ -165,6 +168,19 @@ def records_gap(model: Any, path: str) -> str | None:
     except HeadscopeError as err:
         return str(err).rstrip(".")
     return None
+
+
+def _partial_records(name: str, fields: set[str] | None, model: Any) -> str:
+    """'; NAME's first record has query, relevant but not distractors' where it has two or more of one kind's fields
+    (the model's own kind first), '' otherwise (one shared name, a "question" column say, is a prompt/answer task's)."""
+    if fields is None:
+        return f"; the first line of {name} is not a JSON object"
+    kinds = (rec.RETRIEVAL_FIELDS, rec.QA_FIELDS) if model.facts.is_encoder else (rec.QA_FIELDS, rec.RETRIEVAL_FIELDS)
+    for kind in kinds:
+        has = [f for f in kind if f in fields]
+        if len(has) >= 2:
+            return f"; the first record of {name} has {', '.join(has)} but not {', '.join(f for f in kind if f not in fields)}"
+    return ""
 
 
 def default_data_gap(model: Any) -> str | None:

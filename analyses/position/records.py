@@ -130,6 +130,48 @@ def load_retrieval_records(source: Any = None, limit: int | None = None) -> list
     return records
 
 
+def first_fields(path: Any) -> set[str] | None:
+    """The field names of a records file's first record, read with json alone (no datasets cache, no Arrow types,
+    so a prompt/answer file Arrow cannot read is still told apart): its first non-blank line as JSON, or a .json
+    file's one document (a list: its first item; a dict of columns: its keys); set() for a file of no records,
+    None where the first record is not a JSON object. A missing or unreadable file is one TaskFileError."""
+    import json
+    import os
+
+    from headscope.errors import TaskFileError
+
+    if not os.path.isfile(path):
+        raise TaskFileError(f"no file {os.fspath(path)!r}: give position a JSONL file of its records.")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            line = next((row for row in fh if row.strip()), "")
+            if not line:
+                return set()
+            try:
+                first = json.loads(line)
+            except ValueError:
+                if not line.lstrip().startswith(("[", "{")):
+                    return None
+                fh.seek(0)
+                first = json.load(fh)  # one JSON document over several lines
+                first = first[0] if isinstance(first, list) and first else first
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, or not JSON
+        if isinstance(err, OSError):
+            raise TaskFileError(f"{os.fspath(path)!r} could not be read ({type(err).__name__}: {err}).") from None
+        return None
+    return set(first) if isinstance(first, dict) else None
+
+
+def records_kind(fields: set[str] | None) -> str | None:
+    """"retrieval" where `fields` hold every RETRIEVAL_FIELDS, "qa" every QA_FIELDS, else None (a prompt/answer
+    task: one of them alone, a column named "question" say, does not make records)."""
+    if fields and set(RETRIEVAL_FIELDS) <= fields:
+        return "retrieval"
+    if fields and set(QA_FIELDS) <= fields:
+        return "qa"
+    return None
+
+
 def _dataset(source: Any):
     """A datasets.Dataset from a JSONL path (anything else is returned as is); a file that is missing or is not
     JSON lines is one TaskFileError."""

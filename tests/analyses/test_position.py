@@ -217,6 +217,36 @@ def test_qa_records_need_their_fields(tmp_path):
         pr.load_qa_records(str(bad))
 
 
+
+def test_records_gap_tells_prompt_answer_files_from_records_by_their_first_line(tiny_models, tmp_path, monkeypatch):
+    """Review diff5 item 2: position's records check read every .jsonl task through datasets (its cache, Arrow's
+    types, which older datasets releases could not unify: an "id" of a number, then text) and took any one records
+    field for records (a "question" column: the QA loader's error). Both prompt/answer files now get the contract's
+    reason, hand-written here, read with json alone (datasets is never called); a first record of two of the QA
+    fields names the two it lacks."""
+    import datasets
+
+    from headscope.analyses.position.analysis import records_gap
+
+    def no_datasets(*args, **kwargs):
+        raise AssertionError("records_gap read a prompt/answer file through datasets")
+
+    model = tiny_models["gpt2"]  # a decoder: it would read multi-document QA records
+    mixed, question, partial = (tmp_path / f"{n}.jsonl" for n in ("mixed", "question", "partial"))
+    mixed.write_text(json.dumps({"prompt": "w1 w2", "answer": " w3", "id": 1}) + "\n"
+                     + json.dumps({"prompt": "w4 w5", "answer": " w6", "id": "x"}) + "\n")
+    question.write_text(json.dumps({"question": "w1 w2", "answer": " w3"}) + "\n")
+    partial.write_text(json.dumps({"question": "w1", "answers": ["w2"], "prompt": "w3"}) + "\n")
+    monkeypatch.setattr(datasets, "load_dataset", no_datasets)
+    reason = ("it runs on its own data (retrieval sweeps that move the gold item through the context), not on "
+              "prompt/answer tasks; a file of its own records holds one JSON object a line with query, relevant, "
+              "distractors (encoders) or question, answers, gold_document, documents (decoders)")
+    assert records_gap(model, str(mixed)) == reason
+    assert records_gap(model, str(question)) == reason
+    assert records_gap(model, str(partial)) == (reason + "; the first record of partial.jsonl has question, answers but "
+                                                "not gold_document, documents")
+
+
 def test_positions_grid_and_errors():
     assert pp.default_positions(20) == (1, 5, 10, 15, 20)
     assert pp.default_positions(4) == (1, 2, 3, 4)
