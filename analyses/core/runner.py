@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import time
 import traceback
@@ -325,14 +326,35 @@ def explorer_capture(model: Any, task: Any, plans: Mapping[str, Plan], done: Seq
     """The attention explorer's activations for a report (attention_capture.Captured): every task the
     analyses in `done` used, its sections' sample prompts first (explorer_shown; `ran`: what each ran on,
     as `ran_on` found it), one forward pass per prompt; with none, a few examples of the report's task
-    (None, or a file of an analysis's own records such as position's: the heads analysis's default)."""
+    (the user's prompt/answer task; None, or a file of an analysis's own records such as position's
+    (_own_records_file): the heads analysis's default)."""
     from headscope.analyses.core.attention_capture import capture_examples, capture_shown
 
     shown = explorer_shown(model, plans, done, ran)
     if shown:
         return capture_shown(model, shown)
-    own = any(contract.takes_own_records(registry.needs(name), task) for name in plans)  # not a prompt/answer file
-    return capture_examples(model, None if own else task, seed=seed)
+    return capture_examples(model, None if _own_records_file(task, plans) else task, seed=seed)
+
+
+def _own_records_file(task: Any, plans: Mapping[str, Plan]) -> bool:
+    """Whether the report's task is a file of an analysis's own records, not a prompt/answer task: one an analysis's
+    plan took as its records (position's), or one whose first record has every field of one kind of them (records
+    that did not fit the model: no analysis reads them as prompts either). A prompt/answer .jsonl is neither, even
+    with position in the plan (it then runs on its default data)."""
+    if not isinstance(task, (str, os.PathLike)):
+        return False
+    takers = [name for name in plans if contract.takes_own_records(registry.needs(name), task)]
+    if any(isinstance(plans[name].task, (str, os.PathLike)) and os.fspath(plans[name].task) == os.fspath(task)
+           for name in takers):
+        return True
+    if not takers:
+        return False
+    from headscope.analyses.position.records import first_fields, records_kind
+
+    try:
+        return records_kind(first_fields(task)) is not None
+    except HeadscopeError:  # a file that cannot be read: the explorer's own read of it says why
+        return False
 
 
 __all__ = ["Failure", "Outcome", "Plan", "apply_budget", "explorer_capture", "explorer_shown", "fit_to_budget",

@@ -243,3 +243,33 @@ def test_below_the_minimum_of_one_token_rows_a_section_falls_back_and_says_how_m
         RowSubset(held, [])
     with pytest.raises(hs.TaskFileError, match=r"few.jsonl' has no row 40, 41; a row subset names rows"):
         hs.load_task(model, RowSubset(held, [0, 40, 41]))
+
+
+def test_the_explorer_falls_back_to_the_users_prompt_answer_file_not_the_default(tiny_models, tiny_dirs, tmp_path):
+    """Review diff5 item 1: with position in the plan, any .jsonl task counted as position's own records (by its
+    suffix), so where no section's data was found the explorer showed the heads default instead of the user's task.
+    A prompt/answer file (heads runs on it, position on its default): the explorer's rows are the file's prompts as
+    the Hugging Face tokenizer writes them. A file of position's QA records (the shipped example) that position did
+    not take (its records did not fit) is no prompt/answer task either: the explorer keeps the default there."""
+    from importlib.resources import files
+
+    from transformers import AutoTokenizer
+
+    from headscope.analyses.core import runner
+
+    model = tiny_models["gpt2"]
+    prompts = [f"w{i} w{i + 1} w{i + 2}" for i in range(1, 9)]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "answer": f" w{i + 20}"}) + "\n" for i, p in enumerate(prompts)))
+    held = hs.TaskFile(str(path)).held()
+    plans = runner.plan_analyses(model, ["heads", "position"], held)
+    assert plans["position"].task is None and plans["heads"].task == held  # the premise: position on its default
+    shown = runner.explorer_capture(model, held, plans, []).examples
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["gpt2"])
+    written = {tuple(tok.convert_ids_to_tokens(tok(p, add_special_tokens=False)["input_ids"])) for p in prompts}
+    bos = model.tokenizer.bos_token
+    assert shown and all(tuple(t for t in e["tokens"] if t != bos) in written for e in shown), [e["tokens"] for e in shown]
+    records = str(files("headscope.analyses") / "data" / "multidoc_example.jsonl")
+    fallback = {"position": runner.Plan(task=None, used="default task (its records do not fit)")}
+    kept = runner.explorer_capture(model, records, fallback, []).examples  # read as prompts, the file is an error
+    assert [e["tokens"] for e in kept] == [e["tokens"] for e in runner.explorer_capture(model, None, fallback, []).examples]
