@@ -101,19 +101,14 @@ def _check_examples(names: Sequence[str], n_examples: int | None) -> None:
 def _records_hint(task: Any, names: Sequence[str]) -> str:
     """' This file holds position's own records ...' when the first line of a JSONL task file that the run could not
     read as a prompt/answer task has the fields of position's retrieval or QA records (`headscope position --task
-    FILE` reads those); '' otherwise."""
-    import json
-
-    from headscope.analyses.position.records import QA_FIELDS, RETRIEVAL_FIELDS
+    FILE` reads those: records.records_kind, the rule position's own check applies); '' otherwise."""
+    from headscope.analyses.position.records import first_fields, records_kind
+    from headscope.errors import HeadscopeError
 
     try:
-        with open(task, encoding="utf-8") as fh:
-            first = json.loads(next(line for line in fh if line.strip()))
-    except (OSError, ValueError, StopIteration, TypeError):
+        kind = {"retrieval": "retrieval records", "qa": "multi-document QA records"}.get(records_kind(first_fields(task)))
+    except (HeadscopeError, TypeError):
         return ""
-    keys = set(first) if isinstance(first, dict) else set()
-    kind = ("retrieval records" if set(RETRIEVAL_FIELDS) <= keys else
-            "multi-document QA records" if set(QA_FIELDS) <= keys else None)
     if kind is None:
         return ""
     others = [n for n in names if n != "position"]
