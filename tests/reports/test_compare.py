@@ -384,6 +384,39 @@ def test_compare_swaps_within_a_run_are_judged_by_the_paired_difference_where_th
     assert "marginal" not in note
 
 
+def test_compare_gradient_swaps_are_judged_by_the_paired_difference_of_per_example_gradients(tmp_path):
+    """#34 items 2/5: a run that keeps each example's |dL/d gate| (importance_examples.csv, method gradient) has its
+    gradient swaps judged by the paired interval, not the marginal overlap ("marginal intervals, not a paired test").
+    Hand-built over 4 examples: A's L1H0 - L0H2 per example is 0.002-0.004 (95% CI above 0: A's order is measured,
+    although the marginal SEs of 0.05 overlap); B's differences spread around -0.03 (scipy's t interval reaches 0)."""
+    from scipy import stats
+
+    from headscope.reports.compare_top import top_heads_notes
+
+    def tables(root, per: dict[str, list[float]]) -> None:
+        means = {"L1H2": 0.9, "L1H1": 0.5, "L0H1": 0.1, "L0H0": 0.01, **{n: float(np.mean(v)) for n, v in per.items()}}
+        _importances(root, {n: (v, 0.05) for n, v in means.items()})
+        io.write_csv(root / "heads" / "importance_examples.csv", pd.DataFrame([
+            {"layer": int(n[1]), "head": int(n[3]), "head_name": n, "method": "gradient", "example": i, "effect": e}
+            for n, es in per.items() for i, e in enumerate(es)]))
+
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+    _heads_summary(tmp_path / "a", top_heads_gradient=TOP)
+    _heads_summary(tmp_path / "b", top_heads_gradient=["L1H2", "L1H1", "L0H2", "L1H0", "L0H1"])
+    y, d = np.array([0.1, 0.3, 0.2, 0.272]), np.array([0.002, 0.004, 0.003, 0.003])
+    yb, db = np.array([0.1, 0.35, 0.2, 0.27]), np.array([-0.5, 0.4, -0.3, 0.28])
+    tables(tmp_path / "a", {"L1H0": list(y + d), "L0H2": list(y)})
+    tables(tmp_path / "b", {"L1H0": list(yb + db), "L0H2": list(yb)})
+    note = top_heads_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))[0]
+    half = stats.t.ppf(0.975, 3) * db.std(ddof=1) / 2
+    assert stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2 < d.mean()  # A's paired interval lies above 0
+    assert note.startswith("(same) Top heads by gradient: the same 5") and "A:" not in note
+    assert (f"L1H0 and L0H2 swap places, within each other's noise (B: L1H0 - L0H2 = {db.mean():+.2g}, paired 95% CI "
+            f"[{db.mean() - half:+.2g}, {db.mean() + half:+.2g}] over 4 examples, which reaches 0)") in note
+    assert "marginal" not in note
+
+
 def _ablation_verdicts(root, interval, first, **keys) -> None:
     """A heads folder whose ablation order (leading, 3 of 6 heads prunable, far from the 1% line) removes `first`
     first, with prunable_ci_ablation's interval (in heads) and the same examples as its pair (_task)."""
