@@ -676,6 +676,45 @@ def test_compare_mutes_head_differences_under_the_floor_each_report_used(tmp_pat
     assert noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "zero", raw=True)[0] == 0.05  # not A's analytic 0.2
 
 
+def test_compare_mutes_gradient_differences_by_each_gradients_own_rounding_not_an_absolute_floor(tmp_path):
+    """#34 item 5: a bfloat16 gradient g rounds by a share of |g| (the analysis's ties: GRADIENT_TIE_STEPS x 2^-7,
+    rounding_relative_gradient), so B - A of gradient importance is muted per head under rel |A| + rel |B|, not under
+    the loss's absolute noise_floor_gradient (0.2 here). Hand-worked with rel = 4 x 2^-7 = 1/32: a change of 1 at 100
+    is rounding (floor 201/32 = 6.3), one of 0.005 at 0.01 is not (floor 0.025/32 = 0.00078), 0.1 at 5 is (0.32),
+    0.05 at 0.5 is not (0.033); an absolute 0.2 would have muted the opposite cells. In float32 (rel 4 x 2^-23)
+    every non-zero change is beyond; an older report is read by its manifest's dtype."""
+    from headscope.reports.compare import importance_figure
+    from headscope.reports.compare_heads import noise_band
+
+    base = [[100.0, 1.0, 0.01], [5.0, 0.5, 0.002]]
+    diff = [[1.0, 0.0, 0.005], [0.1, 0.05, 0.0]]
+    beyond = np.array([[False, False, True], [False, True, False]])
+    for side, grid in (("a", base), ("b", [[x + d for x, d in zip(r, dr)] for r, dr in zip(base, diff)])):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        _importance(tmp_path / side, grid)
+        _heads_summary(tmp_path / side, noise_floor_gradient=0.2, rounding_relative_gradient=4 * 2.0 ** -7)
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    band, rule = noise_band(a, b, "gradient", raw=True)
+    want = (np.abs(base) + np.abs(np.add(base, diff))) / 32
+    np.testing.assert_allclose(band, want)
+    assert "each head's rounding" in rule and "A 0.031, B 0.031" in rule
+    fig, notes, _ = importance_figure(a, b)
+    coloured = fig.axes[2].collections[-1]  # B - A: the cells beyond noise
+    assert (~coloured.get_array().mask.reshape(2, 3) == beyond).all()
+    assert "each head's rounding" in " ".join(fig.axes[2].get_title().split())
+    for side in ("a", "b"):  # float32: 4 x 2^-23 of each gradient, every non-zero change is beyond
+        _heads_summary(tmp_path / side, rounding_relative_gradient=4 * 2.0 ** -23)
+    band, _ = noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)
+    assert (band < 1e-4).all() and (band > 0).all()
+    for side in ("a", "b"):  # a report without the record: its manifest's dtype (bfloat16: 8 significand bits)
+        s = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {k: v for k, v in s.items()
+                                                                  if k != "rounding_relative_gradient"})
+        m = io.read_json(tmp_path / side / "manifest.json")
+        io.write_json(tmp_path / side / "manifest.json", {**m, "config": {**m["config"], "dtype": "bfloat16"}})
+    np.testing.assert_allclose(noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)[0], want)
+
+
 def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     from matplotlib.colors import to_hex
 
