@@ -1093,6 +1093,8 @@ def test_per_example_gate_gradients_equal_one_backward_per_example_in_plain_hf(t
     else:
         bound = heads.GRADIENT_TIE_STEPS * float(torch.finfo(dtype).eps) * want.amax((0, 1))  # [n] per example
         assert ((got - want).abs() <= bound).all()
+    # compare's B - A band for gradients: 4 eps of the dtype, 4 x 2^-23 in float32 and 4 x 2^-7 in bfloat16
+    assert result.summary["rounding_relative_gradient"] == 4 * 2.0 ** (-23 if dtype == torch.float32 else -7)
     top = result.summary["top_head_gradient"]
     order = torch.argsort(got.mean(-1).flatten(), descending=True)
     first, second = (int(order[0]) // n_heads, int(order[0]) % n_heads), (int(order[1]) // n_heads, int(order[1]) % n_heads)
