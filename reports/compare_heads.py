@@ -19,6 +19,7 @@ from headscope.reports.compare_run import (
     NO_INTERVAL,
     NOT_COMPARED,
     OVERLAY_TITLE,
+    PRECISION_BITS,
     SAME,
     SIDES,
     Run,
@@ -78,18 +79,53 @@ def _head_se(run: Run, method: str) -> pd.DataFrame | None:
     return df[df["method"] == method].pivot(index="layer", columns="head", values=column)
 
 
+def gradient_rounding(run: Run) -> float | None:
+    """The share of its own size within which `run`'s gate gradients are rounding: the summary's
+    rounding_relative_gradient (GRADIENT_TIE_STEPS eps of the dtype the gradients ran in, analysis.numerical_checks),
+    else the same from the manifest's dtype (older reports); None where neither says."""
+    from headscope.analyses.heads.analysis import GRADIENT_TIE_STEPS  # the analysis's own tie rule
+
+    rel = (run.summary("heads") or {}).get("rounding_relative_gradient")
+    if _number(rel):
+        return float(rel)
+    bits = PRECISION_BITS.get(str((run.manifest.get("config") or {}).get("dtype")).removeprefix("torch."))
+    return None if bits is None else GRADIENT_TIE_STEPS * 2.0 ** (1 - bits)
+
+
+def _gradient_floor(a: Run, b: Run) -> tuple[np.ndarray, str] | None:
+    """[layer, head] rounding of B - A of gradient importance, rel_A |g_A| + rel_B |g_B| (each run's gradients round
+    relative to their own size: bfloat16's step is |g| 2^-8, so an absolute floor at the loss's rounding mutes the
+    small gradients' real differences and leaves the large gradients' rounding coloured), with the rule in words;
+    None where neither run records its precision or a grid is missing."""
+    rels = [gradient_rounding(r) for r in (a, b)]
+    grids = [_importance_grid(r) for r in (a, b)]
+    if all(r is None for r in rels) or any(g is None or g[2] != "gradient" for g in grids):
+        return None
+    values = [np.abs(g[0].to_numpy(dtype=float)) for g in grids]  # [layer, head] each run's |importance|
+    if values[0].shape != values[1].shape:
+        return None
+    floor = sum((r or 0.0) * v for r, v in zip(rels, values))
+    said = ", ".join(f"{side} {r:.2g}" for side, r in zip(SIDES, rels) if r is not None)
+    return floor, f"each head's rounding, rel_A |A| + rel_B |B| with rel the gradients' relative rounding ({said})"
+
+
 def noise_band(a: Run, b: Run, method: str, raw: bool) -> tuple[Any, str]:
     """The [layer, head] bound (or one number) under which |B - A| of `method`'s importance lies within the runs'
     own uncertainty, and the rule in words: 1.96 x sqrt(seA^2 + seB^2) with per-head standard errors where
     results.csv has them, else with each run's standard error of its mean task metric (an importance is a change
-    in that metric; reports from before importance_se do not record its spread, so the metric's stands in), and never below the
-    numerical noise floor either records: the one its own ties used (rounding_floor_<method>, measured by null
-    ablations where it could be), else the analytic one (noise_floor_gradient for gradient importance, in its loss's
-    units); None where neither records any (nothing is muted)."""
-    key = "noise_floor_gradient" if method == "gradient" else "noise_floor"  # each method's own units
-    floors = [s.get(f"rounding_floor_{method}", s.get(key, s.get("noise_floor")))
-              for s in (a.summary("heads") or {}, b.summary("heads") or {})]
-    floor = max((float(f) for f in floors if _number(f)), default=None)
+    in that metric; reports from before importance_se do not record its spread, so the metric's stands in), and never
+    below the numerical noise floor: for ablation the one either records for its own ties (rounding_floor_<method>,
+    measured by null ablations where it could be, else the analytic noise_floor); for gradient importance each
+    head's own rounding relative to its size (`_gradient_floor`; none where neither run records its precision);
+    None where neither records any (nothing is muted)."""
+    if method == "gradient":
+        found = _gradient_floor(a, b)
+        floor, floor_words = (None, "") if found is None else found
+    else:
+        floors = [s.get(f"rounding_floor_{method}", s.get("noise_floor"))
+                  for s in (a.summary("heads") or {}, b.summary("heads") or {})]
+        floor = max((float(f) for f in floors if _number(f)), default=None)
+        floor_words = "" if floor is None else f"the noise floor {floor:.3g}"
     if not raw:
         return None, "layer-normalised values have no recorded uncertainty: nothing is muted"
     heads = [_head_se(r, method) for r in (a, b)]
@@ -103,15 +139,15 @@ def noise_band(a: Run, b: Run, method: str, raw: bool) -> tuple[Any, str]:
                 f"mean task metric (A {metric[0]:.3g}, B {metric[1]:.3g}, from its 95% CI): no per-head standard error is "
                 "recorded, and an importance is a change in that metric")
     elif floor is not None:
-        band = floor
-        rule = (f"grey where |B - A| < {floor:.3g}, the numerical noise floor the runs record: neither records a "
-                "sampling interval, so differences above it may still be sampling noise")
-        return band, rule
+        rule = (f"grey where |B - A| < {floor:.3g}, the numerical noise floor the runs record" if np.ndim(floor) == 0 else
+                f"grey where |B - A| < {floor_words}")
+        return floor, rule + ": neither records a sampling interval, so differences above it may still be sampling noise"
     else:
         return None, "neither run records an uncertainty for head importance: nothing is muted"
     if floor is not None:
-        band = np.maximum(band, floor)
-        rule += f" (never below the noise floor {floor:.3g})"
+        if not (np.ndim(band) == 0 and np.all(floor <= band)):  # a scalar band above every head's floor stays one number
+            band = np.maximum(band, floor)
+        rule += f" (never below {floor_words})"
     return band, rule
 
 
@@ -177,7 +213,8 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
             difference_panel(ax, grid, band)
             muted = ("\n(nothing muted: no uncertainty recorded)" if band is None else
                      f"\n(grey: |B - A| < {float(band):.3g}, within the runs' noise)" if np.ndim(band) == 0 else
-                     "\n(grey: |B - A| < 1.96 x its per-head se, within noise)")
+                     "\n(grey: |B - A| < 1.96 x its per-head se, within noise)" if "standard error in results" in rule
+                     else "\n(grey: |B - A| < each head's rounding, within noise)")
             undetected = all_within(grid, band)
             if undetected:  # an all-grey map is the test's reach, not a finding that nothing changed
                 muted += f"\n{undetected}"

@@ -5,10 +5,10 @@ into account rather than refusing the comparison: a tie at the edge of the top k
 (k+1)-th) leaves only the k-th place undecided, and heads tied inside the top k are compared as a tied group,
 not as an order (review 8b A4). Heads that swap places while their importances lie within each other's noise in
 either run (their 95% t intervals from results.csv's importance_se overlap) are said as such, not as another
-order (reviews 10a C2, 10b C5); where a run keeps each example's ablation drop (importance_examples.csv), the
-swap is judged by the paired difference's own 95% interval over the same examples (review 12b C3). Only a report
-that does not rank its heads at all (at chance, or importance that is rounding)
-refuses the method.
+order (reviews 10a C2, 10b C5); where a run keeps each example's value (importance_examples.csv: an ablation drop,
+or the example's own |dL/d gate| for gradient importance), the swap is judged by the paired difference's own 95%
+interval over the same examples (review 12b C3). Only a report that does not rank its heads at all (at chance, or
+importance that is rounding) refuses the method.
 """
 from __future__ import annotations
 
@@ -165,8 +165,8 @@ def _close_in(imp: Mapping[str, tuple[float, float]], n: Any, x: str, y: str) ->
 
 def _paired_in(run: Run, method: str, x: str, y: str) -> tuple[float, list[float], int] | None:
     """(mean of x - y, its 95% t interval, n) over the examples both heads were measured on, from the run's
-    heads/importance_examples.csv (each example's ablation drop); None where the run has no such values for both
-    (gradient importance, older runs) or fewer than 2 examples (review 12b C3: the swap within a run is a paired
+    heads/importance_examples.csv (each example's ablation drop or |dL/d gate|); None where the run has no such
+    values for both (older runs) or fewer than 2 examples (review 12b C3: the swap within a run is a paired
     question, the same examples)."""
     df = run.table("heads", "importance_examples")
     if df is None or not {"method", "head_name", "example", "effect"} <= set(df.columns):

@@ -223,21 +223,33 @@ def unpruned_cosine(base: float) -> str:
 
 
 def _leading_words(s: Mapping[str, Any], metric: str) -> str:
-    """The head that costs most when ablated alone, with its 95% CI and n (top_head_<method>, the first ablation
-    method recorded), and whether it stands clear of the next head: by the paired difference over the same
-    examples and its 95% interval where recorded (review 12b A5: overlapping marginal intervals are no test of a
-    paired difference), else by the two marginal intervals, said as such. '' without a record or when no head
-    costs anything."""
-    key = next((k for k in s if k.startswith("top_head_") and isinstance(s[k], Mapping)), None)
-    top = s[key] if key else {}
+    """The head that costs most when ablated alone (top_head_<method>, the first ablation method recorded) and the
+    head with the largest gate gradient (top_head_gradient), each with its 95% CI and n and whether it stands clear
+    of the next head (`_lead_words`). '' without a record or when no head costs anything."""
+    keys = [k for k in s if k.startswith("top_head_") and isinstance(s[k], Mapping)]
+    ablation = next((k for k in keys if k != "top_head_gradient"), None)
+    said = [_lead_words(s[k], k.removeprefix("top_head_"), metric) for k in (ablation, "top_head_gradient") if k in keys]
+    return " ".join(x for x in said if x)
+
+
+def _lead_words(top: Mapping[str, Any], method: str, metric: str) -> str:
+    """One method's leading head with its 95% CI and n, and whether it stands clear of the next head: by the paired
+    difference over the same examples and its 95% interval where recorded (review 12b A5: overlapping marginal
+    intervals are no test of a paired difference; gradient: each example's own |dL/d gate|), else by the two
+    marginal intervals, said as such. '' when the value is not positive."""
     value, nxt = _num(top.get("importance")), _num(top.get("next_importance"))
     if value is None or nxt is None or value <= 0:
         return ""
-    method = key.removeprefix("top_head_")
-    verb = f"{method.capitalize()}-ablating" if method in ("zero", "mean", "resample") else f"Ablating ({method})"
     ci, next_ci, diff_ci = ci_pair(top.get("ci")), ci_pair(top.get("next_ci")), ci_pair(top.get("diff_ci"))
     n, head, other = top.get("n_examples"), top["head"], top["next_head"]
-    said = f"{verb} {head} alone costs {value:.3g} {metric} ({ci_words(ci, '.3g') + ', ' if ci else ''}{n} examples)"
+    interval = ci_words(ci, '.3g') + ', ' if ci else ''
+    if method == "gradient":  # the loss's first-order change per gate, E_x |dL/d xi|: not the metric's units
+        said = f"By gate gradient, {head} ranks first with E|dL/d gate| {value:.3g} ({interval}{n} examples)"
+        noun, has, above = "gradients", "has", "no other head's is above"
+    else:
+        verb = f"{method.capitalize()}-ablating" if method in ("zero", "mean", "resample") else f"Ablating ({method})"
+        said = f"{verb} {head} alone costs {value:.3g} {metric} ({interval}{n} examples)"
+        noun, has, above = "costs", "costs", "no other head costs more than"
     diff = _num(top.get("diff"))
     if diff_ci and diff is not None:  # the paired difference over the same examples decides
         paired = (f"{diff:.3g} more than the next, {other} ({nxt:.3g}; paired difference {head} - {other} over the "
@@ -245,16 +257,16 @@ def _leading_words(s: Mapping[str, Any], metric: str) -> str:
         if diff_ci[0] > 0:
             return f"{said}, {paired}: {head} stands clear of the next head on these examples."
         return f"{said}, {paired}: the paired interval reaches 0, so these examples do not single out one head."
-    # analysis._leading's rule without per-example drops: its interval's low end above the next head's high end
+    # analysis._leading's rule without per-example values: its interval's low end above the next head's high end
     clear = ci[0] > next_ci[1] if ci and next_ci else bool(top.get("clear"))
     if clear:
-        return f"{said}; no other head costs more than {_digits(nxt)} ({other})."
+        return f"{said}; {above} {_digits(nxt)} ({other})."
     if ci and next_ci:  # review 11c: 1.92 lies below [2.21, 6.76]; what the rule tests is that the intervals overlap
-        return (f"{said}, the most of any head, but the next, {other}, costs {nxt:.3g} and their 95% intervals overlap "
+        return (f"{said}, the most of any head, but the next, {other}, {has} {nxt:.3g} and their 95% intervals overlap "
                 f"({head} [{ci[0]:.3g}, {ci[1]:.3g}], {other} [{next_ci[0]:.3g}, {next_ci[1]:.3g}]; marginal "
-                "intervals, no paired test: this run kept no per-example costs): these examples do not single out "
+                f"intervals, no paired test: this run kept no per-example {noun}): these examples do not single out "
                 "one head.")
-    return (f"{said}, the most of any head; the next, {other}, costs {nxt:.3g}, and without a 95% interval for both "
+    return (f"{said}, the most of any head; the next, {other}, {has} {nxt:.3g}, and without a 95% interval for both "
             "(fewer than 2 examples) these examples do not single out one head.")
 
 

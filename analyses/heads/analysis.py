@@ -10,14 +10,14 @@ answers and corrupted prompts unused: tasks.prompts_only), else on the shipped s
 
 Outputs of run: df (results.csv) has one row per (layer, head, method) with importance and the
 role scores; tables "curve" (each point with the 95% t-interval of its paired change from unpruned), "curve_examples"
-(each example's metric at each point), "importance_examples" (each ablation method's drop per head and
-example, for paired tests), "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
+(each example's metric at each point), "importance_examples" (each ablation method's drop and each example's own
+|dL/d gate| per head and example, for paired tests), "best_head", "l0", "l0_gates", "roles"; summary: n_layers,
 heads_per_layer, n_heads (all heads), baseline_metric, max_fraction_prunable_<ordering> and
 heads_prunable_<ordering> for gradient, gradient_recompute, ablation, ablation_recompute,
 random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap interval over
 examples, n_examples and the method: pruning.prunable_intervals), pruning_tolerance (the band those counts allow
-below unpruned, in the metric's units: pruning.tolerance_record), top_heads_<method>, top_head_<method> (ablation:
-the first head and the next with their 95% intervals and the paired difference's, `_leading`),
+below unpruned, in the metric's units: pruning.tolerance_record), top_heads_<method>, top_head_<method> (every
+method: the first head and the next with their 95% intervals and the paired difference's, `_leading`),
 l0_min_heads_within_tolerance with l0_within_tolerance (that point's lambda, metric and paired change from unpruned
 with its 95% interval over n examples; in-sample: the gates are trained on those examples), and
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): the analytic rounding (`rounding_step`:
@@ -196,7 +196,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
       to measure: bfloat16 zoo model, batches of 3 or 16 and the examples permuted give identical gradients),
       and gradient ties are judged relative to each gradient's own size instead (below).
     rounding_floor_<method>: the floor each method's checks used; rounding_floor_source: {method: "measured"
-    or "analytic"}.
+    or "analytic"}; rounding_relative_gradient: GRADIENT_TIE_STEPS eps, the share of its own size within which a
+    gradient is rounding (the gradient ties below, compare's B - A band).
     degenerate_<method> (a sentence) when every head's |importance| is below its floor (the ranking, the
     pruning order and the top heads are then noise); tied_top_heads_<method>: the heads among the top k whose
     importance lies within rounding of a neighbour's (their order is arbitrary; tied_top_groups_<method> with
@@ -223,6 +224,9 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     out: dict[str, Any] = {"noise_floor": rounding_step(dtype, metric_size, metric_sensitivity)}
     if "gradient" in raw:
         out["noise_floor_gradient"] = floors["gradient"]
+        # a gradient's own rounding is relative to its size (backpropagation rounds each one in this dtype): the
+        # share of |g| within which two gradients tie, here and in compare's B - A band (compare_heads.noise_band)
+        out["rounding_relative_gradient"] = GRADIENT_TIE_STEPS * eps
     source = {m: "analytic" for m in raw}
     if measured is not None:
         for m in set(raw) - {"gradient"}:
@@ -345,9 +349,10 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
                      ) -> tuple[pd.DataFrame, dict[str, torch.Tensor], float, float | None, pd.DataFrame]:
     """Long table (layer, head, method, importance, importance_se, importance_layer_norm, rank), the raw
     [L, H] importance per method, the baseline metric, E_x |L(x)| of the loss gradients differentiate
-    (None without "gradient"; the size noise_floor_gradient is taken at) and the ablation methods' per-example
-    drops (importance_examples: layer, head, head_name, method, example, effect; the paired tests of one head
-    against another read it). importance_se: the standard error of the
+    (None without "gradient"; the size noise_floor_gradient is taken at) and every method's per-example values
+    (importance_examples: layer, head, head_name, method, example, effect; effect is the example's drop for an
+    ablation method, its own |dL/d gate| for gradient; the paired tests of one head against another read it).
+    importance_se: the standard error of the
     importance over examples (sd / sqrt(n); for ablation of each example's drop, for gradient of each
     example's |dL/d gate|), from the same passes; compare mutes B - A differences within it."""
     unknown = set(methods) - set(IMPORTANCE_METHODS)
@@ -355,11 +360,12 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
         raise ConfigError(f"Unknown importance methods {sorted(unknown)}; use some of {IMPORTANCE_METHODS}.")
     raw: dict[str, torch.Tensor] = {}
     ses: dict[str, torch.Tensor] = {}  # [L, H] standard error over examples per method
-    per: dict[str, torch.Tensor | None] = {}  # [L, H, n] each example's drop per ablation method
+    per: dict[str, torch.Tensor | None] = {}  # [L, H, n] each example's drop (ablation) or |dL/d gate| (gradient)
     baseline, loss_size = None, None
     for method in methods:
-        if method == "gradient":
-            raw[method], ses[method], _, loss_size = gate_gradient_stats(model, scorer, progress=progress)
+        if method == "gradient":  # each example's own |dL/d gate| from the same passes (the batched gates)
+            stats = gate_gradient_stats(model, scorer, progress=progress)
+            raw[method], ses[method], loss_size, per[method] = stats.importance, stats.se, stats.loss_size, stats.examples
         else:
             scores = ablation_importance(model, scorer, method=method, seed=seed, progress=progress)
             raw[method], ses[method], baseline = scores.importance, scores.se, scores.baseline
@@ -382,8 +388,8 @@ def importance_table(model, scorer: Scorer, methods: tuple[str, ...], *, seed: i
 
 
 def _examples_table(per: dict[str, torch.Tensor | None]) -> pd.DataFrame:
-    """The per-example drops [L, H, n] per method as a long table (layer, head, head_name, method, example,
-    effect), the measured heads only."""
+    """The per-example values [L, H, n] per method (drops, or |dL/d gate|) as a long table (layer, head,
+    head_name, method, example, effect), the measured heads only."""
     rows = [{"layer": l, "head": h, "head_name": head_label(l, h), "method": method, "example": i, "effect": float(v)}
             for method, e in per.items() if e is not None
             for l in range(e.shape[0]) for h in range(e.shape[1]) for i, v in enumerate(e[l, h].tolist())
@@ -553,16 +559,16 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
 
 def _top_heads(df: pd.DataFrame, checks: dict, per: pd.DataFrame | None = None, k: int = 5) -> dict[str, Any]:
     """The k highest-ranked heads per method (top_heads_<method>); none for a degenerate method (its ranking is
-    rounding). top_head_<method> for each ablation method: its first head and the next, each with its importance
-    and 95% t interval over the examples, the paired difference first - next over the same examples with its 95%
-    t interval where per (importance_table's per-example drops) holds both, and `clear`: that interval lies above 0
-    (without per-example drops: the first's interval lies above the next's; review 12b A5: two marginal intervals
-    overlapping by 0.004 while the paired difference was +2.02 [+0.39, +3.64])."""
+    rounding). top_head_<method> for each method: its first head and the next, each with its importance and 95% t
+    interval over the examples, the paired difference first - next over the same examples with its 95% t interval
+    where per (importance_table's per-example values: drops, or each example's |dL/d gate|) holds both, and
+    `clear`: that interval lies above 0 (without per-example values: the first's interval lies above the next's;
+    review 12b A5: two marginal intervals overlapping by 0.004 while the paired difference was +2.02 [+0.39, +3.64])."""
     out: dict[str, Any] = {}
     for method, g in df.groupby("method", sort=False):
         ranked = g.sort_values("rank")
         out[f"top_heads_{method}"] = [] if f"degenerate_{method}" in checks else ranked["head_name"].head(k).tolist()
-        if method != "gradient" and f"degenerate_{method}" not in checks and len(ranked) > 1:
+        if f"degenerate_{method}" not in checks and len(ranked) > 1:
             mine = per[per["method"] == method] if per is not None and len(per) else None
             out[f"top_head_{method}"] = _leading(ranked, int(checks.get("n_examples") or 0), mine)
     return out

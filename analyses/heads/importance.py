@@ -431,21 +431,30 @@ def gradient_importance(
 def gate_gradients(model, scorer: Scorer, gates: torch.Tensor | None = None, *, max_tokens: int | None = None,
                    memory_budget: int | None = None, progress: bool = False) -> tuple[torch.Tensor, float]:
     """(E_x |dL(x)/dxi| [L, H], mean metric at the gates) from the same forward passes."""
-    importance, _, metric, _ = gate_gradient_stats(model, scorer, gates, max_tokens=max_tokens,
-                                                memory_budget=memory_budget, progress=progress)
-    return importance, metric
+    stats = gate_gradient_stats(model, scorer, gates, max_tokens=max_tokens, memory_budget=memory_budget,
+                                progress=progress)
+    return stats.importance, stats.metric
+
+
+@dataclass(frozen=True)
+class GradientStats:
+    """Gate-gradient importance with what the same passes give besides."""
+
+    importance: torch.Tensor  # [L, H] float32 E_x |dL(x)/dxi|
+    se: torch.Tensor  # [L, H] float64 sd_x |dL(x)/dxi| / sqrt(n) (NaN below 2 examples)
+    metric: float  # mean metric at the gates
+    loss_size: float  # E_x |L(x)|, the differentiated loss's size (its rounding floor: metrics.noise_floor)
+    examples: torch.Tensor  # [L, H, n] float64 each example's own |dL(x)/dxi| (the paired tests between heads)
 
 
 def gate_gradient_stats(model, scorer: Scorer, gates: torch.Tensor | None = None, *, max_tokens: int | None = None,
-                        memory_budget: int | None = None,
-                        progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-    """(E_x |dL(x)/dxi| [L, H], its standard error over examples sd_x |dL(x)/dxi| / sqrt(n) [L, H]
-    (NaN below 2 examples), mean metric at the gates, E_x |L(x)| the size of the differentiated loss),
-    all from the same passes: each example has its own gates, so its |gradient| is there already and its
-    square costs one more sum. The loss's size sets the gradient's rounding floor (metrics.noise_floor).
+                        memory_budget: int | None = None, progress: bool = False) -> GradientStats:
+    """Each example's |dL(x)/dxi_h| for every head, and their mean and standard error, from one forward and one
+    backward pass per batch: the gates have a batch axis (xi [b, L, H], each row its example's own copy), and as
+    examples do not interact, the gradient of the summed loss in xi[b] is example b's own gradient, exactly.
 
     Batches are sized for a backward pass and halved on out-of-memory; under torch.distributed
-    each rank takes its block of examples and the sums are all-reduced.
+    each rank fills its block of examples and the tables are all-reduced.
     """
     f = model.facts
     point = torch.ones(f.n_layers, f.n_heads) if gates is None else gates.detach().float()
@@ -455,33 +464,32 @@ def gate_gradient_stats(model, scorer: Scorer, gates: torch.Tensor | None = None
                                                          memory_budget=memory_budget, logits_cap=True)))
     bar = tqdm(total=len(mine), desc="gate gradients", disable=not (progress and distributed.is_main()), leave=False)
 
-    def step(ex: range) -> torch.Tensor:  # -> [2 L H + 2]: sum |grad| per head, sum grad^2 per head, metric, |loss|
+    def step(ex: range) -> tuple[torch.Tensor, torch.Tensor]:  # -> ([b, L H] |grad|, [2] sums of metric and |loss|)
         rows = torch.arange(mine.start + ex.start, mine.start + ex.stop, device=model.device)  # [b]
         xi = point.to(model.device).expand(rows.shape[0], -1, -1).clone().requires_grad_(True)  # [b, L, H]
         out = run_gated(model, scorer.tokens[rows], xi, last_only=scorer.last_position,
                         attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
         loss = scorer.grad_loss(out, rows)  # [b]
-        (grad,) = torch.autograd.grad(loss.sum(), [xi])  # [b, L, H]
+        (grad,) = torch.autograd.grad(loss.sum(), [xi])  # [b, L, H] row b: example b's own dL/dxi
         bar.update(rows.shape[0])
         metric = scorer.metric(out.detach(), rows).sum().double().cpu()
         size = loss.detach().double().abs().sum().cpu()
-        g = grad.double().cpu()  # [b, L, H]
-        return torch.cat([g.abs().sum(0).flatten(), g.square().sum(0).flatten(), metric[None], size[None]])
+        return grad.double().abs().flatten(1).cpu(), torch.stack([metric, size])
 
     k = f.n_layers * f.n_heads
-    sums = torch.zeros(2 * k + 2, dtype=torch.float64)
+    table = torch.zeros(n, k, dtype=torch.float64)  # [n, L H] other ranks' rows stay 0 until the all-reduce
+    sums = torch.zeros(2, dtype=torch.float64)
     with torch.enable_grad():
-        for _, part in batching.run_chunks(step, len(mine), batch):
-            sums += part
+        for ex, (part, totals) in batching.run_chunks(step, len(mine), batch):
+            table[mine.start + ex.start: mine.start + ex.stop] = part
+            sums += totals
     bar.close()
-    sums = distributed.all_reduce_sum(sums)
-    mean = sums[:k] / n  # [L * H]
-    if n > 1:  # sample variance of |grad| from its two sums (float64)
-        se = ((sums[k:2 * k] - n * mean.square()).clamp_min(0) / (n - 1) / n).sqrt()
-    else:
-        se = torch.full((k,), float("nan"), dtype=torch.float64)
-    return (mean.view(f.n_layers, f.n_heads).float(), se.view(f.n_layers, f.n_heads), float(sums[-2]) / n,
-            float(sums[-1]) / n)
+    table, sums = distributed.all_reduce_sum(table), distributed.all_reduce_sum(sums)
+    mean = table.mean(0)  # [L H]
+    se = table.std(0) / n ** 0.5 if n > 1 else torch.full((k,), float("nan"), dtype=torch.float64)
+    return GradientStats(importance=mean.view(f.n_layers, f.n_heads).float(), se=se.view(f.n_layers, f.n_heads),
+                         metric=float(sums[0]) / n, loss_size=float(sums[1]) / n,
+                         examples=table.T.reshape(f.n_layers, f.n_heads, n))
 
 
 def readout_size(model, scorer: Scorer, *, max_tokens: int | None = None) -> float:

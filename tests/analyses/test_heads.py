@@ -1059,6 +1059,54 @@ def test_heads_summary_says_whether_the_blocks_are_mixtures_of_experts(arch, mor
     assert res.summary["mixture_of_experts"] is bool(getattr(config, "num_local_experts", 0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_example_gate_gradients_equal_one_backward_per_example_in_plain_hf(tiny_dirs, tiny_models, dtype):
+    """#34 items 2/5: one backward pass over a batch with gates xi [batch, L, H] gives every example its own
+    |dL_x/d xi_h| (examples do not interact). Reference: plain Hugging Face Llama, one example and one backward pass
+    at a time, a gate on each head's slice of the o_proj input (tests_support.hf_z_edit). importance_examples keeps
+    those values (method "gradient"), and top_head_gradient's paired difference is theirs with scipy's t interval.
+    bfloat16: two independent bfloat16 backward passes (HF's, headscope's) round each gate's gradient by a share of
+    the example's gradients' scale, not of its own size (a sum of terms that partly cancel): measured here at most
+    3.2 eps x that example's largest |dL/d xi|, so the bound is GRADIENT_TIE_STEPS eps of it."""
+    from scipy import stats
+
+    from tests_support import hf_z_edit
+
+    task = decoder_task(seed=3)
+    model = tiny_models["llama"] if dtype == torch.float32 else hs.load_model(tiny_dirs["llama"], device="cpu", dtype=dtype)
+    hf = hf_model(tiny_dirs["llama"]).to(dtype)
+    n_layers, n_heads = hf.config.num_hidden_layers, hf.config.num_attention_heads
+    want = []
+    for i in range(len(task)):  # one example, its own gates, its own backward pass
+        xi = torch.ones(n_layers, n_heads, dtype=dtype, requires_grad=True)
+        with hf_z_edit(hf, lambda layer, z, xi=xi: z * xi[layer][None, None, :, None]):
+            last = hf(task.tokens[i:i + 1]).logits[0, -1]  # [vocab]
+        (g,) = torch.autograd.grad(last[task.answers[i]] - last[task.wrong_answers[i]], [xi])
+        want.append(g.double().abs())
+    want = torch.stack(want, -1)  # [L, H, n]
+    result = heads.head_importance(model, task, methods=("gradient",))
+    per = result.tables["importance_examples"]
+    assert set(per["method"]) == {"gradient"} and len(per) == want.numel()
+    got = torch.tensor(per.sort_values(["layer", "head", "example"])["effect"].to_numpy()).view_as(want)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    else:
+        bound = heads.GRADIENT_TIE_STEPS * float(torch.finfo(dtype).eps) * want.amax((0, 1))  # [n] per example
+        assert ((got - want).abs() <= bound).all()
+    # compare's B - A band for gradients: 4 eps of the dtype, 4 x 2^-23 in float32 and 4 x 2^-7 in bfloat16
+    assert result.summary["rounding_relative_gradient"] == 4 * 2.0 ** (-23 if dtype == torch.float32 else -7)
+    top = result.summary["top_head_gradient"]
+    order = torch.argsort(got.mean(-1).flatten(), descending=True)
+    first, second = (int(order[0]) // n_heads, int(order[0]) % n_heads), (int(order[1]) // n_heads, int(order[1]) % n_heads)
+    assert (top["head"], top["next_head"]) == (f"L{first[0]}H{first[1]}", f"L{second[0]}H{second[1]}")
+    d = (want[first] - want[second]).numpy()  # [n] the paired difference, from HF's gradients
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / len(d) ** 0.5
+    tol = 1e-4 if dtype == torch.float32 else 2 * float(bound.mean())  # each example: two heads' roundings
+    assert top["diff"] == pytest.approx(d.mean(), abs=tol) and top["diff_n"] == len(task)
+    assert top["diff_ci"] == pytest.approx([d.mean() - half, d.mean() + half], abs=tol)
+    assert top["clear"] is (top["diff_ci"][0] > 0)
+
+
 def test_the_leading_head_carries_its_t_interval_and_whether_it_clears_the_next():
     """Review 11b A3: top_head_<method> records the first head and the next with 95% t intervals (mean -+
     t(0.975, n - 1) x se, scipy's quantile) and `clear` only when the first's lower bound is above the next's upper."""

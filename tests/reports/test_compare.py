@@ -384,6 +384,39 @@ def test_compare_swaps_within_a_run_are_judged_by_the_paired_difference_where_th
     assert "marginal" not in note
 
 
+def test_compare_gradient_swaps_are_judged_by_the_paired_difference_of_per_example_gradients(tmp_path):
+    """#34 items 2/5: a run that keeps each example's |dL/d gate| (importance_examples.csv, method gradient) has its
+    gradient swaps judged by the paired interval, not the marginal overlap ("marginal intervals, not a paired test").
+    Hand-built over 4 examples: A's L1H0 - L0H2 per example is 0.002-0.004 (95% CI above 0: A's order is measured,
+    although the marginal SEs of 0.05 overlap); B's differences spread around -0.03 (scipy's t interval reaches 0)."""
+    from scipy import stats
+
+    from headscope.reports.compare_top import top_heads_notes
+
+    def tables(root, per: dict[str, list[float]]) -> None:
+        means = {"L1H2": 0.9, "L1H1": 0.5, "L0H1": 0.1, "L0H0": 0.01, **{n: float(np.mean(v)) for n, v in per.items()}}
+        _importances(root, {n: (v, 0.05) for n, v in means.items()})
+        io.write_csv(root / "heads" / "importance_examples.csv", pd.DataFrame([
+            {"layer": int(n[1]), "head": int(n[3]), "head_name": n, "method": "gradient", "example": i, "effect": e}
+            for n, es in per.items() for i, e in enumerate(es)]))
+
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+    _heads_summary(tmp_path / "a", top_heads_gradient=TOP)
+    _heads_summary(tmp_path / "b", top_heads_gradient=["L1H2", "L1H1", "L0H2", "L1H0", "L0H1"])
+    y, d = np.array([0.1, 0.3, 0.2, 0.272]), np.array([0.002, 0.004, 0.003, 0.003])
+    yb, db = np.array([0.1, 0.35, 0.2, 0.27]), np.array([-0.5, 0.4, -0.3, 0.28])
+    tables(tmp_path / "a", {"L1H0": list(y + d), "L0H2": list(y)})
+    tables(tmp_path / "b", {"L1H0": list(yb + db), "L0H2": list(yb)})
+    note = top_heads_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))[0]
+    half = stats.t.ppf(0.975, 3) * db.std(ddof=1) / 2
+    assert stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2 < d.mean()  # A's paired interval lies above 0
+    assert note.startswith("(same) Top heads by gradient: the same 5") and "A:" not in note
+    assert (f"L1H0 and L0H2 swap places, within each other's noise (B: L1H0 - L0H2 = {db.mean():+.2g}, paired 95% CI "
+            f"[{db.mean() - half:+.2g}, {db.mean() + half:+.2g}] over 4 examples, which reaches 0)") in note
+    assert "marginal" not in note
+
+
 def _ablation_verdicts(root, interval, first, **keys) -> None:
     """A heads folder whose ablation order (leading, 3 of 6 heads prunable, far from the 1% line) removes `first`
     first, with prunable_ci_ablation's interval (in heads) and the same examples as its pair (_task)."""
@@ -641,6 +674,45 @@ def test_compare_mutes_head_differences_under_the_floor_each_report_used(tmp_pat
     assert band == 0.09 and "grey where |B - A| < 0.09, the numerical noise floor" in rule  # max(0.09, B's 0.05)
     io.write_json(tmp_path / "a" / "heads" / "summary.json", {**s, "noise_floor": 0.2, "rounding_floor_zero": 0.03})
     assert noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "zero", raw=True)[0] == 0.05  # not A's analytic 0.2
+
+
+def test_compare_mutes_gradient_differences_by_each_gradients_own_rounding_not_an_absolute_floor(tmp_path):
+    """#34 item 5: a bfloat16 gradient g rounds by a share of |g| (the analysis's ties: GRADIENT_TIE_STEPS x 2^-7,
+    rounding_relative_gradient), so B - A of gradient importance is muted per head under rel |A| + rel |B|, not under
+    the loss's absolute noise_floor_gradient (0.2 here). Hand-worked with rel = 4 x 2^-7 = 1/32: a change of 1 at 100
+    is rounding (floor 201/32 = 6.3), one of 0.005 at 0.01 is not (floor 0.025/32 = 0.00078), 0.1 at 5 is (0.32),
+    0.05 at 0.5 is not (0.033); an absolute 0.2 would have muted the opposite cells. In float32 (rel 4 x 2^-23)
+    every non-zero change is beyond; an older report is read by its manifest's dtype."""
+    from headscope.reports.compare import importance_figure
+    from headscope.reports.compare_heads import noise_band
+
+    base = [[100.0, 1.0, 0.01], [5.0, 0.5, 0.002]]
+    diff = [[1.0, 0.0, 0.005], [0.1, 0.05, 0.0]]
+    beyond = np.array([[False, False, True], [False, True, False]])
+    for side, grid in (("a", base), ("b", [[x + d for x, d in zip(r, dr)] for r, dr in zip(base, diff)])):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        _importance(tmp_path / side, grid)
+        _heads_summary(tmp_path / side, noise_floor_gradient=0.2, rounding_relative_gradient=4 * 2.0 ** -7)
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    band, rule = noise_band(a, b, "gradient", raw=True)
+    want = (np.abs(base) + np.abs(np.add(base, diff))) / 32
+    np.testing.assert_allclose(band, want)
+    assert "each head's rounding" in rule and "A 0.031, B 0.031" in rule
+    fig, notes, _ = importance_figure(a, b)
+    coloured = fig.axes[2].collections[-1]  # B - A: the cells beyond noise
+    assert (~coloured.get_array().mask.reshape(2, 3) == beyond).all()
+    assert "each head's rounding" in " ".join(fig.axes[2].get_title().split())
+    for side in ("a", "b"):  # float32: 4 x 2^-23 of each gradient, every non-zero change is beyond
+        _heads_summary(tmp_path / side, rounding_relative_gradient=4 * 2.0 ** -23)
+    band, _ = noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)
+    assert (band < 1e-4).all() and (band > 0).all()
+    for side in ("a", "b"):  # a report without the record: its manifest's dtype (bfloat16: 8 significand bits)
+        s = io.read_json(tmp_path / side / "heads" / "summary.json")
+        io.write_json(tmp_path / side / "heads" / "summary.json", {k: v for k, v in s.items()
+                                                                  if k != "rounding_relative_gradient"})
+        m = io.read_json(tmp_path / side / "manifest.json")
+        io.write_json(tmp_path / side / "manifest.json", {**m, "config": {**m["config"], "dtype": "bfloat16"}})
+    np.testing.assert_allclose(noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)[0], want)
 
 
 def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):

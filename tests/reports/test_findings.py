@@ -263,6 +263,29 @@ def test_heads_leading_sentence_decides_by_the_paired_difference():
             "interval reaches 0, so these examples do not single out one head.") in text
 
 
+def test_heads_gradient_lead_is_decided_by_the_paired_difference_of_per_example_gradients():
+    """#34 items 2/5: top_head_gradient (each example's own |dL/d gate|) gets its own lead sentence after the
+    ablation one, in the gradient's units, and stands clear of the next head only when the paired interval of
+    first - next over the same examples lies above 0 (hand-built numbers)."""
+    zero = {"head": "L0H2", "importance": 3.0794, "ci": [1.7384, 4.4204], "next_head": "L0H3",
+            "next_importance": 1.0645, "next_ci": [0.3872, 1.7418], "n_examples": 40, "clear": True,
+            "diff": 2.0149, "diff_ci": [0.39, 3.64], "diff_n": 40}
+    grad = {"head": "L1H0", "importance": 0.412, "ci": [0.30, 0.52], "next_head": "L0H2", "next_importance": 0.35,
+            "next_ci": [0.25, 0.45], "n_examples": 40, "clear": True, "diff": 0.062, "diff_ci": [0.021, 0.103],
+            "diff_n": 40}
+    text = finding("heads", {**HEADS, "top_head_gradient": grad, "top_head_zero": zero})
+    lead = ("By gate gradient, L1H0 ranks first with E|dL/d gate| 0.412 (95% CI [0.3, 0.52], 40 examples), 0.062 more "
+            "than the next, L0H2 (0.35; paired difference L1H0 - L0H2 over the same 40 examples +0.062, 95% CI "
+            "[+0.021, +0.103]): L1H0 stands clear of the next head on these examples.")
+    assert lead in text and text.index("Zero-ablating L0H2 alone costs 3.08") < text.index(lead)
+    text = finding("heads", {**HEADS, "top_head_gradient": {**grad, "diff_ci": [-0.01, 0.134], "clear": False}})
+    assert ("L1H0 - L0H2 over the same 40 examples +0.062, 95% CI [-0.01, +0.134]): the paired interval reaches 0, so "
+            "these examples do not single out one head.") in text and "stands clear" not in text
+    old = {k: v for k, v in grad.items() if not k.startswith("diff")}  # no per-example gradients: marginal, said so
+    assert ("no paired test: this run kept no per-example gradients): these examples do not single out one head."
+            in finding("heads", {**HEADS, "top_head_gradient": {**old, "clear": False}}))
+
+
 def test_heads_l0_sentence_gives_its_change_interval_and_n_and_says_it_is_in_sample():
     """Review 12b C1 (out_full, l0.csv): "L0 gates keep the metric within tolerance with 3 heads" had no n and no
     interval and is measured on the 40 examples the gates were trained on: 7.425 at lambda 0.03 against 7.451
