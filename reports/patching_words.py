@@ -13,7 +13,14 @@ from typing import Any
 
 from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair, sliding_words
 from headscope.reports.patching_agreement import agreement
-from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _orders_lead, _token_words
+from headscope.reports.patching_aligned import (
+    _aligned_lead,
+    _column_caveat,
+    _corrupted_token,
+    _orders_lead,
+    _token_words,
+    column_holds,
+)
 from headscope.reports.patching_sites import (
     DEPTH,
     _effect_ci,
@@ -133,10 +140,11 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
     lead = enter or (rest or cells)[0]
     run = f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
     named: list = []  # every cell the sentences name (cited_cells: the maps keep their ticks)
-    if enter and aligned:  # an end-aligned column averages the token with others: what it holds is said
-        said.append(f"End-aligned (each column one place from the end, averaging whatever tokens the prompts have "
-                    f"there), the largest residual cell away from the answer position is the {name(lead)}: "
-                    f"{share(lead[1])}{_column_caveat(s, lead[1])}.")
+    if enter and aligned:  # an end-aligned column may average the token with others: what it holds is said
+        how = ("cells counted from each prompt's end" if column_holds(s, lead[1]) is not None  # older runs: generic
+               else "each column one place from the end, averaging whatever tokens the prompts have there")
+        said.append(f"End-aligned ({how}), the largest residual cell away from the answer position is the "
+                    f"{name(lead)}: {share(lead[1])}{_column_caveat(s, lead[1])}.")
     elif enter:
         where = (", where the information enters (clean and corrupted differ there)," if depth(*lead) == 0
                  or lead[1].get("from_end") in differ else ",")
