@@ -394,15 +394,17 @@ def _metric_ci(s: Mapping[str, Any], which: str) -> str:
 def answer_pieces_words(s: Mapping[str, Any]) -> str:
     """Review 11b C1: where answers have several tokens, what the position axis counts from (summary answer_pieces,
     analyses/patching/prompt_end.py): each prompt's last token is -1 and the answer's teacher-forced pieces are no
-    position; "" where no row has any."""
+    position, their cells (left_out: how many row positions) patched but reported nowhere; "" where no row has any."""
     info = s.get("answer_pieces")
     if not isinstance(info, Mapping) or not _num(info.get("rows")):
         return ""
     rows, most, n = int(info["rows"]), _num(info.get("max")), s.get("n_examples", "?")
     upto = f"up to {most:.0f}" if most and most > 1 else "1"
+    left = _num(info.get("left_out"))
+    places = f"those {left:.0f} answer positions" if left else "those answer positions"
     return (f"Positions count from each prompt's last token (-1, where the answer's first token is read): {rows} of {n} "
             f"prompts run on with {upto} token{'s' * (upto != '1')} of their answer (teacher forcing), which no "
-            "position shows.")
+            f"position shows: the cells at {places} are patched but not reported in any table or map.")
 
 
 def _never_read_words(w: Any) -> str:
