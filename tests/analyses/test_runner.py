@@ -230,7 +230,7 @@ def _mixed_task(model, lengths):
     return hs.prompt_task(model, prompts, answers), [prompts[i] for i in one], [answers[i] for i in one]
 
 
-def test_run_analysis_on_a_ready_made_task_of_mixed_answers_runs_on_its_one_token_rows(tiny_models):
+def test_run_analysis_on_a_ready_made_task_of_mixed_answers_runs_on_its_one_token_rows(tiny_models, tmp_path):
     """Issue #34: hs.run_analysis and the report's plan treat a Task of 1- and 2-token answers as the report treats
     a task file: an analysis reading one next-token answer runs on the 9 one-token rows (its result equals the same
     analysis on a Task built from those rows alone), the summary's task_used, repr and finding say so first; the
@@ -255,6 +255,14 @@ def test_run_analysis_on_a_ready_made_task_of_mixed_answers_runs_on_its_one_toke
     plan = runner.plan_analyses(model, ["mlp", "heads"], task)  # the report, handed the same Task object
     assert plan["mlp"].used == line and plan["mlp"].task.tokens.tolist() == alone_tokens(model, prompts)
     assert plan["heads"].task is task  # heads scores the whole continuation: every row
+
+    _mixed_file(tmp_path / "mixed.jsonl", [1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 2])  # the same rule on a task file
+    with pytest.warns(hs.HeadscopeWarning, match="wrong answers are not used"):
+        from_file = hs.run_analysis("mlp", model, str(tmp_path / "mixed.jsonl"), config)
+    assert from_file.summary["task_used"] == ("your task (mixed.jsonl): only the rows whose answer is one token under this "
+                                              "tokenizer, 8 of its 13 (the other 5 have answers of 2 tokens; this "
+                                              "analysis reads one next-token answer)")
+    assert from_file.summary["n_task_examples"] == 8
 
     few, _, _ = _mixed_task(model, [1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2])  # 7 one-token rows
     with pytest.raises(hs.TaskError, match=r"^mlp cannot run on your task \(prompt\): the task's answers are up to 2 "
