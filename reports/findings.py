@@ -320,8 +320,20 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[s
 def finding(name: str, summary: Mapping[str, Any]) -> str:
     """The headline of one analysis ("" when there is none): its family's `finding` (reports/plots_<name>.py),
     opened by the shipped-sentence note where an encoder ran on sentences its tokenizer splits into pieces or
-    unknown words (summary["shipped_text"]) and by the chance sentence when the model is at chance; never
-    raises on an odd summary."""
+    unknown words (summary["shipped_text"]) and by the chance sentence when the model is at chance, and first of all
+    by the one-token-rows sentence where hs.run_analysis ran it on those rows only (summary["task_used"],
+    provenance.subset_sentence); never raises on an odd summary."""
+    text = _finding(name, summary)
+    used = summary.get("task_used")
+    if isinstance(used, str) and text and not text.startswith("Skipped"):
+        from headscope.reports.provenance import subset_sentence
+
+        said = subset_sentence(used)
+        text = f"{said} {text}" if said else text
+    return text
+
+
+def _finding(name: str, summary: Mapping[str, Any]) -> str:
     if "skipped" in summary and name not in ("patching", "circuits"):
         return f"Skipped: {summary['skipped']}"
     try:

@@ -1,8 +1,8 @@
 """Where the corrupted token sits in patching's prompts, in words (reports/patching_words.py's finding): the effect
 aligned on each prompt's corrupted token (or first differing position) where it exceeds the end-aligned columns,
 the lead layer by layer where the token's place from the end differs across prompts (end-aligned columns then split
-its effect), and what such an end-aligned cell holds: the prompts that reach it and those with their changed token
-there.
+its effect), and what such an end-aligned cell holds: the prompts that reach it, the token most of them have there
+and how many are changed there, one token or a mixture (column_holds).
 """
 from __future__ import annotations
 
@@ -201,13 +201,43 @@ def _orders_lead(s: Mapping[str, Any], gap: float | None, metric: str) -> str | 
             f"{verb} {size(kind, best, True)}" + (f"; {others}" if others else "") + ".")
 
 
+def column_holds(s: Mapping[str, Any], cell: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """What an end-aligned cell's column holds, from the summary's at_corrupted_token.column_tokens and the places where
+    prompts differ (issue 34: "averaging whatever tokens" was said of every column, one token or not): (words, whether
+    it is a mixture). One token on every prompt that reaches it, changed on none: "one token, 'x' on all 8 prompts
+    there, changed in none"; each prompt's changed token: "each of the 8 prompts there has its changed token at this
+    place, not a mixture"; else a mixture, with the most common token's count and the prompts changed there. None where
+    the summary does not record the column (older runs)."""
+    info = s.get("at_corrupted_token")
+    holds = (info.get("column_tokens") or {}) if isinstance(info, Mapping) else {}
+    place = holds.get(str(cell.get("from_end"))) if isinstance(holds, Mapping) else None
+    if not isinstance(place, Mapping) or _num(place.get("n")) is None or not _num(place.get("of")):
+        return None
+    k, of, token = int(place["n"]), int(place["of"]), str(place.get("token", ""))
+    here = min(changed_there(s, cell.get("from_end")), of)  # prompts that differ from their corrupted one there
+    every = "both" if of == 2 else f"all {of}"
+    if here == of:
+        return f"not a mixture: each of the {of} prompts there has its changed token at this place", False
+    if here == 0 and k == of:
+        return f"one token: {token!r} on {every} prompts there, changed in none", False
+    changed = (f"changed in {here} of them" if here else "changed in none")
+    if k == of:
+        return f"a mixture of changed and unchanged tokens: {token!r} on {every} prompts there, {changed}", True
+    return f"a mixture of tokens: {token!r} on {k} of the {of} prompts there, other tokens on the rest, {changed}", True
+
+
 def _column_caveat(s: Mapping[str, Any], cell: Mapping[str, Any]) -> str:
-    """' (its CI reaches 0: 5 of 8 prompts reach this column and 2 of 8 have their changed token there)': what an
-    end-aligned cell holds where the corrupted token's place differs across prompts (review 10b C1)."""
+    """' (its CI reaches 0; 5 of 8 prompts reach this column; a mixture of tokens: ...)': what an end-aligned cell holds
+    where the corrupted token's place differs across prompts (review 10b C1; issue 34: column_holds, where recorded;
+    older summaries: the prompts with their changed token there)."""
     total, n, ci = _num(s.get("n_examples")), _num(cell.get("n")), ci_pair(cell.get("ci"))
     if not total:
         return ""
     bits = [] if n is None or n >= total else [f"{n:.0f} of {total:.0f} prompts reach this column"]
+    reaches = ci is not None and min(ci) <= 0 <= max(ci)
+    holds = column_holds(s, cell)
+    if holds is not None:
+        return " (" + "; ".join((["its CI reaches 0"] if reaches else []) + bits + [holds[0]]) + ")"
     here = changed_there(s, cell.get("from_end"))
     several = _token_words(s.get("at_corrupted_token") or {})[1] != "the corrupted token"
     what = "have their changed token there"
@@ -217,5 +247,4 @@ def _column_caveat(s: Mapping[str, Any], cell: Mapping[str, Any]) -> str:
         bits.append("no prompt " + what.replace("have their", "has its").replace("differ from their", "differs from its"))
     else:
         bits.append(f"{here} of {total:.0f}" + ("" if bits else " prompts") + f" {what}")
-    reaches = ci is not None and min(ci) <= 0 <= max(ci)
     return f" (its CI reaches 0: {and_join(bits)})" if reaches else f" ({and_join(bits)})"

@@ -13,7 +13,14 @@ from typing import Any
 
 from headscope.reports.findings import _at_chance, _chance, _num, _words, and_join, attention_kind, ci_pair, sliding_words
 from headscope.reports.patching_agreement import agreement
-from headscope.reports.patching_aligned import _aligned_lead, _column_caveat, _corrupted_token, _orders_lead, _token_words
+from headscope.reports.patching_aligned import (
+    _aligned_lead,
+    _column_caveat,
+    _corrupted_token,
+    _orders_lead,
+    _token_words,
+    column_holds,
+)
 from headscope.reports.patching_sites import (
     DEPTH,
     _effect_ci,
@@ -133,10 +140,11 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
     lead = enter or (rest or cells)[0]
     run = f"Patching ({s.get('direction', 'denoise')}, {s.get('n_examples', '?')} examples)"
     named: list = []  # every cell the sentences name (cited_cells: the maps keep their ticks)
-    if enter and aligned:  # an end-aligned column averages the token with others: what it holds is said
-        said.append(f"End-aligned (each column one place from the end, averaging whatever tokens the prompts have "
-                    f"there), the largest residual cell away from the answer position is the {name(lead)}: "
-                    f"{share(lead[1])}{_column_caveat(s, lead[1])}.")
+    if enter and aligned:  # an end-aligned column may average the token with others: what it holds is said
+        how = ("cells counted from each prompt's end" if column_holds(s, lead[1]) is not None  # older runs: generic
+               else "each column one place from the end, averaging whatever tokens the prompts have there")
+        said.append(f"End-aligned ({how}), the largest residual cell away from the answer position is the "
+                    f"{name(lead)}: {share(lead[1])}{_column_caveat(s, lead[1])}.")
     elif enter:
         where = (", where the information enters (clean and corrupted differ there)," if depth(*lead) == 0
                  or lead[1].get("from_end") in differ else ",")
@@ -386,15 +394,17 @@ def _metric_ci(s: Mapping[str, Any], which: str) -> str:
 def answer_pieces_words(s: Mapping[str, Any]) -> str:
     """Review 11b C1: where answers have several tokens, what the position axis counts from (summary answer_pieces,
     analyses/patching/prompt_end.py): each prompt's last token is -1 and the answer's teacher-forced pieces are no
-    position; "" where no row has any."""
+    position, their cells (left_out: how many row positions) patched but reported nowhere; "" where no row has any."""
     info = s.get("answer_pieces")
     if not isinstance(info, Mapping) or not _num(info.get("rows")):
         return ""
     rows, most, n = int(info["rows"]), _num(info.get("max")), s.get("n_examples", "?")
     upto = f"up to {most:.0f}" if most and most > 1 else "1"
+    left = _num(info.get("left_out"))
+    places = f"those {left:.0f} answer positions" if left else "those answer positions"
     return (f"Positions count from each prompt's last token (-1, where the answer's first token is read): {rows} of {n} "
             f"prompts run on with {upto} token{'s' * (upto != '1')} of their answer (teacher forcing), which no "
-            "position shows.")
+            f"position shows: the cells at {places} are patched but not reported in any table or map.")
 
 
 def _never_read_words(w: Any) -> str:

@@ -179,7 +179,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     parts the analysis reads only: registry.reads under `config`, its settings), "uses" (uses_text) and
     "metric" (what it scores, where its family says: encoders) for a prompt/answer Task, and
     "rows": the user's data rows it ran on (0-based, as errors and task_examples.csv's "row" number them), and
-    "dropped" ({n, why, unit}) where the analysis left examples out (probes: classes of one example). data:
+    "dropped" ({n, why, unit}) where the analysis left examples out (probes: classes of one example), "answer_pieces"
+    ({rows, max, left_out}: patching's cells at answers' teacher-forced pieces, not reported). data:
     what the analysis ran on, as the runner resolved it (analyses/core/runner.py `ran_on`: a Task,
     position's (kind, first sweep), or an exception the runner met finding it). The analysis's own
     summary decides the name and count where it records them (what it actually used). user_rows: the user's
@@ -224,6 +225,9 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
     dropped = summary.get("n_dropped_single_examples")
     if isinstance(dropped, int) and dropped > 0:  # probes: examples of a class seen once were not used
         record["dropped"] = {"n": dropped, "why": summary.get("dropped_reason"), "unit": summary.get("example_unit")}
+    pieces = summary.get("answer_pieces")
+    if isinstance(pieces, Mapping) and isinstance(pieces.get("rows"), int) and pieces["rows"] > 0:
+        record["answer_pieces"] = {k: pieces.get(k) for k in ("rows", "max", "left_out")}  # patching: cells not shown
     left = summary.get("pairs_left_out")
     if isinstance(left, int) and left > 0:  # pairs of two token lengths: the pairwise part ran without them
         record["pairs_left_out"] = left
@@ -375,6 +379,21 @@ def _rows_text(record: Mapping[str, Any]) -> str:
     return f" (data rows {int_ranges(rows)}; {ROWS_NOTE})"
 
 
+def _pieces_text(record: Mapping[str, Any]) -> str:
+    """'answer pieces: 3 of 8 prompts have answers of several tokens, run on with up to 2 of their tokens (teacher
+    forcing); the cells at those 5 answer positions are patched but not reported' (task.json "answer_pieces",
+    patching's summary answer_pieces); '' where none."""
+    info, n = record.get("answer_pieces"), record.get("n_examples")
+    if not isinstance(info, Mapping) or not isinstance(info.get("rows"), int):
+        return ""
+    most, left = info.get("max"), info.get("left_out")
+    upto = f"up to {most}" if isinstance(most, int) and most > 1 else "1"
+    places = f"those {left} answer positions" if isinstance(left, int) else "those answer positions"
+    return (f"answer pieces: {info['rows']} of {n if isinstance(n, int) else '?'} prompts have answers of several "
+            f"tokens, run on with {upto} of their tokens (teacher forcing); positions count from each prompt's last "
+            f"token, and the cells at {places} are patched but not reported")
+
+
 def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     """Plain-text lines (unescaped): task and source, n and budget, the parts used and the metric (where
     recorded), the sample (prompt -> answer; corrupted -> its answer, where the analysis reads them)."""
@@ -385,6 +404,8 @@ def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     for key in ("uses", "metric", "note"):
         if isinstance(record.get(key), str) and record[key]:
             lines.append(f"{key}: {record[key]}")
+    if pieces := _pieces_text(record):
+        lines.append(pieces)
     sample = record.get("sample") or {}
     if sample.get("prompt") is not None:
         bos = record.get("bos_added")  # a BOS headscope put in front (the tokenizer adds none): shown, not hidden

@@ -10,6 +10,7 @@ next-token answer runs on the user's rows whose answer is one token where there 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable
@@ -202,24 +203,25 @@ def one_token_plan(needs: Needs, task: Any, checked: Task, model: Any, *, seed: 
     several tokens on some rows (`checked`: the plan's sample of it, whose only obstacle is those answers).
 
     Returns (a task_sources.RowSubset of the rows whose answer, and wrong answer where given, is one token under
-    the tokenizer; the provenance text "only the rows whose answer is one token under this tokenizer, 20 of its
-    40 (...)") when there are MIN_ONE_TOKEN_ROWS of them and the analysis can use them; else (None, the fallback
-    reason, which counts them and names the minimum); (None, "") where the rule does not apply (no several-token
-    answers, or not user data). counted: a dict the caller keeps across analyses, so the rows are counted once."""
+    the tokenizer, or for a ready-made Task the Task of those rows (one_token_task); the provenance text "only the
+    rows whose answer is one token under this tokenizer, 20 of its 40 (...)") when there are MIN_ONE_TOKEN_ROWS of
+    them and the analysis can use them; else (None, the fallback reason, which counts them and names the minimum);
+    (None, "") where the rule does not apply (no several-token answers, or neither user data nor a Task). counted: a
+    dict the caller keeps across analyses, so the rows are counted once."""
     from headscope.analyses.core.task_files import is_task_data, one_token_rows
     from headscope.analyses.core.task_sources import RowSubset
 
-    if checked.continuation is None or needs.continuation or isinstance(task, Task) or not is_task_data(task):
+    if checked.continuation is None or needs.continuation or not (isinstance(task, Task) or is_task_data(task)):
         return None, ""
     counted = {} if counted is None else counted
     if "rows" not in counted:
-        counted["rows"] = one_token_rows(model, task)
+        counted["rows"] = task_one_token_rows(task) if isinstance(task, Task) else one_token_rows(model, task)
     rows, n, longest, n_several = counted["rows"]
     reason = several_tokens_reason(checked)
     if len(rows) < MIN_ONE_TOKEN_ROWS:
         return None, (f"{reason}; only {len(rows)} of its {n} rows have a one-token answer, fewer than the "
                       f"{MIN_ONE_TOKEN_ROWS} it needs to run on those rows alone")
-    subset = RowSubset(task, rows)
+    subset = one_token_task(task, rows) if isinstance(task, Task) else RowSubset(task, rows)
     left = task_reasons(needs, resolve(subset, model, seed=seed), model)
     if left:
         return None, f"{reason}; its {len(rows)} rows with a one-token answer cannot be used either: {'; '.join(left)}"
@@ -229,6 +231,26 @@ def one_token_plan(needs: Needs, task: Any, checked: Task, model: Any, *, seed: 
             else f"answers of {span} or wrong answers of several tokens")
     return subset, (f"only the rows whose answer is one token under this tokenizer, {len(rows)} of its {n} (the other "
                     f"{others} have {what}; this analysis reads one next-token answer)")
+
+
+def task_one_token_rows(task: Task) -> tuple[list[int], int, int, int]:
+    """one_token_rows of a ready-made Task (its wrong answers are one token each by construction): (the indices of
+    the rows whose answer is one token, the Task's rows, its longest answer in tokens, the rows with several)."""
+    k = [1] * len(task) if task.continuation is None else [int(v) for v in (task.continuation >= 0).sum(1)]  # [batch]
+    return [i for i, n in enumerate(k) if n == 1], len(task), max(k, default=0), sum(n > 1 for n in k)
+
+
+def one_token_task(task: Task, rows: list[int]) -> Task:
+    """The Task of `task`'s rows `rows`, whose answers are one token: no continuation (each prompt already ends where
+    its answer is read), and the left-padding columns no kept row uses dropped (spans shifted to match)."""
+    kept = task.rows(torch.tensor(rows, dtype=torch.long))
+    start = int(kept.first_positions().min()) if kept.attention_mask is not None and len(kept) else 0
+    if kept.attention_mask is not None and not bool(kept.attention_mask[:, -1].bool().all()):
+        start = 0  # right padding (encoders): the columns stay as they are
+    cut = lambda t: None if t is None else t[:, start:]  # noqa: E731
+    return dataclasses.replace(
+        kept, tokens=kept.tokens[:, start:], corrupted_tokens=cut(kept.corrupted_tokens),
+        attention_mask=cut(kept.attention_mask), spans={k: v - start for k, v in kept.spans.items()}, continuation=None)
 
 
 def one_token_answers(task: Task, name: str) -> None:
@@ -288,6 +310,6 @@ def require(needs: Needs, model: Any, name: str) -> None:
 
 
 __all__ = ["ENCODER_SCORING", "MIN_ONE_TOKEN_ROWS", "Needs", "RECORD_SUFFIXES", "Reads", "SUBSET_MARK",
-           "check", "model_reasons", "one_token_answers", "one_token_plan", "quiet_sample_warnings",
+           "check", "model_reasons", "one_token_answers", "one_token_plan", "one_token_task", "quiet_sample_warnings",
            "require", "resolve",
-           "several_tokens_reason", "takes_own_records", "task_reasons"]
+           "several_tokens_reason", "takes_own_records", "task_one_token_rows", "task_reasons"]

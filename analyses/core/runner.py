@@ -163,6 +163,39 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
     return plans
 
 
+def api_task(model: Any, name: str, task: Any, *, seed: int = 0) -> tuple[Any, str]:
+    """What hs.run_analysis hands analysis `name`: the report's rule (plan_analyses) for one that reads one next-token
+    answer given answers of several tokens on some rows of the user's task (a Task or task data): (the rows whose
+    answer is one token, the plan's line "your task (x): only the rows whose answer is one token ...") where there are
+    contract.MIN_ONE_TOKEN_ROWS of them, else a TaskError line that counts them. (task, "") in every other case, the
+    analysis then checking the task itself (a task it cannot read raises its own error there)."""
+    from headscope.analyses.core.tasks import Task
+
+    need = registry.needs(name)
+    if (task is None or need.continuation or not need.task_data or (isinstance(task, str) and task in need.names)
+            or contract.takes_own_records(need, task) or contract.model_reasons(need, model)):
+        return task, ""
+    try:
+        checked = contract.resolve(task, model, seed=seed)
+    except HeadscopeError:  # the analysis reads the task itself and raises the same error there
+        return task, ""
+    if not isinstance(checked, Task) or contract.task_reasons(need, checked, model) != [contract.several_tokens_reason(checked)]:
+        return task, ""
+    subset, why = contract.one_token_plan(need, task, checked, model, seed=seed)
+    if subset is None:
+        why = why or contract.several_tokens_reason(checked)
+        raise TaskError(f"{name} cannot run on your task ({_task_label(task)}): {why}.")
+    return subset, f"your task ({_task_label(task)}): {why}"
+
+
+def with_task_used(result: Any, used: str) -> Any:
+    """`result` with summary["task_used"] = used (first, so repr shows it; reports/findings.finding opens the finding
+    with provenance.subset_sentence of it): which of the user's rows hs.run_analysis ran it on."""
+    if not used or not hasattr(result, "summary"):
+        return result
+    return dataclasses.replace(result, summary={"task_used": used, **result.summary})
+
+
 def _resolve(model: Any, name: str, plan: Plan, config: Any) -> Any:
     """The family's Task for `plan` under `config` (None: the family builds its own data, or the
     resolution failed, logged: `run` then raises the same error as the analysis's failure)."""

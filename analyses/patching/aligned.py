@@ -11,8 +11,9 @@ pass), so the mean is over every prompt at that token.
 Result: summary["at_corrupted_token"] = {"from_end": {offset: prompts} (where the corrupted token
 sits, counted from the end, -1 the last token), "n": prompts with a difference, "positions_differ": [fewest,
 most] positions that differ per prompt (the corrupted token is the first of them), "differ_from_end": {offset:
-prompts} of every position where a clean prompt differs from its corrupted one, "sites": {site type:
-[{"layer", "effect" (mean per-example effect, the exact table's units), "ci" (95% t interval, None
+prompts} of every position where a clean prompt differs from its corrupted one, "column_tokens": {offset: {"token",
+"n", "of"}} (the clean token most prompts have in each end-aligned column, on how many, of those reaching it),
+"sites": {site type: [{"layer", "effect" (mean per-example effect, the exact table's units), "ci" (95% t interval, None
 under two rows), "n", "end_aligned" (the layer's end-aligned cell of largest |effect|, its effect
 and from_end)}]}} and the table `corrupted_token` (site_type, layer, effect, ci_low, ci_high, n_rows,
 share_of_gap).
@@ -64,6 +65,25 @@ def differ_from_end(clean: torch.Tensor, corrupted: torch.Tensor) -> dict[str, i
     rows, pos = torch.nonzero((clean != corrupted).cpu(), as_tuple=True)  # [k] each
     found = (pos - clean.shape[1]).tolist()
     return {str(o): found.count(o) for o in sorted(set(found))}
+
+
+def column_tokens(model, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, dict]:
+    """What each end-aligned column holds: {offset from the end: {"token": the clean token most prompts have there
+    (text; a tie: the lowest id), "n": the prompts with it, "of": the prompts where the position is a real token}}
+    over the clean prompts [batch, pos] (mask [batch, pos], 1 for real tokens; None: every position real). A finding
+    says from it whether a cell's column is one token or a mixture (review 13: "averaging whatever tokens")."""
+    real = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool().to(tokens.device)
+    n_pos, found = tokens.shape[1], []
+    for p in range(n_pos):
+        col = tokens[real[:, p], p]  # [k] the real rows' tokens there
+        if len(col):
+            values, counts = col.unique(return_counts=True)
+            k = int(counts.argmax())  # the first largest count: the lowest id among ties
+            found.append((p, int(values[k]), int(counts[k]), len(col)))
+    if not found:
+        return {}
+    texts = model.to_str_tokens(torch.tensor([i for _, i, _, _ in found]))
+    return {str(p - n_pos): {"token": str(t), "n": n, "of": of} for (p, _, n, of), t in zip(found, texts)}
 
 
 def at_corrupted_token(pm: PatchMetric, name: str, cells: list, values: torch.Tensor, base: torch.Tensor,

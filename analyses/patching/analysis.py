@@ -33,8 +33,9 @@ attribution on exact with its 95% t interval over the cells, slope / slope_ci / 
 non-zero cells, the top exact cell's rank by attribution and a large exact effect it misses: rank_checks,
 none resting on a difference within rounding_floor, also in the summary: the effects' rounding in the model's dtype),
 at_corrupted_token (per (layer, pos) site type and layer, the effect at each prompt's first position where
-clean and corrupted differ, with where that sits from the end and where every differing position sits:
-patching/aligned.py; also the table `corrupted_token`); gap_within_noise only when the
+clean and corrupted differ, with where that sits from the end, where every differing position sits and what clean
+token each end-aligned column holds on how many prompts (column_tokens): patching/aligned.py; also the table
+`corrupted_token`); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
 Answers of several tokens (teacher-forced pieces at the end of their rows): every position cell counts from each
 prompt's last token (-1 there), the pieces left out (patching/prompt_end.py); summary answer_pieces says so.
@@ -262,6 +263,7 @@ def activation_patching(
                                          "n": int((first >= 0).sum()),
                                          "positions_differ": aligned.positions_differ(clean, corrupted),
                                          "differ_from_end": aligned.differ_from_end(shown, shown_bad),
+                                         "column_tokens": aligned.column_tokens(model, shown, shown_mask),
                                          "sites": on_token}
         if len(nth) > 1:
             summary["at_corrupted_token"]["orders"] = [

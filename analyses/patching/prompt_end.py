@@ -6,7 +6,8 @@ end of the padded row, position -1 would be the prompt's last token on one-token
 others, and a cell there would average the two (review 11b C1). Here every position cell is read per row at its
 place from that row's prompt end: row r's values move right by its pieces s_r (so -1 is every prompt's last
 token) and the cells of its answer pieces are left out (the sweep patches them; no position shows them). The
-summary says so (`answer_pieces`). Tasks with one-token answers have no pieces: nothing moves.
+summary (`answer_pieces`), the finding and the section's provenance say so, with how many places that is. Tasks
+with one-token answers have no pieces: nothing moves.
 """
 from __future__ import annotations
 
@@ -53,8 +54,9 @@ def cell_values(cells: list, values: torch.Tensor, pieces: torch.Tensor) -> tupl
 
 def record(pieces: torch.Tensor) -> dict | None:
     """The summary's `answer_pieces` (None where no row has any): {"rows": rows whose answer has several tokens,
-    "max": the most pieces in a row, "positions": "from the prompt's end"}."""
+    "max": the most pieces in a row, "positions": "from the prompt's end", "left_out": the (row, position) places of
+    answer pieces, each patched in every site type's sweep but in no cell of any table or map}."""
     several = int((pieces > 0).sum())
     if not several:
         return None
-    return {"rows": several, "max": int(pieces.max()), "positions": "from the prompt's end"}
+    return {"rows": several, "max": int(pieces.max()), "positions": "from the prompt's end", "left_out": int(pieces.sum())}

@@ -90,13 +90,19 @@ def run_analysis(name: str, model, task=None, config=None, *, fields=None, stric
     fields (and strict) apply to a task file or in-memory data as in hs.load_task: headscope field ->
     your column, e.g. run_analysis("heads", model, df, fields={"prompt": "text", "answer": "label"}).
     One prompt works as in every analysis: prompt= (or the prompt as task) with answer= and, for
-    patching, corrupted_prompt= and wrong_answer= (hs.prompt_task)."""
+    patching, corrupted_prompt= and wrong_answer= (hs.prompt_task). A task whose answers have several tokens on some
+    rows runs, for an analysis that reads one next-token answer, on its rows whose answer is one token where there are
+    at least 8 (summary["task_used"] and the finding say so), as `headscope report` does; fewer: a TaskError."""
+    from headscope.analyses.core import runner
     from headscope.analyses.core.registry import get_analysis
     from headscope.analyses.core.task_files import one_prompt, with_fields
 
     task = one_prompt(model, task, prompt=prompt, answer=answer, corrupted_prompt=corrupted_prompt,
                       wrong_answer=wrong_answer, tokens=False)
-    return get_analysis(name)(model, with_fields(task, fields, strict), config)
+    # answers of several tokens on some rows: an analysis reading one next-token answer runs on the one-token rows
+    # (as the report does; summary["task_used"] says so) or refuses in one line where there are too few
+    task, used = runner.api_task(model, name, with_fields(task, fields, strict), seed=getattr(config, "seed", 0) or 0)
+    return runner.with_task_used(get_analysis(name)(model, task, config), used)
 
 
 def __getattr__(name: str):

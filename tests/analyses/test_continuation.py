@@ -242,11 +242,21 @@ def test_patching_positions_count_from_each_prompts_last_token_on_answers_of_one
             assert int(cell["n_rows"]) == len(rows)
             assert float(cell["effect"]) == pytest.approx(float(effect.mean()), abs=TOL * (1 + float(base.abs().max())))
     three = sum(len(a) == 3 for a in answers)
-    assert got.summary["answer_pieces"] == {"rows": three, "max": 2, "positions": "from the prompt's end"}
+    pieces = sum(len(a) - 1 for a in answers)  # every answer token but the last is a forced piece at the row's end
+    assert got.summary["answer_pieces"] == {"rows": three, "max": 2, "positions": "from the prompt's end",
+                                            "left_out": pieces}
+    assert got.df["position_from_end"].min() >= -max(len(c) for c in clean_ids)  # no cell past the longest prompt
     summary = got.summary
     assert (f"Positions count from each prompt's last token (-1, where the answer's first token is read): {three} of "
             f"{len(rows)} prompts run on with up to 2 tokens of their answer (teacher forcing), which no position "
-            "shows.") in finding("patching", summary)
+            f"shows: the cells at those {pieces} answer positions are patched but not reported in any table or "
+            "map.") in finding("patching", summary)
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    record = task_record(model, "patching", task, summary, "your task (rows)")  # the section's provenance lines
+    assert (f"answer pieces: {three} of {len(rows)} prompts have answers of several tokens, run on with up to 2 of "
+            "their tokens (teacher forcing); positions count from each prompt's last token, and the cells at those "
+            f"{pieces} answer positions are patched but not reported") in provenance_lines(record)
     ranked = {k: v for k, v in summary.items() if k != "gap_within_noise"}  # random weights: rank the cells anyway
     text = finding("patching", ranked)  # review 12c: the cells are named by their place from the prompt's end
     assert re.search(r"position -\d+ from the prompt's end", text) and " from the end" not in text.replace(

@@ -449,3 +449,63 @@ def test_path_patching_to_the_logits_gives_each_path_its_interval_over_the_promp
     assert top["n"] == len(real) and top["ci"] == [pytest.approx(v) for v in table.loc[tuple(top["sender"]),
                                                                                       ["ci_low", "ci_high"]]]
     assert got.summary["n_examples"] == len(real)
+
+
+def _two_templates(model, corrupt_long: dict, corrupt_short: dict):
+    """Prompts of two lengths (4 of 'w1 w2 w3 w4 wN', 4 of 'w2 w3 w4 wN', the last word different in each), each
+    corrupted by replacing words (corrupt_*: word -> word), answer w7 against w8; and the summary of exact patching
+    of resid_pre on them."""
+    prompts = [f"w1 w2 w3 w4 w{50 + i}" for i in range(4)] + [f"w2 w3 w4 w{54 + i}" for i in range(4)]
+    bad = [" ".join(corrupt_long.get(w, w) for w in p.split()) for p in prompts[:4]] + \
+          [" ".join(corrupt_short.get(w, w) for w in p.split()) for p in prompts[4:]]
+    task = hs.prompt_task(model, prompts, [" w7"] * 8, bad, [" w8"] * 8)
+    return prompts, activation_patching(model, task, sites=("resid_pre",)).summary
+
+
+def _cited_column(text: str) -> tuple[int, str]:
+    """(the offset from the end, the parenthesis closing the sentence) of the finding's end-aligned cell."""
+    import re
+
+    cited = re.search(r"End-aligned \(cells counted from each prompt's end\), the largest residual cell away from the "
+                      r"answer position is the resid_pre at layer \d, position (-\d) from the end.*? \(([^()]*)\)\.", text)
+    assert cited, text
+    return int(cited.group(1)), cited.group(2)
+
+
+def test_end_aligned_sentence_says_what_its_column_holds_one_token_or_a_mixture(tiny_models):
+    """Issue #34 (a): templates of two lengths, the corruption at -4 and -2 from the end in the longer ones (4 prompts)
+    and at -2 only in the shorter (4): summary at_corrupted_token.column_tokens gives each end-aligned column's most
+    common clean token, on how many prompts, of those it reaches (counted here from the words), and the finding's
+    end-aligned sentence says of its cell whether that column is one token, each prompt's changed token, or a mixture
+    (patching_aligned.column_holds), instead of "averaging whatever tokens" for every column. Corrupted at -4 in the
+    longer prompts and at -2 in the shorter only, every differing column is a mixture, and the sentence says so."""
+    from headscope.reports.findings import finding
+    from headscope.reports.patching_aligned import column_holds
+
+    model = tiny_models["llama"]
+    prompts, s = _two_templates(model, {"w2": "w30", "w4": "w44"}, {"w4": "w44"})
+    info = s["at_corrupted_token"]
+    assert info["from_end"] == {"-4": 4, "-2": 4}  # the first differing token sits at two places from the end
+    words = [["<bos>", *p.split()] for p in prompts]  # the tiny tokenizer: one token a word, headscope's BOS first
+    expect = {}
+    for k in range(1, 7):
+        column = [w[-k] for w in words if len(w) >= k]
+        top = max(sorted(set(column), key=lambda t: model.tokenizer.convert_tokens_to_ids(t)), key=column.count)
+        expect[str(-k)] = {"token": top, "n": column.count(top), "of": len(column)}
+    assert info["column_tokens"] == expect
+    said = {end: column_holds(s, {"from_end": end}) for end in (-1, -2, -3, -4)}
+    assert said == {
+        -1: ("a mixture of tokens: 'w50' on 1 of the 8 prompts there, other tokens on the rest, changed in none", True),
+        -2: ("not a mixture: each of the 8 prompts there has its changed token at this place", False),
+        -3: ("one token: 'w3' on all 8 prompts there, changed in none", False),
+        -4: ("a mixture of changed and unchanged tokens: 'w2' on all 8 prompts there, changed in 4 of them", True)}
+    text = finding("patching", s)
+    end, words_said = _cited_column(text)
+    assert words_said.endswith(said[end][0]) and "whatever tokens" not in text
+
+    _, s = _two_templates(model, {"w2": "w30"}, {"w4": "w44"})  # -4 in the longer prompts, -2 in the shorter
+    assert s["at_corrupted_token"]["from_end"] == {"-4": 4, "-2": 4}
+    end, words_said = _cited_column(finding("patching", s))
+    assert end in (-2, -4)  # layer 0's residual stream differs only where the prompts do
+    assert words_said.endswith("a mixture of changed and unchanged tokens: "
+                               f"{'w4' if end == -2 else 'w2'!r} on all 8 prompts there, changed in 4 of them")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import builtins
 import json
 
+import pandas as pd
 import pytest
 
 import headscope as hs
@@ -216,6 +217,64 @@ def test_sections_reading_one_next_token_run_on_the_one_token_rows_of_a_mixed_ta
                                      "9 of the task's 15 (the other 6 have answers of 2 tokens; this analysis reads one "
                                      "next-token answer).")
     assert subset_sentence("your task (mixed.jsonl)") == ""
+
+
+def _mixed_task(model, lengths):
+    """A ready-made Task (hs.prompt_task) whose row i has an answer of lengths[i] tokens under the tiny word-level
+    tokenizer, and the prompts and answers of its one-token rows."""
+    prompts = [f"w{i % 9} w{i % 9 + 1} w{i % 9 + 2}" for i in range(len(lengths))]
+    answers = ["".join(f" w{20 + i % 3 + k}" for k in range(n)) for i, n in enumerate(lengths)]
+    counted = [len(model.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
+    assert counted == list(lengths)  # the tokenizer counts as the test means
+    one = [i for i, n in enumerate(lengths) if n == 1]
+    return hs.prompt_task(model, prompts, answers), [prompts[i] for i in one], [answers[i] for i in one]
+
+
+def test_run_analysis_on_a_ready_made_task_of_mixed_answers_runs_on_its_one_token_rows(tiny_models, tmp_path):
+    """Issue #34: hs.run_analysis and the report's plan treat a Task of 1- and 2-token answers as the report treats
+    a task file: an analysis reading one next-token answer runs on the 9 one-token rows (its result equals the same
+    analysis on a Task built from those rows alone), the summary's task_used, repr and finding say so first; the
+    report's plan hands it the same rows instead of its default task. Fewer than 8 such rows: one TaskError line."""
+    from headscope.analyses.core import runner
+    from headscope.reports.findings import finding
+
+    model = tiny_models["llama"]
+    task, prompts, answers = _mixed_task(model, [1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 2])  # 8 one-token rows of 13
+    config = hs.MLPConfig.preset(quick=True)
+    got = hs.run_analysis("mlp", model, task, config)
+    alone = hs.run_analysis("mlp", model, hs.prompt_task(model, prompts, answers), config)
+    pd.testing.assert_frame_equal(got.df, alone.df)
+    assert got.summary["n_task_examples"] == alone.summary["n_task_examples"] == 8
+    line = ("your task (prompt): only the rows whose answer is one token under this tokenizer, 8 of its 13 (the other 5 "
+            "have answers of 2 tokens; this analysis reads one next-token answer)")
+    assert got.summary["task_used"] == line and "task_used" not in alone.summary
+    assert f"task_used={line!r}" in repr(got)
+    said = ("This section used only the rows whose answer is one token under this tokenizer, 8 of the task's 13 (the "
+            "other 5 have answers of 2 tokens; this analysis reads one next-token answer). ")
+    assert finding("mlp", got.summary) == said + finding("mlp", alone.summary)
+    plan = runner.plan_analyses(model, ["mlp", "heads"], task)  # the report, handed the same Task object
+    assert plan["mlp"].used == line and plan["mlp"].task.tokens.tolist() == alone_tokens(model, prompts)
+    assert plan["heads"].task is task  # heads scores the whole continuation: every row
+
+    _mixed_file(tmp_path / "mixed.jsonl", [1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 2])  # the same rule on a task file
+    with pytest.warns(hs.HeadscopeWarning, match="wrong answers are not used"):
+        from_file = hs.run_analysis("mlp", model, str(tmp_path / "mixed.jsonl"), config)
+    assert from_file.summary["task_used"] == ("your task (mixed.jsonl): only the rows whose answer is one token under this "
+                                              "tokenizer, 8 of its 13 (the other 5 have answers of 2 tokens; this "
+                                              "analysis reads one next-token answer)")
+    assert from_file.summary["n_task_examples"] == 8
+
+    few, _, _ = _mixed_task(model, [1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2])  # 7 one-token rows
+    with pytest.raises(hs.TaskError, match=r"^mlp cannot run on your task \(prompt\): the task's answers are up to 2 "
+                       r"tokens long .*; only 7 of its 11 rows have a one-token answer, fewer than the 8 it needs to run "
+                       r"on those rows alone\.$"):
+        hs.run_analysis("mlp", model, few, config)
+
+
+def alone_tokens(model, prompts) -> list[list[int]]:
+    """The prompts as the model runs them: BOS (the tiny tokenizer adds none; headscope prepends it) + the words."""
+    bos = model.tokenizer.bos_token_id
+    return [[bos, *model.tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
 
 
 def test_below_the_minimum_of_one_token_rows_a_section_falls_back_and_says_how_many(tiny_models, tmp_path):
