@@ -63,7 +63,7 @@ DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True,
               english_text=lambda model: encoder_text(model),  # defined below
               own_data=lambda model: default_data_gap(model),  # defined below
-              own_records=lambda model, path: records_gap(model, path),  # defined below
+              own_records=lambda model, path, config=None: records_gap(model, path, config),  # defined below
               what="retrieval sweeps that move the gold item through the context")
 
 
@@ -142,14 +142,15 @@ def encoder_text(model: Any) -> tuple[str, str, str] | None:
 RECORDS_CHECKED = 200  # a records file's first rows read by the check before a run (the report's task-file check's)
 
 
-def records_gap(model: Any, path: str) -> str | None:
+def records_gap(model: Any, path: str, config: PositionConfig | None = None) -> str | None:
     """Why the JSONL file `path` of position's own records does not fit this model, in one line (None when it
     does): an encoder reads retrieval records, a decoder multi-document QA records, each through the loader the run
     uses (records.load_retrieval_records / load_qa_records) on its first RECORDS_CHECKED records; a file with none
     of either's fields is a prompt/answer task, which position does not read (the contract's usual reason). The contract's
     Needs.own_records: `headscope position --task FILE.jsonl` stops here, before any work, on a file that does not fit.
-    The records are then built into the run's sweeps at the default n_items (enough distractors, text the tokenizer
-    can encode)."""
+    The records are then built into the run's sweeps at `config`'s n_items (None: the default; each record has
+    enough distractors, text the tokenizer can encode), on the records the run reads (config's examples) or, without a
+    config, on the first RECORDS_CHECKED."""
     from headscope.errors import HeadscopeError
 
     try:
@@ -161,10 +162,28 @@ def records_gap(model: Any, path: str) -> str | None:
         load = rec.load_retrieval_records if model.facts.is_encoder else rec.load_qa_records
         if not load(path, RECORDS_CHECKED):
             return f"{Path(path).name} holds no records"
-        _sweeps(model, path, PositionConfig(n_examples=RECORDS_CHECKED))
+        checked = PositionConfig(n_examples=RECORDS_CHECKED) if config is None else replace(
+            config, n_examples=config.examples(32, 8), progress=False)  # build_sweeps' count: its distractor pool
+        _, sweeps, _, _ = _sweeps(model, path, checked)
+        longest = context_gap(model, sweeps)
+        if longest:
+            return longest
     except HeadscopeError as err:
         return str(err).rstrip(".")
     return None
+
+
+def context_gap(model: Any, sweeps: Sequence[PositionSweep]) -> str | None:
+    """Why records' sweeps do not fit the model's context (None when they do): on a decoder a prompt with its answer
+    and greedy decoding's extra tokens (prompts.sweep_tokens), on an encoder a passage; the longest record named."""
+    n_ctx = int(model.facts.n_ctx)
+    sizes = [sw.prompt_len if model.facts.is_encoder else prompts.sweep_tokens([sw]) for sw in sweeps]
+    if max(sizes) <= n_ctx:
+        return None
+    i = sizes.index(max(sizes))
+    what = "its passage" if model.facts.is_encoder else "its prompt with the answer and greedy decoding's 8 more tokens"
+    return (f"record {i + 1}'s {sweeps[i].n_items} items take {max(sizes)} tokens ({what}), more than "
+            f"{model.facts.name}'s context of {n_ctx}; lower --n-items or give shorter documents")
 
 
 def default_data_gap(model: Any) -> str | None:

@@ -32,7 +32,7 @@ from headscope.analyses.position.stats import (
     holm,
     middle_to_ends,
 )
-from tests_support import hf_model
+from tests_support import SMALL_QA, hf_model
 
 DATA = files("headscope.analyses") / "data"
 
@@ -208,6 +208,43 @@ def test_qa_sweeps_from_jsonl():
             assert not any(a.lower() in ln.lower() for ln in others for a in rec["answers"])
             assert prompt.count(f"Question: {rec['question']}") == 2 and prompt.endswith("\nAnswer:")
         assert sweep.answers == tuple(rec["answers"])
+
+
+def test_qa_n_docs_is_checked_against_each_record_and_sets_the_slots():
+    """n_docs (--n-items) counts the gold document: 4 fits every record (record 3 has 3 answer-free distractors), with
+    the gold at each of the 4 slots and no answer outside it; 5 is refused naming record 3 and its count; the old
+    default of 10 refused record 1 (5 distractors)."""
+    sweeps = pr.qa_sweeps(CharTokenizer(), SMALL_QA, n_docs=4)
+    for sweep, rec in zip(sweeps, SMALL_QA):
+        assert sweep.n_items == 4 and sweep.positions == (1, 2, 3, 4)
+        gold = f"(Title: {rec['gold_document']['title']}) {rec['gold_document']['text']}"
+        for row, p in enumerate(sweep.positions):
+            lines = [ln for ln in text(sweep.tokens[row]).splitlines() if ln.startswith("Document [")]
+            assert [ln.split("]")[0] for ln in lines] == [f"Document [{i}" for i in range(1, 5)]
+            assert lines[p - 1] == f"Document [{p}]{gold}"
+            assert not any(rec["answers"][0].lower() in ln.lower() for i, ln in enumerate(lines) if i != p - 1)
+    with pytest.raises(ValueError) as refused:
+        pr.qa_sweeps(CharTokenizer(), SMALL_QA, n_docs=5)
+    assert str(refused.value) == (
+        "QA record 3 (question 'what runs past the bakery') has 3 answer-free distractor documents (its own and the "
+        "other records'), and 5 documents a prompt (n_items, --n-items; the gold one included) need 4; add documents "
+        "to the data or lower --n-items to 4 or less.")
+    with pytest.raises(ValueError, match=r"^QA record 1 \(question 'which river runs through the town'\) has 5 "):
+        pr.qa_sweeps(CharTokenizer(), SMALL_QA)
+
+
+def test_retrieval_n_distractors_is_checked_against_each_record():
+    """An encoder's passage holds n_items sentences: the first n_items - 1 distractors of each record; a record
+    with fewer is refused, naming it (it was silently given a shorter passage)."""
+    records = [{"query": "q one", "relevant": "r one", "distractors": ["a", "b", "c"]},
+               {"query": "q two", "relevant": "r two", "distractors": ["d"]}]
+    sweeps = pr.retrieval_sweeps(CharTokenizer(), records[:1], n_distractors=2)
+    assert sweeps[0].n_items == 3 and text(sweeps[0].no_gold_tokens[0]) == " a b"
+    with pytest.raises(ValueError) as refused:
+        pr.retrieval_sweeps(CharTokenizer(), records, n_distractors=2)
+    assert str(refused.value) == (
+        "retrieval record 2 (query 'q two') has 1 distractor sentence, and 3 sentences a passage (n_items, --n-items; "
+        "the relevant one included) need 2; add sentences to the record or lower --n-items to 2 or less.")
 
 
 def test_qa_records_need_their_fields(tmp_path):
