@@ -241,10 +241,16 @@ def finding(s: Mapping[str, Any]) -> str:
         parts += [said] if said else []
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
     base = _num(s.get("sink_uniform_baseline"))
+    binding, loose = windows_that_bind(s)
     shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples",
-                           what=s.get("sink_label"), windowed=list(s.get("sliding_windows") or {}))
+                           what=s.get("sink_label"), windowed=binding)
     if shared:  # the kv finding's criterion, with intervals over examples
         parts.append(shared)
+        if loose:
+            widths = sorted({int(w) for w in loose.values()})
+            parts.append(f"Sliding-window layer{'s' if len(loose) > 1 else ''} {int_ranges(sorted(map(int, loose)))} "
+                         f"(window {', '.join(map(str, widths))} tokens) hold{'' if len(loose) > 1 else 's'} every "
+                         f"prompt whole (the longest has {s['prompt_tokens']} tokens): their window never binds here.")
     elif sinks and base is not None:
         top = max(range(len(sinks)), key=lambda i: sinks[i])
         where = f"On {s['task']} prompts, attention" if s.get("task") else "Attention"
@@ -256,6 +262,19 @@ def finding(s: Mapping[str, Any]) -> str:
         said = _retrieval(s)
         parts += [said] if said else []
     return " ".join(parts)
+
+
+def windows_that_bind(s: Mapping[str, Any]) -> tuple[list[int], dict[str, int]]:
+    """(the sliding-window layers whose window is shorter than the longest prompt, so that some query of it loses the
+    first token: models.visible_keys, a query q sees key 0 only when q < window; {layer: window} of those whose window
+    holds every prompt whole) from the summary's sliding_windows and prompt_tokens. A summary without prompt_tokens
+    (an older run) counts every sliding-window layer as binding."""
+    windows = {str(k): w for k, w in (s.get("sliding_windows") or {}).items() if _num(w) is not None}
+    longest = _num(s.get("prompt_tokens"))
+    if longest is None:
+        return sorted(int(k) for k in windows), {}
+    return (sorted(int(k) for k, w in windows.items() if w < longest),
+            {k: int(w) for k, w in windows.items() if w >= longest})
 
 
 GOLD_ITEM = {"retrieval": "relevant sentence", "qa": "gold document", "zoo_kv": "gold pair", "json_kv": "gold pair",

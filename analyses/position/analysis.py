@@ -24,6 +24,7 @@ no-gold prompt's metrics), "baseline" (metric, mean, ci_low, ci_high, n, interva
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
 slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline (on a sliding-window layer, both over
 the queries whose window holds the first token: sinks.sink_rows), sliding_windows ({layer: window}; decoders),
+prompt_tokens (the longest prompt's tokens: a window binds, and the finding names its layer, only when shorter),
 retrieval_heads (the heads
 that pass retrieval_test, which has n examples and rows, and each head's r, cluster bootstrap CI over
 examples, p and Holm-adjusted p), retrieval_test,
@@ -371,6 +372,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "n_sink": n_sink,
         # {layer: window} of the sliding-window layers, whose sink mass averages the queries that see the first token
         **({} if encoder else {"sliding_windows": {str(k): w for k, w in enumerate(windows) if w is not None}}),
+        "prompt_tokens": max(sw.prompt_len for sw in sweeps),  # the longest prompt: a window binds only below it
         **({"sink_label": sink_label(model, sweeps, n_sink)} if encoder else {}),
         "retrieval_heads": [[int(r.layer), int(r.head)]
                             for r in heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False).itertuples()],
@@ -476,10 +478,8 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
     fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
     if fitted:
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
-        out["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
     elif task == "json_kv" and cfg.n_items is not None and not prompts.is_liu_format(model.tokenizer, sweeps):
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill, asked=True)
-        out["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
     if len(masked):
         windows = sorted({_window(cfg, sw.prompt_len) for sw in sweeps})
         out["streaming"] = {

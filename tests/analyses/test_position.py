@@ -900,3 +900,55 @@ def test_sliding_window_layers_average_the_sink_over_the_queries_that_see_it(arc
     records = [{"layer": 0, "mass": 0.3, "uniform": share, "ratio": 0.3 / share, "n": 4}]
     text = finding({"sinks": records, "n_sink": 2, "task": "kv", "sliding_windows": {"0": 8}})
     assert "over 4 examples; on sliding-window layer 0 over the queries whose window holds the first token" in text
+
+
+@pytest.fixture(scope="module")
+def wide_mistral(arch_dirs, tmp_path_factory):
+    """The matrix's Mistral config (every layer slides) with a window of 64 tokens, wider than the prompts below,
+    random weights (seed 0), its tokenizer: (HookedModel, directory)."""
+    import shutil
+
+    import transformers
+
+    import headscope as hs
+
+    source, out = arch_dirs["mistral"], tmp_path_factory.mktemp("wide-mistral") / "mistral"
+    config = transformers.AutoConfig.from_pretrained(source)
+    config.sliding_window = 64
+    torch.manual_seed(0)
+    transformers.MistralForCausalLM(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, out / name)
+    return hs.load_model(out, device="cpu"), out
+
+
+def test_the_sink_sentence_names_only_the_windows_shorter_than_the_longest_prompt(arch_models, wide_mistral):
+    """#34 item 7: on prompts of 12 tokens Mistral's window of 8 binds (queries 8-11 lose the first token), so the
+    sink sentence names layers 0-1 as sliding; a window of 64 holds every prompt whole, so it names none and says
+    the window never binds. summary.json records the longest prompt (12 tokens, the hand-built sweep's), and with
+    the window idle the sink mass is plain HF's attention onto keys 0-3 over every query 4-11."""
+    from headscope.reports.plots_position import finding, windows_that_bind
+    from tests_support import hf_reference, random_tokens
+
+    # the edge, by visible_keys' rule: query 11 (the 12th token) sees key 0 only when 11 < window
+    assert windows_that_bind({"sliding_windows": {"0": 11, "1": 12}, "prompt_tokens": 12}) == ([0], {"1": 12})
+    assert windows_that_bind({"sliding_windows": {"0": 64}}) == ([0], {})  # an older summary: every one named
+
+    tokens = random_tokens(3, 12, seed=5)
+    sweep = pp.PositionSweep(tokens=tokens, gold_spans=torch.tensor([[1, 2], [3, 4], [5, 6]]), positions=(1, 2, 3),
+                             n_items=3, answer_ids=torch.tensor([7]), answers=("x",))
+    wide, wide_dir = wide_mistral
+    said = {}
+    for name, model, window in (("narrow", arch_models("mistral"), 8), ("wide", wide, 64)):
+        s = position_bias(model, [sweep], n_boot=20, window=0, generate=False).summary
+        assert s["prompt_tokens"] == 12 and s["sliding_windows"] == {"0": window, "1": window}
+        said[name] = finding(s)
+    assert "on sliding-window layers 0-1 over the queries whose window holds the first token" in said["narrow"]
+    assert "Sliding-window" not in said["narrow"]
+    assert "sliding-window layer" not in said["wide"]
+    assert ("Sliding-window layers 0-1 (window 64 tokens) hold every prompt whole (the longest has 12 tokens): their "
+            "window never binds here.") in said["wide"]
+    with torch.no_grad():
+        attns = hf_reference(wide_dir)(tokens, output_attentions=True).attentions  # layer: [row, head, q, k]
+    hand = [float(a[:, :, 4:12, :4].sum(-1).mean()) for a in attns]  # [layer]: rows, heads and queries 4-11
+    assert s["n_sink"] == 4 and s["sink_mass_per_layer"] == pytest.approx(hand, abs=1e-5)
