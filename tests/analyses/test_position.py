@@ -247,6 +247,18 @@ def test_retrieval_n_distractors_is_checked_against_each_record():
         "the relevant one included) need 2; add sentences to the record or lower --n-items to 2 or less.")
 
 
+def test_the_budget_halves_an_encoders_items_only_where_n_items_is_set():
+    """The budget's pairs knob does not read each retrieval record's distractors, so on an encoder it cuts only a
+    set n_items (6 -> 3); unset, a cut to 10 (5 quick) of the shipped records' 6 sentences would now be refused."""
+    from types import SimpleNamespace
+
+    from headscope.analyses.position.cost import fewer_items
+
+    encoder = SimpleNamespace(facts=SimpleNamespace(is_encoder=True), tokenizer=None)
+    assert fewer_items(PositionConfig(), encoder) is None and fewer_items(PositionConfig(quick=True), encoder) is None
+    assert fewer_items(PositionConfig(n_items=6), encoder).n_items == 3
+
+
 def test_qa_records_need_their_fields(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answers": ["a"]}) + "\n")
