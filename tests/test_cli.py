@@ -611,6 +611,28 @@ def test_resume_is_refused_when_an_analysis_config_changed(tmp_path, monkeypatch
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_position_n_items_is_a_recorded_setting_that_resume_holds_to(tmp_path, monkeypatch, capsys):
+    """--n-items goes into position's config (the manifest's analysis_configs): a --resume with another N is
+    refused in one line naming it, and --n-items on a run without position is refused before anything is written."""
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["-q", "position", "--quick", "--device", "cpu", "--n-items", "4", "--out", str(out)]) == 0
+    settings = json.loads((out / "manifest.json").read_text())["config"]["settings"]
+    assert settings["analysis_configs"]["position"]["n_items"] == 4
+    (out / "report.html").unlink()  # as if killed before the report
+    capsys.readouterr()
+    assert main(["-q", "position", "--quick", "--device", "cpu", "--n-items", "5", "--out", str(out), "--resume"]) == 2
+    assert "position config (n_items)" in in_process_error(capsys)
+    from headscope.reports.report import build_report
+
+    with pytest.raises(ValueError, match=r"^--n-items sets position's items a prompt; this run has no position analysis "
+                                         r"\(kv\)\.$"):
+        build_report("zoo/synth-llama", analyses="kv", n_items=4, out=str(tmp_path / "kv"))
+    assert not (tmp_path / "kv").exists()
+
+
 @pytest.mark.parametrize("name", list(ANALYSES))
 def test_every_single_analysis_subcommand_exits_0(name, tmp_path, monkeypatch):
     from headscope.cli import main
