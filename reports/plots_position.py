@@ -27,20 +27,24 @@ LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": 
 
 
 SHARES = ("accuracy", "probability", "exact")  # metrics in 0-1, drawn on a 0-1 axis
+# position_streaming's reference: what a window that keeps nothing of the gold item can at best fall back to
+STREAMING_BASELINE = "no gold item in the prompt\n(full attention, 95% band)"
 MARKERS = ("o", "s", "^", "D", "v", "P")
 DASHES = ("-", "--", ":", "-.")
 
 
 def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tuple[str, ...] = ("full",),
                n_items: int | None = None, ratio: float | None = None, title: str | None = None,
-               quiet: bool = False, no_gold: Mapping[str, Any] | None = None, ax: Any = None) -> Any:
+               quiet: bool = False, no_gold: Mapping[str, Any] | None = None,
+               no_gold_label: str = "no gold item (95% band)", ax: Any = None) -> Any:
     """Metric against gold position (1-based slot) with its 95% band (`data`: the curve table; exact
     Clopper-Pearson for accuracy, bootstrap otherwise; metric: its first when None): the U-curve. The
     default title gives `ratio`, min(middle) / max(ends) (the summary's ratio_middle_to_ends), or says
     the curve is flat. Shares (accuracy, probability) on a 0-1 axis; `quiet` (the model at chance,
     plots.quiet_reason) draws the lines in muted colours (plots.line_colours). `no_gold` (the summary's
     no_gold_baseline entry of this metric: mean and ci) is drawn as a grey horizontal line with its 95% band:
-    Liu et al.'s baseline without the gold item, which a position beats only where the bands separate."""
+    Liu et al.'s baseline without the gold item, which a position beats only where the bands separate
+    (`no_gold_label`: its legend entry)."""
     ax = axes(ax, (6, 4))
     curve = data
     metric = metric or str(curve["metric"].iloc[0])
@@ -56,7 +60,7 @@ def plot_curve(data: pd.DataFrame, *, metric: str | None = None, conditions: tup
         ax.fill_between(g["position"], g["ci_low"], g["ci_high"], color=color, alpha=0.2)
     base = _num((no_gold or {}).get("mean"))
     if base is not None:
-        ax.axhline(base, color="0.35", linestyle=(0, (4, 2)), linewidth=1.4, label="no gold item (95% band)", zorder=1)
+        ax.axhline(base, color="0.35", linestyle=(0, (4, 2)), linewidth=1.4, label=no_gold_label, zorder=1)
         low, high = ((no_gold or {}).get("ci") or [None, None])[:2]
         if _num(low) is not None and _num(high) is not None:
             ax.axhspan(low, high, color="0.6", alpha=0.25, linewidth=0, zorder=0)
@@ -160,9 +164,11 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     masked = tables.get("masked", pd.DataFrame())
     if len(masked):
         fig, ax = plt.subplots(figsize=(8, 4))
+        # the reference a window is judged against: the answer's log-probability with the gold item gone altogether
         plot_curve(tables["curve"], metric="logprob", conditions=("full", *masked["condition"].unique()),
                    n_items=s.get("n_items"), ax=ax, title="full context vs streaming windows (sinks + recent tokens)"
-                   + (f"\n{quiet}" if quiet else ""), quiet=quiet is not None)
+                   + (f"\n{quiet}" if quiet else ""), quiet=quiet is not None,
+                   no_gold=(s.get("no_gold_baseline") or {}).get("logprob"), no_gold_label=STREAMING_BASELINE)
         fig.tight_layout()
         figs["position_streaming"] = fig
     return figs
@@ -189,7 +195,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                       "of its mean over examples that the finding quotes.",
     "position_streaming": "Answer log-probability (nats) by gold position with the full context and with streaming "
                           "windows (sinks + recent tokens); each condition has its own marker and dash, so equal curves "
-                          "stay visible.",
+                          "stay visible. The grey dashed line and band: the log-probability on each example's prompt "
+                          "without the gold item, full attention (Liu et al.'s no-gold baseline, 95% band), what the "
+                          "answer gets with nothing of the gold item kept; a window whose curve falls into it keeps "
+                          "nothing useful at that position.",
 }
 
 
@@ -232,10 +241,16 @@ def finding(s: Mapping[str, Any]) -> str:
         parts += [said] if said else []
     sinks = [v for v in (_num(x) for x in s.get("sink_mass_per_layer", [])) if v is not None]
     base = _num(s.get("sink_uniform_baseline"))
+    binding, loose = windows_that_bind(s)
     shared = sink_sentence(s.get("sinks"), n_sink=s.get("n_sink"), task=s.get("task"), unit="examples",
-                           what=s.get("sink_label"), windowed=list(s.get("sliding_windows") or {}))
+                           what=s.get("sink_label"), windowed=binding)
     if shared:  # the kv finding's criterion, with intervals over examples
         parts.append(shared)
+        if loose:
+            widths = sorted({int(w) for w in loose.values()})
+            parts.append(f"Sliding-window layer{'s' if len(loose) > 1 else ''} {int_ranges(sorted(map(int, loose)))} "
+                         f"(window {', '.join(map(str, widths))} tokens) hold{'' if len(loose) > 1 else 's'} every "
+                         f"prompt whole (the longest has {s['prompt_tokens']} tokens): their window never binds here.")
     elif sinks and base is not None:
         top = max(range(len(sinks)), key=lambda i: sinks[i])
         where = f"On {s['task']} prompts, attention" if s.get("task") else "Attention"
@@ -247,6 +262,19 @@ def finding(s: Mapping[str, Any]) -> str:
         said = _retrieval(s)
         parts += [said] if said else []
     return " ".join(parts)
+
+
+def windows_that_bind(s: Mapping[str, Any]) -> tuple[list[int], dict[str, int]]:
+    """(the sliding-window layers whose window is shorter than the longest prompt, so that some query of it loses the
+    first token: models.visible_keys, a query q sees key 0 only when q < window; {layer: window} of those whose window
+    holds every prompt whole) from the summary's sliding_windows and prompt_tokens. A summary without prompt_tokens
+    (an older run) counts every sliding-window layer as binding."""
+    windows = {str(k): w for k, w in (s.get("sliding_windows") or {}).items() if _num(w) is not None}
+    longest = _num(s.get("prompt_tokens"))
+    if longest is None:
+        return sorted(int(k) for k in windows), {}
+    return (sorted(int(k) for k, w in windows.items() if w < longest),
+            {k: int(w) for k, w in windows.items() if w >= longest})
 
 
 GOLD_ITEM = {"retrieval": "relevant sentence", "qa": "gold document", "zoo_kv": "gold pair", "json_kv": "gold pair",

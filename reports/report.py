@@ -232,7 +232,7 @@ def run_report(model: Any, options: ReportOptions) -> ReportRun:
     distributed.init_from_env(model.device if isinstance(model, HookedModel) else o.device)
     run = checked_settings(model, o, distributed.is_main())
     settings = run_settings(model, run.names, run.task, seed=o.seed, quick=o.quick, n_examples=o.n_examples, budget=o.budget,
-                            dtype=run.dtype, prepend_bos=run.prepend_bos)
+                            dtype=run.dtype, prepend_bos=run.prepend_bos, overrides=run.overrides)
     session: OutputSession | None = None
     out, mode = o.out, None
     if out is not None:  # locked and checked before the model loads: a refusal costs nothing
@@ -290,11 +290,14 @@ def _run(model: Any, out: Path, session: OutputSession | None, mode: str, run: R
         from headscope.analyses.core.task_files import check_vocabulary
 
         check_vocabulary(model, run.task)
-    plans = plan_analyses(model, names, run.task, seed=run.seed, substitute=run.substitute)  # the contract, before any work
+    configs = {n: runner.preset(n, run.common, run.overrides) for n in names}  # own records checked under these
+    plans = plan_analyses(model, names, run.task, seed=run.seed, substitute=run.substitute,
+                          configs=configs)  # the contract, before any work
     finished = distributed.broadcast_object({n for n in names if resuming and (root / n / DONE).exists() and n not in redo})
     writer = _Writer.open(model, out, session, run, names, resuming)
     runs = [n for n in names if plans[n].skip is None]
-    plans = runner.resolve_plans(model, plans, runs, run.common, finished=finished)  # each Task to run, resolved once
+    plans = runner.resolve_plans(model, plans, runs, run.common, finished=finished,
+                                 overrides=run.overrides)  # each Task to run, resolved once
     # before any runs: the budget is shared; rank 0's timing decides, so every rank runs the same settings
     to_run = [n for n in runs if n not in finished]
     fitted = distributed.broadcast_object(runner.fit_to_budget(model, plans, to_run, run.minutes) if run.main else None)
@@ -356,7 +359,7 @@ class _Writer:
         for name in kept:
             session.adopt_folder(name)  # (listed already, unless a run was killed before its manifest write)
         settings = run_settings(model, names, run.task, seed=run.seed, quick=run.quick, n_examples=run.n_examples,
-                                budget=run.budget, dtype=run.dtype, prepend_bos=run.prepend_bos)
+                                budget=run.budget, dtype=run.dtype, prepend_bos=run.prepend_bos, overrides=run.overrides)
         old_configs = ((previous.get("config") or {}).get("settings") or {}).get("analysis_configs") or {}
         settings["analysis_configs"] = {n: settings["analysis_configs"].get(n, old_configs.get(n)) for n in report_names}
         config_info = {"analyses": report_names, "task": run.task, "quick": run.quick, "n_examples": run.n_examples,

@@ -38,6 +38,7 @@ class ReportOptions:
     budget: float | None = None
     substitute: bool = True
     prepend_bos: bool | None = None
+    n_items: int | None = None  # position's items a prompt, the gold one included (`headscope position --n-items`)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,11 +59,17 @@ class RunSettings:
     substitute: bool = True
     dtype: str | None = None  # the requested precision's name (None: the checkpoint's)
     prepend_bos: bool | None = None  # load_model's prepend_bos (None: a BOS on decoders, as TransformerLens)
+    n_items: int | None = None  # position's items a prompt (None: its default)
 
     @property
     def common(self) -> dict[str, Any]:
         """The settings every analysis's preset takes."""
         return dict(seed=self.seed, quick=self.quick, n_examples=self.n_examples, progress=self.progress and self.main)
+
+    @property
+    def overrides(self) -> dict[str, dict[str, Any]]:
+        """name -> the fields of its config set by an option of its own (runner.preset)."""
+        return {"position": {"n_items": self.n_items}} if self.n_items is not None else {}
 
 
 def parse_analyses(names: str | Sequence[str] | None) -> list[str]:
@@ -96,6 +103,21 @@ def _check_examples(names: Sequence[str], n_examples: int | None) -> None:
         needed = ", ".join(f"{name} at least {n}" for name, n in short.items())
         raise ConfigError(f"--n-examples {n_examples} is too few: {needed} (pass more, or --analyses without "
                           f"{' and '.join(short)}).")
+
+
+def check_n_items(n_items: Any, names: Sequence[str]) -> None:
+    """--n-items (position's items a prompt, the gold one included) is an integer of 2 or more (the gold item and one
+    other, so that its slot can move), given to a run of position: one line before anything is written."""
+    import numbers
+
+    if n_items is None:
+        return
+    if isinstance(n_items, bool) or not isinstance(n_items, numbers.Integral) or not 2 <= n_items <= 10_000:
+        raise ConfigError(f"--n-items is position's items a prompt, the gold one included: an integer from 2 to "
+                          f"10000, got {n_items!r}.")
+    if "position" not in names:
+        raise ConfigError(f"--n-items sets position's items a prompt; this run has no position analysis "
+                          f"({', '.join(names)}).")
 
 
 def _records_hint(task: Any, names: Sequence[str]) -> str:
@@ -136,6 +158,7 @@ def checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
     if o.prepend_bos not in (None, True, False):
         raise ConfigError(f"prepend_bos must be None, True or False, got {o.prepend_bos!r}.")
     names = parse_analyses(o.analyses)
+    check_n_items(o.n_items, names)
     task, task_rows = o.task, None
     if task is not None and _own_records(names, task):  # position's retrieval/QA records: its loader checks them
         if o.task_fields:
@@ -160,4 +183,5 @@ def checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
                        progress=o.progress, command=o.command, main=main, budget=o.budget,
                        minutes=budget_minutes(o.budget, o.quick), substitute=o.substitute,
                        dtype=None if o.dtype is None else str(resolve_dtype(o.dtype)).removeprefix("torch."),
-                       prepend_bos=getattr(model, "prepend_bos", None) if o.prepend_bos is None else o.prepend_bos)
+                       prepend_bos=getattr(model, "prepend_bos", None) if o.prepend_bos is None else o.prepend_bos,
+                       n_items=o.n_items)

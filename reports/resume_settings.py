@@ -42,12 +42,13 @@ def damaged_analyses(root: Path, files: Mapping[str, str]) -> dict[str, str]:
 
 
 def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quick: bool, n_examples: int | None,
-                 budget: float | None = None, dtype: str | None = None, prepend_bos: bool | None = None) -> dict:
+                 budget: float | None = None, dtype: str | None = None, prepend_bos: bool | None = None,
+                 overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """What a --resume must match (the manifest's config "settings"): the model's source and files
     (models/fingerprint.py: new weights saved over the same folder are another model), the task
     (a task file by its bytes, field mapping and strictness, not its path), seed, quick, n_examples, the
     requested dtype (None: the checkpoint's), load_model's prepend_bos (None: TransformerLens's habit), the
-    headscope version and each analysis's config. `model` is a
+    headscope version and each analysis's config (with its `overrides`: RunSettings.overrides). `model` is a
     HookedModel or a load_model spec."""
     import json
 
@@ -59,7 +60,8 @@ def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quic
     is_file = isinstance(task, str) and bool(Path(task).suffix)
     configs = {}
     for name in names:
-        config = config_class(name).preset(seed=seed, quick=quick, n_examples=n_examples).as_dict()
+        config = config_class(name).preset(seed=seed, quick=quick, n_examples=n_examples,
+                                           **(overrides or {}).get(name, {})).as_dict()
         config.pop("progress", None)
         configs[name] = json.loads(json.dumps(config, default=str))  # as the manifest stores it
     return {

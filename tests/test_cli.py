@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -610,6 +611,28 @@ def test_resume_is_refused_when_an_analysis_config_changed(tmp_path, monkeypatch
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_position_n_items_is_a_recorded_setting_that_resume_holds_to(tmp_path, monkeypatch, capsys):
+    """--n-items goes into position's config (the manifest's analysis_configs): a --resume with another N is
+    refused in one line naming it, and --n-items on a run without position is refused before anything is written."""
+    from headscope.cli import main
+
+    fake_analyses(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["-q", "position", "--quick", "--device", "cpu", "--n-items", "4", "--out", str(out)]) == 0
+    settings = json.loads((out / "manifest.json").read_text())["config"]["settings"]
+    assert settings["analysis_configs"]["position"]["n_items"] == 4
+    (out / "report.html").unlink()  # as if killed before the report
+    capsys.readouterr()
+    assert main(["-q", "position", "--quick", "--device", "cpu", "--n-items", "5", "--out", str(out), "--resume"]) == 2
+    assert "position config (n_items)" in in_process_error(capsys)
+    from headscope.reports.report import build_report
+
+    with pytest.raises(ValueError, match=r"^--n-items sets position's items a prompt; this run has no position analysis "
+                                         r"\(kv\)\.$"):
+        build_report("zoo/synth-llama", analyses="kv", n_items=4, out=str(tmp_path / "kv"))
+    assert not (tmp_path / "kv").exists()
+
+
 @pytest.mark.parametrize("name", list(ANALYSES))
 def test_every_single_analysis_subcommand_exits_0(name, tmp_path, monkeypatch):
     from headscope.cli import main
@@ -777,6 +800,55 @@ def test_no_prepend_bos_runs_the_prompts_as_tokenized_and_every_page_says_which(
     assert "BOS headscope prepends (the tokenizer adds none): A <bos>, B none." in notes
 
 
+def test_position_n_items_sets_the_documents_of_qa_records_and_is_checked_before_anything_is_written(
+        tmp_path, capsys, arch_dirs, monkeypatch):
+    """`headscope position --task QA.jsonl --n-items N` on a decoder (random GPT-2, byte-level BPE): 3 hand-built
+    records whose pool leaves record 3 three answer-free distractors (test_position.SMALL_QA). N 4 runs with 4
+    documents a prompt and the gold at each of the 4 slots (the sample prompt: Document [1] to [4], the gold in
+    [1]); N 5, the default of 10 and N 1 are one line, exit 2, nothing written."""
+    from headscope.cli import main
+    from headscope.reports import html_report, report
+    from tests_support import SMALL_QA
+
+    monkeypatch.setattr(report.io, "write_figure", lambda path, fig: None)  # figures: test_figures' (and the cost)
+    monkeypatch.setattr(html_report, "_top_heads_html", lambda out: "")
+    task = tmp_path / "qa.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in SMALL_QA))
+    run = ["position", "-q", "--quick", "--n-examples", "3", "--device", "cpu", "--model", str(arch_dirs["gpt2"]),
+           "--task", str(task)]
+    out = tmp_path / "out"
+    cli(*run, "--n-items", "4", "--out", str(out))
+    s = json.loads((out / "position" / "summary.json").read_text())
+    assert (s["task"], s["n_examples"], s["n_items"], s["positions"]) == ("qa", 3, 4, [1, 2, 3, 4])
+    prompt = json.loads((out / "position" / "task.json").read_text())["sample"]["prompt"]
+    labels = [line.split("]")[0] + "]" for line in prompt.splitlines() if line.startswith("Document [")]
+    assert labels == [f"Document [{i}]" for i in range(1, 5)]
+    assert "Document [1](Title: Town) The Elbe river runs through the town." in prompt
+    capsys.readouterr()
+    for extra, said in ((["--n-items", "5"], "QA record 3 (question 'what runs past the bakery') has 3 answer-free "
+                                             "distractor documents (its own and the other records'), and 5 documents a "
+                                             "prompt (n_items, --n-items; the gold one included) need 4; add documents "
+                                             "to the data or lower --n-items to 4 or less"),
+                        ([], "QA record 1 (question 'which river runs through the town') has 5 answer-free "
+                             "distractor documents"),
+                        (["--n-items", "1"], "--n-items is position's items a prompt, the gold one included: an integer "
+                                             "from 2 to 10000, got 1.")):
+        refused = tmp_path / f"refused{len(extra)}{extra[-1:]}"
+        assert main([*run, *extra, "--out", str(refused)]) == 2
+        line = in_process_error(capsys)
+        assert said in line and not refused.exists(), line
+        if extra != ["--n-items", "1"]:
+            assert line.startswith("headscope: error: position cannot run on your task (qa.jsonl): "), line
+    # documents that fit the count but not the context (256): refused before the run, the record named
+    long = [SMALL_QA[0], {**SMALL_QA[1], "documents": [{"title": "Garden", "text": "The garden has sunflowers. " * 30}]}]
+    task.write_text("".join(json.dumps(r) + "\n" for r in long))
+    assert main([*run, "--n-items", "3", "--out", str(tmp_path / "long")]) == 2
+    line = in_process_error(capsys)
+    assert re.search(r"\): record \d's 3 items take \d{3} tokens \(its prompt with the answer and greedy decoding's 8 "
+                     r"more tokens\), more than .*gpt2's context of 256; lower --n-items or give shorter documents\.", line)
+    assert not (tmp_path / "long").exists()
+
+
 def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that_do_not_fit(tmp_path, capsys, arch_dirs,
                                                                                             monkeypatch):
     """`headscope position --task FILE.jsonl` on an encoder reads retrieval records (query, relevant, distractors)
@@ -793,7 +865,8 @@ def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that
     monkeypatch.setattr(html_report, "_top_heads_html", lambda out: "")
 
     records = [{"query": "Which river flows through Paris?", "relevant": "The Seine flows through the middle of Paris.",
-                "distractors": ["The bakery opens at six in the morning.", "Her bicycle has a broken bell."]},
+                "distractors": ["The bakery opens at six in the morning.", "Her bicycle has a broken bell.",
+                                "The train was late."]},
                {"query": "What colour is the sky on a clear day?", "relevant": "On a clear day the sky looks blue.",
                 "distractors": ["The meeting was moved to the afternoon.", "He planted tomatoes in the garden."]}]
     task = tmp_path / "mine.jsonl"
@@ -801,9 +874,9 @@ def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that
     bert = str(arch_dirs["bert"])
     run = ["position", "-q", "--quick", "--n-examples", "2", "--device", "cpu", "--model", bert]
     out = tmp_path / "out"
-    cli(*run, "--task", str(task), "--out", str(out))
+    cli(*run, "--task", str(task), "--n-items", "3", "--out", str(out))  # the first 2 distractors of each record
     s = json.loads((out / "position" / "summary.json").read_text())
-    assert (s["task"], s["n_examples"], s["n_items"]) == ("retrieval", 2, 3)
+    assert (s["task"], s["n_examples"], s["n_items"], s["positions"]) == ("retrieval", 2, 3, [1, 2, 3])
     provenance = json.loads((out / "position" / "task.json").read_text())
     assert provenance["source"] == "your task (mine.jsonl)"
     assert "the seine flows through the middle of paris." in provenance["sample"]["prompt"].lower()
@@ -817,7 +890,8 @@ def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that
 
     import torch
 
-    expected = torch.nn.functional.cosine_similarity(embed(records[0]["query"]), embed(" ".join(records[0]["distractors"])))
+    expected = torch.nn.functional.cosine_similarity(embed(records[0]["query"]),
+                                                     embed(" ".join(records[0]["distractors"][:2])))
     no_gold = (out / "position" / "no_gold.csv").read_text().splitlines()
     assert float(no_gold[1].split(",")[1]) == pytest.approx(expected.item(), abs=1e-5)
     capsys.readouterr()
@@ -841,6 +915,14 @@ def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that
         line = in_process_error(capsys)
         assert line.startswith(f"headscope: error: position cannot run on your task ({path.name}): ") and said in line, line
         assert not refused.exists()
+    # --n-items 4: record 2 has 2 distractors, not 3 (it was given a shorter passage): one line, nothing written
+    assert main([*run, "--task", str(task), "--n-items", "4", "--out", str(tmp_path / "n4")]) == 2
+    assert in_process_error(capsys) == (
+        "headscope: error: position cannot run on your task (mine.jsonl): retrieval record 2 (query 'What colour is the "
+        "sky on a clear day?') has 2 distractor sentences, and 4 sentences a passage (n_items, --n-items; the relevant "
+        "one included) need 3; add sentences to the record or lower --n-items to 3 or less. Give it a task it can use, "
+        "or run `headscope report --analyses position`, which runs it on its own default task.")
+    assert not (tmp_path / "n4").exists()
     assert main([*run, "--task", str(task), "--task-fields", "prompt=query", "--out", str(tmp_path / "f")]) == 2
     assert "--task-fields names a prompt/answer file's columns; position reads mine.jsonl as its own records" in (
         in_process_error(capsys))

@@ -418,3 +418,18 @@ def hand_heavy_hitters_sweep():
                 rows.append({"policy": policy, "budget": b, "example": e, "context": 12,
                              "metric": 10.0 * (1 + c + (spread[e] if b < 12 else 0.0)), "correct": not wrong})
     return pd.DataFrame(rows)
+
+
+# Three hand-built QA records, one distractor each: the pool is 6 documents. Record 3's answer "river" is in record
+# 1's gold and its distractor, so record 3 has 3 answer-free distractors (d3, g2, d2); records 1 and 2 have 5.
+SMALL_QA = [  # position's --n-items tests (test_position, test_cli)
+    {"question": "which river runs through the town", "answers": ["Elbe"],
+     "gold_document": {"title": "Town", "text": "The Elbe river runs through the town."},
+     "documents": [{"title": "Bakery", "text": "The bakery is by the river."}]},
+    {"question": "what colour is the door", "answers": ["green"],
+     "gold_document": {"title": "Door", "text": "The door is green."},
+     "documents": [{"title": "Garden", "text": "The garden has sunflowers."}]},
+    {"question": "what runs past the bakery", "answers": ["river"],
+     "gold_document": {"title": "Walk", "text": "A river runs past the bakery."},
+     "documents": [{"title": "Market", "text": "The market sells fish."}]},
+]

@@ -45,9 +45,10 @@ class Needs:
       ENGLISH_PROBE (the decoder key-value instruction);
     own_data: (model) -> why the family's own data cannot be built for this model's tokenizer, or None
       (position: no default sweep fits it); the analysis is then skipped with that reason, not failed;
-    own_records: (model, path) -> why a JSONL file of the family's own records does not fit this model, or None
-      (position: retrieval records on an encoder, multi-document QA records on a decoder, read by the loaders
-      the run uses); such a file is the family's data, not a prompt/answer task (`takes_own_records`);
+    own_records: (model, path, config) -> why a JSONL file of the family's own records does not fit this model
+      under the family's config (None: its defaults), or None (position: retrieval records on an encoder,
+      multi-document QA records on a decoder, read by the loaders the run uses, at its n_items); such a file is the
+      family's data, not a prompt/answer task (`takes_own_records`);
     continuation: it scores answers of several tokens by their whole continuation (Task.continuation:
       the metric reads the last k positions); False: it reads one next-token answer at the last position;
     what: what it does, for messages ("measures next-token answers").
@@ -67,7 +68,7 @@ class Needs:
     english: bool = False
     english_text: Callable[[Any], tuple[str, str, str] | None] | None = None
     own_data: Callable[[Any], str | None] | None = None
-    own_records: Callable[[Any, str], str | None] | None = None
+    own_records: Callable[[Any, str, Any], str | None] | None = None
     continuation: bool = False
     what: str = ""
 
@@ -143,13 +144,13 @@ def takes_own_records(needs: Needs, task: Any) -> bool:
             and Path(task).suffix.lower() in RECORD_SUFFIXES)
 
 
-def task_reasons(needs: Needs, task: Task | str, model: Any) -> list[str]:
+def task_reasons(needs: Needs, task: Task | str, model: Any, config: Any = None) -> list[str]:
     """Why the analysis cannot use `task` (a Task, a task name, or a file of its own records) on `model` (empty
-    when it can)."""
+    when it can); `config`: the family's config a file of its own records is checked under (None: its defaults)."""
     if isinstance(task, str) and task in needs.names:
         return []
     if takes_own_records(needs, task):
-        gap = needs.own_records(model, os.fspath(task))
+        gap = needs.own_records(model, os.fspath(task), config)
         return [gap] if gap else []
     if not needs.task_data:
         own = f" ({needs.what})" if needs.what else ""

@@ -109,7 +109,7 @@ def _task_label(task: Any) -> str:
 
 
 def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
-                  substitute: bool = True) -> dict[str, Plan]:
+                  substitute: bool = True, configs: Mapping[str, Any] | None = None) -> dict[str, Plan]:
     """Check every analysis against the model and the user's task before any runs (the task contract).
 
     An analysis that cannot run on the model (a decoder-only one on an encoder) is skipped with its
@@ -120,7 +120,8 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
     (substitute=False: a TaskError with the reason instead, for a command that runs one analysis
     the user gave a task), except one that patches pairs when no pair of the task has one token
     length: it is skipped with that reason. The user's task is read once here, so a mistake in it
-    stops the run before any work."""
+    stops the run before any work. configs: name -> the config it will run with (`preset`), under which a file of
+    its own records is checked (position's --n-items); absent: the family's defaults."""
     from headscope.analyses.core.tasks import Task
 
     plans: dict[str, Plan] = {}
@@ -139,7 +140,7 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
         if not resolved and need.task_data and not named:
             resolved.append(contract.resolve(task, model, seed=seed))
         checked = task if named or not need.task_data else resolved[0]
-        reasons = contract.task_reasons(need, checked, model)
+        reasons = contract.task_reasons(need, checked, model, (configs or {}).get(name))
         if isinstance(checked, Task) and reasons == [contract.several_tokens_reason(checked)]:
             # answers of several tokens on some rows: the rows whose answer is one token, where there are enough
             subset, why = contract.one_token_plan(need, task, checked, model, seed=seed, counted=counted)
@@ -211,14 +212,21 @@ def _resolution_settings(config: Any) -> tuple:
     return (config.seed, config.quick, config.n_examples)
 
 
+def preset(name: str, common: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
+    """Analysis `name`'s preset config for the shared options `common`, with its own fields from `overrides`
+    (name -> {field: value}: the options one analysis's command takes, position's --n-items)."""
+    return registry.config_class(name).preset(**common, **(overrides or {}).get(name, {}))
+
+
 def resolve_plans(model: Any, plans: Mapping[str, Plan], names: Sequence[str], common: Mapping[str, Any], *,
-                  finished: Collection[str] = ()) -> dict[str, Plan]:
-    """`plans` with each named analysis's preset config and its Task resolved once under it. An analysis
-    in `finished` (kept by --resume) gets its config only: nothing runs or prices it, and the explorer,
-    its Task's one reader, resolves that Task under the same config when it builds (`ran_on`)."""
+                  finished: Collection[str] = (), overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                  ) -> dict[str, Plan]:
+    """`plans` with each named analysis's preset config (`preset`, with its `overrides`) and its Task resolved
+    once under it. An analysis in `finished` (kept by --resume) gets its config only: nothing runs or prices it,
+    and the explorer, its Task's one reader, resolves that Task under the same config when it builds (`ran_on`)."""
     out = dict(plans)
     for name in names:
-        config = registry.config_class(name).preset(**common)
+        config = preset(name, common, overrides)
         resolved = None if name in finished else _resolve(model, name, plans[name], config)
         out[name] = dataclasses.replace(plans[name], config=config, resolved=resolved)
     return out

@@ -24,6 +24,7 @@ no-gold prompt's metrics), "baseline" (metric, mean, ci_low, ci_high, n, interva
 summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of the middle
 slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline (on a sliding-window layer, both over
 the queries whose window holds the first token: sinks.sink_rows), sliding_windows ({layer: window}; decoders),
+prompt_tokens (the longest prompt's tokens: a window binds, and the finding names its layer, only when shorter),
 retrieval_heads (the heads
 that pass retrieval_test, which has n examples and rows, and each head's r, cluster bootstrap CI over
 examples, p and Holm-adjusted p), retrieval_test,
@@ -63,7 +64,7 @@ DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
 NEEDS = Needs(answers=False, task_data=False, names=("kv", *TASKS), english=True,
               english_text=lambda model: encoder_text(model),  # defined below
               own_data=lambda model: default_data_gap(model),  # defined below
-              own_records=lambda model, path: records_gap(model, path),  # defined below
+              own_records=lambda model, path, config=None: records_gap(model, path, config),  # defined below
               what="retrieval sweeps that move the gold item through the context")
 
 
@@ -142,15 +143,16 @@ def encoder_text(model: Any) -> tuple[str, str, str] | None:
 RECORDS_CHECKED = 200  # a records file's first rows read by the check before a run (the report's task-file check's)
 
 
-def records_gap(model: Any, path: str) -> str | None:
+def records_gap(model: Any, path: str, config: PositionConfig | None = None) -> str | None:
     """Why the JSONL file `path` of position's own records does not fit this model, in one line (None when it
     does): an encoder reads retrieval records, a decoder multi-document QA records, each through the loader the run
-    uses (records.load_retrieval_records / load_qa_records) on its first RECORDS_CHECKED records. A file whose first
-    record lacks any of both kinds' fields (records.first_fields, json alone: no datasets cache, no Arrow types) is a
-    prompt/answer task, which position does not read (the contract's usual reason; where that record has two or
-    more of one kind's fields, the ones it lacks). The contract's Needs.own_records: `headscope position --task
-    FILE.jsonl` stops here, before any work, on a file that does not fit. The records are then built into the run's
-    sweeps at the default n_items (enough distractors, text the tokenizer can encode)."""
+    uses (records.load_retrieval_records / load_qa_records). A file whose first record lacks any of both kinds' fields
+    (records.first_fields, json alone: no datasets cache, no Arrow types) is a prompt/answer task, which position does
+    not read (the contract's usual reason; where that record has two or more of one kind's fields, the ones it lacks).
+    The contract's Needs.own_records: `headscope position --task FILE.jsonl` stops here, before any work, on a file
+    that does not fit. The records are then built into the run's sweeps at `config`'s n_items (None: the default;
+    each record has enough distractors, text the tokenizer can encode), on the records the run reads (config's
+    examples) or, without a config, on the first RECORDS_CHECKED."""
     from headscope.errors import HeadscopeError
 
     try:
@@ -164,7 +166,12 @@ def records_gap(model: Any, path: str) -> str | None:
         load = rec.load_retrieval_records if model.facts.is_encoder else rec.load_qa_records
         if not load(path, RECORDS_CHECKED):
             return f"{Path(path).name} holds no records"
-        _sweeps(model, path, PositionConfig(n_examples=RECORDS_CHECKED))
+        checked = PositionConfig(n_examples=RECORDS_CHECKED) if config is None else replace(
+            config, n_examples=config.examples(32, 8), progress=False)  # build_sweeps' count: its distractor pool
+        _, sweeps, _, _ = _sweeps(model, path, checked)
+        longest = context_gap(model, sweeps)
+        if longest:
+            return longest
     except HeadscopeError as err:
         return str(err).rstrip(".")
     return None
@@ -181,6 +188,19 @@ def _partial_records(name: str, fields: set[str] | None, model: Any) -> str:
         if len(has) >= 2:
             return f"; the first record of {name} has {', '.join(has)} but not {', '.join(f for f in kind if f not in fields)}"
     return ""
+
+
+def context_gap(model: Any, sweeps: Sequence[PositionSweep]) -> str | None:
+    """Why records' sweeps do not fit the model's context (None when they do): on a decoder a prompt with its answer
+    and greedy decoding's extra tokens (prompts.sweep_tokens), on an encoder a passage; the longest record named."""
+    n_ctx = int(model.facts.n_ctx)
+    sizes = [sw.prompt_len if model.facts.is_encoder else prompts.sweep_tokens([sw]) for sw in sweeps]
+    if max(sizes) <= n_ctx:
+        return None
+    i = sizes.index(max(sizes))
+    what = "its passage" if model.facts.is_encoder else "its prompt with the answer and greedy decoding's 8 more tokens"
+    return (f"record {i + 1}'s {sweeps[i].n_items} items take {max(sizes)} tokens ({what}), more than "
+            f"{model.facts.name}'s context of {n_ctx}; lower --n-items or give shorter documents")
 
 
 def default_data_gap(model: Any) -> str | None:
@@ -368,6 +388,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         "n_sink": n_sink,
         # {layer: window} of the sliding-window layers, whose sink mass averages the queries that see the first token
         **({} if encoder else {"sliding_windows": {str(k): w for k, w in enumerate(windows) if w is not None}}),
+        "prompt_tokens": max(sw.prompt_len for sw in sweeps),  # the longest prompt: a window binds only below it
         **({"sink_label": sink_label(model, sweeps, n_sink)} if encoder else {}),
         "retrieval_heads": [[int(r.layer), int(r.head)]
                             for r in heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False).itertuples()],
@@ -473,10 +494,8 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
     fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
     if fitted:
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
-        out["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
     elif task == "json_kv" and cfg.n_items is not None and not prompts.is_liu_format(model.tokenizer, sweeps):
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill, asked=True)
-        out["prompt_tokens"] = max(sw.prompt_len for sw in sweeps)
     if len(masked):
         windows = sorted({_window(cfg, sw.prompt_len) for sw in sweeps})
         out["streaming"] = {

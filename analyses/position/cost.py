@@ -9,7 +9,8 @@ and, with a window, under two StreamingLLM masks (3 row passes), and one row per
 (Liu et al.'s baseline), plus, where a several-token answer is decoded greedily on decoders, a prefill and
 one-token steps (each STEP_POSITIONS positions of a pass). Knobs, in order: the masked runs (window 0), half the pairs
 down to 3 (shorter prompts), the examples down to 4, the gold at the first, middle and last slots only, the greedy
-decoding. The pairs knob halves the pairs the prompts have (a fitted json_kv run's, not the maximum) and keeps a
+decoding. The pairs knob halves the pairs the prompts have (a fitted json_kv run's, not the maximum; on an encoder
+only a set n_items, since each record's own distractor count is not read here) and keeps a
 fitted run's format (prompts.kv_sweeps_in_context); `prompts_fit` is the cost model's check: a cut whose prompts
 would not fit the context is not taken (budget.fit), so a budget never fails an analysis the uncut preset runs.
 """
@@ -123,6 +124,8 @@ def no_masked_runs(config, model):
 def fewer_items(config, model):
     if config.context is not None and config.n_items is None:  # half the prompt length
         return dataclasses.replace(config, context=config.context // 2) if config.context // 2 >= 256 else None
+    if model.facts.is_encoder and config.n_items is None:  # every record's own sentences, a count the cost model does
+        return None  # not read: a cut past a record's distractors would be refused (records.retrieval_sweeps)
     b = built(model, config)  # the pairs the prompts have (a fitted run's may be fewer than the maximum)
     items = b.n_items if b is not None else config.n_items or _max_items(config)
     # halved, down to MIN_ITEMS: a first, middle and last slot

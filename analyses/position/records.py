@@ -57,6 +57,10 @@ def _first(source: Any, limit: int | None) -> list[dict]:
     return [dict(source[i]) for i in range(n)]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _has_answer(doc: Mapping[str, str], answers: Sequence[str]) -> bool:
     text = f"{doc['title']} {doc['text']}".lower()
     return any(a.lower() in text for a in answers)
@@ -74,7 +78,7 @@ def qa_sweeps(
     rng = np.random.default_rng([seed, 10])
     pool = [d for r in records for d in (r["gold_document"], *r["documents"])]
     sweeps = []
-    for r in records:
+    for number, r in enumerate(records, 1):
         answers = tuple(r["answers"])
         extra = [pool[i] for i in rng.permutation(len(pool))]
         distractors = []
@@ -85,8 +89,10 @@ def qa_sweeps(
                 distractors.append(d)
         if len(distractors) < n_docs - 1:
             raise ConfigError(
-                f"only {len(distractors)} answer-free distractors for question {r['question']!r}, need "
-                f"{n_docs - 1}; add documents to the data or lower n_docs."
+                f"QA record {number} (question {r['question']!r:.60}) has "
+                f"{_count(len(distractors), 'answer-free distractor document')} (its own and the other records'), "
+                f"and {n_docs} documents a prompt (n_items, --n-items; the gold one included) need {n_docs - 1}; "
+                f"add documents to the data or lower --n-items to {len(distractors) + 1} or less."
             )
         question = f"Question: {r['question']}"
         head = f"{QA_INSTRUCTION}\n\n" + (f"{question}\n\n" if query_aware else "")
@@ -204,12 +210,19 @@ def retrieval_sweeps(
     tokenizer: Any, records: Sequence[Mapping[str, Any]], *, n_distractors: int | None = None,
     positions: Sequence[int] | None = None,
 ) -> list[PositionSweep]:
-    """A passage of sentences with the relevant one at each slot; the query is encoded alone."""
+    """A passage of sentences with the relevant one at each slot; the query is encoded alone. n_distractors:
+    the first that many of each record's distractors (None: all of them); a record with fewer is one ConfigError
+    naming it, so that every prompt holds the same number of sentences."""
     sweeps = []
-    for r in records:
+    for number, r in enumerate(records, 1):
         distractors = list(r["distractors"])[:n_distractors]
         if not distractors:
-            raise ConfigError(f"retrieval record {r['query']!r} has no distractor sentences.")
+            raise ConfigError(f"retrieval record {number} (query {r['query']!r:.60}) has no distractor sentences.")
+        if n_distractors is not None and len(distractors) < n_distractors:
+            raise ConfigError(
+                f"retrieval record {number} (query {r['query']!r:.60}) has {_count(len(distractors), 'distractor sentence')}, "
+                f"and {n_distractors + 1} sentences a passage (n_items, --n-items; the relevant one included) need "
+                f"{n_distractors}; add sentences to the record or lower --n-items to {len(distractors) + 1} or less.")
         sweeps.append(item_sweep(
             tokenizer, items=[f" {s}" for s in distractors], gold=f" {r['relevant']}",
             positions=positions, encoder=True, query=r["query"],

@@ -4,6 +4,7 @@
                      [--out DIR] [--seed N] [--device cpu|cuda[:N]|mps] [--dtype float32|bfloat16|float16]
                      [--resume|--force] [--quick] [--budget MINUTES]
     headscope heads|attribution|position|patching|mlp|kv|probes|circuits [same options]
+                                         (position also [--n-items N]: items a prompt, the gold one included)
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
     headscope compare OUT_A OUT_B [--out FILE]  two report folders side by side in one HTML page
@@ -37,7 +38,15 @@ def _parser() -> argparse.ArgumentParser:
     _run_options(r)
     r.add_argument("--analyses", default=None, help=f"comma-separated subset of: {','.join(ANALYSES)} (default: all)")
     for name in ANALYSES:
-        _run_options(sub.add_parser(name, help=f"run the {name} analysis alone (same outputs as in the report)"))
+        one = sub.add_parser(name, help=f"run the {name} analysis alone (same outputs as in the report)")
+        _run_options(one)
+        if name == "position":
+            one.add_argument("--n-items", type=int, default=None, metavar="N",
+                             help="items a prompt, the gold one included: documents of a QA records file, sentences "
+                                  "of retrieval records, pairs of a key-value task (default: 10 documents; every "
+                                  "record's distractors + 1 sentences; the pairs that fit, up to 20); the gold item "
+                                  "goes to every slot up to 8 items, else to the first slot and the quarters; each "
+                                  "record is checked to have N - 1 distractors before anything is written")
 
     s = sub.add_parser("sites", help="load a model and print its facts and every hookable site")
     s.add_argument("--model", default=None,
@@ -200,6 +209,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             resume=args.resume,
             progress=not args.quiet, command=["headscope", *sys.argv[1:]], trust_remote_code=args.trust_remote_code,
             strict=args.strict, budget=args.budget, substitute=args.command == "report", prepend_bos=args.prepend_bos,
+            n_items=getattr(args, "n_items", None),
         ))
     except RunFailedError as err:  # --force and an analysis failed: the old output is unchanged
         if os.environ.get("RANK", "0") == "0":

@@ -32,7 +32,7 @@ from headscope.analyses.position.stats import (
     holm,
     middle_to_ends,
 )
-from tests_support import hf_model
+from tests_support import SMALL_QA, hf_model
 
 DATA = files("headscope.analyses") / "data"
 
@@ -208,6 +208,55 @@ def test_qa_sweeps_from_jsonl():
             assert not any(a.lower() in ln.lower() for ln in others for a in rec["answers"])
             assert prompt.count(f"Question: {rec['question']}") == 2 and prompt.endswith("\nAnswer:")
         assert sweep.answers == tuple(rec["answers"])
+
+
+def test_qa_n_docs_is_checked_against_each_record_and_sets_the_slots():
+    """n_docs (--n-items) counts the gold document: 4 fits every record (record 3 has 3 answer-free distractors), with
+    the gold at each of the 4 slots and no answer outside it; 5 is refused naming record 3 and its count; the old
+    default of 10 refused record 1 (5 distractors)."""
+    sweeps = pr.qa_sweeps(CharTokenizer(), SMALL_QA, n_docs=4)
+    for sweep, rec in zip(sweeps, SMALL_QA):
+        assert sweep.n_items == 4 and sweep.positions == (1, 2, 3, 4)
+        gold = f"(Title: {rec['gold_document']['title']}) {rec['gold_document']['text']}"
+        for row, p in enumerate(sweep.positions):
+            lines = [ln for ln in text(sweep.tokens[row]).splitlines() if ln.startswith("Document [")]
+            assert [ln.split("]")[0] for ln in lines] == [f"Document [{i}" for i in range(1, 5)]
+            assert lines[p - 1] == f"Document [{p}]{gold}"
+            assert not any(rec["answers"][0].lower() in ln.lower() for i, ln in enumerate(lines) if i != p - 1)
+    with pytest.raises(ValueError) as refused:
+        pr.qa_sweeps(CharTokenizer(), SMALL_QA, n_docs=5)
+    assert str(refused.value) == (
+        "QA record 3 (question 'what runs past the bakery') has 3 answer-free distractor documents (its own and the "
+        "other records'), and 5 documents a prompt (n_items, --n-items; the gold one included) need 4; add documents "
+        "to the data or lower --n-items to 4 or less.")
+    with pytest.raises(ValueError, match=r"^QA record 1 \(question 'which river runs through the town'\) has 5 "):
+        pr.qa_sweeps(CharTokenizer(), SMALL_QA)
+
+
+def test_retrieval_n_distractors_is_checked_against_each_record():
+    """An encoder's passage holds n_items sentences: the first n_items - 1 distractors of each record; a record
+    with fewer is refused, naming it (it was silently given a shorter passage)."""
+    records = [{"query": "q one", "relevant": "r one", "distractors": ["a", "b", "c"]},
+               {"query": "q two", "relevant": "r two", "distractors": ["d"]}]
+    sweeps = pr.retrieval_sweeps(CharTokenizer(), records[:1], n_distractors=2)
+    assert sweeps[0].n_items == 3 and text(sweeps[0].no_gold_tokens[0]) == " a b"
+    with pytest.raises(ValueError) as refused:
+        pr.retrieval_sweeps(CharTokenizer(), records, n_distractors=2)
+    assert str(refused.value) == (
+        "retrieval record 2 (query 'q two') has 1 distractor sentence, and 3 sentences a passage (n_items, --n-items; "
+        "the relevant one included) need 2; add sentences to the record or lower --n-items to 2 or less.")
+
+
+def test_the_budget_halves_an_encoders_items_only_where_n_items_is_set():
+    """The budget's pairs knob does not read each retrieval record's distractors, so on an encoder it cuts only a
+    set n_items (6 -> 3); unset, a cut to 10 (5 quick) of the shipped records' 6 sentences would now be refused."""
+    from types import SimpleNamespace
+
+    from headscope.analyses.position.cost import fewer_items
+
+    encoder = SimpleNamespace(facts=SimpleNamespace(is_encoder=True), tokenizer=None)
+    assert fewer_items(PositionConfig(), encoder) is None and fewer_items(PositionConfig(quick=True), encoder) is None
+    assert fewer_items(PositionConfig(n_items=6), encoder).n_items == 3
 
 
 def test_qa_records_need_their_fields(tmp_path):
@@ -893,3 +942,55 @@ def test_sliding_window_layers_average_the_sink_over_the_queries_that_see_it(arc
     records = [{"layer": 0, "mass": 0.3, "uniform": share, "ratio": 0.3 / share, "n": 4}]
     text = finding({"sinks": records, "n_sink": 2, "task": "kv", "sliding_windows": {"0": 8}})
     assert "over 4 examples; on sliding-window layer 0 over the queries whose window holds the first token" in text
+
+
+@pytest.fixture(scope="module")
+def wide_mistral(arch_dirs, tmp_path_factory):
+    """The matrix's Mistral config (every layer slides) with a window of 64 tokens, wider than the prompts below,
+    random weights (seed 0), its tokenizer: (HookedModel, directory)."""
+    import shutil
+
+    import transformers
+
+    import headscope as hs
+
+    source, out = arch_dirs["mistral"], tmp_path_factory.mktemp("wide-mistral") / "mistral"
+    config = transformers.AutoConfig.from_pretrained(source)
+    config.sliding_window = 64
+    torch.manual_seed(0)
+    transformers.MistralForCausalLM(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, out / name)
+    return hs.load_model(out, device="cpu"), out
+
+
+def test_the_sink_sentence_names_only_the_windows_shorter_than_the_longest_prompt(arch_models, wide_mistral):
+    """#34 item 7: on prompts of 12 tokens Mistral's window of 8 binds (queries 8-11 lose the first token), so the
+    sink sentence names layers 0-1 as sliding; a window of 64 holds every prompt whole, so it names none and says
+    the window never binds. summary.json records the longest prompt (12 tokens, the hand-built sweep's), and with
+    the window idle the sink mass is plain HF's attention onto keys 0-3 over every query 4-11."""
+    from headscope.reports.plots_position import finding, windows_that_bind
+    from tests_support import hf_reference, random_tokens
+
+    # the edge, by visible_keys' rule: query 11 (the 12th token) sees key 0 only when 11 < window
+    assert windows_that_bind({"sliding_windows": {"0": 11, "1": 12}, "prompt_tokens": 12}) == ([0], {"1": 12})
+    assert windows_that_bind({"sliding_windows": {"0": 64}}) == ([0], {})  # an older summary: every one named
+
+    tokens = random_tokens(3, 12, seed=5)
+    sweep = pp.PositionSweep(tokens=tokens, gold_spans=torch.tensor([[1, 2], [3, 4], [5, 6]]), positions=(1, 2, 3),
+                             n_items=3, answer_ids=torch.tensor([7]), answers=("x",))
+    wide, wide_dir = wide_mistral
+    said = {}
+    for name, model, window in (("narrow", arch_models("mistral"), 8), ("wide", wide, 64)):
+        s = position_bias(model, [sweep], n_boot=20, window=0, generate=False).summary
+        assert s["prompt_tokens"] == 12 and s["sliding_windows"] == {"0": window, "1": window}
+        said[name] = finding(s)
+    assert "on sliding-window layers 0-1 over the queries whose window holds the first token" in said["narrow"]
+    assert "Sliding-window" not in said["narrow"]
+    assert "sliding-window layer" not in said["wide"]
+    assert ("Sliding-window layers 0-1 (window 64 tokens) hold every prompt whole (the longest has 12 tokens): their "
+            "window never binds here.") in said["wide"]
+    with torch.no_grad():
+        attns = hf_reference(wide_dir)(tokens, output_attentions=True).attentions  # layer: [row, head, q, k]
+    hand = [float(a[:, :, 4:12, :4].sum(-1).mean()) for a in attns]  # [layer]: rows, heads and queries 4-11
+    assert s["n_sink"] == 4 and s["sink_mass_per_layer"] == pytest.approx(hand, abs=1e-5)

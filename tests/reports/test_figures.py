@@ -1012,6 +1012,44 @@ def test_position_curve_draws_the_no_gold_baseline_as_a_grey_line_and_band():
         plt.close("all")
 
 
+def test_position_streaming_draws_the_no_gold_log_probability_as_its_labelled_reference_band():
+    """#34 item 7: the streaming figure (full vs window vs sinks + window) carries the same honest reference as the
+    curve: the answer's log-probability without the gold item (the summary's no_gold_baseline["logprob"], full
+    attention) as a grey line at its mean and a band at its 95% interval, inside the axis and named in the legend;
+    the curve figure keeps the primary metric's baseline, and a run without a baseline draws none."""
+    from types import SimpleNamespace
+
+    from headscope.reports.plots_position import STREAMING_BASELINE, figures
+
+    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": v, "ci_low": v - 0.3, "ci_high": v + 0.3}
+                          for c, shift in (("full", 0.0), ("window", -2.0), ("sink_window", -1.0))
+                          for m, v0 in (("accuracy", 0.5), ("logprob", -2.0)) for p in (1, 2, 3)
+                          for v in [v0 if m == "accuracy" else v0 + shift]])
+    tables = {"curve": curve, "masked": pd.DataFrame({"condition": ["window", "sink_window"]}),
+              "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.1} for p in (1, 2, 3)]),
+              "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
+    base = {"accuracy": {"mean": 0.1, "ci": [0.0, 0.3]}, "logprob": {"mean": -6.5, "ci": [-7.25, -5.75]}}
+    summary = {"primary_metric": "accuracy", "n_items": 3, "n_sink": 1, "no_gold_baseline": base}
+    try:
+        figs = figures(SimpleNamespace(summary=summary, tables=tables))
+        ax = figs["position_streaming"].axes[0]
+        [line] = [ln for ln in ax.get_lines() if ln.get_label() == STREAMING_BASELINE]
+        assert set(np.round(line.get_ydata(), 6)) == {-6.5}
+        [band] = ax.patches
+        assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((-7.25, -5.75))
+        low, high = ax.get_ylim()
+        assert low < -7.25 and high > -1.7  # the band and every condition's band in view
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == ["full", "window", "sink_window", STREAMING_BASELINE]
+        [acc_line] = [ln for ln in figs["position_curve"].axes[0].get_lines() if ln.get_label().startswith("no gold")]
+        assert set(np.round(acc_line.get_ydata(), 6)) == {0.1}
+        bare = figures(SimpleNamespace(summary={**summary, "no_gold_baseline": {}}, tables=tables))
+        assert not bare["position_streaming"].axes[0].patches
+        assert [t.get_text() for t in bare["position_streaming"].axes[0].get_legend().get_texts()] == legend[:3]
+    finally:
+        plt.close("all")
+
+
 # ---- noise never vivid, honest labels (#34 figure defects) ---------------------------------------
 def test_kv_sinks_draws_each_layers_interval_over_prompts():
     from headscope.reports.plots_kv import plot_sinks
