@@ -2486,3 +2486,78 @@ def test_patching_map_title_clears_the_colour_bar_label_below_chance():
                                                "(the model prefers wrong answers; no task behaviour)").split()
     finally:
         plt.close("all")
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_dla_per_expert_draws_each_moe_layers_experts_and_total_on_one_zero_centred_scale(arch, more_arch_models,
+                                                                                          tmp_path):
+    """#34 items 3 and 7: the per-expert DLA of the tiny Mixtral / Qwen2-MoE (random weights), one panel per MoE
+    layer: each bar the mean over examples of that expert's rows of dla_experts (recomputed here from the per-example
+    rows) with its 95% t interval (scipy), red above 0 and blue below, the shared expert (Qwen2-MoE only) hatched and
+    ticked "shared", the grey total the mean of the layer's mlpN rows of dla; every panel's y limits the same and
+    symmetric about 0; tick labels, titles and the suptitle inside the figure and clear of each other; the report's
+    figure grid puts it next to the components figure with alt text that says what it shows."""
+    from scipy import stats
+
+    from headscope.analyses.circuits import analysis as circuits
+    from headscope.analyses.core.tasks import Task
+    from headscope.reports.html_report import _figures_html
+    from tests_support import random_tokens
+
+    tokens = random_tokens(6, 8, seed=41)
+    task = Task(name="rand", tokens=tokens[:, :-1], answers=tokens[:, -1], wrong_answers=tokens[:, 2].clone(),
+                metric="logit_diff")
+    res = circuits.direct_logit_attribution(more_arch_models(arch), task, top_k=3)
+    figs = plot_result(res)
+    fig = figs["circuits_dla_experts"]
+    rows, dla = res.tables["dla_experts"], res.tables["dla"]
+
+    def t_interval(x):
+        x = np.asarray(x, dtype=float)
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / len(x) ** 0.5
+        return x.mean(), x.mean() - half, x.mean() + half
+
+    try:
+        fig.draw_without_rendering()
+        renderer, frame = fig.canvas.get_renderer(), fig.bbox
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        assert len(panels) == rows.layer.nunique() == 2
+        limits = {ax.get_ylim() for ax in panels}
+        assert len(limits) == 1 and next(iter(limits))[0] == pytest.approx(-next(iter(limits))[1])  # shared, about 0
+        boxes = [fig._suptitle.get_window_extent(renderer)]
+        for ax, layer in zip(panels, sorted(rows.layer.unique())):
+            own = rows[rows.layer == layer]
+            experts = sorted(own.expert.unique(), key=lambda e: (bool(own[own.expert == e].shared.iloc[0]), e))
+            want = [t_interval(own[own.expert == e].sort_values("example").contribution) for e in experts]
+            want.append(t_interval(dla[dla.component == f"mlp{layer}"].contribution))
+            bars = ax.patches
+            np.testing.assert_allclose([b.get_height() for b in bars], [w[0] for w in want], rtol=1e-5, atol=1e-7)
+            caps = [seg for c in ax.collections for seg in c.get_segments()]  # the error bars, bottom to top
+            drawn = sorted((round(s[:, 0].mean(), 6), s[:, 1].min(), s[:, 1].max()) for s in caps)
+            np.testing.assert_allclose([d[1:] for d in drawn], [w[1:] for w in want], rtol=1e-5, atol=1e-6)
+            for bar, (mean, *_ ) in zip(bars[:-1], want[:-1]):
+                r, _, b, _ = bar.get_facecolor()
+                assert mean == 0 or (r > b) == (mean > 0), (mean, bar.get_facecolor())
+            shared = [bool(own[own.expert == e].shared.iloc[0]) for e in experts]
+            assert [bool(b.get_hatch()) for b in bars[:-1]] == shared and any(shared) == (arch == "qwen2moe")
+            ticks = [t.get_text() for t in ax.get_xticklabels()]
+            n = own.example.nunique()
+            routed = [int(own[own.expert == e].routed.sum()) for e in experts]
+            assert ticks == [f"{'shared' if s else f'E{e}'}\n{r}/{n}" for e, s, r in zip(experts, shared, routed)] \
+                + [f"total\nmlp{layer}"]
+            assert f"n = {n}" in ax.get_title() and ax.get_ylim()[1] >= max(w[2] for w in want)
+            labels = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+            assert not [(i, j) for i in range(len(labels)) for j in range(i) if _overlap(labels[i], labels[j])]
+            boxes += [ax.title.get_window_extent(renderer), ax.xaxis.label.get_window_extent(renderer)]
+        boxes.append(panels[0].yaxis.label.get_window_extent(renderer))
+        for box in boxes:
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        assert not [(i, j) for i in range(len(boxes)) for j in range(i) if _overlap(boxes[i], boxes[j])]
+        for stem in ("circuits_dla_components", "circuits_dla_experts"):
+            figs[stem].savefig(tmp_path / f"{stem}.png", dpi=40)
+        html = _figures_html(tmp_path)
+        assert html.index("<b>circuits_dla_components</b>") < html.index("<b>circuits_dla_experts</b>")
+        assert 'alt="circuits_dla_experts: Direct logit attribution per expert (logits) of each mixture-of-experts' \
+            in html
+    finally:
+        plt.close("all")
