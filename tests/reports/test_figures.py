@@ -1659,6 +1659,32 @@ def test_l0_points_carry_their_paired_interval_and_labels_stay_clear_of_the_lege
         plt.close("all")
 
 
+def test_l0_figure_says_held_out_with_both_counts_and_draws_the_held_out_unpruned_line():
+    """#34 item 2: an l0 table scored on 8 held-out examples (gates fitted on 8 others) titles the figure with both
+    counts, and the dashed unpruned line is the held-out examples' unpruned metric (2.5), not the run's (2.0); an
+    in-sample table too small to split says why in its title."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots_heads import figures
+
+    sweep = pd.DataFrame({"lambda": [0.03, 0.1], "heads_kept": [6, 3], "metric_binary": [2.45, 2.1],
+                          "metric": [2.46, 2.2], "change": [-0.05, -0.4], "change_ci_low": [-0.1, -0.6],
+                          "change_ci_high": [0.0, -0.2], "n_examples": 8, "unpruned": 2.5, "split": "held_out",
+                          "in_sample_reason": "", "n_train": 8})
+    summary = {"metric": "logit_diff", "baseline_metric": 2.0, "pruning_tolerance": {"band": 0.02, "name": "1%"}}
+    try:
+        ax = figures(Result(name="heads", df=pd.DataFrame(), summary=summary, tables={"l0": sweep}))["l0"].axes[0]
+        assert ax.get_title() == "L0 head pruning on 8 held-out examples\n(gates fitted on 8 others; bars: 95% CI)"
+        unpruned = [line for line in ax.lines if line.get_label() == "unpruned"]
+        assert [float(line.get_ydata()[0]) for line in unpruned] == [2.5]
+        small = sweep.assign(split="in_sample", n_examples=12, n_train=12, unpruned=2.0,
+                             in_sample_reason="only 12 examples, too few to hold some out (at least 16)")
+        ax = figures(Result(name="heads", df=pd.DataFrame(), summary=summary, tables={"l0": small}))["l0"].axes[0]
+        assert ax.get_title() == ("L0 head pruning (bars: 95% CI over 12 examples, in-sample:\n"
+                                  "only 12 examples, too few to hold some out (at least 16))")
+    finally:
+        plt.close("all")
+
+
 def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
     from headscope.reports.plots_heads import plot_l0
 
