@@ -489,7 +489,10 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                             "away) with its 95% t interval; an example the router did not send to the expert counts 0, "
                             "and each tick gives the examples routed to it of n. The shared expert (Qwen2-MoE) is "
                             "hatched and ticked \"shared\"; the grey bar right of the dotted line is the layer's total, "
-                            "its mlpN row of the components figure, which the experts' bars add up to.",
+                            "its mlpN row of the components figure, which the experts' bars add up to. With more than 16 "
+                            "experts or 8 MoE layers, one map instead: MoE layer (rows) x expert (columns), each cell "
+                            "an expert's mean on the diverging scale centred on 0, never-routed experts hatched, the "
+                            "shared expert's and the total's columns right of the line.",
     "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
                              "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
                              "the same size, dotted: the 80% target.",

@@ -5,7 +5,9 @@ One panel per MoE layer, every panel on one y scale symmetric about 0 (raw logit
 expert at its mean over examples with its 95% t interval, red toward the answer and blue away (plots.py's
 convention), the shared expert hatched and ticked "shared", each tick giving how many examples the router sent to
 the expert (its mean counts the others' zeros), and the layer's total, the block's mlpN DLA, grey at the right with
-its own interval. Panels wrap four to a row.
+its own interval. Panels wrap four to a row. A model with more experts or MoE layers than bars can show legibly
+(Qwen1.5-MoE's 60 experts in 24 layers) gets one heat map instead, MoE layers (rows) x experts (columns) on a
+diverging scale centred on 0, the shared expert's and the total's columns right of a line (`experts_map`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from headscope.analyses.core import chance
 from headscope.reports.plots import DIVERGING, MUTE
 
 PER_ROW = 4  # panels per row
+MAX_BARS = 17  # experts (and the shared one) a panel draws as bars, with the total; more: the heat map
+MAX_PANELS = 8  # MoE layers drawn as panels; more: the heat map
 TOTAL = "0.55"  # the layer total's bar colour: not a value colour
 
 
@@ -53,6 +57,8 @@ def experts_figure(data: pd.DataFrame, *, dla: pd.DataFrame | None = None, quiet
     layers = sorted(int(l) for l in data.layer.unique())
     totals = layer_totals(dla, data)
     bars = max(int((data.layer == l).sum()) for l in layers) + 1  # experts and the total
+    if bars > MAX_BARS + 1 or len(layers) > MAX_PANELS:
+        return experts_map(data, totals=totals, quiet=quiet)
     cols = min(PER_ROW, len(layers))
     rows = math.ceil(len(layers) / cols)
     fig, grid = plt.subplots(rows, cols, figsize=(max(3.2, 0.55 * bars + 1.2) * cols, 3.6 * rows + 0.6),
@@ -92,4 +98,45 @@ def experts_figure(data: pd.DataFrame, *, dla: pd.DataFrame | None = None, quiet
     head = "Direct logit attribution per expert: mean and 95% CI over examples"
     fig.suptitle(head + (f"\n{quiet}" if quiet else ""), fontsize=11)
     fig.tight_layout()
+    return fig
+
+
+def experts_map(data: pd.DataFrame, *, totals: dict[int, tuple[float, float, float, int]], quiet: str | None = None):
+    """The many-expert view: MoE layers (rows) x experts (columns), each cell an expert's mean DLA (logits) on
+    DIVERGING centred on 0, then "shared" (where the model has one) and "total" (the layer's mlpN) right of a line;
+    experts the router never chose for any example hatched (0 by construction). x tick labels that would collide
+    are thinned (plots.thin_xtick_labels). -> Figure"""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from headscope.reports.plots import color_scale, hatch_cells, symmetric_bound, thin_xtick_labels
+
+    routed = data[~data.shared]
+    grid = routed.pivot_table(index="layer", columns="expert", values="contribution", aggfunc="mean")  # [layer, e]
+    never = routed.pivot_table(index="layer", columns="expert", values="n_routed", aggfunc="sum").reindex_like(grid)
+    names = [f"E{int(e)}" for e in grid.columns]
+    if data.shared.any():
+        shared = data[data.shared].set_index("layer").contribution.reindex(grid.index)
+        grid, names = grid.assign(shared=shared), names + ["shared"]
+    grid = grid.assign(total=[totals[int(l)][0] for l in grid.index])
+    names.append("total")
+    values = grid.to_numpy(dtype=float)  # [layer, expert + extras]
+    n = int(data.n.max())
+    width = min(40.0, max(6.0, 0.24 * values.shape[1] + 3.5))  # a rotated tick label per column fits
+    fig, ax = plt.subplots(figsize=(width, min(30.0, max(3.0, 0.3 * values.shape[0] + 1.8))))
+    bound = symmetric_bound(values)
+    sns.heatmap(values, ax=ax, **color_scale(bound=bound, is_signed=True, quiet=bool(quiet)),
+                cbar_kws={"label": "direct logit attribution (logits)"}, xticklabels=names,
+                yticklabels=[str(int(l)) for l in grid.index])
+    mask = np.zeros(values.shape, dtype=bool)
+    mask[:, :never.shape[1]] = never.to_numpy() == 0
+    hatch_cells(ax, mask)
+    ax.axvline(never.shape[1], color="black", lw=1.2)
+    ax.set(xlabel="expert (hatched: never routed; right of the line: shared expert and the layer's total)",
+           ylabel="MoE layer", title=f"Direct logit attribution per expert: mean over n = {n} examples"
+           + (f"\n{quiet}" if quiet else ""))
+    ax.set_xticks(np.arange(len(names)) + 0.5, names, rotation=90)
+    fig.tight_layout()
+    order = [len(names) - 1] + ([len(names) - 2] if data.shared.any() else []) + list(range(len(names)))
+    thin_xtick_labels(ax, order=order)
     return fig

@@ -2587,3 +2587,36 @@ def test_dla_per_expert_draws_each_moe_layers_experts_and_total_on_one_zero_cent
             in html
     finally:
         plt.close("all")
+
+
+def test_dla_per_expert_of_many_experts_is_one_zero_centred_map_with_the_shared_and_total_columns_named():
+    """#34 items 3 and 7, at a real MoE's width (Qwen1.5-MoE: 60 routed experts and a shared one a layer): bars would
+    be unreadable, so 10 MoE layers x 40 experts draw one map, layers (rows) x experts (columns), the table's means
+    in each cell, then the shared expert's and the layer total (the dla table's mlpN mean) right of a line, on the
+    diverging map centred on 0; never-routed experts' cells hatched; every shown tick label apart, "shared" and
+    "total" among them, and the figure at most 40 inches wide."""
+    from headscope.reports.plots_experts import experts_figure
+
+    rng = np.random.default_rng(5)
+    rows = [{"layer": l, "expert": e, "shared": e == 40, "contribution": float(rng.normal(0, 0.2)), "ci_low": -1.0,
+             "ci_high": 1.0, "n": 32, "n_routed": 0 if (l + e) % 9 == 0 and e < 40 else 4}
+            for l in range(1, 11) for e in range(41)]
+    mean = pd.DataFrame(rows)
+    dla = pd.DataFrame([{"kind": "mlp", "component": f"mlp{l}", "contribution": v, "example": i}
+                        for l in range(1, 11) for i, v in enumerate((0.3 * l - 1.5, 0.3 * l - 1.3))])
+    fig = experts_figure(mean, dla=dla)
+    try:
+        ax = fig.axes[0]
+        want = mean[~mean.shared].pivot(index="layer", columns="expert", values="contribution").to_numpy()  # [10, 40]
+        shared = mean[mean.shared].sort_values("layer").contribution.to_numpy()
+        totals = [0.3 * l - 1.4 for l in range(1, 11)]
+        np.testing.assert_allclose(heat(ax), np.column_stack([want, shared, totals]))
+        kind, vmin, vmax = _norm(ax)
+        assert kind == "diverging" and vmax == pytest.approx(max(map(abs, totals)))  # 1.6, layer 10's total
+        hatched = {(round(p.get_x()), round(p.get_y())) for p in ax.patches if p.get_hatch()}
+        assert hatched == {(e, l - 1) for l in range(1, 11) for e in range(40) if (l + e) % 9 == 0}
+        shown = [t.get_text() for t in _shown_xticks_apart(fig, ax)]
+        assert shown[-2:] == ["shared", "total"] and len(shown) > 20
+        assert "n = 32" in ax.get_title() and fig.get_size_inches()[0] <= 40
+    finally:
+        plt.close("all")
