@@ -353,14 +353,23 @@ def finding(s: Mapping[str, Any]) -> str:
 
 def _l0_words(heads: int, rec: Any) -> str:
     """The L0 sentence with its point's paired change from unpruned, 95% CI and n where recorded (review 12b C1:
-    a bare count), and always that it is in-sample: the gates are trained and measured on the same examples."""
+    a bare count): on the held-out examples, the gates fitted on the others, with the in-sample change after it
+    (#34 item 2); where the fit is in-sample (a task too small to split, or an older summary), it says so and why."""
     change, ci = (_num(rec.get("change")), ci_pair(rec.get("ci"))) if isinstance(rec, Mapping) else (None, None)
     said = f"L0 gates keep the metric within tolerance with {heads} heads"
     if change is None or ci is None:
         return f"{said} (in-sample: measured on the examples the gates were trained on, no held-out check)."
-    return (f"{said} (lambda {float(rec['lambda']):g}: {float(rec['metric']):.4g}, a change of {change:+.3g} from "
-            f"unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}] over {rec.get('n_examples', '?')} examples; in-sample: "
-            "measured on the examples the gates were trained on, no held-out check).")
+    n = rec.get("n_examples", "?")
+    point = f"lambda {float(rec['lambda']):g}: {float(rec['metric']):.4g}"
+    if rec.get("in_sample") is False:
+        inside, inside_ci = _num(rec.get("in_sample_change")), ci_pair(rec.get("in_sample_ci"))
+        secondary = (f"; in-sample, on the {rec.get('n_train', '?')} training examples, {inside:+.3g}, 95% CI "
+                     f"[{inside_ci[0]:+.3g}, {inside_ci[1]:+.3g}]") if inside is not None and inside_ci else ""
+        return (f"{said} on held-out examples (gates fitted on {rec.get('n_train', '?')} examples; {point} on {n} "
+                f"others, a change of {change:+.3g} from unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]{secondary}).")
+    why = f" ({rec['in_sample_reason']})" if rec.get("in_sample_reason") else ", no held-out check"
+    return (f"{said} ({point}, a change of {change:+.3g} from unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}] over {n} "
+            f"examples; in-sample: measured on the examples the gates were trained on{why}).")
 
 
 def _role_window_words(w: Mapping[str, Any], n_layers: Any) -> str:

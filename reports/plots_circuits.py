@@ -1,6 +1,7 @@
 """Figures of the circuits analysis: the logit lens (layer x position), DLA per head (layers x
 heads), DLA of the embeddings, MLPs and bias terms, faithfulness against circuit size, MIB's
-faithfulness curve (CPR, CMD) and the circuit graph of the strongest edges.
+faithfulness curve (CPR, CMD) and the circuit graph of the strongest edges; on mixtures of experts, DLA per expert
+(plots_experts.py).
 
 reports/plots.py's convention: `plot_<what>(data, *, ax=None, ...) -> Axes` over the Result's tidy tables.
 
@@ -22,6 +23,7 @@ from headscope.reports.circuits_words import finding as finding  # the headline:
 from headscope.reports.findings import ci_pair
 from headscope.reports.moe_words import moe_layers
 from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
+from headscope.reports.plots_experts import experts_figure
 
 
 def from_end(lens: pd.DataFrame) -> pd.DataFrame | None:
@@ -426,6 +428,8 @@ def figures(result, **kwargs) -> dict:
             intervals=s.get("lens_logit_diff_ci_per_layer")).axes[0]),
         "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
         "circuits_dla_components": ("dla", lambda data: plot_dla_components(data, moe=moe_layers(s))),
+        "circuits_dla_experts": ("dla_experts_mean", lambda data: experts_figure(
+            data, dla=tables.get("dla"), quiet=quiet).axes[0]),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),
         "circuits_mib": ("mib", lambda data: plot_mib(data, cpr=s.get("mib_cpr"), cmd=s.get("mib_cmd"), unreported=off,
                                                       cpr_ci=s.get("mib_cpr_ci"), cmd_ci=s.get("mib_cmd_ci"))),
@@ -434,7 +438,7 @@ def figures(result, **kwargs) -> dict:
     }
     out = {}
     for stem, (table, draw) in draws.items():
-        if table in tables:
+        if table in tables and len(tables[table]):
             out[stem] = laid_out(draw(tables[table]))
     return out
 
@@ -479,6 +483,16 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                                "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
                                "out and named in the title. On a mixture-of-experts model a tick \"mlpN (MoE)\" is the "
                                "whole block (every expert the router chose and any shared expert); plain mlpN a dense MLP.",
+    "circuits_dla_experts": "Direct logit attribution per expert (logits) of each mixture-of-experts block (one panel "
+                            "per MoE layer, every panel on one scale symmetric about 0): each expert's write into the "
+                            "answer-minus-wrong logit direction, mean over examples (bar: red toward the answer, blue "
+                            "away) with its 95% t interval; an example the router did not send to the expert counts 0, "
+                            "and each tick gives the examples routed to it of n. The shared expert (Qwen2-MoE) is "
+                            "hatched and ticked \"shared\"; the grey bar right of the dotted line is the layer's total, "
+                            "its mlpN row of the components figure, which the experts' bars add up to. With more than 16 "
+                            "experts or 8 MoE layers, one map instead: MoE layer (rows) x expert (columns), each cell "
+                            "an expert's mean on the diverging scale centred on 0, never-routed experts hatched, the "
+                            "shared expert's and the total's columns right of the line.",
     "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
                              "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
                              "the same size, dotted: the 80% target.",

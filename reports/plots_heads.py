@@ -345,8 +345,27 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
                     xytext=(-6 if right else 6, 8 if right else -12), ha="right" if right else "left",
                     fontsize="x-small", annotation_clip=True)
     ax.margins(y=0.12)  # room for the labels above the top point and below the lowest
-    return _finish(ax, metric, baseline, "heads kept",
-                   "L0 head pruning" + ("" if n is None else f" (bars: 95% CI over {n} examples, in-sample)"), tolerance)
+    return _finish(ax, metric, baseline, "heads kept", "L0 head pruning" + _l0_sample(sweep, n), tolerance)
+
+
+def _l0_sample(sweep: pd.DataFrame, n: int | None) -> str:
+    """The L0 title's sample: " on 8 held-out examples\n(gates fitted on 8 others; bars: 95% CI)", or in-sample with
+    its reason where the table gives one (#34 item 2), "" without n."""
+    if n is None:
+        return ""
+    split = str(sweep["split"].iloc[0]) if "split" in sweep.columns else "in_sample"
+    if split == "held_out":
+        return f" on {n} held-out examples\n(gates fitted on {int(sweep['n_train'].iloc[0])} others; bars: 95% CI)"
+    why = str(sweep["in_sample_reason"].iloc[0]) if "in_sample_reason" in sweep.columns else ""
+    why = why if why and why != "nan" else ""
+    return f" (bars: 95% CI over {n} examples, in-sample" + (f":\n{why})" if why else ")")
+
+
+def _scored_baseline(sweep: pd.DataFrame, baseline: float | None) -> float | None:
+    """The unpruned metric of the examples the L0 sweep scored (its held-out ones), else the run's baseline."""
+    if "unpruned" in sweep.columns and len(sweep) and np.isfinite(float(sweep["unpruned"].iloc[0])):
+        return float(sweep["unpruned"].iloc[0])
+    return baseline
 
 
 ROW_INCHES = 0.22  # height of one head's row in the roles map: its 9-point label fits without overlap
@@ -418,7 +437,7 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
                                                                     basis=s.get("ordering_basis"),
                                                                     tolerance=s.get("pruning_tolerance")).axes[0]),
         "best_head": ("best_head" in tables, lambda: plot_best_head(tables["best_head"], metric=metric)),
-        "l0": ("l0" in tables, lambda: plot_l0(tables["l0"], metric=metric, baseline=baseline,
+        "l0": ("l0" in tables, lambda: plot_l0(tables["l0"], metric=metric, baseline=_scored_baseline(tables["l0"], baseline),
                                                tolerance=s.get("pruning_tolerance"))),
         "roles": ("roles" in tables, lambda: plot_roles(tables["roles"])),
     }
@@ -464,8 +483,12 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                  "optimistic. A diamond at 0 marks a bar too short to see (a change near 0), so it reads apart from "
                  "a missing one.",
     "l0": "Heads kept (x) against the metric (y) across the L0 penalty sweep; each point is labelled with its lambda "
-          "(lambdas that land on one point share a label). Error bars: the 95% t-interval of the kept heads' change "
-          "from unpruned, paired over the examples; in-sample, as the gates were trained on those same examples.",
+          "(lambdas that land on one point share a label), measured on held-out examples: the gates are fitted on a "
+          "random part of the task's examples and scored on the others (the title gives both counts; a task under "
+          "16 examples is fitted and scored in-sample, and the title says so). Error bars: the 95% t-interval of the "
+          "kept heads' change from unpruned, paired over the scored examples; the dashed line is the unpruned metric "
+          "of those examples. l0.csv also gives each point's change on the training examples (in-sample, "
+          "flattering).",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
              "(the mean maximum attention weight). On sliding-window layers sink averages over the queries that can "
              "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "

@@ -19,7 +19,8 @@ examples, n_examples and the method: pruning.prunable_intervals), pruning_tolera
 below unpruned, in the metric's units: pruning.tolerance_record), top_heads_<method>, top_head_<method> (every
 method: the first head and the next with their 95% intervals and the paired difference's, `_leading`),
 l0_min_heads_within_tolerance with l0_within_tolerance (that point's lambda, metric and paired change from unpruned
-with its 95% interval over n examples; in-sample: the gates are trained on those examples), and
+with its 95% interval over n held-out examples, the gates fitted on the other n_train; in_sample with its reason where
+the task is too small to split, and the training examples' change, in_sample_change / in_sample_ci), and
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): the analytic rounding (`rounding_step`:
 one step of the logits, for an answer log-probability times rounding_sensitivity, E_x sum_t (1 - p_t), with
 rounding_logit_step the step);
@@ -496,15 +497,18 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     if hc.l0 is not None:
         sweep, gates = l0_sweep(model, scorer, hc.l0, seed=hc.seed, progress=config.progress)
         tables["l0"], tables["l0_gates"] = sweep, gates
-        floor = baseline - summary["pruning_tolerance"]["band"]
-        ok = sweep.loc[sweep["metric_binary"] >= floor, "heads_kept"]
+        # the floor below the unpruned metric of the examples scored (the held-out ones where the gates were split)
+        ok = sweep.loc[sweep["metric_binary"] >= sweep["unpruned"] - summary["pruning_tolerance"]["band"], "heads_kept"]
         summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
-        if len(ok):  # review 12b C1: that point's paired change with its interval and n, in-sample
+        if len(ok):  # review 12b C1, #34 item 2: that point's paired change with its interval and n, held out
             row = sweep.loc[ok.idxmin()]
             summary["l0_within_tolerance"] = {
                 "heads": int(row["heads_kept"]), "lambda": float(row["lambda"]), "metric": float(row["metric_binary"]),
                 "change": float(row["change"]), "ci": [float(row["change_ci_low"]), float(row["change_ci_high"])],
-                "n_examples": int(row["n_examples"]), "in_sample": True}
+                "n_examples": int(row["n_examples"]), "in_sample": bool(row["split"] == "in_sample"),
+                "in_sample_reason": str(row["in_sample_reason"]), "n_train": int(row["n_train"]),
+                "in_sample_change": float(row["change_in_sample"]),
+                "in_sample_ci": [float(row["change_in_sample_ci_low"]), float(row["change_in_sample_ci_high"])]}
         summary["l0_lambdas"] = [float(x) for x in hc.l0.lambdas]  # one strength is no sweep (the finding says so)
     run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)

@@ -5,6 +5,11 @@ Each head gets a stochastic gate g = clip(sigmoid((log u - log(1 - u) + log alph
 trained, on loss = L_task + lambda L_C with L_C = sum_h sigmoid(log alpha_h - beta log(-l / r)),
 the expected number of open gates. At test time g = clip(sigmoid(log alpha) (r - l) + l, 0, 1);
 a head survives when its gate is > 0. A sweep over lambda traces heads kept against metric.
+
+The gates are fitted on a train split and the sweep's metric and change are measured on the held-out examples
+(#34 item 2: a mask fitted and scored on the same examples flatters itself); the training examples' change stays
+as a secondary, in-sample figure. A task too small to split (under `min_split` examples) is fitted and scored
+in-sample, and the table says why.
 """
 from __future__ import annotations
 
@@ -29,13 +34,38 @@ BETA, LIMIT_L, LIMIT_R = 0.33, -0.1, 1.1  # Voita et al.'s temperature and stret
 @dataclass(frozen=True, kw_only=True)
 class L0Config:
     """lambdas: penalty weights swept; steps / lr / batch_size: Adam on log alpha; init: initial
-    log alpha (3.0 opens every gate fully at test time)."""
+    log alpha (3.0 opens every gate fully at test time); holdout: the share of examples held out of training and
+    scored (0: fit and score in-sample); min_split: fewer examples than this are too few to split (in-sample)."""
 
     lambdas: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1)
     steps: int = 200
     lr: float = 0.1
     batch_size: int = 32
     init: float = 3.0
+    holdout: float = 0.5
+    min_split: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.holdout < 1.0:
+            raise ConfigError(f"L0 holdout must be a share in [0, 1), got {self.holdout!r}.")
+        if self.min_split < 4:
+            raise ConfigError(f"L0 min_split must be at least 4 (two examples each side), got {self.min_split!r}.")
+
+
+SPLIT_SALT = 7919  # the split's generator is seeded apart from the training draws' (seed + SPLIT_SALT)
+
+
+def split_examples(n: int, config: L0Config, seed: int) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+    """(training rows, held-out rows or None, why the fit is in-sample or ""): a random `holdout` share of the n
+    examples (at least 2, leaving at least 2 to train on) held out, drawn from the run's seed; None where holdout is 0
+    or n < min_split."""
+    if config.holdout == 0.0:
+        return torch.arange(n), None, "no held-out split asked (holdout 0)"
+    if n < config.min_split:
+        return torch.arange(n), None, f"only {n} examples, too few to hold some out (at least {config.min_split})"
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + SPLIT_SALT))
+    k = min(n - 2, max(2, round(n * config.holdout)))
+    return perm[k:].sort().values, perm[:k].sort().values, ""
 
 
 def sample_gates(log_alpha: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -55,14 +85,15 @@ def expected_open(log_alpha: torch.Tensor) -> torch.Tensor:
 
 
 def train_gates(model, scorer: Scorer, lam: float, config: L0Config = L0Config(), *, seed: int = 0,
-                progress: bool = False) -> torch.Tensor:
+                progress: bool = False, examples: torch.Tensor | None = None) -> torch.Tensor:
     """Train log alpha [L, H] for one lambda on the frozen model; returns it (detached, on CPU)."""
-    return train_gate_sweep(model, scorer, (lam,), config, seed=seed, progress=progress)[0]
+    return train_gate_sweep(model, scorer, (lam,), config, seed=seed, progress=progress, examples=examples)[0]
 
 
 def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config = L0Config(), *,
-                     seed: int = 0, progress: bool = False) -> torch.Tensor:
-    """Train log alpha for each lambda on the frozen model: [k, L, H] (detached, on CPU).
+                     seed: int = 0, progress: bool = False, examples: torch.Tensor | None = None) -> torch.Tensor:
+    """Train log alpha for each lambda on the frozen model: [k, L, H] (detached, on CPU). `examples`: the rows
+    of the scorer's task to train on (the train split; None: every row).
 
     Each step draws a minibatch of examples and one noise sample per example and head from one
     generator seeded with `seed` (the run's), so every lambda sees the same minibatches and noise, as
@@ -77,7 +108,9 @@ def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0
     """
     if not len(lambdas):
         raise ConfigError("L0 training needs at least one lambda; pass e.g. lambdas=(0.01,).")
-    n, pos = scorer.tokens.shape
+    pos = scorer.tokens.shape[1]
+    examples = torch.arange(scorer.tokens.shape[0]) if examples is None else examples.cpu()  # [n_train]
+    n = len(examples)
     batch = min(n, config.batch_size, rows_per_pass(model, pos, logits_cap=True))
     try:
         per_pass = rows_per_pass(model, pos, grad=True, logits_cap=True) if len(lambdas) > 1 else batch
@@ -86,14 +119,14 @@ def train_gate_sweep(model, scorer: Scorer, lambdas: Sequence[float], config: L0
     copies = max(1, min(len(lambdas), per_pass // batch))  # lambdas per pass
     batch, copies = (min(v) for v in zip(*distributed.gather_objects((batch, copies))))  # the same on every rank
     parts = batching.run_chunks(lambda chunk: _train(model, scorer, lambdas[chunk.start:chunk.stop], config, batch,
-                                                     seed, progress), len(lambdas), copies)
+                                                     seed, progress, examples), len(lambdas), copies)
     return torch.cat([part for _, part in parts])
 
 
 def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, batch: int, seed: int,
-           progress: bool) -> torch.Tensor:
-    """train_gate_sweep for lambdas that share each pass. -> [c, L, H]"""
-    f, n, c = model.facts, scorer.tokens.shape[0], len(lambdas)
+           progress: bool, examples: torch.Tensor) -> torch.Tensor:
+    """train_gate_sweep for lambdas that share each pass, minibatches drawn from `examples` [n_train]. -> [c, L, H]"""
+    f, n, c = model.facts, len(examples), len(lambdas)
     gen = torch.Generator().manual_seed(seed)
     log_alpha = torch.full((c, f.n_layers, f.n_heads), float(config.init), device=model.device, requires_grad=True)
     opt = torch.optim.Adam([log_alpha], lr=config.lr)
@@ -101,7 +134,7 @@ def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, ba
     with torch.enable_grad():
         for _ in tqdm(range(config.steps), desc=f"L0 gates (lambda={label})",
                       disable=not (progress and distributed.is_main()), leave=False):
-            rows = torch.randperm(n, generator=gen)[:batch].to(model.device)  # [b]
+            rows = examples[torch.randperm(n, generator=gen)[:batch]].to(model.device)  # [b]
             u = torch.rand((batch, f.n_layers, f.n_heads), generator=gen).clamp(1e-6, 1 - 1e-6).to(model.device)
             part = distributed.shard(batch)  # this rank's rows of the minibatch (all of it single-process)
             mine = rows[part.start:part.stop]  # [b_rank]
@@ -124,24 +157,36 @@ def _train(model, scorer: Scorer, lambdas: Sequence[float], config: L0Config, ba
 
 def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int = 0,
              progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Train gates for every lambda; returns (sweep, gates).
+    """Train gates for every lambda on the train split (split_examples); returns (sweep, gates).
 
-    sweep: lambda, heads_kept, fraction_kept, metric (test-time gates), metric_binary (kept heads
-    at 1, the others removed), change (metric_binary - unpruned, paired over the examples) with change_ci_low /
-    change_ci_high (its 95% t interval; NaN under 2 examples) and n_examples, surviving (names, "L0H3 L2H1").
-    The gates are trained and evaluated on the same examples (in-sample: no held-out split). gates: lambda,
-    layer, head, log_alpha, gate, kept.
+    sweep: lambda, heads_kept, fraction_kept, surviving (names, "L0H3 L2H1") and, on the held-out examples (every
+    example where the fit is in-sample), unpruned (the unpruned model's mean metric), metric (test-time gates),
+    metric_binary (kept heads at 1, the others removed), change (metric_binary - unpruned, paired over the examples)
+    with change_ci_low / change_ci_high (its 95% t interval; NaN under 2 examples) and n_examples; split ("held_out"
+    or "in_sample"), in_sample_reason ("" when held out), n_train (the examples the gates were fitted on),
+    held_out (their row numbers, "3 5 8"; "" in-sample) and change_in_sample with change_in_sample_ci_low / _high
+    (the kept heads' change on the training examples: secondary, flattering). gates: lambda, layer, head,
+    log_alpha, gate, kept.
     """
     f = model.facts
-    alphas = train_gate_sweep(model, scorer, config.lambdas, config, seed=seed, progress=progress)  # [k, L, H]
+    n_all = scorer.tokens.shape[0]
+    train, held, reason = split_examples(n_all, config, seed)
+    alphas = train_gate_sweep(model, scorer, config.lambdas, config, seed=seed, progress=progress,
+                              examples=train)  # [k, L, H]
     soft = deterministic_gates(alphas)  # [k, L, H]
     hard = (soft > 0).float()  # [k, L, H]
     ones = torch.ones(1, f.n_layers, f.n_heads)
     per = evaluate_masks(model, scorer, torch.cat([ones, soft, hard]), desc="L0 evaluation", progress=progress,
-                         per_example=True)  # [1 + 2k, n_examples], the unpruned model first
-    values = per[1:].mean(1)  # [2k]
-    k, n = len(alphas), per.shape[1]
-    change = mean_intervals((per[1 + k:] - per[:1]).cpu().numpy())  # [k] each: the kept heads' paired change
+                         per_example=True).cpu()  # [1 + 2k, n_examples], the unpruned model first
+    scored = per[:, held] if held is not None else per  # [1 + 2k, n_scored]
+    fitted = per[:, train]  # [1 + 2k, n_train]
+    values = scored[1:].mean(1)  # [2k]
+    k, n = len(alphas), scored.shape[1]
+    change = mean_intervals((scored[1 + k:] - scored[:1]).numpy())  # [k] each: the kept heads' paired change
+    inside = mean_intervals((fitted[1 + k:] - fitted[:1]).numpy())  # [k] the same on the training examples
+    shared = {"unpruned": float(scored[0].mean()), "n_examples": n, "split": "in_sample" if held is None else "held_out",
+              "in_sample_reason": reason, "n_train": len(train),
+              "held_out": "" if held is None else " ".join(str(int(i)) for i in held)}
     sweep, gates = [], []
     for i, lam in enumerate(config.lambdas):
         kept = [(l, h) for l in range(f.n_layers) for h in range(f.n_heads) if hard[i, l, h] > 0]
@@ -149,7 +194,9 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
             "lambda": lam, "heads_kept": len(kept), "fraction_kept": len(kept) / (f.n_layers * f.n_heads),
             "metric": float(values[i]), "metric_binary": float(values[k + i]),
             "change": float(change["mean"][i]), "change_ci_low": float(change["low"][i]),
-            "change_ci_high": float(change["high"][i]), "n_examples": n,
+            "change_ci_high": float(change["high"][i]), **shared,
+            "change_in_sample": float(inside["mean"][i]), "change_in_sample_ci_low": float(inside["low"][i]),
+            "change_in_sample_ci_high": float(inside["high"][i]),
             "surviving": " ".join(head_label(l, h) for l, h in kept),
         })
         gates += [

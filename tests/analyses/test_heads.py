@@ -22,6 +22,7 @@ from headscope.analyses.heads import importance as hi
 from headscope.analyses.heads import l0 as heads_l0
 from headscope.analyses.heads import pruning as hp
 from headscope.analyses.heads.roles import head_roles, repeated_random_tokens
+from headscope.errors import ConfigError
 from headscope.execution import batching, resume
 from tests_support import N_WORDS, SPECIALS, hf_model, random_tokens, word_tokenizer, zero_head
 
@@ -567,6 +568,78 @@ def reference_l0(model, task: Task, lam: float, cfg: heads_l0.L0Config, seed: in
         loss.backward()
         opt.step()
     return log_alpha.detach()
+
+
+def test_l0_gates_fitted_on_a_train_split_are_scored_on_held_out_examples_as_plain_hugging_face(tiny_models,
+                                                                                                 tiny_dirs):
+    """#34 item 2: on 16 examples the sweep fits the gates on 8 and scores the other 8. The gates equal the written-out
+    training run (reference_l0) on the 8 training examples alone; applying each lambda's final mask (l0_gates' kept)
+    with a plain HF pre-hook on o_proj that zeroes the removed heads' slices gives, on the held-out rows, the
+    table's unpruned and metric_binary, and the paired change's mean and 95% t interval (scipy) over n = 8; on the
+    training rows, the in-sample change. Under 16 examples, or with holdout 0, it is in-sample and says why."""
+    from scipy import stats
+
+    model, hf = tiny_models["llama"], hf_model(tiny_dirs["llama"])
+    g = torch.Generator().manual_seed(77)
+    lo, hi_ = len(SPECIALS), len(SPECIALS) + N_WORDS
+    task = Task(name="t", tokens=random_tokens(16, POS, seed=77), answers=torch.randint(lo, hi_, (16,), generator=g),
+                wrong_answers=torch.randint(lo, hi_, (16,), generator=g), metric="logit_diff")
+    cfg = heads_l0.L0Config(lambdas=(0.5, 2.0), steps=6, lr=1.0, batch_size=4)
+    sweep, gates = heads_l0.l0_sweep(model, hi.make_scorer(model, task), cfg, seed=3)
+    held = [int(i) for i in sweep["held_out"].iloc[0].split()]
+    train = [i for i in range(16) if i not in held]
+    assert len(held) == 8 and set(sweep["split"]) == {"held_out"} and set(sweep["in_sample_reason"]) == {""}
+    assert set(sweep["n_examples"]) == {8} and set(sweep["n_train"]) == {8}
+    d_head = hf.config.hidden_size // hf.config.num_attention_heads
+    idx = torch.arange(16)
+
+    def logit_diff(removed) -> torch.Tensor:  # [16] with the removed (layer, head) slices of o_proj's input zeroed
+        def zero(heads):
+            def hook(mod, args):
+                x = args[0].clone()
+                for h in heads:
+                    x[..., h * d_head:(h + 1) * d_head] = 0.0
+                return (x,)
+            return hook
+
+        handles = [hf.model.layers[l].self_attn.o_proj.register_forward_pre_hook(zero([h for ll, h in removed if ll == l]))
+                   for l in range(hf.config.num_hidden_layers)]
+        try:
+            with torch.no_grad():
+                last = hf(task.tokens).logits[:, -1].double()  # [16, vocab]
+        finally:
+            for handle in handles:
+                handle.remove()
+        return last[idx, task.answers] - last[idx, task.wrong_answers]
+
+    def t_interval(x: torch.Tensor) -> tuple[float, float, float]:
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std().item() / len(x) ** 0.5
+        return x.mean().item(), x.mean().item() - half, x.mean().item() + half
+
+    unpruned = logit_diff([])
+    pruned_some = False
+    for lam, row in zip(cfg.lambdas, sweep.itertuples()):
+        alpha = torch.tensor(gates[gates["lambda"] == lam].sort_values(["layer", "head"])["log_alpha"].to_numpy())
+        torch.testing.assert_close(alpha.view(2, 4).float(), reference_l0(model, task.rows(train), lam, cfg, seed=3),
+                                   atol=1e-4, rtol=1e-4)  # fitted on the training rows only
+        own = gates[gates["lambda"] == lam]
+        removed = [(int(r.layer), int(r.head)) for r in own.itertuples() if not r.kept]
+        pruned_some |= 0 < len(removed) < 8
+        change = logit_diff(removed) - unpruned  # [16]
+        assert row.unpruned == pytest.approx(unpruned[held].mean().item(), abs=1e-4)
+        assert row.metric_binary == pytest.approx(logit_diff(removed)[held].mean().item(), abs=1e-4)
+        assert (row.change, row.change_ci_low, row.change_ci_high) == pytest.approx(t_interval(change[held]), abs=1e-4)
+        assert (row.change_in_sample, row.change_in_sample_ci_low, row.change_in_sample_ci_high) == pytest.approx(
+            t_interval(change[train]), abs=1e-4)
+    assert pruned_some  # a mask that removes some heads and keeps others was checked
+    small = heads_l0.l0_sweep(model, hi.make_scorer(model, task.rows(range(15))), cfg, seed=3)[0]
+    assert set(small["split"]) == {"in_sample"} and set(small["n_examples"]) == {15} and set(small["held_out"]) == {""}
+    assert set(small["in_sample_reason"]) == {"only 15 examples, too few to hold some out (at least 16)"}
+    none = heads_l0.split_examples(16, heads_l0.L0Config(holdout=0.0), seed=3)
+    assert none[1] is None and none[2] == "no held-out split asked (holdout 0)"
+    for bad in ({"holdout": 1.0}, {"holdout": -0.1}, {"min_split": 3}):
+        with pytest.raises(ConfigError, match="L0"):
+            heads_l0.L0Config(**bad)
 
 
 @pytest.mark.parametrize("family,memory", [("llama", "plenty"), ("gpt2", "plenty"), ("llama", "two lambdas per pass"),

@@ -1697,6 +1697,32 @@ def test_l0_points_carry_their_paired_interval_and_labels_stay_clear_of_the_lege
         plt.close("all")
 
 
+def test_l0_figure_says_held_out_with_both_counts_and_draws_the_held_out_unpruned_line():
+    """#34 item 2: an l0 table scored on 8 held-out examples (gates fitted on 8 others) titles the figure with both
+    counts, and the dashed unpruned line is the held-out examples' unpruned metric (2.5), not the run's (2.0); an
+    in-sample table too small to split says why in its title."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots_heads import figures
+
+    sweep = pd.DataFrame({"lambda": [0.03, 0.1], "heads_kept": [6, 3], "metric_binary": [2.45, 2.1],
+                          "metric": [2.46, 2.2], "change": [-0.05, -0.4], "change_ci_low": [-0.1, -0.6],
+                          "change_ci_high": [0.0, -0.2], "n_examples": 8, "unpruned": 2.5, "split": "held_out",
+                          "in_sample_reason": "", "n_train": 8})
+    summary = {"metric": "logit_diff", "baseline_metric": 2.0, "pruning_tolerance": {"band": 0.02, "name": "1%"}}
+    try:
+        ax = figures(Result(name="heads", df=pd.DataFrame(), summary=summary, tables={"l0": sweep}))["l0"].axes[0]
+        assert ax.get_title() == "L0 head pruning on 8 held-out examples\n(gates fitted on 8 others; bars: 95% CI)"
+        unpruned = [line for line in ax.lines if line.get_label() == "unpruned"]
+        assert [float(line.get_ydata()[0]) for line in unpruned] == [2.5]
+        small = sweep.assign(split="in_sample", n_examples=12, n_train=12, unpruned=2.0,
+                             in_sample_reason="only 12 examples, too few to hold some out (at least 16)")
+        ax = figures(Result(name="heads", df=pd.DataFrame(), summary=summary, tables={"l0": small}))["l0"].axes[0]
+        assert ax.get_title() == ("L0 head pruning (bars: 95% CI over 12 examples, in-sample:\n"
+                                  "only 12 examples, too few to hold some out (at least 16))")
+    finally:
+        plt.close("all")
+
+
 def test_l0_single_point_shows_both_markers_on_whole_head_ticks():
     from headscope.reports.plots_heads import plot_l0
 
@@ -2522,5 +2548,113 @@ def test_patching_map_title_clears_the_colour_bar_label_below_chance():
         assert not _overlap(title, bar_box), (title, bar_box)
         assert ax.title.get_text().split() == ("patching resid_pre, by layer and position BELOW CHANCE: muted colours "
                                                "(the model prefers wrong answers; no task behaviour)").split()
+    finally:
+        plt.close("all")
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_dla_per_expert_draws_each_moe_layers_experts_and_total_on_one_zero_centred_scale(arch, more_arch_models,
+                                                                                          tmp_path):
+    """#34 items 3 and 7: the per-expert DLA of the tiny Mixtral / Qwen2-MoE (random weights), one panel per MoE
+    layer: each bar the mean over examples of that expert's rows of dla_experts (recomputed here from the per-example
+    rows) with its 95% t interval (scipy), red above 0 and blue below, the shared expert (Qwen2-MoE only) hatched and
+    ticked "shared", the grey total the mean of the layer's mlpN rows of dla; every panel's y limits the same and
+    symmetric about 0; tick labels, titles and the suptitle inside the figure and clear of each other; the report's
+    figure grid puts it next to the components figure with alt text that says what it shows."""
+    from scipy import stats
+
+    from headscope.analyses.circuits import analysis as circuits
+    from headscope.analyses.core.tasks import Task
+    from headscope.reports.html_report import _figures_html
+    from tests_support import random_tokens
+
+    tokens = random_tokens(6, 8, seed=41)
+    task = Task(name="rand", tokens=tokens[:, :-1], answers=tokens[:, -1], wrong_answers=tokens[:, 2].clone(),
+                metric="logit_diff")
+    res = circuits.direct_logit_attribution(more_arch_models(arch), task, top_k=3)
+    figs = plot_result(res)
+    fig = figs["circuits_dla_experts"]
+    rows, dla = res.tables["dla_experts"], res.tables["dla"]
+
+    def t_interval(x):
+        x = np.asarray(x, dtype=float)
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / len(x) ** 0.5
+        return x.mean(), x.mean() - half, x.mean() + half
+
+    try:
+        fig.draw_without_rendering()
+        renderer, frame = fig.canvas.get_renderer(), fig.bbox
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        assert len(panels) == rows.layer.nunique() == 2
+        limits = {ax.get_ylim() for ax in panels}
+        assert len(limits) == 1 and next(iter(limits))[0] == pytest.approx(-next(iter(limits))[1])  # shared, about 0
+        boxes = [fig._suptitle.get_window_extent(renderer)]
+        for ax, layer in zip(panels, sorted(rows.layer.unique())):
+            own = rows[rows.layer == layer]
+            experts = sorted(own.expert.unique(), key=lambda e: (bool(own[own.expert == e].shared.iloc[0]), e))
+            want = [t_interval(own[own.expert == e].sort_values("example").contribution) for e in experts]
+            want.append(t_interval(dla[dla.component == f"mlp{layer}"].contribution))
+            bars = ax.patches
+            np.testing.assert_allclose([b.get_height() for b in bars], [w[0] for w in want], rtol=1e-5, atol=1e-7)
+            caps = [seg for c in ax.collections for seg in c.get_segments()]  # the error bars, bottom to top
+            drawn = sorted((round(s[:, 0].mean(), 6), s[:, 1].min(), s[:, 1].max()) for s in caps)
+            np.testing.assert_allclose([d[1:] for d in drawn], [w[1:] for w in want], rtol=1e-5, atol=1e-6)
+            for bar, (mean, *_ ) in zip(bars[:-1], want[:-1]):
+                r, _, b, _ = bar.get_facecolor()
+                assert mean == 0 or (r > b) == (mean > 0), (mean, bar.get_facecolor())
+            shared = [bool(own[own.expert == e].shared.iloc[0]) for e in experts]
+            assert [bool(b.get_hatch()) for b in bars[:-1]] == shared and any(shared) == (arch == "qwen2moe")
+            ticks = [t.get_text() for t in ax.get_xticklabels()]
+            n = own.example.nunique()
+            routed = [int(own[own.expert == e].routed.sum()) for e in experts]
+            assert ticks == [f"{'shared' if s else f'E{e}'}\n{r}/{n}" for e, s, r in zip(experts, shared, routed)] \
+                + [f"total\nmlp{layer}"]
+            assert f"n = {n}" in ax.get_title() and ax.get_ylim()[1] >= max(w[2] for w in want)
+            labels = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+            assert not [(i, j) for i in range(len(labels)) for j in range(i) if _overlap(labels[i], labels[j])]
+            boxes += [ax.title.get_window_extent(renderer), ax.xaxis.label.get_window_extent(renderer)]
+        boxes.append(panels[0].yaxis.label.get_window_extent(renderer))
+        for box in boxes:
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        assert not [(i, j) for i in range(len(boxes)) for j in range(i) if _overlap(boxes[i], boxes[j])]
+        for stem in ("circuits_dla_components", "circuits_dla_experts"):
+            figs[stem].savefig(tmp_path / f"{stem}.png", dpi=40)
+        html = _figures_html(tmp_path)
+        assert html.index("<b>circuits_dla_components</b>") < html.index("<b>circuits_dla_experts</b>")
+        assert 'alt="circuits_dla_experts: Direct logit attribution per expert (logits) of each mixture-of-experts' \
+            in html
+    finally:
+        plt.close("all")
+
+
+def test_dla_per_expert_of_many_experts_is_one_zero_centred_map_with_the_shared_and_total_columns_named():
+    """#34 items 3 and 7, at a real MoE's width (Qwen1.5-MoE: 60 routed experts and a shared one a layer): bars would
+    be unreadable, so 10 MoE layers x 40 experts draw one map, layers (rows) x experts (columns), the table's means
+    in each cell, then the shared expert's and the layer total (the dla table's mlpN mean) right of a line, on the
+    diverging map centred on 0; never-routed experts' cells hatched; every shown tick label apart, "shared" and
+    "total" among them, and the figure at most 40 inches wide."""
+    from headscope.reports.plots_experts import experts_figure
+
+    rng = np.random.default_rng(5)
+    rows = [{"layer": l, "expert": e, "shared": e == 40, "contribution": float(rng.normal(0, 0.2)), "ci_low": -1.0,
+             "ci_high": 1.0, "n": 32, "n_routed": 0 if (l + e) % 9 == 0 and e < 40 else 4}
+            for l in range(1, 11) for e in range(41)]
+    mean = pd.DataFrame(rows)
+    dla = pd.DataFrame([{"kind": "mlp", "component": f"mlp{l}", "contribution": v, "example": i}
+                        for l in range(1, 11) for i, v in enumerate((0.3 * l - 1.5, 0.3 * l - 1.3))])
+    fig = experts_figure(mean, dla=dla)
+    try:
+        ax = fig.axes[0]
+        want = mean[~mean.shared].pivot(index="layer", columns="expert", values="contribution").to_numpy()  # [10, 40]
+        shared = mean[mean.shared].sort_values("layer").contribution.to_numpy()
+        totals = [0.3 * l - 1.4 for l in range(1, 11)]
+        np.testing.assert_allclose(heat(ax), np.column_stack([want, shared, totals]))
+        kind, vmin, vmax = _norm(ax)
+        assert kind == "diverging" and vmax == pytest.approx(max(map(abs, totals)))  # 1.6, layer 10's total
+        hatched = {(round(p.get_x()), round(p.get_y())) for p in ax.patches if p.get_hatch()}
+        assert hatched == {(e, l - 1) for l in range(1, 11) for e in range(40) if (l + e) % 9 == 0}
+        shown = [t.get_text() for t in _shown_xticks_apart(fig, ax)]
+        assert shown[-2:] == ["shared", "total"] and len(shown) > 20
+        assert "n = 32" in ax.get_title() and fig.get_size_inches()[0] <= 40
     finally:
         plt.close("all")

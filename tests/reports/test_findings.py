@@ -302,6 +302,24 @@ def test_heads_l0_sentence_gives_its_change_interval_and_n_and_says_it_is_in_sam
             "were trained on, no held-out check).") in finding("heads", old)
 
 
+def test_heads_l0_sentence_reports_the_held_out_change_first_and_the_in_sample_one_after_or_why_in_sample():
+    """#34 item 2: gates fitted on 32 examples and scored on 32 held-out ones: the sentence gives the held-out change
+    with its interval and n and the fitting count, then the training examples' (in-sample) change; a task too small to
+    split says it is in-sample and why."""
+    rec = {"heads": 3, "lambda": 0.03, "metric": 7.4247, "change": -0.0263, "ci": [-0.0912, 0.0386],
+           "n_examples": 32, "in_sample": False, "in_sample_reason": "", "n_train": 32, "in_sample_change": 0.0121,
+           "in_sample_ci": [-0.02, 0.0442]}
+    heads = {**HEADS, "l0_min_heads_within_tolerance": 3, "l0_lambdas": [0.001, 0.1], "l0_within_tolerance": rec}
+    assert ("L0 gates keep the metric within tolerance with 3 heads on held-out examples (gates fitted on 32 "
+            "examples; lambda 0.03: 7.425 on 32 others, a change of -0.0263 from unpruned, 95% CI [-0.0912, +0.0386]; "
+            "in-sample, on the 32 training examples, +0.0121, 95% CI [-0.02, +0.0442]).") in finding("heads", heads)
+    small = {**rec, "n_examples": 12, "in_sample": True, "n_train": 12,
+             "in_sample_reason": "only 12 examples, too few to hold some out (at least 16)"}
+    assert ("a change of -0.0263 from unpruned, 95% CI [-0.0912, +0.0386] over 12 examples; in-sample: measured on the "
+            "examples the gates were trained on (only 12 examples, too few to hold some out (at least 16))).") in \
+        finding("heads", {**heads, "l0_within_tolerance": small})
+
+
 def test_heads_that_cannot_be_told_apart_are_said_by_their_overlapping_intervals():
     """Review 11c (bf16 MoE, c_out_t): L0H2 costs 4.49 [2.21, 6.76], L0H1 1.92 [0.622, 3.22]; the rule
     (analysis._leading: clear where 2.21 > the next's 3.22) tests overlap, so 1.92, below L0H2's interval, was said
