@@ -207,7 +207,8 @@ def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None, s: Mapping[
     """What a ranking by attribution patching gets wrong at one site type: its top exact site ranked below
     first (not said when that site is tied: another cell's exact effect lies within its 95% interval or the
     rounding floor, so there is no top to misrank; the rank already ignores attribution differences within
-    the floor: rank_checks), and a large exact effect it misses (under 1/MISS of it); None when neither."""
+    the floor: rank_checks), and a large exact effect it misses (under 1/MISS of it; rank_checks names only an
+    effect whose 95% interval excludes 0, and none below NEGLIGIBLE of the gap is said); None when neither."""
     top, miss = stats.get("top_exact"), stats.get("missed")
     said = []
     under = f"under 1/{MISS:g} of it"
@@ -219,6 +220,8 @@ def _ranking(kind: str, stats: Mapping[str, Any], gap: float | None, s: Mapping[
                     f"ranks only {ordinal(top['attribution_rank'])}, at {_size(top['attribution'], gap)}"
                     + (f", {under}" if same else ""))
         miss = None if same else miss
+    if isinstance(miss, Mapping) and negligible({"top_exact": miss}, gap, s) is not None:
+        miss = None  # no verdict on an effect below the negligible line (review 13c A1)
     if isinstance(miss, Mapping):
         said.append(f"it misses {_where(kind, miss, s).split(' at ', 1)[1]} (attribution {_size(miss['attribution'], gap)} "
                     f"against exact {_size(miss['effect'], gap)}: {under})")

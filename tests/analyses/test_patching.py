@@ -523,6 +523,25 @@ def test_correlation_with_exact_ranks_over_non_zero_cells_and_finds_reversals_an
     assert got["missed"]["attribution"] == pytest.approx(0.5)
 
 
+def test_a_missed_cell_is_one_whose_interval_excludes_zero():
+    """Review 13c A1, by hand from its default zoo run (q, logit difference, gap 52.43): L1H2's exact -0.140 with
+    95% CI [-0.325, +0.047] (plain transformers, p = 0.13) against attribution +0.059 was named "missed"; an
+    effect not distinguishable from 0 is not missed. The same cell with a half-width of 0.10 (CI [-0.24, -0.04])
+    is."""
+    import pandas as pd
+
+    from headscope.analyses.patching.attribution_patching import correlation_with_exact
+
+    effect = [-0.169, -0.140, 0.012, -0.008]
+    exact = pd.DataFrame({"site_type": "q", "layer": [3, 1, 0, 2], "head": [7, 2, 0, 5], "pos": None,
+                          "position_from_end": None, "effect": effect})
+    attr = exact.drop(columns=["effect", "position_from_end"]).assign(attribution=[-0.172, 0.0586, 0.01, -0.007])
+    got = correlation_with_exact(exact, attr, ci_half=[0.06, 0.186, 0.05, 0.05])[1]["q"]
+    assert got["top_exact"]["attribution_rank"] == 1 and got["missed"] is None
+    got = correlation_with_exact(exact, attr, ci_half=[0.06, 0.10, 0.05, 0.05])[1]["q"]
+    assert (got["missed"]["layer"], got["missed"]["head"], got["missed"]["effect"]) == (1, 2, -0.140)
+
+
 def test_bfloat16_rounding_counts_no_cell_and_no_verdict_rests_on_it():
     """#34 review 7 A3, by hand from its trained Qwen3 in bfloat16 (logit difference, gap 20.4): the rounding floor
     is measured on cells that patch an activation with itself (before every prompt's first corrupted token), two

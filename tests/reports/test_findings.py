@@ -1942,6 +1942,22 @@ def test_patching_says_where_attribution_patching_would_rank_wrong():
 
 
 
+def test_patching_draws_no_verdict_from_a_miss_below_the_negligible_line():
+    """Review 13c A1: "it misses L1H2 (attribution 0.00 of the gap against exact -0.00 of the gap ...). Do not rank
+    sites by it on this model at q" rested on a cell of under 1/1000 of the gap; a miss is said only above
+    NEGLIGIBLE (1e-3) of the gap, as the same cell at 0.01 of it is."""
+    gap = 19.82
+    top = {"layer": 3, "head": 7, "pos": None, "from_end": None, "effect": 0.05 * gap, "attribution": 0.05 * gap,
+           "attribution_rank": 1, "tied": 0}
+    corr = {"q": {"pearson": 0.9, "spearman": 0.9, "spearman_nonzero": 0.9, "n": 32, "n_nonzero": 32,
+                  "pearson_without_top": 0.9, "slope": 1.0, "slope_ci": [0.9, 1.1], "slope_n": 32, "top_exact": top,
+                  "missed": {"layer": 1, "head": 2, "pos": None, "from_end": None, "effect": -0.0008 * gap,
+                             "attribution": 0.0001 * gap}}}
+    assert "come out wrong" not in finding("patching", _colour_binding(attribution_correlation=corr))
+    corr["q"]["missed"]["effect"] = -0.01 * gap
+    assert "at q, it misses L1H2" in finding("patching", _colour_binding(attribution_correlation=corr))
+
+
 def test_patching_says_whether_the_tied_zeros_raise_or_lower_spearman():
     """Review 8 (C4): "inflated by the 27 tied zeros" was said where Spearman over every cell (0.30) was below the
     non-zero cells' (0.43). By hand with scipy: 9 non-zero exact effects 1..9 of 36 cells, attribution ranking them
