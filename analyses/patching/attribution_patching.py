@@ -318,7 +318,8 @@ def rank_checks(pair: pd.DataFrame, floor: float = 0.0) -> dict:
     "missed" (the cell of largest |exact effect| at least LARGE of the largest, where attribution is under
     1/MISS of it or of the opposite sign, and differs from it by more than the floor, whose 95% interval
     excludes 0 (|effect| above its effect_ci_half, when given); None when there is none)}. pair: the joined
-    rows of one site type; floor: the effects' rounding (rounding_floor), 0 in float32 where NONZERO rules. Every exact effect within the floor: nothing is ranked (all None)."""
+    rows of one site type; floor: the effects' rounding (rounding_floor), 0 in float32 where NONZERO rules.
+    Every exact effect within the floor: nothing is ranked (all None)."""
     effect, attr = pair["effect"].astype(float), pair["attribution"].astype(float)
     peak = float(effect.abs().max()) if len(pair) else 0.0
     if not peak > floor:
