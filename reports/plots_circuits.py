@@ -18,6 +18,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.patches import Rectangle
 
+from headscope.analyses.circuits.analysis import ZERO
 from headscope.analyses.core import chance
 from headscope.reports.circuits_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.findings import ci_pair
@@ -182,7 +183,6 @@ def plot_dla_heads(data: pd.DataFrame, *, quiet: str | None = None, ax=None):
     return ax
 
 
-ZERO = 1e-5  # a kind whose |contribution| stays below this fraction of the largest is 0 up to rounding
 
 
 def _t_bar(values) -> tuple[float, float]:

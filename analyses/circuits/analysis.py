@@ -31,7 +31,8 @@ first layer whose median answer rank is 0 (top-1 in at least half the examples);
 and heads; each top component's mean, sd, 95% t interval and n over examples (dla_top_intervals)
 and, for each pair of the three largest, the paired difference of their magnitudes with its
 interval and whether it contains 0 (dla_top_differences: "tied", not ranked); the writers beyond the
-three whose mean lies inside the third's interval (dla_last_named_ties); all heads and all MLPs
+three whose mean lies inside the third's interval (dla_last_named_ties; components 0 up to rounding on every
+example, absent biases, are neither ranked nor tied: zero_components); all heads and all MLPs
 summed per example, with mean, 95% t interval and n (dla_total_heads, dla_total_mlps); the sum of the
 writers' contributions, the norm/bias terms and the final logit (difference) they reconstruct,
 with the largest reconstruction error. A model that soft-caps its final logits (Gemma 2: cap * tanh(logits /
@@ -299,6 +300,18 @@ def dla_mean(dla: pd.DataFrame) -> pd.DataFrame:
 
 
 NAMED = 3  # the writers a finding names: the paired differences among them are recorded
+ZERO = 1e-5  # a non-head component whose |contribution| stays below this fraction of the largest is 0 up to rounding
+
+
+def zero_components(dla: pd.DataFrame) -> list[str]:
+    """The components other than heads that are 0 up to rounding on every example (|contribution| <= ZERO of
+    the table's largest): the attention and unembedding biases of a model without biases, the remainder. They
+    are not writers, so they are not ranked or tied (review 13b C3: "tied with ... 4 attn_bias, 1 remainder,
+    1 unembed_bias" on Gemma 2); the components figure leaves them out by the same rule."""
+    floor = ZERO * float(dla.contribution.abs().max() or 0.0)
+    rows = dla[dla.kind != "head"]
+    silent = rows.groupby("component", sort=False).contribution.apply(lambda c: bool((c.abs() <= floor).all()))
+    return [str(c) for c, v in silent.items() if v]
 
 
 def writer_intervals(dla: pd.DataFrame, components: list[str]) -> tuple[dict, list[dict]]:
@@ -364,6 +377,7 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
     before = by_example.logit_before_softcap.reindex(writers.index) if softcap is not None else final
     error = (writers + biases - before).abs().max()
     ranked = mean.reindex(mean.contribution.abs().sort_values(ascending=False).index)
+    ranked = ranked[~ranked.component.isin(zero_components(dla))]  # not writers: never ranked or tied
     heads = ranked[ranked.kind == "head"]
     intervals, differences = writer_intervals(dla, list(ranked.component.head(top_k)))
     return {

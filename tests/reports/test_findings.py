@@ -1981,6 +1981,24 @@ def test_patching_says_whether_the_tied_zeros_raise_or_lower_spearman():
     assert "Spearman 0.71 over the 9 non-zero cells (0.71 over all 36)" in text, text
     assert "inflated" not in text and "tied zeros" not in text
 
+def test_dla_components_zero_by_construction_are_neither_ranked_nor_tied():
+    """Review 13b C3 (Gemma 2, no attention or unembedding bias): "tied with 22 components (..., 4 attn_bias, 1
+    remainder, 1 unembed_bias)" counted rows of 1e-8 to 2e-7 and an exact 0 as ties of the third writer. Here
+    L1H0 [1.6, 0, 1.6, 0]: 0.8, sd 0.924, t(0.975, 3) = 3.1824, half 1.470 -> [-0.67, 2.27]. By hand: only L0H3
+    (+0.78) is a writer inside it; the bias rows, remainder and b_U are 0 up to rounding; a real bias of 0.05 is
+    tied (a model with biases keeps its bias rows)."""
+    rows = {"mlp0": ("mlp", [5, 5.2, 5, 5.2]), "mlp1": ("mlp", [3, 3.2, 3, 3.2]),
+            "L1H0": ("head", [1.6, 0, 1.6, 0]), "L0H3": ("head", [0.78] * 4),
+            "attn_bias0": ("attn_bias", [1e-8, -2e-7, 3e-8, 0.0]), "attn_bias1": ("attn_bias", [0.0] * 4),
+            "remainder": ("remainder", [9e-8, -5e-8, 1e-7, 0.0]), "b_U": ("unembed_bias", [0.0] * 4)}
+    s = _dla_summary(rows)
+    assert s["dla_last_named_ties"]["within"] == ["L0H3"]
+    assert "tied with 1 other head within its interval (L0H3 +0.78)" in finding("circuits", s)
+    assert not {"attn_bias0", "attn_bias1", "remainder", "b_U"} & set(s["dla_top_components"])
+    biased = _dla_summary({**rows, "attn_bias1": ("attn_bias", [0.05] * 4)})
+    assert biased["dla_last_named_ties"]["within"] == ["L0H3", "attn_bias1"]
+
+
 def test_dla_third_writer_says_who_is_tied_with_it_and_the_totals_of_heads_and_mlps():
     # #34 fifth review: "mlp0, mlp1, L1H0 (+0.83)" hid four heads inside L1H0's interval and that the heads
     # together write more than mlp0. L1H0 [1, 0.6, 1, 0.6]: 0.8, sd 0.2309, t(0.975, 3) = 3.1824, half 0.3674
