@@ -265,12 +265,15 @@ def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None 
                label="f = 1" + (f" (CMD: area between = {cmd:.3f}{ci(cmd_ci)})" if cmd is not None else ""))
     ax.axhline(0.0, color="black", lw=0.5)
     ax.set_xscale("log")
-    ax.set_xticks(x, [f"{v:g}%" for v in x], fontsize="small", rotation=45)
+    # the legend goes under the axes, not beside them, so the log axis keeps the figure's width and its labels
+    # 0.1%, 0.2%, 0.5%, 1% stand apart upright (review 13a B2: on an axes narrowed by a legend at the right,
+    # rotated 45 degrees, they touched)
+    ax.set_xticks(x, [f"{v:g}%" for v in x], fontsize="small")
     ax.minorticks_off()
     ax.set(xlabel="edges in the circuit (% of all; MIB's fractions)", ylabel="faithfulness f (1 = full model)",
            title="MIB faithfulness: f = (m(C) - m(empty)) / (m(full) - m(empty))"
            + (_note(unreported)))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize="small", ncol=2)
     return ax
 
 

@@ -820,6 +820,30 @@ def test_circuit_graph_labels_of_a_kv_head_and_a_query_head_do_not_collide():
         plt.close(fig)
 
 
+def test_mib_curve_tick_labels_stand_apart_with_its_legend_under_them():
+    """Review 13a B2: circuits_mib.png's 0.1%, 0.2%, 0.5%, 1% touched ("0.1%0.2%0.5%1%"), rotated on an axes narrowed
+    by the legend at its right. Its MIB curve (out_t/circuits/mib.csv) laid out as `figures` stores it: every one of
+    the 10 fractions is labelled, no two labels overlap, and the legend (CPR and CMD with their intervals) overlaps
+    neither the tick labels nor the axis label."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_circuits import plot_mib
+
+    fractions = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
+    f = [0.0, 0.0, -9.9e-5, 0.2658, 0.5075, 0.9024, 0.9825, 0.9924, 0.9991, 1.0]
+    fig = laid_out(plot_mib(pd.DataFrame({"fraction": fractions, "faithfulness": f}), cpr=0.970, cmd=0.029,
+                            cpr_ci=[0.967, 0.973], cmd_ci=[0.026, 0.032]))
+    try:
+        ax = fig.axes[0]
+        shown = _shown_xticks_apart(fig, ax)
+        assert [t.get_text() for t in shown] == ["0.1%", "0.2%", "0.5%", "1%", "2%", "5%", "10%", "20%", "50%", "100%"]
+        renderer = fig.canvas.get_renderer()
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert not [t.get_text() for t in shown if _overlap(t.get_window_extent(renderer), legend)]
+        assert not _overlap(ax.xaxis.label.get_window_extent(renderer), legend)
+    finally:
+        plt.close(fig)
+
+
 def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_legend():
     from headscope.reports.plots_circuits import plot_dla_components
     from headscope.reports.plots_heads import plot_l0
