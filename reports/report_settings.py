@@ -88,7 +88,8 @@ def _check_task_name(task: Any) -> None:
     from headscope.analyses.core.tasks import ZOO_TASKS
 
     if isinstance(task, str) and not Path(task).suffix and task not in ZOO_TASKS:
-        raise TaskFileError(f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}) or a .jsonl/.csv/.parquet file.")
+        raise TaskFileError(f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}) "
+                            "or a .jsonl/.csv/.tsv/.parquet file.")
 
 
 def _check_examples(names: Sequence[str], n_examples: int | None) -> None:

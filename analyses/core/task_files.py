@@ -239,7 +239,7 @@ def load_task(model, source: Any, fields: Mapping[str, str] | str | None = None,
               seed: int = 0, name: str | None = None, strict: bool | None = None) -> Task:
     """A Task from the user's data, tokenized with `model`'s tokenizer.
 
-    source: a .jsonl/.json/.csv/.parquet path (.json: JSON lines or one array of objects), a pandas
+    source: a .jsonl/.json/.csv/.tsv/.parquet path (.json: JSON lines or one array of objects), a pandas
     DataFrame, a `datasets.Dataset`, a list of dicts, a Task (returned as is, or subsampled) or a
     zoo task name (`zoo`, 64 examples unless n_examples). fields: headscope field -> your column, e.g.
     {"prompt": "text", "answer": "label"} or "prompt=text,answer=label". n_examples: a seeded random

@@ -133,8 +133,9 @@ def _all_file_records(path: Path, only: set[int] | None = None) -> Iterator[tupl
         return
     if _is_blank(path):
         raise TaskFileError(f"{_label(path)} is empty; add one example per {'line' if kind == 'json' else 'row'}.")
-    if kind == "csv":
-        reader = csv.DictReader((line for _, line in _lines(path)))
+    if kind == "csv":  # .tsv: the same reader with a tab delimiter
+        tabs = path.suffix.lower() == ".tsv"
+        reader = csv.DictReader((line for _, line in _lines(path)), delimiter="\t" if tabs else ",")
         n = 0
         try:
             _check_header(path, reader.fieldnames or [])
@@ -142,12 +143,14 @@ def _all_file_records(path: Path, only: set[int] | None = None) -> Iterator[tupl
                 if None in record:  # more cells than header columns
                     raise TaskFileError(
                         f"{_label(path)}, line {reader.line_num}, row {n}: {len(reader.fieldnames or []) + len(record[None])} "
-                        f"cells but the header has {len(reader.fieldnames or [])} columns; quote cells that contain commas."
+                        f"cells but the header has {len(reader.fieldnames or [])} columns; quote cells that contain "
+                        + ("tabs." if tabs else "commas.")
                     )
                 yield record, f"line {reader.line_num}, row {n}"
                 n += 1
         except csv.Error as err:
-            raise TaskFileError(f"{_label(path)}, line {reader.line_num} could not be read as CSV: {err}") from None
+            raise TaskFileError(f"{_label(path)}, line {reader.line_num} could not be read as "
+                                f"{'TSV' if tabs else 'CSV'}: {err}") from None
         if n == 0:
             raise TaskFileError(f"{_label(path)} is empty: it has a header but no rows; add at least one example.")
         return
@@ -249,7 +252,7 @@ def _source_records(source: Any) -> tuple[str, Callable[..., Iterable[tuple[Any,
                 raise TaskFileError(f"{label}, row {i}: expected a dict of fields, got {type(record).__name__}.")
     else:
         raise TaskFileError(
-            f"Unsupported task data {type(source).__name__}: pass a .jsonl/.csv/.parquet path, a pandas DataFrame, "
+            f"Unsupported task data {type(source).__name__}: pass a .jsonl/.csv/.tsv/.parquet path, a pandas DataFrame, "
             f"a datasets.Dataset, a list of dicts, a Task, token ids (tokens, answers[, corrupted, wrong]) or one "
             f"prompt with answer=."
         )
@@ -375,7 +378,7 @@ def read_task_rows(source: Any, fields: Mapping[str, str] | str | None = None, *
                    seed: int = 0) -> list[dict[str, str]]:
     """The examples of a task source as dicts of text under headscope's field names (prompt,
     answer and, where given, corrupted_prompt and wrong_answer), every row checked for the
-    required fields. source: a .jsonl/.json/.csv/.parquet path (or TaskFile), a DataFrame, a
+    required fields. source: a .jsonl/.json/.csv/.tsv/.parquet path (or TaskFile), a DataFrame, a
     Dataset or a list of dicts; fields: headscope name -> the user's column name; n_examples: a
     seeded sample of that many rows (file order kept), read without holding the whole file."""
     return _rows(source, fields, n_examples=n_examples, seed=seed)[1]

@@ -18,7 +18,7 @@ from headscope.errors import ConfigError, InputTypeError, TaskError, TaskFileErr
 
 FIELDS = ("prompt", "answer", "corrupted_prompt", "wrong_answer")
 REQUIRED = ("prompt", "answer")
-FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}  # .tsv: tab-separated
 
 
 # ---- field mappings ---------------------------------------------------------------------------
@@ -71,7 +71,7 @@ class TaskFile(str):
                 strict: bool | None = None) -> TaskFile:
         if not isinstance(path, (str, os.PathLike)):
             raise InputTypeError(
-                f"TaskFile takes the path of a .jsonl/.csv/.parquet file (and fields=, strict=), not a "
+                f"TaskFile takes the path of a .jsonl/.csv/.tsv/.parquet file (and fields=, strict=), not a "
                 f"{type(path).__name__}; for a DataFrame, Dataset or list of dicts use hs.load_task(model, data, fields), "
                 f"or hs.run_analysis(name, model, data, fields=fields)."
             )
@@ -188,13 +188,13 @@ def not_a_task(task: Any) -> Exception:
     """The one error for what an analysis cannot take as its task (resolve_task raises it)."""
     if isinstance(task, str):
         return TaskFileError(
-            f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}), a .jsonl/.csv/.parquet file, a DataFrame, "
+            f"Unknown task {task!r}: use a zoo task ({', '.join(ZOO_TASKS)}), a .jsonl/.csv/.tsv/.parquet file, a DataFrame, "
             f"a datasets.Dataset, a list of dicts, a Task, token ids (tokens, answers[, corrupted, wrong]) or one "
             f"prompt with answer=."
         )
     return InputTypeError(
         f"An analysis takes a Task (hs.load_task(model, data, fields)), user data with prompt and answer fields (a "
-        f".jsonl/.csv/.parquet path, a DataFrame, a datasets.Dataset or a list of dicts), a zoo task name "
+        f".jsonl/.csv/.tsv/.parquet path, a DataFrame, a datasets.Dataset or a list of dicts), a zoo task name "
         f"({', '.join(ZOO_TASKS)}), token ids (tokens, answers[, corrupted, wrong]) or one prompt with answer=; got "
         f"{describe(task)}."
     )
@@ -217,7 +217,7 @@ def _checked_path(path: Path) -> str:
     """The label of a task file's path, after a TaskFileError for an unknown format or a missing file."""
     label = _label(path)
     if path.suffix.lower() not in FORMATS:
-        raise TaskFileError(f"{label}: unknown format {path.suffix!r}; use .jsonl, .csv or .parquet.")
+        raise TaskFileError(f"{label}: unknown format {path.suffix!r}; use .jsonl, .csv, .tsv or .parquet.")
     if not path.is_file():
         raise TaskFileError(f"{label} does not exist or is not a file.")
     return label

@@ -75,7 +75,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="zoo/<name>, minilm, a local HF directory or a hub name (default: the zoo default)")
     p.add_argument("--task", default=None,
-                   help="a zoo task (kv, induction, facts, ioi) or a .jsonl/.csv/.parquet task file; its prompts may "
+                   help="a zoo task (kv, induction, facts, ioi) or a .jsonl/.csv/.tsv/.parquet task file; its prompts may "
                         "have different lengths (padded; a corrupted prompt needs its own prompt's length)")
     p.add_argument("--task-fields", default=None, metavar="FIELD=COLUMN,...",
                    help="your task file's column names, e.g. prompt=text,answer=label "

@@ -1,4 +1,4 @@
-"""The public data API: hs.load_task over files (JSONL, CSV, Parquet), DataFrames, Datasets and
+"""The public data API: hs.load_task over files (JSONL, CSV, TSV, Parquet), DataFrames, Datasets and
 lists of dicts with the user's own column names; errors that name the file, row and field; the
 analyses and the CLI taking such data.
 
@@ -54,8 +54,9 @@ def test_every_source_gives_the_same_task(tmp_path, tiny_models, tiny_dirs):
     frame = pd.DataFrame(ROWS)
     frame.to_csv(tmp_path / "t.csv", index=False)
     frame.to_parquet(tmp_path / "t.parquet")
+    frame.to_csv(tmp_path / "t.tsv", sep="\t", index=False)  # review 13a C1: tab-separated, by its suffix
     sources = [
-        _write_jsonl(tmp_path / "t.jsonl", ROWS), tmp_path / "t.csv", str(tmp_path / "t.parquet"), frame,
+        _write_jsonl(tmp_path / "t.jsonl", ROWS), tmp_path / "t.csv", tmp_path / "t.tsv", str(tmp_path / "t.parquet"), frame,
         datasets.Dataset.from_pandas(frame), ROWS,
     ]
     for source in sources:
@@ -68,6 +69,20 @@ def test_every_source_gives_the_same_task(tmp_path, tiny_models, tiny_dirs):
     few = hs.load_task(model, frame, FIELDS, n_examples=2, seed=3)
     assert len(few) == 2 and {tuple(t) for t in few.tokens.tolist()} < {tuple(t) for t in as_text.tokens.tolist()}
     assert few.tokens.tolist() == hs.load_task(model, frame, FIELDS, n_examples=2, seed=3).tokens.tolist()
+
+
+def test_a_tsv_file_is_read_with_a_tab_delimiter(tmp_path):
+    """Review 13a C1: a .tsv task file was refused ("unknown format '.tsv'"). Commas stay inside a tab-separated
+    cell, values are text, and a row with more cells than the header is one line naming it."""
+    (tmp_path / "t.tsv").write_text("prompt\tanswer\nw1, w2\t007\n\"w3\tw4\"\t0\n", encoding="utf-8")
+    assert read_task_rows(tmp_path / "t.tsv") == [{"prompt": "w1, w2", "answer": "007"},
+                                                  {"prompt": "w3\tw4", "answer": "0"}]
+    (tmp_path / "bad.tsv").write_text("prompt\tanswer\nw1\tw2\tw3\n", encoding="utf-8")
+    with pytest.raises(TaskFileError, match=r"bad\.tsv', line 2, row 0: 3 cells but the header has 2 columns; "
+                                            r"quote cells that contain tabs\.$"):
+        read_task_rows(tmp_path / "bad.tsv")
+    with pytest.raises(TaskFileError, match=r"unknown format '\.txt'; use \.jsonl, \.csv, \.tsv or \.parquet"):
+        read_task_rows(tmp_path / "t.txt")
 
 
 def test_fields_are_read_as_text(tmp_path):
