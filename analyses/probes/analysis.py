@@ -330,10 +330,11 @@ def control_degenerate(types: np.ndarray, labels: np.ndarray, seed: int, tokeniz
     label per word type, which needs many types: with k word types at the read positions the control
     labels are a function of k token identities, which any probe that tells those k words apart fits
     exactly, whatever labels the seed draws. So it is degenerate, independently of the seed, with fewer
-    than MIN_CONTROL_TYPES types or (classification) fewer types than the real task's classes (the
-    control then has fewer classes than the task it is subtracted from; review 13b A1: prompts ending in
-    " is" or " was", 2 types against 11 answers, control 1.00). With enough types, a draw that still
-    came out as one class (rare) is degenerate too."""
+    than MIN_CONTROL_TYPES types or (classification) at most half as many types as the real task's classes
+    (the control is then a much smaller task than the one it is subtracted from; review 13b A1: prompts
+    ending in " is" or " was", 2 types against 11 answers, control 1.00). Types one or two short of the
+    classes are not (prev_token: every token's predecessor plus -1 at position 0). With enough types, a
+    draw that still came out as one class (rare) is degenerate too."""
     kinds, counts = np.unique(types, return_counts=True)
     n_types, n_classes = int(kinds.shape[0]), int(np.unique(labels).shape[0]) if classify else None
 
@@ -343,11 +344,12 @@ def control_degenerate(types: np.ndarray, labels: np.ndarray, seed: int, tokeniz
     if n_types < 2:
         return (f"every example's token at the read position is the same word type ({word(0)}), so the control task "
                 f"(one random label per word type) has one label, which any probe learns exactly")
-    if n_types < MIN_CONTROL_TYPES or (n_classes is not None and n_types < n_classes):
+    small = n_classes is not None and 2 * n_types <= n_classes  # at most half as many types as classes
+    if n_types < MIN_CONTROL_TYPES or small:
         order = np.argsort(-counts, kind="stable")
         shown = ", ".join(f"{word(i)} on {int(counts[i])}" for i in order[:4])
         more = f" and {n_types - 4} more" if n_types > 4 else ""
-        against = (f", fewer than the real task's {n_classes} classes" if n_classes is not None and n_types < n_classes
+        against = (f", against the real task's {n_classes} classes" if small or (n_classes or 0) > n_types
                    else f", fewer than {MIN_CONTROL_TYPES}")
         return (f"the {counts.sum()} examples' tokens at the read position are only {n_types} word types "
                 f"({shown}{more}){against}, so the control task (one random label per word type) is {n_types} token "

@@ -125,9 +125,12 @@ def test_a_control_task_of_few_word_types_is_degenerate_whatever_the_seed():
     assert len(why) == 1 and None not in why  # one verdict, whatever the seed
     reason = why.pop()
     assert "only 2 word types (token id 318 on 32, token id 373 on 16)" in reason
-    assert "fewer than the real task's 11 classes" in reason
+    assert "against the real task's 11 classes" in reason
     # as few types as classes but under the floor: 3 types, 3 classes; regression: 3 types, no classes
     assert "fewer than 5" in probes.control_degenerate(np.arange(30) % 3, np.arange(30) // 10, 0)
+    # enough types but at most half the classes: 6 types against 12 classes; 11 types against 12 are a control
+    assert "only 6 word types" in probes.control_degenerate(np.arange(48) % 6, np.arange(48) % 12, 0)
+    assert probes.control_degenerate(np.arange(48) % 11, np.arange(48) % 12, 0) is None
     assert "only 3 word types" in probes.control_degenerate(np.arange(30) % 3, np.arange(30.0), 0, classify=False)
     # many word types (24, two rows each) over 3 classes: a control that measures memorisation, at every seed
     many, three = np.arange(48) % 24, np.arange(48) % 3
