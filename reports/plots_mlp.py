@@ -346,11 +346,15 @@ def _tests(s: Mapping[str, Any], sizes: Mapping[str, int]) -> dict | None:
     """The summary's Fisher tests (agreement_tests), else the same computed from its counts; None without n."""
     if not sizes:
         return None
-    from headscope.analyses.mlp.analysis import agreement_tests
+    from headscope.analyses.mlp.analysis import agreement_tests, control_verdicts
 
     recorded = s.get("agreement_tests")
     if isinstance(recorded, Mapping) and isinstance(recorded.get("control_p_per_layer"), Mapping):
-        return dict(recorded)
+        if "above_control_layers" in recorded:
+            return dict(recorded)
+        control_p = {str(l): p for l, p in recorded["control_p_per_layer"].items()}  # an older summary: correct it here
+        return {**recorded, **control_verdicts(control_p, _count_map(s, "agreement", sizes),
+                                               _count_map(s, "agreement_shuffled", sizes), ALPHA)}
     return agreement_tests(_count_map(s, "agreement", sizes), _count_map(s, "agreement_shuffled", sizes), sizes)
 
 
@@ -429,18 +433,31 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
     layer's own n: on a mixture of experts every expert's neurons)."""
     control = _count_map(s, "agreement_shuffled", sizes)
     n = sizes[best]
-    p_best = tests["control_p_per_layer"][best]
+    p_best, n_tests = tests["control_p_per_layer"][best], len(tests["control_p_per_layer"])
+    bonf = tests["control_p_bonferroni_per_layer"]
+    # review 13b A3: each layer is one of n_tests tests against its control, so a layer is called above it only
+    # after Bonferroni correction, and "no key-value memory the test can detect" is said only when none is
+    above, loose = list(tests["above_control_layers"]), list(tests["above_control_uncorrected_only"])
+    fixed = f", {_p(bonf[best]).replace('p ', 'p_Bonferroni ', 1)} over {n_tests} layers" if n_tests > 1 else ""
+    test = f"Fisher's exact test, two-sided, {_p(p_best)}{fixed}"
     out = [f"Against its own shuffled control ({control.get(best, 0)} of {n} {unit(s, best)}, "
            f"{_pct(control.get(best, 0) / n)}), layer {best} "
-           + (f"agrees more (Fisher's exact test, two-sided, {_p(p_best)})." if p_best < ALPHA and hits > control.get(best, 0)
-              else f"agrees less (Fisher's exact test, two-sided, {_p(p_best)})" if p_best < ALPHA
-              else f"cannot be told from it (Fisher's exact test, two-sided, {_p(p_best)})")]
-    if p_best >= ALPHA or hits <= control.get(best, 0):
-        out[-1] += ": these MLPs show no key-value memory on this corpus that the test can detect."
+           + (f"agrees more ({test})." if best in above
+              else f"agrees more before correction only ({test})" if best in loose
+              else f"agrees less ({test})" if bonf[best] < ALPHA and hits < control.get(best, 0)
+              else f"cannot be told from it ({test})")]
+    if not above:
+        out[-1] += (": these MLPs show no key-value memory on this corpus that the test can detect"
+                    + (" after correction for the layers tested." if loose else "."))
+    elif best not in above:
+        out[-1] += "."
     counts = _count_map(s, "agreement", sizes)
-    above = [l for l, p in tests["control_p_per_layer"].items() if p < ALPHA and counts.get(l, 0) > control.get(l, 0)]
-    if len(tests["control_p_per_layer"]) > 1:
-        out.append(f"Layers above their own control at p < {ALPHA:g}: " + _layers(above) + ".")
+    if n_tests > 1:
+        only = "; ".join(f"layer {l} ({counts.get(l, 0)} of {sizes.get(l, '?')}, its control {control.get(l, 0)}) "
+                         f"{_p(tests['control_p_per_layer'][l])}, {_p(bonf[l]).replace('p ', 'p_Bonferroni ', 1)}"
+                         for l in loose)
+        out.append(f"Layers above their own control at p_Bonferroni < {ALPHA:g} (Fisher's p x {n_tests} layers): "
+                   + _layers(above) + (f"; above it only before correction: {only}" if only else "") + ".")
     pooled, each = tests.get("best_vs_others_p"), tests.get("best_vs_layer_p") or {}
     if pooled is not None and tests.get("best_layer") == best:
         others = [l for l in counts if l != best and l in sizes]

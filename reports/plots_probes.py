@@ -27,7 +27,7 @@ def plot_probe(data: pd.DataFrame, *, metric: str = "accuracy", chance: float | 
     95% interval, or mean R^2 over folds with its t interval), with the majority-class rate as `chance`
     when given. The two lines differ in marker and line style and sit a little apart in x, so equal
     scores (a control learnt exactly) never hide the real line. A degenerate control (`control_degenerate`,
-    the summary's reason: one label, so any probe scores 1) is not a result and is not drawn; the legend
+    the summary's reason: one label or a few word types, so any probe fits it) is not a result and is not drawn; the legend
     says so. Accuracy is drawn on its whole range, 0 to 1."""
     from headscope.analyses.probes.scores import layer_scores
 
@@ -46,7 +46,7 @@ def plot_probe(data: pd.DataFrame, *, metric: str = "accuracy", chance: float | 
     if chance is not None:
         ax.axhline(chance, color="grey", ls=":", lw=1, label="majority class")
     if control_degenerate:  # a legend entry without a mark: the control's absence, in words
-        ax.plot([], [], ls="none", label="control: one label,\nnot plotted")
+        ax.plot([], [], ls="none", label="control: degenerate,\nnot plotted")
     if metric == "accuracy":
         ax.set_ylim(0, 1.03)  # the whole range (a little room for points at 1)
     ax.legend(fontsize="small", title="labels", loc="upper left", bbox_to_anchor=(1.01, 1))  # off the data
@@ -115,7 +115,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "probes": "Left: probe score per layer on the real labels (circles, solid) and the control task (squares, dashed), "
               "the quantity the finding states: out-of-fold accuracy pooled over the examples with its exact 95% CI "
               "(regression: mean R^2 over folds with its t interval), accuracy on its whole 0-1 range; a control task "
-              "with one label (degenerate: any probe scores 1) is not plotted; dotted: the majority class. Right: selectivity = "
+              "that is degenerate (one label, or too few word types at the read position: any probe fits it exactly) "
+              "is not plotted; dotted: the majority class. Right: selectivity = "
               "real minus control (minus 0 where the control's R^2 is below 0, hatched: a negative control would "
               "overstate it, as the finding says), or why it is not measurable. With the capacity sweep each layer "
               "shows its most selective regularisation strength; when selectivity is not measurable there is no sweep "
@@ -300,7 +301,11 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"The control task's R^2 is {control:.2f}, below 0 (worse than predicting the mean), so score minus "
                      f"control ({sel:.2f}) overstates selectivity; against the control's floor of 0 it is {floor:.2f}.")
     elif s.get("control_degenerate"):
-        parts.append(f"Selectivity cannot be measured on this task: {s['control_degenerate']}.")
+        parts.append(f"Selectivity cannot be measured on this task: {s['control_degenerate']}."
+                     + (" With fewer word types than classes the word alone cannot give the label, so a score above "
+                        "the majority baseline is read from elsewhere in the context." if _chance(s) is None
+                        and _num(s.get("majority_baseline")) is not None and _num(s.get("n_word_types")) is not None
+                        and _num(s.get("n_classes")) is not None and s["n_word_types"] < s["n_classes"] else ""))
     elif sel is not None:
         parts.append(f"Selectivity (score minus the control task) is {sel:.2f}"
                      + ("; below 0 the control task (random labels per word type) is easier to fit than the real "

@@ -525,10 +525,12 @@ def agreement_tests(counts: dict[str, int], control: dict[str, int], n: int | Ma
     control}, "best_layer" (most agreeing; the first of equals), "best_vs_layer_p" {other layer: p of best
     against it} and "best_vs_others_p" (best against the other layers pooled; None with one layer). The best
     layer is picked after looking, so its p values against the others are optimistic: the finding reports
-    them as such. With layers of different sizes the best is the highest share, not the highest count."""
+    them as such. With layers of different sizes the best is the highest share, not the highest count.
+    control_verdicts adds each layer's control p Bonferroni-corrected over the layers and the layers above it."""
     size = (lambda l: int(n[l])) if isinstance(n, Mapping) else (lambda l: int(n))  # noqa: E731
     out: dict[str, Any] = {"control_p_per_layer": {l: chance.fisher_p(k, size(l), control[l], size(l))
                                                    for l, k in counts.items() if l in control}}
+    out |= control_verdicts(out["control_p_per_layer"], counts, control)
     if not counts:
         return {**out, "best_layer": None, "best_vs_layer_p": {}, "best_vs_others_p": None}
     best = max(counts, key=lambda l: counts[l] / size(l))
@@ -538,6 +540,24 @@ def agreement_tests(counts: dict[str, int], control: dict[str, int], n: int | Ma
     out["best_vs_others_p"] = (chance.fisher_p(counts[best], size(best), sum(counts[l] for l in others),
                                                sum(size(l) for l in others)) if others else None)
     return out
+
+
+CONTROL_ALPHA = 0.05  # the level at which a layer is called above its own shuffled control
+
+
+def control_verdicts(p_per_layer: Mapping[str, float], counts: Mapping[str, int], control: Mapping[str, int],
+                     alpha: float = CONTROL_ALPHA) -> dict[str, Any]:
+    """Which layers agree more than their own shuffled control, each of the L per-layer Fisher tests
+    Bonferroni-corrected (p x L, at most 1): the finding's verdict on "these MLPs" reads every layer, so one
+    of four layers at p = 0.034 uncorrected (0.14 corrected) is no detection (review 13b A3).
+    "control_p_bonferroni_per_layer" {layer: corrected p}, "above_control_layers" (corrected p < alpha and
+    more agreeing neurons than the control), "above_control_uncorrected_only" (p < alpha only before it)."""
+    n_tests = len(p_per_layer)
+    corrected = {l: min(1.0, float(p) * n_tests) for l, p in p_per_layer.items()}
+    more = [l for l in p_per_layer if counts.get(l, 0) > control.get(l, 0)]
+    return {"control_p_bonferroni_per_layer": corrected,
+            "above_control_layers": [l for l in more if corrected[l] < alpha],
+            "above_control_uncorrected_only": [l for l in more if p_per_layer[l] < alpha <= corrected[l]]}
 
 
 def _counts(agree: pd.DataFrame, column: str, sizes: Mapping[int, int]) -> dict[str, int]:

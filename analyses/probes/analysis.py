@@ -228,9 +228,9 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
     n_test. tables["per_layer"]: per layer the score (classification: out-of-fold accuracy pooled over
     the examples, `correct` of `n`; regression: mean R^2 over folds; scores.py), its 95% interval
     (ci_low, ci_high), control and selectivity (score minus control). summary: best layer and its numbers, and
-    `first_selective_layer`: the first layer whose selectivity reaches 0.5. A control task of one
-    label (control_degenerate) leaves every selectivity None (NaN in the table), with the reason in
-    summary["control_degenerate"] (None otherwise).
+    `first_selective_layer`: the first layer whose selectivity reaches 0.5. A degenerate control task
+    (control_degenerate: one label, or too few word types; n_word_types counts them) leaves every
+    selectivity None (NaN in the table), with the reason in summary["control_degenerate"] (None otherwise).
     """
     if not isinstance(task, (Task, torch.Tensor)):
         return run(model, task, configure(ProbesConfig, config, config_overrides, name="probe_sweep",
@@ -249,7 +249,7 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
     capacity = cfg.grid()
     grid = None if capacity is None or capacity is False else (
         full if capacity is True else full[::2] if capacity == "coarse" else tuple(capacity))
-    degenerate = control_degenerate(types, labels_arr, cfg.seed, model.tokenizer)
+    degenerate = control_degenerate(types, labels_arr, cfg.seed, model.tokenizer, classify=classify)
     skipped = None
     if degenerate is not None and grid is not None:  # no selectivity to pick a strength by: one probe per layer
         skipped = (f"selectivity is not measurable here (the control task is degenerate), so no strength is picked by it; "
@@ -288,6 +288,7 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
                              degenerate=degenerate, scored=scored_rows, folds=n_folds,
                              per_row=not probe_data.all_positions)
     summary["capacity_skipped"] = skipped
+    summary["n_word_types"] = int(np.unique(types).shape[0])  # the control task's types at the read positions
     tables = {"per_layer": table}
     if sweeps:
         tables["capacity"] = pd.concat(sweeps, ignore_index=True)[
@@ -319,18 +320,43 @@ def _drop_singletons(probe_data: ProbeData, features: list[np.ndarray]) -> tuple
     return probe_data.labels[keep], probe_data.types[keep], [X[keep] for X in features], int((~keep).sum())
 
 
-def control_degenerate(types: np.ndarray, labels: np.ndarray, seed: int, tokenizer=None) -> str | None:
+MIN_CONTROL_TYPES = 5  # fewer word types than this: the control task is a handful of token identities
+
+
+def control_degenerate(types: np.ndarray, labels: np.ndarray, seed: int, tokenizer=None, *,
+                       classify: bool = True) -> str | None:
     """Why the control task (probes.control_labels: one random label per word type) cannot measure
-    selectivity, or None when it can: with one word type at the read positions (e.g. every prompt
-    ends in " is") or one label class drawn, the control labels are one constant, which any probe
-    learns exactly, so score minus control is the score minus a constant by construction."""
-    kinds = np.unique(types)
-    if kinds.shape[0] < 2:
-        word = repr(tokenizer.decode([int(kinds[0])])) if tokenizer is not None else f"token id {int(kinds[0])}"
-        return (f"every example's token at the read position is the same word type ({word}), so the control task "
+    selectivity, or None when it can. Hewitt & Liang's control asks how well a probe memorises a random
+    label per word type, which needs many types: with k word types at the read positions the control
+    labels are a function of k token identities, which any probe that tells those k words apart fits
+    exactly, whatever labels the seed draws. So it is degenerate, independently of the seed, with fewer
+    than MIN_CONTROL_TYPES types or (classification) at most half as many types as the real task's classes
+    (the control is then a much smaller task than the one it is subtracted from; review 13b A1: prompts
+    ending in " is" or " was", 2 types against 11 answers, control 1.00). Types one or two short of the
+    classes are not (prev_token: every token's predecessor plus -1 at position 0). With enough types, a
+    draw that still came out as one class (rare) is degenerate too."""
+    kinds, counts = np.unique(types, return_counts=True)
+    n_types, n_classes = int(kinds.shape[0]), int(np.unique(labels).shape[0]) if classify else None
+
+    def word(i: int) -> str:
+        return repr(tokenizer.decode([int(kinds[i])])) if tokenizer is not None else f"token id {int(kinds[i])}"
+
+    if n_types < 2:
+        return (f"every example's token at the read position is the same word type ({word(0)}), so the control task "
                 f"(one random label per word type) has one label, which any probe learns exactly")
+    small = n_classes is not None and 2 * n_types <= n_classes  # at most half as many types as classes
+    if n_types < MIN_CONTROL_TYPES or small:
+        order = np.argsort(-counts, kind="stable")
+        shown = ", ".join(f"{word(i)} on {int(counts[i])}" for i in order[:4])
+        more = f" and {n_types - 4} more" if n_types > 4 else ""
+        against = (f", against the real task's {n_classes} classes" if small or (n_classes or 0) > n_types
+                   else f", fewer than {MIN_CONTROL_TYPES}")
+        return (f"the {counts.sum()} examples' tokens at the read position are only {n_types} word types "
+                f"({shown}{more}){against}, so the control task (one random label per word type) is {n_types} token "
+                f"identities, which any probe that tells those words apart fits exactly whatever labels are drawn; "
+                f"score minus control then says nothing about memorisation")
     if np.unique(control_labels(types, labels, seed=seed)).shape[0] < 2:
-        return (f"the control task's random labels for the {kinds.shape[0]} word types at the read positions all "
+        return (f"the control task's random labels for the {n_types} word types at the read positions all "
                 f"came out as one class, which any probe learns exactly")
     return None
 

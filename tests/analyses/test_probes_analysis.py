@@ -100,6 +100,42 @@ def test_a_control_task_of_one_word_type_leaves_selectivity_undefined(tiny_model
                                layers=[0, 1], cv=3).summary
     assert other["control_degenerate"] is None
     assert other["best_selectivity"] == pytest.approx(other["best_accuracy"] - other["best_control"])
+    two = tokens.clone()
+    two[:, -1] = torch.tensor([7, 8] * 12)  # review 13b A1: two word types at the read position, three classes
+    s2 = probes.probe_sweep(model, Task(name="two_ends", tokens=two, answers=answers), labels="answer",
+                            layers=[0, 1], cv=3).summary
+    assert s2["n_word_types"] == 2 and s2["n_classes"] == 3 and s2["best_selectivity"] is None
+    assert "only 2 word types" in s2["control_degenerate"] and s2["first_selective_layer"] is None
+    sentence = probes_finding(s2)
+    assert "Selectivity cannot be measured on this task: the 24 examples' tokens at the read position are only 2 word " \
+           "types" in sentence and "memorised" not in sentence and "Selectivity (score minus" not in sentence
+
+
+def test_a_control_task_of_few_word_types_is_degenerate_whatever_the_seed():
+    """Review 13b A1: 48 prompts ending in " is" (32) or " was" (16) with 11 answers. Hewitt & Liang's control
+    (one random label per word type) is then 2 token identities, which any probe fits: degenerate at every seed,
+    with the count of word types, where the old check caught it only when both types drew one label."""
+    from headscope.probes import control_labels
+
+    types = np.array([318] * 32 + [373] * 16)  # GPT-2 ids of " is" and " was"
+    labels = np.arange(48) % 11  # 11 answer classes
+    drew_two = [seed for seed in range(20) if len(np.unique(control_labels(types, labels, seed=seed))) == 2]
+    assert drew_two  # the draws the old check let through: a 2-class control scored against an 11-class task
+    why = {probes.control_degenerate(types, labels, seed) for seed in range(20)}
+    assert len(why) == 1 and None not in why  # one verdict, whatever the seed
+    reason = why.pop()
+    assert "only 2 word types (token id 318 on 32, token id 373 on 16)" in reason
+    assert "against the real task's 11 classes" in reason
+    # as few types as classes but under the floor: 3 types, 3 classes; regression: 3 types, no classes
+    assert "fewer than 5" in probes.control_degenerate(np.arange(30) % 3, np.arange(30) // 10, 0)
+    # enough types but at most half the classes: 6 types against 12 classes; 11 types against 12 are a control
+    assert "only 6 word types" in probes.control_degenerate(np.arange(48) % 6, np.arange(48) % 12, 0)
+    assert probes.control_degenerate(np.arange(48) % 11, np.arange(48) % 12, 0) is None
+    assert "only 3 word types" in probes.control_degenerate(np.arange(30) % 3, np.arange(30.0), 0, classify=False)
+    # many word types (24, two rows each) over 3 classes: a control that measures memorisation, at every seed
+    many, three = np.arange(48) % 24, np.arange(48) % 3
+    assert all(probes.control_degenerate(many, three, seed) is None for seed in range(20))
+    assert probes.control_degenerate(many, np.arange(48.0), 0, classify=False) is None
 
 
 @pytest.mark.slow

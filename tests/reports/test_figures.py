@@ -2007,7 +2007,7 @@ def test_probes_degenerate_control_is_not_plotted_real_line_not_hidden_and_selec
         left, right = fig.axes[:2]
         # #34 B3: the degenerate control (one label, 1.0 by construction) is not drawn as a result; the legend says so
         assert [c.get_label() for c in left.containers] == ["real"]
-        assert "control: one label,\nnot plotted" in [t.get_text() for t in left.get_legend().get_texts()]
+        assert "control: degenerate,\nnot plotted" in [t.get_text() for t in left.get_legend().get_texts()]
         assert left.get_ylim() == pytest.approx((0.0, 1.03))  # accuracy on its whole range
         real = left.containers[0]
         assert list(real.lines[0].get_ydata()) == [1.0, 1.0, 1.0] and list(real.lines[0].get_xdata()) == [0, 1, 2]

@@ -2049,15 +2049,20 @@ def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fishe
     assert p["l2_control"] < 0.05 < p["control"]
     text = finding("mlp", s)
     assert (f"Against its own shuffled control (10 of 128 neurons, 8%), layer 0 cannot be told from it (Fisher's "
-            f"exact test, two-sided, p = {p['control']:.2g})") in text, text
-    # review 8b A5: layer indices in words, not a bare "2" that reads as a count
-    assert "Layers above their own control at p < 0.05: layer 2." in text  # 8 of 128 against 1 of 128
-    two = {**s, "agreement_shuffled_count_per_layer": {**control, "0": 2},
-           "agreement_shuffled_per_layer": {**s["agreement_shuffled_per_layer"], "0": 2 / 128}}
-    assert fisher_exact([[18, 110], [2, 126]])[1] < 0.05 < fisher_exact([[3, 125], [2, 126]])[1]
-    assert "Layers above their own control at p < 0.05: layers 0 and 2." in finding("mlp", two)
+            f"exact test, two-sided, p = {p['control']:.2g}, p_Bonferroni = {3 * p['control']:.2g} over 3 layers)") in text
+    # review 8b A5: layer indices in words, not a bare "2" that reads as a count; review 13b A3: 8 of 128 against 1
+    # of 128 is p = 0.036, one of 3 tests (x 3 = 0.11): above its control only before correction
+    assert p["l2_control"] * 3 > 0.05
+    assert ("Layers above their own control at p_Bonferroni < 0.05 (Fisher's p x 3 layers): none; above it only "
+            f"before correction: layer 2 (8 of 128, its control 1) p = {p['l2_control']:.2g}, p_Bonferroni = "
+            f"{3 * p['l2_control']:.2g}.") in text, text
+    two = {**s, "agreement_shuffled_count_per_layer": {**control, "0": 2, "2": 0},
+           "agreement_shuffled_per_layer": {**s["agreement_shuffled_per_layer"], "0": 2 / 128, "2": 0}}
+    assert 3 * fisher_exact([[18, 110], [2, 126]])[1] < 0.05 and 3 * fisher_exact([[8, 120], [0, 128]])[1] < 0.05
+    assert "Layers above their own control at p_Bonferroni < 0.05 (Fisher's p x 3 layers): layers 0 and 2." in finding(
+        "mlp", two)
     flat = {**s, "agreement_shuffled_count_per_layer": counts, "agreement_shuffled_per_layer": s["agreement_per_layer"]}
-    assert "Layers above their own control at p < 0.05: none." in finding("mlp", flat)
+    assert "Layers above their own control at p_Bonferroni < 0.05 (Fisher's p x 3 layers): none." in finding("mlp", flat)
     assert p["pooled"] * 3 < 0.05
     assert (f"layer 0 against the others pooled (11 of 256) p = {p['pooled']:.2g} (p_Bonferroni = {3 * p['pooled']:.2g} "
             "for picking the best of 3 layers), so the layers differ; against each, uncorrected, "
@@ -2079,10 +2084,50 @@ def test_mlp_agreement_is_tested_against_its_control_and_between_layers_by_fishe
                                                           "2": p["l2_control"]})
     # a best layer well above its control: "agrees more"
     strong = {**s, "agreement_shuffled_count_per_layer": {"0": 1, "1": 2, "2": 1}}
-    assert "layer 0 agrees more (Fisher's exact test, two-sided, p < 0.001)." in finding("mlp", strong)
+    assert "layer 0 agrees more (Fisher's exact test, two-sided, p < 0.001, p_Bonferroni < 0.001 over 3 layers)." in \
+        finding("mlp", strong)
     below = {**s, "agreement_shuffled_count_per_layer": {"0": 40, "1": 2, "2": 1}}  # 18 against 40 of 128
-    assert (f"layer 0 agrees less (Fisher's exact test, two-sided, p = {fisher_exact([[18, 110], [40, 88]])[1]:.2g}): "
-            "these MLPs show no key-value memory") in finding("mlp", below)
+    p_below = fisher_exact([[18, 110], [40, 88]])[1]
+    assert (f"layer 0 agrees less (Fisher's exact test, two-sided, p = {p_below:.2g}, p_Bonferroni = {3 * p_below:.2g} "
+            "over 3 layers): these MLPs show no key-value memory on this corpus that the test can detect after "
+            "correction") in finding("mlp", below)
+
+
+def test_mlp_layers_above_their_control_are_bonferroni_corrected_and_agree_with_the_verdict():
+    """Review 13b A3 (its counts): layer 1 is highest (18 of 128, control 10: p = 0.16) and the finding said "these
+    MLPs show no key-value memory ... the test can detect" and then "Layers above their own control at p < 0.05:
+    layer 3" (10 of 128 against 2: p = 0.034, one of 4 tests, x 4 = 0.14). Both now read the corrected p, in the
+    summary's recorded tests and the finding alike, also from a summary recorded before the correction."""
+    from scipy.stats import fisher_exact
+
+    from headscope.analyses.mlp.analysis import agreement_tests
+
+    counts, control = {"0": 4, "1": 18, "2": 13, "3": 10}, {"0": 7, "1": 10, "2": 8, "3": 2}
+    p = {l: fisher_exact([[counts[l], 128 - counts[l]], [control[l], 128 - control[l]]])[1] for l in counts}
+    assert p["3"] == pytest.approx(0.0342, abs=1e-4) and p["1"] == pytest.approx(0.160, abs=1e-3)
+    tests = agreement_tests(counts, control, 128)
+    assert tests["control_p_bonferroni_per_layer"] == pytest.approx({l: min(1.0, 4 * v) for l, v in p.items()})
+    assert tests["above_control_layers"] == [] and tests["above_control_uncorrected_only"] == ["3"]
+    s = {"agreement_per_layer": {k: v / 128 for k, v in counts.items()}, "agreement_count_per_layer": counts,
+         "agreement_shuffled_per_layer": {k: v / 128 for k, v in control.items()},
+         "agreement_shuffled_count_per_layer": control, "n_neurons_per_layer": 128, "n_prefixes": 439}
+    old = {l: tests[l] for l in ("best_layer", "best_vs_layer_p", "best_vs_others_p", "control_p_per_layer")}
+    for summary in ({**s, "agreement_tests": tests}, {**s, "agreement_tests": old}, s):  # recorded now, before, none
+        text = finding("mlp", summary)
+        assert (f"layer 1 cannot be told from it (Fisher's exact test, two-sided, p = {p['1']:.2g}, p_Bonferroni = "
+                f"{4 * p['1']:.2g} over 4 layers): these MLPs show no key-value memory on this corpus that the test can "
+                "detect after correction for the layers tested.") in text, text
+        assert ("Layers above their own control at p_Bonferroni < 0.05 (Fisher's p x 4 layers): none; above it only "
+                "before correction: layer 3 (10 of 128, its control 2) p = 0.034, p_Bonferroni = 0.14.") in text, text
+    # a layer above its control after correction (10 of 128 against 0: p = 0.0014 x 4 = 0.006) is named, and the
+    # verdict on "these MLPs" is then not stated, only the highest layer's own
+    clear = {**s, "agreement_shuffled_count_per_layer": {**control, "3": 0},
+             "agreement_shuffled_per_layer": {**s["agreement_shuffled_per_layer"], "3": 0.0}}
+    assert 4 * fisher_exact([[10, 118], [0, 128]])[1] < 0.05
+    text = finding("mlp", clear)
+    assert "layer 1 cannot be told from it (Fisher's exact test, two-sided, p = 0.16, p_Bonferroni = 0.64 over 4 " \
+           "layers). Layers above their own control at p_Bonferroni < 0.05 (Fisher's p x 4 layers): layer 3." in text
+    assert "no key-value memory" not in text
 
 
 def test_mlp_counts_tests_and_sizes_are_each_layers_own_memories():
