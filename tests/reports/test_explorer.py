@@ -787,3 +787,44 @@ def test_split_utf8_bytes_of_random_byte_level_tokens_read_as_hex_never_replacem
     example, _, _ = capture_example(model, torch.tensor([a, c3, a, e2, x82]), 16)
     assert example["text"] == "a<0xC3>a<0xE2><0x82>" and example["tokens"] == ["a", "<0xC3>", "a", "<0xE2>", "<0x82>"]
     assert not any("\ufffd" in t for t in [example["text"], *example["tokens"]])
+
+
+def test_the_grid_opens_on_the_ablation_the_heads_finding_leads_with(llama, tmp_path):
+    """Review 13c B2: MiniLM's finding led with zero-ablation (L5H11, L5H7) while the grid opened on the contrastive
+    gradient; it opens on the ablation the finding leads with (its first top_head_<method> record)."""
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    io.write_csv(heads / "results.csv", pd.DataFrame([{"layer": l, "head": h, "method": m, "importance": float(h)}
+                                                       for m in ("gradient", "zero", "mean") for l in range(2)
+                                                       for h in range(4)]))
+    tokens = llama.to_tokens(["w1 w2 w3 w4"])
+    top = {"head": "L1H3", "importance": 3.0, "ci": [2.0, 4.0], "n_examples": 8}
+    io.write_json(heads / "summary.json", {"n_heads": 8, "top_head_zero": top, "top_heads_gradient": ["L1H3"]})
+    assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (zero)"
+    io.write_json(heads / "summary.json", {"top_head_mean": top, "top_head_zero": top})
+    assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (mean)"
+
+
+@needs_chromium
+def test_grid_labels_tell_heads_apart_in_one_unit_in_chromium(llama, tmp_path):
+    """Review 13c B2: one significant digit wrote 41 of 72 MiniLM cells as "1e-3" or "2e-3". The cells share one
+    unit (x 1e-3, named in the legend) with the largest to 3 significant digits, one digit more where two values
+    would still read alike; a 1e-7 score keeps its digits."""
+    from browser import open_page
+
+    grid = np.array([[1.2e-3, 1.24e-3, 4.8e-3, 2.0e-3], [1.201e-3, -0.5e-3, 3.1e-3, 1.204e-3]])
+    tiny = grid * 1e-4  # [L, H] a bfloat16 gradient's size
+    data = attention_explorer_data(llama, "w1 w2", head_scores={"ms": grid, "tiny": tiny}, default_score="ms")
+    assert data["scores"]["tiny"][0][1] == pytest.approx(1.24e-7)
+    page_file = tmp_path / "grid.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="g") + "</body></html>")
+    cells = "Array.from(document.querySelectorAll('#g .hsx-grid td .hsx-v')).map(function(c){return c.textContent;})"
+    legend = "document.querySelector('#g .hsx-legend').textContent"
+    with open_page(page_file) as page:
+        assert page.evaluate(cells) == ["1.200", "1.240", "4.800", "2.000", "1.201", "-0.500", "3.100", "1.204"]
+        assert "ms (\u00d7 1e-3):" in page.evaluate(legend)
+        choose(page, "g", 1, "score:tiny")
+        assert page.evaluate(cells) == ["1.200", "1.240", "4.800", "2.000", "1.201", "-0.500", "3.100", "1.204"]
+        assert "tiny (\u00d7 1e-7):" in page.evaluate(legend)
+        assert page.console_errors == [] and page.requests == []
