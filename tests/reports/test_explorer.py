@@ -828,3 +828,39 @@ def test_grid_labels_tell_heads_apart_in_one_unit_in_chromium(llama, tmp_path):
         assert page.evaluate(cells) == ["1.200", "1.240", "4.800", "2.000", "1.201", "-0.500", "3.100", "1.204"]
         assert "tiny (\u00d7 1e-7):" in page.evaluate(legend)
         assert page.console_errors == [] and page.requests == []
+
+
+def test_a_prompt_label_keeps_an_unknown_word_as_unk_escaped(llama):
+    """Review 13c C4: show_attention's prompt list read "Mary and John went to the . later" for a prompt whose
+    "store" became <unk>: the label shows <unk> where the token strip does, escaped in the page."""
+    with pytest.warns(Warning, match="zzz"):
+        view = show_attention(llama, "w1 zzz w2", prompt_box=False)
+    example = view.data["examples"][0]
+    assert example["tokens"][-3:] == ["w1", "<unk>", "w2"] and example["text"] == "w1 <unk> w2"
+    page = view._repr_html_()
+    assert "<unk>" not in page and "w1 \\u003cunk\\u003e w2" in page
+
+
+def test_byte_fallback_pieces_registered_as_special_tokens_keep_their_characters_in_a_label():
+    """Review 13b C5: a BPE with byte fallback whose 256 byte pieces were registered as special tokens (as a trainer's
+    special_tokens) labelled "Extract the value" as "tract the value": decode(skip_special_tokens=True) drops the
+    byte pieces. The label keeps them (and drops the BOS, which the token strip shows)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from headscope.models.token_text import prompt_label
+
+    raw = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    raw.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)]
+    raw.train_from_iterator(["the value tract", "a tract of the value"] * 20,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
+    raw.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                  unk_token="<unk>")
+    ids = tok("Extract the value")["input_ids"]
+    assert ids[0] == 2 and "<0x45>" in tok.convert_ids_to_tokens(ids)  # the case: <bos>, then 'E' as a byte piece
+    assert tok.decode(ids, skip_special_tokens=True) == "tract the value"  # the defect's premise
+    assert prompt_label(tok, ids) == "Extract the value"
