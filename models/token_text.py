@@ -1,6 +1,6 @@
 """Token text: how a tokenizer's ids read, and whether its words survive it.
 
-- `token_strings` / `readable_text`: ids decoded alone or as one text, with a token that is part of a
+- `token_strings` / `readable_text` / `prompt_label`: ids decoded alone or as one text, with a token that is part of a
   character's UTF-8 bytes written `<0xE2>` (byte-level BPE's pieces mapped back to their bytes), never U+FFFD.
 - `unknown_words` / `round_trip_problem`: the words a tokenizer turns into its unknown token, and whether
   decode(encode(text)) gives back text built from its own vocabulary (`probe_words`).
@@ -121,6 +121,18 @@ def readable_text(tokenizer: Any, ids: Sequence[int], *, skip_special_tokens: bo
     if kept and all(r is not None for r in raws):
         return escape_bytes(b"".join(raws))
     return "".join(token_strings(tokenizer, kept)).lstrip(" " if not text.startswith(" ") else "")
+
+
+FRAME_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id")
+
+
+def prompt_label(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The ids as the explorer's prompt list labels them: `readable_text` with every token kept but the ones that
+    frame a prompt (BOS, EOS, PAD, CLS, SEP; the token strip shows those), so a word that became <unk> reads <unk>
+    (review 13c C4) and byte-fallback pieces a tokenizer registered as special tokens read as their characters
+    (review 13b C5), where decode(skip_special_tokens=True) dropped both."""
+    frame = {getattr(tokenizer, name, None) for name in FRAME_TOKENS} - {None, getattr(tokenizer, "unk_token_id", None)}
+    return readable_text(tokenizer, [int(i) for i in ids if int(i) not in frame], skip_special_tokens=False)
 
 
 def _normal(text: str) -> str:

@@ -74,6 +74,20 @@
     var a = Math.abs(v);
     return a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : a >= 0.01 || a === 0 ? v.toFixed(2) : v.toExponential(0);
   }
+  // a head grid's cell labels, one format for the whole grid (review 13c B2: one significant digit made 41 of 72
+  // MiniLM cells read "1e-3" or "2e-3"): grids whose largest |value| is under 0.1 or from 1000 up are written in
+  // units of a power of ten the legend names ("x 1e-3"); decimals give the largest 3 significant digits, one more
+  // where that still writes two different values alike (a label fits 6 characters)
+  function gridFormat(g) {
+    var vals = [], m = 0;
+    g.forEach(function (r) { r.forEach(function (v) { if (v !== null) { vals.push(v); m = Math.max(m, Math.abs(v)); } }); });
+    var e = m > 0 && (m < 0.1 || m >= 1000) ? Math.floor(Math.log10(m)) : 0, u = Math.pow(10, e);
+    var lead = m > 0 ? Math.floor(Math.log10(m / u) + 1e-9) : 0, d = Math.max(0, 2 - lead);
+    var count = function (f) { var seen = {}, n = 0; vals.forEach(function (v) { var k = f(v); if (!seen[k]) { seen[k] = 1; n++; } }); return n; };
+    var distinct = count(function (v) { return v; });
+    if (count(function (v) { return (v / u).toFixed(d); }) < distinct && d < 3) d += 1;
+    return {text: function (v) { return v === null ? "" : (v / u).toFixed(d); }, unit: e ? " (\u00d7 1e" + e + ")" : ""};
+  }
   function kvOf(h) { return Math.floor(h / G); }
   function headName(l, h) { return "L" + l + " H" + h + (G > 1 ? " (kv" + kvOf(h) + ")" : ""); }
   var PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4", "#b2df8a", "#fb9a99"];
@@ -143,14 +157,15 @@
     var ramp = el("span", "hsx-ramp");
     ramp.style.background = signed ? "linear-gradient(90deg," + toward(BLUE, 1) + ",#fff," + toward(RED, 1) + ")"
                                     : "linear-gradient(90deg,#fff," + toward(RED, 1) + ")";
-    legend.appendChild(el("span", null, name + ":"));
-    legend.appendChild(el("span", null, short(signed ? -m : 0)));
+    var cellf = gridFormat(g);  // cell labels and the legend's ends, in one unit
+    legend.appendChild(el("span", null, name + cellf.unit + ":"));  // the ends in the cells' units
+    legend.appendChild(el("span", null, cellf.text(signed ? -m : 0)));
     legend.appendChild(ramp);
-    legend.appendChild(el("span", null, short(m)));
+    legend.appendChild(el("span", null, cellf.text(m)));
     var why = (data.muted || {})[name] || null;  // a score the report says is noise: drawn faint and grey
     if (why) legend.classList.add("hsx-muted");
     return {colour: why ? function (l, h) { return [faint(colour(l, h)[0]), "#777"]; } : colour,
-            value: function (l, h) { return g[l][h]; }, text: function (l, h) { return short(g[l][h]); },
+            value: function (l, h) { return g[l][h]; }, text: function (l, h) { return cellf.text(g[l][h]); },
             legend: legend, muted: why};
   }
 

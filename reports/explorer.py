@@ -44,6 +44,7 @@ from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.models.hooked_model import layer_windows
 from headscope.reports.explorer_view import explorer_html, muted_scores
+from headscope.reports.heads_words import lead_ablation
 from headscope.reports.html_report import EXPLORER_FILE
 from headscope.reports.tokens_view import HTMLView, pattern_view
 
@@ -64,7 +65,8 @@ def _grid(values: Any, n_layers: int, n_heads: int, name: str) -> list[list[Any]
         return rows
     out = []
     for r in rows:
-        out.append([None if v is None or float(v) != float(v) else round(float(v), 6) for v in r])
+        # 6 significant digits, not decimals: a score of 1e-7 (a gradient in bfloat16) must not read 0
+        out.append([None if v is None or float(v) != float(v) else float(f"{float(v):.6g}") for v in r])
     return out
 
 
@@ -277,12 +279,15 @@ IMPORTANCE_ORDER = ("importance (gradient)", "importance (zero)", "importance (m
 
 
 def opening_score(names: Any, heads_summary: Mapping[str, Any] | None) -> str | None:
-    """The importance the grid opens on: gradient, else an ablation, skipping one the heads summary mutes
-    (explorer_view.muted_scores: under its numerical floor; review 11b B2: the explorer opened on a gradient the
-    report called rounding while zero-ablation, one choice away, showed the head that matters); the first
-    present where every one is muted (at chance); None without importance."""
+    """The importance the grid opens on: the ablation the heads finding leads with (heads_words.lead_ablation; review
+    13c B2: MiniLM's opened on the contrastive-loss gradient while its finding named the zero-ablation heads), else
+    gradient, else an ablation, skipping one the heads summary mutes (explorer_view.muted_scores: under its numerical
+    floor; review 11b B2); the first present where every one is muted (at chance); None without importance."""
     present = [n for n in IMPORTANCE_ORDER if n in names]
     muted = muted_scores(present, heads_summary)
+    lead = lead_ablation(heads_summary) if isinstance(heads_summary, Mapping) else None
+    if lead and f"importance ({lead})" in present and f"importance ({lead})" not in muted:
+        return f"importance ({lead})"
     return next((n for n in present if n not in muted), present[0] if present else None)
 
 

@@ -222,12 +222,19 @@ def unpruned_cosine(base: float) -> str:
             "own arithmetic, so changes of this size are that rounding, not the model")
 
 
+def lead_ablation(s: Mapping[str, Any]) -> str | None:
+    """The ablation method the finding leads with: the first top_head_<method> recorded other than the gradient
+    ("zero", "mean"...; the explorer opens on it, explorer.opening_score); None without one."""
+    keys = [k for k in s if k.startswith("top_head_") and k != "top_head_gradient" and isinstance(s[k], Mapping)]
+    return keys[0].removeprefix("top_head_") if keys else None
+
+
 def _leading_words(s: Mapping[str, Any], metric: str) -> str:
     """The head that costs most when ablated alone (top_head_<method>, the first ablation method recorded) and the
     head with the largest gate gradient (top_head_gradient), each with its 95% CI and n and whether it stands clear
     of the next head (`_lead_words`). '' without a record or when no head costs anything."""
     keys = [k for k in s if k.startswith("top_head_") and isinstance(s[k], Mapping)]
-    ablation = next((k for k in keys if k != "top_head_gradient"), None)
+    ablation = f"top_head_{lead}" if (lead := lead_ablation(s)) else None
     said = [_lead_words(s[k], k.removeprefix("top_head_"), metric) for k in (ablation, "top_head_gradient") if k in keys]
     return " ".join(x for x in said if x)
 

@@ -19,6 +19,7 @@ from headscope.reports.explorer_view import explorer_html, link_heads, muted_sco
 from headscope.reports.findings import attention_kind, caption, finding
 from headscope.reports.moe_words import layout_clause
 from headscope.reports.provenance import (
+    TASK_FILE,
     below_quick_line,
     bos_sentence,
     budget_line,
@@ -163,7 +164,7 @@ def _provenance(out: Path) -> dict[str, Any]:
     versions = manifest.get("versions") or {}
     command = manifest.get("command")
     return {
-        "model": model.get("name", ""), "source": model.get("source", ""), "task": config.get("task") or "default",
+        "model": model.get("name", ""), "source": model.get("source", ""), "task": tasks_line(out, config),
         "seed": manifest.get("seed", ""), "quick": config.get("quick", ""), "device": config.get("device", ""),
         "dtype": config.get("dtype") or "",
         **({"BOS": bos} if (bos := bos_sentence(config)) else {}),
@@ -172,6 +173,26 @@ def _provenance(out: Path) -> dict[str, Any]:
         "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) if isinstance(versions, dict) else str(versions),
         "command": " ".join(map(str, command)) if isinstance(command, list) else str(command or ""),
     }
+
+
+def tasks_line(out: Path, config: Mapping[str, Any]) -> str:
+    """The footer's task row (review 13c C1: "task: default" over sections that ran on four tasks): each task the
+    sections ran on with its sections, from their task.json, in the run's order: "per section: kv (heads, attribution),
+    ioi (patching); your task: x.jsonl" ("default" or the --task given where no section recorded one)."""
+    given = config.get("task")
+    names = config.get("analyses") or sorted(p.parent.name for p in out.glob(f"*/{TASK_FILE}"))
+    by_task: dict[str, list[str]] = {}
+    for name in names:
+        try:
+            task = io.read_json(out / str(name) / TASK_FILE).get("task")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(task, str) and task:
+            by_task.setdefault(task, []).append(str(name))
+    if not by_task:
+        return str(given or "default")
+    listed = ", ".join(f"{task} ({', '.join(users)})" for task, users in by_task.items())
+    return f"per section: {listed}" + (f"; your task: {given}" if given else "")
 
 
 def _provenance_html(info: Mapping[str, Any]) -> str:

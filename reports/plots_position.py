@@ -202,6 +202,7 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
 }
 
 
+METRIC_WORDS = {"cosine": "cosine with the query"}  # review 13c A4: a metric as the finding names it
 FLAT = 0.02  # a curve whose values span less than this (in its own units) is called flat
 
 
@@ -214,11 +215,12 @@ def finding(s: Mapping[str, Any]) -> str:
     per_pos = s.get("metric_per_position", {}).get(metric, {})
     values = {k: _num(v) for k, v in per_pos.items() if _num(v) is not None}
     at_chance = _chance(s) is not None
+    said = METRIC_WORDS.get(metric, metric)
     if values:
         lo, hi = min(values.values()), max(values.values())
         worst = min(values, key=lambda k: values[k])
         if hi - lo < FLAT and at_chance:
-            parts.append(f"The {metric} curve is flat at the model's floor ({lo:.2f}-{hi:.2f} over {len(values)} gold "
+            parts.append(f"The {said} curve is flat at the model's floor ({lo:.2f}-{hi:.2f} over {len(values)} gold "
                          "positions): the model does not do this task at any position, so the sweep says nothing "
                          "about position.")
         elif at_chance:
@@ -226,11 +228,11 @@ def finding(s: Mapping[str, Any]) -> str:
                          "at chance its differences between positions are not read.")
         elif hi - lo < FLAT:
             ceiling = " at its ceiling" if metric in ("accuracy", "probability", "cosine") and lo >= 0.98 else ""
-            parts.append(f"The {metric} curve is flat{ceiling} ({lo:.2f}-{hi:.2f} over {len(values)} gold positions): "
+            parts.append(f"The {said} curve is flat{ceiling} ({lo:.2f}-{hi:.2f} over {len(values)} gold positions): "
                          "position in the context makes no measurable difference on this task, so this sweep "
                          "cannot show lost-in-the-middle.")
         else:
-            parts.append(f"{metric.capitalize()} ranges from {lo:.2f} (gold at position {worst}) to {hi:.2f} "
+            parts.append(f"{said[:1].upper() + said[1:]} ranges from {lo:.2f} (gold at position {worst}) to {hi:.2f} "
                          f"over {len(values)} gold positions ({s.get('n_examples', '?')} examples).")
     ratio = _num(s.get("ratio_middle_to_ends", {}).get(metric))
     if ratio is not None and values and max(values.values()) - min(values.values()) >= FLAT and not at_chance:

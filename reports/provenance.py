@@ -145,8 +145,43 @@ def _sample(model: Any, data: Any, reads: Any) -> tuple[str | None, int | None, 
         return None, None, {}
     if isinstance(data, tuple):  # position's own sweeps: (kind, first PositionSweep)
         kind, sweep = data
-        return kind, None, {"prompt": _decode(model.tokenizer, sweep.tokens[0]), "answer": " or ".join(sweep.answers[:3])}
+        return kind, None, sweep_sample(model.tokenizer, sweep)
     return data.name, len(data), _sample_of_task(model.tokenizer, data, reads)
+
+
+def sweep_sample(tokenizer: Any, sweep: Any) -> dict[str, str]:
+    """Position's sample (review 13c A4: a bare passage with "-> ''" hid what the cosine is with): the first row's
+    prompt, the query (encoders: encoded on its own, the cosine's other side) or the answer (decoders), and the gold
+    item with its slot ("gold_position": "1 of 6")."""
+    sample = {"prompt": _decode(tokenizer, sweep.tokens[0])}
+    if sweep.query_tokens is not None:
+        sample["query"] = _decode(tokenizer, sweep.query_tokens[0])
+    elif sweep.answers:
+        sample["answer"] = " or ".join(sweep.answers[:3])
+    start, end = (int(x) for x in sweep.gold_spans[0])
+    sample["gold"] = _clip(readable_text(tokenizer, [int(i) for i in sweep.tokens[0, start:end]],
+                                         skip_special_tokens=False))
+    sample["gold_position"] = f"{int(sweep.positions[0])} of {int(sweep.n_items)}"
+    return sample
+
+
+def sweep_reads(sweep: Any, summary: Mapping[str, Any]) -> tuple[str, str]:
+    """(uses, metric) of position's own sweeps, for encoders and decoders alike (review 13c A4, C2: the position
+    sections had neither line, and "Cosine" never said it is taken with a query)."""
+    n_items, n_pos = int(sweep.n_items), len(sweep.positions)
+    baseline = (", and for the no-gold baseline each prompt without its gold item" if sweep.no_gold_tokens is not None
+                else "")
+    if sweep.query_tokens is not None:
+        return (f"each record's query, its relevant sentence (the gold item) and {n_items - 1} distractors, the gold "
+                f"placed at each of {n_pos} positions in turn{baseline}",
+                "cosine of the mean-pooled passage embedding with the mean-pooled embedding of the query (encoded on "
+                "its own); no answer is generated")
+    primary = summary.get("primary_metric") or "accuracy"
+    lead = ("accuracy: greedy decoding from the prompt contains an accepted answer (Liu et al.)" if primary == "accuracy"
+            else f"{primary} of the answer")
+    return (f"each example's context of {n_items} items, the gold item placed at each of {n_pos} positions in turn, "
+            f"and its answer{baseline}",
+            f"{lead}; also the answer's teacher-forced log-probability and the rank of its first token")
 
 
 FILE_FIELDS = {"prompt": "prompt", "answer": "answer", "corrupted_prompt": "corrupted_prompt",
@@ -197,6 +232,8 @@ def task_record(model: Any, name: str, data: Any, summary: Mapping[str, Any], us
             record["uses"] = uses_text(data, reads, record["source"].startswith("your task"))
             if reads.metric:
                 record["metric"] = reads.metric
+        elif isinstance(data, tuple) and len(data) == 2 and hasattr(data[1], "gold_spans"):  # position's own sweeps
+            record["uses"], record["metric"] = sweep_reads(data[1], summary)
         found, n, sample = _sample(model, data, reads)
         if record["source"].startswith("your task"):
             sample = _as_written(sample, data, user_rows)
@@ -410,8 +447,13 @@ def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     if sample.get("prompt") is not None:
         bos = record.get("bos_added")  # a BOS headscope put in front (the tokenizer adds none): shown, not hidden
         text = f"sample: {bos!r} + {sample['prompt']!r}" if isinstance(bos, str) and bos else f"sample: {sample['prompt']!r}"
+        if sample.get("query") is not None:  # position on an encoder: the passage is scored against the query
+            text = f"sample: query {sample['query']!r}; passage " + text.removeprefix("sample: ")
         if sample.get("answer") is not None:
             text += f" -> {sample['answer']!r}"
+        if sample.get("gold") is not None:  # position: the gold item and its slot in this row
+            where = f" at position {sample['gold_position']}" if sample.get("gold_position") else ""
+            text += f"; gold item {sample['gold']!r}{where}"
         if sample.get("corrupted_prompt") is not None:
             text += f"; corrupted: {sample['corrupted_prompt']!r}"
             if sample.get("corrupted_answer") is not None:

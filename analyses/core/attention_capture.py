@@ -21,7 +21,7 @@ import torch
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.models.hooked_model import layer_windows, visible_keys
-from headscope.models.token_text import readable_text
+from headscope.models.token_text import prompt_label
 
 SCALE = 10_000
 MAX_VALUES = 400_000  # stored pattern values beyond which no other task's example is added (~2 MB of JSON)
@@ -132,12 +132,12 @@ def capture_example(model, row: torch.Tensor, max_tokens: int,
                     end -= 1
                 head[q] = keys[:end]
     example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
-               "text": readable_text(model.tokenizer, row[0].tolist()),  # the prompt list's label
+               "text": prompt_label(model.tokenizer, row[0].tolist()),  # the prompt list's label
                "truncated": n_total > row.shape[1], "patterns": ints}
     if 0 < pieces < n_total and n_total - pieces < row.shape[1]:  # review 11b C1: where the user's prompt ends
         example["answer_from"] = cut = n_total - pieces
-        example["prompt_text"] = readable_text(model.tokenizer, row[0, :cut].tolist())
-        example["answer_text"] = readable_text(model.tokenizer, row[0, cut:].tolist())
+        example["prompt_text"] = prompt_label(model.tokenizer, row[0, :cut].tolist())
+        example["answer_text"] = prompt_label(model.tokenizer, row[0, cut:].tolist())
     q = torch.arange(pat.shape[-2])
     sees = torch.stack([(q >= q0) & visible_keys(q, 0, w) for w in layer_windows(model)]).float()  # [L, q]
     sink = (pat[..., 0] * sees[:, None, :]).sum(-1) / sees.sum(-1).clamp_min(1.0)[:, None]  # [L, H]

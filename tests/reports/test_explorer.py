@@ -787,3 +787,80 @@ def test_split_utf8_bytes_of_random_byte_level_tokens_read_as_hex_never_replacem
     example, _, _ = capture_example(model, torch.tensor([a, c3, a, e2, x82]), 16)
     assert example["text"] == "a<0xC3>a<0xE2><0x82>" and example["tokens"] == ["a", "<0xC3>", "a", "<0xE2>", "<0x82>"]
     assert not any("\ufffd" in t for t in [example["text"], *example["tokens"]])
+
+
+def test_the_grid_opens_on_the_ablation_the_heads_finding_leads_with(llama, tmp_path):
+    """Review 13c B2: MiniLM's finding led with zero-ablation (L5H11, L5H7) while the grid opened on the contrastive
+    gradient; it opens on the ablation the finding leads with (its first top_head_<method> record)."""
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    io.write_csv(heads / "results.csv", pd.DataFrame([{"layer": l, "head": h, "method": m, "importance": float(h)}
+                                                       for m in ("gradient", "zero", "mean") for l in range(2)
+                                                       for h in range(4)]))
+    tokens = llama.to_tokens(["w1 w2 w3 w4"])
+    top = {"head": "L1H3", "importance": 3.0, "ci": [2.0, 4.0], "n_examples": 8}
+    io.write_json(heads / "summary.json", {"n_heads": 8, "top_head_zero": top, "top_heads_gradient": ["L1H3"]})
+    assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (zero)"
+    io.write_json(heads / "summary.json", {"top_head_mean": top, "top_head_zero": top})
+    assert io.read_json(write_explorer_data(llama, tmp_path, tokens))["default_score"] == "importance (mean)"
+
+
+@needs_chromium
+def test_grid_labels_tell_heads_apart_in_one_unit_in_chromium(llama, tmp_path):
+    """Review 13c B2: one significant digit wrote 41 of 72 MiniLM cells as "1e-3" or "2e-3". The cells share one
+    unit (x 1e-3, named in the legend) with the largest to 3 significant digits, one digit more where two values
+    would still read alike; a 1e-7 score keeps its digits."""
+    from browser import open_page
+
+    grid = np.array([[1.2e-3, 1.24e-3, 4.8e-3, 2.0e-3], [1.201e-3, -0.5e-3, 3.1e-3, 1.204e-3]])
+    tiny = grid * 1e-4  # [L, H] a bfloat16 gradient's size
+    data = attention_explorer_data(llama, "w1 w2", head_scores={"ms": grid, "tiny": tiny}, default_score="ms")
+    assert data["scores"]["tiny"][0][1] == pytest.approx(1.24e-7)
+    page_file = tmp_path / "grid.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="g") + "</body></html>")
+    cells = "Array.from(document.querySelectorAll('#g .hsx-grid td .hsx-v')).map(function(c){return c.textContent;})"
+    legend = "document.querySelector('#g .hsx-legend').textContent"
+    with open_page(page_file) as page:
+        assert page.evaluate(cells) == ["1.200", "1.240", "4.800", "2.000", "1.201", "-0.500", "3.100", "1.204"]
+        assert "ms (\u00d7 1e-3):" in page.evaluate(legend)
+        choose(page, "g", 1, "score:tiny")
+        assert page.evaluate(cells) == ["1.200", "1.240", "4.800", "2.000", "1.201", "-0.500", "3.100", "1.204"]
+        assert "tiny (\u00d7 1e-7):" in page.evaluate(legend)
+        assert page.console_errors == [] and page.requests == []
+
+
+def test_a_prompt_label_keeps_an_unknown_word_as_unk_escaped(llama):
+    """Review 13c C4: show_attention's prompt list read "Mary and John went to the . later" for a prompt whose
+    "store" became <unk>: the label shows <unk> where the token strip does, escaped in the page."""
+    with pytest.warns(Warning, match="zzz"):
+        view = show_attention(llama, "w1 zzz w2", prompt_box=False)
+    example = view.data["examples"][0]
+    assert example["tokens"][-3:] == ["w1", "<unk>", "w2"] and example["text"] == "w1 <unk> w2"
+    page = view._repr_html_()
+    assert "<unk>" not in page and "w1 \\u003cunk\\u003e w2" in page
+
+
+def test_byte_fallback_pieces_registered_as_special_tokens_keep_their_characters_in_a_label():
+    """Review 13b C5: a BPE with byte fallback whose 256 byte pieces were registered as special tokens (as a trainer's
+    special_tokens) labelled "Extract the value" as "tract the value": decode(skip_special_tokens=True) drops the
+    byte pieces. The label keeps them (and drops the BOS, which the token strip shows)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from headscope.models.token_text import prompt_label
+
+    raw = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    raw.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)]
+    raw.train_from_iterator(["the value tract", "a tract of the value"] * 20,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
+    raw.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                  unk_token="<unk>")
+    ids = tok("Extract the value")["input_ids"]
+    assert ids[0] == 2 and "<0x45>" in tok.convert_ids_to_tokens(ids)  # the case: <bos>, then 'E' as a byte piece
+    assert tok.decode(ids, skip_special_tokens=True) == "tract the value"  # the defect's premise
+    assert prompt_label(tok, ids) == "Extract the value"

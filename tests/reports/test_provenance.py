@@ -199,3 +199,47 @@ def test_probes_on_the_shipped_sentences_count_token_positions_of_sentences():
     assert "examples: 816 token positions of 64 sentences; the budget changed no setting" in provenance_lines(record)
     per_row = task_record(model, "probes", None, {**summary, "example_unit": "rows"}, "default task")
     assert "examples: 816; the budget changed no setting" in provenance_lines(per_row)
+
+
+def test_position_sections_name_the_query_the_gold_item_and_what_the_metric_measures(tiny_models):
+    """Review 13c A4, C2: MiniLM's position sample read "'[CLS] at sea level ...' -> ''" with no query, no "uses:" and
+    no "metric:" line, though its cosine is taken with a query. Hand-built sweeps, encoder and decoder: the lines show
+    the query (or the answer), the gold item and its slot, what was read and what was scored."""
+    from headscope.analyses.position.prompts import item_sweep
+    from headscope.reports.plots_position import finding
+    from headscope.reports.provenance import provenance_lines, task_record
+
+    model = tiny_models["gpt2"]
+    tok, used = model.tokenizer, "default task"
+    enc = item_sweep(tok, items=["w3 w4", "w5 w6"], gold="w7 w8", positions=None, encoder=True, query="w1 w2")
+    lines = provenance_lines(task_record(model, "position", ("retrieval", enc), {"n_examples": 8}, used))
+    assert lines[2] == ("uses: each record's query, its relevant sentence (the gold item) and 2 distractors, the gold "
+                        "placed at each of 3 positions in turn, and for the no-gold baseline each prompt without its "
+                        "gold item")
+    assert lines[3].startswith("metric: cosine of the mean-pooled passage embedding with the mean-pooled embedding of "
+                               "the query")
+    assert lines[4] == "sample: query 'w1 w2'; passage 'w7 w8 w3 w4 w5 w6'; gold item 'w7 w8' at position 1 of 3"
+    dec = item_sweep(tok, items=["w3 w4", "w5 w6"], gold="w7 w8", positions=[2, 3], answer=" w9", tail=" w7")
+    lines = provenance_lines(task_record(model, "position", ("kv", dec), {"primary_metric": "accuracy"}, used))
+    assert lines[3].startswith("metric: accuracy: greedy decoding from the prompt contains an accepted answer")
+    assert lines[4].endswith("'w3 w4 w7 w8 w5 w6 w7' -> 'w9'; gold item 'w7 w8' at position 2 of 3")
+    said = finding({"primary_metric": "cosine", "n_examples": 8, "metric_per_position": {"cosine": {"1": 0.67, "2": 0.52}}})
+    assert said.startswith("Cosine with the query ranges from 0.52 (gold at position 2) to 0.67")
+
+
+def test_the_footer_lists_the_tasks_the_sections_ran_on(tmp_path):
+    """Review 13c C1: the bottom Provenance said "task: default" while the sections ran on four tasks; it lists each
+    task with its sections, in the run's order, and the --task given where there was one."""
+    from headscope.reports.html_report import _provenance, _provenance_markdown
+
+    tasks = {"heads": "kv", "position": "zoo_kv", "patching": "ioi", "kv": "kv", "mlp": "facts"}
+    for name, task in tasks.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "task.json").write_text(json.dumps({"task": task, "n_examples": 3}))
+    config = {"analyses": list(tasks), "task": None}
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": config, "model": {"name": "m"}}))
+    assert _provenance(tmp_path)["task"] == "per section: kv (heads, kv), zoo_kv (position), ioi (patching), facts (mlp)"
+    config["task"] = "<mine>.jsonl"
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": config, "model": {"name": "m"}}))
+    assert "- task: per section: kv \\(heads, kv\\), zoo\\_kv \\(position\\), ioi \\(patching\\), facts \\(mlp\\); your task: " \
+        "&lt;mine&gt;.jsonl" in _provenance_markdown(_provenance(tmp_path))
