@@ -179,7 +179,41 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
         parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric")), guess))
-    return parts
+    drops = _drops(s, hold)
+    return parts + ([drops] if drops else [])
+
+
+def _split(s: Mapping[str, Any]) -> str:
+    """Heavy hitters' recent window as the summary records it (review 13a A1): 'the newest half of its budget'."""
+    share = _num(s.get("recent_share"))
+    if share is None:
+        return ""
+    if share == 0:
+        return "no recent window: the newest positions, seen by the fewest queries, go first"
+    return f"the newest {'half' if share == 0.5 else f'{100 * share:.0f}%'} of its budget"
+
+
+def _drops(s: Mapping[str, Any], hold: Mapping[str, Any]) -> str:
+    """What each policy that misses the band evicts (review 13a A1: a policy fails where its rule drops the tokens the
+    answer needs), and heavy hitters' split whenever it ran: 'Heavy hitters is H2O's policy (the newest half ...)'."""
+    policies = hold.get("policies") or {}
+    n_sink, split = _num(s.get("n_sink")), _split(s)
+    rule = {"window": "window drops the oldest positions first (the first token, a sink where there is one, among them)",
+            "sink_window": f"sink window keeps the first {n_sink:.0f} and the newest positions, so it drops the middle"
+            if n_sink else "sink window keeps the first and the newest positions, so it drops the middle",
+            "heavy_hitters": "heavy hitters keeps " + (f"{split} and, of the older positions, " if split and
+                                                       "no recent" not in split else "")
+            + "those the context's queries attended to most, so it drops older positions little attended before the "
+            "answer" + (f" ({split})" if "no recent" in split else "")}
+    missed = [p for p, e in policies.items() if p in rule and e.get("at") is None
+              and (e.get("worst_evicting") is not None or e.get("consistent_from") is not None)]
+    text = ""
+    if "heavy_hitters" in policies and split and "heavy_hitters" not in missed:
+        text = f"Heavy hitters is H2O's policy ({split}, the rest the older positions the context attended to most)."
+    if missed:
+        text += (" " if text else "") + ("Where a policy is not shown within the band, this is what its rule evicts: "
+                                         + "; ".join(rule[p] for p in missed) + ".")
+    return text
 
 
 def _rounding_held(name: str, rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any]) -> str:

@@ -262,6 +262,7 @@ class KVConfig(AnalysisConfig):
     n_sink: int = 4  # StreamingLLM keeps 4 sink tokens
     budgets: tuple[int, ...] | None = None  # None: powers of two below the context, and the full context
     policies: tuple[str, ...] = kv_eviction.POLICIES
+    recent_share: float = kv_eviction.RECENT_SHARE  # heavy hitters' recent window, a share of the budget (H2O: half)
     contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table
 
 
@@ -312,7 +313,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
     key_norm = key_norm_record(model, norms)
     sink_table = sink_stats(model, task.tokens, norms, n_sink=1, attention_mask=task.attention_mask)
     sweep = kv_eviction.eviction_sweep(model, task, budgets=config.budgets, policies=config.policies,
-                                       n_sink=config.n_sink, progress=config.progress)
+                                       n_sink=config.n_sink, recent_share=config.recent_share,
+                                       progress=config.progress)
     means = sweep.groupby(["policy", "budget"]).metric.mean()
     accs = sweep.groupby(["policy", "budget"]).correct.mean()
     summary = {
@@ -337,6 +339,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
                                            answers=None if task.answers is None else task.answers.tolist(),
                                            floor=_metric_floor(model, task.metric, sweep)),
         "n_sink": config.n_sink,
+        "recent_share": config.recent_share,  # heavy hitters keep ceil(share x budget) most recent positions (H2O)
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)

@@ -43,11 +43,15 @@ def test_cache_formula_matches_the_tensors_allocated_during_generation(family, t
 
 def test_keep_masks_by_hand():
     common = dict(n_layers=1, batch=1, n_kv_heads=1, ctx=10, budget=4, n_sink=2)
-    kept = lambda policy, **kw: kv_eviction.keep_mask(policy, **common, **kw)[0, 0, 0].nonzero().flatten().tolist()  # noqa: E731
+    kept = lambda policy, **kw: kv_eviction.keep_mask(policy, **{**common, **kw})[0, 0, 0].nonzero().flatten().tolist()  # noqa: E731
     assert kept("sink_window") == [0, 1, 8, 9]
     assert kept("window") == [6, 7, 8, 9]
     received = torch.tensor([5.0, 0.1, 3.0, 0.2, 0.3, 4.0, 0.0, 9.0, 0.4, 1.0]).reshape(1, 1, 1, 10)
-    assert kept("heavy_hitters", received=received) == [0, 2, 5, 7]
+    # H2O (review 13a A1): the newest 2 of the budget 4, then the 2 most attended of the rest (7: 9.0, 0: 5.0)
+    assert kept("heavy_hitters", received=received) == [0, 7, 8, 9]
+    assert kept("heavy_hitters", received=received, recent_share=0.0) == [0, 2, 5, 7]  # no window: newest go first
+    assert kept("heavy_hitters", received=received, recent_share=0.25) == [0, 5, 7, 9]
+    assert kept("heavy_hitters", received=received, budget=1) == [9]
     assert kv_eviction.keep_mask("window", **{**common, "budget": 10}).all()
     with pytest.raises(ValueError, match="unknown eviction policy"):
         kv_eviction.keep_mask("lru", **common)
@@ -59,8 +63,8 @@ def test_keep_masks_by_hand():
     assert both("window") == [[7, 8, 9], [6, 7, 8, 9]]
     assert both("sink_window") == [[8, 9], [0, 1, 8, 9]]  # the sinks 0, 1 lie outside layer 0's window
     received2 = received.expand(2, 1, 1, 10)
-    assert both("heavy_hitters", received=received2) == [[7, 8, 9], [0, 2, 5, 7]]
-    assert both("heavy_hitters", received=received2, budget=2) == [[7, 9], [0, 7]]  # ranked inside the window
+    assert both("heavy_hitters", received=received2) == [[7, 8, 9], [0, 7, 8, 9]]
+    assert both("heavy_hitters", received=received2, budget=2) == [[7, 9], [7, 9]]  # 9 recent, 7 the heaviest else
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -376,10 +380,15 @@ def test_eviction_on_sliding_window_layers_equals_hugging_face_with_both_masks(a
                 keep = (torch.arange(ctx) >= ctx - budget).expand(2, f.n_kv_heads, ctx)
             elif policy == "sink_window":
                 keep = ((torch.arange(ctx) < 4) | (torch.arange(ctx) >= ctx - (budget - 4))).expand(2, f.n_kv_heads, ctx)
-            else:  # H2O: attention the context's queries gave each context key, per KV head, ranked among held keys
+            else:  # H2O: the newest budget / 2, then the keys the context's queries attended most, per KV head,
+                # ranked among the other held keys (review 13a A1)
+                recent = (torch.arange(ctx) >= ctx - budget // 2) & held[layer]
                 got = attns[layer][:, :, :ctx, :ctx].sum(2).reshape(2, f.n_kv_heads, group, ctx).sum(2)
-                top = got.masked_fill(~held[layer], float("-inf")).topk(budget, -1).indices
-                keep = torch.zeros(2, f.n_kv_heads, ctx, dtype=torch.bool).scatter_(-1, top, True)
+                keep = recent.expand(2, f.n_kv_heads, ctx).clone()
+                for b in range(2):
+                    for h in range(f.n_kv_heads):
+                        order = [int(i) for i in got[b, h].argsort(descending=True) if held[layer][i] and not recent[i]]
+                        keep[b, h, order[:budget - budget // 2]] = True
             keep = keep & held[layer]
             kept[layer] = int(keep[0, 0].sum())
             allowed = torch.ones(ctx + 1, ctx + 1).tril().bool()
