@@ -123,9 +123,13 @@ def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
 
 
 def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 32768),
-                  batches: Sequence[int] = (1, 8)) -> pd.DataFrame:
+                  batches: Sequence[int] = (1, 8), n_ctx: int | None = None) -> pd.DataFrame:
     """Cache size at several context lengths and batch sizes, with the MHA equivalent and the share of
-    it grouped-query attention saves (gqa_saving, as in the summary: 0.5 = half)."""
+    it grouped-query attention saves (gqa_saving, as in the summary: 0.5 = half). n_ctx (the model's
+    context): lengths past it are left out and n_ctx itself is a row (review 13a C5: a cache of 32,768
+    positions for a model of 128 is one it cannot have)."""
+    if n_ctx is not None:
+        contexts = sorted({int(n) for n in contexts if n <= n_ctx} | {int(n_ctx)})
     rows = [{"positions": n, "batch": b, "bytes": anatomy.total(n, b),
              "mha_bytes": anatomy.total(n, b) * anatomy.n_heads // anatomy.n_kv_heads, "gqa_saving": anatomy.gqa_saving}
             for n in contexts for b in batches]
@@ -263,7 +267,7 @@ class KVConfig(AnalysisConfig):
     budgets: tuple[int, ...] | None = None  # None: powers of two below the context, and the full context
     policies: tuple[str, ...] = kv_eviction.POLICIES
     recent_share: float = kv_eviction.RECENT_SHARE  # heavy hitters' recent window, a share of the budget (H2O: half)
-    contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table
+    contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table, up to the model's context
 
 
 def _added_bos_first(model, task: Task) -> str | None:
@@ -352,7 +356,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "first_token_added_bos": _added_bos_first(model, task),
     }
     return Result(name="kv", df=sweep, summary=summary,
-                  tables={"anatomy": anatomy_table(anatomy, config.contexts), "norms": norms, "sinks": sink_table},
+                  tables={"anatomy": anatomy_table(anatomy, config.contexts, n_ctx=model.facts.n_ctx), "norms": norms,
+                          "sinks": sink_table},
                   config={**asdict(config), "anatomy": asdict(anatomy)})
 
 

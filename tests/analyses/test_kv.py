@@ -127,6 +127,12 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     # GQA, one convention: the share of the MHA cache saved (4 query heads on 2 KV heads: half), summary and CSV
     assert (s["n_heads"], s["n_kv_heads"], s["mha_bytes_per_token"], s["gqa_saving"]) == (4, 2, 2 * s["bytes_per_token"], 0.5)
     assert (result.tables["anatomy"].gqa_saving == 0.5).all()
+    # review 13a C5: no cache longer than the model's context (HF's max_position_embeddings), which is a row itself
+    n_ctx = hf_model(tiny_dirs["llama"]).config.max_position_embeddings
+    anatomy = result.tables["anatomy"]
+    assert sorted(set(anatomy.positions)) == sorted({c for c in (1024, 8192, 32768) if c <= n_ctx} | {n_ctx})
+    at_ctx = anatomy[(anatomy.positions == n_ctx) & (anatomy.batch == 8)].bytes.item()
+    assert at_ctx == 8 * n_ctx * 2 * 2 * 2 * 16 * 4  # batch x positions x layers x (K, V) x kv_heads x d_head x float32
     assert set(s["holding_budgets"]["policies"]) == set(kv_eviction.POLICIES) and s["holding_budgets"]["grid"] == [1, 4, 7]
     top = max(task.answers.tolist(), key=task.answers.tolist().count)  # the constant guess from the task's own answers
     assert s["holding_budgets"]["constant_guess"] == {"correct": task.answers.tolist().count(top), "n_examples": 3,
