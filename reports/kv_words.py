@@ -306,13 +306,19 @@ def _how_sure(row: Mapping[str, Any], how: str, tol: float, s: Mapping[str, Any]
     return f"; its 95% CI reaches 0{f' ({near})' if near else ''}: not clearly {how} it at all"
 
 
+def _longest(s: Mapping[str, Any]) -> float | None:
+    """The longest prompt's tokens: prompt_tokens (position's key too), else context_positions + the answer query."""
+    longest, ctx = _num(s.get("prompt_tokens")), _num(s.get("context_positions"))
+    return longest if longest is not None else (None if ctx is None else ctx + 1)
+
+
 def binding_windows(s: Mapping[str, Any]) -> dict[str, int]:
     """{layer: window} of the sliding-window layers whose window binds on these prompts: shorter than the longest
-    prompt (context_positions + the answer query; older summaries without it: every window). Review 12b A4: a
+    prompt (prompt_tokens; older summaries without it or context_positions: every window). Review 12b A4: a
     window no prompt reaches hides nothing, so no sentence may suggest it changed a number."""
     windows = {str(k): int(v) for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
-    ctx = _num(s.get("context_positions"))
-    return {k: w for k, w in windows.items() if ctx is None or w <= ctx}
+    longest = _longest(s)
+    return {k: w for k, w in windows.items() if longest is None or w < longest}
 
 
 def _windowed(s: Mapping[str, Any], policies: Sequence[str]) -> str:

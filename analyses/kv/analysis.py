@@ -335,6 +335,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "metric_unevicted": float(sweep[sweep.policy == "full"].metric.mean()),
         "metric": task.metric, "n_examples": len(task),
         "context_positions": int(sweep[sweep.policy == "full"].budget.max()),  # the whole prompt: no saving there
+        # the longest prompt's real tokens (position's too): a sliding window binds, and the finding names it, only below
+        "prompt_tokens": int(sweep.context.max()) + 1,
         "metric_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in means.items() if pp == p}
                                      for p in config.policies},
         "accuracy_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in accs.items() if pp == p}

@@ -138,6 +138,7 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     assert s["holding_budgets"]["constant_guess"] == {"correct": task.answers.tolist().count(top), "n_examples": 3,
                                                       "n_answers": len(set(task.answers.tolist()))}
     assert (result.df.context == 7).all()  # unpadded prompts of 8 tokens: 7 cached context positions each
+    assert s["prompt_tokens"] == 8  # the longest prompt, as position records it
     assert set(s["metric_per_policy_budget"]) == set(kv_eviction.POLICIES)
     assert set(s["metric_per_policy_budget"]["window"]) == {"1", "4", "7"}
     # the whole context: every cached position before the last, whose query reads the answer
@@ -354,6 +355,14 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
     records = [{"layer": 0, "mass": 0.3, "uniform": 0.2, "ratio": 1.5, "n": 2}]
     assert "on sliding-window layer 0 over the queries whose window holds the first token" in finding(
         {**summary, "sinks": records, "task": "kv"})
+    # posqa's rule for kv: a window of 12 keys holds a 12-token prompt whole (query 11 sees key 0: 11 < 12, the
+    # visible_keys rule), so only layer 0 (8 < 12) is named as windowed; layer 1 not at all (review 12b A4)
+    two = [*records, {"layer": 1, "mass": 0.3, "uniform": 0.2, "ratio": 1.5, "n": 2}]
+    text = finding({**summary, "sinks": two, "task": "kv", "sliding_windows": {"0": 8, "1": 12}, "prompt_tokens": 12})
+    assert "on sliding-window layer 0 over the queries whose window holds the first token" in text, text
+    assert "layers 0-1" not in text and "sliding window of 12" not in text, text
+    text = finding({**summary, "sinks": two, "task": "kv", "sliding_windows": {"0": 8, "1": 11}, "prompt_tokens": 12})
+    assert "on sliding-window layers 0-1 over the queries" in text, text
 
 
 def test_eviction_on_sliding_window_layers_equals_hugging_face_with_both_masks(arch_models, hf_of):
