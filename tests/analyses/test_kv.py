@@ -304,6 +304,29 @@ def test_holding_allows_the_metrics_rounding_floor_past_the_band():
             "rounding step of the metric (0.062 logits, at its largest full-cache value), so rounding alone can put it "
             "outside: counted as within.") in text, text
 
+    # review 13b C1: where the verdict's own budget holds by rounding, its sentence leads with it (the criterion
+    # names the allowance, the reason sits inside the verdict's parenthesis), and compare's flip says why
+    from headscope.reports.compare_headlines import _verdict_notes
+
+    rows = [r for r in rows if r["policy"] == "full"] + [
+        {"policy": "heavy_hitters", "budget": b, "example": e, "context": 30, "metric": 8.0 + d[e] if d else 8.0}
+        for b, d in ((4, diffs[4]), (8, diffs[16]), (24, None)) for e in range(4)]
+    a = {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "float32",
+         "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=1)}  # float32: no floor, not shown at 8
+    b = {**a, "dtype": "bfloat16", "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=1, floor=2.0 ** -7 * 8)}
+    text = finding("kv", b)
+    assert ("Within 1% of it (its 95% CI inside +-1%, or past it by less than one bfloat16 rounding step of the metric, "
+            "over the prompts") in text, text
+    assert "heavy hitters from 8 positions, within 1% up to bfloat16 rounding (between 4 and 8 on this grid" in text, text
+    assert (f"n = 4); its 95% CI passes the band by {miss:.2g} logits, less than one rounding step of the metric (0.062 "
+            "logits))") in text, text
+    assert "counted as within" not in text  # said once, in the verdict
+    [note] = _verdict_notes("kv", a, b)
+    assert note == ("kv heavy hitters within 1% of the full cache: A from 24 positions (a median 80% of the cache), B from "
+                    "8 positions (a median 27% of the cache; within the band up to bfloat16 rounding: its 95% CI passes "
+                    f"the band by {miss:.2g} logits, less than one rounding step (0.062)) (budget verdicts that differ: 8: "
+                    "not shown in A, holds up to bfloat16 rounding in B)."), note
+
 
 def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_share(arch_models, hf_of):
     """Review 6 A4/A5: Gemma 2 (layer 0 slides over 8 keys, layer 1 global) and Mistral (every layer
