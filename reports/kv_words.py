@@ -197,7 +197,7 @@ def _split(s: Mapping[str, Any]) -> str:
     if share is None:
         return ""
     if share == 0:
-        return "no recent window: the newest positions, seen by the fewest queries, go first"
+        return "no recent window"
     return f"the newest {'half' if share == 0.5 else f'{100 * share:.0f}%'} of its budget"
 
 
@@ -209,14 +209,16 @@ def _drops(s: Mapping[str, Any], hold: Mapping[str, Any]) -> str:
     rule = {"window": "window drops the oldest positions first (the first token, a sink where there is one, among them)",
             "sink_window": f"sink window keeps the first {n_sink:.0f} and the newest positions, so it drops the middle"
             if n_sink else "sink window keeps the first and the newest positions, so it drops the middle",
-            "heavy_hitters": "heavy hitters keeps " + (f"{split} and, of the older positions, " if split and
-                                                       "no recent" not in split else "")
-            + "those the context's queries attended to most, so it drops older positions little attended before the "
-            "answer" + (f" ({split})" if "no recent" in split else "")}
+            "heavy_hitters": (f"heavy hitters keeps {split} and, of the older positions, those the context's queries "
+                              "attended to most, so it drops older positions little attended before the answer")
+            if split and "no recent" not in split else
+            ("heavy hitters keeps only the positions the context's queries attended to most, with no recent window"
+             + ("" if split else " (a run before headscope kept H2O's recent window)")
+             + ": the newest positions, seen by the fewest queries, go first")}
     missed = [p for p, e in policies.items() if p in rule and e.get("at") is None
               and (e.get("worst_evicting") is not None or e.get("consistent_from") is not None)]
     text = ""
-    if "heavy_hitters" in policies and split and "heavy_hitters" not in missed:
+    if "heavy_hitters" in policies and split and split != "no recent window" and "heavy_hitters" not in missed:
         text = f"Heavy hitters is H2O's policy ({split}, the rest the older positions the context attended to most)."
     if missed:
         text += (" " if text else "") + ("Where a policy is not shown within the band, this is what its rule evicts: "

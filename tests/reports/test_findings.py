@@ -1341,7 +1341,16 @@ def test_kv_states_heavy_hitters_split_and_what_a_missing_policy_evicts():
                          "first 4 and the newest positions, so it drops the middle; window drops the oldest positions "
                          "first (the first token, a sink where there is one, among them)."), text
     old = finding("kv", {**s, "recent_share": None})
-    assert "newest half" not in old and "heavy hitters keeps those the context's queries attended to most" in old
+    assert "newest half" not in old and ("heavy hitters keeps only the positions the context's queries attended to most, "
+                                          "with no recent window (a run before headscope kept H2O's recent window): the "
+                                          "newest positions, seen by the fewest queries, go first") in old, old
+    assert "with no recent window: the newest positions" in finding("kv", {**s, "recent_share": 0.0})
+    from headscope.reports.kv_words import _drops
+
+    holds = {"policies": {"heavy_hitters": {"budget": 4, "at": {"budget": 4}}}}  # within the band: its split alone
+    assert _drops({"recent_share": 0.5}, holds) == ("Heavy hitters is H2O's policy (the newest half of its budget, the "
+                                                    "rest the older positions the context attended to most).")
+    assert _drops({"recent_share": 0.0}, holds) == "" == _drops({}, holds)
     ax = plot_eviction(sweep, metric="logit_diff", ax=plt.subplots()[1], recent_share=0.5)
     try:
         labels = [t.get_text() for t in ax.get_legend().get_texts()]
