@@ -269,6 +269,13 @@ class KVConfig(AnalysisConfig):
     recent_share: float = kv_eviction.RECENT_SHARE  # heavy hitters' recent window, a share of the budget (H2O: half)
     contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table, up to the model's context
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        share = self.recent_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise ConfigError(f"recent_share must be a share between 0 and 1 (heavy hitters' recent window, H2O: 0.5), "
+                              f"got {share!r}.")
+
 
 def _added_bos_first(model, task: Task) -> str | None:
     """The BOS headscope put in front of every row where the tokenizer adds none (model.added_bos), else None:

@@ -55,6 +55,8 @@ def test_keep_masks_by_hand():
     assert kv_eviction.keep_mask("window", **{**common, "budget": 10}).all()
     with pytest.raises(ValueError, match="unknown eviction policy"):
         kv_eviction.keep_mask("lru", **common)
+    with pytest.raises(ValueError, match="recent_share must be a share between 0 and 1"):
+        kv.KVConfig(recent_share=1.5)  # refused when the config is built, before anything runs
     # layer 0 slides over 4 keys: the answer query (position 10) sees 7, 8, 9 of the context; layer 1 is global
     two = {**common, "n_layers": 2, "windows": (4, None)}
     both = lambda policy, **kw: [m[0, 0].nonzero().flatten().tolist()  # noqa: E731
