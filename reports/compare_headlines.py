@@ -139,13 +139,16 @@ def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
     return [("mlp highest layer key-value agreement", agree[best], ci, n, unit(s, best))]
 
 
-def _holding_words(e: Mapping[str, Any]) -> str:
+def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
     """A kv policy's holding headline as its finding states it: 'from 8 positions (a median 30% of the cache)',
-    'not shown to hold (its means within from 16)', 'never within', 'no budget evicts'."""
+    'not shown to hold (its means within from 16)', 'never within', 'no budget evicts'; a budget held only by the
+    rounding floor with its reason (review 13b C1)."""
     at = e.get("at")
     if isinstance(at, Mapping) and at.get("budget") is not None:
-        share = f" (a median {100 * at['share']:.0f}% of the cache)" if _number(at.get("share")) else ""
-        return f"from {at['budget']} positions{share}"
+        why = _rounding_reason(at, s or {})
+        inner = ([f"a median {100 * at['share']:.0f}% of the cache"] if _number(at.get("share")) else []) + \
+            ([f"within the band {why}"] if why else [])
+        return f"from {at['budget']} positions" + (f" ({'; '.join(inner)})" if inner else "")
     if e.get("consistent_from") is not None:
         return f"not shown to hold (its means within from {e['consistent_from']})"
     return "never within" if e.get("worst_evicting") is not None else "no budget evicts"
@@ -159,8 +162,29 @@ def _kv_budgets(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]
         return []
     tol = hold.get("tolerance", 0.01)
     return [(f"kv {policy.replace('_', ' ')} within {100 * float(tol):.0f}% of the full cache",
-             _holding_words(e), e.get("verdicts") or {}, (e.get("at") or {}).get("budget") or _holding_words(e))
+             _holding_words(e, s), _rounded(e, s), (e.get("at") or {}).get("budget") or _holding_words(e, s))
             for policy, e in (hold.get("policies") or {}).items() if isinstance(e, Mapping)]
+
+
+def _rounding_reason(row: Mapping[str, Any], s: Mapping[str, Any]) -> str:
+    """Review 13b C1: 'up to bfloat16 rounding: its 95% CI passes the band by 0.068 logits, less than one rounding step
+    (0.074)' for a holding row held by the rounding floor (holding.py's rounding_miss), else ''."""
+    if not (_number(row.get("rounding_miss")) and _number(row.get("rounding_floor"))):
+        return ""
+    from headscope.reports.kv_words import SHORT_UNITS
+
+    unit = SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")
+    return (f"up to {s.get('dtype') or 'the model dtype'} rounding: its 95% CI passes the band by "
+            f"{row['rounding_miss']:.2g} {unit}, less than one rounding step ({row['rounding_floor']:.2g})")
+
+
+def _rounded(e: Mapping[str, Any], s: Mapping[str, Any]) -> dict[str, str]:
+    """A policy's verdict per budget, a budget held only by the rounding floor saying so (review 13b C1)."""
+    verdicts = {str(k): str(v) for k, v in (e.get("verdicts") or {}).items()}
+    for r in e.get("rounding_held") or []:
+        if isinstance(r, Mapping) and str(r.get("budget")) in verdicts and _rounding_reason(r, s):
+            verdicts[str(r["budget"])] += f" up to {s.get('dtype') or 'the model dtype'} rounding"
+    return verdicts
 
 
 def _mlp_between(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
@@ -175,9 +199,69 @@ VERDICTS = {"kv": _kv_budgets, "mlp": _mlp_between}  # analysis -> [(label, its 
 # the headline's verdict: a budget, whether the layers differ; equal verdicts are the same headline)]
 
 
+def _pct(change: float) -> str:
+    return f"{100 * (1 + change):.1f}%"
+
+
+def _closest_row(s: Mapping[str, Any], policy: str) -> Mapping[str, Any] | None:
+    e = ((s.get("holding_budgets") or {}).get("policies") or {}).get(policy)
+    return e.get("closest") if isinstance(e, Mapping) and isinstance(e.get("closest"), Mapping) else None
+
+
+def _closest_words(s: Mapping[str, Any], policy: str, tied: list[str]) -> str:
+    """'window keeps 66.9% at budget 16 (95% CI of the change [-42.7%, -23.4%], n = 128; tied with heavy hitters)'."""
+    r = _closest_row(s, policy)
+    ci = (f"95% CI of the change [{100 * r['ci_low']:+.1f}%, {100 * r['ci_high']:+.1f}%], "
+          if _number(r.get("ci_low")) and _number(r.get("ci_high")) else "")
+    tie = f"; tied with {' and '.join(p.replace('_', ' ') for p in tied)}" if tied else ""
+    return f"{policy.replace('_', ' ')} keeps {_pct(r['change'])} at budget {r['budget']} ({ci}n = {r['n_evicting']}{tie})"
+
+
+def _apart(s: Mapping[str, Any], mine: str, other: str) -> bool | None:
+    """Whether, in one run, its closest policy's interval clears the other run's choice's (their closest rows' 95%
+    intervals of the change do not overlap); None where either has no interval."""
+    a, b = _closest_row(s, mine), _closest_row(s, other)
+    if a is None or b is None or not all(_number(r.get(k)) for r in (a, b) for k in ("ci_low", "ci_high")):
+        return None
+    return a["ci_low"] > b["ci_high"] or b["ci_low"] > a["ci_high"]
+
+
+def _kv_closest_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
+    """Review 13c A3: where neither kv finding has a policy within the band, each ends on the policy closest to the
+    full cache (kv_words.closest_policies); compare lists those choices: the same (or tied), or a difference judged
+    within each run: within noise where, in each run, the other run's choice's interval overlaps its own choice's."""
+    from headscope.reports.kv_words import closest_policies
+
+    got = []
+    for s in (sa, sb):
+        hold = s.get("holding_budgets")
+        got.append(closest_policies(hold, float(hold.get("tolerance", 0.01))) if isinstance(hold, Mapping) else None)
+    if got[0] is None or got[1] is None:
+        return []
+    (a, ta), (b, tb) = got
+    label = "kv policy closest to the full cache (no policy within the band in either run)"
+    said = f"A {_closest_words(sa, a, ta)}, B {_closest_words(sb, b, tb)}"
+    n = n_words(sa, sb)
+    if a == b:
+        return [SAME + f"{label}: the same choice: {said} ({n})."]
+    if a in tb or b in ta:
+        return [SAME + f"{label}: the same choice up to a tie at the finding's precision: {said} ({n})."]
+    apart = [_apart(sa, a, b), _apart(sb, b, a)]
+    other = [f"in {side}, {p.replace('_', ' ')} keeps {_pct(r['change'])} at budget {r['budget']}"
+             for side, s, p in (("A", sa, b), ("B", sb, a)) if (r := _closest_row(s, p)) is not None]
+    if any(x is None for x in apart):
+        verdict = "an interval is missing: whether the choice differs beyond noise is not known"
+    elif any(apart):
+        verdict = "beyond noise: " + " and ".join(side for side, x in zip(SIDES, apart) if x) + \
+            "'s choice clears the other run's choice in its own run"
+    else:
+        verdict = "within noise: in each run the other run's choice's 95% interval overlaps its own choice's"
+    return [f"{label}: {said} ({n}); {'; '.join(other)}: {verdict}."]
+
+
 def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     """Each VERDICTS headline of both runs: the same words (SAME), or a difference with the budgets whose verdicts
-    differ, or one run's only (not compared)."""
+    differ, or one run's only (not compared); for kv also the policy each finding ends on (_kv_closest_note)."""
     get = VERDICTS.get(name)
     if get is None:
         return []
@@ -194,7 +278,7 @@ def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> l
         said = (f"A and B {wa}" if wa == wb else f"A {wa}, B {wb}") + (
             f" (budget verdicts that differ: {'; '.join(moved)})" if moved else "")
         notes.append((SAME + f"{label}: the same verdict: " if ka == kb else f"{label}: ") + said + ".")
-    return notes
+    return notes + (_kv_closest_note(sa, sb) if name == "kv" else [])
 
 
 QUANTITIES = {"heads": _heads, "attribution": _attribution, "mlp": _mlp, "kv": _kv,
@@ -373,10 +457,12 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             if abs(va - vb) <= 0.05 * max(abs(va), abs(vb), 1e-9):  # compared and close: agreement, not a difference
                 notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}), within 5% of each other.")
                 continue
-            verdict = noise_verdict(va, vb, ia, ib) if ia is not None and ib is not None else (
-                NOT_STATED if ia is None and ib is None else
-                f" (the finding of {'A' if ia is None else 'B'} states no interval for it: whether this is beyond noise "
-                "is not known).")
-            notes.append(f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + verdict)
+            if ia is None or ib is None:  # review 13c A3: a noise "not known" is no difference: not compared, and why
+                why = NOT_STATED if ia is None and ib is None else (
+                    f" (the finding of {'A' if ia is None else 'B'} states no interval for it: whether this is beyond "
+                    "noise is not known).")
+                notes.append(NOT_COMPARED + f"{label}: not compared: A {va:.3g}, B {vb:.3g} ({n})" + why)
+                continue
+            notes.append(f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + noise_verdict(va, vb, ia, ib))
         notes += _verdict_notes(name, sa, sb)
     return notes

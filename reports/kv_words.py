@@ -127,8 +127,11 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
     tol, grid, n = float(hold.get("tolerance", 0.01)), hold.get("grid") or [], s.get("n_examples")
     n_sink, guess = s.get("n_sink"), _guess(hold)
     windowed = _windowed(s, list(hold.get("policies") or {}))
+    rounded = (f", or past it by less than one {s.get('dtype') or 'dtype'} rounding step of the metric"
+               if any(e.get("rounding_held") for e in (hold.get("policies") or {}).values()) else "")
     head = (f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}" + (f" (mean over {n} examples)" if n else "")
-            + f". Within {100 * tol:.0f}% of it (its 95% CI inside +-{100 * tol:.0f}%, over the prompts a budget evicts from; "
+            + f". Within {100 * tol:.0f}% of it (its 95% CI inside +-{100 * tol:.0f}%{rounded}, over the prompts a budget "
+            "evicts from; "
             f"budgets on the grid {', '.join(str(b) for b in grid)}): ")
     said, notes = [], []
     for policy, e in (hold.get("policies") or {}).items():
@@ -139,8 +142,12 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
                 "from the grid's smallest budget that evicts"
             kept = (f"keeping a median {100 * at['share']:.0f}% of each prompt's cache, every layer as it holds it"
                     if windowed else f"a median {100 * at['share']:.0f}% of each prompt's context")
-            text = (f"{name} from {e['budget']} positions ({where}; {kept}; {at['n_evicting']} of {at['n_examples']} "
-                    f"prompts evict anything there; {_band(at, tol)}{_answers(at, guess)})")
+            held = _num(at.get("rounding_miss")) is not None and _num(at.get("rounding_floor")) is not None
+            lead = f", within {100 * tol:.0f}% up to {s.get('dtype') or 'the model dtype'} rounding" if held else ""
+            rounding = (f"; its 95% CI passes the band by {at['rounding_miss']:.2g} {_unit(s)}, less than one rounding "
+                        f"step of the metric ({at['rounding_floor']:.2g} {_unit(s)})" if held else "")
+            text = (f"{name} from {e['budget']} positions{lead} ({where}; {kept}; {at['n_evicting']} of "
+                    f"{at['n_examples']} prompts evict anything there; {_band(at, tol)}{rounding}{_answers(at, guess)})")
         elif e.get("consistent_from") is not None:
             text = _not_shown(name, [r for r in e.get("not_shown") or [] if r["budget"] >= e["consistent_from"]], tol,
                               guess)
@@ -166,8 +173,9 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         else:
             text = f"{name}: no budget on the grid evicts anything"
         said.append(text)
-        if e.get("rounding_held"):
-            notes.append(_rounding_held(name, e["rounding_held"], s))
+        later = [r for r in e.get("rounding_held") or [] if r.get("budget") != (at or {}).get("budget")]
+        if later:  # the verdict's own budget says its rounding inside its parenthesis (review 13b C1)
+            notes.append(_rounding_held(name, later, s))
         sinks = e.get("sinks_only_below")
         if sinks is not None and e.get("below") is not None and e["below"] < sinks <= e["budget"]:
             notes.append(f"With {n_sink if n_sink is not None else sinks - 1} sink positions, sink window keeps no recent "
@@ -179,7 +187,47 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         parts.append(f"From budget {hold['whole_from']} on, every prompt is kept whole (no prompt evicts anything).")
     if not any((e.get("at") or {}).get("budget") is not None for e in (hold.get("policies") or {}).values()):
         parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric")), guess))
-    return parts
+    drops = _drops(s, hold)
+    return parts + ([drops] if drops else [])
+
+
+def _split(s: Mapping[str, Any]) -> str:
+    """Heavy hitters' recent window as the summary records it (review 13a A1): 'the newest half of its budget'."""
+    share = _num(s.get("recent_share"))
+    if share is None:
+        return ""
+    if share == 0:
+        return "no recent window"
+    return f"the newest {'half' if share == 0.5 else f'{100 * share:.0f}%'} of its budget"
+
+
+def _drops(s: Mapping[str, Any], hold: Mapping[str, Any]) -> str:
+    """What each policy that misses the band evicts (review 13a A1: a policy fails where its rule drops the tokens the
+    answer needs), and heavy hitters' split whenever it ran: 'Heavy hitters is H2O's policy (the newest half ...)'."""
+    policies = hold.get("policies") or {}
+    n_sink, split = _num(s.get("n_sink")), _split(s)
+    rule = {"window": "window drops the oldest positions first (the first token, a sink where there is one, among them)",
+            "sink_window": f"sink window keeps the first {n_sink:.0f} and the newest positions, so it drops the middle"
+            if n_sink else "sink window keeps the first and the newest positions, so it drops the middle",
+            "heavy_hitters": (f"heavy hitters keeps {split} and, of the older positions, those the context's queries "
+                              "attended to most, so it drops older positions little attended before the answer")
+            if split and "no recent" not in split else
+            ("heavy hitters keeps only the positions the context's queries attended to most, with no recent window"
+             + ("" if split else " (a run before headscope kept H2O's recent window)")
+             + ": the newest positions, seen by the fewest queries, go first")}
+    missed = [p for p, e in policies.items() if p in rule and e.get("at") is None
+              and (e.get("worst_evicting") is not None or e.get("consistent_from") is not None)]
+    text = ""
+    if "heavy_hitters" in policies and split and split != "no recent window" and "heavy_hitters" not in missed:
+        text = f"Heavy hitters is H2O's policy ({split}, the rest the older positions the context attended to most)."
+    if missed:
+        text += (" " if text else "") + ("Where a policy is not shown within the band, this is what its rule evicts: "
+                                         + "; ".join(rule[p] for p in missed) + ".")
+    return text
+
+
+def _unit(s: Mapping[str, Any]) -> str:
+    return SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")
 
 
 def _rounding_held(name: str, rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any]) -> str:
@@ -272,13 +320,19 @@ def _how_sure(row: Mapping[str, Any], how: str, tol: float, s: Mapping[str, Any]
     return f"; its 95% CI reaches 0{f' ({near})' if near else ''}: not clearly {how} it at all"
 
 
+def _longest(s: Mapping[str, Any]) -> float | None:
+    """The longest prompt's tokens: prompt_tokens (position's key too), else context_positions + the answer query."""
+    longest, ctx = _num(s.get("prompt_tokens")), _num(s.get("context_positions"))
+    return longest if longest is not None else (None if ctx is None else ctx + 1)
+
+
 def binding_windows(s: Mapping[str, Any]) -> dict[str, int]:
     """{layer: window} of the sliding-window layers whose window binds on these prompts: shorter than the longest
-    prompt (context_positions + the answer query; older summaries without it: every window). Review 12b A4: a
+    prompt (prompt_tokens; older summaries without it or context_positions: every window). Review 12b A4: a
     window no prompt reaches hides nothing, so no sentence may suggest it changed a number."""
     windows = {str(k): int(v) for k, v in (s.get("sliding_windows") or {}).items() if _num(v) is not None}
-    ctx = _num(s.get("context_positions"))
-    return {k: w for k, w in windows.items() if ctx is None or w <= ctx}
+    longest = _longest(s)
+    return {k: w for k, w in windows.items() if longest is None or w < longest}
 
 
 def _windowed(s: Mapping[str, Any], policies: Sequence[str]) -> str:
@@ -369,6 +423,22 @@ def _misses(e: Mapping[str, Any], tol: float) -> str:
     return f"it lies {span} off the full cache {_where_missed(e)} {band}"  # an older summary: no verdicts
 
 
+def closest_policies(hold: Mapping[str, Any], tol: float = TOLERANCE) -> tuple[str, list[str]] | None:
+    """Where no policy holds (none has an `at` budget): the policy closest to the full cache and the others tied with
+    it at the finding's precision (the same share kept at the same budget: review 13c A3, window and heavy hitters
+    both at 66.9%), else None. The kv finding's closing recommendation; compare reads it too."""
+    policies = {p: e for p, e in (hold.get("policies") or {}).items() if isinstance(e, Mapping)}
+    if any((e.get("at") or {}).get("budget") is not None for e in policies.values()):
+        return None
+    tried = [(p, e["closest"]) for p, e in policies.items() if e.get("closest") is not None]
+    if not tried:
+        return None
+    best, c = min(tried, key=lambda pc: abs(pc[1]["change"]))
+    tied = [p for p, r in tried if p != best and r["budget"] == c["budget"]
+            and _kept_share(r, tol) == _kept_share(c, tol)]
+    return best, tied
+
+
 def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: str, guess: bool = False) -> str:
     """When no policy holds: the policy closest to the full cache, what it keeps (metric and answers, each with
     its budget: review 9a C2, "99.0% ... from budget 2" was at 4) and by how much it misses, so a policy that
@@ -394,6 +464,11 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
         text += f"; {_misses(e, tol)}"
     if e.get("monotone") is False:
         text += ", and its curve is not monotone in the budget"
+    tied = (closest_policies(hold, tol) or (policy, []))[1]
+    if tied:  # review 13c A3: a choice broken below the printed precision is no choice
+        names = and_join([p.replace("_", " ") for p in tied])
+        text += (f". {names[0].upper() + names[1:]} keep{'s' if len(tied) == 1 else ''} the same {_kept_share(c, tol)} "
+                 f"at budget {c['budget']}: tied with {name} at this precision")
     return text + "."
 
 

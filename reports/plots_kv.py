@@ -28,7 +28,17 @@ UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-proba
          "accuracy": "accuracy (0-1)"}
 
 
-def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
+def policy_label(policy: str, recent_share: float | None = None) -> str:
+    """A policy's legend name; heavy hitters with its split (review 13a A1: H2O keeps a recent window beside them)."""
+    name = str(policy).replace("_", " ")
+    if policy != "heavy_hitters" or recent_share is None:
+        return name
+    if recent_share == 0:
+        return f"{name} (no recent window)"
+    return f"{name} (H2O: newest {100 * recent_share:.0f}%\n+ most attended rest)"
+
+
+def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, recent_share: float | None = None):
     """What the kv finding measures (review 10a B3): per policy and budget, the change of the prompts that budget
     evicts from against those same prompts' own full cache, mean(policy - full) / |mean(full)| in % with its 95%
     t interval (analyses/kv/holding.budget_changes, the finding's numbers), on the sweep `data` (the Result's df);
@@ -50,7 +60,7 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None):
     colours = sns.color_palette(n_colors=max(1, table.policy.nunique() if len(table) else 1))
     for colour, marker, (policy, g) in zip(colours, "osD^v", table.groupby("policy", sort=False) if len(table) else []):
         g = g[g.n_evicting > 0].sort_values("budget")
-        ax.plot(g.budget, 100 * g.change, color=colour, marker=marker, lw=1.5, label=str(policy).replace("_", " "))
+        ax.plot(g.budget, 100 * g.change, color=colour, marker=marker, lw=1.5, label=policy_label(str(policy), recent_share))
         ax.fill_between(g.budget, 100 * g.ci_low, 100 * g.ci_high, color=colour, alpha=0.2, lw=0)
     ax.axhline(0, color="grey", ls="--", lw=1, label="full cache (the same prompts)")
     ax.axhspan(-100 * BAND, 100 * BAND, color="grey", alpha=0.15, lw=0, label=f"within {100 * BAND:.0f}%")
@@ -166,7 +176,8 @@ def plot_sinks(data: pd.DataFrame, *, ax=None):
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a kv Result."""
     out = {}
-    for stem, draw in (("kv_eviction", lambda: plot_eviction(result.df, metric=result.summary.get("metric"))),
+    for stem, draw in (("kv_eviction", lambda: plot_eviction(result.df, metric=result.summary.get("metric"),
+                                                           recent_share=result.summary.get("recent_share"))),
                        ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"),
                                                       n_prompts=result.summary.get("n_examples"))),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
@@ -179,7 +190,8 @@ def figures(result, **kwargs) -> dict:
 GUIDE = (  # how to read this section of the report
     "The KV cache: bytes per token and at full context, what grouped-query attention saves, the "
     "key and value norms by position (whether the first keys, attention sinks, stand out: the finding "
-    "says), and how the metric holds up when the cache keeps only sinks plus a recent window, a window alone, or heavy hitters."
+    "says), and how the metric holds up when the cache keeps only sinks plus a recent window, a window alone, or heavy "
+    "hitters as H2O keeps them (a recent window of half the budget plus the most attended of the older positions)."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "kv_eviction": "What the finding states: per eviction policy, the change of the task metric at the answer over the "
@@ -188,7 +200,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                    "the number of cached positions each layer keeps (x, log2; under each budget, n: the prompts it "
                    "evicts from, of all; a budget that evicts from none has no point, a prompt kept whole equals the "
                    "full cache). Dashed: 0, the full cache; grey band: within 1%, the finding's tolerance; dotted: "
-                   "the longest context, a budget that saves nothing for any prompt. "
+                   "the longest context, a budget that saves nothing for any prompt. Heavy hitters is H2O's policy: the "
+                   "newest positions (the share in its legend, half by default) plus the rest of the budget as the "
+                   "older positions the context's queries attended to most. "
                    "A sliding-window layer already holds at most window - 1 past positions: window and heavy hitters "
                    "evict from it only below that, and sinks outside its window are gone already (the finding names "
                    "those layers where a window is shorter than the longest prompt). A budget too close to its left "

@@ -123,9 +123,13 @@ def cache_anatomy(model, dtype: torch.dtype | None = None) -> CacheAnatomy:
 
 
 def anatomy_table(anatomy: CacheAnatomy, contexts: Sequence[int] = (1024, 8192, 32768),
-                  batches: Sequence[int] = (1, 8)) -> pd.DataFrame:
+                  batches: Sequence[int] = (1, 8), n_ctx: int | None = None) -> pd.DataFrame:
     """Cache size at several context lengths and batch sizes, with the MHA equivalent and the share of
-    it grouped-query attention saves (gqa_saving, as in the summary: 0.5 = half)."""
+    it grouped-query attention saves (gqa_saving, as in the summary: 0.5 = half). n_ctx (the model's
+    context): lengths past it are left out and n_ctx itself is a row (review 13a C5: a cache of 32,768
+    positions for a model of 128 is one it cannot have)."""
+    if n_ctx is not None:
+        contexts = sorted({int(n) for n in contexts if n <= n_ctx} | {int(n_ctx)})
     rows = [{"positions": n, "batch": b, "bytes": anatomy.total(n, b),
              "mha_bytes": anatomy.total(n, b) * anatomy.n_heads // anatomy.n_kv_heads, "gqa_saving": anatomy.gqa_saving}
             for n in contexts for b in batches]
@@ -262,7 +266,15 @@ class KVConfig(AnalysisConfig):
     n_sink: int = 4  # StreamingLLM keeps 4 sink tokens
     budgets: tuple[int, ...] | None = None  # None: powers of two below the context, and the full context
     policies: tuple[str, ...] = kv_eviction.POLICIES
-    contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table
+    recent_share: float = kv_eviction.RECENT_SHARE  # heavy hitters' recent window, a share of the budget (H2O: half)
+    contexts: tuple[int, ...] = (1024, 8192, 32768)  # for the anatomy table, up to the model's context
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        share = self.recent_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise ConfigError(f"recent_share must be a share between 0 and 1 (heavy hitters' recent window, H2O: 0.5), "
+                              f"got {share!r}.")
 
 
 def _added_bos_first(model, task: Task) -> str | None:
@@ -312,7 +324,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
     key_norm = key_norm_record(model, norms)
     sink_table = sink_stats(model, task.tokens, norms, n_sink=1, attention_mask=task.attention_mask)
     sweep = kv_eviction.eviction_sweep(model, task, budgets=config.budgets, policies=config.policies,
-                                       n_sink=config.n_sink, progress=config.progress)
+                                       n_sink=config.n_sink, recent_share=config.recent_share,
+                                       progress=config.progress)
     means = sweep.groupby(["policy", "budget"]).metric.mean()
     accs = sweep.groupby(["policy", "budget"]).correct.mean()
     summary = {
@@ -329,6 +342,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "metric_unevicted": float(sweep[sweep.policy == "full"].metric.mean()),
         "metric": task.metric, "n_examples": len(task),
         "context_positions": int(sweep[sweep.policy == "full"].budget.max()),  # the whole prompt: no saving there
+        # the longest prompt's real tokens (position's too): a sliding window binds, and the finding names it, only below
+        "prompt_tokens": int(sweep.context.max()) + 1,
         "metric_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in means.items() if pp == p}
                                      for p in config.policies},
         "accuracy_per_policy_budget": {p: {str(b): float(v) for (pp, b), v in accs.items() if pp == p}
@@ -337,6 +352,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
                                            answers=None if task.answers is None else task.answers.tolist(),
                                            floor=_metric_floor(model, task.metric, sweep)),
         "n_sink": config.n_sink,
+        "recent_share": config.recent_share,  # heavy hitters keep ceil(share x budget) most recent positions (H2O)
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)
@@ -349,7 +365,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "first_token_added_bos": _added_bos_first(model, task),
     }
     return Result(name="kv", df=sweep, summary=summary,
-                  tables={"anatomy": anatomy_table(anatomy, config.contexts), "norms": norms, "sinks": sink_table},
+                  tables={"anatomy": anatomy_table(anatomy, config.contexts, n_ctx=model.facts.n_ctx), "norms": norms,
+                          "sinks": sink_table},
                   config={**asdict(config), "anatomy": asdict(anatomy)})
 
 

@@ -10,17 +10,20 @@ checks it against a cropped Hugging Face cache. Policies:
 - "sink_window": the first n_sink positions (attention sinks, Xiao et al. 2023) plus the most
   recent budget - n_sink;
 - "window": the most recent `budget` positions;
-- "heavy_hitters": per layer and KV head, the `budget` positions that received the most
-  attention from the context's queries (H2O's accumulated attention, summed over the query heads
-  that share the KV head).
+- "heavy_hitters": H2O (Zhang et al. 2023): per layer and KV head, a recent window of the newest
+  ceil(recent_share x budget) positions (RECENT_SHARE, half by default, as H2O's equal split) plus the
+  rest of the budget as the positions that received the most attention from the context's queries
+  (H2O's accumulated attention, summed over the query heads that share the KV head). Without the
+  window (review 13a A1) accumulated attention under a causal mask is smallest for the newest
+  positions (few queries see them), so the policy would evict the newest tokens first.
 "full" (no eviction) is the reference; budget >= the context length evicts nothing.
 
 Sliding-window layers (Gemma 2's local layers, Mistral's; models.layer_windows) already hold only
 the last window - 1 context positions for the answer query (their mask hides the rest and Hugging
 Face's cache drops them), so the budget applies to what each layer holds: a windowed layer keeps the
 policy's positions among its own (window: the last min(budget, window - 1); sink_window: sinks
-outside the window are gone already; heavy_hitters: the `budget` heaviest of the positions inside
-the window), and a budget >= window - 1 evicts nothing there. The sweep counts per prompt the
+outside the window are gone already; heavy_hitters: its recent window, then the heaviest of the other
+positions inside the sliding window), and a budget >= window - 1 evicts nothing there. The sweep counts per prompt the
 layer-positions the full cache holds (`cached`: every global layer's context, each windowed layer's
 window) and those the policy keeps (`kept`), so what eviction saves counts only what it removes.
 
@@ -37,6 +40,7 @@ counted as received attention), so every row's metric equals that of its prompt 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -52,6 +56,12 @@ from headscope.hooks.kv_states import cached_forward, holds_prefix, prefill, pre
 from headscope.models.hooked_model import layer_windows, left_padding_starts, visible_keys
 
 POLICIES: tuple[str, ...] = ("sink_window", "window", "heavy_hitters")
+RECENT_SHARE = 0.5  # H2O's split: half the budget the most recent positions, half the heavy hitters
+
+
+def recent_count(budget: int, recent_share: float = RECENT_SHARE) -> int:
+    """Positions of heavy hitters' recent window at this budget: ceil(recent_share x budget) (budget 1, half: 1)."""
+    return min(budget, math.ceil(recent_share * budget - 1e-9))
 
 
 @torch.no_grad()
@@ -93,16 +103,18 @@ def held_positions(n_layers: int, ctx: int, windows: Sequence[int | None] | None
 
 def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: int, budget: int,
               n_sink: int = 4, received: torch.Tensor | None = None, start: torch.Tensor | None = None,
-              windows: Sequence[int | None] | None = None) -> torch.Tensor:
+              windows: Sequence[int | None] | None = None, recent_share: float = RECENT_SHARE) -> torch.Tensor:
     """Which context positions stay in the cache: bool [layer, batch, kv_head, ctx]. start: [batch]
     each row's first real position (left padding; None: 0): a row's context is positions start..ctx-1,
     counted from 0 there, and padding is never kept. windows: per layer its sliding window (None:
     global): a windowed layer keeps only positions it holds (held_positions), heavy hitters ranked
-    among those."""
+    among those. recent_share: the share of heavy hitters' budget kept as its recent window (recent_count)."""
     if not isinstance(budget, int) or budget < 0:
         raise ConfigError(f"budget must be a non-negative int (cache positions kept), got {budget!r}.")
     if policy not in ("full", *POLICIES):
         raise ConfigError(f"unknown eviction policy {policy!r}; use one of {('full', *POLICIES)}.")
+    if not isinstance(recent_share, (int, float)) or not 0 <= recent_share <= 1:
+        raise ConfigError(f"recent_share must be a share between 0 and 1 (heavy hitters' recent window), got {recent_share!r}.")
     shape = (n_layers, batch, n_kv_heads, ctx)
     start = torch.zeros(batch, dtype=torch.int64) if start is None else start.cpu().to(torch.int64)
     pos = torch.arange(ctx)[None, :] - start[:, None]  # [batch, ctx]: position within the row, < 0 on padding
@@ -119,9 +131,14 @@ def keep_mask(policy: str, *, n_layers: int, batch: int, n_kv_heads: int, ctx: i
     else:  # heavy_hitters
         if received is None or tuple(received.shape) != shape:
             raise ConfigError(f"heavy_hitters needs received= attention of shape {shape}; use attention_received(model, tokens).")
-        ranked = received.cpu().masked_fill(~held, float("-inf"))  # padding and what a window dropped rank last
-        keep = torch.zeros(shape, dtype=torch.bool)
-        keep.scatter_(-1, ranked.topk(min(budget, ctx), -1).indices, True)
+        recent = recent_count(budget, recent_share)
+        newest = (real & (pos >= length - recent))[None, :, None, :] & held  # [layer, batch, 1, ctx]: the recent window
+        ranked = received.cpu().masked_fill(~held | newest, float("-inf"))  # padding, a window's drop, the recent: last
+        keep = newest.expand(shape).clone()
+        if budget > recent:
+            top = ranked.topk(min(budget - recent, ctx), -1)
+            keep.scatter_(-1, top.indices, top.values > float("-inf"))
+            keep |= newest  # scatter_ may have written False over a recent position ranked -inf
         return keep & held  # budget >= what a layer holds: all of it
     return (keep[None, :, None, :] & held).expand(shape).clone()
 
@@ -181,7 +198,7 @@ def default_budgets(ctx: int) -> list[int]:
 
 @torch.no_grad()
 def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, policies: Sequence[str] = POLICIES,
-                   n_sink: int = 4, progress: bool = False) -> pd.DataFrame:
+                   n_sink: int = 4, recent_share: float = RECENT_SHARE, progress: bool = False) -> pd.DataFrame:
     """The Task metric per policy, budget and example (plus policy "full" at the whole context).
 
     Columns: policy, budget, example, context (the prompt's context length: a budget at or above it
@@ -206,7 +223,8 @@ def eviction_sweep(model, task: Task, *, budgets: Sequence[int] | None = None, p
     frames, cached = [], None
     for policy, budget in tqdm(runs, desc="kv eviction", disable=not progress):
         keep = keep_mask(policy, n_layers=f.n_layers, batch=batch, n_kv_heads=f.n_kv_heads, ctx=ctx,
-                         budget=budget, n_sink=n_sink, received=received, start=start, windows=windows)
+                         budget=budget, n_sink=n_sink, received=received, start=start, windows=windows,
+                         recent_share=recent_share)
         kept = keep.sum((0, 3)).double().mean(1).numpy()  # [batch] layer-positions (mean over KV heads)
         cached = kept if cached is None else cached  # the first run is "full"
         if context is None:

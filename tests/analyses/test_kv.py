@@ -43,14 +43,20 @@ def test_cache_formula_matches_the_tensors_allocated_during_generation(family, t
 
 def test_keep_masks_by_hand():
     common = dict(n_layers=1, batch=1, n_kv_heads=1, ctx=10, budget=4, n_sink=2)
-    kept = lambda policy, **kw: kv_eviction.keep_mask(policy, **common, **kw)[0, 0, 0].nonzero().flatten().tolist()  # noqa: E731
+    kept = lambda policy, **kw: kv_eviction.keep_mask(policy, **{**common, **kw})[0, 0, 0].nonzero().flatten().tolist()  # noqa: E731
     assert kept("sink_window") == [0, 1, 8, 9]
     assert kept("window") == [6, 7, 8, 9]
     received = torch.tensor([5.0, 0.1, 3.0, 0.2, 0.3, 4.0, 0.0, 9.0, 0.4, 1.0]).reshape(1, 1, 1, 10)
-    assert kept("heavy_hitters", received=received) == [0, 2, 5, 7]
+    # H2O (review 13a A1): the newest 2 of the budget 4, then the 2 most attended of the rest (7: 9.0, 0: 5.0)
+    assert kept("heavy_hitters", received=received) == [0, 7, 8, 9]
+    assert kept("heavy_hitters", received=received, recent_share=0.0) == [0, 2, 5, 7]  # no window: newest go first
+    assert kept("heavy_hitters", received=received, recent_share=0.25) == [0, 5, 7, 9]
+    assert kept("heavy_hitters", received=received, budget=1) == [9]
     assert kv_eviction.keep_mask("window", **{**common, "budget": 10}).all()
     with pytest.raises(ValueError, match="unknown eviction policy"):
         kv_eviction.keep_mask("lru", **common)
+    with pytest.raises(ValueError, match="recent_share must be a share between 0 and 1"):
+        kv.KVConfig(recent_share=1.5)  # refused when the config is built, before anything runs
     # layer 0 slides over 4 keys: the answer query (position 10) sees 7, 8, 9 of the context; layer 1 is global
     two = {**common, "n_layers": 2, "windows": (4, None)}
     both = lambda policy, **kw: [m[0, 0].nonzero().flatten().tolist()  # noqa: E731
@@ -59,8 +65,8 @@ def test_keep_masks_by_hand():
     assert both("window") == [[7, 8, 9], [6, 7, 8, 9]]
     assert both("sink_window") == [[8, 9], [0, 1, 8, 9]]  # the sinks 0, 1 lie outside layer 0's window
     received2 = received.expand(2, 1, 1, 10)
-    assert both("heavy_hitters", received=received2) == [[7, 8, 9], [0, 2, 5, 7]]
-    assert both("heavy_hitters", received=received2, budget=2) == [[7, 9], [0, 7]]  # ranked inside the window
+    assert both("heavy_hitters", received=received2) == [[7, 8, 9], [0, 7, 8, 9]]
+    assert both("heavy_hitters", received=received2, budget=2) == [[7, 9], [7, 9]]  # 9 recent, 7 the heaviest else
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -123,11 +129,18 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     # GQA, one convention: the share of the MHA cache saved (4 query heads on 2 KV heads: half), summary and CSV
     assert (s["n_heads"], s["n_kv_heads"], s["mha_bytes_per_token"], s["gqa_saving"]) == (4, 2, 2 * s["bytes_per_token"], 0.5)
     assert (result.tables["anatomy"].gqa_saving == 0.5).all()
+    # review 13a C5: no cache longer than the model's context (HF's max_position_embeddings), which is a row itself
+    n_ctx = hf_model(tiny_dirs["llama"]).config.max_position_embeddings
+    anatomy = result.tables["anatomy"]
+    assert sorted(set(anatomy.positions)) == sorted({c for c in (1024, 8192, 32768) if c <= n_ctx} | {n_ctx})
+    at_ctx = anatomy[(anatomy.positions == n_ctx) & (anatomy.batch == 8)].bytes.item()
+    assert at_ctx == 8 * n_ctx * 2 * 2 * 2 * 16 * 4  # batch x positions x layers x (K, V) x kv_heads x d_head x float32
     assert set(s["holding_budgets"]["policies"]) == set(kv_eviction.POLICIES) and s["holding_budgets"]["grid"] == [1, 4, 7]
     top = max(task.answers.tolist(), key=task.answers.tolist().count)  # the constant guess from the task's own answers
     assert s["holding_budgets"]["constant_guess"] == {"correct": task.answers.tolist().count(top), "n_examples": 3,
                                                       "n_answers": len(set(task.answers.tolist()))}
     assert (result.df.context == 7).all()  # unpadded prompts of 8 tokens: 7 cached context positions each
+    assert s["prompt_tokens"] == 8  # the longest prompt, as position records it
     assert set(s["metric_per_policy_budget"]) == set(kv_eviction.POLICIES)
     assert set(s["metric_per_policy_budget"]["window"]) == {"1", "4", "7"}
     # the whole context: every cached position before the last, whose query reads the answer
@@ -293,6 +306,29 @@ def test_holding_allows_the_metrics_rounding_floor_past_the_band():
             "rounding step of the metric (0.062 logits, at its largest full-cache value), so rounding alone can put it "
             "outside: counted as within.") in text, text
 
+    # review 13b C1: where the verdict's own budget holds by rounding, its sentence leads with it (the criterion
+    # names the allowance, the reason sits inside the verdict's parenthesis), and compare's flip says why
+    from headscope.reports.compare_headlines import _verdict_notes
+
+    rows = [r for r in rows if r["policy"] == "full"] + [
+        {"policy": "heavy_hitters", "budget": b, "example": e, "context": 30, "metric": 8.0 + d[e] if d else 8.0}
+        for b, d in ((4, diffs[4]), (8, diffs[16]), (24, None)) for e in range(4)]
+    a = {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "float32",
+         "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=1)}  # float32: no floor, not shown at 8
+    b = {**a, "dtype": "bfloat16", "holding_budgets": holding_budgets(pd.DataFrame(rows), n_sink=1, floor=2.0 ** -7 * 8)}
+    text = finding("kv", b)
+    assert ("Within 1% of it (its 95% CI inside +-1%, or past it by less than one bfloat16 rounding step of the metric, "
+            "over the prompts") in text, text
+    assert "heavy hitters from 8 positions, within 1% up to bfloat16 rounding (between 4 and 8 on this grid" in text, text
+    assert (f"n = 4); its 95% CI passes the band by {miss:.2g} logits, less than one rounding step of the metric (0.062 "
+            "logits))") in text, text
+    assert "counted as within" not in text  # said once, in the verdict
+    [note] = _verdict_notes("kv", a, b)
+    assert note == ("kv heavy hitters within 1% of the full cache: A from 24 positions (a median 80% of the cache), B from "
+                    "8 positions (a median 27% of the cache; within the band up to bfloat16 rounding: its 95% CI passes "
+                    f"the band by {miss:.2g} logits, less than one rounding step (0.062)) (budget verdicts that differ: 8: "
+                    "not shown in A, holds up to bfloat16 rounding in B)."), note
+
 
 def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_share(arch_models, hf_of):
     """Review 6 A4/A5: Gemma 2 (layer 0 slides over 8 keys, layer 1 global) and Mistral (every layer
@@ -344,6 +380,14 @@ def test_sliding_window_layers_cache_their_window_and_set_their_own_uniform_shar
     records = [{"layer": 0, "mass": 0.3, "uniform": 0.2, "ratio": 1.5, "n": 2}]
     assert "on sliding-window layer 0 over the queries whose window holds the first token" in finding(
         {**summary, "sinks": records, "task": "kv"})
+    # posqa's rule for kv: a window of 12 keys holds a 12-token prompt whole (query 11 sees key 0: 11 < 12, the
+    # visible_keys rule), so only layer 0 (8 < 12) is named as windowed; layer 1 not at all (review 12b A4)
+    two = [*records, {"layer": 1, "mass": 0.3, "uniform": 0.2, "ratio": 1.5, "n": 2}]
+    text = finding({**summary, "sinks": two, "task": "kv", "sliding_windows": {"0": 8, "1": 12}, "prompt_tokens": 12})
+    assert "on sliding-window layer 0 over the queries whose window holds the first token" in text, text
+    assert "layers 0-1" not in text and "sliding window of 12" not in text, text
+    text = finding({**summary, "sinks": two, "task": "kv", "sliding_windows": {"0": 8, "1": 11}, "prompt_tokens": 12})
+    assert "on sliding-window layers 0-1 over the queries" in text, text
 
 
 def test_eviction_on_sliding_window_layers_equals_hugging_face_with_both_masks(arch_models, hf_of):
@@ -376,10 +420,15 @@ def test_eviction_on_sliding_window_layers_equals_hugging_face_with_both_masks(a
                 keep = (torch.arange(ctx) >= ctx - budget).expand(2, f.n_kv_heads, ctx)
             elif policy == "sink_window":
                 keep = ((torch.arange(ctx) < 4) | (torch.arange(ctx) >= ctx - (budget - 4))).expand(2, f.n_kv_heads, ctx)
-            else:  # H2O: attention the context's queries gave each context key, per KV head, ranked among held keys
+            else:  # H2O: the newest budget / 2, then the keys the context's queries attended most, per KV head,
+                # ranked among the other held keys (review 13a A1)
+                recent = (torch.arange(ctx) >= ctx - budget // 2) & held[layer]
                 got = attns[layer][:, :, :ctx, :ctx].sum(2).reshape(2, f.n_kv_heads, group, ctx).sum(2)
-                top = got.masked_fill(~held[layer], float("-inf")).topk(budget, -1).indices
-                keep = torch.zeros(2, f.n_kv_heads, ctx, dtype=torch.bool).scatter_(-1, top, True)
+                keep = recent.expand(2, f.n_kv_heads, ctx).clone()
+                for b in range(2):
+                    for h in range(f.n_kv_heads):
+                        order = [int(i) for i in got[b, h].argsort(descending=True) if held[layer][i] and not recent[i]]
+                        keep[b, h, order[:budget - budget // 2]] = True
             keep = keep & held[layer]
             kept[layer] = int(keep[0, 0].sum())
             allowed = torch.ones(ctx + 1, ctx + 1).tril().bool()

@@ -155,9 +155,10 @@ def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp
     n = "n differs: 64 vs 16 examples, a setting, not the model: other example sets, intervals of other widths"
     assert (f"heads unpruned logit difference: A 2, B 2.3 ({n}) (within noise: |B - A| = 0.3 is inside the combined "
             "half-widths 0.5; 95% CIs A [1.75, 2.25], B [2.05, 2.55]).") in differences  # the CI the heads finding prints
-    # the kv finding prints no interval for its full-cache metric: compare uses none (not the chance guard's)
-    assert (f"kv full-cache logit difference: A 2, B 3 ({n}) (its finding states no interval for it: whether this is "
-            "beyond noise is not known).") in differences
+    # the kv finding prints no interval for its full-cache metric: compare uses none (not the chance guard's), and
+    # a difference whose noise is not known is not listed as one (review 13c A3): not compared, and why
+    assert (f"(not compared) kv full-cache logit difference: not compared: A 2, B 3 ({n}) (its finding states no "
+            "interval for it: whether this is beyond noise is not known).") in differences
     settings = page[page.index("id='settings'"):page.index("id='differences'")]
     for line in ("heads task: A kv (its default task (no --task given)), B ioi (its default task (no --task given)).",
                  "heads examples: A 64, B 16.", "kv budget changes: A n_examples 64 -&gt; 64, B n_examples 64 -&gt; 16."):
@@ -947,7 +948,7 @@ def test_compare_probes_uses_each_findings_interval_and_respects_its_at_chance_v
     _probes(tmp_path / "e", best=1.0, n=19, chance={**guard, "mean": 1.0, "ci": [0.824, 1.0]})
     _probes(tmp_path / "f", best=0.7, n=19, chance={**guard, "mean": 0.7, "ci": [0.49, 0.85]})
     assert headline_notes(Run(tmp_path / "e"), Run(tmp_path / "f")) == [
-        "probes best accuracy: A 1, B 0.7 (n 19 each)" + NOT_STATED]
+        NOT_COMPARED + "probes best accuracy: not compared: A 1, B 0.7 (n 19 each)" + NOT_STATED]
     # a summary without a chance entry: its finding's own rule (best within 0.02 of the majority class) withholds it
     s = io.read_json(tmp_path / "f" / "probes" / "summary.json")
     io.write_json(tmp_path / "f" / "probes" / "summary.json", {k: v for k, v in s.items() if k != "chance"}
@@ -1142,8 +1143,8 @@ def test_compare_does_not_set_a_kv_full_cache_metric_its_report_gives_at_chance_
     io.write_json(tmp_path / "a" / "kv" / "summary.json", {"n_examples": 16, "metric": "logprob",
                                                            "metric_unevicted": -1.0, "chance": {**above, "mean": -1.0}})
     assert headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b")) == [
-        "kv full-cache answer log-probability: A -1, B -1.5 (n 16 each) (its finding states no interval for it: whether "
-        "this is beyond noise is not known)."]
+        NOT_COMPARED + "kv full-cache answer log-probability: not compared: A -1, B -1.5 (n 16 each) (its finding states "
+        "no interval for it: whether this is beyond noise is not known)."]
 
 
 def _pruned_folder(root, name, gradient, random, n_heads=6):
@@ -1655,3 +1656,45 @@ def test_compare_lists_every_headline_of_either_report(tmp_path):
     assert "(not compared) kv full-cache logit difference: not compared: only A's report states it (n 16 each)." in notes
     assert ("(not compared) kv heavy hitters within 1% of the full cache: not compared: only A's report states "
             "it.") in notes
+
+
+def test_compare_lists_the_policy_each_kv_finding_ends_on_with_its_tie_and_noise():
+    """Review 13c A3: no policy within 1% in either run; A's finding ends on window, tied with heavy hitters at 66.9%
+    (changes -0.3306 and -0.3314 at budget 16, n 128), B's on heavy hitters, 92.1% (n 16). compare said neither; now the
+    choice is listed, the same up to A's tie. Against a B whose heavy hitters clears its window (intervals apart) and an
+    A without the tie: a difference, judged within each run's own intervals (hand-picked numbers)."""
+    from headscope.reports.compare_headlines import _verdict_notes
+    from headscope.reports.findings import finding
+
+    def row(budget, change, lo, hi, n):
+        return {"budget": budget, "change": change, "ci_low": lo, "ci_high": hi, "n_evicting": n, "n_examples": n}
+
+    def summary(rows, n):
+        return {"metric": "logit_diff", "metric_unevicted": 24.3, "n_examples": n, "holding_budgets": {
+            "tolerance": 0.01, "grid": [8, 16, 32], "policies": {
+                p: {"budget": None, "closest": r, "worst_evicting": r, "misses": [abs(r["change"])] * 2,
+                    "missed": [16], "every_evicting_missed": True} for p, r in rows.items()}}}
+
+    a = summary({"window": row(16, -0.33059, -0.4267, -0.2345, 128), "heavy_hitters": row(16, -0.33139, -0.4179, -0.2449, 128),
+                 "sink_window": row(16, -0.4525, -0.5599, -0.3450, 128)}, 128)
+    b = summary({"window": row(16, -0.2801, -0.585, 0.0248, 16), "heavy_hitters": row(16, -0.0790, -0.176, 0.018, 16),
+                 "sink_window": row(16, -0.4292, -0.7437, -0.1146, 16)}, 16)
+    assert ("but window keeps 66.9% of the logit difference at budget 16" in finding("kv", a)
+            and "Heavy hitters keeps the same 66.9% at budget 16: tied with window at this precision." in finding("kv", a))
+    n = "n differs: 128 vs 16 examples, a setting, not the model: other example sets, intervals of other widths"
+    label = "kv policy closest to the full cache (no policy within the band in either run)"
+    notes = _verdict_notes("kv", a, b)
+    assert notes[-1] == (
+        f"(same) {label}: the same choice up to a tie at the finding's precision: A window keeps 66.9% at budget 16 (95% CI "
+        "of the change [-42.7%, -23.4%], n = 128; tied with heavy hitters), B heavy hitters keeps 92.1% at budget 16 (95% "
+        f"CI of the change [-17.6%, +1.8%], n = 16) ({n})."), notes
+    untied = summary({**{p: r["closest"] for p, r in a["holding_budgets"]["policies"].items()},
+                      "heavy_hitters": row(16, -0.40, -0.45, -0.35, 128)}, 128)
+    assert _verdict_notes("kv", untied, b)[-1] == (
+        f"{label}: A window keeps 66.9% at budget 16 (95% CI of the change [-42.7%, -23.4%], n = 128), B heavy hitters "
+        f"keeps 92.1% at budget 16 (95% CI of the change [-17.6%, +1.8%], n = 16) ({n}); in A, heavy hitters keeps 60.0% "
+        "at budget 16; in B, window keeps 72.0% at budget 16: within noise: in each run the other run's choice's 95% "
+        "interval overlaps its own choice's.")
+    clear = summary({"window": row(16, -0.30, -0.35, -0.25, 16), "heavy_hitters": row(16, -0.05, -0.08, -0.02, 16)}, 16)
+    assert _verdict_notes("kv", untied, clear)[-1].endswith(
+        "beyond noise: B's choice clears the other run's choice in its own run."), _verdict_notes("kv", untied, clear)

@@ -1321,6 +1321,44 @@ def test_kv_more_than_1_percent_only_where_the_interval_clears_it():
     assert "n = 4); its 95% CI reaches 0: not clearly below it at all; it falls" in text
 
 
+def test_kv_states_heavy_hitters_split_and_what_a_missing_policy_evicts():
+    """Review 13a A1: heavy hitters is H2O's (a recent window of half the budget beside the most attended positions);
+    the finding states the split and, for a policy not shown within the band, what its rule evicts; the figure's
+    legend names the split too (an older summary, run without the window, gets no split)."""
+    import matplotlib.pyplot as plt
+
+    from headscope.analyses.kv.holding import holding_budgets
+    from headscope.reports.plots_kv import plot_eviction
+    from tests_support import hand_heavy_hitters_sweep
+
+    sweep = hand_heavy_hitters_sweep()
+    s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4, "recent_share": 0.5,
+         "holding_budgets": holding_budgets(sweep, n_sink=4)}
+    text = finding("kv", s)
+    assert text.endswith("Where a policy is not shown within the band, this is what its rule evicts: heavy hitters keeps "
+                         "the newest half of its budget and, of the older positions, those the context's queries attended "
+                         "to most, so it drops older positions little attended before the answer; sink window keeps the "
+                         "first 4 and the newest positions, so it drops the middle; window drops the oldest positions "
+                         "first (the first token, a sink where there is one, among them)."), text
+    old = finding("kv", {**s, "recent_share": None})
+    assert "newest half" not in old and ("heavy hitters keeps only the positions the context's queries attended to most, "
+                                          "with no recent window (a run before headscope kept H2O's recent window): the "
+                                          "newest positions, seen by the fewest queries, go first") in old, old
+    assert "with no recent window: the newest positions" in finding("kv", {**s, "recent_share": 0.0})
+    from headscope.reports.kv_words import _drops
+
+    holds = {"policies": {"heavy_hitters": {"budget": 4, "at": {"budget": 4}}}}  # within the band: its split alone
+    assert _drops({"recent_share": 0.5}, holds) == ("Heavy hitters is H2O's policy (the newest half of its budget, the "
+                                                    "rest the older positions the context attended to most).")
+    assert _drops({"recent_share": 0.0}, holds) == "" == _drops({}, holds)
+    ax = plot_eviction(sweep, metric="logit_diff", ax=plt.subplots()[1], recent_share=0.5)
+    try:
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "heavy hitters (H2O: newest 50%\n+ most attended rest)" in labels, labels
+    finally:
+        plt.close("all")
+
+
 def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_anything():
     """review 5 A3: heavy hitters keeps 98.8% of the logit difference and every answer from budget 1 but never
     stays within 1%; its curve is not monotone (budget 1 closer than 8)."""
