@@ -157,6 +157,10 @@ def _below(entry: Mapping[str, Any]) -> bool:
             and ci[1] < level)
 
 
+OWN_CHANCE = ("the model's own mean log-probability over its vocabulary at the same positions, not log(1/V), "
+              "under which every token of an uneven model falls (Jensen)")
+
+
 def chance_basis(entry: Mapping[str, Any]) -> str:
     """What the chance value is computed from, in words ("" when the entry does not say): one metric's
     chance differs across tasks (answer length, vocabulary, number of answers)."""
@@ -164,6 +168,8 @@ def chance_basis(entry: Mapping[str, Any]) -> str:
     tokens, classes = _num(entry.get("answer_tokens")), _num(entry.get("n_classes"))
     if metric == "logit_diff":
         return "no preference between the answer and the wrong answer"
+    if metric == "logprob" and entry.get("chance_from") == "vocabulary_mean":
+        return OWN_CHANCE
     if metric == "logprob" and vocab:
         if tokens is None or abs(tokens - 1) < 1e-9:
             return f"log(1/{vocab:.0f}): one answer token, uniform over a {vocab:.0f}-token vocabulary"
@@ -192,7 +198,9 @@ def per_row_chance(entry: Mapping[str, Any]) -> str:
     how = []
     if isinstance(tokens, (list, tuple)) and len(tokens) == 2 and None not in map(_num, tokens):
         how.append(f"{tokens[0]:.0f}-{tokens[1]:.0f} answer tokens")
-    if vocab and entry.get("metric") == "logprob":
+    if entry.get("metric") == "logprob" and entry.get("chance_from") == "vocabulary_mean":
+        how.append(OWN_CHANCE)
+    elif vocab and entry.get("metric") == "logprob":
         how.append(f"k x log(1/{vocab:.0f}) for k tokens")
     said = f"against chance {span[1]:.3g} to {span[0]:.3g} per row" + (f" ({', '.join(how)})" if how else "")
     if isinstance(margin, Mapping) and _num(margin.get("mean")) is not None:
@@ -310,9 +318,14 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[s
         return (f"{who}{said}: of its {_num(entry.get('copied_outputs')) or 0:.0f} outputs that copy one of the context's "
                 f"values, {_num(entry.get('gold_outputs')) or 0:.0f} are the gold one ({share:.3g}{_ci(share_ci, '.3g')}): "
                 "it systematically prefers the wrong values; relative findings are not reported.")
+    own = entry.get("chance_from") == "vocabulary_mean"
+    if metric == "logprob" and not own:  # against log(1/V) (older runs): every token of an uneven model is below it
+        return (f"{who}{said}: at or below chance: a model's log-probabilities fall below log(1/V) for every token "
+                "(Jensen), so this does not show that the answers are dispreferred; relative findings are not reported.")
     why = ("worse than guessing, it systematically prefers the wrong answers" if metric == "logit_diff" else
-           "it gives the answers less probability than a uniform guess, so they are systematically dispreferred"
-           if metric == "logprob" else "it scores under a uniform guess, so its answers are systematically dispreferred")
+           "it gives the answers less log-probability than its own average vocabulary token at the same positions, so "
+           "they are systematically dispreferred" if metric == "logprob" else
+           "it scores under a uniform guess, so its answers are systematically dispreferred")
     return f"{who}{said}: {why}; relative findings are not reported."
 
 

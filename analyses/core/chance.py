@@ -8,7 +8,10 @@ from the per-example clean metric values and returns the dict that analyses put 
 Chance values (what a model that has learnt nothing about the task scores):
 - "logit_diff": 0 (no preference between the answer and the wrong answer);
 - "accuracy": 1/n_classes, by default 1/vocabulary size (top-1 over the vocabulary);
-- "logprob": log(1/vocabulary size), the answer's log-probability under a uniform prediction;
+- "logprob": log(1/vocabulary size), the answer's log-probability under a uniform prediction (chance_value);
+  but a model's own tasks are tested against its own mean log-probability over the vocabulary at the same
+  positions (against_vocabulary_mean): by Jensen every token of a model with uneven logits averages below
+  log(1/V), so "below log(1/V)" says nothing about the answers (review 13a A2);
 - answers of several tokens (Task.continuation): k log(1/vocabulary size) for a k-token
   continuation's log-probability, (1/vocabulary size)^k for its accuracy; rows of different lengths have
   different chance values, so a log-probability is tested row by row (`assess_per_row`: each row's margin
@@ -218,7 +221,8 @@ def assess_mean(mean: float, metric: str, *, n_examples: int | None = None, chan
     near = "below" if mean < chance else f"less than {floor:.3g} above" if at else f"at least {floor:.3g} above"
     reason = (f"the mean {words} {mean:.3g} is {near} chance ({chance:.3g}) "
               "(from the summary's mean; no per-example values, no CI)")
-    return {"at_chance": at, "below_chance": mean < chance - floor, "metric": metric, "mean": mean,
+    below = mean < chance - floor and metric != "logprob"  # log(1/V) is no floor for one model's answers (Jensen)
+    return {"at_chance": at, "below_chance": below, "metric": metric, "mean": mean,
             "chance_value": float(chance), "ci": None,
             "ci_level": None, "p_value": None, "effect_size": None, "floor": float(floor), "n_examples": n_examples,
             "reason": reason}
@@ -228,14 +232,23 @@ def clean_values(model, task: Task, metric: str | None = None, *, max_bytes: int
     """Per-example clean metric values of `task` on the unmodified model ([batch] float64 on the CPU)
     and the vocabulary size of its logits: plain forwards, in chunks of rows whose logits fit in
     `max_bytes`, each row read at its answer position (Task.answer_positions). Decoder metrics only."""
-    from headscope.analyses.core.metrics import task_metric
+    values, vocab, _ = _clean_pass(model, task, metric, max_bytes=max_bytes)
+    return values, vocab
+
+
+def _clean_pass(model, task: Task, metric: str | None = None, *,
+                max_bytes: int = 1 << 28) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """clean_values and, for "logprob", each row's own chance from the same forward: the model's mean
+    log-probability over the vocabulary at the answer positions, summed over the answer's tokens ([batch]
+    float64; metrics.vocab_mean_logprob); None for other metrics."""
+    from headscope.analyses.core.metrics import task_metric, vocab_mean_logprob
 
     kind = metric or task.metric
     n, n_pos = task.tokens.shape
     vocab = int(model.facts.d_vocab)
     rows = max(1, int(max_bytes // max(1, n_pos * vocab * 4)))
     where, k = task.answer_positions(), task.n_answer_tokens
-    out = []
+    out, own = [], []
     with torch.inference_mode():
         for start in range(0, n, rows):
             part = replace(task.rows(slice(start, start + rows)), metric=kind)
@@ -247,7 +260,9 @@ def clean_values(model, task: Task, metric: str | None = None, *, max_bytes: int
                 last = logits[:, -k:].float()  # [rows, k, vocab]
             vocab = int(logits.shape[-1])
             out.append(task_metric(part, kind=kind)(last).double().cpu())
-    return torch.cat(out), vocab
+            if kind == "logprob":
+                own.append(vocab_mean_logprob(last, part.answer_tokens.to(last.device)).double().cpu())
+    return torch.cat(out), vocab, (torch.cat(own) if own else None)
 
 
 def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean: float | None = None,
@@ -263,13 +278,16 @@ def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean
         return None
     if kind == "logit_diff" and task.wrong_answers is None:
         return None
-    values, vocab = clean_values(model, task, kind)
+    values, vocab, own = _clean_pass(model, task, kind)
     mean = float(values.mean())
     tolerance = max(tolerance, 16 * torch.finfo(model.dtype).eps)  # half precision: the analyses' fused passes round more
     tokens = 1.0 if task.continuation is None else float((task.continuation >= 0).sum(1).double().mean())
     if expected_mean is not None and abs(mean - expected_mean) > tolerance * max(1.0, abs(expected_mean)):
         out = assess_mean(expected_mean, kind, n_examples=len(task), vocab_size=vocab)
         return with_basis(out, task=task.name, vocab_size=vocab, answer_tokens=tokens if kind == "logprob" else None)
+    if own is not None:  # a log-probability: against the model's own every-token mean at the same positions
+        return with_basis(against_vocabulary_mean(values, own, task, vocab), task=task.name, vocab_size=vocab,
+                          answer_tokens=tokens)
     if task.continuation is not None:  # a whole continuation: chance is each token's chance, multiplied
         return with_basis(_continuation_on_task(values, task, kind, vocab), task=task.name, vocab_size=vocab,
                           answer_tokens=tokens)
@@ -323,6 +341,25 @@ def _continuation_on_task(values: torch.Tensor, task: Task, kind: str, vocab: in
     if kind == "logprob":
         return assess_per_row(values, -lengths * math.log(vocab), kind, tokens=lengths)
     return assess(values, kind, chance=float((vocab ** -lengths).mean()))
+
+
+def against_vocabulary_mean(values: torch.Tensor, own: torch.Tensor, task: Task, vocab: int) -> dict[str, Any] | None:
+    """The guard of an answer log-probability (review 13a A2): each row against its own chance, the model's mean
+    log-probability over the vocabulary at the answer positions summed over the answer's k tokens (`own`), per
+    answer token (assess_per_row). log(1/V) is not chance here: by Jensen every token of a model with uneven
+    logits averages below it, so a random model's answers were "below chance ... dispreferred" whenever n was
+    large enough. Adds "chance_from": "vocabulary_mean" and "uniform_chance" (the rows' mean k log(1/V), for
+    reference)."""
+    lengths = (torch.ones(len(values), dtype=torch.float64) if task.continuation is None
+               else (task.continuation >= 0).sum(1).double())  # [batch]
+    out = assess_per_row(values, own, "logprob", tokens=lengths)
+    if out is None:
+        return None
+    if out["below_chance"]:
+        out["reason"] = out["reason"].replace("does worse than a uniform guess",
+                                              "gives the answers less than its own average vocabulary token")
+    out.update(chance_from="vocabulary_mean", uniform_chance=float((-lengths * math.log(vocab)).mean()))
+    return out
 
 
 def assess_per_row(values: Sequence[float] | np.ndarray | torch.Tensor, chances: Sequence[float] | np.ndarray | torch.Tensor,

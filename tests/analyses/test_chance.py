@@ -334,7 +334,9 @@ def test_a_random_model_is_at_chance_and_its_findings_drop_relative_thresholds(a
     assert "within 1%" not in text and "within tolerance" not in text
     kv = hs.run_analysis("kv", model, None, config_class("kv").preset(quick=True))
     assert kv.summary["chance"]["at_chance"] is True and kv.summary["chance"]["metric"] == "logprob"
-    assert kv.summary["chance"]["chance_value"] == pytest.approx(-math.log(model.facts.d_vocab))
+    assert kv.summary["chance"]["chance_from"] == "vocabulary_mean"  # not log(1/V) (review 13a A2)
+    assert kv.summary["chance"]["uniform_chance"] == pytest.approx(-math.log(model.facts.d_vocab))
+    assert kv.summary["chance"]["chance_value"] < kv.summary["chance"]["uniform_chance"]  # Jensen
     assert "within 1%" not in finding("kv", kv.summary)
 
 
@@ -452,3 +454,49 @@ def test_below_chance_accuracy_is_said_once():
     text = finding("position", {"chance": entry})
     assert "below chance on task facts" in text and "it scores under a uniform guess, so its answers are " \
            "systematically dispreferred" in text and "worse than guessing" not in text, text
+
+
+# ---- review 13a A2: a log-probability's chance is the model's own every-token mean, not log(1/V) ---------------
+def test_answers_below_log_one_over_v_but_at_the_models_own_token_mean_are_not_below_chance():
+    """Hand-built: 16 answers each 0.4-0.6 nats under log(1/100) (the old rule: "below chance ... dispreferred"),
+    but each within noise of the model's own mean log-probability over the vocabulary at that position (by Jensen
+    every token of an uneven model averages below log(1/V)). Against its own mean the model is at chance, not below."""
+    own = -math.log(100) - np.linspace(0.4, 0.6, 16)  # [rows]: each position's every-token mean
+    answers = own + np.tile([0.05, -0.05], 8)  # [rows]: no nearer to or further from it than noise
+    task = SimpleNamespace(continuation=None)
+    old = chance.assess(answers, "logprob", vocab_size=100)
+    assert old["below_chance"] is True  # the log(1/V) rule's verdict
+    entry = chance.against_vocabulary_mean(torch.tensor(answers), torch.tensor(own), task, 100)
+    assert entry["at_chance"] is True and entry["below_chance"] is False
+    assert entry["chance_value"] == pytest.approx(own.mean()) and entry["uniform_chance"] == pytest.approx(-math.log(100))
+    assert entry["margin"]["ci"] == pytest.approx(_scipy_ci(answers - own))
+    text = finding("kv", {"metric": "logprob", "metric_unevicted": float(answers.mean()), "chance": {**entry, "vocab_size": 100}})
+    assert "dispreferred" not in text and "own mean log-probability over its vocabulary" in text
+
+
+def test_an_older_below_log_one_over_v_entry_is_not_read_as_dispreferred():
+    entry = {**chance.assess(-math.log(100) - np.linspace(0.4, 0.6, 16), "logprob", vocab_size=100), "vocab_size": 100}
+    text = finding("kv", {"metric": "logprob", "metric_unevicted": -5.1, "chance": entry})
+    assert "dispreferred" not in text.replace("does not show that the answers are dispreferred", "")
+    assert "Jensen" in text and "relative findings are not reported" in text
+    assert chance.assess_mean(-5.1, "logprob", vocab_size=100)["below_chance"] is False
+
+
+def test_a_logprob_tasks_own_chance_matches_plain_hugging_face(arch_models, hf_of):
+    """model_on_task on a log-probability task: each row's chance is plain HF's mean log-softmax over the vocabulary
+    at the answer position, and the margin's interval is scipy's over answer minus that mean."""
+    model, hf = arch_models("gpt2"), hf_of("gpt2")
+    task = sentence_task(model, n_examples=6)
+    assert task.metric == "logprob"
+    entry = chance.model_on_task(model, task)
+    ans, own = [], []
+    with torch.no_grad():
+        for i in range(len(task)):
+            lp = hf(task.example(i).tokens).logits[0, -1].double().log_softmax(-1)  # [vocab]
+            ans.append(float(lp[int(task.answers[i])]))
+            own.append(float(lp.mean()))
+    ans, own = np.array(ans), np.array(own)
+    assert entry["chance_from"] == "vocabulary_mean" and entry["chance_value"] == pytest.approx(own.mean(), abs=1e-4)
+    assert own.mean() < -math.log(model.facts.d_vocab)  # Jensen, on a real (random) model
+    assert entry["margin"]["mean"] == pytest.approx((ans - own).mean(), abs=1e-4)
+    assert entry["margin"]["ci"] == pytest.approx(_scipy_ci(ans - own), abs=1e-4)

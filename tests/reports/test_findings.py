@@ -679,8 +679,12 @@ def test_an_interval_wholly_below_chance_is_called_below_chance_and_says_what_it
     assert "at chance" not in text
     lp = {"at_chance": True, "below_chance": True, "metric": "logprob", "mean": -9.0, "chance_value": -6.2146,
           "ci": [-9.5, -8.5], "ci_level": 0.95, "task": "kv", "vocab_size": 500, "answer_tokens": 1.0}
-    text = finding("kv", {"metric_unevicted": -9.0, "chance": lp})
-    assert "below chance on task kv" in text and "less probability than a uniform guess" in text
+    text = finding("kv", {"metric_unevicted": -9.0, "chance": lp})  # an older entry, against log(1/V): Jensen
+    assert "below chance on task kv" in text and "at or below chance" in text and "Jensen" in text
+    assert "systematically dispreferred" not in text
+    own = {**lp, "chance_from": "vocabulary_mean"}  # against the model's own every-token mean (review 13a A2)
+    text = finding("kv", {"metric_unevicted": -9.0, "chance": own})
+    assert "below chance on task kv" in text and "less log-probability than its own average vocabulary token" in text
     assert "systematically dispreferred" in text and "at chance" not in text
     straddle = {**lp, "below_chance": False, "ci": [-7.0, -5.5]}  # the CI contains chance: at chance, not below
     assert finding("kv", {"metric_unevicted": -6.3, "chance": straddle}).startswith("The model is at chance on task kv")
@@ -699,7 +703,8 @@ def test_below_chance_on_shipped_sentences_off_distribution_claims_no_preference
         assert (": below chance on text its tokenizer splits into 3.9 tokens a word: not evidence of a preference; "
                 "relative findings are not reported. The shipped sentences are split into 3.9 tokens" in text), text
         assert "systematically" not in text and "less probability than a uniform guess" not in text
-    on = finding("kv", {"metric_unevicted": -9.21, "chance": lp, "shipped_text": {**fit, "off_distribution": False}})
+    on = finding("kv", {"metric_unevicted": -9.21, "chance": {**lp, "chance_from": "vocabulary_mean"},
+                        "shipped_text": {**fit, "off_distribution": False}})
     assert "systematically dispreferred" in on
 
 
