@@ -330,6 +330,26 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[s
 
 
 
+def undetermined_sentence(entry: Any) -> str:
+    """Where the chance guard's interval is too wide to tell (chance.assess's "undetermined"; review 13b A2: "at chance"
+    from 4 examples that the same run's 16 contradicted): 'On its 4 examples the logit difference (1.3, 95% CI [-0.735,
+    3.34]) cannot be told from chance (0) on task recall: the interval is too wide to tell either way, so what follows
+    is read with that caveat.'; '' otherwise."""
+    if not isinstance(entry, Mapping) or entry.get("undetermined") is not True:
+        return ""
+    n, mean, level = _num(entry.get("n_examples")), _num(entry.get("mean")), _num(entry.get("chance_value"))
+    ci = metric_ci(entry)
+    task = entry.get("task")
+    said = [f"{mean:.3g}"] if mean is not None else []
+    said += [ci_words(ci, ".3g", _num(entry.get("ci_level")) or 0.95)] if ci else []
+    what = _words(entry.get("metric", "metric")) + (f" ({', '.join(said)})" if said else "")
+    return (f"On its {n:.0f} examples the {what} cannot be told from chance"
+            + (f" ({level:.3g})" if level is not None else "")
+            + (f" on task {task}" if isinstance(task, str) and task else "")
+            + ": the interval is too wide to tell either way (it is not evidence that the model is at chance), so what "
+              "follows is read with that caveat.") if n is not None else ""
+
+
 def finding(name: str, summary: Mapping[str, Any]) -> str:
     """The headline of one analysis ("" when there is none): its family's `finding` (reports/plots_<name>.py),
     opened by the shipped-sentence note where an encoder ran on sentences its tokenizer splits into pieces or
@@ -359,7 +379,8 @@ def _finding(name: str, summary: Mapping[str, Any]) -> str:
             text = f"{fit['note'][0].upper()}{fit['note'][1:]}. {text}".strip()
         entry = _chance(summary)
         if entry is None:
-            return text
+            wide = undetermined_sentence(summary.get("chance"))
+            return f"{wide} {text}".strip() if wide and text else text
         own = shown.chance_sentence if shown is not None else None  # a family's own opening (probes: underpowered)
         said = own(entry, summary) if own else chance_sentence(entry, name, summary.get("shipped_text"))
         return f"{said} {text}".strip()

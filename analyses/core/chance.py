@@ -29,6 +29,11 @@ The rule: the guard asks whether the model is credibly *above* chance; it is at 
 3. the standardised effect (mean - chance) / sd across examples is at least MIN_EFFECT_SIZE = 0.2
    (Cohen's "small"): below it the per-example noise drowns the behaviour, and a large enough set
    of examples would make any bias of a random model significant (not applied to 0/1 accuracies).
+Too wide to tell (review 13b A2: "at chance" from 4 examples, CI [-0.7, 3.3], while 16 of the same run were at 2.54
+[0.82, 4.25]): where the interval contains chance but the mean clears the floor by at least UNDETERMINED_EFFECT = 0.5
+per-example standard deviations (Cohen's "medium"; with many examples such an interval would clear chance), the
+entry's "undetermined" is True and "at_chance" False: the findings say "cannot tell from n examples" and report
+the relative findings with that caveat rather than calling the model at chance.
 Below chance counts as at chance for the guard (no better than chance: relative findings are left
 out), but it is told apart: when the whole interval lies under chance the entry's "below_chance" is
 True and the reason says "below chance" (worse than guessing: the answers are systematically
@@ -64,6 +69,7 @@ ALPHA = 0.05
 FLOORS = {"logit_diff": 0.1, "logprob": math.log(2), "accuracy": 0.05}
 MIN_EFFECT_SIZE = 0.2  # (mean - chance) / sd below this: at chance
 MIN_SYSTEMATIC_EXAMPLES = 8  # fewer examples wholly below chance: not called systematic
+UNDETERMINED_EFFECT = 0.5  # a CI over chance with a mean this many sds above it (and over the floor): too wide to tell
 _WORDS = {"logit_diff": "logit difference", "logprob": "answer log-probability", "accuracy": "accuracy"}
 
 
@@ -135,6 +141,10 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
     if ci is not None and ci[1] < chance:
         at, reason = True, (f"below chance: {span}the mean {words} lies under {ref}; the model "
                             + ("prefers the wrong answers" if metric == "logit_diff" else "does worse than a uniform guess"))
+    elif ci is not None and ci[0] <= chance and mean - chance >= floor and effect is not None and effect >= UNDETERMINED_EFFECT:
+        at, reason = False, (f"cannot tell from {len(values)} examples: {span}the mean {words} {mean:.3g} contains {ref} "
+                             f"but also effects of {effect:.2f} per-example standard deviations and more: too wide to "
+                             "tell; relative findings are reported with that caveat")
     elif ci is not None and ci[0] <= chance:
         at, reason = True, f"{span}the mean {words} contains {ref}"
     elif mean - chance < floor:
@@ -149,7 +159,8 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
         at, reason = False, f"{span}the mean {words} lies above {ref} by more than the noise"
     return {"at_chance": at, "below_chance": ci is not None and ci[1] < chance, "metric": metric, "mean": mean,
             "chance_value": float(chance), "ci": ci, "ci_level": 1 - alpha, "p_value": p, "effect_size": effect,
-            "floor": float(floor), "n_examples": int(len(values)), "reason": reason}
+            "floor": float(floor), "n_examples": int(len(values)), "reason": reason,
+            "undetermined": reason.startswith("cannot tell")}
 
 
 def copy_task(entry: dict[str, Any] | None, *, outputs: int, gold: int, copied: int | None,

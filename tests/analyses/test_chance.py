@@ -500,3 +500,35 @@ def test_a_logprob_tasks_own_chance_matches_plain_hugging_face(arch_models, hf_o
     assert own.mean() < -math.log(model.facts.d_vocab)  # Jensen, on a real (random) model
     assert entry["margin"]["mean"] == pytest.approx((ans - own).mean(), abs=1e-4)
     assert entry["margin"]["ci"] == pytest.approx(_scipy_ci(ans - own), abs=1e-4)
+
+
+# ---- review 13b A2: an interval too wide to tell is not "at chance" -------------------------------------------------
+WIDE = [0.2, 2.9, -0.1, 2.2]  # 4 examples: mean 1.3, sd 1.48 (0.88 sds above 0), t interval about [-1.05, 3.65]
+
+
+def test_four_examples_whose_interval_is_too_wide_to_tell_are_not_called_at_chance():
+    """Hand-built like review 13b A2 (the attribution section's 4 examples, mean 1.3, CI [-0.7, 3.3], were "at chance"
+    while 16 of the same run were at 2.54 [0.82, 4.25]): the interval contains 0, but the mean clears the floor by 0.88
+    per-example sds, so the guard cannot tell; a mean near 0 (or a small effect) stays at chance."""
+    lo, hi = _scipy_ci(WIDE)
+    assert lo < 0 < hi
+    out = chance.assess(WIDE, "logit_diff")
+    assert out["undetermined"] is True and out["at_chance"] is False and out["below_chance"] is False
+    assert out["ci"] == pytest.approx([lo, hi]) and out["reason"].startswith("cannot tell from 4 examples")
+    assert chance.assess([0.3, -0.4, 0.5, -0.2], "logit_diff")["undetermined"] is False  # mean 0.05: under the floor
+    small = chance.assess([2.0, -1.5, 3.0, -1.0, 0.5], "logit_diff")  # 0.31 sds: drowned in noise, at chance
+    assert small["at_chance"] is True and small["undetermined"] is False
+    tight = chance.assess(np.tile(WIDE, 8), "logit_diff")  # the same spread over 32 examples: clearly above chance
+    assert tight["at_chance"] is False and tight["undetermined"] is False
+
+
+def test_the_findings_report_taus_with_the_caveat_instead_of_withholding_them():
+    entry = {**chance.assess(WIDE, "logit_diff"), "task": "recall"}
+    s = {"n_examples": 4, "metric": "logit_diff", "chance": entry,
+         "mean_tau_attention_saliency": 0.48, "std_tau_attention_saliency": 0.1, "n_tau_attention_saliency": 4}
+    text = finding("attribution", s)
+    assert text.startswith("On its 4 examples the logit difference (1.3, 95% CI [")
+    assert "cannot be told from chance (0) on task recall: the interval is too wide to tell either way" in text
+    assert "The model is at chance" not in text and "0.48" in text  # the tau is reported, not withheld
+    withheld = finding("attribution", {**s, "chance": {**entry, "at_chance": True, "undetermined": False}})
+    assert "0.48" not in withheld and "at chance on task recall" in withheld
