@@ -8,8 +8,8 @@ itself moves (`prediction_change`: TVD of the next-token distribution, or 1 - co
 embedding for encoders), or, given a `score` (the task metric of the last-position logits), how
 much that metric moves: the analysis scores leave-one-out so where the output is saturated, since a
 distribution distance cannot move there (analysis.loo_metric). Gradients reach the tokens through `hook_embed`, so
-Captum's layer methods attribute to each token's embedding: on decoders the token embeddings, before any position
-embeddings are added; on BERT-style encoders the embedding layer's whole output (word + position + token-type
+Captum's layer methods attribute to each token's embedding: on decoders the embedding module's output (before a
+learned position embedding is added); on BERT-style encoders the embedding layer's whole output (word + position + token-type
 embeddings after the embedding LayerNorm), which is what hook_embed holds there (`gradient_input` says which; review
 13c C6: the page did not say what the saliency was taken against).
 """
@@ -41,9 +41,9 @@ def gradient_input(model) -> str:
     if model.facts.is_encoder:
         return ("the embedding layer's output at each token (word + position + token-type embeddings, after the "
                 "embedding LayerNorm: the input of layer 0)")
-    if "hook_pos_embed" in model.bridge.hook_dict:
-        return "each token's embedding (the token embedding alone, before the position embedding is added)"
-    return "each token's embedding (the token embedding, the input of layer 0)"
+    if model.facts.positional == "standard":  # learned absolute positions (GPT-2): added after hook_embed
+        return "each token's embedding (the embedding module's output, before the position embedding is added)"
+    return "each token's embedding (the embedding module's output; positions enter inside attention)"
 
 
 def forward_metric(model, kind: str) -> Forward:
