@@ -350,6 +350,34 @@ def undetermined_sentence(entry: Any) -> str:
               "follows is read with that caveat.") if n is not None else ""
 
 
+def larger_sample_sentence(entry: Any, others: Mapping[str, Mapping[str, Any]]) -> str:
+    """Where this section's guard cannot tell (undetermined), what the same report's larger sample of the same task
+    and metric says (review 13b A2: attribution's 4 examples against heads' 16 at 2.54 [0.82, 4.25]): 'The heads
+    section's 16 examples of the same task are above chance (logit difference 2.54, 95% CI [0.824, 4.25]).', the
+    largest such sample first; '' where there is none. `others`: the other sections' summaries by name."""
+    if not isinstance(entry, Mapping) or entry.get("undetermined") is not True:
+        return ""
+    n = _num(entry.get("n_examples")) or 0
+    best = None
+    for name, summary in others.items():
+        other = summary.get("chance") if isinstance(summary, Mapping) else None
+        if not (isinstance(other, Mapping) and other.get("task") == entry.get("task") is not None
+                and other.get("metric") == entry.get("metric") and other.get("undetermined") is not True
+                and (_num(other.get("n_examples")) or 0) > n):
+            continue
+        if best is None or other["n_examples"] > best[1]["n_examples"]:
+            best = (name, other)
+    if best is None:
+        return ""
+    name, other = best
+    verdict = ("below chance" if _below(other) else "at chance") if other.get("at_chance") is True else "above chance"
+    ci, mean = metric_ci(other), _num(other.get("mean"))
+    said = [f"{_words(other.get('metric'))} {mean:.3g}"] if mean is not None else []
+    said += [ci_words(ci, ".3g", _num(other.get("ci_level")) or 0.95)] if ci else []
+    return (f"The {name} section's {other['n_examples']:.0f} examples of the same task are {verdict}"
+            + (f" ({', '.join(said)})" if said else "") + ".")
+
+
 def finding(name: str, summary: Mapping[str, Any]) -> str:
     """The headline of one analysis ("" when there is none): its family's `finding` (reports/plots_<name>.py),
     opened by the shipped-sentence note where an encoder ran on sentences its tokenizer splits into pieces or

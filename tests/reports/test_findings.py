@@ -2716,3 +2716,42 @@ def test_kv_says_nothing_of_windows_that_no_prompt_reaches():
     assert "on sliding-window layer 0 over the queries whose window holds the first token" in text, text
     assert ("Sliding-window layers: layer(s) 0 slide over a window of 16 keys and hold at most 15 past positions "
             "whatever the budget. A budget") in text and "so from budget 15 on they evict only from layer(s) 1, 2" in text
+
+
+def test_a_section_that_cannot_tell_names_the_same_runs_larger_sample_of_its_task():
+    """Review 13b A2: attribution's 4 examples (1.3, CI [-0.735, 3.34]) cannot tell; the same report's heads section
+    measured 16 of the same task at 2.54 [0.824, 4.25]. The sentence names that larger sample; samples of another task,
+    another metric, fewer examples or themselves undetermined are not used."""
+    from headscope.reports.findings import larger_sample_sentence
+
+    wide = {"undetermined": True, "at_chance": False, "metric": "logit_diff", "mean": 1.3, "ci": [-0.735, 3.34],
+            "n_examples": 4, "task": "recall"}
+    heads = {"at_chance": False, "metric": "logit_diff", "mean": 2.54, "ci": [0.824, 4.25], "n_examples": 16,
+             "task": "recall"}
+    others = {"heads": {"chance": heads}, "patching": {"chance": {**heads, "n_examples": 4, "mean": 3.6}},
+              "kv": {"chance": {**heads, "n_examples": 64, "task": "kv"}},
+              "mlp": {"chance": {**heads, "n_examples": 32, "metric": "logprob"}}}
+    assert larger_sample_sentence(wide, others) == ("The heads section's 16 examples of the same task are above chance "
+                                                    "(logit difference 2.54, 95% CI [0.824, 4.25]).")
+    at = {"heads": {"chance": {**heads, "at_chance": True, "mean": 0.02, "ci": [-0.3, 0.34]}}}
+    assert larger_sample_sentence(wide, at).endswith("are at chance (logit difference 0.02, 95% CI [-0.3, 0.34]).")
+    assert larger_sample_sentence({**wide, "undetermined": False}, others) == ""
+    assert larger_sample_sentence(wide, {"patching": others["patching"], "kv": others["kv"]}) == ""
+
+
+def test_the_report_section_that_cannot_tell_cites_the_same_runs_larger_sample(tmp_path):
+    from headscope.reports import io as report_io
+    from headscope.reports.html_report import _section
+
+    wide = {"undetermined": True, "at_chance": False, "metric": "logit_diff", "mean": 1.3, "ci": [-0.735, 3.34],
+            "n_examples": 4, "task": "recall"}
+    for name, entry in (("attribution", wide), ("heads", {**wide, "undetermined": False, "n_examples": 16,
+                                                          "mean": 2.54, "ci": [0.824, 4.25]})):
+        (tmp_path / name).mkdir()
+        report_io.write_json(tmp_path / name / "summary.json", {"n_examples": entry["n_examples"], "chance": entry,
+                                                                "mean_tau_attention_saliency": 0.48,
+                                                                "std_tau_attention_saliency": 0.1})
+    _, md, headline = _section(tmp_path, "attribution", "ok")
+    assert headline.startswith("On its 4 examples the logit difference (1.3, 95% CI [-0.735, 3.34]) cannot be told")
+    assert ("read with that caveat. The heads section's 16 examples of the same task are above chance (logit "
+            "difference 2.54, 95% CI [0.824, 4.25]).") in headline
