@@ -314,7 +314,7 @@ def test_the_chance_guard_counts_each_token_of_a_continuation(arch_models, hf_of
     # what the findings' chance sentence names: the task, its mean answer length and the vocabulary
     assert found["task"] == task.name and found["vocab_size"] == vocab
     assert found["answer_tokens"] == pytest.approx(sum(lengths) / len(lengths))
-    # review 11b A6: the heads pruning tolerance's chance is the same per-row chance, averaged
+    # review 11b A6: the heads pruning tolerance's scale is the uniform guess, the chance record's uniform_chance
     from headscope.analyses.heads.importance import make_scorer
 
     assert make_scorer(model, task).chance == pytest.approx(-sum(lengths) / len(lengths) * math.log(vocab))
