@@ -342,8 +342,10 @@ def partner_words(s: Mapping[str, Any]) -> str:
     entry = s.get("partner_ceiling")
     if not isinstance(entry, Mapping):
         return ""
-    said = (f"On this encoder, saliency, gradient x input and integrated gradients differentiate {PARTNER} "
-            "(leave-one-out and the permutations measure 1 - cosine to the prompt's own embedding).")
+    wrt = s.get("gradient_input")
+    said = (f"On this encoder, saliency, gradient x input and integrated gradients differentiate {PARTNER} ("
+            + (f"the gradient is taken with respect to {wrt}; " if isinstance(wrt, str) and wrt else "")
+            + "leave-one-out and the permutations measure 1 - cosine to the prompt's own embedding).")
     k, n = int(_num(entry.get("n_saturated")) or 0), int(_num(entry.get("n_examples")) or 0)
     if not k:
         return said

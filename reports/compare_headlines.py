@@ -434,9 +434,14 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             if labels:
                 notes.append(NOT_COMPARED + f"{_joined(labels)}: not compared: " + "; ".join(at_chance) + ".")
             continue
+        wide = [side for side, s in zip(SIDES, (sa, sb)) if isinstance(s.get("chance"), Mapping)
+                and s["chance"].get("undetermined") is True]  # too few to tell from chance: each line says so (13b A2)
+        caveat = (f"; {' and '.join(wide)}'s report{'s' * (len(wide) > 1)} cannot tell the model from chance on "
+                  f"{'its' if len(wide) == 1 else 'their'} examples and read{'s' * (len(wide) == 1)} this with that caveat"
+                  if wide else "")
         for (label, va, ia, na, unit), (label_b, vb, ib, nb, unit_b) in pairs:
             n = (name == "attribution" and unit == unit_b == "examples" and tau_n_text(sa, sb, label, na, nb)
-                 or _n_text(na, nb, unit, unit_b))
+                 or _n_text(na, nb, unit, unit_b)) + caveat
             own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
                    if (why := withheld_quantity(name, lab, s))]
             if own:  # said even where both reports leave it out: each report's reason

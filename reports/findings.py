@@ -157,6 +157,10 @@ def _below(entry: Mapping[str, Any]) -> bool:
             and ci[1] < level)
 
 
+OWN_CHANCE = ("the model's own mean log-probability over its vocabulary at the same positions, not log(1/V), "
+              "under which every token of an uneven model falls (Jensen)")
+
+
 def chance_basis(entry: Mapping[str, Any]) -> str:
     """What the chance value is computed from, in words ("" when the entry does not say): one metric's
     chance differs across tasks (answer length, vocabulary, number of answers)."""
@@ -164,6 +168,8 @@ def chance_basis(entry: Mapping[str, Any]) -> str:
     tokens, classes = _num(entry.get("answer_tokens")), _num(entry.get("n_classes"))
     if metric == "logit_diff":
         return "no preference between the answer and the wrong answer"
+    if metric == "logprob" and entry.get("chance_from") == "vocabulary_mean":
+        return OWN_CHANCE
     if metric == "logprob" and vocab:
         if tokens is None or abs(tokens - 1) < 1e-9:
             return f"log(1/{vocab:.0f}): one answer token, uniform over a {vocab:.0f}-token vocabulary"
@@ -192,7 +198,9 @@ def per_row_chance(entry: Mapping[str, Any]) -> str:
     how = []
     if isinstance(tokens, (list, tuple)) and len(tokens) == 2 and None not in map(_num, tokens):
         how.append(f"{tokens[0]:.0f}-{tokens[1]:.0f} answer tokens")
-    if vocab and entry.get("metric") == "logprob":
+    if entry.get("metric") == "logprob" and entry.get("chance_from") == "vocabulary_mean":
+        how.append(OWN_CHANCE)
+    elif vocab and entry.get("metric") == "logprob":
         how.append(f"k x log(1/{vocab:.0f}) for k tokens")
     said = f"against chance {span[1]:.3g} to {span[0]:.3g} per row" + (f" ({', '.join(how)})" if how else "")
     if isinstance(margin, Mapping) and _num(margin.get("mean")) is not None:
@@ -310,11 +318,64 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[s
         return (f"{who}{said}: of its {_num(entry.get('copied_outputs')) or 0:.0f} outputs that copy one of the context's "
                 f"values, {_num(entry.get('gold_outputs')) or 0:.0f} are the gold one ({share:.3g}{_ci(share_ci, '.3g')}): "
                 "it systematically prefers the wrong values; relative findings are not reported.")
+    own = entry.get("chance_from") == "vocabulary_mean"
+    if metric == "logprob" and not own:  # against log(1/V) (older runs): every token of an uneven model is below it
+        return (f"{who}{said}: at or below chance: a model's log-probabilities fall below log(1/V) for every token "
+                "(Jensen), so this does not show that the answers are dispreferred; relative findings are not reported.")
     why = ("worse than guessing, it systematically prefers the wrong answers" if metric == "logit_diff" else
-           "it gives the answers less probability than a uniform guess, so they are systematically dispreferred"
-           if metric == "logprob" else "it scores under a uniform guess, so its answers are systematically dispreferred")
+           "it gives the answers less log-probability than its own average vocabulary token at the same positions, so "
+           "they are systematically dispreferred" if metric == "logprob" else
+           "it scores under a uniform guess, so its answers are systematically dispreferred")
     return f"{who}{said}: {why}; relative findings are not reported."
 
+
+
+def undetermined_sentence(entry: Any) -> str:
+    """Where the chance guard's interval is too wide to tell (chance.assess's "undetermined"; review 13b A2: "at chance"
+    from 4 examples that the same run's 16 contradicted): 'On its 4 examples the logit difference (1.3, 95% CI [-0.735,
+    3.34]) cannot be told from chance (0) on task recall: the interval is too wide to tell either way, so what follows
+    is read with that caveat.'; '' otherwise."""
+    if not isinstance(entry, Mapping) or entry.get("undetermined") is not True:
+        return ""
+    n, mean, level = _num(entry.get("n_examples")), _num(entry.get("mean")), _num(entry.get("chance_value"))
+    ci = metric_ci(entry)
+    task = entry.get("task")
+    said = [f"{mean:.3g}"] if mean is not None else []
+    said += [ci_words(ci, ".3g", _num(entry.get("ci_level")) or 0.95)] if ci else []
+    what = _words(entry.get("metric", "metric")) + (f" ({', '.join(said)})" if said else "")
+    return (f"On its {n:.0f} examples the {what} cannot be told from chance"
+            + (f" ({level:.3g})" if level is not None else "")
+            + (f" on task {task}" if isinstance(task, str) and task else "")
+            + ": the interval is too wide to tell either way (it is not evidence that the model is at chance), so what "
+              "follows is read with that caveat.") if n is not None else ""
+
+
+def larger_sample_sentence(entry: Any, others: Mapping[str, Mapping[str, Any]]) -> str:
+    """Where this section's guard cannot tell (undetermined), what the same report's larger sample of the same task
+    and metric says (review 13b A2: attribution's 4 examples against heads' 16 at 2.54 [0.82, 4.25]): 'The heads
+    section's 16 examples of the same task are above chance (logit difference 2.54, 95% CI [0.824, 4.25]).', the
+    largest such sample first; '' where there is none. `others`: the other sections' summaries by name."""
+    if not isinstance(entry, Mapping) or entry.get("undetermined") is not True:
+        return ""
+    n = _num(entry.get("n_examples")) or 0
+    best = None
+    for name, summary in others.items():
+        other = summary.get("chance") if isinstance(summary, Mapping) else None
+        if not (isinstance(other, Mapping) and other.get("task") == entry.get("task") is not None
+                and other.get("metric") == entry.get("metric") and other.get("undetermined") is not True
+                and (_num(other.get("n_examples")) or 0) > n):
+            continue
+        if best is None or other["n_examples"] > best[1]["n_examples"]:
+            best = (name, other)
+    if best is None:
+        return ""
+    name, other = best
+    verdict = ("below chance" if _below(other) else "at chance") if other.get("at_chance") is True else "above chance"
+    ci, mean = metric_ci(other), _num(other.get("mean"))
+    said = [f"{_words(other.get('metric'))} {mean:.3g}"] if mean is not None else []
+    said += [ci_words(ci, ".3g", _num(other.get("ci_level")) or 0.95)] if ci else []
+    return (f"The {name} section's {other['n_examples']:.0f} examples of the same task are {verdict}"
+            + (f" ({', '.join(said)})" if said else "") + ".")
 
 
 def finding(name: str, summary: Mapping[str, Any]) -> str:
@@ -346,7 +407,8 @@ def _finding(name: str, summary: Mapping[str, Any]) -> str:
             text = f"{fit['note'][0].upper()}{fit['note'][1:]}. {text}".strip()
         entry = _chance(summary)
         if entry is None:
-            return text
+            wide = undetermined_sentence(summary.get("chance"))
+            return f"{wide} {text}".strip() if wide and text else text
         own = shown.chance_sentence if shown is not None else None  # a family's own opening (probes: underpowered)
         said = own(entry, summary) if own else chance_sentence(entry, name, summary.get("shipped_text"))
         return f"{said} {text}".strip()

@@ -16,7 +16,7 @@ import pandas as pd
 
 from headscope.reports import io
 from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores, section_links
-from headscope.reports.findings import attention_kind, caption, finding
+from headscope.reports.findings import attention_kind, caption, finding, larger_sample_sentence
 from headscope.reports.moe_words import layout_clause
 from headscope.reports.provenance import (
     TASK_FILE,
@@ -221,6 +221,10 @@ def _section(out: Path, name: str, status: str, used: str = "",
         return head + f'<p class="{kind}">{msg}</p>', f"## {name}\n\n{md_escape(status or 'not run')}\n", status
     summary = io.read_json(folder / "summary.json")
     text = finding(name, summary)
+    if isinstance(summary.get("chance"), Mapping) and summary["chance"].get("undetermined") is True:
+        others = {p.parent.name: io.read_json(p) for p in sorted(out.glob("*/summary.json")) if p.parent.name != name}
+        larger = larger_sample_sentence(summary["chance"], others)  # the same run's larger sample (review 13b A2)
+        text = text.replace("read with that caveat.", f"read with that caveat. {larger}", 1) if larger else text
     subset = subset_sentence(used)  # the user's one-token rows only: the finding says so first
     text = f"{subset} {text}" if subset and text else subset or text
     # task, source, n, one sample prompt, what the budget changed (speeds: the run's manifest, read once)

@@ -23,7 +23,7 @@ from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
 from headscope.reports.attribution_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.findings import FEW, _num, t_interval
+from headscope.reports.findings import FEW, _chance, _num, t_interval
 from headscope.reports.plots import axes, color_scale, hatch_cells, laid_out, token_label
 
 # the scores table ranks every token but these two (analyses/attribution/analysis.py): the first is
@@ -237,6 +237,16 @@ def figures(result: Result, **kwargs) -> dict:
         ax.set_title(ax.get_title() + said)
         return ax
 
+    def noted(draw):  # what the finding withholds, or reads with a caveat, the figure says too (review 13b B1)
+        def drawn():
+            ax = draw()
+            if note := withheld_note(s, short=True):
+                ax.set_title(f"{ax.get_title()}\n({note})")
+                if _chance(s) is not None:
+                    ax.title.set_color(MUTED)
+            return ax
+        return drawn
+
     plots = [("tau", tau), ("token_heatmap", lambda: plot_token_heatmap(scores)),
              ("permutation", lambda: plot_permutation(perm, output_change=s.get("output_change", "change"),
                                                       saturated=s.get("saturated"),
@@ -245,7 +255,7 @@ def figures(result: Result, **kwargs) -> dict:
         plots.append(("adversarial", lambda: plot_adversarial(perm, epsilon=s.get("adversarial_epsilon", "epsilon"))))
     out = {}
     for stem, draw in plots:
-        out[stem] = laid_out(draw())
+        out[stem] = laid_out(noted(draw)())
     return out
 
 
@@ -283,12 +293,42 @@ PERMUTATION_CAPTIONS = {  # the permutation caption by the summary's output_chan
 }
 
 
+MUTED = "0.45"  # the title of a figure whose numbers the finding withholds
+
+
+def withheld_note(s: Mapping[str, Any], *, short: bool = False) -> str:
+    """What the finding does with the numbers these figures draw, where it does not read them plainly (review 13b B1:
+    tau.png drew the taus the finding withheld, with intervals clear of 0, and no word about it): at chance 'not read:
+    the finding withholds these (the model is at chance on task t, n examples)'; too wide to tell (chance's
+    "undetermined") 'read with a caveat: n examples cannot tell the model from chance on task t'; '' otherwise."""
+    entry = s.get("chance") if isinstance(s, Mapping) else None
+    if not isinstance(entry, Mapping):
+        return ""
+    n, task = _num(entry.get("n_examples")), entry.get("task")
+    on = f" on task {task}" if isinstance(task, str) and task else ""
+    count = f", {n:.0f} examples" if n is not None else ""
+    if _chance(s) is not None:
+        where = "below" if entry.get("below_chance") is True else "at"
+        return (f"not read: the finding withholds these (model {where} chance{on}{count})" if short else
+                f"Not read: the finding withholds what this figure draws, since the model is {where} chance{on}{count}; "
+                "intervals clear of 0 here are not findings.")
+    if entry.get("undetermined") is True and n is not None:
+        return (f"read with a caveat: {n:.0f} examples cannot tell the model from chance{on}" if short else
+                f"Read with a caveat: {n:.0f} examples cannot tell the model from chance{on} (the finding says so).")
+    return ""
+
+
 def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
     """A figure's caption for this run's summary where it depends on it (the permutation figure's units follow the
-    summary's output_change), else None (CAPTIONS' then holds)."""
-    if stem == "permutation" and isinstance(summary, Mapping):
-        return PERMUTATION_CAPTIONS.get(summary.get("output_change"))
-    return None
+    summary's output_change; every figure opens with what the finding withholds or reads with a caveat,
+    withheld_note), else None (CAPTIONS' then holds)."""
+    if not isinstance(summary, Mapping):
+        return None
+    own = PERMUTATION_CAPTIONS.get(summary.get("output_change")) if stem == "permutation" else None
+    note = withheld_note(summary)
+    if note and stem in CAPTIONS:
+        return f"{note} {own or CAPTIONS[stem]}"
+    return own
 
 
 __all__ = ["plot_tau", "plot_token_heatmap", "plot_permutation", "plot_adversarial", "figures", "token_html", "example_html",

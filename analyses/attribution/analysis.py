@@ -79,7 +79,9 @@ METHODS = ("saliency", "grad_x_input", "integrated_gradients", "leave_one_out")
 # What the analysis needs from a task and a model (analyses/core/contract.py), checked before it runs.
 NEEDS = Needs(answers=True, what="attributes the answer's score to the input tokens")
 ENCODER_METRIC = ("cosine of each prompt's mean-pooled embedding with the next sampled prompt's (the last prompt's "
-                  "with the first's); leave-one-out and permutations: 1 - cosine to the prompt's "
+                  "with the first's), which saliency, gradient x input and integrated gradients differentiate with "
+                  "respect to the embedding layer's output at each token (word + position + token-type embeddings, "
+                  "after the embedding LayerNorm); leave-one-out and permutations: 1 - cosine to the prompt's "
                   "own unmodified embedding")
 
 
@@ -192,6 +194,7 @@ def attribution(
     summary = _summary(df, tables, convergence, kind=setup.kind, cfg=cfg, layer=setup.layer,
                        encoder=model.facts.is_encoder)
     summary["loo_metric"] = setup.loo_metric
+    summary["gradient_input"] = am.gradient_input(model)  # what saliency & co. are taken against (13c C6)
     if loo_rows:
         summary["loo_rounding"] = rounding_summary(tables["loo_rounding"])
     if setup.saturated is not None:  # the record leave-one-out's metric was decided on (the same clean runs)

@@ -7,8 +7,11 @@ example (`forward_metric`); leave-one-out and the permutation test measure how m
 itself moves (`prediction_change`: TVD of the next-token distribution, or 1 - cosine of the pooled
 embedding for encoders), or, given a `score` (the task metric of the last-position logits), how
 much that metric moves: the analysis scores leave-one-out so where the output is saturated, since a
-distribution distance cannot move there (analysis.loo_metric). Gradients reach the tokens through `hook_embed` (token embeddings,
-before positions are added), so Captum's layer methods attribute to each token's embedding.
+distribution distance cannot move there (analysis.loo_metric). Gradients reach the tokens through `hook_embed`, so
+Captum's layer methods attribute to each token's embedding: on decoders the embedding module's output (before a
+learned position embedding is added); on BERT-style encoders the embedding layer's whole output (word + position + token-type
+embeddings after the embedding LayerNorm), which is what hook_embed holds there (`gradient_input` says which; review
+13c C6: the page did not say what the saliency was taken against).
 """
 from __future__ import annotations
 
@@ -30,6 +33,17 @@ GRADIENT_METRICS = ("logit_diff", "logprob", "cosine")
 def embedding_layer(model) -> torch.nn.Module:
     """The hook point holding the token embeddings [batch, pos, d_model], a module Captum can hook."""
     return model.bridge.hook_dict["hook_embed"]
+
+
+def gradient_input(model) -> str:
+    """What the gradient methods differentiate with respect to, in words (the summary's gradient_input): hook_embed's
+    contents on this model (see the module doc)."""
+    if model.facts.is_encoder:
+        return ("the embedding layer's output at each token (word + position + token-type embeddings, after the "
+                "embedding LayerNorm: the input of layer 0)")
+    if model.facts.positional == "standard":  # learned absolute positions (GPT-2): added after hook_embed
+        return "each token's embedding (the embedding module's output, before the position embedding is added)"
+    return "each token's embedding (the embedding module's output; positions enter inside attention)"
 
 
 def forward_metric(model, kind: str) -> Forward:

@@ -8,7 +8,10 @@ from the per-example clean metric values and returns the dict that analyses put 
 Chance values (what a model that has learnt nothing about the task scores):
 - "logit_diff": 0 (no preference between the answer and the wrong answer);
 - "accuracy": 1/n_classes, by default 1/vocabulary size (top-1 over the vocabulary);
-- "logprob": log(1/vocabulary size), the answer's log-probability under a uniform prediction;
+- "logprob": log(1/vocabulary size), the answer's log-probability under a uniform prediction (chance_value);
+  but a model's own tasks are tested against its own mean log-probability over the vocabulary at the same
+  positions (against_vocabulary_mean): by Jensen every token of a model with uneven logits averages below
+  log(1/V), so "below log(1/V)" says nothing about the answers (review 13a A2);
 - answers of several tokens (Task.continuation): k log(1/vocabulary size) for a k-token
   continuation's log-probability, (1/vocabulary size)^k for its accuracy; rows of different lengths have
   different chance values, so a log-probability is tested row by row (`assess_per_row`: each row's margin
@@ -26,6 +29,11 @@ The rule: the guard asks whether the model is credibly *above* chance; it is at 
 3. the standardised effect (mean - chance) / sd across examples is at least MIN_EFFECT_SIZE = 0.2
    (Cohen's "small"): below it the per-example noise drowns the behaviour, and a large enough set
    of examples would make any bias of a random model significant (not applied to 0/1 accuracies).
+Too wide to tell (review 13b A2: "at chance" from 4 examples, CI [-0.7, 3.3], while 16 of the same run were at 2.54
+[0.82, 4.25]): where the interval contains chance but the mean clears the floor by at least UNDETERMINED_EFFECT = 0.5
+per-example standard deviations (Cohen's "medium"; with many examples such an interval would clear chance), the
+entry's "undetermined" is True and "at_chance" False: the findings say "cannot tell from n examples" and report
+the relative findings with that caveat rather than calling the model at chance.
 Below chance counts as at chance for the guard (no better than chance: relative findings are left
 out), but it is told apart: when the whole interval lies under chance the entry's "below_chance" is
 True and the reason says "below chance" (worse than guessing: the answers are systematically
@@ -61,6 +69,7 @@ ALPHA = 0.05
 FLOORS = {"logit_diff": 0.1, "logprob": math.log(2), "accuracy": 0.05}
 MIN_EFFECT_SIZE = 0.2  # (mean - chance) / sd below this: at chance
 MIN_SYSTEMATIC_EXAMPLES = 8  # fewer examples wholly below chance: not called systematic
+UNDETERMINED_EFFECT = 0.5  # a CI over chance with a mean this many sds above it (and over the floor): too wide to tell
 _WORDS = {"logit_diff": "logit difference", "logprob": "answer log-probability", "accuracy": "accuracy"}
 
 
@@ -132,6 +141,10 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
     if ci is not None and ci[1] < chance:
         at, reason = True, (f"below chance: {span}the mean {words} lies under {ref}; the model "
                             + ("prefers the wrong answers" if metric == "logit_diff" else "does worse than a uniform guess"))
+    elif ci is not None and ci[0] <= chance and mean - chance >= floor and effect is not None and effect >= UNDETERMINED_EFFECT:
+        at, reason = False, (f"cannot tell from {len(values)} examples: {span}the mean {words} {mean:.3g} contains {ref} "
+                             f"but also effects of {effect:.2f} per-example standard deviations and more: too wide to "
+                             "tell; relative findings are reported with that caveat")
     elif ci is not None and ci[0] <= chance:
         at, reason = True, f"{span}the mean {words} contains {ref}"
     elif mean - chance < floor:
@@ -146,7 +159,8 @@ def assess(values: Sequence[float] | np.ndarray | torch.Tensor, metric: str, *, 
         at, reason = False, f"{span}the mean {words} lies above {ref} by more than the noise"
     return {"at_chance": at, "below_chance": ci is not None and ci[1] < chance, "metric": metric, "mean": mean,
             "chance_value": float(chance), "ci": ci, "ci_level": 1 - alpha, "p_value": p, "effect_size": effect,
-            "floor": float(floor), "n_examples": int(len(values)), "reason": reason}
+            "floor": float(floor), "n_examples": int(len(values)), "reason": reason,
+            "undetermined": reason.startswith("cannot tell")}
 
 
 def copy_task(entry: dict[str, Any] | None, *, outputs: int, gold: int, copied: int | None,
@@ -218,7 +232,8 @@ def assess_mean(mean: float, metric: str, *, n_examples: int | None = None, chan
     near = "below" if mean < chance else f"less than {floor:.3g} above" if at else f"at least {floor:.3g} above"
     reason = (f"the mean {words} {mean:.3g} is {near} chance ({chance:.3g}) "
               "(from the summary's mean; no per-example values, no CI)")
-    return {"at_chance": at, "below_chance": mean < chance - floor, "metric": metric, "mean": mean,
+    below = mean < chance - floor and metric != "logprob"  # log(1/V) is no floor for one model's answers (Jensen)
+    return {"at_chance": at, "below_chance": below, "metric": metric, "mean": mean,
             "chance_value": float(chance), "ci": None,
             "ci_level": None, "p_value": None, "effect_size": None, "floor": float(floor), "n_examples": n_examples,
             "reason": reason}
@@ -228,14 +243,23 @@ def clean_values(model, task: Task, metric: str | None = None, *, max_bytes: int
     """Per-example clean metric values of `task` on the unmodified model ([batch] float64 on the CPU)
     and the vocabulary size of its logits: plain forwards, in chunks of rows whose logits fit in
     `max_bytes`, each row read at its answer position (Task.answer_positions). Decoder metrics only."""
-    from headscope.analyses.core.metrics import task_metric
+    values, vocab, _ = _clean_pass(model, task, metric, max_bytes=max_bytes)
+    return values, vocab
+
+
+def _clean_pass(model, task: Task, metric: str | None = None, *,
+                max_bytes: int = 1 << 28) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """clean_values and, for "logprob", each row's own chance from the same forward: the model's mean
+    log-probability over the vocabulary at the answer positions, summed over the answer's tokens ([batch]
+    float64; metrics.vocab_mean_logprob); None for other metrics."""
+    from headscope.analyses.core.metrics import task_metric, vocab_mean_logprob
 
     kind = metric or task.metric
     n, n_pos = task.tokens.shape
     vocab = int(model.facts.d_vocab)
     rows = max(1, int(max_bytes // max(1, n_pos * vocab * 4)))
     where, k = task.answer_positions(), task.n_answer_tokens
-    out = []
+    out, own = [], []
     with torch.inference_mode():
         for start in range(0, n, rows):
             part = replace(task.rows(slice(start, start + rows)), metric=kind)
@@ -247,7 +271,9 @@ def clean_values(model, task: Task, metric: str | None = None, *, max_bytes: int
                 last = logits[:, -k:].float()  # [rows, k, vocab]
             vocab = int(logits.shape[-1])
             out.append(task_metric(part, kind=kind)(last).double().cpu())
-    return torch.cat(out), vocab
+            if kind == "logprob":
+                own.append(vocab_mean_logprob(last, part.answer_tokens.to(last.device)).double().cpu())
+    return torch.cat(out), vocab, (torch.cat(own) if own else None)
 
 
 def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean: float | None = None,
@@ -263,13 +289,16 @@ def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean
         return None
     if kind == "logit_diff" and task.wrong_answers is None:
         return None
-    values, vocab = clean_values(model, task, kind)
+    values, vocab, own = _clean_pass(model, task, kind)
     mean = float(values.mean())
     tolerance = max(tolerance, 16 * torch.finfo(model.dtype).eps)  # half precision: the analyses' fused passes round more
     tokens = 1.0 if task.continuation is None else float((task.continuation >= 0).sum(1).double().mean())
     if expected_mean is not None and abs(mean - expected_mean) > tolerance * max(1.0, abs(expected_mean)):
         out = assess_mean(expected_mean, kind, n_examples=len(task), vocab_size=vocab)
         return with_basis(out, task=task.name, vocab_size=vocab, answer_tokens=tokens if kind == "logprob" else None)
+    if own is not None:  # a log-probability: against the model's own every-token mean at the same positions
+        return with_basis(against_vocabulary_mean(values, own, task, vocab), task=task.name, vocab_size=vocab,
+                          answer_tokens=tokens)
     if task.continuation is not None:  # a whole continuation: chance is each token's chance, multiplied
         return with_basis(_continuation_on_task(values, task, kind, vocab), task=task.name, vocab_size=vocab,
                           answer_tokens=tokens)
@@ -323,6 +352,25 @@ def _continuation_on_task(values: torch.Tensor, task: Task, kind: str, vocab: in
     if kind == "logprob":
         return assess_per_row(values, -lengths * math.log(vocab), kind, tokens=lengths)
     return assess(values, kind, chance=float((vocab ** -lengths).mean()))
+
+
+def against_vocabulary_mean(values: torch.Tensor, own: torch.Tensor, task: Task, vocab: int) -> dict[str, Any] | None:
+    """The guard of an answer log-probability (review 13a A2): each row against its own chance, the model's mean
+    log-probability over the vocabulary at the answer positions summed over the answer's k tokens (`own`), per
+    answer token (assess_per_row). log(1/V) is not chance here: by Jensen every token of a model with uneven
+    logits averages below it, so a random model's answers were "below chance ... dispreferred" whenever n was
+    large enough. Adds "chance_from": "vocabulary_mean" and "uniform_chance" (the rows' mean k log(1/V), for
+    reference)."""
+    lengths = (torch.ones(len(values), dtype=torch.float64) if task.continuation is None
+               else (task.continuation >= 0).sum(1).double())  # [batch]
+    out = assess_per_row(values, own, "logprob", tokens=lengths)
+    if out is None:
+        return None
+    if out["below_chance"]:
+        out["reason"] = out["reason"].replace("does worse than a uniform guess",
+                                              "gives the answers less than its own average vocabulary token")
+    out.update(chance_from="vocabulary_mean", uniform_chance=float((-lengths * math.log(vocab)).mean()))
+    return out
 
 
 def assess_per_row(values: Sequence[float] | np.ndarray | torch.Tensor, chances: Sequence[float] | np.ndarray | torch.Tensor,

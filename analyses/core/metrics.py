@@ -98,6 +98,16 @@ def answer_logprob_per_token(logits: torch.Tensor, answers: torch.Tensor) -> tor
     return lp.masked_fill(~real, 0.0)
 
 
+def vocab_mean_logprob(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """[batch, pos, vocab] -> [batch]: the model's mean log-probability over its whole vocabulary at each answer
+    position, summed over the answer's tokens (answer_logprob's positions). The chance line of a log-probability:
+    by Jensen (E log p <= log E p = log 1/V) every token of a model with uneven logits averages below log(1/V), so an
+    answer is dispreferred only where it falls below this, not below log(1/V) (review 13a A2)."""
+    last, _, real = _read(logits, answers)
+    lp = last.log_softmax(-1, dtype=torch.promote_types(last.dtype, torch.float32))  # [batch, k, vocab]
+    return lp.mean(-1).masked_fill(~real, 0.0).sum(1)
+
+
 def accuracy(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     """[batch, pos, vocab] -> [batch] of 0.0/1.0: is the answer the argmax at the last position (for a
     continuation [batch, k]: is every token of it the argmax, i.e. would greedy decoding produce it)."""

@@ -139,9 +139,10 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
 
 def span_chance(task: Task, vocab: int) -> float | None:
     """The chance value a log-probability's pruning tolerance is measured from (pruning.tolerance_band): each row's
-    k log(1/vocab) for its k answer tokens, averaged over the rows (the chance record's chance_value,
-    analyses/core/chance.py); None for other metrics (a logit difference's chance is its own zero, accuracy and
-    cosine keep their own scale)."""
+    k log(1/vocab) for its k answer tokens, averaged over the rows (the chance record's uniform_chance,
+    analyses/core/chance.py; a fixed scale for the tolerance, not the guard's verdict, which sets each answer
+    against the model's own every-token mean since review 13a A2); None for other metrics (a logit difference's
+    chance is its own zero, accuracy and cosine keep their own scale)."""
     if task.metric != "logprob":
         return None
     k = 1.0 if task.continuation is None else float((task.continuation >= 0).sum(1).double().mean())

@@ -22,8 +22,9 @@ The tolerance (`tolerance_band`): a point counts while it stays no more than `to
 unpruned metric. The scale is |unpruned| (logit difference, accuracy, cosine: their zero is a real scale, and a logit
 difference's chance is that zero), except for a log-probability, whose zero is its ceiling: a model that solves the
 task scores about -0.007, and 1% of that (0.00007 nats) is rounding (review 11b A6). Its scale is the span from
-chance to unpruned, |unpruned - chance| (chance: the rows' k log(1/vocab) averaged, Scorer.chance), whichever of the
-two is larger. The count, its bootstrap interval, the line record, the curve shapes, the figure's band and compare
+chance to unpruned, |unpruned - chance| (chance: the rows' k log(1/vocab) averaged, Scorer.chance: the uniform guess as a
+fixed scale, the chance record's uniform_chance, not the guard's own-token baseline), whichever of the two is larger.
+The count, its bootstrap interval, the line record, the curve shapes, the figure's band and compare
 all take it from here; the summary's `pruning_tolerance` records it in the metric's units.
 
 How many heads can go is a count with an uncertainty: `pruning_curves(per_example=True)` keeps each

@@ -1127,3 +1127,36 @@ def test_loo_metric_follows_the_logit_difference_when_any_example_is_saturated()
     assert loo_metric(decoder, "logit_diff", saturation([0.98, 0.7, 0.6, 0.5])) == "tvd"  # none at p >= 0.99
     assert loo_metric(decoder, "logprob", saturation([0.9999] * 4)) == "tvd"  # a log-probability is as blind
     assert loo_metric(encoder, "logit_diff", None) == "1-cosine"
+
+
+def test_encoder_saliency_is_taken_against_the_embedding_layers_output_and_says_so(tiny_bert):
+    """Review 13c C6: the MiniLM page did not say what saliency differentiates with respect to. Plain HF: the gradient
+    of the cosine of the pooled embedding with the partner's, with respect to BertEmbeddings' output (word + position +
+    token-type, after its LayerNorm), has per-token norms proportional to token_scores' saliency (the norm with respect
+    to the word embeddings alone does not); the summary, the finding and the provenance line say which input it is."""
+    from transformers import BertModel
+
+    from headscope.analyses.attribution.analysis import reads
+    from headscope.reports.findings import finding
+
+    path, model = tiny_bert
+    task = sentence_task(model, ["w1 w2 w3 w4 w5", "w6 w7 w8 w9 w10"])
+    res = attribution(model, task, progress=False, n_steps=4, ig_max_steps=4, n_permutations=2, adversarial_steps=0)
+    hf = BertModel.from_pretrained(path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        partner = hf(task.tokens[1:2]).last_hidden_state[0].mean(0)  # example 0's partner: the next sentence
+    ids = task.tokens[0:1]
+    words = hf.embeddings.word_embeddings(ids).detach().requires_grad_(True)  # [1, pos, d]
+    full = hf.embeddings(inputs_embeds=words)  # [1, pos, d]: + position + token type, LayerNorm
+    full.retain_grad()
+    out = hf.encoder(full).last_hidden_state[0].mean(0)
+    torch.nn.functional.cosine_similarity(out, partner, dim=0).backward()
+    got = res.tables["token_scores"].query("example == 0 and method == 'saliency'").sort_values("position")
+    ours = got.score.to_numpy()
+    for grad, same in ((full.grad[0].norm(dim=-1).numpy(), True), (words.grad[0].norm(dim=-1).numpy(), False)):
+        ratio = ours / grad
+        assert bool(np.ptp(ratio) / ratio.mean() < 1e-4) is same
+    wrt = "the embedding layer's output at each token (word + position + token-type embeddings, after the embedding LayerNorm"
+    assert res.summary["gradient_input"].startswith(wrt)
+    assert f"with respect to {wrt}" in finding("attribution", res.summary)
+    assert "with respect to the embedding layer's output" in reads(model).metric

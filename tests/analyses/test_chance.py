@@ -334,7 +334,9 @@ def test_a_random_model_is_at_chance_and_its_findings_drop_relative_thresholds(a
     assert "within 1%" not in text and "within tolerance" not in text
     kv = hs.run_analysis("kv", model, None, config_class("kv").preset(quick=True))
     assert kv.summary["chance"]["at_chance"] is True and kv.summary["chance"]["metric"] == "logprob"
-    assert kv.summary["chance"]["chance_value"] == pytest.approx(-math.log(model.facts.d_vocab))
+    assert kv.summary["chance"]["chance_from"] == "vocabulary_mean"  # not log(1/V) (review 13a A2)
+    assert kv.summary["chance"]["uniform_chance"] == pytest.approx(-math.log(model.facts.d_vocab))
+    assert kv.summary["chance"]["chance_value"] < kv.summary["chance"]["uniform_chance"]  # Jensen
     assert "within 1%" not in finding("kv", kv.summary)
 
 
@@ -452,3 +454,81 @@ def test_below_chance_accuracy_is_said_once():
     text = finding("position", {"chance": entry})
     assert "below chance on task facts" in text and "it scores under a uniform guess, so its answers are " \
            "systematically dispreferred" in text and "worse than guessing" not in text, text
+
+
+# ---- review 13a A2: a log-probability's chance is the model's own every-token mean, not log(1/V) ---------------
+def test_answers_below_log_one_over_v_but_at_the_models_own_token_mean_are_not_below_chance():
+    """Hand-built: 16 answers each 0.4-0.6 nats under log(1/100) (the old rule: "below chance ... dispreferred"),
+    but each within noise of the model's own mean log-probability over the vocabulary at that position (by Jensen
+    every token of an uneven model averages below log(1/V)). Against its own mean the model is at chance, not below."""
+    own = -math.log(100) - np.linspace(0.4, 0.6, 16)  # [rows]: each position's every-token mean
+    answers = own + np.tile([0.05, -0.05], 8)  # [rows]: no nearer to or further from it than noise
+    task = SimpleNamespace(continuation=None)
+    old = chance.assess(answers, "logprob", vocab_size=100)
+    assert old["below_chance"] is True  # the log(1/V) rule's verdict
+    entry = chance.against_vocabulary_mean(torch.tensor(answers), torch.tensor(own), task, 100)
+    assert entry["at_chance"] is True and entry["below_chance"] is False
+    assert entry["chance_value"] == pytest.approx(own.mean()) and entry["uniform_chance"] == pytest.approx(-math.log(100))
+    assert entry["margin"]["ci"] == pytest.approx(_scipy_ci(answers - own))
+    text = finding("kv", {"metric": "logprob", "metric_unevicted": float(answers.mean()), "chance": {**entry, "vocab_size": 100}})
+    assert "dispreferred" not in text and "own mean log-probability over its vocabulary" in text
+
+
+def test_an_older_below_log_one_over_v_entry_is_not_read_as_dispreferred():
+    entry = {**chance.assess(-math.log(100) - np.linspace(0.4, 0.6, 16), "logprob", vocab_size=100), "vocab_size": 100}
+    text = finding("kv", {"metric": "logprob", "metric_unevicted": -5.1, "chance": entry})
+    assert "dispreferred" not in text.replace("does not show that the answers are dispreferred", "")
+    assert "Jensen" in text and "relative findings are not reported" in text
+    assert chance.assess_mean(-5.1, "logprob", vocab_size=100)["below_chance"] is False
+
+
+def test_a_logprob_tasks_own_chance_matches_plain_hugging_face(arch_models, hf_of):
+    """model_on_task on a log-probability task: each row's chance is plain HF's mean log-softmax over the vocabulary
+    at the answer position, and the margin's interval is scipy's over answer minus that mean."""
+    model, hf = arch_models("gpt2"), hf_of("gpt2")
+    task = sentence_task(model, n_examples=6)
+    assert task.metric == "logprob"
+    entry = chance.model_on_task(model, task)
+    ans, own = [], []
+    with torch.no_grad():
+        for i in range(len(task)):
+            lp = hf(task.example(i).tokens).logits[0, -1].double().log_softmax(-1)  # [vocab]
+            ans.append(float(lp[int(task.answers[i])]))
+            own.append(float(lp.mean()))
+    ans, own = np.array(ans), np.array(own)
+    assert entry["chance_from"] == "vocabulary_mean" and entry["chance_value"] == pytest.approx(own.mean(), abs=1e-4)
+    assert own.mean() < -math.log(model.facts.d_vocab)  # Jensen, on a real (random) model
+    assert entry["margin"]["mean"] == pytest.approx((ans - own).mean(), abs=1e-4)
+    assert entry["margin"]["ci"] == pytest.approx(_scipy_ci(ans - own), abs=1e-4)
+
+
+# ---- review 13b A2: an interval too wide to tell is not "at chance" -------------------------------------------------
+WIDE = [0.2, 2.9, -0.1, 2.2]  # 4 examples: mean 1.3, sd 1.48 (0.88 sds above 0), t interval about [-1.05, 3.65]
+
+
+def test_four_examples_whose_interval_is_too_wide_to_tell_are_not_called_at_chance():
+    """Hand-built like review 13b A2 (the attribution section's 4 examples, mean 1.3, CI [-0.7, 3.3], were "at chance"
+    while 16 of the same run were at 2.54 [0.82, 4.25]): the interval contains 0, but the mean clears the floor by 0.88
+    per-example sds, so the guard cannot tell; a mean near 0 (or a small effect) stays at chance."""
+    lo, hi = _scipy_ci(WIDE)
+    assert lo < 0 < hi
+    out = chance.assess(WIDE, "logit_diff")
+    assert out["undetermined"] is True and out["at_chance"] is False and out["below_chance"] is False
+    assert out["ci"] == pytest.approx([lo, hi]) and out["reason"].startswith("cannot tell from 4 examples")
+    assert chance.assess([0.3, -0.4, 0.5, -0.2], "logit_diff")["undetermined"] is False  # mean 0.05: under the floor
+    small = chance.assess([2.0, -1.5, 3.0, -1.0, 0.5], "logit_diff")  # 0.31 sds: drowned in noise, at chance
+    assert small["at_chance"] is True and small["undetermined"] is False
+    tight = chance.assess(np.tile(WIDE, 8), "logit_diff")  # the same spread over 32 examples: clearly above chance
+    assert tight["at_chance"] is False and tight["undetermined"] is False
+
+
+def test_the_findings_report_taus_with_the_caveat_instead_of_withholding_them():
+    entry = {**chance.assess(WIDE, "logit_diff"), "task": "recall"}
+    s = {"n_examples": 4, "metric": "logit_diff", "chance": entry,
+         "mean_tau_attention_saliency": 0.48, "std_tau_attention_saliency": 0.1, "n_tau_attention_saliency": 4}
+    text = finding("attribution", s)
+    assert text.startswith("On its 4 examples the logit difference (1.3, 95% CI [")
+    assert "cannot be told from chance (0) on task recall: the interval is too wide to tell either way" in text
+    assert "The model is at chance" not in text and "0.48" in text  # the tau is reported, not withheld
+    withheld = finding("attribution", {**s, "chance": {**entry, "at_chance": True, "undetermined": False}})
+    assert "0.48" not in withheld and "at chance on task recall" in withheld

@@ -15,6 +15,7 @@ import math
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -60,13 +61,14 @@ def continuation_task(arch_models):
     return functools.cache(build)
 
 
-def _hf_logprob(hf, prompt_ids: list[int], answer: list[int], edit=None) -> torch.Tensor:
-    """Plain HF on prompt + whole answer, unpadded: the sum of each answer token's log-probability."""
+def _hf_logprob(hf, prompt_ids: list[int], answer: list[int], edit=None, own: bool = False) -> torch.Tensor:
+    """Plain HF on prompt + whole answer, unpadded: the sum of each answer token's log-probability (own: of the
+    mean log-probability over the vocabulary at each answer position)."""
     ids = torch.tensor([prompt_ids + answer])
     with torch.no_grad(), hf_z_edit(hf, edit) if edit else contextlib.nullcontext():
         logp = hf(ids).logits[0].double().log_softmax(-1)  # [pos, vocab]
     start = len(prompt_ids) - 1
-    return sum(logp[start + j, a] for j, a in enumerate(answer))
+    return sum(logp[start + j].mean() if own else logp[start + j, a] for j, a in enumerate(answer))
 
 
 def _prompt_ids(model, text: str) -> list[int]:
@@ -298,27 +300,33 @@ def test_an_encoder_refuses_an_answer_of_several_tokens(arch_models):
 
 
 def test_the_chance_guard_counts_each_token_of_a_continuation(arch_models, hf_of, continuation_task):
-    """Chance for a k-token continuation is k log(1/V); the reported mean is HF's mean."""
+    """Chance for a k-token continuation is the model's own mean log-probability over the vocabulary at its k
+    positions, summed (review 13a A2: not k log(1/V), under which every token of an uneven model falls); the
+    reported mean is HF's mean."""
     model, hf = arch_models("gpt2"), hf_of("gpt2")
     rows, task = continuation_task("gpt2")
     found = chance.model_on_task(model, task)
     lengths = [len(_answer_ids(model, r)) for r in rows]
     vocab = hf.config.vocab_size
-    assert found["chance_value"] == pytest.approx(-sum(lengths) / len(lengths) * math.log(vocab))
+    own = [float(_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r), own=True)) for r in rows]
+    assert found["chance_from"] == "vocabulary_mean" and found["chance_value"] == pytest.approx(np.mean(own), abs=1e-3)
+    assert found["uniform_chance"] == pytest.approx(-sum(lengths) / len(lengths) * math.log(vocab))
     # what the findings' chance sentence names: the task, its mean answer length and the vocabulary
     assert found["task"] == task.name and found["vocab_size"] == vocab
     assert found["answer_tokens"] == pytest.approx(sum(lengths) / len(lengths))
-    # review 11b A6: the heads pruning tolerance's chance is the same per-row chance, averaged
+    # review 11b A6: the heads pruning tolerance's scale is the uniform guess, the chance record's uniform_chance
     from headscope.analyses.heads.importance import make_scorer
 
     assert make_scorer(model, task).chance == pytest.approx(-sum(lengths) / len(lengths) * math.log(vocab))
     want = torch.stack([_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r)) for r in rows])
     assert found["mean"] == pytest.approx(float(want.mean()), abs=1e-3)
     # review 11b A1: the interval is the metric's own (scipy's t interval of HF's per-row values), and each row is
-    # set against its own chance, k log(1/V)
+    # set against its own chance, per answer token
     ci = stats.ttest_1samp(want.double().numpy(), 0.0).confidence_interval(0.95)
     assert found["ci"] == pytest.approx([ci.low, ci.high], abs=1e-3)
-    assert found["chance_range"] == pytest.approx([-max(lengths) * math.log(vocab), -min(lengths) * math.log(vocab)])
+    assert found["chance_range"] == pytest.approx([min(own), max(own)], abs=1e-3)
+    per_token = (want.double().numpy() - np.array(own)) / np.array(lengths)
+    assert found["margin"]["mean"] == pytest.approx(per_token.mean(), abs=1e-3)
     assert found["margin"]["n"] == len(rows) and found["answer_tokens_range"] == [min(lengths), max(lengths)]
 
 

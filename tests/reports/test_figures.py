@@ -2682,3 +2682,51 @@ def test_dla_per_expert_of_many_experts_is_one_zero_centred_map_with_the_shared_
         assert "n = 32" in ax.get_title() and fig.get_size_inches()[0] <= 40
     finally:
         plt.close("all")
+
+
+def _attribution_result(chance_entry):
+    """A hand-built attribution Result of 4 examples whose rollout/saliency taus sit clear of 0 (review 13b B1)."""
+    from headscope.analyses.core.result import Result
+
+    taus = [0.4, 0.5, 0.45, 0.55]
+    df = pd.DataFrame([{"example": e, "attention": a, "method": "saliency", "tau": t}
+                       for a in ("last_layer", "rollout") for e, t in enumerate(taus)])
+    tokens = ["<bos>", "a", "b", "c", "?"]
+    scores = pd.DataFrame([{"example": 0, "position": p, "token": tokens[p], "method": m, "layer": None, "head": None,
+                            "score": 1 / 3} for m in ("last_layer", "saliency") for p in (1, 2, 3)])
+    perm = pd.DataFrame({"example": range(4), "max_attention": [0.3, 0.4, 0.5, 0.6], "median_change": [0.1, 0.2, 0.1, 0.3],
+                         "layer": 1})
+    summary = {"n_examples": 4, "metric": "logit_diff", "output_change": "tvd", "chance": chance_entry}
+    return Result(name="attribution", df=df, summary=summary, tables={"scores": scores, "permutation": perm})
+
+
+def test_attribution_figures_say_when_the_finding_withholds_what_they_draw():
+    """Review 13b B1: at chance the finding withholds the taus, but tau.png drew them with intervals clear of 0 and
+    the captions said nothing. Now every attribution figure's title says "not read" (greyed) and its caption why;
+    where the guard cannot tell (too few examples) they say "read with a caveat"; a clear run says neither."""
+    from headscope.reports.plots_attribution import MUTED, figures
+
+    at = {"at_chance": True, "below_chance": False, "metric": "logit_diff", "mean": 0.02, "chance_value": 0.0,
+          "ci": [-0.3, 0.34], "n_examples": 4, "task": "recall"}
+    wide = {**at, "at_chance": False, "undetermined": True, "mean": 1.3, "ci": [-0.735, 3.34]}
+    clear = {**at, "at_chance": False, "mean": 2.5, "ci": [0.8, 4.2]}
+    try:
+        for entry, said in ((at, "not read: the finding withholds these (model at chance on task recall, 4 examples)"),
+                            (wide, "read with a caveat: 4 examples cannot tell the model from chance on task recall"),
+                            (clear, None)):
+            result = _attribution_result(entry)
+            drawn = figures(result)
+            assert set(drawn) == {"tau", "token_heatmap", "permutation"}
+            for stem, fig in drawn.items():
+                title = fig.axes[0].get_title()
+                text = caption(stem, result.summary)
+                if said is None:
+                    assert "not read" not in title.lower() and "caveat" not in title and "Not read" not in text
+                    continue
+                assert said in title, (stem, title)
+                assert text.startswith("Not read: the finding withholds" if entry is at else "Read with a caveat")
+                if entry is at:
+                    assert fig.axes[0].title.get_color() == MUTED
+                    assert "intervals clear of 0 here are not findings" in text
+    finally:
+        plt.close("all")

@@ -679,8 +679,12 @@ def test_an_interval_wholly_below_chance_is_called_below_chance_and_says_what_it
     assert "at chance" not in text
     lp = {"at_chance": True, "below_chance": True, "metric": "logprob", "mean": -9.0, "chance_value": -6.2146,
           "ci": [-9.5, -8.5], "ci_level": 0.95, "task": "kv", "vocab_size": 500, "answer_tokens": 1.0}
-    text = finding("kv", {"metric_unevicted": -9.0, "chance": lp})
-    assert "below chance on task kv" in text and "less probability than a uniform guess" in text
+    text = finding("kv", {"metric_unevicted": -9.0, "chance": lp})  # an older entry, against log(1/V): Jensen
+    assert "below chance on task kv" in text and "at or below chance" in text and "Jensen" in text
+    assert "systematically dispreferred" not in text
+    own = {**lp, "chance_from": "vocabulary_mean"}  # against the model's own every-token mean (review 13a A2)
+    text = finding("kv", {"metric_unevicted": -9.0, "chance": own})
+    assert "below chance on task kv" in text and "less log-probability than its own average vocabulary token" in text
     assert "systematically dispreferred" in text and "at chance" not in text
     straddle = {**lp, "below_chance": False, "ci": [-7.0, -5.5]}  # the CI contains chance: at chance, not below
     assert finding("kv", {"metric_unevicted": -6.3, "chance": straddle}).startswith("The model is at chance on task kv")
@@ -699,7 +703,8 @@ def test_below_chance_on_shipped_sentences_off_distribution_claims_no_preference
         assert (": below chance on text its tokenizer splits into 3.9 tokens a word: not evidence of a preference; "
                 "relative findings are not reported. The shipped sentences are split into 3.9 tokens" in text), text
         assert "systematically" not in text and "less probability than a uniform guess" not in text
-    on = finding("kv", {"metric_unevicted": -9.21, "chance": lp, "shipped_text": {**fit, "off_distribution": False}})
+    on = finding("kv", {"metric_unevicted": -9.21, "chance": {**lp, "chance_from": "vocabulary_mean"},
+                        "shipped_text": {**fit, "off_distribution": False}})
     assert "systematically dispreferred" in on
 
 
@@ -2828,3 +2833,42 @@ def test_kv_says_nothing_of_windows_that_no_prompt_reaches():
     assert "on sliding-window layer 0 over the queries whose window holds the first token" in text, text
     assert ("Sliding-window layers: layer(s) 0 slide over a window of 16 keys and hold at most 15 past positions "
             "whatever the budget. A budget") in text and "so from budget 15 on they evict only from layer(s) 1, 2" in text
+
+
+def test_a_section_that_cannot_tell_names_the_same_runs_larger_sample_of_its_task():
+    """Review 13b A2: attribution's 4 examples (1.3, CI [-0.735, 3.34]) cannot tell; the same report's heads section
+    measured 16 of the same task at 2.54 [0.824, 4.25]. The sentence names that larger sample; samples of another task,
+    another metric, fewer examples or themselves undetermined are not used."""
+    from headscope.reports.findings import larger_sample_sentence
+
+    wide = {"undetermined": True, "at_chance": False, "metric": "logit_diff", "mean": 1.3, "ci": [-0.735, 3.34],
+            "n_examples": 4, "task": "recall"}
+    heads = {"at_chance": False, "metric": "logit_diff", "mean": 2.54, "ci": [0.824, 4.25], "n_examples": 16,
+             "task": "recall"}
+    others = {"heads": {"chance": heads}, "patching": {"chance": {**heads, "n_examples": 4, "mean": 3.6}},
+              "kv": {"chance": {**heads, "n_examples": 64, "task": "kv"}},
+              "mlp": {"chance": {**heads, "n_examples": 32, "metric": "logprob"}}}
+    assert larger_sample_sentence(wide, others) == ("The heads section's 16 examples of the same task are above chance "
+                                                    "(logit difference 2.54, 95% CI [0.824, 4.25]).")
+    at = {"heads": {"chance": {**heads, "at_chance": True, "mean": 0.02, "ci": [-0.3, 0.34]}}}
+    assert larger_sample_sentence(wide, at).endswith("are at chance (logit difference 0.02, 95% CI [-0.3, 0.34]).")
+    assert larger_sample_sentence({**wide, "undetermined": False}, others) == ""
+    assert larger_sample_sentence(wide, {"patching": others["patching"], "kv": others["kv"]}) == ""
+
+
+def test_the_report_section_that_cannot_tell_cites_the_same_runs_larger_sample(tmp_path):
+    from headscope.reports import io as report_io
+    from headscope.reports.html_report import _section
+
+    wide = {"undetermined": True, "at_chance": False, "metric": "logit_diff", "mean": 1.3, "ci": [-0.735, 3.34],
+            "n_examples": 4, "task": "recall"}
+    for name, entry in (("attribution", wide), ("heads", {**wide, "undetermined": False, "n_examples": 16,
+                                                          "mean": 2.54, "ci": [0.824, 4.25]})):
+        (tmp_path / name).mkdir()
+        report_io.write_json(tmp_path / name / "summary.json", {"n_examples": entry["n_examples"], "chance": entry,
+                                                                "mean_tau_attention_saliency": 0.48,
+                                                                "std_tau_attention_saliency": 0.1})
+    _, md, headline = _section(tmp_path, "attribution", "ok")
+    assert headline.startswith("On its 4 examples the logit difference (1.3, 95% CI [-0.735, 3.34]) cannot be told")
+    assert ("read with that caveat. The heads section's 16 examples of the same task are above chance (logit "
+            "difference 2.54, 95% CI [0.824, 4.25]).") in headline
