@@ -337,15 +337,45 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     for lam, kept, value in zip(sweep["lambda"], sweep["heads_kept"], sweep["metric_binary"]):
         points.setdefault((float(kept), round(float(value), 4)), []).append(float(lam))
     x0, x1 = ax.get_xlim()
+    labels = []
     for (kept, value), lams in sorted(points.items()):
         # review 12b B3: a label of the right half reads leftwards and above, off the legend; one of the left half
         # rightwards and below, so neighbours from either half sit on opposite sides of their points
         right = kept > (x0 + x1) / 2
-        ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, value), textcoords="offset points",
-                    xytext=(-6 if right else 6, 8 if right else -12), ha="right" if right else "left",
-                    fontsize="x-small", annotation_clip=True)
+        labels.append(ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, value), textcoords="offset points",
+                                  xytext=(-6 if right else 6, 8 if right else -12), ha="right" if right else "left",
+                                  fontsize="x-small", annotation_clip=True))
     ax.margins(y=0.12)  # room for the labels above the top point and below the lowest
-    return _finish(ax, metric, baseline, "heads kept", "L0 head pruning" + _l0_sample(sweep, n), tolerance)
+    _finish(ax, metric, baseline, "heads kept", "L0 head pruning" + _l0_sample(sweep, n), tolerance)
+    _stack_labels(ax, labels)
+    return ax
+
+
+def _stack_labels(ax: Any, labels: list[Any]) -> None:
+    """Labels of points at one head count closer than a label's height would print over each other (review 13c
+    B1: lambda=0.1 at 22.03 and lambda=0.03 at 21.92, 12 heads): each is moved away from its point's side (above
+    for a label above its point, below for one below) until it clears the previous one, in the axes' final
+    limits (a label's height as points of the figure; 1.6 x the font size leaves room for a tighter layout)."""
+    lo, hi = ax.get_ylim()
+    tall = ax.figure.get_figheight() * 72 * ax.get_position().height  # the axes' height in points
+    if hi <= lo or tall <= 0:
+        return
+    by_x: dict[float, list[Any]] = {}
+    for text in labels:
+        by_x.setdefault(float(text.xy[0]), []).append(text)
+    for group in by_x.values():
+        up = [t for t in group if t.xyann[1] > 0]  # labels above their points: stacked upwards from the lowest
+        down = [t for t in group if t.xyann[1] <= 0]  # below theirs: stacked downwards from the highest
+        for side, sign in ((up, 1.0), (down, -1.0)):
+            side.sort(key=lambda t: sign * float(t.xy[1]))
+            last = None
+            for text in side:
+                gap = 1.6 * text.get_fontsize()  # points
+                at = (float(text.xy[1]) - lo) / (hi - lo) * tall + text.xyann[1]  # the label's baseline, in points
+                if last is not None and sign * (at - last) < gap:
+                    text.xyann = (text.xyann[0], text.xyann[1] + sign * gap - (at - last))
+                    at = last + sign * gap
+                last = at
 
 
 def _l0_sample(sweep: pd.DataFrame, n: int | None) -> str:
