@@ -28,7 +28,8 @@ rounding_floor_<method> with rounding_floor_source ({method: "measured" or "anal
 floor each method's checks use, for ablation measured by null ablations (rounding.py) / degenerate_<method> /
 tied_top_heads_<method> with tied_top_groups_<method> (`numerical_checks`: importance that is rounding at the model's
 dtype, or top heads that tie, is said so and not ranked) / tied_first_pruned_moves_<method> (`tie_reach`: whether
-a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows).
+a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows);
+sink_token: every prompt's first token where they share one (roles.sink_token), what the sink role attends to.
 redundant_layers (pruning.layer_redundancy, with the best head table): the layers whose joint removal
 costs much while each head alone, ablated or kept, moves the metric little.
 """
@@ -77,7 +78,7 @@ from headscope.analyses.heads.pruning import (
     pruning_curves,
     tolerance_record,
 )
-from headscope.analyses.heads.roles import head_roles, role_windows
+from headscope.analyses.heads.roles import head_roles, role_windows, sink_token
 from headscope.errors import ConfigError, InputTypeError
 
 IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
@@ -514,6 +515,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         for role in sorted(set(roles["role"]) - {"other"})
     }
     summary.update(role_windows(roles))
+    summary["sink_token"] = sink_token(model, scorer.tokens, scorer.attention_mask)  # what "first token" is here
     tables = {"curve": curves, "curve_examples": examples, "roles": roles, "importance_examples": per}
     if hc.best_head and raw:
         usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}

@@ -733,6 +733,26 @@ def test_last_position_gated_pass_with_replacements_equals_transformer_lens(fami
 
 
 # ---- roles ---------------------------------------------------------------------------------
+def test_sink_token_is_the_shared_first_real_token_by_the_tokenizers_own_name(tiny_models):
+    """Review 13b C2: the sink role's "first token" named: random_tokens starts every row with id 2, the word
+    tokenizer's special "<bos>" (tests_support.SPECIALS); left padding is skipped (the first real token);
+    rows whose first real tokens differ name none."""
+    from headscope.analyses.heads.roles import sink_token
+    from tests_support import left_padded_tokens
+
+    model = tiny_models["llama"]
+    tokens = random_tokens(3, 6, seed=1)  # [3, 6] each row <bos> then words
+    assert sink_token(model, tokens) == {"token": SPECIALS[2], "special": True} and SPECIALS[2] == "<bos>"
+    padded, mask = left_padded_tokens([6, 4, 5], seed=1)  # first real tokens: <bos>, then two random words
+    padded[1, 2], padded[2, 1] = 2, 2  # every row's first real token <bos> again, behind 2 and 1 pads
+    assert sink_token(model, padded, mask) == {"token": "<bos>", "special": True}
+    word = random_tokens(3, 6, seed=1)[:, 1:]  # rows start with random words
+    assert sink_token(model, word) is None
+    word[:, 0] = word[0, 0]  # one shared ordinary word
+    got = sink_token(model, word)
+    assert got["special"] is False and got["token"] == model.tokenizer.convert_ids_to_tokens([int(word[0, 0])])[0]
+
+
 def test_head_roles_equal_scores_from_hf_attentions(tiny_dirs, tiny_models):
     model, tokens = tiny_models["gpt2"], random_tokens(4, 10, seed=9)
     roles = head_roles(model, tokens, induction_length=6, n_induction=3, seed=1)
@@ -844,8 +864,13 @@ def test_run_quick_gives_every_output(tiny_models, quick_result):
     s = res.summary
     json.dumps(s)  # serialisable
     assert s["n_heads"] == 8 and s["n_layers"] == 2 and s["task"] == "repeat"
-    direct = pruned_metric(model, heads.repeated_tokens_task(model, 6, 0), [])
+    repeat = heads.repeated_tokens_task(model, 6, 0)
+    direct = pruned_metric(model, repeat, [])
     assert s["baseline_metric"] == pytest.approx(direct, abs=1e-5)
+    first = repeat.tokens[:, 0].unique()  # review 13b C2: the sink's first token, named where every prompt shares it
+    assert s["sink_token"] == (None if len(first) > 1 else {
+        "token": model.tokenizer.convert_ids_to_tokens([int(first[0])])[0],
+        "special": int(first[0]) in model.tokenizer.all_special_ids})
     for key in ("gradient", "ablation", "random"):
         assert 0.0 <= s[f"max_fraction_prunable_{key}"] <= 1.0
         ci = s[f"prunable_ci_{key}"]  # #34: the count with its bootstrap interval over the 6 examples
