@@ -271,7 +271,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
             # its own size: float32 reproduced a bfloat16 llama's 8 gate gradients within 2.3%, the order exactly);
             # it is the smallest first-order loss change one rounding step of the loss can show, so it is said so
             means = ("; it bounds the loss change removing a head predicts, which an ablation in this dtype could not "
-                     "resolve below it, not the gradients' own precision (a few eps of their own size)"
+                     "resolve below it, not the gradients' own precision (a few eps of the examples' largest gradient)"
                      if method == "gradient" else "")
             out[f"degenerate_{method}"] = (f"every head's |{method} importance| is below {peak:.2g}, under the numerical "
                                            f"floor {floor:.2g} ({how}{means}): no head "

@@ -174,8 +174,8 @@ def test_numerical_floor_flags_rounding_and_ties_hand_worked():
     # gradients' own precision (float32 reproduces bfloat16 gate gradients within a few %: a few eps of their size)
     assert ("under the numerical floor 0.078 (one rounding step of the loss it differentiates at this dtype; it bounds "
             "the loss change removing a head predicts, which an ablation in this dtype could not resolve below it, not "
-            "the gradients' own precision (a few eps of their own size)): no head measurably matters by this method, so "
-            "its ranking and pruning order are no evidence that any head matters") in zero["degenerate_gradient"]
+            "the gradients' own precision (a few eps of the examples' largest gradient)): no head measurably matters by "
+            "this method, so its ranking and pruning order are no evidence that any head matters") in zero["degenerate_gradient"]
     assert bf["rounding_floor_zero"] == bf["noise_floor"] == 2.0 ** -7 * 10
     assert bf["rounding_floor_source"] == {"gradient": "analytic", "zero": "analytic"}
     # a measured floor of 0.05 (null ablations, analyses/heads/rounding.py) replaces the ablation floor only:
