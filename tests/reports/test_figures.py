@@ -391,6 +391,29 @@ def test_head_importance_is_raw_and_diverging_about_zero_normalised_only_when_as
         plt.close("all")
 
 
+def test_ablation_cells_within_the_rounding_floor_read_approximately_zero_not_a_signed_cost():
+    """Review 13a C3 (out_t's bfloat16 zero-ablation drops; floor 1.57e-5 with four null gates): importance.png printed
+    "9.9e-06" for L2H3, a cost, where float32 says removing it helps (-1.86e-6). Cells within the summary's
+    rounding_floor_zero read "≈0" and the title says why; the others keep their values; gradients keep theirs."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots_heads import figures
+
+    zero = np.array([[9.5e-4, 1.57e-3, 6.86e-3], [1.0e-4, 1.87e-5, 9.93e-6]])  # [layer, head]
+    rows = [{"layer": l, "head": h, "method": m, "importance": v}
+            for m, grid in (("zero", zero), ("gradient", zero / 10)) for l in range(2) for h in range(3)
+            for v in [grid[l, h]]]
+    summary = {"metric": "logit_diff", "baseline_metric": -0.001, "rounding_floor_zero": 1.57e-5,
+               "rounding_floor_gradient": 1e-3}
+    try:
+        fig = figures(Result(name="heads", df=pd.DataFrame(rows), summary=summary, tables={}))["importance"]
+        grad, ablation = fig.axes[:2]  # the two heat maps (their colour bars follow)
+        assert [t.get_text() for t in ablation.texts] == ["0.00095", "0.0016", "0.0069", "0.0001", "1.9e-05", "≈0"]
+        assert "(≈0: within the rounding floor 1.6e-05)" in ablation.get_title()
+        assert "≈0" not in [t.get_text() for t in grad.texts] and "≈0" not in grad.get_title()
+    finally:
+        plt.close("all")
+
+
 def test_patching_sites_share_one_scale_and_say_their_own_max():
     from headscope.reports.plots_patching import figures as patching_figures
 
