@@ -93,10 +93,12 @@ def gradient_rounding(run: Run) -> float | None:
 
 
 def _gradient_floor(a: Run, b: Run) -> tuple[np.ndarray, str] | None:
-    """[layer, head] rounding of B - A of gradient importance, rel_A |g_A| + rel_B |g_B| (each run's gradients round
-    relative to their own size: bfloat16's step is |g| 2^-8, so an absolute floor at the loss's rounding mutes the
-    small gradients' real differences and leaves the large gradients' rounding coloured), with the rule in words;
-    None where neither run records its precision or a grid is missing."""
+    """[layer, head] rounding of B - A of gradient importance, with the rule in words: where both runs record
+    rounding_gradient_scale, the sum of their rounding_gradient (rel x E_x max_h |dL/d gate|: a head's mean gradient
+    rounds by a share of its examples' largest gradient, review 13a C2: 7.8 eps of L0H2's own size); for older
+    reports rel_A |g_A| + rel_B |g_B| (relative to each gradient's own size; an absolute floor at the loss's
+    rounding mutes the small gradients' real differences). None where neither run records its precision or a grid
+    is missing."""
     rels = [gradient_rounding(r) for r in (a, b)]
     grids = [_importance_grid(r) for r in (a, b)]
     if all(r is None for r in rels) or any(g is None or g[2] != "gradient" for g in grids):
@@ -104,6 +106,12 @@ def _gradient_floor(a: Run, b: Run) -> tuple[np.ndarray, str] | None:
     values = [np.abs(g[0].to_numpy(dtype=float)) for g in grids]  # [layer, head] each run's |importance|
     if values[0].shape != values[1].shape:
         return None
+    scales = [(r.summary("heads") or {}).get("rounding_gradient_scale") for r in (a, b)]
+    if all(_number(s) for s in scales):  # review 13a C2: each head rounds by a share of its examples' largest gradient
+        floor = sum((r or 0.0) * float(s) for r, s in zip(rels, scales)) * np.ones_like(values[0])
+        said = ", ".join(f"{side} {(r or 0.0) * float(s):.2g}" for side, r, s in zip(SIDES, rels, scales))
+        return floor, ("each run's gradient rounding, GRADIENT_TIE_STEPS eps x E_x max_h |dL/d gate| summed over "
+                       f"the two runs ({said})")
     floor = sum((r or 0.0) * v for r, v in zip(rels, values))
     said = ", ".join(f"{side} {r:.2g}" for side, r in zip(SIDES, rels) if r is not None)
     return floor, f"each head's rounding, rel_A |A| + rel_B |B| with rel the gradients' relative rounding ({said})"

@@ -209,6 +209,32 @@ def _tie_sentences(s: Mapping[str, Any]) -> list[str]:
     return [x for x in said if x]
 
 
+def _sink_words(s: Mapping[str, Any], roles: Mapping[str, Any], *, ranked: bool = True) -> str:
+    """Review 13b C2: what the sink heads attend to (the first token, named where every prompt shares it: `<bos>` on
+    Gemma, not the prompt's first word), and the sink heads that the importance methods also rank at the top, said
+    with both: a role is scored over every query, while importance is measured at the answer (ranked False: at
+    chance, where the top heads are noise, none are named)."""
+    sinks = [str(h) for h in roles.get("sink") or []]
+    if not sinks:
+        return ""
+    first = s.get("sink_token") if isinstance(s.get("sink_token"), Mapping) else None
+    what = "each prompt's first token"
+    if first and first.get("token"):
+        what += f", {first['token']!r} on every prompt" + (" (a special token)" if first.get("special") else "")
+    out = f" Sink heads put half or more of their attention, averaged over the queries, on {what}."
+    ranks: dict[str, list[str]] = {}
+    for method, words in FINDING_METHOD_WORDS.items() if ranked else ():
+        top = s.get(f"top_heads_{method}") or []
+        for head in sinks:
+            if head in top:
+                ranks.setdefault(head, []).append(f"{ordinal(top.index(head) + 1)} by {words}")
+    if ranks:
+        named = "; ".join(f"{h} ({', '.join(r)})" for h, r in ranks.items())
+        out += (f" Sink heads among the top heads by importance: {named}: a sink head can also carry the task at "
+                "the answer position, so the role is not all that head does here.")
+    return out
+
+
 FINDING_METHOD_WORDS = {"gradient": "gradient", "zero": "zero-ablation", "mean": "mean-ablation", "resample": "resample-ablation"}
 
 
@@ -342,7 +368,8 @@ def finding(s: Mapping[str, Any]) -> str:
                  for k, v in roles.items() if v]
         blind = set((windows or {}).get("induction_unmeasurable") or ())
         if found:
-            parts.append("Head roles: " + "; ".join(found) + ".")
+            parts.append("Head roles: " + "; ".join(found) + "."
+                         + _sink_words(s, roles, ranked=relative and not _at_chance(s, kind, base)))
         elif blind and len(blind) == s.get("n_layers"):  # review 9a A2: a role no head can pass is not an absence
             parts.append("No head passes the previous-token, positional or sink threshold (induction could not be "
                          "measured).")

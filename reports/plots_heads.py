@@ -56,7 +56,7 @@ def _metric_label(metric: str | None) -> str:
 
 def plot_importance(data: pd.DataFrame, *, method: str | None = None, metric: str | None = None,
                     baseline: float | None = None, degenerate: str | None = None, quiet: str | None = None,
-                    normalized: bool = False, ax: Any = None) -> Any:
+                    normalized: bool = False, floor: float | None = None, ax: Any = None) -> Any:
     """Heat map layer x head of one method's importance (`data`: the heads Result's df) in its own
     units: ablation effects, signed (below 0, removing the head helps), on a diverging map centred
     on 0 even when every value is >= 0; the gradient's |dL/d gate|, unsigned, on a sequential map from 0.
@@ -64,7 +64,9 @@ def plot_importance(data: pd.DataFrame, *, method: str | None = None, metric: st
     fixes the scale to the metric's own size, max(1, |baseline|), so rounding stays white; `quiet`
     (plots.quiet_reason: the model at chance) mutes the colours; both say so in the title.
     normalized=True shows each layer divided by its L2 norm instead, labelled so: it makes every
-    layer's largest head bright, however small, so it is an option, not the default."""
+    layer's largest head bright, however small, so it is an option, not the default. `floor` (an ablation
+    method's rounding_floor_<method>): cells within it are annotated "≈0", not a signed number (review 13a C3:
+    "9.9e-06" read as a cost where float32 says removing the head helps), and the title says so."""
     ax = axes(ax, (6, 4))
     method = method or ("gradient" if "gradient" in set(data["method"]) else data["method"].iloc[0])
     column = "importance_layer_norm" if normalized else "importance"
@@ -79,9 +81,16 @@ def plot_importance(data: pd.DataFrame, *, method: str | None = None, metric: st
         bound = max(bound, 1.0 if baseline is None else max(1.0, abs(float(baseline))))
     annotate = grid.size <= 96 and grid.shape[1] <= 8  # wider grids: numbers would collide
     scale = color_scale(values, bound=bound, quiet=bool(quiet or degenerate), is_signed=method != "gradient")
-    sns.heatmap(grid, ax=ax, **scale, annot=annotate, fmt=".2g", annot_kws={"fontsize": "x-small"},
+    rounding = (floor is not None and floor > 0 and not normalized and method != "gradient" and annotate
+                and bool((abs(values) < floor).any()))
+    annot: Any = annotate
+    if rounding:  # [layer, head] labels: the value, or "≈0" within the rounding floor
+        annot = [[("≈0" if abs(v) < floor else f"{v:.2g}") if v == v else "" for v in row] for row in values]
+    sns.heatmap(grid, ax=ax, **scale, annot=annot, fmt="" if rounding else ".2g", annot_kws={"fontsize": "x-small"},
                 cbar_kws={"label": label}, xticklabels=True, yticklabels=True)
     title = f"head importance: {METHOD_WORDS.get(method, method)}" + (" (normalised per layer)" if normalized else "")
+    if rounding:
+        title += f"\n(≈0: within the rounding floor {floor:.2g})"
     notes = []
     if degenerate:  # importance under the numerical floor: say so on the figure, not only in the finding
         notes.append("ROUNDING ONLY: no head measurably matters by this method"
@@ -100,17 +109,17 @@ def plot_importance(data: pd.DataFrame, *, method: str | None = None, metric: st
 
 def importance_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
                       degenerate: Mapping[str, str] | None = None, quiet: str | None = None,
-                      normalized: bool = False) -> Any:
+                      normalized: bool = False, floors: Mapping[str, float] | None = None) -> Any:
     """Figure-level: the gradient and the first ablation method (zero when present) side by side,
     each in its own units (different quantities: no shared scale); returns the Figure.
-    `degenerate`: {method: sentence} for methods under the noise floor."""
+    `degenerate`: {method: sentence} for methods under the noise floor; `floors`: {method: rounding floor}."""
     methods = list(dict.fromkeys(data["method"]))
     shown = (["gradient"] if "gradient" in methods else []) + [m for m in ("zero", "mean", "resample") if m in methods][:1]
     shown = shown or methods[:2]
     fig, panels = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4 + 0.4 * bool(quiet)), squeeze=False)
     for method, ax in zip(shown, panels[0]):
         plot_importance(data, method=method, metric=metric, baseline=baseline, degenerate=(degenerate or {}).get(method),
-                        quiet=quiet, normalized=normalized, ax=ax)
+                        quiet=quiet, normalized=normalized, floor=(floors or {}).get(method), ax=ax)
     return fig
 
 
@@ -337,15 +346,45 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
     for lam, kept, value in zip(sweep["lambda"], sweep["heads_kept"], sweep["metric_binary"]):
         points.setdefault((float(kept), round(float(value), 4)), []).append(float(lam))
     x0, x1 = ax.get_xlim()
+    labels = []
     for (kept, value), lams in sorted(points.items()):
         # review 12b B3: a label of the right half reads leftwards and above, off the legend; one of the left half
         # rightwards and below, so neighbours from either half sit on opposite sides of their points
         right = kept > (x0 + x1) / 2
-        ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, value), textcoords="offset points",
-                    xytext=(-6 if right else 6, 8 if right else -12), ha="right" if right else "left",
-                    fontsize="x-small", annotation_clip=True)
+        labels.append(ax.annotate("λ=" + ", ".join(f"{v:g}" for v in lams), (kept, value), textcoords="offset points",
+                                  xytext=(-6 if right else 6, 8 if right else -12), ha="right" if right else "left",
+                                  fontsize="x-small", annotation_clip=True))
     ax.margins(y=0.12)  # room for the labels above the top point and below the lowest
-    return _finish(ax, metric, baseline, "heads kept", "L0 head pruning" + _l0_sample(sweep, n), tolerance)
+    _finish(ax, metric, baseline, "heads kept", "L0 head pruning" + _l0_sample(sweep, n), tolerance)
+    _stack_labels(ax, labels)
+    return ax
+
+
+def _stack_labels(ax: Any, labels: list[Any]) -> None:
+    """Labels of points at one head count closer than a label's height would print over each other (review 13c
+    B1: lambda=0.1 at 22.03 and lambda=0.03 at 21.92, 12 heads): each is moved away from its point's side (above
+    for a label above its point, below for one below) until it clears the previous one, in the axes' final
+    limits (a label's height as points of the figure; 1.6 x the font size leaves room for a tighter layout)."""
+    lo, hi = ax.get_ylim()
+    tall = ax.figure.get_figheight() * 72 * ax.get_position().height  # the axes' height in points
+    if hi <= lo or tall <= 0:
+        return
+    by_x: dict[float, list[Any]] = {}
+    for text in labels:
+        by_x.setdefault(float(text.xy[0]), []).append(text)
+    for group in by_x.values():
+        up = [t for t in group if t.xyann[1] > 0]  # labels above their points: stacked upwards from the lowest
+        down = [t for t in group if t.xyann[1] <= 0]  # below theirs: stacked downwards from the highest
+        for side, sign in ((up, 1.0), (down, -1.0)):
+            side.sort(key=lambda t: sign * float(t.xy[1]))
+            last = None
+            for text in side:
+                gap = 1.6 * text.get_fontsize()  # points
+                at = (float(text.xy[1]) - lo) / (hi - lo) * tall + text.xyann[1]  # the label's baseline, in points
+                if last is not None and sign * (at - last) < gap:
+                    text.xyann = (text.xyann[0], text.xyann[1] + sign * gap - (at - last))
+                    at = last + sign * gap
+                last = at
 
 
 def _l0_sample(sweep: pd.DataFrame, n: int | None) -> str:
@@ -428,8 +467,10 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     metric, baseline = s.get("metric"), s.get("baseline_metric")
     if "method" in result.df.columns:
         degenerate = {m: s[f"degenerate_{m}"] for m in set(result.df["method"]) if s.get(f"degenerate_{m}")}
+        floors = {m: float(s[f"rounding_floor_{m}"]) for m in set(result.df["method"])
+                  if isinstance(s.get(f"rounding_floor_{m}"), (int, float))}
         out["importance"] = importance_figure(result.df, metric=metric, baseline=baseline, degenerate=degenerate,
-                                              quiet=quiet_reason(s))
+                                              quiet=quiet_reason(s), floors=floors)
         out["importance"].tight_layout()
     curve = _curve(result)
     draw = {
@@ -459,7 +500,8 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "importance": "Head importance, layer x head, both methods in their own units: |dL/d gate| (gradient) and the drop in "
                   "the task metric when the head alone is zero-ablated (below 0, blue: removing the head helps); red is "
-                  "positive, white 0. A panel marked rounding only has no head above the numerical floor.",
+                  "positive, white 0. A panel marked rounding only has no head above the numerical floor; an ablation "
+                  "cell reading ≈0 lies within the rounding floor, its sign not measured.",
     "pruning_curve": "Metric (y, the task's metric) as heads are removed least-important first (x, fraction of all heads), "
                      "each ordering with its own marker and dash, shaded with the 95% interval of each point's change from the "
                      "unpruned model (paired over examples). "

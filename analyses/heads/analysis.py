@@ -28,7 +28,8 @@ rounding_floor_<method> with rounding_floor_source ({method: "measured" or "anal
 floor each method's checks use, for ablation measured by null ablations (rounding.py) / degenerate_<method> /
 tied_top_heads_<method> with tied_top_groups_<method> (`numerical_checks`: importance that is rounding at the model's
 dtype, or top heads that tie, is said so and not ranked) / tied_first_pruned_moves_<method> (`tie_reach`: whether
-a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows).
+a tie at the start of a pruning order can move its count); role_windows on a sliding-window model (roles.role_windows);
+sink_token: every prompt's first token where they share one (roles.sink_token), what the sink role attends to.
 redundant_layers (pruning.layer_redundancy, with the best head table): the layers whose joint removal
 costs much while each head alone, ablated or kept, moves the metric little.
 """
@@ -77,7 +78,7 @@ from headscope.analyses.heads.pruning import (
     pruning_curves,
     tolerance_record,
 )
-from headscope.analyses.heads.roles import head_roles, role_windows
+from headscope.analyses.heads.roles import head_roles, role_windows, sink_token
 from headscope.errors import ConfigError, InputTypeError
 
 IMPORTANCE_METHODS = ("gradient", *ABLATIONS)
@@ -162,7 +163,21 @@ def _scorer(model, task: Task | torch.Tensor | Scorer | str | None, config: Head
     return make_scorer(model, default_task(model, task, config))
 
 
-GRADIENT_TIE_STEPS = 4  # gradients within this many eps of their own size tie (measured: 0.3-3.7 eps, bfloat16 vs float32)
+# A mean gate gradient E_x |dL_x/d xi_h| rounds by a share of the example's gradients' scale, not of its own size
+# (a backward pass sums terms that partly cancel): bfloat16 against float32, the largest |g16 - g32| over heads is
+# 0.4-3.5 eps x E_x max_h |dL_x/d xi_h| on tiny random gpt2, llama and neox models (24 tasks; the same errors are
+# up to 8.1 eps of the head's own size) and 4.2 eps on review 13a's trained Pythia-style model (7.8 eps of L0H2's
+# own size). GRADIENT_TIE_STEPS eps of that scale bounds each head's rounding with a margin of 1.4 over 4.2.
+GRADIENT_TIE_STEPS = 6
+
+
+def gradient_scale(per: pd.DataFrame | None) -> float | None:
+    """E_x max_h |dL_x/d xi_h|: each example's largest gate gradient, averaged (importance_examples' "gradient"
+    rows); the size each head's mean gradient rounds relative to (GRADIENT_TIE_STEPS). None without them."""
+    if per is None or not len(per) or "gradient" not in set(per["method"]):
+        return None
+    rows = per[per["method"] == "gradient"]
+    return float(rows.groupby("example")["effect"].max().abs().mean())
 
 
 def rounding_step(dtype: torch.dtype, size: float, sensitivity: float | None = None) -> float:
@@ -183,7 +198,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                      loss_size: float | None = None, k: int = 5,
                      pruning: dict[str, torch.Tensor] | None = None,
                      ses: dict[str, torch.Tensor] | None = None, measured: float | None = None,
-                     metric_sensitivity: float | None = None, loss_sensitivity: float | None = None) -> dict[str, Any]:
+                     metric_sensitivity: float | None = None, loss_sensitivity: float | None = None,
+                     scale: float | None = None) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
     - ablation (zero, mean, resample): a difference of two metric values, so its floor is `measured` (the
       null ablations' floor, rounding.measured_floor) where given, else the metric's analytic rounding
@@ -197,14 +213,16 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
       to measure: bfloat16 zoo model, batches of 3 or 16 and the examples permuted give identical gradients),
       and gradient ties are judged relative to each gradient's own size instead (below).
     rounding_floor_<method>: the floor each method's checks used; rounding_floor_source: {method: "measured"
-    or "analytic"}; rounding_relative_gradient: GRADIENT_TIE_STEPS eps, the share of its own size within which a
-    gradient is rounding (the gradient ties below, compare's B - A band).
+    or "analytic"}; rounding_relative_gradient: GRADIENT_TIE_STEPS eps, the share of `scale` (gradient_scale:
+    E_x max_h |dL_x/d xi_h|, recorded as rounding_gradient_scale) within which each head's mean gradient rounds;
+    rounding_gradient: that bound, GRADIENT_TIE_STEPS eps x scale (the gradient ties below, compare's B - A band);
+    without `scale` the share is taken of each gradient's own size (a lower bound: no head exceeds the scale).
     degenerate_<method> (a sentence) when every head's |importance| is below its floor (the ranking, the
     pruning order and the top heads are then noise); tied_top_heads_<method>: the heads among the top k whose
     importance lies within rounding of a neighbour's (their order is arbitrary; tied_top_groups_<method> with
     tied_top_values_<method>: each run of tied neighbours apart, the k+1-th head included): within the metric's floor for
-    ablation; for gradients within a few eps of the larger of the two, since backpropagation rounds each gradient
-    relative to its own size (GRADIENT_TIE_STEPS eps of the larger of the two); tied_top_next_<method>: the
+    ablation; for gradients within the sum of the two heads' rounding (rounding_gradient each; without `scale`,
+    GRADIENT_TIE_STEPS eps of the larger of the two); tied_top_next_<method>: the
     (k+1)-th head where it ties with the k-th (the partner a top-k list leaves out).
     pruning: {method: the [L, H] importance its fixed pruning order ranks by, least important removed first}
     (raw, or per layer normalised gradients); tied_first_pruned_<method> (with tied_first_pruned_values_<method>):
@@ -228,6 +246,9 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         # a gradient's own rounding is relative to its size (backpropagation rounds each one in this dtype): the
         # share of |g| within which two gradients tie, here and in compare's B - A band (compare_heads.noise_band)
         out["rounding_relative_gradient"] = GRADIENT_TIE_STEPS * eps
+        if scale is not None:
+            out["rounding_gradient_scale"] = float(scale)
+            out["rounding_gradient"] = GRADIENT_TIE_STEPS * eps * float(scale)
     source = {m: "analytic" for m in raw}
     if measured is not None:
         for m in set(raw) - {"gradient"}:
@@ -250,7 +271,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
             # its own size: float32 reproduced a bfloat16 llama's 8 gate gradients within 2.3%, the order exactly);
             # it is the smallest first-order loss change one rounding step of the loss can show, so it is said so
             means = ("; it bounds the loss change removing a head predicts, which an ablation in this dtype could not "
-                     "resolve below it, not the gradients' own precision (a few eps of their own size)"
+                     "resolve below it, not the gradients' own precision (a few eps of the examples' largest gradient)"
                      if method == "gradient" else "")
             out[f"degenerate_{method}"] = (f"every head's |{method} importance| is below {peak:.2g}, under the numerical "
                                            f"floor {floor:.2g} ({how}{means}): no head "
@@ -260,10 +281,16 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         order = torch.argsort(flat, descending=True, stable=True)[: k + 1]
         values, n_heads = flat[order], imp.shape[1]
 
-        def tol(a: float, b: float, floor: float = floor, method: str = method) -> float:
-            return GRADIENT_TIE_STEPS * eps * max(abs(a), abs(b)) if method == "gradient" else floor
+        def ties(vals: torch.Tensor, share: torch.Tensor, floor: float = floor, method: str = method):
+            """tol(p, q) for neighbours p, q along vals ([m]; share [m]: each value's share of the raw gradient)."""
+            if method != "gradient":
+                return lambda p, q: floor
+            if scale is None:
+                return lambda p, q: GRADIENT_TIE_STEPS * eps * max(abs(float(vals[p])), abs(float(vals[q])))
+            return lambda p, q: GRADIENT_TIE_STEPS * eps * scale * float(share[p] + share[q])
 
-        runs = [g for g in _neighbour_groups(values, tol) if g[0] < k]  # positions along `order`, each run apart
+        runs = [g for g in _neighbour_groups(values, ties(values, torch.ones(len(values), dtype=torch.float64)))
+                if g[0] < k]  # positions along `order`, each run apart
         tied = {int(order[j]) for g in runs for j in g}
         top = [i for i in order[:k].tolist() if i in tied]
         if top:
@@ -276,7 +303,10 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         if pruning is not None and method in pruning:
             by = pruning[method].detach().double().flatten().cpu()  # [layer * head]
             first = torch.argsort(by, stable=True)[: k + 1]  # the pruning order's first heads, as _pruning_curve ranks
-            first_runs = _neighbour_groups(-by[first], tol)  # the order removed, descending for the helper (tol is symmetric)
+            raw_first = flat[first].abs()  # [k + 1] a normalised order's values are the raw gradients rescaled
+            share = torch.where(raw_first > 0, by[first].abs() / raw_first.clamp_min(1e-300), torch.ones_like(raw_first))
+            # the order removed, descending for the helper (tol is symmetric)
+            first_runs = _neighbour_groups(-by[first], ties(-by[first], share))
             groups = [[int(first[j]) for j in g] for g in first_runs]  # runs of neighbours within tol, in the order removed
             starts = [g[0] + 1 for g in first_runs]  # each run's first position in the order, from 1
             se = ses.get(method) if ses is not None and method != "gradient" else None
@@ -300,11 +330,11 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
 
 
 def _neighbour_groups(values: torch.Tensor, tol) -> list[list[int]]:
-    """Runs of neighbours along `values` (descending) each within tol(a, b) of the next: [[positions]], each
-    run separate (review 9a A4: {L2H0, L2H1} and {L2H3, L1H0} are two ties, not a run of four)."""
+    """Runs of neighbours along `values` (descending) each within tol(i, i + 1) (positions) of the next:
+    [[positions]], each run separate (review 9a A4: {L2H0, L2H1} and {L2H3, L1H0} are two ties, not a run of four)."""
     runs: list[list[int]] = []
     for i in range(len(values) - 1):
-        if float(values[i] - values[i + 1]) <= tol(float(values[i]), float(values[i + 1])):
+        if float(values[i] - values[i + 1]) <= tol(i, i + 1):
             if runs and runs[-1][-1] == i:
                 runs[-1].append(i + 1)
             else:
@@ -427,7 +457,7 @@ def head_importance(model, task: TaskLike = None, config: HeadsConfig | None = N
     df, raw, baseline, loss_size, per = importance_table(model, scorer, tuple(config.methods), seed=config.seed,
                                                          progress=config.progress)
     summary = _base_summary(model, scorer, baseline)
-    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size))
+    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size, per=per))
     summary.update(_top_heads(df, summary, per))
     return Result(name="heads", df=df, summary=summary, tables={"importance_examples": per},
                   config={"methods": list(config.methods), "seed": config.seed})
@@ -476,7 +506,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     summary["ordering_basis"] = ordering_basis(hc.pruning)
     fixed = {method: prune_imp[o] for o, method in (("gradient", "gradient"), ("ablation", hc.pruning.method))
              if o in prune_imp and o in hc.pruning.orderings}  # {method: what its pruning order ranks by}
-    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size, pruning=fixed, df=df))
+    summary.update(_rounding_checks(model, scorer, raw, baseline, loss_size, pruning=fixed, df=df, per=per))
     summary.update(tie_reach(summary, prune_counts(summary["n_heads"], hc.pruning.step),
                              {m: "gradient" if m == "gradient" else "ablation" for m in fixed}))
     summary.update(_top_heads(df, summary, per))
@@ -485,6 +515,7 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
         for role in sorted(set(roles["role"]) - {"other"})
     }
     summary.update(role_windows(roles))
+    summary["sink_token"] = sink_token(model, scorer.tokens, scorer.attention_mask)  # what "first token" is here
     tables = {"curve": curves, "curve_examples": examples, "roles": roles, "importance_examples": per}
     if hc.best_head and raw:
         usable = {m: v for m, v in prune_imp.items() if m != "gradient" or "degenerate_gradient" not in summary}
@@ -528,7 +559,7 @@ def _pruning_summary(curves: pd.DataFrame, examples: pd.DataFrame, baseline: flo
 
 def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseline: float,
                      loss_size: float | None, pruning: dict[str, torch.Tensor] | None = None,
-                     df: pd.DataFrame | None = None) -> dict[str, Any]:
+                     df: pd.DataFrame | None = None, per: pd.DataFrame | None = None) -> dict[str, Any]:
     """numerical_checks at the model's dtype, sizes taken as the larger of each value and the logits it is read
     from, the ablation methods' floor measured by null ablations (rounding.null_effects; rounding_null: their
     gates, how many ran and the largest |change|); df (importance_table's) gives each method's importance_se."""
@@ -555,7 +586,7 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
                                loss_size=None if loss_size is None else readout if on_loss is not None
                                else max(abs(loss_size), readout),
                                pruning=pruning, ses=ses, measured=measured,
-                               metric_sensitivity=on_metric, loss_sensitivity=on_loss)
+                               metric_sensitivity=on_metric, loss_sensitivity=on_loss, scale=gradient_scale(per))
     extra = ({"rounding_sensitivity": sensitivity, "rounding_logit_step": noise_floor(model.dtype, readout)}
              if on_metric is not None or on_loss is not None else {})
     return {**summary, **null, "readout_size": readout, **extra}

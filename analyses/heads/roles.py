@@ -152,6 +152,22 @@ def head_roles(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None 
     return df
 
 
+def sink_token(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict | None:
+    """What the sink score's "first token" is on these prompts (review 13b C2: on Gemma it is always <bos>, which
+    "the first token" does not say): {"token": its text, "special": a special token of the tokenizer} where every
+    prompt's first real token is the same id; None where they differ or the model has no tokenizer."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or not len(tokens):
+        return None
+    first = first_real_positions(attention_mask, tokens.shape[0])  # [batch]
+    ids = tokens[torch.arange(tokens.shape[0]), first.to(tokens.device)]  # [batch]
+    if not bool((ids == ids[0]).all()):
+        return None
+    i = int(ids[0])
+    text = tok.convert_ids_to_tokens([i])[0] if hasattr(tok, "convert_ids_to_tokens") else tok.decode([i])
+    return {"token": str(text), "special": i in set(getattr(tok, "all_special_ids", None) or ())}
+
+
 def role_windows(roles: pd.DataFrame) -> dict:
     """{"role_windows": ...} for the summary when a layer slides (else {}): each windowed layer's
     window, the induction probe's repeat length, whether the windows cut it (induction_cut), the layers it

@@ -77,8 +77,8 @@ def test_the_pruning_estimate_counts_the_rows_that_run(pruning, resumed, arch_mo
 
 def test_the_rounding_floor_estimate_counts_the_null_ablation_rows(arch_models, mixed_tasks, monkeypatch):
     """The measured rounding floor (analyses/heads/rounding.py) on gpt2 of the matrix (2 layers), full passes: one
-    capture of every head's z, the sweep's pass of the unedited copy and 2 gates x 2 layers null runs, n rows each,
-    by hand n (2 + 4). (Resumed runs send as many rows through the last MLP, the counter, while their share of a
+    capture of every head's z, the sweep's pass of the unedited copy and 4 gates x 2 layers null runs, n rows each,
+    by hand n (2 + 8). (Resumed runs send as many rows through the last MLP, the counter, while their share of a
     pass's work is smaller: budget.resumed_share.)"""
     from headscope.analyses.heads import rounding
     from headscope.execution import resume
@@ -90,7 +90,7 @@ def test_the_rounding_floor_estimate_counts_the_null_ablation_rows(arch_models, 
     with counted_rows(model) as count:
         rounding.null_effects(model, scorer)
     config = HeadsConfig(methods=("zero",), l0=None, n_induction=0, pruning=PruningConfig(orderings=()))
-    assert count[0] == heads_cost.estimate(model, task, config).parts["rounding_floor"] == len(task) * (2 + 4)
+    assert count[0] == heads_cost.estimate(model, task, config).parts["rounding_floor"] == len(task) * (2 + 8)
     assert "rounding_floor" not in heads_cost.estimate(model, task, _heads_config(orderings=())).parts  # no ablation
 
 

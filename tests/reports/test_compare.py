@@ -713,7 +713,18 @@ def test_compare_mutes_gradient_differences_by_each_gradients_own_rounding_not_a
                                                                   if k != "rounding_relative_gradient"})
         m = io.read_json(tmp_path / side / "manifest.json")
         io.write_json(tmp_path / side / "manifest.json", {**m, "config": {**m["config"], "dtype": "bfloat16"}})
-    np.testing.assert_allclose(noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)[0], want)
+    from headscope.analyses.heads.analysis import GRADIENT_TIE_STEPS
+
+    np.testing.assert_allclose(noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)[0],
+                               want * GRADIENT_TIE_STEPS / 4)  # the analysis's constant x 2^-7 of each |g|
+    # review 13a C2: runs that record their examples' largest gradient E_x max_h |dL/d gate| (A 40, B 60) round each
+    # head by rel x that scale: 1/32 x (40 + 60) = 3.125 for every head, so 1 at 100 and 0.1 at 5 stay muted and
+    # 0.005 at 0.01 and 0.05 at 0.5 are muted too (they were beyond their own-size bands above)
+    for side, top in (("a", 40.0), ("b", 60.0)):
+        _heads_summary(tmp_path / side, rounding_relative_gradient=4 * 2.0 ** -7, rounding_gradient_scale=top)
+    band, rule = noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)
+    np.testing.assert_allclose(band, np.full((2, 3), 3.125))
+    assert "E_x max_h |dL/d gate|" in rule and "A 1.2, B 1.9" in rule
 
 
 def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):

@@ -391,6 +391,29 @@ def test_head_importance_is_raw_and_diverging_about_zero_normalised_only_when_as
         plt.close("all")
 
 
+def test_ablation_cells_within_the_rounding_floor_read_approximately_zero_not_a_signed_cost():
+    """Review 13a C3 (out_t's bfloat16 zero-ablation drops; floor 1.57e-5 with four null gates): importance.png printed
+    "9.9e-06" for L2H3, a cost, where float32 says removing it helps (-1.86e-6). Cells within the summary's
+    rounding_floor_zero read "≈0" and the title says why; the others keep their values; gradients keep theirs."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots_heads import figures
+
+    zero = np.array([[9.5e-4, 1.57e-3, 6.86e-3], [1.0e-4, 1.87e-5, 9.93e-6]])  # [layer, head]
+    rows = [{"layer": l, "head": h, "method": m, "importance": v}
+            for m, grid in (("zero", zero), ("gradient", zero / 10)) for l in range(2) for h in range(3)
+            for v in [grid[l, h]]]
+    summary = {"metric": "logit_diff", "baseline_metric": -0.001, "rounding_floor_zero": 1.57e-5,
+               "rounding_floor_gradient": 1e-3}
+    try:
+        fig = figures(Result(name="heads", df=pd.DataFrame(rows), summary=summary, tables={}))["importance"]
+        grad, ablation = fig.axes[:2]  # the two heat maps (their colour bars follow)
+        assert [t.get_text() for t in ablation.texts] == ["0.00095", "0.0016", "0.0069", "0.0001", "1.9e-05", "≈0"]
+        assert "(≈0: within the rounding floor 1.6e-05)" in ablation.get_title()
+        assert "≈0" not in [t.get_text() for t in grad.texts] and "≈0" not in grad.get_title()
+    finally:
+        plt.close("all")
+
+
 def test_patching_sites_share_one_scale_and_say_their_own_max():
     from headscope.reports.plots_patching import figures as patching_figures
 
@@ -1743,6 +1766,25 @@ def test_l0_figure_says_held_out_with_both_counts_and_draws_the_held_out_unprune
         ax = figures(Result(name="heads", df=pd.DataFrame(), summary=summary, tables={"l0": small}))["l0"].axes[0]
         assert ax.get_title() == ("L0 head pruning (bars: 95% CI over 12 examples, in-sample:\n"
                                   "only 12 examples, too few to hold some out (at least 16))")
+        # review 13c B1 (default report's l0.csv): lambda=0.1 (22.03) and lambda=0.03 (21.92), both at 12 heads, two
+        # points 0.1 apart on a 2.4 span: their labels printed over each other; in the stored figure none may touch
+        held = pd.DataFrame({"lambda": [0.001, 0.003, 0.01, 0.03, 0.1], "heads_kept": [25, 20, 15, 12, 12],
+                             "metric_binary": [24.318, 24.3034, 23.6262, 21.9247, 22.0299],
+                             "metric": [24.298, 24.1154, 23.6475, 21.6685, 20.6775],
+                             "change": [0.2019, 0.1873, -0.4899, -2.1914, -2.0862],
+                             "change_ci_low": [0.0532, -0.0394, -0.8602, -2.8079, -2.7236],
+                             "change_ci_high": [0.3505, 0.414, -0.1196, -1.5749, -1.4489], "n_examples": 64,
+                             "unpruned": 24.116, "split": "held_out", "in_sample_reason": "", "n_train": 64})
+        fig = figures(Result(name="heads", df=pd.DataFrame(), summary={**summary, "baseline_metric": 24.1},
+                             tables={"l0": held}))["l0"]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+        inside = ax.get_window_extent(renderer)
+        assert sorted(boxes) == ["λ=0.001", "λ=0.003", "λ=0.01", "λ=0.03", "λ=0.1"]
+        assert not [(a, b) for a in boxes for b in boxes if a < b and _overlap(boxes[a], boxes[b])]
+        assert all(inside.y0 <= box.y0 and box.y1 <= inside.y1 for box in boxes.values())
     finally:
         plt.close("all")
 

@@ -354,6 +354,24 @@ def test_small_heads_values_keep_two_significant_digits():
     assert "as do L1H0 and L1H1 (0.012 and 0.003)" in finding("heads", ties)
 
 
+def test_sink_heads_name_their_token_and_say_where_they_also_rank_by_importance():
+    """Review 13b C2 (out_t's heads summary: Gemma 2, every prompt starts with <bos>): "Head roles: 2 sink (L1H2,
+    L1H3)" named neither the token nor that the two carry the fact; zero-ablation ranks them 1st and 2nd, the gradient
+    L1H2 1st. Prompts that start with different tokens leave the token unnamed; at chance no rank is said."""
+    s = {**HEADS, "roles": {"sink": ["L1H2", "L1H3"]}, "sink_token": {"token": "<bos>", "special": True},
+         "top_heads_zero": ["L1H2", "L1H3", "L2H3", "L0H1", "L1H1"],
+         "top_heads_gradient": ["L1H2", "L1H0", "L0H0", "L0H2", "L1H1"]}
+    text = finding("heads", s)
+    assert ("Head roles: 2 sink (L1H2, L1H3). Sink heads put half or more of their attention, averaged over the "
+            "queries, on each prompt's first token, '<bos>' on every prompt (a special token). Sink heads among the "
+            "top heads by importance: L1H2 (1st by gradient, 1st by zero-ablation); L1H3 (2nd by zero-ablation): a "
+            "sink head can also carry the task at the answer position, so the role is not all that head does "
+            "here.") in text
+    plain = finding("heads", {**s, "sink_token": None, "top_heads_zero": ["L0H0"], "top_heads_gradient": []})
+    assert "on each prompt's first token. " in plain + " " and "among the top heads" not in plain
+    assert "among the top heads" not in finding("heads", {**s, "baseline_metric": 0.03})  # at chance (HEADS's band)
+
+
 def test_gradient_values_name_their_unit_raw_or_layer_normalised():
     """Review 11b N6 (seed 1, out_s1): the top heads tie by raw |dL/d gate| (0.00028 and 0.00027) and the gradient
     order's heads by |dL/d gate| over the layer's L2 norm (0.36 each, raw 8.4e-05): each value says which."""
