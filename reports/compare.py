@@ -18,10 +18,12 @@ Every string from the folders is escaped; figures are inline PNG.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
@@ -380,12 +382,36 @@ def provenance_html(a: Run, b: Run, names: list[str]) -> str:
             + "".join(rows) + "</table>")
 
 
+# review 13a B: the page fits the window (1,200 px); a long unbroken string (a --task-fields value, a path, a commit)
+# wraps inside its cell instead of widening the table, A's and B's columns share the width, wide figures shrink
+FIT_CSS = (".side{table-layout:fixed;width:100%}.side th:first-child{width:9em}.side td{vertical-align:top}"
+           "td,th,li,p{overflow-wrap:anywhere}table{max-width:100%}img{max-width:100%;height:auto}")
+
+
 def _plain(note: str) -> str:
     return note.removeprefix(SAME).removeprefix(NOT_COMPARED)
 
 
-def compare_html(a: Run, b: Run) -> str:
-    """The page: settings that differ, the differences (each within or beyond noise where intervals are recorded),
+def report_links(a: Run, b: Run, page: Path | None) -> str:
+    """A paragraph linking each run's report.html relative to the compare page's folder (review 13c C), or saying that
+    a run has none; '' where the page's place is not known. Paths are percent-encoded, then escaped."""
+    if page is None:
+        return ""
+    base = Path(os.path.abspath(page)).parent
+    parts = []
+    for side, run in zip(SIDES, (a, b)):
+        report = run.path / "report.html"
+        if report.is_file():
+            href = quote(Path(os.path.relpath(os.path.abspath(report), base)).as_posix())
+            parts.append(f"<a href='{escape(href)}'>{side}'s report ({escape(str(report))})</a>")
+        else:
+            parts.append(f"{side} has no report.html in {escape(str(run.path))}")
+    return "<p class='reports'>Reports: " + " &middot; ".join(parts) + "</p>"
+
+
+def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
+    """The page: links to both reports (relative to `page`, where the page will be written),
+    settings that differ, the differences (each within or beyond noise where intervals are recorded),
     what is not compared and why (never among the differences), the findings side by side, the overlays and
     tables of the quantities compared, every figure of both reports A beside B, and both provenances."""
     names = list(dict.fromkeys([*((a.manifest.get("config") or {}).get("analyses") or []),
@@ -421,9 +447,9 @@ def compare_html(a: Run, b: Run) -> str:
                     "these as much as from the models.</p><ul>" + "".join(f"<li>{escape(n)}</li>" for n in settings)
                     + "</ul>") if settings else "<h2 id='settings'>Settings</h2><p>The runs share every recorded setting.</p>"
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>headscope compare</title>"
-            f"<style>{CSS}.side td{{vertical-align:top;width:45%}}{FIGURE_CSS}</style></head><body>"
+            f"<style>{CSS}{FIT_CSS}{FIGURE_CSS}</style></head><body>"
             f"<h1>headscope compare</h1><p>A: {escape(a.label_against(b))} &nbsp; B: {escape(b.label_against(a))}</p>"
-            + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
+            + report_links(a, b, page) + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
             f"<h2 id='not-compared'>Not compared, and why</h2><ul>{not_compared}</ul>"
             f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"
             + "".join(blocks) + figures + provenance_html(a, b, names) + "</body></html>")
@@ -442,7 +468,7 @@ def compare_reports(out_a: str | Path, out_b: str | Path, out: str | Path | None
     if target.exists() and not force:
         raise OutputExistsError(f"{str(target)!r} exists; pass --force to overwrite it or --out another file.")
     setup_style()
-    page = compare_html(a, b)
+    page = compare_html(a, b, target)
     try:
         return io.write_text(target, page)
     except OSError as err:

@@ -1655,3 +1655,36 @@ def test_compare_lists_every_headline_of_either_report(tmp_path):
     assert "(not compared) kv full-cache logit difference: not compared: only A's report states it (n 16 each)." in notes
     assert ("(not compared) kv heavy hitters within 1% of the full cache: not compared: only A's report states "
             "it.") in notes
+
+
+def test_compare_links_both_reports_relative_to_the_page_escaped(tmp_path):
+    from headscope.reports.compare import compare_reports
+
+    _folder(tmp_path / "a b", "m", 1.0, 0, 0.5)
+    _folder(tmp_path / "b'x", "m", -1.0, 1, 0.5, quick=True)
+    (tmp_path / "a b" / "report.html").write_text("<html></html>", encoding="utf-8")  # B has none
+    page = compare_reports(tmp_path / "a b", tmp_path / "b'x", tmp_path / "pages" / "cmp.html").read_text(encoding="utf-8")
+    assert "<a href='../a%20b/report.html'>A's report (" in page  # review 13c C: relative, percent-encoded
+    where = html.escape(str(tmp_path / "b'x"), quote=True)
+    assert f"B has no report.html in {where}" in page
+    assert "b'x" not in page  # every path escaped
+
+
+@pytest.mark.skipif(__import__("browser").chromium_path() is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_compare_page_fits_a_1200_px_window_in_chromium(tmp_path):
+    """Review 13a B: a run's unbroken --task-fields value in the provenance made the page 1,521 px wide."""
+    from browser import open_page
+    from headscope.reports.compare import compare_reports
+
+    for side, sign in (("a", 1.0), ("b", -1.0)):
+        _folder(tmp_path / side, "m", sign, 0, 0.5)
+        manifest = io.read_json(tmp_path / side / "manifest.json")
+        manifest["command"] = ["headscope", "report", "--task-fields", ",".join(f"field{i}=column_{i}" for i in range(12))]
+        io.write_json(tmp_path / side / "manifest.json", manifest)
+        (tmp_path / side / "report.html").write_text("<html></html>", encoding="utf-8")
+    target = compare_reports(tmp_path / "a", tmp_path / "b", tmp_path / "cmp.html")
+    with open_page(target) as page:
+        width, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        links = page.evaluate("[...document.querySelectorAll('p.reports a')].map(a => a.href)")
+    assert window == 1200 and width <= window
+    assert links == [(tmp_path / side / "report.html").as_uri() for side in "ab"]
