@@ -150,6 +150,7 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         return (f"<p><em>blank: top patching sites not compared: {escape(other_task)}</em></p>",
                 [NOT_COMPARED + f"Top patching sites: not compared: {other_task}."])
     gaps = [_gap(s) for s in sums]
+    floor = comparison_floor(sums, gaps)
     differ = prompts_differ(a, b, "patching")
     unmatched: list[str] = []  # site types whose positions name tokens of different prompts
     for kind in kinds:
@@ -165,13 +166,17 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
                 cell = side[i] if i < len(side) else None
                 effect = float(cell.get("effect", float("nan"))) if cell is not None else 0.0
                 row.append(f"<em>(its summary lists {len(side)} {escape(kind)} site(s))</em>" if cell is None
-                           else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s, cell))}")
+                           else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s, cell))}"
+                           + (f" <em>({escape(floor[1])}: rounding, not ranked)</em>" if _under(cell, floor) else ""))
             pair = [side[i] if i < len(side) else None for side in cells]
-            row.append(escape(_row_verdict(kind, pair, gaps)))
+            row.append(escape(_row_verdict(kind, pair, gaps, floor)))
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         swap = _tied_swap(kind, [t.get(kind) or [] for t in tops], gaps, sums) if all(firsts) else None
-        if all(firsts) and firsts[0] != firsts[1] and swap:
+        if all(firsts) and all(_under(c[0], floor) for c in cells):  # neither run has a site of this type
+            notes.append(SAME + f"Top {kind} site: not a difference: both runs' first {kind} cells are {floor[1]} "
+                                f"(A {_with_ci(kind, cells[0][0], gaps[0])}, B {_with_ci(kind, cells[1][0], gaps[1])}).")
+        elif all(firsts) and firsts[0] != firsts[1] and swap:
             notes.append(SAME + f"Top {kind} site: A lists {_site_name(kind, cells[0][0])} first, B "
                                 f"{_site_name(kind, cells[1][0])}: not a difference, {swap}.")
         elif all(firsts) and firsts[0] != firsts[1]:
@@ -185,6 +190,27 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th><th>A vs B</th></tr>"
              + "".join(rows) + "</table>")
     return table, notes
+
+
+def comparison_floor(sums: list[Mapping[str, Any]], gaps: list) -> tuple[float, str] | None:
+    """(the larger of the two runs' rounding floors of the patching metric, in its raw units, and its words), or None
+    where neither run records one or a run reports normalised effects (review 13a A4: f32 against bf16 ranked third
+    cells of +0.022 and -0.029 answer log-probability, under bf16's 0.077, as "different sites"). A difference
+    between the runs cannot be resolved below the coarser run's rounding, so a cell under it is no site to rank."""
+    floors = [(s.get("rounding_floor") or {}).get("floor") if isinstance(s.get("rounding_floor"), Mapping) else None
+              for s in sums]
+    if any(g is None for g in gaps) or not any(_number(f) for f in floors):
+        return None
+    side = max((i for i in (0, 1) if _number(floors[i])), key=lambda i: floors[i])
+    value = float(floors[side])
+    coarser = "" if floors[0] == floors[1] else f" of the coarser run ({SIDES[side]})"
+    return value, f"under the rounding floor{coarser}, {value:.2g} {_words(sums[side].get('metric', ''))}".rstrip()
+
+
+def _under(cell: Mapping[str, Any] | None, floor: tuple[float, str] | None) -> bool:
+    """Whether a top-sites cell's raw effect is under the comparison's rounding floor (comparison_floor)."""
+    return (cell is not None and floor is not None and _number(cell.get("effect"))
+            and abs(float(cell["effect"])) < floor[0])
 
 
 def _cell_key(cell: Mapping[str, Any]) -> tuple:
@@ -236,18 +262,25 @@ def _tied_swap(kind: str, tops: list[list], gaps: list, sums: list) -> str | Non
             f"arbitrary ({ties})")
 
 
-def _row_verdict(kind: str, pair: list, gaps: list) -> str:
+def _row_verdict(kind: str, pair: list, gaps: list, floor: tuple[float, str] | None = None) -> str:
     """Whether A's and B's cells of one table row differ beyond the runs' noise (review 9a C8: "L0H2: 0.48 of the gap"
     against "0.37" was given bare, though each lies inside the other's 95% interval): each share of its own run's gap
-    inside the other's interval is "within noise", as compare says of taus; '' where either has no interval."""
+    inside the other's interval is "within noise", as compare says of taus; '' where either has no interval. Cells
+    both under the runs' rounding floor (comparison_floor) are within noise whatever their intervals: no site in
+    either run (review 13a A4)."""
     if any(c is None for c in pair):
         return ""
+    if all(_under(c, floor) for c in pair):
+        return f"within noise: both cells are {floor[1]}: no site in either run, not ranked"
     said = [share(c, gap, gap is None) for c, gap in zip(pair, gaps)]
     if any(x is None or x[1] is None for x in said):
         return ""
     (va, ca), (vb, cb) = said
     mutual = tied({"effect": va, "ci": ca}, {"effect": vb, "ci": cb})
     same = _cell_key(pair[0]) == _cell_key(pair[1])
+    under = [side for side, c in zip(SIDES, pair) if _under(c, floor)]
+    if under and not same:  # one run's cell is rounding: no site to set against the other's
+        return f"different cells; {under[0]}'s is {floor[1]}: not a site"
     if same:
         return ("within noise: each inside the other's 95% interval" if mutual
                 else "beyond noise: not each inside the other's 95% interval")

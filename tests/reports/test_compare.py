@@ -1688,3 +1688,25 @@ def test_compare_page_fits_a_1200_px_window_in_chromium(tmp_path):
         links = page.evaluate("[...document.querySelectorAll('p.reports a')].map(a => a.href)")
     assert window == 1200 and width <= window
     assert links == [(tmp_path / side / "report.html").as_uri() for side in "ab"]
+
+
+def test_compare_does_not_rank_patching_cells_under_the_coarser_runs_rounding_floor(tmp_path):
+    """Review 13a A4 (f32 vs bf16, one model and prompts): third attn_out cells of +0.022 and -0.029 answer
+    log-probability, under bf16's rounding floor 0.077, were ranked as "different sites"."""
+    def cell(pos, effect, ci):
+        return {"layer": 0, "head": None, "pos": pos, "from_end": pos - 35, "token": "", "effect": effect, "ci": ci, "n": 8}
+
+    for side, floor, third in (("a", 1.17e-6, cell(31, 0.0218, [-0.0247, 0.0683])),
+                               ("b", 0.0766, cell(30, -0.0293, [-0.0584, -0.0001]))):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        io.write_json(tmp_path / side / "patching" / "summary.json", {
+            "metric": "logprob", "clean_metric": -0.001, "corrupted_metric": -9.81, "n_examples": 8,
+            "rounding_floor": {"basis": "one rounding step", "floor": floor, "n_cells": 252},
+            "top_sites": {"attn_out": [cell(34, 9.8065, [9.45, 10.16]), cell(34, 0.1365, [-0.1, 0.37]), third]}})
+    table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    rows = table.split("</tr>")
+    assert "different sites" not in table
+    assert ("within noise: both cells are under the rounding floor of the coarser run (B), 0.077 answer log-probability: "
+            "no site in either run, not ranked") in rows[3]
+    assert rows[3].count("rounding, not ranked") == 2 and "rounding" not in rows[1] + rows[2]  # 0.137 > 0.077: a cell
+    assert notes == []  # the first sites agree
