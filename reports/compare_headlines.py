@@ -122,7 +122,7 @@ def withheld_quantity(name: str, label: str, s: Mapping[str, Any]) -> str:
     return f"leaves integrated gradients out ({why})"
 
 
-def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
+def _mlp(s: Mapping[str, Any], layer: str | None = None) -> list[Quantity]:
     """The highest layer's key-value agreement with the Wilson interval the mlp finding prints: k of n neurons, n
     that layer's memories (every expert's neurons on a mixture of experts: plots_mlp.memory_sizes) and k the
     recorded count (agreement_count_per_layer) or the rounded share (reports/plots_mlp.py)."""
@@ -131,12 +131,53 @@ def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
     agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
     if not agree:
         return []
-    best = max(agree, key=lambda k: agree[k])
+    best = max(agree, key=lambda k: agree[k]) if layer is None else str(layer)
+    if best not in agree:
+        return []
     n = memory_sizes(s).get(str(best))
     counted = (s.get("agreement_count_per_layer") or {}).get(best)
     hits = int(counted) if _number(counted) else round(agree[best] * n) if _number(n) else None
     ci = wilson(hits, int(n)) if hits is not None and _number(n) and n > 0 else None
-    return [("mlp highest layer key-value agreement", agree[best], ci, n, unit(s, best))]
+    label = "mlp highest layer key-value agreement" if layer is None else f"mlp key-value agreement at layer {best}"
+    return [(label, agree[best], ci, n, unit(s, best))]
+
+
+def _best_layer(s: Mapping[str, Any]) -> str | None:
+    agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
+    return max(agree, key=lambda k: agree[k]) if agree else None
+
+
+def mlp_pairs(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[tuple[Quantity, Quantity]]:
+    """A's and B's key-value agreement at one layer (review 13c A2: "highest layer" set A's layer 2 against B's layer
+    1): each run's highest layer where they are the same, named; else both at A's highest layer, the label saying
+    B's highest layer and its value."""
+    la, lb = _best_layer(sa), _best_layer(sb)
+    if la is None or lb is None:
+        return list(zip(_mlp(sa), _mlp(sb)))
+    if la == lb:
+        ((_, va, ia, na, ua),), ((_, vb, ib, nb, ub),) = _mlp(sa), _mlp(sb)
+        label = f"mlp highest layer key-value agreement (layer {la} in both)"
+        return [((label, va, ia, na, ua), (label, vb, ib, nb, ub))]
+    qa, qb = _mlp(sa, la), _mlp(sb, la)
+    if not (qa and qb):
+        return list(zip(_mlp(sa), _mlp(sb)))
+    other = (sb.get("agreement_per_layer") or {})[lb]
+    label = (f"mlp key-value agreement at layer {la} (the highest layers differ: A's is layer {la}, B's layer {lb} at "
+             f"{other:.3g}; compared at the same layer)")
+    return [((label, *qa[0][1:]), (label, *qb[0][1:]))]
+
+
+def mlp_n_text(sa: Mapping[str, Any], sb: Mapping[str, Any], n: str) -> str:
+    """The n of an agreement line: where the runs looked at different numbers of prefixes (--quick), that setting
+    (review 13c A2: 1,248 against 9,984 prefixes of one checkpoint, "n 256 neurons each", read as the model's): the
+    agreement counts neurons whose triggers lie among the prefixes, so fewer prefixes find fewer."""
+    pa, pb = sa.get("n_prefixes"), sb.get("n_prefixes")
+    if not (_number(pa) and _number(pb)) or pa == pb:
+        return n
+    ta, tb = sa.get("n_task_examples"), sb.get("n_task_examples")
+    tasks = f" of {ta} vs {tb} task examples" if _number(ta) and _number(tb) and ta != tb else ""
+    return (f"n differs: {pa:,} vs {pb:,} prefixes{tasks}, a setting, not the model: the agreement counts neurons "
+            f"whose triggers lie among the prefixes, so fewer prefixes find fewer; {n}")
 
 
 def _holding_words(e: Mapping[str, Any]) -> str:
@@ -350,9 +391,12 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             if labels:
                 notes.append(NOT_COMPARED + f"{_joined(labels)}: not compared: " + "; ".join(at_chance) + ".")
             continue
+        if name == "mlp":  # compared at one layer (review 13c A2); refused above under its general label
+            pairs = mlp_pairs(sa, sb)
         for (label, va, ia, na, unit), (label_b, vb, ib, nb, unit_b) in pairs:
             n = (name == "attribution" and unit == unit_b == "examples" and tau_n_text(sa, sb, label, na, nb)
                  or _n_text(na, nb, unit, unit_b))
+            n = mlp_n_text(sa, sb, n) if name == "mlp" else n
             own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
                    if (why := withheld_quantity(name, lab, s))]
             if own:  # said even where both reports leave it out: each report's reason

@@ -1037,7 +1037,7 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
                         "n_neurons_per_layer": 100, "n_prefixes": 50}),
                  "b": ({"n_examples": 12, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.2,
                         "n_tau_attention_gradient": 12},
-                       {"agreement_per_layer": {"0": 0.2, "1": 0.1}, "n_neurons_per_layer": 100, "n_prefixes": 50})}
+                       {"agreement_per_layer": {"0": 0.1, "1": 0.2}, "n_neurons_per_layer": 100, "n_prefixes": 50})}
     for side, (attribution, mlp) in summaries.items():
         io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["attribution", "mlp"]}})
         io.write_json(tmp_path / side / "attribution" / "summary.json", attribution)
@@ -1053,10 +1053,11 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
                         f"|B - A| = 0.4 exceeds the combined half-widths {(ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2:.3g}; "
                         f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]).")
     assert f"95% CI [{ia[0]:.2f}, {ia[1]:.2f}]" in finding("attribution", summaries["a"][0])  # the one A's report prints
-    # mlp: A's layer 1 (30 of 100 recorded), B's layer 0 (20 of 100): Wilson intervals from scipy
+    # mlp: A's layer 1 (30 of 100 recorded), B's layer 1 (20 of 100): Wilson intervals from scipy
     wa = stats.binomtest(30, 100).proportion_ci(method="wilson")
     wb = stats.binomtest(20, 100).proportion_ci(method="wilson")
-    assert notes[1] == ("mlp highest layer key-value agreement: A 0.3, B 0.2 (n 100 neurons each) (within noise: |B - A| = "
+    assert notes[1] == ("mlp highest layer key-value agreement (layer 1 in both): A 0.3, B 0.2 (n 100 neurons each) (within "
+                        "noise: |B - A| = "
                         f"0.1 is inside the combined half-widths {(wa.high - wa.low) / 2 + (wb.high - wb.low) / 2:.3g}; 95% CIs "
                         f"A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]).")
     assert f"Wilson 95% CI {100 * wa.low:.0f}%-{100 * wa.high:.0f}%" in finding("mlp", summaries["a"][1])
@@ -1710,3 +1711,24 @@ def test_compare_does_not_rank_patching_cells_under_the_coarser_runs_rounding_fl
             "no site in either run, not ranked") in rows[3]
     assert rows[3].count("rounding, not ranked") == 2 and "rounding" not in rows[1] + rows[2]  # 0.137 > 0.077: a cell
     assert notes == []  # the first sites agree
+
+
+def test_compare_mlp_agreement_at_one_layer_with_the_prefix_counts_said(tmp_path):
+    """Review 13c A2 (one checkpoint, default vs --quick): "highest layer" set A's layer 2 (41 of 256) against B's
+    layer 1 (19 of 256) and called it beyond noise with "n 256 neurons each", while B saw 1,248 prefixes to A's 9,984."""
+    from scipy import stats
+
+    summaries = {"a": ({"0": 20, "1": 33, "2": 41, "3": 32}, 9984, 128), "b": ({"0": 4, "1": 19, "2": 17, "3": 18}, 1248, 16)}
+    for side, (counts, prefixes, examples) in summaries.items():
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["mlp"]}})
+        io.write_json(tmp_path / side / "mlp" / "summary.json", {
+            "agreement_per_layer": {k: v / 256 for k, v in counts.items()}, "agreement_count_per_layer": counts,
+            "n_memories_per_layer": {k: 256 for k in counts}, "n_neurons_per_layer": 256, "n_prefixes": prefixes,
+            "n_task_examples": examples})
+    (note,) = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    wa = stats.binomtest(41, 256).proportion_ci(method="wilson")  # both at layer 2, A's highest
+    wb = stats.binomtest(17, 256).proportion_ci(method="wilson")
+    assert note.startswith("mlp key-value agreement at layer 2 (the highest layers differ: A's is layer 2, B's layer 1 at "
+                           f"{19 / 256:.3g}; compared at the same layer): A {41 / 256:.3g}, B {17 / 256:.3g} (n differs: "
+                           "9,984 vs 1,248 prefixes of 128 vs 16 task examples, a setting, not the model")
+    assert f"95% CIs A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]" in note
