@@ -212,7 +212,40 @@ def _mlp_between(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]
     return [] if said is None else [("mlp between-layer agreement", said, {}, "cannot be told apart" not in said)]
 
 
-VERDICTS = {"kv": _kv_budgets, "mlp": _mlp_between}  # analysis -> [(label, its headline in words, per-budget verdicts,
+def _mlp_control(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any], Any]]:
+    """The mlp finding's layers above their own shuffled control (plots_mlp.control_layers), where it states them."""
+    from headscope.reports.plots_mlp import ALPHA, control_layers
+
+    said = control_layers(s)
+    return [] if said is None else [(f"mlp layers above their own shuffled control at p < {ALPHA:g} (uncorrected)",
+                                     said, {}, said)]
+
+
+def _probes_selectivity(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any], Any]]:
+    """The probes finding's selectivity verdict (plots_probes.finding): not measurable (a degenerate control, with
+    its reason), below 0, low (under 0.1) or measured, with the value; none where the finding states none (at chance,
+    no selectivity). Review 13b A1: "-0.33 ... no evidence that the property is read" against "cannot be measured"
+    between two seeds was listed nowhere."""
+    if _chance(s) is not None:
+        return []
+    label = "probes selectivity"
+    if s.get("control_degenerate"):
+        return [(label, f"cannot be measured ({s['control_degenerate']})", {}, "not measurable")]
+    sel = s.get("best_selectivity")
+    if not _number(sel):
+        return []
+    kind = "below 0" if sel < 0 else "low" if sel < 0.1 else "measured"
+    words = {"below 0": "below 0: no evidence that the property is read rather than memorised",
+             "low": "low: the probe memorises rather than reads", "measured": "measured"}[kind]
+    return [(label, f"{sel:.2f} ({words})", {}, kind)]
+
+
+def _verdicts(*getters):
+    return lambda s: [v for get in getters for v in get(s)]
+
+
+VERDICTS = {"kv": _kv_budgets, "mlp": _verdicts(_mlp_between, _mlp_control),
+            "probes": _probes_selectivity}  # analysis -> [(label, its headline in words, per-budget verdicts,
 # the headline's verdict: a budget, whether the layers differ; equal verdicts are the same headline)]
 
 

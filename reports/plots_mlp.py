@@ -423,6 +423,28 @@ def between_layers(s: Mapping[str, Any]) -> str | None:
             f"{_p(corrected).replace('p ', 'p_Bonferroni ', 1)} over {n_layers} layers)")
 
 
+def _above_control(tests: Mapping[str, Any], counts: Mapping[str, int], control: Mapping[str, int]) -> list[str]:
+    """The layers whose agreement is above their own shuffled control at p < ALPHA (Fisher, uncorrected)."""
+    return [l for l, p in tests["control_p_per_layer"].items() if p < ALPHA and counts.get(l, 0) > control.get(l, 0)]
+
+
+def control_layers(s: Mapping[str, Any]) -> str | None:
+    """The mlp finding's per-layer control verdict in words ("layer 3", "none"), or None where the finding states
+    none (at chance, no counts, one layer): what `headscope compare` sets side by side (review 13b A3: "layer 3" in
+    float32, "none" in bfloat16, unlisted)."""
+    if _chance(s) is not None or _stale_moe(s):
+        return None
+    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
+    sizes = memory_sizes(s)
+    if not agree:
+        return None
+    best = max(agree, key=lambda k: agree[k])
+    tests = _tests(s, sizes)
+    if tests is None or best not in tests["control_p_per_layer"] or best not in sizes or len(tests["control_p_per_layer"]) < 2:
+        return None
+    return _layers(_above_control(tests, _count_map(s, "agreement", sizes), _count_map(s, "agreement_shuffled", sizes)))
+
+
 def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int, sizes: Mapping[str, int]) -> list[str]:
     """Sentences: the best layer against its own shuffled control, every layer against its control, and the
     best layer against the others (pooled and each), all by Fisher's exact test on k of n neurons (each
@@ -438,7 +460,7 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
     if p_best >= ALPHA or hits <= control.get(best, 0):
         out[-1] += ": these MLPs show no key-value memory on this corpus that the test can detect."
     counts = _count_map(s, "agreement", sizes)
-    above = [l for l, p in tests["control_p_per_layer"].items() if p < ALPHA and counts.get(l, 0) > control.get(l, 0)]
+    above = _above_control(tests, counts, control)
     if len(tests["control_p_per_layer"]) > 1:
         out.append(f"Layers above their own control at p < {ALPHA:g}: " + _layers(above) + ".")
     pooled, each = tests.get("best_vs_others_p"), tests.get("best_vs_layer_p") or {}

@@ -1732,3 +1732,32 @@ def test_compare_mlp_agreement_at_one_layer_with_the_prefix_counts_said(tmp_path
                            f"{19 / 256:.3g}; compared at the same layer): A {41 / 256:.3g}, B {17 / 256:.3g} (n differs: "
                            "9,984 vs 1,248 prefixes of 128 vs 16 task examples, a setting, not the model")
     assert f"95% CIs A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]" in note
+
+
+def test_compare_lists_the_mlp_control_and_probes_selectivity_verdicts_that_differ(tmp_path):
+    """Reviews 13b A3 and A1: the mlp layers above their own control ("layer 3" in float32, "none" in bfloat16) and the
+    probes selectivity verdict (-0.33 against "cannot be measured" across seeds) flipped and compare listed neither."""
+    from scipy import stats
+
+    counts = {"a": {"0": 6, "1": 18, "2": 8, "3": 10}, "b": {"0": 6, "1": 18, "2": 8, "3": 7}}
+    shuffled = {"0": 4, "1": 10, "2": 5, "3": 2}
+    probes = {"a": {"best_selectivity": -0.333, "control_degenerate": None},
+              "b": {"best_selectivity": None, "control_degenerate": "the control task's random labels for the 2 word "
+                                                                    "types at the read positions all came out as one class"}}
+    for side in "ab":
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["mlp", "probes"]}})
+        io.write_json(tmp_path / side / "mlp" / "summary.json", {
+            "agreement_per_layer": {k: v / 128 for k, v in counts[side].items()}, "agreement_count_per_layer": counts[side],
+            "agreement_shuffled_count_per_layer": shuffled, "n_memories_per_layer": {k: 128 for k in shuffled},
+            "n_neurons_per_layer": 128, "n_prefixes": 400})
+        io.write_json(tmp_path / side / "probes" / "summary.json", {"metric": "accuracy", "best_accuracy": 0.7,
+                                                                   "n_examples": 40, **probes[side]})
+    # Fisher's exact test per layer against its control, by scipy: only A's layer 3 is above at p < 0.05
+    above = {side: [l for l in shuffled if counts[side][l] > shuffled[l] and stats.fisher_exact(
+        [[counts[side][l], 128 - counts[side][l]], [shuffled[l], 128 - shuffled[l]]])[1] < 0.05] for side in "ab"}
+    assert above == {"a": ["3"], "b": []}
+    notes = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert "mlp layers above their own shuffled control at p < 0.05 (uncorrected): A layer 3, B none." in notes
+    assert ("probes selectivity: A -0.33 (below 0: no evidence that the property is read rather than memorised), B cannot "
+            "be measured (the control task's random labels for the 2 word types at the read positions all came out as "
+            "one class).") in notes
