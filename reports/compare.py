@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
+from headscope.reports.compare_aligned import aligned_note, aligned_pairs, same_slots
 from headscope.reports.compare_figures import FIGURE_CSS, figures_section
 from headscope.reports.compare_headlines import headline_notes, n_words
 from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure, pruning_notes: the page's parts, tested)
@@ -185,8 +186,22 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, "
                          f"B {_site_name(kind, cells[1][0])}{counts}"
                          f"{_top_ties(kind, [t.get(kind) or [] for t in tops], gaps)}.")
+    aligned = aligned_pairs(*sums) if unmatched else []
+    for kind, where, ca, cb in aligned:  # review 13a C4: the same word of the template in both runs' prompts
+        texts = tuple(f"L{c.get('layer')}: {_effect_text(float(c['effect']), gap, s, c)}" for c, gap, s in
+                      zip((ca, cb), gaps, sums))
+        rows.append(f"<tr><td>{escape(kind)} aligned on {escape(where)}</td>"
+                    + "".join(f"<td>{escape(t)}" + (f" <em>({escape(floor[1])}: rounding, not ranked)</em>"
+                                                     if _under(c, floor) else "") + "</td>" for t, c in zip(texts, (ca, cb)))
+                    + f"<td>{escape(_row_verdict(kind, [ca, cb], gaps, floor))}</td></tr>")
+        if not (_under(ca, floor) and _under(cb, floor)):
+            notes.append(aligned_note(kind, where, (ca, cb), texts, False))
     if unmatched:  # one line for every site type with positions
-        notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
+        slots = same_slots(*sums)
+        instead = ("; compared instead aligned on the positions where clean and corrupted differ, the same words of "
+                   "the task in both runs' prompts (below the end-aligned rows)" if aligned else
+                   f"; nor aligned on the differing positions: {slots}" if slots else "")
+        notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared end-aligned: {differ}{instead}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th><th>A vs B</th></tr>"
              + "".join(rows) + "</table>")
     return table, notes

@@ -81,7 +81,7 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     assert 'alt="head importance of A and B on one sequential scale from 0 (|dL/d gate|), and B - A on its own' in page
     # seeds (and models) differ: the runs patched different prompts, so positions are not compared
     assert "Top resid_pre site differs" not in page
-    assert ("Top resid_pre sites are not compared: A and B patched different prompts (model model-a vs model-b "
+    assert ("Top resid_pre sites are not compared end-aligned: A and B patched different prompts (model model-a vs model-b "
             "&lt;img src=x onerror=alert(1)&gt;, seed 0 vs 1), and a position names a token of the prompts its own run patched."
             ) in page
     assert page.count("<em>blank: positions are not compared: A and B patched different prompts") == 2
@@ -1761,3 +1761,46 @@ def test_compare_lists_the_mlp_control_and_probes_selectivity_verdicts_that_diff
     assert ("probes selectivity: A -0.33 (below 0: no evidence that the property is read rather than memorised), B cannot "
             "be measured (the control task's random labels for the 2 word types at the read positions all came out as "
             "one class).") in notes
+
+
+def test_compare_sets_patching_sites_aligned_on_the_same_differing_word_against_each_other_across_seeds(tmp_path):
+    """Review 13a C4: seed 0 (8 prompts) and seed 1 (24) of one task differ from their corrupted prompts at -6 and -4
+    from the end in every prompt; both restore 1.00 of the gap at resid_pre L0 on the second (the job word), yet
+    compare refused every positional site."""
+    def aligned(n, job_effect, job_ci, layer=0):
+        return {"n": n, "differ_from_end": {"-4": n, "-6": n}, "from_end": {"-6": n}, "orders": [
+            {"order": 1, "n": n, "from_end": {"-6": n}, "sites": {"resid_pre": [
+                {"layer": 0, "effect": -0.025, "ci": [-0.055, 0.004], "n": n}]}},
+            {"order": 2, "n": n, "from_end": {"-4": n}, "sites": {"resid_pre": [
+                {"layer": layer, "effect": job_effect, "ci": job_ci, "n": n},
+                {"layer": 1 - layer, "effect": -0.01, "ci": [-0.03, 0.01], "n": n}]}}]}
+
+    runs = {"a": (0, 8, aligned(8, 9.8067, [9.4503, 10.163]), "Mara the baker works with a"),
+            "b": (1, 24, aligned(24, 10.0085, [9.7508, 10.266]), "Tom the painter works with a")}
+    for side, (seed, n, entry, sample) in runs.items():
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        manifest = io.read_json(tmp_path / side / "manifest.json")
+        io.write_json(tmp_path / side / "manifest.json", {**manifest, "seed": seed})
+        io.write_json(tmp_path / side / "patching" / "summary.json", {
+            "metric": "logprob", "clean_metric": -0.0011, "corrupted_metric": -9.81 if side == "a" else -10.01,
+            "n_examples": n, "rounding_floor": {"floor": 0.077}, "at_corrupted_token": entry, "top_sites": {"resid_pre": [
+                {"layer": 0, "head": None, "pos": 31, "from_end": -4, "token": "", "effect": entry["orders"][1]["sites"][
+                    "resid_pre"][0]["effect"], "ci": [9.45, 10.16], "n": n}]}})
+        io.write_json(tmp_path / side / "patching" / "provenance.json", {"task": "tools", "n_examples": n,
+                                                                        "sample": {"prompt": sample}})
+    table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    # shares of each run's own gap, by hand: 9.8067 / 9.8089 and 10.0085 / 10.0089
+    assert ("Top resid_pre layer aligned on the 2nd differing position (-4 from the end in every prompt of both): layer 0 "
+            "in both (A L0: 1.00 of the gap, 95% CI [0.96, 1.04] (+9.81 answer log-probability); B L0: 1.00 of the gap, "
+            "95% CI [0.97, 1.03] (+10 answer log-probability)).") in [n.removeprefix(SAME) for n in notes]
+    assert "within noise: each inside the other&#x27;s 95% interval" in table.split("2nd differing position")[1]
+    assert any(n.startswith(NOT_COMPARED + "Top resid_pre sites are not compared end-aligned") and "compared instead" in n
+               for n in notes)
+    # the job word at another place from the end in B's prompts: not the same slot, refused with the reason
+    entry = aligned(24, 10.0085, [9.7508, 10.266])
+    entry["differ_from_end"] = {"-5": 24, "-7": 24}
+    s = io.read_json(tmp_path / "b" / "patching" / "summary.json")
+    io.write_json(tmp_path / "b" / "patching" / "summary.json", {**s, "at_corrupted_token": entry})
+    table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert "aligned on" not in table and any("nor aligned on the differing positions: the differing positions sit at "
+                                             "other places from the end (A -6, -4, B -7, -5)" in n for n in notes)
