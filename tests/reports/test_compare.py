@@ -1804,3 +1804,33 @@ def test_compare_sets_patching_sites_aligned_on_the_same_differing_word_against_
     table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
     assert "aligned on" not in table and any("nor aligned on the differing positions: the differing positions sit at "
                                              "other places from the end (A -6, -4, B -7, -5)" in n for n in notes)
+
+
+def test_compare_top_heads_sets_that_differ_say_whether_the_edge_heads_lie_within_noise(tmp_path):
+    """Review 13c C5: "4 of the top 5 are shared" carried no uncertainty, though A's 5th and B's 5th sat within each
+    other's noise. Hand-worked over n = 4: t(0.975, 3) = 3.1824; in B, L0H1 (0.12) and its 5th L0H0 (0.13), SEs 0.02:
+    0.01 apart, inside 3.1824 x 0.04 = 0.127; in A, L0H0 (0.09) and its 5th L0H1 (0.1) likewise. With SEs of 0.001 the
+    reach is 0.0064, under 0.01: then the edge is not within noise."""
+    from headscope.reports.compare_top import top_heads_notes
+
+    def values(l0h1: float, l0h0: float, se: float) -> dict[str, tuple[float, float]]:
+        return {"L1H2": (0.9, se), "L1H1": (0.5, se), "L1H0": (0.3, se), "L0H2": (0.2, se), "L0H1": (l0h1, se),
+                "L0H0": (l0h0, se)}
+
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+    _heads_summary(tmp_path / "a", top_heads_gradient=TOP)
+    _heads_summary(tmp_path / "b", top_heads_gradient=[*TOP[:4], "L0H0"])
+    _importances(tmp_path / "a", values(0.1, 0.09, 0.02))
+    _importances(tmp_path / "b", values(0.12, 0.13, 0.02))
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    (note,) = top_heads_notes(a, b)
+    assert note.startswith(SAME + "Top heads by gradient: 4 of the top 5 are shared (L1H2, L1H1, L1H0, L0H2): ")
+    assert ("the others differ only within the runs' noise: in A, L0H0 (outside A's top 5, 0.09) and its 5th, L0H1 (0.1) "
+            "are within each other's noise (0.01 apart, SEs 0.02 and 0.02;") in note
+    assert "in B, L0H1 (outside B's top 5, 0.12) and its 5th, L0H0 (0.13) are within each other's noise" in note
+    _importances(tmp_path / "a", values(0.1, 0.09, 0.001))
+    _importances(tmp_path / "b", values(0.12, 0.13, 0.001))
+    (note,) = top_heads_notes(a, b)
+    assert not note.startswith(SAME) and ("at the edge of the top 5: in A, L0H0 (outside A's top 5, 0.09) and its 5th, "
+                                          "L0H1 (0.1) are not within each other's noise") in note
