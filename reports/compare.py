@@ -18,13 +18,16 @@ Every string from the folders is escaped; figures are inline PNG.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from headscope.errors import ConfigError, OutputError, OutputExistsError
 from headscope.reports import io
+from headscope.reports.compare_aligned import aligned_note, aligned_pairs, same_slots
 from headscope.reports.compare_figures import FIGURE_CSS, figures_section
 from headscope.reports.compare_headlines import headline_notes, n_words
 from headscope.reports.compare_heads import (  # noqa: F401 (importance_figure, pruning_notes: the page's parts, tested)
@@ -148,6 +151,7 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
         return (f"<p><em>blank: top patching sites not compared: {escape(other_task)}</em></p>",
                 [NOT_COMPARED + f"Top patching sites: not compared: {other_task}."])
     gaps = [_gap(s) for s in sums]
+    floor = comparison_floor(sums, gaps)
     differ = prompts_differ(a, b, "patching")
     unmatched: list[str] = []  # site types whose positions name tokens of different prompts
     for kind in kinds:
@@ -163,13 +167,17 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
                 cell = side[i] if i < len(side) else None
                 effect = float(cell.get("effect", float("nan"))) if cell is not None else 0.0
                 row.append(f"<em>(its summary lists {len(side)} {escape(kind)} site(s))</em>" if cell is None
-                           else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s, cell))}")
+                           else f"{escape(_site_name(kind, cell))}: {escape(_effect_text(effect, gap, s, cell))}"
+                           + (f" <em>({escape(floor[1])}: rounding, not ranked)</em>" if _under(cell, floor) else ""))
             pair = [side[i] if i < len(side) else None for side in cells]
-            row.append(escape(_row_verdict(kind, pair, gaps)))
+            row.append(escape(_row_verdict(kind, pair, gaps, floor)))
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
         firsts = [tuple(c[0].get(k) for k in ("layer", "head", "pos")) if c else None for c in cells]
         swap = _tied_swap(kind, [t.get(kind) or [] for t in tops], gaps, sums) if all(firsts) else None
-        if all(firsts) and firsts[0] != firsts[1] and swap:
+        if all(firsts) and all(_under(c[0], floor) for c in cells):  # neither run has a site of this type
+            notes.append(SAME + f"Top {kind} site: not a difference: both runs' first {kind} cells are {floor[1]} "
+                                f"(A {_with_ci(kind, cells[0][0], gaps[0])}, B {_with_ci(kind, cells[1][0], gaps[1])}).")
+        elif all(firsts) and firsts[0] != firsts[1] and swap:
             notes.append(SAME + f"Top {kind} site: A lists {_site_name(kind, cells[0][0])} first, B "
                                 f"{_site_name(kind, cells[1][0])}: not a difference, {swap}.")
         elif all(firsts) and firsts[0] != firsts[1]:
@@ -178,11 +186,46 @@ def patching_section(a: Run, b: Run, n: int = 3) -> tuple[str, list[str]]:
             notes.append(f"Top {kind} site differs: A {_site_name(kind, cells[0][0])}, "
                          f"B {_site_name(kind, cells[1][0])}{counts}"
                          f"{_top_ties(kind, [t.get(kind) or [] for t in tops], gaps)}.")
+    aligned = aligned_pairs(*sums) if unmatched else []
+    for kind, where, ca, cb in aligned:  # review 13a C4: the same word of the template in both runs' prompts
+        texts = tuple(f"L{c.get('layer')}: {_effect_text(float(c['effect']), gap, s, c)}" for c, gap, s in
+                      zip((ca, cb), gaps, sums))
+        rows.append(f"<tr><td>{escape(kind)} aligned on {escape(where)}</td>"
+                    + "".join(f"<td>{escape(t)}" + (f" <em>({escape(floor[1])}: rounding, not ranked)</em>"
+                                                     if _under(c, floor) else "") + "</td>" for t, c in zip(texts, (ca, cb)))
+                    + f"<td>{escape(_row_verdict(kind, [ca, cb], gaps, floor))}</td></tr>")
+        if not (_under(ca, floor) and _under(cb, floor)):
+            notes.append(aligned_note(kind, where, (ca, cb), texts, False))
     if unmatched:  # one line for every site type with positions
-        notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared: {differ}.")
+        slots = same_slots(*sums)
+        instead = ("; compared instead aligned on the positions where clean and corrupted differ, the same words of "
+                   "the task in both runs' prompts (below the end-aligned rows)" if aligned else
+                   f"; nor aligned on the differing positions: {slots}" if slots else "")
+        notes.append(NOT_COMPARED + f"Top {', '.join(unmatched)} sites are not compared end-aligned: {differ}{instead}.")
     table = ("<table><tr><th>site type</th><th>A: site: effect</th><th>B: site: effect</th><th>A vs B</th></tr>"
              + "".join(rows) + "</table>")
     return table, notes
+
+
+def comparison_floor(sums: list[Mapping[str, Any]], gaps: list) -> tuple[float, str] | None:
+    """(the larger of the two runs' rounding floors of the patching metric, in its raw units, and its words), or None
+    where neither run records one or a run reports normalised effects (review 13a A4: f32 against bf16 ranked third
+    cells of +0.022 and -0.029 answer log-probability, under bf16's 0.077, as "different sites"). A difference
+    between the runs cannot be resolved below the coarser run's rounding, so a cell under it is no site to rank."""
+    floors = [(s.get("rounding_floor") or {}).get("floor") if isinstance(s.get("rounding_floor"), Mapping) else None
+              for s in sums]
+    if any(g is None for g in gaps) or not any(_number(f) for f in floors):
+        return None
+    side = max((i for i in (0, 1) if _number(floors[i])), key=lambda i: floors[i])
+    value = float(floors[side])
+    coarser = "" if floors[0] == floors[1] else f" of the coarser run ({SIDES[side]})"
+    return value, f"under the rounding floor{coarser}, {value:.2g} {_words(sums[side].get('metric', ''))}".rstrip()
+
+
+def _under(cell: Mapping[str, Any] | None, floor: tuple[float, str] | None) -> bool:
+    """Whether a top-sites cell's raw effect is under the comparison's rounding floor (comparison_floor)."""
+    return (cell is not None and floor is not None and _number(cell.get("effect"))
+            and abs(float(cell["effect"])) < floor[0])
 
 
 def _cell_key(cell: Mapping[str, Any]) -> tuple:
@@ -234,18 +277,25 @@ def _tied_swap(kind: str, tops: list[list], gaps: list, sums: list) -> str | Non
             f"arbitrary ({ties})")
 
 
-def _row_verdict(kind: str, pair: list, gaps: list) -> str:
+def _row_verdict(kind: str, pair: list, gaps: list, floor: tuple[float, str] | None = None) -> str:
     """Whether A's and B's cells of one table row differ beyond the runs' noise (review 9a C8: "L0H2: 0.48 of the gap"
     against "0.37" was given bare, though each lies inside the other's 95% interval): each share of its own run's gap
-    inside the other's interval is "within noise", as compare says of taus; '' where either has no interval."""
+    inside the other's interval is "within noise", as compare says of taus; '' where either has no interval. Cells
+    both under the runs' rounding floor (comparison_floor) are within noise whatever their intervals: no site in
+    either run (review 13a A4)."""
     if any(c is None for c in pair):
         return ""
+    if all(_under(c, floor) for c in pair):
+        return f"within noise: both cells are {floor[1]}: no site in either run, not ranked"
     said = [share(c, gap, gap is None) for c, gap in zip(pair, gaps)]
     if any(x is None or x[1] is None for x in said):
         return ""
     (va, ca), (vb, cb) = said
     mutual = tied({"effect": va, "ci": ca}, {"effect": vb, "ci": cb})
     same = _cell_key(pair[0]) == _cell_key(pair[1])
+    under = [side for side, c in zip(SIDES, pair) if _under(c, floor)]
+    if under and not same:  # one run's cell is rounding: no site to set against the other's
+        return f"different cells; {under[0]}'s is {floor[1]}: not a site"
     if same:
         return ("within noise: each inside the other's 95% interval" if mutual
                 else "beyond noise: not each inside the other's 95% interval")
@@ -380,12 +430,36 @@ def provenance_html(a: Run, b: Run, names: list[str]) -> str:
             + "".join(rows) + "</table>")
 
 
+# review 13a B: the page fits the window (1,200 px); a long unbroken string (a --task-fields value, a path, a commit)
+# wraps inside its cell instead of widening the table, A's and B's columns share the width, wide figures shrink
+FIT_CSS = (".side{table-layout:fixed;width:100%}.side th:first-child{width:9em}.side td{vertical-align:top}"
+           "td,th,li,p{overflow-wrap:anywhere}table{max-width:100%}img{max-width:100%;height:auto}")
+
+
 def _plain(note: str) -> str:
     return note.removeprefix(SAME).removeprefix(NOT_COMPARED)
 
 
-def compare_html(a: Run, b: Run) -> str:
-    """The page: settings that differ, the differences (each within or beyond noise where intervals are recorded),
+def report_links(a: Run, b: Run, page: Path | None) -> str:
+    """A paragraph linking each run's report.html relative to the compare page's folder (review 13c C), or saying that
+    a run has none; '' where the page's place is not known. Paths are percent-encoded, then escaped."""
+    if page is None:
+        return ""
+    base = Path(os.path.abspath(page)).parent
+    parts = []
+    for side, run in zip(SIDES, (a, b)):
+        report = run.path / "report.html"
+        if report.is_file():
+            href = quote(Path(os.path.relpath(os.path.abspath(report), base)).as_posix())
+            parts.append(f"<a href='{escape(href)}'>{side}'s report ({escape(str(report))})</a>")
+        else:
+            parts.append(f"{side} has no report.html in {escape(str(run.path))}")
+    return "<p class='reports'>Reports: " + " &middot; ".join(parts) + "</p>"
+
+
+def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
+    """The page: links to both reports (relative to `page`, where the page will be written),
+    settings that differ, the differences (each within or beyond noise where intervals are recorded),
     what is not compared and why (never among the differences), the findings side by side, the overlays and
     tables of the quantities compared, every figure of both reports A beside B, and both provenances."""
     names = list(dict.fromkeys([*((a.manifest.get("config") or {}).get("analyses") or []),
@@ -421,9 +495,9 @@ def compare_html(a: Run, b: Run) -> str:
                     "these as much as from the models.</p><ul>" + "".join(f"<li>{escape(n)}</li>" for n in settings)
                     + "</ul>") if settings else "<h2 id='settings'>Settings</h2><p>The runs share every recorded setting.</p>"
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>headscope compare</title>"
-            f"<style>{CSS}.side td{{vertical-align:top;width:45%}}{FIGURE_CSS}</style></head><body>"
+            f"<style>{CSS}{FIT_CSS}{FIGURE_CSS}</style></head><body>"
             f"<h1>headscope compare</h1><p>A: {escape(a.label_against(b))} &nbsp; B: {escape(b.label_against(a))}</p>"
-            + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
+            + report_links(a, b, page) + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
             f"<h2 id='not-compared'>Not compared, and why</h2><ul>{not_compared}</ul>"
             f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"
             + "".join(blocks) + figures + provenance_html(a, b, names) + "</body></html>")
@@ -442,7 +516,7 @@ def compare_reports(out_a: str | Path, out_b: str | Path, out: str | Path | None
     if target.exists() and not force:
         raise OutputExistsError(f"{str(target)!r} exists; pass --force to overwrite it or --out another file.")
     setup_style()
-    page = compare_html(a, b)
+    page = compare_html(a, b, target)
     try:
         return io.write_text(target, page)
     except OSError as err:

@@ -122,7 +122,7 @@ def withheld_quantity(name: str, label: str, s: Mapping[str, Any]) -> str:
     return f"leaves integrated gradients out ({why})"
 
 
-def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
+def _mlp(s: Mapping[str, Any], layer: str | None = None) -> list[Quantity]:
     """The highest layer's key-value agreement with the Wilson interval the mlp finding prints: k of n neurons, n
     that layer's memories (every expert's neurons on a mixture of experts: plots_mlp.memory_sizes) and k the
     recorded count (agreement_count_per_layer) or the rounded share (reports/plots_mlp.py)."""
@@ -131,12 +131,53 @@ def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
     agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
     if not agree:
         return []
-    best = max(agree, key=lambda k: agree[k])
+    best = max(agree, key=lambda k: agree[k]) if layer is None else str(layer)
+    if best not in agree:
+        return []
     n = memory_sizes(s).get(str(best))
     counted = (s.get("agreement_count_per_layer") or {}).get(best)
     hits = int(counted) if _number(counted) else round(agree[best] * n) if _number(n) else None
     ci = wilson(hits, int(n)) if hits is not None and _number(n) and n > 0 else None
-    return [("mlp highest layer key-value agreement", agree[best], ci, n, unit(s, best))]
+    label = "mlp highest layer key-value agreement" if layer is None else f"mlp key-value agreement at layer {best}"
+    return [(label, agree[best], ci, n, unit(s, best))]
+
+
+def _best_layer(s: Mapping[str, Any]) -> str | None:
+    agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
+    return max(agree, key=lambda k: agree[k]) if agree else None
+
+
+def mlp_pairs(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[tuple[Quantity, Quantity]]:
+    """A's and B's key-value agreement at one layer (review 13c A2: "highest layer" set A's layer 2 against B's layer
+    1): each run's highest layer where they are the same, named; else both at A's highest layer, the label saying
+    B's highest layer and its value."""
+    la, lb = _best_layer(sa), _best_layer(sb)
+    if la is None or lb is None:
+        return list(zip(_mlp(sa), _mlp(sb)))
+    if la == lb:
+        ((_, va, ia, na, ua),), ((_, vb, ib, nb, ub),) = _mlp(sa), _mlp(sb)
+        label = f"mlp highest layer key-value agreement (layer {la} in both)"
+        return [((label, va, ia, na, ua), (label, vb, ib, nb, ub))]
+    qa, qb = _mlp(sa, la), _mlp(sb, la)
+    if not (qa and qb):
+        return list(zip(_mlp(sa), _mlp(sb)))
+    other = (sb.get("agreement_per_layer") or {})[lb]
+    label = (f"mlp key-value agreement at layer {la} (the highest layers differ: A's is layer {la}, B's layer {lb} at "
+             f"{other:.3g}; compared at the same layer)")
+    return [((label, *qa[0][1:]), (label, *qb[0][1:]))]
+
+
+def mlp_n_text(sa: Mapping[str, Any], sb: Mapping[str, Any], n: str) -> str:
+    """The n of an agreement line: where the runs looked at different numbers of prefixes (--quick), that setting
+    (review 13c A2: 1,248 against 9,984 prefixes of one checkpoint, "n 256 neurons each", read as the model's): the
+    agreement counts neurons whose triggers lie among the prefixes, so fewer prefixes find fewer."""
+    pa, pb = sa.get("n_prefixes"), sb.get("n_prefixes")
+    if not (_number(pa) and _number(pb)) or pa == pb:
+        return n
+    ta, tb = sa.get("n_task_examples"), sb.get("n_task_examples")
+    tasks = f" of {ta} vs {tb} task examples" if _number(ta) and _number(tb) and ta != tb else ""
+    return (f"n differs: {pa:,} vs {pb:,} prefixes{tasks}, a setting, not the model: the agreement counts neurons "
+            f"whose triggers lie among the prefixes, so fewer prefixes find fewer; {n}")
 
 
 def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
@@ -195,7 +236,40 @@ def _mlp_between(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]
     return [] if said is None else [("mlp between-layer agreement", said, {}, "cannot be told apart" not in said)]
 
 
-VERDICTS = {"kv": _kv_budgets, "mlp": _mlp_between}  # analysis -> [(label, its headline in words, per-budget verdicts,
+def _mlp_control(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any], Any]]:
+    """The mlp finding's layers above their own shuffled control (plots_mlp.control_layers), where it states them."""
+    from headscope.reports.plots_mlp import ALPHA, control_layers
+
+    said = control_layers(s)
+    return [] if said is None else [(f"mlp layers above their own shuffled control at p < {ALPHA:g} (uncorrected)",
+                                     said, {}, said)]
+
+
+def _probes_selectivity(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any], Any]]:
+    """The probes finding's selectivity verdict (plots_probes.finding): not measurable (a degenerate control, with
+    its reason), below 0, low (under 0.1) or measured, with the value; none where the finding states none (at chance,
+    no selectivity). Review 13b A1: "-0.33 ... no evidence that the property is read" against "cannot be measured"
+    between two seeds was listed nowhere."""
+    if _chance(s) is not None:
+        return []
+    label = "probes selectivity"
+    if s.get("control_degenerate"):
+        return [(label, f"cannot be measured ({s['control_degenerate']})", {}, "not measurable")]
+    sel = s.get("best_selectivity")
+    if not _number(sel):
+        return []
+    kind = "below 0" if sel < 0 else "low" if sel < 0.1 else "measured"
+    words = {"below 0": "below 0: no evidence that the property is read rather than memorised",
+             "low": "low: the probe memorises rather than reads", "measured": "measured"}[kind]
+    return [(label, f"{sel:.2f} ({words})", {}, kind)]
+
+
+def _verdicts(*getters):
+    return lambda s: [v for get in getters for v in get(s)]
+
+
+VERDICTS = {"kv": _kv_budgets, "mlp": _verdicts(_mlp_between, _mlp_control),
+            "probes": _probes_selectivity}  # analysis -> [(label, its headline in words, per-budget verdicts,
 # the headline's verdict: a budget, whether the layers differ; equal verdicts are the same headline)]
 
 
@@ -439,9 +513,12 @@ def headline_notes(a: Run, b: Run) -> list[str]:
         caveat = (f"; {' and '.join(wide)}'s report{'s' * (len(wide) > 1)} cannot tell the model from chance on "
                   f"{'its' if len(wide) == 1 else 'their'} examples and read{'s' * (len(wide) == 1)} this with that caveat"
                   if wide else "")
+        if name == "mlp":  # compared at one layer (review 13c A2); refused above under its general label
+            pairs = mlp_pairs(sa, sb)
         for (label, va, ia, na, unit), (label_b, vb, ib, nb, unit_b) in pairs:
             n = (name == "attribution" and unit == unit_b == "examples" and tau_n_text(sa, sb, label, na, nb)
-                 or _n_text(na, nb, unit, unit_b)) + caveat
+                 or _n_text(na, nb, unit, unit_b))
+            n = (mlp_n_text(sa, sb, n) if name == "mlp" else n) + caveat
             own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
                    if (why := withheld_quantity(name, lab, s))]
             if own:  # said even where both reports leave it out: each report's reason

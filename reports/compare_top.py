@@ -260,6 +260,31 @@ def settled_words(method: str, lists: list[list[str]], tie: list[Ties], sums: li
     return out
 
 
+def _edge_noise(method: str, lists: list[list[str]], sums: list[Mapping[str, Any]],
+                runs: tuple[Run, Run]) -> tuple[str, bool]:
+    """Where the top-k sets differ, whether each head only one list holds lies within the other run's noise of that
+    run's k-th head (review 13c C5: "4 of the top 5 are shared" with A's 4th and 5th and B's 5th at 0.63-0.78 and no
+    interval said), in words, by the same test as a swap (`_swap_close`: the paired difference over the examples
+    where the run keeps them, else the marginal intervals); ('', False) where a run keeps no standard errors.
+    The flag: every such head is within noise."""
+    said, within = [], True
+    for side, run, mine, other, s in zip(SIDES, runs, lists, lists[::-1], sums):
+        imp = importances(run, method)
+        kth = mine[-1]
+        for h in [h for h in other if h not in mine]:
+            if h not in imp or kth not in imp:
+                return "", False
+            close = _swap_close(run, imp, s.get("n_examples"), method, kth, h)
+            where = f"in {side}, {h} (outside {side}'s top {len(mine)}, {imp[h][0]:.3g}) and its {ordinal(len(mine))}, " \
+                    f"{kth} ({imp[kth][0]:.3g})"
+            if close is None:
+                within = False
+                said.append(f"{where} are not within each other's noise")
+            else:
+                said.append(f"{where} are within each other's noise ({close})")
+    return "; ".join(said), within
+
+
 def _top_note(method: str, lists: list[list[str]], sums: list[Mapping[str, Any]], runs: tuple[Run, Run]) -> str:
     tie = [ties(s, method, lst) for s, lst in zip(sums, lists)]
     said = [w for side, lst, t, other in zip(SIDES, lists, tie, lists[::-1]) for w in _tie_words(side, lst, t, other)]
@@ -282,8 +307,13 @@ def _top_note(method: str, lists: list[list[str]], sums: list[Mapping[str, Any]]
     else:
         shared = [h for h in lists[0] if h in lists[1]]
         agree = _edge_explains(lists, tie) and (same_order or within) and any(t.edge for t in tie)
+        edge, noisy = ("", False) if agree else _edge_noise(method, lists, sums, runs)
+        edge_words = (f"; the others differ only within the runs' noise: {edge}" if edge and noisy else
+                      f"; at the edge of the top {k or 'k'}: {edge}" if edge else "")
+        agree = agree or (noisy and (same_order or within))
         what = (f"{len(shared)} of the {top} are shared" + (f" ({', '.join(shared)})" if shared else "") + f": {both}"
-                + swaps + ("; the others differ only where a tie at the edge leaves a place undecided" if agree else ""))
+                + swaps + ("; the others differ only where a tie at the edge leaves a place undecided"
+                           if agree and not edge else "") + edge_words)
     text = f"Top heads by {FINDING_METHOD_WORDS.get(method, method)}: {what}"
     if sums[0].get("n_examples") != sums[1].get("n_examples"):
         text += f" ({n_words(*sums)})"

@@ -427,6 +427,23 @@ def between_layers(s: Mapping[str, Any]) -> str | None:
             f"{_p(corrected).replace('p ', 'p_Bonferroni ', 1)} over {n_layers} layers)")
 
 
+def control_layers(s: Mapping[str, Any]) -> str | None:
+    """The mlp finding's per-layer control verdict in words ("layer 3", "none"), or None where the finding states
+    none (at chance, no counts, one layer): what `headscope compare` sets side by side (review 13b A3: "layer 3" in
+    float32, "none" in bfloat16, unlisted)."""
+    if _chance(s) is not None or _stale_moe(s):
+        return None
+    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
+    sizes = memory_sizes(s)
+    if not agree:
+        return None
+    best = max(agree, key=lambda k: agree[k])
+    tests = _tests(s, sizes)
+    if tests is None or best not in tests["control_p_per_layer"] or best not in sizes or len(tests["control_p_per_layer"]) < 2:
+        return None
+    return _layers(list(tests["above_control_layers"]))  # after Bonferroni correction, as the finding (13b A3)
+
+
 def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int, sizes: Mapping[str, int]) -> list[str]:
     """Sentences: the best layer against its own shuffled control, every layer against its control, and the
     best layer against the others (pooled and each), all by Fisher's exact test on k of n neurons (each

@@ -81,7 +81,7 @@ def test_compare_page_sets_both_side_by_side_and_calls_out_differences(tmp_path)
     assert 'alt="head importance of A and B on one sequential scale from 0 (|dL/d gate|), and B - A on its own' in page
     # seeds (and models) differ: the runs patched different prompts, so positions are not compared
     assert "Top resid_pre site differs" not in page
-    assert ("Top resid_pre sites are not compared: A and B patched different prompts (model model-a vs model-b "
+    assert ("Top resid_pre sites are not compared end-aligned: A and B patched different prompts (model model-a vs model-b "
             "&lt;img src=x onerror=alert(1)&gt;, seed 0 vs 1), and a position names a token of the prompts its own run patched."
             ) in page
     assert page.count("<em>blank: positions are not compared: A and B patched different prompts") == 2
@@ -1049,7 +1049,7 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
                         "n_neurons_per_layer": 100, "n_prefixes": 50}),
                  "b": ({"n_examples": 12, "mean_tau_attention_gradient": 0.1, "std_tau_attention_gradient": 0.2,
                         "n_tau_attention_gradient": 12},
-                       {"agreement_per_layer": {"0": 0.2, "1": 0.1}, "n_neurons_per_layer": 100, "n_prefixes": 50})}
+                       {"agreement_per_layer": {"0": 0.1, "1": 0.2}, "n_neurons_per_layer": 100, "n_prefixes": 50})}
     for side, (attribution, mlp) in summaries.items():
         io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["attribution", "mlp"]}})
         io.write_json(tmp_path / side / "attribution" / "summary.json", attribution)
@@ -1065,10 +1065,11 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
                         f"|B - A| = 0.4 exceeds the combined half-widths {(ia[1] - ia[0]) / 2 + (ib[1] - ib[0]) / 2:.3g}; "
                         f"95% CIs A [{ia[0]:.3g}, {ia[1]:.3g}], B [{ib[0]:.3g}, {ib[1]:.3g}]).")
     assert f"95% CI [{ia[0]:.2f}, {ia[1]:.2f}]" in finding("attribution", summaries["a"][0])  # the one A's report prints
-    # mlp: A's layer 1 (30 of 100 recorded), B's layer 0 (20 of 100): Wilson intervals from scipy
+    # mlp: A's layer 1 (30 of 100 recorded), B's layer 1 (20 of 100): Wilson intervals from scipy
     wa = stats.binomtest(30, 100).proportion_ci(method="wilson")
     wb = stats.binomtest(20, 100).proportion_ci(method="wilson")
-    assert notes[1] == ("mlp highest layer key-value agreement: A 0.3, B 0.2 (n 100 neurons each) (within noise: |B - A| = "
+    assert notes[1] == ("mlp highest layer key-value agreement (layer 1 in both): A 0.3, B 0.2 (n 100 neurons each) (within "
+                        "noise: |B - A| = "
                         f"0.1 is inside the combined half-widths {(wa.high - wa.low) / 2 + (wb.high - wb.low) / 2:.3g}; 95% CIs "
                         f"A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]).")
     assert f"Wilson 95% CI {100 * wa.low:.0f}%-{100 * wa.high:.0f}%" in finding("mlp", summaries["a"][1])
@@ -1709,3 +1710,181 @@ def test_compare_lists_the_policy_each_kv_finding_ends_on_with_its_tie_and_noise
     clear = summary({"window": row(16, -0.30, -0.35, -0.25, 16), "heavy_hitters": row(16, -0.05, -0.08, -0.02, 16)}, 16)
     assert _verdict_notes("kv", untied, clear)[-1].endswith(
         "beyond noise: B's choice clears the other run's choice in its own run."), _verdict_notes("kv", untied, clear)
+
+
+def test_compare_links_both_reports_relative_to_the_page_escaped(tmp_path):
+    from headscope.reports.compare import compare_reports
+
+    _folder(tmp_path / "a b", "m", 1.0, 0, 0.5)
+    _folder(tmp_path / "b'x", "m", -1.0, 1, 0.5, quick=True)
+    (tmp_path / "a b" / "report.html").write_text("<html></html>", encoding="utf-8")  # B has none
+    page = compare_reports(tmp_path / "a b", tmp_path / "b'x", tmp_path / "pages" / "cmp.html").read_text(encoding="utf-8")
+    assert "<a href='../a%20b/report.html'>A's report (" in page  # review 13c C: relative, percent-encoded
+    where = html.escape(str(tmp_path / "b'x"), quote=True)
+    assert f"B has no report.html in {where}" in page
+    assert "b'x" not in page  # every path escaped
+
+
+@pytest.mark.skipif(__import__("browser").chromium_path() is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_compare_page_fits_a_1200_px_window_in_chromium(tmp_path):
+    """Review 13a B: a run's unbroken --task-fields value in the provenance made the page 1,521 px wide."""
+    from browser import open_page
+    from headscope.reports.compare import compare_reports
+
+    for side, sign in (("a", 1.0), ("b", -1.0)):
+        _folder(tmp_path / side, "m", sign, 0, 0.5)
+        manifest = io.read_json(tmp_path / side / "manifest.json")
+        manifest["command"] = ["headscope", "report", "--task-fields", ",".join(f"field{i}=column_{i}" for i in range(12))]
+        io.write_json(tmp_path / side / "manifest.json", manifest)
+        (tmp_path / side / "report.html").write_text("<html></html>", encoding="utf-8")
+    target = compare_reports(tmp_path / "a", tmp_path / "b", tmp_path / "cmp.html")
+    with open_page(target) as page:
+        width, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        links = page.evaluate("[...document.querySelectorAll('p.reports a')].map(a => a.href)")
+    assert window == 1200 and width <= window
+    assert links == [(tmp_path / side / "report.html").as_uri() for side in "ab"]
+
+
+def test_compare_does_not_rank_patching_cells_under_the_coarser_runs_rounding_floor(tmp_path):
+    """Review 13a A4 (f32 vs bf16, one model and prompts): third attn_out cells of +0.022 and -0.029 answer
+    log-probability, under bf16's rounding floor 0.077, were ranked as "different sites"."""
+    def cell(pos, effect, ci):
+        return {"layer": 0, "head": None, "pos": pos, "from_end": pos - 35, "token": "", "effect": effect, "ci": ci, "n": 8}
+
+    for side, floor, third in (("a", 1.17e-6, cell(31, 0.0218, [-0.0247, 0.0683])),
+                               ("b", 0.0766, cell(30, -0.0293, [-0.0584, -0.0001]))):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        io.write_json(tmp_path / side / "patching" / "summary.json", {
+            "metric": "logprob", "clean_metric": -0.001, "corrupted_metric": -9.81, "n_examples": 8,
+            "rounding_floor": {"basis": "one rounding step", "floor": floor, "n_cells": 252},
+            "top_sites": {"attn_out": [cell(34, 9.8065, [9.45, 10.16]), cell(34, 0.1365, [-0.1, 0.37]), third]}})
+    table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    rows = table.split("</tr>")
+    assert "different sites" not in table
+    assert ("within noise: both cells are under the rounding floor of the coarser run (B), 0.077 answer log-probability: "
+            "no site in either run, not ranked") in rows[3]
+    assert rows[3].count("rounding, not ranked") == 2 and "rounding" not in rows[1] + rows[2]  # 0.137 > 0.077: a cell
+    assert notes == []  # the first sites agree
+
+
+def test_compare_mlp_agreement_at_one_layer_with_the_prefix_counts_said(tmp_path):
+    """Review 13c A2 (one checkpoint, default vs --quick): "highest layer" set A's layer 2 (41 of 256) against B's
+    layer 1 (19 of 256) and called it beyond noise with "n 256 neurons each", while B saw 1,248 prefixes to A's 9,984."""
+    from scipy import stats
+
+    summaries = {"a": ({"0": 20, "1": 33, "2": 41, "3": 32}, 9984, 128), "b": ({"0": 4, "1": 19, "2": 17, "3": 18}, 1248, 16)}
+    for side, (counts, prefixes, examples) in summaries.items():
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["mlp"]}})
+        io.write_json(tmp_path / side / "mlp" / "summary.json", {
+            "agreement_per_layer": {k: v / 256 for k, v in counts.items()}, "agreement_count_per_layer": counts,
+            "n_memories_per_layer": {k: 256 for k in counts}, "n_neurons_per_layer": 256, "n_prefixes": prefixes,
+            "n_task_examples": examples})
+    (note,) = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    wa = stats.binomtest(41, 256).proportion_ci(method="wilson")  # both at layer 2, A's highest
+    wb = stats.binomtest(17, 256).proportion_ci(method="wilson")
+    assert note.startswith("mlp key-value agreement at layer 2 (the highest layers differ: A's is layer 2, B's layer 1 at "
+                           f"{19 / 256:.3g}; compared at the same layer): A {41 / 256:.3g}, B {17 / 256:.3g} (n differs: "
+                           "9,984 vs 1,248 prefixes of 128 vs 16 task examples, a setting, not the model")
+    assert f"95% CIs A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]" in note
+
+
+def test_compare_lists_the_mlp_control_and_probes_selectivity_verdicts_that_differ(tmp_path):
+    """Reviews 13b A3 and A1: the mlp layers above their own control ("layer 3" in float32, "none" in bfloat16) and the
+    probes selectivity verdict (-0.33 against "cannot be measured" across seeds) flipped and compare listed neither."""
+    from scipy import stats
+
+    counts = {"a": {"0": 6, "1": 18, "2": 8, "3": 10}, "b": {"0": 6, "1": 18, "2": 8, "3": 7}}
+    shuffled = {"0": 4, "1": 10, "2": 5, "3": 2}
+    probes = {"a": {"best_selectivity": -0.333, "control_degenerate": None},
+              "b": {"best_selectivity": None, "control_degenerate": "the control task's random labels for the 2 word "
+                                                                    "types at the read positions all came out as one class"}}
+    for side in "ab":
+        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["mlp", "probes"]}})
+        io.write_json(tmp_path / side / "mlp" / "summary.json", {
+            "agreement_per_layer": {k: v / 128 for k, v in counts[side].items()}, "agreement_count_per_layer": counts[side],
+            "agreement_shuffled_count_per_layer": shuffled, "n_memories_per_layer": {k: 128 for k in shuffled},
+            "n_neurons_per_layer": 128, "n_prefixes": 400})
+        io.write_json(tmp_path / side / "probes" / "summary.json", {"metric": "accuracy", "best_accuracy": 0.7,
+                                                                   "n_examples": 40, **probes[side]})
+    # Fisher's exact test per layer against its control, by scipy: only A's layer 3 is above at p < 0.05
+    above = {side: [l for l in shuffled if counts[side][l] > shuffled[l] and stats.fisher_exact(
+        [[counts[side][l], 128 - counts[side][l]], [shuffled[l], 128 - shuffled[l]]])[1] < 0.05] for side in "ab"}
+    assert above == {"a": ["3"], "b": []}
+    notes = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert "mlp layers above their own shuffled control at p < 0.05 (uncorrected): A layer 3, B none." in notes
+    assert ("probes selectivity: A -0.33 (below 0: no evidence that the property is read rather than memorised), B cannot "
+            "be measured (the control task's random labels for the 2 word types at the read positions all came out as "
+            "one class).") in notes
+
+
+def test_compare_sets_patching_sites_aligned_on_the_same_differing_word_against_each_other_across_seeds(tmp_path):
+    """Review 13a C4: seed 0 (8 prompts) and seed 1 (24) of one task differ from their corrupted prompts at -6 and -4
+    from the end in every prompt; both restore 1.00 of the gap at resid_pre L0 on the second (the job word), yet
+    compare refused every positional site."""
+    def aligned(n, job_effect, job_ci, layer=0):
+        return {"n": n, "differ_from_end": {"-4": n, "-6": n}, "from_end": {"-6": n}, "orders": [
+            {"order": 1, "n": n, "from_end": {"-6": n}, "sites": {"resid_pre": [
+                {"layer": 0, "effect": -0.025, "ci": [-0.055, 0.004], "n": n}]}},
+            {"order": 2, "n": n, "from_end": {"-4": n}, "sites": {"resid_pre": [
+                {"layer": layer, "effect": job_effect, "ci": job_ci, "n": n},
+                {"layer": 1 - layer, "effect": -0.01, "ci": [-0.03, 0.01], "n": n}]}}]}
+
+    runs = {"a": (0, 8, aligned(8, 9.8067, [9.4503, 10.163]), "Mara the baker works with a"),
+            "b": (1, 24, aligned(24, 10.0085, [9.7508, 10.266]), "Tom the painter works with a")}
+    for side, (seed, n, entry, sample) in runs.items():
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        manifest = io.read_json(tmp_path / side / "manifest.json")
+        io.write_json(tmp_path / side / "manifest.json", {**manifest, "seed": seed})
+        io.write_json(tmp_path / side / "patching" / "summary.json", {
+            "metric": "logprob", "clean_metric": -0.0011, "corrupted_metric": -9.81 if side == "a" else -10.01,
+            "n_examples": n, "rounding_floor": {"floor": 0.077}, "at_corrupted_token": entry, "top_sites": {"resid_pre": [
+                {"layer": 0, "head": None, "pos": 31, "from_end": -4, "token": "", "effect": entry["orders"][1]["sites"][
+                    "resid_pre"][0]["effect"], "ci": [9.45, 10.16], "n": n}]}})
+        io.write_json(tmp_path / side / "patching" / "provenance.json", {"task": "tools", "n_examples": n,
+                                                                        "sample": {"prompt": sample}})
+    table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    # shares of each run's own gap, by hand: 9.8067 / 9.8089 and 10.0085 / 10.0089
+    assert ("Top resid_pre layer aligned on the 2nd differing position (-4 from the end in every prompt of both): layer 0 "
+            "in both (A L0: 1.00 of the gap, 95% CI [0.96, 1.04] (+9.81 answer log-probability); B L0: 1.00 of the gap, "
+            "95% CI [0.97, 1.03] (+10 answer log-probability)).") in [n.removeprefix(SAME) for n in notes]
+    assert "within noise: each inside the other&#x27;s 95% interval" in table.split("2nd differing position")[1]
+    assert any(n.startswith(NOT_COMPARED + "Top resid_pre sites are not compared end-aligned") and "compared instead" in n
+               for n in notes)
+    # the job word at another place from the end in B's prompts: not the same slot, refused with the reason
+    entry = aligned(24, 10.0085, [9.7508, 10.266])
+    entry["differ_from_end"] = {"-5": 24, "-7": 24}
+    s = io.read_json(tmp_path / "b" / "patching" / "summary.json")
+    io.write_json(tmp_path / "b" / "patching" / "summary.json", {**s, "at_corrupted_token": entry})
+    table, notes = patching_section(Run(tmp_path / "a"), Run(tmp_path / "b"))
+    assert "aligned on" not in table and any("nor aligned on the differing positions: the differing positions sit at "
+                                             "other places from the end (A -6, -4, B -7, -5)" in n for n in notes)
+
+
+def test_compare_top_heads_sets_that_differ_say_whether_the_edge_heads_lie_within_noise(tmp_path):
+    """Review 13c C5: "4 of the top 5 are shared" carried no uncertainty, though A's 5th and B's 5th sat within each
+    other's noise. Hand-worked over n = 4: t(0.975, 3) = 3.1824; in B, L0H1 (0.12) and its 5th L0H0 (0.13), SEs 0.02:
+    0.01 apart, inside 3.1824 x 0.04 = 0.127; in A, L0H0 (0.09) and its 5th L0H1 (0.1) likewise. With SEs of 0.001 the
+    reach is 0.0064, under 0.01: then the edge is not within noise."""
+    from headscope.reports.compare_top import top_heads_notes
+
+    def values(l0h1: float, l0h0: float, se: float) -> dict[str, tuple[float, float]]:
+        return {"L1H2": (0.9, se), "L1H1": (0.5, se), "L1H0": (0.3, se), "L0H2": (0.2, se), "L0H1": (l0h1, se),
+                "L0H0": (l0h0, se)}
+
+    for side in ("a", "b"):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+    _heads_summary(tmp_path / "a", top_heads_gradient=TOP)
+    _heads_summary(tmp_path / "b", top_heads_gradient=[*TOP[:4], "L0H0"])
+    _importances(tmp_path / "a", values(0.1, 0.09, 0.02))
+    _importances(tmp_path / "b", values(0.12, 0.13, 0.02))
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    (note,) = top_heads_notes(a, b)
+    assert note.startswith(SAME + "Top heads by gradient: 4 of the top 5 are shared (L1H2, L1H1, L1H0, L0H2): ")
+    assert ("the others differ only within the runs' noise: in A, L0H0 (outside A's top 5, 0.09) and its 5th, L0H1 (0.1) "
+            "are within each other's noise (0.01 apart, SEs 0.02 and 0.02;") in note
+    assert "in B, L0H1 (outside B's top 5, 0.12) and its 5th, L0H0 (0.13) are within each other's noise" in note
+    _importances(tmp_path / "a", values(0.1, 0.09, 0.001))
+    _importances(tmp_path / "b", values(0.12, 0.13, 0.001))
+    (note,) = top_heads_notes(a, b)
+    assert not note.startswith(SAME) and ("at the edge of the top 5: in A, L0H0 (outside A's top 5, 0.09) and its 5th, "
+                                          "L0H1 (0.1) are not within each other's noise") in note
