@@ -241,7 +241,7 @@ def _mlp_control(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]
     from headscope.reports.plots_mlp import ALPHA, control_layers
 
     said = control_layers(s)
-    return [] if said is None else [(f"mlp layers above their own shuffled control at p < {ALPHA:g} (uncorrected)",
+    return [] if said is None else [(f"mlp layers above their own shuffled control at p_Bonferroni < {ALPHA:g}",
                                      said, {}, said)]
 
 

@@ -298,9 +298,17 @@
     if (!cv) return;
     selectHead(+cv.getAttribute("data-layer"), +cv.getAttribute("data-head"), false, e.shiftKey || e.ctrlKey || e.metaKey);
   });
+  // a link opens its head and scrolls here, which moves thumbnails under a pointer that did not move; the browser
+  // then reports a mouseover there, and the preview would replace the linked head: no preview until the pointer moves
+  var pointer = null;
+  ["mousemove", "click"].forEach(function (t) {
+    document.addEventListener(t, function (e) { pointer = [e.clientX, e.clientY]; }, true);
+  });
   tt.addEventListener("mouseover", function (e) {
     var cv = e.target.closest("canvas[data-layer]");
     if (!cv) return;
+    if (st.still && e.clientX === st.still[0] && e.clientY === st.still[1]) return;
+    st.still = null;
     var lh = [+cv.getAttribute("data-layer"), +cv.getAttribute("data-head")];
     if (st.preview ? st.preview[0] === lh[0] && st.preview[1] === lh[1]
                    : st.heads.length === 1 && lh[0] === st.l && lh[1] === st.h) return;
@@ -603,6 +611,7 @@
     var ex = m[3] ? sampleOf(m[3]) : -1;
     if (ex >= 0 && ex !== st.ex) showExample(ex);
     selectHead(+m[1], +m[2], false);
+    st.preview = null; st.still = pointer ? pointer.slice() : null;
     if (scroll && root.scrollIntoView) root.scrollIntoView({block: "start"});
   }
   drawThumbs();

@@ -41,7 +41,7 @@ def test_the_budget_shrinks_heads_on_a_100000_row_file(tiny_models, tmp_path, mo
     plans = runner.plan_analyses(model, ["heads"], held)
     plans = runner.resolve_plans(model, plans, ["heads"], dict(quick=True))
     assert len(plans["heads"].resolved) == 16  # HeadsConfig's quick size
-    fitted = runner.fit_to_budget(model, plans, ["heads"], 0.001)
+    fitted = runner.fit_to_budget(model, plans, ["heads"], 1e-6)  # below any machine's speed: every knob cut
     assert fitted["heads"].changed["n_examples"] == [None, 8]  # halved to the knob's floor (budget.MIN_EXAMPLES)
     plan = runner.apply_budget(model, plans, fitted)["heads"]
     assert plan.config.n_examples == 8 and len(plan.run_task) == 8

@@ -1793,7 +1793,7 @@ def test_compare_lists_the_mlp_control_and_probes_selectivity_verdicts_that_diff
     probes selectivity verdict (-0.33 against "cannot be measured" across seeds) flipped and compare listed neither."""
     from scipy import stats
 
-    counts = {"a": {"0": 6, "1": 18, "2": 8, "3": 10}, "b": {"0": 6, "1": 18, "2": 8, "3": 7}}
+    counts = {"a": {"0": 6, "1": 18, "2": 8, "3": 16}, "b": {"0": 6, "1": 18, "2": 8, "3": 7}}
     shuffled = {"0": 4, "1": 10, "2": 5, "3": 2}
     probes = {"a": {"best_selectivity": -0.333, "control_degenerate": None},
               "b": {"best_selectivity": None, "control_degenerate": "the control task's random labels for the 2 word "
@@ -1806,12 +1806,12 @@ def test_compare_lists_the_mlp_control_and_probes_selectivity_verdicts_that_diff
             "n_neurons_per_layer": 128, "n_prefixes": 400})
         io.write_json(tmp_path / side / "probes" / "summary.json", {"metric": "accuracy", "best_accuracy": 0.7,
                                                                    "n_examples": 40, **probes[side]})
-    # Fisher's exact test per layer against its control, by scipy: only A's layer 3 is above at p < 0.05
-    above = {side: [l for l in shuffled if counts[side][l] > shuffled[l] and stats.fisher_exact(
+    # Fisher's exact test per layer against its control, by scipy, Bonferroni over the 4 layers: only A's layer 3 is above
+    above = {side: [l for l in shuffled if counts[side][l] > shuffled[l] and 4 * stats.fisher_exact(
         [[counts[side][l], 128 - counts[side][l]], [shuffled[l], 128 - shuffled[l]]])[1] < 0.05] for side in "ab"}
     assert above == {"a": ["3"], "b": []}
     notes = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
-    assert "mlp layers above their own shuffled control at p < 0.05 (uncorrected): A layer 3, B none." in notes
+    assert "mlp layers above their own shuffled control at p_Bonferroni < 0.05: A layer 3, B none." in notes
     assert ("probes selectivity: A -0.33 (below 0: no evidence that the property is read rather than memorised), B cannot "
             "be measured (the control task's random labels for the 2 word types at the read positions all came out as "
             "one class).") in notes
