@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.attribution.convergence import ig_use
+from headscope.analyses.core import chance
 from headscope.analyses.core.chance import does_not_copy, metric_ci
 from headscope.reports.attribution_words import loo_rounds
 from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
@@ -238,10 +239,10 @@ def _mlp_between(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]
 
 def _mlp_control(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any], Any]]:
     """The mlp finding's layers above their own shuffled control (plots_mlp.control_layers), where it states them."""
-    from headscope.reports.plots_mlp import ALPHA, control_layers
+    from headscope.reports.plots_mlp import control_layers
 
     said = control_layers(s)
-    return [] if said is None else [(f"mlp layers above their own shuffled control at p_Bonferroni < {ALPHA:g}",
+    return [] if said is None else [(f"mlp layers above their own shuffled control at p_Bonferroni < {chance.ALPHA:g}",
                                      said, {}, said)]
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from headscope.analyses.core import chance
 from headscope.reports.findings import _chance, _num, _pct, and_join, wilson
 from headscope.reports.plots import axes, fit_title, label, laid_out
 from headscope.reports.render import escape
@@ -329,7 +330,7 @@ def _measured_only(s: Mapping[str, Any]) -> str:
             + (" " + POST_NORM if s.get("values_through_post_norm") else ""))
 
 
-ALPHA = 0.05  # the level at which a Fisher test's p is called a difference
+ALPHA = chance.ALPHA  # an alias for importers; the finding reads chance.ALPHA at each call, as control_verdicts does
 
 
 def _count_map(s: Mapping[str, Any], key: str, sizes: Mapping[str, int]) -> dict[str, int]:
@@ -354,7 +355,7 @@ def _tests(s: Mapping[str, Any], sizes: Mapping[str, int]) -> dict | None:
             return dict(recorded)
         control_p = {str(l): p for l, p in recorded["control_p_per_layer"].items()}  # an older summary: correct it here
         return {**recorded, **control_verdicts(control_p, _count_map(s, "agreement", sizes),
-                                               _count_map(s, "agreement_shuffled", sizes), ALPHA)}
+                                               _count_map(s, "agreement_shuffled", sizes), chance.ALPHA)}
     return agreement_tests(_count_map(s, "agreement", sizes), _count_map(s, "agreement_shuffled", sizes), sizes)
 
 
@@ -393,8 +394,8 @@ def _against_wrong(s: Mapping[str, Any], count: int) -> str | None:
         from scipy.stats import binomtest
 
         p = binomtest(right, right + wrong).pvalue  # the sign test: answer only against wrong answer only, p = 1/2
-        verdict = ("more single out the answer" if p < ALPHA and right > wrong else
-                   "more single out the wrong answer" if p < ALPHA else "neither is singled out more often")
+        verdict = ("more single out the answer" if p < chance.ALPHA and right > wrong else
+                   "more single out the wrong answer" if p < chance.ALPHA else "neither is singled out more often")
         text += f" ({right} against {wrong}: {verdict}, exact two-sided sign test, {_p(p)})"
     return text + "."
 
@@ -402,7 +403,7 @@ def _against_wrong(s: Mapping[str, Any], count: int) -> str | None:
 def _corrected(pooled: float, n_layers: int) -> tuple[int, float, str]:
     """(n_layers, the pooled p Bonferroni-corrected for picking the best of them, "differ" | "cannot be told apart")."""
     corrected = min(1.0, n_layers * pooled)
-    return n_layers, corrected, "differ" if corrected < ALPHA else "cannot be told apart"
+    return n_layers, corrected, "differ" if corrected < chance.ALPHA else "cannot be told apart"
 
 
 def between_layers(s: Mapping[str, Any]) -> str | None:
@@ -461,7 +462,7 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
            f"{_pct(control.get(best, 0) / n)}), layer {best} "
            + (f"agrees more ({test})." if best in above
               else f"agrees more before correction only ({test})" if best in loose
-              else f"agrees less ({test})" if bonf[best] < ALPHA and hits < control.get(best, 0)
+              else f"agrees less ({test})" if bonf[best] < chance.ALPHA and hits < control.get(best, 0)
               else f"cannot be told from it ({test})")]
     if not above:
         out[-1] += (": these MLPs show no key-value memory on this corpus that the test can detect"
@@ -473,7 +474,7 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
         only = "; ".join(f"layer {l} ({counts.get(l, 0)} of {sizes.get(l, '?')}, its control {control.get(l, 0)}) "
                          f"{_p(tests['control_p_per_layer'][l])}, {_p(bonf[l]).replace('p ', 'p_Bonferroni ', 1)}"
                          for l in loose)
-        out.append(f"Layers above their own control at p_Bonferroni < {ALPHA:g} (Fisher's p x {n_tests} layers): "
+        out.append(f"Layers above their own control at p_Bonferroni < {chance.ALPHA:g} (Fisher's p x {n_tests} layers): "
                    + _layers(above) + (f"; above it only before correction: {only}" if only else "") + ".")
     pooled, each = tests.get("best_vs_others_p"), tests.get("best_vs_layer_p") or {}
     if pooled is not None and tests.get("best_layer") == best:
