@@ -196,6 +196,13 @@ def memory_sizes(s: Mapping[str, Any]) -> dict[str, int]:
     return {str(k): int(n) for k in (s.get("agreement_per_layer") or {})} if n else {}
 
 
+def best_layer(s: Mapping[str, Any]) -> str | None:
+    """The layer the finding leads with: the highest agreement_per_layer (the first of equals); None without one.
+    The one rule for "the highest layer" (the finding, its verdicts, and the layer `headscope compare` compares)."""
+    agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
+    return max(agree, key=lambda k: agree[k]) if agree else None
+
+
 def _stale_moe(s: Mapping[str, Any]) -> bool:
     """A mixture-of-experts summary from before n_memories_per_layer: its fractions are over every expert's
     neurons but its counts, intervals and tests over one expert's width, so none of them is used."""
@@ -412,11 +419,9 @@ def between_layers(s: Mapping[str, Any]) -> str | None:
     counts, one layer): what `headscope compare` sets side by side (review 12b A8: the verdict flipped unlisted)."""
     if _chance(s) is not None:
         return None
-    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
-    sizes = memory_sizes(s)
-    if not agree or _stale_moe(s):
+    sizes, best = memory_sizes(s), best_layer(s)
+    if best is None or _stale_moe(s):
         return None
-    best = max(agree, key=lambda k: agree[k])
     tests = _tests(s, sizes)
     pooled = None if tests is None else tests.get("best_vs_others_p")
     if (pooled is None or tests.get("best_layer") != best or best not in sizes
@@ -434,11 +439,9 @@ def control_layers(s: Mapping[str, Any]) -> str | None:
     float32, "none" in bfloat16, unlisted)."""
     if _chance(s) is not None or _stale_moe(s):
         return None
-    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
-    sizes = memory_sizes(s)
-    if not agree:
+    sizes, best = memory_sizes(s), best_layer(s)
+    if best is None:
         return None
-    best = max(agree, key=lambda k: agree[k])
     tests = _tests(s, sizes)
     if tests is None or best not in tests["control_p_per_layer"] or best not in sizes or len(tests["control_p_per_layer"]) < 2:
         return None
@@ -504,7 +507,7 @@ def finding(s: Mapping[str, Any]) -> str:
     moe = STALE_MOE if _stale_moe(s) else experts_sentence(s)
     parts = [moe] if moe else []
     if agree:
-        best = max(agree, key=lambda k: agree[k])
+        best = best_layer(s)
         n = sizes.get(best, 0)
         counted = _num((s.get("agreement_count_per_layer") or {}).get(best))  # the recorded count (newer summaries)
         hits = int(counted) if counted is not None and n else round(agree[best] * n)
