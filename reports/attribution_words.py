@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headscope.analyses.attribution.convergence import ROUNDING_STEPS, IgUse, ig_rounding_floor, ig_use
+from headscope.analyses.core import chance
 from headscope.reports.findings import FEW, _chance, _ci, _num, _pct, _words, and_join, ci_pair, int_span, t_interval, wilson
 
 
@@ -444,7 +445,6 @@ def _rollout_taus(s: Mapping[str, Any], keys: tuple, defined: Mapping[str, int])
 
 
 WEAK_TAU = 0.2  # |mean tau| under this: agreement is weak
-ALPHA = 0.05  # the family-wise level of the paired rollout-minus-raw tests (Holm over the references)
 
 
 def _paired_words(entry: Mapping[str, Any] | None) -> str:
@@ -477,7 +477,8 @@ def _rollout_sentence(s: Mapping[str, Any], taus: Mapping[str, tuple], rollout: 
         said = _paired_words(entry)
         if said:
             pairs.append(int(_num(entry.get("n")) or 0))
-        passes = bool(said) and _num(entry.get("mean")) > 0 and _num(entry.get("p_holm")) < ALPHA
+        # at the family-wise level chance.ALPHA (Holm over the references)
+        passes = bool(said) and _num(entry.get("mean")) > 0 and _num(entry.get("p_holm")) < chance.ALPHA
         (better if passes else not_better).append(
             f"{name} (tau {roll:.2f} against raw {raw:.2f}; " + (f"paired difference {said})" if said else "no paired test)"))
     how = (f"paired per example, rollout minus raw tau over {min(pairs)}"

@@ -16,8 +16,10 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
   (`std_tau_attention_<m>`), clipped to [-1, 1], as the finding prints it; integrated gradients by
   analyses/attribution/convergence.py's rule (`ig_use`), as the finding: over its converged examples where only those
   are used (n in "converged examples"), not compared where its report leaves it out.
-- mlp: the highest layer's `agreement_per_layer` with its Wilson interval over that layer's `n_memories_per_layer`
-  (every expert's neurons on a mixture of experts; older summaries: `n_neurons_per_layer`).
+- mlp: the highest layer's `agreement_per_layer` (plots_mlp.best_layer) with its Wilson interval over that layer's
+  `n_memories_per_layer` (every expert's neurons on a mixture of experts; older summaries: `n_neurons_per_layer`);
+  not compared, as not the same quantity, where the runs' highest layers differ or they looked at different numbers
+  of prefixes (mlp_apart, review 13c A2).
 - verdict headlines (VERDICTS, review 12b A8): kv's holding budget per policy ("from 8 positions", with each budget's
   verdict where they differ) and mlp's between-layer verdict (plots_mlp.between_layers): the same words, a
   difference, or not compared.
@@ -34,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.analyses.attribution.convergence import ig_use
+from headscope.analyses.core import chance
 from headscope.analyses.core.chance import does_not_copy, metric_ci
 from headscope.reports.attribution_words import loo_rounds
 from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
@@ -122,62 +125,61 @@ def withheld_quantity(name: str, label: str, s: Mapping[str, Any]) -> str:
     return f"leaves integrated gradients out ({why})"
 
 
-def _mlp(s: Mapping[str, Any], layer: str | None = None) -> list[Quantity]:
-    """The highest layer's key-value agreement with the Wilson interval the mlp finding prints: k of n neurons, n
-    that layer's memories (every expert's neurons on a mixture of experts: plots_mlp.memory_sizes) and k the
-    recorded count (agreement_count_per_layer) or the rounded share (reports/plots_mlp.py)."""
-    from headscope.reports.plots_mlp import memory_sizes, unit
+MLP_LABEL = "mlp highest layer key-value agreement"
 
-    agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
-    if not agree:
+
+def _mlp(s: Mapping[str, Any]) -> list[Quantity]:
+    """The highest layer's key-value agreement (plots_mlp.best_layer, the finding's rule) with the Wilson interval the
+    mlp finding prints: k of n neurons, n that layer's memories (every expert's neurons on a mixture of experts:
+    plots_mlp.memory_sizes) and k the recorded count (agreement_count_per_layer) or the rounded share."""
+    from headscope.reports.plots_mlp import best_layer, memory_sizes, unit
+
+    best = best_layer(s)
+    if best is None:
         return []
-    best = max(agree, key=lambda k: agree[k]) if layer is None else str(layer)
-    if best not in agree:
-        return []
+    value = s["agreement_per_layer"][best]
     n = memory_sizes(s).get(str(best))
     counted = (s.get("agreement_count_per_layer") or {}).get(best)
-    hits = int(counted) if _number(counted) else round(agree[best] * n) if _number(n) else None
+    hits = int(counted) if _number(counted) else round(value * n) if _number(n) else None
     ci = wilson(hits, int(n)) if hits is not None and _number(n) and n > 0 else None
-    label = "mlp highest layer key-value agreement" if layer is None else f"mlp key-value agreement at layer {best}"
-    return [(label, agree[best], ci, n, unit(s, best))]
-
-
-def _best_layer(s: Mapping[str, Any]) -> str | None:
-    agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _number(v)}
-    return max(agree, key=lambda k: agree[k]) if agree else None
+    return [(MLP_LABEL, value, ci, n, unit(s, best))]
 
 
 def mlp_pairs(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[tuple[Quantity, Quantity]]:
-    """A's and B's key-value agreement at one layer (review 13c A2: "highest layer" set A's layer 2 against B's layer
-    1): each run's highest layer where they are the same, named; else both at A's highest layer, the label saying
-    B's highest layer and its value."""
-    la, lb = _best_layer(sa), _best_layer(sb)
-    if la is None or lb is None:
-        return list(zip(_mlp(sa), _mlp(sb)))
-    if la == lb:
-        ((_, va, ia, na, ua),), ((_, vb, ib, nb, ub),) = _mlp(sa), _mlp(sb)
-        label = f"mlp highest layer key-value agreement (layer {la} in both)"
-        return [((label, va, ia, na, ua), (label, vb, ib, nb, ub))]
-    qa, qb = _mlp(sa, la), _mlp(sb, la)
-    if not (qa and qb):
-        return list(zip(_mlp(sa), _mlp(sb)))
-    other = (sb.get("agreement_per_layer") or {})[lb]
-    label = (f"mlp key-value agreement at layer {la} (the highest layers differ: A's is layer {la}, B's layer {lb} at "
-             f"{other:.3g}; compared at the same layer)")
-    return [((label, *qa[0][1:]), (label, *qb[0][1:]))]
+    """A's and B's highest-layer agreement as one pair, the label naming the layer where it is the same in both; a
+    side without agreement is a blank (the line says which report states it). Whether the two are one quantity
+    (one layer, one prefix count) is mlp_apart's."""
+    from headscope.reports.plots_mlp import best_layer
+
+    qa, qb = _mlp(sa), _mlp(sb)
+    if not (qa or qb):
+        return []
+    la, lb = best_layer(sa), best_layer(sb)
+    label = f"{MLP_LABEL} (layer {la} in both)" if la == lb else MLP_LABEL
+    blank = (label, None, None, None, "neurons")
+    return [((label, *qa[0][1:]) if qa else blank, (label, *qb[0][1:]) if qb else blank)]
 
 
-def mlp_n_text(sa: Mapping[str, Any], sb: Mapping[str, Any], n: str) -> str:
-    """The n of an agreement line: where the runs looked at different numbers of prefixes (--quick), that setting
-    (review 13c A2: 1,248 against 9,984 prefixes of one checkpoint, "n 256 neurons each", read as the model's): the
-    agreement counts neurons whose triggers lie among the prefixes, so fewer prefixes find fewer."""
+def mlp_apart(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
+    """Why A's and B's highest-layer agreement are not one quantity, '' where they are as far as the summaries tell
+    (review 13c A2: A's layer 2 over 9,984 prefixes was set against B's layer 1 over 1,248 as a difference "beyond
+    noise"): the highest layers differ (each finding's number is of other neurons; the other run's finding states no
+    interval at this run's layer), or the runs looked at different numbers of prefixes (the agreement counts
+    neurons whose triggers lie among the prefixes, so fewer prefixes find fewer: a setting, not the model)."""
+    from headscope.reports.plots_mlp import best_layer
+
+    why = []
+    la, lb = best_layer(sa), best_layer(sb)
+    if la is not None and lb is not None and la != lb:
+        why.append(f"the highest layers differ (A's is layer {la}, B's layer {lb}), so each finding's agreement is of "
+                   "other neurons")
     pa, pb = sa.get("n_prefixes"), sb.get("n_prefixes")
-    if not (_number(pa) and _number(pb)) or pa == pb:
-        return n
-    ta, tb = sa.get("n_task_examples"), sb.get("n_task_examples")
-    tasks = f" of {ta} vs {tb} task examples" if _number(ta) and _number(tb) and ta != tb else ""
-    return (f"n differs: {pa:,} vs {pb:,} prefixes{tasks}, a setting, not the model: the agreement counts neurons "
-            f"whose triggers lie among the prefixes, so fewer prefixes find fewer; {n}")
+    if _number(pa) and _number(pb) and pa != pb:
+        ta, tb = sa.get("n_task_examples"), sb.get("n_task_examples")
+        tasks = f" of {ta} vs {tb} task examples" if _number(ta) and _number(tb) and ta != tb else ""
+        why.append(f"the runs looked at {pa:,} vs {pb:,} prefixes{tasks}, a setting, not the model: the agreement "
+                   "counts neurons whose triggers lie among the prefixes, so fewer prefixes find fewer")
+    return "; ".join(why)
 
 
 def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
@@ -238,10 +240,10 @@ def _mlp_between(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]
 
 def _mlp_control(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any], Any]]:
     """The mlp finding's layers above their own shuffled control (plots_mlp.control_layers), where it states them."""
-    from headscope.reports.plots_mlp import ALPHA, control_layers
+    from headscope.reports.plots_mlp import control_layers
 
     said = control_layers(s)
-    return [] if said is None else [(f"mlp layers above their own shuffled control at p_Bonferroni < {ALPHA:g}",
+    return [] if said is None else [(f"mlp layers above their own shuffled control at p_Bonferroni < {chance.ALPHA:g}",
                                      said, {}, said)]
 
 
@@ -513,12 +515,11 @@ def headline_notes(a: Run, b: Run) -> list[str]:
         caveat = (f"; {' and '.join(wide)}'s report{'s' * (len(wide) > 1)} cannot tell the model from chance on "
                   f"{'its' if len(wide) == 1 else 'their'} examples and read{'s' * (len(wide) == 1)} this with that caveat"
                   if wide else "")
-        if name == "mlp":  # compared at one layer (review 13c A2); refused above under its general label
+        if name == "mlp":  # named by its layer where both runs' is one (review 13c A2); refused above by MLP_LABEL
             pairs = mlp_pairs(sa, sb)
         for (label, va, ia, na, unit), (label_b, vb, ib, nb, unit_b) in pairs:
             n = (name == "attribution" and unit == unit_b == "examples" and tau_n_text(sa, sb, label, na, nb)
-                 or _n_text(na, nb, unit, unit_b))
-            n = (mlp_n_text(sa, sb, n) if name == "mlp" else n) + caveat
+                 or _n_text(na, nb, unit, unit_b)) + caveat
             own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
                    if (why := withheld_quantity(name, lab, s))]
             if own:  # said even where both reports leave it out: each report's reason
@@ -535,6 +536,10 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 continue
             if label != label_b:
                 notes.append(NOT_COMPARED + f"{name}: not compared: A states {label}, B {label_b}.")
+                continue
+            if name == "mlp" and (apart := mlp_apart(sa, sb)):  # review 13c A2: no difference of two quantities
+                notes.append(NOT_COMPARED + f"{label}: not compared, not the same quantity: {apart} (A {va:.3g}, "
+                             f"B {vb:.3g}; {n}).")
                 continue
             if abs(va - vb) <= 0.05 * max(abs(va), abs(vb), 1e-9):  # compared and close: agreement, not a difference
                 notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}), within 5% of each other.")

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from headscope.analyses.core import chance
 from headscope.reports.findings import _chance, _num, _pct, and_join, wilson
 from headscope.reports.plots import axes, fit_title, label, laid_out
 from headscope.reports.render import escape
@@ -195,6 +196,13 @@ def memory_sizes(s: Mapping[str, Any]) -> dict[str, int]:
     return {str(k): int(n) for k in (s.get("agreement_per_layer") or {})} if n else {}
 
 
+def best_layer(s: Mapping[str, Any]) -> str | None:
+    """The layer the finding leads with: the highest agreement_per_layer (the first of equals); None without one.
+    The one rule for "the highest layer" (the finding, its verdicts, and the layer `headscope compare` compares)."""
+    agree = {k: v for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
+    return max(agree, key=lambda k: agree[k]) if agree else None
+
+
 def _stale_moe(s: Mapping[str, Any]) -> bool:
     """A mixture-of-experts summary from before n_memories_per_layer: its fractions are over every expert's
     neurons but its counts, intervals and tests over one expert's width, so none of them is used."""
@@ -329,7 +337,7 @@ def _measured_only(s: Mapping[str, Any]) -> str:
             + (" " + POST_NORM if s.get("values_through_post_norm") else ""))
 
 
-ALPHA = 0.05  # the level at which a Fisher test's p is called a difference
+ALPHA = chance.ALPHA  # an alias for importers; the finding reads chance.ALPHA at each call, as control_verdicts does
 
 
 def _count_map(s: Mapping[str, Any], key: str, sizes: Mapping[str, int]) -> dict[str, int]:
@@ -354,7 +362,7 @@ def _tests(s: Mapping[str, Any], sizes: Mapping[str, int]) -> dict | None:
             return dict(recorded)
         control_p = {str(l): p for l, p in recorded["control_p_per_layer"].items()}  # an older summary: correct it here
         return {**recorded, **control_verdicts(control_p, _count_map(s, "agreement", sizes),
-                                               _count_map(s, "agreement_shuffled", sizes), ALPHA)}
+                                               _count_map(s, "agreement_shuffled", sizes), chance.ALPHA)}
     return agreement_tests(_count_map(s, "agreement", sizes), _count_map(s, "agreement_shuffled", sizes), sizes)
 
 
@@ -393,8 +401,8 @@ def _against_wrong(s: Mapping[str, Any], count: int) -> str | None:
         from scipy.stats import binomtest
 
         p = binomtest(right, right + wrong).pvalue  # the sign test: answer only against wrong answer only, p = 1/2
-        verdict = ("more single out the answer" if p < ALPHA and right > wrong else
-                   "more single out the wrong answer" if p < ALPHA else "neither is singled out more often")
+        verdict = ("more single out the answer" if p < chance.ALPHA and right > wrong else
+                   "more single out the wrong answer" if p < chance.ALPHA else "neither is singled out more often")
         text += f" ({right} against {wrong}: {verdict}, exact two-sided sign test, {_p(p)})"
     return text + "."
 
@@ -402,7 +410,7 @@ def _against_wrong(s: Mapping[str, Any], count: int) -> str | None:
 def _corrected(pooled: float, n_layers: int) -> tuple[int, float, str]:
     """(n_layers, the pooled p Bonferroni-corrected for picking the best of them, "differ" | "cannot be told apart")."""
     corrected = min(1.0, n_layers * pooled)
-    return n_layers, corrected, "differ" if corrected < ALPHA else "cannot be told apart"
+    return n_layers, corrected, "differ" if corrected < chance.ALPHA else "cannot be told apart"
 
 
 def between_layers(s: Mapping[str, Any]) -> str | None:
@@ -411,11 +419,9 @@ def between_layers(s: Mapping[str, Any]) -> str | None:
     counts, one layer): what `headscope compare` sets side by side (review 12b A8: the verdict flipped unlisted)."""
     if _chance(s) is not None:
         return None
-    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
-    sizes = memory_sizes(s)
-    if not agree or _stale_moe(s):
+    sizes, best = memory_sizes(s), best_layer(s)
+    if best is None or _stale_moe(s):
         return None
-    best = max(agree, key=lambda k: agree[k])
     tests = _tests(s, sizes)
     pooled = None if tests is None else tests.get("best_vs_others_p")
     if (pooled is None or tests.get("best_layer") != best or best not in sizes
@@ -433,11 +439,9 @@ def control_layers(s: Mapping[str, Any]) -> str | None:
     float32, "none" in bfloat16, unlisted)."""
     if _chance(s) is not None or _stale_moe(s):
         return None
-    agree = {k: _num(v) for k, v in (s.get("agreement_per_layer") or {}).items() if _num(v) is not None}
-    sizes = memory_sizes(s)
-    if not agree:
+    sizes, best = memory_sizes(s), best_layer(s)
+    if best is None:
         return None
-    best = max(agree, key=lambda k: agree[k])
     tests = _tests(s, sizes)
     if tests is None or best not in tests["control_p_per_layer"] or best not in sizes or len(tests["control_p_per_layer"]) < 2:
         return None
@@ -461,7 +465,7 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
            f"{_pct(control.get(best, 0) / n)}), layer {best} "
            + (f"agrees more ({test})." if best in above
               else f"agrees more before correction only ({test})" if best in loose
-              else f"agrees less ({test})" if bonf[best] < ALPHA and hits < control.get(best, 0)
+              else f"agrees less ({test})" if bonf[best] < chance.ALPHA and hits < control.get(best, 0)
               else f"cannot be told from it ({test})")]
     if not above:
         out[-1] += (": these MLPs show no key-value memory on this corpus that the test can detect"
@@ -473,7 +477,7 @@ def _tested(s: Mapping[str, Any], tests: Mapping[str, Any], best: str, hits: int
         only = "; ".join(f"layer {l} ({counts.get(l, 0)} of {sizes.get(l, '?')}, its control {control.get(l, 0)}) "
                          f"{_p(tests['control_p_per_layer'][l])}, {_p(bonf[l]).replace('p ', 'p_Bonferroni ', 1)}"
                          for l in loose)
-        out.append(f"Layers above their own control at p_Bonferroni < {ALPHA:g} (Fisher's p x {n_tests} layers): "
+        out.append(f"Layers above their own control at p_Bonferroni < {chance.ALPHA:g} (Fisher's p x {n_tests} layers): "
                    + _layers(above) + (f"; above it only before correction: {only}" if only else "") + ".")
     pooled, each = tests.get("best_vs_others_p"), tests.get("best_vs_layer_p") or {}
     if pooled is not None and tests.get("best_layer") == best:
@@ -503,7 +507,7 @@ def finding(s: Mapping[str, Any]) -> str:
     moe = STALE_MOE if _stale_moe(s) else experts_sentence(s)
     parts = [moe] if moe else []
     if agree:
-        best = max(agree, key=lambda k: agree[k])
+        best = best_layer(s)
         n = sizes.get(best, 0)
         counted = _num((s.get("agreement_count_per_layer") or {}).get(best))  # the recorded count (newer summaries)
         hits = int(counted) if counted is not None and n else round(agree[best] * n)

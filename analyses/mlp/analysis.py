@@ -542,16 +542,15 @@ def agreement_tests(counts: dict[str, int], control: dict[str, int], n: int | Ma
     return out
 
 
-CONTROL_ALPHA = 0.05  # the level at which a layer is called above its own shuffled control
-
-
 def control_verdicts(p_per_layer: Mapping[str, float], counts: Mapping[str, int], control: Mapping[str, int],
-                     alpha: float = CONTROL_ALPHA) -> dict[str, Any]:
+                     alpha: float | None = None) -> dict[str, Any]:
     """Which layers agree more than their own shuffled control, each of the L per-layer Fisher tests
     Bonferroni-corrected (p x L, at most 1): the finding's verdict on "these MLPs" reads every layer, so one
     of four layers at p = 0.034 uncorrected (0.14 corrected) is no detection (review 13b A3).
     "control_p_bonferroni_per_layer" {layer: corrected p}, "above_control_layers" (corrected p < alpha and
-    more agreeing neurons than the control), "above_control_uncorrected_only" (p < alpha only before it)."""
+    more agreeing neurons than the control), "above_control_uncorrected_only" (p < alpha only before it); alpha
+    defaults to chance.ALPHA, read at the call (the level the mlp finding prints: reports/plots_mlp.py)."""
+    alpha = chance.ALPHA if alpha is None else alpha
     n_tests = len(p_per_layer)
     corrected = {l: min(1.0, float(p) * n_tests) for l, p in p_per_layer.items()}
     more = [l for l in p_per_layer if counts.get(l, 0) > control.get(l, 0)]

@@ -1767,25 +1767,65 @@ def test_compare_does_not_rank_patching_cells_under_the_coarser_runs_rounding_fl
     assert notes == []  # the first sites agree
 
 
-def test_compare_mlp_agreement_at_one_layer_with_the_prefix_counts_said(tmp_path):
+def _mlp_run(root, counts: dict, prefixes: int, examples: int, n: int = 256) -> Run:
+    """An output folder with an mlp summary only: agreeing neurons per layer (k of n each), its prefix count."""
+    io.write_json(root / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["mlp"]}})
+    io.write_json(root / "mlp" / "summary.json", {
+        "agreement_per_layer": {k: v / n for k, v in counts.items()}, "agreement_count_per_layer": counts,
+        "n_memories_per_layer": {k: n for k in counts}, "n_neurons_per_layer": n, "n_prefixes": prefixes,
+        "n_task_examples": examples})
+    return Run(root)
+
+
+def test_compare_mlp_agreement_at_different_layers_or_prefix_counts_is_not_compared(tmp_path):
     """Review 13c A2 (one checkpoint, default vs --quick): "highest layer" set A's layer 2 (41 of 256) against B's
-    layer 1 (19 of 256) and called it beyond noise with "n 256 neurons each", while B saw 1,248 prefixes to A's 9,984."""
+    layer 1 (19 of 256) and called it beyond noise with "n 256 neurons each", while B saw 1,248 prefixes to A's 9,984.
+    Agreement of another layer's neurons, or counted over other prefixes, is not the same quantity: the line is under
+    Not compared with its reason (each alone and both), never under Differences."""
+    from headscope.reports.render import escape
+
+    a = _mlp_run(tmp_path / "a", {"0": 20, "1": 33, "2": 41, "3": 32}, 9984, 128)
+    layers = ("the highest layers differ (A's is layer 2, B's layer 1), so each finding's agreement is of other neurons")
+    prefixes = ("the runs looked at 9,984 vs 1,248 prefixes of 128 vs 16 task examples, a setting, not the model: the "
+                "agreement counts neurons whose triggers lie among the prefixes, so fewer prefixes find fewer")
+    cases = {"both": ({"0": 4, "1": 19, "2": 17, "3": 18}, 1248, 16, "", f"{layers}; {prefixes}", 19),
+             "layer": ({"0": 4, "1": 50, "2": 17, "3": 18}, 9984, 128, "", layers, 50),
+             "prefixes": ({"0": 4, "1": 10, "2": 19, "3": 18}, 1248, 16, " (layer 2 in both)", prefixes, 19)}
+    for name, (counts, n_prefixes, examples, where, why, k) in cases.items():
+        b = _mlp_run(tmp_path / name, counts, n_prefixes, examples)
+        notes = headline_notes(a, b)
+        expected = (f"mlp highest layer key-value agreement{where}: not compared, not the same quantity: {why} "
+                    f"(A {41 / 256:.3g}, B {k / 256:.3g}; n 256 neurons each).")
+        assert NOT_COMPARED + expected in notes, notes
+        page = compare_html(a, b)
+        differences = page[page.index("id='differences'"):page.index("id='not-compared'")]
+        not_compared = page[page.index("id='not-compared'"):page.index("id='findings'")]
+        assert f"<li>{escape(expected)}</li>" in not_compared
+        assert "key-value agreement" not in differences
+    # an mlp summary without agreement on one side: the line says which report states it (it was dropped)
+    io.write_json(tmp_path / "none" / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["mlp"]}})
+    io.write_json(tmp_path / "none" / "mlp" / "summary.json", {"n_prefixes": 9984})
+    assert any(n.startswith(NOT_COMPARED + "mlp highest layer key-value agreement: not compared: only A's report states "
+                            "it") for n in headline_notes(a, Run(tmp_path / "none")))
+
+
+def test_compare_mlp_agreement_at_the_best_layer_on_both_sides(tmp_path):
+    """The layer compared is the one each finding leads with (plots_mlp.best_layer, one rule): here layer 1 in both,
+    neither the first nor the last (B's first and last layers come within one neuron of it), at the same prefixes."""
     from scipy import stats
 
-    summaries = {"a": ({"0": 20, "1": 33, "2": 41, "3": 32}, 9984, 128), "b": ({"0": 4, "1": 19, "2": 17, "3": 18}, 1248, 16)}
-    for side, (counts, prefixes, examples) in summaries.items():
-        io.write_json(tmp_path / side / "manifest.json", {"model": {"name": "m"}, "config": {"analyses": ["mlp"]}})
-        io.write_json(tmp_path / side / "mlp" / "summary.json", {
-            "agreement_per_layer": {k: v / 256 for k, v in counts.items()}, "agreement_count_per_layer": counts,
-            "n_memories_per_layer": {k: 256 for k in counts}, "n_neurons_per_layer": 256, "n_prefixes": prefixes,
-            "n_task_examples": examples})
-    (note,) = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "b"))
-    wa = stats.binomtest(41, 256).proportion_ci(method="wilson")  # both at layer 2, A's highest
-    wb = stats.binomtest(17, 256).proportion_ci(method="wilson")
-    assert note.startswith("mlp key-value agreement at layer 2 (the highest layers differ: A's is layer 2, B's layer 1 at "
-                           f"{19 / 256:.3g}; compared at the same layer): A {41 / 256:.3g}, B {17 / 256:.3g} (n differs: "
-                           "9,984 vs 1,248 prefixes of 128 vs 16 task examples, a setting, not the model")
-    assert f"95% CIs A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]" in note
+    from headscope.reports.findings import finding
+
+    a = _mlp_run(tmp_path / "a", {"0": 10, "1": 40, "2": 20, "3": 30}, 9984, 128)
+    b = _mlp_run(tmp_path / "b", {"0": 34, "1": 35, "2": 5, "3": 34}, 9984, 128)
+    assert all(" in layer 1" in finding("mlp", r.summary("mlp")) for r in (a, b))  # what each report leads with
+    wa = stats.binomtest(40, 256).proportion_ci(method="wilson")
+    wb = stats.binomtest(35, 256).proportion_ci(method="wilson")
+    note = next(n for n in headline_notes(a, b) if "key-value agreement" in n)
+    assert note == (f"mlp highest layer key-value agreement (layer 1 in both): A {40 / 256:.3g}, B {35 / 256:.3g} (n 256 "
+                    f"neurons each) (within noise: |B - A| = {5 / 256:.3g} is inside the combined half-widths "
+                    f"{(wa.high - wa.low) / 2 + (wb.high - wb.low) / 2:.3g}; 95% CIs A [{wa.low:.3g}, {wa.high:.3g}], "
+                    f"B [{wb.low:.3g}, {wb.high:.3g}]).")
 
 
 def test_compare_lists_the_mlp_control_and_probes_selectivity_verdicts_that_differ(tmp_path):

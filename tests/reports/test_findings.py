@@ -2191,6 +2191,54 @@ def test_mlp_layers_above_their_control_are_bonferroni_corrected_and_agree_with_
     assert "no key-value memory" not in text
 
 
+def test_mlp_control_verdict_and_its_sentence_read_one_level(monkeypatch):
+    """One significance level, chance.ALPHA, read where it is used: at a stricter level (0.01), layer 3 (12 of 128
+    against its control's 1: Fisher p = 0.0027, x 4 layers = 0.011, between 0.01 and 0.05) is above its control only
+    before correction in the sentence, in the verdict and in compare's label alike, on a summary recorded before the
+    verdicts were (older) and on one with no recorded tests; at 0.05 it is above it in all three."""
+    from scipy.stats import fisher_exact
+
+    from headscope.analyses.core import chance
+    from headscope.reports.compare_headlines import VERDICTS
+    from headscope.reports.plots_mlp import control_layers
+
+    counts, control = {"0": 4, "1": 18, "2": 13, "3": 12}, {"0": 7, "1": 10, "2": 8, "3": 1}
+    p = {l: fisher_exact([[counts[l], 128 - counts[l]], [control[l], 128 - control[l]]])[1] for l in counts}
+    assert 0.01 < 4 * p["3"] < 0.05 and p["3"] < 0.01 and min(p[l] for l in "012") > 0.05  # the premise
+    s = {"agreement_per_layer": {k: v / 128 for k, v in counts.items()}, "agreement_count_per_layer": counts,
+         "agreement_shuffled_per_layer": {k: v / 128 for k, v in control.items()},
+         "agreement_shuffled_count_per_layer": control, "n_neurons_per_layer": 128, "n_prefixes": 439}
+    older = {**s, "agreement_tests": {"control_p_per_layer": p}}  # before the Bonferroni verdicts were recorded
+    for level, above, said in ((0.05, "layer 3", ": layer 3."),
+                               (0.01, "none", f": none; above it only before correction: layer 3 (12 of 128, its control "
+                                               f"1) p = {p['3']:.2g}, p_Bonferroni = {4 * p['3']:.2g}.")):
+        monkeypatch.setattr(chance, "ALPHA", level)
+        for summary in (older, s):
+            text = finding("mlp", summary)
+            assert f"Layers above their own control at p_Bonferroni < {level:g} (Fisher's p x 4 layers){said}" in text, text
+            assert ("these MLPs show no key-value memory" in text) == (level == 0.01)
+            assert control_layers(summary) == above
+            assert (f"mlp layers above their own shuffled control at p_Bonferroni < {level:g}", above, {}, above) in \
+                VERDICTS["mlp"](summary)
+
+
+def test_attribution_rollout_does_better_at_the_one_level(monkeypatch):
+    """The paired rollout-minus-raw tests pass at chance.ALPHA: Holm-corrected p = 0.02 passes at 0.05, not at 0.01."""
+    from headscope.analyses.core import chance
+
+    s = {"n_examples": 4, "metric": "logit_diff", "mean_tau_attention_gradient": -0.09, "std_tau_attention_gradient": 0.1,
+         "mean_tau_attention_ig": -0.08, "std_tau_attention_ig": 0.05, "mean_tau_rollout_gradient": 0.40,
+         "mean_tau_rollout_ig": 0.38, "ig_converged": True, "ig_used": "all", "ig_n_not_converged": 0,
+         "rollout_vs_raw": {"gradient": {"mean": 0.49, "n": 4, "ci": [0.15, 0.82], "p_holm": 0.02},
+                            "ig": {"mean": 0.46, "n": 4, "ci": [0.38, 0.55], "p_holm": 0.0012}}}
+    assert "does better (paired per example, rollout minus raw tau over 4 examples, Holm-corrected over 2 references) " \
+           "against gradient x input" in finding("attribution", s)
+    monkeypatch.setattr(chance, "ALPHA", 0.01)
+    text = finding("attribution", s)
+    assert "Holm-corrected over 2 references) against integrated gradients" in text
+    assert "but not significantly against gradient x input (tau 0.40 against raw -0.09; paired difference +0.49" in text
+
+
 def test_mlp_counts_tests_and_sizes_are_each_layers_own_memories():
     """#34 review 7b, A1: layers with different numbers of memories (a dense layer of 128 beside a mixture of
     4 experts x 32 with a shared expert of 64, as Qwen2-MoE's mlp_only_layers) are each counted, tested and
