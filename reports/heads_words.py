@@ -151,7 +151,8 @@ def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
 
 def _floor_words(s: Mapping[str, Any]) -> str:
     """What "within rounding" meant for each ablation method that has a tie (rounding_floor_<method> and its
-    rounding_floor_source): measured by null ablations, or one analytic rounding step where nothing was measured;
+    rounding_floor_source): measured by null ablations, or one analytic rounding step where nothing was measured,
+    and how it grows past rounding_floor_size (analysis.ablation_tie) where the summary records that size;
     '' without a tie or a recorded floor (gradient ties are relative to each gradient's size, said nowhere else)."""
     tied = {k.removeprefix(p) for k in s for p in ("tied_top_heads_", "tied_first_pruned_")
             if k.startswith(p) and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_",
@@ -175,7 +176,13 @@ def _floor_words(s: Mapping[str, Any]) -> str:
         else:
             how = "one rounding step of the metric at the model's dtype: no null ablation measured it"
         said.append(f"closer than {floor:.2g} by {by} ({how})")
-    return f"Within rounding here means {'; '.join(said)}." if said else ""
+    size = _num(s.get("rounding_floor_size"))
+    grown = ("one rounding step of S at the model's dtype, eps x S" if s.get("metric") == "logprob" else
+             f"that floor times S / {size:.3g}" if size is not None else "")
+    grows = (f", a floor for metric values up to {size:.3g} in size; two heads whose larger ablated metric (unpruned "
+             f"minus the importance), S, is larger in size tie within {grown}, as one rounding step grows with the "
+             "number rounded" if said and size is not None else "")
+    return f"Within rounding here means {'; '.join(said)}{grows}." if said else ""
 
 
 def _first_close_words(s: Mapping[str, Any], method: str) -> str:

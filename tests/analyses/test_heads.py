@@ -219,6 +219,41 @@ def test_numerical_checks_name_ties_at_the_start_of_the_pruning_order_and_past_t
     assert f32["close_first_pruned_zero"]["se"] == pytest.approx([0.31, 0.123])
 
 
+def test_bfloat16_ablation_ties_grow_with_the_ablated_metric():
+    """An ablation tie compares two ablated metrics (baseline - importance; the baseline cancels), and one bfloat16
+    step grows with the number rounded: 2.0 between 256 and 512. With a baseline of 10 (analytic floor 2^-7 x 10 =
+    0.078), heads whose ablated metrics are -300 and -299.1 round to one bfloat16 value, so their importances (310,
+    309.1: 0.9 apart) must tie; -300 and -295 (5 apart, two distinct bfloat16 values) must not. Heads near the
+    baseline keep the floor (0.5 and 0.3: 0.2 apart, no tie)."""
+    from headscope.analyses.heads.analysis import numerical_checks
+
+    bf = torch.bfloat16
+    assert torch.tensor([-300.0, -299.1]).to(bf).unique().numel() == 1  # one bfloat16 value: not told apart
+    assert torch.tensor([-300.0, -295.0]).to(bf).unique().numel() == 2
+    assert float(torch.tensor(300.0, dtype=bf).nextafter(torch.tensor(512.0, dtype=bf))) - 300.0 == 2.0  # the step
+    tied = torch.tensor([[310.0, 309.1], [0.5, 0.3]])
+    out = numerical_checks({"zero": tied}, bf, metric_size=10.0, k=3, baseline=10.0, pruning={"zero": -tied})
+    assert out["tied_top_groups_zero"] == [["L0H0", "L0H1"]]  # 0.2 apart near the baseline: no tie
+    assert out["tied_first_pruned_zero"] == [["L0H0", "L0H1"]]  # ablated metrics +320, +319.1 remove them first
+    assert out["rounding_floor_size"] == 10.0 and out["rounding_floor_zero"] == 2.0 ** -7 * 10
+    assert "tied_top_heads_zero" not in numerical_checks({"zero": tied}, bf, metric_size=10.0, k=3)  # no baseline
+    apart = torch.tensor([[310.0, 305.0], [0.5, 0.3]])
+    assert "tied_top_heads_zero" not in numerical_checks({"zero": apart}, bf, metric_size=10.0, k=3, baseline=10.0)
+    # a measured floor (0.05 for a metric of 10) grows in proportion: 1.5 at 300, so 2.0 apart ties only analytically
+    two = torch.tensor([[310.0, 308.0], [0.5, 0.3]])
+    assert numerical_checks({"zero": two}, bf, metric_size=10.0, k=3, baseline=10.0)["tied_top_heads_zero"] == [
+        "L0H0", "L0H1"]  # 2.0 < 2^-7 x 300 = 2.34
+    assert "tied_top_heads_zero" not in numerical_checks({"zero": two}, bf, metric_size=10.0, k=3, baseline=10.0,
+                                                         measured=0.05)
+    assert numerical_checks({"zero": tied}, bf, metric_size=10.0, k=3, baseline=10.0,
+                            measured=0.05)["tied_top_heads_zero"] == ["L0H0", "L0H1"]  # 0.9 < 1.5
+    # an answer log-probability (floor: a logit step x its 1 - p, 0.00055 here) pushed to -300 rounds as its logits
+    lp = numerical_checks({"zero": torch.tensor([[299.993, 299.093], [0.002, 0.001]])}, bf, metric_size=10.0, k=3,
+                          baseline=-0.007, metric_sensitivity=0.007)
+    assert lp["rounding_floor_zero"] == pytest.approx(2.0 ** -7 * 10 * 0.007)
+    assert lp["tied_top_groups_zero"] == [["L0H0", "L0H1"]]  # 0.001 apart near the baseline stays untied
+
+
 def test_separate_top_ties_stay_apart_and_tie_reach_finds_the_ties_that_can_move_the_count():
     """Review 9a A4.2/A4.3 (out_bf's bfloat16 zero-ablation importances, one analytic step of 10.06 = 0.0786):
     L2H0/L2H1 (0.53125 each) and L2H3/L1H0 (0.414/0.340, 0.074 apart) tie, but L2H1 -> L2H3 is 0.117: two

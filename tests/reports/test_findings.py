@@ -415,6 +415,11 @@ def test_a_tie_says_which_rounding_floor_it_is_within():
     s.update(rounding_floor_source={"zero": "analytic"}, rounding_floor_zero=0.2032)
     assert ("closer than 0.2 by zero-ablation (one rounding step of the metric at the model's dtype: no null "
             "ablation measured it).") in finding("heads", s)
+    # the floor holds for metrics of about its size; larger ablated metrics tie within a grown floor, said so
+    grown = finding("heads", {**s, "rounding_floor_size": 26.0})
+    assert ("ablation measured it), a floor for metric values up to 26 in size; two heads whose larger ablated metric "
+            "(unpruned minus the importance), S, is larger in size tie within that floor times S / 26, as one "
+            "rounding step grows with the number rounded.") in grown
     # review 11b A2: an answer log-probability's analytic floor is the logits' step times its 1 - p, and says so
     lp = {**s, "metric": "logprob", "rounding_floor_zero": 0.00055, "rounding_logit_step": 0.0794,
           "rounding_sensitivity": 0.00693}
