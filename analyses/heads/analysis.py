@@ -507,7 +507,8 @@ def prune_heads(model, task: TaskLike = None, config: HeadsConfig | None = None,
                                       per_example=True)
     baseline = float(curves.loc[curves["n_pruned"] == 0, "metric"].iloc[0])
     summary = _base_summary(model, scorer, baseline)
-    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], config, scorer.chance))
+    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], config, scorer.chance,
+                                    model.facts.d_vocab))
     summary["ordering_basis"] = ordering_basis(config.pruning)
     return Result(name="heads", df=curves, summary=summary, tables={"curve_examples": examples},
                   config={**dataclasses.asdict(config.pruning), "seed": config.seed})
@@ -530,7 +531,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     curves, examples = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, seed=hc.seed,
                                       progress=config.progress, per_example=True)
     summary = _base_summary(model, scorer, baseline)
-    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], hc, scorer.chance))
+    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], hc, scorer.chance,
+                                    model.facts.d_vocab))
     summary["ordering_basis"] = ordering_basis(hc.pruning)
     fixed = {method: prune_imp[o] for o, method in (("gradient", "gradient"), ("ablation", hc.pruning.method))
              if o in prune_imp and o in hc.pruning.orderings}  # {method: what its pruning order ranks by}
@@ -574,12 +576,12 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
 
 
 def _pruning_summary(curves: pd.DataFrame, examples: pd.DataFrame, baseline: float, n_heads: int,
-                     config: HeadsConfig, chance: float | None) -> dict[str, Any]:
+                     config: HeadsConfig, chance: float | None, vocab: int | None = None) -> dict[str, Any]:
     """The prunable counts, their intervals and the curves' shapes, all against one tolerance band
-    (pruning.tolerance_record: a log-probability's is a share of the span from chance, `chance`), recorded as
-    pruning_tolerance."""
+    (pruning.tolerance_record: a log-probability's is a share of the span from chance, `chance`, k log(1/vocab)),
+    recorded as pruning_tolerance."""
     tol = config.pruning.tolerance
-    return {"pruning_tolerance": tolerance_record(baseline, tol, chance),
+    return {"pruning_tolerance": tolerance_record(baseline, tol, chance, vocab),
             **prunable_summary(curves, baseline, n_heads, tol, chance),
             **prunable_intervals(examples, n_heads, tol, seed=config.seed, chance=chance),
             **curve_shapes(curves, tol, chance)}
