@@ -18,7 +18,8 @@ random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap 
 examples, n_examples and the method: pruning.prunable_intervals), pruning_tolerance (the band those counts allow
 below unpruned, in the metric's units: pruning.tolerance_record), top_heads_<method>, top_head_<method> (every
 method: the first head and the next with their 95% intervals and the paired difference's, `_leading`),
-l0_min_heads_within_tolerance with l0_within_tolerance (that point's lambda, metric and paired change from unpruned
+l0_min_heads_within_tolerance with l0_within_tolerance (l0.l0_choice: the point chosen on the training examples;
+its lambda, metric and paired change from unpruned
 with its 95% interval over n held-out examples, the gates fitted on the other n_train; in_sample with its reason where
 the task is too small to split, and the training examples' change, in_sample_change / in_sample_ci), and
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): the analytic rounding (`rounding_step`:
@@ -64,7 +65,7 @@ from headscope.analyses.heads.importance import (
     normalize_per_layer,
     readout_stats,
 )
-from headscope.analyses.heads.l0 import L0Config, l0_sweep
+from headscope.analyses.heads.l0 import L0Config, l0_choice, l0_sweep
 from headscope.analyses.heads.pruning import (
     PruningConfig,
     best_head_per_layer,
@@ -558,18 +559,9 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     if hc.l0 is not None:
         sweep, gates = l0_sweep(model, scorer, hc.l0, seed=hc.seed, progress=config.progress)
         tables["l0"], tables["l0_gates"] = sweep, gates
-        # the floor below the unpruned metric of the examples scored (the held-out ones where the gates were split)
-        ok = sweep.loc[sweep["metric_binary"] >= sweep["unpruned"] - summary["pruning_tolerance"]["band"], "heads_kept"]
-        summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
-        if len(ok):  # review 12b C1, #34 item 2: that point's paired change with its interval and n, held out
-            row = sweep.loc[ok.idxmin()]
-            summary["l0_within_tolerance"] = {
-                "heads": int(row["heads_kept"]), "lambda": float(row["lambda"]), "metric": float(row["metric_binary"]),
-                "change": float(row["change"]), "ci": [float(row["change_ci_low"]), float(row["change_ci_high"])],
-                "n_examples": int(row["n_examples"]), "in_sample": bool(row["split"] == "in_sample"),
-                "in_sample_reason": str(row["in_sample_reason"]), "n_train": int(row["n_train"]),
-                "in_sample_change": float(row["change_in_sample"]),
-                "in_sample_ci": [float(row["change_in_sample_ci_low"]), float(row["change_in_sample_ci_high"])]}
+        # review 12b C1, #34 item 2: the point with the fewest heads within tolerance, chosen on the examples the
+        # gates were fitted on and scored on the held-out ones (l0_choice: choosing on the held-out rows flatters it)
+        summary.update(l0_choice(sweep, hc.pruning.tolerance, scorer.chance))
         summary["l0_lambdas"] = [float(x) for x in hc.l0.lambdas]  # one strength is no sweep (the finding says so)
     run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)

@@ -312,7 +312,18 @@ def test_heads_l0_sentence_reports_the_held_out_change_first_and_the_in_sample_o
     heads = {**HEADS, "l0_min_heads_within_tolerance": 3, "l0_lambdas": [0.001, 0.1], "l0_within_tolerance": rec}
     assert ("L0 gates keep the metric within tolerance with 3 heads on held-out examples (gates fitted on 32 "
             "examples; lambda 0.03: 7.425 on 32 others, a change of -0.0263 from unpruned, 95% CI [-0.0912, +0.0386]; "
-            "in-sample, on the 32 training examples, +0.0121, 95% CI [-0.02, +0.0442]).") in finding("heads", heads)
+            "in-sample, on the 32 training examples, +0.0121, 95% CI [-0.02, +0.0442]; the lambda was chosen on those "
+            "held-out examples too, so this point is optimistic).") in finding("heads", heads)  # an older summary
+    chosen = {**rec, "chosen_on": "training examples", "band": 0.0745, "held_out_within": True}
+    assert ("On the 32 examples the gates were fitted on, L0 gates keep the metric within tolerance with 3 heads "
+            "(lambda 0.03, the fewest heads within tolerance there: a change of +0.0121, 95% CI [-0.02, +0.0442]); "
+            "scored on 32 held-out examples, that mask gives 7.425, a change of -0.0263 from unpruned, 95% CI "
+            "[-0.0912, +0.0386], within the tolerance band (0.0745 below unpruned) there.") in \
+        finding("heads", {**heads, "l0_within_tolerance": chosen})
+    fails = {**chosen, "change": -0.2, "ci": [-0.31, -0.09], "held_out_within": False}
+    assert ("a change of -0.2 from unpruned, 95% CI [-0.31, -0.09], below the tolerance band (0.0745 below unpruned) "
+            "there: the choice made on the training examples does not hold on new ones.") in \
+        finding("heads", {**heads, "l0_within_tolerance": fails})
     small = {**rec, "n_examples": 12, "in_sample": True, "n_train": 12,
              "in_sample_reason": "only 12 examples, too few to hold some out (at least 16)"}
     assert ("a change of -0.0263 from unpruned, 95% CI [-0.0912, +0.0386] over 12 examples; in-sample: measured on the "
