@@ -151,7 +151,8 @@ def _first_tie_words(s: Mapping[str, Any], method: str) -> str:
 
 def _floor_words(s: Mapping[str, Any]) -> str:
     """What "within rounding" meant for each ablation method that has a tie (rounding_floor_<method> and its
-    rounding_floor_source): measured by null ablations, or one analytic rounding step where nothing was measured;
+    rounding_floor_source): measured by null ablations, or one analytic rounding step where nothing was measured,
+    and how it grows past rounding_floor_size (analysis.ablation_tie) where the summary records that size;
     '' without a tie or a recorded floor (gradient ties are relative to each gradient's size, said nowhere else)."""
     tied = {k.removeprefix(p) for k in s for p in ("tied_top_heads_", "tied_first_pruned_")
             if k.startswith(p) and not k.startswith(("tied_first_pruned_values_", "tied_first_pruned_at_",
@@ -175,7 +176,13 @@ def _floor_words(s: Mapping[str, Any]) -> str:
         else:
             how = "one rounding step of the metric at the model's dtype: no null ablation measured it"
         said.append(f"closer than {floor:.2g} by {by} ({how})")
-    return f"Within rounding here means {'; '.join(said)}." if said else ""
+    size = _num(s.get("rounding_floor_size"))
+    grown = ("one rounding step of S at the model's dtype, eps x S" if s.get("metric") == "logprob" else
+             f"that floor times S / {size:.3g}" if size is not None else "")
+    grows = (f", a floor for metric values up to {size:.3g} in size; two heads whose larger ablated metric (unpruned "
+             f"minus the importance), S, is larger in size tie within {grown}, as one rounding step grows with the "
+             "number rounded" if said and size is not None else "")
+    return f"Within rounding here means {'; '.join(said)}{grows}." if said else ""
 
 
 def _first_close_words(s: Mapping[str, Any], method: str) -> str:
@@ -387,8 +394,10 @@ def finding(s: Mapping[str, Any]) -> str:
 
 def _l0_words(heads: int, rec: Any) -> str:
     """The L0 sentence with its point's paired change from unpruned, 95% CI and n where recorded (review 12b C1:
-    a bare count): on the held-out examples, the gates fitted on the others, with the in-sample change after it
-    (#34 item 2); where the fit is in-sample (a task too small to split, or an older summary), it says so and why."""
+    a bare count): the lambda chosen on the training examples (l0.l0_choice) with its in-sample change, then that
+    mask's change on the held-out examples and whether it stays within the band there (#34 item 2); an older summary
+    that chose on the held-out examples says so; where the fit is in-sample (a task too small to split, or an older
+    summary), it says so and why."""
     change, ci = (_num(rec.get("change")), ci_pair(rec.get("ci"))) if isinstance(rec, Mapping) else (None, None)
     said = f"L0 gates keep the metric within tolerance with {heads} heads"
     if change is None or ci is None:
@@ -397,10 +406,25 @@ def _l0_words(heads: int, rec: Any) -> str:
     point = f"lambda {float(rec['lambda']):g}: {float(rec['metric']):.4g}"
     if rec.get("in_sample") is False:
         inside, inside_ci = _num(rec.get("in_sample_change")), ci_pair(rec.get("in_sample_ci"))
-        secondary = (f"; in-sample, on the {rec.get('n_train', '?')} training examples, {inside:+.3g}, 95% CI "
+        n_train = rec.get("n_train", "?")
+        if rec.get("chosen_on") == "training examples" and inside is not None and inside_ci:
+            # #34 mends: the lambda is chosen on the training examples, then scored on the held-out ones
+            band, within = _num(rec.get("band")), rec.get("held_out_within")
+            verdict = ("" if band is None or not isinstance(within, bool) else
+                       f", within the tolerance band ({band:.3g} below unpruned) there" if within else
+                       f", below the tolerance band ({band:.3g} below unpruned) there: the choice made on the training "
+                       "examples does not hold on new ones")
+            return (f"On the {n_train} examples the gates were fitted on, L0 gates keep the metric within tolerance "
+                    f"with {heads} heads (lambda {float(rec['lambda']):g}, the fewest heads within tolerance there: a "
+                    f"change of {inside:+.3g}, 95% CI [{inside_ci[0]:+.3g}, {inside_ci[1]:+.3g}]); scored on {n} "
+                    f"held-out examples, that mask gives {float(rec['metric']):.4g}, a change of {change:+.3g} from "
+                    f"unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]{verdict}.")
+        secondary = (f"; in-sample, on the {n_train} training examples, {inside:+.3g}, 95% CI "
                      f"[{inside_ci[0]:+.3g}, {inside_ci[1]:+.3g}]") if inside is not None and inside_ci else ""
-        return (f"{said} on held-out examples (gates fitted on {rec.get('n_train', '?')} examples; {point} on {n} "
-                f"others, a change of {change:+.3g} from unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]{secondary}).")
+        # an older summary chose the lambda on the held-out examples it then scores: said so
+        return (f"{said} on held-out examples (gates fitted on {n_train} examples; {point} on {n} "
+                f"others, a change of {change:+.3g} from unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]{secondary}; "
+                "the lambda was chosen on those held-out examples too, so this point is optimistic).")
     why = f" ({rec['in_sample_reason']})" if rec.get("in_sample_reason") else ", no held-out check"
     return (f"{said} ({point}, a change of {change:+.3g} from unpruned, 95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}] over {n} "
             f"examples; in-sample: measured on the examples the gates were trained on{why}).")

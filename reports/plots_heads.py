@@ -530,7 +530,8 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
           "16 examples is fitted and scored in-sample, and the title says so). Error bars: the 95% t-interval of the "
           "kept heads' change from unpruned, paired over the scored examples; the dashed line is the unpruned metric "
           "of those examples. l0.csv also gives each point's change on the training examples (in-sample, "
-          "flattering).",
+          "flattering); the finding's point (the fewest heads within tolerance) is chosen on those training examples "
+          "and reported with its held-out change.",
     "roles": "Role scores per head (0-1): positional share, sink mass, previous-token, induction and confidence "
              "(the mean maximum attention weight). On sliding-window layers sink averages over the queries that can "
              "see the first token, a hatched grey cell is a score the window makes unmeasurable, and confidence and "

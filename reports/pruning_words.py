@@ -26,8 +26,10 @@ def span_tolerance(s: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def band_words(s: Mapping[str, Any], full: bool = False) -> str:
-    """How far below unpruned a count's points may fall: "1% below unpruned", or on a log-probability "0.153 nats
-    below unpruned"; full=True adds what that is ("(1% of the span from chance (-15.3) to unpruned (-0.00697))")."""
+    """How far below unpruned a count's points may fall: "1% below unpruned", or on a log-probability "0.108 nats
+    below unpruned"; full=True adds what that is, in numbers a reader can recompute: the share of the span from
+    chance to unpruned, the span, and chance as k log(1/V) with the vocabulary size V and the answers' k tokens
+    (pruning.tolerance_record's vocab and answer_tokens; an older summary without them names the formula only)."""
     tol = span_tolerance(s)
     if tol is None:
         share = _num((s.get("pruning_tolerance") or {}).get("tolerance")) if isinstance(
@@ -35,8 +37,17 @@ def band_words(s: Mapping[str, Any], full: bool = False) -> str:
         return f"{100 * (share or 0.01):g}% below unpruned"
     said = f"{tol['band']:.3g} nats below unpruned"
     if full:
-        said += (f" ({100 * tol['tolerance']:g}% of the span from chance ({tol['chance']:.3g}) to unpruned "
-                 f"({tol['unpruned']:.3g}): a log-probability's 0 is its ceiling, not a scale)")
+        share, chance, unpruned = 100 * tol["tolerance"], tol["chance"], tol["unpruned"]
+        vocab, k = _num(tol.get("vocab")), _num(tol.get("answer_tokens"))
+        if vocab is not None and k is not None:
+            tokens = "1 answer token" if k == 1 else f"{k:.3g} answer tokens on average"
+            what = (f"chance is a uniform guess over the vocabulary's V = {int(vocab):,} tokens, k log(1/V) = "
+                    f"{k:.3g} x log(1/{int(vocab):,}) = {chance:.4g} nats for k = {tokens}")
+        else:
+            what = (f"chance, {chance:.4g} nats, is a uniform guess over the vocabulary, k log(1/V) for V tokens and "
+                    "the answer's k tokens")
+        said += (f" ({share:g}% of the span from chance to unpruned, {unpruned:.4g} - ({chance:.4g}) = "
+                 f"{abs(unpruned - chance):.4g} nats, where {what}: a log-probability's 0 is its ceiling, not a scale)")
     return said
 
 

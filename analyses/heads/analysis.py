@@ -18,7 +18,8 @@ random (mean over seeds), prunable_ci_<ordering> (that count with its bootstrap 
 examples, n_examples and the method: pruning.prunable_intervals), pruning_tolerance (the band those counts allow
 below unpruned, in the metric's units: pruning.tolerance_record), top_heads_<method>, top_head_<method> (every
 method: the first head and the next with their 95% intervals and the paired difference's, `_leading`),
-l0_min_heads_within_tolerance with l0_within_tolerance (that point's lambda, metric and paired change from unpruned
+l0_min_heads_within_tolerance with l0_within_tolerance (l0.l0_choice: the point chosen on the training examples;
+its lambda, metric and paired change from unpruned
 with its 95% interval over n held-out examples, the gates fitted on the other n_train; in_sample with its reason where
 the task is too small to split, and the training examples' change, in_sample_change / in_sample_ci), and
 noise_floor (ablation, metric units) / noise_floor_gradient (the loss's units): the analytic rounding (`rounding_step`:
@@ -64,7 +65,7 @@ from headscope.analyses.heads.importance import (
     normalize_per_layer,
     readout_stats,
 )
-from headscope.analyses.heads.l0 import L0Config, l0_sweep
+from headscope.analyses.heads.l0 import L0Config, l0_choice, l0_sweep
 from headscope.analyses.heads.pruning import (
     PruningConfig,
     best_head_per_layer,
@@ -199,7 +200,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                      pruning: dict[str, torch.Tensor] | None = None,
                      ses: dict[str, torch.Tensor] | None = None, measured: float | None = None,
                      metric_sensitivity: float | None = None, loss_sensitivity: float | None = None,
-                     scale: float | None = None) -> dict[str, Any]:
+                     scale: float | None = None, baseline: float | None = None) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
     - ablation (zero, mean, resample): a difference of two metric values, so its floor is `measured` (the
       null ablations' floor, rounding.measured_floor) where given, else the metric's analytic rounding
@@ -232,7 +233,12 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     standard error over examples}; close_first_pruned_<method> ({heads, importance, se}): for an ablation order
     ranked by the raw importance, the run of heads from the first removed whose neighbours differ by less than
     the smaller of their two standard errors (in float32 the review's pair is 0.005 apart, far above rounding but
-    a sixtieth of L0H1's s.e.)."""
+    a sixtieth of L0H1's s.e.).
+    baseline: the unpruned metric; with it an ablation tie also scales with the size of the metric values it compares
+    (ablation_tie): a head's ablated metric is baseline - importance, two heads' importances differ by their ablated
+    metrics' difference (the baseline cancels), and one rounding step of a number grows with it (metrics.noise_floor,
+    eps x max(1, |size|): 2.3 in bfloat16 at 300, where the floor holds for a metric of about 10); recorded as
+    rounding_floor_size (the size each ablation floor holds for)."""
     eps = float(torch.finfo(dtype).eps)
     def analytic(m: str) -> float:
         if m == "gradient":
@@ -254,6 +260,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         for m in set(raw) - {"gradient"}:
             floors[m], source[m] = measured, "measured"
     out.update({f"rounding_floor_{m}": floors[m] for m in raw}, rounding_floor_source=source)
+    if baseline is not None and set(raw) - {"gradient"}:
+        out["rounding_floor_size"] = max(1.0, abs(float(metric_size)))
     for method, imp in raw.items():
         floor = floors[method]
         flat = imp.detach().double().flatten().cpu()  # [layer * head]
@@ -284,7 +292,10 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         def ties(vals: torch.Tensor, share: torch.Tensor, floor: float = floor, method: str = method):
             """tol(p, q) for neighbours p, q along vals ([m]; share [m]: each value's share of the raw gradient)."""
             if method != "gradient":
-                return lambda p, q: floor
+                if baseline is None:
+                    return lambda p, q: floor
+                return lambda p, q: ablation_tie(dtype, floor, metric_size, baseline, float(vals[p]), float(vals[q]),
+                                                 metric_sensitivity is not None)
             if scale is None:
                 return lambda p, q: GRADIENT_TIE_STEPS * eps * max(abs(float(vals[p])), abs(float(vals[q])))
             return lambda p, q: GRADIENT_TIE_STEPS * eps * scale * float(share[p] + share[q])
@@ -306,7 +317,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
             raw_first = flat[first].abs()  # [k + 1] a normalised order's values are the raw gradients rescaled
             share = torch.where(raw_first > 0, by[first].abs() / raw_first.clamp_min(1e-300), torch.ones_like(raw_first))
             # the order removed, descending for the helper (tol is symmetric)
-            first_runs = _neighbour_groups(-by[first], ties(-by[first], share))
+            # tol reads each head's importance (its ablated metric, baseline - importance); the gradient's is |.|
+            first_runs = _neighbour_groups(-by[first], ties(by[first], share))
             groups = [[int(first[j]) for j in g] for g in first_runs]  # runs of neighbours within tol, in the order removed
             starts = [g[0] + 1 for g in first_runs]  # each run's first position in the order, from 1
             se = ses.get(method) if ses is not None and method != "gradient" else None
@@ -327,6 +339,23 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                 out[f"tied_first_pruned_{method}"] = [[head_label(i // n_heads, i % n_heads) for i in g] for g in groups]
                 out[f"tied_first_pruned_values_{method}"] = [[float(by[i]) for i in g] for g in groups]
     return out
+
+
+def ablation_tie(dtype: torch.dtype, floor: float, metric_size: float, baseline: float, a: float, b: float,
+                 logprob: bool = False) -> float:
+    """How far apart two ablation importances a and b may lie and still tie within rounding: `floor` (measured, or
+    the analytic step, for a metric of about metric_size) while both ablated metrics (baseline - a, baseline - b) are
+    no larger than that; past it the rounding grows with the larger one, S (metrics.noise_floor: eps x max(1, |size|)):
+    floor x noise_floor(S) / noise_floor(metric_size), which for the analytic floor of a metric computed in `dtype`
+    (a logit difference) is noise_floor(dtype, S) itself. A log-probability (logprob; float32 from the logits, its
+    floor one logit step times the answer's 1 - p) rounds as its logits do once the ablation moves it past their
+    size, 1 - p then near 1: noise_floor(dtype, S)."""
+    size = max(abs(baseline - a), abs(baseline - b))
+    base = max(1.0, abs(float(metric_size)))
+    if size <= base:
+        return floor
+    grown = noise_floor(dtype, size) if logprob else floor * noise_floor(dtype, size) / noise_floor(dtype, base)
+    return max(floor, grown)
 
 
 def _neighbour_groups(values: torch.Tensor, tol) -> list[list[int]]:
@@ -479,7 +508,8 @@ def prune_heads(model, task: TaskLike = None, config: HeadsConfig | None = None,
                                       per_example=True)
     baseline = float(curves.loc[curves["n_pruned"] == 0, "metric"].iloc[0])
     summary = _base_summary(model, scorer, baseline)
-    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], config, scorer.chance))
+    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], config, scorer.chance,
+                                    model.facts.d_vocab))
     summary["ordering_basis"] = ordering_basis(config.pruning)
     return Result(name="heads", df=curves, summary=summary, tables={"curve_examples": examples},
                   config={**dataclasses.asdict(config.pruning), "seed": config.seed})
@@ -502,7 +532,8 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     curves, examples = pruning_curves(model, scorer, hc.pruning, importance=prune_imp, seed=hc.seed,
                                       progress=config.progress, per_example=True)
     summary = _base_summary(model, scorer, baseline)
-    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], hc, scorer.chance))
+    summary.update(_pruning_summary(curves, examples, baseline, summary["n_heads"], hc, scorer.chance,
+                                    model.facts.d_vocab))
     summary["ordering_basis"] = ordering_basis(hc.pruning)
     fixed = {method: prune_imp[o] for o, method in (("gradient", "gradient"), ("ablation", hc.pruning.method))
              if o in prune_imp and o in hc.pruning.orderings}  # {method: what its pruning order ranks by}
@@ -528,30 +559,21 @@ def run(model, task: TaskLike = None, config: HeadsConfig | None = None) -> Resu
     if hc.l0 is not None:
         sweep, gates = l0_sweep(model, scorer, hc.l0, seed=hc.seed, progress=config.progress)
         tables["l0"], tables["l0_gates"] = sweep, gates
-        # the floor below the unpruned metric of the examples scored (the held-out ones where the gates were split)
-        ok = sweep.loc[sweep["metric_binary"] >= sweep["unpruned"] - summary["pruning_tolerance"]["band"], "heads_kept"]
-        summary["l0_min_heads_within_tolerance"] = int(ok.min()) if len(ok) else None
-        if len(ok):  # review 12b C1, #34 item 2: that point's paired change with its interval and n, held out
-            row = sweep.loc[ok.idxmin()]
-            summary["l0_within_tolerance"] = {
-                "heads": int(row["heads_kept"]), "lambda": float(row["lambda"]), "metric": float(row["metric_binary"]),
-                "change": float(row["change"]), "ci": [float(row["change_ci_low"]), float(row["change_ci_high"])],
-                "n_examples": int(row["n_examples"]), "in_sample": bool(row["split"] == "in_sample"),
-                "in_sample_reason": str(row["in_sample_reason"]), "n_train": int(row["n_train"]),
-                "in_sample_change": float(row["change_in_sample"]),
-                "in_sample_ci": [float(row["change_in_sample_ci_low"]), float(row["change_in_sample_ci_high"])]}
+        # review 12b C1, #34 item 2: the point with the fewest heads within tolerance, chosen on the examples the
+        # gates were fitted on and scored on the held-out ones (l0_choice: choosing on the held-out rows flatters it)
+        summary.update(l0_choice(sweep, hc.pruning.tolerance, scorer.chance))
         summary["l0_lambdas"] = [float(x) for x in hc.l0.lambdas]  # one strength is no sweep (the finding says so)
     run_cfg = {**dataclasses.asdict(hc), "task": scorer.name}
     return Result(name="heads", df=df, summary=summary, tables=tables, config=run_cfg)
 
 
 def _pruning_summary(curves: pd.DataFrame, examples: pd.DataFrame, baseline: float, n_heads: int,
-                     config: HeadsConfig, chance: float | None) -> dict[str, Any]:
+                     config: HeadsConfig, chance: float | None, vocab: int | None = None) -> dict[str, Any]:
     """The prunable counts, their intervals and the curves' shapes, all against one tolerance band
-    (pruning.tolerance_record: a log-probability's is a share of the span from chance, `chance`), recorded as
-    pruning_tolerance."""
+    (pruning.tolerance_record: a log-probability's is a share of the span from chance, `chance`, k log(1/vocab)),
+    recorded as pruning_tolerance."""
     tol = config.pruning.tolerance
-    return {"pruning_tolerance": tolerance_record(baseline, tol, chance),
+    return {"pruning_tolerance": tolerance_record(baseline, tol, chance, vocab),
             **prunable_summary(curves, baseline, n_heads, tol, chance),
             **prunable_intervals(examples, n_heads, tol, seed=config.seed, chance=chance),
             **curve_shapes(curves, tol, chance)}
@@ -586,7 +608,8 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
                                loss_size=None if loss_size is None else readout if on_loss is not None
                                else max(abs(loss_size), readout),
                                pruning=pruning, ses=ses, measured=measured,
-                               metric_sensitivity=on_metric, loss_sensitivity=on_loss, scale=gradient_scale(per))
+                               metric_sensitivity=on_metric, loss_sensitivity=on_loss, scale=gradient_scale(per),
+                               baseline=baseline)
     extra = ({"rounding_sensitivity": sensitivity, "rounding_logit_step": noise_floor(model.dtype, readout)}
              if on_metric is not None or on_loss is not None else {})
     return {**summary, **null, "readout_size": readout, **extra}

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from headscope.analyses.core.chance import mean_intervals
 from headscope.analyses.heads.importance import Scorer, evaluate_masks, run_gated
-from headscope.analyses.heads.pruning import head_label
+from headscope.analyses.heads.pruning import head_label, tolerance_band
 from headscope.errors import ConfigError
 from headscope.execution import batching, distributed
 from headscope.execution.batching import rows_per_pass
@@ -165,8 +165,9 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
     with change_ci_low / change_ci_high (its 95% t interval; NaN under 2 examples) and n_examples; split ("held_out"
     or "in_sample"), in_sample_reason ("" when held out), n_train (the examples the gates were fitted on),
     held_out (their row numbers, "3 5 8"; "" in-sample) and change_in_sample with change_in_sample_ci_low / _high
-    (the kept heads' change on the training examples: secondary, flattering). gates: lambda, layer, head,
-    log_alpha, gate, kept.
+    (the kept heads' change on the training examples: secondary, flattering), unpruned_in_sample and
+    metric_binary_in_sample (the training examples' means, on which l0_choice picks the reported lambda). gates:
+    lambda, layer, head, log_alpha, gate, kept.
     """
     f = model.facts
     n_all = scorer.tokens.shape[0]
@@ -180,12 +181,13 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
                          per_example=True).cpu()  # [1 + 2k, n_examples], the unpruned model first
     scored = per[:, held] if held is not None else per  # [1 + 2k, n_scored]
     fitted = per[:, train]  # [1 + 2k, n_train]
+    fitted_means = fitted.mean(1)  # [1 + 2k] the training examples' unpruned and pruned means (l0_choice reads these)
     values = scored[1:].mean(1)  # [2k]
     k, n = len(alphas), scored.shape[1]
     change = mean_intervals((scored[1 + k:] - scored[:1]).numpy())  # [k] each: the kept heads' paired change
     inside = mean_intervals((fitted[1 + k:] - fitted[:1]).numpy())  # [k] the same on the training examples
     shared = {"unpruned": float(scored[0].mean()), "n_examples": n, "split": "in_sample" if held is None else "held_out",
-              "in_sample_reason": reason, "n_train": len(train),
+              "in_sample_reason": reason, "n_train": len(train), "unpruned_in_sample": float(fitted_means[0]),
               "held_out": "" if held is None else " ".join(str(int(i)) for i in held)}
     sweep, gates = [], []
     for i, lam in enumerate(config.lambdas):
@@ -193,6 +195,7 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
         sweep.append({
             "lambda": lam, "heads_kept": len(kept), "fraction_kept": len(kept) / (f.n_layers * f.n_heads),
             "metric": float(values[i]), "metric_binary": float(values[k + i]),
+            "metric_binary_in_sample": float(fitted_means[1 + k + i]),
             "change": float(change["mean"][i]), "change_ci_low": float(change["low"][i]),
             "change_ci_high": float(change["high"][i]), **shared,
             "change_in_sample": float(inside["mean"][i]), "change_in_sample_ci_low": float(inside["low"][i]),
@@ -205,3 +208,34 @@ def l0_sweep(model, scorer: Scorer, config: L0Config = L0Config(), *, seed: int 
             for l in range(f.n_layers) for h in range(f.n_heads)
         ]
     return pd.DataFrame(sweep), pd.DataFrame(gates)
+
+
+def l0_choice(sweep: pd.DataFrame, tolerance: float = 0.01, chance: float | None = None) -> dict:
+    """The L0 point the finding reports, chosen on the training examples and scored on the held-out ones (choosing
+    and scoring on one split flatters the choice): the fewest heads kept whose metric_binary_in_sample stays within
+    tolerance_band(unpruned_in_sample, tolerance, chance) below unpruned_in_sample. Returns
+    {l0_min_heads_within_tolerance (None where no lambda stays within), l0_within_tolerance: that row's lambda, heads,
+    held-out metric, change with its 95% CI and n, in_sample (no split), chosen_on ("training examples", or
+    "in_sample" where there is no split), band_in_sample (the band it was chosen against), band and held_out_within
+    (its held-out metric within the band below the held-out unpruned), the in-sample change with its CI}; the held-out
+    columns (unpruned, metric_binary, change) never decide which row."""
+    if not len(sweep):
+        return {"l0_min_heads_within_tolerance": None}
+    inside = sweep["unpruned_in_sample"].astype(float)
+    bands = inside.map(lambda u: tolerance_band(u, tolerance, chance))
+    ok = sweep.loc[sweep["metric_binary_in_sample"] >= inside - bands, "heads_kept"]
+    if not len(ok):
+        return {"l0_min_heads_within_tolerance": None}
+    i = ok.idxmin()  # the fewest heads; the first lambda among equal counts
+    row = sweep.loc[i]
+    band = tolerance_band(float(row["unpruned"]), tolerance, chance)
+    held = row["split"] != "in_sample"
+    return {"l0_min_heads_within_tolerance": int(row["heads_kept"]), "l0_within_tolerance": {
+        "heads": int(row["heads_kept"]), "lambda": float(row["lambda"]), "metric": float(row["metric_binary"]),
+        "change": float(row["change"]), "ci": [float(row["change_ci_low"]), float(row["change_ci_high"])],
+        "n_examples": int(row["n_examples"]), "in_sample": not held, "in_sample_reason": str(row["in_sample_reason"]),
+        "n_train": int(row["n_train"]), "chosen_on": "training examples" if held else "in_sample",
+        "band_in_sample": float(bands[i]), "band": band,
+        "held_out_within": bool(float(row["metric_binary"]) >= float(row["unpruned"]) - band),
+        "in_sample_change": float(row["change_in_sample"]),
+        "in_sample_ci": [float(row["change_in_sample_ci_low"]), float(row["change_in_sample_ci_high"])]}}

@@ -33,6 +33,7 @@ order fixed (the finding states it as "k of n heads, 95% bootstrap interval a-b 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,12 +273,18 @@ def tolerance_band(unpruned: float, tolerance: float = 0.01, chance: float | Non
     return float(tolerance * tolerance_scale(float(unpruned), chance))
 
 
-def tolerance_record(unpruned: float, tolerance: float = 0.01, chance: float | None = None) -> dict[str, Any]:
+def tolerance_record(unpruned: float, tolerance: float = 0.01, chance: float | None = None,
+                     vocab: int | None = None) -> dict[str, Any]:
     """summary["pruning_tolerance"]: {tolerance (the share), basis ("span": |unpruned - chance|, or "unpruned":
-    |unpruned|), chance (None where the metric has none here), unpruned, band (tolerance_band, metric units)}."""
+    |unpruned|), chance (None where the metric has none here), unpruned, band (tolerance_band, metric units)};
+    with `vocab` (V, the model's vocabulary size) and a chance value, also vocab and answer_tokens (k, the answers'
+    mean token count: chance = k log(1/V), importance.span_chance), so the finding can say how chance is computed."""
     span = chance is not None and abs(unpruned - chance) > abs(unpruned)
-    return {"tolerance": tolerance, "basis": "span" if span else "unpruned", "chance": chance,
-            "unpruned": float(unpruned), "band": tolerance_band(unpruned, tolerance, chance)}
+    out = {"tolerance": tolerance, "basis": "span" if span else "unpruned", "chance": chance,
+           "unpruned": float(unpruned), "band": tolerance_band(unpruned, tolerance, chance)}
+    if chance is not None and vocab is not None and vocab > 1:
+        out.update(vocab=int(vocab), answer_tokens=round(-float(chance) / math.log(vocab), 6))
+    return out
 
 
 def max_prunable_fraction(curve: pd.DataFrame, baseline: float, tolerance: float = 0.01,

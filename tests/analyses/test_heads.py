@@ -219,6 +219,41 @@ def test_numerical_checks_name_ties_at_the_start_of_the_pruning_order_and_past_t
     assert f32["close_first_pruned_zero"]["se"] == pytest.approx([0.31, 0.123])
 
 
+def test_bfloat16_ablation_ties_grow_with_the_ablated_metric():
+    """An ablation tie compares two ablated metrics (baseline - importance; the baseline cancels), and one bfloat16
+    step grows with the number rounded: 2.0 between 256 and 512. With a baseline of 10 (analytic floor 2^-7 x 10 =
+    0.078), heads whose ablated metrics are -300 and -299.1 round to one bfloat16 value, so their importances (310,
+    309.1: 0.9 apart) must tie; -300 and -295 (5 apart, two distinct bfloat16 values) must not. Heads near the
+    baseline keep the floor (0.5 and 0.3: 0.2 apart, no tie)."""
+    from headscope.analyses.heads.analysis import numerical_checks
+
+    bf = torch.bfloat16
+    assert torch.tensor([-300.0, -299.1]).to(bf).unique().numel() == 1  # one bfloat16 value: not told apart
+    assert torch.tensor([-300.0, -295.0]).to(bf).unique().numel() == 2
+    assert float(torch.tensor(300.0, dtype=bf).nextafter(torch.tensor(512.0, dtype=bf))) - 300.0 == 2.0  # the step
+    tied = torch.tensor([[310.0, 309.1], [0.5, 0.3]])
+    out = numerical_checks({"zero": tied}, bf, metric_size=10.0, k=3, baseline=10.0, pruning={"zero": -tied})
+    assert out["tied_top_groups_zero"] == [["L0H0", "L0H1"]]  # 0.2 apart near the baseline: no tie
+    assert out["tied_first_pruned_zero"] == [["L0H0", "L0H1"]]  # ablated metrics +320, +319.1 remove them first
+    assert out["rounding_floor_size"] == 10.0 and out["rounding_floor_zero"] == 2.0 ** -7 * 10
+    assert "tied_top_heads_zero" not in numerical_checks({"zero": tied}, bf, metric_size=10.0, k=3)  # no baseline
+    apart = torch.tensor([[310.0, 305.0], [0.5, 0.3]])
+    assert "tied_top_heads_zero" not in numerical_checks({"zero": apart}, bf, metric_size=10.0, k=3, baseline=10.0)
+    # a measured floor (0.05 for a metric of 10) grows in proportion: 1.5 at 300, so 2.0 apart ties only analytically
+    two = torch.tensor([[310.0, 308.0], [0.5, 0.3]])
+    assert numerical_checks({"zero": two}, bf, metric_size=10.0, k=3, baseline=10.0)["tied_top_heads_zero"] == [
+        "L0H0", "L0H1"]  # 2.0 < 2^-7 x 300 = 2.34
+    assert "tied_top_heads_zero" not in numerical_checks({"zero": two}, bf, metric_size=10.0, k=3, baseline=10.0,
+                                                         measured=0.05)
+    assert numerical_checks({"zero": tied}, bf, metric_size=10.0, k=3, baseline=10.0,
+                            measured=0.05)["tied_top_heads_zero"] == ["L0H0", "L0H1"]  # 0.9 < 1.5
+    # an answer log-probability (floor: a logit step x its 1 - p, 0.00055 here) pushed to -300 rounds as its logits
+    lp = numerical_checks({"zero": torch.tensor([[299.993, 299.093], [0.002, 0.001]])}, bf, metric_size=10.0, k=3,
+                          baseline=-0.007, metric_sensitivity=0.007)
+    assert lp["rounding_floor_zero"] == pytest.approx(2.0 ** -7 * 10 * 0.007)
+    assert lp["tied_top_groups_zero"] == [["L0H0", "L0H1"]]  # 0.001 apart near the baseline stays untied
+
+
 def test_separate_top_ties_stay_apart_and_tie_reach_finds_the_ties_that_can_move_the_count():
     """Review 9a A4.2/A4.3 (out_bf's bfloat16 zero-ablation importances, one analytic step of 10.06 = 0.0786):
     L2H0/L2H1 (0.53125 each) and L2H3/L1H0 (0.414/0.340, 0.074 apart) tie, but L2H1 -> L2H3 is 0.117: two
@@ -655,6 +690,8 @@ def test_l0_gates_fitted_on_a_train_split_are_scored_on_held_out_examples_as_pla
         assert (row.change, row.change_ci_low, row.change_ci_high) == pytest.approx(t_interval(change[held]), abs=1e-4)
         assert (row.change_in_sample, row.change_in_sample_ci_low, row.change_in_sample_ci_high) == pytest.approx(
             t_interval(change[train]), abs=1e-4)
+        assert row.unpruned_in_sample == pytest.approx(unpruned[train].mean().item(), abs=1e-4)  # l0_choice reads these
+        assert row.metric_binary_in_sample == pytest.approx(logit_diff(removed)[train].mean().item(), abs=1e-4)
     assert pruned_some  # a mask that removes some heads and keeps others was checked
     small = heads_l0.l0_sweep(model, hi.make_scorer(model, task.rows(range(15))), cfg, seed=3)[0]
     assert set(small["split"]) == {"in_sample"} and set(small["n_examples"]) == {15} and set(small["held_out"]) == {""}
@@ -664,6 +701,38 @@ def test_l0_gates_fitted_on_a_train_split_are_scored_on_held_out_examples_as_pla
     for bad in ({"holdout": 1.0}, {"holdout": -0.1}, {"min_split": 3}):
         with pytest.raises(ConfigError, match="L0"):
             heads_l0.L0Config(**bad)
+
+
+def test_l0_choice_picks_the_lambda_on_the_training_examples_and_scores_it_on_the_held_out_ones():
+    """#34 mends: the L0 point the finding reports is chosen on the examples the gates were fitted on (the fewest heads
+    whose in-sample metric stays within 1% of the training examples' unpruned 10.0, i.e. >= 9.9) and scored on the
+    held-out ones; perturbing every held-out column does not move the choice, only the scores reported. Hand-worked:
+    lambdas 0.1 (2 heads, 9.5 in-sample), 0.03 (4 heads, 9.95) and 0.01 (6 heads, 10.0): 0.03 is chosen, though on the
+    held-out examples 0.1 (2 heads) would pass and 0.03 does not."""
+    sweep = pd.DataFrame({
+        "lambda": [0.1, 0.03, 0.01], "heads_kept": [2, 4, 6], "unpruned_in_sample": 10.0,
+        "metric_binary_in_sample": [9.5, 9.95, 10.0], "unpruned": 8.0, "metric_binary": [7.99, 7.5, 8.0],
+        "change": [-0.01, -0.5, 0.0], "change_ci_low": [-0.1, -0.7, -0.1], "change_ci_high": [0.08, -0.3, 0.1],
+        "n_examples": 8, "split": "held_out", "in_sample_reason": "", "n_train": 8, "held_out": "0 2 4 6 8 10 12 14",
+        "change_in_sample": [-0.5, -0.05, 0.0], "change_in_sample_ci_low": [-0.7, -0.09, -0.02],
+        "change_in_sample_ci_high": [-0.3, -0.01, 0.02]})
+    got = heads_l0.l0_choice(sweep, 0.01)
+    rec = got["l0_within_tolerance"]
+    assert got["l0_min_heads_within_tolerance"] == 4 and rec["lambda"] == 0.03 and rec["chosen_on"] == "training examples"
+    assert rec["band_in_sample"] == pytest.approx(0.1) and rec["band"] == pytest.approx(0.08)
+    assert rec["change"] == -0.5 and rec["ci"] == [-0.7, -0.3] and rec["held_out_within"] is False  # 7.5 < 7.92
+    assert rec["in_sample_change"] == -0.05 and rec["n_examples"] == 8 and rec["in_sample"] is False
+    rng = np.random.default_rng(0)
+    for _ in range(5):  # the held-out rows' metrics perturbed: the choice stays, the held-out scores follow
+        moved = sweep.assign(unpruned=8.0 + rng.normal(), metric_binary=sweep["metric_binary"] + rng.normal(size=3),
+                             change=rng.normal(size=3))
+        again = heads_l0.l0_choice(moved, 0.01)["l0_within_tolerance"]
+        assert (again["lambda"], again["heads"]) == (0.03, 4) and again["change"] == moved["change"][1]
+    # the old rule (held-out metric >= held-out unpruned - band) would have picked 0.1 with 2 heads
+    assert sweep.loc[sweep["metric_binary"] >= sweep["unpruned"] - 0.08, "heads_kept"].min() == 2
+    assert heads_l0.l0_choice(sweep.assign(metric_binary_in_sample=9.0), 0.01) == {"l0_min_heads_within_tolerance": None}
+    small = heads_l0.l0_choice(sweep.assign(split="in_sample"), 0.01)["l0_within_tolerance"]
+    assert small["chosen_on"] == "in_sample" and small["in_sample"] is True
 
 
 @pytest.mark.parametrize("family,memory", [("llama", "plenty"), ("gpt2", "plenty"), ("llama", "two lambdas per pass"),

@@ -312,7 +312,18 @@ def test_heads_l0_sentence_reports_the_held_out_change_first_and_the_in_sample_o
     heads = {**HEADS, "l0_min_heads_within_tolerance": 3, "l0_lambdas": [0.001, 0.1], "l0_within_tolerance": rec}
     assert ("L0 gates keep the metric within tolerance with 3 heads on held-out examples (gates fitted on 32 "
             "examples; lambda 0.03: 7.425 on 32 others, a change of -0.0263 from unpruned, 95% CI [-0.0912, +0.0386]; "
-            "in-sample, on the 32 training examples, +0.0121, 95% CI [-0.02, +0.0442]).") in finding("heads", heads)
+            "in-sample, on the 32 training examples, +0.0121, 95% CI [-0.02, +0.0442]; the lambda was chosen on those "
+            "held-out examples too, so this point is optimistic).") in finding("heads", heads)  # an older summary
+    chosen = {**rec, "chosen_on": "training examples", "band": 0.0745, "held_out_within": True}
+    assert ("On the 32 examples the gates were fitted on, L0 gates keep the metric within tolerance with 3 heads "
+            "(lambda 0.03, the fewest heads within tolerance there: a change of +0.0121, 95% CI [-0.02, +0.0442]); "
+            "scored on 32 held-out examples, that mask gives 7.425, a change of -0.0263 from unpruned, 95% CI "
+            "[-0.0912, +0.0386], within the tolerance band (0.0745 below unpruned) there.") in \
+        finding("heads", {**heads, "l0_within_tolerance": chosen})
+    fails = {**chosen, "change": -0.2, "ci": [-0.31, -0.09], "held_out_within": False}
+    assert ("a change of -0.2 from unpruned, 95% CI [-0.31, -0.09], below the tolerance band (0.0745 below unpruned) "
+            "there: the choice made on the training examples does not hold on new ones.") in \
+        finding("heads", {**heads, "l0_within_tolerance": fails})
     small = {**rec, "n_examples": 12, "in_sample": True, "n_train": 12,
              "in_sample_reason": "only 12 examples, too few to hold some out (at least 16)"}
     assert ("a change of -0.0263 from unpruned, 95% CI [-0.0912, +0.0386] over 12 examples; in-sample: measured on the "
@@ -415,6 +426,11 @@ def test_a_tie_says_which_rounding_floor_it_is_within():
     s.update(rounding_floor_source={"zero": "analytic"}, rounding_floor_zero=0.2032)
     assert ("closer than 0.2 by zero-ablation (one rounding step of the metric at the model's dtype: no null "
             "ablation measured it).") in finding("heads", s)
+    # the floor holds for metrics of about its size; larger ablated metrics tie within a grown floor, said so
+    grown = finding("heads", {**s, "rounding_floor_size": 26.0})
+    assert ("ablation measured it), a floor for metric values up to 26 in size; two heads whose larger ablated metric "
+            "(unpruned minus the importance), S, is larger in size tie within that floor times S / 26, as one "
+            "rounding step grows with the number rounded.") in grown
     # review 11b A2: an answer log-probability's analytic floor is the logits' step times its 1 - p, and says so
     lp = {**s, "metric": "logprob", "rounding_floor_zero": 0.00055, "rounding_logit_step": 0.0794,
           "rounding_sensitivity": 0.00693}
@@ -988,13 +1004,38 @@ def test_a_logprob_count_states_its_band_in_nats_from_the_span_from_chance():
                                                    "change_rel": -0.043 / 11.393, "points": 1, "first": 10}}
     text = finding("heads", s)
     assert ("6 of 16 heads (38%, 95% bootstrap interval 4-6 heads, over 16 examples) can be removed staying no more "
-            "than 0.114 nats below the unpruned answer log-probability (1% of the span from chance (-11.4) to unpruned "
-            "(-0.007): a log-probability's 0 is its ceiling, not a scale) when ordered by ablation.") in text
+            "than 0.114 nats below the unpruned answer log-probability (1% of the span from chance to unpruned, -0.007 - "
+            "(-11.4) = 11.39 nats, where chance, -11.4 nats, is a uniform guess over the vocabulary, k log(1/V) for V "
+            "tokens and the answer's k tokens: a log-probability's 0 is its ceiling, not a scale) when ordered by "
+            "ablation.") in text  # an older summary: no vocabulary size recorded
     assert "Other orderings (heads removed before each curve first falls more than 0.114 nats below unpruned)" in text
     assert ("Close to the 0.114-nat line: gradient (a first step: -0.0898, -0.79% of the span from chance, paired 95% "
             "CI -0.207 to +0.0278, reaches back to the line 0.114 nats below unpruned)") in text
     assert "leaves the 0.114-nat band at 8 heads removed (-2.1% of the span from chance)" in text
     assert "% of unpruned" not in text and "1% line" not in text and "1% below" not in text
+
+
+def test_the_logprob_tolerance_sentence_gives_the_numbers_to_recompute_its_line():
+    """#34 mends: the line is a share of the span from chance, chance = k log(1/V). With V = 89 and one answer token,
+    log(1/89) = -4.48864, the span from -0.007 is 4.48164 nats and 1% of it 0.0448 nats (hand-worked); the sentence
+    names V, k, chance, the span and the share. Two answer tokens over V = 1,000: 2 log(1/1000) = -13.8155."""
+    import math
+
+    from headscope.analyses.heads.pruning import tolerance_record
+    from headscope.reports.pruning_words import band_words
+
+    tol = tolerance_record(-0.007, 0.01, -math.log(89), vocab=89)
+    assert tol["vocab"] == 89 and tol["answer_tokens"] == 1.0 and tol["band"] == pytest.approx(0.0448164, abs=1e-7)
+    said = band_words({"pruning_tolerance": tol}, full=True)
+    assert said == ("0.0448 nats below unpruned (1% of the span from chance to unpruned, -0.007 - (-4.489) = 4.482 "
+                    "nats, where chance is a uniform guess over the vocabulary's V = 89 tokens, k log(1/V) = 1 x "
+                    "log(1/89) = -4.489 nats for k = 1 answer token: a log-probability's 0 is its ceiling, not a scale)")
+    two = tolerance_record(-0.5, 0.05, -2 * math.log(1000), vocab=1000)
+    assert two["answer_tokens"] == 2.0 and two["band"] == pytest.approx(0.05 * 13.3155106, abs=1e-6)
+    assert ("0.666 nats below unpruned (5% of the span from chance to unpruned, -0.5 - (-13.82) = 13.32 nats, where "
+            "chance is a uniform guess over the vocabulary's V = 1,000 tokens, k log(1/V) = 2 x log(1/1,000) = -13.82 "
+            "nats for k = 2 answer tokens on average") in band_words({"pruning_tolerance": two}, full=True)
+    assert "vocab" not in tolerance_record(2.5, 0.01, None, vocab=89)  # no chance: nothing to say about V
 
 
 def test_prunable_heads_carry_their_bootstrap_interval_and_an_interval_at_zero_is_no_finding():
