@@ -209,13 +209,15 @@ def keeps_words(s: Mapping[str, Any], policy: str, budget: Any) -> str:
     """What `policy` keeps and evicts at `budget` in this run's numbers, from the summary's kept_split and context_range
     (mends: the rule's generic words said nothing of the run): 'at budget 8 keeps the 4 newest positions and the 4
     older ones the context's queries attended to most and evicts the other 4 of the 12';
-    '' where the summary does not record them (older runs)."""
+    '' where the summary does not record them (older runs) or a layer slides (each keeps them among its own window)."""
     split = ((s.get("kept_split") or {}).get(policy) or {}).get(str(budget))
     span = s.get("context_range")
     if not isinstance(split, Mapping) or not (isinstance(span, (list, tuple)) and len(span) == 2):
         return ""
     first, recent, heavy = (int(split.get(k) or 0) for k in ("first", "recent", "most_attended"))
     lo, hi, b = int(span[0]), int(span[1]), int(budget)
+    if s.get("sliding_windows"):  # a sliding-window layer keeps the policy's positions among its own window's
+        return ""
     ends = ([f"the first {first}"] if first else []) + ([f"the {recent} newest"] if recent else [])
     kept_text = f"{and_join(ends)} position{'s' if first + recent != 1 else ''}" if ends else ""
     if heavy:

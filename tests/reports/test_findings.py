@@ -1376,6 +1376,7 @@ def test_kv_says_what_each_policy_keeps_and_evicts_in_the_runs_numbers():
                                 "and the 1 older one the context's queries attended to most and evicts the other 10 of "
                                 "the 12.")
     assert "keeps and evicts" not in finding("kv", {k: v for k, v in s.items() if k != "kept_split"})  # older runs
+    assert "keeps and evicts" not in finding("kv", {**s, "sliding_windows": {"0": 4}})  # counts per layer differ
 
 
 def test_kv_states_heavy_hitters_split_and_what_a_missing_policy_evicts():
