@@ -164,9 +164,11 @@
     legend.appendChild(el("span", null, cellf.text(m)));
     var why = (data.muted || {})[name] || null;  // a score the report says is noise: drawn faint and grey
     if (why) legend.classList.add("hsx-muted");
+    // a score from a section whose chance verdict is undetermined: in colour, with the finding's caveat above the grid
+    var caveat = why ? null : (data.caveats || {})[name] || null;
     return {colour: why ? function (l, h) { return [faint(colour(l, h)[0]), "#777"]; } : colour,
             value: function (l, h) { return g[l][h]; }, text: function (l, h) { return cellf.text(g[l][h]); },
-            legend: legend, muted: why};
+            legend: legend, muted: why, caveat: caveat};
   }
 
   // ---- layout ----
@@ -255,7 +257,9 @@
   }
   var mutedNote = el("div", "hsx-mutednote");  // why the grid is muted (a score within noise), else hidden
   mutedNote.hidden = true;
-  left.appendChild(mutedNote); left.appendChild(grid);
+  var caveatNote = el("div", "hsx-caveat");  // the section's caveat (chance undetermined), else hidden
+  caveatNote.hidden = true;
+  left.appendChild(mutedNote); left.appendChild(caveatNote); left.appendChild(grid);
   var legendBox = el("div"); left.appendChild(legendBox);
   if (G > 1) left.appendChild(el("div", "hsx-note", "Grouped by KV head: " + G + " query heads share each of " + KV +
     " KV heads."));
@@ -336,6 +340,8 @@
     grid.classList.toggle("hsx-muted", !!c.muted);
     mutedNote.hidden = !c.muted;
     mutedNote.textContent = c.muted ? "Muted: " + c.muted : "";
+    caveatNote.hidden = !c.caveat;
+    caveatNote.textContent = c.caveat || "";
   }
   function inHeads(l, h) {
     for (var i = 0; i < st.heads.length; i++) if (st.heads[i][0] === l && st.heads[i][1] === h) return i;
@@ -408,7 +414,8 @@
       hl.toks[k].setAttribute("data-a", String(scores[k]));
     }
     info.textContent = "Tokens shaded by " + st.shade + " attribution (the attribution analysis's scores for this " +
-      "example): red positive, blue negative, white 0; full colour at \u00b1" + short(m) + ".";
+      "example): red positive, blue negative, white 0; full colour at \u00b1" + short(m) + "." +
+      (data.attribution_caveat ? " " + data.attribution_caveat : "");
   }
   function paintQuery() {  // the pinned query's attention weights as the key tokens' background
     var p = cur.p, toks = tokens(), i = st.q;

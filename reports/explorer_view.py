@@ -27,7 +27,10 @@ about 0, red positive, blue negative; an unsigned one (gradient importance, indu
 0 to red at its max, never stretched from its min.
 A score named in data["muted"] ({score: why}, `muted_scores`: importance measured on a task the model
 is at chance on, or under the numerical noise floor) is drawn faint and grey with the reason above the
-grid; the thumbnails keep their colours (patterns are not noise).
+grid; the thumbnails keep their colours (patterns are not noise). A score named in data["caveats"] ({score: line},
+`caveat_scores`: importance from a heads section whose chance guard cannot tell, "undetermined") keeps its colours
+with that line above the grid, as the section's finding reads it; data["attribution_caveat"] (the attribution section's)
+follows the attribution-shaded tokens' legend line.
 """
 from __future__ import annotations
 
@@ -98,6 +101,34 @@ def muted_scores(score_names: Any, heads_summary: Mapping[str, Any] | None) -> d
     return out
 
 
+def undetermined_caveat(summary: Mapping[str, Any] | None, section: str, what: str) -> str:
+    """One short line for what the explorer draws from `section`'s results where that section's chance guard cannot tell
+    (chance.assess's "undetermined"; the section's finding opens with findings.undetermined_sentence): 'Read with a
+    caveat: on its 4 examples the heads section cannot tell the model from chance on task kv (logit difference 1.3, 95%
+    CI [-0.7, 3.3]; too wide to tell either way), as its finding says of these importances.'; '' otherwise."""
+    entry = summary.get("chance") if isinstance(summary, Mapping) else None
+    if not isinstance(entry, Mapping) or entry.get("undetermined") is not True or entry.get("at_chance") is True:
+        return ""
+    num = lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool) else None  # noqa: E731
+    n, mean, ci = num(entry.get("n_examples")), num(entry.get("mean")), entry.get("ci")
+    metric = str(entry.get("metric") or "metric").replace("logit_diff", "logit difference").replace(
+        "logprob", "answer log-probability")
+    said = [f"{metric} {mean:.3g}"] if mean is not None else []
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(num(c) is not None for c in ci):
+        said.append(f"{100 * (num(entry.get('ci_level')) or 0.95):.0f}% CI [{ci[0]:.3g}, {ci[1]:.3g}]")
+    task = entry.get("task") or (summary or {}).get("task")
+    return (f"Read with a caveat: {f'on its {n:.0f} examples ' if n is not None else ''}the {section} section cannot "
+            f"tell the model from chance" + (f" on task {task}" if isinstance(task, str) and task else "")
+            + f" ({', '.join(said)}{'; ' if said else ''}too wide to tell either way), as its finding says of {what}.")
+
+
+def caveat_scores(score_names: Any, heads_summary: Mapping[str, Any] | None) -> dict[str, str]:
+    """{score name: caveat} for the grid's importance scores (those `muted_scores` names when at chance) where the heads
+    section's chance verdict is undetermined (`undetermined_caveat`); the patterns' own statistics carry none."""
+    note = undetermined_caveat(heads_summary, "heads", "these importances")
+    return {str(n): note for n in score_names if note and re.fullmatch(r"importance \((.+)\)", str(n))}
+
+
 def json_for_script(data: Any) -> str:
     """JSON safe inside a <script> element: "<", ">" and "&" as \\u escapes (no "</script>", no "<!--")."""
     text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
@@ -121,4 +152,5 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     )
 
 
-__all__ = ["CSS", "JS", "explorer_html", "json_for_script", "link_heads", "muted_scores", "section_links"]
+__all__ = ["CSS", "JS", "caveat_scores", "explorer_html", "json_for_script", "link_heads", "muted_scores", "section_links",
+           "undetermined_caveat"]

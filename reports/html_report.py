@@ -15,7 +15,14 @@ from typing import Any
 import pandas as pd
 
 from headscope.reports import io
-from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores, section_links
+from headscope.reports.explorer_view import (
+    caveat_scores,
+    explorer_html,
+    link_heads,
+    muted_scores,
+    section_links,
+    undetermined_caveat,
+)
 from headscope.reports.findings import attention_kind, caption, finding, larger_sample_sentence
 from headscope.reports.moe_words import layout_clause
 from headscope.reports.provenance import (
@@ -249,7 +256,13 @@ def _explorer_section(out: Path) -> tuple[str, str]:
     try:
         data = io.read_json(path)
         heads = out / "heads" / "summary.json"  # importance at chance or under the noise floor: a muted grid
-        data["muted"] = muted_scores(data.get("scores", {}), io.read_json(heads) if heads.exists() else None)
+        heads_summary = io.read_json(heads) if heads.exists() else None
+        data["muted"] = muted_scores(data.get("scores", {}), heads_summary)
+        # a section whose chance guard cannot tell (undetermined): its scores carry the finding's caveat
+        data["caveats"] = caveat_scores(data.get("scores", {}), heads_summary)
+        attribution = out / "attribution" / "summary.json"
+        if attribution.exists() and (said := undetermined_caveat(io.read_json(attribution), "attribution", "these scores")):
+            data["attribution_caveat"] = said
         fragment = explorer_html(data, uid="hsx-report")
     except (OSError, ValueError, KeyError, TypeError):
         return "", ""

@@ -201,6 +201,40 @@ def _split(s: Mapping[str, Any]) -> str:
     return f"the newest {'half' if share == 0.5 else f'{100 * share:.0f}%'} of its budget"
 
 
+def _positions(n: int) -> str:
+    return f"{n} position" + ("" if n == 1 else "s")
+
+
+def keeps_words(s: Mapping[str, Any], policy: str, budget: Any) -> str:
+    """What `policy` keeps and evicts at `budget` in this run's numbers, from the summary's kept_split and context_range
+    (mends: the rule's generic words said nothing of the run): 'at budget 8 keeps the 4 newest positions and the 4
+    older ones the context's queries attended to most and evicts the other 4 of the 12';
+    '' where the summary does not record them (older runs) or a layer slides (each keeps them among its own window)."""
+    split = ((s.get("kept_split") or {}).get(policy) or {}).get(str(budget))
+    span = s.get("context_range")
+    if not isinstance(split, Mapping) or not (isinstance(span, (list, tuple)) and len(span) == 2):
+        return ""
+    first, recent, heavy = (int(split.get(k) or 0) for k in ("first", "recent", "most_attended"))
+    lo, hi, b = int(span[0]), int(span[1]), int(budget)
+    if s.get("sliding_windows"):  # a sliding-window layer keeps the policy's positions among its own window's
+        return ""
+    ends = ([f"the first {first}"] if first else []) + ([f"the {recent} newest"] if recent else [])
+    kept_text = f"{and_join(ends)} position{'s' if first + recent != 1 else ''}" if ends else ""
+    if heavy:
+        who = ("older ones" if heavy != 1 else "older one") if ends else ("positions" if heavy != 1 else "position")
+        most = f"the {heavy} {who} the context's queries attended to most"
+        kept_text = f"{kept_text} and {most}" if kept_text else most
+    kept_text = kept_text or "nothing"
+    if hi <= b:
+        return f"at budget {b} keeps every prompt whole ({_positions(hi) if lo == hi else f'{lo} to {hi} positions'})"
+    if lo == hi:
+        n = hi - b
+        gone = {"window": f"the oldest {n}", "sink_window": f"the {n} in the middle"}.get(policy, f"the other {n}")
+        return f"at budget {b} keeps {kept_text} and evicts {gone} of the {hi}"
+    gone = {"window": "the oldest", "sink_window": "those in the middle"}.get(policy, "the others")
+    return f"at budget {b} keeps {kept_text} and evicts {gone} of each prompt's {lo} to {hi} positions (up to {hi - b})"
+
+
 def _drops(s: Mapping[str, Any], hold: Mapping[str, Any]) -> str:
     """What each policy that misses the band evicts (review 13a A1: a policy fails where its rule drops the tokens the
     answer needs), and heavy hitters' split whenever it ran: 'Heavy hitters is H2O's policy (the newest half ...)'."""
@@ -217,13 +251,32 @@ def _drops(s: Mapping[str, Any], hold: Mapping[str, Any]) -> str:
              + ": the newest positions, seen by the fewest queries, go first")}
     missed = [p for p, e in policies.items() if p in rule and e.get("at") is None
               and (e.get("worst_evicting") is not None or e.get("consistent_from") is not None)]
+    said = {p: keeps_words(s, p, _named_budget(policies[p])) for p in missed}  # in this run's numbers, where recorded
+    tails = {"window": "; the first token, a sink where there is one, among them",
+             "heavy_hitters": "" if split and "no recent" not in split else ": the newest positions go first"}
+    for p, words in said.items():
+        if words:
+            rule[p] = f"{p.replace('_', ' ')} {words}{tails.get(p, '')}"
     text = ""
     if "heavy_hitters" in policies and split and split != "no recent window" and "heavy_hitters" not in missed:
-        text = f"Heavy hitters is H2O's policy ({split}, the rest the older positions the context attended to most)."
+        at = (policies["heavy_hitters"].get("at") or {}).get("budget")
+        own = keeps_words(s, "heavy_hitters", at) if at is not None else ""
+        text = (f"Heavy hitters is H2O's policy ({split}, the rest the older positions the context attended to most)"
+                + (f": {own.replace(' keeps', ' it keeps', 1)}." if own else "."))
     if missed:
-        text += (" " if text else "") + ("Where a policy is not shown within the band, this is what its rule evicts: "
+        what = "keeps and evicts at the budget named" if any(said.values()) else "evicts"
+        text += (" " if text else "") + (f"Where a policy is not shown within the band, this is what its rule {what}: "
                                          + "; ".join(rule[p] for p in missed) + ".")
     return text
+
+
+def _named_budget(e: Mapping[str, Any]) -> Any:
+    """The budget the finding names for a policy not shown within the band: its largest that evicts ("never"), else
+    the first "not shown" one from consistent_from."""
+    if e.get("worst_evicting") is not None:
+        return e["worst_evicting"].get("budget")
+    rows = [r for r in e.get("not_shown") or [] if r.get("budget", -1) >= e.get("consistent_from", 0)]
+    return rows[0]["budget"] if rows else None
 
 
 def _unit(s: Mapping[str, Any]) -> str:

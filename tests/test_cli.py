@@ -633,6 +633,40 @@ def test_position_n_items_is_a_recorded_setting_that_resume_holds_to(tmp_path, m
     assert not (tmp_path / "kv").exists()
 
 
+def test_report_takes_n_items_to_positions_config_the_manifest_and_resume(tmp_path, monkeypatch, capsys):
+    """`headscope report --n-items N` (as `headscope position --n-items N`): N reaches position's config (what its run
+    receives) and the manifest's analysis_configs, and no other analysis's; a --resume with another N is refused
+    naming it; without position in --analyses it is refused in one line before anything is written."""
+    from headscope.cli import main
+    from headscope.reports import report as report_mod
+
+    fake_analyses(monkeypatch)
+    fake, seen = report_mod.get_analysis, {}
+
+    def recording(name):
+        def run(model, task, config):
+            seen[name] = config
+            return fake(name)(model, task, config)
+        return run
+
+    monkeypatch.setattr(report_mod, "get_analysis", recording)
+    out = tmp_path / "run"
+    assert main(["-q", "report", "--analyses", "position,kv", "--quick", "--device", "cpu", "--n-items", "3",
+                 "--out", str(out)]) == 0
+    assert seen["position"].n_items == 3 and not hasattr(seen["kv"], "n_items")
+    settings = json.loads((out / "manifest.json").read_text())["config"]["settings"]
+    assert settings["analysis_configs"]["position"]["n_items"] == 3
+    (out / "report.html").unlink()  # as if killed before the report
+    capsys.readouterr()
+    assert main(["-q", "report", "--analyses", "position,kv", "--quick", "--device", "cpu", "--n-items", "5",
+                 "--out", str(out), "--resume"]) == 2
+    assert "position config (n_items)" in in_process_error(capsys)
+    assert main(["-q", "report", "--analyses", "kv", "--quick", "--device", "cpu", "--n-items", "3",
+                 "--out", str(tmp_path / "kv")]) == 2
+    assert "this run has no position analysis (kv)" in in_process_error(capsys)
+    assert not (tmp_path / "kv").exists()
+
+
 @pytest.mark.parametrize("name", list(ANALYSES))
 def test_every_single_analysis_subcommand_exits_0(name, tmp_path, monkeypatch):
     from headscope.cli import main

@@ -353,6 +353,12 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
                                            floor=_metric_floor(model, task.metric, sweep)),
         "n_sink": config.n_sink,
         "recent_share": config.recent_share,  # heavy hitters keep ceil(share x budget) most recent positions (H2O)
+        # per policy and grid budget what it keeps of a longer prompt (eviction.kept_split), and the prompts' context
+        # lengths [fewest, most]: the finding says what each policy keeps and evicts in this run's numbers
+        "kept_split": {p: {str(b): kv_eviction.kept_split(p, int(b), n_sink=config.n_sink,
+                                                          recent_share=config.recent_share)
+                           for b in sorted(sweep[sweep.policy == p].budget.unique())} for p in config.policies},
+        "context_range": [int(sweep.context.min()), int(sweep.context.max())],
         "sink_mass_per_layer": {str(r.layer): r.sink_mass for r in sink_table.itertuples()},
         "sinks": _sink_records(sink_table),
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)

@@ -65,6 +65,21 @@ def recent_count(budget: int, recent_share: float = RECENT_SHARE) -> int:
 
 
 @torch.no_grad()
+def kept_split(policy: str, budget: int, *, n_sink: int = 4, recent_share: float = RECENT_SHARE) -> dict[str, int]:
+    """What `policy` keeps at `budget` of a prompt whose context is longer than the budget, on a global layer (keep_mask's
+    rule in counts): {"first": the first positions (sink_window's sinks), "recent": the newest positions,
+    "most_attended": the older positions of largest accumulated attention (heavy_hitters)}; the rest is evicted."""
+    if policy == "window":
+        return {"first": 0, "recent": int(budget), "most_attended": 0}
+    if policy == "sink_window":
+        sinks = min(n_sink, budget)
+        return {"first": int(sinks), "recent": int(budget - sinks), "most_attended": 0}
+    if policy == "heavy_hitters":
+        recent = recent_count(budget, recent_share)
+        return {"first": 0, "recent": int(recent), "most_attended": int(budget - recent)}
+    raise ConfigError(f"unknown eviction policy {policy!r}; choose from {', '.join(POLICIES)}.")
+
+
 def attention_received(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention each context key receives from the context's queries, per layer and KV head.
 

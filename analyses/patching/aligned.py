@@ -12,13 +12,16 @@ Result: summary["at_corrupted_token"] = {"from_end": {offset: prompts} (where th
 sits, counted from the end, -1 the last token), "n": prompts with a difference, "positions_differ": [fewest,
 most] positions that differ per prompt (the corrupted token is the first of them), "differ_from_end": {offset:
 prompts} of every position where a clean prompt differs from its corrupted one, "column_tokens": {offset: {"token",
-"n", "of"}} (the clean token most prompts have in each end-aligned column, on how many, of those reaching it),
+"n", "of"}} (the clean token most prompts have in each end-aligned column a top site sits in, on how many, of those
+reaching it: at most one entry per top-site cell, whatever the prompts' length),
 "sites": {site type: [{"layer", "effect" (mean per-example effect, the exact table's units), "ci" (95% t interval, None
 under two rows), "n", "end_aligned" (the layer's end-aligned cell of largest |effect|, its effect
 and from_end)}]}} and the table `corrupted_token` (site_type, layer, effect, ci_low, ci_high, n_rows,
 share_of_gap).
 """
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -67,14 +70,18 @@ def differ_from_end(clean: torch.Tensor, corrupted: torch.Tensor) -> dict[str, i
     return {str(o): found.count(o) for o in sorted(set(found))}
 
 
-def column_tokens(model, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, dict]:
+def column_tokens(model, tokens: torch.Tensor, mask: torch.Tensor | None = None,
+                  offsets: Iterable[int] | None = None) -> dict[str, dict]:
     """What each end-aligned column holds: {offset from the end: {"token": the clean token most prompts have there
     (text; a tie: the lowest id), "n": the prompts with it, "of": the prompts where the position is a real token}}
     over the clean prompts [batch, pos] (mask [batch, pos], 1 for real tokens; None: every position real). A finding
-    says from it whether a cell's column is one token or a mixture (review 13: "averaging whatever tokens")."""
+    says from it whether a cell's column is one token or a mixture (review 13: "averaging whatever tokens").
+    offsets: only these columns (offsets from the end, -1 the last; the summary's: those of its top sites, the
+    cells a finding can cite, so the record does not grow with the prompt's length); None: every column."""
     real = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool().to(tokens.device)
     n_pos, found = tokens.shape[1], []
-    for p in range(n_pos):
+    wanted = range(n_pos) if offsets is None else sorted({n_pos + int(o) for o in offsets if -n_pos <= int(o) < 0})
+    for p in wanted:
         col = tokens[real[:, p], p]  # [k] the real rows' tokens there
         if len(col):
             values, counts = col.unique(return_counts=True)

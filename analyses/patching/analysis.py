@@ -34,7 +34,7 @@ non-zero cells, the top exact cell's rank by attribution and a large exact effec
 none resting on a difference within rounding_floor, also in the summary: the effects' rounding in the model's dtype),
 at_corrupted_token (per (layer, pos) site type and layer, the effect at each prompt's first position where
 clean and corrupted differ, with where that sits from the end, where every differing position sits and what clean
-token each end-aligned column holds on how many prompts (column_tokens): patching/aligned.py; also the table
+token each end-aligned column of a top site holds on how many prompts (column_tokens): patching/aligned.py; also the table
 `corrupted_token`); gap_within_noise only when the
 clean-corrupted gap's paired 95% interval contains 0 or it is under the effect floor (chance.py).
 Answers of several tokens (teacher-forced pieces at the end of their rows): every position cell counts from each
@@ -263,7 +263,8 @@ def activation_patching(
                                          "n": int((first >= 0).sum()),
                                          "positions_differ": aligned.positions_differ(clean, corrupted),
                                          "differ_from_end": aligned.differ_from_end(shown, shown_bad),
-                                         "column_tokens": aligned.column_tokens(model, shown, shown_mask),
+                                         "column_tokens": aligned.column_tokens(model, shown, shown_mask,
+                                                                                 _cited_offsets(summary)),
                                          "sites": on_token}
         if len(nth) > 1:
             summary["at_corrupted_token"]["orders"] = [
@@ -324,6 +325,11 @@ def _at_prompt_end(clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Ten
     real = torch.ones_like(clean) if mask is None else mask.to(clean.device).long()
     moved = [prompt_end.to_prompt_end(x.cpu(), pieces) for x in (clean, corrupted, real)]
     return moved[0], moved[1], moved[2]
+
+
+def _cited_offsets(summary: dict) -> set[int]:
+    """The end-aligned columns a finding can cite: the from_end of every top-site record (a bounded set, TOP_N a type)."""
+    return {int(r["from_end"]) for records in summary["top_sites"].values() for r in records if "from_end" in r}
 
 
 def top_sites(df: pd.DataFrame, n: int = TOP_N, column: str = "effect",

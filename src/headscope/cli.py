@@ -2,9 +2,9 @@
 
     headscope report [--model SPEC] [--task NAME|FILE] [--task-fields prompt=COL,...] [--strict] [--analyses a,b]
                      [--out DIR] [--seed N] [--device cpu|cuda[:N]|mps] [--dtype float32|bfloat16|float16]
-                     [--resume|--force] [--quick] [--budget MINUTES]
+                     [--resume|--force] [--quick] [--budget MINUTES] [--n-items N]
     headscope heads|attribution|position|patching|mlp|kv|probes|circuits [same options]
-                                         (position also [--n-items N]: items a prompt, the gold one included)
+                                         (position also [--n-items N]: its items a prompt, the gold one included)
     headscope sites [--model SPEC]       load a model and print its facts and hookable sites
     headscope zoo list | zoo train NAME  the shipped model organisms
     headscope compare OUT_A OUT_B [--out FILE]  two report folders side by side in one HTML page
@@ -37,16 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="run every analysis (or --analyses) and write an HTML report")
     _run_options(r)
     r.add_argument("--analyses", default=None, help=f"comma-separated subset of: {','.join(ANALYSES)} (default: all)")
+    _n_items_option(r, " of position (the run must include it)")
     for name in ANALYSES:
         one = sub.add_parser(name, help=f"run the {name} analysis alone (same outputs as in the report)")
         _run_options(one)
         if name == "position":
-            one.add_argument("--n-items", type=int, default=None, metavar="N",
-                             help="items a prompt, the gold one included: documents of a QA records file, sentences "
-                                  "of retrieval records, pairs of a key-value task (default: 10 documents; every "
-                                  "record's distractors + 1 sentences; the pairs that fit, up to 20); the gold item "
-                                  "goes to every slot up to 8 items, else to the first slot and the quarters; each "
-                                  "record is checked to have N - 1 distractors before anything is written")
+            _n_items_option(one)
 
     s = sub.add_parser("sites", help="load a model and print its facts and every hookable site")
     s.add_argument("--model", default=None,
@@ -69,6 +65,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default=None, help="the page to write, ending in .html (default: ./compare.html)")
     c.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     return p
+
+
+def _n_items_option(p: argparse.ArgumentParser, whose: str = "") -> None:
+    """position's --n-items (RunSettings.overrides passes it to position's config; the manifest records it)."""
+    p.add_argument("--n-items", type=int, default=None, metavar="N",
+                   help=f"items a prompt{whose}, the gold one included: documents of a QA records file, sentences "
+                        "of retrieval records, pairs of a key-value task (default: 10 documents; every "
+                        "record's distractors + 1 sentences; the pairs that fit, up to 20); the gold item "
+                        "goes to every slot up to 8 items, else to the first slot and the quarters; each "
+                        "record is checked to have N - 1 distractors before anything is written")
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:

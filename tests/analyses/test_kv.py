@@ -143,6 +143,15 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     assert s["prompt_tokens"] == 8  # the longest prompt, as position records it
     assert set(s["metric_per_policy_budget"]) == set(kv_eviction.POLICIES)
     assert set(s["metric_per_policy_budget"]["window"]) == {"1", "4", "7"}
+    # what each policy keeps of a longer prompt, by hand (n_sink 2; H2O's recent window ceil(budget / 2)), and the
+    # sweep's own counts of kept positions agree: per layer, the split's total (a prompt of 7 keeps all 7 at 7)
+    split = lambda first, recent, heavy: {"first": first, "recent": recent, "most_attended": heavy}  # noqa: E731
+    assert s["kept_split"] == {"window": {"1": split(0, 1, 0), "4": split(0, 4, 0), "7": split(0, 7, 0)},
+                               "sink_window": {"1": split(1, 0, 0), "4": split(2, 2, 0), "7": split(2, 5, 0)},
+                               "heavy_hitters": {"1": split(0, 1, 0), "4": split(0, 2, 2), "7": split(0, 4, 3)}}
+    assert s["context_range"] == [7, 7]
+    per_layer = result.df[result.df.policy != "full"].groupby(["policy", "budget"]).kept.mean() / model.facts.n_layers
+    assert {(p, b): sum(s["kept_split"][p][str(b)].values()) for p, b in per_layer.index} == per_layer.to_dict()
     # the whole context: every cached position before the last, whose query reads the answer
     assert (s["context_positions"], s["n_examples"], s["metric"]) == (task.tokens.shape[1] - 1, 3, task.metric)
     # norms: against the HF cache of the same prompts

@@ -451,11 +451,11 @@ def test_path_patching_to_the_logits_gives_each_path_its_interval_over_the_promp
     assert got.summary["n_examples"] == len(real)
 
 
-def _two_templates(model, corrupt_long: dict, corrupt_short: dict):
-    """Prompts of two lengths (4 of 'w1 w2 w3 w4 wN', 4 of 'w2 w3 w4 wN', the last word different in each), each
-    corrupted by replacing words (corrupt_*: word -> word), answer w7 against w8; and the summary of exact patching
-    of resid_pre on them."""
-    prompts = [f"w1 w2 w3 w4 w{50 + i}" for i in range(4)] + [f"w2 w3 w4 w{54 + i}" for i in range(4)]
+def _two_templates(model, corrupt_long: dict, corrupt_short: dict, prefix: str = ""):
+    """Prompts of two lengths (4 of 'w1 w2 w3 w4 wN', 4 of 'w2 w3 w4 wN', the last word different in each; after
+    `prefix`), each corrupted by replacing words (corrupt_*: word -> word), answer w7 against w8; and the summary of
+    exact patching of resid_pre on them."""
+    prompts = [f"{prefix}w1 w2 w3 w4 w{50 + i}" for i in range(4)] + [f"{prefix}w2 w3 w4 w{54 + i}" for i in range(4)]
     bad = [" ".join(corrupt_long.get(w, w) for w in p.split()) for p in prompts[:4]] + \
           [" ".join(corrupt_short.get(w, w) for w in p.split()) for p in prompts[4:]]
     task = hs.prompt_task(model, prompts, [" w7"] * 8, bad, [" w8"] * 8)
@@ -470,6 +470,27 @@ def _cited_column(text: str) -> tuple[int, str]:
                       r"answer position is the resid_pre at layer \d, position (-\d) from the end.*? \(([^()]*)\)\.", text)
     assert cited, text
     return int(cited.group(1)), cited.group(2)
+
+
+def test_the_column_record_does_not_grow_with_the_prompts_length(tiny_models):
+    """The end-aligned column record (at_corrupted_token.column_tokens) holds only the columns of the top sites, the
+    cells a finding can cite: 36 words in front of the prompts (42 positions) leave it at most TOP_N columns a site
+    type (one here), each the column's most common clean token counted from the words (the finding's words on a
+    cited column: the test below)."""
+    from headscope.analyses.patching.analysis import TOP_N
+
+    model = tiny_models["llama"]
+    prefix = " ".join(f"w{10 + i % 30}" for i in range(36)) + " "
+    prompts, s = _two_templates(model, {"w2": "w30", "w4": "w44"}, {"w4": "w44"}, prefix)
+    held = s["at_corrupted_token"]["column_tokens"]
+    assert s["n_positions"] >= 42 and 0 < len(held) <= TOP_N
+    cited = {str(r["from_end"]) for records in s["top_sites"].values() for r in records if "from_end" in r}
+    assert set(held) == cited
+    words = [["<bos>", *p.split()] for p in prompts]
+    for end, record in held.items():
+        column = [w[int(end)] for w in words if len(w) >= -int(end)]
+        assert (record["n"], record["of"]) == (column.count(record["token"]), len(column))
+        assert record["n"] == max(column.count(t) for t in column)
 
 
 def test_end_aligned_sentence_says_what_its_column_holds_one_token_or_a_mixture(tiny_models):
@@ -492,15 +513,18 @@ def test_end_aligned_sentence_says_what_its_column_holds_one_token_or_a_mixture(
         column = [w[-k] for w in words if len(w) >= k]
         top = max(sorted(set(column), key=lambda t: model.tokenizer.convert_tokens_to_ids(t)), key=column.count)
         expect[str(-k)] = {"token": top, "n": column.count(top), "of": len(column)}
-    assert info["column_tokens"] == expect
-    said = {end: column_holds(s, {"from_end": end}) for end in (-1, -2, -3, -4)}
-    assert said == {
+    cited = {str(r["from_end"]) for records in s["top_sites"].values() for r in records if "from_end" in r}
+    assert info["column_tokens"] == {k: v for k, v in expect.items() if k in cited}  # only the top sites' columns
+    said = {end: column_holds(s, {"from_end": end}) for end in (-1, -2, -3, -4) if str(end) in cited}
+    assert {-2, -4} <= set(said) and said == {end: words for end, words in {
         -1: ("a mixture of tokens: 'w50' on 1 of the 8 prompts there, other tokens on the rest, changed in none", True),
         -2: ("not a mixture: each of the 8 prompts there has its changed token at this place", False),
         -3: ("one token: 'w3' on all 8 prompts there, changed in none", False),
-        -4: ("a mixture of changed and unchanged tokens: 'w2' on all 8 prompts there, changed in 4 of them", True)}
+        -4: ("a mixture of changed and unchanged tokens: 'w2' on all 8 prompts there, changed in 4 of them", True),
+    }.items() if end in said}
     text = finding("patching", s)
     end, words_said = _cited_column(text)
+    assert str(end) in cited
     assert words_said.endswith(said[end][0]) and "whatever tokens" not in text
 
     _, s = _two_templates(model, {"w2": "w30"}, {"w4": "w44"})  # -4 in the longer prompts, -2 in the shorter

@@ -24,7 +24,7 @@ from headscope.reports.explorer import (
     show_attention,
     write_explorer_data,
 )
-from headscope.reports.explorer_view import explorer_html, link_heads, muted_scores
+from headscope.reports.explorer_view import caveat_scores, explorer_html, link_heads, muted_scores, undetermined_caveat
 from headscope.reports.html_report import write_report_files
 from tests_support import hf_model
 
@@ -691,6 +691,64 @@ def test_report_explorer_mutes_importance_at_chance_in_chromium(llama, tmp_path)
         assert np.allclose(colours, expected, atol=1.5), (colours, expected)
         low = page.evaluate("document.querySelector('#hsx-report .hsx-legend').children[1].textContent")
         assert float(low) == 0.0  # the legend starts at 0, not at the smallest head
+        page.settle()
+        assert page.console_errors == [] and page.requests == []
+
+
+UNDETERMINED = {"at_chance": False, "undetermined": True, "metric": "logit_diff", "mean": 1.3, "ci": [-0.735, 3.34],
+                "ci_level": 0.95, "n_examples": 4, "task": "kv<b>"}
+
+
+def test_importance_from_a_section_whose_chance_is_undetermined_carries_its_caveat():
+    """Mends: chance undetermined (too wide to tell) in the heads summary: every importance score, and no pattern
+    statistic, carries one short line, hand-written here; at chance (muted) or clearly above, none."""
+    names = ["importance (gradient)", "importance (zero)", "induction", MAX_ATTENTION, SINK]
+    line = ("Read with a caveat: on its 4 examples the heads section cannot tell the model from chance on task kv<b> "
+            "(logit difference 1.3, 95% CI [-0.735, 3.34]; too wide to tell either way), as its finding says of these "
+            "importances.")
+    assert caveat_scores(names, {"chance": UNDETERMINED}) == {"importance (gradient)": line, "importance (zero)": line}
+    assert caveat_scores(names, {"chance": {**UNDETERMINED, "undetermined": False}}) == {}
+    assert caveat_scores(names, {"chance": {**UNDETERMINED, "at_chance": True}}) == caveat_scores(names, None) == {}
+    assert undetermined_caveat({"chance": UNDETERMINED}, "attribution", "these scores").endswith(
+        "the attribution section cannot tell the model from chance on task kv<b> (logit difference 1.3, 95% CI "
+        "[-0.735, 3.34]; too wide to tell either way), as its finding says of these scores.")
+
+
+@needs_chromium
+def test_report_explorer_shows_the_undetermined_caveat_by_its_importance_grid_in_chromium(llama, tmp_path):
+    """The heads section's chance undetermined: the importance grid keeps its colours (not muted) under one line with
+    the section's caveat, as text (the task's "<b>" shows as typed, no element); a pattern score shows no caveat; the
+    attribution section undetermined too: its line follows the attribution-shaded tokens' legend."""
+    from browser import open_page
+
+    io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(
+        [{"layer": l, "head": h, "method": "zero", "importance": (h - 1.5) * (l + 1)} for l in range(2) for h in range(4)]))
+    io.write_json(tmp_path / "heads" / "summary.json", {"task": "kv<b>", "chance": UNDETERMINED})
+    tokens = [t for t in llama.to_str_tokens(PROMPTS[0])]
+    io.write_csv(tmp_path / "attribution" / "token_scores.csv", pd.DataFrame(
+        [{"example": 0, "position": i, "token": t, "method": "gradient", "score": (-1.0) ** i * (i + 1)}
+         for i, t in enumerate(tokens)]))
+    io.write_json(tmp_path / "attribution" / "summary.json", {"task": "kv<b>", "chance": UNDETERMINED})
+    write_explorer_data(llama, tmp_path, PROMPTS[0])
+    write_report_files(tmp_path, [], {}, {"name": "tiny", "family": "llama"})
+    line = caveat_scores(["importance (zero)"], {"chance": UNDETERMINED})["importance (zero)"]
+    note = "(function(){var d=document.querySelector('#hsx-report .hsx-caveat');return [d.hidden,d.textContent];})()"
+    muted = "document.querySelector('#hsx-report .hsx-grid').classList.contains('hsx-muted')"
+    with open_page(tmp_path / "report.html") as page:
+        hidden, text = page.evaluate(note)
+        assert not hidden and text == line and not page.evaluate(muted)
+        assert page.evaluate("document.querySelectorAll('#hsx-report .hsx-caveat b').length") == 0
+        assert page.evaluate("document.querySelector('#hsx-report .hsx-mutednote').hidden")
+        choose(page, "hsx-report", 1, "score:" + MAX_ATTENTION)  # the patterns' own score: no caveat
+        assert page.evaluate(note) == [True, ""]
+        choose(page, "hsx-report", 1, "score:importance (zero)")
+        assert page.evaluate(note) == [False, line]
+        shade = page.evaluate("Array.from(document.querySelectorAll('#hsx-report select')).map(function(s){"
+                              "return Array.from(s.options).map(function(o){return o.value;});})")
+        which = next(i for i, opts in enumerate(shade) if "gradient" in opts)
+        choose(page, "hsx-report", which, "gradient")
+        info = page.evaluate("document.querySelector('#hsx-report').textContent")
+        assert undetermined_caveat({"chance": UNDETERMINED}, "attribution", "these scores") in info
         page.settle()
         assert page.console_errors == [] and page.requests == []
 

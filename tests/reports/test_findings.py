@@ -1385,6 +1385,41 @@ def test_kv_more_than_1_percent_only_where_the_interval_clears_it():
     assert "n = 4); its 95% CI reaches 0: not clearly below it at all; it falls" in text
 
 
+def test_kv_says_what_each_policy_keeps_and_evicts_in_the_runs_numbers():
+    """Mends: the rule's generic words ("drops the middle") become this run's numbers, read from the summary's
+    kept_split and context_range, at the budget the finding names for each policy (its largest that evicts, 8 here),
+    hand-worked: 12 positions, budget 8, n_sink 4, H2O's split 4 + 4; prompts of 9 to 12 positions say a range; a
+    heavy hitters that holds says its split at its holding budget."""
+    from headscope.analyses.kv.holding import holding_budgets
+    from tests_support import hand_heavy_hitters_sweep
+
+    split = lambda first, recent, heavy: {"first": first, "recent": recent, "most_attended": heavy}  # noqa: E731
+    kept = {"heavy_hitters": {"8": split(0, 4, 4), "2": split(0, 1, 1)}, "window": {"8": split(0, 8, 0)},
+            "sink_window": {"8": split(4, 4, 0)}}
+    s = {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0, "n_sink": 4, "recent_share": 0.5,
+         "holding_budgets": holding_budgets(hand_heavy_hitters_sweep(), n_sink=4), "kept_split": kept,
+         "context_range": [12, 12]}
+    text = finding("kv", s)
+    assert text.endswith("Where a policy is not shown within the band, this is what its rule keeps and evicts at the "
+                         "budget named: heavy hitters at budget 8 keeps the 4 newest positions and the 4 older ones the "
+                         "context's queries attended to most and evicts the other 4 of the 12; sink window at budget 8 "
+                         "keeps the first 4 and the 4 newest positions and evicts the 4 in the middle of the 12; window "
+                         "at budget 8 keeps the 8 newest positions and evicts the oldest 4 of the 12; the first token, a "
+                         "sink where there is one, among them."), text
+    ranged = finding("kv", {**s, "context_range": [9, 12]})
+    assert ("window at budget 8 keeps the 8 newest positions and evicts the oldest of each prompt's 9 to 12 positions "
+            "(up to 4)") in ranged
+    from headscope.reports.kv_words import _drops
+
+    holds = {"policies": {"heavy_hitters": {"budget": 2, "at": {"budget": 2}}}}  # within the band at 2
+    assert _drops(s, holds) == ("Heavy hitters is H2O's policy (the newest half of its budget, the rest the older "
+                                "positions the context attended to most): at budget 2 it keeps the 1 newest position "
+                                "and the 1 older one the context's queries attended to most and evicts the other 10 of "
+                                "the 12.")
+    assert "keeps and evicts" not in finding("kv", {k: v for k, v in s.items() if k != "kept_split"})  # older runs
+    assert "keeps and evicts" not in finding("kv", {**s, "sliding_windows": {"0": 4}})  # counts per layer differ
+
+
 def test_kv_states_heavy_hitters_split_and_what_a_missing_policy_evicts():
     """Review 13a A1: heavy hitters is H2O's (a recent window of half the budget beside the most attended positions);
     the finding states the split and, for a policy not shown within the band, what its rule evicts; the figure's
