@@ -1950,3 +1950,18 @@ def test_compare_top_heads_sets_that_differ_say_whether_the_edge_heads_lie_withi
     (note,) = top_heads_notes(a, b)
     assert not note.startswith(SAME) and ("at the edge of the top 5: in A, L0H0 (outside A's top 5, 0.09) and its 5th, "
                                           "L0H1 (0.1) are not within each other's noise") in note
+
+
+def test_compare_top_reads_the_summarys_unchained_tie_runs():
+    """Review 14c A1: ties do not chain, so B's summary records two runs sharing L1H1 ({L1H2, L1H1}, {L1H1, L1H0}),
+    L1H2 and L1H0 apart. A lists L1H0, L1H1, L1H2 where B lists L1H2, L1H1, L1H0: by hand the swaps L1H0/L1H1 and
+    L1H1/L1H2 lie inside one of B's runs (rounding), L1H0/L1H2 in none (a difference); merging B's tied heads into one
+    group, as before, hid it."""
+    from headscope.reports.compare_top import _untied_swaps, ties
+
+    a, b = ["L1H0", "L1H1", "L1H2", "L0H2", "L0H1"], ["L1H2", "L1H1", "L1H0", "L0H2", "L0H1"]
+    sb = {"tied_top_heads_gradient": ["L1H2", "L1H1", "L1H0"],
+          "tied_top_groups_gradient": [["L1H2", "L1H1"], ["L1H1", "L1H0"]]}
+    tb = ties(sb, "gradient", b)
+    assert tb.groups == ((0, 1), (1, 2)) and tb.edge is None
+    assert _untied_swaps([a, b], [ties({}, "gradient", a), tb]) == (False, [("L1H0", "L1H2")])
