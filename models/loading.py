@@ -390,9 +390,10 @@ def _rotary_back_to_compute_dtype(bridge: Any) -> None:
         if weight.dtype == torch.float32:
             continue
 
-        def cast(module: Any, args: tuple, output: Any, dtype: torch.dtype = weight.dtype) -> Any:
-            if isinstance(output, torch.Tensor) and output.is_floating_point() and output.dtype != dtype:
-                return output.to(dtype)
+        def cast(module: Any, args: tuple, output: Any, weight: torch.Tensor = weight) -> Any:
+            # the weight's dtype now, not at load (heads' float32 recomputation, rounding.weights_in_float32)
+            if isinstance(output, torch.Tensor) and output.is_floating_point() and output.dtype != weight.dtype:
+                return output.to(weight.dtype)
             return None
 
         for name in ("hook_rot_q", "hook_rot_k"):

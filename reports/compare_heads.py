@@ -94,7 +94,8 @@ def gradient_rounding(run: Run) -> float | None:
 
 def _gradient_floor(a: Run, b: Run) -> tuple[np.ndarray, str] | None:
     """[layer, head] rounding of B - A of gradient importance, with the rule in words: where both runs record
-    rounding_gradient_scale, the sum of their rounding_gradient (rel x E_x max_h |dL/d gate|: a head's mean gradient
+    rounding_gradient, their sum (measured against float32 where rounding_gradient_source says so); where both record
+    only rounding_gradient_scale, the sum of rel x E_x max_h |dL/d gate| (a head's mean gradient
     rounds by a share of its examples' largest gradient, review 13a C2: 7.8 eps of L0H2's own size); for older
     reports rel_A |g_A| + rel_B |g_B| (relative to each gradient's own size; an absolute floor at the loss's
     rounding mutes the small gradients' real differences). None where neither run records its precision or a grid
@@ -106,7 +107,14 @@ def _gradient_floor(a: Run, b: Run) -> tuple[np.ndarray, str] | None:
     values = [np.abs(g[0].to_numpy(dtype=float)) for g in grids]  # [layer, head] each run's |importance|
     if values[0].shape != values[1].shape:
         return None
-    scales = [(r.summary("heads") or {}).get("rounding_gradient_scale") for r in (a, b)]
+    sums = [r.summary("heads") or {} for r in (a, b)]
+    own = [s.get("rounding_gradient") for s in sums]
+    if all(_number(x) for x in own):  # reviews 14b A2, 14c A1: each run's own, measured against float32 where it could
+        floor = sum(float(x) for x in own) * np.ones_like(values[0])
+        said = ", ".join(f"{side} {float(x):.2g} ({s.get('rounding_gradient_source') or 'analytic'})"
+                         for side, x, s in zip(SIDES, own, sums))
+        return floor, f"each run's gradient rounding (rounding_gradient) summed over the two runs ({said})"
+    scales = [s.get("rounding_gradient_scale") for s in sums]
     if all(_number(s) for s in scales):  # review 13a C2: each head rounds by a share of its examples' largest gradient
         floor = sum((r or 0.0) * float(s) for r, s in zip(rels, scales)) * np.ones_like(values[0])
         said = ", ".join(f"{side} {(r or 0.0) * float(s):.2g}" for side, r, s in zip(SIDES, rels, scales))

@@ -77,8 +77,9 @@ def top_lists(run: Run) -> dict[str, list[str]]:
 @dataclass(frozen=True, kw_only=True)
 class Ties:
     """The ties one summary records among its top k heads: `groups`, runs of positions (from 0) whose order is
-    arbitrary (tied_top_heads_<method> at neighbouring places merged: the summary names the tied heads, not their
-    partners, so the merge errs towards calling an order arbitrary); `edge`, the group that holds the k-th place
+    arbitrary (the summary's tied_top_groups_<method>, which may share a head; an older summary's tied_top_heads_<method>
+    at neighbouring places merged: it names the tied heads, not their partners, so the merge errs towards calling an
+    order arbitrary); `edge`, the group that holds the k-th place
     when it ties with the (k+1)-th, whose membership of the top k is then arbitrary, and that head's name (`next`,
     tied_top_next_<method>; None where an older summary names no partner: a lone tied k-th head can only tie with
     the next)."""
@@ -91,7 +92,11 @@ class Ties:
 def ties(s: Mapping[str, Any], method: str, top: list[str]) -> Ties:
     tied = sorted(top.index(str(h)) for h in s.get(f"tied_top_heads_{method}") or [] if str(h) in top)
     groups: list[list[int]] = []
-    for i in tied:
+    runs = s.get(f"tied_top_groups_{method}")
+    if isinstance(runs, list) and runs and all(isinstance(g, list) for g in runs):
+        # the summary's own runs (review 14c A1: ties do not chain, so two runs may share a head), in the top k
+        groups = [g for g in ([top.index(str(h)) for h in run if str(h) in top] for run in runs) if g]
+    for i in tied if not groups else ():
         if groups and groups[-1][-1] == i - 1:
             groups[-1].append(i)
         else:
@@ -133,9 +138,9 @@ def _untied_swaps(lists: list[list[str]], tie: list[Ties]) -> tuple[bool, list[t
     tied group of A or of B, each in A's order)."""
     shared = [h for h in lists[0] if h in lists[1]]
     pos = [{h: i for i, h in enumerate(lst)} for lst in lists]
-    group = [{top[i]: n for n, g in enumerate(t.groups) for i in g} for top, t in zip(lists, tie)]
+    group = [[{top[i] for i in g} for g in t.groups] for top, t in zip(lists, tie)]  # runs may share a head
     swapped = [(x, y) for i, x in enumerate(shared) for y in shared[i + 1:] if pos[1][x] > pos[1][y]]
-    untied = [(x, y) for x, y in swapped if not any(g.get(x) is not None and g.get(x) == g.get(y) for g in group)]
+    untied = [(x, y) for x, y in swapped if not any({x, y} <= g for side in group for g in side)]
     return not swapped, untied
 
 

@@ -35,6 +35,7 @@ from headscope.reports.provenance import (
     provenance_markdown,
     section_provenance,
     subset_sentence,
+    with_code,
 )
 from headscope.reports.render import escape, figure_png, md_escape, summary_html, summary_markdown, table_html
 
@@ -205,12 +206,14 @@ def tasks_line(out: Path, config: Mapping[str, Any]) -> str:
 def _provenance_html(info: Mapping[str, Any]) -> str:
     if not info:
         return "<div class='provenance' id='provenance'><h2>Provenance</h2><p>manifest.json not found.</p></div>"
-    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in info.items())
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{with_code(v, markdown=False) if k == 'BOS' else escape(v)}</td></tr>"
+                   for k, v in info.items())
     return f"<div class='provenance' id='provenance'><h2>Provenance</h2><table class='summary'>{rows}</table></div>"
 
 
 def _provenance_markdown(info: Mapping[str, Any]) -> str:
-    lines = ["## Provenance", ""] + [f"- {k}: {md_escape(v)}" for k, v in info.items()]
+    lines = ["## Provenance", ""] + [f"- {k}: {with_code(v, markdown=True) if k == 'BOS' else md_escape(v)}"
+                                     for k, v in info.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -370,7 +373,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     html = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{escape(title)}</h1><p>{escape(facts)}. {escape(info['BOS']) + ' ' if info.get('BOS') else ''}"
+        f"<h1>{escape(title)}</h1><p>{escape(facts)}. {with_code(info['BOS'], markdown=False) + ' ' if info.get('BOS') else ''}"
         "Data: the CSV and JSON files beside this report (each "
         "section links its CSVs); "
         "provenance at the bottom and in manifest.json.</p>"
@@ -378,7 +381,8 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
         + _toc_html(toc) + findings + "".join(sections) + _provenance_html(info)
         + "</body></html>"
     )
-    md = (f"# {md_escape(title)}\n\n{md_escape(facts)}" + (f". {md_escape(info['BOS'])}" if info.get("BOS") else "")
+    bos_md = f". {with_code(info['BOS'], markdown=True)}" if info.get("BOS") else ""
+    md = (f"# {md_escape(title)}\n\n{md_escape(facts)}" + bos_md
           + (f"\n\n**{md_escape(cut)}**" if cut else "")
           + "\n\n" + _findings_markdown(names, status, texts) + "\n"
           + "\n".join(md_sections) + "\n" + _provenance_markdown(info))

@@ -14,6 +14,7 @@ existed) and `provenance_html` / `provenance_markdown` render it, every string e
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,30 @@ def subset_sentence(used: str) -> str:
         return ""
     rest = used.split(SUBSET_MARK, 1)[1].replace(" of its ", " of the task's ", 1)
     return f"This section used only the rows {rest}."
+
+
+def with_code(text: str, *, markdown: bool) -> str:
+    """A sentence whose one code span lies between its first and last backtick (bos_sentence's `token`), escaped for
+    HTML (the span as <code>) or Markdown (a code span fenced by more backticks than it holds, its text literal: an
+    HTML entity there would show as typed; review 14a C3: "`&lt;bos&gt;`" in report.md, the backticks in report.html);
+    without two backticks the whole sentence escaped."""
+    head, tick, rest = text.partition("`")
+    code, tick2, tail = rest.rpartition("`")
+    if not (tick and tick2):
+        return md_escape(text) if markdown else escape(text)
+
+    def plain(part: str) -> str:  # escaped, its leading and trailing space kept (md_escape collapses them)
+        if not markdown:
+            return escape(part)
+        inner = md_escape(part)
+        return (" " if part[:1].isspace() else "") + inner + (" " if part[-1:].isspace() and inner else "")
+
+    if not markdown:
+        return plain(head) + f"<code>{escape(code)}</code>" + plain(tail)
+    code = " ".join(code.split())
+    fence = "`" * (max((len(s) for s in re.findall("`+", code)), default=0) + 1)
+    pad = " " if code[:1] == "`" or code[-1:] == "`" else ""
+    return plain(head) + f"{fence}{pad}{code}{pad}{fence}" + plain(tail)
 
 
 def bos_sentence(config: Mapping[str, Any]) -> str:

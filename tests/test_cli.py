@@ -826,8 +826,12 @@ def test_no_prepend_bos_runs_the_prompts_as_tokenized_and_every_page_says_which(
     default = tmp_path / "default"
     assert main(["kv", *run, "--out", str(default)]) == 0
     page = (default / "report.html").read_text()
-    assert ("on cpu. Prompts run as `&lt;bos&gt;` + your prompt: the tokenizer adds no BOS and headscope prepends its "
-            "bos_token, as TransformerLens does; --no-prepend-bos runs them as tokenized. Data:") in page
+    # review 14a C3: the BOS as code in each format, escaped once (not "`<bos>`" shown with its backticks in HTML, nor
+    # "`&lt;bos&gt;`" in report.md, where an entity inside a code span shows as typed)
+    assert ("on cpu. Prompts run as <code>&lt;bos&gt;</code> + your prompt: the tokenizer adds no BOS and headscope "
+            "prepends its bos_token, as TransformerLens does; --no-prepend-bos runs them as tokenized. Data:") in page
+    md = (default / "report.md").read_text()
+    assert "Prompts run as `<bos>` \\+ your prompt: the tokenizer adds no BOS" in md and "`&lt;bos&gt;`" not in md
     assert "sample: &#x27;&lt;bos&gt;&#x27; + &#x27;w1 w2 w3&#x27; -&gt; &#x27; w11&#x27;" in page
     notes = settings_notes(Run(default), Run(plain), [])
     assert "BOS option: A default (prepended on decoders), B --no-prepend-bos." in notes

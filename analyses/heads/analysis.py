@@ -168,7 +168,8 @@ def _scorer(model, task: Task | torch.Tensor | Scorer | str | None, config: Head
 # (a backward pass sums terms that partly cancel): bfloat16 against float32, the largest |g16 - g32| over heads is
 # 0.4-3.5 eps x E_x max_h |dL_x/d xi_h| on tiny random gpt2, llama and neox models (24 tasks; the same errors are
 # up to 8.1 eps of the head's own size) and 4.2 eps on review 13a's trained Pythia-style model (7.8 eps of L0H2's
-# own size). GRADIENT_TIE_STEPS eps of that scale bounds each head's rounding with a margin of 1.4 over 4.2.
+# own size). GRADIENT_TIE_STEPS eps of that scale bounds each head's rounding with a margin of 1.4 over 4.2: the analytic
+# bound, used only where rounding.gradient_check measures none (it is 15-30x the measured rounding, reviews 14b A2/14c A1).
 GRADIENT_TIE_STEPS = 6
 
 
@@ -200,7 +201,8 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                      pruning: dict[str, torch.Tensor] | None = None,
                      ses: dict[str, torch.Tensor] | None = None, measured: float | None = None,
                      metric_sensitivity: float | None = None, loss_sensitivity: float | None = None,
-                     scale: float | None = None, baseline: float | None = None) -> dict[str, Any]:
+                     scale: float | None = None, baseline: float | None = None,
+                     gradient_check: dict[str, Any] | None = None) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
     - ablation (zero, mean, resample): a difference of two metric values, so its floor is `measured` (the
       null ablations' floor, rounding.measured_floor) where given, else the metric's analytic rounding
@@ -216,8 +218,11 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     rounding_floor_<method>: the floor each method's checks used; rounding_floor_source: {method: "measured"
     or "analytic"}; rounding_relative_gradient: GRADIENT_TIE_STEPS eps, the share of `scale` (gradient_scale:
     E_x max_h |dL_x/d xi_h|, recorded as rounding_gradient_scale) within which each head's mean gradient rounds;
-    rounding_gradient: that bound, GRADIENT_TIE_STEPS eps x scale (the gradient ties below, compare's B - A band);
-    without `scale` the share is taken of each gradient's own size (a lower bound: no head exceeds the scale).
+    rounding_gradient: each head's mean gradient's rounding (the gradient ties below, compare's B - A band), from
+    `gradient_check` (rounding.gradient_check: the gate gradients recomputed with float32 weights; its record, less the
+    floor, as rounding_gradient_check) where it measured one, rounding_gradient_source "measured"; else the analytic
+    bound GRADIENT_TIE_STEPS eps x scale, "analytic" (15-30x the measured rounding: reviews 14b A2, 14c A1);
+    without either the share is taken of each gradient's own size (a lower bound: no head exceeds the scale).
     degenerate_<method> (a sentence) when every head's |importance| is below its floor (the ranking, the
     pruning order and the top heads are then noise); tied_top_heads_<method>: the heads among the top k whose
     importance lies within rounding of a neighbour's (their order is arbitrary; tied_top_groups_<method> with
@@ -255,6 +260,14 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         if scale is not None:
             out["rounding_gradient_scale"] = float(scale)
             out["rounding_gradient"] = GRADIENT_TIE_STEPS * eps * float(scale)
+            out["rounding_gradient_source"] = "analytic"
+        if gradient_check is not None:  # reviews 14b A2, 14c A1: measured against float32 (rounding.gradient_check)
+            out["rounding_gradient_check"] = {k: v for k, v in gradient_check.items() if k != "floor"}
+            if gradient_check.get("floor") is not None:
+                own = GRADIENT_TIE_STEPS * float(torch.finfo(torch.float32).eps) * float(scale or 0.0)  # float32's own
+                out["rounding_gradient"] = max(float(gradient_check["floor"]), own)
+                out["rounding_gradient_source"] = "measured"
+    unit = out.get("rounding_gradient")  # each head's mean gradient's rounding (ties, compare's band)
     source = {m: "analytic" for m in raw}
     if measured is not None:
         for m in set(raw) - {"gradient"}:
@@ -279,7 +292,9 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
             # its own size: float32 reproduced a bfloat16 llama's 8 gate gradients within 2.3%, the order exactly);
             # it is the smallest first-order loss change one rounding step of the loss can show, so it is said so
             means = ("; it bounds the loss change removing a head predicts, which an ablation in this dtype could not "
-                     "resolve below it, not the gradients' own precision (a few eps of the examples' largest gradient)"
+                     "resolve below it, not the gradients' own precision"
+                     + (f" ({unit:.2g}, measured against float32)" if out.get("rounding_gradient_source") == "measured"
+                        else " (a few eps of the examples' largest gradient)")
                      if method == "gradient" else "")
             out[f"degenerate_{method}"] = (f"every head's |{method} importance| is below {peak:.2g}, under the numerical "
                                            f"floor {floor:.2g} ({how}{means}): no head "
@@ -289,16 +304,16 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         order = torch.argsort(flat, descending=True, stable=True)[: k + 1]
         values, n_heads = flat[order], imp.shape[1]
 
-        def ties(vals: torch.Tensor, share: torch.Tensor, floor: float = floor, method: str = method):
+        def ties(vals: torch.Tensor, share: torch.Tensor, floor: float = floor, method: str = method, unit=unit):
             """tol(p, q) for neighbours p, q along vals ([m]; share [m]: each value's share of the raw gradient)."""
             if method != "gradient":
                 if baseline is None:
                     return lambda p, q: floor
                 return lambda p, q: ablation_tie(dtype, floor, metric_size, baseline, float(vals[p]), float(vals[q]),
                                                  metric_sensitivity is not None)
-            if scale is None:
+            if unit is None:
                 return lambda p, q: GRADIENT_TIE_STEPS * eps * max(abs(float(vals[p])), abs(float(vals[q])))
-            return lambda p, q: GRADIENT_TIE_STEPS * eps * scale * float(share[p] + share[q])
+            return lambda p, q: unit * float(share[p] + share[q])
 
         runs = [g for g in _neighbour_groups(values, ties(values, torch.ones(len(values), dtype=torch.float64)))
                 if g[0] < k]  # positions along `order`, each run apart
@@ -359,15 +374,19 @@ def ablation_tie(dtype: torch.dtype, floor: float, metric_size: float, baseline:
 
 
 def _neighbour_groups(values: torch.Tensor, tol) -> list[list[int]]:
-    """Runs of neighbours along `values` (descending) each within tol(i, i + 1) (positions) of the next:
-    [[positions]], each run separate (review 9a A4: {L2H0, L2H1} and {L2H3, L1H0} are two ties, not a run of four)."""
+    """Runs of neighbours along `values` (descending), each within tol(i, i + 1) (positions) of the next and within
+    tol(first, last) from its first to its last: [[positions]], each run separate (review 9a A4: {L2H0, L2H1} and
+    {L2H3, L1H0} are two ties, not a run of four). Ties do not chain (review 14c A1: a run spanning 0.36-0.29 by steps
+    under the band): each run is the longest from its first head, those inside an earlier run left out, so two runs
+    can share a head (a and b tie, b and c tie, a and c do not: [a, b], [b, c])."""
     runs: list[list[int]] = []
     for i in range(len(values) - 1):
-        if float(values[i] - values[i + 1]) <= tol(i, i + 1):
-            if runs and runs[-1][-1] == i:
-                runs[-1].append(i + 1)
-            else:
-                runs.append([i, i + 1])
+        j = i
+        while (j + 1 < len(values) and float(values[j] - values[j + 1]) <= tol(j, j + 1)
+               and float(values[i] - values[j + 1]) <= tol(i, j + 1)):
+            j += 1
+        if j > i and (not runs or j > runs[-1][-1]):
+            runs.append(list(range(i, j + 1)))
     return runs
 
 
@@ -609,10 +628,23 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
                                else max(abs(loss_size), readout),
                                pruning=pruning, ses=ses, measured=measured,
                                metric_sensitivity=on_metric, loss_sensitivity=on_loss, scale=gradient_scale(per),
-                               baseline=baseline)
+                               baseline=baseline, gradient_check=_gradient_check(model, scorer, raw, per))
     extra = ({"rounding_sensitivity": sensitivity, "rounding_logit_step": noise_floor(model.dtype, readout)}
              if on_metric is not None or on_loss is not None else {})
     return {**summary, **null, "readout_size": readout, **extra}
+
+
+def _gradient_check(model, scorer: Scorer, raw: dict[str, torch.Tensor], per: pd.DataFrame | None) -> dict | None:
+    """rounding.gradient_check on the run's own first examples' |dL/d gate| (importance_examples); None without them."""
+    if "gradient" not in raw or per is None or not len(per):
+        return None
+    rows, m = per[per["method"] == "gradient"], len(scorer)
+    if not len(rows):
+        return None
+    own = torch.full((*raw["gradient"].shape, m), float("nan"), dtype=torch.float64)  # [L, H, n]
+    own[torch.tensor(rows["layer"].to_numpy()), torch.tensor(rows["head"].to_numpy()),
+        torch.tensor(rows["example"].to_numpy())] = torch.tensor(rows["effect"].to_numpy(dtype=float))
+    return rounding.gradient_check(model, scorer, own)
 
 
 def _top_heads(df: pd.DataFrame, checks: dict, per: pd.DataFrame | None = None, k: int = 5) -> dict[str, Any]:

@@ -158,11 +158,11 @@ def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor |
         return metrics.mean_pool(out, None if mask is None else mask[rows])  # [n, d_model]
 
     def cosine(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cosine_similarity(pooled(out, rows), reference[rows], dim=-1)
+        return torch.nn.functional.cosine_similarity(pooled(out, rows), reference[rows].to(out.dtype), dim=-1)
 
     def contrastive(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         emb = torch.nn.functional.normalize(pooled(out, rows), dim=-1)  # [n, d_model]
-        logits = CONTRASTIVE_SCALE * emb @ ref_unit.T  # [n, batch]
+        logits = CONTRASTIVE_SCALE * emb @ ref_unit.T.to(emb.dtype)  # [n, batch] (float32 recomputation: rounding.py)
         return torch.nn.functional.cross_entropy(logits, rows, reduction="none")
 
     return Scorer(name=task.name, kind="cosine", tokens=tokens, attention_mask=mask, metric=cosine,

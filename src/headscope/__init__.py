@@ -84,7 +84,7 @@ def _family_api() -> dict[str, str]:
 
 
 def run_analysis(name: str, model, task=None, config=None, *, fields=None, strict=None, prompt=None, answer=None,
-                 corrupted_prompt=None, wrong_answer=None):
+                 corrupted_prompt=None, wrong_answer=None, **overrides):
     """Run an analysis by its report name ("heads", "attribution", "position", "patching", "mlp",
     "kv", "probes", "circuits"): run(model, task=None, config=None) -> Result of that family.
     fields (and strict) apply to a task file or in-memory data as in hs.load_task: headscope field ->
@@ -92,10 +92,18 @@ def run_analysis(name: str, model, task=None, config=None, *, fields=None, stric
     One prompt works as in every analysis: prompt= (or the prompt as task) with answer= and, for
     patching, corrupted_prompt= and wrong_answer= (hs.prompt_task). A task whose answers have several tokens on some
     rows runs, for an analysis that reads one next-token answer, on its rows whose answer is one token where there are
-    at least 8 (summary["task_used"] and the finding say so), as `headscope report` does; fewer: a TaskError."""
+    at least 8 (summary["task_used"] and the finding say so), as `headscope report` does; fewer: a TaskError.
+    overrides: fields of the family's config, as the named functions take them (run_analysis("heads", model, quick=True)
+    is run_analysis("heads", model, config=hs.HeadsConfig(quick=True)); review 14a C6); a mistyped one is one ConfigError
+    naming the close fields, before any work."""
     from headscope.analyses.core import runner
-    from headscope.analyses.core.registry import get_analysis
+    from headscope.analyses.core.config import configure
+    from headscope.analyses.core.registry import config_class, get_analysis
     from headscope.analyses.core.task_files import one_prompt, with_fields
+
+    if overrides:
+        cls = config_class(name)
+        config = configure(cls, config, overrides, name=f"run_analysis({name!r})", default=cls.preset())
 
     task = one_prompt(model, task, prompt=prompt, answer=answer, corrupted_prompt=corrupted_prompt,
                       wrong_answer=wrong_answer, tokens=False)

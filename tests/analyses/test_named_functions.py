@@ -157,3 +157,20 @@ def test_every_results_repr_and_html_name_its_model_and_task(tiny_dirs, tiny_mod
         assert f"<p class='source'>model {where}; task records</p>" in result_html(result, with_figures=False)
     lens = hs.logit_lens(model)
     assert repr(lens).startswith(f"Result('circuits', model={where!r}, task='repeat', "), repr(lens)
+
+
+def test_run_analysis_takes_config_fields_as_keywords_and_names_a_mistyped_one(monkeypatch):
+    """Review 14a C6: hs.run_analysis("heads", model, quick=True) was a raw TypeError; a config's fields are keyword
+    overrides as in the named functions (quick=True: HeadsConfig.preset(quick=True), the CLI's --quick), and a mistyped
+    one is one ConfigError naming the close field, before any work."""
+    from headscope.analyses.core import registry
+
+    seen = []
+    monkeypatch.setattr(registry, "get_analysis", lambda name: lambda model, task, config: seen.append(config))
+    monkeypatch.setattr("headscope.analyses.core.runner.api_task", lambda model, name, task, seed: (task, None))
+    monkeypatch.setattr("headscope.analyses.core.runner.with_task_used", lambda result, used: result)
+    model = object()  # nothing reads it: the analysis is replaced, the config is what is checked
+    hs.run_analysis("heads", model, quick=True, seed=3)
+    assert seen == [hs.HeadsConfig.preset(quick=True, seed=3)] and seen[0].quick and seen[0].methods == ("gradient", "zero")
+    with pytest.raises(ConfigError, match="run_analysis\\('heads'\\) has no setting 'qick'; did you mean 'quick'"):
+        hs.run_analysis("heads", model, qick=True)

@@ -727,6 +727,28 @@ def test_compare_mutes_gradient_differences_by_each_gradients_own_rounding_not_a
     assert "E_x max_h |dL/d gate|" in rule and "A 1.2, B 1.9" in rule
 
 
+def test_compare_gradient_band_is_the_runs_measured_rounding_not_the_analytic_bound(tmp_path):
+    """Reviews 14b A2 / 14c A1: where runs record rounding_gradient (measured against float32: A 0.0014; B float32,
+    analytic 1e-6), B - A of gradient importance is muted under their sum, 0.001401, not under GRADIENT_TIE_STEPS eps x
+    E_x max_h |dL/d gate| (here 6 x 2^-7 x 0.94 = 0.044, which muted every cell): of the changes 0.0005, 0.001, 0.002,
+    0.05, 0.0013, 0 (hand-worked) the 0.002 and 0.05 are beyond."""
+    from headscope.reports.compare_heads import noise_band
+
+    base = [[0.64, 0.58, 0.08], [0.03, 0.2, 0.1]]
+    diff = [[0.0005, 0.001, 0.002], [0.05, 0.0013, 0.0]]
+    for side, grid in (("a", base), ("b", [[x + d for x, d in zip(r, dr)] for r, dr in zip(base, diff)])):
+        _folder(tmp_path / side, "m", 1.0, 0, 0.5)
+        _importance(tmp_path / side, grid)
+    _heads_summary(tmp_path / "a", rounding_relative_gradient=6 * 2.0 ** -7, rounding_gradient_scale=0.94,
+                   rounding_gradient=0.0014, rounding_gradient_source="measured")
+    _heads_summary(tmp_path / "b", rounding_relative_gradient=6 * 2.0 ** -23, rounding_gradient_scale=0.94,
+                   rounding_gradient=1e-6, rounding_gradient_source="analytic")
+    band, rule = noise_band(Run(tmp_path / "a"), Run(tmp_path / "b"), "gradient", raw=True)
+    np.testing.assert_allclose(band, np.full((2, 3), 0.001401))
+    assert (np.abs(diff) >= band).tolist() == [[False, False, True], [True, False, False]]
+    assert "A 0.0014 (measured), B 1e-06 (analytic)" in rule
+
+
 def test_compare_mutes_head_differences_within_the_runs_noise(tmp_path):
     from matplotlib.colors import to_hex
 
@@ -1928,3 +1950,18 @@ def test_compare_top_heads_sets_that_differ_say_whether_the_edge_heads_lie_withi
     (note,) = top_heads_notes(a, b)
     assert not note.startswith(SAME) and ("at the edge of the top 5: in A, L0H0 (outside A's top 5, 0.09) and its 5th, "
                                           "L0H1 (0.1) are not within each other's noise") in note
+
+
+def test_compare_top_reads_the_summarys_unchained_tie_runs():
+    """Review 14c A1: ties do not chain, so B's summary records two runs sharing L1H1 ({L1H2, L1H1}, {L1H1, L1H0}),
+    L1H2 and L1H0 apart. A lists L1H0, L1H1, L1H2 where B lists L1H2, L1H1, L1H0: by hand the swaps L1H0/L1H1 and
+    L1H1/L1H2 lie inside one of B's runs (rounding), L1H0/L1H2 in none (a difference); merging B's tied heads into one
+    group, as before, hid it."""
+    from headscope.reports.compare_top import _untied_swaps, ties
+
+    a, b = ["L1H0", "L1H1", "L1H2", "L0H2", "L0H1"], ["L1H2", "L1H1", "L1H0", "L0H2", "L0H1"]
+    sb = {"tied_top_heads_gradient": ["L1H2", "L1H1", "L1H0"],
+          "tied_top_groups_gradient": [["L1H2", "L1H1"], ["L1H1", "L1H0"]]}
+    tb = ties(sb, "gradient", b)
+    assert tb.groups == ((0, 1), (1, 2)) and tb.edge is None
+    assert _untied_swaps([a, b], [ties({}, "gradient", a), tb]) == (False, [("L1H0", "L1H2")])
