@@ -480,6 +480,7 @@ def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
     notes += figure_notes
     differ = [n for n in notes if not n.startswith((SAME, NOT_COMPARED))]
     refused = [_plain(n) for n in notes if n.startswith(NOT_COMPARED)]
+    agreed = [_plain(n) for n in notes if n.startswith(SAME)]  # review 14b C1: listed, never dropped
     rows = "".join(f"<tr><th>{escape(name)}</th>" + "".join(f"<td>{_finding_cell(r, name)}</td>" for r in (a, b)) + "</tr>"
                    for name in names)
     head = (f"<tr><th></th><th>A: {escape(a.label_against(b))}<br><small>{escape(str(a.path))}</small></th>"
@@ -490,6 +491,7 @@ def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
         "<li>Nothing could be compared: every quantity is listed under Not compared, and why (no difference was "
         "tested).</li>")
     not_compared = "".join(f"<li>{escape(n)}</li>" for n in refused) or "<li>Nothing: every quantity above is compared.</li>"
+    same = "".join(f"<li>{escape(n)}</li>" for n in agreed) or "<li>Nothing.</li>"
     settings = settings_notes(a, b, names)
     setting_html = ("<h2 id='settings'>Settings that differ</h2><p>Differences in the results below may come from "
                     "these as much as from the models.</p><ul>" + "".join(f"<li>{escape(n)}</li>" for n in settings)
@@ -498,6 +500,7 @@ def compare_html(a: Run, b: Run, page: Path | None = None) -> str:
             f"<style>{CSS}{FIT_CSS}{FIGURE_CSS}</style></head><body>"
             f"<h1>headscope compare</h1><p>A: {escape(a.label_against(b))} &nbsp; B: {escape(b.label_against(a))}</p>"
             + report_links(a, b, page) + setting_html + f"<h2 id='differences'>Differences</h2><ul>{differences}</ul>"
+            f"<h2 id='same'>Within noise or the same</h2><ul>{same}</ul>"
             f"<h2 id='not-compared'>Not compared, and why</h2><ul>{not_compared}</ul>"
             f"<h2 id='findings'>Findings side by side</h2><table class='side'>{head}{rows}</table>"
             + "".join(blocks) + figures + provenance_html(a, b, names) + "</body></html>")

@@ -26,9 +26,12 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
 - attribution, mlp and kv at or below chance (the summary's `chance` record, the findings' own test): their reports
   state what was measured only, so neither run's taus, agreement or full-cache metric are compared (withheld_at_chance),
   as patching and position are not (compare_run.chance_refusal).
-Circuits states no headline with an interval (lens rows, DLA writers, CPR/CMD): its findings sit side by side in
-the findings table and are not reduced to one difference here; patching, position and pruning are compared in
-their own sections (reports/compare.py, compare_heads.py).
+- circuits (review 14b C1): MIB's CPR and CMD with their bootstrap intervals, DLA's totals of the heads and MLPs with
+  their t intervals, and the DLA top writer (with its ties) judged by the writers' intervals (_dla_top_note).
+Every quantity lands in one list (review 14b C1): within noise or equal at the shown precision (SAME: the page's
+"Within noise or the same"), beyond noise (a difference), or not compared with why; no 5% rule. kv budget verdicts
+that differ only where one run's grid has no such budget, or only on one evicting prompt, are not compared (14b C2).
+Patching, position and pruning are compared in their own sections (reports/compare.py, compare_heads.py).
 """
 from __future__ import annotations
 
@@ -60,9 +63,22 @@ def _heads(s: Mapping[str, Any]) -> list[Quantity]:
 
 
 def _kv(s: Mapping[str, Any]) -> list[Quantity]:
-    """The full-cache metric, without an interval (its finding prints none; at chance it is not compared)."""
-    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", s.get("metric_unevicted"), None,
+    """The full-cache metric with the interval its finding prints where the summary records one (kv_full_ci), else
+    none (at chance it is not compared)."""
+    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", s.get("metric_unevicted"), kv_full_ci(s),
              s.get("n_examples"), "examples")]
+
+
+def kv_full_ci(s: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The full-cache metric's 95% interval where a kv summary records one (a `metric_unevicted_ci` /
+    `unevicted_ci` pair, or the `ci` of a `metric_unevicted` / `unevicted` / `full_cache` record), else None."""
+    for key in ("metric_unevicted_ci", "unevicted_ci", "full_cache_ci"):
+        if (ci := ci_pair(s.get(key), ordered=True)) is not None:
+            return ci
+    for key in ("metric_unevicted", "unevicted", "full_cache", "metric_full"):
+        if isinstance(s.get(key), Mapping) and (ci := ci_pair(s[key].get("ci"), ordered=True)) is not None:
+            return ci
+    return None
 
 
 def probe_unit(s: Mapping[str, Any]) -> str:
@@ -335,6 +351,46 @@ def _kv_closest_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     return [f"{label}: {said} ({n}); {'; '.join(other)}: {verdict}."]
 
 
+def _kv_rows_n(s: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """{budget: n_evicting} of the policy `label` names (a _kv_budgets label), from every row its holding record
+    keeps (above, below, not_shown, at, closest, worst_evicting, rounding_held)."""
+    hold = s.get("holding_budgets") if isinstance(s.get("holding_budgets"), Mapping) else {}
+    out: dict[str, Any] = {}
+    for policy, e in (hold.get("policies") or {}).items():
+        if not (isinstance(e, Mapping) and label.startswith(f"kv {policy.replace('_', ' ')} within")):
+            continue
+        for key in ("above", "below", "not_shown", "rounding_held", "at", "closest", "worst_evicting"):
+            rows = e.get(key)
+            for r in rows if isinstance(rows, list) else [rows]:
+                if isinstance(r, Mapping) and r.get("budget") is not None and "n_evicting" in r:
+                    out.setdefault(str(r["budget"]), r["n_evicting"])
+    return out
+
+
+def _kv_unsettled(label: str, keys: list[str], va: Mapping[str, Any], vb: Mapping[str, Any], sa: Mapping[str, Any],
+                  sb: Mapping[str, Any]) -> str:
+    """Review 14b C2: why two kv holding headlines that differ are no difference, '' where they are one: every budget
+    whose verdicts differ was run by one run only (its grid: the budgets below its prompts' lengths, a setting, not
+    the model) or rests on at most one evicting prompt in either run (no interval: the verdict is one prompt's)."""
+    moved = [k for k in keys if va.get(k) != vb.get(k)]
+    ns = [_kv_rows_n(s, label) for s in (sa, sb)]
+    grid = [k for k in moved if k not in va or k not in vb]
+    single = [k for k in moved if k not in grid and any(_number(n.get(k)) and n[k] <= 1 for n in ns)]
+    if not moved or len(grid) + len(single) < len(moved):
+        return ""
+    why = []
+    if grid:
+        said = "; ".join(f"{k}: {va.get(k, 'not run')} in A, {vb.get(k, 'not run')} in B" for k in grid)
+        why.append(f"the verdicts differ only at budgets one run did not run ({said}): the runs' budget grids differ "
+                   "(each runs the budgets its prompts' lengths allow), a setting, not the model")
+    if single:
+        said = "; ".join(f"{k}: {va.get(k)} in A (n = {ns[0].get(k, '?')}), {vb.get(k)} in B (n = {ns[1].get(k, '?')})"
+                         for k in single)
+        why.append(("the other " if grid else "the ") + f"budget verdicts that differ rest on one evicting prompt "
+                   f"({said}), with no interval: whether they differ beyond noise is not known")
+    return "; ".join(why)
+
+
 def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     """Each VERDICTS headline of both runs: the same words (SAME), or a difference with the budgets whose verdicts
     differ, or one run's only (not compared); for kv also the policy each finding ends on (_kv_closest_note)."""
@@ -349,16 +405,95 @@ def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> l
             notes.append(NOT_COMPARED + f"{label}: not compared: only {side}'s report states it.")
             continue
         (wa, va, ka), (wb, vb, kb) = a[label], b[label]
-        moved = [f"{k}: {va.get(k, 'not run')} in A, {vb.get(k, 'not run')} in B"
-                 for k in sorted(set(va) | set(vb), key=lambda x: float(x)) if va.get(k) != vb.get(k)]
+        keys = sorted(set(va) | set(vb), key=lambda x: float(x))
+        if name == "kv" and ka != kb and (why := _kv_unsettled(label, keys, va, vb, sa, sb)):
+            notes.append(NOT_COMPARED + f"{label}: not compared: A {wa}, B {wb}; " + why + ".")
+            continue
+        moved = [f"{k}: {va.get(k, 'not run')} in A, {vb.get(k, 'not run')} in B" for k in keys if va.get(k) != vb.get(k)]
         said = (f"A and B {wa}" if wa == wb else f"A {wa}, B {wb}") + (
             f" (budget verdicts that differ: {'; '.join(moved)})" if moved else "")
         notes.append((SAME + f"{label}: the same verdict: " if ka == kb else f"{label}: ") + said + ".")
     return notes + (_kv_closest_note(sa, sb) if name == "kv" else [])
 
 
+def _circuits(s: Mapping[str, Any]) -> list[Quantity]:
+    """MIB's CPR and CMD with the bootstrap intervals the circuits finding prints (over mib_n_examples), and DLA's
+    per-example totals of the heads and of the MLPs with their t intervals (review 14b C1: never compared)."""
+    n = s.get("mib_n_examples", s.get("edges_n_examples"))
+    out = [(f"circuits MIB {name}", s.get(f"mib_{key}"), ci_pair(s.get(f"mib_{key}_ci"), ordered=True), n, "examples")
+           for key, name in (("cpr", "CPR"), ("cmd", "CMD"))]
+    for key, name in (("heads", "heads"), ("mlps", "MLPs")):
+        e = s.get(f"dla_total_{key}")
+        e = e if isinstance(e, Mapping) else {}
+        out.append((f"circuits DLA total of the {name}", e.get("mean"), ci_pair(e.get("ci"), ordered=True),
+                    e.get("n", s.get("n_examples")), "examples"))
+    return out
+
+
+def dla_top(s: Mapping[str, Any]) -> list[str]:
+    """The writers the circuits finding names as writing the most (circuits_words._writers): the largest |mean| of
+    dla_top_components and those tied with it within their per-example spread (dla_top_differences' `tied`); []
+    where none is recorded."""
+    top = {k: float(v) for k, v in (s.get("dla_top_components") or {}).items() if _number(v)}
+    if not top:
+        return []
+    names = sorted(top, key=lambda k: -abs(top[k]))[:3]
+    pairs = {(d.get("a"), d.get("b")): d.get("tied") for d in s.get("dla_top_differences") or []
+             if isinstance(d, Mapping)}
+    group = names[:1]
+    for k in names[1:]:
+        if not all(pairs.get((g, k)) is True for g in group):
+            break
+        group.append(k)
+    return group
+
+
+def _writer_words(s: Mapping[str, Any], k: str) -> str:
+    e = (s.get("dla_top_intervals") or {}).get(k)
+    mean = e.get("mean") if isinstance(e, Mapping) else (s.get("dla_top_components") or {}).get(k)
+    ci = ci_pair(e.get("ci"), ordered=True) if isinstance(e, Mapping) else None
+    return f"{k}" + (f" ({mean:+.3g}" + (f", {ci_words(ci, '.3g')}" if ci else "") + ")" if _number(mean) else "")
+
+
+def _dla_top_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
+    """Review 14b C1: the DLA writer each circuits finding names first (with its ties), compared: the same writers,
+    a shared writer, or other writers, judged within each run as _kv_closest_note does: within noise where, in each
+    run, the other run's top writer's 95% interval overlaps its own top writer's; not known without intervals."""
+    ga, gb = dla_top(sa), dla_top(sb)
+    if not (ga or gb):
+        return []
+    label = "circuits DLA top writer"
+    if not (ga and gb):
+        return [NOT_COMPARED + f"{label}: not compared: only {'A' if ga else 'B'}'s report names one."]
+    said = "; ".join(f"{side} {' and '.join(_writer_words(s, k) for k in g)}" + (" (tied)" if len(g) > 1 else "")
+                     for side, s, g in zip(SIDES, (sa, sb), (ga, gb)))
+    n = _n_text(*(((s.get("dla_top_intervals") or {}).get(g[0]) or {}).get("n", s.get("n_examples"))
+                  for s, g in ((sa, ga), (sb, gb))))
+    if set(ga) == set(gb):
+        return [SAME + f"{label}: the same writer{'s' * (len(ga) > 1)}: {said} ({n})."]
+    if set(ga) & set(gb):
+        shared = " and ".join(k for k in ga if k in gb)
+        return [SAME + f"{label}: a shared top writer, {shared}, each run naming the others as tied with it within "
+                f"their per-example spread: {said} ({n})."]
+
+    def clear(s: Mapping[str, Any], mine: str, other: str) -> bool | None:
+        iv = s.get("dla_top_intervals") or {}
+        a, b = (ci_pair((iv.get(k) or {}).get("ci"), ordered=True) for k in (mine, other))
+        return None if a is None or b is None else a[0] > b[1] or b[0] > a[1]
+
+    apart = [clear(sa, ga[0], gb[0]), clear(sb, gb[0], ga[0])]
+    if None in apart:
+        return [NOT_COMPARED + f"{label}: not compared: {said} ({n}); an interval is missing: whether the writers "
+                "differ beyond noise is not known."]
+    if not any(apart):
+        return [SAME + f"{label}: {said} ({n}): within noise: in each run the other run's top writer's 95% interval "
+                "overlaps its own top writer's."]
+    return [f"{label}: {said} ({n}): beyond noise: " + " and ".join(side for side, x in zip(SIDES, apart) if x)
+            + "'s top writer's 95% interval clears the other run's top writer's in its own run."]
+
+
 QUANTITIES = {"heads": _heads, "attribution": _attribution, "mlp": _mlp, "kv": _kv,
-              "probes": _probes}  # analysis -> [(label, value, interval its finding prints, n, its unit)]
+              "probes": _probes, "circuits": _circuits}  # analysis -> [(label, value, interval its finding prints, n, its unit)]
 
 
 def withheld(name: str, s: Mapping[str, Any]) -> str:
@@ -399,7 +534,7 @@ def _chance_numbers(entry: Mapping[str, Any], count: str) -> str:
     return ", ".join(x for x in numbers if x)
 
 
-CHANCE_WITHHELD = ("attribution", "mlp", "kv")  # their findings report what was measured only at chance (_chance)
+CHANCE_WITHHELD = ("attribution", "mlp", "kv", "circuits")  # their findings report what was measured only at chance (_chance)
 
 
 def withheld_at_chance(name: str, s: Mapping[str, Any]) -> str:
@@ -486,9 +621,9 @@ def _metrics_differ(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> 
 def headline_notes(a: Run, b: Run) -> list[str]:
     """Per analysis in QUANTITIES that both runs have: not compared (NOT_COMPARED) where the runs ran it on different
     tasks (compare_run.tasks_differ) or, its labels equal, with different metrics, or where either report withholds
-    its number (the family's or one quantity's: attribution, mlp and kv at or below chance, withheld_at_chance), else
-    the difference where A and B differ by more than 5%, with the n and the verdict of the intervals the findings
-    print."""
+    its number (the family's or one quantity's: attribution, mlp, kv and circuits at or below chance,
+    withheld_at_chance), else the verdict of the intervals the findings print with the n: within noise (SAME) or
+    beyond; without an interval, SAME where equal at the shown precision, else not compared (review 14b C1)."""
     notes = []
     for name, quantity in QUANTITIES.items():
         sa, sb = a.summary(name), b.summary(name)
@@ -499,6 +634,7 @@ def headline_notes(a: Run, b: Run) -> list[str]:
         differ = tasks_differ(a, b, name) or (_metrics_differ(name, sa, sb) if same_labels else "")
         said = [v[0] for v in VERDICTS.get(name, lambda _: [])(sa)]  # the verdict headlines, by label
         said += [v[0] for v in VERDICTS.get(name, lambda _: [])(sb) if v[0] not in said]
+        said += ["circuits DLA top writer"] if name == "circuits" and (dla_top(sa) or dla_top(sb)) else []
         if differ:  # another task (or metric): no number of one is set against the other's
             labels = [qa[0] for qa, qb in pairs if _number(qa[1]) or _number(qb[1])] + said
             if labels:
@@ -541,8 +677,10 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 notes.append(NOT_COMPARED + f"{label}: not compared, not the same quantity: {apart} (A {va:.3g}, "
                              f"B {vb:.3g}; {n}).")
                 continue
-            if abs(va - vb) <= 0.05 * max(abs(va), abs(vb), 1e-9):  # compared and close: agreement, not a difference
-                notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}), within 5% of each other.")
+            if f"{va:.3g}" == f"{vb:.3g}" and (ia is None or ib is None):  # equal as the findings print them
+                notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}): equal at the shown precision (3 "
+                             "significant figures)" + ("." if ia is None and ib is None else
+                                                        f"; {ci_words(ia or ib, '.3g')} in {'A' if ia else 'B'}."))
                 continue
             if ia is None or ib is None:  # review 13c A3: a noise "not known" is no difference: not compared, and why
                 why = NOT_STATED if ia is None and ib is None else (
@@ -550,6 +688,8 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                     "noise is not known).")
                 notes.append(NOT_COMPARED + f"{label}: not compared: A {va:.3g}, B {vb:.3g} ({n})" + why)
                 continue
-            notes.append(f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + noise_verdict(va, vb, ia, ib))
-        notes += _verdict_notes(name, sa, sb)
+            verdict = noise_verdict(va, vb, ia, ib)  # review 14b C1: a small difference is listed as within noise
+            notes.append((SAME if verdict.startswith(" (within noise") else "") + f"{label}: A {va:.3g}, B {vb:.3g} "
+                         f"({n})" + verdict)
+        notes += _verdict_notes(name, sa, sb) + (_dla_top_note(sa, sb) if name == "circuits" else [])
     return notes

@@ -257,12 +257,13 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
                      f"{'neither report ranks' if all(refusals) else 'that report does not rank'} its heads; no shared "
                      "top heads or correlation is computed.")
     elif same:  # the top heads of every method: top_heads_notes, with the ties each summary records
-        r = float(np.corrcoef(grids[0].to_numpy().ravel(), grids[1].to_numpy().ravel())[0, 1])
-        text = f"Head importance ({whats[0]}): Pearson r = {r:.2f} between A and B."
+        cells = [g.to_numpy().ravel() for g in grids]
+        r = float(np.corrcoef(*cells)[0, 1])
+        text, kind = pearson_words(r, int(np.isfinite(cells[0] + cells[1]).sum()), whats[0])
         sums = [a.summary("heads") or {}, b.summary("heads") or {}]
         if sums[0].get("n_examples") != sums[1].get("n_examples"):  # beside the difference: a setting, not the model
             text = text.removesuffix(".") + f" ({n_words(*sums)})."
-        notes.insert(0, text if r < 0.95 else SAME + text)
+        notes.insert(0, {"same": SAME, "not": NOT_COMPARED}.get(kind, "") + text)
     elif all(g is not None for g in grids) and whats[0] != whats[1]:
         notes.append(NOT_COMPARED + f"Head importance: A shows {whats[0]}, B {whats[1]}; different quantities, no "
                      "cell-by-cell difference.")
@@ -278,6 +279,30 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
     alt = (f"head importance of A and B on {scale}"
            + (f", and B - A on its own diverging scale centred on 0 ({rule})" if same else ""))
     return fig, notes, alt
+
+
+SAME_R = 0.95  # Pearson r at or above which two importance grids are called the same ranking
+
+
+def pearson_words(r: float, n: int, what: str) -> tuple[str, str]:
+    """Review 14b B5: the grids' Pearson r with its n (heads) and its 95% Fisher z interval (tanh(atanh r +- 1.96 /
+    sqrt(n - 3)), heads taken as independent), and where it goes: "same" (r >= SAME_R, or its interval reaches SAME_R:
+    within noise of the same ranking), "differ" (the interval lies below SAME_R), "not" (n <= 3 or r undefined: no
+    interval)."""
+    head = f"Head importance ({what}): Pearson r"
+    if not np.isfinite(r) or n <= 3:
+        return (f"{head} between A and B not compared: " + (f"r = {r:.2f} over {n} heads, too few for an interval"
+                if np.isfinite(r) else "r is undefined (a grid is constant)") + "."), "not"
+    half = 1.959964 / np.sqrt(n - 3)
+    z = np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))
+    low, high = float(np.tanh(z - half)), float(np.tanh(z + half))
+    said = f"{head} = {r:.2f} between A and B over {n} heads (95% CI [{low:.2f}, {high:.2f}], Fisher z, heads taken as " \
+        "independent)"
+    if r >= SAME_R:
+        return said + ".", "same"
+    if high >= SAME_R:
+        return said + f": within noise of the same ranking (the interval reaches {SAME_R:g}).", "same"
+    return said + f": the rankings differ beyond noise (the interval lies below {SAME_R:g}).", "differ"
 
 
 def importance_section(a: Run, b: Run) -> tuple[str, list[str]]:
@@ -493,6 +518,9 @@ def _seed_text(counts: list[float] | None) -> str:
     return f"{listed} heads{span} over {len(counts)} seed{'s' if len(counts) != 1 else ''}"
 
 
+MIN_SEEDS = 5  # random orders per run below which their counts' spread is no band
+
+
 def _random_note(a: Run, b: Run, ordering: str, shown: list[str]) -> str:
     """A random ordering's counts seed by seed and whether their ranges overlap: no noise verdict (a bootstrap of
     the mean over seeds leaves out the seed spread, and a few seeds give no band)."""
@@ -501,12 +529,14 @@ def _random_note(a: Run, b: Run, ordering: str, shown: list[str]) -> str:
             f"({_seed_text(counts[0])}), B {shown[1]} ({_seed_text(counts[1])})")
     if all(counts):
         overlap = max(min(counts[0]), min(counts[1])) <= min(max(counts[0]), max(counts[1]))
-        few = min(len(c) for c in counts) < 5
-        text += (f"; the seed ranges {'overlap' if overlap else 'do not overlap'}"
-                 + ("; too few seeds for a noise verdict" if few else "") + ".")
-    else:
-        text += "; no noise verdict without each seed's count."
-    return text
+        if min(len(c) for c in counts) < MIN_SEEDS:  # review 14a C5: 1-2 seeds are no spread: not compared
+            return NOT_COMPARED + text + (f": not compared: too few seeds for a noise verdict (fewer than {MIN_SEEDS} "
+                                          f"in {'both runs' if max(len(c) for c in counts) < MIN_SEEDS else 'a run'}; "
+                                          f"the seed ranges {'overlap' if overlap else 'do not overlap'}).")
+        if overlap:
+            return SAME + text + "; within the seeds' spread: the seed ranges overlap."
+        return text + "; beyond the seeds' spread: the seed ranges do not overlap."
+    return NOT_COMPARED + text + ": not compared: no noise verdict without each seed's count."
 
 
 def within_words(sums: list[Mapping[str, Any]]) -> str:
@@ -562,8 +592,11 @@ def pruning_notes(a: Run, b: Run) -> list[str]:
         which = f" (the ordering {whose} with)"
         if ordering.startswith("random"):  # a mean over seeds is no count of heads: the seeds' own counts instead
             note = _random_note(a, b, ordering, [f"{100 * f:.0f}%" for f in (fa, fb)])
-            notes.append(NOT_COMPARED + note.removesuffix(".") + f": not compared: {other_task}." if other_task else
-                         (SAME if fa == fb else "") + note)  # random orders re-rank nothing: only another task refuses
+            base = note.removeprefix(SAME).removeprefix(NOT_COMPARED).split(": not compared:")[0].split(
+                "; within the seeds'")[0].split("; beyond the seeds'")[0].removesuffix(".")
+            notes.append(NOT_COMPARED + base + f": not compared: {other_task}." if other_task else
+                         SAME + base + ": the same mean at the shown precision." if fa == fb else
+                         note)  # random orders re-rank nothing: only another task refuses
             continue
         text = (f"Prunable within {within_words(sums)} by {ordering.replace('_', ' ')}{which if lead else ''}: "
                 f"A {shown[0]}, B {shown[1]}"

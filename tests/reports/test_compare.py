@@ -153,7 +153,7 @@ def test_compare_flags_differences_within_noise_and_carries_both_provenances(tmp
     # D ran them on A's task (other examples of it): compared, each against the interval its finding prints
     differences = headline_notes(Run(tmp_path / "a"), Run(tmp_path / "d"))
     n = "n differs: 64 vs 16 examples, a setting, not the model: other example sets, intervals of other widths"
-    assert (f"heads unpruned logit difference: A 2, B 2.3 ({n}) (within noise: |B - A| = 0.3 is inside the combined "
+    assert (SAME + f"heads unpruned logit difference: A 2, B 2.3 ({n}) (within noise: |B - A| = 0.3 is inside the combined "
             "half-widths 0.5; 95% CIs A [1.75, 2.25], B [2.05, 2.55]).") in differences  # the CI the heads finding prints
     # the kv finding prints no interval for its full-cache metric: compare uses none (not the chance guard's), and
     # a difference whose noise is not known is not listed as one (review 13c A3): not compared, and why
@@ -632,7 +632,7 @@ def test_compare_sets_every_figure_side_by_side_and_says_why_one_is_missing(tmp_
     assert "<em>blank: B has no top_attention: no readable explorer data in its folder</em>" in figures
     assert "<li>report figure top_attention: only A has it; B has no readable explorer data in its folder.</li>" \
         in not_compared
-    assert "figure" not in page[page.index("id='differences'"):page.index("id='not-compared'")]
+    assert "figure" not in page[page.index("id='differences'"):page.index("id='same'")]
 
 
 def test_compare_overlays_keep_both_runs_visible():
@@ -975,7 +975,7 @@ def test_compare_probes_uses_each_findings_interval_and_respects_its_at_chance_v
     _probes(tmp_path / "c", best=0.9, n=40, chance=guard, best_ci=[0.8, 0.95])
     _probes(tmp_path / "d", best=0.7, n=40, chance=guard, best_ci=[0.5, 0.85])
     assert headline_notes(Run(tmp_path / "c"), Run(tmp_path / "d")) == [
-        "probes best accuracy: A 0.9, B 0.7 (n 40 each) (within noise: |B - A| = 0.2 is inside the combined half-widths "
+        SAME + "probes best accuracy: A 0.9, B 0.7 (n 40 each) (within noise: |B - A| = 0.2 is inside the combined half-widths "
         "0.25; 95% CIs A [0.8, 0.95], B [0.5, 0.85])."]
     # older summaries: the finding prints the fold sd, no interval, so none is used (not the guard's, not a Wilson one)
     _probes(tmp_path / "e", best=1.0, n=19, chance={**guard, "mean": 1.0, "ci": [0.824, 1.0]})
@@ -1090,8 +1090,8 @@ def test_compare_attribution_and_mlp_use_the_intervals_their_findings_print(tmp_
     # mlp: A's layer 1 (30 of 100 recorded), B's layer 1 (20 of 100): Wilson intervals from scipy
     wa = stats.binomtest(30, 100).proportion_ci(method="wilson")
     wb = stats.binomtest(20, 100).proportion_ci(method="wilson")
-    assert notes[1] == ("mlp highest layer key-value agreement (layer 1 in both): A 0.3, B 0.2 (n 100 neurons each) (within "
-                        "noise: |B - A| = "
+    assert notes[1] == (SAME + "mlp highest layer key-value agreement (layer 1 in both): A 0.3, B 0.2 (n 100 neurons "
+                        "each) (within noise: |B - A| = "
                         f"0.1 is inside the combined half-widths {(wa.high - wa.low) / 2 + (wb.high - wb.low) / 2:.3g}; 95% CIs "
                         f"A [{wa.low:.3g}, {wa.high:.3g}], B [{wb.low:.3g}, {wb.high:.3g}]).")
     assert f"Wilson 95% CI {100 * wa.low:.0f}%-{100 * wa.high:.0f}%" in finding("mlp", summaries["a"][1])
@@ -1239,9 +1239,9 @@ def test_prunable_counts_of_runs_ranked_on_other_examples_are_not_compared_and_b
     assert ("B's 17% sits close to its 1% line: the point at 2 heads removed is 9.89, past the line 9.9; its change from "
             "unpruned -0.11 has a paired 95% CI of -0.278 to +0.0579, reaching the line's -0.1") in gradient
     assert "fragile" not in gradient
-    assert random == ("Prunable within 1% by random (mean over random orders): A 8% (1 and 0 heads over 2 seeds), "
-                      "B 0% (0 and 0 heads over 2 seeds); the seed ranges overlap; too few "
-                      "seeds for a noise verdict.")
+    assert random == (NOT_COMPARED + "Prunable within 1% by random (mean over random orders): A 8% (1 and 0 heads over "
+                      "2 seeds), B 0% (0 and 0 heads over 2 seeds): not compared: too few seeds for a noise verdict "
+                      "(fewer than 5 in both runs; the seed ranges overlap).")  # review 14a C5
     # the same examples (one task.json): the fixed ordering is judged against the intervals again, its lines still said
     _task(tmp_path / "b", (0, 1, 2, 3))
     gradient = pruning_notes(a, b)[2]
@@ -1280,7 +1280,7 @@ def test_compare_uses_integrated_gradients_by_the_reports_own_rule(tmp_path):
     ia = stats.t.interval(0.95, 3, loc=0.3, scale=0.05 / 2)
     ib = stats.t.interval(0.95, 1, loc=0.6, scale=0.05 / 2 ** 0.5)
     ig = [n for n in headline_notes(a, b) if "integrated gradients" in n]
-    assert ig == [(f"attribution mean Kendall tau of attention and integrated gradients: A 0.3, B 0.6 (n 4 examples vs 2 "
+    assert ig == [(SAME + f"attribution mean Kendall tau of attention and integrated gradients: A 0.3, B 0.6 (n 4 examples vs 2 "
                   f"converged examples: intervals of other widths) (within noise: |B - A| = 0.3 is inside the combined "
                   f"half-widths {(ia[1] - ia[0]) / 2 + (1 - ib[0]) / 2:.3g}; 95% CIs A [{ia[0]:.3g}, "
                   f"{ia[1]:.3g}], B [{ib[0]:.3g}, 1]).")]
@@ -1340,15 +1340,16 @@ def test_compare_sets_no_number_of_one_task_against_another_and_names_different_
                                                         "source": "its default task (no --task given)"})
     a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
     notes = headline_notes(a, b)
-    assert notes == [SAME + "heads unpruned cosine similarity: A 1, B 1 (n 16 each), within 5% of each other.",
+    assert notes == [SAME + "heads unpruned cosine similarity: A 1, B 1 (n 16 each): equal at the shown precision (3 "
+                     "significant figures).",
                      NOT_COMPARED + "attribution mean Kendall tau of attention and gradient x input, leave-one-out and "
                      "integrated gradients: not compared: A ran attribution on fruit_cloze.jsonl, B on the shipped "
                      "sentences."]
     assert patching_section(a, b)[1] == [NOT_COMPARED + "Top patching sites: not compared: A ran patching on the ioi "
                                          "task, B on the kv task."]
     # heads: the same sentences (two wordings of why the default was used): the task is the same, the models are not
-    random = ("Prunable within 1% by random (mean over random orders): A 10% (per-seed counts not recorded), B 20% "
-              "(per-seed counts not recorded); no noise verdict without each seed's count.")
+    random = (NOT_COMPARED + "Prunable within 1% by random (mean over random orders): A 10% (per-seed counts not "
+              "recorded), B 20% (per-seed counts not recorded): not compared: no noise verdict without each seed's count.")
     assert pruning_notes(a, b) == [NOT_COMPARED + "Prunable within 1% by ablation (the ordering both heads findings lead "
                                    "with): A 50% (3 of 6 heads), B 25% (2 of 6 heads): not compared: different models "
                                    "(./trained vs minilm, 6 heads each), each ranking its own heads, and the intervals do "
@@ -1366,7 +1367,7 @@ def test_compare_sets_no_number_of_one_task_against_another_and_names_different_
     assert notes[0].endswith("not compared: A ran heads on the shipped sentences, B on colours.csv; different models "
                              "(./trained vs minilm, 6 heads each), each ranking its own heads, and the intervals do not "
                              "cover re-ranking.")
-    assert notes[1] == (NOT_COMPARED + random.removesuffix(".") + ": not compared: A ran heads on the shipped sentences, "
+    assert notes[1] == (random.split(": not compared:")[0] + ": not compared: A ran heads on the shipped sentences, "
                         "B on colours.csv.")
     # B's attribution on A's task (other rows of it) and one model: compared, each difference with its verdict
     _attribution(tmp_path / "b", "./trained", other, "fruit_cloze", "your task (fruit_cloze.jsonl)", rows=[0, 1, 2, 3])
@@ -1459,7 +1460,7 @@ def test_compare_does_not_list_a_swap_of_cells_tied_in_both_runs_as_a_difference
         "pos -1 from the end (' was') (1.00 of the gap, 95% CI [0.89, 1.12]) and resid_pre L2 pos -1 from the end "
         "(' was') (1.00 of the gap, 95% CI [0.88, 1.12])).")]
     page = compare_html(Run(tmp_path / "a"), Run(tmp_path / "b"))
-    listed = page.split("<h2 id='differences'>")[1].split("<h2 id='not-compared'>")[0]
+    listed = page.split("<h2 id='differences'>")[1].split("<h2 id='same'>")[0]
     assert "resid_pre" not in listed and "not a difference, both cells carry the whole gap" in page
     heads = [cell(0, 0.30, 0.20, 0.40, end=None, head=1), cell(0, 0.28, 0.18, 0.38, end=None, head=3)]
     assert write("head_out", heads, heads[::-1]) == [SAME + (
@@ -1844,7 +1845,7 @@ def test_compare_mlp_agreement_at_the_best_layer_on_both_sides(tmp_path):
     wa = stats.binomtest(40, 256).proportion_ci(method="wilson")
     wb = stats.binomtest(35, 256).proportion_ci(method="wilson")
     note = next(n for n in headline_notes(a, b) if "key-value agreement" in n)
-    assert note == (f"mlp highest layer key-value agreement (layer 1 in both): A {40 / 256:.3g}, B {35 / 256:.3g} (n 256 "
+    assert note == (SAME + f"mlp highest layer key-value agreement (layer 1 in both): A {40 / 256:.3g}, B {35 / 256:.3g} (n 256 "
                     f"neurons each) (within noise: |B - A| = {5 / 256:.3g} is inside the combined half-widths "
                     f"{(wa.high - wa.low) / 2 + (wb.high - wb.low) / 2:.3g}; 95% CIs A [{wa.low:.3g}, {wa.high:.3g}], "
                     f"B [{wb.low:.3g}, {wb.high:.3g}]).")
@@ -1965,3 +1966,129 @@ def test_compare_top_reads_the_summarys_unchained_tie_runs():
     tb = ties(sb, "gradient", b)
     assert tb.groups == ((0, 1), (1, 2)) and tb.edge is None
     assert _untied_swaps([a, b], [ties({}, "gradient", a), tb]) == (False, [("L1H0", "L1H2")])
+
+
+def _one(root, name: str, summary: dict) -> Run:
+    """An output folder with one analysis's summary only."""
+    io.write_json(root / "manifest.json", {"model": {"name": "m"}, "seed": 0, "config": {"analyses": [name]}})
+    io.write_json(root / name / "summary.json", summary)
+    return Run(root)
+
+
+def test_compare_lists_a_small_headline_difference_as_within_noise_never_drops_it(tmp_path):
+    """Review 14b C1: probes 0.476 (95% CI [0.32, 0.64]) vs 0.452 ([0.298, 0.613]), 5.0% apart, and heads -0.971 vs
+    -0.976 were in neither list ("within 5%" was said nowhere on the page). Now the intervals judge them: within noise
+    (half-widths 0.16 + 0.1575 = 0.3175 > 0.024, by hand), listed under "Within noise or the same"."""
+    guard = {"at_chance": False, "chance_value": 0.25, "mean": 0.45, "ci": [0.3, 0.6]}
+    _probes(tmp_path / "a", best=0.476, n=42, chance=guard, best_ci=[0.32, 0.64])
+    _probes(tmp_path / "b", best=0.452, n=42, chance=guard, best_ci=[0.298, 0.613])
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    note = ("probes best accuracy: A 0.476, B 0.452 (n 42 each) (within noise: |B - A| = 0.024 is inside the combined "
+            "half-widths 0.318; 95% CIs A [0.32, 0.64], B [0.298, 0.613]).")
+    assert headline_notes(a, b) == [SAME + note]
+    page = compare_html(a, b)
+    assert f"<li>{html.escape(note)}</li>" in page[page.index("id='same'"):page.index("id='not-compared'")]
+    # no interval on either side: equal at the printed precision is the same; otherwise not compared (not "within 5%")
+    kv = {"metric": "logit_diff", "n_examples": 16}
+    x, y, z = (_one(tmp_path / k, "kv", {**kv, "metric_unevicted": v}) for k, v in (("x", 2.0004), ("y", 2.0001),
+                                                                                   ("z", 2.04)))
+    assert headline_notes(x, y) == [SAME + "kv full-cache logit difference: A 2, B 2 (n 16 each): equal at the shown "
+                                    "precision (3 significant figures)."]
+    assert headline_notes(x, z)[0].startswith(NOT_COMPARED + "kv full-cache logit difference: not compared: A 2, B 2.04")
+
+
+def _circuits(cpr, cpr_ci, top: dict, tied: bool) -> dict:
+    names = sorted(top, key=lambda k: -abs(top[k]["mean"]))
+    return {"n_examples": 8, "mib_n_examples": 8, "mib_cpr": cpr, "mib_cpr_ci": cpr_ci, "mib_cmd": 1 - cpr,
+            "mib_cmd_ci": [0.1, 0.2], "dla_total_heads": {"mean": 6.0, "ci": [5.0, 7.0], "n": 8},
+            "dla_top_components": {k: v["mean"] for k, v in top.items()}, "dla_top_intervals": top,
+            "dla_top_differences": [{"a": names[0], "b": names[1], "tied": tied, "difference": 1.0, "ci": [-1, 2]}]}
+
+
+def test_compare_sets_circuits_headlines_against_each_other(tmp_path):
+    """Review 14b C1: circuits was not in QUANTITIES, so CPR 0.828 vs 0.174 and the DLA top writers were compared
+    nowhere. Now CPR, CMD and the DLA totals are judged by the intervals the finding prints, and the top writers by
+    theirs: A's L0H0 [2, 4] clears B's top L1H1 in A ([0, 1]), so the writers differ beyond noise."""
+    top_a = {"L0H0": {"mean": 3.0, "ci": [2.0, 4.0], "n": 8}, "L1H1": {"mean": 0.5, "ci": [0.0, 1.0], "n": 8}}
+    top_b = {"L0H0": {"mean": 0.4, "ci": [0.1, 0.7], "n": 8}, "L1H1": {"mean": 2.5, "ci": [1.5, 3.5], "n": 8}}
+    a = _one(tmp_path / "a", "circuits", _circuits(0.828, [-4.0, 2.94], top_a, False))
+    b = _one(tmp_path / "b", "circuits", _circuits(0.174, [0.10, 0.30], top_b, False))
+    notes = headline_notes(a, b)
+    assert notes[0] == (SAME + "circuits MIB CPR: A 0.828, B 0.174 (n 8 each) (within noise: |B - A| = 0.654 is inside "
+                        "the combined half-widths 3.57; 95% CIs A [-4, 2.94], B [0.1, 0.3]).")  # 3.47 + 0.1
+    assert notes[2].startswith(SAME + "circuits DLA total of the heads: A 6, B 6 (n 8 each) (within noise")
+    assert notes[-1] == ("circuits DLA top writer: A L0H0 (+3, 95% CI [2, 4]); B L1H1 (+2.5, 95% CI [1.5, 3.5]) (n 8 each):"
+                         " beyond noise: A and B's top writer's 95% interval clears the other run's top writer's in its "
+                         "own run.")
+    tied_b = _one(tmp_path / "c", "circuits", _circuits(0.174, [0.10, 0.30], {**top_b, "L0H0": top_a["L0H0"]}, True))
+    assert headline_notes(a, tied_b)[-1].startswith(SAME + "circuits DLA top writer: a shared top writer, L0H0")
+
+
+def _kv_hold(grid_verdicts: dict, rows: list[dict], consistent_from=None) -> dict:
+    return {"metric": "logit_diff", "metric_unevicted": 2.0, "n_examples": 16, "holding_budgets": {
+        "tolerance": 0.01, "policies": {"window": {"verdicts": grid_verdicts, "not_shown": rows, "above": [],
+                                                   "consistent_from": consistent_from, "worst_evicting": {"budget": 1}}}}}
+
+
+def test_compare_kv_verdicts_apart_only_by_the_grid_or_one_prompt_are_not_compared(tmp_path):
+    """Review 14b C2: "32: not shown in A, not run in B" (B's prompts too short for budget 32) and "32: not shown in A,
+    above in B" (both on the one prompt long enough) were listed as differences. Now not compared, with why."""
+    row = {"budget": 32, "n_evicting": 1, "ci_low": None, "ci_high": None}
+    a = _one(tmp_path / "a", "kv", _kv_hold({"16": "below", "32": "not shown"}, [row], consistent_from=32))
+    b = _one(tmp_path / "b", "kv", _kv_hold({"16": "below"}, []))
+    c = _one(tmp_path / "c", "kv", {**_kv_hold({"16": "below", "32": "above"}, []), "holding_budgets": {
+        "tolerance": 0.01, "policies": {"window": {"verdicts": {"16": "below", "32": "above"}, "above": [row],
+                                                   "worst_evicting": {"budget": 1}}}}})
+    grid = [n for n in headline_notes(a, b) if "kv window within" in n]
+    assert grid == [NOT_COMPARED + "kv window within 1% of the full cache: not compared: A not shown to hold (its means "
+                    "within from 32), B never within; the verdicts differ only at budgets one run did not run (32: not "
+                    "shown in A, not run in B): the runs' budget grids differ (each runs the budgets its prompts' "
+                    "lengths allow), a setting, not the model."]
+    single = [n for n in headline_notes(a, c) if "kv window within" in n]
+    assert single == [NOT_COMPARED + "kv window within 1% of the full cache: not compared: A not shown to hold (its means "
+                      "within from 32), B never within; the budget verdicts that differ rest on one evicting prompt (32: "
+                      "not shown in A (n = 1), above in B (n = 1)), with no interval: whether they differ beyond noise is "
+                      "not known."]
+    many = {**row, "n_evicting": 16, "ci_low": -0.1, "ci_high": 0.1}
+    d = _one(tmp_path / "d", "kv", {**_kv_hold({"16": "below", "32": "above"}, []), "holding_budgets": {
+        "tolerance": 0.01, "policies": {"window": {"verdicts": {"16": "below", "32": "above"}, "above": [many],
+                                                   "worst_evicting": {"budget": 1}}}}})
+    e = _one(tmp_path / "e", "kv", _kv_hold({"16": "below", "32": "not shown"}, [many], consistent_from=32))
+    assert [n for n in headline_notes(e, d) if "kv window within" in n] == [
+        "kv window within 1% of the full cache: A not shown to hold (its means within from 32), B never within (budget "
+        "verdicts that differ: 32: not shown in A, above in B)."]  # 16 prompts each: still a difference
+
+
+def test_importance_correlation_states_its_n_and_fisher_interval():
+    """Review 14b B5: "Pearson r = 0.81 between A and B" under Differences with no n or interval. Now its n (heads)
+    and its 95% Fisher z interval, checked against scipy's pearsonr (which uses the same transform)."""
+    from scipy import stats
+
+    from headscope.reports.compare_heads import pearson_words
+
+    x = np.array([2.86, 1.0, 0.31, 1.27, 0.26, 0.01, 0.35, 0.17])
+    y = np.array([3.27, 1.41, 0.2, 0.5, 0.9, 0.3, 0.1, 0.4])
+    res = stats.pearsonr(x, y)
+    ci = res.confidence_interval(0.95)
+    text, kind = pearson_words(float(res.statistic), 8, "gradient importance")
+    assert text.startswith(f"Head importance (gradient importance): Pearson r = {res.statistic:.2f} between A and B "
+                           f"over 8 heads (95% CI [{ci.low:.2f}, {ci.high:.2f}], Fisher z")
+    assert kind == ("same" if ci.high >= 0.95 else "differ")
+    assert pearson_words(0.1, 20, "g")[1] == "differ" and pearson_words(0.99, 3, "g")[1] == "not"
+
+
+def test_random_order_counts_are_judged_by_their_seed_spread(tmp_path):
+    """Review 14a C5: a random order's counts over 1-2 seeds were the page's only "difference". Now fewer than 5 seeds
+    are not compared; from 5 on, overlapping seed ranges are within the spread and disjoint ones a difference."""
+    from headscope.reports.compare_heads import _random_note
+
+    def run(side, seeds):
+        return _one(tmp_path / side, "heads", {"n_heads": 8, "prunable_ci_random": {"per_seed_heads": seeds}})
+
+    few = _random_note(run("a", [2, 8]), run("b", [8]), "random", ["28%", "44%"])
+    assert few.startswith(NOT_COMPARED) and few.endswith("not compared: too few seeds for a noise verdict (fewer than 5 "
+                                                         "in both runs; the seed ranges overlap).")
+    five = [1, 2, 2, 3, 2]
+    assert _random_note(run("c", five), run("d", [3, 4, 5, 4, 4]), "random", ["a", "b"]).startswith(SAME)
+    apart = _random_note(run("e", five), run("f", [4, 5, 5, 6, 4]), "random", ["a", "b"])
+    assert apart.endswith("beyond the seeds' spread: the seed ranges do not overlap.") and not apart.startswith("(")
