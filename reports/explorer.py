@@ -11,7 +11,9 @@ The data dict (format 1):
 
     model, family, n_layers, n_heads, n_kv_heads, is_encoder
     scale:     patterns are stored as integers, round(p * scale) (scale 10000: 4 decimals)
-    examples:  [{tokens: [str], text (the shown tokens decoded: the prompt list's label), n_tokens_total, truncated,
+    examples:  [{tokens: [str], text (the shown tokens decoded: the prompt list's label), n_tokens_total, truncated
+                 (with positions, each shown token's place in the prompt, and cut [first, last]: a longer prompt shows
+                 its first token and its end, attention_capture.kept_positions),
                  task (the task's label), answer_from (rows of a several-token answer: the index of its first
                  teacher-forced piece, shown marked "answer, teacher-forced"; with prompt_text and answer_text),
                  patterns: [layer][head][query] -> [int] (row of keys, trailing zeros dropped)}]
@@ -258,7 +260,7 @@ def show_attention(model, prompt_or_task: Any = None, *, layer: int | None = Non
     pattern = acts[site("pattern", layer)][0].float()[[h % f.n_heads for h in chosen]]  # [heads, q, k]
     tokens = [str(t) for t in model.to_str_tokens(row[0])]
     return pattern_view(pattern, tokens, labels=[f"L{layer}H{h % f.n_heads}" for h in chosen],
-                        title=f"{f.name}, layer {layer}")
+                        title=f"{f.name}, layer {layer}", window=layer_windows(model)[layer], layer=layer)
 
 
 def _heads_results(out: Path) -> Any:
