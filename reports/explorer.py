@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from headscope.analyses.core.attention_capture import SCALE, Captured, capture_examples, example_rows
+from headscope.analyses.core.attention_capture import SCALE, Captured, capture_examples, example_rows, kept_positions
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.models.hooked_model import layer_windows
@@ -254,13 +254,15 @@ def show_attention(model, prompt_or_task: Any = None, *, layer: int | None = Non
     bad = [h for h in chosen if not -f.n_heads <= h < f.n_heads]
     if bad or not chosen:
         raise ConfigError(f"heads {bad or chosen} are out of range for {f.n_heads} heads per layer.")
-    row = example_rows(model, prompt_or_task, 1, seed)[0][0][:max_tokens].reshape(1, -1)  # [1, pos]
+    row = example_rows(model, prompt_or_task, 1, seed)[0][0].reshape(1, -1)  # [1, pos]
+    kept = kept_positions(row.shape[1], max_tokens)  # a long prompt: its first token and its end (review 14c C5)
     with torch.no_grad():
-        acts = capture(model, model.check_tokens(row), [site("pattern", layer)], to_cpu=True)
-    pattern = acts[site("pattern", layer)][0].float()[[h % f.n_heads for h in chosen]]  # [heads, q, k]
-    tokens = [str(t) for t in model.to_str_tokens(row[0])]
+        acts = capture(model, model.check_tokens(row), [site("pattern", layer)], positions=kept, to_cpu=True)
+    pattern = acts[site("pattern", layer)][0].float()[[h % f.n_heads for h in chosen]][..., kept]  # [heads, q, k]
+    tokens = [str(t) for t in model.to_str_tokens(row[0, kept])]
     return pattern_view(pattern, tokens, labels=[f"L{layer}H{h % f.n_heads}" for h in chosen],
-                        title=f"{f.name}, layer {layer}", window=layer_windows(model)[layer], layer=layer)
+                        title=f"{f.name}, layer {layer}", window=layer_windows(model)[layer], layer=layer,
+                        positions=kept, n_total=row.shape[1])
 
 
 def _heads_results(out: Path) -> Any:

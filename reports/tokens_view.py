@@ -170,14 +170,16 @@ def visible_token(token: Any) -> str:
 
 # ---- attention patterns of chosen heads --------------------------------------------------------------
 def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] | None = None, title: str = "",
-                 window: int | None = None, layer: int | None = None) -> HTMLView:
+                 window: int | None = None, layer: int | None = None, positions: Sequence[int] | None = None,
+                 n_total: int | None = None) -> HTMLView:
     """Attention patterns [head, query, key] (CircuitsVis's shape; [query, key] is one head) over string
     tokens: one grid per head, rows the queries, columns the keys, each cell's colour its weight on the
     explorer's sequential scale (white 0 to dark red 1, its colour bar above the grids) and its tooltip the
     value (query token -> key token); a token's spaces show as "␣" (visible_token). window: the layer's
     sliding window (models.layer_windows), `layer` its index: keys outside it (visible_keys) are hatched as
-    masked, not drawn as zero attention, and the explorer's sentence says the window (review 14c C2). The
-    explorer's stylesheet (scoped to .hsx) styles it; no script."""
+    masked, not drawn as zero attention, and the explorer's sentence says the window (review 14c C2). positions: each
+    token's place in a prompt of n_total tokens that was cut (attention_capture.kept_positions), which the masking
+    reads and the title says. The explorer's stylesheet (scoped to .hsx) styles it; no script."""
     from headscope.models.hooked_model import visible_keys
     from headscope.reports.explorer_view import CSS, MASKED, SCALE_NOTE, seq, window_words
 
@@ -191,7 +193,7 @@ def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] |
     labels = [f"head {h}" for h in range(values.shape[0])] if labels is None else [str(x) for x in labels]
     if len(labels) != values.shape[0]:
         raise ConfigError(f"{len(labels)} labels for {values.shape[0]} heads.")
-    pos = np.arange(n)
+    pos = np.arange(n) if positions is None else np.asarray(list(positions))
     causal = pos[None, :] <= pos[:, None]  # [q, k]
     masked = causal & ~visible_keys(pos[:, None], pos[None, :], window).numpy() if window else np.zeros((n, n), bool)
     cell = "width: 1.4em; height: 1.4em; padding: 0; border: 1px solid #eee"
@@ -209,7 +211,10 @@ def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] |
         grids.append(f"<div style='display: inline-block; margin: 0 1em 1em 0; vertical-align: top'><b>{escape(label)}"
                      f"</b><table class='hsx-heat' style='border-collapse: collapse; font: 11px monospace'><tr><th></th>"
                      f"{keys}</tr>{''.join(rows)}</table></div>")
-    head = f"<p><b>{escape(title)}</b> (rows: queries, columns: keys)</p>" if title else ""
+    cut = "" if positions is None or n_total is None or n >= n_total else (
+        f"; {n} of {n_total} tokens: the first and the last {n - 1}, positions {pos[0] + 1}–{pos[1] - 1} cut, a "
+        "query's weights on them not drawn")
+    head = f"<p><b>{escape(title)}</b> (rows: queries, columns: keys{escape(cut)})</p>" if title else ""
     said = window_words({0 if layer is None else int(layer): int(window)}) if window else ""
     if said and layer is None:
         said = said.replace("layer 0 attends", "this layer attends", 1)

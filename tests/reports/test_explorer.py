@@ -960,6 +960,13 @@ def test_show_attention_of_a_sliding_layer_hatches_masked_keys_says_the_window_a
             "it (masked, not zero attention)</div>") in page
     assert ("<span>attention weight:</span><span>0</span>" in page and "rgb(255,255,255),rgb(103,0,13)" in page
             and "(each query&#x27;s weights over the keys sum to 1)" in page and "hsx-masked{background:repeating" in page)
+    cut = show_attention(model, GEMMA_PROMPT, layer=0, heads=[1], max_tokens=10)._repr_html_()  # review 14c C5 too
+    kept = [0] + list(range(n - 9, n))  # the first token and the end
+    cells = re.findall(r"<td (class='hsx-masked' )?style='[^']*' title='([^']*)'>", cut)
+    assert [bool(m) for m, _ in cells] == [kept[k] <= kept[q] - 8 for q in range(10) for k in range(10)]
+    got = [float(t.rsplit(": ", 1)[1]) for m, t in cells if not m]
+    want = [float(att[0][1, kept[q], kept[k]]) for q in range(10) for k in range(10) if not kept[k] <= kept[q] - 8]
+    assert got == pytest.approx(want, abs=1e-4) and f"10 of {n} tokens: the first and the last 9, positions 1–{n - 10} cut" in cut
     global_layer = show_attention(model, GEMMA_PROMPT, layer=1, heads=[1])._repr_html_()
     assert "class='hsx-masked'" not in global_layer and "<div class='hsx-windowline'>" not in global_layer
     assert "attention weight:" in global_layer
