@@ -58,17 +58,24 @@
     var w = W[heads[0][0]] || 0;
     return heads.every(function (lh) { return (W[lh[0]] || 0) === w; }) ? w : 0;
   }
+  // a cut example (review 14c C5) shows its first token and its end: shown index -> position in the prompt
+  function posOf(ex) { return data.examples[ex].positions || null; }
+  function at(i) { var ps = posOf(st.ex); return ps ? ps[i] : i; }
   function hidden(heads, q, k) {  // key k outside every shown head's window for query q: masked, not zero
+    q = at(q); k = at(k);
     return heads.every(function (lh) { var w = W[lh[0]]; return !!w && k <= q - w; });
   }
-  function sinkOver(p, w) {  // mean over the queries that can see the first token of their weight on it
-    var q0 = (!data.is_encoder && p.length > 1) ? 1 : 0, end = w ? Math.min(p.length, w) : p.length, s = 0;
-    for (var q = q0; q < end; q++) s += p[q][0];
-    return end > q0 ? s / (end - q0) : 0;
+  function sinkOver(p, w, ps) {  // mean over the queries that can see the first token of their weight on it
+    var q0 = (!data.is_encoder && p.length > 1) ? 1 : 0, s = 0, c = 0;
+    for (var q = 0; q < p.length; q++) {
+      var pos = ps ? ps[q] : q;
+      if (pos >= q0 && (!w || pos < w)) { s += p[q][0]; c++; }
+    }
+    return c ? s / c : 0;
   }
-  function sink(ex, l, h) { return sinkOver(pattern(ex, l, h), W[l] || 0); }
+  function sink(ex, l, h) { return sinkOver(pattern(ex, l, h), W[l] || 0, posOf(ex)); }
   function fmt(v) { return v.toFixed(4); }
-  function q_(toks, i) { return "\u201c" + toks[i] + "\u201d (" + i + ")"; }  // a token, quoted, and its position
+  function q_(toks, i) { return "\u201c" + toks[i] + "\u201d (" + at(i) + ")"; }  // a token, quoted, and its position
   function short(v) {
     if (v === null || v === undefined) return "";
     var a = Math.abs(v);
@@ -91,7 +98,7 @@
   function kvOf(h) { return Math.floor(h / G); }
   function headName(l, h) { return "L" + l + " H" + h + (G > 1 ? " (kv" + kvOf(h) + ")" : ""); }
   var PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4", "#b2df8a", "#fb9a99"];
-  var SEQ = [103, 0, 13];  // the sequential scale's dark end: the figures' Reds at 1 (white at 0)
+  var SEQ = __SEQ__;  // the sequential scale's dark end: the figures' Reds at 1 (white at 0); explorer_view.SEQ_END
   function seq(v) {  // attention weight 0..1 -> white .. dark red (the figures' sequential Reds, linear in RGB)
     v = Math.max(0, Math.min(1, v));
     return "rgb(" + SEQ.map(function (x) { return Math.round(255 + (x - 255) * v); }).join(",") + ")";
@@ -114,7 +121,7 @@
     if (st.heads.length > 1) return {p: combined(st.ex, st.heads, st.combine), heads: st.heads, preview: false};
     return {p: pattern(st.ex, st.l, st.h), heads: [[st.l, st.h]], preview: false};
   }
-  function sinkOf(p) { return sinkOver(p, windowOf(cur.heads)); }
+  function sinkOf(p) { return sinkOver(p, windowOf(cur.heads), posOf(st.ex)); }
   var RED = [178, 24, 43], BLUE = [33, 102, 172];  // the figures' RdBu_r ends: red positive, blue negative
   function toward(c, t) {  // white (t = 0) -> colour c (t = 1)
     t = Math.max(0, Math.min(1, t));
@@ -159,9 +166,11 @@
                                     : "linear-gradient(90deg,#fff," + toward(RED, 1) + ")";
     var cellf = gridFormat(g);  // cell labels and the legend's ends, in one unit
     legend.appendChild(el("span", null, name + cellf.unit + ":"));  // the ends in the cells' units
-    legend.appendChild(el("span", null, cellf.text(signed ? -m : 0)));
-    legend.appendChild(ramp);
-    legend.appendChild(el("span", null, cellf.text(m)));
+    var ends = el("span", "hsx-ends");  // the bar and its two ends never wrap apart (review 14c C6)
+    ends.appendChild(el("span", "hsx-lo", cellf.text(signed ? -m : 0)));
+    ends.appendChild(ramp);
+    ends.appendChild(el("span", "hsx-hi", cellf.text(m)));
+    legend.appendChild(ends);
     var why = (data.muted || {})[name] || null;  // a score the report says is noise: drawn faint and grey
     if (why) legend.classList.add("hsx-muted");
     // a score from a section whose chance verdict is undetermined: in colour, with the finding's caveat above the grid
@@ -385,7 +394,7 @@
   var sramp = el("span", "hsx-ramp"); sramp.style.background = "linear-gradient(90deg," + seq(0) + "," + seq(1) + ")";
   scale.appendChild(sramp);
   scale.appendChild(el("span", null, "1"));
-  scale.appendChild(el("span", "hsx-note", "(each query's weights over the keys sum to 1)"));
+  scale.appendChild(el("span", "hsx-note", __SCALE_NOTE__));  // explorer_view.SCALE_NOTE
   [title, sinkLine, windowLine, scale, forcedLine, strip, info, view].forEach(function (e) { right.appendChild(e); });
   var hl = {rows: [], cols: [], toks: [], texts: []}, marks = [], cur = null;
 
@@ -464,7 +473,9 @@
     var of = ex.sample_of || [];
     var tail = " \u00b7 example " + (st.ex + 1) + (taskNames.length > 1 ? " of " + ex.task : "") +
       (of.length ? ", the sample prompt of " + of.join(", ") : "") +
-      (ex.truncated ? " (first " + n + " of " + ex.n_tokens_total + " tokens)" : "");
+      (!ex.truncated ? "" : ex.cut ? " (" + n + " of " + ex.n_tokens_total + " tokens: the first and the last " + (n - 1) +
+       "; positions " + ex.cut[0] + "\u2013" + ex.cut[1] + " cut, a query's weights on them not drawn)"
+       : " (first " + n + " of " + ex.n_tokens_total + " tokens)");
     title.textContent = one ? (cur.preview ? "Preview: " : "") + "Layer " + l0 + ", head " + h0 +
       (G > 1 ? " \u00b7 KV head " + kvOf(h0) + " (shared by heads " + (kvOf(h0) * G) + "\u2013" +
                (kvOf(h0) * G + G - 1) + ")" : "") + tail
@@ -488,8 +499,7 @@
     cur.heads.forEach(function (lh) { if (W[lh[0]]) slides[lh[0]] = W[lh[0]]; });
     var said = Object.keys(slides).map(function (l) { return "layer " + l + " attends over a sliding window of " +
                                                      slides[l] + " keys"; });
-    windowLine.textContent = said.length ? said.join("; ") + ": hatched cells are keys outside it (masked, " +
-                                           "not zero attention)" : "";
+    windowLine.textContent = said.length ? said.join("; ") + ": " + __HATCHED__ : "";  // explorer_view.window_words
     windowLine.style.display = said.length ? "" : "none";
     var from = ex.answer_from;
     forcedLine.textContent = "";
@@ -502,7 +512,11 @@
     forcedLine.style.display = from != null ? "" : "none";
     strip.textContent = ""; hl.toks = [];
     toks.forEach(function (t, i) {
-      var span = el("span", "hsx-tok", t); span.title = "position " + i;
+      if (i === 1 && ex.cut) {  // the cut positions, between the first token and the end
+        var gap = el("span", "hsx-gap", "\u2026"); gap.title = "positions " + ex.cut[0] + "\u2013" + ex.cut[1] + " cut";
+        strip.appendChild(gap);
+      }
+      var span = el("span", "hsx-tok", t); span.title = "position " + at(i);
       markForced(span, i);
       span.addEventListener("mouseenter", function () { focusToken(i); });
       span.addEventListener("click", function () { pinQuery(i); });
@@ -522,7 +536,7 @@
     var corner = el("th", "hsx-corner"); hr.appendChild(corner);
     corner.appendChild(el("span", null, "keys \u2192")); corner.appendChild(el("span", null, "queries \u2193"));
     toks.forEach(function (tok, k) {
-      var th = el("th", "hsx-key"); th.setAttribute("data-k", k); th.title = "key " + k + ": " + tok;
+      var th = el("th", "hsx-key"); th.setAttribute("data-k", k); th.title = "key " + at(k) + ": " + tok;
       markForced(th, k);
       th.appendChild(el("span", null, tok));  // upright in a horizontal cell, which grows to the whole token
       th.addEventListener("mouseenter", function () { focusToken(k); });
@@ -531,7 +545,7 @@
     head.appendChild(hr);
     for (var q = 0; q < n; q++) {
       var tr = el("tr"), qh = el("th", null, toks[q]), row = [];
-      qh.setAttribute("data-q", q); qh.title = "query " + q + ": " + toks[q];
+      qh.setAttribute("data-q", q); qh.title = "query " + at(q) + ": " + toks[q];
       markForced(qh, q);
       (function (q) {
         qh.addEventListener("mouseenter", function () { focusToken(q); });
@@ -542,7 +556,7 @@
         var v = p[q][k], td = el("td"), masked = hidden(cur.heads, q, k);
         td.style.background = seq(v);
         td.setAttribute("data-q", q); td.setAttribute("data-k", k); td.setAttribute("data-v", fmt(v));
-        td.title = toks[q] + " \u2192 " + toks[k] + ": " + (masked ? "masked (outside the sliding window)" : fmt(v));
+        td.title = toks[q] + " \u2192 " + toks[k] + ": " + (masked ? __MASKED__ : fmt(v));
         if (masked) { td.className = "hsx-masked"; td.style.background = ""; }
         tr.appendChild(td); row.push(td);
       }

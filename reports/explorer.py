@@ -11,7 +11,9 @@ The data dict (format 1):
 
     model, family, n_layers, n_heads, n_kv_heads, is_encoder
     scale:     patterns are stored as integers, round(p * scale) (scale 10000: 4 decimals)
-    examples:  [{tokens: [str], text (the shown tokens decoded: the prompt list's label), n_tokens_total, truncated,
+    examples:  [{tokens: [str], text (the shown tokens decoded: the prompt list's label), n_tokens_total, truncated
+                 (with positions, each shown token's place in the prompt, and cut [first, last]: a longer prompt shows
+                 its first token and its end, attention_capture.kept_positions),
                  task (the task's label), answer_from (rows of a several-token answer: the index of its first
                  teacher-forced piece, shown marked "answer, teacher-forced"; with prompt_text and answer_text),
                  patterns: [layer][head][query] -> [int] (row of keys, trailing zeros dropped)}]
@@ -39,7 +41,7 @@ from typing import Any
 
 import torch
 
-from headscope.analyses.core.attention_capture import SCALE, Captured, capture_examples, example_rows
+from headscope.analyses.core.attention_capture import SCALE, Captured, capture_examples, example_rows, kept_positions
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.models.hooked_model import layer_windows
@@ -252,13 +254,15 @@ def show_attention(model, prompt_or_task: Any = None, *, layer: int | None = Non
     bad = [h for h in chosen if not -f.n_heads <= h < f.n_heads]
     if bad or not chosen:
         raise ConfigError(f"heads {bad or chosen} are out of range for {f.n_heads} heads per layer.")
-    row = example_rows(model, prompt_or_task, 1, seed)[0][0][:max_tokens].reshape(1, -1)  # [1, pos]
+    row = example_rows(model, prompt_or_task, 1, seed)[0][0].reshape(1, -1)  # [1, pos]
+    kept = kept_positions(row.shape[1], max_tokens)  # a long prompt: its first token and its end (review 14c C5)
     with torch.no_grad():
-        acts = capture(model, model.check_tokens(row), [site("pattern", layer)], to_cpu=True)
-    pattern = acts[site("pattern", layer)][0].float()[[h % f.n_heads for h in chosen]]  # [heads, q, k]
-    tokens = [str(t) for t in model.to_str_tokens(row[0])]
+        acts = capture(model, model.check_tokens(row), [site("pattern", layer)], positions=kept, to_cpu=True)
+    pattern = acts[site("pattern", layer)][0].float()[[h % f.n_heads for h in chosen]][..., kept]  # [heads, q, k]
+    tokens = [str(t) for t in model.to_str_tokens(row[0, kept])]
     return pattern_view(pattern, tokens, labels=[f"L{layer}H{h % f.n_heads}" for h in chosen],
-                        title=f"{f.name}, layer {layer}")
+                        title=f"{f.name}, layer {layer}", window=layer_windows(model)[layer], layer=layer,
+                        positions=kept, n_total=row.shape[1])
 
 
 def _heads_results(out: Path) -> Any:

@@ -48,6 +48,26 @@ from headscope.errors import ConfigError
 CSS = (resources.files(__package__) / "explorer.css").read_text(encoding="utf-8")
 JS = (resources.files(__package__) / "explorer.js").read_text(encoding="utf-8")
 
+# What the explorer and the notebook's chosen-heads view (tokens_view.pattern_view) draw alike, one copy each, put into
+# the script by explorer_html (review 14c C2): the sequential scale's dark end, the scale's note, the hatching's words.
+SEQ_END = (103, 0, 13)  # attention weight 1 (the figures' Reds at 1); 0 is white
+SCALE_NOTE = "(each query's weights over the keys sum to 1)"
+MASKED = "masked (outside the sliding window)"  # a hatched cell's tooltip
+HATCHED = "hatched cells are keys outside it (masked, not zero attention)"
+
+
+def seq(value: float) -> str:
+    """An attention weight's colour on the sequential scale, white (0) to SEQ_END (1), clipped: explorer.js `seq`."""
+    v = min(max(float(value), 0.0), 1.0) if value == value else 0.0
+    return "rgb(" + ",".join(str(round(255 + (x - 255) * v)) for x in SEQ_END) + ")"
+
+
+def window_words(windows: Mapping[int, int]) -> str:
+    """'layer 1 attends over a sliding window of 24 keys: hatched cells are ...' for {layer: window}; '' for none."""
+    said = [f"layer {l} attends over a sliding window of {w} keys" for l, w in sorted(windows.items()) if w]
+    return f"{'; '.join(said)}: {HATCHED}" if said else ""
+
+
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _HEAD = re.compile(r"\bL(\d+)H(\d+)\b")
 _TAG = re.compile(r"(<[^>]*>)")
@@ -143,7 +163,9 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     uid = uid or f"hsx-{uuid.uuid4().hex[:12]}"
     if not _ID.match(uid):
         raise ConfigError(f"explorer id {uid!r} must be letters, digits, '-' or '_', starting with a letter.")
-    script = JS.replace("__ID__", json.dumps(uid))
+    script = (JS.replace("__ID__", json.dumps(uid)).replace("__SEQ__", json.dumps(list(SEQ_END)))
+              .replace("__SCALE_NOTE__", json.dumps(SCALE_NOTE)).replace("__HATCHED__", json.dumps(HATCHED))
+              .replace("__MASKED__", json.dumps(MASKED)))
     return (
         f'<div class="hsx" id="{uid}"><style>{CSS}</style>'
         f'<script type="application/json" class="hsx-data">{json_for_script(data)}</script>'
@@ -152,5 +174,5 @@ def explorer_html(data: Mapping[str, Any], uid: str | None = None) -> str:
     )
 
 
-__all__ = ["CSS", "JS", "caveat_scores", "explorer_html", "json_for_script", "link_heads", "muted_scores", "section_links",
-           "undetermined_caveat"]
+__all__ = ["CSS", "HATCHED", "JS", "MASKED", "SCALE_NOTE", "SEQ_END", "caveat_scores", "explorer_html", "json_for_script",
+           "link_heads", "muted_scores", "section_links", "seq", "undetermined_caveat", "window_words"]

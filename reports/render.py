@@ -67,6 +67,9 @@ def result_html(result: Any, with_figures: bool = True) -> str:
     left = len(result.summary) - len(summary)
     source = getattr(result, "source", None)
     ran = [f"{k} {escape(str(v))}" for k in ("model", "task") if source and (v := source(k)) is not None]
+    dtype = source("dtype") if source else None  # review 14c C4: the precision, where the model is named
+    if ran and ran[0].startswith("model ") and isinstance(dtype, str):
+        ran[0] += f", run in {escape(dtype)}"
     parts = [f"<h3>{escape(result.name)}</h3>", f"<p class='source'>{'; '.join(ran)}</p>" if ran else "",
              f"<p class='finding'>{escape(text)}</p>" if text else "",
              summary_html(summary), f"<p><em>{left} more entries in result.summary.</em></p>" if left else "",

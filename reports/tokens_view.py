@@ -2,8 +2,8 @@
 chosen heads (`pattern_view`, used by `show_attention(model, prompt, layer=, heads=)` and
 `show_attention(pattern, tokens)`).
 
-Both are self-contained HTML (inline styles, no script, nothing fetched); every token string and
-label is escaped. Scores use a diverging colour map centred on 0 (red positive, blue negative,
+Both are self-contained HTML (no script, nothing fetched; the patterns carry the explorer's stylesheet, scoped to
+.hsx); every token string and label is escaped. Scores use a diverging colour map centred on 0 (red positive, blue negative,
 opacity |score| / max |score|), so a negative attribution is never clipped away; every token is shown.
 """
 from __future__ import annotations
@@ -169,10 +169,20 @@ def visible_token(token: Any) -> str:
 
 
 # ---- attention patterns of chosen heads --------------------------------------------------------------
-def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] | None = None, title: str = "") -> HTMLView:
+def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] | None = None, title: str = "",
+                 window: int | None = None, layer: int | None = None, positions: Sequence[int] | None = None,
+                 n_total: int | None = None) -> HTMLView:
     """Attention patterns [head, query, key] (CircuitsVis's shape; [query, key] is one head) over string
-    tokens: one grid per head, rows the queries, columns the keys, each cell's colour its weight and
-    its tooltip the value (query token -> key token); a token's spaces show as "␣" (visible_token)."""
+    tokens: one grid per head, rows the queries, columns the keys, each cell's colour its weight on the
+    explorer's sequential scale (white 0 to dark red 1, its colour bar above the grids) and its tooltip the
+    value (query token -> key token); a token's spaces show as "␣" (visible_token). window: the layer's
+    sliding window (models.layer_windows), `layer` its index: keys outside it (visible_keys) are hatched as
+    masked, not drawn as zero attention, and the explorer's sentence says the window (review 14c C2). positions: each
+    token's place in a prompt of n_total tokens that was cut (attention_capture.kept_positions), which the masking
+    reads and the title says. The explorer's stylesheet (scoped to .hsx) styles it; no script."""
+    from headscope.models.hooked_model import visible_keys
+    from headscope.reports.explorer_view import CSS, MASKED, SCALE_NOTE, seq, window_words
+
     values = _numbers(pattern, "pattern")
     values = values[None] if values.ndim == 2 else values
     tokens = [visible_token(t) for t in tokens]  # labels and tooltips show spaces as "␣"
@@ -183,6 +193,9 @@ def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] |
     labels = [f"head {h}" for h in range(values.shape[0])] if labels is None else [str(x) for x in labels]
     if len(labels) != values.shape[0]:
         raise ConfigError(f"{len(labels)} labels for {values.shape[0]} heads.")
+    pos = np.arange(n) if positions is None else np.asarray(list(positions))
+    causal = pos[None, :] <= pos[:, None]  # [q, k]
+    masked = causal & ~visible_keys(pos[:, None], pos[None, :], window).numpy() if window else np.zeros((n, n), bool)
     cell = "width: 1.4em; height: 1.4em; padding: 0; border: 1px solid #eee"
     keys = "".join(f"<th style='writing-mode: vertical-rl; font-weight: normal'>{escape(t)}</th>" for t in tokens)
     grids = []
@@ -190,14 +203,27 @@ def pattern_view(pattern: Any, tokens: Sequence[str], *, labels: Sequence[str] |
         rows = []
         for q in range(n):
             cells = "".join(
-                f"<td style='{cell}; background: {colour(float(grid[q, k]), 1.0)}' "
+                f"<td class='hsx-masked' style='{cell}' title='{escape(f'{tokens[q]} -> {tokens[k]}: {MASKED}')}'></td>"
+                if masked[q, k] else
+                f"<td style='{cell}; background: {seq(float(grid[q, k]))}' "
                 f"title='{escape(f'{tokens[q]} -> {tokens[k]}: {grid[q, k]:.4f}')}'></td>" for k in range(n))
             rows.append(f"<tr><th style='text-align: right; font-weight: normal'>{escape(tokens[q])}</th>{cells}</tr>")
         grids.append(f"<div style='display: inline-block; margin: 0 1em 1em 0; vertical-align: top'><b>{escape(label)}"
-                     f"</b><table style='border-collapse: collapse; font: 11px monospace'><tr><th></th>{keys}</tr>"
-                     f"{''.join(rows)}</table></div>")
-    head = f"<p><b>{escape(title)}</b> (rows: queries, columns: keys)</p>" if title else ""
-    return HTMLView(f"<div class='headscope-patterns'>{head}{''.join(grids)}</div>",
+                     f"</b><table class='hsx-heat' style='border-collapse: collapse; font: 11px monospace'><tr><th></th>"
+                     f"{keys}</tr>{''.join(rows)}</table></div>")
+    cut = "" if positions is None or n_total is None or n >= n_total else (
+        f"; {n} of {n_total} tokens: the first and the last {n - 1}, positions {pos[0] + 1}–{pos[1] - 1} cut, a "
+        "query's weights on them not drawn")
+    head = f"<p><b>{escape(title)}</b> (rows: queries, columns: keys{escape(cut)})</p>" if title else ""
+    said = window_words({0 if layer is None else int(layer): int(window)}) if window else ""
+    if said and layer is None:
+        said = said.replace("layer 0 attends", "this layer attends", 1)
+    line = f"<div class='hsx-windowline'>{escape(said)}</div>" if said else ""
+    ramp = f"linear-gradient(90deg,{seq(0)},{seq(1)})"
+    scale = (f"<div class='hsx-scale'><span>attention weight:</span><span>0</span><span class='hsx-ramp' "
+             f"style='display: inline-block; width: 140px; height: 10px; background: {ramp}'></span><span>1</span>"
+             f"<span class='hsx-note'>{escape(SCALE_NOTE)}</span></div>")
+    return HTMLView(f"<div class='hsx headscope-patterns'><style>{CSS}</style>{head}{line}{scale}{''.join(grids)}</div>",
                     f"PatternView({values.shape[0]} head(s), {n} tokens)")
 
 

@@ -1,9 +1,9 @@
 """The attention explorer's activations: every layer's pattern on a few examples.
 
 `capture_examples(model, source, more_tasks=...)` runs one forward pass per example (padding
-removed, the first `max_tokens` tokens) and returns `Captured`: each example's tokens and
-patterns (integers, round(p * SCALE), trailing zeros of each query's row dropped) and the per-head
-sums the explorer's grid shows. For a report, `capture_shown(model, shown)` captures every task
+removed; one longer than `max_tokens` shows its first token and its end, `kept_positions`) and returns
+`Captured`: each example's tokens and patterns (integers, round(p * SCALE), trailing zeros of each query's row
+dropped) and the per-head sums the explorer's grid shows. For a report, `capture_shown(model, shown)` captures every task
 the report's sections used (`Shown`, built by the runner, analyses/core/runner.py): each task's
 sample prompts first (the ones the sections' provenance lines show, always captured), then a few
 more of its examples while the stored values stay under MAX_VALUES. reports/explorer.py turns a
@@ -107,22 +107,37 @@ def example_rows(model, source: Any, max_examples: int, seed: int = 0) -> tuple[
     return _task_rows(model, source, max_examples, seed)
 
 
+def kept_positions(n_total: int, max_tokens: int) -> list[int]:
+    """The positions an example of `n_total` tokens shows within `max_tokens`: all of them when they fit, else the first
+    token (the sink every query can see) and the last max_tokens - 1, where a task's query and answer position are
+    (review 14c C5: json_kv's first 64 of 108 tokens left out the query and the answer position)."""
+    if n_total <= max_tokens:
+        return list(range(n_total))
+    return [0] + list(range(n_total - max_tokens + 1, n_total)) if max_tokens > 1 else [n_total - 1]
+
+
 def capture_example(model, row: torch.Tensor, max_tokens: int,
                     pieces: int = 0) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
     """(the example's dict, its sink [L, H], its mean largest weight [L, H]) of one token row [pos]; pieces: how many
     of the row's last tokens are a several-token answer's teacher-forced pieces (Task.continuation), whose first
-    index the dict gives as answer_from where they are shown (the explorer marks them). The sink
-    is the mean weight on the first token over the queries that can see it (a sliding-window layer's
-    queries within window - 1 of it, models.layer_windows; a decoder's first query, which sees only itself,
-    left out)."""
+    index the dict gives as answer_from where they are shown (the explorer marks them). A row longer than max_tokens
+    runs whole and shows the queries and keys of `kept_positions` (its first token and its end), their original
+    positions as the dict's `positions` and the cut ones as `cut` [first, last]: a shown query's weights on the cut
+    keys are not drawn. The sink is the mean weight on the first token over the shown queries that can see it (a
+    sliding-window layer's queries within window - 1 of it, models.layer_windows; a decoder's first query, which sees
+    only itself, left out)."""
     f = model.facts
     sites = [site("pattern", l) for l in range(f.n_layers)]
     n_total = int(row.shape[0])
-    row = row[:max_tokens].reshape(1, -1)
-    with torch.no_grad():
-        acts = capture(model, model.check_tokens(row), sites, to_cpu=True)
-    pat = torch.stack([acts[s][0] for s in sites]).float()  # [L, H, q, k]
-    q0 = 1 if (not f.is_encoder and pat.shape[-2] > 1) else 0  # a decoder's first query sees only itself
+    kept = kept_positions(n_total, max_tokens)
+    cut = len(kept) < n_total
+    full = row.reshape(1, -1)
+    with torch.no_grad():  # the whole row, its kept queries only: the patterns of the prompt itself
+        acts = capture(model, model.check_tokens(full), sites, positions=kept if cut else None, to_cpu=True)
+    whole = torch.stack([acts[s][0] for s in sites]).float()  # [L, H, q kept, k all]
+    pat = whole[..., kept]  # [L, H, q kept, k kept]
+    pos = torch.tensor(kept)  # [q kept] original positions
+    q0 = 1 if (not f.is_encoder and n_total > 1) else 0  # a decoder's first query sees only itself
     ints = torch.round(pat * SCALE).to(torch.int32).tolist()
     for layer in ints:
         for head in layer:
@@ -131,17 +146,27 @@ def capture_example(model, row: torch.Tensor, max_tokens: int,
                 while end > 1 and keys[end - 1] == 0:
                     end -= 1
                 head[q] = keys[:end]
-    example = {"tokens": [str(t) for t in model.to_str_tokens(row[0])], "n_tokens_total": n_total,
-               "text": prompt_label(model.tokenizer, row[0].tolist()),  # the prompt list's label
-               "truncated": n_total > row.shape[1], "patterns": ints}
-    if 0 < pieces < n_total and n_total - pieces < row.shape[1]:  # review 11b C1: where the user's prompt ends
-        example["answer_from"] = cut = n_total - pieces
-        example["prompt_text"] = prompt_label(model.tokenizer, row[0, :cut].tolist())
-        example["answer_text"] = prompt_label(model.tokenizer, row[0, cut:].tolist())
-    q = torch.arange(pat.shape[-2])
-    sees = torch.stack([(q >= q0) & visible_keys(q, 0, w) for w in layer_windows(model)]).float()  # [L, q]
+    shown = full[0, kept]
+    text = prompt_label(model.tokenizer, shown.tolist())
+    if cut:  # the first token's label (none for a BOS), then the end after "…"
+        first = prompt_label(model.tokenizer, shown[:1].tolist())
+        text = (f"{first} " if first else "") + "\u2026 " + prompt_label(model.tokenizer, shown[1:].tolist())
+    example = {"tokens": [str(t) for t in model.to_str_tokens(shown)], "n_tokens_total": n_total,
+               "text": text,  # the prompt list's label
+               "truncated": cut, "patterns": ints}
+    if cut:
+        example.update(positions=kept, cut=[kept[0] + 1, kept[1] - 1] if len(kept) > 1 else [0, n_total - 2])
+    start = n_total - pieces
+    forced = [i for i, p in enumerate(kept) if p >= start > 0]  # the shown answer pieces
+    if 0 < pieces < n_total and forced:  # review 11b C1: where the user's prompt ends
+        example["answer_from"] = forced[0]
+        example["prompt_text"] = prompt_label(model.tokenizer, full[0, :start].tolist())
+        example["answer_text"] = prompt_label(model.tokenizer, full[0, start:].tolist())
+    sees = torch.stack([(pos >= q0) & visible_keys(pos, 0, w) for w in layer_windows(model)]).float()  # [L, q kept]
     sink = (pat[..., 0] * sees[:, None, :]).sum(-1) / sees.sum(-1).clamp_min(1.0)[:, None]  # [L, H]
-    return example, sink, pat[..., q0:, :].max(-1).values.mean(-1)
+    later = pos >= q0  # [q kept]
+    peak = whole[..., later, :].max(-1).values.mean(-1) if bool(later.any()) else whole.max(-1).values.mean(-1)
+    return example, sink, peak
 
 
 def _n_values(example: Mapping[str, Any]) -> int:
@@ -249,4 +274,4 @@ def capture_shown(model, shown: Sequence[Shown], *, more_examples: int = 2, max_
 
 
 __all__ = ["MAX_VALUES", "SAMPLE_TOKENS", "SCALE", "Captured", "Shown", "capture_example", "capture_examples", "capture_shown",
-           "example_rows"]
+           "example_rows", "kept_positions"]

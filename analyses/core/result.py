@@ -127,7 +127,7 @@ class Result:
                                   f"write one with result.save(path).") from None
 
     def source(self, key: str) -> Any:
-        """The summary's `key` ("model", "task"), else the config's: what the analysis ran on (names_source)."""
+        """The summary's `key` ("model", "dtype", "task"), else the config's: what the analysis ran on (names_source)."""
         return self.summary.get(key, (self.config or {}).get(key))
 
     def __repr__(self) -> str:
@@ -138,13 +138,17 @@ class Result:
 
 
 def with_source(result: Any, model: Any, task: Any = None) -> Any:
-    """`result` with the model's name and the task's in its config where neither its summary nor its config
-    says them (review 12c C3: a patching Result's repr named neither), so every repr names what it ran on."""
+    """`result` with the model's name, its compute dtype ("bfloat16": HookedModel.dtype) and the task's name in its
+    config where neither its summary nor its config says them (review 12c C3: a patching Result's repr named neither;
+    14c C4: its notebook view named no precision), so every repr names what it ran on."""
     if not isinstance(result, Result):
         return result
     add = {}
     if result.source("model") is None and getattr(getattr(model, "facts", None), "name", None) is not None:
         add["model"] = model.facts.name
+    dtype = getattr(model, "dtype", None)  # review 14c C4: the precision it ran in, named with the model
+    if result.source("dtype") is None and isinstance(dtype, torch.dtype):
+        add["dtype"] = str(dtype).removeprefix("torch.")
     if result.source("task") is None:
         name = getattr(task, "name", task)
         add["task"] = name if isinstance(name, str) else ("default" if task is None else type(task).__name__)

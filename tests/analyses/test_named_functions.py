@@ -154,7 +154,7 @@ def test_every_results_repr_and_html_name_its_model_and_task(tiny_dirs, tiny_mod
     for result in (hs.activation_patching(model, task, sites=("resid_pre",), trace_samples=0),
                    hs.run_analysis("patching", model, task, hs.PatchingConfig(sites=("resid_pre",), trace_samples=0))):
         assert repr(result).startswith(f"Result('patching', model={where!r}, task='records', 8 rows; "), repr(result)
-        assert f"<p class='source'>model {where}; task records</p>" in result_html(result, with_figures=False)
+        assert f"<p class='source'>model {where}, run in float32; task records</p>" in result_html(result, with_figures=False)
     lens = hs.logit_lens(model)
     assert repr(lens).startswith(f"Result('circuits', model={where!r}, task='repeat', "), repr(lens)
 

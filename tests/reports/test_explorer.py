@@ -75,8 +75,12 @@ def test_inputs_truncation_and_scores(llama):
     data = attention_explorer_data(llama, tokens, max_examples=1, max_tokens=4)
     ex = data["examples"][0]
     assert len(data["examples"]) == 1 and len(ex["tokens"]) == 4 and ex["truncated"] and ex["n_tokens_total"] == 9
-    full = reference(llama, "w1 w2 w3 w4 w5 w6 w7 w8")  # a decoder's first 4 positions see only themselves
-    assert np.allclose(pattern_from_data(data, 0, 1, 3), full[1, 3, :4, :4], atol=1e-4)
+    full = reference(llama, "w1 w2 w3 w4 w5 w6 w7 w8")  # [L, H, q, k] of the whole prompt, plain Hugging Face
+    kept = [0, 6, 7, 8]  # review 14c C5: the first token and the end (the query, the answer position), not the start
+    assert ex["positions"] == kept and ex["cut"] == [1, 5] and ex["tokens"] == [ex_t for i, ex_t in enumerate(
+        llama.to_str_tokens(tokens[0])) if i in kept]
+    assert np.allclose(pattern_from_data(data, 0, 1, 3), full[1, 3][kept][:, kept], atol=1e-4)
+    assert ex["text"] == "\u2026 w6 w7 w8"  # <bos> has no label; the cut shown
 
     from headscope.analyses.core.tasks import Task
 
@@ -689,7 +693,7 @@ def test_report_explorer_mutes_importance_at_chance_in_chromium(llama, tmp_path)
         # unsigned: white at 0 to red at the max, like the figures' Reds (not a blue ramp stretched min..max)
         expected = 255 + (np.array([178, 24, 43]) - 255) * (peak / peak.max())[:, None]  # [head, rgb]
         assert np.allclose(colours, expected, atol=1.5), (colours, expected)
-        low = page.evaluate("document.querySelector('#hsx-report .hsx-legend').children[1].textContent")
+        low = page.evaluate("document.querySelector('#hsx-report .hsx-legend .hsx-lo').textContent")
         assert float(low) == 0.0  # the legend starts at 0, not at the smallest head
         page.settle()
         assert page.console_errors == [] and page.requests == []
@@ -922,3 +926,107 @@ def test_byte_fallback_pieces_registered_as_special_tokens_keep_their_characters
     assert ids[0] == 2 and "<0x45>" in tok.convert_ids_to_tokens(ids)  # the case: <bos>, then 'E' as a byte piece
     assert tok.decode(ids, skip_special_tokens=True) == "tract the value"  # the defect's premise
     assert prompt_label(tok, ids) == "Extract the value"
+
+
+GEMMA_PROMPT = "the cat sat on the mat and the dog ran to the park with a ball"
+
+
+def test_show_attention_of_a_sliding_layer_hatches_masked_keys_says_the_window_and_draws_its_scale(arch_dirs, arch_models):
+    """Review 14c C2: show_attention(model, prompt, layer=, heads=) drew keys outside a sliding window as plain white (zero
+    weight), with no colour scale and no word of the window. On Gemma 2 (layer 0 slides over 8 keys, layer 1 global):
+    layer 0 hatches exactly the keys k <= q - 8 and says the window in the explorer's sentence; every other cell is
+    plain Hugging Face's weight on the explorer's sequential colours (white 0 to rgb(103, 0, 13) at 1, worked by
+    hand), under the explorer's colour scale; layer 1 hatches nothing and says no window."""
+    model = arch_models("gemma2")
+    tokens = model.to_tokens(GEMMA_PROMPT)
+    n = tokens.shape[1]
+    with torch.no_grad():
+        att = [a[0].float() for a in hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions]
+    page = show_attention(model, GEMMA_PROMPT, layer=0, heads=[0, 2])._repr_html_()
+    cells = re.findall(r"<td (class='hsx-masked' )?style='[^']*?(?:; background: rgb\((\d+),(\d+),(\d+)\))?' title='([^']*)'>",
+                       page)
+    assert len(cells) == 2 * n * n
+    for i, (masked, r, g, b, title) in enumerate(cells):
+        h, q, k = [0, 2][i // (n * n)], i // n % n, i % n
+        assert bool(masked) == (k <= q - 8), (h, q, k)
+        if masked:
+            assert title.endswith(": masked (outside the sliding window)") and not r
+            continue
+        v = float(title.rsplit(": ", 1)[1])
+        assert v == pytest.approx(float(att[0][h, q, k]), abs=1e-4)
+        expect = [round(255 + (x - 255) * min(max(v, 0.0), 1.0)) for x in (103, 0, 13)]
+        assert abs(int(r) - expect[0]) <= 1 and abs(int(g) - expect[1]) <= 1 and abs(int(b) - expect[2]) <= 1
+    assert ("<div class='hsx-windowline'>layer 0 attends over a sliding window of 8 keys: hatched cells are keys outside "
+            "it (masked, not zero attention)</div>") in page
+    assert ("<span>attention weight:</span><span>0</span>" in page and "rgb(255,255,255),rgb(103,0,13)" in page
+            and "(each query&#x27;s weights over the keys sum to 1)" in page and "hsx-masked{background:repeating" in page)
+    cut = show_attention(model, GEMMA_PROMPT, layer=0, heads=[1], max_tokens=10)._repr_html_()  # review 14c C5 too
+    kept = [0] + list(range(n - 9, n))  # the first token and the end
+    cells = re.findall(r"<td (class='hsx-masked' )?style='[^']*' title='([^']*)'>", cut)
+    assert [bool(m) for m, _ in cells] == [kept[k] <= kept[q] - 8 for q in range(10) for k in range(10)]
+    got = [float(t.rsplit(": ", 1)[1]) for m, t in cells if not m]
+    want = [float(att[0][1, kept[q], kept[k]]) for q in range(10) for k in range(10) if not kept[k] <= kept[q] - 8]
+    assert got == pytest.approx(want, abs=1e-4) and f"10 of {n} tokens: the first and the last 9, positions 1–{n - 10} cut" in cut
+    global_layer = show_attention(model, GEMMA_PROMPT, layer=1, heads=[1])._repr_html_()
+    assert "class='hsx-masked'" not in global_layer and "<div class='hsx-windowline'>" not in global_layer
+    assert "attention weight:" in global_layer
+
+
+@needs_chromium
+def test_a_cut_example_keeps_its_first_token_and_its_end_in_chromium(arch_dirs, arch_models, tmp_path):
+    """Review 14c C5: a prompt longer than max_tokens kept its first 64 tokens, leaving out the query and the answer
+    position. It keeps its first token and its last max_tokens - 1, their patterns those of the whole prompt (plain
+    Hugging Face, Gemma 2 with layer 0's window of 8); the page says which positions were cut, hatches by the
+    positions in the prompt (k <= q - 8) and takes the sink over the shown queries that see the first token."""
+    from browser import open_page
+
+    model = arch_models("gemma2")
+    tokens = model.to_tokens(GEMMA_PROMPT)
+    n = tokens.shape[1]
+    data = attention_explorer_data(model, [GEMMA_PROMPT], max_examples=1, max_tokens=10)
+    ex = data["examples"][0]
+    kept = [0] + list(range(n - 9, n))
+    assert ex["positions"] == kept and ex["cut"] == [1, n - 10] and ex["truncated"] and ex["n_tokens_total"] == n
+    with torch.no_grad():
+        att = [a[0].float() for a in hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions]
+    assert np.allclose(pattern_from_data(data, 0, 0, 1), att[0][1][kept][:, kept], atol=1e-4)
+    sees = [i for i, p in enumerate(kept) if 1 <= p < 8]  # layer 0: the shown queries within the window of token 0
+    assert data["scores"][SINK][0][1] == pytest.approx(float(att[0][1][kept][sees, 0].mean()) if sees else 0.0, abs=1e-4)
+    page_file = tmp_path / "cut.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="c") + "</body></html>")
+    masked = ("Array.from(document.querySelectorAll('#c .hsx-heat td.hsx-masked'))"
+              ".map(function(c){return [+c.dataset.q, +c.dataset.k];})")
+    with open_page(page_file) as page:
+        assert sorted(map(tuple, page.evaluate(masked))) == [(q, k) for q in range(10) for k in range(10)
+                                                             if kept[k] <= kept[q] - 8]
+        title = page.evaluate("document.querySelector('#c .hsx-title').textContent")
+        assert f"(10 of {n} tokens: the first and the last 9; positions 1\u2013{n - 10} cut" in title
+        assert page.evaluate("document.querySelector('#c .hsx-gap').title") == f"positions 1\u2013{n - 10} cut"
+        assert page.console_errors == [] and page.requests == []
+
+
+@needs_chromium
+def test_the_grid_legends_maximum_sits_beside_its_bar_in_chromium(llama, tmp_path):
+    """Review 14c C6: in a notebook the grid's legend "max attention (examples shown): 0.000 [bar]" put its maximum on
+    the line below the bar. Measured in Chromium with a long score name: the maximum's label sits to the right of the
+    bar, its vertical middle within the bar's line."""
+    from browser import open_page
+
+    data = attention_explorer_data(llama, PROMPTS, head_scores={"a long score name that fills the legend": np.ones((2, 4))})
+    page_file = tmp_path / "legend.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="m") + "</body></html>")
+    where = ("(function(){var g=document.querySelector('#m .hsx-legend'),r=g.querySelector('.hsx-ramp'),"
+             "s=Array.from(g.querySelectorAll('span')).filter(function(e){return !e.children.length&&e.textContent==='1.00';});"
+             "var a=r.getBoundingClientRect(),b=s[s.length-1].getBoundingClientRect();"
+             "return [a.left,a.right,a.top,a.bottom,b.left,(b.top+b.bottom)/2];})()")
+    with open_page(page_file) as page:
+        left, right, top, bottom, label_left, label_mid = page.evaluate(where)
+        assert label_left >= right and top - 2 <= label_mid <= bottom + 2, page.evaluate(where)
+        for name in (MAX_ATTENTION, SINK):
+            choose(page, "m", 1, "score:" + name)
+            hi = page.evaluate("document.querySelector('#m .hsx-legend .hsx-hi').getBoundingClientRect().top")
+            ramp = page.evaluate("document.querySelector('#m .hsx-legend .hsx-ramp').getBoundingClientRect().bottom")
+            assert hi < ramp
+        assert page.console_errors == []

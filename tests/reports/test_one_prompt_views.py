@@ -132,3 +132,19 @@ def test_result_save_and_load_round_trip_exactly(one_prompt, tmp_path):
         results["heads"].save(tmp_path / "mine")
     with pytest.raises(hs.errors.ResultFileError, match="is not a saved Result"):
         hs.Result.load(tmp_path / "mine")
+
+
+def test_a_results_notebook_view_names_the_precision_it_ran_in(tiny_dirs):
+    """Review 14c C4: a Result's notebook view opened "model ./phi3_dates; task dates" and never said the run was in
+    bfloat16. The tiny GPT-2 loaded in bfloat16 (its parameters' dtype read from plain torch): the view names it where it
+    names the model, and the config records it; a float32 load says float32."""
+    from headscope.reports.render import result_html
+
+    for dtype in ("bfloat16", "float32"):
+        model = hs.load_model(tiny_dirs["gpt2"], dtype=dtype)
+        assert str(next(model.bridge.parameters()).dtype) == f"torch.{dtype}"
+        result = hs.activation_patching(model, prompt=PROMPT, answer=ANSWER, corrupted_prompt=CORRUPTED,
+                                        wrong_answer=WRONG, sites=["resid_pre"])
+        assert result.config["dtype"] == dtype
+        page = result_html(result, with_figures=False)
+        assert f"<p class='source'>model {html.escape(str(tiny_dirs['gpt2']))}, run in {dtype}; task " in page
