@@ -905,7 +905,8 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
     over all prompts (the unevicted ones at their full value) against the all-prompt full-cache line. By hand:
     contexts 4, 4, 12, 12 with full-cache metrics 10, 6, 8, 4; window at 8 evicts from the two 12s only, which
     drop to 7 and 2: -1 and -2 against their own full-cache mean 6, -25% (the all-prompt means, 6.5 against 7,
-    read -7%); at 2 it evicts from all four (-1 each: -1 / 7 = -14.3%); at 12 from none, so no point there."""
+    read -7%); at 2 it evicts from all four (-1 each: -1 / 7 = -14.3%); at 12 from none, so no point there. Review 14a
+    C1: drawn in the metric's units (-1 at 2, -1.5 at 8), never as a % of a mean that may be 0."""
     from headscope.reports.plots_kv import plot_eviction
 
     ctx, full = (4, 4, 12, 12), (10.0, 6.0, 8.0, 4.0)
@@ -917,13 +918,13 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
     try:
         [line] = [li for li in ax.get_lines() if li.get_label() == "window"]
         assert list(line.get_xdata()) == [2, 8]
-        assert list(line.get_ydata()) == pytest.approx([-100 / 7, -25.0])
+        assert list(line.get_ydata()) == pytest.approx([-1.0, -1.5])  # logits: policy - full
         from scipy import stats
 
         ci = stats.ttest_1samp([-1.0, -2.0], 0.0).confidence_interval(0.95)  # at 8, in logits over the 2 prompts
         [band] = ax.collections[:1]
         ys = band.get_paths()[0].vertices[:, 1]
-        assert min(ys) == pytest.approx(100 * ci.low / 6) and max(ys) == pytest.approx(100 * ci.high / 6)
+        assert min(ys) == pytest.approx(ci.low) and max(ys) == pytest.approx(ci.high)
         assert [t.get_text() for t in ax.get_xticklabels()] == ["2\n4/4", "8\n2/4", "12\n0/4"]
         assert "the prompts it evicts from" in ax.get_xlabel() and "the same prompts' full cache" in ax.get_ylabel()
         zero = [li for li in ax.get_lines() if li.get_label() == "full cache (the same prompts)"]

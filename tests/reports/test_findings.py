@@ -1295,7 +1295,9 @@ def test_kv_budgets_count_evicting_prompts_and_say_grid_artefacts_and_gains():
     wide = holding_budgets(_sweep_with_changes({"window": [-3.0, 3.0, -2.0, 2.4]}, None), n_sink=4)
     only = finding("kv", {**s, "holding_budgets": wide})
     assert "window not shown to hold (at 4: +0.1%, 95% CI" in only and "window from" not in only
-    assert "No policy is shown to stay within 1% at a budget that evicts something, but window keeps 100.1%" in only
+    assert ("No policy is shown to stay within 1% at a budget that evicts something; window comes closest: at budget 4 it "
+            "keeps 100.1% of the logit difference and is within 1% on average, but its 95% CI reaches past the band: not "
+            "shown (+0.1% (95% CI") in only
     assert ("heavy hitters never (at its largest budget that evicts, 8, "
             "its mean is still more than 1% below the full cache: keeps 90.0% of "
             "the full-cache value, -10.0%") in text
@@ -1468,8 +1470,9 @@ def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_
          "holding_budgets": holding_budgets(hand_heavy_hitters_sweep(), n_sink=4)}
     text = finding("kv", s)
     assert "saves anything" not in text
-    assert ("No policy stays within 1% at a budget that evicts something, but heavy hitters keeps 98.8% of the logit "
-            "difference and every answer the full cache gets from budget 1 on (-1.2% (95% CI [") in text
+    assert ("No policy stays within 1% at a budget that evicts something; heavy hitters comes closest: at budget 1 it "
+            "keeps 98.8% of the logit difference and lies below the full cache, but not clearly by more than 1% (-1.2% "
+            "(95% CI [") in text and "; it keeps every answer the full cache gets from budget 1 on; it falls" in text
     assert ("; it falls 1.2% to 4.6% below the full cache at every budget that evicts (the band is 1%), and its curve "
             "is not monotone in the budget.") in text
     assert ("heavy hitters never (closest at budget 1: keeps 98.8% of the full-cache value, -1.2% (95% CI") in text
@@ -1486,7 +1489,7 @@ def test_kv_names_the_closest_budget_with_its_answers_and_never_says_none_saves_
     # no answers recorded and no policy close: the closest is still named, with its size
     bare = holding_budgets(hand_heavy_hitters_sweep().drop(columns="correct"), n_sink=4)
     text = finding("kv", {**s, "holding_budgets": bare})
-    assert "heavy hitters keeps 98.8% of the logit difference at budget 1 (-1.2% (95% CI" in text
+    assert "heavy hitters comes closest: at budget 1 it keeps 98.8% of the logit difference and lies below" in text
     assert "answers" not in text
 
 
@@ -1518,8 +1521,9 @@ def test_kv_says_how_far_past_the_band_each_budget_falls_and_which_budget_keeps_
             "-0.150 to -0.050 logits, n = 4); 4/4 answers correct (full cache 4/4; a constant guess of the commonest answer "
             "3/4)") in text
     assert "it falls 1.04% to 50.0% below the full cache at every budget that evicts (the band is 1%)" in text
-    assert ("No policy stays within 1% at a budget that evicts something, but heavy hitters keeps every answer the full "
-            "cache gets from budget 2 on, and 98.96% of the logit difference at budget 4 (-1.04% (95% CI") in text
+    assert ("No policy stays within 1% at a budget that evicts something; heavy hitters comes closest: at budget 4 it "
+            "keeps 98.96% of the logit difference and lies below the full cache, but not clearly by more than 1% (-1.04% "
+            "(95% CI") in text and "; it keeps every answer the full cache gets from budget 2 on; it falls" in text
     assert "misses" not in text and "99.0%" not in text and "-1.0% " not in text
     four = holding_budgets(_kv_sweep({4: at4}), n_sink=4, answers=[1, 2, 3, 7])
     assert "a constant guess of the commonest answer 1/4" in finding("kv", {"metric_unevicted": 10.0,
