@@ -8,13 +8,16 @@ positions long, most prompts may be kept whole; on a model whose every layer sli
 8, no budget from 7 on evicts anything). Per policy and budget, over the prompts that budget evicts
 from (paired with their own full-cache value):
 
-- change: mean(policy - full) / |mean(full)| over those prompts; its 95% t interval treats the
-  denominator as fixed; per_example_diff: the range of policy - full over them, in the metric's own units
-  (review 10b C2: a prompt's own full-cache logit difference can lie near or below 0, and a share of it
-  flips sign or runs to -1400%);
+- change: mean(policy - full) / scale over those prompts, scale |mean(full)| or, on a log-probability (given its
+  chance, -log V), the span from chance to mean(full) where larger (change_scale, heads' pruning rule: a
+  log-probability's 0 is its ceiling, not a scale; review 14b B2); its 95% t interval treats the scale as fixed;
+  diff, the mean in the metric's units, and band (tolerance x scale) beside it; per_example_diff: the range of
+  policy - full over them, in the metric's own units (review 10b C2: a prompt's own full-cache logit difference
+  can lie near or below 0, and a share of it flips sign or runs to -1400%);
 - verdict: "holds" where its 95% interval lies inside +-tolerance (chance.inside, the equivalence
   reading), "not shown" where the mean is within the tolerance but its interval reaches beyond it
-  (consistent with holding, too few or too varied prompts to show it), "above" / "below" where the
+  (consistent with holding, too few or too varied prompts to show it) and wherever the budget evicts from fewer
+  than MIN_EVICTING prompts (no interval: it cannot tell, review 14b B3), "above" / "below" where the
   mean is more than the tolerance off (two-sided: a policy *above* the full cache by more is not "within",
   it is reported as above the full cache with its interval, which decides the words: "by more than 1%"
   only where the interval's lower bound clears +1%, "higher, but not clearly by more than 1%" where it
@@ -24,7 +27,9 @@ from (paired with their own full-cache value):
   sweeps without those columns). A sliding-window layer counts with what it holds, so a budget that
   evicts only from the global layers saves only their part;
 - correct, full_correct: how many of those prompts the policy and the full cache answer correctly
-  (where the sweep has its `correct` column): accuracy beside the metric; guess_correct (given the
+  (where the sweep has its `correct` column): accuracy beside the metric; lost: those the full cache answers and
+  the policy does not, per prompt (review 14b A1: 8/16 against 5/16 lost two of the five), which "answers_from"
+  reads; guess_correct (given the
   answers): how many of them a constant guess of the commonest answer over all the task's prompts gets,
   the count a policy's must beat on a task of few answers (review 9a C3: on a yes/no task with 9 of 16
   "yes", 9/16 correct is the guess's).

@@ -2773,3 +2773,29 @@ def test_attribution_figures_say_when_the_finding_withholds_what_they_draw():
                     assert "intervals clear of 0 here are not findings" in text
     finally:
         plt.close("all")
+
+
+def test_kv_eviction_at_chance_is_drawn_in_units_muted_with_its_band_on_the_span():
+    """Review 14a C1: at chance kv_eviction.png drew percentages of a full-cache mean 0 within noise (y to +-20,000%)
+    without the at-chance styling. By hand: full-cache log-probabilities -1 and -3 (mean -2), window at 2 changes
+    them by -0.5 and -1.5 (mean -1 nat); chance -log(100): the grey band is +-1% of the span, 0.01 x (log(100) - 2)
+    nats; the title carries the at-chance line (plots.quiet_reason)."""
+    import math
+
+    from headscope.reports.plots import quiet_reason
+    from headscope.reports.plots_kv import plot_eviction
+
+    rows = [{"policy": "full", "budget": 8, "example": e, "context": 8, "metric": m} for e, m in enumerate((-1.0, -3.0))]
+    rows += [{"policy": "window", "budget": 2, "example": e, "context": 8, "metric": m} for e, m in enumerate((-1.5, -4.5))]
+    quiet = quiet_reason({"chance": {"at_chance": True}})
+    ax = plot_eviction(pd.DataFrame(rows), metric="logprob", chance=-math.log(100), quiet=quiet, ax=plt.subplots()[1])
+    try:
+        [line] = [li for li in ax.get_lines() if li.get_label() == "window"]
+        assert list(line.get_ydata()) == pytest.approx([-1.0])
+        [band] = [c for c in ax.collections if c.get_label().startswith("within 1% of the span from chance")]
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert max(ys) == pytest.approx(0.01 * (math.log(100) - 2)) and min(ys) == pytest.approx(-0.01 * (math.log(100) - 2))
+        assert "AT CHANCE" in ax.get_title() and "answer log-probability (nats)" in ax.get_ylabel()
+        assert "%" not in ax.get_ylabel()
+    finally:
+        plt.close("all")
