@@ -81,7 +81,7 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
     xlabel = "cache budget (positions kept per layer, log2)"
     unit = UNITS.get(str(metric), "task metric")
     title = "Eviction what-if over the prompts\neach budget evicts from (band: 95% t interval)"
-    ax.set(xlabel=xlabel, ylabel=f"change in {unit}\npolicy - the same prompts' full cache",
+    ax.set(xlabel=xlabel, ylabel=f"change in {unit}\n(policy - the same prompts' full cache)",
            title=title + (f"\n{quiet}" if quiet else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
     if len(table):  # under each budget: how many prompts it evicts anything from, of all

@@ -887,7 +887,7 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
         evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
-        assert evicted.get_ylabel().startswith("change in logit difference (%)")
+        assert evicted.get_ylabel().startswith("change in logit difference (logits)")
         whole = [line for line in evicted.get_lines() if line.get_label() == "longest context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
         # prompts of contexts 2, 6, 8: budget 4 evicts from two of them, budget 1 from all three
