@@ -85,7 +85,9 @@ def test_the_chance_guard_heads_the_finding_and_drops_relative_thresholds():
     assert text.count("-0.008") == 1 and "The logit difference above is the unpruned model's, over 64 examples." in text
     assert text.count("at chance") == 1  # the old heuristic does not repeat it
     kv = {"metric_unevicted": 0.01, "metric_per_policy_budget": {"window": {"8": 0.01}}, "chance": AT_CHANCE}
-    assert "within 1%" not in finding("kv", kv) and "Full-cache metric 0.01." in finding("kv", kv)
+    # review 14a A2: the same prompts' full-cache value is stated once, the chance sentence's (the whole pass)
+    assert "within 1%" not in finding("kv", kv) and "The full-cache metric is the metric above." in finding("kv", kv)
+    assert "0.01" not in finding("kv", kv)
     patching = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
                 "clean_metric": -0.008, "corrupted_metric": 0.02, "chance": AT_CHANCE,
                 "top_sites": {"resid_pre": [{"layer": 1, "head": None, "pos": 3, "token": "x", "effect": 0.02}]}}
