@@ -489,7 +489,7 @@ def _where_missed(e: Mapping[str, Any]) -> str:
 
 
 def _misses(e: Mapping[str, Any], tol: float) -> str:
-    """'it falls 1.04% to 24.1% below the full cache at every budget that evicts (the band is 1%)': how far each
+    """'on average it falls 1.04% to 24.1% below the full cache at every budget that evicts (the band is 1%)': how far each
     missed budget's mean lies from the full cache (holding's misses, |change|), on the side its verdict says, two
     decimals near the band's edge (review 9a C1: "misses the tolerance by 1.0%" printed the change, 0.04 points
     past the band, as the miss)."""
@@ -501,11 +501,12 @@ def _misses(e: Mapping[str, Any], tol: float) -> str:
         sides.setdefault(str(verdicts.get(str(b))), []).append(str(b))
     band = f"(the band is {100 * tol:.0f}%)"
     if set(sides) in ({"below"}, {"above"}):
-        return f"it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache {_where_missed(e)} {band}"
+        return (f"on average it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache "
+                f"{_where_missed(e)} {band}")
     if set(sides) == {"below", "above"}:
-        return (f"it lies {span} off the full cache (below at budget(s) {', '.join(sides['below'])}; above at "
+        return (f"on average it lies {span} off the full cache (below at budget(s) {', '.join(sides['below'])}; above at "
                 f"{', '.join(sides['above'])}) {band}")
-    return f"it lies {span} off the full cache {_where_missed(e)} {band}"  # an older summary: no verdicts
+    return f"on average it lies {span} off the full cache {_where_missed(e)} {band}"  # an older summary: no verdicts
 
 
 def closest_policies(hold: Mapping[str, Any], tol: float = TOLERANCE) -> tuple[str, list[str]] | None:
