@@ -8,7 +8,8 @@ counts differ, that is said beside the difference.
 Where each quantity and its interval come from (the fields of reports/plots_<name>.py's `finding`):
 - heads: `baseline_metric`, "Unpruned <metric> is x (95% CI [..])": the CI is `chance.ci`, the metric's own t interval
   (`chance.metric_ci`: none from an older entry whose `ci` was the per-row chance's spread, review 11b A1).
-- kv: `metric_unevicted`, "Full-cache <metric> x (mean over n examples)": no interval; at chance not compared (below).
+- kv: `metric_unevicted`, "Full-cache <metric> x (95% CI [a, b], mean over n examples)": its interval where recorded
+  (metric_unevicted_ci; older runs none); at chance not compared (below).
 - probes: `best_<metric>` with `best_ci` where the summary has it (the finding prints it); older summaries' findings
   print only the fold sd, which is no interval. At chance (`chance.at_chance`) the report withholds the probe
   ("at chance", or "underpowered" where the probes finding says its interval is too wide): not compared.
@@ -63,22 +64,10 @@ def _heads(s: Mapping[str, Any]) -> list[Quantity]:
 
 
 def _kv(s: Mapping[str, Any]) -> list[Quantity]:
-    """The full-cache metric with the interval its finding prints where the summary records one (kv_full_ci), else
-    none (at chance it is not compared)."""
-    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", s.get("metric_unevicted"), kv_full_ci(s),
-             s.get("n_examples"), "examples")]
-
-
-def kv_full_ci(s: Mapping[str, Any]) -> tuple[float, float] | None:
-    """The full-cache metric's 95% interval where a kv summary records one (a `metric_unevicted_ci` /
-    `unevicted_ci` pair, or the `ci` of a `metric_unevicted` / `unevicted` / `full_cache` record), else None."""
-    for key in ("metric_unevicted_ci", "unevicted_ci", "full_cache_ci"):
-        if (ci := ci_pair(s.get(key), ordered=True)) is not None:
-            return ci
-    for key in ("metric_unevicted", "unevicted", "full_cache", "metric_full"):
-        if isinstance(s.get(key), Mapping) and (ci := ci_pair(s[key].get("ci"), ordered=True)) is not None:
-            return ci
-    return None
+    """The full-cache metric with its 95% t interval over the examples where the summary records it (review 14b C4:
+    metric_unevicted_ci, which the finding prints; older runs: none); at chance it is not compared."""
+    return [(f"kv full-cache {_words(s.get('metric', 'metric'))}", s.get("metric_unevicted"),
+             ci_pair(s.get("metric_unevicted_ci"), ordered=True), s.get("n_examples"), "examples")]
 
 
 def probe_unit(s: Mapping[str, Any]) -> str:

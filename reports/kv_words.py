@@ -35,6 +35,9 @@ def _digits(x: float, tol: float) -> int:
 
 
 def _pc(x: float, tol: float = TOLERANCE) -> str:
+    """'+1.4%'; under 0.05% two significant digits ('+0.015%', not '+0.0%' for a change that is not 0)."""
+    if x != 0 and abs(100 * x) < 0.05:
+        return f"{100 * x:+.2g}%"
     return f"{100 * x:+.{_digits(x, tol)}f}%"
 
 
@@ -57,7 +60,7 @@ def _band(row: Mapping[str, Any], tol: float = TOLERANCE) -> str:
     if _num(row.get("per_example_diff_low")) is not None:
         unit = row.get("unit") or "in the metric's units"
         inner.append(f"per example {_span_units(row['per_example_diff_low'], row['per_example_diff_high'])} {unit}")
-    return f"{_pc(row['change'], tol)} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
+    return f"{_pc(row['change'], tol)}{row.get('of') or ''} (" + ", ".join(inner + [f"n = {row['n_evicting']}"]) + ")"
 
 
 def _span_units(lo: float, hi: float) -> str:
@@ -67,15 +70,18 @@ def _span_units(lo: float, hi: float) -> str:
     return f"{lo:+.{digits}f} to {hi:+.{digits}f}"
 
 
-def _with_units(hold: Any, unit: str) -> Any:
-    """A copy of holding_budgets' record with `unit` on every row that has a per-example range (for _band)."""
+def _with_units(hold: Any, unit: str, of: str | None = None) -> Any:
+    """A copy of holding_budgets' record with `unit` on every row that has a per-example range (for _band) and `of`,
+    what its change is a share of (" of the span" where the record's basis is the span from chance: review 14b B2)."""
+    if of is None:
+        of = " of the span" if isinstance(hold, Mapping) and hold.get("basis") == "span" else ""
     if isinstance(hold, Mapping):
-        out = {k: _with_units(v, unit) for k, v in hold.items()}
+        out = {k: _with_units(v, unit, of) for k, v in hold.items()}
         if "per_example_diff_low" in out:
-            out["unit"] = unit
+            out["unit"], out["of"] = unit, of
         return out
     if isinstance(hold, list):
-        return [_with_units(v, unit) for v in hold]
+        return [_with_units(v, unit, of) for v in hold]
     return hold
 
 
@@ -124,15 +130,22 @@ def _gqa(s: Mapping[str, Any]) -> str:
 
 def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list[str]:
     """The sentences of the summary's holding_budgets (analyses/kv/holding.py)."""
-    tol, grid, n = float(hold.get("tolerance", 0.01)), hold.get("grid") or [], s.get("n_examples")
+    tol, grid = float(hold.get("tolerance", 0.01)), hold.get("grid") or []
     n_sink, guess = s.get("n_sink"), _guess(hold)
     windowed = _windowed(s, list(hold.get("policies") or {}))
     rounded = (f", or past it by less than one {s.get('dtype') or 'dtype'} rounding step of the metric"
                if any(e.get("rounding_held") for e in (hold.get("policies") or {}).values()) else "")
-    head = (f"Full-cache {_words(s.get('metric', 'metric'))} {full:.3g}" + (f" (mean over {n} examples)" if n else "")
-            + f". Within {100 * tol:.0f}% of it (its 95% CI inside +-{100 * tol:.0f}%{rounded}, over the prompts a budget "
-            "evicts from; "
-            f"budgets on the grid {', '.join(str(b) for b in grid)}): ")
+    head = f"Full-cache {_words(s.get('metric', 'metric'))} {_full_value(s, full)}. "
+    chance, band = _num(hold.get("chance")), _num(hold.get("band"))
+    if hold.get("basis") == "span" and chance is not None:  # review 14b B2: a log-probability's 0 is no scale
+        head += (f"Within {100 * tol:.0f}% of the span from chance ({chance:.3g} {_unit(s)}, a uniform guess over the "
+                 f"vocabulary) to the full cache" + (f", {band:.2g} {_unit(s)} at the mean above" if band is not None
+                                                     else "") + " (a log-probability's 0 is its ceiling, not a scale; "
+                 f"each budget's span from its own prompts' full cache; its 95% CI inside +-{100 * tol:.0f}%")
+    else:
+        head += f"Within {100 * tol:.0f}% of it (its 95% CI inside +-{100 * tol:.0f}%"
+    head += (f"{rounded}, over the prompts a budget evicts from; "
+             f"budgets on the grid {', '.join(str(b) for b in grid)}): ")
     said, notes = [], []
     for policy, e in (hold.get("policies") or {}).items():
         name = policy.replace("_", " ")
@@ -189,6 +202,18 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
         parts.append(_closest_overall(hold, full, tol, _words(s.get("metric", "metric")), guess))
     drops = _drops(s, hold)
     return parts + ([drops] if drops else [])
+
+
+def _full_value(s: Mapping[str, Any], full: float) -> str:
+    """'-1.03 (95% CI [-1.27, -0.783], mean over 16 examples)': the full-cache mean with its t interval over the
+    examples (the summary's metric_unevicted_ci; review 14b B2/C4), or without it where none is recorded."""
+    n, ci = s.get("n_examples"), s.get("metric_unevicted_ci")
+    inner = []
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(v) is not None for v in ci):
+        inner.append(f"95% CI [{ci[0]:.3g}, {ci[1]:.3g}]")
+    if n:
+        inner.append(f"mean over {n} examples")
+    return f"{full:.3g}" + (f" ({', '.join(inner)})" if inner else "")
 
 
 def _split(s: Mapping[str, Any]) -> str:
@@ -301,6 +326,13 @@ def _not_shown(name: str, rows: Sequence[Mapping[str, Any]], tol: float, guess: 
         return f"{name} not shown"
     first, pct = rows[0], f"{100 * tol:.0f}%"
     lo, hi = _num(first.get("ci_low")), _num(first.get("ci_high"))
+    if abs(first["change"]) > tol and (lo is None or hi is None):  # review 14b B3: one prompt, its mean off the band
+        text = (f"{name} cannot be told (at {first['budget']}: {_flat(first, tol)}{_answers(first, guess)}: its mean is "
+                f"more than {pct} off the full cache, but it rests on fewer than 2 prompts, with no interval, too few to "
+                f"call it within or outside {pct}")
+        if len(rows) > 1:
+            text += f"; likewise at budget(s) {', '.join(str(r['budget']) for r in rows[1:])}"
+        return text + ")"
     if lo is None or hi is None:
         why = "it has no interval (fewer than 2 prompts)"
     elif (hi - lo) / (2 * tol) >= 1.5:
@@ -457,7 +489,7 @@ def _where_missed(e: Mapping[str, Any]) -> str:
 
 
 def _misses(e: Mapping[str, Any], tol: float) -> str:
-    """'it falls 1.04% to 24.1% below the full cache at every budget that evicts (the band is 1%)': how far each
+    """'on average it falls 1.04% to 24.1% below the full cache at every budget that evicts (the band is 1%)': how far each
     missed budget's mean lies from the full cache (holding's misses, |change|), on the side its verdict says, two
     decimals near the band's edge (review 9a C1: "misses the tolerance by 1.0%" printed the change, 0.04 points
     past the band, as the miss)."""
@@ -469,11 +501,12 @@ def _misses(e: Mapping[str, Any], tol: float) -> str:
         sides.setdefault(str(verdicts.get(str(b))), []).append(str(b))
     band = f"(the band is {100 * tol:.0f}%)"
     if set(sides) in ({"below"}, {"above"}):
-        return f"it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache {_where_missed(e)} {band}"
+        return (f"on average it {'falls' if 'below' in sides else 'lies'} {span} {next(iter(sides))} the full cache "
+                f"{_where_missed(e)} {band}")
     if set(sides) == {"below", "above"}:
-        return (f"it lies {span} off the full cache (below at budget(s) {', '.join(sides['below'])}; above at "
+        return (f"on average it lies {span} off the full cache (below at budget(s) {', '.join(sides['below'])}; above at "
                 f"{', '.join(sides['above'])}) {band}")
-    return f"it lies {span} off the full cache {_where_missed(e)} {band}"  # an older summary: no verdicts
+    return f"on average it lies {span} off the full cache {_where_missed(e)} {band}"  # an older summary: no verdicts
 
 
 def closest_policies(hold: Mapping[str, Any], tol: float = TOLERANCE) -> tuple[str, list[str]] | None:
@@ -501,18 +534,32 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
         return "No eviction policy holds the metric at any budget that evicts something."
     policy, e = min(tried, key=lambda pe: abs(pe[1]["closest"]["change"]))
     c, name = e["closest"], policy.replace("_", " ")
-    keeps = f"{_kept_share(c, tol)} of the {metric}" if full > 0 else f"the {metric} within {_pc(c['change'], tol)}"
     shown = " is shown to stay" if any(p.get("consistent_from") is not None for p in hold["policies"].values()) else " stays"
-    lead = f"No policy{shown} within {100 * tol:.0f}% at a budget that evicts something, but {name} keeps"
-    every = c.get("correct") is not None and c["correct"] >= c["full_correct"]
-    if every and e.get("answers_from") is not None and e["answers_from"] < c["budget"]:
-        text = (f"{lead} every answer the full cache gets from budget {e['answers_from']} on, and {keeps} at budget "
-                f"{c['budget']} ({_band(c, tol)}{_answers(c, guess)})")
-    elif every and e.get("answers_from") is not None and e["answers_from"] == c["budget"]:
-        text = (f"{lead} {keeps} and every answer the full cache gets from budget {c['budget']} on "
-                f"({_band(c, tol)}{_answers(c, guess)})")
+    lead = f"No policy{shown} within {100 * tol:.0f}% at a budget that evicts something; {name} comes closest"
+    # review 14b B1: the words follow the 95% interval (chance.clear_of), never "keeps ... within -63.9%"
+    side, pct = ("below" if c["change"] < 0 else "above"), f"{100 * tol:.0f}%"
+    verdict = clear_of(c.get("ci_low"), c.get("ci_high"), tol)
+    if _num(c.get("ci_low")) is None:
+        how = f"lies {side} the full cache on average, on too few prompts for an interval"
+    elif abs(c["change"]) <= tol:
+        how = f"is within {pct} on average, but its 95% CI reaches past the band: not shown"
+    elif verdict == "band":
+        how = f"lies {side} the full cache by more than {pct}"
+    elif verdict == "zero":
+        how = f"lies {side} the full cache, but not clearly by more than {pct}"
     else:
-        text = f"{lead} {keeps} at budget {c['budget']} ({_band(c, tol)}{_answers(c, guess)})"
+        how = f"lies {side} the full cache on average, but its 95% CI reaches 0: not clearly {side} it at all"
+    kept = f"keeps {_kept_share(c, tol)} of the {metric} and " if full > 0 else ""
+    # review 14b A1: "every answer the full cache gets" only where no prompt the full cache answers is lost (lost:
+    # per prompt; an older summary without it is not said, equal counts can hide an answer lost and another gained)
+    every = c.get("lost") == 0 and c.get("full_correct")
+    answers = ""
+    if every and e.get("answers_from") is not None and e["answers_from"] <= c["budget"]:
+        answers = f"; it keeps every answer the full cache gets from budget {e['answers_from']} on"
+    elif c.get("lost"):
+        answers = (f"; it loses {c['lost']} of the {c['full_correct']} answer(s) the full cache gets on these prompts "
+                   "(whatever it gains elsewhere)")
+    text = f"{lead}: at budget {c['budget']} it {kept}{how} ({_band(c, tol)}{_answers(c, guess)}){answers}"
     if e.get("misses"):
         text += f"; {_misses(e, tol)}"
     if e.get("monotone") is False:
@@ -638,11 +685,14 @@ def finding(s: Mapping[str, Any]) -> str:
     budgets = s.get("metric_per_policy_budget") or {}
     hold = s.get("holding_budgets")
     if full is not None and _chance(s) is not None:
-        mean = _num(_chance(s).get("mean"))
-        if mean is not None and f"{mean:.3g}" == f"{full:.3g}":  # issue 34: the chance sentence gave it: not again
+        mean, n = _num(_chance(s).get("mean")), _num(_chance(s).get("n_examples"))
+        # issue 34: the chance sentence gave it: not again. Review 14a A2: not a second value either where the eviction
+        # runs' cached decode rounds differently (bfloat16: -0.167 against the whole pass's -0.173, a plain Hugging Face
+        # pass's value): the same prompts' full-cache metric is stated once, from the whole pass
+        if mean is not None and (n is None or _num(s.get("n_examples")) in (None, n)):
             parts.append(f"The full-cache metric is the {_words(s.get('metric', 'metric'))} above.")
         else:
-            parts.append(f"Full-cache metric {full:.3g}.")
+            parts.append(f"Full-cache metric {_full_value(s, full)}.")
     elif full is not None and isinstance(hold, Mapping):
         parts += _holding(s, _with_units(hold, SHORT_UNITS.get(str(s.get("metric")), "in the metric's units")), full)
     elif full is not None and budgets:

@@ -22,7 +22,7 @@ from matplotlib.ticker import NullLocator
 from headscope.reports.findings import int_ranges, int_span
 from headscope.reports.kv_words import _span2
 from headscope.reports.kv_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.plots import LAYERS, axes, laid_out, thin_xtick_labels
+from headscope.reports.plots import LAYERS, axes, laid_out, quiet_reason, thin_xtick_labels
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
          "accuracy": "accuracy (0-1)"}
@@ -38,11 +38,15 @@ def policy_label(policy: str, recent_share: float | None = None) -> str:
     return f"{name} (H2O: newest {100 * recent_share:.0f}%\n+ most attended rest)"
 
 
-def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, recent_share: float | None = None):
+def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, recent_share: float | None = None,
+                  chance: float | None = None, quiet: str | None = None):
     """What the kv finding measures (review 10a B3): per policy and budget, the change of the prompts that budget
-    evicts from against those same prompts' own full cache, mean(policy - full) / |mean(full)| in % with its 95%
-    t interval (analyses/kv/holding.budget_changes, the finding's numbers), on the sweep `data` (the Result's df);
-    0 is the full cache, the grey band the finding's +-1%. A budget that evicts from no prompt has no point (it
+    evicts from against those same prompts' own full cache, mean(policy - full) in the metric's own units with its 95%
+    t interval (analyses/kv/holding.budget_changes, the finding's numbers times their scale), on the sweep `data` (the
+    Result's df); 0 is the full cache, the grey band the finding's 1% of each budget's scale (|full|, or on a
+    log-probability with `chance` the span from chance: holding.change_scale). Review 14a C1: a percentage of a
+    full-cache mean that is 0 within noise ran to +-20,000%; units stay finite. quiet (plots.quiet_reason: the model
+    at chance): a title line and muted colours. A budget that evicts from no prompt has no point (it
     equals the full cache by construction): averaging kept-whole prompts in, as a mean over all prompts does,
     would halve a loss evicted from half the prompts. Under each budget's tick: n, the prompts it evicts from,
     of all; a tick whose label would run into its neighbour's (close budgets on the log axis) is left unlabelled
@@ -56,22 +60,29 @@ def plot_eviction(data: pd.DataFrame, *, metric: str | None = None, ax=None, rec
     whole = full_rows.budget.max()  # a budget this large keeps everything: it saves nothing
     if "context" not in df and not {"kept", "cached"} <= set(df):
         df = df.assign(context=whole)  # no lengths: every prompt as long as the full cache's budget
-    table = budget_changes(df) if len(df[df.policy != "full"]) else pd.DataFrame()
+    table = budget_changes(df, chance=chance) if len(df[df.policy != "full"]) else pd.DataFrame()
     colours = sns.color_palette(n_colors=max(1, table.policy.nunique() if len(table) else 1))
+    if quiet:
+        colours = [sns.desaturate(c, 0.3) for c in colours]  # plots.quiet_reason: muted at chance
     for colour, marker, (policy, g) in zip(colours, "osD^v", table.groupby("policy", sort=False) if len(table) else []):
         g = g[g.n_evicting > 0].sort_values("budget")
-        ax.plot(g.budget, 100 * g.change, color=colour, marker=marker, lw=1.5, label=policy_label(str(policy), recent_share))
-        ax.fill_between(g.budget, 100 * g.ci_low, 100 * g.ci_high, color=colour, alpha=0.2, lw=0)
+        ax.plot(g.budget, g.change * g.scale, color=colour, marker=marker, lw=1.5,  # mean(policy - full), units
+                label=policy_label(str(policy), recent_share), alpha=0.6 if quiet else 1.0)
+        ax.fill_between(g.budget, g.ci_low * g.scale, g.ci_high * g.scale, color=colour, alpha=0.2, lw=0)
     ax.axhline(0, color="grey", ls="--", lw=1, label="full cache (the same prompts)")
-    ax.axhspan(-100 * BAND, 100 * BAND, color="grey", alpha=0.15, lw=0, label=f"within {100 * BAND:.0f}%")
+    if len(table) and "scale" in table:
+        band = table[table.n_evicting > 0].groupby("budget").scale.max().sort_index() * BAND  # [budget] in units
+        what = "the span from chance" if chance is not None else "|full-cache mean|"
+        ax.fill_between(band.index, -band.to_numpy(), band.to_numpy(), color="grey", alpha=0.15, lw=0,
+                        label=f"within {100 * BAND:.0f}% of {what}")
     if pd.notna(whole):
         ax.axvline(whole, color="grey", ls=":", lw=1, label=f"longest context ({int(whole)})")
     ax.set_xscale("log", base=2)
     xlabel = "cache budget (positions kept per layer, log2)"
     unit = UNITS.get(str(metric), "task metric")
-    ax.set(xlabel=xlabel,
-           ylabel=f"change in {unit.split(' (')[0]} (%)\nvs the same prompts' full cache",
-           title="Eviction what-if over the prompts\neach budget evicts from (band: 95% t interval)")
+    title = "Eviction what-if over the prompts\neach budget evicts from (band: 95% t interval)"
+    ax.set(xlabel=xlabel, ylabel=f"change in {unit}\n(policy - the same prompts' full cache)",
+           title=title + (f"\n{quiet}" if quiet else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="policy")
     if len(table):  # under each budget: how many prompts it evicts anything from, of all
         grid = sorted(int(b) for b in table.budget.unique())
@@ -176,8 +187,11 @@ def plot_sinks(data: pd.DataFrame, *, ax=None):
 def figures(result, **kwargs) -> dict:
     """{file stem: Figure} for a kv Result."""
     out = {}
+    hold = result.summary.get("holding_budgets") or {}
     for stem, draw in (("kv_eviction", lambda: plot_eviction(result.df, metric=result.summary.get("metric"),
-                                                           recent_share=result.summary.get("recent_share"))),
+                                                           recent_share=result.summary.get("recent_share"),
+                                                           chance=hold.get("chance"),
+                                                           quiet=quiet_reason(result.summary))),
                        ("kv_norms", lambda: plot_norms(result.tables["norms"], key_norm=result.summary.get("key_norm"),
                                                       n_prompts=result.summary.get("n_examples"))),
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
@@ -196,10 +210,12 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "kv_eviction": "What the finding states: per eviction policy, the change of the task metric at the answer over the "
                    "prompts each budget evicts anything from, against those same prompts' own full cache (y: mean of "
-                   "policy - full cache as a % of their full-cache mean; band: its 95% t interval over them), against "
+                   "policy - full cache in the metric's own units, never a % of a mean that may be 0; band: its 95% t "
+                   "interval over them), against "
                    "the number of cached positions each layer keeps (x, log2; under each budget, n: the prompts it "
                    "evicts from, of all; a budget that evicts from none has no point, a prompt kept whole equals the "
-                   "full cache). Dashed: 0, the full cache; grey band: within 1%, the finding's tolerance; dotted: "
+                   "full cache). Dashed: 0, the full cache; grey band: within 1%, the finding's tolerance, in units (1% of the "
+                   "same prompts' |full-cache mean|, or on a log-probability of the span from chance to it); dotted: "
                    "the longest context, a budget that saves nothing for any prompt. Heavy hitters is H2O's policy: the "
                    "newest positions (the share in its legend, half by default) plus the rest of the budget as the "
                    "older positions the context's queries attended to most. "

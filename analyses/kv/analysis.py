@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 import headscope.hooks as hooks
+from headscope.analyses.core.chance import mean_interval
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs
 from headscope.analyses.core.metrics import noise_floor
@@ -327,6 +328,9 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
                                        n_sink=config.n_sink, recent_share=config.recent_share,
                                        progress=config.progress)
     means = sweep.groupby(["policy", "budget"]).metric.mean()
+    full = sweep[sweep.policy == "full"].metric.to_numpy(dtype=float)  # [example] the full cache's metric
+    # a log-probability's uniform guess, -log V per one-token answer (eviction_sweep reads one token): its band's far end
+    chance = -math.log(model.facts.d_vocab) if task.metric == "logprob" else None
     accs = sweep.groupby(["policy", "budget"]).correct.mean()
     summary = {
         "bytes_per_token": anatomy.bytes_per_token,
@@ -339,7 +343,9 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "bytes_at_n_ctx_all_global": anatomy.n_layers * anatomy.bytes_per_token_per_layer * model.facts.n_ctx,
         "n_ctx": model.facts.n_ctx,
         "sliding_windows": {str(k): v for k, v in anatomy.sliding_layers.items()},  # {layer: window}
-        "metric_unevicted": float(sweep[sweep.policy == "full"].metric.mean()),
+        "metric_unevicted": float(full.mean()),
+        # its 95% t interval over the examples (review 14b C4: compare compares it; None for one example)
+        "metric_unevicted_ci": mean_interval(full),
         "metric": task.metric, "n_examples": len(task),
         "context_positions": int(sweep[sweep.policy == "full"].budget.max()),  # the whole prompt: no saving there
         # the longest prompt's real tokens (position's too): a sliding window binds, and the finding names it, only below
@@ -350,7 +356,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
                                        for p in config.policies},
         "holding_budgets": holding_budgets(sweep, n_sink=config.n_sink,
                                            answers=None if task.answers is None else task.answers.tolist(),
-                                           floor=_metric_floor(model, task.metric, sweep)),
+                                           floor=_metric_floor(model, task.metric, sweep), chance=chance),
         "n_sink": config.n_sink,
         "recent_share": config.recent_share,  # heavy hitters keep ceil(share x budget) most recent positions (H2O)
         # per policy and grid budget what it keeps of a longer prompt (eviction.kept_split), and the prompts' context

@@ -8,13 +8,16 @@ positions long, most prompts may be kept whole; on a model whose every layer sli
 8, no budget from 7 on evicts anything). Per policy and budget, over the prompts that budget evicts
 from (paired with their own full-cache value):
 
-- change: mean(policy - full) / |mean(full)| over those prompts; its 95% t interval treats the
-  denominator as fixed; per_example_diff: the range of policy - full over them, in the metric's own units
-  (review 10b C2: a prompt's own full-cache logit difference can lie near or below 0, and a share of it
-  flips sign or runs to -1400%);
+- change: mean(policy - full) / scale over those prompts, scale |mean(full)| or, on a log-probability (given its
+  chance, -log V), the span from chance to mean(full) where larger (change_scale, heads' pruning rule: a
+  log-probability's 0 is its ceiling, not a scale; review 14b B2); its 95% t interval treats the scale as fixed;
+  diff, the mean in the metric's units, and band (tolerance x scale) beside it; per_example_diff: the range of
+  policy - full over them, in the metric's own units (review 10b C2: a prompt's own full-cache logit difference
+  can lie near or below 0, and a share of it flips sign or runs to -1400%);
 - verdict: "holds" where its 95% interval lies inside +-tolerance (chance.inside, the equivalence
   reading), "not shown" where the mean is within the tolerance but its interval reaches beyond it
-  (consistent with holding, too few or too varied prompts to show it), "above" / "below" where the
+  (consistent with holding, too few or too varied prompts to show it) and wherever the budget evicts from fewer
+  than MIN_EVICTING prompts (no interval: it cannot tell, review 14b B3), "above" / "below" where the
   mean is more than the tolerance off (two-sided: a policy *above* the full cache by more is not "within",
   it is reported as above the full cache with its interval, which decides the words: "by more than 1%"
   only where the interval's lower bound clears +1%, "higher, but not clearly by more than 1%" where it
@@ -24,7 +27,9 @@ from (paired with their own full-cache value):
   sweeps without those columns). A sliding-window layer counts with what it holds, so a budget that
   evicts only from the global layers saves only their part;
 - correct, full_correct: how many of those prompts the policy and the full cache answer correctly
-  (where the sweep has its `correct` column): accuracy beside the metric; guess_correct (given the
+  (where the sweep has its `correct` column): accuracy beside the metric; lost: those the full cache answers and
+  the policy does not, per prompt (review 14b A1: 8/16 against 5/16 lost two of the five), which "answers_from"
+  reads; guess_correct (given the
   answers): how many of them a constant guess of the commonest answer over all the task's prompts gets,
   the count a policy's must beat on a task of few answers (review 9a C3: on a yes/no task with 9 of 16
   "yes", 9/16 correct is the guess's).
@@ -50,6 +55,8 @@ import pandas as pd
 from headscope.analyses.core.chance import clear_of, inside, t_half_width
 
 TOLERANCE = 0.01
+MIN_EVICTING = 2  # fewest prompts a budget must evict from for its result to be a policy's closest or answers' start,
+# or a verdict other than "not shown" (one prompt has no interval: review 14b B3)
 
 
 def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
@@ -61,7 +68,18 @@ def _interval(diff: np.ndarray, scale: float) -> list[float] | None:
     return [(mean - half) / scale, (mean + half) / scale]
 
 
-def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None) -> pd.DataFrame:
+def change_scale(full_mean: float, chance: float | None = None) -> float:
+    """What a budget's change is a share of (review 14b B2, heads' pruning.tolerance_scale): |mean full cache| of the
+    prompts compared, or on a log-probability (chance: k log(1/V), its uniform guess) the span from chance to it where
+    larger: a log-probability's 0 is its ceiling, not a scale (1% of -1.03 is 0.0103 nats; 1% of the span 0.052)."""
+    size = abs(float(full_mean))
+    if chance is not None and math.isfinite(chance):
+        size = max(size, abs(float(full_mean) - float(chance)))
+    return size or 1.0
+
+
+def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None,
+                   chance: float | None = None) -> pd.DataFrame:
     """One row per (policy, budget) of the sweep (not "full"): n_examples, n_evicting (prompts whose
     context is longer than the budget), change, ci_low, ci_high, per_example_diff_low, per_example_diff_high
     (policy - full in the metric's units),
@@ -70,7 +88,10 @@ def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None) ->
     ([example] answer token ids), guess_correct: those of the evicting prompts whose answer is the commonest.
 
     sweep: eviction_sweep's df with its `context` column (each prompt's context length) and, where present,
-    `cached` and `kept` (layer-positions held by the full cache and kept by the policy)."""
+    `cached` and `kept` (layer-positions held by the full cache and kept by the policy). chance: a log-probability's
+    uniform guess (change_scale: change is then a share of the span from chance); also diff (the mean of policy - full
+    in the metric's units) and, with `correct`, lost: the evicting prompts the full cache answers and the policy does
+    not (review 14b A1: equal counts can hide answers lost and others gained)."""
     full = sweep[sweep.policy == "full"].set_index("example")
     guess = _guess_hits(answers)  # [example] whether the commonest answer is this prompt's, or None
     counted = {"cached", "kept"} <= set(sweep)
@@ -89,15 +110,17 @@ def budget_changes(sweep: pd.DataFrame, answers: Sequence[int] | None = None) ->
                "change": math.nan, "ci_low": math.nan, "ci_high": math.nan, "per_example_diff_low": math.nan,
                "per_example_diff_high": math.nan, "share": math.nan}
         if "correct" in g:
-            row.update(correct=int(g.correct.reindex(evicting).sum()), full_correct=int(full.correct.reindex(evicting).sum()))
+            mine, theirs = (c.reindex(evicting).astype(bool).to_numpy() for c in (g.correct, full.correct))
+            row.update(correct=int(mine.sum()), full_correct=int(theirs.sum()), lost=int((theirs & ~mine).sum()))
             if guess is not None:
                 row["guess_correct"] = int(guess.reindex(evicting).sum())
         if len(evicting):
             base = full.metric.reindex(evicting).to_numpy(dtype=float)  # [evicting]
             diff = g.metric.reindex(evicting).to_numpy(dtype=float) - base
-            scale = abs(float(base.mean())) or 1.0
+            scale = change_scale(float(base.mean()), chance)
             ci = _interval(diff, scale)
-            row.update(change=float(diff.mean()) / scale, scale=scale, per_example_diff_low=float(diff.min()),
+            row.update(change=float(diff.mean()) / scale, scale=scale, diff=float(diff.mean()),
+                       per_example_diff_low=float(diff.min()),
                        per_example_diff_high=float(diff.max()),
                        share=float(np.median(kept_share.reindex(evicting).to_numpy(dtype=float))))
             if ci is not None:
@@ -137,6 +160,8 @@ def _verdict(row: dict[str, Any], tolerance: float, floor: float = 0.0) -> str:
     change = row["change"]
     if change is None:
         return "no value"
+    if (row.get("n_evicting") or 0) < MIN_EVICTING:  # review 14b B3: one prompt, no interval: cannot tell either way
+        return "not shown"
     if abs(change) > tolerance:
         return "above" if change > 0 else "below"
     if inside(row["ci_low"], row["ci_high"], tolerance):
@@ -150,11 +175,9 @@ def _verdict(row: dict[str, Any], tolerance: float, floor: float = 0.0) -> str:
     return "not shown"
 
 
-MIN_EVICTING = 2  # fewest prompts a budget must evict from for its result to be a policy's closest or answers' start
-
-
 def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLERANCE,
-                    answers: Sequence[int] | None = None, floor: float = 0.0) -> dict[str, Any]:
+                    answers: Sequence[int] | None = None, floor: float = 0.0,
+                    chance: float | None = None) -> dict[str, Any]:
     """{"tolerance", "grid", "n_examples", "whole_from" (the smallest grid budget no prompt evicts from,
     or None), "policies": {policy: {"budget" (smallest holding budget or None), "below" (the grid budget
     just under it that evicts, or None), "at" (its budget_changes row), "above" (rows whose mean is more
@@ -168,14 +191,21 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, and with answers ([example] token ids) its
     rows' guess_correct and "constant_guess" (constant_guess: the commonest answer's count and the distinct answers)}.
     floor: the metric's rounding step in its units (_verdict: an interval past the band by no more holds); with
-    one, "rounding_floor". See the module doc."""
-    table = budget_changes(sweep, answers)
+    one, "rounding_floor". chance (a log-probability's uniform guess): each row's change and band are shares of the span
+    from chance (change_scale); recorded with "basis" ("span" or "full") and every row's "band" (tolerance x its scale,
+    in the metric's units). See the module doc."""
+    table = budget_changes(sweep, answers, chance)
+    full = sweep[sweep.policy == "full"].metric.to_numpy(dtype=float)  # [example]
     grid = sorted(int(b) for b in table.budget.unique()) if len(table) else []
     evicts = table.groupby("budget").n_evicting.max() if len(table) else pd.Series(dtype=int)
     whole = [b for b in grid if evicts.get(b, 0) == 0]
     out: dict[str, Any] = {"tolerance": tolerance, "grid": grid,
                            "n_examples": int(table.n_examples.max()) if len(table) else 0,
-                           "whole_from": whole[0] if whole else None, "policies": {}}
+                           "whole_from": whole[0] if whole else None, "policies": {},
+                           "chance": chance, "basis": "span" if chance is not None and len(full) and
+                           change_scale(float(full.mean()), chance) > abs(float(full.mean())) else "full"}
+    if len(full):  # the section's band in the metric's units at the full cache's mean over every prompt
+        out["band"] = tolerance * change_scale(float(full.mean()), chance)
     if floor > 0:
         out["rounding_floor"] = floor
     if (guess := constant_guess(answers)) is not None:
@@ -185,11 +215,13 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
         records = [{k: _clean(v) for k, v in r.items()} for r in rows.to_dict("records")]
         for r in records:
             r["verdict"] = _verdict(r, tolerance, floor)
+            if r.get("scale") is not None:
+                r["band"] = tolerance * r["scale"]
         within = np.array([r["verdict"] == "holds" for r in records], dtype=bool)
         mean_within = np.array([r["verdict"] in ("holds", "not shown") for r in records], dtype=bool)
         entry: dict[str, Any] = {"budget": None, "below": None, "at": None, "worst_evicting": None,
                                  "above": [{**r, "clear_of": clear_of(r["ci_low"], r["ci_high"], tolerance)}
-                                           for r in records if r["change"] > tolerance]}
+                                           for r in records if r["change"] > tolerance and r["verdict"] == "above"]}
         # the smallest index from which every larger evicting budget holds
         first = next((i for i in range(len(within)) if within[i:].all()), None)
         if first is not None:
@@ -209,14 +241,14 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
             sized = [r for r in records if r["change"] is not None]
             entry["closest"] = min([r for r in sized if r["n_evicting"] >= MIN_EVICTING] or sized,
                                    key=lambda r: abs(r["change"]))
-            out_of = [r for r in records if r["change"] is not None and abs(r["change"]) > tolerance]
+            out_of = [r for r in records if r["verdict"] in ("above", "below")]  # (a 1-prompt budget: cannot tell)
             entry["missed"] = [r["budget"] for r in out_of]  # the evicting budgets outside the tolerance
             entry["every_evicting_missed"] = len(out_of) == len(records)
             if out_of:
                 entry["misses"] = [min(abs(r["change"]) for r in out_of), max(abs(r["change"]) for r in out_of)]
             entry["monotone"] = all(b <= a + 1e-12 for a, b in zip(sizes, sizes[1:]))
         counted = [r for r in records if r["n_evicting"] >= MIN_EVICTING]  # (a 1-prompt budget keeps nothing said)
-        kept = [r.get("correct") is not None and r["correct"] >= r["full_correct"] for r in counted]
+        kept = [r.get("lost") == 0 for r in counted]  # review 14b A1: per prompt, not the counts
         if kept and "correct" in rows:  # the smallest budget from which every evicting budget loses no answer
             entry["answers_from"] = next((counted[i]["budget"] for i in range(len(kept)) if all(kept[i:])), None)
         if policy == "sink_window":

@@ -1714,7 +1714,7 @@ def test_compare_lists_the_policy_each_kv_finding_ends_on_with_its_tie_and_noise
                  "sink_window": row(16, -0.4525, -0.5599, -0.3450, 128)}, 128)
     b = summary({"window": row(16, -0.2801, -0.585, 0.0248, 16), "heavy_hitters": row(16, -0.0790, -0.176, 0.018, 16),
                  "sink_window": row(16, -0.4292, -0.7437, -0.1146, 16)}, 16)
-    assert ("but window keeps 66.9% of the logit difference at budget 16" in finding("kv", a)
+    assert ("window comes closest: at budget 16 it keeps 66.9% of the logit difference" in finding("kv", a)
             and "Heavy hitters keeps the same 66.9% at budget 16: tied with window at this precision." in finding("kv", a))
     n = "n differs: 128 vs 16 examples, a setting, not the model: other example sets, intervals of other widths"
     label = "kv policy closest to the full cache (no policy within the band in either run)"

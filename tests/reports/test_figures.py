@@ -887,7 +887,7 @@ def test_l0_lambdas_on_one_point_share_a_label_and_all_zero_kinds_leave_the_lege
         assert [t.get_text() for t in bars.get_legend().get_texts()] == ["embed", "mlp", "remainder"]
         assert "left out: attn_bias, unembed_bias" in bars.get_title()
         evicted = plot_eviction(kv, metric="logit_diff", ax=plt.subplots()[1])
-        assert evicted.get_ylabel().startswith("change in logit difference (%)")
+        assert evicted.get_ylabel().startswith("change in logit difference (logits)")
         whole = [line for line in evicted.get_lines() if line.get_label() == "longest context (8)"]
         assert len(whole) == 1 and list(whole[0].get_xdata()) == [8, 8]  # the budget that saves nothing, marked
         # prompts of contexts 2, 6, 8: budget 4 evicts from two of them, budget 1 from all three
@@ -905,7 +905,8 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
     over all prompts (the unevicted ones at their full value) against the all-prompt full-cache line. By hand:
     contexts 4, 4, 12, 12 with full-cache metrics 10, 6, 8, 4; window at 8 evicts from the two 12s only, which
     drop to 7 and 2: -1 and -2 against their own full-cache mean 6, -25% (the all-prompt means, 6.5 against 7,
-    read -7%); at 2 it evicts from all four (-1 each: -1 / 7 = -14.3%); at 12 from none, so no point there."""
+    read -7%); at 2 it evicts from all four (-1 each: -1 / 7 = -14.3%); at 12 from none, so no point there. Review 14a
+    C1: drawn in the metric's units (-1 at 2, -1.5 at 8), never as a % of a mean that may be 0."""
     from headscope.reports.plots_kv import plot_eviction
 
     ctx, full = (4, 4, 12, 12), (10.0, 6.0, 8.0, 4.0)
@@ -917,13 +918,13 @@ def test_kv_eviction_plots_the_evicted_prompts_against_their_own_full_cache():
     try:
         [line] = [li for li in ax.get_lines() if li.get_label() == "window"]
         assert list(line.get_xdata()) == [2, 8]
-        assert list(line.get_ydata()) == pytest.approx([-100 / 7, -25.0])
+        assert list(line.get_ydata()) == pytest.approx([-1.0, -1.5])  # logits: policy - full
         from scipy import stats
 
         ci = stats.ttest_1samp([-1.0, -2.0], 0.0).confidence_interval(0.95)  # at 8, in logits over the 2 prompts
         [band] = ax.collections[:1]
         ys = band.get_paths()[0].vertices[:, 1]
-        assert min(ys) == pytest.approx(100 * ci.low / 6) and max(ys) == pytest.approx(100 * ci.high / 6)
+        assert min(ys) == pytest.approx(ci.low) and max(ys) == pytest.approx(ci.high)
         assert [t.get_text() for t in ax.get_xticklabels()] == ["2\n4/4", "8\n2/4", "12\n0/4"]
         assert "the prompts it evicts from" in ax.get_xlabel() and "the same prompts' full cache" in ax.get_ylabel()
         zero = [li for li in ax.get_lines() if li.get_label() == "full cache (the same prompts)"]
@@ -2770,5 +2771,31 @@ def test_attribution_figures_say_when_the_finding_withholds_what_they_draw():
                 if entry is at:
                     assert fig.axes[0].title.get_color() == MUTED
                     assert "intervals clear of 0 here are not findings" in text
+    finally:
+        plt.close("all")
+
+
+def test_kv_eviction_at_chance_is_drawn_in_units_muted_with_its_band_on_the_span():
+    """Review 14a C1: at chance kv_eviction.png drew percentages of a full-cache mean 0 within noise (y to +-20,000%)
+    without the at-chance styling. By hand: full-cache log-probabilities -1 and -3 (mean -2), window at 2 changes
+    them by -0.5 and -1.5 (mean -1 nat); chance -log(100): the grey band is +-1% of the span, 0.01 x (log(100) - 2)
+    nats; the title carries the at-chance line (plots.quiet_reason)."""
+    import math
+
+    from headscope.reports.plots import quiet_reason
+    from headscope.reports.plots_kv import plot_eviction
+
+    rows = [{"policy": "full", "budget": 8, "example": e, "context": 8, "metric": m} for e, m in enumerate((-1.0, -3.0))]
+    rows += [{"policy": "window", "budget": 2, "example": e, "context": 8, "metric": m} for e, m in enumerate((-1.5, -4.5))]
+    quiet = quiet_reason({"chance": {"at_chance": True}})
+    ax = plot_eviction(pd.DataFrame(rows), metric="logprob", chance=-math.log(100), quiet=quiet, ax=plt.subplots()[1])
+    try:
+        [line] = [li for li in ax.get_lines() if li.get_label() == "window"]
+        assert list(line.get_ydata()) == pytest.approx([-1.0])
+        [band] = [c for c in ax.collections if c.get_label().startswith("within 1% of the span from chance")]
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert max(ys) == pytest.approx(0.01 * (math.log(100) - 2)) and min(ys) == pytest.approx(-0.01 * (math.log(100) - 2))
+        assert "AT CHANCE" in ax.get_title() and "answer log-probability (nats)" in ax.get_ylabel()
+        assert "%" not in ax.get_ylabel()
     finally:
         plt.close("all")

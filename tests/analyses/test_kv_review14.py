@@ -1,0 +1,144 @@
+"""Reviews 14a/14b on kv: answers kept per prompt, words that follow the interval, a log-probability's band on the
+span from chance, one-prompt budgets, the full-cache interval, one full-cache value at chance, the figure's units."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from headscope.analyses.kv.holding import holding_budgets
+from headscope.reports.findings import finding
+
+
+def _sweep(full: list[float], by_budget: dict[int, list[float]], *, full_correct: list[bool] | None = None,
+           correct: dict[int, list[bool]] | None = None, contexts: list[int] | None = None) -> pd.DataFrame:
+    """Window by hand: per prompt its full-cache metric and, per budget, its metric where the budget evicts (a prompt
+    of context <= budget is kept whole: its full value); optional answers correct."""
+    n = len(full)
+    ctx = contexts or [32] * n
+    rows = []
+    for e in range(n):
+        row = {"policy": "full", "budget": max(ctx), "example": e, "context": ctx[e], "metric": full[e]}
+        if full_correct is not None:
+            row["correct"] = full_correct[e]
+        rows.append(row)
+        for b, values in by_budget.items():
+            evicts = ctx[e] > b
+            row = {"policy": "window", "budget": b, "example": e, "context": ctx[e],
+                   "metric": values[e] if evicts else full[e]}
+            if full_correct is not None:
+                row["correct"] = (correct or {}).get(b, full_correct)[e] if evicts else full_correct[e]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_kv_every_answer_means_every_prompt_not_an_equal_count():
+    """Review 14b A1: window@16 got 8/16 right against the full cache's 5/16 but lost two of those five (rows 0 and
+    17); "keeps every answer the full cache gets" compared the counts. Here the full cache answers prompts 0 and 1,
+    the policy 1, 2 and 3: 3 >= 2, yet prompt 0 is lost."""
+    full = [10.0, 10.0, 10.0, 10.0]
+    sweep = _sweep(full, {4: [9.0, 9.5, 9.2, 9.4]}, full_correct=[True, True, False, False],
+                   correct={4: [False, True, True, True]})
+    window = holding_budgets(sweep, n_sink=4)["policies"]["window"]
+    row = window["closest"]
+    assert (row["correct"], row["full_correct"], row["lost"]) == (3, 2, 1)
+    assert window["answers_from"] is None  # budget 4 loses an answer the full cache gets
+    text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0,
+                          "holding_budgets": holding_budgets(sweep, n_sink=4)})
+    assert "every answer the full cache gets" not in text
+    assert "it loses 1 of the 2 answer(s) the full cache gets on these prompts (whatever it gains elsewhere)" in text
+    # no prompt lost: said, from that budget on
+    kept = _sweep(full, {4: [9.0, 9.5, 9.2, 9.4]}, full_correct=[True, True, False, False],
+                  correct={4: [True, True, True, False]})
+    assert holding_budgets(kept, n_sink=4)["policies"]["window"]["answers_from"] == 4
+
+
+def test_kv_log_probability_band_is_a_share_of_the_span_from_chance_and_the_words_follow_the_interval():
+    """Review 14b B1/B2: "keeps the answer log-probability within -63.9%" for a mean fall with a 95% CI of -176%..+48%,
+    and a 1% band of a log-probability (-1.03: 0.0103 nats) where heads counts 1% of the span from chance. By hand:
+    4 prompts at log-probability -1, chance -log(500) = -6.2146 (a uniform guess, V = 500), span 5.2146 nats;
+    window at 4 changes them by -0.9, +0.3, -0.6, +0.1 nats: mean -0.275, scipy's t interval reaches 0."""
+    chance = -math.log(500)
+    diffs = [-0.9, 0.3, -0.6, 0.1]
+    full = [-1.0, -1.2, -0.8, -1.0]
+    sweep = _sweep(full, {4: [f + d for f, d in zip(full, diffs)]})
+    hold = holding_budgets(sweep, n_sink=4, chance=chance)
+    span = -1.0 - chance  # 5.2146: the full cache's mean -1.0 against chance
+    row = hold["policies"]["window"]["closest"]
+    ci = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
+    assert hold["basis"] == "span" and hold["band"] == pytest.approx(0.01 * span)
+    assert row["scale"] == pytest.approx(span) and row["band"] == pytest.approx(0.01 * span)
+    assert (row["change"], row["ci_low"], row["ci_high"]) == pytest.approx((-0.275 / span, ci.low / span, ci.high / span))
+    assert row["diff"] == pytest.approx(-0.275)
+    full_ci = stats.ttest_1samp(full, 0.0).confidence_interval(0.95)
+    s = {"metric": "logprob", "n_examples": 4, "metric_unevicted": -1.0, "holding_budgets": hold,
+         "metric_unevicted_ci": [full_ci.low, full_ci.high]}
+    text = finding("kv", s)
+    assert (f"Full-cache answer log-probability -1 (95% CI [{full_ci.low:.3g}, {full_ci.high:.3g}], mean over 4 "
+            "examples). Within 1% of the span from chance (-6.21 nats, a uniform guess over the vocabulary) to the full "
+            "cache, 0.052 nats at the mean above (a log-probability's 0 is its ceiling, not a scale;") in text
+    assert (f"window comes closest: at budget 4 it lies below the full cache on average, but its 95% CI reaches 0: not "
+            f"clearly below it at all ({100 * -0.275 / span:+.1f}% of the span (95% CI [{100 * ci.low / span:+.1f}%, "
+            f"{100 * ci.high / span:+.1f}%], per example -0.900 to +0.300 nats, n = 4))") in text
+    assert "within -" not in text and "keeps the answer log-probability" not in text
+    # an interval wholly past the band: "by more than 1%"
+    far = holding_budgets(_sweep(full, {4: [f - 1.0 - 0.1 * e for e, f in enumerate(full)]}), n_sink=4, chance=chance)
+    assert "it lies below the full cache by more than 1% (" in finding("kv", {**s, "holding_budgets": far})
+
+
+def test_kv_a_budget_that_evicts_from_one_prompt_cannot_tell():
+    """Review 14b B3: bfloat16's "window never (at its largest budget that evicts, 32, its mean is still more than 1%
+    above ...: +2.0% (... n = 1)" rested on one prompt. Here budget 32 evicts from one prompt (+2%): not "never" but
+    "cannot be told"; budgets 4 and 8 (every prompt, -10%) are below."""
+    full = [10.0] * 4
+    sweep = _sweep(full, {4: [9.0] * 4, 8: [9.0, 9.1, 8.9, 9.0], 32: [10.2, 0, 0, 0]}, contexts=[40, 20, 20, 20])
+    window = holding_budgets(sweep, n_sink=4)["policies"]["window"]
+    assert window["verdicts"] == {"4": "below", "8": "below", "32": "not shown"}
+    assert window["worst_evicting"] is None and window["missed"] == [4, 8]
+    text = finding("kv", {"metric": "logit_diff", "n_examples": 4, "metric_unevicted": 10.0,
+                          "holding_budgets": holding_budgets(sweep, n_sink=4)})
+    assert "window never" not in text
+    assert ("window cannot be told (at 32: +2.0%, per example +0.200 to +0.200 logits, n = 1: its mean is more than 1% "
+            "off the full cache, but it rests on fewer than 2 prompts, with no interval, too few to call it within or "
+            "outside 1%)") in text
+
+
+def test_kv_at_chance_states_the_full_cache_value_once():
+    """Review 14a A2: at chance the kv finding said "logit difference -0.173" (the whole clean pass, = plain Hugging
+    Face, -0.1729) and "Full-cache metric -0.167." (the eviction runs' cached bfloat16 decode) for the same 32 prompts."""
+    chance = {"at_chance": True, "mean": -0.1729, "ci": [-0.707, 0.361], "n_examples": 32, "metric": "logit_diff",
+              "reason": "its 95% CI contains 0"}
+    s = {"metric": "logit_diff", "n_examples": 32, "metric_unevicted": -0.167, "chance": chance,
+         "metric_unevicted_ci": [-0.70, 0.37]}
+    text = finding("kv", s)
+    assert "-0.167" not in text and "The full-cache metric is the logit difference above." in text
+    assert "-0.173" in text
+
+
+def test_kv_full_cache_interval_is_recorded_and_compared(tiny_models, tiny_dirs):
+    """Review 14b C4: the full-cache metric's 95% t interval over the examples, from plain Hugging Face's answer
+    log-probabilities (scipy), recorded in the summary and read by compare; a log-probability's chance is
+    -log(V) with the model's vocabulary (B2)."""
+    import torch
+
+    from headscope.analyses.core.tasks import Task
+    from headscope.analyses.kv import analysis as kv
+    from headscope.reports.compare_headlines import _kv
+    from tests_support import hf_model, random_tokens
+
+    model = tiny_models["llama"]
+    tokens = random_tokens(4, 8, seed=3)
+    task = Task(name="rand", tokens=tokens, answers=tokens[:, 2], metric="logprob")
+    s = kv.kv_analysis(model, task, kv.KVConfig(budgets=(4,), policies=("window",))).summary
+    hf = hf_model(tiny_dirs["llama"])
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(tokens).logits[:, -1].double(), -1)[torch.arange(4), tokens[:, 2]].numpy()
+    ci = stats.ttest_1samp(logp, 0.0).confidence_interval(0.95)
+    assert s["metric_unevicted"] == pytest.approx(float(np.mean(logp)), abs=1e-4)
+    assert s["metric_unevicted_ci"] == pytest.approx([ci.low, ci.high], abs=1e-4)
+    assert s["holding_budgets"]["chance"] == pytest.approx(-math.log(hf.config.vocab_size))
+    [(label, value, interval, n, unit)] = _kv(s)
+    assert interval == pytest.approx((ci.low, ci.high), abs=1e-4) and n == 4
