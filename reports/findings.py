@@ -161,6 +161,24 @@ OWN_CHANCE = ("the model's own mean log-probability over its vocabulary at the s
               "under which every token of an uneven model falls (Jensen)")
 
 
+WRONG_CHANCE = ("the same rows' wrong answers' mean log-probability: no preference between the answer and the wrong "
+                "answer")
+
+
+def odds_words(entry: Mapping[str, Any]) -> str:
+    """Where the chance of an answer log-probability is its wrong answer's (chance.against_wrong_answers): 'log-odds
+    of the answer against the wrong answer -0.538, 95% CI [-1.05, -0.027], the answer ahead on 17 of 40 rows'; ''
+    otherwise."""
+    margin = entry.get("margin")
+    if entry.get("chance_from") != "wrong_answers" or not isinstance(margin, Mapping) or _num(margin.get("mean")) is None:
+        return ""
+    ci = margin.get("ci")
+    return (f"log-odds of the answer against the wrong answer {margin['mean']:+.3g}"
+            + (f", {ci_words(ci, '.3g')}" if ci_pair(ci) is not None else "")
+            + (f", the answer ahead on {margin['n_above']:.0f} of {margin['n']:.0f} rows"
+               if _num(margin.get("n_above")) is not None and _num(margin.get("n")) else ""))
+
+
 def chance_basis(entry: Mapping[str, Any]) -> str:
     """What the chance value is computed from, in words ("" when the entry does not say): one metric's
     chance differs across tasks (answer length, vocabulary, number of answers)."""
@@ -170,6 +188,8 @@ def chance_basis(entry: Mapping[str, Any]) -> str:
         return "no preference between the answer and the wrong answer"
     if metric == "logprob" and entry.get("chance_from") == "vocabulary_mean":
         return OWN_CHANCE
+    if metric == "logprob" and entry.get("chance_from") == "wrong_answers":
+        return WRONG_CHANCE
     if metric == "logprob" and vocab:
         if tokens is None or abs(tokens - 1) < 1e-9:
             return f"log(1/{vocab:.0f}): one answer token, uniform over a {vocab:.0f}-token vocabulary"
@@ -280,6 +300,7 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[s
                            + (f" ({basis})" if basis and level is not None else ""))
         if ci:
             details.append(ci_words(ci, ".3g", _num(entry.get("ci_level")) or 0.95))
+        details += [odds_words(entry)] if odds_words(entry) else []
     below = _below(entry)
     where = "at" if not below else "below"
     task = entry.get("task")
@@ -318,11 +339,12 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[s
         return (f"{who}{said}: of its {_num(entry.get('copied_outputs')) or 0:.0f} outputs that copy one of the context's "
                 f"values, {_num(entry.get('gold_outputs')) or 0:.0f} are the gold one ({share:.3g}{_ci(share_ci, '.3g')}): "
                 "it systematically prefers the wrong values; relative findings are not reported.")
-    own = entry.get("chance_from") == "vocabulary_mean"
+    own = entry.get("chance_from") in ("vocabulary_mean", "wrong_answers")
     if metric == "logprob" and not own:  # against log(1/V) (older runs): every token of an uneven model is below it
         return (f"{who}{said}: at or below chance: a model's log-probabilities fall below log(1/V) for every token "
                 "(Jensen), so this does not show that the answers are dispreferred; relative findings are not reported.")
-    why = ("worse than guessing, it systematically prefers the wrong answers" if metric == "logit_diff" else
+    why = ("worse than guessing, it systematically prefers the wrong answers"
+           if metric == "logit_diff" or entry.get("chance_from") == "wrong_answers" else
            "it gives the answers less log-probability than its own average vocabulary token at the same positions, so "
            "they are systematically dispreferred" if metric == "logprob" else
            "it scores under a uniform guess, so its answers are systematically dispreferred")

@@ -177,6 +177,46 @@ def line_colours(n: int, *, quiet: bool = False) -> list[tuple[float, float, flo
     return [tuple(c * (1 - MUTE) + MUTE for c in rgb) for rgb in colours] if quiet else list(colours)
 
 
+def mute_drawn(ax: Any, reason: str | None, *, say: bool = True) -> Any:
+    """An axes already drawn, marked as `quiet_reason` marks a map (`reason`: its line; None leaves the axes as it is):
+    every line, marker, bar, band and error bar blended MUTE of the way towards white (its legend's keys too), and
+    `reason` put above the title (review 14a B1, C4: line and bar figures drawn in full colour at chance beside
+    muted maps)."""
+    if not reason:
+        return ax
+    from matplotlib.colors import to_rgba
+
+    def pale(colour: Any) -> Any:
+        if isinstance(colour, str) and colour.lower() == "none":
+            return colour
+        r, g, b, a = to_rgba(colour)
+        return (r * (1 - MUTE) + MUTE, g * (1 - MUTE) + MUTE, b * (1 - MUTE) + MUTE, a)
+
+    from matplotlib.collections import Collection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    def mute(artist: Any) -> None:
+        if isinstance(artist, Line2D):
+            artist.set_color(pale(artist.get_color()))
+            artist.set_markerfacecolor(pale(artist.get_markerfacecolor()))
+            artist.set_markeredgecolor(pale(artist.get_markeredgecolor()))
+        elif isinstance(artist, Patch):
+            artist.set_facecolor(pale(artist.get_facecolor()))
+        elif isinstance(artist, Collection):
+            if len(artist.get_facecolors()):
+                artist.set_facecolor([pale(c) for c in artist.get_facecolors()])
+            if len(artist.get_edgecolors()):
+                artist.set_edgecolor([pale(c) for c in artist.get_edgecolors()])
+
+    legend = ax.get_legend()
+    for artist in [*ax.lines, *ax.patches, *ax.collections, *(legend.legend_handles if legend is not None else [])]:
+        mute(artist)
+    if say:  # say=False: a panel beside one that says it
+        ax.set_title(f"{reason}\n{ax.get_title()}" if ax.get_title() else reason)
+    return ax
+
+
 def hatch_cells(ax: Any, mask: Any, hatch: str = "//", **style: Any) -> None:
     """Hatch grey the heat-map cells where `mask` ([rows, columns] bool) is True: a value 0 by construction (a
     sliding window's masked keys, cells beyond its reach, a score it makes unmeasurable), not a measured 0.

@@ -23,7 +23,7 @@ from headscope.analyses.core import chance
 from headscope.reports.circuits_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.findings import ci_pair
 from headscope.reports.moe_words import moe_layers
-from headscope.reports.plots import axes, color_scale, label, laid_out, quiet_reason, symmetric_bound
+from headscope.reports.plots import axes, color_scale, label, laid_out, mute_drawn, quiet_reason, symmetric_bound
 from headscope.reports.plots_experts import experts_figure
 
 
@@ -430,7 +430,8 @@ def figures(result, **kwargs) -> dict:
             data, n_answers=s.get("lens_n_answers"), means=s.get("lens_mean_logit_diff_per_layer"),
             intervals=s.get("lens_logit_diff_ci_per_layer")).axes[0]),
         "circuits_dla_heads": ("dla_mean", lambda data: plot_dla_heads(data, quiet=quiet)),
-        "circuits_dla_components": ("dla", lambda data: plot_dla_components(data, moe=moe_layers(s))),
+        "circuits_dla_components": ("dla", lambda data: mute_drawn(plot_dla_components(data, moe=moe_layers(s)),
+                                                                   quiet)),  # review 14a C4: muted as its neighbours
         "circuits_dla_experts": ("dla_experts_mean", lambda data: experts_figure(
             data, dla=tables.get("dla"), quiet=quiet).axes[0]),
         "circuits_faithfulness": ("faithfulness", lambda data: plot_faithfulness(data, unreported=off)),

@@ -30,6 +30,7 @@ from headscope.reports.plots import (
     fit_title,
     hatch_cells,
     laid_out,
+    mute_drawn,
     quiet_reason,
     symmetric_bound,
 )
@@ -473,6 +474,7 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
                                               quiet=quiet_reason(s), floors=floors)
         out["importance"].tight_layout()
     curve = _curve(result)
+    quiet = quiet_reason(s)  # at chance: the curves and bars muted and marked as the importance map is (review 14a B1)
     draw = {
         "pruning_curve": (curve is not None, lambda: pruning_figure(curve, metric=metric, baseline=baseline,
                                                                     basis=s.get("ordering_basis"),
@@ -484,7 +486,11 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     }
     for stem, (available, fn) in draw.items():
         if available:
-            out[stem] = laid_out(fn())
+            ax = fn()
+            mute_drawn(ax, quiet)
+            for other in ax.figure.axes[1:]:  # the pruning curve's zoom beside the whole curve: muted too
+                mute_drawn(other, quiet, say=False)
+            out[stem] = laid_out(ax)
     return out
 
 

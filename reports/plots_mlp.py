@@ -18,7 +18,7 @@ import seaborn as sns
 
 from headscope.analyses.core import chance
 from headscope.reports.findings import _chance, _num, _pct, and_join, wilson
-from headscope.reports.plots import axes, fit_title, label, laid_out
+from headscope.reports.plots import axes, fit_title, label, laid_out, mute_drawn, quiet_reason
 from headscope.reports.render import escape
 
 # column: (legend label, colour, marker, line style); each measure and its own shuffled control share a colour
@@ -96,12 +96,12 @@ def neuron_labels(data: pd.DataFrame, n_examples: int | None = None, shared: Map
     E<expert> n<neuron within the expert>, with on how many task examples the router chose that expert
     ("routed 1/16"; `n_routed`, of n_examples where given); shared {layer: its shared expert's index}: that
     expert, which every token uses, is labelled "L<layer> shared n<neuron>"; a dense layer's neuron among them
-    (no expert) L<layer>.N<neuron>."""
+    (no expert) "L<layer> dense n<neuron>": one style on one axis (review 14a C4: "L1.N79" beside "L0 E0 n51")."""
     if "expert" not in data or "expert_neuron" not in data:
         return [f"L{layer}.N{n}" for layer, n in zip(data.layer, data.neuron)]
     shared = {int(k): int(v) for k, v in (shared or {}).items()}
     routed = data["n_routed"] if "n_routed" in data else [None] * len(data)
-    return [f"L{layer}.N{i}" if pd.isna(e) else
+    return [f"L{layer} dense n{i}" if pd.isna(e) else
             f"L{layer} shared n{int(n)}" if shared.get(int(layer)) == int(e) else
             f"L{layer} E{int(e)} n{int(n)}" + ("" if r is None or pd.isna(r) else
                                     f" (routed {int(r)}" + (f"/{int(n_examples)})" if n_examples else ")"))
@@ -113,7 +113,7 @@ def _neuron_key(moe: bool, dense: bool) -> str:
     E expert n neuron" into three garbled lines beside a short figure)."""
     if not moe:
         return "neuron\n(L<layer>.N<index>)"
-    return "expert neuron\n(L<layer> E<expert> n<neuron>)" + ("\ndense layer: L<layer>.N<index>" if dense else "")
+    return "expert neuron\n(L<layer> E<expert> n<neuron>)" + ("\ndense layer: L<layer> dense n<neuron>" if dense else "")
 
 
 def _label_height(text: str) -> float:
@@ -178,9 +178,10 @@ def figures(result, **kwargs) -> dict:
     task = s.get("task") or (result.config or {}).get("task")
     n_examples = _num(s.get("n_task_examples"))
     shared = {l: e["n_experts"] for l, e in _experts(s).items() if e.get("shared_width")}  # its index: after the routed
-    out["mlp_top_neurons"] = laid_out(plot_top_neurons(result.tables["top_neurons"], task=task, shared=shared,
-                                                       n_examples=int(n_examples) if n_examples else None,
-                                                       post_norm=bool(s.get("values_through_post_norm"))))
+    ax = plot_top_neurons(result.tables["top_neurons"], task=task, shared=shared,
+                          n_examples=int(n_examples) if n_examples else None,
+                          post_norm=bool(s.get("values_through_post_norm")))
+    out["mlp_top_neurons"] = laid_out(mute_drawn(ax, quiet_reason(s)))  # at chance: a ranking of noise (review 14a C4)
     return out
 
 

@@ -17,6 +17,13 @@ Chance values (what a model that has learnt nothing about the task scores):
   different chance values, so a log-probability is tested row by row (`assess_per_row`: each row's margin
   over its own chance, per answer token) and the entry's "ci" stays the metric's own interval (`metric_ci`
   reads it, leaving out the shifted interval of entries written before);
+- a log-probability on a task with wrong answers (the user's wrong_answer field, one token or several): chance is
+  no preference between the answer and the wrong answer, not the vocabulary (review 14a A1: a model whose answers beat
+  its vocabulary mean by 14 nats, but not the tools the prompt names, was "above chance" in heads and at chance in
+  every section that read logit differences of the same file). `against_wrong_answers` tests each row's log-odds
+  log P(answer) - log P(wrong answer) of the whole continuations against 0 with the logit difference's floor (on a
+  one-token row it is the logit difference), and the model is at chance where that or the vocabulary-mean test says
+  so. Without wrong answers the candidates are not known, and the vocabulary mean stays the only reference;
 - "cosine" and normalised metrics have no chance value: `assess` returns None.
 
 The rule: the guard asks whether the model is credibly *above* chance; it is at chance unless
@@ -297,8 +304,11 @@ def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean
         out = assess_mean(expected_mean, kind, n_examples=len(task), vocab_size=vocab)
         return with_basis(out, task=task.name, vocab_size=vocab, answer_tokens=tokens if kind == "logprob" else None)
     if own is not None:  # a log-probability: against the model's own every-token mean at the same positions
-        return with_basis(against_vocabulary_mean(values, own, task, vocab), task=task.name, vocab_size=vocab,
-                          answer_tokens=tokens)
+        out = against_vocabulary_mean(values, own, task, vocab)
+        wrong = wrong_values(model, task)  # and, where the task has wrong answers, against them (review 14a A1)
+        if wrong is not None:
+            out = against_wrong_answers(values, wrong, out)
+        return with_basis(out, task=task.name, vocab_size=vocab, answer_tokens=tokens)
     if task.continuation is not None:  # a whole continuation: chance is each token's chance, multiplied
         return with_basis(_continuation_on_task(values, task, kind, vocab), task=task.name, vocab_size=vocab,
                           answer_tokens=tokens)
@@ -370,6 +380,63 @@ def against_vocabulary_mean(values: torch.Tensor, own: torch.Tensor, task: Task,
         out["reason"] = out["reason"].replace("does worse than a uniform guess",
                                               "gives the answers less than its own average vocabulary token")
     out.update(chance_from="vocabulary_mean", uniform_chance=float((-lengths * math.log(vocab)).mean()))
+    return out
+
+
+def wrong_values(model, task: Task) -> torch.Tensor | None:
+    """Each row's log-probability of its wrong answer ([batch] float64), scored as its answer is: one token at the
+    answer position, several as a teacher-forced continuation of the prompt alone (the answer's pieces that the
+    Task's tokens end with taken off, the wrong answer's put on); None where the task has no wrong answers."""
+    if task.continuation is None:
+        if task.wrong_answers is None:
+            return None
+        return clean_values(model, replace(task, answers=task.wrong_answers, wrong_answers=None), "logprob")[0]
+    if task.wrong_continuation is None:
+        return None
+    from headscope.models.hooked_model import pad_id_of, pad_token_rows
+
+    mask = torch.ones_like(task.tokens) if task.attention_mask is None else task.attention_mask
+    pieces = (task.continuation >= 0).sum(1)  # [batch]: the answer's tokens, all but the last in the prompt
+    seqs = []
+    for i in range(len(task)):
+        real = task.tokens[i][mask[i].bool()].tolist()
+        wrong = [int(t) for t in task.wrong_continuation[i] if t >= 0]
+        seqs.append(real[:len(real) - int(pieces[i]) + 1] + wrong[:-1])
+    tokens, attn = pad_token_rows(seqs, pad_id_of(model.tokenizer), left=True)  # [batch, pos']
+    other = Task(name=task.name, tokens=tokens, answers=task.wrong_continuation[:, -1], attention_mask=attn,
+                 continuation=task.wrong_continuation, metric="logprob")
+    return clean_values(model, other, "logprob")[0]
+
+
+def against_wrong_answers(values: torch.Tensor, wrong: torch.Tensor,
+                          vocabulary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The guard of an answer log-probability on a task with wrong answers (review 14a A1): chance is no preference
+    between the answer and the wrong answer, tested on each row's log-odds log P(answer) - log P(wrong answer) of the
+    whole continuations (`values`, `wrong`: [batch]) against 0 with the logit difference's floor: on one-token rows
+    it is their logit difference, so every section of one file is judged on one quantity. Whole continuations, not
+    per piece: a model that guesses among the candidates gives both the same probability whatever their lengths,
+    where per-piece means would differ. The vocabulary-mean test (`vocabulary`, against_vocabulary_mean) is kept
+    beside it: the model is at chance where either says so. Adds "chance_from": "wrong_answers", "chance_value"
+    (the wrong answers' mean log-probability), "margin" (the log-odds: mean, ci, n_above, n) and "vocabulary"."""
+    values, wrong = _flat(values), _flat(wrong)
+    keep = np.isfinite(values) & np.isfinite(wrong)
+    values, wrong = values[keep], wrong[keep]
+    odds = values - wrong  # [rows]
+    out = assess(odds, "logprob", chance=0.0, floor=FLOORS["logit_diff"], against="0 (no preference)",
+                 words="log-odds of the answer against the wrong answer")
+    if out is None:
+        return vocabulary
+    if out["below_chance"]:
+        out["reason"] = out["reason"].replace("does worse than a uniform guess", "prefers the wrong answers")
+    out.update(mean=float(values.mean()), ci=mean_interval(values), chance_value=float(wrong.mean()),
+               chance_from="wrong_answers",
+               margin={"mean": float(odds.mean()), "ci": out["ci"], "per_token": False,
+                       "n_above": int((odds > 0).sum()), "n": int(len(odds))})
+    if vocabulary is not None:
+        out["vocabulary"] = {k: vocabulary.get(k) for k in ("at_chance", "below_chance", "reason", "margin")}
+        if vocabulary.get("at_chance") and not out["at_chance"]:  # ahead of the wrong answers, not of the vocabulary
+            out.update(at_chance=True, below_chance=False, undetermined=False,
+                       reason=f"{vocabulary['reason']} (against its own vocabulary mean)")
     return out
 
 

@@ -251,7 +251,8 @@ def one_token_task(task: Task, rows: list[int]) -> Task:
     cut = lambda t: None if t is None else t[:, start:]  # noqa: E731
     return dataclasses.replace(
         kept, tokens=kept.tokens[:, start:], corrupted_tokens=cut(kept.corrupted_tokens),
-        attention_mask=cut(kept.attention_mask), spans={k: v - start for k, v in kept.spans.items()}, continuation=None)
+        attention_mask=cut(kept.attention_mask), spans={k: v - start for k, v in kept.spans.items()}, continuation=None,
+        wrong_continuation=None)
 
 
 def one_token_answers(task: Task, name: str) -> None:

@@ -162,18 +162,24 @@ def build_task(model, rows: list[dict[str, str]], *, name: str, label: str = "Ta
         seqs = [_prompt_ids(model, r["corrupted_prompt"]) for r in rows]
         seqs, paired = _pairs(seqs, prompts, places, label, strict=strict)
         corrupted = _tokens(model, [c + e for c, e in zip(seqs, extra)], "corrupted prompts", label, places)[0]
+    wrong_cont = None
     if all("wrong_answer" in r for r in rows):
         if several:
             warnings.warn(f"{label}: answers of several tokens are scored by the log-probability of their whole "
-                          f"continuation; the wrong answers are not used (logit difference compares one next token).",
-                          HeadscopeWarning, stacklevel=2)
+                          f"continuation; the wrong answers are not used by that metric (logit difference compares one "
+                          f"next token), only by the chance guard: the answer's log-probability against the wrong "
+                          f"answer's.", HeadscopeWarning, stacklevel=2)
+            wrong_ids = [_answer_ids(model, r["wrong_answer"], p, label, "wrong_answer", several=True)
+                         for r, p in zip(rows, places)]
+            span = max(map(len, wrong_ids))
+            wrong_cont = torch.tensor([[-1] * (span - len(a)) + a for a in wrong_ids])  # [batch, k_w], right-aligned
         else:
             wrong = torch.tensor([_answer_ids(model, r["wrong_answer"], p, label, "wrong_answer")[0]
                                   for r, p in zip(rows, places)])
     return Task(
         name=name, tokens=tokens, answers=answers, corrupted_tokens=corrupted, wrong_answers=wrong,
         metric="logit_diff" if wrong is not None else "logprob", attention_mask=mask, continuation=continuation,
-        paired=paired, source_rows=_row_numbers(places),
+        paired=paired, source_rows=_row_numbers(places), wrong_continuation=wrong_cont,
     )
 
 

@@ -48,6 +48,10 @@ class Task:
     source_rows:      [batch] int64 or None: each row's row number in the user's data (0-based, as the
                       task-file messages number them: "line 4, row 3"; a seeded sample keeps the file's
                       numbers); None: the rows are numbered as the Task's own. Summaries name rows by it.
+    wrong_continuation: [batch, k_w] int64 or None: with `continuation`, each row's wrong answer as token ids,
+                      right-aligned as continuation (-1 before a shorter one). No metric scores it (logit difference
+                      compares one next token); the chance guard compares each answer's log-probability with its
+                      wrong answer's (chance.against_wrong_answers).
     """
 
     name: str
@@ -61,6 +65,7 @@ class Task:
     continuation: torch.Tensor | None = None
     paired: torch.Tensor | None = None
     source_rows: torch.Tensor | None = None
+    wrong_continuation: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 2 or self.tokens.shape[0] == 0:
@@ -87,6 +92,11 @@ class Task:
             raise TaskError(f"Task {self.name!r}: paired must be a [batch] bool tensor beside corrupted_tokens.")
         if self.source_rows is not None and self.source_rows.shape != (self.tokens.shape[0],):
             raise TaskError(f"Task {self.name!r}: source_rows must be a [batch] tensor of row numbers.")
+        wrong = self.wrong_continuation
+        if wrong is not None and (self.continuation is None or wrong.ndim != 2 or wrong.shape[0] != self.tokens.shape[0]
+                                  or bool((wrong[:, -1] < 0).any())):
+            raise TaskError(f"Task {self.name!r}: wrong_continuation must be [batch, k] ids beside continuation, "
+                            "right-aligned (no -1 in its last column).")
 
     def _check_continuation(self) -> None:
         cont, n = self.continuation, self.tokens.shape[0]
@@ -124,7 +134,8 @@ class Task:
             answers = f"answers of {min(k)}" + ("" if min(k) == max(k) else f"-{max(k)}") + " tokens"
         else:
             answers = "no answers" if self.answers is None else "answers of 1 token"
-        fields = [f for f in ("corrupted_tokens", "wrong_answers", "paired", "source_rows") if getattr(self, f) is not None]
+        fields = [f for f in ("corrupted_tokens", "wrong_answers", "wrong_continuation", "paired", "source_rows")
+                  if getattr(self, f) is not None]
         if self.spans:
             fields.append("spans " + "/".join(self.spans))
         if self.paired is not None:
@@ -190,7 +201,7 @@ class Task:
             self, tokens=self.tokens[index], answers=pick(self.answers), corrupted_tokens=pick(self.corrupted_tokens),
             wrong_answers=pick(self.wrong_answers), spans={k: v[index] for k, v in self.spans.items()},
             attention_mask=pick(self.attention_mask), continuation=pick(self.continuation), paired=pick(self.paired),
-            source_rows=pick(self.source_rows))
+            source_rows=pick(self.source_rows), wrong_continuation=pick(self.wrong_continuation))
 
     def example(self, i: int) -> Task:
         """Row i alone, its padding removed (spans shifted to match): what running one example means."""
@@ -198,12 +209,13 @@ class Task:
         start = int(self.first_positions()[i])
         pick = lambda t: None if t is None else t[i:i + 1]  # noqa: E731
         cont = None if self.continuation is None else self.continuation[i][self.continuation[i] >= 0][None]
+        wrong = None if self.wrong_continuation is None else self.wrong_continuation[i][self.wrong_continuation[i] >= 0][None]
         return Task(
             name=self.name, tokens=self.tokens[i, keep][None], answers=pick(self.answers),
             corrupted_tokens=None if self.corrupted_tokens is None else self.corrupted_tokens[i, keep][None],
             wrong_answers=pick(self.wrong_answers), spans={k: v[i:i + 1] - start for k, v in self.spans.items()},
             metric=self.metric, attention_mask=None, continuation=cont, paired=pick(self.paired),
-            source_rows=pick(self.source_rows),
+            source_rows=pick(self.source_rows), wrong_continuation=wrong,
         )
 
 

@@ -10,6 +10,7 @@ their defaults; heads and patching score the continuation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import re
@@ -305,7 +306,7 @@ def test_the_chance_guard_counts_each_token_of_a_continuation(arch_models, hf_of
     reported mean is HF's mean."""
     model, hf = arch_models("gpt2"), hf_of("gpt2")
     rows, task = continuation_task("gpt2")
-    found = chance.model_on_task(model, task)
+    found = chance.model_on_task(model, dataclasses.replace(task, wrong_continuation=None))  # no wrong answers
     lengths = [len(_answer_ids(model, r)) for r in rows]
     vocab = hf.config.vocab_size
     own = [float(_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r), own=True)) for r in rows]
@@ -347,3 +348,50 @@ def test_the_report_runs_heads_and_patching_on_a_file_with_answers_of_several_to
     assert ours == CONTINUATION_ANALYSES, manifest["task_used"]
     for name in set(ANALYSES) - ours - {"position"}:
         assert "tokens long" in manifest["task_used"][name], (name, manifest["task_used"][name])
+
+
+def test_the_chance_guard_of_a_continuation_with_wrong_answers_is_against_them(arch_models, hf_of):
+    """Review 14a A1: with wrong answers, an answer log-probability's chance is no preference between the answer and
+    the wrong answer, not the vocabulary mean. (1) Each row's log-odds log P(answer) - log P(wrong answer) of the whole
+    continuations is plain HF's on the prompt alone, wrong answers of one and several tokens. (2) Answers the model itself
+    predicts (its greedy two tokens: far above its vocabulary mean, what the old guard called above chance) with the
+    same text as wrong answer: it cannot tell them apart, log-odds exactly 0, at chance."""
+    from headscope.models.hooked_model import pad_token_rows
+
+    model, hf = arch_models("gpt2"), hf_of("gpt2")
+    rows = _rows(model)
+    for i, row in enumerate(rows):  # wrong answers of one to three tokens, beside answers of one to three
+        row["other"] = row["other"] + row["label"] * (i % 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HeadscopeWarning)
+        task = hs.load_task(model, rows, MIXED_FIELDS)
+    wrong_ids = [model.tokenizer(r["other"], add_special_tokens=False)["input_ids"] for r in rows]
+    assert min(map(len, wrong_ids)) == 1 < max(map(len, wrong_ids)) and task.wrong_continuation is not None
+    answer = np.array([float(_hf_logprob(hf, _prompt_ids(model, r["text"]), _answer_ids(model, r))) for r in rows])
+    wrong = np.array([float(_hf_logprob(hf, _prompt_ids(model, r["text"]), w)) for r, w in zip(rows, wrong_ids)])
+    odds = answer - wrong  # [rows]
+    found = chance.model_on_task(model, task)
+    ci = stats.ttest_1samp(odds, 0.0).confidence_interval(0.95)
+    assert found["chance_from"] == "wrong_answers" and found["metric"] == "logprob"
+    assert found["mean"] == pytest.approx(answer.mean(), abs=1e-3)
+    assert found["chance_value"] == pytest.approx(wrong.mean(), abs=1e-3)
+    assert found["margin"]["mean"] == pytest.approx(odds.mean(), abs=1e-3)
+    assert found["margin"]["ci"] == pytest.approx([ci.low, ci.high], abs=1e-3)
+    assert found["margin"]["n_above"] == int((odds > 0).sum()) and found["margin"]["n"] == len(rows)
+
+    prompts = [_prompt_ids(model, r["text"]) for r in rows]
+    greedy = []
+    with torch.no_grad():
+        for p in prompts:
+            first = int(hf(torch.tensor([p])).logits[0, -1].argmax())
+            greedy.append([first, int(hf(torch.tensor([p + [first]])).logits[0, -1].argmax())])
+    tokens, mask = pad_token_rows([p + g[:1] for p, g in zip(prompts, greedy)], 0, left=True)
+    cont = torch.tensor(greedy)
+    same = Task(name="greedy", tokens=tokens, answers=cont[:, -1], attention_mask=mask, continuation=cont,
+                metric="logprob", wrong_continuation=cont.clone())
+    found = chance.model_on_task(model, same)
+    assert found["margin"]["mean"] == pytest.approx(0.0, abs=1e-6) and found["margin"]["n_above"] == 0
+    assert found["at_chance"] is True and found["below_chance"] is False
+    assert found["vocabulary"]["at_chance"] is False  # the old guard alone: above chance
+    old = chance.model_on_task(model, dataclasses.replace(same, wrong_continuation=None))
+    assert old["chance_from"] == "vocabulary_mean" and old["at_chance"] is False

@@ -299,7 +299,7 @@ def test_dense_and_expert_layers_are_analysed_together(mixed_moe):
     assert "rounding" not in text  # float32: no routing precision sentence
     top = result.tables["top_neurons"]
     labels = neuron_labels(top, 6, {1: 4})
-    assert all(label == f"L0.N{n}" for label, layer, n in zip(labels, top.layer, top.neuron) if layer == 0)
+    assert all(label == f"L0 dense n{n}" for label, layer, n in zip(labels, top.layer, top.neuron) if layer == 0)
     assert set(figures(result)) == {"mlp_agreement", "mlp_top_neurons"}
 
 

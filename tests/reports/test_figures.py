@@ -2574,7 +2574,7 @@ def test_mlp_top_neurons_y_label_keeps_each_phrase_whole_and_inside_the_figure()
     moe = pd.DataFrame({"layer": [0, 1, 2], "neuron": [9, 94, 67], "task_update_norm": [0.6, 0.3, 0.24],
                         "expert": pd.array([None, 2, 4], dtype="Int64"), "expert_neuron": [9, 24, 50]})
     try:
-        for data, want in ((moe, ["expert neuron", "(L<layer> E<expert> n<neuron>)", "dense layer: L<layer>.N<index>"]),
+        for data, want in ((moe, ["expert neuron", "(L<layer> E<expert> n<neuron>)", "dense layer: L<layer> dense n<neuron>"]),
                            (moe.assign(expert=pd.array([1, 2, 4], dtype="Int64")),
                             ["expert neuron", "(L<layer> E<expert> n<neuron>)"]),
                            (moe[["layer", "neuron", "task_update_norm"]], ["neuron", "(L<layer>.N<index>)"])):
@@ -2797,5 +2797,89 @@ def test_kv_eviction_at_chance_is_drawn_in_units_muted_with_its_band_on_the_span
         assert max(ys) == pytest.approx(0.01 * (math.log(100) - 2)) and min(ys) == pytest.approx(-0.01 * (math.log(100) - 2))
         assert "AT CHANCE" in ax.get_title() and "answer log-probability (nats)" in ax.get_ylabel()
         assert "%" not in ax.get_ylabel()
+    finally:
+        plt.close("all")
+
+
+def test_heads_line_and_bar_figures_at_chance_are_muted_and_say_so():
+    """Review 14a B1: at chance the heads importance map was muted and titled AT CHANCE, but pruning_curve.png,
+    best_head.png and l0.png drew the same noise in full colour with nothing said. Each now says AT CHANCE in its
+    title and every drawn line, bar and legend key is pale (every RGB channel >= MUTE, as plots.muted does a map);
+    above chance they stay vivid (some channel under MUTE) and say nothing."""
+    from matplotlib.colors import to_rgba
+
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots import MUTE
+    from headscope.reports.plots_heads import figures
+
+    curve = pd.DataFrame([{"ordering": o, "recompute": False, "seed": 0, "fraction_pruned": f, "metric": -2.0 - f}
+                          for o in ("gradient", "random") for f in (0.0, 0.5, 1.0)])
+    best = pd.DataFrame({"layer": [0, 1], "head": [1, 0], "change": [-0.5, -0.2], "oracle_change": [-0.4, -0.1],
+                         "layer_removed_change": [-1.0, 0.3], "n_examples": [16, 16]})
+    sweep = pd.DataFrame({"lambda": [0.03, 0.1], "heads_kept": [6, 3], "metric_binary": [-2.1, -2.4],
+                          "metric": [-2.1, -2.5]})
+    summary = {"metric": "logprob", "baseline_metric": -2.0}
+    tables = {"curve": curve, "best_head": best, "l0": sweep}
+    stems = ("pruning_curve", "best_head", "l0")
+
+    def colours(ax):
+        legend = ax.get_legend()
+        found = [line.get_color() for line in ax.lines if line.get_visible() and len(line.get_xdata())]
+        found += [p.get_facecolor() for p in ax.patches if p.get_height() != 0 and p.get_label() != "_nolegend_"]
+        found += [h.get_color() if hasattr(h, "get_color") and not hasattr(h, "get_facecolor") else h.get_facecolor()
+                  for h in (legend.legend_handles if legend is not None else [])]
+        return [np.asarray(to_rgba(c))[:3] for c in found if not (isinstance(c, str) and c == "none")]
+
+    try:
+        for chance, pale in (({"at_chance": True, "reason": "the 95% CI contains 0"}, True), (None, False)):
+            s = {**summary, "chance": chance} if chance else summary
+            figs = figures(Result(name="heads", df=pd.DataFrame(), summary=s, tables=tables))
+            for stem in stems:
+                ax = figs[stem].axes[0]
+                assert ("AT CHANCE" in ax.get_title()) == pale, (stem, ax.get_title())
+                drawn = [c for a in figs[stem].axes for c in colours(a)]
+                assert drawn, stem
+                vivid = [c for c in drawn if c.min() < MUTE - 1e-9]
+                assert (not vivid) if pale else vivid, (stem, vivid[:3])
+    finally:
+        plt.close("all")
+
+
+def test_mlp_top_neurons_one_label_style_and_at_chance_muted_like_dla_components():
+    """Review 14a C4: mlp_top_neurons.png labelled a dense layer's neuron "L1.N79" beside "L0 E0 n51 (routed 16/16)" and
+    "L0 shared n47"; now every label is "L<layer> <E<e> | shared | dense> n<neuron>". At chance it and
+    circuits_dla_components.png (drawn in full colour beside the muted circuits_dla_experts.png) say AT CHANCE in the
+    title and every bar is pale (each RGB channel >= MUTE); above chance neither says it and the bars are vivid."""
+    from matplotlib.colors import to_rgba
+
+    from headscope.reports.plots import MUTE
+    from headscope.reports.plots_circuits import figures as circuits_figures
+    from headscope.reports.plots_mlp import figures as mlp_figures
+
+    top = pd.DataFrame({"layer": [0, 1, 0], "neuron": [51, 79, 303], "task_update_norm": [1.36, 0.9, 0.5],
+                        "expert": pd.array([0, None, 4], dtype="Int64"), "expert_neuron": [51, 79, 47],
+                        "n_routed": [16, None, 16]})
+    agreement = pd.DataFrame({"layer": [0, 1, 2], "agreement": [0.1, 0.2, 0.1], "agreement_any": [0.3, 0.2, 0.2],
+                              "agreement_shuffled": [0.04, 0.01, 0.03], "agreement_any_shuffled": [0.1, 0.08, 0.1]})
+    experts = {"0": {"n_experts": 4, "shared_width": 96}, "2": {"n_experts": 4, "shared_width": 96}}
+    dla = pd.DataFrame([{"kind": k, "component": c, "example": e, "contribution": v + 0.01 * e}
+                        for k, c, v in (("embed", "embed", 0.3), ("mlp", "mlp0", 0.5), ("mlp", "mlp1", -0.2))
+                        for e in range(4)])
+
+    def bars(ax):
+        return [np.asarray(to_rgba(p.get_facecolor()))[:3] for p in ax.patches if p.get_height() and p.get_width()]
+
+    try:
+        for extra, pale in ((dict(AT_CHANCE), True), ({}, False)):
+            s = {"n_task_examples": 16, "task": "tools", "experts_per_layer": experts, **extra}
+            ax = mlp_figures(_result("mlp", None, s, agreement=agreement, top_neurons=top))["mlp_top_neurons"].axes[0]
+            comp = circuits_figures(_result("circuits", None, extra, dla=dla))["circuits_dla_components"].axes[0]
+            for a in (ax, comp):
+                assert ("AT CHANCE" in a.get_title()) == pale, a.get_title()
+                drawn = bars(a)
+                assert drawn and all((c.min() >= MUTE - 1e-9) == pale for c in drawn), drawn
+        from headscope.reports.plots_mlp import neuron_labels
+
+        assert neuron_labels(top, 16, {0: 4}) == ["L0 E0 n51 (routed 16/16)", "L1 dense n79", "L0 shared n47"]
     finally:
         plt.close("all")

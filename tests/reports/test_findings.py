@@ -3020,3 +3020,24 @@ def test_the_report_section_that_cannot_tell_cites_the_same_runs_larger_sample(t
     assert headline.startswith("On its 4 examples the logit difference (1.3, 95% CI [-0.735, 3.34]) cannot be told")
     assert ("read with that caveat. The heads section's 16 examples of the same task are above chance (logit "
             "difference 2.54, 95% CI [0.824, 4.25]).") in headline
+
+
+def test_chance_sentence_of_a_log_probability_against_the_wrong_answers():
+    """Review 14a A1: where the chance of an answer log-probability is its wrong answer's (chance.against_wrong_answers),
+    the sentence names that basis and the log-odds that decided it, and below chance says the model prefers the wrong
+    answers (not log(1/V)'s Jensen caveat, nor the vocabulary mean's words)."""
+    from headscope.reports.findings import chance_sentence
+
+    entry = {"at_chance": True, "below_chance": True, "metric": "logprob", "mean": -2.15, "ci": [-2.59, -1.72],
+             "ci_level": 0.95, "chance_value": -1.61, "chance_from": "wrong_answers", "n_examples": 40, "task": "tools",
+             "margin": {"mean": -0.538, "ci": [-1.05, -0.027], "per_token": False, "n_above": 17, "n": 40}}
+    assert chance_sentence(entry, "heads") == (
+        "The model is below chance on task tools (answer log-probability -2.15 against chance -1.61 (the same rows' "
+        "wrong answers' mean log-probability: no preference between the answer and the wrong answer), 95% CI [-2.59, "
+        "-1.72], log-odds of the answer against the wrong answer -0.538, 95% CI [-1.05, -0.027], the answer ahead on "
+        "17 of 40 rows): worse than guessing, it systematically prefers the wrong answers; relative findings are not "
+        "reported.")
+    at = {**entry, "below_chance": False, "margin": {**entry["margin"], "ci": [-1.2, 0.1]}}
+    assert chance_sentence(at, "heads").endswith(
+        "log-odds of the answer against the wrong answer -0.538, 95% CI [-1.2, 0.1], the answer ahead on 17 of 40 "
+        "rows); relative findings are not reported.")
