@@ -284,8 +284,9 @@ def example_html(result: Result, *, example: int | None = None, methods: Sequenc
 PERMUTATION_CAPTIONS = {  # the permutation caption by the summary's output_change (review 11a B2)
     "tvd": "Per example: median output change (total variation distance of the next-token distribution, 0-1) when the "
            "layer's attention is permuted, against its maximum attention weight. Where the output is saturated (the "
-           "finding says so), the distance stays near 0 whatever the layer does; read the finding's change of the task "
-           "metric instead.",
+           "finding says so), a change of up to one logit in the top token's odds keeps the distance under the red "
+           "dashed line: a point under it cannot tell an effect from none, a point above it shows the layer moving the "
+           "output. Read the finding's change of the task metric too.",
     "1-cosine": "Per example: median output change (1 - cosine of the pooled embedding with the unpermuted one, 0-2) "
                 "when the layer's attention is permuted, against its maximum attention weight. Where the points come "
                 "near the cosine's rounding in the dtype it was computed in, a grey band from 0 marks it: points "
@@ -358,8 +359,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "permutation": "Per example: median output change when the layer's attention is permuted, against its maximum "
                    "attention weight, in the units the y axis names: on a decoder the total variation distance of the "
                    "next-token distribution (0-1), on an encoder 1 - cosine of the pooled embedding with the unpermuted "
-                   "one (0-2). On a decoder whose output is saturated (the finding says so) the distance stays near 0 "
-                   "whatever the layer does: read the finding's change of the task metric instead. On an encoder whose "
+                   "one (0-2). On a decoder whose output is saturated (the finding says so) a change of up to one logit keeps "
+                   "the distance near 0, so a point near 0 cannot tell an effect from none (a point well above it still "
+                   "shows one): read the finding's change of the task metric too. On an encoder whose "
                    "points come near the cosine's rounding, a grey band from 0 marks it.",
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
                    "while the output stays within epsilon; a saturated output stays within it under almost any attention.",
