@@ -2772,3 +2772,35 @@ def test_attribution_figures_say_when_the_finding_withholds_what_they_draw():
                     assert "intervals clear of 0 here are not findings" in text
     finally:
         plt.close("all")
+
+
+def test_position_figures_keep_the_y_label_clear_of_the_title():
+    """Review 14c C1: position_curve's y label 'accuracy (greedy output contains the value)' was taller than its
+    4-inch axes and ran up into the 'NOT DOING THE TASK' subtitle, itself wider than the axes. Measured on the drawn
+    figure: every figure's y label lies within its axes' height and clear of the title, and each title line within
+    the figure's width."""
+    from types import SimpleNamespace
+
+    from headscope.reports.plots_position import figures
+
+    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": 0.0, "ci_low": 0.0, "ci_high": 0.37}
+                          for c in ("full", "window") for m in ("accuracy", "logprob") for p in (1, 2, 3, 4)])
+    tables = {"curve": curve, "masked": pd.DataFrame({"condition": ["window"]}),
+              "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.0, "visible": 0.0}
+                                              for p in (1, 2, 3, 4)]),
+              "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
+    s = {"primary_metric": "accuracy", "n_items": 4, "n_sink": 1,
+         "chance": {"at_chance": True, "metric": "accuracy", "does_not_copy": True}}
+    try:
+        figs = figures(SimpleNamespace(summary=s, tables=tables))
+        assert "NOT DOING THE TASK" in figs["position_curve"].axes[0].get_title()
+        for stem, fig in figs.items():
+            fig.draw_without_rendering()
+            renderer = fig.canvas.get_renderer()
+            ax = fig.axes[0]
+            box, label, title = (x.get_window_extent(renderer) for x in (ax, ax.yaxis.label, ax.title))
+            assert label.y0 >= box.y0 - 1 and label.y1 <= box.y1 + 1, stem  # beside its axes, not above them
+            assert not label.overlaps(title), stem
+            assert title.x0 >= 0 and title.x1 <= fig.bbox.width + 1 and title.y1 <= fig.bbox.height + 1, stem
+    finally:
+        plt.close("all")
