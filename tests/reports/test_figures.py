@@ -2804,3 +2804,36 @@ def test_position_figures_keep_the_y_label_clear_of_the_title():
             assert title.x0 >= 0 and title.x1 <= fig.bbox.width + 1 and title.y1 <= fig.bbox.height + 1, stem
     finally:
         plt.close("all")
+
+
+def test_attribution_tau_figure_veils_leave_one_out_where_the_finding_leaves_it_out():
+    """Review 14c B2: with 62 of 100 leave-one-out scores rounding ties the finding leaves leave-one-out out of its
+    taus, but tau.png drew its group like any other. Now that group (x tick 1 here: saliency, leave-one-out) lies
+    under a hatched veil with the reason in its greyed tick label; without the ties nothing is veiled."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots_attribution import MUTED, figures
+
+    base = _attribution_result({"at_chance": False, "metric": "logit_diff", "mean": 2.5, "ci": [0.8, 4.2],
+                                "n_examples": 4})
+    loo = base.df.assign(method="leave_one_out", tau=[0.3, 0.2, 0.25, 0.35] * 2)
+    ties = {"dtype": "bfloat16", "floor": [0.0806, 0.083], "n_scores": 100, "n_within": 62, "ranks_rounding": True}
+    try:
+        for ranks, veiled in ((True, True), (False, False)):
+            s = {**base.summary, "loo_rounding": {**ties, "ranks_rounding": ranks}}
+            result = Result(name="attribution", df=pd.concat([base.df, loo], ignore_index=True), summary=s,
+                            tables=base.tables)
+            ax = figures(result)["tau"].axes[0]
+            veils = [p for p in ax.patches if p.get_gid() == "muted"]
+            ticks = {t.get_text(): t for t in ax.get_xticklabels()}
+            if not veiled:
+                assert not veils and "leave-one-out" in ticks
+                continue
+            [veil] = veils
+            box = veil.get_window_extent()  # pixels, back to data x
+            x0, x1 = ax.transData.inverted().transform([(box.x0, 0), (box.x1, 0)])[:, 0]
+            assert x0 == pytest.approx(0.52) and x1 == pytest.approx(1.48)
+            label = "leave-one-out\n(not read:\n62 of 100 scores\nare rounding ties)"
+            assert label in ticks and ticks[label].get_color() == MUTED
+            assert ticks["saliency"].get_color() != MUTED
+    finally:
+        plt.close("all")
