@@ -243,20 +243,22 @@ def _low_precision(s: Mapping[str, Any]) -> str:
 
 def _output_tests(s: Mapping[str, Any]) -> list[str]:
     """The permutation and adversarial sentences. A saturated output (the top token's p near 1 on most
-    examples) pins every distribution distance near 0 whatever the layer does, so then neither test's
-    distance is read as an effect: the change of the task metric (logits, nats) is given instead."""
+    examples) keeps a distribution distance near 0 under any change of a logit or so, so a small distance is not
+    read as no effect; the per-example medians that still exceed that bound or 0.5 are counted (large_words, review
+    14c A2) and the change of the task metric (logits, nats) is given beside them."""
     parts = []
     tvd, layer = median_change(s), s.get("permutation_layer", "?")
     change = s.get("output_change", "change")
     sat = _saturated(s)
     parts += [said] if (said := partner_words(s)) else []
     effect = metric_effect(s, "permutation_metric_change", "permutation_abs_metric_change")
-    if sat is not None:
-        parts.append(f"The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}. "
-                     "Distribution distances cannot show an effect here"
-                     + (f" (permuting layer {layer}'s attention gives a median {change} of {tvd:.3g})" if tvd is not None
-                        else "") + ".")
+    if sat is not None:  # review 14c A2: a small distance shows nothing here, a large one still does
+        parts.append(f"The output distribution is saturated: {sat.get('why', 'the top token has p near 1')}: a small "
+                     "distance here does not show that the layer does little.")
         parts.append(loo_words(s, sat))
+        if tvd is not None:
+            parts.append(f"Permuting layer {layer}'s attention gives a median {change} of {tvd:.3g}{change_spread(s)}"
+                         f"{large_words(s, saturated=True)}.")
         if effect:
             parts.append(f"In the task metric's units, permuting layer {layer}'s attention {effect}.")
     elif tvd is not None:
@@ -266,16 +268,16 @@ def _output_tests(s: Mapping[str, Any]) -> list[str]:
         if rounding and (size is None or size < SMALL_METRIC_CHANGE):  # review 11a B1, C2: no effect is measured
             parts.append(f"Permuting layer {layer}'s attention leaves the output {rounding}: no effect of that layer's "
                          "attention is measured, so the permutation test says nothing about faithfulness here.")
-        elif tvd < 0.01 and (size is None or size < SMALL_METRIC_CHANGE):
+        elif tvd < 0.01 and (size is None or size < SMALL_METRIC_CHANGE) and not large_words(s):
             parts.append(f"Permuting layer {layer}'s attention barely moves the output (median {change} "
                          f"{tvd:.3g}{spread}): that layer's attention does little for the prediction, so the permutation "
                          "test says nothing about faithfulness.")
-        elif tvd < 0.01:  # the distribution hardly moves, the metric does: no "does little"
+        elif tvd < 0.01 and not large_words(s):  # the distribution hardly moves, the metric does: no "does little"
             parts.append(f"Permuting layer {layer}'s attention barely moves the output distribution (median {change} "
                          f"{tvd:.3g}{spread}), yet the task metric moves.")
         else:
             parts.append(f"Permuting layer {layer}'s attention changes the output by a median {change} of {tvd:.3g}"
-                         f"{spread}.")
+                         f"{spread}{large_words(s)}.")
         if effect:
             parts.append(f"In the task metric's units, it {effect}.")
         some = s.get("saturated") if isinstance(s.get("saturated"), Mapping) else {}
@@ -312,6 +314,30 @@ def change_spread(s: Mapping[str, Any]) -> str:
     if n == 1:
         return "; 1 example"
     return f"; per-example medians {_num(span[0]):.3g} to {_num(span[1]):.3g} over {n} examples"
+
+
+def large_words(s: Mapping[str, Any], *, saturated: bool = False) -> str:
+    """Where the per-example medians leave the median over examples behind (review 14c A2: 0.92 on one of 4 examples
+    behind a median of 0.009), from the summary's permutation_change_over_half and, on a saturated output,
+    permutation_change_beyond_logit (summary.large_changes): '; above 0.5 on 1 of 4 examples (...)', with the saturated
+    output's '; above its own one-logit bound on 2 of 4 examples (...)' and what the others' distances cannot tell;
+    '' where neither count is recorded or, unsaturated, none is above 0.5."""
+    n = int(_num(s.get("permutation_change_n")) or 0)
+    half, beyond = _num(s.get("permutation_change_over_half")), _num(s.get("permutation_change_beyond_logit"))
+    said = []
+    if saturated and beyond == 0 and n:
+        said.append(f"within its own example's one-logit bound e (1 - p(top)) on every one of the {n} examples, where "
+                    "a distance cannot tell an effect from none")
+    elif saturated and beyond is not None and n:
+        said.append(f"above its own example's one-logit bound e (1 - p(top)) on {beyond:.0f} of {n} examples (there the "
+                    "clean top token's log-odds fall by more than one logit)")
+    if half and n:
+        said.append(f"above 0.5 on {half:.0f} of {n} (more than half the next-token probability moves)")
+    if not said:
+        return ""
+    rest = (f"; on the other {n - beyond:.0f} the distance stays within what one logit allows and cannot tell an effect "
+            "from none" if saturated and beyond and 0 < n - beyond else "")
+    return "; " + ", ".join(said) + rest
 
 
 def rounding_said(s: Mapping[str, Any], median: float | None) -> str:

@@ -23,6 +23,7 @@ from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core.result import Result
 from headscope.errors import ConfigError
 from headscope.reports.attribution_words import finding as finding  # the headline: families.py reads it here
+from headscope.reports.attribution_words import loo_rounds
 from headscope.reports.findings import FEW, _chance, _num, t_interval
 from headscope.reports.plots import axes, color_scale, hatch_cells, laid_out, token_label
 
@@ -38,11 +39,14 @@ HEATMAP_ROWS = ("last_layer", "rollout", *NON_ATTENTION)
 CLIPPED = "95% t CI clipped at ±1\n(arrowhead: it runs past)"
 
 
-def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "rollout"), ax=None):
+def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "rollout"),
+             muted: Mapping[str, str] | None = None, ax=None):
     """Per-example Kendall tau (`data`: the Result's df) for each (attention kind, method) pair: box plots when
     every group has at least FEW examples; with fewer (quartiles and "outliers" of 4 points mean nothing) the
-    points themselves, with their mean and its 95% t interval."""
-    ax = axes(ax, (8, 4))
+    points themselves, with their mean and its 95% t interval. `muted`: {method: why} for the methods the finding
+    leaves out of its taus (review 14c B2: leave-one-out's rounding ties), drawn under a hatched grey veil, their
+    tick label greyed with the reason."""
+    ax = axes(ax, (8 + 0.5 * bool(muted), 4))
     df = data[data.attention.isin(attention)].dropna(subset=["tau"])
     words = {"saliency": "saliency", "grad_x_input": "gradient x input", "integrated_gradients": "integrated\ngradients",
              "leave_one_out": "leave-one-out"}
@@ -60,12 +64,29 @@ def plot_tau(data: pd.DataFrame, *, attention: Sequence[str] = ("last_layer", "r
         title = f"attention (dots: examples;\ndiamond, bar: mean, 95% t CI;\nn = {sizes.min() if len(sizes) else 0}"
         title += f"-{sizes.max()})" if len(sizes) and sizes.max() != sizes.min() else ")"
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title=title, title_fontsize="small")
+    _veil(ax, {words.get(m, m): why for m, why in (muted or {}).items()})
     ax.axhline(0, color="grey", lw=0.8, ls="--")
     ax.set_ylim(-1.05, 1.05)
     ax.set_xlabel("method compared with attention")
     ax.set_ylabel("Kendall tau (per example)")
     ax.set_title("Agreement of attention with other attributions")
     return ax
+
+
+def _veil(ax, muted: Mapping[str, str]) -> None:
+    """A hatched grey veil over each muted method's group of ticks (`muted`: {tick text: why}), its tick label greyed
+    with the reason under it (gid "muted"): drawn, so the reader sees what was measured, but marked as not read."""
+    labels = ax.get_xticklabels()
+    texts = [t.get_text() for t in labels]
+    for j, text in enumerate(texts):
+        if text in muted:
+            ax.axvspan(j - 0.48, j + 0.48, facecolor="white", alpha=0.65, hatch="//", edgecolor="0.6", linewidth=0,
+                       zorder=5, gid="muted")
+    if any(t in muted for t in texts):
+        ax.set_xticks(range(len(texts)), [f"{t}\n({muted[t]})" if t in muted else t for t in texts])
+        for t in ax.get_xticklabels():
+            if t.get_text().split("\n")[0] in muted:
+                t.set_color(MUTED)
 
 
 def _points_with_means(df: pd.DataFrame, ax) -> None:
@@ -231,7 +252,7 @@ def figures(result: Result, **kwargs) -> dict:
     df, scores = rule.rows(result.df), rule.rows(result.tables["scores"])
 
     def tau():
-        ax = plot_tau(df)
+        ax = plot_tau(df, muted=loo_muted(s))
         said = {"none": "\n(integrated gradients left out: it did not converge)",
                 "converged": f"\n(integrated gradients: its {rule.n_converged} converged examples only)"}.get(rule.mode, "")
         ax.set_title(ax.get_title() + said)
@@ -284,8 +305,9 @@ def example_html(result: Result, *, example: int | None = None, methods: Sequenc
 PERMUTATION_CAPTIONS = {  # the permutation caption by the summary's output_change (review 11a B2)
     "tvd": "Per example: median output change (total variation distance of the next-token distribution, 0-1) when the "
            "layer's attention is permuted, against its maximum attention weight. Where the output is saturated (the "
-           "finding says so), the distance stays near 0 whatever the layer does; read the finding's change of the task "
-           "metric instead.",
+           "finding says so), a change of up to one logit in the top token's odds keeps the distance under the red "
+           "dashed line: a point under it cannot tell an effect from none, a point above it shows the layer moving the "
+           "output. Read the finding's change of the task metric too.",
     "1-cosine": "Per example: median output change (1 - cosine of the pooled embedding with the unpermuted one, 0-2) "
                 "when the layer's attention is permuted, against its maximum attention weight. Where the points come "
                 "near the cosine's rounding in the dtype it was computed in, a grey band from 0 marks it: points "
@@ -294,6 +316,17 @@ PERMUTATION_CAPTIONS = {  # the permutation caption by the summary's output_chan
 
 
 MUTED = "0.45"  # the title of a figure whose numbers the finding withholds
+
+
+def loo_muted(s: Mapping[str, Any]) -> dict[str, str]:
+    """{"leave_one_out": why} where the finding leaves leave-one-out out of its taus because most of its scores are
+    rounding ties (attribution_words.loo_rounds; review 14c B2: tau.png drew it like the other methods), else {}."""
+    if not loo_rounds(s):
+        return {}
+    entry = s["loo_rounding"]
+    k, m = _num(entry.get("n_within")), _num(entry.get("n_scores"))
+    count = f"{k:.0f} of {m:.0f} " if k is not None and m is not None else "most "
+    return {"leave_one_out": f"not read:\n{count}scores\nare rounding ties"}
 
 
 def withheld_note(s: Mapping[str, Any], *, short: bool = False) -> str:
@@ -347,7 +380,9 @@ GUIDE = (  # how to read this section of the report
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "tau": "Kendall tau (-1 to 1) per example between attention and each other attribution; 0 is no agreement. "
            "Box plots from 10 examples per box; with fewer, each example's tau as a dot and the mean (diamond) with its "
-           "95% t interval, clipped to [-1, 1] as in the finding (an arrowhead marks an end where the interval runs past).",
+           "95% t interval, clipped to [-1, 1] as in the finding (an arrowhead marks an end where the interval runs past). "
+           "A method under a hatched grey veil is drawn but not read: the finding leaves it out (leave-one-out where "
+           "most of its scores are rounding ties, so its taus would rank rounding).",
     "token_heatmap": "One example: each method's share of importance per token (rows sum to 1 over the tokens "
                      "shown). The first token (the BOS or [CLS] where prompts start with one, else the prompt's own first "
                      "token) and the last (the one that predicts, or [SEP]) are not "
@@ -358,8 +393,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "permutation": "Per example: median output change when the layer's attention is permuted, against its maximum "
                    "attention weight, in the units the y axis names: on a decoder the total variation distance of the "
                    "next-token distribution (0-1), on an encoder 1 - cosine of the pooled embedding with the unpermuted "
-                   "one (0-2). On a decoder whose output is saturated (the finding says so) the distance stays near 0 "
-                   "whatever the layer does: read the finding's change of the task metric instead. On an encoder whose "
+                   "one (0-2). On a decoder whose output is saturated (the finding says so) a change of up to one logit keeps "
+                   "the distance near 0, so a point near 0 cannot tell an effect from none (a point well above it still "
+                   "shows one): read the finding's change of the task metric too. On an encoder whose "
                    "points come near the cosine's rounding, a grey band from 0 marks it.",
     "adversarial": "Per example: the largest Jensen-Shannon divergence (nats, max ln 2) from the model's attention found "
                    "while the output stays within epsilon; a saturated output stays within it under almost any attention.",

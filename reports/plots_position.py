@@ -19,7 +19,7 @@ import seaborn as sns
 
 from headscope.errors import ConfigError
 from headscope.reports.findings import _chance, _ci, _num, ci_pair, int_ranges, sink_sentence
-from headscope.reports.plots import axes, color_scale, line_colours, quiet_reason
+from headscope.reports.plots import axes, color_scale, fit_title, hatch_cells, line_colours, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
           "probability": "answer probability", "rank": "answer rank", "exact": "exact greedy answer",
@@ -97,15 +97,26 @@ def _verdict(curve: pd.DataFrame) -> str:
 def plot_gold_attention(data: pd.DataFrame, *, reduce: str = "max", quiet: str | None = None, ax: Any = None) -> Any:
     """Heat map layer x gold position of the attention mass onto the gold span (`data`: the
     gold_attention table; max or mean over heads), on the sequential map from 0 (plots.color_scale);
-    `quiet` (plots.quiet_reason: the model at chance, so no head retrieves anything) mutes it and says why."""
+    `quiet` (plots.quiet_reason: the model at chance, so no head retrieves anything) mutes it and says why. A cell
+    whose gold span the answer query sees in no example (the table's `visible` 0: a sliding window leaves it behind,
+    analyses.position.gold_visible) is 0 by the mask, not measured: hatched grey, without a number, and the title
+    says so (review 14c B1)."""
     ax = axes(ax, (6, 4))
     table = data
     grid = table.groupby(["layer", "position"])["mass"].agg(reduce).unstack("position")  # [layer, position]
-    sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), quiet=bool(quiet), is_signed=False),
-                annot=grid.shape[1] <= 10, fmt=".2f", cbar_kws={"label": "attention mass (0-1)"})
+    hidden = np.zeros(grid.shape, dtype=bool)  # [layer, position]
+    if "visible" in table:
+        seen = table.groupby(["layer", "position"])["visible"].max().unstack("position").reindex_like(grid)
+        hidden = (seen == 0).to_numpy()
+    measured = grid.to_numpy(dtype=float)[~hidden]
+    sns.heatmap(grid, ax=ax, **color_scale(measured if measured.size else np.zeros(1), quiet=bool(quiet), is_signed=False),
+                annot=grid.shape[1] <= 10, fmt=".2f", mask=hidden, cbar_kws={"label": "attention mass (0-1)"})
+    hatch_cells(ax, hidden)
     ax.set_xlabel("gold position")
     ax.set_ylabel("layer")
-    ax.set_title(f"attention onto the gold span ({reduce} over heads)" + (f"\n{quiet}" if quiet else ""))
+    said = ("\nhatched: gold span outside the answer query's sliding window in every example (0 by the mask, not "
+            "measured)" if hidden.any() else "")
+    ax.set_title(f"attention onto the gold span ({reduce} over heads)" + said + (f"\n{quiet}" if quiet else ""))
     return ax
 
 
@@ -142,6 +153,28 @@ def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, what: str |
     return ax
 
 
+def fit_labels(ax: Any) -> None:
+    """Review 14c C1: the y label wrapped to the axes' height and each title line to the axes' width (plots.fit_title),
+    measured at the figure's layout, then laid out again: the label stays beside its axes and the title above them, so
+    neither runs into the other (a 4-inch axes' 'accuracy (greedy output contains the value)' ran up into a subtitle
+    wider than the axes)."""
+    from headscope.reports.plots import wrap_to_width
+
+    fig, label = ax.figure, ax.yaxis.label
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    height = ax.get_window_extent(renderer).height
+
+    def tall(line: str) -> float:  # a rotated label's length is its text's width
+        return renderer.get_text_width_height_descent(line, label.get_fontproperties(), ismath=False)[0]
+
+    text = "\n".join(part for line in label.get_text().split("\n") for part in wrap_to_width(line, tall, height))
+    if text != label.get_text():
+        label.set_text(text)
+        fig.tight_layout()
+    fit_title(ax)
+
+
 def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
     """{file stem: Figure}: position_curve, position_gold_attention, position_sinks (+ position_streaming)."""
     s, tables = result.summary, result.tables
@@ -160,6 +193,7 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
         fig, ax = plt.subplots(figsize=(7, 4))
         draw(ax)
         fig.tight_layout()
+        fit_labels(ax)
         figs[stem] = fig
     masked = tables.get("masked", pd.DataFrame())
     if len(masked):
@@ -170,6 +204,7 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
                    + (f"\n{quiet}" if quiet else ""), quiet=quiet is not None,
                    no_gold=(s.get("no_gold_baseline") or {}).get("logprob"), no_gold_label=STREAMING_BASELINE)
         fig.tight_layout()
+        fit_labels(ax)
         figs["position_streaming"] = fig
     return figs
 
@@ -189,7 +224,9 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                       "no difference at this sample size. The grey dashed line and band: the same metric on each "
                       "example's prompt without the gold item (the same distractors; Liu et al.'s no-gold baseline, 95% "
                       "band); a position beats it only where its band lies above the grey band.",
-    "position_gold_attention": "Attention mass (0-1) on the gold span, layer x gold position, max over heads.",
+    "position_gold_attention": "Attention mass (0-1) on the gold span from the answer position, layer x gold position, max "
+                               "over heads. Hatched grey cells: on a sliding-window layer the gold span lies outside the "
+                               "answer query's window in every example, so the mass there is 0 by the mask, not measured.",
     "position_sinks": "Per layer, attention mass on the first tokens (0-1) against the uniform-attention baseline (dashed; "
                       "a sliding-window layer's counts only the keys inside its window), each bar with the 95% t interval "
                       "of its mean over examples that the finding quotes.",
@@ -260,10 +297,44 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"{where} on {what} peaks at {sinks[top]:.2f} in layer {top} "
                      f"against {base:.2f} under uniform attention"
                      + (" (an attention sink)." if sinks[top] > 2 * base else ": no attention sink."))
+    said = masked_gold_sentence(s)
+    parts += [said] if said else []
     if not at_chance:
         said = _retrieval(s)
         parts += [said] if said else []
     return " ".join(parts)
+
+
+def masked_gold_sentence(s: Mapping[str, Any]) -> str:
+    """Review 14c B1: the sliding-window layers whose window leaves the gold span behind the answer query (the
+    summary's gold_masked), in words: where it sees none of it in any example, its gold attention is 0 by the mask,
+    not measured, and no head of that layer can attend to the gold item there; where it sees part, say so. Layers
+    with the same positions are named together; '' where every span is in view or the run did not record it."""
+    entry = s.get("gold_masked")
+    if not isinstance(entry, Mapping) or not entry:
+        return ""
+    windows = {str(k): w for k, w in (s.get("sliding_windows") or {}).items()}
+    groups: dict[tuple, list[int]] = {}
+    for layer, where in entry.items():
+        if isinstance(where, Mapping):
+            key = (tuple(where.get("hidden") or ()), tuple(where.get("partial") or ()))
+            groups.setdefault(key, []).append(int(layer))
+    said = []
+    for (hidden, partial), layers in groups.items():
+        widths = sorted({int(windows[str(l)]) for l in layers if _num(windows.get(str(l))) is not None})
+        who = (f"layer{'s' if len(layers) > 1 else ''} {int_ranges(sorted(layers))}"
+               + (f" (sliding window of {', '.join(map(str, widths))} keys)" if widths else ""))
+        bits = []
+        if hidden:
+            bits.append(f"sees none of the gold span at gold position{'s' if len(hidden) > 1 else ''} "
+                        f"{int_ranges(list(hidden))} in any example: the gold attention there is 0 by the mask, not "
+                        f"measured, and no head of {'those layers' if len(layers) > 1 else 'that layer'} can attend to "
+                        "the gold item there")
+        if partial:
+            bits.append(f"sees only part of the span at {int_ranges(list(partial))} in some examples")
+        if bits:
+            said.append(f"On {who}, the answer position " + "; it ".join(bits) + ".")
+    return " ".join(said)
 
 
 def windows_that_bind(s: Mapping[str, Any]) -> tuple[list[int], dict[str, int]]:

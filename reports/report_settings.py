@@ -139,6 +139,27 @@ def _records_hint(task: Any, names: Sequence[str]) -> str:
             f"{Path(task).name}`" + (f" ({', '.join(others)} need a prompt/answer task)." if others else "."))
 
 
+def _own_data_only(names: Sequence[str], task: Any) -> str:
+    """Why a run whose every analysis runs on its own data only (Needs.task_data False: position) cannot take the task
+    file `task`, which is not a file of its own records (_own_records), in one line; '' when some analysis of the run
+    reads prompt/answer tasks. Review 14c C3: `headscope position --task dates.tsv` was told to add --task-fields, and
+    with them loaded the model only to refuse the task; position reads no prompt/answer file, whatever its fields."""
+    from headscope.analyses.core import registry
+    from headscope.analyses.position.records import QA_FIELDS, RETRIEVAL_FIELDS
+
+    needs = {name: registry.needs(name) for name in names}
+    if not names or any(n.task_data for n in needs.values()):
+        return ""
+    what = "; ".join((f"{name}: " if len(names) > 1 else "") + (n.what or "its own") for name, n in needs.items())
+    takes = ("; its --task takes a JSONL file of its own records, one JSON object a line: multi-document QA records "
+             f"({', '.join(QA_FIELDS)}) on a decoder, retrieval records ({', '.join(RETRIEVAL_FIELDS)}) on an encoder"
+             if all(n.own_records is not None for n in needs.values()) else "")
+    return (f"{' and '.join(names)} run{'s' if len(names) == 1 else ''} on {'its' if len(names) == 1 else 'their'} own "
+            f"data ({what}), not on prompt/answer tasks, so {Path(task).name} is not read, whatever --task-fields "
+            f"says{takes}. Leave --task out for its default data or run `headscope report --task {Path(task).name} "
+            "--task-fields ...` for the analyses that read prompt/answer tasks.")
+
+
 def _own_records(names: Sequence[str], task: Any) -> bool:
     """Whether every analysis of the run reads the task file as records of its own (contract.takes_own_records:
     `headscope position --task FILE.jsonl`), so it is not read as a prompt/answer task; the file's fit to the model
@@ -161,6 +182,8 @@ def checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
     names = parse_analyses(o.analyses)
     check_n_items(o.n_items, names)
     task, task_rows = o.task, None
+    if task is not None and Path(task).suffix and not _own_records(names, task) and (why := _own_data_only(names, task)):
+        raise ConfigError(why)  # review 14c C3: before any column is read and before the model loads
     if task is not None and _own_records(names, task):  # position's retrieval/QA records: its loader checks them
         if o.task_fields:
             raise ConfigError(f"--task-fields names a prompt/answer file's columns; {', '.join(names)} reads "

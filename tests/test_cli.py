@@ -971,3 +971,25 @@ def test_position_takes_retrieval_records_on_an_encoder_and_refuses_records_that
         " This file holds position's own retrieval records, which only position reads: run `headscope position --task "
         "mine.jsonl` (heads need a prompt/answer task).")), line
     assert not (tmp_path / "r").exists()
+
+
+def test_position_refuses_a_prompt_answer_file_before_loading_whatever_its_fields(tmp_path, capsys):
+    """Review 14c C3: `headscope position --task dates.tsv` was told to add --task-fields; doing so loaded the model
+    and then refused the task. Now both refuse before loading (the model path does not exist, so a load would fail
+    with another line), with one line that says what position's --task takes, and nothing is written."""
+    from headscope.cli import main
+
+    task = tmp_path / "dates.tsv"
+    task.write_text("sentence\tgold_day\nso the meeting is now on\t Friday\n")
+    expected = ("headscope: error: position runs on its own data (retrieval sweeps that move the gold item through the "
+                "context), not on prompt/answer tasks, so dates.tsv is not read, whatever --task-fields says; its --task "
+                "takes a JSONL file of its own records, one JSON object a line: multi-document QA records (question, "
+                "answers, gold_document, documents) on a decoder, retrieval records (query, relevant, distractors) on an "
+                "encoder. Leave --task out for its default data or run `headscope report --task dates.tsv --task-fields "
+                "...` for the analyses that read prompt/answer tasks.")
+    for fields in ([], ["--task-fields", "prompt=sentence,answer=gold_day"]):
+        out = tmp_path / f"out{len(fields)}"
+        assert main(["-q", "position", "--model", str(tmp_path / "no-model"), "--task", str(task), *fields,
+                     "--out", str(out)]) == 2
+        assert in_process_error(capsys) == expected
+        assert not out.exists()

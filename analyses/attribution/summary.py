@@ -17,9 +17,11 @@ attention_window (a sliding-window last layer that hides ranked tokens from the 
 vector of a windowed layer is ranked, against each method, only over the tokens inside its window; the scores
 table marks the others `masked`); median_permutation_change (median over examples of the median output change over
 permutations, in output_change's units: TVD on decoders, 1 - cosine on encoders), permutation_change_range and
-permutation_change_n (the per-example medians' [min, max] and count); median_permutation_tvd (the same, its older
-name, decoders only); permutation_rounding_floor (encoders: {dtype, floor, ulps}, the 1 - cosine under which a
-change is rounding of a cosine near 1 in the dtype it was computed in, rounding_floor); partner_ceiling (encoders: how
+permutation_change_n (the per-example medians' [min, max] and count); permutation_change_over_half and
+permutation_change_beyond_logit (decoders, large_changes: the examples whose median TVD exceeds 0.5, and their own
+one-logit bound e (1 - p(top))); median_permutation_tvd (the same, its older name, decoders only);
+permutation_rounding_floor (encoders: {dtype, floor, ulps}, the 1 - cosine under which a change is rounding of a
+cosine near 1 in the dtype it was computed in, rounding_floor); partner_ceiling (encoders: how
 many examples' partner cosine, the gradients' metric, is >= 0.99, where it can rise by at most 1 - cosine and the
 gradient methods rank changes that small; partner_ceiling);
 saturated (decoders: the share of examples whose clean top token has p >= 0.99, the median 1 - p and the
@@ -216,11 +218,33 @@ def permutation_change(perm: pd.DataFrame, *, encoder: bool) -> dict[str, Any]:
                            "permutation_change_n": int(len(values))}
     if not encoder:
         out["median_permutation_tvd"] = out["median_permutation_change"]
+        out.update(large_changes(perm))
     elif "change_dtype" in perm and len(perm):
         dtype = str(perm.change_dtype.iloc[0])
         floor = rounding_floor(dtype)
         if floor is not None:
             out["permutation_rounding_floor"] = {"dtype": dtype, "floor": floor, "ulps": ROUNDING_ULPS}
+    return out
+
+
+HALF = 0.5  # a TVD above it: more than half the next-token probability moves
+
+
+def large_changes(perm: pd.DataFrame) -> dict[str, Any]:
+    """How many decoder examples' median TVD shows an effect the median over examples hides (review 14c A2: medians
+    0.0003, 0.002, 0.017 and 0.92 were read as "cannot show an effect" from their median 0.009):
+    permutation_change_over_half, the examples whose median TVD exceeds HALF (under at least half the draws more
+    than half the next-token probability moves; on a clean top token with p > 0.5 it keeps less than half, since a
+    TVD is at most the larger of the two distributions' mass off that token), and, where the table
+    has each example's clean top_prob, permutation_change_beyond_logit, those whose median TVD exceeds
+    e (1 - p(top)), the most a change of up to one logit in the clean top token's odds can give there
+    (permutation.saturation's bound, per example): the log-odds moved by more than one logit."""
+    rows = perm.dropna(subset=["median_change"])
+    change = rows.median_change.to_numpy(dtype=float)  # [examples]
+    out: dict[str, Any] = {"permutation_change_over_half": int((change > HALF).sum())}
+    if "top_prob" in rows and rows.top_prob.notna().all():
+        bound = np.minimum(1.0, np.e * (1.0 - rows.top_prob.to_numpy(dtype=float)))  # [examples]
+        out["permutation_change_beyond_logit"] = int((change > bound).sum())
     return out
 
 

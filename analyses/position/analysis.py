@@ -15,7 +15,8 @@ same distractors in the same order), with its 95% interval, so that a position c
 the gold item only where its interval lies above the baseline's.
 
 Result tables: df (one row per example x position: the metrics), "curve" (metric, position,
-mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass),
+mean, ci_low, ci_high, condition), "gold_attention" (layer, head, position, mass, visible: the share of the
+gold span the answer query sees on that layer, 0 where a sliding window leaves it behind),
 "sinks" (layer, sink_mass, baseline, ci_low, ci_high, ratio, sink: sinks.layer_sinks),
 "heads" (layer, head, mean_mass, mass_above_others, corr_*, corr_ci_low, corr_ci_high,
 n (examples), n_rows, p_corr, p_corr_holm, p_mass, p_mass_holm, retrieval; stats.head_tracking's tests,
@@ -25,7 +26,8 @@ summary.json: metric_per_position, ci_per_position, ratio_middle_to_ends (min of
 slots / max of the two ends), sink_mass_per_layer, sink_uniform_baseline (on a sliding-window layer, both over
 the queries whose window holds the first token: sinks.sink_rows), sliding_windows ({layer: window}; decoders),
 prompt_tokens (the longest prompt's tokens: a window binds, and the finding names its layer, only when shorter),
-retrieval_heads (the heads
+gold_masked (decoders with a sliding window: per layer the gold positions whose span the answer query does not see,
+hidden, or sees only in part, partial: gold_masked), retrieval_heads (the heads
 that pass retrieval_test, which has n examples and rows, and each head's r, cluster bootstrap CI over
 examples, p and Holm-adjusted p), retrieval_test,
 streaming (metric means under full / sinks+window / window attention), no_gold_baseline ({metric: mean, ci,
@@ -54,7 +56,7 @@ from headscope.analyses.position.runs import SweepOutput, run_decoder_sweeps, ru
 from headscope.analyses.position.sinks import layer_sinks, sink_rows, uniform_baseline
 from headscope.analyses.position.stats import curve_table, head_tracking, middle_to_ends
 from headscope.errors import ConfigError, InputTypeError
-from headscope.models.hooked_model import layer_windows
+from headscope.models.hooked_model import layer_windows, visible_keys
 
 TASKS = ("zoo_kv", "json_kv", "word_kv", "qa", "retrieval")
 DECODER_METRICS = ("accuracy", "exact", "probability", "logprob", "rank")
@@ -255,8 +257,21 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
     return rec.retrieval_sweeps(tok, records, n_distractors=n_distractors, positions=cfg.positions)
 
 
-def _frames(sweeps: Sequence[PositionSweep], outs: Sequence[SweepOutput]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Tidy observations (example, position, metrics), masked observations and gold-mass rows."""
+def gold_visible(span: Sequence[int], prompt_len: int, window: int | None) -> float:
+    """The share of the gold span [a, b) that the answer query (the prompt's last token) sees on a layer with sliding
+    window `window` (models.visible_keys; None: a global layer, every earlier key): 0 where the window leaves the whole
+    span behind, so the layer's gold mass there is 0 by the mask, not measured (review 14c B1)."""
+    a, b = int(span[0]), int(span[1])
+    if b <= a:
+        return float("nan")
+    return float(visible_keys(prompt_len - 1, torch.arange(a, b), window).double().mean())
+
+
+def _frames(sweeps: Sequence[PositionSweep], outs: Sequence[SweepOutput],
+            windows: Sequence[int | None] = ()) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Tidy observations (example, position, metrics), masked observations and gold-mass rows (with `visible`, the
+    share of the gold span the answer query sees on that layer, gold_visible; `windows`: models.layer_windows, none
+    on an encoder, whose every query sees every key)."""
     obs, masked, gold = [], [], []
     for ex, (sw, out) in enumerate(zip(sweeps, outs)):
         for i, pos in enumerate(sw.positions):
@@ -264,8 +279,10 @@ def _frames(sweeps: Sequence[PositionSweep], outs: Sequence[SweepOutput]) -> tup
             for cond, metrics in out.masked.items():
                 masked.append({"condition": cond, "example": ex, "position": pos, **{k: float(v[i]) for k, v in metrics.items()}})
             n_layers, n_heads = out.gold_mass.shape[1:]
-            gold += [{"example": ex, "position": pos, "layer": layer, "head": head, "mass": float(out.gold_mass[i, layer, head])}
-                     for layer in range(n_layers) for head in range(n_heads)]
+            seen = [gold_visible(sw.gold_spans[i].tolist(), sw.prompt_len, windows[layer] if layer < len(windows) else None)
+                    for layer in range(n_layers)]  # [layer]
+            gold += [{"example": ex, "position": pos, "layer": layer, "head": head, "mass": float(out.gold_mass[i, layer, head]),
+                      "visible": seen[layer]} for layer in range(n_layers) for head in range(n_heads)]
     obs_df, masked_df = pd.DataFrame(obs), pd.DataFrame(masked)
     for df in (obs_df, masked_df):
         if "logprob" in df:
@@ -347,7 +364,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     else:
         outs = run_decoder_sweeps(model, sweeps, n_sink=n_sink, window=lambda n: _window(cfg, n), batch_size=cfg.batch_size,
                                   generate=cfg.generate, progress=cfg.progress)
-    obs, masked, gold = _frames(sweeps, outs)
+    windows = layer_windows(model)  # a sliding-window layer sees only its last keys: gold spans behind it, sink shares
+    obs, masked, gold = _frames(sweeps, outs, () if encoder else windows)
     metrics = ("cosine",) if encoder else DECODER_METRICS
     curve = [curve_table(obs, metrics, n_boot=cfg.n_boot, seed=cfg.seed)]
     for cond, group in (masked.groupby("condition", sort=False) if len(masked) else ()):
@@ -356,9 +374,8 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
     no_gold = _no_gold_frame(outs)
     no_gold_base = no_gold_table(no_gold, metrics, n_boot=cfg.n_boot, seed=cfg.seed)  # Liu et al.'s closed book
 
-    gold_attention = gold.groupby(["layer", "head", "position"], as_index=False)["mass"].mean()
+    gold_attention = gold.groupby(["layer", "head", "position"], as_index=False)[["mass", "visible"]].mean()
     sink_by_layer = [float(x) for x in _layer_means([o.sink_mass for o in outs])]
-    windows = layer_windows(model)  # a sliding-window layer's uniform share counts only the keys in its window
     # over the rows each layer's mass averages (on a sliding-window layer those that see the first token)
     uniform = torch.tensor([[uniform_baseline(sw.prompt_len, n_sink, causal=not encoder, window=w,
                                               rows=sink_rows(sw.prompt_len, n_sink, w, causal=not encoder))
@@ -389,6 +406,7 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
         # {layer: window} of the sliding-window layers, whose sink mass averages the queries that see the first token
         **({} if encoder else {"sliding_windows": {str(k): w for k, w in enumerate(windows) if w is not None}}),
         "prompt_tokens": max(sw.prompt_len for sw in sweeps),  # the longest prompt: a window binds only below it
+        **({"gold_masked": gold_masked(gold_attention)} if not encoder and windows and any(windows) else {}),
         **({"sink_label": sink_label(model, sweeps, n_sink)} if encoder else {}),
         "retrieval_heads": [[int(r.layer), int(r.head)]
                             for r in heads[heads["retrieval"]].sort_values(f"corr_{tracked}", ascending=False).itertuples()],
@@ -403,6 +421,21 @@ def position_bias(model: Any, task: str | Sequence[PositionSweep] | None = None,
                 "no_gold": no_gold, "baseline": no_gold_base},
         config={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}, "task": task, "n_sink": n_sink},
     )
+
+
+def gold_masked(gold_attention: pd.DataFrame) -> dict[str, Any]:
+    """summary["gold_masked"] (review 14c B1): per sliding-window layer where the answer query misses gold spans,
+    {layer: {"hidden": gold positions where it sees none of the span in any example (the mass there is 0 by the
+    mask), "partial": positions where it sees only part of it in some}}; {} where every span is in view."""
+    out: dict[str, Any] = {}
+    per = gold_attention.groupby(["layer", "position"])["visible"].mean()  # [layer x position] share seen
+    for layer, shares in per.groupby(level="layer"):
+        shares = shares.droplevel("layer")
+        hidden = [int(p) for p, v in shares.items() if v == 0]
+        partial = [int(p) for p, v in shares.items() if 0 < v < 1]
+        if hidden or partial:
+            out[str(int(layer))] = {"hidden": hidden, "partial": partial}
+    return out
 
 
 def sink_label(model: Any, sweeps: Sequence[PositionSweep], n_sink: int) -> str:

@@ -994,3 +994,40 @@ def test_the_sink_sentence_names_only_the_windows_shorter_than_the_longest_promp
         attns = hf_reference(wide_dir)(tokens, output_attentions=True).attentions  # layer: [row, head, q, k]
     hand = [float(a[:, :, 4:12, :4].sum(-1).mean()) for a in attns]  # [layer]: rows, heads and queries 4-11
     assert s["n_sink"] == 4 and s["sink_mass_per_layer"] == pytest.approx(hand, abs=1e-5)
+
+
+def test_gold_attention_outside_the_sliding_window_is_hatched_and_said(arch_models, arch_dirs):
+    """Review 14c B1: the answer query (token 11 of 12) on Mistral's window of 8 sees keys 4-11 only (k > 11 - 8), so
+    gold spans [1, 2) and [3, 4) are behind it on both layers: their mass is 0 by the mask. The table records the
+    share seen (0, 0, 1 by that hand rule), HF's own attentions give 0 there and the measured mass at [5, 6), the
+    summary names the hidden positions, the figure hatches those cells without a number and the finding says so."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports.plots_position import finding, plot_gold_attention
+    from tests_support import hf_reference, random_tokens
+
+    tokens = random_tokens(3, 12, seed=5)
+    sweep = pp.PositionSweep(tokens=tokens, gold_spans=torch.tensor([[1, 2], [3, 4], [5, 6]]), positions=(1, 2, 3),
+                             n_items=3, answer_ids=torch.tensor([7]), answers=("x",))
+    res = position_bias(arch_models("mistral"), [sweep], n_boot=20, window=0, generate=False)
+    gold = res.tables["gold_attention"]
+    seen = gold.groupby("position").visible.agg(["min", "max"])
+    assert seen["min"].tolist() == seen["max"].tolist() == [0.0, 0.0, 1.0]  # every layer and head alike
+    with torch.no_grad():
+        attns = hf_reference(arch_dirs["mistral"])(tokens, output_attentions=True).attentions  # layer: [row, head, q, k]
+    for layer, a in enumerate(attns):
+        for row, (lo, hi) in enumerate(((1, 2), (3, 4), (5, 6))):
+            hand = a[row, :, 11, lo:hi].sum(-1)  # [head]
+            got = gold[(gold.layer == layer) & (gold.position == row + 1)].sort_values("head").mass.to_numpy()
+            assert got == pytest.approx(hand.numpy(), abs=1e-5)
+    assert res.summary["gold_masked"] == {"0": {"hidden": [1, 2], "partial": []}, "1": {"hidden": [1, 2], "partial": []}}
+    assert ("On layers 0-1 (sliding window of 8 keys), the answer position sees none of the gold span at gold positions "
+            "1-2 in any example: the gold attention there is 0 by the mask, not measured, and no head of those layers "
+            "can attend to the gold item there.") in finding(res.summary)
+    ax = plot_gold_attention(gold, ax=plt.subplots()[1])
+    hatched = [p for p in ax.patches if p.get_hatch()]
+    assert sorted((int(p.get_x()), int(p.get_y())) for p in hatched) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # (col, row)
+    assert sorted(t.get_text() for t in ax.texts) == sorted(f"{v:.2f}" for v in gold[gold.position == 3]
+                                                           .groupby("layer").mass.max())  # no number on a hatched cell
+    assert "hatched: gold span outside the answer query's sliding window" in ax.get_title()
+    plt.close("all")

@@ -2801,6 +2801,38 @@ def test_kv_eviction_at_chance_is_drawn_in_units_muted_with_its_band_on_the_span
         plt.close("all")
 
 
+def test_position_figures_keep_the_y_label_clear_of_the_title():
+    """Review 14c C1: position_curve's y label 'accuracy (greedy output contains the value)' was taller than its
+    4-inch axes and ran up into the 'NOT DOING THE TASK' subtitle, itself wider than the axes. Measured on the drawn
+    figure: every figure's y label lies within its axes' height and clear of the title, and each title line within
+    the figure's width."""
+    from types import SimpleNamespace
+
+    from headscope.reports.plots_position import figures
+
+    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": 0.0, "ci_low": 0.0, "ci_high": 0.37}
+                          for c in ("full", "window") for m in ("accuracy", "logprob") for p in (1, 2, 3, 4)])
+    tables = {"curve": curve, "masked": pd.DataFrame({"condition": ["window"]}),
+              "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.0, "visible": 0.0}
+                                              for p in (1, 2, 3, 4)]),
+              "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
+    s = {"primary_metric": "accuracy", "n_items": 4, "n_sink": 1,
+         "chance": {"at_chance": True, "metric": "accuracy", "does_not_copy": True}}
+    try:
+        figs = figures(SimpleNamespace(summary=s, tables=tables))
+        assert "NOT DOING THE TASK" in figs["position_curve"].axes[0].get_title()
+        for stem, fig in figs.items():
+            fig.draw_without_rendering()
+            renderer = fig.canvas.get_renderer()
+            ax = fig.axes[0]
+            box, label, title = (x.get_window_extent(renderer) for x in (ax, ax.yaxis.label, ax.title))
+            assert label.y0 >= box.y0 - 1 and label.y1 <= box.y1 + 1, stem  # beside its axes, not above them
+            assert not label.overlaps(title), stem
+            assert title.x0 >= 0 and title.x1 <= fig.bbox.width + 1 and title.y1 <= fig.bbox.height + 1, stem
+    finally:
+        plt.close("all")
+
+
 def test_heads_line_and_bar_figures_at_chance_are_muted_and_say_so():
     """Review 14a B1: at chance the heads importance map was muted and titled AT CHANCE, but pruning_curve.png,
     best_head.png and l0.png drew the same noise in full colour with nothing said. Each now says AT CHANCE in its
@@ -2881,5 +2913,38 @@ def test_mlp_top_neurons_one_label_style_and_at_chance_muted_like_dla_components
         from headscope.reports.plots_mlp import neuron_labels
 
         assert neuron_labels(top, 16, {0: 4}) == ["L0 E0 n51 (routed 16/16)", "L1 dense n79", "L0 shared n47"]
+    finally:
+        plt.close("all")
+
+
+def test_attribution_tau_figure_veils_leave_one_out_where_the_finding_leaves_it_out():
+    """Review 14c B2: with 62 of 100 leave-one-out scores rounding ties the finding leaves leave-one-out out of its
+    taus, but tau.png drew its group like any other. Now that group (x tick 1 here: saliency, leave-one-out) lies
+    under a hatched veil with the reason in its greyed tick label; without the ties nothing is veiled."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots_attribution import MUTED, figures
+
+    base = _attribution_result({"at_chance": False, "metric": "logit_diff", "mean": 2.5, "ci": [0.8, 4.2],
+                                "n_examples": 4})
+    loo = base.df.assign(method="leave_one_out", tau=[0.3, 0.2, 0.25, 0.35] * 2)
+    ties = {"dtype": "bfloat16", "floor": [0.0806, 0.083], "n_scores": 100, "n_within": 62, "ranks_rounding": True}
+    try:
+        for ranks, veiled in ((True, True), (False, False)):
+            s = {**base.summary, "loo_rounding": {**ties, "ranks_rounding": ranks}}
+            result = Result(name="attribution", df=pd.concat([base.df, loo], ignore_index=True), summary=s,
+                            tables=base.tables)
+            ax = figures(result)["tau"].axes[0]
+            veils = [p for p in ax.patches if p.get_gid() == "muted"]
+            ticks = {t.get_text(): t for t in ax.get_xticklabels()}
+            if not veiled:
+                assert not veils and "leave-one-out" in ticks
+                continue
+            [veil] = veils
+            box = veil.get_window_extent()  # pixels, back to data x
+            x0, x1 = ax.transData.inverted().transform([(box.x0, 0), (box.x1, 0)])[:, 0]
+            assert x0 == pytest.approx(0.52) and x1 == pytest.approx(1.48)
+            label = "leave-one-out\n(not read:\n62 of 100 scores\nare rounding ties)"
+            assert label in ticks and ticks[label].get_color() == MUTED
+            assert ticks["saliency"].get_color() != MUTED
     finally:
         plt.close("all")
