@@ -1,8 +1,10 @@
 """The `circuits` finding in words (reports/plots_circuits.py's `finding`, the family's headline): where the
 logit lens first ranks the answer top-1, held against a constant guess of the commonest answer; the direct
-logit attribution's largest writers with their intervals, ties and totals, and what they sum to (the
-pre-soft-cap logit difference where the model caps its logits); MIB's CPR/CMD with bootstrap intervals;
-at chance only what was measured.
+logit attribution's largest writers with their intervals, ties and totals, and what they sum to (the final
+logit difference, or the answer's logit where the task has no wrong answers: `metric_words`; before the
+soft-cap where the model caps its logits); MIB's CPR/CMD with bootstrap intervals, withheld with the gap and
+its interval where the clean-corrupted gap they divide by is within noise (gap_within_noise); at chance only
+what was measured.
 """
 from __future__ import annotations
 
@@ -70,15 +72,23 @@ def _writers(s: Mapping[str, Any], top: Mapping[str, float], final: float | None
     return text
 
 
+def metric_words(s: Mapping[str, Any]) -> str:
+    """What DLA's writers sum to and edge attribution's metric is: "answer logit" where the task has no wrong
+    answers (dla_direction "answer", or edge_metric), else "logit difference" (answer minus wrong answer)."""
+    answer = s.get("dla_direction") == "answer" or str(s.get("edge_metric", "")).startswith("answer logit")
+    return "answer logit" if answer else "logit difference"
+
+
 def _of_total(s: Mapping[str, Any], final: float | None) -> str:
-    """What the writers add up to: ' of a final logit difference 14.2.'; where the model soft-caps its final
-    logits (dla_final_softcap, Gemma 2's cap * tanh(logit / cap)) the writers sum to the logit difference before
-    the cap, not to the output, and the sentence gives both."""
+    """What the writers add up to: ' of a final logit difference 14.2.' (' of a final answer logit 7.05.' where the
+    task has no wrong answers: review 14b A3); where the model soft-caps its final logits (dla_final_softcap,
+    Gemma 2's cap * tanh(logit / cap)) the writers sum to the logit (difference) before the cap, not to the
+    output, and the sentence gives both."""
     cap, before = _num(s.get("dla_final_softcap")), _num(s.get("dla_logit_before_softcap"))
     if final is None:
         return "."
     if cap is None or before is None:
-        return f" of a final logit difference {final:.3g}."
+        return f" of a final {metric_words(s)} {final:.3g}."
     what = "logit" if s.get("dla_direction") == "answer" else "logit difference"
     return (f". The components sum to the {what} before the model's final logit soft-cap ({cap:g} tanh(logit / "
             f"{cap:g})): {before:.2f}; the model's output, after the cap, is {final:.2f}.")
@@ -174,14 +184,16 @@ def finding(s: Mapping[str, Any]) -> str:
     top = {k: _num(v) for k, v in (s.get("dla_top_components") or {}).items() if _num(v) is not None}
     final = _num(s.get("dla_final_logit"))
     entry = _chance(s)
-    if entry is not None or _at_chance(s, "logit_diff", final):  # at chance: no writer, no circuit to rank
+    # at chance: no writer, no circuit to rank (the old near-0 heuristic reads a logit difference, not a logit)
+    if entry is not None or _at_chance(s, "logit_diff" if metric_words(s) == "logit difference" else None, final):
         why = ("below chance the model's behaviour is a preference among the answer tokens that does not depend on the "
                "prompt, not the task's" if entry is not None and _below(entry) and entry.get("prompt_independent") is True
                else "below chance the model's behaviour is a preference for the wrong answers, not the task's"
                if entry is not None and _below(entry) else "at chance there is no behaviour to attribute")
+        what = metric_words(s)  # a logit's 0 is no reference: "near 0" is said of a logit difference only
+        near = ", near 0" if "chance" not in s and what == "logit difference" else ""
         parts.append("Direct logit attribution"
-                     + (f" (final logit difference {final:.3g}" + (", near 0" if "chance" not in s else "") + ")"
-                        if final is not None else "")
+                     + (f" (final {what} {final:.3g}{near})" if final is not None else "")
                      + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
         return " ".join(parts)
     if top:
@@ -191,7 +203,9 @@ def finding(s: Mapping[str, Any]) -> str:
         if expert := top_expert_sentence(s):  # which expert of the top MoE block writes the answer, or a tie
             parts.append(expert)
     cpr, cmd = _num(s.get("mib_cpr")), _num(s.get("mib_cmd"))
-    if cpr is not None and cmd is not None:
+    if isinstance(s.get("gap_within_noise"), Mapping) and not isinstance(s.get("edges_skipped"), str):
+        parts.append(_gap_noise_words(s))
+    elif cpr is not None and cmd is not None:
         n, edges = _num(s.get("mib_n_examples", s.get("edges_n_examples"))), _num(s.get("n_edges"))
         over = (f", top-k of {edges:.0f} edges" if edges else "") + (f", over {n:.0f} examples" if n else "")
         parts.append(f"MIB's circuit metrics ({s.get('edge_method', 'edge')} scores{over}): "
@@ -201,6 +215,19 @@ def finding(s: Mapping[str, Any]) -> str:
         parts.append(f"Edge attribution, the circuit's faithfulness and MIB's CPR/CMD were not run: "
                      f"{s['edges_skipped'].rstrip('.')}.")
     return " ".join(parts)
+
+
+def _gap_noise_words(s: Mapping[str, Any]) -> str:
+    """Why faithfulness and MIB's CPR/CMD are withheld: the clean-corrupted gap they divide by is within noise by
+    patching's rule (gap_within_noise: its reason gives the gap, its 95% CI and n), the metric named."""
+    small = s["gap_within_noise"]
+    n, edges = _num(s.get("edges_n_examples", s.get("mib_n_examples"))), _num(s.get("n_edges"))
+    ran = ", ".join(x for x in (f"{s['edge_method']} scores" if s.get("edge_method") else "",
+                                f"{edges:.0f} edges" if edges else "", f"{n:.0f} examples" if n else "") if x)
+    return (f"Edge attribution ran{f' ({ran})' if ran else ''}, but the clean-corrupted gap of its metric, the "
+            f"{metric_words(s)}, is within noise ({small.get('reason', 'no reason recorded')}): the circuit's "
+            "faithfulness, the circuit size reaching 80% of the gap and MIB's CPR/CMD are ratios over that gap, so "
+            "none is reported.")
 
 
 def _boot(ci: Any) -> str:

@@ -218,11 +218,12 @@ def plot_dla_components(data: pd.DataFrame, *, moe: list[int] | None = None, ax=
     return ax
 
 
-def _note(unreported: str | None) -> str:
-    """A title line (wrapped) saying why faithfulness is not reported, or ""."""
+def _note(unreported: str | None, width: int = 80) -> str:
+    """A title line (wrapped at `width` characters: the axes' own, not the figure's) saying why faithfulness is
+    not reported, or ""."""
     import textwrap
 
-    return "\n" + textwrap.fill(f"NOT REPORTED: {unreported}", 80) if unreported else ""
+    return "\n" + textwrap.fill(f"NOT REPORTED: {unreported}", width) if unreported else ""
 
 
 def plot_faithfulness(data: pd.DataFrame, *, target: float = 0.8, unreported: str | None = None, ax=None):
@@ -241,8 +242,9 @@ def plot_faithfulness(data: pd.DataFrame, *, target: float = 0.8, unreported: st
     ax.axhline(target, color="C3", lw=1, ls=":", label=f"{target:.0%} of the gap")
     ax.axhline(0.0, color="black", lw=0.5)
     ax.set_xscale("log")
-    ax.set(xlabel="edges in the circuit (k)", ylabel="faithfulness (fraction of clean - corrupted gap)",
-           title="Circuit faithfulness" + (_note(unreported)))
+    # the note wrapped to the axes' width (the legend takes the figure's right): at 80 it ran over the y label
+    ax.set(xlabel="edges in the circuit (k)", ylabel="faithfulness\n(fraction of clean - corrupted gap)",
+           title="Circuit faithfulness" + (_note(unreported, 55)))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # off the data
     return ax
 
@@ -251,16 +253,21 @@ def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None 
              unreported: str | None = None, cpr_ci=None, cmd_ci=None, ax=None):
     """`data`: the mib table. MIB's faithfulness curve: f of the top p of the edges against p (0.1% ... 100%, log-scaled
     x for legibility; MIB's areas are over linear p), the area under it (CPR) shaded; cpr_ci, cmd_ci: the
-    summary's bootstrap intervals, named in the legend."""
+    summary's bootstrap intervals, named in the legend. `unreported` (why the findings withhold CPR/CMD: at
+    chance, or a clean-corrupted gap within noise): in the title, the curve faint and the legend without the
+    numbers (review 14b A4: "CPR 0.583, 95% CI 0.190-0.890" over a gap of -0.0117 logits)."""
     ax, mib = axes(ax, (8, 4)), data
     x, f = mib.fraction.to_numpy() * 100, mib.faithfulness.to_numpy()
 
     def ci(interval) -> str:
         return f", 95% CI {interval[0]:.3f}-{interval[1]:.3f}" if ci_pair(interval) else ""
 
-    ax.fill_between(x, 0.0, f, color="C0", alpha=0.2,
-                    label="CPR: area under f" + (f" = {cpr:.3f}{ci(cpr_ci)}" if cpr is not None else ""))
-    ax.plot(x, f, marker="o", color="C0", label="top-p% edges")
+    if unreported:  # a ratio over noise: no number in the legend
+        cpr = cmd = None
+    ax.fill_between(x, 0.0, f, color="C0", alpha=0.08 if unreported else 0.2,
+                    label="CPR: area under f" + (f" = {cpr:.3f}{ci(cpr_ci)}" if cpr is not None else
+                                                 " (not reported)" if unreported else ""))
+    ax.plot(x, f, marker="o", color="C0", label="top-p% edges", alpha=0.35 if unreported else 1.0)
     ax.axhline(1.0, color="C3", lw=1, ls=":",
                label="f = 1" + (f" (CMD: area between = {cmd:.3f}{ci(cmd_ci)})" if cmd is not None else ""))
     ax.axhline(0.0, color="black", lw=0.5)
@@ -273,7 +280,8 @@ def plot_mib(data: pd.DataFrame, *, cpr: float | None = None, cmd: float | None 
     ax.set(xlabel="edges in the circuit (% of all; MIB's fractions)", ylabel="faithfulness f (1 = full model)",
            title="MIB faithfulness: f = (m(C) - m(empty)) / (m(full) - m(empty))"
            + (_note(unreported)))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize="small", ncol=2)
+    # anchored below the x label in points (a fraction of the axes moves with its height: a longer title overlapped)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=4.0, fontsize="small", ncol=2)
     return ax
 
 
@@ -454,11 +462,13 @@ GUIDE = (  # how to read this section of the report
     "final norm and unembedding: by layer and position, the log-probability of the token that comes next (the "
     "prompt's own next token, and at the answer position the answer), the logit difference "
     "answer minus wrong answer by layer (where the task has wrong answers), and the first "
-    "layer where the answer is top-1. Direct logit attribution splits the final logit difference into "
-    "embeddings, heads, MLPs and bias terms, with the final norm frozen at its actual scale (and on models "
+    "layer where the answer is top-1. Direct logit attribution splits the final logit difference (answer minus "
+    "wrong answer; the answer's logit where the task has no wrong answers) into embeddings, heads, MLPs and bias "
+    "terms, with the final norm frozen at its actual scale (and on models "
     "with post-norm blocks, as OLMo 2 and Gemma 2/3, each write through its layer's own norm, frozen likewise), so the "
-    "parts add up exactly (where the model soft-caps its final logits, as Gemma 2, to the logit difference "
-    "before the cap: the finding gives both)."
+    "parts add up exactly (where the model soft-caps its final logits, as Gemma 2, to the logit (difference) "
+    "before the cap: the finding gives both). Edge attribution's faithfulness and MIB's CPR/CMD are ratios over the "
+    "clean-corrupted gap of that metric: where the gap is within noise (patching's rule) they are not reported."
 )
 CAPTIONS = {  # what to read from each figure and its units, by figure stem
     "circuits_lens": "Logit lens: the log-probability (nats, <= 0) of the token that comes next at each position, "
@@ -476,12 +486,14 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                      "from the embeddings on; the title then says so and the logit difference, which starts near 0, is "
                      "the measure the finding reads.",
     "circuits_dla_heads": "Direct logit attribution per head (logits), layer x head: each head's write into the "
-                          "answer-minus-wrong logit direction, with the final norm frozen (on models with a norm after "
-                          "attention, as OLMo 2 and Gemma 2/3, each head's write taken through its layer's "
+                          "answer-minus-wrong logit direction (the answer's own logit direction where the task has no "
+                          "wrong answers), with the final norm frozen (on models with a norm after attention, as OLMo 2 "
+                          "and Gemma 2/3, each head's write taken through its layer's "
                           "post-attention norm, frozen at its actual scale); red toward the answer, blue away.",
     "circuits_dla_components": "Direct logit attribution per component (logits): embeddings, MLPs, attention and norm "
-                               "biases; with the heads (the per-head map) they add up to the final logit difference (before "
-                               "the model's final logit soft-cap, where it has one: Gemma 2's). "
+                               "biases; with the heads (the per-head map) they add up to the final logit difference (the "
+                               "answer's logit where the task has no wrong answers; before the model's final logit "
+                               "soft-cap, where it has one: Gemma 2's). "
                                "Bars: mean over examples; error bars: its 95% t interval over examples (writers whose "
                                "intervals overlap may not differ). Kinds that are 0 within rounding for every example "
                                "(below 1e-5 of the largest writer, e.g. bias terms of a model without biases) are left "
@@ -489,21 +501,24 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
                                "whole block (every expert the router chose and any shared expert); plain mlpN a dense MLP.",
     "circuits_dla_experts": "Direct logit attribution per expert (logits) of each mixture-of-experts block (one panel "
                             "per MoE layer, every panel on one scale symmetric about 0): each expert's write into the "
-                            "answer-minus-wrong logit direction, mean over examples (bar: red toward the answer, blue "
-                            "away) with its 95% t interval; an example the router did not send to the expert counts 0, "
+                            "answer-minus-wrong logit direction (the answer's own without wrong answers), mean over "
+                            "examples (bar: red toward the answer, blue away) with its 95% t interval; an example the router "
+                            "did not send to the expert counts 0, "
                             "and each tick gives the examples routed to it of n. The shared expert (Qwen2-MoE) is "
                             "hatched and ticked \"shared\"; the grey bar right of the dotted line is the layer's total, "
                             "its mlpN row of the components figure, which the experts' bars add up to. With more than 16 "
                             "experts or 8 MoE layers, one map instead: MoE layer (rows) x expert (columns), each cell "
                             "an expert's mean on the diverging scale centred on 0, never-routed experts hatched, the "
                             "shared expert's and the total's columns right of the line.",
-    "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap the circuit recovers; 1 = all) of the "
-                             "top-k edge circuit against its size k (x, log scale); grey: the range of random circuits of "
-                             "the same size, dotted: the 80% target.",
+    "circuits_faithfulness": "Faithfulness (y, the fraction of the clean-corrupted gap of the task metric, the logit "
+                             "difference answer minus wrong answer or the answer's logit where the task has no wrong "
+                             "answers, that the circuit recovers; 1 = all) of the top-k edge circuit against its size k "
+                             "(x, log scale); grey: the range of random circuits of the same size, dotted: the 80% target.",
     "circuits_mib": "MIB's faithfulness curve (Mueller et al. 2025): f = (m(C) - m(empty)) / (m(full) - m(empty)) of the "
                     "top p% of the edges (x, log scale) for p = 0.1 ... 100; shaded: CPR, the area under f over linear p "
                     "(higher is better); CMD is the area between f and 1 (lower is better); the legend gives each with its 95% "
-                    "bootstrap interval over examples.",
+                    "bootstrap interval over examples. m: the logit difference answer minus wrong answer (the answer's logit "
+                    "where the task has no wrong answers).",
     "circuits_graph": "The strongest edges of the circuit, sender to receiver: x = layer (input left, logits right), "
                       "y = head (MLPs at -1: after their layer's heads, at x = layer + 0.5, on sequential blocks; beside "
                       "them, at the heads' x, on parallel blocks (GPT-NeoX, GPT-J, Phi), where each MLP reads its block's "
@@ -516,5 +531,38 @@ CAPTIONS = {  # what to read from each figure and its units, by figure stem
 }
 PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <site>.'
     "logit_lens": "Logit lens: the answer read from each block's input through the final norm and unembedding. ",
-    "dla": "Direct logit attribution: each component's contribution (logits) to the final logit difference. ",
+    "dla": "Direct logit attribution: each component's contribution (logits) to the final logit difference (the answer's "
+           "logit where the task has no wrong answers). ",
 }
+
+
+# the run's own wording where it has no wrong answers (dla_direction "answer"; review 14b A3: "logit difference" of a
+# task without one), in place of CAPTIONS' either-or: (CAPTIONS' phrase, the answer-only one), by figure stem
+_ANSWER_ONLY = {
+    "circuits_dla_heads": ("answer-minus-wrong logit direction (the answer's own logit direction where the task has no "
+                           "wrong answers)", "answer's logit direction (its unembedding: the task has no wrong answers)"),
+    "circuits_dla_components": ("final logit difference (the answer's logit where the task has no wrong answers;",
+                                "final answer logit (the task has no wrong answers;"),
+    "circuits_dla_experts": ("answer-minus-wrong logit direction (the answer's own without wrong answers)",
+                             "answer's logit direction (the task has no wrong answers)"),
+    "circuits_faithfulness": ("the logit difference answer minus wrong answer or the answer's logit where the task has no "
+                              "wrong answers,", "the answer's logit (the task has no wrong answers),"),
+    "circuits_mib": ("m: the logit difference answer minus wrong answer (the answer's logit where the task has no "
+                     "wrong answers).", "m: the answer's logit (the task has no wrong answers)."),
+}
+
+
+def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
+    """A figure's caption for this run where it depends on it (families.py), else None (CAPTIONS' holds): the metric
+    named for what it is (the answer's logit where the task has no wrong answers), and the faithfulness and MIB
+    figures opening with why the findings withhold them (`unreported`: at chance, a clean-corrupted gap within
+    noise)."""
+    if not isinstance(summary, Mapping) or stem not in CAPTIONS:
+        return None
+    text = CAPTIONS[stem]
+    if summary.get("dla_direction") == "answer" and stem in _ANSWER_ONLY:
+        text = text.replace(*_ANSWER_ONLY[stem])
+    off = unreported(summary) if stem in ("circuits_faithfulness", "circuits_mib") else None
+    if off:
+        text = f"Not reported in the findings: {off}. {text}"
+    return text if text != CAPTIONS[stem] else None

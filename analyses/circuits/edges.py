@@ -278,7 +278,8 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
     """(graph, scores [n_receivers, n_senders] float64 (0 where no edge), info) over the whole task.
 
     method: "eap-clean", "eap-denoising" or "eap-ig" (module doc); None: by ig_steps (resolve_method).
-    info: metric_clean, metric_corrupt (means over examples), n_examples, ig_steps, method."""
+    info: metric_clean, metric_corrupt (means over examples), metric_clean_rows, metric_corrupt_rows (the
+    per-example values [n], for the gap's interval), n_examples, ig_steps, method."""
     check_model(model, task)
     method, ig_steps = resolve_method(method, ig_steps)
     on_clean = method == "eap-clean"
@@ -288,7 +289,8 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
     mask = task.attention_mask
     bridge, n_layers = model.bridge, model.facts.n_layers
     scores = torch.zeros(len(graph.receivers), len(graph.senders), dtype=torch.float64)
-    m_clean = m_corrupt = 0.0
+    rows_clean: list[float] = []  # [n] per-example metric of the clean run
+    rows_corrupt: list[float] = []  # [n] and of the corrupted run
     ex_per_chunk = max(1, _chunk_rows(model, n_pos, graph, grad=True) // ig_steps)
     readers = reader_names(n_layers)
     with edge_hooks_enabled(bridge):
@@ -300,8 +302,8 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
             w_corr, lg_corr, r_corr = capture_writers(model, task.corrupted_tokens[part], mk, final=True)
             check_additive(model, w_clean, w_corr, r_clean, r_corr)
             wr = None if wrong is None else wrong[part]
-            m_clean += float(row_metric(lg_clean, pos[part], answers[part], wr).sum())
-            m_corrupt += float(row_metric(lg_corr, pos[part], answers[part], wr).sum())
+            rows_clean += row_metric(lg_clean, pos[part], answers[part], wr).double().tolist()
+            rows_corrupt += row_metric(lg_corr, pos[part], answers[part], wr).double().tolist()
             e_clean, e_corr = w_clean[:, :, 0], w_corr[:, :, 0]  # [b, pos, d] input embeddings
             alpha = (torch.arange(ig_steps, dtype=torch.float32) / ig_steps).repeat_interleave(b)  # [steps*b]
             embed = e_corr.repeat(ig_steps, 1, 1) + alpha[:, None, None] * (e_clean - e_corr).repeat(ig_steps, 1, 1)
@@ -337,8 +339,9 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
             delta = (w_clean - w_corr).cpu()  # [b, pos, S, d], 0 on padding (capture_writers)
             scores += torch.einsum("bpsd,bprd->rs", delta.double(), g_all.double())
     scores = (scores / n) * graph.reach
-    info = {"metric_clean": m_clean / n, "metric_corrupt": m_corrupt / n, "n_examples": n, "ig_steps": ig_steps,
-            "method": method}
+    info = {"metric_clean": sum(rows_clean) / n, "metric_corrupt": sum(rows_corrupt) / n,
+            "metric_clean_rows": rows_clean, "metric_corrupt_rows": rows_corrupt, "n_examples": n,
+            "ig_steps": ig_steps, "method": method}
     return graph, scores, info
 
 

@@ -27,6 +27,14 @@ CPR and CMD carry a percentile bootstrap interval over examples (`mib_bootstrap`
 means, so each resample takes every circuit's mean over the same drawn examples (the empty and the
 full circuit's too) and recomputes f and both areas; summary mib_cpr_ci, mib_cmd_ci, mib_n_examples,
 mib_ci_method.
+
+Every one of these (faithfulness, smallest_k_80, CPR, CMD) is a ratio over the clean-corrupted gap of the
+task metric (edge_metric: the logit difference answer minus wrong answer, or the answer's logit where the
+task has no wrong answers). Where that gap is within noise by patching's rule (`gap_noise`:
+chance.gap_within_noise on the per-example pairs, the 0.1-logit floor of a logit difference, as both
+metrics are in logits) the summary carries gap_within_noise (gap, its 95% CI, n, reason) and the findings
+and figures withhold them (review 14b A4: CPR 0.828 over a gap of -0.0105 logits); the numbers stay in
+the summary and tables as data.
 """
 from __future__ import annotations
 
@@ -44,6 +52,22 @@ MIB_CI_METHOD = ("percentile bootstrap over examples (numpy default_rng(seed), n
                  "per resample; every circuit's mean metric, m(empty) and m(full) included, over the same draw, then "
                  "f and the areas recomputed; resamples where m(full) = m(empty) are dropped)")
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+METRIC_NAMES = {True: "logit difference (answer - wrong answer)", False: "answer logit"}  # by: has wrong answers
+
+
+def gap_noise(clean, corrupted, wrong: bool) -> dict | None:
+    """chance.gap_within_noise (patching's rule) for the edge metric's per-example clean and corrupted values
+    [n]: None when the gap is clear, else its entry, the reason naming the metric (`wrong`: the task has wrong
+    answers, the metric is a logit difference; else the answer's logit). Both are in logits, so both take a
+    logit difference's floor (0.1 logits)."""
+    from headscope.analyses.core import chance
+
+    entry = chance.gap_within_noise(clean, corrupted, "logit_diff")
+    if entry is not None and not wrong:  # the rule's words name the logit difference; this metric is a logit
+        entry["reason"] = entry["reason"].replace(" logit difference", " answer logit", 1)
+    return entry
 
 
 def circuit_metrics(model, task: Task, graph: E.EdgeGraph, keep: torch.Tensor) -> torch.Tensor:
@@ -236,6 +260,7 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
     sweep = faithfulness_sweep(model, task, graph, scores, ks, seed=seed, metric_clean=info["metric_clean"],
                                metric_corrupt=info["metric_corrupt"])
     mib, cpr, cmd, boot = mib_curve(model, task, graph, scores, seed=seed)
+    noise = gap_noise(info["metric_clean_rows"], info["metric_corrupt_rows"], task.wrong_answers is not None)
     top = E.top_edges(graph, scores, n_listed)
     at_k = sweep[sweep.circuit == "top"].set_index("k").faithfulness
     rand = sweep[sweep.circuit == "random"].groupby("k").faithfulness.mean()
@@ -244,6 +269,7 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
         "edge_method_detail": E.method_label(info["method"], info["ig_steps"]),
         "n_edges": graph.n_edges,
         "edges_parallel_blocks": graph.parallel,  # each MLP reads its block's input: no same-layer head -> MLP edge
+        "edge_metric": METRIC_NAMES[task.wrong_answers is not None],  # what m is: faithfulness's numerator
         "edge_metric_clean": info["metric_clean"], "edge_metric_corrupt": info["metric_corrupt"],
         "smallest_k_80": smallest_k(sweep, target),
         "faithfulness_at_k": {str(k): float(v) for k, v in at_k.items()},
@@ -257,4 +283,6 @@ def circuit_discovery(model, task: Task, *, ig_steps: int, k_values, seed: int =
                           "trapezoid over linear p in 0.001..1; no pruning of disconnected edges; m(full), m(empty) "
                           "from the same ablation pass",
     }
+    if noise is not None:  # every ratio above divides by noise: the findings and figures withhold them
+        summary["gap_within_noise"] = noise
     return {"edges": top, "faithfulness": sweep, "mib": mib}, summary

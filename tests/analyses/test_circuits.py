@@ -253,11 +253,13 @@ def test_dla_rows_sum_to_the_final_logit_difference(family, wrong, biased_models
     assert abs(s["dla_sum_components"] - writers.groupby("example").contribution.sum().mean()) < 1e-5
     # no final soft-cap: nothing recorded before one, and the finding keeps its "of a final logit difference"
     assert s["dla_final_softcap"] is None and s["dla_logit_before_softcap"] is None
-    if wrong:
-        from headscope.reports.findings import finding
+    from headscope.reports.findings import finding
 
-        text = finding("circuits", s)
+    text = finding("circuits", s)
+    if wrong:
         assert f"of a final logit difference {s['dla_final_logit']:.3g}." in text and "soft-cap" not in text, text
+    else:  # review 14b A3: no wrong answer, so the writers sum to the answer's logit (the forward's), not a difference
+        assert f"of a final answer logit {float(final.mean()):.3g}." in text and "logit difference" not in text, text
     if family != "llama":  # a LayerNorm bias, random here, is a term of its own
         assert (dla.kind == "ln_final_bias").any() and dla[dla.kind == "ln_final_bias"].contribution.abs().max() > 1e-3
     assert s["dla_direction"] == ("answer - wrong_answer" if wrong else "answer")

@@ -28,6 +28,17 @@ def pair_task(n: int = 3, n_pos: int = 8, changed: int = 2, seed: int = 0) -> Ta
     return Task(name="pairs", tokens=tok, corrupted_tokens=cor, answers=ans, wrong_answers=wrong)
 
 
+def clear_task(n: int = 4, n_pos: int = 8, seed: int = 0) -> Task:
+    """Random prompts ending in token 11, their corrupted copies in 12, one answer pair (20 over 21) for all: a
+    random model's direct path then moves the logit difference alike on every example (a clear gap)."""
+    g = torch.Generator().manual_seed(seed)
+    tok = torch.randint(10, 60, (n, n_pos), generator=g)
+    cor = tok.clone()
+    tok[:, -1], cor[:, -1] = 11, 12
+    return Task(name="clear", tokens=tok, corrupted_tokens=cor, answers=torch.full((n,), 20),
+                wrong_answers=torch.full((n,), 21))
+
+
 def metric_fn(task: Task, i: int):
     return lambda logits: logits[0, -1, task.answers[i]] - logits[0, -1, task.wrong_answers[i]]
 
@@ -237,7 +248,7 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     from headscope.analyses.circuits import CircuitsConfig, run
     from headscope.reports import plots_circuits
 
-    task = pair_task(n=4)
+    task = clear_task(n=4)  # review 14b A4: pair_task's random pairs have a gap within noise (CPR 10.975 [-9.3, 16.1])
     quick, full = CircuitsConfig.preset(quick=True), CircuitsConfig.preset()
     assert (quick.edge_method, full.edge_method, full.ig_steps) == ("eap-clean", "eap-ig", 5)
     n_edges = 110  # GPT-2, 2 layers x 4 heads: 12 + 5 edges into layer 0, 72 + 10 into layer 1, 11 into the logits
@@ -264,9 +275,66 @@ def test_run_adds_edges_faithfulness_and_figures(tiny_models):
     assert s["mib_cpr_ci"][0] <= s["mib_cpr_ci"][1] and s["mib_cmd_ci"][0] <= s["mib_cmd_ci"][1]
     legend = [t.get_text() for t in figs["circuits_mib"].axes[0].get_legend().get_texts()]
     assert f"CPR: area under f = {s['mib_cpr']:.3f}, 95% CI {s['mib_cpr_ci'][0]:.3f}-{s['mib_cpr_ci'][1]:.3f}" in legend
+    assert "gap_within_noise" not in s and s["edge_metric"] == "logit difference (answer - wrong answer)"
     lens = result.tables["lens"]
     hits = lens[lens.is_answer].groupby("layer")["rank"].apply(lambda r: int((r == 0).sum()))
     assert s["lens_top1_count_per_layer"] == {str(k): v for k, v in hits.items()}
+
+
+@pytest.mark.parametrize("wrong", [True, False])
+def test_a_gap_within_noise_withholds_faithfulness_and_cpr_cmd(tiny_dirs, tiny_models, wrong):
+    """Review 14b A4: CPR 0.828 (CI [-4.0, 2.9]) over a clean-corrupted gap of -0.0105 logits that patching calls
+    noise. The gap, from plain Hugging Face logits and a scipy t interval, is within noise: the summary says so
+    by patching's rule (gap_within_noise), the finding withholds faithfulness and CPR/CMD giving the gap and its
+    interval, and the MIB figure's legend carries no number. Without wrong answers the metric is the answer's
+    logit, named so (review 14b A3)."""
+    from scipy import stats
+    from transformers import AutoModelForCausalLM
+
+    from headscope.analyses.circuits import CircuitsConfig, run
+    from headscope.reports import plots_circuits
+    from headscope.reports.findings import finding
+
+    task = pair_task(n=4)
+    if not wrong:
+        task = Task(name="pairs", tokens=task.tokens, corrupted_tokens=task.corrupted_tokens, answers=task.answers)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dirs["gpt2"]).eval()
+    with torch.no_grad():
+        clean, corrupt = hf(task.tokens).logits[:, -1].double(), hf(task.corrupted_tokens).logits[:, -1].double()
+    rows = torch.arange(len(task))
+
+    def metric(logits):  # [n]: answer minus wrong answer, or the answer's logit
+        return logits[rows, task.answers] - (logits[rows, task.wrong_answers] if wrong else 0.0)
+
+    diff = (metric(clean) - metric(corrupt)).numpy()  # [n]
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
+    lo, hi = diff.mean() - half, diff.mean() + half
+    assert lo <= 0 <= hi  # the case under test: the interval contains 0
+    result = run(tiny_models["gpt2"], task, CircuitsConfig(quick=True, k_values=(0, 110), lens_positions="answer"))
+    s = result.summary
+    small = s["gap_within_noise"]
+    assert small["gap"] == pytest.approx(diff.mean(), abs=1e-5) and small["ci"] == pytest.approx([lo, hi], abs=1e-5)
+    words = "logit difference" if wrong else "answer logit"
+    assert s["edge_metric"] == ("logit difference (answer - wrong answer)" if wrong else "answer logit")
+    text = finding("circuits", s)
+    assert (f"Edge attribution ran (eap-clean scores, 110 edges, 4 examples), but the clean-corrupted gap of its "
+            f"metric, the {words}, is within noise (mean gap {diff.mean():.3g} {words}, its 95% CI [{lo:.3g}, {hi:.3g}] "
+            "over 4 pairs contains 0): the circuit's faithfulness, the circuit size reaching 80% of the gap and MIB's "
+            "CPR/CMD are ratios over that gap, so none is reported.") in text, text
+    assert "MIB's circuit metrics" not in text and "CPR 0" not in text and "CPR 1" not in text
+    off = plots_circuits.unreported(s)  # as `figures` draws them
+    mib = plots_circuits.plot_mib(result.tables["mib"], cpr=s["mib_cpr"], cmd=s["mib_cmd"], unreported=off,
+                                  cpr_ci=s["mib_cpr_ci"], cmd_ci=s["mib_cmd_ci"])
+    faith = plots_circuits.plot_faithfulness(result.tables["faithfulness"], unreported=off)
+    try:
+        legend = [t.get_text() for t in mib.get_legend().get_texts()]
+        assert legend == ["CPR: area under f (not reported)", "top-p% edges", "f = 1"]
+        title = " ".join(faith.get_title().split())
+        assert f"NOT REPORTED: clean-corrupted gap within noise: mean gap {diff.mean():.3g} {words}" in title
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
 
 
 def test_mib_areas_closed_form():

@@ -1554,8 +1554,8 @@ def test_circuits_at_chance_mute_dla_and_the_graph_and_do_not_report_faithfulnes
         faith = vivid["circuits_faithfulness"].axes[0].get_title()
         assert "NOT REPORTED" not in faith
         assert "NOT REPORTED: at chance" in quiet["circuits_faithfulness"].axes[0].get_title()
-        assert "NOT REPORTED: clean-corrupted gap within noise: CI [-0.01, 0.006]" in small[
-            "circuits_faithfulness"].axes[0].get_title()
+        assert "NOT REPORTED: clean-corrupted gap within noise: CI [-0.01, 0.006]" in " ".join(small[
+            "circuits_faithfulness"].axes[0].get_title().split())  # wrapped to the axes' width
     finally:
         plt.close("all")
 
@@ -2948,3 +2948,38 @@ def test_attribution_tau_figure_veils_leave_one_out_where_the_finding_leaves_it_
             assert ticks["saliency"].get_color() != MUTED
     finally:
         plt.close("all")
+
+
+def test_withheld_mib_curve_is_faint_and_its_legend_has_no_number_nor_overlaps_the_axis_label():
+    """Review 14b A4: circuits_mib.png drew a clean curve and "CPR ... = 0.583, 95% CI 0.190-0.890" over a gap within
+    noise. Withheld (unreported), the legend names CPR with no number, the curve is faint, and under a three-line title
+    the legend (anchored in points below the axis label) overlaps neither the tick labels nor the axis label;
+    the faithfulness figure's note, wrapped to its axes, does not run over its y label."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_circuits import plot_faithfulness, plot_mib
+
+    fractions = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
+    f = [0.0] * 7 + [1 / 3, 2 / 3, 1.0]  # out_bf16/circuits/mib.csv: bfloat16 steps of a -0.0117 gap
+    why = ("clean-corrupted gap within noise: mean gap -0.0117 answer logit, its 95% CI [-0.0252, 0.0018] over 8 pairs "
+           "contains 0")
+    fig = laid_out(plot_mib(pd.DataFrame({"fraction": fractions, "faithfulness": f}), cpr=0.583, cmd=0.416,
+                            cpr_ci=[0.190, 0.890], cmd_ci=[0.109, 0.809], unreported=why))
+    sweep = pd.DataFrame([{"circuit": c, "k": k, "draw": 0, "faithfulness": v}
+                          for c, k, v in (("top", 1, 0.0), ("top", 14, -0.33), ("top", 110, 1.0), ("random", 1, 0.0),
+                                          ("random", 14, 1.0), ("random", 110, 1.0))])
+    faith = laid_out(plot_faithfulness(sweep, unreported=why).figure)
+    try:
+        ax = fig.axes[0]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["CPR: area under f (not reported)",
+                                                                      "top-p% edges", "f = 1"]
+        assert ax.lines[0].get_alpha() < 0.5
+        renderer = fig.canvas.get_renderer()
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert not [t.get_text() for t in _shown_xticks_apart(fig, ax) if _overlap(t.get_window_extent(renderer), legend)]
+        assert not _overlap(ax.xaxis.label.get_window_extent(renderer), legend)
+        fax = faith.axes[0]
+        r = faith.canvas.get_renderer()
+        assert not _overlap(fax.title.get_window_extent(r), fax.yaxis.label.get_window_extent(r))
+    finally:
+        plt.close(fig)
+        plt.close(faith)

@@ -3072,3 +3072,41 @@ def test_attribution_saturated_permutation_sentence_follows_the_per_example_dist
     text = finding("attribution", loose)
     assert "does little" not in text and "barely moves" not in text
     assert "above 0.5 on 1 of 4 (more than half the next-token probability moves)" in text
+
+
+def test_circuits_without_wrong_answers_name_the_answer_logit():
+    """Review 14b A3: "of a final logit difference 7.05" where the task has no wrong answers (dla_direction
+    "answer"): the writers sum to the answer's logit. At chance the logit is named too, with no "near 0" (a logit's 0
+    is no reference), and an answer logit near 0 without a chance entry is no sign of chance (the old heuristic reads
+    a logit difference)."""
+    s = {"dla_direction": "answer", "dla_final_logit": 7.0476, "n_examples": 8,
+         "dla_top_components": {"L0H0": 2.86, "L0H3": 1.27, "L0H1": 1.0}}
+    text = finding("circuits", s)
+    assert text.endswith("the largest writers are L0H0 (+2.86), L0H3 (+1.27), L0H1 (+1.00) of a final answer logit 7.05."), text
+    assert "logit difference" not in text
+    at = finding("circuits", {**s, "chance": AT_CHANCE})
+    assert ("Direct logit attribution (final answer logit 7.05) ranks no writer and the circuit's "
+            "faithfulness is not reported: at chance") in at, at
+    near = finding("circuits", {**s, "dla_final_logit": 0.01})
+    assert "ranks no writer" not in near and "of a final answer logit 0.01." in near, near
+    assert "of a final logit difference 7.05." in finding("circuits", {**s, "dla_direction": "answer - wrong_answer"})
+
+
+def test_circuits_captions_name_the_answer_logit_and_why_faithfulness_is_withheld():
+    """Review 14b A3/A4: the DLA captions say "answer-minus-wrong" and "final logit difference" on a task without wrong
+    answers; the faithfulness and MIB figures' captions open with why the findings withhold them."""
+    answer = {"dla_direction": "answer"}
+    assert "the final answer logit (the task has no wrong answers;" in caption("circuits_dla_components", answer)
+    assert "logit difference" not in caption("circuits_dla_components", answer)
+    heads = caption("circuits_dla_heads", answer)
+    assert "write into the answer's logit direction (its unembedding: the task has no wrong answers)" in heads
+    assert "wrong logit" not in heads and "wrong logit" not in caption("circuits_dla_experts", answer)
+    assert caption("circuits_mib", answer).endswith("m: the answer's logit (the task has no wrong answers).")
+    assert caption("circuits_dla_heads", {"dla_direction": "answer - wrong_answer"}) == CAPTIONS["circuits_dla_heads"]
+    noise = {**answer, "gap_within_noise": {"reason": "mean gap -0.0105 answer logit, its 95% CI [-0.0355, 0.0146] "
+                                                      "over 8 pairs contains 0"}}
+    for stem in ("circuits_faithfulness", "circuits_mib"):
+        assert caption(stem, noise).startswith("Not reported in the findings: clean-corrupted gap within noise: mean "
+                                               "gap -0.0105 answer logit, its 95% CI [-0.0355, 0.0146] over 8 pairs "
+                                               "contains 0. "), stem
+    assert not caption("circuits_dla_heads", noise).startswith("Not reported")
