@@ -11,7 +11,9 @@ baseline, in metric units) is shown where the summary has no gap to divide by or
 within noise (summary["gap_within_noise"]: -0.002 of a -0.0024 gap is no "0.93 restored"). Every
 exact map and the path-patching map share one diverging scale centred on 0 (a q or pattern site at
 0.003 of the gap looks pale next to head_out at 0.3, with its own max in the title); at chance
-(plots.quiet_reason) the maps are muted and say so. Causal traces of several prompts are drawn by
+(plots.quiet_reason) the maps are muted and say so; so are maps of a gap within noise (their scale no narrower than its 95%
+interval) and panels whose every cell is within the rounding floor (the scale spans at least two floors; non-zero cells within
+one are dotted grey). Causal traces of several prompts are drawn by
 token role, shared across the restored kinds.
 
 This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
@@ -415,17 +417,22 @@ def site_slopes(df: pd.DataFrame, floor: float = 0.0) -> dict[str, dict]:
         if fit["slope"] is not None:
             if not interval_stated(len(group), nonzero):
                 fit = {**fit, "slope_ci": None}
-            out[str(name)] = {**fit, "n_nonzero": nonzero}
+            out[str(name)] = {**fit, "n_nonzero": nonzero, "floor": floor}
     return out
 
 
 def _slope_label(site: str, fit: Mapping[str, Any] | None) -> str:
+    """The legend's entry of a site type: its slope with the interval, or why none; review 14b B6: where the rounding
+    floor keeps every cell from counting, no slope (it would fit rounding) and the floor named."""
     if fit is None:
         return site
-    ci, n, nonzero = fit.get("slope_ci"), fit.get("slope_n"), fit.get("n_nonzero")
+    ci, n, nonzero, floor = fit.get("slope_ci"), fit.get("slope_n"), fit.get("n_nonzero"), fit.get("floor") or 0.0
     if ci:
         return f"{site} (slope {fit['slope']:.2f}, 95% CI {ci[0]:.2f} to {ci[1]:.2f})"
-    why = f"; no interval: {nonzero} of {n} cells non-zero" if nonzero is not None and n and nonzero < n else ""
+    if floor and nonzero == 0:
+        return f"{site} (no slope: none of {n} cells above the rounding floor {floor:.2g})"
+    counted = f"above the rounding floor {floor:.2g}" if floor else "non-zero"
+    why = f"; no interval: {nonzero} of {n} cells {counted}" if nonzero is not None and n and nonzero < n else ""
     return f"{site} (slope {fit['slope']:.2f}{why})"
 
 

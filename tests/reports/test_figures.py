@@ -2834,3 +2834,24 @@ def test_patching_cells_within_the_rounding_floor_are_dotted_and_a_panel_of_roun
                 assert "ROUNDING ONLY" not in title and "dotted: within the rounding floor ±0.0079" in title
         finally:
             plt.close("all")
+
+
+def test_attribution_vs_exact_legend_gives_no_slope_where_every_cell_is_within_the_rounding_floor():
+    """Review 14b B6, the figure's side: the bfloat16 run's legend read "attn_out (slope 0.08; no interval: 0 of 56
+    cells non-zero)" where 5 cells were non-zero, all within the rounding floor 0.0079. Now no slope, the floor named;
+    a site with effects above the floor keeps its slope (np.polyfit, by hand) and counts cells above the floor."""
+    from headscope.reports.plots_patching import plot_attribution_vs_exact
+
+    tiny = np.r_[[0.0055, -0.003, 0.002, 0.001, 0.0008], np.zeros(51)]  # every |effect| under the floor
+    x = np.r_[[0.5, 0.2], np.zeros(18)]
+    y = np.r_[[0.45, 0.22], np.zeros(18)]
+    data = pd.concat([pd.DataFrame({"site_type": "attn_out", "effect": tiny, "attribution": tiny[::-1]}),
+                      pd.DataFrame({"site_type": "mlp_out", "effect": x, "attribution": y})])
+    ax = plot_attribution_vs_exact(data, floor=0.0079, ax=plt.subplots()[1])
+    try:
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "attn_out (no slope: none of 56 cells above the rounding floor 0.0079)" in texts
+        slope = float(np.polyfit(x, y, 1)[0])
+        assert f"mlp_out (slope {slope:.2f}; no interval: 2 of 20 cells above the rounding floor 0.0079)" in texts
+    finally:
+        plt.close("all")
