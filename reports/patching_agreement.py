@@ -36,7 +36,7 @@ def agreement(s: Mapping[str, Any], gap: float | None, rank: bool) -> list[str]:
     slopes = [_slope(k, v, rank and k not in wrong) for k, v in read.items()
               if _num(v.get("pearson")) is not None and _case(v) in ("plain", "set")]
     slopes = [x for x in slopes if x]
-    if slopes or any(_num(v.get("pearson")) is not None for v in read.values()):
+    if slopes or any(_num(v.get("pearson")) is not None and _case(v) != "few" for v in read.values()):  # 14b B6
         parts.append(" ".join(slopes) if slopes
                      else "A high r can hide a scale error: see the per-site slopes in the figure.")
     if wrong:
@@ -148,8 +148,7 @@ def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | Non
     r, n, nonzero = _num(stats.get("pearson")), int(_num(stats.get("n")) or 0), _num(stats.get("n_nonzero"))
     case, rest = _case(stats), _num(stats.get("pearson_without_top"))
     if case == "few":
-        return (f"{kind} r = {r:.3f} rests on {nonzero:.0f} non-zero exact effect(s) of {n} cells, "
-                "so it says nothing about agreement")
+        return _few_effects(kind, r, int(nonzero), n, stats, s)
     if case == "sparse" and nonzero is not None and nonzero >= n:  # review 9b C4: no zero cells, just few cells
         return _few_cells(kind, stats, n, s)
     if case == "sparse":
@@ -173,6 +172,30 @@ def _correlation(kind: str, stats: Mapping[str, Any], s: Mapping[str, Any] | Non
     if case == "one point":
         return f"{kind} r = {r:.3f} is driven by its largest cell: {without}, so the agreement rests on one point"
     return f"{kind} r = {r:.3f} is mostly carried by its largest cell: {without}, a much weaker agreement"
+
+
+def _few_effects(kind: str, r: float | None, nonzero: int, n: int, stats: Mapping[str, Any],
+                 s: Mapping[str, Any] | None) -> str:
+    """Under 3 exact effects that count (n_nonzero: above NONZERO of the largest and the rounding floor): r says
+    nothing. Review 14b B6: in bfloat16, "0 non-zero exact effect(s)" where 5 cells were non-zero but within the
+    floor (0.0079, one rounding step); where the floor keeps cells from counting it is named, and an r over cells
+    that are all rounding (none counts) is not printed."""
+    rounding = int(_num(stats.get("n_within_rounding")) or 0)
+    record = (s or {}).get("rounding_floor")
+    floor = _num(record.get("floor")) if isinstance(record, Mapping) else None
+    if rounding and floor is not None:
+        how = ("measured on cells that patch an activation with itself" if record.get("basis") == "measured"
+               else "one rounding step of the metric")
+        if not nonzero:
+            return (f"{kind}: no r, its exact effects being rounding only (none of its {n} cells above this precision's "
+                    f"rounding floor, {floor:.2g}: {how}; {rounding} non-zero within it)")
+        return (f"{kind} r = {r:.3f} rests on {nonzero} exact effect(s) above this precision's rounding floor "
+                f"({floor:.2g}: {how}) of {n} cells ({rounding} more non-zero within it), so it says nothing about "
+                "agreement")
+    if not nonzero:
+        return f"{kind}: no r, as no exact effect of its {n} cells is non-zero, so it says nothing about agreement"
+    return f"{kind} r = {r:.3f} rests on {nonzero} non-zero exact effect(s) of {n} cells, " \
+        "so it says nothing about agreement"
 
 
 def _other_cells(zeros: float, stats: Mapping[str, Any], s: Mapping[str, Any] | None) -> str:

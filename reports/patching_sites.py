@@ -196,14 +196,22 @@ def _head(kind: str, cell: Mapping[str, Any], s: Mapping[str, Any] | None = None
     return f"layer {layer}'s KV head {head} (read by query heads {head * per}-{head * per + per - 1}: {sharing} attention)"
 
 
-def _effect_ci(cell: Mapping[str, Any], gap: float | None) -> str:
+def _effect_ci(cell: Mapping[str, Any], gap: float | None, floor: float | None = None, unit: str = "") -> str:
     """', 95% CI [lo, hi] over n examples' of a top site's effect (its recorded t interval over the
-    per-example effects, divided by the gap when the finding states a share of it); '' without one."""
+    per-example effects, divided by the gap when the finding states a share of it); '' without one.
+    floor (the summary's rounding floor, in the effect's raw units `unit`): an interval that excludes 0 only by
+    an end within the floor of 0 is said to reach 0 within rounding (review 14c B3: [+0.025, +10.6] logits under
+    a floor of 0.07 read "[0.00, 0.60]", as clear of 0)."""
     ci, n = ci_pair(cell.get("ci")), _num(cell.get("n"))
     if ci is None:
         return f", n = {n:.0f} examples" if n else ""
     lo, hi = sorted((ci[0] / gap, ci[1] / gap)) if gap else (ci[0], ci[1])
-    return f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
+    said = f", 95% CI [{lo:.2f}, {hi:.2f}] over {n:.0f} examples" if n else f", 95% CI [{lo:.2f}, {hi:.2f}]"
+    near = min(ci, key=abs)  # the raw end nearest 0
+    if floor and min(ci) * max(ci) > 0 and abs(near) < floor:
+        said += (f", which reaches 0 within rounding: its end nearest 0, {near:+.2g}{' ' + unit if unit else ''}, lies "
+                 f"within the rounding floor, {floor:.2g}")
+    return said
 
 
 def end_words(s: Mapping[str, Any] | None) -> str:

@@ -7,6 +7,7 @@ can stand in for exact patching (reports/patching_agreement.py); at chance, only
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -93,7 +94,8 @@ def _measured_only(s: Mapping[str, Any]) -> str:
     trace = s.get("causal_tracing")
     ends = (_num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))) if isinstance(trace, Mapping) else (None,)
     if None not in ends:
-        said += (f" Causal tracing: metric {trace['clean_metric']:.3g} on the clean prompts, {trace['corrupted_metric']:.3g} "
+        pair = distinct_pair(*ends)
+        said += (f" Causal tracing: metric {pair[0]} on the clean prompts, {pair[1]} "
                  f"with the {trace.get('span', 'subject')} noised.")
     return said
 
@@ -118,10 +120,12 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
     def name(kc: tuple) -> str:
         return _site(kc[1], kc[0], differ, s)
 
+    rounding = _rounding(s, metric)  # review 14c B3: an interval clear of 0 only by rounding reaches it
+
     def share(cell: Mapping[str, Any]) -> str:  # the effect as a share of the clean-corrupted gap (1 = fully restored)
         effect = cell["effect"]
         text = f"{effect / gap:.2f} of the clean-corrupted gap" if gap else f"{effect:.2f}"
-        return text + _effect_ci(cell, gap) + (f" ({effect:+.3g} {metric})" if gap else "")
+        return text + _effect_ci(cell, gap, *rounding) + (f" ({effect:+.3g} {metric})" if gap else "")
 
     notes: list[str] = []  # what the ties of the cells named imply (heads sharing KV heads, a shared effect)
 
@@ -130,7 +134,7 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
         others = _tied_cells(s, kc, keep)
         named.extend((kind, o) for o in others)
         notes.extend(_head_notes(s, kc, others, gap))
-        return f"{name(kc)} ({_value(c, gap):.2f}{_effect_ci(c, gap)})" + _tie(kc, others, gap, s)
+        return f"{name(kc)} ({_value(c, gap):.2f}{_effect_ci(c, gap, *rounding)})" + _tie(kc, others, gap, s)
 
     answer = s.get("metric_at_last_position", True) is not False  # older summaries: every default metric is
     whole = by_construction(cells, gap, normalized) if answer else []
@@ -195,6 +199,13 @@ def _sites(s: Mapping[str, Any], cells: list, gap: float | None, metric: str, ci
     return [x for x in said if x] + list(dict.fromkeys(notes))
 
 
+def _rounding(s: Mapping[str, Any] | None, metric: str = "") -> tuple[float | None, str]:
+    """(the summary's rounding floor in the metric's units, the metric in words) for _effect_ci; (None, '') without."""
+    record = (s or {}).get("rounding_floor")
+    floor = _num(record.get("floor")) if isinstance(record, Mapping) else None
+    return (abs(floor), metric) if floor else (None, "")
+
+
 def _tied_cells(s: Mapping[str, Any], kc: tuple, keep: Any = None) -> list:
     """Every other cell of kc's site type (top_sites) within kc's 95% interval with kc within its own (tied), that
     `keep` accepts (review 9b A2: the next cell alone left out two of four equal heads), largest |effect| first."""
@@ -218,7 +229,7 @@ def _tie(kc: tuple, others: list, gap: float | None, s: Mapping[str, Any] | None
         return ""
     where = [_where(kind, o, s).split(" at ", 1)[1] for o in others]
     if len(others) == 1:
-        return f", tied with {where[0]} ({_value(others[0], gap):.2f}{_effect_ci(others[0], gap)})"
+        return f", tied with {where[0]} ({_value(others[0], gap):.2f}{_effect_ci(others[0], gap, *_rounding(s))})"
     values = [f"{_value(c, gap):.2f}" for c in [cell, *others]]
     lo, hi = min(values, key=float), max(values, key=float)
     span = lo if lo == hi else f"{lo}-{hi}"
@@ -325,8 +336,9 @@ def _finding(s: Mapping[str, Any]) -> str:
     metric = _words(s.get("metric", ""))
     if gap is not None:
         article = "an" if metric[:1].lower() in ("a", "e", "i", "o", "u") else "a"  # "an answer log-probability" (review 11b C5)
-        parts.append(f"Clean prompts give {article} {metric} of {clean:.3g}{_metric_ci(s, 'clean')}, corrupted ones "
-                     f"{corrupt:.3g}{_metric_ci(s, 'corrupted')}" + (f", over {n:.0f} prompts." if (
+        said = distinct_pair(clean, corrupt)
+        parts.append(f"Clean prompts give {article} {metric} of {said[0]}{_metric_ci(s, 'clean')}, corrupted ones "
+                     f"{said[1]}{_metric_ci(s, 'corrupted')}" + (f", over {n:.0f} prompts." if (
                          n := _num(s.get("metric_n"))) else "."))
         if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
@@ -358,8 +370,9 @@ def _finding(s: Mapping[str, Any]) -> str:
         clean, corrupt = _num(trace.get("clean_metric")), _num(trace.get("corrupted_metric"))
         if clean is not None and corrupt is not None:
             n = trace.get("n_examples")
-            parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {clean:.3g} "
-                         f"to {corrupt:.3g}" + (f" (mean over {n} prompts)." if n is not None else "."))
+            said = distinct_pair(clean, corrupt)
+            parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {said[0]} "
+                         f"to {said[1]}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
 
 
@@ -383,6 +396,18 @@ def _path_words(p: Any, gap: float | None, metric: str, normalized: bool) -> str
     head = f"L{top['sender'][0]}H{top['sender'][1]}"
     return (f"Path patching ({p.get('direction', 'denoise')}, each head's direct path to {receiver} alone): the "
             f"largest is {head}, {size}" + (f" ({', '.join(bits)})" if bits else "") + ".")
+
+
+def distinct_pair(a: float, b: float) -> tuple[str, str]:
+    """a and b to 3 significant digits, or, where those hide their difference (printed, a - b is off the true one by
+    over a tenth), to as many decimals as state a - b to 3 significant digits (review 14b B4: clean -1.00054 and
+    corrupted -1.00341 read "-1" and "-1", hiding a gap of 0.00287 the next sentence discusses)."""
+    short = (f"{a:.3g}", f"{b:.3g}")
+    gap = a - b
+    if not gap or not math.isfinite(gap) or abs(float(short[0]) - float(short[1]) - gap) <= 0.1 * abs(gap):
+        return short
+    decimals = max(0, 2 - math.floor(math.log10(abs(gap))))
+    return f"{a:.{decimals}f}", f"{b:.{decimals}f}"
 
 
 def _metric_ci(s: Mapping[str, Any], which: str) -> str:

@@ -11,7 +11,9 @@ baseline, in metric units) is shown where the summary has no gap to divide by or
 within noise (summary["gap_within_noise"]: -0.002 of a -0.0024 gap is no "0.93 restored"). Every
 exact map and the path-patching map share one diverging scale centred on 0 (a q or pattern site at
 0.003 of the gap looks pale next to head_out at 0.3, with its own max in the title); at chance
-(plots.quiet_reason) the maps are muted and say so. Causal traces of several prompts are drawn by
+(plots.quiet_reason) the maps are muted and say so; so are maps of a gap within noise (their scale no narrower than its 95%
+interval) and panels whose every cell is within the rounding floor (the scale spans at least two floors; non-zero cells within
+one are dotted grey). Causal traces of several prompts are drawn by
 token role, shared across the restored kinds.
 
 This module is the family's whole presentation (reports/families.py): after the figures, `GUIDE`
@@ -250,15 +252,27 @@ def _position_axis(n_prompts: int | None, prompt_end: bool = False) -> str:
 
 
 def _heatmap(grid: pd.DataFrame, ax: Axes, title: str, label: str, bound: float | None = None,
-             quiet: str | None = None) -> Axes:
+             quiet: str | None = None, floor: float = 0.0) -> Axes:
     """Diverging heat map centred on 0 with limits -bound..bound (the panel's own max |value| when None),
     its colour bar ticked at fixed fractions of the bound (plots.scale_ticks: panels of one scale, one set
     of ticks, whatever their heights); a panel whose own max is under half the shared bound prints it in
-    the title; `quiet` mutes the map and adds its reason to the title."""
-    own = symmetric_bound(grid.to_numpy(dtype=float))
+    the title; `quiet` mutes the map and adds its reason to the title. floor (the summary's rounding floor in
+    the map's units; reviews 14a C2, 14b C3): non-zero cells within it are dotted grey (their sign is not
+    measured), and a panel whose every cell is within it is muted and says ROUNDING ONLY, as the heads map does."""
+    values = grid.to_numpy(dtype=float)  # [rows, columns]
+    own = symmetric_bound(values)
     bound = bound or own
+    rounding = (abs(values) < floor) & (values != 0) if floor > 0 else None  # [rows, columns]
+    only = rounding is not None and bool(rounding.any()) and bool((abs(values[values == values]) < floor).all())
+    if only:
+        quiet = "\n".join(x for x in (quiet, f"ROUNDING ONLY: muted colours (every cell within the rounding floor "
+                                               f"±{floor:.2g}, one rounding step of the metric)") if x)
     scale = color_scale(bound=bound, quiet=bool(quiet), is_signed=True)
     sns.heatmap(grid, ax=ax, **scale, cbar_kws={"label": label, **scale_ticks(bound)}, xticklabels=True, yticklabels=True)
+    if rounding is not None and rounding.any():
+        hatch_cells(ax, rounding, hatch="..", zorder=2)
+        if not only:
+            title += f"\n(dotted: within the rounding floor ±{floor:.2g}, sign not measured)"
     if own < 0.5 * bound:
         title += f"\n(this panel's max |value| {own:.2g}; scale shared with every site: ±{bound:.2g})"
     if quiet:
@@ -281,6 +295,22 @@ def scale(summary: dict) -> tuple[float, str]:
     return 1.0, f"effect ({summary.get('metric', 'metric')})"
 
 
+FLOOR_SPAN = 2.0  # a map's scale spans at least this many rounding floors: one rounding step is never full colour
+
+
+def gap_noise(summary: Mapping[str, Any]) -> float:
+    """Where the clean-corrupted gap is within noise (summary gap_within_noise), how far its 95% interval reaches from
+    0 (the larger |end|; |gap| where no interval is recorded), in the metric's units: raw effects within it are not
+    told from noise; 0.0 where the gap is measured."""
+    info = summary.get("gap_within_noise")
+    if not isinstance(info, Mapping):
+        return 0.0
+    ci = info.get("ci")
+    ends = [abs(float(x)) for x in ci if isinstance(x, (int, float))] if isinstance(ci, (list, tuple)) else []
+    gap = info.get("gap")
+    return max(ends) if ends else abs(float(gap)) if isinstance(gap, (int, float)) else 0.0
+
+
 def _normalised(df: pd.DataFrame, divisor: float, columns: tuple[str, ...] = ("effect",)) -> pd.DataFrame:
     return df.assign(**{c: df[c] / divisor for c in columns if c in df}) if divisor != 1.0 else df
 
@@ -291,13 +321,30 @@ def _offsets(positions, n_positions: int | None) -> list[int]:
     return [int(p) - end for p in positions]
 
 
+DIFFER_SAID = 6  # places where clean and corrupted differ named in a map's title; more: counted
+
+
+def _say_differ(ax: Axes, differ: Sequence[int], positions, n_positions: int | None) -> None:
+    """Review 14b C5: the position axis is numeric, so a reader could not see that -4 was the swapped word. The
+    title names the map's places from the end where clean and corrupted prompts differ (summary differ_from_end)."""
+    shown = set(_offsets(positions, n_positions)) if len(positions) else set()
+    places = [int(o) for o in differ if int(o) in shown]
+    if not places:
+        return
+    said = ", ".join(str(o) for o in places[:DIFFER_SAID]) + (f" and {len(places) - DIFFER_SAID} more"
+                                                            if len(places) > DIFFER_SAID else "")
+    ax.set_title(ax.get_title() + f"\n(clean and corrupted prompts differ at {said} from the end)", fontsize="medium")
+
+
 def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: str = "effect",
                    n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
                    bound: float | None = None, quiet: str | None = None, keep: Sequence[int] = (),
-                   prompt_end: bool = False, ax: Axes | None = None) -> Axes:
+                   prompt_end: bool = False, floor: float = 0.0, differ: Sequence[int] = (),
+                   ax: Axes | None = None) -> Axes:
     """Layer x position heatmap of one (layer, pos) site type (`data`: the exact table); positions
     labelled by position_labels, thinned where they would run together (_legible_positions, keeping the answer
-    position and the places from the end in `keep` labelled first)."""
+    position and the places from the end in `keep` labelled first); `differ`: the places from the end where clean
+    and corrupted prompts differ, named in the title (_say_differ)."""
     ax = axes(ax)
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index="layer", columns="pos", values=column, aggfunc="mean")
@@ -305,8 +352,9 @@ def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: 
     positions = grid.columns
     plain = position_labels(rows, grid.columns, n_prompts, n_positions)
     grid.columns = plain
-    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet)
+    _heatmap(grid, ax, f"patching {site_type}, by layer and position", label or column, bound, quiet, floor)
     _hatch_unreachable(ax, rows, "layer", positions)
+    _say_differ(ax, differ, positions, n_positions)
     ax.set_xlabel(_position_axis(n_prompts, prompt_end))
     ax.set_ylabel("layer")
     _mute_partial(ax, partial, grid.shape[0], n_prompts)
@@ -316,14 +364,14 @@ def plot_layer_pos(data: pd.DataFrame, *, site_type: str = "resid_pre", column: 
 
 def plot_layer_head(data: pd.DataFrame, *, site_type: str = "head_out", column: str = "effect",
                     label: str | None = None, bound: float | None = None, quiet: str | None = None,
-                    ax: Axes | None = None) -> Axes:
+                    floor: float = 0.0, ax: Axes | None = None) -> Axes:
     """Layer x head heatmap of one (layer, head) site type (`data`: the exact table); k and v are per KV head."""
     ax = axes(ax)
     rows = data[(data["site_type"] == site_type) & data["pos"].isna()]
     grid = rows.pivot_table(index="layer", columns="head", values=column, aggfunc="mean")
     grid.columns = [int(h) for h in grid.columns]  # a head index, even after a float round trip through CSV
     unit = "KV head" if site_type in KV_SITES else "head"
-    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column, bound, quiet)
+    _heatmap(grid, ax, f"patching {site_type}, by layer and {unit}", label or column, bound, quiet, floor)
     ax.set_xlabel(unit)
     ax.set_ylabel("layer")
     return ax
@@ -332,9 +380,10 @@ def plot_layer_head(data: pd.DataFrame, *, site_type: str = "head_out", column: 
 def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", column: str = "effect",
                   n_prompts: int | None = None, n_positions: int | None = None, label: str | None = None,
                   bound: float | None = None, quiet: str | None = None, keep: Sequence[int] = (),
-                  prompt_end: bool = False, ax: Axes | None = None) -> Axes:
+                  prompt_end: bool = False, floor: float = 0.0, differ: Sequence[int] = (),
+                  ax: Axes | None = None) -> Axes:
     """(layer, head) x position heatmap of per-position head patching (`data`: the exact table); positions thinned
-    as in plot_layer_pos."""
+    and `differ` named as in plot_layer_pos."""
     ax = axes(ax)
     rows = data[data["site_type"] == site_type]
     grid = rows.pivot_table(index=["layer", "head"], columns="pos", values=column, aggfunc="mean")
@@ -343,8 +392,9 @@ def plot_head_pos(data: pd.DataFrame, *, site_type: str = "head_out_by_pos", col
     plain = position_labels(rows, grid.columns, n_prompts, n_positions)
     grid.columns = plain
     grid.index = [f"L{int(layer)}H{int(head)}" for layer, head in grid.index]
-    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet)
+    _heatmap(grid, ax, f"patching {site_type}: every head by position", label or column, bound, quiet, floor)
     _hatch_unreachable(ax, rows, ["layer", "head"], positions)
+    _say_differ(ax, differ, positions, n_positions)
     ax.tick_params(axis="y", labelsize=max(4, min(9, 300 / max(1, len(grid)))))
     ax.set_xlabel(_position_axis(n_prompts, prompt_end))
     ax.set_ylabel("head (L layer H head)")
@@ -367,17 +417,22 @@ def site_slopes(df: pd.DataFrame, floor: float = 0.0) -> dict[str, dict]:
         if fit["slope"] is not None:
             if not interval_stated(len(group), nonzero):
                 fit = {**fit, "slope_ci": None}
-            out[str(name)] = {**fit, "n_nonzero": nonzero}
+            out[str(name)] = {**fit, "n_nonzero": nonzero, "floor": floor}
     return out
 
 
 def _slope_label(site: str, fit: Mapping[str, Any] | None) -> str:
+    """The legend's entry of a site type: its slope with the interval, or why none; review 14b B6: where the rounding
+    floor keeps every cell from counting, no slope (it would fit rounding) and the floor named."""
     if fit is None:
         return site
-    ci, n, nonzero = fit.get("slope_ci"), fit.get("slope_n"), fit.get("n_nonzero")
+    ci, n, nonzero, floor = fit.get("slope_ci"), fit.get("slope_n"), fit.get("n_nonzero"), fit.get("floor") or 0.0
     if ci:
         return f"{site} (slope {fit['slope']:.2f}, 95% CI {ci[0]:.2f} to {ci[1]:.2f})"
-    why = f"; no interval: {nonzero} of {n} cells non-zero" if nonzero is not None and n and nonzero < n else ""
+    if floor and nonzero == 0:
+        return f"{site} (no slope: none of {n} cells above the rounding floor {floor:.2g})"
+    counted = f"above the rounding floor {floor:.2g}" if floor else "non-zero"
+    why = f"; no interval: {nonzero} of {n} cells {counted}" if nonzero is not None and n and nonzero < n else ""
     return f"{site} (slope {fit['slope']:.2f}{why})"
 
 
@@ -437,7 +492,7 @@ def plot_causal_trace(data: pd.DataFrame, *, kind: str = "mlp", metric: str = "t
 
 
 def plot_path_patching(data: pd.DataFrame, *, label: str = "effect", bound: float | None = None,
-                       quiet: str | None = None, ax: Axes | None = None) -> Axes:
+                       quiet: str | None = None, floor: float = 0.0, ax: Axes | None = None) -> Axes:
     """Sender layer x sender head effect of path patching (`data`: the path_patching table; receivers
     jointly, or averaged), on the exact maps' shared scale when `bound` is given."""
     ax = axes(ax)
@@ -446,7 +501,7 @@ def plot_path_patching(data: pd.DataFrame, *, label: str = "effect", bound: floa
     receiver = ", ".join(sorted(set(data["receiver"])))[:40]
     n = int(data["n_rows"].max()) if "n_rows" in data and data["n_rows"].notna().any() else None  # review 12c B3
     _heatmap(grid, ax, f"path patching: sender head -> {receiver}" + (f", n = {n} prompts" if n else ""),
-             label, bound, quiet)
+             label, bound, quiet, floor)
     ax.set_xlabel("sender head")
     ax.set_ylabel("sender layer")
     return ax
@@ -466,8 +521,15 @@ def figures(result, **kwargs) -> dict[str, Figure]:
     paths = tables.get("path_patching")
     if paths is not None:
         paths = _normalised(paths, divisor)
-    # one scale for every site's map and the path-patching map
-    shared = symmetric_bound(*(t["effect"].to_numpy(dtype=float) for t in (exact, paths) if t is not None))
+    # one scale for every site's map and the path-patching map, never narrower than the rounding floor or, where the
+    # gap is within noise, than that noise (reviews 14a C2, 14b C3: 0.0029 drawn dark red under a gap CI of ±0.0068)
+    rounding = (summary.get("rounding_floor") or {}).get("floor")
+    floor = abs(float(rounding) / divisor) if isinstance(rounding, (int, float)) else 0.0  # the table's units
+    noise = gap_noise(summary) / abs(divisor)
+    shared = max(symmetric_bound(*(t["effect"].to_numpy(dtype=float) for t in (exact, paths) if t is not None)),
+                 FLOOR_SPAN * floor, noise)
+    if noise and not quiet:
+        quiet = f"GAP WITHIN NOISE: muted colours (its 95% CI reaches ±{noise:.2g}; the scale is no narrower)"
 
     def new(stem: str, draw, size: tuple[float, float] = (7, 4)) -> None:
         ax = draw(axes(None, (size[0], size[1] + 0.3 * bool(quiet))))
@@ -477,7 +539,7 @@ def figures(result, **kwargs) -> dict[str, Figure]:
 
     if exact is not None:
         present = set(exact["site_type"])
-        common = {"label": label, "bound": shared, "quiet": quiet}
+        common = {"label": label, "bound": shared, "quiet": quiet, "floor": floor}
         cited, differ = cited_cells(summary), list(differ_offsets(summary))
 
         def keep(st: str) -> list[int]:  # the places the finding names keep their ticks (review 10a B1)
@@ -486,18 +548,16 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         for st in BY_POS:
             if st in present:
                 new(f"exact_{st}", lambda ax, st=st: plot_layer_pos(exact, site_type=st, ax=ax, keep=keep(st), **where,
-                                                                    **common))
+                                                                    differ=differ, **common))
         for st in BY_HEAD:
             if st in present:
                 new(f"exact_{st}", lambda ax, st=st: plot_layer_head(exact, site_type=st, ax=ax, **common))
         if "head_out_by_pos" in present:
             n_rows = exact.loc[exact["site_type"] == "head_out_by_pos", ["layer", "head"]].drop_duplicates().shape[0]
             new("exact_head_out_by_pos", lambda ax: plot_head_pos(exact, ax=ax, keep=keep("head_out_by_pos"), **where,
-                                                                  **common),
+                                                                  differ=differ, **common),
                 (7, max(4.0, 0.16 * n_rows + 1.5)))
         if "attribution" in exact:
-            rounding = (summary.get("rounding_floor") or {}).get("floor")
-            floor = abs(float(rounding) / divisor) if isinstance(rounding, (int, float)) else 0.0  # the table's units
             shares = bool(summary.get("normalized")) or (divisor != 1.0 and not summary.get("gap_within_noise"))
             new("attribution_vs_exact", lambda ax: plot_attribution_vs_exact(
                 exact, ax=ax, label=label, floor=floor, negligible=NEGLIGIBLE if shares else None), (8, 4.5))
@@ -512,7 +572,8 @@ def figures(result, **kwargs) -> dict[str, Figure]:
             new(f"causal_tracing_{kind}", lambda ax, kind=kind: plot_causal_trace(
                 trace, kind=kind, ax=ax, metric=metric, roles=roles, n_prompts=info.get("n_examples"), bound=ct_bound))
     if paths is not None:
-        new("path_patching", lambda ax: plot_path_patching(paths, ax=ax, label=label, bound=shared, quiet=quiet))
+        new("path_patching", lambda ax: plot_path_patching(paths, ax=ax, label=label, bound=shared, quiet=quiet,
+                                                           floor=floor))
     return out
 
 
@@ -547,7 +608,9 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
               "position: no attention follows it, so on any decoder its 0 is by construction, not a finding. On a "
               "sliding-window model a grey cell hatched / lies more than the windows' reach (the sum of window - 1 over "
               "the layers from it to the end) before the answer position: it cannot reach the answer, so its 0 is by "
-              "construction too. ",
+              "construction too. A grey dotted cell is non-zero but within the run's rounding floor (one rounding step "
+              "of the metric): its sign is not measured. The scale is never narrower than two rounding floors nor, where "
+              "the clean-corrupted gap is within noise, than its interval; such maps are muted and say so. ",
     "causal_tracing_": "Causal tracing: average indirect effect (task metric units) of restoring each state after noising "
                        "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
                        "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",

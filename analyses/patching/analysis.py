@@ -79,6 +79,7 @@ from headscope.analyses.patching.inputs import (
     resolve_metric,
     task_padding,
     token_labels,
+    token_notes,
 )
 from headscope.analyses.patching.sites import (
     SITE_TYPES,
@@ -240,6 +241,8 @@ def activation_patching(
                                                                   corrupt_rows, at, frame)
             on_token[st.name] = by_order[0][st.name]
     df = pd.concat(frames, ignore_index=True)
+    notes = token_notes(shown, shown_bad, shown_mask)  # [pos]: why a token label is blank (review 14b C5)
+    df.insert(df.columns.get_loc("token") + 1, "token_note", [notes[p] if pd.notna(p) else "" for p in df["pos"]])
     summary = {
         "metric": pm.name,
         "normalized": pm.normalized,

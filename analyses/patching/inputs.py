@@ -191,6 +191,25 @@ def token_labels(model, tokens: torch.Tensor, mask: torch.Tensor | None = None) 
     return [f"{i}: {tok}" if ok else "" for i, (tok, ok) in enumerate(zip(strings, same))]
 
 
+def token_notes(clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None = None) -> list[str]:
+    """Per padded position (clean, corrupted [batch, pos]; mask [batch, pos] or None) what its token label cannot say
+    (review 14b C5: exact.csv's token was blank at -4, the swapped word carrying the whole effect, without why):
+    "varies across the k prompts that reach it" where their clean tokens differ (token_labels leaves it blank),
+    "clean and corrupted differ here in j of k" where a prompt's corrupted token differs, both joined by "; ";
+    "padding in every prompt" where no prompt reaches it; "" where the label says it all."""
+    real = torch.ones_like(clean, dtype=torch.bool) if mask is None else mask.bool().to(clean.device)
+    first = clean.gather(0, real.int().argmax(0, keepdim=True))[0]  # [pos]
+    same = ((clean == first) | ~real).all(0).tolist()  # [pos]
+    reach = real.sum(0).tolist()  # [pos]: prompts with a real token there
+    swapped = ((clean != corrupted.to(clean.device)) & real).sum(0).tolist()  # [pos]
+    notes = []
+    for k, agree, j in zip(reach, same, swapped):
+        bits = ([] if agree else [f"varies across the {k} prompts that reach it"]) + (
+            [f"clean and corrupted differ here in {j} of {k}"] if j else [])
+        notes.append("; ".join(bits) if k else "padding in every prompt")
+    return notes
+
+
 def position_from_end(n_pos: int, positions) -> list[int | None]:
     """Each padded position counted from the end (-1: every prompt's last token, where the answer is
     read; under left padding the same place in every prompt); None stays None (every position)."""

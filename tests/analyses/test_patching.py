@@ -725,3 +725,21 @@ def test_only_cells_a_window_cuts_are_blamed_on_it(arch_models):
         text = finding(res.summary)
         assert "Sliding windows" not in text and "windows carry" not in text, arch
         assert f"{pos - 1} of the {2 * pos * 2} position cells are the last layer's writes (attn_out)" in text, arch
+
+
+def test_exact_table_says_why_a_positions_token_is_blank_and_where_clean_and_corrupted_differ(tiny_models):
+    """Review 14b C5: exact.csv's token was blank at -4, the swapped word that carried the whole effect, with no reason.
+    Three prompts of 5 tokens, by hand: their clean tokens differ at position 2 only (blank label); the corrupted
+    prompt swaps position 2 in all three and position 3 in two. token_note says so at exactly those positions."""
+    model = tiny_models["gpt2"]
+    clean = torch.tensor([[5, 6, 10, 7, 8], [5, 6, 11, 7, 8], [5, 6, 12, 7, 8]])
+    corrupted = clean.clone()
+    corrupted[:, 2] = torch.tensor([20, 21, 22])
+    corrupted[:2, 3] = 30
+    task = Task(name="toy", tokens=clean, corrupted_tokens=corrupted, answers=torch.tensor([9, 9, 9]),
+                wrong_answers=torch.tensor([13, 13, 13]))
+    df = activation_patching(model, task, ["resid_pre"], progress=False).tables["exact"]
+    rows = df[df["layer"] == 0].set_index("pos")
+    assert rows.loc[2, "token"] == "" and all(rows.loc[p, "token"].startswith(f"{p}: ") for p in (0, 1, 3, 4))
+    assert list(rows["token_note"]) == ["", "", "varies across the 3 prompts that reach it; clean and corrupted differ "
+                                        "here in 3 of 3", "clean and corrupted differ here in 2 of 3", ""]

@@ -1638,7 +1638,8 @@ def test_patching_with_a_gap_within_noise_draws_the_raw_effect():
         for ax in (head_out, path):
             assert colorbar_label(ax) == "raw effect (logit_diff), gap within noise"
             assert "share" not in colorbar_label(ax)
-        np.testing.assert_allclose(_norm(head_out)[1:], (-0.0022, 0.0022))
+        # review 14b C3: no narrower than the gap's noise (|gap| 0.0024 where no interval is recorded)
+        np.testing.assert_allclose(_norm(head_out)[1:], (-0.0024, 0.0024))
     finally:
         plt.close("all")
 
@@ -2801,6 +2802,36 @@ def test_kv_eviction_at_chance_is_drawn_in_units_muted_with_its_band_on_the_span
         plt.close("all")
 
 
+def test_patching_map_of_a_gap_within_noise_is_muted_on_a_scale_no_narrower_than_that_noise():
+    """Review 14b C3: the reviewer's float32 OLMoE run, gap 0.00287 with its 95% CI [-0.00111, 0.00685] over 8 pairs;
+    resid_pre's -4 column (0.00287 at layer 0) was dark red on a ±0.0029 scale. Now the scale reaches the CI's far
+    end, 0.00685 (not the panel's max), the colours are muted and the title says why."""
+    from matplotlib.colors import rgb_to_hsv
+
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    effect = {(0, 24): 0.0028689, (1, 24): 0.00046809, (1, 27): 0.0028689}  # exact.csv's non-zero resid_pre cells
+    exact = pd.DataFrame([{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "position_from_end": p - 28,
+                           "token": "", "value": 0.0, "effect": effect.get((l, p), 0.0), "n_rows": 8}
+                          for l in range(2) for p in range(28)])
+    summary = {"metric": "logprob", "normalized": False, "direction": "denoise", "n_examples": 8, "n_positions": 28,
+               "clean_metric": -1.0005390, "corrupted_metric": -1.0034079,
+               "rounding_floor": {"basis": "one rounding step", "floor": 1.1961554682859976e-07},
+               "gap_within_noise": {"gap": 0.0028689, "ci": [-0.001107389721810955, 0.00684518475064649]},
+               "at_corrupted_token": {"differ_from_end": {"-4": 8}}}  # review 14b C5: the swapped word, named
+    ax = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"].axes[0]
+    try:
+        np.testing.assert_allclose(_norm(ax)[1:], (-0.00684518475064649, 0.00684518475064649))
+        assert "GAP WITHIN NOISE: muted colours" in " ".join(ax.get_title().split())
+        assert "(clean and corrupted prompts differ at -4 from the end)" in " ".join(ax.get_title().split())
+        mesh = ax.collections[0]
+        red = rgb_to_hsv(np.asarray(mesh.cmap(mesh.norm(0.0028689)))[:3])
+        top = rgb_to_hsv(np.asarray(mesh.cmap(1.0))[:3])  # the scale's own end: muted, never full red
+        assert top[1] < 0.7 and red[1] < 0.35, (top, red)
+    finally:
+        plt.close("all")
+
+
 def test_position_figures_keep_the_y_label_clear_of_the_title():
     """Review 14c C1: position_curve's y label 'accuracy (greedy output contains the value)' was taller than its
     4-inch axes and ran up into the 'NOT DOING THE TASK' subtitle, itself wider than the axes. Measured on the drawn
@@ -2983,3 +3014,55 @@ def test_withheld_mib_curve_is_faint_and_its_legend_has_no_number_nor_overlaps_t
     finally:
         plt.close(fig)
         plt.close(faith)
+
+
+def test_patching_cells_within_the_rounding_floor_are_dotted_and_a_panel_of_rounding_only_says_so():
+    """Review 14a C2 / 14b B6: in bfloat16 (rounding floor 0.0079, one step of the metric) head_out effects of
+    0.0055 at most were drawn at full colour on a ±0.0055 scale. Now the scale spans at least two floors (±0.0158),
+    every non-zero cell within the floor is dotted grey and the panel says ROUNDING ONLY, muted; a panel with one
+    cell above the floor dots the others only."""
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    def dotted(ax):
+        return sum(1 for p in ax.patches if p.get_hatch() == "..")
+
+    small = {(0, 0): 0.0055, (0, 1): -0.0031, (1, 0): 0.0, (1, 1): 0.0008}
+    for big, want in ((None, 3), (0.05, 3)):
+        effect = dict(small) if big is None else {**small, (1, 0): big}
+        exact = pd.DataFrame([{"site_type": "head_out", "layer": l, "head": h, "pos": None, "token": "", "value": 0.0,
+                               "effect": e} for (l, h), e in effect.items()])
+        summary = {"metric": "logprob", "normalized": False, "direction": "denoise", "clean_metric": -1.0,
+                   "corrupted_metric": -1.0, "rounding_floor": {"floor": 0.0079}}  # no gap: raw effects
+        ax = patching_figures(_result("patching", exact, summary, exact=exact))["exact_head_out"].axes[0]
+        try:
+            title = " ".join(ax.get_title().split())
+            assert dotted(ax) == want
+            if big is None:
+                np.testing.assert_allclose(_norm(ax)[1:], (-0.0158, 0.0158))
+                assert "ROUNDING ONLY: muted colours (every cell within the rounding floor ±0.0079" in title
+            else:
+                np.testing.assert_allclose(_norm(ax)[1:], (-0.05, 0.05))
+                assert "ROUNDING ONLY" not in title and "dotted: within the rounding floor ±0.0079" in title
+        finally:
+            plt.close("all")
+
+
+def test_attribution_vs_exact_legend_gives_no_slope_where_every_cell_is_within_the_rounding_floor():
+    """Review 14b B6, the figure's side: the bfloat16 run's legend read "attn_out (slope 0.08; no interval: 0 of 56
+    cells non-zero)" where 5 cells were non-zero, all within the rounding floor 0.0079. Now no slope, the floor named;
+    a site with effects above the floor keeps its slope (np.polyfit, by hand) and counts cells above the floor."""
+    from headscope.reports.plots_patching import plot_attribution_vs_exact
+
+    tiny = np.r_[[0.0055, -0.003, 0.002, 0.001, 0.0008], np.zeros(51)]  # every |effect| under the floor
+    x = np.r_[[0.5, 0.2], np.zeros(18)]
+    y = np.r_[[0.45, 0.22], np.zeros(18)]
+    data = pd.concat([pd.DataFrame({"site_type": "attn_out", "effect": tiny, "attribution": tiny[::-1]}),
+                      pd.DataFrame({"site_type": "mlp_out", "effect": x, "attribution": y})])
+    ax = plot_attribution_vs_exact(data, floor=0.0079, ax=plt.subplots()[1])
+    try:
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "attn_out (no slope: none of 56 cells above the rounding floor 0.0079)" in texts
+        slope = float(np.polyfit(x, y, 1)[0])
+        assert f"mlp_out (slope {slope:.2f}; no interval: 2 of 20 cells above the rounding floor 0.0079)" in texts
+    finally:
+        plt.close("all")

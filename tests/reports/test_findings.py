@@ -3110,3 +3110,63 @@ def test_circuits_captions_name_the_answer_logit_and_why_faithfulness_is_withhel
                                                "gap -0.0105 answer logit, its 95% CI [-0.0355, 0.0146] over 8 pairs "
                                                "contains 0. "), stem
     assert not caption("circuits_dla_heads", noise).startswith("Not reported")
+
+
+def test_patching_clean_and_corrupted_metrics_are_printed_to_digits_that_show_their_gap():
+    """Review 14b B4: clean -1.00054 and corrupted -1.00341 (the reviewer's hand values, plain HF) read "-1" and "-1",
+    hiding the gap of 0.00287 the next sentence discusses. Now each to the decimals that state the gap to 3 significant
+    digits; the printed values' difference is the gap as the finding states it. Values that show their gap at 3
+    significant digits keep them."""
+    clean, corrupt = -1.0005390355363488, -1.0034079330507666
+    s = {"metric": "logprob", "normalized": False, "direction": "denoise", "n_examples": 8, "metric_n": 8,
+         "clean_metric": clean, "corrupted_metric": corrupt,
+         "gap_within_noise": {"gap": clean - corrupt, "ci": [-0.00111, 0.00685], "reason": "its 95% CI contains 0"},
+         "top_sites": {"resid_pre": [{"layer": 0, "head": None, "pos": 24, "effect": 0.00287, "token": ""}]}}
+    text = finding("patching", s)
+    assert "an answer log-probability of -1.00054, corrupted ones -1.00341, over 8 prompts." in text
+    assert f"{-1.00054 - -1.00341:.3g}" == f"{clean - corrupt:.3g}" == "0.00287"
+    assert "of 24.1, corrupted ones 23.5," in finding("patching", {**s, "clean_metric": 24.13, "corrupted_metric": 23.52})
+
+
+def test_patching_agreement_over_cells_that_are_all_rounding_states_no_r():
+    """Review 14b B6: the bfloat16 OLMoE run (rounding floor 0.0079, one bf16 step; exact.csv: 5 of 56 attn_out cells
+    non-zero, the largest 0.0055) read "attn_out r = 0.223 rests on 0 non-zero exact effect(s) of 56 cells". Now it
+    says the cells are rounding, names the floor and withholds r, and no "high r" caveat follows; where the floor
+    leaves 2 cells above it, r is stated on those 2, with the floor."""
+    stats = {"pearson": 0.22332064283585484, "spearman": 0.3, "n": 56, "n_nonzero": 0, "n_within_rounding": 5,
+             "slope": 0.076, "slope_ci": [-0.0145, 0.166], "slope_n": 56}
+    s = {"metric": "logprob", "normalized": False, "direction": "denoise", "n_examples": 8,
+         "clean_metric": -1.0059947890695184, "corrupted_metric": -1.0048901152331382,
+         "gap_within_noise": {"gap": -0.0011, "ci": [-0.0119, 0.00969], "reason": "its 95% CI contains 0"},
+         "rounding_floor": {"basis": "one rounding step", "floor": 0.007859334289605613},
+         "attribution_correlation": {"attn_out": stats}}
+    text = finding("patching", s)
+    assert ("attn_out: no r, its exact effects being rounding only (none of its 56 cells above this precision's "
+            "rounding floor, 0.0079: one rounding step of the metric; 5 non-zero within it).") in text
+    assert "0.223" not in text and "non-zero exact effect(s)" not in text and "A high r can hide" not in text
+    s["attribution_correlation"]["attn_out"] = {**stats, "n_nonzero": 2, "n_within_rounding": 3}
+    assert ("attn_out r = 0.223 rests on 2 exact effect(s) above this precision's rounding floor (0.0079: one rounding "
+            "step of the metric) of 56 cells (3 more non-zero within it), so it says nothing about agreement"
+            ) in finding("patching", s)
+
+
+def test_patching_next_site_whose_interval_clears_0_only_by_rounding_is_said_to_reach_0():
+    """Review 14c B3: Phi-3 bf16, L0H0's head_out effect 5.309 logits, 95% CI [+0.025, +10.59] over 8 examples, read
+    "(0.30, 95% CI [0.00, 0.60] over 8 examples)" beside the finding's own floor of 0.07 logits (one bf16 step); by
+    hand (the reviewer's per-example effects, unbatched HF) the t interval reaches 0. Now the lower end is said to lie
+    within the floor; an interval clear of it gets no such clause."""
+    per_example = np.array([12.47, 0.12, 3.54, 0.25, 0.34, 15.56, 0.27, 9.71])  # hand_patch.py's effects, logits
+    low = per_example.mean() - stats.t.ppf(0.975, 7) * per_example.std(ddof=1) / np.sqrt(8)
+    assert low < 0.07  # the hand interval's lower end is within the floor of 0 (it is -0.019)
+    cell = {"head": None, "token": "5: x"}
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 8,
+         "clean_metric": 8.91, "corrupted_metric": -8.87,
+         "rounding_floor": {"basis": "one rounding step", "floor": 0.069580078125},
+         "top_sites": {"resid_pre": [{**cell, "layer": 1, "pos": 5, "effect": 17.0, "ci": [16.0, 18.0], "n": 8}],
+                       "head_out": [{"layer": 0, "head": 0, "pos": None, "token": "all", "effect": 5.30859375,
+                                     "ci": [0.02531291837509375, 10.591874581624907], "n": 8}]}}
+    text = finding("patching", s)
+    assert ("Next, at other sites: head_out at L0H0 (0.30, 95% CI [0.00, 0.60] over 8 examples, which reaches 0 within "
+            "rounding: its end nearest 0, +0.025 logit difference, lies within the rounding floor, 0.07).") in text
+    s["top_sites"]["head_out"][0]["ci"] = [0.5, 10.1]
+    assert "within rounding" not in finding("patching", s)
