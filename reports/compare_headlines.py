@@ -115,11 +115,14 @@ def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
 
 def withheld_quantity(name: str, label: str, s: Mapping[str, Any]) -> str:
     """How the report of analysis `name` withholds one of its quantities ("" where it states it): attribution's
-    integrated gradients where convergence.py's rule leaves it out."""
+    integrated gradients where convergence.py's rule leaves it out; circuits' MIB CPR/CMD over a gap within noise."""
     if name == "attribution" and "leave-one-out" in label and loo_rounds(s):
         entry = s["loo_rounding"]
         return (f"leaves leave-one-out out ({entry.get('n_within')} of {entry.get('n_scores')} of its scores are within "
                 f"one {entry.get('dtype')} rounding step of the logits)")
+    if name == "circuits" and label.startswith("circuits MIB") and isinstance(s.get("gap_within_noise"), Mapping):
+        gap = s["gap_within_noise"]  # review 14b A4: ratios over a gap within noise, which the finding does not report
+        return f"withholds MIB's CPR and CMD, ratios over a clean-corrupted gap within noise ({gap.get('reason')})"
     if name != "attribution" or "integrated gradients" not in label:
         return ""
     rule = ig_use(s)

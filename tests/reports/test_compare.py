@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from headscope.cli import main
 from headscope.reports import io
@@ -2022,6 +2023,25 @@ def test_compare_sets_circuits_headlines_against_each_other(tmp_path):
                          "own run.")
     tied_b = _one(tmp_path / "c", "circuits", _circuits(0.174, [0.10, 0.30], {**top_b, "L0H0": top_a["L0H0"]}, True))
     assert headline_notes(a, tied_b)[-1].startswith(SAME + "circuits DLA top writer: a shared top writer, L0H0")
+
+
+
+def test_compare_does_not_set_cpr_over_a_gap_within_noise_against_another(tmp_path):
+    """Review 14b A4: a circuits report whose clean-corrupted gap is within noise withholds MIB's CPR and CMD (ratios
+    over that gap); compare must not set A's 0.828 against B's 0.174 then: not compared, with the report's reason."""
+    from headscope.analyses.core.chance import gap_within_noise
+
+    top = {"L0H0": {"mean": 3.0, "ci": [2.0, 4.0], "n": 8}, "L1H1": {"mean": 0.5, "ci": [0.0, 1.0], "n": 8}}
+    noise = gap_within_noise(torch.tensor([1.0, 1.2, 0.9, 1.1]), torch.tensor([1.1, 1.0, 1.0, 1.05]), "logit_diff")
+    assert noise is not None  # mean gap 0.0125 under the 0.1-logit floor and its CI contains 0
+    a = _one(tmp_path / "a", "circuits", {**_circuits(0.828, [0.7, 0.9], top, False), "gap_within_noise": noise})
+    b = _one(tmp_path / "b", "circuits", _circuits(0.174, [0.10, 0.30], top, False))
+    notes = headline_notes(a, b)
+    for label in ("circuits MIB CPR", "circuits MIB CMD"):
+        [note] = [n for n in notes if label + ":" in n]
+        assert note.startswith(NOT_COMPARED + label + ": not compared: A's report withholds MIB's CPR and CMD, ratios "
+                               "over a clean-corrupted gap within noise (" + noise["reason"] + ")")
+    assert any(n.startswith(SAME + "circuits DLA total of the heads") for n in notes)  # DLA is no ratio over the gap
 
 
 def _kv_hold(grid_verdicts: dict, rows: list[dict], consistent_from=None) -> dict:
