@@ -158,7 +158,8 @@ def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor |
         return metrics.mean_pool(out, None if mask is None else mask[rows])  # [n, d_model]
 
     def cosine(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cosine_similarity(pooled(out, rows), reference[rows].to(out.dtype), dim=-1)
+        emb = pooled(out, rows)  # [n, d_model] float32 (mean_pool) whatever the pass's dtype
+        return torch.nn.functional.cosine_similarity(emb, reference[rows].to(emb.dtype), dim=-1)
 
     def contrastive(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         emb = torch.nn.functional.normalize(pooled(out, rows), dim=-1)  # [n, d_model]
