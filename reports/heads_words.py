@@ -312,10 +312,16 @@ def _lead_words(top: Mapping[str, Any], method: str, metric: str) -> str:
 
 def _said_at_chance(s: Mapping[str, Any], base: float) -> bool:
     """Whether the chance sentence that opens the finding at chance (findings.chance_sentence) prints the unpruned
-    metric itself (its mean, to the 3 digits both print): then the finding does not repeat the number."""
+    metric itself: the same metric over the same examples. Then the finding does not repeat it, even where the
+    analysis's own batched pass rounds it differently (review 14a verify A1: -2.05 there, -2.04 in heads' padded
+    bfloat16 batch; the guard's pass is the plain forward, and a value further off than its tolerance makes the
+    guard read the analysis's own mean instead, chance.model_on_task)."""
     entry = _chance(s)
-    mean = _num(entry.get("mean")) if entry is not None else None
-    return mean is not None and f"{mean:.3g}" == f"{base:.3g}"
+    if entry is None or _num(entry.get("mean")) is None:
+        return False
+    same_metric = entry.get("metric") in (None, s.get("metric"))
+    n, own = _num(entry.get("n_examples")), _num(s.get("n_examples"))
+    return same_metric and (n is None or own is None or n == own)
 
 
 def finding(s: Mapping[str, Any]) -> str:
