@@ -3223,3 +3223,24 @@ def test_circuits_at_chance_names_the_pass_its_dla_total_comes_from():
     assert "final logit difference -0.167" not in text, text
     assert ("Direct logit attribution (of the logit difference above as the batched pass it decomposes gives it, -0.167, "
             "0.0059 from the plain pass above over the same rows) ranks no writer") in text
+
+
+def test_a_gradient_tie_says_its_rounding_and_which_gradient_floor_is_which():
+    """Review 14b verify A1: "within rounding" was defined for zero-ablation only, beside a gradient tie, and the
+    summary's analytic 0.0513 sat beside the measured 0.00185 unnamed: the gradient's band is said (each head's own
+    measured rounding, every example recomputed), and the analytic floor is named as the degeneracy check."""
+    s = {"metric": "logprob", "baseline_metric": -0.9765, "n_examples": 16, "n_heads": 8,
+         "ordering_basis": {"gradient": "|dL/d gate| / its layer's L2 norm"},
+         "tied_first_pruned_gradient": [["L1H2", "L1H3"]], "tied_first_pruned_at_gradient": [3],
+         "tied_first_pruned_values_gradient": [[0.1400, 0.1410]], "tied_first_pruned_moves_gradient": [False],
+         "rounding_gradient": 0.00184, "rounding_gradient_source": "measured", "rounding_floor_gradient": 0.0513,
+         "rounding_gradient_heads": [[0.0017, 0.0013, 0.0003, 0.0006], [0.0002, 0.00004, 0.00008, 0.0003]],
+         "rounding_gradient_check": {"exact": True, "n_examples": 16, "of": 16, "margin": 1.0}}
+    text = finding("heads", s)
+    assert "In the gradient order, L1H2 and L1H3 (removed 3rd and 4th; 0.14 each, layer-normalised" in text, text
+    assert ("By gate gradient, within rounding means closer than the sum of the two heads' own rounding (in the "
+            "layer-normalised order, each scaled as that order scales the head's gradient), each head's measured as "
+            "|its mean |dL/d gate| - the same mean with the weights in float32|, over all 16 examples recomputed (at "
+            "most 0.0018 for any head); the analytic floor 0.051 (one rounding step of the loss it differentiates) only "
+            "checks whether every gradient is rounding.") in text
+    assert "Within rounding here means closer than" not in text  # no ablation tie: no ablation band
