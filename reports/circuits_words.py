@@ -192,8 +192,14 @@ def finding(s: Mapping[str, Any]) -> str:
                if entry is not None and _below(entry) else "at chance there is no behaviour to attribute")
         what = metric_words(s)  # a logit's 0 is no reference: "near 0" is said of a logit difference only
         near = ", near 0" if "chance" not in s and what == "logit difference" else ""
-        parts.append("Direct logit attribution"
-                     + (f" (final {what} {final:.3g}{near})" if final is not None else "")
+        given = _num(entry.get("mean")) if entry is not None and entry.get("metric") == "logit_diff" \
+            and what == "logit difference" else None
+        if final is not None and given is not None:  # review 14a verify A2: one quantity, said once, the other pass named
+            total = (f" (of the {what} above as the batched pass it decomposes gives it, {final:.3g}, "
+                     f"{abs(final - given):.2g} from the plain pass above over the same rows)")
+        else:
+            total = f" (final {what} {final:.3g}{near})" if final is not None else ""
+        parts.append("Direct logit attribution" + total
                      + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
         return " ".join(parts)
     if top:

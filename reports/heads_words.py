@@ -182,7 +182,43 @@ def _floor_words(s: Mapping[str, Any]) -> str:
     grows = (f", a floor for metric values up to {size:.3g} in size; two heads whose larger ablated metric (unpruned "
              f"minus the importance), S, is larger in size tie within {grown}, as one rounding step grows with the "
              "number rounded" if said and size is not None else "")
-    return f"Within rounding here means {'; '.join(said)}{grows}." if said else ""
+    gradient = _gradient_floor_words(s) if "gradient" in tied else ""
+    ablation = f"Within rounding here means {'; '.join(said)}{grows}." if said else ""
+    return " ".join(x for x in (ablation, gradient) if x)
+
+
+def _gradient_floor_words(s: Mapping[str, Any]) -> str:
+    """What "within rounding" means for a gate-gradient tie (review 14b verify A1: it was said for zero-ablation only,
+    and the summary's analytic rounding_floor_gradient sat beside the measured rounding_gradient unnamed): each head's
+    own measured rounding summed over the pair (rounding_gradient_heads), else the largest head's for both, else the
+    analytic share of the examples' largest gradient; the analytic floor named as the degeneracy check only."""
+    check = s.get("rounding_gradient_check") if isinstance(s.get("rounding_gradient_check"), Mapping) else {}
+    largest, analytic = _num(s.get("rounding_gradient")), _num(s.get("rounding_floor_gradient"))
+    scaled = (" (in the layer-normalised order, each scaled as that order scales the head's gradient)"
+              if "layer-normalised" in _order_unit(s, "gradient") and s.get("tied_first_pruned_gradient") else "")
+    if s.get("rounding_gradient_source") == "measured" and largest is not None:
+        n, of = _num(check.get("n_examples")), _num(check.get("of"))
+        if check.get("exact"):
+            how = (f"|its mean |dL/d gate| - the same mean with the weights in float32|, over all {n:.0f} examples "
+                   "recomputed" if n is not None else "its mean against a float32 recomputation of every example")
+        else:
+            how = (f"{_num(check.get('margin')) or 2:g} x its mean |dL/d gate - the float32 one| over the first "
+                   f"{n:.0f} of {of:.0f} examples recomputed" if n is not None and of is not None
+                   else "its error against a float32 recomputation of some examples")
+        own = ("the sum of the two heads' own rounding" if s.get("rounding_gradient_heads") is not None
+               else "twice the largest head's rounding")
+        said = f"By gate gradient, within rounding means closer than {own}{scaled}, each head's measured as {how} " \
+               f"(at most {largest:.2g} for any head)"
+    elif largest is not None:
+        said = (f"By gate gradient, within rounding means closer than twice {largest:.2g}{scaled}, an analytic bound on "
+                "each head's mean gradient's rounding (a few eps of the examples' largest gradient; nothing measured "
+                "against float32)")
+    else:
+        said = "By gate gradient, within rounding means within a few eps of the larger gradient's own size"
+    if analytic is not None:
+        said += (f"; the analytic floor {analytic:.2g} (one rounding step of the loss it differentiates) only checks "
+                 "whether every gradient is rounding")
+    return said + "."
 
 
 def _first_close_words(s: Mapping[str, Any], method: str) -> str:
@@ -312,10 +348,16 @@ def _lead_words(top: Mapping[str, Any], method: str, metric: str) -> str:
 
 def _said_at_chance(s: Mapping[str, Any], base: float) -> bool:
     """Whether the chance sentence that opens the finding at chance (findings.chance_sentence) prints the unpruned
-    metric itself (its mean, to the 3 digits both print): then the finding does not repeat the number."""
+    metric itself: the same metric over the same examples. Then the finding does not repeat it, even where the
+    analysis's own batched pass rounds it differently (review 14a verify A1: -2.05 there, -2.04 in heads' padded
+    bfloat16 batch; the guard's pass is the plain forward, and a value further off than its tolerance makes the
+    guard read the analysis's own mean instead, chance.model_on_task)."""
     entry = _chance(s)
-    mean = _num(entry.get("mean")) if entry is not None else None
-    return mean is not None and f"{mean:.3g}" == f"{base:.3g}"
+    if entry is None or _num(entry.get("mean")) is None:
+        return False
+    same_metric = entry.get("metric") in (None, s.get("metric"))
+    n, own = _num(entry.get("n_examples")), _num(s.get("n_examples"))
+    return same_metric and (n is None or own is None or n == own)
 
 
 def finding(s: Mapping[str, Any]) -> str:

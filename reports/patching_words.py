@@ -334,7 +334,9 @@ def _finding(s: Mapping[str, Any]) -> str:
     clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
     gap = _gap(s)
     metric = _words(s.get("metric", ""))
-    if gap is not None:
+    if gap is not None and (given := _clean_given(s)):
+        parts.append(given)
+    elif gap is not None:
         article = "an" if metric[:1].lower() in ("a", "e", "i", "o", "u") else "a"  # "an answer log-probability" (review 11b C5)
         said = distinct_pair(clean, corrupt)
         parts.append(f"Clean prompts give {article} {metric} of {said[0]}{_metric_ci(s, 'clean')}, corrupted ones "
@@ -408,6 +410,32 @@ def distinct_pair(a: float, b: float) -> tuple[str, str]:
         return short
     decimals = max(0, 2 - math.floor(math.log10(abs(gap))))
     return f"{a:.{decimals}f}", f"{b:.{decimals}f}"
+
+
+def _clean_given(s: Mapping[str, Any]) -> str:
+    """At chance, where the chance sentence before this one gives the clean metric (the same metric over the same
+    prompts, from the guard's plain pass), the clean value is not printed again (review 14a verify A1: -1.57 there,
+    -1.56291 in patching's batch: one quantity, two values): the corrupted prompts are said by their gap from the clean
+    ones in patching's own pass (gap_within_noise's mean and 95% CI where recorded), which both values share. '' where
+    the chance sentence does not give it."""
+    entry = _chance(s)
+    clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
+    if entry is None or _num(entry.get("mean")) is None or clean is None or corrupt is None:
+        return ""
+    n, own = _num(entry.get("n_examples")), _num(s.get("metric_n")) or _num(s.get("n_examples"))
+    if entry.get("metric") != s.get("metric") or n is None or n != own:  # the same metric over the same prompts
+        return ""
+    metric = _words(s.get("metric", ""))
+    small = s.get("gap_within_noise")
+    gap, ci = clean - corrupt, None
+    if isinstance(small, Mapping) and _num(small.get("gap")) is not None:
+        gap, ci = float(small["gap"]), ci_pair(small.get("ci"))
+    side = "below" if gap > 0 else "above" if gap < 0 else "at"
+    size = f"{abs(gap):.3g} " if gap else ""
+    paired = (f"clean minus corrupted {gap:+.3g}, 95% CI [{ci[0]:.3g}, {ci[1]:.3g}] over "
+              f"{_num(small.get('n_examples')) or own or 0:.0f} pairs" if ci else f"clean minus corrupted {gap:+.3g}")
+    return (f"Clean prompts give the {metric} above; corrupted ones lie {size}{side} them on average in patching's own "
+            f"pass ({paired}){f', over {own:.0f} prompts' if own and not ci else ''}.")
 
 
 def _metric_ci(s: Mapping[str, Any], which: str) -> str:

@@ -172,6 +172,18 @@ def _scorer(model, task: Task | torch.Tensor | Scorer | str | None, config: Head
 # bound, used only where rounding.gradient_check measures none (it is 15-30x the measured rounding, reviews 14b A2/14c A1).
 GRADIENT_TIE_STEPS = 6
 
+# What each gradient rounding in a summary is for (review 14b verify A1: an analytic 0.0513 and a measured 0.0018 side by
+# side, neither named): recorded as rounding_gradient_roles
+GRADIENT_FLOOR_ROLES = {
+    "rounding_floor_gradient": "analytic: one rounding step of the differentiated loss; only the degeneracy check (is "
+                               "every head's gradient below it?), never a tie",
+    "noise_floor_gradient": "the same analytic step (rounding_floor_gradient)",
+    "rounding_gradient": "each head's mean gate gradient's rounding, the largest over heads (measured against float32 "
+                         "where rounding_gradient_source says so): compare's B - A band",
+    "rounding_gradient_heads": "[layer][head] each head's own measured rounding: two heads tie where their gradients "
+                               "differ by less than the sum of theirs",
+}
+
 
 def gradient_scale(per: pd.DataFrame | None) -> float | None:
     """E_x max_h |dL_x/d xi_h|: each example's largest gate gradient, averaged (importance_examples' "gradient"
@@ -262,12 +274,18 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
             out["rounding_gradient"] = GRADIENT_TIE_STEPS * eps * float(scale)
             out["rounding_gradient_source"] = "analytic"
         if gradient_check is not None:  # reviews 14b A2, 14c A1: measured against float32 (rounding.gradient_check)
-            out["rounding_gradient_check"] = {k: v for k, v in gradient_check.items() if k != "floor"}
+            out["rounding_gradient_check"] = {k: v for k, v in gradient_check.items() if k not in ("floor", "heads")}
             if gradient_check.get("floor") is not None:
                 own = GRADIENT_TIE_STEPS * float(torch.finfo(torch.float32).eps) * float(scale or 0.0)  # float32's own
                 out["rounding_gradient"] = max(float(gradient_check["floor"]), own)
                 out["rounding_gradient_source"] = "measured"
-    unit = out.get("rounding_gradient")  # each head's mean gradient's rounding (ties, compare's band)
+                if gradient_check.get("heads") is not None:  # review 14b verify A1: each head's own, for its ties
+                    heads = torch.tensor(gradient_check["heads"], dtype=torch.float64).clamp_min(own)  # [L, H]
+                    out["rounding_gradient_heads"] = heads.tolist()
+        out["rounding_gradient_roles"] = dict(GRADIENT_FLOOR_ROLES)
+    unit = out.get("rounding_gradient")  # the largest head's mean gradient's rounding (compare's band)
+    per_head = (torch.tensor(out["rounding_gradient_heads"], dtype=torch.float64).flatten()  # [L * H]
+                if "rounding_gradient_heads" in out else None)
     source = {m: "analytic" for m in raw}
     if measured is not None:
         for m in set(raw) - {"gradient"}:
@@ -280,20 +298,23 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         flat = imp.detach().double().flatten().cpu()  # [layer * head]
         peak = float(flat.abs().max()) if flat.numel() else 0.0
         if peak < floor:
-            unit = "of the loss it differentiates" if method == "gradient" else "of the metric"
+            of = "of the loss it differentiates" if method == "gradient" else "of the metric"
             sens = loss_sensitivity if method == "gradient" else metric_sensitivity
-            how = (f"one rounding step {unit} at this dtype" if sens is None else
-                   f"the rounding {unit}: one step of the logits at this dtype, "
+            how = (f"one rounding step {of} at this dtype" if sens is None else
+                   f"the rounding {of}: one step of the logits at this dtype, "
                    f"{noise_floor(dtype, loss_size if method == 'gradient' and loss_size is not None else metric_size):.2g}, "
                    f"times the answer's 1 - p summed over its tokens, {sens:.2g} on average")
             if source[method] == "measured":
                 how = "measured by null ablations"
+            elif method == "gradient":  # review 14b verify A1: which gradient floor this is, beside the measured one
+                how = f"analytic: {how}"
             # review 12a: the gradient's floor is not its own precision (a bfloat16 gradient is within a few eps of
             # its own size: float32 reproduced a bfloat16 llama's 8 gate gradients within 2.3%, the order exactly);
             # it is the smallest first-order loss change one rounding step of the loss can show, so it is said so
             means = ("; it bounds the loss change removing a head predicts, which an ablation in this dtype could not "
                      "resolve below it, not the gradients' own precision"
-                     + (f" ({unit:.2g}, measured against float32)" if out.get("rounding_gradient_source") == "measured"
+                     + (f" (that precision, measured against float32, is at most {unit:.2g} for any head)"
+                        if out.get("rounding_gradient_source") == "measured"
                         else " (a few eps of the examples' largest gradient)")
                      if method == "gradient" else "")
             out[f"degenerate_{method}"] = (f"every head's |{method} importance| is below {peak:.2g}, under the numerical "
@@ -304,18 +325,24 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         order = torch.argsort(flat, descending=True, stable=True)[: k + 1]
         values, n_heads = flat[order], imp.shape[1]
 
-        def ties(vals: torch.Tensor, share: torch.Tensor, floor: float = floor, method: str = method, unit=unit):
-            """tol(p, q) for neighbours p, q along vals ([m]; share [m]: each value's share of the raw gradient)."""
+        def ties(vals: torch.Tensor, share: torch.Tensor, idx: torch.Tensor, floor: float = floor,
+                 method: str = method, unit=unit):
+            """tol(p, q) for neighbours p, q along vals ([m]; share [m]: each value's share of the raw gradient;
+            idx [m]: each value's head, flat). Gradients: the two heads' own measured rounding summed (review 14b
+            verify A1: the largest head's, 0.00185, put L1H2 and L1H3 in a tie bfloat16 had moved by 0.00008 and
+            0.0003), else the largest head's for both, else a share of the larger gradient."""
             if method != "gradient":
                 if baseline is None:
                     return lambda p, q: floor
                 return lambda p, q: ablation_tie(dtype, floor, metric_size, baseline, float(vals[p]), float(vals[q]),
                                                  metric_sensitivity is not None)
+            if per_head is not None:
+                return lambda p, q: float(per_head[idx[p]] * share[p] + per_head[idx[q]] * share[q])
             if unit is None:
                 return lambda p, q: GRADIENT_TIE_STEPS * eps * max(abs(float(vals[p])), abs(float(vals[q])))
             return lambda p, q: unit * float(share[p] + share[q])
 
-        runs = [g for g in _neighbour_groups(values, ties(values, torch.ones(len(values), dtype=torch.float64)))
+        runs = [g for g in _neighbour_groups(values, ties(values, torch.ones(len(values), dtype=torch.float64), order))
                 if g[0] < k]  # positions along `order`, each run apart
         tied = {int(order[j]) for g in runs for j in g}
         top = [i for i in order[:k].tolist() if i in tied]
@@ -333,7 +360,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
             share = torch.where(raw_first > 0, by[first].abs() / raw_first.clamp_min(1e-300), torch.ones_like(raw_first))
             # the order removed, descending for the helper (tol is symmetric)
             # tol reads each head's importance (its ablated metric, baseline - importance); the gradient's is |.|
-            first_runs = _neighbour_groups(-by[first], ties(by[first], share))
+            first_runs = _neighbour_groups(-by[first], ties(by[first], share, first))
             groups = [[int(first[j]) for j in g] for g in first_runs]  # runs of neighbours within tol, in the order removed
             starts = [g[0] + 1 for g in first_runs]  # each run's first position in the order, from 1
             se = ses.get(method) if ses is not None and method != "gradient" else None

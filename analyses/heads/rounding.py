@@ -117,7 +117,9 @@ def gradient_check(model, scorer, examples: torch.Tensor, *, n: int = GRADIENT_C
     """The gate gradients' rounding measured against float32: examples [L, H, N] the run's own |dL_x/d xi_h| (importance_
     table's per-example values, in example order), the first min(n, N) recomputed. Returns {"floor", "n_examples",
     "of", "exact" (every example recomputed), "max_error_of_mean" (max_h |mean g - mean g32| over them), "max_mean_error"
-    (max_h mean |g - g32|), "max_error", "margin" (1 where exact), "reason"}; no floor, and the reason, where nothing was
+    (max_h mean |g - g32|), "max_error", "margin" (1 where exact),
+    "heads" ([L][H] each head's own rounding: |mean g - mean g32| where exact, else margin x mean |g - g32|; a pair of
+    heads ties within the sum of theirs), "reason"}; no floor, and the reason, where nothing was
     measured (a float32 model, weights over GRADIENT_CHECK_MAX_BYTES, a pass that failed)."""
     out: dict = {"n_examples": 0, "of": int(examples.shape[-1]), "floor": None}
     if model.dtype.itemsize >= 4:
@@ -140,6 +142,7 @@ def gradient_check(model, scorer, examples: torch.Tensor, *, n: int = GRADIENT_C
     mean = torch.nan_to_num(torch.nanmean(err, -1))  # [L, H]
     exact = m == examples.shape[-1]
     margin = 1.0 if exact else GRADIENT_CHECK_MARGIN
+    heads = of_mean if exact else margin * mean  # [L, H] each head's own measured rounding (review 14b verify A1)
     return {**out, "n_examples": m, "exact": exact, "max_error_of_mean": float(of_mean.max()),
             "max_mean_error": float(mean.max()), "max_error": float(torch.nan_to_num(err).max()), "margin": margin,
-            "floor": float(of_mean.max()) if exact else margin * float(mean.max()), "reason": None}
+            "floor": float(heads.max()), "heads": heads.tolist(), "reason": None}

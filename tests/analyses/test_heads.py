@@ -172,7 +172,7 @@ def test_numerical_floor_flags_rounding_and_ties_hand_worked():
     zero = numerical_checks({"gradient": torch.full((2, 2), 6e-4)}, torch.bfloat16, metric_size=10.0)
     # review 12a: the gradient's floor (2^-7 x 10 = 0.078) is the loss change an ablation could resolve, not the
     # gradients' own precision (float32 reproduces bfloat16 gate gradients within a few %: a few eps of their size)
-    assert ("under the numerical floor 0.078 (one rounding step of the loss it differentiates at this dtype; it bounds "
+    assert ("under the numerical floor 0.078 (analytic: one rounding step of the loss it differentiates at this dtype; it bounds "
             "the loss change removing a head predicts, which an ablation in this dtype could not resolve below it, not "
             "the gradients' own precision (a few eps of the examples' largest gradient)): no head measurably matters by "
             "this method, so its ranking and pruning order are no evidence that any head matters") in zero["degenerate_gradient"]
@@ -372,6 +372,9 @@ def test_bfloat16_gradient_rounding_is_measured_against_float32_arithmetic_by_ha
     check = s["rounding_gradient_check"]
     assert s["rounding_gradient_source"] == "measured" and check["exact"] and check["n_examples"] == len(task)
     assert s["rounding_gradient"] == pytest.approx(of_mean, rel=1e-3, abs=1e-6)
+    # review 14b verify A1: each head's own rounding, by hand, the tie tolerance of its pairs
+    own = torch.tensor(s["rounding_gradient_heads"], dtype=torch.float64)  # [L, H]
+    assert torch.allclose(own, (got.mean(-1) - want.mean(-1)).abs(), rtol=1e-3, atol=1e-6)
     assert check["max_mean_error"] == pytest.approx(float((got - want).abs().mean(-1).max()), rel=1e-3, abs=1e-6)
     assert s["rounding_gradient"] < heads.GRADIENT_TIE_STEPS * 2.0 ** -7 * s["rounding_gradient_scale"]
     imp = got.mean(-1).flatten()
@@ -379,6 +382,9 @@ def test_bfloat16_gradient_rounding_is_measured_against_float32_arithmetic_by_ha
     value = dict(zip(names, imp.tolist()))
     for group in s.get("tied_top_groups_gradient") or []:
         assert value[group[0]] - value[group[-1]] <= 2 * s["rounding_gradient"] + 1e-9  # no chain past the band
+        for a, b in zip(group, group[1:]):  # neighbours tie within their own two roundings
+            i, j = names.index(a), names.index(b)
+            assert value[a] - value[b] <= float(own.flatten()[i] + own.flatten()[j]) + 1e-9
 
 
 def test_gradient_ties_do_not_chain_past_the_band():
@@ -1433,3 +1439,46 @@ def test_a_log_probability_floor_is_the_logit_step_times_one_minus_p():
     old = numerical_checks({"zero": zero, "gradient": grad}, torch.bfloat16, metric_size=10.16, k=3)  # a logit's step
     assert old["tied_top_heads_zero"] == ["L0H1", "L1H0"] and old["tied_top_next_zero"] == "L1H1"
     assert "degenerate_gradient" in old
+
+
+def test_gradient_pruning_ties_use_each_heads_own_measured_rounding():
+    """Review 14b verify A1: bfloat16 moved L1H2 by 0.00008 and L1H3 by 0.0003 against float32 (the review's
+    hand_grad*.py, E|dL/d gate| over 16 examples), but the tie band was the largest head's (L0H0's 0.0017) for both:
+    in the layer-normalised order (share 1 / ||layer 1|| = 5.39 each) 0.0017 x 2 x 5.39 = 0.0186 over their gap
+    0.0151. With their own rounding, (0.000079 + 0.000296) x 5.39 = 0.0020: no tie, as float32 has them in the same
+    order. The first pair removed, L1H1 then L1H0, sit 0.88 apart: no tie either."""
+    bf16 = torch.tensor([[0.63801575, 0.58480644, 0.08337617, 0.43289185], [0.18060058, 0.0128838, 0.02626586, 0.0290761]],
+                        dtype=torch.float64)
+    f32 = torch.tensor([[0.6397425, 0.5835132, 0.08363026, 0.43224496], [0.18040260, 0.01292395, 0.02618759, 0.02877978]],
+                       dtype=torch.float64)
+    err = (bf16 - f32).abs()  # [L, H] each head's measured rounding of its mean
+    norm = bf16 / bf16.norm(dim=1, keepdim=True)  # the layer-normalised pruning order
+    check = {"floor": float(err.max()), "heads": err.tolist(), "n_examples": 16, "of": 16, "exact": True}
+    out = heads.numerical_checks({"gradient": bf16}, torch.bfloat16, metric_size=12.0, k=5, scale=0.94,
+                                 pruning={"gradient": norm}, gradient_check=check)
+    assert out["rounding_gradient"] == pytest.approx(0.0017267, abs=1e-6)  # compare's band keeps the largest
+    assert out["rounding_gradient_heads"][1][2] == pytest.approx(0.0000783, abs=1e-6)
+    assert out["rounding_gradient_heads"][1][3] == pytest.approx(0.0002963, abs=1e-6)
+    assert "tied_first_pruned_gradient" not in out, out.get("tied_first_pruned_gradient")
+    # the same pair a hundredth apart in float32's terms ties: L1H3 moved to 0.0265 (gap 0.0002 raw, 0.0013 scaled)
+    close = bf16.clone()
+    close[1, 3] = 0.0265
+    out = heads.numerical_checks({"gradient": close}, torch.bfloat16, metric_size=12.0, k=5, scale=0.94,
+                                 pruning={"gradient": close / close.norm(dim=1, keepdim=True)}, gradient_check=check)
+    assert out["tied_first_pruned_gradient"] == [["L1H2", "L1H3"]]
+    assert set(out["rounding_gradient_roles"]) == {"rounding_floor_gradient", "noise_floor_gradient",
+                                                  "rounding_gradient", "rounding_gradient_heads"}
+    assert out["rounding_gradient_roles"]["rounding_floor_gradient"].startswith("analytic")
+
+
+def test_a_degenerate_gradient_with_measured_rounding_names_both_floors():
+    """Every gradient under the analytic floor (2^-7 x 10 = 0.078) while the float32 check measured 0.0001: the
+    sentence names the analytic floor as such and the measured precision as the gradients' own (the old code formatted
+    its words string as a number here and raised ValueError)."""
+    out = heads.numerical_checks({"gradient": torch.full((2, 2), 6e-4)}, torch.bfloat16, metric_size=10.0, scale=6e-4,
+                                 gradient_check={"floor": 1e-4, "heads": [[1e-4] * 2] * 2, "n_examples": 8, "of": 8,
+                                                 "exact": True})
+    assert "under the numerical floor 0.078 (analytic: one rounding step of the loss it differentiates" in \
+        out["degenerate_gradient"]
+    assert "not the gradients' own precision (that precision, measured against float32, is at most 0.0001 for any " \
+           "head))" in out["degenerate_gradient"]

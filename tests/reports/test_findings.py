@@ -3170,3 +3170,77 @@ def test_patching_next_site_whose_interval_clears_0_only_by_rounding_is_said_to_
             "rounding: its end nearest 0, +0.025 logit difference, lies within the rounding floor, 0.07).") in text
     s["top_sites"]["head_out"][0]["ci"] = [0.5, 10.1]
     assert "within rounding" not in finding("patching", s)
+
+
+# review 14a verify A1: the chance entry of review 14a's quick bfloat16 run (heads: hand -2.0543 one row at a time;
+# the padded batch -2.04437), and patching's (hand -1.5726; its own pass -1.56291, corrupted -1.56026)
+_TOOLS_CHANCE = {"at_chance": True, "below_chance": False, "chance_from": "wrong_answers", "metric": "logprob",
+                 "chance_value": -1.3942214511334896, "ci": [-2.7540041621945424, -1.3544626418330148],
+                 "ci_level": 0.95, "mean": -2.0542334020137787, "n_examples": 16, "task": "tools",
+                 "margin": {"ci": [-1.477460193708537, 0.15743629194795883], "mean": -0.6600119508802891, "n": 16,
+                            "n_above": 7, "per_token": False}}
+
+
+def test_heads_at_chance_states_the_unpruned_metric_once_even_where_its_pass_rounds_apart():
+    text = finding("heads", {"metric": "logprob", "baseline_metric": -2.0443683229386806, "n_examples": 16,
+                             "chance": _TOOLS_CHANCE})
+    assert "answer log-probability -2.05 against chance -1.39" in text
+    assert "-2.04" not in text and text.count("[-2.75, -1.35]") == 1, text
+    assert "The answer log-probability above is the unpruned model's, over 16 examples." in text
+    # another metric or other rows: not the quantity above, so its own value stays
+    other = finding("heads", {"metric": "logprob", "baseline_metric": -2.0443683229386806, "n_examples": 40,
+                              "chance": _TOOLS_CHANCE})
+    assert "Unpruned answer log-probability is -2.04" in other
+
+
+def test_patching_at_chance_states_the_clean_metric_once_and_the_corrupted_by_its_gap():
+    chance = {**_TOOLS_CHANCE, "mean": -1.572499431669712, "chance_value": -1.465, "n_examples": 8,
+              "ci": [-2.68, -0.467]}
+    s = {"metric": "logprob", "normalized": False, "direction": "denoise", "n_examples": 8, "metric_n": 8,
+         "clean_metric": -1.5629058256745338, "corrupted_metric": -1.5602567866444588,
+         "clean_metric_ci": [-2.67, -0.452], "corrupted_metric_ci": [-2.65, -0.469], "chance": chance,
+         "gap_within_noise": {"ci": [-0.02942617823046688, 0.024128100170316732], "gap": -0.0026490390300750732,
+                              "n_examples": 8}}
+    text = finding("patching", s)
+    assert "-1.56291" not in text and "-1.56026" not in text and "-1.56 " not in text, text
+    # -1.56291 - (-1.56026) = -0.00265: the corrupted prompts lie above the clean ones in patching's own pass
+    assert ("Clean prompts give the answer log-probability above; corrupted ones lie 0.00265 above them on average in "
+            "patching's own pass (clean minus corrupted -0.00265, 95% CI [-0.0294, 0.0241] over 8 pairs).") in text
+    # without the recorded gap: the difference of the two recorded means, -1.5629058 + 1.5602568 = -0.002649
+    bare = finding("patching", {k: v for k, v in s.items() if k != "gap_within_noise"})
+    assert "corrupted ones lie 0.00265 above them on average in patching's own pass (clean minus corrupted -0.00265), " \
+           "over 8 prompts." in bare
+
+
+def test_circuits_at_chance_names_the_pass_its_dla_total_comes_from():
+    """Review 14a verify A2: 'logit difference -0.173' (the guard's plain pass, hand -0.1729) then 'final logit
+    difference -0.167' (DLA's batched pass): the second is said to be the batched pass's, 0.0059 from the first."""
+    chance = {"at_chance": True, "metric": "logit_diff", "mean": -0.1728515625, "chance_value": 0.0,
+              "ci": [-0.707, 0.361], "ci_level": 0.95, "n_examples": 32, "task": "tools"}
+    s = {"dla_direction": "answer - wrong_answer", "dla_final_logit": -0.1669921875, "n_examples": 32,
+         "chance": chance}
+    text = finding("circuits", s)
+    assert "final logit difference -0.167" not in text, text
+    assert ("Direct logit attribution (of the logit difference above as the batched pass it decomposes gives it, -0.167, "
+            "0.0059 from the plain pass above over the same rows) ranks no writer") in text
+
+
+def test_a_gradient_tie_says_its_rounding_and_which_gradient_floor_is_which():
+    """Review 14b verify A1: "within rounding" was defined for zero-ablation only, beside a gradient tie, and the
+    summary's analytic 0.0513 sat beside the measured 0.00185 unnamed: the gradient's band is said (each head's own
+    measured rounding, every example recomputed), and the analytic floor is named as the degeneracy check."""
+    s = {"metric": "logprob", "baseline_metric": -0.9765, "n_examples": 16, "n_heads": 8,
+         "ordering_basis": {"gradient": "|dL/d gate| / its layer's L2 norm"},
+         "tied_first_pruned_gradient": [["L1H2", "L1H3"]], "tied_first_pruned_at_gradient": [3],
+         "tied_first_pruned_values_gradient": [[0.1400, 0.1410]], "tied_first_pruned_moves_gradient": [False],
+         "rounding_gradient": 0.00184, "rounding_gradient_source": "measured", "rounding_floor_gradient": 0.0513,
+         "rounding_gradient_heads": [[0.0017, 0.0013, 0.0003, 0.0006], [0.0002, 0.00004, 0.00008, 0.0003]],
+         "rounding_gradient_check": {"exact": True, "n_examples": 16, "of": 16, "margin": 1.0}}
+    text = finding("heads", s)
+    assert "In the gradient order, L1H2 and L1H3 (removed 3rd and 4th; 0.14 each, layer-normalised" in text, text
+    assert ("By gate gradient, within rounding means closer than the sum of the two heads' own rounding (in the "
+            "layer-normalised order, each scaled as that order scales the head's gradient), each head's measured as "
+            "|its mean |dL/d gate| - the same mean with the weights in float32|, over all 16 examples recomputed (at "
+            "most 0.0018 for any head); the analytic floor 0.051 (one rounding step of the loss it differentiates) only "
+            "checks whether every gradient is rounding.") in text
+    assert "Within rounding here means closer than" not in text  # no ablation tie: no ablation band
