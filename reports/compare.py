@@ -382,7 +382,8 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
         rows.append((f"{name} task", _task_text(pa), _task_text(pb)))
         rows.append((f"{name} examples", *(count_text(p) if isinstance(p.get("n_examples"), int) else p.get("n_examples")
                                            for p in (pa, pb))))  # "2375 token positions of 64 sentences" (11b N8)
-        rows.append((f"{name} budget changes", _budget_text(pa), _budget_text(pb)))
+        if (pa.get("budget_changed") or {}) != (pb.get("budget_changed") or {}):  # review 14c-v C2: equal changes fitted
+            rows.append((f"{name} budget changes", _budget_text(pa), _budget_text(pb)))  # to other speeds: no setting differs
     return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}."
             for what, x, y in rows if x != y]
 

@@ -27,6 +27,11 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
 - attribution, mlp and kv at or below chance (the summary's `chance` record, the findings' own test): their reports
   state what was measured only, so neither run's taus, agreement or full-cache metric are compared (withheld_at_chance),
   as patching and position are not (compare_run.chance_refusal).
+- attribution's saliency tau (the finding's first number) and attention rollout's taus, by the same rule (14b-v C2);
+  rollout's without an interval where the finding states them without one (raw taus weak: its paired sentence).
+- patching: the clean and corrupted prompts' mean metric with their t intervals over metric_n (14b-v C2).
+- kv: the cache size (an exact count: the same, or a difference said to be the dtype's where it is), the attention on
+  the first token per layer judged layer by layer by its recorded 95% intervals, and the sink layers (14b-v C2).
 - circuits (review 14b C1): MIB's CPR and CMD with their bootstrap intervals, DLA's totals of the heads and MLPs with
   their t intervals, and the DLA top writer (with its ties) judged by the writers' intervals (_dla_top_note).
 Every quantity lands in one list (review 14b C1): within noise or equal at the shown precision (SAME: the page's
@@ -87,29 +92,44 @@ def _probes(s: Mapping[str, Any]) -> list[Quantity]:
              s.get("n_examples"), probe_unit(s))]
 
 
-TAU_METHODS = (("gradient", "gradient x input"), ("loo", "leave-one-out"), ("ig", "integrated gradients"))
+TAU_METHODS = (("saliency", "saliency"), ("gradient", "gradient x input"), ("loo", "leave-one-out"),
+               ("ig", "integrated gradients"))  # review 14b-v C2: saliency is the finding's first tau
 
 
 def _attribution(s: Mapping[str, Any]) -> list[Quantity]:
-    """Each method's mean Kendall tau with the t interval the attribution finding prints: over the examples with a
-    defined tau (n_tau_attention_<method>, else n_examples), clipped to [-1, 1] (reports/attribution_words.py)."""
+    """Each method's mean Kendall tau of last-layer attention and of attention rollout with the t interval the
+    attribution finding prints: over the examples with a defined tau (n_tau_<attention|rollout>_<method>, else
+    n_examples), clipped to [-1, 1] (reports/attribution_words.py). Rollout's taus carry no interval where the finding
+    states them without one (raw attention's taus against every reference under WEAK_TAU: its paired sentence)."""
+    from headscope.reports.attribution_words import WEAK_TAU
+
     n = s.get("n_examples")
     rule = ig_use(s)
+    raw = [abs(float(s[f"mean_tau_attention_{k}"])) for k, _ in TAU_METHODS[1:]
+           if _number(s.get(f"mean_tau_attention_{k}")) and not (k == "ig" and rule.mode == "none")
+           and not (k == "loo" and loo_rounds(s))]
+    weak = bool(raw) and max(raw) < WEAK_TAU  # the finding's own test (attribution_words.finding)
     out = []
-    for key, name in TAU_METHODS:
-        label = f"attribution mean Kendall tau of attention and {name}"
-        if key == "ig" and rule.mode == "none":  # its report leaves IG out (the finding): a blank the page explains
-            out.append((label, None, None, rule.n_converged, "converged examples"))
-            continue
-        if key == "loo" and loo_rounds(s):  # its report leaves leave-one-out out: most of its scores are rounding
-            out.append((label, None, None, n, "examples"))
-            continue
-        mean, sd = s.get(f"mean_tau_attention_{key}"), s.get(f"std_tau_attention_{key}")
-        partial = key == "ig" and rule.mode == "converged"
-        defined = s.get(f"n_tau_attention_{key}") or (rule.n_converged if partial else n)
-        ci = t_interval(float(mean), float(sd), int(defined)) if _number(mean) and _number(sd) and _number(defined) else None
-        out.append((label, mean, ci and (max(-1.0, ci[0]), min(1.0, ci[1])), defined,
-                    "converged examples" if partial else "examples"))
+    for kind, of in (("attention", "attention"), ("rollout", "attention rollout")):
+        for key, name in TAU_METHODS:
+            label = f"attribution mean Kendall tau of {of} and {name}"
+            if kind == "rollout" and not _number(s.get(f"mean_tau_rollout_{key}")):
+                continue  # an older summary without rollout's taus: its finding states none
+            if key == "ig" and rule.mode == "none":  # its report leaves IG out (the finding): a blank the page explains
+                out.append((label, None, None, rule.n_converged, "converged examples"))
+                continue
+            if key == "loo" and loo_rounds(s):  # its report leaves leave-one-out out: most of its scores are rounding
+                out.append((label, None, None, n, "examples"))
+                continue
+            mean, sd = s.get(f"mean_tau_{kind}_{key}"), s.get(f"std_tau_{kind}_{key}")
+            partial = key == "ig" and rule.mode == "converged"
+            defined = s.get(f"n_tau_{kind}_{key}") or (rule.n_converged if partial else n)
+            ci = t_interval(float(mean), float(sd), int(defined)) if _number(mean) and _number(sd) and _number(defined) \
+                else None
+            if kind == "rollout" and weak:
+                ci = None
+            out.append((label, mean, ci and (max(-1.0, ci[0]), min(1.0, ci[1])), defined,
+                        "converged examples" if partial else "examples"))
     return out
 
 
@@ -131,6 +151,19 @@ def withheld_quantity(name: str, label: str, s: Mapping[str, Any]) -> str:
     why = ("its IG taus include examples that missed completeness" if rule.legacy else
            f"it converged on {rule.n_converged} of {rule.n or '?'} examples")
     return f"leaves integrated gradients out ({why})"
+
+
+def _patching(s: Mapping[str, Any]) -> list[Quantity]:
+    """The clean and corrupted prompts' mean metric with the 95% t intervals the patching finding prints (review
+    14b-v C2: "Clean prompts give ... -1.00054 (95% CI [-1.46, -0.545]), corrupted ones ..."), over metric_n prompts;
+    none where the finding states none (a normalised metric's fixed 1 and 0, or no gap: patching_words._gap)."""
+    from headscope.reports.patching_words import _gap
+
+    stated = _gap(s) is not None
+    metric = _words(s.get("metric", "metric"))
+    return [(f"patching {which} prompts' {metric}", s.get(f"{which}_metric") if stated else None,
+             ci_pair(s.get(f"{which}_metric_ci"), ordered=True), s.get("metric_n", s.get("n_examples")), "examples")
+            for which in ("clean", "corrupted")]
 
 
 MLP_LABEL = "mlp highest layer key-value agreement"
@@ -292,13 +325,33 @@ def _closest_row(s: Mapping[str, Any], policy: str) -> Mapping[str, Any] | None:
     return e.get("closest") if isinstance(e, Mapping) and isinstance(e.get("closest"), Mapping) else None
 
 
+def _change_words(s: Mapping[str, Any], r: Mapping[str, Any]) -> str:
+    """What a closest row's change is, as the kv finding says it (review 14b-v C4: "keeps 87.4%" said neither of what
+    nor that it fell): '-12.6% of the span from chance to the full cache' where the band's basis is that span (a
+    log-probability), else 'keeps 66.9% of the full-cache logit difference'."""
+    from headscope.reports.kv_words import _pc
+
+    hold = s.get("holding_budgets") if isinstance(s.get("holding_budgets"), Mapping) else {}
+    if hold.get("basis") == "span":
+        return f"{_pc(r['change'])} of the span from chance to the full cache"
+    return f"keeps {_pct(r['change'])} of the full-cache {_words(s.get('metric', 'metric'))}"
+
+
 def _closest_words(s: Mapping[str, Any], policy: str, tied: list[str]) -> str:
-    """'window keeps 66.9% at budget 16 (95% CI of the change [-42.7%, -23.4%], n = 128; tied with heavy hitters)'."""
+    """'window at budget 16: -12.6% of the span from chance to the full cache (95% CI of the change [-34.8%, +9.6%],
+    n = 16; 8/16 answers correct (full cache 5/16); it loses 2 of the 5 answers the full cache gets)', with the
+    answers lost as the kv finding states them (holding's per-prompt `lost`) and its tie."""
+    from headscope.reports.kv_words import _answers
+
     r = _closest_row(s, policy)
     ci = (f"95% CI of the change [{100 * r['ci_low']:+.1f}%, {100 * r['ci_high']:+.1f}%], "
           if _number(r.get("ci_low")) and _number(r.get("ci_high")) else "")
+    answers = _answers(r) if _number(r.get("n_evicting")) else ""
+    lost = (f"; it loses {r['lost']} of the {r['full_correct']} answer(s) the full cache gets"
+            if _number(r.get("lost")) and r["lost"] > 0 and _number(r.get("full_correct")) else "")
     tie = f"; tied with {' and '.join(p.replace('_', ' ') for p in tied)}" if tied else ""
-    return f"{policy.replace('_', ' ')} keeps {_pct(r['change'])} at budget {r['budget']} ({ci}n = {r['n_evicting']}{tie})"
+    return (f"{policy.replace('_', ' ')} at budget {r['budget']}: {_change_words(s, r)} ({ci}n = {r['n_evicting']}"
+            f"{answers}{lost}{tie})")
 
 
 def _apart(s: Mapping[str, Any], mine: str, other: str) -> bool | None:
@@ -331,7 +384,7 @@ def _kv_closest_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     if a in tb or b in ta:
         return [SAME + f"{label}: the same choice up to a tie at the finding's precision: {said} ({n})."]
     apart = [_apart(sa, a, b), _apart(sb, b, a)]
-    other = [f"in {side}, {p.replace('_', ' ')} keeps {_pct(r['change'])} at budget {r['budget']}"
+    other = [f"in {side}, {p.replace('_', ' ')} at budget {r['budget']}: {_change_words(s, r)}"
              for side, s, p in (("A", sa, b), ("B", sb, a)) if (r := _closest_row(s, p)) is not None]
     if any(x is None for x in apart):
         verdict = "an interval is missing: whether the choice differs beyond noise is not known"
@@ -406,6 +459,103 @@ def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> l
             f" (budget verdicts that differ: {'; '.join(moved)})" if moved else "")
         notes.append((SAME + f"{label}: the same verdict: " if ka == kb else f"{label}: ") + said + ".")
     return notes + (_kv_closest_note(sa, sb) if name == "kv" else [])
+
+
+SIZE_LABEL = "kv cache size"
+SINK_LABEL = "kv attention on the first token per layer"
+SINK_VERDICT = "kv attention-sink layers"
+
+
+def _itemsize(dtype: Any) -> int | None:
+    import torch
+
+    t = getattr(torch, str(dtype or "").removeprefix("torch."), None)
+    return int(t.itemsize) if isinstance(t, torch.dtype) else None
+
+
+def _kv_size_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
+    """Review 14b-v C2: the kv finding's first numbers, "The KV cache takes 1.5 KiB per token (float32), 192.0 KiB at full
+    context", compared: an exact count (no sampling noise, no interval), the same or a difference, said to be the
+    dtype's (a setting, not the model) where the byte counts differ exactly as the dtypes' sizes do."""
+    from headscope.reports.kv_words import _bytes
+
+    per = [s.get("bytes_per_token") for s in (sa, sb)]
+    if not any(_number(x) for x in per):
+        return []
+    if not all(_number(x) for x in per):
+        return [NOT_COMPARED + f"{SIZE_LABEL}: not compared: only {'A' if _number(per[0]) else 'B'}'s report states it."]
+    full = [s.get("bytes_at_n_ctx") for s in (sa, sb)]
+    said = ", ".join(f"{side} {_bytes(p)} per token ({s.get('dtype') or 'dtype not recorded'})"
+                     + (f", {_bytes(f)} at full context" if _number(f) else "")
+                     for side, s, p, f in zip(SIDES, (sa, sb), per, full))
+    if per[0] == per[1] and (full[0] == full[1] or not all(_number(f) for f in full)):
+        return [SAME + f"{SIZE_LABEL}: {said}: the same (a count of bytes, exact: no sampling noise)."]
+    da, db = sa.get("dtype"), sb.get("dtype")
+    ia, ib = _itemsize(da), _itemsize(db)
+    if da != db and ia and ib and per[0] * ib == per[1] * ia:
+        why = (f"the dtypes differ ({da}, {ia} bytes a number, against {db}, {ib}): a setting, not the model")
+    else:
+        why = "the caches' shapes differ (layers, KV heads, head size or context), a property of the models"
+    return [f"{SIZE_LABEL}: {said}: an exact count (no sampling noise): {why}."]
+
+
+def _sink_rows(s: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
+    return {int(r["layer"]): r for r in s.get("sinks") or []
+            if isinstance(r, Mapping) and _number(r.get("mass")) and _number(r.get("layer"))}
+
+
+def _kv_sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "") -> list[str]:
+    """Review 14b-v C2: the kv finding's attention on the first token per layer (mean over prompts with its 95% t
+    interval, findings.sink_sentence's records) compared layer by layer by those intervals, and which layers it calls
+    sinks (the same verdict or a difference); not compared where the runs ran other tasks or other layers."""
+    from headscope.reports.findings import beside
+
+    ra, rb = _sink_rows(sa), _sink_rows(sb)
+    if not (ra or rb):
+        return []
+    if not (ra and rb):
+        side = "A" if ra else "B"
+        return [NOT_COMPARED + f"{label}: not compared: only {side}'s report states it."
+                for label in (SINK_LABEL, SINK_VERDICT)]
+    if differ or set(ra) != set(rb):
+        why = differ or f"the runs' layers differ (A {len(ra)}, B {len(rb)})"
+        return [NOT_COMPARED + f"{SINK_LABEL} and which layers are sinks: not compared: {why}."]
+    n = _n_text(ra[min(ra)].get("n"), rb[min(rb)].get("n"), "prompts")
+    kinds: dict[str, list[str]] = {"within": [], "beyond": [], "unknown": []}
+    for layer in sorted(ra):
+        a, b = ra[layer], rb[layer]
+        ia, ib = ci_pair(a.get("ci"), ordered=True), ci_pair(b.get("ci"), ordered=True)
+        verdict = noise_verdict(a["mass"], b["mass"], ia, ib)
+        kind = "within" if verdict.startswith(" (within") else "beyond" if verdict.startswith(" (beyond") else "unknown"
+        band = [f" [{i[0]:.2f}, {i[1]:.2f}]" if i else "" for i in (ia, ib)]
+        kinds[kind].append(f"layer {layer} A {a['mass']:.2f}{band[0]}, B {b['mass']:.2f}{band[1]}")
+    many = len(ra) > 6  # as the finding: many layers are summarised, those that differ are named
+
+    def listed(items: list[str]) -> str:
+        return f"{len(items)} layers" if many and len(items) > 3 else "; ".join(items)
+
+    notes = []
+    if kinds["beyond"]:
+        rest = f"; within noise: {listed(kinds['within'])}" if kinds["within"] else ""
+        notes.append(f"{SINK_LABEL}: beyond noise (|B - A| past the two 95% CIs' combined half-widths) in "
+                     f"{'; '.join(kinds['beyond'])}{rest} ({n}).")
+    elif kinds["unknown"]:
+        notes.append(NOT_COMPARED + f"{SINK_LABEL}: not compared: {'; '.join(kinds['unknown'])} ({n})" + NOT_STATED)
+    else:
+        notes.append(SAME + f"{SINK_LABEL}: within noise in every layer (|B - A| inside the two 95% CIs' combined "
+                     f"half-widths): {listed(kinds['within'])} ({n}).")
+    from headscope.analyses.position.sinks import SINK_RATIO
+
+    sinks = [[layer for layer, r in rows.items() if r.get("sink")] for rows in (ra, rb)]
+    words = [f"layer{'s' * (len(x) > 1)} {', '.join(map(str, sorted(x)))}" if x else "none" for x in sinks]
+    rule = f"at least {SINK_RATIO:g}x the uniform share, its excess 95%-CI above 0"
+    ratio = [", ".join(f"layer {k} {beside(r['ratio'], SINK_RATIO)}x" for k, r in sorted(rows.items())
+                       if _number(r.get("ratio"))) for rows in (ra, rb)]
+    if words[0] == words[1]:
+        notes.append(SAME + f"{SINK_VERDICT} ({rule}): the same verdict: A and B {words[0]}.")
+    else:
+        notes.append(f"{SINK_VERDICT} ({rule}): A {words[0]} ({ratio[0]}), B {words[1]} ({ratio[1]}).")
+    return notes
 
 
 def _circuits(s: Mapping[str, Any]) -> list[Quantity]:
@@ -485,7 +635,8 @@ def _dla_top_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
 
 
 QUANTITIES = {"heads": _heads, "attribution": _attribution, "mlp": _mlp, "kv": _kv,
-              "probes": _probes, "circuits": _circuits}  # analysis -> [(label, value, interval its finding prints, n, its unit)]
+              "probes": _probes, "circuits": _circuits,
+              "patching": _patching}  # analysis -> [(label, value, interval its finding prints, n, its unit)]
 
 
 def withheld(name: str, s: Mapping[str, Any]) -> str:
@@ -624,6 +775,8 @@ def headline_notes(a: Run, b: Run) -> list[str]:
         pairs = list(zip(quantity(sa), quantity(sb)))
         same_labels = all(qa[0] == qb[0] for qa, qb in pairs)
         differ = tasks_differ(a, b, name) or (_metrics_differ(name, sa, sb) if same_labels else "")
+        if name == "kv":  # stated at chance too (what was measured), the size whatever the task (review 14b-v C2)
+            notes += _kv_size_note(sa, sb) + _kv_sink_note(sa, sb, tasks_differ(a, b, name))
         said = [v[0] for v in VERDICTS.get(name, lambda _: [])(sa)]  # the verdict headlines, by label
         said += [v[0] for v in VERDICTS.get(name, lambda _: [])(sb) if v[0] not in said]
         said += ["circuits DLA top writer"] if name == "circuits" and (dla_top(sa) or dla_top(sb)) else []

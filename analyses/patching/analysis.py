@@ -20,7 +20,8 @@ position_from_end (-1: the last token; the same place in every left-padded promp
 when every prompt where pos is real has that token there, else ""), value (the metric after the
 patch), effect (value minus base), base (the unpatched run over the same rows), n_rows (the rows
 where pos is a real token: every row without padding), share_of_gap (effect / (clean_metric - corrupted_metric),
-what the report's maps show; the effect itself for a normalised metric) and with attribution=True the
+the effect itself for a normalised metric; NaN where the gap is within noise, with share_note saying why) and with
+attribution=True the
 attribution-patching estimate `attribution` (metric units, as effect) and attribution_share_of_gap.
 Where n_rows is below n_examples, value and base are
 means over those rows only, so value minus the summary's baseline (every row) is not the effect. summary: metric,
@@ -219,7 +220,10 @@ def activation_patching(
     sweeps = {name: prompt_end.cell_values(cells, values, pieces) for name, (cells, values) in sweeps.items()}
     shown, shown_bad, shown_mask = _at_prompt_end(clean, corrupted, mask, pieces)
     labels = token_labels(model, shown, shown_mask)
-    gap = 1.0 if pm.normalized else (clean_value - corrupt_value) or None  # what share_of_gap divides by
+    small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
+    # what share_of_gap divides by; none over a gap within noise, whose shares the finding calls not meaningful (review
+    # 14b-v C5: exact.csv gave 1.0 at the cell the report refuses to rank)
+    gap = None if small is not None else 1.0 if pm.normalized else (clean_value - corrupt_value) or None
     first = aligned.first_difference(shown, shown_bad)  # [B] each row's corrupted token (padded index)
     common = min(aligned.common_differences(shown, shown_bad), aligned.MAX_ORDERS)
     nth = [first] + [aligned.nth_difference(shown, shown_bad, k) for k in range(1, common)]  # [B] each
@@ -288,9 +292,9 @@ def activation_patching(
         df["unreachable"] = unreachable_cells(df, windows)
         summary["sliding_windows"] = {"windows": list(windows), "unreachable": int(df["unreachable"].sum()),
                                       "cells": int(df["position_from_end"].notna().sum())}
-    small = chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)  # only such runs carry the flag
     if small is not None:
         summary["gap_within_noise"] = small
+        df["share_note"] = SHARE_NOTE.format(reason=small["reason"])
     tables = {"exact": df}
     if on_token:
         tables["corrupted_token"] = aligned.table(on_token, gap, summary["at_corrupted_token"].get("orders"))
@@ -308,6 +312,10 @@ def activation_patching(
         tables = {**tables, "exact": df, "attribution": attr}
     config = {"sites": [st.name for st in types], "direction": direction, "metric": pm.name}
     return Result(name="patching", df=df, summary=summary, tables=tables, config=config)
+
+
+SHARE_NOTE = ("share_of_gap not given: the clean-corrupted gap is within noise ({reason}), so shares of it are not "
+              "meaningful (the report ranks no site)")
 
 
 def _metric_intervals(pm: PatchMetric, clean_rows: torch.Tensor, corrupt_rows: torch.Tensor) -> dict:

@@ -743,3 +743,28 @@ def test_exact_table_says_why_a_positions_token_is_blank_and_where_clean_and_cor
     assert rows.loc[2, "token"] == "" and all(rows.loc[p, "token"].startswith(f"{p}: ") for p in (0, 1, 3, 4))
     assert list(rows["token_note"]) == ["", "", "varies across the 3 prompts that reach it; clean and corrupted differ "
                                         "here in 3 of 3", "clean and corrupted differ here in 2 of 3", ""]
+
+
+def test_exact_table_gives_no_share_of_a_gap_within_noise(tiny_models):
+    """Review 14b-v C5: exact.csv gave share_of_gap 1.0 over a clean-corrupted gap within noise, the ranking the report
+    refuses. Three prompts whose corrupted twin differs at the first token only, so the clean and corrupted logit
+    differences (plain forwards) barely differ: scipy's paired 95% interval contains 0 or the mean gap is under 0.1
+    logits. share_of_gap is then NaN in every row and share_note says why."""
+    model = tiny_models["gpt2"]
+    clean = torch.tensor([[5, 6, 10, 7, 8], [5, 6, 11, 7, 8], [5, 6, 12, 7, 8]])
+    corrupted = clean.clone()
+    corrupted[:, 0] = torch.tensor([20, 21, 22])
+    task = Task(name="toy", tokens=clean, corrupted_tokens=corrupted, answers=torch.tensor([9, 9, 9]),
+                wrong_answers=torch.tensor([13, 13, 13]))
+    with torch.no_grad():
+        rows = [model(t)[:, -1] for t in (clean, corrupted)]  # [batch, vocab] each
+    diffs = [(r[:, 9] - r[:, 13]).double().numpy() for r in rows]
+    ci = scipy_stats.ttest_rel(*diffs).confidence_interval(0.95)
+    assert ci.low <= 0 <= ci.high or abs((diffs[0] - diffs[1]).mean()) < 0.1  # the premise: a gap within noise
+    result = activation_patching(model, task, ["resid_pre"], progress=False)
+    df = result.tables["exact"]
+    assert "gap_within_noise" in result.summary and df["share_of_gap"].isna().all()
+    assert df["effect"].abs().max() > 0  # the effects themselves are kept
+    assert set(df["share_note"]) == {"share_of_gap not given: the clean-corrupted gap is within noise ("
+                                     + result.summary["gap_within_noise"]["reason"] + "), so shares of it are not "
+                                     "meaningful (the report ranks no site)"}

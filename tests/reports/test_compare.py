@@ -1685,6 +1685,53 @@ def test_compare_lists_every_headline_of_either_report(tmp_path):
                   if isinstance(q[1], (int, float))} | {v[0] for s in (a.summary(name), b.summary(name))
                                                        for v in VERDICTS[name](s)}
         assert labels and all(any(label in note for note in notes) for label in labels), (labels, notes)
+    # review 14b-v C2: attribution's saliency and rollout taus, patching's clean and corrupted metrics, kv's bytes per
+    # token and its attention on the first token were in no list. Hand-made numbers, intervals by scipy's t.
+    from scipy import stats
+
+    from headscope.reports.compare_headlines import SINK_LABEL, SINK_VERDICT, SIZE_LABEL
+
+    def sink(layer, mass, half, is_sink):
+        return {"layer": layer, "mass": mass, "ci": [mass - half, mass + half], "n": 16, "uniform": 0.11,
+                "ratio": mass / 0.11, "sink": is_sink}
+
+    for side, size, roll, clean, sinks in (
+            ("a", 1536, 0.56, -1.0, [sink(0, 0.13, 0.01, False), sink(1, 0.10, 0.01, False)]),
+            ("b", 768, 0.57, -1.2, [sink(0, 0.30, 0.02, True), sink(1, 0.10, 0.01, False)])):
+        kv = Run(tmp_path / side).summary("kv")
+        io.write_json(tmp_path / side / "kv" / "summary.json", {**kv, "bytes_per_token": size, "sinks": sinks})
+        taus = {f"{k}_tau_{kind}_{m}": v for kind in ("attention", "rollout") for m in ("saliency", "gradient", "loo")
+                for k, v in (("mean", roll if kind == "rollout" else 0.19 if m == "saliency" else 0.25), ("std", 0.173),
+                             ("n", 4))}  # raw taus of 0.25 against the references: rollout's stated with intervals
+        io.write_json(tmp_path / side / "attribution" / "summary.json", {"n_examples": 4, "task": "gifts", **taus})
+        io.write_json(tmp_path / side / "patching" / "summary.json", {
+            "metric": "logprob", "task": "gifts", "n_examples": 8, "metric_n": 8, "clean_metric": clean,
+            "clean_metric_ci": [clean - 0.45, clean + 0.45], "corrupted_metric": -3.0, "corrupted_metric_ci": [-3.4, -2.6]})
+    a, b = Run(tmp_path / "a"), Run(tmp_path / "b")
+    notes = headline_notes(a, b)
+    for name in ("attribution", "patching", "kv"):
+        labels = {q[0] for s in (a.summary(name), b.summary(name)) for q in QUANTITIES[name](s)
+                  if isinstance(q[1], (int, float))}
+        assert len(labels) == {"attribution": 6, "patching": 2, "kv": 1}[name], labels
+        assert all(any(note.removeprefix(SAME).removeprefix(NOT_COMPARED).startswith(label + ":") for note in notes)
+                   for label in labels), (labels, notes)
+    half = stats.t.ppf(0.975, 3) * 0.173 / 2  # saliency's tau, the attribution finding's first number
+    [tau] = [n for n in notes if "of attention and saliency:" in n]
+    assert tau == (SAME + "attribution mean Kendall tau of attention and saliency: A 0.19, B 0.19 (n 4 each) (within "
+                   f"noise: |B - A| = 0 is inside the combined half-widths {2 * half:.3g}; 95% CIs A [{0.19 - half:.3g}, "
+                   f"{0.19 + half:.3g}], B [{0.19 - half:.3g}, {0.19 + half:.3g}])."), tau
+    assert any(n.startswith(SAME + "attribution mean Kendall tau of attention rollout and saliency: A 0.56, B 0.57 (n 4 "
+                            f"each) (within noise: |B - A| = 0.01 is inside the combined half-widths {2 * half:.3g}")
+               for n in notes), notes
+    assert (SAME + "patching clean prompts' answer log-probability: A -1, B -1.2 (n 8 each) (within noise: |B - A| = 0.2 "
+            "is inside the combined half-widths 0.9; 95% CIs A [-1.45, -0.55], B [-1.65, -0.75]).") in notes
+    assert (f"{SIZE_LABEL}: A 1.5 KiB per token (float32), B 768 B per token (bfloat16): an exact count (no sampling "
+            "noise): the dtypes differ (float32, 4 bytes a number, against bfloat16, 2): a setting, not the model.") in notes
+    assert (f"{SINK_LABEL}: beyond noise (|B - A| past the two 95% CIs' combined half-widths) in layer 0 A 0.13 [0.12, "
+            "0.14], B 0.30 [0.28, 0.32]; within noise: layer 1 A 0.10 [0.09, 0.11], B 0.10 [0.09, 0.11] (n 16 prompts "
+            "each).") in notes  # |0.30 - 0.13| = 0.17 > 0.01 + 0.02, by hand
+    assert any(n.startswith(f"{SINK_VERDICT} (") and n.endswith("A none (layer 0 1.2x, layer 1 0.9x), B layer 0 (layer 0 "
+                                                                 "2.7x, layer 1 0.9x).") for n in notes), notes
     # a headline only one report states is said, not dropped
     io.write_json(tmp_path / "b" / "kv" / "summary.json", {**b.summary("kv"), "metric_unevicted": None,
                                                           "holding_budgets": {"tolerance": 0.01, "policies": {}}})
@@ -1721,16 +1768,18 @@ def test_compare_lists_the_policy_each_kv_finding_ends_on_with_its_tie_and_noise
     label = "kv policy closest to the full cache (no policy within the band in either run)"
     notes = _verdict_notes("kv", a, b)
     assert notes[-1] == (
-        f"(same) {label}: the same choice up to a tie at the finding's precision: A window keeps 66.9% at budget 16 (95% CI "
-        "of the change [-42.7%, -23.4%], n = 128; tied with heavy hitters), B heavy hitters keeps 92.1% at budget 16 (95% "
-        f"CI of the change [-17.6%, +1.8%], n = 16) ({n})."), notes
+        f"(same) {label}: the same choice up to a tie at the finding's precision: A window at budget 16: keeps 66.9% of "
+        "the full-cache logit difference (95% CI of the change [-42.7%, -23.4%], n = 128; tied with heavy hitters), B "
+        "heavy hitters at budget 16: keeps 92.1% of the full-cache logit difference (95% CI of the change [-17.6%, +1.8%], "
+        f"n = 16) ({n})."), notes
     untied = summary({**{p: r["closest"] for p, r in a["holding_budgets"]["policies"].items()},
                       "heavy_hitters": row(16, -0.40, -0.45, -0.35, 128)}, 128)
     assert _verdict_notes("kv", untied, b)[-1] == (
-        f"{label}: A window keeps 66.9% at budget 16 (95% CI of the change [-42.7%, -23.4%], n = 128), B heavy hitters "
-        f"keeps 92.1% at budget 16 (95% CI of the change [-17.6%, +1.8%], n = 16) ({n}); in A, heavy hitters keeps 60.0% "
-        "at budget 16; in B, window keeps 72.0% at budget 16: within noise: in each run the other run's choice's 95% "
-        "interval overlaps its own choice's.")
+        f"{label}: A window at budget 16: keeps 66.9% of the full-cache logit difference (95% CI of the change [-42.7%, "
+        "-23.4%], n = 128), B heavy hitters at budget 16: keeps 92.1% of the full-cache logit difference (95% CI of the "
+        f"change [-17.6%, +1.8%], n = 16) ({n}); in A, heavy hitters at budget 16: keeps 60.0% of the full-cache logit "
+        "difference; in B, window at budget 16: keeps 72.0% of the full-cache logit difference: within noise: in each "
+        "run the other run's choice's 95% interval overlaps its own choice's.")
     clear = summary({"window": row(16, -0.30, -0.35, -0.25, 16), "heavy_hitters": row(16, -0.05, -0.08, -0.02, 16)}, 16)
     assert _verdict_notes("kv", untied, clear)[-1].endswith(
         "beyond noise: B's choice clears the other run's choice in its own run."), _verdict_notes("kv", untied, clear)
@@ -2112,3 +2161,37 @@ def test_random_order_counts_are_judged_by_their_seed_spread(tmp_path):
     assert _random_note(run("c", five), run("d", [3, 4, 5, 4, 4]), "random", ["a", "b"]).startswith(SAME)
     apart = _random_note(run("e", five), run("f", [4, 5, 5, 6, 4]), "random", ["a", "b"])
     assert apart.endswith("beyond the seeds' spread: the seed ranges do not overlap.") and not apart.startswith("(")
+
+
+def test_settings_list_a_budget_change_only_where_the_changes_differ(tmp_path):
+    """Review 14c-v C2: both runs' patching budgets changed trace_samples None -> 1, fitted to speeds 2e-10 and 2.6e-10
+    s per flop, and "patching budget changes" was listed under "Settings that differ". The same change is no setting
+    that differs; another change still is."""
+    for side, samples in (("a", 1), ("b", 1), ("c", 2)):
+        _one(tmp_path / side, "patching", {"budget": {"changed": {"trace_samples": [None, samples]}}})
+    notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "b"), ["patching"])
+    assert not any("budget changes" in n for n in notes), notes
+    notes = settings_notes(Run(tmp_path / "a"), Run(tmp_path / "c"), ["patching"])
+    assert "patching budget changes: A trace_samples None -> 1, B trace_samples None -> 2." in notes, notes
+
+
+def test_compare_kv_closest_policy_says_what_its_change_is_a_share_of_and_the_answers_it_loses():
+    """Review 14b-v C4: compare said "A window keeps 87.4% at budget 16" where the kv finding says "-12.6% of the span"
+    (from chance to the full cache, a log-probability) and "loses 2 of the 5 answer(s)". Hand-made row: now both."""
+    from headscope.reports.compare_headlines import _verdict_notes
+    from headscope.reports.findings import finding
+
+    row = {"budget": 16, "change": -0.126, "ci_low": -0.348, "ci_high": 0.096, "n_evicting": 16, "n_examples": 16,
+           "correct": 8, "full_correct": 5, "lost": 2, "per_example_diff_low": -5.41, "per_example_diff_high": 1.45}
+    s = {"metric": "logprob", "metric_unevicted": -1.03, "n_examples": 16, "holding_budgets": {
+        "tolerance": 0.01, "basis": "span", "chance": -6.21, "band": 0.052, "grid": [8, 16], "policies": {
+            "window": {"budget": None, "closest": row, "worst_evicting": row, "misses": [0.126, 0.126], "missed": [16],
+                       "every_evicting_missed": True, "verdicts": {"16": "below"}}}}}
+    said = finding("kv", s)
+    assert "-12.6% of the span (95% CI [-34.8%, +9.6%]" in said and "loses 2 of the 5 answer(s)" in said, said
+    assert _verdict_notes("kv", s, s)[-1] == (
+        SAME + "kv policy closest to the full cache (no policy within the band in either run): the same choice: A window "
+        "at budget 16: -12.6% of the span from chance to the full cache (95% CI of the change [-34.8%, +9.6%], n = 16; "
+        "8/16 answers correct (full cache 5/16); it loses 2 of the 5 answer(s) the full cache gets), B window at budget "
+        "16: -12.6% of the span from chance to the full cache (95% CI of the change [-34.8%, +9.6%], n = 16; 8/16 answers "
+        "correct (full cache 5/16); it loses 2 of the 5 answer(s) the full cache gets) (n 16 each).")
