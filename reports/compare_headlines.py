@@ -225,8 +225,8 @@ def mlp_apart(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> str:
 
 def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> str:
     """A kv policy's holding headline as its finding states it: 'from 8 positions (a median 30% of the cache)',
-    'not shown to hold (its means within from 16)', 'never within', 'no budget evicts'; a budget held only by the
-    rounding floor with its reason (review 13b C1)."""
+    'not shown to hold (its means within from 16)', 'never within', 'not shown either way' (kv_words.missed_words),
+    'no budget evicts'; a budget held only by the rounding floor with its reason (review 13b C1)."""
     at = e.get("at")
     if isinstance(at, Mapping) and at.get("budget") is not None:
         why = _rounding_reason(at, s or {})
@@ -235,7 +235,13 @@ def _holding_words(e: Mapping[str, Any], s: Mapping[str, Any] | None = None) -> 
         return f"from {at['budget']} positions" + (f" ({'; '.join(inner)})" if inner else "")
     if e.get("consistent_from") is not None:
         return f"not shown to hold (its means within from {e['consistent_from']})"
-    return "never within" if e.get("worst_evicting") is not None else "no budget evicts"
+    if e.get("worst_evicting") is not None:  # review 14bv B1: "never" only where every interval lies outside the band
+        from headscope.reports.kv_words import missed_words
+
+        hold = (s or {}).get("holding_budgets")
+        words = missed_words(e, float((hold if isinstance(hold, Mapping) else {}).get("tolerance") or 0.01))
+        return "never within" if words == "never" else words
+    return "no budget evicts"
 
 
 def _kv_budgets(s: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
@@ -416,12 +422,16 @@ def _kv_unsettled(label: str, keys: list[str], va: Mapping[str, Any], vb: Mappin
                   sb: Mapping[str, Any]) -> str:
     """Review 14b C2: why two kv holding headlines that differ are no difference, '' where they are one: every budget
     whose verdicts differ was run by one run only (its grid: the budgets below its prompts' lengths, a setting, not
-    the model) or rests on at most one evicting prompt in either run (no interval: the verdict is one prompt's)."""
+    the model), rests on at most one evicting prompt in either run (no interval: the verdict is one prompt's) or is
+    one run's "cannot tell" (review 14bv B1)."""
     moved = [k for k in keys if va.get(k) != vb.get(k)]
     ns = [_kv_rows_n(s, label) for s in (sa, sb)]
     grid = [k for k in moved if k not in va or k not in vb]
     single = [k for k in moved if k not in grid and any(_number(n.get(k)) and n[k] <= 1 for n in ns)]
-    if not moved or len(grid) + len(single) < len(moved):
+    # review 14bv B1: a run that cannot tell at a budget (its mean off the band, its interval reaching into it) shows
+    # no verdict there to differ from
+    untold = [k for k in moved if k not in grid + single and "cannot tell" in (va.get(k), vb.get(k))]
+    if not moved or len(grid) + len(single) + len(untold) < len(moved):
         return ""
     why = []
     if grid:
@@ -433,6 +443,11 @@ def _kv_unsettled(label: str, keys: list[str], va: Mapping[str, Any], vb: Mappin
                          for k in single)
         why.append(("the other " if grid else "the ") + f"budget verdicts that differ rest on one evicting prompt "
                    f"({said}), with no interval: whether they differ beyond noise is not known")
+    if untold:
+        said = "; ".join(f"{k}: {va.get(k)} in A, {vb.get(k)} in B" for k in untold)
+        why.append(("the other " if grid or single else "the ") + f"budget verdicts that differ include a run that "
+                   f"cannot tell ({said}: its mean more than the band off the full cache, its 95% CI reaching into the "
+                   "band), so no difference is shown there")
     return "; ".join(why)
 
 

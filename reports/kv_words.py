@@ -169,16 +169,21 @@ def _holding(s: Mapping[str, Any], hold: Mapping[str, Any], full: float) -> list
             if c is not None and abs(c["change"]) >= abs(w["change"]) - 1e-9:  # no closer than its largest budget
                 c = w
             how = "above" if w["change"] > tol else "below"
-            text = f"{name} never ("
+            sure = clear_of(w.get("ci_low"), w.get("ci_high"), tol) == "band"  # review 14bv B1
+            text = f"{name} {missed_words(e, tol)} ("
             if c is not None and c["budget"] != w["budget"]:
                 text += f"closest at budget {c['budget']}: {_kept(c, full, tol)}{_band(c, tol)}{_answers(c, guess)}; "
-            text += (f"at its largest budget that evicts, {w['budget']}, its mean is still more than {100 * tol:.0f}% {how} "
-                     "the full cache: ")
+            text += (f"at its largest budget that evicts, {w['budget']}, its mean is {'still ' if sure else ''}more than "
+                     f"{100 * tol:.0f}% {how} the full cache: ")
             text += (_kept(w, full, tol) if c is None or c["budget"] == w["budget"] else "") + \
                 f"{_band(w, tol)}{_answers(w, guess)}"
-            text += _how_sure(w, how, tol, s)
+            text += _how_sure(w, how, tol, s, undecided=not sure)
             if e.get("misses"):
                 text += f"; {_misses(e, tol)}"
+            earlier = [str(r["budget"]) for r in e.get("cannot_tell") or [] if r.get("budget") != w["budget"]]
+            if earlier:
+                text += (f"; at budget(s) {', '.join(earlier)} its mean is more than {100 * tol:.0f}% off the full cache "
+                         f"but its 95% CI reaches into the band: cannot tell there")
             if e.get("monotone") is False:
                 text += ("; not monotone: |change| does not shrink as the budget grows"
                          + (f" (budget {c['budget']} is closer than {w['budget']})" if c and c["budget"] != w["budget"] else ""))
@@ -391,18 +396,55 @@ def _above_words(name: str, rows: Sequence[Mapping[str, Any]], tol: float, s: Ma
     return out
 
 
-def _how_sure(row: Mapping[str, Any], how: str, tol: float, s: Mapping[str, Any] | None = None) -> str:
-    """After a policy that never holds: whether its largest evicting budget's 95% interval supports "more than
+def _how_sure(row: Mapping[str, Any], how: str, tol: float, s: Mapping[str, Any] | None = None,
+              undecided: bool = False) -> str:
+    """After a policy that does not hold: whether its largest evicting budget's 95% interval supports "more than
     the tolerance above/below" (chance.clear_of), or only a change, or none (with the bound that reaches 0 said to
-    be within rounding where it is: _rounding)."""
+    be within rounding where it is: _rounding); undecided (review 14bv B1): that whether it stays within the band
+    there cannot be told, and where the interval covers the whole band, that too."""
     verdict = clear_of(row.get("ci_low"), row.get("ci_high"), tol)
     if verdict == "band" or _num(row.get("ci_low")) is None:
         return ""
+    pct = f"{100 * tol:.0f}%"
+    tell = f", so whether it stays within {pct} there cannot be told" if undecided else ""
     if verdict == "zero":
-        return f"; its 95% CI reaches inside the {100 * tol:.0f}% band: {how} it, but not clearly by more than {100 * tol:.0f}%"
+        return f"; its 95% CI reaches inside the {pct} band: {how} it, but not clearly by more than {pct}{tell}"
     end = ("upper", row.get("ci_high")) if how == "below" else ("lower", row.get("ci_low"))
     near = _rounding(s, end[1], end[0]) if s is not None else ""
-    return f"; its 95% CI reaches 0{f' ({near})' if near else ''}: not clearly {how} it at all"
+    whole = f" and covers the whole +-{pct} band" if row["ci_low"] < -tol and row["ci_high"] > tol else ""
+    return f"; its 95% CI reaches 0{f' ({near})' if near else ''}{whole}: not clearly {how} it at all{tell}"
+
+
+def never_within(e: Mapping[str, Any], tol: float = TOLERANCE) -> bool:
+    """Whether a policy's holding record supports "never within" (review 14bv B1): every budget that evicts lies
+    outside the band by its 95% interval (holding's verdicts "above" / "below", chance.clear_of's "band"; a record
+    without verdicts: every_evicting_missed), checked again on the rows the record keeps with an interval, since an
+    older summary's verdicts followed the mean alone."""
+    if e.get("worst_evicting") is None:
+        return False
+    verdicts = e.get("verdicts")
+    if isinstance(verdicts, Mapping) and verdicts:
+        if any(v not in ("above", "below") for v in verdicts.values()):
+            return False
+    elif not e.get("every_evicting_missed"):
+        return False
+    rows = [r for r in (e.get("worst_evicting"), e.get("closest"), *(e.get("above") or [])) if isinstance(r, Mapping)]
+    return all(clear_of(r.get("ci_low"), r.get("ci_high"), tol) == "band" for r in rows
+               if _num(r.get("ci_low")) is not None and _num(r.get("ci_high")) is not None)
+
+
+def missed_words(e: Mapping[str, Any], tol: float = TOLERANCE) -> str:
+    """A policy whose largest evicting budget's mean is off the band (holding's worst_evicting) in a few words, which
+    compare reads too: 'never' (every evicting budget's 95% interval outside the band), 'not shown either way' (the
+    largest one's interval reaches into it: review 14bv B1, [-34.7%, +6.8%] said "never"), else 'not within from any
+    budget on' (the largest is outside, a smaller one is not)."""
+    w = e.get("worst_evicting") or {}
+    if never_within(e, tol):
+        return "never"
+    told = (e.get("verdicts") or {}).get(str(w.get("budget"))) in ("above", "below")
+    if _num(w.get("ci_low")) is not None and _num(w.get("ci_high")) is not None:
+        told = clear_of(w["ci_low"], w["ci_high"], tol) == "band"
+    return "not within from any budget on" if told else "not shown either way"
 
 
 def _longest(s: Mapping[str, Any]) -> float | None:
@@ -534,7 +576,10 @@ def _closest_overall(hold: Mapping[str, Any], full: float, tol: float, metric: s
         return "No eviction policy holds the metric at any budget that evicts something."
     policy, e = min(tried, key=lambda pe: abs(pe[1]["closest"]["change"]))
     c, name = e["closest"], policy.replace("_", " ")
-    shown = " is shown to stay" if any(p.get("consistent_from") is not None for p in hold["policies"].values()) else " stays"
+    # review 14bv B1: "No policy stays" only where every policy's every evicting budget lies outside by its interval
+    shown = " stays" if all(never_within(p, tol) for p in hold["policies"].values() if isinstance(p, Mapping)
+                            and (p.get("closest") is not None or p.get("consistent_from") is not None)) \
+        else " is shown to stay"
     lead = f"No policy{shown} within {100 * tol:.0f}% at a budget that evicts something; {name} comes closest"
     # review 14b B1: the words follow the 95% interval (chance.clear_of), never "keeps ... within -63.9%"
     side, pct = ("below" if c["change"] < 0 else "above"), f"{100 * tol:.0f}%"

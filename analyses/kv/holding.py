@@ -18,10 +18,12 @@ from (paired with their own full-cache value):
   reading), "not shown" where the mean is within the tolerance but its interval reaches beyond it
   (consistent with holding, too few or too varied prompts to show it) and wherever the budget evicts from fewer
   than MIN_EVICTING prompts (no interval: it cannot tell, review 14b B3), "above" / "below" where the
-  mean is more than the tolerance off (two-sided: a policy *above* the full cache by more is not "within",
-  it is reported as above the full cache with its interval, which decides the words: "by more than 1%"
+  mean is more than the tolerance off and its interval lies wholly beyond it (chance.clear_of's "band"; two-sided:
+  a policy *above* the full cache by more is not "within"), "cannot tell" where the mean is more than the tolerance
+  off but its interval reaches into the band (review 14bv B1: [-34.7%, +6.8%] is not "never within"). A mean above
+  the full cache by more is reported as above with its interval, which decides the words: "by more than 1%"
   only where the interval's lower bound clears +1%, "higher, but not clearly by more than 1%" where it
-  clears only 0, no gain where it reaches 0; chance.clear_of, the rule heads' pruning gain follows too);
+  clears only 0, no gain where it reaches 0; chance.clear_of, the rule heads' pruning gain follows too;
 - share: the cache kept, kept / cached (layer-positions, so bytes: every layer-position costs the
   same), its median over those prompts; budget / context length where every layer is global (and in
   sweeps without those columns). A sliding-window layer counts with what it holds, so a budget that
@@ -152,7 +154,9 @@ def _clean(v: Any) -> Any:
 
 
 def _verdict(row: dict[str, Any], tolerance: float, floor: float = 0.0) -> str:
-    """"holds" (95% interval inside +-tolerance), "not shown" (mean within, interval not), "above", "below".
+    """"holds" (95% interval inside +-tolerance), "not shown" (mean within, interval not), "above", "below" (the
+    interval wholly beyond +-tolerance: chance.clear_of's "band"), "cannot tell" (mean beyond, interval reaching into
+    the band: review 14bv B1, [-34.7%, +6.8%] is no evidence of "never within").
     floor: one rounding step of the metric in its own units (0: none). An interval whose end passes the band by no
     more than that holds: the miss is the metric's rounding (review 12b A7: bfloat16's budget 16 missed +1% by
     0.06% of a logit difference of 7.6, 0.005 logits, where one step is 0.06); the row gets `rounding_miss` (the
@@ -162,8 +166,10 @@ def _verdict(row: dict[str, Any], tolerance: float, floor: float = 0.0) -> str:
         return "no value"
     if (row.get("n_evicting") or 0) < MIN_EVICTING:  # review 14b B3: one prompt, no interval: cannot tell either way
         return "not shown"
-    if abs(change) > tolerance:
-        return "above" if change > 0 else "below"
+    if abs(change) > tolerance:  # review 14bv B1: outside only where the 95% interval clears the band (clear_of)
+        if clear_of(row.get("ci_low"), row.get("ci_high"), tolerance) == "band":
+            return "above" if change > 0 else "below"
+        return "cannot tell"
     if inside(row["ci_low"], row["ci_high"], tolerance):
         return "holds"
     lo, hi, scale = row.get("ci_low"), row.get("ci_high"), row.get("scale")
@@ -183,9 +189,11 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
     just under it that evicts, or None), "at" (its budget_changes row), "above" (rows whose mean is more
     than the tolerance above the full cache, each with `clear_of`, what its 95% interval clears:
     chance.clear_of, "band" only where its lower bound is above +tolerance), "worst_evicting" (the largest
-    evicting budget's row, when its mean is off by more than the tolerance there), "verdicts" ({budget:
-    "holds" | "not shown" | "above" | "below" | "no value"}), "not_shown" (the rows whose mean is within but whose
-    interval is not),
+    evicting budget's row, when its mean is off by more than the tolerance there; "never within" only where
+    every_evicting_missed), "verdicts" ({budget: "holds" | "not shown" | "above" | "below" | "cannot tell" |
+    "no value"}), "not_shown" (the rows whose mean is within but whose interval is not), "cannot_tell" (the rows
+    whose mean is off but whose interval reaches into the band), "missed" / "every_evicting_missed" (the budgets
+    whose interval lies wholly outside the band, and whether every evicting budget's does),
     "rounding_held" (the rows that hold only by the rounding floor),
     "consistent_from" (when it does not hold but its means are within from a budget on:
     that budget), "sinks_only_below" (sink_window: n_sink + 1)}}, and with answers ([example] token ids) its
@@ -221,7 +229,8 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
         mean_within = np.array([r["verdict"] in ("holds", "not shown") for r in records], dtype=bool)
         entry: dict[str, Any] = {"budget": None, "below": None, "at": None, "worst_evicting": None,
                                  "above": [{**r, "clear_of": clear_of(r["ci_low"], r["ci_high"], tolerance)}
-                                           for r in records if r["change"] > tolerance and r["verdict"] == "above"]}
+                                           for r in records if r["change"] > tolerance
+                                           and r["verdict"] in ("above", "cannot tell")]}
         # the smallest index from which every larger evicting budget holds
         first = next((i for i in range(len(within)) if within[i:].all()), None)
         if first is not None:
@@ -234,6 +243,7 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
             entry["worst_evicting"] = records[-1]
         entry["verdicts"] = {str(r["budget"]): r["verdict"] for r in records}
         entry["not_shown"] = [r for r in records if r["verdict"] == "not shown"]
+        entry["cannot_tell"] = [r for r in records if r["verdict"] == "cannot tell"]  # mean off, interval in the band
         entry["rounding_held"] = [r for r in records if r.get("rounding_miss") is not None]  # holds by _verdict's floor
         sizes = [abs(r["change"]) for r in records if r["change"] is not None]
         if sizes:  # closest among budgets that evict from MIN_EVICTING prompts or more where any do (review 10a A4:
@@ -242,7 +252,7 @@ def holding_budgets(sweep: pd.DataFrame, *, n_sink: int, tolerance: float = TOLE
             entry["closest"] = min([r for r in sized if r["n_evicting"] >= MIN_EVICTING] or sized,
                                    key=lambda r: abs(r["change"]))
             out_of = [r for r in records if r["verdict"] in ("above", "below")]  # (a 1-prompt budget: cannot tell)
-            entry["missed"] = [r["budget"] for r in out_of]  # the evicting budgets outside the tolerance
+            entry["missed"] = [r["budget"] for r in out_of]  # the evicting budgets whose interval clears the band
             entry["every_evicting_missed"] = len(out_of) == len(records)
             if out_of:
                 entry["misses"] = [min(abs(r["change"]) for r in out_of), max(abs(r["change"]) for r in out_of)]

@@ -219,8 +219,10 @@ def test_holding_budgets_give_each_policys_closest_budget_with_its_answers_and_a
     c = heavy["closest"]
     assert c["change"] == pytest.approx(-0.012) and (c["ci_low"], c["ci_high"]) == pytest.approx((ci.low / 10, ci.high / 10))
     assert (c["correct"], c["full_correct"], c["n_evicting"]) == (4, 4, 4) and heavy["answers_from"] == 1
-    assert heavy["misses"] == pytest.approx([0.012, 0.046]) and heavy["missed"] == [1, 2, 4, 8]
-    assert heavy["monotone"] is False and heavy["every_evicting_missed"] is True
+    # review 14bv B1: budget 1's interval reaches into the band (its upper end above -1%): cannot tell, not missed
+    assert ci.high / 10 > -0.01 and heavy["verdicts"]["1"] == "cannot tell"
+    assert heavy["misses"] == pytest.approx([0.019, 0.046]) and heavy["missed"] == [2, 4, 8]
+    assert heavy["monotone"] is False and heavy["every_evicting_missed"] is False
     window = hold["policies"]["window"]  # |change| 0.9, 0.7, 0.4, 0.1: monotone; one answer lost at every budget
     assert window["monotone"] is True and window["closest"]["budget"] == 8 and window["answers_from"] is None
     assert (window["closest"]["correct"], window["closest"]["full_correct"]) == (3, 4)
@@ -306,7 +308,8 @@ def test_holding_allows_the_metrics_rounding_floor_past_the_band():
     assert plain["verdicts"]["16"] == "not shown" and plain["budget"] == 24
     hold = holding_budgets(sweep, n_sink=1, floor=2.0 ** -7 * 8)
     e = hold["policies"]["heavy_hitters"]
-    assert (e["budget"], e["verdicts"]["16"], e["verdicts"]["4"]) == (8, "holds", "below")
+    ci4 = stats.ttest_1samp(diffs[4], 0.0).confidence_interval(0.95)  # reaches 0: below on average, cannot tell
+    assert ci4.high > 0 and (e["budget"], e["verdicts"]["16"], e["verdicts"]["4"]) == (8, "holds", "cannot tell")
     assert e["rounding_held"][0]["rounding_miss"] == pytest.approx(miss) and hold["rounding_floor"] == 0.0625
     text = finding("kv", {"metric": "logit_diff", "metric_unevicted": 8.0, "n_examples": 4, "dtype": "bfloat16",
                           "holding_budgets": hold})

@@ -142,3 +142,61 @@ def test_kv_full_cache_interval_is_recorded_and_compared(tiny_models, tiny_dirs)
     assert s["holding_budgets"]["chance"] == pytest.approx(-math.log(hf.config.vocab_size))
     [(label, value, interval, n, unit)] = _kv(s)
     assert interval == pytest.approx((ci.low, ci.high), abs=1e-4) and n == 4
+
+
+def _two_policies(full: list[float], window: dict[int, list[float]], heavy: dict[int, list[float]]) -> pd.DataFrame:
+    """Window and heavy hitters by hand (each prompt's metric per budget), every prompt evicted from at every budget."""
+    sweep = _sweep(full, window)
+    other = _sweep(full, heavy)
+    other = other[other.policy == "window"].assign(policy="heavy_hitters")
+    return pd.concat([sweep, other], ignore_index=True)
+
+
+def test_kv_never_within_needs_every_interval_outside_the_band():
+    """Verify 14bv B1: seed 1's "window never (... -14.0% of the span (95% CI [-34.7%, +6.8%] ...)" and "No policy stays
+    within 1%" for an interval that covers the whole band. By hand: 6 prompts at logit difference 10 (band 0.1 logits);
+    window at 16 changes them by -3, +1, -2, +0.8, -1.5, +0.5 (mean -0.7, scipy's t interval covering +-0.1): it cannot
+    tell; at 4 every prompt falls about 5 (clear of the band); heavy hitters falls about 2 at 16 and 5 at 4: never."""
+    from headscope.reports.compare_headlines import _holding_words, _verdict_notes
+
+    full = [10.0] * 6
+    at4 = [-5.0, -5.2, -4.8, -5.1, -4.9, -5.0]
+    wide = [-3.0, 1.0, -2.0, 0.8, -1.5, 0.5]
+    heavy16 = [-2.0, -2.1, -1.9, -2.0, -2.2, -1.8]
+    ci = stats.ttest_1samp(wide, 0.0).confidence_interval(0.95)
+    assert ci.low < -0.1 and ci.high > 0.1 and np.mean(wide) < -0.1  # the premise: the mean off, the interval over it
+    sweep = _two_policies(full, {4: [10 + d for d in at4], 16: [10 + d for d in wide]},
+                          {4: [10 + d for d in at4], 16: [10 + d for d in heavy16]})
+    hold = holding_budgets(sweep, n_sink=4)
+    window, heavy = hold["policies"]["window"], hold["policies"]["heavy_hitters"]
+    assert window["verdicts"] == {"4": "below", "16": "cannot tell"} and heavy["verdicts"] == {"4": "below", "16": "below"}
+    assert (window["missed"], window["every_evicting_missed"], heavy["every_evicting_missed"]) == ([4], False, True)
+    [row] = window["cannot_tell"]
+    assert (row["budget"], row["change"], row["ci_low"], row["ci_high"]) == pytest.approx(
+        (16, np.mean(wide) / 10, ci.low / 10, ci.high / 10))
+    s = {"metric": "logit_diff", "n_examples": 6, "metric_unevicted": 10.0, "holding_budgets": hold}
+    text = finding("kv", s)
+    assert (f"window not shown either way (at its largest budget that evicts, 16, its mean is more than 1% below the "
+            f"full cache: keeps 93.0% of the full-cache value, -7.0% (95% CI [{10 * ci.low:+.1f}%, {10 * ci.high:+.1f}%], "
+            "per example -3.00 to +1.00 logits, n = 6); its 95% CI reaches 0 and covers the whole +-1% band: not clearly "
+            "below it at all, so whether it stays within 1% there cannot be told; on average it falls 50.0% below the full "
+            "cache at budget(s) 4 (the band is 1%))") in text, text
+    assert "heavy hitters never (at its largest budget that evicts, 16, its mean is still more than 1% below" in text
+    assert "window never" not in text and "No policy stays" not in text
+    assert "No policy is shown to stay within 1% at a budget that evicts something; window comes closest" in text
+    # a summary written before the fix (its verdicts from the mean alone) is read by the intervals it keeps
+    import copy
+
+    old = copy.deepcopy(hold)
+    old["policies"]["window"].update(verdicts={"4": "below", "16": "below"}, missed=[4, 16], every_evicting_missed=True)
+    old_text = finding("kv", {**s, "holding_budgets": old})
+    assert "window not shown either way (" in old_text and "No policy stays" not in old_text
+    # compare says what the finding says, and a run that cannot tell at a budget differs from none there
+    assert (_holding_words(window, s), _holding_words(heavy, s)) == ("not shown either way", "never within")
+    clear = holding_budgets(_two_policies(full, {4: [10 + d for d in at4], 16: [10 + d for d in heavy16]},
+                                          {4: [10 + d for d in at4], 16: [10 + d for d in heavy16]}), n_sink=4)
+    notes = _verdict_notes("kv", s, {**s, "holding_budgets": clear})
+    assert [n for n in notes if "kv window within" in n] == [
+        "(not compared) kv window within 1% of the full cache: not compared: A not shown either way, B never within; "
+        "the budget verdicts that differ include a run that cannot tell (16: cannot tell in A, below in B: its mean more "
+        "than the band off the full cache, its 95% CI reaching into the band), so no difference is shown there."]
