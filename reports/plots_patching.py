@@ -45,6 +45,7 @@ from headscope.reports.plots import (
     color_scale,
     fit_title,
     hatch_cells,
+    keep_drawn_size,
     laid_out,
     quiet_reason,
     scale_ticks,
@@ -536,6 +537,7 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         out[stem] = laid_out(ax)
         fit_title(ax)  # a title wider than its map runs under the colour bar's label (review 9b B3)
         fit_axis_labels(ax)  # an x label wider than its map runs into the colour bar's label (review 11c B3)
+        keep_drawn_size(ax)  # long titles and labels never crush the map (review 14bv C1)
 
     if exact is not None:
         present = set(exact["site_type"])

@@ -3066,3 +3066,38 @@ def test_attribution_vs_exact_legend_gives_no_slope_where_every_cell_is_within_t
         assert f"mlp_out (slope {slope:.2f}; no interval: 2 of 20 cells above the rounding floor 0.0079)" in texts
     finally:
         plt.close("all")
+
+
+def test_a_patching_map_under_a_long_title_keeps_its_drawn_size_and_legible_colour_bar_ticks():
+    """Review 14bv C1: bf16's 11-line title (gap within noise, rounding only, ...) left a 2 x 28 map 12 px high, its
+    layer ticks and colour-bar ticks overprinted. Measured in pixels on the drawn figure, as the report's style draws."""
+    from headscope.reports.plots import MIN_MAP_INCHES, setup_style
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    setup_style()
+    rows = [{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "token": "", "effect": 0.001 * (p % 3),
+             "n_rows": 4 if p < 5 else 8} for l in range(2) for p in range(28)]
+    exact = pd.DataFrame(rows)
+    summary = {"metric": "logprob", "normalized": False, "direction": "denoise", "clean_metric": -1.006,
+               "corrupted_metric": -1.005, "n_examples": 8, "n_positions": 28, "answer_pieces": {"left_out": 1},
+               "rounding_floor": {"floor": 0.0079}, "gap_within_noise": {"ci": [-0.0119, 0.0097], "gap": -0.0011}}
+    fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+    try:
+        ax = fig.axes[0]
+        assert "GAP WITHIN NOISE" in ax.get_title() and "ROUNDING ONLY" in ax.get_title()
+        assert ax.get_title().count("\n") >= 6  # the long-title case
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        box = ax.get_window_extent(renderer)
+        assert box.height >= MIN_MAP_INCHES * fig.dpi - 1 and box.width >= MIN_MAP_INCHES * fig.dpi - 1
+        assert MIN_MAP_INCHES * fig.dpi >= 150  # the old layout drew this map 12 px high
+        title = ax.title.get_window_extent(renderer)
+        assert title.y0 >= box.y1  # the title stays above the map
+        bar = next(c.colorbar for c in ax.collections if getattr(c, "colorbar", None) is not None)
+        ticks = sorted((t.get_window_extent(renderer) for t in bar.ax.get_yticklabels() if t.get_text()),
+                       key=lambda b: b.y0)
+        assert len(ticks) >= 3 and all(lo.y1 <= hi.y0 for lo, hi in zip(ticks, ticks[1:]))  # no overprint
+        layers = sorted((t.get_window_extent(renderer) for t in ax.get_yticklabels()), key=lambda b: b.y0)
+        assert all(lo.y1 <= hi.y0 for lo, hi in zip(layers, layers[1:]))
+    finally:
+        plt.close("all")
