@@ -3101,3 +3101,18 @@ def test_a_patching_map_under_a_long_title_keeps_its_drawn_size_and_legible_colo
         assert all(lo.y1 <= hi.y0 for lo, hi in zip(layers, layers[1:]))
     finally:
         plt.close("all")
+
+
+def test_patching_captions_say_raw_effects_where_the_gap_is_within_noise():
+    """Review 14bv C3: the maps drew raw log-prob effects (gap within noise) under a caption saying "share of the gap"."""
+    base = {"metric": "logprob", "normalized": False, "clean_metric": -1.006, "corrupted_metric": -1.005}
+    noise = {**base, "gap_within_noise": {"ci": [-0.0119, 0.0097], "gap": -0.0011}}
+    said = caption("exact_attn_out", noise)
+    assert said.startswith("Exact activation patching: the change in the answer log-probability when each cell is "
+                           "patched (the raw effect in the metric's units, not a share of the clean-corrupted gap: the "
+                           "clean-corrupted gap is within noise, so a share of it would measure nothing); red positive")
+    assert said.endswith("Site: attn out.") and "as a share of" not in said
+    assert "raw change in the answer log-probability" in caption("path_patching", noise)
+    assert "both as raw changes in the answer log-probability" in caption("attribution_vs_exact", noise)
+    shares = caption("exact_attn_out", base)  # a measured gap: the maps draw shares, as the caption says
+    assert "as a share of the clean-corrupted gap (1 = clean behaviour fully restored" in shares
