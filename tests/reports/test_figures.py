@@ -3116,3 +3116,28 @@ def test_patching_captions_say_raw_effects_where_the_gap_is_within_noise():
     assert "both as raw changes in the answer log-probability" in caption("attribution_vs_exact", noise)
     shares = caption("exact_attn_out", base)  # a measured gap: the maps draw shares, as the caption says
     assert "as a share of the clean-corrupted gap (1 = clean behaviour fully restored" in shares
+
+
+def test_kv_eviction_y_label_ends_below_the_at_chance_title():
+    """Review 14av C1: at chance the two-line y label, taller than the axes under a three-line title and a three-line
+    x label, ran into the title's "AT CHANCE" line. Measured on the drawn figure, as kv's figures() lays it out: the
+    y label's box ends under the title's and within the axes' height."""
+    from headscope.reports.plots import laid_out, quiet_reason, setup_style
+    from headscope.reports.plots_kv import _clear_of_title, plot_eviction
+
+    setup_style()
+    contexts = (12, 16, 18, 20)
+    rows = [{"policy": p, "budget": b, "example": e, "context": c, "metric": float(e % 2)}
+            for p, bs in (("full", (20,)), ("window", (1, 2, 4, 8, 16, 17, 32))) for b in bs for e, c in enumerate(contexts)]
+    fig = laid_out(plot_eviction(pd.DataFrame(rows), metric="logit_diff",
+                                 quiet=quiet_reason({"chance": {"at_chance": True}})))
+    try:
+        _clear_of_title(fig.axes[0])
+        ax = fig.axes[0]
+        assert "AT CHANCE" in ax.get_title()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        label, title, box = (x.get_window_extent(renderer) for x in (ax.yaxis.label, ax.title, ax))
+        assert label.y1 <= title.y0 and label.height <= box.height
+    finally:
+        plt.close("all")
