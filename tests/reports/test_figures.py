@@ -3141,3 +3141,31 @@ def test_kv_eviction_y_label_ends_below_the_at_chance_title():
         assert label.y1 <= title.y0 and label.height <= box.height
     finally:
         plt.close("all")
+
+
+def test_l0_legend_says_where_the_test_time_gates_cross_sits_inside_the_kept_heads_circle():
+    """Review 14av C3: at 18 heads the test-time gates' point (-1.6768) lay inside the kept-heads circle (-1.6787) with
+    no word of it. Measured on the drawn figure: where the two points are closer than the circle's radius the legend
+    names the head count and both values; where they are apart it adds nothing."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_heads import plot_l0
+
+    def drawn(gates: float):
+        table = pd.DataFrame([{"lambda": 0.03, "heads_kept": 18, "metric": gates, "metric_binary": -1.6787,
+                               "n_examples": 8}])
+        ax = plot_l0(table, metric="logprob", baseline=-1.6787,
+                     tolerance={"basis": "span", "band": 0.0611, "tolerance": 0.01, "chance": -8.16})
+        fig = laid_out(ax)
+        fig.canvas.draw()
+        circle, cross = (li for li in ax.get_lines() if li.get_marker() in ("o", "x"))
+        apart = abs(ax.transData.transform((18, gates))[1] - ax.transData.transform((18, -1.6787))[1])  # pixels
+        radius = circle.get_markersize() / 2 * fig.dpi / 72
+        return [t.get_text() for t in ax.get_legend().get_texts()], apart, radius
+
+    try:
+        said, apart, radius = drawn(-1.6768)
+        assert apart < radius and said[1:3] == ["test-time gates", "(the x inside the circle at 18 heads, -1.6768 vs -1.6787)"]
+        said, apart, radius = drawn(-1.6787 + 0.04)
+        assert apart > radius and said[1] == "test-time gates" and not any("inside the circle" in t for t in said)
+    finally:
+        plt.close("all")
