@@ -365,7 +365,8 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
         at = handles.index(gates) + 1
         note = Line2D([], [], linestyle="none")  # a legend line of words under the gates' key
         ax.legend(handles[:at] + [note] + handles[at:],
-                  names[:at] + ["(the x inside the circle at " + "; ".join(inside) + ")"] + names[at:],
+                  names[:at] + ["\n".join(textwrap.wrap("(the x inside the circle at " + "; ".join(inside) + ")", 36))]
+                  + names[at:],
                   fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
     _stack_labels(ax, labels)
     return ax

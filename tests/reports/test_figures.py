@@ -3164,7 +3164,7 @@ def test_l0_legend_says_where_the_test_time_gates_cross_sits_inside_the_kept_hea
 
     try:
         said, apart, radius = drawn(-1.6768)
-        assert apart < radius and said[1:3] == ["test-time gates", "(the x inside the circle at 18 heads, -1.6768 vs -1.6787)"]
+        assert apart < radius and said[1:3] == ["test-time gates", "(the x inside the circle at 18\nheads, -1.6768 vs -1.6787)"]
         said, apart, radius = drawn(-1.6787 + 0.04)
         assert apart > radius and said[1] == "test-time gates" and not any("inside the circle" in t for t in said)
     finally:
