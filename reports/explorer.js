@@ -65,14 +65,17 @@
     q = at(q); k = at(k);
     return heads.every(function (lh) { var w = W[lh[0]]; return !!w && k <= q - w; });
   }
-  function sinkOver(p, w, ps) {  // mean over the queries that can see the first token of their weight on it
+  // mean over the queries that can see the first token of their weight on it; null where no shown query can (a cut
+  // example whose kept queries all lie beyond the window, review 14cv C1): no measurement, not a sink of 0
+  function sinkOver(p, w, ps) {
     var q0 = (!data.is_encoder && p.length > 1) ? 1 : 0, s = 0, c = 0;
     for (var q = 0; q < p.length; q++) {
       var pos = ps ? ps[q] : q;
       if (pos >= q0 && (!w || pos < w)) { s += p[q][0]; c++; }
     }
-    return c ? s / c : 0;
+    return c ? s / c : null;
   }
+  var NO_SINK = "no shown query can see the first token";
   function sink(ex, l, h) { return sinkOver(pattern(ex, l, h), W[l] || 0, posOf(ex)); }
   function fmt(v) { return v.toFixed(4); }
   function q_(toks, i) { return "\u201c" + toks[i] + "\u201d (" + at(i) + ")"; }  // a token, quoted, and its position
@@ -335,10 +338,11 @@
       var td = cells[l][h], col = c.colour(l, h), s = sink(st.ex, l, h), v = c.value(l, h);
       td.style.background = col[0]; td.style.color = col[1];
       td.firstChild.textContent = c.text(l, h);
-      td.lastChild.firstChild.style.width = (100 * s).toFixed(1) + "%";
+      td.lastChild.style.display = s === null ? "none" : "";  // no bar where nothing was measured
+      td.lastChild.firstChild.style.width = s === null ? "0" : (100 * s).toFixed(1) + "%";
       td.title = headName(l, h) + "\n" + st.colour.replace(/^[a-z]+:/, "") + ": " +
         (v === null ? "n/a" : typeof v === "number" ? v.toPrecision(4) : v) +
-        "\nsink (attention on the first token): " + s.toFixed(3);
+        "\nsink (attention on the first token): " + (s === null ? NO_SINK : s.toFixed(3));
       td.setAttribute("aria-label", td.title.replace(/\n/g, ", "));
       td.classList.toggle("hsx-sel", inHeads(l, h) >= 0);
       td.setAttribute("aria-selected", l === st.l && h === st.h ? "true" : "false");
@@ -491,10 +495,15 @@
     var s = sinkOf(p);
     sinkLine.textContent = "";
     var win = windowOf(cur.heads);
-    sinkLine.appendChild(el("span", null, "sink: attention on the first token, mean over " +
-                            (win ? "the queries that can see it" : "queries")));
-    var bar = el("span", "hsx-bar"), fill = el("span"); fill.style.width = (100 * s).toFixed(1) + "%"; bar.appendChild(fill);
-    sinkLine.appendChild(bar); sinkLine.appendChild(el("span", "hsx-sinkvalue", s.toFixed(3)));
+    if (s === null) {
+      sinkLine.appendChild(el("span", null, "sink: attention on the first token: " + NO_SINK +
+                              " (every shown query lies beyond the window), so none is measured"));
+    } else {
+      sinkLine.appendChild(el("span", null, "sink: attention on the first token, mean over " +
+                              (win ? "the queries that can see it" : "queries")));
+      var bar = el("span", "hsx-bar"), fill = el("span"); fill.style.width = (100 * s).toFixed(1) + "%";
+      bar.appendChild(fill); sinkLine.appendChild(bar); sinkLine.appendChild(el("span", "hsx-sinkvalue", s.toFixed(3)));
+    }
     var slides = {};
     cur.heads.forEach(function (lh) { if (W[lh[0]]) slides[lh[0]] = W[lh[0]]; });
     var said = Object.keys(slides).map(function (l) { return "layer " + l + " attends over a sliding window of " +

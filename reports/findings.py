@@ -445,9 +445,10 @@ def caption(stem: str, summary: Mapping[str, Any] | None = None) -> str:
     from headscope.reports.families import captions, prefix_captions, presentations
 
     every = captions()
-    if summary is not None and stem in every:
+    if summary is not None:  # a prefix's figures too (patching's exact_<site>, review 14bv C3)
         for shown in presentations().values():
-            if shown.caption_for is not None and stem in shown.captions and (own := shown.caption_for(stem, summary)):
+            if shown.caption_for is not None and (stem in shown.captions or stem.startswith(tuple(shown.prefix_captions))
+                                                  ) and (own := shown.caption_for(stem, summary)):
                 return own
     if stem in every:
         return every[stem]

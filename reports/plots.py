@@ -83,6 +83,28 @@ def fit_title(ax: Any) -> bool:
     return True
 
 
+MIN_MAP_INCHES = 1.6  # a map's drawn height and width never under this (176 px at the saved 110 dpi)
+
+
+def keep_drawn_size(ax: Any, height: float = MIN_MAP_INCHES, width: float = MIN_MAP_INCHES) -> bool:
+    """Review 14bv C1: a figure of fixed size whose title and x label grew (bf16: 11 title lines) left its map 12 px
+    high, ticks and colour-bar labels overprinted. Measured at the figure's layout, the figure grows by what the axes
+    lack of `height` x `width` inches and is laid out again (text keeps its size, so the axes get the growth).
+    Returns whether it grew."""
+    fig, grown = ax.figure, False
+    for _ in range(4):  # a new layout may re-place the text a little: measure again
+        fig.draw_without_rendering()
+        box = ax.get_window_extent(fig.canvas.get_renderer())
+        short = (max(0.0, width - box.width / fig.dpi), max(0.0, height - box.height / fig.dpi))  # inches
+        if max(short) < 0.01:
+            break
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w + short[0], h + short[1])
+        fig.tight_layout()
+        grown = True
+    return grown
+
+
 def thin_xtick_labels(ax: Any, pad: float = 4.0, order: Any = None) -> list[int]:
     """Blank the x tick labels that would run into a kept one, measured on `ax`'s figure at its current size and
     layout, `pad` pixels apart at least; the ticks stay. `order`: the tick indices to keep in priority order (each

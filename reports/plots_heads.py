@@ -332,8 +332,8 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
         above = (sweep["change_ci_high"] - sweep["change"]).to_numpy(dtype=float)
         ax.errorbar(sweep["heads_kept"], sweep["metric_binary"], yerr=[below, above], fmt="none",
                     ecolor=line.get_color(), elinewidth=1, capsize=3, zorder=1)
-    ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", markersize=7, markeredgewidth=1.5, linestyle="--",
-            label="test-time gates", zorder=3)
+    gates, = ax.plot(sweep["heads_kept"], sweep["metric"], marker="x", markersize=7, markeredgewidth=1.5, linestyle="--",
+                     label="test-time gates", zorder=3)
     kept = sorted({int(k) for k in sweep["heads_kept"]})
     if len(kept) <= 12:  # a count of heads: whole-number ticks at the counts reached (and room around one point)
         ax.set_xticks(kept)
@@ -357,8 +357,33 @@ def plot_l0(data: pd.DataFrame, *, metric: str | None = None, baseline: float | 
                                   fontsize="x-small", annotation_clip=True))
     ax.margins(y=0.12)  # room for the labels above the top point and below the lowest
     _finish(ax, metric, baseline, "heads kept", "L0 head pruning" + _l0_sample(sweep, n), tolerance)
+    inside = _coinciding(ax, sweep, line.get_markersize())
+    if inside:  # review 14av C3: a cross inside the circle reads as one point; the legend says where and the values
+        from matplotlib.lines import Line2D
+
+        handles, names = ax.get_legend_handles_labels()
+        at = handles.index(gates) + 1
+        note = Line2D([], [], linestyle="none")  # a legend line of words under the gates' key
+        ax.legend(handles[:at] + [note] + handles[at:],
+                  names[:at] + ["\n".join(textwrap.wrap("(the x inside the circle at " + "; ".join(inside) + ")", 36))]
+                  + names[at:],
+                  fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
     _stack_labels(ax, labels)
     return ax
+
+
+def _coinciding(ax: Any, sweep: pd.DataFrame, size: float, most: int = 3) -> list[str]:
+    """The sweep's points where the test-time gates' metric lies within the kept-heads circle (`size`: its diameter
+    in points) at the axes' current limits and height: "18 heads, -1.6768 vs -1.6787" (gates, then kept heads only),
+    at most `most`, then a count."""
+    lo, hi = ax.get_ylim()
+    tall = ax.figure.get_figheight() * 72 * ax.get_position().height  # the axes' height in points
+    if hi <= lo or tall <= 0:
+        return []
+    said = [f"{int(k)} heads, {g:.5g} vs {b:.5g}" for k, g, b in zip(sweep["heads_kept"], sweep["metric"],
+                                                                      sweep["metric_binary"])
+            if abs(float(g) - float(b)) / (hi - lo) * tall < size / 2]
+    return said[:most] + ([f"{len(said) - most} more"] if len(said) > most else [])
 
 
 def _stack_labels(ax: Any, labels: list[Any]) -> None:

@@ -45,6 +45,7 @@ from headscope.reports.plots import (
     color_scale,
     fit_title,
     hatch_cells,
+    keep_drawn_size,
     laid_out,
     quiet_reason,
     scale_ticks,
@@ -536,6 +537,7 @@ def figures(result, **kwargs) -> dict[str, Figure]:
         out[stem] = laid_out(ax)
         fit_title(ax)  # a title wider than its map runs under the colour bar's label (review 9b B3)
         fit_axis_labels(ax)  # an x label wider than its map runs into the colour bar's label (review 11c B3)
+        keep_drawn_size(ax)  # long titles and labels never crush the map (review 14bv C1)
 
     if exact is not None:
         present = set(exact["site_type"])
@@ -615,3 +617,33 @@ PREFIX_CAPTIONS = {  # figures named <prefix><site>: the caption then 'Site: <si
                        "the subject, by token role (several prompts: Meng et al.'s groups, averaged over every prompt) or "
                        "position (one prompt) x layer; red positive, blue negative, one scale for every restored kind. ",
 }
+
+
+SHARE_WORDS = {  # each caption's words for a share of the gap, as CAPTIONS / PREFIX_CAPTIONS say them
+    "exact_": "the task's metric after patching each cell as a share of the clean-corrupted gap (1 = clean behaviour "
+              "fully restored, 0 = corrupted)",
+    "path_patching": "(share of the clean-corrupted gap in the task's metric)",
+    "attribution_vs_exact": "both as shares of the clean-corrupted gap in the task's metric",
+}
+
+
+def caption_for(stem: str, summary: Mapping[str, Any] | None) -> str | None:
+    """Review 14bv C3: where the maps draw raw effects (scale: a gap within noise, or none recorded) the captions
+    say so, in the metric's words, instead of "a share of the clean-corrupted gap"; None where they draw shares."""
+    if not isinstance(summary, Mapping) or summary.get("normalized") or scale(summary)[0] != 1.0:
+        return None
+    from headscope.reports.findings import _words
+
+    metric = _words(summary.get("metric", "metric"))
+    why = ("the clean-corrupted gap is within noise, so a share of it would measure nothing"
+           if summary.get("gap_within_noise") else "no clean-corrupted gap is recorded to divide by")
+    raw = {"exact_": f"the change in the {metric} when each cell is patched (the raw effect in the metric's units, "
+                     f"not a share of the clean-corrupted gap: {why})",
+           "path_patching": f"(the raw change in the {metric}, not a share of the clean-corrupted gap: {why})",
+           "attribution_vs_exact": f"both as raw changes in the {metric} (not shares of the clean-corrupted gap: {why})"}
+    if stem.startswith("exact_"):
+        kind = stem[len("exact_"):].replace("_", " ")
+        return PREFIX_CAPTIONS["exact_"].replace(SHARE_WORDS["exact_"], raw["exact_"]) + f"Site: {kind}."
+    if stem in SHARE_WORDS:
+        return CAPTIONS[stem].replace(SHARE_WORDS[stem], raw[stem])
+    return None

@@ -1030,3 +1030,39 @@ def test_the_grid_legends_maximum_sits_beside_its_bar_in_chromium(llama, tmp_pat
             ramp = page.evaluate("document.querySelector('#m .hsx-legend .hsx-ramp').getBoundingClientRect().bottom")
             assert hi < ramp
         assert page.console_errors == []
+
+
+@needs_chromium
+def test_a_cut_example_whose_shown_queries_cannot_see_the_first_token_measures_no_sink_in_chromium(
+        arch_dirs, arch_models, tmp_path):
+    """Review 14cv C1: on a cut example whose kept queries all lie beyond a layer's window, the explorer printed "sink
+    ... 0.000" with empty bars, a 0 by construction drawn as a measurement. Gemma 2, layer 0's window 8, the first
+    token and the last 4 kept: layer 0's cells say no shown query can see the first token and draw no sink bar, as
+    does the sink line of a layer-0 head; layer 1 (global) keeps its sink, plain Hugging Face's mean over queries."""
+    from browser import open_page
+
+    model = arch_models("gemma2")
+    tokens = model.to_tokens(GEMMA_PROMPT)
+    n = tokens.shape[1]
+    data = attention_explorer_data(model, [GEMMA_PROMPT], max_examples=1, max_tokens=5)
+    kept = data["examples"][0]["positions"]
+    assert kept == [0, *range(n - 4, n)] and n - 4 >= 8  # every kept query but token 0 lies beyond layer 0's window
+    with torch.no_grad():
+        att = hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions[1][0].float()  # [head, q, k]
+    page_file = tmp_path / "nosink.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + explorer_html(data, uid="s") + "</body></html>")
+    cell = "document.querySelector('#s .hsx-grid td[data-layer=\"%d\"][data-head=\"%d\"]')"
+    with open_page(page_file) as page:
+        zero = page.evaluate(f"[{cell % (0, 1)}.title, getComputedStyle({cell % (0, 1)}.lastChild).display]")
+        assert zero[0].endswith("sink (attention on the first token): no shown query can see the first token")
+        assert zero[1] == "none"
+        one = page.evaluate(f"[{cell % (1, 1)}.title, getComputedStyle({cell % (1, 1)}.lastChild).display]")
+        said = float(one[0].rsplit(": ", 1)[1])
+        assert said == pytest.approx(float(att[1][kept[1:], 0].mean()), abs=1.5e-3) and one[1] != "none"
+        page.evaluate(f"{cell % (0, 1)}.click()")
+        line = page.evaluate("document.querySelector('#s .hsx-sinkline').textContent")
+        assert line == ("sink: attention on the first token: no shown query can see the first token (every shown query "
+                        "lies beyond the window), so none is measured")
+        assert page.evaluate("document.querySelectorAll('#s .hsx-sinkline .hsx-bar').length") == 0
+        assert page.console_errors == []

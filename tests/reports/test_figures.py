@@ -3066,3 +3066,106 @@ def test_attribution_vs_exact_legend_gives_no_slope_where_every_cell_is_within_t
         assert f"mlp_out (slope {slope:.2f}; no interval: 2 of 20 cells above the rounding floor 0.0079)" in texts
     finally:
         plt.close("all")
+
+
+def test_a_patching_map_under_a_long_title_keeps_its_drawn_size_and_legible_colour_bar_ticks():
+    """Review 14bv C1: bf16's 11-line title (gap within noise, rounding only, ...) left a 2 x 28 map 12 px high, its
+    layer ticks and colour-bar ticks overprinted. Measured in pixels on the drawn figure, as the report's style draws."""
+    from headscope.reports.plots import MIN_MAP_INCHES, setup_style
+    from headscope.reports.plots_patching import figures as patching_figures
+
+    setup_style()
+    rows = [{"site_type": "resid_pre", "layer": l, "head": None, "pos": p, "token": "", "effect": 0.001 * (p % 3),
+             "n_rows": 4 if p < 5 else 8} for l in range(2) for p in range(28)]
+    exact = pd.DataFrame(rows)
+    summary = {"metric": "logprob", "normalized": False, "direction": "denoise", "clean_metric": -1.006,
+               "corrupted_metric": -1.005, "n_examples": 8, "n_positions": 28, "answer_pieces": {"left_out": 1},
+               "rounding_floor": {"floor": 0.0079}, "gap_within_noise": {"ci": [-0.0119, 0.0097], "gap": -0.0011}}
+    fig = patching_figures(_result("patching", exact, summary, exact=exact))["exact_resid_pre"]
+    try:
+        ax = fig.axes[0]
+        assert "GAP WITHIN NOISE" in ax.get_title() and "ROUNDING ONLY" in ax.get_title()
+        assert ax.get_title().count("\n") >= 6  # the long-title case
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        box = ax.get_window_extent(renderer)
+        assert box.height >= MIN_MAP_INCHES * fig.dpi - 1 and box.width >= MIN_MAP_INCHES * fig.dpi - 1
+        assert MIN_MAP_INCHES * fig.dpi >= 150  # the old layout drew this map 12 px high
+        title = ax.title.get_window_extent(renderer)
+        assert title.y0 >= box.y1  # the title stays above the map
+        bar = next(c.colorbar for c in ax.collections if getattr(c, "colorbar", None) is not None)
+        ticks = sorted((t.get_window_extent(renderer) for t in bar.ax.get_yticklabels() if t.get_text()),
+                       key=lambda b: b.y0)
+        assert len(ticks) >= 3 and all(lo.y1 <= hi.y0 for lo, hi in zip(ticks, ticks[1:]))  # no overprint
+        layers = sorted((t.get_window_extent(renderer) for t in ax.get_yticklabels()), key=lambda b: b.y0)
+        assert all(lo.y1 <= hi.y0 for lo, hi in zip(layers, layers[1:]))
+    finally:
+        plt.close("all")
+
+
+def test_patching_captions_say_raw_effects_where_the_gap_is_within_noise():
+    """Review 14bv C3: the maps drew raw log-prob effects (gap within noise) under a caption saying "share of the gap"."""
+    base = {"metric": "logprob", "normalized": False, "clean_metric": -1.006, "corrupted_metric": -1.005}
+    noise = {**base, "gap_within_noise": {"ci": [-0.0119, 0.0097], "gap": -0.0011}}
+    said = caption("exact_attn_out", noise)
+    assert said.startswith("Exact activation patching: the change in the answer log-probability when each cell is "
+                           "patched (the raw effect in the metric's units, not a share of the clean-corrupted gap: the "
+                           "clean-corrupted gap is within noise, so a share of it would measure nothing); red positive")
+    assert said.endswith("Site: attn out.") and "as a share of" not in said
+    assert "raw change in the answer log-probability" in caption("path_patching", noise)
+    assert "both as raw changes in the answer log-probability" in caption("attribution_vs_exact", noise)
+    shares = caption("exact_attn_out", base)  # a measured gap: the maps draw shares, as the caption says
+    assert "as a share of the clean-corrupted gap (1 = clean behaviour fully restored" in shares
+
+
+def test_kv_eviction_y_label_ends_below_the_at_chance_title():
+    """Review 14av C1: at chance the two-line y label, taller than the axes under a three-line title and a three-line
+    x label, ran into the title's "AT CHANCE" line. Measured on the drawn figure, as kv's figures() lays it out: the
+    y label's box ends under the title's and within the axes' height."""
+    from headscope.reports.plots import laid_out, quiet_reason, setup_style
+    from headscope.reports.plots_kv import _clear_of_title, plot_eviction
+
+    setup_style()
+    contexts = (12, 16, 18, 20)
+    rows = [{"policy": p, "budget": b, "example": e, "context": c, "metric": float(e % 2)}
+            for p, bs in (("full", (20,)), ("window", (1, 2, 4, 8, 16, 17, 32))) for b in bs for e, c in enumerate(contexts)]
+    fig = laid_out(plot_eviction(pd.DataFrame(rows), metric="logit_diff",
+                                 quiet=quiet_reason({"chance": {"at_chance": True}})))
+    try:
+        _clear_of_title(fig.axes[0])
+        ax = fig.axes[0]
+        assert "AT CHANCE" in ax.get_title()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        label, title, box = (x.get_window_extent(renderer) for x in (ax.yaxis.label, ax.title, ax))
+        assert label.y1 <= title.y0 and label.height <= box.height
+    finally:
+        plt.close("all")
+
+
+def test_l0_legend_says_where_the_test_time_gates_cross_sits_inside_the_kept_heads_circle():
+    """Review 14av C3: at 18 heads the test-time gates' point (-1.6768) lay inside the kept-heads circle (-1.6787) with
+    no word of it. Measured on the drawn figure: where the two points are closer than the circle's radius the legend
+    names the head count and both values; where they are apart it adds nothing."""
+    from headscope.reports.plots import laid_out
+    from headscope.reports.plots_heads import plot_l0
+
+    def drawn(gates: float):
+        table = pd.DataFrame([{"lambda": 0.03, "heads_kept": 18, "metric": gates, "metric_binary": -1.6787,
+                               "n_examples": 8}])
+        ax = plot_l0(table, metric="logprob", baseline=-1.6787,
+                     tolerance={"basis": "span", "band": 0.0611, "tolerance": 0.01, "chance": -8.16})
+        fig = laid_out(ax)
+        fig.canvas.draw()
+        circle, cross = (li for li in ax.get_lines() if li.get_marker() in ("o", "x"))
+        apart = abs(ax.transData.transform((18, gates))[1] - ax.transData.transform((18, -1.6787))[1])  # pixels
+        radius = circle.get_markersize() / 2 * fig.dpi / 72
+        return [t.get_text() for t in ax.get_legend().get_texts()], apart, radius
+
+    try:
+        said, apart, radius = drawn(-1.6768)
+        assert apart < radius and said[1:3] == ["test-time gates", "(the x inside the circle at 18\nheads, -1.6768 vs -1.6787)"]
+        said, apart, radius = drawn(-1.6787 + 0.04)
+        assert apart > radius and said[1] == "test-time gates" and not any("inside the circle" in t for t in said)
+    finally:
+        plt.close("all")
