@@ -182,7 +182,18 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     assert s["keys_normalised"] is False and s["key_norm"] is None
     from headscope.reports.plots_kv import figures, finding
 
-    assert "The first key's norm is" in finding(s) and "normalised" not in finding(s)
+    assert "The first key's norm over the other keys' per layer" in finding(s) and "normalised" not in finding(s)
+    # the first key's norm over the other keys', each prompt's (means over KV heads), with its t interval over the
+    # prompts: from Hugging Face's own cache, the numbers the finding states and compare sets against another run's
+    for layer in (0, 1):
+        k = cache.layers[layer].keys.norm(dim=-1)  # [prompts, kv_head, pos]
+        each = (k[:, :, 0].mean(1) / k[:, :, 1:].mean((1, 2))).double().numpy()  # [prompts]
+        ci = stats.ttest_1samp(each, 0.0).confidence_interval(0.95)
+        record = s["key_norm_ratios"][layer]
+        assert (record["layer"], record["n"]) == (layer, 3) and record["ratio"] == pytest.approx(each.mean(), abs=1e-5)
+        assert record["ci"] == pytest.approx([ci.low, ci.high], abs=1e-5)
+        assert f"layer {layer} {each.mean():.2f} [{ci.low:.2f}, {ci.high:.2f}]" in finding(s)
+    assert "(each prompt's ratio, mean over 3 prompts, 95% CI)" in finding(s)
     # review 10b A1: the first key is the <bos> headscope puts in front (the word tokenizer adds none): said
     bos = model.tokenizer.bos_token_id
     assert int(task.tokens[0, 0]) == bos and model.tokenizer("w1")["input_ids"][0] != bos
