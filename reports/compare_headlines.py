@@ -740,7 +740,10 @@ def headline_notes(a: Run, b: Run) -> list[str]:
         sa, sb = a.summary(name), b.summary(name)
         if sa is None or sb is None:
             continue
-        pairs = list(zip(quantity(sa), quantity(sb)))
+        qa_list, qb_list = quantity(sa), quantity(sb)
+        # one label each (probes' accuracy against R^2: said to differ), else by label: a quantity one side lacks (an
+        # older summary's rollout taus) is said, not dropped by the shorter list
+        pairs = list(zip(qa_list, qb_list)) if len(qa_list) == len(qb_list) else paired(qa_list, qb_list)
         same_labels = all(qa[0] == qb[0] for qa, qb in pairs)
         if name in MORE:  # the permutation and adversarial tests, patching's r per site type: paired by label
             pairs += paired(MORE[name](sa), MORE[name](sb))

@@ -120,14 +120,18 @@ def measure_apart(name: str, label: str, sa: Mapping[str, Any], sb: Mapping[str,
 def measure_withheld(name: str, label: str, s: Mapping[str, Any]) -> str:
     """How the report of `name` leaves the number under `label` out or says it means nothing ('' where it states it
     as a number to read): a patching r at chance, over exact effects below the negligible line, on too few non-zero
-    cells, or carried by its largest cell; an adversarial JSD on a saturated output (attribution_words)."""
-    if name == "attribution" and label == f"{ADVERSARIAL}: median JSD (nats)":
+    cells, or carried by its largest cell; on a saturated output the permutations' median distance and the adversarial
+    JSD, which its finding says show nothing there (attribution_words._output_tests)."""
+    if name == "attribution" and label.startswith((f"{ADVERSARIAL}: median JSD", f"{PERMUTATION}: median ")):
         from headscope.reports.attribution_words import _saturated
 
-        if _saturated(s) is not None:
-            return ("says its median JSD says nothing about faithfulness (a saturated output meets the bound on the "
-                    "output change under almost any attention)")
-        return ""
+        if _saturated(s) is None:
+            return ""
+        if label.startswith(PERMUTATION):
+            return ("says its output is saturated, where a small distance does not show that the layer does little "
+                    "(the task metric's change is compared instead)")
+        return ("says its median JSD says nothing about faithfulness (a saturated output meets the bound on the "
+                "output change under almost any attention)")
     if name != "patching" or not label.startswith(R_LABEL):
         return ""
     from headscope.analyses.patching.attribution_patching import NEGLIGIBLE
@@ -223,7 +227,7 @@ def sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "", na
     else:
         k = sa.get("n_sink") if sa.get("n_sink") == sb.get("n_sink") else None
         what = sa.get("sink_label") if sa.get("sink_label") == sb.get("sink_label") and sa.get("sink_label") else \
-            f"the first {k} token{'s' * (k != 1)}" if k is not None else "the first tokens"
+            ("the first token" if k == 1 else f"the first {k} tokens") if k is not None else "the first tokens"
         label, verdict_label, unit = f"position attention on {what} per layer", "position attention-sink layers", "examples"
         if ra and rb and sa.get("n_sink") != sb.get("n_sink") and not differ:
             differ = (f"A counts the first {sa.get('n_sink')} token(s) as the sink, B the first {sb.get('n_sink')}: "

@@ -238,3 +238,36 @@ def test_compare_sets_positions_first_token_attention_layer_by_layer(tmp_path):
     [note] = [n for n in headline_notes(a, b) if "attention on the first tokens per layer" in n]
     assert note == (NOT_COMPARED + "position attention on the first tokens per layer and which layers are sinks: not "
                     "compared: A counts the first 4 token(s) as the sink, B the first 1: another quantity.")
+
+
+def test_compare_says_rollout_taus_only_one_report_states_and_bootstrap_intervals_of_absolute_changes(tmp_path):
+    """A's summary has rollout's taus, B's (older) none: the lists were zipped, so A's rollout taus were in no list.
+    The mean absolute change is judged by the bootstrap intervals its finding prints (given here: [0.10, 0.20] and
+    [0.30, 0.40], half-widths 0.05 each, |B - A| 0.2 by hand: beyond)."""
+    taus = {"mean_tau_attention_saliency": 0.2, "std_tau_attention_saliency": 0.1, "n_tau_attention_saliency": 8}
+    roll = {"mean_tau_rollout_saliency": 0.5, "std_tau_rollout_saliency": 0.1, "n_tau_rollout_saliency": 8}
+    absolute = lambda m, ci: {"permutation_abs_metric_change": m, "permutation_abs_metric_change_ci": ci,  # noqa: E731
+                              "permutation_abs_metric_change_sd": 0.1, "permutation_abs_metric_change_n": 8}
+    a, b = _runs(tmp_path, "attribution", {"n_examples": 8, "metric": "logit_diff", **taus, **roll,
+                                           **absolute(0.15, [0.10, 0.20])},
+                 {"n_examples": 8, "metric": "logit_diff", **taus, **absolute(0.35, [0.30, 0.40])})
+    notes = headline_notes(a, b)
+    label = "attribution mean Kendall tau of attention rollout and saliency"
+    assert _one(notes, label) == NOT_COMPARED + f"{label}: not compared: only A's report states it (n 8 examples)."
+    label = "attribution permutation test: mean absolute change of the logit difference"
+    assert _one(notes, label) == (f"{label}: A 0.15, B 0.35 (n 8 each) (beyond noise: |B - A| = 0.2 exceeds the combined "
+                                  "half-widths 0.1; 95% CIs A [0.1, 0.2], B [0.3, 0.4]).")
+
+
+def test_compare_does_not_set_a_saturated_outputs_median_distance_against_another(tmp_path):
+    """On a saturated output the attribution finding says a small distance shows nothing (a change of a logit moves
+    the TVD by about 1e-6): compare leaves the median TVD out with that reason, and compares the metric's change."""
+    base, adv = np.linspace(-0.2, 0.2, 6), np.linspace(-0.6, -0.4, 6)
+    a, b = _runs(tmp_path, "attribution", _attribution(base, adv, median_permutation_change=6.5e-7),
+                 _attribution(base, adv, median_permutation_change=2.8e-7))
+    label = "attribution permutation test: median tvd over permutations"
+    assert _one(headline_notes(a, b), label) == (
+        NOT_COMPARED + f"{label}: not compared: A's report says its output is saturated, where a small distance does not "
+        "show that the layer does little (the task metric's change is compared instead); B's report says its output is "
+        "saturated, where a small distance does not show that the layer does little (the task metric's change is "
+        "compared instead) (n 6 each).")
