@@ -37,7 +37,9 @@ Where each quantity and its interval come from (the fields of reports/plots_<nam
 Every quantity lands in one list (review 14b C1): within noise or equal at the shown precision (SAME: the page's
 "Within noise or the same"), beyond noise (a difference), or not compared with why; no 5% rule. kv budget verdicts
 that differ only where one run's grid has no such budget, or only on one evicting prompt, are not compared (14b C2).
-Patching, position and pruning are compared in their own sections (reports/compare.py, compare_heads.py).
+Patching, position and pruning are compared in their own sections (reports/compare.py, compare_heads.py). Attribution's
+permutation and adversarial tests, patching's attribution-vs-exact r, kv's first-key norm ratio and the first-token
+attention of kv and position are compare_measures.py's (MORE, paired by label; sink_note, norm_note, more_notes).
 """
 from __future__ import annotations
 
@@ -48,6 +50,18 @@ from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core import chance
 from headscope.analyses.core.chance import does_not_copy, metric_ci
 from headscope.reports.attribution_words import loo_rounds
+from headscope.reports.compare_measures import (
+    MORE,
+    SINK_LABEL,  # noqa: F401 (the kv sink labels, read by the tests here)
+    SINK_VERDICT,  # noqa: F401
+    measure_apart,
+    measure_withheld,
+    more_notes,
+    norm_note,
+    paired,
+    r_verdict,
+    sink_note,
+)
 from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
 from headscope.reports.findings import _below, _chance, _words, ci_pair, ci_words, t_interval, wilson
 
@@ -477,8 +491,6 @@ def _verdict_notes(name: str, sa: Mapping[str, Any], sb: Mapping[str, Any]) -> l
 
 
 SIZE_LABEL = "kv cache size"
-SINK_LABEL = "kv attention on the first token per layer"
-SINK_VERDICT = "kv attention-sink layers"
 
 
 def _itemsize(dtype: Any) -> int | None:
@@ -512,65 +524,6 @@ def _kv_size_note(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[str]:
     else:
         why = "the caches' shapes differ (layers, KV heads, head size or context), a property of the models"
     return [f"{SIZE_LABEL}: {said}: an exact count (no sampling noise): {why}."]
-
-
-def _sink_rows(s: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
-    return {int(r["layer"]): r for r in s.get("sinks") or []
-            if isinstance(r, Mapping) and _number(r.get("mass")) and _number(r.get("layer"))}
-
-
-def _kv_sink_note(sa: Mapping[str, Any], sb: Mapping[str, Any], differ: str = "") -> list[str]:
-    """Review 14b-v C2: the kv finding's attention on the first token per layer (mean over prompts with its 95% t
-    interval, findings.sink_sentence's records) compared layer by layer by those intervals, and which layers it calls
-    sinks (the same verdict or a difference); not compared where the runs ran other tasks or other layers."""
-    from headscope.reports.findings import beside
-
-    ra, rb = _sink_rows(sa), _sink_rows(sb)
-    if not (ra or rb):
-        return []
-    if not (ra and rb):
-        side = "A" if ra else "B"
-        return [NOT_COMPARED + f"{label}: not compared: only {side}'s report states it."
-                for label in (SINK_LABEL, SINK_VERDICT)]
-    if differ or set(ra) != set(rb):
-        why = differ or f"the runs' layers differ (A {len(ra)}, B {len(rb)})"
-        return [NOT_COMPARED + f"{SINK_LABEL} and which layers are sinks: not compared: {why}."]
-    n = _n_text(ra[min(ra)].get("n"), rb[min(rb)].get("n"), "prompts")
-    kinds: dict[str, list[str]] = {"within": [], "beyond": [], "unknown": []}
-    for layer in sorted(ra):
-        a, b = ra[layer], rb[layer]
-        ia, ib = ci_pair(a.get("ci"), ordered=True), ci_pair(b.get("ci"), ordered=True)
-        verdict = noise_verdict(a["mass"], b["mass"], ia, ib)
-        kind = "within" if verdict.startswith(" (within") else "beyond" if verdict.startswith(" (beyond") else "unknown"
-        band = [f" [{i[0]:.2f}, {i[1]:.2f}]" if i else "" for i in (ia, ib)]
-        kinds[kind].append(f"layer {layer} A {a['mass']:.2f}{band[0]}, B {b['mass']:.2f}{band[1]}")
-    many = len(ra) > 6  # as the finding: many layers are summarised, those that differ are named
-
-    def listed(items: list[str]) -> str:
-        return f"{len(items)} layers" if many and len(items) > 3 else "; ".join(items)
-
-    notes = []
-    if kinds["beyond"]:
-        rest = f"; within noise: {listed(kinds['within'])}" if kinds["within"] else ""
-        notes.append(f"{SINK_LABEL}: beyond noise (|B - A| past the two 95% CIs' combined half-widths) in "
-                     f"{'; '.join(kinds['beyond'])}{rest} ({n}).")
-    elif kinds["unknown"]:
-        notes.append(NOT_COMPARED + f"{SINK_LABEL}: not compared: {'; '.join(kinds['unknown'])} ({n})" + NOT_STATED)
-    else:
-        notes.append(SAME + f"{SINK_LABEL}: within noise in every layer (|B - A| inside the two 95% CIs' combined "
-                     f"half-widths): {listed(kinds['within'])} ({n}).")
-    from headscope.analyses.position.sinks import SINK_RATIO
-
-    sinks = [[layer for layer, r in rows.items() if r.get("sink")] for rows in (ra, rb)]
-    words = [f"layer{'s' * (len(x) > 1)} {', '.join(map(str, sorted(x)))}" if x else "none" for x in sinks]
-    rule = f"at least {SINK_RATIO:g}x the uniform share, its excess 95%-CI above 0"
-    ratio = [", ".join(f"layer {k} {beside(r['ratio'], SINK_RATIO)}x" for k, r in sorted(rows.items())
-                       if _number(r.get("ratio"))) for rows in (ra, rb)]
-    if words[0] == words[1]:
-        notes.append(SAME + f"{SINK_VERDICT} ({rule}): the same verdict: A and B {words[0]}.")
-    else:
-        notes.append(f"{SINK_VERDICT} ({rule}): A {words[0]} ({ratio[0]}), B {words[1]} ({ratio[1]}).")
-    return notes
 
 
 def _circuits(s: Mapping[str, Any]) -> list[Quantity]:
@@ -787,11 +740,17 @@ def headline_notes(a: Run, b: Run) -> list[str]:
         sa, sb = a.summary(name), b.summary(name)
         if sa is None or sb is None:
             continue
-        pairs = list(zip(quantity(sa), quantity(sb)))
+        qa_list, qb_list = quantity(sa), quantity(sb)
+        # one label each (probes' accuracy against R^2: said to differ), else by label: a quantity one side lacks (an
+        # older summary's rollout taus) is said, not dropped by the shorter list
+        pairs = list(zip(qa_list, qb_list)) if len(qa_list) == len(qb_list) else paired(qa_list, qb_list)
         same_labels = all(qa[0] == qb[0] for qa, qb in pairs)
+        if name in MORE:  # the permutation and adversarial tests, patching's r per site type: paired by label
+            pairs += paired(MORE[name](sa), MORE[name](sb))
         differ = tasks_differ(a, b, name) or (_metrics_differ(name, sa, sb) if same_labels else "")
         if name == "kv":  # stated at chance too (what was measured), the size whatever the task (review 14b-v C2)
-            notes += _kv_size_note(sa, sb) + _kv_sink_note(sa, sb, tasks_differ(a, b, name))
+            notes += _kv_size_note(sa, sb) + sink_note(sa, sb, tasks_differ(a, b, name)) + \
+                norm_note(sa, sb, tasks_differ(a, b, name))
         said = [v[0] for v in VERDICTS.get(name, lambda _: [])(sa)]  # the verdict headlines, by label
         said += [v[0] for v in VERDICTS.get(name, lambda _: [])(sb) if v[0] not in said]
         said += ["circuits DLA top writer"] if name == "circuits" and (dla_top(sa) or dla_top(sb)) else []
@@ -817,14 +776,16 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             n = (name == "attribution" and unit == unit_b == "examples" and tau_n_text(sa, sb, label, na, nb)
                  or _n_text(na, nb, unit, unit_b)) + caveat
             own = [f"{side}'s report {why}" for side, s, lab in zip(SIDES, (sa, sb), (label, label_b))
-                   if (why := withheld_quantity(name, lab, s))]
+                   if (why := withheld_quantity(name, lab, s) or measure_withheld(name, lab, s))]
             if own:  # said even where both reports leave it out: each report's reason
                 notes.append(NOT_COMPARED + f"{label}: not compared: " + "; ".join(own) + f" ({n}).")
                 continue
             if not (_number(va) and _number(vb)):  # one report states it, the other not: said, never dropped
                 if _number(va) or _number(vb):
+                    stated = na if _number(va) else nb  # a blank side has no n of its own: the stating side's n
+                    said = n if na is not None and nb is not None else f"n {stated} {unit}{caveat}"
                     notes.append(NOT_COMPARED + f"{label}: not compared: only {'A' if _number(va) else 'B'}'s report "
-                                 f"states it ({n}).")
+                                 f"states it ({said}).")
                 continue
             refusals = [f"{side}'s report {why}" for side, s in zip(SIDES, (sa, sb)) if (why := withheld(name, s))]
             if refusals:
@@ -833,9 +794,14 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             if label != label_b:
                 notes.append(NOT_COMPARED + f"{name}: not compared: A states {label}, B {label_b}.")
                 continue
-            if name == "mlp" and (apart := mlp_apart(sa, sb)):  # review 13c A2: no difference of two quantities
+            if apart := (mlp_apart(sa, sb) if name == "mlp" else measure_apart(name, label, sa, sb, a, b)):
                 notes.append(NOT_COMPARED + f"{label}: not compared, not the same quantity: {apart} (A {va:.3g}, "
-                             f"B {vb:.3g}; {n}).")
+                             f"B {vb:.3g}; {n}).")  # review 13c A2: no difference of two quantities
+                continue
+            if unit == unit_b == "cells" and ia is not None and ib is not None:  # two r's: their Fisher intervals
+                verdict = r_verdict(va, vb, int(na), int(nb))
+                notes.append((SAME if verdict.startswith(" (within noise") else "") + f"{label}: A {va:.3f}, B "
+                             f"{vb:.3f} ({n})" + verdict)
                 continue
             if f"{va:.3g}" == f"{vb:.3g}" and (ia is None or ib is None):  # equal as the findings print them
                 notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}): equal at the shown precision (3 "
@@ -852,4 +818,4 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             notes.append((SAME if verdict.startswith(" (within noise") else "") + f"{label}: A {va:.3g}, B {vb:.3g} "
                          f"({n})" + verdict)
         notes += _verdict_notes(name, sa, sb) + (_dla_top_note(sa, sb) if name == "circuits" else [])
-    return notes
+    return notes + more_notes(a, b)

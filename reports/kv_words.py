@@ -671,8 +671,31 @@ def _all_heads_note(key_norm: Mapping[str, Any]) -> str:
             "can still show a sink.")
 
 
+def reported_norm_layers(s: Mapping[str, Any]) -> set[str]:
+    """The layers whose first-key norm ratio the kv finding reports: every layer but those whose per-head key norms
+    a k_norm sets (none on a model that normalises every layer's keys per head); compare reads the same ones."""
+    key_norm = s.get("key_norm") if isinstance(s.get("key_norm"), Mapping) else None
+    all_heads = key_norm is not None and key_norm.get("per_head", True) is False
+    if s.get("keys_normalised") and key_norm is not None and not all_heads:
+        return set()
+    skip = set() if all_heads else {str(v) for v in (key_norm or {}).get("layers") or []}
+    records = s.get("key_norm_ratios")
+    layers = ([str(r.get("layer")) for r in records if isinstance(r, Mapping)] if isinstance(records, list)
+              else [str(k) for k in s.get("sink_key_norm_ratio_per_layer") or {}])
+    return {k for k in layers if k not in skip}
+
+
+def _norm_records(s: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """{layer: its key_norm_ratios record} (each prompt's ratio: mean, 95% t interval, n prompts); {} in an older
+    summary, whose ratios (sink_key_norm_ratio_per_layer) carry no interval."""
+    records = s.get("key_norm_ratios")
+    return {str(r.get("layer")): r for r in records if isinstance(r, Mapping)} if isinstance(records, list) else {}
+
+
 def _norm_sentence(s: Mapping[str, Any]) -> str:
-    """Whether the first key stands out, from the per-layer ratio of its norm to the other keys'; on a model
+    """Whether the first key stands out, from the per-layer ratio of its norm to the other keys' (each prompt's ratio,
+    the mean over prompts with its 95% t interval and n where the summary records them, key_norm_ratios: a layer
+    stands out where its interval lies above STANDS_OUT, not where it lies below, else it cannot be told); on a model
     that normalises its keys before caching (keys_normalised: a k_norm), why that ratio is not reported."""
     key_norm = s.get("key_norm") if isinstance(s.get("key_norm"), Mapping) else None
     all_heads = key_norm is not None and key_norm.get("per_head", True) is False
@@ -680,6 +703,8 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
         return _normalised_sentence(key_norm)
     # layers whose per-head key norms are set by a norm: their ratio is not reported (a norm over all heads sets none)
     skip = set() if all_heads else {str(v) for v in (key_norm or {}).get("layers") or []}
+    if records := _norm_records(s):
+        return _norm_interval_sentence(records, skip, key_norm, all_heads)
     given = {k: v for k, v in (s.get("sink_key_norm_ratio_per_layer") or {}).items() if str(k) not in skip}
     ratios = {k: _num(v) for k, v in given.items()}
     ratios = {k: v for k, v in ratios.items() if v is not None}
@@ -701,6 +726,53 @@ def _norm_sentence(s: Mapping[str, Any]) -> str:
     else:
         verdict = "the first key's norm does not stand out" + (" (it is smaller)" if hi < 1 else "")
     return (f"The first key's norm is {span} times the other keys' ({which}): {verdict}."
+            + (_all_heads_note(key_norm) if all_heads else ""))
+
+
+STANDS_OUT = 1.5  # a first key whose norm is more than this multiple of the other keys' stands out (a sink key)
+
+
+def _norm_interval_sentence(records: Mapping[str, Mapping[str, Any]], skip: set[str], key_norm: Any,
+                            all_heads: bool) -> str:
+    """'The first key's norm over the other keys' per layer (each prompt's ratio, mean over 16 prompts, 95% CI): layer
+    0 1.20 [1.10, 1.30], layer 1 2.40 [2.10, 2.70]: ...': the layers' means with their intervals (more than 6 layers:
+    the lowest and highest), and the verdict by the intervals against STANDS_OUT."""
+    rows = {k: r for k, r in records.items() if k not in skip and _num(r.get("ratio")) is not None}
+    missing = sorted((k for k, r in records.items() if k not in skip and _num(r.get("ratio")) is None), key=int)
+    if not rows:
+        return ""
+
+    def one(k: str) -> str:
+        ci = r["ci"] if isinstance((r := rows[k]).get("ci"), (list, tuple)) and len(r["ci"]) == 2 else None
+        return f"{r['ratio']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+    order = sorted(rows, key=int)
+    lo, hi = (pick(order, key=lambda k: rows[k]["ratio"]) for pick in (min, max))
+    listed = (", ".join(f"layer {k} {one(k)}" for k in order) if len(order) <= 6 else
+              f"from layer {lo} {one(lo)} to layer {hi} {one(hi)}")
+    ns = sorted({int(r.get("n") or 0) for r in rows.values()})
+    n = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    which = [f"layer(s) {', '.join(missing)} no longer cache the first key (sliding window)"] if missing else []
+    if skip:
+        which.append(f"layer(s) {', '.join(sorted(skip, key=int))} normalise their keys "
+                     f"({(key_norm or {}).get('module', 'k_norm')}) before caching, so their norms are fixed: not reported")
+    lows = {k: (r["ci"][0] if isinstance(r.get("ci"), (list, tuple)) else r["ratio"]) for k, r in rows.items()}
+    highs = {k: (r["ci"][1] if isinstance(r.get("ci"), (list, tuple)) else r["ratio"]) for k, r in rows.items()}
+    out = [k for k in order if lows[k] > STANDS_OUT]
+    unsure = [k for k in order if lows[k] <= STANDS_OUT < highs[k]]
+    rule = f"more than {STANDS_OUT:g}x, its 95% CI above {STANDS_OUT:g}"
+    if out and len(out) == len(order):
+        verdict = f"the first key's norm stands out in every layer ({rule}: a sink key)"
+    elif out:
+        verdict = f"the first key's norm stands out in layer(s) {', '.join(out)} only ({rule})"
+    elif unsure:
+        verdict = f"the first key's norm stands out clearly in no layer ({rule})"
+    else:
+        verdict = "the first key's norm does not stand out" + (" (it is smaller)" if max(highs.values()) < 1 else "")
+    if unsure:
+        verdict += f"; in layer(s) {', '.join(unsure)} its 95% CI reaches across {STANDS_OUT:g}: cannot tell"
+    return (f"The first key's norm over the other keys' per layer (each prompt's ratio, mean over {n} prompts, 95% CI"
+            f"{'; ' + '; '.join(which) if which else ''}): {listed}: {verdict}."
             + (_all_heads_note(key_norm) if all_heads else ""))
 
 

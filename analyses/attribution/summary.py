@@ -41,7 +41,7 @@ permutation_abs_metric_change_ci (seeded percentile bootstrap over examples); be
 n_tied_scores_{gradient, saliency, loo, ig, attention} (tied_scores: the examples where that method, or last-layer
 attention, gives every ranked token the same score, so its tau is undefined there for a reason other than too few tokens);
 median_adversarial_jsd and fraction_adversarial_near_ln2 (JSD >= 0.9 ln 2 with the output change
-<= adversarial_epsilon; Jain & Wallace's adversarial attention).
+<= adversarial_epsilon; Jain & Wallace's adversarial attention), with adversarial_epsilon and adversarial_steps.
 """
 from __future__ import annotations
 
@@ -178,6 +178,7 @@ def _summary(df: pd.DataFrame, tables: dict, convergence: dict[str, Any], *, kin
     out["ig_max_abs_delta"] = _num(tables["ig"].delta.abs().max())
     if "adversarial_jsd" in perm:
         out["adversarial_epsilon"] = cfg.adversarial_epsilon
+        out["adversarial_steps"] = cfg.adversarial_steps  # a longer search finds attention farther away (compare reads it)
         out["median_adversarial_jsd"] = _num(perm.adversarial_jsd.median())
         out["fraction_adversarial_near_ln2"] = _num((perm.adversarial_jsd >= 0.9 * LN2).mean())
     ig = tables["ig"]

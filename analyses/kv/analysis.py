@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -154,11 +155,29 @@ def kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = 
     layer, kv_head, position (0 = the first real token), kind, norm, n_prompts (how many prompts
     reach the position: far positions average only the longest prompts). Padding is never a cached entry;
     a sliding-window layer caches only its last window of positions, so earlier positions have no row."""
+    return _kv_norms(model, tokens, attention_mask)[0]
+
+
+@torch.no_grad()
+def _kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+              n_sink: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """kv_norms' table and, from the same pass, each prompt's first-key norm ratio per layer (layer, prompt, ratio:
+    its first n_sink keys' mean norm over its other keys', means over KV heads; NaN where the layer's cache no longer
+    holds the first key, a sliding window past it, or holds no other key)."""
     sums: dict[tuple[str, int], torch.Tensor] = {}
     counts: dict[tuple[str, int], torch.Tensor] = {}
+    ratios: list[dict[str, Any]] = []
+    prompt = 0
     for group in length_groups(tokens, attention_mask):
         states = hooks.kv_states(model, group)
         n_pos = group.shape[1]
+        for layer, k in enumerate(states.keys):  # k [prompts, kv_head, cached, d_head]
+            each = k.float().norm(dim=-1).cpu()  # [prompts, kv_head, cached]
+            whole = each.shape[2] == n_pos and n_pos > n_sink  # the first key still cached, and another one
+            ratio = (each[:, :, :n_sink].mean((1, 2)) / each[:, :, n_sink:].mean((1, 2)) if whole
+                     else torch.full((group.shape[0],), float("nan")))  # [prompts]
+            ratios += [{"layer": layer, "prompt": prompt + i, "ratio": float(r)} for i, r in enumerate(ratio.tolist())]
+        prompt += group.shape[0]
         for kind, per_layer in (("key", states.keys), ("value", states.values)):
             for layer, t in enumerate(per_layer):
                 norm = t.float().norm(dim=-1).sum(0).cpu()  # [kv_head, cached]: the last `cached` positions
@@ -182,7 +201,20 @@ def kv_norms(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = 
         frames.append(pd.DataFrame({"layer": layer, "kv_head": h.reshape(-1).numpy(), "position": p.reshape(-1).numpy(),
                                     "kind": kind, "norm": norm.reshape(-1).numpy(),
                                     "n_prompts": n_prompts.reshape(-1).numpy().astype(int)}))
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True), pd.DataFrame(ratios, columns=["layer", "prompt", "ratio"])
+
+
+def key_norm_ratios(per_prompt: pd.DataFrame) -> list[dict[str, Any]]:
+    """The summary's `key_norm_ratios`: per layer the mean over prompts of each prompt's first-key norm ratio
+    (_kv_norms), its 95% t interval over those prompts (chance.mean_interval; None under two) and their count n;
+    a layer where no prompt's cache holds the first key has ratio None and n 0."""
+    out = []
+    for layer, rows in per_prompt.groupby("layer", sort=True):
+        x = rows.ratio.to_numpy(dtype=float)  # [prompts]
+        x = x[np.isfinite(x)]
+        out.append({"layer": int(layer), "ratio": float(x.mean()) if len(x) else None, "ci": mean_interval(x),
+                    "n": int(len(x))})
+    return out
 
 
 @torch.no_grad()
@@ -321,7 +353,7 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         raise ConfigError(f"the kv analysis needs a decoder with a KV cache; {model.facts.name} is an encoder.")
     task = default_task(model, task, config)
     anatomy = cache_anatomy(model)
-    norms = kv_norms(model, task.tokens, task.attention_mask)
+    norms, per_prompt = _kv_norms(model, task.tokens, task.attention_mask)
     key_norm = key_norm_record(model, norms)
     sink_table = sink_stats(model, task.tokens, norms, n_sink=1, attention_mask=task.attention_mask)
     sweep = kv_eviction.eviction_sweep(model, task, budgets=config.budgets, policies=config.policies,
@@ -369,6 +401,8 @@ def kv_analysis(model, task: Task | str | None = None, config: KVConfig | None =
         "sinks": _sink_records(sink_table),
         # NaN (null) where the layer's cache no longer holds the first key (a sliding window past it)
         "sink_key_norm_ratio_per_layer": {str(r.layer): float(r.sink_key_norm_ratio) for r in sink_table.itertuples()},
+        # each prompt's ratio, per layer its mean over the prompts with a 95% t interval and n (what the finding states)
+        "key_norm_ratios": key_norm_ratios(per_prompt),
         # keys normalised before caching (a k_norm in every layer): their norms are fixed, the ratio above shows no sink
         "keys_normalised": key_norm is not None and len(key_norm["layers"]) == model.facts.n_layers,
         "key_norm": key_norm,

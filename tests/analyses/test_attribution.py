@@ -990,6 +990,7 @@ def test_attribution_reports_adversarial_attention(one_token):
     perm = res.tables["permutation"]
     assert {"adversarial_jsd", "adversarial_change", "adversarial_found"} <= set(perm.columns)
     assert res.summary["median_adversarial_jsd"] == pytest.approx(float(perm.adversarial_jsd.median()))
+    assert (res.summary["adversarial_steps"], res.summary["adversarial_epsilon"]) == (30, 0.01)  # what compare reads
     # the output is far from one-hot (top p 0.07-0.26, read here off the logits), and uniform attention permutes
     # to itself, so the logit difference does not move
     with torch.no_grad():

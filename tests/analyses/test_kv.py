@@ -182,7 +182,18 @@ def test_kv_analysis_summary_states_and_figures(tiny_models, tiny_dirs):
     assert s["keys_normalised"] is False and s["key_norm"] is None
     from headscope.reports.plots_kv import figures, finding
 
-    assert "The first key's norm is" in finding(s) and "normalised" not in finding(s)
+    assert "The first key's norm over the other keys' per layer" in finding(s) and "normalised" not in finding(s)
+    # the first key's norm over the other keys', each prompt's (means over KV heads), with its t interval over the
+    # prompts: from Hugging Face's own cache, the numbers the finding states and compare sets against another run's
+    for layer in (0, 1):
+        k = cache.layers[layer].keys.norm(dim=-1)  # [prompts, kv_head, pos]
+        each = (k[:, :, 0].mean(1) / k[:, :, 1:].mean((1, 2))).double().numpy()  # [prompts]
+        ci = stats.ttest_1samp(each, 0.0).confidence_interval(0.95)
+        record = s["key_norm_ratios"][layer]
+        assert (record["layer"], record["n"]) == (layer, 3) and record["ratio"] == pytest.approx(each.mean(), abs=1e-5)
+        assert record["ci"] == pytest.approx([ci.low, ci.high], abs=1e-5)
+        assert f"layer {layer} {each.mean():.2f} [{ci.low:.2f}, {ci.high:.2f}]" in finding(s)
+    assert "(each prompt's ratio, mean over 3 prompts, 95% CI)" in finding(s)
     # review 10b A1: the first key is the <bos> headscope puts in front (the word tokenizer adds none): said
     bos = model.tokenizer.bos_token_id
     assert int(task.tokens[0, 0]) == bos and model.tokenizer("w1")["input_ids"][0] != bos
@@ -556,3 +567,20 @@ def test_a_policys_closest_budget_and_answers_rest_on_more_than_one_evicted_prom
     assert heavy["closest"]["change"] == pytest.approx((6 + 8 + 7) / 3 / 10 - 1)
     assert heavy["verdicts"]["64"] == "not shown"  # its one prompt's -0.2% has no interval
     assert heavy["answers_from"] == 32  # every answer kept from 32 (its 3 prompts), not "from 64" on one
+
+
+def test_first_key_norm_verdict_follows_each_layers_interval_against_one_and_a_half():
+    """A layer stands out only where its 95% interval lies above 1.5; one whose interval reaches across 1.5 is said to
+    be undecided, not to stand out on its mean (layer 0's 1.6 here), and a layer that no longer caches the first key
+    is named."""
+    from headscope.reports.plots_kv import finding
+
+    records = [{"layer": 0, "ratio": 1.6, "ci": [1.4, 1.8], "n": 8}, {"layer": 1, "ratio": 2.4, "ci": [2.1, 2.7], "n": 8},
+               {"layer": 2, "ratio": None, "ci": None, "n": 0}]
+    text = finding({"key_norm_ratios": records})
+    assert ("The first key's norm over the other keys' per layer (each prompt's ratio, mean over 8 prompts, 95% CI; "
+            "layer(s) 2 no longer cache the first key (sliding window)): layer 0 1.60 [1.40, 1.80], layer 1 2.40 [2.10, "
+            "2.70]: the first key's norm stands out in layer(s) 1 only (more than 1.5x, its 95% CI above 1.5); in "
+            "layer(s) 0 its 95% CI reaches across 1.5: cannot tell.") in text, text
+    low = [{"layer": 0, "ratio": 0.8, "ci": [0.7, 0.9], "n": 8}]
+    assert "the first key's norm does not stand out (it is smaller)." in finding({"key_norm_ratios": low})

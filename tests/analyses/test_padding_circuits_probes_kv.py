@@ -224,3 +224,7 @@ def test_kv_eviction_norms_and_sinks_equal_each_example_alone(arch, arch_models,
     for col in ("sink_mass", "uniform_mass"):
         want = np.mean([r.tables["sinks"][col].to_numpy() for r in refs], 0)
         np.testing.assert_allclose(result.tables["sinks"][col].to_numpy(), want, atol=TOL)
+    # the first key's norm over the others', each prompt's own: the padded batch's mean is that of the prompts alone
+    for layer, record in enumerate(result.summary["key_norm_ratios"]):
+        own = [x for r in refs if (x := r.summary["key_norm_ratios"][layer]["ratio"]) is not None]
+        assert record["n"] == len(own) and (not own or abs(record["ratio"] - np.mean(own)) <= TOL), (record, own)
