@@ -2832,6 +2832,19 @@ def test_patching_map_of_a_gap_within_noise_is_muted_on_a_scale_no_narrower_than
         plt.close("all")
 
 
+def _position_at_chance() -> tuple[dict, dict]:
+    """(summary, tables) of a position Result at chance with a streaming window: its titles carry the long subtitle."""
+    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": 0.0, "ci_low": 0.0, "ci_high": 0.37}
+                          for c in ("full", "window") for m in ("accuracy", "logprob") for p in (1, 2, 3, 4)])
+    tables = {"curve": curve, "masked": pd.DataFrame({"condition": ["window"]}),
+              "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.0, "visible": 0.0}
+                                              for p in (1, 2, 3, 4)]),
+              "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
+    summary = {"primary_metric": "accuracy", "n_items": 4, "n_sink": 1,
+               "chance": {"at_chance": True, "metric": "accuracy", "does_not_copy": True}}
+    return summary, tables
+
+
 def test_position_figures_keep_the_y_label_clear_of_the_title():
     """Review 14c C1: position_curve's y label 'accuracy (greedy output contains the value)' was taller than its
     4-inch axes and ran up into the 'NOT DOING THE TASK' subtitle, itself wider than the axes. Measured on the drawn
@@ -2841,14 +2854,7 @@ def test_position_figures_keep_the_y_label_clear_of_the_title():
 
     from headscope.reports.plots_position import figures
 
-    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": 0.0, "ci_low": 0.0, "ci_high": 0.37}
-                          for c in ("full", "window") for m in ("accuracy", "logprob") for p in (1, 2, 3, 4)])
-    tables = {"curve": curve, "masked": pd.DataFrame({"condition": ["window"]}),
-              "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.0, "visible": 0.0}
-                                              for p in (1, 2, 3, 4)]),
-              "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
-    s = {"primary_metric": "accuracy", "n_items": 4, "n_sink": 1,
-         "chance": {"at_chance": True, "metric": "accuracy", "does_not_copy": True}}
+    s, tables = _position_at_chance()
     try:
         figs = figures(SimpleNamespace(summary=s, tables=tables))
         assert "NOT DOING THE TASK" in figs["position_curve"].axes[0].get_title()
@@ -2873,20 +2879,13 @@ def test_every_figure_a_result_draws_keeps_its_y_label_within_its_axes_under_the
     from headscope.analyses.core.result import Result
     from headscope.reports.plots import plot_result
 
-    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": 0.0, "ci_low": 0.0, "ci_high": 0.37}
-                          for c in ("full", "window") for m in ("accuracy", "logprob") for p in (1, 2, 3, 4)])
-    position = {"curve": curve, "masked": pd.DataFrame({"condition": ["window"]}),
-                "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.0, "visible": 0.0}
-                                                for p in (1, 2, 3, 4)]),
-                "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
     heads = {"curve": pd.DataFrame([{"ordering": o, "recompute": False, "seed": 0, "fraction_pruned": f,
                                      "metric": -2.0 - f} for o in ("gradient", "random") for f in (0.0, 0.5, 1.0)]),
              "best_head": pd.DataFrame({"layer": [0, 1], "head": [1, 0], "change": [-0.5, -0.2],
                                         "oracle_change": [-0.4, -0.1], "layer_removed_change": [-1.0, 0.3],
                                         "n_examples": [16, 16]})}
-    at_chance = {"at_chance": True, "metric": "accuracy", "does_not_copy": True}
-    results = [Result(name="position", df=pd.DataFrame(), tables=position, summary={
-                   "primary_metric": "accuracy", "n_items": 4, "n_sink": 1, "chance": at_chance}),
+    position, tables = _position_at_chance()
+    results = [Result(name="position", df=pd.DataFrame(), tables=tables, summary=position),
                Result(name="heads", df=pd.DataFrame(), tables=heads, summary={"metric": "logprob", "baseline_metric": -2.0})]
     try:
         figs = {f"{r.name}/{stem}": fig for r in results for stem, fig in plot_result(r).items()}
