@@ -52,14 +52,15 @@ def laid_out(ax: Any) -> Any:
     return ax.figure
 
 
-def wrap_to_width(line: str, wide: Callable[[str], float], width: float, **wrap: Any) -> list[str]:
+def wrap_to_width(line: str, wide: Callable[[str], float], width: float, least: int = 10, **wrap: Any) -> list[str]:
     """`line` re-wrapped (textwrap, with `wrap`'s options) until no part is wider than `width` as `wide` measures it:
-    each try at fewer characters a line, scaled by how far the widest part overshoots, never under 10 (a part that
-    still overshoots there stays); [line] where it fits. fit_title and plots_patching's fit_axis_labels wrap by it."""
+    each try at fewer characters a line, scaled by how far the widest part overshoots, never under `least` (a part
+    that still overshoots there stays); [line] where it fits. fit_title, fit_labels and plots_patching's
+    fit_axis_labels wrap by it."""
     chars, parts = len(line), [line]
-    while chars > 10 and any(wide(p) > width for p in parts):
+    while chars > least and any(wide(p) > width for p in parts):
         chars = min(chars - 1, int(chars * width / max(wide(p) for p in parts)))
-        parts = textwrap.wrap(line, max(chars, 10), **wrap)
+        parts = textwrap.wrap(line, max(chars, least), **wrap)
     return parts
 
 
@@ -103,6 +104,70 @@ def keep_drawn_size(ax: Any, height: float = MIN_MAP_INCHES, width: float = MIN_
         fig.tight_layout()
         grown = True
     return grown
+
+
+LABEL_CHARS = 20  # fit_labels wraps a y label into lines of this many characters at the fewest: phrases, not words
+
+
+def fit_labels(ax: Any) -> bool:
+    """The one rule of every figure for a y label and a title (reviews 14c C1, 14av C1: a y label taller than its axes
+    ran into the title above them). Measured at the figure's layout: (1) the title's lines re-wrapped to the axes'
+    width (`fit_title`), first, since a title of more lines leaves the axes shorter; (2) where the y label is taller
+    than the axes, its lines re-wrapped to their height (lines of LABEL_CHARS characters at the fewest), which keeps
+    the figure's size; (3) where wrapping cannot fit (a part still longer than the height, or the narrower axes would
+    crowd x tick labels that were apart: ticks thinned at this width), the label is kept as written and the figure
+    grows in height, never in width, until the axes are as tall as it (`keep_drawn_size`). The label then ends below
+    the title. Returns whether anything changed."""
+    fig, label = ax.figure, ax.yaxis.label
+    changed = fit_title(ax)
+    if not label.get_text() or not label.get_visible():
+        return changed
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    height = ax.get_window_extent(renderer).height
+    if label.get_window_extent(renderer).height <= height + 0.5:
+        return changed
+
+    def tall(line: str) -> float:  # a rotated label's length is its text's width
+        return renderer.get_text_width_height_descent(line, label.get_fontproperties(), ismath=False)[0]
+
+    written, crowded = label.get_text(), _touching_xticks(ax, renderer)
+    text = "\n".join(part for line in written.split("\n") for part in wrap_to_width(line, tall, height, LABEL_CHARS))
+    if text != written:
+        label.set_text(text)
+        fig.tight_layout()
+        fig.draw_without_rendering()
+        fits = label.get_window_extent(renderer).height <= ax.get_window_extent(renderer).height + 0.5
+        if not fits or _touching_xticks(ax, renderer) > crowded:
+            label.set_text(written)  # wrapping cannot fit: grow instead
+            fig.tight_layout()
+        changed = True
+    fig.draw_without_rendering()
+    needed = (label.get_window_extent(renderer).height + 4) / fig.dpi  # inches, a few pixels clear
+    return keep_drawn_size(ax, height=needed, width=0.0) or changed
+
+
+def _touching_xticks(ax: Any, renderer: Any) -> int:
+    """How many neighbouring pairs of `ax`'s shown x tick labels touch, as drawn."""
+    lo, hi = sorted(ax.get_xlim())
+    boxes = sorted((t.get_window_extent(renderer) for x, t in zip(ax.get_xticks(), ax.get_xticklabels())
+                    if t.get_text() and t.get_visible() and lo <= x <= hi), key=lambda b: b.x0)
+    return sum(a.x1 > b.x0 for a, b in zip(boxes, boxes[1:]))
+
+
+def fit_figure_labels(fig: Any) -> Any:
+    """`fit_labels` on each of `fig`'s axes whose y label is taller than it or touches its title (colour bars
+    excepted): what every figure `plot_result` returns has passed. Returns `fig`."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        label = ax.yaxis.label
+        if getattr(ax, "_colorbar", None) is not None or not label.get_text() or not label.get_visible():
+            continue
+        box, said = ax.get_window_extent(renderer), label.get_window_extent(renderer)
+        if said.height > box.height + 0.5 or (ax.title.get_text() and said.overlaps(ax.title.get_window_extent(renderer))):
+            fit_labels(ax)
+    return fig
 
 
 def thin_xtick_labels(ax: Any, pad: float = 4.0, order: Any = None) -> list[int]:
@@ -302,4 +367,4 @@ def plot_result(result: Any, **kwargs: Any) -> dict:
 
     setup_style()
     shown = presentation(result.name)
-    return {} if shown is None else shown.figures(result, **kwargs)
+    return {} if shown is None else {stem: fit_figure_labels(fig) for stem, fig in shown.figures(result, **kwargs).items()}

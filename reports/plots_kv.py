@@ -22,7 +22,7 @@ from matplotlib.ticker import NullLocator
 from headscope.reports.findings import int_ranges, int_span
 from headscope.reports.kv_words import _span2
 from headscope.reports.kv_words import finding as finding  # the headline: families.py reads it here
-from headscope.reports.plots import LAYERS, axes, keep_drawn_size, laid_out, quiet_reason, thin_xtick_labels
+from headscope.reports.plots import LAYERS, axes, fit_labels, laid_out, quiet_reason, thin_xtick_labels
 
 UNITS = {"logit_diff": "logit difference (logits)", "logprob": "answer log-probability (nats)",
          "accuracy": "accuracy (0-1)"}
@@ -197,18 +197,8 @@ def figures(result, **kwargs) -> dict:
                        ("kv_sinks", lambda: plot_sinks(result.tables["sinks"]))):
         out[stem] = laid_out(draw())
         if stem == "kv_eviction":
-            _clear_of_title(out[stem].axes[0])
+            fit_labels(out[stem].axes[0])
     return out
-
-
-def _clear_of_title(ax) -> bool:
-    """Review 14av C1: the two-line y label was taller than the axes under a three-line title and x label, and ran
-    into the title's last line. The figure grows (plots.keep_drawn_size) until the axes are at least as tall as their
-    y label, measured on the laid-out figure, so the centred label ends below the title."""
-    fig = ax.figure
-    fig.draw_without_rendering()
-    tall = ax.yaxis.label.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi  # inches
-    return keep_drawn_size(ax, height=tall + 0.1, width=0.0)
 
 
 # Presentation (reports/families.py): the guide, the captions and the finding in words.

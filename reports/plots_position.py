@@ -19,7 +19,7 @@ import seaborn as sns
 
 from headscope.errors import ConfigError
 from headscope.reports.findings import _chance, _ci, _num, ci_pair, int_ranges, sink_sentence
-from headscope.reports.plots import axes, color_scale, fit_title, hatch_cells, line_colours, quiet_reason
+from headscope.reports.plots import axes, color_scale, fit_labels, hatch_cells, line_colours, quiet_reason
 
 LABELS = {"accuracy": "accuracy (greedy output contains the value)", "logprob": "answer log-probability (nats)",
           "probability": "answer probability", "rank": "answer rank", "exact": "exact greedy answer",
@@ -151,28 +151,6 @@ def plot_sink_mass(data: pd.DataFrame, *, n_sink: int | None = None, what: str |
                                                else " (no interval recorded)"))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return ax
-
-
-def fit_labels(ax: Any) -> None:
-    """Review 14c C1: the y label wrapped to the axes' height and each title line to the axes' width (plots.fit_title),
-    measured at the figure's layout, then laid out again: the label stays beside its axes and the title above them, so
-    neither runs into the other (a 4-inch axes' 'accuracy (greedy output contains the value)' ran up into a subtitle
-    wider than the axes)."""
-    from headscope.reports.plots import wrap_to_width
-
-    fig, label = ax.figure, ax.yaxis.label
-    fig.draw_without_rendering()
-    renderer = fig.canvas.get_renderer()
-    height = ax.get_window_extent(renderer).height
-
-    def tall(line: str) -> float:  # a rotated label's length is its text's width
-        return renderer.get_text_width_height_descent(line, label.get_fontproperties(), ismath=False)[0]
-
-    text = "\n".join(part for line in label.get_text().split("\n") for part in wrap_to_width(line, tall, height))
-    if text != label.get_text():
-        label.set_text(text)
-        fig.tight_layout()
-    fit_title(ax)
 
 
 def figures(result: Any, **kwargs: Any) -> dict[str, Any]:

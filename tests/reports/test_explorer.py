@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 import re
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from browser import chromium_path
+from browser import chromium_path, open_page
 from headscope.errors import ConfigError
 from headscope.hooks import capture, site
 from headscope.reports import io, prompt_box
@@ -214,6 +215,36 @@ def _heatmap(page, uid: str) -> tuple[list[int], np.ndarray]:
     return shown, np.array(rows)
 
 
+@contextmanager
+def _explorer_page(tmp_path, **explorers):
+    """Headless Chromium on a bare page of explorer_html(data, uid=uid) for each uid=data given, in order."""
+    page_file = tmp_path / f"{'-'.join(explorers)}.html"
+    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
+                         + "".join(explorer_html(data, uid=uid) for uid, data in explorers.items()) + "</body></html>")
+    with open_page(page_file) as page:
+        yield page
+
+
+def _masked_cells(page, uid: str) -> list[tuple[int, int]]:
+    """The sorted (query, key) of every hatched (masked) cell in one explorer's heatmap."""
+    cells = page.evaluate(f"Array.from(document.querySelectorAll('#{uid} .hsx-heat td.hsx-masked'))"
+                          ".map(function(c){return [+c.dataset.q, +c.dataset.k];})")
+    return sorted(map(tuple, cells))
+
+
+GEMMA_PROMPT = "the cat sat on the mat and the dog ran to the park with a ball"
+
+
+def _gemma2(arch_dirs, arch_models) -> tuple[object, int, list[torch.Tensor]]:
+    """The Gemma 2 fixture (layer 0 slides over 8 keys, layer 1 global), GEMMA_PROMPT's token count n and plain
+    Hugging Face's attentions on it, per layer [head, q, k]."""
+    model = arch_models("gemma2")
+    tokens = model.to_tokens(GEMMA_PROMPT)  # [1, n]
+    with torch.no_grad():
+        att = [a[0].float() for a in hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions]
+    return model, tokens.shape[1], att
+
+
 def choose(page, uid: str, index: int, value: str) -> None:
     """Pick `value` in the explorer's index-th <select> (0 example, 1 colour, 2 view), as a change event."""
     page.evaluate(f"(function(){{var s=document.querySelectorAll('#{uid} select')[{index}]; s.value={json.dumps(value)};"
@@ -288,20 +319,16 @@ def test_the_explorer_marks_an_answers_teacher_forced_pieces_in_chromium(llama, 
     """The token strip, the heat map's key and query labels and the lines view style the forced pieces (class
     hsx-forced, a tooltip line 'answer, teacher-forced'), the first one with a separator; a line says where the
     prompt ends, and the prompt list shows its end, a separator and the pieces; the one-token row has no mark."""
-    from browser import open_page
     from headscope.analyses.core.attention_capture import capture_shown
 
     rows, shown, _ = _forced_shown(llama)
     data = explorer_data(llama.facts, capture_shown(llama, shown))
     n = len(rows[0])
-    page_file = tmp_path / "forced.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(data, uid="fo") + "</body></html>")
     marked = ("function(q){return Array.from(document.querySelectorAll(q)).map(function(t){return "
               "[t.classList.contains('hsx-forced'), t.classList.contains('hsx-forced-first'), "
               "/answer, teacher-forced/.test(t.title)];});}")
     want = [[i >= n - 2, i == n - 2, i >= n - 2] for i in range(n)]
-    with open_page(page_file) as page:
+    with _explorer_page(tmp_path, fo=data) as page:
         assert page.console_errors == []
         assert page.evaluate(f"({marked})('#fo .hsx-tokens .hsx-tok')") == want
         assert page.evaluate(f"({marked})('#fo .hsx-heat th[data-k]')") == want
@@ -373,8 +400,6 @@ def test_head_names_link_to_the_explorer_on_their_sections_prompt(shown_report):
 def test_a_head_link_opens_that_head_on_its_sections_prompt_in_chromium(llama, shown_report):
     """Clicking patching's L1H3 (its section's finding) opens layer 1 head 3 on patching's sample prompt
     (task b, PROMPTS[1]), from whatever example was shown; heads' L1H2 (the findings list) on heads' (PROMPTS[0])."""
-    from browser import open_page
-
     refs = [reference(llama, p).numpy() for p in PROMPTS]  # [L, H, q, k] each
     tol = 0.5 / io.read_json(shown_report / "explorer.json")["scale"] + 1e-6
     title = "document.querySelector('#hsx-report .hsx-title').textContent"
@@ -401,16 +426,11 @@ def test_a_head_link_opens_that_head_on_its_sections_prompt_in_chromium(llama, s
 
 @needs_chromium
 def test_explorer_in_chromium_shows_the_captured_patterns(llama, data, tmp_path):
-    from browser import open_page
-
     hostile = json.loads(json.dumps(data))
     hostile["examples"][1]["tokens"][2] = XSS
-    page_file = tmp_path / "explorer.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(hostile, uid="one") + explorer_html(data, uid="two") + "</body></html>")
     refs = [reference(llama, p).numpy() for p in PROMPTS]
     tol = 0.5 / data["scale"] + 1e-6
-    with open_page(page_file) as page:
+    with _explorer_page(tmp_path, one=hostile, two=data) as page:
         assert page.console_errors == [] and page.requests == []
         shown, values = _heatmap(page, "two")
         assert shown == [0, 0, 0] and np.allclose(values, refs[0][0, 0], atol=tol)
@@ -490,19 +510,14 @@ def test_token_labels_show_spaces_in_pattern_views_and_figures():
 def test_explorer_labels_show_spaces_in_chromium(data, tmp_path):
     """Review 10a B2 in the explorer: the heatmap's row and column labels, the token strip, the lines view and the
     info line show " Sever" as "␣Sever" and a lone space as "␣" (it was a blank row and column)."""
-    from browser import open_page
-
     spaced = json.loads(json.dumps(data))
     n = len(spaced["examples"][0]["tokens"])
     assert n >= len(SPACED)  # the premise: the first prompt has room for the hand-made tokens
     spaced["examples"][0]["tokens"] = SPACED + [f"w{i}" for i in range(n - len(SPACED))]
     spaced["examples"][0]["text"] = "A Sever  prompt <as> typed"
     want = SHOWN + [f"w{i}" for i in range(n - len(SPACED))]
-    page_file = tmp_path / "spaces.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(spaced, uid="sp") + "</body></html>")
     texts = "function(q){return Array.from(document.querySelectorAll(q)).map(function(t){return t.textContent;});}"
-    with open_page(page_file) as page:
+    with _explorer_page(tmp_path, sp=spaced) as page:
         assert page.console_errors == []
         assert page.evaluate(f"({texts})('#sp .hsx-heat th[data-q]')") == want
         assert page.evaluate(f"({texts})('#sp .hsx-heat th[data-k]')") == want
@@ -519,8 +534,6 @@ def test_explorer_labels_show_spaces_in_chromium(data, tmp_path):
 
 @needs_chromium
 def test_report_with_explorer_loads_in_chromium(llama, tmp_path):
-    from browser import open_page
-
     roles = [{"layer": l, "head": h, "method": "zero", "importance": h - 1.5, "role": XSS if h == 2 else "other"}
              for l in range(2) for h in range(4)]
     io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(roles))
@@ -577,15 +590,10 @@ def test_explorer_thumbnails_scale_overlay_pinned_query_and_links_in_chromium(ll
     """A thumbnail per head drawn from its pattern (click opens it, hover previews it), the colour scale
     (attention weight 0..1, white to rgb(103,0,13), the figures' red, the cells on it), heads overlaid (mean, then max), a
     pinned query shading the tokens by its weights, and #L1H3 opening layer 1 head 3; no requests."""
-    from browser import open_page
-
-    page_file = tmp_path / "explorer.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(data, uid="x") + "</body></html>")
     ref = reference(llama, PROMPTS[0]).numpy()  # [L, H, q, k]
     n_layers, n_heads, n = ref.shape[0], ref.shape[1], ref.shape[-1]
     tol = 0.5 / data["scale"] + 1e-6
-    with open_page(page_file) as page:
+    with _explorer_page(tmp_path, x=data) as page:
         thumbs = page.evaluate("Array.from(document.querySelectorAll('#x canvas.hsx-thumb'))"
                                ".map(function(c){return [+c.dataset.layer,+c.dataset.head,c.width,c.height];})")
         assert sorted((l, h) for l, h, _, _ in thumbs) == [(l, h) for l in range(n_layers) for h in range(n_heads)]
@@ -660,8 +668,6 @@ def test_muted_scores_are_importance_at_chance_or_under_the_noise_floor():
 def test_report_explorer_mutes_importance_at_chance_in_chromium(llama, tmp_path):
     """A heads summary at chance: the importance grid is drawn faint and grey under a note giving the
     reason, the thumbnails keep the patterns' colours; a pattern score (max attention) is in full colour."""
-    from browser import open_page
-
     io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(
         [{"layer": l, "head": h, "method": m, "importance": (h - 1.5) * (l + 1)} for l in range(2) for h in range(4)
          for m in ("gradient", "zero")]))
@@ -723,8 +729,6 @@ def test_report_explorer_shows_the_undetermined_caveat_by_its_importance_grid_in
     """The heads section's chance undetermined: the importance grid keeps its colours (not muted) under one line with
     the section's caveat, as text (the task's "<b>" shows as typed, no element); a pattern score shows no caveat; the
     attribution section undetermined too: its line follows the attribution-shaded tokens' legend."""
-    from browser import open_page
-
     io.write_csv(tmp_path / "heads" / "results.csv", pd.DataFrame(
         [{"layer": l, "head": h, "method": "zero", "importance": (h - 1.5) * (l + 1)} for l in range(2) for h in range(4)]))
     io.write_json(tmp_path / "heads" / "summary.json", {"task": "kv<b>", "chance": UNDETERMINED})
@@ -801,32 +805,21 @@ def test_sliding_window_keys_are_hatched_and_the_sink_counts_the_queries_that_se
     """Review 9a B3/B4 on Gemma 2 (layer 0 slides over 8 keys, layer 1 global): the data carries the windows;
     the sink score averages over the queries that can see the first token (plain Hugging Face's attentions);
     in Chromium layer 0's heatmap hatches exactly the keys k <= q - 8 and says the window, layer 1's none."""
-    from browser import open_page
-
-    model, prompt = arch_models("gemma2"), "the cat sat on the mat and the dog ran to the park with a ball"
-    data = attention_explorer_data(model, [prompt], max_examples=1)
+    model, n, att = _gemma2(arch_dirs, arch_models)
+    data = attention_explorer_data(model, [GEMMA_PROMPT], max_examples=1)
     assert data["windows"] == [8, None] and "windows" not in attention_explorer_data(arch_models("llama3"), ["a b"])
-    tokens = model.to_tokens(prompt)
-    n = tokens.shape[1]
     assert n > 10
-    with torch.no_grad():
-        att = [a[0].numpy() for a in hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions]
     for layer, last in ((0, 7), (1, n - 1)):
-        expect = [float(np.mean(att[layer][h, 1:last + 1, 0])) for h in range(4)]
+        expect = [float(np.mean(att[layer][h, 1:last + 1, 0].numpy())) for h in range(4)]
         assert data["scores"]["sink (examples shown)"][layer] == pytest.approx(expect, abs=1e-4)
-    page_file = tmp_path / "explorer.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(data, uid="w") + "</body></html>")
-    masked = ("Array.from(document.querySelectorAll('#w .hsx-heat td.hsx-masked'))"
-              ".map(function(c){return [+c.dataset.q, +c.dataset.k];})")
-    with open_page(page_file) as page:
-        assert sorted(map(tuple, page.evaluate(masked))) == [(q, k) for q in range(n) for k in range(n) if k <= q - 8]
+    with _explorer_page(tmp_path, w=data) as page:
+        assert _masked_cells(page, "w") == [(q, k) for q in range(n) for k in range(n) if k <= q - 8]
         line = page.evaluate("document.querySelector('#w .hsx-windowline').textContent")
         assert "layer 0 attends over a sliding window of 8 keys" in line and "masked" in line
         sink = page.evaluate("document.querySelector('#w .hsx-sinkvalue').textContent")
         assert float(sink) == pytest.approx(data["scores"]["sink (examples shown)"][0][0], abs=1e-3)
         page.click("#w td[data-layer='1'][data-head='0']")
-        assert page.evaluate(masked) == [] and page.evaluate("document.querySelector('#w .hsx-windowline').textContent") == ""
+        assert _masked_cells(page, "w") == [] and page.evaluate("document.querySelector('#w .hsx-windowline').textContent") == ""
         assert page.console_errors == [] and page.requests == []
 
 
@@ -872,18 +865,13 @@ def test_grid_labels_tell_heads_apart_in_one_unit_in_chromium(llama, tmp_path):
     """Review 13c B2: one significant digit wrote 41 of 72 MiniLM cells as "1e-3" or "2e-3". The cells share one
     unit (x 1e-3, named in the legend) with the largest to 3 significant digits, one digit more where two values
     would still read alike; a 1e-7 score keeps its digits."""
-    from browser import open_page
-
     grid = np.array([[1.2e-3, 1.24e-3, 4.8e-3, 2.0e-3], [1.201e-3, -0.5e-3, 3.1e-3, 1.204e-3]])
     tiny = grid * 1e-4  # [L, H] a bfloat16 gradient's size
     data = attention_explorer_data(llama, "w1 w2", head_scores={"ms": grid, "tiny": tiny}, default_score="ms")
     assert data["scores"]["tiny"][0][1] == pytest.approx(1.24e-7)
-    page_file = tmp_path / "grid.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(data, uid="g") + "</body></html>")
     cells = "Array.from(document.querySelectorAll('#g .hsx-grid td .hsx-v')).map(function(c){return c.textContent;})"
     legend = "document.querySelector('#g .hsx-legend').textContent"
-    with open_page(page_file) as page:
+    with _explorer_page(tmp_path, g=data) as page:
         assert page.evaluate(cells) == ["1.200", "1.240", "4.800", "2.000", "1.201", "-0.500", "3.100", "1.204"]
         assert "ms (\u00d7 1e-3):" in page.evaluate(legend)
         choose(page, "g", 1, "score:tiny")
@@ -928,20 +916,13 @@ def test_byte_fallback_pieces_registered_as_special_tokens_keep_their_characters
     assert prompt_label(tok, ids) == "Extract the value"
 
 
-GEMMA_PROMPT = "the cat sat on the mat and the dog ran to the park with a ball"
-
-
 def test_show_attention_of_a_sliding_layer_hatches_masked_keys_says_the_window_and_draws_its_scale(arch_dirs, arch_models):
     """Review 14c C2: show_attention(model, prompt, layer=, heads=) drew keys outside a sliding window as plain white (zero
     weight), with no colour scale and no word of the window. On Gemma 2 (layer 0 slides over 8 keys, layer 1 global):
     layer 0 hatches exactly the keys k <= q - 8 and says the window in the explorer's sentence; every other cell is
     plain Hugging Face's weight on the explorer's sequential colours (white 0 to rgb(103, 0, 13) at 1, worked by
     hand), under the explorer's colour scale; layer 1 hatches nothing and says no window."""
-    model = arch_models("gemma2")
-    tokens = model.to_tokens(GEMMA_PROMPT)
-    n = tokens.shape[1]
-    with torch.no_grad():
-        att = [a[0].float() for a in hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions]
+    model, n, att = _gemma2(arch_dirs, arch_models)
     page = show_attention(model, GEMMA_PROMPT, layer=0, heads=[0, 2])._repr_html_()
     cells = re.findall(r"<td (class='hsx-masked' )?style='[^']*?(?:; background: rgb\((\d+),(\d+),(\d+)\))?' title='([^']*)'>",
                        page)
@@ -978,28 +959,16 @@ def test_a_cut_example_keeps_its_first_token_and_its_end_in_chromium(arch_dirs, 
     position. It keeps its first token and its last max_tokens - 1, their patterns those of the whole prompt (plain
     Hugging Face, Gemma 2 with layer 0's window of 8); the page says which positions were cut, hatches by the
     positions in the prompt (k <= q - 8) and takes the sink over the shown queries that see the first token."""
-    from browser import open_page
-
-    model = arch_models("gemma2")
-    tokens = model.to_tokens(GEMMA_PROMPT)
-    n = tokens.shape[1]
+    model, n, att = _gemma2(arch_dirs, arch_models)
     data = attention_explorer_data(model, [GEMMA_PROMPT], max_examples=1, max_tokens=10)
     ex = data["examples"][0]
     kept = [0] + list(range(n - 9, n))
     assert ex["positions"] == kept and ex["cut"] == [1, n - 10] and ex["truncated"] and ex["n_tokens_total"] == n
-    with torch.no_grad():
-        att = [a[0].float() for a in hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions]
     assert np.allclose(pattern_from_data(data, 0, 0, 1), att[0][1][kept][:, kept], atol=1e-4)
     sees = [i for i, p in enumerate(kept) if 1 <= p < 8]  # layer 0: the shown queries within the window of token 0
     assert data["scores"][SINK][0][1] == pytest.approx(float(att[0][1][kept][sees, 0].mean()) if sees else 0.0, abs=1e-4)
-    page_file = tmp_path / "cut.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(data, uid="c") + "</body></html>")
-    masked = ("Array.from(document.querySelectorAll('#c .hsx-heat td.hsx-masked'))"
-              ".map(function(c){return [+c.dataset.q, +c.dataset.k];})")
-    with open_page(page_file) as page:
-        assert sorted(map(tuple, page.evaluate(masked))) == [(q, k) for q in range(10) for k in range(10)
-                                                             if kept[k] <= kept[q] - 8]
+    with _explorer_page(tmp_path, c=data) as page:
+        assert _masked_cells(page, "c") == [(q, k) for q in range(10) for k in range(10) if kept[k] <= kept[q] - 8]
         title = page.evaluate("document.querySelector('#c .hsx-title').textContent")
         assert f"(10 of {n} tokens: the first and the last 9; positions 1\u2013{n - 10} cut" in title
         assert page.evaluate("document.querySelector('#c .hsx-gap').title") == f"positions 1\u2013{n - 10} cut"
@@ -1011,17 +980,12 @@ def test_the_grid_legends_maximum_sits_beside_its_bar_in_chromium(llama, tmp_pat
     """Review 14c C6: in a notebook the grid's legend "max attention (examples shown): 0.000 [bar]" put its maximum on
     the line below the bar. Measured in Chromium with a long score name: the maximum's label sits to the right of the
     bar, its vertical middle within the bar's line."""
-    from browser import open_page
-
     data = attention_explorer_data(llama, PROMPTS, head_scores={"a long score name that fills the legend": np.ones((2, 4))})
-    page_file = tmp_path / "legend.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(data, uid="m") + "</body></html>")
     where = ("(function(){var g=document.querySelector('#m .hsx-legend'),r=g.querySelector('.hsx-ramp'),"
              "s=Array.from(g.querySelectorAll('span')).filter(function(e){return !e.children.length&&e.textContent==='1.00';});"
              "var a=r.getBoundingClientRect(),b=s[s.length-1].getBoundingClientRect();"
              "return [a.left,a.right,a.top,a.bottom,b.left,(b.top+b.bottom)/2];})()")
-    with open_page(page_file) as page:
+    with _explorer_page(tmp_path, m=data) as page:
         left, right, top, bottom, label_left, label_mid = page.evaluate(where)
         assert label_left >= right and top - 2 <= label_mid <= bottom + 2, page.evaluate(where)
         for name in (MAX_ATTENTION, SINK):
@@ -1039,21 +1003,13 @@ def test_a_cut_example_whose_shown_queries_cannot_see_the_first_token_measures_n
     ... 0.000" with empty bars, a 0 by construction drawn as a measurement. Gemma 2, layer 0's window 8, the first
     token and the last 4 kept: layer 0's cells say no shown query can see the first token and draw no sink bar, as
     does the sink line of a layer-0 head; layer 1 (global) keeps its sink, plain Hugging Face's mean over queries."""
-    from browser import open_page
-
-    model = arch_models("gemma2")
-    tokens = model.to_tokens(GEMMA_PROMPT)
-    n = tokens.shape[1]
+    model, n, att = _gemma2(arch_dirs, arch_models)
+    att = att[1]  # [head, q, k]
     data = attention_explorer_data(model, [GEMMA_PROMPT], max_examples=1, max_tokens=5)
     kept = data["examples"][0]["positions"]
     assert kept == [0, *range(n - 4, n)] and n - 4 >= 8  # every kept query but token 0 lies beyond layer 0's window
-    with torch.no_grad():
-        att = hf_model(arch_dirs["gemma2"])(tokens, output_attentions=True).attentions[1][0].float()  # [head, q, k]
-    page_file = tmp_path / "nosink.html"
-    page_file.write_text("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>x</title></head><body>"
-                         + explorer_html(data, uid="s") + "</body></html>")
     cell = "document.querySelector('#s .hsx-grid td[data-layer=\"%d\"][data-head=\"%d\"]')"
-    with open_page(page_file) as page:
+    with _explorer_page(tmp_path, s=data) as page:
         zero = page.evaluate(f"[{cell % (0, 1)}.title, getComputedStyle({cell % (0, 1)}.lastChild).display]")
         assert zero[0].endswith("sink (attention on the first token): no shown query can see the first token")
         assert zero[1] == "none"

@@ -2832,6 +2832,19 @@ def test_patching_map_of_a_gap_within_noise_is_muted_on_a_scale_no_narrower_than
         plt.close("all")
 
 
+def _position_at_chance() -> tuple[dict, dict]:
+    """(summary, tables) of a position Result at chance with a streaming window: its titles carry the long subtitle."""
+    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": 0.0, "ci_low": 0.0, "ci_high": 0.37}
+                          for c in ("full", "window") for m in ("accuracy", "logprob") for p in (1, 2, 3, 4)])
+    tables = {"curve": curve, "masked": pd.DataFrame({"condition": ["window"]}),
+              "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.0, "visible": 0.0}
+                                              for p in (1, 2, 3, 4)]),
+              "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
+    summary = {"primary_metric": "accuracy", "n_items": 4, "n_sink": 1,
+               "chance": {"at_chance": True, "metric": "accuracy", "does_not_copy": True}}
+    return summary, tables
+
+
 def test_position_figures_keep_the_y_label_clear_of_the_title():
     """Review 14c C1: position_curve's y label 'accuracy (greedy output contains the value)' was taller than its
     4-inch axes and ran up into the 'NOT DOING THE TASK' subtitle, itself wider than the axes. Measured on the drawn
@@ -2841,14 +2854,7 @@ def test_position_figures_keep_the_y_label_clear_of_the_title():
 
     from headscope.reports.plots_position import figures
 
-    curve = pd.DataFrame([{"condition": c, "metric": m, "position": p, "mean": 0.0, "ci_low": 0.0, "ci_high": 0.37}
-                          for c in ("full", "window") for m in ("accuracy", "logprob") for p in (1, 2, 3, 4)])
-    tables = {"curve": curve, "masked": pd.DataFrame({"condition": ["window"]}),
-              "gold_attention": pd.DataFrame([{"layer": 0, "head": 0, "position": p, "mass": 0.0, "visible": 0.0}
-                                              for p in (1, 2, 3, 4)]),
-              "sinks": pd.DataFrame({"layer": [0], "sink_mass": [0.2], "baseline": [0.2]})}
-    s = {"primary_metric": "accuracy", "n_items": 4, "n_sink": 1,
-         "chance": {"at_chance": True, "metric": "accuracy", "does_not_copy": True}}
+    s, tables = _position_at_chance()
     try:
         figs = figures(SimpleNamespace(summary=s, tables=tables))
         assert "NOT DOING THE TASK" in figs["position_curve"].axes[0].get_title()
@@ -2860,6 +2866,41 @@ def test_position_figures_keep_the_y_label_clear_of_the_title():
             assert label.y0 >= box.y0 - 1 and label.y1 <= box.y1 + 1, stem  # beside its axes, not above them
             assert not label.overlaps(title), stem
             assert title.x0 >= 0 and title.x1 <= fig.bbox.width + 1 and title.y1 <= fig.bbox.height + 1, stem
+    finally:
+        plt.close("all")
+
+
+def test_every_figure_a_result_draws_keeps_its_y_label_within_its_axes_under_the_title():
+    """One rule for every figure (plots.fit_labels, which plot_result applies): heads' best_head y label (one line,
+    334 px under the report's style) was taller than its 292 px axes; position's figures at chance keep passing it (a
+    run's streaming figure ran 37 px past its axes when its label was wrapped before its title shortened them).
+    Measured in pixels on each drawn figure: every y label (colour bars aside) is within its axes' height and ends
+    below the title; a label that fits stays as written."""
+    from headscope.analyses.core.result import Result
+    from headscope.reports.plots import plot_result
+
+    heads = {"curve": pd.DataFrame([{"ordering": o, "recompute": False, "seed": 0, "fraction_pruned": f,
+                                     "metric": -2.0 - f} for o in ("gradient", "random") for f in (0.0, 0.5, 1.0)]),
+             "best_head": pd.DataFrame({"layer": [0, 1], "head": [1, 0], "change": [-0.5, -0.2],
+                                        "oracle_change": [-0.4, -0.1], "layer_removed_change": [-1.0, 0.3],
+                                        "n_examples": [16, 16]})}
+    position, tables = _position_at_chance()
+    results = [Result(name="position", df=pd.DataFrame(), tables=tables, summary=position),
+               Result(name="heads", df=pd.DataFrame(), tables=heads, summary={"metric": "logprob", "baseline_metric": -2.0})]
+    try:
+        figs = {f"{r.name}/{stem}": fig for r in results for stem, fig in plot_result(r).items()}
+        assert {"position/position_streaming", "heads/best_head"} <= set(figs)
+        for stem, fig in figs.items():
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            for ax in fig.axes:
+                if getattr(ax, "_colorbar", None) is not None or not ax.get_ylabel():
+                    continue
+                box, label = ax.get_window_extent(renderer), ax.yaxis.label.get_window_extent(renderer)
+                assert label.height <= box.height + 1, (stem, ax.get_ylabel(), label.height, box.height)
+                if ax.get_title():
+                    assert label.y1 <= ax.title.get_window_extent(renderer).y0, (stem, ax.get_ylabel())
+        assert figs["heads/pruning_curve"].axes[0].get_ylabel().count("\n") == 0  # it fitted: left as written
     finally:
         plt.close("all")
 
@@ -3122,8 +3163,8 @@ def test_kv_eviction_y_label_ends_below_the_at_chance_title():
     """Review 14av C1: at chance the two-line y label, taller than the axes under a three-line title and a three-line
     x label, ran into the title's "AT CHANCE" line. Measured on the drawn figure, as kv's figures() lays it out: the
     y label's box ends under the title's and within the axes' height."""
-    from headscope.reports.plots import laid_out, quiet_reason, setup_style
-    from headscope.reports.plots_kv import _clear_of_title, plot_eviction
+    from headscope.reports.plots import fit_labels, laid_out, quiet_reason, setup_style
+    from headscope.reports.plots_kv import plot_eviction
 
     setup_style()
     contexts = (12, 16, 18, 20)
@@ -3132,7 +3173,7 @@ def test_kv_eviction_y_label_ends_below_the_at_chance_title():
     fig = laid_out(plot_eviction(pd.DataFrame(rows), metric="logit_diff",
                                  quiet=quiet_reason({"chance": {"at_chance": True}})))
     try:
-        _clear_of_title(fig.axes[0])
+        fit_labels(fig.axes[0])
         ax = fig.axes[0]
         assert "AT CHANCE" in ax.get_title()
         fig.canvas.draw()
