@@ -215,9 +215,12 @@ def _gradient_floor_words(s: Mapping[str, Any]) -> str:
                 "against float32)")
     else:
         said = "By gate gradient, within rounding means within a few eps of the larger gradient's own size"
-    if analytic is not None:
+    source = s.get("rounding_floor_source") if isinstance(s.get("rounding_floor_source"), Mapping) else {}
+    if analytic is not None and source.get("gradient", "analytic") == "analytic" and analytic != largest:
         said += (f"; the analytic floor {analytic:.2g} (one rounding step of the loss it differentiates) only checks "
                  "whether every gradient is rounding")
+    elif analytic is not None:  # review 15c A2: the degeneracy floor is the gradients' own rounding, said above
+        said += "; whether every gradient is rounding is checked against the largest head's"
     return said + "."
 
 
@@ -360,6 +363,21 @@ def _said_at_chance(s: Mapping[str, Any], base: float) -> bool:
     return same_metric and (n is None or own is None or n == own)
 
 
+def mask_task_words(s: Mapping[str, Any]) -> str:
+    """Review 15c B1: on an encoder whose task's prompts hold the mask token, that the cosine does not score the task's
+    mask filling, so the heads verdicts are not about it (the summary's mask_task); '' otherwise."""
+    m = s.get("mask_task")
+    if not isinstance(m, Mapping) or not _num(m.get("n_prompts")):
+        return ""
+    mask, k, of = m.get("mask_token") or "[MASK]", _num(m.get("n_prompts")), _num(m.get("of"))
+    held = f"{k:.0f} of {of:.0f} prompts hold {mask}" if of is not None else f"{k:.0f} prompts hold {mask}"
+    answers = " and the task gives their answers" if m.get("answers") else ""
+    head = ("the checkpoint's masked-LM head is not read" if m.get("mlm_head")
+            else "the checkpoint has no masked-LM head to read")
+    return (f"This does not score your task's mask filling: {held}{answers}, but {head}, so no head's importance, "
+            f"pruning count or dispensability here is evidence about which heads filling {mask} needs.")
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """Baseline, prunable heads per ordering, and the head roles found."""
     parts = []
@@ -374,6 +392,8 @@ def finding(s: Mapping[str, Any]) -> str:
                          f"own ({unpruned_cosine(base)}, over {s.get('n_examples', '?')} examples); the "
                          "gradient ordering differentiates the in-batch contrastive loss instead (the cosine has no "
                          "gradient at the unpruned gates), so it ranks heads by one objective and is scored on another.")
+            if mask_task_words(s):
+                parts.append(mask_task_words(s))
         elif _said_at_chance(s, base):  # issue 34: the chance sentence before this one gives it already
             parts.append(f"The {metric} above is the unpruned model's, over {s.get('n_examples', '?')} examples.")
         else:

@@ -260,6 +260,21 @@ def chance_sentence(entry: Mapping[str, Any], s: Mapping[str, Any]) -> str:
             "that the property is absent); relative findings are not reported.")
 
 
+def read_words(s: Mapping[str, Any]) -> str:
+    """Where each prompt was read, where its prompts hold the mask token (review 15c B2: an answer probe read at </s>
+    while every prompt had a <mask> where the answer goes): at the mask, or why not; '' otherwise."""
+    mask, k = s.get("mask_token") or "[MASK]", _num(s.get("n_mask_prompts"))
+    if s.get("read_at") == "mask":
+        return f"Each prompt is read at its {mask} token, where its answer goes."
+    if not k:
+        return ""
+    n = _num(s.get("n_examples"))
+    of = f" of {n:.0f}" if n is not None else ""
+    where = "its last real token" if s.get("read_at") == "last" else "the configured position"
+    return (f"{k:.0f}{of} prompts hold {mask}, but not every prompt exactly one, so each prompt is read at {where}, "
+            f"not at {mask}: this is not the decodability of the answer where the model fills it.")
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """Which layer (if any) stands out, its score with its interval (scores.py: one quantity throughout)
     against the majority baseline, selectivity, and how each layer's strength was chosen. A probe at
@@ -291,6 +306,8 @@ def finding(s: Mapping[str, Any]) -> str:
                          f"{_tied_sentence(s, tied, value + against, digits)}.")
         if majority is not None and best <= majority + 0.02 and "chance" not in s:
             parts.append("That is chance level: the property is not linearly readable from these activations.")
+    if read_words(s):
+        parts.append(read_words(s))
     if rows_sentence(s):
         parts.append(rows_sentence(s))
     sel, control = _num(s.get("best_selectivity")), _num(s.get("best_control"))

@@ -175,9 +175,11 @@ GRADIENT_TIE_STEPS = 6
 # What each gradient rounding in a summary is for (review 14b verify A1: an analytic 0.0513 and a measured 0.0018 side by
 # side, neither named): recorded as rounding_gradient_roles
 GRADIENT_FLOOR_ROLES = {
-    "rounding_floor_gradient": "analytic: one rounding step of the differentiated loss; only the degeneracy check (is "
-                               "every head's gradient below it?), never a tie",
-    "noise_floor_gradient": "the same analytic step (rounding_floor_gradient)",
+    "rounding_floor_gradient": "analytic: one rounding step of the differentiated loss in the dtype it is computed "
+                               "in, or the gradients' own rounding (rounding_gradient) where that is larger and "
+                               "measured, or the loss is computed wider than the model (rounding_floor_source says "
+                               "which); only the degeneracy check (is every head's gradient below it?), never a tie",
+    "noise_floor_gradient": "the analytic step alone: one rounding step of the differentiated loss in its dtype",
     "rounding_gradient": "each head's mean gate gradient's rounding, the largest over heads (measured against float32 "
                          "where rounding_gradient_source says so): compare's B - A band",
     "rounding_gradient_heads": "[layer][head] each head's own measured rounding: two heads tie where their gradients "
@@ -214,14 +216,19 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                      ses: dict[str, torch.Tensor] | None = None, measured: float | None = None,
                      metric_sensitivity: float | None = None, loss_sensitivity: float | None = None,
                      scale: float | None = None, baseline: float | None = None,
-                     gradient_check: dict[str, Any] | None = None) -> dict[str, Any]:
+                     gradient_check: dict[str, Any] | None = None,
+                     loss_dtype: torch.dtype | None = None) -> dict[str, Any]:
     """Which importances are rounding at the model's dtype, each in its own units:
     - ablation (zero, mean, resample): a difference of two metric values, so its floor is `measured` (the
       null ablations' floor, rounding.measured_floor) where given, else the metric's analytic rounding
       (rounding_step(dtype, metric_size, metric_sensitivity): summary noise_floor, always recorded);
     - gradient, E_x |dL/d gate|: the loss change that removing the head predicts to first order, so its
       floor is the differentiated loss's analytic rounding (rounding_step(dtype, loss_size, loss_sensitivity):
-      noise_floor_gradient; the loss is not the metric for cosine and accuracy tasks; loss_size None: metric_size).
+      noise_floor_gradient; the loss is not the metric for cosine and accuracy tasks; loss_size None: metric_size),
+      at loss_dtype where the loss is computed wider than the pass (an encoder's contrastive loss: float32, review 15c
+      A2: bfloat16's step of it, 0.017, called gradients of 0.007-0.016 rounding that bfloat16 moved by 4.9e-5); the
+      degeneracy check's floor is never below rounding_gradient where that is measured, or where the loss is wider
+      (its inputs round at the pass's dtype, which the loss's own step does not cover): rounding_floor_gradient.
       The sensitivities (an answer log-probability's E_x sum_t (1 - p_t); None: one step of the size) size a
       log-probability's rounding (rounding_sensitivity in the summary).
       It stays analytic: recomputing a gradient in another batch composition reproduces it bitwise (nothing
@@ -257,9 +264,12 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     eps x max(1, |size|): 2.3 in bfloat16 at 300, where the floor holds for a metric of about 10); recorded as
     rounding_floor_size (the size each ablation floor holds for)."""
     eps = float(torch.finfo(dtype).eps)
+    wider = loss_dtype is not None and torch.promote_types(dtype, loss_dtype) != dtype  # the loss upcasts the pass
+    loss_dt = torch.promote_types(dtype, loss_dtype) if wider else dtype
+
     def analytic(m: str) -> float:
         if m == "gradient":
-            return rounding_step(dtype, metric_size if loss_size is None else loss_size, loss_sensitivity)
+            return rounding_step(loss_dt, metric_size if loss_size is None else loss_size, loss_sensitivity)
         return rounding_step(dtype, metric_size, metric_sensitivity)
 
     floors = {m: analytic(m) for m in raw}
@@ -287,6 +297,11 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
     per_head = (torch.tensor(out["rounding_gradient_heads"], dtype=torch.float64).flatten()  # [L * H]
                 if "rounding_gradient_heads" in out else None)
     source = {m: "analytic" for m in raw}
+    gradient_floor = None  # the gradients' own rounding, where it is the degeneracy floor (review 15c A2)
+    if "gradient" in raw and unit is not None and unit > floors["gradient"] and (
+            out.get("rounding_gradient_source") == "measured" or wider):
+        floors["gradient"], gradient_floor = float(unit), out["rounding_gradient_source"]
+        source["gradient"] = gradient_floor
     if measured is not None:
         for m in set(raw) - {"gradient"}:
             floors[m], source[m] = measured, "measured"
@@ -300,11 +315,16 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
         if peak < floor:
             of = "of the loss it differentiates" if method == "gradient" else "of the metric"
             sens = loss_sensitivity if method == "gradient" else metric_sensitivity
-            how = (f"one rounding step {of} at this dtype" if sens is None else
+            at = f", computed in {str(loss_dt).removeprefix('torch.')}" if method == "gradient" and wider else " at this dtype"
+            how = (f"one rounding step {of}{at}" if sens is None else
                    f"the rounding {of}: one step of the logits at this dtype, "
                    f"{noise_floor(dtype, loss_size if method == 'gradient' and loss_size is not None else metric_size):.2g}, "
                    f"times the answer's 1 - p summed over its tokens, {sens:.2g} on average")
-            if source[method] == "measured":
+            if method == "gradient" and gradient_floor is not None:  # the gradients' own rounding (review 15c A2)
+                how = ("the gate gradients' own rounding, measured against float32" if gradient_floor == "measured"
+                       else "an analytic bound on the gate gradients' own rounding, a few eps of the examples' "
+                            "largest gradient")
+            elif source[method] == "measured":
                 how = "measured by null ablations"
             elif method == "gradient":  # review 14b verify A1: which gradient floor this is, beside the measured one
                 how = f"analytic: {how}"
@@ -316,7 +336,7 @@ def numerical_checks(raw: dict[str, torch.Tensor], dtype: torch.dtype, *, metric
                      + (f" (that precision, measured against float32, is at most {unit:.2g} for any head)"
                         if out.get("rounding_gradient_source") == "measured"
                         else " (a few eps of the examples' largest gradient)")
-                     if method == "gradient" else "")
+                     if method == "gradient" and gradient_floor is None else "")
             out[f"degenerate_{method}"] = (f"every head's |{method} importance| is below {peak:.2g}, under the numerical "
                                            f"floor {floor:.2g} ({how}{means}): no head "
                                            "measurably matters by this method, so its ranking and pruning order are "
@@ -513,6 +533,8 @@ def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
         "mixture_of_experts": bool(moe),
         # which blocks are (a dense MLP among MoE blocks: Qwen2-MoE's mlp_only_layers), for the finding's words
         "moe_layers": moe,
+        # review 15c B1: an encoder task's prompts that hold the mask token, whose filling the cosine does not score
+        **({"mask_task": scorer.mask_task} if scorer.mask_task else {}),
     }
 
 
@@ -655,7 +677,8 @@ def _rounding_checks(model, scorer: Scorer, raw: dict[str, torch.Tensor], baseli
                                else max(abs(loss_size), readout),
                                pruning=pruning, ses=ses, measured=measured,
                                metric_sensitivity=on_metric, loss_sensitivity=on_loss, scale=gradient_scale(per),
-                               baseline=baseline, gradient_check=_gradient_check(model, scorer, raw, per))
+                               baseline=baseline, gradient_check=_gradient_check(model, scorer, raw, per),
+                               loss_dtype=scorer.loss_dtype)
     extra = ({"rounding_sensitivity": sensitivity, "rounding_logit_step": noise_floor(model.dtype, readout)}
              if on_metric is not None or on_loss is not None else {})
     return {**summary, **null, "readout_size": readout, **extra}

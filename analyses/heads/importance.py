@@ -57,6 +57,8 @@ class Scorer(metrics.Metric):
     fn: metrics.MetricFn | None = None  # set from metric in __post_init__
     answers: torch.Tensor | None = None  # [batch] or [batch, k] a task's answer tokens (decoders; readout_stats)
     chance: float | None = None  # a log-probability's chance (span_chance): the pruning tolerance's far end
+    loss_dtype: torch.dtype | None = None  # what grad_loss is computed in where wider than the pass (None: the pass's)
+    mask_task: dict | None = None  # an encoder task's prompts holding the mask token, which it does not score (mask_task)
 
     def __post_init__(self) -> None:
         if self.fn is None:
@@ -98,6 +100,7 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
                       chance=-math.log(model.facts.d_vocab))
     if not isinstance(task, Task):
         raise InputTypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
+    masked = mask_task(model, task) if model.facts.is_encoder else None
     if model.facts.is_encoder:  # the prompts only: an encoder is scored by its pooled embedding (no masked-LM head)
         task = prompts_only(task)
     tokens = model.check_tokens(task.tokens)
@@ -105,7 +108,7 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     if mask is not None and not model.facts.is_encoder:
         left_padding_starts(mask, len(task), what=f"Task {task.name!r}: each answer is read at the last position")
     if task.metric == "cosine":
-        return _cosine_scorer(model, task, tokens, mask)
+        return _cosine_scorer(model, task, tokens, mask, masked)
     answers = task.answer_tokens.to(model.device)  # [batch], or [batch, k] for answers of several tokens
     wrong = None if task.wrong_answers is None else task.wrong_answers.to(model.device)
 
@@ -149,7 +152,27 @@ def span_chance(task: Task, vocab: int) -> float | None:
     return -k * math.log(vocab)
 
 
-def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor | None) -> Scorer:
+def mask_task(model, task: Task) -> dict | None:
+    """Review 15c B1: {mask_token, n_prompts (those holding it), of, answers (the task gives them), mlm_head (the
+    checkpoint has one)} where an encoder task's prompts hold the tokenizer's mask token: a fill-in task whose
+    answer the cosine metric does not score; None where no prompt holds it."""
+    tok = model.tokenizer
+    mask_id = getattr(tok, "mask_token_id", None)
+    if mask_id is None:
+        return None
+    hit = task.tokens.cpu() == int(mask_id)  # [batch, pos]
+    if task.attention_mask is not None:
+        hit &= task.attention_mask.cpu().bool()
+    k = int(hit.any(1).sum())
+    if not k:
+        return None
+    original = getattr(model.bridge, "original_model", None)
+    return {"mask_token": str(tok.mask_token), "n_prompts": k, "of": len(task), "answers": task.answers is not None,
+            "mlm_head": any(getattr(original, name, None) is not None for name in ("lm_head", "cls"))}
+
+
+def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor | None,
+                   masked: dict | None = None) -> Scorer:
     with torch.no_grad():
         reference = metrics.mean_pool(encoder_hidden(model, tokens, [], mask), mask)  # [batch, d_model]
     ref_unit = torch.nn.functional.normalize(reference, dim=-1)  # [batch, d_model]
@@ -167,7 +190,9 @@ def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor |
         return torch.nn.functional.cross_entropy(logits, rows, reduction="none")
 
     return Scorer(name=task.name, kind="cosine", tokens=tokens, attention_mask=mask, metric=cosine,
-                  grad_loss=contrastive, objective=lambda out, rows: 1 - cosine(out, rows))
+                  grad_loss=contrastive, objective=lambda out, rows: 1 - cosine(out, rows),
+                  loss_dtype=torch.promote_types(model.dtype, torch.float32),  # mean_pool's upcast (review 15c A2)
+                  mask_task=masked)
 
 
 def run_gated(

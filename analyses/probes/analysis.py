@@ -62,6 +62,8 @@ class ProbeData:
     all_positions: bool
     real: np.ndarray | None = None  # [batch * pos] bool, all_positions only
     positions: torch.Tensor | None = None  # [batch] int64, per-prompt labels only
+    at_mask: bool = False  # positions are each prompt's mask token (review 15c B2), not its last real token
+    n_mask_prompts: int = 0  # prompts holding the mask token (mask_token given)
 
 
 def real_positions(task: Task) -> torch.Tensor:
@@ -83,6 +85,18 @@ def row_positions(task: Task, position: int) -> torch.Tensor:
         raise ConfigError(f"position {position} is out of range for prompts of {int(length.min())} to "
                           f"{int(length.max())} tokens; pick a position every prompt has.")
     return (pos == want[:, None]).int().argmax(1)  # [batch]
+
+
+def mask_rows(task: Task, mask_token: int | None) -> tuple[torch.Tensor | None, int]:
+    """(each row's padded index of its one `mask_token`, [batch] int64, or None unless every prompt holds exactly
+    one; how many prompts hold it at all). A masked LM's task puts the answer where its mask token is."""
+    if mask_token is None:
+        return None, 0
+    hit = task.tokens.cpu() == int(mask_token)  # [batch, pos]
+    if task.attention_mask is not None:
+        hit &= task.attention_mask.cpu().bool()
+    count = hit.sum(1)  # [batch]
+    return (hit.int().argmax(1) if bool((count == 1).all()) else None), int((count > 0).sum())
 
 
 def _class_ids(rows: torch.Tensor) -> np.ndarray:
@@ -132,11 +146,13 @@ def _generic_labels(task: Task, labels: str, tokenizer) -> np.ndarray:
     return y.reshape(-1).numpy()
 
 
-def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, tokenizer=None) -> ProbeData:
+def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, tokenizer=None,
+                mask_token: int | None = None) -> ProbeData:
     """Labels, control types and the probe kind for a Task (see the module doc for label names;
     tokenizer: the model's, for "word_start"). Padded tasks: positions count from each row's first
     real token, all-position labels cover real tokens only, and per-prompt labels are read at each
-    row's own `position` (row_positions)."""
+    row's own `position` (row_positions), or, for position -1 with `mask_token` (an encoder's mask token id)
+    where every prompt holds exactly one, at that token: the answer's position (mask_rows; review 15c B2)."""
     tokens = task.tokens.cpu()  # [batch, pos]
     if isinstance(labels, str) and (labels == "position" or labels in GENERIC_LABELS):
         real = None if task.attention_mask is None else task.attention_mask.cpu().reshape(-1).bool().numpy()
@@ -147,14 +163,16 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, token
             return ProbeData(labels=keep(y), types=types, kind="regression", all_positions=True, real=real)
         return ProbeData(labels=keep(_generic_labels(task, labels, tokenizer)), types=types, kind="classification",
                          all_positions=True, real=real)
-    at = row_positions(task, position)  # [batch]
+    masked, n_mask = mask_rows(task, mask_token) if position == -1 else (None, 0)
+    at = row_positions(task, position) if masked is None else masked  # [batch]
+    where = {"at_mask": masked is not None, "n_mask_prompts": n_mask}
     types = tokens.gather(1, at[:, None])[:, 0].numpy()
     if not isinstance(labels, str):
         arr = np.asarray(labels)
         if arr.shape[0] != len(task):
             raise ConfigError(f"got {arr.shape[0]} labels for a Task of {len(task)} prompts; pass one label per prompt.")
         kind = "regression" if np.issubdtype(arr.dtype, np.floating) else "classification"
-        return ProbeData(labels=arr, types=types, kind=kind, all_positions=False, positions=at)
+        return ProbeData(labels=arr, types=types, kind=kind, all_positions=False, positions=at, **where)
     if labels == "answer":
         if task.answers is None:
             raise ConfigError(f"Task {task.name!r} has no answers; choose another label.")
@@ -176,7 +194,7 @@ def task_labels(task: Task, labels: str | Sequence, position: int = -1, *, token
             width = int((span[:, 1] - span[:, 0]).max())
             idx = (span[:, :1] + torch.arange(width)).clamp(max=tokens.shape[1] - 1)  # [batch, width]
             y = _class_ids(tokens.gather(1, idx))
-    return ProbeData(labels=y, types=types, kind="classification", all_positions=False, positions=at)
+    return ProbeData(labels=y, types=types, kind="classification", all_positions=False, positions=at, **where)
 
 
 def probe_features(model, task: Task, site: str, probe_data: ProbeData, layers: Sequence[int]) -> list[np.ndarray]:
@@ -238,7 +256,7 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
     cfg = configure(ProbesConfig, config, config_overrides, name="probe_sweep", default=PROBE_SWEEP, positional="site")
     site, labels, cv, progress = cfg.site, cfg.labels, cfg.folds(), cfg.progress
     task = task if isinstance(task, Task) else Task(name="tokens", tokens=task, metric="cosine")
-    probe_data = task_labels(task, labels, cfg.position, tokenizer=model.tokenizer)
+    probe_data = task_labels(task, labels, cfg.position, tokenizer=model.tokenizer, mask_token=encoder_mask(model))
     layers = list(range(model.facts.n_layers) if cfg.layers is None else (model.check_layer(layer) for layer in cfg.layers))
     features = probe_features(model, task, site, probe_data, layers)  # real tokens only
     labels_arr, types, features, n_dropped = _drop_singletons(probe_data, features)
@@ -288,6 +306,10 @@ def probe_sweep(model, task: Task | torch.Tensor | str | None = None, config: Pr
                              degenerate=degenerate, scored=scored_rows, folds=n_folds,
                              per_row=not probe_data.all_positions)
     summary["capacity_skipped"] = skipped
+    if not probe_data.all_positions:  # where each prompt was read (review 15c B2: an encoder's answer is at its mask)
+        summary["read_at"] = "mask" if probe_data.at_mask else "last" if cfg.position == -1 else "position"
+        summary["n_mask_prompts"] = probe_data.n_mask_prompts
+        summary["mask_token"] = mask_text(model) if probe_data.n_mask_prompts else None
     summary["n_word_types"] = int(np.unique(types).shape[0])  # the control task's types at the read positions
     tables = {"per_layer": table}
     if sweeps:
@@ -453,10 +475,15 @@ def reads(model, config: ProbesConfig | None = None, summary: Any = None) -> Rea
     corrupted prompts."""
     config = config or ProbesConfig.preset()
     labels = (summary or {}).get("labels", config.labels if isinstance(config.labels, str) else "custom")
-    if config.position == -1:
-        where = ("each prompt's last real token, which on an encoder is its [SEP] (by design: one read position "
-                 "for every family, and the [SEP] has attended to the whole prompt; no [MASK] position is read, as "
-                 "headscope reads no masked-LM head; so the control task sees one word type there)"
+    read_at = (summary or {}).get("read_at")
+    mask = mask_text(model) or "[MASK]"
+    if config.position == -1 and model.facts.is_encoder and read_at == "mask":
+        where = (f"each prompt's {mask} token, where its answer goes (every prompt holds one; the control task sees "
+                 "one word type there)")
+    elif config.position == -1:
+        where = (f"each prompt's last real token, which on an encoder is its [SEP] or </s> (one read position for "
+                 f"every family, the whole prompt attended to; a prompt's {mask} is read instead only where every "
+                 "prompt holds exactly one; the control task sees one word type there)"
                  if model.facts.is_encoder else "the answer position (each prompt's end)")
     else:
         where = f"token {config.position} of each prompt"
@@ -467,6 +494,19 @@ def reads(model, config: ProbesConfig | None = None, summary: Any = None) -> Rea
     return Reads(answers=False, why=f"these probes decode {labels!r} labels",
                  metric=f"a linear probe per layer predicting {labels!r} labels from the {config.site}, against a "
                         "control task")
+
+
+def encoder_mask(model) -> int | None:
+    """The mask token id probes read an encoder's prompts at (task_labels), None on a decoder or without one."""
+    if not model.facts.is_encoder:
+        return None
+    mask = getattr(model.tokenizer, "mask_token_id", None)
+    return None if mask is None else int(mask)
+
+
+def mask_text(model) -> str | None:
+    """The tokenizer's mask token as text ("[MASK]", "<mask>")."""
+    return getattr(model.tokenizer, "mask_token", None)
 
 
 PROBE_SWEEP = ProbesConfig(labels="query_pair", capacity=False)  # probe_sweep's default: one probe per layer
@@ -497,7 +537,7 @@ def probed_task(model, task: Task | str | None = None, config: ProbesConfig | No
     Task less the rows kept_examples drops (per-prompt labels; all-position labels keep every row)."""
     config = config or ProbesConfig.preset()
     task, labels = probe_data(model, task, config)
-    data = task_labels(task, labels, config.position, tokenizer=model.tokenizer)
+    data = task_labels(task, labels, config.position, tokenizer=model.tokenizer, mask_token=encoder_mask(model))
     keep = None if data.all_positions else kept_examples(data)
     return task if keep is None else task.rows(torch.from_numpy(np.flatnonzero(keep)))
 

@@ -416,6 +416,48 @@ def test_a_saturated_encoder_loss_is_reported_as_rounding_not_ranked(tiny_bert, 
     assert "degenerate_zero" not in s and len(s["top_heads_zero"]) == 5  # ablation effects are finite differences
 
 
+def test_bfloat16_encoder_gradient_floor_is_the_float32_loss_step_not_bfloat16s(tiny_bert):
+    """Review 15c A2: an encoder's contrastive loss is computed in float32 (mean_pool upcasts the bfloat16 states), so
+    its rounding step is float32's (2^-23 x the loss, taken here by hand in float64 from the bfloat16 hidden states),
+    and the degeneracy floor is never below the gradients' own rounding against float32; the old floor was bfloat16's
+    step of the loss (2^-7 x L, 0.017 on the review's model), which called gradients 300x their precision rounding."""
+    low = hs.load_model(tiny_bert.facts.name, device="cpu", dtype=torch.bfloat16)
+    task = bert_task(low)
+    s = heads.head_importance(low, task, methods=("gradient",)).summary
+    ref = bert_pooled(low, task)  # [batch, d] float64 from the bfloat16 states
+    unit = ref / ref.norm(dim=-1, keepdim=True)
+    logits = unit @ unit.T  # [batch, batch] temperature 1, at the unmodified model
+    loss = float((logits.logsumexp(-1) - logits.diagonal()).mean())
+    step = 2.0 ** -23 * max(1.0, loss)
+    assert s["noise_floor_gradient"] == pytest.approx(step, rel=1e-3)
+    assert s["noise_floor_gradient"] < 2.0 ** -7 * max(1.0, loss) / 1000  # not bfloat16's step
+    grad = heads.head_importance(tiny_bert, task, methods=("gradient",)).df.set_index(["layer", "head"])["importance"]
+    assert s["rounding_gradient_source"] == "measured"
+    assert s["rounding_floor_gradient"] == pytest.approx(max(step, s["rounding_gradient"]))
+    assert s["rounding_floor_source"]["gradient"] == "measured"
+    assert "degenerate_gradient" not in s and len(s["top_heads_gradient"]) == 5
+    assert grad.abs().max() > 10 * s["rounding_floor_gradient"]  # float64 gradients far above the floor
+
+
+def test_gradient_degeneracy_floor_follows_the_measured_gradient_rounding_hand_worked():
+    """Review 15c A2: the degeneracy verdict agrees with the gradients' measured precision both ways. A float32 loss of
+    size 2 on a bfloat16 pass: its own step is 2 x 2^-23; gradients of 1e-5 under a measured rounding of 4e-5 are
+    rounding (said as the gradients' own rounding), gradients of 0.01 are not, whatever bfloat16's step of the loss."""
+    check = {"floor": 4e-5, "n_examples": 16, "of": 16, "exact": True}
+    low = heads.numerical_checks({"gradient": torch.full((2, 2), 1e-5)}, torch.bfloat16, metric_size=1.0,
+                                 loss_size=2.0, scale=0.03, gradient_check=check, loss_dtype=torch.float32)
+    assert low["noise_floor_gradient"] == 2 * 2.0 ** -23 and low["rounding_floor_gradient"] == 4e-5
+    assert ("under the numerical floor 4e-05 (the gate gradients' own rounding, measured against float32)"
+            in low["degenerate_gradient"])
+    high = heads.numerical_checks({"gradient": torch.tensor([[0.01, 0.007], [0.004, 0.002]])}, torch.bfloat16,
+                                  metric_size=1.0, loss_size=2.0, scale=0.03, gradient_check=check,
+                                  loss_dtype=torch.float32)
+    assert "degenerate_gradient" not in high and high["rounding_floor_gradient"] == 4e-5
+    old = heads.numerical_checks({"gradient": torch.tensor([[0.01, 0.007], [0.004, 0.002]])}, torch.bfloat16,
+                                 metric_size=1.0, loss_size=2.0, scale=0.03, gradient_check=check)
+    assert old["noise_floor_gradient"] == 2 * 2.0 ** -7  # a loss computed in bfloat16 keeps bfloat16's step
+
+
 def test_per_layer_normalisation_hand_worked():
     got = hi.normalize_per_layer(torch.tensor([[3.0, 4.0], [0.0, 5.0]]))
     assert torch.allclose(got, torch.tensor([[0.6, 0.8], [0.0, 1.0]]))
@@ -1482,3 +1524,26 @@ def test_a_degenerate_gradient_with_measured_rounding_names_both_floors():
         out["degenerate_gradient"]
     assert "not the gradients' own precision (that precision, measured against float32, is at most 0.0001 for any " \
            "head))" in out["degenerate_gradient"]
+
+
+def test_an_encoder_fill_in_task_is_said_not_scored_at_its_mask(tiny_bert):
+    """Review 15c B1: heads scores an encoder by its pooled-embedding cosine, so on a task whose prompts hold the mask
+    token (a fill-in task with answers, the model a masked LM) its verdicts are not about filling the mask: the summary
+    counts those prompts (by hand: 3 of 4) and the finding says so; a task without the mask token says nothing."""
+    from headscope.reports.heads_words import finding
+
+    model = hs.load_model(tiny_bert.facts.name, device="cpu")
+    model.tokenizer.mask_token = "w59"  # id 63 (the word tokenizer has no mask token of its own)
+    rows = [[4, 5, 63, 6], [7, 63, 8, 9, 10], [11, 12, 13], [63, 14, 15, 16, 17, 18]]
+    width = max(map(len, rows))
+    tokens = torch.tensor([r + [1] * (width - len(r)) for r in rows])
+    am = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    task = Task(name="fill", tokens=tokens, attention_mask=am, answers=torch.tensor([20, 21, 20, 21]), metric="logprob")
+    s = heads.head_importance(model, task, methods=("zero",)).summary
+    assert s["metric"] == "cosine"
+    assert s["mask_task"] == {"mask_token": "w59", "n_prompts": 3, "of": 4, "answers": True, "mlm_head": True}
+    assert ("This does not score your task's mask filling: 3 of 4 prompts hold w59 and the task gives their answers, "
+            "but the checkpoint's masked-LM head is not read, so no head's importance, pruning count or "
+            "dispensability here is evidence about which heads filling w59 needs.") in finding(s)
+    plain = heads.head_importance(model, bert_task(model), methods=("zero",)).summary
+    assert "mask_task" not in plain and "mask filling" not in finding(plain)

@@ -225,3 +225,50 @@ def test_rows_of_an_answer_no_training_part_holds_are_counted_not_scored(tiny_mo
     text = probes_finding(s)
     assert "4 of the 6 rows scored: 2 have an answer absent from the training part of the fold that tests them" in text
     assert "equals the folds' ceiling (4 of 6 rows have their class in training)" in text
+
+
+def test_an_encoders_answer_probe_reads_each_prompts_mask_token_as_plain_hf(tmp_path):
+    """Review 15c B2: where every prompt of a masked LM holds its mask token (where the answer goes), the answer probe
+    reads that position, not the last real token: positions by hand, features equal to plain Hugging Face hidden states
+    there; a task where one prompt lacks it keeps the last real token and says how many prompts hold it."""
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    import headscope as hs
+    from tests_support import N_WORDS, SPECIALS, word_tokenizer
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(SPECIALS) + N_WORDS, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
+    BertForMaskedLM(cfg).save_pretrained(tmp_path)
+    tok = word_tokenizer()
+    tok.mask_token = "w59"  # id 63, the mask token
+    tok.save_pretrained(tmp_path)
+    model = hs.load_model(tmp_path, device="cpu")
+    mask_id = probes.encoder_mask(model)
+    assert mask_id == 63 and probes.mask_text(model) == "w59"
+    rows = [[4, 5, mask_id, 6], [7, mask_id, 8, 9, 10], [mask_id, 11, 12], [13, 14, 15, mask_id, 16, 17]]
+    width = max(map(len, rows))
+    tokens = torch.tensor([r + [1] * (width - len(r)) for r in rows])
+    am = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    task = Task(name="fill", tokens=tokens, attention_mask=am, answers=torch.tensor([20, 21, 20, 21]), metric="logprob")
+    data = probes.task_labels(task, "answer", tokenizer=model.tokenizer, mask_token=mask_id)
+    assert data.at_mask and data.positions.tolist() == [2, 1, 0, 3] and data.types.tolist() == [mask_id] * 4
+    feats = probes.probe_features(model, task, "resid_post", data, [0, 1])  # [4, d] per layer
+    with torch.no_grad():
+        hidden = BertModel.from_pretrained(tmp_path)(tokens, attention_mask=am, output_hidden_states=True).hidden_states
+    for layer in range(2):
+        want = hidden[layer + 1][torch.arange(4), torch.tensor([2, 1, 0, 3])].numpy()  # [4, d]
+        np.testing.assert_allclose(feats[layer], want, atol=1e-4)
+    rows[1][1] = 22  # one prompt without its mask: each prompt's last real token, as before
+    part = Task(name="fill", tokens=torch.tensor([r + [1] * (width - len(r)) for r in rows]), attention_mask=am,
+                answers=task.answers, metric="logprob")
+    last = probes.task_labels(part, "answer", tokenizer=model.tokenizer, mask_token=mask_id)
+    assert not last.at_mask and last.n_mask_prompts == 3 and last.positions.tolist() == [3, 4, 2, 5]
+    from headscope.reports.plots_probes import read_words
+
+    assert read_words({"read_at": "mask", "mask_token": "<mask>", "n_mask_prompts": 40}) == (
+        "Each prompt is read at its <mask> token, where its answer goes.")
+    assert read_words({"read_at": "last", "mask_token": "<mask>", "n_mask_prompts": 3, "n_examples": 4}) == (
+        "3 of 4 prompts hold <mask>, but not every prompt exactly one, so each prompt is read at its last real token, "
+        "not at <mask>: this is not the decodability of the answer where the model fills it.")
+    assert read_words({"read_at": "last", "n_mask_prompts": 0}) == ""
