@@ -8,14 +8,19 @@ itself moves (`prediction_change`: TVD of the next-token distribution, or 1 - co
 embedding for encoders), or, given a `score` (the task metric of the last-position logits), how
 much that metric moves: the analysis scores leave-one-out so where the output is saturated, since a
 distribution distance cannot move there (analysis.loo_metric). Gradients reach the tokens through `hook_embed`, so
-Captum's layer methods attribute to each token's embedding: on decoders the embedding module's output (before a
-learned position embedding is added); on BERT-style encoders the embedding layer's whole output (word + position + token-type
-embeddings after the embedding LayerNorm), which is what hook_embed holds there (`gradient_input` says which; review
-13c C6: the page did not say what the saliency was taken against).
+Captum's layer methods attribute to each token's embedding as the first block reads it: on decoders the embedding
+module's output (before a learned position embedding is added; Gemma's module includes its sqrt(d_model) scale) times
+any multiplier the model applies after the module (Granite's embedding_multiplier); on BERT-style encoders the
+embedding layer's whole output (word + position + token-type embeddings after the embedding LayerNorm), which is what
+hook_embed holds there (`gradient_input` says which; review 13c C6: the page did not say what the saliency was taken
+against). Why after the multiplier: every architecture's hook_embed then holds what enters the residual stream, so a
+saliency is in the residual stream's units everywhere (grad x input and integrated gradients do not change with a
+constant scale; saliency divides by it). `embedding_site` keeps that hook point in the pass for Captum (review 15a A4).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -30,9 +35,62 @@ Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [rows, 1
 GRADIENT_METRICS = ("logit_diff", "logprob", "cosine")
 
 
+EMBED_SITE = "hook_embed"
+
+
 def embedding_layer(model) -> torch.nn.Module:
-    """The hook point holding the token embeddings [batch, pos, d_model], a module Captum can hook."""
-    return model.bridge.hook_dict["hook_embed"]
+    """The hook point holding the token embeddings [batch, pos, d_model], a module Captum can hook (hook it inside
+    `embedding_site`, which makes sure the bridge calls it); a ConfigError where the bridge has none."""
+    layer = model.bridge.hook_dict.get(EMBED_SITE)
+    if layer is None:
+        raise ConfigError(_no_site(model, "has no hook_embed hook point"))
+    return layer
+
+
+def _no_site(model, why: str) -> str:
+    arch = type(getattr(model.bridge, "original_model", model)).__name__
+    return (f"Gradient attribution (saliency, gradient x input, integrated gradients) needs a hookable token "
+            f"embedding, and {model.facts.name} ({arch}) {why}.")
+
+
+def _observe(act: torch.Tensor, hook) -> None:  # a TransformerLens hook that changes nothing
+    return None
+
+
+@contextmanager
+def embedding_site(model) -> Iterator[torch.nn.Module]:
+    """embedding_layer(model), kept in the forward pass while the block runs, for Captum's torch hooks.
+
+    Captum hooks the module with plain torch hooks, which TransformerLens does not count: a bridge component that
+    exposes a scaled value at its hook point calls that hook point only while a TransformerLens hook is attached
+    (TL's _hook_scaled_output; Granite's hook_embed = embed_tokens(ids) x embedding_multiplier), so on Granite
+    Captum's hook never fired (review 15a A4: "Forward hook did not obtain any outputs"). A no-op TransformerLens
+    hook keeps the hook point in every pass; where it still does not fire, a ConfigError names the architecture."""
+    layer = embedding_layer(model)
+    fired: list[bool] = []
+
+    def seen(module, args, out) -> None:
+        fired[:] = [True]
+
+    handle = layer.register_forward_hook(seen)
+    try:
+        with model.hooks(fwd=[(EMBED_SITE, _observe)]):
+            yield layer
+    except AssertionError as err:  # Captum's "Forward hook did not obtain any outputs for given layer"
+        if fired:
+            raise
+        raise ConfigError(_no_site(model, "does not call its hook_embed hook point in the forward pass")) from err
+    finally:
+        handle.remove()
+
+
+def embedding_scales(model) -> tuple[float, float]:
+    """(inside, after): the constant the embedding module itself multiplies by (Gemma's embed_scale, sqrt(d_model))
+    and the one the bridge's hook_embed applies after the module (Granite's embedding_multiplier); 1.0 for none."""
+    module = model.bridge.original_model.get_input_embeddings()
+    inside = getattr(module, "embed_scale", None)
+    after = getattr(getattr(model.bridge, "embed", None), "_output_contribution_scale", 1.0)
+    return (1.0 if inside is None else float(inside)), float(after)
 
 
 def gradient_input(model) -> str:
@@ -41,9 +99,13 @@ def gradient_input(model) -> str:
     if model.facts.is_encoder:
         return ("the embedding layer's output at each token (word + position + token-type embeddings, after the "
                 "embedding LayerNorm: the input of layer 0)")
+    inside, after = embedding_scales(model)
+    module = ("the embedding module's output" + (f", which includes its x {inside:.4g} scale" if inside != 1.0 else "")
+              + (f", times the model's embedding multiplier {after:.4g}: what enters the residual stream"
+                 if after != 1.0 else ""))
     if model.facts.positional == "standard":  # learned absolute positions (GPT-2): added after hook_embed
-        return "each token's embedding (the embedding module's output, before the position embedding is added)"
-    return "each token's embedding (the embedding module's output; positions enter inside attention)"
+        return f"each token's embedding ({module}, before the position embedding is added)"
+    return f"each token's embedding ({module}; positions enter inside attention)"
 
 
 def forward_metric(model, kind: str) -> Forward:
@@ -149,18 +211,19 @@ def rollout(layer_means: torch.Tensor) -> torch.Tensor:
 def gradient_scores(model, tokens: torch.Tensor, forward: Forward, targets: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Saliency (L2 norm of d metric / d embedding) and |gradient x input| per token, via Captum.
 
-    Both come from LayerGradientXActivation on hook_embed (multiply_by_inputs off and on).
+    Both come from LayerGradientXActivation on hook_embed (multiply_by_inputs off and on), what the first block
+    reads (module doc).
     Returns {"saliency": [batch, pos], "grad_x_input": [batch, pos]}.
     """
     from captum.attr import LayerGradientXActivation
 
-    layer = embedding_layer(model)
-    grad = LayerGradientXActivation(forward, layer, multiply_by_inputs=False).attribute(
-        tokens, additional_forward_args=tuple(targets)
-    )  # [batch, pos, d_model]
-    gxi = LayerGradientXActivation(forward, layer, multiply_by_inputs=True).attribute(
-        tokens, additional_forward_args=tuple(targets)
-    )  # [batch, pos, d_model]
+    with embedding_site(model) as layer:
+        grad = LayerGradientXActivation(forward, layer, multiply_by_inputs=False).attribute(
+            tokens, additional_forward_args=tuple(targets)
+        )  # [batch, pos, d_model]
+        gxi = LayerGradientXActivation(forward, layer, multiply_by_inputs=True).attribute(
+            tokens, additional_forward_args=tuple(targets)
+        )  # [batch, pos, d_model]
     return {"saliency": grad.detach().norm(dim=-1), "grad_x_input": gxi.detach().sum(-1).abs()}
 
 
@@ -191,7 +254,16 @@ def integrated_gradients(
     """
     from captum.attr import LayerIntegratedGradients
 
-    lig = LayerIntegratedGradients(forward, embedding_layer(model))
+    with embedding_site(model) as layer:
+        return _integrated_gradients(LayerIntegratedGradients(forward, layer), tokens, baselines, targets,
+                                     n_steps=n_steps, max_steps=max_steps, tolerance=tolerance,
+                                     internal_batch_size=internal_batch_size)
+
+
+def _integrated_gradients(lig, tokens: torch.Tensor, baselines: torch.Tensor, targets: Sequence[torch.Tensor], *,
+                          n_steps: int, max_steps: int | None, tolerance: float,
+                          internal_batch_size: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """integrated_gradients' step doubling with a LayerIntegratedGradients on the hooked embedding site."""
     attr_out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)  # [batch, pos]
     delta_out = torch.zeros(tokens.shape[0], dtype=torch.float32, device=tokens.device)  # [batch]
     used = torch.full((tokens.shape[0],), n_steps, dtype=torch.long)  # [batch]

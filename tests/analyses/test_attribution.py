@@ -1161,3 +1161,99 @@ def test_encoder_saliency_is_taken_against_the_embedding_layers_output_and_says_
     assert res.summary["gradient_input"].startswith(wrt)
     assert f"with respect to {wrt}" in finding("attribution", res.summary)
     assert "with respect to the embedding layer's output" in reads(model).metric
+
+
+@pytest.fixture(scope="module")
+def tiny_granite(tmp_path_factory):
+    """A random GraniteForCausalLM (2 layers, d_model 64, GQA) with Granite's four scalings at their released
+    sizes' kind (embedding_multiplier 12, residual_multiplier 0.22, attention_multiplier 1/16, logits_scaling 8),
+    the word-level tokenizer: (directory, HookedModel)."""
+    import transformers
+
+    out = tmp_path_factory.mktemp("granite") / "granite"
+    torch.manual_seed(0)
+    config = transformers.GraniteConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=2, eos_token_id=3, pad_token_id=1,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=1 / 16, logits_scaling=8.0)
+    model = transformers.GraniteForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(out, safe_serialization=True)
+    word_tokenizer().save_pretrained(out)
+    return out, hs.load_model(out, device="cpu")
+
+
+def _hf_embedding_gradient(hf, tokens: torch.Tensor, answers: torch.Tensor, wrong: torch.Tensor):
+    """Plain HF: the embedding module's output e = embed_tokens(ids) [batch, pos, d] (Gemma's includes its
+    sqrt(d_model) scale; Granite multiplies by embedding_multiplier after it, also for inputs_embeds) and the
+    gradient of the last position's logit difference with respect to e."""
+    emb = hf.get_input_embeddings()(tokens).detach().requires_grad_(True)
+    logits = hf(inputs_embeds=emb).logits[:, -1]
+    idx = torch.arange(tokens.shape[0])
+    (logits[idx, answers] - logits[idx, wrong]).sum().backward()
+    return emb.detach(), emb.grad
+
+
+def test_granite_gradients_are_taken_where_the_residual_stream_starts(tiny_granite):
+    """Review 15a A4: every Granite attribution failed ("Forward hook did not obtain any outputs"): the bridge calls
+    hook_embed (= embed_tokens(ids) x embedding_multiplier) only while a TransformerLens hook is attached, and
+    Captum's torch hook is not one. Against plain HF: saliency is the norm of the gradient with respect to m x e
+    (what the first block reads) = |d f/d e| / m; gradient x input |e . d f/d e| (the same on either side of
+    the multiplier); integrated gradients add up to HF's f(x) - f(baseline); the summary says which input."""
+    path, model = tiny_granite
+    hf = hf_model(path)
+    task = random_task(2, 8, seed=5)
+    forward = am.forward_metric(model, "logit_diff")
+    got = am.gradient_scores(model, task.tokens, forward, (task.answers, task.wrong_answers))
+    emb, grad = _hf_embedding_gradient(hf, task.tokens, task.answers, task.wrong_answers)
+    assert torch.allclose(got["saliency"], grad.norm(dim=-1) / 12.0, rtol=1e-4, atol=1e-7)
+    assert torch.allclose(got["grad_x_input"], (grad * emb).sum(-1).abs(), rtol=1e-4, atol=1e-7)
+    baselines = task.tokens.clone()
+    baselines[:, 1:-1] = 1
+    ig, delta, _ = am.integrated_gradients(model, task.tokens, baselines, forward, (task.answers, task.wrong_answers),
+                                           n_steps=4)
+    fx, fb = _hf_ig_ends(hf, task)
+    assert np.allclose((ig.sum(-1) - delta).numpy(), fx - fb, atol=1e-4)
+    assert model.n_active_hooks() == 0 and model.hook_free()  # the no-op hook is gone afterwards
+    assert am.gradient_input(model) == (
+        "each token's embedding (the embedding module's output, times the model's embedding multiplier 12: what "
+        "enters the residual stream; positions enter inside attention)")
+
+
+def test_gemma_gradients_are_taken_after_its_embedding_scale(arch_dirs, arch_models):
+    """The same rule on Gemma 2, whose embedding module multiplies by sqrt(d_model) = 8 itself: saliency is the
+    norm of HF's gradient with respect to that module's (scaled) output, the input of the first block."""
+    model, hf = arch_models("gemma2"), hf_model(arch_dirs["gemma2"])
+    task = random_task(1, 6, seed=2)
+    got = am.gradient_scores(model, task.tokens, am.forward_metric(model, "logit_diff"), (task.answers, task.wrong_answers))
+    _, grad = _hf_embedding_gradient(hf, task.tokens, task.answers, task.wrong_answers)
+    assert torch.allclose(got["saliency"], grad.norm(dim=-1), rtol=1e-3, atol=1e-6)
+    assert am.gradient_input(model) == ("each token's embedding (the embedding module's output, which includes its x 8 "
+                                        "scale; positions enter inside attention)")
+
+
+def test_an_embedding_the_bridge_never_hooks_is_one_clear_error(tiny_granite, monkeypatch):
+    """Where an architecture's bridge has no hook_embed, or never calls it (here: the embedding component's scaled
+    output skips its hook point even with a hook attached), gradient attribution says so in one line instead of
+    Captum's AssertionError."""
+    from headscope.errors import ConfigError
+
+    _, model = tiny_granite
+    task = random_task(1, 5)
+    forward = am.forward_metric(model, "logit_diff")
+    embed = model.bridge.embed
+    monkeypatch.setattr(embed, "_hook_scaled_output", lambda output, hook_point, scale: output)
+    with pytest.raises(ConfigError, match=r"^Gradient attribution .* does not call its hook_embed hook point in the "
+                                          r"forward pass\.$"):
+        am.gradient_scores(model, task.tokens, forward, (task.answers, task.wrong_answers))
+    monkeypatch.undo()
+    assert model.n_active_hooks() == 0 and model.hook_free()
+    from types import SimpleNamespace
+
+    bare = SimpleNamespace(bridge=SimpleNamespace(hook_dict={}, original_model=model.bridge.original_model),
+                           facts=model.facts)
+    with pytest.raises(ConfigError, match=r"\(GraniteForCausalLM\) has no hook_embed hook point\.$"):
+        am.gradient_scores(bare, task.tokens, forward, (task.answers, task.wrong_answers))
