@@ -69,15 +69,6 @@ class ModelFacts:
     def n_total_heads(self) -> int:
         return self.n_layers * self.n_heads
 
-    def scalings(self) -> list[tuple[str, float]]:
-        """The scalings that are not 1, as (what, value): the report header names them."""
-        named = [("embedding x", self.embed_scale), ("residual writes x", self.residual_scale),
-                 ("logits x", self.logit_scale)]
-        out = [(what, v) for what, v in named if v != 1.0]
-        if self.attention_scale is not None and abs(self.attention_scale - self.d_head ** -0.5) > 1e-12:
-            out.insert(2, ("attention scores x", self.attention_scale))
-        return out
-
 
 def output_logit_scale(bridge: Any) -> float:
     """The linear factor the architecture applies to x @ W_U + b_U (Granite 1 / logits_scaling, Cohere
