@@ -318,8 +318,11 @@ def last_logits(model, tokens: torch.Tensor, *, attention_mask: torch.Tensor | N
 def logits_of(model, x: torch.Tensor) -> torch.Tensor:
     """Logits [n, q, d_vocab] from the last block's output x [n, q, d_model]: the bridge's final
     norm and unembedding, then the model's final soft-capping where it has one (Gemma 2:
-    cap * tanh(logits / cap), as Hugging Face's causal-LM head)."""
+    cap * tanh(logits / cap), as Hugging Face's causal-LM head), after its linear logit scale
+    (facts.logit_scale: Granite's 1 / logits_scaling), which the bridge's unembed leaves out."""
     logits = model.bridge.unembed(model.bridge.ln_final(x))
+    if model.facts.logit_scale != 1.0:
+        logits = logits * model.facts.logit_scale
     cap = getattr(model.bridge.original_model.config, "final_logit_softcapping", None)
     return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -88,7 +88,8 @@ def _check_on(model, seed: int) -> tuple[Support, list[tuple[str, str]], bool]:
     else:
         failed.clear()
         ok = holds("resuming", lambda: (run(last_only=lo, fast=False) for lo in (True, False)))
-        shortcut = ok and holds("the z shortcut", lambda: (run(z=z, last_only=lo, fast=False) for lo in (True, False)))
+        shortcut = ok and holds("the z shortcut", lambda: _shortcut_applies(model, start) and (
+            run(z=z, last_only=lo, fast=False) for lo in (True, False)))
         prefix = ok and ckpt.kv is not None and holds("resuming from a position", lambda: (
             run(from_pos=p, z=z if shortcut and p == 3 else None, fast=False) for p in (3, 5)))
         fast = ok and plan is not None and holds("hook-free blocks", lambda: (
@@ -147,6 +148,14 @@ def _check_start(model) -> int:
     kinds = [block_shape.kind(model, i) for i in range(model.facts.n_layers)]
     last = {k: i for i, k in enumerate(kinds)}  # each kind's last block
     return min(last.values())
+
+
+def _shortcut_applies(model, start: int) -> bool:
+    """Raise _NotApplicable where a block from `start` on has no shape the shortcut knows (block_shape.parts
+    None: Granite's scaled residual writes), so the shortcut stays off without a warning: it is off by design."""
+    if any(block_shape.parts(b) is None for b in list(model.bridge.blocks)[start:]):
+        raise _NotApplicable
+    return True
 
 
 class _NotApplicable(Exception):

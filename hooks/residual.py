@@ -105,7 +105,8 @@ class CacheHabits:
 
         The stack goes through the final norm as `apply_ln_to_stack(layer=-1)` does (centred for
         LayerNorm, divided by the cached scale, times the norm's weight), then is dotted with
-        `model.tokens_to_residual_directions(tokens)` (W_U columns). tokens: a string of one
+        `model.tokens_to_residual_directions(tokens)` (W_U columns, times the model's logit scale:
+        Granite's 1 / logits_scaling). tokens: a string of one
         token, an int, a [batch] tensor (one per example, every position), a [pos] tensor of
         another length (one per position) or [batch, pos]. The rows of `decompose_resid(layer=-1)`
         then sum to the final logit (difference) less the final norm's bias and the unembedding
@@ -151,6 +152,7 @@ class CacheHabits:
         if isinstance(b_u, torch.Tensor):
             b_u = b_u.detach()
             b = b_u[ids.to(b_u.device)] - (0 if wrong is None else b_u[wrong.to(b_u.device)])
+            b = b * model.facts.logit_scale  # the directions carry it (tokens_to_residual_directions)
             bias = bias + (b[..., None] if bias.ndim > b.ndim else b).to(bias)
         return torch.cat([attrs, bias.expand(rest)[None]], dim=0)
 

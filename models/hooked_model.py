@@ -56,10 +56,35 @@ class ModelFacts:
     n_ctx: int
     gated_mlp: bool
     positional: str  # "standard" (learned), "rotary", ...
+    # The model's own scalings of its stream and logits (muP-style: Granite's embedding_multiplier,
+    # residual_multiplier, attention_multiplier, logits_scaling; Cohere's logit_scale). The bridge's
+    # hook_embed, hook_attn_out, hook_mlp_out and head results already carry embed_scale and
+    # residual_scale; weights (W_U, W_out) do not, so whatever unembeds or forms writes by hand reads these.
+    logit_scale: float = 1.0  # logits = logit_scale * (final normed stream @ W_U + b_U), before any soft-cap
+    residual_scale: float = 1.0  # each block's attention and MLP output x this before the residual add
+    embed_scale: float = 1.0  # the token embedding x this before the first block
+    attention_scale: float | None = None  # the scores' scale where the config sets one (else 1/sqrt(d_head))
 
     @property
     def n_total_heads(self) -> int:
         return self.n_layers * self.n_heads
+
+
+def output_logit_scale(bridge: Any) -> float:
+    """The linear factor the architecture applies to x @ W_U + b_U (Granite 1 / logits_scaling, Cohere
+    logit_scale), read from the adapter's own post-unembedding transform (the bridge's
+    `apply_output_logits_transform`) at a small probe, where a final soft-cap (Gemma 2, applied separately,
+    `circuits.lens.final_softcap`) has slope 1; 1.0 where the adapter declares none."""
+    adapter = getattr(bridge, "adapter", None)
+    transform = getattr(adapter, "apply_output_logits_transform", None)
+    if transform is None:
+        return 1.0
+    probe = torch.tensor([1e-6], dtype=torch.float64)
+    try:
+        slope = float(transform(probe.clone())[0]) / 1e-6
+    except Exception:  # noqa: BLE001 - an adapter that cannot take a probe declares no scale we can read
+        return 1.0
+    return 1.0 if abs(slope - 1.0) < 1e-9 else float(f"{slope:.12g}")
 
 
 def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
@@ -82,7 +107,24 @@ def facts_from_bridge(bridge: Any, name: str) -> ModelFacts:
         n_ctx=int(cfg.n_ctx),
         gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
         positional=str(getattr(cfg, "positional_embedding_type", "standard")),
+        logit_scale=output_logit_scale(bridge),
+        residual_scale=_residual_scale(bridge),
+        embed_scale=float(getattr(getattr(bridge, "embed", None), "_output_contribution_scale", 1.0)),
+        attention_scale=_attention_multiplier(bridge),
     )
+
+
+def _residual_scale(bridge: Any) -> float:
+    """The blocks' residual-write scale (the bridge's ScaledResidualBlockBridge: Granite's residual_multiplier)."""
+    blocks = list(getattr(bridge, "blocks", None) or [])
+    return float(getattr(blocks[0], "residual_contribution_scale", 1.0)) if blocks else 1.0
+
+
+def _attention_multiplier(bridge: Any) -> float | None:
+    """The config's attention score scale where it sets one (Granite's attention_multiplier), else None."""
+    config = getattr(getattr(bridge, "original_model", None), "config", None)
+    value = getattr(config, "attention_multiplier", None)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 # The hook-free pass behind a plain `model(tokens)` and on-demand attention patterns. It lives in
@@ -344,15 +386,19 @@ class HookedModel(TLHabits):
         This model's own W_U: headscope's bridge is unprocessed, so the final norm's weight is not
         folded in here; `Activations.apply_ln_to_stack` (and `logit_attrs`) apply it to the stack
         instead, so `apply_ln_to_stack(stack) @ directions` gives TransformerLens's folded numbers.
+        Times `facts.logit_scale` where the model scales its logits (Granite's 1 / logits_scaling), so
+        the product is the model's own logit: "the vector we dot with to get the logit".
         """
         w_u = self.bridge.W_U  # [d_model, d_vocab]
+        scale = self.facts.logit_scale  # Granite's 1 / logits_scaling: the direction gives the model's own logit
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)  # one line naming the pieces when it is several
         index = torch.as_tensor(tokens, dtype=torch.long)
         if index.numel() and (int(index.min()) < 0 or int(index.max()) >= w_u.shape[1]):
             raise IndexOutOfRangeError(f"token ids must lie in [0, {w_u.shape[1]}) for {self.facts.name}; got "
                                        f"min {int(index.min())}, max {int(index.max())}.")
-        return w_u[:, index.to(w_u.device)].movedim(0, -1)  # [*tokens.shape, d_model]
+        out = w_u[:, index.to(w_u.device)].movedim(0, -1)  # [*tokens.shape, d_model]
+        return out if scale == 1.0 else out * scale
 
     def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Validate a [batch, pos] integer token tensor (a [pos] one becomes [1, pos]) and move it to

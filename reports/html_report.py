@@ -326,6 +326,27 @@ def _kv_clause(model: Mapping[str, Any]) -> str:
     return f" (1 KV head: {kind} attention)" if kv == 1 else f" ({kv} KV heads: {kind} attention)"
 
 
+def scalings_clause(model: Mapping[str, Any]) -> str:
+    """The model's own scalings where they are not 1 (review 15a C3: Granite's multipliers), e.g. "scalings:
+    embedding x12, residual writes x0.22, attention scores x0.0078125 (not 1/sqrt(d_head)), logits x0.125
+    (DLA, the lens and the mlp section's norms and logits include them)", else ''."""
+    def num(v: Any) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+    parts = [f"{what} x{value:.6g}" for what, key in (("embedding", "embed_scale"), ("residual writes", "residual_scale"))
+             if (value := num(model.get(key))) is not None and value != 1.0]
+    attention, d_head = num(model.get("attention_scale")), num(model.get("d_head"))
+    if attention is not None and d_head and abs(attention - d_head ** -0.5) > 1e-12:
+        parts.append(f"attention scores x{attention:.6g} (not 1/sqrt(d_head))")
+    logit = num(model.get("logit_scale"))
+    if logit is not None and logit != 1.0:
+        parts.append(f"logits x{logit:.6g}" + (f" (1/{1 / logit:.6g})" if logit < 1 else ""))
+    if not parts:
+        return ""
+    return (f", scalings: {', '.join(parts)} (the circuits and mlp numbers "
+            "include them)")
+
+
 def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str], model: Mapping[str, Any],
                        task_used: Mapping[str, str] | None = None) -> None:
     """report.html and report.md; task_used: per analysis, the data it ran on (shown in its section)."""
@@ -363,6 +384,7 @@ def write_report_files(out: Path, names: Sequence[str], status: Mapping[str, str
     experts = layout_clause(model.get("experts_per_layer"), model.get("n_layers"), model.get("d_mlp"))
     if experts:  # review 11c A3: which blocks are mixtures of experts, and the dense ones among them
         facts += f", {experts}"
+    facts += scalings_clause(model)  # review 15a C3: Granite's multipliers decide what the units mean
     if model.get("tied_embeddings"):  # review 9b C2: the unembedding is the embedding (DLA and the lens read it)
         facts += ", tied embeddings"
     if model.get("parallel_blocks"):  # review 8 C2: mlpL reads the block's input, as layer L's heads do

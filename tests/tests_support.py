@@ -32,7 +32,8 @@ def word_tokenizer():
 def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | None = None, **config) -> Path:
     """Save a random model of the family to `out`: "gpt2", "neox", or the Llama-style "llama"
     (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms); 2 layers unless `config`, which
-    overrides fields of the Hugging Face config, says otherwise.
+    overrides fields of the Hugging Face config, says otherwise; "granite" (Llama-style, embedding x12, residual
+    writes x0.22, attention scores x1/128, logits /8).
 
     `tokenizer`: "word" (w0..w59, ids 4..63) or "qwen" (Qwen2's byte-level BPE, trained here).
     Default "word", except for qwen2: transformers always loads a Qwen2 checkpoint's tokenizer as
@@ -63,6 +64,11 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
                       num_key_value_heads=2, max_position_embeddings=N_CTX, **({"head_dim": 16} if family == "qwen3" else {}))
         name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3"}[family]
         make = getattr(transformers, f"{name}ForCausalLM"), getattr(transformers, f"{name}Config")
+    elif family == "granite":  # Llama-style with muP scalings; the multipliers far from 1 unless `config` says
+        fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=N_CTX, embedding_multiplier=12.0,
+                      residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0)
+        make = transformers.GraniteForCausalLM, transformers.GraniteConfig
     else:
         raise ValueError(family)
     base = len(SPECIALS) + N_WORDS

@@ -47,6 +47,7 @@ its mlpN row (experts.py), and summary dla_top_expert (the top MoE block's leadi
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -61,10 +62,11 @@ from headscope.analyses.circuits.edges import METHODS as EDGE_METHODS
 from headscope.analyses.core import chance
 from headscope.analyses.core.config import AnalysisConfig, configure
 from headscope.analyses.core.contract import Needs, Reads, one_token_answers
+from headscope.analyses.core.metrics import noise_floor
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
 from headscope.analyses.core.tasks import Task
-from headscope.errors import ConfigError, TaskError, UnsupportedModelError
+from headscope.errors import ConfigError, HeadscopeWarning, TaskError, UnsupportedModelError
 from headscope.hooks import available_sites, run_with_cache
 
 LENS_POSITIONS = ("all", "answer")
@@ -364,10 +366,18 @@ def within_interval(ranked: pd.DataFrame, intervals: dict, named: list[str]) -> 
             "means": [float(v) for v in rest.contribution]}
 
 
+RECONSTRUCTION_STEPS = 16  # rounding steps (of the largest sum of |rows|, at least 1) a DLA reconstruction may miss by
+
+
 def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: int,
-                softcap: float | None = None) -> dict:
+                softcap: float | None = None, dtype: torch.dtype = torch.float32) -> dict:
     """softcap: the model's final logit soft-cap (lens.final_softcap): the rows then sum to the logit
-    (difference) before it (logits' logit_before_softcap column), not to the capped output."""
+    (difference) before it (logits' logit_before_softcap column), not to the capped output.
+
+    The rows' sum against the model's own logit (difference) is checked: beyond
+    dla_reconstruction_tolerance, RECONSTRUCTION_STEPS rounding steps in `dtype` (metrics.noise_floor) of
+    the largest sum of |rows| over examples, a HeadscopeWarning says so and dla_reconstruction_ok is False
+    (a scaling of the stream or logits the decomposition misses: review 15a A1, Granite's logits_scaling)."""
     mean = dla_mean(dla)
     writers = dla[~dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
     biases = dla[dla.kind.isin(["ln_final_bias", "unembed_bias"])].groupby("example").contribution.sum()
@@ -376,6 +386,15 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
     final = by_example.final_logit.reindex(writers.index)
     before = by_example.logit_before_softcap.reindex(writers.index) if softcap is not None else final
     error = (writers + biases - before).abs().max()
+    size = dla.contribution.abs().groupby(dla.example).sum().max()
+    tolerance = RECONSTRUCTION_STEPS * noise_floor(dtype, 0.0 if pd.isna(size) else float(size))
+    reconstruction_ok = bool(pd.isna(error) or error <= tolerance)
+    if not reconstruction_ok:
+        warnings.warn(HeadscopeWarning(
+            f"direct logit attribution: the rows miss the model's own logit (difference) by up to {float(error):.3g}, "
+            f"beyond {tolerance:.3g} ({RECONSTRUCTION_STEPS} rounding steps in {str(dtype).removeprefix('torch.')}); "
+            f"some scaling of the residual stream or the logits is not in the decomposition, so its numbers are "
+            f"not the model's."), stacklevel=2)
     ranked = mean.reindex(mean.contribution.abs().sort_values(ascending=False).index)
     ranked = ranked[~ranked.component.isin(zero_components(dla))]  # not writers: never ranked or tied
     heads = ranked[ranked.kind == "head"]
@@ -395,6 +414,8 @@ def dla_summary(dla: pd.DataFrame, logits: pd.DataFrame, direction: str, top_k: 
         "dla_final_softcap": softcap,  # None: no final soft-cap, the rows sum to dla_final_logit
         "dla_logit_before_softcap": float(before.mean()) if softcap is not None else None,  # what the rows sum to
         "dla_max_reconstruction_error": None if pd.isna(error) else float(error),
+        "dla_reconstruction_tolerance": float(tolerance),  # checked: beyond it a warning, and ok False
+        "dla_reconstruction_ok": reconstruction_ok,
         "norm_convention": NORM_CONVENTION,
     }
 
@@ -424,7 +445,7 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     task = default_task(model, task, config)
     _, dla, logits, _, direction, experts = _collect(model, task, config, lens=False, dla=True)
     mean = dla_mean(dla)
-    summary = {**dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
+    summary = {**dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model), model.dtype),
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
@@ -453,7 +474,8 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     task = default_task(model, task, config)
     lens, dla, logits, err, direction, experts = _collect(model, task, config, lens=True, dla=True)
     mean = dla_mean(dla)
-    summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
+    summary = {**lens_summary(lens, err),
+               **dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model), model.dtype),
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,

@@ -29,6 +29,9 @@ value biases folded into b_O, centred unembedding), on the unprocessed model:
   holds only the normed b_O (0 for Gemma 2). hook_mlp_out is already the normed MLP output.
 - "remainder" is whatever of the stream the listed writers do not sum to (0 up to rounding
   for GPT-2, Llama and NeoX blocks), so the rows always sum to the final logit (difference).
+- a linear scale of the logits (`facts.logit_scale`: Granite's 1 / logits_scaling, Cohere's logit_scale)
+  is in the directions and the b_U row, so the rows sum to the model's own logits; the embedding and
+  residual multipliers (Granite) are already in hook_embed, hook_attn_out, hook_mlp_out and the head results.
 - a final logit soft-cap (Gemma 2's final_logit_softcapping: cap * tanh(logits / cap) after the
   unembedding) is not linear, so no split of the capped logits into writers exists: the rows sum
   to the logit (difference) before the cap, the unembedding of the final normed stream, and the
@@ -77,10 +80,12 @@ def final_norm(model) -> tuple[str | None, torch.Tensor | None, torch.Tensor | N
 
 
 def unembed_directions(model, answers: torch.Tensor, wrong: torch.Tensor | None = None) -> torch.Tensor:
-    """[batch, d_model]: W_U[:, answer] (- W_U[:, wrong])."""
+    """[batch, d_model]: (W_U[:, answer] (- W_U[:, wrong])) x facts.logit_scale (Granite's 1 / logits_scaling)."""
     w_u = model.bridge.W_U.detach()  # [d_model, vocab]
     d = w_u[:, answers.to(w_u.device)].T
-    return d if wrong is None else d - w_u[:, wrong.to(w_u.device)].T
+    d = d if wrong is None else d - w_u[:, wrong.to(w_u.device)].T
+    scale = model.facts.logit_scale
+    return d if scale == 1.0 else d * scale
 
 
 def _value_bias(model, layer: int) -> torch.Tensor | None:
@@ -238,7 +243,7 @@ def dla_stack(model, acts, positions: torch.Tensor, directions: torch.Tensor,
     b_u = getattr(model.bridge, "b_U", None)
     if isinstance(b_u, torch.Tensor) and answers is not None:
         b = b_u.detach().float()
-        ub = b[answers.to(b.device)] - (b[wrong.to(b.device)] if wrong is not None else 0.0)
+        ub = (b[answers.to(b.device)] - (b[wrong.to(b.device)] if wrong is not None else 0.0)) * model.facts.logit_scale
         extra.append((ub.to(contrib.device), "unembed_bias", "b_U"))
     for value, k, label in extra:
         contrib = torch.cat([contrib, value[None]])

@@ -48,6 +48,7 @@ def expert_rows(model, acts, positions: torch.Tensor, slots: torch.Tensor, direc
         ids = experts.unique().tolist()
         values = memories.values.float().to(m.device)  # [memories, d_model]
         writes = torch.stack([m[:, experts == e] @ values[experts == e] for e in ids], dim=1)  # [batch, expert, d_model]
+        writes = writes * float(getattr(model.bridge.blocks[layer], "residual_contribution_scale", 1.0))  # GraniteMoe
         norm = post_mlp_norm(model.bridge.blocks[layer])
         if norm is not None:  # the block's output passes a norm of its own before the residual add
             pre = writes.sum(1)  # [batch, d_model] the block's output before that norm (its memories' sum)

@@ -3,7 +3,8 @@
 Convention (TransformerLens 4.3's `tools.analysis.logit_lens`): the accumulated residual stream
 at each block input (`blocks.l.hook_resid_pre`, l = 0..n_layers-1) and after the last block
 (`blocks.{n-1}.hook_resid_post`) goes through the model's `ln_final` module with its statistics
-recomputed from that state (its own scale, mean and weights), then `@ W_U + b_U`. The last entry
+recomputed from that state (its own scale, mean and weights), then `@ W_U + b_U`, times the model's
+logit scale where it has one (`facts.logit_scale`: Granite's 1 / logits_scaling). The last entry
 is the model's own logits: where the model soft-caps its final logits (Gemma 2's
 `final_logit_softcapping`: cap * tanh(logits / cap), as Hugging Face's causal-LM head) every entry
 is capped the same way, which TransformerLens's logit_lens leaves out (ranks are unchanged, tanh is
@@ -34,12 +35,15 @@ def lens_labels(n_layers: int) -> list[str]:
 
 
 def unembed(model, states: torch.Tensor) -> torch.Tensor:
-    """[..., d_model] (already through the final norm) -> [..., d_vocab] logits: x @ W_U + b_U."""
+    """[..., d_model] (already through the final norm) -> [..., d_vocab] logits before any soft-cap:
+    (x @ W_U + b_U) x facts.logit_scale (Granite's 1 / logits_scaling, which the bridge's W_U omits)."""
     bridge = model.bridge
     w_u = bridge.W_U
     out = states.to(device=w_u.device, dtype=w_u.dtype) @ w_u  # [..., d_vocab]
     b_u = getattr(bridge, "b_U", None)
-    return out if b_u is None else out + b_u
+    out = out if b_u is None else out + b_u
+    scale = model.facts.logit_scale
+    return out if scale == 1.0 else out * scale
 
 
 def final_softcap(model) -> float | None:

@@ -6,7 +6,9 @@ act(x . g_i) * (x . k_i)) read at mlp.hook_post. Three readings:
 - trigger examples of key i: the corpus prefixes with the top-k m_i at their last position,
   streamed chunk by chunk with a bounded-memory top-k (memory does not grow with the corpus);
 - values in vocabulary space: the top tokens of E v_i, E the unembedding W_U [d_model, d_vocab].
-  v_i is the neuron's write into the residual stream: on post-norm blocks (Gemma 2/3, OLMo 2: a
+  E carries the model's logit scale (Granite's 1 / logits_scaling), so E v_i is in the model's logits.
+  v_i is the neuron's write into the residual stream: times the block's residual-write scale (Granite's
+  residual_multiplier); on post-norm blocks (Gemma 2/3, OLMo 2: a
   norm of the whole MLP output before the residual add) the column of the output weight times
   that norm's per-entry gain, read from the module (Gemma's 1 + weight), since the gain is part
   of the write and can reorder a neuron's tokens. By default the final norm is NOT applied (as
@@ -166,12 +168,16 @@ def post_norm_gain(model, layer: int) -> torch.Tensor | None:
 
 def written_values(model, layer: int, *, apply_final_norm: bool = False, neurons: torch.Tensor | None = None) -> torch.Tensor:
     """The value vectors as they reach the unembedding, [n_neurons, d_model] (all neurons by default):
-    v_i times the post-MLP norm's gain on post-norm blocks (the norm's shared scale left out: positive
+    v_i times the block's residual-write scale (Granite's residual_multiplier, facts.residual_scale)
+    and the post-MLP norm's gain on post-norm blocks (the norm's shared scale left out: positive
     and the same for every neuron of a token), then with apply_final_norm the final norm's gain (centred
     first under LayerNorm). See the module doc."""
     values = hooks.mlp_memories(model, layer).values  # [d_mlp, d_model]
     if neurons is not None:
         values = values[neurons]
+    residual = float(getattr(model.bridge.blocks[layer], "residual_contribution_scale", 1.0))
+    if residual != 1.0:  # Granite's residual_multiplier: the block writes residual x its MLP's output
+        values = values * residual
     gain = post_norm_gain(model, layer)
     if gain is not None:
         values = values * gain.to(values)
@@ -185,8 +191,11 @@ def written_values(model, layer: int, *, apply_final_norm: bool = False, neurons
 
 
 def value_logits(model, layer: int, *, apply_final_norm: bool = False, neurons: torch.Tensor | None = None) -> torch.Tensor:
-    """E v_i for the given neurons (all by default): [n_neurons, d_vocab], v_i as written (written_values)."""
-    return written_values(model, layer, apply_final_norm=apply_final_norm, neurons=neurons) @ model.bridge.W_U.detach()
+    """E v_i for the given neurons (all by default): [n_neurons, d_vocab], v_i as written (written_values),
+    E the unembedding times the model's logit scale (facts.logit_scale: Granite's 1 / logits_scaling)."""
+    out = written_values(model, layer, apply_final_norm=apply_final_norm, neurons=neurons) @ model.bridge.W_U.detach()
+    scale = model.facts.logit_scale
+    return out if scale == 1.0 else out * scale
 
 
 def value_top_tokens(model, layer: int, *, top_k: int = 5, apply_final_norm: bool = False, block: int = 1024) -> torch.Tensor:
