@@ -120,7 +120,7 @@ def sweep_kind(model: Any, task: str) -> str:
             return "retrieval"
         if has_zoo_vocab(model.tokenizer):
             return "zoo_kv"
-        return "json_kv" if prompts.json_kv_gap(model.tokenizer) is None else "word_kv"
+        return "json_kv" if json_kv_reason(model) is None else "word_kv"
     if task not in TASKS:
         raise ConfigError(f"unknown position task {task!r}; use one of {('auto', *TASKS)}.")
     if (task == "retrieval") != model.facts.is_encoder:
@@ -128,6 +128,21 @@ def sweep_kind(model: Any, task: str) -> str:
         raise ConfigError(f"task {task!r} does not fit {model.facts.name}, {kind}; "
                           "use 'retrieval' for encoders and a kv or qa task for decoders.")
     return task
+
+
+def json_kv_reason(model: Any) -> str | None:
+    """Why the default json_kv prompt cannot be used on this decoder, in words, or None: the tokenizer cannot write
+    it (prompts.json_kv_gap), or not even its smallest prompts fit the context (review 15c A3's decoder case: a
+    tokenizer of long pieces and a context of 64 failed with ConfigError); word_kv then stands in for it."""
+    gap = prompts.json_kv_gap(model.tokenizer)
+    if gap is not None:
+        return f"Liu et al.'s key-value prompt with UUID keys, which this tokenizer cannot write ({gap})"
+    floor = prompts.kv_floor_tokens(model.tokenizer, getattr(model, "prepends_bos", True))
+    if floor > int(model.facts.n_ctx):
+        return (f"Liu et al.'s key-value prompt, which does not fit the context of {model.facts.n_ctx}: its smallest, 2 "
+                f"pairs of 4 hex digits without the instruction, takes {floor} tokens with the answer and greedy "
+                "decoding")
+    return None
 
 
 def encoder_text(model: Any) -> tuple[str, str, str] | None:
@@ -214,16 +229,23 @@ def default_data_gap(model: Any) -> str | None:
         return shipped_retrieval_gap(model)
     if has_zoo_vocab(model.tokenizer):
         return None
-    gap = prompts.json_kv_gap(model.tokenizer)
-    if gap is None:
+    why = json_kv_reason(model)
+    if why is None:
         return None
     words = prompts.vocab_words(model.tokenizer, model.facts.d_vocab)
     if prompts.fit_word_pairs(len(words), model.facts.n_ctx, 20) >= prompts.MIN_FIT_PAIRS:
         return None
+    gap = prompts.json_kv_gap(model.tokenizer)
+    route = "; run `headscope position --model M --task QA.jsonl` with multi-document QA text it can encode"
+    if gap is None:  # it writes the prompt, which does not fit the context
+        floor = prompts.kv_floor_tokens(model.tokenizer, getattr(model, "prepends_bos", True))
+        return (f"position's default data does not fit the context of {model.facts.n_ctx}: Liu et al.'s key-value "
+                f"prompt takes {floor} tokens at its smallest (2 pairs of 4 hex digits without the instruction, with "
+                f"the answer and greedy decoding), and {prompts.MIN_FIT_PAIRS} key-value pairs of this tokenizer's "
+                f"{len(words)} one-token words do not fit either{route}")
     return (f"this tokenizer cannot write position's default data, Liu et al.'s key-value prompt with UUID keys "
             f"({gap}), and has {len(words)} words that are one token, too few for "
-            f"{prompts.MIN_FIT_PAIRS} key-value pairs of its own words in its context of {model.facts.n_ctx}; run "
-            "`headscope position --model M --task QA.jsonl` with multi-document QA text it can encode")
+            f"{prompts.MIN_FIT_PAIRS} key-value pairs of its own words in its context of {model.facts.n_ctx}{route}")
 
 
 def shipped_retrieval_fit(model: Any) -> tuple[int, dict[int, int]]:
@@ -593,8 +615,9 @@ def retrieval_fit_note(model: Any, sweeps: Sequence[PositionSweep]) -> str | Non
 
 def word_kv_note(model: Any, sweeps: Sequence[PositionSweep]) -> str:
     """The section's account of a word_kv sweep: what it is and, where it stood in for the default, why."""
-    gap = prompts.json_kv_gap(model.tokenizer)
-    why = f", instead of Liu et al.'s JSON prompt with UUID keys, which this tokenizer cannot write ({gap})" if gap else ""
+    gap, reason = prompts.json_kv_gap(model.tokenizer), json_kv_reason(model)
+    why = (f", instead of Liu et al.'s JSON prompt with UUID keys, which this tokenizer cannot write ({gap})" if gap
+           else f", instead of {reason}" if reason else "")
     sep = model.tokenizer.decode([int(sweeps[0].tokens[0, -2])]).strip()  # the tail is [separator, key]
     return (f"key-value retrieval over {sweeps[0].n_items} pairs of words that are one token under this tokenizer "
             f"(the zoo's kv format: key value {sep} ... {sep} key -> value){why}; `headscope position --model M --task "

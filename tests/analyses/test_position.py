@@ -1126,3 +1126,37 @@ def test_an_encoder_whose_context_holds_no_three_shipped_sentences_skips_positio
                            facts=SimpleNamespace(is_encoder=True, n_ctx=three, d_vocab=len(tok), name="fits"))
     assert contract.model_reasons(needs("position"), fits) == []
     assert build_sweeps(fits, PositionConfig(n_examples=1))[0].n_items == 3
+
+
+def test_a_decoder_whose_context_holds_no_kv_prompt_gets_word_kv_and_says_why(tmp_path):
+    """Review 15c A3, the decoder case: a byte-level BPE of ~500 pieces writes Liu et al.'s UUID prompt, but not even
+    its smallest (2 pairs of 4 hex digits) fits a context of 64, and position failed with ConfigError. It now runs
+    the kv retrieval over one-token words (word_kv), whose note says why; its answer log-probability is plain HF's."""
+    import transformers
+
+    import headscope as hs
+    from headscope.analyses.position.analysis import build_sweeps, sweep_kind
+    from tests_support import byte_level_bpe, save_tokenizer
+
+    tok = byte_level_bpe()
+    assert pp.json_kv_gap(tok) is None  # it writes the UUID prompt
+    torch.manual_seed(0)
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=eot, eos_token_id=eot,
+    )).save_pretrained(tmp_path)
+    save_tokenizer(tok, tmp_path)
+    model = hs.load_model(tmp_path, device="cpu")
+    assert sweep_kind(model, "auto") == "word_kv"
+    config = PositionConfig.preset(quick=True, n_examples=2, n_boot=20, window=0, progress=False)
+    result = position_bias(model, config=config)
+    s = result.summary
+    assert s["task"] == "word_kv" and s["prompt_tokens"] <= 64
+    assert ("instead of Liu et al.'s key-value prompt, which does not fit the context of 64: its smallest, 2 pairs of "
+            "4 hex digits without the instruction, takes ") in s["data_note"]
+    sweep = build_sweeps(model, config)[0]
+    hf = hf_model(tmp_path)
+    with torch.no_grad():
+        logprobs = hf(sweep.tokens[:1]).logits[0, -1].double().log_softmax(-1)  # [vocab], gold at the first slot
+    got = result.df[(result.df["example"] == 0) & (result.df["position"] == sweep.positions[0])]["logprob"].item()
+    assert got == pytest.approx(float(logprobs[int(sweep.answer_ids[0])]), abs=1e-4)
