@@ -585,7 +585,7 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
     fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
     if fitted and model.facts.is_encoder:
         note = retrieval_fit_note(model, sweeps)
-        out.update({"n_items_note": note} if note else {})
+        out.update({"n_items_note": note, "data_note": note} if note else {})  # data_note: the provenance's note line
     elif fitted:
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
     elif task == "json_kv" and cfg.n_items is not None and not prompts.is_liu_format(model.tokenizer, sweeps):

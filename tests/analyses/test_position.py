@@ -1077,6 +1077,7 @@ def test_an_encoder_with_a_small_context_fits_the_shipped_passages_sentences_to_
     assert s["n_items_note"] == (f"n_items chosen to fit context {n_ctx}: 4 of the shipped 6 sentences a passage (the "
                                  "relevant one and each record's first 3 distractors); all 6 take up to "
                                  f"{_shipped_passage_tokens(tok, 6)} tokens under this tokenizer")
+    assert s["data_note"] == s["n_items_note"]  # the section's provenance shows it as its note line
     from transformers import AutoModel
 
     hf = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
