@@ -101,16 +101,23 @@ ENCODER_SCORING = "headscope scores encoders by their pooled embedding; it does 
 ENGLISH_PROBE = "Extract the value corresponding to the specified key in the JSON object below."
 
 
-def model_reasons(needs: Needs, model: Any, task: Any = None) -> list[str]:
-    """Why the analysis cannot run on `model` whatever the task (empty when it can). With `task` a file of the
-    family's own records (takes_own_records), its own default data is not read, so neither the English check nor
-    own_data applies: the file is checked by task_reasons (the route the skip reasons name, review 15c A3)."""
+def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None) -> list[str]:
+    """Why the analysis cannot run on `model` whatever the task (empty when it can). Where the reason is the
+    family's own default data (the English check, own_data) and `task` is a file of its own records that fits the
+    model (takes_own_records, task_reasons under `config`), that data is not read: empty (the route the skip reasons
+    name, review 15c A3)."""
     facts = model.facts
     if needs.decoder and facts.is_encoder:
         why = f": it {needs.what}" if needs.what else ""
         return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
-    if task is not None and takes_own_records(needs, task):
+    reasons = _default_data_reasons(needs, model)
+    if reasons and task is not None and takes_own_records(needs, task) and not task_reasons(needs, task, model, config):
         return []
+    return reasons
+
+
+def _default_data_reasons(needs: Needs, model: Any) -> list[str]:
+    """Why the family's own default data cannot be used on `model`: its words, or own_data (empty when it can)."""
     if needs.english and not _zoo_vocabulary(model):
         from headscope.models.token_text import unknown_words
 
