@@ -131,9 +131,12 @@ def _findings_html(names: Sequence[str], status: Mapping[str, str], texts: Mappi
     for name in names:
         state = status.get(name, "")
         text = texts.get(name, "") or (state if state and state != "done" else "")
-        rows.append(link(f'<p class="finding"><b><a href="#{escape(name)}">{escape(name)}</a></b>'
-                         + (f" <span class='failed'>({escape(state)})</span>" if state.startswith("failed") else "")
-                         + f": {escape(text) or 'no headline.'}</p>", name))
+        if state.startswith("failed") and text == state:  # the failure is the text: said once, in red (review 15c C3)
+            body = f": <span class='failed'>{escape(text)}</span>"
+        else:
+            body = ((f" <span class='failed'>({escape(state)})</span>" if state.startswith("failed") else "")
+                    + f": {escape(text) or 'no headline.'}")
+        rows.append(link(f'<p class="finding"><b><a href="#{escape(name)}">{escape(name)}</a></b>{body}</p>', name))
     return "<h2 id='findings'>Findings</h2>" + "".join(rows)
 
 

@@ -101,12 +101,23 @@ ENCODER_SCORING = "headscope scores encoders by their pooled embedding; it does 
 ENGLISH_PROBE = "Extract the value corresponding to the specified key in the JSON object below."
 
 
-def model_reasons(needs: Needs, model: Any) -> list[str]:
-    """Why the analysis cannot run on `model` whatever the task (empty when it can)."""
+def model_reasons(needs: Needs, model: Any, task: Any = None, config: Any = None) -> list[str]:
+    """Why the analysis cannot run on `model` whatever the task (empty when it can). Where the reason is the
+    family's own default data (the English check, own_data) and `task` is a file of its own records that fits the
+    model (takes_own_records, task_reasons under `config`), that data is not read: empty (the route the skip reasons
+    name, review 15c A3)."""
     facts = model.facts
     if needs.decoder and facts.is_encoder:
         why = f": it {needs.what}" if needs.what else ""
         return [f"{facts.name} is an encoder and this analysis needs a decoder{why}"]
+    reasons = _default_data_reasons(needs, model)
+    if reasons and task is not None and takes_own_records(needs, task) and not task_reasons(needs, task, model, config):
+        return []
+    return reasons
+
+
+def _default_data_reasons(needs: Needs, model: Any) -> list[str]:
+    """Why the family's own default data cannot be used on `model`: its words, or own_data (empty when it can)."""
     if needs.english and not _zoo_vocabulary(model):
         from headscope.models.token_text import unknown_words
 
@@ -118,11 +129,11 @@ def model_reasons(needs: Needs, model: Any) -> list[str]:
                 n = len(set(text.split()))
                 return [f"{model.name}'s tokenizer maps {len(lost)} of the {n} distinct words of {what} to its unknown "
                         f"token ({', '.join(lost[:4])}, ...); {instead}"]
-            return []
-        lost = unknown_words(model.tokenizer, ENGLISH_PROBE)
-        if lost:
-            return [f"{model.name}'s tokenizer maps English words ({', '.join(lost[:4])}) to its unknown token, "
-                    f"and this analysis's own data is English text"]
+        else:
+            lost = unknown_words(model.tokenizer, ENGLISH_PROBE)
+            if lost:
+                return [f"{model.name}'s tokenizer maps English words ({', '.join(lost[:4])}) to its unknown token, "
+                        f"and this analysis's own data is English text"]
     gap = needs.own_data(model) if needs.own_data is not None else None
     return [gap] if gap else []
 
@@ -296,7 +307,7 @@ def resolve(task: Any, model: Any, *, n_examples: int = 64, seed: int = 0) -> Ta
 def check(needs: Needs, task: Any, model: Any) -> list[str]:
     """Every reason the analysis cannot use `task` on `model`: the model's first, then the task's
     (a Task, a task name in needs.names, or anything `resolve` reads; None checks the model only)."""
-    reasons = model_reasons(needs, model)
+    reasons = model_reasons(needs, model, task)
     if task is None:
         return reasons
     if not (isinstance(task, str) and task in needs.names) and needs.task_data:

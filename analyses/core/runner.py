@@ -129,7 +129,7 @@ def plan_analyses(model: Any, names: Sequence[str], task: Any, *, seed: int = 0,
     counted: dict[str, Any] = {}  # its one-token rows, counted on first need (contract.one_token_plan)
     for name in names:
         need = registry.needs(name)
-        reasons = contract.model_reasons(need, model)
+        reasons = contract.model_reasons(need, model, task, (configs or {}).get(name))  # own records: no default data
         if reasons:
             plans[name] = Plan(task=None, used="none", skip="; ".join(reasons))
             continue

@@ -81,7 +81,8 @@ class PositionConfig(AnalysisConfig):
       pieces (digits and '-' of UUIDs become its unknown token).
     n_items: pairs, documents or sentences including the gold one (None: 20 for zoo_kv; for json_kv
       as many as fit the context, up to 20 (10 when quick), stated in the summary's n_items_note; 10
-      for qa; every shipped distractor + 1 for retrieval). positions: 1-based gold slots (None: 1 and the quarters).
+      for qa; for retrieval every record's distractors + 1, on the shipped passages as many of their 6 sentences
+      as fit the context, in n_items_note, and skipped under 3). positions: 1-based gold slots (None: 1 and the quarters).
     context: json_kv without n_items: fill each prompt with as many pairs as fit this many tokens (at
       most the model's context, answer and greedy decoding included; long prompts, Liu et al.'s
       setting), instead of at most 20 pairs.
@@ -119,7 +120,7 @@ def sweep_kind(model: Any, task: str) -> str:
             return "retrieval"
         if has_zoo_vocab(model.tokenizer):
             return "zoo_kv"
-        return "json_kv" if prompts.json_kv_gap(model.tokenizer) is None else "word_kv"
+        return "json_kv" if json_kv_reason(model) is None else "word_kv"
     if task not in TASKS:
         raise ConfigError(f"unknown position task {task!r}; use one of {('auto', *TASKS)}.")
     if (task == "retrieval") != model.facts.is_encoder:
@@ -127,6 +128,21 @@ def sweep_kind(model: Any, task: str) -> str:
         raise ConfigError(f"task {task!r} does not fit {model.facts.name}, {kind}; "
                           "use 'retrieval' for encoders and a kv or qa task for decoders.")
     return task
+
+
+def json_kv_reason(model: Any) -> str | None:
+    """Why the default json_kv prompt cannot be used on this decoder, in words, or None: the tokenizer cannot write
+    it (prompts.json_kv_gap), or not even its smallest prompts fit the context (review 15c A3's decoder case: a
+    tokenizer of long pieces and a context of 64 failed with ConfigError); word_kv then stands in for it."""
+    gap = prompts.json_kv_gap(model.tokenizer)
+    if gap is not None:
+        return f"Liu et al.'s key-value prompt with UUID keys, which this tokenizer cannot write ({gap})"
+    floor = prompts.kv_floor_tokens(model.tokenizer, getattr(model, "prepends_bos", True))
+    if floor > int(model.facts.n_ctx):
+        return (f"Liu et al.'s key-value prompt, which does not fit the context of {model.facts.n_ctx}: its smallest, 2 "
+                f"pairs of 4 hex digits without the instruction, takes {floor} tokens with the answer and greedy "
+                "decoding")
+    return None
 
 
 def encoder_text(model: Any) -> tuple[str, str, str] | None:
@@ -209,18 +225,54 @@ def default_data_gap(model: Any) -> str | None:
     """Why no default sweep can be built for this model's tokenizer (contract.Needs.own_data: the analysis is then
     skipped with this reason, not failed), or None: zoo vocabularies have zoo_kv, a tokenizer that writes Liu et
     al.'s JSON prompt json_kv, any other word_kv when MIN_FIT_PAIRS pairs of its one-token words fit."""
-    if model.facts.is_encoder or has_zoo_vocab(model.tokenizer):
+    if model.facts.is_encoder:
+        return shipped_retrieval_gap(model)
+    if has_zoo_vocab(model.tokenizer):
         return None
-    gap = prompts.json_kv_gap(model.tokenizer)
-    if gap is None:
+    why = json_kv_reason(model)
+    if why is None:
         return None
     words = prompts.vocab_words(model.tokenizer, model.facts.d_vocab)
     if prompts.fit_word_pairs(len(words), model.facts.n_ctx, 20) >= prompts.MIN_FIT_PAIRS:
         return None
+    gap = prompts.json_kv_gap(model.tokenizer)
+    route = "; run `headscope position --model M --task QA.jsonl` with multi-document QA text it can encode"
+    if gap is None:  # it writes the prompt, which does not fit the context
+        floor = prompts.kv_floor_tokens(model.tokenizer, getattr(model, "prepends_bos", True))
+        return (f"position's default data does not fit the context of {model.facts.n_ctx}: Liu et al.'s key-value "
+                f"prompt takes {floor} tokens at its smallest (2 pairs of 4 hex digits without the instruction, with "
+                f"the answer and greedy decoding), and {prompts.MIN_FIT_PAIRS} key-value pairs of this tokenizer's "
+                f"{len(words)} one-token words do not fit either{route}")
     return (f"this tokenizer cannot write position's default data, Liu et al.'s key-value prompt with UUID keys "
             f"({gap}), and has {len(words)} words that are one token, too few for "
-            f"{prompts.MIN_FIT_PAIRS} key-value pairs of its own words in its context of {model.facts.n_ctx}; run "
-            "`headscope position --model M --task QA.jsonl` with multi-document QA text it can encode")
+            f"{prompts.MIN_FIT_PAIRS} key-value pairs of its own words in its context of {model.facts.n_ctx}{route}")
+
+
+def shipped_retrieval_fit(model: Any) -> tuple[int, dict[int, int]]:
+    """(the most sentences a passage, the relevant one included, at which every shipped retrieval passage fits the
+    encoder's context, 0 where not even 2 do; records.retrieval_lengths over all shipped records, so that a quick
+    and a full run read passages of one length). Cached per tokenizer."""
+    lengths = prompts._memo(model.tokenizer, ("retrieval_lengths",),
+                            lambda: rec.retrieval_lengths(model.tokenizer, rec.load_retrieval_records()))
+    return max((n for n, size in lengths.items() if size <= int(model.facts.n_ctx)), default=0), lengths
+
+
+def shipped_retrieval_gap(model: Any) -> str | None:
+    """Why the shipped retrieval passages do not fit this encoder's context (review 15c A3: the run failed with
+    ContextLengthError), or None: not even prompts.MIN_FIT_PAIRS sentences a passage (a middle slot) fit."""
+    from headscope.errors import HeadscopeError
+
+    try:
+        n, lengths = shipped_retrieval_fit(model)
+    except HeadscopeError as err:  # a sentence the tokenizer cannot encode (the contract's word check says which)
+        return str(err).rstrip(".")
+    if n >= prompts.MIN_FIT_PAIRS:
+        return None
+    fewest = prompts.MIN_FIT_PAIRS
+    return (f"the shipped retrieval passages do not fit {model.facts.name}'s context of {model.facts.n_ctx} tokens: "
+            f"{fewest} sentences a passage (the fewest with a middle slot) take up to {lengths[fewest]} tokens under "
+            "this tokenizer; give it retrieval records of shorter sentences (a JSONL file, one object a line with "
+            "query, relevant and distractors) through `headscope position --model M --task FILE.jsonl`")
 
 
 def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
@@ -254,6 +306,11 @@ def build_sweeps(model: Any, config: PositionConfig) -> list[PositionSweep]:
         return rec.qa_sweeps(tok, records, n_docs=cfg.n_items or 10, **common)
     records = rec.load_retrieval_records(cfg.data, n_examples)
     n_distractors = None if cfg.n_items is None else cfg.n_items - 1
+    if cfg.data is None and cfg.n_items is None:  # the shipped passages: as many sentences as fit the context
+        n, _ = shipped_retrieval_fit(model)
+        if n < prompts.MIN_FIT_PAIRS:
+            raise ConfigError(f"{shipped_retrieval_gap(model)}.")
+        n_distractors = n - 1
     return rec.retrieval_sweeps(tok, records, n_distractors=n_distractors, positions=cfg.positions)
 
 
@@ -487,7 +544,8 @@ def _sweeps(model: Any, task: Any, cfg: PositionConfig) -> tuple[PositionConfig,
                                  f"PositionSweep (analyses.position.prompts); got {describe(task)}.")
         sweeps = list(task)
     kind = sweep_kind(model, cfg.sweep) if sweeps is None else ("retrieval" if model.facts.is_encoder else "custom")
-    fitted = sweeps is None and kind == "json_kv" and cfg.n_items is None  # pairs chosen to fit the context
+    fitted = sweeps is None and cfg.n_items is None and (  # pairs (shipped passages' sentences) chosen to fit
+        kind == "json_kv" or (kind == "retrieval" and cfg.data is None))
     sweeps = build_sweeps(model, cfg) if sweeps is None else list(sweeps)
     if not sweeps:
         raise ConfigError("position_bias got no sweeps; pass n_examples >= 1 or a non-empty list of PositionSweep.")
@@ -525,7 +583,10 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
     if task == "word_kv":
         out["data_note"] = word_kv_note(model, sweeps)
     fill = model.facts.n_ctx if cfg.context is None else min(cfg.context, model.facts.n_ctx)
-    if fitted:
+    if fitted and model.facts.is_encoder:
+        note = retrieval_fit_note(model, sweeps)
+        out.update({"n_items_note": note, "data_note": note} if note else {})  # data_note: the provenance's note line
+    elif fitted:
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill)
     elif task == "json_kv" and cfg.n_items is not None and not prompts.is_liu_format(model.tokenizer, sweeps):
         out["n_items_note"] = prompts.kv_fit_note(model.tokenizer, sweeps, fill, asked=True)
@@ -540,10 +601,23 @@ def _extras(model: Any, cfg: PositionConfig, sweeps: Sequence[PositionSweep], ob
     return out
 
 
+def retrieval_fit_note(model: Any, sweeps: Sequence[PositionSweep]) -> str | None:
+    """The summary's n_items_note where the shipped passages were cut to fit the context ("4 of the shipped 6
+    sentences a passage ..."), None where every sentence fits."""
+    n, lengths = shipped_retrieval_fit(model)
+    most = max(lengths)
+    if sweeps[0].n_items >= most:
+        return None
+    return (f"n_items chosen to fit context {model.facts.n_ctx}: {sweeps[0].n_items} of the shipped {most} sentences "
+            f"a passage (the relevant one and each record's first {sweeps[0].n_items - 1} distractors); all {most} "
+            f"take up to {lengths[most]} tokens under this tokenizer")
+
+
 def word_kv_note(model: Any, sweeps: Sequence[PositionSweep]) -> str:
     """The section's account of a word_kv sweep: what it is and, where it stood in for the default, why."""
-    gap = prompts.json_kv_gap(model.tokenizer)
-    why = f", instead of Liu et al.'s JSON prompt with UUID keys, which this tokenizer cannot write ({gap})" if gap else ""
+    gap, reason = prompts.json_kv_gap(model.tokenizer), json_kv_reason(model)
+    why = (f", instead of Liu et al.'s JSON prompt with UUID keys, which this tokenizer cannot write ({gap})" if gap
+           else f", instead of {reason}" if reason else "")
     sep = model.tokenizer.decode([int(sweeps[0].tokens[0, -2])]).strip()  # the tail is [separator, key]
     return (f"key-value retrieval over {sweeps[0].n_items} pairs of words that are one token under this tokenizer "
             f"(the zoo's kv format: key value {sep} ... {sep} key -> value){why}; `headscope position --model M --task "

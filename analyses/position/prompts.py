@@ -384,6 +384,16 @@ def json_kv_gap(tokenizer: Any) -> str | None:
     return _memo(tokenizer, ("json_kv_gap",), lambda: _json_kv_gap(tokenizer))
 
 
+def kv_floor_tokens(tokenizer: Any, prepend_bos: bool = True, extra_new_tokens: int = 8) -> int:
+    """The tokens fit_kv_sweeps' smallest prompts take (2 pairs of KV_FORMATS' last format, with the answer and
+    greedy decoding's extra tokens, over 32 seeded examples): a context below it fits no kv prompt. Remembered per
+    tokenizer (_memo)."""
+    key_chars, instruction = KV_FORMATS[-1]
+    return _memo(tokenizer, ("kv_floor", prepend_bos, extra_new_tokens), lambda: sweep_tokens(kv_sweeps(
+        tokenizer, n_pairs=2, n_examples=32, positions=(1,), key_chars=key_chars, instruction=instruction,
+        prepend_bos=prepend_bos), extra_new_tokens))
+
+
 def _json_kv_gap(tokenizer: Any) -> str | None:
     try:
         kv_sweeps(tokenizer, n_pairs=2, n_examples=1, positions=(1,))

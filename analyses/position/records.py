@@ -229,3 +229,14 @@ def retrieval_sweeps(
         ))
     return sweeps
 
+
+def retrieval_lengths(tokenizer: Any, records: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """{n_items: the most tokens any record's passage (or query, encoded alone) takes with n_items sentences, the
+    relevant one and the first n_items - 1 distractors}, for n_items from 2 to every record's count: what
+    `retrieval_sweeps` builds, for fitting the sentences a passage to a context."""
+    most = min(len(r["distractors"]) for r in records) + 1
+    out = {}
+    for n in range(2, most + 1):
+        sweeps = retrieval_sweeps(tokenizer, records, n_distractors=n - 1, positions=(1,))  # every slot: one length
+        out[n] = max(max(sw.prompt_len, int(sw.query_tokens.shape[1])) for sw in sweeps)
+    return out

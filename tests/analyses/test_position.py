@@ -1031,3 +1031,133 @@ def test_gold_attention_outside_the_sliding_window_is_hatched_and_said(arch_mode
                                                            .groupby("layer").mass.max())  # no number on a hatched cell
     assert "hatched: gold span outside the answer query's sliding window" in ax.get_title()
     plt.close("all")
+
+
+def _shipped_passage_tokens(tok, n_items: int) -> int:
+    """The most tokens any shipped passage of n_items sentences takes, by hand: the relevant sentence and the first
+    n_items - 1 distractors tokenized as one text with the tokenizer's [CLS] and [SEP] (WordPiece splits on spaces,
+    so this equals the sentences tokenized one by one)."""
+    records = [json.loads(line) for line in (DATA / "retrieval.jsonl").read_text().splitlines() if line.strip()]
+    return max(len(tok(" ".join([r["relevant"], *r["distractors"][:n_items - 1]]))["input_ids"]) for r in records)
+
+
+@pytest.fixture(scope="module")
+def small_context_bert(tmp_path_factory):
+    """A random 2-layer BERT with the English WordPiece of the matrix, its context set so that the shipped passages
+    hold 4 of their 6 sentences and no more: (model directory, tokenizer, context)."""
+    import transformers
+
+    from tests_support import save_tokenizer, wordpiece
+
+    tok = wordpiece()
+    n_ctx = _shipped_passage_tokens(tok, 4)
+    assert _shipped_passage_tokens(tok, 5) > n_ctx  # 5 sentences do not fit
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        max_position_embeddings=n_ctx, pad_token_id=tok.pad_token_id))
+    out = tmp_path_factory.mktemp("small-context-bert")
+    hf.save_pretrained(out)
+    save_tokenizer(tok, out)
+    return out, tok, n_ctx
+
+
+def test_an_encoder_with_a_small_context_fits_the_shipped_passages_sentences_to_it(small_context_bert):
+    """Review 15c A3: on an encoder whose context holds fewer than the shipped passages' 6 sentences, position failed
+    with ContextLengthError. It now keeps as many sentences as fit every shipped passage (4 here, counted by hand),
+    says so in n_items_note, and its cosines are plain HF's mean-pooled cosines of those 4-sentence passages."""
+    import headscope as hs
+
+    path, tok, n_ctx = small_context_bert
+    model = hs.load_model(path, device="cpu")
+    assert model.facts.n_ctx == n_ctx
+    result = position_bias(model, n_examples=2, n_boot=20, progress=False)
+    s = result.summary
+    assert (s["n_items"], s["positions"]) == (4, [1, 2, 3, 4]) and s["prompt_tokens"] <= n_ctx
+    assert s["n_items_note"] == (f"n_items chosen to fit context {n_ctx}: 4 of the shipped 6 sentences a passage (the "
+                                 "relevant one and each record's first 3 distractors); all 6 take up to "
+                                 f"{_shipped_passage_tokens(tok, 6)} tokens under this tokenizer")
+    assert s["data_note"] == s["n_items_note"]  # the section's provenance shows it as its note line
+    from transformers import AutoModel
+
+    hf = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    record = json.loads((DATA / "retrieval.jsonl").read_text().splitlines()[0])
+
+    def embed(text):
+        with torch.no_grad():
+            return hf(**tok(text, return_tensors="pt")).last_hidden_state.mean(1)  # [1, d_model]
+
+    expected = torch.nn.functional.cosine_similarity(
+        embed(record["query"]), embed(" ".join([record["relevant"], *record["distractors"][:3]])))  # gold at slot 1
+    got = result.df[(result.df["example"] == 0) & (result.df["position"] == 1)]["cosine"].item()
+    assert got == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_an_encoder_whose_context_holds_no_three_shipped_sentences_skips_position_with_the_records_route(
+        small_context_bert, tmp_path):
+    """Review 15c A3: where not even 3 shipped sentences (a middle slot) fit, position is skipped with one line that
+    counts the tokens (by hand here) and names the route, `--task FILE.jsonl`; a file of the user's own records is
+    not refused for the shipped data's length (it is checked on its own, task_reasons)."""
+    from types import SimpleNamespace
+
+    from headscope.analyses.core import contract
+    from headscope.analyses.core.registry import needs
+    from headscope.analyses.core.runner import plan_analyses
+    from headscope.analyses.position.analysis import build_sweeps
+    from headscope.errors import ConfigError
+
+    _, tok, _ = small_context_bert
+    three = _shipped_passage_tokens(tok, 3)
+    small = SimpleNamespace(name="small", tokenizer=tok, prepends_bos=False,
+                            facts=SimpleNamespace(is_encoder=True, n_ctx=three - 1, d_vocab=len(tok), name="small"))
+    why = (f"the shipped retrieval passages do not fit small's context of {three - 1} tokens: 3 sentences a passage (the "
+           f"fewest with a middle slot) take up to {three} tokens under this tokenizer; give it retrieval records of "
+           "shorter sentences (a JSONL file, one object a line with query, relevant and distractors) through "
+           "`headscope position --model M --task FILE.jsonl`")
+    assert contract.model_reasons(needs("position"), small) == [why]
+    assert plan_analyses(small, ["position"], None)["position"].skip == why  # the report's "skipped", not "failed"
+    with pytest.raises(ConfigError, match="^the shipped retrieval passages do not fit small's context"):
+        build_sweeps(small, PositionConfig(n_examples=1))
+    records = tmp_path / "short.jsonl"
+    records.write_text(json.dumps({"query": "Which river?", "relevant": "The Seine.", "distractors": ["A cat.", "Rain."]})
+                       + "\n")
+    assert contract.model_reasons(needs("position"), small, str(records)) == []
+    assert contract.task_reasons(needs("position"), str(records), small) == []  # 3 short sentences fit
+    fits = SimpleNamespace(name="fits", tokenizer=tok, prepends_bos=False,
+                           facts=SimpleNamespace(is_encoder=True, n_ctx=three, d_vocab=len(tok), name="fits"))
+    assert contract.model_reasons(needs("position"), fits) == []
+    assert build_sweeps(fits, PositionConfig(n_examples=1))[0].n_items == 3
+
+
+def test_a_decoder_whose_context_holds_no_kv_prompt_gets_word_kv_and_says_why(tmp_path):
+    """Review 15c A3, the decoder case: a byte-level BPE of ~500 pieces writes Liu et al.'s UUID prompt, but not even
+    its smallest (2 pairs of 4 hex digits) fits a context of 64, and position failed with ConfigError. It now runs
+    the kv retrieval over one-token words (word_kv), whose note says why; its answer log-probability is plain HF's."""
+    import transformers
+
+    import headscope as hs
+    from headscope.analyses.position.analysis import build_sweeps, sweep_kind
+    from tests_support import byte_level_bpe, save_tokenizer
+
+    tok = byte_level_bpe()
+    assert pp.json_kv_gap(tok) is None  # it writes the UUID prompt
+    torch.manual_seed(0)
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=eot, eos_token_id=eot,
+    )).save_pretrained(tmp_path)
+    save_tokenizer(tok, tmp_path)
+    model = hs.load_model(tmp_path, device="cpu")
+    assert sweep_kind(model, "auto") == "word_kv"
+    config = PositionConfig.preset(quick=True, n_examples=2, n_boot=20, window=0, progress=False)
+    result = position_bias(model, config=config)
+    s = result.summary
+    assert s["task"] == "word_kv" and s["prompt_tokens"] <= 64
+    assert ("instead of Liu et al.'s key-value prompt, which does not fit the context of 64: its smallest, 2 pairs of "
+            "4 hex digits without the instruction, takes ") in s["data_note"]
+    sweep = build_sweeps(model, config)[0]
+    hf = hf_model(tmp_path)
+    with torch.no_grad():
+        logprobs = hf(sweep.tokens[:1]).logits[0, -1].double().log_softmax(-1)  # [vocab], gold at the first slot
+    got = result.df[(result.df["example"] == 0) & (result.df["position"] == sweep.positions[0])]["logprob"].item()
+    assert got == pytest.approx(float(logprobs[int(sweep.answer_ids[0])]), abs=1e-4)

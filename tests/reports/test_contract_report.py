@@ -62,6 +62,20 @@ def test_report_files_tolerate_an_empty_csv_and_show_skipped_analyses(tmp_path):
     assert "task: kv, from its default task (no --task given)" in html and "results.csv" in html
 
 
+def test_a_failed_sections_failure_is_said_once_in_the_findings_list(tmp_path):
+    """Review 15c C3: report.html's findings list printed a failure twice, "position (failed: X) failed: X"; the
+    failure is the finding's text, said once in red (the section keeps its own red line)."""
+    from headscope.reports.html_report import write_report_files
+
+    why = "failed: ContextLengthError: The prompt has 184 tokens but m has a context of 64 <tokens>"
+    write_report_files(tmp_path, ["position"], {"position": why}, {"name": "m"}, task_used={"position": "default task"})
+    html = (tmp_path / "report.html").read_text()
+    escaped = "failed: ContextLengthError: The prompt has 184 tokens but m has a context of 64 &lt;tokens&gt;"
+    assert ('<p class="finding"><b><a href="#position">position</a></b>: '
+            f"<span class='failed'>{escaped}</span></p>") in html
+    assert html.count(escaped) == 2  # the findings list's line and the section's own, nothing more
+
+
 @pytest.mark.slow
 def test_minilm_plan_with_a_prompt_answer_file_keeps_the_decoder_only_analyses_off(tmp_path):
     """The report's plan on MiniLM with a prompt/answer file (the report itself, skips and all, is
