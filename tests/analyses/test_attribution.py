@@ -1168,21 +1168,7 @@ def tiny_granite(tmp_path_factory):
     """A random GraniteForCausalLM (2 layers, d_model 64, GQA) with Granite's four scalings at their released
     sizes' kind (embedding_multiplier 12, residual_multiplier 0.22, attention_multiplier 1/16, logits_scaling 8),
     the word-level tokenizer: (directory, HookedModel)."""
-    import transformers
-
-    out = tmp_path_factory.mktemp("granite") / "granite"
-    torch.manual_seed(0)
-    config = transformers.GraniteConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=2, eos_token_id=3, pad_token_id=1,
-        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=1 / 16, logits_scaling=8.0)
-    model = transformers.GraniteForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(out, safe_serialization=True)
-    word_tokenizer().save_pretrained(out)
+    out = build_tiny_model("granite", tmp_path_factory.mktemp("granite") / "granite", attention_multiplier=1 / 16)
     return out, hs.load_model(out, device="cpu")
 
 
