@@ -155,7 +155,8 @@ def load_model(
 
     `trust_remote_code` stays off unless you ask for it; weights load through Hugging Face's
     safetensors path. `dtype`: a torch dtype or its name ("float32", "bfloat16", "float16"; also
-    "fp32", "bf16", "fp16"); None keeps the checkpoint's. `tokenizer`: a tokenizer object, or a directory or hub name for
+    "fp32", "bf16", "fp16"); None keeps the checkpoint's (checkpoint_dtype: config.json's dtype, else
+    its weights'; float32 where neither is one of those three). `tokenizer`: a tokenizer object, or a directory or hub name for
     AutoTokenizer, used instead of the one transformers picks for the model's files.
     `check_tokenizer`: encode and decode a few words of the tokenizer's own vocabulary and warn
     (TokenizationWarning) when they do not come back, i.e. when the tokenizer class does not fit
@@ -185,6 +186,8 @@ def load_model(
         warnings.warn(f"trust_remote_code=True: {name} may run its own Python code from its files; use it only "
                       f"for models whose source you trust.", UserWarning, stacklevel=2)
     dtype = resolve_dtype(dtype)
+    if dtype is None:  # review 15c A1: the checkpoint's, as Hugging Face's dtype="auto" (TransformerLens boots float32)
+        dtype = checkpoint_dtype(location if kind == "local" else _cached_snapshot(location))
     check_model_files(location if kind == "local" else _cached_snapshot(location), tokenizer_given=tokenizer is not None,
                       complete=kind == "local")
     device = device if device is not None else (None if device_map else default_device())
@@ -369,6 +372,67 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     if isinstance(dtype, str) and dtype.strip().lower().removeprefix("torch.") in _DTYPES:
         return _DTYPES[dtype.strip().lower().removeprefix("torch.")]
     raise ConfigError(f"Unknown dtype {dtype!r}; use one of float32, bfloat16, float16.")
+
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def checkpoint_dtype(folder: str | os.PathLike | None) -> torch.dtype | None:
+    """The dtype a model folder was saved in, as Hugging Face's dtype="auto" reads it: config.json's `dtype`
+    (older files: `torch_dtype`), else the first floating-point tensor of its first safetensors file. None
+    (load_model then runs float32, TransformerLens's default) where neither names float32, bfloat16 or
+    float16 (float64, no folder, no weights), or for a quantized checkpoint (its quantizer sets the dtype)."""
+    import json
+
+    if folder is None or not (Path(folder) / "config.json").is_file():
+        return None
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or config.get("quantization_config"):
+        return None
+    named = config.get("dtype") or config.get("torch_dtype")
+    if named is None:
+        named = _first_weight_dtype(Path(folder))
+    name = str(named).removeprefix("torch.") if isinstance(named, str) else None
+    return _DTYPES[name] if name in ("float32", "bfloat16", "float16") else None
+
+
+def run_dtype_name(model: Any, requested: torch.dtype | str | None) -> str:
+    """The name of the dtype a model runs in ("bfloat16"), known before it loads: `requested` (load_model's
+    dtype), else a loaded HookedModel's, else the checkpoint's (checkpoint_dtype), else float32; what
+    --resume compares (reports/resume_settings.py)."""
+    dtype = resolve_dtype(requested)
+    if dtype is None and hasattr(model, "facts") and hasattr(model, "bridge"):
+        dtype = model.dtype
+    if dtype is None:
+        from headscope.errors import HeadscopeError
+        from headscope.models import tracr
+
+        try:
+            kind, location = ("local", None) if tracr.is_assembled(model) else resolve_spec(model)
+        except HeadscopeError:
+            kind, location = "local", None
+        dtype = checkpoint_dtype(location if kind == "local" else _cached_snapshot(location))
+    return str(dtype or torch.float32).removeprefix("torch.")
+
+
+def _first_weight_dtype(folder: Path) -> str | None:
+    """The dtype name of the first floating-point tensor in the folder's first safetensors file (its header only)."""
+    import json
+    import struct
+
+    for path in sorted(folder.glob("*.safetensors"))[:1]:
+        try:
+            with open(path, "rb") as f:
+                header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        except (OSError, ValueError, struct.error):
+            return None
+        for key, entry in header.items():
+            if key != "__metadata__" and isinstance(entry, dict) and entry.get("dtype") in _SAFETENSORS_DTYPES:
+                return _SAFETENSORS_DTYPES[entry["dtype"]]
+    return None
 
 
 def _rotary_back_to_compute_dtype(bridge: Any) -> None:

@@ -57,7 +57,7 @@ class RunSettings:
     budget: float | None = None
     minutes: float | None = None
     substitute: bool = True
-    dtype: str | None = None  # the requested precision's name (None: the checkpoint's)
+    dtype: str | None = None  # the precision's name: --dtype's, else the checkpoint's (loading.run_dtype_name)
     prepend_bos: bool | None = None  # load_model's prepend_bos (None: a BOS on decoders, as TransformerLens)
     n_items: int | None = None  # position's items a prompt (None: its default)
 
@@ -173,7 +173,7 @@ def checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
     """The run's settings, every user mistake found before anything is written: modes, device, numbers,
     analysis names, the task (a task file read once here, TaskFile.held, and every row checked), OUT."""
     from headscope.analyses.core.config import check_shared
-    from headscope.models.loading import resolve_dtype
+    from headscope.models.loading import run_dtype_name
 
     check_shared(seed=o.seed, n_examples=o.n_examples)  # bad numbers: one line, before any file or work
     budget_minutes(o.budget, o.quick)
@@ -206,6 +206,6 @@ def checked_settings(model: Any, o: ReportOptions, main: bool) -> RunSettings:
     return RunSettings(names=names, task=task, task_rows=task_rows, seed=o.seed, quick=o.quick, n_examples=o.n_examples,
                        progress=o.progress, command=o.command, main=main, budget=o.budget,
                        minutes=budget_minutes(o.budget, o.quick), substitute=o.substitute,
-                       dtype=None if o.dtype is None else str(resolve_dtype(o.dtype)).removeprefix("torch."),
+                       dtype=run_dtype_name(model, o.dtype),
                        prepend_bos=getattr(model, "prepend_bos", None) if o.prepend_bos is None else o.prepend_bos,
                        n_items=o.n_items)

@@ -47,9 +47,9 @@ def run_settings(model: Any, names: Sequence[str], task: Any, *, seed: int, quic
     """What a --resume must match (the manifest's config "settings"): the model's source and files
     (models/fingerprint.py: new weights saved over the same folder are another model), the task
     (a task file by its bytes, field mapping and strictness, not its path), seed, quick, n_examples, the
-    requested dtype (None: the checkpoint's), load_model's prepend_bos (None: TransformerLens's habit), the
-    headscope version and each analysis's config (with its `overrides`: RunSettings.overrides). `model` is a
-    HookedModel or a load_model spec."""
+    dtype it runs in (`dtype`: --dtype's, else the checkpoint's; loading.run_dtype_name), load_model's
+    prepend_bos (None: TransformerLens's habit), the headscope version and each analysis's config (with its
+    `overrides`: RunSettings.overrides). `model` is a HookedModel or a load_model spec."""
     import json
 
     from headscope.models.fingerprint import model_fingerprint
@@ -112,12 +112,14 @@ def check_resume(out: Path, settings: dict) -> None:
     for key, label in (("model_source", "model"), ("model_files", "model files (weights, config or tokenizer changed)"),
                        ("task", "task"), ("task_sha256", "task file contents"), ("task_fields", "task fields"),
                        ("seed", "seed"), ("quick", "--quick"), ("n_examples", "--n-examples"),
-                       ("budget_minutes", "--budget"), ("prepend_bos", "--prepend-bos/--no-prepend-bos"),
+                       ("budget_minutes", "--budget"), ("dtype", "dtype"), ("prepend_bos", "--prepend-bos/--no-prepend-bos"),
                        ("headscope", "headscope version")):
         if key == "task" and recorded.get("task_sha256") and settings.get("task_sha256"):
             continue  # a task file is its bytes (compared next), wherever it lies now
         if key == "model_files" and differ:
             continue  # another model altogether (said already)
+        if key == "dtype" and recorded.get(key) is None:  # before review 15c A1: the requested dtype; the one run
+            recorded = {**recorded, "dtype": (previous.get("config") or {}).get("dtype")}
         if recorded.get(key) != settings.get(key):
             if key == "prepend_bos":  # None / True / False read as the options that set them
                 differ.append(f"BOS {bos_option(recorded.get(key))} (now {bos_option(settings.get(key))})")

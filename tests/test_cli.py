@@ -797,6 +797,41 @@ def test_dtype_runs_the_report_in_that_precision_and_says_so(tmp_path, monkeypat
     assert "parallel blocks" not in page  # the zoo Llama is sequential (review 8 C2: only parallel blocks say it)
 
 
+def test_a_bfloat16_checkpoint_runs_in_bfloat16_by_default_and_resume_compares_the_dtype_run(tmp_path, tiny_dirs,
+                                                                                               monkeypatch):
+    """Review 15c A1: without --dtype a checkpoint saved in bfloat16 runs in bfloat16 (it ran in float32, TransformerLens's
+    default): manifest, resume settings and header name it; --resume with another --dtype is refused in one line (the
+    dtype run was recorded but never compared), and so is a manifest of the old code (settings dtype None, config
+    dtype float32) resumed where the checkpoint's is now bfloat16."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from headscope.errors import ConfigError
+    from headscope.reports.resume_settings import check_resume
+
+    folder = tmp_path / "bf16"
+    shutil.copytree(tiny_dirs["gpt2"], folder)
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(torch.bfloat16).save_pretrained(folder)
+    fake_analyses(monkeypatch)
+    out = tmp_path / "run"
+    cli("-q", "kv", "--quick", "--device", "cpu", "--model", str(folder), "--out", str(out))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["dtype"] == "bfloat16" and manifest["config"]["settings"]["dtype"] == "bfloat16"
+    assert ", run in bfloat16 on cpu" in (out / "report.md").read_text()
+    line = one_line_error(cli("-q", "kv", "--quick", "--device", "cpu", "--model", str(folder), "--out", str(out),
+                              "--dtype", "float32", "--resume", check=False))
+    assert "dtype 'bfloat16' (now 'float32')" in line, line
+    cli("-q", "kv", "--quick", "--device", "cpu", "--model", str(folder), "--out", str(out), "--resume")
+    settings = manifest["config"]["settings"]
+    manifest["config"]["settings"], manifest["config"]["dtype"] = {**settings, "dtype": None}, "float32"
+    (out / "manifest.json").write_text(json.dumps(manifest))  # as the old code wrote it for this run without --dtype
+    with pytest.raises(ConfigError, match=r"dtype 'float32' \(now 'bfloat16'\)"):
+        check_resume(out, settings)
+    check_resume(out, {**settings, "dtype": "float32"})  # resumed with --dtype float32: the same precision, kept
+
+
 def test_no_prepend_bos_runs_the_prompts_as_tokenized_and_every_page_says_which(tmp_path, tiny_dirs, monkeypatch, capsys):
     """Review 10b A1 / C3, 10a C1: the tiny word-level tokenizer adds no BOS (like GPT-2's). `kv --no-prepend-bos`
     records the choice (manifest, resume settings), its header says the prompts ran as tokenized and its sample shows

@@ -78,3 +78,43 @@ def test_tl_daily_tasks_take_no_more_lines_than_transformer_lens(monkeypatch):
         assert 0 < r.headscope <= r.transformer_lens, r
     readme = (NOTEBOOK.parents[1] / "README.md").read_text()
     assert daily.table(rows) in readme, "README's table of daily tasks is out of date: paste the script's output"
+
+
+def test_readme_quick_start_comments_hold_on_an_encoder_and_a_decoder(arch_models, arch_dirs, mixed_tasks):
+    """Review 15c C4: the quick start's comments said every mask is left-padded and `logits[i, -1]` is row i's answer,
+    which holds on a decoder only. On BERT the task is right-padded (row i: its plain Hugging Face tokenization, then
+    padding), `model(...)` gives final hidden states [batch, pos, d_model], and attention_mask[i].sum() - 1 is row i's
+    last real token ([SEP]); on GPT-2 the mask is left-padded and the output [batch, pos, vocab]. The README says both."""
+    import json
+
+    import torch
+    from transformers import AutoTokenizer
+
+    import headscope as hs
+    from tests_support import mixed_length_rows
+
+    readme = (NOTEBOOK.parents[1] / "README.md").read_text()
+    assert "decoders left-padded, encoders right" in readme
+    assert "an encoder gives final hidden states [batch, pos, d_model]" in readme
+    assert "row i ends at task.attention_mask[i].sum() - 1" in readme
+    bert = arch_models("bert")
+    rows = mixed_length_rows(bert, 6, corrupt=False)
+    task = hs.load_task(bert, rows, {"prompt": "text", "answer": "label"})
+    plain = AutoTokenizer.from_pretrained(arch_dirs["bert"])
+    d_model = json.loads((arch_dirs["bert"] / "config.json").read_text())["hidden_size"]
+    with torch.no_grad():
+        out = bert(task.tokens, attention_mask=task.attention_mask)
+    assert out.shape == (*task.tokens.shape, d_model)
+    lengths = {len(plain(r["text"])["input_ids"]) for r in rows}
+    assert len(lengths) > 1  # rows of several lengths: padding shows
+    for i, row in enumerate(rows):
+        ids = plain(row["text"])["input_ids"]
+        n = int(task.attention_mask[i].sum())
+        assert n == len(ids) and task.attention_mask[i].tolist() == [1] * n + [0] * (task.tokens.shape[1] - n)
+        assert task.tokens[i, :n].tolist() == ids and ids[n - 1] == plain.sep_token_id
+    gpt2, decoder_task = arch_models("gpt2"), mixed_tasks("gpt2")
+    mask = decoder_task.attention_mask
+    assert all(mask[i].tolist() == sorted(mask[i].tolist()) for i in range(len(mask))) and not mask[:, -1].eq(0).any()
+    with torch.no_grad():
+        logits = gpt2(decoder_task.tokens, attention_mask=mask)
+    assert logits.shape == (*decoder_task.tokens.shape, gpt2.facts.d_vocab)

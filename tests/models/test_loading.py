@@ -253,3 +253,50 @@ def test_dtype_by_name_and_olmo2_bridge_in_bfloat16_within_hugging_faces_roundin
     assert seen == [torch.bfloat16] and model.hook_free()
     gap = (plain[torch.bfloat16] - plain[torch.float32]).abs().max()
     assert gap > 0 and (ours - plain[torch.bfloat16]).abs().max() <= 2 * gap  # (here: equal to HF eager bf16)
+
+
+def _saved_in(source, folder, dtype, *, keep_config_dtype=True):
+    """A copy of the tiny model folder `source` with its weights saved in `dtype` (config.json's `dtype` removed
+    unless keep_config_dtype: an older checkpoint that names none)."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(source, folder)
+    AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(dtype).save_pretrained(folder)
+    if not keep_config_dtype:
+        config = json.loads((folder / "config.json").read_text())
+        config.pop("dtype", None), config.pop("torch_dtype", None)
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_default_dtype_is_the_checkpoints_as_hugging_face_loads_it(tiny_dirs, tmp_path):
+    """Review 15c A1: a checkpoint saved in bfloat16 (or float16) runs in it when no dtype is asked for, as plain Hugging
+    Face's from_pretrained (dtype "auto") loads it: config.json's dtype, else the weights' (a config naming none). Every
+    parameter equals the saved tensor (safetensors, read directly) and the logits are within HF eager's rounding in that dtype;
+    dtype="float32" still casts. The zoo model stays float32 (its checkpoint's)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    tokens = random_tokens(2, 9)
+    cases = [("bf16", torch.bfloat16, True), ("fp16", torch.float16, True), ("bf16-no-config-dtype", torch.bfloat16, False)]
+    for name, dtype, keep in cases:
+        folder = _saved_in(tiny_dirs["gpt2"], tmp_path / name, dtype, keep_config_dtype=keep)
+        plain = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+        assert plain.dtype is dtype  # Hugging Face's own reading of the checkpoint
+        model = hs.load_model(folder, device="cpu")
+        assert model.dtype is dtype and {p.dtype for p in model.bridge.parameters()} == {dtype}, name
+        from headscope.models.loading import checkpoint_dtype, run_dtype_name
+
+        assert checkpoint_dtype(folder) is dtype and run_dtype_name(str(folder), None) == str(dtype)[len("torch."):]
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+            wte = f.get_tensor("transformer.wte.weight")
+        assert wte.dtype is dtype and torch.equal(model.bridge.original_model.transformer.wte.weight, wte)
+        with torch.no_grad():
+            ours, theirs = model(tokens).float(), plain(tokens).logits.float()
+            gap = (theirs - plain.float()(tokens).logits).abs().max()  # HF in that dtype against HF float32
+        assert gap > 0 and (ours - theirs).abs().max() <= 2 * gap, name  # the rounding rule of the bfloat16 test above
+    assert hs.load_model(tmp_path / "bf16", device="cpu", dtype="float32").dtype is torch.float32
+    assert checkpoint_dtype(tiny_dirs["gpt2"]) is torch.float32 and run_dtype_name("zoo/synth-llama", None) == "float32"
