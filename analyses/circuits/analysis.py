@@ -472,6 +472,11 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
         except (UnsupportedModelError, TaskError, ConfigError) as err:  # Gemma 2's post-norms; no pair of one
             # length; no clean-corrupted gap to normalise by (corrupted prompts that change nothing)
             summary["edges_skipped"] = str(err)
+        except NotImplementedError as err:  # a hook TransformerLens refuses for this model: the lens and DLA
+            # above still stand (review 15b A1), the reason in one line
+            first = (str(err).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
+            summary["edges_skipped"] = (f"TransformerLens cannot give this model's edge hooks ({first}); the logit "
+                                        "lens and DLA above are unaffected.")
         else:
             tables.update(found)
             summary.update(edge_summary, edges_n_examples=len(pairs))  # the pairs; the lens and DLA use n_examples
