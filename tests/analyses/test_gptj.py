@@ -154,3 +154,23 @@ def test_an_edge_failure_keeps_the_lens_and_dla(gptj, monkeypatch):
     reason = ("TransformerLens cannot give this model's edge hooks (use_attn_result: none of this model's attention "
               "bridges support the requested fine-grained attention hook); the logit lens and DLA above are unaffected.")
     assert result.summary["edges_skipped"] == reason
+
+
+def test_gptj_bfloat16_patterns_are_the_models_own(gptj_dir):
+    """Review 15b A2: GPT-J's attention computes q k^T and the softmax in float32 from bfloat16 q and k; the
+    recomputed patterns did it in bfloat16 (up to 0.031 off), and from layer 1 on the hook-free pass's fused
+    kernel moved q and k. A pattern-only capture now equals HF eager's bfloat16 output_attentions exactly at
+    every layer, and attention_pattern (memory-light) exactly at layer 0."""
+    from transformers import GPTJForCausalLM
+
+    model = hs.load_model(str(gptj_dir), device="cpu", dtype="bfloat16")
+    hf = GPTJForCausalLM.from_pretrained(gptj_dir, attn_implementation="eager", dtype=torch.bfloat16).eval()
+    tokens = torch.randint(10, 60, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(tokens, output_attentions=True).attentions  # per layer [batch, head, q, k] bfloat16
+    names = [hs.site("pattern", layer) for layer in range(2)]
+    acts = hs.capture(model, tokens, names)
+    for layer, name in enumerate(names):
+        assert acts[name].dtype == torch.bfloat16
+        assert torch.equal(acts[name], want[layer]), layer
+    assert torch.equal(hs.attention_pattern(model, tokens, 0), want[0])
