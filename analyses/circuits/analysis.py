@@ -426,6 +426,7 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     mean = dla_mean(dla)
     summary = {**dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
+               "dla_attn_bias_parts": dla_mod.attn_bias_parts(model),  # what each head's row leaves to attn_bias
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
                "moe_layers": hooks.moe_layers(model)}
@@ -455,6 +456,7 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     mean = dla_mean(dla)
     summary = {**lens_summary(lens, err), **dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model)),
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
+               "dla_attn_bias_parts": dla_mod.attn_bias_parts(model),  # what each head's row leaves to attn_bias
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
                "moe_layers": hooks.moe_layers(model)}

@@ -139,23 +139,6 @@ def test_gptj_circuits_report_lens_dla_and_edges(gptj):
     assert len(result.tables["edges"]) and len(result.tables["lens"]) and len(result.tables["dla"])
 
 
-def test_an_edge_failure_keeps_the_lens_and_dla(gptj, monkeypatch):
-    """Review 15b A1: TransformerLens's NotImplementedError in the edges lost the whole circuits section; now the
-    lens and DLA tables stay and edges_skipped gives the reason in one line."""
-    from headscope.analyses.circuits import faithfulness
-
-    def refuse(*args, **kwargs):
-        raise NotImplementedError("use_attn_result: none of this model's attention bridges support the requested "
-                                  "fine-grained attention hook. Found attention classes: ['AttentionBridge'].")
-
-    monkeypatch.setattr(faithfulness, "circuit_discovery", refuse)
-    result = hs.run_analysis("circuits", gptj[0], pair_task(), quick=True)
-    assert len(result.tables["lens"]) and len(result.tables["dla"]) and "edges" not in result.tables
-    reason = ("TransformerLens cannot give this model's edge hooks (use_attn_result: none of this model's attention "
-              "bridges support the requested fine-grained attention hook); the logit lens and DLA above are unaffected.")
-    assert result.summary["edges_skipped"] == reason
-
-
 def test_gptj_bfloat16_patterns_are_the_models_own(gptj_dir):
     """Review 15b A2: GPT-J's attention computes q k^T and the softmax in float32 from bfloat16 q and k; the
     recomputed patterns did it in bfloat16 (up to 0.031 off), and from layer 1 on the hook-free pass's fused
@@ -174,3 +157,71 @@ def test_gptj_bfloat16_patterns_are_the_models_own(gptj_dir):
         assert acts[name].dtype == torch.bfloat16
         assert torch.equal(acts[name], want[layer]), layer
     assert torch.equal(hs.attention_pattern(model, tokens, 0), want[0])
+
+
+def test_gptj_dla_heads_and_attn_bias_equal_a_plain_hf_decomposition(gptj):
+    """Review 15b B1: on GPT-J (no attention biases) attn_bias{l} is ln_1's bias through W_V and W_O, moved out of
+    the heads' rows as TransformerLens folds it. By hand from plain HF: ln_f's input x at the answer position,
+    scale sqrt(var x + eps), direction ln_f.weight * (W_U[answer] - W_U[wrong]); a head's write z_h W_O,h and its
+    constant c_h = (ln_1.bias W_V,h) W_O,h, each centred, over the scale, along the direction. The head's row is
+    its write less c_h, attn_bias{l} the sum of the c_h; the finding says so in words."""
+    from headscope.reports.circuits_words import finding
+
+    model, hf = gptj
+    task = pair_task()
+    result = hs.direct_logit_attribution(model, task)
+    got = result.tables["dla"].set_index(["example", "component"]).contribution
+    blocks, dh = hf.transformer.h, hf.config.n_embd // hf.config.n_head
+    seen = {}
+    handles = [hf.transformer.ln_f.register_forward_pre_hook(lambda m, a: seen.update(x=a[0]))]
+    for layer, block in enumerate(blocks):
+        handles.append(block.attn.out_proj.register_forward_pre_hook(
+            lambda m, a, layer=layer: seen.update({layer: a[0]})))
+    with torch.no_grad():
+        hf(task.tokens)
+        for h in handles:
+            h.remove()
+        ln_f, w_u = hf.transformer.ln_f, hf.lm_head.weight
+        x = seen["x"][:, -1]  # [b, d]
+        scale = (x.var(-1, unbiased=False) + ln_f.eps).sqrt()  # [b]
+        direction = ln_f.weight * (w_u[task.answers] - w_u[task.wrong_answers])  # [b, d]
+
+        def dla(v):  # [b, d] -> [b]
+            return ((v - v.mean(-1, keepdim=True)) / scale[:, None] * direction).sum(-1)
+
+        for layer, block in enumerate(blocks):
+            bias_row = 0.0
+            for head in range(hf.config.n_head):
+                cols = slice(head * dh, (head + 1) * dh)
+                w_o = block.attn.out_proj.weight[:, cols]  # [d, dh]
+                write = seen[layer][:, -1, cols] @ w_o.T  # [b, d]
+                const = (block.ln_1.bias @ block.attn.v_proj.weight[cols].T) @ w_o.T  # [d]
+                want = dla(write - const)
+                bias_row = bias_row + dla(const.expand_as(write))
+                for i in range(len(task)):
+                    assert float(got[i, f"L{layer}H{head}"]) == pytest.approx(float(want[i]), rel=1e-4, abs=1e-5)
+            assert float(bias_row.abs().max()) > 1e-2
+            for i in range(len(task)):
+                assert float(got[i, f"attn_bias{layer}"]) == pytest.approx(float(bias_row[i]), rel=1e-4, abs=1e-5)
+    assert result.summary["dla_attn_bias_parts"] == {"value": ["ln1's bias through W_V"], "b_O": False}
+    assert ("Each head's row leaves out its position-independent value term (ln1's bias through W_V, then W_O), which "
+            "is in its layer's attn_bias row alone (the attention has no output bias: attn_bias is not a bias of the "
+            "attention), as TransformerLens's fold_ln and fold_value_biases place it: a head's row is not its whole "
+            "write z_h W_O (what zeroing the head removes).") in finding(result.summary)
+
+
+def test_an_edge_failure_keeps_the_lens_and_dla(gptj, monkeypatch):
+    """Review 15b A1: TransformerLens's NotImplementedError in the edges lost the whole circuits section; now the
+    lens and DLA tables stay and edges_skipped gives the reason in one line."""
+    from headscope.analyses.circuits import faithfulness
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("use_attn_result: none of this model's attention bridges support the requested "
+                                  "fine-grained attention hook. Found attention classes: ['AttentionBridge'].")
+
+    monkeypatch.setattr(faithfulness, "circuit_discovery", refuse)
+    result = hs.run_analysis("circuits", gptj[0], pair_task(), quick=True)
+    assert len(result.tables["lens"]) and len(result.tables["dla"]) and "edges" not in result.tables
+    reason = ("TransformerLens cannot give this model's edge hooks (use_attn_result: none of this model's attention "
+              "bridges support the requested fine-grained attention hook); the logit lens and DLA above are unaffected.")
+    assert result.summary["edges_skipped"] == reason
