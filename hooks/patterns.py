@@ -8,9 +8,12 @@ recomputed from the layer's post-rotary q and k, its mask (causal, padding, slid
 and score soft-cap (Gemma 2), with grouped KV heads mapped to their query heads, a chunk of queries
 at a time: memory is the requested pattern plus one chunk's scores. `attention_pattern` stops the
 pass at the layer; `capture` and `run_with_cache` take this route when only patterns and scores
-are requested (no hook attached), running the rest of the pass for its output. Elsewhere (hooks
-attached, a model whose hook-free pass does not apply) the bridge's own pattern is read, which is
-exact but not memory-light.
+are requested (no hook attached) in float32, running the rest of the pass for its output. Elsewhere
+(hooks attached, a model whose hook-free pass does not apply, capture in half precision) the
+bridge's own pattern is read, which is exact but not memory-light. Scores are computed in the
+dtype the model's attention uses (`scores_in_float32`: GPT-J upcasts q and k). In half precision the
+fused kernel's rounding of earlier layers moves later layers' q and k: `attention_pattern` and
+`reduce_patterns` stay within Hugging Face's own bfloat16 rounding (tests/hooks), not equal to it.
 """
 from __future__ import annotations
 
@@ -27,6 +30,21 @@ from headscope.models.hooked_model import hook_free_pass
 DEFAULT_CHUNK = 256  # queries per chunk: [batch, heads, 256, keys] scores at a time
 _ATTENTION_SITE = re.compile(r"^blocks\.(\d+)\.attn\.hook_(attn_scores|pattern)$")
 _KIND = {"attn_scores": "scores", "pattern": "pattern"}
+# Hugging Face attentions that compute q k^T (and the softmax) in float32 from half-precision q and k (their
+# eager code upcasts: GPTJ/CodeGen/GPT-Neo `query.to(torch.float32)`); TransformerLens runs these
+# through its plain AttentionBridge, i.e. Hugging Face's own attention (review 15b A2)
+FLOAT32_SCORES = ("GPTJForCausalLM", "CodeGenForCausalLM", "GPTNeoForCausalLM")
+
+
+def scores_in_float32(model) -> bool:
+    """Whether the model's attention computes its scores in float32 whatever its dtype (FLOAT32_SCORES, or
+    GPT-2's reorder_and_upcast_attn); elsewhere scores are in the model's dtype and the softmax in float32
+    (Llama's, NeoX's eager `softmax(..., dtype=torch.float32)`; GPT-2's softmax in bfloat16 rounds the same,
+    as torch's half-precision softmax accumulates in float32), cast back to the model's dtype."""
+    if model.facts.architecture in FLOAT32_SCORES:
+        return True
+    attn = model.bridge.blocks[0].attn if len(model.bridge.blocks) else None
+    return bool(getattr(attn, "_reorder_and_upcast_attn", False))
 
 
 def attention_pattern(model, tokens: torch.Tensor, layer: int, heads: int | Sequence[int] | None = None,
@@ -49,10 +67,12 @@ def attention_pattern(model, tokens: torch.Tensor, layer: int, heads: int | Sequ
     head_idx = _head_index(model, layer, heads, tokens.device)  # [h']
     query_idx = position_index(query_positions, tokens.shape[1], tokens.device)  # [q']
     got: dict[str, torch.Tensor] = {}
+    upcast = scores_in_float32(model)
 
     def keep(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
              softcap: float | None = None) -> None:
-        got.update(attention_weights(q, k, mask, scale, head_idx, query_idx, chunk=chunk, softcap=softcap))
+        got.update(attention_weights(q, k, mask, scale, head_idx, query_idx, chunk=chunk, softcap=softcap,
+                                     upcast=upcast))
 
     with torch.no_grad():
         if hook_free_pass(model, tokens, attention_mask, attention={layer: keep}, stop_after=layer) is not None:
@@ -62,14 +82,14 @@ def attention_pattern(model, tokens: torch.Tensor, layer: int, heads: int | Sequ
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, heads: torch.Tensor,
                       queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK, kinds: Iterable[str] = ("pattern",),
-                      softcap: float | None = None) -> dict[str, torch.Tensor]:
+                      softcap: float | None = None, upcast: bool = False) -> dict[str, torch.Tensor]:
     """Eager attention of some heads and queries: {"scores": q k^T scale (soft-capped) + mask, "pattern": its
-    softmax}, each [n, h', q', keys], for the kinds asked (arguments as `score_chunks`). The only
+    softmax}, each [n, h', q', keys] in q's dtype, for the kinds asked (arguments as `score_chunks`). The only
     scores held beyond the results are one chunk's [n, h', chunk, keys]."""
     n_keys = k.shape[2]
     out = {kind: q.new_empty(q.shape[0], heads.numel(), queries.numel(), n_keys)
            for kind in ("scores", "pattern") if kind in kinds}
-    for rows, s in score_chunks(q, k, mask, scale, heads, queries, chunk=chunk, softcap=softcap):
+    for rows, s in score_chunks(q, k, mask, scale, heads, queries, chunk=chunk, softcap=softcap, upcast=upcast):
         if "scores" in out:
             out["scores"][:, :, rows] = s
         if "pattern" in out:
@@ -79,14 +99,17 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
 
 def score_chunks(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, heads: torch.Tensor,
                  queries: torch.Tensor, *, chunk: int = DEFAULT_CHUNK,
-                 softcap: float | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+                 softcap: float | None = None, upcast: bool = False) -> Iterator[tuple[slice, torch.Tensor]]:
     """Eager attention scores q k^T scale + mask of some heads and queries, `chunk` queries at a
     time: (slice of `queries`, scores [n, h', c, keys]). q [n, head, pos, d_head] and k
     [n, kv_head, keys, d_head] after rotary (query head h reads KV head h // (head / kv_head));
     mask [n or 1, 1, pos, keys] additive or bool (False = masked, filled with the dtype's minimum,
     as Hugging Face's masks), or None for causal with queries at the last positions of the keys;
     heads [h'] and queries [q'] index tensors. softcap: scores soft-capped before the mask,
-    cap * tanh(scores / cap), as Gemma 2's eager attention."""
+    cap * tanh(scores / cap), as Gemma 2's eager attention. upcast: q and k in float32 first, the scores
+    then in float32 (`scores_in_float32`: the model's own attention does so)."""
+    if upcast:
+        q, k = q.float(), k.float()
     n_pos, n_keys = q.shape[2], k.shape[2]
     group = q.shape[1] // k.shape[1]
     q = q.index_select(1, heads)  # [n, h', pos, d_head]
@@ -130,11 +153,13 @@ def reduce_patterns(model, tokens: torch.Tensor, reduce: PatternReducer, *, laye
         model.check_layer(layer)
     heads = torch.arange(model.facts.n_heads, device=tokens.device)
     query_idx = position_index(query_positions, tokens.shape[1], tokens.device)  # [q']
+    upcast = scores_in_float32(model)
 
     def at(layer: int):
         def run(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
                 softcap: float | None = None) -> None:
-            for rows, s in score_chunks(q, k, mask, scale, heads, query_idx, chunk=chunk, softcap=softcap):
+            for rows, s in score_chunks(q, k, mask, scale, heads, query_idx, chunk=chunk, softcap=softcap,
+                                        upcast=upcast):
                 reduce(layer, query_idx[rows], torch.softmax(s, dim=-1, dtype=torch.float32))
         return run
 
@@ -175,7 +200,12 @@ def capture_patterns(model, tokens: torch.Tensor, names: Sequence[str], position
     """capture's route when only attention scores and patterns are requested (no gradient): one
     hook-free pass whose output is the model's, the requested layers' scores and patterns (every
     head; `positions` selects queries) recomputed from q and k on the way, as the bridge's hooks
-    would store them. None where the hook-free pass does not apply (capture then runs the bridge)."""
+    would store them. None where the hook-free pass does not apply (capture then runs the bridge), and in
+    half precision: the hook-free blocks run the fused kernel, whose bfloat16 rounding differs from the eager
+    attention the bridge runs (and Hugging Face's output_attentions), so from layer 1 on q and k, and the
+    patterns, would differ from the model's own by several rounding steps (review 15b A2: 0.031)."""
+    if model.dtype in (torch.float16, torch.bfloat16):
+        return None
     wanted: dict[int, set[str]] = {}
     for name in names:
         match = _ATTENTION_SITE.match(name)
@@ -188,11 +218,13 @@ def capture_patterns(model, tokens: torch.Tensor, names: Sequence[str], position
     heads = torch.arange(model.facts.n_heads, device=tokens.device)
     query_idx = position_index(positions, tokens.shape[1], tokens.device)
     store = Activations(model=model)
+    upcast = scores_in_float32(model)
 
     def at(layer: int):
         def keep(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
                  softcap: float | None = None) -> None:
-            got = attention_weights(q, k, mask, scale, heads, query_idx, kinds=wanted[layer], softcap=softcap)
+            got = attention_weights(q, k, mask, scale, heads, query_idx, kinds=wanted[layer], softcap=softcap,
+                                    upcast=upcast)
             for kind in ("scores", "pattern"):  # the bridge's order: hook_attn_scores fires first
                 if kind in got:
                     store[site(kind, layer)] = got[kind].to("cpu") if to_cpu else got[kind]

@@ -150,6 +150,21 @@ def _post_norms(s: Mapping[str, Any]) -> str:
             "(as the final norm is).")
 
 
+def _attn_bias(s: Mapping[str, Any]) -> str:
+    """' Each head's row leaves out its position-independent value term (ln1's bias through W_V, then W_O), which
+    is in its layer's attn_bias row ...' from dla_attn_bias_parts (TransformerLens's fold_ln + fold_value_biases
+    convention, review 15b B1: +0.095 in attn_bias1 on a GPT-J without attention biases), else ''."""
+    parts = s.get("dla_attn_bias_parts")
+    if not isinstance(parts, Mapping) or not parts.get("value"):
+        return ""
+    what = " and ".join(str(v) for v in parts["value"])
+    where = ("with b_O" if parts.get("b_O")
+             else "alone (the attention has no output bias: attn_bias is not a bias of the attention)")
+    return (f" Each head's row leaves out its position-independent value term ({what}, then W_O), which is in its "
+            f"layer's attn_bias row {where}, as TransformerLens's fold_ln and fold_value_biases place it: a head's row is "
+            "not its whole write z_h W_O (what zeroing the head removes).")
+
+
 def finding(s: Mapping[str, Any]) -> str:
     """Logit lens (first layer with the answer top-1), direct logit attribution's top writers, MIB's
     circuit metrics, or why edge attribution was not run (edges_skipped)."""
@@ -203,7 +218,7 @@ def finding(s: Mapping[str, Any]) -> str:
                      + f" ranks no writer and the circuit's faithfulness is not reported: {why}.")
         return " ".join(parts)
     if top:
-        parts.append(_writers(s, top, final) + _totals(s) + _post_norms(s))
+        parts.append(_writers(s, top, final) + _totals(s) + _post_norms(s) + _attn_bias(s))
         if moe := mlp_components_sentence(s):  # the writers and totals name mlpN alike, MoE or dense
             parts.append(moe)
         if expert := top_expert_sentence(s):  # which expert of the top MoE block writes the answer, or a tie

@@ -30,7 +30,7 @@ def word_tokenizer():
 
 
 def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | None = None, **config) -> Path:
-    """Save a random model of the family to `out`: "gpt2", "neox", or the Llama-style "llama"
+    """Save a random model of the family to `out`: "gpt2", "neox", "gptj", or the Llama-style "llama"
     (GQA), "qwen2" (biases on q, k and v), "mistral" and "qwen3" (q/k norms); 2 layers unless `config`, which
     overrides fields of the Hugging Face config, says otherwise; "granite" (Llama-style, embedding x12, residual
     writes x0.22, attention scores x1/128, logits /8).
@@ -59,6 +59,9 @@ def build_tiny_model(family: str, out: Path, seed: int = 0, *, tokenizer: str | 
         fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       max_position_embeddings=N_CTX)
         make = transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig
+    elif family == "gptj":  # parallel attention and MLP, partial interleaved rotary, no attention biases
+        fields = dict(n_embd=64, n_inner=128, n_layer=2, n_head=4, rotary_dim=8, n_positions=N_CTX)
+        make = transformers.GPTJForCausalLM, transformers.GPTJConfig
     elif family in ("llama", "qwen2", "mistral", "qwen3"):
         fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=N_CTX, **({"head_dim": 16} if family == "qwen3" else {}))

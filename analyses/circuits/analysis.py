@@ -447,6 +447,7 @@ def direct_logit_attribution(model, task=None, config: CircuitsConfig | None = N
     mean = dla_mean(dla)
     summary = {**dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model), model.dtype),
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
+               "dla_attn_bias_parts": dla_mod.attn_bias_parts(model),  # what each head's row leaves to attn_bias
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
                "moe_layers": hooks.moe_layers(model)}
@@ -477,6 +478,7 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
     summary = {**lens_summary(lens, err),
                **dla_summary(dla, logits, direction, config.top_k, lens_mod.final_softcap(model), model.dtype),
                "dla_post_norms": dla_mod.post_norms(model), "task": task.name, "n_examples": len(task),
+               "dla_attn_bias_parts": dla_mod.attn_bias_parts(model),  # what each head's row leaves to attn_bias
                # the mlpN components that are whole mixture-of-experts blocks (the finding says which)
                "n_layers": model.facts.n_layers,
                "moe_layers": hooks.moe_layers(model)}
@@ -494,6 +496,11 @@ def run(model, task=None, config: CircuitsConfig | None = None) -> Result:
         except (UnsupportedModelError, TaskError, ConfigError) as err:  # Gemma 2's post-norms; no pair of one
             # length; no clean-corrupted gap to normalise by (corrupted prompts that change nothing)
             summary["edges_skipped"] = str(err)
+        except NotImplementedError as err:  # a hook TransformerLens refuses for this model: the lens and DLA
+            # above still stand (review 15b A1), the reason in one line
+            first = (str(err).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
+            summary["edges_skipped"] = (f"TransformerLens cannot give this model's edge hooks ({first}); the logit "
+                                        "lens and DLA above are unaffected.")
         else:
             tables.update(found)
             summary.update(edge_summary, edges_n_examples=len(pairs))  # the pairs; the lens and DLA use n_examples

@@ -114,6 +114,24 @@ def _value_bias(model, layer: int) -> torch.Tensor | None:
     return const
 
 
+def attn_bias_parts(model) -> dict | None:
+    """What the attn_bias rows hold besides b_O, for the finding (review 15b B1): {"value": the terms each
+    head's row leaves out (its position-independent values through W_O: "b_V", "ln1's bias through W_V"),
+    "b_O": whether the attention has an output bias}; None where no head has such a term (post-norm blocks
+    included: there attn_bias is the normed b_O alone)."""
+    if post_norms(model):
+        return None
+    value, has_b_o = [], False
+    for block in model.bridge.blocks:
+        attn, ln1 = block.attn, getattr(block, "ln1", None)
+        has_b_o = has_b_o or isinstance(getattr(attn, "b_O", None), torch.Tensor)
+        if isinstance(getattr(attn, "b_V", None), torch.Tensor) and "b_V" not in value:
+            value.append("b_V")
+        if ln1 is not None and isinstance(getattr(ln1, "bias", None), torch.Tensor) and "ln1's bias through W_V" not in value:
+            value.append("ln1's bias through W_V")
+    return {"value": value, "b_O": has_b_o} if value else None
+
+
 def post_norms(model) -> list[str]:
     """Which writes pass through a norm of their own before the residual add ("post-attention",
     "post-MLP": Gemma 2/3's and OLMo 2's post-norm blocks), [] for pre-norm and parallel blocks: the

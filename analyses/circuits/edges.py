@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from headscope.analyses.circuits.headsplit import KINDS, HeadSplit, per_head
 from headscope.analyses.core.contract import one_token_answers
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError, TaskError, UnsupportedModelError
@@ -111,22 +112,45 @@ def build_graph(model) -> EdgeGraph:
 
 @contextmanager
 def edge_hooks_enabled(bridge):
-    """Turn on the bridge's per-head writes and split q/k/v and MLP inputs; restore on exit."""
+    """Turn on the bridge's per-head writes and split q/k/v and MLP inputs; restore on exit. Where the
+    bridge refuses the per-head hooks (a plain AttentionBridge, GPT-J) they stay off and `head_split`
+    computes them from the weights."""
     cfg = bridge.cfg
     saved = (cfg.use_attn_result, cfg.use_split_qkv_input, cfg.use_hook_mlp_in, bool(getattr(cfg, "use_attn_in", False)))
     try:
         if saved[3]:
             bridge.set_use_attn_in(False)
-        bridge.set_use_attn_result(True)
-        bridge.set_use_split_qkv_input(True)
+        try:
+            bridge.set_use_attn_result(True)
+            bridge.set_use_split_qkv_input(True)
+        except NotImplementedError:  # TransformerLens splits only its JointQKV / PositionEmbeddings bridges
+            _set_flag(bridge, "use_attn_result", saved[0])
+            _set_flag(bridge, "use_split_qkv_input", saved[1])
         bridge.set_use_hook_mlp_in(True)
         yield
     finally:
-        bridge.set_use_attn_result(saved[0])
-        bridge.set_use_split_qkv_input(saved[1])
+        _set_flag(bridge, "use_attn_result", saved[0])
+        _set_flag(bridge, "use_split_qkv_input", saved[1])
         bridge.set_use_hook_mlp_in(saved[2])
         if saved[3]:
             bridge.set_use_attn_in(True)
+
+
+def _set_flag(bridge, name: str, value: bool) -> None:
+    if bool(getattr(bridge.cfg, name)) != bool(value):
+        getattr(bridge, f"set_{name}")(value)
+
+
+SPLIT_REASON = "TransformerLens's bridge does not compute them for this model's attention (its plain AttentionBridge)"
+
+
+def head_split(model) -> HeadSplit | None:
+    """None where the bridge makes hook_result and hook_{q,k,v}_input itself (inside edge_hooks_enabled),
+    else the HeadSplit that computes them from the weights."""
+    cfg = model.bridge.cfg
+    if cfg.use_attn_result and cfg.use_split_qkv_input:
+        return None
+    return HeadSplit(model, SPLIT_REASON)
 
 
 def writer_names(n_layers: int) -> list[str]:
@@ -141,6 +165,22 @@ def reader_names(n_layers: int) -> list[str]:
     for layer in range(n_layers):
         names += [f"blocks.{layer}.attn.hook_{x}_input" for x in "qkv"] + [f"blocks.{layer}.hook_mlp_in"]
     return names + [f"blocks.{n_layers - 1}.hook_resid_post"]
+
+
+SPLIT_READS = tuple(f"hook_{k}" for k in KINDS)
+
+
+def split_reader_names(n_layers: int) -> list[str]:
+    """reader_names where headscope splits the inputs itself (HeadSplit): hook_q/k/v and mlp.hook_in, the
+    heads' projections and the MLP's normed input, whose gradients HeadSplit maps back to the norms' inputs."""
+    return [n.replace("_input", "") if ".attn.hook_" in n else n.replace("hook_mlp_in", "mlp.hook_in")
+            for n in reader_names(n_layers)]
+
+
+def _keeper(store: dict):
+    def hook(x, hook):
+        store[hook.name] = x.detach()
+    return hook
 
 
 def check_model(model, task: Task) -> None:
@@ -187,6 +227,7 @@ def capture_writers(model, tokens: torch.Tensor, mask: torch.Tensor | None = Non
     plus the last block's output [batch, pos, d_model] when `final`; the caller has
     edge_hooks_enabled."""
     n_layers = model.facts.n_layers
+    split = head_split(model)
     got: dict[str, torch.Tensor] = {}
 
     def keep(name):
@@ -195,8 +236,22 @@ def capture_writers(model, tokens: torch.Tensor, mask: torch.Tensor | None = Non
         return hook
 
     names = writer_names(n_layers) + ([f"blocks.{n_layers - 1}.hook_resid_post"] if final else [])
+    if split is not None:  # each head's write from hook_z; ln1's input and hook_q/k/v to check the split
+        names = [n.replace("attn.hook_result", "attn.hook_z") for n in names]
+        names += [h(layer) for layer in range(n_layers) for h in (split.norm_input, split.mlp_norm_input)]
+        names += [f"blocks.{layer}.attn.hook_{k}" for layer in range(n_layers) for k in KINDS]
+        names += [f"blocks.{layer}.mlp.hook_in" for layer in range(n_layers)]
     with torch.no_grad():
         logits = _forward(model, tokens, mask, [(n, keep(n)) for n in names])
+    if split is not None:
+        for layer in range(n_layers):
+            x = got[split.norm_input(layer)]
+            for k in KINDS:
+                act = got[f"blocks.{layer}.attn.hook_{k}"]
+                split.check(layer, k, x, per_head(act, split.n_heads(layer, k)))
+            split.check(layer, "mlp", got[split.mlp_norm_input(layer)], got[f"blocks.{layer}.mlp.hook_in"])
+            got[f"blocks.{layer}.attn.hook_result"] = split.result(layer, per_head(got[f"blocks.{layer}.attn.hook_z"],
+                                                                                   model.facts.n_heads))
     parts = [got["hook_embed"][:, :, None]]
     for layer in range(n_layers):
         parts += [got[f"blocks.{layer}.attn.hook_result"], got[f"blocks.{layer}.hook_mlp_out"][:, :, None]]
@@ -292,8 +347,10 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
     rows_clean: list[float] = []  # [n] per-example metric of the clean run
     rows_corrupt: list[float] = []  # [n] and of the corrupted run
     ex_per_chunk = max(1, _chunk_rows(model, n_pos, graph, grad=True) // ig_steps)
-    readers = reader_names(n_layers)
     with edge_hooks_enabled(bridge):
+        split = head_split(model)
+        # native: the bridge's split inputs; split: leaves on hook_q/k/v, mapped back to x_h after the pass
+        readers = reader_names(n_layers) if split is None else split_reader_names(n_layers)
         for start in range(0, n, ex_per_chunk):
             part = slice(start, min(n, start + ex_per_chunk))
             b = part.stop - part.start
@@ -320,6 +377,10 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
                 return hook
 
             hooks = ([] if on_clean else [("hook_embed", set_embed)]) + [(r, open_leaf(r)) for r in readers]
+            normed_in: dict[str, torch.Tensor] = {}  # split: ln1's input per layer
+            if split is not None:
+                hooks += [(h(layer), _keeper(normed_in)) for layer in range(n_layers)
+                          for h in (split.norm_input, split.mlp_norm_input)]
             rows_tokens = (task.tokens if on_clean else task.corrupted_tokens)[part].repeat(ig_steps, 1)
             rows_mask = None if mk is None else mk.repeat(ig_steps, 1)
             with torch.enable_grad():
@@ -330,6 +391,13 @@ def edge_scores(model, task: Task, ig_steps: int = 1, method: str | None = None)
             grad_parts = []
             for name, g in zip(readers, grads):
                 g = torch.zeros_like(leaves[name]) if g is None else g
+                if split is not None and name.split(".")[-1] in SPLIT_READS:  # dM/dq_h -> dM/dx_h
+                    layer, kind = int(name.split(".")[1]), name[-1]
+                    g = split.input_grad(layer, kind, normed_in[split.norm_input(layer)],
+                                         per_head(g, split.n_heads(layer, kind)))
+                elif split is not None and name.endswith("mlp.hook_in"):  # dM/d(normed input) -> dM/dx
+                    layer = int(name.split(".")[1])
+                    g = split.mlp_input_grad(layer, normed_in[split.mlp_norm_input(layer)], g)
                 g = g.float().reshape(ig_steps, b, *g.shape[1:]).mean(0)  # [b, pos, (heads,) d]
                 grad_parts.append(g if g.ndim == 4 else g[:, :, None])
             g_all = torch.cat(grad_parts, dim=2).cpu()  # [b, pos, R, d]

@@ -43,6 +43,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.circuits import edges as E
+from headscope.analyses.circuits.headsplit import per_head
 from headscope.analyses.core.tasks import Task
 from headscope.errors import ConfigError
 
@@ -102,29 +103,60 @@ def _ablated_pass(model, graph: E.EdgeGraph, tokens: torch.Tensor, mask: torch.T
     corrupted writes corr [b, pos, S, d]; the caller has edge_hooks_enabled and no_grad."""
     diffs: list[torch.Tensor] = []  # live - corrupted writes so far, in sender order
     real = E.real_tokens(mask, corr)  # [b, pos, 1, 1] or None: padding is never ablated
+    split = E.head_split(model)  # None: the bridge's own hook_result and split inputs
+    normed_in: dict[str, torch.Tensor] = {}  # split: ln1's input of each layer, read before its heads
 
-    def on_write(first: int):
+    def on_write(first: int, layer: int | None = None):
         def hook(act, hook):
+            if layer is not None:  # split: hook_z -> each head's write
+                act = split.result(layer, per_head(act, graph.n_heads))
             live = act if act.ndim == 4 else act[:, :, None]  # [b, pos, width, d]
             d = live.float() - corr[:, :, first:first + live.shape[2]]
             diffs.append(d if real is None else torch.where(real, d, 0.0))
         return hook
 
+    def removed(sl: slice) -> torch.Tensor:  # [b, pos, r, d]: the ablated edges' live - corrupted writes
+        d = torch.cat(diffs, dim=2)  # [b, pos, S_so_far, d]
+        return torch.einsum("bpsd,brs->bprd", d, abl[:, sl, : d.shape[2]])
+
     def on_read(sl: slice):
         def hook(act, hook):
-            d = torch.cat(diffs, dim=2)  # [b, pos, S_so_far, d]
-            a = abl[:, sl, : d.shape[2]]  # [b, r, S_so_far]
             if act.ndim == 4:
-                return act - torch.einsum("bpsd,brs->bprd", d, a).to(act.dtype)
-            return act - torch.einsum("bpsd,bs->bpd", d, a[:, 0]).to(act.dtype)
+                return act - removed(sl).to(act.dtype)
+            return act - removed(sl)[:, :, 0].to(act.dtype)
+        return hook
+
+    def on_split_read(sl: slice, layer: int, kind: str):  # hook_q/k/v: re-project each head's own input
+        def hook(act, hook):
+            heads = per_head(act, sl.stop - sl.start)
+            x = normed_in[split.norm_input(layer)]
+            gone = removed(sl)  # [b, pos, r, d]
+            cut = split.reproject(layer, kind, x, torch.zeros_like(gone)) - split.reproject(layer, kind, x, gone)
+            return (heads - cut.to(act.dtype)).reshape(act.shape)
+        return hook
+
+    def on_split_mlp(sl: slice, layer: int):  # mlp.hook_in: re-norm the MLP's input less the ablated writes
+        def hook(act, hook):
+            x = normed_in[split.mlp_norm_input(layer)]
+            gone = removed(sl)[:, :, 0]  # [b, pos, d]
+            return act - (split.mlp_input(layer, x, torch.zeros_like(gone)) - split.mlp_input(layer, x, gone)).to(act.dtype)
         return hook
 
     hooks = [("hook_embed", on_write(0))]
     for layer in range(graph.n_layers):
         sl = graph.receiver_slices(layer)
-        hooks += [(f"blocks.{layer}.attn.hook_{x}_input", on_read(sl[x])) for x in "qkv"]
-        hooks.append((f"blocks.{layer}.attn.hook_result", on_write(graph.sender_index(layer, 0))))
-        hooks.append((f"blocks.{layer}.hook_mlp_in", on_read(sl["mlp"])))
+        if split is None:
+            hooks += [(f"blocks.{layer}.attn.hook_{x}_input", on_read(sl[x])) for x in "qkv"]
+            hooks.append((f"blocks.{layer}.attn.hook_result", on_write(graph.sender_index(layer, 0))))
+        else:
+            hooks.append((split.norm_input(layer), E._keeper(normed_in)))
+            hooks += [(f"blocks.{layer}.attn.hook_{x}", on_split_read(sl[x], layer, x)) for x in "qkv"]
+            hooks.append((f"blocks.{layer}.attn.hook_z", on_write(graph.sender_index(layer, 0), layer)))
+        if split is None:
+            hooks.append((f"blocks.{layer}.hook_mlp_in", on_read(sl["mlp"])))
+        else:
+            hooks += [(split.mlp_norm_input(layer), E._keeper(normed_in)),
+                      (f"blocks.{layer}.mlp.hook_in", on_split_mlp(sl["mlp"], layer))]
         hooks.append((f"blocks.{layer}.hook_mlp_out", on_write(graph.sender_index(layer))))
     last = len(graph.receivers) - 1
     hooks.append((f"blocks.{graph.n_layers - 1}.hook_resid_post", on_read(slice(last, last + 1))))
