@@ -334,19 +334,26 @@ def _finding(s: Mapping[str, Any]) -> str:
     clean, corrupt = _num(s.get("clean_metric")), _num(s.get("corrupted_metric"))
     gap = _gap(s)
     metric = _words(s.get("metric", ""))
-    if gap is not None and (given := _clean_given(s)):
+    both = clean is not None and corrupt is not None and not s.get("normalized")  # a gap of 0 too (review 15b B3)
+    if both and (given := _clean_given(s)):
         parts.append(given)
-    elif gap is not None:
+    elif both:
         article = "an" if metric[:1].lower() in ("a", "e", "i", "o", "u") else "a"  # "an answer log-probability" (review 11b C5)
         said = distinct_pair(clean, corrupt)
-        parts.append(f"Clean prompts give {article} {metric} of {said[0]}{_metric_ci(s, 'clean')}, corrupted ones "
-                     f"{said[1]}{_metric_ci(s, 'corrupted')}" + (f", over {n:.0f} prompts." if (
-                         n := _num(s.get("metric_n"))) else "."))
+        if gap is None:  # clean == corrupted: no gap for a patch to restore
+            parts.append(f"Clean and corrupted prompts give the same {metric}, {said[0]}{_metric_ci(s, 'clean')}, "
+                         f"{_same_on(s)} (clean minus corrupted exactly 0): {NO_GAP}.")
+        else:
+            parts.append(f"Clean prompts give {article} {metric} of {said[0]}{_metric_ci(s, 'clean')}, corrupted ones "
+                         f"{said[1]}{_metric_ci(s, 'corrupted')}" + (f", over {n:.0f} prompts." if (
+                             n := _num(s.get("metric_n"))) else "."))
         if _at_chance(s, s.get("metric"), clean):
             parts.append("The model is at chance on the clean prompts (logit difference near 0): there is no behaviour to "
                          "restore, so the patching maps show noise.")
     if pieces := answer_pieces_words(s):
         parts.append(pieces)
+    if isinstance(s.get("top_paths"), list) and "top_sites" not in s:  # hs.path_patching's own Result (review 15b B2)
+        return " ".join(parts + [_paths_only(s, gap, metric)])
     if _chance(s) is not None:  # shares of a gap between two chance-level metrics are noise: what was measured only
         return " ".join(parts + [_measured_only(s)])
     cells = _ranked(s)
@@ -376,6 +383,44 @@ def _finding(s: Mapping[str, Any]) -> str:
             parts.append(f"Causal tracing: noising the {trace.get('span', 'subject')} drops the metric from {said[0]} "
                          f"to {said[1]}" + (f" (mean over {n} prompts)." if n is not None else "."))
     return " ".join(parts)
+
+
+NO_GAP = "the corruption does not move the metric, so there is no difference for any patch to restore"
+
+
+def _same_on(s: Mapping[str, Any]) -> str:
+    """Where clean and corrupted give the same mean metric: 'on all n pairs' where every pair's gap is 0 (its paired
+    interval [0, 0], or one pair), else 'on average over n pairs' (summary gap_within_noise)."""
+    small = s.get("gap_within_noise")
+    small = small if isinstance(small, Mapping) else {}
+    n, ci = _num(small.get("n_examples")) or _num(s.get("metric_n")), ci_pair(small.get("ci"))
+    if n == 1:
+        return "on its 1 pair"
+    every = _num(small.get("gap")) == 0 and ci is not None and ci[0] == 0 == ci[1]
+    return (f"on all {n:.0f} pairs" if every else f"on average over {n:.0f} pairs") if n else "on average"
+
+
+def _paths_only(s: Mapping[str, Any], gap: float | None, metric: str) -> str:
+    """Review 15b B2: hs.path_patching's finding: the top path where the gap is clear (_path_words), else why no path
+    is ranked (at chance, a gap of 0 or within noise) and the largest |effect| measured."""
+    paths = [r for r in s.get("top_paths") or [] if isinstance(r, Mapping) and _num(r.get("effect")) is not None]
+    top = max(paths, key=lambda r: abs(r["effect"]), default=None)
+    if top is None:
+        largest = "no path was measured"
+    elif top["effect"] == 0:
+        largest = "every path's effect is 0"
+    else:
+        sender = top.get("sender") or ("?", "?")
+        largest = f"the largest effect in size is {top['effect']:+.3g} {metric} (L{sender[0]}H{sender[1]})"
+    small = s.get("gap_within_noise")
+    if _chance(s) is not None:
+        return f"No path is ranked at chance; {largest}."
+    if gap is None and not s.get("normalized"):
+        return f"No path is ranked; {largest}."
+    if isinstance(small, Mapping):
+        return (f"The clean-corrupted gap is within noise ({small.get('reason', 'no reason recorded')}): shares of it "
+                f"are not meaningful, so no path is ranked; {largest}.")
+    return _path_words(s, gap, metric, bool(s.get("normalized"))) or f"{largest[0].upper()}{largest[1:]}."
 
 
 def _path_words(p: Any, gap: float | None, metric: str, normalized: bool) -> str:
@@ -430,8 +475,12 @@ def _clean_given(s: Mapping[str, Any]) -> str:
     gap, ci = clean - corrupt, None
     if isinstance(small, Mapping) and _num(small.get("gap")) is not None:
         gap, ci = float(small["gap"]), ci_pair(small.get("ci"))
-    side = "below" if gap > 0 else "above" if gap < 0 else "at"
-    size = f"{abs(gap):.3g} " if gap else ""
+    if gap == 0:  # review 15b B3: the quick run's corruption changed nothing; said as the full run says its gap
+        zero = f", 95% CI [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else ""
+        return (f"Clean prompts give the {metric} above; corrupted ones give the same {_same_on(s)} in patching's own "
+                f"pass (clean minus corrupted exactly 0{zero}): {NO_GAP}.")
+    side = "below" if gap > 0 else "above"
+    size = f"{abs(gap):.3g} "
     paired = (f"clean minus corrupted {gap:+.3g}, 95% CI [{ci[0]:.3g}, {ci[1]:.3g}] over "
               f"{_num(small.get('n_examples')) or own or 0:.0f} pairs" if ci else f"clean minus corrupted {gap:+.3g}")
     return (f"Clean prompts give the {metric} above; corrupted ones lie {size}{side} them on average in patching's own "

@@ -415,7 +415,19 @@ def _pairs_text(record: Mapping[str, Any]) -> str:
             "length)")
 
 
-ROWS_NOTE = "0-based, header not counted"  # how the section lines number the user's rows, as the errors do
+# how the section lines number the user's rows, as the errors do, per file type (review 15b C2: a JSON list has no header)
+ROWS_NOTES = {".csv": "0-based, header not counted", ".tsv": "0-based, header not counted",
+              ".jsonl": "0-based, blank lines not counted",
+              ".json": "0-based, the JSON list's index or, for JSON lines, blank lines not counted",
+              ".parquet": "0-based, the table's row index"}
+
+
+def rows_note(source: Any) -> str:
+    """How a section's 'data rows' count for the file named in its source ("your task (boxes.json)"): per file type
+    (ROWS_NOTES), '0-based' where the data is no file of a known type (a DataFrame, in-memory rows)."""
+    named = re.match(r"your task \(([^()]*)\)", str(source or ""))
+    suffix = Path(named.group(1)).suffix.lower() if named else ""
+    return ROWS_NOTES.get(suffix, "0-based")
 
 
 def _count_text(record: Mapping[str, Any]) -> str:
@@ -434,11 +446,12 @@ def _count_text(record: Mapping[str, Any]) -> str:
 def _rows_text(record: Mapping[str, Any]) -> str:
     """' (data rows 0-7, 12; 0-based, header not counted)': which rows of the user's data the analysis ran on
     (task.json "rows"), numbered as the task-file errors' "row N" and task_examples.csv's "row" number them: row 0
-    is the first example (the first row under a CSV header, the first JSON line with a record)."""
+    is the first example (the first row under a CSV header, a JSON list's item 0, the first JSON line with a record);
+    the note says which of these the source's file type has (rows_note)."""
     rows = record.get("rows")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, int) for r in rows):
         return ""
-    return f" (data rows {int_ranges(rows)}; {ROWS_NOTE})"
+    return f" (data rows {int_ranges(rows)}; {rows_note(record.get('source'))})"
 
 
 def _pieces_text(record: Mapping[str, Any]) -> str:

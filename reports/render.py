@@ -73,7 +73,8 @@ def result_html(result: Any, with_figures: bool = True) -> str:
     parts = [f"<h3>{escape(result.name)}</h3>", f"<p class='source'>{'; '.join(ran)}</p>" if ran else "",
              f"<p class='finding'>{escape(text)}</p>" if text else "",
              summary_html(summary), f"<p><em>{left} more entries in result.summary.</em></p>" if left else "",
-             table_html(result.df, 10 if one else MAX_ROWS, where="result.df")]
+             *_constant_notes(result.df), table_html(_without_constant_notes(result.df), 10 if one else MAX_ROWS,
+                                                     where="result.df")]
     if one:  # tokens or grids in HTML, no figures over examples
         from headscope.reports.tokens_view import one_example_grids, show_tokens
 
@@ -86,6 +87,22 @@ def result_html(result: Any, with_figures: bool = True) -> str:
             parts.append(img_tag(figure_png(fig), stem))
             plt.close(fig)
     return "<div class='headscope-result'>" + "".join(parts) + "</div>"
+
+
+def _note_columns(df: pd.DataFrame) -> list[str]:
+    """The '*_note' columns of df that hold one text on every row (patching's share_note)."""
+    return [c for c in df.columns if str(c).endswith("_note") and len(df) and df[c].nunique(dropna=False) == 1
+            and isinstance(df[c].iloc[0], str)]
+
+
+def _constant_notes(df: pd.DataFrame) -> list[str]:
+    """Review 15b C4: a note that is the same on every row, said once above the table (not on every row of it)."""
+    return [f"<p class='note'><em>{escape(c)} (every row of result.df): {escape(df[c].iloc[0])}</em></p>"
+            for c in _note_columns(df)]
+
+
+def _without_constant_notes(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=_note_columns(df))
 
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headscope.analyses.core import chance
 from headscope.analyses.core.config import configure
 from headscope.analyses.core.result import Result, names_source
 from headscope.analyses.core.task_files import takes_prompt
@@ -107,9 +108,10 @@ def path_patching(
     head for "logits"). A sender only reaches receivers in later layers. The older form
     path_patching(model, task, receivers) still works. task: a Task, zoo task name, task file or
     None (the patching default task); corrupted_tokens (data): corrupted prompts when the Task has none.
-    Result df: sender_layer, sender_head, receiver ("logits", "L.H" or "all"), value, effect (value
+    Result df: sender_layer, sender_head, receiver ("logits", "L1H0" or "all"), value, effect (value
     minus the unpatched base run), ci_low / ci_high (the 95% t interval of the mean per-prompt effect) and
-    n_rows (the prompts); summary top_paths carry "ci" and "n", and n_examples the prompts.
+    n_rows (the prompts); summary top_paths carry "ci" and "n", n_examples the prompts, clean_metric /
+    corrupted_metric (with their CIs and metric_n), and gap_within_noise where the gap is (chance.gap_within_noise).
     """
     cfg = configure(PathPatchingConfig, config, config_overrides, name="path_patching", positional="receivers")
     check_direction(cfg.direction)
@@ -141,7 +143,8 @@ def path_patching(
     df = pd.DataFrame({
         "sender_layer": [s[0] for s, _ in runs],
         "sender_head": [s[1] for s, _ in runs],
-        "receiver": ["logits" if to_logits else (f"{g[0][0]}.{g[0][1]}" if len(g) == 1 else "all") for _, g in runs],
+        # review 15b C3: "L1H0" as every other table names a head ("1.0" read as a float)
+        "receiver": ["logits" if to_logits else (f"L{g[0][0]}H{g[0][1]}" if len(g) == 1 else "all") for _, g in runs],
         "component": "resid" if to_logits else cfg.component,
         "value": value,
         "effect": value - baseline,
@@ -149,7 +152,13 @@ def path_patching(
     })
     top = df.reindex(df["effect"].abs().sort_values(ascending=False).index).head(10)
     summary = {
-        "metric": pm.name, "direction": cfg.direction, "baseline": baseline,
+        "metric": pm.name, "normalized": pm.normalized, "direction": cfg.direction, "baseline": baseline,
+        # review 15b B2: the clean-corrupted gap the effects come from, so the finding can say when it is within noise
+        "clean_metric": float(pm.finish(clean_value, clean_value, corrupt_value)),
+        "corrupted_metric": float(pm.finish(corrupt_value, clean_value, corrupt_value)),
+        **({} if pm.normalized else {"clean_metric_ci": chance.mean_interval(clean_rows.double().numpy()),
+                                     "corrupted_metric_ci": chance.mean_interval(corrupt_rows.double().numpy()),
+                                     "metric_n": int(clean_rows.shape[0])}),
         "receivers": "logits" if to_logits else [list(r) for r in recv],
         "component": "resid" if to_logits else cfg.component,  # (a path to the logits enters no receiver's q/k/v)
         "top_paths": [{"sender": [int(r.sender_layer), int(r.sender_head)], "receiver": str(r.receiver),
@@ -159,6 +168,8 @@ def path_patching(
         "n_examples": int(clean.shape[0]),
         **left_out,
     }
+    if (small := chance.gap_within_noise(clean_rows, corrupt_rows, pm.name)) is not None:
+        summary["gap_within_noise"] = small
     return Result(name="patching", df=df, summary=summary, tables={"path_patching": df},
                   config={"component": "resid" if to_logits else cfg.component, "direction": cfg.direction,
                           "per_receiver": cfg.per_receiver})

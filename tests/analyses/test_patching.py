@@ -745,6 +745,57 @@ def test_exact_table_says_why_a_positions_token_is_blank_and_where_clean_and_cor
                                         "here in 3 of 3", "clean and corrupted differ here in 2 of 3", ""]
 
 
+def test_path_patching_records_its_gap_and_says_why_no_path_is_ranked(tiny_models, tiny_dirs):
+    """Review 15b B2/C3: hs.path_patching's notebook view had no finding and 8 zero effects; its receiver read "1.0".
+    Corrupted prompts identical to the clean ones: the clean and corrupted logit differences (plain Hugging Face) are
+    equal, every pair's gap is 0 and every path's delta is 0. Then prompts that differ: both metrics as HF gives them."""
+    from headscope.reports.render import escape, result_html
+    from tests_support import hf_reference
+
+    model, hf = tiny_models["gpt2"], hf_reference(tiny_dirs["gpt2"])
+    clean = torch.tensor([[5, 6, 10, 7, 8], [5, 6, 11, 7, 8], [5, 6, 12, 7, 8]])
+    other = clean.clone()
+    other[:, 2] = torch.tensor([20, 21, 22])
+    answers, wrong = torch.tensor([9, 9, 9]), torch.tensor([13, 13, 13])
+    with torch.no_grad():
+        hf_ld = {name: (lambda last: (last[:, 9] - last[:, 13]).double())(hf(t).logits[:, -1]) for name, t in
+                 (("clean", clean), ("other", other))}  # [batch] each
+    same = Task(name="toy", tokens=clean, corrupted_tokens=clean.clone(), answers=answers, wrong_answers=wrong)
+    res = path_patching(model, same, [(1, 0)], progress=False)
+    assert set(res.df["receiver"]) == {"L1H0"} and (res.df["effect"].abs() < 1e-5).all()  # float rounding only
+    s = res.summary
+    assert s["clean_metric"] == s["corrupted_metric"] == pytest.approx(float(hf_ld["clean"].mean()), abs=1e-4)
+    assert s["gap_within_noise"]["gap"] == 0 and s["gap_within_noise"]["ci"] == [0.0, 0.0]
+    said = (f"Clean and corrupted prompts give the same logit difference, {s['clean_metric']:.3g} (95% CI [")
+    tail = ("on all 3 pairs (clean minus corrupted exactly 0): the corruption does not move the metric, so there is no "
+            "difference for any patch to restore. No path is ranked; ")
+    page = result_html(res, with_figures=False)
+    assert escape(said) in page and escape(tail) in page
+    differ = Task(name="toy", tokens=clean, corrupted_tokens=other, answers=answers, wrong_answers=wrong)
+    s = path_patching(model, differ, "logits", senders=[(1, 0)], progress=False).summary
+    assert s["clean_metric"] == pytest.approx(float(hf_ld["clean"].mean()), abs=1e-4)
+    assert s["corrupted_metric"] == pytest.approx(float(hf_ld["other"].mean()), abs=1e-4)
+    t = scipy_stats.t.interval(0.95, 2, loc=float(hf_ld["other"].mean()), scale=scipy_stats.sem(hf_ld["other"].numpy()))
+    assert s["corrupted_metric_ci"] == pytest.approx(list(t), abs=1e-4) and s["metric_n"] == 3
+
+
+def test_notebook_view_says_a_note_shared_by_every_row_once_above_the_table(tiny_models):
+    """Review 15b C4: activation_patching's notebook table repeated the long share_note on every row. The same three
+    prompts as below (a gap within noise): the note once, above the table, and no share_note column in it."""
+    from headscope.reports.render import escape, result_html
+
+    clean = torch.tensor([[5, 6, 10, 7, 8], [5, 6, 11, 7, 8], [5, 6, 12, 7, 8]])
+    corrupted = clean.clone()
+    corrupted[:, 0] = torch.tensor([20, 21, 22])
+    task = Task(name="toy", tokens=clean, corrupted_tokens=corrupted, answers=torch.tensor([9, 9, 9]),
+                wrong_answers=torch.tensor([13, 13, 13]))
+    result = activation_patching(tiny_models["gpt2"], task, ["resid_pre"], progress=False)
+    note = result.df["share_note"].iloc[0]
+    page = result_html(result, with_figures=False)
+    assert page.count(escape(note)) == 1 and "<th>share_note</th>" not in page
+    assert page.index(escape(note)) < page.index("<th>share_of_gap</th>")
+
+
 def test_exact_table_gives_no_share_of_a_gap_within_noise(tiny_models):
     """Review 14b-v C5: exact.csv gave share_of_gap 1.0 over a clean-corrupted gap within noise, the ranking the report
     refuses. Three prompts whose corrupted twin differs at the first token only, so the clean and corrupted logit

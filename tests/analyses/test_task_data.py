@@ -300,7 +300,7 @@ def test_cli_task_fields_reach_the_analysis(tmp_path, tiny_dirs):
     used = read_json(out / "kv" / "task.json")
     assert used["rows"] == list(range(used["n_examples"])) and used["n_examples"] == len(ROWS)
     html = (out / "report.html").read_text()
-    assert f"examples: {len(ROWS)} (data rows 0-{len(ROWS) - 1}; 0-based, header not counted)" in html
+    assert f"examples: {len(ROWS)} (data rows 0-{len(ROWS) - 1}; 0-based, blank lines not counted)" in html
     assert "<th>used by</th>" in html
     bad = cli.main(["-q", "kv", "--model", str(tiny_dirs["llama"]), "--task", str(own), "--out", str(tmp_path / "o2"),
                     "--task-fields", "prompt=txt"])

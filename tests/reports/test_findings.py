@@ -2062,6 +2062,60 @@ def test_patching_finding_names_the_top_path_with_its_interval_and_n():
             "clean-corrupted gap (95% CI [0.10, 0.30], n = 8 prompts, +3.96 logit difference).") in finding("patching", s)
 
 
+def _at_chance_gap_zero(n: int = 8) -> dict:
+    """Review 15b B3's quick run: at chance (chance entry over the same 8 prompts), and every corrupted prompt gives
+    exactly its clean prompt's logit difference (per-pair gaps all 0: mean 0, t interval [0, 0])."""
+    return {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": n, "metric_n": n,
+            "clean_metric": -0.0703125, "corrupted_metric": -0.0703125,
+            "clean_metric_ci": [-0.442, 0.302], "corrupted_metric_ci": [-0.442, 0.302],
+            "chance": {"at_chance": True, "mean": -0.0703125, "ci": [-0.442, 0.302], "chance_value": 0.0,
+                       "metric": "logit_diff", "n_examples": n, "task": "boxes", "floor": 0.1},
+            "gap_within_noise": {"gap": 0.0, "ci": [0.0, 0.0], "n_examples": n, "floor": 0.1,
+                                 "reason": f"mean gap 0 logit difference, its 95% CI [0, 0] over {n} pairs contains 0"},
+            "top_sites": {"resid_pre": [{"layer": 0, "pos": 1, "from_end": -2, "effect": 0.0, "n": n}]}}
+
+
+def test_patching_at_chance_says_the_corruption_changes_nothing_when_the_gap_is_exactly_0():
+    """Review 15b B3: the quick report's patching finding said nothing of its clean-corrupted gap when it was exactly 0
+    on all 8 pairs (the full run states its gap, +0.00195 over 32 pairs): the same sentence for both, here 0."""
+    text = finding("patching", _at_chance_gap_zero())
+    assert ("Clean prompts give the logit difference above; corrupted ones give the same on all 8 pairs in patching's "
+            "own pass (clean minus corrupted exactly 0, 95% CI [0, 0]): the corruption does not move the metric, so "
+            "there is no difference for any patch to restore. Measured: exact activation patching") in text
+    s = _at_chance_gap_zero()  # a mean gap of 0 whose pairs differ: 'on average', with its interval
+    s["gap_within_noise"]["ci"] = [-0.05, 0.05]
+    assert ("corrupted ones give the same on average over 8 pairs in patching's own pass (clean minus corrupted "
+            "exactly 0, 95% CI [-0.05, 0.05])") in finding("patching", s)
+
+
+def test_patching_one_prompt_of_equal_metrics_says_so():
+    """Review 15b B2/B3: a notebook's one prompt whose corrupted twin gives the same logit difference (not at chance)."""
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 1, "metric_n": 1,
+         "clean_metric": -1.1875, "corrupted_metric": -1.1875,
+         "gap_within_noise": {"gap": 0.0, "ci": None, "n_examples": 1, "floor": 0.1,
+                              "reason": "mean gap 0 logit difference over 1 pair(s) is under the 0.1 floor"}}
+    assert finding("patching", s).startswith(
+        "Clean and corrupted prompts give the same logit difference, -1.19, on its 1 pair (clean minus corrupted "
+        "exactly 0): the corruption does not move the metric, so there is no difference for any patch to restore.")
+
+
+def test_path_patching_result_names_its_top_path_or_why_none_is_ranked():
+    """Review 15b B2: hs.path_patching's own Result had no finding. With a clear gap (2.0 - 0.5 = 1.5): its top path
+    as a share of it (0.6 / 1.5 = 0.40); within noise: why no path is ranked, and its largest effect."""
+    paths = [{"sender": [0, 1], "receiver": "L1H0", "effect": 0.1, "ci": [0.0, 0.2], "n": 4},
+             {"sender": [0, 3], "receiver": "L1H0", "effect": 0.6, "ci": [0.3, 0.9], "n": 4}]
+    s = {"metric": "logit_diff", "normalized": False, "direction": "denoise", "n_examples": 4, "metric_n": 4,
+         "clean_metric": 2.0, "corrupted_metric": 0.5, "receivers": [[1, 0]], "component": "q", "top_paths": paths}
+    assert finding("patching", s) == (
+        "Clean prompts give a logit difference of 2, corrupted ones 0.5, over 4 prompts. Path patching (denoise, each "
+        "head's direct path to its receivers (L1H0) alone): the largest is L0H3, 0.40 of the clean-corrupted gap "
+        "(95% CI [0.20, 0.60], n = 4 prompts, +0.6 logit difference).")
+    s["gap_within_noise"] = {"gap": 1.5, "ci": [-0.5, 3.5], "n_examples": 4, "floor": 0.1, "reason": "its CI has 0"}
+    assert finding("patching", s).endswith(
+        "The clean-corrupted gap is within noise (its CI has 0): shares of it are not meaningful, so no path is ranked; "
+        "the largest effect in size is +0.6 logit difference (L0H3).")
+
+
 def test_patching_says_where_attribution_patching_would_rank_wrong():
     """#34 review 5 (A6): Spearman over every cell is raised by tied zeros here (the non-zero cells' is stated beside
     it); attribution patching ranks the top exact attn_out site 2nd, 20x under, and misses resid_pre layer 0 at -8,

@@ -35,7 +35,7 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert record["sample"]["prompt"] == PROMPT and record["sample"]["answer"] == " the"  # as written: no BOS in front
     html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
     kv = html[html.index('<h2 id="kv">'):html.index("id='provenance'")]  # sections in the registry's order
-    assert ("task: mine, from your task (mine.jsonl)<br>examples: 6 (data rows 0-5; 0-based, header not counted); the "
+    assert ("task: mine, from your task (mine.jsonl)<br>examples: 6 (data rows 0-5; 0-based, blank lines not counted); the "
             "budget changed no setting<br>") in kv
     assert "w1 &lt;script&gt;alert(1)&lt;/script&gt; w2&#x27; -&gt; &#x27; the&#x27;" in kv
     patching = html[html.index('<h2 id="patching">'):html.index('<h2 id="kv">')]
@@ -45,7 +45,7 @@ def test_each_section_names_its_task_source_count_and_an_escaped_sample(arch_mod
     assert "corrupted: " in patching  # its default task has corrupted prompts: the sample shows one
     assert "<script>alert" not in html and "alert(1)</script>" not in html and "<script>" not in md
     assert "- task: mine, from your task \\(mine.jsonl\\)" in md
-    assert "- examples: 6 \\(data rows 0-5; 0-based, header not counted\\); the budget changed no setting" in md
+    assert "- examples: 6 \\(data rows 0-5; 0-based, blank lines not counted\\); the budget changed no setting" in md
     assert "w1 &lt;script&gt;alert\\(1\\)&lt;/script&gt; w2" in md
 
 
@@ -104,6 +104,28 @@ def test_section_rows_are_numbered_as_the_task_file_errors_number_them(tiny_mode
         hs.load_task(tiny_models["llama"], str(path))
     line = provenance_lines({"task": "t", "source": "your task (t.csv)", "n_examples": 1, "rows": [2]})[1]
     assert line.startswith("examples: 1 (data rows 2; 0-based, header not counted); ")
+
+
+def test_section_rows_say_how_each_file_type_counts_them(tiny_models, tmp_path):
+    """Review 15b C2: a JSON list's section line said "header not counted" (a JSON list has none). The note follows the
+    file type, and the row it names is the one the errors name: a JSON list's item 2, the JSON line after a blank
+    line counted without it (file line 4 is row 2), a CSV's row under the header."""
+    from headscope.errors import TaskFileError
+    from headscope.reports.provenance import provenance_lines
+
+    good = [{"prompt": "w1 w2", "answer": " w3"}, {"prompt": "w2 w3", "answer": " w4"}]
+    files = {"t.json": json.dumps([*good, {"prompt": "w3 w4"}]),
+             "t.jsonl": "\n".join([json.dumps(good[0]), "", json.dumps(good[1]), json.dumps({"prompt": "w3 w4"})])}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(TaskFileError, match=r"row 2\b"):
+            hs.load_task(tiny_models["llama"], str(tmp_path / name))
+    notes = {"t.json": "0-based, the JSON list's index or, for JSON lines, blank lines not counted",
+             "t.jsonl": "0-based, blank lines not counted", "t.tsv": "0-based, header not counted",
+             "t.parquet": "0-based, the table's row index", "rows": "0-based"}
+    for name, note in notes.items():
+        line = provenance_lines({"task": "t", "source": f"your task ({name})", "n_examples": 1, "rows": [2]})[1]
+        assert line.startswith(f"examples: 1 (data rows 2; {note}); "), line
 
 
 def test_each_family_shows_the_parts_of_the_task_it_reads(tiny_models):
