@@ -290,9 +290,18 @@ def _clean_pass(model, task: Task, metric: str | None = None, *,
 
 def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean: float | None = None,
                   tolerance: float = 1e-3) -> dict[str, Any] | None:
-    """`assess` of the model's clean metric on `task` (one forward, clean_values), or None for encoders (but a
-    masked LM scored at its mask, mask_read.mask_positions)
-    and metrics without a chance value. Accuracy's chance is 1 / the number of distinct answers (a model
+    """`assess` of the model's clean metric on `task` (one forward, clean_values), or None for encoders and metrics
+    without a chance value; a masked LM scored at its mask (mask_read.mask_positions) is judged as a decoder, its
+    record's read_at saying where its answers were read (the chance sentence names it)."""
+    out = _on_task(model, task, metric, expected_mean=expected_mean, tolerance=tolerance)
+    if out is not None and model.facts.is_encoder:
+        out["read_at"] = f"each prompt's {model.tokenizer.mask_token}"
+    return out
+
+
+def _on_task(model, task: Task, metric: str | None = None, *, expected_mean: float | None = None,
+             tolerance: float = 1e-3) -> dict[str, Any] | None:
+    """model_on_task's record, without where it was read. Accuracy's chance is 1 / the number of distinct answers (a model
     that knows the answer format but guesses among them). expected_mean: the clean mean the analysis
     reported; when the recomputed mean differs by more than tolerance x max(1, |expected|) (at least
     16 machine epsilons of the model's dtype) the task is not the one the analysis ran on, and the

@@ -1598,6 +1598,7 @@ def test_a_masked_lm_fill_task_is_scored_at_its_mask_as_plain_hf(tiny_bert):
     chance guard reads the same values, provenance says the answers are read there, and the cosine's sentence is
     gone (the old code scored the pooled-embedding cosine: metric "cosine")."""
     from headscope.analyses.core import registry
+    from headscope.reports.findings import chance_sentence
     from headscope.reports.heads_words import finding
 
     model = _mask_model(tiny_bert)
@@ -1624,6 +1625,9 @@ def test_a_masked_lm_fill_task_is_scored_at_its_mask_as_plain_hf(tiny_bert):
     guard = registry.chance_summary("heads", s, model, task)
     assert guard["mean"] == pytest.approx(float(lp.mean()), rel=1e-6) and guard["n_examples"] == 4  # float32 pass
     assert guard["chance_from"] == "vocabulary_mean"  # the decoder's rule: each row's own every-token mean
+    assert guard["read_at"] == "each prompt's w59"
+    assert chance_sentence(guard).startswith("The model is at chance on task fill, its answers read at each prompt's "
+                                             "w59 (answer log-probability ")
     said = finding({**s, "chance": guard})
     assert "Each answer is read at its prompt's w59 through the checkpoint's masked-LM head (BertForMaskedLM.cls)" in said
     assert "mask filling" not in said and "cosine" not in said
