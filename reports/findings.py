@@ -305,6 +305,8 @@ def chance_sentence(entry: Mapping[str, Any], name: str = "", shipped: Mapping[s
     where = "at" if not below else "below"
     task = entry.get("task")
     on = f"on task {task}" if isinstance(task, str) and task else "on this task"
+    if isinstance(entry.get("read_at"), str):  # a masked LM's answers, read at its mask (chance.model_on_task)
+        on += f", its answers read at {entry['read_at']}"
     if does_not_copy(entry):  # a copy task it does not do (chance.copy_task; review 10b A2)
         copied, outputs = _num(entry.get("copied_outputs")), _num(entry.get("outputs"))
         what = "never produces any of the context's values" if copied is not None else "never produces the gold value"

@@ -372,10 +372,25 @@ def mask_task_words(s: Mapping[str, Any]) -> str:
     mask, k, of = m.get("mask_token") or "[MASK]", _num(m.get("n_prompts")), _num(m.get("of"))
     held = f"{k:.0f} of {of:.0f} prompts hold {mask}" if of is not None else f"{k:.0f} prompts hold {mask}"
     answers = " and the task gives their answers" if m.get("answers") else ""
-    head = ("the checkpoint's masked-LM head is not read" if m.get("mlm_head")
-            else "the checkpoint has no masked-LM head to read")
+    if not m.get("mlm_head"):
+        head = "the checkpoint has no masked-LM head to read"
+    elif not m.get("answers"):
+        head = "the task gives no answers to read there"
+    else:  # mask_read.mask_positions: read at the mask only where every prompt holds exactly one
+        head = f"the checkpoint's masked-LM head is read only where every prompt holds exactly one {mask}"
     return (f"This does not score your task's mask filling: {held}{answers}, but {head}, so no head's importance, "
             f"pruning count or dispensability here is evidence about which heads filling {mask} needs.")
+
+
+def mask_read_words(s: Mapping[str, Any]) -> str:
+    """Review 15c B1: where an encoder's task was scored at its mask (the summary's mask_read), where and through
+    what each answer was read; '' otherwise."""
+    m = s.get("mask_read")
+    if not isinstance(m, Mapping):
+        return ""
+    mask, head = m.get("mask_token") or "[MASK]", m.get("head") or "its masked-LM head"
+    return (f"Each answer is read at its prompt's {mask} through the checkpoint's masked-LM head ({head}), as a "
+            "decoder's at its answer position.")
 
 
 def finding(s: Mapping[str, Any]) -> str:
@@ -398,6 +413,8 @@ def finding(s: Mapping[str, Any]) -> str:
             parts.append(f"The {metric} above is the unpruned model's, over {s.get('n_examples', '?')} examples.")
         else:
             parts.append(f"Unpruned {metric} is {base:.3g}{span} over {s.get('n_examples', '?')} examples.")
+        if kind != "cosine" and mask_read_words(s):
+            parts.append(mask_read_words(s))
     if _at_chance(s, kind, base):
         parts.append(f"The model is at chance on this task (logit difference {base:.3g}, near 0): head importance "
                      "and pruning curves measure noise here, not a mechanism.")

@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headscope.analyses.core.mask_read import logits_at, mask_positions
 from headscope.analyses.core.tasks import Task
 
 ALPHA = 0.05
@@ -249,7 +250,8 @@ def assess_mean(mean: float, metric: str, *, n_examples: int | None = None, chan
 def clean_values(model, task: Task, metric: str | None = None, *, max_bytes: int = 1 << 28) -> tuple[torch.Tensor, int]:
     """Per-example clean metric values of `task` on the unmodified model ([batch] float64 on the CPU)
     and the vocabulary size of its logits: plain forwards, in chunks of rows whose logits fit in
-    `max_bytes`, each row read at its answer position (Task.answer_positions). Decoder metrics only."""
+    `max_bytes`, each row read at its answer position (Task.answer_positions; a masked LM's at its mask through its masked-LM
+    head, mask_read.mask_positions). Decoder metrics only."""
     values, vocab, _ = _clean_pass(model, task, metric, max_bytes=max_bytes)
     return values, vocab
 
@@ -265,18 +267,21 @@ def _clean_pass(model, task: Task, metric: str | None = None, *,
     n, n_pos = task.tokens.shape
     vocab = int(model.facts.d_vocab)
     rows = max(1, int(max_bytes // max(1, n_pos * vocab * 4)))
-    where, k = task.answer_positions(), task.n_answer_tokens
+    at = mask_positions(model, task) if model.facts.is_encoder else None  # a masked LM: read at each prompt's mask
+    where, k = task.answer_positions() if at is None else at, task.n_answer_tokens
     out, own = [], []
     with torch.inference_mode():
         for start in range(0, n, rows):
             part = replace(task.rows(slice(start, start + rows)), metric=kind)
-            logits = model(part.tokens, attention_mask=part.attention_mask)  # [rows, pos, vocab]
-            if k == 1:
+            logits = model(part.tokens, attention_mask=part.attention_mask)  # [rows, pos, vocab] ([.., d_model])
+            if at is not None:  # the masked-LM head's logits at the mask: [rows, 1, vocab]
+                last = logits_at(model, logits, where[start:start + rows]).float()
+            elif k == 1:
                 idx = where[start:start + rows].to(logits.device)
                 last = logits[torch.arange(logits.shape[0], device=logits.device), idx][:, None].float()  # [rows, 1, vocab]
             else:  # answers of several tokens: decoders are left-padded, every continuation ends at -1
                 last = logits[:, -k:].float()  # [rows, k, vocab]
-            vocab = int(logits.shape[-1])
+            vocab = int(last.shape[-1])
             out.append(task_metric(part, kind=kind)(last).double().cpu())
             if kind == "logprob":
                 own.append(vocab_mean_logprob(last, part.answer_tokens.to(last.device)).double().cpu())
@@ -285,14 +290,26 @@ def _clean_pass(model, task: Task, metric: str | None = None, *,
 
 def model_on_task(model, task: Task, metric: str | None = None, *, expected_mean: float | None = None,
                   tolerance: float = 1e-3) -> dict[str, Any] | None:
-    """`assess` of the model's clean metric on `task` (one forward, clean_values), or None for encoders
-    and metrics without a chance value. Accuracy's chance is 1 / the number of distinct answers (a model
+    """`assess` of the model's clean metric on `task` (one forward, clean_values), or None for encoders and metrics
+    without a chance value; a masked LM scored at its mask (mask_read.mask_positions) is judged as a decoder, its
+    record's read_at saying where its answers were read (the chance sentence names it)."""
+    out = _on_task(model, task, metric, expected_mean=expected_mean, tolerance=tolerance)
+    if out is not None and model.facts.is_encoder:
+        out["read_at"] = f"each prompt's {model.tokenizer.mask_token}"
+    return out
+
+
+def _on_task(model, task: Task, metric: str | None = None, *, expected_mean: float | None = None,
+             tolerance: float = 1e-3) -> dict[str, Any] | None:
+    """model_on_task's record, without where it was read. Accuracy's chance is 1 / the number of distinct answers (a model
     that knows the answer format but guesses among them). expected_mean: the clean mean the analysis
     reported; when the recomputed mean differs by more than tolerance x max(1, |expected|) (at least
     16 machine epsilons of the model's dtype) the task is not the one the analysis ran on, and the
     guard falls back to that mean (assess_mean)."""
     kind = metric or task.metric
-    if model.facts.is_encoder or task.answers is None or chance_value(kind, vocab_size=2) is None:
+    if task.answers is None or chance_value(kind, vocab_size=2) is None:
+        return None
+    if model.facts.is_encoder and mask_positions(model, task) is None:  # a cosine: no chance (mask_read.py)
         return None
     if kind == "logit_diff" and task.wrong_answers is None:
         return None

@@ -105,7 +105,7 @@ def chance_summary(name: str, summary: dict, model, task: Any = None, config: An
     summary reports; probes: the best probe against its majority baseline; else from the summary."""
     from headscope.analyses.core import chance
 
-    if model.facts.is_encoder:
+    if model.facts.is_encoder and not summary.get("mask_read"):  # a cosine; a masked LM scored at its mask goes on
         return None
     if name == "probes":
         return chance.from_summary(summary)

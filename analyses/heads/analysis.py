@@ -6,7 +6,8 @@ and Voita et al. 2019 (L0 Hard Concrete gates, head roles). Public entry points:
 - prune_heads(model, task) -> Result: pruning curves per ordering, heads prunable within 1%;
 - run(model, task=None, config=None) -> Result: everything above plus roles, best head per layer and L0 sweep.
 Encoders (MiniLM, BERT) are scored with the cosine metric (pooled embedding) on the prompts of the task given (its
-answers and corrupted prompts unused: tasks.prompts_only), else on the shipped sentences (sentence_task).
+answers and corrupted prompts unused: tasks.prompts_only), else on the shipped sentences (sentence_task); a masked LM
+whose task's prompts each hold one mask token is scored on its answers at the mask (analyses/core/mask_read.py).
 
 Outputs of run: df (results.csv) has one row per (layer, head, method) with importance and the
 role scores; tables "curve" (each point with the 95% t-interval of its paired change from unpruned), "curve_examples"
@@ -118,11 +119,27 @@ ENCODER_METRIC = ("cosine of each prompt's mean-pooled embedding with the unprun
                   "the unpruned embeddings instead, since the cosine's gradient vanishes there")
 
 
+ENCODER_SCORING_HEADS = (f"{ENCODER_SCORING.split(';')[0]}; heads reads a masked-LM head only where every prompt holds "
+                         "exactly one mask token and gives an answer")
+
+
+def mask_metric(read: dict) -> str:
+    """Reads.metric of an encoder scored at its mask (the summary's mask_read)."""
+    return (f"the task's metric on the answer at each prompt's {read.get('mask_token', 'mask token')}, read through "
+            f"the checkpoint's masked-LM head ({read.get('head', 'its MLM head')}) as a decoder's at its answer "
+            "position")
+
+
 def reads(model, config: Any = None, summary: Any = None) -> Reads:
     """What heads reads of a task (contract.Reads): decoders the prompts and answers (never the corrupted
-    prompts); encoders the prompts only, scored by their pooled embedding (make_scorer's cosine)."""
+    prompts); encoders the prompts only, scored by their pooled embedding (make_scorer's cosine), or, where the
+    summary says the task was scored at its mask (mask_read), the prompts and answers there."""
+    read = (summary or {}).get("mask_read") if isinstance(summary, dict) else None
+    if model.facts.is_encoder and isinstance(read, dict):
+        return Reads(why="heads ablates heads on each prompt, not between clean and corrupted prompts",
+                     metric=mask_metric(read))
     if model.facts.is_encoder:
-        return Reads(answers=False, why=ENCODER_SCORING, metric=ENCODER_METRIC)
+        return Reads(answers=False, why=ENCODER_SCORING_HEADS, metric=ENCODER_METRIC)
     return Reads(why="heads ablates heads on each prompt, not between clean and corrupted prompts")
 
 
@@ -535,6 +552,8 @@ def _base_summary(model, scorer: Scorer, baseline: float) -> dict:
         "moe_layers": moe,
         # review 15c B1: an encoder task's prompts that hold the mask token, whose filling the cosine does not score
         **({"mask_task": scorer.mask_task} if scorer.mask_task else {}),
+        # or, where each holds one and the checkpoint has its masked-LM head, the answer read there (mask_read.py)
+        **({"mask_read": scorer.mask_read} if scorer.mask_read else {}),
     }
 
 

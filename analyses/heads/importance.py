@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from headscope.analyses.core import metrics
+from headscope.analyses.core import mask_read, metrics
 from headscope.analyses.core.tasks import Task, prompts_only
 from headscope.errors import ConfigError, InputTypeError
 from headscope.execution import batching, distributed, resume, sweep
@@ -59,6 +59,8 @@ class Scorer(metrics.Metric):
     chance: float | None = None  # a log-probability's chance (span_chance): the pruning tolerance's far end
     loss_dtype: torch.dtype | None = None  # what grad_loss is computed in where wider than the pass (None: the pass's)
     mask_task: dict | None = None  # an encoder task's prompts holding the mask token, which it does not score (mask_task)
+    read: RowFn | None = None  # (out, rows) -> the logits the metric reads, where not the output itself (the mask's)
+    mask_read: dict | None = None  # an encoder task scored at its mask (mask_read.mask_read), for the summary
 
     def __post_init__(self) -> None:
         if self.fn is None:
@@ -75,7 +77,10 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     - logit_diff / logprob: L is the metric itself; accuracy (not differentiable): L = log p(answer).
       Answers of several tokens (Task.continuation): the metrics read the last k positions, so
       passes return every position's logits (no last-position shortcut).
-    - cosine (encoders, whatever the task's metric: its prompts only, tasks.prompts_only): the metric is
+    - an encoder with its masked-LM head on a task whose prompts each hold exactly one mask token and give
+      one-token answers (mask_read.mask_positions): the decoder metrics above, read at each prompt's mask through
+      the head (Scorer.read) instead of at the last position.
+    - cosine (other encoders, whatever the task's metric: its prompts only, tasks.prompts_only): the metric is
       the cosine to the unmodified model's pooled embedding. Its
       gradient vanishes at the unmodified model (cosine 1 is the maximum), so gradients use an
       in-batch contrastive loss against the reference embeddings of all sentences instead, at
@@ -100,8 +105,9 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
                       chance=-math.log(model.facts.d_vocab))
     if not isinstance(task, Task):
         raise InputTypeError(f"task must be a headscope Task or a [batch, pos] token tensor, got {type(task).__name__}.")
-    masked = mask_task(model, task) if model.facts.is_encoder else None
-    if model.facts.is_encoder:  # the prompts only: an encoder is scored by its pooled embedding (no masked-LM head)
+    at = mask_read.mask_positions(model, task)  # [batch] an encoder's mask positions where it is scored there
+    masked = mask_task(model, task) if model.facts.is_encoder and at is None else None
+    if model.facts.is_encoder and at is None:  # the prompts only: scored by the pooled embedding
         task = prompts_only(task)
     tokens = model.check_tokens(task.tokens)
     mask = None if task.attention_mask is None else task.attention_mask.to(model.device)  # [batch, pos]
@@ -111,16 +117,17 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
         return _cosine_scorer(model, task, tokens, mask, masked)
     answers = task.answer_tokens.to(model.device)  # [batch], or [batch, k] for answers of several tokens
     wrong = None if task.wrong_answers is None else task.wrong_answers.to(model.device)
+    read = _mask_reader(model, at)  # (out, rows) -> the logits each metric reads
 
     def logprob(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        return metrics.answer_logprob(out, answers[rows])
+        return metrics.answer_logprob(read(out, rows), answers[rows])
 
     if task.metric == "logit_diff":
         if wrong is None:
             raise ConfigError(f"Task {task.name!r} has metric logit_diff but no wrong_answers; add them or use 'logprob'.")
 
         def logit_diff(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            return metrics.logit_diff(out, answers[rows], wrong[rows])
+            return metrics.logit_diff(read(out, rows), answers[rows], wrong[rows])
 
         metric: RowFn = logit_diff
     elif task.metric == "logprob":
@@ -128,7 +135,7 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     elif task.metric == "accuracy":
 
         def accuracy(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            return metrics.accuracy(out, answers[rows])
+            return metrics.accuracy(read(out, rows), answers[rows])
 
         metric = accuracy
     else:
@@ -136,8 +143,19 @@ def make_scorer(model, task: Task | torch.Tensor | Scorer) -> Scorer:
     grad_loss = logprob if task.metric == "accuracy" else metric
     return Scorer(name=task.name, kind=task.metric, tokens=tokens, attention_mask=mask, metric=metric,
                   grad_loss=grad_loss, objective=lambda out, rows: -logprob(out, rows),
-                  last_position=task.continuation is None, answers=answers,
-                  chance=span_chance(task, model.facts.d_vocab))
+                  last_position=task.continuation is None and at is None, answers=answers,
+                  chance=span_chance(task, model.facts.d_vocab), read=None if at is None else read,
+                  mask_read=None if at is None else mask_read.mask_read(model, task, at))
+
+
+def _mask_reader(model, at: torch.Tensor | None) -> RowFn:
+    """What the decoder metrics read of a pass's output: the output itself (a decoder's logits, read at the last
+    position), or on an encoder scored at its mask (`at` [batch], mask_read.mask_positions) the masked-LM head's
+    logits at each row's mask [n, 1, vocab] from its final hidden states [n, pos, d_model]."""
+    if at is None:
+        return lambda out, rows: out
+    at = at.to(model.device)
+    return lambda out, rows: mask_read.logits_at(model, out, at[rows])
 
 
 def span_chance(task: Task, vocab: int) -> float | None:
@@ -154,21 +172,15 @@ def span_chance(task: Task, vocab: int) -> float | None:
 
 def mask_task(model, task: Task) -> dict | None:
     """Review 15c B1: {mask_token, n_prompts (those holding it), of, answers (the task gives them), mlm_head (the
-    checkpoint has one)} where an encoder task's prompts hold the tokenizer's mask token: a fill-in task whose
-    answer the cosine metric does not score; None where no prompt holds it."""
-    tok = model.tokenizer
-    mask_id = getattr(tok, "mask_token_id", None)
-    if mask_id is None:
-        return None
-    hit = task.tokens.cpu() == int(mask_id)  # [batch, pos]
-    if task.attention_mask is not None:
-        hit &= task.attention_mask.cpu().bool()
-    k = int(hit.any(1).sum())
+    checkpoint has one: mask_read.mlm_head)} where an encoder task scored by the cosine has prompts holding the
+    tokenizer's mask token: a fill-in task whose answer is not scored at its mask (mask_read.mask_positions says
+    when it is); None where no prompt holds it."""
+    hits = mask_read.mask_hits(model, task)  # [batch] or None
+    k = 0 if hits is None else int((hits > 0).sum())
     if not k:
         return None
-    original = getattr(model.bridge, "original_model", None)
-    return {"mask_token": str(tok.mask_token), "n_prompts": k, "of": len(task), "answers": task.answers is not None,
-            "mlm_head": any(getattr(original, name, None) is not None for name in ("lm_head", "cls"))}
+    return {"mask_token": str(model.tokenizer.mask_token), "n_prompts": k, "of": len(task),
+            "answers": task.answers is not None, "mlm_head": mask_read.mlm_head(model) is not None}
 
 
 def _cosine_scorer(model, task: Task, tokens: torch.Tensor, mask: torch.Tensor | None,
@@ -499,7 +511,8 @@ def gate_gradient_stats(model, scorer: Scorer, gates: torch.Tensor | None = None
         loss = scorer.grad_loss(out, rows)  # [b]
         (grad,) = torch.autograd.grad(loss.sum(), [xi])  # [b, L, H] row b: example b's own dL/dxi
         bar.update(rows.shape[0])
-        metric = scorer.metric(out.detach(), rows).sum().double().cpu()
+        with torch.no_grad():  # an encoder's masked-LM head has parameters that want gradients
+            metric = scorer.metric(out.detach(), rows).sum().double().cpu()
         size = loss.detach().double().abs().sum().cpu()
         return grad.double().abs().flatten(1).cpu(), torch.stack([metric, size])
 
@@ -524,18 +537,19 @@ def readout_size(model, scorer: Scorer, *, max_tokens: int | None = None) -> flo
     (decoders; the mean over positions where every position is scored), from one plain pass: a logit
     difference or log-probability is rounded relative to the logits it subtracts, not to its own value
     (a logit difference of 0.2 between logits of 5 carries the rounding of 5). Encoders (the cosine of
-    unit vectors, temperature-1 contrastive loss): 1. Sets the heads rounding floors (metrics.noise_floor)."""
+    unit vectors, temperature-1 contrastive loss): 1; an encoder scored at its mask: the masked-LM head's logits
+    there. Sets the heads rounding floors (metrics.noise_floor)."""
     return readout_stats(model, scorer, max_tokens=max_tokens)[0]
 
 
 def readout_stats(model, scorer: Scorer, *, max_tokens: int | None = None) -> tuple[float, float | None]:
     """(readout_size, the answer's sensitivity E_x sum_t (1 - p_t)) from one plain pass; the sensitivity is None
-    without answer tokens (encoders, text, a Scorer built by hand). A log-probability's derivative in logit v is
+    without answer tokens (cosine encoders, text, a Scorer built by hand). A log-probability's derivative in logit v is
     [v = answer] - p_v, so rounding every logit to its nearest float (an error of at most half a step) moves log p
     by at most one step x (1 - p) (half for the answer's own logit, half through the normaliser, sum_v!=a p_v =
     1 - p), summed over the answer's tokens: a saturated answer (p = 0.993) carries 1/150 of the logits' rounding
     step (review 11b A2), an unlikely one all of it."""
-    if model.facts.is_encoder or scorer.kind == "cosine":
+    if scorer.kind == "cosine" or (model.facts.is_encoder and scorer.read is None):
         return 1.0, None
     n, pos = scorer.tokens.shape
     ones = torch.ones(1, model.facts.n_layers, model.facts.n_heads)
@@ -546,6 +560,7 @@ def readout_stats(model, scorer: Scorer, *, max_tokens: int | None = None) -> tu
         rows = torch.arange(ex.start, ex.stop, device=model.device)  # [b]
         out = run_gated(model, scorer.tokens[rows], ones.expand(len(rows), -1, -1), last_only=scorer.last_position,
                         attention_mask=None if scorer.attention_mask is None else scorer.attention_mask[rows])
+        out = out if scorer.read is None else scorer.read(out, rows)  # an encoder's: the head's at the mask
         size = out.detach().abs().amax(-1).double().mean(-1).sum().cpu()  # [b, q, vocab] -> one sum
         if answers is None:
             return torch.stack([size, torch.zeros((), dtype=torch.float64)])

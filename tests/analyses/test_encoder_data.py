@@ -1,7 +1,8 @@
 """What an encoder's analyses read of the data (review 7b, A2 and A5): a masked LM with its own small
-WordPiece tokenizer, a cloze task file in the user's own columns. headscope scores encoders by their
-pooled embedding, never by a masked-LM head, so heads and attribution read the task's prompts only:
-their sections say so, name the metric, and show no answer or corrupted prompt; on the shipped
+WordPiece tokenizer, a cloze task file in the user's own columns. heads scores this masked LM at each
+prompt's [MASK] through its MLM head (review 15c B1); attribution scores encoders by their pooled embedding,
+so it reads the task's prompts only: its section says so, names the metric, and shows no answer or corrupted
+prompt; on the shipped
 sentences, which such a tokenizer splits into pieces and unknown words, the runs warn and say it."""
 from __future__ import annotations
 
@@ -88,23 +89,51 @@ def hf_pooled(hf, tok, texts, zero=None) -> torch.Tensor:
             h.remove()
 
 
-def test_heads_scores_an_encoder_on_the_users_prompts_by_their_pooled_embedding(fruit_bert):
-    """A prompt/answer task on an encoder: heads reads its prompts (not the shipped sentences) and scores
-    them by the cosine to the unpruned pooled embedding; zero ablation checked against plain HF."""
-    from transformers import AutoModel
+def test_heads_scores_a_masked_lm_cloze_file_at_its_mask(fruit_bert):
+    """A prompt/answer cloze file on a BertForMaskedLM, each prompt holding one [MASK] (review 15c B1): heads reads
+    its prompts and answers and scores the logit difference of the answer against the wrong answer at the [MASK]
+    through the checkpoint's MLM head (the pooled cosine before); zero ablation checked against plain HF's
+    BertForMaskedLM, each text run alone, the head zeroed at its attention output projection's input."""
+    from transformers import BertForMaskedLM
 
     model, path = fruit_bert
     result = hs.head_importance(model, path, methods=("zero",))
     s = result.summary
-    assert (s["task"], s["metric"], s["n_examples"]) == ("fruit_cloze", "cosine", 8)
-    hf = AutoModel.from_pretrained(model.source, attn_implementation="eager").eval()
-    texts = [json.loads(line)["cloze"] for line in open(path, encoding="utf-8")]
-    clean = hf_pooled(hf, model.tokenizer, texts)
+    assert (s["task"], s["metric"], s["n_examples"]) == ("fruit_cloze", "logit_diff", 8)
+    assert s["mask_read"] == {"mask_token": "[MASK]", "n_prompts": 8, "head": "BertForMaskedLM.cls"}
+    hf = BertForMaskedLM.from_pretrained(model.source, attn_implementation="eager").eval()
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    tok = model.tokenizer
+
+    def diffs(zero=None) -> torch.Tensor:  # [8] logit(fill) - logit(swapped_fill) at each row's [MASK]
+        handles = []
+        if zero is not None:
+            layer, head = zero
+            d_head = hf.config.hidden_size // hf.config.num_attention_heads
+
+            def pre(module, args):
+                z = args[0].clone()
+                z[..., head * d_head:(head + 1) * d_head] = 0
+                return (z,)
+
+            handles.append(hf.bert.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(pre))
+        out = []
+        with torch.no_grad():
+            for r in rows:
+                enc = tok(r["cloze"], return_tensors="pt")
+                at = int((enc["input_ids"][0] == tok.mask_token_id).nonzero())
+                logits = hf(**enc).logits[0, at]  # [vocab]
+                good, bad = (tok(r[k], add_special_tokens=False)["input_ids"][0] for k in ("fill", "swapped_fill"))
+                out.append(logits[good] - logits[bad])
+        for h in handles:
+            h.remove()
+        return torch.stack(out)
+
+    clean = diffs()
+    assert s["baseline_metric"] == pytest.approx(float(clean.mean()), abs=1e-5)
     zero = result.df.set_index(["layer", "head"])["importance"]
     for layer, head in [(0, 1), (1, 3)]:
-        ablated = hf_pooled(hf, model.tokenizer, texts, zero=(layer, head))
-        expected = (1 - torch.nn.functional.cosine_similarity(ablated, clean, dim=-1)).mean()
-        assert zero[(layer, head)] == pytest.approx(float(expected), abs=1e-5)
+        assert zero[(layer, head)] == pytest.approx(float((clean - diffs((layer, head))).mean()), abs=1e-5)
 
 
 def test_attribution_section_names_what_it_used_and_shows_no_answer_or_corrupted_prompt(fruit_bert):

@@ -1526,24 +1526,116 @@ def test_a_degenerate_gradient_with_measured_rounding_names_both_floors():
            "head))" in out["degenerate_gradient"]
 
 
+def _mask_model(tiny_bert):
+    """The BERT MLM fixture's files loaded afresh, with w59 (id 63) as the tokenizer's mask token (the word tokenizer
+    has none of its own)."""
+    model = hs.load_model(tiny_bert.facts.name, device="cpu", dtype=torch.float64)
+    model.tokenizer.mask_token = "w59"
+    return model
+
+
+def _rows_task(rows, answers, wrong=None, metric="logprob") -> Task:
+    width = max(map(len, rows))
+    tokens = torch.tensor([r + [1] * (width - len(r)) for r in rows])  # right-padded with [PAD]
+    am = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return Task(name="fill", tokens=tokens, attention_mask=am, answers=torch.tensor(answers), metric=metric,
+                wrong_answers=None if wrong is None else torch.tensor(wrong))
+
+
 def test_an_encoder_fill_in_task_is_said_not_scored_at_its_mask(tiny_bert):
-    """Review 15c B1: heads scores an encoder by its pooled-embedding cosine, so on a task whose prompts hold the mask
-    token (a fill-in task with answers, the model a masked LM) its verdicts are not about filling the mask: the summary
-    counts those prompts (by hand: 3 of 4) and the finding says so; a task without the mask token says nothing."""
+    """Review 15c B1: where not every prompt holds exactly one mask token (by hand: 3 of 4 do) a masked LM keeps the
+    pooled-embedding cosine, and the finding says that it does not score the mask filling and why; a task without
+    the mask token says nothing."""
     from headscope.reports.heads_words import finding
 
-    model = hs.load_model(tiny_bert.facts.name, device="cpu")
-    model.tokenizer.mask_token = "w59"  # id 63 (the word tokenizer has no mask token of its own)
-    rows = [[4, 5, 63, 6], [7, 63, 8, 9, 10], [11, 12, 13], [63, 14, 15, 16, 17, 18]]
-    width = max(map(len, rows))
-    tokens = torch.tensor([r + [1] * (width - len(r)) for r in rows])
-    am = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    task = Task(name="fill", tokens=tokens, attention_mask=am, answers=torch.tensor([20, 21, 20, 21]), metric="logprob")
+    model = _mask_model(tiny_bert)
+    task = _rows_task([[4, 5, 63, 6], [7, 63, 8, 9, 10], [11, 12, 13], [63, 14, 15, 16, 17, 18]], [20, 21, 20, 21])
     s = heads.head_importance(model, task, methods=("zero",)).summary
-    assert s["metric"] == "cosine"
+    assert s["metric"] == "cosine" and "mask_read" not in s
     assert s["mask_task"] == {"mask_token": "w59", "n_prompts": 3, "of": 4, "answers": True, "mlm_head": True}
     assert ("This does not score your task's mask filling: 3 of 4 prompts hold w59 and the task gives their answers, "
-            "but the checkpoint's masked-LM head is not read, so no head's importance, pruning count or "
-            "dispensability here is evidence about which heads filling w59 needs.") in finding(s)
+            "but the checkpoint's masked-LM head is read only where every prompt holds exactly one w59, so no head's "
+            "importance, pruning count or dispensability here is evidence about which heads filling w59 needs."
+            ) in finding(s)
     plain = heads.head_importance(model, bert_task(model), methods=("zero",)).summary
     assert "mask_task" not in plain and "mask filling" not in finding(plain)
+
+
+FILL_ROWS = [[4, 5, 63, 6], [7, 63, 8, 9, 10], [11, 12, 63], [63, 14, 15, 16, 17, 18]]  # one w59 (id 63) each
+FILL_AT = [2, 1, 2, 0]  # each row's mask position, by hand
+
+
+def _hf_mask_logits(path, layer=None, head=None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """[4, vocab] float64 plain Hugging Face BertForMaskedLM logits at each FILL_ROWS prompt's mask, with `head` of
+    `layer` scaled at the input of its attention output projection (that head's d_head slice) by each row's `gate`
+    [4] (None: zeroed)."""
+    from transformers import BertForMaskedLM
+
+    hf = BertForMaskedLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float64).eval()
+    task = _rows_task(FILL_ROWS, [0] * 4)
+    handle = None
+    if layer is not None:
+        d_head = hf.config.hidden_size // hf.config.num_attention_heads
+
+        def pre(module, args):
+            x, cut = args[0].clone(), slice(head * d_head, (head + 1) * d_head)
+            x[..., cut] = 0.0 if gate is None else args[0][..., cut] * gate[:, None, None]
+            return (x,)
+
+        handle = hf.bert.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(pre)
+    with torch.set_grad_enabled(gate is not None):
+        logits = hf(input_ids=task.tokens, attention_mask=task.attention_mask).logits  # [4, pos, vocab]
+    if handle is not None:
+        handle.remove()
+    return logits[torch.arange(4), torch.tensor(FILL_AT)]
+
+
+def test_a_masked_lm_fill_task_is_scored_at_its_mask_as_plain_hf(tiny_bert):
+    """Review 15c B1: a BertForMaskedLM on a task whose 4 prompts each hold one mask token is scored as a decoder at
+    its answer, read at the mask through the checkpoint's MLM head: the unpruned answer log-probability, L1H2's
+    zero-ablation cost, the readout size and the answers' 1 - p equal plain HF's (head zeroed at the attention
+    output dense's input, log-softmax of the logits at the mask); with wrong answers, the logit difference. The
+    chance guard reads the same values, provenance says the answers are read there, and the cosine's sentence is
+    gone (the old code scored the pooled-embedding cosine: metric "cosine")."""
+    from headscope.analyses.core import registry
+    from headscope.reports.findings import chance_sentence
+    from headscope.reports.heads_words import finding
+
+    model = _mask_model(tiny_bert)
+    answers, wrong = [20, 21, 22, 23], [30, 31, 32, 33]
+    rows = torch.arange(4)
+    base, cut = _hf_mask_logits(tiny_bert.facts.name), _hf_mask_logits(tiny_bert.facts.name, 1, 2)  # [4, vocab]
+    lp, lp_cut = (x.log_softmax(-1)[rows, torch.tensor(answers)] for x in (base, cut))  # [4] each
+
+    gate = torch.ones(4, dtype=torch.float64, requires_grad=True)  # L1H2's gate per row: each row's own dlogp/dgate
+    lp_gated = _hf_mask_logits(tiny_bert.facts.name, 1, 2, gate).log_softmax(-1)[rows, torch.tensor(answers)]
+    (grad,) = torch.autograd.grad(lp_gated.sum(), [gate])  # [4]
+
+    task = _rows_task(FILL_ROWS, answers)
+    r = heads.head_importance(model, task, methods=("zero", "gradient"))
+    s, imp = r.summary, r.df[r.df["method"] == "zero"].set_index("head_name")["importance"]
+    assert r.df[r.df["method"] == "gradient"].set_index("head_name")["importance"]["L1H2"] == pytest.approx(
+        float(grad.abs().mean()), rel=1e-6)  # gradients of the same log-probability at the mask
+    assert s["metric"] == "logprob" and "mask_task" not in s
+    assert s["mask_read"] == {"mask_token": "w59", "n_prompts": 4, "head": "BertForMaskedLM.cls"}
+    assert s["baseline_metric"] == pytest.approx(float(lp.mean()), abs=1e-10)
+    assert imp["L1H2"] == pytest.approx(float((lp - lp_cut).mean()), abs=1e-10)
+    assert s["readout_size"] == pytest.approx(float(base.abs().amax(-1).mean()), rel=1e-10)
+    assert s["rounding_sensitivity"] == pytest.approx(float((1 - lp.exp()).mean()), rel=1e-10)
+    guard = registry.chance_summary("heads", s, model, task)
+    assert guard["mean"] == pytest.approx(float(lp.mean()), rel=1e-6) and guard["n_examples"] == 4  # float32 pass
+    assert guard["chance_from"] == "vocabulary_mean"  # the decoder's rule: each row's own every-token mean
+    assert guard["read_at"] == "each prompt's w59"
+    assert chance_sentence(guard).startswith("The model is at chance on task fill, its answers read at each prompt's "
+                                             "w59 (answer log-probability ")
+    said = finding({**s, "chance": guard})
+    assert "Each answer is read at its prompt's w59 through the checkpoint's masked-LM head (BertForMaskedLM.cls)" in said
+    assert "mask filling" not in said and "cosine" not in said
+    uses = registry.reads("heads", model, None, s)
+    assert uses.answers and "at each prompt's w59" in uses.metric
+
+    diff = heads.head_importance(model, _rows_task(FILL_ROWS, answers, wrong, "logit_diff"), methods=("zero",))
+    ld, ld_cut = ((x[rows, torch.tensor(answers)] - x[rows, torch.tensor(wrong)]) for x in (base, cut))
+    assert diff.summary["metric"] == "logit_diff"
+    assert diff.summary["baseline_metric"] == pytest.approx(float(ld.mean()), abs=1e-10)
+    assert diff.df.set_index("head_name")["importance"]["L1H2"] == pytest.approx(float((ld - ld_cut).mean()), abs=1e-10)
