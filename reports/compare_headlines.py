@@ -48,7 +48,16 @@ from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core import chance
 from headscope.analyses.core.chance import does_not_copy, metric_ci
 from headscope.reports.attribution_words import loo_rounds
-from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
+from headscope.reports.compare_run import (
+    NOT_COMPARED,
+    SAME,
+    SIDES,
+    Run,
+    _number,
+    noise_verdict,
+    precision_verdict,
+    tasks_differ,
+)
 from headscope.reports.findings import _below, _chance, _words, ci_pair, ci_words, t_interval, wilson
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
@@ -836,6 +845,9 @@ def headline_notes(a: Run, b: Run) -> list[str]:
             if name == "mlp" and (apart := mlp_apart(sa, sb)):  # review 13c A2: no difference of two quantities
                 notes.append(NOT_COMPARED + f"{label}: not compared, not the same quantity: {apart} (A {va:.3g}, "
                              f"B {vb:.3g}; {n}).")
+                continue
+            if (rounding := precision_verdict(a, b, name, va, vb)) is not None:  # review 15c B3: one model, two dtypes
+                notes.append((SAME if va == vb else "") + f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + rounding)
                 continue
             if f"{va:.3g}" == f"{vb:.3g}" and (ia is None or ib is None):  # equal as the findings print them
                 notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}): equal at the shown precision (3 "
