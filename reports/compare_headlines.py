@@ -846,7 +846,7 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 notes.append(NOT_COMPARED + f"{label}: not compared, not the same quantity: {apart} (A {va:.3g}, "
                              f"B {vb:.3g}; {n}).")
                 continue
-            if (rounding := precision_verdict(a, b, name, va, vb)) is not None:  # review 15c B3: one model, two dtypes
+            if (rounding := precision_verdict(a, b, name, va, vb, label)) is not None:  # review 15c B3: one model, two dtypes
                 notes.append((SAME if va == vb else "") + f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + rounding)
                 continue
             if f"{va:.3g}" == f"{vb:.3g}" and (ia is None or ib is None):  # equal as the findings print them

@@ -361,11 +361,15 @@ def same_rows(a: Run, b: Run, name: str) -> bool:
             and prompts[0] == prompts[1])
 
 
-def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float) -> str | None:
+MEASURED_ROUNDING = {("heads", "unpruned"): "noise_floor"}  # (analysis, word of its headline): its rounding's summary key
+
+
+def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float, label: str = "") -> str | None:
     """Where A and B are one model run at two dtypes (precision_only) on the same examples of analysis `name`
     (same_rows): the words that replace a sampling-noise verdict (review 15c B3: the whole |B - A| of two runs of
     one model's weights on the same rows is the lower precision's rounding; the examples' intervals, which allow for
-    another sample of rows, do not judge it); None otherwise."""
+    another sample of rows, do not judge it), judged against the lower precision's rounding step of the number where
+    its summary records one (MEASURED_ROUNDING: heads' unpruned metric, `noise_floor`); None otherwise."""
     sides = precision_only(a, b)
     if sides is None or not same_rows(a, b, name):
         return None
@@ -373,6 +377,13 @@ def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float) -> str | 
     dtypes = f"A {dtype_of(a)}, B {dtype_of(b)}"
     if va == vb:
         return f" (the same value in both dtypes ({dtypes}), one model on the same examples: {low}'s rounding does not move it)."
-    return (f" (a rounding difference, not sampling noise: one model on the same examples, run in two dtypes ({dtypes}), "
+    said = (f" (a rounding difference, not sampling noise: one model on the same examples, run in two dtypes ({dtypes}), "
             f"so |B - A| = {abs(vb - va):.3g} is what {low}'s rounding does to this number; the examples' sampling "
-            "intervals do not judge it, and neither summary records this number's rounding to set it against).")
+            "intervals do not judge it")
+    key = next((k for (n, word), k in MEASURED_ROUNDING.items() if n == name and word in label), None)
+    floor = ((a, b)[sides[1]].summary(name) or {}).get(key) if key else None
+    if not _number(floor):
+        return said + ", and neither summary records this number's rounding to set it against)."
+    inside = abs(vb - va) <= float(floor)
+    return said + (f"; {'within' if inside else 'more than'} {low}'s rounding step of it ({float(floor):.2g})"
+                   + ("" if inside else ": the precision changes the computation here, not only its rounding") + ").")

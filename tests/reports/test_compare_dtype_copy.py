@@ -134,3 +134,27 @@ def test_rounding_gradient_is_drawn_pale_in_compare_and_the_pruning_curve(tmp_pa
     assert any(max(abs(x - y) for x, y in zip(d, _pale(first))) < 1e-9 for d in drawn)  # the gradient line, pale
     assert tuple(first) not in drawn  # and nowhere at full colour
     plt.close(fig)
+
+
+def test_a_rounding_difference_is_judged_against_the_lower_dtypes_recorded_rounding_step(tmp_path):
+    """Review 15c B3: where the lower precision's summary records the number's rounding (heads' noise_floor: one
+    bfloat16 step of the metric, 2**-7 at 1), the difference is set against it, not against the rows' intervals."""
+    fp32, bf16, _ = _folders(tmp_path)
+    heads = {"metric": "cosine", "n_examples": 4, "chance": {"mean": 0.0, "ci": [-0.1, 0.1]}}
+    notes = {}
+    for side, folder, dtype, value in (("a", fp32, "float32", 1.0), ("b", bf16, "bfloat16", 0.995),
+                                       ("c", bf16, "bfloat16", 0.98)):
+        root = tmp_path / side
+        _run(root, folder, dtype, TAU)
+        io.write_json(root / "heads" / "summary.json", {**heads, "baseline_metric": value, "noise_floor": 2 ** -7})
+        io.write_json(root / "heads" / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 4,
+                                                     "rows": [0, 2, 5, 7], "sample": {"prompt": "Ann has a <mask> hat."}})
+        notes[side] = Run(root)
+    start = ("heads unpruned cosine similarity: A 1, B {} (n 4 each) (a rounding difference, not sampling noise: one "
+             "model on the same examples, run in two dtypes (A float32, B bfloat16), so |B - A| = {} is what bfloat16's "
+             "rounding does to this number; the examples' sampling intervals do not judge it; ")
+    within = [n for n in headline_notes(notes["a"], notes["b"]) if n.startswith("heads unpruned")]
+    assert within == [start.format("0.995", "0.005") + "within bfloat16's rounding step of it (0.0078))."]
+    beyond = [n for n in headline_notes(notes["a"], notes["c"]) if n.startswith("heads unpruned")]
+    assert beyond == [start.format("0.98", "0.02") + "more than bfloat16's rounding step of it (0.0078): the precision "
+                      "changes the computation here, not only its rounding)."]
