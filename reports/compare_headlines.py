@@ -48,16 +48,7 @@ from headscope.analyses.attribution.convergence import ig_use
 from headscope.analyses.core import chance
 from headscope.analyses.core.chance import does_not_copy, metric_ci
 from headscope.reports.attribution_words import loo_rounds
-from headscope.reports.compare_run import (
-    NOT_COMPARED,
-    SAME,
-    SIDES,
-    Run,
-    _number,
-    noise_verdict,
-    precision_verdict,
-    tasks_differ,
-)
+from headscope.reports.compare_run import NOT_COMPARED, SAME, SIDES, Run, _number, noise_verdict, tasks_differ
 from headscope.reports.findings import _below, _chance, _words, ci_pair, ci_words, t_interval, wilson
 
 NOT_STATED = " (its finding states no interval for it: whether this is beyond noise is not known)."
@@ -846,6 +837,8 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 notes.append(NOT_COMPARED + f"{label}: not compared, not the same quantity: {apart} (A {va:.3g}, "
                              f"B {vb:.3g}; {n}).")
                 continue
+            from headscope.reports.compare_run import precision_verdict
+
             if (rounding := precision_verdict(a, b, name, va, vb, label)) is not None:  # review 15c B3: one model, two dtypes
                 notes.append((SAME if va == vb else "") + f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + rounding)
                 continue
