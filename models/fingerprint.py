@@ -21,6 +21,7 @@ import hashlib
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 MODEL_SUFFIXES = (".safetensors", ".json", ".txt", ".model", ".tiktoken")  # weights, config, tokenizer files
 WHOLE = 4 * 1024 * 1024  # files up to this size are hashed whole
@@ -83,3 +84,41 @@ def model_fingerprint(spec_or_location: str | os.PathLike | None) -> str | None:
     except HeadscopeError:
         return None
     return folder_fingerprint(location if kind == "local" else _cached_snapshot(location))
+
+
+ROUNDED_ROWS = 16  # rows (elements of a 1-D tensor) read per tensor by rounded_fingerprint, evenly spaced, both ends
+
+
+def rounded_fingerprint(folder: str | os.PathLike | None, dtype: str) -> str | None:
+    """sha256 (hex) of a folder's weights as `dtype` would hold them (review 15c C1: a bfloat16 copy of a float32
+    model is the same model): every tensor of its *.safetensors files by name and shape, and ROUNDED_ROWS evenly
+    spaced rows of it (the first and last included) cast to `dtype` (torch's round-to-nearest-even), so the copy
+    and the original cast to the copy's dtype hash alike. None where the folder has no safetensors weights or
+    `dtype` is not a torch floating dtype. Sampled, as file_digest is: an edit between the sampled rows is unseen."""
+    import torch
+    from safetensors import safe_open
+
+    target = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if folder is None or not Path(folder).is_dir() or not isinstance(target, torch.dtype) or not target.is_floating_point:
+        return None
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    tensors: dict[str, Any] = {}
+    for path in files:  # sharded weights: one name space across the shards
+        handle = safe_open(str(path), framework="pt")
+        tensors.update({name: handle for name in handle.keys()})
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        part = tensors[name].get_slice(name)
+        shape = list(part.get_shape())
+        h.update(f"{name}\0{shape}\n".encode("utf-8", "surrogateescape"))
+        if not shape or not all(shape):  # a scalar or an empty tensor: its value in full
+            rows = [tensors[name].get_tensor(name)]
+        else:
+            picks = sorted({(shape[0] - 1) * k // (ROUNDED_ROWS - 1) for k in range(ROUNDED_ROWS)})
+            rows = [part[i:i + 1] for i in picks]  # [1, ...] each
+        for row in rows:
+            value = row.to(target) if row.is_floating_point() else row  # integer buffers as stored
+            h.update(value.contiguous().view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return h.hexdigest()

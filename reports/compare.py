@@ -48,6 +48,7 @@ from headscope.reports.compare_run import (  # noqa: F401 (Run, _overlay: read b
     _number,
     _overlay,
     chance_refusal,
+    same_model_words,
     tasks_differ,
 )
 from headscope.reports.findings import _ci, _words, finding
@@ -384,8 +385,9 @@ def settings_notes(a: Run, b: Run, names: list[str]) -> list[str]:
                                            for p in (pa, pb))))  # "2375 token positions of 64 sentences" (11b N8)
         if (pa.get("budget_changed") or {}) != (pb.get("budget_changed") or {}):  # review 14c-v C2: equal changes fitted
             rows.append((f"{name} budget changes", _budget_text(pa), _budget_text(pb)))  # to other speeds: no setting differs
-    return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}."
-            for what, x, y in rows if x != y]
+    same = same_model_words(a, b)  # review 15c C1: a dtype copy of one model is no model difference
+    return [f"{what}: A {'not set' if x is None else x}, B {'not set' if y is None else y}"
+            + (f" ({same})." if what == "model" and same else ".") for what, x, y in rows if x != y]
 
 
 def _task_text(record: Mapping[str, Any]) -> str:

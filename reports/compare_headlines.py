@@ -803,6 +803,11 @@ def headline_notes(a: Run, b: Run) -> list[str]:
                 notes.append((SAME if verdict.startswith(" (within noise") else "") + f"{label}: A {va:.3f}, B "
                              f"{vb:.3f} ({n})" + verdict)
                 continue
+            from headscope.reports.compare_run import precision_verdict
+
+            if (rounding := precision_verdict(a, b, name, va, vb, label)) is not None:  # review 15c B3: one model, two dtypes
+                notes.append((SAME if va == vb else "") + f"{label}: A {va:.3g}, B {vb:.3g} ({n})" + rounding)
+                continue
             if f"{va:.3g}" == f"{vb:.3g}" and (ia is None or ib is None):  # equal as the findings print them
                 notes.append(SAME + f"{label}: A {va:.3g}, B {vb:.3g} ({n}): equal at the shown precision (3 "
                              "significant figures)" + ("." if ia is None and ib is None else

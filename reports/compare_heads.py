@@ -4,6 +4,7 @@ the ordering each report's heads finding leads with, judged against recorded int
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -205,9 +206,10 @@ def all_within(diff: pd.DataFrame, band: Any) -> str:
 
 
 def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
-    """The importance heat maps of A and B on one scale (and B - A, noise muted, when the model shapes and
-    quantities agree), the notes on their correlation and the muting rule (the top heads: compare_top), and the
-    alt text; None without data."""
+    """The importance heat maps of A and B on one scale (a side whose report does not rank its heads, its importance
+    rounding or the model at chance (compare_top.refuses_to_rank), pale and titled with why; and B - A, noise muted,
+    when the model shapes and quantities agree), the notes on their correlation and the muting rule (the top heads:
+    compare_top), and the alt text; None without data."""
     found = [_importance_grid(a), _importance_grid(b)]
     if all(g is None for g in found):
         return None
@@ -223,6 +225,7 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
         panels.append(("B - A", grids[1] - grids[0]))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
     notes, rule = [], ""
+    refusals = [None if g is None else refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
     for ax, (title, grid) in zip(axes[0], panels):
         if title == "B - A":
             band, rule = noise_band(a, b, methods[0], "layer-normalised" not in whats[0])
@@ -241,13 +244,18 @@ def importance_figure(a: Run, b: Run) -> tuple[Any, list[str], str] | None:
             notes.append(SAME + f"B - A head importance: {rule}.")
             continue
         unsigned = all(m == "gradient" for m in methods)  # |dL/d gate|: sequential from 0
-        sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), bound=bound, is_signed=not unsigned),
+        rounding = refusals[SIDES.index(title[0])]  # review 15c C2: muted as its own importance.png is, and why
+        sns.heatmap(grid, ax=ax, **color_scale(grid.to_numpy(dtype=float), bound=bound, is_signed=not unsigned,
+                                               quiet=bool(rounding)),
                     cbar_kws={"label": "importance (its own units)"}, xticklabels=True, yticklabels=True)
-        ax.set(title=title, xlabel="head", ylabel="layer")
+        why = str(rounding or "").removeprefix("has ").removeprefix("is ")
+        ax.set(title=title + "".join(f"\n{line}" for line in textwrap.wrap(f"(pale: {why})", 40) if rounding),
+               xlabel="head", ylabel="layer")
+        if rounding:
+            ax.title.set_color("C3")
     fig.tight_layout()
     if same:  # the B - A title's long lines re-wrapped to its axes, clear of the colour bar's label (11b N1)
         fit_title(axes[0][-1])
-    refusals = [None if g is None else refuses_to_rank(run, g[2]) for g, run in zip(found, (a, b))]
     if other_task and all(g is not None for g in grids):
         notes.append(NOT_COMPARED + f"Head importance: not compared: {other_task}; no cell-by-cell difference or "
                      "correlation.")
@@ -340,14 +348,43 @@ def pruning_section(a: Run, b: Run) -> tuple[str, list[str]]:
                 "below, side by side.</em></p>", [NOT_COMPARED + f"Prunable within 1%: {refused}."])
     fig = _overlay(curves, "order", "fraction_pruned", "metric", "fraction of heads pruned",
                    "task metric (random: mean over seeds)", f"pruning curves: {OVERLAY_TITLE}")
+    _pale_rounding(fig.axes[0], a, b)
     return _img(fig, f"pruning curves of A and B on shared axes, {OVERLAY_TITLE}"), pruning_notes(a, b)
+
+
+def rounding_orderings(s: Mapping[str, Any]) -> set[str]:
+    """The orderings of a heads summary whose importance is rounding (degenerate_<method>): "gradient", and
+    "ablation" where its ablation method's is."""
+    degenerate = {k.removeprefix("degenerate_") for k in s if k.startswith("degenerate_") and s[k]}
+    return {"gradient"} & degenerate | ({"ablation"} if degenerate & {"zero", "mean", "resample"} else set())
+
+
+def _pale_rounding(ax: Any, a: Run, b: Run) -> None:
+    """A side's curves of an ordering its report calls rounding (rounding_orderings), drawn pale (MUTE towards white)
+    and labelled so in the legend (review 15c C2: B's gradient curve drawn as a measurement)."""
+    from matplotlib.colors import to_rgba
+
+    from headscope.reports.plots import MUTE
+
+    pale = {f"{side}: {o}" for side, r in zip(SIDES, (a, b)) for o in rounding_orderings(r.summary("heads") or {})}
+    changed = False
+    for line in ax.get_lines():
+        label = str(line.get_label())
+        if label.split(" (recomputed)")[0] in pale:
+            r, g, b_, alpha = to_rgba(line.get_color())
+            line.set_color((r * (1 - MUTE) + MUTE, g * (1 - MUTE) + MUTE, b_ * (1 - MUTE) + MUTE, alpha))
+            line.set_markerfacecolor(line.get_color())
+            line.set_markeredgecolor(line.get_color())
+            line.set_label(f"{label}: rounding, not\na measurement (pale)")
+            changed = True
+    if changed:
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
 
 
 def lead_ordering(s: Mapping[str, Any]) -> tuple[str | None, dict[str, float]]:
     """The ordering the heads finding leads with (the most heads prunable within 1%, orderings whose importance is
     rounding left out, as reports/plots_heads.py's finding does) and {ordering: fraction prunable}."""
-    degenerate = {k.removeprefix("degenerate_") for k in s if k.startswith("degenerate_")}
-    noisy = {"gradient"} & degenerate | ({"ablation"} if degenerate & {"zero", "mean", "resample"} else set())
+    noisy = rounding_orderings(s)
     prunable = {k.removeprefix(PRUNABLE): float(v) for k, v in s.items() if k.startswith(PRUNABLE) and _number(v)
                 and k.removeprefix(PRUNABLE).removesuffix("_recompute") not in noisy}
     return (max(prunable, key=lambda k: prunable[k]) if prunable else None), prunable

@@ -6,6 +6,7 @@ A/B overlay of curves.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -185,11 +186,12 @@ def tasks_differ(a: Run, b: Run, name: str) -> str:
 
 
 def models_differ(a: Run, b: Run) -> str:
-    """"different models (x vs y, 12 vs 72 heads)" where the runs' manifests name different models ("" otherwise);
-    the head counts from each run's heads summary where it has one."""
+    """"different models (x vs y, 12 vs 72 heads)" where the runs' manifests name different models ("" otherwise,
+    and where the two folders hold the same weights after rounding: same_weights); the head counts from each run's
+    heads summary where it has one."""
     names = [(r.manifest.get("model") or {}).get("name") for r in (a, b)]
     heads = [(r.summary("heads") or {}).get("n_heads") for r in (a, b)]
-    if names[0] == names[1] and heads[0] == heads[1]:
+    if (names[0] == names[1] or same_weights(a, b)) and heads[0] == heads[1]:
         return ""
     count = "" if None in heads else f", {heads[0]} vs {heads[1]} heads" if heads[0] != heads[1] else f", {heads[0]} heads each"
     return f"different models ({names[0]} vs {names[1]}{count})"
@@ -198,15 +200,58 @@ def models_differ(a: Run, b: Run) -> str:
 PRECISION_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}  # significand bits: what rounds less
 
 
+def _lower_dtype(a: Run, b: Run) -> str | None:
+    """The runs' dtype of fewer significand bits (either where they are equal), None where either is not recorded."""
+    dtypes = [str((r.manifest.get("config") or {}).get("dtype") or "").removeprefix("torch.") for r in (a, b)]
+    if not all(d in PRECISION_BITS for d in dtypes):
+        return None
+    return min(dtypes, key=PRECISION_BITS.__getitem__)
+
+
+@functools.lru_cache(maxsize=16)
+def _rounded(folder: str, dtype: str, stamps: tuple) -> str | None:  # stamps: the weights' files, so a rewrite is read anew
+    from headscope.models.fingerprint import rounded_fingerprint
+
+    return rounded_fingerprint(folder, dtype)
+
+
+def same_weights(a: Run, b: Run) -> str | None:
+    """The lower of the runs' dtypes where their manifests name two different model folders that both still exist and
+    hold the same weights once rounded to it (models/fingerprint.rounded_fingerprint; review 15c C1: ./m_fp32 and its
+    bfloat16 copy ./m_bf16 are one model in two dtypes); None otherwise (one name, a folder gone, other weights)."""
+    models = [r.manifest.get("model") or {} for r in (a, b)]
+    sources = [m.get("source") for m in models]
+    dtype = _lower_dtype(a, b)
+    if dtype is None or models[0].get("name") == models[1].get("name") or not all(
+            isinstance(s, str) and Path(s).is_dir() for s in sources):
+        return None
+    prints = [_rounded(str(Path(s).resolve()), dtype, tuple(_stamp(f) for f in sorted(Path(s).glob("*.safetensors"))))
+              for s in sources]
+    return dtype if prints[0] is not None and prints[0] == prints[1] else None
+
+
+def same_model_words(a: Run, b: Run) -> str:
+    """"the same model in another dtype: ..." where the runs name two folders of the same weights (same_weights), ""
+    otherwise."""
+    dtype = same_weights(a, b)
+    if dtype is None:
+        return ""
+    return (f"the same model in another dtype: the two folders hold the same weights once rounded to {dtype}, "
+            "safetensors tensors compared by name, shape and sampled rows")
+
+
 def precision_only(a: Run, b: Run) -> tuple[int, int] | None:
     """(the side index of the higher precision, of the lower) where A and B are one model on one task, seed, --quick
-    and --n-examples run at two dtypes (review 11b A7: float32 beside bfloat16), so what differs between their
+    and --n-examples run at two dtypes (review 11b A7: float32 beside bfloat16; one model: one name, or two folders of
+    the same weights, same_weights), so what differs between their
     results beyond the lower precision's rounding is the precision's; None otherwise."""
     ca, cb = ((r.manifest.get("config") or {}) for r in (a, b))
-    same = [((r.manifest.get("model") or {}).get("name"), c.get("task"), r.manifest.get("seed"), bool(c.get("quick")),
-             c.get("n_examples")) for r, c in ((a, ca), (b, cb))]
+    same = [(c.get("task"), r.manifest.get("seed"), bool(c.get("quick")), c.get("n_examples")) for r, c in ((a, ca), (b, cb))]
     bits = [PRECISION_BITS.get(str(c.get("dtype"))) for c in (ca, cb)]
     if same[0] != same[1] or None in bits or bits[0] == bits[1]:
+        return None
+    names = [(r.manifest.get("model") or {}).get("name") for r in (a, b)]
+    if names[0] != names[1] and same_weights(a, b) is None:  # two folders: one model only where the weights agree
         return None
     return (0, 1) if bits[0] > bits[1] else (1, 0)
 
@@ -301,3 +346,44 @@ def noise_verdict(va: float, vb: float, ia: tuple[float, float] | None, ib: tupl
                 f" (within noise: |B - A| = {diff:.3g} equals the combined half-widths, not beyond them; the intervals "
                 f"coincide, 95% CI [{ia[0]:.3g}, {ia[1]:.3g}] in both).")
     return f" (beyond noise: |B - A| = {diff:.3g} exceeds the combined half-widths {half:.3g}; {spans})."
+
+
+def same_rows(a: Run, b: Run, name: str) -> bool:
+    """Whether analysis `name` ran on the same examples in A and B as far as their provenance tells: one task and file,
+    one example count, the same file rows where both record them, the same sample prompt."""
+    pa, pb = a.provenance(name), b.provenance(name)
+    if pa is None or pb is None or task_identity(pa) is None or task_identity(pa) != task_identity(pb):
+        return False
+    rows = [p.get("rows") if isinstance(p.get("rows"), list) else None for p in (pa, pb)]
+    prompts = [(p.get("sample") or {}).get("prompt") for p in (pa, pb)]
+    return (pa.get("n_examples") == pb.get("n_examples") and rows[0] == rows[1]
+            and (None not in rows or (a.manifest.get("seed") == b.manifest.get("seed") and None not in prompts))
+            and prompts[0] == prompts[1])
+
+
+MEASURED_ROUNDING = {("heads", "unpruned"): "noise_floor"}  # (analysis, word of its headline): its rounding's summary key
+
+
+def precision_verdict(a: Run, b: Run, name: str, va: float, vb: float, label: str = "") -> str | None:
+    """Where A and B are one model run at two dtypes (precision_only) on the same examples of analysis `name`
+    (same_rows): the words that replace a sampling-noise verdict (review 15c B3: the whole |B - A| of two runs of
+    one model's weights on the same rows is the lower precision's rounding; the examples' intervals, which allow for
+    another sample of rows, do not judge it), judged against the lower precision's rounding step of the number where
+    its summary records one (MEASURED_ROUNDING: heads' unpruned metric, `noise_floor`); None otherwise."""
+    sides = precision_only(a, b)
+    if sides is None or not same_rows(a, b, name):
+        return None
+    low = dtype_of((a, b)[sides[1]])
+    dtypes = f"A {dtype_of(a)}, B {dtype_of(b)}"
+    if va == vb:
+        return f" (the same value in both dtypes ({dtypes}), one model on the same examples: {low}'s rounding does not move it)."
+    said = (f" (a rounding difference, not sampling noise: one model on the same examples, run in two dtypes ({dtypes}), "
+            f"so |B - A| = {abs(vb - va):.3g} is what {low}'s rounding does to this number; the examples' sampling "
+            "intervals do not judge it")
+    key = next((k for (n, word), k in MEASURED_ROUNDING.items() if n == name and word in label), None)
+    floor = ((a, b)[sides[1]].summary(name) or {}).get(key) if key else None
+    if not _number(floor):
+        return said + ", and neither summary records this number's rounding to set it against)."
+    inside = abs(vb - va) <= float(floor)
+    return said + (f"; {'within' if inside else 'more than'} {low}'s rounding step of it ({float(floor):.2g})"
+                   + ("" if inside else ": the precision changes the computation here, not only its rounding") + ").")

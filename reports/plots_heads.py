@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -25,6 +25,7 @@ import seaborn as sns
 from headscope.analyses.core.chance import t_quantile
 from headscope.reports.heads_words import finding as finding  # the headline: families.py reads it here
 from headscope.reports.plots import (
+    MUTE,
     axes,
     color_scale,
     fit_title,
@@ -126,22 +127,27 @@ def importance_figure(data: pd.DataFrame, *, metric: str | None = None, baseline
 
 def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
                        basis: Mapping[str, str] | None = None, tolerance: Mapping[str, Any] | None = None,
-                       ax: Any = None) -> Any:
+                       rounding: Collection[str] = (), ax: Any = None) -> Any:
     """Metric against the fraction of heads pruned (`data`: the curve table), one line per ordering
     (random: band over seeds), with the unpruned `baseline` and its tolerance floor (`tolerance`: the summary's
     pruning_tolerance, whose band a log-probability takes from the span from chance; without it 1% of |baseline|). `basis` (the
     summary's ordering_basis) names what each ordering ranks by in the legend. Where the
     table has ci_low / ci_high (the 95% t-interval of each point's change from the unpruned model,
     paired over examples, drawn around the point), the fixed orderings get that band in their
-    colour, so a point whose band crosses the floor reads as uncertain."""
+    colour, so a point whose band crosses the floor reads as uncertain. `rounding`: the orderings whose importance is
+    rounding (the summary's degenerate_<ordering>; review 15c C2): drawn pale (MUTE towards white, as importance.png
+    mutes that panel) and labelled "rounding, not a measurement"."""
     ax = axes(ax, (8, 4))
     curve = data.copy()
     basis = basis or {}
     curve["ordering "] = [o + (" recomputed" if r else "") + (f" ({basis[o]})" if o in basis else "")
                           for o, r in zip(curve["ordering"], curve["recompute"])]
     curve["ordering "] = curve["ordering "].map(_hidden_labels(curve))
+    pale = curve["ordering"].isin(list(rounding))
+    curve.loc[pale, "ordering "] = curve.loc[pale, "ordering "] + ":\n" + ROUNDING_LINE
     levels = list(dict.fromkeys(curve["ordering "]))
     palette = dict(zip(levels, sns.color_palette(n_colors=len(levels))))
+    palette.update({lev: tuple(c * (1 - MUTE) + MUTE for c in palette[lev]) for lev in set(curve.loc[pale, "ordering "])})
     sns.lineplot(data=curve, x="fraction_pruned", y="metric", hue="ordering ", style="ordering ", markers=True,
                  dashes=True, errorbar=("pi", 100), palette=palette, ax=ax)  # a marker and dash per ordering
     banded = {"ci_low", "ci_high"} <= set(curve.columns)
@@ -153,6 +159,9 @@ def plot_pruning_curve(data: pd.DataFrame, *, metric: str | None = None, baselin
     band = ";\nshaded: 95% CI of the change from unpruned,\npaired over examples)"
     title = "iterative head pruning (random: range over seeds" + (band if banded else ")")
     return _finish(ax, metric, baseline, "fraction of heads pruned", title, tolerance)
+
+
+ROUNDING_LINE = "rounding, not a measurement (pale)"  # an ordering by importance under the numerical floor
 
 
 def _hidden_labels(curve: pd.DataFrame) -> dict[str, str]:
@@ -192,7 +201,8 @@ def floor_band(baseline: float, tolerance: Mapping[str, Any] | None) -> tuple[fl
 
 
 def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: float | None = None,
-                   basis: Mapping[str, str] | None = None, tolerance: Mapping[str, Any] | None = None) -> Any:
+                   basis: Mapping[str, str] | None = None, tolerance: Mapping[str, Any] | None = None,
+                   rounding: Collection[str] = ()) -> Any:
     """Figure-level: the whole pruning curve (plot_pruning_curve) and, beside it, the same curves zoomed on
     the unpruned value +- ZOOM tolerance bands, where the unpruned line and its floor, one band below (the one-sided
     threshold behind the finding's count; below it shaded), are a tenth of the panel's height apart whatever the
@@ -203,11 +213,13 @@ def pruning_figure(data: pd.DataFrame, *, metric: str | None = None, baseline: f
     band, name = floor_band(float(baseline), tolerance) if finite else (0.0, "")
     if not band:
         return plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance,
-                                  ax=axes(None, (8, 4))).figure
+                                  rounding=rounding, ax=axes(None, (8, 4))).figure
     fig, (full, near) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1]})
-    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance, ax=full)
+    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance, rounding=rounding,
+                       ax=full)
     full.get_legend().remove()  # one legend, right of the zoom panel
-    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance, ax=near)
+    plot_pruning_curve(data, metric=metric, baseline=baseline, basis=basis, tolerance=tolerance, rounding=rounding,
+                       ax=near)
     b = float(baseline)
     half, floor = ZOOM * band, b - band
     # review 12a B2: each tick one number (what a line means is said once, in the title), so the long two-part labels
@@ -500,10 +512,13 @@ def figures(result: Any, **kwargs: Any) -> dict[str, Any]:
         out["importance"].tight_layout()
     curve = _curve(result)
     quiet = quiet_reason(s)  # at chance: the curves and bars muted and marked as the importance map is (review 14a B1)
+    degenerate = {m for m in ("gradient", "zero", "mean", "resample") if s.get(f"degenerate_{m}")}  # pale, as importance.png
+    rounded = {"gradient"} & degenerate | ({"ablation"} if degenerate - {"gradient"} else set())  # mutes its panel
     draw = {
         "pruning_curve": (curve is not None, lambda: pruning_figure(curve, metric=metric, baseline=baseline,
                                                                     basis=s.get("ordering_basis"),
-                                                                    tolerance=s.get("pruning_tolerance")).axes[0]),
+                                                                    tolerance=s.get("pruning_tolerance"),
+                                                                    rounding=rounded).axes[0]),
         "best_head": ("best_head" in tables, lambda: plot_best_head(tables["best_head"], metric=metric)),
         "l0": ("l0" in tables, lambda: plot_l0(tables["l0"], metric=metric, baseline=_scored_baseline(tables["l0"], baseline),
                                                tolerance=s.get("pruning_tolerance"))),

@@ -1,0 +1,160 @@
+"""Review 15c C1, B3: compare on a bfloat16 copy of a float32 model folder (one model in two dtypes)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from headscope.models.fingerprint import folder_fingerprint, rounded_fingerprint
+from headscope.reports import io
+from headscope.reports.compare import settings_notes
+from headscope.reports.compare_headlines import headline_notes
+from headscope.reports.compare_run import SAME, Run, models_differ, precision_only
+
+
+def _folders(root):
+    """./fp32 (float32 weights), ./bf16 (the same cast to bfloat16: round to nearest even) and ./other (fp32 with its
+    first row moved by 1, far past bfloat16's step)."""
+    gen = torch.Generator().manual_seed(0)
+    weights = {"emb.weight": torch.randn(40, 8, generator=gen), "ln.bias": torch.randn(8, generator=gen),
+               "pos_ids": torch.arange(5)}
+    other = {**weights, "emb.weight": weights["emb.weight"].clone()}
+    other["emb.weight"][0] += 1.0
+    for name, tensors in (("fp32", weights), ("other", other),
+                          ("bf16", {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()})):
+        (root / name).mkdir()
+        save_file(tensors, str(root / name / "model.safetensors"))
+    return root / "fp32", root / "bf16", root / "other"
+
+
+def test_rounded_fingerprint_matches_a_dtype_copy(tmp_path):
+    fp32, bf16, other = _folders(tmp_path)
+    assert folder_fingerprint(fp32) != folder_fingerprint(bf16)  # the bytes differ: --resume's fingerprint tells them apart
+    assert rounded_fingerprint(fp32, "bfloat16") == rounded_fingerprint(bf16, "bfloat16")
+    assert rounded_fingerprint(fp32, "float32") != rounded_fingerprint(bf16, "float32")  # float32 keeps the lost bits
+    assert rounded_fingerprint(other, "bfloat16") != rounded_fingerprint(fp32, "bfloat16")
+    assert rounded_fingerprint(tmp_path, "bfloat16") is None  # no safetensors weights
+
+
+def _run(root, folder, dtype, summary, rows=(0, 2, 5, 7)):
+    io.write_json(root / "manifest.json", {
+        "model": {"name": f"./{folder.name}", "source": str(folder)}, "seed": 0,
+        "config": {"analyses": ["attribution"], "task": "fill.csv", "dtype": dtype, "quick": True, "n_examples": None}})
+    io.write_json(root / "attribution" / "summary.json", summary)
+    io.write_json(root / "attribution" / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 4,
+                                                       "rows": list(rows), "sample": {"prompt": "Ann has a <mask> hat."}})
+    return Run(root)
+
+
+TAU = {"n_examples": 4, "mean_tau_attention_gradient": 0.4, "std_tau_attention_gradient": 0.2}
+
+
+def test_compare_calls_a_dtype_copy_one_model_and_its_differences_rounding(tmp_path):
+    """Review 15c C1: ./fp32 and its bfloat16 copy ./bf16 were 'different models' (prunable counts not compared);
+    B3: a tau that moved by bfloat16 rounding on the same 4 rows was judged by the rows' sampling intervals."""
+    fp32, bf16, other = _folders(tmp_path)
+    a = _run(tmp_path / "a", fp32, "float32", TAU)
+    b = _run(tmp_path / "b", bf16, "bfloat16", {**TAU, "mean_tau_attention_gradient": 0.375})
+    c = _run(tmp_path / "c", other, "bfloat16", {**TAU, "mean_tau_attention_gradient": 0.375})
+    assert models_differ(a, b) == "" and precision_only(a, b) == (0, 1)
+    assert models_differ(a, c) == "different models (./fp32 vs ./other)" and precision_only(a, c) is None
+    assert [n for n in settings_notes(a, b, ["attribution"]) if n.startswith("model:")] == [
+        "model: A ./fp32, B ./bf16 (the same model in another dtype: the two folders hold the same weights once rounded "
+        "to bfloat16, safetensors tensors compared by name, shape and sampled rows)."]
+    assert [n for n in settings_notes(a, c, ["attribution"]) if n.startswith("model:")] == ["model: A ./fp32, B ./other."]
+    tau = [n for n in headline_notes(a, b) if "gradient x input" in n]
+    assert tau == ["attribution mean Kendall tau of attention and gradient x input: A 0.4, B 0.375 (n 4 each) (a rounding "
+                   "difference, not sampling noise: one model on the same examples, run in two dtypes (A float32, B "
+                   "bfloat16), so |B - A| = 0.025 is what bfloat16's rounding does to this number; the examples' "
+                   "sampling intervals do not judge it, and neither summary records this number's rounding to set it "
+                   "against)."]
+    same = [n for n in headline_notes(a, _run(tmp_path / "d", bf16, "bfloat16", TAU)) if "gradient x input" in n]
+    assert same == [SAME + "attribution mean Kendall tau of attention and gradient x input: A 0.4, B 0.4 (n 4 each) (the "
+                    "same value in both dtypes (A float32, B bfloat16), one model on the same examples: bfloat16's "
+                    "rounding does not move it)."]
+    other_rows = _run(tmp_path / "e", bf16, "bfloat16", {**TAU, "mean_tau_attention_gradient": 0.375}, rows=(1, 2, 5, 7))
+    assert "within noise" in [n for n in headline_notes(a, other_rows) if "gradient x input" in n][0]  # other rows: sampling
+
+
+def _pale(colour):
+    """A colour blended MUTE (0.7) of the way to white, by hand."""
+    return tuple(0.3 * c + 0.7 for c in colour[:3])
+
+
+def _heads(root, degenerate: bool):
+    import pandas as pd
+
+    io.write_json(root / "manifest.json", {"model": {"name": "m"}, "seed": 0, "config": {"analyses": ["heads"]}})
+    io.write_csv(root / "heads" / "results.csv", pd.DataFrame(
+        [{"layer": l, "head": h, "method": "gradient", "importance": 1.0 + l + h, "importance_layer_norm": 0.0}
+         for l in range(2) for h in range(2)]))
+    io.write_csv(root / "heads" / "curve.csv", pd.DataFrame({
+        "ordering": ["gradient"] * 3 + ["ablation"] * 3, "recompute": False, "seed": 0,
+        "fraction_pruned": [0.0, 0.5, 1.0] * 2, "metric": [1.0, 0.9, 0.4, 1.0, 0.95, 0.4]}))
+    io.write_json(root / "heads" / "summary.json", {"metric": "cosine", "baseline_metric": 1.0, "n_heads": 4, **(
+        {"degenerate_gradient": "every head's |gradient importance| is below 0.016, under the numerical floor"}
+        if degenerate else {})})
+    return Run(root)
+
+
+def test_rounding_gradient_is_drawn_pale_in_compare_and_the_pruning_curve(tmp_path):
+    """Review 15c C2: B's gradient importance, rounding by its own report, was an ordinary heat map on the compare
+    page and an ordinary line in the overlay and in pruning_curve.png, beside a finding calling it rounding."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+    from matplotlib.colors import to_rgba
+
+    from headscope.reports.compare_heads import importance_figure, pruning_section
+    from headscope.reports.plots_heads import pruning_figure
+
+    a, b = _heads(tmp_path / "a", False), _heads(tmp_path / "b", True)
+    fig = importance_figure(a, b)[0]
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles[:2] == ["A: gradient importance",
+                          "B: gradient importance\n(pale: gradient importance that is\nrounding, not a measurement)"]
+    plt.close(fig)
+    made = []
+    real = plt.subplots
+    try:  # the overlay's figure, kept open to read its lines
+        plt.subplots = lambda *x, **k: made.append(real(*x, **k)) or made[-1]
+        pruning_section(a, b)
+    finally:
+        plt.subplots = real
+    lines = {str(line.get_label()): to_rgba(line.get_color())[:3] for line in made[0][1].get_lines()}
+    first = sns.color_palette(n_colors=2)[0]  # the overlay's colour of its first key, gradient
+    assert lines["A: gradient"] == tuple(first)
+    assert lines["B: gradient: rounding, not\na measurement (pale)"] == pytest.approx(_pale(first))
+    plt.close("all")
+    curve = pd.read_csv(tmp_path / "b" / "heads" / "curve.csv")
+    fig = pruning_figure(curve, metric="cosine", baseline=1.0, rounding={"gradient"})
+    legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert "gradient:\nrounding, not a measurement (pale)" in legend and "ablation" in legend
+    drawn = {to_rgba(line.get_color())[:3] for line in fig.axes[0].get_lines()}
+    assert any(max(abs(x - y) for x, y in zip(d, _pale(first))) < 1e-9 for d in drawn)  # the gradient line, pale
+    assert tuple(first) not in drawn  # and nowhere at full colour
+    plt.close(fig)
+
+
+def test_a_rounding_difference_is_judged_against_the_lower_dtypes_recorded_rounding_step(tmp_path):
+    """Review 15c B3: where the lower precision's summary records the number's rounding (heads' noise_floor: one
+    bfloat16 step of the metric, 2**-7 at 1), the difference is set against it, not against the rows' intervals."""
+    fp32, bf16, _ = _folders(tmp_path)
+    heads = {"metric": "cosine", "n_examples": 4, "chance": {"mean": 0.0, "ci": [-0.1, 0.1]}}
+    notes = {}
+    for side, folder, dtype, value in (("a", fp32, "float32", 1.0), ("b", bf16, "bfloat16", 0.995),
+                                       ("c", bf16, "bfloat16", 0.98)):
+        root = tmp_path / side
+        _run(root, folder, dtype, TAU)
+        io.write_json(root / "heads" / "summary.json", {**heads, "baseline_metric": value, "noise_floor": 2 ** -7})
+        io.write_json(root / "heads" / "task.json", {"task": "fill", "source": "your task (fill.csv)", "n_examples": 4,
+                                                     "rows": [0, 2, 5, 7], "sample": {"prompt": "Ann has a <mask> hat."}})
+        notes[side] = Run(root)
+    start = ("heads unpruned cosine similarity: A 1, B {} (n 4 each) (a rounding difference, not sampling noise: one "
+             "model on the same examples, run in two dtypes (A float32, B bfloat16), so |B - A| = {} is what bfloat16's "
+             "rounding does to this number; the examples' sampling intervals do not judge it; ")
+    within = [n for n in headline_notes(notes["a"], notes["b"]) if n.startswith("heads unpruned")]
+    assert within == [start.format("0.995", "0.005") + "within bfloat16's rounding step of it (0.0078))."]
+    beyond = [n for n in headline_notes(notes["a"], notes["c"]) if n.startswith("heads unpruned")]
+    assert beyond == [start.format("0.98", "0.02") + "more than bfloat16's rounding step of it (0.0078): the precision "
+                      "changes the computation here, not only its rounding)."]
