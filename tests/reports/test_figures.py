@@ -386,7 +386,11 @@ def test_head_importance_is_raw_and_diverging_about_zero_normalised_only_when_as
         np.testing.assert_allclose(heat(normalised), raw / np.linalg.norm(raw, axis=1, keepdims=True))
         assert "normalised" in colorbar_label(normalised) and "normalised" in normalised.get_title()
         rounding = plot_importance(pd.DataFrame(rows), metric="logit_diff", degenerate="below the floor", ax=plt.subplots()[1])
-        assert "ROUNDING ONLY" in rounding.get_title()
+        assert "ROUNDING ONLY" in rounding.get_title()  # an ablation's changes within rounding
+        grads = pd.DataFrame(rows).assign(method="gradient")
+        grad = plot_importance(grads, metric="logit_diff", degenerate="below the floor", ax=plt.subplots()[1])
+        assert "UNDER THE FLOOR: the loss changes these gradients predict" in " ".join(grad.get_title().split())
+        assert "ROUNDING ONLY" not in grad.get_title()  # review 15a B2: gradients are measured, not rounding
     finally:
         plt.close("all")
 
@@ -1241,7 +1245,7 @@ def test_heads_at_chance_or_under_the_noise_floor_are_not_drawn_vivid():
         gradient, zero = _panels(fig)
         assert gradient.collections[0].norm.vmax == 1.0  # max(1, |baseline|): the metric's size
         assert _saturation(gradient, 2e-7) < 0.05  # as pale as 0 (the unmuted map's 0 is 0.06)
-        assert "ROUNDING ONLY" in gradient.get_title() and "±1" in gradient.get_title()
+        assert "UNDER THE FLOOR" in gradient.get_title() and "±1" in gradient.get_title()
         assert "AT CHANCE" in zero.get_title() and "AT CHANCE" in gradient.get_title()
         assert _saturation(zero, 0.05) < 0.2 and _saturation(zero, -0.05) < 0.2  # RdBu_r's own ends: 0.40, 0.36
     finally:
@@ -1261,7 +1265,7 @@ def test_heads_rounding_titles_of_both_panels_do_not_run_into_each_other():
         gradient, zero = _panels(fig)
         fig.canvas.draw()
         left, right = (ax.title.get_window_extent() for ax in (gradient, zero))
-        assert "ROUNDING ONLY" in gradient.get_title() and "ROUNDING ONLY" in zero.get_title()
+        assert "UNDER THE FLOOR" in gradient.get_title() and "ROUNDING ONLY" in zero.get_title()
         assert left.x1 < right.x0  # side by side, apart
     finally:
         plt.close("all")

@@ -219,7 +219,9 @@ def test_degenerate_importance_and_ties_are_said_and_not_ranked():
          "max_fraction_prunable_gradient_recompute": 0.5, "degenerate_gradient": why,
          "tied_top_heads_zero": ["L0H1", "L0H2"]}
     text = finding("heads", s)
-    assert f"Gradient importance is rounding, not a measurement: {why}." in text
+    # review 15a B2: the gradients are measured; what lies under the floor is the loss change they predict
+    assert (f"Gradient importance measures no head: the loss changes its gradients predict are under the rounding "
+            f"floor, though the gradients themselves are measured: {why}.") in text and "rounding, not a" not in text
     assert "gradient 25%" not in text and "gradient recompute" not in text and "by gradient" not in text
     assert "By zero-ablation, L0H1 and L0H2 tie within rounding among the top heads: their order is arbitrary." in text
     assert "18 of 32 heads (56%)" in text  # the ablation ordering is a measurement and stays
